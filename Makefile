@@ -1,0 +1,49 @@
+# hwtrace: the two commands a user needs are `make demo` and `make test`.
+# Both set everything up themselves: a virtual environment in .venv and,
+# where we are root and apt-get exists, the optional Debian test oracles.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CONFORMANCE ?= ../shared/conformance/libipt
+
+.PHONY: all venv oracles demo test lint format conformance bench clean
+
+all: venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Intel's decoder (libipt) and perf are oracles and benchmark peers, never
+# runtime requirements: install them when we can, tests skip when absent.
+oracles:
+	@bash scripts/install-oracles.sh
+
+demo: venv
+	$(BIN)/hwtrace ptdump --time examples/sample.pt
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+format: venv
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+conformance: venv
+	$(BIN)/python $(CONFORMANCE)/run.py ptdump --suite core --cmd "$(BIN)/hwtrace ptdump"
+
+test: venv oracles lint
+	$(BIN)/python -m pytest -q
+
+bench: venv oracles
+	$(BIN)/python bench/bench_packets.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out

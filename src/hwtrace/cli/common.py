@@ -1,0 +1,92 @@
+"""Pieces the commands share: argument parsing in Intel's style, loading a
+trace file with an optional byte range, and writing output blocks."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class UsageError(Exception):
+    """A bad command line; the message says what is wrong."""
+
+
+def parse_uint(option: str, value: str | None, limit: int) -> int:
+    """Parse an option's unsigned argument (decimal, 0x-hex or 0-octal)."""
+    if value is None or value == "" or value.startswith("--"):
+        raise UsageError(f"{option}: missing argument")
+    try:
+        number = int(value, 0)
+    except ValueError:
+        try:  # C's strtoull accepts leading zeros as octal
+            number = int(value, 8) if value.startswith("0") else int(value, 10)
+        except ValueError:
+            raise UsageError(f"{option}: bad argument: {value}") from None
+    if number < 0:
+        raise UsageError(f"{option}: bad argument: {value}")
+    if number > limit:
+        raise UsageError(f"{option}: value too big: {value}")
+    return number
+
+
+def split_range(arg: str) -> tuple[str, int, int]:
+    """Split ``file[:from[-to]]`` into (file, from, size); size 0 is to the end.
+
+    A suffix that is not a range is part of the file name, as in Intel's tools.
+    """
+    head, sep, tail = arg.rpartition(":")
+    if not sep or not tail:
+        return arg, 0, 0
+    lo_text, dash, hi_text = tail.partition("-")
+    try:
+        lo = int(lo_text, 0)
+        hi = int(hi_text, 0) if dash else None
+    except ValueError:
+        return arg, 0, 0
+    if hi is None:
+        return head, lo, 0
+    if hi <= lo:
+        raise UsageError(f"bad range {tail} in {arg}: the end must be after the start")
+    return head, lo, hi - lo
+
+
+def load_trace(prog: str, arg: str) -> tuple[str, np.ndarray] | None:
+    """Memory-map ``file[:from[-to]]``.  Prints one clear message and returns
+    None when the file cannot be used."""
+    from ..pt.packets import map_file
+
+    try:
+        path, offset, size = split_range(arg)
+    except UsageError as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return None
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        buf = map_file(path)
+    except OSError as exc:
+        sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
+        return None
+    total = buf.shape[0]
+    if offset or size:
+        if offset >= total:
+            sys.stderr.write(f"{prog}: {path}: offset {offset:#x} is beyond the end ({total:#x})\n")
+            return None
+        end = offset + size if size else total
+        if end > total:
+            sys.stderr.write(f"{prog}: {path}: range end {end:#x} is beyond the end ({total:#x})\n")
+            return None
+        buf = buf[offset:end]
+    return path, buf
+
+
+def write_blocks(blocks: Iterable[bytes]) -> None:
+    """Write byte blocks to standard output."""
+    out = sys.stdout.buffer
+    for block in blocks:
+        out.write(block)
+    out.flush()

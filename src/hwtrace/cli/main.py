@@ -1,0 +1,36 @@
+"""The ``hwtrace`` command."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: hwtrace <command> [<options>]
+
+commands:
+  ptdump    dump Intel PT packets (a drop-in for Intel's ptdump)
+
+Run 'hwtrace <command> --help' for a command's options.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "ptdump":
+        from .ptdump import main as ptdump_main
+
+        return ptdump_main(rest)
+    if cmd == "--version":
+        from .. import __version__
+
+        print(f"hwtrace {__version__}")
+        return 0
+    sys.stderr.write(f"hwtrace: unknown command '{cmd}'\n{USAGE}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""The Intel PT time model: an estimated TSC for every packet.
+
+TSC packets give the absolute time.  TMA aligns the crystal clock (CTC) and
+the fast counter with the last TSC; MTC packets advance the CTC every
+``2**mtc_freq`` crystal ticks (converted to TSC ticks with CPUID leaf 0x15);
+CYC packets count core cycles, converted with the fast-counter:cycle ratio
+(FCR).  The FCR comes from the nominal frequency and CBR, or is calibrated
+from the cycles seen between MTCs (or between TSCs in PSB+).
+
+This follows Intel's reference decoder (libipt's ``pt_time`` and
+``pt_tcal``) operation for operation, so the times, and the diagnostics when
+time cannot be estimated, are the ones its tools print.  The loop over
+packets is compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from . import _kernels as K
+from .config import PtConfig
+from .errors import PtError
+from .packets import PacketTable
+
+FCR_SHR = 8  # fixed-point shift of the FCR
+
+E_INTERNAL = int(PtError.INTERNAL)
+E_BAD_PACKET = int(PtError.BAD_PACKET)
+E_BAD_CONTEXT = int(PtError.BAD_CONTEXT)
+E_BAD_CONFIG = int(PtError.BAD_CONFIG)
+E_NO_TIME = int(PtError.NO_TIME)
+
+# Diagnostic kinds the model reports at a packet (with a PtError code).
+DIAG_CALIBRATING = 1  # "error calibrating time"
+DIAG_UPDATING = 2  # "error updating time"
+DIAG_CALIBRATION = 3  # "calibration error"
+DIAG_NO_CALIBRATION = 4  # "error updating time: no calibration"
+
+DIAG_TEXT = {
+    DIAG_CALIBRATING: "error calibrating time",
+    DIAG_UPDATING: "error updating time",
+    DIAG_CALIBRATION: "calibration error",
+    DIAG_NO_CALIBRATION: "error updating time: no calibration",
+}
+
+OPT_NO_TCAL = 1
+OPT_NO_CYC = 2
+OPT_KEEP_TCAL_ON_OVF = 4
+OPT_SKL168 = 8
+
+
+@njit(cache=True)
+def _ctc_delta(ctc, last_ctc, mtc_freq):
+    """CTC distance, correcting one wrap-around.  (-1 if more.)"""
+    if ctc < last_ctc:
+        ctc += 1 << (mtc_freq + 8)
+        if ctc < last_ctc:
+            return -1
+    return ctc - last_ctc
+
+
+@njit(cache=True)
+def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts):
+    """Run the time model over a packet table.
+
+    Returns per-packet ``(tsc, have_tsc, fcr, have_fcr)`` after the packet,
+    and diagnostics ``(index, kind, error)`` in the order they arise.
+    """
+    n = kinds.shape[0]
+    out_tsc = np.zeros(n, np.int64)
+    out_have_tsc = np.zeros(n, np.bool_)
+    out_fcr = np.zeros(n, np.int64)
+    out_have_fcr = np.zeros(n, np.bool_)
+    d_idx = np.empty(3 * n + 1, np.int64)
+    d_kind = np.empty(3 * n + 1, np.int8)
+    d_err = np.empty(3 * n + 1, np.int8)
+    nd = 0
+
+    no_tcal = (opts & OPT_NO_TCAL) != 0
+    no_cyc = (opts & OPT_NO_CYC) != 0
+    keep_ovf = (opts & OPT_KEEP_TCAL_ON_OVF) != 0
+    skl168 = (opts & OPT_SKL168) != 0
+    mtc_hi = mtc_freq + 8
+
+    # pt_time
+    t_tsc = 0
+    t_base = 0
+    t_fc = 0
+    t_ctc = 0
+    t_ctc_cyc = 0
+    t_lost_mtc = 0
+    t_lost_cyc = 0
+    t_have_tsc = False
+    t_have_tma = False
+    t_have_mtc = False
+    # pt_tcal
+    c_fcr = 0
+    c_min = -1  # "UINT64_MAX": no FCR yet while min > max
+    c_max = 0
+    c_tsc = 0
+    c_cyc_tsc = 0
+    c_cyc_mtc = 0
+    c_ctc = 0
+    c_lost_mtc = 0
+    c_have_mtc = False
+    c_check_skl168 = False
+    in_header = False
+
+    for i in range(n):
+        if seg_start[i]:
+            t_tsc = 0
+            t_base = 0
+            t_fc = 0
+            t_ctc = 0
+            t_ctc_cyc = 0
+            t_lost_mtc = 0
+            t_lost_cyc = 0
+            t_have_tsc = False
+            t_have_tma = False
+            t_have_mtc = False
+            c_fcr = 0
+            c_min = -1
+            c_max = 0
+            c_tsc = 0
+            c_cyc_tsc = 0
+            c_cyc_mtc = 0
+            c_ctc = 0
+            c_lost_mtc = 0
+            c_have_mtc = False
+            c_check_skl168 = False
+            in_header = False
+        kind = kinds[i]
+        if kind == K.PSB:
+            if skl168:
+                c_check_skl168 = True
+            in_header = True
+        elif kind == K.PSBEND:
+            in_header = False
+        elif kind == K.OVF:
+            if keep_ovf:
+                c_tsc = 0
+                c_cyc_tsc = 0
+                c_cyc_mtc = 0
+                c_ctc = 0
+                c_have_mtc = False
+            else:
+                c_fcr = 0
+                c_min = -1
+                c_max = 0
+                c_tsc = 0
+                c_cyc_tsc = 0
+                c_cyc_mtc = 0
+                c_ctc = 0
+                c_lost_mtc = 0
+                c_have_mtc = False
+                c_check_skl168 = False
+        elif kind == K.TSC:
+            tsc = np.int64(col_a[i])
+            if not no_tcal:
+                if in_header:
+                    last_tsc = c_tsc
+                    cyc = c_cyc_tsc
+                    c_tsc = tsc
+                    c_cyc_tsc = 0
+                    if last_tsc != 0 and cyc != 0 and not c_have_mtc:
+                        t2 = tsc
+                        err = 0
+                        if t2 < last_tsc:
+                            t2 += 1 << 56
+                            if t2 < last_tsc:
+                                err = E_BAD_PACKET
+                        if err == 0:
+                            delta = t2 - last_tsc
+                            if delta >> (64 - FCR_SHR):
+                                err = E_INTERNAL
+                            else:
+                                fcr = (delta << FCR_SHR) // cyc
+                                c_fcr = fcr
+                                if c_min < 0 or fcr < c_min:
+                                    c_min = fcr
+                                if fcr > c_max:
+                                    c_max = fcr
+                        if err:
+                            d_idx[nd] = i
+                            d_kind[nd] = DIAG_CALIBRATING
+                            d_err[nd] = err
+                            nd += 1
+                else:
+                    c_tsc = tsc
+                    c_cyc_tsc = 0
+            t_have_tsc = True
+            t_have_tma = False
+            t_have_mtc = False
+            t_tsc = tsc
+            t_base = tsc
+            t_ctc = 0
+            t_fc = 0
+            t_lost_mtc = 0
+            t_lost_cyc = 0
+        elif kind == K.CBR:
+            cbr = np.int64(col_a[i])
+            if not no_tcal:
+                if not in_header:
+                    c_fcr = 0
+                    c_min = -1
+                    c_max = 0
+                    c_tsc = 0
+                    c_cyc_tsc = 0
+                    c_cyc_mtc = 0
+                    c_ctc = 0
+                    c_lost_mtc = 0
+                    c_have_mtc = False
+                    c_check_skl168 = False
+                if nom_freq != 0:
+                    if cbr == 0:
+                        d_idx[nd] = i
+                        d_kind[nd] = DIAG_CALIBRATING
+                        d_err[nd] = E_BAD_PACKET
+                        nd += 1
+                    else:
+                        fcr = (np.int64(nom_freq) << FCR_SHR) // cbr
+                        c_fcr = fcr
+                        if c_min < 0 or fcr < c_min:
+                            c_min = fcr
+                        if fcr > c_max:
+                            c_max = fcr
+            if cbr == 0:
+                d_idx[nd] = i
+                d_kind[nd] = DIAG_UPDATING
+                d_err[nd] = E_BAD_PACKET
+                nd += 1
+        elif kind == K.TMA:
+            ctc = np.int64(col_a[i])
+            fc = np.int64(col_b[i])
+            err = 0
+            if not t_have_tsc:
+                err = E_BAD_CONTEXT
+            elif t_have_tma:
+                err = E_BAD_CONTEXT
+            elif t_have_mtc:
+                err = E_INTERNAL
+            if err:
+                d_idx[nd] = i
+                d_kind[nd] = DIAG_UPDATING
+                d_err[nd] = err
+                nd += 1
+            else:
+                ctc_mask = (1 << mtc_hi) - 1
+                t_have_tma = True
+                t_base -= fc
+                t_fc += fc
+                if mtc_hi <= 16:
+                    t_have_mtc = True
+                t_ctc = ctc & ctc_mask
+                t_ctc_cyc = t_ctc
+        elif kind == K.MTC:
+            payload = np.int64(col_a[i])
+            # Calibration first (pt_tcal_update_mtc).
+            if not no_tcal:
+                last_ctc = c_ctc
+                have_mtc = c_have_mtc
+                cyc = c_cyc_mtc
+                check = c_check_skl168
+                c_check_skl168 = False
+                ctc = payload << mtc_freq
+                if not have_mtc:
+                    c_cyc_mtc = 0
+                    c_ctc = ctc
+                    c_have_mtc = True
+                elif cyc != 0:
+                    c_have_mtc = True
+                    c_cyc_mtc = 0
+                    c_ctc = ctc
+                    c_lost_mtc += 1
+                    err = 0
+                    delta = _ctc_delta(ctc, last_ctc, mtc_freq)
+                    if delta < 0:
+                        err = E_BAD_PACKET
+                    elif eax == 0 or ebx == 0:
+                        err = E_BAD_CONFIG
+                    if err:
+                        d_idx[nd] = i
+                        d_kind[nd] = DIAG_CALIBRATING
+                        d_err[nd] = err
+                        nd += 1
+                    else:
+                        fc = (delta * ebx) // eax
+                        if fc >> (64 - FCR_SHR):
+                            d_idx[nd] = i
+                            d_kind[nd] = DIAG_CALIBRATING
+                            d_err[nd] = E_INTERNAL
+                            nd += 1
+                        else:
+                            fcr = (fc << FCR_SHR) // cyc
+                            skip = False
+                            if check:
+                                if (1 << mtc_freq) < delta:
+                                    skip = True
+                                elif mtc_freq < 10 and c_min >= 0 and c_min <= c_max:
+                                    dfc = (c_fcr * (cyc + 0xF00)) >> FCR_SHR
+                                    if dfc < fc:
+                                        skip = True
+                            if not skip:
+                                c_fcr = fcr
+                                if c_min < 0 or fcr < c_min:
+                                    c_min = fcr
+                                if fcr > c_max:
+                                    c_max = fcr
+                                c_lost_mtc = 0
+            # Then time (pt_time_update_mtc).
+            if not (t_have_tsc and not t_have_tma):
+                have_tma = t_have_tma
+                have_mtc = t_have_mtc
+                base = t_base
+                last_ctc = t_ctc
+                ctc = payload << mtc_freq
+                if t_fc != 0 or t_lost_cyc != 0 or not have_mtc:
+                    t_ctc_cyc = ctc
+                t_have_mtc = True
+                t_fc = 0
+                t_ctc = ctc
+                t_lost_cyc = 0
+                proceed = True
+                if not have_mtc:
+                    if not have_tma:
+                        proceed = False
+                    elif last_ctc & ~0xFFFF:
+                        d_idx[nd] = i
+                        d_kind[nd] = DIAG_UPDATING
+                        d_err[nd] = E_INTERNAL
+                        nd += 1
+                        proceed = False
+                    else:
+                        ctc_lo = ctc & 0xFFFF
+                        ctc_hi = ctc & ~0xFFFF
+                        if ctc_lo < last_ctc:
+                            ctc_hi -= 1 << 16
+                            ctc_hi &= 0xFF << mtc_freq
+                        last_ctc |= ctc_hi
+                if proceed:
+                    delta = _ctc_delta(ctc, last_ctc, mtc_freq)
+                    if delta < 0:
+                        t_lost_mtc += 1
+                        d_idx[nd] = i
+                        d_kind[nd] = DIAG_UPDATING
+                        d_err[nd] = E_BAD_PACKET
+                        nd += 1
+                    elif eax == 0 or ebx == 0:
+                        d_idx[nd] = i
+                        d_kind[nd] = DIAG_UPDATING
+                        d_err[nd] = E_BAD_CONFIG
+                        nd += 1
+                    else:
+                        base += (delta * ebx) // eax
+                        t_tsc = base
+                        t_base = base
+        elif kind == K.CYC and not no_cyc:
+            cyc = np.int64(col_a[i])
+            fcr = 0
+            if not no_tcal:
+                if c_min >= 0 and c_min <= c_max:
+                    fcr = c_fcr
+                else:
+                    d_idx[nd] = i
+                    d_kind[nd] = DIAG_CALIBRATION
+                    d_err[nd] = E_NO_TIME
+                    nd += 1
+                c_cyc_mtc += cyc
+                c_cyc_tsc += cyc
+            if fcr == 0:
+                t_lost_cyc += 1
+                d_idx[nd] = i
+                d_kind[nd] = DIAG_NO_CALIBRATION
+                d_err[nd] = 0
+                nd += 1
+            else:
+                fc = t_fc
+                err = 0
+                if fc == 0 and t_ctc != t_ctc_cyc:
+                    # A CYC spanning MTCs: drop the share of earlier periods.
+                    delta = _ctc_delta(t_ctc, t_ctc_cyc, mtc_freq)
+                    if delta < 0:
+                        err = E_BAD_PACKET
+                    elif eax == 0 or ebx == 0:
+                        err = E_BAD_CONFIG
+                    else:
+                        old_fc = (delta * ebx) // eax
+                        old_cyc = (old_fc << FCR_SHR) // fcr
+                        if cyc < old_cyc:
+                            cyc = old_cyc
+                        cyc -= old_cyc
+                if err:
+                    d_idx[nd] = i
+                    d_kind[nd] = DIAG_UPDATING
+                    d_err[nd] = err
+                    nd += 1
+                else:
+                    fc += (cyc * fcr) >> FCR_SHR
+                    t_fc = fc
+                    t_tsc = t_base + fc
+        out_tsc[i] = t_tsc
+        out_have_tsc[i] = t_have_tsc
+        out_fcr[i] = c_fcr
+        out_have_fcr[i] = c_min >= 0 and c_min <= c_max
+    return (
+        out_tsc,
+        out_have_tsc,
+        out_fcr,
+        out_have_fcr,
+        d_idx[:nd],
+        d_kind[:nd],
+        d_err[:nd],
+    )
+
+
+@dataclass
+class TimeColumns:
+    """Per-packet time after each packet (TSC units) and the diagnostics."""
+
+    tsc: np.ndarray  # uint64 estimated TSC
+    have_tsc: np.ndarray  # bool: a TSC has been seen (wall-clock time)
+    fcr: np.ndarray  # int64 fast-counter:cycle ratio, fixed point (FCR_SHR)
+    have_fcr: np.ndarray  # bool
+    diag_index: np.ndarray
+    diag_kind: np.ndarray
+    diag_error: np.ndarray
+
+
+def segment_starts(table: PacketTable) -> np.ndarray:
+    """True at the first packet after each resynchronisation, where a
+    decoder starts again with no state."""
+    starts = np.zeros(len(table), np.bool_)
+    idx = table.err_index[table.err_index < len(table)]
+    starts[idx] = True
+    return starts
+
+
+def estimate_time(
+    table: PacketTable,
+    config: PtConfig | None = None,
+    *,
+    calibrate: bool = True,
+    use_cyc: bool = True,
+    keep_tcal_on_ovf: bool = False,
+) -> TimeColumns:
+    """Estimate the TSC at every packet of ``table``."""
+    config = config or PtConfig()
+    opts = 0
+    if not calibrate:
+        opts |= OPT_NO_TCAL
+    if not use_cyc:
+        opts |= OPT_NO_CYC
+    if keep_tcal_on_ovf:
+        opts |= OPT_KEEP_TCAL_ON_OVF
+    if "skl168" in config.errata:
+        opts |= OPT_SKL168
+    tsc, have_tsc, fcr, have_fcr, di, dk, de = time_kernel(
+        table.kind,
+        table.a,
+        table.b,
+        segment_starts(table),
+        int(config.mtc_freq),
+        int(config.nom_freq),
+        int(config.cpuid_0x15_eax),
+        int(config.cpuid_0x15_ebx),
+        opts,
+    )
+    return TimeColumns(tsc.view(np.uint64), have_tsc, fcr, have_fcr, di, dk, de)
+
+
+def tsc_to_ns(tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int) -> np.ndarray:
+    """Convert TSC values to perf clock nanoseconds (perf's TSC conversion)."""
+    t = np.asarray(tsc, dtype=np.uint64)
+    quot = t >> np.uint64(time_shift)
+    rem = t & np.uint64((1 << time_shift) - 1)
+    return (
+        np.uint64(time_zero)
+        + quot * np.uint64(time_mult)
+        + ((rem * np.uint64(time_mult)) >> np.uint64(time_shift))
+    )
