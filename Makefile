@@ -26,7 +26,7 @@ oracles:
 	@bash scripts/install-oracles.sh
 
 demo: venv
-	$(BIN)/hwtrace ptdump --time examples/sample.pt
+	$(BIN)/hwtrace ptdump --time --mtc-freq 3 --cpuid-0x15.eax 1 --cpuid-0x15.ebx 100 --nom-freq 34 examples/sample.pt
 
 lint: venv
 	$(BIN)/ruff check src tests bench

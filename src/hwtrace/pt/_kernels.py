@@ -718,7 +718,9 @@ def encode_rows(kinds, col_a, col_b, col_c, out):
         elif kind == PWRE:
             out[pos] = 0x02
             out[pos + 1] = 0x22
-            v = ((a & np.uint64(0xF)) << np.uint64(12)) | ((np.uint64(b) & np.uint64(0xF)) << np.uint64(8))
+            v = ((a & np.uint64(0xF)) << np.uint64(12)) | (
+                (np.uint64(b) & np.uint64(0xF)) << np.uint64(8)
+            )
             if c:
                 v |= np.uint64(0x8)
             pos = _write_le(out, pos + 2, v, 2)

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ERRATA = ("bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014", "skl168", "skz84", "apl11", "apl12")
+ERRATA = (
+    "bdm70",
+    "bdm64",
+    "skd007",
+    "skd022",
+    "skd010",
+    "skl014",
+    "skl168",
+    "skz84",
+    "apl11",
+    "apl12",
+)
 
 # family -> model -> errata.  Intel's decoder keeps the same table; the
 # conformance suite lists which CPUs each erratum's tests run on.

@@ -266,7 +266,24 @@ def decode_range(
         ec = np.empty(ecap, np.int8)
         ei = np.empty(ecap, np.int64)
         pos, sync_pos, in_block, n, nerr, done = K.decode_range(
-            buf, pos, end, sync_pos, resync, in_block, errata, offs, kinds, sizes, a, b, c, 0, eo, ec, ei, 0
+            buf,
+            pos,
+            end,
+            sync_pos,
+            resync,
+            in_block,
+            errata,
+            offs,
+            kinds,
+            sizes,
+            a,
+            b,
+            c,
+            0,
+            eo,
+            ec,
+            ei,
+            0,
         )
         parts.append(
             PacketTable(

@@ -242,7 +242,20 @@ def format_kernel(
     that packet); ``state`` carries last-IP and time-delta state between calls.
     Returns ``(bytes written, next diagnostic index)``.
     """
-    kind_tab, kind_len, cfe_tab, cfe_len, evd_tab, evd_len, err_tab, err_len, dg_tab, dg_len, cfe_vec, dec_err = tabs
+    (
+        kind_tab,
+        kind_len,
+        cfe_tab,
+        cfe_len,
+        evd_tab,
+        evd_len,
+        err_tab,
+        err_len,
+        dg_tab,
+        dg_len,
+        cfe_vec,
+        dec_err,
+    ) = tabs
     show_off = (flags & 1) != 0
     raw = (flags & 2) != 0
     lastip = (flags & 4) != 0

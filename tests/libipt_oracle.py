@@ -1,0 +1,227 @@
+"""Intel's libipt as a test oracle and benchmark peer (helpers, no tests here).
+
+The C tools in ``bench/libipt`` are built once with ``gcc -O2`` against the
+system's libipt (Debian's ``libipt-dev``) into a cache directory keyed by a
+hash of their sources (``$XDG_CACHE_HOME/hwtrace/libipt-<hash>``, else
+``/tmp/hwtrace-libipt-<hash>``), then run as subprocesses:
+
+* ``ptgen``: writes random Intel PT streams with libipt's encoder
+  (:func:`generate`);
+* ``ptpkt_dump``: prints every packet as libipt's packet decoder sees it
+  (:func:`dump`, line format documented at the top of ``ptpkt_dump.c``);
+* ``ptpkt_loop``: times libipt's packet decoder on a file (:func:`loop_bench`).
+
+When gcc or ``intel-pt.h`` is missing, :data:`skip_reason` says why and the
+functions raise :class:`OracleUnavailable`::
+
+    import libipt_oracle as oracle
+    pytestmark = pytest.mark.skipif(oracle.skip_reason is not None,
+                                    reason=oracle.skip_reason or "")
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "PTE_BAD_OPC",
+    "PTE_BAD_PACKET",
+    "PTE_EOS",
+    "OracleUnavailable",
+    "Tools",
+    "build",
+    "dump",
+    "generate",
+    "loop_bench",
+    "parse_dump",
+    "skip_reason",
+]
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE_DIR = REPO / "bench" / "libipt"
+TOOLS = ("ptgen", "ptpkt_dump", "ptpkt_loop")
+HEADER = Path(os.environ.get("LIBIPT_HEADER", "/usr/include/intel-pt.h"))
+CFLAGS = ("-O2", "-Wall", "-Wextra")
+LIBS = ("-lipt",)
+
+# The error codes ptpkt_dump prints (positive enum pt_error_code values).
+PTE_BAD_OPC = 4  # no packet starts with these bytes
+PTE_BAD_PACKET = 5  # a known opcode with an invalid payload
+PTE_EOS = 7  # the stream ends inside a packet
+
+Mix = Literal["bench", "all"]
+DumpRow = dict[str, int | str]
+
+
+class OracleUnavailable(RuntimeError):
+    """libipt or a C compiler is missing, or the tools failed to build."""
+
+
+def _find_skip_reason() -> tuple[str | None, str | None]:
+    """Return ``(compiler, None)`` or ``(None, reason)``."""
+    cc = os.environ.get("CC") or "gcc"
+    compiler = shutil.which(cc)
+    if compiler is None:
+        return None, f"no C compiler ({cc}) on PATH"
+    if not HEADER.is_file():
+        return None, f"libipt headers not installed ({HEADER} missing; apt-get install libipt-dev)"
+    missing = [t for t in TOOLS if not (SOURCE_DIR / f"{t}.c").is_file()]
+    if missing:
+        return None, f"libipt tool sources missing in {SOURCE_DIR}: {', '.join(missing)}"
+    return compiler, None
+
+
+# Why the oracle cannot be used here, or None when it can.
+_compiler, skip_reason = _find_skip_reason()
+
+
+class Tools:
+    """Paths of the built tools."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ptgen = directory / "ptgen"
+        self.ptpkt_dump = directory / "ptpkt_dump"
+        self.ptpkt_loop = directory / "ptpkt_loop"
+
+    def __repr__(self) -> str:
+        return f"Tools({str(self.directory)!r})"
+
+
+def _cache_dir(digest: str) -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "hwtrace" / f"libipt-{digest}"
+    return Path(tempfile.gettempdir()) / f"hwtrace-libipt-{digest}"
+
+
+def _source_hash(compiler: str) -> str:
+    h = hashlib.sha256()
+    h.update(compiler.encode())
+    h.update(" ".join(CFLAGS + LIBS).encode())
+    h.update(HEADER.read_bytes())
+    for tool in TOOLS:
+        h.update(tool.encode())
+        h.update((SOURCE_DIR / f"{tool}.c").read_bytes())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def build() -> Tools:
+    """Build the tools once (per source hash) and return their paths.
+
+    Safe to call from concurrent processes: each binary is compiled to a
+    private name and renamed into place.
+    """
+    if _compiler is None:
+        raise OracleUnavailable(skip_reason)
+    directory = _cache_dir(_source_hash(_compiler))
+    directory.mkdir(parents=True, exist_ok=True)
+    tools = Tools(directory)
+    for tool in TOOLS:
+        target = directory / tool
+        if target.is_file() and os.access(target, os.X_OK):
+            continue
+        tmp = directory / f".{tool}.{os.getpid()}.tmp"
+        cmd = [_compiler, *CFLAGS, "-o", str(tmp), str(SOURCE_DIR / f"{tool}.c"), *LIBS]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise OracleUnavailable(f"building {tool} failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        os.replace(tmp, target)
+    return tools
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc.stdout
+
+
+def generate(
+    path: str | os.PathLike[str],
+    size: int,
+    seed: int = 1,
+    mix: Mix = "bench",
+    *,
+    psb_period: int = 4096,
+    check: bool = False,
+) -> Path:
+    """Write a random Intel PT stream of ``size`` bytes (or a few more: packets
+    are never cut) encoded by libipt; the same arguments give the same bytes.
+
+    ``mix="bench"`` is a branch-heavy mix (TNT, TIP, ...); ``mix="all"`` has
+    every packet type libipt 2.0.5 can encode.  ``check`` makes the generator
+    re-decode its output with libipt and verify it.
+    """
+    if mix not in ("bench", "all"):
+        raise ValueError(f"mix must be 'bench' or 'all', not {mix!r}")
+    tools = build()
+    cmd = [str(tools.ptgen), os.fspath(path), str(size), "--seed", str(seed)]
+    cmd += ["--psb-period", str(psb_period), "--mix", mix]
+    if check:
+        cmd.append("--check")
+    _run(cmd)
+    return Path(path)
+
+
+def parse_dump(text: str) -> list[DumpRow]:
+    """Parse ptpkt_dump output into dicts.
+
+    Packets give ``{"offset": int, "size": int, "type": str, <field>: int, ...}``
+    with libipt's field names (e.g. ``ipc``/``ip``, ``bit_size``/``payload``);
+    decode errors give ``{"offset": int, "size": 0, "type": "error",
+    "code": int}`` (see ``PTE_*``).
+    """
+    rows: list[DumpRow] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if parts[1] == "error":
+            rows.append(
+                {"offset": int(parts[0]), "size": 0, "type": "error", "code": int(parts[2])}
+            )
+            continue
+        row: DumpRow = {"offset": int(parts[0]), "size": int(parts[1]), "type": parts[2]}
+        for item in parts[3:]:
+            key, _, value = item.partition("=")
+            row[key] = int(value, 0)
+        rows.append(row)
+    return rows
+
+
+def dump(path: str | os.PathLike[str], *, sync: bool = True) -> list[DumpRow]:
+    """Decode a file with libipt's packet decoder, one dict per packet or
+    error (see :func:`parse_dump`).
+
+    With ``sync`` (the default) decoding starts at the first PSB, as libipt
+    must; ``sync=False`` starts at offset 0.
+    """
+    tools = build()
+    cmd = [str(tools.ptpkt_dump)]
+    if not sync:
+        cmd.append("--no-sync")
+    cmd.append(os.fspath(path))
+    return parse_dump(_run(cmd))
+
+
+def loop_bench(path: str | os.PathLike[str], repeat: int = 5) -> dict[str, float]:
+    """Time libipt's packet decoder over a whole file, best of ``repeat``.
+
+    Returns ``{"bytes", "packets", "errors", "best_seconds", "mb_per_s",
+    "repeat"}`` (MB = 1e6 bytes).
+    """
+    tools = build()
+    out = _run([str(tools.ptpkt_loop), os.fspath(path), "--repeat", str(repeat)])
+    result: dict[str, float] = json.loads(out)
+    return result

@@ -1,0 +1,203 @@
+"""The packet codec: round trips, synchronisation, errors, chunking."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwtrace.pt.config import Cpu, PtConfig
+from hwtrace.pt.kinds import DecodeError, Kind
+from hwtrace.pt.packets import (
+    Packet,
+    compress_ip,
+    count_packets,
+    decode,
+    decode_file,
+    encode,
+    iter_chunks,
+    psb_chunks,
+    sync_backward,
+    sync_forward,
+)
+
+PSB = Packet(Kind.PSB)
+PSBEND = Packet(Kind.PSBEND)
+U = st.integers
+
+
+def ip_packet(kind):
+    return st.sampled_from([0, 1, 2, 3, 4, 6]).flatmap(
+        lambda ipc: U(0, (1 << {0: 0, 1: 16, 2: 32, 3: 48, 4: 48, 6: 64}[ipc]) - 1).map(
+            lambda ip: Packet(kind, ip, ipc)
+        )
+    )
+
+
+def tnt(kind, maxbits):
+    return U(1, maxbits).flatmap(lambda n: U(0, (1 << n) - 1).map(lambda v: Packet(kind, v, n)))
+
+
+PACKETS = st.one_of(
+    st.just(Packet(Kind.PAD)),
+    st.just(PSB),
+    st.just(PSBEND),
+    st.just(Packet(Kind.OVF)),
+    st.just(Packet(Kind.STOP)),
+    tnt(Kind.TNT8, 6),
+    tnt(Kind.TNT64, 47),
+    *(ip_packet(k) for k in (Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.FUP)),
+    U(0, 7).map(lambda m: Packet(Kind.MODE_EXEC, m)),
+    U(0, 3).map(lambda m: Packet(Kind.MODE_TSX, m)),
+    st.tuples(U(0, (1 << 47) - 1), U(0, 1)).map(lambda t: Packet(Kind.PIP, t[0] << 5, t[1])),
+    U(0, (1 << 40) - 1).map(lambda v: Packet(Kind.VMCS, v << 12)),
+    U(0, 255).map(lambda v: Packet(Kind.CBR, v)),
+    U(0, (1 << 56) - 1).map(lambda v: Packet(Kind.TSC, v)),
+    U(0, 255).map(lambda v: Packet(Kind.MTC, v)),
+    st.tuples(U(0, 0xFFFF), U(0, 0x1FF)).map(lambda t: Packet(Kind.TMA, *t)),
+    U(0, (1 << 61) - 1).map(lambda v: Packet(Kind.CYC, v)),
+    U(0, (1 << 64) - 1).map(lambda v: Packet(Kind.MNT, v)),
+    st.tuples(U(0, 1), U(0, 1)).flatmap(
+        lambda t: U(0, (1 << (32 << t[0])) - 1).map(lambda v: Packet(Kind.PTW, v, t[0], t[1]))
+    ),
+    U(0, 1).map(lambda i: Packet(Kind.EXSTOP, 0, 0, i)),
+    st.tuples(U(0, 0xFFFFFFFF), U(0, 0xFFFFFFFF)).map(lambda t: Packet(Kind.MWAIT, *t)),
+    st.tuples(U(0, 15), U(0, 15), U(0, 1)).map(lambda t: Packet(Kind.PWRE, *t)),
+    st.tuples(U(0, 15), U(0, 15), st.sampled_from([0, 1, 2, 4, 7])).map(
+        lambda t: Packet(Kind.PWRX, *t)
+    ),
+    st.tuples(U(0, 31), U(0, 255), U(0, 1)).map(lambda t: Packet(Kind.CFE, *t)),
+    st.tuples(U(0, (1 << 64) - 1), U(0, 31)).map(lambda t: Packet(Kind.EVD, *t)),
+    st.tuples(U(0, 255), U(0, 0xFFFF), U(0, 7)).map(
+        lambda t: Packet(Kind.TRIG, t[0], t[1] if t[2] & 2 else 0, t[2])
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PACKETS, max_size=60))
+def test_round_trip(packets):
+    data = encode(packets)
+    table = decode(data, sync=False, resync=False)
+    assert table.errors == []
+    assert table.packets() == packets
+    assert int(table.size.sum()) == len(data)
+    assert encode(table) == data
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(U(0, 31), U(0, 1)), max_size=8), st.data())
+def test_block_packets_round_trip(blocks, data):
+    packets = []
+    for btype, sz4 in blocks:
+        packets.append(Packet(Kind.BBP, btype, sz4))
+        for _ in range(data.draw(U(0, 4))):
+            width = 32 if sz4 else 64
+            packets.append(
+                Packet(Kind.BIP, data.draw(U(0, (1 << width) - 1)), data.draw(U(0, 31)), sz4)
+            )
+        packets.append(Packet(Kind.BEP, 0, 0, data.draw(U(0, 1))))
+        packets.append(Packet(Kind.TNT8, 1, 1))  # a TNT byte outside a block
+    table = decode(encode(packets), sync=False, resync=False)
+    assert table.packets() == packets
+
+
+def test_ip_compression_choices():
+    assert compress_ip(0x401234, 0x400000) == (1, 0x1234)
+    assert compress_ip(0x7F0012345678, 0x7F00AAAA0000) == (2, 0x12345678)
+    assert compress_ip(0xFFFFFFFF81000000, None) == (3, 0xFFFF81000000)
+    assert compress_ip(0x00CC_CCCC_CCCC_4000, None) == (6, 0x00CCCCCCCCCC4000)
+    assert compress_ip(0x00CC_8000_0000_0000, 0x00CC_0000_0000_0000) == (4, 0x800000000000)
+
+
+def test_make_and_fields():
+    p = Packet.make("tip", ip=0x1000, ipc=6)
+    assert p == Packet(Kind.TIP, 0x1000, 6)
+    assert p.get("ip") == 0x1000
+    assert p.to_dict()["kind"] == "tip"
+    with pytest.raises(ValueError):
+        Packet.make("tip", cr3=1)
+
+
+def stream(*groups):
+    return encode([PSB, *groups, PSBEND])
+
+
+def test_sync_forward_and_backward():
+    body = encode([Packet(Kind.TNT8, 1, 1)] * 5)
+    data = body + stream() + body + stream()
+    first = sync_forward(data)
+    assert first == len(body)
+    second = sync_forward(data, first + 1)
+    assert second == 2 * len(body) + 18
+    assert sync_backward(data) == second
+    assert sync_backward(data, second) == first
+    assert sync_forward(b"\x00" * 64) == -1
+
+
+def test_decode_starts_at_first_psb_and_resyncs():
+    good = stream(Packet(Kind.FUP, 0x1000, 6))
+    data = b"\xc9\xc9" + good + b"\xc9" + good
+    table = decode(data)
+    assert table.synced
+    assert [p.kind for p in table] == [Kind.PSB, Kind.FUP, Kind.PSBEND] * 2
+    [err] = table.errors
+    assert err.code == DecodeError.BAD_OPCODE
+    assert err.offset == 2 + len(good)
+    assert err.index == 3
+
+
+def test_truncated_packet_keeps_what_came_before():
+    data = stream(Packet(Kind.TSC, 5)) + b"\x19\x01\x02"
+    table = decode(data)
+    assert [p.kind for p in table] == [Kind.PSB, Kind.TSC, Kind.PSBEND]
+    [err] = table.errors
+    assert err.code == DecodeError.TRUNCATED and err.offset == len(data) - 3
+
+
+def test_no_psb():
+    assert not decode(b"").synced
+    assert not decode(bytes(100)).synced
+    assert len(decode(bytes(100), sync=False)) == 100  # PADs
+
+
+def test_erratum_workarounds():
+    skz84 = PtConfig()
+    skz84.set_cpu(Cpu.parse("6/85"))
+    bad_tma = bytes([0x02, 0x73, 1, 1, 1, 1, 0, 0x99])
+    data = stream() + bad_tma + encode([Packet(Kind.PAD)])
+    assert decode(data).errors[0].code == DecodeError.BAD_PACKET
+    kinds = [p.kind for p in decode(data, config=skz84)]
+    assert kinds[-2:] == [Kind.INVALID, Kind.PAD]
+    skd007 = PtConfig()
+    skd007.set_cpu(Cpu.parse("6/78"))
+    data = stream() + bytes([0xF7, 0x02, 0xF3, 0x00])
+    assert [p.kind for p in decode(data)][-3:] == [Kind.CYC, Kind.CYC, Kind.PAD]
+    assert [p.kind for p in decode(data, config=skd007)][-2:] == [Kind.OVF, Kind.PAD]
+
+
+def test_chunked_and_parallel_decoding_agree(tmp_path):
+    rng = np.random.default_rng(7)
+    parts = []
+    for _ in range(200):
+        group = [Packet(Kind.TNT8, int(v), 6) for v in rng.integers(0, 64, 40)]
+        group += [Packet(Kind.TIP, int(v), 6) for v in rng.integers(0, 1 << 40, 10)]
+        parts.append(stream(Packet(Kind.TSC, 1)) + encode(group))
+    data = b"".join(parts)
+    path = tmp_path / "t.pt"
+    path.write_bytes(data)
+    whole = decode(data)
+    chunks = list(iter_chunks(path, chunk_bytes=4096))
+    assert len(chunks) > 5
+    assert sum(len(c) for c in chunks) == len(whole)
+    assert psb_chunks(np.frombuffer(data, np.uint8), 4096)[0][0] == 0
+    par = decode_file(path, jobs=2, chunk_bytes=4096)
+    assert np.array_equal(par.offset, whole.offset)
+    assert np.array_equal(par.a, whole.a)
+    assert count_packets(path, jobs=2, chunk_bytes=4096) == len(whole)
+
+
+def test_encode_rejects_impossible_fields():
+    with pytest.raises(ValueError, match="cannot be encoded"):
+        encode([Packet(Kind.TNT8, 0xFF, 3)])
+    with pytest.raises(ValueError):
+        encode([Packet(Kind.TIP, 0, 5)])

@@ -1,0 +1,109 @@
+"""hwtrace ptdump on good and bad input, as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hwtrace.pt.kinds import Kind
+from hwtrace.pt.packets import Packet, encode
+
+
+def run(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "hwtrace.cli.main", "ptdump", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def no_traceback(r):
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+
+
+GOOD = encode(
+    [
+        Packet(Kind.PSB),
+        Packet(Kind.TSC, 0x1000),
+        Packet(Kind.FUP, 0x401000, 3),
+        Packet(Kind.PSBEND),
+        Packet(Kind.TNT8, 0b101, 3),
+        Packet(Kind.TIP, 0x2000, 1),
+    ]
+)
+
+
+def test_dump(tmp_path):
+    f = tmp_path / "a.pt"
+    f.write_bytes(GOOD)
+    r = run(f)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "0000000000000000  psb"
+    assert lines[-2].split() == ["0000000000000021", "tnt.8", "!.!"]
+    assert lines[-1].split() == ["0000000000000022", "tip", "1:", "????????????2000"]
+
+
+def test_time_and_range_and_json(tmp_path):
+    f = tmp_path / "a.pt"
+    f.write_bytes(b"\x00\x00" + GOOD)
+    r = run("--time", f"{f}:2")
+    assert r.returncode == 0
+    assert "tsc 1000 tsc 0000000000001000" in " ".join(r.stdout.split())
+    r = run("--json", f)
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert rows[1] == {"offset": 18, "size": 8, "kind": "tsc", "tsc": 0x1000}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read"),
+        (b"", "empty"),
+        (bytes(4096), "no PSB"),
+        (bytes(range(256)) * 8, "no PSB"),
+    ],
+)
+def test_nothing_decodable_exits_2(tmp_path, content, message):
+    f = tmp_path / "x.pt"
+    if content is not None:
+        f.write_bytes(content)
+    r = run(f)
+    no_traceback(r)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert str(f) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_errors_name_offsets_and_keep_packets(tmp_path):
+    f = tmp_path / "x.pt"
+    f.write_bytes(GOOD + b"\xc9" + GOOD + b"\x19\x01")
+    r = run(f)
+    no_traceback(r)
+    assert r.returncode == 0
+    assert f"[{len(GOOD):x}: error decoding packet: unknown opcode]" in r.stdout
+    assert r.stdout.count("  psb\n") == 2  # both halves decoded
+    assert f"offset {2 * len(GOOD) + 1:#x}: truncated packet" in r.stderr
+    assert "offset 0x25: unknown opcode" in r.stderr
+
+
+def test_usage_errors():
+    r = run("--bogus", "x")
+    assert r.returncode == 2 and "unknown option: --bogus" in r.stderr
+    r = run("--time", "--tcal", "x")
+    assert r.returncode == 2 and "either --time or --tcal" in r.stderr
+    r = run("--mtc-freq", "300", "x")
+    assert r.returncode == 2 and "value too big" in r.stderr
+    r = run()
+    assert r.returncode == 2
+    no_traceback(r)
+
+
+def test_unknown_cpu_is_reported_like_ptdump(tmp_path):
+    f = tmp_path / "a.pt"
+    f.write_bytes(GOOD)
+    r = run("--cpu", "0/0", f)
+    assert r.stdout.startswith("[0: failed to determine errata: unknown cpu]\n")
