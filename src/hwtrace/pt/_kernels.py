@@ -56,6 +56,20 @@ E_BAD_PACKET = int(DecodeError.BAD_PACKET)
 E_TRUNCATED = int(DecodeError.TRUNCATED)
 
 PSB_SIZE = 16
+
+
+def _tnt8_tables():
+    bits = np.zeros(256, np.uint64)
+    nbits = np.zeros(256, np.uint32)
+    for byte in range(4, 256, 2):
+        payload = byte >> 1
+        n = payload.bit_length() - 1
+        bits[byte] = payload & ~(1 << n)
+        nbits[byte] = n
+    return bits, nbits
+
+
+TNT8_BITS, TNT8_NBITS = _tnt8_tables()
 # The PSB payload read as a little-endian 64-bit word, in both byte phases.
 PSB_WORD_LOHI = np.uint64(0x8202820282028202)
 PSB_WORD_HILO = np.uint64(0x0282028202820282)
@@ -84,7 +98,7 @@ def _ip_bytes(ipc):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def decode_one(buf, pos, end, in_block, errata, out):
     """Decode the packet at ``pos``.
 
@@ -246,14 +260,8 @@ def decode_one(buf, pos, end, in_block, errata, out):
         out[2] = 1 if n == 4 else 0
         return 1 + n, BIP
     if (b0 & 0x01) == 0:  # TNT-8
-        payload = np.uint64(b0 >> 1)
-        nbits = 0
-        p = payload >> np.uint64(1)
-        while p != 0:
-            nbits += 1
-            p >>= np.uint64(1)
-        out[0] = payload & ~(np.uint64(1) << np.uint64(nbits))
-        out[1] = nbits
+        out[0] = TNT8_BITS[b0]
+        out[1] = TNT8_NBITS[b0]
         return 1, TNT8
     if b0 == 0x99:  # MODE
         if end < pos + 2:
@@ -431,7 +439,7 @@ def resync_point(buf, err_pos, sync_pos, begin, end):
     return sync_forward(buf, pos, begin, end)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def decode_range(
     buf,
     pos,
@@ -466,6 +474,18 @@ def decode_range(
     while pos < end:
         if n >= cap:
             return pos, sync_pos, in_block, n, nerr, False
+        b0 = buf[pos]
+        if (b0 & 0x01) == 0 and b0 > 0x02 and in_block == 0:
+            # TNT-8, by far the most frequent packet: no call, no temporaries.
+            offsets[n] = pos
+            kinds[n] = TNT8
+            sizes[n] = 1
+            col_a[n] = TNT8_BITS[b0]
+            col_b[n] = TNT8_NBITS[b0]
+            col_c[n] = 0
+            n += 1
+            pos += 1
+            continue
         out[0] = 0
         out[1] = 0
         out[2] = 0

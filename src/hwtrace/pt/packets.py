@@ -253,7 +253,7 @@ def decode_range(
     parts: list[PacketTable] = []
     pos, sync_pos, in_block = start, start, 0
     # Typical streams average 2-3 bytes a packet; grow in chunks if needed.
-    cap = max(64, min((end - start) // 2 + 64, 1 << 22))
+    cap = max(64, (end - start) // 2 + 64)
     while True:
         offs = np.empty(cap, np.int64)
         kinds = np.empty(cap, np.uint8)
