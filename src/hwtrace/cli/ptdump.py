@@ -149,6 +149,7 @@ def main(argv: list[str]) -> int:
 
 
 def dump(name, buf, opts, config, *, no_sync: bool, as_json: bool) -> int:
+    from ..pt.kinds import DecodeError
     from ..pt.packets import decode
     from ..pt.ptdump import packet_json, ptdump_lines
     from ..pt.timing import estimate_time
@@ -175,12 +176,12 @@ def dump(name, buf, opts, config, *, no_sync: bool, as_json: bool) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     for issue in table.errors:
-        if issue.code == 3:
+        if issue.code == DecodeError.TRUNCATED:
             sys.stderr.write(
                 f"{PROG}: {name}: offset {issue.offset:#x}: truncated packet: the stream "
                 f"ends inside a packet ({buf.shape[0] - issue.offset} bytes left)\n"
             )
-    bad = [e for e in table.errors if e.code != 3]
+    bad = [e for e in table.errors if e.code != DecodeError.TRUNCATED]
     if bad:
         first = bad[0]
         sys.stderr.write(

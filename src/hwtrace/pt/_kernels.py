@@ -521,36 +521,6 @@ def decode_range(
     return pos, sync_pos, in_block, n, nerr, True
 
 
-@njit(cache=True)
-def count_range(buf, pos, end, errata):
-    """Count packets without storing them (resynchronising after errors)."""
-    out = np.zeros(3, dtype=np.uint64)
-    count = 0
-    sync_pos = pos
-    in_block = 0
-    while pos < end:
-        size, kind = decode_one(buf, pos, end, in_block, errata, out)
-        if size > 0:
-            count += 1
-            if kind == BBP:
-                in_block = 2 if out[1] else 1
-            elif kind == BEP or kind == PSB or kind == OVF:
-                in_block = 0
-            if kind == PSB:
-                sync_pos = pos
-            pos += size
-            continue
-        if kind == -E_TRUNCATED:
-            break
-        nxt = resync_point(buf, pos, sync_pos, 0, end)
-        if nxt < 0:
-            break
-        pos = nxt
-        sync_pos = nxt
-        in_block = 0
-    return count
-
-
 @njit(cache=True, inline="always")
 def _write_le(out, pos, v, n):
     for i in range(n):

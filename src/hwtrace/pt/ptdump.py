@@ -21,7 +21,6 @@ from .kinds import (
     CFE_DECIMAL_VECTOR,
     CFE_HEX_VECTOR,
     CFE_TYPE_NAMES,
-    ERROR_TEXT,
     EVD_TYPE_NAMES,
     KIND_NAMES,
     DecodeError,
@@ -679,7 +678,3 @@ def packet_json(table: PacketTable, times: TimeColumns | None = None) -> Iterato
         yield json.dumps(d)
     for issue in errors.get(len(table), ()):
         yield json.dumps({"offset": issue.offset, "error": issue.message})
-
-
-def describe_error(code: int) -> str:
-    return ERROR_TEXT[DecodeError(code)]

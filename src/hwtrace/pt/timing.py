@@ -62,6 +62,12 @@ def _ctc_delta(ctc, last_ctc, mtc_freq):
     return ctc - last_ctc
 
 
+@njit(cache=True, inline="always")
+def _tcal_init():
+    """Fresh calibration state (pt_tcal_init): no FCR while min > max."""
+    return 0, -1, 0, 0, 0, 0, 0, 0, False, False
+
+
 @njit(cache=True)
 def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts):
     """Run the time model over a packet table.
@@ -121,16 +127,18 @@ def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, op
             t_have_tsc = False
             t_have_tma = False
             t_have_mtc = False
-            c_fcr = 0
-            c_min = -1
-            c_max = 0
-            c_tsc = 0
-            c_cyc_tsc = 0
-            c_cyc_mtc = 0
-            c_ctc = 0
-            c_lost_mtc = 0
-            c_have_mtc = False
-            c_check_skl168 = False
+            (
+                c_fcr,
+                c_min,
+                c_max,
+                c_tsc,
+                c_cyc_tsc,
+                c_cyc_mtc,
+                c_ctc,
+                c_lost_mtc,
+                c_have_mtc,
+                c_check_skl168,
+            ) = _tcal_init()
             in_header = False
         kind = kinds[i]
         if kind == K.PSB:
@@ -147,16 +155,18 @@ def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, op
                 c_ctc = 0
                 c_have_mtc = False
             else:
-                c_fcr = 0
-                c_min = -1
-                c_max = 0
-                c_tsc = 0
-                c_cyc_tsc = 0
-                c_cyc_mtc = 0
-                c_ctc = 0
-                c_lost_mtc = 0
-                c_have_mtc = False
-                c_check_skl168 = False
+                (
+                    c_fcr,
+                    c_min,
+                    c_max,
+                    c_tsc,
+                    c_cyc_tsc,
+                    c_cyc_mtc,
+                    c_ctc,
+                    c_lost_mtc,
+                    c_have_mtc,
+                    c_check_skl168,
+                ) = _tcal_init()
         elif kind == K.TSC:
             tsc = np.int64(col_a[i])
             if not no_tcal:
@@ -204,16 +214,18 @@ def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, op
             cbr = np.int64(col_a[i])
             if not no_tcal:
                 if not in_header:
-                    c_fcr = 0
-                    c_min = -1
-                    c_max = 0
-                    c_tsc = 0
-                    c_cyc_tsc = 0
-                    c_cyc_mtc = 0
-                    c_ctc = 0
-                    c_lost_mtc = 0
-                    c_have_mtc = False
-                    c_check_skl168 = False
+                    (
+                        c_fcr,
+                        c_min,
+                        c_max,
+                        c_tsc,
+                        c_cyc_tsc,
+                        c_cyc_mtc,
+                        c_ctc,
+                        c_lost_mtc,
+                        c_have_mtc,
+                        c_check_skl168,
+                    ) = _tcal_init()
                 if nom_freq != 0:
                     if cbr == 0:
                         d_idx[nd] = i
