@@ -55,6 +55,10 @@ def test_time_and_range_and_json(tmp_path):
     r = run("--json", f)
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert rows[1] == {"offset": 18, "size": 8, "kind": "tsc", "tsc": 0x1000}
+    r = run("--json", "--time", f)
+    assert json.loads(r.stdout.splitlines()[1])["time"] == 0x1000
+    r = run("--human", f)
+    assert r.stdout.splitlines()[1].split() == ["0000000000000012", "tsc", "tsc=0x1000"]
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,8 @@ options:
   --cpuid-0x15.eax          set the value of cpuid[0x15].eax.
   --cpuid-0x15.ebx          set the value of cpuid[0x15].ebx.
   --json                    one JSON object a line instead of ptdump's text.
+  --human                   a readable listing instead of ptdump's text: named
+                            fields, TNT bits as T/N, colour on a terminal.
   <ptfile>[:<from>[-<to>]]  load the processor trace data from <ptfile>;
                             an optional offset or range selects part of it.
 """
@@ -80,7 +82,7 @@ def main(argv: list[str]) -> int:
     opts = DumpOptions()
     config = PtConfig()
     no_sync = False
-    as_json = False
+    style = "ptdump"
     cpu: Cpu | None = None
     ptfile = None
     try:
@@ -108,8 +110,8 @@ def main(argv: list[str]) -> int:
                     setattr(opts, name, True)
             elif arg == "--no-offset":
                 opts.show_offset = False
-            elif arg == "--json":
-                as_json = True
+            elif arg in ("--json", "--human"):
+                style = arg[2:]
             elif arg in ("--time", "--tcal"):
                 if (arg == "--time" and opts.tcal) or (arg == "--tcal" and opts.time):
                     raise UsageError("specify either --time or --tcal")
@@ -145,13 +147,14 @@ def main(argv: list[str]) -> int:
     if trace is None:
         return 2
     name, buf = trace
-    return dump(name, buf, opts, config, no_sync=no_sync, as_json=as_json)
+    return dump(name, buf, opts, config, no_sync=no_sync, style=style)
 
 
-def dump(name, buf, opts, config, *, no_sync: bool, as_json: bool) -> int:
+def dump(name, buf, opts, config, *, no_sync: bool, style: str) -> int:
     from ..pt.kinds import DecodeError
     from ..pt.packets import decode
-    from ..pt.ptdump import packet_json, ptdump_lines
+    from ..pt.ptdump import ptdump_lines
+    from ..pt.render import human_lines, json_lines
     from ..pt.timing import estimate_time
 
     if buf.shape[0] == 0:
@@ -165,9 +168,20 @@ def dump(name, buf, opts, config, *, no_sync: bool, as_json: bool) -> int:
         )
         return 2
     try:
-        if as_json:
-            times = estimate_time(table, config) if opts.track_time else None
-            write_blocks((line + "\n").encode() for line in packet_json(table, times))
+        if style != "ptdump":
+            times = None
+            if opts.track_time:
+                times = estimate_time(
+                    table,
+                    config,
+                    calibrate=not opts.no_tcal,
+                    use_cyc=not opts.no_cyc,
+                    keep_tcal_on_ovf=opts.keep_tcal_on_ovf,
+                )
+            if style == "json":
+                write_blocks(json_lines(table, times))
+            else:
+                write_blocks(human_lines(table, times, color=sys.stdout.isatty()))
         else:
             write_blocks(ptdump_lines(table, buf, opts, config))
     except BrokenPipeError:

@@ -7,7 +7,6 @@ Python work per packet.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -662,19 +661,3 @@ def ptdump_lines(
         if hi >= n:
             break
         lo = hi
-
-
-def packet_json(table: PacketTable, times: TimeColumns | None = None) -> Iterator[str]:
-    """One JSON object a line per packet (and one per decode error)."""
-    errors = {int(i): [] for i in table.err_index}
-    for issue in table.errors:
-        errors[issue.index].append(issue)
-    for i, pkt in enumerate(table):
-        for issue in errors.get(i, ()):
-            yield json.dumps({"offset": issue.offset, "error": issue.message})
-        d = pkt.to_dict()
-        if times is not None and times.have_tsc[i]:
-            d["tsc"] = int(times.tsc[i])
-        yield json.dumps(d)
-    for issue in errors.get(len(table), ()):
-        yield json.dumps({"offset": issue.offset, "error": issue.message})
