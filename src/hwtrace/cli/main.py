@@ -8,6 +8,7 @@ USAGE = """usage: hwtrace <command> [<options>]
 
 commands:
   ptdump    dump Intel PT packets (a drop-in for Intel's ptdump)
+  ptxed     reconstruct the instruction flow (a drop-in for Intel's ptxed)
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ptdump import main as ptdump_main
 
         return ptdump_main(rest)
+    if cmd == "ptxed":
+        from .ptxed import main as ptxed_main
+
+        return ptxed_main(rest)
     if cmd == "--version":
         from .. import __version__
 

@@ -1,0 +1,568 @@
+"""``hwtrace ptxed``: Intel's ptxed, same options and same output.
+
+Reconstructs the instruction flow of an Intel PT trace over a memory image
+and prints one line per instruction and one bracketed line per event, as
+Intel's ``ptxed`` does.  Unlike ptxed it needs no XED: without ``--no-inst``
+instructions are disassembled with iced-x86.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .common import UsageError, parse_uint, split_range
+
+PROG = "hwtrace ptxed"
+
+HELP = """usage: hwtrace ptxed <options>
+
+Reconstruct the instruction flow of an Intel PT trace, as Intel's ptxed does.
+
+options:
+  --help|-h                     this text.
+  --version                     display version information and exit.
+  --att                         print instructions in att format.
+  --no-inst                     do not print instructions (only addresses).
+  --quiet|-q                    do not print anything (except errors).
+  --offset                      print the offset into the trace file.
+  --time                        print the current timestamp.
+  --raw-insn                    print the raw bytes of each instruction.
+  --check                       perform checks (expensive).
+  --stat                        print statistics (even when quiet).
+  --stat:insn                   print number of instructions.
+  --stat:blocks                 print number of blocks.
+  --event:time                  print the tsc for events if available.
+  --event:ip                    print the ip of events if available.
+  --event:tick                  request tick events.
+  --event:iflags                request interrupt flag events.
+  --filter:addr<n>_cfg <cfg>    set IA32_RTIT_CTL.ADDRn_CFG to <cfg>.
+  --filter:addr<n>_a <base>     set IA32_RTIT_ADDRn_A to <base>.
+  --filter:addr<n>_b <limit>    set IA32_RTIT_ADDRn_B to <limit>.
+  --verbose|-v                  print various information (even when quiet).
+  --pt <file>[:<from>[-<to>]]   load the processor trace data from <file>.
+  --raw <file>[:<from>[-<to>]]:<base>
+                                load a raw binary from <file> at address <base>.
+  --elf <file>[:<base>]         load an ELF from <file> at address <base>.
+  --cpu none|f/m[/s]            set cpu to the given value and decode according to:
+                                  none     spec (default)
+                                  f/m[/s]  family/model[/stepping]
+  --mtc-freq <n>                set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>.
+  --nom-freq <n>                set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>.
+  --cpuid-0x15.eax              set the value of cpuid[0x15].eax.
+  --cpuid-0x15.ebx              set the value of cpuid[0x15].ebx.
+  --insn-decoder                use the instruction flow decoder.
+  --block-decoder               use the block decoder (default).
+  --block:show-blocks           show blocks in the output.
+  --block:end-on-call           set the end-on-call block decoder flag.
+  --block:end-on-jump           set the end-on-jump block decoder flag.
+  --block:keep-tcal-on-ovf      set the keep-tcal-on-ovf block decoder flag.
+  --insn:keep-tcal-on-ovf       set the keep-tcal-on-ovf instruction decoder flag.
+  --resync-on-error             resynchronise at the next PSB after an error (always on).
+
+You must specify exactly one processor trace file (--pt).
+"""
+
+
+@dataclass
+class Options:
+    quiet: bool = False
+    no_inst: bool = False
+    att: bool = False
+    print_offset: bool = False
+    print_time: bool = False
+    raw_insn: bool = False
+    check: bool = False
+    event_time: bool = False
+    event_ip: bool = False
+    show_blocks: bool = False
+    stats: bool = False
+    stat_flags: set[str] = field(default_factory=set)
+
+
+class RawImage:
+    """Raw code sections (``--raw``); later ones replace overlapped bytes."""
+
+    def __init__(self) -> None:
+        self.sections: list[tuple[int, bytes, int]] = []  # (base, data, id)
+
+    def add(self, base: int, data: bytes) -> None:
+        self.sections.append((base, data, len(self.sections) + 1))
+
+    def _find(self, address: int) -> tuple[int, bytes, int] | None:
+        for base, data, sid in reversed(self.sections):
+            if base <= address < base + len(data):
+                return base, data, sid
+        return None
+
+    def read(self, address: int, size: int) -> bytes:
+        hit = self._find(address)
+        if hit is None:
+            return b""
+        base, data, _ = hit
+        return data[address - base : address - base + size]
+
+    def section_of(self, address: int) -> int:
+        hit = self._find(address)
+        return hit[2] if hit else 0
+
+
+def _c_uint(text: str) -> int:
+    """A number as C's strtoull(text, 0) reads it (0x hex, 0 octal)."""
+    if text[:2].lower() == "0x":
+        return int(text[2:], 16)
+    if len(text) > 1 and text[0] == "0":
+        return int(text[1:], 8)
+    return int(text, 10)
+
+
+def _parse_raw(arg: str) -> tuple[str, int, int, int]:
+    """``file[:from[-to]]:base`` as Intel's ptxed reads it."""
+    head, sep, base_text = arg.rpartition(":")
+    if not sep or not head:
+        raise UsageError(f"failed to parse base address from '{arg}'")
+    try:
+        base = _c_uint(base_text)
+    except ValueError:
+        raise UsageError(f"failed to parse base address from '{arg}'") from None
+    path, offset, size = split_range(head)
+    return path, offset, size, base
+
+
+def main(argv: list[str]) -> int:
+    from ..pt.config import Cpu, PtConfig
+    from ..pt.flow import AddrFilter, BlockFlags
+
+    opts = Options()
+    config = PtConfig()
+    flags = BlockFlags()
+    iflags = False
+    keep_tcal = False
+    filters: dict[int, list[int]] = {}
+    image = RawImage()
+    ptfile: str | None = None
+    cpu_error = None
+    cpu: Cpu | None = None
+    try:
+        i = 0
+        while i < len(argv):
+            arg = argv[i]
+            i += 1
+
+            def value(name: str = arg) -> str:
+                nonlocal i
+                if i >= len(argv):
+                    raise UsageError(f"{name}: missing argument")
+                i += 1
+                return argv[i - 1]
+
+            if arg in ("-h", "--help"):
+                sys.stdout.write(HELP)
+                return 0
+            if arg == "--version":
+                from .. import __version__
+
+                print(f"hwtrace-ptxed-{__version__}")
+                return 0
+            if arg == "--pt":
+                if ptfile is not None:
+                    raise UsageError(f"duplicate pt sources: {argv[i]}")
+                ptfile = value()
+                if cpu is not None and not config.set_cpu(cpu):
+                    cpu_error = "unknown cpu"
+            elif arg == "--raw":
+                path, offset, size, base = _parse_raw(value())
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                except OSError as exc:
+                    raise UsageError(f"--raw: failed to load '{path}': {exc.strerror}") from None
+                if offset >= len(data) and data:
+                    raise UsageError(f"bad offset {offset:#x} into {path}")
+                end = offset + size if size else len(data)
+                image.add(base, data[offset:end])
+            elif arg == "--elf":
+                spec = value()
+                _load_elf(image, spec)
+            elif arg == "--att":
+                opts.att = True
+            elif arg == "--no-inst":
+                opts.no_inst = True
+            elif arg in ("--quiet", "-q"):
+                opts.quiet = True
+            elif arg == "--offset":
+                opts.print_offset = True
+            elif arg == "--time":
+                opts.print_time = True
+            elif arg == "--raw-insn":
+                opts.raw_insn = True
+            elif arg == "--check":
+                opts.check = True
+            elif arg == "--stat":
+                opts.stats = True
+            elif arg == "--stat:insn":
+                opts.stats = True
+                opts.stat_flags.add("insn")
+            elif arg == "--stat:blocks":
+                opts.stats = True
+                opts.stat_flags.add("blocks")
+            elif arg == "--event:time":
+                opts.event_time = True
+            elif arg == "--event:ip":
+                opts.event_ip = True
+            elif arg == "--event:tick":
+                flags.tick_events = True
+            elif arg == "--event:iflags":
+                iflags = True
+            elif arg.startswith("--filter:addr") and arg[13:14].isdigit():
+                n = int(arg[13])
+                what = arg[14:]
+                if ptfile is not None:
+                    raise UsageError(f"please specify {arg} before --pt")
+                slot = filters.setdefault(n, [0, 0, 0])
+                if what == "_cfg":
+                    slot[0] = parse_uint(arg, value(), 15)
+                elif what == "_a":
+                    slot[1] = parse_uint(arg, value(), (1 << 64) - 1)
+                elif what == "_b":
+                    slot[2] = parse_uint(arg, value(), (1 << 64) - 1)
+                else:
+                    raise UsageError(f"unknown option: {arg}")
+            elif arg == "--cpu":
+                if ptfile is not None:
+                    raise UsageError("please specify cpu before the pt source file")
+                text = value()
+                if text == "none":
+                    cpu = None
+                else:
+                    try:
+                        cpu = Cpu.parse(text)
+                    except ValueError:
+                        raise UsageError("cpu must be specified as f/m[/s]") from None
+            elif arg in ("--mtc-freq", "--nom-freq"):
+                setattr(config, arg[2:].replace("-", "_"), parse_uint(arg, value(), 0xFF))
+            elif arg in ("--cpuid-0x15.eax", "--cpuid-0x15.ebx"):
+                name = "cpuid_0x15_" + arg[-3:]
+                setattr(config, name, parse_uint(arg, value(), 0xFFFFFFFF))
+            elif arg in (
+                "--verbose",
+                "-v",
+                "--resync-on-error",
+                "--insn-decoder",
+                "--block-decoder",
+            ):
+                pass
+            elif arg == "--block:show-blocks":
+                opts.show_blocks = True
+            elif arg == "--block:end-on-call":
+                flags.end_on_call = True
+            elif arg == "--block:end-on-jump":
+                flags.end_on_jump = True
+            elif arg in ("--block:keep-tcal-on-ovf", "--insn:keep-tcal-on-ovf"):
+                keep_tcal = True
+            else:
+                raise UsageError(f"unknown option: {arg}")
+        if ptfile is None:
+            raise UsageError("no pt file")
+    except UsageError as exc:
+        sys.stderr.write(f"{PROG}: {exc}.\n")
+        return 1
+
+    if cpu_error:
+        sys.stdout.write(f"[0, 0: config error: {cpu_error}]\n")
+    from .common import load_trace
+
+    trace = load_trace(PROG, ptfile)
+    if trace is None:
+        return 1
+    _, buf = trace
+    addr_filter = AddrFilter([tuple(filters[n]) for n in sorted(filters)])
+    out = _Printer(opts)
+    try:
+        decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    out.flush()
+    return 0
+
+
+def _load_elf(image: RawImage, spec: str) -> None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    path, _, base_text = spec.partition(":")
+    base = int(base_text, 0) if base_text else 0
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+            if not loads:
+                return
+            low = min(s["p_vaddr"] for s in loads)
+            bias = base - low if base else 0
+            for seg in loads:
+                data = seg.data()[: seg["p_filesz"]]
+                image.add(seg["p_vaddr"] + bias, data)
+    except (OSError, ELFError) as exc:
+        raise UsageError(f"--elf: failed to load '{path}': {exc}") from None
+
+
+class _Printer:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.lines: list[str] = []
+        self.formatter = None
+        if not opts.no_inst:
+            from ..isa.x86 import Formatter
+
+            self.formatter = Formatter(att=opts.att)
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+        if len(self.lines) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            sys.stdout.write("\n".join(self.lines) + "\n")
+            self.lines.clear()
+        sys.stdout.flush()
+
+
+def _event_text(ev, opts: Options, offset: int) -> str:
+    from ..pt.events import Ev
+
+    parts = ["["]
+    if opts.print_offset:
+        parts.append(f"{offset:016x}  ")
+    if opts.event_time and ev.has_tsc:
+        parts.append(f"{ev.tsc:016x}  ")
+    t = ev.type
+    ip = opts.event_ip and not ev.ip_suppressed
+    ipx = f", ip: {ev.ip:016x}" if ip else ""
+    if t == Ev.ENABLED:
+        body = "resumed" if ev.resumed else "enabled"
+        if opts.event_ip:
+            body += f", ip: {ev.ip:016x}"
+    elif t == Ev.DISABLED:
+        body = "disabled" + ipx
+    elif t == Ev.ASYNC_DISABLED:
+        body = "disabled"
+        if opts.event_ip:
+            body += f", at: {ev.at:016x}" + (f", ip: {ev.ip:016x}" if not ev.ip_suppressed else "")
+    elif t == Ev.ASYNC_BRANCH:
+        body = "interrupt"
+        if opts.event_ip:
+            body += f", from: {ev.at:016x}" + (
+                f", to: {ev.ip:016x}" if not ev.ip_suppressed else ""
+            )
+    elif t in (Ev.PAGING, Ev.ASYNC_PAGING):
+        body = f"paging, cr3: {ev.cr3:016x}" + (", nr" if ev.non_root else "")
+        if t == Ev.ASYNC_PAGING and opts.event_ip:
+            body += f", ip: {ev.ip:016x}"
+    elif t == Ev.OVERFLOW:
+        body = "overflow" + ipx
+    elif t == Ev.EXEC_MODE:
+        mode = {0: "<unknown>", 16: "16-bit", 32: "32-bit", 64: "64-bit"}[int(ev.mode)]
+        body = f"exec mode: {mode}" + ipx
+    elif t == Ev.TSX:
+        body = "aborted" if ev.aborted else ("begin transaction" if ev.speculative else "committed")
+        body += ipx
+    elif t == Ev.STOP:
+        body = "stopped"
+    elif t in (Ev.VMCS, Ev.ASYNC_VMCS):
+        body = f"vmcs, base: {ev.base:016x}"
+        if t == Ev.ASYNC_VMCS and opts.event_ip:
+            body += f", ip: {ev.ip:016x}"
+    elif t == Ev.EXSTOP:
+        body = "exstop" + ipx
+    elif t == Ev.MWAIT:
+        body = f"mwait {ev.hints:x} {ev.ext:x}" + ipx
+    elif t == Ev.PWRE:
+        body = f"pwre c{(ev.state + 1) & 0xF}.{(ev.sub_state + 1) & 0xF}" + (" hw" if ev.hw else "")
+    elif t == Ev.PWRX:
+        body = "pwrx "
+        if ev.interrupt:
+            body += "int: "
+        if ev.store:
+            body += "st: "
+        if ev.autonomous:
+            body += "hw: "
+        body += f"c{(ev.last + 1) & 0xF} (c{(ev.deepest + 1) & 0xF})"
+    elif t == Ev.PTWRITE:
+        body = f"ptwrite: {ev.payload:x}" + ipx
+    elif t == Ev.TICK:
+        body = "tick" + ipx
+    elif t == Ev.CBR:
+        body = f"cbr: {ev.ratio:x}"
+    elif t == Ev.MNT:
+        body = f"mnt: {ev.payload:x}"
+    elif t == Ev.IFLAGS:
+        body = "interrupts " + ("enabled" if ev.iflag else "disabled") + ipx
+    elif t == Ev.INTERRUPT:
+        body = f"interrupt {ev.vector}"
+        if ev.has_cr2:
+            body += f", cr2: {ev.cr2:016x}"
+        body += ipx
+    elif t == Ev.IRET:
+        body = "iret" + ipx
+    elif t == Ev.SMI:
+        body = "smi" + ipx
+    elif t == Ev.RSM:
+        body = "rsm" + ipx
+    elif t == Ev.SIPI:
+        body = f"sipi: {ev.vector:x}"
+    elif t == Ev.INIT:
+        body = "init" + ipx
+    elif t == Ev.VMENTRY:
+        body = "vmentry" + ipx
+    elif t == Ev.VMEXIT:
+        body = "vmexit"
+        if ev.has_vector:
+            body += f", intr: {ev.vector}"
+        if ev.has_vmxr:
+            body += f", vmxr: {ev.vmxr:016x}"
+        if ev.has_vmxq:
+            body += f", vmxq: {ev.vmxq:016x}"
+        body += ipx
+    elif t == Ev.SHUTDOWN:
+        body = "shutdown" + ipx
+    elif t == Ev.UINTR:
+        body = f"uintr {ev.vector}" + ipx
+    elif t == Ev.UIRET:
+        body = "uiret" + ipx
+    elif t == Ev.TRIG:
+        body = f"trig {ev.trbv:02x}" + (", mult" if ev.mult else "") + ipx
+        if ev.icnt:
+            body += f", icnt: {ev.icnt}"
+    else:
+        body = f"event {t.name.lower()}"
+    parts.append(body)
+    parts.append("]")
+    return "".join(parts)
+
+
+def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out) -> None:
+    from ..isa.x86 import InsnCache
+    from ..pt.errors import PtError, errstr
+    from ..pt.events import DecodeFailure, EventDecoder, EventOptions
+    from ..pt.flow import EOS, EVENT_PENDING, IP_SUPPRESSED, Block, BlockDecoder
+    from ..pt.kinds import DecodeError
+    from ..pt.packets import decode_range, packet_errata, sync_forward
+
+    cache = InsnCache(image.read)
+    end = buf.shape[0]
+    errata = packet_errata(config)
+    ev_opts = EventOptions(iflags=iflags, keep_tcal_on_ovf=keep_tcal)
+    stats_insn = 0
+    stats_blocks = 0
+    pos = 0
+    last_sync = -1
+    sync_progress = -1
+    time = 0
+
+    def diagnose(offset: int, ip: int, what: str, code: PtError) -> None:
+        out.line(f"[{offset:x}, {ip:x}: {what}: {errstr(code)}]")
+
+    def block_error_ip(block: Block, code: PtError) -> int:
+        if not block.ninsn:
+            return block.ip
+        last = block.insns[-1]
+        if code in (PtError.NOMAP, PtError.BAD_INSN):
+            ip = last.next_ip
+            if last.is_direct:
+                ip = (ip + last.displacement) & 0xFFFFFFFFFFFFFFFF
+            return ip
+        return last.ip
+
+    while True:
+        start = pos + 16 if pos == last_sync else pos
+        off = sync_forward(buf, start) if start < end else -1
+        if off < 0:
+            break
+        seg = decode_range(buf, off, end, resync=False, errata=errata)
+        end_error = PtError.EOS
+        if len(seg.err_code):
+            code = int(seg.err_code[0])
+            end_error = {
+                int(DecodeError.BAD_OPCODE): PtError.BAD_OPC,
+                int(DecodeError.BAD_PACKET): PtError.BAD_PACKET,
+            }.get(code, PtError.EOS)
+        evdec = EventDecoder(seg, config, ev_opts, end_error)
+        blk = BlockDecoder(evdec, cache, config, flags, addr_filter, image.section_of)
+        last_sync = off
+        block = Block()
+        try:
+            status = blk.start()
+        except DecodeFailure as exc:
+            if exc.code == PtError.EOS:
+                break
+            diagnose(evdec.offset(), 0, "sync error", exc.code)
+            new = evdec.next_position()
+            if new <= sync_progress:
+                break
+            sync_progress = new
+            pos = new
+            continue
+        error = None
+        while True:
+            try:
+                while status & EVENT_PENDING:
+                    offset = evdec.offset()
+                    status, ev = blk.next_event()
+                    time = ev.tsc
+                    if not opts.quiet and not ev.status_update:
+                        out.line(_event_text(ev, opts, offset))
+                if status & EOS:
+                    if not (status & IP_SUPPRESSED) and not opts.quiet:
+                        out.line("[end of trace]")
+                    error = PtError.EOS
+                    break
+                offset = evdec.offset()
+                block = Block()
+                status = blk.next_block(block)
+            except DecodeFailure as exc:
+                error = exc.code
+                if block.ninsn:
+                    stats_insn += block.ninsn
+                    stats_blocks += 1
+                    _print_block(block, opts, out, offset, time, stats_blocks)
+                break
+            stats_insn += block.ninsn
+            stats_blocks += 1
+            _print_block(block, opts, out, offset, time, stats_blocks)
+        if error == PtError.EOS:
+            break
+        diagnose(evdec.offset(), block_error_ip(block, error), "error", error)
+        pos = evdec.next_position()
+
+    if opts.stats:
+        wanted = opts.stat_flags or {"insn", "blocks"}
+        if "insn" in wanted:
+            out.line(f"insn: {stats_insn}.")
+        if "blocks" in wanted:
+            out.line(f"blocks:\t{stats_blocks}.")
+
+
+def _print_block(block, opts: Options, out: _Printer, offset: int, time: int, count: int) -> None:
+    if opts.quiet:
+        return
+    if opts.show_blocks:
+        out.line(f"[block {count:x}]" if opts.stats else "[block]")
+    for insn in block.insns:
+        text = ""
+        if opts.print_offset:
+            text += f"{offset:016x}  "
+        if opts.print_time:
+            text += f"{time:016x}  "
+        if block.speculative:
+            text += "? "
+        text += f"{insn.ip:016x}"
+        if out.formatter is not None:
+            if opts.raw_insn:
+                text += "".join(f" {b:02x}" for b in insn.raw) + "   " * (15 - len(insn.raw))
+            text += "  " + out.formatter.format(insn)
+        out.line(text)

@@ -1,0 +1,193 @@
+"""x86 instruction decoding and classification for flow reconstruction.
+
+Flow decoders need four things from an instruction: its length, how control
+leaves it (the class below), a direct branch's displacement, and a few special
+kinds that events bind to (MOV to CR3, VMLAUNCH/VMRESUME, PTWRITE, IRET and
+friends).  iced-x86 decodes; this module classifies the way Intel's decoder
+does, so that events bind to the same instructions as in Intel's ``ptxed``.
+
+Each address is decoded once per address space and mode: :class:`InsnCache`
+keeps decoded instructions keyed by ``(ip, mode)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import iced_x86 as iced
+
+MAX_INSN_SIZE = 15
+
+
+class IClass(enum.IntEnum):
+    """How control leaves an instruction (Intel's ``enum pt_insn_class``)."""
+
+    UNKNOWN = 0
+    OTHER = 1
+    CALL = 2
+    RETURN = 3
+    JUMP = 4
+    COND_JUMP = 5
+    FAR_CALL = 6
+    FAR_RETURN = 7
+    FAR_JUMP = 8
+    PTWRITE = 9
+    INDIRECT = 10
+
+
+class Special(enum.IntEnum):
+    """Instructions events bind to (Intel's ``pti_inst`` classes we need)."""
+
+    NONE = 0
+    MOV_CR3 = 1
+    VMLAUNCH = 2
+    VMRESUME = 3
+    VMPTRLD = 4
+    IRET = 5  # IRET, SYSRET, SYSEXIT, ERETS, ERETU: what an iret event binds to
+    UIRET = 6
+    JMPABS = 7
+    CPL = 8  # INT, INT3, INTO, INT1, SYSCALL, SYSENTER: CPL-changing far calls
+
+
+_M = iced.Mnemonic
+_F = iced.FlowControl
+_FAR_CALL = {_M.INT, _M.INT1, _M.INT3, _M.INTO, _M.SYSCALL, _M.SYSENTER, _M.VMCALL}
+_FAR_RETURN = {
+    _M.IRET, _M.IRETD, _M.IRETQ, _M.RETF, _M.SYSEXIT, _M.SYSRET, _M.SYSRETQ, _M.UIRET,
+    _M.VMLAUNCH, _M.VMRESUME, _M.ERETS, _M.ERETU,
+}  # fmt: skip
+_IRET_LIKE = {_M.IRET, _M.IRETD, _M.IRETQ, _M.SYSRET, _M.SYSRETQ, _M.SYSEXIT, _M.ERETS, _M.ERETU}
+_CPL = {_M.INT, _M.INT1, _M.INT3, _M.INTO, _M.SYSCALL, _M.SYSENTER}
+
+
+@dataclass(frozen=True, slots=True)
+class Insn:
+    """A decoded instruction."""
+
+    ip: int
+    size: int
+    iclass: IClass
+    special: Special
+    is_direct: bool  # a near branch with a displacement
+    displacement: int  # target - (ip + size) for direct near branches
+    raw: bytes
+    mode: int  # 16, 32 or 64
+
+    @property
+    def next_ip(self) -> int:
+        return (self.ip + self.size) & 0xFFFFFFFFFFFFFFFF
+
+
+def classify(ins: iced.Instruction) -> tuple[IClass, Special, bool]:
+    """Class, special kind and directness of an iced instruction."""
+    mn = ins.mnemonic
+    fc = ins.flow_control
+    if ins.code == iced.Code.INVALID:
+        return IClass.UNKNOWN, Special.NONE, False
+    if mn == _M.PTWRITE:
+        return IClass.PTWRITE, Special.NONE, False
+    if mn in _FAR_CALL:
+        return IClass.FAR_CALL, Special.CPL if mn in _CPL else Special.NONE, False
+    if mn in _FAR_RETURN:
+        if mn in _IRET_LIKE:
+            special = Special.IRET
+        elif mn == _M.UIRET:
+            special = Special.UIRET
+        elif mn == _M.VMLAUNCH:
+            special = Special.VMLAUNCH
+        elif mn == _M.VMRESUME:
+            special = Special.VMRESUME
+        else:
+            special = Special.NONE
+        return IClass.FAR_RETURN, special, False
+    if fc == _F.CONDITIONAL_BRANCH:
+        return IClass.COND_JUMP, Special.NONE, True
+    if fc == _F.RETURN:
+        return IClass.RETURN, Special.NONE, False
+    if fc == _F.UNCONDITIONAL_BRANCH:
+        if ins.is_jmp_far:
+            return IClass.FAR_JUMP, Special.NONE, False
+        return IClass.JUMP, Special.NONE, True
+    if fc == _F.INDIRECT_BRANCH:
+        if ins.is_jmp_far_indirect:
+            return IClass.FAR_JUMP, Special.NONE, False
+        return IClass.JUMP, Special.NONE, False
+    if fc == _F.CALL:
+        if ins.is_call_far:
+            return IClass.FAR_CALL, Special.NONE, False
+        return IClass.CALL, Special.NONE, True
+    if fc == _F.INDIRECT_CALL:
+        if ins.is_call_far_indirect:
+            return IClass.FAR_CALL, Special.NONE, False
+        return IClass.CALL, Special.NONE, False
+    if mn == _M.MOV and ins.op_count == 2 and ins.op0_register == iced.Register.CR3:
+        return IClass.OTHER, Special.MOV_CR3, False
+    if mn == _M.VMPTRLD:
+        return IClass.OTHER, Special.VMPTRLD, False
+    return IClass.OTHER, Special.NONE, False
+
+
+def decode(data: bytes, ip: int, mode: int) -> Insn | None:
+    """Decode one instruction from ``data`` at ``ip``; None if it is not a
+    valid instruction (or ``data`` ends inside it)."""
+    if mode not in (16, 32, 64):
+        return None
+    ins = iced.Decoder(mode, data, ip=ip).decode()
+    if ins.code == iced.Code.INVALID:
+        return None
+    iclass, special, direct = classify(ins)
+    disp = 0
+    if direct:
+        target = ins.near_branch_target
+        disp = target - ((ip + ins.len) & 0xFFFFFFFFFFFFFFFF)
+        if mode != 64:
+            width = 1 << mode
+            disp = ((disp + width // 2) % width) - width // 2
+    return Insn(ip, ins.len, iclass, special, direct, disp, bytes(data[: ins.len]), mode)
+
+
+Reader = Callable[[int, int], bytes]
+
+
+class InsnCache:
+    """Decoded instructions of one address space, each decoded once.
+
+    ``read(address, size)`` returns the bytes available at ``address`` (fewer
+    at the end of mapped memory, none when unmapped).
+    """
+
+    def __init__(self, read: Reader) -> None:
+        self.read = read
+        self._cache: dict[tuple[int, int], Insn | int] = {}
+
+    def get(self, ip: int, mode: int) -> Insn | int:
+        """The instruction at ``ip``, or a libipt error code (nomap: 13,
+        bad_insn: 14) when there is none."""
+        key = (ip, mode)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        data = self.read(ip, MAX_INSN_SIZE)
+        if not data:
+            result: Insn | int = 13
+        else:
+            insn = decode(data, ip, mode)
+            result = insn if insn is not None else 14
+        self._cache[key] = result
+        return result
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+class Formatter:
+    """Disassembly text for ptxed's instruction column (Intel syntax)."""
+
+    def __init__(self, att: bool = False) -> None:
+        self._fmt = iced.Formatter(iced.FormatterSyntax.GAS if att else iced.FormatterSyntax.INTEL)
+
+    def format(self, insn: Insn) -> str:
+        ins = iced.Decoder(insn.mode, insn.raw, ip=insn.ip).decode()
+        return self._fmt.format(ins)

@@ -1,0 +1,802 @@
+"""Block decoder: the instruction flow of a trace segment, block by block.
+
+A block is a run of instructions executed one after the other, ending where
+the trace must be consulted (a conditional or indirect branch, a return, a
+far transfer) or where an event binds.  The decoder walks the program's code
+from the current IP, asks the event stream (:mod:`hwtrace.pt.events`) for
+branch outcomes and targets, and reports events when execution reaches the
+place they bind to.  Semantics follow Intel's reference block decoder, so the
+output agrees with Intel's ``ptxed`` instruction for instruction and event for
+event, including its errata workarounds (BDM64, SKD022, SKL014).
+
+Errors raise :class:`~hwtrace.pt.events.DecodeFailure`; the block decoded so
+far stays valid, and the caller resynchronises at the next PSB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..isa.x86 import IClass, Insn, InsnCache, Special
+from .config import PtConfig
+from .errors import PtError
+from .events import DecodeFailure, Ev, Event, EventDecoder
+
+# Status flags of next()/event() (Intel's pts_*).
+IP_SUPPRESSED, EVENT_PENDING, EOS = 1, 2, 4
+_RETSTACK_SIZE = 64
+_MAX_NINSN = 0xFFFF
+_BDM64_MAX_STEPS = 0x100
+
+
+@dataclass
+class BlockFlags:
+    end_on_call: bool = False
+    end_on_jump: bool = False
+    tick_events: bool = False
+
+
+@dataclass
+class AddrFilter:
+    """IA32_RTIT_ADDRn configuration: (cfg, a, b) per range; cfg 1 = filter,
+    2 = trace stop."""
+
+    ranges: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def configured(self) -> bool:
+        return any(cfg for cfg, _, _ in self.ranges)
+
+    def check(self, ip: int) -> int:
+        """1 if tracing is enabled at ``ip``, 0 if not (libipt's
+        pt_filter_addr_check)."""
+        have_filter = False
+        for cfg, a, b in self.ranges:
+            if cfg == 1:
+                have_filter = True
+                if a <= ip <= b:
+                    return 1
+            elif cfg == 2 and a <= ip <= b:
+                return 0
+        return 0 if have_filter else 1
+
+
+@dataclass
+class Block:
+    ip: int = 0
+    end_ip: int = 0
+    ninsn: int = 0
+    mode: int = 0
+    iclass: IClass = IClass.UNKNOWN
+    speculative: bool = False
+    isid: int = 0
+    insns: list[Insn] = field(default_factory=list)
+
+
+def _next_ip(insn: Insn) -> int:
+    """Where execution continues without trace; BAD_QUERY if trace is needed."""
+    c = insn.iclass
+    if c == IClass.OTHER or c == IClass.PTWRITE:
+        return insn.next_ip
+    if (c == IClass.JUMP or c == IClass.CALL) and insn.is_direct and insn.special != Special.JMPABS:
+        return (insn.next_ip + insn.displacement) & 0xFFFFFFFFFFFFFFFF
+    if c == IClass.UNKNOWN:
+        raise DecodeFailure(PtError.BAD_INSN)
+    raise DecodeFailure(PtError.BAD_QUERY)
+
+
+def _is_far(insn: Insn) -> bool:
+    return insn.iclass in (IClass.FAR_CALL, IClass.FAR_RETURN, IClass.FAR_JUMP)
+
+
+def _changes_cr3(insn: Insn) -> bool:
+    return insn.special == Special.MOV_CR3
+
+
+def _binds_to_pip(insn: Insn) -> bool:
+    return insn.special in (Special.MOV_CR3, Special.VMLAUNCH, Special.VMRESUME) or _is_far(insn)
+
+
+def _binds_to_vmcs(insn: Insn) -> bool:
+    return insn.special in (Special.VMPTRLD, Special.VMLAUNCH, Special.VMRESUME) or _is_far(insn)
+
+
+def _is_ptwrite(insn: Insn) -> bool:
+    return insn.iclass == IClass.PTWRITE
+
+
+def _is_iret(insn: Insn) -> bool:
+    return insn.special == Special.IRET
+
+
+def _is_vmentry(insn: Insn) -> bool:
+    return insn.special in (Special.VMLAUNCH, Special.VMRESUME)
+
+
+def _is_uiret(insn: Insn) -> bool:
+    return insn.special == Special.UIRET
+
+
+def _never(insn: Insn) -> bool:
+    return False
+
+
+def _is_branch(insn: Insn) -> bool:
+    return insn.iclass not in (IClass.OTHER, IClass.PTWRITE, IClass.UNKNOWN)
+
+
+class BlockDecoder:
+    """Decodes one segment's flow; ``cache`` holds the address space's code."""
+
+    def __init__(
+        self,
+        events: EventDecoder,
+        cache: InsnCache,
+        config: PtConfig,
+        flags: BlockFlags | None = None,
+        addr_filter: AddrFilter | None = None,
+        section_of: Callable[[int], int] | None = None,
+    ) -> None:
+        self.evdec = events
+        self.cache = cache
+        self.config = config
+        self.errata = config.errata
+        self.flags = flags or BlockFlags()
+        self.filter = addr_filter or AddrFilter()
+        self.section_of = section_of or (lambda ip: 1)
+        self.ip = 0
+        self.mode = 0
+        self.enabled = False
+        self.speculative = False
+        self.status: PtError | None = None
+        self.event: Event = Event(Ev.IGNORE)
+        self.tsc = 0
+        self.has_tsc = False
+        self.cbr = 0
+        self.icnt = 0
+        self.has_icnt = False
+        self.process_insn = False
+        self.insn: Insn | None = None
+        self.bound = set()
+        self.retstack: list[int] = []
+        self.cr3 = None
+        self.vmcs = None
+        self._last: Insn | None = None
+
+    # -- start -------------------------------------------------------------
+    def start(self) -> int:
+        """Synchronise on the segment's PSB+ and return the first status."""
+        self.evdec.start()
+        probe = self.evdec.snapshot()
+        origin = self.evdec.pos
+        while self.evdec.pos == origin:
+            try:
+                ev = self.evdec.next()
+            except DecodeFailure as exc:
+                if exc.code != PtError.EOS:
+                    self.evdec.restore(probe)
+                    raise
+                break
+            if not ev.status_update:
+                break
+            if ev.type == Ev.ENABLED:
+                self.enabled = True
+                self.ip = ev.ip
+                break
+        self.evdec.restore(probe)
+        try:
+            self.event = self.evdec.next()
+            self.status = None
+        except DecodeFailure as exc:
+            self.status = exc.code
+        return self._trailing(None)
+
+    # -- events ------------------------------------------------------------
+    def _fetch_event(self) -> None:
+        ev = self.event
+        self.tsc, self.has_tsc = ev.tsc, ev.has_tsc
+        self._update_trig_anchor(ev)
+        try:
+            self.event = self.evdec.next()
+        except DecodeFailure as exc:
+            self.status = exc.code
+            self.event = Event(Ev.IGNORE)
+
+    def _update_trig_anchor(self, ev: Event) -> None:
+        t = ev.type
+        if t in (Ev.DISABLED, Ev.ASYNC_DISABLED):
+            self.has_icnt, self.icnt = False, 0
+        elif t == Ev.OVERFLOW:
+            self.has_icnt, self.icnt = (not ev.ip_suppressed), 0
+        elif t in (Ev.ENABLED, Ev.ASYNC_BRANCH, Ev.TIP, Ev.TNT):
+            self.has_icnt, self.icnt = True, 0
+        elif t in (
+            Ev.EXEC_MODE, Ev.TSX, Ev.ASYNC_PAGING, Ev.ASYNC_VMCS, Ev.EXSTOP, Ev.PTWRITE,
+            Ev.TICK, Ev.IFLAGS, Ev.INTERRUPT, Ev.IRET, Ev.SMI, Ev.RSM, Ev.INIT, Ev.VMENTRY,
+            Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.UIRET, Ev.TRIG,
+        ):  # fmt: skip
+            if not ev.ip_suppressed:
+                self.has_icnt, self.icnt = True, 0
+
+    def _status(self, flags: int) -> int:
+        if not self.enabled:
+            flags |= IP_SUPPRESSED
+        if self.status == PtError.EOS:
+            flags |= EOS
+        return flags
+
+    def _tick(self, ip: int) -> None:
+        if self.flags.tick_events:
+            ev = self.event
+            if ev.tsc != self.tsc:
+                ev.type = Ev.TICK
+                ev.ip = ip
+                return
+        self._fetch_event()
+
+    def _proceed_indirect(self) -> None:
+        ev = self.event
+        if self.status is None and ev.type == Ev.TIP:
+            if ev.ip_suppressed:
+                raise DecodeFailure(PtError.BAD_PACKET)
+            ip = self.ip
+            self.ip = ev.ip
+            self._tick(ip)
+            return
+        if self.status is None and ev.type == Ev.TNT:
+            # A deferred TIP may hide behind an in-progress TNT.
+            probe = self.evdec.snapshot()
+            try:
+                nxt = self.evdec.next()
+            except DecodeFailure:
+                self.evdec.restore(probe)
+                raise DecodeFailure(PtError.BAD_QUERY) from None
+            if nxt.type != Ev.TIP:
+                self.evdec.restore(probe)
+                raise DecodeFailure(PtError.BAD_QUERY)
+            self.ip = nxt.ip
+            return
+        raise DecodeFailure(PtError.BAD_QUERY)
+
+    def _cond_branch(self) -> int:
+        ev = self.event
+        if self.status is not None or ev.type != Ev.TNT:
+            raise DecodeFailure(PtError.BAD_QUERY)
+        if not ev.size:
+            raise DecodeFailure(PtError.INTERNAL)
+        ev.size -= 1
+        return (ev.bits >> ev.size) & 1
+
+    def _proceed_with_trace(self, insn: Insn) -> None:
+        c = insn.iclass
+        if c == IClass.COND_JUMP:
+            ip = insn.next_ip
+            if self._cond_branch():
+                ip = (ip + insn.displacement) & 0xFFFFFFFFFFFFFFFF
+            self.ip = ip
+            return
+        if c == IClass.RETURN:
+            try:
+                taken = self._cond_branch()
+            except DecodeFailure as exc:
+                if exc.code != PtError.BAD_QUERY:
+                    raise
+                self._proceed_indirect()
+                return
+            if not taken:
+                raise DecodeFailure(PtError.BAD_RETCOMP)
+            if not self.retstack:
+                raise DecodeFailure(PtError.RETSTACK_EMPTY)
+            self.ip = self.retstack.pop()
+            return
+        if c in (IClass.JUMP, IClass.CALL) and insn.is_direct and insn.special != Special.JMPABS:
+            raise DecodeFailure(PtError.INTERNAL)
+        if c in (IClass.OTHER, IClass.PTWRITE):
+            raise DecodeFailure(PtError.INTERNAL)
+        if c == IClass.UNKNOWN:
+            raise DecodeFailure(PtError.BAD_INSN)
+        self._proceed_indirect()
+
+    # -- walking code --------------------------------------------------------
+    def _one_insn(self, block: Block) -> Insn | None:
+        """Add the instruction at the current IP to ``block`` (None: full)."""
+        if block.ninsn + 1 > _MAX_NINSN:
+            return None
+        got = self.cache.get(self.ip, self.mode)
+        if isinstance(got, int):
+            raise DecodeFailure(PtError(got))
+        insn = got
+        isid = self.section_of(insn.ip)
+        if isid != block.isid:
+            if block.ninsn:
+                return None
+            block.isid = isid
+        if insn.iclass == IClass.CALL and not (insn.is_direct and insn.displacement == 0):
+            if len(self.retstack) >= _RETSTACK_SIZE:
+                del self.retstack[0]
+            self.retstack.append(insn.next_ip)
+        block.iclass = insn.iclass
+        block.end_ip = insn.ip
+        block.ninsn += 1
+        block.insns.append(insn)
+        if self.has_icnt:
+            self.icnt += 1
+        self._last = insn
+        return insn
+
+    def _ends_block(self, insn: Insn) -> bool:
+        return (self.flags.end_on_call and insn.iclass == IClass.CALL) or (
+            self.flags.end_on_jump and insn.iclass == IClass.JUMP
+        )
+
+    def _to_insn(self, block: Block, pred: Callable[[Insn], bool]) -> int:
+        while True:
+            insn = self._one_insn(block)
+            if insn is None:
+                return 0
+            if pred(insn):
+                return 1
+            self.ip = _next_ip(insn)
+            if self._ends_block(insn):
+                return 0
+
+    def _to_ip(self, block: Block, ip: int) -> int:
+        while True:
+            if self.ip == ip:
+                return 1
+            insn = self._one_insn(block)
+            if insn is None:
+                return 0
+            self.ip = _next_ip(insn)
+            if self._ends_block(insn):
+                return 1 if self.ip == ip else 0
+
+    def _skl014(self, block: Block) -> int:
+        def pred(insn: Insn) -> bool:
+            if insn.iclass in (IClass.JUMP, IClass.CALL):
+                return insn.is_direct and insn.special != Special.JMPABS
+            return insn.iclass == IClass.OTHER and _changes_cr3(insn)
+
+        while True:
+            status = self._to_insn(block, pred)
+            if status <= 0:
+                return status
+            insn = self._last
+            if _changes_cr3(insn):
+                return status
+            ip = _next_ip(insn)
+            if self.filter.check(ip) <= 0:
+                return 1
+            self.ip = ip
+            if self._ends_block(insn):
+                return status
+
+    def _to_disabled(self, block: Block, ev: Event) -> int:
+        if ev.ip_suppressed:
+            if self.filter.configured and "skl014" in self.errata:
+                return self._skl014(block)
+            return self._to_insn(block, _changes_cr3)
+        return self._to_ip(block, ev.ip)
+
+    def _set_disable_resume_ip(self, insn: Insn | None) -> None:
+        if insn is not None and insn.iclass in (IClass.CALL, IClass.FAR_CALL):
+            self.ip = insn.next_ip
+        else:
+            self.ip = 0
+
+    def _to_bound_insn(self, block: Block, ev: Event, pred: Callable[[Insn], bool]) -> int:
+        """PTWRITE, IRET, VM entry, UIRET events: reach the instruction and
+        step past it."""
+        if ev.ip_suppressed:
+            return self._to_insn(block, pred)
+        status = self._to_ip(block, ev.ip)
+        if status <= 0:
+            return status
+        return 1 if self._one_insn(block) is not None else 0
+
+    def _provide_trig_anchor(self, ev: Event) -> None:
+        if ev.ip:
+            return
+        if not self.has_icnt:
+            raise DecodeFailure(PtError.BAD_PACKET)
+        if ev.icnt < self.icnt:
+            raise DecodeFailure(PtError.BAD_PACKET)
+        ev.icnt -= self.icnt
+        ev.ip = self.ip
+
+    def _to_trig(self, block: Block, ev: Event) -> int:
+        if ev.ip_suppressed:
+            return 1
+        self._provide_trig_anchor(ev)
+        if not self.enabled:
+            if not ev.icnt:
+                raise DecodeFailure(PtError.INTERNAL)
+            return 1
+        status = self._to_ip(block, ev.ip)
+        if status <= 0:
+            return status
+        while ev.icnt:
+            insn = self._one_insn(block)
+            if insn is None:
+                return 0
+            self.ip = _next_ip(insn)
+            ev.ip = self.ip
+            ev.icnt -= 1
+        return 1
+
+    def _skd022(self, ev: Event) -> bool:
+        got = self.cache.get(ev.at, self.mode)
+        if isinstance(got, int):
+            return False
+        if got.special in (Special.VMLAUNCH, Special.VMRESUME):
+            ev.type = Ev.DISABLED
+            return True
+        return False
+
+    def _postpone(self, insn: Insn | None) -> int:
+        if self.process_insn:
+            raise DecodeFailure(PtError.INTERNAL)
+        self.process_insn = True
+        self.insn = insn
+        return self._status(EVENT_PENDING)
+
+    def _clear_postponed(self) -> None:
+        self.process_insn = False
+        self.bound.clear()
+
+    def _proceed_postponed(self) -> None:
+        if not self.process_insn:
+            return
+        if not self.enabled:
+            self._clear_postponed()
+            return
+        try:
+            self.ip = _next_ip(self.insn)
+        except DecodeFailure as exc:
+            if exc.code != PtError.BAD_QUERY:
+                raise
+            self._proceed_with_trace(self.insn)
+        self._clear_postponed()
+
+    def _proceed_event(self, block: Block) -> int:
+        ev = self.event
+        t = ev.type
+        self._last = None
+        if t == Ev.DISABLED:
+            if not ev.status_update:
+                try:
+                    status = self._to_disabled(block, ev)
+                except DecodeFailure as exc:
+                    if exc.code != PtError.BAD_QUERY:
+                        raise
+                    self._set_disable_resume_ip(self._last)
+                else:
+                    if status <= 0:
+                        return status
+        elif t == Ev.ASYNC_DISABLED:
+            if self._to_ip(block, ev.at) <= 0:
+                return 0
+            if "skd022" in self.errata and self._skd022(ev):
+                return self._proceed_event(block)
+        elif t == Ev.ASYNC_BRANCH:
+            if self._to_ip(block, ev.at) <= 0:
+                return 0
+        elif t in (Ev.PAGING, Ev.VMCS):
+            if self.enabled:
+                pred = _binds_to_pip if t == Ev.PAGING else _binds_to_vmcs
+                if self._to_insn(block, pred) <= 0:
+                    return 0
+                self.bound.add(t)
+                return self._postpone(self._last)
+        elif t in (Ev.PTWRITE, Ev.IRET, Ev.VMENTRY, Ev.UIRET):
+            if self.enabled:
+                pred = {
+                    Ev.PTWRITE: _is_ptwrite,
+                    Ev.IRET: _is_iret,
+                    Ev.VMENTRY: _is_vmentry,
+                    Ev.UIRET: _is_uiret,
+                }[t]
+                if self._to_bound_insn(block, ev, pred) <= 0:
+                    return 0
+                self.bound.add(t)
+                return self._postpone(self._last)
+        elif t in (Ev.EXSTOP, Ev.MWAIT):
+            if self.enabled and not ev.ip_suppressed:
+                if self._to_ip(block, ev.ip) <= 0:
+                    return 0
+        elif t in (
+            Ev.ASYNC_PAGING, Ev.ASYNC_VMCS, Ev.EXEC_MODE, Ev.TSX, Ev.IFLAGS, Ev.INTERRUPT,
+            Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR,
+        ):  # fmt: skip
+            if not ev.ip_suppressed:
+                if self._to_ip(block, ev.ip) <= 0:
+                    return 0
+        elif t == Ev.TRIG:
+            if self._to_trig(block, ev) <= 0:
+                return 0
+        elif t in (Ev.TIP, Ev.TNT):
+            raise DecodeFailure(PtError.INTERNAL)
+        return self._status(EVENT_PENDING)
+
+    def _proceed_no_event(self, block: Block) -> None:
+        self._last = None
+        try:
+            self._to_insn(block, _never)
+        except DecodeFailure as exc:
+            if exc.code != PtError.BAD_QUERY:
+                raise
+            if self._last is None:
+                raise DecodeFailure(PtError.BAD_INSN) from None
+            self._proceed_with_trace(self._last)
+
+    def _proceed(self, block: Block) -> int:
+        if self.status is not None:
+            if self.status != PtError.EOS:
+                raise DecodeFailure(self.status)
+            if not self.enabled:
+                raise DecodeFailure(PtError.EOS)
+            self._proceed_no_event(block)
+            return EOS
+        if self.event.type in (Ev.TNT, Ev.TIP):
+            if not self.enabled:
+                raise DecodeFailure(PtError.NO_ENABLE)
+            self._proceed_no_event(block)
+            return self._trailing(block)
+        return self._proceed_event(block)
+
+    def _bdm64(self, block: Block, ev: Event) -> bool:
+        if not ev.aborted or not block.ninsn:
+            return False
+        got = self.cache.get(block.end_ip, block.mode)
+        if isinstance(got, int) or not _is_branch(got):
+            return False
+        ip = self.ip
+        for _ in range(_BDM64_MAX_STEPS):
+            if ip == ev.ip:
+                return True
+            insn = self.cache.get(ip, self.mode)
+            if isinstance(insn, int):
+                break
+            try:
+                ip = _next_ip(insn)
+            except DecodeFailure:
+                break
+        self.ip = ev.ip
+        return True
+
+    def _trailing(self, block: Block | None) -> int:
+        """Events that bind to the current IP (after a block or an event)."""
+        if self.status is not None:
+            self._proceed_postponed()
+            return self._status(0 if self.status == PtError.EOS else EVENT_PENDING)
+        ev = self.event
+        t = ev.type
+        pending = self._status(EVENT_PENDING)
+        if t == Ev.TNT:
+            if not self.flags.tick_events or block is None or not ev.has_tsc or ev.tsc == self.tsc:
+                if ev.size:
+                    return self._finish()
+                self._fetch_event()
+                return self._trailing(block)
+            if block.iclass not in (IClass.COND_JUMP, IClass.RETURN):
+                return self._finish()
+            return pending
+        if t == Ev.TIP:
+            return self._finish()
+        if t in (
+            Ev.TICK, Ev.ENABLED, Ev.OVERFLOW, Ev.STOP, Ev.PWRE, Ev.PWRX, Ev.CBR, Ev.MNT,
+        ):  # fmt: skip
+            self._proceed_postponed()
+            return self._status(EVENT_PENDING)
+        if t == Ev.DISABLED:
+            if not self.process_insn:
+                return self._finish()
+            if ev.ip_suppressed and _changes_cr3(self.insn):
+                return pending
+            try:
+                self.ip = _next_ip(self.insn)
+            except DecodeFailure as exc:
+                if exc.code != PtError.BAD_QUERY:
+                    raise
+                self._set_disable_resume_ip(self.insn)
+                return pending
+            self._clear_postponed()
+            if not ev.ip_suppressed and self.ip == ev.ip:
+                return self._status(EVENT_PENDING)
+            return self._finish()
+        if t == Ev.ASYNC_DISABLED:
+            self._proceed_postponed()
+            if self.ip != ev.at:
+                return self._finish()
+            if "skd022" in self.errata and self._skd022(ev):
+                return self._finish()
+            return self._status(EVENT_PENDING)
+        if t == Ev.ASYNC_BRANCH:
+            self._proceed_postponed()
+            if self.ip != ev.at:
+                return self._finish()
+            return self._status(EVENT_PENDING)
+        if t in (Ev.PAGING, Ev.VMCS):
+            if not self.enabled:
+                return pending
+            if not self.process_insn or t in self.bound:
+                return self._finish()
+            pred = _binds_to_pip if t == Ev.PAGING else _binds_to_vmcs
+            if not pred(self.insn):
+                return self._finish()
+            self.bound.add(t)
+            return pending
+        if t in (Ev.PTWRITE, Ev.IRET, Ev.VMENTRY, Ev.UIRET):
+            if not self.enabled:
+                return pending
+            if not self.process_insn or t in self.bound:
+                return self._finish()
+            pred = {
+                Ev.PTWRITE: _is_ptwrite,
+                Ev.IRET: _is_iret,
+                Ev.VMENTRY: _is_vmentry,
+                Ev.UIRET: _is_uiret,
+            }[t]
+            if not ev.ip_suppressed or not pred(self.insn):
+                return self._finish()
+            self.bound.add(t)
+            return pending
+        if t in (Ev.ASYNC_PAGING, Ev.ASYNC_VMCS):
+            self._proceed_postponed()
+            if not ev.ip_suppressed and self.ip != ev.ip:
+                return self._finish()
+            return self._status(EVENT_PENDING)
+        if t == Ev.EXEC_MODE:
+            self._proceed_postponed()
+            if not self.enabled:
+                return self._status(EVENT_PENDING)
+            if not ev.ip_suppressed and self.ip != ev.ip:
+                return self._finish()
+            return self._status(EVENT_PENDING)
+        if t == Ev.TSX:
+            self._proceed_postponed()
+            if not ev.ip_suppressed:
+                if block is not None and "bdm64" in self.errata:
+                    self._bdm64(block, ev)
+                if self.ip != ev.ip:
+                    return self._finish()
+            return self._status(EVENT_PENDING)
+        if t in (Ev.EXSTOP, Ev.MWAIT):
+            self._proceed_postponed()
+            if not ev.ip_suppressed and self.enabled and self.ip != ev.ip:
+                return self._finish()
+            return self._status(EVENT_PENDING)
+        if t in (Ev.IFLAGS, Ev.INTERRUPT, Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR):
+            self._proceed_postponed()
+            if self.enabled and not ev.ip_suppressed and self.ip != ev.ip:
+                return self._finish()
+            return self._status(EVENT_PENDING)
+        if t in (Ev.RSM, Ev.SIPI):
+            self._proceed_postponed()
+            if not ev.ip_suppressed:
+                raise DecodeFailure(PtError.INTERNAL)
+            return self._status(EVENT_PENDING)
+        if t == Ev.TRIG:
+            self._proceed_postponed()
+            if not self.enabled or ev.ip_suppressed:
+                return self._status(EVENT_PENDING)
+            self._provide_trig_anchor(ev)
+            if ev.icnt:
+                return self._finish()
+            if ev.ip != self.ip:
+                raise DecodeFailure(PtError.BAD_PACKET)
+            return self._status(EVENT_PENDING)
+        return self._finish()
+
+    def _finish(self) -> int:
+        self._proceed_postponed()
+        return self._status(0)
+
+    # -- public ------------------------------------------------------------
+    def next_block(self, block: Block) -> int:
+        """Fill ``block`` with the next block; returns status flags."""
+        block.ip = self.ip
+        block.mode = self.mode
+        block.speculative = self.speculative
+        return self._proceed(block)
+
+    def next_event(self) -> tuple[int, Event]:
+        """The pending event, applied; returns (status flags, event)."""
+        if self.status is not None:
+            raise DecodeFailure(self.status)
+        ev = self.event
+        t = ev.type
+        if t == Ev.TNT:
+            if not self.flags.tick_events or not ev.has_tsc or ev.tsc == self.tsc:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            tick = Event(Ev.TICK)
+            tick.has_tsc, tick.tsc, tick.ip = True, ev.tsc, self.ip
+            self.has_tsc, self.tsc = True, ev.tsc
+            if not ev.size:
+                self._fetch_event()
+            return self._trailing(None), tick
+        if t == Ev.ENABLED:
+            if ev.ip == self.ip:
+                ev.resumed = True
+            if ev.status_update:
+                if not self.enabled:
+                    raise DecodeFailure(PtError.BAD_STATUS_UPDATE)
+            else:
+                if ev.ip_suppressed:
+                    raise DecodeFailure(PtError.NOIP)
+                if self.enabled:
+                    raise DecodeFailure(PtError.BAD_CONTEXT)
+                self.ip = ev.ip
+                self.enabled = True
+        elif t in (Ev.ASYNC_DISABLED, Ev.DISABLED):
+            if t == Ev.ASYNC_DISABLED and self.ip != ev.at:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            if ev.status_update:
+                if self.enabled:
+                    raise DecodeFailure(PtError.BAD_STATUS_UPDATE)
+            else:
+                if not self.enabled:
+                    raise DecodeFailure(PtError.BAD_CONTEXT)
+                self.enabled = False
+                self.icnt = 0
+        elif t == Ev.ASYNC_BRANCH:
+            if self.ip != ev.at:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            if ev.status_update or not self.enabled:
+                raise DecodeFailure(PtError.BAD_CONTEXT)
+            self.ip = ev.ip
+        elif t in (Ev.ASYNC_PAGING, Ev.PAGING):
+            if t == Ev.ASYNC_PAGING and not ev.ip_suppressed and self.ip != ev.ip:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            if self.cr3 != ev.cr3:
+                self.cr3 = ev.cr3
+        elif t in (Ev.ASYNC_VMCS, Ev.VMCS):
+            if t == Ev.ASYNC_VMCS and not ev.ip_suppressed and self.ip != ev.ip:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            self.vmcs = ev.base
+        elif t == Ev.OVERFLOW:
+            if ev.status_update:
+                raise DecodeFailure(PtError.BAD_CONTEXT)
+            if ev.ip_suppressed:
+                self.enabled = False
+                self.ip = 0
+            else:
+                self.enabled = True
+                self.ip = ev.ip
+            self.speculative = False
+        elif t == Ev.EXEC_MODE:
+            if self.enabled and not ev.ip_suppressed and self.ip != ev.ip:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            mode = int(ev.mode)
+            if ev.status_update and self.enabled and self.mode != 0 and self.mode != mode:
+                raise DecodeFailure(PtError.BAD_STATUS_UPDATE)
+            self.mode = mode
+        elif t == Ev.TSX:
+            if not ev.ip_suppressed and self.ip != ev.ip:
+                raise DecodeFailure(PtError.BAD_QUERY)
+            self.speculative = bool(ev.speculative)
+        elif t == Ev.STOP:
+            if ev.status_update or self.enabled:
+                raise DecodeFailure(PtError.BAD_CONTEXT)
+        elif t in (Ev.EXSTOP, Ev.MWAIT):
+            if not ev.ip_suppressed and self.enabled and self.ip != ev.ip:
+                raise DecodeFailure(PtError.BAD_QUERY)
+        elif t == Ev.CBR:
+            self.cbr = ev.ratio
+        elif t == Ev.TIP:
+            raise DecodeFailure(PtError.BAD_QUERY)
+        elif t in (
+            Ev.IFLAGS, Ev.INTERRUPT, Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.TRIG,
+        ):  # fmt: skip
+            if self.enabled and not ev.ip_suppressed and self.ip != ev.ip:
+                raise DecodeFailure(PtError.BAD_QUERY)
+        elif t in (Ev.RSM, Ev.SIPI):
+            if not ev.ip_suppressed:
+                raise DecodeFailure(PtError.INTERNAL)
+        out = ev.copy()
+        self._fetch_event()
+        return self._trailing(None), out
+
+    def offset(self) -> int:
+        return self.evdec.offset()
