@@ -1,0 +1,284 @@
+"""Loading ELF executables, shared objects and core files into an image.
+
+pyelftools reads the headers; the bytes themselves are never copied: each
+loadable segment becomes a :class:`~hwtrace.image.sections.Section` over the
+file's memory map, and the symbol tables are read as numpy record arrays
+straight from the same map.
+
+What gets loaded is what Intel's ptxed loads: every ``PT_LOAD`` segment with
+file bytes (``p_filesz`` > 0), ``p_filesz`` bytes of it.  The zero-filled
+tail of a segment (``p_memsz`` > ``p_filesz``, e.g. ``.bss``) is not mapped:
+it is never code.  ``executable_only=True`` keeps just the segments with
+execute permission.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from elftools.elf.elffile import ELFFile
+
+from .sections import ANY, Asid, ImageError, Section, map_file
+from .symbols import FUNCTION, OBJECT, SymbolTable
+
+__all__ = ["ElfFile", "LoadedElf", "Segment", "load_elf", "read_elf"]
+
+PF_X = 1
+STT_OBJECT, STT_FUNC, STT_GNU_IFUNC = 1, 2, 10
+STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
+SHN_UNDEF, SHN_LORESERVE, SHN_XINDEX = 0, 0xFF00, 0xFFFF
+
+_SYM_FIELDS = {
+    64: [("name", "u4"), ("info", "u1"), ("other", "u1"), ("shndx", "u2"),
+         ("value", "u8"), ("size", "u8")],
+    32: [("name", "u4"), ("value", "u4"), ("size", "u4"), ("info", "u1"),
+         ("other", "u1"), ("shndx", "u2")],
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One ``PT_LOAD`` program header."""
+
+    index: int
+    offset: int
+    vaddr: int
+    filesz: int
+    memsz: int
+    flags: int
+
+    @property
+    def executable(self) -> bool:
+        return bool(self.flags & PF_X)
+
+
+@dataclass(frozen=True, slots=True)
+class ElfFile:
+    """What an image needs from an ELF file, at its link addresses."""
+
+    path: str
+    elf_type: str  # "ET_EXEC", "ET_DYN", "ET_CORE", ...
+    machine: str
+    segments: tuple[Segment, ...]
+    symbols: SymbolTable
+
+    @property
+    def min_vaddr(self) -> int:
+        """The lowest ``PT_LOAD`` address: what a load address refers to."""
+        return min(s.vaddr for s in self.segments)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedElf:
+    """An ELF file as placed in an image: ``address = link address + bias``."""
+
+    path: str
+    name: str
+    elf_type: str
+    bias: int
+    asid: Asid
+    sections: tuple[Section, ...]
+    symbols: SymbolTable  # relocated, module = ``name``
+
+
+def read_elf(path: str | os.PathLike[str]) -> ElfFile:
+    """Read the load segments and symbols of an ELF file.
+
+    Raises :class:`ImageError` naming the file for a missing file, a file
+    that is not ELF, and a truncated or malformed one.
+    """
+    name = os.fspath(path)
+    buf = map_file(name)
+    total = buf.shape[0]
+    _check_tables(name, buf)
+    try:
+        with open(name, "rb") as stream:
+            elf = ELFFile(stream)
+            elf_type = str(elf["e_type"])
+            machine = str(elf["e_machine"])
+            segments = tuple(
+                Segment(
+                    index=i,
+                    offset=seg["p_offset"],
+                    vaddr=seg["p_vaddr"],
+                    filesz=seg["p_filesz"],
+                    memsz=seg["p_memsz"],
+                    flags=seg["p_flags"],
+                )
+                for i, seg in enumerate(elf.iter_segments())
+                if seg["p_type"] == "PT_LOAD"
+            )
+            tables = []
+            for section in elf.iter_sections():
+                if section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                    continue
+                strtab = elf.get_section(section["sh_link"])
+                tables.append(
+                    (
+                        section.name,
+                        section["sh_offset"],
+                        section["sh_size"],
+                        section["sh_entsize"],
+                        strtab["sh_offset"],
+                        strtab["sh_size"],
+                    )
+                )
+            elfclass = elf.elfclass
+            little = elf.little_endian
+    except OSError as exc:
+        raise ImageError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+    except Exception as exc:  # pyelftools/construct raise many kinds on bad input
+        raise ImageError(f"{name}: truncated or malformed ELF file: {exc}") from exc
+
+    for seg in segments:
+        if seg.filesz and seg.offset + seg.filesz > total:
+            raise ImageError(
+                f"{name}: truncated ELF file: segment {seg.index} at offset {seg.offset:#x} "
+                f"(size {seg.filesz:#x}) extends beyond the end of the file ({total:#x})"
+            )
+    symbols = _read_symbols(name, buf, tables, elfclass, little)
+    return ElfFile(name, elf_type, machine, segments, symbols)
+
+
+def _check_tables(name: str, buf: np.ndarray) -> None:
+    """Check the ELF header and that the header tables lie inside the file, so a
+    truncated file gets a clear message rather than whatever pyelftools hits first."""
+    total = buf.shape[0]
+    if total < 4 or bytes(buf[:4]) != b"\x7fELF":
+        raise ImageError(f"{name}: not an ELF file")
+    if total < 6:
+        raise ImageError(f"{name}: truncated ELF file: {total} bytes")
+    if buf[4] not in (1, 2) or buf[5] not in (1, 2):
+        raise ImageError(
+            f"{name}: unsupported ELF class {int(buf[4])} / data encoding {int(buf[5])}"
+        )
+    wide, order = buf[4] == 2, "<" if buf[5] == 1 else ">"
+    header_size = 64 if wide else 52
+    if total < header_size:
+        raise ImageError(
+            f"{name}: truncated ELF file: the header needs {header_size} bytes, the file has {total}"
+        )
+    fields = (
+        [("pad", "V32"), ("phoff", "u8"), ("shoff", "u8"), ("pad2", "V6"), ("phentsize", "u2"),
+         ("phnum", "u2"), ("shentsize", "u2"), ("shnum", "u2")]
+        if wide
+        else [("pad", "V28"), ("phoff", "u4"), ("shoff", "u4"), ("pad2", "V6"),
+              ("phentsize", "u2"), ("phnum", "u2"), ("shentsize", "u2"), ("shnum", "u2")]
+    )  # fmt: skip
+    header = buf[: np.dtype(fields).itemsize].view(np.dtype(fields).newbyteorder(order))[0]
+    for table, offset, entsize, count in (
+        ("program headers", int(header["phoff"]), int(header["phentsize"]), int(header["phnum"])),
+        ("section headers", int(header["shoff"]), int(header["shentsize"]), int(header["shnum"])),
+    ):
+        if offset == 0:
+            continue
+        end = offset + entsize * max(count, 1)
+        if end > total:
+            raise ImageError(
+                f"{name}: truncated ELF file: the {table} at offset {offset:#x} end at {end:#x}, "
+                f"beyond the end of the file ({total:#x})"
+            )
+
+
+def load_elf(
+    path: str | os.PathLike[str],
+    load_address: int | None = None,
+    asid: Asid = ANY,
+    *,
+    executable_only: bool = False,
+) -> LoadedElf:
+    """Make the sections and relocated symbols of an ELF file.
+
+    ``load_address`` is where the lowest ``PT_LOAD`` address goes (bias =
+    load_address - lowest vaddr), for any ELF type as in ptxed; None keeps
+    the link addresses (right for ET_EXEC, and for ET_DYN linked at 0 it
+    means "loaded at 0").
+    """
+    elf = read_elf(path)
+    name = os.path.basename(elf.path)
+    loadable = [s for s in elf.segments if s.filesz > 0]
+    if executable_only:
+        loadable = [s for s in loadable if s.executable]
+    if not loadable:
+        what = "executable load segments" if executable_only else "load segments with file bytes"
+        raise ImageError(f"{elf.path}: no {what}")
+    bias = 0 if load_address is None else load_address - elf.min_vaddr
+    sections = tuple(
+        Section.from_file(elf.path, s.offset, s.filesz, s.vaddr + bias, name) for s in loadable
+    )
+    symbols = elf.symbols.relocate(bias, name)
+    return LoadedElf(elf.path, name, elf.elf_type, bias, asid, sections, symbols)
+
+
+def _read_symbols(
+    path: str,
+    buf: np.ndarray,
+    tables: list[tuple[str, int, int, int, int, int]],
+    elfclass: int,
+    little: bool,
+) -> SymbolTable:
+    """Functions and objects with a size from ``.symtab`` and ``.dynsym``, aliases merged.
+
+    Of symbols with the same start and size one name is kept: a function's
+    over an object's, then global over weak over local, then the one with
+    fewer leading underscores, then the shorter (``memcpy`` over
+    ``__memcpy_avx_unaligned``-style internal aliases).
+    """
+    dtype = np.dtype(_SYM_FIELDS[elfclass]).newbyteorder("<" if little else ">")
+    total = buf.shape[0]
+    value_parts, size_parts, kind_parts, bind_parts, names = [], [], [], [], []
+    for section, offset, size, entsize, str_offset, str_size in tables:
+        if entsize != dtype.itemsize or size % entsize:
+            raise ImageError(f"{path}: malformed symbol table {section} (entry size {entsize})")
+        if offset + size > total or str_offset + str_size > total:
+            raise ImageError(
+                f"{path}: truncated ELF file: symbol table {section} at offset {offset:#x} "
+                f"extends beyond the end of the file ({total:#x})"
+            )
+        entries = buf[offset : offset + size].view(dtype)
+        kind = entries["info"] & 0xF
+        shndx = entries["shndx"]
+        keep = (
+            ((kind == STT_FUNC) | (kind == STT_GNU_IFUNC) | (kind == STT_OBJECT))
+            & (entries["size"] > 0)
+            & (shndx != SHN_UNDEF)
+            & ((shndx < SHN_LORESERVE) | (shndx == SHN_XINDEX))
+        )
+        entries = entries[keep]
+        strtab = bytes(buf[str_offset : str_offset + str_size])
+        for start in entries["name"].tolist():
+            stop = strtab.find(b"\0", start)
+            names.append(
+                strtab[start : stop if stop >= 0 else len(strtab)].decode("utf-8", "replace")
+            )
+        value_parts.append(entries["value"].astype(np.uint64))
+        size_parts.append(entries["size"].astype(np.uint64))
+        kind_parts.append(np.where((entries["info"] & 0xF) == STT_OBJECT, OBJECT, FUNCTION))
+        bind_parts.append(entries["info"] >> 4)
+    if not names:
+        return SymbolTable.empty()
+
+    value = np.concatenate(value_parts)
+    size = np.concatenate(size_parts)
+    kind = np.concatenate(kind_parts).astype(np.uint8)
+    bind = np.concatenate(bind_parts)
+    bind_rank = np.select([bind == STB_GLOBAL, bind == STB_WEAK, bind == STB_LOCAL], [0, 1, 2], 3)
+    underscores = np.array([len(n) - len(n.lstrip("_")) for n in names])
+    length = np.array([len(n) for n in names])
+    sequence = np.arange(len(names))
+    order = np.lexsort(
+        (sequence, length, underscores, bind_rank, -kind.astype(np.int8), size, value)
+    )
+    value, size = value[order], size[order]
+    first = np.ones(len(order), bool)
+    first[1:] = (value[1:] != value[:-1]) | (size[1:] != size[:-1])
+    chosen = order[first]
+    return SymbolTable(
+        value[first],
+        size[first],
+        np.arange(len(chosen), dtype=np.int32),
+        [names[i] for i in chosen],
+        kind[chosen],
+    )

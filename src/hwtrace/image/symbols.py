@@ -1,0 +1,197 @@
+"""Symbol tables as numpy columns, for symbolizing many addresses at once.
+
+A decoded trace has millions of instruction addresses; turning them into
+``function+offset`` one dictionary lookup at a time is the slow part of every
+report.  A :class:`SymbolTable` keeps the symbols sorted by start address in
+numpy arrays, so :meth:`SymbolTable.lookup` resolves a whole array of
+addresses with one ``np.searchsorted``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["FUNCTION", "OBJECT", "SymbolTable"]
+
+OBJECT = 0
+FUNCTION = 1
+
+
+class SymbolTable:
+    """Symbols with a nonzero size, sorted by start address.
+
+    Columns (all the same length): ``start`` and ``size`` (uint64), ``kind``
+    (uint8, :data:`FUNCTION` or :data:`OBJECT`), ``name_index`` into
+    ``names`` and ``module`` into ``modules`` (the file each symbol comes
+    from, e.g. ``libc.so.6``).  Symbols may nest or overlap; a lookup then
+    prefers the one that starts last.
+    """
+
+    def __init__(
+        self,
+        start: np.ndarray,
+        size: np.ndarray,
+        name_index: np.ndarray,
+        names: Sequence[str],
+        kind: np.ndarray | None = None,
+        module: np.ndarray | None = None,
+        modules: Sequence[str] = ("",),
+    ) -> None:
+        start = np.asarray(start, dtype=np.uint64)
+        size = np.asarray(size, dtype=np.uint64)
+        count = start.shape[0]
+        name_index = np.asarray(name_index, dtype=np.int32)
+        kind = np.full(count, FUNCTION, np.uint8) if kind is None else np.asarray(kind, np.uint8)
+        module = np.zeros(count, np.int32) if module is None else np.asarray(module, np.int32)
+        # Sort by start, larger symbols first, so that the last symbol
+        # starting at or before an address is the innermost one.
+        order = np.lexsort((~size, start))
+        self.start = start[order]
+        self.size = size[order]
+        self.name_index = name_index[order]
+        self.kind = kind[order]
+        self.module = module[order]
+        self.names = list(names)
+        self.modules = list(modules)
+        self.end = self.start + self.size
+        # cover[i]: among symbols 0..i, one whose end is the largest; it is
+        # the fallback when symbol i does not reach an address but an
+        # earlier, longer symbol does.
+        running = np.maximum.accumulate(self.end) if count else self.end
+        holder = np.where(self.end == running, np.arange(count), 0)
+        self._cover = np.maximum.accumulate(holder) if count else holder
+        self._functions: SymbolTable | None = None
+
+    @classmethod
+    def empty(cls) -> SymbolTable:
+        """A table without symbols."""
+        return cls(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int32), [])
+
+    @classmethod
+    def from_symbols(
+        cls, symbols: Iterable[tuple[int, int, str, bool]], module: str = ""
+    ) -> SymbolTable:
+        """Build a table from ``(start, size, name, is_function)`` tuples; zero sizes are dropped."""
+        rows = [row for row in symbols if row[1] > 0]
+        return cls(
+            np.array([r[0] for r in rows], np.uint64),
+            np.array([r[1] for r in rows], np.uint64),
+            np.arange(len(rows), dtype=np.int32),
+            [r[2] for r in rows],
+            np.array([FUNCTION if r[3] else OBJECT for r in rows], np.uint8),
+            np.zeros(len(rows), np.int32),
+            [module],
+        )
+
+    @classmethod
+    def merge(cls, tables: Iterable[SymbolTable]) -> SymbolTable:
+        """One table holding the symbols of several (e.g. one per loaded file)."""
+        tables = [t for t in tables if len(t)]
+        if not tables:
+            return cls.empty()
+        names: list[str] = []
+        modules: list[str] = []
+        name_index, module = [], []
+        for table in tables:
+            name_index.append(table.name_index + len(names))
+            module.append(table.module + len(modules))
+            names.extend(table.names)
+            modules.extend(table.modules)
+        return cls(
+            np.concatenate([t.start for t in tables]),
+            np.concatenate([t.size for t in tables]),
+            np.concatenate(name_index),
+            names,
+            np.concatenate([t.kind for t in tables]),
+            np.concatenate(module),
+            modules,
+        )
+
+    def relocate(self, bias: int, module: str | None = None) -> SymbolTable:
+        """The same symbols moved by ``bias`` (modulo 2**64), optionally renamed to ``module``."""
+        start = self.start + np.uint64(bias % (1 << 64))
+        if module is None:
+            return SymbolTable(
+                start, self.size, self.name_index, self.names, self.kind, self.module, self.modules
+            )
+        return SymbolTable(
+            start,
+            self.size,
+            self.name_index,
+            self.names,
+            self.kind,
+            np.zeros(len(self), np.int32),
+            [module],
+        )
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    @property
+    def functions(self) -> SymbolTable:
+        """The function symbols only (what code addresses should resolve to)."""
+        if self._functions is None:
+            keep = self.kind == FUNCTION
+            self._functions = SymbolTable(
+                self.start[keep],
+                self.size[keep],
+                self.name_index[keep],
+                self.names,
+                self.kind[keep],
+                self.module[keep],
+                self.modules,
+            )
+        return self._functions
+
+    def lookup(self, addresses: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Resolve addresses to ``(index, offset)`` arrays; index -1 where no symbol covers.
+
+        ``offset`` is the address minus the symbol's start (0 where index is -1).
+        """
+        addr = np.asarray(addresses, dtype=np.uint64)
+        if len(self) == 0:
+            return np.full(addr.shape, -1, np.int64), np.zeros(addr.shape, np.uint64)
+        last = np.searchsorted(self.start, addr, side="right").astype(np.int64) - 1
+        valid = last >= 0
+        idx = np.where(valid, last, 0)
+        inside = valid & (addr < self.end[idx])
+        outer = self._cover[idx]
+        in_outer = valid & ~inside & (addr < self.end[outer])
+        index = np.where(inside, idx, np.where(in_outer, outer, -1))
+        found = index >= 0
+        offset = np.where(found, addr - self.start[np.where(found, index, 0)], np.uint64(0))
+        return index, offset.astype(np.uint64)
+
+    def name(self, i: int) -> str:
+        """The name of symbol ``i`` (an index from :meth:`lookup`)."""
+        return self.names[int(self.name_index[i])]
+
+    def module_name(self, i: int) -> str:
+        """The file symbol ``i`` comes from."""
+        return self.modules[int(self.module[i])]
+
+    def qualified_name(self, i: int) -> str:
+        """``module!name``, or just the name when the module is unnamed."""
+        module = self.module_name(i)
+        return f"{module}!{self.name(i)}" if module else self.name(i)
+
+    def symbolize(self, address: int, with_module: bool = False) -> str:
+        """``"func+0x12"`` (``"func"`` at offset 0; ``"lib.so!func+0x12"`` with the module),
+        or ``""`` when no symbol covers the address."""
+        index, offset = self.lookup(np.array([address], np.uint64))
+        i = int(index[0])
+        if i < 0:
+            return ""
+        name = self.qualified_name(i) if with_module else self.name(i)
+        off = int(offset[0])
+        return f"{name}+{off:#x}" if off else name
+
+    def __iter__(self):
+        """Yield ``(start, size, name, is_function)`` in address order."""
+        for i in range(len(self)):
+            yield int(self.start[i]), int(self.size[i]), self.name(i), bool(self.kind[i])
+
+    def __repr__(self) -> str:
+        return f"SymbolTable({len(self)} symbols, {len(self.modules)} modules)"
