@@ -108,24 +108,16 @@ class RawImage:
         return hit[2] if hit else 0
 
 
-def _c_uint(text: str) -> int:
-    """A number as C's strtoull(text, 0) reads it (0x hex, 0 octal)."""
-    if text[:2].lower() == "0x":
-        return int(text[2:], 16)
-    if len(text) > 1 and text[0] == "0":
-        return int(text[1:], 8)
-    return int(text, 10)
-
-
 def _parse_raw(arg: str) -> tuple[str, int, int, int]:
     """``file[:from[-to]]:base`` as Intel's ptxed reads it."""
     head, sep, base_text = arg.rpartition(":")
     if not sep or not head:
         raise UsageError(f"failed to parse base address from '{arg}'")
-    try:
-        base = _c_uint(base_text)
-    except ValueError:
-        raise UsageError(f"failed to parse base address from '{arg}'") from None
+    from ..image import parse_c_uint
+
+    base = parse_c_uint(base_text)
+    if base is None:
+        raise UsageError(f"failed to parse base address from '{arg}'")
     path, offset, size = split_range(head)
     return path, offset, size, base
 

@@ -464,38 +464,25 @@ class EventDecoder:
                 else:
                     self.mode_exec_valid = True
                     self.iflag, self.csd, self.csl = iflag, csd, csl
-                ev = self.queue.enqueue(B_PSBEND)
-                ev.status_update = True
-                ev.type = Ev.EXEC_MODE
+                ev = self._header_event(Ev.EXEC_MODE)
                 ev.mode = exec_mode_of(bits)
                 if self.options.iflags:
-                    ev = self.queue.enqueue(B_PSBEND)
-                    ev.status_update = True
-                    ev.type = Ev.IFLAGS
+                    ev = self._header_event(Ev.IFLAGS)
                     ev.iflag = iflag
             elif k == Kind.MODE_TSX:
-                ev = self.queue.enqueue(B_PSBEND)
-                ev.status_update = True
-                ev.type = Ev.TSX
+                ev = self._header_event(Ev.TSX)
                 ev.speculative, ev.aborted = self.a[i] & 1, (self.a[i] >> 1) & 1
             elif k == Kind.PIP:
-                ev = self.queue.enqueue(B_PSBEND)
-                ev.status_update = True
-                ev.type = Ev.ASYNC_PAGING
+                ev = self._header_event(Ev.ASYNC_PAGING)
                 ev.cr3, ev.non_root = self.a[i], self.b[i]
             elif k == Kind.VMCS:
-                ev = self.queue.enqueue(B_PSBEND)
-                ev.status_update = True
-                ev.type = Ev.ASYNC_VMCS
+                ev = self._header_event(Ev.ASYNC_VMCS)
                 ev.base = self.a[i]
             elif k == Kind.MNT:
-                ev = self.queue.enqueue(B_PSBEND)
-                ev.type = Ev.MNT
+                ev = self._header_event(Ev.MNT, status=False)
                 ev.payload = self.a[i]
             elif k == Kind.CBR:
-                ev = self.queue.enqueue(B_PSBEND)
-                ev.status_update = True
-                ev.type = Ev.CBR
+                ev = self._header_event(Ev.CBR)
                 ev.ratio = self.a[i]
             elif k in _TIMING or k == Kind.PAD:
                 pass
@@ -514,6 +501,13 @@ class EventDecoder:
                 return
             else:
                 raise DecodeFailure(PtError.BAD_CONTEXT)
+
+    def _header_event(self, type: Ev, status: bool = True) -> Event:
+        """A PSB+ event: it waits for PSBEND and reports state, not a change."""
+        ev = self.queue.enqueue(B_PSBEND)
+        ev.status_update = status
+        ev.type = type
+        return ev
 
     def _bdm70_applies(self) -> bool:
         skip = (

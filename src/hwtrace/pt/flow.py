@@ -122,6 +122,15 @@ def _never(insn: Insn) -> bool:
     return False
 
 
+# Events that bind to one kind of instruction and step past it.
+_BOUND_PRED = {
+    Ev.PTWRITE: _is_ptwrite,
+    Ev.IRET: _is_iret,
+    Ev.VMENTRY: _is_vmentry,
+    Ev.UIRET: _is_uiret,
+}
+
+
 def _is_branch(insn: Insn) -> bool:
     return insn.iclass not in (IClass.OTHER, IClass.PTWRITE, IClass.UNKNOWN)
 
@@ -491,12 +500,7 @@ class BlockDecoder:
                 return self._postpone(self._last)
         elif t in (Ev.PTWRITE, Ev.IRET, Ev.VMENTRY, Ev.UIRET):
             if self.enabled:
-                pred = {
-                    Ev.PTWRITE: _is_ptwrite,
-                    Ev.IRET: _is_iret,
-                    Ev.VMENTRY: _is_vmentry,
-                    Ev.UIRET: _is_uiret,
-                }[t]
+                pred = _BOUND_PRED[t]
                 if self._to_bound_insn(block, ev, pred) <= 0:
                     return 0
                 self.bound.add(t)
@@ -632,12 +636,7 @@ class BlockDecoder:
                 return pending
             if not self.process_insn or t in self.bound:
                 return self._finish()
-            pred = {
-                Ev.PTWRITE: _is_ptwrite,
-                Ev.IRET: _is_iret,
-                Ev.VMENTRY: _is_vmentry,
-                Ev.UIRET: _is_uiret,
-            }[t]
+            pred = _BOUND_PRED[t]
             if not ev.ip_suppressed or not pred(self.insn):
                 return self._finish()
             self.bound.add(t)
