@@ -155,7 +155,6 @@ def dump(name, buf, opts, config, *, no_sync: bool, style: str) -> int:
     from ..pt.packets import decode
     from ..pt.ptdump import ptdump_lines
     from ..pt.render import human_lines, json_lines
-    from ..pt.timing import estimate_time
 
     if buf.shape[0] == 0:
         sys.stderr.write(f"{PROG}: {name}: the file is empty, nothing to decode\n")
@@ -169,15 +168,7 @@ def dump(name, buf, opts, config, *, no_sync: bool, style: str) -> int:
         return 2
     try:
         if style != "ptdump":
-            times = None
-            if opts.track_time:
-                times = estimate_time(
-                    table,
-                    config,
-                    calibrate=not opts.no_tcal,
-                    use_cyc=not opts.no_cyc,
-                    keep_tcal_on_ovf=opts.keep_tcal_on_ovf,
-                )
+            times = opts.estimate_time(table, config) if opts.track_time else None
             if style == "json":
                 write_blocks(json_lines(table, times))
             else:

@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .common import UsageError, parse_uint, split_range
+from .common import UsageError, parse_uint
 
 PROG = "hwtrace ptxed"
 
@@ -81,48 +81,8 @@ class Options:
     stat_flags: set[str] = field(default_factory=set)
 
 
-class RawImage:
-    """Raw code sections (``--raw``); later ones replace overlapped bytes."""
-
-    def __init__(self) -> None:
-        self.sections: list[tuple[int, bytes, int]] = []  # (base, data, id)
-
-    def add(self, base: int, data: bytes) -> None:
-        self.sections.append((base, data, len(self.sections) + 1))
-
-    def _find(self, address: int) -> tuple[int, bytes, int] | None:
-        for base, data, sid in reversed(self.sections):
-            if base <= address < base + len(data):
-                return base, data, sid
-        return None
-
-    def read(self, address: int, size: int) -> bytes:
-        hit = self._find(address)
-        if hit is None:
-            return b""
-        base, data, _ = hit
-        return data[address - base : address - base + size]
-
-    def section_of(self, address: int) -> int:
-        hit = self._find(address)
-        return hit[2] if hit else 0
-
-
-def _parse_raw(arg: str) -> tuple[str, int, int, int]:
-    """``file[:from[-to]]:base`` as Intel's ptxed reads it."""
-    head, sep, base_text = arg.rpartition(":")
-    if not sep or not head:
-        raise UsageError(f"failed to parse base address from '{arg}'")
-    from ..image import parse_c_uint
-
-    base = parse_c_uint(base_text)
-    if base is None:
-        raise UsageError(f"failed to parse base address from '{arg}'")
-    path, offset, size = split_range(head)
-    return path, offset, size, base
-
-
 def main(argv: list[str]) -> int:
+    from ..image import Image, ImageError, parse_elf_spec
     from ..pt.config import Cpu, PtConfig
     from ..pt.flow import AddrFilter, BlockFlags
 
@@ -132,7 +92,7 @@ def main(argv: list[str]) -> int:
     iflags = False
     keep_tcal = False
     filters: dict[int, list[int]] = {}
-    image = RawImage()
+    image = Image()
     ptfile: str | None = None
     cpu_error = None
     cpu: Cpu | None = None
@@ -163,20 +123,15 @@ def main(argv: list[str]) -> int:
                 ptfile = value()
                 if cpu is not None and not config.set_cpu(cpu):
                     cpu_error = "unknown cpu"
-            elif arg == "--raw":
-                path, offset, size, base = _parse_raw(value())
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                except OSError as exc:
-                    raise UsageError(f"--raw: failed to load '{path}': {exc.strerror}") from None
-                if offset >= len(data) and data:
-                    raise UsageError(f"bad offset {offset:#x} into {path}")
-                end = offset + size if size else len(data)
-                image.add(base, data[offset:end])
-            elif arg == "--elf":
+            elif arg in ("--raw", "--elf"):
                 spec = value()
-                _load_elf(image, spec)
+                try:
+                    if arg == "--raw":
+                        image.add_raw_spec(spec)
+                    else:
+                        image.add_elf(*parse_elf_spec(spec))
+                except ImageError as exc:
+                    raise UsageError(f"{arg}: {exc}") from None
             elif arg == "--att":
                 opts.att = True
             elif arg == "--no-inst":
@@ -279,27 +234,6 @@ def main(argv: list[str]) -> int:
         return 0
     out.flush()
     return 0
-
-
-def _load_elf(image: RawImage, spec: str) -> None:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    path, _, base_text = spec.partition(":")
-    base = int(base_text, 0) if base_text else 0
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-            if not loads:
-                return
-            low = min(s["p_vaddr"] for s in loads)
-            bias = base - low if base else 0
-            for seg in loads:
-                data = seg.data()[: seg["p_filesz"]]
-                image.add(seg["p_vaddr"] + bias, data)
-    except (OSError, ELFError) as exc:
-        raise UsageError(f"--elf: failed to load '{path}': {exc}") from None
 
 
 class _Printer:
@@ -446,6 +380,11 @@ def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
     from ..pt.packets import decode_range, packet_errata, sync_forward
 
     cache = InsnCache(image.read)
+
+    def section_of(ip: int) -> int:
+        # Blocks do not span sections; any identity of the section will do.
+        return id(image.find(ip))
+
     end = buf.shape[0]
     errata = packet_errata(config)
     ev_opts = EventOptions(iflags=iflags, keep_tcal_on_ovf=keep_tcal)
@@ -484,7 +423,7 @@ def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
                 int(DecodeError.BAD_PACKET): PtError.BAD_PACKET,
             }.get(code, PtError.EOS)
         evdec = EventDecoder(seg, config, ev_opts, end_error)
-        blk = BlockDecoder(evdec, cache, config, flags, addr_filter, image.section_of)
+        blk = BlockDecoder(evdec, cache, config, flags, addr_filter, section_of)
         last_sync = off
         block = Block()
         try:

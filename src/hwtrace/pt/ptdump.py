@@ -51,6 +51,16 @@ class DumpOptions:
     def track_time(self) -> bool:
         return self.time or self.tcal
 
+    def estimate_time(self, table: PacketTable, config: PtConfig | None) -> TimeColumns:
+        """The time model as these options ask for it."""
+        return estimate_time(
+            table,
+            config,
+            calibrate=not self.no_tcal,
+            use_cyc=not self.no_cyc,
+            keep_tcal_on_ovf=self.keep_tcal_on_ovf,
+        )
+
     def flags(self) -> int:
         bits = [
             self.show_offset,
@@ -621,13 +631,7 @@ def ptdump_lines(
     """
     n = len(table)
     if options.track_time and times is None:
-        times = estimate_time(
-            table,
-            config,
-            calibrate=not options.no_tcal,
-            use_cyc=not options.no_cyc,
-            keep_tcal_on_ovf=options.keep_tcal_on_ovf,
-        )
+        times = options.estimate_time(table, config)
     if times is None:
         z64 = np.zeros(n, np.int64)
         zb = np.zeros(n, np.bool_)
