@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import iced_x86 as iced
 
@@ -74,6 +74,7 @@ class Insn:
     displacement: int  # target - (ip + size) for direct near branches
     raw: bytes
     mode: int  # 16, 32 or 64
+    truncated: bool = False  # its bytes come from more than one section
 
     @property
     def next_ip(self) -> int:
@@ -174,6 +175,16 @@ class InsnCache:
             result: Insn | int = 13
         else:
             insn = decode(data, ip, mode)
+            # Reads stop at a section's end; an instruction may continue in
+            # the next section (code patched by an overlapping section).
+            while insn is None and len(data) < MAX_INSN_SIZE:
+                more = self.read(ip + len(data), MAX_INSN_SIZE - len(data))
+                if not more:
+                    break
+                data += more
+                insn = decode(data, ip, mode)
+                if insn is not None:
+                    insn = replace(insn, truncated=True)
             result = insn if insn is not None else 14
         self._cache[key] = result
         return result

@@ -312,6 +312,8 @@ class BlockDecoder:
         """Add the instruction at the current IP to ``block`` (None: full)."""
         if block.ninsn + 1 > _MAX_NINSN:
             return None
+        if block.insns and block.insns[-1].truncated:
+            return None  # an instruction spanning sections ends its block
         got = self.cache.get(self.ip, self.mode)
         if isinstance(got, int):
             raise DecodeFailure(PtError(got))
