@@ -23,6 +23,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from .config import PtConfig
 from .errors import PtError
 from .kinds import Kind
@@ -184,6 +186,22 @@ class EventOptions:
     keep_tcal_on_ovf: bool = False
 
 
+class _Column:
+    """A read-only view of a numpy column that yields Python ints."""
+
+    __slots__ = ("_item", "_n")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._item = array.item
+        self._n = array.shape[0]
+
+    def __getitem__(self, i: int) -> int:
+        return self._item(i)
+
+    def __len__(self) -> int:
+        return self._n
+
+
 class EventDecoder:
     """Produces the events of one segment, one at a time (:meth:`next`).
 
@@ -201,17 +219,21 @@ class EventDecoder:
         self.config = config
         self.options = options or EventOptions()
         self.errata = config.errata
-        self.kind = table.kind.tolist()
-        self.a = table.a.tolist()
-        self.b = table.b.tolist()
-        self.c = table.c.tolist()
-        self.offsets = table.offset.tolist()
-        self.sizes = table.size.tolist()
+        self.table = table
+        # Python ints on access: the compiled fast path works on the arrays
+        # themselves and this decoder only looks at the packets around it.
+        self.kind = _Column(table.kind)
+        self.a = _Column(table.a)
+        self.b = _Column(table.b)
+        self.c = _Column(table.c)
+        self.offsets = _Column(table.offset)
+        self.sizes = _Column(table.size)
         self.n = len(self.kind)
         self.end_error = end_error  # what the packet decoder says after the last packet
         times = estimate_time(table, config, keep_tcal_on_ovf=self.options.keep_tcal_on_ovf)
-        self.tsc = times.tsc.tolist()
-        self.have_tsc = times.have_tsc.tolist()
+        self.times = times
+        self.tsc = _Column(times.tsc)
+        self.have_tsc = _Column(times.have_tsc)
         # State.
         self.pos = 0  # index of the current packet
         self.status: PtError | None = None

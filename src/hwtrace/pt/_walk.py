@@ -1,0 +1,315 @@
+"""The compiled fast path of flow reconstruction.
+
+Most of a trace is conditional branches (TNT bits), indirect targets (TIP)
+and timing packets between them.  :func:`walk` consumes exactly those while
+walking the address space's basic blocks, which live in a :class:`BlockTable`
+(numpy arrays with an open-addressing hash index).  Everything else (PSB+,
+FUP, mode changes, overflows, paging, power events, errata, errors, code
+that is not decoded yet) makes it stop and hand its state back to the
+interpreted decoder in :mod:`hwtrace.pt.flow`, which follows Intel's
+reference semantics to the letter; the kernel re-enters as soon as the
+state is plain again.  Both paths therefore give one truth, and the test
+suite checks that they agree instruction for instruction.
+
+A table block is a run of instructions executed one after the other: it
+ends at the first instruction that may transfer control (any branch), so
+the kernel follows direct jumps and calls itself.  The block's last
+instruction decides what happens next (``BK_*``).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .kinds import Kind
+
+# How a table block ends.
+BK_FALL = 0  # next block follows without a branch (a decode stop, see below)
+BK_COND = 1  # conditional branch: one TNT bit
+BK_JUMP = 2  # direct jump: no trace
+BK_CALL = 3  # direct call: no trace, pushes the return address
+BK_IJUMP = 4  # indirect jump: TIP
+BK_ICALL = 5  # indirect call: TIP, pushes the return address
+BK_RET = 6  # near return: compressed (TNT bit) or TIP
+BK_STOP = 7  # anything else: far branches, code errors; the slow path decides
+
+# Why the kernel returned.
+R_FULL = 1  # output arrays full
+R_MISS = 2  # no table block at ip yet
+R_STOP = 3  # the next block needs the interpreted decoder; state at its start
+R_FETCH = 4  # the next packet is not plain flow; the event decoder takes it
+R_LOOP = 5  # too many blocks without trace (a jump-to-self loop)
+
+# State vector slots (int64): positions, sizes and flags.
+S_POS, S_EVT, S_TNT_SIZE, S_HAS_TSC, S_EV_HAS_TSC, S_ICNT, S_HAS_ICNT = range(7)
+S_NOUT, S_RS_TOP, S_RS_N = range(7, 10)
+S_SIZE = 10
+# State vector slots (uint64): addresses, bits and times.
+U_IP, U_TIP, U_LAST_IP, U_TSC, U_EV_TSC, U_TNT_BITS = range(6)
+U_SIZE = 6
+# Current event kinds in S_EVT.
+EV_TNT, EV_TIP = 1, 2
+
+RETSTACK_SIZE = 64
+_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+_NO_TRACE_LIMIT = 1 << 20
+
+
+class BlockTable:
+    """Basic blocks of one address space and execution mode, growable."""
+
+    def __init__(self, capacity: int = 1 << 12) -> None:
+        self.n = 0
+        self.ip = np.zeros(capacity, np.uint64)
+        self.ninsn = np.zeros(capacity, np.uint32)
+        self.kind = np.zeros(capacity, np.uint8)
+        self.next_ip = np.zeros(capacity, np.uint64)  # after the last instruction
+        self.target = np.zeros(capacity, np.uint64)  # direct branch target
+        self.keys = np.full(capacity * 2, _EMPTY, np.uint64)
+        self.slots = np.full(capacity * 2, -1, np.int32)
+
+    def add(self, ip: int, ninsn: int, kind: int, next_ip: int, target: int) -> int:
+        if self.n == self.ip.shape[0]:
+            self._grow()
+        i = self.n
+        self.ip[i], self.ninsn[i], self.kind[i] = ip, ninsn, kind
+        self.next_ip[i], self.target[i] = next_ip, target
+        self.n += 1
+        _insert(self.keys, self.slots, np.uint64(ip), i)
+        return i
+
+    def _grow(self) -> None:
+        cap = self.ip.shape[0] * 2
+        for name in ("ip", "ninsn", "kind", "next_ip", "target"):
+            old = getattr(self, name)
+            new = np.zeros(cap, old.dtype)
+            new[: self.n] = old[: self.n]
+            setattr(self, name, new)
+        self.keys = np.full(cap * 2, _EMPTY, np.uint64)
+        self.slots = np.full(cap * 2, -1, np.int32)
+        _rehash(self.keys, self.slots, self.ip, self.n)
+
+
+@nb.njit(cache=True, inline="always")
+def _hash(ip, mask):
+    h = (ip * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(17)
+    return np.int64(h & np.uint64(mask))
+
+
+@nb.njit(cache=True)
+def _insert(keys, slots, ip, index):
+    mask = keys.shape[0] - 1
+    h = _hash(ip, mask)
+    while keys[h] != _EMPTY and keys[h] != ip:
+        h = (h + 1) & mask
+    keys[h] = ip
+    slots[h] = index
+
+
+@nb.njit(cache=True)
+def _rehash(keys, slots, ips, n):
+    for i in range(n):
+        _insert(keys, slots, ips[i], i)
+
+
+@nb.njit(cache=True, inline="always")
+def _lookup(keys, slots, ip):
+    mask = keys.shape[0] - 1
+    h = _hash(ip, mask)
+    while True:
+        k = keys[h]
+        if k == ip:
+            return slots[h]
+        if k == _EMPTY:
+            return -1
+        h = (h + 1) & mask
+
+
+@nb.njit(cache=True, inline="always")
+def _decompress(ipc, payload, last_ip):
+    """The IP of a TIP packet, or -1 as ipc when it cannot be taken here."""
+    if ipc == 1:
+        return (last_ip & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF)), 1
+    if ipc == 2:
+        return (last_ip & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF)), 1
+    if ipc == 3:
+        if payload & np.uint64(1 << 47):
+            return payload | np.uint64(0xFFFF000000000000), 1
+        return payload, 1
+    if ipc == 4:
+        m = np.uint64(0xFFFFFFFFFFFF)
+        return (last_ip & ~m) | (payload & m), 1
+    if ipc == 6:
+        return payload, 1
+    return last_ip, -1
+
+
+@nb.njit(cache=True)
+def _fetch(kind, a, b, tsc, have_tsc, n, p, su, si):
+    """Take the next flow event from packet ``p`` on; False if it is not
+    plain flow (the event decoder must look at packet ``si[S_POS]``)."""
+    while p < n:
+        k = kind[p]
+        if k == 1 or k == 15 or k == 16 or k == 17 or k == 18:  # PAD TSC MTC TMA CYC
+            p += 1
+            continue
+        if k == 4 or k == 5:  # TNT8 TNT64
+            if b[p] == 0:
+                break
+            si[S_EVT] = EV_TNT
+            su[U_TNT_BITS] = a[p]
+            si[S_TNT_SIZE] = b[p]
+            si[S_EV_HAS_TSC] = have_tsc[p]
+            su[U_EV_TSC] = tsc[p]
+            si[S_POS] = p + 1
+            return True
+        if k == 6:  # TIP
+            ip, ok = _decompress(b[p], a[p], su[U_LAST_IP])
+            if ok < 0 or b[p] == 0:
+                break
+            su[U_LAST_IP] = ip
+            si[S_EVT] = EV_TIP
+            su[U_TIP] = ip
+            si[S_EV_HAS_TSC] = have_tsc[p]
+            su[U_EV_TSC] = tsc[p]
+            si[S_POS] = p
+            return True
+        break
+    si[S_POS] = p
+    si[S_EVT] = 0
+    return False
+
+
+@nb.njit(cache=True, nogil=True)
+def walk(
+    kind, a, b, tsc, have_tsc,
+    t_keys, t_slots, t_ip, t_ninsn, t_kind, t_next, t_target,
+    retstack, su, si,
+    out_ip, out_ninsn, out_time, out_pos,
+):  # fmt: skip
+    """Walk blocks against the current TNT/TIP event until something needs
+    the interpreted decoder.  Appends blocks to ``out_*`` from ``si[S_NOUT]``."""
+    n = kind.shape[0]
+    cap = out_ip.shape[0]
+    nout = si[S_NOUT]
+    ip = su[U_IP]
+    quiet = 0
+    while True:
+        if nout >= cap:
+            r = R_FULL
+            break
+        blk = _lookup(t_keys, t_slots, ip)
+        if blk < 0:
+            r = R_MISS
+            break
+        bk = t_kind[blk]
+        evt = si[S_EVT]
+        # Check the block's exit can be taken here before emitting it, so a
+        # stop leaves the state at the block's start.
+        if bk == BK_STOP:
+            r = R_STOP
+            break
+        if bk == BK_COND and evt != EV_TNT:
+            r = R_STOP
+            break
+        if (bk == BK_IJUMP or bk == BK_ICALL) and evt != EV_TIP:
+            r = R_STOP
+            break
+        if bk == BK_RET:
+            if evt == EV_TNT:
+                size = si[S_TNT_SIZE]
+                bit = (su[U_TNT_BITS] >> np.uint64(size - 1)) & np.uint64(1)
+                if bit == 0 or si[S_RS_N] == 0:
+                    r = R_STOP
+                    break
+            elif evt != EV_TIP:
+                r = R_STOP
+                break
+        ninsn = t_ninsn[blk]
+        out_ip[nout] = ip
+        out_ninsn[nout] = ninsn
+        out_time[nout] = su[U_TSC]
+        out_pos[nout] = si[S_POS]
+        nout += 1
+        if si[S_HAS_ICNT]:
+            si[S_ICNT] += ninsn
+        consumed = False
+        if bk == BK_FALL:
+            ip = t_next[blk]
+        elif bk == BK_JUMP:
+            ip = t_target[blk]
+        elif bk == BK_CALL:
+            top = (si[S_RS_TOP] + 1) % RETSTACK_SIZE
+            retstack[top] = t_next[blk]
+            si[S_RS_TOP] = top
+            if si[S_RS_N] < RETSTACK_SIZE:
+                si[S_RS_N] += 1
+            ip = t_target[blk]
+        elif bk == BK_COND:
+            size = si[S_TNT_SIZE] - 1
+            si[S_TNT_SIZE] = size
+            if (su[U_TNT_BITS] >> np.uint64(size)) & np.uint64(1):
+                ip = t_target[blk]
+            else:
+                ip = t_next[blk]
+            consumed = True
+        elif bk == BK_RET and evt == EV_TNT:
+            si[S_TNT_SIZE] -= 1
+            ip = retstack[si[S_RS_TOP]]
+            si[S_RS_TOP] = (si[S_RS_TOP] + RETSTACK_SIZE - 1) % RETSTACK_SIZE
+            si[S_RS_N] -= 1
+            consumed = True
+        else:  # TIP: indirect jump or call, uncompressed return
+            if bk == BK_ICALL:
+                top = (si[S_RS_TOP] + 1) % RETSTACK_SIZE
+                retstack[top] = t_next[blk]
+                si[S_RS_TOP] = top
+                if si[S_RS_N] < RETSTACK_SIZE:
+                    si[S_RS_N] += 1
+            ip = su[U_TIP]
+            consumed = True
+        if not consumed:
+            quiet += 1
+            if quiet > _NO_TRACE_LIMIT:
+                r = R_LOOP
+                break
+            continue
+        quiet = 0
+        # The consumed event's time is the decoder's time from now on.
+        su[U_TSC] = su[U_EV_TSC]
+        si[S_HAS_TSC] = si[S_EV_HAS_TSC]
+        si[S_ICNT] = 0
+        si[S_HAS_ICNT] = 1
+        if si[S_EVT] == EV_TNT and si[S_TNT_SIZE] > 0:
+            continue
+        p = si[S_POS] + 1 if si[S_EVT] == EV_TIP else si[S_POS]
+        if not _fetch(kind, a, b, tsc, have_tsc, n, p, su, si):
+            r = R_FETCH
+            break
+    su[U_IP] = ip
+    si[S_NOUT] = nout
+    return r
+
+
+__all__ = [
+    "BK_CALL",
+    "BK_COND",
+    "BK_FALL",
+    "BK_ICALL",
+    "BK_IJUMP",
+    "BK_JUMP",
+    "BK_RET",
+    "BK_STOP",
+    "EV_TIP",
+    "EV_TNT",
+    "RETSTACK_SIZE",
+    "R_FETCH",
+    "R_FULL",
+    "R_LOOP",
+    "R_MISS",
+    "R_STOP",
+    "BlockTable",
+    "Kind",
+    "walk",
+]

@@ -1,0 +1,575 @@
+"""Instruction-flow reconstruction as a library: trace bytes + image → columns.
+
+:func:`decode_trace` turns an Intel PT stream into a :class:`FlowResult`:
+the executed basic blocks as numpy columns (start IP, instruction count,
+time, trace offset), the events, and every gap where decoding failed.  A
+trace is cut at PSB boundaries into chunks that decode independently: in
+order for :func:`iter_flow` (bounded memory, any trace size) or on several
+threads for :func:`decode_trace` with ``jobs``.
+
+Each chunk is decoded by :class:`SegmentWalker`: Intel's reference semantics
+(:mod:`hwtrace.pt.events`, :mod:`hwtrace.pt.flow`) for everything that is
+not plain flow, the compiled walk (:mod:`hwtrace.pt._walk`) for the rest.
+
+Why a chunk also reads the next chunk's PSB+: the PSB+ says where execution
+was when it was written (its FUP), which may be in the middle of a block.
+Decoding it walks the previous chunk's flow exactly up to that address, so
+the next chunk, which starts there, neither repeats nor misses instructions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+
+from ..isa.x86 import IClass, InsnCache, Special
+from . import _walk as W
+from ._kernels import sync_forward as _sync_forward_kernel
+from .config import PtConfig
+from .errors import PtError, errstr
+from .events import DecodeFailure, Ev, Event, EventDecoder, EventOptions
+from .flow import EOS, EVENT_PENDING, AddrFilter, Block, BlockDecoder, BlockFlags
+from .kinds import DecodeError, Kind
+from .packets import as_buffer, decode_range, map_file, packet_errata
+
+_OUT_CAP = 1 << 16
+_MAX_TABLE_BLOCK = 4096  # instructions in one table block
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A stretch of trace that could not be decoded."""
+
+    offset: int  # trace offset where decoding failed
+    ip: int  # the instruction address it failed at (0: unknown)
+    time: int  # the last time stamp before the failure (0: none yet)
+    reason: str  # libipt's wording, e.g. "no memory mapped at this address"
+    code: int  # the PtError code
+
+    def __str__(self) -> str:
+        return f"[{self.offset:x}, {self.ip:x}: error: {self.reason}]"
+
+
+@dataclass
+class FlowResult:
+    """Executed blocks as columns, events, gaps.
+
+    ``block_ip[i]`` starts ``block_ninsn[i]`` instructions that ran one after
+    another (straight-line or through direct jumps and calls);
+    ``block_time`` is the time stamp of the last packet consumed before the
+    block and ``block_offset`` the trace offset of the packet being decoded.
+    """
+
+    block_ip: np.ndarray
+    block_ninsn: np.ndarray
+    block_time: np.ndarray
+    block_offset: np.ndarray
+    events: list[tuple[int, Event]] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    successors: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+    )
+
+    @property
+    def n_insn(self) -> int:
+        return int(self.block_ninsn.sum(dtype=np.uint64))
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.block_ip.shape[0])
+
+    def instructions(self) -> np.ndarray:
+        """The address of every executed instruction, in order."""
+        keys, succ = self.successors
+        out = np.empty(self.n_insn, np.uint64)
+        bad = _expand(self.block_ip, self.block_ninsn, keys, succ, out)
+        if bad >= 0:
+            raise RuntimeError(f"block {bad} walks into code that was never decoded")
+        return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _expand(bip, bn, keys, succ, out):
+    j = 0
+    for i in range(bip.shape[0]):
+        ip = bip[i]
+        for _ in range(bn[i]):
+            out[j] = ip
+            j += 1
+            k = np.searchsorted(keys, ip)
+            if k >= keys.shape[0] or keys[k] != ip:
+                return i
+            ip = succ[k]
+    return -1
+
+
+def _successors(caches: list[InsnCache]) -> tuple[np.ndarray, np.ndarray]:
+    """Where each decoded instruction goes when it needs no trace (sorted)."""
+    table: dict[int, int] = {}
+    for cache in caches:
+        for (ip, _mode), insn in cache._cache.items():
+            if isinstance(insn, int):
+                continue
+            nxt = insn.next_ip
+            if insn.is_direct and insn.iclass in (IClass.JUMP, IClass.CALL):
+                nxt = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF
+            table[ip] = nxt
+    keys = np.fromiter(table.keys(), np.uint64, len(table))
+    vals = np.fromiter(table.values(), np.uint64, len(table))
+    order = np.argsort(keys)
+    return keys[order], vals[order]
+
+
+# --------------------------------------------------------------------------
+# The block table: basic blocks for the compiled walk, built from the cache.
+
+_PLAIN = (IClass.OTHER, IClass.PTWRITE)
+
+
+class CodeTables:
+    """One address space's decoded code: instructions and table blocks."""
+
+    def __init__(self, read) -> None:
+        self.cache = InsnCache(read)
+        self.tables: dict[int, W.BlockTable] = {}
+
+    def table(self, mode: int) -> W.BlockTable:
+        t = self.tables.get(mode)
+        if t is None:
+            t = self.tables[mode] = W.BlockTable()
+        return t
+
+    def build(self, ip: int, mode: int) -> None:
+        """Add the table block starting at ``ip``."""
+        table = self.table(mode)
+        n, at = 0, ip
+        while True:
+            insn = self.cache.get(at, mode)
+            stop = isinstance(insn, int) or insn.truncated or insn.special == Special.JMPABS
+            if not stop and insn.iclass in _PLAIN and n < _MAX_TABLE_BLOCK:
+                n += 1
+                at = insn.next_ip
+                continue
+            if stop or n >= _MAX_TABLE_BLOCK:
+                kind = W.BK_STOP if n == 0 else W.BK_FALL
+                table.add(ip, n, kind, at, 0)
+                return
+            break
+        n += 1
+        c = insn.iclass
+        nxt = insn.next_ip
+        target = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF if insn.is_direct else 0
+        if c == IClass.COND_JUMP:
+            kind = W.BK_COND
+        elif c == IClass.JUMP:
+            kind = W.BK_JUMP if insn.is_direct else W.BK_IJUMP
+        elif c == IClass.CALL:
+            if insn.is_direct:
+                # A call to the next instruction reads the IP; it pushes nothing.
+                kind = W.BK_JUMP if insn.displacement == 0 else W.BK_CALL
+            else:
+                kind = W.BK_ICALL
+        elif c == IClass.RETURN:
+            kind = W.BK_RET
+        else:
+            # Far transfers and the like: the slow path takes them.
+            if n > 1:
+                table.add(ip, n - 1, W.BK_FALL, insn.ip, 0)
+            else:
+                table.add(ip, 0, W.BK_STOP, ip, 0)
+            return
+        table.add(ip, n, kind, nxt, target)
+
+
+# --------------------------------------------------------------------------
+# Decoding one chunk.
+
+
+class _Blocks:
+    """Growing block columns."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.slow: list[tuple[int, int, int, int]] = []
+
+    def flush_slow(self) -> None:
+        if self.slow:
+            cols = list(zip(*self.slow, strict=True))
+            self.parts.append(
+                (
+                    np.array(cols[0], np.uint64),
+                    np.array(cols[1], np.uint32),
+                    np.array(cols[2], np.uint64),
+                    np.array(cols[3], np.int64),
+                )
+            )
+            self.slow = []
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        self.flush_slow()
+        if not self.parts:
+            return (
+                np.zeros(0, np.uint64),
+                np.zeros(0, np.uint32),
+                np.zeros(0, np.uint64),
+                np.zeros(0, np.int64),
+            )
+        return tuple(np.concatenate(c) for c in zip(*self.parts, strict=True))
+
+
+@dataclass
+class DecodeOptions:
+    """What the library decoder is told beyond the PT configuration."""
+
+    flags: BlockFlags = field(default_factory=BlockFlags)
+    addr_filter: AddrFilter = field(default_factory=AddrFilter)
+    events: EventOptions = field(default_factory=EventOptions)
+    fast: bool = True  # use the compiled walk where the state allows
+
+
+class SegmentWalker:
+    """Decodes byte ranges of one trace into blocks, events and gaps."""
+
+    def __init__(self, image, config: PtConfig, options: DecodeOptions | None = None) -> None:
+        self.image = image
+        self.config = config
+        self.options = options or DecodeOptions()
+        self.code = CodeTables(image.read)
+        self._su = np.zeros(W.U_SIZE, np.uint64)
+        self._si = np.zeros(W.S_SIZE, np.int64)
+        self._rs = np.zeros(W.RETSTACK_SIZE, np.uint64)
+        self._out = (
+            np.empty(_OUT_CAP, np.uint64),
+            np.empty(_OUT_CAP, np.uint32),
+            np.empty(_OUT_CAP, np.uint64),
+            np.empty(_OUT_CAP, np.int64),
+        )
+        opts = self.options
+        self._fast = (
+            opts.fast
+            and not opts.flags.tick_events
+            and not opts.flags.end_on_call
+            and not opts.flags.end_on_jump
+            and "bdm64" not in config.errata
+        )
+
+    def section_of(self, ip: int) -> int:
+        return id(self.image.find(ip))
+
+    def decode(self, buf: np.ndarray, start: int, end: int) -> tuple[_Blocks, list, list[Gap]]:
+        """Decode ``buf[start:end]`` segment by segment (a segment runs from a
+        PSB to the first error), resynchronising after every error."""
+        blocks = _Blocks()
+        events: list[tuple[int, Event]] = []
+        gaps: list[Gap] = []
+        errata = packet_errata(self.config)
+        pos, last_sync, sync_progress = start, -1, -1
+        while pos < end:
+            first = pos + 16 if pos == last_sync else pos
+            off = int(_sync_forward_kernel(buf, first, start, end)) if first < end else -1
+            if off < 0:
+                break
+            last_sync = off
+            seg = decode_range(buf, off, end, resync=False, errata=errata)
+            end_error = PtError.EOS
+            if len(seg.err_code):
+                end_error = {
+                    int(DecodeError.BAD_OPCODE): PtError.BAD_OPC,
+                    int(DecodeError.BAD_PACKET): PtError.BAD_PACKET,
+                }.get(int(seg.err_code[0]), PtError.EOS)
+            evdec = EventDecoder(seg, self.config, self.options.events, end_error)
+            blk = BlockDecoder(
+                evdec,
+                self.code.cache,
+                self.config,
+                self.options.flags,
+                self.options.addr_filter,
+                self.section_of,
+            )
+            try:
+                status = blk.start()
+            except DecodeFailure as exc:
+                if exc.code == PtError.EOS:
+                    break
+                gaps.append(Gap(evdec.offset(), 0, 0, "sync error: " + errstr(exc.code), exc.code))
+                new = evdec.next_position()
+                if new <= sync_progress:
+                    break
+                sync_progress = pos = new
+                continue
+            offs = np.append(seg.offset, seg.offset[-1] + seg.size[-1] if len(seg) else off)
+            error = self._run(seg, offs, evdec, blk, status, blocks, events)
+            if error is None:
+                break
+            code, block = error
+            gaps.append(Gap(evdec.offset(), _error_ip(block, code), blk.tsc, errstr(code), code))
+            pos = _resume_offset(seg, evdec.pos, off)
+        return blocks, events, gaps
+
+    def _run(self, seg, offs, evdec, blk, status, blocks: _Blocks, events):
+        """Decode one segment; None at its end, else (error code, block)."""
+        block = Block()
+        offset = evdec.offset()
+        while True:
+            try:
+                while status & EVENT_PENDING:
+                    offset = evdec.offset()
+                    status, ev = blk.next_event()
+                    if not ev.status_update:
+                        events.append((offset, ev))
+                if status & EOS:
+                    return None
+                if self._fast and self._plain(blk):
+                    got = self._walk(seg, offs, evdec, blk, blocks)
+                    if got is not None:
+                        status = got
+                        continue
+                offset = evdec.offset()
+                block = Block()
+                status = blk.next_block(block)
+            except DecodeFailure as exc:
+                if block.ninsn:
+                    blocks.slow.append((block.ip, block.ninsn, blk.tsc, offset))
+                return exc.code, block
+            if block.ninsn:
+                blocks.slow.append((block.ip, block.ninsn, blk.tsc, offset))
+            block = Block()
+
+    @staticmethod
+    def _plain(blk: BlockDecoder) -> bool:
+        ev = blk.event
+        if blk.status is not None or not blk.enabled or blk.process_insn:
+            return False
+        if blk.evdec.queue.entries:
+            return False
+        if ev.type == Ev.TNT:
+            # bound: a deferred TIP was read ahead of these bits (its packet
+            # is behind the decoder, not ahead of it).
+            return ev.size > 0 and not blk.evdec.bound
+        return ev.type == Ev.TIP and not ev.ip_suppressed and blk.evdec.bound
+
+    def _walk(self, seg, offs, evdec: EventDecoder, blk: BlockDecoder, blocks: _Blocks):
+        """Run the compiled walk from the decoders' state and hand it back.
+        Returns the status, or None when the next block needs the
+        interpreted decoder."""
+        su, si, rs = self._su, self._si, self._rs
+        ev = blk.event
+        su[W.U_IP] = blk.ip
+        su[W.U_LAST_IP] = evdec.last_ip
+        su[W.U_TSC] = blk.tsc
+        si[W.S_HAS_TSC] = blk.has_tsc
+        si[W.S_ICNT] = blk.icnt
+        si[W.S_HAS_ICNT] = blk.has_icnt
+        si[W.S_POS] = evdec.pos
+        su[W.U_EV_TSC] = ev.tsc
+        si[W.S_EV_HAS_TSC] = ev.has_tsc
+        if ev.type == Ev.TNT:
+            si[W.S_EVT] = W.EV_TNT
+            su[W.U_TNT_BITS] = ev.bits
+            si[W.S_TNT_SIZE] = ev.size
+        else:
+            si[W.S_EVT] = W.EV_TIP
+            su[W.U_TIP] = ev.ip
+        stack = blk.retstack
+        depth = len(stack)
+        rs[:depth] = stack
+        si[W.S_RS_TOP] = (depth - 1) % W.RETSTACK_SIZE
+        si[W.S_RS_N] = depth
+        table = self.code.table(blk.mode)
+        tb = evdec.times
+        out_ip, out_n, out_t, out_p = self._out
+        while True:
+            si[W.S_NOUT] = 0
+            r = W.walk(
+                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc,
+                table.keys, table.slots, table.ip, table.ninsn, table.kind, table.next_ip,
+                table.target, rs, su, si, out_ip, out_n, out_t, out_p,
+            )  # fmt: skip
+            k = int(si[W.S_NOUT])
+            if k:
+                blocks.flush_slow()
+                blocks.parts.append(
+                    (out_ip[:k].copy(), out_n[:k].copy(), out_t[:k].copy(), offs[out_p[:k]])
+                )
+            if r == W.R_MISS:
+                self.code.build(int(su[W.U_IP]), blk.mode)
+                table = self.code.table(blk.mode)
+                continue
+            if r == W.R_FULL:
+                continue
+            break
+        # Hand the state back.
+        blk.ip = int(su[W.U_IP])
+        depth = int(si[W.S_RS_N])
+        top = int(si[W.S_RS_TOP])
+        blk.retstack = [int(rs[(top - depth + 1 + i) % W.RETSTACK_SIZE]) for i in range(depth)]
+        blk.tsc, blk.has_tsc = int(su[W.U_TSC]), bool(si[W.S_HAS_TSC])
+        blk.icnt, blk.has_icnt = int(si[W.S_ICNT]), bool(si[W.S_HAS_ICNT])
+        evdec.last_ip = int(su[W.U_LAST_IP])
+        evdec.pos = int(si[W.S_POS])
+        if r == W.R_FETCH:
+            evdec.bound = False
+            try:
+                blk.event = evdec.next()
+                blk.status = None
+            except DecodeFailure as exc:
+                blk.status = exc.code
+                blk.event = Event(Ev.IGNORE)
+            return blk._trailing(None)
+        cur = Event(Ev.TNT if si[W.S_EVT] == W.EV_TNT else Ev.TIP)
+        cur.tsc, cur.has_tsc = int(su[W.U_EV_TSC]), bool(si[W.S_EV_HAS_TSC])
+        if cur.type == Ev.TNT:
+            cur.bits, cur.size = int(su[W.U_TNT_BITS]), int(si[W.S_TNT_SIZE])
+            evdec.bound = False
+        else:
+            cur.ip = int(su[W.U_TIP])
+            evdec.bound = True
+        blk.event = cur
+        return None
+
+
+def _resume_offset(seg, pos: int, sync: int) -> int:
+    """Where to look for the next PSB after an error at packet ``pos``.
+
+    Unlike ptxed, nothing after the gap may be lost: the failing packet has
+    not been used, and when the error came while taking a PSB+ (walking to
+    the address it names), that PSB+ starts good trace of its own.
+    """
+    kinds = seg.kind[: pos + 1]
+    psbs = np.flatnonzero(kinds == Kind.PSB)
+    if len(psbs):
+        last = int(psbs[-1])
+        ends = np.flatnonzero(seg.kind[last:] == Kind.PSBEND)
+        inside = not len(ends) or pos <= last + int(ends[0])
+        if inside and int(seg.offset[last]) > sync:
+            return int(seg.offset[last])
+    n = len(seg)
+    return int(seg.offset[pos]) if pos < n else int(seg.offset[-1] + seg.size[-1]) if n else sync
+
+
+def _error_ip(block: Block, code: PtError) -> int:
+    """Where ptxed reports an error: after the block's last instruction."""
+    if not block.ninsn:
+        return block.ip
+    last = block.insns[-1]
+    if code in (PtError.NOMAP, PtError.BAD_INSN):
+        ip = last.next_ip
+        if last.is_direct:
+            ip = (ip + last.displacement) & 0xFFFFFFFFFFFFFFFF
+        return ip
+    return last.ip
+
+
+# --------------------------------------------------------------------------
+# Chunks and the public entry points.
+
+
+def _chunk_ranges(buf: np.ndarray, chunk_bytes: int) -> list[tuple[int, int]]:
+    """PSB-aligned ranges; each but the last extends over the next chunk's
+    PSB+ so the flow up to the next chunk's start IP is decoded once."""
+    from .packets import psb_chunks
+
+    ranges = psb_chunks(buf, chunk_bytes)
+    out = []
+    for i, (s, e) in enumerate(ranges):
+        if i + 1 < len(ranges):
+            e = _psb_plus_end(buf, e)
+        out.append((s, e))
+    return out
+
+
+def _psb_plus_end(buf: np.ndarray, psb: int) -> int:
+    """The offset just after the PSBEND of the PSB+ at ``psb``."""
+    end = buf.shape[0]
+    span = 4096
+    while True:
+        table = decode_range(buf, psb, min(end, psb + span), resync=False)
+        hit = np.flatnonzero(table.kind == Kind.PSBEND)
+        if len(hit):
+            i = int(hit[0])
+            return int(table.offset[i] + table.size[i])
+        if psb + span >= end or len(table.err_code):
+            return psb
+        span *= 4
+
+
+def _as_buffer(data) -> np.ndarray:
+    if isinstance(data, (str, os.PathLike)):
+        return map_file(data)
+    return as_buffer(data)
+
+
+def _finish(parts, walkers: list[SegmentWalker]) -> FlowResult:
+    cols = [p[0].columns() for p in parts]
+    if cols:
+        ip, n, t, off = (np.concatenate(c) for c in zip(*cols, strict=True))
+    else:
+        ip, n, t, off = _Blocks().columns()
+    events = [e for p in parts for e in p[1]]
+    gaps = [g for p in parts for g in p[2]]
+    return FlowResult(ip, n, t, off, events, gaps, _successors([w.code.cache for w in walkers]))
+
+
+def decode_trace(
+    data,
+    image,
+    config: PtConfig | None = None,
+    options: DecodeOptions | None = None,
+    *,
+    jobs: int = 1,
+    chunk_bytes: int = 1 << 20,
+) -> FlowResult:
+    """Decode a whole trace (bytes, numpy buffer or file path) against
+    ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
+    (each with its own code cache) and merges them in order."""
+    config = config or PtConfig()
+    buf = _as_buffer(data)
+    ranges = _chunk_ranges(buf, chunk_bytes)
+    if jobs <= 1 or len(ranges) <= 1:
+        walker = SegmentWalker(image, config, options)
+        parts = [walker.decode(buf, s, e) for s, e in ranges]
+        return _finish(parts, [walker])
+    jobs = min(jobs, len(ranges))
+    walkers = [SegmentWalker(image, config, options) for _ in range(jobs)]
+    # Contiguous runs of chunks per thread keep each code cache warm.
+    per = -(-len(ranges) // jobs)
+    groups = [ranges[i * per : (i + 1) * per] for i in range(jobs)]
+
+    def run(i: int):
+        return [walkers[i].decode(buf, s, e) for s, e in groups[i]]
+
+    with ThreadPoolExecutor(jobs) as pool:
+        parts = [p for group in pool.map(run, range(jobs)) for p in group]
+    return _finish(parts, walkers)
+
+
+def iter_flow(
+    data,
+    image,
+    config: PtConfig | None = None,
+    options: DecodeOptions | None = None,
+    *,
+    chunk_bytes: int = 1 << 20,
+) -> Iterator[FlowResult]:
+    """Decode chunk by chunk, in order, with bounded memory."""
+    config = config or PtConfig()
+    buf = _as_buffer(data)
+    walker = SegmentWalker(image, config, options)
+    for s, e in _chunk_ranges(buf, chunk_bytes):
+        yield _finish([walker.decode(buf, s, e)], [walker])
+
+
+__all__ = [
+    "CodeTables",
+    "DecodeOptions",
+    "FlowResult",
+    "Gap",
+    "SegmentWalker",
+    "decode_trace",
+    "iter_flow",
+]
