@@ -183,13 +183,14 @@ def _fetch(kind, a, b, tsc, have_tsc, n, p, su, si):
 
 @nb.njit(cache=True, nogil=True)
 def walk(
-    kind, a, b, tsc, have_tsc,
+    kind, a, b, tsc, have_tsc, offsets,
     t_keys, t_slots, t_ip, t_ninsn, t_kind, t_next, t_target,
     retstack, su, si,
-    out_ip, out_ninsn, out_time, out_pos,
+    out_ip, out_ninsn, out_time, out_off,
 ):  # fmt: skip
     """Walk blocks against the current TNT/TIP event until something needs
-    the interpreted decoder.  Appends blocks to ``out_*`` from ``si[S_NOUT]``."""
+    the interpreted decoder.  Appends blocks to ``out_*`` from ``si[S_NOUT]``;
+    ``offsets`` has the trace offset of each packet and one past the last."""
     n = kind.shape[0]
     cap = out_ip.shape[0]
     nout = si[S_NOUT]
@@ -230,7 +231,7 @@ def walk(
         out_ip[nout] = ip
         out_ninsn[nout] = ninsn
         out_time[nout] = su[U_TSC]
-        out_pos[nout] = si[S_POS]
+        out_off[nout] = offsets[si[S_POS]]
         nout += 1
         if si[S_HAS_ICNT]:
             si[S_ICNT] += ninsn

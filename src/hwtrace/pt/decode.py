@@ -37,7 +37,6 @@ from .flow import EOS, EVENT_PENDING, AddrFilter, Block, BlockDecoder, BlockFlag
 from .kinds import DecodeError, Kind
 from .packets import as_buffer, decode_range, map_file, packet_errata
 
-_OUT_CAP = 1 << 16
 _MAX_TABLE_BLOCK = 4096  # instructions in one table block
 
 
@@ -74,17 +73,26 @@ class FlowResult:
     successors: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
     )
+    # (instructions, blocks) when decoded with keep_blocks=False: the
+    # columns are then empty.
+    counted: tuple[int, int] | None = None
 
     @property
     def n_insn(self) -> int:
+        if self.counted is not None:
+            return self.counted[0]
         return int(self.block_ninsn.sum(dtype=np.uint64))
 
     @property
     def n_blocks(self) -> int:
+        if self.counted is not None:
+            return self.counted[1]
         return int(self.block_ip.shape[0])
 
     def instructions(self) -> np.ndarray:
         """The address of every executed instruction, in order."""
+        if self.counted is not None:
+            raise ValueError("decoded with keep_blocks=False: only counts were kept")
         keys, succ = self.successors
         out = np.empty(self.n_insn, np.uint64)
         bad = _expand(self.block_ip, self.block_ninsn, keys, succ, out)
@@ -190,36 +198,61 @@ class CodeTables:
 # Decoding one chunk.
 
 
-class _Blocks:
-    """Growing block columns."""
+class FlowSink:
+    """Where decoding appends: block columns, events and gaps.
 
-    def __init__(self) -> None:
-        self.parts: list[tuple[np.ndarray, ...]] = []
-        self.slow: list[tuple[int, int, int, int]] = []
+    The compiled walk writes straight into the current column chunk, so a
+    block costs no Python work; full chunks are kept (``keep``) or only
+    counted, for decoding that wants totals and events but not every block.
+    """
 
-    def flush_slow(self) -> None:
-        if self.slow:
-            cols = list(zip(*self.slow, strict=True))
-            self.parts.append(
-                (
-                    np.array(cols[0], np.uint64),
-                    np.array(cols[1], np.uint32),
-                    np.array(cols[2], np.uint64),
-                    np.array(cols[3], np.int64),
-                )
-            )
-            self.slow = []
+    CHUNK = 1 << 20
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.done: list[tuple[np.ndarray, ...]] = []
+        self.counted_insn = 0
+        self.counted_blocks = 0
+        self.events: list[tuple[int, Event]] = []
+        self.gaps: list[Gap] = []
+        self._fresh()
+
+    def _fresh(self) -> None:
+        cap = self.CHUNK
+        self.n = 0
+        self.ip = np.empty(cap, np.uint64)
+        self.ninsn = np.empty(cap, np.uint32)
+        self.time = np.empty(cap, np.uint64)
+        self.offset = np.empty(cap, np.int64)
+
+    def full(self) -> None:
+        """The current chunk is full: keep or count it and start another."""
+        if self.keep:
+            self.done.append(self.columns_current())
+            self._fresh()
+        else:
+            self.counted_insn += int(self.ninsn[: self.n].sum(dtype=np.uint64))
+            self.counted_blocks += self.n
+            self.n = 0
+
+    def append(self, ip: int, ninsn: int, time: int, offset: int) -> None:
+        if self.n == self.ip.shape[0]:
+            self.full()
+        i = self.n
+        self.ip[i], self.ninsn[i], self.time[i], self.offset[i] = ip, ninsn, time, offset
+        self.n = i + 1
+
+    def columns_current(self) -> tuple[np.ndarray, ...]:
+        n = self.n
+        return self.ip[:n], self.ninsn[:n], self.time[:n], self.offset[:n]
 
     def columns(self) -> tuple[np.ndarray, ...]:
-        self.flush_slow()
-        if not self.parts:
-            return (
-                np.zeros(0, np.uint64),
-                np.zeros(0, np.uint32),
-                np.zeros(0, np.uint64),
-                np.zeros(0, np.int64),
-            )
-        return tuple(np.concatenate(c) for c in zip(*self.parts, strict=True))
+        if not self.keep:
+            self.full()
+        if not self.done:
+            return self.columns_current()
+        parts = [*self.done, self.columns_current()]
+        return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
 
 
 @dataclass
@@ -243,12 +276,6 @@ class SegmentWalker:
         self._su = np.zeros(W.U_SIZE, np.uint64)
         self._si = np.zeros(W.S_SIZE, np.int64)
         self._rs = np.zeros(W.RETSTACK_SIZE, np.uint64)
-        self._out = (
-            np.empty(_OUT_CAP, np.uint64),
-            np.empty(_OUT_CAP, np.uint32),
-            np.empty(_OUT_CAP, np.uint64),
-            np.empty(_OUT_CAP, np.int64),
-        )
         opts = self.options
         self._fast = (
             opts.fast
@@ -261,12 +288,10 @@ class SegmentWalker:
     def section_of(self, ip: int) -> int:
         return id(self.image.find(ip))
 
-    def decode(self, buf: np.ndarray, start: int, end: int) -> tuple[_Blocks, list, list[Gap]]:
+    def decode(self, buf: np.ndarray, start: int, end: int, sink: FlowSink) -> None:
         """Decode ``buf[start:end]`` segment by segment (a segment runs from a
         PSB to the first error), resynchronising after every error."""
-        blocks = _Blocks()
-        events: list[tuple[int, Event]] = []
-        gaps: list[Gap] = []
+        gaps = sink.gaps
         errata = packet_errata(self.config)
         pos, last_sync, sync_progress = start, -1, -1
         while pos < end:
@@ -303,15 +328,14 @@ class SegmentWalker:
                 sync_progress = pos = new
                 continue
             offs = np.append(seg.offset, seg.offset[-1] + seg.size[-1] if len(seg) else off)
-            error = self._run(seg, offs, evdec, blk, status, blocks, events)
+            error = self._run(seg, offs, evdec, blk, status, sink)
             if error is None:
                 break
             code, block = error
             gaps.append(Gap(evdec.offset(), _error_ip(block, code), blk.tsc, errstr(code), code))
             pos = _resume_offset(seg, evdec.pos, off)
-        return blocks, events, gaps
 
-    def _run(self, seg, offs, evdec, blk, status, blocks: _Blocks, events):
+    def _run(self, seg, offs, evdec, blk, status, sink: FlowSink):
         """Decode one segment; None at its end, else (error code, block)."""
         block = Block()
         offset = evdec.offset()
@@ -321,11 +345,11 @@ class SegmentWalker:
                     offset = evdec.offset()
                     status, ev = blk.next_event()
                     if not ev.status_update:
-                        events.append((offset, ev))
+                        sink.events.append((offset, ev))
                 if status & EOS:
                     return None
                 if self._fast and self._plain(blk):
-                    got = self._walk(seg, offs, evdec, blk, blocks)
+                    got = self._walk(seg, offs, evdec, blk, sink)
                     if got is not None:
                         status = got
                         continue
@@ -334,10 +358,10 @@ class SegmentWalker:
                 status = blk.next_block(block)
             except DecodeFailure as exc:
                 if block.ninsn:
-                    blocks.slow.append((block.ip, block.ninsn, blk.tsc, offset))
+                    sink.append(block.ip, block.ninsn, blk.tsc, offset)
                 return exc.code, block
             if block.ninsn:
-                blocks.slow.append((block.ip, block.ninsn, blk.tsc, offset))
+                sink.append(block.ip, block.ninsn, blk.tsc, offset)
             block = Block()
 
     @staticmethod
@@ -353,7 +377,7 @@ class SegmentWalker:
             return ev.size > 0 and not blk.evdec.bound
         return ev.type == Ev.TIP and not ev.ip_suppressed and blk.evdec.bound
 
-    def _walk(self, seg, offs, evdec: EventDecoder, blk: BlockDecoder, blocks: _Blocks):
+    def _walk(self, seg, offs, evdec: EventDecoder, blk: BlockDecoder, sink: FlowSink):
         """Run the compiled walk from the decoders' state and hand it back.
         Returns the status, or None when the next block needs the
         interpreted decoder."""
@@ -382,25 +406,20 @@ class SegmentWalker:
         si[W.S_RS_N] = depth
         table = self.code.table(blk.mode)
         tb = evdec.times
-        out_ip, out_n, out_t, out_p = self._out
         while True:
-            si[W.S_NOUT] = 0
+            si[W.S_NOUT] = sink.n
             r = W.walk(
-                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc,
+                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc, offs,
                 table.keys, table.slots, table.ip, table.ninsn, table.kind, table.next_ip,
-                table.target, rs, su, si, out_ip, out_n, out_t, out_p,
+                table.target, rs, su, si, sink.ip, sink.ninsn, sink.time, sink.offset,
             )  # fmt: skip
-            k = int(si[W.S_NOUT])
-            if k:
-                blocks.flush_slow()
-                blocks.parts.append(
-                    (out_ip[:k].copy(), out_n[:k].copy(), out_t[:k].copy(), offs[out_p[:k]])
-                )
+            sink.n = int(si[W.S_NOUT])
             if r == W.R_MISS:
                 self.code.build(int(su[W.U_IP]), blk.mode)
                 table = self.code.table(blk.mode)
                 continue
             if r == W.R_FULL:
+                sink.full()
                 continue
             break
         # Hand the state back.
@@ -504,15 +523,17 @@ def _as_buffer(data) -> np.ndarray:
     return as_buffer(data)
 
 
-def _finish(parts, walkers: list[SegmentWalker]) -> FlowResult:
-    cols = [p[0].columns() for p in parts]
-    if cols:
-        ip, n, t, off = (np.concatenate(c) for c in zip(*cols, strict=True))
+def _result(sinks: list[FlowSink], walkers: list[SegmentWalker]) -> FlowResult:
+    if len(sinks) == 1:
+        cols = sinks[0].columns()
     else:
-        ip, n, t, off = _Blocks().columns()
-    events = [e for p in parts for e in p[1]]
-    gaps = [g for p in parts for g in p[2]]
-    return FlowResult(ip, n, t, off, events, gaps, _successors([w.code.cache for w in walkers]))
+        cols = tuple(np.concatenate(c) for c in zip(*(k.columns() for k in sinks), strict=True))
+    res = FlowResult(*cols, successors=_successors([w.code.cache for w in walkers]))
+    res.events = [e for k in sinks for e in k.events]
+    res.gaps = [g for k in sinks for g in k.gaps]
+    if not sinks[0].keep:
+        res.counted = (sum(k.counted_insn for k in sinks), sum(k.counted_blocks for k in sinks))
+    return res
 
 
 def decode_trace(
@@ -523,29 +544,36 @@ def decode_trace(
     *,
     jobs: int = 1,
     chunk_bytes: int = 1 << 20,
+    keep_blocks: bool = True,
 ) -> FlowResult:
     """Decode a whole trace (bytes, numpy buffer or file path) against
     ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
-    (each with its own code cache) and merges them in order."""
+    (each with its own code cache) and merges them in order.  Without
+    ``keep_blocks`` only the totals, events and gaps are kept."""
     config = config or PtConfig()
     buf = _as_buffer(data)
     ranges = _chunk_ranges(buf, chunk_bytes)
     if jobs <= 1 or len(ranges) <= 1:
         walker = SegmentWalker(image, config, options)
-        parts = [walker.decode(buf, s, e) for s, e in ranges]
-        return _finish(parts, [walker])
+        sink = FlowSink(keep_blocks)
+        for s, e in ranges:
+            walker.decode(buf, s, e, sink)
+        return _result([sink], [walker])
     jobs = min(jobs, len(ranges))
     walkers = [SegmentWalker(image, config, options) for _ in range(jobs)]
     # Contiguous runs of chunks per thread keep each code cache warm.
     per = -(-len(ranges) // jobs)
     groups = [ranges[i * per : (i + 1) * per] for i in range(jobs)]
 
-    def run(i: int):
-        return [walkers[i].decode(buf, s, e) for s, e in groups[i]]
+    def run(i: int) -> FlowSink:
+        sink = FlowSink(keep_blocks)
+        for s, e in groups[i]:
+            walkers[i].decode(buf, s, e, sink)
+        return sink
 
     with ThreadPoolExecutor(jobs) as pool:
-        parts = [p for group in pool.map(run, range(jobs)) for p in group]
-    return _finish(parts, walkers)
+        sinks = list(pool.map(run, range(jobs)))
+    return _result(sinks, walkers)
 
 
 def iter_flow(
@@ -561,13 +589,16 @@ def iter_flow(
     buf = _as_buffer(data)
     walker = SegmentWalker(image, config, options)
     for s, e in _chunk_ranges(buf, chunk_bytes):
-        yield _finish([walker.decode(buf, s, e)], [walker])
+        sink = FlowSink()
+        walker.decode(buf, s, e, sink)
+        yield _result([sink], [walker])
 
 
 __all__ = [
     "CodeTables",
     "DecodeOptions",
     "FlowResult",
+    "FlowSink",
     "Gap",
     "SegmentWalker",
     "decode_trace",
