@@ -155,3 +155,17 @@ def test_random_corruption_never_raises_and_paths_agree(tmp_path, flips):
     slow = decode_trace(bytes(bad), img, options=DecodeOptions(fast=False))
     assert np.array_equal(fast.instructions(), slow.instructions())
     assert [str(g) for g in fast.gaps] == [str(g) for g in slow.gaps]
+
+
+def test_symbolized_columns_and_instruction_times(tmp_path):
+    from hwtrace.image.symbols import SymbolTable
+
+    data, _ = _loop_trace(2)
+    res = decode_trace(data, _image(tmp_path))
+    syms = SymbolTable.from_symbols([(ORG, 11, "loop", True), (ORG + 11, 6, "f", True)], "a.out")
+    by_insn = res.symbolize(syms, instructions=True)
+    labels = by_insn.labels()
+    assert labels[:8] == ["loop", "f", "f+0x1", "f+0x2", "f+0x3", "f+0x4", "f+0x5", "loop+0x5"]
+    assert set(by_insn.names(with_module=True)) == {"a.out!loop", "a.out!f"}
+    times = res.instruction_times()
+    assert len(times) == res.n_insn and np.all(np.diff(times.astype(np.int64)) >= 0)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numba as nb
 import numpy as np
 
+from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass, InsnCache, Special
 from . import _walk as W
 from ._kernels import sync_forward as _sync_forward_kernel
@@ -99,6 +100,46 @@ class FlowResult:
         if bad >= 0:
             raise RuntimeError(f"block {bad} walks into code that was never decoded")
         return out
+
+    def instruction_times(self) -> np.ndarray:
+        """The time stamp of every executed instruction (its block's)."""
+        return np.repeat(self.block_time, self.block_ninsn)
+
+    def symbolize(self, symbols: SymbolTable, instructions: bool = False) -> Symbolized:
+        """Function, offset and module of every block start (or instruction)."""
+        addresses = self.instructions() if instructions else self.block_ip
+        index, offset = symbols.lookup(addresses)
+        return Symbolized(addresses, index, offset, symbols)
+
+
+@dataclass
+class Symbolized:
+    """Addresses resolved against a symbol table, as columns.
+
+    ``index`` is the symbol of each address (-1: none covers it) and
+    ``offset`` the distance from its start; names are looked up per distinct
+    symbol, so labelling millions of instructions stays cheap.
+    """
+
+    address: np.ndarray
+    index: np.ndarray
+    offset: np.ndarray
+    symbols: SymbolTable
+
+    def names(self, with_module: bool = False) -> np.ndarray:
+        """A name per address (``""`` where no symbol covers it)."""
+        uniq, inverse = np.unique(self.index, return_inverse=True)
+        name = self.symbols.qualified_name if with_module else self.symbols.name
+        labels = np.array([name(int(i)) if i >= 0 else "" for i in uniq], dtype=object)
+        return labels[inverse]
+
+    def labels(self) -> list[str]:
+        """``func+0x12`` per address, as perf and ptxed users read them."""
+        names = self.names()
+        return [
+            (f"{n}+{int(o):#x}" if o else n) if n else f"{int(a):#x}"
+            for n, o, a in zip(names, self.offset, self.address, strict=True)
+        ]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -601,6 +642,7 @@ __all__ = [
     "FlowSink",
     "Gap",
     "SegmentWalker",
+    "Symbolized",
     "decode_trace",
     "iter_flow",
 ]
