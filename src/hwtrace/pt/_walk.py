@@ -145,10 +145,14 @@ def _decompress(ipc, payload, last_ip):
     return last_ip, -1
 
 
-@nb.njit(cache=True)
-def _fetch(kind, a, b, tsc, have_tsc, n, p, su, si):
-    """Take the next flow event from packet ``p`` on; False if it is not
-    plain flow (the event decoder must look at packet ``si[S_POS]``)."""
+@nb.njit(cache=True, inline="always")
+def _fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
+    """The next flow event from packet ``p`` on.
+
+    Returns ``(evt, pos, bits_or_ip, size, last_ip, ev_tsc, ev_has_tsc)``;
+    ``evt`` is 0 when the packet at ``pos`` is not plain flow (the event
+    decoder must take it).
+    """
     while p < n:
         k = kind[p]
         if k == 1 or k == 15 or k == 16 or k == 17 or k == 18:  # PAD TSC MTC TMA CYC
@@ -157,45 +161,51 @@ def _fetch(kind, a, b, tsc, have_tsc, n, p, su, si):
         if k == 4 or k == 5:  # TNT8 TNT64
             if b[p] == 0:
                 break
-            si[S_EVT] = EV_TNT
-            su[U_TNT_BITS] = a[p]
-            si[S_TNT_SIZE] = b[p]
-            si[S_EV_HAS_TSC] = have_tsc[p]
-            su[U_EV_TSC] = tsc[p]
-            si[S_POS] = p + 1
-            return True
+            return EV_TNT, p + 1, a[p], np.int64(b[p]), last_ip, tsc[p], have_tsc[p]
         if k == 6:  # TIP
-            ip, ok = _decompress(b[p], a[p], su[U_LAST_IP])
+            ip, ok = _decompress(b[p], a[p], last_ip)
             if ok < 0 or b[p] == 0:
                 break
-            su[U_LAST_IP] = ip
-            si[S_EVT] = EV_TIP
-            su[U_TIP] = ip
-            si[S_EV_HAS_TSC] = have_tsc[p]
-            su[U_EV_TSC] = tsc[p]
-            si[S_POS] = p
-            return True
+            return EV_TIP, p, ip, np.int64(0), ip, tsc[p], have_tsc[p]
         break
-    si[S_POS] = p
-    si[S_EVT] = 0
-    return False
+    return 0, p, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
 
 
 @nb.njit(cache=True, nogil=True)
 def walk(
-    kind, a, b, tsc, have_tsc, offsets,
+    kind, a, b, tsc, have_tsc, offsets, mode,
     t_keys, t_slots, t_ip, t_ninsn, t_kind, t_next, t_target,
     retstack, su, si,
-    out_ip, out_ninsn, out_time, out_off,
+    out_ip, out_ninsn, out_time, out_off, out_mode,
 ):  # fmt: skip
     """Walk blocks against the current TNT/TIP event until something needs
     the interpreted decoder.  Appends blocks to ``out_*`` from ``si[S_NOUT]``;
-    ``offsets`` has the trace offset of each packet and one past the last."""
+    ``offsets`` has the trace offset of each packet and one past the last.
+
+    The state lives in locals (registers) and goes back to ``su``/``si`` on
+    return.
+    """
     n = kind.shape[0]
     cap = out_ip.shape[0]
     nout = si[S_NOUT]
     ip = su[U_IP]
+    pos = si[S_POS]
+    evt = si[S_EVT]
+    size = si[S_TNT_SIZE]
+    bits = su[U_TNT_BITS]
+    tip = su[U_TIP]
+    last_ip = su[U_LAST_IP]
+    cur_tsc = su[U_TSC]
+    has_tsc = si[S_HAS_TSC] != 0
+    ev_tsc = su[U_EV_TSC]
+    ev_has_tsc = si[S_EV_HAS_TSC] != 0
+    icnt = si[S_ICNT]
+    has_icnt = si[S_HAS_ICNT] != 0
+    rs_top = si[S_RS_TOP]
+    rs_n = si[S_RS_N]
     quiet = 0
+    one = np.uint64(1)
+    r = 0
     while True:
         if nout >= cap:
             r = R_FULL
@@ -205,23 +215,22 @@ def walk(
             r = R_MISS
             break
         bk = t_kind[blk]
-        evt = si[S_EVT]
         # Check the block's exit can be taken here before emitting it, so a
         # stop leaves the state at the block's start.
         if bk == BK_STOP:
             r = R_STOP
             break
-        if bk == BK_COND and evt != EV_TNT:
-            r = R_STOP
-            break
-        if (bk == BK_IJUMP or bk == BK_ICALL) and evt != EV_TIP:
-            r = R_STOP
-            break
-        if bk == BK_RET:
+        if bk == BK_COND:
+            if evt != EV_TNT:
+                r = R_STOP
+                break
+        elif bk == BK_IJUMP or bk == BK_ICALL:
+            if evt != EV_TIP:
+                r = R_STOP
+                break
+        elif bk == BK_RET:
             if evt == EV_TNT:
-                size = si[S_TNT_SIZE]
-                bit = (su[U_TNT_BITS] >> np.uint64(size - 1)) & np.uint64(1)
-                if bit == 0 or si[S_RS_N] == 0:
+                if ((bits >> np.uint64(size - 1)) & one) == 0 or rs_n == 0:
                     r = R_STOP
                     break
             elif evt != EV_TIP:
@@ -230,47 +239,43 @@ def walk(
         ninsn = t_ninsn[blk]
         out_ip[nout] = ip
         out_ninsn[nout] = ninsn
-        out_time[nout] = su[U_TSC]
-        out_off[nout] = offsets[si[S_POS]]
+        out_time[nout] = cur_tsc
+        out_off[nout] = offsets[pos]
+        out_mode[nout] = mode
         nout += 1
-        if si[S_HAS_ICNT]:
-            si[S_ICNT] += ninsn
-        consumed = False
+        if has_icnt:
+            icnt += ninsn
         if bk == BK_FALL:
             ip = t_next[blk]
         elif bk == BK_JUMP:
             ip = t_target[blk]
         elif bk == BK_CALL:
-            top = (si[S_RS_TOP] + 1) % RETSTACK_SIZE
-            retstack[top] = t_next[blk]
-            si[S_RS_TOP] = top
-            if si[S_RS_N] < RETSTACK_SIZE:
-                si[S_RS_N] += 1
+            rs_top = (rs_top + 1) % RETSTACK_SIZE
+            retstack[rs_top] = t_next[blk]
+            if rs_n < RETSTACK_SIZE:
+                rs_n += 1
             ip = t_target[blk]
         elif bk == BK_COND:
-            size = si[S_TNT_SIZE] - 1
-            si[S_TNT_SIZE] = size
-            if (su[U_TNT_BITS] >> np.uint64(size)) & np.uint64(1):
+            size -= 1
+            if (bits >> np.uint64(size)) & one:
                 ip = t_target[blk]
             else:
                 ip = t_next[blk]
-            consumed = True
         elif bk == BK_RET and evt == EV_TNT:
-            si[S_TNT_SIZE] -= 1
-            ip = retstack[si[S_RS_TOP]]
-            si[S_RS_TOP] = (si[S_RS_TOP] + RETSTACK_SIZE - 1) % RETSTACK_SIZE
-            si[S_RS_N] -= 1
-            consumed = True
+            size -= 1
+            ip = retstack[rs_top]
+            rs_top = (rs_top + RETSTACK_SIZE - 1) % RETSTACK_SIZE
+            rs_n -= 1
         else:  # TIP: indirect jump or call, uncompressed return
             if bk == BK_ICALL:
-                top = (si[S_RS_TOP] + 1) % RETSTACK_SIZE
-                retstack[top] = t_next[blk]
-                si[S_RS_TOP] = top
-                if si[S_RS_N] < RETSTACK_SIZE:
-                    si[S_RS_N] += 1
-            ip = su[U_TIP]
-            consumed = True
-        if not consumed:
+                rs_top = (rs_top + 1) % RETSTACK_SIZE
+                retstack[rs_top] = t_next[blk]
+                if rs_n < RETSTACK_SIZE:
+                    rs_n += 1
+            ip = tip
+            evt = 0  # consumed
+        if bk <= BK_CALL and bk != BK_COND:
+            # No trace consumed (fall-through, direct jump or call).
             quiet += 1
             if quiet > _NO_TRACE_LIMIT:
                 r = R_LOOP
@@ -278,17 +283,38 @@ def walk(
             continue
         quiet = 0
         # The consumed event's time is the decoder's time from now on.
-        su[U_TSC] = su[U_EV_TSC]
-        si[S_HAS_TSC] = si[S_EV_HAS_TSC]
-        si[S_ICNT] = 0
-        si[S_HAS_ICNT] = 1
-        if si[S_EVT] == EV_TNT and si[S_TNT_SIZE] > 0:
+        cur_tsc = ev_tsc
+        has_tsc = ev_has_tsc
+        icnt = 0
+        has_icnt = True
+        if evt == EV_TNT and size > 0:
             continue
-        p = si[S_POS] + 1 if si[S_EVT] == EV_TIP else si[S_POS]
-        if not _fetch(kind, a, b, tsc, have_tsc, n, p, su, si):
+        p = pos if evt == EV_TNT else pos + 1
+        evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fetch(
+            kind, a, b, tsc, have_tsc, n, p, last_ip
+        )
+        if evt == EV_TNT:
+            bits = val
+        elif evt == EV_TIP:
+            tip = val
+        else:
             r = R_FETCH
             break
     su[U_IP] = ip
+    si[S_POS] = pos
+    si[S_EVT] = evt
+    si[S_TNT_SIZE] = size
+    su[U_TNT_BITS] = bits
+    su[U_TIP] = tip
+    su[U_LAST_IP] = last_ip
+    su[U_TSC] = cur_tsc
+    si[S_HAS_TSC] = has_tsc
+    su[U_EV_TSC] = ev_tsc
+    si[S_EV_HAS_TSC] = ev_has_tsc
+    si[S_ICNT] = icnt
+    si[S_HAS_ICNT] = has_icnt
+    si[S_RS_TOP] = rs_top
+    si[S_RS_N] = rs_n
     si[S_NOUT] = nout
     return r
 

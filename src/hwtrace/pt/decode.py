@@ -69,11 +69,12 @@ class FlowResult:
     block_ninsn: np.ndarray
     block_time: np.ndarray
     block_offset: np.ndarray
+    block_mode: np.ndarray | None = None  # 16, 32 or 64 (None: all 64)
     events: list[tuple[int, Event]] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
-    successors: tuple[np.ndarray, np.ndarray] = field(
-        default_factory=lambda: (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
-    )
+    # Per execution mode: sorted instruction addresses and where each goes
+    # without trace (next instruction or direct branch target).
+    successors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     # (instructions, blocks) when decoded with keep_blocks=False: the
     # columns are then empty.
     counted: tuple[int, int] | None = None
@@ -94,9 +95,15 @@ class FlowResult:
         """The address of every executed instruction, in order."""
         if self.counted is not None:
             raise ValueError("decoded with keep_blocks=False: only counts were kept")
-        keys, succ = self.successors
+        empty = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        k16, s16 = self.successors.get(16, empty)
+        k32, s32 = self.successors.get(32, empty)
+        k64, s64 = self.successors.get(64, empty)
+        mode = self.block_mode
+        if mode is None:
+            mode = np.full(self.block_ip.shape[0], 64, np.uint8)
         out = np.empty(self.n_insn, np.uint64)
-        bad = _expand(self.block_ip, self.block_ninsn, keys, succ, out)
+        bad = _expand(self.block_ip, self.block_ninsn, mode, k16, s16, k32, s32, k64, s64, out)
         if bad >= 0:
             raise RuntimeError(f"block {bad} walks into code that was never decoded")
         return out
@@ -143,10 +150,16 @@ class Symbolized:
 
 
 @nb.njit(cache=True, nogil=True)
-def _expand(bip, bn, keys, succ, out):
+def _expand(bip, bn, bmode, k16, s16, k32, s32, k64, s64, out):
     j = 0
     for i in range(bip.shape[0]):
         ip = bip[i]
+        if bmode[i] == 64:
+            keys, succ = k64, s64
+        elif bmode[i] == 32:
+            keys, succ = k32, s32
+        else:
+            keys, succ = k16, s16
         for _ in range(bn[i]):
             out[j] = ip
             j += 1
@@ -157,21 +170,24 @@ def _expand(bip, bn, keys, succ, out):
     return -1
 
 
-def _successors(caches: list[InsnCache]) -> tuple[np.ndarray, np.ndarray]:
-    """Where each decoded instruction goes when it needs no trace (sorted)."""
-    table: dict[int, int] = {}
+def _successors(caches: list[InsnCache]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Where each decoded instruction goes when it needs no trace, per mode."""
+    tables: dict[int, dict[int, int]] = {}
     for cache in caches:
-        for (ip, _mode), insn in cache._cache.items():
+        for (ip, mode), insn in cache._cache.items():
             if isinstance(insn, int):
                 continue
             nxt = insn.next_ip
             if insn.is_direct and insn.iclass in (IClass.JUMP, IClass.CALL):
                 nxt = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF
-            table[ip] = nxt
-    keys = np.fromiter(table.keys(), np.uint64, len(table))
-    vals = np.fromiter(table.values(), np.uint64, len(table))
-    order = np.argsort(keys)
-    return keys[order], vals[order]
+            tables.setdefault(mode, {})[ip] = nxt
+    out = {}
+    for mode, table in tables.items():
+        keys = np.fromiter(table.keys(), np.uint64, len(table))
+        vals = np.fromiter(table.values(), np.uint64, len(table))
+        order = np.argsort(keys)
+        out[mode] = (keys[order], vals[order])
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -265,6 +281,7 @@ class FlowSink:
         self.ninsn = np.empty(cap, np.uint32)
         self.time = np.empty(cap, np.uint64)
         self.offset = np.empty(cap, np.int64)
+        self.mode = np.empty(cap, np.uint8)
 
     def full(self) -> None:
         """The current chunk is full: keep or count it and start another."""
@@ -276,16 +293,17 @@ class FlowSink:
             self.counted_blocks += self.n
             self.n = 0
 
-    def append(self, ip: int, ninsn: int, time: int, offset: int) -> None:
+    def append(self, ip: int, ninsn: int, time: int, offset: int, mode: int) -> None:
         if self.n == self.ip.shape[0]:
             self.full()
         i = self.n
         self.ip[i], self.ninsn[i], self.time[i], self.offset[i] = ip, ninsn, time, offset
+        self.mode[i] = mode
         self.n = i + 1
 
     def columns_current(self) -> tuple[np.ndarray, ...]:
         n = self.n
-        return self.ip[:n], self.ninsn[:n], self.time[:n], self.offset[:n]
+        return self.ip[:n], self.ninsn[:n], self.time[:n], self.offset[:n], self.mode[:n]
 
     def columns(self) -> tuple[np.ndarray, ...]:
         if not self.keep:
@@ -399,10 +417,10 @@ class SegmentWalker:
                 status = blk.next_block(block)
             except DecodeFailure as exc:
                 if block.ninsn:
-                    sink.append(block.ip, block.ninsn, blk.tsc, offset)
+                    sink.append(block.ip, block.ninsn, blk.tsc, offset, block.mode)
                 return exc.code, block
             if block.ninsn:
-                sink.append(block.ip, block.ninsn, blk.tsc, offset)
+                sink.append(block.ip, block.ninsn, blk.tsc, offset, block.mode)
             block = Block()
 
     @staticmethod
@@ -450,9 +468,9 @@ class SegmentWalker:
         while True:
             si[W.S_NOUT] = sink.n
             r = W.walk(
-                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc, offs,
+                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc, offs, blk.mode,
                 table.keys, table.slots, table.ip, table.ninsn, table.kind, table.next_ip,
-                table.target, rs, su, si, sink.ip, sink.ninsn, sink.time, sink.offset,
+                table.target, rs, su, si, sink.ip, sink.ninsn, sink.time, sink.offset, sink.mode,
             )  # fmt: skip
             sink.n = int(si[W.S_NOUT])
             if r == W.R_MISS:
