@@ -44,6 +44,7 @@ def _image(case) -> Image:
 
 def _same(a: FlowResult, b: FlowResult) -> None:
     assert np.array_equal(a.instructions(), b.instructions())
+    assert np.array_equal(a.instruction_times(), b.instruction_times())
     assert [str(g) for g in a.gaps] == [str(g) for g in b.gaps]
     assert [(o, e.type, e.ip) for o, e in a.events] == [(o, e.type, e.ip) for o, e in b.events]
 

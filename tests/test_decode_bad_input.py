@@ -154,6 +154,7 @@ def test_random_corruption_never_raises_and_paths_agree(tmp_path, flips):
     fast = decode_trace(bytes(bad), img)
     slow = decode_trace(bytes(bad), img, options=DecodeOptions(fast=False))
     assert np.array_equal(fast.instructions(), slow.instructions())
+    assert np.array_equal(fast.instruction_times(), slow.instruction_times())
     assert [str(g) for g in fast.gaps] == [str(g) for g in slow.gaps]
 
 

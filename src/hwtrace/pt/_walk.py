@@ -43,8 +43,8 @@ R_LOOP = 5  # too many blocks without trace (a jump-to-self loop)
 
 # State vector slots (int64): positions, sizes and flags.
 S_POS, S_EVT, S_TNT_SIZE, S_HAS_TSC, S_EV_HAS_TSC, S_ICNT, S_HAS_ICNT = range(7)
-S_NOUT, S_RS_TOP, S_RS_N = range(7, 10)
-S_SIZE = 10
+S_NOUT, S_RS_TOP, S_RS_N, S_CBR = range(7, 11)
+S_SIZE = 11
 # State vector slots (uint64): addresses, bits and times.
 U_IP, U_TIP, U_LAST_IP, U_TSC, U_EV_TSC, U_TNT_BITS = range(6)
 U_SIZE = 6
@@ -57,7 +57,11 @@ _NO_TRACE_LIMIT = 1 << 20
 
 
 class BlockTable:
-    """Basic blocks of one address space and execution mode, growable."""
+    """Basic blocks of one address space and execution mode, growable.
+
+    ``insn[first[i] : first[i] + ninsn[i]]`` are block ``i``'s instruction
+    addresses, for walks that must stop inside a block (a PSB+'s address).
+    """
 
     def __init__(self, capacity: int = 1 << 12) -> None:
         self.n = 0
@@ -66,22 +70,30 @@ class BlockTable:
         self.kind = np.zeros(capacity, np.uint8)
         self.next_ip = np.zeros(capacity, np.uint64)  # after the last instruction
         self.target = np.zeros(capacity, np.uint64)  # direct branch target
+        self.first = np.zeros(capacity, np.int64)
         self.keys = np.full(capacity * 2, _EMPTY, np.uint64)
         self.slots = np.full(capacity * 2, -1, np.int32)
+        self.n_insn = 0
+        self.insn = np.zeros(capacity * 4, np.uint64)
 
-    def add(self, ip: int, ninsn: int, kind: int, next_ip: int, target: int) -> int:
+    def add(self, ip: int, kind: int, next_ip: int, target: int, insns: list[int]) -> int:
         if self.n == self.ip.shape[0]:
             self._grow()
+        while self.n_insn + len(insns) > self.insn.shape[0]:
+            self.insn = np.concatenate([self.insn, np.zeros_like(self.insn)])
         i = self.n
-        self.ip[i], self.ninsn[i], self.kind[i] = ip, ninsn, kind
+        self.ip[i], self.ninsn[i], self.kind[i] = ip, len(insns), kind
         self.next_ip[i], self.target[i] = next_ip, target
+        self.first[i] = self.n_insn
+        self.insn[self.n_insn : self.n_insn + len(insns)] = insns
+        self.n_insn += len(insns)
         self.n += 1
         _insert(self.keys, self.slots, np.uint64(ip), i)
         return i
 
     def _grow(self) -> None:
         cap = self.ip.shape[0] * 2
-        for name in ("ip", "ninsn", "kind", "next_ip", "target"):
+        for name in ("ip", "ninsn", "kind", "next_ip", "target", "first"):
             old = getattr(self, name)
             new = np.zeros(cap, old.dtype)
             new[: self.n] = old[: self.n]
@@ -146,6 +158,47 @@ def _decompress(ipc, payload, last_ip):
 
 
 @nb.njit(cache=True, inline="always")
+def _time(tsc, have_tsc, p):
+    # Events without a time stamp carry 0, as the reference decoder's do.
+    return tsc[p] if have_tsc[p] else np.uint64(0)
+
+
+@nb.njit(cache=True)
+def _psb_plus(kind, a, b, n, p, mode_bits):
+    """Read the PSB+ at packet ``p`` when it only restates the state: tracing
+    on (FUP with an IP), the same MODE.Exec, time and CBR.  Returns
+    ``(psbend, ip, cbr)``; psbend -1 when the reference decoder must take it."""
+    q = p + 1
+    ip = np.uint64(0)
+    have_ip = False
+    cbr = np.int64(-1)
+    while q < n:
+        k = kind[q]
+        if k == 1 or k == 15 or k == 16 or k == 17 or k == 18:  # PAD TSC MTC TMA CYC
+            pass
+        elif k == 14:  # CBR
+            cbr = np.int64(a[q])
+        elif k == 9:  # FUP
+            if b[q] == 0:
+                return -1, ip, cbr
+            ip, ok = _decompress(b[q], a[q], np.uint64(0))
+            if ok < 0:
+                return -1, ip, cbr
+            have_ip = True
+        elif k == 10:  # MODE.Exec
+            if np.int64(a[q] & np.uint64(3)) != mode_bits:
+                return -1, ip, cbr
+        elif k == 3:  # PSBEND
+            if not have_ip:
+                return -1, ip, cbr
+            return q, ip, cbr
+        else:
+            return -1, ip, cbr
+        q += 1
+    return -1, ip, cbr
+
+
+@nb.njit(cache=True, inline="always")
 def _fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
     """The next flow event from packet ``p`` on.
 
@@ -161,20 +214,28 @@ def _fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
         if k == 4 or k == 5:  # TNT8 TNT64
             if b[p] == 0:
                 break
-            return EV_TNT, p + 1, a[p], np.int64(b[p]), last_ip, tsc[p], have_tsc[p]
+            return (
+                EV_TNT,
+                p + 1,
+                a[p],
+                np.int64(b[p]),
+                last_ip,
+                _time(tsc, have_tsc, p),
+                have_tsc[p],
+            )
         if k == 6:  # TIP
             ip, ok = _decompress(b[p], a[p], last_ip)
             if ok < 0 or b[p] == 0:
                 break
-            return EV_TIP, p, ip, np.int64(0), ip, tsc[p], have_tsc[p]
+            return EV_TIP, p, ip, np.int64(0), ip, _time(tsc, have_tsc, p), have_tsc[p]
         break
     return 0, p, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
 
 
 @nb.njit(cache=True, nogil=True)
 def walk(
-    kind, a, b, tsc, have_tsc, offsets, mode,
-    t_keys, t_slots, t_ip, t_ninsn, t_kind, t_next, t_target,
+    kind, a, b, tsc, have_tsc, offsets, mode, psb_mode_bits,
+    t_keys, t_slots, t_ip, t_ninsn, t_kind, t_next, t_target, t_first, t_insn,
     retstack, su, si,
     out_ip, out_ninsn, out_time, out_off, out_mode,
 ):  # fmt: skip
@@ -183,7 +244,9 @@ def walk(
     ``offsets`` has the trace offset of each packet and one past the last.
 
     The state lives in locals (registers) and goes back to ``su``/``si`` on
-    return.
+    return.  A PSB+ that only restates the state (``psb_mode_bits`` >= 0: the
+    MODE.Exec CS.L/CS.D bits it must carry) is taken here too: the flow is
+    walked to the address it names, as the reference decoder does.
     """
     n = kind.shape[0]
     cap = out_ip.shape[0]
@@ -295,9 +358,79 @@ def walk(
         )
         if evt == EV_TNT:
             bits = val
-        elif evt == EV_TIP:
+            continue
+        if evt == EV_TIP:
             tip = val
-        else:
+            continue
+        # Not plain flow.  A PSB+ that restates the state: walk to its IP.
+        while psb_mode_bits >= 0 and pos < n and kind[pos] == 2:
+            psbend, target, cbr = _psb_plus(kind, a, b, n, pos, psb_mode_bits)
+            if psbend < 0:
+                break
+            psb_tsc = _time(tsc, have_tsc, psbend)
+            reached = False
+            steps = 0
+            while steps < _NO_TRACE_LIMIT and nout < cap:
+                steps += 1
+                if ip == target:
+                    reached = True
+                    break
+                blk = _lookup(t_keys, t_slots, ip)
+                if blk < 0:
+                    break
+                bk = t_kind[blk]
+                first = t_first[blk]
+                inside = -1
+                for j in range(1, t_ninsn[blk]):
+                    if t_insn[first + j] == target:
+                        inside = j
+                        break
+                if inside > 0:
+                    out_ip[nout] = ip
+                    out_ninsn[nout] = inside
+                    out_time[nout] = psb_tsc
+                    out_off[nout] = offsets[psbend]
+                    out_mode[nout] = mode
+                    nout += 1
+                    ip = target
+                    reached = True
+                    break
+                if bk != BK_FALL and bk != BK_JUMP and bk != BK_CALL:
+                    break  # trace needed before the PSB+'s IP: an error
+                out_ip[nout] = ip
+                out_ninsn[nout] = t_ninsn[blk]
+                out_time[nout] = psb_tsc
+                out_off[nout] = offsets[psbend]
+                out_mode[nout] = mode
+                nout += 1
+                if bk == BK_CALL:
+                    rs_top = (rs_top + 1) % RETSTACK_SIZE
+                    retstack[rs_top] = t_next[blk]
+                    if rs_n < RETSTACK_SIZE:
+                        rs_n += 1
+                    ip = t_target[blk]
+                elif bk == BK_JUMP:
+                    ip = t_target[blk]
+                else:
+                    ip = t_next[blk]
+            if not reached:
+                break
+            # The PSB+'s status events: time, the trigger anchor, CBR.
+            cur_tsc = psb_tsc
+            has_tsc = have_tsc[psbend]
+            icnt = 0
+            has_icnt = True
+            last_ip = target
+            if cbr >= 0:
+                si[S_CBR] = cbr
+            evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fetch(
+                kind, a, b, tsc, have_tsc, n, psbend + 1, last_ip
+            )
+            if evt == EV_TNT:
+                bits = val
+            elif evt == EV_TIP:
+                tip = val
+        if evt == 0:
             r = R_FETCH
             break
     su[U_IP] = ip

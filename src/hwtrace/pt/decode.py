@@ -212,20 +212,19 @@ class CodeTables:
     def build(self, ip: int, mode: int) -> None:
         """Add the table block starting at ``ip``."""
         table = self.table(mode)
-        n, at = 0, ip
+        ips: list[int] = []
+        at = ip
         while True:
             insn = self.cache.get(at, mode)
             stop = isinstance(insn, int) or insn.truncated or insn.special == Special.JMPABS
-            if not stop and insn.iclass in _PLAIN and n < _MAX_TABLE_BLOCK:
-                n += 1
+            if not stop and insn.iclass in _PLAIN and len(ips) < _MAX_TABLE_BLOCK:
+                ips.append(at)
                 at = insn.next_ip
                 continue
-            if stop or n >= _MAX_TABLE_BLOCK:
-                kind = W.BK_STOP if n == 0 else W.BK_FALL
-                table.add(ip, n, kind, at, 0)
+            if stop or len(ips) >= _MAX_TABLE_BLOCK:
+                table.add(ip, W.BK_STOP if not ips else W.BK_FALL, at, 0, ips)
                 return
             break
-        n += 1
         c = insn.iclass
         nxt = insn.next_ip
         target = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF if insn.is_direct else 0
@@ -243,12 +242,13 @@ class CodeTables:
             kind = W.BK_RET
         else:
             # Far transfers and the like: the slow path takes them.
-            if n > 1:
-                table.add(ip, n - 1, W.BK_FALL, insn.ip, 0)
+            if ips:
+                table.add(ip, W.BK_FALL, insn.ip, 0, ips)
             else:
-                table.add(ip, 0, W.BK_STOP, ip, 0)
+                table.add(ip, W.BK_STOP, ip, 0, [])
             return
-        table.add(ip, n, kind, nxt, target)
+        ips.append(at)
+        table.add(ip, kind, nxt, target, ips)
 
 
 # --------------------------------------------------------------------------
@@ -463,14 +463,20 @@ class SegmentWalker:
         rs[:depth] = stack
         si[W.S_RS_TOP] = (depth - 1) % W.RETSTACK_SIZE
         si[W.S_RS_N] = depth
+        si[W.S_CBR] = -1
+        # PSB+ in the compiled walk only where nothing about it can differ.
+        psb_bits = -1
+        if evdec.mode_exec_valid and not self.options.events.iflags:
+            if "bdm70" not in self.config.errata:
+                psb_bits = (evdec.csd << 1) | evdec.csl
         table = self.code.table(blk.mode)
         tb = evdec.times
         while True:
             si[W.S_NOUT] = sink.n
             r = W.walk(
-                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc, offs, blk.mode,
+                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc, offs, blk.mode, psb_bits,
                 table.keys, table.slots, table.ip, table.ninsn, table.kind, table.next_ip,
-                table.target, rs, su, si, sink.ip, sink.ninsn, sink.time, sink.offset, sink.mode,
+                table.target, table.first, table.insn, rs, su, si, sink.ip, sink.ninsn, sink.time, sink.offset, sink.mode,
             )  # fmt: skip
             sink.n = int(si[W.S_NOUT])
             if r == W.R_MISS:
@@ -485,10 +491,14 @@ class SegmentWalker:
         blk.ip = int(su[W.U_IP])
         depth = int(si[W.S_RS_N])
         top = int(si[W.S_RS_TOP])
-        blk.retstack = [int(rs[(top - depth + 1 + i) % W.RETSTACK_SIZE]) for i in range(depth)]
+        blk.retstack = np.roll(rs, W.RETSTACK_SIZE - 1 - top)[W.RETSTACK_SIZE - depth :].tolist()
         blk.tsc, blk.has_tsc = int(su[W.U_TSC]), bool(si[W.S_HAS_TSC])
         blk.icnt, blk.has_icnt = int(si[W.S_ICNT]), bool(si[W.S_HAS_ICNT])
-        evdec.last_ip = int(su[W.U_LAST_IP])
+        last_ip = int(su[W.U_LAST_IP])
+        if last_ip != evdec.last_ip:
+            evdec.last_ip, evdec.have_ip, evdec.ip_suppressed = last_ip, True, False
+        if si[W.S_CBR] >= 0:
+            blk.cbr = int(si[W.S_CBR])
         evdec.pos = int(si[W.S_POS])
         if r == W.R_FETCH:
             evdec.bound = False
