@@ -12,26 +12,9 @@ import pytest
 
 HWTRACE = Path(sys.executable).with_name("hwtrace")
 
-# ptxed cases that do not pass yet (issue #3 is open): the newest libipt's
-# --resync-on-error (pt_blk_resync), power-event ordering, Event Trace
-# iret binding, JMPABS and the instruction decoder's --stat.  A case passing
-# that is listed here, or a case failing that is not, fails the test.
-PTXED_KNOWN_FAILING = set(
-    """
-    mwait-pwre-exstop_ip-fup-ovf mwait-pwre-exstop_ip-ovf mwait-pwre-exstop_ip-pwre-pwrx
-    mwait-pwre-exstop_ip-pwrx mwait-pwre-ovf ptet-int-eretu ptet-int-int-erets-eretu
-    ptet-int-iret-cpl_0 ptet-int-iret-cpl_3 ptet-int-iret ptet ptxed-insn-stat
-    ptxed-resync-bad_query-fup-tip ptxed-resync-bad_query-ovf ptxed-resync-bad_query-tip
-    ptxed-resync-nomap-fup-tip ptxed-resync-nomap-mode_exec-fup ptxed-resync-nomap-mode_tsx-eos
-    ptxed-resync-nomap-mode_tsx-fup-tip ptxed-resync-nomap-mode_tsx-tip_pgd
-    ptxed-resync-nomap-ovf-fup ptxed-resync-nomap-psb ptxed-resync-nomap-ptw-fup
-    ptxed-resync-nomap-ptw-tip ptxed-resync-nomap-tip ptxed-resync-nomap-tip_pgd
-    ptxed-resync-nomap-tip_pge ptxed-resync-psb-bad_status-psb ptxed-resync-psb-nomap-psb
-    pwre-exstop_ip-pwrx skd010-mode_tsx-fup tip-jmpabs tip_pgd-jmpabs
-    tip_pgd-mwait-pwre-exstop-pwrx-tip_pge tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx
-    tip_pgd-mwait-pwre-exstop_ip-pwrx tip_pge-pwre-pwrx-tip_pgd
-    """.split()
-)
+# ptxed cases that do not pass yet.  A case passing that is listed here, or a
+# case failing that is not, fails the test.
+PTXED_KNOWN_FAILING: set[str] = set()
 
 
 def _start(conformance_dir, tool, suite):

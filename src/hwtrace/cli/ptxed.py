@@ -59,7 +59,8 @@ options:
   --block:end-on-jump           set the end-on-jump block decoder flag.
   --block:keep-tcal-on-ovf      set the keep-tcal-on-ovf block decoder flag.
   --insn:keep-tcal-on-ovf       set the keep-tcal-on-ovf instruction decoder flag.
-  --resync-on-error             resynchronise at the next PSB after an error (always on).
+  --resync-on-error             after an error, resynchronise at the next packet that
+                                tells the ip (default: at the next PSB).
 
 You must specify exactly one processor trace file (--pt).
 """
@@ -77,6 +78,8 @@ class Options:
     event_time: bool = False
     event_ip: bool = False
     show_blocks: bool = False
+    resync_on_error: bool = False
+    insn_decoder: bool = False
     stats: bool = False
     stat_flags: set[str] = field(default_factory=set)
 
@@ -192,14 +195,14 @@ def main(argv: list[str]) -> int:
             elif arg in ("--cpuid-0x15.eax", "--cpuid-0x15.ebx"):
                 name = "cpuid_0x15_" + arg[-3:]
                 setattr(config, name, parse_uint(arg, value(), 0xFFFFFFFF))
-            elif arg in (
-                "--verbose",
-                "-v",
-                "--resync-on-error",
-                "--insn-decoder",
-                "--block-decoder",
-            ):
+            elif arg in ("--verbose", "-v"):
                 pass
+            elif arg == "--resync-on-error":
+                opts.resync_on_error = True
+            elif arg in ("--insn-decoder", "--block-decoder"):
+                # One flow for both: the instruction decoder is the block
+                # decoder's blocks one instruction at a time.
+                opts.insn_decoder = arg == "--insn-decoder"
             elif arg == "--block:show-blocks":
                 opts.show_blocks = True
             elif arg == "--block:end-on-call":
@@ -360,6 +363,10 @@ def _event_text(ev, opts: Options, offset: int) -> str:
         body = f"uintr {ev.vector}" + ipx
     elif t == Ev.UIRET:
         body = "uiret" + ipx
+    elif t == Ev.SWINTR:
+        body = f"swintr {ev.vector}" + ipx
+    elif t == Ev.SYSCALL:
+        body = "syscall" + ipx
     elif t == Ev.TRIG:
         body = f"trig {ev.trbv:02x}" + (", mult" if ev.mult else "") + ipx
         if ev.icnt:
@@ -394,22 +401,61 @@ def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
     last_sync = -1
     sync_progress = -1
     time = 0
+    # The last block decoded (Intel's ptxed reports errors against it).
+    block = Block()
 
-    def diagnose(offset: int, ip: int, what: str, code: PtError) -> None:
-        out.line(f"[{offset:x}, {ip:x}: {what}: {errstr(code)}]")
+    def diagnose(what: str, code: PtError) -> None:
+        out.line(f"[{evdec.offset():x}, {block_error_ip(code):x}: {what}: {errstr(code)}]")
 
-    def block_error_ip(block: Block, code: PtError) -> int:
+    def block_error_ip(code: PtError) -> int:
+        # Errors refer to the instruction after the block, except a query
+        # that does not match, which refers to the block's last one.
         if not block.ninsn:
             return block.ip
         last = block.insns[-1]
-        if code in (PtError.NOMAP, PtError.BAD_INSN):
-            ip = last.next_ip
-            if last.is_direct:
-                ip = (ip + last.displacement) & 0xFFFFFFFFFFFFFFFF
-            return ip
-        return last.ip
+        if code == PtError.BAD_QUERY:
+            return last.ip
+        ip = last.next_ip
+        if last.is_direct:
+            ip = (ip + last.displacement) & 0xFFFFFFFFFFFFFFFF
+        return ip
 
-    while True:
+    def handle_one_event() -> int:
+        nonlocal time
+        offset = evdec.offset()
+        status, ev = blk.next_event()
+        time = ev.tsc
+        if not opts.quiet and not ev.status_update:
+            out.line(_event_text(ev, opts, offset))
+        return status
+
+    def decode_one_block() -> int:
+        nonlocal block, stats_insn, stats_blocks
+        offset = evdec.offset()
+        block = Block()
+        try:
+            return blk.next_block(block)
+        finally:
+            # Counted and shown even when decoding it failed part way.
+            stats_insn += block.ninsn
+            stats_blocks += 1
+            _print_block(block, opts, out, offset, time, stats_blocks)
+
+    def resync_block() -> int:
+        while True:
+            try:
+                status = blk.resync()
+                break
+            except DecodeFailure as exc:
+                if exc.code != PtError.EVENT_IGNORED:
+                    raise
+            handle_one_event()
+        if status & IP_SUPPRESSED and not opts.quiet:
+            out.line("[disabled]")
+        return status
+
+    done = False
+    while not done:
         start = pos + 16 if pos == last_sync else pos
         off = sync_forward(buf, start) if start < end else -1
         if off < 0:
@@ -431,47 +477,41 @@ def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
         except DecodeFailure as exc:
             if exc.code == PtError.EOS:
                 break
-            diagnose(evdec.offset(), 0, "sync error", exc.code)
+            diagnose("sync error", exc.code)
             new = evdec.next_position()
             if new <= sync_progress:
                 break
             sync_progress = new
             pos = new
             continue
-        error = None
         while True:
             try:
-                while status & EVENT_PENDING:
-                    offset = evdec.offset()
-                    status, ev = blk.next_event()
-                    time = ev.tsc
-                    if not opts.quiet and not ev.status_update:
-                        out.line(_event_text(ev, opts, offset))
-                if status & EOS:
-                    if not (status & IP_SUPPRESSED) and not opts.quiet:
-                        out.line("[end of trace]")
-                    error = PtError.EOS
-                    break
-                offset = evdec.offset()
-                block = Block()
-                status = blk.next_block(block)
+                while True:
+                    while status & EVENT_PENDING:
+                        status = handle_one_event()
+                    if status & EOS:
+                        if not (status & IP_SUPPRESSED) and not opts.quiet:
+                            out.line("[end of trace]")
+                        raise DecodeFailure(PtError.EOS)
+                    status = decode_one_block()
             except DecodeFailure as exc:
                 error = exc.code
-                if block.ninsn:
-                    stats_insn += block.ninsn
-                    stats_blocks += 1
-                    _print_block(block, opts, out, offset, time, stats_blocks)
+            if error == PtError.EOS:
+                done = True
                 break
-            stats_insn += block.ninsn
-            stats_blocks += 1
-            _print_block(block, opts, out, offset, time, stats_blocks)
-        if error == PtError.EOS:
-            break
-        diagnose(evdec.offset(), block_error_ip(block, error), "error", error)
+            diagnose("error", error)
+            if not opts.resync_on_error:
+                break
+            try:
+                status = resync_block()
+            except DecodeFailure as exc:
+                diagnose("resync error", exc.code)
+                break
         pos = evdec.next_position()
 
     if opts.stats:
-        wanted = opts.stat_flags or {"insn", "blocks"}
+        default = {"insn"} if opts.insn_decoder else {"insn", "blocks"}
+        wanted = opts.stat_flags or default
         if "insn" in wanted:
             out.line(f"insn: {stats_insn}.")
         if "blocks" in wanted:

@@ -130,11 +130,23 @@ def classify(ins: iced.Instruction) -> tuple[IClass, Special, bool]:
     return IClass.OTHER, Special.NONE, False
 
 
+_JMPABS_SIZE = 11  # REX2 (D5 payload), opcode A1, 64-bit absolute target
+
+
+def _is_jmpabs(data: bytes) -> bool:
+    """JMPABS: REX2 prefix with map 0 (M0 clear) and W clear, then A1 imm64."""
+    return len(data) >= _JMPABS_SIZE and data[0] == 0xD5 and not data[1] & 0x88 and data[2] == 0xA1
+
+
 def decode(data: bytes, ip: int, mode: int) -> Insn | None:
     """Decode one instruction from ``data`` at ``ip``; None if it is not a
     valid instruction (or ``data`` ends inside it)."""
     if mode not in (16, 32, 64):
         return None
+    if mode == 64 and _is_jmpabs(data):
+        # iced-x86 (1.21) does not know APX: decode JMPABS ourselves.  Intel's
+        # decoder treats it as an indirect jump (its target comes from a TIP).
+        return Insn(ip, _JMPABS_SIZE, IClass.JUMP, Special.JMPABS, False, 0, bytes(data[:11]), mode)
     ins = iced.Decoder(mode, data, ip=ip).decode()
     if ins.code == iced.Code.INVALID:
         return None
@@ -197,8 +209,12 @@ class Formatter:
     """Disassembly text for ptxed's instruction column (Intel syntax)."""
 
     def __init__(self, att: bool = False) -> None:
+        self._att = att
         self._fmt = iced.Formatter(iced.FormatterSyntax.GAS if att else iced.FormatterSyntax.INTEL)
 
     def format(self, insn: Insn) -> str:
+        if insn.special == Special.JMPABS:
+            target = int.from_bytes(insn.raw[3:11], "little")
+            return f"jmpabs ${target:#x}" if self._att else f"jmpabs {target:#x}"
         ins = iced.Decoder(insn.mode, insn.raw, ip=insn.ip).decode()
         return self._fmt.format(ins)

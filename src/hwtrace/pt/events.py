@@ -71,6 +71,8 @@ class Ev(enum.IntEnum):
     UIRET = 33
     TRIG = 34
     IGNORE = 35  # internal: binds a packet that changed nothing
+    SWINTR = 36  # software interrupt (INT n, INT3, INTO): Event Trace CFE 14
+    SYSCALL = 37  # SYSCALL/SYSENTER: Event Trace CFE 15
 
 
 class ExecMode(enum.IntEnum):
@@ -93,7 +95,9 @@ class Event:
     asynchronous branches); ``at`` the source of an asynchronous branch or
     disable.  Other attributes depend on the type."""
 
-    __slots__ = (
+    # A plain __dict__ (not __slots__): creating and copying events, which
+    # the decoder does at every PSB+, is then one C-level dict update.
+    FIELDS = (
         "aborted", "at", "autonomous", "base", "bits", "cr2", "cr3", "deepest", "ext",
         "has_cr2", "has_tsc", "has_vector", "has_vmxq", "has_vmxr", "hints", "hw", "icnt",
         "iflag", "interrupt", "ip", "ip_suppressed", "last", "lost_cyc", "lost_mtc", "mode",
@@ -103,17 +107,13 @@ class Event:
     )  # fmt: skip
 
     def __init__(self, type: Ev = Ev.IGNORE) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
-        self.type = type
-        self.ip_suppressed = False
-        self.status_update = False
-        self.has_tsc = False
+        d = self.__dict__
+        d.update(_EVENT_DEFAULTS)
+        d["type"] = type
 
     def copy(self) -> Event:
         ev = Event.__new__(Event)
-        for name in self.__slots__:
-            setattr(ev, name, getattr(self, name))
+        ev.__dict__.update(self.__dict__)
         return ev
 
     def __repr__(self) -> str:
@@ -121,6 +121,12 @@ class Event:
             f"Event({self.type.name}, ip={self.ip:#x}{' suppressed' if self.ip_suppressed else ''})"
         )
 
+
+_EVENT_DEFAULTS = dict.fromkeys(Event.FIELDS, 0) | {
+    "ip_suppressed": False,
+    "status_update": False,
+    "has_tsc": False,
+}
 
 # Event-queue bindings: the packet an event waits for.
 B_PSBEND, B_TIP, B_FUP, B_FUP_BOUND, B_EXSTOP, B_CFE = 1, 2, 4, 8, 16, 32
@@ -163,6 +169,12 @@ class EventQueue:
 
     def pending(self, mask: int) -> bool:
         return any(binding & mask for binding, _ in self.entries)
+
+    def remove(self, ev: Event) -> None:
+        for i, (_, queued) in enumerate(self.entries):
+            if queued is ev:
+                del self.entries[i]
+                return
 
 
 class DecodeFailure(Exception):
@@ -421,10 +433,18 @@ class EventDecoder:
             ev.hints, ev.ext = self.a[i], self.b[i]
             return None
         if k == Kind.PWRE:
-            ev = Event(Ev.PWRE)
+            # The C-state is entered after execution stops: the event waits
+            # for the EXSTOP (and its FUP) and comes out at the PWRX or OVF.
+            ev = self.queue.enqueue(B_EXSTOP)
+            ev.type = Ev.PWRE
             ev.state, ev.sub_state, ev.hw = self.a[i], self.b[i], self.c[i]
-            return self._deliver(ev)
+            return None
         if k == Kind.PWRX:
+            ev = self.queue.find(B_EXSTOP, Ev.PWRE)
+            if ev is not None:
+                self.queue.remove(ev)
+                self._time(ev)
+                return ev  # the PWRX itself comes on a later call
             ev = Event(Ev.PWRX)
             ev.last, ev.deepest = self.a[i], self.b[i]
             wake = self.c[i]
@@ -582,7 +602,7 @@ class EventDecoder:
         elif t in (
             Ev.TSX, Ev.EXSTOP, Ev.MWAIT, Ev.PTWRITE, Ev.EXEC_MODE, Ev.IFLAGS, Ev.INTERRUPT,
             Ev.IRET, Ev.SMI, Ev.INIT, Ev.VMENTRY, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.UIRET,
-            Ev.TRIG,
+            Ev.TRIG, Ev.SWINTR, Ev.SYSCALL,
         ):  # fmt: skip
             self._time(ev)
             self._event_ip(ev)
@@ -742,8 +762,9 @@ class EventDecoder:
     # Power, PTWRITE ------------------------------------------------------------
     def _decode_exstop(self, i: int) -> Event | None:
         has_ip = self.c[i] != 0
-        mwait = self.queue.dequeue(B_EXSTOP)
+        mwait = self.queue.find(B_EXSTOP, Ev.MWAIT)
         if mwait is not None:
+            self.queue.remove(mwait)
             if not has_ip:
                 mwait.ip_suppressed = True
                 self._time(mwait)
@@ -775,6 +796,14 @@ class EventDecoder:
         ev = self._decode_psbend()
         if ev is not None:
             return ev
+        # Power events still waiting for their EXSTOP or FUP happened before
+        # the overflow: report them first, in order, without an IP.
+        for _, ev in self.queue.entries:
+            if ev.type in (Ev.MWAIT, Ev.EXSTOP, Ev.PWRE):
+                self.queue.remove(ev)
+                ev.ip_suppressed = True
+                self._time(ev)
+                return ev
         ovf = self.pos
         self._reset()
         fup = self._find_ovf_fup()
@@ -844,7 +873,7 @@ class EventDecoder:
                 tsx = self.a[j]
             elif k == Kind.FUP:
                 if tsx is not None:
-                    ev = self.queue.enqueue(B_FUP)
+                    ev = self.queue.enqueue(B_FUP_BOUND)
                     ev.type = Ev.TSX
                     ev.speculative, ev.aborted = tsx & 1, (tsx >> 1) & 1
                 return self._overflow_at(ovf, j, j)
@@ -918,7 +947,7 @@ class EventDecoder:
         t, vector, has_ip = self.a[i], self.b[i], self.c[i] != 0
         ev = self.queue.dequeue(B_CFE)
         simple = {2: Ev.IRET, 7: Ev.VMENTRY, 10: Ev.SHUTDOWN, 13: Ev.UIRET}
-        with_fup = {3: Ev.SMI, 6: Ev.INIT, 12: Ev.UINTR}
+        with_fup = {3: Ev.SMI, 6: Ev.INIT, 12: Ev.UINTR, 14: Ev.SWINTR, 15: Ev.SYSCALL}
         if t in (1, 8, 9):  # interrupt, vmexit, vmexit_intr
             want = Ev.INTERRUPT if t == 1 else Ev.VMEXIT
             if ev is None:
@@ -938,7 +967,7 @@ class EventDecoder:
             return self._bind_cfe(ev, has_ip, False)
         if t in with_fup:
             ev = Event(with_fup[t])
-            if t == 12:
+            if t in (12, 14):
                 ev.vector = vector
             return self._bind_cfe(ev, has_ip, self.enabled)
         if t in (4, 5):  # rsm, sipi

@@ -131,6 +131,29 @@ _BOUND_PRED = {
 }
 
 
+# Events that happen at an IP when tracing is enabled (or anywhere when not).
+_ASYNC_AT_IP = frozenset(
+    (
+        Ev.IFLAGS, Ev.INTERRUPT, Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.SWINTR,
+        Ev.SYSCALL,
+    )
+)  # fmt: skip
+
+
+# PSB+ status updates that carry the IP.
+_STATUS_WITH_IP = frozenset(
+    (Ev.ENABLED, Ev.EXEC_MODE, Ev.IFLAGS, Ev.TSX, Ev.ASYNC_PAGING, Ev.ASYNC_VMCS)
+)
+
+# Events that carry no IP of where execution is.
+_NO_IP = frozenset(
+    (
+        Ev.PAGING, Ev.VMCS, Ev.STOP, Ev.PWRE, Ev.PWRX, Ev.CBR, Ev.MNT, Ev.RSM, Ev.SIPI,
+        Ev.TICK, Ev.TRIG, Ev.IGNORE,
+    )
+)  # fmt: skip
+
+
 def _is_branch(insn: Insn) -> bool:
     return insn.iclass not in (IClass.OTHER, IClass.PTWRITE, IClass.UNKNOWN)
 
@@ -223,7 +246,7 @@ class BlockDecoder:
         elif t in (
             Ev.EXEC_MODE, Ev.TSX, Ev.ASYNC_PAGING, Ev.ASYNC_VMCS, Ev.EXSTOP, Ev.PTWRITE,
             Ev.TICK, Ev.IFLAGS, Ev.INTERRUPT, Ev.IRET, Ev.SMI, Ev.RSM, Ev.INIT, Ev.VMENTRY,
-            Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.UIRET, Ev.TRIG,
+            Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.UIRET, Ev.TRIG, Ev.SWINTR, Ev.SYSCALL,
         ):  # fmt: skip
             if not ev.ip_suppressed:
                 self.has_icnt, self.icnt = True, 0
@@ -513,7 +536,7 @@ class BlockDecoder:
                     return 0
         elif t in (
             Ev.ASYNC_PAGING, Ev.ASYNC_VMCS, Ev.EXEC_MODE, Ev.TSX, Ev.IFLAGS, Ev.INTERRUPT,
-            Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR,
+            Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.SWINTR, Ev.SYSCALL,
         ):  # fmt: skip
             if not ev.ip_suppressed:
                 if self._to_ip(block, ev.ip) <= 0:
@@ -668,7 +691,7 @@ class BlockDecoder:
             if not ev.ip_suppressed and self.enabled and self.ip != ev.ip:
                 return self._finish()
             return self._status(EVENT_PENDING)
-        if t in (Ev.IFLAGS, Ev.INTERRUPT, Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR):
+        if t in _ASYNC_AT_IP:
             self._proceed_postponed()
             if self.enabled and not ev.ip_suppressed and self.ip != ev.ip:
                 return self._finish()
@@ -787,9 +810,7 @@ class BlockDecoder:
             self.cbr = ev.ratio
         elif t == Ev.TIP:
             raise DecodeFailure(PtError.BAD_QUERY)
-        elif t in (
-            Ev.IFLAGS, Ev.INTERRUPT, Ev.SMI, Ev.INIT, Ev.VMEXIT, Ev.SHUTDOWN, Ev.UINTR, Ev.TRIG,
-        ):  # fmt: skip
+        elif t in _ASYNC_AT_IP or t == Ev.TRIG:
             if self.enabled and not ev.ip_suppressed and self.ip != ev.ip:
                 raise DecodeFailure(PtError.BAD_QUERY)
         elif t in (Ev.RSM, Ev.SIPI):
@@ -798,6 +819,48 @@ class BlockDecoder:
         out = ev.copy()
         self._fetch_event()
         return self._trailing(None), out
+
+    def resync(self) -> int:
+        """Recover after an error without leaving the segment (libipt's
+        pt_blk_resync): continue at the next event that tells where
+        execution is.  Branch outcomes before it are dropped.  An event that
+        tells no IP raises DecodeFailure(EVENT_IGNORED): the caller takes it
+        with :meth:`next_event` and calls again.  Returns status flags."""
+        self._clear_postponed()
+        while True:
+            if self.status is not None:
+                raise DecodeFailure(self.status)
+            ev = self.event
+            t = ev.type
+            if t == Ev.TNT or (t == Ev.TIP and ev.ip_suppressed):
+                self._fetch_event()
+                continue
+            if t == Ev.TIP:
+                self.ip, self.enabled = ev.ip, True
+                self._fetch_event()
+                return self._trailing(None)
+            if t == Ev.DISABLED:
+                # Tracing stopped somewhere on the way we lost: nothing to
+                # report but that we are disabled now.
+                self.enabled = False
+                if ev.status_update:
+                    return self.next_event()[0]
+                self._fetch_event()
+                return self._trailing(None)
+            if ev.status_update and not ev.ip_suppressed and t in _STATUS_WITH_IP:
+                # A PSB+ tells where execution is; its status updates are
+                # applied (and checked) here, as nobody prints them.
+                self.ip, self.enabled = ev.ip, True
+                return self.next_event()[0]
+            if t == Ev.ENABLED:
+                self.enabled = False  # the event enables again
+                return self._trailing(None)
+            if ev.status_update or ev.ip_suppressed or t in _NO_IP:
+                raise DecodeFailure(PtError.EVENT_IGNORED)
+            # The event happened at a known IP: execution continues there.
+            self.ip = ev.at if t in (Ev.ASYNC_BRANCH, Ev.ASYNC_DISABLED) else ev.ip
+            self.enabled = True
+            return self._trailing(None)
 
     def offset(self) -> int:
         return self.evdec.offset()
