@@ -44,6 +44,7 @@ test: venv oracles lint
 
 bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
+	$(BIN)/python bench/bench_flow.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out
