@@ -47,6 +47,13 @@ def _same(a: FlowResult, b: FlowResult) -> None:
     assert np.array_equal(a.instruction_times(), b.instruction_times())
     assert [str(g) for g in a.gaps] == [str(g) for g in b.gaps]
     assert [(o, e.type, e.ip) for o, e in a.events] == [(o, e.type, e.ip) for o, e in b.events]
+    ea, eb = a.event_columns(), b.event_columns()
+    for name in ("type", "ip", "time", "offset"):
+        assert np.array_equal(ea[name], eb[name]), name
+    # Events sit at the same place in the instruction flow.
+    starts_a = np.concatenate([[0], np.cumsum(a.block_ninsn, dtype=np.int64)])
+    starts_b = np.concatenate([[0], np.cumsum(b.block_ninsn, dtype=np.int64)])
+    assert np.array_equal(starts_a[ea["block"]], starts_b[eb["block"]])
 
 
 @pytest.mark.skipif(not CASES, reason=f"conformance suite not found at {CONFORMANCE}")

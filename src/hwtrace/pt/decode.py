@@ -108,6 +108,20 @@ class FlowResult:
             raise RuntimeError(f"block {bad} walks into code that was never decoded")
         return out
 
+    def event_columns(self) -> dict[str, np.ndarray]:
+        """The events as columns: ``type`` (:class:`Ev`), ``ip`` (0 when
+        suppressed), ``time``, ``offset`` and ``block``, the index of the first
+        block after the event, which places it in the instruction flow."""
+        evs = self.events
+        n = len(evs)
+        return {
+            "type": np.fromiter((int(e.type) for _, e in evs), np.uint8, n),
+            "ip": np.fromiter((0 if e.ip_suppressed else e.ip for _, e in evs), np.uint64, n),
+            "time": np.fromiter((e.tsc if e.has_tsc else 0 for _, e in evs), np.uint64, n),
+            "offset": np.fromiter((o for o, _ in evs), np.int64, n),
+            "block": np.fromiter((e.block for _, e in evs), np.int64, n),
+        }
+
     def instruction_times(self) -> np.ndarray:
         """The time stamp of every executed instruction (its block's)."""
         return np.repeat(self.block_time, self.block_ninsn)
@@ -305,6 +319,10 @@ class FlowSink:
         n = self.n
         return self.ip[:n], self.ninsn[:n], self.time[:n], self.offset[:n], self.mode[:n]
 
+    def n_total(self) -> int:
+        """Blocks appended so far (kept or counted)."""
+        return self.counted_blocks + sum(len(d[0]) for d in self.done) + self.n
+
     def columns(self) -> tuple[np.ndarray, ...]:
         if not self.keep:
             self.full()
@@ -404,6 +422,9 @@ class SegmentWalker:
                     offset = evdec.offset()
                     status, ev = blk.next_event()
                     if not ev.status_update:
+                        # Where the event happened in the flow: before block
+                        # number ``block`` (counted within this sink).
+                        ev.block = sink.n_total()
                         sink.events.append((offset, ev))
                 if status & EOS:
                     return None
@@ -598,6 +619,12 @@ def _result(sinks: list[FlowSink], walkers: list[SegmentWalker]) -> FlowResult:
     else:
         cols = tuple(np.concatenate(c) for c in zip(*(k.columns() for k in sinks), strict=True))
     res = FlowResult(*cols, successors=_successors([w.code.cache for w in walkers]))
+    base = 0
+    for k in sinks:
+        if base:
+            for _, ev in k.events:
+                ev.block += base
+        base += k.n_total()
     res.events = [e for k in sinks for e in k.events]
     res.gaps = [g for k in sinks for g in k.gaps]
     if not sinks[0].keep:
