@@ -52,6 +52,7 @@ U_SIZE = 6
 EV_TNT, EV_TIP = 1, 2
 
 RETSTACK_SIZE = 64
+_RS_MASK = RETSTACK_SIZE - 1  # a power of two: wrap with a mask
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _NO_TRACE_LIMIT = 1 << 20
 
@@ -313,7 +314,7 @@ def walk(
         elif bk == BK_JUMP:
             ip = t_target[blk]
         elif bk == BK_CALL:
-            rs_top = (rs_top + 1) % RETSTACK_SIZE
+            rs_top = (rs_top + 1) & _RS_MASK
             retstack[rs_top] = t_next[blk]
             if rs_n < RETSTACK_SIZE:
                 rs_n += 1
@@ -327,11 +328,11 @@ def walk(
         elif bk == BK_RET and evt == EV_TNT:
             size -= 1
             ip = retstack[rs_top]
-            rs_top = (rs_top + RETSTACK_SIZE - 1) % RETSTACK_SIZE
+            rs_top = (rs_top - 1) & _RS_MASK
             rs_n -= 1
         else:  # TIP: indirect jump or call, uncompressed return
             if bk == BK_ICALL:
-                rs_top = (rs_top + 1) % RETSTACK_SIZE
+                rs_top = (rs_top + 1) & _RS_MASK
                 retstack[rs_top] = t_next[blk]
                 if rs_n < RETSTACK_SIZE:
                     rs_n += 1
@@ -404,7 +405,7 @@ def walk(
                 out_mode[nout] = mode
                 nout += 1
                 if bk == BK_CALL:
-                    rs_top = (rs_top + 1) % RETSTACK_SIZE
+                    rs_top = (rs_top + 1) & _RS_MASK
                     retstack[rs_top] = t_next[blk]
                     if rs_n < RETSTACK_SIZE:
                         rs_n += 1

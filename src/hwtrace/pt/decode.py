@@ -278,6 +278,7 @@ class FlowSink:
     """
 
     CHUNK = 1 << 20
+    COUNT_CHUNK = 1 << 16
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
@@ -289,7 +290,8 @@ class FlowSink:
         self._fresh()
 
     def _fresh(self) -> None:
-        cap = self.CHUNK
+        # Counting reuses one cache-sized chunk; keeping fills large ones.
+        cap = self.CHUNK if self.keep else self.COUNT_CHUNK
         self.n = 0
         self.ip = np.empty(cap, np.uint64)
         self.ninsn = np.empty(cap, np.uint32)
