@@ -159,6 +159,24 @@ def _decompress(ipc, payload, last_ip):
 
 
 @nb.njit(cache=True, inline="always")
+def _emit(out_ip, out_ninsn, out_time, out_off, out_mode, nout, ip, ninsn, time, off, mode):
+    out_ip[nout] = ip
+    out_ninsn[nout] = ninsn
+    out_time[nout] = time
+    out_off[nout] = off
+    out_mode[nout] = mode
+    return nout + 1
+
+
+@nb.njit(cache=True, inline="always")
+def _push(retstack, rs_top, rs_n, address):
+    """Push a return address; the oldest entry goes when the stack is full."""
+    rs_top = (rs_top + 1) & _RS_MASK
+    retstack[rs_top] = address
+    return rs_top, min(rs_n + 1, RETSTACK_SIZE)
+
+
+@nb.njit(cache=True, inline="always")
 def _time(tsc, have_tsc, p):
     # Events without a time stamp carry 0, as the reference decoder's do.
     return tsc[p] if have_tsc[p] else np.uint64(0)
@@ -301,12 +319,10 @@ def walk(
                 r = R_STOP
                 break
         ninsn = t_ninsn[blk]
-        out_ip[nout] = ip
-        out_ninsn[nout] = ninsn
-        out_time[nout] = cur_tsc
-        out_off[nout] = offsets[pos]
-        out_mode[nout] = mode
-        nout += 1
+        nout = _emit(
+            out_ip, out_ninsn, out_time, out_off, out_mode,
+            nout, ip, ninsn, cur_tsc, offsets[pos], mode,
+        )  # fmt: skip
         if has_icnt:
             icnt += ninsn
         if bk == BK_FALL:
@@ -314,10 +330,7 @@ def walk(
         elif bk == BK_JUMP:
             ip = t_target[blk]
         elif bk == BK_CALL:
-            rs_top = (rs_top + 1) & _RS_MASK
-            retstack[rs_top] = t_next[blk]
-            if rs_n < RETSTACK_SIZE:
-                rs_n += 1
+            rs_top, rs_n = _push(retstack, rs_top, rs_n, t_next[blk])
             ip = t_target[blk]
         elif bk == BK_COND:
             size -= 1
@@ -332,10 +345,7 @@ def walk(
             rs_n -= 1
         else:  # TIP: indirect jump or call, uncompressed return
             if bk == BK_ICALL:
-                rs_top = (rs_top + 1) & _RS_MASK
-                retstack[rs_top] = t_next[blk]
-                if rs_n < RETSTACK_SIZE:
-                    rs_n += 1
+                rs_top, rs_n = _push(retstack, rs_top, rs_n, t_next[blk])
             ip = tip
             evt = 0  # consumed
         if bk <= BK_CALL and bk != BK_COND:
@@ -387,28 +397,21 @@ def walk(
                         inside = j
                         break
                 if inside > 0:
-                    out_ip[nout] = ip
-                    out_ninsn[nout] = inside
-                    out_time[nout] = psb_tsc
-                    out_off[nout] = offsets[psbend]
-                    out_mode[nout] = mode
-                    nout += 1
+                    nout = _emit(
+                        out_ip, out_ninsn, out_time, out_off, out_mode,
+                        nout, ip, inside, psb_tsc, offsets[psbend], mode,
+                    )  # fmt: skip
                     ip = target
                     reached = True
                     break
                 if bk != BK_FALL and bk != BK_JUMP and bk != BK_CALL:
                     break  # trace needed before the PSB+'s IP: an error
-                out_ip[nout] = ip
-                out_ninsn[nout] = t_ninsn[blk]
-                out_time[nout] = psb_tsc
-                out_off[nout] = offsets[psbend]
-                out_mode[nout] = mode
-                nout += 1
+                nout = _emit(
+                    out_ip, out_ninsn, out_time, out_off, out_mode,
+                    nout, ip, t_ninsn[blk], psb_tsc, offsets[psbend], mode,
+                )  # fmt: skip
                 if bk == BK_CALL:
-                    rs_top = (rs_top + 1) & _RS_MASK
-                    retstack[rs_top] = t_next[blk]
-                    if rs_n < RETSTACK_SIZE:
-                        rs_n += 1
+                    rs_top, rs_n = _push(retstack, rs_top, rs_n, t_next[blk])
                     ip = t_target[blk]
                 elif bk == BK_JUMP:
                     ip = t_target[blk]
