@@ -9,7 +9,12 @@ hash of their sources (``$XDG_CACHE_HOME/hwtrace/libipt-<hash>``, else
   (:func:`generate`);
 * ``ptpkt_dump``: prints every packet as libipt's packet decoder sees it
   (:func:`dump`, line format documented at the top of ``ptpkt_dump.c``);
-* ``ptpkt_loop``: times libipt's packet decoder on a file (:func:`loop_bench`).
+* ``ptpkt_loop``: times libipt's packet decoder on a file (:func:`loop_bench`);
+* ``ptflow_loop``: times libipt's block or instruction decoder over a trace
+  and an image of raw sections (:func:`flow_bench`);
+* ``ptinsn_dump``: prints the instruction flow as libipt's instruction (or
+  block) decoder reconstructs it (:func:`insn_dump`, line format documented
+  at the top of ``ptinsn_dump.c``).
 
 When gcc or ``intel-pt.h`` is missing, :data:`skip_reason` says why and the
 functions raise :class:`OracleUnavailable`::
@@ -28,6 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -39,7 +45,9 @@ __all__ = [
     "Tools",
     "build",
     "dump",
+    "flow_bench",
     "generate",
+    "insn_dump",
     "loop_bench",
     "parse_dump",
     "skip_reason",
@@ -47,7 +55,7 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIR = REPO / "bench" / "libipt"
-TOOLS = ("ptgen", "ptpkt_dump", "ptpkt_loop")
+TOOLS = ("ptgen", "ptpkt_dump", "ptpkt_loop", "ptflow_loop", "ptinsn_dump")
 HEADER = Path(os.environ.get("LIBIPT_HEADER", "/usr/include/intel-pt.h"))
 CFLAGS = ("-O2", "-Wall", "-Wextra")
 LIBS = ("-lipt",)
@@ -91,6 +99,8 @@ class Tools:
         self.ptgen = directory / "ptgen"
         self.ptpkt_dump = directory / "ptpkt_dump"
         self.ptpkt_loop = directory / "ptpkt_loop"
+        self.ptflow_loop = directory / "ptflow_loop"
+        self.ptinsn_dump = directory / "ptinsn_dump"
 
     def __repr__(self) -> str:
         return f"Tools({str(self.directory)!r})"
@@ -225,3 +235,84 @@ def loop_bench(path: str | os.PathLike[str], repeat: int = 5) -> dict[str, float
     out = _run([str(tools.ptpkt_loop), os.fspath(path), "--repeat", str(repeat)])
     result: dict[str, float] = json.loads(out)
     return result
+
+
+def flow_bench(
+    path: str | os.PathLike[str],
+    sections: list[tuple[str | os.PathLike[str], int, int, int]],
+    decoder: Literal["blk", "insn"] = "blk",
+    repeat: int = 5,
+    timing: dict[str, int] | None = None,
+) -> dict[str, float | str]:
+    """Time libipt's instruction-flow decoding of a whole trace, best of ``repeat``.
+
+    ``sections`` is the image: ``(file, offset, size, vaddr)`` raw sections
+    (e.g. an ELF file's ``PT_LOAD`` segments); ``decoder`` picks
+    ``pt_blk_next`` or ``pt_insn_next``; ``timing`` gives the trace's
+    ``mtc_freq``, ``nom_freq``, ``cpuid_0x15_eax`` and ``cpuid_0x15_ebx``
+    (ptxed's options of those names).  Returns ``{"decoder", "bytes",
+    "instructions", "blocks", "events", "errors", "best_seconds",
+    "insn_per_s", "repeat"}`` (``blocks`` is 0 for ``"insn"``).
+    """
+    if decoder not in ("blk", "insn"):
+        raise ValueError(f"decoder must be 'blk' or 'insn', not {decoder!r}")
+    tools = build()
+    cmd = [str(tools.ptflow_loop), os.fspath(path), "--decoder", decoder]
+    cmd += ["--repeat", str(repeat)]
+    options = {"mtc_freq": "--mtc-freq", "nom_freq": "--nom-freq",
+               "cpuid_0x15_eax": "--cpuid-0x15.eax", "cpuid_0x15_ebx": "--cpuid-0x15.ebx"}  # fmt: skip
+    for key, value in (timing or {}).items():
+        cmd += [options[key], str(value)]
+    for file, offset, size, vaddr in sections:
+        cmd += ["--raw", f"{os.fspath(file)}:{offset:#x}:{size:#x}:{vaddr:#x}"]
+    result: dict[str, float | str] = json.loads(_run(cmd))
+    return result
+
+
+def insn_dump(
+    path: str | os.PathLike[str],
+    *,
+    elf: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], int]] = (),
+    timing: dict[str, int] | None = None,
+    block: bool = False,
+) -> tuple[list[int] | list[tuple[int, int, int]], list[dict[str, int | str]]]:
+    """Reconstruct a trace's instruction flow with libipt, resynchronizing
+    at the next PSB after an error (as ptxed does).
+
+    ``elf`` files are mapped at their link addresses, or given as ``(file,
+    base)`` with the lowest segment at ``base``; ``timing`` gives the
+    trace's ``mtc_freq``, ``nom_freq``, ``cpuid_0x15_eax`` and
+    ``cpuid_0x15_ebx``.  Returns ``(flow, errors)``: the executed
+    instructions' IPs (pt_insn_next), or with ``block`` the blocks as ``(ip,
+    end_ip, ninsn)`` (pt_blk_next; instructions in a block are sequential
+    apart from direct jumps and calls); errors as ``{"offset", "ip", "code",
+    "text"}``.
+    """
+    tools = build()
+    cmd = [str(tools.ptinsn_dump)]
+    options = {"mtc_freq": "--mtc-freq", "nom_freq": "--nom-freq",
+               "cpuid_0x15_eax": "--cpuid-0x15.eax", "cpuid_0x15_ebx": "--cpuid-0x15.ebx"}  # fmt: skip
+    for key, value in (timing or {}).items():
+        cmd += [options[key], str(value)]
+    for file in elf:
+        if isinstance(file, tuple):
+            cmd += ["--elf", f"{os.fspath(file[0])}:{file[1]:#x}"]
+        else:
+            cmd += ["--elf", os.fspath(file)]
+    if block:
+        cmd.append("--block")
+    cmd.append(os.fspath(path))
+    flow: list = []
+    errors: list[dict[str, int | str]] = []
+    for line in _run(cmd).splitlines():
+        if line.startswith("! error "):
+            _, _, offset, ip, code, text = line.split(" ", 5)
+            errors.append(
+                {"offset": int(offset, 16), "ip": int(ip, 16), "code": int(code), "text": text}
+            )
+        elif line.startswith("block "):
+            _, ip, end_ip, ninsn = line.split()
+            flow.append((int(ip, 16), int(end_ip, 16), int(ninsn)))
+        elif line and not line.startswith("#"):
+            flow.append(int(line, 16))
+    return flow, errors
