@@ -43,9 +43,9 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import common
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -72,18 +72,6 @@ STACK_SIZE = 8 << 20
 # Bump when the generation below changes in a way the hash cannot see.
 GEN_VERSION = 1
 TIMING_FIELDS = ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx")
-
-
-def load_oracle() -> ModuleType:
-    """Import tests/libipt_oracle.py by path (tests/ is not a package)."""
-    path = REPO / "tests" / "libipt_oracle.py"
-    spec = importlib.util.spec_from_file_location("libipt_oracle", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def import_hwtrace(module: str, name: str) -> tuple[Any, str]:
@@ -438,24 +426,11 @@ def instruction_count(result: Any) -> int:
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
-    headers = ("decoder", "Minsn/s", "instructions", "errors", "ratio vs pt_blk_next")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-        for r in [headers, *rows]:
-            cells = [r[0].ljust(widths[0])]
-            cells += [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
-            print("  ".join(cells))
-        return
-    table = Table(title="Intel PT instruction-flow decoding")
-    table.add_column(headers[0])
-    for h in headers[1:]:
-        table.add_column(h, justify="right")
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    common.print_table(
+        "Intel PT instruction-flow decoding",
+        ("decoder", "Minsn/s", "instructions", "errors", "ratio vs pt_blk_next"),
+        rows,
+    )
 
 
 def row(name: str, res: dict[str, Any], base: float) -> tuple[str, ...]:
@@ -484,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
 
-    oracle = load_oracle()
+    oracle = common.load_oracle()
     if oracle.skip_reason is not None:
         print(f"libipt is not available: {oracle.skip_reason}")
         print("(run `make oracles` as root to install libipt-dev)")

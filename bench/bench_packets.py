@@ -16,7 +16,6 @@ and prints MB/s (MB = 1e6 bytes), packet counts and the speed ratio.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
@@ -25,23 +24,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import common
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OUT = HERE / "out"
 SEED = 1
 PSB_PERIOD = 4096
-
-
-def load_oracle() -> ModuleType:
-    """Import tests/libipt_oracle.py by path (tests/ is not a package)."""
-    path = REPO / "tests" / "libipt_oracle.py"
-    spec = importlib.util.spec_from_file_location("libipt_oracle", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_hwtrace() -> tuple[Callable[[str], int] | None, str]:
@@ -102,24 +91,9 @@ def time_hwtrace(count_packets: Callable[[str], int], path: Path, repeat: int) -
 
 
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    headers = ("decoder", "MB/s", "packets", "ratio vs libipt")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(4)]
-        for r in [headers, *rows]:
-            cells = [r[0].ljust(widths[0])]
-            cells += [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
-            print("  ".join(cells))
-        return
-    table = Table(title="Intel PT packet decoding")
-    table.add_column(headers[0])
-    for h in headers[1:]:
-        table.add_column(h, justify="right")
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    common.print_table(
+        "Intel PT packet decoding", ("decoder", "MB/s", "packets", "ratio vs libipt"), rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.size < 1 or args.repeat < 1:
         parser.error("--size and --repeat must be at least 1")
 
-    oracle = load_oracle()
+    oracle = common.load_oracle()
     if oracle.skip_reason is not None:
         print(f"libipt is not available, cannot generate the stream: {oracle.skip_reason}")
         print("(run `make oracles` as root to install libipt-dev)")
