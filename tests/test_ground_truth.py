@@ -322,7 +322,7 @@ def scenarios(draw):
         "ip_compression": draw(st.booleans()),
         "defer_tips": draw(st.booleans()),
         "sync_disable": draw(st.booleans()),
-        "psb_period": draw(st.sampled_from([0, 1, 48, 200, 1000])),
+        "psb_period": draw(st.sampled_from([0, 1, 28, 48, 72, 200, 1000])),
         "interrupts": interrupts,
         "trace_off": trace_off,
     }
@@ -374,3 +374,33 @@ def test_long_run_in_parallel_chunks(images):
     assert enc.stats["psb"] > 100
     got = hwtrace_flow(enc.data, image, enc, jobs=2, chunk_bytes=4096)
     assert np.array_equal(got, run.ips), first_difference(got, run.ips)
+
+
+@pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
+def test_frequent_psb_inside_a_chunk(images):
+    """A PSB+ after every TNT or so, all inside one decode chunk: the compiled
+    walk must not take a PSB+ while a TNT's bits are still pending."""
+    run = gt.case("collatz", "-O2")
+    image = image_of(images, run)
+    wrong = []
+    for timing in ({}, {"tsc": 0}):
+        for period in range(16, 120):
+            enc = encode_path(run.ips, image, end_ip=run.end_ip, psb_period=period, **timing)
+            res = decode_trace(enc.data, image, enc.config)
+            if res.gaps or not np.array_equal(res.instructions(), enc.expected):
+                wrong.append((period, timing))
+    assert not wrong, f"wrong flow for (psb_period, timing) in {wrong}"
+
+
+@pytest.mark.skipif(oracle.skip_reason is not None, reason=str(oracle.skip_reason))
+def test_frequent_psb_libipt(tmp_path, images):
+    """The streams of the test above are right: libipt decodes them exactly."""
+    run = gt.case("collatz", "-O2")
+    image = image_of(images, run)
+    for period, timing in ((28, {}), (30, {"ip_compression": False}), (40, {"tsc": 0})):
+        enc = encode_path(run.ips, image, end_ip=run.end_ip, psb_period=period, **timing)
+        for block in (False, True):
+            got, errors = libipt_flow(tmp_path, enc.data, run, image, enc, block)
+            assert not errors and np.array_equal(got, enc.expected), first_difference(
+                got, enc.expected
+            )

@@ -374,7 +374,9 @@ def walk(
             tip = val
             continue
         # Not plain flow.  A PSB+ that restates the state: walk to its IP.
-        while psb_mode_bits >= 0 and pos < n and kind[pos] == 2:
+        # (Only while no event is pending: after a TNT, ``pos`` is already
+        # past it and a PSB+ there must wait until its bits are used up.)
+        while evt == 0 and psb_mode_bits >= 0 and pos < n and kind[pos] == 2:
             psbend, target, cbr = _psb_plus(kind, a, b, n, pos, psb_mode_bits)
             if psbend < 0:
                 break
