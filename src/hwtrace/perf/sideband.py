@@ -1,0 +1,375 @@
+"""The sideband model: which code ran where, and which thread ran when.
+
+Intel PT says how control flowed, not in which process or over which
+binaries.  perf's sideband records say that: mmaps build each process's
+address space over time (exec starts a new one, fork copies the parent's),
+context switches say which thread owned each stretch of a CPU's trace, and
+KSYMBOL/BPF_EVENT/TEXT_POKE records say when code changed.  This module keeps
+those facts in time order and answers the decoder's two questions: what is
+the image of process P at time T, and which thread ran on CPU C at time T.
+
+Times are perf clock nanoseconds; :class:`TscConversion` maps them to and
+from the TSC values the trace carries, as perf does with the AUXTRACE_INFO
+fields ``time_shift``, ``time_mult`` and ``time_zero``.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..image import Image
+from ..image.elf import read_elf
+from ..image.sections import ImageError
+from ..image.symbols import SymbolTable
+
+_U64 = np.uint64
+
+
+@dataclass(frozen=True)
+class TscConversion:
+    """perf's TSC <-> perf-clock conversion (``perf_event_mmap_page`` fields)."""
+
+    time_shift: int
+    time_mult: int
+    time_zero: int
+
+    def to_ns(self, tsc: np.ndarray | int) -> np.ndarray | int:
+        """perf time (ns) of TSC values, as perf's ``tsc_to_perf_time``."""
+        t = np.asarray(tsc, dtype=_U64)
+        shift, mult = _U64(self.time_shift), _U64(self.time_mult)
+        mask = _U64((1 << self.time_shift) - 1)
+        with np.errstate(over="ignore"):
+            ns = _U64(self.time_zero) + (t >> shift) * mult + (((t & mask) * mult) >> shift)
+        return int(ns) if ns.ndim == 0 else ns
+
+    def to_tsc(self, ns: np.ndarray | int) -> np.ndarray | int:
+        """TSC values of perf times, as perf's ``perf_time_to_tsc``."""
+        t = np.asarray(ns, dtype=_U64)
+        mult, shift = _U64(self.time_mult), _U64(self.time_shift)
+        with np.errstate(over="ignore"):
+            t = t - _U64(self.time_zero)
+            tsc = ((t // mult) << shift) + (((t % mult) << shift) // mult)
+        return int(tsc) if tsc.ndim == 0 else tsc
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One executable file mapping: ``length`` bytes of ``path`` from ``pgoff``
+    at ``start``, from perf time ``time`` on."""
+
+    time: int
+    start: int
+    length: int
+    pgoff: int
+    path: str
+    build_id: bytes | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+def elf_build_id(path: str | os.PathLike[str]) -> bytes | None:
+    """The GNU build id of an ELF file, or None."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for section in elf.iter_sections():
+                if section.header.sh_type != "SHT_NOTE":
+                    continue
+                for note in section.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return bytes.fromhex(note["n_desc"])
+    except (OSError, ELFError, ValueError, KeyError):
+        return None
+    return None
+
+
+@dataclass
+class BinaryLocator:
+    """Finds the binaries a recording names: by build id in perf's build-id
+    caches, then by path under ``root`` (a sysroot), then by path.
+
+    Problems are kept, once per binary, in ``problems`` (path -> message):
+    a binary not found, or one whose build id differs from the recorded one
+    (it changed since recording).
+    """
+
+    root: Path | None = None
+    buildid_dirs: tuple[Path, ...] = (Path.home() / ".debug",)
+    problems: dict[str, str] = field(default_factory=dict)
+    _found: dict[tuple[str, bytes | None], Path | None] = field(default_factory=dict)
+
+    def find(self, path: str, build_id: bytes | None = None) -> Path | None:
+        key = (path, build_id)
+        if key not in self._found:
+            self._found[key] = self._find(path, build_id)
+        return self._found[key]
+
+    def _find(self, path: str, build_id: bytes | None) -> Path | None:
+        if build_id:
+            hexid = build_id.hex()
+            for d in self.buildid_dirs:
+                for name in ("elf", "debug"):
+                    candidate = d / ".build-id" / hexid[:2] / hexid[2:] / name
+                    if candidate.is_file():
+                        return candidate
+        candidates = []
+        if self.root is not None:
+            candidates.append(self.root / path.lstrip("/"))
+        candidates.append(Path(path))
+        for candidate in candidates:
+            if candidate.is_file():
+                if build_id:
+                    actual = elf_build_id(candidate)
+                    if actual is not None and actual[: len(build_id)] != build_id:
+                        self.problems[path] = (
+                            f"{path}: build id {actual.hex()} differs from the recorded "
+                            f"{build_id.hex()}: the binary changed since recording"
+                        )
+                        return None
+                return candidate
+        self.problems[path] = f"{path}: binary not found"
+        return None
+
+
+@dataclass
+class AddressSpace:
+    """One process image generation (from a fork or exec to the next exec)."""
+
+    pid: int
+    since: int  # perf time of the exec or fork that made it
+    mappings: list[Mapping] = field(default_factory=list)
+
+    def mappings_at(self, time: int) -> list[Mapping]:
+        """The mappings live at ``time``: later ones replace what they overlap."""
+        return [m for m in self.mappings if m.time <= time]
+
+    def image(
+        self, locator: BinaryLocator, time: int | None = None, kernel: Image | None = None
+    ) -> tuple[Image, SymbolTable]:
+        """The image at ``time`` (all mappings when None) and its symbols.
+
+        ELF files are placed with the bias their mapping implies, so their
+        symbols come along; other files are mapped as raw bytes.
+        """
+        image = Image(f"pid {self.pid}")
+        if kernel is not None:
+            for section in kernel:
+                image.add_section(section)
+        tables = [] if kernel is None else [kernel.symbols()]
+        maps = self.mappings if time is None else self.mappings_at(time)
+        for m in maps:
+            found = locator.find(m.path, m.build_id)
+            if found is None:
+                continue
+            try:
+                elf = read_elf(found)
+            except ImageError:
+                image.add_raw(found, m.pgoff, m.length, m.start)
+                continue
+            seg = next(
+                (
+                    s
+                    for s in elf.segments
+                    if s.offset <= m.pgoff < s.offset + max(s.filesz, 1) and s.executable
+                ),
+                None,
+            )
+            if seg is None:
+                image.add_raw(found, m.pgoff, m.length, m.start)
+                continue
+            bias = m.start - (seg.vaddr + (m.pgoff - seg.offset))
+            try:
+                loaded = image.add_elf(found, elf.min_vaddr + bias, executable_only=True)
+            except ImageError:
+                image.add_raw(found, m.pgoff, m.length, m.start)
+                continue
+            tables.append(loaded.symbols)
+        return image, SymbolTable.merge(tables)
+
+
+@dataclass(frozen=True)
+class CodeRevision:
+    """Code that changed at run time: a KSYMBOL (register/unregister), a
+    BPF program load, or a TEXT_POKE (``old`` bytes replaced by ``new``)."""
+
+    time: int
+    kind: str  # "ksymbol", "ksymbol-unregister", "bpf", "text_poke"
+    address: int
+    length: int
+    name: str = ""
+    old: bytes = b""
+    new: bytes = b""
+
+
+class Sideband:
+    """Processes, threads, CPU schedules and code revisions, in time order.
+
+    Feed it in record order with the ``add_*`` methods (the perf.data
+    reader's records map one to one), then ask it.
+    """
+
+    def __init__(self) -> None:
+        self.spaces: dict[int, list[AddressSpace]] = {}
+        self.thread_pid: dict[int, int] = {}
+        self.comms: dict[int, list[tuple[int, str]]] = {}
+        self.exits: dict[int, int] = {}
+        self.kernel_mappings: list[Mapping] = []
+        self.revisions: list[CodeRevision] = []
+        self._switch: dict[int, tuple[list[int], list[int]]] = {}
+        self._switch_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # -- feeding -------------------------------------------------------------
+
+    def _space(self, pid: int, time: int) -> AddressSpace:
+        spaces = self.spaces.setdefault(pid, [])
+        if not spaces:
+            spaces.append(AddressSpace(pid, 0))
+        return spaces[-1]
+
+    def add_mmap(
+        self,
+        time: int,
+        pid: int,
+        start: int,
+        length: int,
+        pgoff: int,
+        path: str,
+        *,
+        executable: bool = True,
+        build_id: bytes | None = None,
+        kernel: bool = False,
+    ) -> None:
+        """An mmap (perf only records executable ones unless --data)."""
+        if not executable or length <= 0:
+            return
+        m = Mapping(time, start, length, pgoff, path, build_id)
+        if kernel or pid == -1:
+            self.kernel_mappings.append(m)
+        else:
+            self._space(pid, time).mappings.append(m)
+
+    def add_comm(self, time: int, pid: int, tid: int, comm: str, *, exec: bool = False) -> None:
+        self.thread_pid[tid] = pid
+        self.comms.setdefault(tid, []).append((time, comm))
+        if exec:
+            # exec replaces the whole image: a new generation from here on.
+            self.spaces.setdefault(pid, []).append(AddressSpace(pid, time))
+
+    def add_fork(self, time: int, pid: int, ppid: int, tid: int, ptid: int) -> None:
+        self.thread_pid[tid] = pid
+        if tid in self.comms or ptid not in self.comms:
+            pass
+        else:
+            self.comms[tid] = [(time, self.comms[ptid][-1][1])]
+        if pid != ppid and pid not in self.spaces:
+            parent = self.spaces.get(ppid)
+            inherited = [] if not parent else [m for m in parent[-1].mappings if m.time <= time]
+            self.spaces[pid] = [AddressSpace(pid, time, list(inherited))]
+
+    def add_exit(self, time: int, pid: int, tid: int) -> None:
+        self.exits[tid] = time
+
+    def add_switch(self, time: int, cpu: int, tid: int) -> None:
+        """From ``time`` on, ``tid`` runs on ``cpu`` (-1: unknown / idle)."""
+        times, tids = self._switch.setdefault(cpu, ([], []))
+        times.append(time)
+        tids.append(tid)
+        self._switch_arrays.pop(cpu, None)
+
+    def add_revision(self, revision: CodeRevision) -> None:
+        self.revisions.append(revision)
+
+    # -- asking --------------------------------------------------------------
+
+    def pid_of(self, tid: int) -> int:
+        return self.thread_pid.get(tid, tid)
+
+    def comm_of(self, tid: int, time: int | None = None) -> str:
+        history = self.comms.get(tid) or self.comms.get(self.pid_of(tid)) or []
+        if not history:
+            return ":" + str(tid)
+        if time is None:
+            return history[-1][1]
+        i = bisect_right([t for t, _ in history], time) - 1
+        return history[max(i, 0)][1]
+
+    def space_at(self, pid: int, time: int) -> AddressSpace | None:
+        spaces = self.spaces.get(pid)
+        if not spaces:
+            return None
+        i = bisect_right([s.since for s in spaces], time) - 1
+        return spaces[max(i, 0)]
+
+    def threads_on(self, cpu: int, times: np.ndarray) -> np.ndarray:
+        """The tid running on ``cpu`` at each of ``times`` (-1 where unknown)."""
+        arrays = self._switch_arrays.get(cpu)
+        if arrays is None:
+            t, tids = self._switch.get(cpu, ([], []))
+            order = np.argsort(np.asarray(t, dtype=np.int64), kind="stable")
+            arrays = (
+                np.asarray(t, dtype=np.int64)[order],
+                np.asarray(tids, dtype=np.int64)[order],
+            )
+            self._switch_arrays[cpu] = arrays
+        st, tids = arrays
+        i = np.searchsorted(st, np.asarray(times, dtype=np.int64), side="right") - 1
+        out = np.full(i.shape, -1, dtype=np.int64)
+        ok = i >= 0
+        out[ok] = tids[i[ok]]
+        return out
+
+    def switch_times(self, cpu: int) -> np.ndarray:
+        self.threads_on(cpu, np.zeros(0, np.int64))
+        return self._switch_arrays[cpu][0]
+
+    def kernel_image(self, locator: BinaryLocator) -> Image | None:
+        """Kernel code from the kernel mappings' files (vmlinux, kcore copies,
+        modules), where the locator finds them."""
+        if not self.kernel_mappings:
+            return None
+        space = AddressSpace(-1, 0, list(self.kernel_mappings))
+        image, _ = space.image(locator)
+        return image if len(image) else None
+
+
+def read_kallsyms(path: str | os.PathLike[str]) -> SymbolTable:
+    """Kernel symbols from a ``/proc/kallsyms`` copy (text symbols only)."""
+    addresses: list[int] = []
+    names: list[str] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 3 or parts[1] not in "tTwW":
+                continue
+            try:
+                address = int(parts[0], 16)
+            except ValueError:
+                continue
+            if address:
+                addresses.append(address)
+                names.append(parts[2])
+    return _kernel_table(addresses, names)
+
+
+def _kernel_table(addresses: Iterable[int], names: Iterable[str]) -> SymbolTable:
+    # kallsyms has no sizes: a symbol reaches the next one (the last, a page).
+    start = np.asarray(list(addresses), dtype=np.uint64)
+    order = np.argsort(start, kind="stable")
+    start = start[order]
+    names = [list(names)[i] for i in order]
+    size = np.diff(start, append=start[-1:] + np.uint64(4096)) if start.shape[0] else start
+    return SymbolTable.from_symbols(
+        [(int(a), int(z), n, True) for a, z, n in zip(start, size, names, strict=True)],
+        module="[kernel.kallsyms]",
+    )
