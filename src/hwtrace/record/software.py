@@ -1,0 +1,408 @@
+"""Software Intel PT recording: single-step a real process, write the PT it ran.
+
+Where there is no Intel PT hardware, :func:`record_software` runs (or
+attaches to) a process, single-steps it inside the chosen functions or
+address ranges (:mod:`hwtrace.record.stepper`) and turns the stepped
+instructions into the Intel PT a processor with an address filter on those
+ranges would have written (:func:`hwtrace.pt.encode.encode_path`):
+
+* tracing is on inside the ranges and off outside them: a branch, call or
+  return leaving a range is a TIP.PGD, re-entry (at a range start or at the
+  return address of a call that went outside) is MODE.Exec + TIP.PGE;
+* a signal whose handler runs outside the ranges disables tracing at the
+  interrupted instruction; one whose handler is inside is an interrupt
+  (FUP + TIP);
+* PSB+ every ``psb_period`` bytes; TSC (in PSB+), MTC and CYC come from the
+  stepping clock: each instruction's cost is the clock time between the
+  steps before and after it (so these are *stepping* times, the speed of a
+  ptrace single-step loop, not the program's native speed);
+* a ``rep`` string instruction, stepped once per iteration, is one
+  instruction, as Intel PT counts it.
+
+The result (:class:`SoftwareRecording`) holds the PT bytes, the decoder
+configuration, the stepped log and the sideband a ``perf.data`` writer needs,
+as plain fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..image import Image, ImageError, read_elf
+from ..isa.x86 import IClass, InsnCache
+from ..pt.config import PtConfig
+from ..pt.encode import EncodedTrace, encode_path
+from .stepper import (
+    END_EXIT,
+    Mapping,
+    RecordError,
+    StepLog,
+    TracedRange,
+    _load_bias,
+    step_process,
+)
+
+__all__ = [
+    "BACKEND",
+    "TIMING_NOTE",
+    "MmapRecord",
+    "RecordError",
+    "SoftwareRecording",
+    "TimeConversion",
+    "encode_log",
+    "record_software",
+]
+
+BACKEND = "software: ptrace single-step"
+TIMING_NOTE = (
+    "times are stepping times: the clock read at each single-step stop of a "
+    "ptrace loop, not the program's native execution speed"
+)
+
+
+@dataclass(frozen=True)
+class TimeConversion:
+    """TSC to perf time as in ``perf_event_mmap_page``:
+    ``ns = time_zero + (tsc * time_mult) >> time_shift`` (perf splits the
+    product to avoid overflow); ``tsc_hz`` is the stepping clock's rate."""
+
+    time_shift: int
+    time_mult: int
+    time_zero: int
+    tsc_hz: float
+
+    def to_ns(self, tsc: int | np.ndarray) -> np.ndarray:
+        t = np.asarray(tsc, np.uint64)
+        shift = np.uint64(self.time_shift)
+        quot = t >> shift
+        rem = t & np.uint64((1 << self.time_shift) - 1)
+        mult = np.uint64(self.time_mult)
+        return np.uint64(self.time_zero) + quot * mult + ((rem * mult) >> shift)
+
+
+@dataclass(frozen=True)
+class MmapRecord:
+    """A file or anonymous mapping of the traced process (a PERF_RECORD_MMAP2)."""
+
+    start: int
+    length: int
+    pgoff: int  # file offset in bytes
+    path: str
+    prot: str  # "r-xp"
+    inode: int
+    build_id: bytes | None  # the ELF's GNU build id, when it has one
+
+
+@dataclass
+class SoftwareRecording:
+    """A process recorded by single-stepping, as Intel PT.
+
+    ``data`` is the PT stream, ``config`` what a decoder needs to read its
+    timing (:func:`hwtrace.pt.decode.decode_trace`), ``settings`` the PT
+    options used (``tsc``, ``mtc``, ``mtc_period``, ``cyc``, ``noretcomp``,
+    ``psb_period``, ``ctc_ratio``, ``cbr``).  ``instructions`` are the
+    executed instructions the stream describes, in order (``log.ips`` with
+    each ``rep`` string instruction once); decoding ``data`` gives exactly
+    them.  ``log`` is everything the stepper saw (per-step ``ips``,
+    ``times``, ``registers``).  The rest is sideband: ``pid``, ``tid``,
+    ``comm``, ``mmaps`` (from ``/proc/PID/maps`` when tracing began),
+    ``time_conversion`` (stepping clock to ns), ``ranges`` (the address
+    filter; ``filters`` in perf's syntax), ``backend`` and ``timing_note``.
+    """
+
+    data: bytes
+    config: PtConfig
+    settings: dict[str, int | bool]
+    instructions: np.ndarray  # uint64
+    instruction_times: np.ndarray  # uint64, stepping clock before each one
+    log: StepLog
+    encoded: EncodedTrace
+    pid: int
+    tid: int
+    comm: str
+    argv: tuple[str, ...] | None
+    mmaps: list[MmapRecord]
+    time_conversion: TimeConversion
+    ranges: list[TracedRange]
+    filters: str
+    exit_status: int | None
+    backend: str = BACKEND
+    timing_note: str = TIMING_NOTE
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def first_tsc(self) -> int:
+        return int(self.log.times[0]) if self.log.times.shape[0] else 0
+
+    def image(self) -> Image:
+        """An image of the ELF files mapped executable in the process, at their
+        load addresses (for decoding ``data``)."""
+        image = Image(self.comm)
+        seen = set()
+        for m in self.mmaps:
+            if "x" not in m.prot or not m.path.startswith("/") or m.path in seen:
+                continue
+            seen.add(m.path)
+            try:
+                elf = read_elf(m.path)
+            except ImageError:
+                continue
+            bias = _load_bias(self.log.maps, m.path, elf.min_vaddr)
+            if bias is not None:
+                image.add_elf(m.path, elf.min_vaddr + bias)
+        return image
+
+
+# -- sideband ----------------------------------------------------------------------
+
+
+def _build_id(path: str, cache: dict[str, bytes | None]) -> bytes | None:
+    if path in cache:
+        return cache[path]
+    found = None
+    try:
+        from elftools.elf.elffile import ELFFile
+
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for section in elf.iter_sections():
+                if section["sh_type"] != "SHT_NOTE":
+                    continue
+                for note in section.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        found = bytes.fromhex(note["n_desc"])
+                        break
+                if found:
+                    break
+    except Exception:
+        found = None
+    cache[path] = found
+    return found
+
+
+def _mmaps(maps: list[Mapping]) -> list[MmapRecord]:
+    cache: dict[str, bytes | None] = {}
+    return [
+        MmapRecord(
+            start=m.start,
+            length=m.length,
+            pgoff=m.offset,
+            path=m.path,
+            prot=m.prot,
+            inode=m.inode,
+            build_id=_build_id(m.path, cache) if m.path.startswith("/") and m.inode else None,
+        )
+        for m in maps
+    ]
+
+
+def _time_conversion(log: StepLog) -> TimeConversion:
+    if log.clock == "monotonic":
+        return TimeConversion(0, 1, 0, 1e9)
+    (c0, n0), (c1, n1) = log.clock_pairs[0], log.clock_pairs[-1]
+    if c1 <= c0 or n1 <= n0:
+        raise RecordError("the TSC did not advance: cannot convert stepping times to ns")
+    rate = (n1 - n0) / (c1 - c0)  # ns per tick
+    shift = 31
+    while rate * (1 << shift) >= 1 << 32:
+        shift -= 1
+    mult = round(rate * (1 << shift))
+    zero = n0 - ((c0 >> shift) * mult + (((c0 & ((1 << shift) - 1)) * mult) >> shift))
+    return TimeConversion(shift, mult, zero % (1 << 64), 1e9 / rate)
+
+
+def _filters(ranges: list[TracedRange], maps: list[Mapping]) -> str:
+    """The ranges as perf address filters (``filter START/SIZE@FILE``)."""
+    parts = []
+    for r in ranges:
+        m = next((m for m in maps if m.start <= r.start < m.end and m.path.startswith("/")), None)
+        if m is None:
+            parts.append(f"filter {r.start:#x}/{r.end - r.start:#x}")
+        else:
+            off = r.start - m.start + m.offset
+            parts.append(f"filter {off:#x}/{r.end - r.start:#x}@{m.path}")
+    return " , ".join(parts)
+
+
+# -- the path ------------------------------------------------------------------------
+
+
+def _rep_repeats(ips: np.ndarray, cache: InsnCache) -> np.ndarray:
+    """True for rows repeating the previous row's non-branch instruction: the
+    further iterations of a ``rep`` string instruction."""
+    same = np.zeros(ips.shape[0], np.bool_)
+    same[1:] = ips[1:] == ips[:-1]
+    for ip in np.unique(ips[same]):
+        insn = cache.get(int(ip), 64)
+        if isinstance(insn, int) or insn.iclass != IClass.OTHER:
+            same[same & (ips == ip)] = False  # a branch to itself runs again
+    return same
+
+
+def encode_log(
+    log: StepLog,
+    *,
+    psb_period: int = 4096,
+    tsc: bool = True,
+    mtc_period: int | None = 3,
+    cyc: bool = False,
+    noretcomp: bool = False,
+    ctc_ratio: int = 2,
+    cbr: int = 8,
+) -> tuple[EncodedTrace, np.ndarray, np.ndarray]:
+    """The Intel PT of a stepped log; also the instructions it describes and
+    their times.  Options as :func:`record_software`."""
+    if not log.segments:
+        raise RecordError("nothing was traced: the process never ran inside the ranges")
+    cache = InsnCache(log.read_code)
+    repeat = _rep_repeats(log.ips, cache)
+    path: list[np.ndarray] = []
+    cost: list[np.ndarray] = []
+    off: list[tuple[int, int]] = []
+    interrupts: list[tuple[int, int]] = []
+    pos = 0
+    segs = log.segments
+    for k, seg in enumerate(segs):
+        rows = np.arange(seg.start, seg.end)
+        keep = rows[~repeat[seg.start : seg.end]]
+        t = log.times[keep].astype(np.int64)
+        nxt = np.empty_like(t)
+        nxt[:-1] = t[1:]
+        nxt[-1] = max(int(seg.end_time), int(t[-1]) + 1)
+        path.append(log.ips[keep])
+        cost.append(np.maximum(nxt - t, 1))
+        row_pos = {int(r): pos + j for j, r in enumerate(keep)}
+        for row, source, _sig in seg.interrupts:
+            interrupts.append((row_pos[row], source))
+        pos += keep.shape[0]
+        if k + 1 < len(segs):
+            # Where the process went while tracing was off: one untraced IP.
+            path.append(np.array([seg.end_ip], np.uint64))
+            gap = int(log.times[segs[k + 1].start]) - int(seg.end_time)
+            cost.append(np.array([max(gap, 1)], np.int64))
+            off.append((pos, pos + 1))
+            pos += 1
+    ips = np.concatenate(path)
+    last = segs[-1]
+    end_ip: int | None = last.end_ip or None
+    if end_ip is None and last.end_reason == END_EXIT:
+        insn = cache.get(int(ips[-1]), 64)
+        if not isinstance(insn, int):
+            end_ip = insn.next_ip  # exit_group: a system call that never returned
+    try:
+        enc = encode_path(
+            ips,
+            log.read_code,
+            end_ip=end_ip,
+            ret_compression=not noretcomp,
+            psb_period=psb_period,
+            interrupts=interrupts,
+            trace_off=off,
+            tsc=int(log.times[0]) if tsc else None,
+            mtc_freq=mtc_period if tsc else None,
+            cyc=cyc,
+            ctc_ratio=ctc_ratio,
+            cbr=cbr,
+            cycles=np.concatenate(cost),
+        )
+    except ValueError as exc:
+        raise RecordError(f"cannot encode the stepped path as Intel PT: {exc}") from None
+    keep_all = ~repeat
+    return enc, log.ips[keep_all], log.times[keep_all]
+
+
+def record_software(
+    target: Sequence[str] | int,
+    *,
+    functions: Sequence[str] = (),
+    ranges: Sequence[tuple[int, int]] = (),
+    psb_period: int = 4096,
+    tsc: bool = True,
+    mtc_period: int | None = 3,
+    cyc: bool = False,
+    noretcomp: bool = False,
+    ctc_ratio: int = 2,
+    cbr: int = 8,
+    clock: str = "tsc",
+    registers: str = "all",
+    max_instructions: int | None = None,
+) -> SoftwareRecording:
+    """Record ``target`` (argv to launch, or a pid to attach to) inside
+    ``functions`` (``name`` or ``module!name``) and ``ranges`` (``(start,
+    end)``, end exclusive) by single-stepping, as Intel PT.
+
+    PT options: ``psb_period`` (bytes between PSB+; 0: only the first),
+    ``tsc`` (TSC packets in PSB+), ``mtc_period`` (MTC every 2**n crystal
+    clock ticks, None: no MTC; needs ``tsc``), ``cyc`` (CYC packets),
+    ``noretcomp`` (no return compression), ``ctc_ratio`` (stepping-clock
+    ticks per crystal clock tick, 1-511) and ``cbr`` (core:bus ratio in
+    PSB+).  Stepping: ``clock`` (``"tsc"`` or ``"monotonic"``),
+    ``registers`` (``"all"`` or ``"basic"``), ``max_instructions``.
+
+    Raises :class:`RecordError` with a message for a process that cannot be
+    started, attached or traced, unknown functions and bad options.
+    """
+    if psb_period < 0:
+        raise RecordError("psb_period must be >= 0")
+    if mtc_period is not None and not 0 <= mtc_period <= 15:
+        raise RecordError("mtc_period must be 0-15")
+    if not 1 <= ctc_ratio <= 511:
+        raise RecordError("ctc_ratio must be 1-511")
+    if not 1 <= cbr <= 255:
+        raise RecordError("cbr must be 1-255")
+    try:
+        log = step_process(
+            target,
+            functions=functions,
+            ranges=ranges,
+            clock=clock,
+            registers=registers,
+            max_instructions=max_instructions,
+        )
+    except OSError as exc:
+        raise RecordError(f"cannot record: {exc}") from None
+    enc, insns, times = encode_log(
+        log,
+        psb_period=psb_period,
+        tsc=tsc,
+        mtc_period=mtc_period,
+        cyc=cyc,
+        noretcomp=noretcomp,
+        ctc_ratio=ctc_ratio,
+        cbr=cbr,
+    )
+    settings: dict[str, int | bool] = {
+        "tsc": tsc,
+        "mtc": tsc and mtc_period is not None,
+        "mtc_period": int(mtc_period or 0),
+        "cyc": cyc,
+        "noretcomp": noretcomp,
+        "psb_period": psb_period,
+        "ctc_ratio": ctc_ratio,
+        "cbr": cbr,
+        "branch_enable": True,
+        "user": True,
+        "kernel": False,
+    }
+    return SoftwareRecording(
+        data=enc.data,
+        config=enc.config,
+        settings=settings,
+        instructions=insns,
+        instruction_times=times,
+        log=log,
+        encoded=enc,
+        pid=log.pid,
+        tid=log.pid,
+        comm=log.comm,
+        argv=log.argv,
+        mmaps=_mmaps(log.maps),
+        time_conversion=_time_conversion(log),
+        ranges=log.ranges,
+        filters=_filters(log.ranges, log.maps),
+        exit_status=log.exit_status,
+        stats=dict(enc.stats),
+    )
