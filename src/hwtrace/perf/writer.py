@@ -1,0 +1,335 @@
+"""Writing perf.data (file mode) that Linux perf reads, Intel PT included.
+
+A :class:`PerfDataWriter` lays the file out as ``perf record`` does: the
+header, the events' ID arrays and attrs, the data section (records appended
+as they are added), then the feature sections.  The header is rewritten on
+:meth:`~PerfDataWriter.close`.
+
+Intel PT: :meth:`~PerfDataWriter.set_intel_pt` adds the ``intel_pt`` event
+(its PMU type recorded in AUXTRACE_INFO and PMU_MAPPINGS, as perf needs to
+tie the trace to the event) and writes AUXTRACE_INFO (PT settings, TSC
+conversion) and TIME_CONV; :meth:`~PerfDataWriter.add_auxtrace` appends
+trace data as AUXTRACE records (indexed in the AUXTRACE feature).  Sideband
+(MMAP/MMAP2, COMM, FORK/EXIT, ITRACE_START, AUX, SWITCH…) goes in with
+:meth:`~PerfDataWriter.add_record`, bodies from :mod:`hwtrace.perf.records`.
+perf decodes PT in software, so ``perf script --itrace`` works on machines
+without PT.  Example::
+
+    w = PerfDataWriter("perf.data")
+    w.set_intel_pt()                      # per-thread, no timestamps
+    w.add_record(Comm(pid, pid, "prog"))
+    w.add_record(Mmap(pid, pid, 0x401000, size, 0x1000, "/path/prog"), misc=2)
+    w.add_auxtrace(pt_bytes, tid=pid)
+    w.close()
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .attr import PerfEventAttr
+from .features import EventDesc, Feature, pack_feature
+from .records import Body, RecordType, SampleId, SampleType, pack_record
+from .user import (
+    IntelPtInfo,
+    TimeConv,
+    pack_auxtrace,
+    pack_auxtrace_info,
+    pack_id_index,
+    pack_simple,
+    pack_thread_map,
+    pack_time_conv,
+)
+
+__all__ = ["INTEL_PT_CONFIG_BITS", "PerfDataWriter"]
+
+MAGIC = b"PERFILE2"
+HEADER_SIZE = 104
+
+# intel_pt PMU format (/sys/bus/event_source/devices/intel_pt/format): config bits.
+INTEL_PT_CONFIG_BITS = {
+    "pt": 1 << 0, "cyc": 1 << 1, "pwr_evt": 1 << 4, "fup_on_ptw": 1 << 5, "mtc": 1 << 9,
+    "tsc": 1 << 10, "noretcomp": 1 << 11, "ptw": 1 << 12, "branch": 1 << 13,
+    "mtc_period": 0xF << 14, "cyc_thresh": 0xF << 19, "psb_period": 0xF << 24,
+}  # fmt: skip
+
+
+class PerfDataWriter:
+    """Write a file-mode perf.data.
+
+    Add events with :meth:`add_attr` (or :meth:`set_intel_pt`) before the
+    first record; then records in file order; then :meth:`close` (also on
+    leaving a ``with`` block).  ``env`` overrides the environment features
+    (``hostname``, ``osrelease``, ``version``, ``arch``, ``cpudesc``,
+    ``cpuid``, ``nrcpus``, ``total_mem``, ``cmdline``); :meth:`set_feature`
+    adds any other feature section.  ``attr_size`` is the size attrs are
+    written with: 128 (perf 6.1's; it refuses larger ones), 136 for config3.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, attr_size: int = 128, **env: Any) -> None:
+        self.path = Path(path)
+        self.attr_size = attr_size
+        self._f = open(self.path, "wb")
+        self._f.write(bytes(HEADER_SIZE))
+        self.attrs: list[tuple[PerfEventAttr, list[int], str]] = []
+        self._data_offset: int | None = None
+        self._auxtrace_index: list[tuple[int, int]] = []
+        self._aux_offsets: dict[int, int] = {}
+        self._pt_attr: int | None = None
+        self._next_id = 1
+        self.closed = False
+        uname = platform.uname()
+        ncpu = os.cpu_count() or 1
+        self.features: dict[int, Any] = {
+            Feature.HOSTNAME: env.get("hostname", uname.node),
+            Feature.OSRELEASE: env.get("osrelease", uname.release),
+            Feature.VERSION: env.get("version", "6.1.0"),
+            Feature.ARCH: env.get("arch", "x86_64"),
+            Feature.NRCPUS: env.get("nrcpus", {"nr_cpus_avail": ncpu, "nr_cpus_online": ncpu}),
+            Feature.CPUDESC: env.get("cpudesc", "hwtrace"),
+            Feature.CPUID: env.get("cpuid", "GenuineIntel,6,142,10"),
+            Feature.CMDLINE: env.get("cmdline", ["hwtrace"]),
+        }
+        if "total_mem" in env:
+            self.features[Feature.TOTAL_MEM] = env["total_mem"]
+        self.pmu_mappings: dict[str, int] = {"software": 1, "tracepoint": 2, "breakpoint": 5}
+
+    # -- events ----------------------------------------------------------------
+
+    def add_attr(
+        self, attr: PerfEventAttr, ids: Sequence[int] | None = None, name: str = ""
+    ) -> int:
+        """Add an event; ``ids`` its sample IDs (default: one fresh ID).
+        Returns the event's index, which :meth:`add_record` takes."""
+        if self._data_offset is not None:
+            raise ValueError("events must be added before the first record")
+        if ids is None:
+            ids = [self._next_id]
+        self._next_id = max([self._next_id - 1, *ids]) + 1
+        self.attrs.append((attr, list(ids), name))
+        return len(self.attrs) - 1
+
+    def set_intel_pt(
+        self,
+        *,
+        pmu_type: int = 8,
+        config: int | None = None,
+        sample_type: int = SampleType.IP | SampleType.TID | SampleType.IDENTIFIER,
+        exclude_kernel: bool = True,
+        time_shift: int = 0,
+        time_mult: int = 0,
+        time_zero: int = 0,
+        cap_user_time_zero: bool = False,
+        tsc_ctc_ratio: tuple[int, int] = (0, 0),
+        max_non_turbo_ratio: int = 0,
+        per_cpu_mmaps: bool = False,
+        have_sched_switch: int = 0,
+        snapshot_mode: bool = False,
+        filter: str = "",
+        context_switch: bool = False,
+    ) -> int:
+        """Add the ``intel_pt`` event and write AUXTRACE_INFO and TIME_CONV.
+
+        ``config`` is the intel_pt attr.config (:data:`INTEL_PT_CONFIG_BITS`;
+        default pt|branch, plus tsc when ``cap_user_time_zero``).  perf decodes
+        with timestamps only when ``sample_type`` has TIME, ``config`` the tsc
+        bit and ``cap_user_time_zero`` is set (then ``time_*`` convert TSC to
+        perf time as the kernel's perf_event_mmap_page says); otherwise it
+        decodes "timeless", per AUX buffer.  ``per_cpu_mmaps``: the trace is
+        per CPU (AUXTRACE cpu set, ITRACE_START/SWITCH say which thread ran),
+        else per thread.  Returns the event's index."""
+        if self._pt_attr is not None:
+            raise ValueError("the intel_pt event is already set")
+        bits = INTEL_PT_CONFIG_BITS
+        if config is None:
+            config = bits["pt"] | bits["branch"] | (bits["tsc"] if cap_user_time_zero else 0)
+        attr = PerfEventAttr(
+            type=pmu_type, config=config, sample_period=1, sample_type=int(sample_type),
+            sample_id_all=1, exclude_kernel=int(exclude_kernel), exclude_hv=1,
+            mmap=1, comm=1, task=1, mmap2=0, comm_exec=1,
+            context_switch=int(context_switch), disabled=1, enable_on_exec=1,
+            aux_watermark=0,
+        )  # fmt: skip
+        if per_cpu_mmaps:
+            attr.sample_type |= SampleType.CPU
+        self.pmu_mappings["intel_pt"] = pmu_type
+        self._pt_attr = self.add_attr(attr, name="intel_pt//u" if exclude_kernel else "intel_pt//")
+        self.intel_pt = IntelPtInfo(
+            pmu_type=pmu_type, time_shift=time_shift, time_mult=time_mult, time_zero=time_zero,
+            cap_user_time_zero=int(cap_user_time_zero), tsc_bit=bits["tsc"],
+            noretcomp_bit=bits["noretcomp"], have_sched_switch=have_sched_switch,
+            snapshot_mode=int(snapshot_mode), per_cpu_mmaps=int(per_cpu_mmaps),
+            mtc_bit=bits["mtc"], mtc_freq_bits=bits["mtc_period"],
+            tsc_ctc_ratio_n=tsc_ctc_ratio[0], tsc_ctc_ratio_d=tsc_ctc_ratio[1],
+            cyc_bit=bits["cyc"], max_non_turbo_ratio=max_non_turbo_ratio, filter=filter,
+        )  # fmt: skip
+        self._pt_records = [
+            pack_auxtrace_info(self.intel_pt),
+            pack_time_conv(
+                TimeConv(time_shift, time_mult, time_zero, 0, 0, int(cap_user_time_zero), 0)
+            ),
+        ]
+        return self._pt_attr
+
+    def set_feature(self, feature: int, value: Any) -> None:
+        """Set a feature section (a value :func:`~.features.pack_feature` packs, or bytes)."""
+        self.features[feature] = value
+
+    # -- data ------------------------------------------------------------------
+
+    def _start_data(self) -> None:
+        if self._data_offset is not None:
+            return
+        if not self.attrs:
+            raise ValueError("add an event (add_attr or set_intel_pt) before records")
+        f = self._f
+        id_sections = []
+        for _attr, ids, _name in self.attrs:
+            id_sections.append((f.tell(), 8 * len(ids)))
+            f.write(struct.pack(f"<{len(ids)}Q", *ids))
+        self._attrs_offset = f.tell()
+        for (attr, _ids, _name), (ioff, isz) in zip(self.attrs, id_sections, strict=True):
+            f.write(attr.pack(self.attr_size) + struct.pack("<QQ", ioff, isz))
+        self._attr_size = self.attr_size + 16
+        self._data_offset = f.tell()
+        for rec in getattr(self, "_pt_records", []):
+            f.write(rec)
+
+    def tell(self) -> int:
+        """The file offset the next record will have."""
+        self._start_data()
+        return self._f.tell()
+
+    def add_bytes(self, data: bytes) -> int:
+        """Append ready-made record bytes; returns their offset."""
+        at = self.tell()
+        self._f.write(data)
+        return at
+
+    def add_record(
+        self,
+        body: Body | bytes,
+        *,
+        attr: int = 0,
+        sample_id: SampleId | None = None,
+        misc: int = 0,
+        type: int | None = None,
+    ) -> int:
+        """Append a kernel record (a :mod:`~hwtrace.perf.records` body, or raw
+        body bytes with ``type``) as event ``attr`` wrote it: with that event's
+        sample_id trailer when it has ``sample_id_all`` (``sample_id`` fields;
+        ``id``/``identifier`` default to the event's first ID).  Returns the
+        record's offset."""
+        a, ids, _ = self.attrs[attr]
+        st = a.sample_type
+        sid = sample_id or SampleId()
+        if ids and sid.id is None and st & SampleType.ID:
+            sid = replace(sid, id=ids[0])
+        if ids and sid.identifier is None and st & SampleType.IDENTIFIER:
+            sid = replace(sid, identifier=ids[0])
+        if isinstance(body, bytes | bytearray):
+            data = pack_record(bytes(body), misc=misc, type=type)
+        else:
+            data = pack_record(
+                body, st, misc=misc, sample_id=sid, sample_id_all=bool(a.sample_id_all)
+            )
+        return self.add_bytes(data)
+
+    def add_auxtrace(
+        self,
+        data: bytes,
+        *,
+        cpu: int = -1,
+        tid: int = -1,
+        idx: int = 0,
+        offset: int | None = None,
+        reference: int = 0,
+    ) -> int:
+        """Append ``data`` (trace bytes) as an AUXTRACE record of AUX buffer
+        ``idx``.  ``offset`` is the data's position in that buffer's stream
+        (default: right after the previous AUXTRACE of ``idx``).  The payload
+        is padded with zeros (PT PAD packets) to 8 bytes, as perf does.
+        Returns the record's offset."""
+        pad = -len(data) % 8
+        size = len(data) + pad
+        off = self._aux_offsets.get(idx, 0) if offset is None else offset
+        self._aux_offsets[idx] = off + size
+        at = self.add_bytes(pack_auxtrace(size, off, reference, idx, tid, cpu))
+        self._f.write(bytes(data))
+        self._f.write(bytes(pad))
+        self._auxtrace_index.append((at, 48))  # perf indexes header.size
+        return at
+
+    def finished_round(self) -> int:
+        """Append FINISHED_ROUND (perf's flush point for ordered events)."""
+        return self.add_bytes(pack_simple(RecordType.FINISHED_ROUND))
+
+    def finished_init(self) -> int:
+        """Append FINISHED_INIT (end of the synthesized start-up records)."""
+        return self.add_bytes(pack_simple(RecordType.FINISHED_INIT))
+
+    def add_thread_map(self, entries: list[tuple[int, str]]) -> int:
+        return self.add_bytes(pack_thread_map(entries))
+
+    def add_id_index(self, entries: list[tuple[int, int, int, int]]) -> int:
+        """ID_INDEX: (id, idx, cpu, tid) per sample ID."""
+        return self.add_bytes(pack_id_index(entries))
+
+    # -- close -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write the feature sections and the final header; close the file."""
+        if self.closed:
+            return
+        self._start_data()
+        f = self._f
+        assert self._data_offset is not None
+        data_end = f.tell()
+        feats = dict(self.features)
+        feats[Feature.EVENT_DESC] = [
+            EventDesc(replace(a, size=self.attr_size), n, ids) for a, ids, n in self.attrs
+        ]
+        feats[Feature.PMU_MAPPINGS] = self.pmu_mappings
+        if self._auxtrace_index:
+            feats[Feature.AUXTRACE] = self._auxtrace_index
+        order = sorted(int(k) for k in feats)
+        contents = [pack_feature(k, feats[k]) for k in order]
+        pos = data_end + 16 * len(order)
+        table = b""
+        for c in contents:
+            table += struct.pack("<QQ", pos, len(c))
+            pos += len(c)
+        f.write(table)
+        for c in contents:
+            f.write(c)
+        words = [0, 0, 0, 0]
+        for k in order:
+            words[k // 64] |= 1 << (k % 64)
+        header = MAGIC + struct.pack(
+            "<QQQQQQQQ4Q",
+            HEADER_SIZE,
+            self._attr_size,
+            self._attrs_offset,
+            self._attr_size * len(self.attrs),
+            self._data_offset,
+            data_end - self._data_offset,
+            0,
+            0,
+            *words,
+        )
+        f.seek(0)
+        f.write(header)
+        f.close()
+        self.closed = True
+
+    def __enter__(self) -> PerfDataWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
