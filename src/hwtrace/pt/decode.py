@@ -20,7 +20,8 @@ the next chunk, which starts there, neither repeats nor misses instructions.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -37,6 +38,10 @@ from .events import DecodeFailure, Ev, Event, EventDecoder, EventOptions
 from .flow import EOS, EVENT_PENDING, AddrFilter, Block, BlockDecoder, BlockFlags
 from .kinds import DecodeError, Kind
 from .packets import as_buffer, decode_range, map_file, packet_errata
+
+# Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
+# None when the trace has no time there; returns None to keep the image.
+Context = Callable[[int | None, int], object]
 
 _MAX_TABLE_BLOCK = 4096  # instructions in one table block
 
@@ -72,12 +77,18 @@ class FlowResult:
     block_mode: np.ndarray | None = None  # 16, 32 or 64 (None: all 64)
     events: list[tuple[int, Event]] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
-    # Per execution mode: sorted instruction addresses and where each goes
-    # without trace (next instruction or direct branch target).
+    # Per code key (execution mode, plus 256 times the image's index in
+    # ``images`` when a context switched images): sorted instruction
+    # addresses and where each goes without trace (next instruction or
+    # direct branch target).
     successors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     # (instructions, blocks) when decoded with keep_blocks=False: the
     # columns are then empty.
     counted: tuple[int, int] | None = None
+    # The image each block ran in, as an index into ``images`` (None: all
+    # in the first); set when a decoding context switched images.
+    block_image: np.ndarray | None = None
+    images: list = field(default_factory=list)
 
     @property
     def n_insn(self) -> int:
@@ -95,15 +106,26 @@ class FlowResult:
         """The address of every executed instruction, in order."""
         if self.counted is not None:
             raise ValueError("decoded with keep_blocks=False: only counts were kept")
-        empty = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
-        k16, s16 = self.successors.get(16, empty)
-        k32, s32 = self.successors.get(32, empty)
-        k64, s64 = self.successors.get(64, empty)
         mode = self.block_mode
         if mode is None:
             mode = np.full(self.block_ip.shape[0], 64, np.uint8)
+        code_key = mode.astype(np.int64)
+        if self.block_image is not None:
+            code_key += self.block_image.astype(np.int64) << 8
+        # One sorted table per code key, concatenated; each block searches
+        # its own table's slice.
+        order = sorted(self.successors)
+        tables = [self.successors[k] for k in order]
+        sizes = np.array([len(t[0]) for t in tables], np.int64)
+        ends = np.cumsum(sizes)
+        keys = np.concatenate([t[0] for t in tables]) if tables else np.zeros(0, np.uint64)
+        succ = np.concatenate([t[1] for t in tables]) if tables else np.zeros(0, np.uint64)
+        table = np.searchsorted(np.array(order, np.int64), code_key)
+        table = np.minimum(table, max(len(order) - 1, 0))
+        known = np.array(order, np.int64)[table] == code_key if order else code_key < 0
+        table = np.where(known, table, -1)
         out = np.empty(self.n_insn, np.uint64)
-        bad = _expand(self.block_ip, self.block_ninsn, mode, k16, s16, k32, s32, k64, s64, out)
+        bad = _expand(self.block_ip, self.block_ninsn, table, ends - sizes, ends, keys, succ, out)
         if bad >= 0:
             raise RuntimeError(f"block {bad} walks into code that was never decoded")
         return out
@@ -164,16 +186,15 @@ class Symbolized:
 
 
 @nb.njit(cache=True, nogil=True)
-def _expand(bip, bn, bmode, k16, s16, k32, s32, k64, s64, out):
+def _expand(bip, bn, btable, tstart, tend, keys_all, succ_all, out):
     j = 0
     for i in range(bip.shape[0]):
         ip = bip[i]
-        if bmode[i] == 64:
-            keys, succ = k64, s64
-        elif bmode[i] == 32:
-            keys, succ = k32, s32
-        else:
-            keys, succ = k16, s16
+        t = btable[i]
+        if t < 0:
+            return i
+        keys = keys_all[tstart[t] : tend[t]]
+        succ = succ_all[tstart[t] : tend[t]]
         for _ in range(bn[i]):
             out[j] = ip
             j += 1
@@ -184,17 +205,21 @@ def _expand(bip, bn, bmode, k16, s16, k32, s32, k64, s64, out):
     return -1
 
 
-def _successors(caches: list[InsnCache]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Where each decoded instruction goes when it needs no trace, per mode."""
+def _successors(
+    caches: list[InsnCache] | list[tuple[int, InsnCache]],
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Where each decoded instruction goes when it needs no trace, per code
+    key (mode + 256 * image index; caches given alone are image 0)."""
     tables: dict[int, dict[int, int]] = {}
-    for cache in caches:
+    for entry in caches:
+        space, cache = entry if isinstance(entry, tuple) else (0, entry)
         for (ip, mode), insn in cache._cache.items():
             if isinstance(insn, int):
                 continue
             nxt = insn.next_ip
             if insn.is_direct and insn.iclass in (IClass.JUMP, IClass.CALL):
                 nxt = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF
-            tables.setdefault(mode, {})[ip] = nxt
+            tables.setdefault(mode + (space << 8), {})[ip] = nxt
     out = {}
     for mode, table in tables.items():
         keys = np.fromiter(table.keys(), np.uint64, len(table))
@@ -287,7 +312,16 @@ class FlowSink:
         self.counted_blocks = 0
         self.events: list[tuple[int, Event]] = []
         self.gaps: list[Gap] = []
+        # (first block, image index) wherever the image changed (from 0).
+        self.image_runs: list[tuple[int, int]] = []
+        self.image = 0
         self._fresh()
+
+    def set_image(self, index: int) -> None:
+        """The blocks from now on run in image ``index``."""
+        if index != self.image:
+            self.image_runs.append((self.n_total(), index))
+            self.image = index
 
     def _fresh(self) -> None:
         # Counting reuses one cache-sized chunk; keeping fills large ones.
@@ -344,14 +378,45 @@ class DecodeOptions:
     fast: bool = True  # use the compiled walk where the state allows
 
 
+class ImageRegistry:
+    """The images one decoding used, numbered in order of first use (shared
+    by the threads of a parallel decoding, so the numbers agree)."""
+
+    def __init__(self) -> None:
+        self.images: list = []
+        self._lock = threading.Lock()
+
+    def index(self, image) -> int:
+        with self._lock:
+            for i, known in enumerate(self.images):
+                if known is image:
+                    return i
+            self.images.append(image)
+            return len(self.images) - 1
+
+
 class SegmentWalker:
     """Decodes byte ranges of one trace into blocks, events and gaps."""
 
-    def __init__(self, image, config: PtConfig, options: DecodeOptions | None = None) -> None:
+    def __init__(
+        self,
+        image,
+        config: PtConfig,
+        options: DecodeOptions | None = None,
+        context: Context | None = None,
+        images: ImageRegistry | None = None,
+    ) -> None:
         self.image = image
         self.config = config
         self.options = options or DecodeOptions()
         self.code = CodeTables(image.read)
+        self._context = context
+        self.images = images or ImageRegistry()
+        self._image_index = self.images.index(image)
+        # id(image) -> (image, its code tables, its index in the registry)
+        self._codes: dict[int, tuple[object, CodeTables, int]] = {
+            id(image): (image, self.code, self._image_index)
+        }
         self._su = np.zeros(W.U_SIZE, np.uint64)
         self._si = np.zeros(W.S_SIZE, np.int64)
         self._rs = np.zeros(W.RETSTACK_SIZE, np.uint64)
@@ -371,6 +436,7 @@ class SegmentWalker:
         """Decode ``buf[start:end]`` segment by segment (a segment runs from a
         PSB to the first error), resynchronising after every error."""
         gaps = sink.gaps
+        sink.set_image(self._image_index)
         errata = packet_errata(self.config)
         pos, last_sync, sync_progress = start, -1, -1
         while pos < end:
@@ -423,6 +489,8 @@ class SegmentWalker:
                 while status & EVENT_PENDING:
                     offset = evdec.offset()
                     status, ev = blk.next_event()
+                    if ev.type == Ev.ENABLED and self._context is not None:
+                        self._enter(blk, ev, sink)
                     if not ev.status_update:
                         # Where the event happened in the flow: before block
                         # number ``block`` (counted within this sink).
@@ -445,6 +513,23 @@ class SegmentWalker:
             if block.ninsn:
                 sink.append(block.ip, block.ninsn, blk.tsc, offset, block.mode)
             block = Block()
+
+    def _enter(self, blk: BlockDecoder, ev: Event, sink: FlowSink) -> None:
+        """Tracing (re)enabled: the thread, so the image, may have changed."""
+        image = self._context(ev.tsc if ev.has_tsc else None, ev.ip)
+        if image is None or image is self.image:
+            return
+        kept = self._codes.get(id(image))
+        if kept is None:
+            kept = (image, CodeTables(image.read), self.images.index(image))
+            self._codes[id(image)] = kept
+        self.image, self.code, self._image_index = kept
+        blk.cache = self.code.cache
+        sink.set_image(self._image_index)
+
+    def code_caches(self) -> list[tuple[int, InsnCache]]:
+        """(image index, instruction cache) of every image decoded."""
+        return [(index, code.cache) for _, code, index in self._codes.values()]
 
     @staticmethod
     def _plain(blk: BlockDecoder) -> bool:
@@ -620,13 +705,20 @@ def _result(sinks: list[FlowSink], walkers: list[SegmentWalker]) -> FlowResult:
         cols = sinks[0].columns()
     else:
         cols = tuple(np.concatenate(c) for c in zip(*(k.columns() for k in sinks), strict=True))
-    res = FlowResult(*cols, successors=_successors([w.code.cache for w in walkers]))
+    caches = [entry for w in walkers for entry in w.code_caches()]
+    res = FlowResult(*cols, successors=_successors(caches), images=walkers[0].images.images)
     base = 0
+    runs: list[tuple[int, int]] = []
     for k in sinks:
         if base:
             for _, ev in k.events:
                 ev.block += base
+        runs += [(base, 0)] + [(base + b, i) for b, i in k.image_runs]
         base += k.n_total()
+    if sinks[0].keep and any(i for _, i in runs):
+        starts = np.array([b for b, _ in runs], np.int64)
+        lengths = np.diff(starts, append=base)
+        res.block_image = np.repeat(np.array([i for _, i in runs], np.uint16), lengths)
     res.events = [e for k in sinks for e in k.events]
     res.gaps = [g for k in sinks for g in k.gaps]
     if not sinks[0].keep:
@@ -643,22 +735,28 @@ def decode_trace(
     jobs: int = 1,
     chunk_bytes: int = 1 << 20,
     keep_blocks: bool = True,
+    context: Context | None = None,
 ) -> FlowResult:
     """Decode a whole trace (bytes, numpy buffer or file path) against
     ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
     (each with its own code cache) and merges them in order.  Without
-    ``keep_blocks`` only the totals, events and gaps are kept."""
+    ``keep_blocks`` only the totals, events and gaps are kept.
+
+    ``context(tsc, ip)``, when given, is asked at every enabling of tracing
+    (a PSB+ with tracing on, TIP.PGE) for the image of the code running then
+    (None: keep the current one): how sideband switches processes."""
     config = config or PtConfig()
     buf = _as_buffer(data)
     ranges = _chunk_ranges(buf, chunk_bytes)
     if jobs <= 1 or len(ranges) <= 1:
-        walker = SegmentWalker(image, config, options)
+        walker = SegmentWalker(image, config, options, context)
         sink = FlowSink(keep_blocks)
         for s, e in ranges:
             walker.decode(buf, s, e, sink)
         return _result([sink], [walker])
     jobs = min(jobs, len(ranges))
-    walkers = [SegmentWalker(image, config, options) for _ in range(jobs)]
+    images = ImageRegistry()
+    walkers = [SegmentWalker(image, config, options, context, images) for _ in range(jobs)]
     # Contiguous runs of chunks per thread keep each code cache warm.
     per = -(-len(ranges) // jobs)
     groups = [ranges[i * per : (i + 1) * per] for i in range(jobs)]
@@ -681,11 +779,12 @@ def iter_flow(
     options: DecodeOptions | None = None,
     *,
     chunk_bytes: int = 1 << 20,
+    context: Context | None = None,
 ) -> Iterator[FlowResult]:
     """Decode chunk by chunk, in order, with bounded memory."""
     config = config or PtConfig()
     buf = _as_buffer(data)
-    walker = SegmentWalker(image, config, options)
+    walker = SegmentWalker(image, config, options, context)
     for s, e in _chunk_ranges(buf, chunk_bytes):
         sink = FlowSink()
         walker.decode(buf, s, e, sink)

@@ -1,0 +1,82 @@
+"""Switching images at tracing enables: how sideband tells the decoder which
+process runs (two processes with different code at the same address)."""
+
+import numpy as np
+import pytest
+
+from hwtrace.image import Image
+from hwtrace.image.sections import Section
+from hwtrace.pt.decode import decode_trace
+from hwtrace.pt.encode import encode_path
+
+# Process A: a three-round loop, then RET.
+CODE_A = bytes.fromhex("31c0" "ffc0" "83f803" "75f9" "c3")  # fmt: skip
+PATH_A = [0x1000, *[0x1002, 0x1004, 0x1007] * 3, 0x1009]
+# Process B, at the same address: two NOPs and RET.
+CODE_B = bytes.fromhex("9090c3")
+PATH_B = [0x1000, 0x1001, 0x1002]
+# A JMP that runs untraced (outside the filter) between them.
+JMP = 0x3000
+CODE_JMP = bytes.fromhex("e9fbefffff")  # jmp 0x2000
+
+
+def image_of(*parts: tuple[int, bytes]) -> Image:
+    image = Image()
+    for address, code in parts:
+        image.add_section(Section.from_bytes(code, address))
+    return image
+
+
+def reader(parts):
+    def read(address: int, size: int) -> bytes:
+        for base, code in parts:
+            if base <= address < base + len(code):
+                return code[address - base : address - base + size]
+        return b""
+
+    return read
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_context_switches_image_at_each_psb_enable(jobs):
+    a = encode_path(
+        np.array(PATH_A, np.uint64), reader([(0x1000, CODE_A)]), end_ip=0x5000, tsc=1000
+    )
+    b = encode_path(
+        np.array(PATH_B, np.uint64), reader([(0x1000, CODE_B)]), end_ip=0x6000, tsc=9000
+    )
+    trace = a.data + b.data
+    image_a, image_b = image_of((0x1000, CODE_A)), image_of((0x1000, CODE_B))
+    asked = []
+
+    def context(tsc, ip):
+        asked.append((tsc, ip))
+        return image_a if tsc is not None and tsc < 5000 else image_b
+
+    got = decode_trace(trace, image_a, a.config, context=context, jobs=jobs, chunk_bytes=64)
+    assert not got.gaps
+    assert got.instructions().tolist() == PATH_A + PATH_B
+    assert (1000, 0x1000) in asked and any(t is not None and t >= 9000 for t, _ in asked)
+    # Without the context, B's trace is walked over A's code and goes wrong.
+    wrong = decode_trace(trace, image_a, a.config)
+    assert wrong.instructions().tolist() != PATH_A + PATH_B
+
+
+def test_context_switches_image_at_tip_pge():
+    # A runs, its RET goes to a JMP outside the filter (untraced), and B's
+    # code (placed at 0x2000) is entered with TIP.PGE.
+    parts = [(0x1000, CODE_A), (0x2000, CODE_B), (JMP, CODE_JMP)]
+    ips = np.array([*PATH_A, JMP, 0x2000, 0x2001, 0x2002], np.uint64)
+    enc = encode_path(ips, reader(parts), end_ip=0x6000, trace_off=[(len(PATH_A), len(PATH_A) + 1)])
+    image_a = image_of((0x1000, CODE_A))
+    image_b = image_of((0x2000, CODE_B))
+
+    def context(tsc, ip):
+        return image_b if ip >= 0x2000 else image_a
+
+    got = decode_trace(enc.data, image_a, enc.config, context=context)
+    assert not got.gaps
+    assert got.instructions().tolist() == [*PATH_A, 0x2000, 0x2001, 0x2002]
+    # Without it, B's code is missing from A's image: a gap, A's part kept.
+    alone = decode_trace(enc.data, image_a, enc.config)
+    assert alone.gaps and alone.instructions().tolist()[: len(PATH_A)] == PATH_A
