@@ -112,7 +112,8 @@ class Segment:
     """Rows ``start .. end`` of the log were traced without a break.
 
     ``end_ip`` is where execution went after row ``end - 1`` (0 when the
-    process exited there), ``end_time`` when that was seen (stepping clock),
+    process exited there; for a signal handled outside the ranges, the
+    interrupted instruction, where execution resumes), ``end_time`` when that was seen (stepping clock),
     ``end_reason`` one of the ``END_*`` strings and ``interrupts`` the
     signals delivered inside the segment to handlers inside the ranges:
     ``(row of the handler's first instruction, interrupted IP, signal)``.
@@ -679,12 +680,14 @@ class _Recorder:
             self.n -= 1  # it did not run: the handler came first
         regs = self.t.getregs()
         handler = int(regs[nat.R_RIP])
+        # The handler's sigreturn resumes the interrupted instruction.
+        self.pending.setdefault(x, []).append(x_rsp)
         if self.in_ranges(handler):
             if self.n > self.seg_start:
                 self.interrupts.append((self.n, x, self.signals[-1][1]))
             return True
-        self.pending.setdefault(x, []).append(x_rsp)
-        self.close_segment(handler, self.now(), END_SIGNAL)
+        # As an asynchronous disable: FUP(interrupted IP) + TIP.PGD.
+        self.close_segment(x, self.now(), END_SIGNAL)
         return False
 
     def finish(self) -> None:
