@@ -68,7 +68,7 @@ def test_threads_on_a_cpu_by_time():
 
 
 def test_locator_reports_missing_and_changed_binaries(tmp_path):
-    loc = BinaryLocator(root=tmp_path, buildid_dirs=())
+    loc = BinaryLocator(buildid_dirs=())
     assert loc.find("/no/such/binary") is None
     assert "binary not found" in loc.problems["/no/such/binary"]
     exe = sys.executable

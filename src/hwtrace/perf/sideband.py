@@ -97,7 +97,7 @@ def elf_build_id(path: str | os.PathLike[str]) -> bytes | None:
 @dataclass
 class BinaryLocator:
     """Finds the binaries a recording names: by build id in perf's build-id
-    caches, then by path under ``root`` (a sysroot), then by path.
+    caches, then by path (under ``root``, a sysroot, when given).
 
     Problems are kept, once per binary, in ``problems`` (path -> message):
     a binary not found, or one whose build id differs from the recorded one
@@ -123,10 +123,10 @@ class BinaryLocator:
                     candidate = d / ".build-id" / hexid[:2] / hexid[2:] / name
                     if candidate.is_file():
                         return candidate
-        candidates = []
-        if self.root is not None:
-            candidates.append(self.root / path.lstrip("/"))
-        candidates.append(Path(path))
+        # A root is where the recorded system's files are (perf's --symfs):
+        # only there, then.
+        root = self.root
+        candidates = [root / path.lstrip("/")] if root is not None else [Path(path)]
         for candidate in candidates:
             if candidate.is_file():
                 if build_id:
