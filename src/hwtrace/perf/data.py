@@ -524,6 +524,14 @@ class PerfData:
             sel = np.flatnonzero(ra == a)
             sub = np.empty((sel.shape[0], K.NCOL), np.uint64)
             hw_idx = bool(at.branch_sample_type & (1 << 17))  # PERF_SAMPLE_BRANCH_HW_INDEX
+            if at.sample_type >> 25 or at.read_format >> 5:
+                self.errors.append(
+                    self._err(
+                        int(r["offset"][rows[sel[0]]]),
+                        f"event {a} has unknown sample_type/read_format bits ({at.sample_type:#x}/{at.read_format:#x}): its samples are not decoded",
+                    )
+                )
+                continue
             K.decode_samples(
                 self.buf, r["offset"][rows[sel]], r["size"][rows[sel]].astype(np.int64),
                 at.sample_type, at.read_format, hw_idx, bin(at.sample_regs_user).count("1"),
