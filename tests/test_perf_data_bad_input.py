@@ -238,3 +238,24 @@ def test_fuzz_hwtrace_written(data: st.DataObject) -> None:
 def test_fuzz_perf_recorded(data: st.DataObject) -> None:
     """Mutated files of perf record itself (file and pipe mode)."""
     check_mutant(mutate(data.draw(st.sampled_from(perf_recorded())), data))
+
+
+def test_perf_dump_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hwtrace.cli.main import main
+
+    path = tmp_path / "good.data"
+    path.write_bytes(hwtrace_written())
+    assert main(["perf-dump", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "AUXTRACE_INFO" in out and "SAMPLE time=" in out and "ip=0x401000" in out
+    assert "# HOSTNAME: 'h'" in out
+    bad = bytearray(hwtrace_written())
+    d = read_perf_data(bytes(bad))
+    struct.pack_into("<H", bad, int(d.records["offset"][5]) + 6, 0)
+    path.write_bytes(bytes(bad))
+    assert main(["perf-dump", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"offset {int(d.records['offset'][5]):#x}: impossible record size" in err
+    path.write_bytes(b"PERFILEX" + bytes(200))
+    assert main(["perf-dump", str(path)]) == 1
+    assert "magic" in capsys.readouterr().err

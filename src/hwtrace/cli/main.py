@@ -9,6 +9,7 @@ USAGE = """usage: hwtrace <command> [<options>]
 commands:
   ptdump    dump Intel PT packets (a drop-in for Intel's ptdump)
   ptxed     reconstruct the instruction flow (a drop-in for Intel's ptxed)
+  perf-dump print a perf.data's header and records (like perf report -D)
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ptxed import main as ptxed_main
 
         return ptxed_main(rest)
+    if cmd == "perf-dump":
+        from .perfdump import main as perfdump_main
+
+        return perfdump_main(rest)
     if cmd == "--version":
         from .. import __version__
 
