@@ -33,6 +33,7 @@ import numpy as np
 
 from ..image import Image, ImageError, read_elf
 from ..isa.x86 import IClass, InsnCache
+from ..perf.sideband import TscConversion
 from ..pt.config import PtConfig
 from ..pt.encode import EncodedTrace, encode_path
 from .stepper import (
@@ -64,23 +65,12 @@ TIMING_NOTE = (
 
 
 @dataclass(frozen=True)
-class TimeConversion:
-    """TSC to perf time as in ``perf_event_mmap_page``:
-    ``ns = time_zero + (tsc * time_mult) >> time_shift`` (perf splits the
-    product to avoid overflow); ``tsc_hz`` is the stepping clock's rate."""
+class TimeConversion(TscConversion):
+    """The stepping clock to perf time, as ``perf_event_mmap_page`` converts
+    TSC (:class:`~hwtrace.perf.sideband.TscConversion`); ``tsc_hz`` is the
+    stepping clock's rate."""
 
-    time_shift: int
-    time_mult: int
-    time_zero: int
-    tsc_hz: float
-
-    def to_ns(self, tsc: int | np.ndarray) -> np.ndarray:
-        t = np.asarray(tsc, np.uint64)
-        shift = np.uint64(self.time_shift)
-        quot = t >> shift
-        rem = t & np.uint64((1 << self.time_shift) - 1)
-        mult = np.uint64(self.time_mult)
-        return np.uint64(self.time_zero) + quot * mult + ((rem * mult) >> shift)
+    tsc_hz: float = 1e9
 
 
 @dataclass(frozen=True)
@@ -274,9 +264,18 @@ def encode_log(
         nxt[-1] = max(int(seg.end_time), int(t[-1]) + 1)
         path.append(log.ips[keep])
         cost.append(np.maximum(nxt - t, 1))
-        row_pos = {int(r): pos + j for j, r in enumerate(keep)}
         for row, source, _sig in seg.interrupts:
-            interrupts.append((row_pos[row], source))
+            # The handler's first kept row (a repeated rep-string row is not).
+            j = int(np.searchsorted(keep, row))
+            if j >= keep.shape[0]:
+                continue
+            at = pos + j
+            # A signal taken right where tracing (re)starts, or stacked on
+            # another at the same stop: the enable, or the first interrupt,
+            # already lands on the handler; the path is the same.
+            if at == pos or (interrupts and interrupts[-1][0] == at):
+                continue
+            interrupts.append((at, source))
         pos += keep.shape[0]
         if k + 1 < len(segs):
             # Where the process went while tracing was off: one untraced IP.
