@@ -12,6 +12,7 @@ import os
 import sys
 
 from .common import UsageError, load_trace, parse_uint, write_blocks
+from .sbopts import HELP_PEVENT, HELP_PEVENT_IGNORED, HELP_SB, HELP_WARN, SbOptions
 
 PROG = "hwtrace ptdump"
 
@@ -49,9 +50,14 @@ options:
   --json                    one JSON object a line instead of ptdump's text.
   --human                   a readable listing instead of ptdump's text: named
                             fields, TNT bits as T/N, colour on a terminal.
-  <ptfile>[:<from>[-<to>]]  load the processor trace data from <ptfile>;
+{SB}  <ptfile>[:<from>[-<to>]]  load the processor trace data from <ptfile>;
                             an optional offset or range selects part of it.
-"""
+
+Sideband records (--pevent) are printed when the trace's time reaches them,
+before the timing packet that got there, and the rest after the last packet.
+""".replace(
+    "{SB}", (HELP_SB + HELP_WARN + HELP_PEVENT + HELP_PEVENT_IGNORED).replace("    ", "  ", 1)
+)
 
 _FLAGS = {
     "--no-sync": "no_sync",
@@ -85,10 +91,19 @@ def main(argv: list[str]) -> int:
     style = "ptdump"
     cpu: Cpu | None = None
     ptfile = None
+    sb = SbOptions()
     try:
         i = 0
         while i < len(argv):
             arg = argv[i]
+
+            def take(name: str = arg) -> str:
+                nonlocal i
+                i += 1
+                if i >= len(argv):
+                    raise UsageError(f"{name}: missing argument")
+                return argv[i]
+
             if not arg.startswith("-"):
                 if i != len(argv) - 1:
                     raise UsageError(f"unexpected argument after the trace file: {argv[i + 1]}")
@@ -108,6 +123,10 @@ def main(argv: list[str]) -> int:
                     no_sync = True
                 else:
                     setattr(opts, name, True)
+                if name == "quiet":
+                    sb.flags = 0
+            elif sb.parse(arg, take, ptxed=False):
+                pass
             elif arg == "--no-offset":
                 opts.show_offset = False
             elif arg in ("--json", "--human"):
@@ -143,14 +162,83 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("[0: failed to determine errata: unknown cpu]\n")
         sys.stdout.flush()
 
+    session = None
+    if sb.active:
+        from ..perf.sbsession import report_text
+
+        def report(code: int, filename: str, offset: int) -> None:
+            if code < 0 or sb.warn:
+                sb_pending.append(report_text(code, filename, offset, ptdump=True))
+
+        sb_pending: list[str] = []
+        try:
+            session = sb.session(report)
+        except UsageError as exc:
+            sys.stderr.write(f"{PROG}: {exc}.\n")
+            return 2
+        session.pending = sb_pending
+
     trace = load_trace(PROG, ptfile)
     if trace is None:
         return 2
     name, buf = trace
-    return dump(name, buf, opts, config, no_sync=no_sync, style=style)
+    if session is not None:
+        session.init_decoders()
+        sys.stdout.buffer.write(_flush_sideband(session, []))
+    return dump(
+        name, buf, opts, config, no_sync=no_sync, style=style, session=session, sb_flags=sb.flags
+    )
 
 
-def dump(name, buf, opts, config, *, no_sync: bool, style: str) -> int:
+def _flush_sideband(session, lines: list[str]) -> bytes:
+    """Records plus the warnings met reading them, as text; the session's
+    notes (problems Intel's tools pass over silently) go to standard error."""
+    lines = session.pending + lines if session.pending else lines
+    session.pending.clear()
+    for note in session.notes:
+        sys.stderr.write(f"{PROG}: {note}\n")
+    session.notes.clear()
+    if not lines:
+        return b""
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _sideband_inserts(session, table, times, opts, flags: int) -> dict[int, bytes]:
+    """Where the sideband records go: libipt-sb is asked for records at each
+    timing packet, with the time after it.  Records are few; packets are not,
+    so this looks for the next packet that reaches each record's time."""
+    import numpy as np
+
+    from ..pt.kinds import Kind
+
+    kinds = [Kind.TSC, Kind.CBR, Kind.TMA, Kind.MTC] + ([] if opts.no_cyc else [Kind.CYC])
+    idx = np.flatnonzero(np.isin(table.kind, np.array([int(k) for k in kinds])))
+    tsc = np.asarray(times.tsc, dtype=np.uint64)[idx]
+    top = np.maximum.accumulate(tsc) if len(tsc) else tsc
+    inserts: dict[int, bytes] = {}
+    p = 0
+    while p < len(idx):
+        due = session.next_tsc()
+        if due is None:
+            break
+        want = np.uint64(due)
+        k = p + int(np.searchsorted(top[p:], want, "left"))
+        if k < len(idx) and tsc[k] < want:
+            hits = np.flatnonzero(tsc[p:] >= want)
+            k = p + int(hits[0]) if len(hits) else len(idx)
+        if k >= len(idx):
+            break
+        text = _flush_sideband(session, session.dump(int(tsc[k]), flags))
+        if text:
+            at = int(idx[k])
+            inserts[at] = inserts.get(at, b"") + text
+        p = k + 1
+    return inserts
+
+
+def dump(
+    name, buf, opts, config, *, no_sync: bool, style: str, session=None, sb_flags: int = 0
+) -> int:
     from ..pt.kinds import DecodeError
     from ..pt.packets import decode
     from ..pt.ptdump import ptdump_lines
@@ -173,6 +261,14 @@ def dump(name, buf, opts, config, *, no_sync: bool, style: str) -> int:
                 write_blocks(json_lines(table, times))
             else:
                 write_blocks(human_lines(table, times, color=sys.stdout.isatty()))
+        elif session is not None:
+            # Sideband needs the time (Intel's ptdump tracks it then), with
+            # its diagnostics, whether or not it is shown.
+            times = opts.estimate_time(table, config)
+            inserts = _sideband_inserts(session, table, times, opts, sb_flags)
+            write_blocks(ptdump_lines(table, buf, opts, config, times, inserts))
+            tail = _flush_sideband(session, session.dump((1 << 64) - 1, sb_flags))
+            write_blocks([tail])
         else:
             write_blocks(ptdump_lines(table, buf, opts, config))
     except BrokenPipeError:

@@ -622,12 +622,14 @@ def ptdump_lines(
     options: DumpOptions,
     config: PtConfig | None = None,
     times: TimeColumns | None = None,
+    inserts: dict[int, bytes] | None = None,
 ) -> Iterator[bytes]:
     """Yield Intel ptdump text for ``table`` in blocks of bytes.
 
     ``buf`` is the stream the table was decoded from (for ``--raw``).
     Truncated-packet errors are not printed: Intel's ptdump ends silently
-    there; callers report them separately.
+    there; callers report them separately.  ``inserts`` maps packet indices
+    to text printed just before that packet's line (sideband records).
     """
     n = len(table)
     if options.track_time and times is None:
@@ -651,8 +653,16 @@ def ptdump_lines(
     state = np.zeros(8, np.int64)
     d = 0
     lo = 0
+    cuts = sorted(inserts) if inserts else []
+    c = 0
     while True:
         hi = min(n, lo + _BATCH)
+        while c < len(cuts) and cuts[c] <= lo:
+            if cuts[c] == lo:
+                yield inserts[lo]
+            c += 1
+        if c < len(cuts):
+            hi = min(hi, cuts[c])
         count = hi - lo
         out = np.empty(_LINE_MAX * (count + 4) + 96 * len(err_at), np.uint8)
         size, d = format_kernel(
