@@ -25,8 +25,17 @@ venv: $(STAMP)
 oracles:
 	@bash scripts/install-oracles.sh
 
+# The main job: build a small C program, record one of its functions with
+# whatever backend this machine has (perf + Intel PT, else ptrace stepping),
+# decode it and report.
+DEMO := build/demo
 demo: venv
-	$(BIN)/hwtrace ptdump --time --mtc-freq 3 --cpuid-0x15.eax 1 --cpuid-0x15.ebx 100 --nom-freq 34 examples/sample.pt
+	@mkdir -p build
+	gcc -O2 -g -o $(DEMO) examples/demo/demo.c
+	$(BIN)/hwtrace record -o build/demo.data -f checksum -f digest -f mix -f by_value -- $(DEMO) 24
+	$(BIN)/hwtrace report -i build/demo.data --folded build/demo.folded
+	@echo "--- first instructions (hwtrace script):"
+	@$(BIN)/hwtrace script -i build/demo.data | head -8
 
 lint: venv
 	$(BIN)/ruff check src tests bench
@@ -45,6 +54,7 @@ test: venv oracles lint
 bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
 	$(BIN)/python bench/bench_flow.py
+	$(BIN)/python bench/bench_stepping.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out

@@ -116,29 +116,27 @@ def call_tree(
     functions: np.ndarray,
     names: list[str],
     read,
-    times: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> CallTree:
     """The calling-context tree of an instruction flow.
 
     ``functions[i]`` is the function index (into ``names``; -1 unknown) of
     instruction ``ips[i]``; ``read`` reads code (an image's ``read``);
-    ``times`` (optional, per instruction) weights each instruction by the
-    time to the next one.
+    ``weights`` (optional, per instruction, e.g. its share of its block's
+    time) are summed per context as ``self_time``.
     """
     ips = np.ascontiguousarray(ips, np.uint64)
     kind, next_ip = classify(ips, read)
     sym = np.where(functions < 0, len(names), functions).astype(np.int64)
-    if times is not None and times.shape[0]:
-        t = np.asarray(times, np.int64)
-        weight = np.diff(t, append=t[-1])
-        weight = np.maximum(weight, 0)
+    if weights is None:
+        weight = np.zeros(ips.shape[0], np.float64)
     else:
-        weight = np.zeros(ips.shape[0], np.int64)
+        weight = np.asarray(weights, np.float64)
     cap = ips.shape[0] + 1
     parent = np.zeros(cap, np.int64)
     node_sym = np.full(cap, -1, np.int64)
     counts = np.zeros(cap, np.int64)
-    tsum = np.zeros(cap, np.int64)
+    tsum = np.zeros(cap, np.float64)
     n = _walk_contexts(ips, kind, next_ip, sym, weight, parent, node_sym, counts, tsum)
     labels = [*names, "[unknown]"]
     function = [""] + [labels[int(s)] for s in node_sym[1:n]]

@@ -9,6 +9,9 @@ USAGE = """usage: hwtrace <command> [<options>]
 commands:
   ptdump    dump Intel PT packets (a drop-in for Intel's ptdump)
   ptxed     reconstruct the instruction flow (a drop-in for Intel's ptxed)
+  record    record a program as Intel PT into perf.data (perf, or ptrace stepping)
+  report    summarise a perf.data's decoded Intel PT per process and thread
+  script    list a perf.data's decoded Intel PT per instruction or block
   perf-dump print a perf.data's header and records (like perf report -D)
 
 Run 'hwtrace <command> --help' for a command's options.
@@ -33,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from .perfdump import main as perfdump_main
 
         return perfdump_main(rest)
+    if cmd in ("record", "report", "script"):
+        from . import perfcmds
+
+        return getattr(perfcmds, f"{cmd}_main")(rest)
     if cmd == "--version":
         from .. import __version__
 

@@ -17,6 +17,7 @@ from ..image import Image
 from ..image.symbols import SymbolTable
 from ..pt.config import PtConfig
 from ..pt.decode import FlowResult, decode_trace
+from ..pt.events import Ev
 from .data import PerfData, PerfDataError
 from .records import RecordType as RT
 from .sideband import BinaryLocator, CodeRevision, Sideband, TscConversion
@@ -104,6 +105,7 @@ class QueueFlow:
     tid: int  # -1 for a per-CPU queue
     flow: FlowResult
     block_ns: np.ndarray  # perf time of each block (int64; -1: no time)
+    block_duration: np.ndarray  # ns until the next block or until tracing stopped
     block_tid: np.ndarray  # int64, -1 where unknown
     block_pid: np.ndarray
     symbols: list[SymbolTable]  # per image index of ``flow.images``
@@ -125,10 +127,10 @@ class PerfFlow:
 
     def blocks(self) -> dict[str, np.ndarray]:
         """All queues' blocks as columns, in time order: ``ip``, ``ninsn``,
-        ``ns``, ``cpu``, ``tid``, ``pid``, ``queue`` and ``symbol`` (index into
+        ``ns``, ``duration`` (ns), ``cpu``, ``tid``, ``pid``, ``queue`` and ``symbol`` (index into
         :meth:`symbol_names`, -1 where none covers the address)."""
         cols: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("ip", "ninsn", "ns", "cpu", "tid", "pid", "queue", "symbol")
+            k: [] for k in ("ip", "ninsn", "ns", "duration", "cpu", "tid", "pid", "queue", "symbol")
         }
         names: dict[str, int] = {}
         self._names = []
@@ -138,6 +140,7 @@ class PerfFlow:
             cols["ip"].append(f.block_ip)
             cols["ninsn"].append(f.block_ninsn.astype(np.int64))
             cols["ns"].append(q.block_ns)
+            cols["duration"].append(q.block_duration)
             cols["cpu"].append(np.full(n, q.cpu, np.int64))
             cols["tid"].append(q.block_tid)
             cols["pid"].append(q.block_pid)
@@ -251,4 +254,24 @@ def _decode_queue(trace, cpu, tid, sb, conv, config, locator, kernel, jobs) -> Q
         tids = sb.threads_on(cpu, np.maximum(ns, 0))
     uniq, inverse = np.unique(tids, return_inverse=True)
     pids = np.array([sb.pid_of(int(t)) if t >= 0 else -1 for t in uniq], np.int64)[inverse]
-    return QueueFlow(cpu, tid, flow, ns, tids, pids, symbols, len(trace))
+    duration = _durations(flow, ns, conv)
+    return QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, len(trace))
+
+
+def _durations(flow: FlowResult, ns: np.ndarray, conv: TscConversion | None) -> np.ndarray:
+    """How long each block ran: until the next block, or until tracing
+    stopped where it stopped in between (untraced time is nobody's)."""
+    if ns.shape[0] == 0:
+        return ns.copy()
+    dur = np.diff(ns, append=ns[-1])
+    ev = flow.event_columns()
+    stop = np.isin(ev["type"], (int(Ev.DISABLED), int(Ev.ASYNC_DISABLED)))
+    k = ev["block"][stop] - 1
+    t = ev["time"][stop]
+    ok = (k >= 0) & (k < ns.shape[0])
+    k, t = k[ok], t[ok]
+    if conv is not None:
+        dur[k] = np.where(t > 0, np.asarray(conv.to_ns(t), np.int64) - ns[k], 0)
+    else:
+        dur[k] = 0
+    return np.where((dur > 0) & (ns >= 0), dur, 0)

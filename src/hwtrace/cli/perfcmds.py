@@ -1,0 +1,326 @@
+"""``hwtrace record``, ``hwtrace report`` and ``hwtrace script``: perf's
+workflow for Intel PT, on any machine.
+
+``record`` drives ``perf record -e intel_pt//`` where the CPU has Intel PT
+and the software backend (ptrace single-stepping, writing genuine PT) where
+it does not; both write perf.data.  ``report`` summarises a perf.data's
+decoded PT per process and thread; ``script`` lists it per instruction or
+per block like ``perf script --itrace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..perf.data import PerfData, PerfDataError, read_perf_data
+from ..perf.sideband import BinaryLocator
+from ..perf.trace import PerfFlow, decode_perf
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        raise SystemExit(2)
+
+
+# -- record -------------------------------------------------------------------
+
+
+def record_main(argv: Sequence[str]) -> int:
+    p = _Parser(
+        prog="hwtrace record",
+        description="Record a program's execution as Intel PT into perf.data: with perf "
+        "and PT hardware where the CPU has it, else by single-stepping with ptrace.",
+    )
+    p.add_argument("-o", "--output", default="perf.data", help="output file (perf.data)")
+    p.add_argument("-p", "--pid", type=int, help="attach to this process instead of launching")
+    p.add_argument(
+        "-f", "--function", action="append", default=[], help="trace this function (repeatable)"
+    )
+    p.add_argument(
+        "--range",
+        action="append",
+        default=[],
+        metavar="START-END",
+        help="trace this address range (hex, end exclusive; repeatable)",
+    )
+    p.add_argument("--backend", choices=("auto", "perf", "software"), default="auto")
+    p.add_argument("--psb-period", type=int, default=4096, help="bytes between PSB+")
+    p.add_argument("--mtc-period", type=int, default=3, help="MTC every 2**N CTC ticks")
+    p.add_argument("--no-mtc", action="store_true", help="no MTC packets")
+    p.add_argument("--no-tsc", action="store_true", help="no TSC packets")
+    p.add_argument("--cyc", action="store_true", help="CYC packets")
+    p.add_argument("--noretcomp", action="store_true", help="no return compression")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+    a = p.parse_args(list(argv))
+    command = [c for c in a.command if c != "--"] if a.command else []
+    if bool(command) == (a.pid is not None):
+        p.error("give a command to launch (after --) or a --pid to attach to")
+    from ..record.perf_pt import SettingsError, have_intel_pt
+
+    backend = a.backend
+    if backend == "auto":
+        backend = "perf" if have_intel_pt() else "software"
+    try:
+        if backend == "perf":
+            return _record_perf(a, command)
+        return _record_software(a, command)
+    except SettingsError as e:
+        sys.stderr.write(f"hwtrace record: {e}\n")
+        return 1
+
+
+def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
+    from ..record.perf_pt import AddressFilter, PtSettings, record_with_perf
+
+    dso = command[0] if command else None
+    filters = tuple(AddressFilter(symbol=f, dso=dso) for f in a.function)
+    for r in a.range:
+        lo, hi = (int(x, 16) for x in r.split("-"))
+        filters += (AddressFilter(start=lo, size=hi - lo, dso=dso),)
+    settings = PtSettings(
+        psb_period=min(max(a.psb_period.bit_length() - 12, 0), 15),
+        mtc=not a.no_mtc,
+        mtc_period=None if a.no_mtc else a.mtc_period,
+        cyc=a.cyc,
+        tsc=not a.no_tsc,
+        noretcomp=a.noretcomp,
+        filters=filters,
+    )
+    sys.stderr.write("hwtrace record: backend perf (Intel PT hardware)\n")
+    return record_with_perf(settings, a.output, command=command, pid=a.pid)
+
+
+def _record_software(a: argparse.Namespace, command: list[str]) -> int:
+    from ..record import RecordError, record_software
+    from ..record.perfdata import write_perf_data
+
+    ranges = []
+    for r in a.range:
+        try:
+            lo, hi = (int(x, 16) for x in r.split("-"))
+        except ValueError:
+            sys.stderr.write(f"hwtrace record: --range {r}: expected START-END in hex\n")
+            return 2
+        ranges.append((lo, hi))
+    if not a.function and not ranges:
+        sys.stderr.write(
+            "hwtrace record: the software backend steps chosen code: give -f FUNCTION "
+            "or --range START-END\n"
+        )
+        return 2
+    try:
+        rec = record_software(
+            command if command else a.pid,
+            functions=a.function,
+            ranges=ranges,
+            psb_period=a.psb_period,
+            tsc=not a.no_tsc,
+            mtc_period=None if a.no_mtc or a.no_tsc else a.mtc_period,
+            cyc=a.cyc,
+            noretcomp=a.noretcomp,
+        )
+    except RecordError as e:
+        sys.stderr.write(f"hwtrace record: {e}\n")
+        return 1
+    write_perf_data(rec, a.output)
+    size = Path(a.output).stat().st_size
+    sys.stderr.write(
+        f"hwtrace record: backend {rec.backend}: {len(rec.instructions):,} instructions of "
+        f"pid {rec.pid} ({rec.comm}) in {rec.filters or 'the chosen ranges'}\n"
+        f"hwtrace record: note: {rec.timing_note}\n"
+        f"hwtrace record: wrote {a.output} ({size:,} bytes, {len(rec.data):,} bytes of PT)\n"
+    )
+    return 0
+
+
+# -- report and script ----------------------------------------------------------
+
+
+def _load(prog: str, path: str, symfs: str | None) -> tuple[PerfData, PerfFlow] | None:
+    try:
+        data = read_perf_data(path)
+    except PerfDataError as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return None
+    locator = BinaryLocator(root=Path(symfs) if symfs else None)
+    return data, decode_perf(data, locator)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-i", "--input", default="perf.data", help="input file (perf.data)")
+    p.add_argument("--symfs", help="look for binaries under this directory")
+
+
+def report_main(argv: Sequence[str]) -> int:
+    p = _Parser(
+        prog="hwtrace report",
+        description="Summarise the decoded Intel PT of a perf.data per process and thread.",
+    )
+    _common(p)
+    p.add_argument("--top", type=int, default=10, help="functions listed per thread")
+    p.add_argument("--folded", metavar="FILE", help="write call paths as folded stacks")
+    a = p.parse_args(list(argv))
+    loaded = _load(p.prog, a.input, a.symfs)
+    if loaded is None:
+        return 1
+    data, flow = loaded
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    blocks = flow.blocks()
+    names = flow.symbol_names()
+    console.print(f"[bold]{data.path}[/]: {len(flow.queues)} trace queue(s), "
+                  f"{int(blocks['ninsn'].sum()):,} instructions decoded, "
+                  f"{flow.n_gaps} gap(s)")  # fmt: skip
+    for problem in flow.problems:
+        console.print(f"[yellow]warning[/]: {problem}")
+    for q in flow.queues:
+        for g in q.flow.gaps:
+            console.print(f"[yellow]gap[/] at trace offset {g.offset:#x}, ip {g.ip:#x}: {g.reason}")
+    folded: list[str] = []
+    for tid in np.unique(blocks["tid"]).tolist():
+        sel = blocks["tid"] == tid
+        pid = int(blocks["pid"][sel][0])
+        comm = flow.sideband.comm_of(tid) if tid >= 0 else "?"
+        ninsn = blocks["ninsn"][sel]
+        ns = blocks["ns"][sel]
+        timed = ns[ns >= 0]
+        span = int(timed.max() - timed.min()) if timed.shape[0] else 0
+        console.print(
+            f"\n[bold]{comm}[/] pid {pid} tid {tid}: {int(ninsn.sum()):,} instructions"
+            + (f", {span / 1e3:,.1f} µs from first to last" if span else "")
+        )
+        table = Table(show_edge=False)
+        for col in ("function", "instructions", "%", "time (µs)", "%"):
+            table.add_column(col, justify="left" if col == "function" else "right")
+        sym = blocks["symbol"][sel]
+        dur = blocks["duration"][sel]
+        by_insn = np.bincount(sym + 1, weights=ninsn, minlength=len(names) + 1)
+        by_time = np.bincount(sym + 1, weights=dur, minlength=len(names) + 1)
+        total_i, total_t = max(by_insn.sum(), 1), max(by_time.sum(), 1)
+        for k in np.argsort(-by_insn)[: a.top].tolist():
+            if by_insn[k] == 0:
+                break
+            name = names[k - 1] if k else "[unknown]"
+            table.add_row(
+                name,
+                f"{int(by_insn[k]):,}",
+                f"{100 * by_insn[k] / total_i:.1f}",
+                f"{by_time[k] / 1e3:,.1f}",
+                f"{100 * by_time[k] / total_t:.1f}",
+            )
+        console.print(table)
+        if a.folded:
+            folded += _folded(flow, tid, comm)
+    if a.folded:
+        Path(a.folded).write_text("".join(line + "\n" for line in folded))
+        console.print(f"\ncall paths: {len(folded)} folded stacks written to {a.folded}")
+    return 0
+
+
+def _folded(flow: PerfFlow, tid: int, comm: str) -> list[str]:
+    """Folded call stacks of one thread, from its queues' instruction flow."""
+    from ..analysis.callpath import call_tree
+
+    out: list[str] = []
+    for q in flow.queues:
+        f = q.flow
+        if q.tid not in (-1, tid) or f.block_ip.shape[0] == 0:
+            continue
+        which = f.block_image if f.block_image is not None else np.zeros(f.block_ip.shape, int)
+        mine = q.block_tid == tid
+        ips_all = f.instructions()
+        for image_index in np.unique(which[mine]).tolist():
+            keep = mine & (which == image_index)
+            owner = np.repeat(keep, f.block_ninsn.astype(np.int64))
+            ips = ips_all[owner]
+            table = q.symbols[image_index].functions
+            index, _ = table.lookup(ips)
+            names = [table.qualified_name(i) for i in range(len(table))]
+            n = f.block_ninsn[keep].astype(np.int64)
+            # A block's time spread over its instructions.
+            weights = np.repeat(q.block_duration[keep] / np.maximum(n, 1), n)
+            tree = call_tree(ips, index, names, f.images[image_index].read, weights)
+            out += tree.folded(root=comm)
+    return out
+
+
+def script_main(argv: Sequence[str]) -> int:
+    p = _Parser(
+        prog="hwtrace script",
+        description="List the decoded Intel PT of a perf.data per instruction or per block.",
+    )
+    _common(p)
+    p.add_argument(
+        "--blocks", action="store_true", help="one line per block instead of per instruction"
+    )
+    a = p.parse_args(list(argv))
+    loaded = _load(p.prog, a.input, a.symfs)
+    if loaded is None:
+        return 1
+    _, flow = loaded
+    out = sys.stdout
+    for problem in flow.problems:
+        sys.stderr.write(f"hwtrace script: warning: {problem}\n")
+    try:
+        for q in flow.queues:
+            f = q.flow
+            if f.block_ip.shape[0] == 0:
+                continue
+            comms = {t: flow.sideband.comm_of(t) for t in np.unique(q.block_tid).tolist()}
+            if a.blocks:
+                ips, tid, ns, n = f.block_ip, q.block_tid, q.block_ns, f.block_ninsn
+            else:
+                n = f.block_ninsn.astype(np.int64)
+                ips = f.instructions()
+                tid, ns = np.repeat(q.block_tid, n), np.repeat(q.block_ns, n)
+            labels = _labels(q, ips, f.block_image, n if not a.blocks else None)
+            lines = []
+            for j in range(ips.shape[0]):
+                t = int(tid[j])
+                stamp = f"{ns[j] / 1e9:.9f}" if ns[j] >= 0 else "-"
+                extra = f" {int(n[j])} insns" if a.blocks else ""
+                lines.append(
+                    f"{comms.get(t, '?'):>16} {t:>7} {stamp:>18}: {int(ips[j]):16x} {labels[j]}{extra}\n"
+                )
+                if len(lines) >= 8192:
+                    out.write("".join(lines))
+                    lines.clear()
+            out.write("".join(lines))
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+def _labels(q, ips: np.ndarray, block_image, per_block: np.ndarray | None) -> list[str]:
+    """``func+0x12 (module)`` per address, from the image each ran in."""
+    which = np.zeros(ips.shape[0], np.int64)
+    if block_image is not None:
+        which = block_image.astype(np.int64)
+        if per_block is not None:
+            which = np.repeat(which, per_block)
+    labels = np.empty(ips.shape[0], dtype=object)
+    for image_index in np.unique(which).tolist():
+        sel = np.flatnonzero(which == image_index)
+        table = q.symbols[image_index]
+        index, offset = table.lookup(ips[sel])
+        uniq, inverse = np.unique(index, return_inverse=True)
+        base = [
+            f"{table.name(int(u))} ({table.module_name(int(u))})" if u >= 0 else "[unknown]"
+            for u in uniq
+        ]
+        for k, (i, o) in enumerate(zip(inverse.tolist(), offset.tolist(), strict=True)):
+            labels[sel[k]] = base[i] if o == 0 or uniq[i] < 0 else _plus(base[i], o)
+    return labels.tolist()
+
+
+def _plus(label: str, offset: int) -> str:
+    name, _, module = label.partition(" ")
+    return f"{name}+{offset:#x} {module}"

@@ -1,0 +1,75 @@
+"""`hwtrace record`, `report` and `script` on a real program (the demo)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HWTRACE, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from test_record_software import SKIP
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    d = tmp_path_factory.mktemp("demo")
+    exe = d / "demo"
+    subprocess.run(["gcc", "-O2", "-o", exe, ROOT / "examples/demo/demo.c"], check=True)
+    data = d / "demo.data"
+    out = run("record", "-o", str(data), "-f", "checksum", "-f", "digest", "--", str(exe), "9")
+    assert out.returncode == 0, out.stderr
+    return exe, data, out
+
+
+def test_record_says_which_backend_and_timing(recorded):
+    _, data, out = recorded
+    assert "backend software: ptrace single-step" in out.stderr
+    assert "stepping times" in out.stderr
+    assert "checksum(9) =" in out.stdout
+    assert data.stat().st_size > 0
+
+
+def test_report_lists_functions_and_folded_stacks(recorded, tmp_path):
+    _, data, _ = recorded
+    folded = tmp_path / "f.txt"
+    out = run("report", "-i", str(data), "--folded", str(folded))
+    assert out.returncode == 0, out.stderr
+    assert "demo!digest" in out.stdout and "demo!checksum" in out.stdout
+    assert "0 gap(s)" in out.stdout
+    lines = folded.read_text().splitlines()
+    assert any(line.startswith("demo;demo!checksum;demo!digest ") for line in lines)
+
+
+def test_script_lists_every_instruction(recorded):
+    _, data, _ = recorded
+    out = run("script", "-i", str(data))
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert rows[0].split()[-2] == "checksum" and len(rows) > 100
+    blocks = run("script", "-i", str(data), "--blocks")
+    assert len(blocks.stdout.splitlines()) < len(rows)
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    junk = tmp_path / "junk.data"
+    junk.write_bytes(b"not a perf file at all")
+    for cmd in ("report", "script"):
+        out = run(cmd, "-i", str(junk))
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1 and "not a perf.data file" in out.stderr
+        assert "Traceback" not in out.stderr
+    out = run("record", "--", "true")
+    assert out.returncode == 2 and "give -f FUNCTION" in out.stderr
+    out = run("record", "-f", "main")
+    assert out.returncode == 2 and "command to launch" in out.stderr
