@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .common import UsageError, parse_uint
+from .sbopts import HELP_PEVENT, HELP_PEVENT_FILES, HELP_SB, HELP_SWITCH, HELP_WARN, SbOptions
 
 PROG = "hwtrace ptxed"
 
@@ -61,9 +62,14 @@ options:
   --insn:keep-tcal-on-ovf       set the keep-tcal-on-ovf instruction decoder flag.
   --resync-on-error             after an error, resynchronise at the next packet that
                                 tells the ip (default: at the next PSB).
-
+{SB}
 You must specify exactly one processor trace file (--pt).
-"""
+
+With --pevent sideband, records are applied when the trace's time reaches
+them: MMAPs add to the process's image, COMM.EXEC starts a new image,
+ITRACE_START and context switches change the image decoded with (switches
+wait until the flow is, or likely is, in the kernel: see --pevent:kernel-start).
+""".replace("{SB}", HELP_SB + HELP_SWITCH + HELP_WARN + HELP_PEVENT + HELP_PEVENT_FILES)
 
 
 @dataclass
@@ -99,6 +105,7 @@ def main(argv: list[str]) -> int:
     ptfile: str | None = None
     cpu_error = None
     cpu: Cpu | None = None
+    sb = SbOptions()
     try:
         i = 0
         while i < len(argv):
@@ -197,6 +204,8 @@ def main(argv: list[str]) -> int:
                 setattr(config, name, parse_uint(arg, value(), 0xFFFFFFFF))
             elif arg in ("--verbose", "-v"):
                 pass
+            elif sb.parse(arg, value, ptxed=True):
+                pass
             elif arg == "--resync-on-error":
                 opts.resync_on_error = True
             elif arg in ("--insn-decoder", "--block-decoder"):
@@ -229,14 +238,47 @@ def main(argv: list[str]) -> int:
     _, buf = trace
     addr_filter = AddrFilter([tuple(filters[n]) for n in sorted(filters)])
     out = _Printer(opts)
+    sideband = None
+    if sb.active:
+        sideband = _start_sideband(sb, out)
+        if sideband is None:
+            return 1
     try:
-        decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
+        decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     out.flush()
     return 0
+
+
+def _start_sideband(sb: SbOptions, out: _Printer):
+    """The sideband session, its first records fetched; None (after one
+    message) when a file cannot be loaded."""
+    from ..perf.sbsession import report_text
+
+    def report(code: int, filename: str, offset: int) -> None:
+        if code < 0 or sb.warn:
+            out.line(report_text(code, filename, offset, ptdump=False))
+
+    def on_switch(ctx) -> None:
+        out.line(f"[context: {ctx.image.name}]")
+
+    try:
+        session = sb.session(report, on_switch if sb.switch else None)
+    except UsageError as exc:
+        sys.stderr.write(f"{PROG}: {exc}.\n")
+        return None
+    session.init_decoders()
+    _sideband_notes(session)
+    return session, sb.flags
+
+
+def _sideband_notes(session) -> None:
+    for note in session.notes:
+        sys.stderr.write(f"{PROG}: {note}\n")
+    session.notes.clear()
 
 
 class _Printer:
@@ -378,7 +420,9 @@ def _event_text(ev, opts: Options, offset: int) -> str:
     return "".join(parts)
 
 
-def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out) -> None:
+def decode(
+    buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband=None
+) -> None:
     from ..isa.x86 import InsnCache
     from ..pt.errors import PtError, errstr
     from ..pt.events import DecodeFailure, EventDecoder, EventOptions
@@ -391,6 +435,21 @@ def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
     def section_of(ip: int) -> int:
         # Blocks do not span sections; any identity of the section will do.
         return id(image.find(ip))
+
+    def sideband_event(ev) -> None:
+        # Records due by the event's time are printed and applied; the image
+        # may change (a context switch, or sections mapped into it).
+        nonlocal image, cache
+        session, sb_flags = sideband
+        ctx = session.event(ev, sb_flags, out.line)
+        if session.notes:
+            _sideband_notes(session)
+        if ctx is not None:
+            image = ctx.image
+            if ctx.cache is None:
+                ctx.cache = InsnCache(image.read)
+            cache = ctx.cache
+            blk.cache = cache
 
     end = buf.shape[0]
     errata = packet_errata(config)
@@ -427,6 +486,8 @@ def decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out)
         time = ev.tsc
         if not opts.quiet and not ev.status_update:
             out.line(_event_text(ev, opts, offset))
+        if sideband is not None:
+            sideband_event(ev)
         return status
 
     def decode_one_block() -> int:

@@ -162,11 +162,11 @@ class Session:
 
     # -- ptxed ---------------------------------------------------------------
 
-    def event(self, ev, flags: int, out: Callable[[str], None]) -> Image | None:
+    def event(self, ev, flags: int, out: Callable[[str], None]) -> Context | None:
         """Give the session one event of the flow: records due by its time
-        are printed (through ``out``) and applied.  Returns the image to
-        decode with from now on, or None to keep the current one."""
-        image: list[Image | None] = [None]
+        are printed (through ``out``) and applied.  Returns the context whose
+        image to decode with from now on, or None to keep the current one."""
+        image: list[Context | None] = [None]
         while self.decoders and ev.tsc >= self.decoders[0].tsc:
             dec = self.decoders.pop(0)
             text = dec.src.format(flags)
@@ -233,7 +233,7 @@ class Session:
         assert ctx is not None
         if self.on_switch is not None:
             self.on_switch(ctx)
-        image[0] = ctx.image
+        image[0] = ctx
         dec.next_context = None
         dec.context = ctx
 
