@@ -179,3 +179,106 @@ def test_bodies_are_frozen():
     body = R.Lost(1, 2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         body.id = 3  # type: ignore[misc]
+
+
+# -- libipt-sb emulation -----------------------------------------------------
+
+
+def test_perf_time_to_tsc():
+    from hwtrace.perf.pevent import PeventConfig, apply_tsc_offset, perf_time_to_tsc
+
+    assert perf_time_to_tsc(0, PeventConfig(time_zero=5)) == 0  # synthesized: time 0
+    assert perf_time_to_tsc(7, PeventConfig()) == 7
+    # tsc = ((time - zero) / mult) << shift, remainder kept
+    cfg = PeventConfig(time_zero=100, time_mult=3, time_shift=4)
+    assert perf_time_to_tsc(100 + 10, cfg) == (3 << 4) + ((1 << 4) // 3)
+    assert apply_tsc_offset(10, 3) == 7
+    assert apply_tsc_offset(2, 3) == 0  # never wraps to the far future
+    assert apply_tsc_offset(2, (1 << 64) - 3) == 5  # a negative offset: later
+
+
+def test_compact_and_verbose_text():
+    from hwtrace.perf.pevent import P_COMPACT, P_OFFSET, P_TSC, P_VERBOSE, PeventConfig, PeventFile
+
+    T = R.SampleType
+    st_ = int(T.TID | T.TIME | T.CPU)
+    sid = R.SampleId(pid=1, tid=2, time=3, cpu=4)
+    data = R.pack_record(R.Comm(1, 2, "sh", exec=True), st_, sample_id=sid)
+    f = PeventFile("x.sb", data, PeventConfig(sample_type=st_))
+    assert f.fetch() and f.tsc == 3
+    text = f.format(P_COMPACT | P_OFFSET | P_TSC)
+    assert " ".join(text.split()) == (
+        "0000000000000000 0000000000000003 PERF_RECORD_COMM.EXEC 1/2, sh { 1/2 3 cpu-4 }"
+    )
+    assert f.format(P_VERBOSE).splitlines() == [
+        "PERF_RECORD_COMM.EXEC", "  pid: 1", "  tid: 2", "  comm: sh",
+        "  pid: 1", "  tid: 2", "  time: 3", "  cpu: 4",
+    ]  # fmt: skip
+    assert not f.fetch()
+
+
+# -- bad sideband input: one clear message, never a traceback -----------------
+
+
+def _case_files(conformance_dir, tmp_path):
+    import shutil
+
+    cases = conformance_dir / "cases"
+    for name in ("pevent-fork.pt", "pevent-fork.bin"):
+        shutil.copy(cases / name, tmp_path)
+    sb = next(cases.glob("pevent-fork-pevent-primary,*.sb")).read_bytes()
+    return tmp_path, sb
+
+
+def _run(tmp_path, tool, sbfile):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hwtrace = Path(sys.executable).with_name("hwtrace")
+    side = ["--sb", "--sb:offset", "--pevent:sample-type", "4", "--pevent:primary", sbfile]
+    if tool == "ptdump":
+        argv = [str(hwtrace), "ptdump", *side, "pevent-fork.pt"]
+    else:
+        argv = [str(hwtrace), "ptxed", "--raw", "pevent-fork.bin:0x1000", "--no-inst",
+                "--pt", "pevent-fork.pt", *side]  # fmt: skip
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("tool", ["ptdump", "ptxed"])
+def test_missing_sideband_file(conformance_dir, tmp_path, tool):
+    where, _ = _case_files(conformance_dir, tmp_path)
+    r = _run(where, tool, "missing.sb")
+    assert r.returncode != 0
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "missing.sb" in r.stderr
+    assert "No such file" in r.stderr
+
+
+@pytest.mark.parametrize("tool", ["ptdump", "ptxed"])
+@pytest.mark.parametrize(
+    ("damage", "stderr_words", "stdout_words"),
+    [
+        # the last record (FORK at 0x98) cut short: Intel's tools stop silently
+        (lambda d: d[:-5], "offset 0x98: sideband ends early", None),
+        # the second record's size says 4: less than a header
+        (lambda d: d[:0x46] + b"\x04\x00" + d[0x48:], "offset 0x40: impossible record size 4",
+         "[bad.sb:0000000000000040 sideband error: decoder out of sync]"),
+        # the first record's size is too small for an MMAP
+        (lambda d: d[:6] + b"\x20\x00" + d[8:], "offset 0x0: size 32 is too small for MMAP",
+         "[bad.sb:0000000000000000 sideband error: decoder out of sync]"),
+    ],
+)  # fmt: skip
+def test_bad_sideband_records(conformance_dir, tmp_path, tool, damage, stderr_words, stdout_words):
+    where, sb = _case_files(conformance_dir, tmp_path)
+    (where / "bad.sb").write_bytes(damage(sb))
+    r = _run(where, tool, "bad.sb")
+    assert r.returncode == 0
+    assert "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
+    assert "bad.sb" in r.stderr and stderr_words in r.stderr
+    if stdout_words:
+        assert stdout_words in r.stdout.splitlines()
+    # the trace itself is still decoded (ptxed may miss the kernel mapping)
+    assert ("tip.pgd" if tool == "ptdump" else "ffffffff80000000") in r.stdout

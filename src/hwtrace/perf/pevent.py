@@ -107,14 +107,14 @@ def apply_tsc_offset(tsc: int, offset: int) -> int:
 def load(path: str, begin: int = 0, end: int = 0) -> bytes:
     """The bytes ``begin..end`` of a sideband file (to its end when end is 0)."""
     if end and end <= begin:
-        raise SidebandError(f"{path}: bad range {begin:#x}-{end:#x}")
+        raise SidebandError(f"bad range {begin:#x}-{end:#x}")
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise SidebandError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if begin > len(data):
-        raise SidebandError(f"{path}: offset {begin:#x} is beyond the end ({len(data):#x})")
+        raise SidebandError(exc.strerror or str(exc)) from None
+    if begin >= len(data) and begin:
+        raise SidebandError(f"offset {begin:#x} is beyond the end ({len(data):#x})")
     return data[begin : (min(end, len(data)) if end else len(data))]
 
 

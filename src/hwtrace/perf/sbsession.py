@@ -100,7 +100,8 @@ class Session:
         self.decoders: list[_Decoder] = []
         self.retired: list[_Decoder] = []
         self.notes: list[str] = []
-        self.pending: list[str] = []  # for the user's report to collect lines in
+        # Lines a ``report`` callback may collect: dump() returns them in order.
+        self.pending: list[str] = []
 
     # -- setup ---------------------------------------------------------------
 
@@ -158,6 +159,9 @@ class Session:
                 lines.append(text)
             if self._fetch(dec) > 0:
                 self._insert(dec)
+            # reports made while reading the next record go after this one
+            lines += self.pending
+            self.pending.clear()
         return lines
 
     # -- ptxed ---------------------------------------------------------------
