@@ -1,7 +1,8 @@
 """Intel's own ptdump and ptxed test suites, run against `hwtrace`.
 
-Both suites start together (each case is a process, so the two cores share
-the work) and each test waits for its own suite.
+The core suites and the perf_event sideband (pevent) suites start together
+(each case is a process, so the two cores share the work) and each test waits
+for its own suite.
 """
 
 import subprocess
@@ -32,6 +33,9 @@ def suites(conformance_dir):
     running = {
         "ptdump": _start(conformance_dir, "ptdump", "core"),
         "ptxed": _start(conformance_dir, "ptxed", "core"),
+        # perf_event sideband (libipt-sb): --pevent:*, --sb:*
+        "ptdump-pevent": _start(conformance_dir, "ptdump", "pevent"),
+        "ptxed-pevent": _start(conformance_dir, "ptxed", "pevent"),
     }
     results = {}
     for tool, proc in running.items():
@@ -56,3 +60,13 @@ def test_ptxed_core_suite(suites):
     assert len(cases) == 191, out[-3000:]
     assert failing - PTXED_KNOWN_FAILING == set(), "regressions"
     assert PTXED_KNOWN_FAILING - failing == set(), "now passing: remove from the list"
+
+
+def test_ptdump_pevent_suite(suites):
+    out, _ = suites["ptdump-pevent"]
+    assert out.strip().splitlines()[-1] == "12 passed, 0 failed", out[-5000:]
+
+
+def test_ptxed_pevent_suite(suites):
+    out, _ = suites["ptxed-pevent"]
+    assert out.strip().splitlines()[-1] == "10 passed, 0 failed", out[-5000:]

@@ -12,7 +12,7 @@ import os
 import sys
 
 from .common import UsageError, load_trace, parse_uint, write_blocks
-from .sbopts import HELP_PEVENT, HELP_PEVENT_IGNORED, HELP_SB, HELP_WARN, SbOptions
+from .sbopts import SbOptions, sideband_help
 
 PROG = "hwtrace ptdump"
 
@@ -55,9 +55,7 @@ options:
 
 Sideband records (--pevent) are printed when the trace's time reaches them,
 before the timing packet that got there, and the rest after the last packet.
-""".replace(
-    "{SB}", (HELP_SB + HELP_WARN + HELP_PEVENT + HELP_PEVENT_IGNORED).replace("    ", "  ", 1)
-)
+""".replace("{SB}", sideband_help("ptdump", 28))
 
 _FLAGS = {
     "--no-sync": "no_sync",

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .common import UsageError, parse_uint
-from .sbopts import HELP_PEVENT, HELP_PEVENT_FILES, HELP_SB, HELP_SWITCH, HELP_WARN, SbOptions
+from .sbopts import SbOptions, sideband_help
 
 PROG = "hwtrace ptxed"
 
@@ -69,7 +69,7 @@ With --pevent sideband, records are applied when the trace's time reaches
 them: MMAPs add to the process's image, COMM.EXEC starts a new image,
 ITRACE_START and context switches change the image decoded with (switches
 wait until the flow is, or likely is, in the kernel: see --pevent:kernel-start).
-""".replace("{SB}", HELP_SB + HELP_SWITCH + HELP_WARN + HELP_PEVENT + HELP_PEVENT_FILES)
+""".replace("{SB}", sideband_help("ptxed", 32))
 
 
 @dataclass

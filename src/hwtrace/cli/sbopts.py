@@ -10,40 +10,47 @@ from .common import UsageError, parse_uint, split_range
 
 U64 = (1 << 64) - 1
 
-HELP_SB = """\
-  --sb:compact | --sb           show sideband records in compact format.
-  --sb:verbose                  show sideband records in verbose format.
-  --sb:filename                 show the filename on sideband records.
-  --sb:offset                   show the offset on sideband records.
-  --sb:time                     show the time on sideband records.
-"""
-HELP_SWITCH = """\
-  --sb:switch                   print the new image name on context switches.
-"""
-HELP_WARN = """\
-  --sb:warn                     show sideband warnings.
-"""
-HELP_PEVENT = """\
-  --pevent:primary/secondary <file>[:<from>[-<to>]]
-                                load a perf_event sideband stream from <file>.
-                                an optional offset or range can be given.
-  --pevent:sample-type <val>    set perf_event_attr.sample_type to <val> (default: 0).
-  --pevent:time-zero <val>      set perf_event_mmap_page.time_zero to <val> (default: 0).
-  --pevent:time-shift <val>     set perf_event_mmap_page.time_shift to <val> (default: 0).
-  --pevent:time-mult <val>      set perf_event_mmap_page.time_mult to <val> (default: 1).
-  --pevent:tsc-offset <val>     show perf events <val> ticks earlier.
-  --pevent:kernel-start <val>   the start address of the kernel.
-"""
-HELP_PEVENT_FILES = """\
-  --pevent:sysroot <path>       prepend <path> to sideband filenames.
-  --pevent:vdso-x64 <file>      use <file> as 64-bit vdso.
-  --pevent:vdso-x32 <file>      use <file> as x32 vdso.
-  --pevent:vdso-ia32 <file>     use <file> as 32-bit vdso.
-"""
-HELP_PEVENT_IGNORED = """\
-  --pevent:sysroot|vdso-x64|vdso-x32|vdso-ia32 <arg>
-                                ignored (ptxed uses them).
-"""
+_HELP = [
+    ("sb", "--sb:compact | --sb", "show sideband records in compact format."),
+    ("sb", "--sb:verbose", "show sideband records in verbose format."),
+    ("sb", "--sb:filename", "show the filename on sideband records."),
+    ("sb", "--sb:offset", "show the offset on sideband records."),
+    ("sb", "--sb:time", "show the time on sideband records."),
+    ("ptxed", "--sb:switch", "print the new image name on context switches."),
+    ("sb", "--sb:warn", "show sideband warnings."),
+    ("sb", "--pevent:primary/secondary <file>[:<from>[-<to>]]", None),
+    ("sb", "", "load a perf_event sideband stream from <file>."),
+    ("sb", "", "an optional offset or range can be given."),
+    ("ptdump", "--pevent <file>[:<from>[-<to>]]", "the same as --pevent:primary."),
+    ("sb", "--pevent:sample-type <val>", "set perf_event_attr.sample_type to <val> (default: 0)."),
+    ("sb", "--pevent:time-zero <val>", "set perf_event_mmap_page.time_zero to <val> (default: 0)."),
+    ("sb", "--pevent:time-shift <val>", "set perf_event_mmap_page.time_shift to <val> (default: 0)."),
+    ("sb", "--pevent:time-mult <val>", "set perf_event_mmap_page.time_mult to <val> (default: 1)."),
+    ("sb", "--pevent:tsc-offset <val>", "show perf events <val> ticks earlier."),
+    ("sb", "--pevent:kernel-start <val>", "the start address of the kernel."),
+    ("ptxed", "--pevent:sysroot <path>", "prepend <path> to sideband filenames."),
+    ("ptxed", "--pevent:vdso-x64 <file>", "use <file> as 64-bit vdso."),
+    ("ptxed", "--pevent:vdso-x32 <file>", "use <file> as x32 vdso."),
+    ("ptxed", "--pevent:vdso-ia32 <file>", "use <file> as 32-bit vdso."),
+    ("ptdump", "--pevent:sysroot|kcore|vdso-x64|vdso-x32|vdso-ia32 <arg>", None),
+    ("ptdump", "", "ignored (for ptxed's command lines)."),
+]  # fmt: skip
+
+
+def sideband_help(tool: str, width: int) -> str:
+    """The sideband options' help, descriptions in column ``width``."""
+    lines = []
+    for who, option, text in _HELP:
+        if who not in ("sb", tool):
+            continue
+        if text is None:
+            lines.append(f"  {option}")
+        elif len(option) + 3 > width:
+            lines += [f"  {option}", " " * width + text]
+        else:
+            lines.append(f"  {option}".ljust(width) + text)
+    return "\n".join(lines) + "\n"
+
 
 _NUMBERS = {
     "--pevent:sample-type": ("sample_type", U64),
@@ -58,6 +65,7 @@ _PATHS = {
     "--pevent:vdso-x64": "vdso_x64",
     "--pevent:vdso-x32": "vdso_x32",
     "--pevent:vdso-ia32": "vdso_ia32",
+    "--pevent:kcore": None,  # ptdump ignores it; ptxed has no kernel core support
 }
 
 
@@ -103,7 +111,7 @@ class SbOptions:
         elif arg in _NUMBERS:
             name, limit = _NUMBERS[arg]
             setattr(self._config, name, parse_uint(arg, take(), limit))
-        elif arg in _PATHS:
+        elif arg in _PATHS and (_PATHS[arg] or not ptxed):
             value = take()
             if ptxed:
                 setattr(self._config, _PATHS[arg], value)
