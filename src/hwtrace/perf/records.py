@@ -27,6 +27,11 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 __all__ = [
+    "AUX_FLAG_COLLISION",
+    "AUX_FLAG_OVERWRITE",
+    "AUX_FLAG_PARTIAL",
+    "AUX_FLAG_TRUNCATED",
+    "HEADER_SIZE",
     "MISC_COMM_EXEC",
     "MISC_CPUMODE_MASK",
     "MISC_MMAP_BUILD_ID",
