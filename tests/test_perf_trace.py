@@ -22,14 +22,19 @@ def _write(path: Path, run: gt.Run, pt: bytes) -> None:
     write_pt_file(path, run, pt, INTEL_PT_CONFIG_BITS["pt"] | INTEL_PT_CONFIG_BITS["branch"])
 
 
-def test_decode_perf_attributes_the_flow(tmp_path):
+def _fib_perf_data(tmp_path: Path):
+    """fib's ground-truth path as PT in a perf.data; (run, encoded, data)."""
     run = gt.case("fib", "-O2")
     image = Image()
     image.add_elf(run.elf, run.load_address)
     enc = encode_path(run.ips, image, end_ip=run.end_ip)
     path = tmp_path / "pt.data"
     _write(path, run, enc.data)
-    data = read_perf_data(path)
+    return run, enc, read_perf_data(path)
+
+
+def test_decode_perf_attributes_the_flow(tmp_path):
+    _, enc, data = _fib_perf_data(tmp_path)
     sb = sideband_of(data)
     (pid,) = sb.spaces
     assert sb.comm_of(pid) == "groundtruth"
@@ -47,13 +52,7 @@ def test_decode_perf_attributes_the_flow(tmp_path):
 
 
 def test_decode_perf_reports_a_missing_binary(tmp_path):
-    run = gt.case("fib", "-O2")
-    image = Image()
-    image.add_elf(run.elf, run.load_address)
-    enc = encode_path(run.ips, image, end_ip=run.end_ip)
-    path = tmp_path / "pt.data"
-    _write(path, run, enc.data)
-    data = read_perf_data(path)
+    run, _, data = _fib_perf_data(tmp_path)
     # The binary is gone (another root): a gap, and the dso named.
     flow = decode_perf(data, BinaryLocator(root=tmp_path / "nowhere", buildid_dirs=()))
     assert any(str(run.elf) in p and "not found" in p for p in flow.problems)
