@@ -18,10 +18,12 @@ HWTRACE = Path(sys.executable).with_name("hwtrace")
 PTXED_KNOWN_FAILING: set[str] = set()
 
 
-def _start(conformance_dir, tool, suite):
+def _start(conformance_dir, tool, suite, *only):
+    # A generous per-case timeout: on a fresh checkout the first cases also
+    # compile (and cache) the numba kernels.
     return subprocess.Popen(
         [sys.executable, str(conformance_dir / "run.py"), tool, "--suite", suite,
-         "--cmd", f"{HWTRACE} {tool}", "-v"],
+         "--cmd", f"{HWTRACE} {tool}", "-v", "--timeout", "600", *only],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -30,6 +32,10 @@ def _start(conformance_dir, tool, suite):
 
 @pytest.fixture(scope="module")
 def suites(conformance_dir):
+    # Fill numba's cache with one case of each tool first, so four suites
+    # starting together do not all compile the same kernels at once.
+    for tool in ("ptdump", "ptxed"):
+        _start(conformance_dir, tool, "pevent", "-k", "pevent-fork").communicate()
     running = {
         "ptdump": _start(conformance_dir, "ptdump", "core"),
         "ptxed": _start(conformance_dir, "ptxed", "core"),
