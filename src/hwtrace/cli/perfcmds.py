@@ -232,11 +232,11 @@ def _folded(flow: PerfFlow, tid: int, comm: str) -> list[str]:
     out: list[str] = []
     for q in flow.queues:
         f = q.flow
-        if q.tid not in (-1, tid) or f.block_ip.shape[0] == 0:
+        mine = q.block_tid == tid
+        if not mine.any():
             continue
         which = f.block_image if f.block_image is not None else np.zeros(f.block_ip.shape, int)
-        mine = q.block_tid == tid
-        ips_all = f.instructions()
+        ips_all = q.instructions()
         for image_index in np.unique(which[mine]).tolist():
             keep = mine & (which == image_index)
             owner = np.repeat(keep, f.block_ninsn.astype(np.int64))
@@ -279,7 +279,7 @@ def script_main(argv: Sequence[str]) -> int:
                 ips, tid, ns, n = f.block_ip, q.block_tid, q.block_ns, f.block_ninsn
             else:
                 n = f.block_ninsn.astype(np.int64)
-                ips = f.instructions()
+                ips = q.instructions()
                 tid, ns = np.repeat(q.block_tid, n), np.repeat(q.block_ns, n)
             labels = _labels(q, ips, f.block_image, n if not a.blocks else None)
             lines = []

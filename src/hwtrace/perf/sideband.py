@@ -27,6 +27,7 @@ from ..image import Image
 from ..image.elf import read_elf
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
+from ..pt.timing import tsc_to_ns
 
 _U64 = np.uint64
 
@@ -41,12 +42,8 @@ class TscConversion:
 
     def to_ns(self, tsc: np.ndarray | int) -> np.ndarray | int:
         """perf time (ns) of TSC values, as perf's ``tsc_to_perf_time``."""
-        t = np.asarray(tsc, dtype=_U64)
-        shift, mult = _U64(self.time_shift), _U64(self.time_mult)
-        mask = _U64((1 << self.time_shift) - 1)
-        with np.errstate(over="ignore"):
-            ns = _U64(self.time_zero) + (t >> shift) * mult + (((t & mask) * mult) >> shift)
-        return int(ns) if ns.ndim == 0 else ns
+        ns = tsc_to_ns(tsc, self.time_shift, self.time_mult, self.time_zero)
+        return int(ns) if np.ndim(ns) == 0 else ns
 
     def to_tsc(self, ns: np.ndarray | int) -> np.ndarray | int:
         """TSC values of perf times, as perf's ``perf_time_to_tsc``."""
@@ -231,7 +228,7 @@ class Sideband:
 
     # -- feeding -------------------------------------------------------------
 
-    def _space(self, pid: int, time: int) -> AddressSpace:
+    def _space(self, pid: int) -> AddressSpace:
         spaces = self.spaces.setdefault(pid, [])
         if not spaces:
             spaces.append(AddressSpace(pid, 0))
@@ -257,7 +254,7 @@ class Sideband:
         if kernel or pid == -1:
             self.kernel_mappings.append(m)
         else:
-            self._space(pid, time).mappings.append(m)
+            self._space(pid).mappings.append(m)
 
     def add_comm(self, time: int, pid: int, tid: int, comm: str, *, exec: bool = False) -> None:
         self.thread_pid[tid] = pid
@@ -268,9 +265,8 @@ class Sideband:
 
     def add_fork(self, time: int, pid: int, ppid: int, tid: int, ptid: int) -> None:
         self.thread_pid[tid] = pid
-        if tid in self.comms or ptid not in self.comms:
-            pass
-        else:
+        if tid not in self.comms and ptid in self.comms:
+            # A child keeps its parent's name until it execs.
             self.comms[tid] = [(time, self.comms[ptid][-1][1])]
         if pid != ppid and pid not in self.spaces:
             parent = self.spaces.get(ppid)

@@ -110,6 +110,13 @@ class QueueFlow:
     block_pid: np.ndarray
     symbols: list[SymbolTable]  # per image index of ``flow.images``
     trace_bytes: int = 0
+    _instructions: np.ndarray | None = field(default=None, repr=False)
+
+    def instructions(self) -> np.ndarray:
+        """Every instruction's address (expanded once, then kept)."""
+        if self._instructions is None:
+            self._instructions = self.flow.instructions()
+        return self._instructions
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..pt.timing import tsc_to_ns
 from .attr import AttrError, PerfEventAttr
 from .features import BuildId, pack_build_id, parse_build_ids
 from .records import RecordError, RecordType
@@ -111,8 +112,7 @@ class IntelPtInfo:
 
     def tsc_to_perf_time(self, tsc: int) -> int:
         """perf's ``tsc_to_perf_time`` with this file's conversion."""
-        quot, rem = tsc >> self.time_shift, tsc & ((1 << self.time_shift) - 1)
-        return self.time_zero + quot * self.time_mult + ((rem * self.time_mult) >> self.time_shift)
+        return int(tsc_to_ns(tsc, self.time_shift, self.time_mult, self.time_zero))
 
 
 @dataclass(frozen=True)

@@ -488,8 +488,9 @@ def tsc_to_ns(tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int) 
     t = np.asarray(tsc, dtype=np.uint64)
     quot = t >> np.uint64(time_shift)
     rem = t & np.uint64((1 << time_shift) - 1)
-    return (
-        np.uint64(time_zero)
-        + quot * np.uint64(time_mult)
-        + ((rem * np.uint64(time_mult)) >> np.uint64(time_shift))
-    )
+    with np.errstate(over="ignore"):  # u64 arithmetic wraps, as perf's does
+        return (
+            np.uint64(time_zero % (1 << 64))
+            + quot * np.uint64(time_mult)
+            + ((rem * np.uint64(time_mult)) >> np.uint64(time_shift))
+        )
