@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hwtrace.perf.kernel import read_kallsyms
 from hwtrace.perf.sideband import (
     BinaryLocator,
     Sideband,
     TscConversion,
     elf_build_id,
-    read_kallsyms,
 )
 
 CONV = TscConversion(time_shift=31, time_mult=1_209_591_014, time_zero=-123_456_789 % (1 << 64))

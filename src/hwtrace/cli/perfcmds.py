@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ..perf.data import PerfData, PerfDataError, read_perf_data
+from ..perf.kernel import KernelCodeError, load_kernel
 from ..perf.sideband import BinaryLocator
-from ..perf.trace import PerfFlow, decode_perf
+from ..perf.trace import PerfFlow, decode_perf, sideband_of
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,19 +143,38 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
 # -- report and script ----------------------------------------------------------
 
 
-def _load(prog: str, path: str, symfs: str | None) -> tuple[PerfData, PerfFlow] | None:
+def _load(prog: str, a: argparse.Namespace) -> tuple[PerfData, PerfFlow] | None:
     try:
-        data = read_perf_data(path)
+        data = read_perf_data(a.input)
     except PerfDataError as e:
         sys.stderr.write(f"{prog}: {e}\n")
         return None
-    locator = BinaryLocator(root=Path(symfs) if symfs else None)
-    return data, decode_perf(data, locator)
+    locator = BinaryLocator(root=Path(a.symfs) if a.symfs else None)
+    kcore = a.kcore or data.kcore_dir
+    try:
+        kernel = load_kernel(
+            kcore=kcore,
+            vmlinux=a.vmlinux,
+            kallsyms=a.kallsyms,
+            text_address=sideband_of(data).kernel_text_address() if a.vmlinux else None,
+        )
+    except KernelCodeError as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return None
+    return data, decode_perf(data, locator, kernel=kernel)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-i", "--input", default="perf.data", help="input file (perf.data)")
     p.add_argument("--symfs", help="look for binaries under this directory")
+    p.add_argument(
+        "--kcore",
+        metavar="DIR",
+        help="kernel code from a perf --kcore directory (kcore, kallsyms); "
+        "a perf.data directory's own kcore_dir is used by default",
+    )
+    p.add_argument("--vmlinux", metavar="FILE", help="kernel code and symbols from a vmlinux")
+    p.add_argument("--kallsyms", metavar="FILE", help="kernel symbols from a kallsyms copy")
 
 
 def report_main(argv: Sequence[str]) -> int:
@@ -166,14 +186,14 @@ def report_main(argv: Sequence[str]) -> int:
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
     p.add_argument("--folded", metavar="FILE", help="write call paths as folded stacks")
     a = p.parse_args(list(argv))
-    loaded = _load(p.prog, a.input, a.symfs)
+    loaded = _load(p.prog, a)
     if loaded is None:
         return 1
     data, flow = loaded
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     blocks = flow.blocks()
     names = flow.symbol_names()
     console.print(f"[bold]{data.path}[/]: {len(flow.queues)} trace queue(s), "
@@ -262,7 +282,7 @@ def script_main(argv: Sequence[str]) -> int:
         "--blocks", action="store_true", help="one line per block instead of per instruction"
     )
     a = p.parse_args(list(argv))
-    loaded = _load(p.prog, a.input, a.symfs)
+    loaded = _load(p.prog, a)
     if loaded is None:
         return 1
     _, flow = loaded

@@ -205,6 +205,7 @@ class PerfData:
         self, source: str | os.PathLike | bytes | BinaryIO, name: str | None = None
     ) -> None:
         self.buf: np.ndarray
+        self.directory: str | None = None
         if isinstance(source, bytes | bytearray | memoryview):
             self.path = name or "<bytes>"
             self.buf = np.frombuffer(bytes(source), np.uint8)
@@ -213,6 +214,11 @@ class PerfData:
                 self.path = name or "<stdin>"
                 self.buf = np.frombuffer(sys.stdin.buffer.read(), np.uint8)
             else:
+                if os.path.isdir(source):
+                    # ``perf record --kcore`` writes a directory: the data
+                    # file inside, kcore_dir beside it (:attr:`kcore_dir`).
+                    self.directory = os.fspath(source)
+                    source = os.path.join(source, "data")
                 self.path = name or str(source)
                 try:
                     n = os.path.getsize(source)
@@ -224,6 +230,7 @@ class PerfData:
             self.buf = np.frombuffer(source.read(), np.uint8)
         self.errors: list[PerfDataError] = []
         self.warnings: list[str] = []
+
         self.attrs: list[EventAttr] = []
         self.features: dict[Feature | int, Any] = {}
         self.raw_features: dict[int, bytes] = {}
@@ -495,6 +502,14 @@ class PerfData:
         for _, r in self.iter_user(RecordType.AUXTRACE_INFO):
             return r  # type: ignore[return-value]
         return None
+
+    @property
+    def kcore_dir(self) -> str | None:
+        """The kernel code ``perf record --kcore`` saved beside the data."""
+        if self.directory is None:
+            return None
+        d = os.path.join(self.directory, "kcore_dir")
+        return d if os.path.isfile(os.path.join(d, "kcore")) else None
 
     @property
     def intel_pt(self) -> IntelPtInfo | None:

@@ -237,7 +237,9 @@ def pack_sample_id(sample_id: SampleId | None, sample_type: int) -> bytes:
     out = bytearray()
     for bit, names, s in _SID_PARTS:
         if sample_type & bit:
-            out += s.pack(*[(getattr(sid, n) or 0) if n else 0 for n in names])
+            # Masked: a pid of -1 (the kernel's) is 0xffffffff on file.
+            mask = (1 << (8 * s.size // len(names))) - 1
+            out += s.pack(*[((getattr(sid, n) or 0) & mask) if n else 0 for n in names])
     return bytes(out)
 
 
@@ -250,6 +252,11 @@ def _cstring(buf, start: int, stop: int, offset: int, what: str) -> str:
     if nul < 0:
         raise RecordError(offset, f"{what} is not NUL-terminated within the record")
     return raw[:nul].decode("utf-8", "surrogateescape")
+
+
+def _u32(v: int) -> int:
+    """A pid or tid as stored: -1 (the kernel's) is 0xffffffff."""
+    return v & 0xFFFFFFFF
 
 
 def _pad8(data: bytes) -> bytes:
@@ -314,7 +321,7 @@ class Mmap(Body):
         return cls(pid, tid, addr, length, pgoff, name, bool(misc & MISC_MMAP_DATA))
 
     def pack(self):
-        head = self._FMT.pack(self.pid, self.tid, self.addr, self.len, self.pgoff)
+        head = self._FMT.pack(_u32(self.pid), _u32(self.tid), self.addr, self.len, self.pgoff)
         return head + _pad8(_encode(self.filename)), MISC_MMAP_DATA if self.data else 0
 
 
@@ -361,7 +368,7 @@ class Mmap2(Body):
         return cls(pid, tid, addr, length, pgoff, maj, mnr, ino, gen, prot, flags, name, None, data)
 
     def pack(self):
-        out = self._HEAD.pack(self.pid, self.tid, self.addr, self.len, self.pgoff)
+        out = self._HEAD.pack(_u32(self.pid), _u32(self.tid), self.addr, self.len, self.pgoff)
         misc = MISC_MMAP_DATA if self.data else 0
         if self.build_id is not None:
             if len(self.build_id) > 20:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ..image.elf import read_elf
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
 from ..pt.timing import tsc_to_ns
+
+if TYPE_CHECKING:
+    from .kernel import KernelCode
 
 _U64 = np.uint64
 
@@ -152,7 +155,7 @@ class AddressSpace:
         return [m for m in self.mappings if m.time <= time]
 
     def image(
-        self, locator: BinaryLocator, time: int | None = None, kernel: Image | None = None
+        self, locator: BinaryLocator, time: int | None = None, kernel: KernelCode | None = None
     ) -> tuple[Image, SymbolTable]:
         """The image at ``time`` (all mappings when None) and its symbols.
 
@@ -161,9 +164,9 @@ class AddressSpace:
         """
         image = Image(f"pid {self.pid}")
         if kernel is not None:
-            for section in kernel:
+            for section in kernel.image:
                 image.add_section(section)
-        tables = [] if kernel is None else [kernel.symbols()]
+        tables = [] if kernel is None else [kernel.symbols]
         maps = self.mappings if time is None else self.mappings_at(time)
         for m in maps:
             found = locator.find(m.path, m.build_id)
@@ -329,43 +332,22 @@ class Sideband:
         self.threads_on(cpu, np.zeros(0, np.int64))
         return self._switch_arrays[cpu][0]
 
-    def kernel_image(self, locator: BinaryLocator) -> Image | None:
-        """Kernel code from the kernel mappings' files (vmlinux, kcore copies,
-        modules), where the locator finds them."""
-        if not self.kernel_mappings:
+    def kernel_text_address(self) -> int | None:
+        """Where the kernel's ``_text`` was (KASLR), from perf's kernel MMAP
+        record (``[kernel.kallsyms]_text``, whose pgoff is that address)."""
+        for m in self.kernel_mappings:
+            if m.path.startswith("[kernel.kallsyms]") and m.pgoff:
+                return m.pgoff
+        return None
+
+    def kernel_image(self, locator: BinaryLocator) -> KernelCode | None:
+        """Kernel code from the kernel mappings that are files (modules, a
+        vmlinux perf found), where the locator finds them."""
+        from .kernel import KernelCode
+
+        files = [m for m in self.kernel_mappings if not m.path.startswith("[")]
+        if not files:
             return None
-        space = AddressSpace(-1, 0, list(self.kernel_mappings))
-        image, _ = space.image(locator)
-        return image if len(image) else None
-
-
-def read_kallsyms(path: str | os.PathLike[str]) -> SymbolTable:
-    """Kernel symbols from a ``/proc/kallsyms`` copy (text symbols only)."""
-    addresses: list[int] = []
-    names: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) < 3 or parts[1] not in "tTwW":
-                continue
-            try:
-                address = int(parts[0], 16)
-            except ValueError:
-                continue
-            if address:
-                addresses.append(address)
-                names.append(parts[2])
-    return _kernel_table(addresses, names)
-
-
-def _kernel_table(addresses: Iterable[int], names: Iterable[str]) -> SymbolTable:
-    # kallsyms has no sizes: a symbol reaches the next one (the last, a page).
-    start = np.asarray(list(addresses), dtype=np.uint64)
-    order = np.argsort(start, kind="stable")
-    start = start[order]
-    names = [list(names)[i] for i in order]
-    size = np.diff(start, append=start[-1:] + np.uint64(4096)) if start.shape[0] else start
-    return SymbolTable.from_symbols(
-        [(int(a), int(z), n, True) for a, z, n in zip(start, size, names, strict=True)],
-        module="[kernel.kallsyms]",
-    )
+        space = AddressSpace(-1, 0, files)
+        image, symbols = space.image(locator)
+        return KernelCode(image, symbols, "kernel mappings") if len(image) else None

@@ -19,6 +19,7 @@ from ..pt.config import PtConfig
 from ..pt.decode import FlowResult, decode_trace
 from ..pt.events import Ev
 from .data import PerfData, PerfDataError
+from .kernel import KernelCode
 from .records import RecordType as RT
 from .sideband import BinaryLocator, CodeRevision, Sideband, TscConversion
 
@@ -48,7 +49,7 @@ def sideband_of(data: PerfData) -> Sideband:
         b = rec.body
         k = rec.type
         if k in (RT.MMAP, RT.MMAP2):
-            kernel = b.pid == -1 or (rec.misc & 7) == _MISC_CPUMODE_KERNEL
+            kernel = b.pid in (-1, 0xFFFFFFFF) or (rec.misc & 7) == _MISC_CPUMODE_KERNEL
             sb.add_mmap(
                 t, b.pid, b.addr, b.len, b.pgoff, b.filename,
                 executable=not b.data, build_id=getattr(b, "build_id", None), kernel=kernel,
@@ -188,10 +189,15 @@ def decode_perf(
     data: PerfData,
     locator: BinaryLocator | None = None,
     *,
-    kernel: Image | None = None,
+    kernel: KernelCode | None = None,
     jobs: int = 1,
 ) -> PerfFlow:
-    """Decode every AUX queue of ``data`` against the sideband's images."""
+    """Decode every AUX queue of ``data`` against the sideband's images.
+
+    ``kernel`` is the kernel's code (:mod:`.kernel`: a ``--kcore``
+    directory, a vmlinux or kallsyms); without it, kernel modules the
+    sideband maps as files are used where the locator finds them.
+    """
     locator = locator or BinaryLocator()
     sb = sideband_of(data)
     pt = data.intel_pt
@@ -202,6 +208,13 @@ def decode_perf(
     conv = TscConversion(pt.time_shift, pt.time_mult, pt.time_zero) if pt.time_mult else None
     config = pt_config_of(data)
     kernel = kernel if kernel is not None else sb.kernel_image(locator)
+    if sb.kernel_mappings and (kernel is None or not len(kernel.image)):
+        problems.append(
+            f"{data.path}: no kernel code: traced kernel code shows as gaps"
+            + ("" if kernel is not None else " and without names")
+            + "; give a --kcore directory or a --vmlinux"
+            + ("" if kernel is not None else " (or --kallsyms for names)")
+        )
 
     queues: dict[tuple[int, int, int], list] = {}
     for aux in data.auxtrace():
@@ -232,8 +245,8 @@ def _decode_queue(trace, cpu, tid, sb, conv, config, locator, kernel, jobs) -> Q
         if got is None:
             if space is None:
                 got = (
-                    kernel or Image("empty"),
-                    kernel.symbols() if kernel else SymbolTable.empty(),
+                    kernel.image if kernel is not None else Image("empty"),
+                    kernel.symbols if kernel is not None else SymbolTable.empty(),
                 )
             else:
                 got = space.image(locator, ns, kernel)
