@@ -19,6 +19,7 @@ from ..pt.config import PtConfig
 from ..pt.decode import FlowResult, decode_trace
 from ..pt.events import Ev
 from .data import PerfData, PerfDataError
+from .features import Feature
 from .kernel import KernelCode
 from .records import RecordType as RT
 from .sideband import BinaryLocator, CodeRevision, Sideband, TscConversion
@@ -36,6 +37,9 @@ def sideband_of(data: PerfData) -> Sideband:
     Records that cannot be parsed go to ``data.errors`` and are skipped.
     """
     sb = Sideband()
+    # perf keeps the build ids of the binaries it saw in the BUILD_ID
+    # feature; MMAP2 records carry one only with --buildid-mmap.
+    build_ids = {b.filename: b.build_id for b in data.features.get(Feature.BUILD_ID) or ()}
     r = data.records
     rows = np.flatnonzero(np.isin(r["type"], np.array(_SIDEBAND, r["type"].dtype)))
     for i in rows.tolist():
@@ -52,7 +56,8 @@ def sideband_of(data: PerfData) -> Sideband:
             kernel = b.pid in (-1, 0xFFFFFFFF) or (rec.misc & 7) == _MISC_CPUMODE_KERNEL
             sb.add_mmap(
                 t, b.pid, b.addr, b.len, b.pgoff, b.filename,
-                executable=not b.data, build_id=getattr(b, "build_id", None), kernel=kernel,
+                executable=not b.data, kernel=kernel,
+                build_id=getattr(b, "build_id", None) or build_ids.get(b.filename),
             )  # fmt: skip
         elif k == RT.COMM:
             sb.add_comm(t, b.pid, b.tid, b.comm, exec=b.exec)

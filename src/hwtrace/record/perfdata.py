@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ..perf.features import BuildId, Feature
 from ..perf.records import Comm, Exit, ItraceStart, Mmap2, SampleId
 from ..perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
 from .software import SoftwareRecording
@@ -72,6 +73,13 @@ def write_perf_data(rec: SoftwareRecording, path: str | os.PathLike[str]) -> Non
                 ino=m.inode, prot=prot, flags=flags, filename=m.path,
             )  # fmt: skip
             w.add_record(body, sample_id=sid, misc=_MISC_USER)
+        w.set_feature(
+            Feature.BUILD_ID,
+            [
+                BuildId(rec.pid, bid, path, _MISC_USER)
+                for path, bid in {m.path: m.build_id for m in rec.mmaps if m.build_id}.items()
+            ],
+        )
         w.finished_init()
         w.add_record(ItraceStart(rec.pid, rec.tid), sample_id=sid)
         w.add_auxtrace(rec.data, tid=rec.tid)
