@@ -286,61 +286,66 @@ def script_main(argv: Sequence[str]) -> int:
     if loaded is None:
         return 1
     _, flow = loaded
-    out = sys.stdout
+    from ..perf.listing import render_lines
+
     for problem in flow.problems:
         sys.stderr.write(f"hwtrace script: warning: {problem}\n")
+    names: list[str] = []
+    modules: list[str] = []
+    ids: dict[tuple[str, str], int] = {}
+    out = sys.stdout.buffer
     try:
         for q in flow.queues:
             f = q.flow
             if f.block_ip.shape[0] == 0:
                 continue
-            comms = {t: flow.sideband.comm_of(t) for t in np.unique(q.block_tid).tolist()}
+            which = (
+                f.block_image.astype(np.int64)
+                if f.block_image is not None
+                else np.zeros(f.block_ip.shape[0], np.int64)
+            )
             if a.blocks:
                 ips, tid, ns, n = f.block_ip, q.block_tid, q.block_ns, f.block_ninsn
             else:
-                n = f.block_ninsn.astype(np.int64)
+                per = f.block_ninsn.astype(np.int64)
                 ips = q.instructions()
-                tid, ns = np.repeat(q.block_tid, n), np.repeat(q.block_ns, n)
-            labels = _labels(q, ips, f.block_image, n if not a.blocks else None)
-            lines = []
-            for j in range(ips.shape[0]):
-                t = int(tid[j])
-                stamp = f"{ns[j] / 1e9:.9f}" if ns[j] >= 0 else "-"
-                extra = f" {int(n[j])} insns" if a.blocks else ""
-                lines.append(
-                    f"{comms.get(t, '?'):>16} {t:>7} {stamp:>18}: {int(ips[j]):16x} {labels[j]}{extra}\n"
-                )
-                if len(lines) >= 8192:
-                    out.write("".join(lines))
-                    lines.clear()
-            out.write("".join(lines))
+                tid, ns, which = (np.repeat(c, per) for c in (q.block_tid, q.block_ns, which))
+                n = None
+            sym, off = _symbols(q, ips, which, names, modules, ids)
+            tids, comm = np.unique(tid, return_inverse=True)
+            comms = [flow.sideband.comm_of(int(t)) if t >= 0 else "?" for t in tids]
+            for chunk in render_lines(comms, comm, tid, ns, ips, names, modules, sym, off, n):
+                out.write(chunk)
+        out.flush()
     except BrokenPipeError:
         return 0
     return 0
 
 
-def _labels(q, ips: np.ndarray, block_image, per_block: np.ndarray | None) -> list[str]:
-    """``func+0x12 (module)`` per address, from the image each ran in."""
-    which = np.zeros(ips.shape[0], np.int64)
-    if block_image is not None:
-        which = block_image.astype(np.int64)
-        if per_block is not None:
-            which = np.repeat(which, per_block)
-    labels = np.empty(ips.shape[0], dtype=object)
+def _symbols(
+    q, ips: np.ndarray, which: np.ndarray, names: list[str], modules: list[str], ids: dict
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per address, its symbol (an index into ``names``/``modules``, which
+    grow as new symbols appear; -1: none) and the offset into it, from the
+    symbols of the image each ran in."""
+    sym = np.full(ips.shape[0], -1, np.int64)
+    off = np.zeros(ips.shape[0], np.int64)
     for image_index in np.unique(which).tolist():
         sel = np.flatnonzero(which == image_index)
         table = q.symbols[image_index]
         index, offset = table.lookup(ips[sel])
         uniq, inverse = np.unique(index, return_inverse=True)
-        base = [
-            f"{table.name(int(u))} ({table.module_name(int(u))})" if u >= 0 else "[unknown]"
-            for u in uniq
-        ]
-        for k, (i, o) in enumerate(zip(inverse.tolist(), offset.tolist(), strict=True)):
-            labels[sel[k]] = base[i] if o == 0 or uniq[i] < 0 else _plus(base[i], o)
-    return labels.tolist()
-
-
-def _plus(label: str, offset: int) -> str:
-    name, _, module = label.partition(" ")
-    return f"{name}+{offset:#x} {module}"
+        glob = np.empty(uniq.shape[0], np.int64)
+        for j, u in enumerate(uniq.tolist()):
+            if u < 0:
+                glob[j] = -1
+                continue
+            key = (table.name(u), table.module_name(u))
+            if key not in ids:
+                ids[key] = len(names)
+                names.append(key[0])
+                modules.append(key[1])
+            glob[j] = ids[key]
+        sym[sel] = glob[inverse]
+        off[sel] = np.asarray(offset, np.int64)
+    return sym, off

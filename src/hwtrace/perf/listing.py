@@ -1,0 +1,153 @@
+"""``hwtrace script``'s listing: one line per instruction or block, like
+``perf script --itrace=i0ns``, written by a compiled kernel.
+
+A line is ``comm tid seconds.nanoseconds: ip symbol+0xoff (module)``, with
+``N insns`` appended per block.  Names go into the kernel as byte tables
+(one row per distinct comm, symbol name and module), so listing millions of
+instructions does no Python work per line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from numba import njit
+
+from ..pt.ptdump import _dec, _hex, _row, _s, _string_table
+
+
+@njit(cache=True, inline="always")
+def _spaces(out, p, n):
+    for _ in range(n):
+        out[p] = 32
+        p += 1
+    return p
+
+
+@njit(cache=True, inline="always")
+def _digits(v, base):
+    n = 1
+    v //= base
+    while v:
+        n += 1
+        v //= base
+    return n
+
+
+@njit(cache=True)
+def _render(
+    comm, tid, ns, ip, sym, off, ninsn, blocks,
+    comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len,
+    lo, hi, out,
+):  # fmt: skip
+    """Lines ``lo..hi`` into ``out``; returns the bytes written."""
+    p = 0
+    for i in range(lo, hi):
+        k = comm[i]
+        p = _spaces(out, p, 16 - comm_len[k])
+        p = _row(out, p, comm_tab, comm_len, k)
+        out[p] = 32
+        p += 1
+        t = tid[i]
+        neg = t < 0
+        mag = -t if neg else t
+        p = _spaces(out, p, 7 - _digits(mag, 10) - (1 if neg else 0))
+        if neg:
+            out[p] = 45
+            p += 1
+        p = _dec(out, p, mag)
+        out[p] = 32
+        p += 1
+        if ns[i] >= 0:
+            sec = ns[i] // 1_000_000_000
+            frac = ns[i] % 1_000_000_000
+            p = _spaces(out, p, 18 - _digits(sec, 10) - 10)
+            p = _dec(out, p, sec)
+            out[p] = 46
+            p += 1
+            for j in range(8, -1, -1):
+                out[p + j] = 48 + frac % 10
+                frac //= 10
+            p += 9
+        else:
+            p = _spaces(out, p, 17)
+            out[p] = 45
+            p += 1
+        p = _s(out, p, ": ")
+        a = np.uint64(ip[i])
+        n = 1
+        q = a >> np.uint64(4)
+        while q != 0:
+            n += 1
+            q >>= np.uint64(4)
+        p = _spaces(out, p, 16 - n)
+        p = _hex(out, p, a, 0)
+        out[p] = 32
+        p += 1
+        s = sym[i]
+        if s < 0:
+            p = _s(out, p, "[unknown]")
+        else:
+            p = _row(out, p, name_tab, name_len, s)
+            if off[i] > 0:
+                p = _s(out, p, "+0x")
+                p = _hex(out, p, off[i], 0)
+            p = _s(out, p, " (")
+            p = _row(out, p, mod_tab, mod_len, s)
+            out[p] = 41
+            p += 1
+        if blocks:
+            out[p] = 32
+            p = _dec(out, p + 1, ninsn[i])
+            p = _s(out, p, " insns")
+        out[p] = 10
+        p += 1
+    return p
+
+
+def _table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    # Row 0 stays valid for empty input.
+    return _string_table(dict(enumerate(strings)) or {0: ""}, max(len(strings), 1))
+
+
+def render_lines(
+    comms: Sequence[str],
+    comm: np.ndarray,
+    tid: np.ndarray,
+    ns: np.ndarray,
+    ip: np.ndarray,
+    names: Sequence[str],
+    modules: Sequence[str],
+    sym: np.ndarray,
+    off: np.ndarray,
+    ninsn: np.ndarray | None = None,
+    *,
+    chunk: int = 1 << 16,
+) -> Iterator[bytes]:
+    """The listing as byte chunks.  Per line: ``comm`` (index into
+    ``comms``), ``tid``, ``ns`` (perf time, -1 unknown), ``ip``, ``sym``
+    (index into ``names``/``modules``, -1 unknown) and ``off`` (bytes into
+    the symbol); ``ninsn`` per line makes it a block listing."""
+    comm_tab, comm_len = _table([c[:16] for c in comms])
+    name_tab, name_len = _table(names)
+    mod_tab, mod_len = _table(modules)
+    blocks = ninsn is not None
+    counts = ninsn if ninsn is not None else np.zeros(1, np.int64)
+    width = 120 + int(name_len.max(initial=0)) + int(mod_len.max(initial=0))
+    out = np.empty(chunk * width, np.uint8)
+    cols = (
+        np.ascontiguousarray(comm, np.int64),
+        np.ascontiguousarray(tid, np.int64),
+        np.ascontiguousarray(ns, np.int64),
+        np.ascontiguousarray(ip, np.uint64),
+        np.ascontiguousarray(sym, np.int64),
+        np.ascontiguousarray(off, np.int64),
+        np.ascontiguousarray(counts, np.int64),
+    )
+    for lo in range(0, ip.shape[0], chunk):
+        hi = min(lo + chunk, ip.shape[0])
+        n = _render(
+            *cols, blocks, comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len, lo, hi, out
+        )
+        yield out[:n].tobytes()

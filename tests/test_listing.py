@@ -1,0 +1,51 @@
+"""hwtrace script's compiled listing equals the plain Python formatting."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwtrace.perf.listing import render_lines
+
+
+def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn):
+    lines = []
+    for j in range(ip.shape[0]):
+        stamp = f"{ns[j] / 1e9:.9f}" if ns[j] >= 0 else "-"
+        if ns[j] >= 0:  # exact, not through a float
+            stamp = f"{ns[j] // 10**9}.{ns[j] % 10**9:09d}"
+        s = sym[j]
+        if s < 0:
+            label = "[unknown]"
+        else:
+            plus = f"+{int(off[j]):#x}" if off[j] > 0 else ""
+            label = f"{names[s]}{plus} ({modules[s]})"
+        extra = f" {int(ninsn[j])} insns" if ninsn is not None else ""
+        lines.append(
+            f"{comms[comm[j]][:16]:>16} {int(tid[j]):>7} {stamp:>18}: {int(ip[j]):16x} {label}{extra}\n"
+        )
+    return "".join(lines)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    blocks=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+    chunk=st.sampled_from([1, 3, 1 << 16]),
+)
+def test_listing_matches_python(n, blocks, seed, chunk):
+    rng = np.random.default_rng(seed)
+    comms = ["demo", "a-very-long-command-name", "?", ""]
+    names = ["main", "checksum", "_ZN3foo3barEv", "x" * 70]
+    modules = ["demo", "libc.so.6", "[kernel.kallsyms]", "m"]
+    comm = rng.integers(0, len(comms), n)
+    tid = rng.choice([-1, 0, 7, 1234567, 99999999], n)
+    ns = rng.choice([-1, 0, 5, 10**9, 1321504164994, 2**62], n)
+    ip = rng.choice(np.array([0, 0x401000, 0xFFFFFFFF81000000, 2**64 - 1], np.uint64), n)
+    sym = rng.integers(-1, len(names), n)
+    off = rng.choice([0, 1, 0x17, 0xFFFF], n)
+    ninsn = rng.integers(1, 5000, n) if blocks else None
+    got = b"".join(
+        render_lines(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, chunk=chunk)
+    ).decode()
+    assert got == _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn)
