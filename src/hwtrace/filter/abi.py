@@ -54,6 +54,12 @@ HELPER_GET_PID = 7  # () -> the calling process's pid
 HELPER_GET_TID = 8  # () -> the calling thread's tid
 HELPER_GET_CPU = 9  # () -> the CPU it runs on
 HELPER_KTIME_NS = 10  # () -> CLOCK_MONOTONIC in ns
+# eBPF has no floating point: doubles travel as their IEEE bits.
+HELPER_DOUBLE_CMP = 11  # (a bits, b bits, DOUBLE_*) -> 1 or 0, as C compares doubles
+HELPER_S64_TO_DOUBLE = 12  # (s64) -> bits of the nearest double
+HELPER_F32_TO_DOUBLE = 13  # (bits of a float in the low 32) -> bits of the double
+
+DOUBLE_EQ, DOUBLE_NE, DOUBLE_LT, DOUBLE_LE, DOUBLE_GT, DOUBLE_GE = range(6)
 
 HELPERS: dict[int, tuple[str, tuple[str, ...]]] = {
     HELPER_FIELD_ADDR: ("field_addr", ("event", "context", "path")),
@@ -66,6 +72,9 @@ HELPERS: dict[int, tuple[str, tuple[str, ...]]] = {
     HELPER_GET_TID: ("get_tid", ()),
     HELPER_GET_CPU: ("get_cpu", ()),
     HELPER_KTIME_NS: ("ktime_ns", ()),
+    HELPER_DOUBLE_CMP: ("double_cmp", ("scalar", "scalar", "scalar")),
+    HELPER_S64_TO_DOUBLE: ("s64_to_double", ("scalar",)),
+    HELPER_F32_TO_DOUBLE: ("f32_to_double", ("scalar",)),
 }
 
 THRESHOLD_SLOTS = 4096  # entries of the shared int64 threshold table

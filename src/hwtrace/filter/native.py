@@ -224,6 +224,40 @@ def glob_match(s: int, bound: int, pat: int, n: int) -> bool:
         p = star_p
 
 
+# -- doubles as bits ------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _as_double(bits: int) -> float:
+    return np.array([bits], np.int64).view(np.float64)[0]
+
+
+@njit(cache=True, inline="always")
+def _as_float(bits: int) -> float:
+    return np.array([bits & 0xFFFFFFFF], np.uint32).view(np.float32)[0]
+
+
+@njit(cache=True, inline="always")
+def _double_bits(v: float) -> int:
+    return np.array([v], np.float64).view(np.int64)[0]
+
+
+@njit(cache=True)
+def double_compare(a: float, b: float, op: int) -> bool:
+    """``a OP b`` as C compares doubles (NaN: only ``!=`` holds)."""
+    if op == abi.DOUBLE_EQ:
+        return a == b
+    if op == abi.DOUBLE_NE:
+        return a != b
+    if op == abi.DOUBLE_LT:
+        return a < b
+    if op == abi.DOUBLE_LE:
+        return a <= b
+    if op == abi.DOUBLE_GT:
+        return a > b
+    return a >= b
+
+
 # -- helpers ---------------------------------------------------------------------------
 
 _THRESHOLD_SYMBOL = "hwtrace_filter_threshold_table"
@@ -348,6 +382,12 @@ def call_helper(helper: int, r1: int, r2: int, r3: int, r4: int, r5: int) -> int
         return _sched_getcpu()
     if helper == abi.HELPER_KTIME_NS:
         return _ktime_ns()
+    if helper == abi.HELPER_DOUBLE_CMP:
+        return 1 if double_compare(_as_double(r1), _as_double(r2), r3) else 0
+    if helper == abi.HELPER_S64_TO_DOUBLE:
+        return _double_bits(np.float64(r1))
+    if helper == abi.HELPER_F32_TO_DOUBLE:
+        return _double_bits(np.float64(_as_float(r1)))
     return -1
 
 
