@@ -1,0 +1,368 @@
+"""eBPF from a checked filter expression.
+
+The shape is the paper's (Fig. 6): each predicate a load, a compare and a
+conditional jump; ``&&`` and ``||`` are jumps past what they skip.  Code is
+generated for control flow first (:meth:`_Gen.cond` jumps to a true or a
+false label), values only where a number is needed (operands of bitwise
+operators and of comparisons), so an AND chain of N predicates is N
+compare-and-jumps to one shared false exit.
+
+Registers: R6 and R7 keep the event and context pointers across helper
+calls (which clobber R1-R5); R0 carries values; a binary operation's left
+value waits in R8, R9, then stack slots, by nesting depth.  Strings never
+sit in registers: the string helpers take the field's path and the
+literal's place in rodata.  Missing data and out-of-range shift counts jump
+to ``abort``, which returns 0 for the whole expression (LTTng's rule), so
+no enclosing ``!`` or ``||`` can turn it true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import abi, ast
+from ..errors import FilterError
+from ..schema import DEFAULT_CONTEXT, ROOT_CONTEXT, FieldPath, Schema
+from . import isa
+from .isa import R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10
+from .program import Program
+
+_SIGNED_JUMP = {
+    "<": isa.JSLT,
+    "<=": isa.JSLE,
+    ">": isa.JSGT,
+    ">=": isa.JSGE,
+    "==": isa.JEQ,
+    "!=": isa.JNE,
+}
+_INVERSE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+_SWAP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_DOUBLE_OP = {
+    "==": abi.DOUBLE_EQ, "!=": abi.DOUBLE_NE, "<": abi.DOUBLE_LT,
+    "<=": abi.DOUBLE_LE, ">": abi.DOUBLE_GT, ">=": abi.DOUBLE_GE,
+}  # fmt: skip
+_BITWISE = {"&": isa.AND, "|": isa.OR, "^": isa.XOR, "<<": isa.LSH, ">>": isa.RSH}
+_SIZE = {1: isa.B, 2: isa.H, 4: isa.W, 8: isa.DW}
+_TEMPS = (R8, R9)
+
+
+def _fits_imm32(v: int) -> bool:
+    return -(1 << 31) <= v < (1 << 31)
+
+
+@dataclass
+class _Label:
+    name: str
+    at: int | None = None
+
+
+@dataclass
+class _Gen:
+    paths: list[FieldPath] = field(default_factory=list)
+    rodata: bytearray = field(default_factory=bytearray)
+    code: list = field(default_factory=list)  # insns, or (label, jump insn builder)
+    strings: dict[bytes, int] = field(default_factory=dict)
+    stack_slots: int = 0
+
+    # -- emission --------------------------------------------------------------------
+
+    def emit(self, *insns) -> None:
+        for i in insns:
+            if isinstance(i, list):
+                self.code.extend(i)
+            else:
+                self.code.append(i)
+
+    def jump(
+        self,
+        label: _Label,
+        op: int = isa.JA,
+        dst: int = 0,
+        src_or_imm: int = 0,
+        *,
+        reg: bool = False,
+    ) -> None:
+        self.code.append((label, op, dst, src_or_imm, reg))
+
+    def place(self, label: _Label) -> None:
+        label.at = len(self.code)
+
+    def label(self, name: str) -> _Label:
+        return _Label(name)
+
+    def path_index(self, path: FieldPath) -> int:
+        for k, p in enumerate(self.paths):
+            if p is path or (p.code.shape == path.code.shape and (p.code == path.code).all()):
+                return k
+        self.paths.append(path)
+        return len(self.paths) - 1
+
+    def literal(self, data: bytes) -> int:
+        at = self.strings.get(data)
+        if at is None:
+            at = self.strings[data] = len(self.rodata)
+            self.rodata += data + b"\0"
+        return at
+
+    def finish(self) -> list:
+        """Resolve labels: every slot gets its final index (ld_imm64 is two)."""
+        out: list = []
+        index: list[int] = []  # code position -> slot index
+        for item in self.code:
+            index.append(len(out))
+            out.append(item)
+        index.append(len(out))
+        slots = []
+        for pos, item in enumerate(out):
+            if isinstance(item, tuple) and len(item) == 5 and isinstance(item[0], _Label):
+                label, op, dst, x, reg = item
+                assert label.at is not None, label.name
+                off = index[label.at] - (index[pos] + 1)
+                if op == isa.JA:
+                    slots.append(isa.ja(off))
+                else:
+                    slots.append(isa.jmp(op, dst, x, off, reg=reg))
+            else:
+                slots.append(item)
+        return slots
+
+    # -- conditions ------------------------------------------------------------------
+
+    def cond(self, n: ast.Node, t: _Label, f: _Label, abort: _Label, depth: int = 0) -> None:
+        """Jump to ``t`` when ``n`` is true (nonzero), else to ``f``."""
+        if isinstance(n, ast.Logical):
+            mid = self.label("mid")
+            if n.op == "&&":
+                self.cond(n.left, mid, f, abort, depth)
+            else:
+                self.cond(n.left, t, mid, abort, depth)
+            self.place(mid)
+            self.cond(n.right, t, f, abort, depth)
+            return
+        if isinstance(n, ast.Unary) and n.op == "!":
+            self.cond(n.operand, f, t, abort, depth)
+            return
+        if isinstance(n, ast.Binary) and n.op in ast.COMPARISON_OPS:
+            self.compare(n, t, f, abort, depth)
+            return
+        if isinstance(n, ast.IntLit):
+            self.jump(t if n.value else f)
+            return
+        if isinstance(n, ast.FloatLit):
+            self.jump(t if n.value != 0 else f)
+            return
+        self.value(n, abort, depth)
+        if n.type == "double":
+            # Nonzero, NaN included: any bit but the sign's.
+            self.emit(isa.alu64(isa.LSH, R0, 1, reg=False))
+        self.jump(t, isa.JNE, R0, 0)
+        self.jump(f)
+
+    def compare(self, n: ast.Binary, t: _Label, f: _Label, abort: _Label, depth: int) -> None:
+        a, b, op = n.left, n.right, n.op
+        if a.type == "string":
+            self.strings_equal(a, b, abort)
+            self.jump(t if op == "==" else f, isa.JEQ, R0, 1)
+            self.jump(f if op == "==" else t)
+            return
+        if a.type == "double" or b.type == "double":
+            self.value(a, abort, depth, double=True)
+            self.hold(depth)
+            self.value(b, abort, depth + 1, double=True)
+            self.emit(isa.mov(R2, R0), self.fetch(depth, R1), isa.mov_imm(R3, _DOUBLE_OP[op]))
+            self.emit(isa.call(abi.HELPER_DOUBLE_CMP))
+            self.jump(t, isa.JNE, R0, 0)
+            self.jump(f)
+            return
+        if isinstance(a, ast.IntLit) and not isinstance(b, ast.IntLit):
+            a, b, op = b, a, _SWAP[op]
+        if isinstance(b, ast.IntLit):
+            self.value(a, abort, depth)
+            if _fits_imm32(b.value):
+                self.jump(t, _SIGNED_JUMP[op], R0, b.value)
+            else:
+                self.emit(isa.ld_imm64(R1, b.value))
+                self.jump(t, _SIGNED_JUMP[op], R0, R1, reg=True)
+            self.jump(f)
+            return
+        self.value(a, abort, depth)
+        self.hold(depth)
+        self.value(b, abort, depth + 1)
+        self.emit(self.fetch(depth, R1))
+        self.jump(t, _SIGNED_JUMP[op], R1, R0, reg=True)
+        self.jump(f)
+
+    def strings_equal(self, a: ast.Node, b: ast.Node, abort: _Label) -> None:
+        """R0 = 1 when the two strings are equal (or the pattern matches)."""
+        if isinstance(a, ast.StrLit):
+            a, b = b, a
+        if isinstance(a, ast.StrLit):  # two literals: the checker folds these
+            raise FilterError(
+                "internal: unfolded comparison of two string literals", column=a.column
+            )
+        self.setup_call(a)
+        if isinstance(b, ast.StrLit):
+            if b.is_glob:
+                text = b"*".join(p.replace(b"\\", b"\\\\").replace(b"*", b"\\*") for p in b.parts)
+                helper = abi.HELPER_STR_GLOB
+            else:
+                text = b.parts[0]
+                helper = abi.HELPER_STR_EQ
+            self.emit(isa.ld_pseudo(R4, abi.PSEUDO_RODATA, 0, self.literal(text)))
+            self.emit(isa.mov_imm(R5, len(text)), isa.call(helper))
+        else:
+            assert isinstance(b, ast.FieldRef)
+            self.emit(self.path_reg(R4, b), isa.call(abi.HELPER_STR_FIELDS_EQ))
+        self.jump(abort, isa.JSLT, R0, 0)
+
+    # -- values ------------------------------------------------------------------------
+
+    def value(self, n: ast.Node, abort: _Label, depth: int, *, double: bool = False) -> None:
+        """R0 = the value of ``n`` (an s64, or a double's bits when ``n`` is a
+        double or ``double`` asks for one)."""
+        if double and n.type != "double":
+            self.value(n, abort, depth)
+            self.emit(isa.mov(R1, R0), isa.call(abi.HELPER_S64_TO_DOUBLE))
+            return
+        if isinstance(n, ast.IntLit):
+            v = n.value
+            self.emit(isa.mov_imm(R0, v) if _fits_imm32(v) else isa.ld_imm64(R0, v))
+            return
+        if isinstance(n, ast.FloatLit):
+            import struct
+
+            bits = struct.unpack("<q", struct.pack("<d", n.value))[0]
+            self.emit(isa.ld_imm64(R0, bits))
+            return
+        if isinstance(n, ast.FieldRef):
+            self.load(n, abort)
+            return
+        if isinstance(n, ast.Unary):
+            self.value(n.operand, abort, depth)
+            if n.op == "-":
+                if n.type == "double":
+                    self.emit(isa.ld_imm64(R1, 1 << 63), isa.alu64(isa.XOR, R0, R1, reg=True))
+                else:
+                    self.emit(isa.insn(isa.ALU64 | isa.NEG, R0))
+            elif n.op == "~":
+                self.emit(isa.alu64(isa.XOR, R0, -1, reg=False))
+            elif n.op == "!":
+                if n.operand.type == "double":
+                    self.emit(isa.alu64(isa.LSH, R0, 1, reg=False))
+                self.materialize_zero_test(R0)
+            return
+        if isinstance(n, ast.Binary) and n.op in _BITWISE:
+            self.value(n.left, abort, depth)
+            self.hold(depth)
+            self.value(n.right, abort, depth + 1)
+            if n.op in ("<<", ">>"):
+                self.jump(abort, isa.JGT, R0, 63)  # unsigned: negatives too
+            self.emit(self.fetch(depth, R1))
+            self.emit(isa.alu64(_BITWISE[n.op], R1, R0, reg=True), isa.mov(R0, R1))
+            return
+        # Comparisons and logic as values: 0 or 1.
+        t, f, done = self.label("t"), self.label("f"), self.label("done")
+        self.cond(n, t, f, abort, depth)
+        self.place(t)
+        self.emit(isa.mov_imm(R0, 1))
+        self.jump(done)
+        self.place(f)
+        self.emit(isa.mov_imm(R0, 0))
+        self.place(done)
+
+    def materialize_zero_test(self, reg: int) -> None:
+        """reg = (reg == 0)."""
+        skip = self.label("nz")
+        done = self.label("done")
+        self.jump(skip, isa.JNE, reg, 0)
+        self.emit(isa.mov_imm(reg, 1))
+        self.jump(done)
+        self.place(skip)
+        self.emit(isa.mov_imm(reg, 0))
+        self.place(done)
+
+    def hold(self, depth: int) -> None:
+        """Keep R0 while the other operand is computed (R8, R9, then stack)."""
+        if depth < len(_TEMPS):
+            self.emit(isa.mov(_TEMPS[depth], R0))
+        else:
+            slot = depth - len(_TEMPS) + 1
+            self.stack_slots = max(self.stack_slots, slot)
+            self.emit(isa.stx(isa.DW, R10, R0, -8 * slot))
+
+    def fetch(self, depth: int, reg: int):
+        if depth < len(_TEMPS):
+            return isa.mov(reg, _TEMPS[depth])
+        return isa.ldx(isa.DW, reg, R10, -8 * (depth - len(_TEMPS) + 1))
+
+    def path_reg(self, reg: int, ref: ast.FieldRef) -> list:
+        return isa.ld_pseudo(reg, abi.PSEUDO_FIELD_PATH, self.path_index(ref.path), 0)
+
+    def setup_call(self, ref: ast.FieldRef) -> None:
+        """R1 = event, R2 = context, R3 = the field's path."""
+        if ref.path is None:
+            raise AssertionError("missing paths are handled by the caller")
+        self.emit(isa.mov(R1, R6), isa.mov(R2, R7), self.path_reg(R3, ref))
+
+    def load(self, ref: ast.FieldRef, abort: _Label) -> None:
+        """R0 = a numeric field (s64, or a double's bits)."""
+        path = ref.path
+        if path is None:  # the schema lacks it: evaluating it aborts
+            self.jump(abort)
+            self.emit(isa.mov_imm(R0, 0))  # unreachable; keeps R0 typed for the verifier
+            return
+        if path.static_offset is not None:
+            base = R7 if path.root == ROOT_CONTEXT else R6
+            self.emit(isa.ldx(_SIZE[path.size], R0, base, path.static_offset))
+        else:
+            self.setup_call(ref)
+            self.emit(isa.call(abi.HELPER_FIELD_ADDR))
+            self.jump(abort, isa.JEQ, R0, 0)
+            self.emit(isa.ldx(_SIZE[path.size], R0, R0, 0))
+        if path.leaf == "float":
+            if path.size == 4:
+                self.emit(isa.mov(R1, R0), isa.call(abi.HELPER_F32_TO_DOUBLE))
+            return
+        if path.signed and path.size < 8:
+            shift = 64 - 8 * path.size
+            self.emit(
+                isa.alu64(isa.LSH, R0, shift, reg=False), isa.alu64(isa.ARSH, R0, shift, reg=False)
+            )
+
+
+def generate(
+    tree: ast.Node,
+    event: Schema,
+    context: Schema = DEFAULT_CONTEXT,
+    *,
+    name: str = "filter",
+) -> Program:
+    """The eBPF program of a checked tree (see :func:`~..check.check`).
+
+    Raises :class:`FilterError` when the program exceeds eBPF's
+    :data:`~..abi.MAX_INSNS` instructions.
+    """
+    g = _Gen()
+    t, f, abort = g.label("true"), g.label("false"), g.label("abort")
+    g.emit(isa.mov(R6, R1), isa.mov(R7, R2))
+    g.cond(tree, t, f, abort)
+    g.place(t)
+    g.emit(isa.mov_imm(R0, 1), isa.exit_())
+    g.place(f)
+    g.place(abort)
+    g.emit(isa.mov_imm(R0, 0), isa.exit_())
+    insns = isa.program(g.finish())
+    if len(insns) > abi.MAX_INSNS:
+        raise FilterError(
+            f"the eBPF program would have {len(insns)} instructions, over eBPF's limit of "
+            f"{abi.MAX_INSNS}",
+            column=tree.column,
+        )
+    return Program(
+        insns,
+        bytes(g.rodata),
+        g.paths,
+        event_size=event.size,
+        context_size=context.size,
+        name=name,
+    )
