@@ -537,13 +537,26 @@ def test_disassembly_shows_frame():
 
 
 def test_stack_depth_and_alignment():
-    # rsp must be 16-byte aligned at a call: a helper that would fault on a
-    # misaligned movaps is not guaranteed, so check the frame arithmetic.
-    for depth, frame in [(0, 32), (8, 48), (16, 48), (512, 544), (100, 144)]:
+    # System V wants rsp 16-byte aligned at a call.  R10 (rbp) returned as
+    # R0 shows the frame base (entry rsp - 8) is aligned, and the frame
+    # below it is a multiple of 16: so rsp at a helper call is aligned.
+    leak_r10 = isa.program([isa.mov(R0, R10), isa.call(abi.HELPER_GET_PID), isa.mov(R0, R10), isa.exit_()])  # fmt: skip
+    for depth, frame in [(0, 32), (8, 48), (16, 48), (100, 144), (512, 544)]:
         jc = jit_insns(FIG6, stack_depth=depth)
-        assert jc.stack_depth % 16 == 0 and (jc.stack_depth + 32) == frame
-        assert f"sub rsp, {frame:#x}" in jc.disassemble()
+        assert jc.stack_depth == -(-depth // 16) * 16
+        assert re.search(rf"sub rsp, {frame:#x}$", jc.disassemble(), re.M)
         assert jc(ctypes.addressof((ctypes.c_int64 * 1)(42))) == 1
+        assert jit_insns(leak_r10, stack_depth=depth)(0) % 16 == 0
+    # The spills of rbx/r13/r14/r15 are below the 512-byte eBPF stack:
+    # filling all of it must leave the caller's registers (restored from
+    # the spills on return) intact, and R6-R9 live in registers meanwhile.
+    fill = [isa.st(DW, R10, -8 * k, -1) for k in range(1, 65)]
+    prog = isa.program(
+        [isa.mov_imm(R6, 6), isa.mov_imm(R7, 7), isa.mov_imm(R8, 8), isa.mov_imm(R9, 9), *fill]
+        + [isa.mov(R0, R6), isa.alu64(isa.ADD, R0, R7, reg=True)]
+        + [isa.alu64(isa.ADD, R0, R8, reg=True), isa.alu64(isa.ADD, R0, R9, reg=True), isa.exit_()]
+    )
+    assert jit_insns(prog)(0) == 30
 
 
 def chain_program(
