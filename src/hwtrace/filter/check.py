@@ -33,17 +33,19 @@ def check(
     *,
     unknown: Unknown = "error",
     text: str | None = None,
+    fold: bool = True,
 ) -> ast.Node:
     """The typed, folded tree of ``tree`` (nodes are updated in place;
     folded subtrees are replaced, so use the returned root).
 
     ``text``, when given, is the expression's source: errors then show it
-    with a caret.
+    with a caret.  ``fold=False`` keeps literal-only subtrees as they are
+    (tests check that folding never changes a verdict).
     """
     if unknown not in ("error", "false"):
         raise ValueError(f"unknown must be 'error' or 'false', not {unknown!r}")
     try:
-        root = _Checker(event, context, unknown).node(tree)
+        root = _Checker(event, context, unknown, fold).node(tree)
         _settle(root, "s64")
         if root.type == "string":
             raise FilterError(
@@ -72,10 +74,11 @@ def _truth(value: int | float) -> bool:
 
 
 class _Checker:
-    def __init__(self, event: Schema, context: Schema, unknown: Unknown) -> None:
+    def __init__(self, event: Schema, context: Schema, unknown: Unknown, fold: bool) -> None:
         self.event = event
         self.context = context
         self.unknown = unknown
+        self.fold = fold
 
     def node(self, n: ast.Node) -> ast.Node:
         if isinstance(n, ast.IntLit):
@@ -127,7 +130,7 @@ class _Checker:
         if n.op == "~" and operand.type == "double":
             raise FilterError("'~' needs an integer operand, not a double", column=n.column)
         n.type = "s64" if n.op in ("!", "~") else operand.type
-        return _fold_unary(n)
+        return _fold_unary(n) if self.fold else n
 
     def binary(self, n: ast.Binary) -> ast.Node:
         left = n.left = self.node(n.left)
@@ -146,7 +149,7 @@ class _Checker:
                         column=n.column,
                     )
             n.type = "s64"
-            return _fold_bitwise(n)
+            return _fold_bitwise(n) if self.fold else n
         if op not in ast.COMPARISON_OPS:
             raise FilterError(f"unknown operator '{op}'", column=n.column)
         n.type = "s64"
@@ -166,8 +169,8 @@ class _Checker:
                 and right.is_glob
             ):
                 raise FilterError("cannot compare two glob patterns", column=n.column)
-            return _fold_strings(n)
-        return _fold_compare(n)
+            return _fold_strings(n) if self.fold else n
+        return _fold_compare(n) if self.fold else n
 
     def logical(self, n: ast.Logical) -> ast.Node:
         left = n.left = self.node(n.left)
@@ -181,7 +184,7 @@ class _Checker:
                 )
         n.type = "s64"
         # The left operand alone may decide: the right one is never evaluated.
-        if isinstance(left, (ast.IntLit, ast.FloatLit)):
+        if self.fold and isinstance(left, (ast.IntLit, ast.FloatLit)):
             if _truth(left.value) == (n.op == "||"):
                 return ast.IntLit(int(n.op == "||"), column=n.column, type="s64")
             if isinstance(right, (ast.IntLit, ast.FloatLit)):

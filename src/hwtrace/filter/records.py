@@ -204,20 +204,24 @@ class _Packer:
         unknown = set(columns) - {f.name for f in t.fields}
         if unknown:
             raise FilterError(f"{where}: no field {sorted(unknown)[0]!r}")
-        columns = dict(columns)
-        # A ptr sequence's length field counts its elements unless given.
+        # A ptr sequence's length field counts its elements unless given
+        # (several sequences may share one: the first present one counts).
+        counted: dict[str, list[Sequence[Any]]] = {}
         for f in t.fields:
             if isinstance(f.type, SequenceType) and f.type.storage == "ptr" and f.type.length_field:
-                seqs = columns.get(f.name)
-                if seqs is None:
-                    continue
-                given = columns.get(f.type.length_field)
-                columns[f.type.length_field] = [
-                    (len(s) if s is not None else 0)
-                    if given is None or given[i] is None
-                    else given[i]
-                    for i, s in enumerate(seqs)
-                ]
+                if f.name in columns:
+                    counted.setdefault(f.type.length_field, []).append(columns[f.name])
+        columns = dict(columns)
+        for length_field, seqs in counted.items():
+            given = columns.get(length_field)
+            lengths = []
+            for i in range(self.n):
+                if given is not None and given[i] is not None:
+                    lengths.append(given[i])
+                else:
+                    present = [s[i] for s in seqs if s[i] is not None]
+                    lengths.append(len(present[0]) if present else 0)
+            columns[length_field] = lengths
         for f in t.fields:
             values = columns.get(f.name)
             if values is None:
