@@ -69,7 +69,6 @@ AUX_REG = R11
 
 #: eBPF register -> x86-64 register (Table 1).
 REG_MAP = (RAX, RDI, RSI, RDX, RCX, R8, RBX, R13, R14, R15, RBP)
-_X86_NAMES = "rax rcx rdx rbx rsp rbp rsi rdi r8 r9 r10 r11 r12 r13 r14 r15".split()
 #: Callee-saved registers the prologue saves below the eBPF stack.
 CALLEE_SAVED = (RBX, R13, R14, R15)
 _SPILL_BYTES = 8 * len(CALLEE_SAVED)
