@@ -313,6 +313,12 @@ class _Verifier:
                 continue
             self.check_insn(pc)
             pc += 1
+        last = n - 2 if self.second[n - 1] else n - 1
+        if self.code[last] not in (isa.JMP | isa.EXIT, isa.JMP | isa.JA):
+            self.fail(
+                "the program falls off its end here: the last instruction must be exit or goto",
+                last,
+            )
         for pc in range(n):
             c = self.code[pc]
             if self.second[pc] or c & 7 not in (isa.JMP, isa.JMP32):
@@ -524,12 +530,7 @@ class _Verifier:
             reachable += width
             cur = self.step(pc, cur, pending)
             pc += width
-        if cur is not None:
-            last = n - 1
-            self.fail(
-                "the program falls off its end after this instruction (every path must end in exit)",
-                last - 1 if self.second[last] else last,
-            )
+        assert cur is None  # the last instruction is exit or goto (pass 1)
         depth = -(-self.depth // 8) * 8
         return VerifierInfo(depth, n, reachable, frozenset(self.helpers))
 
