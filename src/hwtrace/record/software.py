@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import iced_x86 as iced
 import numpy as np
 
 from ..image import Image, ImageError, read_elf
-from ..isa.x86 import IClass, InsnCache
+from ..isa.x86 import InsnCache
 from ..perf.sideband import TscConversion
 from ..pt.config import PtConfig
 from ..pt.encode import EncodedTrace, encode_path
@@ -40,6 +41,7 @@ from .stepper import (
     END_EXIT,
     Mapping,
     RecordError,
+    Segment,
     StepLog,
     TracedRange,
     _load_bias,
@@ -220,16 +222,35 @@ def _filters(ranges: list[TracedRange], maps: list[Mapping]) -> str:
 # -- the path ------------------------------------------------------------------------
 
 
-def _rep_repeats(ips: np.ndarray, cache: InsnCache) -> np.ndarray:
-    """True for rows repeating the previous row's non-branch instruction: the
-    further iterations of a ``rep`` string instruction."""
+def _rep_repeats(ips: np.ndarray, cache: InsnCache, segments: Sequence[Segment]) -> np.ndarray:
+    """True for rows repeating the previous row's ``rep`` string instruction:
+    its further iterations, each stepped on its own.
+
+    Only a string instruction with a REP/REPNE prefix repeats itself.  Another
+    instruction at the previous row's address ran again: a branch to itself,
+    or a signal handler whose first instruction ran and whose next one was
+    interrupted by a signal to the same handler.  Nor is a row that starts a
+    traced stretch or a handler (an interrupt) ever an iteration.
+    """
     same = np.zeros(ips.shape[0], np.bool_)
     same[1:] = ips[1:] == ips[:-1]
+    for seg in segments:
+        if seg.start < same.shape[0]:
+            same[seg.start] = False
+        for row, _source, _sig in seg.interrupts:
+            if row < same.shape[0]:
+                same[row] = False
     for ip in np.unique(ips[same]):
         insn = cache.get(int(ip), 64)
-        if isinstance(insn, int) or insn.iclass != IClass.OTHER:
-            same[same & (ips == ip)] = False  # a branch to itself runs again
+        if isinstance(insn, int) or not _is_rep_string(insn.raw):
+            same[same & (ips == ip)] = False
     return same
+
+
+def _is_rep_string(raw: bytes) -> bool:
+    """A string instruction (MOVS, STOS, CMPS ...) with a REP or REPNE prefix."""
+    ins = iced.Decoder(64, raw).decode()
+    return ins.is_string_instruction and (ins.has_rep_prefix or ins.has_repne_prefix)
 
 
 def encode_log(
@@ -248,7 +269,7 @@ def encode_log(
     if not log.segments:
         raise RecordError("nothing was traced: the process never ran inside the ranges")
     cache = InsnCache(log.read_code)
-    repeat = _rep_repeats(log.ips, cache)
+    repeat = _rep_repeats(log.ips, cache, log.segments)
     path: list[np.ndarray] = []
     cost: list[np.ndarray] = []
     off: list[tuple[int, int]] = []
