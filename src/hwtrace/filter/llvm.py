@@ -84,22 +84,14 @@ def _s64(v: int) -> int:
     return v - (1 << 64) if v >> 63 else v
 
 
-def _c_string(b: bytes) -> bytes:
-    """A literal's bytes as a C string sees them (up to the first NUL)."""
-    return b.split(b"\0", 1)[0]
-
-
 def _glob_accepts(parts: tuple[bytes, ...], s: bytes) -> bool:
-    """Compile-time glob of a literal (two literals fold): ``s`` is
-    ``parts[0] + * + parts[1] + ... + parts[-1]`` with leftmost search."""
-    if any(b"\0" in p for p in parts):
-        return False
+    """Compile-time glob of a literal (as check.py folds two literals):
+    ``s`` starts with the first part, ends with the last and holds the
+    others in order between them (leftmost search)."""
     first, last, mids = parts[0], parts[-1], parts[1:-1]
-    if not s.startswith(first) or len(s) < len(first) + len(last) + sum(map(len, mids)):
+    if len(s) < len(first) + len(last) or not s.startswith(first) or not s.endswith(last):
         return False
     pos, end = len(first), len(s) - len(last)
-    if not s.endswith(last):
-        return False
     for m in mids:
         k = s.find(m, pos, end)
         if k < 0:
@@ -465,7 +457,7 @@ class _Gen:
             raise FilterError(f"{node.op!r} on strings", column=node.column)
         left, right = node.left, node.right
         if isinstance(left, ast.StrLit) and isinstance(right, ast.StrLit):
-            eq = self._fold(left, right)
+            eq = self._fold(left, right, node)
         else:
             if isinstance(left, ast.StrLit):
                 left, right = right, left
@@ -487,17 +479,18 @@ class _Gen:
         return eq
 
     @staticmethod
-    def _fold(left: ast.StrLit, right: ast.StrLit) -> ir.Value:
-        # Two literals: the checker normally folds them; if not, an exact
-        # one is matched against the other (a glob, or exact).
+    def _fold(left: ast.StrLit, right: ast.StrLit, node: ast.Binary) -> ir.Value:
+        # Two literals: check.py folds them; unfolded (fold=False), the
+        # exact one is matched against the other, a pattern or exact text.
         if left.is_glob and right.is_glob:
-            eq = left.parts == right.parts
-        elif left.is_glob:
-            eq = _glob_accepts(left.parts, _c_string(right.parts[0]))
-        elif right.is_glob:
-            eq = _glob_accepts(right.parts, _c_string(left.parts[0]))
-        else:
-            eq = _c_string(left.parts[0]) == _c_string(right.parts[0])
+            raise FilterError("cannot compare two glob patterns", column=node.column)
+        if left.is_glob:
+            left, right = right, left
+        eq = (
+            _glob_accepts(right.parts, left.parts[0])
+            if right.is_glob
+            else left.parts == right.parts
+        )
         return ir.Constant(_I1, int(eq))
 
     # values
