@@ -51,7 +51,7 @@ _SIZE_NAME = {v: k for k, v in _SIZE_BY_NAME.items()}
 _TOKEN = re.compile(
     r"""
     (?P<ws>\s+)
-  | (?P<reg>[rw](?:10|[0-9])\b)
+  | (?P<reg>[rw][0-9]+\b)
   | (?P<num>0[xX][0-9a-fA-F]+|[0-9]+)\b
   | (?P<annot><[A-Za-z_.$][^<>]*>)
   | (?P<op>s>>=|<<=|>>=|s>=|s<=|s>|s<|==|!=|>=|<=|\+=|-=|\*=|/=|%=|\|=|&=|\^=|[=<>+\-*/&|^()\[\],:])
@@ -125,7 +125,11 @@ class _Line:
         if t.kind != "reg":
             self.i -= 1
             self.error(f"expected a register (r0-r10 or w0-w10), found {t.text or 'nothing'!r}")
-        return int(t.text[1:]), t.text[0] == "w"
+        n = int(t.text[1:])
+        if n > 10:
+            self.i -= 1
+            self.error(f"invalid register {t.text} (r0-r10, w0-w10)")
+        return n, t.text[0] == "w"
 
     def number(self, lo: int, hi: int, what: str) -> int:
         col = self.peek().col
@@ -265,8 +269,6 @@ def _parse_line(ln: _Line) -> _Stmt | None:
             ln.end()
             code, d, s, off, imm = vals
             return _Stmt([(code, d | (s << 4), off, _s32(imm))], ln)
-        if re.fullmatch(r"[rw][0-9]+", word):
-            ln.error(f"invalid register {word} (r0-r10, w0-w10)")
         ln.error(f"unknown instruction {word!r}")
     if t.kind == "op" and t.text == "*":
         size, d, off = _parse_mem(ln)
@@ -438,7 +440,7 @@ def _text(code: int, d: int, s: int, off: int, imm: int, nxt: tuple | None) -> s
         if s == abi.PSEUDO_FIELD_PATH:
             return f"r{d} = path[{imm}] ll"
         value = (imm & 0xFFFFFFFF) | ((nxt[4] & 0xFFFFFFFF) << 32)
-        return f"r{d} = {value:#x} ll"
+        return f"r{d} = {value} ll"  # unsigned decimal, as llvm-objdump
     op = code & 0xF0
     if cls == isa.JMP:
         if op == isa.JA:
