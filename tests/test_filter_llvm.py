@@ -704,19 +704,71 @@ def test_emit_shared_without_a_compiler_says_so(tmp_path, monkeypatch):
         f.emit_shared(tmp_path / "x.so")
 
 
+APP_CONTEXT = Schema.declare(
+    "context",
+    [("procname", "char[16]"), ("myprov:count", "s64"), ("myprov_count", "u16")],
+    root=DEFAULT_CONTEXT.root,
+)
+
+C_NESTED = r"""
+#include <stdio.h>
+#include <string.h>
+#include "nested.h"
+
+static unsigned char buf[sizeof(struct nested_event) + 8];
+
+int main(void) {
+    struct nested_event *ev = (struct nested_event *)buf;
+    struct nested_event_items items[2];
+    struct nested_context ctx;
+    uint16_t two = 2;
+    memset(items, 0, sizeof items);
+    memset(&ctx, 0, sizeof ctx);
+    items[1].name = "x";
+    ev->n = 2;
+    ev->items = items;
+    memcpy(buf + sizeof *ev, &two, 2);  /* the data_loc payload after the record */
+    ev->dl = (uint32_t)sizeof *ev | 2u << 16;
+    strcpy(ctx.procname, "yes");
+    ctx.myprov_count = 3;
+    printf("%lld\n", (long long)nested(ev, &ctx));
+    ev->n = 1;  /* items[1] is past the length now */
+    printf("%lld\n", (long long)nested(ev, &ctx));
+    ev->n = 2;
+    ctx.myprov_count = 4;
+    printf("%lld\n", (long long)nested(ev, &ctx));
+    ctx.myprov_count = 3;
+    ev->dl = (uint32_t)sizeof *ev | 1u << 16;  /* one byte: no dl[0] */
+    printf("%lld\n", (long long)nested(ev, &ctx));
+    return 0;
+}
+"""
+
+
 @needs_gcc
-def test_c_header_compiles_for_nested_layouts(tmp_path):
-    tree = typed('items[1].name == "x" && dl[0] == 2 && $ctx.procname == "y"', SEQS)
-    f = compile_llvm(tree, name="nested", event_schema=SEQS, context_schema=DEFAULT_CONTEXT)
+def test_c_header_describes_nested_layouts_the_filter_reads(tmp_path):
+    text = 'items[1].name == "x" && dl[0] == 2 && $ctx.procname == "y*" && $app.myprov:count == 3'
+    tree = check(parse(text), SEQS, APP_CONTEXT, text=text)
+    f = compile_llvm(tree, name="nested", event_schema=SEQS, context_schema=APP_CONTEXT)
     header = f.c_header()
     assert "struct nested_event_items" in header and "__data_loc" in header
-    (tmp_path / "h.c").write_text('#include "h.h"\nint main(void) { return 0; }\n')
-    (tmp_path / "h.h").write_text(header)
+    assert "myprov_count_;" in header  # two members with one C name
+    (tmp_path / "nested.h").write_text(header)
+    (tmp_path / "main.c").write_text(C_NESTED)
+    obj = f.emit_object(tmp_path / "nested.o")
+    exe = tmp_path / "main"
     subprocess.run(
-        [GCC, "-std=c11", "-Wall", "-Werror", "-c", "-o", tmp_path / "h.o", tmp_path / "h.c"],
+        [GCC, "-std=gnu11", "-O2", "-Wall", "-Werror", "-o", exe, tmp_path / "main.c", obj],
         check=True,
         capture_output=True,
     )
+    out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout.split()
+    assert out == ["1", "0", "0", "0"]
+    # The same records built in Python give the same verdicts.
+    item = dict(id=0, name="x", tag="")
+    ctx = EventRecord(APP_CONTEXT, {"procname": "yes", "myprov:count": 3})
+    assert f(seqs(items=[item, item], dl=[2]), ctx)
+    assert not f(seqs(items=[item, item], n=1, dl=[2]), ctx)
 
 
 # -- speed (report only) -----------------------------------------------------------------------

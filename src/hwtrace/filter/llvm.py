@@ -703,7 +703,8 @@ class LlvmFilter:
 
     def asm(self) -> str:
         """Host assembly of the function, as the JIT runs it."""
-        return _target_machine("jit", self.opt).emit_assembly(self._module)
+        with _lock:
+            return _target_machine("jit", self.opt).emit_assembly(self._module)
 
     def object_bytes(self, *, portable: bool = False) -> bytes:
         """The module as a relocatable PIC ELF object (host CPU, or generic
@@ -757,7 +758,7 @@ class LlvmFilter:
             )
             root = "context" if p.root == ROOT_CONTEXT else "event"
             kind = p.storage + " string" if p.leaf == "string" else f"{p.leaf}{8 * p.size}"
-            out.append(f" *   {root}: {p.text}: {kind}, {where}")
+            out.append(f" *   {root}: {_comment(p.text)}: {kind}, {where}")
         out.append(" */")
         for schema, role in zip(self._schemas, ("event", "context"), strict=True):
             if schema is not None:
@@ -781,6 +782,10 @@ def _c_ident(name: str) -> str:
     return ident
 
 
+def _comment(text: str) -> str:
+    return text.replace("*/", "* /")
+
+
 def _c_structs(schema: Schema, tag: str) -> list[str]:
     """Packed C structs reproducing ``schema``'s layout byte for byte."""
     decls: list[list[str]] = []
@@ -789,22 +794,29 @@ def _c_structs(schema: Schema, tag: str) -> list[str]:
         lines = ["", f"struct {tag} {{"]
         at = pad = 0
         asserts = []
+        used: set[str] = set()
         for f in st.fields:
+            if f.offset < at:  # overlaps the previous member: C cannot say it
+                lines.append(f"\t/* {_comment(f.name)} overlaps here: offset {f.offset} */")
+                continue
             if f.offset > at:
-                lines.append(f"\tuint8_t _pad{pad}[{f.offset - at}];")
+                lines.append(f"\tuint8_t _hwtrace_pad{pad}[{f.offset - at}];")
                 pad += 1
             ident = _c_ident(f.name)
+            while ident in used:  # "a:b" and "a_b" both become a_b
+                ident += "_"
+            used.add(ident)
             decl, note = member(f.type, ident, f"{tag}_{ident}")
-            comment = f"  /* {f.name}: {note} */" if note else ""
+            comment = f"  /* {_comment(f.name)}: {note} */" if note else ""
             if ident != f.name and not note:
-                comment = f"  /* {f.name} */"
+                comment = f"  /* {_comment(f.name)} */"
             lines.append(f"\t{decl};{comment}")
             asserts.append(
                 f'_Static_assert(offsetof(struct {tag}, {ident}) == {f.offset}, "{tag}.{ident}");'
             )
             at = f.offset + f.type.fixed_size
         if st.size > at:
-            lines.append(f"\tuint8_t _pad{pad}[{st.size - at}];")
+            lines.append(f"\tuint8_t _hwtrace_pad{pad}[{st.size - at}];")
         lines.append("} __attribute__((packed));")
         lines += asserts
         lines.append(f'_Static_assert(sizeof(struct {tag}) == {st.size}, "{tag} size");')
