@@ -100,7 +100,7 @@ _HEADER = 6
 NO_LIMIT = np.int64(1) << 62  # a C string's length bound: none
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def walk_path(path: int, event: int, context: int) -> int:
     """The address of a path's leaf slot (see :mod:`.schema`), or 0 when it
     is missing.  ``path`` is the address of the path's int64 code."""
@@ -138,7 +138,7 @@ def walk_path(path: int, event: int, context: int) -> int:
     return addr
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def string_at(path: int, event: int, context: int) -> tuple[int, int]:
     """``(address, bound)`` of a string leaf (it ends at its first NUL or at
     ``bound`` bytes), or ``(0, 0)`` when missing."""
@@ -163,14 +163,13 @@ def string_at(path: int, event: int, context: int) -> tuple[int, int]:
 @njit(cache=True)
 def str_equal(s: int, bound: int, lit: int, n: int) -> bool:
     """The string at ``s`` (ends at NUL or ``bound``) equals the ``n`` bytes
-    at ``lit``."""
+    at ``lit``.  libc's vectorised strnlen and memcmp: the length first (it
+    never reads past the string's end), then the bytes."""
     if n > bound:
         return False
-    for i in range(n):
-        c = load_u8(s + i)
-        if c != load_u8(lit + i) or c == 0:
-            return False
-    return n == bound or load_u8(s + n) == 0
+    if _strnlen(s, n + 1 if n < bound else n) != n:
+        return False
+    return _memcmp(s, lit, n) == 0
 
 
 @njit(cache=True)
@@ -335,6 +334,28 @@ def _clock_gettime(typingctx, clock, timespec):
     return types.int64(types.int64, types.int64), codegen
 
 
+@intrinsic
+def _strnlen(typingctx, s, n):
+    """libc ``strnlen((const char *)s, n)``."""
+
+    def codegen(context, builder, signature, args):
+        fn = _declare(builder, "strnlen", _i64, [_i64, _i64])
+        return builder.call(fn, [args[0], args[1]])
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _memcmp(typingctx, a, b, n):
+    """libc ``memcmp((const void *)a, (const void *)b, n)``."""
+
+    def codegen(context, builder, signature, args):
+        fn = _declare(builder, "memcmp", _i32, [_i64, _i64, _i64])
+        return builder.sext(builder.call(fn, [args[0], args[1], args[2]]), _i64)
+
+    return types.int64(types.int64, types.int64, types.int64), codegen
+
+
 _SYS_GETPID, _SYS_GETTID = 39, 186
 _CLOCK_MONOTONIC = 1
 
@@ -395,12 +416,44 @@ _C_SIG = "int64(int64, int64, int64, int64, int64)"
 _cfuncs: dict[int, object] = {}
 
 
+# One C entry point per helper, each going straight to its work (no
+# dispatch on the helper number): machine code calls these.  They are
+# module-level functions so numba can cache their compiled code.
+def _c_field_addr(r1, r2, r3, r4, r5):
+    return walk_path(r3, r1, r2)
+
+
+def _c_str_eq(r1, r2, r3, r4, r5):
+    s, bound = string_at(r3, r1, r2)
+    if s == 0:
+        return -1
+    return 1 if str_equal(s, bound, r4, r5) else 0
+
+
+def _c_str_glob(r1, r2, r3, r4, r5):
+    s, bound = string_at(r3, r1, r2)
+    if s == 0:
+        return -1
+    return 1 if glob_match(s, bound, r4, r5) else 0
+
+
+_C_ENTRIES = {
+    abi.HELPER_FIELD_ADDR: _c_field_addr,
+    abi.HELPER_STR_EQ: _c_str_eq,
+    abi.HELPER_STR_GLOB: _c_str_glob,
+}
+
+
 def _make_cfunc(helper: int):
-    # One C entry point per helper, so machine code calls it directly.
-    def entry(r1, r2, r3, r4, r5):
+    entry = _C_ENTRIES.get(helper)
+    if entry is not None:
+        return cfunc(_C_SIG, cache=True)(entry)
+
+    # The rarer helpers share the dispatching path.
+    def dispatch(r1, r2, r3, r4, r5):
         return call_helper(helper, r1, r2, r3, r4, r5)
 
-    return cfunc(_C_SIG, cache=False)(entry)
+    return cfunc(_C_SIG, cache=False)(dispatch)
 
 
 def helper_address(helper: int) -> int:
