@@ -603,6 +603,11 @@ def test_compile_errors_name_the_problem():
     with pytest.raises(FilterError, match="string") as e:
         compile_llvm(ast.StrLit((b"x",), type="string", column=3))
     assert e.value.column == 3
+    deep = typed("s64", INTS)
+    for _ in range(5000):  # deeper than the parser allows: built by hand
+        deep = ast.Unary("!", deep, type="s64")
+    with pytest.raises(FilterError, match="nested too deeply"):
+        compile_llvm(deep)
 
 
 @pytest.mark.parametrize("opt", [0, 1, 2])

@@ -889,7 +889,10 @@ def compile_llvm(
     module.triple = tm.triple
     module.data_layout = str(tm.target_data)
     gen = _Gen(module, name)
-    gen.finish(tree)
+    try:
+        gen.finish(tree)
+    except RecursionError:
+        raise FilterError("expression nested too deeply for the LLVM tier", column=1) from None
     # Self-contained code: no libc calls (LLVM would turn the length loop
     # into strlen), so the object links into any tracer.  llvmlite.ir knows
     # no string attributes: add it to the text.
