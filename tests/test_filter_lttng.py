@@ -544,6 +544,14 @@ def test_call_accepts_addresses_and_arrays(records):
     assert program(ev, buf) is False
     with pytest.raises(TypeError):
         program("event", ctx)
+    # A null record the program would read is refused, not dereferenced.
+    assert program.reads_context and not program.reads_event
+    assert program(0, ctx) is True
+    with pytest.raises(ValueError, match="reads a context record"):
+        program(ev)
+    with pytest.raises(ValueError, match="reads an event record"):
+        compile_lttng("q[1] == 20", S).trace(0, ctx)
+    assert compile_lttng("i == -5", S)(ev) is True
 
 
 def test_glob_escapes_round_trip_through_the_pool():

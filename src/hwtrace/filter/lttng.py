@@ -25,7 +25,7 @@ import numpy as np
 from . import ast
 from . import lttng_vm as vm
 from .errors import FilterError
-from .schema import DEFAULT_CONTEXT, ROOT_CONTEXT, Schema
+from .schema import DEFAULT_CONTEXT, ROOT_CONTEXT, ROOT_EVENT, Schema
 
 MAX_BYTECODE = 0xFFFF  # skip offsets are 16-bit and absolute
 
@@ -54,6 +54,8 @@ _PUSHES = (
 )  # fmt: skip
 _POPS = (vm.AND, vm.OR, vm.EQ_STRING, vm.NE_STRING, vm.EQ_STAR_GLOB_STRING,
          vm.NE_STAR_GLOB_STRING, *_BITWISE.values(), *range(vm.EQ_S64, vm.LE_S64_DOUBLE + 1))  # fmt: skip
+_CONTEXT_LOADS = {vm.GET_CONTEXT_REF_S64, vm.GET_CONTEXT_REF_DOUBLE, vm.GET_CONTEXT_REF_STRING}
+_EVENT_LOADS = {vm.LOAD_FIELD_REF_S64, vm.LOAD_FIELD_REF_DOUBLE, vm.LOAD_FIELD_REF_STRING}
 # Fall-through stack effect of each op (AND/OR pop their left operand).
 _DEPTH_CHANGE = {**{op: 1 for op in _PUSHES}, **{op: -1 for op in _POPS}}
 
@@ -122,6 +124,11 @@ class LttngProgram:
             text = vm.ERROR_TEXT[error].format(detail=detail)
             raise FilterError(f"at byte {pc}: {text}", where=f"insn {index}")
         self.stack_depth = depth
+        # Which records the program reads (a Python call refuses a null one).
+        ops = {op for _, op, _ in self.instructions()}
+        roots = {int(f.code[0]) for f in self.fields if f is not None}
+        self.reads_context = bool(ops & _CONTEXT_LOADS) or ROOT_CONTEXT in roots
+        self.reads_event = bool(ops & _EVENT_LOADS) or ROOT_EVENT in roots
 
         self._descriptor = np.zeros(vm.DESC_WORDS, np.int64)
         self._descriptor[vm.DESC_CODE] = self._code.ctypes.data
@@ -142,14 +149,22 @@ class LttngProgram:
     def __call__(self, event: Any, context: Any = 0) -> bool:
         """The verdict on the records at ``event`` and ``context`` (addresses,
         numpy arrays, or objects with an ``address``)."""
-        return bool(vm.run(*self.arrays, _address(event), _address(context)))
+        return bool(vm.run(*self.arrays, *self._records(event, context)))
 
     def trace(self, event: Any, context: Any = 0) -> tuple[bool, list[int]]:
         """The verdict and the pcs of the instructions executed (debugging:
         shows where short-circuits and missing data stopped evaluation)."""
         buf = np.zeros(1 + len(self._code), np.int64)  # no insn runs twice
-        verdict = vm.run_traced(*self.arrays, _address(event), _address(context), buf)
+        verdict = vm.run_traced(*self.arrays, *self._records(event, context), buf)
         return bool(verdict), [int(x) for x in buf[1 : 1 + buf[0]]]
+
+    def _records(self, event: Any, context: Any) -> tuple[int, int]:
+        ev, ctx = _address(event), _address(context)
+        for name, address, used in (("an event", ev, self.reads_event),
+                                    ("a context", ctx, self.reads_context)):  # fmt: skip
+            if used and address == 0:
+                raise ValueError(f"this filter reads {name} record: its address is 0")
+        return ev, ctx
 
     @property
     def program_address(self) -> int:
