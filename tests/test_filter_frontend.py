@@ -764,3 +764,20 @@ def test_pack_many():
     cols = pack_many(schema, {"id": np.arange(5, dtype=np.int64), "name": ["a"] * 5})
     assert evaluate(compile_check('id == 3 && name == "a"', schema), cols.address(3), ctx.address)
     assert len(pack_many(schema, [])) == 0
+
+
+def test_pack_many_int_and_float_columns_convert_exactly():
+    schema = Schema.declare("r", [("u", "u64"), ("s", "s8"), ("f", "float"), ("d", "double")])
+    us = [-1, 2**64 - 1, 2**63, 5]  # numpy alone would make floats of this mix
+    rows = [
+        {"u": u, "s": s, "f": f, "d": d}
+        for u, s, f, d in zip(
+            us, [127, 128, -129, 0], [1e40, 0.1, -0.0, 3], [1, 2.5, -1e300, 0], strict=True
+        )
+    ]
+    batch = pack_many(schema, rows)
+    got = [struct.unpack_from("<Qb3xfd", batch.record_bytes(i)) for i in range(4)]
+    assert [g[0] for g in got] == [2**64 - 1, 2**64 - 1, 2**63, 5]
+    assert [g[1] for g in got] == [127, -128, 127, 0]
+    assert got[0][2] == math.inf and got[1][2] == struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    assert [g[3] for g in got] == [1.0, 2.5, -1e300, 0.0]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -147,19 +148,20 @@ class _Packer:
         self.n = n
         self.size = size
         self.fixed = np.zeros((n, size), np.uint8)
-        self.dynamic = [bytearray() for _ in range(n)] if dynamic else None
+        # Row -> its data_loc payloads (rows without any are not listed).
+        self.dynamic: dict[int, bytearray] | None = {} if dynamic else None
         self.keep = keep
         self.strings = strings  # one buffer per distinct ptr string
 
     def finish(self, schema: Schema) -> RecordBatch:
         assert self.dynamic is not None
-        extra = max((len(d) for d in self.dynamic), default=0)
+        extra = max((len(d) for d in self.dynamic.values()), default=0)
         stride = max(8, -(-(self.size + extra) // 8) * 8)
         buf = np.zeros(self.n * stride, np.uint8)
         view = buf.reshape(self.n, stride)
         view[:, : self.size] = self.fixed
         sizes = np.full(self.n, self.size, np.int64)
-        for i, d in enumerate(self.dynamic):
+        for i, d in self.dynamic.items():
             if d:
                 view[i, self.size : self.size + len(d)] = np.frombuffer(bytes(d), np.uint8)
                 sizes[i] += len(d)
@@ -182,18 +184,25 @@ class _Packer:
         elif isinstance(t, SequenceType):
             self.sequence_column(t, offset, values, where)
         elif isinstance(t, StructType):
+            names = {f.name for f in t.fields}
+            plain = True  # every value a dict: columns are cut at C speed
             for i, v in enumerate(values):
-                if v is not None and not isinstance(v, Mapping):
-                    raise FilterError(
-                        f"{_at(where, i)}: expected a dict for a structure, got {v!r}"
-                    )
-            columns = {
-                f.name: [None if v is None else v.get(f.name) for v in values] for f in t.fields
-            }
-            for i, v in enumerate(values):
-                extra = set(v or ()) - set(columns)
-                if extra:
-                    raise FilterError(f"{_at(where, i)}: no field {sorted(extra)[0]!r}")
+                if type(v) is not dict:
+                    plain = False
+                    if v is None:
+                        continue
+                    if not isinstance(v, Mapping):
+                        raise FilterError(
+                            f"{_at(where, i)}: expected a dict for a structure, got {v!r}"
+                        )
+                if not v.keys() <= names:
+                    raise FilterError(f"{_at(where, i)}: no field {sorted(v.keys() - names)[0]!r}")
+            if plain:
+                columns = {f.name: list(map(dict.get, values, repeat(f.name))) for f in t.fields}
+            else:
+                columns = {
+                    f.name: [None if v is None else v.get(f.name) for v in values] for f in t.fields
+                }
             self.struct_columns(t, offset, columns, where)
         else:
             raise FilterError(f"{where}: cannot store a {type(t).__name__}")
@@ -229,6 +238,9 @@ class _Packer:
             self.column(f.type, offset + f.offset, values, f"{where}.{f.name}")
 
     def string_column(self, t: StringType, offset: int, values: Sequence[Any], where: str) -> None:
+        if t.storage == "ptr":
+            self.put(offset, self.c_strings(values, where))
+            return
         data = [None if v is None else _bytes(v, _at(where, i)) for i, v in enumerate(values)]
         if t.storage == "inline":
             cap = t.capacity
@@ -237,12 +249,6 @@ class _Packer:
                 self.fixed[:, offset : offset + cap] = np.frombuffer(packed, np.uint8).reshape(
                     self.n, cap
                 )
-        elif t.storage == "ptr":
-            addresses = np.zeros(self.n, np.uint64)
-            for i, d in enumerate(data):
-                if d is not None:
-                    addresses[i] = self.c_string(d)
-            self.put(offset, addresses)
         else:
             locs = np.zeros(self.n, np.uint32)
             for i, d in enumerate(data):
@@ -250,18 +256,40 @@ class _Packer:
                     locs[i] = self.append(i, d + b"\0", 1, _at(where, i))
             self.put(offset, locs)
 
-    def c_string(self, data: bytes) -> int:
-        buf = self.strings.get(data)
-        if buf is None:
-            buf = self.strings[data] = ctypes.create_string_buffer(data)
-            self.keep.append(buf)
-        return ctypes.addressof(buf)
+    def c_strings(self, values: Sequence[Any], where: str) -> np.ndarray:
+        """Addresses of NUL-terminated copies of ``values``: one buffer per
+        distinct string, None a null pointer."""
+        try:
+            distinct = dict.fromkeys(values)
+        except TypeError:  # a bytearray, or no string at all
+            values = [bytes(v) if isinstance(v, bytearray) else v for v in values]
+            try:
+                distinct = dict.fromkeys(values)
+            except TypeError:
+                bad = next(i for i, v in enumerate(values) if not isinstance(v, (str, bytes)))
+                raise FilterError(
+                    f"{_at(where, bad)}: expected a string, got {values[bad]!r}"
+                ) from None
+        table: dict[Any, int] = {None: 0}
+        for v in distinct:
+            if v is None:
+                continue
+            if not isinstance(v, (str, bytes)):
+                bad = list(values).index(v)
+                raise FilterError(f"{_at(where, bad)}: expected a string, got {v!r}")
+            data = _bytes(v, where)
+            buf = self.strings.get(data)
+            if buf is None:
+                buf = self.strings[data] = ctypes.create_string_buffer(data)
+                self.keep.append(buf)
+            table[v] = ctypes.addressof(buf)
+        return np.fromiter(map(table.__getitem__, values), np.uint64, len(values))
 
     def append(self, row: int, data: bytes, align: int, where: str) -> int:
         """Put ``data`` after row ``row``'s fixed part: its data_loc word."""
         if self.dynamic is None:
             raise FilterError(f"{where}: a data_loc field cannot sit inside a pointed-to sequence")
-        d = self.dynamic[row]
+        d = self.dynamic.setdefault(row, bytearray())
         d.extend(b"\0" * (-(self.size + len(d)) % align))
         at = self.size + len(d)
         d.extend(data)
@@ -306,6 +334,15 @@ def _at(where: str, i: int) -> str:
 
 def _ints(values: Sequence[Any], size: int, where: str) -> np.ndarray:
     out = np.dtype(f"<u{size}")
+    if not isinstance(values, np.ndarray) and len(values) and type(values[0]) is int:
+        # Plain ints within 64 bits convert at numpy's speed; else one by one
+        # (numpy makes floats of a mix of negative and above-2^63 ints).
+        try:
+            converted = np.array(values)
+            if converted.dtype.kind in "iu":
+                values = converted
+        except OverflowError:
+            pass
     if isinstance(values, np.ndarray) and values.dtype.kind in "iub":
         return values.astype(np.int64 if values.dtype.kind != "u" else np.uint64).astype(out)
     mask = (1 << (8 * size)) - 1
@@ -322,6 +359,11 @@ def _ints(values: Sequence[Any], size: int, where: str) -> np.ndarray:
 
 def _floats(values: Sequence[Any], size: int, where: str) -> np.ndarray:
     out = np.float32 if size == 4 else np.float64
+    if not isinstance(values, np.ndarray) and len(values) and type(values[0]) in (int, float):
+        try:
+            values = np.array(values)  # all numbers: an int or float dtype
+        except OverflowError:
+            pass
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
         with np.errstate(over="ignore"):
             return values.astype(np.float64).astype(out)
