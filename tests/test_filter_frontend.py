@@ -164,6 +164,10 @@ def test_columns():
         ("0xFFFFFFFFFFFFFFFF", -1),
         ("18446744073709551615", -1),
         ("01777777777777777777777", -1),
+        ("10u", 10),  # C's suffixes, as LTTng's lexer takes them
+        ("0xffUL", 255),
+        ("017ll", 15),
+        ("0xfull", 15),
     ],
 )
 def test_integer_literals(text, value):
@@ -173,7 +177,15 @@ def test_integer_literals(text, value):
 
 @pytest.mark.parametrize(
     "text, value",
-    [("17.34e9", 17.34e9), ("1.", 1.0), (".5", 0.5), ("1e3", 1000.0), ("2.5E-3", 2.5e-3)],
+    [
+        ("17.34e9", 17.34e9),
+        ("1.", 1.0),
+        (".5", 0.5),
+        ("1e3", 1000.0),
+        ("2.5E-3", 2.5e-3),
+        ("1.5f", 1.5),
+        ("2.L", 2.0),
+    ],
 )
 def test_float_literals(text, value):
     n = parse(text)
@@ -196,6 +208,7 @@ def test_strings_and_globs():
     assert parse('"a\\\\*"').parts == (b"a\\", b"")  # \\ then a wildcard
     assert parse('"q\\"q\\n\\t\\r"').parts == (b'q"q\n\t\r',)
     assert parse('"héllo"').parts == ("héllo".encode(),)
+    assert parse('"a\nb"').parts == (b"ab",)  # a raw line break is dropped, as LTTng does
 
 
 def test_nested_field_resolves():
@@ -238,6 +251,7 @@ def test_fields():
         ("a == 08", "invalid octal literal", 6),
         ("a == 1.2.3", "invalid number", 6),
         ("a == 12abc", "invalid number", 6),
+        ("a == 10uu", "invalid number '10uu'", 6),
         ('a == "x\\q"', "unknown escape", 8),
         ("$foo.bar == 1", "unknown '$foo'", 1),
         ("$ctx == 1", "expected '.' after '$ctx'", 6),

@@ -1,9 +1,17 @@
-"""Parse LTTng filter expressions into the syntax tree of :mod:`.ast`.
+r"""Parse LTTng filter expressions into the syntax tree of :mod:`.ast`.
 
 The grammar is LTTng's (``filter-parser.ypp`` of lttng-tools), written for
 lark's LALR parser.  Binary arithmetic (``* / % + -``) is in the grammar at
 C's precedence, as in LTTng, only so that it can be refused with a message
 that names the operator: LTTng filters have no arithmetic.
+
+Where LTTng's documentation is silent, this parser follows its lexer:
+integer literals take C's suffixes (``10u``, ``0xffUL``), floats ``f``/``l``;
+names may hold ``:`` (``$app.PROVIDER:NAME``, ``$ctx.perf:cpu:cycles``);
+a raw line break inside a string literal is dropped.  It departs from it
+where the design note says so: the escapes ``\\ \" \* \n \t \r`` work (LTTng
+refuses escapes), an index must be a constant non-negative integer, and
+``->``, single-quoted strings and comments are refused with a message.
 
 Columns are 1-based character offsets into the text (a newline counts as
 one column, as :class:`~.errors.FilterError` prints the text on one line).
@@ -111,6 +119,7 @@ _U64_MAX = (1 << 64) - 1
 _DECIMAL = re.compile(r"[1-9]\d*|0")
 _OCTAL = re.compile(r"0[0-7]+")
 _HEX = re.compile(r"0[xX][0-9a-fA-F]+")
+_INT_SUFFIX = re.compile(r"(?:[uU](?:ll|LL|l|L)?|(?:ll|LL|l|L)[uU]?)$")
 _FLOAT = re.compile(r"(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+")
 
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
@@ -300,10 +309,13 @@ class _Builder:
     # Literals.
 
     def number(self, tok: Token) -> ast.Node:
-        s = str(tok)
+        text = str(tok)
         column = tok.start_pos + 1
-        if _FLOAT.fullmatch(s):
-            return ast.FloatLit(float(s), column=column)
+        if _FLOAT.fullmatch(text):
+            return ast.FloatLit(float(text), column=column)
+        if text[-1] in "fFlL" and _FLOAT.fullmatch(text[:-1]):  # C's float suffixes
+            return ast.FloatLit(float(text[:-1]), column=column)
+        s = _INT_SUFFIX.sub("", text)  # C's integer suffixes: 10u, 0xffUL
         if _HEX.fullmatch(s):
             value = int(s, 16)
         elif _OCTAL.fullmatch(s):
@@ -313,9 +325,11 @@ class _Builder:
         elif re.fullmatch(r"0\d+", s):
             raise FilterError(f"invalid octal literal '{s}'", column=column)
         else:
-            raise FilterError(f"invalid number {_show(s)}", column=column)
+            raise FilterError(f"invalid number {_show(text)}", column=column)
         if value > _U64_MAX:
-            raise FilterError(f"integer literal {s} is out of range (above 2^64-1)", column=column)
+            raise FilterError(
+                f"integer literal {text} is out of range (above 2^64-1)", column=column
+            )
         return ast.IntLit(wrap_s64(value), column=column)
 
     def string(self, tok: Token) -> ast.StrLit:
@@ -339,6 +353,9 @@ class _Builder:
                         column=start + i,
                     )
                 i += 2
+                continue
+            if ch == "\n":  # as LTTng's lexer: a line break in a literal is dropped
+                i += 1
                 continue
             if ch == "\0":
                 raise FilterError("NUL character in string", column=start + i)
