@@ -42,7 +42,8 @@ interpreter and the JIT:
     An owned int64 array ``[insns_address, count]`` and its address: what
     the interpreter's C entry point :data:`.interp.run_address` (``int64
     run(const int64 *descriptor, const void *event, const void *context)``)
-    takes as its program.
+    takes as its program; ``program_address`` is the same address (the
+    name the design note gives it).
 ``event_size``, ``context_size``, ``name``, ``program``
     From the source :class:`Program` (``program`` is the source itself).
 
@@ -85,10 +86,21 @@ class Program:
         context_size: int = DEFAULT_CONTEXT.size,
         name: str = "",
     ) -> None:
-        arr = np.asarray(insns)
-        if arr.dtype != abi.INSN:
-            arr = isa.program(insns) if not isinstance(insns, np.ndarray) else arr.astype(abi.INSN)
-        self.insns: np.ndarray = np.ascontiguousarray(arr, dtype=abi.INSN).reshape(-1)
+        if isinstance(insns, (bytes, bytearray, memoryview)):
+            if len(insns) % 8:
+                raise FilterError(f"{len(insns)} bytes are not whole 8-byte eBPF instructions")
+            arr = np.frombuffer(bytes(insns), dtype=abi.INSN)
+        elif isinstance(insns, np.ndarray):
+            if insns.dtype == abi.INSN:
+                arr = insns
+            elif insns.dtype == np.uint8 and insns.size % 8 == 0:
+                arr = np.ascontiguousarray(insns).view(abi.INSN)
+            else:
+                raise FilterError(f"instructions must be an INSN array, not {insns.dtype}")
+        else:
+            arr = isa.program(insns)  # builder tuples and ld_imm64 pairs
+        # A private copy: what was verified is what gets linked.
+        self.insns: np.ndarray = np.array(arr, dtype=abi.INSN, copy=True).reshape(-1)
         self.rodata = bytes(rodata)
         self.paths: tuple[FieldPath, ...] = tuple(paths)
         if event_size < 0 or context_size < 0:
@@ -183,6 +195,7 @@ class LinkedProgram:
         self.count = len(self.insns)
         self.descriptor = np.array([self.address, self.count], dtype=np.int64)
         self.descriptor_address = int(self.descriptor.ctypes.data)
+        self.program_address = self.descriptor_address
         self.memory_bytes = (
             self.insns.nbytes
             + len(program.rodata)
@@ -199,7 +212,8 @@ class LinkedProgram:
         )
 
     def __call__(self, event: Any, context: Any = 0) -> int:
-        """Run in the interpreter; R0 as a signed int."""
+        """Run in the interpreter; R0 as a signed int.  ``context`` may be
+        left 0 only for programs that do not read the context."""
         from .interp import run
 
         return int(run(self.address, self.count, address_of(event), address_of(context)))
@@ -345,8 +359,11 @@ def _apply_relocation(path, section_name, insns, rel, rel_sec, elf, symtab, base
             f"{where}: relocation against symbol {sym.name or '<section>'!r} in {sname} "
             "(only .rodata data is supported)"
         )
-    # REL: the addend is in the instruction's first immediate (LLVM's BPF back end).
-    addend = int(insns["imm"][i]) & 0xFFFFFFFF
+    # REL (LLVM's BPF back end): the addend is in the first immediate.
+    if rel_sec.is_RELA():
+        addend = rel["r_addend"]
+    else:
+        addend = int(insns["imm"][i]) & 0xFFFFFFFF
     value = bases[shndx] + sym["st_value"] + addend
     insns["regs"][i] = (insns["regs"][i] & 0xF) | (abi.PSEUDO_RODATA << 4)
     insns["imm"][i] = 0
