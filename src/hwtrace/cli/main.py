@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import perfcmds
 
         return getattr(perfcmds, f"{cmd}_main")(rest)
+    if cmd == "filter":
+        return __import__("hwtrace.cli.filtercmd", fromlist=["main"]).main(rest)
     if cmd == "--version":
         from .. import __version__
 
