@@ -556,9 +556,14 @@ def jit_insns(insns: np.ndarray, *, stack_depth: int = abi.STACK_SIZE) -> JitCod
     return JitCode(bytes(out), starts, len(prologue), passes, depth)
 
 
-def jit_compile(linked: LinkedProgram) -> JitCode:
+def jit_compile(linked: LinkedProgram, *, inline: bool = True) -> JitCode:
     """Machine code for a verified, linked program (the code holds its
-    addresses, so the returned object keeps ``linked`` alive)."""
+    addresses, so the returned object keeps ``linked`` alive).
+
+    ``inline``: string-equality helper calls on static fields against
+    literals become inline byte compares (:mod:`.inline`), as the kernel
+    inlines helpers after verification."""
+    from .inline import inline_string_helpers
     from .program import LinkedProgram
 
     if not isinstance(linked, LinkedProgram):
@@ -566,7 +571,8 @@ def jit_compile(linked: LinkedProgram) -> JitCode:
             f"the JIT compiles linked programs only (Program.link() verifies and links), "
             f"not a {type(linked).__name__}"
         )
-    jc = jit_insns(linked.insns, stack_depth=int(linked.info.max_stack_depth))
+    insns = inline_string_helpers(linked) if inline else linked.insns
+    jc = jit_insns(insns, stack_depth=int(linked.info.max_stack_depth))
     jc.program = linked
     return jc
 
