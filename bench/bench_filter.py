@@ -36,9 +36,9 @@ CLOCK_MONOTONIC span around the loop; n is calibrated so a run lasts
 shared vCPUs).  The loop also reads the thread's CPU clock: a run whose
 wall time exceeds its CPU time by more than 2% lost the CPU and is done
 again.  Each measurement is one discarded warm-up plus ``--repeat`` runs
-(default 15), the tiers interleaved within each repetition so that load
-from other processes hits them alike; tables show the median and
-±half the spread ((max - min) / median / 2); ratios are of medians.  Every
+(default 21), the tiers interleaved within each repetition so that load
+from other processes hits them alike; tables show the median and ±half
+the interquartile range (relative to the median); ratios are of medians.  Every
 run also counts the verdicts, which must be n (TRUE) or 0 (FALSE, DoE) for
 every tier.  Default run: about a minute; ``--quick``: a few seconds.
 
@@ -309,7 +309,12 @@ class Cell:
 
     @property
     def spread(self) -> float:
-        return (max(self.samples) - min(self.samples)) / self.median
+        """Interquartile range over the median (0 for fewer than 2 samples);
+        less at the mercy of one disturbed run than max - min."""
+        if len(self.samples) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return (q3 - q1) / self.median
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -317,7 +322,9 @@ class Cell:
             "n": self.callee.n,
             "iterations": self.count,
             "median_ns": self.median,
-            "spread": self.spread,
+            "iqr_over_median": self.spread,
+            "min_ns": min(self.samples),
+            "max_ns": max(self.samples),
             "samples_ns": self.samples,
             "expected_verdict": self.expected,
             "verdicts_ok": not self.bad_verdicts,
@@ -555,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick", action="store_true", help="N = 5, 10, 50; 5 runs of 1 ms per cell (about 20 s)"
     )
-    ap.add_argument("--repeat", type=int, default=None, help="timed runs per cell (default 15)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per cell (default 21)")
     ap.add_argument(
         "--run-ms",
         type=float,
@@ -569,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", type=int, default=-1, help="pin to this CPU (default: no pinning)")
     ap.add_argument("--json", type=Path, default=JSON_PATH, help="where to write the numbers")
     args = ap.parse_args(argv)
-    repeat = args.repeat if args.repeat is not None else (5 if args.quick else 15)
+    repeat = args.repeat if args.repeat is not None else (5 if args.quick else 21)
     run_ms = args.run_ms if args.run_ms is not None else (1.0 if args.quick else 2.0)
     if args.predicates:
         try:
@@ -659,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
             else "all N strings match, lyf == 42 fails last"
         )
         print_table(
-            f"{bias}-biased: ns/event, median ±half-spread of {repeat} runs ({what})",
+            f"{bias}-biased: ns/event, median ±IQR/2 of {repeat} runs ({what})",
             ("N", *HEADERS),
             table_rows([(str(n), cells) for n, cells in by_n.items()]),
         )
