@@ -508,7 +508,13 @@ def _raw_inputs(path: str) -> list[tuple[str, int]]:
 
 
 def _saved_cmdlines(tracefs: Path) -> dict[int, str]:
-    for d in (tracefs, Path(LIVE_TRACEFS)):
+    """pid -> comm from ``saved_cmdlines`` (an instance of the live tracefs
+    shares the top directory's)."""
+    candidates = [tracefs]
+    live = Path(LIVE_TRACEFS)
+    if tracefs.resolve().is_relative_to(live):
+        candidates.append(live)
+    for d in candidates:
         try:
             text = (d / "saved_cmdlines").read_text()
         except OSError:
@@ -698,7 +704,17 @@ class CtfSource(EventSource):
     def __init__(self, path: str) -> None:
         bt2 = import_bt2()
         try:
-            it = bt2.TraceCollectionMessageIterator(bt2.AutoSourceComponentSpec(str(path)))
+            # ctf.fs on the trace directories themselves: babeltrace2 2.0's
+            # auto-discovery aborts the process on a bad metadata file.
+            root = Path(path)
+            dirs = (
+                [root]
+                if (root / "metadata").is_file()
+                else sorted({m.parent for m in root.rglob("metadata")})
+            )
+            fs_class = bt2.find_plugin("ctf").source_component_classes["fs"]
+            spec = bt2.ComponentSpec(fs_class, {"inputs": [str(d) for d in dirs]})
+            it = bt2.TraceCollectionMessageIterator(spec)
             by_name: dict[str, list[int]] = {}
             schemas: dict[str, Schema] = {}
             values: dict[str, list[dict[str, Any]]] = {}
@@ -776,14 +792,13 @@ def _bt2_context(ev: Any) -> dict[str, Any]:
     return out
 
 
-def _bt2_message(e: Exception) -> str:
-    causes = (
-        [str(getattr(c, "message", c)).strip().splitlines()[0] for c in e]
-        if hasattr(e, "__iter__")
-        else []
-    )  # type: ignore[attr-defined]
-    causes = [c for c in causes if c]
-    return causes[-1] if causes else (str(e).splitlines() or ["unknown error"])[0]
+def _bt2_message(e: Any) -> str:
+    """The first (innermost) cause babeltrace2 gives, on one line."""
+    for cause in e:
+        text = str(getattr(cause, "message", "")).strip()
+        if text:
+            return text.splitlines()[0]
+    return (str(e).strip().splitlines() or ["unknown error"])[0]
 
 
 # -- opening ------------------------------------------------------------------------------
