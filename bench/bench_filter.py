@@ -44,7 +44,7 @@ again.  Each measurement is one discarded warm-up plus ``--repeat`` runs
 from other processes hits them alike; tables show the median and ±half
 the interquartile range (relative to the median); ratios are of medians.  Every
 run also counts the verdicts, which must be n (TRUE) or 0 (FALSE, DoE) for
-every tier.  Default run: about a minute; ``--quick``: a few seconds.
+every tier.  Default run: 10-60 s depending on load; ``--quick``: a few seconds.
 
     python bench/bench_filter.py [--quick] [--repeat N] [--run-ms MS]
                                  [--predicates 5,10,...] [--doe-n N] [--cpu K]
@@ -541,7 +541,7 @@ def print_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]
         table.add_row(*r)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=170)
+        console = Console(width=200)
     console.print(table)
 
 
