@@ -95,6 +95,8 @@ def main(argv: Sequence[str]) -> int:
         names = ", ".join(t.name for t in source.types) or "none"
         say(f"no event type matches {', '.join(a.event)} (types: {names})")
     for r in run:
+        if r.type.note:
+            say(f"note: {r.type.name}: {r.type.note}")
         if r.missing:
             say(
                 f"note: {r.type.name} has no field {', '.join(r.missing)}: "

@@ -132,12 +132,24 @@ def _contexts(
     """One packed DEFAULT_CONTEXT record per distinct (pid, tid, cpu, comm)
     and each event's row among them."""
     n = pid.shape[0]
-    key = np.empty(n, [("pid", "<i8"), ("tid", "<i8"), ("cpu", "<i8"), ("comm", "<i8")])
-    key["pid"], key["tid"], key["cpu"], key["comm"] = pid, tid, cpu, comm
-    uniq, inverse = np.unique(key, return_inverse=True)
-    if uniq.shape[0] == 0:
-        uniq = np.zeros(1, key.dtype)
-        uniq["comm"] = -1
+    keys = (comm, cpu, tid, pid)  # lexsort: the last key sorts first
+    if n:
+        order = np.lexsort(keys)
+        ordered = [k[order] for k in keys]
+        change = np.zeros(n, np.bool_)
+        change[0] = True
+        for k in ordered:
+            change[1:] |= k[1:] != k[:-1]
+        inverse = np.empty(n, np.int64)
+        inverse[order] = np.cumsum(change) - 1
+        first = order[change]
+    else:
+        inverse = np.zeros(0, np.int64)
+        first = np.zeros(0, np.int64)
+    uniq = {"pid": pid[first], "tid": tid[first], "cpu": cpu[first], "comm": comm[first]}
+    if first.shape[0] == 0:  # one zero record, for filters over no events
+        uniq = {"pid": np.zeros(1, np.int64), "tid": np.zeros(1, np.int64),
+                "cpu": np.zeros(1, np.int64), "comm": np.full(1, -1, np.int64)}  # fmt: skip
     names = [comms[c].encode() if c >= 0 else b"" for c in uniq["comm"].tolist()]
     batch = pack_many(
         DEFAULT_CONTEXT,
@@ -150,7 +162,7 @@ def _contexts(
             "cpu_id": uniq["cpu"],
         },
     )
-    return batch, inverse.reshape(-1).astype(np.int64)
+    return batch, inverse
 
 
 # Records shorter than their schema, or with a data_loc beyond the record,
@@ -277,7 +289,6 @@ class PerfSource(EventSource):
         except PerfDataError as e:
             raise StreamError(e.path, e.message, e.offset) from None
         self.data = data
-        notes = [str(e) for e in data.errors]
         r = data.records
         if np.any(r["type"] == RecordType.COMPRESSED):
             at = int(r["offset"][np.flatnonzero(r["type"] == RecordType.COMPRESSED)[0]])
@@ -309,24 +320,21 @@ class PerfSource(EventSource):
         cpu = samples["cpu"].astype(np.int64) if "cpu" in columns else np.full(n, -1, np.int64)
         time = samples["time"].astype(np.int64) if "time" in columns else np.full(n, -1, np.int64)
         comms, comm = _perf_comms(data, tid, time)
+        notes = [str(e) for e in data.errors]  # damage the reader skipped
         contexts, ctx = _contexts(pid, tid, cpu, comm, comms)
         base = _buffer_address(data.buf)
         types: list[EventType] = []
-        bad_rows: list[np.ndarray] = []
         for a in np.unique(samples.attr).tolist():
             rows = np.flatnonzero(samples.attr == a)
             ea = data.attrs[a]
             attr = ea.attr
-            if attr.type == 2:  # PERF_TYPE_TRACEPOINT: config is the event id
-                if not attr.sample_type & 1024:
-                    name, schema, note = ea.name or f"tracepoint {attr.config}", None, ""
-                    note = "samples without PERF_SAMPLE_RAW: no fields"
-                else:
-                    name, schema, note = formats.get(int(attr.config), ea.name)
+            if attr.type == 2 and attr.sample_type & 1024:
+                # PERF_TYPE_TRACEPOINT: config is the event id, RAW the record.
+                name, schema, note = formats.get(int(attr.config), ea.name)
             else:
-                name, schema, note = ea.name or f"event {a}", None, "not a tracepoint: no fields"
-            if schema is None:
+                name = ea.name or f"event {a}"
                 schema = Schema.declare(name, [])
+                note = "no PERF_SAMPLE_RAW tracepoint record: only $ctx fields"
             offsets = rec_off[rows] + raw_off[rows]
             t = EventType(
                 name,
@@ -340,8 +348,7 @@ class PerfSource(EventSource):
                 note,
             )
             if schema.fields:
-                t, bad = _split_bad(t, data.buf, data.path, notes)
-                bad_rows.append(rows[bad])
+                t, _ = _split_bad(t, data.buf, data.path, notes)
             types.append(t)
         self.sample_record = samples.record  # each event's row in data.records
         super().__init__(
@@ -607,9 +614,9 @@ class FtraceSource(EventSource):
                 name, schema, note = formats.get(int(event_id), "")
             except FilterError as e:
                 raise StreamError(str(fs.root), str(e)) from None
-            t = EventType(name, schema, rows, addresses[rows], offsets[rows], lengths[rows], note)
             if note.startswith("no format"):
-                info.append(f"{path}: {note} in {fs.root}: its {len(t)} event(s) have no fields")
+                note += f" in {fs.root}: only $ctx fields"
+            t = EventType(name, schema, rows, addresses[rows], offsets[rows], lengths[rows], note)
             if schema.fields:
                 t, _ = _split_bad(t, big, path, notes)
             types.append(t)
@@ -1005,27 +1012,41 @@ def _field_program(schema: Schema) -> list[tuple[int, int, int, int, int, str]]:
     return out
 
 
-@njit(cache=True, inline="always")
+# JSON pieces as byte arrays (numba compiles loops over str slowly).
+_J_TIME = np.frombuffer(b'{"time":', np.uint8)
+_J_CPU = np.frombuffer(b',"cpu":', np.uint8)
+_J_TID = np.frombuffer(b',"tid":', np.uint8)
+_J_COMM = np.frombuffer(b',"comm":"', np.uint8)
+_J_EVENT = np.frombuffer(b'","event":"', np.uint8)
+_J_FIELDS = np.frombuffer(b'","fields":{', np.uint8)
+_J_NULL = np.frombuffer(b"null", np.uint8)
+
+
+@njit(cache=True)
 def _byte(out, p, c):
     out[p] = c
     return p + 1
 
 
 @njit(cache=True)
+def _put(out, p, piece):
+    for j in range(piece.shape[0]):
+        out[p + j] = piece[j]
+    return p + piece.shape[0]
+
+
+@njit(cache=True)
 def _udec(out, p, v):
     v = np.uint64(v)
-    tmp = np.empty(20, np.uint8)
-    n = 0
-    while True:
-        tmp[n] = 48 + (v % np.uint64(10))
+    n = 1
+    t = v // np.uint64(10)
+    while t != 0:
         n += 1
-        v //= np.uint64(10)
-        if v == 0:
-            break
+        t //= np.uint64(10)
     for j in range(n - 1, -1, -1):
-        out[p] = tmp[j]
-        p += 1
-    return p
+        out[p + j] = 48 + (v % np.uint64(10))
+        v //= np.uint64(10)
+    return p + n
 
 
 @njit(cache=True)
@@ -1114,24 +1135,18 @@ def _render(
         size = sizes[i]
         c = comm[i]
         if json:
-            for ch in '{"time":':
-                p = _byte(out, p, ord(ch))
+            p = _put(out, p, _J_TIME)
             p = _sdec(out, p, time[i])
-            for ch in ',"cpu":':
-                p = _byte(out, p, ord(ch))
+            p = _put(out, p, _J_CPU)
             p = _sdec(out, p, cpu[i])
-            for ch in ',"tid":':
-                p = _byte(out, p, ord(ch))
+            p = _put(out, p, _J_TID)
             p = _sdec(out, p, tid[i])
-            for ch in ',"comm":"':
-                p = _byte(out, p, ord(ch))
+            p = _put(out, p, _J_COMM)
             if c >= 0:
                 p = _text(out, p, comm_tab[c], 0, comm_len[c], True)
-            for ch in '","event":"':
-                p = _byte(out, p, ord(ch))
+            p = _put(out, p, _J_EVENT)
             p = _text(out, p, ename_tab[t], 0, ename_len[t], True)
-            for ch in '","fields":{':
-                p = _byte(out, p, ord(ch))
+            p = _put(out, p, _J_FIELDS)
         else:
             start = p
             if c >= 0:
@@ -1193,8 +1208,7 @@ def _render(
             first = False
             if off + fsize > size:
                 if json:
-                    for ch in "null":
-                        p = _byte(out, p, ord(ch))
+                    p = _put(out, p, _J_NULL)
                 continue
             if kind == 1:
                 p = _int_value(out, p, buf, base + off, fsize, signed)
