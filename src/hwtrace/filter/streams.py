@@ -1264,9 +1264,9 @@ def _table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 def render_listing(
     source: EventSource, keep: np.ndarray, *, json: bool = False, chunk_bytes: int = 1 << 23
 ) -> Iterator[bytes]:
-    """The events with ``keep`` set (source order, time-ordered for ftrace),
-    as text lines like ftrace's ``trace`` (``comm-tid [cpu] seconds: event:
-    field=value ...``) or JSON lines, in byte chunks."""
+    """The events with ``keep`` set, in time order, as text lines like
+    ftrace's ``trace`` (``comm-tid [cpu] seconds: event: field=value ...``)
+    or JSON lines, in byte chunks."""
     if source.kind == "ctf":
         yield from _render_ctf(source, keep, json)
         return
@@ -1301,6 +1301,9 @@ def render_listing(
     sel = np.flatnonzero(keep & (etype >= 0))
     if sel.shape[0] == 0:
         return
+    # Time order, as `trace` and `perf script` list (perf.data's file order
+    # is only ordered within each flush round).
+    sel = sel[np.argsort(source.time[sel], kind="stable")]
     prog = np.array(prog_rows or [(0, 0, 0, 0, 0)], np.int64).reshape(-1, 5)
     fname_tab, fname_len = _table(fnames)
     ename_tab, ename_len = _table([t.name for t in source.types])
