@@ -844,9 +844,8 @@ def _is_perf(p: Path) -> bool:
 
 @dataclass
 class TypeResult:
-    """One event type's run: its compiled filter (None when the filter
-    cannot apply: no events selected), the verdict per event of the type,
-    and the fields the filter names that the type lacks."""
+    """One event type's run: its compiled filter, the verdict per event of
+    the type, and the fields the filter names that the type lacks."""
 
     type: EventType
     filter: CompiledFilter
