@@ -358,3 +358,16 @@ def expressions(
             text = f"{gen.condition(1)} && {text}"
         return text
     return gen.condition(draw(st.integers(0, max_depth)))
+
+
+def balanced(n: int, op: str, predicate) -> str:
+    """``predicate(0) op ... op predicate(n - 1)`` as a balanced tree of
+    parentheses: long chains stay within the parser's nesting limit."""
+
+    def part(lo: int, hi: int) -> str:
+        if hi - lo == 1:
+            return predicate(lo)
+        mid = (lo + hi) // 2
+        return f"({part(lo, mid)}) {op} ({part(mid, hi)})"
+
+    return part(0, n)

@@ -4,7 +4,7 @@ and agreeing with the reference semantics."""
 from __future__ import annotations
 
 import pytest
-from filter_strategies import events, expressions, schemas
+from filter_strategies import balanced, events, expressions, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -86,13 +86,7 @@ def test_deep_nesting_spills_to_the_stack():
 
 
 def test_over_the_instruction_limit_is_said():
-    def balanced(lo: int, hi: int) -> str:
-        if hi - lo == 1:
-            return f'filename == "s{lo}"'
-        mid = (lo + hi) // 2
-        return f"({balanced(lo, mid)}) && ({balanced(mid, hi)})"
-
-    text = balanced(0, 500)
+    text = balanced(500, "&&", lambda i: f'filename == "s{i}"')
     with pytest.raises(FilterError, match="limit of 4096"):
         generate(compile_check(text, EVENT), EVENT)
 

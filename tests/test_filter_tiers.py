@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from filter_strategies import events, expressions, schemas
+from filter_strategies import balanced, events, expressions, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,13 +60,7 @@ def test_run_many_on_a_packed_batch():
 def test_too_big_for_ebpf_falls_back_and_says_so():
     schema = Schema.declare("ev", [("s", "string")])
 
-    def balanced(lo: int, hi: int) -> str:
-        if hi - lo == 1:
-            return f's == "v{lo}"'
-        mid = (lo + hi) // 2
-        return f"({balanced(lo, mid)}) || ({balanced(mid, hi)})"
-
-    text = balanced(0, 600)
+    text = balanced(600, "||", lambda i: f's == "v{i}"')
     f = compile_filter(text, schema, "ebpf-jit")
     assert f.tier == "llvm" and "4096" in f.note and "llvm" in f.note
     f = compile_filter(text, schema, "ebpf")

@@ -47,6 +47,7 @@ from llvmlite import ir
 
 from . import ast
 from .errors import FilterError
+from .reference import glob_match
 from .schema import (
     P_ADD,
     P_COUNT,
@@ -82,22 +83,6 @@ def _s64(v: int) -> int:
     """``v`` wrapped to a signed 64-bit value (int64 arithmetic as native.py)."""
     v &= (1 << 64) - 1
     return v - (1 << 64) if v >> 63 else v
-
-
-def _glob_accepts(parts: tuple[bytes, ...], s: bytes) -> bool:
-    """Compile-time glob of a literal (as check.py folds two literals):
-    ``s`` starts with the first part, ends with the last and holds the
-    others in order between them (leftmost search)."""
-    first, last, mids = parts[0], parts[-1], parts[1:-1]
-    if len(s) < len(first) + len(last) or not s.startswith(first) or not s.endswith(last):
-        return False
-    pos, end = len(first), len(s) - len(last)
-    for m in mids:
-        k = s.find(m, pos, end)
-        if k < 0:
-            return False
-        pos = k + len(m)
-    return True
 
 
 # -- one compiler per process ---------------------------------------------------------
@@ -486,11 +471,7 @@ class _Gen:
             raise FilterError("cannot compare two glob patterns", column=node.column)
         if left.is_glob:
             left, right = right, left
-        eq = (
-            _glob_accepts(right.parts, left.parts[0])
-            if right.is_glob
-            else left.parts == right.parts
-        )
+        eq = glob_match(right.parts, left.parts[0]) if right.is_glob else left.parts == right.parts
         return ir.Constant(_I1, int(eq))
 
     # values
