@@ -22,10 +22,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hwtrace.image import read_elf
+from hwtrace.image import Image, Section, read_elf
 from hwtrace.pt.decode import decode_trace
-from hwtrace.record import RecordError, SoftwareRecording, record_software, step_process
+from hwtrace.pt.events import Ev
+from hwtrace.record import (
+    RecordError,
+    SoftwareRecording,
+    encode_log,
+    record_software,
+    step_process,
+)
+from hwtrace.record.stepper import END_LEFT, END_SIGNAL, Segment, StepLog, TracedRange
 
 PROGRAM = r"""
 #define _GNU_SOURCE
@@ -138,6 +148,48 @@ NOINLINE void finish(long code) {
     for (;;) {}
 }
 
+/* rep string instructions interrupted partway.  A REP MOVSB or STOSB that
+ * reaches a PROT_NONE page faults in that iteration; the SIGSEGV handler
+ * makes the page accessible and returns, and the instruction goes on from
+ * the iteration that faulted. */
+NOINLINE void rep_copy(void *d, const void *s, long n) {
+    __asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(n) : : "memory");
+}
+NOINLINE void rep_fill(void *d, long n) {
+    __asm__ volatile("rep stosb" : "+D"(d), "+c"(n) : "a"(0x5a) : "memory");
+}
+#define PAGE 4096
+static char *pages; /* six pages */
+static char pattern[3 * PAGE];
+NOINLINE void on_fault(int sig, siginfo_t *si, void *ctx) {
+    (void)sig, (void)ctx;
+    __atomic_fetch_add(&hits, 1, __ATOMIC_RELAXED);
+    char *page = (char *)((unsigned long)si->si_addr & ~(PAGE - 1UL));
+    if (page < pages || page >= pages + 6 * PAGE || mprotect(page, PAGE, PROT_READ | PROT_WRITE))
+        _exit(4);
+}
+/* One round, five faults: a copy faulting at its 101st iteration and, once
+ * resumed, again 4096 iterations later; a fill faulting at its 51st; a copy
+ * faulting at its first iteration on its source and, once resumed, at its
+ * first iteration again on its destination.  Returns whether the bytes are
+ * right. */
+static int rep_round(void) {
+    char *p0 = pages, *p1 = pages + PAGE, *p3 = pages + 3 * PAGE;
+    char *p4 = pages + 4 * PAGE, *p5 = pages + 5 * PAGE;
+    memset(pages, 0, 6 * PAGE);
+    for (int i = 1; i < 6; i++)
+        mprotect(pages + i * PAGE, PAGE, PROT_NONE);
+    rep_copy(p1 - 100, pattern, 100 + PAGE + 100);
+    rep_fill(p3 - 50, 100);
+    rep_copy(p5, p4, 64);
+    int ok = !memcmp(p1 - 100, pattern, 100 + PAGE + 100) && p0[PAGE - 101] == 0;
+    for (int i = 0; i < 100; i++)
+        ok = ok && p3[i - 50] == 0x5a;
+    for (int i = 0; i < 64; i++)
+        ok = ok && p5[i] == 0;
+    return ok && p3[50] == 0;
+}
+
 NOINLINE long tick(long i) { return (i * 2654435761UL) >> 7; }
 
 int main(int argc, char **argv) {
@@ -180,6 +232,34 @@ int main(int argc, char **argv) {
         for (long i = 0; i < n; i++)
             poke(); /* delivered while stepping */
         fprintf(out, "%ld %ld\n", n, hits);
+    } else if (!strcmp(mode, "repfault")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_fault;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, NULL);
+        pages = mmap(NULL, 6 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        for (int i = 0; i < 3 * PAGE; i++)
+            pattern[i] = (char)(i * 7 + 1);
+        int ok = 1;
+        for (long i = 0; i < n; i++)
+            ok = rep_round() && ok;
+        fprintf(out, "%d %ld\n", ok, hits);
+    } else if (!strcmp(mode, "reptimer")) {
+        /* A long copy, stepped one iteration at a time, with a timer. */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigaction(SIGALRM, &sa, NULL);
+        static char src[1 << 16], dst[1 << 16];
+        for (long i = 0; i < n; i++)
+            src[i] = (char)(i * 13 + 5);
+        struct itimerval it = {{0, 500}, {0, 500}};
+        setitimer(ITIMER_REAL, &it, NULL);
+        rep_copy(dst, src, n);
+        struct itimerval off = {{0, 0}, {0, 0}};
+        setitimer(ITIMER_REAL, &off, NULL);
+        fprintf(out, "%d %ld\n", !memcmp(dst, src, n), hits);
     } else if (!strcmp(mode, "exit")) {
         finish(n);
     } else if (!strcmp(mode, "forever")) {
@@ -231,7 +311,8 @@ def _skip_reason() -> str | None:
 
 
 SKIP = _skip_reason()
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+# Tests that record a real process; the synthetic-log ones run anywhere.
+needs_process = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
 
 def build(kind: str = "pie") -> Path:
@@ -258,23 +339,61 @@ def build(kind: str = "pie") -> Path:
     return target
 
 
+# Unconditional REP string instructions (MOVS, STOS, LODS, INS, OUTS), 64-bit
+# address size: done after the iteration that starts with rcx <= 1.
+_REP_OPCODES = {0xA4, 0xA5, 0xAA, 0xAB, 0xAC, 0xAD, 0x6C, 0x6D, 0x6E, 0x6F}
+
+
+def _is_rep(code: bytes) -> bool:
+    k = 0
+    while k < len(code) and code[k] in (0xF3, 0x66, 0x2E, 0x3E, 0x26, 0x36, 0x64, 0x65):
+        k += 1
+    rep = 0xF3 in code[:k]
+    if k < len(code) and 0x40 <= code[k] <= 0x4F:
+        k += 1  # REX
+    return rep and k < len(code) and code[k] in _REP_OPCODES
+
+
+def expected_instructions(log) -> np.ndarray:
+    """What the trace of a stepped log must describe, from the registers.
+
+    A rep string instruction is stepped once per iteration; it is one
+    instruction, listed where its last run of iterations starts, and only
+    if it completed there (the run's last row starts with rcx <= 1).  Its
+    iterations before a signal handler ran, or before tracing stopped, are
+    no instruction: as in Intel PT, the interrupt's FUP is the REP's own IP
+    and the instruction completes after the handler.  A run never spans a
+    traced stretch's start (the same address first and last around an
+    untraced stretch ran twice: a nested handler's RET, then its outer
+    handler's) nor a handler's first row (its first instruction may have
+    just run in a run of the same handler that the signal interrupted).
+    """
+    rip = log.register("rip")
+    assert np.array_equal(rip, log.ips)
+    n = rip.shape[0]
+    breaks = np.zeros(n, np.bool_)
+    breaks[0:1] = True
+    breaks[1:] = rip[1:] != rip[:-1]
+    breaks[[seg.start for seg in log.segments if seg.start < n]] = True
+    breaks[[row for seg in log.segments for row, _, _ in seg.interrupts if row < n]] = True
+    rep_ips = [ip for ip in np.unique(rip) if _is_rep(log.read_code(int(ip), 15))]
+    is_rep = np.isin(rip, np.array(rep_ips, np.uint64))
+    # Only a rep string instruction runs again at its own address.
+    assert breaks[~is_rep].all()
+    starts = np.flatnonzero(breaks)
+    last = np.append(starts[1:], n) - 1  # each run's last row
+    run = np.cumsum(breaks) - 1
+    done = np.ones(n, np.bool_)
+    if rep_ips:
+        done = log.register("rcx")[last[run]] <= 1
+    keep = breaks & (~is_rep | done)
+    return rip[keep]
+
+
 def check_decodes(rec: SoftwareRecording) -> np.ndarray:
-    """Decode the PT; it must give exactly the stepped instructions, which are
-    the stepped registers' rip (each rep string instruction once)."""
-    rip = rec.log.register("rip")
-    assert np.array_equal(rip, rec.log.ips)
-    repeats = np.zeros(rip.shape[0], np.bool_)
-    repeats[1:] = rip[1:] == rip[:-1]
-    # Only within a traced stretch: the same address first and last around an
-    # untraced one ran twice (a nested signal handler's RET, then its outer
-    # handler's, with the sigreturn between them).
-    starts = [seg.start for seg in rec.log.segments if seg.start < rip.shape[0]]
-    repeats[starts] = False
-    # Nor is a handler's first row: its first instruction may have just run
-    # in a run of the same handler that the signal interrupted.
-    entries = [row for seg in rec.log.segments for row, _, _ in seg.interrupts]
-    repeats[[row for row in entries if row < rip.shape[0]]] = False
-    assert np.array_equal(rec.instructions, rip[~repeats])
+    """Decode the PT; it must give exactly the stepped instructions
+    (:func:`expected_instructions`)."""
+    assert np.array_equal(rec.instructions, expected_instructions(rec.log))
     res = decode_trace(rec.data, rec.image(), rec.config)
     assert not res.gaps, [str(g) for g in res.gaps]
     got = res.instructions()
@@ -292,6 +411,7 @@ def entry_count(rec: SoftwareRecording, name: str) -> int:
     return int((rec.instructions == start).sum())
 
 
+@needs_process
 @pytest.mark.parametrize("kind", list(BUILDS))
 def test_function_calling_libc(kind, tmp_path):
     """libc runs free (tracing off and on again); qsort calls back into a
@@ -321,6 +441,7 @@ def test_function_calling_libc(kind, tmp_path):
     assert (np.diff(ns.astype(np.int64)) >= 0).all()
 
 
+@needs_process
 def test_recursion(tmp_path):
     """fib and a recursion deeper than the return stack, partly through libc;
     the number of entries seen is the number of calls the program counted."""
@@ -343,6 +464,7 @@ def test_recursion(tmp_path):
     assert rec.stats["ret_compressed"] == 0 and rec.stats["psb"] > 10
 
 
+@needs_process
 @pytest.mark.parametrize("handler_traced", [False, True])
 def test_signals_while_tracing(tmp_path, handler_traced):
     """Signals arriving while stepping are delivered: the handler outside the
@@ -365,6 +487,7 @@ def test_signals_while_tracing(tmp_path, handler_traced):
         assert rec.stats["enable"] >= 6
 
 
+@needs_process
 def test_nested_handler_at_its_own_first_instruction(tmp_path):
     """A handler whose second instruction faults: the SIGSEGV run of the same
     handler starts where the interrupted run just started, so the log has the
@@ -389,6 +512,7 @@ def test_nested_handler_at_its_own_first_instruction(tmp_path):
     assert rec.stats["interrupt"] == 2 * n + 1
 
 
+@needs_process
 def test_exit_inside_range(tmp_path):
     """The process ends with exit_group inside the traced function."""
     exe = build()
@@ -401,6 +525,7 @@ def test_exit_inside_range(tmp_path):
     assert code == b"\x0f\x05"  # the last instruction is the syscall
 
 
+@needs_process
 def test_attach_to_running_process(tmp_path):
     """Attach by pid to a process that is already running, record a bounded
     number of instructions, detach and leave it running."""
@@ -428,6 +553,7 @@ def test_attach_to_running_process(tmp_path):
         proc.wait()
 
 
+@needs_process
 def test_monotonic_clock_and_basic_registers(tmp_path):
     exe = build()
     out = tmp_path / "out"
@@ -446,6 +572,7 @@ def test_monotonic_clock_and_basic_registers(tmp_path):
     assert rec.stats["mtc"] > 0 and rec.stats["cyc"] > 0
 
 
+@needs_process
 def test_bad_input_is_a_clear_error(tmp_path):
     exe = build()
     with pytest.raises(RecordError, match="not found"):
@@ -460,3 +587,249 @@ def test_bad_input_is_a_clear_error(tmp_path):
         record_software(["true"], functions=["main"], mtc_period=16)
     with pytest.raises(RecordError, match="never ran inside"):
         record_software([str(exe), "work", "1", str(tmp_path / "o")], functions=["fib"])
+
+
+# -- rep string instructions interrupted partway ---------------------------------
+
+
+def _rep_ips(rec: SoftwareRecording) -> dict[str, int]:
+    """The REP string instruction of each traced function that has one."""
+    out = {}
+    for r in rec.ranges:
+        code = rec.log.read_code(r.start, r.end - r.start)
+        at = [k for k in range(len(code) - 1) if code[k] == 0xF3 and _is_rep(code[k : k + 15])]
+        if at:
+            (k,) = at
+            out[r.name] = r.start + k
+    return out
+
+
+def _async_events(rec: SoftwareRecording, got: np.ndarray) -> list[tuple[Ev, int]]:
+    res = decode_trace(rec.data, rec.image(), rec.config)
+    assert np.array_equal(res.instructions(), got)
+    kinds = (Ev.ASYNC_BRANCH, Ev.ASYNC_DISABLED)
+    return [(ev.type, ev.at) for _, ev in res.events if ev.type in kinds]
+
+
+def check_libipt(rec: SoftwareRecording, exe: Path) -> None:
+    """Intel's decoder (libipt, instruction and block decoders) reads the
+    recording as hwtrace's does, when it is installed."""
+    import libipt_oracle as oracle
+
+    if oracle.skip_reason is not None:
+        return
+    path = exe.parent / f".rec-{os.getpid()}.pt"
+    path.write_bytes(rec.data)
+    try:
+        base = min(m.start for m in rec.mmaps if m.path == str(exe))
+        c = rec.config
+        timing = {"mtc_freq": c.mtc_freq, "nom_freq": c.nom_freq,
+                  "cpuid_0x15_eax": c.cpuid_0x15_eax, "cpuid_0x15_ebx": c.cpuid_0x15_ebx}  # fmt: skip
+        flow, errors = oracle.insn_dump(path, elf=[(exe, base)], timing=timing)
+        assert not errors, errors
+        assert np.array_equal(np.array(flow, np.uint64), rec.instructions)
+        blocks, errors = oracle.insn_dump(path, elf=[(exe, base)], timing=timing, block=True)
+        assert not errors, errors
+        assert sum(b[2] for b in blocks) == rec.instructions.shape[0]
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@needs_process
+@pytest.mark.parametrize("handler_traced", [False, True])
+def test_rep_interrupted_by_a_fault(tmp_path, handler_traced):
+    """REP MOVSB and REP STOSB fault partway on PROT_NONE pages; the SIGSEGV
+    handler makes the page accessible and returns, and the instruction goes
+    on.  Per round: a copy faulting at its 101st iteration and, resumed,
+    again 4096 later; a fill faulting at its 51st; a copy faulting at its
+    first iteration and, resumed, at its first again.  Each REP is one
+    instruction, listed once, after its last handler; the iterations before
+    a fault are not an instruction; the interrupt (handler in the range) or
+    the asynchronous disable (handler outside) is at the REP's own IP."""
+    exe = build()
+    out = tmp_path / "out"
+    rounds = 2
+    functions = ["rep_copy", "rep_fill"] + (["on_fault"] if handler_traced else [])
+    rec = record_software([str(exe), "repfault", str(rounds), str(out)], functions=functions)
+    assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
+    ok, hits = map(int, out.read_text().split())
+    assert ok == 1 and hits == 5 * rounds  # the bytes are right; five faults a round
+    caught = [sig for _, sig, c in rec.log.signals if c]
+    assert caught == [signal.SIGSEGV] * hits
+    got = check_decodes(rec)
+    reps = _rep_ips(rec)
+    movs, stos = reps["rep_copy"], reps["rep_fill"]
+    # Every iteration was stepped, the faulting ones once (after the handler).
+    ips = rec.log.ips
+    assert int((ips == movs).sum()) == rounds * (100 + 4096 + 100 + 64)
+    assert int((ips == stos).sum()) == rounds * 100
+    # Each REP once, and what follows it is its function's RET: it completed.
+    at_rep = np.flatnonzero((got == movs) | (got == stos))
+    assert int((got == movs).sum()) == 2 * rounds and int((got == stos).sum()) == rounds
+    assert np.array_equal(got[at_rep + 1], got[at_rep] + 2)
+    events = _async_events(rec, got)
+    # The faults at an instruction boundary inside the trace: the copy's at
+    # iteration 101, the fill's, the copy's at its first iteration.  The
+    # others hit a REP resumed by tracing switching on (a handler's sigreturn
+    # from outside the ranges) before it completed: the enable then lands
+    # on the handler or stays off until the REP runs on, as no instruction
+    # completed in between.
+    kind = Ev.ASYNC_BRANCH if handler_traced else Ev.ASYNC_DISABLED
+    assert events.count((kind, movs)) == 2 * rounds and events.count((kind, stos)) == rounds
+    if handler_traced:
+        assert rec.stats["interrupt"] == 3 * rounds
+        entries = np.flatnonzero(got == next(r.start for r in rec.ranges if r.name == "on_fault"))
+        assert entries.shape[0] == hits  # every handler run is traced
+        assert not np.isin(got[entries - 1], [movs, stos]).any()
+    else:
+        assert rec.stats["async_disable"] == 3 * rounds and rec.stats["interrupt"] == 0
+    check_libipt(rec, exe)
+
+
+@needs_process
+@pytest.mark.parametrize("handler_traced", [False, True])
+def test_rep_interrupted_by_a_timer(tmp_path, handler_traced):
+    """A REP MOVSB of 3000 bytes, stepped one iteration at a time, with a
+    500 us interval timer: many SIGALRMs land between its iterations, some
+    right after it resumed; it is still one instruction."""
+    exe = build()
+    out = tmp_path / "out"
+    functions = ["rep_copy"] + (["on_signal"] if handler_traced else [])
+    rec = record_software([str(exe), "reptimer", "3000", str(out)], functions=functions)
+    assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
+    ok, hits = map(int, out.read_text().split())
+    assert ok == 1
+    got = check_decodes(rec)
+    movs = _rep_ips(rec)["rep_copy"]
+    assert int((rec.log.ips == movs).sum()) == 3000
+    # Signals landed inside the REP (the stepper saw them at its IP).
+    if handler_traced:
+        sources = [src for seg in rec.log.segments for _, src, _ in seg.interrupts]
+        assert entry_count(rec, "on_signal") == hits
+    else:
+        sources = [seg.end_ip for seg in rec.log.segments if seg.end_reason == END_SIGNAL]
+    assert sources.count(movs) >= 3
+    assert int((got == movs).sum()) == 1
+    (k,) = np.flatnonzero(got == movs)
+    assert got[k + 1] == movs + 2
+    check_libipt(rec, exe)
+
+
+@needs_process
+def test_instruction_limit_inside_a_rep(tmp_path):
+    """Recording stops (the instruction limit) between a REP's iterations:
+    the REP has not completed; tracing ends at its IP."""
+    exe = build()
+    out = tmp_path / "out"
+    rec = record_software(
+        [str(exe), "repfault", "1", str(out)], functions=["rep_copy"], max_instructions=40
+    )
+    assert rec.log.ips.shape[0] == 40
+    movs = _rep_ips(rec)["rep_copy"]
+    got = check_decodes(rec)
+    assert got.shape[0] == 1 and got[0] == movs - 3  # only the MOV before it
+    assert _async_events(rec, got) == [(Ev.ASYNC_DISABLED, movs)]
+
+
+# A synthetic model of the stepper around an interrupted REP STOSB: no
+# process, so every interleaving of signals with iterations can be tried.
+_MAIN, _HANDLER, _RESTORER, _CALLER = 0x401000, 0x402000, 0x7F0000001000, 0x400500
+_MAIN_CODE = bytes.fromhex("90f3aa90c3")  # nop; rep stosb; nop; ret
+_HANDLER_CODE = bytes.fromhex("90c3")  # nop; ret (to the restorer, outside)
+
+
+def _model_log(iterations: int, signals: list[int], handler_traced: bool) -> StepLog:
+    """The log the stepper writes for ``nop; rep stosb; nop; ret`` with
+    ``iterations`` iterations and a signal before each iteration index in
+    ``signals`` (sorted; repeated: another signal right after the REP
+    resumed).  As the stepper does: the interrupted row is not logged; a
+    handler in the ranges is an interrupt unless nothing was logged yet in
+    the stretch, and returns through a restorer outside them; a handler
+    outside them closes the stretch at the REP; the REP resumes at a resume
+    point, a new stretch."""
+    rows: list[tuple[int, int]] = []  # (rip, rcx)
+    segments: list[Segment] = []
+    seg = {"start": 0, "interrupts": []}
+
+    def close(end_ip: int, reason: str) -> None:
+        if len(rows) > seg["start"]:
+            t = len(rows)
+            segments.append(
+                Segment(seg["start"], t, end_ip, 2 * t, reason, tuple(seg["interrupts"]))
+            )
+        seg["start"], seg["interrupts"] = len(rows), []
+
+    rep = _MAIN + 1
+    rows.append((_MAIN, iterations))
+    pending = list(signals)
+    for i in range(iterations):
+        while pending and pending[0] == i:
+            pending.pop(0)
+            if handler_traced:
+                if len(rows) > seg["start"]:
+                    seg["interrupts"].append((len(rows), rep, signal.SIGALRM))
+                rows += [(_HANDLER, iterations - i), (_HANDLER + 1, iterations - i)]
+                close(_RESTORER, END_LEFT)
+            else:
+                close(rep, END_SIGNAL)
+        rows.append((rep, iterations - i))
+    rows += [(_MAIN + 3, 0), (_MAIN + 4, 0)]
+    close(_CALLER, END_LEFT)
+    n = len(rows)
+    regs = np.array(rows, np.uint64).reshape(n, 2)
+    ranges = [TracedRange(_MAIN, _MAIN + len(_MAIN_CODE), "main")]
+    code = {_MAIN: _MAIN_CODE}
+    if handler_traced:
+        ranges.append(TracedRange(_HANDLER, _HANDLER + 2, "handler"))
+        code[_HANDLER] = _HANDLER_CODE
+    return StepLog(
+        ips=regs[:, 0].copy(),
+        times=np.arange(0, 2 * n, 2, dtype=np.uint64),
+        registers=regs,
+        register_names=("rip", "rcx"),
+        segments=segments,
+        ranges=ranges,
+        pid=1,
+        comm="model",
+        argv=None,
+        maps=[],
+        clock="tsc",
+        code=code,
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    iterations=st.integers(1, 12),
+    data=st.data(),
+    handler_traced=st.booleans(),
+)
+def test_interrupted_rep_model(iterations, data, handler_traced):
+    """Any interleaving of signals and REP iterations encodes; the trace
+    decodes to the main code with the REP once, after the last handler run,
+    and one handler run per signal when the handler is traced."""
+    signals = sorted(data.draw(st.lists(st.integers(0, iterations - 1), max_size=4)))
+    log = _model_log(iterations, signals, handler_traced)
+    enc, insns, times = encode_log(log, psb_period=0, mtc_period=None)
+    handler = [_HANDLER, _HANDLER + 1] if handler_traced else []
+    want = [_MAIN] + handler * len(signals) + [_MAIN + 1, _MAIN + 3, _MAIN + 4]
+    assert insns.tolist() == want
+    assert np.array_equal(insns, expected_instructions(log))
+    assert (np.diff(times.astype(np.int64)) > 0).all()
+    image = Image("model")
+    image.add_section(Section.from_bytes(_MAIN_CODE, _MAIN))
+    image.add_section(Section.from_bytes(_HANDLER_CODE, _HANDLER))
+    res = decode_trace(enc.data, image, enc.config)
+    assert not res.gaps, [str(g) for g in res.gaps]
+    assert res.instructions().tolist() == want
+    # The first signal is always an asynchronous event at the REP's IP (the
+    # NOP before it completed in the trace); the others are too unless no
+    # instruction completed since tracing switched on.
+    kinds = {
+        (ev.type, ev.at) for _, ev in res.events if ev.type in (Ev.ASYNC_BRANCH, Ev.ASYNC_DISABLED)
+    }
+    if signals:
+        kind = Ev.ASYNC_BRANCH if handler_traced else Ev.ASYNC_DISABLED
+        assert kinds == {(kind, _MAIN + 1)}
+    else:
+        assert not kinds

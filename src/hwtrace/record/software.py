@@ -17,7 +17,12 @@ ranges would have written (:func:`hwtrace.pt.encode.encode_path`):
   steps before and after it (so these are *stepping* times, the speed of a
   ptrace single-step loop, not the program's native speed);
 * a ``rep`` string instruction, stepped once per iteration, is one
-  instruction, as Intel PT counts it.
+  instruction, as Intel PT counts it.  One interrupted between iterations
+  (a signal, a fault in an iteration, the instruction limit) has not
+  completed: the interrupt's (or the disable's) FUP is the REP's own IP,
+  the iterations before it are no instruction, and the REP is listed once,
+  where it runs on after the handler until it completes (as hwtrace's
+  decoder and libipt read such a stream).
 
 The result (:class:`SoftwareRecording`) holds the PT bytes, the decoder
 configuration, the stepped log and the sideband a ``perf.data`` writer needs,
@@ -97,8 +102,10 @@ class SoftwareRecording:
     options used (``tsc``, ``mtc``, ``mtc_period``, ``cyc``, ``noretcomp``,
     ``psb_period``, ``ctc_ratio``, ``cbr``).  ``instructions`` are the
     executed instructions the stream describes, in order (``log.ips`` with
-    each ``rep`` string instruction once); decoding ``data`` gives exactly
-    them.  ``log`` is everything the stepper saw (per-step ``ips``,
+    each ``rep`` string instruction once, at the start of its last run of
+    iterations, and without the iterations of one that had not completed
+    when a signal handler ran or tracing stopped); decoding ``data`` gives
+    exactly them.  ``log`` is everything the stepper saw (per-step ``ips``,
     ``times``, ``registers``).  The rest is sideband: ``pid``, ``tid``,
     ``comm``, ``mmaps`` (from ``/proc/PID/maps`` when tracing began),
     ``time_conversion`` (stepping clock to ns), ``ranges`` (the address
@@ -222,29 +229,61 @@ def _filters(ranges: list[TracedRange], maps: list[Mapping]) -> str:
 # -- the path ------------------------------------------------------------------------
 
 
-def _rep_repeats(ips: np.ndarray, cache: InsnCache, segments: Sequence[Segment]) -> np.ndarray:
-    """True for rows repeating the previous row's ``rep`` string instruction:
-    its further iterations, each stepped on its own.
+def _rep_rows(
+    ips: np.ndarray, cache: InsnCache, segments: Sequence[Segment]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that are not an instruction of their own: ``(repeat, unfinished)``.
 
-    Only a string instruction with a REP/REPNE prefix repeats itself.  Another
-    instruction at the previous row's address ran again: a branch to itself,
-    or a signal handler whose first instruction ran and whose next one was
-    interrupted by a signal to the same handler.  Nor is a row that starts a
-    traced stretch or a handler (an interrupt) ever an iteration.
+    ``repeat``: rows repeating the previous row's ``rep`` string instruction,
+    its further iterations, each stepped on its own.  Only a string
+    instruction with a REP/REPNE prefix repeats itself.  Another instruction
+    at the previous row's address ran again: a branch to itself, or a signal
+    handler whose first instruction ran and whose next one was interrupted by
+    a signal to the same handler.  Nor is a row that starts a traced stretch
+    or a handler (an interrupt) ever an iteration.
+
+    ``unfinished``: every row of a ``rep`` string instruction that was
+    interrupted before it completed, i.e. whose next IP (the next row, the
+    interrupt's source, or where the traced stretch ended) is its own: a
+    signal between iterations, a fault in one (the faulting iteration is no
+    row), the instruction limit.  As in Intel PT, such an instruction has not
+    completed: the interrupt's (or the disable's) FUP is its IP, and it
+    completes, one instruction, when it runs on after the handler.
     """
-    same = np.zeros(ips.shape[0], np.bool_)
+    n = ips.shape[0]
+    same = np.zeros(n, np.bool_)
     same[1:] = ips[1:] == ips[:-1]
+    # Where each row went: the next row, unless an event comes between.
+    after = np.empty(n, np.uint64)
+    after[:-1] = ips[1:]
+    if n:
+        after[-1] = 0
     for seg in segments:
-        if seg.start < same.shape[0]:
+        if seg.start < n:
             same[seg.start] = False
-        for row, _source, _sig in seg.interrupts:
-            if row < same.shape[0]:
+        if 0 < seg.end <= n:
+            after[seg.end - 1] = seg.end_ip
+        for row, source, _sig in seg.interrupts:
+            if row < n:
                 same[row] = False
-    for ip in np.unique(ips[same]):
-        insn = cache.get(int(ip), 64)
-        if isinstance(insn, int) or not _is_rep_string(insn.raw):
-            same[same & (ips == ip)] = False
-    return same
+            if 0 < row <= n:
+                after[row - 1] = source
+    rep_ips = [ip for ip in np.unique(ips) if _is_rep_at(cache, int(ip))]
+    is_rep = np.isin(ips, np.array(rep_ips, np.uint64))
+    same &= is_rep
+    # Runs: a row that is no iteration starts one; an unfinished run is a rep
+    # string instruction whose last row goes on at its own IP.
+    run = np.cumsum(~same)
+    last = np.ones(n, np.bool_)
+    last[:-1] = ~same[1:]
+    open_end = last & is_rep & (after == ips)
+    unfinished = np.isin(run, run[open_end]) & is_rep
+    return same & ~unfinished, unfinished
+
+
+def _is_rep_at(cache: InsnCache, ip: int) -> bool:
+    insn = cache.get(ip, 64)
+    return not isinstance(insn, int) and _is_rep_string(insn.raw)
 
 
 def _is_rep_string(raw: bytes) -> bool:
@@ -269,16 +308,28 @@ def encode_log(
     if not log.segments:
         raise RecordError("nothing was traced: the process never ran inside the ranges")
     cache = InsnCache(log.read_code)
-    repeat = _rep_repeats(log.ips, cache, log.segments)
+    repeat, unfinished = _rep_rows(log.ips, cache, log.segments)
+    drop = repeat | unfinished
+    # Traced stretches with something left to encode: a stretch that only
+    # ran part of a rep string instruction (resumed after a signal, stopped
+    # by another) describes no instruction; tracing stays off across it.
+    stretches = []
+    for seg in log.segments:
+        rows = np.arange(seg.start, seg.end)
+        keep = rows[~drop[seg.start : seg.end]]
+        if keep.shape[0]:
+            stretches.append((seg, keep))
+    if not stretches:
+        raise RecordError(
+            "nothing was traced: no instruction inside the ranges completed "
+            "(only part of a rep string instruction ran)"
+        )
     path: list[np.ndarray] = []
     cost: list[np.ndarray] = []
     off: list[tuple[int, int]] = []
     interrupts: list[tuple[int, int]] = []
     pos = 0
-    segs = log.segments
-    for k, seg in enumerate(segs):
-        rows = np.arange(seg.start, seg.end)
-        keep = rows[~repeat[seg.start : seg.end]]
+    for k, (seg, keep) in enumerate(stretches):
         t = log.times[keep].astype(np.int64)
         nxt = np.empty_like(t)
         nxt[:-1] = t[1:]
@@ -298,15 +349,15 @@ def encode_log(
                 continue
             interrupts.append((at, source))
         pos += keep.shape[0]
-        if k + 1 < len(segs):
+        if k + 1 < len(stretches):
             # Where the process went while tracing was off: one untraced IP.
             path.append(np.array([seg.end_ip], np.uint64))
-            gap = int(log.times[segs[k + 1].start]) - int(seg.end_time)
+            gap = int(log.times[stretches[k + 1][1][0]]) - int(seg.end_time)
             cost.append(np.array([max(gap, 1)], np.int64))
             off.append((pos, pos + 1))
             pos += 1
     ips = np.concatenate(path)
-    last = segs[-1]
+    last = stretches[-1][0]
     end_ip: int | None = last.end_ip or None
     if end_ip is None and last.end_reason == END_EXIT:
         insn = cache.get(int(ips[-1]), 64)
@@ -330,8 +381,7 @@ def encode_log(
         )
     except ValueError as exc:
         raise RecordError(f"cannot encode the stepped path as Intel PT: {exc}") from None
-    keep_all = ~repeat
-    return enc, log.ips[keep_all], log.times[keep_all]
+    return enc, log.ips[~drop], log.times[~drop]
 
 
 def record_software(
