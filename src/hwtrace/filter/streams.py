@@ -944,24 +944,9 @@ def apply_filter(
     return FilterRun(source, results, keep)
 
 
-_FALLBACK = {"ebpf": "lttng", "ebpf-jit": "llvm"}
-
-
 def _compile(expression: str, schema: Schema, tier: str, lenient: bool) -> CompiledFilter:
     unknown = "false" if lenient else "error"
-    try:
-        return compile_filter(expression, schema, tier, unknown=unknown)  # type: ignore[arg-type]
-    except AssertionError:
-        # filter.ebpf.gen cannot yet compare a field the schema lacks as a
-        # string; the matching tier gives the same verdicts.
-        if not lenient or tier not in _FALLBACK:
-            raise
-    cf = compile_filter(expression, schema, _FALLBACK[tier], unknown=unknown)  # type: ignore[arg-type]
-    cf.note = (
-        f"the {tier} back end cannot compile a string comparison of a missing field: "
-        f"compiled with the {cf.tier} tier instead"
-    )
-    return cf
+    return compile_filter(expression, schema, tier, unknown=unknown)  # type: ignore[arg-type]
 
 
 def _run_by_context(

@@ -200,6 +200,11 @@ class _Gen:
             raise FilterError(
                 "internal: unfolded comparison of two string literals", column=a.column
             )
+        assert isinstance(a, ast.FieldRef)
+        if a.path is None or (isinstance(b, ast.FieldRef) and b.path is None):
+            self.jump(abort)  # a field the schema lacks: evaluating it aborts
+            self.emit(isa.mov_imm(R0, 0))
+            return
         self.setup_call(a)
         if isinstance(b, ast.StrLit):
             if b.is_glob:
