@@ -13,6 +13,8 @@ commands:
   report    summarise a perf.data's decoded Intel PT per process and thread
   script    list a perf.data's decoded Intel PT per instruction or block
   perf-dump print a perf.data's header and records (like perf report -D)
+  filter    keep the recorded events an LTTng filter expression accepts
+  filter-compile  compile a filter expression to an object or library for C tracers
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(perfcmds, f"{cmd}_main")(rest)
     if cmd == "filter":
         return __import__("hwtrace.cli.filtercmd", fromlist=["main"]).main(rest)
+    if cmd == "filter-compile":
+        return __import__("hwtrace.cli.filtercompile", fromlist=["main"]).main(rest)
     if cmd == "--version":
         from .. import __version__
 
