@@ -55,6 +55,8 @@ bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
 	$(BIN)/python bench/bench_flow.py
 	$(BIN)/python bench/bench_stepping.py
+	$(BIN)/python bench/bench_filter.py
+	$(BIN)/python bench/bench_lttng.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out

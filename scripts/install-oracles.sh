@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Install the optional Debian oracles (libipt headers, perf) when possible.
+# Install the optional Debian oracles (libipt headers, perf) and readers
+# (babeltrace2's Python bindings) when possible.
 # Failure here is not an error: the tests that need them skip with a reason.
 set -u
 need=()
 [ -e /usr/include/intel-pt.h ] || need+=(libipt-dev)
 command -v perf >/dev/null 2>&1 || need+=(linux-perf)
+# babeltrace2's Python bindings: reading CTF traces (hwtrace filter).
+[ -e /usr/lib/python3/dist-packages/bt2 ] || need+=(python3-bt2)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "note: not root or no apt-get; skipping optional oracles: ${need[*]}"
