@@ -46,6 +46,17 @@ _SIZE = {1: isa.B, 2: isa.H, 4: isa.W, 8: isa.DW}
 _TEMPS = (R8, R9)
 
 
+_INVERT = {
+    isa.JEQ: isa.JNE, isa.JNE: isa.JEQ, isa.JGT: isa.JLE, isa.JLE: isa.JGT,
+    isa.JGE: isa.JLT, isa.JLT: isa.JGE, isa.JSGT: isa.JSLE, isa.JSLE: isa.JSGT,
+    isa.JSGE: isa.JSLT, isa.JSLT: isa.JSGE,
+}  # fmt: skip
+
+
+def _is_jump(item) -> bool:
+    return isinstance(item, tuple) and len(item) == 5 and isinstance(item[0], _Label)
+
+
 def _fits_imm32(v: int) -> bool:
     return -(1 << 31) <= v < (1 << 31)
 
@@ -63,6 +74,7 @@ class _Gen:
     code: list = field(default_factory=list)  # insns, or (label, jump insn builder)
     strings: dict[bytes, int] = field(default_factory=dict)
     stack_slots: int = 0
+    _labels: list = field(default_factory=list)
 
     # -- emission --------------------------------------------------------------------
 
@@ -88,7 +100,9 @@ class _Gen:
         label.at = len(self.code)
 
     def label(self, name: str) -> _Label:
-        return _Label(name)
+        lab = _Label(name)
+        self._labels.append(lab)
+        return lab
 
     def path_index(self, path: FieldPath) -> int:
         for k, p in enumerate(self.paths):
@@ -104,8 +118,54 @@ class _Gen:
             self.rodata += data + b"\0"
         return at
 
+    def peephole(self) -> None:
+        """``jCC L1; ja L2; L1:`` becomes ``jNCC L2; L1:``, and a ``ja`` to
+        the next instruction goes: fewer dispatches for the interpreter."""
+        changed = True
+        while changed:
+            changed = False
+            keep: list[bool] = [True] * len(self.code)
+            for k, item in enumerate(self.code):
+                if not _is_jump(item):
+                    continue
+                label, op = item[0], item[1]
+                if op == isa.JA and label.at == k + 1:
+                    keep[k] = False
+                    changed = True
+                elif (
+                    op in _INVERT
+                    and k + 1 < len(self.code)
+                    and _is_jump(self.code[k + 1])
+                    and self.code[k + 1][1] == isa.JA
+                    and label.at == k + 2
+                    and not self._targeted(k + 1)
+                ):
+                    other = self.code[k + 1][0]
+                    self.code[k] = (other, _INVERT[op], item[2], item[3], item[4])
+                    keep[k + 1] = False
+                    changed = True
+                    break  # positions moved: start over
+            if not changed:
+                break
+            self._compact(keep)
+
+    def _targeted(self, pos: int) -> bool:
+        return any(lab.at == pos for lab in self._labels)
+
+    def _compact(self, keep: list[bool]) -> None:
+        new_pos = []
+        n = 0
+        for k in range(len(self.code)):
+            new_pos.append(n)
+            n += keep[k]
+        new_pos.append(n)
+        for lab in self._labels:
+            lab.at = new_pos[lab.at]
+        self.code = [c for c, k in zip(self.code, keep, strict=True) if k]
+
     def finish(self) -> list:
         """Resolve labels: every slot gets its final index (ld_imm64 is two)."""
+        self.peephole()
         out: list = []
         index: list[int] = []  # code position -> slot index
         for item in self.code:
@@ -161,9 +221,21 @@ class _Gen:
     def compare(self, n: ast.Binary, t: _Label, f: _Label, abort: _Label, depth: int) -> None:
         a, b, op = n.left, n.right, n.op
         if a.type == "string":
-            self.strings_equal(a, b, abort)
-            self.jump(t if op == "==" else f, isa.JEQ, R0, 1)
-            self.jump(f if op == "==" else t)
+            # R0 is 1 (equal), 0 (not) or -1 (missing: abort).  Where one
+            # outcome's label is the abort exit itself, missing joins it.
+            yes, no = (t, f) if op == "==" else (f, t)
+            if no is abort:
+                self.strings_equal(a, b, None)
+                self.jump(yes, isa.JEQ, R0, 1)
+                self.jump(no)
+            elif yes is abort:
+                self.strings_equal(a, b, None)
+                self.jump(no, isa.JEQ, R0, 0)
+                self.jump(yes)
+            else:
+                self.strings_equal(a, b, abort)
+                self.jump(yes, isa.JEQ, R0, 1)
+                self.jump(no)
             return
         if a.type == "double" or b.type == "double":
             self.value(a, abort, depth, double=True)
@@ -192,8 +264,10 @@ class _Gen:
         self.jump(t, _SIGNED_JUMP[op], R1, R0, reg=True)
         self.jump(f)
 
-    def strings_equal(self, a: ast.Node, b: ast.Node, abort: _Label) -> None:
-        """R0 = 1 when the two strings are equal (or the pattern matches)."""
+    def strings_equal(self, a: ast.Node, b: ast.Node, abort: _Label | None) -> None:
+        """R0 = 1 when the two strings are equal (or the pattern matches), 0
+        when not, -1 when one is missing (then a jump to ``abort`` unless the
+        caller handles it: ``abort`` None)."""
         if isinstance(a, ast.StrLit):
             a, b = b, a
         if isinstance(a, ast.StrLit):  # two literals: the checker folds these
@@ -202,8 +276,10 @@ class _Gen:
             )
         assert isinstance(a, ast.FieldRef)
         if a.path is None or (isinstance(b, ast.FieldRef) and b.path is None):
-            self.jump(abort)  # a field the schema lacks: evaluating it aborts
-            self.emit(isa.mov_imm(R0, 0))
+            # A field the schema lacks: evaluating it aborts.
+            self.emit(isa.mov_imm(R0, -1))
+            if abort is not None:
+                self.jump(abort)
             return
         self.setup_call(a)
         if isinstance(b, ast.StrLit):
@@ -218,7 +294,8 @@ class _Gen:
         else:
             assert isinstance(b, ast.FieldRef)
             self.emit(self.path_reg(R4, b), isa.call(abi.HELPER_STR_FIELDS_EQ))
-        self.jump(abort, isa.JSLT, R0, 0)
+        if abort is not None:
+            self.jump(abort, isa.JSLT, R0, 0)
 
     # -- values ------------------------------------------------------------------------
 
@@ -348,13 +425,15 @@ def generate(
     :data:`~..abi.MAX_INSNS` instructions.
     """
     g = _Gen()
-    t, f, abort = g.label("true"), g.label("false"), g.label("abort")
+    # Missing data makes the whole expression false: the abort exit is the
+    # false exit, so an outcome that goes there needs no test of its own.
+    t = g.label("true")
+    f = abort = g.label("false")
     g.emit(isa.mov(R6, R1), isa.mov(R7, R2))
     g.cond(tree, t, f, abort)
     g.place(t)
     g.emit(isa.mov_imm(R0, 1), isa.exit_())
     g.place(f)
-    g.place(abort)
     g.emit(isa.mov_imm(R0, 0), isa.exit_())
     insns = isa.program(g.finish())
     if len(insns) > abi.MAX_INSNS:
