@@ -43,6 +43,20 @@ _STACK = 512
 
 
 @intrinsic
+def _unlikely(typingctx, cond):
+    """``llvm.expect(cond, false)``: keeps a conditional jump a real branch.
+    Without it LLVM computes the next pc with a cmov, so fetching the next
+    instruction waits on the compared data (about 2 ns more per jump)."""
+
+    def codegen(context, builder, signature, args):
+        i1 = ir.IntType(1)
+        fn = builder.module.declare_intrinsic("llvm.expect", [i1], ir.FunctionType(i1, [i1, i1]))
+        return builder.call(fn, [args[0], ir.Constant(i1, 0)])
+
+    return types.boolean(types.boolean), codegen
+
+
+@intrinsic
 def _frame(typingctx):
     """The address of 11 register words and the 512-byte stack after them,
     allocated in the caller's native frame (entry block)."""
@@ -278,136 +292,136 @@ def run(insns: int, count: int, event: int, context: int) -> int:
         elif code == 0xCC:  # arsh32 X
             _set(regs, dst, (_s32(a) >> (x & 31)) & _M32)
         elif code == 0x15:  # if == K
-            if a == imm:
+            if _unlikely(a == imm):
                 pc += off
         elif code == 0x1D:  # if == X
-            if a == x:
+            if _unlikely(a == x):
                 pc += off
         elif code == 0x55:  # if != K
-            if a != imm:
+            if _unlikely(a != imm):
                 pc += off
         elif code == 0x5D:  # if != X
-            if a != x:
+            if _unlikely(a != x):
                 pc += off
         elif code == 0x25:  # if > K
-            if _ugt(a, imm):
+            if _unlikely(_ugt(a, imm)):
                 pc += off
         elif code == 0x2D:  # if > X
-            if _ugt(a, x):
+            if _unlikely(_ugt(a, x)):
                 pc += off
         elif code == 0x35:  # if >= K
-            if _uge(a, imm):
+            if _unlikely(_uge(a, imm)):
                 pc += off
         elif code == 0x3D:  # if >= X
-            if _uge(a, x):
+            if _unlikely(_uge(a, x)):
                 pc += off
         elif code == 0xA5:  # if < K
-            if _ugt(imm, a):
+            if _unlikely(_ugt(imm, a)):
                 pc += off
         elif code == 0xAD:  # if < X
-            if _ugt(x, a):
+            if _unlikely(_ugt(x, a)):
                 pc += off
         elif code == 0xB5:  # if <= K
-            if _uge(imm, a):
+            if _unlikely(_uge(imm, a)):
                 pc += off
         elif code == 0xBD:  # if <= X
-            if _uge(x, a):
+            if _unlikely(_uge(x, a)):
                 pc += off
         elif code == 0x65:  # if s> K
-            if a > imm:
+            if _unlikely(a > imm):
                 pc += off
         elif code == 0x6D:  # if s> X
-            if a > x:
+            if _unlikely(a > x):
                 pc += off
         elif code == 0x75:  # if s>= K
-            if a >= imm:
+            if _unlikely(a >= imm):
                 pc += off
         elif code == 0x7D:  # if s>= X
-            if a >= x:
+            if _unlikely(a >= x):
                 pc += off
         elif code == 0xC5:  # if s< K
-            if a < imm:
+            if _unlikely(a < imm):
                 pc += off
         elif code == 0xCD:  # if s< X
-            if a < x:
+            if _unlikely(a < x):
                 pc += off
         elif code == 0xD5:  # if s<= K
-            if a <= imm:
+            if _unlikely(a <= imm):
                 pc += off
         elif code == 0xDD:  # if s<= X
-            if a <= x:
+            if _unlikely(a <= x):
                 pc += off
         elif code == 0x45:  # if & K
-            if a & imm != 0:
+            if _unlikely(a & imm != 0):
                 pc += off
         elif code == 0x4D:  # if & X
-            if a & x != 0:
+            if _unlikely(a & x != 0):
                 pc += off
         elif code == 0x16:  # if32 == K
-            if (a & _M32) == (imm & _M32):
+            if _unlikely((a & _M32) == (imm & _M32)):
                 pc += off
         elif code == 0x1E:  # if32 == X
-            if (a & _M32) == (x & _M32):
+            if _unlikely((a & _M32) == (x & _M32)):
                 pc += off
         elif code == 0x56:  # if32 != K
-            if (a & _M32) != (imm & _M32):
+            if _unlikely((a & _M32) != (imm & _M32)):
                 pc += off
         elif code == 0x5E:  # if32 != X
-            if (a & _M32) != (x & _M32):
+            if _unlikely((a & _M32) != (x & _M32)):
                 pc += off
         elif code == 0x26:  # if32 > K
-            if (a & _M32) > (imm & _M32):
+            if _unlikely((a & _M32) > (imm & _M32)):
                 pc += off
         elif code == 0x2E:  # if32 > X
-            if (a & _M32) > (x & _M32):
+            if _unlikely((a & _M32) > (x & _M32)):
                 pc += off
         elif code == 0x36:  # if32 >= K
-            if (a & _M32) >= (imm & _M32):
+            if _unlikely((a & _M32) >= (imm & _M32)):
                 pc += off
         elif code == 0x3E:  # if32 >= X
-            if (a & _M32) >= (x & _M32):
+            if _unlikely((a & _M32) >= (x & _M32)):
                 pc += off
         elif code == 0xA6:  # if32 < K
-            if (a & _M32) < (imm & _M32):
+            if _unlikely((a & _M32) < (imm & _M32)):
                 pc += off
         elif code == 0xAE:  # if32 < X
-            if (a & _M32) < (x & _M32):
+            if _unlikely((a & _M32) < (x & _M32)):
                 pc += off
         elif code == 0xB6:  # if32 <= K
-            if (a & _M32) <= (imm & _M32):
+            if _unlikely((a & _M32) <= (imm & _M32)):
                 pc += off
         elif code == 0xBE:  # if32 <= X
-            if (a & _M32) <= (x & _M32):
+            if _unlikely((a & _M32) <= (x & _M32)):
                 pc += off
         elif code == 0x66:  # if32 s> K
-            if _s32(a) > _s32(imm):
+            if _unlikely(_s32(a) > _s32(imm)):
                 pc += off
         elif code == 0x6E:  # if32 s> X
-            if _s32(a) > _s32(x):
+            if _unlikely(_s32(a) > _s32(x)):
                 pc += off
         elif code == 0x76:  # if32 s>= K
-            if _s32(a) >= _s32(imm):
+            if _unlikely(_s32(a) >= _s32(imm)):
                 pc += off
         elif code == 0x7E:  # if32 s>= X
-            if _s32(a) >= _s32(x):
+            if _unlikely(_s32(a) >= _s32(x)):
                 pc += off
         elif code == 0xC6:  # if32 s< K
-            if _s32(a) < _s32(imm):
+            if _unlikely(_s32(a) < _s32(imm)):
                 pc += off
         elif code == 0xCE:  # if32 s< X
-            if _s32(a) < _s32(x):
+            if _unlikely(_s32(a) < _s32(x)):
                 pc += off
         elif code == 0xD6:  # if32 s<= K
-            if _s32(a) <= _s32(imm):
+            if _unlikely(_s32(a) <= _s32(imm)):
                 pc += off
         elif code == 0xDE:  # if32 s<= X
-            if _s32(a) <= _s32(x):
+            if _unlikely(_s32(a) <= _s32(x)):
                 pc += off
         elif code == 0x46:  # if32 & K
-            if a & imm & _M32 != 0:
+            if _unlikely(a & imm & _M32 != 0):
                 pc += off
         elif code == 0x4E:  # if32 & X
-            if a & x & _M32 != 0:
+            if _unlikely(a & x & _M32 != 0):
                 pc += off
     return 0
 
