@@ -109,6 +109,22 @@ def test_tracefs_event_schema(tmp_path):
         == 0
     )
     assert obj.read_bytes()[:4] == b"\x7fELF"
+    # The spelling of the option.
+    other = tmp_path / "g.o"
+    assert (
+        main(
+            [
+                "filter-compile",
+                "prev_pid > 1",
+                "--tracefs-event",
+                "sched:sched_switch",
+                "--emit-object",
+                str(other),
+            ]
+        )
+        == 0
+    )
+    assert other.read_bytes()[:4] == b"\x7fELF"
 
 
 def test_bad_input(tmp_path, capsys):

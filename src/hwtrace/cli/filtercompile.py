@@ -63,7 +63,15 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument(
         "--tracefs", metavar="DIR", help="tracefs directory (default /sys/kernel/tracing)"
     )
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="x.o (object) or x.so")
+    p.add_argument(
+        "-o",
+        "--output",
+        "--emit-object",
+        dest="output",
+        required=True,
+        metavar="FILE",
+        help="x.o (relocatable object) or x.so (shared library)",
+    )
     p.add_argument("--header", metavar="FILE", help="write the C header here")
     p.add_argument("--name", default="hwtrace_filter", help="the function's symbol")
     p.add_argument("--portable", action="store_true", help="generic x86-64, not this CPU")
