@@ -69,9 +69,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OUT = HERE / "out"
@@ -79,6 +76,9 @@ BUILD = OUT / "filter"
 HARNESS = HERE / "filter_harness.c"
 JSON_PATH = OUT / "bench_filter.json"
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
 
 from hwtrace.filter.compile import CompiledFilter, compile_filter  # noqa: E402
 from hwtrace.filter.records import EventRecord  # noqa: E402
@@ -531,18 +531,7 @@ HEADERS = (*(f"{t} ns" for t in TIERS), *(target[4] for target in TARGETS.values
 
 
 def print_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """As bench/common.py's, but never narrower than the table (these are
-    wide; a pipe would otherwise get 80 columns of ellipses)."""
-    table = Table(title=title)
-    table.add_column(headers[0])
-    for h in headers[1:]:
-        table.add_column(h, justify="right")
-    for r in rows:
-        table.add_row(*r)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    console.print(table)
+    common.print_table(title, headers, rows, width=200)
 
 
 def per_predicate(by_n: dict[int, dict[str, Cell]]) -> dict[str, tuple[float, float]]:

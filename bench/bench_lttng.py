@@ -91,9 +91,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SRC = HERE / "lttng"
@@ -101,6 +98,9 @@ OUT = HERE / "out"
 BUILD = OUT / "lttng"
 JSON_PATH = OUT / "bench_lttng.json"
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
 
 from hwtrace.filter.compile import compile_filter  # noqa: E402
 from hwtrace.filter.errors import FilterError  # noqa: E402
@@ -679,16 +679,7 @@ def derive(samples: dict[tuple[str, str], list[float]]) -> dict[str, Any]:
 
 
 def table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    t = Table(title=title, title_justify="left")
-    t.add_column(headers[0])
-    for h in headers[1:]:
-        t.add_column(h, justify="right")
-    for r in rows:
-        t.add_row(*r)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=150)
-    console.print(t)
+    common.print_table(title, headers, rows, width=150, title_justify="left")
 
 
 def fmt(cell: Cell) -> str:

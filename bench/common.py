@@ -25,12 +25,24 @@ def load_oracle() -> ModuleType:
     return module
 
 
-def print_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A table with the first column left-aligned and numbers right-aligned."""
-    table = Table(title=title)
+def print_table(
+    title: str,
+    headers: tuple[str, ...],
+    rows: list[tuple[str, ...]],
+    *,
+    width: int | None = None,
+    title_justify: str = "center",
+) -> None:
+    """A table with the first column left-aligned and numbers right-aligned.
+    ``width``: the columns to use when not writing to a terminal (wide tables
+    would otherwise be squeezed into 80 columns of ellipses in a pipe)."""
+    table = Table(title=title, title_justify=title_justify)  # type: ignore[arg-type]
     table.add_column(headers[0])
     for h in headers[1:]:
         table.add_column(h, justify="right")
     for r in rows:
         table.add_row(*r)
-    Console().print(table)
+    console = Console()
+    if width is not None and not console.is_terminal:
+        console = Console(width=width)
+    console.print(table)
