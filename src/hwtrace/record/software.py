@@ -39,7 +39,7 @@ import numpy as np
 
 from ..image import Image, ImageError, read_elf
 from ..isa.x86 import InsnCache
-from ..perf.sideband import TscConversion
+from ..perf.sideband import TscConversion, elf_build_id
 from ..pt.config import PtConfig
 from ..pt.encode import EncodedTrace, encode_path
 from .stepper import (
@@ -158,32 +158,9 @@ class SoftwareRecording:
 # -- sideband ----------------------------------------------------------------------
 
 
-def _build_id(path: str, cache: dict[str, bytes | None]) -> bytes | None:
-    if path in cache:
-        return cache[path]
-    found = None
-    try:
-        from elftools.elf.elffile import ELFFile
-
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for section in elf.iter_sections():
-                if section["sh_type"] != "SHT_NOTE":
-                    continue
-                for note in section.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        found = bytes.fromhex(note["n_desc"])
-                        break
-                if found:
-                    break
-    except Exception:
-        found = None
-    cache[path] = found
-    return found
-
-
 def _mmaps(maps: list[Mapping]) -> list[MmapRecord]:
-    cache: dict[str, bytes | None] = {}
+    files = {m.path for m in maps if m.path.startswith("/") and m.inode}
+    build_ids = {path: elf_build_id(path) for path in files}  # once per file
     return [
         MmapRecord(
             start=m.start,
@@ -192,7 +169,7 @@ def _mmaps(maps: list[Mapping]) -> list[MmapRecord]:
             path=m.path,
             prot=m.prot,
             inode=m.inode,
-            build_id=_build_id(m.path, cache) if m.path.startswith("/") and m.inode else None,
+            build_id=build_ids.get(m.path),
         )
         for m in maps
     ]
