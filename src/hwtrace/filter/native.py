@@ -16,7 +16,6 @@ later tier can point it at memory shared with the kernel.
 from __future__ import annotations
 
 import ctypes
-import time
 
 import numpy as np
 from llvmlite import binding as llvm
@@ -465,7 +464,3 @@ def helper_address(helper: int) -> int:
     if fn is None:
         fn = _cfuncs[helper] = _make_cfunc(helper)
     return fn.address  # type: ignore[attr-defined]
-
-
-def monotonic_ns() -> int:
-    return time.monotonic_ns()

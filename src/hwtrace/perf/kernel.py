@@ -39,9 +39,6 @@ class KernelCode:
     symbols: SymbolTable
     source: str  # what it came from, for messages
 
-    def __bool__(self) -> bool:
-        return len(self.image) > 0 or len(self.symbols) > 0
-
 
 def _segments(path: Path) -> list[tuple[int, int, int, bool]]:
     """``(vaddr, offset, filesz, executable)`` of each PT_LOAD of an ELF file."""
