@@ -151,17 +151,18 @@ def _load(prog: str, a: argparse.Namespace) -> tuple[PerfData, PerfFlow] | None:
         return None
     locator = BinaryLocator(root=Path(a.symfs) if a.symfs else None)
     kcore = a.kcore or data.kcore_dir
+    sideband = sideband_of(data)
     try:
         kernel = load_kernel(
             kcore=kcore,
             vmlinux=a.vmlinux,
             kallsyms=a.kallsyms,
-            text_address=sideband_of(data).kernel_text_address() if a.vmlinux else None,
+            text_address=sideband.kernel_text_address() if a.vmlinux else None,
         )
     except KernelCodeError as e:
         sys.stderr.write(f"{prog}: {e}\n")
         return None
-    return data, decode_perf(data, locator, kernel=kernel)
+    return data, decode_perf(data, locator, kernel=kernel, sideband=sideband)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

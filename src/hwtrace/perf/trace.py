@@ -196,15 +196,18 @@ def decode_perf(
     *,
     kernel: KernelCode | None = None,
     jobs: int = 1,
+    sideband: Sideband | None = None,
 ) -> PerfFlow:
     """Decode every AUX queue of ``data`` against the sideband's images.
 
     ``kernel`` is the kernel's code (:mod:`.kernel`: a ``--kcore``
     directory, a vmlinux or kallsyms); without it, kernel modules the
     sideband maps as files are used where the locator finds them.
+    ``sideband``: the model of ``data``'s sideband, when the caller already
+    built it (:func:`sideband_of`).
     """
     locator = locator or BinaryLocator()
-    sb = sideband_of(data)
+    sb = sideband if sideband is not None else sideband_of(data)
     pt = data.intel_pt
     problems: list[str] = [str(e) for e in data.errors]
     if pt is None:
