@@ -252,8 +252,9 @@ def decode_range(
     """
     parts: list[PacketTable] = []
     pos, sync_pos, in_block = start, start, 0
-    # Typical streams average 2-3 bytes a packet; grow in chunks if needed.
-    cap = max(64, (end - start) // 2 + 64)
+    # No packet is shorter than a byte: one row per byte never overflows
+    # (and rows never written cost no memory).
+    cap = max(64, end - start + 64)
     while True:
         offs = np.empty(cap, np.int64)
         kinds = np.empty(cap, np.uint8)
@@ -326,6 +327,24 @@ def map_file(path: str | os.PathLike[str]) -> np.ndarray:
             return np.zeros(0, np.uint8)
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return np.frombuffer(mm, dtype=np.uint8)
+
+
+def release(buf: np.ndarray, start: int, end: int) -> None:
+    """Tell the kernel ``buf[start:end]`` of a mapped file (:func:`map_file`)
+    is not needed any more, so reading a large trace front to back keeps
+    only what is in use resident.  Other buffers are left alone."""
+    root = buf
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    mm = root.base
+    if not isinstance(mm, mmap.mmap) or end <= start:
+        return
+    shift = buf.ctypes.data - root.ctypes.data  # buf may be a slice of the mapping
+    page = mmap.PAGESIZE
+    first = -(-(start + shift) // page) * page
+    last = ((end + shift) // page) * page
+    if last > first:
+        mm.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:

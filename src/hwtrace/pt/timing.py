@@ -68,12 +68,28 @@ def _tcal_init():
     return 0, -1, 0, 0, 0, 0, 0, 0, False, False
 
 
-@njit(cache=True)
-def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts):
+# The model's state between calls (time_kernel's ``state``/``saved``).
+TIME_STATE_SIZE = 24
+_TS_VALID = 23
+
+
+def new_time_state() -> np.ndarray:
+    """State for :func:`time_kernel` before the first packet of a stream."""
+    return np.zeros(TIME_STATE_SIZE, np.int64)
+
+
+@njit(cache=True, nogil=True)
+def time_kernel(
+    kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved
+):
     """Run the time model over a packet table.
 
     Returns per-packet ``(tsc, have_tsc, fcr, have_fcr)`` after the packet,
-    and diagnostics ``(index, kind, error)`` in the order they arise.
+    and diagnostics ``(index, kind, error)`` in the order they arise.  The
+    model starts from ``state`` (see :func:`new_time_state`) and leaves its
+    state after the last packet there, so a stream can be timed table by
+    table; ``saved`` receives the state before packet ``save_at`` (-1:
+    none), where a later table may start.
     """
     n = kinds.shape[0]
     out_tsc = np.zeros(n, np.int64)
@@ -114,8 +130,48 @@ def time_kernel(kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, op
     c_have_mtc = False
     c_check_skl168 = False
     in_header = False
+    if state[_TS_VALID]:
+        (
+            t_tsc, t_base, t_fc, t_ctc, t_ctc_cyc, t_lost_mtc, t_lost_cyc, t_have_tsc,
+            t_have_tma, t_have_mtc, c_fcr, c_min, c_max, c_tsc, c_cyc_tsc, c_cyc_mtc, c_ctc,
+            c_lost_mtc, c_have_mtc, c_check_skl168, in_header,
+        ) = (
+            state[0], state[1], state[2], state[3], state[4], state[5], state[6],
+            state[7] != 0, state[8] != 0, state[9] != 0, state[10], state[11], state[12],
+            state[13], state[14], state[15], state[16], state[17], state[18] != 0,
+            state[19] != 0, state[20] != 0,
+        )  # fmt: skip
 
-    for i in range(n):
+    for i in range(n + 1):
+        if i == save_at or i == n:
+            for w in range(2):
+                if (w == 0 and i != save_at) or (w == 1 and i != n):
+                    continue
+                dst = saved if w == 0 else state
+                dst[0] = t_tsc
+                dst[1] = t_base
+                dst[2] = t_fc
+                dst[3] = t_ctc
+                dst[4] = t_ctc_cyc
+                dst[5] = t_lost_mtc
+                dst[6] = t_lost_cyc
+                dst[7] = t_have_tsc
+                dst[8] = t_have_tma
+                dst[9] = t_have_mtc
+                dst[10] = c_fcr
+                dst[11] = c_min
+                dst[12] = c_max
+                dst[13] = c_tsc
+                dst[14] = c_cyc_tsc
+                dst[15] = c_cyc_mtc
+                dst[16] = c_ctc
+                dst[17] = c_lost_mtc
+                dst[18] = c_have_mtc
+                dst[19] = c_check_skl168
+                dst[20] = in_header
+                dst[_TS_VALID] = 1
+            if i == n:
+                break
         if seg_start[i]:
             t_tsc = 0
             t_base = 0
@@ -457,8 +513,14 @@ def estimate_time(
     calibrate: bool = True,
     use_cyc: bool = True,
     keep_tcal_on_ovf: bool = False,
+    state: np.ndarray | None = None,
+    save_at: int = -1,
+    saved: np.ndarray | None = None,
 ) -> TimeColumns:
-    """Estimate the TSC at every packet of ``table``."""
+    """Estimate the TSC at every packet of ``table``: from the start of a
+    stream, or, given the ``state`` an earlier table left (updated in place),
+    from where it ended.  ``saved`` receives the state before packet
+    ``save_at``."""
     config = config or PtConfig()
     opts = 0
     if not calibrate:
@@ -479,6 +541,9 @@ def estimate_time(
         int(config.cpuid_0x15_eax),
         int(config.cpuid_0x15_ebx),
         opts,
+        state if state is not None else new_time_state(),
+        save_at,
+        saved if saved is not None else new_time_state(),
     )
     return TimeColumns(tsc.view(np.uint64), have_tsc, fcr, have_fcr, di, dk, de)
 
