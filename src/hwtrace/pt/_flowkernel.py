@@ -1,0 +1,3157 @@
+"""The compiled flow decoder: packets and code in, blocks and events out.
+
+This is Intel's reference decoder (libipt's event decoder and block decoder,
+as :mod:`hwtrace.pt.events` and :mod:`hwtrace.pt.flow` implement them in
+Python) written for numba, plus a fast loop for the common case.  Both
+Python decoders stay: they are the reference the test suite holds this one
+to, event for event and instruction for instruction.
+
+Shape of the code
+-----------------
+The Python decoders raise exceptions; here every function returns an int:
+a non-negative result or ``-code`` with libipt's error code.  Two more
+negative codes abort the current *step* (one ``next_block``, ``next_event``,
+``start`` or ``resync`` of libipt's API): :data:`ABORT_MISS` when an
+instruction is not decoded yet (Python decodes it with iced-x86, see
+:mod:`hwtrace.pt.codetable`) and :data:`ABORT_WINDOW` when a step reads past
+the packets it was given.  Each step starts by saving the decoder's state;
+an abort restores it, output included, and returns to Python, which fixes
+the cause and calls again: the step is redone from its start.
+
+State lives in arrays (``SI``: integers, ``SU``: addresses and times,
+``CUR``: the block decoder's current event, ``QE``/``QB``: the event queue
+waiting for the packet each event binds to, ``RS``: the return stack) so a
+call can stop anywhere between steps and the next call goes on.  An event is
+a row of ``EW`` unsigned words; its payload words mean what ``E_*`` says for
+its type.
+
+The fast loop
+-------------
+Most of a trace is conditional branches (TNT bits), indirect targets (TIP)
+and timing packets between them.  While nothing else is pending the driver
+runs :func:`_fast`, which walks whole runs of code (see ``codetable``) per
+hash lookup and keeps the state in registers; anything else makes it stop
+at the start of a run and the step functions take over.
+
+Output
+------
+Blocks are rows (first IP, instruction count, flags, mode, trace offset,
+time); a libipt block may be split over several rows (``O_NEW`` marks the
+first), since the fast loop emits a row per run.  Everything else (events,
+errors, the "end of trace" and resync markers) is an event row with the
+number of block rows before it, which places it in the flow.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..isa.x86 import IClass, Special
+from .codetable import (
+    C_MISS_IP,
+    C_MISS_MODE,
+    I_DIRECT,
+    I_NO_PUSH,
+    I_TRUNCATED,
+    RUN_CALL,
+    RUN_COND,
+    RUN_FALL,
+    RUN_ICALL,
+    RUN_IJUMP,
+    RUN_JUMP,
+    RUN_RET,
+    RUN_STOP,
+    build_run,
+    hash_find,
+)
+from .errors import PtError
+from .events import Ev
+from .kinds import Kind
+
+# ---------------------------------------------------------------------------
+# Constants, named after the Python reference's.
+
+# Packet kinds.
+K_PAD = int(Kind.PAD)
+K_PSB = int(Kind.PSB)
+K_PSBEND = int(Kind.PSBEND)
+K_TNT8 = int(Kind.TNT8)
+K_TNT64 = int(Kind.TNT64)
+K_TIP = int(Kind.TIP)
+K_TIP_PGE = int(Kind.TIP_PGE)
+K_TIP_PGD = int(Kind.TIP_PGD)
+K_FUP = int(Kind.FUP)
+K_MODE_EXEC = int(Kind.MODE_EXEC)
+K_MODE_TSX = int(Kind.MODE_TSX)
+K_PIP = int(Kind.PIP)
+K_VMCS = int(Kind.VMCS)
+K_CBR = int(Kind.CBR)
+K_TSC = int(Kind.TSC)
+K_MTC = int(Kind.MTC)
+K_TMA = int(Kind.TMA)
+K_CYC = int(Kind.CYC)
+K_OVF = int(Kind.OVF)
+K_STOP = int(Kind.STOP)
+K_MNT = int(Kind.MNT)
+K_PTW = int(Kind.PTW)
+K_EXSTOP = int(Kind.EXSTOP)
+K_MWAIT = int(Kind.MWAIT)
+K_PWRE = int(Kind.PWRE)
+K_PWRX = int(Kind.PWRX)
+K_CFE = int(Kind.CFE)
+K_EVD = int(Kind.EVD)
+K_TRIG = int(Kind.TRIG)
+K_INVALID = int(Kind.INVALID)
+
+# Event types.
+EV_ENABLED = int(Ev.ENABLED)
+EV_DISABLED = int(Ev.DISABLED)
+EV_ASYNC_DISABLED = int(Ev.ASYNC_DISABLED)
+EV_ASYNC_BRANCH = int(Ev.ASYNC_BRANCH)
+EV_PAGING = int(Ev.PAGING)
+EV_ASYNC_PAGING = int(Ev.ASYNC_PAGING)
+EV_OVERFLOW = int(Ev.OVERFLOW)
+EV_EXEC_MODE = int(Ev.EXEC_MODE)
+EV_TSX = int(Ev.TSX)
+EV_STOP = int(Ev.STOP)
+EV_VMCS = int(Ev.VMCS)
+EV_ASYNC_VMCS = int(Ev.ASYNC_VMCS)
+EV_EXSTOP = int(Ev.EXSTOP)
+EV_MWAIT = int(Ev.MWAIT)
+EV_PWRE = int(Ev.PWRE)
+EV_PWRX = int(Ev.PWRX)
+EV_PTWRITE = int(Ev.PTWRITE)
+EV_TICK = int(Ev.TICK)
+EV_CBR = int(Ev.CBR)
+EV_MNT = int(Ev.MNT)
+EV_TIP = int(Ev.TIP)
+EV_TNT = int(Ev.TNT)
+EV_IFLAGS = int(Ev.IFLAGS)
+EV_INTERRUPT = int(Ev.INTERRUPT)
+EV_IRET = int(Ev.IRET)
+EV_SMI = int(Ev.SMI)
+EV_RSM = int(Ev.RSM)
+EV_SIPI = int(Ev.SIPI)
+EV_INIT = int(Ev.INIT)
+EV_VMENTRY = int(Ev.VMENTRY)
+EV_VMEXIT = int(Ev.VMEXIT)
+EV_SHUTDOWN = int(Ev.SHUTDOWN)
+EV_UINTR = int(Ev.UINTR)
+EV_UIRET = int(Ev.UIRET)
+EV_TRIG = int(Ev.TRIG)
+EV_IGNORE = int(Ev.IGNORE)
+EV_SWINTR = int(Ev.SWINTR)
+EV_SYSCALL = int(Ev.SYSCALL)
+# Output rows that are not events of the flow (X_*).
+X_ERROR = 64  # E_P0: the error code, E_P1: ERR_* below, E_IP: where, E_TSC: time
+X_END = 65  # ptxed's "[end of trace]"
+X_RESYNC_DISABLED = 66  # ptxed's "[disabled]" after resynchronising
+ERR_DECODE, ERR_SYNC, ERR_RESYNC = 0, 1, 2
+
+# Error codes.
+E_INTERNAL = int(PtError.INTERNAL)
+E_NOSYNC = int(PtError.NOSYNC)
+E_BAD_OPC = int(PtError.BAD_OPC)
+E_BAD_PACKET = int(PtError.BAD_PACKET)
+E_BAD_CONTEXT = int(PtError.BAD_CONTEXT)
+E_EOS = int(PtError.EOS)
+E_BAD_QUERY = int(PtError.BAD_QUERY)
+E_NOMEM = int(PtError.NOMEM)
+E_NOIP = int(PtError.NOIP)
+E_IP_SUPPRESSED = int(PtError.IP_SUPPRESSED)
+E_BAD_INSN = int(PtError.BAD_INSN)
+E_RETSTACK_EMPTY = int(PtError.RETSTACK_EMPTY)
+E_BAD_RETCOMP = int(PtError.BAD_RETCOMP)
+E_BAD_STATUS_UPDATE = int(PtError.BAD_STATUS_UPDATE)
+E_NO_ENABLE = int(PtError.NO_ENABLE)
+E_EVENT_IGNORED = int(PtError.EVENT_IGNORED)
+# Step aborts (never errors of the trace): see the module docstring.
+ABORT = 1000
+ABORT_MISS = 1001
+ABORT_WINDOW = 1002
+
+# Instruction classes and kinds.
+C_UNKNOWN = int(IClass.UNKNOWN)
+C_OTHER = int(IClass.OTHER)
+C_CALL = int(IClass.CALL)
+C_RETURN = int(IClass.RETURN)
+C_JUMP = int(IClass.JUMP)
+C_COND = int(IClass.COND_JUMP)
+C_FAR_CALL = int(IClass.FAR_CALL)
+C_FAR_RETURN = int(IClass.FAR_RETURN)
+C_FAR_JUMP = int(IClass.FAR_JUMP)
+C_PTWRITE = int(IClass.PTWRITE)
+S_MOV_CR3 = int(Special.MOV_CR3)
+S_VMLAUNCH = int(Special.VMLAUNCH)
+S_VMRESUME = int(Special.VMRESUME)
+S_VMPTRLD = int(Special.VMPTRLD)
+S_IRET = int(Special.IRET)
+S_UIRET = int(Special.UIRET)
+S_JMPABS = int(Special.JMPABS)
+
+# Event rows.
+E_TYPE, E_FLAGS, E_IP, E_AT, E_TSC, E_P0, E_P1, E_P2, E_P3, E_P4, E_P5 = range(11)
+EW = 11
+F_SUPP, F_STATUS, F_HAS_TSC, F_RESUMED = 1, 2, 4, 8
+# Payload words by event type.
+E_CR3, E_NR = E_P0, E_P1  # PAGING, ASYNC_PAGING
+E_BASE = E_P0  # VMCS, ASYNC_VMCS
+E_MODE = E_P0  # EXEC_MODE
+E_SPEC, E_ABORTED = E_P0, E_P1  # TSX
+E_HINTS, E_EXT = E_P0, E_P1  # MWAIT
+E_STATE, E_SUBSTATE, E_HW = E_P0, E_P1, E_P2  # PWRE
+E_LAST, E_DEEPEST, E_WAKE_INT, E_WAKE_ST, E_WAKE_HW = E_P0, E_P1, E_P2, E_P3, E_P4  # PWRX
+E_SIZE, E_PAYLOAD = E_P0, E_P1  # PTWRITE (TNT: size and bits; MNT: payload)
+E_BITS = E_P1
+E_RATIO = E_P0  # CBR
+E_IFLAG = E_P0  # IFLAGS
+E_VECTOR, E_HAS_CR2, E_CR2 = E_P0, E_P1, E_P2  # INTERRUPT, SIPI, UINTR, SWINTR
+E_HAS_VECTOR, E_HAS_VMXQ, E_VMXQ, E_HAS_VMXR, E_VMXR = E_P1, E_P2, E_P3, E_P4, E_P5  # VMEXIT
+E_TRBV, E_MULT, E_ICNT = E_P0, E_P1, E_P2  # TRIG
+
+# Event-queue bindings (the packet an event waits for).
+B_PSBEND, B_TIP, B_FUP, B_FUP_BOUND, B_EXSTOP, B_CFE = 1, 2, 4, 8, 16, 32
+QMAX = 6  # libipt's queue: 8 slots, one kept free, and one more for safety
+
+# Block-decoder status flags (libipt's pts_*).
+ST_IP_SUPPRESSED, ST_EVENT_PENDING, ST_EOS = 1, 2, 4
+RETSTACK_SIZE = 64
+_RS_MASK = RETSTACK_SIZE - 1
+MAX_NINSN = 0xFFFF
+BDM64_MAX_STEPS = 0x100
+NO_TRACE_LIMIT = 1 << 20
+
+# Predicates an instruction walk stops at.
+P_NEVER, P_CR3, P_PIP, P_VMCS, P_PTWRITE, P_IRET, P_VMENTRY, P_UIRET, P_SKL014 = range(9)
+
+# SI: integer state.
+(
+    ES_POS, ES_STATUS, ES_ENABLED, ES_BOUND, ES_MEV, ES_IFLAG, ES_CSD, ES_CSL, ES_HAVE_IP,
+    ES_SUPP, ES_QN,
+    BS_MODE, BS_ENABLED, BS_SPEC, BS_STATUS, BS_HAS_TSC, BS_CBR, BS_ICNT, BS_HAS_ICNT,
+    BS_PROC, BS_INSN, BS_BOUND, BS_RS_TOP, BS_RS_N, BS_LAST, BS_HAVE_CR3, BS_HAVE_VMCS,
+    CB_OPEN, CB_NINSN, CB_ISID, CB_LAST, CB_ICLASS, CB_ROW, CB_MODE,
+    DR_PHASE, DR_STATUS, DR_END, DR_SYNC, DR_SYNC_FAILED,
+    O_NBLK, O_NEV, O_NINSN, O_NBLOCKS, O_VBLK,
+    W_N, W_END_ERR, W_LIMIT,
+) = range(47)  # fmt: skip
+NSI = 48
+# SU: addresses and times.
+ES_LAST_IP, BS_IP, BS_TSC, BS_CR3, BS_VMCS, CB_IP, CB_END_IP, DR_NEXT, W_END_OFFSET = range(9)
+NSU = 10
+
+# Driver phases.
+PH_START, PH_RUN, PH_RESYNC, PH_DONE = 0, 1, 2, 3
+# run() results.
+R_DONE, R_MISS, R_GROW, R_FULL, R_MORE, R_WINDOW, R_EVENT = range(7)
+
+# Config (CF, int64).
+(
+    CF_FAST, CF_TICK, CF_END_ON_CALL, CF_END_ON_JUMP, CF_IFLAGS, CF_RESYNC, CF_STOP_EVENTS,
+    CF_KEEP_GOING, CF_ERRATA, CF_NFILTER, CF_DROP_EMPTY, CF_COUNT,
+) = range(12)  # fmt: skip
+NCF = 12
+# Errata bits in CF[CF_ERRATA].
+ER_BDM70, ER_BDM64, ER_SKD022, ER_SKD010, ER_SKL014, ER_APL11, ER_APL12 = (1 << i for i in range(7))
+# Stop-after-event modes (CF[CF_STOP_EVENTS]).
+STOP_NONE, STOP_ENABLED, STOP_ALL = 0, 1, 2
+# Block row flags.
+O_NEW, O_SPEC = 1, 2
+
+_MASK48 = np.uint64(0xFFFFFFFFFFFF)
+
+
+# ---------------------------------------------------------------------------
+# Small helpers.
+
+
+@nb.njit(cache=True, inline="always")
+def _err(code):
+    return -np.int64(code)
+
+
+@nb.njit(cache=True, inline="always")
+def _aborted(r):
+    return r <= -ABORT
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_init(ev, t):
+    for j in range(EW):
+        ev[j] = 0
+    ev[E_TYPE] = t
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_copy(dst, src):
+    for j in range(EW):
+        dst[j] = src[j]
+
+
+@nb.njit(cache=True, inline="always")
+def _supp(ev):
+    return (ev[E_FLAGS] & F_SUPP) != 0
+
+
+@nb.njit(cache=True, inline="always")
+def _set_supp(ev):
+    ev[E_FLAGS] |= F_SUPP
+
+
+@nb.njit(cache=True, inline="always")
+def _status_update(ev):
+    return (ev[E_FLAGS] & F_STATUS) != 0
+
+
+@nb.njit(cache=True, inline="always")
+def _has_tsc(ev):
+    return (ev[E_FLAGS] & F_HAS_TSC) != 0
+
+
+@nb.njit(cache=True, inline="always")
+def exec_mode_of(bits):
+    csl = bits & 1
+    csd = bits & 2
+    if csl:
+        return 0 if csd else 64
+    return 32 if csd else 16
+
+
+# ---------------------------------------------------------------------------
+# The event queue.
+
+
+@nb.njit(cache=True)
+def _q_enqueue(SI, QE, QB, binding):
+    """A fresh event waiting for ``binding``; its slot, or -NOMEM."""
+    n = SI[ES_QN]
+    if n >= QMAX:
+        return _err(E_NOMEM)
+    _ev_init(QE[n], EV_IGNORE)
+    QB[n] = binding
+    SI[ES_QN] = n + 1
+    return n
+
+
+@nb.njit(cache=True)
+def _q_enqueue_row(SI, QE, QB, binding, row):
+    n = _q_enqueue(SI, QE, QB, binding)
+    if n >= 0:
+        _ev_copy(QE[n], row)
+    return n
+
+
+@nb.njit(cache=True)
+def _q_find(SI, QE, QB, mask, t):
+    for i in range(SI[ES_QN]):
+        if QB[i] & mask and QE[i, E_TYPE] == t:
+            return i
+    return -1
+
+
+@nb.njit(cache=True)
+def _q_peek(SI, QB, mask):
+    for i in range(SI[ES_QN]):
+        if QB[i] & mask:
+            return i
+    return -1
+
+
+@nb.njit(cache=True)
+def _q_remove(SI, QE, QB, slot):
+    n = SI[ES_QN]
+    for i in range(slot, n - 1):
+        QB[i] = QB[i + 1]
+        for j in range(EW):
+            QE[i, j] = QE[i + 1, j]
+    SI[ES_QN] = n - 1
+
+
+@nb.njit(cache=True)
+def _q_dequeue(SI, QE, QB, mask, out):
+    """Move the first event waiting for ``mask`` to ``out``; False if none."""
+    i = _q_peek(SI, QB, mask)
+    if i < 0:
+        return False
+    _ev_copy(out, QE[i])
+    _q_remove(SI, QE, QB, i)
+    return True
+
+
+# ---------------------------------------------------------------------------
+# The event decoder (hwtrace.pt.events.EventDecoder).
+
+
+@nb.njit(cache=True, inline="always")
+def _end_error(SI):
+    """What reading past the last packet means: the packet decoder's verdict
+    (end of stream, or its error), or an abort when more packets follow."""
+    return _err(SI[W_END_ERR])
+
+
+@nb.njit(cache=True)
+def _offset(SI, SU, pk):
+    off = pk[4]
+    pos = SI[ES_POS]
+    if pos < SI[W_N]:
+        return off[pos]
+    return np.int64(SU[W_END_OFFSET])
+
+
+@nb.njit(cache=True)
+def _next_position(SI, SU, pk):
+    off = pk[4]
+    size = pk[5]
+    pos = SI[ES_POS]
+    if pos < SI[W_N]:
+        return off[pos] + size[pos]
+    return _offset(SI, SU, pk)
+
+
+@nb.njit(cache=True)
+def _ev_time(SI, pk, ev, index):
+    tsc = pk[6]
+    have = pk[7]
+    i = SI[ES_POS] if index < 0 else index
+    if 0 <= i < SI[W_N] and have[i]:
+        ev[E_FLAGS] |= F_HAS_TSC
+        ev[E_TSC] = tsc[i]
+
+
+@nb.njit(cache=True)
+def _update_ip(SI, SU, pk, i):
+    a = pk[1]
+    b = pk[2]
+    ipc = b[i]
+    if ipc == 0:
+        SI[ES_SUPP] = 1
+        return 0
+    payload = a[i]
+    last = SU[ES_LAST_IP]
+    if ipc == 3:
+        if payload & np.uint64(1 << 47):
+            ip = payload | np.uint64(0xFFFF000000000000)
+        else:
+            ip = payload
+    elif ipc == 1:
+        ip = (last & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
+    elif ipc == 2:
+        ip = (last & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF))
+    elif ipc == 4:
+        ip = (last & ~_MASK48) | (payload & _MASK48)
+    elif ipc == 6:
+        ip = payload
+    else:
+        return _err(E_BAD_PACKET)
+    SU[ES_LAST_IP] = ip
+    SI[ES_HAVE_IP] = 1
+    SI[ES_SUPP] = 0
+    return 0
+
+
+@nb.njit(cache=True)
+def _event_ip(SI, SU, ev):
+    if not SI[ES_HAVE_IP] or SI[ES_SUPP]:
+        ev[E_FLAGS] |= F_SUPP
+    else:
+        ev[E_IP] = SU[ES_LAST_IP]
+
+
+@nb.njit(cache=True)
+def _ev_fetch(SI, pk):
+    """Advance to the next packet, skipping PAD."""
+    kind = pk[0]
+    n = SI[W_N]
+    p = SI[ES_POS] + 1
+    while p < n and kind[p] == K_PAD:
+        p += 1
+    SI[ES_POS] = p
+
+
+@nb.njit(cache=True)
+def _deliver(SI, pk, ev):
+    """A standalone event: time now, then move past the packet."""
+    _ev_time(SI, pk, ev, -1)
+    _ev_fetch(SI, pk)
+    return 1
+
+
+@nb.njit(cache=True, inline="always")
+def _is_timing(k):
+    return k == K_TSC or k == K_CBR or k == K_TMA or k == K_MTC or k == K_CYC
+
+
+@nb.njit(cache=True)
+def _header_event(SI, QE, QB, t, status):
+    slot = _q_enqueue(SI, QE, QB, B_PSBEND)
+    if slot < 0:
+        return slot
+    QE[slot, E_TYPE] = t
+    if status:
+        QE[slot, E_FLAGS] |= F_STATUS
+    return slot
+
+
+@nb.njit(cache=True)
+def _bdm70_applies(SI, pk):
+    kind = pk[0]
+    n = SI[W_N]
+    j = SI[ES_POS] + 1
+    while j < n:
+        k = kind[j]
+        if k == K_TIP_PGE:
+            return 1
+        if not (
+            k == K_PAD or k == K_TSC or k == K_CBR or k == K_PSBEND or k == K_PIP
+            or k == K_MODE_EXEC or k == K_MODE_TSX or k == K_VMCS or k == K_TMA
+            or k == K_MTC or k == K_CYC or k == K_MNT
+        ):  # fmt: skip
+            return 0
+        j += 1
+    if SI[W_END_ERR] == ABORT_WINDOW:
+        return -ABORT_WINDOW
+    return 0
+
+
+@nb.njit(cache=True)
+def _decode_psb(SI, SU, QE, QB, pk, cf):
+    kind = pk[0]
+    a = pk[1]
+    b = pk[2]
+    CF = cf[0]
+    if SI[ES_QN]:
+        return _err(E_BAD_CONTEXT)
+    SI[ES_HAVE_IP] = 0
+    SI[ES_SUPP] = 0
+    SU[ES_LAST_IP] = 0
+    SI[ES_ENABLED] = 0
+    status = _q_enqueue(SI, QE, QB, B_PSBEND)  # slot 0: the queue was empty
+    QE[status, E_FLAGS] |= F_STATUS
+    iflags = CF[CF_IFLAGS] != 0
+    while True:
+        _ev_fetch(SI, pk)
+        i = SI[ES_POS]
+        if i >= SI[W_N]:
+            return _end_error(SI)
+        k = kind[i]
+        if k == K_FUP:
+            enabled = b[i] != 0
+            if CF[CF_ERRATA] & ER_BDM70:
+                r = _bdm70_applies(SI, pk)
+                if r < 0:
+                    return r
+                if r:
+                    enabled = False
+            SI[ES_ENABLED] = enabled
+            if enabled:
+                r = _update_ip(SI, SU, pk, i)
+                if r < 0:
+                    return r
+        elif k == K_MODE_EXEC:
+            bits = np.int64(a[i])
+            iflag = (bits >> 2) & 1
+            csd = (bits >> 1) & 1
+            csl = bits & 1
+            if SI[ES_MEV]:
+                if iflags and SI[ES_IFLAG] != iflag:
+                    return _err(E_BAD_STATUS_UPDATE)
+                if SI[ES_CSD] != csd or SI[ES_CSL] != csl:
+                    return _err(E_BAD_STATUS_UPDATE)
+            else:
+                SI[ES_MEV] = 1
+                SI[ES_IFLAG] = iflag
+                SI[ES_CSD] = csd
+                SI[ES_CSL] = csl
+            s = _header_event(SI, QE, QB, EV_EXEC_MODE, True)
+            if s < 0:
+                return s
+            QE[s, E_MODE] = exec_mode_of(bits)
+            if iflags:
+                s = _header_event(SI, QE, QB, EV_IFLAGS, True)
+                if s < 0:
+                    return s
+                QE[s, E_IFLAG] = iflag
+        elif k == K_MODE_TSX:
+            s = _header_event(SI, QE, QB, EV_TSX, True)
+            if s < 0:
+                return s
+            QE[s, E_SPEC] = a[i] & np.uint64(1)
+            QE[s, E_ABORTED] = (a[i] >> np.uint64(1)) & np.uint64(1)
+        elif k == K_PIP:
+            s = _header_event(SI, QE, QB, EV_ASYNC_PAGING, True)
+            if s < 0:
+                return s
+            QE[s, E_CR3] = a[i]
+            QE[s, E_NR] = b[i]
+        elif k == K_VMCS:
+            s = _header_event(SI, QE, QB, EV_ASYNC_VMCS, True)
+            if s < 0:
+                return s
+            QE[s, E_BASE] = a[i]
+        elif k == K_MNT:
+            s = _header_event(SI, QE, QB, EV_MNT, False)
+            if s < 0:
+                return s
+            QE[s, E_PAYLOAD] = a[i]
+        elif k == K_CBR:
+            s = _header_event(SI, QE, QB, EV_CBR, True)
+            if s < 0:
+                return s
+            QE[s, E_RATIO] = a[i]
+        elif _is_timing(k) or k == K_PAD:
+            pass
+        elif k == K_PSBEND:
+            if SI[ES_ENABLED]:
+                QE[status, E_TYPE] = EV_ENABLED
+            else:
+                QE[status, E_TYPE] = EV_DISABLED
+                QE[status, E_FLAGS] |= F_SUPP
+            return 0
+        elif k == K_OVF:
+            if SI[ES_ENABLED]:
+                QE[status, E_TYPE] = EV_ENABLED
+            else:
+                _q_remove(SI, QE, QB, status)
+            return 0
+        else:
+            return _err(E_BAD_CONTEXT)
+
+
+@nb.njit(cache=True)
+def _decode_psbend(SI, SU, QE, QB, pk, out):
+    if not _q_dequeue(SI, QE, QB, B_PSBEND, out):
+        return 0
+    t = out[E_TYPE]
+    if (
+        t == EV_ENABLED or t == EV_EXEC_MODE or t == EV_IFLAGS or t == EV_TSX
+        or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS
+    ):  # fmt: skip
+        _event_ip(SI, SU, out)
+    elif not (t == EV_DISABLED or t == EV_CBR or t == EV_MNT):
+        return _err(E_BAD_CONTEXT)
+    _ev_time(SI, pk, out, -1)
+    return 1
+
+
+@nb.njit(cache=True)
+def _decode_fup(SI, SU, QE, QB, pk, i, out):
+    while True:
+        r = _update_ip(SI, SU, pk, i)  # idempotent: one FUP may bind several events
+        if r < 0:
+            return r
+        if _q_peek(SI, QB, B_FUP_BOUND) >= 0:
+            SI[ES_BOUND] = 1
+        if not _q_dequeue(SI, QE, QB, B_FUP | B_FUP_BOUND, out):
+            if SI[ES_BOUND]:
+                return 0
+            if not SI[ES_HAVE_IP]:
+                return _err(E_NOIP)
+            if SI[ES_SUPP]:
+                return _err(E_IP_SUPPRESSED)
+            s = _q_enqueue(SI, QE, QB, B_TIP)
+            if s < 0:
+                return s
+            QE[s, E_TYPE] = EV_ASYNC_BRANCH
+            QE[s, E_AT] = SU[ES_LAST_IP]
+            return 0
+        t = out[E_TYPE]
+        if t == EV_OVERFLOW:
+            _event_ip(SI, SU, out)
+            SI[ES_ENABLED] = 1
+        elif t == EV_IGNORE:
+            continue
+        elif t == EV_RSM or t == EV_SIPI:
+            _ev_time(SI, pk, out, -1)
+            if not _supp(out):
+                return _err(E_INTERNAL)
+        elif (
+            t == EV_TSX or t == EV_EXSTOP or t == EV_MWAIT or t == EV_PTWRITE
+            or t == EV_EXEC_MODE or t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_IRET
+            or t == EV_SMI or t == EV_INIT or t == EV_VMENTRY or t == EV_VMEXIT
+            or t == EV_SHUTDOWN or t == EV_UINTR or t == EV_UIRET or t == EV_TRIG
+            or t == EV_SWINTR or t == EV_SYSCALL
+        ):  # fmt: skip
+            _ev_time(SI, pk, out, -1)
+            _event_ip(SI, SU, out)
+        else:
+            return _err(E_BAD_CONTEXT)
+        return 1
+
+
+@nb.njit(cache=True)
+def _decode_tip(SI, SU, QE, QB, pk, i, out):
+    if not SI[ES_ENABLED]:
+        return _err(E_BAD_CONTEXT)
+    if not SI[ES_BOUND]:
+        r = _update_ip(SI, SU, pk, i)
+        if r < 0:
+            return r
+        SI[ES_BOUND] = 1
+        asyn = _q_find(SI, QE, QB, B_TIP, EV_ASYNC_BRANCH)
+        if asyn >= 0:
+            # The asynchronous branch goes first; the first event bound to
+            # the TIP takes its place in the queue.
+            first = _q_peek(SI, QB, B_TIP)
+            _ev_copy(out, QE[asyn])
+            if first != asyn:
+                _ev_copy(QE[asyn], QE[first])
+                QB[asyn] = B_TIP
+                _q_remove(SI, QE, QB, first)
+            else:
+                _q_remove(SI, QE, QB, asyn)
+            _event_ip(SI, SU, out)
+            _ev_time(SI, pk, out, -1)
+            return 1
+        _ev_init(out, EV_TIP)
+        _event_ip(SI, SU, out)
+        _ev_time(SI, pk, out, -1)
+        return 1
+    while True:
+        if not _q_dequeue(SI, QE, QB, B_TIP, out):
+            return 0
+        t = out[E_TYPE]
+        if t == EV_IGNORE:
+            continue
+        if t == EV_EXEC_MODE or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS or t == EV_IFLAGS:
+            _event_ip(SI, SU, out)
+        elif t == EV_ASYNC_BRANCH:
+            return _err(E_INTERNAL)
+        else:
+            return _err(E_BAD_CONTEXT)
+        _ev_time(SI, pk, out, -1)
+        return 1
+
+
+@nb.njit(cache=True)
+def _decode_tip_pge(SI, SU, QE, QB, pk, i, out):
+    if not SI[ES_BOUND]:
+        r = _update_ip(SI, SU, pk, i)
+        if r < 0:
+            return r
+        _ev_init(out, EV_ENABLED)
+        _event_ip(SI, SU, out)
+        SI[ES_ENABLED] = 1
+        SI[ES_BOUND] = 1
+        _ev_time(SI, pk, out, -1)
+        return 1
+    while True:
+        if not _q_dequeue(SI, QE, QB, B_TIP, out):
+            return 0
+        t = out[E_TYPE]
+        if t == EV_IGNORE:
+            continue
+        if t == EV_EXEC_MODE or t == EV_IFLAGS:
+            _event_ip(SI, SU, out)
+        else:
+            return _err(E_BAD_CONTEXT)
+        _ev_time(SI, pk, out, -1)
+        return 1
+
+
+@nb.njit(cache=True)
+def _decode_tip_pgd(SI, SU, QE, QB, pk, i, out):
+    while True:
+        if not SI[ES_BOUND]:
+            r = _update_ip(SI, SU, pk, i)
+            if r < 0:
+                return r
+        if not _q_dequeue(SI, QE, QB, B_TIP, out):
+            if SI[ES_BOUND]:
+                return 0
+            _ev_init(out, EV_DISABLED)
+            _event_ip(SI, SU, out)
+            _ev_time(SI, pk, out, -1)
+            SI[ES_ENABLED] = 0
+            _ev_fetch(SI, pk)
+            return 1
+        t = out[E_TYPE]
+        if t == EV_ASYNC_BRANCH:
+            out[E_TYPE] = EV_ASYNC_DISABLED
+            _event_ip(SI, SU, out)
+            SI[ES_ENABLED] = 0
+            SI[ES_BOUND] = 1
+        elif (
+            t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS or t == EV_EXEC_MODE or t == EV_IFLAGS
+            or t == EV_IGNORE
+        ):  # fmt: skip
+            if (t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS) and not SI[ES_BOUND]:
+                return _err(E_INTERNAL)
+            if t == EV_IGNORE:
+                continue
+            out[E_FLAGS] |= F_SUPP
+        else:
+            return _err(E_BAD_CONTEXT)
+        _ev_time(SI, pk, out, -1)
+        return 1
+
+
+@nb.njit(cache=True)
+def _decode_mode_exec(SI, QE, QB, pk, cf, i):
+    a = pk[1]
+    iflags = cf[0][CF_IFLAGS] != 0
+    bits = np.int64(a[i])
+    iflag = (bits >> 2) & 1
+    csd = (bits >> 1) & 1
+    csl = bits & 1
+    n = 0
+    if not SI[ES_MEV] or SI[ES_CSL] != csl or SI[ES_CSD] != csd:
+        s = _q_enqueue(SI, QE, QB, B_TIP | B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_EXEC_MODE
+        QE[s, E_MODE] = exec_mode_of(bits)
+        SI[ES_CSL] = csl
+        SI[ES_CSD] = csd
+        n += 1
+    if iflags and (not SI[ES_MEV] or SI[ES_IFLAG] != iflag):
+        s = _q_enqueue(SI, QE, QB, B_TIP | B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_IFLAGS
+        QE[s, E_IFLAG] = iflag
+        SI[ES_IFLAG] = iflag
+        n += 1
+    if not n:
+        s = _q_enqueue(SI, QE, QB, B_TIP | B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_IGNORE
+    SI[ES_MEV] = 1
+    return 0
+
+
+@nb.njit(cache=True)
+def _decode_mode_tsx(SI, QE, QB, pk, i, out):
+    a = pk[1]
+    intx = a[i] & np.uint64(1)
+    abrt = (a[i] >> np.uint64(1)) & np.uint64(1)
+    if SI[ES_ENABLED]:
+        s = _q_enqueue(SI, QE, QB, B_FUP if abrt else B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_TSX
+        QE[s, E_SPEC] = intx
+        QE[s, E_ABORTED] = abrt
+        return 0
+    _ev_init(out, EV_TSX)
+    out[E_SPEC] = intx
+    out[E_ABORTED] = abrt
+    out[E_FLAGS] |= F_SUPP
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _decode_pip(SI, QE, QB, pk, i, out):
+    a = pk[1]
+    b = pk[2]
+    if _q_find(SI, QE, QB, B_TIP, EV_ASYNC_BRANCH) >= 0:
+        s = _q_enqueue(SI, QE, QB, B_TIP)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_ASYNC_PAGING
+        QE[s, E_CR3] = a[i]
+        QE[s, E_NR] = b[i]
+        return 0
+    _ev_init(out, EV_PAGING)
+    out[E_CR3] = a[i]
+    out[E_NR] = b[i]
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _decode_vmcs(SI, QE, QB, pk, i, out):
+    a = pk[1]
+    paging = _q_find(SI, QE, QB, B_TIP, EV_ASYNC_PAGING)
+    if paging >= 0:
+        # VMCS goes before a PIP of the same asynchronous branch.
+        s = _q_enqueue_row(SI, QE, QB, B_TIP, QE[paging])
+        if s < 0:
+            return s
+        QE[paging, E_TYPE] = EV_ASYNC_VMCS
+        QE[paging, E_BASE] = a[i]
+        return 0
+    if _q_find(SI, QE, QB, B_TIP, EV_ASYNC_BRANCH) >= 0:
+        s = _q_enqueue(SI, QE, QB, B_TIP)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_ASYNC_VMCS
+        QE[s, E_BASE] = a[i]
+        return 0
+    _ev_init(out, EV_VMCS)
+    out[E_BASE] = a[i]
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _decode_exstop(SI, QE, QB, pk, i, out):
+    c = pk[3]
+    has_ip = c[i] != 0
+    mwait = _q_find(SI, QE, QB, B_EXSTOP, EV_MWAIT)
+    if mwait >= 0:
+        _ev_copy(out, QE[mwait])
+        _q_remove(SI, QE, QB, mwait)
+        if not has_ip:
+            out[E_FLAGS] |= F_SUPP
+            _ev_time(SI, pk, out, -1)
+            return 1  # the EXSTOP itself comes on the next call
+        s = _q_enqueue_row(SI, QE, QB, B_FUP_BOUND, out)
+        if s < 0:
+            return s
+    if has_ip:
+        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_EXSTOP
+        return 0
+    _ev_init(out, EV_EXSTOP)
+    out[E_FLAGS] |= F_SUPP
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _decode_ptw(SI, QE, QB, pk, i, out):
+    a = pk[1]
+    b = pk[2]
+    c = pk[3]
+    plc = b[i]
+    if plc > 1:
+        return _err(E_BAD_PACKET)
+    if c[i]:
+        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_PTWRITE
+        QE[s, E_SIZE] = 4 << plc
+        QE[s, E_PAYLOAD] = a[i]
+        return 0
+    _ev_init(out, EV_PTWRITE)
+    out[E_FLAGS] |= F_SUPP
+    out[E_SIZE] = 4 << plc
+    out[E_PAYLOAD] = a[i]
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _find_ovf_fup(SI, pk):
+    """The FUP an OVF binds to: ``(0, index)``; ``(1, 0)`` when tracing
+    resumed disabled; ``(2, code)`` when the stream contradicts."""
+    kind = pk[0]
+    n = SI[W_N]
+    j = SI[ES_POS] + 1
+    while j < n:
+        k = kind[j]
+        if k == K_FUP:
+            return 0, j
+        if _is_timing(k) or k == K_PAD or k == K_MNT or k == K_INVALID:
+            j += 1
+            continue
+        if k == K_PSBEND or k == K_TIP or k == K_TIP_PGD or k == K_TNT8 or k == K_TNT64:
+            return 2, np.int64(E_BAD_CONTEXT)
+        return 1, np.int64(0)
+    if SI[W_END_ERR] == ABORT_WINDOW:
+        return 2, np.int64(ABORT_WINDOW)
+    return 2, np.int64(E_EOS)
+
+
+@nb.njit(cache=True)
+def _overflow_at(SI, SU, pk, ovf, resume, ip_index, out):
+    """Resume at packet ``resume`` with an overflow event."""
+    _ev_init(out, EV_OVERFLOW)
+    _ev_time(SI, pk, out, ovf)
+    if ip_index >= 0:
+        r = _update_ip(SI, SU, pk, ip_index)
+        if r < 0:
+            return r
+        SI[ES_ENABLED] = 1
+        _event_ip(SI, SU, out)
+    else:
+        out[E_FLAGS] |= F_SUPP
+    SI[ES_POS] = resume
+    return 1
+
+
+@nb.njit(cache=True)
+def _window_end(SI):
+    # A look-ahead reached the last packet: past it is either more trace
+    # (abort: the caller gets more) or the end.
+    if SI[W_END_ERR] == ABORT_WINDOW:
+        return -ABORT_WINDOW
+    return 0
+
+
+@nb.njit(cache=True)
+def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
+    kind = pk[0]
+    a = pk[1]
+    c = pk[3]
+    n = SI[W_N]
+    have_tsx = False
+    tsx = np.uint64(0)
+    j = ovf + 1
+    while j < n:
+        k = kind[j]
+        if k == K_TIP_PGE:
+            return 0
+        if k == K_TIP_PGD:
+            r = _overflow_at(SI, SU, pk, ovf, j, -1, out)
+            _ev_fetch(SI, pk)
+            return r
+        if k == K_TNT8 or k == K_TNT64 or k == K_OVF or k == K_STOP or k == K_MWAIT:
+            return 0
+        if k == K_INVALID:
+            return 0
+        if k == K_MODE_TSX:
+            if have_tsx:
+                return 0
+            have_tsx = True
+            tsx = a[j]
+        elif k == K_FUP:
+            if have_tsx:
+                s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
+                if s < 0:
+                    return s
+                QE[s, E_TYPE] = EV_TSX
+                QE[s, E_SPEC] = tsx & np.uint64(1)
+                QE[s, E_ABORTED] = (tsx >> np.uint64(1)) & np.uint64(1)
+            return _overflow_at(SI, SU, pk, ovf, j, j, out)
+        elif k == K_TIP:
+            r = _overflow_at(SI, SU, pk, ovf, j, j, out)
+            if r < 0:
+                return r
+            _ev_fetch(SI, pk)
+            return r
+        elif k == K_PSB:
+            m = j + 1
+            while m < n:
+                km = kind[m]
+                if km == K_FUP:
+                    return _overflow_at(SI, SU, pk, ovf, j, m, out)
+                if km == K_PSBEND or km == K_OVF:
+                    return 0
+                if not (
+                    _is_timing(km) or km == K_MODE_EXEC or km == K_MODE_TSX or km == K_PIP
+                    or km == K_VMCS or km == K_MNT or km == K_PAD or km == K_INVALID
+                ):  # fmt: skip
+                    return _err(E_BAD_CONTEXT)
+                m += 1
+            return _window_end(SI)
+        elif k == K_PSBEND:
+            return _err(E_BAD_CONTEXT)
+        elif k == K_EXSTOP and c[j]:
+            return 0
+        elif k == K_PTW and c[j]:
+            return 0
+        j += 1
+    return _window_end(SI)
+
+
+@nb.njit(cache=True)
+def _handle_apl11(SI, SU, pk, ovf, out):
+    kind = pk[0]
+    n = SI[W_N]
+    j = ovf + 1
+    while j < n:
+        k = kind[j]
+        if k == K_TIP_PGD:
+            r = _overflow_at(SI, SU, pk, ovf, j, -1, out)
+            _ev_fetch(SI, pk)
+            return r
+        if _is_timing(k) or k == K_PAD or k == K_MNT:
+            j += 1
+            continue
+        return 0
+    return _window_end(SI)
+
+
+@nb.njit(cache=True)
+def _ovf_at_offset(SI, SU, pk, ovf, fup, out):
+    r = _overflow_at(SI, SU, pk, ovf, fup, -1, out)
+    _ev_fetch(SI, pk)
+    return r
+
+
+@nb.njit(cache=True)
+def _handle_apl12(SI, SU, pk, ovf, fup, out):
+    kind = pk[0]
+    n = SI[W_N]
+    j = fup + 1
+    while j < n:
+        k = kind[j]
+        if (
+            k == K_TNT8 or k == K_TNT64 or k == K_TIP or k == K_TIP_PGD or k == K_PSBEND
+            or k == K_OVF
+        ):  # fmt: skip
+            return 0
+        if k == K_PSB:
+            has_fup = False
+            ended = False
+            m = j + 1
+            while m < n:
+                km = kind[m]
+                if km == K_FUP:
+                    has_fup = True
+                    ended = True
+                    break
+                if km == K_PSBEND or km == K_OVF:
+                    ended = True
+                    break
+                m += 1
+            if not ended and SI[W_END_ERR] == ABORT_WINDOW:
+                return -ABORT_WINDOW
+            if has_fup:
+                return 0
+            return _ovf_at_offset(SI, SU, pk, ovf, fup, out)
+        if k == K_STOP or k == K_TIP_PGE:
+            return _ovf_at_offset(SI, SU, pk, ovf, fup, out)
+        if k == K_INVALID:
+            return 0
+        j += 1
+    return _window_end(SI)
+
+
+@nb.njit(cache=True)
+def _decode_ovf(SI, SU, QE, QB, pk, cf, out):
+    r = _decode_psbend(SI, SU, QE, QB, pk, out)
+    if r != 0:
+        return r
+    # Power events still waiting for their EXSTOP or FUP happened before the
+    # overflow: report them first, in order, without an IP.
+    for s in range(SI[ES_QN]):
+        t = QE[s, E_TYPE]
+        if t == EV_MWAIT or t == EV_EXSTOP or t == EV_PWRE:
+            _ev_copy(out, QE[s])
+            _q_remove(SI, QE, QB, s)
+            out[E_FLAGS] |= F_SUPP
+            _ev_time(SI, pk, out, -1)
+            return 1
+    errata = cf[0][CF_ERRATA]
+    ovf = SI[ES_POS]
+    # Reset (the queue too).
+    SI[ES_ENABLED] = 0
+    SI[ES_BOUND] = 0
+    SI[ES_MEV] = 0
+    SI[ES_HAVE_IP] = 0
+    SI[ES_SUPP] = 0
+    SU[ES_LAST_IP] = 0
+    SI[ES_QN] = 0
+    found, fup = _find_ovf_fup(SI, pk)
+    if found == 2 and fup == ABORT_WINDOW:
+        return -ABORT_WINDOW
+    if found != 0:
+        if errata & ER_SKD010:
+            r = _handle_skd010(SI, SU, QE, QB, pk, ovf, out)
+            if r != 0:
+                return r
+        if errata & ER_APL11 and found == 2 and fup == E_BAD_CONTEXT:
+            r = _handle_apl11(SI, SU, pk, ovf, out)
+            if r != 0:
+                return r
+        if found == 2 and fup != E_EOS:
+            return _err(fup)
+        _ev_init(out, EV_OVERFLOW)
+        out[E_FLAGS] |= F_SUPP
+        return _deliver(SI, pk, out)
+    if errata & ER_APL12:
+        r = _handle_apl12(SI, SU, pk, ovf, fup, out)
+        if r != 0:
+            return r
+    s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
+    if s < 0:
+        return s
+    QE[s, E_TYPE] = EV_OVERFLOW
+    _ev_time(SI, pk, QE[s], -1)
+    return 0
+
+
+@nb.njit(cache=True)
+def _bind_cfe(SI, QE, QB, pk, out, has_ip, to_fup):
+    if has_ip:
+        s = _q_enqueue_row(SI, QE, QB, B_FUP_BOUND, out)
+        return s if s < 0 else 0
+    if to_fup:
+        s = _q_enqueue_row(SI, QE, QB, B_FUP, out)
+        return s if s < 0 else 0
+    out[E_FLAGS] |= F_SUPP
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _decode_cfe(SI, QE, QB, pk, i, out):
+    a = pk[1]
+    b = pk[2]
+    c = pk[3]
+    t = np.int64(a[i])
+    vector = np.uint64(b[i])
+    has_ip = c[i] != 0
+    enabled = SI[ES_ENABLED] != 0
+    found = _q_dequeue(SI, QE, QB, B_CFE, out)
+    if t == 1 or t == 8 or t == 9:  # interrupt, vmexit, vmexit_intr
+        want = EV_INTERRUPT if t == 1 else EV_VMEXIT
+        if not found:
+            _ev_init(out, want)
+        if out[E_TYPE] != want:
+            return _err(E_BAD_CONTEXT)
+        if t == 1:
+            out[E_VECTOR] = vector
+        elif t == 9:
+            out[E_HAS_VECTOR] = 1
+            out[E_VECTOR] = vector
+        return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled)
+    if found:
+        return _err(E_BAD_CONTEXT)
+    simple = -1
+    if t == 2:
+        simple = EV_IRET
+    elif t == 7:
+        simple = EV_VMENTRY
+    elif t == 10:
+        simple = EV_SHUTDOWN
+    elif t == 13:
+        simple = EV_UIRET
+    if simple >= 0:
+        _ev_init(out, simple)
+        return _bind_cfe(SI, QE, QB, pk, out, has_ip, False)
+    fupt = -1
+    if t == 3:
+        fupt = EV_SMI
+    elif t == 6:
+        fupt = EV_INIT
+    elif t == 12:
+        fupt = EV_UINTR
+    elif t == 14:
+        fupt = EV_SWINTR
+    elif t == 15:
+        fupt = EV_SYSCALL
+    if fupt >= 0:
+        _ev_init(out, fupt)
+        if t == 12 or t == 14:
+            out[E_VECTOR] = vector
+        return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled)
+    if t == 4 or t == 5:  # rsm, sipi
+        if has_ip:
+            return _err(E_BAD_PACKET)
+        _ev_init(out, EV_RSM if t == 4 else EV_SIPI)
+        out[E_FLAGS] |= F_SUPP
+        if t == 5:
+            out[E_VECTOR] = vector
+        if enabled:
+            s = _q_enqueue_row(SI, QE, QB, B_FUP, out)
+            return s if s < 0 else 0
+        return _deliver(SI, pk, out)
+    if has_ip:
+        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_IGNORE
+    return 0
+
+
+@nb.njit(cache=True)
+def _decode_evd(SI, QE, QB, pk, i):
+    a = pk[1]
+    b = pk[2]
+    t = b[i]
+    payload = a[i]
+    s = _q_peek(SI, QB, B_CFE)
+    if t == 0:  # cr2
+        if s >= 0:
+            return _err(E_BAD_CONTEXT)
+        s = _q_enqueue(SI, QE, QB, B_CFE)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_INTERRUPT
+        QE[s, E_HAS_CR2] = 1
+        QE[s, E_CR2] = payload
+    elif t == 1 or t == 2:  # vmxq, vmxr
+        if s < 0:
+            s = _q_enqueue(SI, QE, QB, B_CFE)
+            if s < 0:
+                return s
+            QE[s, E_TYPE] = EV_VMEXIT
+        if QE[s, E_TYPE] != EV_VMEXIT:
+            return _err(E_BAD_CONTEXT)
+        if t == 1:
+            if QE[s, E_HAS_VMXQ]:
+                return _err(E_BAD_CONTEXT)
+            QE[s, E_HAS_VMXQ] = 1
+            QE[s, E_VMXQ] = payload
+        else:
+            if QE[s, E_HAS_VMXR]:
+                return _err(E_BAD_CONTEXT)
+            QE[s, E_HAS_VMXR] = 1
+            QE[s, E_VMXR] = payload
+    return 0
+
+
+@nb.njit(cache=True)
+def _decode_trig(SI, QE, QB, pk, i, out):
+    a = pk[1]
+    b = pk[2]
+    c = pk[3]
+    trbv = a[i]
+    icnt = b[i]
+    flags = c[i]
+    has_ip = flags & 1
+    icntv = (flags >> 1) & 1
+    mult = (flags >> 2) & 1
+    if has_ip:
+        if not icntv or icnt:
+            return _err(E_BAD_PACKET)
+        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
+        if s < 0:
+            return s
+        QE[s, E_TYPE] = EV_TRIG
+        QE[s, E_TRBV] = trbv
+        QE[s, E_MULT] = mult
+        return 0
+    _ev_init(out, EV_TRIG)
+    out[E_TRBV] = trbv
+    out[E_MULT] = mult
+    if icntv:
+        if icnt and not SI[ES_ENABLED]:
+            return _err(E_BAD_PACKET)
+        out[E_ICNT] = icnt
+    else:
+        out[E_FLAGS] |= F_SUPP
+    return _deliver(SI, pk, out)
+
+
+@nb.njit(cache=True)
+def _decode_packet(SI, SU, QE, QB, pk, cf, out):
+    """One packet: 1 with an event in ``out``, 0 when the next packet is
+    needed, or -code."""
+    kind = pk[0]
+    a = pk[1]
+    b = pk[2]
+    c = pk[3]
+    while True:
+        i = SI[ES_POS]
+        if i >= SI[W_N]:
+            return _end_error(SI)
+        k = kind[i]
+        if k == K_TNT8 or k == K_TNT64:
+            if not SI[ES_ENABLED]:
+                return _err(E_BAD_CONTEXT)
+            _ev_init(out, EV_TNT)
+            out[E_BITS] = a[i]
+            out[E_SIZE] = b[i]
+            _ev_time(SI, pk, out, -1)
+            _ev_fetch(SI, pk)
+            return 1
+        if _is_timing(k):
+            if k == K_CBR:
+                _ev_init(out, EV_CBR)
+                out[E_RATIO] = a[i]
+                return _deliver(SI, pk, out)
+            return 0
+        if k == K_PAD or k == K_INVALID:
+            return 0
+        if k == K_FUP:
+            return _decode_fup(SI, SU, QE, QB, pk, i, out)
+        if k == K_TIP:
+            return _decode_tip(SI, SU, QE, QB, pk, i, out)
+        if k == K_TIP_PGE:
+            return _decode_tip_pge(SI, SU, QE, QB, pk, i, out)
+        if k == K_TIP_PGD:
+            return _decode_tip_pgd(SI, SU, QE, QB, pk, i, out)
+        if k == K_MODE_EXEC:
+            return _decode_mode_exec(SI, QE, QB, pk, cf, i)
+        if k == K_MODE_TSX:
+            return _decode_mode_tsx(SI, QE, QB, pk, i, out)
+        if k == K_PIP:
+            return _decode_pip(SI, QE, QB, pk, i, out)
+        if k == K_VMCS:
+            return _decode_vmcs(SI, QE, QB, pk, i, out)
+        if k == K_PSB:
+            r = _decode_psb(SI, SU, QE, QB, pk, cf)
+            if r < 0:
+                return r
+            continue
+        if k == K_PSBEND:
+            return _decode_psbend(SI, SU, QE, QB, pk, out)
+        if k == K_OVF:
+            return _decode_ovf(SI, SU, QE, QB, pk, cf, out)
+        if k == K_STOP:
+            _ev_init(out, EV_STOP)
+            return _deliver(SI, pk, out)
+        if k == K_MNT:
+            _ev_init(out, EV_MNT)
+            out[E_PAYLOAD] = a[i]
+            return _deliver(SI, pk, out)
+        if k == K_EXSTOP:
+            return _decode_exstop(SI, QE, QB, pk, i, out)
+        if k == K_MWAIT:
+            s = _q_enqueue(SI, QE, QB, B_EXSTOP)
+            if s < 0:
+                return s
+            QE[s, E_TYPE] = EV_MWAIT
+            QE[s, E_HINTS] = a[i]
+            QE[s, E_EXT] = b[i]
+            return 0
+        if k == K_PWRE:
+            # The C-state is entered after execution stops: the event waits
+            # for the EXSTOP (and its FUP) and comes out at the PWRX or OVF.
+            s = _q_enqueue(SI, QE, QB, B_EXSTOP)
+            if s < 0:
+                return s
+            QE[s, E_TYPE] = EV_PWRE
+            QE[s, E_STATE] = a[i]
+            QE[s, E_SUBSTATE] = b[i]
+            QE[s, E_HW] = c[i]
+            return 0
+        if k == K_PWRX:
+            s = _q_find(SI, QE, QB, B_EXSTOP, EV_PWRE)
+            if s >= 0:
+                _ev_copy(out, QE[s])
+                _q_remove(SI, QE, QB, s)
+                _ev_time(SI, pk, out, -1)
+                return 1  # the PWRX itself comes on a later call
+            _ev_init(out, EV_PWRX)
+            out[E_LAST] = a[i]
+            out[E_DEEPEST] = b[i]
+            wake = c[i]
+            out[E_WAKE_INT] = wake & 1
+            out[E_WAKE_ST] = (wake >> 1) & 1
+            out[E_WAKE_HW] = (wake >> 2) & 1
+            return _deliver(SI, pk, out)
+        if k == K_PTW:
+            return _decode_ptw(SI, QE, QB, pk, i, out)
+        if k == K_CFE:
+            return _decode_cfe(SI, QE, QB, pk, i, out)
+        if k == K_EVD:
+            return _decode_evd(SI, QE, QB, pk, i)
+        if k == K_TRIG:
+            return _decode_trig(SI, QE, QB, pk, i, out)
+        # BBP/BIP/BEP and unknown packets carry nothing for the flow.
+        return 0
+
+
+@nb.njit(cache=True)
+def ev_next(ds, pk, cf, out):
+    """The next event into ``out`` (EventDecoder.next); 0 or -code."""
+    SI, SU, QE, QB = ds[0], ds[1], ds[4], ds[5]
+    if SI[ES_STATUS]:
+        return _err(SI[ES_STATUS])
+    while True:
+        r = _decode_packet(SI, SU, QE, QB, pk, cf, out)
+        if r < 0:
+            if not _aborted(r):
+                SI[ES_STATUS] = -r
+            return r
+        if r == 1:
+            return 0
+        SI[ES_BOUND] = 0
+        _ev_fetch(SI, pk)
+
+
+@nb.njit(cache=True)
+def ev_start(ds, pk, cf):
+    """Process the initial PSB+ (EventDecoder.start)."""
+    SI, SU, QE, QB = ds[0], ds[1], ds[4], ds[5]
+    kind = pk[0]
+    n = SI[W_N]
+    p = SI[ES_POS]
+    while p < n and kind[p] == K_PAD:
+        p += 1
+    SI[ES_POS] = p
+    if p >= n:
+        return _end_error(SI)
+    if kind[p] != K_PSB:
+        return _err(E_NOSYNC)
+    return _decode_psb(SI, SU, QE, QB, pk, cf)
+
+
+# ---------------------------------------------------------------------------
+# Saving and restoring state (step rollback, look-ahead probes).
+
+
+@nb.njit(cache=True)
+def save_state(ds, slot):
+    SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
+    sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
+    for j in range(NSI):
+        sSI[slot, j] = SI[j]
+    for j in range(NSU):
+        sSU[slot, j] = SU[j]
+    for j in range(EW):
+        sCUR[slot, j] = CUR[j]
+    for q in range(SI[ES_QN]):
+        sQB[slot, q] = QB[q]
+        for j in range(EW):
+            sQE[slot, q, j] = QE[q, j]
+    sRSR, RSR = ds[15], ds[14]
+    for j in range(RETSTACK_SIZE):
+        sRS[slot, j] = RS[j]
+        sRSR[slot, j] = RSR[j]
+
+
+@nb.njit(cache=True)
+def restore_state(ds, slot):
+    SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
+    sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
+    for j in range(NSI):
+        SI[j] = sSI[slot, j]
+    for j in range(NSU):
+        SU[j] = sSU[slot, j]
+    for j in range(EW):
+        CUR[j] = sCUR[slot, j]
+    for q in range(SI[ES_QN]):
+        QB[q] = sQB[slot, q]
+        for j in range(EW):
+            QE[q, j] = sQE[slot, q, j]
+    sRSR, RSR = ds[15], ds[14]
+    for j in range(RETSTACK_SIZE):
+        RS[j] = sRS[slot, j]
+        RSR[j] = sRSR[slot, j]
+
+
+# ---------------------------------------------------------------------------
+# Instructions.
+
+
+@nb.njit(cache=True)
+def _insn(ct, ip, mode):
+    """The instruction table index at ``(ip, mode)``; -ABORT_MISS (with the
+    address noted) when it is not decoded yet."""
+    k = hash_find(ct[0], ct[1], ct[2], ip, mode)
+    if k < 0:
+        counts = ct[24]
+        counts[C_MISS_IP] = np.int64(ip)
+        counts[C_MISS_MODE] = mode
+        return -ABORT_MISS
+    return k
+
+
+@nb.njit(cache=True, inline="always")
+def _i_next(ct, k):
+    return ct[3][k] + np.uint64(ct[4][k])
+
+
+@nb.njit(cache=True)
+def _next_ip(ct, k):
+    """Where execution continues after insn ``k`` without trace:
+    ``(0, ip)``, or ``(-code, 0)`` (BAD_QUERY: trace is needed)."""
+    c = ct[5][k]
+    if c == C_OTHER or c == C_PTWRITE:
+        return 0, _i_next(ct, k)
+    if (c == C_JUMP or c == C_CALL) and ct[7][k] & I_DIRECT and ct[6][k] != S_JMPABS:
+        return 0, ct[8][k]
+    if c == C_UNKNOWN:
+        return _err(E_BAD_INSN), np.uint64(0)
+    return _err(E_BAD_QUERY), np.uint64(0)
+
+
+@nb.njit(cache=True, inline="always")
+def _is_far(c):
+    return c == C_FAR_CALL or c == C_FAR_RETURN or c == C_FAR_JUMP
+
+
+@nb.njit(cache=True)
+def _pred(ct, k, pred):
+    c = ct[5][k]
+    sp = ct[6][k]
+    if pred == P_NEVER:
+        return False
+    if pred == P_CR3:
+        return sp == S_MOV_CR3
+    if pred == P_PIP:
+        return sp == S_MOV_CR3 or sp == S_VMLAUNCH or sp == S_VMRESUME or _is_far(c)
+    if pred == P_VMCS:
+        return sp == S_VMPTRLD or sp == S_VMLAUNCH or sp == S_VMRESUME or _is_far(c)
+    if pred == P_PTWRITE:
+        return c == C_PTWRITE
+    if pred == P_IRET:
+        return sp == S_IRET
+    if pred == P_VMENTRY:
+        return sp == S_VMLAUNCH or sp == S_VMRESUME
+    if pred == P_UIRET:
+        return sp == S_UIRET
+    # P_SKL014: a direct near jump or call, or a MOV to CR3.
+    if c == C_JUMP or c == C_CALL:
+        return (ct[7][k] & I_DIRECT) != 0 and sp != S_JMPABS
+    return c == C_OTHER and sp == S_MOV_CR3
+
+
+@nb.njit(cache=True, inline="always")
+def _bound_bit(t):
+    return np.int64(1) << np.int64(t)
+
+
+# ---------------------------------------------------------------------------
+# The block decoder (hwtrace.pt.flow.BlockDecoder).
+
+
+@nb.njit(cache=True)
+def _status(SI, flags):
+    if not SI[BS_ENABLED]:
+        flags |= ST_IP_SUPPRESSED
+    if SI[BS_STATUS] == E_EOS:
+        flags |= ST_EOS
+    return flags
+
+
+@nb.njit(cache=True)
+def _update_trig_anchor(SI, ev):
+    t = ev[E_TYPE]
+    if t == EV_DISABLED or t == EV_ASYNC_DISABLED:
+        SI[BS_HAS_ICNT] = 0
+        SI[BS_ICNT] = 0
+    elif t == EV_OVERFLOW:
+        SI[BS_HAS_ICNT] = 0 if _supp(ev) else 1
+        SI[BS_ICNT] = 0
+    elif t == EV_ENABLED or t == EV_ASYNC_BRANCH or t == EV_TIP or t == EV_TNT:
+        SI[BS_HAS_ICNT] = 1
+        SI[BS_ICNT] = 0
+    elif (
+        t == EV_EXEC_MODE or t == EV_TSX or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS
+        or t == EV_EXSTOP or t == EV_PTWRITE or t == EV_TICK or t == EV_IFLAGS
+        or t == EV_INTERRUPT or t == EV_IRET or t == EV_SMI or t == EV_RSM or t == EV_INIT
+        or t == EV_VMENTRY or t == EV_VMEXIT or t == EV_SHUTDOWN or t == EV_UINTR
+        or t == EV_UIRET or t == EV_TRIG or t == EV_SWINTR or t == EV_SYSCALL
+    ):  # fmt: skip
+        if not _supp(ev):
+            SI[BS_HAS_ICNT] = 1
+            SI[BS_ICNT] = 0
+
+
+@nb.njit(cache=True)
+def _fetch_event(ds, pk, cf):
+    """Consume the current event (its time becomes the decoder's) and fetch
+    the next one; a decoding error is kept as the decoder's status."""
+    SI, SU, CUR = ds[0], ds[1], ds[2]
+    SU[BS_TSC] = CUR[E_TSC]
+    SI[BS_HAS_TSC] = 1 if _has_tsc(CUR) else 0
+    _update_trig_anchor(SI, CUR)
+    r = ev_next(ds, pk, cf, CUR)
+    if r < 0:
+        if _aborted(r):
+            return r
+        SI[BS_STATUS] = -r
+        _ev_init(CUR, EV_IGNORE)
+    return 0
+
+
+@nb.njit(cache=True)
+def _tick(ds, pk, cf, ip):
+    SU, CUR = ds[1], ds[2]
+    if cf[0][CF_TICK]:
+        if CUR[E_TSC] != SU[BS_TSC]:
+            CUR[E_TYPE] = EV_TICK
+            CUR[E_IP] = ip
+            return 0
+    return _fetch_event(ds, pk, cf)
+
+
+@nb.njit(cache=True)
+def _proceed_indirect(ds, pk, cf):
+    SI, SU, CUR, TMP = ds[0], ds[1], ds[2], ds[3]
+    t = CUR[E_TYPE]
+    if SI[BS_STATUS] == 0 and t == EV_TIP:
+        if _supp(CUR):
+            return _err(E_BAD_PACKET)
+        ip = SU[BS_IP]
+        SU[BS_IP] = CUR[E_IP]
+        return _tick(ds, pk, cf, ip)
+    if SI[BS_STATUS] == 0 and t == EV_TNT:
+        # A deferred TIP may hide behind an in-progress TNT.
+        save_state(ds, 1)
+        r = ev_next(ds, pk, cf, TMP)
+        if r < 0:
+            if _aborted(r):
+                return r
+            restore_state(ds, 1)
+            return _err(E_BAD_QUERY)
+        if TMP[E_TYPE] != EV_TIP:
+            restore_state(ds, 1)
+            return _err(E_BAD_QUERY)
+        SU[BS_IP] = TMP[E_IP]
+        return 0
+    return _err(E_BAD_QUERY)
+
+
+@nb.njit(cache=True)
+def _cond_branch(SI, CUR):
+    """The next TNT bit (0/1), or -code."""
+    if SI[BS_STATUS] != 0 or CUR[E_TYPE] != EV_TNT:
+        return _err(E_BAD_QUERY)
+    if CUR[E_SIZE] == 0:
+        return _err(E_INTERNAL)
+    CUR[E_SIZE] -= np.uint64(1)
+    return np.int64((CUR[E_BITS] >> CUR[E_SIZE]) & np.uint64(1))
+
+
+@nb.njit(cache=True)
+def _rs_push(SI, RS, RSR, address):
+    top = (SI[BS_RS_TOP] + 1) & _RS_MASK
+    RS[top] = address
+    RSR[top] = -1  # the run returned to is looked up when needed
+    SI[BS_RS_TOP] = top
+    SI[BS_RS_N] = min(SI[BS_RS_N] + 1, RETSTACK_SIZE)
+
+
+@nb.njit(cache=True)
+def _proceed_with_trace(ds, pk, cf, ct, k):
+    SI, SU, CUR, RS = ds[0], ds[1], ds[2], ds[6]
+    c = ct[5][k]
+    if c == C_COND:
+        ip = _i_next(ct, k)
+        r = _cond_branch(SI, CUR)
+        if r < 0:
+            return r
+        if r:
+            ip = ct[8][k]
+        SU[BS_IP] = ip
+        return 0
+    if c == C_RETURN:
+        r = _cond_branch(SI, CUR)
+        if r < 0:
+            if r != -E_BAD_QUERY:
+                return r
+            return _proceed_indirect(ds, pk, cf)
+        if not r:
+            return _err(E_BAD_RETCOMP)
+        if SI[BS_RS_N] == 0:
+            return _err(E_RETSTACK_EMPTY)
+        top = SI[BS_RS_TOP]
+        SU[BS_IP] = RS[top]
+        SI[BS_RS_TOP] = (top - 1) & _RS_MASK
+        SI[BS_RS_N] -= 1
+        return 0
+    if (c == C_JUMP or c == C_CALL) and ct[7][k] & I_DIRECT and ct[6][k] != S_JMPABS:
+        return _err(E_INTERNAL)
+    if c == C_OTHER or c == C_PTWRITE:
+        return _err(E_INTERNAL)
+    if c == C_UNKNOWN:
+        return _err(E_BAD_INSN)
+    return _proceed_indirect(ds, pk, cf)
+
+
+@nb.njit(cache=True)
+def _one_insn(ds, ct, out):
+    """Add the instruction at the decoder's IP to the current block: its
+    index + 1, 0 when the block is full, or -code."""
+    SI, SU, RS = ds[0], ds[1], ds[6]
+    o_ninsn = out[1]
+    if SI[CB_NINSN] + 1 > MAX_NINSN:
+        return 0
+    if SI[CB_NINSN] and ct[7][SI[CB_LAST]] & I_TRUNCATED:
+        return 0  # an instruction spanning sections ends its block
+    k = _insn(ct, SU[BS_IP], SI[BS_MODE])
+    if k < 0:
+        return k
+    if ct[10][k]:
+        return _err(ct[10][k])
+    isid = ct[9][k]
+    if isid != SI[CB_ISID]:
+        if SI[CB_NINSN]:
+            return 0
+        SI[CB_ISID] = isid
+    c = ct[5][k]
+    if c == C_CALL and not (ct[7][k] & I_NO_PUSH):
+        _rs_push(SI, RS, ds[14], _i_next(ct, k))
+    SI[CB_ICLASS] = c
+    SU[CB_END_IP] = ct[3][k]
+    SI[CB_NINSN] += 1
+    SI[CB_LAST] = k
+    o_ninsn[SI[CB_ROW]] += 1
+    if SI[BS_HAS_ICNT]:
+        SI[BS_ICNT] += 1
+    SI[BS_LAST] = k
+    return k + 1
+
+
+@nb.njit(cache=True)
+def _ends_block(cf, ct, k):
+    CF = cf[0]
+    c = ct[5][k]
+    return (CF[CF_END_ON_CALL] and c == C_CALL) or (CF[CF_END_ON_JUMP] and c == C_JUMP)
+
+
+@nb.njit(cache=True)
+def _to_insn(ds, cf, ct, out, pred):
+    SU = ds[1]
+    while True:
+        r = _one_insn(ds, ct, out)
+        if r <= 0:
+            return r
+        k = r - 1
+        if _pred(ct, k, pred):
+            return 1
+        e, ip = _next_ip(ct, k)
+        if e < 0:
+            return e
+        SU[BS_IP] = ip
+        if _ends_block(cf, ct, k):
+            return 0
+
+
+@nb.njit(cache=True)
+def _to_ip(ds, cf, ct, out, ip):
+    SU = ds[1]
+    while True:
+        if SU[BS_IP] == ip:
+            return 1
+        r = _one_insn(ds, ct, out)
+        if r <= 0:
+            return r
+        k = r - 1
+        e, nip = _next_ip(ct, k)
+        if e < 0:
+            return e
+        SU[BS_IP] = nip
+        if _ends_block(cf, ct, k):
+            return 1 if SU[BS_IP] == ip else 0
+
+
+@nb.njit(cache=True)
+def _filter_check(cf, ip):
+    """1 if tracing is enabled at ``ip`` under the address filters (libipt's
+    pt_filter_addr_check), else 0."""
+    CF, CFU = cf[0], cf[1]
+    have_filter = False
+    for r in range(CF[CF_NFILTER]):
+        cfg = CFU[3 * r]
+        a = CFU[3 * r + 1]
+        b = CFU[3 * r + 2]
+        if cfg == 1:
+            have_filter = True
+            if a <= ip <= b:
+                return 1
+        elif cfg == 2 and a <= ip <= b:
+            return 0
+    return 0 if have_filter else 1
+
+
+@nb.njit(cache=True)
+def _filter_configured(cf):
+    CF, CFU = cf[0], cf[1]
+    for r in range(CF[CF_NFILTER]):
+        if CFU[3 * r]:
+            return True
+    return False
+
+
+@nb.njit(cache=True)
+def _skl014(ds, cf, ct, out):
+    SI, SU = ds[0], ds[1]
+    while True:
+        status = _to_insn(ds, cf, ct, out, P_SKL014)
+        if status <= 0:
+            return status
+        k = SI[BS_LAST]
+        if ct[6][k] == S_MOV_CR3:
+            return status
+        e, ip = _next_ip(ct, k)
+        if e < 0:
+            return e
+        if _filter_check(cf, ip) <= 0:
+            return 1
+        SU[BS_IP] = ip
+        if _ends_block(cf, ct, k):
+            return status
+
+
+@nb.njit(cache=True)
+def _to_disabled(ds, cf, ct, out, ev):
+    if _supp(ev):
+        if _filter_configured(cf) and cf[0][CF_ERRATA] & ER_SKL014:
+            return _skl014(ds, cf, ct, out)
+        return _to_insn(ds, cf, ct, out, P_CR3)
+    return _to_ip(ds, cf, ct, out, ev[E_IP])
+
+
+@nb.njit(cache=True)
+def _set_disable_resume_ip(ds, ct, k):
+    SU = ds[1]
+    if k >= 0 and (ct[5][k] == C_CALL or ct[5][k] == C_FAR_CALL):
+        SU[BS_IP] = _i_next(ct, k)
+    else:
+        SU[BS_IP] = 0
+
+
+@nb.njit(cache=True)
+def _to_bound_insn(ds, cf, ct, out, ev, pred):
+    """PTWRITE, IRET, VM entry, UIRET events: reach the instruction and step
+    past it."""
+    if _supp(ev):
+        return _to_insn(ds, cf, ct, out, pred)
+    status = _to_ip(ds, cf, ct, out, ev[E_IP])
+    if status <= 0:
+        return status
+    r = _one_insn(ds, ct, out)
+    if r < 0:
+        return r
+    return 1 if r > 0 else 0
+
+
+@nb.njit(cache=True)
+def _provide_trig_anchor(SI, SU, ev):
+    if ev[E_IP]:
+        return 0
+    if not SI[BS_HAS_ICNT]:
+        return _err(E_BAD_PACKET)
+    if np.int64(ev[E_ICNT]) < SI[BS_ICNT]:
+        return _err(E_BAD_PACKET)
+    ev[E_ICNT] = np.uint64(np.int64(ev[E_ICNT]) - SI[BS_ICNT])
+    ev[E_IP] = SU[BS_IP]
+    return 0
+
+
+@nb.njit(cache=True)
+def _to_trig(ds, cf, ct, out, ev):
+    SI, SU = ds[0], ds[1]
+    if _supp(ev):
+        return 1
+    r = _provide_trig_anchor(SI, SU, ev)
+    if r < 0:
+        return r
+    if not SI[BS_ENABLED]:
+        if not ev[E_ICNT]:
+            return _err(E_INTERNAL)
+        return 1
+    status = _to_ip(ds, cf, ct, out, ev[E_IP])
+    if status <= 0:
+        return status
+    while ev[E_ICNT]:
+        r = _one_insn(ds, ct, out)
+        if r <= 0:
+            return r
+        e, ip = _next_ip(ct, r - 1)
+        if e < 0:
+            return e
+        SU[BS_IP] = ip
+        ev[E_IP] = ip
+        ev[E_ICNT] -= np.uint64(1)
+    return 1
+
+
+@nb.njit(cache=True)
+def _skd022(ds, ct, ev):
+    SI = ds[0]
+    k = _insn(ct, ev[E_AT], SI[BS_MODE])
+    if k < 0:
+        return k
+    if ct[10][k]:
+        return 0
+    sp = ct[6][k]
+    if sp == S_VMLAUNCH or sp == S_VMRESUME:
+        ev[E_TYPE] = EV_DISABLED
+        return 1
+    return 0
+
+
+@nb.njit(cache=True)
+def _postpone(SI, k):
+    if SI[BS_PROC]:
+        return _err(E_INTERNAL)
+    SI[BS_PROC] = 1
+    SI[BS_INSN] = k
+    return _status(SI, ST_EVENT_PENDING)
+
+
+@nb.njit(cache=True)
+def _clear_postponed(SI):
+    SI[BS_PROC] = 0
+    SI[BS_BOUND] = 0
+
+
+@nb.njit(cache=True)
+def _proceed_postponed(ds, pk, cf, ct):
+    SI, SU = ds[0], ds[1]
+    if not SI[BS_PROC]:
+        return 0
+    if not SI[BS_ENABLED]:
+        _clear_postponed(SI)
+        return 0
+    k = SI[BS_INSN]
+    e, ip = _next_ip(ct, k)
+    if e < 0:
+        if e != -E_BAD_QUERY:
+            return e
+        r = _proceed_with_trace(ds, pk, cf, ct, k)
+        if r < 0:
+            return r
+    else:
+        SU[BS_IP] = ip
+    _clear_postponed(SI)
+    return 0
+
+
+@nb.njit(cache=True)
+def _finish(ds, pk, cf, ct):
+    r = _proceed_postponed(ds, pk, cf, ct)
+    if r < 0:
+        return r
+    return _status(ds[0], 0)
+
+
+@nb.njit(cache=True)
+def _pending_after_postponed(ds, pk, cf, ct):
+    r = _proceed_postponed(ds, pk, cf, ct)
+    if r < 0:
+        return r
+    return _status(ds[0], ST_EVENT_PENDING)
+
+
+@nb.njit(cache=True)
+def _proceed_event(ds, pk, cf, ct, out):
+    SI, CUR = ds[0], ds[2]
+    errata = cf[0][CF_ERRATA]
+    while True:
+        ev = CUR
+        t = ev[E_TYPE]
+        SI[BS_LAST] = -1
+        if t == EV_DISABLED:
+            if not _status_update(ev):
+                r = _to_disabled(ds, cf, ct, out, ev)
+                if r < 0:
+                    if r != -E_BAD_QUERY:
+                        return r
+                    _set_disable_resume_ip(ds, ct, SI[BS_LAST])
+                elif r == 0:
+                    return 0
+        elif t == EV_ASYNC_DISABLED:
+            r = _to_ip(ds, cf, ct, out, ev[E_AT])
+            if r <= 0:
+                return r
+            if errata & ER_SKD022:
+                r = _skd022(ds, ct, ev)
+                if r < 0:
+                    return r
+                if r:
+                    continue
+        elif t == EV_ASYNC_BRANCH:
+            r = _to_ip(ds, cf, ct, out, ev[E_AT])
+            if r <= 0:
+                return r
+        elif t == EV_PAGING or t == EV_VMCS:
+            if SI[BS_ENABLED]:
+                r = _to_insn(ds, cf, ct, out, P_PIP if t == EV_PAGING else P_VMCS)
+                if r <= 0:
+                    return r
+                SI[BS_BOUND] |= _bound_bit(t)
+                return _postpone(SI, SI[BS_LAST])
+        elif t == EV_PTWRITE or t == EV_IRET or t == EV_VMENTRY or t == EV_UIRET:
+            if SI[BS_ENABLED]:
+                if t == EV_PTWRITE:
+                    pred = P_PTWRITE
+                elif t == EV_IRET:
+                    pred = P_IRET
+                elif t == EV_VMENTRY:
+                    pred = P_VMENTRY
+                else:
+                    pred = P_UIRET
+                r = _to_bound_insn(ds, cf, ct, out, ev, pred)
+                if r <= 0:
+                    return r
+                SI[BS_BOUND] |= _bound_bit(t)
+                return _postpone(SI, SI[BS_LAST])
+        elif t == EV_EXSTOP or t == EV_MWAIT:
+            if SI[BS_ENABLED] and not _supp(ev):
+                r = _to_ip(ds, cf, ct, out, ev[E_IP])
+                if r <= 0:
+                    return r
+        elif (
+            t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS or t == EV_EXEC_MODE or t == EV_TSX
+            or t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_SMI or t == EV_INIT
+            or t == EV_VMEXIT or t == EV_SHUTDOWN or t == EV_UINTR or t == EV_SWINTR
+            or t == EV_SYSCALL
+        ):  # fmt: skip
+            if not _supp(ev):
+                r = _to_ip(ds, cf, ct, out, ev[E_IP])
+                if r <= 0:
+                    return r
+        elif t == EV_TRIG:
+            r = _to_trig(ds, cf, ct, out, ev)
+            if r <= 0:
+                return r
+        elif t == EV_TIP or t == EV_TNT:
+            return _err(E_INTERNAL)
+        return _status(SI, ST_EVENT_PENDING)
+
+
+@nb.njit(cache=True)
+def _proceed_no_event(ds, pk, cf, ct, out):
+    SI = ds[0]
+    SI[BS_LAST] = -1
+    r = _to_insn(ds, cf, ct, out, P_NEVER)
+    if r < 0:
+        if r != -E_BAD_QUERY:
+            return r
+        if SI[BS_LAST] < 0:
+            return _err(E_BAD_INSN)
+        return _proceed_with_trace(ds, pk, cf, ct, SI[BS_LAST])
+    return 0
+
+
+@nb.njit(cache=True)
+def _bdm64(ds, ct, ev):
+    SI, SU = ds[0], ds[1]
+    if not ev[E_ABORTED] or not SI[CB_NINSN]:
+        return 0
+    k = _insn(ct, SU[CB_END_IP], SI[CB_MODE])
+    if k < 0:
+        return k
+    c = ct[5][k]
+    if ct[10][k] or c == C_OTHER or c == C_PTWRITE or c == C_UNKNOWN:
+        return 0
+    ip = SU[BS_IP]
+    for _ in range(BDM64_MAX_STEPS):
+        if ip == ev[E_IP]:
+            return 1
+        k = _insn(ct, ip, SI[BS_MODE])
+        if k < 0:
+            return k
+        if ct[10][k]:
+            break
+        e, nip = _next_ip(ct, k)
+        if e < 0:
+            break
+        ip = nip
+    SU[BS_IP] = ev[E_IP]
+    return 1
+
+
+@nb.njit(cache=True)
+def _trailing(ds, pk, cf, ct, has_block):
+    """Events that bind to the current IP (after a block or an event)."""
+    SI, SU, CUR = ds[0], ds[1], ds[2]
+    CF = cf[0]
+    errata = CF[CF_ERRATA]
+    while True:
+        if SI[BS_STATUS] != 0:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            return _status(SI, 0 if SI[BS_STATUS] == E_EOS else ST_EVENT_PENDING)
+        ev = CUR
+        t = ev[E_TYPE]
+        if t == EV_TNT:
+            if not CF[CF_TICK] or not has_block or not _has_tsc(ev) or ev[E_TSC] == SU[BS_TSC]:
+                if ev[E_SIZE]:
+                    return _finish(ds, pk, cf, ct)
+                r = _fetch_event(ds, pk, cf)
+                if r < 0:
+                    return r
+                continue
+            c = SI[CB_ICLASS]
+            if c != C_COND and c != C_RETURN:
+                return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_TIP:
+            return _finish(ds, pk, cf, ct)
+        if (
+            t == EV_TICK or t == EV_ENABLED or t == EV_OVERFLOW or t == EV_STOP
+            or t == EV_PWRE or t == EV_PWRX or t == EV_CBR or t == EV_MNT
+        ):  # fmt: skip
+            return _pending_after_postponed(ds, pk, cf, ct)
+        if t == EV_DISABLED:
+            if not SI[BS_PROC]:
+                return _finish(ds, pk, cf, ct)
+            k = SI[BS_INSN]
+            if _supp(ev) and ct[6][k] == S_MOV_CR3:
+                return _status(SI, ST_EVENT_PENDING)
+            e, nip = _next_ip(ct, k)
+            if e < 0:
+                if e != -E_BAD_QUERY:
+                    return e
+                _set_disable_resume_ip(ds, ct, k)
+                return _status(SI, ST_EVENT_PENDING)
+            SU[BS_IP] = nip
+            _clear_postponed(SI)
+            if not _supp(ev) and nip == ev[E_IP]:
+                return _status(SI, ST_EVENT_PENDING)
+            return _finish(ds, pk, cf, ct)
+        if t == EV_ASYNC_DISABLED:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if SU[BS_IP] != ev[E_AT]:
+                return _finish(ds, pk, cf, ct)
+            if errata & ER_SKD022:
+                r = _skd022(ds, ct, ev)
+                if r < 0:
+                    return r
+                if r:
+                    return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_ASYNC_BRANCH:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if SU[BS_IP] != ev[E_AT]:
+                return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_PAGING or t == EV_VMCS:
+            if not SI[BS_ENABLED]:
+                return _status(SI, ST_EVENT_PENDING)
+            if not SI[BS_PROC] or SI[BS_BOUND] & _bound_bit(t):
+                return _finish(ds, pk, cf, ct)
+            if not _pred(ct, SI[BS_INSN], P_PIP if t == EV_PAGING else P_VMCS):
+                return _finish(ds, pk, cf, ct)
+            SI[BS_BOUND] |= _bound_bit(t)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_PTWRITE or t == EV_IRET or t == EV_VMENTRY or t == EV_UIRET:
+            if not SI[BS_ENABLED]:
+                return _status(SI, ST_EVENT_PENDING)
+            if not SI[BS_PROC] or SI[BS_BOUND] & _bound_bit(t):
+                return _finish(ds, pk, cf, ct)
+            if t == EV_PTWRITE:
+                pred = P_PTWRITE
+            elif t == EV_IRET:
+                pred = P_IRET
+            elif t == EV_VMENTRY:
+                pred = P_VMENTRY
+            else:
+                pred = P_UIRET
+            if not _supp(ev) or not _pred(ct, SI[BS_INSN], pred):
+                return _finish(ds, pk, cf, ct)
+            SI[BS_BOUND] |= _bound_bit(t)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if not _supp(ev) and SU[BS_IP] != ev[E_IP]:
+                return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_EXEC_MODE:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if not SI[BS_ENABLED]:
+                return _status(SI, ST_EVENT_PENDING)
+            if not _supp(ev) and SU[BS_IP] != ev[E_IP]:
+                return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_TSX:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if not _supp(ev):
+                if has_block and errata & ER_BDM64:
+                    r = _bdm64(ds, ct, ev)
+                    if r < 0:
+                        return r
+                if SU[BS_IP] != ev[E_IP]:
+                    return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_EXSTOP or t == EV_MWAIT:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if not _supp(ev) and SI[BS_ENABLED] and SU[BS_IP] != ev[E_IP]:
+                return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if (
+            t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_SMI or t == EV_INIT
+            or t == EV_VMEXIT or t == EV_SHUTDOWN or t == EV_UINTR or t == EV_SWINTR
+            or t == EV_SYSCALL
+        ):  # fmt: skip
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if SI[BS_ENABLED] and not _supp(ev) and SU[BS_IP] != ev[E_IP]:
+                return _finish(ds, pk, cf, ct)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_RSM or t == EV_SIPI:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if not _supp(ev):
+                return _err(E_INTERNAL)
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_TRIG:
+            r = _proceed_postponed(ds, pk, cf, ct)
+            if r < 0:
+                return r
+            if not SI[BS_ENABLED] or _supp(ev):
+                return _status(SI, ST_EVENT_PENDING)
+            r = _provide_trig_anchor(SI, SU, ev)
+            if r < 0:
+                return r
+            if ev[E_ICNT]:
+                return _finish(ds, pk, cf, ct)
+            if ev[E_IP] != SU[BS_IP]:
+                return _err(E_BAD_PACKET)
+            return _status(SI, ST_EVENT_PENDING)
+        return _finish(ds, pk, cf, ct)
+
+
+@nb.njit(cache=True)
+def _proceed(ds, pk, cf, ct, out):
+    SI, CUR = ds[0], ds[2]
+    if SI[BS_STATUS] != 0:
+        if SI[BS_STATUS] != E_EOS:
+            return _err(SI[BS_STATUS])
+        if not SI[BS_ENABLED]:
+            return _err(E_EOS)
+        r = _proceed_no_event(ds, pk, cf, ct, out)
+        if r < 0:
+            return r
+        return ST_EOS
+    t = CUR[E_TYPE]
+    if t == EV_TNT or t == EV_TIP:
+        if not SI[BS_ENABLED]:
+            return _err(E_NO_ENABLE)
+        r = _proceed_no_event(ds, pk, cf, ct, out)
+        if r < 0:
+            return r
+        return _trailing(ds, pk, cf, ct, True)
+    return _proceed_event(ds, pk, cf, ct, out)
+
+
+@nb.njit(cache=True)
+def next_event(ds, pk, cf, ct, ev_out):
+    """The pending event, applied (BlockDecoder.next_event): status flags
+    with a copy of the event in ``ev_out``, or -code."""
+    SI, SU, CUR = ds[0], ds[1], ds[2]
+    CF = cf[0]
+    if SI[BS_STATUS] != 0:
+        return _err(SI[BS_STATUS])
+    ev = CUR
+    t = ev[E_TYPE]
+    ip = SU[BS_IP]
+    enabled = SI[BS_ENABLED] != 0
+    supp = _supp(ev)
+    if t == EV_TNT:
+        if not CF[CF_TICK] or not _has_tsc(ev) or ev[E_TSC] == SU[BS_TSC]:
+            return _err(E_BAD_QUERY)
+        _ev_init(ev_out, EV_TICK)
+        ev_out[E_FLAGS] |= F_HAS_TSC
+        ev_out[E_TSC] = ev[E_TSC]
+        ev_out[E_IP] = ip
+        SI[BS_HAS_TSC] = 1
+        SU[BS_TSC] = ev[E_TSC]
+        if not ev[E_SIZE]:
+            r = _fetch_event(ds, pk, cf)
+            if r < 0:
+                return r
+        return _trailing(ds, pk, cf, ct, False)
+    if t == EV_ENABLED:
+        if ev[E_IP] == ip:
+            ev[E_FLAGS] |= F_RESUMED
+        if _status_update(ev):
+            if not enabled:
+                return _err(E_BAD_STATUS_UPDATE)
+        else:
+            if supp:
+                return _err(E_NOIP)
+            if enabled:
+                return _err(E_BAD_CONTEXT)
+            SU[BS_IP] = ev[E_IP]
+            SI[BS_ENABLED] = 1
+    elif t == EV_ASYNC_DISABLED or t == EV_DISABLED:
+        if t == EV_ASYNC_DISABLED and ip != ev[E_AT]:
+            return _err(E_BAD_QUERY)
+        if _status_update(ev):
+            if enabled:
+                return _err(E_BAD_STATUS_UPDATE)
+        else:
+            if not enabled:
+                return _err(E_BAD_CONTEXT)
+            SI[BS_ENABLED] = 0
+            SI[BS_ICNT] = 0
+    elif t == EV_ASYNC_BRANCH:
+        if ip != ev[E_AT]:
+            return _err(E_BAD_QUERY)
+        if _status_update(ev) or not enabled:
+            return _err(E_BAD_CONTEXT)
+        SU[BS_IP] = ev[E_IP]
+    elif t == EV_ASYNC_PAGING or t == EV_PAGING:
+        if t == EV_ASYNC_PAGING and not supp and ip != ev[E_IP]:
+            return _err(E_BAD_QUERY)
+        SI[BS_HAVE_CR3] = 1
+        SU[BS_CR3] = ev[E_CR3]
+    elif t == EV_ASYNC_VMCS or t == EV_VMCS:
+        if t == EV_ASYNC_VMCS and not supp and ip != ev[E_IP]:
+            return _err(E_BAD_QUERY)
+        SI[BS_HAVE_VMCS] = 1
+        SU[BS_VMCS] = ev[E_BASE]
+    elif t == EV_OVERFLOW:
+        if _status_update(ev):
+            return _err(E_BAD_CONTEXT)
+        if supp:
+            SI[BS_ENABLED] = 0
+            SU[BS_IP] = 0
+        else:
+            SI[BS_ENABLED] = 1
+            SU[BS_IP] = ev[E_IP]
+        SI[BS_SPEC] = 0
+    elif t == EV_EXEC_MODE:
+        if enabled and not supp and ip != ev[E_IP]:
+            return _err(E_BAD_QUERY)
+        mode = np.int64(ev[E_MODE])
+        if _status_update(ev) and enabled and SI[BS_MODE] != 0 and SI[BS_MODE] != mode:
+            return _err(E_BAD_STATUS_UPDATE)
+        SI[BS_MODE] = mode
+    elif t == EV_TSX:
+        if not supp and ip != ev[E_IP]:
+            return _err(E_BAD_QUERY)
+        SI[BS_SPEC] = 1 if ev[E_SPEC] else 0
+    elif t == EV_STOP:
+        if _status_update(ev) or enabled:
+            return _err(E_BAD_CONTEXT)
+    elif t == EV_EXSTOP or t == EV_MWAIT:
+        if not supp and enabled and ip != ev[E_IP]:
+            return _err(E_BAD_QUERY)
+    elif t == EV_CBR:
+        SI[BS_CBR] = np.int64(ev[E_RATIO])
+    elif t == EV_TIP:
+        return _err(E_BAD_QUERY)
+    elif (
+        t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_SMI or t == EV_INIT or t == EV_VMEXIT
+        or t == EV_SHUTDOWN or t == EV_UINTR or t == EV_SWINTR or t == EV_SYSCALL
+        or t == EV_TRIG
+    ):  # fmt: skip
+        if enabled and not supp and ip != ev[E_IP]:
+            return _err(E_BAD_QUERY)
+    elif t == EV_RSM or t == EV_SIPI:
+        if not supp:
+            return _err(E_INTERNAL)
+    _ev_copy(ev_out, ev)
+    r = _fetch_event(ds, pk, cf)
+    if r < 0:
+        return r
+    return _trailing(ds, pk, cf, ct, False)
+
+
+@nb.njit(cache=True)
+def blk_start(ds, pk, cf, ct):
+    """Synchronise on the segment's PSB+ (BlockDecoder.start)."""
+    SI, SU, CUR, TMP = ds[0], ds[1], ds[2], ds[3]
+    r = ev_start(ds, pk, cf)
+    if r < 0:
+        return r
+    save_state(ds, 1)
+    origin = SI[ES_POS]
+    enabled = False
+    ip = np.uint64(0)
+    while SI[ES_POS] == origin:
+        r = ev_next(ds, pk, cf, TMP)
+        if r < 0:
+            if _aborted(r):
+                return r
+            if r != -E_EOS:
+                restore_state(ds, 1)
+                return r
+            break
+        if not _status_update(TMP):
+            break
+        if TMP[E_TYPE] == EV_ENABLED:
+            enabled = True
+            ip = TMP[E_IP]
+            break
+    restore_state(ds, 1)
+    if enabled:
+        SI[BS_ENABLED] = 1
+        SU[BS_IP] = ip
+    r = ev_next(ds, pk, cf, CUR)
+    if r < 0:
+        if _aborted(r):
+            return r
+        SI[BS_STATUS] = -r
+    return _trailing(ds, pk, cf, ct, False)
+
+
+@nb.njit(cache=True)
+def blk_resync(ds, pk, cf, ct, ev_out):
+    """Recover after an error without leaving the segment (libipt's
+    pt_blk_resync).  -EVENT_IGNORED: the caller takes the current event
+    with next_event and calls again."""
+    SI, SU, CUR = ds[0], ds[1], ds[2]
+    _clear_postponed(SI)
+    while True:
+        if SI[BS_STATUS] != 0:
+            return _err(SI[BS_STATUS])
+        ev = CUR
+        t = ev[E_TYPE]
+        if t == EV_TNT or (t == EV_TIP and _supp(ev)):
+            r = _fetch_event(ds, pk, cf)
+            if r < 0:
+                return r
+            continue
+        if t == EV_TIP:
+            SU[BS_IP] = ev[E_IP]
+            SI[BS_ENABLED] = 1
+            r = _fetch_event(ds, pk, cf)
+            if r < 0:
+                return r
+            return _trailing(ds, pk, cf, ct, False)
+        if t == EV_DISABLED:
+            SI[BS_ENABLED] = 0
+            if _status_update(ev):
+                return next_event(ds, pk, cf, ct, ev_out)
+            r = _fetch_event(ds, pk, cf)
+            if r < 0:
+                return r
+            return _trailing(ds, pk, cf, ct, False)
+        with_ip = (
+            t == EV_ENABLED or t == EV_EXEC_MODE or t == EV_IFLAGS or t == EV_TSX
+            or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS
+        )  # fmt: skip
+        if _status_update(ev) and not _supp(ev) and with_ip:
+            SU[BS_IP] = ev[E_IP]
+            SI[BS_ENABLED] = 1
+            return next_event(ds, pk, cf, ct, ev_out)
+        if t == EV_ENABLED:
+            SI[BS_ENABLED] = 0
+            return _trailing(ds, pk, cf, ct, False)
+        no_ip = (
+            t == EV_PAGING or t == EV_VMCS or t == EV_STOP or t == EV_PWRE or t == EV_PWRX
+            or t == EV_CBR or t == EV_MNT or t == EV_RSM or t == EV_SIPI or t == EV_TICK
+            or t == EV_TRIG or t == EV_IGNORE
+        )  # fmt: skip
+        if _status_update(ev) or _supp(ev) or no_ip:
+            return _err(E_EVENT_IGNORED)
+        if t == EV_ASYNC_BRANCH or t == EV_ASYNC_DISABLED:
+            SU[BS_IP] = ev[E_AT]
+        else:
+            SU[BS_IP] = ev[E_IP]
+        SI[BS_ENABLED] = 1
+        return _trailing(ds, pk, cf, ct, False)
+
+
+# ---------------------------------------------------------------------------
+# Output.
+
+
+@nb.njit(cache=True)
+def _new_row(ds, pk, out, new):
+    """Start a block row at the decoder's IP (the current block's first row
+    when ``new``, else a continuation).  Returns the row index."""
+    SI, SU = ds[0], ds[1]
+    o_ip, o_ninsn, o_flags, o_mode, o_off, o_time = out[0], out[1], out[2], out[3], out[4], out[5]
+    i = SI[O_NBLK]
+    o_ip[i] = SU[BS_IP]
+    o_ninsn[i] = 0
+    flags = O_NEW if new else 0
+    if SI[BS_SPEC]:
+        flags |= O_SPEC
+    o_flags[i] = flags
+    o_mode[i] = SI[BS_MODE]
+    o_off[i] = _offset(SI, SU, pk)
+    o_time[i] = SU[BS_TSC]
+    SI[O_NBLK] = i + 1
+    SI[CB_ROW] = i
+    return i
+
+
+@nb.njit(cache=True)
+def _emit_event(ds, pk, out, ev, offset):
+    SI = ds[0]
+    e_row, e_off, e_blk = out[6], out[7], out[8]
+    j = SI[O_NEV]
+    _ev_copy(e_row[j], ev)
+    e_off[j] = offset
+    e_blk[j] = SI[O_NBLK] + SI[O_VBLK]
+    SI[O_NEV] = j + 1
+
+
+@nb.njit(cache=True)
+def _emit_marker(ds, out, t, offset, code, kind, ip, tsc):
+    SI = ds[0]
+    e_row, e_off, e_blk = out[6], out[7], out[8]
+    j = SI[O_NEV]
+    row = e_row[j]
+    _ev_init(row, t)
+    row[E_P0] = code
+    row[E_P1] = kind
+    row[E_IP] = ip
+    row[E_TSC] = tsc
+    e_off[j] = offset
+    e_blk[j] = SI[O_NBLK] + SI[O_VBLK]
+    SI[O_NEV] = j + 1
+
+
+@nb.njit(cache=True)
+def error_ip(ds, ct, code):
+    """Where Intel's ptxed reports an error: after the last block's last
+    instruction (its branch target when it has a displacement), except for
+    a query that does not match, which is the last instruction itself; the
+    block's start when it has none."""
+    SI, SU = ds[0], ds[1]
+    if not SI[CB_NINSN]:
+        return SU[CB_IP]
+    k = SI[CB_LAST]
+    if code == E_BAD_QUERY:
+        return SU[CB_END_IP]
+    if ct[7][k] & I_DIRECT:
+        return ct[8][k]
+    return _i_next(ct, k)
+
+
+# ---------------------------------------------------------------------------
+# The fast loop.
+
+
+@nb.njit(cache=True)
+def _plain(ds, cf):
+    """Can the fast loop take over?  (SegmentWalker._plain in the reference
+    design: nothing pending but branch outcomes and targets.)"""
+    SI, CUR = ds[0], ds[2]
+    if SI[BS_STATUS] != 0 or not SI[BS_ENABLED] or SI[BS_PROC] or SI[ES_QN]:
+        return False
+    t = CUR[E_TYPE]
+    if t == EV_TNT:
+        return CUR[E_SIZE] > 0 and not SI[ES_BOUND]
+    return t == EV_TIP and not _supp(CUR) and SI[ES_BOUND] != 0
+
+
+@nb.njit(cache=True, inline="always")
+def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
+    """The next TNT or TIP from packet ``p`` on, skipping timing packets:
+    ``(evt, pos, value, size, last_ip, tsc, has_tsc)``; ``evt`` 0 when the
+    packet at ``pos`` is something else (the step functions take it).  After
+    a TNT ``pos`` is past it (and the PADs behind it), after a TIP on it, as
+    the event decoder leaves them."""
+    while p < n:
+        k = kind[p]
+        if k == K_PAD or k == K_TSC or k == K_MTC or k == K_TMA or k == K_CYC:
+            p += 1
+            continue
+        t = tsc[p] if have_tsc[p] else np.uint64(0)
+        if k == K_TNT8 or k == K_TNT64:
+            if b[p] == 0:
+                break
+            q = p + 1
+            while q < n and kind[q] == K_PAD:
+                q += 1
+            return EV_TNT, q, a[p], np.int64(b[p]), last_ip, t, have_tsc[p]
+        if k == K_TIP:
+            ipc = b[p]
+            payload = a[p]
+            if ipc == 1:
+                ip = (last_ip & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
+            elif ipc == 2:
+                ip = (last_ip & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF))
+            elif ipc == 3:
+                if payload & np.uint64(1 << 47):
+                    ip = payload | np.uint64(0xFFFF000000000000)
+                else:
+                    ip = payload
+            elif ipc == 4:
+                ip = (last_ip & ~_MASK48) | (payload & _MASK48)
+            elif ipc == 6:
+                ip = payload
+            else:
+                break
+            return EV_TIP, p, ip, np.int64(0), ip, t, have_tsc[p]
+        break
+    return 0, p, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
+
+
+# Why the fast loop stopped.
+FR_STOP, FR_FETCH, FR_FULL, FR_MISS, FR_GROW = 0, 1, 2, 3, 4
+# Which learned-successor slot a run index found by lookup goes to.
+LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
+
+
+@nb.njit(cache=True)
+def _fast(ds, pk, cf, ct, out):
+    """Walk runs against TNT bits and TIPs while the trace is plain flow.
+
+    A run's successors are learned as run indices (``r_succ``, ``r_taken``,
+    and the run a call returns to, carried on the return stack), so most
+    steps need no lookup.  Rows are emitted per run (or only counted); the
+    block state (CB_*) follows libipt's blocks so the step functions can
+    take over in the middle of one."""
+    SI, SU, CUR, RS, RSR = ds[0], ds[1], ds[2], ds[6], ds[14]
+    kind, a, b = pk[0], pk[1], pk[2]
+    offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
+    o_ip, o_ninsn, o_flags, o_mode, o_off, o_time = out[0], out[1], out[2], out[3], out[4], out[5]
+    r_hip, r_hmode, r_hval = ct[12], ct[13], ct[14]
+    r_ninsn, r_kind, r_next, r_target, r_isid = ct[17], ct[18], ct[19], ct[20], ct[22]
+    r_succ, r_taken, r_ret, r_lastk, r_lastc = ct[25], ct[26], ct[27], ct[28], ct[29]
+    count_only = cf[0][CF_COUNT] != 0
+    n = SI[W_N]
+    end_offset = np.int64(SU[W_END_OFFSET])
+    cap = o_ip.shape[0] - 2
+    nout = SI[O_NBLK]
+    nvirt = SI[O_VBLK]
+    mode = SI[BS_MODE]
+    spec_flag = O_SPEC if SI[BS_SPEC] else 0
+    ip = SU[BS_IP]
+    pos = SI[ES_POS]
+    t = CUR[E_TYPE]
+    evt = EV_TNT if t == EV_TNT else EV_TIP
+    size = np.int64(CUR[E_SIZE])
+    bits = CUR[E_BITS]
+    tip = CUR[E_IP]
+    ev_tsc = CUR[E_TSC]
+    ev_has_tsc = _has_tsc(CUR)
+    last_ip = SU[ES_LAST_IP]
+    cur_tsc = SU[BS_TSC]
+    has_tsc = SI[BS_HAS_TSC] != 0
+    icnt = SI[BS_ICNT]
+    has_icnt = SI[BS_HAS_ICNT] != 0
+    rs_top = SI[BS_RS_TOP]
+    rs_n = SI[BS_RS_N]
+    cb_open = SI[CB_OPEN] != 0
+    cb_ninsn = SI[CB_NINSN]
+    cb_isid = SI[CB_ISID]
+    cb_ip = SU[CB_IP]
+    cb_row = SI[CB_ROW]
+    cb_run = -1
+    n_blocks = SI[O_NBLOCKS]
+    n_insn = SI[O_NINSN]
+    quiet = 0
+    one = np.uint64(1)
+    why = FR_STOP
+    blk = -1  # the run at ip, when known
+    prev = -1  # the run that led here, and which of its slots learns blk
+    learn = LEARN_NONE
+    while True:
+        if not count_only and nout >= cap:
+            why = FR_FULL
+            break
+        if blk < 0:
+            blk = hash_find(r_hip, r_hmode, r_hval, ip, mode)
+            if blk < 0:
+                blk = build_run(ct, ip, mode)
+                if blk == -1:
+                    why = FR_MISS
+                    break
+                if blk == -2:
+                    why = FR_GROW
+                    break
+            if learn == LEARN_SUCC:
+                r_succ[prev] = blk
+            elif learn == LEARN_TAKEN:
+                r_taken[prev] = blk
+        learn = LEARN_NONE
+        bk = r_kind[blk]
+        ninsn = r_ninsn[blk]
+        # The run's exit must be takeable before it is emitted, so a stop
+        # leaves the state at the run's start.
+        if bk == RUN_STOP:
+            break
+        if bk == RUN_COND:
+            if evt != EV_TNT:
+                break
+        elif bk == RUN_IJUMP or bk == RUN_ICALL:
+            if evt != EV_TIP:
+                break
+        elif bk == RUN_RET:
+            if evt == EV_TNT:
+                if ((bits >> np.uint64(size - 1)) & one) == 0 or rs_n == 0:
+                    break
+            elif evt != EV_TIP:
+                break
+        new = not cb_open or r_isid[blk] != cb_isid
+        if not new and cb_ninsn + ninsn > MAX_NINSN:
+            break  # the step functions split the block where libipt does
+        if count_only:
+            nvirt += 1
+        else:
+            o_ip[nout] = ip
+            o_ninsn[nout] = ninsn
+            o_flags[nout] = (O_NEW if new else 0) | spec_flag
+            o_mode[nout] = mode
+            o_off[nout] = offsets[pos] if pos < n else end_offset
+            o_time[nout] = cur_tsc
+            if new:
+                cb_row = nout
+            nout += 1
+        if new:
+            cb_open = True
+            cb_ninsn = 0
+            cb_isid = r_isid[blk]
+            cb_ip = ip
+            n_blocks += 1
+        n_insn += ninsn
+        cb_ninsn += ninsn
+        cb_run = blk
+        if has_icnt:
+            icnt += ninsn
+        prev = blk
+        if bk == RUN_FALL or bk == RUN_JUMP:
+            ip = r_next[blk] if bk == RUN_FALL else r_target[blk]
+            blk = r_succ[prev]
+            learn = LEARN_SUCC
+        elif bk == RUN_CALL:
+            rs_top = (rs_top + 1) & _RS_MASK
+            RS[rs_top] = r_next[blk]
+            ret = r_ret[blk]
+            if ret < 0:
+                ret = hash_find(r_hip, r_hmode, r_hval, r_next[blk], mode)
+                r_ret[blk] = ret
+            RSR[rs_top] = ret
+            rs_n = min(rs_n + 1, RETSTACK_SIZE)
+            ip = r_target[blk]
+            blk = r_succ[prev]
+            learn = LEARN_SUCC
+        elif bk == RUN_COND:
+            size -= 1
+            if (bits >> np.uint64(size)) & one:
+                ip = r_target[blk]
+                blk = r_taken[prev]
+                learn = LEARN_TAKEN
+            else:
+                ip = r_next[blk]
+                blk = r_succ[prev]
+                learn = LEARN_SUCC
+        elif bk == RUN_RET and evt == EV_TNT:
+            size -= 1
+            ip = RS[rs_top]
+            blk = RSR[rs_top]
+            rs_top = (rs_top - 1) & _RS_MASK
+            rs_n -= 1
+        else:  # TIP: indirect jump or call, uncompressed return
+            if bk == RUN_ICALL:
+                rs_top = (rs_top + 1) & _RS_MASK
+                RS[rs_top] = r_next[blk]
+                ret = r_ret[blk]
+                if ret < 0:
+                    ret = hash_find(r_hip, r_hmode, r_hval, r_next[blk], mode)
+                    r_ret[blk] = ret
+                RSR[rs_top] = ret
+                rs_n = min(rs_n + 1, RETSTACK_SIZE)
+            ip = tip
+            blk = -1
+            evt = 0  # consumed
+        if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
+            # No trace consumed: the block goes on.
+            quiet += 1
+            if quiet > NO_TRACE_LIMIT:
+                break
+            continue
+        quiet = 0
+        cb_open = False  # trace consumed: libipt's block ends here
+        # The consumed event's time is the decoder's time from now on.
+        cur_tsc = ev_tsc
+        has_tsc = ev_has_tsc
+        icnt = 0
+        has_icnt = True
+        if evt == EV_TNT and size > 0:
+            continue
+        p = pos if evt == EV_TNT else pos + 1
+        evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
+            kind, a, b, tsc, have_tsc, n, p, last_ip
+        )
+        if evt == EV_TNT:
+            bits = val
+            continue
+        if evt == EV_TIP:
+            tip = val
+            continue
+        why = FR_FETCH
+        break
+    SU[BS_IP] = ip
+    SI[ES_POS] = pos
+    if last_ip != SU[ES_LAST_IP]:
+        SU[ES_LAST_IP] = last_ip
+        SI[ES_HAVE_IP] = 1
+        SI[ES_SUPP] = 0
+    SU[BS_TSC] = cur_tsc
+    SI[BS_HAS_TSC] = has_tsc
+    SI[BS_ICNT] = icnt
+    SI[BS_HAS_ICNT] = has_icnt
+    SI[BS_RS_TOP] = rs_top
+    SI[BS_RS_N] = rs_n
+    SI[CB_OPEN] = cb_open
+    SI[CB_NINSN] = cb_ninsn
+    SI[CB_ISID] = cb_isid
+    if cb_run >= 0:
+        SI[CB_LAST] = r_lastk[cb_run]
+        SI[CB_ICLASS] = r_lastc[cb_run]
+        SU[CB_END_IP] = ct[3][r_lastk[cb_run]]
+    SU[CB_IP] = cb_ip
+    SI[CB_ROW] = cb_row
+    SI[CB_MODE] = mode
+    SI[O_NBLK] = nout
+    SI[O_VBLK] = nvirt
+    SI[O_NBLOCKS] = n_blocks
+    SI[O_NINSN] = n_insn
+    if why == FR_FETCH:
+        return why
+    # The current event, as the step functions expect it.
+    if evt == EV_TNT:
+        _ev_init(CUR, EV_TNT)
+        CUR[E_BITS] = bits
+        CUR[E_SIZE] = size
+        SI[ES_BOUND] = 0
+    else:
+        _ev_init(CUR, EV_TIP)
+        CUR[E_IP] = tip
+        SI[ES_BOUND] = 1
+    CUR[E_TSC] = ev_tsc
+    if ev_has_tsc:
+        CUR[E_FLAGS] |= F_HAS_TSC
+    return why
+
+
+# ---------------------------------------------------------------------------
+# The driver: ptxed's decoding loop (and the library's) over one segment.
+
+
+@nb.njit(cache=True)
+def _begin_block(ds, pk, out):
+    """Start (or continue, after the fast loop) a libipt block at the IP."""
+    SI, SU = ds[0], ds[1]
+    if SI[CB_OPEN]:
+        _new_row(ds, pk, out, False)
+        # Offsets and the speculative flag stay the block's.
+        return
+    SU[CB_IP] = SU[BS_IP]
+    SU[CB_END_IP] = 0
+    SI[CB_NINSN] = 0
+    SI[CB_ISID] = 0
+    SI[CB_LAST] = -1
+    SI[CB_ICLASS] = C_UNKNOWN
+    SI[CB_MODE] = SI[BS_MODE]
+    SI[CB_OPEN] = 1
+    _new_row(ds, pk, out, True)
+    SI[O_NBLOCKS] += 1
+
+
+@nb.njit(cache=True)
+def _end_block(ds, cf, out):
+    SI = ds[0]
+    o_ninsn = out[1]
+    row = SI[CB_ROW]
+    SI[O_NINSN] += o_ninsn[row]
+    if o_ninsn[row] == 0 and (SI[CB_NINSN] > 0 or cf[0][CF_DROP_EMPTY]):
+        # An empty continuation row, or an empty block nobody counts.
+        SI[O_NBLK] -= 1
+    SI[CB_OPEN] = 0
+
+
+@nb.njit(cache=True)
+def _handle_event(ds, pk, cf, ct, out):
+    """ptxed's handle_one_event: next_event, with the event in the output."""
+    SI, SU, EVO = ds[0], ds[1], ds[13]
+    offset = _offset(SI, SU, pk)
+    r = next_event(ds, pk, cf, ct, EVO)
+    if r < 0:
+        return r
+    _emit_event(ds, pk, out, EVO, offset)
+    return r
+
+
+@nb.njit(cache=True)
+def _wants_stop(cf, ev):
+    mode = cf[0][CF_STOP_EVENTS]
+    if mode == STOP_ALL:
+        return True
+    return mode == STOP_ENABLED and ev[E_TYPE] == EV_ENABLED
+
+
+@nb.njit(cache=True)
+def _error(ds, pk, ct, out, code, kind):
+    SI, SU = ds[0], ds[1]
+    _emit_marker(
+        ds, out, X_ERROR, _offset(SI, SU, pk), code, kind, error_ip(ds, ct, code), SU[BS_TSC]
+    )
+
+
+@nb.njit(cache=True)
+def _library_resume(ds, pk):
+    """Where the library looks for the next PSB after an error: nothing
+    after the gap may be lost.  The failing packet has not been used, and
+    when the error came while taking a PSB+ (walking to the address it
+    names), that PSB+ starts good trace of its own."""
+    SI = ds[0]
+    kind, off, size = pk[0], pk[4], pk[5]
+    n = SI[W_N]
+    pos = min(SI[ES_POS], n - 1) if n else 0
+    sync = np.int64(SI[DR_SYNC])
+    j = pos
+    while j >= 0 and kind[j] != K_PSB:
+        j -= 1
+    if j >= 0:
+        q = j
+        while q < n and kind[q] != K_PSBEND:
+            q += 1
+        inside = q >= n or SI[ES_POS] <= q
+        if inside and off[j] > sync:
+            return off[j]
+    if SI[ES_POS] < n:
+        return off[SI[ES_POS]]
+    if n:
+        return off[n - 1] + size[n - 1]
+    return sync
+
+
+@nb.njit(cache=True)
+def _segment_end(ds, pk, cf, code):
+    SI, SU = ds[0], ds[1]
+    SI[DR_PHASE] = PH_DONE
+    SI[DR_END] = code
+    if cf[0][CF_KEEP_GOING] and code != E_EOS:
+        SU[DR_NEXT] = np.uint64(_library_resume(ds, pk))
+    else:
+        SU[DR_NEXT] = np.uint64(_next_position(SI, SU, pk))
+
+
+@nb.njit(cache=True)
+def _room(ds, out):
+    SI = ds[0]
+    return SI[O_NBLK] + 4 < out[0].shape[0] and SI[O_NEV] + 4 < out[7].shape[0]
+
+
+@nb.njit(cache=True, nogil=True)
+def run(ds, pk, cf, ct, out):
+    """Decode until the segment ends or Python is needed (R_*)."""
+    SI, SU = ds[0], ds[1]
+    CF = cf[0]
+    while True:
+        phase = SI[DR_PHASE]
+        if phase == PH_DONE:
+            return R_DONE
+        if not _room(ds, out):
+            return R_FULL
+        if phase != PH_START and SI[W_LIMIT] >= 0 and SI[ES_POS] >= SI[W_LIMIT]:
+            return R_MORE
+        save_state(ds, 0)
+        if phase == PH_START:
+            r = blk_start(ds, pk, cf, ct)
+            if r < 0:
+                if _aborted(r):
+                    restore_state(ds, 0)
+                    return R_MISS if r == -ABORT_MISS else R_WINDOW
+                if r == -E_EOS:
+                    _segment_end(ds, pk, cf, E_EOS)
+                    SU[DR_NEXT] = np.uint64(0)
+                    continue
+                # The block is empty: the error is reported at its start, 0.
+                _emit_marker(ds, out, X_ERROR, _offset(SI, SU, pk), -r, ERR_SYNC, 0, 0)
+                SI[DR_SYNC_FAILED] = 1
+                SI[DR_PHASE] = PH_DONE
+                SI[DR_END] = -r
+                SU[DR_NEXT] = np.uint64(_next_position(SI, SU, pk))
+                continue
+            SI[DR_STATUS] = r
+            SI[DR_PHASE] = PH_RUN
+            continue
+        if phase == PH_RESYNC:
+            r = blk_resync(ds, pk, cf, ct, ds[13])
+            if r == -E_EVENT_IGNORED:
+                r = _handle_event(ds, pk, cf, ct, out)
+                if r >= 0:
+                    if _wants_stop(cf, ds[13]):
+                        return R_EVENT
+                    continue
+            if r < 0:
+                if _aborted(r):
+                    restore_state(ds, 0)
+                    return R_MISS if r == -ABORT_MISS else R_WINDOW
+                _error(ds, pk, ct, out, -r, ERR_RESYNC)
+                _segment_end(ds, pk, cf, -r)
+                continue
+            if r & ST_IP_SUPPRESSED:
+                _emit_marker(ds, out, X_RESYNC_DISABLED, _offset(SI, SU, pk), 0, 0, 0, 0)
+            SI[DR_STATUS] = r
+            SI[DR_PHASE] = PH_RUN
+            continue
+        # PH_RUN
+        status = SI[DR_STATUS]
+        if status & ST_EVENT_PENDING:
+            r = _handle_event(ds, pk, cf, ct, out)
+            if r < 0:
+                if _aborted(r):
+                    restore_state(ds, 0)
+                    return R_MISS if r == -ABORT_MISS else R_WINDOW
+                _fail(ds, pk, cf, ct, out, -r)
+                continue
+            SI[DR_STATUS] = r
+            if _wants_stop(cf, ds[13]):
+                return R_EVENT
+            continue
+        if status & ST_EOS:
+            if not (status & ST_IP_SUPPRESSED):
+                _emit_marker(ds, out, X_END, _offset(SI, SU, pk), 0, 0, 0, 0)
+            _segment_end(ds, pk, cf, E_EOS)
+            continue
+        if CF[CF_FAST] and _plain(ds, cf):
+            why = _fast(ds, pk, cf, ct, out)
+            if why == FR_FETCH:
+                # Plain flow ended at a packet the event decoder must take.
+                SI[ES_BOUND] = 0
+                CUR = ds[2]
+                r = ev_next(ds, pk, cf, CUR)
+                if r < 0:
+                    if _aborted(r):
+                        # The fast loop's work is redone too.
+                        restore_state(ds, 0)
+                        return R_MISS if r == -ABORT_MISS else R_WINDOW
+                    SI[BS_STATUS] = -r
+                    _ev_init(CUR, EV_IGNORE)
+                r = _trailing(ds, pk, cf, ct, False)
+                if r < 0:
+                    if _aborted(r):
+                        restore_state(ds, 0)
+                        return R_MISS if r == -ABORT_MISS else R_WINDOW
+                    _fail(ds, pk, cf, ct, out, -r)
+                    continue
+                SI[DR_STATUS] = r
+                continue
+            if why == FR_FULL:
+                return R_FULL
+            if why == FR_MISS:
+                return R_MISS
+            if why == FR_GROW:
+                return R_GROW
+            # FR_STOP: the step functions go on from the run's start.
+        _begin_block(ds, pk, out)
+        r = _proceed(ds, pk, cf, ct, out)
+        _end_block(ds, cf, out)
+        if r < 0:
+            if _aborted(r):
+                restore_state(ds, 0)
+                return R_MISS if r == -ABORT_MISS else R_WINDOW
+            _fail(ds, pk, cf, ct, out, -r)
+            continue
+        SI[DR_STATUS] = r
+
+
+@nb.njit(cache=True)
+def _fail(ds, pk, cf, ct, out, code):
+    """An error in the segment: reported; then the segment ends, or, with
+    resync-on-error, decoding goes on at the next IP the trace gives."""
+    SI = ds[0]
+    if code == E_EOS:
+        _segment_end(ds, pk, cf, E_EOS)
+        return
+    _error(ds, pk, ct, out, code, ERR_DECODE)
+    if cf[0][CF_RESYNC]:
+        SI[DR_PHASE] = PH_RESYNC
+        return
+    _segment_end(ds, pk, cf, code)
+
+
+def new_state() -> tuple:
+    """Fresh decoder state arrays (see the module docstring)."""
+    return (
+        np.zeros(NSI, np.int64),  # 0 SI
+        np.zeros(NSU, np.uint64),  # 1 SU
+        np.zeros(EW, np.uint64),  # 2 CUR
+        np.zeros(EW, np.uint64),  # 3 TMP
+        np.zeros((QMAX, EW), np.uint64),  # 4 QE
+        np.zeros(QMAX, np.int64),  # 5 QB
+        np.zeros(RETSTACK_SIZE, np.uint64),  # 6 RS
+        np.zeros((2, NSI), np.int64),  # 7.. saved copies: 0 step, 1 probe
+        np.zeros((2, NSU), np.uint64),
+        np.zeros((2, EW), np.uint64),
+        np.zeros((2, QMAX, EW), np.uint64),
+        np.zeros((2, QMAX), np.int64),
+        np.zeros((2, RETSTACK_SIZE), np.uint64),
+        np.zeros(EW, np.uint64),  # 13 the last event handled
+        np.full(RETSTACK_SIZE, -1, np.int32),  # 14 RSR: the return stack's runs
+        np.zeros((2, RETSTACK_SIZE), np.int32),  # 15 saved RSR
+    )
+
+
+def new_output(blocks: int, events: int) -> tuple:
+    return (
+        np.zeros(blocks, np.uint64),  # 0 ip
+        np.zeros(blocks, np.uint32),  # 1 ninsn
+        np.zeros(blocks, np.uint8),  # 2 flags (O_NEW, O_SPEC)
+        np.zeros(blocks, np.uint8),  # 3 mode
+        np.zeros(blocks, np.int64),  # 4 trace offset
+        np.zeros(blocks, np.uint64),  # 5 time
+        np.zeros((events, EW), np.uint64),  # 6 event rows
+        np.zeros(events, np.int64),  # 7 event offsets
+        np.zeros(events, np.int64),  # 8 block rows before each event
+    )

@@ -1,0 +1,451 @@
+"""Decoded code for the compiled flow decoder.
+
+The flow decoder walks the traced program's code between trace packets.
+Decoding x86 is iced-x86's job and happens in Python, once per instruction
+address; the compiled decoder then reads what it needs from plain arrays:
+
+* the **instruction table**: for each decoded ``(ip, mode)`` the length, how
+  control leaves it (:class:`~hwtrace.isa.x86.IClass`), the instructions
+  events bind to (:class:`~hwtrace.isa.x86.Special`), a direct branch's
+  target, the section it lies in, and its raw bytes; addresses that hold no
+  instruction are kept too, with libipt's error code (no memory mapped,
+  unknown instruction);
+* **runs**: straight-line stretches of instructions ending at the first one
+  that may transfer control, which the decoder's fast loop follows a whole
+  run at a time.
+
+Both are found through open-addressing hash tables keyed by ``(ip, mode)``.
+When the compiled decoder meets an address that is not decoded yet it stops
+and says which; :meth:`CodeTable.fill` decodes a straight-line stretch from
+there and the decoder goes on.  The tables only grow between decoder calls.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..isa.x86 import IClass, InsnCache, Special
+
+# Instruction flags.
+I_DIRECT = 1  # a near branch with a displacement (i_target is its target)
+I_TRUNCATED = 2  # its bytes come from more than one section
+I_NO_PUSH = 4  # a CALL to the next instruction: reads the IP, pushes nothing
+
+# How a run ends (its last instruction).
+RUN_FALL = 0  # no branch: the next run follows (the run was cut short)
+RUN_COND = 1  # conditional branch: one TNT bit
+RUN_JUMP = 2  # direct jump: no trace
+RUN_CALL = 3  # direct call: no trace, pushes the return address
+RUN_IJUMP = 4  # indirect jump: TIP
+RUN_ICALL = 5  # indirect call: TIP, pushes the return address
+RUN_RET = 6  # near return: compressed (TNT bit) or TIP
+RUN_STOP = 7  # anything else: far transfers, code errors; the event path decides
+
+RUN_MAX = 4096  # instructions in one run
+FILL_MAX = 256  # instructions decoded by one fill
+
+# counts[] slots
+C_INSNS, C_RUNS, C_RUN_INSNS, C_MISS_IP, C_MISS_MODE = range(5)
+
+_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+CLASS_OTHER = int(IClass.OTHER)
+CLASS_PTWRITE = int(IClass.PTWRITE)
+CLASS_COND = int(IClass.COND_JUMP)
+CLASS_JUMP = int(IClass.JUMP)
+CLASS_CALL = int(IClass.CALL)
+CLASS_RETURN = int(IClass.RETURN)
+SPECIAL_JMPABS = int(Special.JMPABS)
+
+
+# ---------------------------------------------------------------------------
+# Hash tables keyed by (ip, mode).
+
+
+@nb.njit(cache=True, inline="always")
+def _slot(ip, mode, mask):
+    h = ((ip ^ np.uint64(mode)) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(17)
+    return np.int64(h & np.uint64(mask))
+
+
+@nb.njit(cache=True, inline="always")
+def hash_find(h_ip, h_mode, h_val, ip, mode):
+    """The value stored for ``(ip, mode)``, or -1."""
+    mask = h_ip.shape[0] - 1
+    s = _slot(ip, mode, mask)
+    while True:
+        v = h_val[s]
+        if v < 0:
+            return np.int64(-1)
+        if h_ip[s] == ip and h_mode[s] == mode:
+            return np.int64(v)
+        s = (s + 1) & mask
+
+
+@nb.njit(cache=True)
+def hash_put(h_ip, h_mode, h_val, ip, mode, value):
+    mask = h_ip.shape[0] - 1
+    s = _slot(ip, mode, mask)
+    while h_val[s] >= 0 and not (h_ip[s] == ip and h_mode[s] == mode):
+        s = (s + 1) & mask
+    h_ip[s] = ip
+    h_mode[s] = mode
+    h_val[s] = value
+
+
+@nb.njit(cache=True)
+def _rehash(h_ip, h_mode, h_val, ips, modes, n, skip):
+    for i in range(n):
+        if not skip[i]:
+            hash_put(h_ip, h_mode, h_val, ips[i], modes[i], i)
+
+
+def _new_hash(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        np.full(capacity, _EMPTY, np.uint64),
+        np.zeros(capacity, np.uint8),
+        np.full(capacity, -1, np.int32),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Runs, built in compiled code from the instruction table.
+
+
+@nb.njit(cache=True, inline="always")
+def is_plain(iclass):
+    return iclass == CLASS_OTHER or iclass == CLASS_PTWRITE
+
+
+@nb.njit(cache=True)
+def build_run(ct, ip, mode):
+    """Add the run starting at ``(ip, mode)``.  Returns its index, -1 when an
+    instruction on the way is not decoded yet (``ct[MISS]`` says where), -2
+    when the run arrays are full (the miss or the need is noted in
+    ``counts``)."""
+    (
+        h_ip, h_mode, h_val, _, i_size, i_class, i_special, i_flags, i_target,
+        i_isid, i_err, _, r_hip, r_hmode, r_hval, r_ip, r_mode, r_ninsn, r_kind,
+        r_next, r_target, r_first, r_isid, r_insn, counts, r_succ, r_taken, r_ret, r_lastk,
+        r_lastc,
+    ) = ct  # fmt: skip
+    n_runs = counts[C_RUNS]
+    n_rinsn = counts[C_RUN_INSNS]
+    if n_runs >= r_ip.shape[0] or n_rinsn + RUN_MAX > r_insn.shape[0]:
+        return -2
+    first = n_rinsn
+    at = ip
+    n = 0
+    isid = -1
+    kind = RUN_STOP
+    nxt = at
+    target = np.uint64(0)
+    while True:
+        k = hash_find(h_ip, h_mode, h_val, at, mode)
+        if k < 0:
+            counts[C_MISS_MODE] = mode
+            counts[C_MISS_IP] = np.int64(at)
+            return -1
+        if i_err[k] != 0 or i_flags[k] & I_TRUNCATED or i_special[k] == SPECIAL_JMPABS:
+            # The event path reports it (or ends its block there).
+            kind = RUN_FALL if n else RUN_STOP
+            nxt = at
+            break
+        if isid >= 0 and i_isid[k] != isid:
+            # Blocks do not span sections: a new run, so a new block, starts.
+            kind = RUN_FALL
+            nxt = at
+            break
+        isid = i_isid[k]
+        c = i_class[k]
+        if is_plain(c):
+            if n >= RUN_MAX:
+                kind = RUN_FALL
+                nxt = at
+                break
+            r_insn[n_rinsn + n] = k
+            n += 1
+            at = at + np.uint64(i_size[k])
+            continue
+        nxt = at + np.uint64(i_size[k])
+        target = i_target[k]
+        direct = i_flags[k] & I_DIRECT
+        if c == CLASS_COND:
+            kind = RUN_COND
+        elif c == CLASS_JUMP:
+            kind = RUN_JUMP if direct else RUN_IJUMP
+        elif c == CLASS_CALL:
+            if direct:
+                kind = RUN_JUMP if i_flags[k] & I_NO_PUSH else RUN_CALL
+            else:
+                kind = RUN_ICALL
+        elif c == CLASS_RETURN:
+            kind = RUN_RET
+        else:
+            kind = RUN_FALL if n else RUN_STOP
+            nxt = at
+            break
+        r_insn[n_rinsn + n] = k
+        n += 1
+        break
+    idx = n_runs
+    r_ip[idx] = ip
+    r_mode[idx] = mode
+    r_ninsn[idx] = n
+    r_kind[idx] = kind
+    r_next[idx] = nxt
+    r_target[idx] = target
+    r_first[idx] = first
+    r_isid[idx] = isid
+    r_succ[idx] = -1
+    r_taken[idx] = -1
+    r_ret[idx] = -1
+    if n:
+        last = r_insn[n_rinsn + n - 1]
+        r_lastk[idx] = last
+        r_lastc[idx] = i_class[last]
+    else:
+        r_lastk[idx] = -1
+        r_lastc[idx] = 0
+    counts[C_RUNS] = n_runs + 1
+    counts[C_RUN_INSNS] = n_rinsn + n
+    hash_put(r_hip, r_hmode, r_hval, ip, mode, idx)
+    return idx
+
+
+class CodeTable:
+    """The decoded code of one address space (an image), for the compiled
+    decoder.  ``tuple`` is what the compiled code takes; it is rebuilt when
+    the arrays grow, between decoder calls."""
+
+    def __init__(self, image, capacity: int = 1 << 12) -> None:
+        self.image = image
+        self.cache = InsnCache(image.read)
+        self._sections: dict[int, int] = {}
+        self._alloc_insns(capacity)
+        self._alloc_runs(capacity)
+        self.counts = np.zeros(8, np.int64)
+        self.texts: list[str] | None = None  # disassembly per instruction, when kept
+        self.generation = 0  # counts clear()s
+        self.index = 0  # the image's number in its decoding (see FlowDecoder)
+        self._refresh()
+
+    # -- storage ------------------------------------------------------------
+    def _alloc_insns(self, cap: int) -> None:
+        self.h_ip, self.h_mode, self.h_val = _new_hash(cap * 2)
+        self.i_ip = np.zeros(cap, np.uint64)
+        self.i_size = np.zeros(cap, np.uint8)
+        self.i_class = np.zeros(cap, np.uint8)
+        self.i_special = np.zeros(cap, np.uint8)
+        self.i_flags = np.zeros(cap, np.uint8)
+        self.i_target = np.zeros(cap, np.uint64)
+        self.i_isid = np.zeros(cap, np.int32)
+        self.i_err = np.zeros(cap, np.uint8)
+        self.i_raw = np.zeros((cap, 16), np.uint8)
+        self.i_mode = np.zeros(cap, np.uint8)
+        self.i_adopted = np.zeros(cap, np.uint8)  # not in the hash (see adopt)
+
+    def _alloc_runs(self, cap: int) -> None:
+        self.r_hip, self.r_hmode, self.r_hval = _new_hash(cap * 2)
+        self.r_ip = np.zeros(cap, np.uint64)
+        self.r_mode = np.zeros(cap, np.uint8)
+        self.r_ninsn = np.zeros(cap, np.int32)
+        self.r_kind = np.zeros(cap, np.uint8)
+        self.r_next = np.zeros(cap, np.uint64)
+        self.r_target = np.zeros(cap, np.uint64)
+        self.r_first = np.zeros(cap, np.int64)
+        self.r_isid = np.zeros(cap, np.int32)
+        self.r_insn = np.zeros(cap * 4 + RUN_MAX, np.int32)
+        # Where control goes next, as run indices, filled in as the decoder
+        # learns them (-1: not yet): the next run (fall-through, direct
+        # jump or call, branch not taken), the branch taken, and for a call
+        # the run it returns to.
+        self.r_succ = np.full(cap, -1, np.int32)
+        self.r_taken = np.full(cap, -1, np.int32)
+        self.r_ret = np.full(cap, -1, np.int32)
+        self.r_lastk = np.full(cap, -1, np.int32)  # the last instruction (index)
+        self.r_lastc = np.zeros(cap, np.uint8)  # and its class
+
+    def _refresh(self) -> None:
+        self.tuple = (
+            self.h_ip, self.h_mode, self.h_val, self.i_ip, self.i_size, self.i_class,
+            self.i_special, self.i_flags, self.i_target, self.i_isid, self.i_err, self.i_raw,
+            self.r_hip, self.r_hmode, self.r_hval, self.r_ip, self.r_mode, self.r_ninsn,
+            self.r_kind, self.r_next, self.r_target, self.r_first, self.r_isid, self.r_insn,
+            self.counts, self.r_succ, self.r_taken, self.r_ret, self.r_lastk, self.r_lastc,
+        )  # fmt: skip
+
+    @property
+    def n_insns(self) -> int:
+        return int(self.counts[C_INSNS])
+
+    def clear(self) -> None:
+        """Forget everything decoded (the image changed)."""
+        self.cache.clear()
+        self._sections.clear()
+        self._alloc_insns(self.i_ip.shape[0])
+        self._alloc_runs(self.r_ip.shape[0])
+        self.counts[:] = 0
+        self.generation += 1
+        if self.texts is not None:
+            self.texts = []
+        self._refresh()
+
+    def _grow_insns(self, need: int) -> None:
+        n = self.n_insns
+        cap = self.i_ip.shape[0]
+        if n + need <= cap:
+            return
+        new_cap = cap
+        while n + need > new_cap:
+            new_cap *= 2
+        old = {
+            name: getattr(self, name)
+            for name in ("i_ip", "i_size", "i_class", "i_special", "i_flags", "i_target",
+                         "i_isid", "i_err", "i_raw", "i_mode", "i_adopted")
+        }  # fmt: skip
+        self._alloc_insns(new_cap)
+        for name, arr in old.items():
+            getattr(self, name)[:n] = arr[:n]
+        _rehash(self.h_ip, self.h_mode, self.h_val, self.i_ip, self.i_mode, n, self.i_adopted)
+        self._refresh()
+
+    def grow_runs(self) -> None:
+        """Make room for more runs (the compiled decoder ran out)."""
+        n = int(self.counts[C_RUNS])
+        old = {
+            name: getattr(self, name)
+            for name in (
+                "r_ip", "r_mode", "r_ninsn", "r_kind", "r_next", "r_target", "r_first", "r_isid",
+                "r_succ", "r_taken", "r_ret", "r_lastk", "r_lastc",
+            )
+        }  # fmt: skip
+        old_insn = self.r_insn
+        self._alloc_runs(self.r_ip.shape[0] * 2)
+        for name, arr in old.items():
+            getattr(self, name)[:n] = arr[:n]
+        used = int(self.counts[C_RUN_INSNS])
+        self.r_insn[:used] = old_insn[:used]
+        _rehash(
+            self.r_hip, self.r_hmode, self.r_hval, self.r_ip, self.r_mode, n,
+            np.zeros(n, np.uint8),
+        )  # fmt: skip
+        self._refresh()
+
+    # -- decoding -----------------------------------------------------------
+    def section_id(self, ip: int) -> int:
+        """A small number naming the section that holds ``ip`` (blocks do not
+        span sections); 0 where nothing is mapped."""
+        section = self.image.find(ip)
+        if section is None:
+            return 0
+        key = id(section)
+        sid = self._sections.get(key)
+        if sid is None:
+            sid = self._sections[key] = len(self._sections) + 1
+        return sid
+
+    def _add(self, ip: int, mode: int) -> tuple[int, object]:
+        """Decode and add the instruction at ``(ip, mode)``; returns its index
+        and the decoded instruction (or the libipt error code)."""
+        known = int(_find(self.h_ip, self.h_mode, self.h_val, np.uint64(ip), mode))
+        if known >= 0:
+            return known, self.cache.get(ip, mode)
+        self._grow_insns(1)
+        got = self.cache.get(ip, mode)
+        i = self.n_insns
+        self.i_ip[i] = ip
+        self.i_mode[i] = mode
+        if isinstance(got, int):
+            self.i_err[i] = got
+            self.i_class[i] = 0
+        else:
+            self.i_size[i] = got.size
+            self.i_class[i] = int(got.iclass)
+            self.i_special[i] = int(got.special)
+            flags = 0
+            if got.is_direct:
+                flags |= I_DIRECT
+                self.i_target[i] = (got.next_ip + got.displacement) & _MASK64
+                if got.iclass == IClass.CALL and got.displacement == 0:
+                    flags |= I_NO_PUSH
+            if got.truncated:
+                flags |= I_TRUNCATED
+            self.i_flags[i] = flags
+            self.i_isid[i] = self.section_id(ip)
+            raw = got.raw[:16]
+            self.i_raw[i, : len(raw)] = np.frombuffer(raw, np.uint8)
+        hash_put(self.h_ip, self.h_mode, self.h_val, np.uint64(ip), mode, i)
+        self.counts[C_INSNS] = i + 1
+        if self.texts is not None:
+            self.texts.append("")
+        return i, got
+
+    def fill(self, ip: int, mode: int) -> None:
+        """Decode the straight-line code from ``(ip, mode)``: up to and
+        including the first instruction that may transfer control (or an
+        address without one)."""
+        at = ip
+        for _ in range(FILL_MAX):
+            _, got = self._add(at, mode)
+            if isinstance(got, int) or got.truncated:
+                return
+            if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
+                return
+            at = got.next_ip
+
+    _ROW = (
+        "i_ip", "i_size", "i_class", "i_special", "i_flags", "i_target", "i_isid", "i_err",
+        "i_raw", "i_mode",
+    )  # fmt: skip
+
+    def row(self, index: int) -> dict:
+        """Instruction ``index``'s entry (see :meth:`add_row`)."""
+        data = {name: getattr(self, name)[index].copy() for name in self._ROW}
+        data["text"] = self.texts[index] if self.texts else ""
+        return data
+
+    def add_row(self, data: dict) -> int:
+        """Add an entry taken from another table, unhashed (lookups by
+        address still see this table's own code), and return its index:
+        the decoder keeps the instructions it holds across a change of
+        image, as libipt's decoder keeps its last instruction."""
+        self._grow_insns(1)
+        i = self.n_insns
+        for name in self._ROW:
+            getattr(self, name)[i] = data[name]
+        self.i_adopted[i] = 1
+        self.counts[C_INSNS] = i + 1
+        if self.texts is not None:
+            self.texts.append(data["text"])
+        return i
+
+    def insn(self, index: int):
+        """The decoded instruction (iced-x86 classified) at table ``index``."""
+        return self.cache.get(int(self.i_ip[index]), int(self.i_mode[index]))
+
+
+@nb.njit(cache=True)
+def _find(h_ip, h_mode, h_val, ip, mode):
+    return hash_find(h_ip, h_mode, h_val, ip, mode)
+
+
+__all__ = [
+    "I_DIRECT",
+    "I_NO_PUSH",
+    "I_TRUNCATED",
+    "RUN_CALL",
+    "RUN_COND",
+    "RUN_FALL",
+    "RUN_ICALL",
+    "RUN_IJUMP",
+    "RUN_JUMP",
+    "RUN_MAX",
+    "RUN_RET",
+    "RUN_STOP",
+    "CodeTable",
+    "build_run",
+    "hash_find",
+]

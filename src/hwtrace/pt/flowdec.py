@@ -1,0 +1,492 @@
+"""The instruction-flow decoder: an Intel PT trace and its image in, the
+executed blocks and the events out, in compiled code.
+
+:class:`FlowDecoder` is the one decoder behind ``hwtrace ptxed``, the
+library's :func:`hwtrace.pt.decode.decode_trace` and the perf.data commands.
+It follows Intel's reference decoder (libipt's block decoder over its event
+decoder) to the letter; :mod:`hwtrace.pt.flow` and :mod:`hwtrace.pt.events`
+hold the same semantics in plain Python, as the tests' reference.
+
+Decoding goes segment by segment: a segment starts at a PSB and ends at the
+end of the trace or at an error, after which decoding looks for the next PSB
+(:attr:`FlowOptions.keep_going` chooses where: after the failing packet, as
+Intel's ptxed does, or at it, losing nothing).  With
+:attr:`FlowOptions.resync_on_error` an error does not end the segment: the
+decoder goes on at the next packet that tells where execution is, as
+ptxed's ``--resync-on-error``.
+
+Output comes in :class:`FlowBatch` es, handed to a sink as the decoder goes,
+so memory stays bounded whatever the trace's size.  A batch's arrays are
+reused for the next one: a sink copies what it keeps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _flowkernel as K
+from ._kernels import sync_forward as _sync_forward_kernel
+from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
+from .config import PtConfig
+from .errors import PtError
+from .events import Ev, Event, EventOptions
+from .flow import AddrFilter, BlockFlags
+from .kinds import DecodeError
+from .packets import as_buffer, decode_range, map_file, packet_errata, release
+from .timing import estimate_time, new_time_state
+
+_MASK64 = (1 << 64) - 1
+_ERRATA_BITS = {
+    "bdm70": K.ER_BDM70,
+    "bdm64": K.ER_BDM64,
+    "skd022": K.ER_SKD022,
+    "skd010": K.ER_SKD010,
+    "skl014": K.ER_SKL014,
+    "apl11": K.ER_APL11,
+    "apl12": K.ER_APL12,
+}
+
+# Error kinds of X_ERROR rows, as ptxed prints them.
+ERROR_KINDS = {K.ERR_DECODE: "error", K.ERR_SYNC: "sync error", K.ERR_RESYNC: "resync error"}
+
+
+@dataclass
+class FlowOptions:
+    """How to decode, beyond the PT configuration."""
+
+    flags: BlockFlags = field(default_factory=BlockFlags)
+    addr_filter: AddrFilter = field(default_factory=AddrFilter)
+    events: EventOptions = field(default_factory=EventOptions)
+    fast: bool = True  # walk plain flow a run of code at a time
+    resync_on_error: bool = False  # ptxed's --resync-on-error
+    keep_going: bool = False  # after an error, look for a PSB at the failure, not after it
+    empty_blocks: bool = True  # report blocks of no instruction (ptxed counts them)
+    count_only: bool = False  # plain flow is counted, not written as block rows
+
+
+@dataclass
+class FlowBatch:
+    """Part of a decoding's output, in flow order.
+
+    Block rows: ``ip``, ``ninsn``, ``flags`` (``NEW``: the first row of one
+    of libipt's blocks, ``SPECULATIVE``), ``mode``, ``offset`` (the trace
+    offset where the block's decoding began) and ``time`` (the decoder's
+    time stamp then).  Event rows: ``events`` (``EW`` words each, see
+    :mod:`hwtrace.pt._flowkernel`), their ``event_offset`` and
+    ``event_block``, the number of this batch's block rows before each.
+    ``table`` holds the code the blocks ran (``image`` its index among the
+    decoding's images).  ``n_insn`` and ``n_blocks`` count the instructions
+    and libipt's blocks the batch covers, ``n_virtual`` the block rows that
+    were only counted (:attr:`FlowOptions.count_only`); the event rows'
+    block numbers count those too.
+    """
+
+    ip: np.ndarray
+    ninsn: np.ndarray
+    flags: np.ndarray
+    mode: np.ndarray
+    offset: np.ndarray
+    time: np.ndarray
+    events: np.ndarray
+    event_offset: np.ndarray
+    event_block: np.ndarray
+    table: CodeTable
+    image: int
+    n_insn: int = 0
+    n_blocks: int = 0
+    n_virtual: int = 0
+
+    NEW = K.O_NEW
+    SPECULATIVE = K.O_SPEC
+
+
+class FlowSink:
+    """Receives batches (override :meth:`batch`).
+
+    :meth:`output` gives the arrays the decoder writes its next rows into
+    (see :func:`hwtrace.pt._flowkernel.new_output`); the default is one set
+    of buffers, reused after every batch.  A sink that keeps everything can
+    hand out views into its own growing columns instead, so rows are written
+    once, where they stay.
+    """
+
+    BLOCK_ROWS = 1 << 16
+    EVENT_ROWS = 1 << 14
+
+    def output(self) -> tuple:
+        out = getattr(self, "_out", None)
+        if out is None:
+            out = self._out = K.new_output(self.BLOCK_ROWS, self.EVENT_ROWS)
+        return out
+
+    def batch(self, batch: FlowBatch) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+# What to do at an event the decoder stopped at: return an image to decode
+# with from now on, or None to keep the current one.
+EventHook = Callable[[np.ndarray, int], object]
+
+
+def event_object(row: np.ndarray) -> Event:
+    """An :class:`~hwtrace.pt.events.Event` with the fields of an event row."""
+    t = int(row[K.E_TYPE])
+    ev = Event(Ev(t))
+    flags = int(row[K.E_FLAGS])
+    ev.ip_suppressed = bool(flags & K.F_SUPP)
+    ev.status_update = bool(flags & K.F_STATUS)
+    ev.has_tsc = bool(flags & K.F_HAS_TSC)
+    ev.resumed = bool(flags & K.F_RESUMED)
+    ev.ip = int(row[K.E_IP])
+    ev.at = int(row[K.E_AT])
+    ev.tsc = int(row[K.E_TSC])
+    p = [int(v) for v in row[K.E_P0 :]]
+    if t in (Ev.PAGING, Ev.ASYNC_PAGING):
+        ev.cr3, ev.non_root = p[0], p[1]
+    elif t in (Ev.VMCS, Ev.ASYNC_VMCS):
+        ev.base = p[0]
+    elif t == Ev.EXEC_MODE:
+        from .events import ExecMode
+
+        ev.mode = ExecMode(p[0])
+    elif t == Ev.TSX:
+        ev.speculative, ev.aborted = p[0], p[1]
+    elif t == Ev.MWAIT:
+        ev.hints, ev.ext = p[0], p[1]
+    elif t == Ev.PWRE:
+        ev.state, ev.sub_state, ev.hw = p[0], p[1], p[2]
+    elif t == Ev.PWRX:
+        ev.last, ev.deepest, ev.interrupt, ev.store, ev.autonomous = p[:5]
+    elif t in (Ev.PTWRITE, Ev.TNT):
+        ev.size, ev.payload = p[0], p[1]
+        ev.bits = p[1]
+    elif t == Ev.MNT:
+        ev.payload = p[1]
+    elif t == Ev.CBR:
+        ev.ratio = p[0]
+    elif t == Ev.IFLAGS:
+        ev.iflag = p[0]
+    elif t == Ev.INTERRUPT:
+        ev.vector, ev.has_cr2, ev.cr2 = p[0], p[1], p[2]
+    elif t in (Ev.SIPI, Ev.UINTR, Ev.SWINTR):
+        ev.vector = p[0]
+    elif t == Ev.VMEXIT:
+        ev.vector, ev.has_vector, ev.has_vmxq, ev.vmxq, ev.has_vmxr, ev.vmxr = p[:6]
+    elif t == Ev.TRIG:
+        ev.trbv, ev.mult, ev.icnt = p[0], p[1], p[2]
+    return ev
+
+
+@dataclass
+class _Window:
+    """Packets of one stretch of a segment, and the time model's state at
+    its start and at its limit (where the next window starts)."""
+
+    start: int
+    ext: int
+    limit: int
+    limit_index: int
+    packets: tuple
+    start_state: np.ndarray
+    limit_state: np.ndarray
+
+
+class FlowDecoder:
+    """Decodes traces against an image (see the module docstring).
+
+    ``on_event(row, offset)`` is called after each event ``stop_at`` names
+    (``"enabled"``: tracing enabled, how sideband follows context switches;
+    ``"all"``); it may return the image to decode with from then on.
+    """
+
+    # Packets decoded at a time: the memory a decoding needs is about 30
+    # bytes per trace byte of one window (a PSB period or two more).
+    window_bytes = 4 << 20
+
+    def __init__(
+        self,
+        image,
+        config: PtConfig | None = None,
+        options: FlowOptions | None = None,
+        *,
+        on_event: EventHook | None = None,
+        stop_at: str = "enabled",
+        images: list | None = None,
+    ) -> None:
+        self.config = config or PtConfig()
+        self.options = options or FlowOptions()
+        self.on_event = on_event
+        # The images used, numbered in order of first use (shared with other
+        # decoders of the same trace so the numbers agree).
+        self.images: list = images if images is not None else []
+        self._tables: dict[int, CodeTable] = {}
+        self.image = image
+        self.table = self._table_for(image)
+        self.state = K.new_state()
+        self.out: tuple = ()
+        self.cf = self._config_arrays(stop_at if on_event is not None else "none")
+
+    # -- set-up --------------------------------------------------------------
+    def _config_arrays(self, stop_at: str) -> tuple[np.ndarray, np.ndarray]:
+        opts = self.options
+        flags = opts.flags
+        errata = 0
+        for name, bit in _ERRATA_BITS.items():
+            if name in self.config.errata:
+                errata |= bit
+        cf = np.zeros(K.NCF, np.int64)
+        cf[K.CF_FAST] = (
+            opts.fast
+            and not flags.tick_events
+            and not flags.end_on_call
+            and not flags.end_on_jump
+            and not errata & K.ER_BDM64
+        )
+        cf[K.CF_TICK] = flags.tick_events
+        cf[K.CF_END_ON_CALL] = flags.end_on_call
+        cf[K.CF_END_ON_JUMP] = flags.end_on_jump
+        cf[K.CF_IFLAGS] = opts.events.iflags
+        cf[K.CF_RESYNC] = opts.resync_on_error
+        cf[K.CF_KEEP_GOING] = opts.keep_going
+        cf[K.CF_DROP_EMPTY] = not opts.empty_blocks
+        cf[K.CF_COUNT] = opts.count_only
+        cf[K.CF_STOP_EVENTS] = {"none": K.STOP_NONE, "enabled": K.STOP_ENABLED, "all": K.STOP_ALL}[
+            stop_at
+        ]
+        cf[K.CF_ERRATA] = errata
+        ranges = opts.addr_filter.ranges
+        cf[K.CF_NFILTER] = len(ranges)
+        cfu = np.zeros(max(3 * len(ranges), 3), np.uint64)
+        for i, (cfg, a, b) in enumerate(ranges):
+            cfu[3 * i : 3 * i + 3] = (cfg & _MASK64, a & _MASK64, b & _MASK64)
+        return cf, cfu
+
+    def _image_index(self, image) -> int:
+        for i, known in enumerate(self.images):
+            if known is image:
+                return i
+        self.images.append(image)
+        return len(self.images) - 1
+
+    def _table_for(self, image) -> CodeTable:
+        table = self._tables.get(id(image))
+        if table is None:
+            table = self._tables[id(image)] = CodeTable(image)
+        table.index = self._image_index(image)
+        return table
+
+    @property
+    def tables(self) -> list[CodeTable]:
+        """The code tables of every image decoded so far."""
+        return list(self._tables.values())
+
+    def use_table(self, table: CodeTable) -> None:
+        """Decode with ``table`` from now on (a sideband context's own)."""
+        if table is not self.table:
+            table.index = self._image_index(table.image)
+            self.table = table
+            self.image = table.image
+
+    def switch_image(self, image) -> None:
+        """Decode with ``image`` from now on."""
+        if image is not None and image is not self.image:
+            self.use_table(self._table_for(image))
+
+    def _held(self) -> list[tuple[int, dict]]:
+        """The instructions the decoder holds (the one whose event is
+        pending, the last block's last), to keep across a change of code."""
+        SI = self.state[0]
+        held = []
+        for slot, live in (
+            (K.BS_INSN, SI[K.BS_PROC]),
+            (K.CB_LAST, SI[K.CB_LAST] >= 0 and SI[K.CB_NINSN] > 0),
+            (K.BS_LAST, SI[K.BS_LAST] >= 0),
+        ):
+            if live:
+                held.append((slot, self.table.row(int(SI[slot]))))
+        return held
+
+    # -- decoding --------------------------------------------------------------
+    def decode(self, data, sink: FlowSink, start: int = 0, end: int | None = None) -> None:
+        """Decode ``data[start:end]`` (bytes, a numpy buffer or a file path),
+        handing batches to ``sink``."""
+        buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
+        end = buf.shape[0] if end is None else min(end, buf.shape[0])
+        self.out = sink.output()
+        pos, last_sync, sync_progress = start, -1, -1
+        while pos < end:
+            first = pos + 16 if pos == last_sync else pos
+            off = int(_sync_forward_kernel(buf, first, start, end)) if first < end else -1
+            if off < 0:
+                break
+            last_sync = off
+            code, nxt, synced = self._segment(buf, off, end, sink)
+            if code == K.E_EOS:
+                break
+            if not synced:
+                if nxt <= sync_progress:
+                    break
+                sync_progress = nxt
+            pos = nxt
+
+    def _reset(self) -> None:
+        for arr in self.state:
+            arr[...] = 0
+        self.state[14][:] = -1  # no run known for any return address
+
+    def _psb_plus_end(self, buf: np.ndarray, psb: int, end: int) -> int:
+        """The offset just after the PSBEND of the PSB+ at ``psb`` (``end``
+        when there is none)."""
+        span = 4096
+        while True:
+            stop = min(end, psb + span)
+            table = decode_range(buf, psb, stop, resync=False)
+            hit = np.flatnonzero(table.kind == K.K_PSBEND)
+            if len(hit):
+                i = int(hit[0])
+                return int(table.offset[i] + table.size[i])
+            if stop >= end or len(table.err_code):
+                return end
+            span *= 4
+
+    def _extent(self, buf: np.ndarray, after: int, end: int) -> int:
+        """Where a window reaching past ``after`` ends: after the PSB+ of
+        the first PSB at or after it (lookahead never reads further)."""
+        psb = int(_sync_forward_kernel(buf, after, 0, end)) if after < end else -1
+        return end if psb < 0 else self._psb_plus_end(buf, psb, end)
+
+    def _open(self, buf: np.ndarray, ws: int, end: int, tstate: np.ndarray, grow: int = -1):
+        """The window of packets from ``ws``: up to a PSB ``window_bytes``
+        on (its limit, where the next window starts), and on through the
+        PSB+ after that one, which is as far as decoding ahead of the
+        limit may read.  ``grow``: make it reach past that offset."""
+        target = ws + self.window_bytes
+        limit = int(_sync_forward_kernel(buf, target, ws, end)) if target < end else -1
+        if limit < 0:
+            ext = end
+        else:
+            ext = self._extent(buf, limit + 1, end)
+        if grow >= 0 and ext <= grow:
+            ext = self._extent(buf, grow, end)
+            if ext <= grow:
+                ext = end
+        table = decode_range(buf, ws, ext, resync=False, errata=packet_errata(self.config))
+        n = len(table)
+        limit_index = -1
+        if limit >= 0:
+            idx = int(np.searchsorted(table.offset, limit))
+            if idx < n and int(table.offset[idx]) == limit:
+                limit_index = idx
+        if len(table.err_code):
+            end_error = {
+                int(DecodeError.BAD_OPCODE): PtError.BAD_OPC,
+                int(DecodeError.BAD_PACKET): PtError.BAD_PACKET,
+            }.get(int(table.err_code[0]), PtError.EOS)
+        else:
+            end_error = PtError.EOS if ext >= end else K.ABORT_WINDOW
+        saved = new_time_state()
+        times = estimate_time(
+            table,
+            self.config,
+            keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf,
+            state=tstate.copy(),
+            save_at=limit_index,
+            saved=saved,
+        )
+        SI, SU = self.state[0], self.state[1]
+        SI[K.W_N] = n
+        SI[K.W_END_ERR] = int(end_error)
+        SI[K.W_LIMIT] = limit_index
+        SU[K.W_END_OFFSET] = int(table.offset[-1] + table.size[-1]) if n else ws
+        pk = (
+            table.kind, table.a, table.b, table.c, table.offset, table.size,
+            times.tsc, times.have_tsc,
+        )  # fmt: skip
+        return _Window(ws, ext, limit, limit_index, pk, tstate, saved)
+
+    def _segment(self, buf: np.ndarray, off: int, end: int, sink: FlowSink):
+        """Decode the segment starting at the PSB at ``off``: returns
+        ``(code, next offset, synced)`` with the error that ended it (EOS at
+        the end of the trace) and whether the PSB+ could be read."""
+        self._reset()
+        SI, SU = self.state[0], self.state[1]
+        SI[K.DR_PHASE] = K.PH_START
+        SI[K.DR_SYNC] = off
+        SI[K.CB_LAST] = -1
+        SI[K.BS_LAST] = -1
+        win = self._open(buf, off, end, new_time_state())
+        while True:
+            r = K.run(self.state, win.packets, self.cf, self.table.tuple, self.out)
+            if r == K.R_MISS:
+                counts = self.table.counts
+                self.table.fill(int(counts[C_MISS_IP]) & _MASK64, int(counts[C_MISS_MODE]))
+            elif r == K.R_GROW:
+                self.table.grow_runs()
+            elif r == K.R_FULL:
+                self._flush(sink)
+            elif r == K.R_EVENT:
+                self._flush(sink)
+                self._event(win.packets)
+            elif r == K.R_MORE:
+                # Go on in the next window, which starts at this one's limit.
+                shift = win.limit_index
+                release(buf, win.start, win.limit)
+                win = self._open(buf, win.limit, end, win.limit_state)
+                SI[K.ES_POS] -= shift
+            elif r == K.R_WINDOW:
+                # A step read past the window: the same window, reaching further.
+                win = self._open(buf, win.start, end, win.start_state, grow=win.ext)
+            else:  # R_DONE
+                self._flush(sink)
+                synced = not SI[K.DR_SYNC_FAILED]
+                return int(SI[K.DR_END]), int(SU[K.DR_NEXT]), synced
+
+    def _event(self, pk) -> None:
+        if self.on_event is None:
+            return
+        row = self.state[13].copy()
+        SI, SU = self.state[0], self.state[1]
+        pos = int(SI[K.ES_POS])
+        offset = int(pk[4][pos]) if pos < int(SI[K.W_N]) else int(SU[K.W_END_OFFSET])
+        held = self._held()
+        before, generation = self.table, self.table.generation
+        image = self.on_event(row, offset)
+        if image is not None:
+            self.switch_image(image)
+        if self.table is not before or self.table.generation != generation:
+            for slot, data in held:
+                SI[slot] = self.table.add_row(data)
+            self.state[14][:] = -1  # run indices are the old table's
+
+    def _flush(self, sink: FlowSink) -> None:
+        SI = self.state[0]
+        nb_, ne = int(SI[K.O_NBLK]), int(SI[K.O_NEV])
+        n_insn, n_blocks, n_virtual = int(SI[K.O_NINSN]), int(SI[K.O_NBLOCKS]), int(SI[K.O_VBLK])
+        if not (nb_ or ne or n_insn or n_blocks or n_virtual):
+            return
+        o = self.out
+        sink.batch(
+            FlowBatch(
+                o[0][:nb_], o[1][:nb_], o[2][:nb_], o[3][:nb_], o[4][:nb_], o[5][:nb_],
+                o[6][:ne], o[7][:ne], o[8][:ne], self.table, self.table.index,
+                n_insn, n_blocks, n_virtual,
+            )
+        )  # fmt: skip
+        for slot in (K.O_NBLK, K.O_NEV, K.O_NINSN, K.O_NBLOCKS, K.O_VBLK):
+            SI[slot] = 0
+        self.out = sink.output()
+
+
+__all__ = [
+    "ERROR_KINDS",
+    "EventHook",
+    "FlowBatch",
+    "FlowDecoder",
+    "FlowOptions",
+    "FlowSink",
+    "event_object",
+]
