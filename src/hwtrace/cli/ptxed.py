@@ -90,7 +90,10 @@ class Options:
     stat_flags: set[str] = field(default_factory=set)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], stdout=None, *, reference: bool = False) -> int:
+    """Run ptxed with ``argv``; text goes to ``stdout`` (a binary stream,
+    default standard output).  ``reference`` decodes with the interpreted
+    reference decoders instead of the compiled one (for tests)."""
     from ..image import Image, ImageError, parse_elf_spec
     from ..pt.config import Cpu, PtConfig
     from ..pt.flow import AddrFilter, BlockFlags
@@ -228,8 +231,6 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"{PROG}: {exc}.\n")
         return 1
 
-    if cpu_error:
-        sys.stdout.write(f"[0, 0: config error: {cpu_error}]\n")
     from .common import load_trace
 
     trace = load_trace(PROG, ptfile)
@@ -237,14 +238,17 @@ def main(argv: list[str]) -> int:
         return 1
     _, buf = trace
     addr_filter = AddrFilter([tuple(filters[n]) for n in sorted(filters)])
-    out = _Printer(opts)
+    out = _Printer(stdout)
+    if cpu_error:
+        out.line(f"[0, 0: config error: {cpu_error}]")
     sideband = None
     if sb.active:
         sideband = _start_sideband(sb, out)
         if sideband is None:
             return 1
+    run = decode_reference if reference else decode
     try:
-        decode(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband)
+        run(buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -282,25 +286,30 @@ def _sideband_notes(session) -> None:
 
 
 class _Printer:
-    def __init__(self, opts: Options) -> None:
-        self.opts = opts
-        self.lines: list[str] = []
-        self.formatter = None
-        if not opts.no_inst:
-            from ..isa.x86 import Formatter
+    """ptxed's standard output: text lines from Python and byte buffers from
+    the compiled formatter, in order."""
 
-            self.formatter = Formatter(att=opts.att)
+    def __init__(self, stream=None) -> None:
+        self.lines: list[str] = []
+        self.stream = stream if stream is not None else sys.stdout.buffer
 
     def line(self, text: str) -> None:
         self.lines.append(text)
         if len(self.lines) >= 4096:
-            self.flush()
+            self._lines_out()
+
+    def write(self, data) -> None:
+        self._lines_out()
+        self.stream.write(data)
+
+    def _lines_out(self) -> None:
+        if self.lines:
+            self.stream.write(("\n".join(self.lines) + "\n").encode())
+            self.lines.clear()
 
     def flush(self) -> None:
-        if self.lines:
-            sys.stdout.write("\n".join(self.lines) + "\n")
-            self.lines.clear()
-        sys.stdout.flush()
+        self._lines_out()
+        self.stream.flush()
 
 
 def _event_text(ev, opts: Options, offset: int) -> str:
@@ -423,7 +432,71 @@ def _event_text(ev, opts: Options, offset: int) -> str:
 def decode(
     buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband=None
 ) -> None:
-    from ..isa.x86 import InsnCache
+    """Decode with the compiled flow decoder and print as Intel's ptxed."""
+    from ..pt.events import EventOptions
+    from ..pt.flowdec import FlowDecoder, FlowOptions
+    from ..pt.ptxed import PtxedStyle, PtxedWriter
+
+    options = FlowOptions(
+        flags=flags,
+        addr_filter=addr_filter,
+        events=EventOptions(iflags=iflags, keep_tcal_on_ovf=keep_tcal),
+        resync_on_error=opts.resync_on_error,
+        count_only=opts.quiet,
+    )
+    style = PtxedStyle(
+        quiet=opts.quiet,
+        no_inst=opts.no_inst,
+        offset=opts.print_offset,
+        time=opts.print_time,
+        raw_insn=opts.raw_insn,
+        event_time=opts.event_time,
+        event_ip=opts.event_ip,
+        show_blocks=opts.show_blocks,
+        stats=opts.stats,
+    )
+    writer = PtxedWriter(style, out.write, att=opts.att)
+    hook = None
+    if sideband is not None:
+        from ..pt.codetable import CodeTable
+        from ..pt.flowdec import event_object
+
+        session, sb_flags = sideband
+
+        def hook(row, offset: int) -> None:
+            # Records due by the event's time are printed and applied; the
+            # image may change (a context switch, or sections mapped into it).
+            ctx = session.event(event_object(row), sb_flags, out.line)
+            if session.notes:
+                _sideband_notes(session)
+            if ctx is not None:
+                if ctx.cache is None:
+                    ctx.cache = CodeTable(ctx.image)
+                dec.use_table(ctx.cache)
+
+    dec = FlowDecoder(image, config, options, on_event=hook, stop_at="all")
+    dec.decode(buf, writer)
+    _print_stats(opts, writer.n_insn, writer.n_blocks, out)
+
+
+def _print_stats(opts: Options, n_insn: int, n_blocks: int, out: _Printer) -> None:
+    if opts.stats:
+        default = {"insn"} if opts.insn_decoder else {"insn", "blocks"}
+        wanted = opts.stat_flags or default
+        if "insn" in wanted:
+            out.line(f"insn: {n_insn}.")
+        if "blocks" in wanted:
+            out.line(f"blocks:\t{n_blocks}.")
+
+
+def decode_reference(
+    buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband=None
+) -> None:
+    """The reference path: Intel's decoders as plain Python (the tests'
+    oracle for :func:`decode`)."""
+    from ..isa.x86 import Formatter, InsnCache
+
+    formatter = None if opts.no_inst else Formatter(att=opts.att)
     from ..pt.errors import PtError, errstr
     from ..pt.events import DecodeFailure, EventDecoder, EventOptions
     from ..pt.flow import EOS, EVENT_PENDING, IP_SUPPRESSED, Block, BlockDecoder
@@ -500,7 +573,7 @@ def decode(
             # Counted and shown even when decoding it failed part way.
             stats_insn += block.ninsn
             stats_blocks += 1
-            _print_block(block, opts, out, offset, time, stats_blocks)
+            _print_block(block, opts, out, offset, time, stats_blocks, formatter)
 
     def resync_block() -> int:
         while True:
@@ -570,16 +643,12 @@ def decode(
                 break
         pos = evdec.next_position()
 
-    if opts.stats:
-        default = {"insn"} if opts.insn_decoder else {"insn", "blocks"}
-        wanted = opts.stat_flags or default
-        if "insn" in wanted:
-            out.line(f"insn: {stats_insn}.")
-        if "blocks" in wanted:
-            out.line(f"blocks:\t{stats_blocks}.")
+    _print_stats(opts, stats_insn, stats_blocks, out)
 
 
-def _print_block(block, opts: Options, out: _Printer, offset: int, time: int, count: int) -> None:
+def _print_block(
+    block, opts: Options, out: _Printer, offset: int, time: int, count: int, formatter
+) -> None:
     if opts.quiet:
         return
     if opts.show_blocks:
@@ -593,8 +662,8 @@ def _print_block(block, opts: Options, out: _Printer, offset: int, time: int, co
         if block.speculative:
             text += "? "
         text += f"{insn.ip:016x}"
-        if out.formatter is not None:
+        if formatter is not None:
             if opts.raw_insn:
                 text += "".join(f" {b:02x}" for b in insn.raw) + "   " * (15 - len(insn.raw))
-            text += "  " + out.formatter.format(insn)
+            text += "  " + formatter.format(insn)
         out.line(text)

@@ -1,0 +1,221 @@
+"""``hwtrace ptxed``'s compiled decoder and formatter against the reference.
+
+The reference is Intel's decoders as plain Python (:mod:`hwtrace.pt.events`,
+:mod:`hwtrace.pt.flow`) printed line by line in Python; Intel's conformance
+suite holds that one to Intel's ptxed.  Here the compiled path must print
+exactly the same bytes, under every output option, on
+
+* every conformance trace (core and perf_event sideband suites),
+* traces of real compiled programs (the ground-truth corpus: gcc-built
+  functions run under unicorn, encoded with randomized settings, including
+  interrupts and tracing switched off and on), and
+* mutated conformance traces (the fuzz corpus: errors, resynchronisation,
+  garbage between packets),
+
+and again when the compiled decoder reads its packets a PSB period at a
+time, as it streams large traces.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import random
+import shutil
+
+import groundtruth as gt
+import numpy as np
+import pytest
+from conftest import CONFORMANCE
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hwtrace.cli import ptxed
+from hwtrace.pt.flowdec import FlowDecoder
+
+OPTION_SETS = [
+    [],
+    ["--time", "--offset"],
+    ["--event:time", "--event:ip"],
+    ["--block:show-blocks", "--stat"],
+    ["--resync-on-error", "--event:ip"],
+    ["--insn-decoder", "--stat"],
+    ["--block:end-on-call", "--block:show-blocks"],
+    ["--block:end-on-jump", "--event:tick", "--time"],
+    ["--event:iflags", "--event:ip"],
+    ["--quiet", "--stat"],
+    ["INST"],
+    ["INST", "--att", "--raw-insn", "--offset"],
+    ["INST", "--block:show-blocks", "--stat", "--time"],
+]
+
+
+def _runner():
+    path = CONFORMANCE / "run.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("conformance_run", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+RUN = _runner()
+MANIFEST = (
+    json.loads((CONFORMANCE / "manifest.json").read_text())["cases"] if RUN is not None else []
+)
+PTXED_CASES = [c for c in MANIFEST if "ptxed" in c]
+
+
+def ptxed_output(argv: list[str], reference: bool) -> bytes:
+    buf = io.BytesIO()
+    assert ptxed.main(argv, buf, reference=reference) == 0
+    return buf.getvalue()
+
+
+def with_options(argv: list[str], extra: list[str]) -> list[str]:
+    if "INST" in extra:
+        argv = [a for a in argv if a != "--no-inst"]
+        extra = [e for e in extra if e != "INST"]
+    i = argv.index("--pt")
+    return argv[:i] + extra + argv[i:]
+
+
+def assert_same(argv: list[str], tiny_windows: bool = False) -> None:
+    """Compiled and reference output are the same bytes; with
+    ``tiny_windows`` the compiled decoder also reads its packets one PSB
+    period at a time (every window edge carried over exactly)."""
+    want = ptxed_output(argv, reference=True)
+    got = ptxed_output(argv, reference=False)
+    if got == want and tiny_windows:
+        saved = FlowDecoder.window_bytes
+        FlowDecoder.window_bytes = 1
+        try:
+            got = ptxed_output(argv, reference=False)
+        finally:
+            FlowDecoder.window_bytes = saved
+    if got != want:
+        a, b = want.decode().splitlines(), got.decode().splitlines()
+        at = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        raise AssertionError(
+            f"{' '.join(argv)}: line {at}: reference {a[at : at + 3]} compiled {b[at : at + 3]}"
+        )
+
+
+@pytest.mark.skipif(RUN is None, reason=f"conformance suite not found at {CONFORMANCE}")
+@pytest.mark.parametrize("case", PTXED_CASES, ids=[c["name"] for c in PTXED_CASES])
+def test_conformance_inputs(case, tmp_path, monkeypatch):
+    for f in [case["pt"], case["bin"]] + [s["file"] for s in case["sideband"]]:
+        shutil.copy(CONFORMANCE / "cases" / f, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = next(iter(RUN.command_lines(case, "ptxed", ["ptxed"])))[1:]
+    for extra in OPTION_SETS:
+        assert_same(with_options(argv, extra), tiny_windows=True)
+
+
+# -- the fuzz corpus -----------------------------------------------------------
+
+CORE = [c for c in PTXED_CASES if c["suite"] == "core"]
+
+
+@pytest.mark.skipif(not CORE, reason=f"conformance suite not found at {CONFORMANCE}")
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=st.sampled_from(CORE or [None]),
+    flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=6),
+    options=st.sampled_from(OPTION_SETS),
+)
+def test_mutated_traces(tmp_path_factory, case, flips, options):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    data = bytearray((CONFORMANCE / "cases" / case["pt"]).read_bytes())
+    for pos, value in flips:
+        if data:
+            data[pos % len(data)] = value
+    (tmp / "t.pt").write_bytes(bytes(data))
+    shutil.copy(CONFORMANCE / "cases" / case["bin"], tmp / "t.bin")
+    argv = ["--raw", f"{tmp / 't.bin'}:{case['org']}", "--no-inst", "--pt", str(tmp / "t.pt")]
+    assert_same(with_options(argv, options), tiny_windows=True)
+
+
+# -- the ground-truth corpus ---------------------------------------------------
+
+
+@pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(gt.CASES)),
+    opt=st.sampled_from(gt.OPT_LEVELS),
+    seed=st.integers(0, 2**32 - 1),
+    options=st.sampled_from(OPTION_SETS),
+    settings_=st.fixed_dictionaries(
+        {
+            "ret_compression": st.booleans(),
+            "long_tnt": st.booleans(),
+            "defer_tips": st.booleans(),
+            "psb_period": st.sampled_from([0, 28, 72, 200, 1000]),
+        }
+    ),
+)
+def test_real_programs(tmp_path_factory, name, opt, seed, options, settings_):
+    from hwtrace.image import Image
+    from hwtrace.pt.encode import encode_path
+
+    run = gt.case(name, opt)
+    image = Image()
+    image.add_elf(run.elf, run.load_address)
+    rnd = random.Random(seed)
+    ips = run.ips
+    # One interrupt and one stretch with tracing off, as in a real recording.
+    k = rnd.randint(1, len(ips) - 2)
+    j = rnd.randint(0, len(ips) - 2)
+    ips = np.concatenate([ips[:k], ips[j:]])
+    p = rnd.randint(k + 2, len(ips) - 1) if k + 2 < len(ips) - 1 else None
+    trace_off = [(p, min(len(ips), p + rnd.randint(1, 300)))] if p is not None else []
+    enc = encode_path(
+        ips,
+        image,
+        end_ip=run.end_ip,
+        interrupts=[(k, int(run.ips[k]))],
+        trace_off=trace_off,
+        tsc=rnd.randint(0, 1 << 40),
+        mtc_freq=3,
+        cyc=rnd.random() < 0.5,
+        cycles=np.array([rnd.randint(1, 9) for _ in range(len(ips))]),
+        **settings_,
+    )
+    tmp = tmp_path_factory.mktemp("gt")
+    pt = tmp / "t.pt"
+    pt.write_bytes(enc.data)
+    elf = str(run.elf) if run.load_address is None else f"{run.elf}:{run.load_address:#x}"
+    cfg = enc.config
+    argv = ["--elf", elf, "--no-inst"]
+    argv += ["--mtc-freq", str(cfg.mtc_freq), "--nom-freq", str(cfg.nom_freq)]
+    argv += [
+        "--cpuid-0x15.eax",
+        str(cfg.cpuid_0x15_eax),
+        "--cpuid-0x15.ebx",
+        str(cfg.cpuid_0x15_ebx),
+    ]
+    argv += ["--pt", str(pt)]
+    assert_same(with_options(argv, options), tiny_windows=True)
+
+
+def test_compiled_output_is_ptxed_text_on_a_real_program(tmp_path):
+    """Not only equal to the reference: the right instructions, in order."""
+    if gt.skip_reason is not None:
+        pytest.skip(str(gt.skip_reason))
+    from hwtrace.image import Image
+    from hwtrace.pt.encode import encode_path
+
+    run = gt.case(sorted(gt.CASES)[0], gt.OPT_LEVELS[0])
+    image = Image()
+    image.add_elf(run.elf, run.load_address)
+    enc = encode_path(run.ips, image, end_ip=run.end_ip)
+    (tmp_path / "t.pt").write_bytes(enc.data)
+    elf = str(run.elf) if run.load_address is None else f"{run.elf}:{run.load_address:#x}"
+    out = ptxed_output(["--elf", elf, "--no-inst", "--pt", str(tmp_path / "t.pt")], False)
+    lines = [x for x in out.decode().splitlines() if not x.startswith("[")]
+    assert [int(x, 16) for x in lines] == [int(x) for x in enc.expected]
