@@ -5,11 +5,8 @@ the executed basic blocks as numpy columns (start IP, instruction count,
 time, trace offset), the events, and every gap where decoding failed.  A
 trace is cut at PSB boundaries into chunks that decode independently: in
 order for :func:`iter_flow` (bounded memory, any trace size) or on several
-threads for :func:`decode_trace` with ``jobs``.
-
-Each chunk is decoded by :class:`SegmentWalker`: Intel's reference semantics
-(:mod:`hwtrace.pt.events`, :mod:`hwtrace.pt.flow`) for everything that is
-not plain flow, the compiled walk (:mod:`hwtrace.pt._walk`) for the rest.
+threads for :func:`decode_trace` with ``jobs``.  Each chunk is decoded by
+the compiled :class:`~hwtrace.pt.flowdec.FlowDecoder`.
 
 Why a chunk also reads the next chunk's PSB+: the PSB+ says where execution
 was when it was written (its FUP), which may be in the middle of a block.
@@ -20,7 +17,6 @@ the next chunk, which starts there, neither repeats nor misses instructions.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,21 +25,22 @@ import numba as nb
 import numpy as np
 
 from ..image.symbols import SymbolTable
-from ..isa.x86 import IClass, InsnCache, Special
-from . import _walk as W
-from ._kernels import sync_forward as _sync_forward_kernel
+from ..isa.x86 import IClass, Special
+from . import _flowkernel as K
+from .codetable import I_DIRECT, CodeTable
 from .config import PtConfig
-from .errors import PtError, errstr
-from .events import DecodeFailure, Ev, Event, EventDecoder, EventOptions
-from .flow import EOS, EVENT_PENDING, AddrFilter, Block, BlockDecoder, BlockFlags
-from .kinds import DecodeError, Kind
-from .packets import as_buffer, decode_range, map_file, packet_errata
+from .errors import errstr
+from .events import Event, EventOptions
+from .flow import AddrFilter, BlockFlags
+from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSink, event_object
+from .kinds import Kind
+from .packets import as_buffer, decode_range, map_file
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
 # None when the trace has no time there; returns None to keep the image.
 Context = Callable[[int | None, int], object]
 
-_MAX_TABLE_BLOCK = 4096  # instructions in one table block
+_EMPTY_EVENTS = np.zeros((0, K.EW), np.uint64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +72,6 @@ class FlowResult:
     block_time: np.ndarray
     block_offset: np.ndarray
     block_mode: np.ndarray | None = None  # 16, 32 or 64 (None: all 64)
-    events: list[tuple[int, Event]] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
     # Per code key (execution mode, plus 256 times the image's index in
     # ``images`` when a context switched images): sorted instruction
@@ -89,6 +85,23 @@ class FlowResult:
     # in the first); set when a decoding context switched images.
     block_image: np.ndarray | None = None
     images: list = field(default_factory=list)
+    # The events: rows as the decoder writes them (see
+    # hwtrace.pt._flowkernel), their trace offsets, and the number of blocks
+    # before each.
+    event_rows: np.ndarray = field(default_factory=lambda: _EMPTY_EVENTS)
+    event_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    event_block: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def events(self) -> list[tuple[int, Event]]:
+        """The events as ``(trace offset, Event)``; ``Event.block`` places
+        each in the flow (see :meth:`event_columns` for columns)."""
+        out = []
+        for row, off, blk in zip(self.event_rows, self.event_offset, self.event_block, strict=True):
+            ev = event_object(row)
+            ev.block = int(blk)
+            out.append((int(off), ev))
+        return out
 
     @property
     def n_insn(self) -> int:
@@ -134,14 +147,16 @@ class FlowResult:
         """The events as columns: ``type`` (:class:`Ev`), ``ip`` (0 when
         suppressed), ``time``, ``offset`` and ``block``, the index of the first
         block after the event, which places it in the instruction flow."""
-        evs = self.events
-        n = len(evs)
+        rows = self.event_rows
+        flags = rows[:, K.E_FLAGS]
+        supp = (flags & K.F_SUPP) != 0
+        has_tsc = (flags & K.F_HAS_TSC) != 0
         return {
-            "type": np.fromiter((int(e.type) for _, e in evs), np.uint8, n),
-            "ip": np.fromiter((0 if e.ip_suppressed else e.ip for _, e in evs), np.uint64, n),
-            "time": np.fromiter((e.tsc if e.has_tsc else 0 for _, e in evs), np.uint64, n),
-            "offset": np.fromiter((o for o, _ in evs), np.int64, n),
-            "block": np.fromiter((e.block for _, e in evs), np.int64, n),
+            "type": rows[:, K.E_TYPE].astype(np.uint8),
+            "ip": np.where(supp, np.uint64(0), rows[:, K.E_IP]),
+            "time": np.where(has_tsc, rows[:, K.E_TSC], np.uint64(0)),
+            "offset": self.event_offset.copy(),
+            "block": self.event_block.copy(),
         }
 
     def instruction_times(self) -> np.ndarray:
@@ -205,167 +220,8 @@ def _expand(bip, bn, btable, tstart, tend, keys_all, succ_all, out):
     return -1
 
 
-def _successors(
-    caches: list[InsnCache] | list[tuple[int, InsnCache]],
-) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Where each decoded instruction goes when it needs no trace, per code
-    key (mode + 256 * image index; caches given alone are image 0)."""
-    tables: dict[int, dict[int, int]] = {}
-    for entry in caches:
-        space, cache = entry if isinstance(entry, tuple) else (0, entry)
-        for (ip, mode), insn in cache._cache.items():
-            if isinstance(insn, int):
-                continue
-            nxt = insn.next_ip
-            if insn.is_direct and insn.iclass in (IClass.JUMP, IClass.CALL):
-                nxt = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF
-            tables.setdefault(mode + (space << 8), {})[ip] = nxt
-    out = {}
-    for mode, table in tables.items():
-        keys = np.fromiter(table.keys(), np.uint64, len(table))
-        vals = np.fromiter(table.values(), np.uint64, len(table))
-        order = np.argsort(keys)
-        out[mode] = (keys[order], vals[order])
-    return out
-
-
 # --------------------------------------------------------------------------
-# The block table: basic blocks for the compiled walk, built from the cache.
-
-_PLAIN = (IClass.OTHER, IClass.PTWRITE)
-
-
-class CodeTables:
-    """One address space's decoded code: instructions and table blocks."""
-
-    def __init__(self, read) -> None:
-        self.cache = InsnCache(read)
-        self.tables: dict[int, W.BlockTable] = {}
-
-    def table(self, mode: int) -> W.BlockTable:
-        t = self.tables.get(mode)
-        if t is None:
-            t = self.tables[mode] = W.BlockTable()
-        return t
-
-    def build(self, ip: int, mode: int) -> None:
-        """Add the table block starting at ``ip``."""
-        table = self.table(mode)
-        ips: list[int] = []
-        at = ip
-        while True:
-            insn = self.cache.get(at, mode)
-            stop = isinstance(insn, int) or insn.truncated or insn.special == Special.JMPABS
-            if not stop and insn.iclass in _PLAIN and len(ips) < _MAX_TABLE_BLOCK:
-                ips.append(at)
-                at = insn.next_ip
-                continue
-            if stop or len(ips) >= _MAX_TABLE_BLOCK:
-                table.add(ip, W.BK_STOP if not ips else W.BK_FALL, at, 0, ips)
-                return
-            break
-        c = insn.iclass
-        nxt = insn.next_ip
-        target = (nxt + insn.displacement) & 0xFFFFFFFFFFFFFFFF if insn.is_direct else 0
-        if c == IClass.COND_JUMP:
-            kind = W.BK_COND
-        elif c == IClass.JUMP:
-            kind = W.BK_JUMP if insn.is_direct else W.BK_IJUMP
-        elif c == IClass.CALL:
-            if insn.is_direct:
-                # A call to the next instruction reads the IP; it pushes nothing.
-                kind = W.BK_JUMP if insn.displacement == 0 else W.BK_CALL
-            else:
-                kind = W.BK_ICALL
-        elif c == IClass.RETURN:
-            kind = W.BK_RET
-        else:
-            # Far transfers and the like: the slow path takes them.
-            if ips:
-                table.add(ip, W.BK_FALL, insn.ip, 0, ips)
-            else:
-                table.add(ip, W.BK_STOP, ip, 0, [])
-            return
-        ips.append(at)
-        table.add(ip, kind, nxt, target, ips)
-
-
-# --------------------------------------------------------------------------
-# Decoding one chunk.
-
-
-class FlowSink:
-    """Where decoding appends: block columns, events and gaps.
-
-    The compiled walk writes straight into the current column chunk, so a
-    block costs no Python work; full chunks are kept (``keep``) or only
-    counted, for decoding that wants totals and events but not every block.
-    """
-
-    CHUNK = 1 << 20
-    COUNT_CHUNK = 1 << 16
-
-    def __init__(self, keep: bool = True) -> None:
-        self.keep = keep
-        self.done: list[tuple[np.ndarray, ...]] = []
-        self.counted_insn = 0
-        self.counted_blocks = 0
-        self.events: list[tuple[int, Event]] = []
-        self.gaps: list[Gap] = []
-        # (first block, image index) wherever the image changed (from 0).
-        self.image_runs: list[tuple[int, int]] = []
-        self.image = 0
-        self._fresh()
-
-    def set_image(self, index: int) -> None:
-        """The blocks from now on run in image ``index``."""
-        if index != self.image:
-            self.image_runs.append((self.n_total(), index))
-            self.image = index
-
-    def _fresh(self) -> None:
-        # Counting reuses one cache-sized chunk; keeping fills large ones.
-        cap = self.CHUNK if self.keep else self.COUNT_CHUNK
-        self.n = 0
-        self.ip = np.empty(cap, np.uint64)
-        self.ninsn = np.empty(cap, np.uint32)
-        self.time = np.empty(cap, np.uint64)
-        self.offset = np.empty(cap, np.int64)
-        self.mode = np.empty(cap, np.uint8)
-
-    def full(self) -> None:
-        """The current chunk is full: keep or count it and start another."""
-        if self.keep:
-            self.done.append(self.columns_current())
-            self._fresh()
-        else:
-            self.counted_insn += int(self.ninsn[: self.n].sum(dtype=np.uint64))
-            self.counted_blocks += self.n
-            self.n = 0
-
-    def append(self, ip: int, ninsn: int, time: int, offset: int, mode: int) -> None:
-        if self.n == self.ip.shape[0]:
-            self.full()
-        i = self.n
-        self.ip[i], self.ninsn[i], self.time[i], self.offset[i] = ip, ninsn, time, offset
-        self.mode[i] = mode
-        self.n = i + 1
-
-    def columns_current(self) -> tuple[np.ndarray, ...]:
-        n = self.n
-        return self.ip[:n], self.ninsn[:n], self.time[:n], self.offset[:n], self.mode[:n]
-
-    def n_total(self) -> int:
-        """Blocks appended so far (kept or counted)."""
-        return self.counted_blocks + sum(len(d[0]) for d in self.done) + self.n
-
-    def columns(self) -> tuple[np.ndarray, ...]:
-        if not self.keep:
-            self.full()
-        if not self.done:
-            return self.columns_current()
-        parts = [*self.done, self.columns_current()]
-        return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+# Collecting the decoder's output.
 
 
 @dataclass
@@ -375,294 +231,164 @@ class DecodeOptions:
     flags: BlockFlags = field(default_factory=BlockFlags)
     addr_filter: AddrFilter = field(default_factory=AddrFilter)
     events: EventOptions = field(default_factory=EventOptions)
-    fast: bool = True  # use the compiled walk where the state allows
+    fast: bool = True  # walk plain flow a run of code at a time
+
+    def flow_options(self) -> FlowOptions:
+        # The library loses nothing after an error: the next PSB is looked
+        # for at the failing packet, not after it.
+        return FlowOptions(
+            self.flags, self.addr_filter, self.events, self.fast, keep_going=True,
+            empty_blocks=False,
+        )  # fmt: skip
 
 
-class ImageRegistry:
-    """The images one decoding used, numbered in order of first use (shared
-    by the threads of a parallel decoding, so the numbers agree)."""
+class _Collector(FlowSink):
+    """Keeps (or only counts) the block rows, and the events and gaps.
 
-    def __init__(self) -> None:
-        self.images: list = []
-        self._lock = threading.Lock()
+    Keeping, the decoder writes straight into this collector's columns,
+    which start large (untouched memory costs nothing) and double when
+    full; counting, it writes into one small buffer, reused."""
 
-    def index(self, image) -> int:
-        with self._lock:
-            for i, known in enumerate(self.images):
-                if known is image:
-                    return i
-            self.images.append(image)
-            return len(self.images) - 1
+    _NAMES = ("ip", "ninsn", "flags", "mode", "offset", "time")
 
+    def __init__(self, keep: bool, expect_rows: int = 1 << 20) -> None:
+        self.keep = keep
+        self.n = 0  # rows kept
+        self.n_insn = 0
+        self.n_blocks = 0
+        self.cols: list[np.ndarray] = []
+        if keep:
+            self.cols = list(K.new_output(max(expect_rows, 1 << 12), 1)[:6])
+        self.image_runs: list[tuple[int, int]] = []  # (first row, image index)
+        self.event_rows: list[np.ndarray] = []
+        self.event_offsets: list[np.ndarray] = []
+        self.event_blocks: list[np.ndarray] = []
+        self.gaps: list[Gap] = []
+        self._events = K.new_output(1, self.EVENT_ROWS)[6:]
 
-class SegmentWalker:
-    """Decodes byte ranges of one trace into blocks, events and gaps."""
+    def output(self) -> tuple:
+        if not self.keep:
+            return super().output()
+        if self.cols[0].shape[0] - self.n < self.BLOCK_ROWS:
+            grown = []
+            for col in self.cols:
+                new = np.empty(col.shape[0] * 2, col.dtype)
+                new[: self.n] = col[: self.n]
+                grown.append(new)
+            self.cols = grown
+        return tuple(c[self.n :] for c in self.cols) + self._events
 
-    def __init__(
-        self,
-        image,
-        config: PtConfig,
-        options: DecodeOptions | None = None,
-        context: Context | None = None,
-        images: ImageRegistry | None = None,
-    ) -> None:
-        self.image = image
-        self.config = config
-        self.options = options or DecodeOptions()
-        self.code = CodeTables(image.read)
-        self._context = context
-        self.images = images or ImageRegistry()
-        self._image_index = self.images.index(image)
-        # id(image) -> (image, its code tables, its index in the registry)
-        self._codes: dict[int, tuple[object, CodeTables, int]] = {
-            id(image): (image, self.code, self._image_index)
-        }
-        self._su = np.zeros(W.U_SIZE, np.uint64)
-        self._si = np.zeros(W.S_SIZE, np.int64)
-        self._rs = np.zeros(W.RETSTACK_SIZE, np.uint64)
-        opts = self.options
-        self._fast = (
-            opts.fast
-            and not opts.flags.tick_events
-            and not opts.flags.end_on_call
-            and not opts.flags.end_on_jump
-            and "bdm64" not in config.errata
-        )
-
-    def section_of(self, ip: int) -> int:
-        return id(self.image.find(ip))
-
-    def decode(self, buf: np.ndarray, start: int, end: int, sink: FlowSink) -> None:
-        """Decode ``buf[start:end]`` segment by segment (a segment runs from a
-        PSB to the first error), resynchronising after every error."""
-        gaps = sink.gaps
-        sink.set_image(self._image_index)
-        errata = packet_errata(self.config)
-        pos, last_sync, sync_progress = start, -1, -1
-        while pos < end:
-            first = pos + 16 if pos == last_sync else pos
-            off = int(_sync_forward_kernel(buf, first, start, end)) if first < end else -1
-            if off < 0:
-                break
-            last_sync = off
-            seg = decode_range(buf, off, end, resync=False, errata=errata)
-            end_error = PtError.EOS
-            if len(seg.err_code):
-                end_error = {
-                    int(DecodeError.BAD_OPCODE): PtError.BAD_OPC,
-                    int(DecodeError.BAD_PACKET): PtError.BAD_PACKET,
-                }.get(int(seg.err_code[0]), PtError.EOS)
-            evdec = EventDecoder(seg, self.config, self.options.events, end_error)
-            blk = BlockDecoder(
-                evdec,
-                self.code.cache,
-                self.config,
-                self.options.flags,
-                self.options.addr_filter,
-                self.section_of,
-            )
-            try:
-                status = blk.start()
-            except DecodeFailure as exc:
-                if exc.code == PtError.EOS:
-                    break
-                gaps.append(Gap(evdec.offset(), 0, 0, "sync error: " + errstr(exc.code), exc.code))
-                new = evdec.next_position()
-                if new <= sync_progress:
-                    break
-                sync_progress = pos = new
-                continue
-            offs = np.append(seg.offset, seg.offset[-1] + seg.size[-1] if len(seg) else off)
-            error = self._run(seg, offs, evdec, blk, status, sink)
-            if error is None:
-                break
-            code, block = error
-            gaps.append(Gap(evdec.offset(), _error_ip(block, code), blk.tsc, errstr(code), code))
-            pos = _resume_offset(seg, evdec.pos, off)
-
-    def _run(self, seg, offs, evdec, blk, status, sink: FlowSink):
-        """Decode one segment; None at its end, else (error code, block)."""
-        block = Block()
-        offset = evdec.offset()
-        while True:
-            try:
-                while status & EVENT_PENDING:
-                    offset = evdec.offset()
-                    status, ev = blk.next_event()
-                    if ev.type == Ev.ENABLED and self._context is not None:
-                        self._enter(blk, ev, sink)
-                    if not ev.status_update:
-                        # Where the event happened in the flow: before block
-                        # number ``block`` (counted within this sink).
-                        ev.block = sink.n_total()
-                        sink.events.append((offset, ev))
-                if status & EOS:
-                    return None
-                if self._fast and self._plain(blk):
-                    got = self._walk(seg, offs, evdec, blk, sink)
-                    if got is not None:
-                        status = got
-                        continue
-                offset = evdec.offset()
-                block = Block()
-                status = blk.next_block(block)
-            except DecodeFailure as exc:
-                if block.ninsn:
-                    sink.append(block.ip, block.ninsn, blk.tsc, offset, block.mode)
-                return exc.code, block
-            if block.ninsn:
-                sink.append(block.ip, block.ninsn, blk.tsc, offset, block.mode)
-            block = Block()
-
-    def _enter(self, blk: BlockDecoder, ev: Event, sink: FlowSink) -> None:
-        """Tracing (re)enabled: the thread, so the image, may have changed."""
-        image = self._context(ev.tsc if ev.has_tsc else None, ev.ip)
-        if image is None or image is self.image:
+    def batch(self, b: FlowBatch) -> None:
+        nrows = b.ip.shape[0]
+        if not self.image_runs or self.image_runs[-1][1] != b.image:
+            self.image_runs.append((self.n_blocks, b.image))
+        if self.keep:
+            self.n += nrows
+        else:
+            self.n_insn += b.n_insn
+        base = self.n_blocks
+        self.n_blocks += nrows + b.n_virtual
+        if not len(b.events):
             return
-        kept = self._codes.get(id(image))
-        if kept is None:
-            kept = (image, CodeTables(image.read), self.images.index(image))
-            self._codes[id(image)] = kept
-        self.image, self.code, self._image_index = kept
-        blk.cache = self.code.cache
-        sink.set_image(self._image_index)
+        types = b.events[:, K.E_TYPE]
+        flags = b.events[:, K.E_FLAGS]
+        for j in np.flatnonzero(types == K.X_ERROR):
+            row = b.events[j]
+            code = int(row[K.E_P0])
+            reason = errstr(code)
+            if int(row[K.E_P1]) == K.ERR_SYNC:
+                reason = "sync error: " + reason
+            elif int(row[K.E_P1]) == K.ERR_RESYNC:
+                reason = "resync error: " + reason
+            self.gaps.append(
+                Gap(int(b.event_offset[j]), int(row[K.E_IP]), int(row[K.E_TSC]), reason, code)
+            )
+        real = (types < K.X_ERROR) & ((flags & K.F_STATUS) == 0)
+        if real.any():
+            self.event_rows.append(b.events[real].copy())
+            self.event_offsets.append(b.event_offset[real].copy())
+            self.event_blocks.append(b.event_block[real] + base)
 
-    def code_caches(self) -> list[tuple[int, InsnCache]]:
-        """(image index, instruction cache) of every image decoded."""
-        return [(index, code.cache) for _, code, index in self._codes.values()]
-
-    @staticmethod
-    def _plain(blk: BlockDecoder) -> bool:
-        ev = blk.event
-        if blk.status is not None or not blk.enabled or blk.process_insn:
-            return False
-        if blk.evdec.queue.entries:
-            return False
-        if ev.type == Ev.TNT:
-            # bound: a deferred TIP was read ahead of these bits (its packet
-            # is behind the decoder, not ahead of it).
-            return ev.size > 0 and not blk.evdec.bound
-        return ev.type == Ev.TIP and not ev.ip_suppressed and blk.evdec.bound
-
-    def _walk(self, seg, offs, evdec: EventDecoder, blk: BlockDecoder, sink: FlowSink):
-        """Run the compiled walk from the decoders' state and hand it back.
-        Returns the status, or None when the next block needs the
-        interpreted decoder."""
-        su, si, rs = self._su, self._si, self._rs
-        ev = blk.event
-        su[W.U_IP] = blk.ip
-        su[W.U_LAST_IP] = evdec.last_ip
-        su[W.U_TSC] = blk.tsc
-        si[W.S_HAS_TSC] = blk.has_tsc
-        si[W.S_ICNT] = blk.icnt
-        si[W.S_HAS_ICNT] = blk.has_icnt
-        si[W.S_POS] = evdec.pos
-        su[W.U_EV_TSC] = ev.tsc
-        si[W.S_EV_HAS_TSC] = ev.has_tsc
-        if ev.type == Ev.TNT:
-            si[W.S_EVT] = W.EV_TNT
-            su[W.U_TNT_BITS] = ev.bits
-            si[W.S_TNT_SIZE] = ev.size
-        else:
-            si[W.S_EVT] = W.EV_TIP
-            su[W.U_TIP] = ev.ip
-        stack = blk.retstack
-        depth = len(stack)
-        rs[:depth] = stack
-        si[W.S_RS_TOP] = (depth - 1) % W.RETSTACK_SIZE
-        si[W.S_RS_N] = depth
-        si[W.S_CBR] = -1
-        # PSB+ in the compiled walk only where nothing about it can differ.
-        psb_bits = -1
-        if evdec.mode_exec_valid and not self.options.events.iflags:
-            if "bdm70" not in self.config.errata:
-                psb_bits = (evdec.csd << 1) | evdec.csl
-        table = self.code.table(blk.mode)
-        tb = evdec.times
-        while True:
-            si[W.S_NOUT] = sink.n
-            r = W.walk(
-                seg.kind, seg.a, seg.b, tb.tsc, tb.have_tsc, offs, blk.mode, psb_bits,
-                table.keys, table.slots, table.ip, table.ninsn, table.kind, table.next_ip,
-                table.target, table.first, table.insn, rs, su, si, sink.ip, sink.ninsn, sink.time, sink.offset, sink.mode,
-            )  # fmt: skip
-            sink.n = int(si[W.S_NOUT])
-            if r == W.R_MISS:
-                self.code.build(int(su[W.U_IP]), blk.mode)
-                table = self.code.table(blk.mode)
-                continue
-            if r == W.R_FULL:
-                sink.full()
-                continue
-            break
-        # Hand the state back.
-        blk.ip = int(su[W.U_IP])
-        depth = int(si[W.S_RS_N])
-        top = int(si[W.S_RS_TOP])
-        blk.retstack = np.roll(rs, W.RETSTACK_SIZE - 1 - top)[W.RETSTACK_SIZE - depth :].tolist()
-        blk.tsc, blk.has_tsc = int(su[W.U_TSC]), bool(si[W.S_HAS_TSC])
-        blk.icnt, blk.has_icnt = int(si[W.S_ICNT]), bool(si[W.S_HAS_ICNT])
-        last_ip = int(su[W.U_LAST_IP])
-        if last_ip != evdec.last_ip:
-            evdec.last_ip, evdec.have_ip, evdec.ip_suppressed = last_ip, True, False
-        if si[W.S_CBR] >= 0:
-            blk.cbr = int(si[W.S_CBR])
-        evdec.pos = int(si[W.S_POS])
-        if r == W.R_FETCH:
-            evdec.bound = False
-            try:
-                blk.event = evdec.next()
-                blk.status = None
-            except DecodeFailure as exc:
-                blk.status = exc.code
-                blk.event = Event(Ev.IGNORE)
-            return blk._trailing(None)
-        cur = Event(Ev.TNT if si[W.S_EVT] == W.EV_TNT else Ev.TIP)
-        cur.tsc, cur.has_tsc = int(su[W.U_EV_TSC]), bool(si[W.S_EV_HAS_TSC])
-        if cur.type == Ev.TNT:
-            cur.bits, cur.size = int(su[W.U_TNT_BITS]), int(si[W.S_TNT_SIZE])
-            evdec.bound = False
-        else:
-            cur.ip = int(su[W.U_TIP])
-            evdec.bound = True
-        blk.event = cur
-        return None
+    def columns(self) -> list[np.ndarray]:
+        return [c[: self.n] for c in self.cols]
 
 
-def _resume_offset(seg, pos: int, sync: int) -> int:
-    """Where to look for the next PSB after an error at packet ``pos``.
-
-    Unlike ptxed, nothing after the gap may be lost: the failing packet has
-    not been used, and when the error came while taking a PSB+ (walking to
-    the address it names), that PSB+ starts good trace of its own.
-    """
-    kinds = seg.kind[: pos + 1]
-    psbs = np.flatnonzero(kinds == Kind.PSB)
-    if len(psbs):
-        last = int(psbs[-1])
-        ends = np.flatnonzero(seg.kind[last:] == Kind.PSBEND)
-        inside = not len(ends) or pos <= last + int(ends[0])
-        if inside and int(seg.offset[last]) > sync:
-            return int(seg.offset[last])
-    n = len(seg)
-    return int(seg.offset[pos]) if pos < n else int(seg.offset[-1] + seg.size[-1]) if n else sync
-
-
-def _error_ip(block: Block, code: PtError) -> int:
-    """Where ptxed reports an error: after the block's last instruction."""
-    if not block.ninsn:
-        return block.ip
-    last = block.insns[-1]
-    if code in (PtError.NOMAP, PtError.BAD_INSN):
-        ip = last.next_ip
-        if last.is_direct:
-            ip = (ip + last.displacement) & 0xFFFFFFFFFFFFFFFF
-        return ip
-    return last.ip
+def _successors(tables: list[CodeTable]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Where each decoded instruction goes when it needs no trace, per code
+    key (mode + 256 * image index)."""
+    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for t in tables:
+        n = t.n_insns
+        ok = (t.i_adopted[:n] == 0) & (t.i_err[:n] == 0)
+        ip = t.i_ip[:n][ok]
+        mode = t.i_mode[:n][ok]
+        cls = t.i_class[:n][ok]
+        direct = (t.i_flags[:n][ok] & I_DIRECT) != 0
+        jump = direct & ((cls == int(IClass.JUMP)) | (cls == int(IClass.CALL)))
+        jump &= t.i_special[:n][ok] != int(Special.JMPABS)
+        nxt = np.where(jump, t.i_target[:n][ok], ip + t.i_size[:n][ok].astype(np.uint64))
+        for m in np.unique(mode):
+            sel = mode == m
+            parts.setdefault(int(m) + (t.index << 8), []).append((ip[sel], nxt[sel]))
+    out = {}
+    for key, got in parts.items():
+        # Several decoders (threads) may have decoded the same image.
+        keys = np.concatenate([k for k, _ in got])
+        succ = np.concatenate([v for _, v in got])
+        keys, first = np.unique(keys, return_index=True)
+        out[key] = (keys, succ[first])
+    return out
 
 
-# --------------------------------------------------------------------------
-# Chunks and the public entry points.
+def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowResult:
+    keep = collectors[0].keep
+    if keep:
+        parts = [c.columns() for c in collectors]
+        cols = (
+            parts[0] if len(parts) == 1 else [np.concatenate(p) for p in zip(*parts, strict=True)]
+        )
+    else:
+        cols = [
+            np.zeros(0, dt)
+            for dt in (np.uint64, np.uint32, np.uint8, np.uint8, np.int64, np.uint64)
+        ]
+    ip, ninsn, _, mode, offset, time = cols
+    tables = [t for d in decoders for t in d.tables]
+    res = FlowResult(ip, ninsn, time, offset, mode, successors=_successors(tables))
+    res.images = decoders[0].images
+    base = 0
+    runs: list[tuple[int, int]] = []
+    rows, offsets, blocks = [], [], []
+    for c in collectors:
+        runs += [(base + first, image) for first, image in c.image_runs]
+        rows += c.event_rows
+        offsets += c.event_offsets
+        blocks += [b + base for b in c.event_blocks]
+        base += c.n_blocks
+    if keep and any(image for _, image in runs):
+        starts = np.array([first for first, _ in runs], np.int64)
+        lengths = np.diff(starts, append=base)
+        res.block_image = np.repeat(np.array([i for _, i in runs], np.uint16), lengths)
+    res.event_rows = np.concatenate(rows) if rows else np.zeros((0, K.EW), np.uint64)
+    res.event_offset = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
+    res.event_block = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
+    res.gaps = [g for c in collectors for g in c.gaps]
+    if not keep:
+        res.counted = (sum(c.n_insn for c in collectors), sum(c.n_blocks for c in collectors))
+    return res
+
+
+def _decoder(image, config, options, context, images=None, keep=True) -> FlowDecoder:
+    hook = None
+    if context is not None:
+
+        def hook(row: np.ndarray, offset: int):
+            has_tsc = int(row[K.E_FLAGS]) & K.F_HAS_TSC
+            return context(int(row[K.E_TSC]) if has_tsc else None, int(row[K.E_IP]))
+
+    opts = (options or DecodeOptions()).flow_options()
+    opts.count_only = not keep
+    return FlowDecoder(image, config, opts, on_event=hook, stop_at="enabled", images=images)
 
 
 def _chunk_ranges(buf: np.ndarray, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -700,30 +426,10 @@ def _as_buffer(data) -> np.ndarray:
     return as_buffer(data)
 
 
-def _result(sinks: list[FlowSink], walkers: list[SegmentWalker]) -> FlowResult:
-    if len(sinks) == 1:
-        cols = sinks[0].columns()
-    else:
-        cols = tuple(np.concatenate(c) for c in zip(*(k.columns() for k in sinks), strict=True))
-    caches = [entry for w in walkers for entry in w.code_caches()]
-    res = FlowResult(*cols, successors=_successors(caches), images=walkers[0].images.images)
-    base = 0
-    runs: list[tuple[int, int]] = []
-    for k in sinks:
-        if base:
-            for _, ev in k.events:
-                ev.block += base
-        runs += [(base, 0)] + [(base + b, i) for b, i in k.image_runs]
-        base += k.n_total()
-    if sinks[0].keep and any(i for _, i in runs):
-        starts = np.array([b for b, _ in runs], np.int64)
-        lengths = np.diff(starts, append=base)
-        res.block_image = np.repeat(np.array([i for _, i in runs], np.uint16), lengths)
-    res.events = [e for k in sinks for e in k.events]
-    res.gaps = [g for k in sinks for g in k.gaps]
-    if not sinks[0].keep:
-        res.counted = (sum(k.counted_insn for k in sinks), sum(k.counted_blocks for k in sinks))
-    return res
+def _expected_rows(trace_bytes: int) -> int:
+    # Real traces give 1-3 blocks per trace byte; memory never touched
+    # costs nothing, and the columns double if more come.
+    return 4 * trace_bytes + (1 << 16)
 
 
 def decode_trace(
@@ -739,7 +445,7 @@ def decode_trace(
 ) -> FlowResult:
     """Decode a whole trace (bytes, numpy buffer or file path) against
     ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
-    (each with its own code cache) and merges them in order.  Without
+    (each with its own decoded code) and merges them in order.  Without
     ``keep_blocks`` only the totals, events and gaps are kept.
 
     ``context(tsc, ip)``, when given, is asked at every enabling of tracing
@@ -749,27 +455,28 @@ def decode_trace(
     buf = _as_buffer(data)
     ranges = _chunk_ranges(buf, chunk_bytes)
     if jobs <= 1 or len(ranges) <= 1:
-        walker = SegmentWalker(image, config, options, context)
-        sink = FlowSink(keep_blocks)
+        dec = _decoder(image, config, options, context, keep=keep_blocks)
+        sink = _Collector(keep_blocks, _expected_rows(buf.shape[0]))
         for s, e in ranges:
-            walker.decode(buf, s, e, sink)
-        return _result([sink], [walker])
+            dec.decode(buf, sink, s, e)
+        return _result([sink], [dec])
     jobs = min(jobs, len(ranges))
-    images = ImageRegistry()
-    walkers = [SegmentWalker(image, config, options, context, images) for _ in range(jobs)]
-    # Contiguous runs of chunks per thread keep each code cache warm.
+    images: list = []
+    decoders = [_decoder(image, config, options, context, images, keep_blocks) for _ in range(jobs)]
+    # Contiguous runs of chunks per thread keep each one's decoded code warm.
     per = -(-len(ranges) // jobs)
     groups = [ranges[i * per : (i + 1) * per] for i in range(jobs)]
 
-    def run(i: int) -> FlowSink:
-        sink = FlowSink(keep_blocks)
+    def run(i: int) -> _Collector:
+        size = sum(e - s for s, e in groups[i])
+        sink = _Collector(keep_blocks, _expected_rows(size))
         for s, e in groups[i]:
-            walkers[i].decode(buf, s, e, sink)
+            decoders[i].decode(buf, sink, s, e)
         return sink
 
     with ThreadPoolExecutor(jobs) as pool:
         sinks = list(pool.map(run, range(jobs)))
-    return _result(sinks, walkers)
+    return _result(sinks, decoders)
 
 
 def iter_flow(
@@ -784,20 +491,17 @@ def iter_flow(
     """Decode chunk by chunk, in order, with bounded memory."""
     config = config or PtConfig()
     buf = _as_buffer(data)
-    walker = SegmentWalker(image, config, options, context)
+    dec = _decoder(image, config, options, context)
     for s, e in _chunk_ranges(buf, chunk_bytes):
-        sink = FlowSink()
-        walker.decode(buf, s, e, sink)
-        yield _result([sink], [walker])
+        sink = _Collector(True)
+        dec.decode(buf, sink, s, e)
+        yield _result([sink], [dec])
 
 
 __all__ = [
-    "CodeTables",
     "DecodeOptions",
     "FlowResult",
-    "FlowSink",
     "Gap",
-    "SegmentWalker",
     "Symbolized",
     "decode_trace",
     "iter_flow",
