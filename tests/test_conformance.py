@@ -1,78 +1,132 @@
 """Intel's own ptdump and ptxed test suites, run against `hwtrace`.
 
-The core suites and the perf_event sideband (pevent) suites start together
-(each case is a process, so the two cores share the work) and each test waits
-for its own suite.
+Every case runs in this process, through the command's entry point
+(``hwtrace.cli.main.main``) with its standard output captured at the file
+descriptor, so a suite costs its decoding, not hundreds of interpreter
+start-ups; a case that leaks state into the next one shows up here too.
+A handful of cases also run through the installed ``hwtrace`` command with
+the suite's own runner (``run.py``), as a user would run them.
 """
 
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import CONFORMANCE
+
+from hwtrace.cli.main import main as hwtrace_main
 
 HWTRACE = Path(sys.executable).with_name("hwtrace")
 
-# ptxed cases that do not pass yet.  A case passing that is listed here, or a
-# case failing that is not, fails the test.
-PTXED_KNOWN_FAILING: set[str] = set()
+# Cases that do not pass yet, as "tool/case".  A case passing that is listed
+# here, or a case failing that is not, fails the test.
+KNOWN_FAILING: set[str] = set()
+
+# Expected suite sizes: a manifest that lost cases must not pass quietly.
+SUITE_SIZES = {("ptdump", "core"): 230, ("ptxed", "core"): 191, ("ptdump", "pevent"): 12,
+               ("ptxed", "pevent"): 10}  # fmt: skip
+
+# Run through the real command as well (one process per case).
+THROUGH_CLI = {
+    "ptdump": ["bdm64-tnt-cond-xabort", "pevent-fork", "ptdump-exec-mode"],
+    "ptxed": ["bdm64-tnt-cond-xabort", "skd010-tip", "pevent-fork"],
+}
 
 
-def _start(conformance_dir, tool, suite, *only):
-    # A generous per-case timeout: on a fresh checkout the first cases also
-    # compile (and cache) the numba kernels.
-    return subprocess.Popen(
-        [sys.executable, str(conformance_dir / "run.py"), tool, "--suite", suite,
-         "--cmd", f"{HWTRACE} {tool}", "-v", "--timeout", "600", *only],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
+def _load_runner():
+    spec = importlib.util.spec_from_file_location("libipt_conformance_run", CONFORMANCE / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cases() -> list:
+    if not (CONFORMANCE / "manifest.json").exists():
+        return []
+    manifest = json.loads((CONFORMANCE / "manifest.json").read_text())
+    return [
+        pytest.param(tool, case, id=f"{tool}-{case['suite']}-{case['name']}")
+        for tool in ("ptdump", "ptxed")
+        for case in manifest["cases"]
+        if tool in case
+    ]
+
+
+CASES = _cases()
+
+
+def _run_captured(argv: list[str]) -> bytes:
+    """``hwtrace ARGV`` in this process; its standard output's bytes."""
+    sys.stdout.flush()
+    saved_fd = os.dup(1)
+    saved_stdout = sys.stdout
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 1)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - restored below
+        try:
+            try:
+                hwtrace_main(argv)
+            except SystemExit:
+                pass
+            sys.stdout.flush()
+        finally:
+            sys.stdout = saved_stdout
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+        capture.seek(0)
+        return capture.read()
 
 
 @pytest.fixture(scope="module")
-def suites(conformance_dir):
-    # Fill numba's cache with one case of each tool first, so four suites
-    # starting together do not all compile the same kernels at once.
-    for tool in ("ptdump", "ptxed"):
-        _start(conformance_dir, tool, "pevent", "-k", "pevent-fork").communicate()
-    running = {
-        "ptdump": _start(conformance_dir, "ptdump", "core"),
-        "ptxed": _start(conformance_dir, "ptxed", "core"),
-        # perf_event sideband (libipt-sb): --pevent:*, --sb:*
-        "ptdump-pevent": _start(conformance_dir, "ptdump", "pevent"),
-        "ptxed-pevent": _start(conformance_dir, "ptxed", "pevent"),
-    }
-    results = {}
-    for tool, proc in running.items():
-        out, _ = proc.communicate()
-        cases = {}
-        for line in out.splitlines():
-            verdict, _, name = line.partition(" ")
-            if verdict in ("PASS", "FAIL"):
-                cases.setdefault(name, set()).add(verdict)
-        results[tool] = (out, cases)
-    return results
+def runner(conformance_dir):
+    return _load_runner()
 
 
-def test_ptdump_core_suite(suites):
-    out, _ = suites["ptdump"]
-    assert out.strip().splitlines()[-1] == "230 passed, 0 failed", out[-5000:]
+@pytest.mark.skipif(not CASES, reason=f"conformance suite not found at {CONFORMANCE}")
+@pytest.mark.parametrize("tool,case", CASES)
+def test_case(runner, conformance_dir, tool, case, monkeypatch):
+    cases_dir = conformance_dir / "cases"
+    expected = runner.normalize((cases_dir / case[tool]["expected"]).read_bytes())
+    # The tools only read their inputs, named relative to the cases folder.
+    monkeypatch.chdir(cases_dir)
+    name = f"{tool}/{case['name']}"
+    for argv in runner.command_lines(case, tool, [tool]):
+        got = runner.normalize(_run_captured(argv))
+        if got != expected:
+            if name in KNOWN_FAILING:
+                pytest.xfail("known failing")
+            import difflib
+
+            diff = "\n".join(list(difflib.unified_diff(expected, got, lineterm=""))[:60])
+            pytest.fail(f"{' '.join(argv)}\n{diff}")
+    assert name not in KNOWN_FAILING, "now passing: remove it from KNOWN_FAILING"
 
 
-def test_ptxed_core_suite(suites):
-    out, cases = suites["ptxed"]
-    failing = {name for name, verdicts in cases.items() if "FAIL" in verdicts}
-    assert len(cases) == 191, out[-3000:]
-    assert failing - PTXED_KNOWN_FAILING == set(), "regressions"
-    assert PTXED_KNOWN_FAILING - failing == set(), "now passing: remove from the list"
+@pytest.mark.skipif(not CASES, reason=f"conformance suite not found at {CONFORMANCE}")
+def test_suite_sizes():
+    sizes: dict[tuple[str, str], int] = {}
+    for param in CASES:
+        tool, case = param.values
+        key = (tool, case["suite"])
+        sizes[key] = sizes.get(key, 0) + 1
+    assert sizes == SUITE_SIZES
 
 
-def test_ptdump_pevent_suite(suites):
-    out, _ = suites["ptdump-pevent"]
-    assert out.strip().splitlines()[-1] == "12 passed, 0 failed", out[-5000:]
-
-
-def test_ptxed_pevent_suite(suites):
-    out, _ = suites["ptxed-pevent"]
-    assert out.strip().splitlines()[-1] == "10 passed, 0 failed", out[-5000:]
+@pytest.mark.parametrize("tool", ["ptdump", "ptxed"])
+def test_through_the_command(conformance_dir, tool):
+    for name in THROUGH_CLI[tool]:
+        proc = subprocess.run(
+            [sys.executable, str(conformance_dir / "run.py"), tool, "--cmd", f"{HWTRACE} {tool}",
+             "-k", name, "--diff", "--timeout", "600"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        last = proc.stdout.strip().splitlines()[-1]
+        passed = int(last.split()[0]) if last.endswith(" 0 failed") else 0
+        assert proc.returncode == 0 and passed > 0, proc.stdout[-4000:]
