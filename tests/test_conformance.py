@@ -69,7 +69,7 @@ def _run_captured(argv: list[str]) -> bytes:
     saved_stdout = sys.stdout
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 1)
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - restored below
+        sys.stdout = open(1, "w", closefd=False)
         try:
             try:
                 hwtrace_main(argv)
