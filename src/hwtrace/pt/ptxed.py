@@ -17,7 +17,7 @@ import numba as nb
 import numpy as np
 
 from . import _flowkernel as K
-from .codetable import CodeTable, hash_find
+from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .events import Ev
 from .flowdec import FlowSink
@@ -295,20 +295,78 @@ def _marker(out, p, row, offset, style):
     return _s(out, p, "[disabled]\n")  # X_RESYNC_DISABLED
 
 
+@nb.njit(cache=True, inline="always")
+def _next_ip(i_ip, i_size, i_class, i_flags, i_target, k):
+    """Where instruction ``k`` goes when it needs no trace: a direct call's
+    or jump's target, else the next instruction."""
+    c = i_class[k]
+    if i_flags[k] & I_DIRECT and (c == CLASS_CALL or c == CLASS_JUMP):
+        return i_target[k]
+    return i_ip[k] + np.uint64(i_size[k])
+
+
+@nb.njit(cache=True)
+def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_off, contig):
+    """Each instruction's line (without the per-block prefixes of
+    ``--offset``/``--time``) from instruction ``first`` on, into ``lines``
+    at ``line_off``; returns how many instructions got a line (fewer when
+    ``lines`` is full).  ``contig[k]``: how many instructions from ``k`` on
+    run one after another at consecutive indices (all of them, again)."""
+    i_ip, i_size, i_class, i_flags, i_target, i_err, i_raw = (
+        ct[3], ct[4], ct[5], ct[7], ct[8], ct[10], ct[11]
+    )  # fmt: skip
+    no_inst = (style & S_NO_INST) != 0
+    raw = (style & S_RAW) != 0
+    p = line_off[first]
+    k = first
+    while k < n_insns:
+        if p + LINE_MAX > lines.shape[0]:
+            break
+        p = _hex(lines, p, i_ip[k], 16)
+        if not no_inst:
+            if raw:
+                size = np.int64(i_size[k])
+                for q in range(size):
+                    lines[p] = 32
+                    p = _hex(lines, p + 1, i_raw[k, q], 2)
+                for _ in range(15 - size):
+                    p = _s(lines, p, "   ")
+            lines[p] = 32
+            lines[p + 1] = 32
+            p += 2
+            if not i_err[k]:
+                for q in range(t_off[k], t_off[k + 1]):
+                    lines[p] = t_bytes[q]
+                    p += 1
+        lines[p] = 10
+        p += 1
+        k += 1
+        line_off[k] = p
+    done = k
+    if done > 0:
+        contig[done - 1] = 1
+    for k in range(done - 2, -1, -1):
+        seq = i_mode[k + 1] == i_mode[k] and i_ip[k + 1] == _next_ip(
+            i_ip, i_size, i_class, i_flags, i_target, k
+        )
+        contig[k] = contig[k + 1] + 1 if seq else 1
+        if not seq and k < first:
+            break  # the runs before this one end where they did
+    return done
+
+
 @nb.njit(cache=True)
 def format_batch(
-    b_ip, b_ninsn, b_flags, b_mode, b_offset, ev_rows, ev_off, ev_blk, ct, t_bytes, t_off,
-    style, st, stu, out,
+    b_ip, b_ninsn, b_flags, b_mode, b_offset, ev_rows, ev_off, ev_blk, ct, lines, line_off,
+    contig, style, st, stu, out,
 ):  # fmt: skip
     """Write the batch's lines into ``out`` from where ``st`` says; returns
     the bytes written.  ``st[F_ROW] == len(b_ip) + 1`` when the batch is
     done; otherwise call again with an emptied buffer."""
-    h_ip, h_mode, h_val, i_ip, i_size, i_class, i_flags, i_target, i_raw = (
-        ct[0], ct[1], ct[2], ct[3], ct[4], ct[5], ct[7], ct[8], ct[11]
+    h_ip, h_mode, h_val, i_ip, i_size, i_class, i_flags, i_target = (
+        ct[0], ct[1], ct[2], ct[3], ct[4], ct[5], ct[7], ct[8]
     )  # fmt: skip
     quiet = (style & S_QUIET) != 0
-    no_inst = (style & S_NO_INST) != 0
-    raw = (style & S_RAW) != 0
     cap = out.shape[0] - LINE_MAX
     nrows = b_ip.shape[0]
     nev = ev_blk.shape[0]
@@ -360,6 +418,7 @@ def format_batch(
             continue
         ip = stu[FU_IP]
         mode = b_mode[i]
+        plain = (style & (S_OFFSET | S_TIME)) == 0 and st[F_SPEC] == 0
         while done < n:
             if p >= cap:
                 st[F_ROW] = i
@@ -368,39 +427,47 @@ def format_batch(
                 stu[FU_IP] = ip
                 return p
             k = hash_find(h_ip, h_mode, h_val, ip, mode)
-            if style & S_OFFSET:
-                p = _hex(out, p, st[F_BLKOFF], 16)
-                p = _s(out, p, "  ")
-            if style & S_TIME:
-                p = _hex(out, p, stu[FU_TIME], 16)
-                p = _s(out, p, "  ")
-            if st[F_SPEC]:
-                p = _s(out, p, "? ")
-            p = _hex(out, p, ip, 16)
-            if not no_inst and k >= 0:
-                if raw:
-                    size = np.int64(i_size[k])
-                    for q in range(size):
-                        out[p] = 32
-                        p = _hex(out, p + 1, i_raw[k, q], 2)
-                    for _ in range(15 - size):
-                        p = _s(out, p, "   ")
-                out[p] = 32
-                out[p + 1] = 32
-                p += 2
-                for q in range(t_off[k], t_off[k + 1]):
-                    out[p] = t_bytes[q]
-                    p += 1
-            out[p] = 10
-            p += 1
-            done += 1
-            if k < 0:
-                break  # cannot happen: the decoder read every instruction it reports
-            c = i_class[k]
-            if i_flags[k] & 1 and (c == 2 or c == 4):  # a direct CALL or JUMP
-                ip = i_target[k]
+            if k < 0:  # cannot happen: the decoder read every instruction it reports
+                p = _hex(out, p, ip, 16)
+                out[p] = 10
+                p += 1
+                done = n
+                break
+            # Instructions k, k+1, ... ran one after another: their lines
+            # are one stretch of the line table.
+            m = min(np.int64(contig[k]), n - done)
+            if plain:
+                a = line_off[k]
+                if p + (line_off[k + m] - a) > cap:
+                    fit = 1  # one line always fits (LINE_MAX spare)
+                    while fit < m and p + (line_off[k + fit + 1] - a) <= cap:
+                        fit += 1
+                    m = fit
+                e = line_off[k + m]
+                out[p : p + (e - a)] = lines[a:e]
+                p += e - a
             else:
-                ip = i_ip[k] + np.uint64(i_size[k])
+                for q in range(m):
+                    if p >= cap:
+                        st[F_ROW] = i
+                        st[F_EVENT] = j
+                        st[F_DONE] = done + q
+                        stu[FU_IP] = i_ip[k + q]
+                        return p
+                    if style & S_OFFSET:
+                        p = _hex(out, p, st[F_BLKOFF], 16)
+                        p = _s(out, p, "  ")
+                    if style & S_TIME:
+                        p = _hex(out, p, stu[FU_TIME], 16)
+                        p = _s(out, p, "  ")
+                    if st[F_SPEC]:
+                        p = _s(out, p, "? ")
+                    a = line_off[k + q]
+                    e = line_off[k + q + 1]
+                    out[p : p + (e - a)] = lines[a:e]
+                    p += e - a
+            done += m
+            ip = _next_ip(i_ip, i_size, i_class, i_flags, i_target, k + m - 1)
         st[F_DONE] = 0
         i += 1
     st[F_ROW] = nrows + 1
@@ -444,6 +511,47 @@ class TextTable:
         self.off = np.array(self.offsets, np.int64)
 
 
+class LineTable:
+    """Every instruction's ptxed line (address, raw bytes, disassembly) as
+    one byte string in instruction order, so the formatter copies the lines
+    of a stretch of straight-line code at once."""
+
+    def __init__(self, style_bits: int, att: bool) -> None:
+        self.style = style_bits
+        self.texts = None if style_bits & S_NO_INST else TextTable(att)
+        self.table: CodeTable | None = None
+        self.generation = -1
+        self.n = 0
+        self.lines = np.zeros(1 << 16, np.uint8)
+        self.line_off = np.zeros(1 << 12, np.int64)
+        self.contig = np.zeros(1 << 12, np.int32)
+        self._empty = np.zeros(1, np.uint8), np.zeros(1, np.int64)
+
+    def update(self, table: CodeTable) -> None:
+        if table is not self.table or table.generation != self.generation:
+            self.table, self.generation, self.n = table, table.generation, 0
+        n = table.n_insns
+        if n == self.n:
+            return
+        t_bytes, t_off = self._empty
+        if self.texts is not None:
+            self.texts.update(table)
+            t_bytes, t_off = self.texts.bytes, self.texts.off
+        if self.line_off.shape[0] < n + 1:
+            size = max(n + 1, 2 * self.line_off.shape[0])
+            self.line_off = np.resize(self.line_off, size)
+            self.contig = np.zeros(size, np.int32)
+        while True:
+            done = build_lines(
+                table.tuple, table.i_mode, n, t_bytes, t_off, self.style, self.n, self.lines,
+                self.line_off, self.contig,
+            )  # fmt: skip
+            self.n = done
+            if done == n:
+                break
+            self.lines = np.resize(self.lines, 2 * self.lines.shape[0])
+
+
 @dataclass
 class PtxedWriter(FlowSink):
     """Formats batches as ptxed text and hands the bytes to ``write``."""
@@ -458,22 +566,16 @@ class PtxedWriter(FlowSink):
     def __post_init__(self) -> None:
         self.out = np.zeros(self.buffer_size + LINE_MAX, np.uint8)
         self.bits = self.style.bits
-        self.texts = None if self.style.no_inst or self.style.quiet else TextTable(self.att)
-        self._empty_bytes = np.zeros(1, np.uint8)
-        self._empty_off = np.zeros(1, np.int64)
+        self.lines = LineTable(self.bits, self.att)
         self.n_insn = 0  # instructions and blocks seen (ptxed's --stat)
         self.n_blocks = 0
 
     def batch(self, b) -> None:
         self.n_insn += b.n_insn
         self.n_blocks += b.n_blocks
-        if self.texts is not None:
-            self.texts.update(b.table)
-            t_bytes, t_off = self.texts.bytes, self.texts.off
-            if not t_bytes.shape[0]:
-                t_bytes = self._empty_bytes
-        else:
-            t_bytes, t_off = self._empty_bytes, self._empty_off
+        lines = self.lines
+        if not self.style.quiet:
+            lines.update(b.table)
         st = self.state
         st[F_ROW] = 0
         st[F_EVENT] = 0
@@ -482,11 +584,11 @@ class PtxedWriter(FlowSink):
         while st[F_ROW] <= nrows:
             n = format_batch(
                 b.ip, b.ninsn, b.flags, b.mode, b.offset, b.events, b.event_offset,
-                b.event_block, b.table.tuple, t_bytes, t_off, self.bits, st, self.ustate,
-                self.out,
+                b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig,
+                self.bits, st, self.ustate, self.out,
             )  # fmt: skip
             if n:
                 self.write(self.out[:n])
 
 
-__all__ = ["PtxedStyle", "PtxedWriter", "TextTable", "format_batch"]
+__all__ = ["LineTable", "PtxedStyle", "PtxedWriter", "TextTable", "format_batch"]
