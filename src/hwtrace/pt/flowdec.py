@@ -205,7 +205,7 @@ class FlowDecoder:
 
     # Packets decoded at a time: the memory a decoding needs is about 30
     # bytes per trace byte of one window (a PSB period or two more).
-    window_bytes = 4 << 20
+    window_bytes = 1 << 20
 
     def __init__(
         self,
