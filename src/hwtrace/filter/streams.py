@@ -41,6 +41,15 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from ..textout import (
+    align_right,
+    put_byte,
+    put_bytes,
+    put_cstring,
+    put_dec,
+    put_signed,
+    string_list_table,
+)
 from . import ast
 from .compile import CompiledFilter, compile_filter
 from .errors import FilterError
@@ -1007,41 +1016,6 @@ _J_NULL = np.frombuffer(b"null", np.uint8)
 
 
 @njit(cache=True)
-def _byte(out, p, c):
-    out[p] = c
-    return p + 1
-
-
-@njit(cache=True)
-def _put(out, p, piece):
-    for j in range(piece.shape[0]):
-        out[p + j] = piece[j]
-    return p + piece.shape[0]
-
-
-@njit(cache=True)
-def _udec(out, p, v):
-    v = np.uint64(v)
-    n = 1
-    t = v // np.uint64(10)
-    while t != 0:
-        n += 1
-        t //= np.uint64(10)
-    for j in range(n - 1, -1, -1):
-        out[p + j] = 48 + (v % np.uint64(10))
-        v //= np.uint64(10)
-    return p + n
-
-
-@njit(cache=True)
-def _sdec(out, p, v):
-    if v < 0:
-        out[p] = 45
-        return _udec(out, p + 1, np.uint64(-(v + 1)) + np.uint64(1))
-    return _udec(out, p, v)
-
-
-@njit(cache=True)
 def _read_int(buf, at, size, signed):
     v = np.uint64(0)
     for j in range(size):
@@ -1055,54 +1029,8 @@ def _read_int(buf, at, size, signed):
 def _int_value(out, p, buf, at, size, signed):
     v = _read_int(buf, at, size, signed)
     if signed:
-        return _sdec(out, p, np.int64(v))
-    return _udec(out, p, v)
-
-
-@njit(cache=True)
-def _text(out, p, src, start, n, json):
-    """Bytes of ``src`` from ``start`` up to ``n`` or a NUL; JSON-escaped
-    (control bytes, quote, backslash) or, for text, control bytes as '.'."""
-    for j in range(n):
-        c = src[start + j]
-        if c == 0:
-            break
-        if json:
-            if c == 34 or c == 92:
-                out[p] = 92
-                out[p + 1] = c
-                p += 2
-            elif c < 32:
-                out[p] = 92
-                out[p + 1] = 117
-                out[p + 2] = 48
-                out[p + 3] = 48
-                hi = c >> 4
-                lo = c & 15
-                out[p + 4] = 48 + hi
-                out[p + 5] = (48 + lo) if lo < 10 else (87 + lo)
-                p += 6
-            else:
-                out[p] = c
-                p += 1
-        else:
-            out[p] = 46 if (c < 32 or c == 127) else c
-            p += 1
-    return p
-
-
-@njit(cache=True)
-def _pad_left(out, p, start, width):
-    """Right-align the bytes written since ``start`` in ``width`` columns."""
-    n = p - start
-    if n >= width:
-        return p
-    shift = width - n
-    for j in range(n - 1, -1, -1):
-        out[start + shift + j] = out[start + j]
-    for j in range(shift):
-        out[start + j] = 32
-    return start + width
+        return put_signed(out, p, np.int64(v))
+    return put_dec(out, p, v)
 
 
 @njit(cache=True)
@@ -1119,32 +1047,32 @@ def _render(
         size = sizes[i]
         c = comm[i]
         if json:
-            p = _put(out, p, _J_TIME)
-            p = _sdec(out, p, time[i])
-            p = _put(out, p, _J_CPU)
-            p = _sdec(out, p, cpu[i])
-            p = _put(out, p, _J_TID)
-            p = _sdec(out, p, tid[i])
-            p = _put(out, p, _J_COMM)
+            p = put_bytes(out, p, _J_TIME)
+            p = put_signed(out, p, time[i])
+            p = put_bytes(out, p, _J_CPU)
+            p = put_signed(out, p, cpu[i])
+            p = put_bytes(out, p, _J_TID)
+            p = put_signed(out, p, tid[i])
+            p = put_bytes(out, p, _J_COMM)
             if c >= 0:
-                p = _text(out, p, comm_tab[c], 0, comm_len[c], True)
-            p = _put(out, p, _J_EVENT)
-            p = _text(out, p, ename_tab[t], 0, ename_len[t], True)
-            p = _put(out, p, _J_FIELDS)
+                p = put_cstring(out, p, comm_tab[c], 0, comm_len[c], True)
+            p = put_bytes(out, p, _J_EVENT)
+            p = put_cstring(out, p, ename_tab[t], 0, ename_len[t], True)
+            p = put_bytes(out, p, _J_FIELDS)
         else:
             start = p
             if c >= 0:
-                p = _text(out, p, comm_tab[c], 0, comm_len[c], False)
-            p = _pad_left(out, p, start, 16)
-            p = _byte(out, p, 45)
+                p = put_cstring(out, p, comm_tab[c], 0, comm_len[c], False)
+            p = align_right(out, p, start, 16)
+            p = put_byte(out, p, 45)
             start = p
-            p = _sdec(out, p, tid[i])
+            p = put_signed(out, p, tid[i])
             while p - start < 7:
-                p = _byte(out, p, 32)
-            p = _byte(out, p, 32)
-            p = _byte(out, p, 91)
+                p = put_byte(out, p, 32)
+            p = put_byte(out, p, 32)
+            p = put_byte(out, p, 91)
             start = p
-            p = _sdec(out, p, cpu[i])
+            p = put_signed(out, p, cpu[i])
             if p - start < 3:
                 n = p - start
                 for j in range(n - 1, -1, -1):
@@ -1152,25 +1080,25 @@ def _render(
                 for j in range(3 - n):
                     out[start + j] = 48
                 p = start + 3
-            p = _byte(out, p, 93)
-            p = _byte(out, p, 32)
+            p = put_byte(out, p, 93)
+            p = put_byte(out, p, 32)
             start = p
             if time[i] >= 0:
-                p = _udec(out, p, time[i] // 1_000_000_000)
-                p = _pad_left(out, p, start, 6)
-                p = _byte(out, p, 46)
+                p = put_dec(out, p, time[i] // 1_000_000_000)
+                p = align_right(out, p, start, 6)
+                p = put_byte(out, p, 46)
                 frac = time[i] % 1_000_000_000
                 for j in range(8, -1, -1):
                     out[p + j] = 48 + frac % 10
                     frac //= 10
                 p += 9
             else:
-                p = _byte(out, p, 45)
-                p = _pad_left(out, p, start, 16)
-            p = _byte(out, p, 58)
-            p = _byte(out, p, 32)
-            p = _text(out, p, ename_tab[t], 0, ename_len[t], False)
-            p = _byte(out, p, 58)
+                p = put_byte(out, p, 45)
+                p = align_right(out, p, start, 16)
+            p = put_byte(out, p, 58)
+            p = put_byte(out, p, 32)
+            p = put_cstring(out, p, ename_tab[t], 0, ename_len[t], False)
+            p = put_byte(out, p, 58)
         first = True
         for j in range(pstart[t], pend[t]):
             kind = prog[j, 0]
@@ -1180,19 +1108,19 @@ def _render(
             count = prog[j, 4]
             if json:
                 if not first:
-                    p = _byte(out, p, 44)
-                p = _byte(out, p, 34)
-                p = _text(out, p, fname_tab[j], 0, fname_len[j], True)
-                p = _byte(out, p, 34)
-                p = _byte(out, p, 58)
+                    p = put_byte(out, p, 44)
+                p = put_byte(out, p, 34)
+                p = put_cstring(out, p, fname_tab[j], 0, fname_len[j], True)
+                p = put_byte(out, p, 34)
+                p = put_byte(out, p, 58)
             else:
-                p = _byte(out, p, 32)
-                p = _text(out, p, fname_tab[j], 0, fname_len[j], False)
-                p = _byte(out, p, 61)
+                p = put_byte(out, p, 32)
+                p = put_cstring(out, p, fname_tab[j], 0, fname_len[j], False)
+                p = put_byte(out, p, 61)
             first = False
             if off + fsize > size:
                 if json:
-                    p = _put(out, p, _J_NULL)
+                    p = put_bytes(out, p, _J_NULL)
                 continue
             if kind == 1:
                 p = _int_value(out, p, buf, base + off, fsize, signed)
@@ -1207,10 +1135,10 @@ def _render(
                     if s0 + n > base + size:
                         n = 0
                 if json:
-                    p = _byte(out, p, 34)
-                p = _text(out, p, buf, s0, n, json)
+                    p = put_byte(out, p, 34)
+                p = put_cstring(out, p, buf, s0, n, json)
                 if json:
-                    p = _byte(out, p, 34)
+                    p = put_byte(out, p, 34)
             else:
                 if kind == 4:
                     s0 = base + off
@@ -1221,28 +1149,17 @@ def _render(
                     n = np.int64(loc >> np.uint64(16)) // fsize
                     if s0 + n * fsize > base + size:
                         n = 0
-                p = _byte(out, p, 91)
+                p = put_byte(out, p, 91)
                 for e in range(n):
                     if e:
-                        p = _byte(out, p, 44)
+                        p = put_byte(out, p, 44)
                     p = _int_value(out, p, buf, s0 + e * fsize, fsize, signed)
-                p = _byte(out, p, 93)
+                p = put_byte(out, p, 93)
         if json:
-            p = _byte(out, p, 125)
-            p = _byte(out, p, 125)
-        p = _byte(out, p, 10)
+            p = put_byte(out, p, 125)
+            p = put_byte(out, p, 125)
+        p = put_byte(out, p, 10)
     return p
-
-
-def _table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    data = [s.encode("utf-8", "replace") for s in strings] or [b""]
-    width = max(len(d) for d in data) + 1
-    tab = np.zeros((len(data), width), np.uint8)
-    lens = np.zeros(len(data), np.int64)
-    for k, d in enumerate(data):
-        tab[k, : len(d)] = np.frombuffer(d, np.uint8)
-        lens[k] = len(d)
-    return tab, lens
 
 
 def render_listing(
@@ -1289,9 +1206,9 @@ def render_listing(
     # is only ordered within each flush round).
     sel = sel[np.argsort(source.time[sel], kind="stable")]
     prog = np.array(prog_rows or [(0, 0, 0, 0, 0)], np.int64).reshape(-1, 5)
-    fname_tab, fname_len = _table(fnames)
-    ename_tab, ename_len = _table([t.name for t in source.types])
-    comm_tab, comm_len = _table(source.comms)
+    fname_tab, fname_len = string_list_table(fnames)
+    ename_tab, ename_len = string_list_table([t.name for t in source.types])
+    comm_tab, comm_len = string_list_table(source.comms)
     line_max = max(bound) + 6 * int(comm_len.max(initial=0))
     per_chunk = max(1, chunk_bytes // line_max)
     out = np.empty(per_chunk * line_max, np.uint8)

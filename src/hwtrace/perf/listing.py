@@ -14,25 +14,15 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numba import njit
 
-from ..pt.ptdump import _dec, _hex, _row, _s, _string_table
-
-
-@njit(cache=True, inline="always")
-def _spaces(out, p, n):
-    for _ in range(n):
-        out[p] = 32
-        p += 1
-    return p
-
-
-@njit(cache=True, inline="always")
-def _digits(v, base):
-    n = 1
-    v //= base
-    while v:
-        n += 1
-        v //= base
-    return n
+from ..textout import (
+    digit_count,
+    put_dec,
+    put_hex,
+    put_row,
+    put_spaces,
+    put_text,
+    string_list_table,
+)
 
 
 @njit(cache=True)
@@ -45,25 +35,25 @@ def _render(
     p = 0
     for i in range(lo, hi):
         k = comm[i]
-        p = _spaces(out, p, 16 - comm_len[k])
-        p = _row(out, p, comm_tab, comm_len, k)
+        p = put_spaces(out, p, 16 - comm_len[k])
+        p = put_row(out, p, comm_tab, comm_len, k)
         out[p] = 32
         p += 1
         t = tid[i]
         neg = t < 0
         mag = -t if neg else t
-        p = _spaces(out, p, 7 - _digits(mag, 10) - (1 if neg else 0))
+        p = put_spaces(out, p, 7 - digit_count(mag, 10) - (1 if neg else 0))
         if neg:
             out[p] = 45
             p += 1
-        p = _dec(out, p, mag)
+        p = put_dec(out, p, mag)
         out[p] = 32
         p += 1
         if ns[i] >= 0:
             sec = ns[i] // 1_000_000_000
             frac = ns[i] % 1_000_000_000
-            p = _spaces(out, p, 18 - _digits(sec, 10) - 10)
-            p = _dec(out, p, sec)
+            p = put_spaces(out, p, 18 - digit_count(sec, 10) - 10)
+            p = put_dec(out, p, sec)
             out[p] = 46
             p += 1
             for j in range(8, -1, -1):
@@ -71,44 +61,39 @@ def _render(
                 frac //= 10
             p += 9
         else:
-            p = _spaces(out, p, 17)
+            p = put_spaces(out, p, 17)
             out[p] = 45
             p += 1
-        p = _s(out, p, ": ")
+        p = put_text(out, p, ": ")
         a = np.uint64(ip[i])
         n = 1
         q = a >> np.uint64(4)
         while q != 0:
             n += 1
             q >>= np.uint64(4)
-        p = _spaces(out, p, 16 - n)
-        p = _hex(out, p, a, 0)
+        p = put_spaces(out, p, 16 - n)
+        p = put_hex(out, p, a, 0)
         out[p] = 32
         p += 1
         s = sym[i]
         if s < 0:
-            p = _s(out, p, "[unknown]")
+            p = put_text(out, p, "[unknown]")
         else:
-            p = _row(out, p, name_tab, name_len, s)
+            p = put_row(out, p, name_tab, name_len, s)
             if off[i] > 0:
-                p = _s(out, p, "+0x")
-                p = _hex(out, p, off[i], 0)
-            p = _s(out, p, " (")
-            p = _row(out, p, mod_tab, mod_len, s)
+                p = put_text(out, p, "+0x")
+                p = put_hex(out, p, off[i], 0)
+            p = put_text(out, p, " (")
+            p = put_row(out, p, mod_tab, mod_len, s)
             out[p] = 41
             p += 1
         if blocks:
             out[p] = 32
-            p = _dec(out, p + 1, ninsn[i])
-            p = _s(out, p, " insns")
+            p = put_dec(out, p + 1, ninsn[i])
+            p = put_text(out, p, " insns")
         out[p] = 10
         p += 1
     return p
-
-
-def _table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    # Row 0 stays valid for empty input.
-    return _string_table(dict(enumerate(strings)) or {0: ""}, max(len(strings), 1))
 
 
 def render_lines(
@@ -129,9 +114,9 @@ def render_lines(
     ``comms``), ``tid``, ``ns`` (perf time, -1 unknown), ``ip``, ``sym``
     (index into ``names``/``modules``, -1 unknown) and ``off`` (bytes into
     the symbol); ``ninsn`` per line makes it a block listing."""
-    comm_tab, comm_len = _table([c[:16] for c in comms])
-    name_tab, name_len = _table(names)
-    mod_tab, mod_len = _table(modules)
+    comm_tab, comm_len = string_list_table([c[:16] for c in comms])
+    name_tab, name_len = string_list_table(names)
+    mod_tab, mod_len = string_list_table(modules)
     blocks = ninsn is not None
     counts = ninsn if ninsn is not None else np.zeros(1, np.int64)
     width = 120 + int(name_len.max(initial=0)) + int(mod_len.max(initial=0))

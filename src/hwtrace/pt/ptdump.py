@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from ..textout import pad_to, put_dec, put_hex, put_row, put_text, string_table
 from . import _kernels as K
 from .config import PtConfig
 from .errors import errstr
@@ -83,21 +84,11 @@ F_OFFSET, F_RAW, F_LASTIP, F_EXEC, F_TIME, F_TCAL, F_DELTA, F_QUIET = (1 << i fo
 F_NO_PAD, F_NO_TIMING, F_NO_CYC, F_NO_WALL = (1 << i for i in range(8, 12))
 
 
-def _string_table(strings: dict[int, str], size: int) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(s) for s in strings.values()) + 1
-    tab = np.zeros((size, width), np.uint8)
-    lens = np.zeros(size, np.int64)
-    for k, s in strings.items():
-        tab[k, : len(s)] = np.frombuffer(s.encode(), np.uint8)
-        lens[k] = len(s)
-    return tab, lens
-
-
-_KIND_TAB, _KIND_LEN = _string_table(KIND_NAMES, 64)
-_CFE_TAB, _CFE_LEN = _string_table({**{i: "unknown" for i in range(32)}, **CFE_TYPE_NAMES}, 32)
-_EVD_TAB, _EVD_LEN = _string_table({**{i: "unknown" for i in range(32)}, **EVD_TYPE_NAMES}, 32)
-_ERR_TAB, _ERR_LEN = _string_table({i: errstr(i) for i in range(28)}, 32)
-_DIAG_TAB, _DIAG_LEN = _string_table(DIAG_TEXT, 8)
+_KIND_TAB, _KIND_LEN = string_table(KIND_NAMES, 64)
+_CFE_TAB, _CFE_LEN = string_table({**{i: "unknown" for i in range(32)}, **CFE_TYPE_NAMES}, 32)
+_EVD_TAB, _EVD_LEN = string_table({**{i: "unknown" for i in range(32)}, **EVD_TYPE_NAMES}, 32)
+_ERR_TAB, _ERR_LEN = string_table({i: errstr(i) for i in range(28)}, 32)
+_DIAG_TAB, _DIAG_LEN = string_table(DIAG_TEXT, 8)
 _DEC_ERR = np.zeros(8, np.int64)  # decode error -> libipt error code
 _DEC_ERR[int(DecodeError.BAD_OPCODE)] = 4
 _DEC_ERR[int(DecodeError.BAD_PACKET)] = 5
@@ -106,56 +97,6 @@ for _t in CFE_DECIMAL_VECTOR:
     _CFE_VEC[_t] = 1
 for _t in CFE_HEX_VECTOR:
     _CFE_VEC[_t] = 2
-
-
-@njit(cache=True, inline="always")
-def _s(out, p, text):
-    for ch in text:
-        out[p] = ord(ch)
-        p += 1
-    return p
-
-
-@njit(cache=True, inline="always")
-def _row(out, p, tab, lens, k):
-    for j in range(lens[k]):
-        out[p] = tab[k, j]
-        p += 1
-    return p
-
-
-@njit(cache=True)
-def _hex(out, p, v, width):
-    v = np.uint64(v)
-    digits = 1
-    t = v >> np.uint64(4)
-    while t != 0:
-        digits += 1
-        t >>= np.uint64(4)
-    if digits < width:
-        digits = width
-    for j in range(digits - 1, -1, -1):
-        d = (v >> np.uint64(4 * j)) & np.uint64(0xF)
-        out[p] = (48 + d) if d < 10 else (87 + d)
-        p += 1
-    return p
-
-
-@njit(cache=True)
-def _dec(out, p, v):
-    v = np.uint64(v)
-    tmp = np.empty(20, np.uint8)
-    n = 0
-    while True:
-        tmp[n] = 48 + (v % np.uint64(10))
-        n += 1
-        v //= np.uint64(10)
-        if v == 0:
-            break
-    for j in range(n - 1, -1, -1):
-        out[p] = tmp[j]
-        p += 1
-    return p
 
 
 @njit(cache=True)
@@ -175,7 +116,7 @@ def _fixed3(out, p, v, sign):
     elif sign:
         out[p] = 43
         p += 1
-    p = _dec(out, p, q // 1000)
+    p = put_dec(out, p, q // 1000)
     out[p] = 46
     p += 1
     frac = q % 1000
@@ -186,32 +127,24 @@ def _fixed3(out, p, v, sign):
 
 
 @njit(cache=True)
-def _pad(out, p, start, width):
-    while p - start < width:
-        out[p] = 32
-        p += 1
-    return p
-
-
-@njit(cache=True)
 def _diag_head(out, p, offset):
     out[p] = 91  # [
-    p = _hex(out, p + 1, offset, 0)
-    return _s(out, p, ": ")
+    p = put_hex(out, p + 1, offset, 0)
+    return put_text(out, p, ": ")
 
 
 @njit(cache=True)
 def _diag_err(out, p, err, err_tab, err_len):
     if err != 0:
-        p = _s(out, p, ": ")
-        p = _row(out, p, err_tab, err_len, err)
-    return _s(out, p, "]\n")
+        p = put_text(out, p, ": ")
+        p = put_row(out, p, err_tab, err_len, err)
+    return put_text(out, p, "]\n")
 
 
 @njit(cache=True)
 def _decode_error(out, p, offset, err, err_tab, err_len):
     p = _diag_head(out, p, offset)
-    p = _s(out, p, "error decoding packet")
+    p = put_text(out, p, "error decoding packet")
     return _diag_err(out, p, err, err_tab, err_len)
 
 
@@ -319,28 +252,28 @@ def format_kernel(
                 pl[npl] = 33 if (a >> np.uint64(b - 1 - j)) & np.uint64(1) else 46
                 npl += 1
         elif kind == K.TIP or kind == K.TIP_PGE or kind == K.TIP_PGD or kind == K.FUP:
-            npl = _hex(pl, npl, b, 0)
-            npl = _s(pl, npl, ": ")
+            npl = put_hex(pl, npl, b, 0)
+            npl = put_text(pl, npl, ": ")
             if b == 0:
-                npl = _s(pl, npl, "????????????????")
+                npl = put_text(pl, npl, "????????????????")
             elif b == 1:
-                npl = _s(pl, npl, "????????????")
-                npl = _hex(pl, npl, a, 4)
+                npl = put_text(pl, npl, "????????????")
+                npl = put_hex(pl, npl, a, 4)
             elif b == 2:
-                npl = _s(pl, npl, "????????")
-                npl = _hex(pl, npl, a, 8)
+                npl = put_text(pl, npl, "????????")
+                npl = put_hex(pl, npl, a, 8)
             elif b == 4:
-                npl = _s(pl, npl, "????")
-                npl = _hex(pl, npl, a, 12)
+                npl = put_text(pl, npl, "????")
+                npl = put_hex(pl, npl, a, 12)
             elif b == 3:
                 v = a
                 if v & np.uint64(1 << 47):
                     v |= np.uint64(0xFFFF000000000000)
-                npl = _hex(pl, npl, v, 16)
+                npl = put_hex(pl, npl, v, 16)
             else:
-                npl = _hex(pl, npl, a, 16)
+                npl = put_hex(pl, npl, a, 16)
             if lastip:
-                ntid = _s(tid, 0, "ip")
+                ntid = put_text(tid, 0, "ip")
                 if b == 0:
                     state[2] = 1
                 else:
@@ -359,55 +292,55 @@ def format_kernel(
                     state[1] = 1
                     state[2] = 0
                 if state[1] == 0:
-                    ntp = _s(tp, 0, "<unavailable>")
+                    ntp = put_text(tp, 0, "<unavailable>")
                     p = _diag_head(out, p, off)
-                    p = _s(out, p, "error tracking last-ip")
+                    p = put_text(out, p, "error tracking last-ip")
                     p = _diag_err(out, p, 11, err_tab, err_len)
                 elif state[2] != 0:
-                    ntp = _s(tp, 0, "<suppressed>")
+                    ntp = put_text(tp, 0, "<suppressed>")
                 else:
-                    ntp = _hex(tp, 0, state[0], 16)
+                    ntp = put_hex(tp, 0, state[0], 16)
         elif kind == K.MODE_EXEC:
             csl = (a & np.uint64(1)) != 0
             csd = (a & np.uint64(2)) != 0
             iflag = (a & np.uint64(4)) != 0
             if csd:
-                npl = _s(pl, npl, "cs.d")
+                npl = put_text(pl, npl, "cs.d")
             if csd and csl:
-                npl = _s(pl, npl, ", ")
+                npl = put_text(pl, npl, ", ")
             if csl:
-                npl = _s(pl, npl, "cs.l")
+                npl = put_text(pl, npl, "cs.l")
             if iflag and (csd or csl):
-                npl = _s(pl, npl, ", ")
+                npl = put_text(pl, npl, ", ")
             if iflag:
-                npl = _s(pl, npl, "if")
+                npl = put_text(pl, npl, "if")
             if exec_mode:
-                ntid = _s(tid, 0, "em")
+                ntid = put_text(tid, 0, "em")
                 if csl:
-                    ntp = _s(tp, 0, "unknown") if csd else _s(tp, 0, "64-bit")
+                    ntp = put_text(tp, 0, "unknown") if csd else put_text(tp, 0, "64-bit")
                 else:
-                    ntp = _s(tp, 0, "32-bit") if csd else _s(tp, 0, "16-bit")
+                    ntp = put_text(tp, 0, "32-bit") if csd else put_text(tp, 0, "16-bit")
         elif kind == K.MODE_TSX:
             intx = (a & np.uint64(1)) != 0
             abrt = (a & np.uint64(2)) != 0
             if intx:
-                npl = _s(pl, npl, "intx")
+                npl = put_text(pl, npl, "intx")
             if intx and abrt:
-                npl = _s(pl, npl, ", ")
+                npl = put_text(pl, npl, ", ")
             if abrt:
-                npl = _s(pl, npl, "abrt")
+                npl = put_text(pl, npl, "abrt")
         elif kind == K.PIP:
-            npl = _hex(pl, npl, a, 0)
+            npl = put_hex(pl, npl, a, 0)
             if b:
-                npl = _s(pl, npl, ", nr")
-            ntid = _s(tid, 0, "cr3")
-            ntp = _hex(tp, 0, a, 16)
+                npl = put_text(pl, npl, ", nr")
+            ntid = put_text(tid, 0, "cr3")
+            ntp = put_hex(tp, 0, a, 16)
         elif kind == K.VMCS:
-            npl = _hex(pl, npl, a, 0)
-            ntid = _s(tid, 0, "vmcs")
-            ntp = _hex(tp, 0, a, 16)
+            npl = put_hex(pl, npl, a, 0)
+            ntid = put_text(tid, 0, "vmcs")
+            ntp = put_hex(tp, 0, a, 16)
         elif kind == K.TSC or kind == K.CBR or kind == K.MTC or kind == K.CYC:
-            npl = _hex(pl, npl, a, 0)
+            npl = put_hex(pl, npl, a, 0)
             timing = True
             skip = no_timing or (kind == K.CYC and no_cyc)
             skip_time = kind == K.CBR
@@ -415,89 +348,89 @@ def format_kernel(
             if kind == K.CYC and no_cyc:
                 timing = False
         elif kind == K.TMA:
-            npl = _hex(pl, npl, a, 0)
-            npl = _s(pl, npl, ", ")
-            npl = _hex(pl, npl, b, 0)
+            npl = put_hex(pl, npl, a, 0)
+            npl = put_text(pl, npl, ", ")
+            npl = put_hex(pl, npl, b, 0)
             timing = True
             skip = no_timing
             skip_tcal = True
         elif kind == K.MNT or kind == K.BIP:
-            npl = _hex(pl, npl, a, 0)
+            npl = put_hex(pl, npl, a, 0)
         elif kind == K.EXSTOP or kind == K.BEP:
             if c:
-                npl = _s(pl, npl, "ip")
+                npl = put_text(pl, npl, "ip")
         elif kind == K.MWAIT:
-            npl = _hex(pl, npl, a, 8)
-            npl = _s(pl, npl, ", ")
-            npl = _hex(pl, npl, b, 8)
+            npl = put_hex(pl, npl, a, 8)
+            npl = put_text(pl, npl, ", ")
+            npl = put_hex(pl, npl, b, 8)
         elif kind == K.PWRE:
-            npl = _s(pl, npl, "c")
-            npl = _dec(pl, npl, (a + np.uint64(1)) & np.uint64(0xF))
-            npl = _s(pl, npl, ".")
-            npl = _dec(pl, npl, (b + 1) & 0xF)
+            npl = put_text(pl, npl, "c")
+            npl = put_dec(pl, npl, (a + np.uint64(1)) & np.uint64(0xF))
+            npl = put_text(pl, npl, ".")
+            npl = put_dec(pl, npl, (b + 1) & 0xF)
             if c:
-                npl = _s(pl, npl, ", hw")
+                npl = put_text(pl, npl, ", hw")
         elif kind == K.PWRX:
             if c == 1:
-                npl = _s(pl, npl, "int")
+                npl = put_text(pl, npl, "int")
             elif c == 2:
-                npl = _s(pl, npl, " st")
+                npl = put_text(pl, npl, " st")
             elif c == 4:
-                npl = _s(pl, npl, " hw")
+                npl = put_text(pl, npl, " hw")
             else:
-                npl = _s(pl, npl, "bad")
-            npl = _s(pl, npl, ": c")
-            npl = _dec(pl, npl, (a + np.uint64(1)) & np.uint64(0xF))
-            npl = _s(pl, npl, ", c")
-            npl = _dec(pl, npl, (b + 1) & 0xF)
+                npl = put_text(pl, npl, "bad")
+            npl = put_text(pl, npl, ": c")
+            npl = put_dec(pl, npl, (a + np.uint64(1)) & np.uint64(0xF))
+            npl = put_text(pl, npl, ", c")
+            npl = put_dec(pl, npl, (b + 1) & 0xF)
         elif kind == K.PTW:
-            npl = _hex(pl, npl, b, 0)
-            npl = _s(pl, npl, ": ")
-            npl = _hex(pl, npl, a, 0)
+            npl = put_hex(pl, npl, b, 0)
+            npl = put_text(pl, npl, ": ")
+            npl = put_hex(pl, npl, a, 0)
             if c:
-                npl = _s(pl, npl, ", ip")
+                npl = put_text(pl, npl, ", ip")
         elif kind == K.CFE:
             t = np.int64(a)
-            npl = _dec(pl, npl, t)
+            npl = put_dec(pl, npl, t)
             if cfe_vec[t] == 1:
-                npl = _s(pl, npl, ": ")
-                npl = _dec(pl, npl, b)
+                npl = put_text(pl, npl, ": ")
+                npl = put_dec(pl, npl, b)
             elif cfe_vec[t] == 2:
-                npl = _s(pl, npl, ": ")
-                npl = _hex(pl, npl, b, 0)
+                npl = put_text(pl, npl, ": ")
+                npl = put_hex(pl, npl, b, 0)
             if c:
-                npl = _s(pl, npl, ", ip")
-            ntid = _s(tid, 0, "type")
-            ntp = _row(tp, 0, cfe_tab, cfe_len, t)
+                npl = put_text(pl, npl, ", ip")
+            ntid = put_text(tid, 0, "type")
+            ntp = put_row(tp, 0, cfe_tab, cfe_len, t)
         elif kind == K.EVD:
-            npl = _dec(pl, npl, b)
-            npl = _s(pl, npl, ": ")
-            npl = _hex(pl, npl, a, 0)
-            ntid = _s(tid, 0, "type")
-            ntp = _row(tp, 0, evd_tab, evd_len, b)
+            npl = put_dec(pl, npl, b)
+            npl = put_text(pl, npl, ": ")
+            npl = put_hex(pl, npl, a, 0)
+            ntid = put_text(tid, 0, "type")
+            ntp = put_row(tp, 0, evd_tab, evd_len, b)
         elif kind == K.TRIG:
             ext = True
-            npl = _hex(pl, npl, a, 2)
+            npl = put_hex(pl, npl, a, 2)
             if c & 1:
-                npl = _s(pl, npl, ", ip")
+                npl = put_text(pl, npl, ", ip")
             if c & 4:
-                npl = _s(pl, npl, ", mult")
+                npl = put_text(pl, npl, ", mult")
             if c & 2:
-                npl = _s(pl, npl, ", icnt: ")
-                npl = _dec(pl, npl, b)
+                npl = put_text(pl, npl, ", icnt: ")
+                npl = put_dec(pl, npl, b)
         elif kind == K.BBP:
-            npl = _hex(pl, npl, a, 0)
+            npl = put_hex(pl, npl, a, 0)
             if b:
-                npl = _s(pl, npl, ", sz4")
+                npl = put_text(pl, npl, ", sz4")
 
         if timing and track:
             while d < diag_idx.shape[0] and diag_idx[d] == i:
                 p = _diag_head(out, p, off)
-                p = _row(out, p, dg_tab, dg_len, diag_kind[d])
+                p = put_row(out, p, dg_tab, dg_len, diag_kind[d])
                 p = _diag_err(out, p, diag_err[d], err_tab, err_len)
                 d += 1
             if show_tcal and not skip_tcal:
-                ntid = _s(tid, 0, "fcr")
+                ntid = put_text(tid, 0, "fcr")
                 if have_fcr[i]:
                     if delta:
                         ntp = _fixed3(tp, 0, fcr[i] - state[4], True)
@@ -505,29 +438,29 @@ def format_kernel(
                     else:
                         ntp = _fixed3(tp, 0, fcr[i], False)
                 else:
-                    ntp = _s(tp, 0, "<unavailable>")
+                    ntp = put_text(tp, 0, "<unavailable>")
                     p = _diag_head(out, p, off)
-                    p = _s(out, p, "error printing time")
+                    p = put_text(out, p, "error printing time")
                     p = _diag_err(out, p, 15, err_tab, err_len)
             if show_time and not skip_time:
-                ntid = _s(tid, 0, "tsc")
+                ntid = put_text(tid, 0, "tsc")
                 if have_tsc[i] or no_wall:
                     t = tsc[i]
                     if delta:
                         old = state[3]
                         if np.uint64(old) <= np.uint64(t):
-                            ntp = _s(tp, 0, "+")
-                            ntp = _hex(tp, ntp, np.uint64(t) - np.uint64(old), 0)
+                            ntp = put_text(tp, 0, "+")
+                            ntp = put_hex(tp, ntp, np.uint64(t) - np.uint64(old), 0)
                         else:
-                            ntp = _s(tp, 0, "-")
-                            ntp = _hex(tp, ntp, np.uint64(old) - np.uint64(t), 0)
+                            ntp = put_text(tp, 0, "-")
+                            ntp = put_hex(tp, ntp, np.uint64(old) - np.uint64(t), 0)
                         state[3] = t
                     else:
-                        ntp = _hex(tp, 0, t, 16)
+                        ntp = put_hex(tp, 0, t, 16)
                 else:
-                    ntp = _s(tp, 0, "<unavailable>")
+                    ntp = put_text(tp, 0, "<unavailable>")
                     p = _diag_head(out, p, off)
-                    p = _s(out, p, "error printing time")
+                    p = put_text(out, p, "error printing time")
                     p = _diag_err(out, p, 15, err_tab, err_len)
 
         if skip or quiet:
@@ -535,8 +468,8 @@ def format_kernel(
         start = p
         sep = False
         if show_off:
-            p = _hex(out, p, off, 16)
-            p = _pad(out, p, start, 17)
+            p = put_hex(out, p, off, 16)
+            p = pad_to(out, p, start, 17)
             sep = True
         if raw:
             if sep:
@@ -544,16 +477,16 @@ def format_kernel(
                 p += 1
             rs = p
             for j in range(sizes[i]):
-                p = _hex(out, p, buf[off + j], 2)
-            p = _pad(out, p, rs, 33)
+                p = put_hex(out, p, buf[off + j], 2)
+            p = pad_to(out, p, rs, 33)
             sep = True
         if sep:
             out[p] = 32
             p += 1
         os_ = p
-        p = _row(out, p, kind_tab, kind_len, kind)
+        p = put_row(out, p, kind_tab, kind_len, kind)
         if npl > 0:
-            p = _pad(out, p, os_, 10)
+            p = pad_to(out, p, os_, 10)
         if ext:
             out[p] = 32
             p += 1
@@ -567,14 +500,14 @@ def format_kernel(
             for j in range(npl):
                 out[p] = pl[j]
                 p += 1
-            p = _pad(out, p, ps, 25)
+            p = pad_to(out, p, ps, 25)
             out[p] = 32
             p += 1
             ps = p
             for j in range(ntid):
                 out[p] = tid[j]
                 p += 1
-            p = _pad(out, p, ps, 5)
+            p = pad_to(out, p, ps, 5)
             for j in range(ntp):
                 out[p] = tp[j]
                 p += 1

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numba as nb
 import numpy as np
 
+from ..textout import put_dec, put_hex, put_row, put_text, string_table
 from . import _flowkernel as K
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .events import Ev
 from .flowdec import FlowSink
-from .ptdump import _dec, _hex, _row, _s, _string_table
 
 # Option bits (PtxedStyle.bits).
 S_QUIET, S_NO_INST, S_OFFSET, S_TIME, S_RAW, S_EV_TIME, S_EV_IP, S_SHOW_BLOCKS, S_STATS = (
@@ -36,11 +36,11 @@ NFU = 2
 
 LINE_MAX = 512  # no line is longer (raw bytes, disassembly, event text)
 
-_ERR_TAB, _ERR_LEN = _string_table({i: errstr(i) for i in range(32)}, 32)
-_KIND_TAB, _KIND_LEN = _string_table(
+_ERR_TAB, _ERR_LEN = string_table({i: errstr(i) for i in range(32)}, 32)
+_KIND_TAB, _KIND_LEN = string_table(
     {K.ERR_DECODE: "error", K.ERR_SYNC: "sync error", K.ERR_RESYNC: "resync error"}, 4
 )
-_NAME_TAB, _NAME_LEN = _string_table({int(e): f"event {e.name.lower()}" for e in Ev}, 64)
+_NAME_TAB, _NAME_LEN = string_table({int(e): f"event {e.name.lower()}" for e in Ev}, 64)
 
 
 @dataclass
@@ -70,8 +70,8 @@ class PtxedStyle:
 def _ipx(out, p, row, ev_ip):
     """ptxed's ``, ip: %016x`` when asked for and the IP is known."""
     if ev_ip and not (row[K.E_FLAGS] & K.F_SUPP):
-        p = _s(out, p, ", ip: ")
-        p = _hex(out, p, row[K.E_IP], 16)
+        p = put_text(out, p, ", ip: ")
+        p = put_hex(out, p, row[K.E_IP], 16)
     return p
 
 
@@ -84,191 +84,191 @@ def _event(out, p, row, offset, style):
     out[p] = 91  # [
     p += 1
     if style & S_OFFSET:
-        p = _hex(out, p, offset, 16)
-        p = _s(out, p, "  ")
+        p = put_hex(out, p, offset, 16)
+        p = put_text(out, p, "  ")
     if style & S_EV_TIME and row[K.E_FLAGS] & K.F_HAS_TSC:
-        p = _hex(out, p, row[K.E_TSC], 16)
-        p = _s(out, p, "  ")
+        p = put_hex(out, p, row[K.E_TSC], 16)
+        p = put_text(out, p, "  ")
     if t == K.EV_ENABLED:
         if row[K.E_FLAGS] & K.F_RESUMED:
-            p = _s(out, p, "resumed")
+            p = put_text(out, p, "resumed")
         else:
-            p = _s(out, p, "enabled")
+            p = put_text(out, p, "enabled")
         if ev_ip:
-            p = _s(out, p, ", ip: ")
-            p = _hex(out, p, row[K.E_IP], 16)
+            p = put_text(out, p, ", ip: ")
+            p = put_hex(out, p, row[K.E_IP], 16)
     elif t == K.EV_DISABLED:
-        p = _s(out, p, "disabled")
+        p = put_text(out, p, "disabled")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_ASYNC_DISABLED:
-        p = _s(out, p, "disabled")
+        p = put_text(out, p, "disabled")
         if ev_ip:
-            p = _s(out, p, ", at: ")
-            p = _hex(out, p, row[K.E_AT], 16)
+            p = put_text(out, p, ", at: ")
+            p = put_hex(out, p, row[K.E_AT], 16)
             if not supp:
-                p = _s(out, p, ", ip: ")
-                p = _hex(out, p, row[K.E_IP], 16)
+                p = put_text(out, p, ", ip: ")
+                p = put_hex(out, p, row[K.E_IP], 16)
     elif t == K.EV_ASYNC_BRANCH:
-        p = _s(out, p, "interrupt")
+        p = put_text(out, p, "interrupt")
         if ev_ip:
-            p = _s(out, p, ", from: ")
-            p = _hex(out, p, row[K.E_AT], 16)
+            p = put_text(out, p, ", from: ")
+            p = put_hex(out, p, row[K.E_AT], 16)
             if not supp:
-                p = _s(out, p, ", to: ")
-                p = _hex(out, p, row[K.E_IP], 16)
+                p = put_text(out, p, ", to: ")
+                p = put_hex(out, p, row[K.E_IP], 16)
     elif t == K.EV_PAGING or t == K.EV_ASYNC_PAGING:
-        p = _s(out, p, "paging, cr3: ")
-        p = _hex(out, p, row[K.E_CR3], 16)
+        p = put_text(out, p, "paging, cr3: ")
+        p = put_hex(out, p, row[K.E_CR3], 16)
         if row[K.E_NR]:
-            p = _s(out, p, ", nr")
+            p = put_text(out, p, ", nr")
         if t == K.EV_ASYNC_PAGING and ev_ip:
-            p = _s(out, p, ", ip: ")
-            p = _hex(out, p, row[K.E_IP], 16)
+            p = put_text(out, p, ", ip: ")
+            p = put_hex(out, p, row[K.E_IP], 16)
     elif t == K.EV_OVERFLOW:
-        p = _s(out, p, "overflow")
+        p = put_text(out, p, "overflow")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_EXEC_MODE:
-        p = _s(out, p, "exec mode: ")
+        p = put_text(out, p, "exec mode: ")
         m = row[K.E_MODE]
         if m == 16:
-            p = _s(out, p, "16-bit")
+            p = put_text(out, p, "16-bit")
         elif m == 32:
-            p = _s(out, p, "32-bit")
+            p = put_text(out, p, "32-bit")
         elif m == 64:
-            p = _s(out, p, "64-bit")
+            p = put_text(out, p, "64-bit")
         else:
-            p = _s(out, p, "<unknown>")
+            p = put_text(out, p, "<unknown>")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_TSX:
         if row[K.E_ABORTED]:
-            p = _s(out, p, "aborted")
+            p = put_text(out, p, "aborted")
         elif row[K.E_SPEC]:
-            p = _s(out, p, "begin transaction")
+            p = put_text(out, p, "begin transaction")
         else:
-            p = _s(out, p, "committed")
+            p = put_text(out, p, "committed")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_STOP:
-        p = _s(out, p, "stopped")
+        p = put_text(out, p, "stopped")
     elif t == K.EV_VMCS or t == K.EV_ASYNC_VMCS:
-        p = _s(out, p, "vmcs, base: ")
-        p = _hex(out, p, row[K.E_BASE], 16)
+        p = put_text(out, p, "vmcs, base: ")
+        p = put_hex(out, p, row[K.E_BASE], 16)
         if t == K.EV_ASYNC_VMCS and ev_ip:
-            p = _s(out, p, ", ip: ")
-            p = _hex(out, p, row[K.E_IP], 16)
+            p = put_text(out, p, ", ip: ")
+            p = put_hex(out, p, row[K.E_IP], 16)
     elif t == K.EV_EXSTOP:
-        p = _s(out, p, "exstop")
+        p = put_text(out, p, "exstop")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_MWAIT:
-        p = _s(out, p, "mwait ")
-        p = _hex(out, p, row[K.E_HINTS], 0)
-        p = _s(out, p, " ")
-        p = _hex(out, p, row[K.E_EXT], 0)
+        p = put_text(out, p, "mwait ")
+        p = put_hex(out, p, row[K.E_HINTS], 0)
+        p = put_text(out, p, " ")
+        p = put_hex(out, p, row[K.E_EXT], 0)
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_PWRE:
-        p = _s(out, p, "pwre c")
-        p = _dec(out, p, (row[K.E_STATE] + np.uint64(1)) & np.uint64(0xF))
-        p = _s(out, p, ".")
-        p = _dec(out, p, (row[K.E_SUBSTATE] + np.uint64(1)) & np.uint64(0xF))
+        p = put_text(out, p, "pwre c")
+        p = put_dec(out, p, (row[K.E_STATE] + np.uint64(1)) & np.uint64(0xF))
+        p = put_text(out, p, ".")
+        p = put_dec(out, p, (row[K.E_SUBSTATE] + np.uint64(1)) & np.uint64(0xF))
         if row[K.E_HW]:
-            p = _s(out, p, " hw")
+            p = put_text(out, p, " hw")
     elif t == K.EV_PWRX:
-        p = _s(out, p, "pwrx ")
+        p = put_text(out, p, "pwrx ")
         if row[K.E_WAKE_INT]:
-            p = _s(out, p, "int: ")
+            p = put_text(out, p, "int: ")
         if row[K.E_WAKE_ST]:
-            p = _s(out, p, "st: ")
+            p = put_text(out, p, "st: ")
         if row[K.E_WAKE_HW]:
-            p = _s(out, p, "hw: ")
-        p = _s(out, p, "c")
-        p = _dec(out, p, (row[K.E_LAST] + np.uint64(1)) & np.uint64(0xF))
-        p = _s(out, p, " (c")
-        p = _dec(out, p, (row[K.E_DEEPEST] + np.uint64(1)) & np.uint64(0xF))
-        p = _s(out, p, ")")
+            p = put_text(out, p, "hw: ")
+        p = put_text(out, p, "c")
+        p = put_dec(out, p, (row[K.E_LAST] + np.uint64(1)) & np.uint64(0xF))
+        p = put_text(out, p, " (c")
+        p = put_dec(out, p, (row[K.E_DEEPEST] + np.uint64(1)) & np.uint64(0xF))
+        p = put_text(out, p, ")")
     elif t == K.EV_PTWRITE:
-        p = _s(out, p, "ptwrite: ")
-        p = _hex(out, p, row[K.E_PAYLOAD], 0)
+        p = put_text(out, p, "ptwrite: ")
+        p = put_hex(out, p, row[K.E_PAYLOAD], 0)
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_TICK:
-        p = _s(out, p, "tick")
+        p = put_text(out, p, "tick")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_CBR:
-        p = _s(out, p, "cbr: ")
-        p = _hex(out, p, row[K.E_RATIO], 0)
+        p = put_text(out, p, "cbr: ")
+        p = put_hex(out, p, row[K.E_RATIO], 0)
     elif t == K.EV_MNT:
-        p = _s(out, p, "mnt: ")
-        p = _hex(out, p, row[K.E_PAYLOAD], 0)
+        p = put_text(out, p, "mnt: ")
+        p = put_hex(out, p, row[K.E_PAYLOAD], 0)
     elif t == K.EV_IFLAGS:
-        p = _s(out, p, "interrupts ")
+        p = put_text(out, p, "interrupts ")
         if row[K.E_IFLAG]:
-            p = _s(out, p, "enabled")
+            p = put_text(out, p, "enabled")
         else:
-            p = _s(out, p, "disabled")
+            p = put_text(out, p, "disabled")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_INTERRUPT:
-        p = _s(out, p, "interrupt ")
-        p = _dec(out, p, row[K.E_VECTOR])
+        p = put_text(out, p, "interrupt ")
+        p = put_dec(out, p, row[K.E_VECTOR])
         if row[K.E_HAS_CR2]:
-            p = _s(out, p, ", cr2: ")
-            p = _hex(out, p, row[K.E_CR2], 16)
+            p = put_text(out, p, ", cr2: ")
+            p = put_hex(out, p, row[K.E_CR2], 16)
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_IRET:
-        p = _s(out, p, "iret")
+        p = put_text(out, p, "iret")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_SMI:
-        p = _s(out, p, "smi")
+        p = put_text(out, p, "smi")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_RSM:
-        p = _s(out, p, "rsm")
+        p = put_text(out, p, "rsm")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_SIPI:
-        p = _s(out, p, "sipi: ")
-        p = _hex(out, p, row[K.E_VECTOR], 0)
+        p = put_text(out, p, "sipi: ")
+        p = put_hex(out, p, row[K.E_VECTOR], 0)
     elif t == K.EV_INIT:
-        p = _s(out, p, "init")
+        p = put_text(out, p, "init")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_VMENTRY:
-        p = _s(out, p, "vmentry")
+        p = put_text(out, p, "vmentry")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_VMEXIT:
-        p = _s(out, p, "vmexit")
+        p = put_text(out, p, "vmexit")
         if row[K.E_HAS_VECTOR]:
-            p = _s(out, p, ", intr: ")
-            p = _dec(out, p, row[K.E_VECTOR])
+            p = put_text(out, p, ", intr: ")
+            p = put_dec(out, p, row[K.E_VECTOR])
         if row[K.E_HAS_VMXR]:
-            p = _s(out, p, ", vmxr: ")
-            p = _hex(out, p, row[K.E_VMXR], 16)
+            p = put_text(out, p, ", vmxr: ")
+            p = put_hex(out, p, row[K.E_VMXR], 16)
         if row[K.E_HAS_VMXQ]:
-            p = _s(out, p, ", vmxq: ")
-            p = _hex(out, p, row[K.E_VMXQ], 16)
+            p = put_text(out, p, ", vmxq: ")
+            p = put_hex(out, p, row[K.E_VMXQ], 16)
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_SHUTDOWN:
-        p = _s(out, p, "shutdown")
+        p = put_text(out, p, "shutdown")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_UINTR:
-        p = _s(out, p, "uintr ")
-        p = _dec(out, p, row[K.E_VECTOR])
+        p = put_text(out, p, "uintr ")
+        p = put_dec(out, p, row[K.E_VECTOR])
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_UIRET:
-        p = _s(out, p, "uiret")
+        p = put_text(out, p, "uiret")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_SWINTR:
-        p = _s(out, p, "swintr ")
-        p = _dec(out, p, row[K.E_VECTOR])
+        p = put_text(out, p, "swintr ")
+        p = put_dec(out, p, row[K.E_VECTOR])
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_SYSCALL:
-        p = _s(out, p, "syscall")
+        p = put_text(out, p, "syscall")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_TRIG:
-        p = _s(out, p, "trig ")
-        p = _hex(out, p, row[K.E_TRBV], 2)
+        p = put_text(out, p, "trig ")
+        p = put_hex(out, p, row[K.E_TRBV], 2)
         if row[K.E_MULT]:
-            p = _s(out, p, ", mult")
+            p = put_text(out, p, ", mult")
         p = _ipx(out, p, row, ev_ip)
         if row[K.E_ICNT]:
-            p = _s(out, p, ", icnt: ")
-            p = _dec(out, p, row[K.E_ICNT])
+            p = put_text(out, p, ", icnt: ")
+            p = put_dec(out, p, row[K.E_ICNT])
     else:
-        p = _row(out, p, _NAME_TAB, _NAME_LEN, t)
+        p = put_row(out, p, _NAME_TAB, _NAME_LEN, t)
     out[p] = 93  # ]
     out[p + 1] = 10
     return p + 2
@@ -280,19 +280,19 @@ def _marker(out, p, row, offset, style):
     t = row[K.E_TYPE]
     if t == K.X_ERROR:
         out[p] = 91
-        p = _hex(out, p + 1, offset, 0)
-        p = _s(out, p, ", ")
-        p = _hex(out, p, row[K.E_IP], 0)
-        p = _s(out, p, ": ")
-        p = _row(out, p, _KIND_TAB, _KIND_LEN, row[K.E_P1])
-        p = _s(out, p, ": ")
-        p = _row(out, p, _ERR_TAB, _ERR_LEN, min(row[K.E_P0], np.uint64(31)))
-        return _s(out, p, "]\n")
+        p = put_hex(out, p + 1, offset, 0)
+        p = put_text(out, p, ", ")
+        p = put_hex(out, p, row[K.E_IP], 0)
+        p = put_text(out, p, ": ")
+        p = put_row(out, p, _KIND_TAB, _KIND_LEN, row[K.E_P1])
+        p = put_text(out, p, ": ")
+        p = put_row(out, p, _ERR_TAB, _ERR_LEN, min(row[K.E_P0], np.uint64(31)))
+        return put_text(out, p, "]\n")
     if style & S_QUIET:
         return p
     if t == K.X_END:
-        return _s(out, p, "[end of trace]\n")
-    return _s(out, p, "[disabled]\n")  # X_RESYNC_DISABLED
+        return put_text(out, p, "[end of trace]\n")
+    return put_text(out, p, "[disabled]\n")  # X_RESYNC_DISABLED
 
 
 @nb.njit(cache=True, inline="always")
@@ -322,15 +322,15 @@ def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_o
     while k < n_insns:
         if p + LINE_MAX > lines.shape[0]:
             break
-        p = _hex(lines, p, i_ip[k], 16)
+        p = put_hex(lines, p, i_ip[k], 16)
         if not no_inst:
             if raw:
                 size = np.int64(i_size[k])
                 for q in range(size):
                     lines[p] = 32
-                    p = _hex(lines, p + 1, i_raw[k, q], 2)
+                    p = put_hex(lines, p + 1, i_raw[k, q], 2)
                 for _ in range(15 - size):
-                    p = _s(lines, p, "   ")
+                    p = put_text(lines, p, "   ")
             lines[p] = 32
             lines[p + 1] = 32
             p += 2
@@ -406,11 +406,11 @@ def format_batch(
                         st[F_EVENT] = j
                         return p
                     if style & S_STATS:
-                        p = _s(out, p, "[block ")
-                        p = _hex(out, p, st[F_NBLOCKS], 0)
-                        p = _s(out, p, "]\n")
+                        p = put_text(out, p, "[block ")
+                        p = put_hex(out, p, st[F_NBLOCKS], 0)
+                        p = put_text(out, p, "]\n")
                     else:
-                        p = _s(out, p, "[block]\n")
+                        p = put_text(out, p, "[block]\n")
             st[F_NINSN] += n
             stu[FU_IP] = b_ip[i]
         if quiet:
@@ -428,7 +428,7 @@ def format_batch(
                 return p
             k = hash_find(h_ip, h_mode, h_val, ip, mode)
             if k < 0:  # cannot happen: the decoder read every instruction it reports
-                p = _hex(out, p, ip, 16)
+                p = put_hex(out, p, ip, 16)
                 out[p] = 10
                 p += 1
                 done = n
@@ -455,13 +455,13 @@ def format_batch(
                         stu[FU_IP] = i_ip[k + q]
                         return p
                     if style & S_OFFSET:
-                        p = _hex(out, p, st[F_BLKOFF], 16)
-                        p = _s(out, p, "  ")
+                        p = put_hex(out, p, st[F_BLKOFF], 16)
+                        p = put_text(out, p, "  ")
                     if style & S_TIME:
-                        p = _hex(out, p, stu[FU_TIME], 16)
-                        p = _s(out, p, "  ")
+                        p = put_hex(out, p, stu[FU_TIME], 16)
+                        p = put_text(out, p, "  ")
                     if st[F_SPEC]:
-                        p = _s(out, p, "? ")
+                        p = put_text(out, p, "? ")
                     a = line_off[k + q]
                     e = line_off[k + q + 1]
                     out[p : p + (e - a)] = lines[a:e]

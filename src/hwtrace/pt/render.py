@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import numpy as np
 from numba import njit
 
+from ..textout import pad_to, put_dec, put_hex, put_row, put_text, string_table
 from .kinds import ERROR_TEXT, KIND_NAMES, DecodeError, Kind
 from .packets import FIELD_NAMES, PacketTable
-from .ptdump import _dec, _hex, _pad, _row, _s, _string_table
 from .timing import TimeColumns
 
 # Fields shown in hex in the human format; JSON always writes integers.
@@ -45,13 +45,13 @@ def _field_tables():
                 names[int(kind) * 3 + j] = name
                 is_hex[int(kind), j] = name in _HEX_FIELDS
     names.setdefault(0, "")
-    tab, lens = _string_table(names, 64 * 3)
+    tab, lens = string_table(names, 64 * 3)
     return tab, lens, is_hex
 
 
 _FIELD_TAB, _FIELD_LEN, _FIELD_HEX = _field_tables()
-_KIND_TAB, _KIND_LEN = _string_table(KIND_NAMES, 64)
-_ERRTXT_TAB, _ERRTXT_LEN = _string_table({int(k): v for k, v in ERROR_TEXT.items()}, 8)
+_KIND_TAB, _KIND_LEN = string_table(KIND_NAMES, 64)
+_ERRTXT_TAB, _ERRTXT_LEN = string_table({int(k): v for k, v in ERROR_TEXT.items()}, 8)
 _FAMILY = np.zeros(64, np.uint8)
 for _k in _CONTROL:
     _FAMILY[int(_k)] = 1
@@ -60,7 +60,7 @@ for _k in _TIMING:
 for _k in _SYNC:
     _FAMILY[int(_k)] = 3
 _FAMILY[int(Kind.INVALID)] = 4
-_COLOR_TAB, _COLOR_LEN = _string_table({0: "", **_COLOR_CODES, 5: _RESET}, 8)
+_COLOR_TAB, _COLOR_LEN = string_table({0: "", **_COLOR_CODES, 5: _RESET}, 8)
 _TNT_KINDS = (int(Kind.TNT8), int(Kind.TNT64))
 
 JSON, HUMAN = 0, 1
@@ -69,15 +69,15 @@ JSON, HUMAN = 0, 1
 @njit(cache=True)
 def _error_line(out, p, style, offset, code, txt_tab, txt_len):
     if style == 0:
-        p = _s(out, p, '{"offset":')
-        p = _dec(out, p, offset)
-        p = _s(out, p, ',"error":"')
-        p = _row(out, p, txt_tab, txt_len, code)
-        return _s(out, p, '"}\n')
-    p = _hex(out, p, offset, 16)
-    p = _s(out, p, "  error: ")
-    p = _row(out, p, txt_tab, txt_len, code)
-    return _s(out, p, ", resynchronised at the next PSB\n")
+        p = put_text(out, p, '{"offset":')
+        p = put_dec(out, p, offset)
+        p = put_text(out, p, ',"error":"')
+        p = put_row(out, p, txt_tab, txt_len, code)
+        return put_text(out, p, '"}\n')
+    p = put_hex(out, p, offset, 16)
+    p = put_text(out, p, "  error: ")
+    p = put_row(out, p, txt_tab, txt_len, code)
+    return put_text(out, p, ", resynchronised at the next PSB\n")
 
 
 @njit(cache=True)
@@ -101,38 +101,38 @@ def render_kernel(
         k = kind[i]
         cols = (np.uint64(a[i]), np.uint64(b[i]), np.uint64(c[i]))
         if style == 0:
-            p = _s(out, p, '{"offset":')
-            p = _dec(out, p, offset[i])
-            p = _s(out, p, ',"size":')
-            p = _dec(out, p, size[i])
-            p = _s(out, p, ',"kind":"')
-            p = _row(out, p, kind_tab, kind_len, k)
+            p = put_text(out, p, '{"offset":')
+            p = put_dec(out, p, offset[i])
+            p = put_text(out, p, ',"size":')
+            p = put_dec(out, p, size[i])
+            p = put_text(out, p, ',"kind":"')
+            p = put_row(out, p, kind_tab, kind_len, k)
             out[p] = 34
             p += 1
             for j in range(3):
                 f = k * 3 + j
                 if field_len[f] == 0:
                     continue
-                p = _s(out, p, ',"')
-                p = _row(out, p, field_tab, field_len, f)
-                p = _s(out, p, '":')
-                p = _dec(out, p, cols[j])
+                p = put_text(out, p, ',"')
+                p = put_row(out, p, field_tab, field_len, f)
+                p = put_text(out, p, '":')
+                p = put_dec(out, p, cols[j])
             if have_tsc[i]:
-                p = _s(out, p, ',"time":')
-                p = _dec(out, p, tsc[i])
-            p = _s(out, p, "}\n")
+                p = put_text(out, p, ',"time":')
+                p = put_dec(out, p, tsc[i])
+            p = put_text(out, p, "}\n")
             continue
-        p = _hex(out, p, offset[i], 16)
-        p = _s(out, p, "  ")
+        p = put_hex(out, p, offset[i], 16)
+        p = put_text(out, p, "  ")
         start = p
         fam = family[k]
         if color and fam != 0:
-            p = _row(out, p, color_tab, color_len, fam)
-        p = _row(out, p, kind_tab, kind_len, k)
+            p = put_row(out, p, color_tab, color_len, fam)
+        p = put_row(out, p, kind_tab, kind_len, k)
         if color and fam != 0:
-            p = _row(out, p, color_tab, color_len, 5)
+            p = put_row(out, p, color_tab, color_len, 5)
             start += color_len[fam] + color_len[5]
-        p = _pad(out, p, start, 10)
+        p = pad_to(out, p, start, 10)
         for j in range(3):
             f = k * 3 + j
             if field_len[f] == 0:
@@ -147,17 +147,17 @@ def render_kernel(
                     out[p] = 84 if taken else 78
                     p += 1
                 continue
-            p = _row(out, p, field_tab, field_len, f)
+            p = put_row(out, p, field_tab, field_len, f)
             out[p] = 61
             p += 1
             if field_hex[k, j]:
-                p = _s(out, p, "0x")
-                p = _hex(out, p, cols[j], 0)
+                p = put_text(out, p, "0x")
+                p = put_hex(out, p, cols[j], 0)
             else:
-                p = _dec(out, p, cols[j])
+                p = put_dec(out, p, cols[j])
         if have_tsc[i]:
-            p = _s(out, p, "  time=0x")
-            p = _hex(out, p, tsc[i], 0)
+            p = put_text(out, p, "  time=0x")
+            p = put_hex(out, p, tsc[i], 0)
         while out[p - 1] == 32:
             p -= 1
         out[p] = 10

@@ -1,0 +1,215 @@
+"""Compiled text writers: numbers and strings written into byte buffers.
+
+hwtrace's listings (Intel ptdump and ptxed text, the packet listings,
+``hwtrace script``, ``hwtrace filter``) are written by numba kernels many
+lines per call into a ``uint8`` buffer, so a large trace costs no Python
+work per line.  The kernels share these helpers.
+
+Every writer takes the buffer ``out`` and the position ``p`` to write at
+and returns the position after what it wrote; none checks bounds: callers
+size ``out`` for the longest line they can write.
+
+Names go into kernels as *string tables* (:func:`string_table`,
+:func:`string_list_table`): a 2-D ``uint8`` array with one row per string
+and the row lengths, written with :func:`put_row`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numba import njit
+
+
+def string_table(strings: Mapping[int, str], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``strings`` (row -> text) as a table of ``size`` rows for
+    :func:`put_row`: the UTF-8 bytes per row (undecodable characters
+    replaced) and their lengths; rows not given are empty."""
+    data = {k: s.encode("utf-8", "replace") for k, s in strings.items()}
+    width = max((len(d) for d in data.values()), default=0) + 1
+    tab = np.zeros((size, width), np.uint8)
+    lens = np.zeros(size, np.int64)
+    for k, d in data.items():
+        tab[k, : len(d)] = np.frombuffer(d, np.uint8)
+        lens[k] = len(d)
+    return tab, lens
+
+
+def string_list_table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`string_table` of a list, row ``k`` holding ``strings[k]``;
+    one empty row when the list is empty (row 0 stays valid)."""
+    return string_table(dict(enumerate(strings)), max(len(strings), 1))
+
+
+@njit(cache=True, inline="always")
+def put_text(out: np.ndarray, p: int, text: str) -> int:
+    """The characters of ``text`` (a string constant of the kernel; ASCII)."""
+    for ch in text:
+        out[p] = ord(ch)
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def put_byte(out: np.ndarray, p: int, c: int) -> int:
+    """One byte."""
+    out[p] = c
+    return p + 1
+
+
+@njit(cache=True)
+def put_bytes(out: np.ndarray, p: int, piece: np.ndarray) -> int:
+    """The bytes of a ``uint8`` array (cheaper for numba to compile than a
+    long :func:`put_text` constant)."""
+    for j in range(piece.shape[0]):
+        out[p + j] = piece[j]
+    return p + piece.shape[0]
+
+
+@njit(cache=True, inline="always")
+def put_row(out: np.ndarray, p: int, tab: np.ndarray, lens: np.ndarray, k: int) -> int:
+    """Row ``k`` of a string table."""
+    for j in range(lens[k]):
+        out[p] = tab[k, j]
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def put_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
+    """``v`` as unsigned hex, lower case, zero-padded to ``width`` digits
+    (C's ``%0*llx``; no ``0x``)."""
+    v = np.uint64(v)
+    digits = 1
+    t = v >> np.uint64(4)
+    while t != 0:
+        digits += 1
+        t >>= np.uint64(4)
+    if digits < width:
+        digits = width
+    for j in range(digits - 1, -1, -1):
+        d = (v >> np.uint64(4 * j)) & np.uint64(0xF)
+        out[p] = (48 + d) if d < 10 else (87 + d)
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def put_dec(out: np.ndarray, p: int, v: int) -> int:
+    """``v`` as unsigned decimal (C's ``%llu``)."""
+    v = np.uint64(v)
+    n = 1
+    t = v // np.uint64(10)
+    while t != 0:
+        n += 1
+        t //= np.uint64(10)
+    for j in range(n - 1, -1, -1):
+        out[p + j] = 48 + (v % np.uint64(10))
+        v //= np.uint64(10)
+    return p + n
+
+
+@njit(cache=True)
+def put_signed(out: np.ndarray, p: int, v: int) -> int:
+    """``v`` (int64) as signed decimal (C's ``%lld``)."""
+    if v < 0:
+        out[p] = 45
+        return put_dec(out, p + 1, np.uint64(-(v + 1)) + np.uint64(1))
+    return put_dec(out, p, v)
+
+
+@njit(cache=True, inline="always")
+def digit_count(v: int, base: int) -> int:
+    """Digits of the non-negative ``v`` in ``base``."""
+    n = 1
+    v //= base
+    while v:
+        n += 1
+        v //= base
+    return n
+
+
+@njit(cache=True, inline="always")
+def put_spaces(out: np.ndarray, p: int, n: int) -> int:
+    """``n`` blanks (none when ``n <= 0``)."""
+    for _ in range(n):
+        out[p] = 32
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def pad_to(out: np.ndarray, p: int, start: int, width: int) -> int:
+    """Blanks after the bytes written since ``start`` up to ``width``
+    columns (left-aligns them, C's ``%-*s``)."""
+    while p - start < width:
+        out[p] = 32
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def align_right(out: np.ndarray, p: int, start: int, width: int) -> int:
+    """Right-align the bytes written since ``start`` in ``width`` columns
+    (C's ``%*s``): they move right and blanks fill the gap."""
+    n = p - start
+    if n >= width:
+        return p
+    shift = width - n
+    for j in range(n - 1, -1, -1):
+        out[start + shift + j] = out[start + j]
+    for j in range(shift):
+        out[start + j] = 32
+    return start + width
+
+
+@njit(cache=True)
+def put_cstring(out: np.ndarray, p: int, src: np.ndarray, start: int, n: int, json: bool) -> int:
+    """Bytes of ``src`` from ``start``, up to ``n`` of them or a NUL:
+    JSON-escaped (quote, backslash, control bytes as ``\\u00XX``) or, for
+    text, control bytes and DEL as ``.``."""
+    for j in range(n):
+        c = src[start + j]
+        if c == 0:
+            break
+        if json:
+            if c == 34 or c == 92:
+                out[p] = 92
+                out[p + 1] = c
+                p += 2
+            elif c < 32:
+                out[p] = 92
+                out[p + 1] = 117
+                out[p + 2] = 48
+                out[p + 3] = 48
+                hi = c >> 4
+                lo = c & 15
+                out[p + 4] = 48 + hi
+                out[p + 5] = (48 + lo) if lo < 10 else (87 + lo)
+                p += 6
+            else:
+                out[p] = c
+                p += 1
+        else:
+            out[p] = 46 if (c < 32 or c == 127) else c
+            p += 1
+    return p
+
+
+__all__ = [
+    "align_right",
+    "digit_count",
+    "pad_to",
+    "put_byte",
+    "put_bytes",
+    "put_cstring",
+    "put_dec",
+    "put_hex",
+    "put_row",
+    "put_signed",
+    "put_spaces",
+    "put_text",
+    "string_list_table",
+    "string_table",
+]
