@@ -96,8 +96,8 @@ def make_trace(shape: Shape, workload: bench_flow.Workload, insns: int) -> tuple
     del path_ips
     rng = np.random.default_rng(7)
     trace_off = []
-    p = int(rng.integers(shape.off_every // 2, shape.off_every * 3 // 2))
-    while p + OFF_LENGTH + 2 < len(ips) - 1:
+    p = int(rng.integers(shape.off_every // 2, shape.off_every * 3 // 2)) if shape.off_every else -1
+    while 0 <= p and p + OFF_LENGTH + 2 < len(ips) - 1:
         trace_off.append((p, p + OFF_LENGTH))
         p += OFF_LENGTH + int(rng.integers(shape.off_every // 2, shape.off_every * 3 // 2))
     image = Image()

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, overload
 
 
 def string_table(strings: Mapping[int, str], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,23 +45,62 @@ def string_list_table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return string_table(dict(enumerate(strings)), max(len(strings), 1))
 
 
-@njit(cache=True, inline="always")
 def put_text(out: np.ndarray, p: int, text: str) -> int:
     """The characters of ``text`` (a string constant of the kernel; ASCII)."""
-    for ch in text:
-        out[p] = ord(ch)
+    for ch in text.encode():
+        out[p] = ch
         p += 1
     return p
 
 
-@njit(cache=True)
+@overload(put_text, inline="always", prefer_literal=True)
+def _put_text_compiled(out, p, text):
+    # A constant string becomes a constant byte tuple at compile time: no
+    # string object exists at run time, so callers need no NRT.
+    if not isinstance(text, types.StringLiteral):
+        raise TypingError("put_text takes a string constant")
+    data = tuple(text.literal_value.encode())
+    n = len(data)
+
+    def impl(out, p, text):
+        for j in range(n):
+            out[p + j] = data[j]
+        return p + n
+
+    return impl
+
+
+@njit(cache=True, _nrt=False)
 def put_byte(out: np.ndarray, p: int, c: int) -> int:
     """One byte."""
     out[p] = c
     return p + 1
 
 
-@njit(cache=True)
+@intrinsic
+def _memcpy(typingctx, dst, at, src, start, n):
+    """``memcpy(&dst[at], &src[start], n)`` on two byte arrays."""
+    sig = types.void(dst, types.intp, src, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        d = context.make_array(signature.args[0])(context, builder, args[0])
+        s = context.make_array(signature.args[2])(context, builder, args[2])
+        cgutils.raw_memcpy(
+            builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], 1
+        )
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def put_slice(out: np.ndarray, p: int, src: np.ndarray, start: int, end: int) -> int:
+    """``src[start:end]`` (one ``memcpy``, not a slice: slicing needs
+    numba's reference counting, which the kernels here do without)."""
+    _memcpy(out, p, src, start, end - start)
+    return p + (end - start)
+
+
+@njit(cache=True, _nrt=False)
 def put_bytes(out: np.ndarray, p: int, piece: np.ndarray) -> int:
     """The bytes of a ``uint8`` array (cheaper for numba to compile than a
     long :func:`put_text` constant)."""
@@ -67,7 +109,7 @@ def put_bytes(out: np.ndarray, p: int, piece: np.ndarray) -> int:
     return p + piece.shape[0]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def put_row(out: np.ndarray, p: int, tab: np.ndarray, lens: np.ndarray, k: int) -> int:
     """Row ``k`` of a string table."""
     for j in range(lens[k]):
@@ -76,7 +118,7 @@ def put_row(out: np.ndarray, p: int, tab: np.ndarray, lens: np.ndarray, k: int) 
     return p
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def put_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
     """``v`` as unsigned hex, lower case, zero-padded to ``width`` digits
     (C's ``%0*llx``; no ``0x``)."""
@@ -95,7 +137,7 @@ def put_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
     return p
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def put_dec(out: np.ndarray, p: int, v: int) -> int:
     """``v`` as unsigned decimal (C's ``%llu``)."""
     v = np.uint64(v)
@@ -110,7 +152,7 @@ def put_dec(out: np.ndarray, p: int, v: int) -> int:
     return p + n
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def put_signed(out: np.ndarray, p: int, v: int) -> int:
     """``v`` (int64) as signed decimal (C's ``%lld``)."""
     if v < 0:
@@ -119,7 +161,7 @@ def put_signed(out: np.ndarray, p: int, v: int) -> int:
     return put_dec(out, p, v)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def digit_count(v: int, base: int) -> int:
     """Digits of the non-negative ``v`` in ``base``."""
     n = 1
@@ -130,7 +172,7 @@ def digit_count(v: int, base: int) -> int:
     return n
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def put_spaces(out: np.ndarray, p: int, n: int) -> int:
     """``n`` blanks (none when ``n <= 0``)."""
     for _ in range(n):
@@ -139,7 +181,7 @@ def put_spaces(out: np.ndarray, p: int, n: int) -> int:
     return p
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def pad_to(out: np.ndarray, p: int, start: int, width: int) -> int:
     """Blanks after the bytes written since ``start`` up to ``width``
     columns (left-aligns them, C's ``%-*s``)."""
@@ -149,7 +191,7 @@ def pad_to(out: np.ndarray, p: int, start: int, width: int) -> int:
     return p
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def align_right(out: np.ndarray, p: int, start: int, width: int) -> int:
     """Right-align the bytes written since ``start`` in ``width`` columns
     (C's ``%*s``): they move right and blanks fill the gap."""
@@ -164,7 +206,7 @@ def align_right(out: np.ndarray, p: int, start: int, width: int) -> int:
     return start + width
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def put_cstring(out: np.ndarray, p: int, src: np.ndarray, start: int, n: int, json: bool) -> int:
     """Bytes of ``src`` from ``start``, up to ``n`` of them or a NUL:
     JSON-escaped (quote, backslash, control bytes as ``\\u00XX``) or, for

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numba as nb
 import numpy as np
 
-from ..textout import put_dec, put_hex, put_row, put_text, string_table
+from ..textout import put_dec, put_hex, put_row, put_slice, put_text, string_table
 from . import _flowkernel as K
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
@@ -444,8 +444,7 @@ def format_batch(
                         fit += 1
                     m = fit
                 e = line_off[k + m]
-                out[p : p + (e - a)] = lines[a:e]
-                p += e - a
+                p = put_slice(out, p, lines, a, e)
             else:
                 for q in range(m):
                     if p >= cap:
@@ -464,8 +463,7 @@ def format_batch(
                         p = put_text(out, p, "? ")
                     a = line_off[k + q]
                     e = line_off[k + q + 1]
-                    out[p : p + (e - a)] = lines[a:e]
-                    p += e - a
+                    p = put_slice(out, p, lines, a, e)
             done += m
             ip = _next_ip(i_ip, i_size, i_class, i_flags, i_target, k + m - 1)
         st[F_DONE] = 0

@@ -52,7 +52,7 @@ OPT_KEEP_TCAL_ON_OVF = 4
 OPT_SKL168 = 8
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _ctc_delta(ctc, last_ctc, mtc_freq):
     """CTC distance, correcting one wrap-around.  (-1 if more.)"""
     if ctc < last_ctc:
@@ -62,7 +62,7 @@ def _ctc_delta(ctc, last_ctc, mtc_freq):
     return ctc - last_ctc
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def _tcal_init():
     """Fresh calibration state (pt_tcal_init): no FCR while min > max."""
     return 0, -1, 0, 0, 0, 0, 0, 0, False, False
