@@ -2526,6 +2526,7 @@ def _new_row(ds, pk, out, new):
     i = SI[O_NBLK]
     o_ip[i] = SU[BS_IP]
     o_ninsn[i] = 0
+    out[9][i] = -1
     flags = O_NEW if new else 0
     if SI[BS_SPEC]:
         flags |= O_SPEC
@@ -2661,6 +2662,7 @@ def _fast(ds, pk, cf, ct, out):
     kind, a, b = pk[0], pk[1], pk[2]
     offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
     o_ip, o_ninsn, o_flags, o_mode, o_off, o_time = out[0], out[1], out[2], out[3], out[4], out[5]
+    o_run = out[9]
     r_hip, r_hmode, r_hval = ct[12], ct[13], ct[14]
     r_ninsn, r_kind, r_next, r_target, r_isid = ct[17], ct[18], ct[19], ct[20], ct[22]
     r_succ, r_taken, r_ret, r_lastk, r_lastc = ct[25], ct[26], ct[27], ct[28], ct[29]
@@ -2747,6 +2749,7 @@ def _fast(ds, pk, cf, ct, out):
         else:
             o_ip[nout] = ip
             o_ninsn[nout] = ninsn
+            o_run[nout] = blk
             o_flags[nout] = (O_NEW if new else 0) | spec_flag
             o_mode[nout] = mode
             o_off[nout] = offsets[pos] if pos < n else end_offset
@@ -2991,7 +2994,7 @@ def _room(ds, out):
     return SI[O_NBLK] + 4 < out[0].shape[0] and SI[O_NEV] + 4 < out[7].shape[0]
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, _nrt=False)
 def run(ds, pk, cf, ct, out):
     """Decode until the segment ends or Python is needed (R_*)."""
     SI, SU = ds[0], ds[1]
@@ -3154,4 +3157,5 @@ def new_output(blocks: int, events: int) -> tuple:
         np.zeros((events, EW), np.uint64),  # 6 event rows
         np.zeros(events, np.int64),  # 7 event offsets
         np.zeros(events, np.int64),  # 8 block rows before each event
+        np.zeros(blocks, np.int32),  # 9 the code-table run a row is (-1: none)
     )

@@ -27,6 +27,7 @@ import numpy as np
 from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass, Special
 from . import _flowkernel as K
+from .blocks import BlockStore, CompactBlocks
 from .codetable import I_DIRECT, CodeTable
 from .config import PtConfig
 from .errors import errstr
@@ -57,7 +58,6 @@ class Gap:
         return f"[{self.offset:x}, {self.ip:x}: error: {self.reason}]"
 
 
-@dataclass
 class FlowResult:
     """Executed blocks as columns, events, gaps.
 
@@ -65,32 +65,89 @@ class FlowResult:
     another (straight-line or through direct jumps and calls);
     ``block_time`` is the time stamp of the last packet consumed before the
     block and ``block_offset`` the trace offset of the packet being decoded.
+
+    The decoder keeps blocks compactly (:attr:`blocks`, see
+    :mod:`hwtrace.pt.blocks`); the dense columns are made when first read.
     """
 
-    block_ip: np.ndarray
-    block_ninsn: np.ndarray
-    block_time: np.ndarray
-    block_offset: np.ndarray
-    block_mode: np.ndarray | None = None  # 16, 32 or 64 (None: all 64)
-    gaps: list[Gap] = field(default_factory=list)
-    # Per code key (execution mode, plus 256 times the image's index in
-    # ``images`` when a context switched images): sorted instruction
-    # addresses and where each goes without trace (next instruction or
-    # direct branch target).
-    successors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    # (instructions, blocks) when decoded with keep_blocks=False: the
-    # columns are then empty.
-    counted: tuple[int, int] | None = None
-    # The image each block ran in, as an index into ``images`` (None: all
-    # in the first); set when a decoding context switched images.
-    block_image: np.ndarray | None = None
-    images: list = field(default_factory=list)
-    # The events: rows as the decoder writes them (see
-    # hwtrace.pt._flowkernel), their trace offsets, and the number of blocks
-    # before each.
-    event_rows: np.ndarray = field(default_factory=lambda: _EMPTY_EVENTS)
-    event_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    event_block: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    def __init__(
+        self,
+        block_ip: np.ndarray | None = None,
+        block_ninsn: np.ndarray | None = None,
+        block_time: np.ndarray | None = None,
+        block_offset: np.ndarray | None = None,
+        block_mode: np.ndarray | None = None,  # 16, 32 or 64 (None: all 64)
+        gaps: list[Gap] | None = None,
+        *,
+        blocks: CompactBlocks | None = None,
+        n_insn: int | None = None,
+    ) -> None:
+        self.blocks = blocks
+        self._dense: dict[str, np.ndarray | None] = {}
+        if blocks is None:
+            self._dense.update(
+                ip=block_ip if block_ip is not None else np.zeros(0, np.uint64),
+                ninsn=block_ninsn if block_ninsn is not None else np.zeros(0, np.uint32),
+                time=block_time if block_time is not None else np.zeros(0, np.uint64),
+                offset=block_offset if block_offset is not None else np.zeros(0, np.int64),
+                mode=block_mode,
+                image=None,
+            )
+        self._n_insn = n_insn
+        self.gaps: list[Gap] = gaps if gaps is not None else []
+        # Per code key (execution mode, plus 256 times the image's index in
+        # ``images`` when a context switched images): sorted instruction
+        # addresses and where each goes without trace (next instruction or
+        # direct branch target).
+        self.successors: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # (instructions, blocks) when decoded with keep_blocks=False: the
+        # columns are then empty.
+        self.counted: tuple[int, int] | None = None
+        self.images: list = []
+        # The events: rows as the decoder writes them (see
+        # hwtrace.pt._flowkernel), their trace offsets, and the number of
+        # blocks before each.
+        self.event_rows: np.ndarray = _EMPTY_EVENTS
+        self.event_offset: np.ndarray = np.zeros(0, np.int64)
+        self.event_block: np.ndarray = np.zeros(0, np.int64)
+
+    def _column(self, name: str) -> np.ndarray | None:
+        if name not in self._dense:
+            col = self.blocks.column(name)
+            if name == "image" and not col.any():
+                col = None  # every block in the first image
+            self._dense[name] = col
+        return self._dense[name]
+
+    @property
+    def block_ip(self) -> np.ndarray:
+        return self._column("ip")
+
+    @property
+    def block_ninsn(self) -> np.ndarray:
+        return self._column("ninsn")
+
+    @property
+    def block_time(self) -> np.ndarray:
+        return self._column("time")
+
+    @property
+    def block_offset(self) -> np.ndarray:
+        return self._column("offset")
+
+    @property
+    def block_mode(self) -> np.ndarray | None:
+        return self._column("mode")
+
+    @property
+    def block_image(self) -> np.ndarray | None:
+        """The image each block ran in, as an index into ``images`` (None:
+        all in the first)."""
+        return self._column("image")
+
+    @block_image.setter
+    def block_image(self, value: np.ndarray | None) -> None:
+        self._dense["image"] = value
 
     @property
     def events(self) -> list[tuple[int, Event]]:
@@ -107,12 +164,16 @@ class FlowResult:
     def n_insn(self) -> int:
         if self.counted is not None:
             return self.counted[0]
-        return int(self.block_ninsn.sum(dtype=np.uint64))
+        if self._n_insn is None:
+            self._n_insn = int(self.block_ninsn.sum(dtype=np.uint64))
+        return self._n_insn
 
     @property
     def n_blocks(self) -> int:
         if self.counted is not None:
             return self.counted[1]
+        if self.blocks is not None:
+            return self.blocks.n
         return int(self.block_ip.shape[0])
 
     def instructions(self) -> np.ndarray:
@@ -245,47 +306,24 @@ class DecodeOptions:
 class _Collector(FlowSink):
     """Keeps (or only counts) the block rows, and the events and gaps.
 
-    Keeping, the decoder writes straight into this collector's columns,
-    which start large (untouched memory costs nothing) and double when
-    full; counting, it writes into one small buffer, reused."""
-
-    _NAMES = ("ip", "ninsn", "flags", "mode", "offset", "time")
+    The decoder writes each batch into one small buffer, reused; kept rows
+    go into a :class:`~hwtrace.pt.blocks.BlockStore`, a few bytes each."""
 
     def __init__(self, keep: bool, expect_rows: int = 1 << 20) -> None:
         self.keep = keep
-        self.n = 0  # rows kept
+        self.store = BlockStore(expect_rows) if keep else None
         self.n_insn = 0
         self.n_blocks = 0
-        self.cols: list[np.ndarray] = []
-        if keep:
-            self.cols = list(K.new_output(max(expect_rows, 1 << 12), 1)[:6])
-        self.image_runs: list[tuple[int, int]] = []  # (first row, image index)
         self.event_rows: list[np.ndarray] = []
         self.event_offsets: list[np.ndarray] = []
         self.event_blocks: list[np.ndarray] = []
         self.gaps: list[Gap] = []
-        self._events = K.new_output(1, self.EVENT_ROWS)[6:]
-
-    def output(self) -> tuple:
-        if not self.keep:
-            return super().output()
-        if self.cols[0].shape[0] - self.n < self.BLOCK_ROWS:
-            grown = []
-            for col in self.cols:
-                new = np.empty(col.shape[0] * 2, col.dtype)
-                new[: self.n] = col[: self.n]
-                grown.append(new)
-            self.cols = grown
-        return tuple(c[self.n :] for c in self.cols) + self._events
 
     def batch(self, b: FlowBatch) -> None:
         nrows = b.ip.shape[0]
-        if not self.image_runs or self.image_runs[-1][1] != b.image:
-            self.image_runs.append((self.n_blocks, b.image))
-        if self.keep:
-            self.n += nrows
-        else:
-            self.n_insn += b.n_insn
+        if self.store is not None and nrows:
+            self.store.append(b.ip, b.ninsn, b.mode, b.offset, b.time, b.image)
+        self.n_insn += b.n_insn
         base = self.n_blocks
         self.n_blocks += nrows + b.n_virtual
         if not len(b.events):
@@ -308,9 +346,6 @@ class _Collector(FlowSink):
             self.event_rows.append(b.events[real].copy())
             self.event_offsets.append(b.event_offset[real].copy())
             self.event_blocks.append(b.event_block[real] + base)
-
-    def columns(self) -> list[np.ndarray]:
-        return [c[: self.n] for c in self.cols]
 
 
 def _successors(tables: list[CodeTable]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -342,39 +377,26 @@ def _successors(tables: list[CodeTable]) -> dict[int, tuple[np.ndarray, np.ndarr
 
 def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowResult:
     keep = collectors[0].keep
+    n_insn = sum(c.n_insn for c in collectors)
     if keep:
-        parts = [c.columns() for c in collectors]
-        cols = (
-            parts[0] if len(parts) == 1 else [np.concatenate(p) for p in zip(*parts, strict=True)]
-        )
+        res = FlowResult(blocks=CompactBlocks([c.store for c in collectors]), n_insn=n_insn)
     else:
-        cols = [
-            np.zeros(0, dt)
-            for dt in (np.uint64, np.uint32, np.uint8, np.uint8, np.int64, np.uint64)
-        ]
-    ip, ninsn, _, mode, offset, time = cols
+        res = FlowResult()
+        res.counted = (n_insn, sum(c.n_blocks for c in collectors))
     tables = [t for d in decoders for t in d.tables]
-    res = FlowResult(ip, ninsn, time, offset, mode, successors=_successors(tables))
+    res.successors = _successors(tables)
     res.images = decoders[0].images
     base = 0
-    runs: list[tuple[int, int]] = []
     rows, offsets, blocks = [], [], []
     for c in collectors:
-        runs += [(base + first, image) for first, image in c.image_runs]
         rows += c.event_rows
         offsets += c.event_offsets
         blocks += [b + base for b in c.event_blocks]
         base += c.n_blocks
-    if keep and any(image for _, image in runs):
-        starts = np.array([first for first, _ in runs], np.int64)
-        lengths = np.diff(starts, append=base)
-        res.block_image = np.repeat(np.array([i for _, i in runs], np.uint16), lengths)
     res.event_rows = np.concatenate(rows) if rows else np.zeros((0, K.EW), np.uint64)
     res.event_offset = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
     res.event_block = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
     res.gaps = [g for c in collectors for g in c.gaps]
-    if not keep:
-        res.counted = (sum(c.n_insn for c in collectors), sum(c.n_blocks for c in collectors))
     return res
 
 

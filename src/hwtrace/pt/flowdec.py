@@ -96,6 +96,7 @@ class FlowBatch:
     event_block: np.ndarray
     table: CodeTable
     image: int
+    run: np.ndarray | None = None  # each row's run in ``table`` (-1: a part of one)
     n_insn: int = 0
     n_blocks: int = 0
     n_virtual: int = 0
@@ -472,7 +473,7 @@ class FlowDecoder:
         sink.batch(
             FlowBatch(
                 o[0][:nb_], o[1][:nb_], o[2][:nb_], o[3][:nb_], o[4][:nb_], o[5][:nb_],
-                o[6][:ne], o[7][:ne], o[8][:ne], self.table, self.table.index,
+                o[6][:ne], o[7][:ne], o[8][:ne], self.table, self.table.index, o[9][:nb_],
                 n_insn, n_blocks, n_virtual,
             )
         )  # fmt: skip

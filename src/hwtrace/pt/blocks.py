@@ -1,0 +1,313 @@
+"""Executed blocks kept compactly: a dictionary of distinct blocks and one
+small key per executed block.
+
+A program runs the same few thousand blocks millions of times, so the
+decoder's block rows (address, instruction count, mode, image, trace
+offset, time: 30 bytes each) are kept as a key into a table of distinct
+``(address, instructions, mode, image)`` blocks (2 bytes per row while
+there are fewer than 65,535 of them, then 4) plus the rows at which the
+trace offset and the time change (the offset changes about once per five
+blocks, at each TNT or TIP packet; the time at timing packets).  Memory a
+process has never touched costs far more to fill than to read, so this is
+what makes keeping a decoding's results about as cheap as counting them.
+
+:class:`BlockStore` collects decoder batches; :meth:`BlockStore.columns`
+gives the dense columns back on demand; :func:`merge_stores` joins the
+stores of several decoding threads in order.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+_EMPTY_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)
+_U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
+
+# Store state (int64 words).
+S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
+_NS = 7
+# Why the compaction kernel stopped before the batch's end.
+_FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
+
+
+@nb.njit(cache=True, inline="always", _nrt=False)
+def _slot(ip, meta, mask):
+    h = (ip ^ (meta * np.uint64(0x9E3779B97F4A7C15))) * np.uint64(0xBF58476D1CE4E5B9)
+    return np.int64((h >> np.uint64(32)) & np.uint64(mask))
+
+
+@nb.njit(cache=True, _nrt=False)
+def _compact(ip, ninsn, mode, offset, time, start, image, keys, tab, cols, state):
+    """Append the batch's rows from ``start`` on; returns ``(next row,
+    reason)``: reason 0 when the batch is done, else which array is full."""
+    h_ip, h_meta, h_id = tab
+    k_ip, k_ninsn, k_mode, k_image, off_row, off_val, t_row, t_val = cols
+    mask = h_ip.shape[0] - 1
+    n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
+    last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
+    key_limit = min(k_ip.shape[0], (h_ip.shape[0] >> 1), keys_limit(keys))
+    i = start
+    why = 0
+    while i < ip.shape[0]:
+        if n_rows >= keys.shape[0]:
+            why = _FULL_ROWS
+            break
+        o = offset[i]
+        t = time[i]
+        if not started or o != last_off:
+            if n_off >= off_row.shape[0]:
+                why = _FULL_OFF
+                break
+        if not started or t != last_t:
+            if n_t >= t_row.shape[0]:
+                why = _FULL_TIME
+                break
+        a = ip[i]
+        meta = np.uint64(ninsn[i]) | (np.uint64(mode[i]) << np.uint64(32))
+        meta |= np.uint64(image) << np.uint64(40)
+        s = _slot(a, meta, mask)
+        while True:
+            if h_id[s] >= 0 and h_ip[s] == a and h_meta[s] == meta:
+                key = h_id[s]
+                break
+            if h_id[s] < 0:
+                if n_keys >= key_limit:
+                    key = -1
+                    break
+                key = n_keys
+                h_ip[s] = a
+                h_meta[s] = meta
+                h_id[s] = key
+                k_ip[key] = a
+                k_ninsn[key] = ninsn[i]
+                k_mode[key] = mode[i]
+                k_image[key] = image
+                n_keys += 1
+                break
+            s = (s + 1) & mask
+        if key < 0:
+            why = _FULL_KEYS
+            break
+        keys[n_rows] = key
+        if not started or o != last_off:
+            off_row[n_off] = n_rows
+            off_val[n_off] = o
+            n_off += 1
+            last_off = o
+        if not started or t != last_t:
+            t_row[n_t] = n_rows
+            t_val[n_t] = t
+            n_t += 1
+            last_t = t
+        started = 1
+        n_rows += 1
+        i += 1
+    state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME] = n_rows, n_keys, n_off, n_t
+    state[S_LAST_OFF], state[S_LAST_TIME], state[S_STARTED] = last_off, np.int64(last_t), started
+    return i, why
+
+
+@nb.njit(cache=True, inline="always", _nrt=False)
+def keys_limit(keys):
+    """How many distinct blocks a key column of this type can name."""
+    return _U2_LIMIT if keys.itemsize == 2 else 0x7FFFFFFF
+
+
+def _grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
+    new = np.empty(size, arr.dtype)
+    new[:used] = arr[:used]
+    return new
+
+
+class BlockStore:
+    """Executed blocks, compactly (see the module docstring).  Rows are
+    appended with :meth:`append`; ``expect_rows`` sizes the key column
+    (memory never touched costs nothing)."""
+
+    def __init__(self, expect_rows: int = 1 << 16) -> None:
+        self.keys = np.empty(max(expect_rows, 1 << 12), np.uint16)
+        self._new_table(1 << 12)
+        self.off_row = np.empty(1 << 14, np.int64)
+        self.off_val = np.empty(1 << 14, np.int64)
+        self.time_row = np.empty(1 << 12, np.int64)
+        self.time_val = np.empty(1 << 12, np.uint64)
+        self.state = np.zeros(_NS, np.int64)
+
+    def _new_table(self, capacity: int) -> None:
+        old = getattr(self, "k_ip", None)
+        n = int(self.state[S_KEYS]) if old is not None else 0
+        self.h_ip = np.full(2 * capacity, _EMPTY_SLOT, np.uint64)
+        self.h_meta = np.zeros(2 * capacity, np.uint64)
+        self.h_id = np.full(2 * capacity, -1, np.int64)
+        cols = {"k_ip": np.uint64, "k_ninsn": np.uint32, "k_mode": np.uint8, "k_image": np.uint16}
+        for name, dt in cols.items():
+            arr = np.zeros(capacity, dt)
+            if old is not None:
+                arr[:n] = getattr(self, name)[:n]
+            setattr(self, name, arr)
+        if n:
+            _rehash(self.h_ip, self.h_meta, self.h_id, self.k_ip, self.k_ninsn, self.k_mode,
+                    self.k_image, n)  # fmt: skip
+
+    # -- filling ---------------------------------------------------------------
+    def append(self, ip, ninsn, mode, offset, time, image: int = 0) -> None:
+        """Append block rows (the decoder's batch columns)."""
+        start = 0
+        while True:
+            start, why = _compact(
+                ip, ninsn, mode, offset, time, start, image, self.keys,
+                (self.h_ip, self.h_meta, self.h_id),
+                (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row,
+                 self.off_val, self.time_row, self.time_val),
+                self.state,
+            )  # fmt: skip
+            if why == 0:
+                return
+            self._grow(why)
+
+    def _grow(self, why: int) -> None:
+        s = self.state
+        if why == _FULL_ROWS:
+            self.keys = _grown(self.keys, int(s[S_ROWS]), 2 * self.keys.shape[0])
+        elif why == _FULL_KEYS:
+            if self.keys.dtype == np.uint16 and s[S_KEYS] >= _U2_LIMIT:
+                wide = np.empty(self.keys.shape[0], np.uint32)
+                wide[: s[S_ROWS]] = self.keys[: s[S_ROWS]]
+                self.keys = wide
+            if s[S_KEYS] >= self.k_ip.shape[0] or 2 * s[S_KEYS] >= self.h_ip.shape[0]:
+                self._new_table(2 * self.k_ip.shape[0])
+        elif why == _FULL_OFF:
+            n = int(s[S_OFF])
+            self.off_row = _grown(self.off_row, n, 2 * n)
+            self.off_val = _grown(self.off_val, n, 2 * n)
+        else:
+            n = int(s[S_TIME])
+            self.time_row = _grown(self.time_row, n, 2 * n)
+            self.time_val = _grown(self.time_val, n, 2 * n)
+
+    # -- reading ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.state[S_ROWS])
+
+    @property
+    def n_keys(self) -> int:
+        return int(self.state[S_KEYS])
+
+    def key_column(self) -> np.ndarray:
+        """Each row's block, an index into :meth:`table`."""
+        return self.keys[: len(self)]
+
+    def table(self) -> dict[str, np.ndarray]:
+        """The distinct blocks: ``ip``, ``ninsn``, ``mode``, ``image``."""
+        n = self.n_keys
+        return {"ip": self.k_ip[:n], "ninsn": self.k_ninsn[:n], "mode": self.k_mode[:n],
+                "image": self.k_image[:n]}  # fmt: skip
+
+    def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows where the trace offset changes, and the new offsets."""
+        n = int(self.state[S_OFF])
+        return self.off_row[:n], self.off_val[:n]
+
+    def time_changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows where the time changes, and the new times."""
+        n = int(self.state[S_TIME])
+        return self.time_row[:n], self.time_val[:n]
+
+
+@nb.njit(cache=True, _nrt=False)
+def _rehash(h_ip, h_meta, h_id, k_ip, k_ninsn, k_mode, k_image, n):
+    mask = h_ip.shape[0] - 1
+    for key in range(n):
+        meta = np.uint64(k_ninsn[key]) | (np.uint64(k_mode[key]) << np.uint64(32))
+        meta |= np.uint64(k_image[key]) << np.uint64(40)
+        s = _slot(k_ip[key], meta, mask)
+        while h_id[s] >= 0:
+            s = (s + 1) & mask
+        h_ip[s] = k_ip[key]
+        h_meta[s] = meta
+        h_id[s] = key
+
+
+def expand_changes(rows: np.ndarray, values: np.ndarray, n: int, dtype) -> np.ndarray:
+    """A dense column of ``n`` rows from its change points."""
+    if n == 0:
+        return np.zeros(0, dtype)
+    lengths = np.diff(rows, append=n)
+    return np.repeat(values.astype(dtype, copy=False), lengths)
+
+
+class CompactBlocks:
+    """The blocks of one decoding, joined from its stores in order: a key
+    per row into one table of distinct blocks, and change points for the
+    trace offset and time."""
+
+    def __init__(self, stores: list[BlockStore]) -> None:
+        tables = [s.table() for s in stores]
+        ip = np.concatenate([t["ip"] for t in tables])
+        meta = np.concatenate(
+            [
+                t["ninsn"].astype(np.uint64)
+                | (t["mode"].astype(np.uint64) << np.uint64(32))
+                | (t["image"].astype(np.uint64) << np.uint64(40))
+                for t in tables
+            ]
+        )
+        if len(stores) == 1:
+            self.keys = stores[0].key_column()
+            uniq_index = np.arange(ip.shape[0])
+        else:
+            both = np.stack([ip, meta], axis=1)
+            _, uniq_index, inverse = np.unique(both, axis=0, return_index=True,
+                                               return_inverse=True)  # fmt: skip
+            inverse = inverse.reshape(-1)
+            wide = np.uint32 if uniq_index.shape[0] > _U2_LIMIT else np.uint16
+            parts, base = [], 0
+            for s in stores:
+                remap = inverse[base : base + s.n_keys].astype(wide)
+                parts.append(remap[s.key_column()])
+                base += s.n_keys
+            self.keys = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+        self.ip = ip[uniq_index]
+        m = meta[uniq_index]
+        self.ninsn = (m & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        self.mode = ((m >> np.uint64(32)) & np.uint64(0xFF)).astype(np.uint8)
+        self.image = (m >> np.uint64(40)).astype(np.uint16)
+        self.n = int(self.keys.shape[0])
+        rows_o, vals_o, rows_t, vals_t, base = [], [], [], [], 0
+        for s in stores:
+            r, v = s.offset_changes()
+            rows_o.append(r + base)
+            vals_o.append(v)
+            r, v = s.time_changes()
+            rows_t.append(r + base)
+            vals_t.append(v)
+            base += len(s)
+        self.offset_rows = np.concatenate(rows_o) if rows_o else np.zeros(0, np.int64)
+        self.offset_values = np.concatenate(vals_o) if vals_o else np.zeros(0, np.int64)
+        self.time_rows = np.concatenate(rows_t) if rows_t else np.zeros(0, np.int64)
+        self.time_values = np.concatenate(vals_t) if vals_t else np.zeros(0, np.uint64)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            a.nbytes
+            for a in (self.keys, self.ip, self.ninsn, self.mode, self.image, self.offset_rows,
+                      self.offset_values, self.time_rows, self.time_values)
+        )  # fmt: skip
+
+    def n_insn(self) -> int:
+        counts = np.bincount(self.keys, minlength=self.ip.shape[0])
+        return int(np.dot(counts.astype(np.uint64), self.ninsn.astype(np.uint64)))
+
+    def column(self, name: str) -> np.ndarray:
+        """A dense column: ``ip``, ``ninsn``, ``mode``, ``image``,
+        ``offset`` or ``time``."""
+        if name == "offset":
+            return expand_changes(self.offset_rows, self.offset_values, self.n, np.int64)
+        if name == "time":
+            return expand_changes(self.time_rows, self.time_values, self.n, np.uint64)
+        return getattr(self, name)[self.keys]
+
+
+__all__ = ["BlockStore", "CompactBlocks", "expand_changes"]
