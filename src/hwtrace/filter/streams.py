@@ -31,7 +31,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import struct
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -375,9 +374,16 @@ class PerfSource(EventSource):
         """Write ``out``: this perf.data with only the samples whose
         ``keep`` (bool, one per event in source order) is set; every other
         record, the header, attrs and features as they are (feature and
-        AUXTRACE offsets moved by the bytes removed).  Returns (records,
-        bytes) written to the data section."""
-        return write_perf_subset(self.data, self.sample_record[~keep], out)
+        AUXTRACE offsets moved by the bytes removed;
+        :func:`hwtrace.perf.rewrite.write_subset`).  Returns (records, bytes)
+        written to the data section."""
+        from ..perf.data import PerfDataError
+        from ..perf.rewrite import write_subset
+
+        try:
+            return write_subset(self.data, out, self.sample_record[~keep])
+        except PerfDataError as e:
+            raise StreamError(e.path, e.message, e.offset) from None
 
 
 def _perf_comms(data: Any, tid: np.ndarray, time: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -426,76 +432,6 @@ def _perf_comms(data: Any, tid: np.ndarray, time: np.ndarray) -> tuple[list[str]
         at = np.searchsorted(times, time[sel], side="right") - 1
         comm[sel] = ids[np.maximum(at, 0)]
     return names, comm
-
-
-@njit(cache=True)
-def _gather(buf, starts, lengths, out):
-    p = 0
-    for k in range(starts.shape[0]):
-        s = starts[k]
-        for j in range(lengths[k]):
-            out[p + j] = buf[s + j]
-        p += lengths[k]
-    return p
-
-
-def write_perf_subset(data: Any, drop_rows: np.ndarray, out: str) -> tuple[int, int]:
-    """Write ``data`` (a :class:`~hwtrace.perf.data.PerfData`) to ``out``
-    without the records at rows ``drop_rows`` (see
-    :meth:`PerfSource.write_subset`)."""
-    from ..perf.features import Feature, pack_feature, parse_feature
-
-    r = data.records
-    keep = np.ones(r["offset"].shape[0], np.bool_)
-    keep[drop_rows] = False
-    starts = r["offset"][keep].astype(np.int64)
-    lengths = r["size"][keep].astype(np.int64) + r["payload"][keep].astype(np.int64)
-    body = np.empty(int(lengths.sum()), np.uint8)
-    _gather(data.buf, starts, lengths, body)
-    buf = data.buf
-    if data.pipe:
-        with open(out, "wb") as f:
-            f.write(bytes(buf[:16]))
-            f.write(body.data)
-        return int(keep.sum()), body.shape[0]
-    h = data.header
-    old_end = h.data_offset + h.data_size
-    if h.attrs_offset + h.attrs_size > h.data_offset:
-        raise StreamError(data.path, "attrs after the data section: layout not supported", 24)
-    delta = body.shape[0] - h.data_size
-    # Old record offsets -> new: minus the bytes dropped before them.
-    all_starts = r["offset"].astype(np.int64)
-    all_len = r["size"].astype(np.int64) + r["payload"].astype(np.int64)
-    dropped_before = np.cumsum(np.where(keep, 0, all_len)) - np.where(keep, 0, all_len)
-    features = sorted(data.feature_sections)
-    sections: list[bytes] = []
-    for feat in features:
-        off, size = data.feature_sections[feat]
-        raw = bytes(buf[off : off + size])
-        if feat == Feature.AUXTRACE:
-            entries = parse_feature(feat, raw)
-            moved = []
-            for o, s in entries:
-                k = int(np.searchsorted(all_starts, o))
-                shift = int(dropped_before[k]) if k < all_starts.shape[0] else -delta
-                moved.append((o - shift, s))
-            raw = pack_feature(feat, moved)
-        sections.append(raw)
-    header = bytearray(bytes(buf[: h.size]))
-    struct.pack_into("<Q", header, 48, body.shape[0])  # data.size
-    with open(out, "wb") as f:
-        f.write(header)
-        f.write(bytes(buf[h.size : h.data_offset]))
-        f.write(body.data)
-        pos = old_end + delta + 16 * len(features)
-        table = b""
-        for s in sections:
-            table += struct.pack("<QQ", pos, len(s))
-            pos += len(s)
-        f.write(table)
-        for s in sections:
-            f.write(s)
-    return int(keep.sum()), body.shape[0]
 
 
 # -- ftrace trace_pipe_raw ------------------------------------------------------------------
