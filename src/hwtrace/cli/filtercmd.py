@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     a = _parser().parse_args(list(argv))
-    from ..filter.streams import StreamError, apply_filter, open_source, render_listing
+    from ..filter.apply import apply_filter
+    from ..filter.inputs import StreamError, open_source
+    from ..filter.output import write_result
 
     def say(message: str) -> None:
         sys.stderr.write(f"{PROG}: {message}\n")
@@ -115,25 +117,15 @@ def main(argv: Sequence[str]) -> int:
         out.append(f"{'total':<{width}} {total:>10} {passed:>10}")
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
-    out_path = a.output
     try:
-        if out_path and source.kind == "perf" and not out_path.endswith((".jsonl", ".txt")):
-            source.write_subset(out_path, run.keep)  # type: ignore[attr-defined]
-        elif out_path:
-            with open(out_path, "wb") as f:
-                for chunk in render_listing(source, run.keep, json=out_path.endswith(".jsonl")):
-                    f.write(chunk)
-        elif not a.count:
-            stream = sys.stdout.buffer
-            for chunk in render_listing(source, run.keep):
-                stream.write(chunk)
-            stream.flush()
+        if a.output or not a.count:
+            write_result(source, run.keep, a.output, sys.stdout.buffer)
     except BrokenPipeError:
         return 0
     except StreamError as e:
         say(str(e))
         return 1
     except OSError as e:
-        say(f"cannot write {out_path}: {e.strerror}")
+        say(f"cannot write {a.output}: {e.strerror}")
         return 1
     return 1 if source.problems else 0

@@ -1,0 +1,149 @@
+"""Running a filter over an event source.
+
+:func:`apply_filter` parses the expression once, compiles it once per event
+type of the source and runs it over each type's events in native loops
+(:meth:`~hwtrace.filter.compile.CompiledFilter.run_many`); events whose
+context differs (``$ctx`` fields) run in one native loop per distinct
+context record.  Across types it follows LTTng's rule for fields a type
+lacks (the filter is false for its events).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ast
+from .compile import CompiledFilter, compile_filter
+from .errors import FilterError
+from .inputs.base import EventSource, EventType
+from .parse import parse
+from .records import RecordBatch
+from .schema import Schema
+
+
+@dataclass
+class TypeResult:
+    """One event type's run: its compiled filter, the verdict per event of
+    the type, and the fields the filter names that the type lacks."""
+
+    type: EventType
+    filter: CompiledFilter
+    passed: np.ndarray
+    missing: tuple[str, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return int(self.passed.sum())
+
+
+@dataclass
+class FilterRun:
+    source: EventSource
+    results: list[TypeResult]
+    keep: np.ndarray  # per event in source order: selected and passed
+
+    def __iter__(self) -> Iterator[TypeResult]:
+        return iter(self.results)
+
+
+def _event_refs(tree: ast.Node) -> list[ast.FieldRef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FieldRef) and n.root == "event"]
+
+
+def _uses_context(tree: ast.Node) -> bool:
+    return any(
+        isinstance(n, ast.FieldRef) and n.root != "event" and n.path is not None
+        for n in ast.walk(tree)
+    )
+
+
+def select_types(types: Sequence[EventType], patterns: Sequence[str] | None) -> list[EventType]:
+    """Types whose name (or the part after ``system:``) matches a glob of
+    ``patterns``; all of them when there is none."""
+    if not patterns:
+        return list(types)
+    out = []
+    for t in types:
+        short = t.name.split(":", 1)[-1]
+        if any(fnmatch.fnmatchcase(t.name, p) or fnmatch.fnmatchcase(short, p) for p in patterns):
+            out.append(t)
+    return out
+
+
+def apply_filter(
+    source: EventSource,
+    expression: str,
+    tier: str = "ebpf-jit",
+    *,
+    events: Sequence[str] | None = None,
+) -> FilterRun:
+    """Compile ``expression`` once per event type of ``source`` (selected by
+    ``events`` globs) and run it over each type's events in native loops.
+
+    LTTng's rule across types: a type that lacks a field the filter names
+    gets the filter compiled with ``unknown="false"`` (its events then fail
+    where that field is read); a field no type has is an error, reported
+    against the first type with its column.  Raises :class:`FilterError`.
+    """
+    tree = parse(expression)  # syntax errors, once, with the caret
+    refs = _event_refs(tree)
+    chosen = select_types(source.types, events)
+    keep = np.zeros(len(source), np.bool_)
+    results: list[TypeResult] = []
+    missing_by_type: list[tuple[str, ...]] = []
+    for t in chosen:
+        missing = []
+        for ref in refs:
+            try:
+                found = t.schema.resolve(ref.names, ref.text)
+            except FilterError:
+                found = True  # misuse: compile_filter reports it with the column
+            if found is None and ref.text not in missing:
+                missing.append(ref.text)
+        missing_by_type.append(tuple(missing))
+    if chosen:
+        everywhere = set(missing_by_type[0]).intersection(*missing_by_type[1:])
+        if everywhere:
+            # No type has it: a typo, not LTTng's lenient case.
+            compile_filter(expression, chosen[0].schema, tier)  # type: ignore[arg-type]
+    else:
+        compile_filter(expression, Schema.declare("none", []), tier, unknown="false")  # type: ignore[arg-type]
+    context_address = source.contexts.address(0)
+    ctx_rows = getattr(source, "context_rows", np.zeros(len(source), np.int64))
+    for t, missing in zip(chosen, missing_by_type, strict=True):
+        cf = _compile(expression, t.schema, tier, bool(missing))
+        if len(t) == 0:
+            passed = np.zeros(0, np.bool_)
+        elif not _uses_context(cf.tree):
+            passed = cf.run_many(t.addresses, context_address)
+        else:
+            passed = _run_by_context(cf, t.addresses, ctx_rows[t.rows], source.contexts)
+        keep[t.rows] = passed
+        results.append(TypeResult(t, cf, passed, missing))
+    return FilterRun(source, results, keep)
+
+
+def _compile(expression: str, schema: Schema, tier: str, lenient: bool) -> CompiledFilter:
+    unknown = "false" if lenient else "error"
+    return compile_filter(expression, schema, tier, unknown=unknown)  # type: ignore[arg-type]
+
+
+def _run_by_context(
+    cf: CompiledFilter, addresses: np.ndarray, rows: np.ndarray, contexts: RecordBatch
+) -> np.ndarray:
+    """Verdicts with each event's own context: one native run per context
+    record (events grouped by it), not a Python step per event."""
+    order = np.argsort(rows, kind="stable")
+    sorted_rows = rows[order]
+    cuts = np.flatnonzero(np.diff(sorted_rows)) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [rows.shape[0]]])
+    out = np.zeros(rows.shape[0], np.bool_)
+    ordered = addresses[order]
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        out[order[s:e]] = cf.run_many(ordered[s:e], contexts.address(int(sorted_rows[s])))
+    return out

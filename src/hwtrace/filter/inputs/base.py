@@ -1,0 +1,239 @@
+"""The event streams a compiled filter runs over: the model every input
+adapter (:mod:`hwtrace.filter.inputs`) fills.
+
+A source gives, per event type, a :class:`~hwtrace.filter.schema.Schema`
+and the address of each event's raw record in memory, plus one context
+record per event (``$ctx.pid``, ``tid``, ``cpu_id``, ``procname`` where the
+source knows them), so that a filter compiled once per type runs over all
+of that type's events in native loops
+(:meth:`~hwtrace.filter.compile.CompiledFilter.run_many`).
+
+Records whose bytes do not hold their schema (too short, a ``data_loc``
+beyond the record) would let a filter read outside them: :func:`split_bad`
+finds them in a compiled pass and the sources leave them out, saying so.
+Bad input raises :class:`StreamError` (one line: file and offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from ..errors import FilterError
+from ..ftrace_raw import LIVE_TRACEFS, Tracefs
+from ..records import RecordBatch, pack_many
+from ..schema import DEFAULT_CONTEXT, Schema, SequenceType, StringType
+from ..sources import schema_from_tracefs
+
+
+class StreamError(Exception):
+    """Input that cannot be read: ``path``, ``offset`` (or None) and ``message``."""
+
+    def __init__(self, path: str, message: str, offset: int | None = None) -> None:
+        super().__init__(path, message, offset)
+        self.path = path
+        self.message = message
+        self.offset = offset
+
+    def __str__(self) -> str:
+        at = f": offset {self.offset:#x}" if self.offset is not None else ""
+        return f"{self.path}{at}: {self.message}"
+
+
+@dataclass
+class EventType:
+    """The events of one type in a source.
+
+    ``rows`` are the events' positions in the source's order (the columns
+    of :class:`EventSource`); ``addresses`` their raw records' addresses;
+    ``offsets`` / ``sizes`` the same records as byte ranges of the source's
+    ``buf`` (perf and ftrace sources: the listing kernel reads them there).
+    """
+
+    name: str
+    schema: Schema
+    rows: np.ndarray
+    addresses: np.ndarray
+    offsets: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+    note: str = ""  # why the schema is what it is (e.g. no format found)
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+
+@dataclass
+class EventSource:
+    """Events of several types with per-event columns in the source's
+    order: ``time`` (ns, -1 unknown), ``cpu``, ``tid``, ``comm`` (index
+    into ``comms``), ``context`` (row of ``contexts``, the packed context
+    records)."""
+
+    kind: str
+    path: str
+    types: list[EventType]
+    time: np.ndarray
+    cpu: np.ndarray
+    tid: np.ndarray
+    comm: np.ndarray
+    comms: list[str]
+    contexts: RecordBatch
+    buf: np.ndarray | None = None
+    problems: list[str] = field(default_factory=list)  # damage found in the input
+    notes: list[str] = field(default_factory=list)  # facts worth saying (formats' origin)
+    keep: list[Any] = field(default_factory=list, repr=False)
+
+    def __len__(self) -> int:
+        return self.time.shape[0]
+
+
+def contexts(
+    pid: np.ndarray, tid: np.ndarray, cpu: np.ndarray, comm: np.ndarray, comms: Sequence[str]
+) -> tuple[RecordBatch, np.ndarray]:
+    """One packed DEFAULT_CONTEXT record per distinct (pid, tid, cpu, comm)
+    and each event's row among them."""
+    n = pid.shape[0]
+    keys = (comm, cpu, tid, pid)  # lexsort: the last key sorts first
+    if n:
+        order = np.lexsort(keys)
+        ordered = [k[order] for k in keys]
+        change = np.zeros(n, np.bool_)
+        change[0] = True
+        for k in ordered:
+            change[1:] |= k[1:] != k[:-1]
+        inverse = np.empty(n, np.int64)
+        inverse[order] = np.cumsum(change) - 1
+        first = order[change]
+    else:
+        inverse = np.zeros(0, np.int64)
+        first = np.zeros(0, np.int64)
+    uniq = {"pid": pid[first], "tid": tid[first], "cpu": cpu[first], "comm": comm[first]}
+    if first.shape[0] == 0:  # one zero record, for filters over no events
+        uniq = {"pid": np.zeros(1, np.int64), "tid": np.zeros(1, np.int64),
+                "cpu": np.zeros(1, np.int64), "comm": np.full(1, -1, np.int64)}  # fmt: skip
+    names = [comms[c].encode() if c >= 0 else b"" for c in uniq["comm"].tolist()]
+    batch = pack_many(
+        DEFAULT_CONTEXT,
+        {
+            "procname": names,
+            "pid": uniq["pid"],
+            "vpid": uniq["pid"],
+            "tid": uniq["tid"],
+            "vtid": uniq["tid"],
+            "cpu_id": uniq["cpu"],
+        },
+    )
+    return batch, inverse
+
+
+# Records shorter than their schema, or with a data_loc beyond the record,
+# would let a filter read outside them: such events are refused.
+@njit(cache=True)
+def _valid_records(buf, offsets, sizes, fixed, locs):
+    n = offsets.shape[0]
+    ok = np.ones(n, np.bool_)
+    for i in range(n):
+        o = offsets[i]
+        s = sizes[i]
+        if s < fixed or o < 0 or o + s > buf.shape[0]:
+            ok[i] = False
+            continue
+        for k in range(locs.shape[0]):
+            at = o + locs[k]
+            v = (
+                np.int64(buf[at])
+                | (np.int64(buf[at + 1]) << 8)
+                | (np.int64(buf[at + 2]) << 16)
+                | (np.int64(buf[at + 3]) << 24)
+            )
+            if (v & 0xFFFF) + (v >> 16) > s:
+                ok[i] = False
+                break
+    return ok
+
+
+def _check_records(
+    buf: np.ndarray, schema: Schema, offsets: np.ndarray, sizes: np.ndarray
+) -> np.ndarray:
+    locs = np.array(
+        [
+            f.offset
+            for f in schema.fields
+            if (isinstance(f.type, StringType | SequenceType) and f.type.storage == "data_loc")
+        ],
+        np.int64,
+    )
+    return _valid_records(buf, offsets.astype(np.int64), sizes.astype(np.int64), schema.size, locs)
+
+
+def split_bad(
+    t: EventType, buf: np.ndarray, where: str, notes: list[str]
+) -> tuple[EventType, np.ndarray]:
+    """Drop the events whose records do not hold their schema; say so."""
+    assert t.offsets is not None and t.sizes is not None
+    ok = _check_records(buf, t.schema, t.offsets, t.sizes)
+    bad = np.flatnonzero(~ok)
+    if bad.shape[0]:
+        notes.append(
+            f"{where}: {bad.shape[0]} {t.name} record(s) too short for their format or with "
+            f"a field beyond the record (first at offset {int(t.offsets[bad[0]]):#x}): skipped"
+        )
+        t = EventType(
+            t.name, t.schema, t.rows[ok], t.addresses[ok], t.offsets[ok], t.sizes[ok], t.note
+        )
+    return t, bad
+
+
+def buffer_address(buf: np.ndarray) -> int:
+    """The address of ``buf``'s first byte (0 for an empty buffer)."""
+    return int(buf.ctypes.data) if buf.shape[0] else 0
+
+
+class EventFormats:
+    """Event id -> (name, schema) from embedded formats, else a tracefs dir."""
+
+    def __init__(
+        self, embedded: dict[int, tuple[str, str, str]] | None, tracefs: str | None, where: str
+    ) -> None:
+        self.embedded = embedded or {}
+        self.tracefs_path = tracefs
+        self._tracefs: Tracefs | None = None
+        self.where = where
+        self.cache: dict[int, tuple[str, Schema, str]] = {}
+
+    def tracefs(self) -> Tracefs | None:
+        if self._tracefs is None:
+            try:
+                self._tracefs = Tracefs(self.tracefs_path or LIVE_TRACEFS)
+            except FilterError:
+                if self.tracefs_path:
+                    raise
+                return None
+        return self._tracefs
+
+    def get(self, event_id: int, fallback_name: str) -> tuple[str, Schema, str]:
+        if event_id in self.cache:
+            return self.cache[event_id]
+        note = ""
+        found = self.embedded.get(event_id)
+        if found is None:
+            fs = self.tracefs()
+            found = fs.event(event_id) if fs is not None else None
+            if found is not None and self.embedded:
+                note = f"format of event id {event_id} taken from {fs.root if fs else ''}"
+        if found is None:
+            name = fallback_name or f"id {event_id}"
+            result = (name, Schema.declare(name, []), f"no format for event id {event_id}")
+        else:
+            system, event, text = found
+            try:
+                schema = schema_from_tracefs(text, event)
+            except FilterError as e:
+                raise StreamError(self.where, f"format of {system}:{event}: {e}") from None
+            result = (f"{system}:{event}", schema, note)
+        self.cache[event_id] = result
+        return result

@@ -1,0 +1,283 @@
+"""Listings of filtered events: text like ftrace's ``trace`` file, or JSON lines.
+
+A text line is ``comm-tid [cpu] seconds.nanoseconds: system:event:
+field=value ...`` (the ``common_*`` fields left out, as ``trace`` does); a
+JSON line ``{"time", "cpu", "tid", "comm", "event", "fields": {...}}``.
+Events are listed in time order, as ``trace`` and ``perf script`` list them.
+
+For perf.data and ftrace sources a compiled kernel writes the lines
+straight from the raw records, from a per-type field program (kind, offset,
+size, signedness, count per field), so listing millions of events does no
+Python work per event.  CTF events are listed from the values bt2 gave
+(:func:`hwtrace.filter.inputs.ctf.render_ctf_listing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from numba import njit
+
+from ..textout import (
+    align_right,
+    put_byte,
+    put_bytes,
+    put_cstring,
+    put_dec,
+    put_signed,
+    string_list_table,
+)
+from .inputs.base import EventSource
+from .schema import ArrayType, IntType, Schema, SequenceType, StringType
+
+K_INT, K_STR_INLINE, K_STR_LOC, K_ARRAY, K_SEQ_LOC = 1, 2, 3, 4, 5
+
+
+def _field_program(schema: Schema) -> list[tuple[int, int, int, int, int, str]]:
+    """(kind, offset, size, signed, count, name) per printable field; the
+    ``common_*`` fields are left out, as ``trace`` does."""
+    out = []
+    for f in schema.fields:
+        if f.name.startswith("common_"):
+            continue
+        t = f.type
+        if isinstance(t, IntType):
+            out.append((K_INT, f.offset, t.size, int(t.signed), 0, f.name))
+        elif isinstance(t, StringType) and t.storage == "inline":
+            out.append((K_STR_INLINE, f.offset, t.capacity, 0, 0, f.name))
+        elif isinstance(t, StringType) and t.storage == "data_loc":
+            out.append((K_STR_LOC, f.offset, 4, 0, 0, f.name))
+        elif isinstance(t, ArrayType) and isinstance(t.element, IntType):
+            out.append((K_ARRAY, f.offset, t.element.size, int(t.element.signed), t.length, f.name))
+        elif (
+            isinstance(t, SequenceType)
+            and t.storage == "data_loc"
+            and isinstance(t.element, IntType)
+        ):
+            out.append((K_SEQ_LOC, f.offset, t.element.size, int(t.element.signed), 0, f.name))
+    return out
+
+
+# JSON pieces as byte arrays (numba compiles loops over str slowly).
+_J_TIME = np.frombuffer(b'{"time":', np.uint8)
+_J_CPU = np.frombuffer(b',"cpu":', np.uint8)
+_J_TID = np.frombuffer(b',"tid":', np.uint8)
+_J_COMM = np.frombuffer(b',"comm":"', np.uint8)
+_J_EVENT = np.frombuffer(b'","event":"', np.uint8)
+_J_FIELDS = np.frombuffer(b'","fields":{', np.uint8)
+_J_NULL = np.frombuffer(b"null", np.uint8)
+
+
+@njit(cache=True)
+def _read_int(buf, at, size, signed):
+    v = np.uint64(0)
+    for j in range(size):
+        v |= np.uint64(buf[at + j]) << np.uint64(8 * j)
+    if signed and size < 8 and (v >> np.uint64(8 * size - 1)) & np.uint64(1):
+        v |= ~np.uint64(0) << np.uint64(8 * size)
+    return v
+
+
+@njit(cache=True)
+def _int_value(out, p, buf, at, size, signed):
+    v = _read_int(buf, at, size, signed)
+    if signed:
+        return put_signed(out, p, np.int64(v))
+    return put_dec(out, p, v)
+
+
+@njit(cache=True)
+def _render(
+    buf, offsets, sizes, etype, time, cpu, tid, comm, order, lo, hi,
+    prog, pstart, pend, fname_tab, fname_len, ename_tab, ename_len, comm_tab, comm_len,
+    json, out,
+):  # fmt: skip
+    p = 0
+    for k in range(lo, hi):
+        i = order[k]
+        t = etype[i]
+        base = offsets[i]
+        size = sizes[i]
+        c = comm[i]
+        if json:
+            p = put_bytes(out, p, _J_TIME)
+            p = put_signed(out, p, time[i])
+            p = put_bytes(out, p, _J_CPU)
+            p = put_signed(out, p, cpu[i])
+            p = put_bytes(out, p, _J_TID)
+            p = put_signed(out, p, tid[i])
+            p = put_bytes(out, p, _J_COMM)
+            if c >= 0:
+                p = put_cstring(out, p, comm_tab[c], 0, comm_len[c], True)
+            p = put_bytes(out, p, _J_EVENT)
+            p = put_cstring(out, p, ename_tab[t], 0, ename_len[t], True)
+            p = put_bytes(out, p, _J_FIELDS)
+        else:
+            start = p
+            if c >= 0:
+                p = put_cstring(out, p, comm_tab[c], 0, comm_len[c], False)
+            p = align_right(out, p, start, 16)
+            p = put_byte(out, p, 45)
+            start = p
+            p = put_signed(out, p, tid[i])
+            while p - start < 7:
+                p = put_byte(out, p, 32)
+            p = put_byte(out, p, 32)
+            p = put_byte(out, p, 91)
+            start = p
+            p = put_signed(out, p, cpu[i])
+            if p - start < 3:
+                n = p - start
+                for j in range(n - 1, -1, -1):
+                    out[start + 3 - n + j] = out[start + j]
+                for j in range(3 - n):
+                    out[start + j] = 48
+                p = start + 3
+            p = put_byte(out, p, 93)
+            p = put_byte(out, p, 32)
+            start = p
+            if time[i] >= 0:
+                p = put_dec(out, p, time[i] // 1_000_000_000)
+                p = align_right(out, p, start, 6)
+                p = put_byte(out, p, 46)
+                frac = time[i] % 1_000_000_000
+                for j in range(8, -1, -1):
+                    out[p + j] = 48 + frac % 10
+                    frac //= 10
+                p += 9
+            else:
+                p = put_byte(out, p, 45)
+                p = align_right(out, p, start, 16)
+            p = put_byte(out, p, 58)
+            p = put_byte(out, p, 32)
+            p = put_cstring(out, p, ename_tab[t], 0, ename_len[t], False)
+            p = put_byte(out, p, 58)
+        first = True
+        for j in range(pstart[t], pend[t]):
+            kind = prog[j, 0]
+            off = prog[j, 1]
+            fsize = prog[j, 2]
+            signed = prog[j, 3] != 0
+            count = prog[j, 4]
+            if json:
+                if not first:
+                    p = put_byte(out, p, 44)
+                p = put_byte(out, p, 34)
+                p = put_cstring(out, p, fname_tab[j], 0, fname_len[j], True)
+                p = put_byte(out, p, 34)
+                p = put_byte(out, p, 58)
+            else:
+                p = put_byte(out, p, 32)
+                p = put_cstring(out, p, fname_tab[j], 0, fname_len[j], False)
+                p = put_byte(out, p, 61)
+            first = False
+            if off + fsize > size:
+                if json:
+                    p = put_bytes(out, p, _J_NULL)
+                continue
+            if kind == 1:
+                p = _int_value(out, p, buf, base + off, fsize, signed)
+            elif kind == 2 or kind == 3:
+                if kind == 2:
+                    s0 = base + off
+                    n = fsize
+                else:
+                    loc = _read_int(buf, base + off, 4, False)
+                    s0 = base + np.int64(loc & np.uint64(0xFFFF))
+                    n = np.int64(loc >> np.uint64(16))
+                    if s0 + n > base + size:
+                        n = 0
+                if json:
+                    p = put_byte(out, p, 34)
+                p = put_cstring(out, p, buf, s0, n, json)
+                if json:
+                    p = put_byte(out, p, 34)
+            else:
+                if kind == 4:
+                    s0 = base + off
+                    n = count
+                else:
+                    loc = _read_int(buf, base + off, 4, False)
+                    s0 = base + np.int64(loc & np.uint64(0xFFFF))
+                    n = np.int64(loc >> np.uint64(16)) // fsize
+                    if s0 + n * fsize > base + size:
+                        n = 0
+                p = put_byte(out, p, 91)
+                for e in range(n):
+                    if e:
+                        p = put_byte(out, p, 44)
+                    p = _int_value(out, p, buf, s0 + e * fsize, fsize, signed)
+                p = put_byte(out, p, 93)
+        if json:
+            p = put_byte(out, p, 125)
+            p = put_byte(out, p, 125)
+        p = put_byte(out, p, 10)
+    return p
+
+
+def render_listing(
+    source: EventSource, keep: np.ndarray, *, json: bool = False, chunk_bytes: int = 1 << 23
+) -> Iterator[bytes]:
+    """The events with ``keep`` set, in time order, as text lines like
+    ftrace's ``trace`` (``comm-tid [cpu] seconds: event: field=value ...``)
+    or JSON lines, in byte chunks."""
+    if source.kind == "ctf":
+        from .inputs.ctf import render_ctf_listing
+
+        yield from render_ctf_listing(source, keep, json)
+        return
+    assert source.buf is not None
+    n = len(source)
+    etype = np.full(n, -1, np.int64)
+    offsets = np.zeros(n, np.int64)
+    sizes = np.zeros(n, np.int64)
+    prog_rows: list[tuple[int, int, int, int, int]] = []
+    fnames: list[str] = []
+    pstart, pend = [], []
+    bound = []
+    for k, t in enumerate(source.types):
+        etype[t.rows] = k
+        assert t.offsets is not None and t.sizes is not None
+        offsets[t.rows] = t.offsets
+        sizes[t.rows] = t.sizes
+        fields = _field_program(t.schema)
+        pstart.append(len(prog_rows))
+        for kind, off, size, signed, count, name in fields:
+            prog_rows.append((kind, off, size, signed, count))
+            fnames.append(name)
+        pend.append(len(prog_rows))
+        biggest = int(t.sizes.max(initial=0))
+        per_field = sum(
+            len(name) + 8 + (6 * (size or 1) if kind == K_STR_INLINE else 0)
+            + (22 * max(count, 1) if kind == K_ARRAY else 0)
+            + (6 * biggest + 22 * biggest if kind in (K_STR_LOC, K_SEQ_LOC) else 24)
+            for kind, off, size, signed, count, name in fields
+        )  # fmt: skip
+        bound.append(200 + 6 * len(t.name) + per_field)
+    sel = np.flatnonzero(keep & (etype >= 0))
+    if sel.shape[0] == 0:
+        return
+    # Time order, as `trace` and `perf script` list (perf.data's file order
+    # is only ordered within each flush round).
+    sel = sel[np.argsort(source.time[sel], kind="stable")]
+    prog = np.array(prog_rows or [(0, 0, 0, 0, 0)], np.int64).reshape(-1, 5)
+    fname_tab, fname_len = string_list_table(fnames)
+    ename_tab, ename_len = string_list_table([t.name for t in source.types])
+    comm_tab, comm_len = string_list_table(source.comms)
+    line_max = max(bound) + 6 * int(comm_len.max(initial=0))
+    per_chunk = max(1, chunk_bytes // line_max)
+    out = np.empty(per_chunk * line_max, np.uint8)
+    cols = (
+        source.buf, offsets, sizes, etype,
+        np.ascontiguousarray(source.time, np.int64), np.ascontiguousarray(source.cpu, np.int64),
+        np.ascontiguousarray(source.tid, np.int64), np.ascontiguousarray(source.comm, np.int64),
+        sel.astype(np.int64),
+    )  # fmt: skip
+    for lo in range(0, sel.shape[0], per_chunk):
+        hi = min(lo + per_chunk, sel.shape[0])
+        used = _render(
+            *cols, lo, hi, prog, np.array(pstart, np.int64), np.array(pend, np.int64),
+            fname_tab, fname_len, ename_tab, ename_len, comm_tab, comm_len, json, out,
+        )  # fmt: skip
+        yield out[:used].tobytes()
