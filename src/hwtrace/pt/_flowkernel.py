@@ -47,6 +47,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .. import kernels
 from ..isa.x86 import IClass, Special
 from .codetable import (
     C_MISS_IP,
@@ -2994,7 +2995,7 @@ def _room(ds, out):
     return SI[O_NBLK] + 4 < out[0].shape[0] and SI[O_NEV] + 4 < out[7].shape[0]
 
 
-@nb.njit(cache=True, nogil=True, _nrt=False)
+@kernels.njit(cache=True, nogil=True, _nrt=False)
 def run(ds, pk, cf, ct, out):
     """Decode until the segment ends or Python is needed (R_*)."""
     SI, SU = ds[0], ds[1]

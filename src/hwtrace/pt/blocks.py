@@ -21,6 +21,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .. import kernels
+
 _EMPTY_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)
 _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 
@@ -37,7 +39,7 @@ def _slot(ip, meta, mask):
     return np.int64((h >> np.uint64(32)) & np.uint64(mask))
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def _compact(ip, ninsn, mode, offset, time, start, image, keys, tab, cols, state):
     """Append the batch's rows from ``start`` on; returns ``(next row,
     reason)``: reason 0 when the batch is done, else which array is full."""
@@ -215,7 +217,7 @@ class BlockStore:
         return self.time_row[:n], self.time_val[:n]
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def _rehash(h_ip, h_meta, h_id, k_ip, k_ninsn, k_mode, k_image, n):
     mask = h_ip.shape[0] - 1
     for key in range(n):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .. import kernels
 from ..isa.x86 import IClass, InsnCache, Special
 
 # Instruction flags.
@@ -84,7 +85,7 @@ def hash_find(h_ip, h_mode, h_val, ip, mode):
         s = (s + 1) & mask
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def hash_put(h_ip, h_mode, h_val, ip, mode, value):
     mask = h_ip.shape[0] - 1
     s = _slot(ip, mode, mask)
@@ -95,7 +96,7 @@ def hash_put(h_ip, h_mode, h_val, ip, mode, value):
     h_val[s] = value
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def _rehash(h_ip, h_mode, h_val, ips, modes, n, skip):
     for i in range(n):
         if not skip[i]:
@@ -427,7 +428,7 @@ class CodeTable:
         return self.cache.get(int(self.i_ip[index]), int(self.i_mode[index]))
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def _find(h_ip, h_mode, h_val, ip, mode):
     return hash_find(h_ip, h_mode, h_val, ip, mode)
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
 
+from .. import kernels
 from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass, Special
 from . import _flowkernel as K
@@ -261,7 +261,7 @@ class Symbolized:
         ]
 
 
-@nb.njit(cache=True, nogil=True)
+@kernels.njit(cache=True, nogil=True)
 def _expand(bip, bn, btable, tstart, tend, keys_all, succ_all, out):
     j = 0
     for i in range(bip.shape[0]):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numba as nb
 import numpy as np
 
+from .. import kernels
 from ..textout import put_dec, put_hex, put_row, put_slice, put_text, string_table
 from . import _flowkernel as K
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
@@ -305,7 +306,7 @@ def _next_ip(i_ip, i_size, i_class, i_flags, i_target, k):
     return i_ip[k] + np.uint64(i_size[k])
 
 
-@nb.njit(cache=True)
+@kernels.njit(cache=True)
 def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_off, contig):
     """Each instruction's line (without the per-block prefixes of
     ``--offset``/``--time``) from instruction ``first`` on, into ``lines``
@@ -355,7 +356,7 @@ def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_o
     return done
 
 
-@nb.njit(cache=True)
+@kernels.njit(cache=True)
 def format_batch(
     b_ip, b_ninsn, b_flags, b_mode, b_offset, ev_rows, ev_off, ev_blk, ct, lines, line_off,
     contig, style, st, stu, out,

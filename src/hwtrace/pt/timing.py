@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from .. import kernels
 from . import _kernels as K
 from .config import PtConfig
 from .errors import PtError
@@ -78,27 +79,36 @@ def new_time_state() -> np.ndarray:
     return np.zeros(TIME_STATE_SIZE, np.int64)
 
 
-@njit(cache=True, nogil=True)
-def time_kernel(
-    kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved
-):
-    """Run the time model over a packet table.
+def new_time_output(n: int) -> tuple:
+    """The arrays :func:`time_kernel` fills for ``n`` packets: per packet
+    ``(tsc, have_tsc, fcr, have_fcr)`` after it, and room for the
+    diagnostics ``(index, kind, error)``."""
+    return (
+        np.zeros(n, np.int64),
+        np.zeros(n, np.bool_),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.bool_),
+        np.empty(3 * n + 1, np.int64),
+        np.empty(3 * n + 1, np.int8),
+        np.empty(3 * n + 1, np.int8),
+    )
 
-    Returns per-packet ``(tsc, have_tsc, fcr, have_fcr)`` after the packet,
-    and diagnostics ``(index, kind, error)`` in the order they arise.  The
-    model starts from ``state`` (see :func:`new_time_state`) and leaves its
-    state after the last packet there, so a stream can be timed table by
-    table; ``saved`` receives the state before packet ``save_at`` (-1:
-    none), where a later table may start.
+
+@kernels.njit(cache=True, nogil=True, _nrt=False)
+def time_kernel(
+    kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved,
+    out,
+):  # fmt: skip
+    """Run the time model over a packet table, into ``out`` (see
+    :func:`new_time_output`); returns the number of diagnostics, in the
+    order they arose.  The model starts from ``state`` (see
+    :func:`new_time_state`) and leaves its state after the last packet
+    there, so a stream can be timed table by table; ``saved`` receives the
+    state before packet ``save_at`` (-1: none), where a later table may
+    start.
     """
     n = kinds.shape[0]
-    out_tsc = np.zeros(n, np.int64)
-    out_have_tsc = np.zeros(n, np.bool_)
-    out_fcr = np.zeros(n, np.int64)
-    out_have_fcr = np.zeros(n, np.bool_)
-    d_idx = np.empty(3 * n + 1, np.int64)
-    d_kind = np.empty(3 * n + 1, np.int8)
-    d_err = np.empty(3 * n + 1, np.int8)
+    out_tsc, out_have_tsc, out_fcr, out_have_fcr, d_idx, d_kind, d_err = out
     nd = 0
 
     no_tcal = (opts & OPT_NO_TCAL) != 0
@@ -473,15 +483,7 @@ def time_kernel(
         out_have_tsc[i] = t_have_tsc
         out_fcr[i] = c_fcr
         out_have_fcr[i] = c_min >= 0 and c_min <= c_max
-    return (
-        out_tsc,
-        out_have_tsc,
-        out_fcr,
-        out_have_fcr,
-        d_idx[:nd],
-        d_kind[:nd],
-        d_err[:nd],
-    )
+    return nd
 
 
 @dataclass
@@ -531,7 +533,8 @@ def estimate_time(
         opts |= OPT_KEEP_TCAL_ON_OVF
     if "skl168" in config.errata:
         opts |= OPT_SKL168
-    tsc, have_tsc, fcr, have_fcr, di, dk, de = time_kernel(
+    out = new_time_output(len(table))
+    nd = time_kernel(
         table.kind,
         table.a,
         table.b,
@@ -544,8 +547,10 @@ def estimate_time(
         state if state is not None else new_time_state(),
         save_at,
         saved if saved is not None else new_time_state(),
+        out,
     )
-    return TimeColumns(tsc.view(np.uint64), have_tsc, fcr, have_fcr, di, dk, de)
+    tsc, have_tsc, fcr, have_fcr, di, dk, de = out
+    return TimeColumns(tsc.view(np.uint64), have_tsc, fcr, have_fcr, di[:nd], dk[:nd], de[:nd])
 
 
 def tsc_to_ns(tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int) -> np.ndarray:

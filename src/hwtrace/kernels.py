@@ -1,0 +1,669 @@
+"""Compiled kernels: numba functions with an ahead-of-time native library.
+
+hwtrace's per-byte and per-instruction work is written for numba.  Numba
+compiles on first use and caches the machine code, but a process still pays
+for loading it: about 0.3 s for ``import numba`` and 0.3 s more to load the
+cached code of the first few kernels it calls (numba sets up its typing and
+code generation for that).  A command-line tool that decodes a small trace
+in 0.1 s spends most of its time there.
+
+:func:`njit` is numba's ``njit`` for the kernels Python calls.  Each call
+first looks for the kernel, specialised for the arguments' types, in a
+native library (``libhwtrace-kernels-*.so``) built ahead of time from
+numba's own code (:func:`build`): the kernel's LLVM IR and everything it
+calls, linked into one module, emitted as position-independent machine code
+and linked into a shared object.  It is called through ctypes (which
+releases the GIL, as ``nogil`` kernels do), with the arguments laid out as
+numba's native calling convention lays them out.  When the library is
+missing, out of date or lacks that specialisation, the call goes to numba.
+
+The library is built by ``python -m hwtrace.kernels build``, and after any
+``hwtrace`` command that had to call numba (see :func:`note_fallback`), for
+every specialisation in numba's cache.  Its manifest records the size and
+modification time of every kernel source file: a library older than the
+sources is ignored.  ``HWTRACE_KERNELS=numba`` turns the library off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import pickle
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The modules whose kernels go into the library.
+KERNEL_MODULES = (
+    "hwtrace.pt._kernels",
+    "hwtrace.pt.timing",
+    "hwtrace.pt.codetable",
+    "hwtrace.pt._flowkernel",
+    "hwtrace.pt.blocks",
+    "hwtrace.pt.decode",
+    "hwtrace.pt.ptxed",
+    "hwtrace.pt.ptdump",
+    "hwtrace.textout",
+)
+
+_LIB_NAME = "libhwtrace-kernels"
+_ENV = "HWTRACE_KERNELS"
+_registry: dict[str, Kernel] = {}
+_lock = threading.Lock()
+_library: _Library | bool | None = False  # False: not looked for yet
+_fallbacks: set[str] = set()
+
+
+def _enabled() -> bool:
+    return os.environ.get(_ENV, "") != "numba"
+
+
+# -- where the library lives ---------------------------------------------------
+
+
+def library_dir() -> Path:
+    """Next to the package's numba cache when writable, else the user's
+    cache directory."""
+    here = Path(__file__).resolve().parent / "__pycache__"
+    if os.access(here if here.exists() else here.parent, os.W_OK):
+        return here
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hwtrace"
+
+
+def _platform_tag() -> str:
+    return f"py{sys.version_info[0]}{sys.version_info[1]}-{os.uname().machine}"
+
+
+def _manifest_path() -> Path:
+    return library_dir() / f"{_LIB_NAME}-{_platform_tag()}.json"
+
+
+def _stamps(paths) -> dict[str, list[int]]:
+    out = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out[str(path)] = [st.st_mtime_ns, st.st_size]
+    return out
+
+
+def _source_files(extra: tuple = ()) -> list[str]:
+    """The files a library's code came from: every hwtrace module loaded
+    while building (kernels inline code from their imports)."""
+    files = set()
+    for name, mod in list(sys.modules.items()):
+        if (name == "hwtrace" or name.startswith("hwtrace.") or name in extra) and getattr(
+            mod, "__file__", None
+        ):
+            files.add(os.path.abspath(mod.__file__))
+    return sorted(files)
+
+
+# -- argument types and layout -------------------------------------------------
+#
+# A specialisation is keyed by the arguments' types as numba sees them
+# (numba.typeof): arrays by dtype, dimensions, layout, read-only and
+# alignment; Python ints as int64 (uint64 past its range), floats as
+# float64; tuples item by item.
+
+
+def _array_key(a: np.ndarray) -> tuple:
+    f = a.flags
+    layout = "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
+    return ("a", a.dtype.str, a.ndim, layout, not f.writeable, bool(f.aligned))
+
+
+def _value_key(v) -> Any:
+    if isinstance(v, np.ndarray):
+        return _array_key(v)
+    if isinstance(v, tuple):
+        return tuple(_value_key(x) for x in v)
+    if isinstance(v, bool | np.bool_):
+        return ("s", "|b1")
+    if isinstance(v, int):
+        return ("s", "<i8") if -(1 << 63) <= v < (1 << 63) else ("s", "<u8")
+    if isinstance(v, float):
+        return ("s", "<f8")
+    if isinstance(v, np.generic):
+        return ("s", v.dtype.str)
+    if v is None:
+        return ("n",)
+    return ("?", type(v).__name__)
+
+
+def _flat_array(a: np.ndarray) -> list[int]:
+    # numba's array model: meminfo, parent, nitems, itemsize, data, shape,
+    # strides (the native calling convention flattens it to scalars).
+    return [0, 0, a.size, a.itemsize, a.ctypes.data, *a.shape, *a.strides]
+
+
+class _ArrayMemo:
+    """Flattened arrays by identity (an array's buffer and shape never
+    change), forgotten when the array goes."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple] = {}
+
+    def get(self, a: np.ndarray) -> tuple:
+        hit = self._memo.get(id(a))
+        if hit is not None and hit[0]() is a:
+            return hit[1], hit[2]
+        key, flat = _array_key(a), _flat_array(a)
+        ident = id(a)
+        memo = self._memo
+
+        def forget(_ref, ident=ident, memo=memo) -> None:
+            memo.pop(ident, None)
+
+        self._memo[ident] = (weakref.ref(a, forget), key, flat)
+        return key, flat
+
+
+_memo = _ArrayMemo()
+
+
+def _flatten(v, keys: list, flat: list) -> None:
+    if isinstance(v, np.ndarray):
+        k, f = _memo.get(v)
+        keys.append(k)
+        flat.extend(f)
+    elif isinstance(v, tuple):
+        sub: list = []
+        for x in v:
+            _flatten(x, sub, flat)
+        keys.append(tuple(sub))
+    else:
+        keys.append(_value_key(v))
+        if isinstance(v, float):
+            flat.append(v)
+        elif v is None:
+            pass
+        else:
+            flat.append(int(v))
+
+
+# -- the library ---------------------------------------------------------------
+
+_CTYPES = {
+    "ptr": ctypes.c_void_p,
+    "i1": ctypes.c_bool,
+    "i8": ctypes.c_int8,
+    "i16": ctypes.c_int16,
+    "i32": ctypes.c_int32,
+    "i64": ctypes.c_int64,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+}
+_RET_CTYPES = {
+    "|b1": ctypes.c_uint8, "|i1": ctypes.c_int8, "|u1": ctypes.c_uint8,
+    "<i2": ctypes.c_int16, "<u2": ctypes.c_uint16, "<i4": ctypes.c_int32,
+    "<u4": ctypes.c_uint32, "<i8": ctypes.c_int64, "<u8": ctypes.c_uint64,
+    "<f4": ctypes.c_float, "<f8": ctypes.c_double,
+}  # fmt: skip
+
+
+def _from_json(k):
+    return tuple(_from_json(x) for x in k) if isinstance(k, list) else k
+
+
+class _Entry:
+    """One specialisation in the library: a C function with numba's native
+    calling convention, ``status f(ret *, excinfo **, args...)``."""
+
+    def __init__(self, lib: ctypes.CDLL, name: str, spec: dict) -> None:
+        self.name = name
+        fn = getattr(lib, spec["symbol"])
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [_CTYPES[t] for t in spec["args"]]
+        self.fn = fn
+        ret = spec["ret"]  # None, a scalar dtype, or a list of them
+        if ret is None:
+            self.ret_type = ctypes.c_int64
+            self.unpack: Callable = lambda r: None
+        elif isinstance(ret, str):
+            self.ret_type = _RET_CTYPES[ret]
+            conv = bool if ret == "|b1" else (lambda x: x)
+            self.unpack = lambda r: conv(r.value)
+        else:
+            fields = [(f"f{i}", _RET_CTYPES[t]) for i, t in enumerate(ret)]
+            self.ret_type = type("Ret", (ctypes.Structure,), {"_fields_": fields})
+            names = [f for f, _ in fields]
+            bools = [t == "|b1" for t in ret]
+            self.unpack = lambda r: tuple(
+                bool(getattr(r, n)) if b else getattr(r, n)
+                for n, b in zip(names, bools, strict=True)
+            )
+
+    def __call__(self, flat: list):
+        ret = self.ret_type()
+        exc = ctypes.c_void_p()
+        status = self.fn(ctypes.byref(ret), ctypes.byref(exc), *flat)
+        if status == 0:
+            return self.unpack(ret)
+        if status == -2:
+            return None
+        raise _exception(self.name, status, exc)
+
+
+class _ExcInfo(ctypes.Structure):
+    _fields_ = (("data", ctypes.c_void_p), ("size", ctypes.c_int32))
+
+
+def _exception(name: str, status: int, exc: ctypes.c_void_p) -> BaseException:
+    """The exception a kernel raised (numba keeps it pickled in static
+    data; see numba.core.callconv)."""
+    if status > 0 and exc.value:
+        info = _ExcInfo.from_address(exc.value)
+        try:
+            cls, args, *_ = pickle.loads(ctypes.string_at(info.data, info.size))
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                return cls(*(args or ()))
+        except Exception:
+            pass
+    return RuntimeError(f"compiled kernel {name} failed (status {status})")
+
+
+class _Library:
+    def __init__(self, manifest: dict, path: Path) -> None:
+        self.dll = ctypes.CDLL(str(path))
+        self.specs: dict[str, dict] = {}
+        for spec in manifest["entries"]:
+            self.specs.setdefault(spec["kernel"], {})[_from_json(spec["key"])] = spec
+
+    def entries(self, name: str) -> dict:
+        out = {}
+        for key, spec in self.specs.get(name, {}).items():
+            try:
+                out[key] = _Entry(self.dll, name, spec)
+            except (AttributeError, KeyError):
+                continue
+        return out
+
+
+def _open_library(manifest_path: Path) -> _Library | None:
+    """The library a manifest describes, if it is there and no source file
+    changed since it was built."""
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        stamps = manifest["stamps"]
+        if _stamps(stamps) != stamps:
+            return None
+        return _Library(manifest, manifest_path.with_name(manifest["library"]))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _load_library() -> _Library | None:
+    global _library
+    with _lock:
+        if _library is False:
+            _library = _open_library(_manifest_path()) if _enabled() else None
+        return _library  # type: ignore[return-value]
+
+
+def use_library(manifest_path: Path | None) -> bool:
+    """Call kernels through the library ``manifest_path`` describes (None:
+    through numba only); returns whether it could be used."""
+    global _library
+    with _lock:
+        _library = _open_library(Path(manifest_path)) if manifest_path is not None else None
+        for kernel in _registry.values():
+            kernel._native = None
+        return _library is not None
+
+
+def loaded_library() -> Path | None:
+    """The native library in use, if any."""
+    lib = _load_library()
+    return Path(lib.dll._name) if lib is not None else None
+
+
+# -- kernels -------------------------------------------------------------------
+
+
+class Kernel:
+    """A numba kernel called from Python (see the module docstring)."""
+
+    def __init__(self, py_func: Callable, options: dict) -> None:
+        self.py_func = py_func
+        self.options = options
+        self.name = f"{py_func.__module__}:{py_func.__qualname__}"
+        self.__doc__ = py_func.__doc__
+        self.__name__ = py_func.__name__
+        self.__module__ = py_func.__module__
+        self.__qualname__ = py_func.__qualname__
+        self._dispatcher = None
+        self._native: dict | None = None
+        _registry[self.name] = self
+        if "numba" in sys.modules:
+            _register_typeof()
+
+    @property
+    def dispatcher(self):
+        """The numba dispatcher (created on first need)."""
+        if self._dispatcher is None:
+            import numba
+
+            _register_typeof()
+            self._dispatcher = numba.njit(**self.options)(self.py_func)
+        return self._dispatcher
+
+    def _natives(self) -> dict:
+        if self._native is None:
+            lib = _load_library()
+            self._native = lib.entries(self.name) if lib is not None else {}
+        return self._native
+
+    def __call__(self, *args):
+        native = self._native if self._native is not None else self._natives()
+        if native:
+            keys: list = []
+            flat: list = []
+            for a in args:
+                _flatten(a, keys, flat)
+            entry = native.get(tuple(keys))
+            if entry is not None:
+                return entry(flat)
+        if self.name not in _fallbacks:
+            _fallbacks.add(self.name)
+        return self.dispatcher(*args)
+
+    def __getattr__(self, name: str):
+        # signatures, overloads, py_func's attributes...: numba's.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dispatcher, name)
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name}>"
+
+
+def njit(*args, **options):
+    """``numba.njit`` for a kernel Python calls: ``@njit`` or
+    ``@njit(cache=True, nogil=True, ...)``."""
+    if args and callable(args[0]):
+        return Kernel(args[0], {})
+    return lambda fn: Kernel(fn, options)
+
+
+_typeof_done = False
+
+
+def _register_typeof() -> None:
+    """Numba sees a Kernel used inside another kernel as its dispatcher."""
+    global _typeof_done
+    if _typeof_done:
+        return
+    _typeof_done = True
+    from numba.core.typing.typeof import typeof_impl
+
+    @typeof_impl.register(Kernel)
+    def _typeof_kernel(val, c):
+        return typeof_impl(val.dispatcher, c)
+
+
+def fallbacks() -> set[str]:
+    """The kernels this process called through numba."""
+    return set(_fallbacks)
+
+
+# -- building ------------------------------------------------------------------
+
+
+def _cached_signatures(disp) -> list:
+    """The signatures numba has compiled and cached for ``disp``."""
+    cache = getattr(disp, "_cache", None)
+    impl = getattr(cache, "_cache_file", None)
+    if impl is None:
+        return []
+    try:
+        index = impl._load_index()
+    except Exception:
+        return []
+    magic = disp.targetctx.codegen().magic_tuple()
+    return [key[0] for key in index if key[1] == magic]
+
+
+def _numba_key(ty) -> Any:
+    from numba.core import types
+    from numba.np.numpy_support import as_dtype
+
+    if isinstance(ty, types.Literal):
+        # Compiled for one constant value: only a call from numba uses it.
+        raise TypeError(f"no native layout for {ty}")
+    if isinstance(ty, types.Array):
+        return ("a", as_dtype(ty.dtype).str, ty.ndim, ty.layout, not ty.mutable, ty.aligned)
+    if isinstance(ty, types.BaseTuple):
+        return tuple(_numba_key(t) for t in ty.types)
+    if isinstance(ty, types.Boolean):
+        return ("s", "|b1")
+    if isinstance(ty, types.Integer | types.Float):
+        return ("s", as_dtype(ty).str)
+    if isinstance(ty, types.NoneType):
+        return ("n",)
+    raise TypeError(f"no native layout for {ty}")
+
+
+def _ret_layout(ty) -> Any:
+    from numba.core import types
+
+    if isinstance(ty, types.NoneType):
+        return None
+    if isinstance(ty, types.BaseTuple):
+        items = [_numba_key(t) for t in ty.types]
+        if all(isinstance(k, tuple) and k[0] == "s" for k in items):
+            return [k[1] for k in items]
+        raise TypeError(f"no native layout for {ty}")
+    key = _numba_key(ty)
+    if key[0] != "s":
+        raise TypeError(f"no native layout for {ty}")
+    return key[1]
+
+
+_ALLOWED_EXTERNAL = {"memcpy", "memmove", "memset", "memcmp"}
+_TRAP_STUBS = ("NRT_MemInfo_call_dtor",)
+
+
+def _to_json(k):
+    return [_to_json(x) for x in k] if isinstance(k, tuple) else k
+
+
+def build(
+    directory: Path | None = None, *, modules: tuple[str, ...] = KERNEL_MODULES, quiet: bool = True
+) -> Path | None:
+    """Build the native library of the kernels in ``modules`` from every
+    specialisation numba has cached or compiled in this process; returns
+    the manifest's path (None when there was nothing to build or no
+    linker)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import llvmlite.binding as ll
+
+    for m in modules:
+        importlib.import_module(m)
+    stamps = _stamps(_source_files(modules))
+    directory = Path(directory) if directory is not None else library_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    ll.initialize_native_target()
+    ll.initialize_native_asmprinter()
+
+    specs: list[dict] = []
+    irs = []
+    skipped: list[str] = []
+    for name, kernel in sorted(_registry.items()):
+        if kernel.py_func.__module__ not in modules:
+            continue
+        disp = kernel.dispatcher
+        sigs = list(dict.fromkeys(list(disp.signatures) + _cached_signatures(disp)))
+        for sig in sigs:
+            try:
+                disp.compile(sig)
+                overload = disp.overloads[tuple(sig)]
+                key = [_numba_key(t) for t in sig]
+                ret = _ret_layout(overload.signature.return_type)
+                mod = ll.parse_bitcode(overload.library._get_module_for_linking().as_bitcode())
+            except Exception as e:
+                skipped.append(f"{name}{tuple(sig)}: {e}")
+                continue
+            symbol = overload.fndesc.mangled_name
+            fn = mod.get_function(symbol)
+            args = [str(a.type) for a in fn.arguments][2:]
+            if any(t not in _CTYPES for t in args):
+                skipped.append(f"{name}{tuple(sig)}: argument types {args}")
+                continue
+            bad = _externals(mod, symbol, ll)
+            if bad:
+                skipped.append(f"{name}{tuple(sig)}: needs {', '.join(sorted(bad))}")
+                continue
+            fn.linkage = "external"  # linkonce_odr would be linked only where used
+            specs.append({"kernel": name, "key": _to_json(tuple(key)), "symbol": symbol,
+                          "args": args, "ret": ret})  # fmt: skip
+            irs.append(mod)
+    if not quiet:
+        for s in skipped:
+            print(f"  left to numba: {s}")
+    if not specs:
+        return None
+    linked = irs[0]
+    for mod in irs[1:]:
+        linked.link_in(mod)
+    stubs = "".join(
+        f"define void @{s}(ptr %p) {{\n  call void @llvm.trap()\n  unreachable\n}}\n"
+        for s in _TRAP_STUBS
+        if _declared(linked, s)
+    )
+    if stubs:
+        stub = ll.parse_assembly(stubs + "declare void @llvm.trap()\n")
+        stub.triple, stub.data_layout = linked.triple, linked.data_layout
+        linked.link_in(stub)
+    _internalize(linked, {s["symbol"] for s in specs}, ll)
+    tm = _target_machine(ll)
+    obj = tm.emit_object(linked)
+    tag = _platform_tag()
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        o_path = Path(tmp) / "kernels.o"
+        o_path.write_bytes(obj)
+        so_name = f"{_LIB_NAME}-{tag}-{os.getpid()}.so"
+        so_tmp = Path(tmp) / so_name
+        subprocess.run([cc, "-shared", "-o", str(so_tmp), str(o_path)], check=True,
+                       capture_output=True)  # fmt: skip
+        os.replace(so_tmp, directory / so_name)
+    manifest = {"library": so_name, "stamps": stamps, "entries": specs, "skipped": skipped}
+    path = directory / f"{_LIB_NAME}-{tag}.json"
+    old = None
+    try:
+        old = json.loads(path.read_text()).get("library")
+    except (OSError, ValueError):
+        pass
+    tmp_manifest = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp_manifest.write_text(json.dumps(manifest, indent=0))
+    os.replace(tmp_manifest, path)
+    if old and old != so_name:
+        # A process that loaded the old library keeps its mapping.
+        (directory / old).unlink(missing_ok=True)
+    if not quiet:
+        print(f"{len(specs)} kernel specialisations in {directory / so_name}")
+    return path
+
+
+def _declared(mod, name: str) -> bool:
+    try:
+        return mod.get_function(name).is_declaration
+    except NameError:
+        return False
+
+
+def _externals(mod, entry: str, ll) -> set[str]:
+    """The functions ``entry`` needs from outside once everything else is
+    internal and dead code is gone (done on a copy)."""
+    probe = ll.parse_bitcode(mod.as_bitcode())
+    _internalize(probe, {entry}, ll)
+    out = set()
+    for f in probe.functions:
+        if f.is_declaration and not f.name.startswith("llvm."):
+            if f.name not in _ALLOWED_EXTERNAL and f.name not in _TRAP_STUBS:
+                out.add(f.name)
+    return out
+
+
+def _internalize(mod, keep: set[str], ll) -> None:
+    for f in mod.functions:
+        if f.is_declaration:
+            continue
+        f.linkage = "external" if f.name in keep else "internal"
+    for g in mod.global_variables:
+        if not g.is_declaration:
+            g.linkage = "internal"
+    tm = _target_machine(ll)
+    pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=0))
+    mpm = ll.create_new_module_pass_manager()
+    mpm.add_global_dead_code_eliminate_pass()
+    mpm.add_strip_dead_prototype_pass()
+    mpm.run(mod, pb)
+
+
+def _target_machine(ll):
+    target = ll.Target.from_default_triple()
+    return target.create_target_machine(
+        cpu=ll.get_host_cpu_name(),
+        features=ll.get_host_cpu_features().flatten(),
+        opt=3,
+        reloc="pic",
+        codemodel="default",
+    )
+
+
+def note_fallback() -> None:
+    """After a command: when kernels had to go through numba, build the
+    library for next time (once, unless another process is at it)."""
+    if not _fallbacks or not _enabled() or os.environ.get("HWTRACE_KERNELS_AUTOBUILD") == "0":
+        return
+    import fcntl
+
+    try:
+        directory = library_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / f"{_LIB_NAME}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return
+            build(directory)
+    except Exception as e:
+        sys.stderr.write(f"hwtrace: note: compiled-kernel library not built: {e}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["build"]:
+        path = build(quiet=False)
+        return 0 if path is not None else 1
+    if argv[:1] == ["status"]:
+        lib = loaded_library()
+        print(lib if lib is not None else "no library (numba only)")
+        return 0
+    sys.stderr.write("usage: python -m hwtrace.kernels build|status\n")
+    return 2
+
+
+if __name__ == "__main__":
+    # Run as a script this file is __main__, a second copy of the module:
+    # the kernels register with the one the package imports.
+    from hwtrace.kernels import main as _main
+
+    sys.exit(_main())

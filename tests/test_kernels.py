@@ -1,0 +1,106 @@
+"""The native kernel library (hwtrace.kernels): built from numba's code,
+called through ctypes, and giving exactly numba's results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from hwtrace import kernels
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None,
+    reason="no C compiler to link the library with",
+)
+
+
+def _exercise():
+    import kernel_samples as ks
+
+    buf = np.frombuffer(bytes(range(256)) * 4, np.uint8)  # read-only
+    state = (np.zeros(2, np.int64), np.zeros(3, np.uint64))
+    out = (np.zeros(1, np.int64), np.zeros((3, 5), np.uint64))
+    a = np.zeros(4, np.int64)
+    results = [
+        ks.total(buf, 3, 900),
+        ks.fill(state, out, np.uint64(1 << 63), 1.5, True),
+        ks.fill(state, out, np.uint64(5), 2.25, False),
+        out[1].copy(),
+        state[0].copy(),
+        ks.nothing(a),
+        a.copy(),
+        ks.checked(np.array([0, 3], np.int64), 1),
+        ks.calls_kernel(buf),
+        ks.allocates(10),
+    ]
+    with pytest.raises(IndexError, match="past the end"):
+        ks.checked(np.array([0, 3], np.int64), 5)
+    return results
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x == y and type(x) is type(y), (x, y)
+
+
+def test_native_library_matches_numba(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    import kernel_samples as ks
+
+    kernels.use_library(None)
+    try:
+        expected = _exercise()  # through numba: compiles the specialisations
+        manifest = kernels.build(tmp_path, modules=("kernel_samples",))
+        assert manifest is not None
+        info = json.loads(manifest.read_text())
+        native = {e["kernel"].split(":")[1] for e in info["entries"]}
+        assert {"total", "fill", "nothing", "checked", "calls_kernel"} <= native
+        assert "allocates" not in native  # numba's runtime: left to numba
+        assert kernels.use_library(manifest)
+        kernels._fallbacks.clear()
+        got = _exercise()
+        _same(expected, got)
+        # Only the allocating kernel went through numba this time.
+        assert kernels.fallbacks() == {f"{ks.__name__}:allocates"}
+        # A changed source file retires the library.
+        src = __import__("pathlib").Path(ks.__file__)
+        stamp = src.stat()
+        import os
+
+        os.utime(src, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+        try:
+            assert not kernels.use_library(manifest)
+        finally:
+            os.utime(src, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    finally:
+        kernels.use_library(None)
+        kernels._library = False  # look for the real one again
+
+
+def test_argument_keys_follow_numba_typeof():
+    from numba import typeof
+
+    values = [
+        np.zeros(3, np.uint8),
+        np.frombuffer(b"abc", np.uint8),
+        np.zeros((2, 3), np.int64),
+        np.zeros((2, 3), np.int64)[:, 1],
+        np.zeros((2, 3), np.int64).T,
+        5,
+        -(1 << 63),
+        (1 << 64) - 1,
+        2.5,
+        True,
+        np.uint64(3),
+        np.int8(-1),
+        (np.zeros(2, np.int32), (7, np.zeros(1, np.bool_))),
+    ]
+    for v in values:
+        assert kernels._value_key(v) == kernels._numba_key(typeof(v)), v
