@@ -9,6 +9,7 @@ single-pass result.
 """
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -115,10 +116,21 @@ def test_chunked_and_threaded_decoding_agree(case):
     pt = CONFORMANCE / "cases" / case["pt"]
     whole = decode_trace(pt, img)
     chunked = decode_trace(pt, img, chunk_bytes=1)
-    threaded = decode_trace(pt, img, chunk_bytes=1, jobs=2)
+    threaded = decode_trace(pt, img, chunk_bytes=1, jobs=2, job_bytes=0)
     _same(whole, chunked)
     _same(whole, threaded)
     streamed = list(iter_flow(pt, img, chunk_bytes=1))
     ips = [r.instructions() for r in streamed]
     joined = np.concatenate(ips) if ips else np.zeros(0, np.uint64)
     assert np.array_equal(joined, whole.instructions())
+
+
+def test_threads_only_where_they_pay():
+    from hwtrace.pt.decode import MIN_BYTES_PER_JOB, useful_jobs
+
+    cpus = len(os.sched_getaffinity(0))
+    assert useful_jobs(4, 100) == 1
+    assert useful_jobs(4, 2 * MIN_BYTES_PER_JOB) == min(2, cpus)
+    assert useful_jobs(1, 100 * MIN_BYTES_PER_JOB) == 1
+    assert useful_jobs(64, 100 * MIN_BYTES_PER_JOB) == cpus
+    assert useful_jobs(2, 100, job_bytes=0) == min(2, cpus)

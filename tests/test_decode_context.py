@@ -53,7 +53,9 @@ def test_context_switches_image_at_each_psb_enable(jobs):
         asked.append((tsc, ip))
         return image_a if tsc is not None and tsc < 5000 else image_b
 
-    got = decode_trace(trace, image_a, a.config, context=context, jobs=jobs, chunk_bytes=64)
+    got = decode_trace(
+        trace, image_a, a.config, context=context, jobs=jobs, chunk_bytes=64, job_bytes=0
+    )
     assert not got.gaps
     assert got.instructions().tolist() == PATH_A + PATH_B
     assert (1000, 0x1000) in asked and any(t is not None and t >= 9000 for t, _ in asked)

@@ -454,6 +454,24 @@ def _expected_rows(trace_bytes: int) -> int:
     return 4 * trace_bytes + (1 << 16)
 
 
+# Each decoding thread learns the code it runs into (decoding instructions
+# with iced-x86, in Python, under the GIL) and the chunks' results are
+# merged at the end: a thread pays for that only with a few MiB of trace
+# of its own.
+MIN_BYTES_PER_JOB = 6 << 20
+
+
+def useful_jobs(jobs: int, trace_bytes: int, job_bytes: int = MIN_BYTES_PER_JOB) -> int:
+    """How many of ``jobs`` threads a trace of ``trace_bytes`` is worth:
+    no more than the CPUs this process may run on, and one per
+    ``job_bytes`` of trace."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(jobs, cpus, trace_bytes // max(job_bytes, 1)))
+
+
 def decode_trace(
     data,
     image,
@@ -464,6 +482,7 @@ def decode_trace(
     chunk_bytes: int = 1 << 20,
     keep_blocks: bool = True,
     context: Context | None = None,
+    job_bytes: int = MIN_BYTES_PER_JOB,
 ) -> FlowResult:
     """Decode a whole trace (bytes, numpy buffer or file path) against
     ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
@@ -476,6 +495,7 @@ def decode_trace(
     config = config or PtConfig()
     buf = _as_buffer(data)
     ranges = _chunk_ranges(buf, chunk_bytes)
+    jobs = useful_jobs(jobs, buf.shape[0], job_bytes)
     if jobs <= 1 or len(ranges) <= 1:
         dec = _decoder(image, config, options, context, keep=keep_blocks)
         sink = _Collector(keep_blocks, _expected_rows(buf.shape[0]))
