@@ -11,7 +11,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kinds import DecodeError, Kind
+from ._state import (
+    ERRATUM_SKD007,
+    ERRATUM_SKZ84,
+    LOOKAHEAD,
+    PHASE_DECODE,
+    PHASE_DONE,
+    PHASE_SYNC,
+    STOP_DONE,
+    STOP_ERRORS,
+    STOP_INPUT,
+    STOP_ROWS,
+)
+from .kinds import IPC_PAYLOAD_BYTES, DecodeError, Kind
 
 # Kind constants as plain ints so numba folds them.
 PAD = int(Kind.PAD)
@@ -48,8 +60,28 @@ EVD = int(Kind.EVD)
 TRIG = int(Kind.TRIG)
 INVALID = int(Kind.INVALID)
 
-ERRATUM_SKD007 = 1
-ERRATUM_SKZ84 = 2
+# Flag and payload bits of the columns (the table in kinds.py).
+FLAG_IP = 1  # EXSTOP, BEP, PTW, CFE c: the packet binds to an IP (a FUP follows)
+PIP_NR = 1  # PIP b: non-root
+MODE_CSL = 1  # MODE.Exec a: CS.L
+MODE_CSD = 2  # MODE.Exec a: CS.D
+MODE_IF = 4  # MODE.Exec a: RFLAGS.IF
+TSX_INTX = 1  # MODE.TSX a: in a transaction
+TSX_ABRT = 2  # MODE.TSX a: aborted
+PWRE_HW = 1  # PWRE c: hardware-initiated
+PWRX_INT = 1  # PWRX c: woken by an interrupt
+PWRX_ST = 2  # PWRX c: woken by a store to a monitored address
+PWRX_HW = 4  # PWRX c: woken by a hardware event
+BBP_SZ4 = 1  # BBP b: the block's BIPs carry 4 bytes
+BIP_SZ4 = 1  # BIP c: a 4-byte payload
+TRIG_IP = 1  # TRIG c: IP
+TRIG_ICNT = 2  # TRIG c: the instruction count is valid
+TRIG_MULT = 4  # TRIG c: MULT
+
+# in_block: between BBP and BEP, and which size of BIP.
+BLOCK_NONE = 0
+BLOCK_SZ8 = 1
+BLOCK_SZ4 = 2
 
 E_BAD_OPC = int(DecodeError.BAD_OPCODE)
 E_BAD_PACKET = int(DecodeError.BAD_PACKET)
@@ -73,6 +105,7 @@ TNT8_BITS, TNT8_NBITS = _tnt8_tables()
 # The PSB payload read as a little-endian 64-bit word, in both byte phases.
 PSB_WORD_LOHI = np.uint64(0x8202820282028202)
 PSB_WORD_HILO = np.uint64(0x0282028202820282)
+_0 = np.uint64(0)
 
 
 @njit(cache=True, inline="always")
@@ -98,144 +131,127 @@ def _ip_bytes(ipc):
     return -1
 
 
-@njit(cache=True, inline="always")
-def decode_one(buf, pos, end, in_block, errata, out):
+@njit(cache=True, inline="always", _nrt=False)
+def decode_packet(buf, pos, end, in_block, errata):
     """Decode the packet at ``pos``.
 
     ``errata`` (ERRATUM_* bits) enables the workarounds for CPUs whose trace
     output is known to be corrupt in specific ways.
 
-    Returns ``(size, kind)`` on success with the payload in ``out[0..2]``
-    (``a``, ``b``, ``c``), or ``(0, -error)`` on failure.  ``pos == end`` is
-    not a packet: callers check for it first.
+    Returns ``(size, kind, a, b, c)`` with the payload columns (uint64) on
+    success, or ``(0, -error, 0, 0, 0)`` on failure.  ``pos == end`` is not a
+    packet: callers check for it first.  No byte past ``pos + 16`` is read.
     """
     b0 = buf[pos]
     if b0 == 0x00:
-        return 1, PAD
+        return 1, PAD, _0, _0, _0
     if b0 == 0x02:
         if pos + 1 >= end:
-            return 0, -E_TRUNCATED
+            return 0, -E_TRUNCATED, _0, _0, _0
         ext = buf[pos + 1]
         if ext == 0x82:  # PSB
             if end < pos + PSB_SIZE:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             for i in range(2, PSB_SIZE, 2):
                 if buf[pos + i] != 0x02 or buf[pos + i + 1] != 0x82:
-                    return 0, -E_BAD_PACKET
-            return PSB_SIZE, PSB
+                    return 0, -E_BAD_PACKET, _0, _0, _0
+            return PSB_SIZE, PSB, _0, _0, _0
         if ext == 0x23:
-            return 2, PSBEND
+            return 2, PSBEND, _0, _0, _0
         if ext == 0xA3:  # TNT-64
             if end < pos + 8:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 6)
             if payload == 0:
-                return 0, -E_BAD_PACKET
+                return 0, -E_BAD_PACKET, _0, _0, _0
             nbits = 0
             p = payload >> np.uint64(1)
             while p != 0:
                 nbits += 1
                 p >>= np.uint64(1)
-            out[0] = payload & ~(np.uint64(1) << np.uint64(nbits))
-            out[1] = nbits
-            return 8, TNT64
+            bits = payload & ~(np.uint64(1) << np.uint64(nbits))
+            return 8, TNT64, bits, np.uint64(nbits), _0
         if ext == 0x43:  # PIP
             if end < pos + 8:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 6)
-            out[1] = payload & np.uint64(1)
-            out[0] = (payload >> np.uint64(1)) << np.uint64(5)
-            return 8, PIP
+            cr3 = (payload >> np.uint64(1)) << np.uint64(5)
+            return 8, PIP, cr3, payload & np.uint64(PIP_NR), _0
         if ext == 0xF3:
-            return 2, OVF
+            return 2, OVF, _0, _0, _0
         if ext == 0x03:  # CBR
             if end < pos + 4:
-                return 0, -E_TRUNCATED
-            out[0] = buf[pos + 2]
-            return 4, CBR
+                return 0, -E_TRUNCATED, _0, _0, _0
+            return 4, CBR, np.uint64(buf[pos + 2]), _0, _0
         if ext == 0x73:  # TMA
             if end < pos + 7:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             ctc = np.uint64(buf[pos + 2]) | (np.uint64(buf[pos + 3]) << np.uint64(8))
             fc = np.uint64(buf[pos + 5]) | (np.uint64(buf[pos + 6]) << np.uint64(8))
             if (fc & ~np.uint64(0x1FF)) or buf[pos + 4] != 0:
                 # SKZ84: TSC scaling/offsetting corrupts TMA; skip it as invalid.
                 if errata & ERRATUM_SKZ84 and end >= pos + 8:
-                    return 8, INVALID
-                return 0, -E_BAD_PACKET
-            out[0] = ctc
-            out[1] = fc
-            return 7, TMA
+                    return 8, INVALID, _0, _0, _0
+                return 0, -E_BAD_PACKET, _0, _0, _0
+            return 7, TMA, ctc, fc, _0
         if ext == 0x83:
-            return 2, STOP
+            return 2, STOP, _0, _0, _0
         if ext == 0xC8:  # VMCS
             if end < pos + 7:
-                return 0, -E_TRUNCATED
-            out[0] = _read_le(buf, pos + 2, 5) << np.uint64(12)
-            return 7, VMCS
+                return 0, -E_TRUNCATED, _0, _0, _0
+            return 7, VMCS, _read_le(buf, pos + 2, 5) << np.uint64(12), _0, _0
         if ext == 0xC3:  # ext2
             if pos + 2 >= end:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             if buf[pos + 2] != 0x88:
-                return 0, -E_BAD_OPC
+                return 0, -E_BAD_OPC, _0, _0, _0
             if end < pos + 11:
-                return 0, -E_TRUNCATED
-            out[0] = _read_le(buf, pos + 3, 8)
-            return 11, MNT
+                return 0, -E_TRUNCATED, _0, _0, _0
+            return 11, MNT, _read_le(buf, pos + 3, 8), _0, _0
         if ext == 0x62 or ext == 0xE2:
-            out[2] = 1 if ext == 0xE2 else 0
-            return 2, EXSTOP
+            return 2, EXSTOP, _0, _0, np.uint64(FLAG_IP if ext == 0xE2 else 0)
         if ext == 0xC2:  # MWAIT
             if end < pos + 10:
-                return 0, -E_TRUNCATED
-            out[0] = _read_le(buf, pos + 2, 4)
-            out[1] = _read_le(buf, pos + 6, 4)
-            return 10, MWAIT
+                return 0, -E_TRUNCATED, _0, _0, _0
+            return 10, MWAIT, _read_le(buf, pos + 2, 4), _read_le(buf, pos + 6, 4), _0
         if ext == 0x22:  # PWRE
             if end < pos + 4:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 2)
-            out[0] = (payload >> np.uint64(12)) & np.uint64(0xF)
-            out[1] = (payload >> np.uint64(8)) & np.uint64(0xF)
-            out[2] = 1 if payload & np.uint64(0x8) else 0
-            return 4, PWRE
+            state = (payload >> np.uint64(12)) & np.uint64(0xF)
+            sub = (payload >> np.uint64(8)) & np.uint64(0xF)
+            hw = np.uint64(PWRE_HW if payload & np.uint64(0x8) else 0)
+            return 4, PWRE, state, sub, hw
         if ext == 0xA2:  # PWRX
             if end < pos + 7:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 5)
-            out[0] = (payload >> np.uint64(4)) & np.uint64(0xF)
-            out[1] = payload & np.uint64(0xF)
-            fl = 0
+            last = (payload >> np.uint64(4)) & np.uint64(0xF)
+            deepest = payload & np.uint64(0xF)
+            wake = 0
             if payload & np.uint64(0x100):
-                fl |= 1
+                wake |= PWRX_INT
             if payload & np.uint64(0x400):
-                fl |= 2
+                wake |= PWRX_ST
             if payload & np.uint64(0x800):
-                fl |= 4
-            out[2] = fl
-            return 7, PWRX
+                wake |= PWRX_HW
+            return 7, PWRX, last, deepest, np.uint64(wake)
         if ext == 0x13:  # CFE
             if end < pos + 4:
-                return 0, -E_TRUNCATED
-            out[0] = buf[pos + 2] & 0x1F
-            out[1] = buf[pos + 3]
-            out[2] = 1 if buf[pos + 2] & 0x80 else 0
-            return 4, CFE
+                return 0, -E_TRUNCATED, _0, _0, _0
+            ip = np.uint64(FLAG_IP if buf[pos + 2] & 0x80 else 0)
+            return 4, CFE, np.uint64(buf[pos + 2] & 0x1F), np.uint64(buf[pos + 3]), ip
         if ext == 0x53:  # EVD
             if end < pos + 11:
-                return 0, -E_TRUNCATED
-            out[1] = buf[pos + 2] & 0x1F
-            out[0] = _read_le(buf, pos + 3, 8)
-            return 11, EVD
+                return 0, -E_TRUNCATED, _0, _0, _0
+            return 11, EVD, _read_le(buf, pos + 3, 8), np.uint64(buf[pos + 2] & 0x1F), _0
         if ext == 0x63:  # BBP
             if end < pos + 3:
-                return 0, -E_TRUNCATED
-            out[0] = buf[pos + 2] & 0x1F
-            out[1] = 1 if buf[pos + 2] & 0x80 else 0
-            return 3, BBP
+                return 0, -E_TRUNCATED, _0, _0, _0
+            sz = np.uint64(BBP_SZ4 if buf[pos + 2] & 0x80 else 0)
+            return 3, BBP, np.uint64(buf[pos + 2] & 0x1F), sz, _0
         if ext == 0x33 or ext == 0xB3:  # BEP
-            out[2] = 1 if ext == 0xB3 else 0
-            return 2, BEP
+            return 2, BEP, _0, _0, np.uint64(FLAG_IP if ext == 0xB3 else 0)
         if (ext & 0x1F) == 0x12:  # PTW
             plc = (ext >> 5) & 0x3
             if plc == 0:
@@ -243,63 +259,57 @@ def decode_one(buf, pos, end, in_block, errata, out):
             elif plc == 1:
                 n = 8
             else:
-                return 0, -E_BAD_PACKET
+                return 0, -E_BAD_PACKET, _0, _0, _0
             if end < pos + 2 + n:
-                return 0, -E_TRUNCATED
-            out[0] = _read_le(buf, pos + 2, n)
-            out[1] = plc
-            out[2] = 1 if ext & 0x80 else 0
-            return 2 + n, PTW
-        return 0, -E_BAD_OPC
+                return 0, -E_TRUNCATED, _0, _0, _0
+            ip = np.uint64(FLAG_IP if ext & 0x80 else 0)
+            return 2 + n, PTW, _read_le(buf, pos + 2, n), np.uint64(plc), ip
+        return 0, -E_BAD_OPC, _0, _0, _0
     if in_block and (b0 & 0x07) == 0x04:  # BIP, only between BBP and BEP
         n = 4 if in_block == 2 else 8
         if end < pos + 1 + n:
-            return 0, -E_TRUNCATED
-        out[0] = _read_le(buf, pos + 1, n)
-        out[1] = b0 >> 3
-        out[2] = 1 if n == 4 else 0
-        return 1 + n, BIP
+            return 0, -E_TRUNCATED, _0, _0, _0
+        sz4 = np.uint64(BIP_SZ4 if n == 4 else 0)
+        return 1 + n, BIP, _read_le(buf, pos + 1, n), np.uint64(b0 >> 3), sz4
     if (b0 & 0x01) == 0:  # TNT-8
-        out[0] = TNT8_BITS[b0]
-        out[1] = TNT8_NBITS[b0]
-        return 1, TNT8
+        return 1, TNT8, TNT8_BITS[b0], np.uint64(TNT8_NBITS[b0]), _0
     if b0 == 0x99:  # MODE
         if end < pos + 2:
-            return 0, -E_TRUNCATED
+            return 0, -E_TRUNCATED, _0, _0, _0
         m = buf[pos + 1]
         leaf = m & 0xE0
         if leaf == 0x00:
-            out[0] = m & 0x1F
-            return 2, MODE_EXEC
+            return 2, MODE_EXEC, np.uint64(m & 0x1F), _0, _0
         if leaf == 0x20:
-            out[0] = m & 0x1F
-            return 2, MODE_TSX
-        return 0, -E_BAD_PACKET
+            return 2, MODE_TSX, np.uint64(m & 0x1F), _0, _0
+        return 0, -E_BAD_PACKET, _0, _0, _0
     if b0 == 0x19:  # TSC
         if end < pos + 8:
-            return 0, -E_TRUNCATED
-        out[0] = _read_le(buf, pos + 1, 7)
-        return 8, TSC
+            return 0, -E_TRUNCATED, _0, _0, _0
+        return 8, TSC, _read_le(buf, pos + 1, 7), _0, _0
     if b0 == 0x59:  # MTC
         if end < pos + 2:
-            return 0, -E_TRUNCATED
-        out[0] = buf[pos + 1]
-        return 2, MTC
+            return 0, -E_TRUNCATED, _0, _0, _0
+        return 2, MTC, np.uint64(buf[pos + 1]), _0, _0
     if b0 == 0xD9:  # TRIG
         if end < pos + 3:
-            return 0, -E_TRUNCATED
+            return 0, -E_TRUNCATED, _0, _0, _0
         f = buf[pos + 1]
         size = 3
         icnt = np.uint64(0)
         if f & 0x40:
             if end < pos + 5:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             icnt = _read_le(buf, pos + 3, 2)
             size = 5
-        out[0] = buf[pos + 2]
-        out[1] = icnt
-        out[2] = ((f >> 7) & 1) | (((f >> 6) & 1) << 1) | (((f >> 5) & 1) << 2)
-        return size, TRIG
+        flags = 0
+        if f & 0x80:
+            flags |= TRIG_IP
+        if f & 0x40:
+            flags |= TRIG_ICNT
+        if f & 0x20:
+            flags |= TRIG_MULT
+        return size, TRIG, np.uint64(buf[pos + 2]), icnt, np.uint64(flags)
     if (b0 & 0x03) == 0x03:  # CYC
         value = np.uint64(b0 >> 3)
         p = pos + 1
@@ -307,7 +317,7 @@ def decode_one(buf, pos, end, in_block, errata, out):
         shl = 5
         while ext:
             if p >= end:
-                return 0, -E_TRUNCATED
+                return 0, -E_TRUNCATED, _0, _0, _0
             x = buf[p]
             p += 1
             ext = x & 0x01
@@ -316,7 +326,7 @@ def decode_one(buf, pos, end, in_block, errata, out):
                 value |= bits << np.uint64(shl)
             shl += 7
             if shl > 64:
-                return 0, -E_BAD_PACKET
+                return 0, -E_BAD_PACKET, _0, _0, _0
         # SKD007: an OVF may replace the rest of a multi-byte CYC.
         if (
             errata & ERRATUM_SKD007
@@ -325,9 +335,8 @@ def decode_one(buf, pos, end, in_block, errata, out):
             and p < end
             and buf[p] == 0xF3
         ):
-            return 3, OVF
-        out[0] = value
-        return p - pos, CYC
+            return 3, OVF, _0, _0, _0
+        return p - pos, CYC, value, _0, _0
     low = b0 & 0x1F
     kind = 0
     if low == 0x0D:
@@ -342,13 +351,11 @@ def decode_one(buf, pos, end, in_block, errata, out):
         ipc = b0 >> 5
         n = _ip_bytes(ipc)
         if n < 0:
-            return 0, -E_BAD_PACKET
+            return 0, -E_BAD_PACKET, _0, _0, _0
         if end < pos + 1 + n:
-            return 0, -E_TRUNCATED
-        out[0] = _read_le(buf, pos + 1, n)
-        out[1] = ipc
-        return 1 + n, kind
-    return 0, -E_BAD_OPC
+            return 0, -E_TRUNCATED, _0, _0, _0
+        return 1 + n, kind, _read_le(buf, pos + 1, n), np.uint64(ipc), _0
+    return 0, -E_BAD_OPC, _0, _0, _0
 
 
 @njit(cache=True)
@@ -439,86 +446,231 @@ def resync_point(buf, err_pos, sync_pos, begin, end):
     return sync_forward(buf, pos, begin, end)
 
 
-@njit(cache=True, nogil=True)
-def decode_range(
-    buf,
-    pos,
-    end,
-    sync_pos,
-    resync,
-    in_block,
-    errata,
-    offsets,
-    kinds,
-    sizes,
-    col_a,
-    col_b,
-    col_c,
-    n,
-    err_offsets,
-    err_codes,
-    err_index,
-    nerr,
-):
-    """Decode packets from ``pos`` until ``end``, the output is full, or an
-    error when ``resync`` is false.
+# The size of the packets that are known from their first byte alone and
+# have nothing in their payload to check (PAD, TNT-8, TSC, MTC, and TIP,
+# TIP.PGE, TIP.PGD and FUP with a valid IP compression), outside BBP..BEP;
+# 0 for every other first byte.  A pass that only checks the stream
+# (ptdump --quiet) steps over these without decoding them.
+def _fixed_sizes() -> np.ndarray:
+    sizes = np.zeros(256, np.int64)
+    sizes[0x00] = 1  # PAD
+    sizes[4::2] = 1  # TNT-8 (0x02 is the extended opcode)
+    sizes[0x19] = 8  # TSC
+    sizes[0x59] = 2  # MTC
+    for low in (0x0D, 0x11, 0x01, 0x1D):  # TIP, TIP.PGE, TIP.PGD, FUP
+        for ipc, n in IPC_PAYLOAD_BYTES.items():
+            sizes[(ipc << 5) | low] = 1 + n
+    return sizes
 
-    Appends rows at ``n`` and errors at ``nerr``.  Returns
-    ``(pos, sync_pos, in_block, n, nerr, done)``; ``done`` is False only when
-    the output arrays filled up and the caller must continue from ``pos``.
+
+FIXED_SIZE = _fixed_sizes()
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _psb_at(buf, pos, end):
+    """A whole PSB starts at ``pos`` (the check at the end of libipt's
+    pt_find_psb)."""
+    if end < pos + PSB_SIZE:
+        return False
+    for i in range(0, PSB_SIZE, 2):
+        if buf[pos + i] != 0x02 or buf[pos + i + 1] != 0x82:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def decode_stream(buf, avail, state, rows, errs, store):
+    """Decode a stream that arrives in pieces: the packets in ``buf[:avail]``.
+
+    ``state`` (a :data:`hwtrace.pt._state.DECODER_STATE` record array)
+    carries everything from one call to the next: where decoding stands,
+    libipt's search for a PSB (pt_sync_forward: aligned 8-byte words of the
+    PSB pattern, then a walk to the end of the run), and the in-block mode.
+    Its ``base`` says which stream offset ``buf[0]`` is, and ``final``
+    whether ``buf[:avail]`` ends the stream.  Until it does, a packet is
+    decoded only when :data:`LOOKAHEAD` bytes from its start are at hand and
+    a search never concludes at the end of the buffer: the call returns
+    ``STOP_INPUT`` and the caller moves the bytes from ``state.keep`` on to
+    the front of its buffer and appends more.  So how the stream is cut into
+    pieces never changes the packets, errors and offsets, which are libipt's
+    (pt_pkt_next, with pt_pkt_sync_forward after an error).
+
+    ``rows`` are the packet columns (offset, kind, size, a, b, c) and
+    ``errs`` the error columns (offset, DecodeError, row index), filled from
+    row 0 and from ``state.errors``.  With ``store`` false no rows are
+    written (only counted, in ``state.packets``): checking a stream costs
+    less than decoding it into columns.  Returns a ``STOP_*`` code.
     """
-    out = np.zeros(3, dtype=np.uint64)
-    cap = offsets.shape[0]
+    offsets, kinds, sizes, col_a, col_b, col_c = rows
+    err_offsets, err_codes, err_index = errs
+    s = state[0]
+    base = s.base
+    final = s.final != 0
+    resync = s.resync != 0
+    errata = s.errata
+    begin = -base  # the stream's first byte, as a buffer position
+    pos = s.pos - base
+    sync_pos = s.sync_pos - base
+    in_block = s.in_block
+    phase = s.phase
+    scan = s.scan - base
+    scan_start = s.scan_start - base
+    walking = s.walk >= 0
+    walk = s.walk - base
+    walk_from = s.walk_from - base
+    synced = s.synced
+    packets = s.packets
+    n = 0
+    nerr = s.errors
+    cap = offsets.shape[0] if store else 0
     ecap = err_offsets.shape[0]
-    begin = 0
-    while pos < end:
-        if n >= cap:
-            return pos, sync_pos, in_block, n, nerr, False
+    keep = pos - PSB_SIZE
+    stop = STOP_DONE
+    while True:
+        if phase == PHASE_SYNC:
+            found = -1
+            need = False
+            while True:
+                if walking:
+                    # Over the run of PSB pattern to its end (pt_find_psb).
+                    q = walk
+                    while q + 1 < avail and buf[q] == 0x02 and buf[q + 1] == 0x82:
+                        q += 2
+                    if q + 1 >= avail and not final:
+                        walk = q
+                        need = True
+                        break
+                    walking = False
+                    f = q - PSB_SIZE
+                    if f >= begin and f >= scan_start and _psb_at(buf, f, avail):
+                        found = f
+                        break
+                    continue  # not a PSB after all: on with the next word
+                if scan + 8 > avail:
+                    need = not final
+                    break
+                w = _read_le(buf, scan, 8)
+                scan += 8
+                if w != PSB_WORD_LOHI and w != PSB_WORD_HILO:
+                    continue
+                q = scan
+                if q >= avail:
+                    if not final:
+                        scan -= 8  # test this word again with the next byte at hand
+                        need = True
+                        break
+                    q += 1  # nothing follows the stream: not the PSB's 0x02
+                elif buf[q] != 0x02:
+                    q += 1
+                walking = True
+                walk = q
+                walk_from = q
+            if need:
+                # A PSB found later starts 16 bytes before the end of the run
+                # being walked, or no earlier than 8 bytes before the next
+                # word to test (see pt_find_psb).
+                if walking and walk - walk_from >= PSB_SIZE:
+                    keep = walk - PSB_SIZE
+                else:
+                    keep = scan - 2 * PSB_SIZE
+                stop = STOP_INPUT
+                break
+            if found < 0:
+                phase = PHASE_DONE
+                break
+            pos = found
+            sync_pos = found
+            in_block = BLOCK_NONE
+            phase = PHASE_DECODE
+            synced = 1
+        if phase != PHASE_DECODE:
+            break
+        if pos >= avail or (pos + LOOKAHEAD > avail and not final):
+            if final:
+                phase = PHASE_DONE
+                break
+            keep = pos - PSB_SIZE  # a resynchronisation may start 15 bytes back
+            stop = STOP_INPUT
+            break
+        if n >= cap and store:
+            stop = STOP_ROWS
+            break
         b0 = buf[pos]
-        if (b0 & 0x01) == 0 and b0 > 0x02 and in_block == 0:
-            # TNT-8, by far the most frequent packet: no call, no temporaries.
-            offsets[n] = pos
-            kinds[n] = TNT8
-            sizes[n] = 1
-            col_a[n] = TNT8_BITS[b0]
-            col_b[n] = TNT8_NBITS[b0]
-            col_c[n] = 0
-            n += 1
-            pos += 1
-            continue
-        out[0] = 0
-        out[1] = 0
-        out[2] = 0
-        size, kind = decode_one(buf, pos, end, in_block, errata, out)
+        if in_block == BLOCK_NONE:
+            if store:
+                if (b0 & 0x01) == 0 and b0 > 0x02:
+                    # TNT-8, by far the most frequent packet: no call.
+                    offsets[n] = pos + base
+                    kinds[n] = TNT8
+                    sizes[n] = 1
+                    col_a[n] = TNT8_BITS[b0]
+                    col_b[n] = TNT8_NBITS[b0]
+                    col_c[n] = 0
+                    n += 1
+                    packets += 1
+                    pos += 1
+                    continue
+            else:
+                size = FIXED_SIZE[b0]
+                if size > 0 and pos + size <= avail:
+                    packets += 1
+                    pos += size
+                    continue
+        size, kind, a, b, c = decode_packet(buf, pos, avail, in_block, errata)
         if size > 0:
-            offsets[n] = pos
-            kinds[n] = kind
-            sizes[n] = size
-            col_a[n] = out[0]
-            col_b[n] = np.uint32(out[1])
-            col_c[n] = np.uint8(out[2])
-            n += 1
+            if store:
+                offsets[n] = pos + base
+                kinds[n] = kind
+                sizes[n] = size
+                col_a[n] = a
+                col_b[n] = np.uint32(b)
+                col_c[n] = np.uint8(c)
+                n += 1
+            packets += 1
             if kind == BBP:
-                in_block = 2 if out[1] else 1
+                in_block = BLOCK_SZ4 if b == BBP_SZ4 else BLOCK_SZ8
             elif kind == BEP or kind == PSB or kind == OVF:
-                in_block = 0
+                in_block = BLOCK_NONE
             pos += size
             continue
         # An error: record it, then resynchronise at the next PSB.
-        if nerr < ecap:
-            err_offsets[nerr] = pos
-            err_codes[nerr] = -kind
-            err_index[nerr] = n
-            nerr += 1
+        if nerr >= ecap:
+            stop = STOP_ERRORS
+            break
+        err_offsets[nerr] = pos + base
+        err_codes[nerr] = -kind
+        err_index[nerr] = n
+        nerr += 1
         if not resync or kind == -E_TRUNCATED:
-            return end, sync_pos, in_block, n, nerr, True
-        nxt = resync_point(buf, pos, sync_pos, begin, end)
-        if nxt < 0:
-            return end, sync_pos, in_block, n, nerr, True
-        pos = nxt
-        sync_pos = nxt
-        in_block = 0
-    return pos, sync_pos, in_block, n, nerr, True
+            phase = PHASE_DONE
+            break
+        # Where libipt's pt_pkt_sync_forward starts looking: a PSB's length
+        # early, so a PSB partly swallowed by a bogus packet is still found.
+        p = pos
+        if p == sync_pos:
+            p += PSB_SIZE
+        space = p - begin
+        if space >= PSB_SIZE:
+            space = PSB_SIZE - 1
+        p -= space
+        scan_start = p
+        scan = begin + ((p - begin + 7) // 8) * 8
+        walking = False
+        phase = PHASE_SYNC
+    s.pos = pos + base
+    s.sync_pos = sync_pos + base
+    s.in_block = in_block
+    s.phase = phase
+    s.scan = scan + base
+    s.scan_start = scan_start + base
+    s.walk = walk + base if walking else -1
+    s.walk_from = walk_from + base
+    s.synced = synced
+    s.packets = packets
+    s.rows = n
+    s.errors = nerr
+    s.keep = max(keep, 0) + base
+    return stop
 
 
 @njit(cache=True, inline="always")

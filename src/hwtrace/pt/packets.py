@@ -3,8 +3,9 @@
 Decoding produces a :class:`PacketTable`, a struct of numpy arrays with one row
 per packet (see :mod:`hwtrace.pt.kinds` for what the payload columns mean),
 plus the decode errors met on the way.  The per-byte work is compiled
-(:mod:`hwtrace.pt._kernels`); this module allocates, loops over chunks and
-offers a friendly per-packet view (:class:`Packet`).
+(:mod:`hwtrace.pt._kernels`, imported on first use: importing this module
+does not import numba); this module allocates, loops over chunks and offers
+a friendly per-packet view (:class:`Packet`).
 
 Large files are memory-mapped and decoded in chunks split at PSB boundaries,
 which is also how decoding goes parallel (:func:`iter_chunks`,
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels as K
+from ._state import ERRATUM_SKD007, ERRATUM_SKZ84, STOP_ERRORS, STOP_ROWS, new_decoder_state
 from .config import PtConfig
 from .kinds import ERROR_TEXT, IP_KINDS, KIND_NAMES, DecodeError, Kind
 
@@ -206,9 +207,9 @@ def packet_errata(config: PtConfig | None) -> int:
         return 0
     bits = 0
     if "skd007" in config.errata:
-        bits |= K.ERRATUM_SKD007
+        bits |= ERRATUM_SKD007
     if "skz84" in config.errata:
-        bits |= K.ERRATUM_SKZ84
+        bits |= ERRATUM_SKZ84
     return bits
 
 
@@ -227,14 +228,21 @@ def sync_forward(data: Any, offset: int = 0) -> int:
     buf = as_buffer(data)
     if offset >= buf.shape[0]:
         return -1
-    return int(K.sync_forward(buf, offset, 0, buf.shape[0]))
+    return int(_kernels().sync_forward(buf, offset, 0, buf.shape[0]))
 
 
 def sync_backward(data: Any, offset: int | None = None) -> int:
     """Offset of the last PSB starting before ``offset`` (default: the end), or -1."""
     buf = as_buffer(data)
     end = buf.shape[0]
-    return int(K.sync_backward(buf, end if offset is None else offset, 0, end))
+    return int(_kernels().sync_backward(buf, end if offset is None else offset, 0, end))
+
+
+def _kernels() -> Any:
+    """The compiled kernels (importing them imports numba: only when used)."""
+    from . import _kernels as K
+
+    return K
 
 
 def decode_range(
@@ -250,50 +258,55 @@ def decode_range(
     Offsets are positions in ``buf``.  Errors are recorded and, with
     ``resync``, decoding goes on at the next PSB.
     """
+    K = _kernels()
+    state = new_decoder_state(sync=False, resync=resync, errata=errata)
+    s = state[0]
+    s["pos"] = s["sync_pos"] = start
+    s["final"] = 1
+    view = buf[:end]
     parts: list[PacketTable] = []
-    pos, sync_pos, in_block = start, start, 0
-    # No packet is shorter than a byte: one row per byte never overflows
-    # (and rows never written cost no memory).
-    cap = max(64, end - start + 64)
+    ecap = 1024
     while True:
-        offs = np.empty(cap, np.int64)
-        kinds = np.empty(cap, np.uint8)
-        sizes = np.empty(cap, np.uint8)
-        a = np.empty(cap, np.uint64)
-        b = np.empty(cap, np.uint32)
-        c = np.empty(cap, np.uint8)
-        ecap = 1024
-        eo = np.empty(ecap, np.int64)
-        ec = np.empty(ecap, np.int8)
-        ei = np.empty(ecap, np.int64)
-        pos, sync_pos, in_block, n, nerr, done = K.decode_range(
-            buf,
-            pos,
-            end,
-            sync_pos,
-            resync,
-            in_block,
-            errata,
-            offs,
-            kinds,
-            sizes,
-            a,
-            b,
-            c,
-            0,
-            eo,
-            ec,
-            ei,
-            0,
-        )
-        parts.append(
-            PacketTable(
-                offs[:n], kinds[:n], sizes[:n], a[:n], b[:n], c[:n], eo[:nerr], ec[:nerr], ei[:nerr]
-            )
-        )
-        if done:
+        # No packet is shorter than a byte: one row per byte never overflows
+        # (and rows never written cost no memory).
+        rows = new_rows(max(64, end - int(s["pos"]) + 64))
+        errs = new_errors(ecap)
+        s["errors"] = 0
+        stop = K.decode_stream(view, end, state, rows, errs, True)
+        parts.append(table_of(rows, errs, int(s["rows"]), int(s["errors"])))
+        if stop != STOP_ERRORS and stop != STOP_ROWS:
             break
+        ecap *= 2
     return parts[0] if len(parts) == 1 else PacketTable.concat(parts)
+
+
+def new_rows(capacity: int) -> tuple[np.ndarray, ...]:
+    """Empty packet columns (offset, kind, size, a, b, c) for the decoder."""
+    return (
+        np.empty(capacity, np.int64),
+        np.empty(capacity, np.uint8),
+        np.empty(capacity, np.uint8),
+        np.empty(capacity, np.uint64),
+        np.empty(capacity, np.uint32),
+        np.empty(capacity, np.uint8),
+    )
+
+
+def new_errors(capacity: int) -> tuple[np.ndarray, ...]:
+    """Empty error columns (offset, DecodeError, row index) for the decoder."""
+    return (np.empty(capacity, np.int64), np.empty(capacity, np.int8), np.empty(capacity, np.int64))
+
+
+def table_of(
+    rows: tuple[np.ndarray, ...], errs: tuple[np.ndarray, ...], n: int, nerr: int
+) -> PacketTable:
+    """The first ``n`` rows and ``nerr`` errors the decoder wrote, as a table
+    (views, not copies)."""
+    offs, kinds, sizes, a, b, c = rows
+    eo, ec, ei = errs
+    return PacketTable(
+        offs[:n], kinds[:n], sizes[:n], a[:n], b[:n], c[:n], eo[:nerr], ec[:nerr], ei[:nerr]
+    )
 
 
 def decode(
@@ -350,6 +363,7 @@ def release(buf: np.ndarray, start: int, end: int) -> None:
 def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:
     """Split a stream into ``(start, end)`` ranges of about ``chunk_bytes``
     that each begin at a PSB, so each can be decoded on its own."""
+    K = _kernels()
     end = buf.shape[0]
     first = int(K.sync_forward(buf, 0, 0, end)) if end else -1
     if first < 0:
@@ -450,7 +464,7 @@ def encode_table(kinds: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray)
     c = np.ascontiguousarray(c, np.uint8)
     # Upper bound: no packet is longer than 16 bytes.
     out = np.empty(16 * kinds.shape[0] + 16, np.uint8)
-    n = int(K.encode_rows(kinds, a, b, c, out))
+    n = int(_kernels().encode_rows(kinds, a, b, c, out))
     if n < 0:
         row = -n - 1
         bad = Packet(Kind(int(kinds[row])), int(a[row]), int(b[row]), int(c[row]))

@@ -1,0 +1,128 @@
+"""State records shared by the compiled packet kernels and their Python drivers.
+
+The streaming packet decoder (:func:`hwtrace.pt._kernels.decode_stream`) and
+the ptdump text kernel (:func:`hwtrace.pt._ptdump_kernel.format_kernel`) keep
+what must survive from one call to the next in a one-element numpy record
+array: named fields on both sides, one pointer for a C caller (the
+ahead-of-time compiled kernels, :mod:`hwtrace.pt._native`).
+
+This module needs numpy only, so the commands can read and set these records
+without importing numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# ---------------------------------------------------------------------------
+# The streaming decoder (decode_stream)
+
+DECODER_STATE = np.dtype(
+    [
+        # Where decoding stands (absolute stream offsets: 0 is the first byte
+        # of the trace buffer, as libipt's config.begin).
+        ("pos", np.int64),  # the next packet (PHASE_DECODE)
+        ("sync_pos", np.int64),  # the last synchronisation point
+        ("in_block", np.int64),  # 0, or inside BBP..BEP (1: 8-byte BIP, 2: 4-byte)
+        ("phase", np.int64),  # PHASE_*
+        # Looking for a PSB (PHASE_SYNC), as libipt's pt_sync_forward does.
+        ("scan", np.int64),  # the next aligned 8-byte word to test
+        ("scan_start", np.int64),  # the PSB found must start here or later
+        ("walk", np.int64),  # inside a run of PSB pattern: where the walk is (else -1)
+        ("walk_from", np.int64),  # where that walk began
+        # Set by the caller before each call.
+        ("base", np.int64),  # the stream offset of the buffer's first byte
+        ("final", np.int64),  # 1: the buffer holds the end of the stream
+        ("resync", np.int64),  # 1: after an error, go on at the next PSB
+        ("errata", np.int64),  # ERRATUM_* workaround bits
+        # Results of a call.
+        ("rows", np.int64),  # packet rows written
+        ("errors", np.int64),  # errors written (a caller may pre-fill some)
+        ("packets", np.int64),  # packets decoded so far, rows written or not
+        ("keep", np.int64),  # the caller must keep the input from here on
+        ("synced", np.int64),  # 1 once decoding has started (a PSB was found)
+    ]
+)
+
+PHASE_SYNC = 0  # looking for a PSB: at the start, and after an error
+PHASE_DECODE = 1
+PHASE_DONE = 2
+
+# What stopped decode_stream.
+STOP_DONE = 0  # the end of the stream (or the first error without resync)
+STOP_INPUT = 1  # more input is needed: move the bytes from `keep` on to the
+#                 front of the buffer, append more and call again
+STOP_ROWS = 2  # the packet rows are full: use them and call again
+STOP_ERRORS = 3  # the error rows are full: use them and call again
+
+# The longest packet is a PSB (16 bytes).  Before the stream's end is in the
+# buffer, a packet is decoded only with this many bytes from its start at
+# hand, so a buffer boundary never changes what a packet decodes to.
+LOOKAHEAD = 16
+# A caller's buffer holds at most this many bytes besides a new chunk: what
+# decode_stream asks to keep is never more.
+KEEP_MAX = 64
+
+# Packet-level erratum workarounds (the decoder's `errata` bits).
+ERRATUM_SKD007 = 1
+ERRATUM_SKZ84 = 2
+
+
+def new_decoder_state(*, sync: bool = True, resync: bool = True, errata: int = 0) -> np.ndarray:
+    """A decoder state for a stream's first byte: looking for the first PSB
+    (``sync``) or decoding from offset 0."""
+    st = np.zeros(1, DECODER_STATE)
+    s = st[0]
+    s["phase"] = PHASE_SYNC if sync else PHASE_DECODE
+    s["synced"] = 0 if sync else 1
+    s["walk"] = -1
+    s["resync"] = int(resync)
+    s["errata"] = errata
+    return st
+
+
+# ---------------------------------------------------------------------------
+# The ptdump text kernel (format_kernel)
+
+FORMAT_STATE = np.dtype(
+    [
+        ("flags", np.int64),  # F_* options
+        ("base", np.int64),  # stream offset of the raw buffer's first byte (--raw)
+        ("next", np.int64),  # the next packet row to print
+        ("stop", np.int64),  # print rows up to here (exclusive)
+        ("error", np.int64),  # the next error row to print
+        ("diag", np.int64),  # the next time-model diagnostic to print
+        ("last", np.int64),  # 1: these rows end the stream (print the errors after them)
+        ("written", np.int64),  # bytes written into the output by the last call
+        # What ptdump tracks from packet to packet (reset after an error).
+        ("last_ip", np.int64),  # --lastip
+        ("have_ip", np.int64),
+        ("ip_suppressed", np.int64),
+        ("last_tsc", np.int64),  # --time-delta
+        ("last_fcr", np.int64),
+    ]
+)
+
+# Options (FORMAT_STATE.flags), as Intel's ptdump names them.
+F_OFFSET = 1 << 0  # show the offset column (not --no-offset)
+F_RAW = 1 << 1  # --raw
+F_LASTIP = 1 << 2  # --lastip
+F_EXEC = 1 << 3  # --exec-mode
+F_TIME = 1 << 4  # --time
+F_TCAL = 1 << 5  # --tcal
+F_DELTA = 1 << 6  # --time-delta
+F_QUIET = 1 << 7  # --quiet
+F_NO_PAD = 1 << 8  # --no-pad
+F_NO_TIMING = 1 << 9  # --no-timing
+F_NO_CYC = 1 << 10  # --no-cyc
+F_NO_WALL = 1 << 11  # --no-wall-clock
+
+# format_kernel stops when less room than this is left in its output: enough
+# for one packet's line with everything printed before it.
+LINE_MAX = 512
+
+
+def new_format_state(flags: int) -> np.ndarray:
+    st = np.zeros(1, FORMAT_STATE)
+    st[0]["flags"] = flags
+    return st
