@@ -194,83 +194,69 @@ def report_main(argv: Sequence[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from ..analysis.callpath import ThreadCallPaths
+    from ..analysis.code import CodeIndex
+    from ..analysis.profile import ThreadProfiler
+
+    profiler = ThreadProfiler()
+    paths = ThreadCallPaths() if a.folded else None
+    for qi, q in enumerate(flow.queues):
+        f = q.flow
+        which = f.block_image if f.block_image is not None else np.zeros(f.block_ip.shape, int)
+        ninsn = f.block_ninsn.astype(np.int64)
+        ips = q.instructions() if paths is not None else None
+        for image in np.unique(which).tolist():
+            sel = which == image
+            profiler.add(
+                qi, image, q.symbols[image], ip=f.block_ip[sel], ninsn=ninsn[sel],
+                ns=q.block_ns[sel], duration=q.block_duration[sel], tid=q.block_tid[sel],
+                pid=q.block_pid[sel], row=np.flatnonzero(sel),
+            )  # fmt: skip
+            if paths is not None and ips is not None:
+                n = ninsn[sel]
+                # A block's time spread over its instructions.
+                weights = np.repeat(q.block_duration[sel] / np.maximum(n, 1), n)
+                paths.add(
+                    (qi, image), q.symbols[image], CodeIndex(f.images[image].read),
+                    ips[np.repeat(sel, ninsn)], np.repeat(q.block_tid[sel], n), weights,
+                )  # fmt: skip
+
+    def comm(tid: int) -> str:
+        return flow.sideband.comm_of(tid) if tid >= 0 else "?"
+
+    profile = profiler.result(comm)
     console = Console(highlight=False, soft_wrap=True)
-    blocks = flow.blocks()
-    names = flow.symbol_names()
     console.print(f"[bold]{data.path}[/]: {len(flow.queues)} trace queue(s), "
-                  f"{int(blocks['ninsn'].sum()):,} instructions decoded, "
+                  f"{profile.instructions:,} instructions decoded, "
                   f"{flow.n_gaps} gap(s)")  # fmt: skip
     for problem in flow.problems:
         console.print(f"[yellow]warning[/]: {problem}")
     for q in flow.queues:
         for g in q.flow.gaps:
             console.print(f"[yellow]gap[/] at trace offset {g.offset:#x}, ip {g.ip:#x}: {g.reason}")
-    folded: list[str] = []
-    for tid in np.unique(blocks["tid"]).tolist():
-        sel = blocks["tid"] == tid
-        pid = int(blocks["pid"][sel][0])
-        comm = flow.sideband.comm_of(tid) if tid >= 0 else "?"
-        ninsn = blocks["ninsn"][sel]
-        ns = blocks["ns"][sel]
-        timed = ns[ns >= 0]
-        span = int(timed.max() - timed.min()) if timed.shape[0] else 0
+    for th in profile.threads:
+        span = th.span_ns
         console.print(
-            f"\n[bold]{comm}[/] pid {pid} tid {tid}: {int(ninsn.sum()):,} instructions"
+            f"\n[bold]{th.comm}[/] pid {th.pid} tid {th.tid}: {th.instructions:,} instructions"
             + (f", {span / 1e3:,.1f} µs from first to last" if span else "")
         )
         table = Table(show_edge=False)
         for col in ("function", "instructions", "%", "time (µs)", "%"):
             table.add_column(col, justify="left" if col == "function" else "right")
-        sym = blocks["symbol"][sel]
-        dur = blocks["duration"][sel]
-        by_insn = np.bincount(sym + 1, weights=ninsn, minlength=len(names) + 1)
-        by_time = np.bincount(sym + 1, weights=dur, minlength=len(names) + 1)
-        total_i, total_t = max(by_insn.sum(), 1), max(by_time.sum(), 1)
-        for k in np.argsort(-by_insn)[: a.top].tolist():
-            if by_insn[k] == 0:
-                break
-            name = names[k - 1] if k else "[unknown]"
+        for fc in th.top(a.top):
             table.add_row(
-                name,
-                f"{int(by_insn[k]):,}",
-                f"{100 * by_insn[k] / total_i:.1f}",
-                f"{by_time[k] / 1e3:,.1f}",
-                f"{100 * by_time[k] / total_t:.1f}",
+                fc.name,
+                f"{int(fc.instructions):,}",
+                f"{fc.instruction_share:.1f}",
+                f"{fc.time_ns / 1e3:,.1f}",
+                f"{fc.time_share:.1f}",
             )
         console.print(table)
-        if a.folded:
-            folded += _folded(flow, tid, comm)
-    if a.folded:
+    if paths is not None:
+        folded = paths.folded(comm)
         Path(a.folded).write_text("".join(line + "\n" for line in folded))
         console.print(f"\ncall paths: {len(folded)} folded stacks written to {a.folded}")
     return 0
-
-
-def _folded(flow: PerfFlow, tid: int, comm: str) -> list[str]:
-    """Folded call stacks of one thread, from its queues' instruction flow."""
-    from ..analysis.callpath import call_tree
-
-    out: list[str] = []
-    for q in flow.queues:
-        f = q.flow
-        mine = q.block_tid == tid
-        if not mine.any():
-            continue
-        which = f.block_image if f.block_image is not None else np.zeros(f.block_ip.shape, int)
-        ips_all = q.instructions()
-        for image_index in np.unique(which[mine]).tolist():
-            keep = mine & (which == image_index)
-            owner = np.repeat(keep, f.block_ninsn.astype(np.int64))
-            ips = ips_all[owner]
-            table = q.symbols[image_index].functions
-            index, _ = table.lookup(ips)
-            names = [table.qualified_name(i) for i in range(len(table))]
-            n = f.block_ninsn[keep].astype(np.int64)
-            # A block's time spread over its instructions.
-            weights = np.repeat(q.block_duration[keep] / np.maximum(n, 1), n)
-            tree = call_tree(ips, index, names, f.images[image_index].read, weights)
-            out += tree.folded(root=comm)
-    return out
 
 
 def script_main(argv: Sequence[str]) -> int:

@@ -1,0 +1,198 @@
+"""Per-thread instruction and time profiles of a decoded flow.
+
+:class:`ThreadProfiler` is fed executed blocks in pieces (start address,
+instruction count, time, duration, thread, process), each piece from one
+address space of one trace queue, and adds up per thread and function the
+instructions and the time spent; a piece is reduced to a few sums per
+(thread, function) in numpy and dropped, so a flow of any length is
+profiled in bounded memory.  :meth:`ThreadProfiler.result` gives a
+:class:`ThreadProfile` per thread: its process (that of its earliest
+block), instructions, time span and per-function costs.
+
+Functions are the symbols of each address space (``module!name``), numbered
+in the order ``hwtrace report`` has always listed them: trace queue by
+queue, address space by address space, symbol by symbol; a block is
+attributed to the function holding its first instruction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..image.symbols import SymbolTable
+
+__all__ = ["FunctionCost", "Profile", "ThreadProfile", "ThreadProfiler"]
+
+
+@dataclass(frozen=True)
+class FunctionCost:
+    """One function's share of a thread: instructions and time (ns), and
+    each as a percentage of the thread's."""
+
+    name: str
+    instructions: float
+    time_ns: float
+    instruction_share: float
+    time_share: float
+
+
+@dataclass
+class ThreadProfile:
+    """One thread: ``by_insn`` / ``by_time`` per function (index ``k + 1``
+    for function ``k`` of :attr:`Profile.names`, 0 for code no symbol
+    covers)."""
+
+    tid: int
+    pid: int
+    comm: str
+    instructions: int
+    span_ns: int  # from its first to its last timed block (0: no time)
+    by_insn: np.ndarray
+    by_time: np.ndarray
+    names: list[str] = field(repr=False)
+
+    def top(self, n: int) -> list[FunctionCost]:
+        """The ``n`` functions with the most instructions (those with any)."""
+        total_i = max(self.by_insn.sum(), 1)
+        total_t = max(self.by_time.sum(), 1)
+        out = []
+        for k in np.argsort(-self.by_insn)[:n].tolist():
+            if self.by_insn[k] == 0:
+                break
+            out.append(
+                FunctionCost(
+                    self.names[k - 1] if k else "[unknown]",
+                    float(self.by_insn[k]),
+                    float(self.by_time[k]),
+                    float(100 * self.by_insn[k] / total_i),
+                    float(100 * self.by_time[k] / total_t),
+                )
+            )
+        return out
+
+
+@dataclass
+class Profile:
+    """Every thread's profile, threads in ascending order."""
+
+    threads: list[ThreadProfile]
+    names: list[str]  # the functions, module!name
+    instructions: int  # of every block
+
+
+@dataclass
+class _Thread:
+    instructions: int = 0
+    first: tuple[int, int, int] | None = None  # (ns, source, row) of its earliest block
+    pid: int = -1
+    lo: int = -1  # earliest / latest block time (-1: none timed)
+    hi: int = -1
+
+
+class ThreadProfiler:
+    """Adds up executed blocks per thread and function (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.instructions = 0
+        self._threads: dict[int, _Thread] = {}
+        self._symbols: dict[tuple[int, Hashable], SymbolTable] = {}
+        self._seen: dict[tuple[int, Hashable], set[int]] = {}
+        # (source, space, tid, function) -> [instructions, time]
+        self._sums: dict[tuple[int, Hashable, int, int], list[int]] = {}
+
+    def add(
+        self,
+        source: int,
+        space: Hashable,
+        symbols: SymbolTable,
+        *,
+        ip: np.ndarray,
+        ninsn: np.ndarray,
+        ns: np.ndarray,
+        duration: np.ndarray,
+        tid: np.ndarray,
+        pid: np.ndarray,
+        row: np.ndarray,
+    ) -> None:
+        """Blocks of trace queue ``source`` that ran in address space
+        ``space`` (symbols ``symbols``), in flow order: per block its start
+        ``ip``, ``ninsn`` instructions, perf time ``ns`` (-1: none),
+        ``duration`` (ns), thread, process and ``row``, its number in its
+        queue (blocks of equal time are ordered by queue, then by that
+        number, to find a thread's first)."""
+        n = ip.shape[0]
+        if n == 0:
+            return
+        ninsn = ninsn.astype(np.int64)
+        tid = tid.astype(np.int64)
+        key = (source, space)
+        self._symbols.setdefault(key, symbols)
+        index, _ = symbols.lookup(ip)
+        index = index.astype(np.int64)
+        fn, fn_inverse = np.unique(index, return_inverse=True)
+        self._seen.setdefault(key, set()).update(int(u) for u in fn.tolist() if u >= 0)
+        self.instructions += int(ninsn.sum())
+        # Sums per (thread, function): one numpy pass, a Python step per pair.
+        threads, t_inverse = np.unique(tid, return_inverse=True)
+        pair = t_inverse.reshape(-1) * fn.shape[0] + fn_inverse.reshape(-1)
+        pairs, p_inverse = np.unique(pair, return_inverse=True)
+        insn = np.bincount(p_inverse, weights=ninsn, minlength=pairs.shape[0])
+        time = np.bincount(p_inverse, weights=duration, minlength=pairs.shape[0])
+        for p, i, t in zip(pairs.tolist(), insn.tolist(), time.tolist(), strict=True):
+            k = (source, space, int(threads[p // fn.shape[0]]), int(fn[p % fn.shape[0]]))
+            got = self._sums.get(k)
+            if got is None:
+                self._sums[k] = [int(i), int(t)]
+            else:
+                got[0] += int(i)
+                got[1] += int(t)
+        for j, t in enumerate(threads.tolist()):
+            sel = (
+                np.flatnonzero(t_inverse.reshape(-1) == j) if threads.shape[0] > 1 else np.arange(n)
+            )
+            th = self._threads.get(t)
+            if th is None:
+                th = self._threads[t] = _Thread()
+            th.instructions += int(ninsn[sel].sum())
+            k = sel[int(np.argmin(ns[sel]))]
+            first = (int(ns[k]), source, int(row[k]))
+            if th.first is None or first < th.first:
+                th.first, th.pid = first, int(pid[k])
+            timed = ns[sel][ns[sel] >= 0]
+            if timed.shape[0]:
+                lo, hi = int(timed.min()), int(timed.max())
+                th.lo = lo if th.lo < 0 else min(th.lo, lo)
+                th.hi = max(th.hi, hi)
+
+    def result(self, comm: Callable[[int], str]) -> Profile:
+        """The profile of everything added; ``comm(tid)`` names a thread."""
+        names: list[str] = []
+        ids: dict[str, int] = {}
+        glob: dict[tuple[int, Hashable, int], int] = {}
+        for key in sorted(self._seen):
+            table = self._symbols[key]
+            for u in sorted(self._seen[key]):
+                name = table.qualified_name(u)
+                if name not in ids:
+                    ids[name] = len(names)
+                    names.append(name)
+                glob[(*key, u)] = ids[name]
+        by_insn = {t: np.zeros(len(names) + 1) for t in self._threads}
+        by_time = {t: np.zeros(len(names) + 1) for t in self._threads}
+        for (source, space, t, u), (i, d) in self._sums.items():
+            k = glob[(source, space, u)] + 1 if u >= 0 else 0
+            by_insn[t][k] += i
+            by_time[t][k] += d
+        threads = []
+        for t in sorted(self._threads):
+            th = self._threads[t]
+            threads.append(
+                ThreadProfile(
+                    t, th.pid, comm(t), th.instructions, th.hi - th.lo if th.lo >= 0 else 0,
+                    by_insn[t], by_time[t], names,
+                )
+            )  # fmt: skip
+        return Profile(threads, names, self.instructions)
