@@ -1,4 +1,7 @@
-"""Filter evaluation cost per tier: the paper's filter experiment (§6.2, Figs. 11-13).
+"""Filter evaluation cost per tier: the filter experiment (§6.2, Figs. 11-13) of
+S. D. Sharma and M. Dagenais, "Enhanced Userspace and In-Kernel Trace
+Filtering for Production Systems", J. Computer Science and Technology, 2016
+("the paper" below; its artifact is the authors' libebpf-benchmarks).
 
 The workload is the artifact's ``retlif`` benchmark: events of
 
@@ -88,7 +91,7 @@ TIERS = ("C", "lttng", "ebpf", "jit-call", "ebpf-jit", "llvm")
 # compile_filter's tiers; "jit-call" is the same JIT without helper inlining
 # (every string predicate a helper call, as the paper's JIT called bpf_strcmp).
 HWTRACE_TIERS = ("lttng", "ebpf", "ebpf-jit", "llvm")
-PREDICATES = (5, 9, 10, 20, 30, 40, 50)  # 9: the paper's LTTng comparison (F3)
+PREDICATES = (5, 9, 10, 20, 30, 40, 50)  # 9: the paper's LTTng comparison (Fig. 13)
 QUICK_PREDICATES = (5, 10, 50)
 DOE_N = 50
 DOE_FRACTIONS = (("1", 0.0), ("N/4", 0.25), ("N/2", 0.5), ("3N/4", 0.75), ("N", 1.0))
@@ -99,18 +102,24 @@ KIB = 1024
 PREEMPTED = 0.02
 MAX_TRIES = 25
 
-# The issue's targets (ratios of median ns/event) and the paper's anchors:
+# hwtrace's targets (ratios of median ns/event) and the paper's figures:
 # key -> (ratio, op, limit, paper, column header).
 TARGETS = {
-    "jit_vs_interp": ("ebpf / ebpf-jit", ">=", 3.0, "paper 3.1-3.3x (F1, F2)", "interp/jit (≥3)"),
-    "jit_vs_c": ("ebpf-jit / C", "<=", 1.4, "paper 1.4x at N=50 (F1)", "jit/C (≤1.4)"),
+    "jit_vs_interp": (
+        "ebpf / ebpf-jit",
+        ">=",
+        3.0,
+        "paper 3.1-3.3x (Figs. 11, 12)",
+        "interp/jit (≥3)",
+    ),
+    "jit_vs_c": ("ebpf-jit / C", "<=", 1.4, "paper 1.4x at N=50 (Fig. 11)", "jit/C (≤1.4)"),
     "llvm_vs_c": ("llvm / C", "<=", 1.2, "optimising tier", "llvm/C (≤1.2)"),
-    "interp_vs_c": ("ebpf / C", None, None, "paper 4.3x at N=50 (F1)", "interp/C"),
+    "interp_vs_c": ("ebpf / C", None, None, "paper 4.3x at N=50 (Fig. 11)", "interp/C"),
     "lttng_vs_interp": (
         "lttng / ebpf",
         None,
         None,
-        "paper 1.8x, FALSE, 9 preds (F3)",
+        "paper 1.8x, FALSE, 9 preds (Fig. 13)",
         "lttng/interp",
     ),
     "jitcall_vs_interp": (
@@ -122,7 +131,7 @@ TARGETS = {
     ),
     "jitcall_vs_c": ("jit-call / C", None, None, "paper's JIT, helper calls: 1.4x", "jit-call/C"),
 }
-MEMORY_LIMIT = 32 * KIB  # the issue: a 50-predicate filter within 32 KiB (paper: ~32 KB, M1)
+MEMORY_LIMIT = 32 * KIB  # a 50-predicate filter within 32 KiB (paper §6.2.1: ~32 KB)
 
 
 # -- the workload -------------------------------------------------------------------------
@@ -485,7 +494,8 @@ PAPER_PURE = {
     40: (228.7, 305.8, 1018.4),
 }
 # Fig. 13 / lttng-10000000.dat, FALSE-biased, 9 strings + 1 integer (ns/event;
-# the eBPF loops also ran a disabled tracepoint call and a printf).
+# the eBPF loops also ran a disabled tracepoint call and a printf): the result
+# bench_lttng.py calls F3.
 PAPER_F3 = {"lttng": 359.0, "ebpf-jit": 113.0, "ebpf": 202.0}
 
 

@@ -2,7 +2,9 @@
  * native loop through a function pointer read from a volatile, so the
  * compiler can neither inline nor hoist the call (the C baseline pays the
  * same indirect call as the JIT and the LLVM tier).  One CLOCK_MONOTONIC
- * span around the loop, as the paper's artifact; returns ns per call.
+ * span around the loop, as the benchmarks published with Sharma and
+ * Dagenais's "Enhanced Userspace and In-Kernel Trace Filtering for Production
+ * Systems" (JCST 2016, libebpf-benchmarks); returns ns per call.
  * Out parameters (each may be NULL): *verdicts, how many calls returned
  * nonzero; *cpu_ns, the thread's CPU time per call over the same span
  * (CLOCK_THREAD_CPUTIME_ID), so the caller can tell a run during which the
@@ -12,7 +14,7 @@
  *   double time_interp(run, program, event, ctx, n, verdicts, cpu_ns)
  *                                                      run(program, event, ctx)
  *
- * The hand-written C filters (the paper's SIMPLE) are generated per
+ * The hand-written C filters (that paper's SIMPLE) are generated per
  * predicate count by bench_filter.py and compiled into the same library. */
 #include <stdint.h>
 #include <time.h>
@@ -59,7 +61,7 @@ double time_interp(uint64_t run, const void *program, const void *event, const v
     return finish(t0, c0, n, hits, verdicts, cpu_ns);
 }
 
-/* The cost of the loop and the indirect call alone (the paper's CLEAN: no
+/* The cost of the loop and the indirect call alone (that paper's CLEAN: no
  * filter work), for reading the other numbers. */
 int64_t filter_nop(const void *event, const void *context) {
     (void)event;

@@ -1,7 +1,8 @@
-"""bench/bench_lttng.py: the workload and the paper's arithmetic everywhere;
-an end-to-end run at tiny sizes where LTTng is installed (it skips, saying
-what is missing, where it is not).  No timing is asserted (the machine is
-shared)."""
+"""bench/bench_lttng.py: the workload and the arithmetic of Sharma and
+Dagenais's Fig. 13 (F3 and F4, as the benchmark names its two results)
+everywhere; an end-to-end run at tiny sizes where LTTng is installed (it
+skips, saying what is missing, where it is not).  No timing is asserted (the
+machine is shared)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def _samples(lt_true, lt_false, ref, floor, guard_true, guard_false, alone):
 
 def test_derive_reproduces_the_papers_arithmetic():
     # The artifact's raw data (lttng-10000000.dat): LTTng TRUE 828, FALSE 359,
-    # no filter 493, JIT TRUE 637, FALSE 113: overheads 335 and 144, F3 3.18x.
+    # no filter 493, JIT TRUE 637, FALSE 113: overheads 335 and 144, F3 (Fig. 13, FALSE-biased) 3.18x.
     d = bl.derive(_samples(828.0, 359.0, 493.0, 1.0, 637.0, 113.0, 112.0))
     jit = d["tiers"]["ebpf-jit"]
     assert d["lttng_filter_overhead_true_ns"] == pytest.approx(335.0)

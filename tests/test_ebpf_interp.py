@@ -1,7 +1,9 @@
 """The numba eBPF interpreter: every ALU and jump opcode against Python
-expectations, memory of every width, helpers on real records, the paper's
-Fig.6 filter, ELF objects from LLVM's BPF back end, the C entry point, and
-a fuzz test (verified programs never crash the interpreter)."""
+expectations, memory of every width, helpers on real records, the Fig. 6
+filter of Sharma and Dagenais ("Enhanced Userspace and In-Kernel Trace
+Filtering for Production Systems", JCST 2016), ELF objects from LLVM's BPF
+back end, the C entry point, and a fuzz test (verified programs never crash
+the interpreter)."""
 
 from __future__ import annotations
 
@@ -386,7 +388,7 @@ def test_scalar_helpers() -> None:
     assert prog("call ktime_ns\nexit")(0, 0) > 0
 
 
-# -- the paper's Fig.6 filter and the C entry point ------------------------------------
+# -- Sharma and Dagenais's Fig. 6 filter and the C entry point ------------------------------------
 
 FIG6 = """
     r1 = *(u64 *)(r1 + 0)   ; field0

@@ -562,8 +562,9 @@ def test_stack_depth_and_alignment():
 def chain_program(
     n: int, path_code: np.ndarray, lits: np.ndarray, width: int, length: int
 ) -> np.ndarray:
-    """A TRUE-biased AND chain of ``n`` str_eq predicates (the paper's Fig.10
-    benchmark shape): each calls the helper and leaves on a mismatch."""
+    """A TRUE-biased AND chain of ``n`` str_eq predicates (the benchmark
+    shape of Fig. 10 of Sharma and Dagenais, JCST 2016): each calls the
+    helper and leaves on a mismatch."""
     items: list = [isa.mov(R6, R1), isa.mov(R7, R2)]
     per = 9  # slots per predicate
     for k in range(n):

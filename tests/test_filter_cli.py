@@ -88,7 +88,7 @@ def recording(tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 def _prefixes(lines: list[str]) -> list[str]:
-    """The brief's prefix, and one this recording surely has (a busy
+    """The idle task's prefix, and one this recording surely has (a busy
     machine may never run its idle task in 0.2 s)."""
     comms = Counter(m.group(1) for line in lines if (m := _SWITCH.search(line)))
     common = comms.most_common(1)[0][0]

@@ -109,7 +109,7 @@ def test_tracefs_event_schema(tmp_path):
         == 0
     )
     assert obj.read_bytes()[:4] == b"\x7fELF"
-    # The spelling of the option.
+    # The option as the README spells it.
     other = tmp_path / "g.o"
     assert (
         main(

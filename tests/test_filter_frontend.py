@@ -290,7 +290,8 @@ def test_nesting_limit():
     deep = "(" * (MAX_DEPTH + 5) + "a" + ")" * (MAX_DEPTH + 5)
     assert "nested too deeply" in error(deep).message
     assert "nested too deeply" in error("!" * 5000 + "a").message
-    chain = " && ".join(f"f{i} == {i}" for i in range(60))  # the paper's longest chain is 50
+    # Sharma and Dagenais's (JCST 2016) longest chain is 50.
+    chain = " && ".join(f"f{i} == {i}" for i in range(60))
     assert isinstance(parse(chain), ast.Logical)
 
 

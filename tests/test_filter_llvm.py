@@ -786,7 +786,7 @@ BENCH_C = textwrap.dedent(
     typedef int64_t (*filter_fn)(const void *, const void *);
     struct ev { const char *var[9]; int32_t lyf; };
 
-    /* The predicate by hand, as the paper's SIMPLE baseline. */
+    /* The predicate by hand, as Sharma and Dagenais's SIMPLE baseline (JCST 2016). */
     __attribute__((noinline)) int64_t by_hand(const void *e, const void *c) {
         const struct ev *ev = e;
         (void)c;

@@ -648,8 +648,9 @@ def test_codegen_refuses_untyped_trees():
 
 
 def test_retlif_chain_native_loop():
-    """The paper's 10-predicate chain over 9 ptr strings and an integer,
-    run from a numba loop: counts are exact; ns/event is printed."""
+    """The 10-predicate chain of Sharma and Dagenais (JCST 2016) over 9 ptr
+    strings and an integer, run from a numba loop: counts are exact; ns/event
+    is printed."""
     n = 20_000
     program = compile_lttng(CHAIN, RETLIF)
     ctx = EventRecord(DEFAULT_CONTEXT, {})

@@ -1,4 +1,6 @@
-/* The LTTng comparison of bench/bench_lttng.py (the paper's Fig. 13), as a
+/* The LTTng comparison of bench/bench_lttng.py (Fig. 13 of Sharma and
+ * Dagenais, "Enhanced Userspace and In-Kernel Trace Filtering for Production
+ * Systems", JCST 2016), as a
  * shared library that Python loads with ctypes, so hwtrace's JIT-compiled
  * filter (machine code in the same process) can guard the tracepoint.
  *
@@ -120,7 +122,7 @@ double run_guarded_interp(uint64_t run, uint64_t program, int64_t n, int true_bi
     return ns;
 }
 
-/* The paper's SIMPLE filter (hand-written C, libc strcmp), the lower bound
+/* Sharma and Dagenais's SIMPLE filter (hand-written C, libc strcmp), the lower bound
  * a compiled filter is measured against. */
 int64_t simple_filter(const void *event, const void *context) {
     const struct retlif_event *e = event;

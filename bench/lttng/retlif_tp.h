@@ -1,7 +1,9 @@
-/* LTTng-UST tracepoint provider of the paper's LTTng comparison (Fig. 13):
+/* LTTng-UST tracepoint provider of the LTTng comparison of Sharma and
+ * Dagenais ("Enhanced Userspace and In-Kernel Trace Filtering for Production
+ * Systems", JCST 2016, Fig. 13):
  * the artifact's retlif_tp:tpfilt, nine ctf_string fields var0..var8 and one
  * 64-bit integer lyf.  Ten arguments is the most TP_ARGS accepts, which is
- * why the paper's LTTng filter stops at 9 strings + 1 integer.
+ * why their LTTng filter stops at 9 strings + 1 integer.
  *
  * Written with LTTng-UST's original macro names (TRACEPOINT_EVENT, TP_ARGS,
  * ...), which 2.13 still accepts (LTTNG_UST_COMPAT_API), so the same file

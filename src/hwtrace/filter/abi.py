@@ -32,7 +32,7 @@ import numpy as np
 #: registers, signed 16-bit offset, signed 32-bit immediate.
 INSN = np.dtype([("code", "u1"), ("regs", "u1"), ("off", "<i2"), ("imm", "<i4")])
 
-MAX_INSNS = 4096  # as the kernel's classic limit and the paper's
+MAX_INSNS = 4096  # the kernel's classic limit, as in Sharma and Dagenais (JCST 2016)
 STACK_SIZE = 512
 
 PSEUDO_RODATA = 2

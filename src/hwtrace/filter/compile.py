@@ -2,7 +2,8 @@
 
 Tiers (docs/filter-design.md):
 
-``lttng``     LTTng-style bytecode in a native interpreter (the paper's baseline)
+``lttng``     LTTng-style bytecode in a native interpreter (the baseline of
+              Sharma and Dagenais, JCST 2016; docs/filter-design.md)
 ``ebpf``      eBPF in the native userspace interpreter (verified)
 ``ebpf-jit``  eBPF through the x86-64 template JIT (verified)
 ``llvm``      LLVM-optimised native code, strings compared inline

@@ -1,5 +1,7 @@
 """The LTTng tier: a checked filter tree compiled to LTTng-2.x-style bytecode,
-run by the interpreter in :mod:`.lttng_vm` (the paper's baseline).
+run by the interpreter in :mod:`.lttng_vm` (the baseline of Sharma and
+Dagenais, "Enhanced Userspace and In-Kernel Trace Filtering for Production
+Systems", JCST 2016).
 
 Code generation is a post-order walk, as LTTng's: operands first, then the
 typed op (LTTng's client emits generic ops and a specialisation pass in the

@@ -1,5 +1,6 @@
 """LTTng-style filter bytecode: the instruction format, its validator and
-its interpreter (the paper's baseline tier).
+its interpreter (the baseline tier of Sharma and Dagenais, "Enhanced
+Userspace and In-Kernel Trace Filtering for Production Systems", JCST 2016).
 
 The format follows LTTng 2.x (``filter-bytecode.h``): variable-length
 packed instructions with a 1-byte opcode (LTTng's numbers where an op has

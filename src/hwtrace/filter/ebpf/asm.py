@@ -1,5 +1,7 @@
 """eBPF assembly text: the syntax of ``llvm-objdump -d`` and the kernel
-verifier's log, for hand-written filters (the paper's first route).
+verifier's log, for hand-written filters (the first of the routes to a
+filter in Sharma and Dagenais, "Enhanced Userspace and In-Kernel Trace
+Filtering for Production Systems", JCST 2016).
 
 One instruction per line; ``;`` or ``#`` starts a comment; ``NAME:``
 defines a label (alone or before an instruction)::

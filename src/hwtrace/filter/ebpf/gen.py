@@ -1,6 +1,7 @@
 """eBPF from a checked filter expression.
 
-The shape is the paper's (Fig. 6): each predicate a load, a compare and a
+The shape is Fig. 6 of Sharma and Dagenais ("Enhanced Userspace and In-Kernel
+Trace Filtering for Production Systems", JCST 2016): each predicate a load, a compare and a
 conditional jump; ``&&`` and ``||`` are jumps past what they skip.  Code is
 generated for control flow first (:meth:`_Gen.cond` jumps to a true or a
 false label), values only where a number is needed (operands of bitwise

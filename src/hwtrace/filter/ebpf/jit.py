@@ -1,8 +1,9 @@
 """eBPF -> x86-64 template JIT, after the kernel's ``arch/x86/net/bpf_jit_comp.c``.
 
 One fixed x86-64 sequence per eBPF instruction (no optimisation: that is
-clang's or the code generator's job), registers mapped one to one as the
-paper's Table 1::
+clang's or the code generator's job), registers mapped one to one as Table 1
+of Sharma and Dagenais ("Enhanced Userspace and In-Kernel Trace Filtering
+for Production Systems", JCST 2016)::
 
     R0 rax  R1 rdi  R2 rsi  R3 rdx  R4 rcx  R5 r8          (caller-saved)
     R6 rbx  R7 r13  R8 r14  R9 r15  R10 rbp (frame pointer) (callee-saved)
@@ -11,7 +12,7 @@ r11 is the auxiliary register (divisor, saved rcx around shifts), r12 is
 unused.  R1-R5 are the System V argument registers in order, so a helper
 call is just ``movabs rax, helper; call rax`` and R0 is the result in rax.
 
-Frame (Fig.7 of the paper, without the old skb scratch word)::
+Frame (Fig. 7 of Sharma and Dagenais, without the old skb scratch word)::
 
     push rbp; mov rbp, rsp; sub rsp, D + 32       D = stack depth rounded to 16
     mov [rbp-D-8], rbx; ... r13, r14, r15         eBPF stack is [rbp-D, rbp)
