@@ -201,3 +201,26 @@ def test_encode_rejects_impossible_fields():
         encode([Packet(Kind.TNT8, 0xFF, 3)])
     with pytest.raises(ValueError):
         encode([Packet(Kind.TIP, 0, 5)])
+
+
+def _resident_pages() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1])
+
+
+def test_release_drops_pages_of_a_mapped_file(tmp_path):
+    """Reading a large trace front to back keeps only what is in use
+    resident: release() unmaps consumed pages of the mapping, also given a
+    slice of it."""
+    import mmap
+
+    from hwtrace.pt.packets import map_file, release
+
+    path = tmp_path / "t.pt"
+    path.write_bytes(bytes(range(256)) * (64 << 10))  # 16 MiB
+    buf = map_file(path)
+    pages = buf.shape[0] // mmap.PAGESIZE
+    assert int(buf[:: mmap.PAGESIZE].astype(np.int64).sum()) >= 0  # touch every page
+    before = _resident_pages()
+    release(buf[100:], 0, buf.shape[0] - 100)
+    assert before - _resident_pages() >= pages - 2

@@ -350,6 +350,8 @@ def release(buf: np.ndarray, start: int, end: int) -> None:
     while isinstance(root.base, np.ndarray):
         root = root.base
     mm = root.base
+    if isinstance(mm, memoryview):  # np.frombuffer keeps a view of the mapping
+        mm = mm.obj
     if not isinstance(mm, mmap.mmap) or end <= start:
         return
     shift = buf.ctypes.data - root.ctypes.data  # buf may be a slice of the mapping
