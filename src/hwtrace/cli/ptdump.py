@@ -8,11 +8,18 @@ means nothing could be decoded.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import sys
+from typing import TYPE_CHECKING, BinaryIO
 
-from .common import UsageError, load_trace, parse_uint, write_blocks
+from .common import UsageError, parse_uint, split_range
 from .sbopts import SbOptions, sideband_help
+
+if TYPE_CHECKING:
+    from ..pt.config import PtConfig
+    from ..pt.ptdump import DumpOptions
 
 PROG = "hwtrace ptdump"
 
@@ -89,7 +96,7 @@ def main(argv: list[str]) -> int:
     style = "ptdump"
     cpu: Cpu | None = None
     ptfile = None
-    sb = SbOptions()
+    sb: SbOptions | None = None  # made at the first sideband option (it imports perf)
     try:
         i = 0
         while i < len(argv):
@@ -121,9 +128,11 @@ def main(argv: list[str]) -> int:
                     no_sync = True
                 else:
                     setattr(opts, name, True)
-                if name == "quiet":
+                if name == "quiet" and sb is not None:
                     sb.flags = 0
-            elif sb.parse(arg, take, ptxed=False):
+            elif arg.startswith(("--sb", "--pevent")) and (sb := sb or SbOptions()).parse(
+                arg, take, ptxed=False
+            ):
                 pass
             elif arg == "--no-offset":
                 opts.show_offset = False
@@ -161,7 +170,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
 
     session = None
-    if sb.active:
+    if sb is not None and sb.active:
         from ..perf.sbsession import report_text
 
         def report(code: int, filename: str, offset: int) -> None:
@@ -176,16 +185,94 @@ def main(argv: list[str]) -> int:
             return 2
         session.pending = sb_pending
 
-    trace = load_trace(PROG, ptfile)
-    if trace is None:
+    source = open_trace(PROG, ptfile)
+    if source is None:
         return 2
-    name, buf = trace
-    if session is not None:
-        session.init_decoders()
-        sys.stdout.buffer.write(_flush_sideband(session, []))
-    return dump(
-        name, buf, opts, config, no_sync=no_sync, style=style, session=session, sb_flags=sb.flags
-    )
+    name, reader = source
+    with reader:
+        if session is not None:
+            session.init_decoders()
+            sys.stdout.buffer.write(_flush_sideband(session, []))
+        return dump(
+            name,
+            reader,
+            opts,
+            config,
+            no_sync=no_sync,
+            style=style,
+            session=session,
+            sb_flags=sb.flags if sb is not None else 0,
+        )
+
+
+class _Range(io.RawIOBase):
+    """At most ``size`` bytes of a file from where it stands (-1: to its end)."""
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self.f = f
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        view = memoryview(b).cast("B")
+        if self.left >= 0:
+            view = view[: self.left]
+        got = self.f.readinto(view) or 0
+        if self.left >= 0:
+            self.left -= got
+        return got
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
+    """Open ``file[:from[-to]]`` for reading in chunks.  Prints one clear
+    message and returns None when the file or range cannot be used."""
+    try:
+        path, offset, size = split_range(arg)
+    except UsageError as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return None
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        f = open(path, "rb", buffering=0)
+    except OSError as exc:
+        sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
+        return None
+    try:
+        total = os.fstat(f.fileno()).st_size if f.seekable() else -1
+        if total >= 0 and (offset or size):
+            end = offset + size if size else total
+            problem = None
+            if offset >= total:
+                problem = f"offset {offset:#x} is beyond the end ({total:#x})"
+            elif end > total:
+                problem = f"range end {end:#x} is beyond the end ({total:#x})"
+            if problem:
+                sys.stderr.write(f"{prog}: {path}: {problem}\n")
+                f.close()
+                return None
+            f.seek(offset)
+        elif offset:
+            # A pipe: skip to the range's start.
+            skip = offset
+            while skip:
+                got = len(f.read(min(skip, 1 << 20)))
+                if not got:
+                    sys.stderr.write(f"{prog}: {path}: offset {offset:#x} is beyond the end\n")
+                    f.close()
+                    return None
+                skip -= got
+    except OSError as exc:
+        f.close()
+        sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
+        return None
+    return path, _Range(f, size if size else -1)
 
 
 def _flush_sideband(session, lines: list[str]) -> bytes:
@@ -235,56 +322,71 @@ def _sideband_inserts(session, table, times, opts, flags: int) -> dict[int, byte
 
 
 def dump(
-    name, buf, opts, config, *, no_sync: bool, style: str, session=None, sb_flags: int = 0
+    name: str,
+    reader: BinaryIO,
+    opts: DumpOptions,
+    config: PtConfig,
+    *,
+    no_sync: bool,
+    style: str,
+    session=None,
+    sb_flags: int = 0,
 ) -> int:
-    from ..pt.kinds import DecodeError
-    from ..pt.packets import decode
-    from ..pt.ptdump import ptdump_lines
-    from ..pt.render import human_lines, json_lines
+    """Dump the trace ``reader`` reads; messages name it ``name``."""
+    from ..pt.kinds import ERROR_TEXT
+    from ..pt.ptdump import dump_stream
 
-    if buf.shape[0] == 0:
-        sys.stderr.write(f"{PROG}: {name}: the file is empty, nothing to decode\n")
-        return 2
-    table = decode(buf, sync=not no_sync, config=config)
-    if not table.synced:
-        sys.stderr.write(
-            f"{PROG}: {name}: no PSB packet in {buf.shape[0]} bytes: not an Intel PT "
-            "stream, or one that never synchronises (try --no-sync)\n"
-        )
-        return 2
+    inserts = None
+    sideband = session is not None and style == "ptdump"
+    if sideband:
+
+        def inserts(table, times):
+            return _sideband_inserts(session, table, times, opts, sb_flags)
+
+    out = sys.stdout.buffer
     try:
-        if style != "ptdump":
-            times = opts.estimate_time(table, config) if opts.track_time else None
-            if style == "json":
-                write_blocks(json_lines(table, times))
-            else:
-                write_blocks(human_lines(table, times, color=sys.stdout.isatty()))
-        elif session is not None:
+        summary = dump_stream(
+            reader,
+            out.write,
+            opts,
+            config,
+            sync=not no_sync,
+            style=style,
+            color=style == "human" and sys.stdout.isatty(),
             # Sideband needs the time (Intel's ptdump tracks it then), with
             # its diagnostics, whether or not it is shown.
-            times = opts.estimate_time(table, config)
-            inserts = _sideband_inserts(session, table, times, opts, sb_flags)
-            write_blocks(ptdump_lines(table, buf, opts, config, times, inserts))
-            tail = _flush_sideband(session, session.dump((1 << 64) - 1, sb_flags))
-            write_blocks([tail])
-        else:
-            write_blocks(ptdump_lines(table, buf, opts, config))
+            need_time=sideband,
+            inserts=inserts,
+        )
+        if summary.bytes and summary.synced and sideband:
+            out.write(_flush_sideband(session, session.dump((1 << 64) - 1, sb_flags)))
+        out.flush()
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    for issue in table.errors:
-        if issue.code == DecodeError.TRUNCATED:
-            sys.stderr.write(
-                f"{PROG}: {name}: offset {issue.offset:#x}: truncated packet: the stream "
-                f"ends inside a packet ({buf.shape[0] - issue.offset} bytes left)\n"
-            )
-    bad = [e for e in table.errors if e.code != DecodeError.TRUNCATED]
-    if bad:
-        first = bad[0]
+    except OSError as exc:
+        sys.stderr.write(f"{PROG}: cannot read {name}: {exc.strerror or exc}\n")
+        return 2
+    if summary.bytes == 0:
+        sys.stderr.write(f"{PROG}: {name}: the file is empty, nothing to decode\n")
+        return 2
+    if not summary.synced:
         sys.stderr.write(
-            f"{PROG}: {name}: {len(bad)} decode error(s), the first at offset "
-            f"{first.offset:#x}: {first.message}; decoding resumed at the next PSB\n"
+            f"{PROG}: {name}: no PSB packet in {summary.bytes} bytes: not an Intel PT "
+            "stream, or one that never synchronises (try --no-sync)\n"
         )
-    return 0 if len(table) else 2
+        return 2
+    if summary.truncated_at is not None:
+        sys.stderr.write(
+            f"{PROG}: {name}: offset {summary.truncated_at:#x}: truncated packet: the stream "
+            f"ends inside a packet ({summary.bytes - summary.truncated_at} bytes left)\n"
+        )
+    if summary.first_error is not None:
+        offset, why = summary.first_error
+        sys.stderr.write(
+            f"{PROG}: {name}: {summary.error_count} decode error(s), the first at offset "
+            f"{offset:#x}: {ERROR_TEXT[why]}; decoding resumed at the next PSB\n"
+        )
+    return 0 if summary.packets else 2
