@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CONFORMANCE = ROOT.parent / "shared" / "conformance" / "libipt"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Commands run by the tests never build the native kernel library on their
+# own (tests/test_kernels.py builds one where it checks it).
+os.environ.setdefault("HWTRACE_KERNELS_AUTOBUILD", "0")
 
 
 @pytest.fixture(scope="session")

@@ -104,3 +104,35 @@ def test_argument_keys_follow_numba_typeof():
     ]
     for v in values:
         assert kernels._value_key(v) == kernels._numba_key(typeof(v)), v
+
+
+def test_ptxed_through_the_native_library(tmp_path, monkeypatch):
+    """hwtrace ptxed prints the same bytes with the decoder's kernels
+    called from the real library as through numba, on Intel's cases."""
+    from test_ptxed_compiled import CORE, RUN, ptxed_output, with_options
+
+    if not CORE:
+        pytest.skip("conformance suite not found")
+    from conftest import CONFORMANCE
+
+    runs = []
+    for case in CORE[:40]:
+        for f in (case["pt"], case["bin"]):
+            shutil.copy(CONFORMANCE / "cases" / f, tmp_path)
+        argv = next(iter(RUN.command_lines(case, "ptxed", ["ptxed"])))[1:]
+        for extra in ([], ["INST", "--time", "--offset"], ["--block:show-blocks", "--stat"]):
+            runs.append(with_options(argv, extra))
+    monkeypatch.chdir(tmp_path)
+    kernels.use_library(None)
+    try:
+        want = [ptxed_output(a, reference=False) for a in runs]
+        manifest = kernels.build(tmp_path / "lib")
+        assert manifest is not None
+        assert kernels.use_library(manifest)
+        kernels._fallbacks.clear()
+        got = [ptxed_output(a, reference=False) for a in runs]
+        assert "hwtrace.pt._flowkernel:run" not in kernels.fallbacks()
+        assert got == want
+    finally:
+        kernels.use_library(None)
+        kernels._library = False

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.abc
+import importlib.util
 import json
 import os
 import pickle
@@ -59,6 +61,7 @@ _registry: dict[str, Kernel] = {}
 _lock = threading.Lock()
 _library: _Library | bool | None = False  # False: not looked for yet
 _fallbacks: set[str] = set()
+_built = False  # note_fallback built the library in this process
 
 
 def _enabled() -> bool:
@@ -276,6 +279,9 @@ def _exception(name: str, status: int, exc: ctypes.c_void_p) -> BaseException:
 class _Library:
     def __init__(self, manifest: dict, path: Path) -> None:
         self.dll = ctypes.CDLL(str(path))
+        # Kernels some specialisation of which numba keeps (they allocate,
+        # or return arrays): calling numba for those is no reason to build.
+        self.numba_only = {s.split("(", 1)[0] for s in manifest.get("skipped", [])}
         self.specs: dict[str, dict] = {}
         for spec in manifest["entries"]:
             self.specs.setdefault(spec["kernel"], {})[_from_json(spec["key"])] = spec
@@ -345,8 +351,6 @@ class Kernel:
         self._dispatcher = None
         self._native: dict | None = None
         _registry[self.name] = self
-        if "numba" in sys.modules:
-            _register_typeof()
 
     @property
     def dispatcher(self):
@@ -354,7 +358,7 @@ class Kernel:
         if self._dispatcher is None:
             import numba
 
-            _register_typeof()
+            _numba_ready()
             self._dispatcher = numba.njit(**self.options)(self.py_func)
         return self._dispatcher
 
@@ -396,20 +400,62 @@ def njit(*args, **options):
     return lambda fn: Kernel(fn, options)
 
 
-_typeof_done = False
+_numba_hooks: list[Callable[[], None]] = []
+_numba_is_ready = False
 
 
-def _register_typeof() -> None:
-    """Numba sees a Kernel used inside another kernel as its dispatcher."""
-    global _typeof_done
-    if _typeof_done:
+def on_numba(hook: Callable[[], None]) -> None:
+    """Run ``hook`` once numba is imported (now, if it is): numba
+    extensions (overloads, intrinsics) a module's kernels need, defined
+    without importing numba before something compiles."""
+    if _numba_is_ready:
+        hook()
+    else:
+        _numba_hooks.append(hook)
+
+
+def _numba_ready() -> None:
+    """Numba has been imported: numba sees a Kernel used inside another
+    kernel as its dispatcher, and the modules' extensions are defined."""
+    global _numba_is_ready
+    if _numba_is_ready:
         return
-    _typeof_done = True
+    _numba_is_ready = True
     from numba.core.typing.typeof import typeof_impl
 
     @typeof_impl.register(Kernel)
     def _typeof_kernel(val, c):
         return typeof_impl(val.dispatcher, c)
+
+    while _numba_hooks:
+        _numba_hooks.pop(0)()
+
+
+class _NumbaImportHook(importlib.abc.MetaPathFinder):
+    """Calls :func:`_numba_ready` as soon as anything imports numba, so
+    plain numba functions elsewhere can call kernels too."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "numba":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_ready(module) -> None:
+            exec_module(module)
+            _numba_ready()
+
+        spec.loader.exec_module = exec_then_ready  # type: ignore[method-assign]
+        return spec
+
+
+if "numba" in sys.modules:
+    _numba_ready()
+else:
+    sys.meta_path.insert(0, _NumbaImportHook())
 
 
 def fallbacks() -> set[str]:
@@ -631,8 +677,15 @@ def _target_machine(ll):
 def note_fallback() -> None:
     """After a command: when kernels had to go through numba, build the
     library for next time (once, unless another process is at it)."""
-    if not _fallbacks or not _enabled() or os.environ.get("HWTRACE_KERNELS_AUTOBUILD") == "0":
+    global _built
+    if _built or not _fallbacks or not _enabled():
         return
+    if os.environ.get("HWTRACE_KERNELS_AUTOBUILD") == "0":
+        return
+    lib = _load_library()
+    if lib is not None and _fallbacks <= lib.numba_only:
+        return
+    _built = True
     import fcntl
 
     try:

@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from numba import njit, types
-from numba.core import cgutils
-from numba.core.errors import TypingError
-from numba.extending import intrinsic, overload
+
+from . import kernels
+from .kernels import njit
 
 
 def string_table(strings: Mapping[int, str], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,21 +52,51 @@ def put_text(out: np.ndarray, p: int, text: str) -> int:
     return p
 
 
-@overload(put_text, inline="always", prefer_literal=True)
-def _put_text_compiled(out, p, text):
-    # A constant string becomes a constant byte tuple at compile time: no
-    # string object exists at run time, so callers need no NRT.
-    if not isinstance(text, types.StringLiteral):
-        raise TypingError("put_text takes a string constant")
-    data = tuple(text.literal_value.encode())
-    n = len(data)
+def _memcpy(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int) -> None:
+    """``memcpy(&dst[at], &src[start], n)`` on two byte arrays (in kernels
+    a numba intrinsic, see :func:`_numba_extensions`)."""
+    dst[at : at + n] = src[start : start + n]
 
-    def impl(out, p, text):
-        for j in range(n):
-            out[p + j] = data[j]
-        return p + n
 
-    return impl
+def _numba_extensions() -> None:
+    from numba import types
+    from numba.core import cgutils
+    from numba.core.errors import TypingError
+    from numba.extending import intrinsic, overload
+
+    @overload(put_text, inline="always", prefer_literal=True)
+    def _put_text_compiled(out, p, text):
+        # A constant string becomes a constant byte tuple at compile time:
+        # no string object exists at run time, so callers need no NRT.
+        if not isinstance(text, types.StringLiteral):
+            raise TypingError("put_text takes a string constant")
+        data = tuple(text.literal_value.encode())
+        n = len(data)
+
+        def impl(out, p, text):
+            for j in range(n):
+                out[p + j] = data[j]
+            return p + n
+
+        return impl
+
+    @intrinsic
+    def memcpy(typingctx, dst, at, src, start, n):
+        sig = types.void(dst, types.intp, src, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            d = context.make_array(signature.args[0])(context, builder, args[0])
+            s = context.make_array(signature.args[2])(context, builder, args[2])
+            cgutils.raw_memcpy(
+                builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], 1
+            )
+
+        return sig, codegen
+
+    globals()["_memcpy"] = memcpy
+
+
+kernels.on_numba(_numba_extensions)
 
 
 @njit(cache=True, _nrt=False)
@@ -75,21 +104,6 @@ def put_byte(out: np.ndarray, p: int, c: int) -> int:
     """One byte."""
     out[p] = c
     return p + 1
-
-
-@intrinsic
-def _memcpy(typingctx, dst, at, src, start, n):
-    """``memcpy(&dst[at], &src[start], n)`` on two byte arrays."""
-    sig = types.void(dst, types.intp, src, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        d = context.make_array(signature.args[0])(context, builder, args[0])
-        s = context.make_array(signature.args[2])(context, builder, args[2])
-        cgutils.raw_memcpy(
-            builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], 1
-        )
-
-    return sig, codegen
 
 
 @njit(cache=True, inline="always", _nrt=False)

@@ -18,7 +18,6 @@ stores of several decoding threads in order.
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from .. import kernels
@@ -33,7 +32,7 @@ _NS = 7
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
 
-@nb.njit(cache=True, inline="always", _nrt=False)
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def _slot(ip, meta, mask):
     h = (ip ^ (meta * np.uint64(0x9E3779B97F4A7C15))) * np.uint64(0xBF58476D1CE4E5B9)
     return np.int64((h >> np.uint64(32)) & np.uint64(mask))
@@ -110,7 +109,7 @@ def _compact(ip, ninsn, mode, offset, time, start, image, keys, tab, cols, state
     return i, why
 
 
-@nb.njit(cache=True, inline="always", _nrt=False)
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def keys_limit(keys):
     """How many distinct blocks a key column of this type can name."""
     return _U2_LIMIT if keys.itemsize == 2 else 0x7FFFFFFF

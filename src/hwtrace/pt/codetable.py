@@ -22,7 +22,6 @@ there and the decoder goes on.  The tables only grow between decoder calls.
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from .. import kernels
@@ -65,13 +64,13 @@ SPECIAL_JMPABS = int(Special.JMPABS)
 # Hash tables keyed by (ip, mode).
 
 
-@nb.njit(cache=True, inline="always", _nrt=False)
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def _slot(ip, mode, mask):
     h = ((ip ^ np.uint64(mode)) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(17)
     return np.int64(h & np.uint64(mask))
 
 
-@nb.njit(cache=True, inline="always", _nrt=False)
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def hash_find(h_ip, h_mode, h_val, ip, mode):
     """The value stored for ``(ip, mode)``, or -1."""
     mask = h_ip.shape[0] - 1
@@ -115,12 +114,12 @@ def _new_hash(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # Runs, built in compiled code from the instruction table.
 
 
-@nb.njit(cache=True, inline="always", _nrt=False)
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def is_plain(iclass):
     return iclass == CLASS_OTHER or iclass == CLASS_PTWRITE
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def build_run(ct, ip, mode):
     """Add the run starting at ``(ip, mode)``.  Returns its index, -1 when an
     instruction on the way is not decoded yet (``ct[MISS]`` says where), -2

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
 
 from .. import kernels
@@ -67,7 +66,7 @@ class PtxedStyle:
         return sum(1 << i for i, on in enumerate(flags) if on)
 
 
-@nb.njit(cache=True, inline="always")
+@kernels.njit(cache=True, inline="always")
 def _ipx(out, p, row, ev_ip):
     """ptxed's ``, ip: %016x`` when asked for and the IP is known."""
     if ev_ip and not (row[K.E_FLAGS] & K.F_SUPP):
@@ -76,7 +75,7 @@ def _ipx(out, p, row, ev_ip):
     return p
 
 
-@nb.njit(cache=True)
+@kernels.njit(cache=True)
 def _event(out, p, row, offset, style):
     """One event line (ptxed's print_event)."""
     ev_ip = (style & S_EV_IP) != 0
@@ -275,7 +274,7 @@ def _event(out, p, row, offset, style):
     return p + 2
 
 
-@nb.njit(cache=True)
+@kernels.njit(cache=True)
 def _marker(out, p, row, offset, style):
     """An error, or one of ptxed's own lines; -1 when nothing is printed."""
     t = row[K.E_TYPE]
@@ -296,7 +295,7 @@ def _marker(out, p, row, offset, style):
     return put_text(out, p, "[disabled]\n")  # X_RESYNC_DISABLED
 
 
-@nb.njit(cache=True, inline="always")
+@kernels.njit(cache=True, inline="always")
 def _next_ip(i_ip, i_size, i_class, i_flags, i_target, k):
     """Where instruction ``k`` goes when it needs no trace: a direct call's
     or jump's target, else the next instruction."""

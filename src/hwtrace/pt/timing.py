@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from .. import kernels
 from . import _kernels as K
@@ -53,7 +52,7 @@ OPT_KEEP_TCAL_ON_OVF = 4
 OPT_SKL168 = 8
 
 
-@njit(cache=True, _nrt=False)
+@kernels.njit(cache=True, _nrt=False)
 def _ctc_delta(ctc, last_ctc, mtc_freq):
     """CTC distance, correcting one wrap-around.  (-1 if more.)"""
     if ctc < last_ctc:
@@ -63,7 +62,7 @@ def _ctc_delta(ctc, last_ctc, mtc_freq):
     return ctc - last_ctc
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def _tcal_init():
     """Fresh calibration state (pt_tcal_init): no FCR while min > max."""
     return 0, -1, 0, 0, 0, 0, 0, 0, False, False
