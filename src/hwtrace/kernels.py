@@ -350,6 +350,7 @@ class Kernel:
         self.__qualname__ = py_func.__qualname__
         self._dispatcher = None
         self._native: dict | None = None
+        self._last: list = []  # (argument, key, values) of the last call
         _registry[self.name] = self
 
     @property
@@ -371,16 +372,35 @@ class Kernel:
     def __call__(self, *args):
         native = self._native if self._native is not None else self._natives()
         if native:
-            keys: list = []
-            flat: list = []
-            for a in args:
-                _flatten(a, keys, flat)
-            entry = native.get(tuple(keys))
+            keys, flat = self._layout(args)
+            entry = native.get(keys)
             if entry is not None:
                 return entry(flat)
         if self.name not in _fallbacks:
             _fallbacks.add(self.name)
         return self.dispatcher(*args)
+
+    def _layout(self, args: tuple) -> tuple[tuple, list]:
+        """The arguments' type key and their values in numba's native
+        layout.  Kernels are called again and again with mostly the same
+        objects (state, code table, output buffers): an argument that is
+        the very object of the previous call (arrays never change address
+        or shape; tuples never change) is not looked at again."""
+        last = self._last
+        parts = []
+        for i, a in enumerate(args):
+            if i < len(last) and last[i][0] is a:
+                parts.append(last[i])
+                continue
+            k: list = []
+            f: list = []
+            _flatten(a, k, f)
+            parts.append((a, k[0], f))
+        self._last = parts
+        flat: list = []
+        for p in parts:
+            flat += p[2]
+        return tuple(p[1] for p in parts), flat
 
     def __getattr__(self, name: str):
         # signatures, overloads, py_func's attributes...: numba's.
