@@ -163,16 +163,15 @@ def _cpu_id() -> bytes:
 
 
 def _package_version_file(name: str) -> bytes:
-    """A package's version file, read without importing the package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        return b"-"
-    try:
-        return (Path(spec.origin).parent / "_version.py").read_bytes()
-    except OSError:
-        return name.encode()
+    """A package's version file, read without importing the package (and
+    without importlib's finders: hwtrace.kernels watches for numba's
+    import there)."""
+    for entry in sys.path:
+        try:
+            return (Path(entry or ".") / name / "_version.py").read_bytes()
+        except OSError:
+            continue
+    return name.encode()
 
 
 def library_key() -> str:
