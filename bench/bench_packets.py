@@ -10,14 +10,31 @@ bytes, the branch-heavy "bench" packet mix), then decodes the whole file with
 
 and prints MB/s (MB = 1e6 bytes), packet counts and the speed ratio.
 
-    python bench/bench_packets.py [--size MiB] [--repeat N]
+Then whole processes, output to /dev/null, best of N runs, with their peak
+resident memory (``ru_maxrss``):
+
+* ``hwtrace ptdump --quiet`` against libipt's ``pt_pkt_next`` loop
+  (``bench/libipt/ptpkt_loop.c``, one run per process), and
+* ``hwtrace ptdump`` against the same loop printing every packet with
+  ``printf`` in Intel's ptdump format (``bench/libipt/ptpkt_print.c``; its
+  text and hwtrace's are compared on a prefix of the stream).
+
+With ``--big`` the stream is tiled to 4 GiB (``bench/out/tiled-4G.pt``,
+deleted afterwards) and both ptdump commands run on it once: their memory
+must not grow with the trace.
+
+    python bench/bench_packets.py [--size MiB] [--repeat N] [--big]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +107,129 @@ def time_hwtrace(count_packets: Callable[[str], int], path: Path, repeat: int) -
     }
 
 
+def build_peer(name: str) -> Path:
+    """``bench/libipt/<name>.c`` built against libipt into bench/out (once
+    per source)."""
+    source = HERE / "libipt" / f"{name}.c"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    exe = OUT / f"{name}-{digest}"
+    if not exe.is_file():
+        OUT.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_suffix(".tmp")
+        cmd = ["gcc", "-O2", "-Wall", "-Wextra", "-o", str(tmp), str(source), "-lipt"]
+        subprocess.run(cmd, check=True)
+        tmp.replace(exe)
+    return exe
+
+
+def run_process(cmd: list[str]) -> tuple[float, int, int]:
+    """Run ``cmd`` with its output to /dev/null: wall seconds, peak resident
+    memory in bytes and exit status.  The memory is GNU time's ``%M`` where
+    it is installed: a child forked from this (large) process would count
+    this process's pages in its own ru_maxrss until it execs."""
+    gnu_time = shutil.which("time", path="/usr/bin:/bin")
+    with tempfile.NamedTemporaryFile("r") as report:
+        wrapped = [gnu_time, "-q", "-f", "%M", "-o", report.name, *cmd] if gnu_time else cmd
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak = usage.ru_maxrss * 1024
+        if gnu_time:
+            lines = report.read().split()
+            peak = int(lines[-1]) * 1024 if lines else peak
+    return seconds, peak, proc.returncode
+
+
+def best_process(cmd: list[str], repeat: int) -> tuple[float, int]:
+    """Best wall time of ``repeat`` runs and the largest peak memory."""
+    best, rss = float("inf"), 0
+    for _ in range(repeat):
+        seconds, peak, status = run_process(cmd)
+        if status not in (0, 2):
+            raise RuntimeError(f"{' '.join(cmd)} exited with {status}")
+        best, rss = min(best, seconds), max(rss, peak)
+    return best, rss
+
+
+def hwtrace_command() -> list[str]:
+    exe = shutil.which("hwtrace", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "hwtrace.cli.main"]
+
+
+def same_text(cmd_a: list[str], cmd_b: list[str], path: Path, prefix: int) -> bool:
+    """Do two commands print the same text for the first ``prefix`` bytes of
+    ``path`` (cut at a PSB)?"""
+    data = path.read_bytes()[: prefix + 4096]
+    cut = data.rfind(b"\x02\x82" * 8, 0, prefix)
+    part = OUT / "prefix.pt"
+    part.write_bytes(data[: cut if cut > 0 else prefix])
+    try:
+        a = subprocess.run([*cmd_a, str(part)], capture_output=True).stdout
+        b = subprocess.run([*cmd_b, str(part)], capture_output=True).stdout
+    finally:
+        part.unlink()
+    return a == b and len(a) > 0
+
+
+def whole_processes(path: Path, repeat: int) -> list[tuple[str, ...]]:
+    """hwtrace ptdump against libipt's loops, as whole processes."""
+    # The kernels' native library is built on first use: not in a timed run.
+    subprocess.run([sys.executable, "-m", "hwtrace.pt._native_build"], check=True)
+    loop = build_peer("ptpkt_loop")
+    printer = build_peer("ptpkt_print")
+    hw = hwtrace_command()
+    size = path.stat().st_size
+    runs = [
+        ("libipt pt_pkt_next loop", [str(loop), str(path), "--repeat", "1"], None),
+        ("hwtrace ptdump --quiet", [*hw, "ptdump", "--quiet", str(path)], 0),
+        ("libipt loop + printf", [str(printer), str(path)], None),
+        ("hwtrace ptdump", [*hw, "ptdump", str(path)], 2),
+    ]
+    rows = []
+    peer = 0.0
+    for name, cmd, peer_row in runs:
+        print(f"{name}: best of {repeat} ...", flush=True)
+        seconds, rss = best_process(cmd, repeat)
+        if peer_row is None:
+            peer = seconds
+            ratio = "1.00x"
+        else:
+            ratio = f"{peer / seconds:.2f}x"
+        rows.append(
+            (name, f"{seconds:.2f}", f"{size / 1e6 / seconds:.1f}", f"{rss / 1e6:.0f}", ratio)
+        )
+    return rows
+
+
+def tiled(path: Path, gib: int) -> Path:
+    """``path`` repeated to ``gib`` GiB (a real stream, many times)."""
+    big = OUT / f"tiled-{gib}G.pt"
+    chunk = path.read_bytes()
+    with open(big, "wb") as f:
+        while f.tell() < gib << 30:
+            f.write(chunk)
+    return big
+
+
+def big_trace(path: Path) -> list[tuple[str, ...]]:
+    hw = hwtrace_command()
+    print("tiling the stream to 4 GiB ...", flush=True)
+    big = tiled(path, 4)
+    rows = []
+    try:
+        size = big.stat().st_size
+        for args in (["--quiet"], []):
+            name = " ".join(["hwtrace ptdump", *args])
+            print(f"{name} on {size / (1 << 30):.1f} GiB ...", flush=True)
+            seconds, rss, status = run_process([*hw, "ptdump", *args, str(big)])
+            rows.append((name, f"{size:,}", f"{seconds:.1f}", f"{rss / 1e6:.0f}", str(status)))
+    finally:
+        big.unlink(missing_ok=True)
+    return rows
+
+
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:
     common.print_table(
         "Intel PT packet decoding", ("decoder", "MB/s", "packets", "ratio vs libipt"), rows
@@ -100,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=256, metavar="MiB", help="stream size")
     parser.add_argument("--repeat", type=int, default=5, metavar="N", help="timed runs, best kept")
+    parser.add_argument("--big", action="store_true", help="also dump a 4 GiB tiled trace")
     args = parser.parse_args(argv)
     if args.size < 1 or args.repeat < 1:
         parser.error("--size and --repeat must be at least 1")
@@ -152,6 +293,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"packet counts DISAGREE: libipt {int(ref['packets']):,}, "
                 f"hwtrace {hw['packets']:,} ({diff:+,})"
             )
+
+    print()
+    procs = whole_processes(path, min(args.repeat, 3))
+    common.print_table(
+        "Whole processes, output to /dev/null",
+        ("command", "seconds", "MB/s", "peak RSS MB", "speed vs libipt"),
+        procs,
+        width=100,
+    )
+    agree = same_text(
+        [*hwtrace_command(), "ptdump"], [str(build_peer("ptpkt_print"))], path, 16 << 20
+    )
+    print(f"hwtrace ptdump and libipt + printf print the same text (16 MiB prefix): {agree}")
+    if args.big:
+        print()
+        common.print_table(
+            "A 4 GiB trace (the stream tiled)",
+            ("command", "bytes", "seconds", "peak RSS MB", "exit"),
+            big_trace(path),
+            width=100,
+        )
     return 0
 
 
