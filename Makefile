@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@# ptdump's kernels as a native library (hwtrace.pt._native): built on
+	@# first use anyway, here so that the first run starts fast too.
+	-$(BIN)/python -m hwtrace.pt._native_build
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -53,6 +56,7 @@ test: venv oracles lint
 
 bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
+	$(BIN)/python bench/bench_startup.py
 	$(BIN)/python bench/bench_flow.py
 	$(BIN)/python bench/bench_stepping.py
 	$(BIN)/python bench/bench_filter.py
