@@ -346,3 +346,42 @@ def test_without_a_compiler_numba_runs_the_kernels(tmp_path, monkeypatch):
         assert len(failed) == 1 and "no-such-cc" in failed[0].read_text()
     finally:
         _native.use(None)
+
+
+def _imports_after(argv: list[str], env: dict[str, str]) -> dict[str, bool]:
+    """Which heavy packages ``hwtrace ARGV`` imported (run in a fresh
+    interpreter)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json\n"
+        "from hwtrace.cli.main import main\n"
+        "sys.stdout = open('/dev/null', 'w')\n"
+        f"main({argv!r})\n"
+        "sys.stderr.write(json.dumps({m: m in sys.modules for m in "
+        "('numba', 'numpy', 'llvmlite', 'hwtrace.perf')}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    return json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+def test_startup_imports(tmp_path):
+    """hwtrace --help imports nothing heavy; hwtrace ptdump, with the native
+    library there, imports neither numba nor llvmlite (0.3 s and more), nor
+    the perf package without sideband options."""
+    import os
+
+    path = _native_kernels(tmp_path).path
+    env = {**os.environ, "HWTRACE_CACHE_DIR": str(path.parent)}
+    env.pop("HWTRACE_KERNELS", None)
+    assert not any(_imports_after(["--help"], env).values())
+    trace = tmp_path / "t.pt"
+    trace.write_bytes(_random_stream(3))
+    seen = _imports_after(["ptdump", str(trace)], env)
+    assert seen == {"numba": False, "numpy": True, "llvmlite": False, "hwtrace.perf": False}
+    # ... but it does when the library cannot be had.
+    seen = _imports_after(["ptdump", str(trace)], {**env, "HWTRACE_KERNELS": "numba"})
+    assert seen["numba"]
