@@ -429,18 +429,26 @@ def sync_backward(buf, pos, begin, end):
     return -1
 
 
-@njit(cache=True)
-def resync_point(buf, err_pos, sync_pos, begin, end):
-    """Where decoding resumes after an error at ``err_pos`` (libipt's
-    pt_pkt_sync_forward): start a PSB's length early so a PSB partly swallowed
-    by a bogus preceding packet is still found."""
+@njit(cache=True, inline="always", _nrt=False)
+def _resync_start(err_pos, sync_pos, begin):
+    """Where libipt's pt_pkt_sync_forward starts looking after an error at
+    ``err_pos``: a PSB's length early, so a PSB partly swallowed by a bogus
+    packet is still found (past the PSB itself when the error is there)."""
     pos = err_pos
     if pos == sync_pos:
         pos += PSB_SIZE
     space = pos - begin
     if space >= PSB_SIZE:
         space = PSB_SIZE - 1
-    pos -= space
+    return pos - space
+
+
+@njit(cache=True)
+def resync_point(buf, err_pos, sync_pos, begin, end):
+    """Where decoding resumes after an error at ``err_pos`` (libipt's
+    pt_pkt_sync_forward): start a PSB's length early so a PSB partly swallowed
+    by a bogus preceding packet is still found."""
+    pos = _resync_start(err_pos, sync_pos, begin)
     if pos >= end:
         return -1
     return sync_forward(buf, pos, begin, end)
@@ -644,15 +652,7 @@ def decode_stream(buf, avail, state, rows, errs, store):
         if not resync or kind == -E_TRUNCATED:
             phase = PHASE_DONE
             break
-        # Where libipt's pt_pkt_sync_forward starts looking: a PSB's length
-        # early, so a PSB partly swallowed by a bogus packet is still found.
-        p = pos
-        if p == sync_pos:
-            p += PSB_SIZE
-        space = p - begin
-        if space >= PSB_SIZE:
-            space = PSB_SIZE - 1
-        p -= space
+        p = _resync_start(pos, sync_pos, begin)
         scan_start = p
         scan = begin + ((p - begin + 7) // 8) * 8
         walking = False

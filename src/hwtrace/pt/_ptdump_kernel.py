@@ -221,6 +221,14 @@ def _update_last_ip(last, a, ipc):
 
 
 @njit(cache=True, inline="always", _nrt=False)
+def _comma(out, p, start):
+    """``", "`` between the names of a list begun at ``start``."""
+    if p > start:
+        p = put_text(out, p, ", ")
+    return p
+
+
+@njit(cache=True, inline="always", _nrt=False)
 def _payload(out, p, kind, a, b, c):
     """The packet's payload as ptdump prints it (nothing for most packets
     without one)."""
@@ -235,33 +243,24 @@ def _payload(out, p, kind, a, b, c):
     if kind == K.CYC or kind == K.MTC or kind == K.TSC or kind == K.CBR:
         return put_hex(out, p, a, 0)
     if kind == K.MODE_EXEC:
-        csl = (a & np.uint64(K.MODE_CSL)) != 0
-        csd = (a & np.uint64(K.MODE_CSD)) != 0
-        iflag = (a & np.uint64(K.MODE_IF)) != 0
-        if csd:
+        start = p
+        if a & np.uint64(K.MODE_CSD):
             p = put_text(out, p, "cs.d")
-        if csd and csl:
-            p = put_text(out, p, ", ")
-        if csl:
-            p = put_text(out, p, "cs.l")
-        if iflag and (csd or csl):
-            p = put_text(out, p, ", ")
-        if iflag:
-            p = put_text(out, p, "if")
+        if a & np.uint64(K.MODE_CSL):
+            p = put_text(out, _comma(out, p, start), "cs.l")
+        if a & np.uint64(K.MODE_IF):
+            p = put_text(out, _comma(out, p, start), "if")
         return p
     if kind == K.TMA:
         p = put_hex(out, p, a, 0)
         p = put_text(out, p, ", ")
         return put_hex(out, p, b, 0)
     if kind == K.MODE_TSX:
-        intx = (a & np.uint64(K.TSX_INTX)) != 0
-        abrt = (a & np.uint64(K.TSX_ABRT)) != 0
-        if intx:
+        start = p
+        if a & np.uint64(K.TSX_INTX):
             p = put_text(out, p, "intx")
-        if intx and abrt:
-            p = put_text(out, p, ", ")
-        if abrt:
-            p = put_text(out, p, "abrt")
+        if a & np.uint64(K.TSX_ABRT):
+            p = put_text(out, _comma(out, p, start), "abrt")
         return p
     if kind == K.PIP:
         p = put_hex(out, p, a, 0)
