@@ -17,7 +17,6 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,6 +409,8 @@ def decode_file(
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1 or len(ranges) == 1:
         return PacketTable.concat([decode_range(buf, s, e) for s, e in ranges])
+    from concurrent.futures import ThreadPoolExecutor  # here: ptdump starts without it
+
     with ThreadPoolExecutor(jobs) as pool:
         return PacketTable.concat(list(pool.map(lambda r: decode_range(buf, *r), ranges)))
 
@@ -433,6 +434,8 @@ def count_packets(
 
     if jobs <= 1 or len(ranges) <= 1:
         return sum(one(r) for r in ranges)
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(jobs) as pool:
         return sum(pool.map(one, ranges))
 
