@@ -349,19 +349,20 @@ SKIP = _skip_reason()
 needs_process = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
 
-def build(kind: str = "pie") -> Path:
+def compile_program(source: str, name: str, flags: tuple[str, ...]) -> Path:
+    """``source`` built with gcc and ``flags``, cached by its hash (in
+    $XDG_CACHE_HOME/hwtrace or the temporary directory)."""
     cc = _cc()
-    flags = ("-O1", "-g0", "-fno-omit-frame-pointer", *BUILDS[kind])
-    h = hashlib.sha256("\0".join((str(cc), *flags, PROGRAM)).encode()).hexdigest()[:16]
+    h = hashlib.sha256("\0".join((str(cc), *flags, source)).encode()).hexdigest()[:16]
     xdg = os.environ.get("XDG_CACHE_HOME")
     directory = (Path(xdg) / "hwtrace" if xdg else Path(tempfile.gettempdir())) / "hwtrace-record"
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"prog-{kind}-{h}"
+    target = directory / f"{name}-{h}"
     if target.is_file():
         return target
-    src = directory / f".prog-{h}-{os.getpid()}.c"
-    tmp = directory / f".prog-{kind}-{h}-{os.getpid()}.tmp"
-    src.write_text(PROGRAM)
+    src = directory / f".{name}-{h}-{os.getpid()}.c"
+    tmp = directory / f".{name}-{h}-{os.getpid()}.tmp"
+    src.write_text(source)
     try:
         cmd = [str(cc), *flags, "-o", str(tmp), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -371,6 +372,11 @@ def build(kind: str = "pie") -> Path:
         src.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
     return target
+
+
+def build(kind: str = "pie") -> Path:
+    flags = ("-O1", "-g0", "-fno-omit-frame-pointer", *BUILDS[kind])
+    return compile_program(PROGRAM, f"prog-{kind}", flags)
 
 
 # Unconditional REP string instructions (MOVS, STOS, LODS, INS, OUTS), 64-bit

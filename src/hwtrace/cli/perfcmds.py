@@ -11,6 +11,7 @@ per block like ``perf script --itrace``.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,11 @@ def record_main(argv: Sequence[str]) -> int:
         default=[],
         metavar="START-END",
         help="trace this address range (hex, end exclusive; repeatable)",
+    )
+    p.add_argument(
+        "--follow-fork",
+        action="store_true",
+        help="follow child processes too (fork, vfork, through exec)",
     )
     p.add_argument("--backend", choices=("auto", "perf", "software"), default="auto")
     p.add_argument("--psb-period", type=int, default=4096, help="bytes between PSB+")
@@ -115,11 +121,19 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
             "or --range START-END\n"
         )
         return 2
+
+    # A kill (SIGTERM, SIGHUP) ends recording as ^C does: launched processes
+    # are killed, attached ones let go with their code restored.
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         rec = record_software(
             command if command else a.pid,
             functions=a.function,
             ranges=ranges,
+            follow_fork=a.follow_fork,
             psb_period=a.psb_period,
             tsc=not a.no_tsc,
             mtc_period=None if a.no_mtc or a.no_tsc else a.mtc_period,
@@ -129,14 +143,37 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
     except RecordError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
         return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("hwtrace record: interrupted; nothing written\n")
+        return 130
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     write_perf_data(rec, a.output)
     size = Path(a.output).stat().st_size
+    insns = sum(len(t.instructions) for t in rec.threads)
+    pt = sum(len(t.data) for t in rec.threads)
+    tids = {t.tid for t in rec.threads}
+    pids = {t.pid for t in rec.threads}
+    where = rec.filters or "the chosen ranges"
+    if rec.calls:
+        where = ", ".join(
+            ["calls of " + c.name for c in rec.calls] + ([rec.filters] if rec.filters else [])
+        )
+    threads = f"{len(tids)} thread{'s' if len(tids) != 1 else ''}"
+    if len(pids) > 1:
+        threads += f" in {len(pids)} processes"
     sys.stderr.write(
-        f"hwtrace record: backend {rec.backend}: {len(rec.instructions):,} instructions of "
-        f"pid {rec.pid} ({rec.comm}) in {rec.filters or 'the chosen ranges'}\n"
+        f"hwtrace record: backend {rec.backend}: {insns:,} instructions of pid {rec.pid} "
+        f"({rec.comm}), {threads}, in {where}\n"
         f"hwtrace record: note: {rec.timing_note}\n"
-        f"hwtrace record: wrote {a.output} ({size:,} bytes, {len(rec.data):,} bytes of PT)\n"
     )
+    steps = rec.steps
+    for note in steps.notes if steps is not None else []:
+        sys.stderr.write(f"hwtrace record: note: {note}\n")
+    if steps is not None and steps.stopped_because:
+        sys.stderr.write(f"hwtrace record: stopped tracing: {steps.stopped_because}\n")
+    sys.stderr.write(f"hwtrace record: wrote {a.output} ({size:,} bytes, {pt:,} bytes of PT)\n")
     return 0
 
 

@@ -4,12 +4,15 @@ single-step loop.
 System calls are issued with the ``syscall`` instruction itself (inline
 assembly emitted through llvmlite from a numba intrinsic), so the loop needs
 neither libc's variadic ``ptrace``/``syscall`` wrappers nor the interpreter:
-per stepped instruction it runs ``PTRACE_SINGLESTEP``, ``wait4``,
-``PTRACE_GETREGS``, reads the stepping clock (``rdtsc`` or
-``clock_gettime(CLOCK_MONOTONIC)``), checks the address ranges and appends
-the instruction's address, time and registers to numpy buffers.  It returns
-to Python only when the tracee leaves the ranges, stops for a signal, exits,
-or the buffers are full.
+it waits for any traced thread (``wait4(-1, __WALL)``), and per stepped
+instruction runs ``PTRACE_GETREGS``, reads the stepping clock (``rdtsc`` or
+``clock_gettime(CLOCK_MONOTONIC)``), checks the thread's address ranges and
+call extent, appends the instruction's address, time, registers and thread
+to numpy buffers and issues ``PTRACE_SINGLESTEP``.  Several threads are
+stepped at once, each its own stop-and-go.  It returns to Python only for
+what is not a plain step of a traced thread: a thread leaving its traced
+code or reaching a breakpoint, a signal, a ptrace event, an exit, full
+buffers.
 """
 
 from __future__ import annotations
@@ -41,13 +44,25 @@ PTRACE_SETREGS = 13
 PTRACE_ATTACH = 16
 PTRACE_DETACH = 17
 PTRACE_SETOPTIONS = 0x4200
+PTRACE_GETEVENTMSG = 0x4201
 PTRACE_GETSIGINFO = 0x4202
+PTRACE_O_TRACEFORK = 0x2
+PTRACE_O_TRACEVFORK = 0x4
+PTRACE_O_TRACECLONE = 0x8
 PTRACE_O_TRACEEXEC = 0x10
+PTRACE_O_TRACEVFORKDONE = 0x20
+PTRACE_O_TRACEEXIT = 0x40
 PTRACE_O_EXITKILL = 0x100000
+PTRACE_EVENT_FORK = 1
+PTRACE_EVENT_VFORK = 2
+PTRACE_EVENT_CLONE = 3
 PTRACE_EVENT_EXEC = 4
+PTRACE_EVENT_VFORK_DONE = 5
+PTRACE_EVENT_EXIT = 6
 
 WALL = 0x40000000  # __WALL: wait for threads and processes alike
 SIGTRAP = 5
+SIGSTOP = 19
 CLOCK_MONOTONIC = 1
 
 # struct user_regs_struct, in order (27 unsigned longs).
@@ -65,12 +80,18 @@ R_EFLAGS = REGISTER_NAMES.index("eflags")
 CLOCK_TSC = 0
 CLOCK_MONO = 1
 
-# Why the step loop returned.
-STOP_LEFT = 1  # the tracee is about to run an instruction outside the ranges
-STOP_SIGNAL = 2  # a signal stop (not the single-step trap); the instruction did not run
-STOP_EXIT = 3  # the tracee exited or was killed
-STOP_FULL = 4  # the buffers are full (or the instruction limit is reached)
-STOP_ERROR = 5  # a system call failed (``-errno`` in the status)
+# Why the step loop returned (``out[0]`` is the thread's slot, or -1).
+STOP_LEFT = 1  # the thread is about to run an instruction outside (not logged); out[2]: time
+STOP_EVENT = 2  # a report the loop leaves to Python: out[1] wait status, out[3] the pid
+STOP_BREAKPOINT = 3  # the thread is about to run an armed breakpoint's address (not logged)
+STOP_FULL = 4  # the buffers are full or the instruction limit is reached (not logged)
+STOP_ERROR = 5  # a system call failed: out[1] = -errno; out[4] = 1 when a row was logged
+STOP_NEWPAGE = 6  # the instruction is on a code page not captured yet: out[5] the page key
+STOP_INTR = 7  # waiting was interrupted by a signal to the recorder (^C): check it
+STOP_NOCHILD = 8  # nothing is left to wait for
+
+# Traced-page keys: process index << 40 | page number.
+PAGE_KEY_SHIFT = 40
 
 
 @intrinsic
@@ -158,80 +179,181 @@ def _in_ranges(ip, lo, hi):
 
 
 @njit(cache=True)
-def step_loop(pid, ips, times, regs, cols, n, limit, lo, hi, clock, scratch, state):
-    """Log the tracee's current state, single-step it, and repeat while it
-    stays inside the ranges ``[lo[k], hi[k])``.
+def _in_ranges_of(ip, p, lo, hi, owner):
+    for k in range(lo.shape[0]):
+        if owner[k] == p and lo[k] <= ip and ip < hi[k]:
+            return True
+    return False
 
-    Each logged row (``ips[n]``, ``times[n]``, ``regs[n, :]`` = the registers
-    ``cols`` of ``user_regs_struct``) is the state just before the
-    instruction runs; it is logged, then stepped.  ``scratch`` (27 uint64)
-    holds the last registers read; ``state`` (int64[4]) gets the last wait
-    status (or ``-errno``) in ``state[0]`` and, on ``STOP_LEFT`` and
-    ``STOP_FULL``, the time of the state not logged in ``state[1]``.
-    Returns ``(n, why)`` with ``why`` one of the ``STOP_*`` codes.
+
+@njit(cache=True)
+def _armed(ip, p, points, owner):
+    for k in range(points.shape[0]):
+        if points[k] == ip and owner[k] == p:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _page_missing(ip, p, pages):
+    key = (np.uint64(p) << np.uint64(PAGE_KEY_SHIFT)) | (ip >> np.uint64(12))
+    i = np.searchsorted(pages, key)
+    if i < pages.shape[0] and pages[i] == key:
+        return np.uint64(0)
+    return key | np.uint64(1 << 63)
+
+
+@njit(cache=True)
+def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch, ts, out):
+    """Read thread ``s``'s registers; if it is about to run an instruction
+    it traces, log it and single-step it.  Returns ``(n, why)``, ``why`` 0
+    when it was stepped."""
+    tids, proc, extent, count, last = slots
+    ips, times, regs, rslot = log
+    lo, hi, owner = ranges
+    bpt, bown = points
+    tid = tids[s]
+    out[0] = s
+    r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETREGS), tid, np.int64(0),
+                  scratch.ctypes.data)  # fmt: skip
+    if r < 0:
+        out[1] = r
+        out[4] = 0
+        return n, STOP_ERROR
+    t = _now(clock, ts)
+    out[2] = np.int64(t)
+    ip = scratch[R_RIP]
+    p = proc[s]
+    inside = False
+    e = extent[s]
+    if e != 0:
+        if scratch[R_RSP] <= e:
+            inside = True
+        else:
+            extent[s] = 0  # the call returned (or unwound past its frame)
+    if not inside and not _in_ranges_of(ip, p, lo, hi, owner):
+        return n, STOP_LEFT
+    if _armed(ip, p, bpt, bown):
+        return n, STOP_BREAKPOINT
+    for a in (ip, ip + np.uint64(15)):
+        key = _page_missing(a, p, pages)
+        if key != 0:
+            out[5] = np.int64(key & np.uint64((1 << 63) - 1))
+            return n, STOP_NEWPAGE
+    if n >= limit:
+        return n, STOP_FULL
+    ips[n] = ip
+    times[n] = t
+    for c in range(cols.shape[0]):
+        regs[n, c] = scratch[cols[c]]
+    rslot[n] = s
+    count[s] += 1
+    last[s] = n
+    n += 1
+    r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
+                  np.int64(0))  # fmt: skip
+    if r < 0:
+        out[1] = r
+        out[4] = 1
+        return n, STOP_ERROR
+    return n, 0
+
+
+@njit(cache=True, nogil=True)
+def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, pages, clock, scratch,
+                 out):  # fmt: skip
+    """Single-step every thread that is in its traced code, logging each
+    instruction, until something needs Python.
+
+    Per thread slot ``s``: ``slots`` = (tids, process index, call extent (the
+    stack pointer at the traced call's entry; 0: none), rows logged, last
+    row); ``mode[s]`` 1 when the loop steps it (its single-step traps are
+    its own to handle), 0 when each of its reports goes back to Python;
+    ``kick[s]`` 1 to look at it first (it is stopped, not yet looked at).
+    A thread traces the instruction it is about to run when that is inside
+    its process's ``ranges`` (lo, hi, process) or inside its call extent
+    (its stack pointer at or below the entry's).  ``log`` = (ips, times,
+    registers ``cols`` of ``user_regs_struct``, slot) per row: the state
+    before the instruction ran.  ``points`` (address, process) are the armed
+    breakpoints, never stepped here; ``pages`` the sorted keys of the code
+    pages already captured.  Waits with ``wait4(-1, __WALL)``, without the
+    interpreter lock (other Python threads run meanwhile).  Returns
+    ``(n, why)``; ``out`` says more (see the ``STOP_*`` codes).
     """
     status = np.zeros(2, np.int32)
     ts = np.zeros(2, np.int64)
-    ncols = cols.shape[0]
-    sptr = scratch.ctypes.data
+    tids = slots[0]
+    nslots = tids.shape[0]
+    if nslots == 0:
+        return n, STOP_NOCHILD
+    for s in range(nslots):
+        if kick[s] != 0:
+            kick[s] = 0
+            n, why = _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
+                            ts, out)  # fmt: skip
+            if why != 0:
+                return n, why
     while True:
-        r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETREGS), np.int64(pid),
-                      np.int64(0), sptr)  # fmt: skip
+        r = _syscall4(np.int64(SYS_WAIT4), np.int64(-1), status.ctypes.data, np.int64(WALL),
+                      np.int64(0))  # fmt: skip
+        if r == -4:  # EINTR: let the interpreter see the signal
+            return n, STOP_INTR
         if r < 0:
-            state[0] = r
-            return n, STOP_ERROR
-        t = _now(clock, ts)
-        ip = scratch[R_RIP]
-        if not _in_ranges(ip, lo, hi):
-            state[1] = np.int64(t)
-            return n, STOP_LEFT
-        if n >= limit:
-            state[1] = np.int64(t)
-            return n, STOP_FULL
-        ips[n] = ip
-        times[n] = t
-        for c in range(ncols):
-            regs[n, c] = scratch[cols[c]]
-        n += 1
-        r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), np.int64(pid),
-                      np.int64(0), np.int64(0))  # fmt: skip
-        if r < 0:
-            state[0] = r
-            return n, STOP_ERROR
-        while True:
-            r = _syscall4(np.int64(SYS_WAIT4), np.int64(pid), status.ctypes.data,
-                          np.int64(WALL), np.int64(0))  # fmt: skip
-            if r != -4:  # EINTR: wait again
+            out[1] = r
+            return n, STOP_NOCHILD if r == -10 else STOP_ERROR
+        st = status[0]
+        s = -1
+        for k in range(nslots):
+            if tids[k] == r:
+                s = k
                 break
-        if r < 0:
-            state[0] = r
-            return n, STOP_ERROR
-        s = status[0]
-        state[0] = s
-        if (s & 0x7F) == 0 or ((s & 0x7F) != 0x7F):
-            return n, STOP_EXIT  # exited or killed by a signal
-        if ((s >> 8) & 0xFFFF) != SIGTRAP:
-            return n, STOP_SIGNAL
+        if s < 0 or mode[s] != 1 or st != ((SIGTRAP << 8) | 0x7F):
+            out[0] = s
+            out[1] = st
+            out[3] = r
+            return n, STOP_EVENT
+        n, why = _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch, ts,
+                        out)  # fmt: skip
+        if why != 0:
+            return n, why
+
+
+@njit(cache=True)
+def previous_row(rslot: np.ndarray, row: int, slot: int) -> int:
+    """The last row before ``row`` logged for ``slot`` (-1: none)."""
+    for k in range(row - 1, -1, -1):
+        if rslot[k] == slot:
+            return k
+    return -1
+
+
+@njit(cache=True)
+def tgkill(tgid: int, tid: int, sig: int) -> int:
+    return _syscall4(np.int64(SYS_TGKILL), np.int64(tgid), np.int64(tid), np.int64(sig),
+                     np.int64(0))  # fmt: skip
 
 
 def warm_up() -> None:
     """Compile (or load from the cache) the kernels before forking a tracee."""
     status = np.zeros(2, np.int32)
-    scratch = np.zeros(N_REGS, np.uint64)
-    step_loop(
-        -1,
-        np.zeros(1, np.uint64),
-        np.zeros(1, np.uint64),
-        np.zeros((1, 1), np.uint64),
-        np.zeros(1, np.int64),
+    i64, u64 = np.zeros(1, np.int64), np.zeros(1, np.uint64)
+    step_threads(
+        (np.zeros(0, np.int64), i64, u64, i64, i64),
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int64),
+        (u64, u64, np.zeros((1, 1), np.uint64), i64),
+        i64,
         0,
         0,
-        np.zeros(1, np.uint64),
-        np.zeros(1, np.uint64),
+        (u64, u64, i64),
+        (u64, i64),
+        np.zeros(0, np.uint64),
         CLOCK_TSC,
-        scratch,
-        np.zeros(4, np.int64),
+        np.zeros(N_REGS, np.uint64),
+        np.zeros(8, np.int64),
     )
+    previous_row(i64, 0, 0)
+    tgkill(-1, -1, 0)
     ptrace(PTRACE_PEEKUSER, -1, 0, 0)
     wait4(-1, status, 1)  # WNOHANG
     rdtsc()

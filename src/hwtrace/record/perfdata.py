@@ -1,17 +1,32 @@
 """A software recording written as perf.data, the layout ``perf record -e
-intel_pt//u --per-thread`` writes: the intel_pt event with AUXTRACE_INFO and
-TIME_CONV, COMM and MMAP2 sideband, ITRACE_START, the PT in an AUXTRACE
-record, EXIT.  Linux perf decodes it (``perf script --itrace``) as it
-decodes hardware recordings."""
+intel_pt//u --per-thread --switch-events`` writes: the intel_pt event with
+AUXTRACE_INFO and TIME_CONV; per process image COMM (with the exec flag
+after an exec) and MMAP2 sideband; FORK and EXIT per thread and process;
+per thread ITRACE_START, its PT in AUXTRACE records of its own AUX buffer
+(tagged with its tid, CPU -1, as perf's per-thread mmaps are) and a SWITCH
+in and out around each stretch it was traced (the time its trace covers);
+all in time order.  Linux perf decodes it (``perf script --itrace``) as it
+decodes hardware recordings, attributing each thread's trace to it."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from ..perf.features import BuildId, Feature
-from ..perf.records import Comm, Exit, ItraceStart, Mmap2, SampleId
+from ..perf.records import (
+    Body,
+    Comm,
+    Exit,
+    Fork,
+    ItraceStart,
+    Mmap2,
+    SampleId,
+    SampleType,
+    Switch,
+)
 from ..perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
-from .software import SoftwareRecording
+from .software import MmapRecord, SoftwareRecording, ThreadTrace
 
 _MISC_USER = 2
 _PROT = {"r": 1, "w": 2, "x": 4}
@@ -40,52 +55,128 @@ def intel_pt_config(settings: dict[str, int | bool]) -> int:
     return config
 
 
+@dataclass(frozen=True)
+class _Rec:
+    """A record to write: perf time, then an order among equal times."""
+
+    ns: int
+    order: int
+    body: Body | None  # None: the thread's AUXTRACE
+    sid: SampleId
+    misc: int = 0
+    trace: ThreadTrace | None = None
+
+
+def _mmap_bodies(pid: int, mmaps: list[MmapRecord]) -> list[Mmap2]:
+    out = []
+    for m in mmaps:
+        if "x" not in m.prot or not m.path.startswith("/"):
+            continue
+        prot = sum(v for k, v in _PROT.items() if k in m.prot)
+        flags = _MAP_SHARED if m.prot.endswith("s") else _MAP_PRIVATE
+        body = Mmap2(
+            pid, pid, m.start, m.length, m.pgoff,
+            ino=m.inode, prot=prot, flags=flags, filename=m.path,
+        )  # fmt: skip
+        out.append(body)
+    return out
+
+
 def write_perf_data(rec: SoftwareRecording, path: str | os.PathLike[str]) -> None:
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
     conv = rec.time_conversion
-    start_ns = int(conv.to_ns(rec.first_tsc)) if rec.first_tsc else 0
-    end_tsc = int(rec.log.times[-1]) if rec.log.times.shape[0] else rec.first_tsc
-    end_ns = int(conv.to_ns(end_tsc)) if end_tsc else start_ns
+    steps = rec.steps
+    assert steps is not None
+
+    def ns(clock: int) -> int:
+        return int(conv.to_ns(clock)) if clock else 0
+
+    cpu_of = {t.tid: max(t.cpu, 0) for t in rec.threads}
+    pid_of = {ev.tid: ev.pid for ev in steps.events}
+
+    def sid(pid: int, tid: int, t: int) -> SampleId:
+        return SampleId(pid=pid, tid=tid, time=t, cpu=cpu_of.get(tid, cpu_of.get(pid, 0)))
+
+    records: list[_Rec] = []
+    add = records.append
+    for ev in steps.events:
+        t = ns(ev.time)
+        if ev.kind in ("start", "exec"):
+            img = steps.images[ev.image]
+            exec_ = ev.kind == "exec"
+            add(_Rec(t, 0, Comm(ev.pid, ev.pid, img.comm, exec_), sid(ev.pid, ev.pid, t)))
+            for body in _mmap_bodies(ev.pid, rec.image_mmaps[ev.image]):
+                add(_Rec(t, 1, body, sid(ev.pid, ev.pid, t), _MISC_USER))
+        elif ev.kind == "comm":
+            add(_Rec(t, 0, Comm(ev.pid, ev.tid, ev.comm), sid(ev.pid, ev.tid, t)))
+        elif ev.kind == "fork":
+            body = Fork(ev.pid, ev.ppid, ev.tid, ev.ptid, t)
+            add(_Rec(t, 0, body, sid(ev.pid, ev.tid, t)))
+        elif ev.kind == "exit":
+            body = Exit(ev.pid, ev.pid, ev.tid, ev.tid, t)
+            add(_Rec(t, 9, body, sid(ev.pid, ev.tid, t)))
+    started: set[int] = set()
+    for tr in rec.threads:
+        segments = tr.log.segments
+        first = ns(int(tr.log.times[segments[0].start]))
+        if tr.tid not in started:
+            started.add(tr.tid)
+            pid = pid_of.get(tr.tid, tr.pid)
+            add(_Rec(first - 1, 2, ItraceStart(pid, tr.tid), sid(pid, tr.tid, first - 1)))
+        add(_Rec(first - 1, 3, None, sid(tr.pid, tr.tid, first - 1), trace=tr))
+        for seg in segments:
+            on = ns(int(tr.log.times[seg.start]))
+            off = max(ns(seg.end_time), on)
+            add(_Rec(on, 4, Switch(False), sid(tr.pid, tr.tid, on)))
+            add(_Rec(off, 8, Switch(True), sid(tr.pid, tr.tid, off)))
+    records.sort(key=lambda r: (r.ns, r.order))
+
     cfg = rec.config
     argv = list(rec.argv) if rec.argv else [rec.comm]
+    timed = bool(rec.settings.get("tsc"))
+    st = SampleType
+    sample_type = st.IP | st.TID | st.CPU | st.IDENTIFIER | (st.TIME if timed else 0)
+    idx: dict[int, int] = {}
+    filters = rec.filters
+    if (len(filters) + 1) % 8 == 0:
+        # perf reads the filter from a roundup(length + 1, 8)-byte field;
+        # hwtrace's AUXTRACE_INFO writer counts the NUL in the length, which
+        # is the same size except for this length: a blank keeps them so.
+        filters += " "
     with PerfDataWriter(path, cmdline=["hwtrace", "record", *argv]) as w:
         w.set_intel_pt(
             config=intel_pt_config(rec.settings),
+            sample_type=sample_type,
             time_shift=conv.time_shift,
             time_mult=conv.time_mult,
             time_zero=conv.time_zero,
-            cap_user_time_zero=bool(rec.settings.get("tsc")),
+            cap_user_time_zero=timed,
             tsc_ctc_ratio=(cfg.cpuid_0x15_ebx, cfg.cpuid_0x15_eax),
             max_non_turbo_ratio=cfg.nom_freq,
-            filter=rec.filters,
+            filter=filters,
+            context_switch=True,
         )
-        # Sideband just before the trace begins, as perf has it from
-        # /proc at record start (synthesized) or from the kernel.
-        sid = SampleId(pid=rec.pid, tid=rec.tid, time=max(start_ns - 1, 0))
-        w.add_record(Comm(rec.pid, rec.tid, rec.comm), sample_id=sid)
-        for m in rec.mmaps:
-            if "x" not in m.prot or not m.path.startswith("/"):
-                continue
-            prot = sum(v for k, v in _PROT.items() if k in m.prot)
-            flags = _MAP_SHARED if m.prot.endswith("s") else _MAP_PRIVATE
-            body = Mmap2(
-                rec.pid, rec.tid, m.start, m.length, m.pgoff,
-                ino=m.inode, prot=prot, flags=flags, filename=m.path,
-            )  # fmt: skip
-            w.add_record(body, sample_id=sid, misc=_MISC_USER)
+        build_ids = {}
+        for mmaps in rec.image_mmaps:
+            for m in mmaps:
+                if m.build_id and m.path not in build_ids:
+                    build_ids[m.path] = m.build_id
         w.set_feature(
             Feature.BUILD_ID,
-            [
-                BuildId(rec.pid, bid, path, _MISC_USER)
-                for path, bid in {m.path: m.build_id for m in rec.mmaps if m.build_id}.items()
-            ],
+            [BuildId(rec.pid, bid, p, _MISC_USER) for p, bid in build_ids.items()],
         )
+        # The sideband perf synthesizes from /proc when recording starts.
+        init = [r for r in records if r.order <= 1 and r.ns <= records[0].ns]
+        for r in init:
+            w.add_record(r.body, sample_id=r.sid, misc=r.misc)
         w.finished_init()
-        w.add_record(ItraceStart(rec.pid, rec.tid), sample_id=sid)
-        w.add_auxtrace(rec.data, tid=rec.tid)
+        for r in records[len(init) :]:
+            if r.trace is not None:
+                k = idx.setdefault(r.trace.tid, len(idx))
+                # The reference is a TSC near the trace's, which perf extends
+                # the 7-byte TSC packets with (perf record reads the TSC).
+                ref = int(r.trace.instruction_times[0]) if timed else 0
+                w.add_auxtrace(r.trace.data, tid=r.trace.tid, idx=k, reference=ref)
+            else:
+                w.add_record(r.body, sample_id=r.sid, misc=r.misc)
         w.finished_round()
-        if rec.exit_status is not None:
-            w.add_record(
-                Exit(rec.pid, rec.pid, rec.tid, rec.tid, end_ns),
-                sample_id=SampleId(pid=rec.pid, tid=rec.tid, time=end_ns),
-            )

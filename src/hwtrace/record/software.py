@@ -1,14 +1,18 @@
 """Software Intel PT recording: single-step a real process, write the PT it ran.
 
 Where there is no Intel PT hardware, :func:`record_software` runs (or
-attaches to) a process, single-steps it inside the chosen functions or
-address ranges (:mod:`hwtrace.record.stepper`) and turns the stepped
-instructions into the Intel PT a processor with an address filter on those
-ranges would have written (:func:`hwtrace.pt.encode.encode_path`):
+attaches to) a process, single-steps its threads inside the chosen functions
+or address ranges and the chosen calls (:mod:`hwtrace.record.stepper`) and
+turns each thread's stepped instructions into the Intel PT a processor would
+have written for it (:func:`hwtrace.pt.encode.encode_path`), with an address
+filter on those ranges, or tracing the whole address space cut to the
+calls' extents:
 
 * tracing is on inside the ranges and off outside them: a branch, call or
   return leaving a range is a TIP.PGD, re-entry (at a range start or at the
   return address of a call that went outside) is MODE.Exec + TIP.PGE;
+* a traced call is enabled at the function's entry (TIP.PGE) and disabled
+  where it returns (TIP.PGD at the return address);
 * a signal whose handler runs outside the ranges disables tracing at the
   interrupted instruction; one whose handler is inside is an interrupt
   (FUP + TIP);
@@ -24,9 +28,11 @@ ranges would have written (:func:`hwtrace.pt.encode.encode_path`):
   where it runs on after the handler until it completes (as hwtrace's
   decoder and libipt read such a stream).
 
-The result (:class:`SoftwareRecording`) holds the PT bytes, the decoder
-configuration, the stepped log and the sideband a ``perf.data`` writer needs,
-as plain fields.
+The result (:class:`SoftwareRecording`) holds a trace per thread
+(:class:`ThreadTrace`: PT bytes and the stepped log), the decoder
+configuration, and the sideband a ``perf.data`` writer needs (the processes'
+mappings, the threads' and processes' creation, names and exits), as plain
+fields.
 """
 
 from __future__ import annotations
@@ -48,9 +54,10 @@ from .stepper import (
     RecordError,
     Segment,
     StepLog,
+    StepRecording,
     TracedRange,
     _load_bias,
-    step_process,
+    step_threads,
 )
 
 __all__ = [
@@ -59,6 +66,7 @@ __all__ = [
     "MmapRecord",
     "RecordError",
     "SoftwareRecording",
+    "ThreadTrace",
     "TimeConversion",
     "encode_log",
     "record_software",
@@ -93,6 +101,35 @@ class MmapRecord:
     build_id: bytes | None  # the ELF's GNU build id, when it has one
 
 
+class NothingTraced(RecordError):
+    """A thread (or the whole recording) ran none of the traced code."""
+
+
+@dataclass
+class ThreadTrace:
+    """One thread's trace (in one process image): its PT, the instructions
+    it describes (``log.ips`` with each ``rep`` string instruction once, see
+    :class:`SoftwareRecording`) and their times, and the stepped log."""
+
+    pid: int
+    tid: int
+    comm: str
+    cpu: int
+    image: int  # index into SoftwareRecording.steps.images
+    log: StepLog
+    encoded: EncodedTrace
+    instructions: np.ndarray  # uint64
+    instruction_times: np.ndarray  # uint64
+
+    @property
+    def data(self) -> bytes:
+        return self.encoded.data
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self.encoded.stats)
+
+
 @dataclass
 class SoftwareRecording:
     """A process recorded by single-stepping, as Intel PT.
@@ -106,10 +143,14 @@ class SoftwareRecording:
     iterations, and without the iterations of one that had not completed
     when a signal handler ran or tracing stopped); decoding ``data`` gives
     exactly them.  ``log`` is everything the stepper saw (per-step ``ips``,
-    ``times``, ``registers``).  The rest is sideband: ``pid``, ``tid``,
-    ``comm``, ``mmaps`` (from ``/proc/PID/maps`` when tracing began),
-    ``time_conversion`` (stepping clock to ns), ``ranges`` (the address
-    filter; ``filters`` in perf's syntax), ``backend`` and ``timing_note``.
+    ``times``, ``registers``).  These are the first traced thread's (the
+    launched or attached one when it traced anything); ``threads`` has every
+    thread's trace, that one first.  The rest is sideband: ``pid``, ``tid``,
+    ``comm``, ``mmaps`` (from ``/proc/PID/maps`` when tracing began; each
+    process image's in ``image_mmaps``), ``steps`` (the stepper's processes,
+    images and thread events), ``time_conversion`` (stepping clock to ns),
+    ``ranges`` (the address filter; ``filters`` in perf's syntax), ``calls``
+    (the traced calls' functions), ``backend`` and ``timing_note``.
     """
 
     data: bytes
@@ -131,17 +172,26 @@ class SoftwareRecording:
     backend: str = BACKEND
     timing_note: str = TIMING_NOTE
     stats: dict[str, int] = field(default_factory=dict)
+    threads: list[ThreadTrace] = field(default_factory=list)
+    steps: StepRecording | None = None
+    image_mmaps: list[list[MmapRecord]] = field(default_factory=list)
+    calls: list[TracedRange] = field(default_factory=list)
 
     @property
     def first_tsc(self) -> int:
         return int(self.log.times[0]) if self.log.times.shape[0] else 0
 
-    def image(self) -> Image:
-        """An image of the ELF files mapped executable in the process, at their
-        load addresses (for decoding ``data``)."""
+    def image(self, index: int | None = None) -> Image:
+        """An image of the ELF files mapped executable in process image
+        ``index`` (default: the first traced thread's), at their load
+        addresses (for decoding its threads' PT)."""
+        if index is None:
+            index = self.threads[0].image if self.threads else 0
+        mmaps = self.image_mmaps[index] if self.image_mmaps else self.mmaps
+        maps = self.steps.images[index].maps if self.steps is not None else self.log.maps
         image = Image(self.comm)
         seen = set()
-        for m in self.mmaps:
+        for m in mmaps:
             if "x" not in m.prot or not m.path.startswith("/") or m.path in seen:
                 continue
             seen.add(m.path)
@@ -149,7 +199,7 @@ class SoftwareRecording:
                 elf = read_elf(m.path)
             except ImageError:
                 continue
-            bias = _load_bias(self.log.maps, m.path, elf.min_vaddr)
+            bias = _load_bias(maps, m.path, elf.min_vaddr)
             if bias is not None:
                 image.add_elf(m.path, elf.min_vaddr + bias)
         return image
@@ -158,9 +208,10 @@ class SoftwareRecording:
 # -- sideband ----------------------------------------------------------------------
 
 
-def _mmaps(maps: list[Mapping]) -> list[MmapRecord]:
-    files = {m.path for m in maps if m.path.startswith("/") and m.inode}
-    build_ids = {path: elf_build_id(path) for path in files}  # once per file
+def _mmaps(maps: list[Mapping], build_ids: dict[str, bytes | None]) -> list[MmapRecord]:
+    for path in {m.path for m in maps if m.path.startswith("/") and m.inode}:
+        if path not in build_ids:
+            build_ids[path] = elf_build_id(path)  # once per file
     return [
         MmapRecord(
             start=m.start,
@@ -175,10 +226,10 @@ def _mmaps(maps: list[Mapping]) -> list[MmapRecord]:
     ]
 
 
-def _time_conversion(log: StepLog) -> TimeConversion:
-    if log.clock == "monotonic":
+def _time_conversion(steps: StepRecording) -> TimeConversion:
+    if steps.clock == "monotonic":
         return TimeConversion(0, 1, 0, 1e9)
-    (c0, n0), (c1, n1) = log.clock_pairs[0], log.clock_pairs[-1]
+    (c0, n0), (c1, n1) = steps.clock_pairs[0], steps.clock_pairs[-1]
     if c1 <= c0 or n1 <= n0:
         raise RecordError("the TSC did not advance: cannot convert stepping times to ns")
     rate = (n1 - n0) / (c1 - c0)  # ns per tick
@@ -283,7 +334,7 @@ def encode_log(
     """The Intel PT of a stepped log; also the instructions it describes and
     their times.  Options as :func:`record_software`."""
     if not log.segments:
-        raise RecordError("nothing was traced: the process never ran inside the ranges")
+        raise NothingTraced("nothing was traced: the process never ran inside the ranges")
     cache = InsnCache(log.read_code)
     repeat, unfinished = _rep_rows(log.ips, cache, log.segments)
     drop = repeat | unfinished
@@ -297,7 +348,7 @@ def encode_log(
         if keep.shape[0]:
             stretches.append((seg, keep))
     if not stretches:
-        raise RecordError(
+        raise NothingTraced(
             "nothing was traced: no instruction inside the ranges completed "
             "(only part of a rep string instruction ran)"
         )
@@ -365,7 +416,9 @@ def record_software(
     target: Sequence[str] | int,
     *,
     functions: Sequence[str] = (),
+    calls: Sequence[str] = (),
     ranges: Sequence[tuple[int, int]] = (),
+    follow_fork: bool = False,
     psb_period: int = 4096,
     tsc: bool = True,
     mtc_period: int | None = 3,
@@ -377,9 +430,11 @@ def record_software(
     registers: str = "all",
     max_instructions: int | None = None,
 ) -> SoftwareRecording:
-    """Record ``target`` (argv to launch, or a pid to attach to) inside
-    ``functions`` (``name`` or ``module!name``) and ``ranges`` (``(start,
-    end)``, end exclusive) by single-stepping, as Intel PT.
+    """Record ``target`` (argv to launch, or a pid to attach to), every
+    thread of it, inside ``functions`` (``name`` or ``module!name``) and
+    ``ranges`` (``(start, end)``, end exclusive) and during each call of
+    ``calls`` (the function with everything it calls until it returns) by
+    single-stepping, as Intel PT.  ``follow_fork``: child processes too.
 
     PT options: ``psb_period`` (bytes between PSB+; 0: only the first),
     ``tsc`` (TSC packets in PSB+), ``mtc_period`` (MTC every 2**n crystal
@@ -387,7 +442,8 @@ def record_software(
     ``noretcomp`` (no return compression), ``ctc_ratio`` (stepping-clock
     ticks per crystal clock tick, 1-511) and ``cbr`` (core:bus ratio in
     PSB+).  Stepping: ``clock`` (``"tsc"`` or ``"monotonic"``),
-    ``registers`` (``"all"`` or ``"basic"``), ``max_instructions``.
+    ``registers`` (``"all"`` or ``"basic"``), ``max_instructions`` (over
+    all threads).
 
     Raises :class:`RecordError` with a message for a process that cannot be
     started, attached or traced, unknown functions and bad options.
@@ -401,26 +457,41 @@ def record_software(
     if not 1 <= cbr <= 255:
         raise RecordError("cbr must be 1-255")
     try:
-        log = step_process(
+        steps = step_threads(
             target,
             functions=functions,
+            calls=calls,
             ranges=ranges,
+            follow_fork=follow_fork,
             clock=clock,
             registers=registers,
             max_instructions=max_instructions,
         )
     except OSError as exc:
         raise RecordError(f"cannot record: {exc}") from None
-    enc, insns, times = encode_log(
-        log,
-        psb_period=psb_period,
-        tsc=tsc,
-        mtc_period=mtc_period,
-        cyc=cyc,
-        noretcomp=noretcomp,
-        ctc_ratio=ctc_ratio,
-        cbr=cbr,
-    )
+    options = {
+        "psb_period": psb_period,
+        "tsc": tsc,
+        "mtc_period": mtc_period,
+        "cyc": cyc,
+        "noretcomp": noretcomp,
+        "ctc_ratio": ctc_ratio,
+        "cbr": cbr,
+    }
+    threads: list[ThreadTrace] = []
+    nothing: NothingTraced | None = None
+    for log in steps.logs:
+        try:
+            enc, insns, times = encode_log(log, **options)
+        except NothingTraced as exc:
+            nothing = nothing or exc
+            continue
+        threads.append(
+            ThreadTrace(log.pid, log.tid, log.comm, log.cpu, log.image, log, enc, insns, times)
+        )
+    if not threads:
+        assert nothing is not None
+        raise nothing
     settings: dict[str, int | bool] = {
         "tsc": tsc,
         "mtc": tsc and mtc_period is not None,
@@ -434,22 +505,30 @@ def record_software(
         "user": True,
         "kernel": False,
     }
+    build_ids: dict[str, bytes | None] = {}
+    image_mmaps = [_mmaps(img.maps, build_ids) for img in steps.images]
+    first = threads[0]
+    main = steps.images[0]
     return SoftwareRecording(
-        data=enc.data,
-        config=enc.config,
+        data=first.data,
+        config=first.encoded.config,
         settings=settings,
-        instructions=insns,
-        instruction_times=times,
-        log=log,
-        encoded=enc,
-        pid=log.pid,
-        tid=log.pid,
-        comm=log.comm,
-        argv=log.argv,
-        mmaps=_mmaps(log.maps),
-        time_conversion=_time_conversion(log),
-        ranges=log.ranges,
-        filters=_filters(log.ranges, log.maps),
-        exit_status=log.exit_status,
-        stats=dict(enc.stats),
+        instructions=first.instructions,
+        instruction_times=first.instruction_times,
+        log=first.log,
+        encoded=first.encoded,
+        pid=steps.pid,
+        tid=first.tid,
+        comm=main.comm,
+        argv=main.argv,
+        mmaps=image_mmaps[0],
+        time_conversion=_time_conversion(steps),
+        ranges=main.ranges,
+        filters=_filters(main.ranges, main.maps),
+        exit_status=steps.exit_status,
+        stats=first.stats,
+        threads=threads,
+        steps=steps,
+        image_mmaps=image_mmaps,
+        calls=main.calls,
     )

@@ -1,37 +1,65 @@
-"""Single-step a real process inside chosen functions or address ranges.
+"""Single-step real processes, every thread, inside chosen code.
 
-The tracee runs at full speed outside the ranges.  ``int3`` breakpoints sit
-at every range's start and at the resume points of the frames that left a
-range (the return address of a call that went outside, the interrupted
-instruction of a signal whose handler is outside); when one is hit, every
-breakpoint is taken out again and the compiled loop of
-:func:`hwtrace.record._native.step_loop` single-steps the tracee, logging
-each instruction's address, the stepping clock and the registers, until an
-instruction outside the ranges is next.  Then the breakpoints go back in and
-the tracee runs free.  That is what an Intel PT address filter shows: tracing
-on inside the ranges, off outside them.
+What is traced: the address ranges of chosen functions (``-f``, like an
+Intel PT address filter) and the whole dynamic extent of chosen calls
+(``--call``: from a function's entry until it returns, everything it calls
+included).  Everything else runs at full speed.
 
-Signals are passed through to the tracee.  A signal stop while stepping
-means the logged instruction has not run yet; the signal is delivered with a
-single step, after which the tracee is either in its handler (the
-instruction did not run: an interrupt, logged as such when the handler is
-inside the ranges, else a range exit with a resume point at the interrupted
-instruction), or past the instruction (the signal was ignored), or gone.
+``int3`` breakpoints sit at every range's start, at every traced call's
+entry and at the resume points of frames that left the traced code (the
+return address of a call that went outside a range, the interrupted
+instruction of a signal whose handler is outside).  They stay in while the
+process runs; a thread that hits one is single-stepped from there by the
+compiled loop of :func:`hwtrace.record._native.step_threads`, which logs
+each instruction's address, the stepping clock, the registers and the
+thread, until the thread is about to run an instruction it does not trace.
+The loop steps all such threads at once, waiting on any of them
+(``wait4(-1, __WALL)``).  To run the instruction under a breakpoint, the
+other free-running threads are stopped (``tgkill(SIGSTOP)``), the original
+byte goes back for that one step and the ``int3`` after it; threads being
+stepped need not stop, they run one known instruction at a time.
 
-The log is the state before each executed instruction, in order, with
-:class:`Segment` rows saying where each stretch of tracing began and how it
-ended.  Python handles only these transitions; the stepping itself never
-runs in the interpreter.
+A call's extent ends when the stack pointer rises above its value at the
+entry (the return popped it; a ``longjmp`` or an exception unwound past it;
+a tail call's callee returned).  That is the cut a decoder makes in a trace
+of the whole address space, and it is what Intel PT with tracing enabled at
+the entry (TIP.PGE) and disabled at the return (TIP.PGD) shows.
 
-Limits: one thread (an attached process with several threads is refused; a
-launched process that starts a thread ends the recording there); a range is
-noticed when entered at its start or at a resume point (not when jumped into
-from outside elsewhere); ``int3`` executed by the tracee inside a range is
-taken for a single-step trap.
+Threads: every thread of the traced process is followed
+(``PTRACE_O_TRACECLONE``; when attaching, every thread that exists), each
+with its own log.  Child processes are followed with ``follow_fork``
+(``PTRACE_O_TRACEFORK``/``VFORK``, through ``exec``, where the functions are
+looked up again in the new program); otherwise a forked child gets its
+copy of memory back without breakpoints and is let go, and a vfork child
+(which shares its parent's memory) is watched, untraced, until it execs or
+exits.  ``PTRACE_O_TRACEEXIT`` stops each thread as it exits, with its
+registers, which tell whether its last stepped instruction ran.
+
+Signals are passed through.  A signal stop while stepping means the logged
+instruction has not run yet; the signal is delivered with a single step,
+after which the thread is either in its handler (the instruction did not
+run: an interrupt, logged as such when the handler is traced, else the
+traced stretch ends with a resume point at the interrupted instruction), or
+past the instruction (the signal was ignored), or gone.
+
+The log of each thread is the state before each executed instruction, in
+order, with :class:`Segment` rows saying where each stretch of tracing began
+and how it ended.  Code is captured from the process's memory, page by
+page, just before its first stepped instruction runs (breakpoint bytes put
+back), so the log can be turned into Intel PT after the process is gone.
+
+Limits: a range is noticed when entered at its start or at a resume point
+(not when jumped into from outside elsewhere); ``int3`` executed by the
+tracee inside traced code is taken for a single-step trap; a breakpoint's
+instruction is stepped with the other free threads stopped, so one that
+blocks until such a thread runs (a system call at a resume point waiting on
+it) hangs the recording; mappings are read when a process image starts
+(launch, attach, exec), not for code mapped later.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import shutil
@@ -52,26 +80,39 @@ __all__ = [
     "END_SIGNAL",
     "END_STOPPED",
     "Mapping",
+    "ProcessImage",
     "RecordError",
     "Segment",
     "StepLog",
+    "StepRecording",
+    "TaskEvent",
     "TracedRange",
     "read_maps",
     "step_process",
+    "step_threads",
 ]
 
 # How a traced segment ended.
-END_LEFT = "left"  # a branch, call or return went outside the ranges
-END_SIGNAL = "signal"  # a signal handler outside the ranges interrupted it
-END_EXIT = "exit"  # the process exited (or was killed) inside the ranges
+END_LEFT = "left"  # a branch, call or return went outside the traced code
+END_SIGNAL = "signal"  # a signal handler outside the traced code interrupted it
+END_EXIT = "exit"  # the thread exited (or was killed, or its process exec'd) in it
 END_LIMIT = "limit"  # the instruction limit was reached
-END_STOPPED = "stopped"  # recording stopped (exec, a new thread)
+END_STOPPED = "stopped"  # recording stopped (an exec not followed)
 
 REGISTERS_ALL = nat.REGISTER_NAMES
 REGISTERS_BASIC = ("rip", "rsp", "eflags")
 
 AT_ENTRY = 9
 _PAGE = 0x1000
+_PLAIN_TRAP = (signal.SIGTRAP << 8) | 0x7F  # a single-step (or int3) trap, no event
+_OPTIONS = (
+    nat.PTRACE_O_TRACECLONE
+    | nat.PTRACE_O_TRACEFORK
+    | nat.PTRACE_O_TRACEVFORK
+    | nat.PTRACE_O_TRACEVFORKDONE
+    | nat.PTRACE_O_TRACEEXEC
+    | nat.PTRACE_O_TRACEEXIT
+)
 
 
 class RecordError(Exception):
@@ -109,14 +150,15 @@ class TracedRange:
 
 @dataclass(frozen=True)
 class Segment:
-    """Rows ``start .. end`` of the log were traced without a break.
+    """Rows ``start .. end`` of a thread's log were traced without a break.
 
-    ``end_ip`` is where execution went after row ``end - 1`` (0 when the
-    process exited there; for a signal handled outside the ranges, the
-    interrupted instruction, where execution resumes), ``end_time`` when that was seen (stepping clock),
-    ``end_reason`` one of the ``END_*`` strings and ``interrupts`` the
-    signals delivered inside the segment to handlers inside the ranges:
-    ``(row of the handler's first instruction, interrupted IP, signal)``.
+    ``end_ip`` is where execution went after row ``end - 1`` (0 when it is
+    not known: the process exited there; for a signal handled outside the
+    traced code, the interrupted instruction, where execution resumes),
+    ``end_time`` when that was seen (stepping clock), ``end_reason`` one of
+    the ``END_*`` strings and ``interrupts`` the signals delivered inside
+    the segment to traced handlers: ``(row of the handler's first
+    instruction, interrupted IP, signal)``.
     """
 
     start: int
@@ -129,7 +171,8 @@ class Segment:
 
 @dataclass
 class StepLog:
-    """What the stepper saw: one row per executed instruction inside the ranges."""
+    """What the stepper saw of one thread in one process image: one row per
+    executed instruction it traced."""
 
     ips: np.ndarray  # uint64
     times: np.ndarray  # uint64, stepping clock before the instruction ran
@@ -142,11 +185,20 @@ class StepLog:
     argv: tuple[str, ...] | None  # None when attached
     maps: list[Mapping]
     clock: str  # "tsc" or "monotonic"
-    code: dict[int, bytes]  # range start -> the range's code (+16 bytes), read before tracing
-    exit_status: int | None = None  # wait status when the process ended while recorded
+    code: dict[int, bytes]  # address -> code bytes there, as they were when stepped
+    exit_status: int | None = None  # wait status when the thread ended while recorded
     signals: list[tuple[int, int, bool]] = field(default_factory=list)  # (row, signal, caught)
     stopped_because: str = ""
     clock_pairs: list[tuple[int, int]] = field(default_factory=list)  # (stepping clock, ns)
+    tid: int = 0  # 0: the pid
+    cpu: int = -1  # the CPU the thread was on when its tracing began
+    image: int = 0  # index of its process image in StepRecording.images
+    calls: list[TracedRange] = field(default_factory=list)  # the traced calls' functions
+
+    def __post_init__(self) -> None:
+        if not self.tid:
+            self.tid = self.pid
+        self._starts = sorted(self.code)
 
     def register(self, name: str) -> np.ndarray:
         """One register's column, e.g. ``log.register("rsp")``."""
@@ -156,12 +208,82 @@ class StepLog:
             raise KeyError(f"register {name!r} was not logged") from None
 
     def read_code(self, address: int, size: int) -> bytes:
-        """Code bytes of the ranges as they were before tracing (b"" elsewhere)."""
-        for start, data in self.code.items():
-            if start <= address < start + len(data):
-                off = address - start
-                return data[off : off + size]
-        return b""
+        """Code bytes as they were when stepped (b"" where none was captured);
+        a read runs on across adjacent captured chunks."""
+        if len(self._starts) != len(self.code):
+            self._starts = sorted(self.code)
+        out = b""
+        while size > 0:
+            i = bisect.bisect_right(self._starts, address) - 1
+            if i < 0:
+                break
+            start = self._starts[i]
+            data = self.code[start]
+            off = address - start
+            if off >= len(data):
+                break
+            piece = data[off : off + size]
+            out += piece
+            address += len(piece)
+            size -= len(piece)
+        return out
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """Something that happened to a thread or process, at ``time`` (stepping
+    clock): ``kind`` is ``"start"`` (a process image was found: launch,
+    attach; ``image`` says which), ``"exec"`` (a process image replaced its
+    predecessor), ``"comm"`` (a thread's name, when it is first seen or has
+    changed), ``"fork"`` (a thread or process created: ``ppid``/``ptid`` its
+    creator) or ``"exit"``."""
+
+    time: int
+    kind: str
+    pid: int
+    tid: int
+    ppid: int = 0
+    ptid: int = 0
+    comm: str = ""
+    image: int = -1
+
+
+@dataclass
+class ProcessImage:
+    """A process from its start (launch, attach, fork) or exec on: its
+    mappings (when it started), traced ranges and calls, and the code
+    captured from its memory."""
+
+    pid: int
+    comm: str
+    argv: tuple[str, ...] | None
+    maps: list[Mapping]
+    ranges: list[TracedRange]
+    calls: list[TracedRange]
+    code: dict[int, bytes]
+    time: int  # stepping clock when it was found
+    exit_status: int | None = None
+
+
+@dataclass
+class StepRecording:
+    """Everything the stepper saw: a :class:`StepLog` per thread (per process
+    image), the processes' images and the thread/process events in order."""
+
+    logs: list[StepLog]
+    images: list[ProcessImage]
+    events: list[TaskEvent]
+    pid: int  # the launched or attached process
+    clock: str
+    clock_pairs: list[tuple[int, int]]
+    stopped_because: str = ""
+    exit_status: int | None = None  # the launched or attached process's
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def main(self) -> StepLog:
+        """The first thread of the launched or attached process."""
+        return self.logs[0]
 
 
 # -- /proc -------------------------------------------------------------------
@@ -195,11 +317,36 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _thread_stat(pid: int, tid: int) -> tuple[str, int]:
+    """A thread's name and the CPU it last ran on (``/proc/PID/task/TID/stat``)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return "", -1
+    name = text[text.find("(") + 1 : text.rfind(")")]
+    rest = text[text.rfind(")") + 2 :].split()
+    return name, int(rest[36]) if len(rest) > 36 else -1  # field 39: processor
+
+
+def _thread_state(pid: int, tid: int) -> str:
+    """A thread's state letter (``t``: stopped by its tracer); "" when gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[text.rfind(")") + 2 :][:1]
+
+
 def _caught_signals(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("SigCgt:"):
-                return int(line.split()[1], 16)
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
     return 0
 
 
@@ -221,11 +368,14 @@ def _load_bias(maps: list[Mapping], path: str, min_vaddr: int) -> int | None:
     return min(m.start for m in first) - (min_vaddr & ~(_PAGE - 1))
 
 
-def resolve_functions(pid: int, maps: list[Mapping], functions: Sequence[str]) -> list[TracedRange]:
+def resolve_functions(
+    pid: int, maps: list[Mapping], functions: Sequence[str], *, missing_ok: bool = False
+) -> list[TracedRange]:
     """Address ranges of functions named ``name`` or ``module!name`` (module:
     a mapped file's base name, e.g. ``libc.so.6``), from the ELF symbols of the
     files mapped executable in the process, relocated by their load bias.  A
     plain name is looked up in the main executable first, then in the others.
+    ``missing_ok``: leave out the names not found instead of raising.
     """
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
@@ -263,13 +413,12 @@ def resolve_functions(pid: int, maps: list[Mapping], functions: Sequence[str]) -
             if found:
                 break
         if found is None:
+            if missing_ok:
+                continue
             where = f"in {module}" if module else "in the mapped files"
             raise RecordError(f"function {name!r} not found {where} of process {pid}")
         out.append(found)
     return out
-
-
-# -- the tracee ----------------------------------------------------------------
 
 
 def _describe_status(status: int) -> str:
@@ -280,54 +429,36 @@ def _describe_status(status: int) -> str:
     return f"wait status {status:#x}"
 
 
-class _Tracee:
-    def __init__(self, pid: int, launched: bool) -> None:
-        self.pid = pid
-        self.launched = launched
-        self.status = np.zeros(2, np.int32)
-        self.regs = np.zeros(nat.N_REGS, np.uint64)
-        self.siginfo = np.zeros(16, np.uint64)
-        self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR)
-        self.alive = True
+def _wait(tid: int, status: np.ndarray) -> int:
+    """``wait4(tid, __WALL)``, again on EINTR: the status, or -1 when there is
+    nothing to wait for."""
+    while True:
+        r = nat.wait4(tid, status, nat.WALL)
+        if r != -errno.EINTR:
+            break
+    return int(status[0]) if r > 0 else -1
 
-    def close(self) -> None:
-        if self.mem >= 0:
-            os.close(self.mem)
-            self.mem = -1
 
-    def check(self, r: int, what: str) -> int:
-        if r < 0:
-            raise RecordError(f"process {self.pid}: {what} failed: {os.strerror(-r)}")
-        return r
+# -- address spaces, processes and threads ----------------------------------------
 
-    def wait(self) -> int:
-        while True:
-            r = nat.wait4(self.pid, self.status, nat.WALL)
-            if r != -errno.EINTR:
-                break
-        self.check(r, "waitpid")
-        s = int(self.status[0])
-        if os.WIFEXITED(s) or os.WIFSIGNALED(s):
-            self.alive = False
-        return s
 
-    def getregs(self) -> np.ndarray:
-        self.check(nat.ptrace(nat.PTRACE_GETREGS, self.pid, 0, self.regs.ctypes.data), "GETREGS")
-        return self.regs
+class _Space:
+    """One address space: a process image's memory (shared by a vfork child
+    until it execs) and the breakpoints in it.
 
-    def setregs(self) -> None:
-        self.check(nat.ptrace(nat.PTRACE_SETREGS, self.pid, 0, self.regs.ctypes.data), "SETREGS")
+    ``armed`` maps every address that should hold an ``int3`` to its original
+    byte; ``lifted`` counts the step-overs that have the original byte back
+    in for one instruction; ``gone`` remembers addresses whose breakpoint
+    was taken out (a thread may have hit it just before).
+    """
 
-    def cont(self, sig: int = 0) -> None:
-        self.check(nat.ptrace(nat.PTRACE_CONT, self.pid, 0, sig), "PTRACE_CONT")
-
-    def step(self, sig: int = 0) -> None:
-        self.check(nat.ptrace(nat.PTRACE_SINGLESTEP, self.pid, 0, sig), "PTRACE_SINGLESTEP")
-
-    def group_stop(self) -> bool:
-        """Whether the current stop is a group-stop (no signal to deliver)."""
-        r = nat.ptrace(nat.PTRACE_GETSIGINFO, self.pid, 0, self.siginfo.ctypes.data)
-        return r == -errno.EINVAL
+    def __init__(self, mem: int) -> None:
+        self.mem = mem
+        self.armed: dict[int, bytes] = {}
+        self.lifted: dict[int, int] = {}
+        self.gone: set[int] = set()
+        self.entries: set[int] = set()  # range starts and call entries
+        self.procs: list[_Proc] = []
 
     def read(self, address: int, size: int) -> bytes:
         try:
@@ -340,15 +471,1128 @@ class _Tracee:
             os.pwrite(self.mem, data, address)
         except OSError as exc:
             raise RecordError(
-                f"process {self.pid}: cannot write a breakpoint at {address:#x}: {exc.strerror}"
+                f"cannot write a breakpoint at {address:#x}: {exc.strerror}"
             ) from None
 
-    def read_u64(self, address: int) -> int | None:
-        data = self.read(address, 8)
-        return int.from_bytes(data, "little") if len(data) == 8 else None
+    def restore(self, address: int, data: bytes) -> None:
+        """Write ``data`` back; memory that is gone (the process exited or
+        exec'd) needs nothing."""
+        try:
+            os.pwrite(self.mem, data, address)
+        except OSError:
+            pass
+
+    def arm(self, address: int) -> None:
+        if address in self.armed:
+            return
+        orig = self.read(address, 1)
+        if len(orig) != 1:
+            raise RecordError(f"cannot read code at {address:#x}")
+        self.armed[address] = orig
+        self.gone.discard(address)
+        if address not in self.lifted:
+            self.write(address, b"\xcc")
+
+    def wanted(self, address: int) -> bool:
+        if address in self.entries:
+            return True
+        return any(address in t.pending for p in self.procs for t in p.threads)
+
+    def refresh(self, address: int) -> None:
+        """Take the breakpoint at ``address`` out if nothing wants it any more."""
+        if address in self.armed and not self.wanted(address):
+            orig = self.armed.pop(address)
+            self.gone.add(address)
+            if address not in self.lifted:
+                self.restore(address, orig)
+
+    def disarm_all(self) -> None:
+        for address, orig in self.armed.items():
+            self.gone.add(address)
+            if address not in self.lifted:
+                self.restore(address, orig)
+        self.armed.clear()
+        self.entries.clear()
+
+    def lift(self, address: int) -> None:
+        k = self.lifted.get(address, 0)
+        self.lifted[address] = k + 1
+        if k == 0 and address in self.armed:
+            self.restore(address, self.armed[address])
+
+    def drop(self, address: int) -> None:
+        k = self.lifted.pop(address) - 1
+        if k:
+            self.lifted[address] = k
+        elif address in self.armed:
+            self.restore(address, b"\xcc")
+
+    def original(self, address: int, data: bytes) -> bytes:
+        """``data`` read at ``address`` with the original bytes under the
+        breakpoints in it."""
+        hit = [a for a in self.armed if address <= a < address + len(data) and a not in self.lifted]
+        if not hit:
+            return data
+        buf = bytearray(data)
+        for a in hit:
+            buf[a - address] = self.armed[a][0]
+        return bytes(buf)
 
 
-def _launch(argv: Sequence[str]) -> _Tracee:
+class _Proc:
+    """A traced process image: a pid from its start (launch, attach, fork) or
+    exec on.  ``recorded`` False: its threads are never traced (a vfork child
+    not followed, watched until it execs)."""
+
+    def __init__(self, pid: int, index: int, space: _Space | None, recorded: bool) -> None:
+        self.pid = pid
+        self.index = index
+        self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        self.space = space if space is not None else _Space(self.mem)
+        self.space.procs.append(self)
+        self.recorded = recorded
+        self.threads: list[_Thread] = []
+        self.ranges: list[TracedRange] = []
+        self.calls: list[TracedRange] = []
+        self.image: ProcessImage | None = None
+        self.entry: tuple[int, bytes] | None = None  # running to the program's entry
+        self.alive = True
+
+    def in_ranges(self, ip: int) -> bool:
+        return any(r.start <= ip < r.end for r in self.ranges)
+
+    def close(self) -> None:
+        if self.mem >= 0:
+            if self.space.mem == self.mem:
+                others = [p for p in self.space.procs if p is not self and p.mem >= 0]
+                self.space.mem = others[0].mem if others else -1
+            os.close(self.mem)
+            self.mem = -1
+        if self in self.space.procs:
+            self.space.procs.remove(self)
+
+
+@dataclass
+class _Delivery:
+    """A signal being delivered to a stepped thread with single steps."""
+
+    row: int  # the thread's row whose instruction has not run (-1: none in this stretch)
+    ip: int  # the interrupted instruction
+    rsp: int
+    extent: int  # the thread's call extent then
+    caught: bool = False
+    last_signal: int = 0
+
+
+class _Thread:
+    """One thread in one process image (a slot of the step loop's arrays)."""
+
+    def __init__(self, tid: int, proc: _Proc, slot: int, comm: str) -> None:
+        self.tid = tid
+        self.proc = proc
+        self.slot = slot
+        self.comm = comm
+        self.new = True  # its first stop is still to come
+        self.stepping = False  # inside traced code: a stretch is open
+        self.running = False  # resumed with PTRACE_CONT, no report since
+        self.held: int | None = None  # free, kept stopped while the world is: its signal
+        self.sigstops = 0  # our SIGSTOPs not seen yet
+        self.stepover: int | None = None  # the breakpoint address it is being stepped over
+        self.delivery: _Delivery | None = None
+        self.in_vfork = False  # blocked in vfork until the child execs or exits
+        self.exiting = False
+        self.gone = False
+        self.detach_at_start = False
+        self.seg_start = 0
+        self.interrupts: list[tuple[int, int, int]] = []
+        self.segments: list[Segment] = []
+        self.signals: list[tuple[int, int, bool]] = []
+        self.pending: dict[int, list[tuple[int, int]]] = {}  # resume point -> (rsp, extent)
+        self.exit_status: int | None = None
+        self.exit_time: int | None = None
+        self.cpu = -1
+
+
+# -- the recorder -----------------------------------------------------------------
+
+
+class _Recorder:
+    """The event loop around :func:`hwtrace.record._native.step_threads`."""
+
+    def __init__(
+        self,
+        functions: Sequence[str],
+        calls: Sequence[str],
+        ranges: Sequence[tuple[int, int]],
+        clock: str,
+        register_names: tuple[str, ...],
+        max_instructions: int | None,
+        follow_fork: bool,
+    ) -> None:
+        self.functions = list(functions)
+        self.call_names = list(calls)
+        self.abs_ranges = [TracedRange(lo, hi) for lo, hi in ranges]
+        self.clock = nat.CLOCK_TSC if clock == "tsc" else nat.CLOCK_MONO
+        self.names = register_names
+        self.rsp_col = register_names.index("rsp")
+        self.cols = np.array([nat.REGISTER_NAMES.index(n) for n in register_names], np.int64)
+        self.limit = max_instructions if max_instructions is not None else (1 << 62)
+        self.follow_fork = follow_fork
+        cap = 1 << 14
+        self.ips = np.zeros(cap, np.uint64)
+        self.times = np.zeros(cap, np.uint64)
+        self.regs = np.zeros((cap, len(self.cols)), np.uint64)
+        self.rslot = np.full(cap, -1, np.int64)
+        self.n = 0
+        nslot = 8
+        self.tids = np.zeros(nslot, np.int64)
+        self.sproc = np.zeros(nslot, np.int64)
+        self.extent = np.zeros(nslot, np.uint64)
+        self.count = np.zeros(nslot, np.int64)
+        self.last = np.full(nslot, -1, np.int64)
+        self.mode = np.zeros(nslot, np.int64)
+        self.kick = np.zeros(nslot, np.int64)
+        self.slots: list[_Thread] = []
+        self.procs: list[_Proc] = []
+        self.images: list[ProcessImage] = []
+        self.events: list[TaskEvent] = []
+        self.by_tid: dict[int, _Thread] = {}
+        self.early: dict[int, int] = {}  # reports of tasks not announced yet
+        self.deferred: list[tuple[_Thread, int]] = []
+        self.stepovers: set[_Thread] = set()
+        self.world_stopped = False
+        self.recording = True
+        self.stopped_because = ""
+        self.notes: list[str] = []
+        self.exit_statuses: dict[int, int] = {}
+        self.launched = True
+        self.scratch = np.zeros(nat.N_REGS, np.uint64)
+        self.regbuf = np.zeros(nat.N_REGS, np.uint64)
+        self.out = np.zeros(8, np.int64)
+        self.status = np.zeros(2, np.int32)
+        self.siginfo = np.zeros(16, np.uint64)
+        self.msg = np.zeros(1, np.uint64)
+        self.ts = np.zeros(2, np.int64)
+        self.pages = np.zeros(0, np.uint64)
+        self._points()
+        self._ranges()
+
+    # -- clock and ptrace ------------------------------------------------------
+
+    def now(self) -> int:
+        return int(nat.rdtsc()) if self.clock == nat.CLOCK_TSC else int(nat.monotonic_ns(self.ts))
+
+    def ptrace(self, request: int, t: _Thread, data: int = 0, what: str = "ptrace") -> int:
+        """A ptrace request on ``t``; ESRCH (the thread is dying; its report
+        will come) is returned, other failures raise."""
+        r = int(nat.ptrace(request, t.tid, 0, data))
+        if r < 0 and r != -errno.ESRCH:
+            raise RecordError(f"thread {t.tid}: {what} failed: {os.strerror(-r)}")
+        return r
+
+    def getregs(self, t: _Thread) -> np.ndarray | None:
+        r = self.ptrace(nat.PTRACE_GETREGS, t, self.regbuf.ctypes.data, "PTRACE_GETREGS")
+        return None if r < 0 else self.regbuf
+
+    def setregs(self, t: _Thread) -> None:
+        self.ptrace(nat.PTRACE_SETREGS, t, self.regbuf.ctypes.data, "PTRACE_SETREGS")
+
+    def event_msg(self, t: _Thread) -> int:
+        self.ptrace(nat.PTRACE_GETEVENTMSG, t, self.msg.ctypes.data, "PTRACE_GETEVENTMSG")
+        return int(self.msg[0])
+
+    def group_stop(self, t: _Thread) -> bool:
+        """Whether the current stop is a group-stop (no signal to deliver)."""
+        r = nat.ptrace(nat.PTRACE_GETSIGINFO, t.tid, 0, self.siginfo.ctypes.data)
+        return r == -errno.EINVAL
+
+    # -- bookkeeping -------------------------------------------------------------
+
+    def add_proc(self, pid: int, space: _Space | None, recorded: bool) -> _Proc:
+        proc = _Proc(pid, len(self.procs), space, recorded)
+        self.procs.append(proc)
+        return proc
+
+    def add_thread(self, tid: int, proc: _Proc, comm: str) -> _Thread:
+        slot = len(self.slots)
+        if slot >= self.tids.shape[0]:
+            size = 2 * self.tids.shape[0]
+            for name in ("tids", "sproc", "extent", "count", "mode", "kick"):
+                setattr(self, name, np.resize(getattr(self, name), size))
+                getattr(self, name)[slot:] = 0
+            self.last = np.resize(self.last, size)
+            self.last[slot:] = -1
+        t = _Thread(tid, proc, slot, comm)
+        self.slots.append(t)
+        self.tids[slot] = tid
+        self.sproc[slot] = proc.index
+        self.extent[slot] = 0
+        self.count[slot] = 0
+        self.last[slot] = -1
+        self.mode[slot] = 0
+        self.kick[slot] = 0
+        proc.threads.append(t)
+        self.by_tid[tid] = t
+        return t
+
+    def retire(self, t: _Thread) -> None:
+        """The thread (in this process image) is done: its slot takes no reports."""
+        t.gone = True
+        self.tids[t.slot] = 0
+        self.mode[t.slot] = 0
+        self.kick[t.slot] = 0
+        self.stepovers.discard(t)
+        if self.by_tid.get(t.tid) is t:
+            del self.by_tid[t.tid]
+        proc = t.proc
+        if t in proc.threads:
+            proc.threads.remove(t)
+        for a in list(t.pending):
+            del t.pending[a]
+            if proc.space.mem >= 0:
+                proc.space.refresh(a)
+        if not proc.threads and proc.alive:
+            proc.alive = False
+            proc.close()
+        self._points()
+
+    def _points(self) -> None:
+        """The breakpoints actually in memory, for the loop."""
+        addrs, owner = [], []
+        for p in self.procs:
+            if not p.alive:
+                continue
+            for a in p.space.armed:
+                if a not in p.space.lifted:
+                    addrs.append(a)
+                    owner.append(p.index)
+        self.bpt = np.array(addrs, np.uint64)
+        self.bown = np.array(owner, np.int64)
+
+    def _ranges(self) -> None:
+        lo, hi, owner = [], [], []
+        for p in self.procs:
+            if p.alive and p.recorded and self.recording:
+                for r in p.ranges:
+                    lo.append(r.start)
+                    hi.append(r.end)
+                    owner.append(p.index)
+        self.rlo = np.array(lo, np.uint64)
+        self.rhi = np.array(hi, np.uint64)
+        self.rown = np.array(owner, np.int64)
+
+    def capture(self, key: int) -> None:
+        """Copy a code page from the process's memory (breakpoints taken out)."""
+        proc = self.procs[key >> nat.PAGE_KEY_SHIFT]
+        address = (key & ((1 << nat.PAGE_KEY_SHIFT) - 1)) << 12
+        try:
+            data = os.pread(proc.mem, _PAGE, address)
+        except OSError:
+            data = b""
+        if proc.image is not None and data:
+            proc.image.code[address] = proc.space.original(address, data)
+        i = int(np.searchsorted(self.pages, np.uint64(key)))
+        self.pages = np.insert(self.pages, i, np.uint64(key))
+
+    def grow(self) -> None:
+        cap = self.ips.shape[0] * 2
+        self.ips = np.resize(self.ips, cap)
+        self.times = np.resize(self.times, cap)
+        self.rslot = np.resize(self.rslot, cap)
+        self.rslot[self.n :] = -1
+        regs = np.zeros((cap, self.regs.shape[1]), np.uint64)
+        regs[: self.n] = self.regs[: self.n]
+        self.regs = regs
+
+    def drop_last(self, t: _Thread) -> None:
+        """The thread's last logged instruction did not run: forget it."""
+        s = t.slot
+        g = int(self.last[s])
+        if g < 0:
+            return
+        self.rslot[g] = -1
+        self.count[s] -= 1
+        self.last[s] = nat.previous_row(self.rslot, g, s)
+
+    # -- stretches -----------------------------------------------------------------
+
+    def inside(self, t: _Thread, ip: int, rsp: int) -> bool:
+        e = int(self.extent[t.slot])
+        return bool(e and rsp <= e) or t.proc.in_ranges(ip)
+
+    def begin_stretch(self, t: _Thread) -> None:
+        t.stepping = True
+        t.seg_start = int(self.count[t.slot])
+        t.interrupts = []
+        comm, cpu = _thread_stat(t.proc.pid, t.tid)
+        if t.cpu < 0:
+            t.cpu = cpu
+        if comm and comm != t.comm:
+            t.comm = comm
+            self.events.append(TaskEvent(self.now(), "comm", t.proc.pid, t.tid, comm=comm))
+
+    def close_segment(self, t: _Thread, end_ip: int, end_time: int, reason: str) -> None:
+        c = int(self.count[t.slot])
+        if c > t.seg_start:
+            t.segments.append(
+                Segment(t.seg_start, c, end_ip, end_time, reason, tuple(t.interrupts))
+            )
+        t.seg_start = c
+        t.interrupts = []
+        t.stepping = False
+        self.mode[t.slot] = 0
+
+    def consume(self, t: _Thread, at: int, rsp: int) -> int:
+        """Forget ``t``'s resume points of frames at or below the current one;
+        the call extent saved with the one at ``at`` (0: none)."""
+        found = 0
+        space = t.proc.space
+        for a in list(t.pending):
+            keep = []
+            for e_rsp, ext in t.pending[a]:
+                if e_rsp > rsp or (e_rsp == rsp and a != at):
+                    keep.append((e_rsp, ext))
+                elif a == at and e_rsp == rsp:
+                    found = found or ext
+            if keep:
+                t.pending[a] = keep
+            else:
+                del t.pending[a]
+                space.refresh(a)
+        return found
+
+    def add_resume_point(self, t: _Thread, at: int, rsp: int, extent: int) -> None:
+        t.pending.setdefault(at, []).append((rsp, extent))
+        t.proc.space.arm(at)
+
+    def note_call(self, t: _Thread, rsp: int) -> None:
+        """If the last stepped instruction was a call leaving the ranges, the
+        frame resumes at its return address: a resume point."""
+        s = t.slot
+        if self.count[s] <= t.seg_start:
+            return
+        last = int(self.last[s])
+        prev_ip = int(self.ips[last])
+        prev_rsp = int(self.regs[last, self.rsp_col])
+        if rsp != prev_rsp - 8:
+            return
+        data = t.proc.space.read(rsp, 8)
+        if len(data) != 8:
+            return
+        ret = int.from_bytes(data, "little")
+        if not (prev_ip < ret <= prev_ip + 15) or not t.proc.in_ranges(ret):
+            return
+        self.add_resume_point(t, ret, prev_rsp, 0)
+
+    # -- resuming ------------------------------------------------------------------
+
+    def resume_free(self, t: _Thread, sig: int) -> None:
+        self.mode[t.slot] = 0
+        if self.world_stopped and not t.exiting:
+            t.held = sig
+            return
+        if self.ptrace(nat.PTRACE_CONT, t, sig, "PTRACE_CONT") == 0:
+            t.running = True
+
+    def step(self, t: _Thread, sig: int = 0) -> None:
+        """One single step issued from here (its report comes back to the loop)."""
+        self.ptrace(nat.PTRACE_SINGLESTEP, t, sig, "PTRACE_SINGLESTEP")
+
+    def resume_as_before(self, t: _Thread) -> None:
+        """Go on after a stop that interrupted what the thread was doing."""
+        if t.stepping or t.stepover is not None or t.delivery is not None:
+            self.step(t)
+        else:
+            self.resume_free(t, 0)
+
+    def stop_world(self) -> None:
+        """Stop every free-running thread (for a breakpoint's step-over)."""
+        if self.world_stopped:
+            return
+        self.world_stopped = True
+        targets = [
+            t for t in self.slots if t.running and not t.gone and not t.in_vfork and not t.exiting
+        ]
+        for t in targets:
+            if nat.tgkill(t.proc.pid, t.tid, signal.SIGSTOP) == 0:
+                t.sigstops += 1
+        for t in targets:
+            st = _wait(t.tid, self.status)
+            t.running = False
+            if st < 0:
+                continue
+            if os.WIFSTOPPED(st) and os.WSTOPSIG(st) == signal.SIGSTOP and not st >> 16:
+                if t.sigstops:
+                    t.sigstops -= 1
+                    t.held = 0
+                    continue
+            self.deferred.append((t, st))
+
+    def resume_world(self) -> None:
+        self.world_stopped = False
+        for t in self.slots:
+            if t.held is not None and not t.gone:
+                sig, t.held = t.held, None
+                self.resume_free(t, sig)
+
+    def lift(self, t: _Thread, at: int) -> None:
+        """Put the original byte back under the breakpoint at ``at`` for
+        ``t``'s next step, with the other free threads stopped; its next
+        report ends that (:meth:`end_stepover`)."""
+        self.stop_world()
+        t.proc.space.lift(at)
+        t.stepover = at
+        self.stepovers.add(t)
+        self._points()
+        self.mode[t.slot] = 0
+
+    def step_over(self, t: _Thread, at: int, log: bool) -> None:
+        """Run the instruction under the breakpoint at ``at``; logged (and
+        stepping on) when ``log``."""
+        self.lift(t, at)
+        if log:
+            self.kick[t.slot] = 1
+        else:
+            self.step(t)
+
+    def end_stepover(self, t: _Thread) -> None:
+        at, t.stepover = t.stepover, None
+        self.stepovers.discard(t)
+        if at is not None and t.proc.mem >= 0:
+            t.proc.space.drop(at)
+        self._points()
+        if t.stepping:
+            self.mode[t.slot] = 1
+        if not self.stepovers and self.world_stopped:
+            self.resume_world()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return any(not t.gone for t in self.slots)
+
+    def busy(self) -> bool:
+        """Whether a thread is being stepped (a report of it is still to come)."""
+        return any(
+            not t.gone and (t.stepping or t.stepover is not None or t.delivery is not None)
+            for t in self.slots
+        )
+
+    def run(self) -> None:
+        while True:
+            while self.deferred:
+                t, st = self.deferred.pop(0)
+                self.report(t.tid, t, st)
+            if not self.live():
+                return
+            if not self.recording and not self.launched and not self.busy():
+                return  # attached: let it go (detach_all)
+            limit = min(self.limit, self.ips.shape[0])
+            n, why = nat.step_threads(
+                (self.tids, self.sproc, self.extent, self.count, self.last),
+                self.mode, self.kick,
+                (self.ips, self.times, self.regs, self.rslot), self.cols, self.n, limit,
+                (self.rlo, self.rhi, self.rown), (self.bpt, self.bown), self.pages,
+                self.clock, self.scratch, self.out,
+            )  # fmt: skip
+            self.n = int(n)
+            out = self.out
+            s = int(out[0])
+            t = self.slots[s] if 0 <= s < len(self.slots) else None
+            if why == nat.STOP_EVENT:
+                pid = int(out[3])
+                self.report(pid, t if t is not None else self.by_tid.get(pid), int(out[1]))
+            elif why == nat.STOP_LEFT:
+                self.left(t, int(out[2]))
+            elif why == nat.STOP_BREAKPOINT:
+                self.at_point(t, int(out[2]))
+            elif why == nat.STOP_NEWPAGE:
+                self.capture(int(out[5]))
+                self.kick[s] = 1
+            elif why == nat.STOP_FULL:
+                if self.n >= self.limit:
+                    ip = int(self.scratch[nat.R_RIP])
+                    if t.stepover is not None:
+                        self.end_stepover(t)
+                    self.close_segment(t, ip, int(out[2]), END_LIMIT)
+                    self.resume_free(t, 0)
+                    self.stop_recording(f"the instruction limit ({self.limit}) was reached")
+                else:
+                    self.grow()
+                    self.kick[s] = 1
+            elif why == nat.STOP_ERROR:
+                r = int(out[1])
+                if r != -errno.ESRCH or t is None:
+                    raise RecordError(f"ptrace failed: {os.strerror(-r)}")
+                # The thread is being killed; its exit report will come.
+                if out[4]:
+                    self.drop_last(t)
+            elif why == nat.STOP_NOCHILD:
+                for t in self.slots:
+                    if not t.gone:
+                        self.retire(t)
+                return
+            # STOP_INTR: back to the interpreter, which raises for ^C.
+
+    # -- what the loop hands back ----------------------------------------------------------
+
+    def left(self, t: _Thread, when: int) -> None:
+        """``t`` is about to run an instruction it does not trace."""
+        self.note_call(t, int(self.scratch[nat.R_RSP]))
+        self.close_segment(t, int(self.scratch[nat.R_RIP]), when, END_LEFT)
+        self.resume_free(t, 0)
+
+    def at_point(self, t: _Thread, when: int) -> None:
+        """``t``, being stepped, is about to run a breakpoint's instruction."""
+        ip = int(self.scratch[nat.R_RIP])
+        rsp = int(self.scratch[nat.R_RSP])
+        self.enter(t, ip, rsp)
+        if self.inside(t, ip, rsp):
+            self.step_over(t, ip, log=True)
+        else:
+            self.left(t, when)  # it runs into the breakpoint again, free
+
+    def enter(self, t: _Thread, ip: int, rsp: int) -> None:
+        """A thread at a breakpoint: its resume point is used up; a traced
+        call's entry opens the call's extent."""
+        ext = self.consume(t, ip, rsp)
+        if not (self.recording and t.proc.recorded):
+            return
+        s = t.slot
+        if ext and not self.extent[s]:
+            self.extent[s] = ext
+        if not self.extent[s] and any(c.start == ip for c in t.proc.calls):
+            self.extent[s] = rsp
+
+    def hit(self, t: _Thread, at: int, regs: np.ndarray) -> None:
+        """A free thread hit the breakpoint at ``at``."""
+        regs[nat.R_RIP] = at
+        self.setregs(t)
+        rsp = int(regs[nat.R_RSP])
+        self.enter(t, at, rsp)
+        inside = self.recording and t.proc.recorded and self.inside(t, at, rsp)
+        if inside:
+            self.begin_stretch(t)
+        if at in t.proc.space.armed:
+            self.step_over(t, at, log=inside)
+        elif inside:  # taken out meanwhile: nothing to step over
+            self.mode[t.slot] = 1
+            self.kick[t.slot] = 1
+        else:
+            self.resume_free(t, 0)
+
+    def report(self, pid: int, t: _Thread | None, st: int) -> None:
+        """A wait status the loop does not handle itself."""
+        if t is None or t.gone:
+            if t is None and os.WIFSTOPPED(st):
+                self.early[pid] = st  # a new task; its creator's event comes later
+            return
+        t.running = False
+        if os.WIFEXITED(st) or os.WIFSIGNALED(st):
+            self.exited(t, st)
+            return
+        if t.new:
+            self.started(t, st)
+            return
+        event = st >> 16
+        sig = os.WSTOPSIG(st)
+        if not event and sig == signal.SIGSTOP and t.sigstops:
+            # Ours, from stopping the world: whatever was under way goes on
+            # (a step-over's instruction has not run yet).
+            t.sigstops -= 1
+            self.resume_as_before(t)
+            return
+        stepped_over = t.stepover is not None
+        if stepped_over:
+            self.end_stepover(t)
+        if event:
+            self.event(t, event)
+            return
+        if proc_entry := t.proc.entry:
+            if st == _PLAIN_TRAP:
+                regs = self.getregs(t)
+                if regs is not None and int(regs[nat.R_RIP]) - 1 == proc_entry[0]:
+                    self.reached_entry(t, regs)
+                    return
+        if t.stepping and not self.recording:
+            self.end_stretch(t, st)
+            return
+        if t.delivery is not None:
+            self.deliver_next(t, st)
+            return
+        if t.stepping:
+            if st == _PLAIN_TRAP:
+                self.mode[t.slot] = 1
+                self.kick[t.slot] = 1
+            else:
+                self.deliver_begin(t, st)
+            return
+        if st == _PLAIN_TRAP:
+            if stepped_over:
+                self.resume_free(t, 0)
+                return
+            regs = self.getregs(t)
+            if regs is None:
+                return
+            at = int(regs[nat.R_RIP]) - 1
+            space = t.proc.space
+            if at in space.armed:
+                self.hit(t, at, regs)
+                return
+            if at in space.gone:  # hit just before it was taken out
+                regs[nat.R_RIP] = at
+                self.setregs(t)
+                self.resume_free(t, 0)
+                return
+        if self.group_stop(t):
+            self.resume_free(t, 0)
+        else:
+            self.resume_free(t, sig)
+
+    def started(self, t: _Thread, st: int) -> None:
+        """The first stop of a new thread or process."""
+        t.new = False
+        if not os.WIFSTOPPED(st) or os.WSTOPSIG(st) != signal.SIGSTOP or st >> 16:
+            self.report(t.tid, t, st)  # not the usual SIGSTOP: take it as it comes
+            return
+        if t.detach_at_start:
+            nat.ptrace(nat.PTRACE_DETACH, t.tid, 0, 0)
+            self.retire(t)
+            return
+        regs = self.getregs(t)
+        if regs is None:
+            return
+        ip = int(regs[nat.R_RIP])
+        rsp = int(regs[nat.R_RSP])
+        if ip in t.proc.space.armed:
+            regs[nat.R_RIP] = ip  # at a breakpoint that has not run: as if hit
+            self.hit(t, ip, regs)
+        elif self.recording and t.proc.recorded and self.inside(t, ip, rsp):
+            self.begin_stretch(t)
+            self.mode[t.slot] = 1
+            self.kick[t.slot] = 1
+        else:
+            self.resume_free(t, 0)
+
+    def event(self, t: _Thread, event: int) -> None:
+        if event == nat.PTRACE_EVENT_EXIT:
+            self.exiting(t)
+        elif event in (nat.PTRACE_EVENT_CLONE, nat.PTRACE_EVENT_FORK, nat.PTRACE_EVENT_VFORK):
+            child = self.event_msg(t)
+            self.spawned(t, event, child)
+            if event == nat.PTRACE_EVENT_VFORK:
+                t.in_vfork = True
+            self.resume_as_before(t)
+        elif event == nat.PTRACE_EVENT_VFORK_DONE:
+            t.in_vfork = False
+            self.resume_as_before(t)
+        elif event == nat.PTRACE_EVENT_EXEC:
+            self.execed(t)
+        else:
+            self.resume_as_before(t)
+
+    def exiting(self, t: _Thread) -> None:
+        """PTRACE_EVENT_EXIT: the thread is on its way out; its registers say
+        whether its last stepped instruction ran (the exit system call did,
+        an instruction a fatal signal or another thread's exit_group
+        interrupted did not)."""
+        t.exiting = True
+        t.exit_time = self.now()
+        t.delivery = None
+        if t.stepping:
+            regs = self.getregs(t)
+            end_ip = 0
+            if regs is not None:
+                end_ip = int(regs[nat.R_RIP])
+                s = t.slot
+                if self.count[s] > t.seg_start and int(self.ips[int(self.last[s])]) == end_ip:
+                    self.drop_last(t)
+            self.close_segment(t, end_ip, self.now(), END_EXIT)
+        self.mode[t.slot] = 0
+        self.ptrace(nat.PTRACE_CONT, t, 0, "PTRACE_CONT")
+
+    def exited(self, t: _Thread, st: int) -> None:
+        if t.stepping:  # no PTRACE_EVENT_EXIT stop was seen
+            end_ip = 0
+            if os.WIFSIGNALED(st) and self.count[t.slot] > t.seg_start:
+                end_ip = int(self.ips[int(self.last[t.slot])])
+                self.drop_last(t)
+            self.close_segment(t, end_ip, self.now(), END_EXIT)
+        t.exit_status = st
+        proc = t.proc
+        if t.tid == proc.pid:
+            self.exit_statuses[proc.pid] = st
+            if proc.image is not None:
+                proc.image.exit_status = st
+        when = t.exit_time if t.exit_time is not None else self.now()
+        self.events.append(TaskEvent(when, "exit", proc.pid, t.tid))
+        self.retire(t)
+
+    def spawned(self, t: _Thread, event: int, child: int) -> None:
+        now = self.now()
+        proc = t.proc
+        if event == nat.PTRACE_EVENT_CLONE:
+            nt = self.add_thread(child, proc, t.comm)
+            self.events.append(TaskEvent(now, "fork", proc.pid, child, proc.pid, t.tid))
+        else:
+            follow = self.follow_fork and proc.recorded and self.recording
+            if event == nat.PTRACE_EVENT_VFORK or follow:
+                shared = proc.space if event == nat.PTRACE_EVENT_VFORK else None
+                cp = self.add_proc(child, shared, follow)
+                if shared is None:  # a copy of the parent's memory, breakpoints and all
+                    space = cp.space
+                    space.armed = dict(proc.space.armed)
+                    space.entries = set(proc.space.entries)
+                    for a in proc.space.lifted:
+                        if a in space.armed:
+                            space.write(a, b"\xcc")
+                cp.ranges, cp.calls = list(proc.ranges), list(proc.calls)
+                if proc.image is not None:
+                    img = proc.image
+                    cp.image = ProcessImage(
+                        child, img.comm, img.argv, img.maps, cp.ranges, cp.calls, {}, now
+                    )
+                    if follow:
+                        self.images.append(cp.image)
+                nt = self.add_thread(child, cp, t.comm)
+                if follow:  # it goes on in the same calls, on its copy of the stack
+                    self.extent[nt.slot] = self.extent[t.slot]
+                    self.events.append(TaskEvent(now, "fork", child, child, proc.pid, t.tid))
+                self._ranges()
+                self._points()
+            else:
+                # Not followed: its copy of memory gets the original bytes back.
+                mem = os.open(f"/proc/{child}/mem", os.O_RDWR)
+                try:
+                    for a, orig in proc.space.armed.items():
+                        if a not in proc.space.lifted:
+                            os.pwrite(mem, orig, a)
+                finally:
+                    os.close(mem)
+                ghost = self.add_proc(child, None, False)
+                nt = self.add_thread(child, ghost, t.comm)
+                nt.detach_at_start = True
+        if child in self.early:
+            self.report(child, nt, self.early.pop(child))
+
+    def execed(self, t: _Thread) -> None:
+        former = self.event_msg(t)
+        proc = t.proc
+        pid = proc.pid
+        if former != t.tid and former in self.by_tid:
+            # A thread other than the leader exec'd: it is the leader now.
+            leader, t = t, self.by_tid[former]
+            self.retire(leader)
+            del self.by_tid[former]
+            t.tid = pid
+            self.by_tid[pid] = t
+        for other in list(proc.threads):
+            if other is not t:
+                self.retire(other)
+        if t.stepping:
+            self.close_segment(t, 0, self.now(), END_EXIT)  # the old image ran its last
+        if not proc.recorded:  # an unfollowed vfork child: its own memory now
+            nat.ptrace(nat.PTRACE_DETACH, pid, 0, 0)
+            self.retire(t)
+            return
+        follow = self.follow_fork and self.recording
+        self.retire(t)
+        np_ = self.add_proc(pid, None, follow)
+        nt = self.add_thread(pid, np_, _comm(pid))
+        nt.new = False
+        if not follow:  # watched on, untraced
+            if self.recording:
+                self.stop_recording("the process called exec")
+            self.resume_free(nt, 0)
+            return
+        # Followed: a new image; run it to its program's entry to read it.
+        entry = _auxv_entry(pid)
+        orig = np_.space.read(entry, 1)
+        np_.entry = (entry, orig)
+        np_.space.write(entry, b"\xcc")
+        self.resume_free(nt, 0)
+
+    def reached_entry(self, t: _Thread, regs: np.ndarray) -> None:
+        """A process that exec'd (followed) reached its program's entry."""
+        proc = t.proc
+        entry, orig = proc.entry
+        proc.entry = None
+        proc.space.write(entry, orig)
+        regs[nat.R_RIP] = entry
+        self.setregs(t)
+        self.setup_image(proc, argv=None, kind="exec", missing_ok=True)
+        t.comm = proc.image.comm
+        self.started_free(t)
+
+    def started_free(self, t: _Thread) -> None:
+        regs = self.getregs(t)
+        if regs is None:
+            return
+        ip, rsp = int(regs[nat.R_RIP]), int(regs[nat.R_RSP])
+        if ip in t.proc.space.armed:
+            self.hit(t, ip, regs)
+        elif self.recording and t.proc.recorded and self.inside(t, ip, rsp):
+            self.begin_stretch(t)
+            self.mode[t.slot] = 1
+            self.kick[t.slot] = 1
+        else:
+            self.resume_free(t, 0)
+
+    # -- signals while stepping ------------------------------------------------------
+
+    def deliver_begin(self, t: _Thread, st: int) -> None:
+        """A signal stop while stepping: the last logged instruction has not
+        run.  Deliver the signal(s) with single steps and see where the
+        thread went."""
+        s = t.slot
+        regs = self.getregs(t)
+        if regs is None:
+            return
+        in_stretch = self.count[s] > t.seg_start
+        row = int(self.count[s]) - 1
+        x = int(self.ips[int(self.last[s])]) if in_stretch else int(regs[nat.R_RIP])
+        t.delivery = _Delivery(row, x, int(regs[nat.R_RSP]), int(self.extent[s]))
+        self.mode[s] = 0
+        self.deliver_next(t, st)
+
+    def deliver_next(self, t: _Thread, st: int) -> None:
+        d = t.delivery
+        if st == _PLAIN_TRAP:
+            self.deliver_end(t)
+            return
+        sig = os.WSTOPSIG(st)
+        if self.group_stop(t):
+            sig = 0
+        else:
+            caught = bool(_caught_signals(t.proc.pid) >> (sig - 1) & 1)
+            d.caught = d.caught or caught
+            d.last_signal = sig
+            t.signals.append((d.row, sig, caught))
+        regs = self.getregs(t)
+        if regs is None:
+            return
+        rip = int(regs[nat.R_RIP])
+        if rip in t.proc.space.armed:  # the step may run the instruction
+            self.lift(t, rip)
+        self.step(t, sig)
+
+    def deliver_end(self, t: _Thread) -> None:
+        d, t.delivery = t.delivery, None
+        s = t.slot
+        if not d.caught:  # the instruction ran; go on from where it went
+            self.mode[s] = 1
+            self.kick[s] = 1
+            return
+        if self.count[s] > t.seg_start:
+            self.drop_last(t)  # it did not run: the handler came first
+        regs = self.getregs(t)
+        if regs is None:
+            return
+        handler, rsp = int(regs[nat.R_RIP]), int(regs[nat.R_RSP])
+        # The handler's sigreturn resumes the interrupted instruction.
+        self.add_resume_point(t, d.ip, d.rsp, d.extent)
+        self._points()
+        if self.inside(t, handler, rsp):
+            if self.count[s] > t.seg_start:
+                t.interrupts.append((int(self.count[s]), d.ip, d.last_signal))
+            self.mode[s] = 1
+            self.kick[s] = 1
+            return
+        # As an asynchronous disable: FUP(interrupted IP) + TIP.PGD.
+        self.close_segment(t, d.ip, self.now(), END_SIGNAL)
+        self.resume_free(t, 0)
+
+    # -- the end ------------------------------------------------------------------------
+
+    def end_stretch(self, t: _Thread, st: int) -> None:
+        """Recording stopped while ``t`` was stepped: close its stretch where
+        it is."""
+        d, t.delivery = t.delivery, None
+        sig = 0
+        if st == _PLAIN_TRAP:
+            if d is not None and d.caught and self.count[t.slot] > t.seg_start:
+                self.drop_last(t)
+                end_ip = d.ip
+            else:
+                regs = self.getregs(t)
+                end_ip = int(regs[nat.R_RIP]) if regs is not None else 0
+        else:  # a signal: the last instruction has not run
+            sig = 0 if self.group_stop(t) else os.WSTOPSIG(st)
+            end_ip = int(self.ips[int(self.last[t.slot])])
+            if self.count[t.slot] > t.seg_start:
+                self.drop_last(t)
+        self.close_segment(t, end_ip, self.now(), END_LIMIT)
+        self.resume_free(t, sig)
+
+    def stop_recording(self, reason: str) -> None:
+        """No more tracing: stepped threads close their stretches at their
+        next stop; the breakpoints come out."""
+        self.recording = False
+        self.stopped_because = reason
+        self.extent[:] = 0
+        for t in self.slots:
+            if t.stepping and not t.gone:
+                self.mode[t.slot] = 0
+                if self.kick[t.slot]:  # stopped, not looked at yet: it ends here
+                    self.kick[t.slot] = 0
+                    regs = self.getregs(t)
+                    end_ip = int(regs[nat.R_RIP]) if regs is not None else 0
+                    self.close_segment(t, end_ip, self.now(), END_LIMIT)
+                    if t.stepover is None:
+                        self.resume_free(t, 0)
+        for p in self.procs:
+            if p.alive and p.mem >= 0 and p.space.mem >= 0:
+                p.space.disarm_all()
+        for t in self.slots:
+            t.pending.clear()
+        self._points()
+        self._ranges()
+
+    def setup_image(
+        self, proc: _Proc, argv: tuple[str, ...] | None, kind: str, missing_ok: bool
+    ) -> None:
+        """Read a process image's mappings, find its traced functions and
+        calls, arm their breakpoints."""
+        pid = proc.pid
+        maps = read_maps(pid)
+        comm = _comm(pid)
+        proc.ranges = resolve_functions(pid, maps, self.functions, missing_ok=missing_ok)
+        proc.ranges += [r for r in self.abs_ranges if not missing_ok or proc.space.read(r.start, 1)]
+        proc.calls = resolve_functions(pid, maps, self.call_names, missing_ok=missing_ok)
+        now = self.now()
+        proc.image = ProcessImage(pid, comm, argv, maps, proc.ranges, proc.calls, {}, now)
+        self.images.append(proc.image)
+        self.events.append(TaskEvent(now, kind, pid, pid, comm=comm, image=len(self.images) - 1))
+        if missing_ok:
+            found = {r.name for r in proc.ranges + proc.calls}
+            lost = [f for f in self.functions + self.call_names if f not in found]
+            if lost:
+                self.notes.append(f"process {pid} ({comm}): not found: {', '.join(lost)}")
+        for r in proc.ranges:
+            if not missing_ok and not proc.space.read(r.start, 1):
+                raise RecordError(f"range {r.start:#x}-{r.end:#x} is not mapped in process {pid}")
+        if self.recording:
+            proc.space.entries |= {r.start for r in proc.ranges} | {c.start for c in proc.calls}
+            for a in sorted(proc.space.entries):
+                proc.space.arm(a)
+        self._ranges()
+        self._points()
+
+    def detach_all(self) -> None:
+        """Let attached processes go: breakpoints out, every thread stopped in
+        a ptrace-stop with none of our SIGSTOPs pending, detached with the
+        signal it was to get (at a breakpoint it hit, its IP moved back)."""
+        for p in self.procs:
+            if p.alive and p.mem >= 0 and p.space.mem >= 0:
+                p.space.disarm_all()
+        for t in self.slots:
+            if t.gone:
+                continue
+            sig = t.held or 0
+            t.held = None
+            # A free thread's trap is a breakpoint; a stepped one's, a step.
+            free = not (t.stepping or t.stepover is not None or t.delivery is not None)
+            stopped = _thread_state(t.proc.pid, t.tid) == "t"
+            if stopped and not t.sigstops and not t.new:
+                r = nat.wait4(t.tid, self.status, nat.WALL | 1)  # WNOHANG: a report?
+                statuses = [int(self.status[0])] if r > 0 else []
+                more = False
+            else:
+                if not stopped and not t.sigstops and not t.new:
+                    if nat.tgkill(t.proc.pid, t.tid, signal.SIGSTOP) == 0:
+                        t.sigstops += 1
+                elif stopped:
+                    nat.ptrace(nat.PTRACE_CONT, t.tid, 0, 0)
+                statuses, more = [], True
+            while statuses or more:
+                st = statuses.pop() if statuses else _wait(t.tid, self.status)
+                if st < 0 or os.WIFEXITED(st) or os.WIFSIGNALED(st):
+                    t.gone = True
+                    break
+                ssig = 0 if st >> 16 else os.WSTOPSIG(st)
+                if ssig == signal.SIGSTOP and (t.sigstops or t.new):
+                    if t.new:
+                        t.new = False
+                    else:
+                        t.sigstops -= 1
+                    if not t.sigstops:
+                        break
+                    ssig = 0
+                elif st == _PLAIN_TRAP:
+                    regs = self.getregs(t)
+                    if free and regs is not None and int(regs[nat.R_RIP]) - 1 in t.proc.space.gone:
+                        regs[nat.R_RIP] -= 1
+                        self.setregs(t)
+                    ssig = 0
+                free = True  # it has run free since
+                sig = sig or ssig
+                if not more:
+                    break
+                nat.ptrace(nat.PTRACE_CONT, t.tid, 0, 0)
+            if not t.gone:
+                nat.ptrace(nat.PTRACE_DETACH, t.tid, 0, sig)
+            t.gone = True
+
+    def kill_all(self) -> None:
+        """Launched processes go when recording fails or is interrupted."""
+        for p in self.procs:
+            if p.alive:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for t in reversed(self.slots):  # a leader reports its end after its threads
+            while not t.gone:
+                st = _wait(t.tid, self.status)
+                if st < 0 or os.WIFEXITED(st) or os.WIFSIGNALED(st):
+                    t.gone = True
+                else:
+                    nat.ptrace(nat.PTRACE_CONT, t.tid, 0, 0)
+
+    def logs(self, clock: str, pairs: list[tuple[int, int]]) -> list[StepLog]:
+        """One :class:`StepLog` per thread slot that logged something (the
+        first slot always)."""
+        n = self.n
+        order = np.argsort(self.rslot[:n], kind="stable")
+        keys = self.rslot[:n][order]
+        out = []
+        for t in self.slots:
+            lo, hi = np.searchsorted(keys, [t.slot, t.slot + 1])
+            rows = order[lo:hi]
+            if rows.shape[0] == 0 and t.slot != 0:
+                continue
+            img = t.proc.image
+            out.append(
+                StepLog(
+                    ips=self.ips[rows],
+                    times=self.times[rows],
+                    registers=self.regs[rows],
+                    register_names=self.names,
+                    segments=t.segments,
+                    ranges=t.proc.ranges,
+                    pid=t.proc.pid,
+                    comm=t.comm,
+                    argv=img.argv if img else None,
+                    maps=img.maps if img else [],
+                    clock=clock,
+                    code=img.code if img else {},
+                    exit_status=t.exit_status,
+                    signals=t.signals,
+                    stopped_because=self.stopped_because,
+                    clock_pairs=pairs,
+                    tid=t.tid,
+                    cpu=t.cpu,
+                    image=self.images.index(img) if img in self.images else 0,
+                    calls=t.proc.calls,
+                )
+            )
+        return out
+
+
+# -- starting -------------------------------------------------------------------------
+
+
+def _launch(argv: Sequence[str], status: np.ndarray) -> int:
     """fork, PTRACE_TRACEME, exec: the child stops at its exec."""
     if not argv:
         raise RecordError("no command to run")
@@ -378,349 +1622,85 @@ def _launch(argv: Sequence[str]) -> _Tracee:
             finally:
                 os._exit(127)
     os.close(wfd)
-    status = np.zeros(2, np.int32)
-    while nat.wait4(pid, status, nat.WALL) == -errno.EINTR:
-        pass
-    s = int(status[0])
+    s = _wait(pid, status)
     why = os.read(rfd, 1000).decode(errors="replace")
     os.close(rfd)
-    if not os.WIFSTOPPED(s):
+    if s < 0 or not os.WIFSTOPPED(s):
         raise RecordError(
             f"{argv[0]}: could not start it under ptrace: {why or _describe_status(s)}"
         )
-    tracee = _Tracee(pid, launched=True)
-    opts = nat.PTRACE_O_EXITKILL | nat.PTRACE_O_TRACEEXEC | PTRACE_O_TRACECLONE
-    tracee.check(nat.ptrace(nat.PTRACE_SETOPTIONS, pid, 0, opts), "PTRACE_SETOPTIONS")
-    return tracee
+    r = nat.ptrace(nat.PTRACE_SETOPTIONS, pid, 0, nat.PTRACE_O_EXITKILL | _OPTIONS)
+    if r < 0:
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid, status)
+        raise RecordError(f"process {pid}: PTRACE_SETOPTIONS failed: {os.strerror(-r)}")
+    return pid
 
 
-PTRACE_O_TRACECLONE = 0x8
-PTRACE_EVENT_CLONE = 3
+def _run_to_entry(pid: int, argv0: str, mem: int, status: np.ndarray) -> None:
+    """Run a launched process to its program's entry, so its libraries are mapped."""
+    entry = _auxv_entry(pid)
+    orig = os.pread(mem, 1, entry)
+    os.pwrite(mem, b"\xcc", entry)
+    nat.ptrace(nat.PTRACE_CONT, pid, 0, 0)
+    s = _wait(pid, status)
+    if s < 0 or not os.WIFSTOPPED(s) or os.WSTOPSIG(s) != signal.SIGTRAP:
+        raise RecordError(f"{argv0}: did not reach its entry point: {_describe_status(s)}")
+    os.pwrite(mem, orig, entry)
+    regs = np.zeros(nat.N_REGS, np.uint64)
+    nat.ptrace(nat.PTRACE_GETREGS, pid, 0, regs.ctypes.data)
+    regs[nat.R_RIP] = entry
+    nat.ptrace(nat.PTRACE_SETREGS, pid, 0, regs.ctypes.data)
 
 
-def _attach(pid: int) -> _Tracee:
+def _attach(pid: int, status: np.ndarray) -> list[int]:
+    """Attach to every thread of a process (again until no new one shows up);
+    each is stopped when this returns.  The threads' tids, the leader first."""
     if not os.path.isdir(f"/proc/{pid}"):
         raise RecordError(f"no process {pid}")
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError as exc:
-        raise RecordError(f"process {pid}: {exc.strerror}") from None
-    if len(threads) != 1:
-        raise RecordError(
-            f"process {pid} has {len(threads)} threads; the software recorder traces "
-            "single-threaded processes"
-        )
     nat.warm_up()
-    r = nat.ptrace(nat.PTRACE_ATTACH, pid, 0, 0)
-    if r < 0:
-        hint = ""
-        if r in (-errno.EPERM, -errno.EACCES):
-            hint = (
-                " (ptrace not permitted: see /proc/sys/kernel/yama/ptrace_scope or CAP_SYS_PTRACE)"
-            )
-        raise RecordError(f"cannot attach to process {pid}: {os.strerror(-r)}{hint}")
-    tracee = _Tracee(pid, launched=False)
-    # Wait for the SIGSTOP of the attach; other signals arriving first are kept.
-    pending = []
+    attached: list[int] = []
     while True:
-        s = tracee.wait()
-        if not tracee.alive:
-            raise RecordError(f"process {pid} {_describe_status(s)} while attaching")
-        sig = os.WSTOPSIG(s)
-        if sig == signal.SIGSTOP:
+        try:
+            tids = sorted(int(x) for x in os.listdir(f"/proc/{pid}/task"))
+        except OSError as exc:
+            raise RecordError(f"process {pid}: {exc.strerror}") from None
+        new = [t for t in tids if t not in attached]
+        if not new:
             break
-        pending.append(sig)
-        tracee.cont(0)
-    for sig in pending:  # pragma: no cover - rare: re-raise what we swallowed
-        os.kill(pid, sig)
-    opts = nat.PTRACE_O_TRACEEXEC | PTRACE_O_TRACECLONE
-    tracee.check(nat.ptrace(nat.PTRACE_SETOPTIONS, pid, 0, opts), "PTRACE_SETOPTIONS")
-    return tracee
-
-
-# -- the recorder ----------------------------------------------------------------
-
-
-class _Recorder:
-    def __init__(
-        self,
-        tracee: _Tracee,
-        ranges: list[TracedRange],
-        clock: str,
-        register_names: tuple[str, ...],
-        max_instructions: int | None,
-    ) -> None:
-        self.t = tracee
-        self.ranges = ranges
-        self.lo = np.array([r.start for r in ranges], np.uint64)
-        self.hi = np.array([r.end for r in ranges], np.uint64)
-        self.clock = nat.CLOCK_TSC if clock == "tsc" else nat.CLOCK_MONO
-        self.names = register_names
-        self.cols = np.array([nat.REGISTER_NAMES.index(n) for n in register_names], np.int64)
-        self.limit = max_instructions if max_instructions is not None else (1 << 62)
-        cap = 1 << 14
-        self.ips = np.zeros(cap, np.uint64)
-        self.times = np.zeros(cap, np.uint64)
-        self.regs = np.zeros((cap, len(self.cols)), np.uint64)
-        self.n = 0
-        self.scratch = np.zeros(nat.N_REGS, np.uint64)
-        self.state = np.zeros(4, np.int64)
-        self.segments: list[Segment] = []
-        self.seg_start = 0
-        self.interrupts: list[tuple[int, int, int]] = []
-        self.signals: list[tuple[int, int, bool]] = []
-        self.pending: dict[int, list[int]] = {}  # resume point -> expected rsp values
-        self.entries = sorted({r.start for r in ranges})
-        self.armed: dict[int, bytes] = {}
-        self.exit_status: int | None = None
-        self.stopped_because = ""
-        self.ts = np.zeros(2, np.int64)
-
-    # -- breakpoints --
-
-    def in_ranges(self, ip: int) -> bool:
-        return any(r.start <= ip < r.end for r in self.ranges)
-
-    def arm(self) -> None:
-        points = set(self.entries) | set(self.pending)
-        for a in points:
-            orig = self.t.read(a, 1)
-            if len(orig) != 1:
-                raise RecordError(f"process {self.t.pid}: cannot read code at {a:#x}")
-            self.armed[a] = orig
-            self.t.write(a, b"\xcc")
-
-    def disarm(self) -> None:
-        if self.t.alive:
-            for a, orig in self.armed.items():
-                self.t.write(a, orig)
-        self.armed.clear()
-
-    def now(self) -> int:
-        return int(nat.rdtsc()) if self.clock == nat.CLOCK_TSC else int(nat.monotonic_ns(self.ts))
-
-    # -- segments --
-
-    def close_segment(self, end_ip: int, end_time: int, reason: str) -> None:
-        if self.n > self.seg_start:
-            self.segments.append(
-                Segment(self.seg_start, self.n, end_ip, end_time, reason, tuple(self.interrupts))
-            )
-        self.seg_start = self.n
-        self.interrupts = []
-
-    def grow(self) -> None:
-        cap = self.ips.shape[0] * 2
-        self.ips = np.resize(self.ips, cap)
-        self.times = np.resize(self.times, cap)
-        regs = np.zeros((cap, self.regs.shape[1]), np.uint64)
-        regs[: self.n] = self.regs[: self.n]
-        self.regs = regs
-
-    # -- the two modes --
-
-    def run(self) -> None:
-        regs = self.t.getregs()
-        stepping = self.in_ranges(int(regs[nat.R_RIP]))
-        sig = 0
-        while self.t.alive and not self.stopped_because:
-            if stepping:
-                sig = 0
-                stepping = self.step()
-            else:
-                stepping, sig = self.run_free(sig)
-
-    def run_free(self, sig: int) -> tuple[bool, int]:
-        """Run at full speed until a breakpoint is hit; True when stepping starts."""
-        self.arm()
-        while True:
-            self.t.cont(sig)
-            sig = 0
-            s = self.t.wait()
-            if not self.t.alive:
-                self.armed.clear()
-                self.exit_status = s
-                return False, 0
-            stopsig = os.WSTOPSIG(s)
-            event = (s >> 16) & 0xFF
-            if event:
-                self.disarm()
-                if self.handle_event(event):
-                    return False, 0
-                self.arm()
-                continue
-            if stopsig == signal.SIGTRAP:
-                regs = self.t.getregs()
-                at = int(regs[nat.R_RIP]) - 1
-                if at in self.armed:
-                    self.disarm()
-                    regs[nat.R_RIP] = at
-                    self.t.setregs()
-                    self.consume_resume_point(at, int(regs[nat.R_RSP]))
-                    return True, 0
-            if self.t.group_stop():
-                continue
-            sig = stopsig  # pass it through
-
-    def consume_resume_point(self, at: int, rsp: int) -> None:
-        """Forget the resume points of frames at or below the current one."""
-        for a in list(self.pending):
-            keep = [e for e in self.pending[a] if e > rsp or (e == rsp and a != at)]
-            if keep:
-                self.pending[a] = keep
-            else:
-                del self.pending[a]
-
-    def handle_event(self, event: int) -> bool:
-        """A ptrace event stop: True when recording ends."""
-        if event == nat.PTRACE_EVENT_EXEC:
-            self.stopped_because = "the process called exec"
-            return True
-        if event == PTRACE_EVENT_CLONE:
-            msg = np.zeros(1, np.uint64)
-            self.t.check(nat.ptrace(0x4201, self.t.pid, 0, msg.ctypes.data), "GETEVENTMSG")
-            child = int(msg[0])
-            st = np.zeros(2, np.int32)
-            while nat.wait4(child, st, nat.WALL) == -errno.EINTR:
-                pass
-            nat.ptrace(nat.PTRACE_DETACH, child, 0, 0)
-            self.stopped_because = "the process started a thread"
-            return True
-        return False
-
-    def step(self) -> bool:
-        """Step inside the ranges; True when stepping goes on."""
-        n, why = nat.step_loop(
-            self.t.pid, self.ips, self.times, self.regs, self.cols, self.n,
-            min(self.limit, self.ips.shape[0]), self.lo, self.hi, self.clock,
-            self.scratch, self.state,
-        )  # fmt: skip
-        self.n = int(n)
-        if why == nat.STOP_FULL:
-            if self.n >= self.limit:
-                self.close_segment(int(self.scratch[nat.R_RIP]), int(self.state[1]), END_LIMIT)
-                self.stopped_because = f"the instruction limit ({self.limit}) was reached"
-                return False
-            self.grow()
-            return True
-        if why == nat.STOP_LEFT:
-            rip = int(self.scratch[nat.R_RIP])
-            rsp = int(self.scratch[nat.R_RSP])
-            self.note_call(rsp)
-            self.close_segment(rip, int(self.state[1]), END_LEFT)
-            return False
-        if why == nat.STOP_EXIT:
-            s = int(self.state[0])
-            self.t.alive = False
-            self.exit_status = s
-            end_ip = 0  # the last instruction ended the process (exit_group)
-            if os.WIFSIGNALED(s) and self.n > self.seg_start:
-                self.n -= 1  # killed before the instruction completed
-                end_ip = int(self.ips[self.n])
-            self.close_segment(end_ip, self.now(), END_EXIT)
-            return False
-        if why == nat.STOP_SIGNAL:
-            return self.deliver(int(self.state[0]))
-        raise RecordError(
-            f"process {self.t.pid}: ptrace failed: {os.strerror(-int(self.state[0]))}"
-        )
-
-    def note_call(self, rsp: int) -> None:
-        """If the last stepped instruction was a call leaving the ranges, the
-        frame resumes at its return address: a resume point."""
-        if self.n <= self.seg_start:
-            return
-        last = self.n - 1
-        prev_ip = int(self.ips[last])
-        prev_rsp = int(self.regs[last, self.names.index("rsp")])
-        if rsp != prev_rsp - 8:
-            return
-        ret = self.t.read_u64(rsp)
-        if ret is None or not (prev_ip < ret <= prev_ip + 15) or not self.in_ranges(ret):
-            return
-        self.pending.setdefault(ret, []).append(prev_rsp)
-
-    def deliver(self, s: int) -> bool:
-        """A signal stop while stepping: the last logged instruction has not
-        run.  Deliver the signal(s) with a single step and see where the
-        tracee went; True when stepping goes on."""
-        row = self.n - 1
-        x = int(self.ips[row]) if row >= self.seg_start else int(self.t.getregs()[nat.R_RIP])
-        x_rsp = int(self.t.getregs()[nat.R_RSP])
-        caught_any = False
-        while True:
-            event = (s >> 16) & 0xFF
-            sig = os.WSTOPSIG(s)
-            if event:
-                if self.handle_event(event):
-                    self.close_segment(x, self.now(), END_STOPPED)
-                    return False
-                sig = 0
-            elif self.t.group_stop():
-                sig = 0
-            else:
-                caught = bool(_caught_signals(self.t.pid) >> (sig - 1) & 1)
-                caught_any = caught_any or caught
-                self.signals.append((row, sig, caught))
-            self.t.step(sig)
-            s = self.t.wait()
-            if not self.t.alive:
-                self.exit_status = s
-                end_ip = 0
-                if row >= self.seg_start and (caught_any or os.WIFSIGNALED(s)):
-                    self.n -= 1  # killed by the signal: the instruction did not run
-                    end_ip = x
-                self.close_segment(end_ip, self.now(), END_EXIT)
-                return False
-            if os.WSTOPSIG(s) == signal.SIGTRAP and not (s >> 16) & 0xFF:
-                break
-        if not caught_any:
-            return True  # the instruction ran; go on from where it went
-        if row >= self.seg_start:
-            self.n -= 1  # it did not run: the handler came first
-        regs = self.t.getregs()
-        handler = int(regs[nat.R_RIP])
-        # The handler's sigreturn resumes the interrupted instruction.
-        self.pending.setdefault(x, []).append(x_rsp)
-        if self.in_ranges(handler):
-            if self.n > self.seg_start:
-                self.interrupts.append((self.n, x, self.signals[-1][1]))
-            return True
-        # As an asynchronous disable: FUP(interrupted IP) + TIP.PGD.
-        self.close_segment(x, self.now(), END_SIGNAL)
-        return False
-
-    def finish(self) -> None:
-        """Take the breakpoints out and let the process go."""
-        self.disarm()
-        if not self.t.alive:
-            return
-        if self.t.launched:
-            # Run it to its end untraced (signals passed through).
-            sig = 0
+        for tid in sorted(new, key=lambda t: t != pid):
+            r = nat.ptrace(nat.PTRACE_ATTACH, tid, 0, 0)
+            if r == -errno.ESRCH and tid != pid:
+                continue  # it exited meanwhile
+            if r < 0:
+                for done in attached:
+                    nat.ptrace(nat.PTRACE_DETACH, done, 0, 0)
+                hint = ""
+                if r in (-errno.EPERM, -errno.EACCES):
+                    hint = (
+                        " (ptrace not permitted: see /proc/sys/kernel/yama/ptrace_scope "
+                        "or CAP_SYS_PTRACE)"
+                    )
+                raise RecordError(f"cannot attach to process {pid}: {os.strerror(-r)}{hint}")
+            # Wait for the SIGSTOP of the attach; other signals arriving first are kept.
+            pending = []
             while True:
-                self.t.cont(sig)
-                s = self.t.wait()
-                if not self.t.alive:
-                    self.exit_status = s
-                    return
-                sig = 0 if (s >> 16) & 0xFF or self.t.group_stop() else os.WSTOPSIG(s)
-                if (s >> 16) & 0xFF == PTRACE_EVENT_CLONE:
-                    self.handle_event(PTRACE_EVENT_CLONE)
-        else:
-            nat.ptrace(nat.PTRACE_DETACH, self.t.pid, 0, 0)
-
-
-def _read_range_code(tracee: _Tracee, ranges: list[TracedRange]) -> dict[int, bytes]:
-    code = {}
-    for r in ranges:
-        data = tracee.read(r.start, r.end - r.start + 16)
-        if len(data) < r.end - r.start:
-            raise RecordError(
-                f"range {r.start:#x}-{r.end:#x} is not mapped in process {tracee.pid}"
-            )
-        code[r.start] = data
-    return code
+                s = _wait(tid, status)
+                if s < 0 or not os.WIFSTOPPED(s):
+                    if tid == pid:
+                        raise RecordError(f"process {pid} {_describe_status(s)} while attaching")
+                    break
+                sig = os.WSTOPSIG(s)
+                if sig == signal.SIGSTOP:
+                    attached.append(tid)
+                    break
+                pending.append(sig)
+                nat.ptrace(nat.PTRACE_CONT, tid, 0, 0)
+            for sig in pending:  # pragma: no cover - rare: re-raise what we swallowed
+                nat.tgkill(pid, tid, sig)
+            if tid in attached:
+                nat.ptrace(nat.PTRACE_SETOPTIONS, tid, 0, _OPTIONS)
+    return attached
 
 
 def _clock_pair(clock: str, ts: np.ndarray) -> tuple[int, int]:
@@ -731,99 +1711,114 @@ def _clock_pair(clock: str, ts: np.ndarray) -> tuple[int, int]:
     return c, (a + b) // 2
 
 
-def step_process(
+def step_threads(
     target: Sequence[str] | int,
     *,
     functions: Sequence[str] = (),
+    calls: Sequence[str] = (),
     ranges: Sequence[tuple[int, int]] = (),
+    follow_fork: bool = False,
     clock: str = "tsc",
     registers: str = "all",
     max_instructions: int | None = None,
-) -> StepLog:
+) -> StepRecording:
     """Run ``target`` (an argv list to launch, or a pid to attach to) and
-    single-step it inside ``functions`` (``name`` or ``module!name``) and
-    ``ranges`` (``(start, end)`` addresses, end exclusive).
+    single-step its threads inside ``functions`` (``name`` or
+    ``module!name``), ``ranges`` (``(start, end)`` addresses, end exclusive)
+    and the calls of ``calls`` (each call of such a function with everything
+    it calls, until it returns).
 
-    ``clock``: ``"tsc"`` (``rdtsc``) or ``"monotonic"`` (CLOCK_MONOTONIC ns);
+    ``follow_fork``: child processes too (through exec); ``clock``:
+    ``"tsc"`` (``rdtsc``) or ``"monotonic"`` (CLOCK_MONOTONIC ns);
     ``registers``: ``"all"`` (the 27 of ``user_regs_struct``) or ``"basic"``
     (rip, rsp, eflags); ``max_instructions``: stop stepping after that many
-    (the process then runs on untraced).  A launched process runs to its
+    (the processes then run on untraced).  A launched process runs to its
     end; an attached one is detached when recording stops or it exits.
     """
     if clock not in ("tsc", "monotonic"):
         raise RecordError(f"unknown clock {clock!r} (tsc or monotonic)")
     if registers not in ("all", "basic"):
         raise RecordError(f"unknown register set {registers!r} (all or basic)")
-    if not functions and not ranges:
-        raise RecordError("nothing to trace: give functions or address ranges")
+    if not functions and not ranges and not calls:
+        raise RecordError("nothing to trace: give functions, calls or address ranges")
     for lo, hi in ranges:
         if not 0 <= lo < hi < 1 << 64:
             raise RecordError(f"bad address range {lo:#x}-{hi:#x}")
     if max_instructions is not None and max_instructions < 1:
         raise RecordError("max_instructions must be positive")
     names = REGISTERS_ALL if registers == "all" else REGISTERS_BASIC
-    if isinstance(target, int):
-        tracee = _attach(target)
-        argv = None
+    rec = _Recorder(functions, calls, ranges, clock, names, max_instructions, follow_fork)
+    status = rec.status
+    launched = not isinstance(target, int)
+    rec.launched = launched
+    if launched:
+        argv: tuple[str, ...] | None = tuple(target)
+        pid = _launch(list(target), status)
+        tids = [pid]
     else:
-        tracee = _launch(list(target))
-        argv = tuple(target)
+        argv = None
+        pid = int(target)
+        tids = _attach(pid, status)
+    pairs: list[tuple[int, int]] = []
     try:
-        if tracee.launched:
-            # Run to the program's entry so its libraries are mapped.
-            entry = _auxv_entry(tracee.pid)
-            orig = tracee.read(entry, 1)
-            tracee.write(entry, b"\xcc")
-            tracee.cont(0)
-            s = tracee.wait()
-            if not tracee.alive or os.WSTOPSIG(s) != signal.SIGTRAP:
-                raise RecordError(
-                    f"{argv[0]}: did not reach its entry point: {_describe_status(s)}"
-                )
-            tracee.write(entry, orig)
-            regs = tracee.getregs()
-            regs[nat.R_RIP] = entry
-            tracee.setregs()
-        maps = read_maps(tracee.pid)
-        comm = _comm(tracee.pid)
-        traced = resolve_functions(tracee.pid, maps, functions) if functions else []
-        traced += [TracedRange(lo, hi) for lo, hi in ranges]
-        code = _read_range_code(tracee, traced)
-        rec = _Recorder(tracee, traced, clock, names, max_instructions)
-        pairs = [_clock_pair(clock, rec.ts)]
+        proc = rec.add_proc(pid, None, True)
+        if launched:
+            _run_to_entry(pid, argv[0], proc.mem, status)
+        for tid in tids:
+            t = rec.add_thread(tid, proc, "")
+            t.new = False
+        rec.setup_image(proc, argv, "start", missing_ok=False)
+        for t in proc.threads:
+            t.comm = _thread_stat(pid, t.tid)[0] or proc.image.comm
+            if t.tid != pid:
+                rec.events.append(TaskEvent(proc.image.time, "comm", pid, t.tid, comm=t.comm))
+        pairs.append(_clock_pair(clock, rec.ts))
+        for t in list(proc.threads):
+            rec.started_free(t)
         try:
             rec.run()
+            if not launched and rec.live():
+                rec.detach_all()
         finally:
-            rec.finish()
             if time.clock_gettime_ns(time.CLOCK_MONOTONIC) - pairs[0][1] < 50_000_000:
                 time.sleep(0.05)  # a baseline long enough to calibrate the TSC
             pairs.append(_clock_pair(clock, rec.ts))
     except BaseException:
-        if tracee.alive:
-            if tracee.launched:
-                os.kill(tracee.pid, signal.SIGKILL)
-                tracee.wait()
-            else:
-                nat.ptrace(nat.PTRACE_DETACH, tracee.pid, 0, 0)
+        if launched:
+            rec.kill_all()
+            if not rec.slots:
+                os.kill(pid, signal.SIGKILL)
+                _wait(pid, status)
+        else:
+            try:
+                rec.detach_all()
+            except RecordError:
+                pass
+            if not rec.slots:
+                for tid in tids:
+                    nat.ptrace(nat.PTRACE_DETACH, tid, 0, 0)
         raise
     finally:
-        tracee.close()
-    n = rec.n
-    return StepLog(
-        ips=rec.ips[:n].copy(),
-        times=rec.times[:n].copy(),
-        registers=rec.regs[:n].copy(),
-        register_names=names,
-        segments=rec.segments,
-        ranges=traced,
-        pid=tracee.pid,
-        comm=comm,
-        argv=argv,
-        maps=maps,
+        for p in rec.procs:
+            p.close()
+    return StepRecording(
+        logs=rec.logs(clock, pairs),
+        images=rec.images,
+        events=rec.events,
+        pid=pid,
         clock=clock,
-        code=code,
-        exit_status=rec.exit_status,
-        signals=rec.signals,
-        stopped_because=rec.stopped_because,
         clock_pairs=pairs,
+        stopped_because=rec.stopped_because,
+        exit_status=rec.exit_statuses.get(pid),
+        notes=rec.notes,
     )
+
+
+def step_process(target: Sequence[str] | int, **options) -> StepLog:
+    """:func:`step_threads`, for the log of the launched or attached thread
+    (the first thread of the process); its ``exit_status`` is the process's."""
+    recording = step_threads(target, **options)
+    log = recording.main
+    log.exit_status = recording.exit_status
+    log.stopped_because = recording.stopped_because
+    return log
