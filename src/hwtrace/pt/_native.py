@@ -139,14 +139,18 @@ class NativeKernels:
 
 
 def cache_dir() -> Path:
-    """``$HWTRACE_CACHE_DIR``, else where :mod:`hwtrace.kernels` keeps its
-    library (the package's ``__pycache__`` when writable)."""
+    """``$HWTRACE_CACHE_DIR``, else where :func:`hwtrace.kernels.library_dir`
+    keeps the other kernels' library (the package's ``__pycache__`` when
+    writable, else the user's cache), found here without importing that
+    module (it costs ptdump's start-up a tenth of its time)."""
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
         return Path(explicit)
-    from ..kernels import library_dir
-
-    return library_dir()
+    here = Path(__file__).resolve().parent.parent / "__pycache__"
+    if os.access(here if here.exists() else here.parent, os.W_OK):
+        return here
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hwtrace"
 
 
 def _cpu_id() -> bytes:

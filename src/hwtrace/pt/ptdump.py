@@ -142,9 +142,9 @@ def _times_bundle(times: TimeColumns | None) -> tuple[np.ndarray, ...]:
         return _EMPTY_TIMES
     return (
         np.ascontiguousarray(times.tsc).view(np.int64),
-        times.have_tsc,
-        times.fcr,
-        times.have_fcr,
+        np.ascontiguousarray(times.have_tsc, np.bool_),
+        np.ascontiguousarray(times.fcr, np.int64),
+        np.ascontiguousarray(times.have_fcr, np.bool_),
         np.ascontiguousarray(times.diag_index, np.int64),
         np.ascontiguousarray(times.diag_kind, np.int8),
         np.ascontiguousarray(times.diag_error, np.int8),
@@ -174,7 +174,15 @@ class _TextWriter:
         of the errors after its last packet), in blocks valid until the
         next one is asked for.  ``inserts`` are printed before the packets
         they are keyed by."""
-        rows = (table.offset, table.kind, table.size, table.a, table.b, table.c)
+        # The kernels take C arrays of these types (no copy when they are).
+        rows = tuple(
+            np.ascontiguousarray(col, dtype)
+            for col, dtype in zip(
+                (table.offset, table.kind, table.size, table.a, table.b, table.c),
+                (np.int64, np.uint8, np.uint8, np.uint64, np.uint32, np.uint8),
+                strict=True,
+            )
+        )
         errs = (
             np.ascontiguousarray(table.err_index, np.int64),
             np.ascontiguousarray(table.err_offset, np.int64),
