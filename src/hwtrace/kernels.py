@@ -556,6 +556,7 @@ def build(
     import tempfile
 
     import llvmlite.binding as ll
+    import numba
 
     for m in modules:
         importlib.import_module(m)
@@ -577,6 +578,8 @@ def build(
         disp = kernel.dispatcher
         sigs = list(dict.fromkeys(list(disp.signatures) + _cached_signatures(disp)))
         for sig in sigs:
+            if any(isinstance(t, numba.types.Literal) for t in sig):
+                continue  # compiled for a constant: only numba code calls it
             try:
                 disp.compile(sig)
                 overload = disp.overloads[tuple(sig)]
@@ -602,7 +605,7 @@ def build(
             irs.append(mod)
     if not quiet:
         for s in skipped:
-            print(f"  left to numba: {s}")
+            print(f"  left to numba: {s[:200]}")
     if not specs:
         return None
     linked = irs[0]
