@@ -100,15 +100,29 @@ def _stamps(paths) -> dict[str, list[int]]:
     return out
 
 
-def _source_files(extra: tuple = ()) -> list[str]:
-    """The files a library's code came from: every hwtrace module loaded
-    while building (kernels inline code from their imports)."""
-    files = set()
-    for name, mod in list(sys.modules.items()):
-        if (name == "hwtrace" or name.startswith("hwtrace.") or name in extra) and getattr(
-            mod, "__file__", None
-        ):
-            files.add(os.path.abspath(mod.__file__))
+def _source_files(modules: tuple = ()) -> list[str]:
+    """The files a library's code can come from: ``modules`` and every
+    hwtrace module their globals come from, transitively (kernels inline
+    functions and fold constants from their imports)."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        seen.add(name)
+        for value in list(vars(mod).values()):
+            dep = (
+                value.__name__
+                if isinstance(value, type(sys))
+                else getattr(value, "__module__", None)
+            )
+            if isinstance(dep, str) and (dep == "hwtrace" or dep.startswith("hwtrace.")):
+                todo.append(dep)
+    files = {os.path.abspath(sys.modules[n].__file__) for n in seen if sys.modules[n].__file__}
     return sorted(files)
 
 
