@@ -279,16 +279,13 @@ def decode_range(
     return parts[0] if len(parts) == 1 else PacketTable.concat(parts)
 
 
+# The packet columns' types, in the order the kernels take them.
+ROW_TYPES = (np.int64, np.uint8, np.uint8, np.uint64, np.uint32, np.uint8)
+
+
 def new_rows(capacity: int) -> tuple[np.ndarray, ...]:
     """Empty packet columns (offset, kind, size, a, b, c) for the decoder."""
-    return (
-        np.empty(capacity, np.int64),
-        np.empty(capacity, np.uint8),
-        np.empty(capacity, np.uint8),
-        np.empty(capacity, np.uint64),
-        np.empty(capacity, np.uint32),
-        np.empty(capacity, np.uint8),
-    )
+    return tuple(np.empty(capacity, t) for t in ROW_TYPES)
 
 
 def new_errors(capacity: int) -> tuple[np.ndarray, ...]:

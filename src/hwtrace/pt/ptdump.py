@@ -47,7 +47,7 @@ from ._state import (
 )
 from .config import PtConfig
 from .kinds import DecodeError
-from .packets import PacketTable, new_errors, new_rows, packet_errata, table_of
+from .packets import ROW_TYPES, PacketTable, new_errors, new_rows, packet_errata, table_of
 
 if TYPE_CHECKING:
     from .timing import TimeColumns
@@ -175,13 +175,9 @@ class _TextWriter:
         next one is asked for.  ``inserts`` are printed before the packets
         they are keyed by."""
         # The kernels take C arrays of these types (no copy when they are).
+        columns = (table.offset, table.kind, table.size, table.a, table.b, table.c)
         rows = tuple(
-            np.ascontiguousarray(col, dtype)
-            for col, dtype in zip(
-                (table.offset, table.kind, table.size, table.a, table.b, table.c),
-                (np.int64, np.uint8, np.uint8, np.uint64, np.uint32, np.uint8),
-                strict=True,
-            )
+            np.ascontiguousarray(col, t) for col, t in zip(columns, ROW_TYPES, strict=True)
         )
         errs = (
             np.ascontiguousarray(table.err_index, np.int64),
