@@ -240,18 +240,27 @@ def first_function(rec: SoftwareRecording, ips: np.ndarray) -> str:
     return next(r.name for r in rec.ranges if r.start <= start < r.end)
 
 
-def test_four_threads(tmp_path, monkeypatch, capsys):
-    """Four threads, each running a different function: every thread gets
-    its own trace, and perf and hwtrace list exactly what each ran."""
+@pytest.mark.parametrize("option", ["-f", "--call"])
+def test_four_threads(tmp_path, monkeypatch, capsys, option):
+    """Four threads, each running a different function (traced as an address
+    range, or each call with what it calls: libc, a recursion): every
+    thread gets its own trace, and perf and hwtrace list exactly what each
+    ran."""
     exe = build()
     path = tmp_path / "perf.data"
-    args = [a for w in WORKS for a in ("-f", w)]
+    args = [a for w in WORKS for a in (option, w)]
     rec = record_cli(monkeypatch, [*args, "--", str(exe), "four"], path)
     assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
     want = stepped(rec)
     # Four threads other than main, each in its own function.
     assert len(want) == 4 and rec.pid not in want
-    assert {first_function(rec, ips) for ips in want.values()} == set(WORKS[:4])
+    if option == "-f":
+        assert {first_function(rec, ips) for ips in want.values()} == set(WORKS[:4])
+    else:
+        starts = {c.start: c.name for c in rec.calls}
+        assert {starts[int(ips[0])] for ips in want.values()} == set(WORKS[:4])
+        # Each thread's call is one stretch, from the entry to the return.
+        assert all(len(tr.log.segments) == 1 for tr in rec.threads)
     assert {tr.pid for tr in rec.threads} == {rec.pid}
     kinds = collections.Counter(ev.kind for ev in rec.steps.events)
     assert kinds["fork"] == 4 and kinds["exit"] == 5 and kinds["start"] == 1

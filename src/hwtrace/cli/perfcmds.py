@@ -52,6 +52,14 @@ def record_main(argv: Sequence[str]) -> int:
         help="trace this address range (hex, end exclusive; repeatable)",
     )
     p.add_argument(
+        "--call",
+        action="append",
+        default=[],
+        metavar="FUNCTION",
+        help="trace each call of this function with everything it calls until it returns "
+        "(repeatable; module!name too)",
+    )
+    p.add_argument(
         "--follow-fork",
         action="store_true",
         help="follow child processes too (fork, vfork, through exec)",
@@ -90,6 +98,15 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
     for r in a.range:
         lo, hi = (int(x, 16) for x in r.split("-"))
         filters += (AddressFilter(start=lo, size=hi - lo, dso=dso),)
+    if a.call:
+        # A call's extent reaches any code (libraries, callbacks): the
+        # hardware traces the whole address space, no address filter.
+        filters = ()
+        sys.stderr.write(
+            "hwtrace record: note: --call with the perf backend traces the whole user "
+            "address space; hwtrace script/report do not cut it to the calls yet "
+            "(the software backend records the calls only)\n"
+        )
     settings = PtSettings(
         psb_period=min(max(a.psb_period.bit_length() - 12, 0), 15),
         mtc=not a.no_mtc,
@@ -115,10 +132,10 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
             sys.stderr.write(f"hwtrace record: --range {r}: expected START-END in hex\n")
             return 2
         ranges.append((lo, hi))
-    if not a.function and not ranges:
+    if not a.function and not ranges and not a.call:
         sys.stderr.write(
-            "hwtrace record: the software backend steps chosen code: give -f FUNCTION "
-            "or --range START-END\n"
+            "hwtrace record: the software backend steps chosen code: give -f FUNCTION, "
+            "--call FUNCTION or --range START-END\n"
         )
         return 2
 
@@ -132,6 +149,7 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
         rec = record_software(
             command if command else a.pid,
             functions=a.function,
+            calls=a.call,
             ranges=ranges,
             follow_fork=a.follow_fork,
             psb_period=a.psb_period,
@@ -157,9 +175,8 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
     pids = {t.pid for t in rec.threads}
     where = rec.filters or "the chosen ranges"
     if rec.calls:
-        where = ", ".join(
-            ["calls of " + c.name for c in rec.calls] + ([rec.filters] if rec.filters else [])
-        )
+        ranges = [r.name or f"{r.start:#x}-{r.end:#x}" for r in rec.ranges]
+        where = ", ".join([f"calls of {c.name}" for c in rec.calls] + ranges)
     threads = f"{len(tids)} thread{'s' if len(tids) != 1 else ''}"
     if len(pids) > 1:
         threads += f" in {len(pids)} processes"

@@ -524,7 +524,9 @@ def record_software(
         mmaps=image_mmaps[0],
         time_conversion=_time_conversion(steps),
         ranges=main.ranges,
-        filters=_filters(main.ranges, main.maps),
+        # Calls run anywhere: as traced by hardware, the whole address space
+        # (no filter), cut to the calls.
+        filters="" if main.calls else _filters(main.ranges, main.maps),
         exit_status=steps.exit_status,
         stats=first.stats,
         threads=threads,

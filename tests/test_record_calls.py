@@ -1,0 +1,189 @@
+"""``hwtrace record --call FUNC``: each call of FUNC with everything it runs
+until it returns (libc, callbacks into the program, recursion), cut where
+the stack pointer rises above its value at the entry (a return, a longjmp
+past the frame, a tail call's callee returning).  Every instruction of each
+call is in the trace, exactly as stepped, for hwtrace and for Linux perf.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_record_software import SKIP, compile_program
+from test_record_threads import (
+    PERF,
+    hwtrace_lists,
+    perf_lists,
+    record_cli,
+    same_lists,
+    stepped,
+)
+
+from hwtrace.image import read_elf
+from hwtrace.record import SoftwareRecording, record_software
+from hwtrace.record.stepper import _load_bias
+
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+
+PROGRAM = r"""
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define NOINLINE __attribute__((noinline))
+
+static volatile long calls, compares;
+static jmp_buf back;
+
+NOINLINE int cmp_long(const void *a, const void *b) {
+    compares++;
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+/* Calls into libc, which calls back into the program. */
+NOINLINE long sorter(long n, long seed) {
+    long v[32];
+    calls++;
+    for (long i = 0; i < n; i++)
+        v[i] = (i * 7919 + seed) % 31;
+    qsort(v, n, sizeof v[0], cmp_long);
+    return v[0] + v[n - 1];
+}
+NOINLINE long fib(long n) {
+    calls++;
+    return n < 2 ? n : fib(n - 1) + fib(n - 2);
+}
+/* Leaves through longjmp, past its own frame. */
+NOINLINE void deep(long n) {
+    if (n == 0)
+        longjmp(back, 1);
+    deep(n - 1);
+    calls++;
+}
+NOINLINE long jumper(long n) {
+    calls++;
+    deep(n);
+    return -1;
+}
+/* A tail call: its callee's return ends it. */
+NOINLINE long tail_target(long x) {
+    calls++;
+    return x * 3;
+}
+long tailer(long x);
+__asm__(".text\n.globl tailer\n.type tailer, @function\ntailer:\n"
+        "    add $1, %rdi\n"
+        "    jmp tail_target\n"
+        ".size tailer, .-tailer\n");
+
+int main(int argc, char **argv) {
+    long s = 0;
+    s += sorter(12, 1);
+    s += sorter(20, 2);
+    s += fib(6);
+    if (!setjmp(back))
+        s += jumper(4);
+    s += tailer(5);
+    FILE *out = argc > 1 ? fopen(argv[1], "w") : stdout;
+    fprintf(out, "%ld %ld %ld\n", s, calls, compares);
+    return 0;
+}
+"""
+
+CALLS = ["sorter", "fib", "jumper", "tailer"]
+
+
+def build() -> str:
+    flags = ("-O1", "-g0", "-fno-omit-frame-pointer", "-fPIE", "-pie")
+    return str(compile_program(PROGRAM, "calls", flags))
+
+
+def entries(rec: SoftwareRecording) -> dict[int, str]:
+    """The traced calls' entry addresses, by name."""
+    return {c.start: c.name for c in rec.calls}
+
+
+def function_address(rec: SoftwareRecording, exe: str, name: str) -> int:
+    """Where the program's function ``name`` was loaded."""
+    elf = read_elf(exe)
+    bias = _load_bias(rec.log.maps, exe, elf.min_vaddr)
+    return next(start + bias for start, _, sym, _ in elf.symbols.functions if sym == name)
+
+
+def module_of(rec: SoftwareRecording, ip: int) -> str:
+    m = next(m for m in rec.mmaps if m.start <= ip < m.start + m.length)
+    return os.path.basename(m.path)
+
+
+def test_calls_with_everything_they_run(tmp_path, monkeypatch, capsys):
+    exe = build()
+    path = tmp_path / "perf.data"
+    args = [a for c in CALLS for a in ("--call", c)]
+    out = tmp_path / "out"
+    rec = record_cli(monkeypatch, [*args, "--", exe, str(out)], path)
+    assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
+    want = stepped(rec)  # each thread's trace is its stepped log, decoded exactly
+    (tr,) = rec.threads
+    log = tr.log
+    assert rec.filters == ""  # the whole address space, cut to the calls
+    starts = entries(rec)
+    # One traced stretch per call made from main, starting at the entry.
+    names = [starts[int(log.ips[seg.start])] for seg in log.segments]
+    assert names == ["sorter", "sorter", "fib", "jumper", "tailer"]
+    rsp = log.register("rsp")
+    text = {m.start: m for m in rec.mmaps if m.path == exe and "x" in m.prot}
+    for seg, name in zip(log.segments, names, strict=True):
+        rows = slice(seg.start, seg.end)
+        # Inside the call, the stack never rises above its entry value; the
+        # instruction after the last one is where it did.
+        assert (rsp[rows] <= rsp[seg.start]).all()
+        last = log.read_code(int(log.ips[seg.end - 1]), 1)
+        if name == "jumper":  # cut inside longjmp, as it resets the stack
+            assert module_of(rec, int(log.ips[seg.end - 1])) == "libc.so.6"
+        else:  # a return to main
+            assert last == b"\xc3"
+            assert any(m.start <= seg.end_ip < m.start + m.length for m in text.values())
+    ips = tr.instructions
+    _, calls, compares = map(int, out.read_text().split())
+    # libc ran inside the calls (qsort), and called back into the program.
+    libc = np.array([module_of(rec, int(ip)) == "libc.so.6" for ip in np.unique(ips)])
+    assert libc.any() and not libc.all()
+    assert int((ips == function_address(rec, exe, "cmp_long")).sum()) == compares
+    fib_entry = next(a for a, n in starts.items() if n == "fib")
+    assert int((ips == fib_entry).sum()) == 25  # fib(6) and its recursion, in one call
+    assert calls == 2 + 25 + 1 + 1  # sorter x2, fib's, jumper, tail_target (deep never returns)
+    got, _ = hwtrace_lists(path, capsys)
+    same_lists(got, want)
+    if PERF is not None:
+        same_lists(perf_lists(path), want)
+
+
+def test_a_library_function_and_its_callbacks(tmp_path, capsys):
+    """``--call libc.so.6!qsort``: the whole sort, the program's comparison
+    callbacks included; ``-f`` on it traces only its own few instructions
+    (it jumps to qsort_r), as an address filter does."""
+    exe = build()
+    out = str(tmp_path / "out")
+    rec = record_software([exe, out], calls=["libc.so.6!qsort"])
+    want = stepped(rec)
+    (tr,) = rec.threads
+    assert len(tr.log.segments) == 2  # two sorts
+    qsort = rec.calls[0]
+    assert all(int(tr.log.ips[seg.start]) == qsort.start for seg in tr.log.segments)
+    cmp = [ip for ip in np.unique(tr.instructions) if module_of(rec, int(ip)) != "libc.so.6"]
+    assert cmp  # the comparison function ran inside the calls
+    filtered = record_software([exe, out], functions=["libc.so.6!qsort"])
+    (ftr,) = filtered.threads
+    assert ftr.instructions.shape[0] <= 2 * (qsort.end - qsort.start)
+    assert tr.instructions.shape[0] > 20 * ftr.instructions.shape[0]
+    path = tmp_path / "perf.data"
+    from hwtrace.record.perfdata import write_perf_data
+
+    write_perf_data(rec, path)
+    got, _ = hwtrace_lists(path, capsys)
+    same_lists(got, want)
+    if PERF is not None:
+        same_lists(perf_lists(path), want)
