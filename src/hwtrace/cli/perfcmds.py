@@ -13,15 +13,16 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..perf.data import PerfData, PerfDataError, read_perf_data
-from ..perf.kernel import KernelCodeError, load_kernel
-from ..perf.sideband import BinaryLocator
-from ..perf.trace import PerfFlow, decode_perf, sideband_of
+from ..perf.kernel import KernelCode, KernelCodeError, load_kernel
+from ..perf.sideband import BinaryLocator, Sideband
+from ..perf.trace import PerfBlocks, PerfStream, QueueInfo, sideband_of, stream_perf
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,8 +197,14 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
 
 # -- report and script ----------------------------------------------------------
 
+# Instructions expanded at a time (script, report --folded): the blocks of a
+# batch are taken in pieces of about this many instructions.
+EXPAND_INSNS = 1 << 18
 
-def _load(prog: str, a: argparse.Namespace) -> tuple[PerfData, PerfFlow] | None:
+
+def _open(prog: str, a: argparse.Namespace) -> _Input | None:
+    """Read ``a.input``, its sideband and the kernel code the options name
+    (None: a bad input, said on stderr)."""
     try:
         data = read_perf_data(a.input)
     except PerfDataError as e:
@@ -216,7 +223,21 @@ def _load(prog: str, a: argparse.Namespace) -> tuple[PerfData, PerfFlow] | None:
     except KernelCodeError as e:
         sys.stderr.write(f"{prog}: {e}\n")
         return None
-    return data, decode_perf(data, locator, kernel=kernel, sideband=sideband)
+    return _Input(data, locator, kernel, sideband)
+
+
+@dataclass
+class _Input:
+    data: PerfData
+    locator: BinaryLocator
+    kernel: KernelCode | None
+    sideband: Sideband
+
+    def decode(self, on_blocks: Callable[[PerfBlocks], None]) -> PerfStream:
+        """Decode batch by batch into ``on_blocks``."""
+        return stream_perf(
+            self.data, on_blocks, self.locator, kernel=self.kernel, sideband=self.sideband
+        )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -241,39 +262,45 @@ def report_main(argv: Sequence[str]) -> int:
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
     p.add_argument("--folded", metavar="FILE", help="write call paths as folded stacks")
     a = p.parse_args(list(argv))
-    loaded = _load(p.prog, a)
-    if loaded is None:
+    opened = _open(p.prog, a)
+    if opened is None:
         return 1
-    data, flow = loaded
     from rich.console import Console
     from rich.table import Table
 
     from ..analysis.callpath import ThreadCallPaths
-    from ..analysis.code import CodeIndex
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
     paths = ThreadCallPaths() if a.folded else None
-    for qi, q in enumerate(flow.queues):
-        f = q.flow
-        which = f.block_image if f.block_image is not None else np.zeros(f.block_ip.shape, int)
-        ninsn = f.block_ninsn.astype(np.int64)
-        ips = q.instructions() if paths is not None else None
-        for image in np.unique(which).tolist():
-            sel = which == image
+
+    def on_blocks(b: PerfBlocks) -> None:
+        q = b.queue
+        rows = b.row + np.arange(len(b))
+        for image, sel in b.images():
             profiler.add(
-                qi, image, q.symbols[image], ip=f.block_ip[sel], ninsn=ninsn[sel],
-                ns=q.block_ns[sel], duration=q.block_duration[sel], tid=q.block_tid[sel],
-                pid=q.block_pid[sel], row=np.flatnonzero(sel),
+                q.index, image, q.symbols(image), ip=b.ip[sel], ninsn=b.ninsn[sel],
+                ns=b.ns[sel], duration=b.duration[sel], tid=b.tid[sel], pid=b.pid[sel],
+                row=rows[sel],
             )  # fmt: skip
-            if paths is not None and ips is not None:
-                n = ninsn[sel]
-                # A block's time spread over its instructions.
-                weights = np.repeat(q.block_duration[sel] / np.maximum(n, 1), n)
+        if paths is None:
+            return
+        for part in b.split(EXPAND_INSNS):
+            ips = part.instructions()
+            n = part.ninsn
+            tid = np.repeat(part.tid, n)
+            # A block's time spread over its instructions.
+            weights = np.repeat(part.duration / np.maximum(n, 1), n)
+            owner = np.repeat(part.image, n) if len(part.images()) > 1 else None
+            for image, _ in part.images():
+                sel = slice(None) if owner is None else owner == image
                 paths.add(
-                    (qi, image), q.symbols[image], CodeIndex(f.images[image].read),
-                    ips[np.repeat(sel, ninsn)], np.repeat(q.block_tid[sel], n), weights,
+                    (q.index, image), q.symbols(image), q.code(image), ips[sel], tid[sel],
+                    weights[sel],
                 )  # fmt: skip
+
+    flow = opened.decode(on_blocks)
+    data = opened.data
 
     def comm(tid: int) -> str:
         return flow.sideband.comm_of(tid) if tid >= 0 else "?"
@@ -286,7 +313,7 @@ def report_main(argv: Sequence[str]) -> int:
     for problem in flow.problems:
         console.print(f"[yellow]warning[/]: {problem}")
     for q in flow.queues:
-        for g in q.flow.gaps:
+        for g in q.gaps:
             console.print(f"[yellow]gap[/] at trace offset {g.offset:#x}, ip {g.ip:#x}: {g.reason}")
     for th in profile.threads:
         span = th.span_ns
@@ -323,57 +350,62 @@ def script_main(argv: Sequence[str]) -> int:
         "--blocks", action="store_true", help="one line per block instead of per instruction"
     )
     a = p.parse_args(list(argv))
-    loaded = _load(p.prog, a)
-    if loaded is None:
+    opened = _open(p.prog, a)
+    if opened is None:
         return 1
-    _, flow = loaded
     from ..perf.listing import render_lines
 
-    for problem in flow.problems:
-        sys.stderr.write(f"hwtrace script: warning: {problem}\n")
-    names: list[str] = []
-    modules: list[str] = []
-    ids: dict[tuple[str, str], int] = {}
     out = sys.stdout.buffer
-    try:
-        for q in flow.queues:
-            f = q.flow
-            if f.block_ip.shape[0] == 0:
-                continue
-            which = (
-                f.block_image.astype(np.int64)
-                if f.block_image is not None
-                else np.zeros(f.block_ip.shape[0], np.int64)
-            )
+    comms: dict[int, str] = {}
+
+    def comm(tid: int) -> str:
+        got = comms.get(tid)
+        if got is None:
+            got = comms[tid] = opened.sideband.comm_of(tid) if tid >= 0 else "?"
+        return got
+
+    def on_blocks(b: PerfBlocks) -> None:
+        for part in b.split(EXPAND_INSNS) if not a.blocks else (b,):
             if a.blocks:
-                ips, tid, ns, n = f.block_ip, q.block_tid, q.block_ns, f.block_ninsn
+                ips, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
             else:
-                per = f.block_ninsn.astype(np.int64)
-                ips = q.instructions()
-                tid, ns, which = (np.repeat(c, per) for c in (q.block_tid, q.block_ns, which))
+                per = part.ninsn
+                ips = part.instructions()
+                tid, ns, which = (np.repeat(c, per) for c in (part.tid, part.ns, part.image))
                 n = None
-            sym, off = _symbols(q, ips, which, names, modules, ids)
-            tids, comm = np.unique(tid, return_inverse=True)
-            comms = [flow.sideband.comm_of(int(t)) if t >= 0 else "?" for t in tids]
-            for chunk in render_lines(comms, comm, tid, ns, ips, names, modules, sym, off, n):
+            sym, off, names, modules = _symbols(part.queue, ips, which)
+            tids, comm_index = np.unique(tid, return_inverse=True)
+            names_of = [comm(int(t)) for t in tids.tolist()]
+            for chunk in render_lines(
+                names_of, comm_index, tid, ns, ips, names, modules, sym, off, n
+            ):
                 out.write(chunk)
+
+    try:
+        flow = opened.decode(on_blocks)
         out.flush()
+        for problem in flow.problems:
+            sys.stderr.write(f"hwtrace script: warning: {problem}\n")
     except BrokenPipeError:
         return 0
     return 0
 
 
 def _symbols(
-    q, ips: np.ndarray, which: np.ndarray, names: list[str], modules: list[str], ids: dict
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per address, its symbol (an index into ``names``/``modules``, which
-    grow as new symbols appear; -1: none) and the offset into it, from the
-    symbols of the image each ran in."""
+    q: QueueInfo, ips: np.ndarray, which: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """Per address, its symbol (an index into the returned names and
+    modules; -1: none) and the offset into it, from the symbols of the image
+    each ran in."""
     sym = np.full(ips.shape[0], -1, np.int64)
     off = np.zeros(ips.shape[0], np.int64)
-    for image_index in np.unique(which).tolist():
-        sel = np.flatnonzero(which == image_index)
-        table = q.symbols[image_index]
+    names: list[str] = []
+    modules: list[str] = []
+    ids: dict[tuple[str, str], int] = {}
+    images = np.unique(which)
+    for image in images.tolist():
+        sel = np.flatnonzero(which == image) if images.shape[0] > 1 else slice(None)
+        table = q.symbols(image)
         index, offset = table.lookup(ips[sel])
         uniq, inverse = np.unique(index, return_inverse=True)
         glob = np.empty(uniq.shape[0], np.int64)
@@ -387,6 +419,6 @@ def _symbols(
                 names.append(key[0])
                 modules.append(key[1])
             glob[j] = ids[key]
-        sym[sel] = glob[inverse]
+        sym[sel] = glob[inverse.reshape(-1)]
         off[sel] = np.asarray(offset, np.int64)
-    return sym, off
+    return sym, off, names, modules

@@ -497,6 +497,48 @@ class PerfData:
         """The AUXTRACE records in file order, each with a view of its data."""
         return [r for _, r in self.iter_user(RecordType.AUXTRACE)]  # type: ignore[misc]
 
+    def auxtrace_columns(self) -> dict[str, np.ndarray]:
+        """The AUXTRACE records in file order as columns, read in one
+        vectorised pass (no object per record): ``row`` (in
+        :attr:`records`), ``size``, ``offset`` (in the AUX buffer's
+        stream), ``reference``, ``idx``, ``tid``, ``cpu`` and
+        ``data_offset`` (where the trace bytes start in :attr:`buf`).
+        Records too short, or whose data goes beyond the file, are left out
+        and described in ``errors``, as :meth:`auxtrace` does."""
+        r = self.records
+        rows = self.where(RecordType.AUXTRACE)
+        off = r["offset"][rows].astype(np.int64)
+        short = r["size"][rows] < 48
+        fields = np.zeros((rows.shape[0], 40), np.uint8)
+        ok_rows = np.flatnonzero(~short & (off + 48 <= self.buf.shape[0]))
+        if ok_rows.shape[0]:
+            fields[ok_rows] = self.buf[off[ok_rows, None] + 8 + np.arange(40)]
+        dt = np.dtype(
+            [("size", "<u8"), ("offset", "<u8"), ("reference", "<u8"), ("idx", "<u4"),
+             ("tid", "<i4"), ("cpu", "<i4"), ("reserved", "<u4")]
+        )  # fmt: skip
+        rec = fields.view(dt).reshape(-1)
+        start = off + r["size"][rows].astype(np.int64)
+        beyond = start + rec["size"].astype(np.int64) > self.buf.shape[0]
+        for i in np.flatnonzero(short | beyond).tolist():
+            what = (
+                f"AUXTRACE of {int(r['size'][rows[i]])} bytes is too short (needs 48)"
+                if short[i]
+                else f"AUXTRACE payload of {int(rec['size'][i])} bytes goes beyond the data"
+            )
+            self.errors.append(self._err(int(off[i]), what))
+        good = ~(short | beyond)
+        return {
+            "row": rows[good],
+            "size": rec["size"][good].astype(np.int64),
+            "offset": rec["offset"][good].astype(np.int64),
+            "reference": rec["reference"][good],
+            "idx": rec["idx"][good].astype(np.int64),
+            "tid": rec["tid"][good].astype(np.int64),
+            "cpu": rec["cpu"][good].astype(np.int64),
+            "data_offset": start[good],
+        }
+
     @property
     def auxtrace_info(self) -> AuxtraceInfo | None:
         for _, r in self.iter_user(RecordType.AUXTRACE_INFO):

@@ -5,19 +5,50 @@ on its own; at every enabling of tracing the sideband says which thread ran
 then and so which image the decoder must walk (see
 :func:`hwtrace.pt.decode.decode_trace`'s ``context``).  Blocks then get their
 perf time, CPU, thread and process as columns, and a symbol on demand.
+
+Two forms:
+
+* :func:`decode_perf` keeps every queue's whole flow (a
+  :class:`~hwtrace.pt.decode.FlowResult` per queue) for the library user
+  who wants columns;
+* :func:`stream_perf` decodes each queue window by window through
+  :class:`~hwtrace.pt.flowdec.FlowDecoder` and hands each batch of blocks,
+  attributed (:class:`PerfBlocks`), to a callback that formats or
+  aggregates it and lets it go: memory stays bounded whatever the size of
+  the trace.  ``hwtrace script`` and ``hwtrace report`` use it.
+
+Both cut a queue's trace into the same PSB-aligned ranges
+(:func:`decode_ranges`) and decode them with the same options, so they give
+the same blocks.  A queue's trace is read where it lies in the
+memory-mapped perf.data when one AUXTRACE record holds it; a trace split
+over several records (as perf writes its AUX buffer) is joined into an
+unlinked temporary file, mapped, so it is not held in memory either; pages
+are released as decoding moves on.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
 
+from ..analysis.code import CodeIndex
 from ..image import Image
 from ..image.symbols import SymbolTable
+from ..pt import _flowkernel as FK
 from ..pt.config import PtConfig
-from ..pt.decode import FlowResult, decode_trace
+from ..pt.decode import DecodeOptions, FlowResult, Gap, decode_trace
+from ..pt.errors import errstr
 from ..pt.events import Ev
+from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.kinds import Kind
+from ..pt.packets import decode_range, psb_chunks, release
 from .data import PerfData, PerfDataError
 from .features import Feature
 from .kernel import KernelCode
@@ -190,31 +221,23 @@ class PerfFlow:
         return list(getattr(self, "_names", []))
 
 
-def decode_perf(
+def _setup(
     data: PerfData,
-    locator: BinaryLocator | None = None,
-    *,
-    kernel: KernelCode | None = None,
-    jobs: int = 1,
-    sideband: Sideband | None = None,
-) -> PerfFlow:
-    """Decode every AUX queue of ``data`` against the sideband's images.
-
-    ``kernel`` is the kernel's code (:mod:`.kernel`: a ``--kcore``
-    directory, a vmlinux or kallsyms); without it, kernel modules the
-    sideband maps as files are used where the locator finds them.
-    ``sideband``: the model of ``data``'s sideband, when the caller already
-    built it (:func:`sideband_of`).
-    """
+    locator: BinaryLocator | None,
+    kernel: KernelCode | None,
+    sideband: Sideband | None,
+) -> tuple[BinaryLocator, Sideband, list[str], object]:
+    """What both decodings start from: the locator, the sideband model, the
+    problems known so far and (when there is Intel PT) the conversion, the
+    decoder configuration, the kernel code and the queues."""
     locator = locator or BinaryLocator()
     sb = sideband if sideband is not None else sideband_of(data)
     pt = data.intel_pt
     problems: list[str] = [str(e) for e in data.errors]
     if pt is None:
         problems.append(f"{data.path}: no Intel PT AUXTRACE_INFO: nothing to decode")
-        return PerfFlow([], sb, None, problems)
+        return locator, sb, problems, None
     conv = TscConversion(pt.time_shift, pt.time_mult, pt.time_zero) if pt.time_mult else None
-    config = pt_config_of(data)
     kernel = kernel if kernel is not None else sb.kernel_image(locator)
     if sb.kernel_mappings and (kernel is None or not len(kernel.image)):
         problems.append(
@@ -223,33 +246,103 @@ def decode_perf(
             + "; give a --kcore directory or a --vmlinux"
             + ("" if kernel is not None else " (or --kallsyms for names)")
         )
-
-    queues: dict[tuple[int, int, int], list] = {}
-    for aux in data.auxtrace():
-        key = (aux.idx, aux.cpu, aux.tid) if pt.per_cpu_mmaps else (aux.idx, -1, aux.tid)
-        queues.setdefault(key, []).append(aux)
-
-    out: list[QueueFlow] = []
-    for (_, cpu, tid), parts in sorted(queues.items()):
-        parts.sort(key=lambda a: a.offset)
-        trace = b"".join(bytes(a.data) for a in parts)
-        out.append(_decode_queue(trace, cpu, tid, sb, conv, config, locator, kernel, jobs))
-    problems += list(locator.problems.values())
-    return PerfFlow(out, sb, conv, problems)
+    queues = _queues(data, bool(pt.per_cpu_mmaps))
+    return locator, sb, problems, (conv, pt_config_of(data), kernel, queues)
 
 
-def _decode_queue(trace, cpu, tid, sb, conv, config, locator, kernel, jobs) -> QueueFlow:
-    images: dict[tuple[int, int, int], tuple[Image, SymbolTable]] = {}
-    symbols_of: dict[int, SymbolTable] = {}
-    last_ns = [0]
+def _queues(data: PerfData, per_cpu: bool) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """The AUX queues, sorted by (buffer, cpu, tid): per queue its cpu, tid
+    and its AUXTRACE records' data offsets and sizes in stream order."""
+    aux = data.auxtrace_columns()
+    cpu = aux["cpu"] if per_cpu else np.full(aux["cpu"].shape, -1, np.int64)
+    keys = sorted(set(zip(aux["idx"].tolist(), cpu.tolist(), aux["tid"].tolist(), strict=True)))
+    out = []
+    for idx, c, t in keys:
+        sel = np.flatnonzero((aux["idx"] == idx) & (cpu == c) & (aux["tid"] == t))
+        sel = sel[np.argsort(aux["offset"][sel], kind="stable")]
+        out.append((c, t, aux["data_offset"][sel], aux["size"][sel]))
+    return out
 
-    def image_for(ns: int) -> Image:
-        t = tid if tid >= 0 else int(sb.threads_on(cpu, np.array([ns]))[0])
+
+@contextmanager
+def _queue_trace(data: PerfData, starts: np.ndarray, sizes: np.ndarray) -> Iterator[np.ndarray]:
+    """A queue's trace as one buffer: a view of the mapped perf.data for one
+    AUXTRACE record; for several, their data copied into an unlinked
+    temporary file, mapped (its pages and the input's are dropped as they
+    are copied and as they are decoded)."""
+    if starts.shape[0] == 1:
+        s = int(starts[0])
+        yield data.buf[s : s + int(sizes[0])]
+        return
+    with tempfile.TemporaryFile(prefix="hwtrace-aux-") as f:
+        for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
+            for lo in range(s, s + n, 1 << 24):
+                hi = min(s + n, lo + (1 << 24))
+                f.write(data.buf[lo:hi].data)
+                release(data.buf, lo, hi)
+        f.flush()
+        yield _map_open(f)
+
+
+def _map_open(f: BinaryIO) -> np.ndarray:
+    """Map an open file read-only (as :func:`hwtrace.pt.packets.map_file`
+    maps a path: :func:`~hwtrace.pt.packets.release` works on it)."""
+    if os.fstat(f.fileno()).st_size == 0:
+        return np.zeros(0, np.uint8)
+    return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+
+
+def decode_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int, int]]:
+    """The ranges a trace is decoded in, as :func:`~hwtrace.pt.decode.decode_trace`
+    cuts it: about ``chunk_bytes`` each, starting at a PSB, each but the
+    last running on through the next range's PSB+ (whose FUP says where the
+    next range starts, so the flow up to there is decoded once)."""
+    ranges = psb_chunks(buf, chunk_bytes)
+    out = []
+    for i, (s, e) in enumerate(ranges):
+        if i + 1 < len(ranges):
+            e = _psb_plus_end(buf, e)
+        out.append((s, e))
+    return out
+
+
+def _psb_plus_end(buf: np.ndarray, psb: int) -> int:
+    """The offset just after the PSBEND of the PSB+ at ``psb`` (``psb``
+    itself when it has none)."""
+    end = buf.shape[0]
+    span = 4096
+    while True:
+        table = decode_range(buf, psb, min(end, psb + span), resync=False)
+        hit = np.flatnonzero(table.kind == Kind.PSBEND)
+        if len(hit):
+            i = int(hit[0])
+            return int(table.offset[i] + table.size[i])
+        if psb + span >= end or len(table.err_code):
+            return psb
+        span *= 4
+
+
+class _Contexts:
+    """Which image a queue's decoder walks when tracing is enabled: the
+    address space of the thread the sideband says ran then (per-thread
+    queues: the queue's own thread), one image per process and set of live
+    mappings, made once."""
+
+    def __init__(self, cpu, tid, sb, conv, locator, kernel) -> None:
+        self.cpu, self.tid, self.sb, self.conv = cpu, tid, sb, conv
+        self.locator, self.kernel = locator, kernel
+        self.images: dict[tuple[int, int, int], tuple[Image, SymbolTable]] = {}
+        self.symbols_of: dict[int, SymbolTable] = {}
+        self.last_ns = 0
+
+    def image_for(self, ns: int) -> Image:
+        sb, kernel = self.sb, self.kernel
+        t = self.tid if self.tid >= 0 else int(sb.threads_on(self.cpu, np.array([ns]))[0])
         pid = sb.pid_of(t)
         space = sb.space_at(pid, ns)
         live = len(space.mappings_at(ns)) if space is not None else 0
         key = (pid, id(space), live)
-        got = images.get(key)
+        got = self.images.get(key)
         if got is None:
             if space is None:
                 got = (
@@ -257,49 +350,387 @@ def _decode_queue(trace, cpu, tid, sb, conv, config, locator, kernel, jobs) -> Q
                     kernel.symbols if kernel is not None else SymbolTable.empty(),
                 )
             else:
-                got = space.image(locator, ns, kernel)
-            images[key] = got
-            symbols_of[id(got[0])] = got[1]
+                got = space.image(self.locator, ns, kernel)
+            self.images[key] = got
+            self.symbols_of[id(got[0])] = got[1]
         return got[0]
 
-    def context(tsc: int | None, ip: int) -> Image:
-        if tsc is not None and conv is not None:
-            last_ns[0] = int(conv.to_ns(tsc))
-        return image_for(last_ns[0])
+    def context(self, tsc: int | None, ip: int) -> Image:
+        """:func:`~hwtrace.pt.decode.decode_trace`'s ``context``."""
+        if tsc is not None and self.conv is not None:
+            self.last_ns = int(self.conv.to_ns(tsc))
+        return self.image_for(self.last_ns)
 
-    first = image_for(0 if conv is None else last_ns[0])
-    flow = decode_trace(trace, first, config, jobs=jobs, context=context)
-    images_used = flow.images or [first]
-    symbols = [symbols_of.get(id(im), SymbolTable.empty()) for im in images_used]
-    if conv is not None:
-        ns = np.asarray(conv.to_ns(flow.block_time), dtype=np.int64)
-        ns = np.where(flow.block_time == 0, -1, ns)
-    else:
-        ns = np.full(flow.block_ip.shape[0], -1, np.int64)
-    if tid >= 0:
-        tids = np.full(ns.shape[0], tid, np.int64)
-    else:
-        tids = sb.threads_on(cpu, np.maximum(ns, 0))
-    uniq, inverse = np.unique(tids, return_inverse=True)
-    pids = np.array([sb.pid_of(int(t)) if t >= 0 else -1 for t in uniq], np.int64)[inverse]
-    duration = _durations(flow, ns, conv)
-    return QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, len(trace))
+    def first(self) -> Image:
+        return self.image_for(0 if self.conv is None else self.last_ns)
+
+    def symbols(self, image: Image) -> SymbolTable:
+        return self.symbols_of.get(id(image), SymbolTable.empty())
+
+    def attribute(self, block_time: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Perf time (-1: none), thread and process of blocks with decoder
+        time stamps ``block_time``."""
+        conv, sb = self.conv, self.sb
+        if conv is not None:
+            ns = np.asarray(conv.to_ns(block_time), dtype=np.int64)
+            ns = np.where(block_time == 0, -1, ns)
+        else:
+            ns = np.full(block_time.shape[0], -1, np.int64)
+        if self.tid >= 0:
+            tids = np.full(ns.shape[0], self.tid, np.int64)
+        else:
+            tids = sb.threads_on(self.cpu, np.maximum(ns, 0))
+        uniq, inverse = np.unique(tids, return_inverse=True)
+        pids = np.array([sb.pid_of(int(t)) if t >= 0 else -1 for t in uniq], np.int64)
+        return ns, tids, pids[inverse.reshape(-1)] if uniq.shape[0] else tids.copy()
+
+    def stop_values(self, ns: np.ndarray, k: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """How long blocks ``k`` ran when tracing stopped after them at
+        decoder times ``t`` (0: unknown)."""
+        if self.conv is None:
+            return np.zeros(k.shape[0], np.int64)
+        return np.where(t > 0, np.asarray(self.conv.to_ns(t), np.int64) - ns[k], 0)
 
 
-def _durations(flow: FlowResult, ns: np.ndarray, conv: TscConversion | None) -> np.ndarray:
-    """How long each block ran: until the next block, or until tracing
-    stopped where it stopped in between (untraced time is nobody's)."""
+def _durations(ns: np.ndarray, k: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """How long each block ran: until the next block, or ``values`` for the
+    blocks ``k`` after which tracing stopped (untraced time is nobody's)."""
     if ns.shape[0] == 0:
         return ns.copy()
     dur = np.diff(ns, append=ns[-1])
-    ev = flow.event_columns()
-    stop = np.isin(ev["type"], (int(Ev.DISABLED), int(Ev.ASYNC_DISABLED)))
-    k = ev["block"][stop] - 1
-    t = ev["time"][stop]
-    ok = (k >= 0) & (k < ns.shape[0])
-    k, t = k[ok], t[ok]
-    if conv is not None:
-        dur[k] = np.where(t > 0, np.asarray(conv.to_ns(t), np.int64) - ns[k], 0)
-    else:
-        dur[k] = 0
+    dur[k] = values
     return np.where((dur > 0) & (ns >= 0), dur, 0)
+
+
+_STOP = np.array([int(Ev.DISABLED), int(Ev.ASYNC_DISABLED)], np.uint64)
+
+
+def decode_perf(
+    data: PerfData,
+    locator: BinaryLocator | None = None,
+    *,
+    kernel: KernelCode | None = None,
+    jobs: int = 1,
+    sideband: Sideband | None = None,
+    chunk_bytes: int = 1 << 20,
+) -> PerfFlow:
+    """Decode every AUX queue of ``data`` against the sideband's images,
+    keeping each queue's whole flow.
+
+    ``kernel`` is the kernel's code (:mod:`.kernel`: a ``--kcore``
+    directory, a vmlinux or kallsyms); without it, kernel modules the
+    sideband maps as files are used where the locator finds them.
+    ``sideband``: the model of ``data``'s sideband, when the caller already
+    built it (:func:`sideband_of`).  ``chunk_bytes``: the size of the
+    PSB-aligned ranges each queue is cut into (:func:`decode_ranges`).
+    """
+    locator, sb, problems, setup = _setup(data, locator, kernel, sideband)
+    if setup is None:
+        return PerfFlow([], sb, None, problems)
+    conv, config, kernel, queues = setup
+    out: list[QueueFlow] = []
+    for cpu, tid, starts, sizes in queues:
+        ctx = _Contexts(cpu, tid, sb, conv, locator, kernel)
+        with _queue_trace(data, starts, sizes) as trace:
+            first = ctx.first()
+            flow = decode_trace(
+                trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx.context
+            )
+            n_bytes = trace.shape[0]
+        images_used = flow.images or [first]
+        symbols = [ctx.symbols(im) for im in images_used]
+        ns, tids, pids = ctx.attribute(flow.block_time)
+        ev = flow.event_columns()
+        stop = np.isin(ev["type"], _STOP.astype(ev["type"].dtype))
+        k = ev["block"][stop] - 1
+        t = ev["time"][stop]
+        ok = (k >= 0) & (k < ns.shape[0])
+        k, t = k[ok], t[ok]
+        duration = _durations(ns, k, ctx.stop_values(ns, k, t))
+        out.append(QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, n_bytes))
+    problems += list(locator.problems.values())
+    return PerfFlow(out, sb, conv, problems)
+
+
+# --------------------------------------------------------------------------
+# Streaming
+
+
+@dataclass
+class QueueInfo:
+    """One AUX queue of a :func:`stream_perf` decoding: its CPU (-1 for a
+    per-thread queue) and thread (-1 for a per-CPU one), the images its
+    decoder walked (numbered in order of first use, as blocks' ``image``)
+    with their symbols, and, once decoded, its gaps and totals."""
+
+    index: int
+    cpu: int
+    tid: int
+    images: list[Image]
+    trace_bytes: int = 0
+    gaps: list[Gap] = field(default_factory=list)
+    n_blocks: int = 0
+    n_insn: int = 0
+    _ctx: _Contexts | None = field(default=None, repr=False)
+    _code: dict[int, CodeIndex] | None = field(default=None, repr=False)
+
+    def symbols(self, image: int) -> SymbolTable:
+        """The symbols of image number ``image``."""
+        assert self._ctx is not None
+        return self._ctx.symbols(self.images[image])
+
+    def code(self, image: int) -> CodeIndex:
+        """The decoded instructions of image number ``image`` (one
+        :class:`~hwtrace.analysis.code.CodeIndex` per image, shared by the
+        queues of a decoding)."""
+        assert self._code is not None
+        im = self.images[image]
+        got = self._code.get(id(im))
+        if got is None:
+            got = self._code[id(im)] = CodeIndex(im.read)
+        return got
+
+
+@dataclass
+class PerfBlocks:
+    """A batch of one queue's decoded blocks, in flow order, attributed:
+    start ``ip``, ``ninsn``, execution ``mode``, perf time ``ns`` (-1: none),
+    ``duration`` (ns, until the next block or until tracing stopped),
+    thread ``tid`` and process ``pid`` (-1: unknown), and the ``image``
+    (number in ``queue.images``) each ran in.  ``row`` is the first
+    block's number in its queue."""
+
+    queue: QueueInfo
+    ip: np.ndarray
+    ninsn: np.ndarray
+    mode: np.ndarray
+    ns: np.ndarray
+    duration: np.ndarray
+    tid: np.ndarray
+    pid: np.ndarray
+    image: np.ndarray
+    row: int
+
+    def __len__(self) -> int:
+        return self.ip.shape[0]
+
+    def split(self, max_insn: int) -> Iterator[PerfBlocks]:
+        """The blocks in consecutive pieces of at most ``max_insn``
+        instructions each (a longer block alone), to expand a piece at a
+        time."""
+        ends = np.cumsum(self.ninsn)
+        if ends.shape[0] == 0 or ends[-1] <= max_insn:
+            yield self
+            return
+        lo = 0
+        while lo < ends.shape[0]:
+            done = ends[lo - 1] if lo else 0
+            hi = max(int(np.searchsorted(ends, done + max_insn, side="right")), lo + 1)
+            yield PerfBlocks(
+                self.queue, *(getattr(self, c)[lo:hi] for c in _COLUMNS), row=self.row + lo
+            )
+            lo = hi
+
+    def images(self) -> list[tuple[int, np.ndarray | slice]]:
+        """``(image number, selection)`` for each image the blocks ran in."""
+        uniq = np.unique(self.image)
+        if uniq.shape[0] == 1:
+            return [(int(uniq[0]), slice(None))]
+        return [(int(u), np.flatnonzero(self.image == u)) for u in uniq.tolist()]
+
+    def instructions(self) -> np.ndarray:
+        """Every instruction's address, in order."""
+        parts = self.images()
+        if len(parts) == 1:
+            image, _ = parts[0]
+            return self.queue.code(image).expand(self.ip, self.ninsn, self.mode)
+        out = np.empty(int(self.ninsn.sum()), np.uint64)
+        owner = np.repeat(self.image, self.ninsn.astype(np.int64))
+        for image, sel in parts:
+            got = self.queue.code(image).expand(self.ip[sel], self.ninsn[sel], self.mode[sel])
+            out[owner == image] = got
+        return out
+
+
+@dataclass
+class PerfStream:
+    """What :func:`stream_perf` learned besides the blocks."""
+
+    queues: list[QueueInfo]
+    sideband: Sideband
+    conversion: TscConversion | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def n_gaps(self) -> int:
+        return sum(len(q.gaps) for q in self.queues)
+
+
+_COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image")
+
+
+class _QueueSink(FlowSink):
+    """Gathers the decoder's batches (which end at every event the sideband
+    is asked about, so may be a few blocks each) into batches of at most
+    ``rows`` blocks, attributes them and passes them on, one block behind:
+    the last block's duration waits for the next block (or for tracing to
+    stop, or for the queue to end)."""
+
+    def __init__(
+        self, q: QueueInfo, ctx: _Contexts, emit: Callable[[PerfBlocks], None], rows: int
+    ) -> None:
+        self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
+        self.parts: list[tuple[np.ndarray, ...]] = []  # (ip, ninsn, mode, time, image)
+        self.n_parts = 0  # block rows in ``parts``
+        self.events: list[tuple[np.ndarray, ...]] = []  # (rows, offsets, block rows before)
+        self.held: dict[str, np.ndarray] | None = None  # the last block, duration pending
+        self.held_stop: int | None = None  # its duration, when tracing stopped after it
+        self.held_row = 0
+        self.rows = 0  # block rows passed on or held
+
+    def batch(self, b: FlowBatch) -> None:
+        q = self.q
+        q.n_insn += b.n_insn
+        n = b.ip.shape[0]
+        q.n_blocks += n + b.n_virtual
+        if len(b.events):
+            # Event rows (reused by the decoder): kept for _attribute.
+            self.events.append(
+                (b.events.copy(), b.event_offset.copy(), b.event_block + self.n_parts)
+            )
+        if n:
+            self.parts.append(
+                (b.ip.copy(), b.ninsn.astype(np.int64), b.mode.copy(), b.time.copy(),
+                 np.full(n, b.image, np.int64))
+            )  # fmt: skip
+            self.n_parts += n
+        if self.n_parts >= self.target:
+            self._attribute()
+
+    def _attribute(self) -> None:
+        """Attribute the gathered blocks and pass on all but the last."""
+        stop_k, stop_t = self._events()
+        if not self.parts:
+            if stop_k.shape[0] and self.held is not None:
+                # Tracing stopped with no block since the held one.
+                k = np.zeros(stop_k.shape[0], np.int64)
+                self.held_stop = int(self.ctx.stop_values(self.held["ns"], k, stop_t)[-1])
+            return
+        ip, ninsn, mode, time, image = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        n = self.n_parts
+        self.parts, self.n_parts = [], 0
+        ns, tids, pids = self.ctx.attribute(time)
+        new = {"ip": ip, "ninsn": ninsn, "mode": mode, "ns": ns, "tid": tids, "pid": pids,
+               "image": image}  # fmt: skip
+        held = 1 if self.held is not None else 0
+        cols = new if not held else {k: np.concatenate([self.held[k], v]) for k, v in new.items()}
+        first_row = self.held_row if held else self.rows
+        # Blocks after which tracing stopped, numbered in ``cols``.
+        k = stop_k - 1 + held
+        keep = (k >= 0) & (k < cols["ip"].shape[0])
+        k, stop_t = k[keep], stop_t[keep]
+        values = self.ctx.stop_values(cols["ns"], k, stop_t)
+        if held and self.held_stop is not None:
+            k = np.concatenate([[0], k])
+            values = np.concatenate([[self.held_stop], values])
+        total = cols["ip"].shape[0]
+        cols["duration"] = _durations(cols["ns"], k, values)
+        last = k == total - 1
+        self.held_stop = int(values[last][-1]) if last.any() else None
+        self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
+        self.held_row = first_row + total - 1
+        self.rows += n
+        for lo in range(0, total - 1, self.target):
+            hi = min(lo + self.target, total - 1)
+            self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo))
+
+    def _events(self) -> tuple[np.ndarray, np.ndarray]:
+        """Gaps from the gathered events' errors; the stops of tracing
+        (gathered blocks before each, decoder time)."""
+        if not self.events:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        ev, offsets, blocks = (np.concatenate(c) for c in zip(*self.events, strict=True))
+        self.events = []
+        types = ev[:, FK.E_TYPE]
+        flags = ev[:, FK.E_FLAGS]
+        for j in np.flatnonzero(types == FK.X_ERROR).tolist():
+            row = ev[j]
+            code = int(row[FK.E_P0])
+            reason = errstr(code)
+            if int(row[FK.E_P1]) == FK.ERR_SYNC:
+                reason = "sync error: " + reason
+            elif int(row[FK.E_P1]) == FK.ERR_RESYNC:
+                reason = "resync error: " + reason
+            self.q.gaps.append(
+                Gap(int(offsets[j]), int(row[FK.E_IP]), int(row[FK.E_TSC]), reason, code)
+            )
+        real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
+        stop = real & np.isin(types, _STOP)
+        has_tsc = (flags[stop] & FK.F_HAS_TSC) != 0
+        return (
+            blocks[stop].astype(np.int64),
+            np.where(has_tsc, ev[stop, FK.E_TSC], np.uint64(0)),
+        )
+
+    def finish(self) -> None:
+        """Pass on what is gathered, then the last block (it ran until
+        tracing stopped, if that is known)."""
+        self._attribute()
+        if self.held is None:
+            return
+        cols = dict(self.held)
+        stop = self.held_stop if self.held_stop is not None else 0
+        cols["duration"] = _durations(cols["ns"], np.zeros(1, np.int64), np.array([stop]))
+        self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row))
+        self.held = None
+
+
+def stream_perf(
+    data: PerfData,
+    on_blocks: Callable[[PerfBlocks], None],
+    locator: BinaryLocator | None = None,
+    *,
+    kernel: KernelCode | None = None,
+    sideband: Sideband | None = None,
+    batch_rows: int = 1 << 14,
+    chunk_bytes: int = 1 << 20,
+) -> PerfStream:
+    """Decode every AUX queue of ``data`` (as :func:`decode_perf`), queue
+    by queue in the same order, handing the blocks to ``on_blocks`` in
+    batches of at most ``batch_rows`` (one queue's, in flow order) as the
+    decoder produces them; nothing of a batch is kept once ``on_blocks``
+    returns.  Returns the queues (with their gaps), the sideband and the
+    problems met.  ``chunk_bytes`` as for :func:`decode_perf`."""
+    locator, sb, problems, setup = _setup(data, locator, kernel, sideband)
+    if setup is None:
+        return PerfStream([], sb, None, problems)
+    conv, config, kernel, queues = setup
+    code: dict[int, CodeIndex] = {}
+    infos: list[QueueInfo] = []
+    for index, (cpu, tid, starts, sizes) in enumerate(queues):
+        ctx = _Contexts(cpu, tid, sb, conv, locator, kernel)
+        dec = FlowDecoder(
+            ctx.first(), config, DecodeOptions().flow_options(),
+            on_event=_hook(ctx), stop_at="enabled",
+        )  # fmt: skip
+        q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code)
+        infos.append(q)
+        sink = _QueueSink(q, ctx, on_blocks, batch_rows)
+        with _queue_trace(data, starts, sizes) as trace:
+            q.trace_bytes = trace.shape[0]
+            for s, e in decode_ranges(trace, chunk_bytes):
+                dec.decode(trace, sink, s, e)
+            sink.finish()
+    problems += list(locator.problems.values())
+    return PerfStream(infos, sb, conv, problems)
+
+
+def _hook(ctx: _Contexts) -> Callable[[np.ndarray, int], object]:
+    """The decoder's event hook for ``ctx``, as
+    :func:`~hwtrace.pt.decode.decode_trace` makes it from a ``context``."""
+
+    def hook(row: np.ndarray, offset: int) -> object:
+        has_tsc = int(row[FK.E_FLAGS]) & FK.F_HAS_TSC
+        return ctx.context(int(row[FK.E_TSC]) if has_tsc else None, int(row[FK.E_IP]))
+
+    return hook

@@ -1,0 +1,169 @@
+"""Streaming the Intel PT of a perf.data (hwtrace.perf.trace.stream_perf):
+batch by batch it gives exactly the blocks, attribution, durations, gaps
+and instructions that decode_perf keeps whole, whatever the batch size and
+however the trace is split into AUXTRACE records; and ``hwtrace script`` /
+``report`` print the same whether the trace is in one record or many."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import groundtruth as gt
+import numpy as np
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from hwtrace.cli.main import main
+from hwtrace.image import Image
+from hwtrace.perf.data import read_perf_data
+from hwtrace.perf.records import Comm, Mmap, SampleId, SampleType
+from hwtrace.perf.sideband import BinaryLocator
+from hwtrace.perf.trace import PerfBlocks, decode_perf, decode_ranges, stream_perf
+from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
+from hwtrace.pt.encode import encode_path
+
+pytestmark = pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
+PID = 4343
+COLUMNS = ("ip", "ninsn", "ns", "duration", "tid", "pid", "image")
+
+
+def _trace(copies: int) -> tuple[gt.Run, bytes, np.ndarray]:
+    """The sort program's path as timed PT, with tracing off for stretches
+    (so blocks end where tracing stopped), repeated ``copies`` times; and
+    the instructions a decoder must give."""
+    run = gt.case("sort", "-O2")
+    image = Image()
+    image.add_elf(run.elf, run.load_address)
+    n = len(run.ips)
+    enc = encode_path(
+        run.ips, image, end_ip=run.end_ip, tsc=1_000_000, mtc_freq=3, psb_period=512,
+        trace_off=[(n // 5, n // 4), (n // 2, n // 2 + 40)],
+    )  # fmt: skip
+    return run, enc.data * copies, np.tile(enc.expected, copies)
+
+
+def _write(path: Path, run: gt.Run, pt: bytes, cuts: list[int]) -> None:
+    """A per-thread perf.data of ``pt``, in AUXTRACE records cut at ``cuts``
+    (multiples of 8: a record's data is padded to 8 bytes, so only there do
+    the records join into the trace again; a cut may split a packet)."""
+    bits = INTEL_PT_CONFIG_BITS
+    st = SampleType
+    with PerfDataWriter(path) as w:
+        w.set_intel_pt(
+            config=bits["pt"] | bits["branch"] | bits["tsc"],
+            sample_type=st.IP | st.TID | st.TIME | st.IDENTIFIER,
+            time_shift=1, time_mult=3, time_zero=5, cap_user_time_zero=True,
+            tsc_ctc_ratio=(4, 1),
+        )  # fmt: skip
+        sid = SampleId(pid=PID, tid=PID, time=1)
+        w.add_record(Comm(PID, PID, "sorter"), sample_id=sid)
+        with open(run.elf, "rb") as fh:
+            for seg in ELFFile(fh).iter_segments():
+                if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1:
+                    va, off = seg["p_vaddr"], seg["p_offset"]
+                    lo = va & ~0xFFF
+                    length = (va + seg["p_memsz"] - lo + 0xFFF) & ~0xFFF
+                    w.add_record(
+                        Mmap(PID, PID, lo, length, off & ~0xFFF, str(run.elf)),
+                        misc=2,
+                        sample_id=sid,
+                    )
+        w.finished_init()
+        for a, b in itertools.pairwise([0, *cuts, len(pt)]):
+            w.add_auxtrace(pt[a:b], tid=PID)
+        w.finished_round()
+
+
+def _streamed(path: Path, **kw) -> tuple[list[PerfBlocks], object]:
+    got: list[PerfBlocks] = []
+    flow = stream_perf(read_perf_data(path), got.append, BinaryLocator(buildid_dirs=()), **kw)
+    return got, flow
+
+
+@pytest.mark.parametrize(
+    ("copies", "cuts", "batch_rows", "chunk_bytes"),
+    [
+        (1, [], 1 << 14, 1 << 20),
+        (40, [1000, 1008, 2904, 7000], 50, 1024),
+        (12, [1504], 1, 1 << 20),
+    ],
+)
+def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows, chunk_bytes):
+    run, pt, expected = _trace(copies)
+    path = tmp_path / "pt.data"
+    _write(path, run, pt, cuts)
+    whole = decode_perf(
+        read_perf_data(path), BinaryLocator(buildid_dirs=()), chunk_bytes=chunk_bytes
+    )
+    got, flow = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes)
+    assert not whole.problems and not flow.problems
+    (q,) = whole.queues
+    f = q.flow
+    want = {
+        "ip": f.block_ip, "ninsn": f.block_ninsn, "ns": q.block_ns, "duration": q.block_duration,
+        "tid": q.block_tid, "pid": q.block_pid,
+        "image": np.zeros(f.block_ip.shape[0], int) if f.block_image is None else f.block_image,
+    }  # fmt: skip
+    assert all(0 < len(b) <= batch_rows for b in got)
+    assert [b.row for b in got] == list(itertools.accumulate([0] + [len(b) for b in got[:-1]]))
+    for c in COLUMNS:
+        np.testing.assert_array_equal(np.concatenate([getattr(b, c) for b in got]), want[c], c)
+    assert (q.block_duration > 0).any() and (q.block_ns >= 0).all()
+    ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
+    np.testing.assert_array_equal(ips, expected)
+    np.testing.assert_array_equal(ips, q.instructions())
+    assert [str(g) for g in flow.queues[0].gaps] == [str(g) for g in f.gaps] == []
+    assert flow.queues[0].n_insn == len(expected)
+    # Each record's data is padded to 8 bytes (PT PAD packets), as perf pads it.
+    assert len(pt) <= flow.queues[0].trace_bytes < len(pt) + 8 * (len(cuts) + 1)
+
+
+def test_stream_reports_gaps_where_decode_perf_does(tmp_path):
+    run, pt, _ = _trace(10)
+    bad = bytearray(pt)
+    bad[len(pt) // 3 : len(pt) // 3 + 64] = b"\xd9" * 64  # no packet starts with 0xd9
+    path = tmp_path / "bad.data"
+    _write(path, run, bytes(bad), [len(pt) // 2])
+    whole = decode_perf(read_perf_data(path), BinaryLocator(buildid_dirs=()))
+    got, flow = _streamed(path, batch_rows=100)
+    gaps = [str(g) for g in whole.queues[0].flow.gaps]
+    assert gaps and [str(g) for g in flow.queues[0].gaps] == gaps
+    np.testing.assert_array_equal(
+        np.concatenate([b.duration for b in got]), whole.queues[0].block_duration
+    )
+
+
+def test_decode_ranges_start_at_psbs_and_cover_the_trace():
+    _, pt, _ = _trace(20)
+    buf = np.frombuffer(pt, np.uint8)
+    ranges = decode_ranges(buf, 512)
+    assert len(ranges) > 3
+    psb = bytes.fromhex("0282") * 8
+    assert all(pt[s : s + 16] == psb for s, _ in ranges)
+    assert ranges[-1][1] == len(pt)
+    for (_, e), (s2, _) in itertools.pairwise(ranges):
+        assert s2 < e <= s2 + 4096  # each runs on through the next one's PSB+
+
+
+def test_script_and_report_same_from_one_record_or_many(tmp_path, capsysbinary):
+    run, pt, expected = _trace(6)
+    outputs = []
+    for name, cuts in (("one", []), ("many", [8, 296, 304, 1000, len(pt) - len(pt) % 8 - 8])):
+        path = tmp_path / f"{name}.data"
+        _write(path, run, pt, cuts)
+        texts = []
+        for cmd in (
+            ["script"],
+            ["script", "--blocks"],
+            ["report", "--folded", str(tmp_path / f"{name}.f")],
+        ):
+            assert main([*cmd, "-i", str(path)]) == 0
+            out, _ = capsysbinary.readouterr()
+            texts.append(out.replace(str(path).encode(), b"IN").replace(name.encode(), b"X"))
+        texts.append((tmp_path / f"{name}.f").read_bytes())
+        outputs.append(texts)
+    assert outputs[0] == outputs[1]
+    script, _, report, folded = outputs[0]
+    assert script.count(b"\n") == len(expected)
+    assert b"sorter" in report and b"0 gap(s)" in report and folded.startswith(b"sorter;")
