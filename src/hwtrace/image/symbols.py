@@ -9,6 +9,7 @@ addresses with one ``np.searchsorted``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -169,12 +170,15 @@ class SymbolTable:
         return self.names[int(self.name_index[i])]
 
     def module_name(self, i: int) -> str:
-        """The file symbol ``i`` comes from."""
+        """The file symbol ``i`` comes from (a path, for files a recording
+        mapped: what perf script prints)."""
         return self.modules[int(self.module[i])]
 
     def qualified_name(self, i: int) -> str:
-        """``module!name``, or just the name when the module is unnamed."""
-        module = self.module_name(i)
+        """``module!name`` with the module's base name (``libc.so.6!qsort``,
+        as ``-f`` takes it and perf report shows it), or just the name when
+        the module is unnamed."""
+        module = os.path.basename(self.module_name(i))
         return f"{module}!{self.name(i)}" if module else self.name(i)
 
     def symbolize(self, address: int, with_module: bool = False) -> str:

@@ -97,7 +97,10 @@ def elf_build_id(path: str | os.PathLike[str]) -> bytes | None:
 @dataclass
 class BinaryLocator:
     """Finds the binaries a recording names: by build id in perf's build-id
-    caches, then by path (under ``root``, a sysroot, when given).
+    caches (``DIR/.build-id/xx/yyyy/elf``, or ``DIR/<path>/<build id>/elf``
+    where the link is missing; ``DIR`` is ``~/.debug`` as perf's default
+    ``buildid.dir``), then by path (under ``root``, a sysroot, when given).
+    Whatever file is found, the recording's path names the module.
 
     Problems are kept, once per binary, in ``problems`` (path -> message):
     a binary not found, or one whose build id differs from the recorded one
@@ -105,7 +108,7 @@ class BinaryLocator:
     """
 
     root: Path | None = None
-    buildid_dirs: tuple[Path, ...] = (Path.home() / ".debug",)
+    buildid_dirs: tuple[Path, ...] = field(default_factory=lambda: (Path.home() / ".debug",))
     problems: dict[str, str] = field(default_factory=dict)
     _found: dict[tuple[str, bytes | None], Path | None] = field(default_factory=dict)
 
@@ -121,6 +124,10 @@ class BinaryLocator:
             for d in self.buildid_dirs:
                 for name in ("elf", "debug"):
                     candidate = d / ".build-id" / hexid[:2] / hexid[2:] / name
+                    if candidate.is_file():
+                        return candidate
+                if path.startswith("/"):
+                    candidate = d / path.lstrip("/") / hexid / "elf"
                     if candidate.is_file():
                         return candidate
         # A root is where the recorded system's files are (perf's --symfs):
@@ -194,7 +201,9 @@ class AddressSpace:
             except ImageError:
                 image.add_raw(found, m.pgoff, m.length, m.start)
                 continue
-            tables.append(loaded.symbols)
+            # Named after the file the recording mapped, wherever its bytes
+            # came from (a build-id cache's ``elf``, a --symfs copy).
+            tables.append(loaded.symbols.relocate(0, m.path))
         return image, SymbolTable.merge(tables)
 
 

@@ -29,6 +29,7 @@ from ..perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
 from .software import MmapRecord, SoftwareRecording, ThreadTrace
 
 _MISC_USER = 2
+_HOST = -1  # perf's HOST_KERNEL_ID
 _PROT = {"r": 1, "w": 2, "x": 4}
 _MAP_PRIVATE, _MAP_SHARED = 0x2, 0x1
 
@@ -161,9 +162,11 @@ def write_perf_data(rec: SoftwareRecording, path: str | os.PathLike[str]) -> Non
             for m in mmaps:
                 if m.build_id and m.path not in build_ids:
                     build_ids[m.path] = m.build_id
+        # The machine's pid, as perf record writes it: HOST_KERNEL_ID (-1) for
+        # the host (perf takes another pid for a guest machine's).
         w.set_feature(
             Feature.BUILD_ID,
-            [BuildId(rec.pid, bid, p, _MISC_USER) for p, bid in build_ids.items()],
+            [BuildId(_HOST, bid, p, _MISC_USER) for p, bid in build_ids.items()],
         )
         # The sideband perf synthesizes from /proc when recording starts.
         init = [r for r in records if r.order <= 1 and r.ns <= records[0].ns]
