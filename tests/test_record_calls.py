@@ -12,14 +12,7 @@ import os
 import numpy as np
 import pytest
 from test_record_software import SKIP, compile_program
-from test_record_threads import (
-    PERF,
-    hwtrace_lists,
-    perf_lists,
-    record_cli,
-    same_lists,
-    stepped,
-)
+from test_record_threads import check_listings, record_cli, stepped
 
 from hwtrace.image import read_elf
 from hwtrace.record import SoftwareRecording, record_software
@@ -155,10 +148,7 @@ def test_calls_with_everything_they_run(tmp_path, monkeypatch, capsys):
     fib_entry = next(a for a, n in starts.items() if n == "fib")
     assert int((ips == fib_entry).sum()) == 25  # fib(6) and its recursion, in one call
     assert calls == 2 + 25 + 1 + 1  # sorter x2, fib's, jumper, tail_target (deep never returns)
-    got, _ = hwtrace_lists(path, capsys)
-    same_lists(got, want)
-    if PERF is not None:
-        same_lists(perf_lists(path), want)
+    check_listings(path, want, capsys)
 
 
 def test_a_library_function_and_its_callbacks(tmp_path, capsys):
@@ -179,11 +169,4 @@ def test_a_library_function_and_its_callbacks(tmp_path, capsys):
     (ftr,) = filtered.threads
     assert ftr.instructions.shape[0] <= 2 * (qsort.end - qsort.start)
     assert tr.instructions.shape[0] > 20 * ftr.instructions.shape[0]
-    path = tmp_path / "perf.data"
-    from hwtrace.record.perfdata import write_perf_data
-
-    write_perf_data(rec, path)
-    got, _ = hwtrace_lists(path, capsys)
-    same_lists(got, want)
-    if PERF is not None:
-        same_lists(perf_lists(path), want)
+    check_listings(tmp_path / "perf.data", want, capsys, rec)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from test_record_calls import build
 from test_record_software import SKIP
 from test_record_threads import PERF
 
+from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.perf.sideband import BinaryLocator
 from hwtrace.record import SoftwareRecording, record_software
 from hwtrace.record.perfdata import write_perf_data
@@ -63,18 +63,25 @@ def run(args: list[str], home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=False)
 
 
-def script_modules(path: Path, home: Path) -> list[str | None]:
+def hwtrace(args: list[str], home: Path, monkeypatch, capsys) -> str:
+    """An hwtrace command's output, run here with HOME at ``home``."""
+    monkeypatch.setenv("HOME", str(home))
+    capsys.readouterr()
+    assert hwtrace_main(args) == 0
+    return capsys.readouterr().out
+
+
+def script_modules(path: Path, home: Path, monkeypatch, capsys) -> list[str | None]:
     """``hwtrace script``'s module column, line by line (None where no
     symbol covers the address: ``[unknown]``)."""
-    out = run([sys.executable, "-m", "hwtrace.cli.main", "script", "-i", str(path)], home)
-    assert out.returncode == 0, out.stderr
+    out = hwtrace(["script", "-i", str(path)], home, monkeypatch, capsys)
     return [
         None if line.endswith("[unknown]") else line.rsplit("(", 1)[1].rstrip(")")
-        for line in out.stdout.splitlines()
+        for line in out.splitlines()
     ]
 
 
-def test_binaries_from_the_build_id_cache_keep_their_names(tmp_path):
+def test_binaries_from_the_build_id_cache_keep_their_names(tmp_path, monkeypatch, capsys):
     rec, path, exe = recorded(tmp_path)
     home = tmp_path / "home"
     files = cache(rec, home / ".debug", links=True)
@@ -84,14 +91,13 @@ def test_binaries_from_the_build_id_cache_keep_their_names(tmp_path):
     for m in rec.mmaps:
         if m.path in files:
             assert locator.find(m.path, m.build_id).resolve() == files[m.path].resolve()
-    modules = script_modules(path, home)
+    modules = script_modules(path, home, monkeypatch, capsys)
     assert len(modules) == sum(len(t.instructions) for t in rec.threads)
     assert set(modules) - {None} == {str(exe), libc}  # the mapped paths, never "elf"
-    out = run([sys.executable, "-m", "hwtrace.cli.main", "report", "-i", str(path)], home)
-    assert out.returncode == 0, out.stderr
-    assert "0 gap(s)" in out.stdout and "not found" not in out.stdout
-    assert "sorts!sorter" in out.stdout and "libc.so.6!" in out.stdout
-    assert "elf!" not in out.stdout
+    report = " ".join(hwtrace(["report", "-i", str(path)], home, monkeypatch, capsys).split())
+    assert "0 gap(s)" in report and "not found" not in report
+    assert "sorts!sorter" in report and "libc.so.6!" in report
+    assert "elf!" not in report
     if PERF is not None:
         # perf finds the same files in the same cache and names every
         # instruction's module the same way.
@@ -102,7 +108,7 @@ def test_binaries_from_the_build_id_cache_keep_their_names(tmp_path):
         assert all(m is None or m == d for m, d in zip(modules, dsos, strict=True))
 
 
-def test_a_cache_without_build_id_links(tmp_path):
+def test_a_cache_without_build_id_links(tmp_path, monkeypatch, capsys):
     """Only ``~/.debug/<path>/<build id>/elf``: found there, still named
     after the mapped path."""
     rec, path, exe = recorded(tmp_path)
@@ -112,5 +118,5 @@ def test_a_cache_without_build_id_links(tmp_path):
         str(exe), next(m.build_id for m in rec.mmaps if m.path == str(exe))
     )
     assert found == files[str(exe)]
-    modules = script_modules(path, home)
+    modules = script_modules(path, home, monkeypatch, capsys)
     assert str(exe) in modules and "elf" not in modules

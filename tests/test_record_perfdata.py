@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -52,17 +51,12 @@ def test_hwtrace_decodes_its_perf_data(recording):
 
 @pytest.mark.skipif(PERF is None, reason="perf is not installed (Debian: linux-perf)")
 def test_perf_lists_the_stepped_instructions(recording):
+    from test_record_threads import perf_lists
+
     rec, path = recording
-    out = subprocess.run(
-        [PERF, "script", "-i", str(path), "--itrace=i0ns", "-F", "ip"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    got = np.array([int(x, 16) for x in out.stdout.split()], np.uint64)
-    np.testing.assert_array_equal(got, rec.instructions)
+    got = perf_lists(path)
+    assert list(got) == [rec.tid]
+    np.testing.assert_array_equal(got[rec.tid], rec.instructions)
 
 
 def test_config_bits():

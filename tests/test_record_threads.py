@@ -87,6 +87,12 @@ NOINLINE void quit_early(long n) {
 
 static long (*const works[4])(long) = {work_a, work_b, work_c, work_d};
 
+/* Waits for a child; whether it exited with status 0. */
+static int child_ok(pid_t pid) {
+    int st;
+    return waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
 static void *run(void *arg) {
     long k = (long)arg;
     if (gated) {  /* wait for a byte on stdin */
@@ -132,9 +138,7 @@ int main(int argc, char **argv) {
             execl(argv[0], argv[0], "solo", (char *)NULL);
             _exit(4);
         }
-        int st;
-        waitpid(pid, &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st))
+        if (!child_ok(pid))
             return 5;
         sink[3] = work_d(300);
     } else if (!strcmp(mode, "spawn")) {
@@ -144,9 +148,7 @@ int main(int argc, char **argv) {
         char *args[] = {argv[0], "solo", NULL};
         if (posix_spawn(&pid, argv[0], NULL, NULL, args, environ))
             return 6;
-        int st;
-        waitpid(pid, &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st))
+        if (!child_ok(pid))
             return 7;
         sink[3] = work_d(300);
     } else if (!strcmp(mode, "solo")) {
@@ -217,6 +219,23 @@ def same_lists(got: dict[int, np.ndarray], want: dict[int, np.ndarray]) -> None:
         assert np.array_equal(got[tid], ips), tid
 
 
+def check_listings(
+    path: Path, want: dict[int, np.ndarray], capsys, rec: SoftwareRecording | None = None
+) -> dict[int, set[str]]:
+    """``hwtrace script`` and ``perf script`` (when installed) on the
+    perf.data at ``path`` (written from ``rec`` first, when given) list per
+    thread exactly ``want``; the names hwtrace gives the threads."""
+    if rec is not None:
+        from hwtrace.record.perfdata import write_perf_data
+
+        write_perf_data(rec, path)
+    got, comms = hwtrace_lists(path, capsys)
+    same_lists(got, want)
+    if PERF is not None:
+        same_lists(perf_lists(path), want)
+    return comms
+
+
 def record_cli(monkeypatch, args: list[str], path: Path) -> SoftwareRecording:
     """``hwtrace record`` (in this process); the recording it wrote, kept."""
     import hwtrace.record.perfdata as perfdata
@@ -264,11 +283,8 @@ def test_four_threads(tmp_path, monkeypatch, capsys, option):
     assert {tr.pid for tr in rec.threads} == {rec.pid}
     kinds = collections.Counter(ev.kind for ev in rec.steps.events)
     assert kinds["fork"] == 4 and kinds["exit"] == 5 and kinds["start"] == 1
-    got, comms = hwtrace_lists(path, capsys)
-    same_lists(got, want)
+    comms = check_listings(path, want, capsys)
     assert all(c == {exe.name[:15]} for c in comms.values())
-    if PERF is not None:
-        same_lists(perf_lists(path), want)
 
 
 def test_threads_of_an_attached_process(tmp_path, capsys):
@@ -314,14 +330,7 @@ def test_threads_of_an_attached_process(tmp_path, capsys):
     forks = [ev.tid for ev in rec.steps.events if ev.kind == "fork"]
     assert len(comm_events) == 2 and len(forks) == 1  # two there, one started
     assert names[forks[0]] == "work_c"
-    path = tmp_path / "perf.data"
-    from hwtrace.record.perfdata import write_perf_data
-
-    write_perf_data(rec, path)
-    got, _ = hwtrace_lists(path, capsys)
-    same_lists(got, want)
-    if PERF is not None:
-        same_lists(perf_lists(path), want)
+    check_listings(tmp_path / "perf.data", want, capsys, rec)
 
 
 def _all_traced(pid: int) -> bool:
@@ -368,11 +377,4 @@ def test_children_followed(tmp_path, mode, capsys):
     assert traces[-1].image == execs[0].image != 0
     forks = [ev for ev in rec.steps.events if ev.kind == "fork"]
     assert [(ev.pid, ev.ppid) for ev in forks] == [(child, rec.pid)]
-    path = tmp_path / "perf.data"
-    from hwtrace.record.perfdata import write_perf_data
-
-    write_perf_data(rec, path)
-    got, _ = hwtrace_lists(path, capsys)
-    same_lists(got, want)
-    if PERF is not None:
-        same_lists(perf_lists(path), want)
+    check_listings(tmp_path / "perf.data", want, capsys, rec)

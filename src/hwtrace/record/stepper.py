@@ -1159,20 +1159,7 @@ class _Recorder:
             nat.ptrace(nat.PTRACE_DETACH, t.tid, 0, 0)
             self.retire(t)
             return
-        regs = self.getregs(t)
-        if regs is None:
-            return
-        ip = int(regs[nat.R_RIP])
-        rsp = int(regs[nat.R_RSP])
-        if ip in t.proc.space.armed:
-            regs[nat.R_RIP] = ip  # at a breakpoint that has not run: as if hit
-            self.hit(t, ip, regs)
-        elif self.recording and t.proc.recorded and self.inside(t, ip, rsp):
-            self.begin_stretch(t)
-            self.mode[t.slot] = 1
-            self.kick[t.slot] = 1
-        else:
-            self.resume_free(t, 0)
+        self.started_free(t)
 
     def event(self, t: _Thread, event: int) -> None:
         if event == nat.PTRACE_EVENT_EXIT:
@@ -1325,6 +1312,9 @@ class _Recorder:
         self.started_free(t)
 
     def started_free(self, t: _Thread) -> None:
+        """Set a stopped thread going from where it is: stepped when it is
+        in its traced code, through the breakpoint when it is at one (not run
+        yet: as if hit), else free."""
         regs = self.getregs(t)
         if regs is None:
             return
