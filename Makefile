@@ -58,6 +58,7 @@ bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
 	$(BIN)/python bench/bench_startup.py
 	$(BIN)/python bench/bench_flow.py
+	$(BIN)/python bench/bench_decode.py
 	$(BIN)/python bench/bench_stepping.py
 	$(BIN)/python bench/bench_filter.py
 	$(BIN)/python bench/bench_lttng.py

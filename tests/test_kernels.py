@@ -136,3 +136,26 @@ def test_ptxed_through_the_native_library(tmp_path, monkeypatch):
     finally:
         kernels.use_library(None)
         kernels._library = False
+
+
+def test_numba_extensions_registered_after_a_spec_lookup():
+    """Looking numba up without importing it (importlib.util.find_spec)
+    must not cost the kernels their numba extensions: a fresh process
+    looks numba up, then compiles plain numba code using textout's
+    put_text."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, numpy as np\n"
+        "from hwtrace import textout, kernels\n"
+        "assert importlib.util.find_spec('numba') is not None\n"
+        "import numba\n"
+        "@numba.njit\n"  # plain numba code: no Kernel to set numba up
+        "def hello(out):\n"
+        "    return textout.put_text(out, 0, 'hi')\n"
+        "out = np.zeros(4, np.uint8)\n"
+        "assert hello(out) == 2 and bytes(out[:2]) == b'hi'\n"
+    )
+    env = {**__import__("os").environ, "HWTRACE_KERNELS": "numba"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)

@@ -467,19 +467,27 @@ def _numba_ready() -> None:
 
 class _NumbaImportHook(importlib.abc.MetaPathFinder):
     """Calls :func:`_numba_ready` as soon as anything imports numba, so
-    plain numba functions elsewhere can call kernels too."""
+    plain numba functions elsewhere can call kernels too.  A look-up that
+    imports nothing (``importlib.util.find_spec``) leaves it in place."""
 
     def find_spec(self, name, path, target=None):
         if name != "numba":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        i = sys.meta_path.index(self)
+        del sys.meta_path[i]
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(i, self)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
+        hook = self
 
         def exec_then_ready(module) -> None:
             exec_module(module)
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
             _numba_ready()
 
         spec.loader.exec_module = exec_then_ready  # type: ignore[method-assign]
