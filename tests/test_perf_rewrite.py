@@ -12,7 +12,7 @@ from hwtrace.perf.attr import PerfEventAttr
 from hwtrace.perf.data import PerfDataError, read_perf_data
 from hwtrace.perf.features import Feature
 from hwtrace.perf.records import Comm, RecordType, SampleId, SampleType
-from hwtrace.perf.rewrite import write_subset
+from hwtrace.perf.rewrite import SubsetWriter, write_subset
 from hwtrace.perf.user import pack_header_attr
 from hwtrace.perf.writer import PerfDataWriter
 
@@ -106,3 +106,20 @@ def test_unsupported_layout_is_one_error(tmp_path):
     with pytest.raises(PerfDataError, match="attrs after the data section") as e:
         write_subset(data, tmp_path / "out.data", np.zeros(0, np.int64))
     assert e.value.offset == 24
+
+
+def test_subset_given_in_ranges_is_the_same_file(tmp_path):
+    src = tmp_path / "in.data"
+    _file(src)
+    data = read_perf_data(src)
+    samples = data.where(RecordType.SAMPLE)
+    drop = samples[samples % 4 == 1]
+    write_subset(data, tmp_path / "whole.data", drop)
+    with SubsetWriter(data, tmp_path / "ranges.data", chunk_bytes=512) as w:
+        for stop in (0, 5, 6, 90, 200):
+            w.add(stop, drop[(drop >= w.next) & (drop < stop)])
+    # The records after the last range are kept.
+    kept = drop[drop < 200]
+    write_subset(data, tmp_path / "want.data", kept)
+    assert (tmp_path / "ranges.data").read_bytes() == (tmp_path / "want.data").read_bytes()
+    assert (tmp_path / "whole.data").read_bytes() != (tmp_path / "want.data").read_bytes()

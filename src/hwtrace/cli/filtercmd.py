@@ -9,7 +9,10 @@ trace (through babeltrace2's Python bindings).
 Output: ``-o FILE`` writes a perf.data of the passing samples for perf.data
 input (unless FILE ends in ``.jsonl`` or ``.txt``), JSON lines for
 ``.jsonl``, else a text listing like ftrace's ``trace``; without ``-o``
-the listing goes to standard output (nothing with ``--count``).
+the listing goes to standard output (nothing with ``--count``).  A
+perf.data is read, filtered and written a range of records at a time
+(:func:`hwtrace.filter.inputs.open_input`), so memory does not grow with
+its size.
 ``--count`` prints, per event type, its events, how many passed and the
 tier used.
 
@@ -65,15 +68,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     a = _parser().parse_args(list(argv))
-    from ..filter.apply import apply_filter
-    from ..filter.inputs import StreamError, open_source
-    from ..filter.output import write_result
+    from ..filter.apply import FilterPlan
+    from ..filter.inputs import StreamError, open_input
+    from ..filter.output import ResultWriter
 
     def say(message: str) -> None:
         sys.stderr.write(f"{PROG}: {message}\n")
 
     try:
-        source = open_source(a.input, a.tracefs)
+        # A perf.data is read a range of records at a time; its damage is
+        # found by a first pass, so it is said before anything is written.
+        source = open_input(a.input, a.tracefs)
+        problems = source.problems
     except StreamError as e:
         say(str(e))
         return 1
@@ -81,22 +87,22 @@ def main(argv: Sequence[str]) -> int:
         say(f"{a.input}: {e}")
         return 1
     # Damage: what can be read is filtered, and the exit code says so.
-    for problem in source.problems[:20]:
+    for problem in problems[:20]:
         say(f"warning: {problem}")
-    if len(source.problems) > 20:
-        say(f"warning: {len(source.problems) - 20} more problems not shown")
+    if len(problems) > 20:
+        say(f"warning: {len(problems) - 20} more problems not shown")
     for note in source.notes:
         say(f"note: {note}")
     try:
-        run = apply_filter(source, a.expression, a.tier, events=a.event or None)
+        plan = FilterPlan(a.expression, source.types, a.tier, events=a.event or None)
     except FilterError as e:
         for line in str(e).splitlines():
             sys.stderr.write(f"{PROG}: {line}\n" if line == str(e).splitlines()[0] else f"{line}\n")
         return 2
-    if a.event and not run.results:
+    if a.event and not plan.types:
         names = ", ".join(t.name for t in source.types) or "none"
         say(f"no event type matches {', '.join(a.event)} (types: {names})")
-    for r in run:
+    for r in plan.types:
         if r.type.note:
             say(f"note: {r.type.name}: {r.type.note}")
         if r.missing:
@@ -106,26 +112,45 @@ def main(argv: Sequence[str]) -> int:
             )
         if r.filter.note:
             say(f"note: {r.type.name}: {r.filter.note}")
+    failure = None  # why the output could not be written (counting goes on)
+    writer = None
+    if a.output or not a.count:
+        try:
+            writer = ResultWriter(source, a.output, sys.stdout.buffer)
+        except StreamError as e:
+            failure = str(e)
+        except OSError as e:
+            failure = f"cannot write {a.output}: {e.strerror}"
+    try:
+        # Chunk by chunk: filtered and written as the input is read.
+        for chunk, later in source.chunks():
+            keep, _ = plan.run(chunk)
+            if writer is None:
+                continue
+            try:
+                writer.add(chunk, keep, later)
+            except BrokenPipeError:
+                raise
+            except OSError as e:
+                failure, writer = f"cannot write {a.output}: {e.strerror}", None
+        if writer is not None:
+            writer.close()
+    except BrokenPipeError:
+        return 0
+    except OSError as e:
+        failure = f"cannot write {a.output}: {e.strerror}"
     if a.count:
-        width = max([len(r.type.name) for r in run] + [10])
+        width = max([len(r.type.name) for r in plan.types] + [10])
         out = [f"{'event':<{width}} {'events':>10} {'passed':>10}  tier"]
-        for r in run:
+        for r in plan.types:
             tier = r.filter.tier + (f" ({r.filter.note})" if r.filter.note else "")
-            out.append(f"{r.type.name:<{width}} {len(r.type):>10} {r.count:>10}  {tier}")
-        total = sum(len(r.type) for r in run)
-        passed = sum(r.count for r in run)
+            out.append(f"{r.type.name:<{width}} {r.events:>10} {r.passed:>10}  {tier}")
+        total = sum(r.events for r in plan.types)
+        passed = sum(r.passed for r in plan.types)
         out.append(f"{'total':<{width}} {total:>10} {passed:>10}")
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
-    try:
-        if a.output or not a.count:
-            write_result(source, run.keep, a.output, sys.stdout.buffer)
-    except BrokenPipeError:
-        return 0
-    except StreamError as e:
-        say(str(e))
+    if failure is not None:
+        say(failure)
         return 1
-    except OSError as e:
-        say(f"cannot write {a.output}: {e.strerror}")
-        return 1
-    return 1 if source.problems else 0
+    return 1 if problems else 0

@@ -14,7 +14,8 @@ Python work per event.  CTF events are listed from the values bt2 gave
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 from numba import njit
@@ -28,7 +29,7 @@ from ..textout import (
     put_signed,
     string_list_table,
 )
-from .inputs.base import EventSource
+from .inputs.base import EventSource, EventTypeInfo, StreamInput
 from .schema import ArrayType, IntType, Schema, SequenceType, StringType
 
 K_INT, K_STR_INLINE, K_STR_LOC, K_ARRAY, K_SEQ_LOC = 1, 2, 3, 4, 5
@@ -216,6 +217,99 @@ def _render(
     return p
 
 
+class _Lines:
+    """The compiled writer's tables for a list of event types and comms:
+    per type its field program (kind, offset, size, signedness, count per
+    field), and the names as byte tables."""
+
+    def __init__(self, types: Sequence[EventTypeInfo], comms: Sequence[str], json: bool) -> None:
+        prog_rows: list[tuple[int, int, int, int, int]] = []
+        fnames: list[str] = []
+        pstart, pend = [], []
+        # A line's size bound per type: fixed + per_byte * its largest record.
+        fixed, per_byte = [], []
+        for t in types:
+            fields = _field_program(t.schema)
+            pstart.append(len(prog_rows))
+            for kind, off, size, signed, count, name in fields:
+                prog_rows.append((kind, off, size, signed, count))
+                fnames.append(name)
+            pend.append(len(prog_rows))
+            fixed.append(
+                200 + 6 * len(t.name) + sum(
+                    len(name) + 8 + (6 * (size or 1) if kind == K_STR_INLINE else 0)
+                    + (22 * max(count, 1) if kind == K_ARRAY else 0)
+                    + (0 if kind in (K_STR_LOC, K_SEQ_LOC) else 24)
+                    for kind, off, size, signed, count, name in fields
+                )
+            )  # fmt: skip
+            per_byte.append(28 * sum(1 for f in fields if f[0] in (K_STR_LOC, K_SEQ_LOC)))
+        self.fixed = np.array(fixed or [0], np.int64)
+        self.per_byte = np.array(per_byte or [0], np.int64)
+        self.prog = np.array(prog_rows or [(0, 0, 0, 0, 0)], np.int64).reshape(-1, 5)
+        self.pstart = np.array(pstart or [0], np.int64)
+        self.pend = np.array(pend or [0], np.int64)
+        self.fname = string_list_table(fnames)
+        self.ename = string_list_table([t.name for t in types])
+        self.comm = string_list_table(list(comms))
+        self.json = json
+
+    def render(
+        self, buf: np.ndarray, cols: dict[str, np.ndarray], chunk_bytes: int
+    ) -> Iterator[bytes]:
+        """Lines for the events of ``cols`` (``offset``, ``size`` of the
+        record in ``buf``, ``etype``, ``time``, ``cpu``, ``tid``, ``comm``),
+        in their order, in byte chunks."""
+        n = cols["etype"].shape[0]
+        if n == 0:
+            return
+        etype = np.ascontiguousarray(cols["etype"], np.int64)
+        sizes = np.ascontiguousarray(cols["size"], np.int64)
+        biggest = np.zeros(self.fixed.shape[0], np.int64)
+        np.maximum.at(biggest, etype, sizes)
+        present = np.unique(etype)
+        line_max = int((self.fixed[present] + self.per_byte[present] * biggest[present]).max())
+        line_max += 6 * int(self.comm[1].max(initial=0))
+        per_chunk = max(1, chunk_bytes // line_max)
+        out = np.empty(per_chunk * line_max, np.uint8)
+        args = (
+            buf, np.ascontiguousarray(cols["offset"], np.int64), sizes, etype,
+            *(np.ascontiguousarray(cols[c], np.int64) for c in ("time", "cpu", "tid", "comm")),
+            np.arange(n, dtype=np.int64),
+        )  # fmt: skip
+        for lo in range(0, n, per_chunk):
+            hi = min(lo + per_chunk, n)
+            used = _render(
+                *args, lo, hi, self.prog, self.pstart, self.pend, *self.fname, *self.ename,
+                *self.comm, self.json, out,
+            )  # fmt: skip
+            yield out[:used].tobytes()
+
+
+def _events(source: EventSource, keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The events of ``source`` with ``keep`` set, in source order, as the
+    columns :meth:`_Lines.render` reads."""
+    n = len(source)
+    etype = np.full(n, -1, np.int64)
+    offsets = np.zeros(n, np.int64)
+    sizes = np.zeros(n, np.int64)
+    for k, t in enumerate(source.types):
+        assert t.offsets is not None and t.sizes is not None
+        etype[t.rows] = k
+        offsets[t.rows] = t.offsets
+        sizes[t.rows] = t.sizes
+    sel = np.flatnonzero(keep & (etype >= 0))
+    return {
+        "offset": offsets[sel], "size": sizes[sel], "etype": etype[sel],
+        "time": source.time[sel].astype(np.int64), "cpu": source.cpu[sel].astype(np.int64),
+        "tid": source.tid[sel].astype(np.int64), "comm": source.comm[sel].astype(np.int64),
+    }  # fmt: skip
+
+
+def _take(cols: dict[str, np.ndarray], which: np.ndarray | slice) -> dict[str, np.ndarray]:
+    return {k: v[which] for k, v in cols.items()}
+
+
 def render_listing(
     source: EventSource, keep: np.ndarray, *, json: bool = False, chunk_bytes: int = 1 << 23
 ) -> Iterator[bytes]:
@@ -228,56 +322,43 @@ def render_listing(
         yield from render_ctf_listing(source, keep, json)
         return
     assert source.buf is not None
-    n = len(source)
-    etype = np.full(n, -1, np.int64)
-    offsets = np.zeros(n, np.int64)
-    sizes = np.zeros(n, np.int64)
-    prog_rows: list[tuple[int, int, int, int, int]] = []
-    fnames: list[str] = []
-    pstart, pend = [], []
-    bound = []
-    for k, t in enumerate(source.types):
-        etype[t.rows] = k
-        assert t.offsets is not None and t.sizes is not None
-        offsets[t.rows] = t.offsets
-        sizes[t.rows] = t.sizes
-        fields = _field_program(t.schema)
-        pstart.append(len(prog_rows))
-        for kind, off, size, signed, count, name in fields:
-            prog_rows.append((kind, off, size, signed, count))
-            fnames.append(name)
-        pend.append(len(prog_rows))
-        biggest = int(t.sizes.max(initial=0))
-        per_field = sum(
-            len(name) + 8 + (6 * (size or 1) if kind == K_STR_INLINE else 0)
-            + (22 * max(count, 1) if kind == K_ARRAY else 0)
-            + (6 * biggest + 22 * biggest if kind in (K_STR_LOC, K_SEQ_LOC) else 24)
-            for kind, off, size, signed, count, name in fields
-        )  # fmt: skip
-        bound.append(200 + 6 * len(t.name) + per_field)
-    sel = np.flatnonzero(keep & (etype >= 0))
-    if sel.shape[0] == 0:
-        return
+    cols = _events(source, keep)
     # Time order, as `trace` and `perf script` list (perf.data's file order
     # is only ordered within each flush round).
-    sel = sel[np.argsort(source.time[sel], kind="stable")]
-    prog = np.array(prog_rows or [(0, 0, 0, 0, 0)], np.int64).reshape(-1, 5)
-    fname_tab, fname_len = string_list_table(fnames)
-    ename_tab, ename_len = string_list_table([t.name for t in source.types])
-    comm_tab, comm_len = string_list_table(source.comms)
-    line_max = max(bound) + 6 * int(comm_len.max(initial=0))
-    per_chunk = max(1, chunk_bytes // line_max)
-    out = np.empty(per_chunk * line_max, np.uint8)
-    cols = (
-        source.buf, offsets, sizes, etype,
-        np.ascontiguousarray(source.time, np.int64), np.ascontiguousarray(source.cpu, np.int64),
-        np.ascontiguousarray(source.tid, np.int64), np.ascontiguousarray(source.comm, np.int64),
-        sel.astype(np.int64),
-    )  # fmt: skip
-    for lo in range(0, sel.shape[0], per_chunk):
-        hi = min(lo + per_chunk, sel.shape[0])
-        used = _render(
-            *cols, lo, hi, prog, np.array(pstart, np.int64), np.array(pend, np.int64),
-            fname_tab, fname_len, ename_tab, ename_len, comm_tab, comm_len, json, out,
-        )  # fmt: skip
-        yield out[:used].tobytes()
+    cols = _take(cols, np.argsort(cols["time"], kind="stable"))
+    yield from _Lines(source.types, source.comms, json).render(source.buf, cols, chunk_bytes)
+
+
+class ListingWriter:
+    """Writes a listing of an input read in chunks (:class:`~hwtrace.filter.
+    inputs.base.StreamInput`), in time order as :func:`render_listing`
+    orders a whole source: each chunk's kept events join those held back,
+    and those no later chunk can precede (not after the earliest time of
+    the chunks to come) are written; the rest wait.  A perf.data's rounds
+    keep that wait short."""
+
+    def __init__(
+        self, out: BinaryIO, input: StreamInput, *, json: bool = False, chunk_bytes: int = 1 << 23
+    ) -> None:
+        self.out, self.json, self.chunk_bytes = out, json, chunk_bytes
+        self.lines = _Lines(input.types, input.comms, json) if input.kind != "ctf" else None
+        self.held: dict[str, np.ndarray] | None = None  # in time order
+
+    def add(self, source: EventSource, keep: np.ndarray, later: int | None) -> None:
+        """The events of chunk ``source`` with ``keep`` set; ``later`` the
+        earliest event time of the chunks still to come (None: none)."""
+        if self.lines is None:  # CTF: one chunk, listed from bt2's values
+            for chunk in render_listing(source, keep, json=self.json):
+                self.out.write(chunk)
+            return
+        assert source.buf is not None
+        cols = _events(source, keep)
+        if self.held is not None:
+            cols = {k: np.concatenate([self.held[k], v]) for k, v in cols.items()}
+        cols = _take(cols, np.argsort(cols["time"], kind="stable"))
+        ready = cols["time"].shape[0]
+        if later is not None:
+            ready = int(np.searchsorted(cols["time"], later, side="right"))
+        for chunk in self.lines.render(source.buf, _take(cols, slice(0, ready)), self.chunk_bytes):
+            self.out.write(chunk)
+        self.held = _take(cols, slice(ready, None))

@@ -46,6 +46,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..pt.packets import release
 from . import _kernels as K
 from .attr import AttrError, PerfEventAttr
 from .features import Feature, FeatureError, parse_feature
@@ -61,6 +62,7 @@ __all__ = [
     "PerfData",
     "PerfDataError",
     "PerfDataWarning",
+    "SampleProblem",
     "Samples",
     "read_perf_data",
 ]
@@ -81,6 +83,7 @@ RECORD_COLUMNS = (
     "cpu",
     "id",
 )
+_RESOLVED = ("attr", "time", "pid", "tid", "cpu", "id")
 GAP_REASONS = {
     K.GAP_SIZE: "impossible record size (below the 8-byte header)",
     K.GAP_BEYOND: "record goes beyond the end of the data",
@@ -376,7 +379,9 @@ class PerfData:
             misc = np.empty(cap, np.uint16)
             size = np.empty(cap, np.uint32)
             pay = np.empty(cap, np.int64)
+            was = pos
             n, ng, pos = K.index_records(b, pos, end, off, typ, misc, size, pay, gaps, ng, 8)
+            release(b, was, pos)  # headers read: the pages need not stay resident
             for c, a in zip(cols, (off, typ, misc, size, pay), strict=True):
                 c.append(a[:n])
             if pos >= end:
@@ -444,10 +449,16 @@ class PerfData:
         if na == 0:
             st = np.zeros(0, np.uint64)
             sid_all = np.zeros(1, np.bool_)
-        K.sample_ids(
-            self.buf, r["offset"], r["type"], r["size"], st, sid_all, id_sorted, id_attr,
-            id_pos, is_pos, out["attr"], out["time"], out["pid"], out["tid"], out["cpu"], out["id"],
-        )  # fmt: skip
+        step = 1 << 18  # records at a time, their pages released after
+        for lo in range(0, m, step):
+            hi = min(lo + step, m)
+            K.sample_ids(
+                self.buf, r["offset"][lo:hi], r["type"][lo:hi], r["size"][lo:hi], st, sid_all,
+                id_sorted, id_attr, id_pos, is_pos, *(out[c][lo:hi] for c in _RESOLVED),
+            )  # fmt: skip
+            release(
+                self.buf, int(r["offset"][lo]), int(r["offset"][hi - 1]) + int(r["size"][hi - 1])
+            )
         r.update(out)
 
     # -- access ----------------------------------------------------------------
@@ -566,28 +577,40 @@ class PerfData:
         return None
 
     def samples(self, attr: int | None = None) -> Samples:
-        """SAMPLE records (of event ``attr``, or of all events) as columns."""
+        """SAMPLE records (of event ``attr``, or of all events) as columns;
+        samples that cannot be decoded are described in ``errors``."""
+        got, problems = self.decode_samples(attr=attr)
+        self.errors += [p.error(self.path) for p in problems]
+        return got
+
+    def decode_samples(
+        self, start: int = 0, stop: int | None = None, *, attr: int | None = None
+    ) -> tuple[Samples, list[SampleProblem]]:
+        """The SAMPLE records among rows ``start..stop`` of :attr:`records`
+        (of event ``attr``, or of all events) as columns, and, per event,
+        what could not be decoded (not added to ``errors``: a caller
+        reading the file a range at a time adds the ranges' problems up,
+        :meth:`SampleProblem.merge`)."""
         r = self.records
-        rows = np.flatnonzero(
-            (r["type"] == RecordType.SAMPLE)
-            & (r["attr"] >= 0)
-            & ((r["attr"] == attr) if attr is not None else True)
+        stop = r["offset"].shape[0] if stop is None else stop
+        typ = r["type"][start:stop]
+        ra_all = r["attr"][start:stop]
+        rows = start + np.flatnonzero(
+            (typ == RecordType.SAMPLE)
+            & (ra_all >= 0)
+            & ((ra_all == attr) if attr is not None else True)
         )
         mat = np.zeros((rows.shape[0], K.NCOL), np.uint64)
         ra = r["attr"][rows]
         cols: list[str] = []
+        problems: list[SampleProblem] = []
         for a in np.unique(ra).tolist():
             at = self.attrs[a].attr
             sel = np.flatnonzero(ra == a)
             sub = np.empty((sel.shape[0], K.NCOL), np.uint64)
             hw_idx = bool(at.branch_sample_type & (1 << 17))  # PERF_SAMPLE_BRANCH_HW_INDEX
-            if at.sample_type >> 25 or at.read_format >> 5:
-                self.errors.append(
-                    self._err(
-                        int(r["offset"][rows[sel[0]]]),
-                        f"event {a} has unknown sample_type/read_format bits ({at.sample_type:#x}/{at.read_format:#x}): its samples are not decoded",
-                    )
-                )
+            if not self.sample_decodable(a):
+                problems.append(SampleProblem(a, at, int(r["offset"][rows[sel[0]]]), 0))
                 continue
             K.decode_samples(
                 self.buf, r["offset"][rows[sel]], r["size"][rows[sel]].astype(np.int64),
@@ -599,18 +622,72 @@ class PerfData:
             bad = np.flatnonzero(sub[:, K.C_BAD])
             if bad.shape[0]:
                 first = int(r["offset"][rows[sel[bad[0]]]])
-                self.errors.append(
-                    self._err(
-                        first,
-                        f"{bad.shape[0]} SAMPLE record(s) of event {a} too short for their sample_type {at.sample_type:#x}",
-                    )
-                )
-        return Samples(rows, ra, mat, tuple(cols))
+                problems.append(SampleProblem(a, at, first, bad.shape[0]))
+        return Samples(rows, ra, mat, tuple(cols)), problems
+
+    def sample_decodable(self, attr: int) -> bool:
+        """Whether event ``attr``'s samples can be decoded (no sample_type
+        or read_format bits this reader does not know)."""
+        at = self.attrs[attr].attr
+        return not (at.sample_type >> 25 or at.read_format >> 5)
+
+    def sample_columns(self, attrs: list[int]) -> tuple[str, ...]:
+        """The :class:`Samples` columns the samples of events ``attrs``
+        have (as :meth:`samples` gives them for those events)."""
+        cols: list[str] = []
+        for a in attrs:
+            if self.sample_decodable(a):
+                at = self.attrs[a].attr
+                cols += [
+                    c for c in _sample_columns(at.sample_type, at.read_format) if c not in cols
+                ]
+        return tuple(cols)
 
     def summary(self) -> dict[str, int]:
         """Record counts by type name."""
         t, c = np.unique(self.records["type"], return_counts=True)
         return {_name(int(a)): int(b) for a, b in zip(t, c, strict=True)}
+
+
+@dataclass
+class SampleProblem:
+    """Samples of event ``attr`` that could not be decoded: ``short``
+    records too short for their sample_type (the first at file offset
+    ``offset``), or, when ``short`` is 0, all of them (the event has
+    sample_type or read_format bits this reader does not know; ``offset``:
+    its first sample)."""
+
+    attr: int
+    event: PerfEventAttr = field(repr=False)
+    offset: int
+    short: int
+
+    def error(self, path: str) -> PerfDataError:
+        at = self.event
+        if not self.short:
+            what = (
+                f"event {self.attr} has unknown sample_type/read_format bits "
+                f"({at.sample_type:#x}/{at.read_format:#x}): its samples are not decoded"
+            )
+        else:
+            what = (
+                f"{self.short} SAMPLE record(s) of event {self.attr} too short for their "
+                f"sample_type {at.sample_type:#x}"
+            )
+        return PerfDataError(path, self.offset, what)
+
+    @staticmethod
+    def merge(problems: list[SampleProblem]) -> list[SampleProblem]:
+        """Problems of consecutive ranges as one per event, in event order
+        (counts added, the first offset kept)."""
+        out: dict[int, SampleProblem] = {}
+        for p in problems:
+            got = out.get(p.attr)
+            if got is None:
+                out[p.attr] = SampleProblem(p.attr, p.event, p.offset, p.short)
+            else:
+                got.short += p.short
+        return [out[a] for a in sorted(out)]
 
 
 def _feat_name(f: int) -> str:

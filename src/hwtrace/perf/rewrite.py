@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO
 
 import numpy as np
 from numba import njit
@@ -27,7 +26,7 @@ from ..pt.packets import release
 from .data import PerfData, PerfDataError
 from .features import Feature, pack_feature, parse_feature
 
-__all__ = ["write_subset"]
+__all__ = ["SubsetWriter", "write_subset"]
 
 # Bytes gathered per write: records are copied into one buffer this large.
 CHUNK_BYTES = 1 << 23
@@ -52,49 +51,136 @@ def _gather(buf, starts, lengths, first, out):
     return k - first, p
 
 
-def _write_records(
-    data: PerfData, keep: np.ndarray, f: BinaryIO, chunk_bytes: int, chunk_rows: int
-) -> tuple[int, int]:
-    """Append the records whose ``keep`` is set to ``f``, in file order;
-    returns (records, bytes) written."""
-    r = data.records
-    buf = data.buf
-    out = np.empty(chunk_bytes, np.uint8)
-    n_records = n_bytes = 0
-    for lo in range(0, keep.shape[0], chunk_rows):
-        rows = lo + np.flatnonzero(keep[lo : lo + chunk_rows])
-        starts = r["offset"][rows].astype(np.int64)
-        lengths = r["size"][rows].astype(np.int64) + r["payload"][rows]
-        k = 0
-        while k < rows.shape[0]:
-            done, used = _gather(buf, starts, lengths, k, out)
-            if done:
-                f.write(out[:used].data)
-            else:  # one record larger than the buffer: from the mapping
-                s, n = int(starts[k]), int(lengths[k])
-                f.write(buf[s : s + n].data)
-                used, done = n, 1
-            n_bytes += used
-            k += done
-        n_records += rows.shape[0]
-        if rows.shape[0]:
-            # The input pages copied are not needed again.
-            release(buf, int(r["offset"][lo]), int(starts[-1] + lengths[-1]))
-    return n_records, n_bytes
+class SubsetWriter:
+    """Writes ``out``: ``data`` without some records, given a range of
+    records at a time, in order (:meth:`add`), so the caller need not know
+    every record to drop before writing starts; :meth:`close` (or leaving a
+    ``with`` block) writes the rest and the header.  Raises
+    :class:`~hwtrace.perf.data.PerfDataError` for a layout this cannot
+    rewrite (attrs after the data section)."""
 
+    def __init__(
+        self,
+        data: PerfData,
+        out: str | os.PathLike[str],
+        *,
+        chunk_bytes: int = CHUNK_BYTES,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> None:
+        h = data.header
+        if not data.pipe and h.attrs_offset + h.attrs_size > h.data_offset:
+            raise PerfDataError(data.path, 24, "attrs after the data section: layout not supported")
+        self.data, self.chunk_bytes, self.chunk_rows = data, chunk_bytes, chunk_rows
+        self.n = data.records["offset"].shape[0]
+        self.next = 0  # the first record not given yet
+        self.records = 0  # records written
+        self.size = 0  # bytes written to the data section
+        self.dropped = 0  # bytes of the records dropped so far
+        self._buf = np.empty(chunk_bytes, np.uint8)
+        # The AUXTRACE index: each entry's record offset, and how far it moves.
+        self.aux: list[tuple[int, int]] = []
+        raw = data.raw_features.get(int(Feature.AUXTRACE)) if not data.pipe else None
+        if raw is not None and int(Feature.AUXTRACE) in data.feature_sections:
+            self.aux = parse_feature(Feature.AUXTRACE, raw)
+        self._aux_at = np.array([o for o, _ in self.aux], np.int64)
+        self._aux_shift = np.full(len(self.aux), -1, np.int64)  # -1: not known yet
+        if self.n:  # entries before the first record do not move
+            self._aux_shift[self._aux_at < int(data.records["offset"][0])] = 0
+        self.f = open(out, "wb")
+        if data.pipe:
+            self.f.write(data.buf[:16].data)
+        else:
+            self.f.write(bytes(h.size))  # the header, once the data size is known
+            self.f.write(data.buf[h.size : h.data_offset].data)
+        self.closed = False
 
-def _moved_auxtrace(data: PerfData, drop: np.ndarray, raw: bytes) -> bytes:
-    """The AUXTRACE feature with each record offset moved back by the bytes
-    of the dropped records before it."""
-    r = data.records
-    drop = np.sort(drop)
-    dropped_at = r["offset"][drop].astype(np.int64)
-    dropped_len = np.cumsum(r["size"][drop].astype(np.int64) + r["payload"][drop])
-    moved = []
-    for offset, size in parse_feature(Feature.AUXTRACE, raw):
-        k = int(np.searchsorted(dropped_at, offset))
-        moved.append((offset - (int(dropped_len[k - 1]) if k else 0), size))
-    return pack_feature(Feature.AUXTRACE, moved)
+    def add(self, stop: int, drop: np.ndarray) -> None:
+        """Records up to row ``stop`` (from where the last call ended),
+        without those at rows ``drop``."""
+        r = self.data.records
+        start, self.next = self.next, stop
+        keep = np.ones(stop - start, np.bool_)
+        keep[np.asarray(drop, np.int64) - start] = False
+        gone = start + np.flatnonzero(~keep)
+        gone_at = r["offset"][gone].astype(np.int64)
+        gone_len = r["size"][gone].astype(np.int64) + r["payload"][gone]
+        if self.aux and start < stop:
+            lo = int(r["offset"][start])
+            hi = int(r["offset"][stop - 1] + r["size"][stop - 1] + r["payload"][stop - 1])
+            inside = np.flatnonzero((self._aux_at >= lo) & (self._aux_at < hi))
+            before = np.concatenate([[0], np.cumsum(gone_len)])
+            k = np.searchsorted(gone_at, self._aux_at[inside])
+            self._aux_shift[inside] = self.dropped + before[k]
+        self.dropped += int(gone_len.sum())
+        self._write(start, keep)
+
+    def _write(self, start: int, keep: np.ndarray) -> None:
+        """Append the records ``start + i`` whose ``keep[i]`` is set."""
+        r = self.data.records
+        buf, out, f = self.data.buf, self._buf, self.f
+        for lo in range(0, keep.shape[0], self.chunk_rows):
+            rows = start + lo + np.flatnonzero(keep[lo : lo + self.chunk_rows])
+            starts = r["offset"][rows].astype(np.int64)
+            lengths = r["size"][rows].astype(np.int64) + r["payload"][rows]
+            k = 0
+            while k < rows.shape[0]:
+                done, used = _gather(buf, starts, lengths, k, out)
+                if done:
+                    f.write(out[:used].data)
+                else:  # one record larger than the buffer: from the mapping
+                    s, n = int(starts[k]), int(lengths[k])
+                    f.write(buf[s : s + n].data)
+                    used, done = n, 1
+                self.size += used
+                k += done
+            self.records += rows.shape[0]
+            if rows.shape[0]:
+                # The input pages copied are not needed again.
+                release(buf, int(r["offset"][start + lo]), int(starts[-1] + lengths[-1]))
+
+    def close(self) -> tuple[int, int]:
+        """Write the records not given yet (kept), the feature sections and
+        the header; returns (records, bytes) written to the data section."""
+        if self.closed:
+            return self.records, self.size
+        if self.next < self.n:
+            self.add(self.n, np.zeros(0, np.int64))
+        data, f = self.data, self.f
+        if not data.pipe:
+            h = data.header
+            features = sorted(data.feature_sections)
+            sections: list[bytes] = []
+            for feat in features:
+                off, size = data.feature_sections[feat]
+                raw = bytes(data.buf[off : off + size])
+                if feat == Feature.AUXTRACE:
+                    # Entries after every record move by all the bytes dropped.
+                    shift = np.where(self._aux_shift < 0, self.dropped, self._aux_shift)
+                    moved = [(o - int(d), sz) for (o, sz), d in zip(self.aux, shift, strict=True)]
+                    raw = pack_feature(Feature.AUXTRACE, moved)
+                sections.append(raw)
+            pos = h.data_offset + self.size + 16 * len(features)
+            table = b""
+            for sec in sections:
+                table += struct.pack("<QQ", pos, len(sec))
+                pos += len(sec)
+            f.write(table)
+            for sec in sections:
+                f.write(sec)
+            header = bytearray(bytes(data.buf[: h.size]))
+            struct.pack_into("<Q", header, 48, self.size)  # data.size
+            f.seek(0)
+            f.write(header)
+        f.close()
+        self.closed = True
+        return self.records, self.size
+
+    def __enter__(self) -> SubsetWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.closed:
+            self.close()
 
 
 def write_subset(
@@ -112,39 +198,7 @@ def write_subset(
     Raises :class:`~hwtrace.perf.data.PerfDataError` for a file layout this
     cannot rewrite (attrs after the data section).
     """
-    n = data.records["offset"].shape[0]
-    keep = np.ones(n, np.bool_)
-    keep[drop] = False
-    if data.pipe:
-        with open(out, "wb") as f:
-            f.write(data.buf[:16].data)
-            return _write_records(data, keep, f, chunk_bytes, chunk_rows)
-    h = data.header
-    if h.attrs_offset + h.attrs_size > h.data_offset:
-        raise PerfDataError(data.path, 24, "attrs after the data section: layout not supported")
-    buf = data.buf
-    features = sorted(data.feature_sections)
-    sections: list[bytes] = []
-    for feat in features:
-        off, size = data.feature_sections[feat]
-        raw = bytes(buf[off : off + size])
-        if feat == Feature.AUXTRACE:
-            raw = _moved_auxtrace(data, np.flatnonzero(~keep), raw)
-        sections.append(raw)
-    with open(out, "wb") as f:
-        f.write(bytes(h.size))  # the header, once the data size is known
-        f.write(buf[h.size : h.data_offset].data)
-        records, size = _write_records(data, keep, f, chunk_bytes, chunk_rows)
-        pos = h.data_offset + size + 16 * len(features)
-        table = b""
-        for s in sections:
-            table += struct.pack("<QQ", pos, len(s))
-            pos += len(s)
-        f.write(table)
-        for s in sections:
-            f.write(s)
-        header = bytearray(bytes(buf[: h.size]))
-        struct.pack_into("<Q", header, 48, size)  # data.size
-        f.seek(0)
-        f.write(header)
-    return records, size
+    w = SubsetWriter(data, out, chunk_bytes=chunk_bytes, chunk_rows=chunk_rows)
+    with w:
+        w.add(w.n, np.sort(np.asarray(drop, np.int64)))
+    return w.records, w.size

@@ -16,7 +16,7 @@ Bad input raises :class:`StreamError` (one line: file and offset).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,54 @@ class EventSource:
 
     def __len__(self) -> int:
         return self.time.shape[0]
+
+
+@dataclass
+class EventTypeInfo:
+    """An event type as an input knows it before reading its events: name
+    (``system:event``), record layout and why the layout is what it is."""
+
+    name: str
+    schema: Schema
+    note: str = ""
+
+
+class StreamInput:
+    """Recorded events read as one source or several in order
+    (:meth:`chunks`), for inputs too large to hold at once.
+
+    ``types`` are the event types in the order every chunk lists them
+    (``chunk.types[k]`` is of type ``types[k]``); ``comms`` the names the
+    chunks' ``comm`` columns index; ``problems`` the damage found in the
+    whole input (known before the first chunk), ``notes`` facts worth
+    saying."""
+
+    kind: str
+    path: str
+    types: list[EventTypeInfo]
+    comms: list[str]
+    problems: list[str]
+    notes: list[str]
+
+    def chunks(self) -> Iterator[tuple[EventSource, int | None]]:
+        """Each chunk with the earliest event time of the chunks after it
+        (None: no chunk follows), so a time-ordered listing knows how far
+        it can go."""
+        raise NotImplementedError
+
+
+class WholeInput(StreamInput):
+    """A source read at once, as a :class:`StreamInput` of one chunk."""
+
+    def __init__(self, source: EventSource) -> None:
+        self.source = source
+        self.kind, self.path = source.kind, source.path
+        self.types = [EventTypeInfo(t.name, t.schema, t.note) for t in source.types]
+        self.comms = source.comms
+        self.problems, self.notes = source.problems, source.notes
+
+    def chunks(self) -> Iterator[tuple[EventSource, int | None]]:
+        yield self.source, None
 
 
 def contexts(
@@ -170,22 +218,25 @@ def _check_records(
     return _valid_records(buf, offsets.astype(np.int64), sizes.astype(np.int64), schema.size, locs)
 
 
-def split_bad(
-    t: EventType, buf: np.ndarray, where: str, notes: list[str]
-) -> tuple[EventType, np.ndarray]:
-    """Drop the events whose records do not hold their schema; say so."""
+def split_bad(t: EventType, buf: np.ndarray) -> tuple[EventType, np.ndarray]:
+    """``t`` without the events whose records do not hold their schema, and
+    those events' positions in ``t`` (:func:`bad_records_note` says so)."""
     assert t.offsets is not None and t.sizes is not None
     ok = _check_records(buf, t.schema, t.offsets, t.sizes)
     bad = np.flatnonzero(~ok)
     if bad.shape[0]:
-        notes.append(
-            f"{where}: {bad.shape[0]} {t.name} record(s) too short for their format or with "
-            f"a field beyond the record (first at offset {int(t.offsets[bad[0]]):#x}): skipped"
-        )
         t = EventType(
             t.name, t.schema, t.rows[ok], t.addresses[ok], t.offsets[ok], t.sizes[ok], t.note
         )
     return t, bad
+
+
+def bad_records_note(where: str, name: str, count: int, first_offset: int) -> str:
+    """The problem :func:`split_bad`'s refusals are reported as."""
+    return (
+        f"{where}: {count} {name} record(s) too short for their format or with "
+        f"a field beyond the record (first at offset {first_offset:#x}): skipped"
+    )
 
 
 def buffer_address(buf: np.ndarray) -> int:

@@ -22,6 +22,7 @@ from .base import (
     EventSource,
     EventType,
     StreamError,
+    bad_records_note,
     buffer_address,
     contexts,
     split_bad,
@@ -154,7 +155,10 @@ class FtraceSource(EventSource):
                 note += f" in {fs.root}: only $ctx fields"
             t = EventType(name, schema, rows, addresses[rows], offsets[rows], lengths[rows], note)
             if schema.fields:
-                t, _ = split_bad(t, big, path, notes)
+                t, bad = split_bad(t, big)
+                if bad.shape[0]:
+                    first = int(offsets[rows[bad[0]]])
+                    notes.append(bad_records_note(path, name, bad.shape[0], first))
             types.append(t)
         super().__init__(
             "ftrace", path, types, time, cpu, tid, comm, comms, contexts_, big, notes, info, bufs
