@@ -61,22 +61,27 @@ def run_perf(*args: str, stdin: bytes | None = None) -> str:
     return out.stdout.decode(errors="replace")
 
 
-def write_pt_file(path: Path, run: gt.Run, pt: bytes, config: int) -> None:
-    """The ground-truth run as perf.data: COMM, MMAPs of the ELF's code, the PT."""
-    w = PerfDataWriter(path, hostname="hwtrace-test")
-    w.set_intel_pt(config=config)
-    w.add_record(Comm(PID, PID, "groundtruth"), sample_id=SampleId(pid=PID, tid=PID))
-    with open(run.elf, "rb") as fh:
+def add_elf_mmaps(w: PerfDataWriter, elf: Path, pid: int, sample_id: SampleId) -> None:
+    """MMAP records of ``elf``'s executable segments in process ``pid``."""
+    with open(elf, "rb") as fh:
         for seg in ELFFile(fh).iter_segments():
             if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1:  # PF_X
                 va, off, sz = seg["p_vaddr"], seg["p_offset"], seg["p_memsz"]
                 lo = va & ~0xFFF
                 length = (va + sz - lo + 0xFFF) & ~0xFFF
                 w.add_record(
-                    Mmap(PID, PID, lo, length, off & ~0xFFF, str(run.elf)),
+                    Mmap(pid, pid, lo, length, off & ~0xFFF, str(elf)),
                     misc=2,  # PERF_RECORD_MISC_USER
-                    sample_id=SampleId(pid=PID, tid=PID),
+                    sample_id=sample_id,
                 )
+
+
+def write_pt_file(path: Path, run: gt.Run, pt: bytes, config: int) -> None:
+    """The ground-truth run as perf.data: COMM, MMAPs of the ELF's code, the PT."""
+    w = PerfDataWriter(path, hostname="hwtrace-test")
+    w.set_intel_pt(config=config)
+    w.add_record(Comm(PID, PID, "groundtruth"), sample_id=SampleId(pid=PID, tid=PID))
+    add_elf_mmaps(w, run.elf, PID, SampleId(pid=PID, tid=PID))
     w.finished_init()
     w.add_auxtrace(pt, tid=PID)
     w.finished_round()

@@ -12,12 +12,12 @@ from pathlib import Path
 import groundtruth as gt
 import numpy as np
 import pytest
-from elftools.elf.elffile import ELFFile
+from test_perf_data import add_elf_mmaps
 
 from hwtrace.cli.main import main
 from hwtrace.image import Image
 from hwtrace.perf.data import read_perf_data
-from hwtrace.perf.records import Comm, Mmap, SampleId, SampleType
+from hwtrace.perf.records import Comm, SampleId, SampleType
 from hwtrace.perf.sideband import BinaryLocator
 from hwtrace.perf.trace import PerfBlocks, decode_perf, decode_ranges, stream_perf
 from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
@@ -58,17 +58,7 @@ def _write(path: Path, run: gt.Run, pt: bytes, cuts: list[int]) -> None:
         )  # fmt: skip
         sid = SampleId(pid=PID, tid=PID, time=1)
         w.add_record(Comm(PID, PID, "sorter"), sample_id=sid)
-        with open(run.elf, "rb") as fh:
-            for seg in ELFFile(fh).iter_segments():
-                if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1:
-                    va, off = seg["p_vaddr"], seg["p_offset"]
-                    lo = va & ~0xFFF
-                    length = (va + seg["p_memsz"] - lo + 0xFFF) & ~0xFFF
-                    w.add_record(
-                        Mmap(PID, PID, lo, length, off & ~0xFFF, str(run.elf)),
-                        misc=2,
-                        sample_id=sid,
-                    )
+        add_elf_mmaps(w, run.elf, PID, sid)
         w.finished_init()
         for a, b in itertools.pairwise([0, *cuts, len(pt)]):
             w.add_auxtrace(pt[a:b], tid=PID)
@@ -144,6 +134,10 @@ def test_decode_ranges_start_at_psbs_and_cover_the_trace():
     assert ranges[-1][1] == len(pt)
     for (_, e), (s2, _) in itertools.pairwise(ranges):
         assert s2 < e <= s2 + 4096  # each runs on through the next one's PSB+
+    # The ranges decode_trace cuts (stream_perf and decode_perf must agree).
+    from hwtrace.pt import decode
+
+    assert ranges == decode._chunk_ranges(buf, 512)
 
 
 def test_script_and_report_same_from_one_record_or_many(tmp_path, capsysbinary):

@@ -80,7 +80,9 @@ def test_per_cpu_trace_of_two_processes_with_the_same_addresses(tmp_path):
     and -O2 builds), scheduled in turns on two CPUs: each CPU's trace goes
     from one process to the other at the context switches, and must be
     decoded with each stretch's own binary and attributed to its thread."""
-    from hwtrace.perf.records import Comm, Mmap, SampleId, SampleType, SwitchCpuWide
+    from test_perf_data import add_elf_mmaps
+
+    from hwtrace.perf.records import Comm, SampleId, SampleType, SwitchCpuWide
     from hwtrace.perf.writer import PerfDataWriter
 
     runs = {_P1: gt.case("sort", "-O0"), _P2: gt.case("interp", "-O2")}
@@ -116,19 +118,7 @@ def test_per_cpu_trace_of_two_processes_with_the_same_addresses(tmp_path):
         for pid, r in runs.items():
             sid = SampleId(pid=pid, tid=pid, time=1, cpu=0)
             w.add_record(Comm(pid, pid, f"proc{pid}"), sample_id=sid)
-            with open(r.elf, "rb") as fh:
-                from elftools.elf.elffile import ELFFile
-
-                for seg in ELFFile(fh).iter_segments():
-                    if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1:
-                        va, off = seg["p_vaddr"], seg["p_offset"]
-                        lo = va & ~0xFFF
-                        length = (va + seg["p_memsz"] - lo + 0xFFF) & ~0xFFF
-                        w.add_record(
-                            Mmap(pid, pid, lo, length, off & ~0xFFF, str(r.elf)),
-                            misc=2,
-                            sample_id=sid,
-                        )
+            add_elf_mmaps(w, r.elf, pid, sid)
         w.finished_init()
         running = {0: None, 1: None}
         for t, cpu, pid, _ in plan:

@@ -25,6 +25,7 @@ from numba import njit
 from ..pt.packets import release
 from .data import PerfData, PerfDataError
 from .features import Feature, pack_feature, parse_feature
+from .writer import write_feature_sections
 
 __all__ = ["SubsetWriter", "write_subset"]
 
@@ -159,14 +160,7 @@ class SubsetWriter:
                     moved = [(o - int(d), sz) for (o, sz), d in zip(self.aux, shift, strict=True)]
                     raw = pack_feature(Feature.AUXTRACE, moved)
                 sections.append(raw)
-            pos = h.data_offset + self.size + 16 * len(features)
-            table = b""
-            for sec in sections:
-                table += struct.pack("<QQ", pos, len(sec))
-                pos += len(sec)
-            f.write(table)
-            for sec in sections:
-                f.write(sec)
+            write_feature_sections(f, h.data_offset + self.size, sections)
             header = bytearray(bytes(data.buf[: h.size]))
             struct.pack_into("<Q", header, 48, self.size)  # data.size
             f.seek(0)

@@ -31,7 +31,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .attr import PerfEventAttr
 from .features import EventDesc, Feature, pack_feature
@@ -47,7 +47,7 @@ from .user import (
     pack_time_conv,
 )
 
-__all__ = ["INTEL_PT_CONFIG_BITS", "PerfDataWriter"]
+__all__ = ["INTEL_PT_CONFIG_BITS", "PerfDataWriter", "write_feature_sections"]
 
 MAGIC = b"PERFILE2"
 HEADER_SIZE = 104
@@ -58,6 +58,20 @@ INTEL_PT_CONFIG_BITS = {
     "tsc": 1 << 10, "noretcomp": 1 << 11, "ptw": 1 << 12, "branch": 1 << 13,
     "mtc_period": 0xF << 14, "cyc_thresh": 0xF << 19, "psb_period": 0xF << 24,
 }  # fmt: skip
+
+
+def write_feature_sections(f: BinaryIO, data_end: int, sections: Sequence[bytes]) -> None:
+    """Write, at ``data_end`` (the end of the data section), the feature
+    table (offset and size of each section, in feature order) and the
+    sections after it, as perf lays a file out."""
+    pos = data_end + 16 * len(sections)
+    table = b""
+    for sec in sections:
+        table += struct.pack("<QQ", pos, len(sec))
+        pos += len(sec)
+    f.write(table)
+    for sec in sections:
+        f.write(sec)
 
 
 class PerfDataWriter:
@@ -300,14 +314,7 @@ class PerfDataWriter:
             feats[Feature.AUXTRACE] = self._auxtrace_index
         order = sorted(int(k) for k in feats)
         contents = [pack_feature(k, feats[k]) for k in order]
-        pos = data_end + 16 * len(order)
-        table = b""
-        for c in contents:
-            table += struct.pack("<QQ", pos, len(c))
-            pos += len(c)
-        f.write(table)
-        for c in contents:
-            f.write(c)
+        write_feature_sections(f, data_end, contents)
         words = [0, 0, 0, 0]
         for k in order:
             words[k // 64] |= 1 << (k % 64)
