@@ -101,6 +101,8 @@ def test_argument_keys_follow_numba_typeof():
         np.uint64(3),
         np.int8(-1),
         (np.zeros(2, np.int32), (7, np.zeros(1, np.bool_))),
+        np.zeros(3, np.dtype([("a", np.int64), ("b", np.uint8)])),
+        np.zeros(3, np.dtype([("a", np.int64), ("b", np.uint8)], align=True)),
     ]
     for v in values:
         assert kernels._value_key(v) == kernels._numba_key(typeof(v)), v

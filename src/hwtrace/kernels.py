@@ -134,10 +134,17 @@ def _source_files(modules: tuple = ()) -> list[str]:
 # float64; tuples item by item.
 
 
+def _dtype_key(dt: np.dtype) -> str:
+    # Records by their fields: two record types may share a size.
+    return dt.str if dt.fields is None else repr(dt.descr)
+
+
 def _array_key(a: np.ndarray) -> tuple:
     f = a.flags
     layout = "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
-    return ("a", a.dtype.str, a.ndim, layout, not f.writeable, bool(f.aligned))
+    # numba's arrays are "aligned" but for records of a packed struct dtype
+    aligned = a.dtype.fields is None or a.dtype.isalignedstruct
+    return ("a", _dtype_key(a.dtype), a.ndim, layout, not f.writeable, aligned)
 
 
 def _value_key(v) -> Any:
@@ -530,7 +537,8 @@ def _numba_key(ty) -> Any:
         # Compiled for one constant value: only a call from numba uses it.
         raise TypeError(f"no native layout for {ty}")
     if isinstance(ty, types.Array):
-        return ("a", as_dtype(ty.dtype).str, ty.ndim, ty.layout, not ty.mutable, ty.aligned)
+        dt = _dtype_key(as_dtype(ty.dtype))
+        return ("a", dt, ty.ndim, ty.layout, not ty.mutable, ty.aligned)
     if isinstance(ty, types.BaseTuple):
         return tuple(_numba_key(t) for t in ty.types)
     if isinstance(ty, types.Boolean):

@@ -20,19 +20,12 @@ Run 'hwtrace <command> --help' for a command's options.
 """
 
 
-def _build_kernels_at_exit() -> None:
-    """After the command, build the native kernel library if kernels had to
-    go through numba (see hwtrace.kernels); once per process."""
-    import atexit
-
-    def build() -> None:
-        kernels = sys.modules.get("hwtrace.kernels")
-        if kernels is not None:
-            kernels.note_fallback()
-
-    if not getattr(_build_kernels_at_exit, "done", False):
-        _build_kernels_at_exit.done = True  # type: ignore[attr-defined]
-        atexit.register(build)
+def _build_kernels() -> None:
+    """After a command, build the native kernel library if kernels had to
+    go through numba (see hwtrace.kernels)."""
+    kernels = sys.modules.get("hwtrace.kernels")
+    if kernels is not None:
+        kernels.note_fallback()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,8 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
         return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
-    _build_kernels_at_exit()
+    try:
+        return _run(argv[0], argv[1:])
+    finally:
+        _build_kernels()
+
+
+def _run(cmd: str, rest: list[str]) -> int:
     if cmd == "ptdump":
         from .ptdump import main as ptdump_main
 
