@@ -35,6 +35,7 @@ needs_perf = pytest.mark.skipif(PERF is None, reason="perf is not installed (Deb
 PROGRAM = r"""
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,38 @@ NOINLINE void quit_early(long n) {
 }
 
 static long (*const works[4])(long) = {work_a, work_b, work_c, work_d};
+
+/* Threads that wait for each other: a mutex taken in turns (futex waits
+ * inside the traced code when contended). */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+NOINLINE void bump(long n) {
+    for (long i = 0; i < n; i++) {
+        pthread_mutex_lock(&mu);
+        sink[6] += i;
+        pthread_mutex_unlock(&mu);
+    }
+}
+static void *bumper(void *arg) {
+    (void)arg;
+    bump(40);
+    return NULL;
+}
+
+/* A thread killed while it is stepped: the process exits under it. */
+static volatile int spinning;
+NOINLINE void forever(void) {
+    for (long i = 0;; i++) {
+        if (i & 1)
+            sink[7]++;
+        if (i == 500)
+            spinning = 1;
+    }
+}
+static void *spinner(void *arg) {
+    (void)arg;
+    forever();
+    return NULL;
+}
 
 /* Waits for a child; whether it exited with status 0. */
 static int child_ok(pid_t pid) {
@@ -153,6 +186,16 @@ int main(int argc, char **argv) {
         sink[3] = work_d(300);
     } else if (!strcmp(mode, "solo")) {
         sink[2] = work_c(300);
+    } else if (!strcmp(mode, "mutex")) {
+        for (long k = 0; k < 4; k++)
+            pthread_create(&t[k], NULL, bumper, NULL);
+        for (int k = 0; k < 4; k++)
+            pthread_join(t[k], NULL);
+    } else if (!strcmp(mode, "killed")) {
+        pthread_create(&t[0], NULL, spinner, NULL);
+        while (!spinning)
+            sched_yield();
+        exit(0);
     }
     printf("%ld %ld %ld %ld %ld\n", sink[0], sink[1], sink[2], sink[3], sink[5]);
     return 0;
@@ -377,4 +420,34 @@ def test_children_followed(tmp_path, mode, capsys):
     assert traces[-1].image == execs[0].image != 0
     forks = [ev for ev in rec.steps.events if ev.kind == "fork"]
     assert [(ev.pid, ev.ppid) for ev in forks] == [(child, rec.pid)]
+    check_listings(tmp_path / "perf.data", want, capsys, rec)
+
+
+@pytest.mark.parametrize("option", ["-f", "--call"])
+def test_threads_waiting_on_a_mutex(tmp_path, capsys, option):
+    """Four threads taking one mutex in turns: with ``-f`` each leaves and
+    re-enters the function at the same return addresses (their resume
+    points share breakpoints); with ``--call`` the lock's futex waits are
+    stepped inside the call while other threads go on.  Each thread's trace
+    is exactly what it ran, whoever ran first."""
+    exe = build()
+    kind = {"-f": "functions", "--call": "calls"}[option]
+    rec = record_software([str(exe), "mutex"], **{kind: ["bump"]})
+    assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
+    want = stepped(rec)
+    assert len(want) == 4
+    check_listings(tmp_path / "perf.data", want, capsys, rec)
+
+
+def test_thread_killed_while_stepped(tmp_path, capsys):
+    """The process exits while a thread is being stepped inside its traced
+    function: that thread's registers at its exit say whether its last
+    stepped instruction ran; its trace ends there."""
+    exe = build()
+    rec = record_software([str(exe), "killed"], functions=["forever"])
+    assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
+    want = stepped(rec)
+    (tr,) = rec.threads
+    assert tr.tid != rec.pid and tr.log.segments[-1].end_reason == "exit"
+    assert tr.instructions.shape[0] > 500 * 4  # it ran its loop 500 times first
     check_listings(tmp_path / "perf.data", want, capsys, rec)

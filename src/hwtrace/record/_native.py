@@ -75,6 +75,8 @@ N_REGS = len(REGISTER_NAMES)
 R_RIP = REGISTER_NAMES.index("rip")
 R_RSP = REGISTER_NAMES.index("rsp")
 R_EFLAGS = REGISTER_NAMES.index("eflags")
+R_RAX = REGISTER_NAMES.index("rax")
+R_ORIG_RAX = REGISTER_NAMES.index("orig_rax")
 
 # Stepping clocks.
 CLOCK_TSC = 0
@@ -208,7 +210,7 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
     """Read thread ``s``'s registers; if it is about to run an instruction
     it traces, log it and single-step it.  Returns ``(n, why)``, ``why`` 0
     when it was stepped."""
-    tids, proc, extent, count, last = slots
+    tids, proc, extent, count, last, restart = slots
     ips, times, regs, rslot = log
     lo, hi, owner = ranges
     bpt, bown = points
@@ -220,6 +222,19 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
         out[1] = r
         out[4] = 0
         return n, STOP_ERROR
+    ax = np.int64(scratch[R_RAX])
+    if -516 <= ax <= -512 and np.int64(scratch[R_ORIG_RAX]) >= 0:
+        # A system call's exit reported before the kernel restarts it
+        # (-ERESTART*: the IP goes back to the syscall instruction, or a
+        # handler runs first): nothing new to log; step on.
+        restart[s] = 1
+        r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
+                      np.int64(0))  # fmt: skip
+        if r < 0:
+            out[1] = r
+            out[4] = 0
+            return n, STOP_ERROR
+        return n, 0
     t = _now(clock, ts)
     out[2] = np.int64(t)
     ip = scratch[R_RIP]
@@ -247,6 +262,7 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
     for c in range(cols.shape[0]):
         regs[n, c] = scratch[cols[c]]
     rslot[n] = s
+    restart[s] = 0
     count[s] += 1
     last[s] = n
     n += 1
@@ -267,7 +283,8 @@ def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, pages, 
 
     Per thread slot ``s``: ``slots`` = (tids, process index, call extent (the
     stack pointer at the traced call's entry; 0: none), rows logged, last
-    row); ``mode[s]`` 1 when the loop steps it (its single-step traps are
+    row, 1 while the thread steps through a system call's restart (its last
+    row, the system call, ran)); ``mode[s]`` 1 when the loop steps it (its single-step traps are
     its own to handle), 0 when each of its reports goes back to Python;
     ``kick[s]`` 1 to look at it first (it is stopped, not yet looked at).
     A thread traces the instruction it is about to run when that is inside
@@ -338,7 +355,7 @@ def warm_up() -> None:
     status = np.zeros(2, np.int32)
     i64, u64 = np.zeros(1, np.int64), np.zeros(1, np.uint64)
     step_threads(
-        (np.zeros(0, np.int64), i64, u64, i64, i64),
+        (np.zeros(0, np.int64), i64, u64, i64, i64, i64),
         np.zeros(0, np.int64),
         np.zeros(0, np.int64),
         (u64, u64, np.zeros((1, 1), np.uint64), i64),

@@ -650,6 +650,7 @@ class _Recorder:
         self.extent = np.zeros(nslot, np.uint64)
         self.count = np.zeros(nslot, np.int64)
         self.last = np.full(nslot, -1, np.int64)
+        self.restart = np.zeros(nslot, np.int64)
         self.mode = np.zeros(nslot, np.int64)
         self.kick = np.zeros(nslot, np.int64)
         self.slots: list[_Thread] = []
@@ -717,7 +718,7 @@ class _Recorder:
         slot = len(self.slots)
         if slot >= self.tids.shape[0]:
             size = 2 * self.tids.shape[0]
-            for name in ("tids", "sproc", "extent", "count", "mode", "kick"):
+            for name in ("tids", "sproc", "extent", "count", "restart", "mode", "kick"):
                 setattr(self, name, np.resize(getattr(self, name), size))
                 getattr(self, name)[slot:] = 0
             self.last = np.resize(self.last, size)
@@ -729,6 +730,7 @@ class _Recorder:
         self.extent[slot] = 0
         self.count[slot] = 0
         self.last[slot] = -1
+        self.restart[slot] = 0
         self.mode[slot] = 0
         self.kick[slot] = 0
         proc.threads.append(t)
@@ -803,6 +805,13 @@ class _Recorder:
         regs = np.zeros((cap, self.regs.shape[1]), np.uint64)
         regs[: self.n] = self.regs[: self.n]
         self.regs = regs
+
+    def row_pending(self, t: _Thread) -> bool:
+        """Whether the thread's last logged row, in its open stretch, has not
+        run yet (at a signal stop: not when it was a system call whose
+        restart was being stepped through)."""
+        s = t.slot
+        return bool(self.count[s] > t.seg_start and not self.restart[s])
 
     def drop_last(self, t: _Thread) -> None:
         """The thread's last logged instruction did not run: forget it."""
@@ -898,9 +907,29 @@ class _Recorder:
         """One single step issued from here (its report comes back to the loop)."""
         self.ptrace(nat.PTRACE_SINGLESTEP, t, sig, "PTRACE_SINGLESTEP")
 
+    def borrowers(self, t: _Thread, at: int) -> list[_Thread]:
+        """Threads the loop stepped at the lifted breakpoint ``at`` (their
+        last row), whose step has not been seen: in flight."""
+        space = t.proc.space
+        out = []
+        for b in self.slots:
+            s = b.slot
+            if b is t or b.gone or b.proc.space is not space or b.stepover is not None:
+                continue
+            if self.mode[s] == 1 and not self.kick[s] and self.last[s] >= 0:
+                if int(self.ips[int(self.last[s])]) == at:
+                    out.append(b)
+        return out
+
     def resume_as_before(self, t: _Thread) -> None:
         """Go on after a stop that interrupted what the thread was doing."""
         if t.stepping or t.stepover is not None or t.delivery is not None:
+            regs = self.getregs(t)
+            if regs is None:
+                return
+            rip = int(regs[nat.R_RIP])
+            if rip in t.proc.space.armed and t.stepover != rip:
+                self.lift(t, rip)  # the step may run the instruction under it
             self.step(t)
         else:
             self.resume_free(t, 0)
@@ -959,6 +988,13 @@ class _Recorder:
         at, t.stepover = t.stepover, None
         self.stepovers.discard(t)
         if at is not None and t.proc.mem >= 0:
+            for b in self.borrowers(t, at):
+                # Stepped at ``at`` by the loop while it was lifted, its step
+                # not seen yet: it holds the original byte until it is.
+                t.proc.space.lift(at)
+                b.stepover = at
+                self.stepovers.add(b)
+                self.mode[b.slot] = 0
             t.proc.space.drop(at)
         self._points()
         if t.stepping:
@@ -989,7 +1025,7 @@ class _Recorder:
                 return  # attached: let it go (detach_all)
             limit = min(self.limit, self.ips.shape[0])
             n, why = nat.step_threads(
-                (self.tids, self.sproc, self.extent, self.count, self.last),
+                (self.tids, self.sproc, self.extent, self.count, self.last, self.restart),
                 self.mode, self.kick,
                 (self.ips, self.times, self.regs, self.rslot), self.cols, self.n, limit,
                 (self.rlo, self.rhi, self.rown), (self.bpt, self.bown), self.pages,
@@ -1192,7 +1228,7 @@ class _Recorder:
             if regs is not None:
                 end_ip = int(regs[nat.R_RIP])
                 s = t.slot
-                if self.count[s] > t.seg_start and int(self.ips[int(self.last[s])]) == end_ip:
+                if self.row_pending(t) and int(self.ips[int(self.last[s])]) == end_ip:
                     self.drop_last(t)
             self.close_segment(t, end_ip, self.now(), END_EXIT)
         self.mode[t.slot] = 0
@@ -1201,7 +1237,7 @@ class _Recorder:
     def exited(self, t: _Thread, st: int) -> None:
         if t.stepping:  # no PTRACE_EVENT_EXIT stop was seen
             end_ip = 0
-            if os.WIFSIGNALED(st) and self.count[t.slot] > t.seg_start:
+            if os.WIFSIGNALED(st) and self.row_pending(t):
                 end_ip = int(self.ips[int(self.last[t.slot])])
                 self.drop_last(t)
             self.close_segment(t, end_ip, self.now(), END_EXIT)
@@ -1338,9 +1374,8 @@ class _Recorder:
         regs = self.getregs(t)
         if regs is None:
             return
-        in_stretch = self.count[s] > t.seg_start
         row = int(self.count[s]) - 1
-        x = int(self.ips[int(self.last[s])]) if in_stretch else int(regs[nat.R_RIP])
+        x = int(self.ips[int(self.last[s])]) if self.row_pending(t) else int(regs[nat.R_RIP])
         t.delivery = _Delivery(row, x, int(regs[nat.R_RSP]), int(self.extent[s]))
         self.mode[s] = 0
         self.deliver_next(t, st)
@@ -1373,7 +1408,7 @@ class _Recorder:
             self.mode[s] = 1
             self.kick[s] = 1
             return
-        if self.count[s] > t.seg_start:
+        if self.row_pending(t):
             self.drop_last(t)  # it did not run: the handler came first
         regs = self.getregs(t)
         if regs is None:
@@ -1400,7 +1435,7 @@ class _Recorder:
         d, t.delivery = t.delivery, None
         sig = 0
         if st == _PLAIN_TRAP:
-            if d is not None and d.caught and self.count[t.slot] > t.seg_start:
+            if d is not None and d.caught and self.row_pending(t):
                 self.drop_last(t)
                 end_ip = d.ip
             else:
@@ -1408,8 +1443,10 @@ class _Recorder:
                 end_ip = int(regs[nat.R_RIP]) if regs is not None else 0
         else:  # a signal: the last instruction has not run
             sig = 0 if self.group_stop(t) else os.WSTOPSIG(st)
-            end_ip = int(self.ips[int(self.last[t.slot])])
-            if self.count[t.slot] > t.seg_start:
+            regs = self.getregs(t)
+            end_ip = int(regs[nat.R_RIP]) if regs is not None else 0
+            if self.row_pending(t):
+                end_ip = int(self.ips[int(self.last[t.slot])])
                 self.drop_last(t)
         self.close_segment(t, end_ip, self.now(), END_LIMIT)
         self.resume_free(t, sig)
