@@ -67,6 +67,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -1841,7 +1842,7 @@ def step_threads(
     )
 
 
-def step_process(target: Sequence[str] | int, **options) -> StepLog:
+def step_process(target: Sequence[str] | int, **options: Any) -> StepLog:
     """:func:`step_threads`, for the log of the launched or attached thread
     (the first thread of the process); its ``exit_status`` is the process's."""
     recording = step_threads(target, **options)
