@@ -206,6 +206,19 @@ def _page_missing(ip, p, pages):
 
 
 @njit(cache=True)
+def _single_step(tid, out, logged):
+    """PTRACE_SINGLESTEP: 0, or STOP_ERROR with ``-errno`` in ``out[1]``
+    (``out[4]``: whether a row was logged for the step)."""
+    r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
+                  np.int64(0))  # fmt: skip
+    if r < 0:
+        out[1] = r
+        out[4] = logged
+        return STOP_ERROR
+    return 0
+
+
+@njit(cache=True)
 def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch, ts, out):
     """Read thread ``s``'s registers; if it is about to run an instruction
     it traces, log it and single-step it.  Returns ``(n, why)``, ``why`` 0
@@ -228,13 +241,7 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
         # (-ERESTART*: the IP goes back to the syscall instruction, or a
         # handler runs first): nothing new to log; step on.
         restart[s] = 1
-        r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
-                      np.int64(0))  # fmt: skip
-        if r < 0:
-            out[1] = r
-            out[4] = 0
-            return n, STOP_ERROR
-        return n, 0
+        return n, _single_step(tid, out, 0)
     t = _now(clock, ts)
     out[2] = np.int64(t)
     ip = scratch[R_RIP]
@@ -266,13 +273,7 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
     count[s] += 1
     last[s] = n
     n += 1
-    r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
-                  np.int64(0))  # fmt: skip
-    if r < 0:
-        out[1] = r
-        out[4] = 1
-        return n, STOP_ERROR
-    return n, 0
+    return n, _single_step(tid, out, 1)
 
 
 @njit(cache=True, nogil=True)
