@@ -44,12 +44,15 @@ import iced_x86 as iced
 import numpy as np
 
 from ..image import Image, ImageError, read_elf
-from ..isa.x86 import InsnCache
+from ..isa.x86 import IClass, InsnCache
 from ..perf.sideband import TscConversion, elf_build_id
 from ..pt.config import PtConfig
 from ..pt.encode import EncodedTrace, encode_path
 from .stepper import (
     END_EXIT,
+    END_LIMIT,
+    END_SIGNAL,
+    END_STOPPED,
     Mapping,
     RecordError,
     Segment,
@@ -309,6 +312,27 @@ def _rep_rows(
     return same & ~unfinished, unfinished
 
 
+# Ends of a traced stretch that are not a branch leaving the traced code: the
+# thread stopped being traced between two instructions.
+_ASYNC_ENDS = (END_SIGNAL, END_EXIT, END_LIMIT, END_STOPPED)
+
+
+def _stopped_after_branch(cache: InsnCache, log: StepLog, seg: Segment, keep: np.ndarray) -> bool:
+    """Whether tracing stopped asynchronously (a signal handled outside, the
+    thread killed, recording stopped) right after a near branch.  A TIP.PGD
+    bound to the branch would read as the branch leaving the traced code:
+    perf takes a jump into its address filter, or a Jcc whose taken target
+    is in it, as not leaving it, and walks on.  Only FUP + TIP.PGD says it,
+    so such a trace disables asynchronously throughout."""
+    if seg.end_reason not in _ASYNC_ENDS or not seg.end_ip:
+        return False
+    insn = cache.get(int(log.ips[keep[-1]]), 64)
+    return not isinstance(insn, int) and insn.iclass in _NEAR_BRANCHES
+
+
+_NEAR_BRANCHES = (IClass.JUMP, IClass.CALL, IClass.COND_JUMP, IClass.RETURN)
+
+
 def _is_rep_at(cache: InsnCache, ip: int) -> bool:
     insn = cache.get(ip, 64)
     return not isinstance(insn, int) and _is_rep_string(insn.raw)
@@ -398,6 +422,9 @@ def encode_log(
             end_ip=end_ip,
             ret_compression=not noretcomp,
             psb_period=psb_period,
+            sync_disable=not any(
+                _stopped_after_branch(cache, log, seg, keep) for seg, keep in stretches
+            ),
             interrupts=interrupts,
             trace_off=off,
             tsc=int(log.times[0]) if tsc else None,

@@ -873,7 +873,22 @@ class _Recorder:
 
     def add_resume_point(self, t: _Thread, at: int, rsp: int, extent: int) -> None:
         t.pending.setdefault(at, []).append((rsp, extent))
-        t.proc.space.arm(at)
+        self.arm(t.proc.space, at)
+
+    def arm(self, space: _Space, at: int) -> None:
+        """A breakpoint at ``at``; threads the loop has just stepped there (in
+        flight) keep the original byte until their step is seen."""
+        if at in space.armed:
+            return
+        takers = self.borrowers(None, space, at)
+        if takers:
+            self.stop_world()
+        for b in takers:
+            space.lift(at)
+            b.stepover = at
+            self.stepovers.add(b)
+            self.mode[b.slot] = 0
+        space.arm(at)
 
     def note_call(self, t: _Thread, rsp: int) -> None:
         """If the last stepped instruction was a call leaving the ranges, the
@@ -908,10 +923,10 @@ class _Recorder:
         """One single step issued from here (its report comes back to the loop)."""
         self.ptrace(nat.PTRACE_SINGLESTEP, t, sig, "PTRACE_SINGLESTEP")
 
-    def borrowers(self, t: _Thread, at: int) -> list[_Thread]:
-        """Threads the loop stepped at the lifted breakpoint ``at`` (their
-        last row), whose step has not been seen: in flight."""
-        space = t.proc.space
+    def borrowers(self, t: _Thread | None, space: _Space, at: int) -> list[_Thread]:
+        """Threads (other than ``t``) the loop stepped at ``at`` (their last
+        row) while it held its original byte, whose step has not been seen:
+        in flight."""
         out = []
         for b in self.slots:
             s = b.slot
@@ -989,7 +1004,7 @@ class _Recorder:
         at, t.stepover = t.stepover, None
         self.stepovers.discard(t)
         if at is not None and t.proc.mem >= 0:
-            for b in self.borrowers(t, at):
+            for b in self.borrowers(t, t.proc.space, at):
                 # Stepped at ``at`` by the loop while it was lifted, its step
                 # not seen yet: it holds the original byte until it is.
                 t.proc.space.lift(at)
@@ -1502,7 +1517,7 @@ class _Recorder:
         if self.recording:
             proc.space.entries |= {r.start for r in proc.ranges} | {c.start for c in proc.calls}
             for a in sorted(proc.space.entries):
-                proc.space.arm(a)
+                self.arm(proc.space, a)
         self._ranges()
         self._points()
 
