@@ -188,11 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         traces = [t for t in traces if args.only in t[0]]
 
     # Fill numba's cache, then build the native kernel library from it, so
-    # the timed processes load, not compile (as after a user's first run).
+    # the timed processes load, not compile (as after a user's first run);
+    # no timed process builds it on its way out.
+    os.environ["HWTRACE_KERNELS_AUTOBUILD"] = "0"
     for _, trace, _ in traces:
         hwtrace_first_run(trace, workload.elf, timing, True, 1)
-        subprocess.run([str(HWTRACE), "ptxed", "--pt", str(trace), "--elf", str(workload.elf),
-                        "--quiet"], check=True, capture_output=True)  # fmt: skip
+        hwtrace_first_run(trace, workload.elf, timing, False, 1)
+    small = min(traces, key=lambda t: t[1].stat().st_size)[1]
+    for extra in (("--quiet",), ("--no-inst",), ()):
+        subprocess.run(ptxed_cmd(small, workload.elf, timing, *extra), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     subprocess.run([sys.executable, "-m", "hwtrace.kernels", "build"], check=True)
 
     rows = []
