@@ -134,10 +134,6 @@ def test_decode_ranges_start_at_psbs_and_cover_the_trace():
     assert ranges[-1][1] == len(pt)
     for (_, e), (s2, _) in itertools.pairwise(ranges):
         assert s2 < e <= s2 + 4096  # each runs on through the next one's PSB+
-    # The ranges decode_trace cuts (stream_perf and decode_perf must agree).
-    from hwtrace.pt import decode
-
-    assert ranges == decode._chunk_ranges(buf, 512)
 
 
 def test_script_and_report_same_from_one_record_or_many(tmp_path, capsysbinary):
