@@ -43,12 +43,11 @@ from ..image import Image
 from ..image.symbols import SymbolTable
 from ..pt import _flowkernel as FK
 from ..pt.config import PtConfig
-from ..pt.decode import DecodeOptions, FlowResult, Gap, decode_trace
+from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.errors import errstr
 from ..pt.events import Ev
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.kinds import Kind
-from ..pt.packets import decode_range, psb_chunks, release
+from ..pt.packets import release
 from .data import PerfData, PerfDataError
 from .features import Feature
 from .kernel import KernelCode
@@ -294,32 +293,8 @@ def _map_open(f: BinaryIO) -> np.ndarray:
 
 def decode_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int, int]]:
     """The ranges a trace is decoded in, as :func:`~hwtrace.pt.decode.decode_trace`
-    cuts it: about ``chunk_bytes`` each, starting at a PSB, each but the
-    last running on through the next range's PSB+ (whose FUP says where the
-    next range starts, so the flow up to there is decoded once)."""
-    ranges = psb_chunks(buf, chunk_bytes)
-    out = []
-    for i, (s, e) in enumerate(ranges):
-        if i + 1 < len(ranges):
-            e = _psb_plus_end(buf, e)
-        out.append((s, e))
-    return out
-
-
-def _psb_plus_end(buf: np.ndarray, psb: int) -> int:
-    """The offset just after the PSBEND of the PSB+ at ``psb`` (``psb``
-    itself when it has none)."""
-    end = buf.shape[0]
-    span = 4096
-    while True:
-        table = decode_range(buf, psb, min(end, psb + span), resync=False)
-        hit = np.flatnonzero(table.kind == Kind.PSBEND)
-        if len(hit):
-            i = int(hit[0])
-            return int(table.offset[i] + table.size[i])
-        if psb + span >= end or len(table.err_code):
-            return psb
-        span *= 4
+    cuts it (see :func:`~hwtrace.pt.decode.chunk_ranges`)."""
+    return chunk_ranges(buf, chunk_bytes)
 
 
 class _Contexts:

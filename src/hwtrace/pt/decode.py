@@ -413,9 +413,12 @@ def _decoder(image, config, options, context, images=None, keep=True) -> FlowDec
     return FlowDecoder(image, config, opts, on_event=hook, stop_at="enabled", images=images)
 
 
-def _chunk_ranges(buf: np.ndarray, chunk_bytes: int) -> list[tuple[int, int]]:
-    """PSB-aligned ranges; each but the last extends over the next chunk's
-    PSB+ so the flow up to the next chunk's start IP is decoded once."""
+def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int, int]]:
+    """The ranges a trace is decoded in (by :func:`decode_trace`, and by
+    whoever decodes it piece by piece the same way): about ``chunk_bytes``
+    each, starting at a PSB, each but the last running on through the next
+    range's PSB+ (whose FUP says where the next range starts, so the flow up
+    to there is decoded once)."""
     from .packets import psb_chunks
 
     ranges = psb_chunks(buf, chunk_bytes)
@@ -494,7 +497,7 @@ def decode_trace(
     (None: keep the current one): how sideband switches processes."""
     config = config or PtConfig()
     buf = _as_buffer(data)
-    ranges = _chunk_ranges(buf, chunk_bytes)
+    ranges = chunk_ranges(buf, chunk_bytes)
     jobs = useful_jobs(jobs, buf.shape[0], job_bytes)
     if jobs <= 1 or len(ranges) <= 1:
         dec = _decoder(image, config, options, context, keep=keep_blocks)
@@ -534,7 +537,7 @@ def iter_flow(
     config = config or PtConfig()
     buf = _as_buffer(data)
     dec = _decoder(image, config, options, context)
-    for s, e in _chunk_ranges(buf, chunk_bytes):
+    for s, e in chunk_ranges(buf, chunk_bytes):
         sink = _Collector(True)
         dec.decode(buf, sink, s, e)
         yield _result([sink], [dec])
@@ -545,6 +548,7 @@ __all__ = [
     "FlowResult",
     "Gap",
     "Symbolized",
+    "chunk_ranges",
     "decode_trace",
     "iter_flow",
 ]
