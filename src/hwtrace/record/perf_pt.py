@@ -2,7 +2,7 @@
 
 Where the CPU has Intel PT (``/sys/bus/event_source/devices/intel_pt``),
 hwtrace records with Linux perf, whose kernel driver owns the hardware.  This
-module turns :class:`PtSettings` (the knobs the seeds vary) into perf's event
+module turns :class:`PtSettings` (PSB period, timing packets, return compression, filters) into perf's event
 terms and command line, checks them against what the hardware enumerates
 (the PMU's ``caps`` directory, CPUID leaf 0x14 as the kernel reads it) and
 runs perf.  The same settings drive the software backend, so a recording made
