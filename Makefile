@@ -52,7 +52,7 @@ conformance: venv
 	$(BIN)/python $(CONFORMANCE)/run.py ptdump --suite core --cmd "$(BIN)/hwtrace ptdump"
 
 test: venv oracles lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest
 
 bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
