@@ -71,17 +71,28 @@ def load_trace(prog: str, arg: str) -> tuple[str, np.ndarray] | None:
     except OSError as exc:
         sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
         return None
-    total = buf.shape[0]
     if offset or size:
-        if offset >= total:
-            sys.stderr.write(f"{prog}: {path}: offset {offset:#x} is beyond the end ({total:#x})\n")
-            return None
-        end = offset + size if size else total
-        if end > total:
-            sys.stderr.write(f"{prog}: {path}: range end {end:#x} is beyond the end ({total:#x})\n")
+        end = range_end(prog, path, offset, size, buf.shape[0])
+        if end is None:
             return None
         buf = buf[offset:end]
     return path, buf
+
+
+def range_end(prog: str, path: str, offset: int, size: int, total: int) -> int | None:
+    """Where ``file:offset[-...]`` of ``size`` bytes (0: to the end) ends in a
+    file of ``total`` bytes; prints one message and returns None when the
+    range does not fit."""
+    end = offset + size if size else total
+    problem = None
+    if offset >= total:
+        problem = f"offset {offset:#x} is beyond the end ({total:#x})"
+    elif end > total:
+        problem = f"range end {end:#x} is beyond the end ({total:#x})"
+    if problem:
+        sys.stderr.write(f"{prog}: {path}: {problem}\n")
+        return None
+    return end
 
 
 def write_blocks(blocks: Iterable[bytes]) -> None:

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
-from .common import UsageError, parse_uint, split_range
+from .common import UsageError, parse_uint, range_end, split_range
 from .sbopts import SbOptions, sideband_help
 
 if TYPE_CHECKING:
@@ -247,14 +247,8 @@ def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
     try:
         total = os.fstat(f.fileno()).st_size if f.seekable() else -1
         if total >= 0 and (offset or size):
-            end = offset + size if size else total
-            problem = None
-            if offset >= total:
-                problem = f"offset {offset:#x} is beyond the end ({total:#x})"
-            elif end > total:
-                problem = f"range end {end:#x} is beyond the end ({total:#x})"
-            if problem:
-                sys.stderr.write(f"{prog}: {path}: {problem}\n")
+            end = range_end(prog, path, offset, size, total)
+            if end is None:
                 f.close()
                 return None
             f.seek(offset)
