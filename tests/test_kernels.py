@@ -84,6 +84,42 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
         kernels._library = False  # look for the real one again
 
 
+def test_a_build_adds_to_the_library_of_the_same_sources(tmp_path, monkeypatch):
+    """A build whose numba cache lost what the library holds (another
+    process compiled only one new specialisation) keeps the library's
+    entries and adds the new one in a library of its own."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    import kernel_samples as ks
+
+    kernels.use_library(None)
+    try:
+        _exercise()
+        first = json.loads(kernels.build(tmp_path, modules=("kernel_samples",)).read_text())
+        ks.nothing(np.zeros(3, np.int16))  # a specialisation the first build lacks
+        monkeypatch.setattr(kernels, "_cached_signatures", lambda disp: [])
+        manifest = kernels.build(tmp_path, modules=("kernel_samples",))
+        second = json.loads(manifest.read_text())
+        assert second["libraries"][:-1] == first["libraries"] and len(second["libraries"]) == 2
+        assert second["entries"][: len(first["entries"])] == first["entries"]
+        added = second["entries"][len(first["entries"]) :]
+        assert [e["kernel"].split(":")[1] for e in added] == ["nothing"]
+        assert added[0]["library"] == second["libraries"][-1]
+        # Nothing new: the same library.
+        assert (
+            json.loads(kernels.build(tmp_path, modules=("kernel_samples",)).read_text()) == second
+        )
+        assert kernels.use_library(manifest)
+        kernels._fallbacks.clear()
+        a16, a64 = np.zeros(3, np.int16), np.zeros(4, np.int64)
+        ks.nothing(a16)
+        ks.nothing(a64)
+        assert ks.total(np.frombuffer(bytes(range(256)) * 4, np.uint8), 3, 900) is not None
+        assert kernels.fallbacks() == set()
+    finally:
+        kernels.use_library(None)
+        kernels._library = False
+
+
 def test_argument_keys_follow_numba_typeof():
     from numba import typeof
 

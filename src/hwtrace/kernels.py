@@ -298,23 +298,37 @@ def _exception(name: str, status: int, exc: ctypes.c_void_p) -> BaseException:
 
 
 class _Library:
-    def __init__(self, manifest: dict, path: Path) -> None:
-        self.dll = ctypes.CDLL(str(path))
+    """The native libraries a manifest lists (one per build since the
+    sources last changed; each build adds only what the others lack)."""
+
+    def __init__(self, manifest: dict, directory: Path) -> None:
+        self.dlls = {name: ctypes.CDLL(str(directory / name)) for name in _libraries(manifest)}
+        self.path = directory / _libraries(manifest)[-1]
         # Kernels some specialisation of which numba keeps (they allocate,
         # or return arrays): calling numba for those is no reason to build.
         self.numba_only = {s.split("(", 1)[0] for s in manifest.get("skipped", [])}
         self.specs: dict[str, dict] = {}
-        for spec in manifest["entries"]:
+        for spec in _entries(manifest):
             self.specs.setdefault(spec["kernel"], {})[_from_json(spec["key"])] = spec
 
     def entries(self, name: str) -> dict:
         out = {}
         for key, spec in self.specs.get(name, {}).items():
             try:
-                out[key] = _Entry(self.dll, name, spec)
+                out[key] = _Entry(self.dlls[spec["library"]], name, spec)
             except (AttributeError, KeyError):
                 continue
         return out
+
+
+def _libraries(manifest: dict) -> list[str]:
+    return list(manifest.get("libraries") or [manifest["library"]])
+
+
+def _entries(manifest: dict) -> list[dict]:
+    """The manifest's entries, each naming its library."""
+    default = _libraries(manifest)[0]
+    return [{"library": default, **spec} for spec in manifest["entries"]]
 
 
 def _open_library(manifest_path: Path) -> _Library | None:
@@ -325,7 +339,7 @@ def _open_library(manifest_path: Path) -> _Library | None:
         stamps = manifest["stamps"]
         if _stamps(stamps) != stamps:
             return None
-        return _Library(manifest, manifest_path.with_name(manifest["library"]))
+        return _Library(manifest, manifest_path.parent)
     except (OSError, ValueError, KeyError):
         return None
 
@@ -352,7 +366,7 @@ def use_library(manifest_path: Path | None) -> bool:
 def loaded_library() -> Path | None:
     """The native library in use, if any."""
     lib = _load_library()
-    return Path(lib.dll._name) if lib is not None else None
+    return lib.path if lib is not None else None
 
 
 # -- kernels -------------------------------------------------------------------
@@ -599,6 +613,9 @@ def build(
     ll.initialize_native_target()
     ll.initialize_native_asmprinter()
 
+    path = directory / f"{_LIB_NAME}-{_platform_tag()}.json"
+    previous = _previous_build(path, stamps)
+    have = {(e["kernel"], json.dumps(e["key"])) for e in previous["entries"]}
     specs: list[dict] = []
     irs = []
     skipped: list[str] = []
@@ -611,9 +628,11 @@ def build(
             if any(isinstance(t, numba.types.Literal) for t in sig):
                 continue  # compiled for a constant: only numba code calls it
             try:
+                key = [_numba_key(t) for t in sig]
+                if (name, json.dumps(_to_json(tuple(key)))) in have:
+                    continue  # in a library this one adds to
                 disp.compile(sig)
                 overload = disp.overloads[tuple(sig)]
-                key = [_numba_key(t) for t in sig]
                 ret = _ret_layout(overload.signature.return_type)
                 mod = ll.parse_bitcode(overload.library._get_module_for_linking().as_bitcode())
             except Exception as e:
@@ -637,7 +656,7 @@ def build(
         for s in skipped:
             print(f"  left to numba: {s[:200]}")
     if not specs:
-        return None
+        return path if previous["entries"] else None
     linked = irs[0]
     for mod in irs[1:]:
         linked.link_in(mod)
@@ -657,27 +676,46 @@ def build(
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         o_path = Path(tmp) / "kernels.o"
         o_path.write_bytes(obj)
-        so_name = f"{_LIB_NAME}-{tag}-{os.getpid()}.so"
+        so_name = f"{_LIB_NAME}-{tag}-{os.getpid()}-{len(previous['libraries'])}.so"
         so_tmp = Path(tmp) / so_name
         subprocess.run([cc, "-shared", "-o", str(so_tmp), str(o_path)], check=True,
                        capture_output=True)  # fmt: skip
         os.replace(so_tmp, directory / so_name)
-    manifest = {"library": so_name, "stamps": stamps, "entries": specs, "skipped": skipped}
-    path = directory / f"{_LIB_NAME}-{tag}.json"
-    old = None
-    try:
-        old = json.loads(path.read_text()).get("library")
-    except (OSError, ValueError):
-        pass
+    for spec in specs:
+        spec["library"] = so_name
+    manifest = {
+        "libraries": previous["libraries"] + [so_name],
+        "stamps": stamps,
+        "entries": previous["entries"] + specs,
+        "skipped": sorted(set(previous["skipped"]) | set(skipped)),
+    }
     tmp_manifest = path.with_suffix(f".{os.getpid()}.tmp")
     tmp_manifest.write_text(json.dumps(manifest, indent=0))
     os.replace(tmp_manifest, path)
-    if old and old != so_name:
-        # A process that loaded the old library keeps its mapping.
+    for old in previous["stale"]:
+        # A process that loaded an old library keeps its mapping.
         (directory / old).unlink(missing_ok=True)
     if not quiet:
         print(f"{len(specs)} kernel specialisations in {directory / so_name}")
     return path
+
+
+def _previous_build(path: Path, stamps: dict) -> dict:
+    """What the library at ``path`` already holds, when it was built from
+    the same sources (a build then only adds to it), and the libraries of
+    an out-of-date one (``stale``), to remove."""
+    out: dict = {"libraries": [], "entries": [], "skipped": [], "stale": []}
+    try:
+        manifest = json.loads(path.read_text())
+        names = _libraries(manifest)
+    except (OSError, ValueError, KeyError):
+        return out
+    if manifest.get("stamps") != stamps or not all((path.parent / n).exists() for n in names):
+        out["stale"] = names
+        return out
+    out.update(libraries=names, entries=_entries(manifest),
+               skipped=list(manifest.get("skipped", [])))  # fmt: skip
+    return out
 
 
 def _declared(mod, name: str) -> bool:
