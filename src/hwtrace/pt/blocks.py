@@ -39,9 +39,12 @@ def _slot(ip, meta, mask):
 
 
 @kernels.njit(cache=True, _nrt=False)
-def _compact(ip, ninsn, mode, offset, time, start, image, keys, tab, cols, state):
+def _compact(ip, ninsn, mode, offset, time, run, run_key, start, image, keys, tab, cols, state):
     """Append the batch's rows from ``start`` on; returns ``(next row,
-    reason)``: reason 0 when the batch is done, else which array is full."""
+    reason)``: reason 0 when the batch is done, else which array is full.
+
+    A row that is a whole run of the decoder's code table (``run[i] >= 0``)
+    finds its key in ``run_key`` (-1: not known yet), without hashing."""
     h_ip, h_meta, h_id = tab
     k_ip, k_ninsn, k_mode, k_image, off_row, off_val, t_row, t_val = cols
     mask = h_ip.shape[0] - 1
@@ -64,6 +67,25 @@ def _compact(ip, ninsn, mode, offset, time, start, image, keys, tab, cols, state
             if n_t >= t_row.shape[0]:
                 why = _FULL_TIME
                 break
+        r = run[i]
+        key = run_key[r] if r >= 0 else -1
+        if key >= 0:
+            keys[n_rows] = key
+            if o != last_off or t != last_t or not started:
+                if not started or o != last_off:
+                    off_row[n_off] = n_rows
+                    off_val[n_off] = o
+                    n_off += 1
+                    last_off = o
+                if not started or t != last_t:
+                    t_row[n_t] = n_rows
+                    t_val[n_t] = t
+                    n_t += 1
+                    last_t = t
+                started = 1
+            n_rows += 1
+            i += 1
+            continue
         a = ip[i]
         meta = np.uint64(ninsn[i]) | (np.uint64(mode[i]) << np.uint64(32))
         meta |= np.uint64(image) << np.uint64(40)
@@ -90,6 +112,8 @@ def _compact(ip, ninsn, mode, offset, time, start, image, keys, tab, cols, state
         if key < 0:
             why = _FULL_KEYS
             break
+        if r >= 0:
+            run_key[r] = key
         keys[n_rows] = key
         if not started or o != last_off:
             off_row[n_off] = n_rows
@@ -129,11 +153,16 @@ class BlockStore:
     def __init__(self, expect_rows: int = 1 << 16) -> None:
         self.keys = np.empty(max(expect_rows, 1 << 12), np.uint16)
         self._new_table(1 << 12)
-        self.off_row = np.empty(1 << 14, np.int64)
-        self.off_val = np.empty(1 << 14, np.int64)
-        self.time_row = np.empty(1 << 12, np.int64)
-        self.time_val = np.empty(1 << 12, np.uint64)
+        # The trace offset changes about once per five rows; sized so they
+        # never need copying (pages never written cost nothing).
+        changes = max(expect_rows // 4, 1 << 12)
+        self.off_row = np.empty(changes, np.int64)
+        self.off_val = np.empty(changes, np.int64)
+        self.time_row = np.empty(changes, np.int64)
+        self.time_val = np.empty(changes, np.uint64)
         self.state = np.zeros(_NS, np.int64)
+        self._by_runs: dict[int, list] = {}
+        self._no_runs = np.zeros(0, np.int32)
 
     def _new_table(self, capacity: int) -> None:
         old = getattr(self, "k_ip", None)
@@ -152,12 +181,30 @@ class BlockStore:
                     self.k_image, n)  # fmt: skip
 
     # -- filling ---------------------------------------------------------------
-    def append(self, ip, ninsn, mode, offset, time, image: int = 0) -> None:
-        """Append block rows (the decoder's batch columns)."""
+    def append(
+        self,
+        ip: np.ndarray,
+        ninsn: np.ndarray,
+        mode: np.ndarray,
+        offset: np.ndarray,
+        time: np.ndarray,
+        image: int = 0,
+        run: np.ndarray | None = None,
+        runs: object = None,
+        n_runs: int = 0,
+    ) -> None:
+        """Append block rows (the decoder's batch columns).  ``run`` numbers
+        the rows that are whole runs of code (-1: not one), below
+        ``n_runs``; ``runs`` names that numbering (rows of the same run
+        number in the same ``runs`` are the same block), so those rows
+        need no hashing."""
+        if run is None:
+            run, runs, n_runs = np.full(ip.shape[0], -1, np.int32), None, 0
+        run_key = self._run_keys(runs, n_runs)
         start = 0
         while True:
             start, why = _compact(
-                ip, ninsn, mode, offset, time, start, image, self.keys,
+                ip, ninsn, mode, offset, time, run, run_key, start, image, self.keys,
                 (self.h_ip, self.h_meta, self.h_id),
                 (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row,
                  self.off_val, self.time_row, self.time_val),
@@ -166,6 +213,20 @@ class BlockStore:
             if why == 0:
                 return
             self._grow(why)
+
+    def _run_keys(self, runs: object, n_runs: int) -> np.ndarray:
+        """The key of each run of the numbering ``runs`` (-1: none yet)."""
+        if runs is None:
+            return self._no_runs
+        held = self._by_runs.get(id(runs))
+        if held is None or held[0] is not runs:
+            # ``runs`` is held so its id is not reused while it is a key.
+            held = self._by_runs[id(runs)] = [runs, np.full(max(n_runs, 1 << 10), -1, np.int32)]
+        if held[1].shape[0] < n_runs:
+            wider = np.full(max(n_runs, 2 * held[1].shape[0]), -1, np.int32)
+            wider[: held[1].shape[0]] = held[1]
+            held[1] = wider
+        return held[1]
 
     def _grow(self, why: int) -> None:
         s = self.state
@@ -238,6 +299,13 @@ def expand_changes(rows: np.ndarray, values: np.ndarray, n: int, dtype) -> np.nd
     return np.repeat(values.astype(dtype, copy=False), lengths)
 
 
+def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+    """The parts end to end (one part is used as it is: no copy)."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
 class CompactBlocks:
     """The blocks of one decoding, joined from its stores in order: a key
     per row into one table of distinct blocks, and change points for the
@@ -278,16 +346,16 @@ class CompactBlocks:
         rows_o, vals_o, rows_t, vals_t, base = [], [], [], [], 0
         for s in stores:
             r, v = s.offset_changes()
-            rows_o.append(r + base)
+            rows_o.append(r + base if base else r)
             vals_o.append(v)
             r, v = s.time_changes()
-            rows_t.append(r + base)
+            rows_t.append(r + base if base else r)
             vals_t.append(v)
             base += len(s)
-        self.offset_rows = np.concatenate(rows_o) if rows_o else np.zeros(0, np.int64)
-        self.offset_values = np.concatenate(vals_o) if vals_o else np.zeros(0, np.int64)
-        self.time_rows = np.concatenate(rows_t) if rows_t else np.zeros(0, np.int64)
-        self.time_values = np.concatenate(vals_t) if vals_t else np.zeros(0, np.uint64)
+        self.offset_rows = _joined(rows_o, np.int64)
+        self.offset_values = _joined(vals_o, np.int64)
+        self.time_rows = _joined(rows_t, np.int64)
+        self.time_values = _joined(vals_t, np.uint64)
 
     @property
     def nbytes(self) -> int:

@@ -224,11 +224,15 @@ class CodeTable:
         self.image = image
         self.cache = InsnCache(image.read)
         self._sections: dict[int, int] = {}
+        self._index: dict[tuple[int, int], int] = {}  # (ip, mode): hashed entries
         self._alloc_insns(capacity)
         self._alloc_runs(capacity)
         self.counts = np.zeros(8, np.int64)
         self.texts: list[str] | None = None  # disassembly per instruction, when kept
         self.generation = 0  # counts clear()s
+        # Names the numbering of the runs: a new object whenever the same
+        # run numbers come to mean other code (clear()).
+        self.run_numbering = object()
         self.index = 0  # the image's number in its decoding (see FlowDecoder)
         self._refresh()
 
@@ -281,14 +285,20 @@ class CodeTable:
     def n_insns(self) -> int:
         return int(self.counts[C_INSNS])
 
+    @property
+    def n_runs(self) -> int:
+        return int(self.counts[C_RUNS])
+
     def clear(self) -> None:
         """Forget everything decoded (the image changed)."""
         self.cache.clear()
         self._sections.clear()
+        self._index.clear()
         self._alloc_insns(self.i_ip.shape[0])
         self._alloc_runs(self.r_ip.shape[0])
         self.counts[:] = 0
         self.generation += 1
+        self.run_numbering = object()
         if self.texts is not None:
             self.texts = []
         self._refresh()
@@ -347,54 +357,53 @@ class CodeTable:
             sid = self._sections[key] = len(self._sections) + 1
         return sid
 
-    def _add(self, ip: int, mode: int) -> tuple[int, object]:
-        """Decode and add the instruction at ``(ip, mode)``; returns its index
-        and the decoded instruction (or the libipt error code)."""
-        known = int(_find(self.h_ip, self.h_mode, self.h_val, np.uint64(ip), mode))
-        if known >= 0:
-            return known, self.cache.get(ip, mode)
-        self._grow_insns(1)
-        got = self.cache.get(ip, mode)
-        i = self.n_insns
-        self.i_ip[i] = ip
-        self.i_mode[i] = mode
-        if isinstance(got, int):
-            self.i_err[i] = got
-            self.i_class[i] = 0
-        else:
-            self.i_size[i] = got.size
-            self.i_class[i] = int(got.iclass)
-            self.i_special[i] = int(got.special)
-            flags = 0
-            if got.is_direct:
-                flags |= I_DIRECT
-                self.i_target[i] = (got.next_ip + got.displacement) & _MASK64
-                if got.iclass == IClass.CALL and got.displacement == 0:
-                    flags |= I_NO_PUSH
-            if got.truncated:
-                flags |= I_TRUNCATED
-            self.i_flags[i] = flags
-            self.i_isid[i] = self.section_id(ip)
-            raw = got.raw[:16]
-            self.i_raw[i, : len(raw)] = np.frombuffer(raw, np.uint8)
-        hash_put(self.h_ip, self.h_mode, self.h_val, np.uint64(ip), mode, i)
-        self.counts[C_INSNS] = i + 1
-        if self.texts is not None:
-            self.texts.append("")
-        return i, got
-
     def fill(self, ip: int, mode: int) -> None:
         """Decode the straight-line code from ``(ip, mode)``: up to and
         including the first instruction that may transfer control (or an
         address without one)."""
+        new: list[tuple[int, object]] = []
         at = ip
         for _ in range(FILL_MAX):
-            _, got = self._add(at, mode)
+            got = self.cache.get(at, mode)
+            if (at, mode) not in self._index:
+                new.append((at, got))
             if isinstance(got, int) or got.truncated:
-                return
+                break
             if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
-                return
+                break
             at = got.next_ip
+        if new:
+            self._add(new, mode)
+
+    def _add(self, insns: list[tuple[int, object]], mode: int) -> None:
+        """Add decoded instructions (or libipt error codes) at their
+        addresses, a column at a time, and hash them in one call."""
+        self._grow_insns(len(insns))
+        first = self.n_insns
+        end = first + len(insns)
+        cols: dict[str, list[int]] = {name: [] for name in _FILLED}
+        raw = np.zeros((len(insns), 16), np.uint8)
+        for j, (at, got) in enumerate(insns):
+            self._index[(at, mode)] = first + j
+            values = _columns_of(got)
+            for name, v in zip(_FILLED, values, strict=True):
+                cols[name].append(v)
+            if not isinstance(got, int):
+                cols["i_isid"][-1] = self.section_id(at)
+                b = got.raw[:16]
+                raw[j, : len(b)] = np.frombuffer(b, np.uint8)
+        sl = slice(first, end)
+        self.i_ip[sl] = np.array([at for at, _ in insns], np.uint64)
+        self.i_mode[sl] = mode
+        for name, values in cols.items():
+            column = getattr(self, name)
+            column[sl] = np.array(values, column.dtype)
+        self.i_raw[sl] = raw
+        self.i_adopted[sl] = 0
+        _hash_range(self.h_ip, self.h_mode, self.h_val, self.i_ip, self.i_mode, first, end)
+        self.counts[C_INSNS] = end
+        if self.texts is not None:
+            self.texts.extend([""] * len(insns))
 
     _ROW = (
         "i_ip", "i_size", "i_class", "i_special", "i_flags", "i_target", "i_isid", "i_err",
@@ -428,8 +437,30 @@ class CodeTable:
 
 
 @kernels.njit(cache=True, _nrt=False)
-def _find(h_ip, h_mode, h_val, ip, mode):
-    return hash_find(h_ip, h_mode, h_val, ip, mode)
+def _hash_range(h_ip, h_mode, h_val, ips, modes, start, end):
+    for i in range(start, end):
+        hash_put(h_ip, h_mode, h_val, ips[i], modes[i], i)
+
+
+# The instruction columns filled from a decoded instruction (see _columns_of).
+_FILLED = ("i_size", "i_class", "i_special", "i_flags", "i_target", "i_isid", "i_err")
+
+
+def _columns_of(got) -> tuple[int, ...]:
+    """An instruction's values for :data:`_FILLED` (``got`` is the decoded
+    instruction or libipt's error code; the section is the caller's)."""
+    if isinstance(got, int):
+        return 0, 0, 0, 0, 0, 0, got
+    flags = 0
+    target = 0
+    if got.is_direct:
+        flags |= I_DIRECT
+        target = (got.next_ip + got.displacement) & _MASK64
+        if got.iclass == IClass.CALL and got.displacement == 0:
+            flags |= I_NO_PUSH
+    if got.truncated:
+        flags |= I_TRUNCATED
+    return got.size, int(got.iclass), int(got.special), flags, target, 0, 0
 
 
 __all__ = [

@@ -322,7 +322,9 @@ class _Collector(FlowSink):
     def batch(self, b: FlowBatch) -> None:
         nrows = b.ip.shape[0]
         if self.store is not None and nrows:
-            self.store.append(b.ip, b.ninsn, b.mode, b.offset, b.time, b.image)
+            t = b.table
+            self.store.append(b.ip, b.ninsn, b.mode, b.offset, b.time, b.image, b.run,
+                              t.run_numbering, t.n_runs)  # fmt: skip
         self.n_insn += b.n_insn
         base = self.n_blocks
         self.n_blocks += nrows + b.n_virtual
