@@ -219,3 +219,35 @@ def test_compiled_output_is_ptxed_text_on_a_real_program(tmp_path):
     out = ptxed_output(["--elf", elf, "--no-inst", "--pt", str(tmp_path / "t.pt")], False)
     lines = [x for x in out.decode().splitlines() if not x.startswith("[")]
     assert [int(x, 16) for x in lines] == [int(x) for x in enc.expected]
+
+
+def test_line_table_grown_piece_by_piece_is_the_whole_table(tmp_path):
+    """The formatter's line table, brought up to date after every fill of a
+    growing code table (past its first 4,096 instructions, where its arrays
+    are reallocated), is the one built at once from the whole table."""
+    from hwtrace.image import Image
+    from hwtrace.pt.codetable import FILL_MAX, CodeTable
+    from hwtrace.pt.ptxed import LineTable, PtxedStyle
+
+    # Straight-line code, learnt a fill (256 instructions) at a time from
+    # the end backwards: the table's order is not the code's, so its runs
+    # of consecutive instructions are many.
+    size, count = 3, 9000
+    (tmp_path / "code.bin").write_bytes(b"\x83\xc0\x01" * count)
+    image = Image()
+    image.add_raw(tmp_path / "code.bin", address=0x10000)
+    for style in (PtxedStyle(), PtxedStyle(no_inst=True)):
+        table = CodeTable(image)
+        piecewise = LineTable(style.bits, False)
+        for first in range((count - 1) // FILL_MAX * FILL_MAX, -1, -FILL_MAX):
+            table.fill(0x10000 + size * first, 64)
+            piecewise.update(table)
+        whole = LineTable(style.bits, False)
+        whole.update(table)
+        n = table.n_insns
+        assert n == count + 1  # and the address after the code, unmapped
+        assert piecewise.contig[:n].max() == FILL_MAX  # a piece, and no more
+        np.testing.assert_array_equal(piecewise.contig[:n], whole.contig[:n])
+        np.testing.assert_array_equal(piecewise.line_off[: n + 1], whole.line_off[: n + 1])
+        end = int(whole.line_off[n])
+        assert bytes(piecewise.lines[:end]) == bytes(whole.lines[:end])

@@ -455,7 +455,8 @@ def decode(
         show_blocks=opts.show_blocks,
         stats=opts.stats,
     )
-    writer = PtxedWriter(style, out.write, att=opts.att)
+    # Sideband prints its own lines between the formatter's: one thread then.
+    writer = PtxedWriter(style, out.write, att=opts.att, pipelined=sideband is None)
     hook = None
     if sideband is not None:
         from ..pt.codetable import CodeTable
@@ -475,7 +476,10 @@ def decode(
                 dec.use_table(ctx.cache)
 
     dec = FlowDecoder(image, config, options, on_event=hook, stop_at="all")
-    dec.decode(buf, writer)
+    try:
+        dec.decode(buf, writer)
+    finally:
+        writer.finish()
     _print_stats(opts, writer.n_insn, writer.n_blocks, out)
 
 

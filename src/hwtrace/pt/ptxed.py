@@ -357,15 +357,18 @@ def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_o
 
 @kernels.njit(cache=True)
 def format_batch(
-    b_ip, b_ninsn, b_flags, b_mode, b_offset, ev_rows, ev_off, ev_blk, ct, lines, line_off,
-    contig, style, st, stu, out,
+    b_ip, b_ninsn, b_flags, b_mode, b_offset, b_run, ev_rows, ev_off, ev_blk, ct, lines,
+    line_off, contig, style, st, stu, out,
 ):  # fmt: skip
     """Write the batch's lines into ``out`` from where ``st`` says; returns
     the bytes written.  ``st[F_ROW] == len(b_ip) + 1`` when the batch is
-    done; otherwise call again with an emptied buffer."""
+    done; otherwise call again with an emptied buffer.  A row that is a
+    whole run of the code table (``b_run``) finds its instructions there,
+    without a lookup by address."""
     h_ip, h_mode, h_val, i_ip, i_size, i_class, i_flags, i_target = (
         ct[0], ct[1], ct[2], ct[3], ct[4], ct[5], ct[7], ct[8]
     )  # fmt: skip
+    r_first, r_insn = ct[21], ct[23]
     quiet = (style & S_QUIET) != 0
     cap = out.shape[0] - LINE_MAX
     nrows = b_ip.shape[0]
@@ -426,7 +429,11 @@ def format_batch(
                 st[F_DONE] = done
                 stu[FU_IP] = ip
                 return p
-            k = hash_find(h_ip, h_mode, h_val, ip, mode)
+            run = b_run[i]
+            if run >= 0:
+                k = np.int64(r_insn[r_first[run] + done])
+            else:
+                k = hash_find(h_ip, h_mode, h_val, ip, mode)
             if k < 0:  # cannot happen: the decoder read every instruction it reports
                 p = put_hex(out, p, ip, 16)
                 out[p] = 10
@@ -538,7 +545,9 @@ class LineTable:
         if self.line_off.shape[0] < n + 1:
             size = max(n + 1, 2 * self.line_off.shape[0])
             self.line_off = np.resize(self.line_off, size)
-            self.contig = np.zeros(size, np.int32)
+            contig = np.zeros(size, np.int32)
+            contig[: self.n] = self.contig[: self.n]
+            self.contig = contig
         while True:
             done = build_lines(
                 table.tuple, table.i_mode, n, t_bytes, t_off, self.style, self.n, self.lines,
@@ -552,12 +561,22 @@ class LineTable:
 
 @dataclass
 class PtxedWriter(FlowSink):
-    """Formats batches as ptxed text and hands the bytes to ``write``."""
+    """Formats batches as ptxed text and hands the bytes to ``write``.
+
+    With ``pipelined``, a second thread formats and writes each batch while
+    the decoder goes on with the next (both kernels run without the GIL):
+    the decoder then writes into two sets of output buffers in turn.  The
+    formatting thread reads the code and line tables the decoding thread
+    appends to; entries, once written, never change (hash slots are only
+    ever filled, arrays that grow are replaced, not resized in place), and a
+    batch only names instructions decoded before it.  Call :meth:`finish`
+    before writing anything else to the output."""
 
     style: PtxedStyle
     write: object  # callable(bytes-like)
     att: bool = False
     buffer_size: int = 1 << 20
+    pipelined: bool = False
     state: np.ndarray = field(default_factory=lambda: np.zeros(NF, np.int64))
     ustate: np.ndarray = field(default_factory=lambda: np.zeros(NFU, np.uint64))
 
@@ -567,6 +586,38 @@ class PtxedWriter(FlowSink):
         self.lines = LineTable(self.bits, self.att)
         self.n_insn = 0  # instructions and blocks seen (ptxed's --stat)
         self.n_blocks = 0
+        self._pool = None
+        self._sets: list = [None, None]  # the decoder's output buffers, in turn
+        self._pending: list = [None, None]  # the formatting of each set's batch
+        self._set = 1
+        if self.pipelined and not self.style.quiet:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ptxed-format")
+
+    def output(self) -> tuple:
+        if self._pool is None:
+            return super().output()
+        self._set ^= 1
+        self._wait(self._set)
+        if self._sets[self._set] is None:
+            self._sets[self._set] = K.new_output(self.BLOCK_ROWS, self.EVENT_ROWS)
+        return self._sets[self._set]
+
+    def _wait(self, which: int) -> None:
+        job, self._pending[which] = self._pending[which], None
+        if job is not None:
+            job.result()
+
+    def finish(self) -> None:
+        """Wait until every batch is written (and stop the thread)."""
+        if self._pool is not None:
+            try:
+                for which in (self._set ^ 1, self._set):
+                    self._wait(which)
+            finally:
+                self._pool.shutdown()
+                self._pool = None
 
     def batch(self, b) -> None:
         self.n_insn += b.n_insn
@@ -574,17 +625,24 @@ class PtxedWriter(FlowSink):
         lines = self.lines
         if not self.style.quiet:
             lines.update(b.table)
+        # What the formatting reads, as it is now (tables grow by new arrays).
+        args = (
+            b.ip, b.ninsn, b.flags, b.mode, b.offset, b.run, b.events, b.event_offset,
+            b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig,
+        )  # fmt: skip
+        if self._pool is None:
+            self._format(args)
+        else:
+            self._pending[self._set] = self._pool.submit(self._format, args)
+
+    def _format(self, args: tuple) -> None:
         st = self.state
         st[F_ROW] = 0
         st[F_EVENT] = 0
         st[F_DONE] = 0
-        nrows = b.ip.shape[0]
+        nrows = args[0].shape[0]
         while st[F_ROW] <= nrows:
-            n = format_batch(
-                b.ip, b.ninsn, b.flags, b.mode, b.offset, b.events, b.event_offset,
-                b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig,
-                self.bits, st, self.ustate, self.out,
-            )  # fmt: skip
+            n = format_batch(*args, self.bits, st, self.ustate, self.out)
             if n:
                 self.write(self.out[:n])
 
