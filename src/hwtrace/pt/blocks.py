@@ -38,6 +38,33 @@ def _slot(ip, meta, mask):
     return np.int64((h >> np.uint64(32)) & np.uint64(mask))
 
 
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
+    """The key of block ``(a, ninsn, mode, image)``, added when new;
+    returns ``(key, n_keys)``, key -1 when the table is full."""
+    h_ip, h_meta, h_id = tab
+    k_ip, k_ninsn, k_mode, k_image = cols[0], cols[1], cols[2], cols[3]
+    mask = h_ip.shape[0] - 1
+    meta = np.uint64(ninsn) | (np.uint64(mode) << np.uint64(32))
+    meta |= np.uint64(image) << np.uint64(40)
+    s = _slot(a, meta, mask)
+    while True:
+        if h_id[s] >= 0 and h_ip[s] == a and h_meta[s] == meta:
+            return h_id[s], n_keys
+        if h_id[s] < 0:
+            if n_keys >= key_limit:
+                return -1, n_keys
+            h_ip[s] = a
+            h_meta[s] = meta
+            h_id[s] = n_keys
+            k_ip[n_keys] = a
+            k_ninsn[n_keys] = ninsn
+            k_mode[n_keys] = mode
+            k_image[n_keys] = image
+            return n_keys, n_keys + 1
+        s = (s + 1) & mask
+
+
 @kernels.njit(cache=True, _nrt=False)
 def _compact(ip, ninsn, mode, offset, time, run, run_key, start, image, keys, tab, cols, state):
     """Append the batch's rows from ``start`` on; returns ``(next row,
@@ -45,9 +72,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, image, keys, ta
 
     A row that is a whole run of the decoder's code table (``run[i] >= 0``)
     finds its key in ``run_key`` (-1: not known yet), without hashing."""
-    h_ip, h_meta, h_id = tab
-    k_ip, k_ninsn, k_mode, k_image, off_row, off_val, t_row, t_val = cols
-    mask = h_ip.shape[0] - 1
+    h_ip = tab[0]
+    k_ip, off_row, off_val, t_row, t_val = cols[0], cols[4], cols[5], cols[6], cols[7]
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
     key_limit = min(k_ip.shape[0], (h_ip.shape[0] >> 1), keys_limit(keys))
@@ -69,51 +95,13 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, image, keys, ta
                 break
         r = run[i]
         key = run_key[r] if r >= 0 else -1
-        if key >= 0:
-            keys[n_rows] = key
-            if o != last_off or t != last_t or not started:
-                if not started or o != last_off:
-                    off_row[n_off] = n_rows
-                    off_val[n_off] = o
-                    n_off += 1
-                    last_off = o
-                if not started or t != last_t:
-                    t_row[n_t] = n_rows
-                    t_val[n_t] = t
-                    n_t += 1
-                    last_t = t
-                started = 1
-            n_rows += 1
-            i += 1
-            continue
-        a = ip[i]
-        meta = np.uint64(ninsn[i]) | (np.uint64(mode[i]) << np.uint64(32))
-        meta |= np.uint64(image) << np.uint64(40)
-        s = _slot(a, meta, mask)
-        while True:
-            if h_id[s] >= 0 and h_ip[s] == a and h_meta[s] == meta:
-                key = h_id[s]
-                break
-            if h_id[s] < 0:
-                if n_keys >= key_limit:
-                    key = -1
-                    break
-                key = n_keys
-                h_ip[s] = a
-                h_meta[s] = meta
-                h_id[s] = key
-                k_ip[key] = a
-                k_ninsn[key] = ninsn[i]
-                k_mode[key] = mode[i]
-                k_image[key] = image
-                n_keys += 1
-                break
-            s = (s + 1) & mask
         if key < 0:
-            why = _FULL_KEYS
-            break
-        if r >= 0:
-            run_key[r] = key
+            key, n_keys = _block_key(ip[i], ninsn[i], mode[i], image, tab, cols, n_keys, key_limit)
+            if key < 0:
+                why = _FULL_KEYS
+                break
+            if r >= 0:
+                run_key[r] = key
         keys[n_rows] = key
         if not started or o != last_off:
             off_row[n_off] = n_rows
