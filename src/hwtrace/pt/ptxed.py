@@ -472,7 +472,8 @@ def format_batch(
                     e = line_off[k + q + 1]
                     p = put_slice(out, p, lines, a, e)
             done += m
-            ip = _next_ip(i_ip, i_size, i_class, i_flags, i_target, k + m - 1)
+            if run < 0 and done < n:  # a run's rows find the rest by index
+                ip = _next_ip(i_ip, i_size, i_class, i_flags, i_target, k + m - 1)
         st[F_DONE] = 0
         i += 1
     st[F_ROW] = nrows + 1
@@ -565,7 +566,7 @@ class PtxedWriter(FlowSink):
 
     With ``pipelined``, a second thread formats and writes each batch while
     the decoder goes on with the next (both kernels run without the GIL):
-    the decoder then writes into two sets of output buffers in turn.  The
+    the decoder then writes into a few sets of output buffers in turn.  The
     formatting thread reads the code and line tables the decoding thread
     appends to; entries, once written, never change (hash slots are only
     ever filled, arrays that grow are replaced, not resized in place), and a
@@ -577,6 +578,7 @@ class PtxedWriter(FlowSink):
     att: bool = False
     buffer_size: int = 1 << 20
     pipelined: bool = False
+    BUFFER_SETS = 3  # batches the decoder may run ahead of the formatter, plus one
     state: np.ndarray = field(default_factory=lambda: np.zeros(NF, np.int64))
     ustate: np.ndarray = field(default_factory=lambda: np.zeros(NFU, np.uint64))
 
@@ -587,9 +589,9 @@ class PtxedWriter(FlowSink):
         self.n_insn = 0  # instructions and blocks seen (ptxed's --stat)
         self.n_blocks = 0
         self._pool = None
-        self._sets: list = [None, None]  # the decoder's output buffers, in turn
-        self._pending: list = [None, None]  # the formatting of each set's batch
-        self._set = 1
+        self._sets: list = [None] * self.BUFFER_SETS  # the decoder's output buffers, in turn
+        self._pending: list = [None] * self.BUFFER_SETS  # the formatting of each set's batch
+        self._set = -1
         if self.pipelined and not self.style.quiet:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -598,7 +600,7 @@ class PtxedWriter(FlowSink):
     def output(self) -> tuple:
         if self._pool is None:
             return super().output()
-        self._set ^= 1
+        self._set = (self._set + 1) % self.BUFFER_SETS
         self._wait(self._set)
         if self._sets[self._set] is None:
             self._sets[self._set] = K.new_output(self.BLOCK_ROWS, self.EVENT_ROWS)
@@ -613,7 +615,8 @@ class PtxedWriter(FlowSink):
         """Wait until every batch is written (and stop the thread)."""
         if self._pool is not None:
             try:
-                for which in (self._set ^ 1, self._set):
+                for k in range(1, self.BUFFER_SETS + 1):  # oldest first
+                    which = (self._set + k) % self.BUFFER_SETS
                     self._wait(which)
             finally:
                 self._pool.shutdown()
