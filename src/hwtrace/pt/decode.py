@@ -34,8 +34,7 @@ from .errors import errstr
 from .events import Event, EventOptions
 from .flow import AddrFilter, BlockFlags
 from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSink, event_object
-from .kinds import Kind
-from .packets import as_buffer, decode_range, map_file
+from .packets import as_buffer, map_file, psb_plus_end
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
 # None when the trace has no time there; returns None to keep the image.
@@ -427,24 +426,9 @@ def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int,
     out = []
     for i, (s, e) in enumerate(ranges):
         if i + 1 < len(ranges):
-            e = _psb_plus_end(buf, e)
+            e = psb_plus_end(buf, e, missing=e)
         out.append((s, e))
     return out
-
-
-def _psb_plus_end(buf: np.ndarray, psb: int) -> int:
-    """The offset just after the PSBEND of the PSB+ at ``psb``."""
-    end = buf.shape[0]
-    span = 4096
-    while True:
-        table = decode_range(buf, psb, min(end, psb + span), resync=False)
-        hit = np.flatnonzero(table.kind == Kind.PSBEND)
-        if len(hit):
-            i = int(hit[0])
-            return int(table.offset[i] + table.size[i])
-        if psb + span >= end or len(table.err_code):
-            return psb
-        span *= 4
 
 
 def _as_buffer(data) -> np.ndarray:

@@ -36,7 +36,7 @@ from .errors import PtError
 from .events import Ev, Event, EventOptions
 from .flow import AddrFilter, BlockFlags
 from .kinds import DecodeError
-from .packets import as_buffer, decode_range, map_file, packet_errata, release
+from .packets import as_buffer, decode_range, map_file, packet_errata, psb_plus_end, release
 from .timing import estimate_time, new_time_state
 
 _MASK64 = (1 << 64) - 1
@@ -339,26 +339,11 @@ class FlowDecoder:
             arr[...] = 0
         self.state[14][:] = -1  # no run known for any return address
 
-    def _psb_plus_end(self, buf: np.ndarray, psb: int, end: int) -> int:
-        """The offset just after the PSBEND of the PSB+ at ``psb`` (``end``
-        when there is none)."""
-        span = 4096
-        while True:
-            stop = min(end, psb + span)
-            table = decode_range(buf, psb, stop, resync=False)
-            hit = np.flatnonzero(table.kind == K.K_PSBEND)
-            if len(hit):
-                i = int(hit[0])
-                return int(table.offset[i] + table.size[i])
-            if stop >= end or len(table.err_code):
-                return end
-            span *= 4
-
     def _extent(self, buf: np.ndarray, after: int, end: int) -> int:
         """Where a window reaching past ``after`` ends: after the PSB+ of
         the first PSB at or after it (lookahead never reads further)."""
         psb = int(_sync_forward_kernel(buf, after, 0, end)) if after < end else -1
-        return end if psb < 0 else self._psb_plus_end(buf, psb, end)
+        return end if psb < 0 else psb_plus_end(buf, psb, end)
 
     def _open(self, buf: np.ndarray, ws: int, end: int, tstate: np.ndarray, grow: int = -1):
         """The window of packets from ``ws``: up to a PSB ``window_bytes``

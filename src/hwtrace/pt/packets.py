@@ -358,6 +358,26 @@ def release(buf: np.ndarray, start: int, end: int) -> None:
         mm.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
+def psb_plus_end(
+    buf: np.ndarray, psb: int, end: int | None = None, missing: int | None = None
+) -> int:
+    """The offset just after the PSBEND of the PSB+ at ``psb``, reading no
+    further than ``end`` (the buffer's end by default); ``missing`` (default
+    ``end``) when no PSBEND follows or the packets break off first."""
+    end = buf.shape[0] if end is None else end
+    span = 4096
+    while True:
+        stop = min(end, psb + span)
+        table = decode_range(buf, psb, stop, resync=False)
+        hit = np.flatnonzero(table.kind == Kind.PSBEND)
+        if len(hit):
+            i = int(hit[0])
+            return int(table.offset[i] + table.size[i])
+        if stop >= end or len(table.err_code):
+            return end if missing is None else missing
+        span *= 4
+
+
 def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:
     """Split a stream into ``(start, end)`` ranges of about ``chunk_bytes``
     that each begin at a PSB, so each can be decoded on its own."""
@@ -505,6 +525,7 @@ __all__ = [
     "iter_chunks",
     "map_file",
     "psb_chunks",
+    "psb_plus_end",
     "sync_backward",
     "sync_forward",
 ]
