@@ -19,8 +19,9 @@ from hwtrace.image import Image
 from hwtrace.perf.data import read_perf_data
 from hwtrace.perf.records import Comm, SampleId, SampleType
 from hwtrace.perf.sideband import BinaryLocator
-from hwtrace.perf.trace import PerfBlocks, decode_perf, decode_ranges, stream_perf
+from hwtrace.perf.trace import PerfBlocks, decode_perf, stream_perf
 from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
+from hwtrace.pt.decode import chunk_ranges
 from hwtrace.pt.encode import encode_path
 
 pytestmark = pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
@@ -124,10 +125,10 @@ def test_stream_reports_gaps_where_decode_perf_does(tmp_path):
     )
 
 
-def test_decode_ranges_start_at_psbs_and_cover_the_trace():
+def test_chunk_ranges_start_at_psbs_and_cover_the_trace():
     _, pt, _ = _trace(20)
     buf = np.frombuffer(pt, np.uint8)
-    ranges = decode_ranges(buf, 512)
+    ranges = chunk_ranges(buf, 512)
     assert len(ranges) > 3
     psb = bytes.fromhex("0282") * 8
     assert all(pt[s : s + 16] == psb for s, _ in ranges)

@@ -18,7 +18,7 @@ Two forms:
   the trace.  ``hwtrace script`` and ``hwtrace report`` use it.
 
 Both cut a queue's trace into the same PSB-aligned ranges
-(:func:`decode_ranges`) and decode them with the same options, so they give
+(:func:`hwtrace.pt.decode.chunk_ranges`) and decode them with the same options, so they give
 the same blocks.  A queue's trace is read where it lies in the
 memory-mapped perf.data when one AUXTRACE record holds it; a trace split
 over several records (as perf writes its AUX buffer) is joined into an
@@ -291,12 +291,6 @@ def _map_open(f: BinaryIO) -> np.ndarray:
     return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
 
 
-def decode_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int, int]]:
-    """The ranges a trace is decoded in, as :func:`~hwtrace.pt.decode.decode_trace`
-    cuts it (see :func:`~hwtrace.pt.decode.chunk_ranges`)."""
-    return chunk_ranges(buf, chunk_bytes)
-
-
 class _Contexts:
     """Which image a queue's decoder walks when tracing is enabled: the
     address space of the thread the sideband says ran then (per-thread
@@ -397,7 +391,7 @@ def decode_perf(
     sideband maps as files are used where the locator finds them.
     ``sideband``: the model of ``data``'s sideband, when the caller already
     built it (:func:`sideband_of`).  ``chunk_bytes``: the size of the
-    PSB-aligned ranges each queue is cut into (:func:`decode_ranges`).
+    PSB-aligned ranges each queue is cut into (:func:`~hwtrace.pt.decode.chunk_ranges`).
     """
     locator, sb, problems, setup = _setup(data, locator, kernel, sideband)
     if setup is None:
@@ -693,7 +687,7 @@ def stream_perf(
         sink = _QueueSink(q, ctx, on_blocks, batch_rows)
         with _queue_trace(data, starts, sizes) as trace:
             q.trace_bytes = trace.shape[0]
-            for s, e in decode_ranges(trace, chunk_bytes):
+            for s, e in chunk_ranges(trace, chunk_bytes):
                 dec.decode(trace, sink, s, e)
             sink.finish()
     problems += list(locator.problems.values())
