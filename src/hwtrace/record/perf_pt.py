@@ -2,10 +2,10 @@
 
 Where the CPU has Intel PT (``/sys/bus/event_source/devices/intel_pt``),
 hwtrace records with Linux perf, whose kernel driver owns the hardware.  This
-module turns :class:`PtSettings` (PSB period, timing packets, return compression, filters) into perf's event
-terms and command line, checks them against what the hardware enumerates
-(the PMU's ``caps`` directory, CPUID leaf 0x14 as the kernel reads it) and
-runs perf.  The same settings drive the software backend, so a recording made
+module turns :class:`PtSettings` (PSB period, timing packets, return
+compression, filters) into perf's event terms and command line, checks them
+against what the hardware enumerates (the PMU's ``caps`` directory, CPUID
+leaf 0x14 as the kernel reads it) and runs perf.  The same settings drive the software backend, so a recording made
 on a machine without PT uses the packet settings a real one would.
 """
 

@@ -315,6 +315,7 @@ def _rep_rows(
 # Ends of a traced stretch that are not a branch leaving the traced code: the
 # thread stopped being traced between two instructions.
 _ASYNC_ENDS = (END_SIGNAL, END_EXIT, END_LIMIT, END_STOPPED)
+_NEAR_BRANCHES = (IClass.JUMP, IClass.CALL, IClass.COND_JUMP, IClass.RETURN)
 
 
 def _stopped_after_branch(cache: InsnCache, log: StepLog, seg: Segment, keep: np.ndarray) -> bool:
@@ -328,9 +329,6 @@ def _stopped_after_branch(cache: InsnCache, log: StepLog, seg: Segment, keep: np
         return False
     insn = cache.get(int(log.ips[keep[-1]]), 64)
     return not isinstance(insn, int) and insn.iclass in _NEAR_BRANCHES
-
-
-_NEAR_BRANCHES = (IClass.JUMP, IClass.CALL, IClass.COND_JUMP, IClass.RETURN)
 
 
 def _is_rep_at(cache: InsnCache, ip: int) -> bool:

@@ -883,12 +883,17 @@ class _Recorder:
         takers = self.borrowers(None, space, at)
         if takers:
             self.stop_world()
+        self.hold_original(takers, space, at)
+        space.arm(at)
+
+    def hold_original(self, takers: list[_Thread], space: _Space, at: int) -> None:
+        """Threads stepped at ``at`` while its original byte was there, their
+        step not seen yet: the byte stays lifted for them until it is."""
         for b in takers:
             space.lift(at)
             b.stepover = at
             self.stepovers.add(b)
             self.mode[b.slot] = 0
-        space.arm(at)
 
     def note_call(self, t: _Thread, rsp: int) -> None:
         """If the last stepped instruction was a call leaving the ranges, the
@@ -1004,13 +1009,7 @@ class _Recorder:
         at, t.stepover = t.stepover, None
         self.stepovers.discard(t)
         if at is not None and t.proc.mem >= 0:
-            for b in self.borrowers(t, t.proc.space, at):
-                # Stepped at ``at`` by the loop while it was lifted, its step
-                # not seen yet: it holds the original byte until it is.
-                t.proc.space.lift(at)
-                b.stepover = at
-                self.stepovers.add(b)
-                self.mode[b.slot] = 0
+            self.hold_original(self.borrowers(t, t.proc.space, at), t.proc.space, at)
             t.proc.space.drop(at)
         self._points()
         if t.stepping:
