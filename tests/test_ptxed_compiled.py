@@ -251,3 +251,30 @@ def test_line_table_grown_piece_by_piece_is_the_whole_table(tmp_path):
         np.testing.assert_array_equal(piecewise.line_off[: n + 1], whole.line_off[: n + 1])
         end = int(whole.line_off[n])
         assert bytes(piecewise.lines[:end]) == bytes(whole.lines[:end])
+
+
+def test_interrupted_ptxed_stops_its_thread_quietly(tmp_path, monkeypatch, capsys):
+    """^C while ptxed decodes: no traceback, status 130 as after SIGINT, and
+    the formatting thread is gone."""
+    import threading
+
+    from hwtrace.cli.main import main
+    from hwtrace.pt.kinds import Kind
+    from hwtrace.pt.packets import Packet, encode
+
+    trace = encode([Packet(Kind.PSB), Packet(Kind.FUP, 0x401000, 3), Packet(Kind.PSBEND)])
+    (tmp_path / "a.pt").write_bytes(trace)
+    (tmp_path / "code.bin").write_bytes(b"\x90" * 64)
+    real = FlowDecoder.decode
+
+    def interrupted(self, data, sink, *args, **kwargs):
+        sink.output()  # the writer has its thread by now
+        real(self, data, sink, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FlowDecoder, "decode", interrupted)
+    argv = ["ptxed", "--pt", str(tmp_path / "a.pt"), "--raw", f"{tmp_path / 'code.bin'}:0x401000"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted" in err
+    assert not [t for t in threading.enumerate() if t.name.startswith("ptxed-format")]

@@ -33,10 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
         return 0 if argv else 2
+    interrupted = False
     try:
         return _run(argv[0], argv[1:])
+    except KeyboardInterrupt:
+        # ^C: what the command started is undone by its own finally blocks;
+        # no traceback, the shell's status for SIGINT, and no library build.
+        interrupted = True
+        sys.stderr.write(f"hwtrace {argv[0]}: interrupted\n")
+        return 130
     finally:
-        _build_kernels()
+        if not interrupted:
+            _build_kernels()
 
 
 def _run(cmd: str, rest: list[str]) -> int:
