@@ -278,3 +278,35 @@ def test_interrupted_ptxed_stops_its_thread_quietly(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert "Traceback" not in err and "interrupted" in err
     assert not [t for t in threading.enumerate() if t.name.startswith("ptxed-format")]
+
+
+@pytest.mark.parametrize("style", [{"no_inst": True}, {}, {"no_inst": True, "offset": True}])
+def test_output_the_same_whatever_the_buffer_size(tmp_path, style):
+    """The formatter stops wherever its output buffer is full (in the middle
+    of a block, of a stretch of straight code, between events) and goes on
+    from there: the text does not depend on the buffer's size or on a second
+    thread formatting."""
+    if gt.skip_reason is not None:
+        pytest.skip(str(gt.skip_reason))
+    from hwtrace.image import Image
+    from hwtrace.pt.config import PtConfig
+    from hwtrace.pt.encode import encode_path
+    from hwtrace.pt.flowdec import FlowOptions
+    from hwtrace.pt.ptxed import PtxedStyle, PtxedWriter
+
+    run = gt.case(sorted(gt.CASES)[0], gt.OPT_LEVELS[0])
+    image = Image()
+    image.add_elf(run.elf, run.load_address)
+    n = len(run.ips)
+    enc = encode_path(run.ips, image, end_ip=run.end_ip, trace_off=[(n // 3, n // 3 + 20)],
+                      interrupts=[(n // 2, int(run.ips[n // 2]))], tsc=1 << 30, mtc_freq=3)  # fmt: skip
+    outputs = []
+    for size, pipelined in ((1 << 20, False), (1, False), (37, True), (300, True)):
+        text = io.BytesIO()
+        writer = PtxedWriter(PtxedStyle(**style), text.write, buffer_size=size,
+                             pipelined=pipelined)  # fmt: skip
+        FlowDecoder(image, enc.config or PtConfig(), FlowOptions()).decode(enc.data, writer)
+        writer.finish()
+        outputs.append(text.getvalue())
+    assert outputs[0].count(b"\n") > n - 20
+    assert all(out == outputs[0] for out in outputs[1:])

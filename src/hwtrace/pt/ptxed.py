@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import kernels
-from ..textout import put_dec, put_hex, put_row, put_slice, put_text, string_table
+from ..textout import (
+    COPY_SLACK,
+    put_dec,
+    put_hex,
+    put_row,
+    put_slice,
+    put_slice_over,
+    put_text,
+    string_table,
+)
 from . import _flowkernel as K
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
@@ -66,7 +75,7 @@ class PtxedStyle:
         return sum(1 << i for i, on in enumerate(flags) if on)
 
 
-@kernels.njit(cache=True, inline="always")
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def _ipx(out, p, row, ev_ip):
     """ptxed's ``, ip: %016x`` when asked for and the IP is known."""
     if ev_ip and not (row[K.E_FLAGS] & K.F_SUPP):
@@ -75,7 +84,7 @@ def _ipx(out, p, row, ev_ip):
     return p
 
 
-@kernels.njit(cache=True)
+@kernels.njit(cache=True, _nrt=False)
 def _event(out, p, row, offset, style):
     """One event line (ptxed's print_event)."""
     ev_ip = (style & S_EV_IP) != 0
@@ -274,7 +283,7 @@ def _event(out, p, row, offset, style):
     return p + 2
 
 
-@kernels.njit(cache=True)
+@kernels.njit(cache=True, _nrt=False)
 def _marker(out, p, row, offset, style):
     """An error, or one of ptxed's own lines; -1 when nothing is printed."""
     t = row[K.E_TYPE]
@@ -295,7 +304,7 @@ def _marker(out, p, row, offset, style):
     return put_text(out, p, "[disabled]\n")  # X_RESYNC_DISABLED
 
 
-@kernels.njit(cache=True, inline="always")
+@kernels.njit(cache=True, inline="always", _nrt=False)
 def _next_ip(i_ip, i_size, i_class, i_flags, i_target, k):
     """Where instruction ``k`` goes when it needs no trace: a direct call's
     or jump's target, else the next instruction."""
@@ -320,7 +329,7 @@ def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_o
     p = line_off[first]
     k = first
     while k < n_insns:
-        if p + LINE_MAX > lines.shape[0]:
+        if p + LINE_MAX + COPY_SLACK > lines.shape[0]:
             break
         p = put_hex(lines, p, i_ip[k], 16)
         if not no_inst:
@@ -355,22 +364,76 @@ def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_o
     return done
 
 
-@kernels.njit(cache=True)
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _run_span(run, r_ninsn, r_first, r_insn, line_off, contig, span):
+    """Where the lines of run ``run`` are in the line table, cached in
+    ``span`` (start, end; -1: not known yet); start -1 when they are not
+    one stretch of it (so far: code decoded later may join them)."""
+    a = span[2 * run]
+    if a >= 0:
+        return a, span[2 * run + 1]
+    k = np.int64(r_insn[r_first[run]])
+    n = np.int64(r_ninsn[run])
+    if n == 0 or contig[k] < n:
+        return np.int64(-1), np.int64(-1)
+    a = line_off[k]
+    e = line_off[k + n]
+    span[2 * run + 1] = e
+    span[2 * run] = a
+    return a, e
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _run_rows(b_ninsn, b_flags, b_offset, b_run, i, stop, r_ninsn, r_first, r_insn, lines,
+              line_off, contig, span, st, out, p, cap):  # fmt: skip
+    """ptxed's plain lines (no per-line prefix) of rows ``i`` up to
+    ``stop`` while each is a whole run of straight code and no block is
+    speculative: one copy from the line table per row.  Returns where it
+    stopped and the new position in ``out``."""
+    n_blocks = np.int64(0)
+    n_insn = np.int64(0)
+    new_at = np.int64(-1)
+    while i < stop:
+        run = b_run[i]
+        if run < 0:
+            break
+        f = b_flags[i]
+        if f & K.O_SPEC:
+            break
+        a, e = _run_span(run, r_ninsn, r_first, r_insn, line_off, contig, span)
+        if a < 0 or p + (e - a) > cap:
+            break
+        p = put_slice_over(out, p, lines, a, e)
+        if f & K.O_NEW:
+            n_blocks += 1
+            new_at = i
+        n_insn += b_ninsn[i]
+        i += 1
+    st[F_NBLOCKS] += n_blocks
+    st[F_NINSN] += n_insn
+    if new_at >= 0:
+        st[F_BLKOFF] = b_offset[new_at]
+    return i, p
+
+
+@kernels.njit(cache=True, _nrt=False)
 def format_batch(
     b_ip, b_ninsn, b_flags, b_mode, b_offset, b_run, ev_rows, ev_off, ev_blk, ct, lines,
-    line_off, contig, style, st, stu, out,
+    line_off, contig, span, style, st, stu, out,
 ):  # fmt: skip
     """Write the batch's lines into ``out`` from where ``st`` says; returns
     the bytes written.  ``st[F_ROW] == len(b_ip) + 1`` when the batch is
     done; otherwise call again with an emptied buffer.  A row that is a
     whole run of the code table (``b_run``) finds its instructions there,
-    without a lookup by address."""
+    without a lookup by address; ``span`` caches where each run's lines are
+    (see :func:`_run_rows`)."""
     h_ip, h_mode, h_val, i_ip, i_size, i_class, i_flags, i_target = (
         ct[0], ct[1], ct[2], ct[3], ct[4], ct[5], ct[7], ct[8]
     )  # fmt: skip
-    r_first, r_insn = ct[21], ct[23]
+    r_ninsn, r_first, r_insn = ct[17], ct[21], ct[23]
     quiet = (style & S_QUIET) != 0
-    cap = out.shape[0] - LINE_MAX
+    fast = (style & (S_QUIET | S_OFFSET | S_TIME | S_SHOW_BLOCKS)) == 0
+    cap = out.shape[0] - LINE_MAX - COPY_SLACK
     nrows = b_ip.shape[0]
     nev = ev_blk.shape[0]
     p = 0
@@ -396,6 +459,14 @@ def format_batch(
         if i == nrows:
             i += 1
             break
+        if fast and st[F_DONE] == 0 and st[F_SPEC] == 0:
+            # Up to the next event: rows that are whole runs of straight
+            # code are one stretch of the line table each.
+            stop = ev_blk[j] if j < nev else nrows
+            i, p = _run_rows(b_ninsn, b_flags, b_offset, b_run, i, stop, r_ninsn, r_first,
+                             r_insn, lines, line_off, contig, span, st, out, p, cap)  # fmt: skip
+            if i >= stop:
+                continue
         n = np.int64(b_ninsn[i])
         done = st[F_DONE]
         if done == 0:
@@ -451,7 +522,7 @@ def format_batch(
                         fit += 1
                     m = fit
                 e = line_off[k + m]
-                p = put_slice(out, p, lines, a, e)
+                p = put_slice_over(out, p, lines, a, e)
             else:
                 for q in range(m):
                     if p >= cap:
@@ -531,11 +602,22 @@ class LineTable:
         self.lines = np.zeros(1 << 16, np.uint8)
         self.line_off = np.zeros(1 << 12, np.int64)
         self.contig = np.zeros(1 << 12, np.int32)
+        # Per run of the code table: where its lines are (format_batch).
+        self.span = np.full(2 << 12, -1, np.int64)
         self._empty = np.zeros(1, np.uint8), np.zeros(1, np.int64)
 
     def update(self, table: CodeTable) -> None:
         if table is not self.table or table.generation != self.generation:
             self.table, self.generation, self.n = table, table.generation, 0
+            # A new array: a formatting thread may still read the old one.
+            self.span = np.full(self.span.shape[0], -1, np.int64)
+        runs = table.r_ip.shape[0]
+        if self.span.shape[0] < 2 * runs:
+            # Replaced, not grown in place; spans the formatter caches in
+            # the old one meanwhile are only found again.
+            span = np.full(2 * runs, -1, np.int64)
+            span[: self.span.shape[0]] = self.span
+            self.span = span
         n = table.n_insns
         if n == self.n:
             return
@@ -583,7 +665,7 @@ class PtxedWriter(FlowSink):
     ustate: np.ndarray = field(default_factory=lambda: np.zeros(NFU, np.uint64))
 
     def __post_init__(self) -> None:
-        self.out = np.zeros(self.buffer_size + LINE_MAX, np.uint8)
+        self.out = np.zeros(self.buffer_size + LINE_MAX + COPY_SLACK, np.uint8)
         self.bits = self.style.bits
         self.lines = LineTable(self.bits, self.att)
         self.n_insn = 0  # instructions and blocks seen (ptxed's --stat)
@@ -631,7 +713,7 @@ class PtxedWriter(FlowSink):
         # What the formatting reads, as it is now (tables grow by new arrays).
         args = (
             b.ip, b.ninsn, b.flags, b.mode, b.offset, b.run, b.events, b.event_offset,
-            b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig,
+            b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig, lines.span,
         )  # fmt: skip
         if self._pool is None:
             self._format(args)
