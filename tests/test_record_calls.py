@@ -14,6 +14,7 @@ import pytest
 from test_record_software import SKIP, compile_program
 from test_record_threads import check_listings, record_cli, stepped
 
+from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.image import read_elf
 from hwtrace.record import SoftwareRecording, record_software
 from hwtrace.record.stepper import _load_bias
@@ -170,3 +171,77 @@ def test_a_library_function_and_its_callbacks(tmp_path, capsys):
     assert ftr.instructions.shape[0] <= 2 * (qsort.end - qsort.start)
     assert tr.instructions.shape[0] > 20 * ftr.instructions.shape[0]
     check_listings(tmp_path / "perf.data", want, capsys, rec)
+
+
+def module_offsets(rec: SoftwareRecording, ips: np.ndarray) -> list[tuple[str, int]]:
+    """Each address as (module base name, offset from the module's first
+    mapping): the same instruction in two runs of a program (ASLR moves
+    the modules)."""
+    base: dict[str, int] = {}
+    for m in rec.mmaps:
+        name = os.path.basename(m.path)
+        base[name] = min(base.get(name, m.start), m.start)
+    spans = sorted((m.start, m.start + m.length, os.path.basename(m.path)) for m in rec.mmaps)
+    starts = np.array([s for s, _, _ in spans], np.uint64)
+    out = []
+    for ip in ips.tolist():
+        k = int(np.searchsorted(starts, ip, side="right")) - 1
+        _, end, name = spans[k]
+        assert ip < end, hex(ip)
+        out.append((name, ip - base[name]))
+    return out
+
+
+def script_ips(args: list[str], capsys) -> np.ndarray:
+    capsys.readouterr()
+    assert hwtrace_main(["script", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return np.array([int(line.split()[3], 16) for line in lines], np.uint64)
+
+
+def test_calls_cut_when_decoded(tmp_path, capsys):
+    """A recording of everything (the whole of main, as a hardware recording
+    with ``--call`` traces the whole process), cut to the calls when it is
+    decoded, lists exactly what a recording of only those calls steps in
+    another run of the program: returns, recursion, tail calls, libc
+    calling back into the program.  A ``longjmp`` out of a call ends at the
+    jump that leaves it, a few instructions after the software recorder's
+    cut (where the stack pointer rises, which the trace does not show)."""
+    from hwtrace.perf.calls import note_recorded_calls
+    from hwtrace.record.perfdata import write_perf_data
+
+    exe = build()
+    out = str(tmp_path / "out")
+    whole = record_software([exe, out], calls=["main"])
+    path = tmp_path / "whole.data"
+    write_perf_data(whole, path)
+    recorded = record_software([exe, out], calls=CALLS)
+    (want,) = stepped(recorded).values()
+    want_at = module_offsets(recorded, want)
+    options = [a for c in CALLS for a in ("--call", c)]
+    got_at = module_offsets(whole, script_ips(["-i", str(path), *options], capsys))
+    segments = recorded.threads[0].log.segments
+    starts = entries(recorded)
+    names = [starts[int(recorded.threads[0].log.ips[seg.start])] for seg in segments]
+    assert names == ["sorter", "sorter", "fib", "jumper", "tailer"]
+    end = segments[3].end  # where jumper's call ends (the stack pointer rises in longjmp)
+    assert got_at[:end] == want_at[:end]
+    extra = len(got_at) - len(want_at)
+    assert 0 < extra <= 8
+    assert got_at[end + extra :] == want_at[end:]  # tailer's call, tail callee and all
+    assert all(name == "libc.so.6" for name, _ in got_at[end : end + extra])
+
+    # Recorded for the calls on hardware (everything traced, the calls noted
+    # beside the perf.data): cut by default; --all shows everything.
+    note_recorded_calls(path, CALLS)
+    assert module_offsets(whole, script_ips(["-i", str(path)], capsys)) == got_at
+    everything = script_ips(["-i", str(path), "--all"], capsys)
+    assert everything.shape[0] == whole.threads[0].instructions.shape[0]
+    write_perf_data(whole, path)  # written again: the note no longer applies
+    assert script_ips(["-i", str(path)], capsys).shape[0] == everything.shape[0]
+    capsys.readouterr()
+    assert hwtrace_main(["report", "-i", str(path), "--call", "fib"]) == 0
+    report = capsys.readouterr().out
+    fib = segments[2].end - segments[2].start
+    assert f"{fib:,} instructions decoded" in report
+    assert "fib" in report and "sorter" not in report

@@ -111,3 +111,28 @@ def test_capabilities_are_checked(tmp_path):
 def test_without_pt_hardware_the_software_backend_is_named(tmp_path):
     with pytest.raises(SettingsError, match=r"no Intel PT on this machine.*software backend"):
         record_with_perf(PtSettings(), tmp_path / "x.data", command=["true"])
+
+
+def test_call_on_hardware_traces_everything_and_notes_the_calls(tmp_path, monkeypatch, capsys):
+    """``record --call`` with perf: no address filter (a call's extent
+    reaches any code), and the calls noted beside the perf.data, so that
+    script and report cut the flow to them."""
+    import hwtrace.record.perf_pt as perf_pt
+    from hwtrace.cli.main import main
+    from hwtrace.perf.calls import recorded_calls
+
+    seen = []
+
+    def fake_record(settings, output, **kw):
+        seen.append(settings)
+        Path(output).write_bytes(b"PERFILE2")
+        return 0
+
+    monkeypatch.setattr(perf_pt, "record_with_perf", fake_record)
+    out = tmp_path / "perf.data"
+    args = ["record", "--backend", "perf", "-o", str(out), "--call", "libc.so.6!qsort"]
+    assert main([*args, "-f", "main", "--", "ls"]) == 0
+    (settings,) = seen
+    assert settings.filters == ()
+    assert recorded_calls(out) == ["libc.so.6!qsort"]
+    assert "cut it to the calls" in capsys.readouterr().err

@@ -28,7 +28,9 @@ import numpy as np
 
 from ..isa.x86 import IClass, InsnCache, Special
 
-K_OTHER, K_CALL, K_RET = 0, 1, 2
+# What an instruction does to the call stack: nothing, push its return
+# address, pop one, or jump anywhere (an indirect jump: a longjmp unwinds).
+K_OTHER, K_CALL, K_RET, K_IJUMP = 0, 1, 2, 3
 
 Reader = Callable[[int, int], bytes]
 
@@ -107,6 +109,8 @@ class CodeIndex:
             kind = K_CALL
         elif insn.iclass in (IClass.RETURN, IClass.FAR_RETURN):
             kind = K_RET
+        elif insn.iclass in (IClass.JUMP, IClass.FAR_JUMP) and not insn.is_direct:
+            kind = K_IJUMP
         succ = insn.next_ip
         direct = insn.is_direct and insn.iclass in (IClass.JUMP, IClass.CALL)
         if direct and insn.special != Special.JMPABS:
@@ -160,9 +164,18 @@ class CodeIndex:
                     ip = succ
 
     def classify(self, ips: np.ndarray, mode: int = 64) -> tuple[np.ndarray, np.ndarray]:
-        """Kind (:data:`K_OTHER`, :data:`K_CALL`, :data:`K_RET`) and
+        """Kind (:data:`K_OTHER`, :data:`K_CALL`, :data:`K_RET`, :data:`K_IJUMP`) and
         fall-through address of each of ``ips`` (0 where no instruction can
         be decoded), decoding each new address once."""
+        kinds, falls, _ = self.transfers(ips, mode)
+        return kinds, falls
+
+    def transfers(
+        self, ips: np.ndarray, mode: int = 64
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`classify`, and where each instruction goes without trace
+        (its successor: a direct jump's or call's target, else the
+        fall-through address)."""
         ips = np.ascontiguousarray(ips, np.uint64)
         table = self._table(mode)
         table.merge()
@@ -179,7 +192,9 @@ class CodeIndex:
             found[found] = table.keys[k[found]] == uniq[found]
         kinds = np.zeros(uniq.shape[0], np.uint8)
         falls = np.zeros(uniq.shape[0], np.uint64)
+        succs = np.zeros(uniq.shape[0], np.uint64)
         kinds[found] = table.kind[k[found]]
         falls[found] = table.fall[k[found]]
+        succs[found] = table.succ[k[found]]
         inverse = inverse.reshape(-1)
-        return kinds[inverse], falls[inverse]
+        return kinds[inverse], falls[inverse], succs[inverse]

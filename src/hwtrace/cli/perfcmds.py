@@ -14,7 +14,7 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -101,12 +101,12 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
         filters += (AddressFilter(start=lo, size=hi - lo, dso=dso),)
     if a.call:
         # A call's extent reaches any code (libraries, callbacks): the
-        # hardware traces the whole address space, no address filter.
+        # hardware traces the whole address space, no address filter, and
+        # script and report cut the flow to the calls.
         filters = ()
         sys.stderr.write(
             "hwtrace record: note: --call with the perf backend traces the whole user "
-            "address space; hwtrace script/report do not cut it to the calls yet "
-            "(the software backend records the calls only)\n"
+            "address space; hwtrace script and report cut it to the calls\n"
         )
     settings = PtSettings(
         psb_period=min(max(a.psb_period.bit_length() - 12, 0), 15),
@@ -118,7 +118,12 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
         filters=filters,
     )
     sys.stderr.write("hwtrace record: backend perf (Intel PT hardware)\n")
-    return record_with_perf(settings, a.output, command=command, pid=a.pid)
+    status = record_with_perf(settings, a.output, command=command, pid=a.pid)
+    if a.call and Path(a.output).exists():
+        from ..perf.calls import note_recorded_calls
+
+        note_recorded_calls(a.output, a.call)
+    return status
 
 
 def _record_software(a: argparse.Namespace, command: list[str]) -> int:
@@ -223,7 +228,17 @@ def _open(prog: str, a: argparse.Namespace) -> _Input | None:
     except KernelCodeError as e:
         sys.stderr.write(f"{prog}: {e}\n")
         return None
-    return _Input(data, locator, kernel, sideband)
+    calls = list(a.call)
+    if not calls and not a.all:
+        from ..perf.calls import recorded_calls
+
+        calls = recorded_calls(a.input)
+        if calls:
+            sys.stderr.write(
+                f"{prog}: cutting the flow to the calls of {', '.join(calls)}, as recorded "
+                "(--all: everything the trace holds)\n"
+            )
+    return _Input(data, locator, kernel, sideband, calls)
 
 
 @dataclass
@@ -232,12 +247,29 @@ class _Input:
     locator: BinaryLocator
     kernel: KernelCode | None
     sideband: Sideband
+    calls: list[str] = field(default_factory=list)  # cut to the calls of these
 
-    def decode(self, on_blocks: Callable[[PerfBlocks], None]) -> PerfStream:
-        """Decode batch by batch into ``on_blocks``."""
-        return stream_perf(
-            self.data, on_blocks, self.locator, kernel=self.kernel, sideband=self.sideband
+    def decode(self, on_blocks: Callable[[PerfBlocks], None], prog: str) -> PerfStream:
+        """Decode batch by batch into ``on_blocks`` (cut to the calls)."""
+        take = on_blocks
+        cut = None
+        if self.calls:
+            from ..perf.calls import CallFilter
+
+            cut = CallFilter(self.calls)
+
+            def take(b: PerfBlocks) -> None:
+                for part in cut(b):
+                    on_blocks(part)
+
+        flow = stream_perf(
+            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband
         )
+        if cut is not None:
+            for name in cut.missing():
+                sys.stderr.write(f"{prog}: warning: --call {name}: no such function in the "
+                                 "decoded code\n")  # fmt: skip
+        return flow
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -251,6 +283,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--vmlinux", metavar="FILE", help="kernel code and symbols from a vmlinux")
     p.add_argument("--kallsyms", metavar="FILE", help="kernel symbols from a kallsyms copy")
+    p.add_argument(
+        "--call",
+        action="append",
+        default=[],
+        metavar="FUNCTION",
+        help="only each call of this function with everything it runs until it returns "
+        "(repeatable; module!name too)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="everything the trace holds, even if it was recorded for --call",
+    )
 
 
 def report_main(argv: Sequence[str]) -> int:
@@ -299,7 +344,7 @@ def report_main(argv: Sequence[str]) -> int:
                     weights[sel],
                 )  # fmt: skip
 
-    flow = opened.decode(on_blocks)
+    flow = opened.decode(on_blocks, p.prog)
     data = opened.data
 
     def comm(tid: int) -> str:
@@ -382,7 +427,7 @@ def script_main(argv: Sequence[str]) -> int:
                 out.write(chunk)
 
     try:
-        flow = opened.decode(on_blocks)
+        flow = opened.decode(on_blocks, p.prog)
         out.flush()
         for problem in flow.problems:
             sys.stderr.write(f"hwtrace script: warning: {problem}\n")

@@ -192,6 +192,18 @@ class SymbolTable:
         off = int(offset[0])
         return f"{name}+{off:#x}" if off else name
 
+    def function_entries(self, spec: str) -> np.ndarray:
+        """The start addresses (sorted) of the functions named ``spec``:
+        ``name``, or ``module!name`` with a module's base name
+        (``libc.so.6!qsort``)."""
+        module, _, name = spec.rpartition("!")
+        named = [i for i, n in enumerate(self.names) if n == name]
+        sel = np.isin(self.name_index, named) & (self.kind == FUNCTION) & (self.size > 0)
+        if module:
+            wanted = [i for i, m in enumerate(self.modules) if os.path.basename(m) == module]
+            sel &= np.isin(self.module, wanted)
+        return np.unique(self.start[sel])
+
     def __iter__(self):
         """Yield ``(start, size, name, is_function)`` in address order."""
         for i in range(len(self)):
