@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: hwtrace <command> [<options>]
@@ -29,6 +30,10 @@ def _build_kernels() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # hwtrace does no linear algebra, but numpy's OpenBLAS starts a thread
+    # per CPU at import that spins for a while: on a small machine, CPU
+    # taken from the decoder and ptxed's formatting thread.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
