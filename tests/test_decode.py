@@ -134,3 +134,44 @@ def test_threads_only_where_they_pay():
     assert useful_jobs(1, 100 * MIN_BYTES_PER_JOB) == 1
     assert useful_jobs(64, 100 * MIN_BYTES_PER_JOB) == cpus
     assert useful_jobs(2, 100, job_bytes=0) == min(2, cpus)
+
+
+def test_rows_stored_by_the_decoder_are_the_rows_python_stores(monkeypatch):
+    """The decoder stores block rows in the result's store itself while the
+    store has room (and undoes them with a step it redoes); the rows are
+    the same as when every row goes through Python's append, also when the
+    store starts too small and must grow on the way."""
+    import groundtruth as gt
+
+    from hwtrace.pt import blocks
+    from hwtrace.pt import decode as decode_mod
+    from hwtrace.pt.encode import encode_path
+
+    if gt.skip_reason is not None:
+        pytest.skip(str(gt.skip_reason))
+    run = gt.case("sort", gt.OPT_LEVELS[0])
+    img = Image()
+    img.add_elf(run.elf, run.load_address)
+    # The program sixteen times over (an interrupt back to its start each
+    # time): more rows than a store starts with room for.
+    n = len(run.ips)
+    ips = np.concatenate([run.ips] * 16)
+    again = [(n * i, run.end_ip) for i in range(1, 16)]
+    enc = encode_path(ips, img, end_ip=run.end_ip, trace_off=[(n // 3, n // 3 + 30)],
+                      interrupts=[(n // 2, int(run.ips[n // 2])), *again], tsc=1 << 30,
+                      mtc_freq=3, psb_period=200)  # fmt: skip
+
+    def columns(res: FlowResult) -> dict:
+        return {c: res.blocks.column(c) for c in ("ip", "ninsn", "mode", "image", "offset", "time")}
+
+    direct = decode_trace(enc.data, img, enc.config)
+    assert np.array_equal(direct.instructions(), enc.expected)
+    assert direct.n_blocks > 1 << 12  # more than the smallest store's rows
+    monkeypatch.setattr(decode_mod, "_expected_rows", lambda size: 1)
+    small = decode_trace(enc.data, img, enc.config)
+    monkeypatch.setattr(blocks.BlockStore, "kernel_store", lambda self: blocks.dummy_store())
+    by_python = decode_trace(enc.data, img, enc.config)
+    for res in (small, by_python):
+        for name, col in columns(res).items():
+            assert np.array_equal(col, columns(direct)[name]), name
+        _same(res, direct)

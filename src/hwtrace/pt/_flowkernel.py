@@ -48,9 +48,28 @@ import numpy as np
 
 from .. import kernels
 from ..isa.x86 import IClass, Special
+from .blocks import (
+    S_KEYS,
+    S_LAST_OFF,
+    S_LAST_TIME,
+    S_LIVE,
+    S_OFF,
+    S_ROWS,
+    S_STARTED,
+    S_TIME,
+    _block_key,
+    claim_run_keys,
+    dummy_store,
+    store_key_limit,
+    store_restore,
+    store_rows,
+    store_save,
+)
 from .codetable import (
+    C_INDEX,
     C_MISS_IP,
     C_MISS_MODE,
+    C_RUNS,
     I_DIRECT,
     I_NO_PUSH,
     I_TRUNCATED,
@@ -62,6 +81,8 @@ from .codetable import (
     RUN_JUMP,
     RUN_RET,
     RUN_STOP,
+    T_COUNTS,
+    T_R_KEY,
     build_run,
     hash_find,
 )
@@ -2672,6 +2693,20 @@ def _fast(ds, pk, cf, ct, out):
     cap = o_ip.shape[0] - 2
     nout = SI[O_NBLK]
     nvirt = SI[O_VBLK]
+    # Rows go straight into the block store while it has room and no row
+    # waits in the output before them (see hwtrace.pt.blocks).
+    s_keys, s_tab, s_cols, s_state = out[10]
+    live = s_state[S_LIVE] != 0 and not count_only
+    direct = live and nout == 0
+    counts, r_key = ct[T_COUNTS], ct[T_R_KEY]
+    if live:
+        claim_run_keys(counts, r_key, counts[C_RUNS], s_state)
+    image = counts[C_INDEX]
+    s_off_row, s_off_val, s_t_row, s_t_val = s_cols[4], s_cols[5], s_cols[6], s_cols[7]
+    s_rows, s_nkeys, s_off, s_t = s_state[S_ROWS], s_state[S_KEYS], s_state[S_OFF], s_state[S_TIME]
+    s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
+    s_started = s_state[S_STARTED]
+    key_limit = store_key_limit(s_keys, s_tab, s_cols)
     mode = SI[BS_MODE]
     spec_flag = O_SPEC if SI[BS_SPEC] else 0
     ip = SU[BS_IP]
@@ -2744,9 +2779,42 @@ def _fast(ds, pk, cf, ct, out):
         new = not cb_open or r_isid[blk] != cb_isid
         if not new and cb_ninsn + ninsn > MAX_NINSN:
             break  # the step functions split the block where libipt does
+        stored = count_only
         if count_only:
             nvirt += 1
-        else:
+        elif direct:
+            key = np.int64(r_key[blk])
+            if key < 0:
+                key, s_nkeys = _block_key(ip, ninsn, mode, image, s_tab, s_cols, s_nkeys, key_limit)
+                if key >= 0:
+                    r_key[blk] = key
+            o = offsets[pos] if pos < n else end_offset
+            new_o = s_started == 0 or o != s_last_off
+            new_t = s_started == 0 or cur_tsc != s_last_t
+            if (
+                key < 0
+                or s_rows >= s_keys.shape[0]
+                or (new_o and s_off >= s_off_row.shape[0])
+                or (new_t and s_t >= s_t_row.shape[0])
+            ):
+                direct = False  # full: rows wait in the output, Python grows the store
+            else:
+                s_keys[s_rows] = key
+                if new_o:
+                    s_off_row[s_off] = s_rows
+                    s_off_val[s_off] = o
+                    s_off += 1
+                    s_last_off = o
+                if new_t:
+                    s_t_row[s_t] = s_rows
+                    s_t_val[s_t] = cur_tsc
+                    s_t += 1
+                    s_last_t = cur_tsc
+                s_started = 1
+                s_rows += 1
+                nvirt += 1
+                stored = True
+        if not stored:
             o_ip[nout] = ip
             o_ninsn[nout] = ninsn
             o_run[nout] = blk
@@ -2867,6 +2935,12 @@ def _fast(ds, pk, cf, ct, out):
     SI[O_VBLK] = nvirt
     SI[O_NBLOCKS] = n_blocks
     SI[O_NINSN] = n_insn
+    if live:
+        s_state[S_ROWS], s_state[S_KEYS], s_state[S_OFF], s_state[S_TIME] = (
+            s_rows, s_nkeys, s_off, s_t
+        )  # fmt: skip
+        s_state[S_LAST_OFF], s_state[S_LAST_TIME] = s_last_off, np.int64(s_last_t)
+        s_state[S_STARTED] = s_started
     if why == FR_FETCH:
         return why
     # The current event, as the step functions expect it.
@@ -2999,20 +3073,24 @@ def run(ds, pk, cf, ct, out):
     """Decode until the segment ends or Python is needed (R_*)."""
     SI, SU = ds[0], ds[1]
     CF = cf[0]
+    store = out[10][3]
     while True:
         phase = SI[DR_PHASE]
         if phase == PH_DONE:
             return R_DONE
+        if store[S_LIVE] and SI[O_NBLK] and not CF[CF_COUNT]:
+            _store_output(ds, ct, out)
         if not _room(ds, out):
             return R_FULL
         if phase != PH_START and SI[W_LIMIT] >= 0 and SI[ES_POS] >= SI[W_LIMIT]:
             return R_MORE
         save_state(ds, 0)
+        store_save(store)
         if phase == PH_START:
             r = blk_start(ds, pk, cf, ct)
             if r < 0:
                 if _aborted(r):
-                    restore_state(ds, 0)
+                    _undo_step(ds, out)
                     return R_MISS if r == -ABORT_MISS else R_WINDOW
                 if r == -E_EOS:
                     _segment_end(ds, pk, cf, E_EOS)
@@ -3038,7 +3116,7 @@ def run(ds, pk, cf, ct, out):
                     continue
             if r < 0:
                 if _aborted(r):
-                    restore_state(ds, 0)
+                    _undo_step(ds, out)
                     return R_MISS if r == -ABORT_MISS else R_WINDOW
                 _error(ds, pk, ct, out, -r, ERR_RESYNC)
                 _segment_end(ds, pk, cf, -r)
@@ -3054,7 +3132,7 @@ def run(ds, pk, cf, ct, out):
             r = _handle_event(ds, pk, cf, ct, out)
             if r < 0:
                 if _aborted(r):
-                    restore_state(ds, 0)
+                    _undo_step(ds, out)
                     return R_MISS if r == -ABORT_MISS else R_WINDOW
                 _fail(ds, pk, cf, ct, out, -r)
                 continue
@@ -3077,14 +3155,14 @@ def run(ds, pk, cf, ct, out):
                 if r < 0:
                     if _aborted(r):
                         # The fast loop's work is redone too.
-                        restore_state(ds, 0)
+                        _undo_step(ds, out)
                         return R_MISS if r == -ABORT_MISS else R_WINDOW
                     SI[BS_STATUS] = -r
                     _ev_init(CUR, EV_IGNORE)
                 r = _trailing(ds, pk, cf, ct, False)
                 if r < 0:
                     if _aborted(r):
-                        restore_state(ds, 0)
+                        _undo_step(ds, out)
                         return R_MISS if r == -ABORT_MISS else R_WINDOW
                     _fail(ds, pk, cf, ct, out, -r)
                     continue
@@ -3102,11 +3180,32 @@ def run(ds, pk, cf, ct, out):
         _end_block(ds, cf, out)
         if r < 0:
             if _aborted(r):
-                restore_state(ds, 0)
+                _undo_step(ds, out)
                 return R_MISS if r == -ABORT_MISS else R_WINDOW
             _fail(ds, pk, cf, ct, out, -r)
             continue
         SI[DR_STATUS] = r
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _undo_step(ds, out):
+    """Back to the state at the step's start, rows stored since included."""
+    restore_state(ds, 0)
+    store_restore(out[10][3])
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _store_output(ds, ct, out):
+    """Move the rows waiting in the output into the block store, when it
+    surely has room (they are counted as stored rows from then on)."""
+    SI = ds[0]
+    n = SI[O_NBLK]
+    counts, r_key = ct[T_COUNTS], ct[T_R_KEY]
+    claim_run_keys(counts, r_key, counts[C_RUNS], out[10][3])
+    if store_rows(out[10], out[0], out[1], out[3], out[4], out[5], out[9], n, counts[C_INDEX],
+                  r_key):  # fmt: skip
+        SI[O_VBLK] += n
+        SI[O_NBLK] = 0
 
 
 @kernels.njit(cache=True, _nrt=False)
@@ -3146,7 +3245,10 @@ def new_state() -> tuple:
     )
 
 
-def new_output(blocks: int, events: int) -> tuple:
+def new_output(blocks: int, events: int, store: tuple | None = None) -> tuple:
+    """Output buffers for ``blocks`` block rows and ``events`` event rows;
+    ``store``: a block store the decoder may store rows in itself
+    (:meth:`hwtrace.pt.blocks.BlockStore.kernel_store`)."""
     return (
         np.zeros(blocks, np.uint64),  # 0 ip
         np.zeros(blocks, np.uint32),  # 1 ninsn
@@ -3158,4 +3260,5 @@ def new_output(blocks: int, events: int) -> tuple:
         np.zeros(events, np.int64),  # 7 event offsets
         np.zeros(events, np.int64),  # 8 block rows before each event
         np.zeros(blocks, np.int32),  # 9 the code-table run a row is (-1: none)
+        dummy_store() if store is None else store,  # 10 where rows may be stored directly
     )

@@ -18,16 +18,27 @@ stores of several decoding threads in order.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .. import kernels
+from .codetable import C_KEY_OWNER
 
 _EMPTY_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)
+_store_ids = itertools.count()
 _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 
-# Store state (int64 words).
+# Store state (int64 words): rows, distinct blocks, offset and time change
+# points held, the last offset and time, whether a row was stored; a copy of
+# the row counters taken at the decoder's step start (S_SAVED..., see
+# store_save); the store's number, and whether the decoder may store rows
+# itself (S_LIVE: a uint16 key column).
 S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
-_NS = 7
+S_SAVED = 7  # 7..12: S_ROWS, S_OFF ... S_STARTED as they were
+S_ID, S_LIVE = 13, 14
+_NS = 16
+_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED)
 # Why the compaction kernel stopped before the batch's end.
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
@@ -66,20 +77,20 @@ def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
 
 
 @kernels.njit(cache=True, _nrt=False)
-def _compact(ip, ninsn, mode, offset, time, run, run_key, start, image, keys, tab, cols, state):
-    """Append the batch's rows from ``start`` on; returns ``(next row,
+def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, keys, tab, cols,
+             state):  # fmt: skip
+    """Append the batch's rows ``start`` to ``end``; returns ``(next row,
     reason)``: reason 0 when the batch is done, else which array is full.
 
     A row that is a whole run of the decoder's code table (``run[i] >= 0``)
     finds its key in ``run_key`` (-1: not known yet), without hashing."""
-    h_ip = tab[0]
-    k_ip, off_row, off_val, t_row, t_val = cols[0], cols[4], cols[5], cols[6], cols[7]
+    off_row, off_val, t_row, t_val = cols[4], cols[5], cols[6], cols[7]
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
-    key_limit = min(k_ip.shape[0], (h_ip.shape[0] >> 1), keys_limit(keys))
+    key_limit = store_key_limit(keys, tab, cols)
     i = start
     why = 0
-    while i < ip.shape[0]:
+    while i < end:
         if n_rows >= keys.shape[0]:
             why = _FULL_ROWS
             break
@@ -127,6 +138,81 @@ def keys_limit(keys):
     return _U2_LIMIT if keys.itemsize == 2 else 0x7FFFFFFF
 
 
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def store_key_limit(keys, tab, cols):
+    """How many distinct blocks the store can hold before it must grow."""
+    return min(cols[0].shape[0], tab[0].shape[0] >> 1, keys_limit(keys))
+
+
+# -- the decoder storing rows itself ------------------------------------------
+#
+# The compiled decoder (hwtrace.pt._flowkernel) takes a store as one tuple,
+# ``(keys, tab, cols, state)`` (BlockStore.kernel_store), and while
+# ``state[S_LIVE]`` stores its rows there directly instead of writing them
+# out for Python to append: a row that is a code run finds its key in the
+# code table's ``r_key``, which caches the keys of the store
+# ``counts[C_KEY_OWNER]`` names.  A decoding step that is undone (see the
+# decoder's save_state) undoes its stored rows with store_restore; distinct
+# blocks it added stay (they are only never referred to).
+
+
+@kernels.njit(cache=True, _nrt=False)
+def store_save(state):
+    """Remember the row counters (at a decoding step's start)."""
+    for j in range(len(_SAVED_SLOTS)):
+        state[S_SAVED + j] = state[_SAVED_SLOTS[j]]
+
+
+@kernels.njit(cache=True, _nrt=False)
+def store_restore(state):
+    """Drop the rows stored since :func:`store_save`."""
+    for j in range(len(_SAVED_SLOTS)):
+        state[_SAVED_SLOTS[j]] = state[S_SAVED + j]
+
+
+@kernels.njit(cache=True, _nrt=False)
+def claim_run_keys(counts, r_key, n_runs, state):
+    """Make the code table's run keys the store's (they were another's)."""
+    if counts[C_KEY_OWNER] != state[S_ID]:
+        for r in range(min(n_runs, r_key.shape[0])):
+            r_key[r] = -1
+        counts[C_KEY_OWNER] = state[S_ID]
+
+
+@kernels.njit(cache=True, _nrt=False)
+def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
+    """Append rows ``0..n`` of a decoder's output if the store surely has
+    room for them (else nothing: the rows go to Python, which grows it);
+    returns whether it did."""
+    keys, tab, cols, state = st
+    if (
+        state[S_ROWS] + n > keys.shape[0]
+        or state[S_OFF] + n > cols[4].shape[0]
+        or state[S_TIME] + n > cols[6].shape[0]
+        or state[S_KEYS] + n > store_key_limit(keys, tab, cols)
+    ):
+        return False
+    _compact(ip, ninsn, mode, offset, time, run, r_key, 0, n, image, keys, tab, cols, state)
+    return True
+
+
+_DUMMY: tuple | None = None
+
+
+def dummy_store() -> tuple:
+    """A store the decoder never stores into (for every other sink)."""
+    global _DUMMY
+    if _DUMMY is None:
+        cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
+                np.zeros(1, np.uint16), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                np.zeros(1, np.int64), np.zeros(1, np.uint64))  # fmt: skip
+        tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
+        state = np.zeros(_NS, np.int64)
+        state[S_ID] = -2
+        _DUMMY = (np.zeros(1, np.uint16), tab, cols, state)
+    return _DUMMY
+
+
 def _grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
     new = np.empty(size, arr.dtype)
     new[:used] = arr[:used]
@@ -149,10 +235,30 @@ class BlockStore:
         self.time_row = np.empty(changes, np.int64)
         self.time_val = np.empty(changes, np.uint64)
         self.state = np.zeros(_NS, np.int64)
+        self.state[S_ID] = next(_store_ids)
+        self._kernel_store: tuple | None = None
         self._by_runs: dict[int, list] = {}
         self._no_runs = np.zeros(0, np.int32)
 
+    def kernel_store(self) -> tuple:
+        """The store as the compiled decoder takes it (see store_rows): live
+        while its key column is ``uint16``, else :func:`dummy_store`; the
+        same tuple until an array is grown."""
+        if self.keys.dtype != np.uint16:
+            self.state[S_LIVE] = 0
+            return dummy_store()
+        if self._kernel_store is None:
+            self.state[S_LIVE] = 1
+            self._kernel_store = (
+                self.keys, (self.h_ip, self.h_meta, self.h_id),
+                (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row,
+                 self.off_val, self.time_row, self.time_val),
+                self.state,
+            )  # fmt: skip
+        return self._kernel_store
+
     def _new_table(self, capacity: int) -> None:
+        self._kernel_store = None
         old = getattr(self, "k_ip", None)
         n = int(self.state[S_KEYS]) if old is not None else 0
         self.h_ip = np.full(2 * capacity, _EMPTY_SLOT, np.uint64)
@@ -192,7 +298,7 @@ class BlockStore:
         start = 0
         while True:
             start, why = _compact(
-                ip, ninsn, mode, offset, time, run, run_key, start, image, self.keys,
+                ip, ninsn, mode, offset, time, run, run_key, start, ip.shape[0], image, self.keys,
                 (self.h_ip, self.h_meta, self.h_id),
                 (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row,
                  self.off_val, self.time_row, self.time_val),
@@ -217,6 +323,7 @@ class BlockStore:
         return held[1]
 
     def _grow(self, why: int) -> None:
+        self._kernel_store = None
         s = self.state
         if why == _FULL_ROWS:
             self.keys = _grown(self.keys, int(s[S_ROWS]), 2 * self.keys.shape[0])

@@ -45,8 +45,18 @@ RUN_STOP = 7  # anything else: far transfers, code errors; the event path decide
 RUN_MAX = 4096  # instructions in one run
 FILL_MAX = 256  # instructions decoded by one fill
 
-# counts[] slots
-C_INSNS, C_RUNS, C_RUN_INSNS, C_MISS_IP, C_MISS_MODE = range(5)
+# counts[] slots: instructions, runs and run instructions held, where the
+# last miss was, the image's number in its decoding (FlowDecoder), and the
+# block store whose keys ``r_key`` holds (see hwtrace.pt.blocks).
+C_INSNS, C_RUNS, C_RUN_INSNS, C_MISS_IP, C_MISS_MODE, C_INDEX, C_KEY_OWNER = range(7)
+
+# The arrays of CodeTable.tuple, what the compiled code takes, in order.
+(
+    T_H_IP, T_H_MODE, T_H_VAL, T_I_IP, T_I_SIZE, T_I_CLASS, T_I_SPECIAL, T_I_FLAGS, T_I_TARGET,
+    T_I_ISID, T_I_ERR, T_I_RAW, T_R_HIP, T_R_HMODE, T_R_HVAL, T_R_IP, T_R_MODE, T_R_NINSN,
+    T_R_KIND, T_R_NEXT, T_R_TARGET, T_R_FIRST, T_R_ISID, T_R_INSN, T_COUNTS, T_R_SUCC,
+    T_R_TAKEN, T_R_RET, T_R_LASTK, T_R_LASTC, T_R_KEY,
+) = range(31)  # fmt: skip
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -129,7 +139,7 @@ def build_run(ct, ip, mode):
         h_ip, h_mode, h_val, _, i_size, i_class, i_special, i_flags, i_target,
         i_isid, i_err, _, r_hip, r_hmode, r_hval, r_ip, r_mode, r_ninsn, r_kind,
         r_next, r_target, r_first, r_isid, r_insn, counts, r_succ, r_taken, r_ret, r_lastk,
-        r_lastc,
+        r_lastc, _,
     ) = ct  # fmt: skip
     n_runs = counts[C_RUNS]
     n_rinsn = counts[C_RUN_INSNS]
@@ -228,13 +238,22 @@ class CodeTable:
         self._alloc_insns(capacity)
         self._alloc_runs(capacity)
         self.counts = np.zeros(8, np.int64)
+        self.counts[C_KEY_OWNER] = -1
         self.texts: list[str] | None = None  # disassembly per instruction, when kept
         self.generation = 0  # counts clear()s
         # Names the numbering of the runs: a new object whenever the same
         # run numbers come to mean other code (clear()).
         self.run_numbering = object()
-        self.index = 0  # the image's number in its decoding (see FlowDecoder)
         self._refresh()
+
+    @property
+    def index(self) -> int:
+        """The image's number in its decoding (see FlowDecoder)."""
+        return int(self.counts[C_INDEX])
+
+    @index.setter
+    def index(self, value: int) -> None:
+        self.counts[C_INDEX] = value
 
     # -- storage ------------------------------------------------------------
     def _alloc_insns(self, cap: int) -> None:
@@ -271,6 +290,9 @@ class CodeTable:
         self.r_ret = np.full(cap, -1, np.int32)
         self.r_lastk = np.full(cap, -1, np.int32)  # the last instruction (index)
         self.r_lastc = np.zeros(cap, np.uint8)  # and its class
+        # Each run's key in the block store counts[C_KEY_OWNER] names (-1: not
+        # known yet), when the decoder stores its rows itself.
+        self.r_key = np.full(cap, -1, np.int32)
 
     def _refresh(self) -> None:
         self.tuple = (
@@ -279,6 +301,7 @@ class CodeTable:
             self.r_hip, self.r_hmode, self.r_hval, self.r_ip, self.r_mode, self.r_ninsn,
             self.r_kind, self.r_next, self.r_target, self.r_first, self.r_isid, self.r_insn,
             self.counts, self.r_succ, self.r_taken, self.r_ret, self.r_lastk, self.r_lastc,
+            self.r_key,
         )  # fmt: skip
 
     @property
@@ -296,7 +319,8 @@ class CodeTable:
         self._index.clear()
         self._alloc_insns(self.i_ip.shape[0])
         self._alloc_runs(self.r_ip.shape[0])
-        self.counts[:] = 0
+        self.counts[:C_INDEX] = 0
+        self.counts[C_KEY_OWNER] = -1
         self.generation += 1
         self.run_numbering = object()
         if self.texts is not None:
@@ -329,7 +353,7 @@ class CodeTable:
             name: getattr(self, name)
             for name in (
                 "r_ip", "r_mode", "r_ninsn", "r_kind", "r_next", "r_target", "r_first", "r_isid",
-                "r_succ", "r_taken", "r_ret", "r_lastk", "r_lastc",
+                "r_succ", "r_taken", "r_ret", "r_lastk", "r_lastc", "r_key",
             )
         }  # fmt: skip
         old_insn = self.r_insn

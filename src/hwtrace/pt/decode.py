@@ -306,7 +306,8 @@ class _Collector(FlowSink):
     """Keeps (or only counts) the block rows, and the events and gaps.
 
     The decoder writes each batch into one small buffer, reused; kept rows
-    go into a :class:`~hwtrace.pt.blocks.BlockStore`, a few bytes each."""
+    go into a :class:`~hwtrace.pt.blocks.BlockStore`, a few bytes each,
+    most of them stored there by the decoder itself."""
 
     def __init__(self, keep: bool, expect_rows: int = 1 << 20) -> None:
         self.keep = keep
@@ -317,6 +318,16 @@ class _Collector(FlowSink):
         self.event_offsets: list[np.ndarray] = []
         self.event_blocks: list[np.ndarray] = []
         self.gaps: list[Gap] = []
+
+    def output(self) -> tuple:
+        # The decoder stores rows in the store itself while it can (see
+        # hwtrace.pt.blocks); what it cannot comes here as batch rows.
+        out = super().output()
+        if self.store is not None:
+            store = self.store.kernel_store()
+            if out[10] is not store:
+                out = self._out = out[:10] + (store,)
+        return out
 
     def batch(self, b: FlowBatch) -> None:
         nrows = b.ip.shape[0]
