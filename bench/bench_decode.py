@@ -28,7 +28,11 @@ and, in one run, decodes each with
 Output goes to /dev/null.  Every decoder must find the same instruction
 count, which is also the encoder's.
 
-    python bench/bench_decode.py [--repeat N] [--only NAME] [--insns N]
+With ``--big`` the flow trace is also tiled to 4 GiB (deleted afterwards)
+and ``hwtrace ptxed --quiet`` and ``--no-inst`` run on it once each, with
+their peak resident memory: it must not grow with the trace.
+
+    python bench/bench_decode.py [--repeat N] [--only NAME] [--insns N] [--big]
 """
 
 from __future__ import annotations
@@ -170,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="instructions of the path encoded with events")  # fmt: skip
     parser.add_argument("--disasm-max", type=int, default=50_000_000,
                         help="print with disassembly only traces up to this many instructions")  # fmt: skip
+    parser.add_argument("--big", action="store_true", help="also ptxed on a 4 GiB tiled trace")
     args = parser.parse_args(argv)
     oracle = common.load_oracle()
     if oracle.skip_reason is not None:
@@ -242,7 +247,32 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         width=110,
     )
+    if args.big:
+        common.print_table(
+            "ptxed on the flow trace tiled to 4 GiB (output to /dev/null)",
+            ("command", "bytes", "seconds", "peak RSS MB", "exit"),
+            big_trace(workload, timing),
+            width=100,
+        )
     return status
+
+
+def big_trace(workload: bench_flow.Workload, timing: dict) -> list[tuple[str, ...]]:
+    """ptxed's memory on a trace far larger than memory would allow to
+    hold: the flow trace repeated to 4 GiB."""
+    print("tiling the flow trace to 4 GiB ...", flush=True)
+    big = common.tiled(workload.trace, 4, OUT)
+    rows = []
+    try:
+        size = big.stat().st_size
+        for extra in ("--quiet", "--no-inst"):
+            print(f"hwtrace ptxed {extra} on {size / (1 << 30):.1f} GiB ...", flush=True)
+            seconds, rss, code = common.run_process(ptxed_cmd(big, workload.elf, timing, extra))
+            rows.append((f"hwtrace ptxed {extra}", f"{size:,}", f"{seconds:.1f}",
+                         f"{rss / 1e6:.0f}", str(code)))  # fmt: skip
+    finally:
+        big.unlink(missing_ok=True)
+    return rows
 
 
 if __name__ == "__main__":

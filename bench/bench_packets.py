@@ -19,7 +19,7 @@ resident memory (``ru_maxrss``):
   ``printf`` in Intel's ptdump format (``bench/libipt/ptpkt_print.c``; its
   text and hwtrace's are compared on a prefix of the stream).
 
-With ``--big`` the stream is tiled to 4 GiB (``bench/out/tiled-4G.pt``,
+With ``--big`` the stream is tiled to 4 GiB (``bench/out/tiled-4G-*.pt``,
 deleted afterwards) and both ptdump commands run on it once: their memory
 must not grow with the trace.
 
@@ -34,7 +34,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -122,31 +121,11 @@ def build_peer(name: str) -> Path:
     return exe
 
 
-def run_process(cmd: list[str]) -> tuple[float, int, int]:
-    """Run ``cmd`` with its output to /dev/null: wall seconds, peak resident
-    memory in bytes and exit status.  The memory is GNU time's ``%M`` where
-    it is installed: a child forked from this (large) process would count
-    this process's pages in its own ru_maxrss until it execs."""
-    gnu_time = shutil.which("time", path="/usr/bin:/bin")
-    with tempfile.NamedTemporaryFile("r") as report:
-        wrapped = [gnu_time, "-q", "-f", "%M", "-o", report.name, *cmd] if gnu_time else cmd
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        peak = usage.ru_maxrss * 1024
-        if gnu_time:
-            lines = report.read().split()
-            peak = int(lines[-1]) * 1024 if lines else peak
-    return seconds, peak, proc.returncode
-
-
 def best_process(cmd: list[str], repeat: int) -> tuple[float, int]:
     """Best wall time of ``repeat`` runs and the largest peak memory."""
     best, rss = float("inf"), 0
     for _ in range(repeat):
-        seconds, peak, status = run_process(cmd)
+        seconds, peak, status = common.run_process(cmd)
         if status not in (0, 2):
             raise RuntimeError(f"{' '.join(cmd)} exited with {status}")
         best, rss = min(best, seconds), max(rss, peak)
@@ -203,27 +182,17 @@ def whole_processes(path: Path, repeat: int) -> list[tuple[str, ...]]:
     return rows
 
 
-def tiled(path: Path, gib: int) -> Path:
-    """``path`` repeated to ``gib`` GiB (a real stream, many times)."""
-    big = OUT / f"tiled-{gib}G.pt"
-    chunk = path.read_bytes()
-    with open(big, "wb") as f:
-        while f.tell() < gib << 30:
-            f.write(chunk)
-    return big
-
-
 def big_trace(path: Path) -> list[tuple[str, ...]]:
     hw = hwtrace_command()
     print("tiling the stream to 4 GiB ...", flush=True)
-    big = tiled(path, 4)
+    big = common.tiled(path, 4, OUT)
     rows = []
     try:
         size = big.stat().st_size
         for args in (["--quiet"], []):
             name = " ".join(["hwtrace ptdump", *args])
             print(f"{name} on {size / (1 << 30):.1f} GiB ...", flush=True)
-            seconds, rss, status = run_process([*hw, "ptdump", *args, str(big)])
+            seconds, rss, status = common.run_process([*hw, "ptdump", *args, str(big)])
             rows.append((name, f"{size:,}", f"{seconds:.1f}", f"{rss / 1e6:.0f}", str(status)))
     finally:
         big.unlink(missing_ok=True)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -46,3 +51,33 @@ def print_table(
     if width is not None and not console.is_terminal:
         console = Console(width=width)
     console.print(table)
+
+
+def run_process(cmd: list[str]) -> tuple[float, int, int]:
+    """Run ``cmd`` with its output to /dev/null: wall seconds, peak resident
+    memory in bytes and exit status.  The memory is GNU time's ``%M`` where
+    it is installed: a child forked from this (large) process would count
+    this process's pages in its own ru_maxrss until it execs."""
+    gnu_time = shutil.which("time", path="/usr/bin:/bin")
+    with tempfile.NamedTemporaryFile("r") as report:
+        wrapped = [gnu_time, "-q", "-f", "%M", "-o", report.name, *cmd] if gnu_time else cmd
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak = usage.ru_maxrss * 1024
+        if gnu_time:
+            lines = report.read().split()
+            peak = int(lines[-1]) * 1024 if lines else peak
+    return seconds, peak, proc.returncode
+
+
+def tiled(path: Path, gib: int, out: Path) -> Path:
+    """``path`` repeated to ``gib`` GiB in ``out`` (a real stream, many times)."""
+    big = out / f"tiled-{gib}G-{path.stem}.pt"
+    chunk = path.read_bytes()
+    with open(big, "wb") as f:
+        while f.tell() < gib << 30:
+            f.write(chunk)
+    return big
