@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@# ptdump's kernels as a native library (hwtrace.pt._native): built on
-	@# first use anyway, here so that the first run starts fast too.
-	-$(BIN)/python -m hwtrace.pt._native_build
+	@# The decoders' kernels compiled into the native library (hwtrace.kernels):
+	@# built after a first use anyway, here so that the first run starts fast too.
+	-$(BIN)/python -m hwtrace.kernels warm
 	touch $(STAMP)
 
 venv: $(STAMP)

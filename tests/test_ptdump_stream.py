@@ -21,8 +21,8 @@ from conftest import CONFORMANCE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hwtrace import kernels
 from hwtrace.cli.ptdump import main as ptdump_main
-from hwtrace.pt import _native
 from hwtrace.pt import ptdump as P
 from hwtrace.pt._kernels import FIXED_SIZE, decode_packet
 from hwtrace.pt.config import PtConfig
@@ -300,52 +300,57 @@ def test_pipe_input(tmp_path):
     assert piped.stdout == ranged.stdout
 
 
-def test_native_and_numba_kernels_agree(tmp_path):
-    """The ahead-of-time library runs the same code as numba: same bytes."""
-    native = _native_kernels(tmp_path)
-    jit = _native.JitKernels()
+def _ptdump_library(directory) -> object:
+    """A native kernel library in ``directory`` holding ptdump's kernels,
+    compiled through numba first (None: no C compiler to link it)."""
+    kernels.use_library(None)
     try:
-        for seed in range(30):
-            data = _random_stream(seed)
+        for seed in range(3):
             for style, options in STREAM_OPTIONS:
-                if style != "ptdump":
-                    continue
-                _native.use(native)
-                a = dump_bytes(data, style, options, chunk_size=97)
-                _native.use(jit)
-                b = dump_bytes(data, style, options, chunk_size=97)
-                assert a == b, (seed, options)
+                dump_bytes(_random_stream(seed), style, options, chunk_size=97)
+        return kernels.build(directory)
     finally:
-        _native.use(None)
+        kernels.use_library(None)
+        kernels._library = False
 
 
-def _native_kernels(tmp_path) -> _native.NativeKernels:
-    path = _native.library_path()
-    if not path.is_file():
-        from hwtrace.pt._native_build import build
-
-        try:
-            build(tmp_path / path.name)
-        except RuntimeError as exc:  # no C compiler here
-            pytest.skip(str(exc))
-        path = tmp_path / path.name
-    return _native.NativeKernels(path)
+def test_native_and_numba_kernels_agree(tmp_path):
+    """The ahead-of-time library runs the same code as numba: same bytes,
+    and ptdump's kernels do not go through numba when it is there."""
+    kernels.use_library(None)
+    try:
+        cases = [(seed, style, options) for seed in range(30)
+                 for style, options in STREAM_OPTIONS]  # fmt: skip
+        want = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
+                for seed, style, options in cases]  # fmt: skip
+        manifest = kernels.build(tmp_path)
+        if manifest is None:
+            pytest.skip("no C compiler to link the library with")
+        assert kernels.use_library(manifest)
+        kernels._fallbacks.clear()
+        got = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
+               for seed, style, options in cases]  # fmt: skip
+        assert not {"hwtrace.pt._kernels:decode_stream",
+                    "hwtrace.pt._ptdump_kernel:format_kernel"} & kernels.fallbacks()  # fmt: skip
+        assert got == want
+    finally:
+        kernels.use_library(None)
+        kernels._library = False
 
 
 def test_without_a_compiler_numba_runs_the_kernels(tmp_path, monkeypatch):
-    """A failed build is remembered, and the kernels come from numba."""
-    monkeypatch.setenv("HWTRACE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.delenv("HWTRACE_KERNELS_AUTOBUILD", raising=False)
+    """No C compiler: no library, and the kernels come from numba."""
+    monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr("shutil.which", lambda name: None)
-    _native.use(None)
+    assert kernels.build(tmp_path) is None
+    kernels.use_library(None)
     try:
-        k = _native.kernels()
-        assert isinstance(k, _native.JitKernels)
-        failed = list(tmp_path.glob("*.failed"))
-        assert len(failed) == 1 and "no-such-cc" in failed[0].read_text()
+        data = _random_stream(1)
+        assert dump_bytes(data, "ptdump", DumpOptions()) == dump_bytes(
+            data, "ptdump", DumpOptions(), chunk_size=97
+        )
     finally:
-        _native.use(None)
+        kernels._library = False
 
 
 def _imports_after(argv: list[str], env: dict[str, str]) -> dict[str, bool]:
@@ -374,8 +379,10 @@ def test_startup_imports(tmp_path):
     the perf package without sideband options."""
     import os
 
-    path = _native_kernels(tmp_path).path
-    env = {**os.environ, "HWTRACE_CACHE_DIR": str(path.parent)}
+    manifest = _ptdump_library(tmp_path / "lib")
+    if manifest is None:
+        pytest.skip("no C compiler to link the library with")
+    env = {**os.environ, "HWTRACE_CACHE_DIR": str(manifest.parent)}
     env.pop("HWTRACE_KERNELS", None)
     assert not any(_imports_after(["--help"], env).values())
     trace = tmp_path / "t.pt"

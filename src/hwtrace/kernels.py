@@ -19,7 +19,10 @@ missing, out of date or lacks that specialisation, the call goes to numba.
 
 The library is built by ``python -m hwtrace.kernels build``, and after any
 ``hwtrace`` command that had to call numba (see :func:`note_fallback`), for
-every specialisation in numba's cache.  Its manifest records the size and
+every specialisation in numba's cache; ``python -m hwtrace.kernels warm``
+(``make venv``) first compiles what ptdump, ptxed and the library decoder
+call (:mod:`hwtrace.pt.warmup`).  ``HWTRACE_CACHE_DIR`` says where the
+library is kept.  Its manifest records the size and
 modification time of every kernel source file: a library older than the
 sources is ignored.  ``HWTRACE_KERNELS=numba`` turns the library off.
 """
@@ -52,6 +55,7 @@ KERNEL_MODULES = (
     "hwtrace.pt.decode",
     "hwtrace.pt.ptxed",
     "hwtrace.pt.ptdump",
+    "hwtrace.pt._ptdump_kernel",
     "hwtrace.textout",
 )
 
@@ -72,8 +76,11 @@ def _enabled() -> bool:
 
 
 def library_dir() -> Path:
-    """Next to the package's numba cache when writable, else the user's
-    cache directory."""
+    """``$HWTRACE_CACHE_DIR``; else next to the package's numba cache when
+    writable, else the user's cache directory."""
+    explicit = os.environ.get("HWTRACE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
     here = Path(__file__).resolve().parent / "__pycache__"
     if os.access(here if here.exists() else here.parent, os.W_OK):
         return here
@@ -797,11 +804,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["build"]:
         path = build(quiet=False)
         return 0 if path is not None else 1
+    if argv[:1] == ["warm"]:
+        from .pt.warmup import warm
+
+        warm()
+        path = build(quiet=False)
+        return 0 if path is not None else 1
     if argv[:1] == ["status"]:
         lib = loaded_library()
         print(lib if lib is not None else "no library (numba only)")
         return 0
-    sys.stderr.write("usage: python -m hwtrace.kernels build|status\n")
+    sys.stderr.write("usage: python -m hwtrace.kernels build|warm|status\n")
     return 2
 
 

@@ -71,6 +71,12 @@ def _copy_chunks(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int) 
     dst[at : at + m] = src[start : start + m]
 
 
+def _leading_zeros(v: int) -> int:
+    """The zero bits above a 64-bit value's highest one (64 for 0; in
+    kernels the processor's count, see :func:`_numba_extensions`)."""
+    return 64 - int(v).bit_length()
+
+
 def _numba_extensions() -> None:
     from numba import types
     from numba.core import cgutils
@@ -127,8 +133,11 @@ def _numba_extensions() -> None:
 
         return sig, codegen
 
+    from numba.cpython.unsafe.numbers import leading_zeros
+
     globals()["_memcpy"] = memcpy
     globals()["_copy_chunks"] = copy_chunks
+    globals()["_leading_zeros"] = leading_zeros
 
 
 kernels.on_numba(_numba_extensions)
@@ -178,23 +187,45 @@ def put_row(out: np.ndarray, p: int, tab: np.ndarray, lens: np.ndarray, k: int) 
     return p
 
 
-@njit(cache=True, _nrt=False)
+_HEX_HIGH = np.uint64(0x0606060606060606)
+_HEX_ONES = np.uint64(0x0101010101010101)
+_HEX_ZERO = np.uint64(0x3030303030303030)
+_HEX_LETTER = np.uint64(ord("a") - ord("0") - 10)
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _hex_chars(h):
+    """The 8 hex digits of the 32-bit ``h`` as ASCII in one word, the least
+    significant digit in the lowest byte (the nibbles spread to bytes by
+    shifts and masks, then offset to '0'-'9' or 'a'-'f' without branches)."""
+    x = np.uint64(h) & np.uint64(0xFFFFFFFF)
+    x = ((x & np.uint64(0xFFFF0000)) << np.uint64(16)) | (x & np.uint64(0xFFFF))
+    x = ((x & np.uint64(0x0000FF000000FF00)) << np.uint64(8)) | (x & np.uint64(0x000000FF000000FF))
+    x = ((x & np.uint64(0x00F000F000F000F0)) << np.uint64(4)) | (x & np.uint64(0x000F000F000F000F))
+    letters = ((x + _HEX_HIGH) >> np.uint64(4)) & _HEX_ONES
+    return x + _HEX_ZERO + letters * _HEX_LETTER
+
+
+@njit(cache=True, inline="always", _nrt=False)
 def put_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
     """``v`` as unsigned hex, lower case, zero-padded to ``width`` digits
-    (C's ``%0*llx``; no ``0x``)."""
+    (C's ``%0*llx``; no ``0x``), without a loop per digit."""
     v = np.uint64(v)
-    digits = 1
-    t = v >> np.uint64(4)
-    while t != 0:
-        digits += 1
-        t >>= np.uint64(4)
+    digits = (64 - np.int64(_leading_zeros(v)) + 3) // 4
     if digits < width:
         digits = width
-    for j in range(digits - 1, -1, -1):
-        d = (v >> np.uint64(4 * j)) & np.uint64(0xF)
-        out[p] = (48 + d) if d < 10 else (87 + d)
-        p += 1
-    return p
+    if digits == 0:
+        digits = 1
+    lo = _hex_chars(v)
+    if digits > 8:
+        hi = _hex_chars(v >> np.uint64(32))
+        for j in range(digits - 8):
+            out[p + j] = (hi >> np.uint64(8 * (digits - 9 - j))) & np.uint64(0xFF)
+        p += digits - 8
+        digits = 8
+    for j in range(digits):
+        out[p + j] = (lo >> np.uint64(8 * (digits - 1 - j))) & np.uint64(0xFF)
+    return p + digits
 
 
 @njit(cache=True, _nrt=False)

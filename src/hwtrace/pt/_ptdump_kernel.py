@@ -4,17 +4,16 @@
 buffer: what Intel's ptdump (libipt's ``tools/ptdump``) prints for each
 packet, its ``--lastip``, ``--exec-mode``, ``--time`` and ``--tcal``
 tracking, the time model's diagnostics and the decode errors, in stream
-order.  :mod:`hwtrace.pt.ptdump` drives it; this module is imported only
-to compile it (numba, or :mod:`hwtrace.pt._native_build`).
+order.  :mod:`hwtrace.pt.ptdump` drives it, through the native library
+of :mod:`hwtrace.kernels` or numba.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
-from numba.cpython.unsafe.numbers import leading_zeros
 
-from ..textout import pad_to, put_dec, put_row, put_text, string_table
+from ..kernels import njit
+from ..textout import pad_to, put_dec, put_hex, put_row, put_text, string_table
 from . import _kernels as K
 from ._state import (
     F_DELTA,
@@ -89,47 +88,6 @@ V_VALUE, V_PLUS, V_MINUS, V_UNAVAILABLE, V_SUPPRESSED = range(5)
 # Kind names padded to the name column (written as one block).
 _NAME_TAB = np.full((64, 16), _SPACE, np.uint8)
 _NAME_TAB[:, : _KIND_TAB.shape[1]] = np.where(_KIND_TAB == 0, _SPACE, _KIND_TAB)
-
-_HEX_HIGH = np.uint64(0x0606060606060606)
-_HEX_ONES = np.uint64(0x0101010101010101)
-_HEX_ZERO = np.uint64(0x3030303030303030)
-_HEX_LETTER = np.uint64(ord("a") - ord("0") - 10)
-
-
-@njit(cache=True, inline="always", _nrt=False)
-def _hex_chars(h):
-    """The 8 hex digits of the 32-bit ``h`` as ASCII in one word, the least
-    significant digit in the lowest byte (the nibbles spread to bytes by
-    shifts and masks, then offset to '0'-'9' or 'a'-'f' without branches)."""
-    x = np.uint64(h) & np.uint64(0xFFFFFFFF)
-    x = ((x & np.uint64(0xFFFF0000)) << np.uint64(16)) | (x & np.uint64(0xFFFF))
-    x = ((x & np.uint64(0x0000FF000000FF00)) << np.uint64(8)) | (x & np.uint64(0x000000FF000000FF))
-    x = ((x & np.uint64(0x00F000F000F000F0)) << np.uint64(4)) | (x & np.uint64(0x000F000F000F000F))
-    letters = ((x + _HEX_HIGH) >> np.uint64(4)) & _HEX_ONES
-    return x + _HEX_ZERO + letters * _HEX_LETTER
-
-
-@njit(cache=True, inline="always", _nrt=False)
-def put_hex(out, p, v, width):
-    """``v`` in lower-case hex, at least ``width`` digits (C's ``%0*llx``):
-    the same text as :func:`hwtrace.textout.put_hex`, without a loop per
-    digit."""
-    v = np.uint64(v)
-    digits = (64 - np.int64(leading_zeros(v)) + 3) // 4
-    if digits < width:
-        digits = width
-    if digits == 0:
-        digits = 1
-    lo = _hex_chars(v)
-    if digits > 8:
-        hi = _hex_chars(v >> np.uint64(32))
-        for j in range(digits - 8):
-            out[p + j] = (hi >> np.uint64(8 * (digits - 9 - j))) & np.uint64(0xFF)
-        p += digits - 8
-        digits = 8
-    for j in range(digits):
-        out[p + j] = (lo >> np.uint64(8 * (digits - 1 - j))) & np.uint64(0xFF)
-    return p + digits
 
 
 @njit(cache=True, _nrt=False)

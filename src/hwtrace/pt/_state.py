@@ -3,8 +3,8 @@
 The streaming packet decoder (:func:`hwtrace.pt._kernels.decode_stream`) and
 the ptdump text kernel (:func:`hwtrace.pt._ptdump_kernel.format_kernel`) keep
 what must survive from one call to the next in a one-element numpy record
-array: named fields on both sides, one pointer for a C caller (the
-ahead-of-time compiled kernels, :mod:`hwtrace.pt._native`).
+array: named fields on both sides, one pointer for a native caller (the
+kernels' ahead-of-time library, :mod:`hwtrace.kernels`).
 
 This module needs numpy only, so the commands can read and set these records
 without importing numba.

@@ -10,10 +10,9 @@ call into one output buffer.  How the input is cut into chunks never shows
 in the output.  With ``--quiet`` (nothing but errors) the decoder only
 checks the stream and stores no packets.
 
-The kernels come from the ahead-of-time library when it can be had
-(:mod:`hwtrace.pt._native`), so dumping a trace does not import numba;
-``--time``, ``--tcal``, ``--json`` and ``--human`` use numba-compiled
-kernels besides.
+The kernels are hwtrace kernels (:mod:`hwtrace.kernels`): from the native
+library built ahead of time when it has them, so dumping a trace does not
+import numba, else through numba.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from ._native import Kernels, kernels
+from ._kernels import decode_stream
+from ._ptdump_kernel import format_kernel
 from ._state import (
     F_DELTA,
     F_EXEC,
@@ -155,8 +155,7 @@ class _TextWriter:
     """Formats tables of one stream with the text kernel, keeping its
     tracking state (last IP, previous time) from table to table."""
 
-    def __init__(self, options: DumpOptions, k: Kernels, out_size: int = OUT_SIZE) -> None:
-        self.k = k
+    def __init__(self, options: DumpOptions, out_size: int = OUT_SIZE) -> None:
         self.state = new_format_state(options.flags())
         self.out = np.empty(max(out_size, 2 * LINE_MAX), np.uint8)
 
@@ -197,7 +196,7 @@ class _TextWriter:
             s["stop"] = cut
             s["last"] = int(last and cut == n)
             while True:
-                size = self.k.format(rows, errs, bundle, raw, self.state, self.out)
+                size = int(format_kernel(rows, errs, bundle, raw, self.state, self.out))
                 if size:
                     yield memoryview(self.out)[:size]
                 if s["next"] >= cut and (not s["last"] or s["error"] >= nerr):
@@ -251,7 +250,6 @@ def dump_stream(
     """
     chunk_size = max(chunk_size or CHUNK_SIZE, 1)
     table_rows = max(table_rows or TABLE_ROWS, 1)
-    k = kernels()
     ptdump = style == "ptdump"
     track = options.track_time or (need_time and ptdump)
     store = not (ptdump and options.quiet and not options.lastip and not track and not inserts)
@@ -260,7 +258,7 @@ def dump_stream(
     s = state[0]
     rows = new_rows(table_rows if store else 0)
     errs = new_errors(ERROR_ROWS)
-    text = _TextWriter(options, k, out_size or OUT_SIZE) if ptdump else None
+    text = _TextWriter(options, out_size or OUT_SIZE) if ptdump else None
     time_state = None
     if track:
         from .timing import new_time_state
@@ -294,7 +292,7 @@ def dump_stream(
         s["base"] = base
         s["final"] = int(eof)
         s["errors"] = carried
-        stop = k.decode(buf, avail, state, rows, errs, store)
+        stop = int(decode_stream(buf, avail, state, rows, errs, store))
         n, nerr = int(s["rows"]), int(s["errors"])
         if stop == STOP_INPUT and eof:
             raise AssertionError("the decoder asked for input after the end")
@@ -359,7 +357,7 @@ def format_table(
 ) -> Iterator[bytes]:
     """Intel ptdump text for a whole decoded ``table`` (``buf`` the stream
     it was decoded from, for ``--raw``), in blocks."""
-    text = _TextWriter(options, kernels())
+    text = _TextWriter(options)
     for block in text.blocks(table, buf, 0, times, last=True, inserts=inserts):
         yield bytes(block)
 
