@@ -60,6 +60,7 @@ from .blocks import (
     _block_key,
     claim_run_keys,
     dummy_store,
+    put_row,
     store_key_limit,
     store_restore,
     store_rows,
@@ -2789,29 +2790,16 @@ def _fast(ds, pk, cf, ct, out):
                 if key >= 0:
                     r_key[blk] = key
             o = offsets[pos] if pos < n else end_offset
-            new_o = s_started == 0 or o != s_last_off
-            new_t = s_started == 0 or cur_tsc != s_last_t
-            if (
-                key < 0
-                or s_rows >= s_keys.shape[0]
-                or (new_o and s_off >= s_off_row.shape[0])
-                or (new_t and s_t >= s_t_row.shape[0])
-            ):
+            full = np.int64(1)
+            if key >= 0:
+                full, s_rows, s_off, s_t, s_last_off, s_last_t = put_row(
+                    s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
+                    s_off, s_t, s_last_off, s_last_t, s_started,
+                )  # fmt: skip
+            if full:
                 direct = False  # full: rows wait in the output, Python grows the store
             else:
-                s_keys[s_rows] = key
-                if new_o:
-                    s_off_row[s_off] = s_rows
-                    s_off_val[s_off] = o
-                    s_off += 1
-                    s_last_off = o
-                if new_t:
-                    s_t_row[s_t] = s_rows
-                    s_t_val[s_t] = cur_tsc
-                    s_t += 1
-                    s_last_t = cur_tsc
                 s_started = 1
-                s_rows += 1
                 nvirt += 1
                 stored = True
         if not stored:

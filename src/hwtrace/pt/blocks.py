@@ -76,6 +76,35 @@ def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
         s = (s + 1) & mask
 
 
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t, last_off, last_t,
+            started):  # fmt: skip
+    """Store a row of block ``key`` decoded at trace offset ``o`` and time
+    ``t``, given the store's counters; returns ``(why, n_rows, n_off, n_t,
+    last_off, last_t)`` after it: ``why`` 0 when stored, else which array
+    is full (nothing stored)."""
+    new_o = not started or o != last_off
+    new_t = not started or t != last_t
+    if n_rows >= keys.shape[0]:
+        return _FULL_ROWS, n_rows, n_off, n_t, last_off, last_t
+    if new_o and n_off >= off_row.shape[0]:
+        return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t
+    if new_t and n_t >= t_row.shape[0]:
+        return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t
+    keys[n_rows] = key
+    if new_o:
+        off_row[n_off] = n_rows
+        off_val[n_off] = o
+        n_off += 1
+        last_off = o
+    if new_t:
+        t_row[n_t] = n_rows
+        t_val[n_t] = t
+        n_t += 1
+        last_t = t
+    return 0, n_rows + 1, n_off, n_t, last_off, last_t
+
+
 @kernels.njit(cache=True, _nrt=False)
 def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, keys, tab, cols,
              state):  # fmt: skip
@@ -91,19 +120,6 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
     i = start
     why = 0
     while i < end:
-        if n_rows >= keys.shape[0]:
-            why = _FULL_ROWS
-            break
-        o = offset[i]
-        t = time[i]
-        if not started or o != last_off:
-            if n_off >= off_row.shape[0]:
-                why = _FULL_OFF
-                break
-        if not started or t != last_t:
-            if n_t >= t_row.shape[0]:
-                why = _FULL_TIME
-                break
         r = run[i]
         key = run_key[r] if r >= 0 else -1
         if key < 0:
@@ -113,19 +129,13 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
                 break
             if r >= 0:
                 run_key[r] = key
-        keys[n_rows] = key
-        if not started or o != last_off:
-            off_row[n_off] = n_rows
-            off_val[n_off] = o
-            n_off += 1
-            last_off = o
-        if not started or t != last_t:
-            t_row[n_t] = n_rows
-            t_val[n_t] = t
-            n_t += 1
-            last_t = t
+        why, n_rows, n_off, n_t, last_off, last_t = put_row(
+            keys, off_row, off_val, t_row, t_val, key, offset[i], time[i], n_rows, n_off, n_t,
+            last_off, last_t, started,
+        )  # fmt: skip
+        if why:
+            break
         started = 1
-        n_rows += 1
         i += 1
     state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME] = n_rows, n_keys, n_off, n_t
     state[S_LAST_OFF], state[S_LAST_TIME], state[S_STARTED] = last_off, np.int64(last_t), started
