@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 
 import common
-from bench_packets import OUT, build_peer, hwtrace_command, run_process
+from bench_packets import OUT, build_peer, hwtrace_command
 
 
 def best(cmd: list[str], repeat: int) -> float:
-    return min(run_process(cmd)[0] for _ in range(repeat))
+    return min(common.run_process(cmd)[0] for _ in range(repeat))
 
 
 def small_trace(oracle) -> Path:
