@@ -281,15 +281,16 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def build(opt: str = "-O2") -> Path:
-    """Compile :data:`PROGRAM` for build ``opt`` of :data:`BUILDS`; the ELF's path.
+def build(opt: str = "-O2", program: str = PROGRAM) -> Path:
+    """Compile ``program`` (default :data:`PROGRAM`) for build ``opt`` of
+    :data:`BUILDS`; the ELF's path.
 
     Cached per source, flags and compiler; safe for concurrent processes."""
     cc = shutil.which(os.environ.get("CC") or "gcc")
     if cc is None:
         raise RuntimeError(skip_reason)
     flags = (BUILDS[opt][0], *CFLAGS, f"-Wl,-Ttext={TEXT_BASE:#x}")
-    h = hashlib.sha256("\0".join((cc, *flags, PROGRAM)).encode()).hexdigest()[:16]
+    h = hashlib.sha256("\0".join((cc, *flags, program)).encode()).hexdigest()[:16]
     directory = _cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"prog{flags[0]}-{h}.elf"
@@ -297,7 +298,7 @@ def build(opt: str = "-O2") -> Path:
         return target
     src = directory / f".prog-{h}-{os.getpid()}.c"
     tmp = directory / f".prog{flags[0]}-{h}-{os.getpid()}.tmp"
-    src.write_text(PROGRAM)
+    src.write_text(program)
     try:
         cmd = [cc, *flags, "-o", str(tmp), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -383,8 +384,9 @@ def run(
     opt: str = "-O2",
     *,
     blocks: bool = False,
+    program: str = PROGRAM,
 ) -> Run:
-    """Call ``function(*args)`` of build ``opt`` of the program in unicorn.
+    """Call ``function(*args)`` of build ``opt`` of ``program`` in unicorn.
 
     ``blocks`` records basic blocks (UC_HOOK_BLOCK) and expands them into
     instructions, which is much faster for long runs; otherwise every
@@ -392,7 +394,7 @@ def run(
     import unicorn as uc
     from unicorn import x86_const as X
 
-    elf = build(opt)
+    elf = build(opt, program)
     entry = symbols(elf)[function]
     mu = uc.Uc(uc.UC_ARCH_X86, uc.UC_MODE_64)
     mapped: list[tuple[int, int]] = []

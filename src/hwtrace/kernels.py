@@ -57,6 +57,7 @@ KERNEL_MODULES = (
     "hwtrace.pt.ptdump",
     "hwtrace.pt._ptdump_kernel",
     "hwtrace.textout",
+    "hwtrace.analysis.latency",
 )
 
 _LIB_NAME = "libhwtrace-kernels"

@@ -13,6 +13,8 @@ commands:
   record    record a program as Intel PT into perf.data (perf, or ptrace stepping)
   report    summarise a perf.data's decoded Intel PT per process and thread
   script    list a perf.data's decoded Intel PT per instruction or block
+  latency   time and instructions between marker instructions (delta profiling)
+  funclatency  time and instructions of every call of a function
   perf-dump print a perf.data's header and records (like perf report -D)
   filter    keep the recorded events an LTTng filter expression accepts
   filter-compile  compile a filter expression to an object or library for C tracers
@@ -69,6 +71,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from . import perfcmds
 
         return getattr(perfcmds, f"{cmd}_main")(rest)
+    if cmd in ("latency", "funclatency"):
+        from . import latency
+
+        return getattr(latency, f"{cmd}_main")(rest)
     if cmd == "filter":
         return __import__("hwtrace.cli.filtercmd", fromlist=["main"]).main(rest)
     if cmd == "filter-compile":

@@ -84,10 +84,15 @@ class CallFilter:
             if not blk.shape[0]:
                 continue
             share = length / np.maximum(n[blk], 1)
+            # A stretch from a block's first instruction keeps the gap before
+            # it; one that is the whole block stays its code run.
+            starts = np.concatenate([[0], np.cumsum(n)[:-1]])[blk] == first
+            whole = starts & (length == n[blk])
             yield PerfBlocks(
                 q, ips[first], length.astype(part.ninsn.dtype), part.mode[blk], part.ns[blk],
                 (part.duration[blk] * share).astype(part.duration.dtype), part.tid[blk],
-                part.pid[blk], part.image[blk], row=part.row,
+                part.pid[blk], part.image[blk], np.where(whole, part.run[blk], -1),
+                part.gap[blk] & starts, row=part.row,
             )  # fmt: skip
 
 

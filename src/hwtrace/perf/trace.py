@@ -42,6 +42,7 @@ from ..analysis.code import CodeIndex
 from ..image import Image
 from ..image.symbols import SymbolTable
 from ..pt import _flowkernel as FK
+from ..pt.codetable import CodeTable
 from ..pt.config import PtConfig
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.errors import errstr
@@ -442,11 +443,21 @@ class QueueInfo:
     n_insn: int = 0
     _ctx: _Contexts | None = field(default=None, repr=False)
     _code: dict[int, CodeIndex] | None = field(default=None, repr=False)
+    _decoder: FlowDecoder | None = field(default=None, repr=False)
 
     def symbols(self, image: int) -> SymbolTable:
         """The symbols of image number ``image``."""
         assert self._ctx is not None
         return self._ctx.symbols(self.images[image])
+
+    def code_table(self, image: int) -> CodeTable:
+        """The decoder's code table of image number ``image`` (what block
+        ``run`` numbers refer to)."""
+        assert self._decoder is not None
+        for table in self._decoder.tables:
+            if table.index == image:
+                return table
+        raise KeyError(image)
 
     def code(self, image: int) -> CodeIndex:
         """The decoded instructions of image number ``image`` (one
@@ -465,9 +476,11 @@ class PerfBlocks:
     """A batch of one queue's decoded blocks, in flow order, attributed:
     start ``ip``, ``ninsn``, execution ``mode``, perf time ``ns`` (-1: none),
     ``duration`` (ns, until the next block or until tracing stopped),
-    thread ``tid`` and process ``pid`` (-1: unknown), and the ``image``
-    (number in ``queue.images``) each ran in.  ``row`` is the first
-    block's number in its queue."""
+    thread ``tid`` and process ``pid`` (-1: unknown), the ``image``
+    (number in ``queue.images``) each ran in, the code ``run`` of
+    :meth:`QueueInfo.code_table` a block is (-1: not a whole run), and
+    ``gap``: the flow has a gap before the block (tracing stopped, a
+    decode error).  ``row`` is the first block's number in its queue."""
 
     queue: QueueInfo
     ip: np.ndarray
@@ -478,6 +491,8 @@ class PerfBlocks:
     tid: np.ndarray
     pid: np.ndarray
     image: np.ndarray
+    run: np.ndarray
+    gap: np.ndarray
     row: int
 
     def __len__(self) -> int:
@@ -535,7 +550,7 @@ class PerfStream:
         return sum(len(q.gaps) for q in self.queues)
 
 
-_COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image")
+_COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
 
 
 class _QueueSink(FlowSink):
@@ -549,13 +564,14 @@ class _QueueSink(FlowSink):
         self, q: QueueInfo, ctx: _Contexts, emit: Callable[[PerfBlocks], None], rows: int
     ) -> None:
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
-        self.parts: list[tuple[np.ndarray, ...]] = []  # (ip, ninsn, mode, time, image)
+        self.parts: list[tuple[np.ndarray, ...]] = []  # (ip, ninsn, mode, time, image, run)
         self.n_parts = 0  # block rows in ``parts``
         self.events: list[tuple[np.ndarray, ...]] = []  # (rows, offsets, block rows before)
         self.held: dict[str, np.ndarray] | None = None  # the last block, duration pending
         self.held_stop: int | None = None  # its duration, when tracing stopped after it
         self.held_row = 0
         self.rows = 0  # block rows passed on or held
+        self.gap_next = False  # a gap before the next block gathered
 
     def batch(self, b: FlowBatch) -> None:
         q = self.q
@@ -568,9 +584,10 @@ class _QueueSink(FlowSink):
                 (b.events.copy(), b.event_offset.copy(), b.event_block + self.n_parts)
             )
         if n:
+            run = b.run.copy() if b.run is not None else np.full(n, -1, np.int32)
             self.parts.append(
                 (b.ip.copy(), b.ninsn.astype(np.int64), b.mode.copy(), b.time.copy(),
-                 np.full(n, b.image, np.int64))
+                 np.full(n, b.image, np.int64), run)
             )  # fmt: skip
             self.n_parts += n
         if self.n_parts >= self.target:
@@ -578,19 +595,26 @@ class _QueueSink(FlowSink):
 
     def _attribute(self) -> None:
         """Attribute the gathered blocks and pass on all but the last."""
-        stop_k, stop_t = self._events()
+        stop_k, stop_t, gap_k = self._events()
         if not self.parts:
             if stop_k.shape[0] and self.held is not None:
                 # Tracing stopped with no block since the held one.
                 k = np.zeros(stop_k.shape[0], np.int64)
                 self.held_stop = int(self.ctx.stop_values(self.held["ns"], k, stop_t)[-1])
+            self.gap_next |= bool(gap_k.shape[0])
             return
-        ip, ninsn, mode, time, image = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        ip, ninsn, mode, time, image, run = (
+            np.concatenate(c) for c in zip(*self.parts, strict=True)
+        )  # fmt: skip
         n = self.n_parts
         self.parts, self.n_parts = [], 0
         ns, tids, pids = self.ctx.attribute(time)
+        gap = np.zeros(n, np.bool_)
+        gap[gap_k[gap_k < n]] = True
+        gap[0] |= self.gap_next
+        self.gap_next = bool((gap_k >= n).any())
         new = {"ip": ip, "ninsn": ninsn, "mode": mode, "ns": ns, "tid": tids, "pid": pids,
-               "image": image}  # fmt: skip
+               "image": image, "run": run, "gap": gap}  # fmt: skip
         held = 1 if self.held is not None else 0
         cols = new if not held else {k: np.concatenate([self.held[k], v]) for k, v in new.items()}
         first_row = self.held_row if held else self.rows
@@ -613,11 +637,12 @@ class _QueueSink(FlowSink):
             hi = min(lo + self.target, total - 1)
             self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo))
 
-    def _events(self) -> tuple[np.ndarray, np.ndarray]:
+    def _events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Gaps from the gathered events' errors; the stops of tracing
-        (gathered blocks before each, decoder time)."""
+        (gathered blocks before each, decoder time); the gathered blocks
+        before which the flow has a gap (stops, errors, overflows)."""
         if not self.events:
-            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64)
         ev, offsets, blocks = (np.concatenate(c) for c in zip(*self.events, strict=True))
         self.events = []
         types = ev[:, FK.E_TYPE]
@@ -636,9 +661,11 @@ class _QueueSink(FlowSink):
         real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
         stop = real & np.isin(types, _STOP)
         has_tsc = (flags[stop] & FK.F_HAS_TSC) != 0
+        gap = stop | (types == FK.X_ERROR) | (real & (types == FK.EV_OVERFLOW))
         return (
             blocks[stop].astype(np.int64),
             np.where(has_tsc, ev[stop, FK.E_TSC], np.uint64(0)),
+            blocks[gap].astype(np.int64),
         )
 
     def finish(self) -> None:
@@ -682,7 +709,7 @@ def stream_perf(
             ctx.first(), config, DecodeOptions().flow_options(),
             on_event=_hook(ctx), stop_at="enabled",
         )  # fmt: skip
-        q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code)
+        q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)
         sink = _QueueSink(q, ctx, on_blocks, batch_rows)
         with _queue_trace(data, starts, sizes) as trace:

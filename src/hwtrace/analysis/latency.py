@@ -1,0 +1,947 @@
+"""Latency (delta) profiling of a decoded flow, in compiled code.
+
+The thesis' Algorithm 1 (Sharma 2017, ch. 5), done properly: intervals
+open and close at *markers* (:mod:`hwtrace.analysis.patterns`: instructions,
+addresses, function entries and exits, super-instructions) and are kept per
+thread or per CPU; each closed interval gives its duration (Δt, from the
+PT time model) and its instruction count (ΔIC, the close instruction's
+index minus the open one's in the thread's or CPU's flow).
+
+The walk runs over the decoder's block rows as they come, a code run at a
+time: the per-instruction work (markers, sequences) happens only in runs
+that hold an instruction some atom matches; elsewhere a run costs a
+counter update and, at its end, a call or return on the per-thread stack of
+frames.  That stack (return addresses, as :mod:`hwtrace.analysis.calls`
+keeps one) pairs ``exit:`` markers with the frame their function was
+entered in, gives each function call its own interval (``funclatency``),
+and names the call path (interned, parent and callee) where an interval
+opened.
+
+What never makes an interval: a second open before the close (counted,
+the first open stands), a close with nothing open (counted), and an open
+interval when the trace has a gap (tracing disabled, an overflow, a decode
+error, lost data): it is dropped and counted.  A call interval with a gap
+inside is dropped and counted the same way.
+
+Time resolution: an instruction's time is its block's, the decoder's
+estimate at the last timing packet it consumed before the block.  Timing
+packets come before the packet they time, and a TNT packet is written
+after the branches it reports, so the instruction ran between the
+decoder's previous and next distinct times of the same trace stream
+(``t⁻ ≤ true ≤ t⁺``; for the stream's first time, from the PSB+ decoding
+started at, ``t⁻`` is that time).  The walk keeps each time as its index
+among the stream's distinct times, so its neighbours are at hand.  A Δt ``t_c - t_o`` is therefore within
+``max((t_c⁺ - t_c) + (t_o - t_o⁻), (t_c - t_c⁻) + (t_o⁺ - t_o))`` of the
+truth; every interval carries that bound (:attr:`Intervals.resolution`,
+-1 where the stream has no time before or after an end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import kernels
+from ..isa.x86 import IClass
+from ..pt.codetable import (
+    I_DIRECT,
+    T_H_IP,
+    T_H_MODE,
+    T_H_VAL,
+    T_I_CLASS,
+    T_I_FLAGS,
+    T_I_IP,
+    T_I_SIZE,
+    T_I_TARGET,
+    T_R_FIRST,
+    T_R_INSN,
+    T_R_LASTK,
+    T_R_NINSN,
+    CodeTable,
+    hash_find,
+)
+from .code import K_CALL, K_IJUMP, K_OTHER, K_RET
+from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
+
+# Per-slot state (int64): instructions so far; stack depth; the last
+# instruction (kind, fall-through, successor, index, time) whose transition
+# the next instruction tells; the open interval (flag, marker, time,
+# index, path, cpu).
+(
+    S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
+    S_OCPU, S_SEQ,
+) = range(14)  # fmt: skip
+NS = 14
+# Frame columns (int64): return address, the callee's address, the call
+# path (-1: not worked out yet: paths are interned only when an interval
+# needs one), the exit marker its function has (-1: none), the call's
+# entry time and index (-1: not a marked function's call), a gap inside it.
+F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP = range(7)
+NF = 7
+# Counters (int64).
+(
+    C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
+    C_TIMES, C_LAST_SLOT, C_LAST_T, C_HAVE_T,
+) = range(12)  # fmt: skip
+NC = 12
+# Interval records (int64): kind (R_PAIR: open/close markers; R_CALL: a
+# function call), slot, cpu, open and close markers, open and close
+# instruction index, the open's call path, open and close time, stream.
+R_KIND, R_SLOT, R_CPU, R_MOPEN, R_MCLOSE, R_ICO, R_ICC, R_PATH, R_TO, R_TC, R_STREAM = range(11)
+NR = 11
+R_PAIR, R_CALL = 0, 1
+
+_CALL = int(IClass.CALL)
+_FAR_CALL = int(IClass.FAR_CALL)
+_RET = int(IClass.RETURN)
+_FAR_RET = int(IClass.FAR_RETURN)
+_JUMP = int(IClass.JUMP)
+_FAR_JUMP = int(IClass.FAR_JUMP)
+_EMPTY = np.int64(-2)
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _kind(c, flags):
+    if c == _CALL or c == _FAR_CALL:
+        return K_CALL
+    if c == _RET or c == _FAR_RET:
+        return K_RET
+    if (c == _JUMP and not (flags & I_DIRECT)) or c == _FAR_JUMP:
+        return K_IJUMP
+    return K_OTHER
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _intern(parent, addr, paths, counts):
+    """The call path ``parent`` then a call of ``addr`` (made if new)."""
+    h_parent, h_addr, h_val, p_parent, p_addr = paths
+    mask = h_parent.shape[0] - 1
+    h = (np.uint64(parent) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(addr)
+    s = np.int64((h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(33)) & mask
+    while True:
+        if h_parent[s] == _EMPTY:
+            n = counts[C_PATHS]
+            h_parent[s] = parent
+            h_addr[s] = addr
+            h_val[s] = n
+            p_parent[n] = parent
+            p_addr[n] = addr
+            counts[C_PATHS] = n + 1
+            return n
+        if h_parent[s] == parent and h_addr[s] == addr:
+            return h_val[s]
+        s = (s + 1) & mask
+
+
+# Totals per interval kind (int64): count, sums, extremes, and the
+# intervals whose time went backwards (not in the time histogram).
+A_COUNT, A_SUM_DT, A_SUM_DIC, A_MIN_DT, A_MAX_DT, A_MIN_DIC, A_MAX_DIC, A_NEGATIVE = range(8)
+NA = 8
+# Histogram buckets: exact below 8, then 8 per power of two (within 12.5%).
+SUB = 8
+NB = SUB + 60 * SUB
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def bucket_of(v):
+    """The histogram bucket of ``v`` >= 0."""
+    if v < SUB:
+        return v
+    e = 0
+    x = v
+    for shift in (32, 16, 8, 4, 2, 1):
+        if x >> shift:
+            e += shift
+            x >>= shift
+    return SUB + (e - 3) * SUB + ((v >> (e - 3)) & (SUB - 1))
+
+
+def bucket_bounds(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lowest and highest value of each bucket."""
+    b = np.asarray(b, np.int64)
+    small = b < SUB
+    e = np.where(small, 0, (b - SUB) // SUB + 3)
+    sub = np.where(small, 0, (b - SUB) % SUB)
+    low = np.where(small, b, (SUB + sub) << (e - 3))
+    high = np.where(small, b, ((SUB + sub + 1) << (e - 3)) - 1)
+    return low, high
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _emit(out, counts, kind, slot, cpu, mo, mc, ico, icc, path, to, tc, stream):
+    """An interval: its record, and its part of the totals and histograms
+    (``out``: records, the stream's times, histograms, totals)."""
+    rec, times, hist, agg = out
+    n = counts[C_RECS]
+    rec[R_KIND, n], rec[R_SLOT, n], rec[R_CPU, n], rec[R_MOPEN, n] = kind, slot, cpu, mo
+    rec[R_MCLOSE, n], rec[R_ICO, n], rec[R_ICC, n], rec[R_PATH, n] = mc, ico, icc, path
+    rec[R_TO, n], rec[R_TC, n], rec[R_STREAM, n] = to, tc, stream
+    counts[C_RECS] = n + 1
+    dt = times[tc] - times[to]
+    dic = icc - ico
+    if agg[kind, A_COUNT] == 0:
+        agg[kind, A_MIN_DT], agg[kind, A_MAX_DT] = dt, dt
+        agg[kind, A_MIN_DIC], agg[kind, A_MAX_DIC] = dic, dic
+    agg[kind, A_COUNT] += 1
+    agg[kind, A_SUM_DIC] += dic
+    agg[kind, A_MIN_DIC] = min(agg[kind, A_MIN_DIC], dic)
+    agg[kind, A_MAX_DIC] = max(agg[kind, A_MAX_DIC], dic)
+    hist[kind, 1, bucket_of(dic)] += 1
+    if dt < 0:
+        agg[kind, A_NEGATIVE] += 1
+        return
+    agg[kind, A_SUM_DT] += dt
+    agg[kind, A_MIN_DT] = min(agg[kind, A_MIN_DT], dt)
+    agg[kind, A_MAX_DT] = max(agg[kind, A_MAX_DT], dt)
+    hist[kind, 0, bucket_of(dt)] += 1
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _path_of(s, d, fr, paths, counts):
+    """The call path of slot ``s``'s frame ``d`` (-1: none), interned from
+    the innermost frame whose path is known."""
+    if d < 0:
+        return np.int64(-1)
+    known = d
+    while known >= 0 and fr[s, known, F_PATH] < 0:
+        known -= 1
+    path = fr[s, known, F_PATH] if known >= 0 else np.int64(-1)
+    for j in range(known + 1, d + 1):
+        path = _intern(path, np.uint64(fr[s, j, F_CALLEE]), paths, counts)
+        fr[s, j, F_PATH] = path
+    return path
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _path_now(ss, fr, s, paths, counts):
+    return _path_of(s, min(ss[s, S_SP], fr.shape[1]) - 1, fr, paths, counts)
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _open(m, s, ic, t, cpu, ss, fr, paths, counts):
+    ss[s, S_OPEN], ss[s, S_OM], ss[s, S_OT], ss[s, S_OIC] = 1, m, t, ic
+    ss[s, S_OPATH], ss[s, S_OCPU] = _path_now(ss, fr, s, paths, counts), cpu
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _fire(m, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
+    """Marker ``m`` at instruction ``ic`` (time ``t``) of slot ``s``."""
+    marks[m] += 1
+    bit = np.uint64(1) << np.uint64(m)
+    open_mask, close_mask, toggle_mask = masks[0], masks[1], masks[2]
+    if toggle_mask & bit:
+        if ss[s, S_OPEN]:
+            _emit(rec, counts, R_PAIR, s, ss[s, S_OCPU], ss[s, S_OM], m, ss[s, S_OIC], ic,
+                  ss[s, S_OPATH], ss[s, S_OT], t, stream)  # fmt: skip
+            ss[s, S_OPEN] = 0
+        else:
+            _open(m, s, ic, t, cpu, ss, fr, paths, counts)
+        return
+    if close_mask & bit:
+        if ss[s, S_OPEN]:
+            _emit(rec, counts, R_PAIR, s, ss[s, S_OCPU], ss[s, S_OM], m, ss[s, S_OIC], ic,
+                  ss[s, S_OPATH], ss[s, S_OT], t, stream)  # fmt: skip
+            ss[s, S_OPEN] = 0
+        elif not (open_mask & bit):
+            counts[C_UNMATCHED] += 1
+    if open_mask & bit:
+        if ss[s, S_OPEN]:
+            counts[C_REPEAT] += 1  # the first open stands
+        else:
+            _open(m, s, ic, t, cpu, ss, fr, paths, counts)
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
+    """Slot ``s``'s last instruction, a return, went to ``ip``: pop down
+    to the frame whose return address that is (the frames above it were
+    left without a return: dropped); an exit marker fires at the return
+    that pops its function's frame, and a marked call's interval closes."""
+    top = ss[s, S_SP]
+    if top > fr.shape[1]:
+        ss[s, S_SP] = top - 1  # into a frame that was only counted
+        return
+    d = top - 1
+    while d >= 0 and fr[s, d, F_RET] != np.int64(ip):
+        d -= 1
+    if d < 0:
+        return  # to an address on no frame (a signal handler's)
+    counts[C_SKIPPED] += top - 1 - d
+    e = fr[s, d, F_EXIT]
+    ss[s, S_SP] = d
+    if e >= 0:
+        ic, t = ss[s, S_PIC], ss[s, S_PT]
+        if masks[4]:  # function calls are intervals of their own
+            if fr[s, d, F_GAP]:
+                counts[C_CALL_GAPPED] += 1
+            elif fr[s, d, F_IC] >= 0:
+                _emit(rec, counts, R_CALL, s, cpu, e, e, fr[s, d, F_IC], ic,
+                      _path_of(s, d, fr, paths, counts), fr[s, d, F_T], t, stream)  # fmt: skip
+        _fire(e, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
+    """What slot ``s``'s last instruction did to its stack, now that the
+    next instruction (at ``ip``) tells: a call pushes a frame, a return
+    pops (:func:`_returned`)."""
+    k = ss[s, S_PK]
+    if k == K_CALL:
+        top = ss[s, S_SP]
+        if top < fr.shape[1]:
+            fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = ss[s, S_PFALL], ip, -1
+            fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
+        else:
+            counts[C_DEEP] += 1
+        ss[s, S_SP] = top + 1
+    elif k == K_RET:
+        _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths,
+                 stream):  # fmt: skip
+    """The markers at one instruction (its atom ``bits``) of slot ``s``."""
+    kinds, atom0, seq_atoms, seq_len = mk
+    nm = kinds.shape[0]
+    fired = np.uint64(0)
+    active = 0
+    for m in range(nm):
+        km = kinds[m]
+        if km == M_ATOM:
+            if (bits >> np.uint64(atom0[m])) & np.uint64(1):
+                fired |= np.uint64(1) << np.uint64(m)
+        elif km == M_SEQUENCE:
+            b = np.uint64(0)
+            n = seq_len[m]
+            for j in range(n):
+                if (bits >> np.uint64(seq_atoms[m, j])) & np.uint64(1):
+                    b |= np.uint64(1) << np.uint64(j)
+            d = ((seq[s, m] << np.uint64(1)) | np.uint64(1)) & b
+            seq[s, m] = d
+            if d:
+                active = 1
+            if (d >> np.uint64(n - 1)) & np.uint64(1):
+                fired |= np.uint64(1) << np.uint64(m)
+    ss[s, S_SEQ] = active
+    if bits & masks[3]:
+        # A marked function's entry: its frame (the call's, or a PLT stub's
+        # call that jumped here) gets the function's exit marker.
+        top = min(ss[s, S_SP], fr.shape[1])
+        if top > 0 and fr[s, top - 1, F_EXIT] < 0:
+            for m in range(nm):
+                if kinds[m] == M_EXIT and (bits >> np.uint64(atom0[m])) & np.uint64(1):
+                    d = top - 1
+                    fr[s, d, F_EXIT], fr[s, d, F_T], fr[s, d, F_IC], fr[s, d, F_GAP] = m, t, ic, 0
+                    break
+    if fired:
+        for m in range(nm):
+            if (fired >> np.uint64(m)) & np.uint64(1):
+                _fire(m, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _clear_sequences(s, ss, seq):
+    if ss[s, S_SEQ]:
+        for m in range(seq.shape[1]):
+            seq[s, m] = 0
+        ss[s, S_SEQ] = 0
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _gap(s, ss, fr, seq, counts):
+    """A gap in slot ``s``'s flow: what is open there cannot be measured."""
+    if ss[s, S_OPEN]:
+        counts[C_GAPPED] += 1
+        ss[s, S_OPEN] = 0
+    top = min(ss[s, S_SP], fr.shape[1])
+    for d in range(top):
+        if fr[s, d, F_IC] >= 0:
+            fr[s, d, F_GAP] = 1
+    _clear_sequences(s, ss, seq)
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _run_info(run, atoms, ct, info):
+    """Whether run ``run`` holds no instruction an atom matches (bit 3)
+    and its last instruction's kind (bits 0-2), cached in ``info`` (-1:
+    not known yet)."""
+    q = info[run]
+    if q < 0:
+        r_ninsn, r_first, r_insn, r_lastk = (
+            ct[T_R_NINSN],
+            ct[T_R_FIRST],
+            ct[T_R_INSN],
+            ct[T_R_LASTK],
+        )
+        quiet = 8
+        first = r_first[run]
+        for j in range(r_ninsn[run]):
+            if atoms[r_insn[first + j]] != 0:
+                quiet = 0
+                break
+        k = r_lastk[run]
+        kind = _kind(ct[T_I_CLASS][k], ct[T_I_FLAGS][k]) if k >= 0 else K_OTHER
+        q = np.int8(quiet | kind)
+        info[run] = q
+    return q
+
+
+@kernels.njit(cache=True, nogil=True, _nrt=False)
+def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, rec, paths, stream):
+    """Profile rows ``start...`` of a batch (``rows``: ip, ninsn, mode, run,
+    time, slot, cpu, gap_before; ``rec``: records, the stream's times,
+    histograms, totals); returns the row it stopped at (the number of rows
+    when done; less when the records, paths or times need more room)."""
+    times = rec[1]
+    b_ip, b_ninsn, b_mode, b_run, b_time, b_slot, b_cpu, b_gap = rows
+    h_ip, h_mode, h_val = ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL]
+    i_ip, i_size, i_class, i_flags, i_target = (
+        ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS], ct[T_I_FLAGS], ct[T_I_TARGET]
+    )  # fmt: skip
+    r_first, r_insn, r_lastk = ct[T_R_FIRST], ct[T_R_INSN], ct[T_R_LASTK]
+    rec_cap = rec[0].shape[1]
+    path_cap = paths[3].shape[0]
+    depth = fr.shape[1]
+    last_slot = counts[C_LAST_SLOT]
+    last_t = counts[C_LAST_T]
+    have_t = counts[C_HAVE_T]
+    n_times = counts[C_TIMES]
+    i = start
+    nrows = b_ip.shape[0]
+    while i < nrows:
+        n = np.int64(b_ninsn[i])
+        # Room for what one row can add: two intervals per instruction, a
+        # call path of a frame per stack level and instruction.
+        if (counts[C_RECS] + 2 * n + 4 > rec_cap or counts[C_PATHS] + n + depth + 2 > path_cap
+                or n_times >= times.shape[0]):  # fmt: skip
+            break
+        s = b_slot[i]
+        cpu = b_cpu[i]
+        tv = np.int64(b_time[i])
+        if b_gap[i] and last_slot >= 0:
+            _gap(last_slot, ss, fr, seq, counts)
+        last_slot = s
+        if not have_t or tv != last_t:
+            times[n_times] = tv
+            n_times += 1
+            last_t = tv
+            have_t = 1
+        # Times are kept as indices into the stream's distinct times: its
+        # neighbours bound when the instruction ran (see the module doc).
+        t = n_times - 1
+        if n == 0:
+            i += 1
+            continue
+        ip = b_ip[i]
+        if ss[s, S_PK] > K_OTHER:
+            _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+        run = b_run[i]
+        q = _run_info(run, atoms, ct, info) if run >= 0 else np.int8(0)
+        if q & 8:
+            # Nothing to match in the run: count it; only its last
+            # instruction (a branch) can move the stack.
+            ss[s, S_IC] += n
+            _clear_sequences(s, ss, seq)
+            k = r_lastk[run]
+            ss[s, S_PK] = q & 7
+        elif run >= 0:
+            # A run: straight code up to its last instruction, so nothing
+            # but that one moves the stack.
+            first = r_first[run]
+            for j in range(n):
+                k = np.int64(r_insn[first + j])
+                ic = ss[s, S_IC]
+                ss[s, S_IC] = ic + 1
+                bits = atoms[k]
+                if bits or ss[s, S_SEQ]:
+                    _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk,
+                                 rec, paths, stream)  # fmt: skip
+            ss[s, S_PK] = q & 7
+        else:
+            k = -1
+            for j in range(n):
+                if j:
+                    c = i_class[k]
+                    if i_flags[k] & I_DIRECT and (c == _CALL or c == _JUMP):
+                        ip = i_target[k]
+                    else:
+                        ip = i_ip[k] + np.uint64(i_size[k])
+                    ss[s, S_PIC] = ss[s, S_IC] - 1
+                    ss[s, S_PT] = t
+                    if ss[s, S_PK] > K_OTHER:
+                        _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+                k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
+                if k < 0:
+                    break  # cannot happen: the decoder read every instruction it reports
+                ic = ss[s, S_IC]
+                ss[s, S_IC] = ic + 1
+                bits = atoms[k]
+                if bits or ss[s, S_SEQ]:
+                    _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk,
+                                 rec, paths, stream)  # fmt: skip
+                ss[s, S_PK] = _kind(i_class[k], i_flags[k])
+                ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
+            if k < 0:
+                ss[s, S_PK] = -1
+                i += 1
+                continue
+        ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
+        ss[s, S_PIC] = ss[s, S_IC] - 1
+        ss[s, S_PT] = t
+        i += 1
+    counts[C_LAST_SLOT] = last_slot
+    counts[C_LAST_T] = last_t
+    counts[C_HAVE_T] = have_t
+    counts[C_TIMES] = n_times
+    return i
+
+
+def _grown(arr: np.ndarray, size: int, fill=0) -> np.ndarray:
+    out = np.full((size, *arr.shape[1:]), fill, arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
+class _TableAtoms:
+    """The atoms' bits per instruction of one code table, and which of its
+    runs hold none (-1: not known yet)."""
+
+    def __init__(self, table: CodeTable, atoms: AtomTable) -> None:
+        self.table, self.generation, self.atoms = table, table.generation, atoms
+        self.bits = np.zeros(1 << 10, np.uint64)
+        self.info = np.full(1 << 10, -1, np.int8)  # per run, see _run_info
+        self.n = 0
+
+    def update(self) -> None:
+        t = self.table
+        if t.generation != self.generation:
+            self.generation, self.n = t.generation, 0
+            self.info[:] = -1
+        n = t.n_insns
+        if self.bits.shape[0] < n:
+            self.bits = _grown(self.bits, max(n, 2 * self.bits.shape[0]))
+        for k in range(self.n, n):
+            if t.i_err[k]:
+                continue
+            ip, mode = int(t.i_ip[k]), int(t.i_mode[k])
+            self.bits[k] = self.atoms.bits(ip, mode, t.insn(k))
+        self.n = n
+        runs = t.r_ip.shape[0]
+        if self.info.shape[0] < runs:
+            self.info = _grown(self.info, runs, -1)
+
+
+@dataclass
+class Intervals:
+    """Closed intervals as columns: ``kind`` (:data:`R_PAIR`, :data:`R_CALL`),
+    the thread or CPU ``key``, ``cpu``, the ``open`` and ``close`` markers,
+    ``dt`` (time, in the trace's time units: TSC ticks, or ns for
+    perf.data), its ``resolution`` (same units; -1 when the stream had no
+    later time), ``dic`` (instructions), the open and close ``time``, and
+    the call ``path`` (an index into :attr:`LatencyResult.paths`)."""
+
+    kind: np.ndarray
+    key: np.ndarray
+    cpu: np.ndarray
+    open: np.ndarray
+    close: np.ndarray
+    t_open: np.ndarray
+    t_close: np.ndarray
+    dt: np.ndarray
+    resolution: np.ndarray
+    dic: np.ndarray
+    path: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.kind.shape[0])
+
+    def select(self, sel) -> Intervals:
+        return Intervals(*(getattr(self, f)[sel] for f in self.__dataclass_fields__))
+
+
+@dataclass
+class LatencyResult:
+    """What :class:`LatencyProfiler` found."""
+
+    patterns: PatternSet
+    intervals: Intervals
+    marker_counts: np.ndarray  # occurrences per marker
+    instructions: int  # instructions walked
+    repeated_opens: int
+    unmatched_closes: int
+    gapped: int  # open intervals a gap ended
+    gapped_calls: int  # function calls with a gap inside
+    skipped_frames: int  # frames left without a return (longjmp, exceptions)
+    paths: list[tuple[int, int]]  # (parent path, callee entry address) per path
+    missing_symbols: set[str] = field(default_factory=set)
+    # Every interval's part, whether or not each is kept: histograms per kind
+    # (R_PAIR, R_CALL), Δt (0) and ΔIC (1), in bucket_of's buckets, and
+    # totals (A_* columns).
+    histograms: np.ndarray = field(default_factory=lambda: np.zeros((2, 2, NB), np.int64))
+    totals: np.ndarray = field(default_factory=lambda: np.zeros((2, NA), np.int64))
+    every_interval: bool = True  # ``intervals`` holds all of them (else the longest)
+
+    def path_addresses(self, path: int) -> list[int]:
+        """The callee entries from the outermost call to the innermost."""
+        out = []
+        while path >= 0:
+            parent, addr = self.paths[path]
+            out.append(addr)
+            path = parent
+        return out[::-1]
+
+
+class LatencyProfiler:
+    """Walks decoded flow batch by batch (:meth:`add`), stream by stream
+    (a trace, or one perf AUX queue), keeping intervals per thread or CPU
+    (the patterns' ``per``)."""
+
+    def __init__(self, patterns: PatternSet, depth: int = 256, *, keep: bool = True,
+                 longest: int = 64, calls: bool = True) -> None:  # fmt: skip
+        """``keep``: keep every interval (else only the ``longest`` of each
+        kind, with every interval counted in the histograms and totals:
+        memory bounded whatever the number of intervals).  ``calls``: each
+        call of a function with an ``exit:`` marker is an interval of its
+        own (:data:`R_CALL`), as well as the markers' (:data:`R_PAIR`)."""
+        self.patterns = patterns
+        self.depth = depth
+        self.keep = keep
+        self.longest = longest
+        self.top: np.ndarray | None = None  # the longest so far, when not keeping all
+        nm = len(patterns.markers)
+        self.marks = np.zeros(max(nm, 1), np.int64)
+        masks = np.zeros(5, np.uint64)  # open, close, toggle, exit entries, calls
+        for i, name in enumerate(("open", "close", "toggle")):
+            for m in getattr(patterns, name):
+                masks[i] |= np.uint64(1 << m)
+        kinds = np.array([m.kind for m in patterns.markers] or [M_ATOM], np.int64)
+        atom0 = np.array([m.atoms[0] for m in patterns.markers] or [0], np.int64)
+        seq_atoms = np.zeros((max(nm, 1), 16), np.int64)
+        seq_len = np.zeros(max(nm, 1), np.int64)
+        for i, m in enumerate(patterns.markers):
+            if m.kind == M_SEQUENCE:
+                seq_atoms[i, : len(m.atoms)] = m.atoms
+                seq_len[i] = len(m.atoms)
+            if m.kind == M_EXIT:
+                masks[3] |= np.uint64(1 << m.atoms[0])
+        masks[4] = calls
+        self.masks = masks
+        self.mk = (kinds[:nm] if nm else kinds[:0], atom0, seq_atoms, seq_len)
+        self.counts = np.zeros(NC, np.int64)
+        self.counts[C_LAST_SLOT] = -1
+        self.slots: dict[tuple[int, int], int] = {}
+        self.ss = np.zeros((0, NS), np.int64)
+        self.fr = np.zeros((0, depth, NF), np.int64)
+        self.seq = np.zeros((0, max(nm, 1)), np.uint64)
+        self.rec = np.zeros((NR, 1 << 12 if keep else 1 << 16), np.int64)  # a column per field
+        self.rec_done: list[np.ndarray] = []
+        self.hist = np.zeros((2, 2, NB), np.int64)  # [kind, Δt or ΔIC, bucket]
+        self.agg = np.zeros((2, NA), np.int64)
+        self._fills: dict[int, np.ndarray] = {}
+        self._n = 0
+        cap = 1 << 12
+        self.paths = (np.full(2 * cap, _EMPTY, np.int64), np.zeros(2 * cap, np.uint64),
+                      np.zeros(2 * cap, np.int64), np.zeros(cap, np.int64),
+                      np.zeros(cap, np.uint64))  # fmt: skip
+        self.streams: list[dict] = []
+        self._tables: dict[int, _TableAtoms] = {}
+        self.missing: set[str] = set()
+        self.key_of_slot: list[int] = []
+
+    def stream(self) -> int:
+        """A new stream (its times are its own); returns its number."""
+        self.streams.append({"times": np.zeros(1 << 12, np.int64), "n": 0, "last_slot": -1,
+                             "last_t": 0, "have_t": 0})  # fmt: skip
+        return len(self.streams) - 1
+
+    def _table_atoms(self, table: CodeTable, atoms: AtomTable) -> _TableAtoms:
+        held = self._tables.get(id(table))
+        if held is None or held.table is not table or held.atoms is not atoms:
+            held = self._tables[id(table)] = _TableAtoms(table, atoms)
+            self.missing |= atoms.missing
+        held.update()
+        return held
+
+    def _filled(self, value: int, n: int) -> np.ndarray:
+        """``n`` copies of ``value`` (int64), from a cache: batches of one
+        thread or CPU are the common case."""
+        held = self._fills.get(value)
+        if held is None or held.shape[0] < n:
+            held = self._fills[value] = np.full(max(n, 1 << 16), value, np.int64)
+        return held[:n]
+
+    def _slot_of(self, stream: int, keys) -> np.ndarray:
+        if np.ndim(keys) == 0:
+            return self._filled(int(self._slot_of(stream, np.array([keys], np.int64))[0]), self._n)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        slots = np.empty(uniq.shape[0], np.int64)
+        for j, key in enumerate(uniq.tolist()):
+            slot = self.slots.get((stream, key))
+            if slot is None:
+                slot = self.slots[(stream, key)] = len(self.slots)
+                self.key_of_slot.append(key)
+                if slot >= self.ss.shape[0]:
+                    size = max(2 * self.ss.shape[0], 4)
+                    self.ss = _grown(self.ss, size)
+                    self.fr = _grown(self.fr, size)
+                    self.seq = _grown(self.seq, size)
+                self.ss[slot, S_PK] = -1  # no last instruction yet
+            slots[j] = slot
+        return slots[inverse.reshape(-1)]
+
+    def add(
+        self,
+        stream: int,
+        table: CodeTable,
+        atoms: AtomTable,
+        ip: np.ndarray,
+        ninsn: np.ndarray,
+        mode: np.ndarray,
+        run: np.ndarray,
+        time: np.ndarray,
+        key: np.ndarray | int,
+        cpu: np.ndarray | int,
+        gap_before: np.ndarray,
+    ) -> None:
+        """Walk one batch of ``stream``'s block rows, in flow order:
+        decoded against ``table`` (``run``: each row's code run in it, -1
+        for none), ``key`` the thread or CPU each row is counted for and
+        ``cpu`` where it ran (an array, or one value for every row),
+        ``gap_before`` where the flow has a gap before the row."""
+        n = ip.shape[0]
+        if n == 0:
+            return
+        ta = self._table_atoms(table, atoms)
+        self._n = n
+        slots = self._slot_of(stream, key if np.ndim(key) == 0 else np.asarray(key, np.int64))
+        if np.ndim(cpu) == 0:
+            cpu = self._filled(int(cpu), n)
+        st = self.streams[stream]
+        c = self.counts
+        c[C_TIMES], c[C_LAST_SLOT], c[C_LAST_T], c[C_HAVE_T] = (
+            st["n"], st["last_slot"], st["last_t"], st["have_t"]
+        )  # fmt: skip
+        rows = (
+            np.ascontiguousarray(ip, np.uint64), np.ascontiguousarray(ninsn, np.uint32),
+            np.ascontiguousarray(mode, np.uint8), np.ascontiguousarray(run, np.int32),
+            np.ascontiguousarray(time, np.uint64), slots,
+            np.ascontiguousarray(cpu, np.int64), np.ascontiguousarray(gap_before, np.bool_),
+        )  # fmt: skip
+        start = 0
+        while True:
+            out = (self.rec, st["times"], self.hist, self.agg)
+            start = walk(rows, start, table.tuple, ta.bits, ta.info, self.ss, self.fr, self.seq,
+                         c, self.marks, self.masks, self.mk, out, self.paths, stream)  # fmt: skip
+            st["n"], st["last_slot"], st["last_t"], st["have_t"] = (
+                int(c[C_TIMES]), int(c[C_LAST_SLOT]), int(c[C_LAST_T]), int(c[C_HAVE_T])
+            )  # fmt: skip
+            if start >= n:
+                return
+            self._room(int(ninsn[start]), st)
+
+    def gap(self, stream: int) -> None:
+        """A gap after the stream's last row (tracing stopped, an error)."""
+        st = self.streams[stream]
+        if st["last_slot"] >= 0:
+            _gap(st["last_slot"], self.ss, self.fr, self.seq, self.counts)
+
+    def _room(self, ninsn: int, st: dict) -> None:
+        c = self.counts
+        if c[C_RECS] + 2 * ninsn + 4 > self.rec.shape[1]:
+            if self.keep:
+                # Records go on in a new chunk (joined once, at the end).
+                self.rec_done.append(self.rec[:, : int(c[C_RECS])])
+                self.rec = np.zeros((NR, max(2 * self.rec.shape[1], 2 * ninsn + 4)), np.int64)
+            else:
+                self._keep_longest()
+                if 2 * ninsn + 4 > self.rec.shape[1]:
+                    self.rec = np.zeros((NR, 2 * ninsn + 4), np.int64)
+            c[C_RECS] = 0
+        need = int(c[C_PATHS]) + ninsn + self.depth + 2
+        if need > self.paths[3].shape[0]:
+            self._grow_paths(max(2 * self.paths[3].shape[0], need))
+        if c[C_TIMES] >= st["times"].shape[0]:
+            st["times"] = _grown(st["times"], 2 * st["times"].shape[0])
+
+    def _grow_paths(self, cap: int) -> None:
+        n = int(self.counts[C_PATHS])
+        parent = _grown(self.paths[3][:n], cap)
+        addr = _grown(self.paths[4][:n], cap)
+        size = 1
+        while size < 2 * cap:
+            size <<= 1
+        h_parent = np.full(size, _EMPTY, np.int64)
+        h_addr = np.zeros(size, np.uint64)
+        h_val = np.zeros(size, np.int64)
+        self.paths = (h_parent, h_addr, h_val, parent, addr)
+        self.counts[C_PATHS] = 0
+        for p in range(n):  # re-intern in order: ids stay
+            _intern(int(parent[p]), np.uint64(addr[p]), self.paths, self.counts)
+
+    def _durations(self, rec: np.ndarray) -> np.ndarray:
+        dt = np.zeros(rec.shape[1], np.int64)
+        for sid, st in enumerate(self.streams):
+            sel = rec[R_STREAM] == sid
+            times = st["times"]
+            dt[sel] = times[rec[R_TC][sel]] - times[rec[R_TO][sel]]
+        return dt
+
+    def _keep_longest(self) -> None:
+        """Keep the longest intervals of each kind among those so far and
+        the records at hand (which are then free again)."""
+        rec = self.rec[:, : int(self.counts[C_RECS])]
+        if self.top is not None:
+            rec = np.concatenate([self.top, rec], axis=1)
+        dt = self._durations(rec)
+        keep = []
+        for kind in (R_PAIR, R_CALL):
+            mine = np.flatnonzero(rec[R_KIND] == kind)
+            if mine.shape[0] > self.longest:
+                mine = mine[np.argpartition(-dt[mine], self.longest - 1)[: self.longest]]
+            keep.append(mine)
+        self.top = rec[:, np.sort(np.concatenate(keep))].copy()
+
+    def result(self) -> LatencyResult:
+        c = self.counts
+        if self.keep:
+            rec = self.rec[:, : int(c[C_RECS])]
+            if self.rec_done:
+                rec = np.concatenate([*self.rec_done, rec], axis=1)
+        else:
+            self._keep_longest()
+            rec = self.top
+        count = rec.shape[1]
+        t_open = np.zeros(count, np.int64)
+        t_close = np.zeros(count, np.int64)
+        resolution = np.full(count, -1, np.int64)
+        for sid, st in enumerate(self.streams):
+            sel = rec[R_STREAM] == sid if len(self.streams) > 1 else slice(None)
+            times = st["times"][: st["n"]]
+            io, ic = rec[R_TO][sel], rec[R_TC][sel]
+            if not io.shape[0]:
+                continue
+            to, tc = times[io], times[ic]
+            po, no = _neighbours(times, io)
+            pc, nc = _neighbours(times, ic)
+            res = np.maximum((nc - tc) + (to - po), (tc - pc) + (no - to))
+            res[(no < 0) | (nc < 0)] = -1
+            resolution[sel] = res
+            t_open[sel], t_close[sel] = to, tc
+        keys = np.array(self.key_of_slot, np.int64)
+        n = int(c[C_PATHS])
+        paths = list(zip(self.paths[3][:n].tolist(), self.paths[4][:n].tolist(), strict=True))
+        iv = Intervals(
+            kind=rec[R_KIND], key=keys[rec[R_SLOT]] if len(keys) else rec[R_SLOT],
+            cpu=rec[R_CPU], open=rec[R_MOPEN], close=rec[R_MCLOSE], t_open=t_open,
+            t_close=t_close, dt=t_close - t_open, resolution=resolution,
+            dic=rec[R_ICC] - rec[R_ICO], path=rec[R_PATH],
+        )  # fmt: skip
+        out = LatencyResult(
+            self.patterns, iv, self.marks[: len(self.patterns.markers)].copy(),
+            int(self.ss[: len(self.slots), S_IC].sum()), int(c[C_REPEAT]), int(c[C_UNMATCHED]),
+            int(c[C_GAPPED]), int(c[C_CALL_GAPPED]), int(c[C_SKIPPED]), paths, set(self.missing),
+        )  # fmt: skip
+        out.histograms, out.totals, out.every_interval = (
+            self.hist.copy(),
+            self.agg.copy(),
+            self.keep,
+        )
+        return out
+
+
+def _neighbours(times: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The times before and after the ``index``-th of a stream's distinct
+    times, in stream order (-1 after the last; the first is its own
+    predecessor: it comes from the PSB+ decoding started at)."""
+    prev = times[np.maximum(index - 1, 0)]
+    after = index + 1
+    nxt = np.where(after < times.shape[0], times[np.minimum(after, times.shape[0] - 1)], -1)
+    return prev, nxt
+
+
+# -- sources -------------------------------------------------------------------
+
+
+# Events after which the flow has a gap: what ran there is not in the trace.
+def _gap_types() -> tuple[int, ...]:
+    from ..pt import _flowkernel as FK
+
+    return (FK.X_ERROR, FK.EV_DISABLED, FK.EV_ASYNC_DISABLED, FK.EV_OVERFLOW)
+
+
+def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Where a decoder batch's flow has a gap: before each row (from its
+    event rows and their block positions), and whether one follows its
+    last row."""
+    from ..pt import _flowkernel as FK
+
+    gap = np.zeros(nrows, np.bool_)
+    if not len(events):
+        return gap, False
+    types = events[:, FK.E_TYPE]
+    status = (events[:, FK.E_FLAGS] & FK.F_STATUS) != 0
+    hit = np.isin(types, _gap_types()) & ~status
+    pos = event_block[hit]
+    gap[pos[pos < nrows]] = True
+    return gap, bool((pos >= nrows).any())
+
+
+class _TraceSink:
+    """Feeds a decoder's batches of one trace to a profiler (one thread, or
+    the CPU ``cpu``)."""
+
+    def __init__(self, profiler: LatencyProfiler, key: int, cpu: int) -> None:
+        from ..pt.flowdec import FlowSink
+
+        self.profiler, self.key, self.cpu = profiler, key, cpu
+        self.stream = profiler.stream()
+        self._atoms: dict[int, tuple[object, AtomTable]] = {}
+        self._pending_gap = False
+        self._sink = FlowSink()
+
+    def atoms(self, image) -> AtomTable:
+        held = self._atoms.get(id(image))
+        if held is None or held[0] is not image:
+            symbols = getattr(image, "symbols", None)
+            held = self._atoms[id(image)] = (image, AtomTable(self.profiler.patterns, symbols))
+        return held[1]
+
+    def output(self) -> tuple:
+        return self._sink.output()
+
+    def batch(self, b) -> None:
+        n = b.ip.shape[0]
+        gap, after = gaps_before(n, b.events, b.event_block)
+        if n:
+            gap[0] |= self._pending_gap
+            self._pending_gap = False
+            p = self.profiler
+            p.add(self.stream, b.table, self.atoms(b.table.image), b.ip, b.ninsn, b.mode, b.run,
+                  b.time, self.key, self.cpu, gap)  # fmt: skip
+        if after:
+            self.profiler.gap(self.stream)
+
+
+def profile_trace(
+    data, image, patterns: PatternSet, config=None, *, cpu: int = -1, keep: bool = True,
+    longest: int = 64, calls: bool = True,
+) -> LatencyResult:  # fmt: skip
+    """Latency-profile a raw Intel PT trace (bytes, buffer or path) of one
+    CPU or thread against ``image`` (``keep``, ``longest``, ``calls``: as
+    for :class:`LatencyProfiler`)."""
+    import os
+
+    from ..pt.config import PtConfig
+    from ..pt.decode import DecodeOptions, chunk_ranges
+    from ..pt.flowdec import FlowDecoder
+    from ..pt.packets import as_buffer, map_file
+
+    profiler = LatencyProfiler(patterns, keep=keep, longest=longest, calls=calls)
+    buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
+    dec = FlowDecoder(image, config or PtConfig(), DecodeOptions().flow_options())
+    sink = _TraceSink(profiler, key=max(cpu, 0), cpu=cpu)
+    for s, e in chunk_ranges(buf):
+        dec.decode(buf, sink, s, e)
+    return profiler.result()

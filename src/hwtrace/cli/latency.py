@@ -1,0 +1,222 @@
+"""``hwtrace latency`` and ``hwtrace funclatency``: latency profiles of a
+decoded flow (:mod:`hwtrace.analysis.latency`), from a perf.data or a raw
+Intel PT trace with its code."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .perfcmds import _common, _open, _Parser
+
+
+def _input_options(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    raw = p.add_argument_group("a raw Intel PT trace instead of a perf.data")
+    raw.add_argument("--pt", metavar="FILE", help="the trace (one CPU's or thread's)")
+    raw.add_argument("--elf", action="append", default=[], metavar="FILE[:BASE]",
+                     help="code and symbols from an ELF file (repeatable)")  # fmt: skip
+    raw.add_argument("--raw", action="append", default=[], metavar="FILE:BASE",
+                     help="raw code loaded at BASE (repeatable)")  # fmt: skip
+    for opt in ("--mtc-freq", "--nom-freq", "--cpuid-0x15.eax", "--cpuid-0x15.ebx"):
+        raw.add_argument(opt, type=lambda v: int(v, 0), default=0, metavar="N",
+                         help="as for hwtrace ptxed")  # fmt: skip
+    p.add_argument("--top", type=int, default=10, metavar="N", help="longest intervals listed")
+    p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
+    p.add_argument("--all-intervals", action="store_true",
+                   help="keep every interval (for --json and exact medians; memory grows "
+                   "with their number), not only the longest")  # fmt: skip
+
+
+def latency_main(argv: Sequence[str]) -> int:
+    from ..analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
+
+    p = _Parser(
+        prog="hwtrace latency",
+        description="Profile the time and instructions between two kinds of instructions "
+        "(the thesis' delta profiling): per thread or CPU, with histograms and the "
+        "longest intervals.",
+    )
+    p.add_argument("--open", action="append", default=[], metavar="PATTERN",
+                   help="an interval opens here (repeatable; comma-separated list)")  # fmt: skip
+    p.add_argument("--close", action="append", default=[], metavar="PATTERN",
+                   help="an interval closes here (repeatable)")  # fmt: skip
+    p.add_argument("--toggle", action="append", default=[], metavar="PATTERN",
+                   help="open and close alternately at these (the thesis' literal toggle)")  # fmt: skip
+    p.add_argument("--marker", action="append", default=[], metavar="NAME=PATTERN",
+                   help="name a pattern or super-instruction, e.g. "
+                   "'superCLI=pushf; pop; cli in *irq_save*'")  # fmt: skip
+    p.add_argument("--config", metavar="FILE", help="markers and interval sets from TOML")
+    p.add_argument("--per", choices=("thread", "cpu"), help="keep intervals per thread or CPU")
+    _input_options(p)
+    a = p.parse_args(list(argv))
+    patterns = PatternSet()
+    try:
+        if a.config:
+            load_toml(a.config, patterns)
+        for m in a.marker:
+            name, eq, spec = m.partition("=")
+            if not eq or not name.strip():
+                raise PatternError(f"--marker {m!r}: expected NAME=PATTERN")
+            patterns.add_marker(name.strip(), spec)
+        if a.open or a.close or a.toggle or not a.config:
+            parse_sets(patterns, a.open, a.close, a.toggle)
+        elif not patterns.toggle and (not patterns.open or not patterns.close):
+            raise PatternError(f"{a.config}: [interval] needs open and close (or toggle)")
+    except PatternError as e:
+        p.error(str(e))
+    if a.per:
+        patterns.per = a.per
+    a.calls = False
+    return _run(p, a, patterns, "latency")
+
+
+def funclatency_main(argv: Sequence[str]) -> int:
+    from ..analysis.patterns import PatternError, PatternSet
+
+    p = _Parser(
+        prog="hwtrace funclatency",
+        description="Time and instructions of every call of a function, from its entry to "
+        "the return that leaves it (recursion and early returns paired on a per-thread "
+        "stack), as bcc's funclatency but exact and with no probe in the program.",
+    )
+    p.add_argument("function", help="FUNC or module!FUNC")
+    _input_options(p)
+    a = p.parse_args(list(argv))
+    patterns = PatternSet()
+    try:
+        patterns.add_marker(a.function, f"exit:{a.function}")
+    except PatternError as e:
+        p.error(str(e))
+    a.calls = True
+    return _run(p, a, patterns, "funclatency")
+
+
+def _run(p: _Parser, a: argparse.Namespace, patterns, what: str) -> int:
+    from rich.console import Console
+
+    from ..analysis.latency_report import render, to_json
+
+    if a.pt:
+        got = _profile_raw(p, a, patterns)
+    else:
+        got = _profile_perf(p, a, patterns)
+    if got is None:
+        return 1
+    from ..analysis.latency import R_CALL, R_PAIR
+
+    result, name, unit, title = got
+    kind = R_CALL if what == "funclatency" else R_PAIR
+    console = Console(highlight=False, soft_wrap=True)
+    key_label = "cpu" if patterns.per == "cpu" else "tid"
+    render(result, name, unit, kind, a.top, key_label, title, console)
+    if a.json:
+        data = to_json(result, name, unit, kind)
+        Path(a.json).write_text(json.dumps(data, indent=1) + "\n")
+        console.print(f"written to {a.json}")
+    return 0
+
+
+def _profile_raw(p: _Parser, a: argparse.Namespace, patterns):
+    from ..analysis.latency import profile_trace
+    from ..image import Image, ImageError, parse_elf_spec
+    from ..pt.config import PtConfig
+    from .common import load_trace
+
+    image = Image()
+    try:
+        for spec in a.elf:
+            image.add_elf(*parse_elf_spec(spec))
+        for spec in a.raw:
+            image.add_raw_spec(spec)
+    except (ImageError, OSError, ValueError) as e:
+        sys.stderr.write(f"{p.prog}: {e}\n")
+        return None
+    loaded = load_trace(p.prog, a.pt)
+    if loaded is None:
+        return None
+    _, buf = loaded
+    config = PtConfig(mtc_freq=a.mtc_freq, nom_freq=a.nom_freq,
+                      cpuid_0x15_eax=getattr(a, "cpuid_0x15.eax"),
+                      cpuid_0x15_ebx=getattr(a, "cpuid_0x15.ebx"))  # fmt: skip
+    result = profile_trace(buf, image, patterns, config, keep=a.all_intervals,
+                           longest=max(a.top, 1), calls=a.calls)  # fmt: skip
+
+    def name(addr: int) -> str:
+        return image.symbolize(addr, with_module=False)
+
+    return result, name, "TSC ticks", a.pt
+
+
+def _profile_perf(p: _Parser, a: argparse.Namespace, patterns):
+    from ..analysis.latency import LatencyProfiler
+
+    opened = _open(p.prog, a)
+    if opened is None:
+        return None
+    profiler = LatencyProfiler(patterns, keep=a.all_intervals, longest=max(a.top, 1),
+                               calls=a.calls)  # fmt: skip
+    feed = _PerfFeed(profiler)
+    flow = opened.decode(feed, p.prog)
+    for problem in flow.problems:
+        sys.stderr.write(f"{p.prog}: warning: {problem}\n")
+    return profiler.result(), feed.name, "ns", str(opened.data.path)
+
+
+class _PerfFeed:
+    """perf.data block batches into a latency profiler: a stream per AUX
+    queue, a run of blocks of one image at a time."""
+
+    def __init__(self, profiler) -> None:
+        self.profiler = profiler
+        self.streams: dict[int, int] = {}
+        self.atoms: dict[int, tuple[object, object]] = {}
+        self.tables: list = []
+
+    def _atoms(self, q, image: int):
+        from ..analysis.patterns import AtomTable
+
+        im = q.images[image]
+        held = self.atoms.get(id(im))
+        if held is None or held[0] is not im:
+            table = q.symbols(image)
+            held = self.atoms[id(im)] = (im, AtomTable(self.profiler.patterns, table))
+            self.tables.append(table)
+        return held[1]
+
+    def __call__(self, b) -> None:
+        q = b.queue
+        sid = self.streams.get(q.index)
+        if sid is None:
+            sid = self.streams[q.index] = self.profiler.stream()
+        n = len(b)
+        if not n:
+            return
+        per_cpu = self.profiler.patterns.per == "cpu"
+        cuts = np.flatnonzero(np.diff(b.image)) + 1
+        bounds = [0, *cuts.tolist(), n]
+        cpu = np.full(n, q.cpu, np.int64)
+        key = cpu if per_cpu else b.tid
+        for lo, hi in itertools.pairwise(bounds):
+            image = int(b.image[lo])
+            self.profiler.add(
+                sid, q.code_table(image), self._atoms(q, image), b.ip[lo:hi], b.ninsn[lo:hi],
+                b.mode[lo:hi], b.run[lo:hi], b.ns[lo:hi], key[lo:hi], cpu[lo:hi], b.gap[lo:hi],
+            )  # fmt: skip
+
+    def name(self, addr: int) -> str:
+        for table in self.tables:
+            got = table.symbolize(addr)
+            if got:
+                return got
+        return ""
+
+
+Main = Callable[[Sequence[str]], int]
+__all__ = ["funclatency_main", "latency_main"]

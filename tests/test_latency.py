@@ -1,0 +1,435 @@
+"""Latency (delta) profiling against ground truth.
+
+Programs with intervals of known length run under unicorn (the
+ground-truth corpus' way, :mod:`groundtruth`): loops of chosen trip counts
+between ``cli``/``sti``, the kernel's irq-save/restore sequences
+(``pushf; pop; cli`` and ``push; popf``), ``pause`` pairs, and recursive
+and early-returning functions; and raw code at a kernel address.  Their
+paths are encoded as Intel PT with random per-instruction cycle costs, so
+each instruction's true time is known.  Every ΔIC must be the path's own,
+and every Δt within its reported resolution of the encoded time.
+"""
+
+from __future__ import annotations
+
+import groundtruth as gt
+import iced_x86
+import numpy as np
+import pytest
+
+from hwtrace.analysis.latency import R_CALL, R_PAIR, profile_trace
+from hwtrace.analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
+from hwtrace.image import Image
+from hwtrace.pt.encode import encode_path
+
+PROGRAM = r"""
+#define NOINLINE __attribute__((noinline))
+static volatile long sink;
+NOINLINE void spin(long n) { for (long i = 0; i < n; i++) sink += i; }
+NOINLINE unsigned long arch_local_irq_save(void) {
+    unsigned long flags;
+    __asm__ volatile("pushf; pop %0; cli" : "=r"(flags) : : "memory");
+    return flags;
+}
+NOINLINE void arch_local_irq_restore(unsigned long flags) {
+    __asm__ volatile("push %0; popf" : : "r"(flags) : "memory", "cc");
+}
+NOINLINE long critical(long n) {
+    unsigned long f = arch_local_irq_save();
+    spin(n);
+    arch_local_irq_restore(f);
+    return n;
+}
+NOINLINE long plain(long n) {
+    __asm__ volatile("cli");
+    spin(n);
+    __asm__ volatile("sti");
+    return n;
+}
+NOINLINE long fact(long n) {
+    if (n < 2)
+        return 1;
+    long r = fact(n - 1);
+    sink = r;  /* work after the call: real recursion, not a loop */
+    return n * r;
+}
+NOINLINE long early(long n) {
+    if (n & 1) { spin(2); return 1; }
+    spin(n);
+    return 0;
+}
+NOINLINE long driver(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++) {
+        s += critical(i * 3 + 1);
+        s += plain(i + 2);
+        s += fact(i % 6 + 1);
+        s += early(i);
+        __asm__ volatile("pause");
+        spin(i % 4);
+        __asm__ volatile("pause");
+    }
+    return s;
+}
+"""
+
+pytestmark = pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
+
+
+def _mnemonic(read, ip: int) -> str:
+    ins = iced_x86.Decoder(64, read(ip, 15), ip=ip).decode()
+    return iced_x86.Formatter(iced_x86.FormatterSyntax.INTEL).format_mnemonic(ins).lower()
+
+
+def _setting(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    cyc = bool(rng.integers(2))
+    return {"tsc": int(rng.integers(1 << 20, 1 << 40)), "mtc_freq": int(rng.choice([0, 3, 6])),
+            "cyc": cyc, "psb_period": int(rng.choice([256, 4096]))}  # fmt: skip
+
+
+def _encode(ips, image, end_ip, seed: int, **extra):
+    rng = np.random.default_rng(seed + 1)
+    cycles = rng.integers(1, 12, ips.shape[0])
+    s = _setting(seed)
+    enc = encode_path(ips, image, end_ip=end_ip, cycles=cycles, **s, **extra)
+    true = s["tsc"] + np.concatenate([[0], np.cumsum(cycles)])
+    return enc, true
+
+
+def _check_times(res, iv, true, opens, closes):
+    """Each Δt within its resolution of the true time between the ends."""
+    want = true[closes] - true[opens]
+    known = iv.resolution >= 0
+    assert known.sum() >= len(iv) - 1  # at most the last interval lacks a later time
+    err = np.abs(iv.dt - want)
+    assert (err[known] <= iv.resolution[known]).all(), (iv.dt, want, iv.resolution)
+
+
+@pytest.fixture(scope="module")
+def program():
+    run = gt.run("driver", (9,), "-O2", program=PROGRAM)
+    image = Image()
+    image.add_elf(run.elf)
+    return run, image
+
+
+def test_cli_sti_pairs_have_the_path_s_counts(program):
+    run, image = program
+    ips = run.ips
+    names = [_mnemonic(image.read, int(ip)) for ip in ips]
+    opens = np.array([i for i, n in enumerate(names) if n == "cli"])
+    closes = np.array([i for i, n in enumerate(names) if n == "sti"])
+    for seed in range(4):
+        enc, true = _encode(ips, image, run.end_ip, seed)
+        patterns = PatternSet()
+        parse_sets(patterns, ["cli"], ["sti"])
+        res = profile_trace(enc.data, image, patterns, enc.config)
+        iv = res.intervals
+        assert res.instructions == ips.shape[0]
+        # cli in plain() and in arch_local_irq_save(); sti only in plain():
+        # each irq-save cli is a repeated open, or opens what plain's sti closes.
+        assert res.marker_counts.tolist() == [opens.shape[0], closes.shape[0]]
+        assert (iv.kind == R_PAIR).all()
+        starts = np.array([opens[opens < c].max() for c in closes])
+        firsts = []
+        last_close = -1
+        for c in closes:  # the first open after the previous close stands
+            firsts.append(opens[(opens > last_close) & (opens < c)].min())
+            last_close = c
+        firsts = np.array(firsts)
+        assert iv.dic.tolist() == (closes - firsts).tolist()
+        assert res.repeated_opens == sum(
+            int(((opens > a) & (opens < c)).sum()) for a, c in zip(firsts, closes, strict=True)
+        )  # fmt: skip
+        assert (starts >= firsts).all()
+        _check_times(res, iv, true, firsts, closes)
+
+
+def test_super_instructions_in_their_functions(program, tmp_path):
+    """The thesis' superCLI/superSTI: irq-save's ``pushf; pop; cli`` and
+    irq-restore's ``popf``, scoped to those functions (plain()'s cli is
+    no superCLI)."""
+    run, image = program
+    ips = run.ips
+    names = [_mnemonic(image.read, int(ip)) for ip in ips]
+    funcs = image.symbols.functions
+    index, _ = funcs.lookup(ips)
+    fname = [funcs.name(int(i)) if i >= 0 else "" for i in index]
+    opens = np.array([j for j in range(2, len(names))
+                      if names[j - 2 : j + 1] == ["pushfq", "pop", "cli"]
+                      and fname[j] == "arch_local_irq_save"])  # fmt: skip
+    closes = np.array([j for j, n in enumerate(names)
+                       if n == "popfq" and fname[j] == "arch_local_irq_restore"])  # fmt: skip
+    assert opens.shape[0] == closes.shape[0] == 9
+    config = tmp_path / "irq.toml"
+    config.write_text(
+        '[markers]\nsuperCLI = "pushf; pop; cli in *irq_save*"\n'
+        'superSTI = ["popf in *irq_restore*"]\n'
+        '[interval]\nopen = "superCLI"\nclose = ["superSTI"]\n'
+    )
+    patterns = PatternSet()
+    load_toml(config, patterns)
+    enc, true = _encode(ips, image, run.end_ip, 7)
+    res = profile_trace(enc.data, image, patterns, enc.config)
+    iv = res.intervals
+    assert res.marker_counts.tolist() == [9, 9]
+    assert iv.dic.tolist() == (closes - opens).tolist()
+    assert res.repeated_opens == res.unmatched_closes == 0
+    _check_times(res, iv, true, opens, closes)
+
+
+def _calls_of(ips: np.ndarray, read, entry: int) -> list[tuple[int, int]]:
+    """(entry index, return index) of every call of the function at
+    ``entry``, from a stack of return addresses over the path."""
+    stack: list[list] = []
+    out = []
+    for j in range(ips.shape[0]):
+        ip = int(ips[j])
+        if j and stack and stack[-1][0] == ip and _mnemonic(read, int(ips[j - 1])) == "ret":
+            _, start = stack.pop()
+            if start is not None:
+                out.append((start, j - 1))
+        if ip == entry and stack and stack[-1][1] is None:
+            stack[-1][1] = j
+        if _mnemonic(read, ip) == "call":
+            ins = iced_x86.Decoder(64, read(ip, 15), ip=ip).decode()
+            stack.append([ip + ins.len, None])
+    return sorted(out)
+
+
+def test_function_calls_with_recursion_and_early_returns(program):
+    run, image = program
+    ips = run.ips
+    for func in ("fact", "early"):
+        entry = int(image.symbols.function_entries(func)[0])
+        want = _calls_of(ips, image.read, entry)
+        assert len(want) >= 9
+        patterns = PatternSet()
+        patterns.add_marker(func, f"exit:{func}")
+        enc, true = _encode(ips, image, run.end_ip, 11)
+        res = profile_trace(enc.data, image, patterns, enc.config)
+        iv = res.intervals.select(res.intervals.kind == R_CALL)
+        assert len(iv) == len(want)
+        # Calls close in return order: an inner call of a recursion first.
+        by_close = sorted(want, key=lambda c: c[1])
+        assert iv.dic.tolist() == [e - s for s, e in by_close]
+        _check_times(res, iv, true, np.array([s for s, _ in by_close]),
+                     np.array([e for _, e in by_close]))  # fmt: skip
+
+
+def test_exit_closes_what_enter_opened(program):
+    """``--open enter:plain --close exit:plain``: the interval is the call."""
+    run, image = program
+    ips = run.ips
+    entry = int(image.symbols.function_entries("plain")[0])
+    want = _calls_of(ips, image.read, entry)
+    patterns = PatternSet()
+    parse_sets(patterns, ["enter:plain"], ["exit:plain"])
+    enc, true = _encode(ips, image, run.end_ip, 3)
+    res = profile_trace(enc.data, image, patterns, enc.config)
+    pairs = res.intervals.select(res.intervals.kind == R_PAIR)
+    assert pairs.dic.tolist() == [e - s for s, e in want]
+    _check_times(res, pairs, true, np.array([s for s, _ in want]), np.array([e for _, e in want]))
+
+
+def test_toggle_is_the_paper_s_literal_algorithm(program):
+    run, image = program
+    ips = run.ips
+    names = [_mnemonic(image.read, int(ip)) for ip in ips]
+    marks = [j for j, n in enumerate(names) if n == "pause"]
+    patterns = PatternSet()
+    parse_sets(patterns, toggle=["pause"])
+    enc, _ = _encode(ips, image, run.end_ip, 5)
+    res = profile_trace(enc.data, image, patterns, enc.config)
+    assert res.intervals.dic.tolist() == [b - a for a, b in zip(marks[::2], marks[1::2],
+                                                                strict=True)]  # fmt: skip
+
+
+CODE = bytes.fromhex("fab900000000ffc975fcfbebf3")
+BASE = 0xFFFFFFFF81000000
+
+
+def _raw_path(trips: list[int]) -> np.ndarray:
+    ips: list[int] = []
+    for n in trips:
+        ips += [BASE, BASE + 1] + [BASE + 6, BASE + 8] * n + [BASE + 0xA, BASE + 0xB]
+    return np.array(ips[:-1], np.uint64)
+
+
+@pytest.fixture
+def raw(tmp_path):
+    path = tmp_path / "code.bin"
+    path.write_bytes(CODE)
+    image = Image()
+    image.add_raw(path, address=BASE)
+    return image
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_cli_sti_through_the_encoder(raw, seed):
+    rng = np.random.default_rng(seed)
+    trips = [int(t) for t in rng.integers(1, 200, 12)]
+    ips = _raw_path(trips)
+    enc, true = _encode(ips, raw, BASE + 0xB, seed)
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli"], ["sti"])
+    res = profile_trace(enc.data, raw, patterns, enc.config)
+    assert res.intervals.dic.tolist() == [2 * n + 2 for n in trips]
+    _check_times(res, res.intervals, true, np.flatnonzero(ips == BASE),
+                 np.flatnonzero(ips == BASE + 0xA))  # fmt: skip
+
+
+def test_a_gap_inside_drops_the_interval(raw):
+    """Tracing off inside an interval: counted, never an interval."""
+    trips = [5, 6, 7, 8]
+    ips = _raw_path(trips)
+    second = int(np.flatnonzero(ips == BASE)[1])
+    enc = encode_path(ips, raw, end_ip=BASE + 0xB, trace_off=[(second + 4, second + 6)],
+                      tsc=1 << 30, mtc_freq=3)  # fmt: skip
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli"], ["sti"])
+    res = profile_trace(enc.data, raw, patterns, enc.config)
+    assert res.gapped == 1
+    assert res.intervals.dic.tolist() == [2 * n + 2 for n in (5, 7, 8)]
+
+
+def test_unmatched_closes_and_repeated_opens_are_counted(raw):
+    patterns = PatternSet()
+    parse_sets(patterns, ["sti"], ["cli"])  # the wrong way round
+    ips = _raw_path([2, 3, 4])
+    enc = encode_path(ips, raw, end_ip=BASE + 0xB)
+    res = profile_trace(enc.data, raw, patterns, enc.config)
+    assert res.unmatched_closes == 1  # the first cli
+    assert res.intervals.dic.tolist() == [2, 2]  # sti, jmp, cli
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli,dec"], ["sti"])  # every dec opens again
+    res = profile_trace(enc.data, raw, patterns, enc.config)
+    assert res.repeated_opens == 2 + 3 + 4
+    assert res.intervals.dic.tolist() == [2 * 2 + 2, 2 * 3 + 2, 2 * 4 + 2]  # from the cli
+    assert res.marker_counts.tolist() == [3, 9, 3]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((["nosuchinsn;"], ["sti"]), "empty step"),
+        ((["cli"], []), "give --open and --close"),
+        ((["class:bogus"], ["sti"]), "unknown class"),
+        ((["exit:"], ["sti"]), "exit: needs a function"),
+        ((["cli; exit:f"], ["sti"]), "exit: cannot be a step"),
+        ((["???"], ["sti"]), "cannot read"),
+    ],
+)
+def test_bad_patterns_are_named(args, message):
+    with pytest.raises(PatternError, match=message):
+        parse_sets(PatternSet(), *args)
+
+
+def test_bad_toml_names_the_file_and_entry(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[markers]\nx = 3\n")
+    with pytest.raises(PatternError, match=r"bad.toml: markers.x"):
+        load_toml(bad, PatternSet())
+    bad.write_text("[markers\n")
+    with pytest.raises(PatternError, match=r"bad.toml: "):
+        load_toml(bad, PatternSet())
+    with pytest.raises(PatternError, match="no-such"):
+        load_toml(tmp_path / "no-such.toml", PatternSet())
+
+
+def test_unknown_symbols_are_reported(raw):
+    patterns = PatternSet()
+    parse_sets(patterns, ["nosuchfunction"], ["sti"])
+    enc = encode_path(_raw_path([1]), raw, end_ip=BASE + 0xB)
+    res = profile_trace(enc.data, raw, patterns, enc.config)
+    assert res.missing_symbols == {"nosuchfunction"}
+    assert len(res.intervals) == 0
+
+
+USER_PROGRAM = r"""
+#include <stdlib.h>
+#define NOINLINE __attribute__((noinline))
+static volatile long sink;
+NOINLINE void spin(long n) { for (long i = 0; i < n; i++) sink += i; }
+NOINLINE long fact(long n) {
+    if (n < 2)
+        return 1;
+    long r = fact(n - 1);
+    sink = r;
+    return n * r;
+}
+NOINLINE long work(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++) {
+        __asm__ volatile("pause");
+        spin(i % 5);
+        __asm__ volatile("pause");
+        s += fact(i % 4 + 2);
+    }
+    return s;
+}
+int main(int argc, char **argv) { return (int)(work(argc > 1 ? atol(argv[1]) : 6) & 1); }
+"""
+
+
+def test_latency_and_funclatency_of_a_recorded_program(tmp_path, capsys):
+    """hwtrace record, then latency and funclatency on the perf.data: the
+    intervals of what the stepper ran, exactly, per thread."""
+    import json
+
+    from test_record_software import SKIP, compile_program
+    from test_record_threads import stepped
+
+    from hwtrace.cli.main import main
+    from hwtrace.record import record_software
+    from hwtrace.record.perfdata import write_perf_data
+
+    if SKIP is not None:
+        pytest.skip(str(SKIP))
+    exe = str(compile_program(USER_PROGRAM, "latency", ("-O2", "-g0")))
+    rec = record_software([exe, "7"], calls=["work"])
+    path = tmp_path / "perf.data"
+    write_perf_data(rec, path)
+    ((tid, ips),) = stepped(rec).items()
+    image = rec.image(rec.threads[0].image)
+    names = [_mnemonic(image.read, int(ip)) for ip in ips]
+    pauses = [j for j, n in enumerate(names) if n == "pause"]
+    out = tmp_path / "lat.json"
+    assert main(["latency", "-i", str(path), "--toggle", "pause", "--json", str(out),
+                 "--all-intervals"]) == 0  # fmt: skip
+    got = json.loads(out.read_text())
+    assert got["markers"] == {"pause": len(pauses)}
+    assert [iv["dic"] for iv in got["intervals"]] == [
+        b - a for a, b in zip(pauses[::2], pauses[1::2], strict=True)
+    ]
+    assert {iv["key"] for iv in got["intervals"]} == {tid}
+    assert all(iv["dt"] >= 0 for iv in got["intervals"])
+    entry = int(image.symbols.function_entries("fact")[0])
+    want = sorted(_calls_of(ips, image.read, entry), key=lambda c: c[1])
+    assert (
+        main(["funclatency", "fact", "-i", str(path), "--json", str(out), "--all-intervals"]) == 0
+    )
+    got = json.loads(out.read_text())
+    assert [iv["dic"] for iv in got["intervals"]] == [e - s for s, e in want]
+    assert all(iv["path"].endswith("fact") for iv in got["intervals"])
+    text = capsys.readouterr().out
+    assert "the " in text and "longest" in text
+
+
+def test_without_every_interval_the_totals_and_longest_are_the_same(raw):
+    """Keeping only the longest intervals (bounded memory) changes neither
+    the histograms nor the totals, and keeps the longest."""
+    rng = np.random.default_rng(3)
+    trips = [int(t) for t in rng.integers(1, 6, 6000)]
+    ips = _raw_path(trips)
+    enc, _ = _encode(ips, raw, BASE + 0xB, 2)
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli"], ["sti"])
+    every = profile_trace(enc.data, raw, patterns, enc.config)
+    some = profile_trace(enc.data, raw, patterns, enc.config, keep=False, longest=7)
+    assert len(every.intervals) == 6000 and len(some.intervals) == 7
+    assert np.array_equal(every.histograms, some.histograms)
+    assert np.array_equal(every.totals, some.totals)
+    assert sorted(some.intervals.dt.tolist()) == sorted(every.intervals.dt.tolist())[-7:]
+    assert every.every_interval and not some.every_interval
