@@ -433,3 +433,47 @@ def test_without_every_interval_the_totals_and_longest_are_the_same(raw):
     assert np.array_equal(every.totals, some.totals)
     assert sorted(some.intervals.dt.tolist()) == sorted(every.intervals.dt.tolist())[-7:]
     assert every.every_interval and not some.every_interval
+
+
+def test_call_path_profile_counts_every_instruction_in_its_path(program):
+    """The call-path profile (folded stacks by instructions) is what a stack
+    of calls over the path gives, instruction for instruction; the time
+    profile adds up to the trace's span."""
+    from hwtrace.pt.decode import decode_trace
+
+    run, image = program
+    ips = run.ips
+    funcs = image.symbols.functions
+
+    def name(addr: int) -> str:
+        index, _ = funcs.lookup(np.array([addr], np.uint64))
+        return funcs.name(int(index[0])) if index[0] >= 0 else f"{addr:#x}"
+
+    want: dict[str, int] = {}
+    stack: list[tuple[int, str]] = []  # (return address, callee name)
+    root = name(int(ips[0]))
+    for j in range(ips.shape[0]):
+        ip = int(ips[j])
+        if j:
+            prev = int(ips[j - 1])
+            kind = _mnemonic(image.read, prev)
+            if kind == "call":
+                ins = iced_x86.Decoder(64, image.read(prev, 15), ip=prev).decode()
+                stack.append((prev + ins.len, name(ip)))
+            elif kind == "ret":
+                found = [d for d, (r, _) in enumerate(stack) if r == ip]
+                if found:
+                    del stack[found[-1] :]
+                elif not stack:
+                    root = name(ip)
+        key = ";".join([root, *(n for _, n in stack)])
+        want[key] = want.get(key, 0) + 1
+    enc, _ = _encode(ips, image, run.end_ip, 4)
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli"], ["sti"])
+    res = profile_trace(enc.data, image, patterns, enc.config, profile=True)
+    got = dict(line.rsplit(" ", 1) for line in res.folded(name))
+    assert {k: int(v) for k, v in got.items()} == want
+    times = decode_trace(enc.data, image, enc.config).block_time.astype(np.int64)
+    span = int(times[-1] - times[0])
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in res.folded(name, by="time")) == span > 0

@@ -38,6 +38,7 @@ truth; every interval carries that bound (:attr:`Intervals.resolution`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,9 +71,13 @@ from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 # index, path, cpu).
 (
     S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
-    S_OCPU, S_SEQ,
-) = range(14)  # fmt: skip
-NS = 14
+    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR,
+) = range(17)  # fmt: skip
+NS = 17
+# A call path's parent when it is a root: the function the flow was in
+# with no call of it seen (where a thread's trace starts, or where a
+# return left the outermost frame seen), named by an address in it.
+ROOT = -3
 # Frame columns (int64): return address, the callee's address, the call
 # path (-1: not worked out yet: paths are interned only when an interval
 # needs one), the exit marker its function has (-1: none), the call's
@@ -82,9 +87,9 @@ NF = 7
 # Counters (int64).
 (
     C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
-    C_TIMES, C_LAST_SLOT, C_LAST_T, C_HAVE_T,
-) = range(12)  # fmt: skip
-NC = 12
+    C_TIMES, C_LAST_SLOT, C_LAST_T, C_HAVE_T, C_LAST_PATH, C_LAST_T_VALUE,
+) = range(14)  # fmt: skip
+NC = 14
 # Interval records (int64): kind (R_PAIR: open/close markers; R_CALL: a
 # function call), slot, cpu, open and close markers, open and close
 # instruction index, the open's call path, open and close time, stream.
@@ -115,7 +120,7 @@ def _kind(c, flags):
 @kernels.njit(cache=True, _nrt=False)
 def _intern(parent, addr, paths, counts):
     """The call path ``parent`` then a call of ``addr`` (made if new)."""
-    h_parent, h_addr, h_val, p_parent, p_addr = paths
+    h_parent, h_addr, h_val, p_parent, p_addr = paths[0], paths[1], paths[2], paths[3], paths[4]
     mask = h_parent.shape[0] - 1
     h = (np.uint64(parent) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(addr)
     s = np.int64((h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(33)) & mask
@@ -198,15 +203,26 @@ def _emit(out, counts, kind, slot, cpu, mo, mc, ico, icc, path, to, tc, stream):
 
 
 @kernels.njit(cache=True, _nrt=False)
-def _path_of(s, d, fr, paths, counts):
-    """The call path of slot ``s``'s frame ``d`` (-1: none), interned from
-    the innermost frame whose path is known."""
+def _root_path(s, ss, paths, counts):
+    """Slot ``s``'s root call path (-1: none known)."""
+    root = ss[s, S_ROOT]
+    if root == -2:
+        ip = ss[s, S_ROOTIP]
+        root = _intern(np.int64(ROOT), np.uint64(ip), paths, counts) if ip else np.int64(-1)
+        ss[s, S_ROOT] = root
+    return root
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _path_of(s, d, ss, fr, paths, counts):
+    """The call path of slot ``s``'s frame ``d`` (the root's below 0),
+    interned from the innermost frame whose path is known."""
     if d < 0:
-        return np.int64(-1)
+        return _root_path(s, ss, paths, counts)
     known = d
     while known >= 0 and fr[s, known, F_PATH] < 0:
         known -= 1
-    path = fr[s, known, F_PATH] if known >= 0 else np.int64(-1)
+    path = fr[s, known, F_PATH] if known >= 0 else _root_path(s, ss, paths, counts)
     for j in range(known + 1, d + 1):
         path = _intern(path, np.uint64(fr[s, j, F_CALLEE]), paths, counts)
         fr[s, j, F_PATH] = path
@@ -215,7 +231,15 @@ def _path_of(s, d, fr, paths, counts):
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
 def _path_now(ss, fr, s, paths, counts):
-    return _path_of(s, min(ss[s, S_SP], fr.shape[1]) - 1, fr, paths, counts)
+    return _path_of(s, min(ss[s, S_SP], fr.shape[1]) - 1, ss, fr, paths, counts)
+
+
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _new_root(s, ip, ss):
+    """The flow of slot ``s`` is in a function with no call of it seen."""
+    ss[s, S_ROOTIP] = np.int64(ip)
+    ss[s, S_ROOT] = -2
+    ss[s, S_CUR] = -2
 
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
@@ -261,15 +285,19 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     top = ss[s, S_SP]
     if top > fr.shape[1]:
         ss[s, S_SP] = top - 1  # into a frame that was only counted
+        ss[s, S_CUR] = -2
         return
     d = top - 1
     while d >= 0 and fr[s, d, F_RET] != np.int64(ip):
         d -= 1
     if d < 0:
-        return  # to an address on no frame (a signal handler's)
+        if top == 0:
+            _new_root(s, ip, ss)  # out of the outermost function seen
+        return  # (else to an address on no frame: a signal handler's)
     counts[C_SKIPPED] += top - 1 - d
     e = fr[s, d, F_EXIT]
     ss[s, S_SP] = d
+    ss[s, S_CUR] = -2
     if e >= 0:
         ic, t = ss[s, S_PIC], ss[s, S_PT]
         if masks[4]:  # function calls are intervals of their own
@@ -277,7 +305,7 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
                 counts[C_CALL_GAPPED] += 1
             elif fr[s, d, F_IC] >= 0:
                 _emit(rec, counts, R_CALL, s, cpu, e, e, fr[s, d, F_IC], ic,
-                      _path_of(s, d, fr, paths, counts), fr[s, d, F_T], t, stream)  # fmt: skip
+                      _path_of(s, d, ss, fr, paths, counts), fr[s, d, F_T], t, stream)  # fmt: skip
         _fire(e, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
 
 
@@ -295,6 +323,7 @@ def _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
         else:
             counts[C_DEEP] += 1
         ss[s, S_SP] = top + 1
+        ss[s, S_CUR] = -2
     elif k == K_RET:
         _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
 
@@ -406,6 +435,9 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
     depth = fr.shape[1]
     last_slot = counts[C_LAST_SLOT]
     last_t = counts[C_LAST_T]
+    last_path = counts[C_LAST_PATH]
+    last_tv = counts[C_LAST_T_VALUE]
+    p_insns, p_time = paths[5], paths[6]
     have_t = counts[C_HAVE_T]
     n_times = counts[C_TIMES]
     i = start
@@ -422,6 +454,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         tv = np.int64(b_time[i])
         if b_gap[i] and last_slot >= 0:
             _gap(last_slot, ss, fr, seq, counts)
+            last_path = -2  # the gap's time belongs to no path
         last_slot = s
         if not have_t or tv != last_t:
             times[n_times] = tv
@@ -437,6 +470,19 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         ip = b_ip[i]
         if ss[s, S_PK] > K_OTHER:
             _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+        if ss[s, S_ROOTIP] == 0 and ss[s, S_SP] == 0:
+            _new_root(s, ip, ss)
+        if masks[5]:
+            # The call-path profile: the row's instructions to the path it
+            # ran in, the time since the stream's last row to that row's.
+            p = ss[s, S_CUR]
+            if p == -2:
+                p = ss[s, S_CUR] = _path_now(ss, fr, s, paths, counts)
+            p_insns[p + 1] += n
+            if last_path != -2:
+                p_time[last_path + 1] += tv - last_tv
+            last_path = p
+            last_tv = tv
         run = b_run[i]
         q = _run_info(run, atoms, ct, info) if run >= 0 else np.int8(0)
         if q & 8:
@@ -493,6 +539,8 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         i += 1
     counts[C_LAST_SLOT] = last_slot
     counts[C_LAST_T] = last_t
+    counts[C_LAST_PATH] = last_path
+    counts[C_LAST_T_VALUE] = last_tv
     counts[C_HAVE_T] = have_t
     counts[C_TIMES] = n_times
     return i
@@ -582,15 +630,32 @@ class LatencyResult:
     histograms: np.ndarray = field(default_factory=lambda: np.zeros((2, 2, NB), np.int64))
     totals: np.ndarray = field(default_factory=lambda: np.zeros((2, NA), np.int64))
     every_interval: bool = True  # ``intervals`` holds all of them (else the longest)
+    # The call-path profile (with ``profile``): instructions and time per
+    # path, at ``path + 1`` (0: no path known).
+    path_insns: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    path_time: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
 
     def path_addresses(self, path: int) -> list[int]:
-        """The callee entries from the outermost call to the innermost."""
+        """From the outermost call to the innermost, the callee entries (a
+        root path's first is an address in the function it began in)."""
         out = []
         while path >= 0:
             parent, addr = self.paths[path]
             out.append(addr)
             path = parent
         return out[::-1]
+
+    def folded(self, name: Callable[[int], str], by: str = "insn") -> list[str]:
+        """The call-path profile as folded stacks, one line per path with
+        instructions (or time) executed in it: ``root;caller;callee count``
+        (the thesis' path format; FlameGraph's input)."""
+        weight = self.path_insns if by == "insn" else self.path_time
+        lines = []
+        for idx in np.flatnonzero(weight).tolist():
+            addrs = self.path_addresses(idx - 1)
+            stack = ";".join(name(a) or f"{a:#x}" for a in addrs) if addrs else "[unknown]"
+            lines.append(f"{stack} {int(weight[idx])}")
+        return sorted(lines)
 
 
 class LatencyProfiler:
@@ -599,12 +664,14 @@ class LatencyProfiler:
     (the patterns' ``per``)."""
 
     def __init__(self, patterns: PatternSet, depth: int = 256, *, keep: bool = True,
-                 longest: int = 64, calls: bool = True) -> None:  # fmt: skip
+                 longest: int = 64, calls: bool = True, profile: bool = False) -> None:  # fmt: skip
         """``keep``: keep every interval (else only the ``longest`` of each
         kind, with every interval counted in the histograms and totals:
         memory bounded whatever the number of intervals).  ``calls``: each
         call of a function with an ``exit:`` marker is an interval of its
-        own (:data:`R_CALL`), as well as the markers' (:data:`R_PAIR`)."""
+        own (:data:`R_CALL`), as well as the markers' (:data:`R_PAIR`).
+        ``profile``: count instructions and time per call path as well
+        (:meth:`LatencyResult.folded`)."""
         self.patterns = patterns
         self.depth = depth
         self.keep = keep
@@ -612,7 +679,7 @@ class LatencyProfiler:
         self.top: np.ndarray | None = None  # the longest so far, when not keeping all
         nm = len(patterns.markers)
         self.marks = np.zeros(max(nm, 1), np.int64)
-        masks = np.zeros(5, np.uint64)  # open, close, toggle, exit entries, calls
+        masks = np.zeros(6, np.uint64)  # open, close, toggle, exit entries, calls, profile
         for i, name in enumerate(("open", "close", "toggle")):
             for m in getattr(patterns, name):
                 masks[i] |= np.uint64(1 << m)
@@ -627,6 +694,7 @@ class LatencyProfiler:
             if m.kind == M_EXIT:
                 masks[3] |= np.uint64(1 << m.atoms[0])
         masks[4] = calls
+        masks[5] = profile
         self.masks = masks
         self.mk = (kinds[:nm] if nm else kinds[:0], atom0, seq_atoms, seq_len)
         self.counts = np.zeros(NC, np.int64)
@@ -642,9 +710,12 @@ class LatencyProfiler:
         self._fills: dict[int, np.ndarray] = {}
         self._n = 0
         cap = 1 << 12
+        # Interned call paths (a hash table, each path's parent and callee)
+        # and, with ``profile``, instructions and time per path (+1: none).
         self.paths = (np.full(2 * cap, _EMPTY, np.int64), np.zeros(2 * cap, np.uint64),
                       np.zeros(2 * cap, np.int64), np.zeros(cap, np.int64),
-                      np.zeros(cap, np.uint64))  # fmt: skip
+                      np.zeros(cap, np.uint64), np.zeros(cap + 1, np.int64),
+                      np.zeros(cap + 1, np.int64))  # fmt: skip
         self.streams: list[dict] = []
         self._tables: dict[int, _TableAtoms] = {}
         self.missing: set[str] = set()
@@ -653,7 +724,8 @@ class LatencyProfiler:
     def stream(self) -> int:
         """A new stream (its times are its own); returns its number."""
         self.streams.append({"times": np.zeros(1 << 12, np.int64), "n": 0, "last_slot": -1,
-                             "last_t": 0, "have_t": 0})  # fmt: skip
+                             "last_t": 0, "have_t": 0, "last_path": -2,
+                             "last_tv": 0})  # fmt: skip
         return len(self.streams) - 1
 
     def _table_atoms(self, table: CodeTable, atoms: AtomTable) -> _TableAtoms:
@@ -688,6 +760,8 @@ class LatencyProfiler:
                     self.fr = _grown(self.fr, size)
                     self.seq = _grown(self.seq, size)
                 self.ss[slot, S_PK] = -1  # no last instruction yet
+                self.ss[slot, S_ROOT] = -2
+                self.ss[slot, S_CUR] = -2
             slots[j] = slot
         return slots[inverse.reshape(-1)]
 
@@ -723,6 +797,7 @@ class LatencyProfiler:
         c[C_TIMES], c[C_LAST_SLOT], c[C_LAST_T], c[C_HAVE_T] = (
             st["n"], st["last_slot"], st["last_t"], st["have_t"]
         )  # fmt: skip
+        c[C_LAST_PATH], c[C_LAST_T_VALUE] = st["last_path"], st["last_tv"]
         rows = (
             np.ascontiguousarray(ip, np.uint64), np.ascontiguousarray(ninsn, np.uint32),
             np.ascontiguousarray(mode, np.uint8), np.ascontiguousarray(run, np.int32),
@@ -737,6 +812,7 @@ class LatencyProfiler:
             st["n"], st["last_slot"], st["last_t"], st["have_t"] = (
                 int(c[C_TIMES]), int(c[C_LAST_SLOT]), int(c[C_LAST_T]), int(c[C_HAVE_T])
             )  # fmt: skip
+            st["last_path"], st["last_tv"] = int(c[C_LAST_PATH]), int(c[C_LAST_T_VALUE])
             if start >= n:
                 return
             self._room(int(ninsn[start]), st)
@@ -746,6 +822,7 @@ class LatencyProfiler:
         st = self.streams[stream]
         if st["last_slot"] >= 0:
             _gap(st["last_slot"], self.ss, self.fr, self.seq, self.counts)
+        st["last_path"] = -2
 
     def _room(self, ninsn: int, st: dict) -> None:
         c = self.counts
@@ -769,13 +846,15 @@ class LatencyProfiler:
         n = int(self.counts[C_PATHS])
         parent = _grown(self.paths[3][:n], cap)
         addr = _grown(self.paths[4][:n], cap)
+        insns = _grown(self.paths[5][: n + 1], cap + 1)
+        time = _grown(self.paths[6][: n + 1], cap + 1)
         size = 1
         while size < 2 * cap:
             size <<= 1
         h_parent = np.full(size, _EMPTY, np.int64)
         h_addr = np.zeros(size, np.uint64)
         h_val = np.zeros(size, np.int64)
-        self.paths = (h_parent, h_addr, h_val, parent, addr)
+        self.paths = (h_parent, h_addr, h_val, parent, addr, insns, time)
         self.counts[C_PATHS] = 0
         for p in range(n):  # re-intern in order: ids stay
             _intern(int(parent[p]), np.uint64(addr[p]), self.paths, self.counts)
@@ -848,6 +927,8 @@ class LatencyProfiler:
             self.agg.copy(),
             self.keep,
         )
+        out.path_insns = self.paths[5][: n + 1].copy()
+        out.path_time = self.paths[6][: n + 1].copy()
         return out
 
 
@@ -926,11 +1007,11 @@ class _TraceSink:
 
 def profile_trace(
     data, image, patterns: PatternSet, config=None, *, cpu: int = -1, keep: bool = True,
-    longest: int = 64, calls: bool = True,
+    longest: int = 64, calls: bool = True, profile: bool = False,
 ) -> LatencyResult:  # fmt: skip
     """Latency-profile a raw Intel PT trace (bytes, buffer or path) of one
-    CPU or thread against ``image`` (``keep``, ``longest``, ``calls``: as
-    for :class:`LatencyProfiler`)."""
+    CPU or thread against ``image`` (``keep``, ``longest``, ``calls``,
+    ``profile``: as for :class:`LatencyProfiler`)."""
     import os
 
     from ..pt.config import PtConfig
@@ -938,7 +1019,7 @@ def profile_trace(
     from ..pt.flowdec import FlowDecoder
     from ..pt.packets import as_buffer, map_file
 
-    profiler = LatencyProfiler(patterns, keep=keep, longest=longest, calls=calls)
+    profiler = LatencyProfiler(patterns, keep=keep, longest=longest, calls=calls, profile=profile)
     buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
     dec = FlowDecoder(image, config or PtConfig(), DecodeOptions().flow_options())
     sink = _TraceSink(profiler, key=max(cpu, 0), cpu=cpu)
