@@ -99,3 +99,25 @@ def test_report_names_a_changed_binary_and_counts_gaps(recorded, tmp_path):
     gaps = int(text.split(" gap(s)")[0].rsplit(" ", 1)[-1])
     assert gaps > 0
     assert "Traceback" not in bad.stderr
+
+
+def test_report_call_paths_by_thread_and_inclusive(recorded, tmp_path):
+    """``--group thread`` roots every path at its thread; ``--paths`` gives
+    each path with everything under it; ``--by time`` weighs by time."""
+    _, data, _ = recorded
+    folded, paths, timed = tmp_path / "f.txt", tmp_path / "p.txt", tmp_path / "t.txt"
+    out = run("report", "-i", str(data), "--folded", str(folded), "--paths", str(paths),
+              "--group", "thread")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+    def read(path: Path) -> dict[str, int]:
+        return {k: int(v) for k, v in (x.rsplit(" ", 1) for x in path.read_text().splitlines())}
+
+    own, under = read(folded), read(paths)
+    assert own and all(k.split(";")[0].startswith("demo/") for k in own)
+    assert set(own) <= set(under)
+    for path, weight in under.items():
+        assert weight == sum(v for k, v in own.items() if k == path or k.startswith(path + ";"))
+    out = run("report", "-i", str(data), "--folded", str(timed), "--by", "time")
+    assert out.returncode == 0, out.stderr
+    assert sum(read(timed).values()) > 0

@@ -71,19 +71,23 @@ from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 # index, path, cpu).
 (
     S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
-    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR,
-) = range(17)  # fmt: skip
-NS = 17
+    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP,
+) = range(18)  # fmt: skip
+NS = 18
 # A call path's parent when it is a root: the function the flow was in
 # with no call of it seen (where a thread's trace starts, or where a
-# return left the outermost frame seen), named by an address in it.
+# return left the outermost frame seen), named by an address in it.  A
+# root of group ``g`` (see LatencyProfiler's ``group``) has parent
+# ``ROOT - 1 - g``.
 ROOT = -3
 # Frame columns (int64): return address, the callee's address, the call
 # path (-1: not worked out yet: paths are interned only when an interval
 # needs one), the exit marker its function has (-1: none), the call's
-# entry time and index (-1: not a marked function's call), a gap inside it.
-F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP = range(7)
-NF = 7
+# entry time and index (-1: not a marked function's call), a gap inside it,
+# and whether only jumps ran in it yet (a PLT stub: the jump's target is
+# then the callee).
+F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP, F_FRESH = range(8)
+NF = 8
 # Counters (int64).
 (
     C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
@@ -208,7 +212,8 @@ def _root_path(s, ss, paths, counts):
     root = ss[s, S_ROOT]
     if root == -2:
         ip = ss[s, S_ROOTIP]
-        root = _intern(np.int64(ROOT), np.uint64(ip), paths, counts) if ip else np.int64(-1)
+        parent = np.int64(ROOT - 1 - ss[s, S_GROUP])
+        root = _intern(parent, np.uint64(ip), paths, counts) if ip else np.int64(-1)
         ss[s, S_ROOT] = root
     return root
 
@@ -316,16 +321,25 @@ def _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     pops (:func:`_returned`)."""
     k = ss[s, S_PK]
     if k == K_CALL:
+        if np.int64(ip) == ss[s, S_PFALL]:
+            return  # went out of the traced code and came back: no frame seen
         top = ss[s, S_SP]
         if top < fr.shape[1]:
             fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = ss[s, S_PFALL], ip, -1
             fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
+            fr[s, top, F_FRESH] = 1
         else:
             counts[C_DEEP] += 1
         ss[s, S_SP] = top + 1
         ss[s, S_CUR] = -2
     elif k == K_RET:
         _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+    elif k == K_IJUMP:
+        top = min(ss[s, S_SP], fr.shape[1])
+        if top > 0 and fr[s, top - 1, F_FRESH]:
+            # A PLT stub (or a tail-jump stub) called: its target is the callee.
+            fr[s, top - 1, F_CALLEE], fr[s, top - 1, F_PATH] = ip, -1
+            ss[s, S_CUR] = -2
 
 
 @kernels.njit(cache=True, _nrt=False)
@@ -536,6 +550,10 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
         ss[s, S_PIC] = ss[s, S_IC] - 1
         ss[s, S_PT] = t
+        if ss[s, S_PK] != K_IJUMP:
+            top = min(ss[s, S_SP], depth)
+            if top > 0 and fr[s, top - 1, F_FRESH]:
+                fr[s, top - 1, F_FRESH] = 0
         i += 1
     counts[C_LAST_SLOT] = last_slot
     counts[C_LAST_T] = last_t
@@ -645,17 +663,45 @@ class LatencyResult:
             path = parent
         return out[::-1]
 
-    def folded(self, name: Callable[[int], str], by: str = "insn") -> list[str]:
+    def group_of(self, path: int) -> int:
+        """The group (see LatencyProfiler) whose root ``path`` descends from
+        (-1: none)."""
+        while path >= 0:
+            parent, _ = self.paths[path]
+            if parent < 0:
+                return ROOT - 1 - parent if parent <= ROOT else -1
+            path = parent
+        return -1
+
+    def folded(
+        self, name: Callable[[int], str], by: str = "insn",
+        group: Callable[[int], str] | None = None,
+    ) -> list[str]:  # fmt: skip
         """The call-path profile as folded stacks, one line per path with
-        instructions (or time) executed in it: ``root;caller;callee count``
-        (the thesis' path format; FlameGraph's input)."""
+        the instructions (``by="insn"``) or the time executed in it:
+        ``root;caller;callee count`` (FlameGraph's input), each path after
+        its group's name (``group(number)``) when given."""
         weight = self.path_insns if by == "insn" else self.path_time
         lines = []
         for idx in np.flatnonzero(weight).tolist():
             addrs = self.path_addresses(idx - 1)
-            stack = ";".join(name(a) or f"{a:#x}" for a in addrs) if addrs else "[unknown]"
-            lines.append(f"{stack} {int(weight[idx])}")
+            parts = [name(a) or f"{a:#x}" for a in addrs] if addrs else ["[unknown]"]
+            if group is not None:
+                parts.insert(0, group(self.group_of(idx - 1)))
+            lines.append(f"{';'.join(parts)} {int(weight[idx])}")
         return sorted(lines)
+
+    def inclusive(self, by: str = "insn") -> np.ndarray:
+        """Each path's weight with all the paths below it (the instructions
+        executed along it up to its tail and beyond), at ``path + 1``."""
+        weight = (self.path_insns if by == "insn" else self.path_time).copy()
+        parents = np.array([p for p, _ in self.paths], np.int64)
+        # Children are interned after their parents: add bottom-up.
+        for path in range(len(self.paths) - 1, -1, -1):
+            parent = parents[path]
+            if parent >= 0:
+                weight[parent + 1] += weight[path + 1]
+        return weight
 
 
 class LatencyProfiler:
@@ -664,14 +710,18 @@ class LatencyProfiler:
     (the patterns' ``per``)."""
 
     def __init__(self, patterns: PatternSet, depth: int = 256, *, keep: bool = True,
-                 longest: int = 64, calls: bool = True, profile: bool = False) -> None:  # fmt: skip
+                 longest: int = 64, calls: bool = True, profile: bool = False,
+                 group: Callable[[int, int], int] | None = None) -> None:  # fmt: skip
         """``keep``: keep every interval (else only the ``longest`` of each
         kind, with every interval counted in the histograms and totals:
         memory bounded whatever the number of intervals).  ``calls``: each
         call of a function with an ``exit:`` marker is an interval of its
         own (:data:`R_CALL`), as well as the markers' (:data:`R_PAIR`).
         ``profile``: count instructions and time per call path as well
-        (:meth:`LatencyResult.folded`)."""
+        (:meth:`LatencyResult.folded`), with roots per group:
+        ``group(stream, key)`` numbers the group (thread, process, CPU...)
+        of a thread or CPU's flow (-1: none)."""
+        self.group = group
         self.patterns = patterns
         self.depth = depth
         self.keep = keep
@@ -762,6 +812,7 @@ class LatencyProfiler:
                 self.ss[slot, S_PK] = -1  # no last instruction yet
                 self.ss[slot, S_ROOT] = -2
                 self.ss[slot, S_CUR] = -2
+                self.ss[slot, S_GROUP] = self.group(stream, key) if self.group else -1
             slots[j] = slot
         return slots[inverse.reshape(-1)]
 

@@ -5,13 +5,10 @@ Intel PT trace with its code."""
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import numpy as np
 
 from .perfcmds import _common, _open, _Parser
 
@@ -156,66 +153,18 @@ def _profile_raw(p: _Parser, a: argparse.Namespace, patterns):
 
 def _profile_perf(p: _Parser, a: argparse.Namespace, patterns):
     from ..analysis.latency import LatencyProfiler
+    from ..perf.feed import LatencyFeed
 
     opened = _open(p.prog, a)
     if opened is None:
         return None
     profiler = LatencyProfiler(patterns, keep=a.all_intervals, longest=max(a.top, 1),
                                calls=a.calls)  # fmt: skip
-    feed = _PerfFeed(profiler)
+    feed = LatencyFeed(profiler)
     flow = opened.decode(feed, p.prog)
     for problem in flow.problems:
         sys.stderr.write(f"{p.prog}: warning: {problem}\n")
     return profiler.result(), feed.name, "ns", str(opened.data.path)
-
-
-class _PerfFeed:
-    """perf.data block batches into a latency profiler: a stream per AUX
-    queue, a run of blocks of one image at a time."""
-
-    def __init__(self, profiler) -> None:
-        self.profiler = profiler
-        self.streams: dict[int, int] = {}
-        self.atoms: dict[int, tuple[object, object]] = {}
-        self.tables: list = []
-
-    def _atoms(self, q, image: int):
-        from ..analysis.patterns import AtomTable
-
-        im = q.images[image]
-        held = self.atoms.get(id(im))
-        if held is None or held[0] is not im:
-            table = q.symbols(image)
-            held = self.atoms[id(im)] = (im, AtomTable(self.profiler.patterns, table))
-            self.tables.append(table)
-        return held[1]
-
-    def __call__(self, b) -> None:
-        q = b.queue
-        sid = self.streams.get(q.index)
-        if sid is None:
-            sid = self.streams[q.index] = self.profiler.stream()
-        n = len(b)
-        if not n:
-            return
-        per_cpu = self.profiler.patterns.per == "cpu"
-        cuts = np.flatnonzero(np.diff(b.image)) + 1
-        bounds = [0, *cuts.tolist(), n]
-        cpu = np.full(n, q.cpu, np.int64)
-        key = cpu if per_cpu else b.tid
-        for lo, hi in itertools.pairwise(bounds):
-            image = int(b.image[lo])
-            self.profiler.add(
-                sid, q.code_table(image), self._atoms(q, image), b.ip[lo:hi], b.ninsn[lo:hi],
-                b.mode[lo:hi], b.run[lo:hi], b.ns[lo:hi], key[lo:hi], cpu[lo:hi], b.gap[lo:hi],
-            )  # fmt: skip
-
-    def name(self, addr: int) -> str:
-        for table in self.tables:
-            got = table.symbolize(addr)
-            if got:
-                return got
-        return ""
 
 
 Main = Callable[[Sequence[str]], int]

@@ -305,7 +305,14 @@ def report_main(argv: Sequence[str]) -> int:
     )
     _common(p)
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
-    p.add_argument("--folded", metavar="FILE", help="write call paths as folded stacks")
+    p.add_argument("--folded", metavar="FILE",
+                   help="write the call-path profile as folded stacks (flame graphs)")  # fmt: skip
+    p.add_argument("--paths", metavar="FILE",
+                   help="write every call path with the weight along it and below it")  # fmt: skip
+    p.add_argument("--by", choices=("insn", "time"), default="insn",
+                   help="weigh call paths by instructions or by time (ns)")  # fmt: skip
+    p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
+                   help="the root of each call path: the command, thread, process or CPU")  # fmt: skip
     a = p.parse_args(list(argv))
     opened = _open(p.prog, a)
     if opened is None:
@@ -313,11 +320,10 @@ def report_main(argv: Sequence[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..analysis.callpath import ThreadCallPaths
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
-    paths = ThreadCallPaths() if a.folded else None
+    paths = _CallPaths(opened, a) if a.folded or a.paths else None
 
     def on_blocks(b: PerfBlocks) -> None:
         q = b.queue
@@ -328,21 +334,8 @@ def report_main(argv: Sequence[str]) -> int:
                 ns=b.ns[sel], duration=b.duration[sel], tid=b.tid[sel], pid=b.pid[sel],
                 row=rows[sel],
             )  # fmt: skip
-        if paths is None:
-            return
-        for part in b.split(EXPAND_INSNS):
-            ips = part.instructions()
-            n = part.ninsn
-            tid = np.repeat(part.tid, n)
-            # A block's time spread over its instructions.
-            weights = np.repeat(part.duration / np.maximum(n, 1), n)
-            owner = np.repeat(part.image, n) if len(part.images()) > 1 else None
-            for image, _ in part.images():
-                sel = slice(None) if owner is None else owner == image
-                paths.add(
-                    (q.index, image), q.symbols(image), q.code(image), ips[sel], tid[sel],
-                    weights[sel],
-                )  # fmt: skip
+        if paths is not None:
+            paths.feed(b)
 
     flow = opened.decode(on_blocks, p.prog)
     data = opened.data
@@ -379,10 +372,79 @@ def report_main(argv: Sequence[str]) -> int:
             )
         console.print(table)
     if paths is not None:
-        folded = paths.folded(comm)
-        Path(a.folded).write_text("".join(line + "\n" for line in folded))
-        console.print(f"\ncall paths: {len(folded)} folded stacks written to {a.folded}")
+        written = paths.write(a)
+        for what, count, path in written:
+            console.print(f"\ncall paths: {count} {what} written to {path}")
     return 0
+
+
+class _CallPaths:
+    """``report --folded`` and ``--paths``: the call-path profile of every
+    thread (:mod:`hwtrace.analysis.latency`), rooted per command, thread,
+    process or CPU."""
+
+    def __init__(self, opened: _Input, a: argparse.Namespace) -> None:
+        from ..analysis.latency import LatencyProfiler
+        from ..analysis.patterns import PatternSet
+        from ..perf.feed import LatencyFeed
+
+        self.labels: list[str] = []
+        self._ids: dict[str, int] = {}
+        self.sideband = opened.sideband
+        patterns = PatternSet()
+        patterns.per = "cpu" if a.group == "cpu" else "thread"
+        self.group_by = a.group
+        self.profiler = LatencyProfiler(patterns, keep=False, calls=False, profile=True,
+                                        group=self._group)  # fmt: skip
+        self._feed = LatencyFeed(self.profiler)
+
+    def _group(self, stream: int, key: int) -> int:
+        sb = self.sideband
+        if self.group_by == "cpu":
+            label = f"cpu{key}" if key >= 0 else "cpu?"
+        elif key < 0:
+            label = "?"
+        elif self.group_by == "comm":
+            label = sb.comm_of(key)
+        elif self.group_by == "thread":
+            label = f"{sb.comm_of(key)}/{key}"
+        else:
+            pid = sb.pid_of(key)
+            label = f"{sb.comm_of(pid if pid >= 0 else key)}/{pid}"
+        got = self._ids.get(label)
+        if got is None:
+            got = self._ids[label] = len(self.labels)
+            self.labels.append(label)
+        return got
+
+    def feed(self, b: PerfBlocks) -> None:
+        self._feed(b)
+
+    def write(self, a: argparse.Namespace) -> list[tuple[str, int, str]]:
+        result = self.profiler.result()
+
+        def name(addr: int) -> str:
+            return self._feed.name(addr, with_module=True)
+
+        def group(g: int) -> str:
+            return self.labels[g] if 0 <= g < len(self.labels) else "?"
+
+        out = []
+        if a.folded:
+            lines = result.folded(name, a.by, group)
+            Path(a.folded).write_text("".join(line + "\n" for line in lines))
+            out.append(("folded stacks", len(lines), a.folded))
+        if a.paths:
+            weight = result.inclusive(a.by)
+            lines = []
+            for idx in np.flatnonzero(weight).tolist():
+                addrs = result.path_addresses(idx - 1)
+                parts = [group(result.group_of(idx - 1))] + [name(x) or f"{x:#x}" for x in addrs]
+                lines.append(f"{';'.join(parts)} {int(weight[idx])}")
+            lines.sort()
+            Path(a.paths).write_text("".join(line + "\n" for line in lines))
+            out.append(("paths", len(lines), a.paths))
+        return out
 
 
 def script_main(argv: Sequence[str]) -> int:
