@@ -231,6 +231,7 @@ def _path_of(s, d, ss, fr, paths, counts):
     for j in range(known + 1, d + 1):
         path = _intern(path, np.uint64(fr[s, j, F_CALLEE]), paths, counts)
         fr[s, j, F_PATH] = path
+        paths[7][path + 1] += 1  # a call made this path (once per frame)
     return path
 
 
@@ -652,6 +653,7 @@ class LatencyResult:
     # path, at ``path + 1`` (0: no path known).
     path_insns: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     path_time: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    path_calls: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
 
     def path_addresses(self, path: int) -> list[int]:
         """From the outermost call to the innermost, the callee entries (a
@@ -761,11 +763,12 @@ class LatencyProfiler:
         self._n = 0
         cap = 1 << 12
         # Interned call paths (a hash table, each path's parent and callee)
-        # and, with ``profile``, instructions and time per path (+1: none).
+        # and, with ``profile``, instructions, time and calls per path (+1:
+        # none).
         self.paths = (np.full(2 * cap, _EMPTY, np.int64), np.zeros(2 * cap, np.uint64),
                       np.zeros(2 * cap, np.int64), np.zeros(cap, np.int64),
                       np.zeros(cap, np.uint64), np.zeros(cap + 1, np.int64),
-                      np.zeros(cap + 1, np.int64))  # fmt: skip
+                      np.zeros(cap + 1, np.int64), np.zeros(cap + 1, np.int64))  # fmt: skip
         self.streams: list[dict] = []
         self._tables: dict[int, _TableAtoms] = {}
         self.missing: set[str] = set()
@@ -899,13 +902,14 @@ class LatencyProfiler:
         addr = _grown(self.paths[4][:n], cap)
         insns = _grown(self.paths[5][: n + 1], cap + 1)
         time = _grown(self.paths[6][: n + 1], cap + 1)
+        calls = _grown(self.paths[7][: n + 1], cap + 1)
         size = 1
         while size < 2 * cap:
             size <<= 1
         h_parent = np.full(size, _EMPTY, np.int64)
         h_addr = np.zeros(size, np.uint64)
         h_val = np.zeros(size, np.int64)
-        self.paths = (h_parent, h_addr, h_val, parent, addr, insns, time)
+        self.paths = (h_parent, h_addr, h_val, parent, addr, insns, time, calls)
         self.counts[C_PATHS] = 0
         for p in range(n):  # re-intern in order: ids stay
             _intern(int(parent[p]), np.uint64(addr[p]), self.paths, self.counts)
@@ -980,6 +984,7 @@ class LatencyProfiler:
         )
         out.path_insns = self.paths[5][: n + 1].copy()
         out.path_time = self.paths[6][: n + 1].copy()
+        out.path_calls = self.paths[7][: n + 1].copy()
         return out
 
 

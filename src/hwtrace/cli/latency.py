@@ -110,7 +110,8 @@ def _run(p: _Parser, a: argparse.Namespace, patterns, what: str) -> int:
 
     result, name, unit, title = got
     kind = R_CALL if what == "funclatency" else R_PAIR
-    console = Console(highlight=False, soft_wrap=True)
+    # Wide tables when written to a file or a pipe (rich would use 80 columns).
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     key_label = "cpu" if patterns.per == "cpu" else "tid"
     render(result, name, unit, kind, a.top, key_label, title, console)
     if a.json:

@@ -15,6 +15,7 @@ commands:
   script    list a perf.data's decoded Intel PT per instruction or block
   latency   time and instructions between marker instructions (delta profiling)
   funclatency  time and instructions of every call of a function
+  diff      compare the call paths of two recordings of a program
   perf-dump print a perf.data's header and records (like perf report -D)
   filter    keep the recorded events an LTTng filter expression accepts
   filter-compile  compile a filter expression to an object or library for C tracers
@@ -71,6 +72,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from . import perfcmds
 
         return getattr(perfcmds, f"{cmd}_main")(rest)
+    if cmd == "diff":
+        from .diff import main as diff_main
+
+        return diff_main(rest)
     if cmd in ("latency", "funclatency"):
         from . import latency
 

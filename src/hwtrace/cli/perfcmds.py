@@ -420,15 +420,17 @@ class _CallPaths:
     def feed(self, b: PerfBlocks) -> None:
         self._feed(b)
 
+    def name(self, addr: int) -> str:
+        """``module!function`` of a code address."""
+        return self._feed.name(addr, with_module=True)
+
+    def group(self, g: int) -> str:
+        """The name of group number ``g``."""
+        return self.labels[g] if 0 <= g < len(self.labels) else "?"
+
     def write(self, a: argparse.Namespace) -> list[tuple[str, int, str]]:
         result = self.profiler.result()
-
-        def name(addr: int) -> str:
-            return self._feed.name(addr, with_module=True)
-
-        def group(g: int) -> str:
-            return self.labels[g] if 0 <= g < len(self.labels) else "?"
-
+        name, group = self.name, self.group
         out = []
         if a.folded:
             lines = result.folded(name, a.by, group)

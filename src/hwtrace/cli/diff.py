@@ -1,0 +1,93 @@
+"""``hwtrace diff A B``: two recordings' call-path profiles compared
+(:mod:`hwtrace.analysis.diff`), e.g. the same program traced with a
+software tracer enabled and disabled."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .perfcmds import _CallPaths, _open, _Parser
+
+
+def main(argv: Sequence[str]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
+
+    p = _Parser(
+        prog="hwtrace diff",
+        description="Compare the call paths of two recordings of the same program: calls, "
+        "instructions and time per call in each, and the paths only one of them ran.",
+    )
+    p.add_argument("a", help="the first perf.data (the baseline)")
+    p.add_argument("b", help="the second perf.data")
+    p.add_argument("--symfs", help="look for binaries under this directory")
+    p.add_argument("--by", choices=("insn", "time"), default="insn",
+                   help="rank by instructions or by time")  # fmt: skip
+    p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
+                   help="the root of each call path (comm: runs with other thread ids compare)")  # fmt: skip
+    p.add_argument("--top", type=int, default=20, metavar="N", help="rows listed per table")
+    p.add_argument("--json", metavar="FILE", help="also write every path and function as JSON")
+    p.add_argument("--folded-diff", metavar="FILE",
+                   help="write 'stack countA countB' lines (a differential flame graph's input)")  # fmt: skip
+    a = p.parse_args(list(argv))
+    tables = []
+    for path in (a.a, a.b):
+        args = argparse.Namespace(input=path, symfs=a.symfs, kcore=None, vmlinux=None,
+                                  kallsyms=None, call=[], all=True, group=a.group)  # fmt: skip
+        opened = _open(p.prog, args)
+        if opened is None:
+            return 1
+        paths = _CallPaths(opened, args)
+        flow = opened.decode(paths.feed, p.prog)
+        for problem in flow.problems:
+            sys.stderr.write(f"{p.prog}: warning: {path}: {problem}\n")
+        result = paths.profiler.result()
+        tables.append(path_table(result, paths.name, paths.group))
+    ta, tb = tables
+    unit = "instructions" if a.by == "insn" else "ns"
+    # Wide tables when written to a file or a pipe (rich would use 80 columns).
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    console.print(
+        f"[bold]A[/] {a.a}: {len(ta)} call paths   [bold]B[/] {a.b}: {len(tb)} call paths"
+    )
+    for title, rows in (("call paths", diff_paths(ta, tb, a.by)),
+                        ("functions", diff_functions(ta, tb, a.by))):  # fmt: skip
+        table = Table(title=f"{title}, most different {a.by} first", show_edge=False)
+        for col in (title[:-1], "calls A", "calls B", f"{unit}/call A", f"{unit}/call B",
+                    "Δ/call", "Δ total", "only in"):  # fmt: skip
+            table.add_column(col, justify="left" if col in (title[:-1], "only in") else "right")
+        for d in rows[: a.top]:
+            per = d.delta_per_call(a.by)
+            table.add_row(
+                d.key, str(d.total("a", "calls")), str(d.total("b", "calls")),
+                f"{d.a.per_call(a.by):,.1f}" if d.a else "-",
+                f"{d.b.per_call(a.by):,.1f}" if d.b else "-",
+                f"{per:+,.1f}" if per is not None else "", f"{d.delta(a.by):+,}",
+                d.only_in.upper(),
+            )  # fmt: skip
+        console.print(table)
+    if a.json:
+
+        def rows(diffs):
+            return [{"key": d.key, "only_in": d.only_in,
+                     "a": d.a.__dict__ if d.a else None, "b": d.b.__dict__ if d.b else None}
+                    for d in diffs]  # fmt: skip
+
+        data = {"a": a.a, "b": a.b, "by": a.by, "paths": rows(diff_paths(ta, tb, a.by)),
+                "functions": rows(diff_functions(ta, tb, a.by))}  # fmt: skip
+        Path(a.json).write_text(json.dumps(data, indent=1) + "\n")
+        console.print(f"written to {a.json}")
+    if a.folded_diff:
+        lines = folded_diff(ta, tb, "own_insn" if a.by == "insn" else "time")
+        Path(a.folded_diff).write_text("".join(line + "\n" for line in lines))
+        console.print(f"{len(lines)} lines written to {a.folded_diff}")
+    return 0
+
+
+__all__ = ["main"]
