@@ -572,3 +572,25 @@ def test_symbol_table_lookup_handles_nesting_and_gaps():
     assert moved.symbolize(0x11012, with_module=True) == "lib.so!inner+0x2"
     assert SymbolTable.empty().symbolize(0x1000) == ""
     assert SymbolTable.empty().lookup(np.array([1, 2], np.uint64))[0].tolist() == [-1, -1]
+
+
+def test_a_stripped_library_s_symbols_come_from_its_debug_file():
+    """ld.so keeps only its dynamic symbols; its detached debug file
+    (Debian's libc6-dbg, by build id) has the rest, as perf finds them."""
+    import glob
+    import os
+
+    from hwtrace.image.elf import _detached_debug, _gnu_build_id, read_elf
+
+    ld = next((p for p in glob.glob("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+               if os.path.isfile(p)), None)  # fmt: skip
+    if ld is None:
+        pytest.skip("no x86-64 ld.so here")
+    from elftools.elf.elffile import ELFFile
+
+    with open(ld, "rb") as f:
+        debug = _detached_debug(_gnu_build_id(ELFFile(f)))
+    if debug is None:
+        pytest.skip("no detached debug file for ld.so (Debian: apt-get install libc6-dbg)")
+    names = set(read_elf(ld).symbols.names)
+    assert "_dl_fixup" in names and "_dl_lookup_symbol_x" in names

@@ -169,6 +169,7 @@ def render(
     console,
 ) -> None:
     """The intervals of ``kind`` of a profile as text on a rich console."""
+    from rich.markup import escape
     from rich.table import Table
 
     iv = result.intervals.select(result.intervals.kind == kind)
@@ -180,7 +181,7 @@ def render(
     counts.add_column("marker")
     counts.add_column("count", justify="right")
     for m, c in zip(markers, result.marker_counts.tolist(), strict=True):
-        counts.add_row(m, f"{c:,}")
+        counts.add_row(escape(m), f"{c:,}")
     console.print(counts)
     dropped = result.gapped + result.gapped_calls
     notes = [
@@ -218,8 +219,8 @@ def render(
             f"{int(lg.t_open[j]):,}", str(int(lg.key[j])),
             str(int(lg.cpu[j])) if lg.cpu[j] >= 0 else "-", f"{int(lg.dt[j]):,}",
             f"{r:,}" if r >= 0 else "?", f"{int(lg.dic[j]):,}",
-            f"{markers[int(lg.open[j])]} → {markers[int(lg.close[j])]}",
-            path_text(result, int(lg.path[j]), name),
+            escape(f"{markers[int(lg.open[j])]} → {markers[int(lg.close[j])]}"),
+            escape(path_text(result, int(lg.path[j]), name)),
         )  # fmt: skip
     console.print(table)
 

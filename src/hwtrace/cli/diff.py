@@ -15,6 +15,7 @@ from .perfcmds import _CallPaths, _open, _Parser
 
 def main(argv: Sequence[str]) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
@@ -65,7 +66,7 @@ def main(argv: Sequence[str]) -> int:
         for d in rows[: a.top]:
             per = d.delta_per_call(a.by)
             table.add_row(
-                d.key, str(d.total("a", "calls")), str(d.total("b", "calls")),
+                escape(d.key), str(d.total("a", "calls")), str(d.total("b", "calls")),
                 f"{d.a.per_call(a.by):,.1f}" if d.a else "-",
                 f"{d.b.per_call(a.by):,.1f}" if d.b else "-",
                 f"{per:+,.1f}" if per is not None else "", f"{d.delta(a.by):+,}",

@@ -66,6 +66,8 @@ def record_main(argv: Sequence[str]) -> int:
         help="follow child processes too (fork, vfork, through exec)",
     )
     p.add_argument("--backend", choices=("auto", "perf", "software"), default="auto")
+    p.add_argument("-N", "--no-buildid-cache", action="store_true",
+                   help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
     p.add_argument("--psb-period", type=int, default=4096, help="bytes between PSB+")
     p.add_argument("--mtc-period", type=int, default=3, help="MTC every 2**N CTC ticks")
     p.add_argument("--no-mtc", action="store_true", help="no MTC packets")
@@ -173,7 +175,7 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    write_perf_data(rec, a.output)
+    write_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache)
     size = Path(a.output).stat().st_size
     insns = sum(len(t.instructions) for t in rec.threads)
     pt = sum(len(t.data) for t in rec.threads)
@@ -318,6 +320,7 @@ def report_main(argv: Sequence[str]) -> int:
     if opened is None:
         return 1
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ..analysis.profile import ThreadProfiler
@@ -356,7 +359,7 @@ def report_main(argv: Sequence[str]) -> int:
     for th in profile.threads:
         span = th.span_ns
         console.print(
-            f"\n[bold]{th.comm}[/] pid {th.pid} tid {th.tid}: {th.instructions:,} instructions"
+            f"\n[bold]{escape(th.comm)}[/] pid {th.pid} tid {th.tid}: {th.instructions:,} instructions"
             + (f", {span / 1e3:,.1f} µs from first to last" if span else "")
         )
         table = Table(show_edge=False)
@@ -364,7 +367,7 @@ def report_main(argv: Sequence[str]) -> int:
             table.add_column(col, justify="left" if col == "function" else "right")
         for fc in th.top(a.top):
             table.add_row(
-                fc.name,
+                escape(fc.name),  # names like [vdso]!f are not markup
                 f"{int(fc.instructions):,}",
                 f"{fc.instruction_share:.1f}",
                 f"{fc.time_ns / 1e3:,.1f}",

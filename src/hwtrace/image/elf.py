@@ -110,23 +110,14 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
                 for i, seg in enumerate(elf.iter_segments())
                 if seg["p_type"] == "PT_LOAD"
             )
-            tables = []
-            for section in elf.iter_sections():
-                if section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
-                    continue
-                strtab = elf.get_section(section["sh_link"])
-                tables.append(
-                    (
-                        section.name,
-                        section["sh_offset"],
-                        section["sh_size"],
-                        section["sh_entsize"],
-                        strtab["sh_offset"],
-                        strtab["sh_size"],
-                    )
-                )
+            tables = _symbol_tables(elf)
             elfclass = elf.elfclass
             little = elf.little_endian
+            # Only dynamic symbols (a stripped library): the full table may
+            # be in a detached debug file, as perf finds it.
+            debug = None
+            if not any(t[0] == ".symtab" for t in tables):
+                debug = _detached_debug(_gnu_build_id(elf))
     except OSError as exc:
         raise ImageError(f"{name}: cannot read: {exc.strerror or exc}") from exc
     except Exception as exc:  # pyelftools/construct raise many kinds on bad input
@@ -139,7 +130,59 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
                 f"(size {seg.filesz:#x}) extends beyond the end of the file ({total:#x})"
             )
     symbols = _read_symbols(name, buf, tables, elfclass, little)
+    if debug is not None:
+        try:
+            with open(debug, "rb") as stream:
+                dbg = ELFFile(stream)
+                dtables = [t for t in _symbol_tables(dbg) if t[0] == ".symtab"]
+            if dtables:
+                extra = _read_symbols(debug, map_file(debug), dtables, elfclass, little)
+                symbols = SymbolTable.merge([symbols, extra])
+        except Exception:  # a damaged debug file: the file's own symbols stand
+            pass
     return ElfFile(name, elf_type, machine, segments, symbols)
+
+
+# Where detached debug files are found by build id (``.build-id/xx/yyyy.debug``).
+DEBUG_DIRS = ("/usr/lib/debug",)
+
+
+def _symbol_tables(elf) -> list[tuple]:
+    """The symbol tables of a pyelftools ``ELFFile``: (name, offset, size,
+    entry size, string table offset and size)."""
+    tables = []
+    for section in elf.iter_sections():
+        if section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+            continue
+        strtab = elf.get_section(section["sh_link"])
+        tables.append(
+            (
+                section.name, section["sh_offset"], section["sh_size"], section["sh_entsize"],
+                strtab["sh_offset"], strtab["sh_size"],
+            )
+        )  # fmt: skip
+    return tables
+
+
+def _gnu_build_id(elf) -> bytes | None:
+    for section in elf.iter_sections():
+        if section["sh_type"] != "SHT_NOTE":
+            continue
+        for note in section.iter_notes():
+            if note["n_type"] == "NT_GNU_BUILD_ID":
+                return bytes.fromhex(note["n_desc"])
+    return None
+
+
+def _detached_debug(build_id: bytes | None) -> str | None:
+    if not build_id:
+        return None
+    hexid = build_id.hex()
+    for d in DEBUG_DIRS:
+        path = os.path.join(d, ".build-id", hexid[:2], hexid[2:] + ".debug")
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def _check_tables(name: str, buf: np.ndarray) -> None:

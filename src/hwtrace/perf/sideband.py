@@ -75,13 +75,16 @@ class Mapping:
         return self.start + self.length
 
 
-def elf_build_id(path: str | os.PathLike[str]) -> bytes | None:
-    """The GNU build id of an ELF file, or None."""
+def elf_build_id(source: str | os.PathLike[str] | bytes) -> bytes | None:
+    """The GNU build id of an ELF file (a path, or its bytes), or None."""
+    import io
+
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
     try:
-        with open(path, "rb") as f:
+        opened = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
+        with opened as f:
             elf = ELFFile(f)
             for section in elf.iter_sections():
                 if section.header.sh_type != "SHT_NOTE":
@@ -122,12 +125,13 @@ class BinaryLocator:
         if build_id:
             hexid = build_id.hex()
             for d in self.buildid_dirs:
-                for name in ("elf", "debug"):
+                for name in ("elf", "debug", "vdso"):
                     candidate = d / ".build-id" / hexid[:2] / hexid[2:] / name
                     if candidate.is_file():
                         return candidate
-                if path.startswith("/"):
-                    candidate = d / path.lstrip("/") / hexid / "elf"
+                if path.startswith("/") or path == "[vdso]":
+                    name = "vdso" if path == "[vdso]" else "elf"
+                    candidate = d / path.lstrip("/") / hexid / name
                     if candidate.is_file():
                         return candidate
         # A root is where the recorded system's files are (perf's --symfs):
@@ -147,6 +151,30 @@ class BinaryLocator:
                 return candidate
         self.problems[path] = f"{path}: binary not found"
         return None
+
+
+def cache_vdso(data: bytes, build_id: bytes, directory: Path | None = None) -> Path:
+    """Keep a process's vDSO in perf's build-id cache, as ``perf record``
+    does (``DIR/[vdso]/<build id>/vdso`` and the ``.build-id/xx/yyyy``
+    link; ``DIR``: ``~/.debug``), so that perf and hwtrace decode the code
+    run there; returns the file."""
+    d = directory if directory is not None else Path.home() / ".debug"
+    hexid = build_id.hex()
+    home = d / "[vdso]" / hexid
+    target = home / "vdso"
+    if not target.is_file():
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = home / f".vdso.{os.getpid()}"
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    link = d / ".build-id" / hexid[:2] / hexid[2:]
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            link.symlink_to(Path("..") / ".." / "[vdso]" / hexid)
+        except FileExistsError:
+            pass
+    return target
 
 
 @dataclass

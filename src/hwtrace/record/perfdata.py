@@ -71,7 +71,8 @@ class _Rec:
 def _mmap_bodies(pid: int, mmaps: list[MmapRecord]) -> list[Mmap2]:
     out = []
     for m in mmaps:
-        if "x" not in m.prot or not m.path.startswith("/"):
+        # Files, and the vDSO (whose bytes go into the build-id cache).
+        if "x" not in m.prot or not (m.path.startswith("/") or m.path == "[vdso]"):
             continue
         prot = sum(v for k, v in _PROT.items() if k in m.prot)
         flags = _MAP_SHARED if m.prot.endswith("s") else _MAP_PRIVATE
@@ -83,11 +84,18 @@ def _mmap_bodies(pid: int, mmaps: list[MmapRecord]) -> list[Mmap2]:
     return out
 
 
-def write_perf_data(rec: SoftwareRecording, path: str | os.PathLike[str]) -> None:
-    """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
+def write_perf_data(
+    rec: SoftwareRecording, path: str | os.PathLike[str], *, buildid_cache: bool = True
+) -> None:
+    """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read;
+    with ``buildid_cache`` the processes' vDSOs go into perf's build-id
+    cache (``~/.debug``), as ``perf record`` puts them there."""
     conv = rec.time_conversion
     steps = rec.steps
     assert steps is not None
+    if buildid_cache:
+        for index in range(len(steps.images)):
+            rec.vdso_file(index)
 
     def ns(clock: int) -> int:
         return int(conv.to_ns(clock)) if clock else 0

@@ -39,13 +39,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import iced_x86 as iced
 import numpy as np
 
 from ..image import Image, ImageError, read_elf
 from ..isa.x86 import IClass, InsnCache
-from ..perf.sideband import TscConversion, elf_build_id
+from ..perf.sideband import TscConversion, cache_vdso, elf_build_id
 from ..pt.config import PtConfig
 from ..pt.encode import EncodedTrace, encode_path
 from .stepper import (
@@ -205,16 +206,36 @@ class SoftwareRecording:
             bias = _load_bias(maps, m.path, elf.min_vaddr)
             if bias is not None:
                 image.add_elf(m.path, elf.min_vaddr + bias)
+        vdso = self.vdso_file(index)
+        for m in mmaps:
+            if m.path == "[vdso]" and vdso is not None:
+                image.add_elf(vdso, m.start)
         return image
+
+    def vdso_file(self, index: int | None = None, directory: Path | None = None) -> Path | None:
+        """Process image ``index``'s vDSO, kept in perf's build-id cache
+        (``directory``, default ``~/.debug``; see
+        :func:`hwtrace.perf.sideband.cache_vdso`), or None without one."""
+        if self.steps is None:
+            return None
+        img = self.steps.images[index if index is not None else 0]
+        bid = elf_build_id(img.vdso) if img.vdso else None
+        if bid is None:
+            return None
+        return cache_vdso(img.vdso, bid, directory)
 
 
 # -- sideband ----------------------------------------------------------------------
 
 
-def _mmaps(maps: list[Mapping], build_ids: dict[str, bytes | None]) -> list[MmapRecord]:
+def _mmaps(
+    maps: list[Mapping], build_ids: dict[str, bytes | None], vdso: bytes = b""
+) -> list[MmapRecord]:
     for path in {m.path for m in maps if m.path.startswith("/") and m.inode}:
         if path not in build_ids:
             build_ids[path] = elf_build_id(path)  # once per file
+    if vdso and "[vdso]" not in build_ids:
+        build_ids["[vdso]"] = elf_build_id(vdso)
     return [
         MmapRecord(
             start=m.start,
@@ -531,7 +552,7 @@ def record_software(
         "kernel": False,
     }
     build_ids: dict[str, bytes | None] = {}
-    image_mmaps = [_mmaps(img.maps, build_ids) for img in steps.images]
+    image_mmaps = [_mmaps(img.maps, build_ids, img.vdso) for img in steps.images]
     first = threads[0]
     main = steps.images[0]
     return SoftwareRecording(

@@ -264,6 +264,7 @@ class ProcessImage:
     code: dict[int, bytes]
     time: int  # stepping clock when it was found
     exit_status: int | None = None
+    vdso: bytes = b""  # the vDSO's bytes (its code runs untraced by no file)
 
 
 @dataclass
@@ -1288,8 +1289,9 @@ class _Recorder:
                 if proc.image is not None:
                     img = proc.image
                     cp.image = ProcessImage(
-                        child, img.comm, img.argv, img.maps, cp.ranges, cp.calls, {}, now
-                    )
+                        child, img.comm, img.argv, img.maps, cp.ranges, cp.calls, {}, now,
+                        vdso=img.vdso,
+                    )  # fmt: skip
                     if follow:
                         self.images.append(cp.image)
                 nt = self.add_thread(child, cp, t.comm)
@@ -1503,6 +1505,11 @@ class _Recorder:
         proc.calls = resolve_functions(pid, maps, self.call_names, missing_ok=missing_ok)
         now = self.now()
         proc.image = ProcessImage(pid, comm, argv, maps, proc.ranges, proc.calls, {}, now)
+        # The vDSO is in no file: its bytes are kept (as perf record keeps
+        # them) so its code can be decoded.
+        for m in maps:
+            if m.path == "[vdso]":
+                proc.image.vdso = proc.space.read(m.start, m.length)
         self.images.append(proc.image)
         self.events.append(TaskEvent(now, kind, pid, pid, comm=comm, image=len(self.images) - 1))
         if missing_ok:
