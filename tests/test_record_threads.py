@@ -286,9 +286,9 @@ def record_cli(monkeypatch, args: list[str], path: Path) -> SoftwareRecording:
     kept = []
     write = perfdata.write_perf_data
 
-    def keep(rec, out):
+    def keep(rec, out, **options):
         kept.append(rec)
-        write(rec, out)
+        write(rec, out, **options)
 
     monkeypatch.setattr(perfdata, "write_perf_data", keep)
     assert hwtrace_main(["record", "-o", str(path), *args]) == 0
@@ -450,4 +450,89 @@ def test_thread_killed_while_stepped(tmp_path, capsys):
     (tr,) = rec.threads
     assert tr.tid != rec.pid and tr.log.segments[-1].end_reason == "exit"
     assert tr.instructions.shape[0] > 500 * 4  # it ran its loop 500 times first
+    check_listings(tmp_path / "perf.data", want, capsys, rec)
+
+
+LIBRARY = r"""
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdlib.h>
+#include <unistd.h>
+#define NOINLINE __attribute__((noinline))
+static pthread_t helper;
+static sem_t go;
+static volatile long lib_sink;
+pid_t ctor_child;  /* the child the constructor forked (0 in that child) */
+
+NOINLINE long lib_work(long n) {
+    long s = 3;
+    for (long i = 0; i < n; i++)
+        s = s * 17 + i;
+    return s;
+}
+static void *helper_main(void *arg) {
+    (void)arg;
+    sem_wait(&go);
+    lib_sink = lib_work(300);
+    return 0;
+}
+/* Like LTTng-UST's: runs before the program's entry, starts a thread
+   (and here also forks a child, which goes on to run the program too). */
+__attribute__((constructor)) static void start_helper(void) {
+    sem_init(&go, 0, 0);
+    if (pthread_create(&helper, 0, helper_main, 0) != 0)
+        abort();
+    ctor_child = fork();
+    if (ctor_child < 0)
+        abort();
+}
+void lib_go(void) {
+    sem_post(&go);
+    pthread_join(helper, 0);
+}
+"""
+
+CTOR_PROGRAM = r"""
+#include <sys/wait.h>
+#include <unistd.h>
+extern pid_t ctor_child;
+void lib_go(void);
+static volatile long sink;
+__attribute__((noinline)) long work(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i ^ (s >> 3);
+    return s;
+}
+int main(void) {
+    sink = work(200);
+    if (ctor_child == 0)
+        return 0;  /* the constructor's child: it reached main too */
+    lib_go();
+    int st;
+    if (waitpid(ctor_child, &st, 0) != ctor_child || !WIFEXITED(st) || WEXITSTATUS(st))
+        return 3;
+    return 0;
+}
+"""
+
+
+def test_threads_and_children_of_library_constructors(tmp_path, capsys):
+    """A library's constructor runs before the program's entry (where the
+    recorder reads the process's mappings) and starts a thread and forks a
+    child there, as LTTng-UST starts its listener threads: the thread is
+    followed and traced in the library's function, the child, let go, runs
+    the program to its end (no breakpoint left in its memory)."""
+    lib = compile_program(LIBRARY, "ctorlib", ("-O1", "-g0", "-shared", "-fPIC", "-pthread"))
+    exe = compile_program(
+        CTOR_PROGRAM, "ctorprog", ("-O1", "-g0", "-pthread", "-Wl,--no-as-needed", str(lib))
+    )
+    rec = record_software([str(exe)], calls=["work", "lib_work"])
+    assert os.WIFEXITED(rec.exit_status) and os.WEXITSTATUS(rec.exit_status) == 0
+    want = stepped(rec)
+    assert sorted(want) == sorted({rec.pid, *(tr.tid for tr in rec.threads)})
+    assert len(want) == 2 and rec.pid in want
+    starts = {c.start: c.name for c in rec.calls}
+    assert {starts[int(ips[0])] for ips in want.values()} == {"work", "lib_work"}
+    assert starts[int(want[rec.pid][0])] == "work"
     check_listings(tmp_path / "perf.data", want, capsys, rec)

@@ -33,7 +33,11 @@ looked up again in the new program); otherwise a forked child gets its
 copy of memory back without breakpoints and is let go, and a vfork child
 (which shares its parent's memory) is watched, untraced, until it execs or
 exits.  ``PTRACE_O_TRACEEXIT`` stops each thread as it exits, with its
-registers, which tell whether its last stepped instruction ran.
+registers, which tell whether its last stepped instruction ran.  A launched
+or exec'd process runs free to its program's entry, where its libraries are
+mapped and its functions are looked up; threads and children its libraries'
+constructors start on the way (LTTng-UST starts its listener threads there)
+are followed like any other.
 
 Signals are passed through.  A signal stop while stepping means the logged
 instruction has not run yet; the signal is delivered with a single step,
@@ -558,6 +562,8 @@ class _Proc:
         self.calls: list[TracedRange] = []
         self.image: ProcessImage | None = None
         self.entry: tuple[int, bytes] | None = None  # running to the program's entry
+        # How its image is set up there: argv, event kind, missing functions allowed.
+        self.entry_setup: tuple[tuple[str, ...] | None, str, bool] = (None, "exec", True)
         self.alive = True
 
     def in_ranges(self, ip: int) -> bool:
@@ -1286,6 +1292,7 @@ class _Recorder:
                         if a in space.armed:
                             space.write(a, b"\xcc")
                 cp.ranges, cp.calls = list(proc.ranges), list(proc.calls)
+                cp.entry, cp.entry_setup = proc.entry, proc.entry_setup
                 if proc.image is not None:
                     img = proc.image
                     cp.image = ProcessImage(
@@ -1307,6 +1314,8 @@ class _Recorder:
                     for a, orig in proc.space.armed.items():
                         if a not in proc.space.lifted:
                             os.pwrite(mem, orig, a)
+                    if proc.entry is not None:  # forked before its parent reached the entry
+                        os.pwrite(mem, proc.entry[1], proc.entry[0])
                 finally:
                     os.close(mem)
                 ghost = self.add_proc(child, None, False)
@@ -1346,21 +1355,31 @@ class _Recorder:
             self.resume_free(nt, 0)
             return
         # Followed: a new image; run it to its program's entry to read it.
-        entry = _auxv_entry(pid)
-        orig = np_.space.read(entry, 1)
-        np_.entry = (entry, orig)
-        np_.space.write(entry, b"\xcc")
-        self.resume_free(nt, 0)
+        self.run_to_entry(np_, nt, None, "exec", missing_ok=True)
+
+    def run_to_entry(
+        self, proc: _Proc, t: _Thread, argv: tuple[str, ...] | None, kind: str, missing_ok: bool
+    ) -> None:
+        """Set a process that is at its exec going to its program's entry,
+        where its libraries are mapped and its image is read.  It runs in the
+        loop like any other: library constructors may start threads (LTTng-UST
+        starts its listeners there), fork or take signals on the way."""
+        entry = _auxv_entry(proc.pid)
+        proc.entry = (entry, proc.space.read(entry, 1))
+        proc.entry_setup = (argv, kind, missing_ok)
+        proc.space.write(entry, b"\xcc")
+        self.resume_free(t, 0)
 
     def reached_entry(self, t: _Thread, regs: np.ndarray) -> None:
-        """A process that exec'd (followed) reached its program's entry."""
+        """A launched or exec'd (followed) process reached its program's entry."""
         proc = t.proc
         entry, orig = proc.entry
         proc.entry = None
         proc.space.write(entry, orig)
         regs[nat.R_RIP] = entry
         self.setregs(t)
-        self.setup_image(proc, argv=None, kind="exec", missing_ok=True)
+        argv, kind, missing_ok = proc.entry_setup
+        self.setup_image(proc, argv, kind, missing_ok)
         t.comm = proc.image.comm
         self.started_free(t)
 
@@ -1686,22 +1705,6 @@ def _launch(argv: Sequence[str], status: np.ndarray) -> int:
     return pid
 
 
-def _run_to_entry(pid: int, argv0: str, mem: int, status: np.ndarray) -> None:
-    """Run a launched process to its program's entry, so its libraries are mapped."""
-    entry = _auxv_entry(pid)
-    orig = os.pread(mem, 1, entry)
-    os.pwrite(mem, b"\xcc", entry)
-    nat.ptrace(nat.PTRACE_CONT, pid, 0, 0)
-    s = _wait(pid, status)
-    if s < 0 or not os.WIFSTOPPED(s) or os.WSTOPSIG(s) != signal.SIGTRAP:
-        raise RecordError(f"{argv0}: did not reach its entry point: {_describe_status(s)}")
-    os.pwrite(mem, orig, entry)
-    regs = np.zeros(nat.N_REGS, np.uint64)
-    nat.ptrace(nat.PTRACE_GETREGS, pid, 0, regs.ctypes.data)
-    regs[nat.R_RIP] = entry
-    nat.ptrace(nat.PTRACE_SETREGS, pid, 0, regs.ctypes.data)
-
-
 def _attach(pid: int, status: np.ndarray) -> list[int]:
     """Attach to every thread of a process (again until no new one shows up);
     each is stopped when this returns.  The threads' tids, the leader first."""
@@ -1811,19 +1814,22 @@ def step_threads(
     pairs: list[tuple[int, int]] = []
     try:
         proc = rec.add_proc(pid, None, True)
-        if launched:
-            _run_to_entry(pid, argv[0], proc.mem, status)
         for tid in tids:
             t = rec.add_thread(tid, proc, "")
             t.new = False
-        rec.setup_image(proc, argv, "start", missing_ok=False)
-        for t in proc.threads:
-            t.comm = _thread_stat(pid, t.tid)[0] or proc.image.comm
-            if t.tid != pid:
-                rec.events.append(TaskEvent(proc.image.time, "comm", pid, t.tid, comm=t.comm))
-        pairs.append(_clock_pair(clock, rec.ts))
-        for t in list(proc.threads):
-            rec.started_free(t)
+        if launched:
+            pairs.append(_clock_pair(clock, rec.ts))
+            proc.threads[0].comm = _comm(pid)
+            rec.run_to_entry(proc, proc.threads[0], argv, "start", missing_ok=False)
+        else:
+            rec.setup_image(proc, argv, "start", missing_ok=False)
+            for t in proc.threads:
+                t.comm = _thread_stat(pid, t.tid)[0] or proc.image.comm
+                if t.tid != pid:
+                    rec.events.append(TaskEvent(proc.image.time, "comm", pid, t.tid, comm=t.comm))
+            pairs.append(_clock_pair(clock, rec.ts))
+            for t in list(proc.threads):
+                rec.started_free(t)
         try:
             rec.run()
             if not launched and rec.live():
