@@ -45,11 +45,7 @@ def path_table(
     out: dict[str, Stats] = {}
     for idx in np.flatnonzero(insn | result.path_calls).tolist():
         path = idx - 1
-        addrs = result.path_addresses(path)
-        parts = [name(a) or f"{a:#x}" for a in addrs] if addrs else ["[unknown]"]
-        if group is not None:
-            parts.insert(0, group(result.group_of(path)))
-        key = ";".join(parts)
+        key = ";".join(result.path_names(path, name, group))
         s = out.setdefault(key, Stats())
         s.calls += int(result.path_calls[idx])
         s.own_insn += int(result.path_insns[idx])

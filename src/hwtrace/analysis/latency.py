@@ -684,12 +684,29 @@ class LatencyResult:
         ``root;caller;callee count`` (FlameGraph's input), each path after
         its group's name (``group(number)``) when given."""
         weight = self.path_insns if by == "insn" else self.path_time
+        return self.weighted_paths(weight, name, group)
+
+    def path_names(
+        self, path: int, name: Callable[[int], str], group: Callable[[int], str] | None = None
+    ) -> list[str]:
+        """A call path's functions, outermost first, by ``name`` (the
+        address where it has none; ``[unknown]`` for an empty path), after
+        its group's name when ``group`` is given."""
+        addrs = self.path_addresses(path)
+        parts = [name(a) or f"{a:#x}" for a in addrs] if addrs else ["[unknown]"]
+        if group is not None:
+            parts.insert(0, group(self.group_of(path)))
+        return parts
+
+    def weighted_paths(
+        self, weight: np.ndarray, name: Callable[[int], str],
+        group: Callable[[int], str] | None = None,
+    ) -> list[str]:  # fmt: skip
+        """``caller;callee weight`` lines, sorted, for the paths whose
+        weight (indexed ``path + 1``) is not zero."""
         lines = []
         for idx in np.flatnonzero(weight).tolist():
-            addrs = self.path_addresses(idx - 1)
-            parts = [name(a) or f"{a:#x}" for a in addrs] if addrs else ["[unknown]"]
-            if group is not None:
-                parts.insert(0, group(self.group_of(idx - 1)))
+            parts = self.path_names(idx - 1, name, group)
             lines.append(f"{';'.join(parts)} {int(weight[idx])}")
         return sorted(lines)
 

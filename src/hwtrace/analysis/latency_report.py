@@ -117,8 +117,9 @@ Namer = Callable[[int], str]
 
 def path_text(result: LatencyResult, path: int, name: Namer) -> str:
     """``outer;inner`` call path where an interval opened ("?" unknown)."""
-    addrs = result.path_addresses(int(path))
-    return ";".join(name(a) or f"{a:#x}" for a in addrs) if addrs else "?"
+    if not result.path_addresses(int(path)):
+        return "?"
+    return ";".join(result.path_names(int(path), name))
 
 
 def to_json(result: LatencyResult, name: Namer, unit: str, kind: int) -> dict:

@@ -147,7 +147,7 @@ def _profile_raw(p: _Parser, a: argparse.Namespace, patterns):
                            longest=max(a.top, 1), calls=a.calls)  # fmt: skip
 
     def name(addr: int) -> str:
-        return image.symbolize(addr, with_module=False)
+        return image.symbolize(addr, with_module=False) or image.locate(addr)
 
     return result, name, "TSC ticks", a.pt
 

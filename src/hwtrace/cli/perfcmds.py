@@ -440,13 +440,7 @@ class _CallPaths:
             Path(a.folded).write_text("".join(line + "\n" for line in lines))
             out.append(("folded stacks", len(lines), a.folded))
         if a.paths:
-            weight = result.inclusive(a.by)
-            lines = []
-            for idx in np.flatnonzero(weight).tolist():
-                addrs = result.path_addresses(idx - 1)
-                parts = [group(result.group_of(idx - 1))] + [name(x) or f"{x:#x}" for x in addrs]
-                lines.append(f"{';'.join(parts)} {int(weight[idx])}")
-            lines.sort()
+            lines = result.weighted_paths(result.inclusive(a.by), name, group)
             Path(a.paths).write_text("".join(line + "\n" for line in lines))
             out.append(("paths", len(lines), a.paths))
         return out

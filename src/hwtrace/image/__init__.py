@@ -311,6 +311,18 @@ class Image:
                         return text
         return self.symbols.symbolize(address, with_module)
 
+    def locate(self, address: int, asid: Asid = ANY) -> str:
+        """``"liblttng-ust.so.1+0x2f2f0"`` (the file's name and the address's
+        offset in it) for an address no symbol covers, ``"[vdso]+0x9f0"``
+        or ``"name+0x10"`` for a section of no file, ``""`` when unmapped:
+        where a stripped library's local function is, as ``backtrace_symbols``
+        and perf's ``[unknown] (dso)`` say it."""
+        section = self.find(address, asid)
+        if section is None:
+            return ""
+        where = os.path.basename(section.filename) if section.filename else section.name
+        return f"{where or '?'}+{address - section.address + section.offset:#x}"
+
     def __repr__(self) -> str:
         label = f"{self.name!r}, " if self.name else ""
         return f"Image({label}{len(self)} sections, {len(self._spaces)} address spaces)"

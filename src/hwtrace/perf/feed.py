@@ -24,6 +24,7 @@ class LatencyFeed:
         self.streams: dict[int, int] = {}
         self.atoms: dict[int, tuple[object, AtomTable]] = {}
         self.tables: list = []
+        self.images: list = []
 
     def _atoms(self, q, image: int) -> AtomTable:
         im = q.images[image]
@@ -32,6 +33,7 @@ class LatencyFeed:
             table = q.symbols(image)
             held = self.atoms[id(im)] = (im, AtomTable(self.profiler.patterns, table))
             self.tables.append(table)
+            self.images.append(im)
         return held[1]
 
     def __call__(self, b: PerfBlocks) -> None:
@@ -55,11 +57,16 @@ class LatencyFeed:
 
     def name(self, addr: int, with_module: bool = False) -> str:
         """A code address's function (``module!function``), from the
-        symbols of the images decoded."""
+        symbols of the images decoded; where none covers it, the file and
+        offset (``module+0x1f0``)."""
         for table in self.tables:
             got = table.symbolize(addr, with_module=with_module)
             if got:
                 return got.split("+", 1)[0]
+        for image in self.images:
+            got = image.locate(addr)
+            if got:
+                return got
         return ""
 
 
