@@ -159,6 +159,14 @@ def test_shared_object_is_relocated_to_its_load_address(built):
     assert image.symbolize(work + 3) == "libprog.so!work+0x3"
     assert image.symbolize(work + 3, with_module=False) == "work+0x3"
     assert image.symbolize(0x10) == ""
+    # Where no symbol is: the file and the offset in it (a segment's bytes
+    # sit at p_offset in the file and p_vaddr + bias in memory).
+    text = next(s for s in segments if s["p_flags"] & 1)
+    address = text["p_vaddr"] + loaded.bias + 4
+    assert image.locate(address) == f"libprog.so+{text['p_offset'] + 4:#x}"
+    assert image.locate(0x10) == ""
+    image.add_section(Section.from_bytes(b"\x90" * 16, 0x1000, name="[vdso]"))
+    assert image.locate(0x1008) == "[vdso]+0x8"
 
 
 @needs_gcc
