@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install the optional Debian oracles (libipt headers, perf) and readers
-# (babeltrace2's Python bindings) when possible.
+# Install the optional Debian oracles (libipt headers, perf, LTTng) and
+# readers (babeltrace2 and its Python bindings) when possible.
 # Failure here is not an error: the tests that need them skip with a reason.
 set -u
 need=()
@@ -8,6 +8,10 @@ need=()
 command -v perf >/dev/null 2>&1 || need+=(linux-perf)
 # babeltrace2's Python bindings: reading CTF traces (hwtrace filter).
 [ -e /usr/lib/python3/dist-packages/bt2 ] || need+=(python3-bt2)
+# LTTng-UST: the filter tiers' peer and the tracer-impact experiment.
+command -v lttng-sessiond >/dev/null 2>&1 || need+=(lttng-tools)
+[ -e /usr/include/lttng/tracepoint.h ] || need+=(liblttng-ust-dev)
+command -v babeltrace2 >/dev/null 2>&1 || need+=(babeltrace2)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "note: not root or no apt-get; skipping optional oracles: ${need[*]}"

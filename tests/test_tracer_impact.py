@@ -1,0 +1,127 @@
+"""The thesis' tracer-impact experiment (Sharma 2017, §5.4.5), real and in
+user space: a program's function hits an LTTng-UST tracepoint; recorded
+with ``hwtrace record`` once with an LTTng session enabled on that
+tracepoint and once without, ``hwtrace diff`` shows the LTTng-UST probe
+paths only in the traced run, and the extra instructions and time per
+call of the function."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from test_record_software import SKIP
+
+REPO = Path(__file__).resolve().parent.parent
+PROVIDER = r"""
+#undef TRACEPOINT_PROVIDER
+#define TRACEPOINT_PROVIDER hwtrace_impact
+#undef TRACEPOINT_INCLUDE
+#define TRACEPOINT_INCLUDE "./impact_tp.h"
+#if !defined(IMPACT_TP_H) || defined(TRACEPOINT_HEADER_MULTI_READ)
+#define IMPACT_TP_H
+#include <lttng/tracepoint.h>
+TRACEPOINT_EVENT(hwtrace_impact, hit,
+    TP_ARGS(long, value),
+    TP_FIELDS(ctf_integer(long, value, value)))
+#endif
+#include <lttng/tracepoint-event.h>
+"""
+PROGRAM = r"""
+#define TRACEPOINT_DEFINE
+#define TRACEPOINT_CREATE_PROBES
+#include "impact_tp.h"
+#define NOINLINE __attribute__((noinline))
+static volatile long sink;
+NOINLINE long handle(long x) {
+    tracepoint(hwtrace_impact, hit, x);
+    sink += x;
+    return x * 7;
+}
+NOINLINE long work(int n) {
+    long s = 0;
+    for (int i = 0; i < n; i++)
+        s += handle(i);
+    return s;
+}
+int main(void) { return (int)(work(6) & 1); }
+"""
+EVENT = "hwtrace_impact:hit"
+
+
+def _bench_lttng():
+    spec = importlib.util.spec_from_file_location("bench_lttng", REPO / "bench" / "bench_lttng.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_lttng"] = module
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return module
+
+
+@pytest.fixture(scope="module")
+def lttng(tmp_path_factory):
+    if SKIP is not None:
+        pytest.skip(str(SKIP))
+    bl = _bench_lttng()
+    missing = bl.lttng_missing()
+    if missing:
+        pytest.skip(f"LTTng-UST is not installed (missing {', '.join(missing)})")
+    d = tmp_path_factory.mktemp("impact")
+    (d / "impact_tp.h").write_text(PROVIDER)
+    (d / "impact.c").write_text(PROGRAM)
+    exe = d / "impact"
+    bl.run([bl.compiler(), "-O2", "-g0", "-I", str(d), "-o", str(exe), str(d / "impact.c"),
+            *bl.LIBS], timeout=120)  # fmt: skip
+    with bl.session_daemon(d / "sessiond.log"):
+        yield bl, exe, d
+
+
+def test_diff_shows_the_tracer_s_paths_and_cost(lttng, tmp_path, capsys, monkeypatch):
+    from hwtrace.cli.main import main
+    from hwtrace.record import record_software
+    from hwtrace.record.perfdata import write_perf_data
+
+    bl, exe, _ = lttng
+    # The tracepoint must be enabled before main: LTTng-UST's constructor
+    # waits for the session daemon that long (3 s by default).
+    monkeypatch.setenv("LTTNG_UST_REGISTER_TIMEOUT", "20000")
+    runs = []
+    for traced in (False, True):
+        session = bl.Session(f"hwtrace-impact-{os.getpid()}", None, tmp_path)
+        if traced:
+            bl.lttng("create", session.name, "--snapshot", "--output", str(tmp_path / "snap"))
+            session.live = True
+            bl.lttng("enable-event", "-u", "-s", session.name, EVENT)
+            bl.lttng("start", session.name)
+        try:
+            rec = record_software([str(exe)], calls=["work"])
+        finally:
+            session.destroy()
+        path = tmp_path / f"{'traced' if traced else 'plain'}.data"
+        write_perf_data(rec, path, buildid_cache=False)
+        runs.append(str(path))
+    out = tmp_path / "diff.json"
+    capsys.readouterr()
+    assert main(["diff", *runs, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    paths = {p["key"]: p for p in data["paths"]}
+    only_b = [k for k, p in paths.items() if p["only_in"] == "b"]
+    assert any("liblttng-ust" in k for k in only_b), only_b
+    assert not any(p["only_in"] == "a" for p in paths.values())
+    handle = next(k for k in paths if k.endswith("!handle") and paths[k]["a"] and paths[k]["b"])
+    a, b = paths[handle]["a"], paths[handle]["b"]
+    assert a["calls"] == b["calls"] == 6
+    extra_insn = (b["insn"] - a["insn"]) / 6
+    extra_time = (b["time"] - a["time"]) / 6
+    assert extra_insn > 100
+    functions = {f["key"]: f for f in data["functions"]}
+    assert any("liblttng-ust" in k and f["only_in"] == "b" for k, f in functions.items())
+    print(f"tracer impact per call of handle: +{extra_insn:.0f} instructions, "
+          f"+{extra_time:.0f} ns (stepping time)")  # fmt: skip
