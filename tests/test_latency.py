@@ -90,7 +90,9 @@ def _setting(seed: int) -> dict:
 
 def _encode(ips, image, end_ip, seed: int, **extra):
     rng = np.random.default_rng(seed + 1)
-    cycles = rng.integers(1, 12, ips.shape[0])
+    # Odd seeds: instructions far apart (stepped code, a stalled core), so
+    # MTC's 8 bits wrap between timing packets.
+    cycles = rng.integers(1, 1 << 17 if seed % 2 else 12, ips.shape[0])
     s = _setting(seed)
     enc = encode_path(ips, image, end_ip=end_ip, cycles=cycles, **s, **extra)
     true = s["tsc"] + np.concatenate([[0], np.cumsum(cycles)])

@@ -608,6 +608,7 @@ def test_monotonic_clock_and_basic_registers(tmp_path):
         registers="basic",
         tsc=True,
         mtc_period=0,
+        ctc_ratio=511,  # an MTC wrap every 130 us: steps take less
         cyc=True,
     )
     assert rec.log.register_names == ("rip", "rsp", "eflags")

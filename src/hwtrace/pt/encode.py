@@ -114,10 +114,11 @@ STAT_NAMES = (
     "mtc",
     "cyc",
     "deferred_tip",
+    "tsc",
 )
 _ST_TNT_BITS, _ST_TIP, _ST_RET_C, _ST_RET_U, _ST_PSB = 0, 1, 2, 3, 4
 _ST_SYNC_OFF, _ST_ASYNC_OFF, _ST_INTR, _ST_ENABLE, _ST_DEPTH = 5, 6, 7, 8, 9
-_ST_OVERFLOW, _ST_MTC, _ST_CYC, _ST_DEFERRED = 10, 11, 12, 13
+_ST_OVERFLOW, _ST_MTC, _ST_CYC, _ST_DEFERRED, _ST_TSC = 10, 11, 12, 13, 14
 
 _PSB = int(Kind.PSB)
 _PSBEND = int(Kind.PSBEND)
@@ -290,7 +291,7 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
     depth = 0  # entries on the call stack (a ring; ``top`` is the next slot)
     top = 0
     if mtc_on:
-        st[_MTC_LAST] = ((tsc0 // ctc_ratio) >> mtc_freq) & 0xFF
+        st[_MTC_LAST] = (tsc0 // ctc_ratio) >> mtc_freq  # in full, to see wraps
     # Where the decoder last took an IP or branch outcome from the trace: it
     # walks the straight-line code after it while an event is pending.
     last_trace = -1
@@ -405,13 +406,22 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
         if ek == EV_DISABLE:
             continue
         if mtc_on:
-            now = (((tsc0 + st[_CYCLES]) // ctc_ratio) >> mtc_freq) & 0xFF
+            now = ((tsc0 + st[_CYCLES]) // ctc_ratio) >> mtc_freq
             if now != st[_MTC_LAST]:
                 # Timing packets leave the TNT buffer alone.
                 _cyc(out, st, stats)
-                _put(out, st, _MTC, _U64(now), 0)
+                if now - st[_MTC_LAST] >= 256:
+                    # A whole MTC wrap or more went by (the hardware sends an
+                    # MTC every period; one here would lose the wraps): the
+                    # time in full, as TSC with its TMA.
+                    tsc = tsc0 + st[_CYCLES]
+                    _put(out, st, _TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+                    _put(out, st, _TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+                    stats[_ST_TSC] += 1
+                else:
+                    _put(out, st, _MTC, _U64(now & 0xFF), 0)
+                    stats[_ST_MTC] += 1
                 st[_MTC_LAST] = now
-                stats[_ST_MTC] += 1
         if psb_period > 0 and st[_BYTES] - st[_PSB_AT] >= psb_period:
             _flush(out, st, su, stats)
             _psb_plus(out, st, su, stats, True, nxt, timing)
