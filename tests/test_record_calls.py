@@ -207,7 +207,7 @@ def test_calls_cut_when_decoded(tmp_path, capsys):
     calling back into the program.  A ``longjmp`` out of a call ends at the
     jump that leaves it, a few instructions after the software recorder's
     cut (where the stack pointer rises, which the trace does not show)."""
-    from hwtrace.perf.calls import note_recorded_calls
+    from hwtrace.perf.calls import note_recording
     from hwtrace.record.perfdata import write_perf_data
 
     exe = build()
@@ -233,7 +233,7 @@ def test_calls_cut_when_decoded(tmp_path, capsys):
 
     # Recorded for the calls on hardware (everything traced, the calls noted
     # beside the perf.data): cut by default; --all shows everything.
-    note_recorded_calls(path, CALLS)
+    note_recording(path, calls=CALLS)
     assert module_offsets(whole, script_ips(["-i", str(path)], capsys)) == got_at
     everything = script_ips(["-i", str(path), "--all"], capsys)
     assert everything.shape[0] == whole.threads[0].instructions.shape[0]

@@ -125,3 +125,57 @@ def test_diff_shows_the_tracer_s_paths_and_cost(lttng, tmp_path, capsys, monkeyp
     assert any("liblttng-ust" in k and f["only_in"] == "b" for k, f in functions.items())
     print(f"tracer impact per call of handle: +{extra_insn:.0f} instructions, "
           f"+{extra_time:.0f} ns (stepping time)")  # fmt: skip
+
+
+def test_events_land_at_their_call_sites(lttng, tmp_path, capsys, monkeypatch):
+    """Correlation: the program recorded by ``hwtrace record`` and by an
+    LTTng-UST session together; ``hwtrace events`` places every tracepoint
+    event (CTF, LTTng's monotonic clock) on the flow (CLOCK_MONOTONIC),
+    within the clock conversion's stated error, inside the call of the
+    probe made at the event's call site (LTTng's ``ip`` context: the
+    return address of that call)."""
+    import numpy as np
+
+    from hwtrace.cli.main import main
+    from hwtrace.record import record_software
+    from hwtrace.record.perfdata import write_perf_data
+
+    bl, exe, _ = lttng
+    monkeypatch.setenv("LTTNG_UST_REGISTER_TIMEOUT", "20000")
+    session = bl.Session(f"hwtrace-events-{os.getpid()}", None, tmp_path)
+    bl.lttng("create", session.name, "--snapshot", "--output", str(tmp_path / "snap"))
+    session.live = True
+    try:
+        bl.lttng("enable-channel", "-u", "-s", session.name, "ch")
+        bl.lttng("add-context", "-u", "-s", session.name, "-c", "ch", "-t", "vtid", "-t", "ip")
+        bl.lttng("enable-event", "-u", "-s", session.name, "-c", "ch", EVENT)
+        bl.lttng("start", session.name)
+        rec = record_software([str(exe)], calls=["work"])
+        bl.lttng("stop", session.name)
+        bl.lttng("snapshot", "record", "-s", session.name, str(tmp_path / "ctf"))
+    finally:
+        session.destroy()
+    data = tmp_path / "perf.data"
+    write_perf_data(rec, data, buildid_cache=False)
+    out = tmp_path / "events.json"
+    capsys.readouterr()
+    assert main(["events", "-i", str(data), str(tmp_path / "ctf"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    got = json.loads(out.read_text())
+    events = got["events"]
+    assert len(events) == 6 and got["clock"] == "CLOCK_MONOTONIC"
+    assert all(e["status"] == "placed" for e in events), text
+    (tr,) = rec.threads
+    ips = tr.instructions.astype(np.int64)
+    assert 0 < events[0]["error"] == rec.clock_error_ns < 1_000_000
+    for e in events:
+        assert e["tid"] == tr.tid and not e["gap"]
+        ret = int(e["context"]["ip"])  # where the probe's call returns to
+        call = max(int(ip) for ip in np.unique(ips) if ret - 15 <= ip < ret)  # the call
+        back = np.flatnonzero(ips == ret)
+        p = int(back[np.searchsorted(back, e["at"])])  # the return after the event
+        c = int(np.flatnonzero(ips[:p] == call)[-1])  # its call
+        assert c < e["first"] <= e["at"] <= e["last"] < p, (e, c, p)
+        assert "clock_gettime" in e["where"]  # where LTTng read its clock
+    print(f"placement error ±{rec.clock_error_ns} ns; windows of "
+          f"{[e['last'] - e['first'] + 1 for e in events]} instructions")  # fmt: skip

@@ -16,6 +16,7 @@ commands:
   latency   time and instructions between marker instructions (delta profiling)
   funclatency  time and instructions of every call of a function
   diff      compare the call paths of two recordings of a program
+  events    place LTTng, perf or ftrace events on the decoded flow
   perf-dump print a perf.data's header and records (like perf report -D)
   filter    keep the recorded events an LTTng filter expression accepts
   filter-compile  compile a filter expression to an object or library for C tracers
@@ -44,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         return _run(argv[0], argv[1:])
+    except BrokenPipeError:
+        # Output cut short (| head): not an error.  stdout goes to /dev/null
+        # so that flushing it at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         # ^C: what the command started is undone by its own finally blocks;
         # no traceback, the shell's status for SIGINT, and no library build.
@@ -76,6 +83,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .diff import main as diff_main
 
         return diff_main(rest)
+    if cmd == "events":
+        from .events import main as events_main
+
+        return events_main(rest)
     if cmd in ("latency", "funclatency"):
         from . import latency
 

@@ -122,9 +122,9 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
     sys.stderr.write("hwtrace record: backend perf (Intel PT hardware)\n")
     status = record_with_perf(settings, a.output, command=command, pid=a.pid)
     if a.call and Path(a.output).exists():
-        from ..perf.calls import note_recorded_calls
+        from ..perf.calls import note_recording
 
-        note_recorded_calls(a.output, a.call)
+        note_recording(a.output, calls=a.call)
     return status
 
 

@@ -96,12 +96,10 @@ class CallFilter:
             )  # fmt: skip
 
 
-def recorded_calls(perf_data: str | os.PathLike[str]) -> list[str]:
-    """The functions whose calls a recording was made for, when it was
-    recorded with ``hwtrace record --call`` on hardware (which traces
-    everything and leaves the cut to decoding): kept beside the perf.data
-    (:func:`note_recorded_calls`) for as long as the file is the one
-    recorded then."""
+def recording_notes(perf_data: str | os.PathLike[str]) -> dict:
+    """What hwtrace noted beside a perf.data it recorded
+    (:func:`note_recording`), for as long as the file is the one recorded
+    then (same size and modification time); empty otherwise."""
     import json
 
     side = sidecar_path(perf_data)
@@ -109,20 +107,42 @@ def recorded_calls(perf_data: str | os.PathLike[str]) -> list[str]:
         meta = json.loads(side.read_text())
         st = os.stat(perf_data)
     except (OSError, ValueError):
-        return []
+        return {}
+    if not isinstance(meta, dict):
+        return {}
     if meta.get("size") != st.st_size or meta.get("mtime_ns") != st.st_mtime_ns:
-        return []  # the perf.data was written again since
-    calls = meta.get("calls")
+        return {}  # the perf.data was written again since
+    return meta
+
+
+def recorded_calls(perf_data: str | os.PathLike[str]) -> list[str]:
+    """The functions whose calls a recording was made for, when it was
+    recorded with ``hwtrace record --call`` on hardware (which traces
+    everything and leaves the cut to decoding)."""
+    calls = recording_notes(perf_data).get("calls")
     return [str(c) for c in calls] if isinstance(calls, list) else []
 
 
-def note_recorded_calls(perf_data: str | os.PathLike[str], calls: Sequence[str]) -> None:
-    """Keep beside a hardware recording the functions its calls are to be
-    cut to (see :func:`recorded_calls`)."""
+def note_recording(
+    perf_data: str | os.PathLike[str],
+    *,
+    calls: Sequence[str] = (),
+    clock: str | None = None,
+    clock_error_ns: int = 0,
+) -> None:
+    """Keep beside a recording what its perf.data cannot say: the functions
+    its calls are to be cut to (hardware ``--call``) and the clock its perf
+    times are on (``CLOCK_MONOTONIC`` for the software backend, with how
+    far off they may be), which places events of other tracers on it."""
     import json
 
     st = os.stat(perf_data)
-    meta = {"calls": list(calls), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    meta: dict = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if calls:
+        meta["calls"] = list(calls)
+    if clock is not None:
+        meta["clock"] = clock
+        meta["clock_error_ns"] = int(clock_error_ns)
     sidecar_path(perf_data).write_text(json.dumps(meta) + "\n")
 
 
@@ -133,4 +153,11 @@ def sidecar_path(perf_data: str | os.PathLike[str]):
     return p.with_name(p.name + ".hwtrace.json")
 
 
-__all__ = ["EXPAND_INSNS", "CallFilter", "note_recorded_calls", "recorded_calls", "sidecar_path"]
+__all__ = [
+    "EXPAND_INSNS",
+    "CallFilter",
+    "note_recording",
+    "recorded_calls",
+    "recording_notes",
+    "sidecar_path",
+]

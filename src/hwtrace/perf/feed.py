@@ -13,6 +13,49 @@ from ..analysis.patterns import AtomTable
 from .trace import PerfBlocks
 
 
+class CodeNames:
+    """Names of code addresses from the symbols of the images a flow's
+    blocks ran in, gathered as the batches go by (:meth:`add`)."""
+
+    def __init__(self) -> None:
+        self.tables: list = []
+        self.images: list = []
+        self._seen: dict[int, tuple[object, object]] = {}
+
+    def add(self, q, image: int):
+        """Gather queue ``q``'s image number ``image``; its symbol table."""
+        im = q.images[image]
+        held = self._seen.get(id(im))
+        if held is None or held[0] is not im:
+            table = q.symbols(image)
+            held = self._seen[id(im)] = (im, table)
+            self.tables.append(table)
+            self.images.append(im)
+        return held[1]
+
+    def _lookup(self, addr: int, with_module: bool) -> tuple[str, bool]:
+        for table in self.tables:
+            got = table.symbolize(addr, with_module=with_module)
+            if got:
+                return got, True
+        for image in self.images:
+            got = image.locate(addr)
+            if got:
+                return got, False
+        return "", False
+
+    def where(self, addr: int, with_module: bool = True) -> str:
+        """``module!function+0x1a`` of a code address; where no symbol
+        covers it, the file and offset (``module+0x1f0``); "" when unknown."""
+        return self._lookup(addr, with_module)[0]
+
+    def name(self, addr: int, with_module: bool = False) -> str:
+        """A code address's function (``module!function``): :meth:`where`
+        without the offset into the function."""
+        got, symbol = self._lookup(addr, with_module)
+        return got.split("+", 1)[0] if symbol else got
+
+
 class LatencyFeed:
     """Call it on each :class:`~hwtrace.perf.trace.PerfBlocks` batch, in
     flow order: a stream per AUX queue, a stretch of blocks of one image at
@@ -23,17 +66,14 @@ class LatencyFeed:
         self.profiler = profiler
         self.streams: dict[int, int] = {}
         self.atoms: dict[int, tuple[object, AtomTable]] = {}
-        self.tables: list = []
-        self.images: list = []
+        self.names = CodeNames()
 
     def _atoms(self, q, image: int) -> AtomTable:
         im = q.images[image]
         held = self.atoms.get(id(im))
         if held is None or held[0] is not im:
-            table = q.symbols(image)
+            table = self.names.add(q, image)
             held = self.atoms[id(im)] = (im, AtomTable(self.profiler.patterns, table))
-            self.tables.append(table)
-            self.images.append(im)
         return held[1]
 
     def __call__(self, b: PerfBlocks) -> None:
@@ -56,18 +96,8 @@ class LatencyFeed:
             )  # fmt: skip
 
     def name(self, addr: int, with_module: bool = False) -> str:
-        """A code address's function (``module!function``), from the
-        symbols of the images decoded; where none covers it, the file and
-        offset (``module+0x1f0``)."""
-        for table in self.tables:
-            got = table.symbolize(addr, with_module=with_module)
-            if got:
-                return got.split("+", 1)[0]
-        for image in self.images:
-            got = image.locate(addr)
-            if got:
-                return got
-        return ""
+        """A code address's function (``module!function``; see :class:`CodeNames`)."""
+        return self.names.name(addr, with_module)
 
 
-__all__ = ["LatencyFeed"]
+__all__ = ["CodeNames", "LatencyFeed"]

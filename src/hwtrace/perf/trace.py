@@ -221,6 +221,15 @@ class PerfFlow:
         return list(getattr(self, "_names", []))
 
 
+def tsc_conversion_of(data: PerfData) -> TscConversion | None:
+    """The TSC to perf time conversion of a perf.data's Intel PT (None:
+    no Intel PT or no TSC)."""
+    pt = data.intel_pt
+    if pt is None or not pt.time_mult:
+        return None
+    return TscConversion(pt.time_shift, pt.time_mult, pt.time_zero)
+
+
 def _setup(
     data: PerfData,
     locator: BinaryLocator | None,
@@ -237,7 +246,7 @@ def _setup(
     if pt is None:
         problems.append(f"{data.path}: no Intel PT AUXTRACE_INFO: nothing to decode")
         return locator, sb, problems, None
-    conv = TscConversion(pt.time_shift, pt.time_mult, pt.time_zero) if pt.time_mult else None
+    conv = tsc_conversion_of(data)
     kernel = kernel if kernel is not None else sb.kernel_image(locator)
     if sb.kernel_mappings and (kernel is None or not len(kernel.image)):
         problems.append(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..perf.calls import note_recording
 from ..perf.features import BuildId, Feature
 from ..perf.records import (
     Body,
@@ -191,3 +192,7 @@ def write_perf_data(
             else:
                 w.add_record(r.body, sample_id=r.sid, misc=r.misc)
         w.finished_round()
+    # perf times here are CLOCK_MONOTONIC (the stepping clock converted
+    # through pairs read with it), which perf.data cannot say: noted beside
+    # it, so events of other tracers can be placed on the flow.
+    note_recording(path, clock="CLOCK_MONOTONIC", clock_error_ns=rec.clock_error_ns)

@@ -182,6 +182,18 @@ class SoftwareRecording:
     calls: list[TracedRange] = field(default_factory=list)
 
     @property
+    def clock_error_ns(self) -> int:
+        """How far the perf times of this recording (CLOCK_MONOTONIC, through
+        ``time_conversion``) may be off: the clock pairs' read windows and
+        the rounding of the conversion's rate over the recording."""
+        if self.steps is None or self.steps.clock == "monotonic":
+            return 0
+        (c0, _), (c1, _) = self.steps.clock_pairs[0], self.steps.clock_pairs[-1]
+        conv = self.time_conversion
+        span = (c1 - c0) * conv.time_mult >> conv.time_shift  # ns the recording lasted
+        return self.steps.clock_error_ns + span // (2 * conv.time_mult) + 1
+
+    @property
     def first_tsc(self) -> int:
         return int(self.log.times[0]) if self.log.times.shape[0] else 0
 

@@ -285,6 +285,10 @@ class StepRecording:
     stopped_because: str = ""
     exit_status: int | None = None  # the launched or attached process's
     notes: list[str] = field(default_factory=list)
+    # How far a stepping-clock time converted to CLOCK_MONOTONIC through
+    # the pairs may be off: half the widest window a pair was read in (the
+    # two clocks taken to run at one rate in between).
+    clock_error_ns: int = 0
 
     @property
     def main(self) -> StepLog:
@@ -1755,11 +1759,13 @@ def _attach(pid: int, status: np.ndarray) -> list[int]:
     return attached
 
 
-def _clock_pair(clock: str, ts: np.ndarray) -> tuple[int, int]:
-    """(stepping clock, CLOCK_MONOTONIC ns) read together."""
+def _clock_pair(clock: str, ts: np.ndarray, windows: list[int]) -> tuple[int, int]:
+    """(stepping clock, CLOCK_MONOTONIC ns) read together; the window's
+    half width goes to ``windows``."""
     a = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     c = int(nat.rdtsc()) if clock == "tsc" else int(nat.monotonic_ns(ts))
     b = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    windows.append((b - a + 1) // 2)
     return c, (a + b) // 2
 
 
@@ -1812,13 +1818,14 @@ def step_threads(
         pid = int(target)
         tids = _attach(pid, status)
     pairs: list[tuple[int, int]] = []
+    windows: list[int] = []
     try:
         proc = rec.add_proc(pid, None, True)
         for tid in tids:
             t = rec.add_thread(tid, proc, "")
             t.new = False
         if launched:
-            pairs.append(_clock_pair(clock, rec.ts))
+            pairs.append(_clock_pair(clock, rec.ts, windows))
             proc.threads[0].comm = _comm(pid)
             rec.run_to_entry(proc, proc.threads[0], argv, "start", missing_ok=False)
         else:
@@ -1827,7 +1834,7 @@ def step_threads(
                 t.comm = _thread_stat(pid, t.tid)[0] or proc.image.comm
                 if t.tid != pid:
                     rec.events.append(TaskEvent(proc.image.time, "comm", pid, t.tid, comm=t.comm))
-            pairs.append(_clock_pair(clock, rec.ts))
+            pairs.append(_clock_pair(clock, rec.ts, windows))
             for t in list(proc.threads):
                 rec.started_free(t)
         try:
@@ -1837,7 +1844,7 @@ def step_threads(
         finally:
             if time.clock_gettime_ns(time.CLOCK_MONOTONIC) - pairs[0][1] < 50_000_000:
                 time.sleep(0.05)  # a baseline long enough to calibrate the TSC
-            pairs.append(_clock_pair(clock, rec.ts))
+            pairs.append(_clock_pair(clock, rec.ts, windows))
     except BaseException:
         if launched:
             rec.kill_all()
@@ -1866,6 +1873,7 @@ def step_threads(
         stopped_because=rec.stopped_because,
         exit_status=rec.exit_statuses.get(pid),
         notes=rec.notes,
+        clock_error_ns=0 if clock == "monotonic" else max(windows),
     )
 
 

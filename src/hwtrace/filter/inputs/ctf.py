@@ -10,6 +10,7 @@ the perf.data and ftrace ones, does Python work per event.
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,11 @@ class CtfSource(EventSource):
             comm: list[int] = []
             comms: list[str] = []
             comm_index: dict[str, int] = {}
+            clock_ns: list[int] = []
+            clock: list[int] = []
+            clocks: list[str] = []
+            clock_index: dict[tuple, int] = {}
+            extra: list[dict[str, Any]] = []
             for msg in it:
                 if type(msg) is not bt2._EventMessageConst:
                     continue
@@ -152,9 +158,21 @@ class CtfSource(EventSource):
                 by_name.setdefault(name, []).append(len(time))
                 values.setdefault(name, []).append(row)
                 try:
-                    time.append(int(msg.default_clock_snapshot.ns_from_origin))
+                    snap = msg.default_clock_snapshot
+                    time.append(int(snap.ns_from_origin))
+                    cc = snap.clock_class
+                    key = (cc.name, cc.frequency, cc.offset.seconds, cc.offset.cycles, cc.uuid)
+                    k = clock_index.get(key)
+                    if k is None:
+                        k = clock_index[key] = len(clocks)
+                        clocks.append(str(cc.name or ""))
+                    clock.append(k)
+                    clock_ns.append(int(snap.value) * 1_000_000_000 // int(cc.frequency))
                 except (bt2.NonexistentClockSnapshot, AttributeError, ValueError):
                     time.append(-1)
+                    clock.append(-1)
+                    clock_ns.append(-1)
+                extra.append(_bt2_extra_context(ev))
                 ctx = _bt2_context(ev)
                 cpu.append(ctx.get("cpu_id", -1))
                 pid.append(ctx.get("vpid", ctx.get("pid", -1)))
@@ -186,6 +204,14 @@ class CtfSource(EventSource):
         )  # fmt: skip
         self.values = values
         self.context_rows = ctx_rows
+        # Each event's time on its own clock (ns from the clock's zero, not
+        # from the origin its metadata offsets it to: LTTng's "monotonic" is
+        # CLOCK_MONOTONIC), that clock's name, and its other context fields
+        # (LTTng's ``ip``, ``vpid``...).
+        self.clock_ns = np.array(clock_ns, np.int64)
+        self.clock = np.array(clock, np.int64)
+        self.clocks = clocks
+        self.extra_contexts = extra
 
 
 def _bt2_context(ev: Any) -> dict[str, Any]:
@@ -201,6 +227,30 @@ def _bt2_context(ev: Any) -> dict[str, Any]:
         if "procname" in f and "procname" not in out:
             out["procname"] = str(f["procname"])
     return out
+
+
+_STANDARD_CONTEXT = {"cpu_id", "vpid", "pid", "vtid", "tid", "procname"}
+
+
+def _bt2_extra_context(ev: Any) -> dict[str, Any]:
+    """An event's context fields other than the ones of :func:`_bt2_context`."""
+    out: dict[str, Any] = {}
+    for f in (ev.common_context_field, ev.specific_context_field):
+        if f is None:
+            continue
+        for key, value in f.items():
+            if key not in _STANDARD_CONTEXT and key not in out:
+                out[key] = _bt2_plain(value)
+    return out
+
+
+def _bt2_plain(value: Any) -> Any:
+    """A bt2 field value as a plain Python value."""
+    if isinstance(value, numbers.Integral):  # bt2's integer and bool fields are
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
 
 
 def _bt2_message(e: Any) -> str:

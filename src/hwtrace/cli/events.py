@@ -1,0 +1,130 @@
+"""``hwtrace events``: software events (LTTng-UST, perf tracepoints, ftrace)
+placed on a perf.data's decoded flow (:mod:`hwtrace.analysis.swevents`):
+for each event, the instruction its thread was running when it was taken."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from .perfcmds import _common, _open, _Parser
+
+
+def add_event_options(p: argparse.ArgumentParser) -> None:
+    """Options that say how events' times relate to the flow's clock."""
+    p.add_argument("--events-clock", metavar="CLOCK",
+                   help="the clock the events were taken with when the input does not say it "
+                   "(monotonic, perf, tsc; ftrace: tsc, its x86-tsc trace_clock)")  # fmt: skip
+    p.add_argument("--clock-offset", type=int, metavar="NS",
+                   help="add this many ns to the events' times (a measured offset between "
+                   "their clock and the flow's)")  # fmt: skip
+
+
+def open_events(prog: str, path: str, opened, a: argparse.Namespace):
+    """The events at ``path`` on ``opened``'s flow clock (None: a message
+    was written)."""
+    from ..analysis.swevents import EventsError, flow_clock, load_events
+    from ..perf.trace import tsc_conversion_of
+
+    clock = flow_clock(a.input, tsc_conversion_of(opened.data))
+    try:
+        events = load_events(path, clock, events_clock=a.events_clock,
+                             offset_ns=a.clock_offset)  # fmt: skip
+    except EventsError as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return None
+    for note in events.notes:
+        sys.stderr.write(f"{prog}: note: {note}\n")
+    return events
+
+
+def place(opened, events, prog: str):
+    """Decode ``opened``'s flow and place ``events`` on it: the placement,
+    the code names gathered and the decoded stream."""
+    from ..analysis.swevents import EventPlacer
+    from ..perf.feed import CodeNames
+
+    placer = EventPlacer(events)
+    names = CodeNames()
+
+    def feed(b) -> None:
+        if len(b):
+            for image in np.unique(b.image).tolist():
+                names.add(b.queue, int(image))
+        placer(b)
+
+    flow = opened.decode(feed, prog)
+    for problem in flow.problems:
+        sys.stderr.write(f"{prog}: warning: {problem}\n")
+    return placer.finish(), names, flow
+
+
+def main(argv: Sequence[str]) -> int:
+    from ..analysis.swevents import PLACED, STATUS_TEXT
+
+    p = _Parser(
+        prog="hwtrace events",
+        description="Place software events (an LTTng CTF trace, a perf.data with tracepoint "
+        "samples, ftrace trace_pipe_raw copies) on a perf.data's decoded Intel PT: the "
+        "instruction each event's thread was running when it was taken.",
+    )
+    _common(p)
+    p.add_argument("events", help="the events: a CTF trace directory, a perf.data, ftrace copies")
+    add_event_options(p)
+    p.add_argument("--event", action="append", default=[], metavar="PATTERN",
+                   help="only events whose name matches (shell wildcards; repeatable)")  # fmt: skip
+    p.add_argument("--json", metavar="FILE", help="also write every event's placement as JSON")
+    a = p.parse_args(list(argv))
+    opened = _open(p.prog, a)
+    if opened is None:
+        return 1
+    events = open_events(p.prog, a.events, opened, a)
+    if events is None:
+        return 1
+    placement, names, _ = place(opened, events, p.prog)
+    keep = np.ones(len(events), bool)
+    if a.event:
+        keep[:] = False
+        for pattern in a.event:
+            keep |= events.matching(pattern)
+    out = sys.stdout
+    err = int(events.error.max()) if len(events) else 0
+    counts = {k: int((placement.status[keep] == s).sum()) for s, k in STATUS_TEXT.items()}
+    out.write(
+        f"# {int(keep.sum())} events of {events.path} ({events.kind}, clock {events.clock}, "
+        f"±{err} ns on the flow's): "
+        + (", ".join(f"{v} {k}" for k, v in counts.items() if v) or "none listed")
+        + "\n"
+    )
+    rows = []
+    for i in np.flatnonzero(keep).tolist():
+        s = int(placement.status[i])
+        if s == PLACED:
+            ip = int(placement.ip[i])
+            where = names.where(ip) or f"{ip:#x}"
+            first, at, last = (int(x[i]) for x in (placement.first, placement.at, placement.last))
+            tail = f"at {where} ({ip:#x}), insn {at} of thread, {first}-{last}"
+            if placement.gap[i]:
+                tail += ", across a gap"
+        else:
+            tail = STATUS_TEXT[s]
+        out.write(f"{events.text[i]}\n    {tail}\n")
+        if a.json:
+            rows.append({
+                "event": events.names[int(events.name[i])], "time": int(events.time[i]),
+                "error": int(events.error[i]), "tid": int(events.tid[i]),
+                "cpu": int(events.cpu[i]), "status": STATUS_TEXT[s],
+                "first": int(placement.first[i]), "at": int(placement.at[i]),
+                "last": int(placement.last[i]), "ip": int(placement.ip[i]),
+                "where": names.where(int(placement.ip[i])) if s == PLACED else "",
+                "gap": bool(placement.gap[i]), "context": events.context[i],
+                "text": events.text[i],
+            })  # fmt: skip
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"events": rows, "counts": counts, "clock": events.clock}, f, indent=1)
+    return 0
