@@ -179,3 +179,107 @@ def test_events_land_at_their_call_sites(lttng, tmp_path, capsys, monkeypatch):
         assert "clock_gettime" in e["where"]  # where LTTng read its clock
     print(f"placement error ±{rec.clock_error_ns} ns; windows of "
           f"{[e['last'] - e['first'] + 1 for e in events]} instructions")  # fmt: skip
+
+
+WINDOW_PROVIDER = r"""
+#undef TRACEPOINT_PROVIDER
+#define TRACEPOINT_PROVIDER hwtrace_window
+#undef TRACEPOINT_INCLUDE
+#define TRACEPOINT_INCLUDE "./window_tp.h"
+#if !defined(WINDOW_TP_H) || defined(TRACEPOINT_HEADER_MULTI_READ)
+#define WINDOW_TP_H
+#include <lttng/tracepoint.h>
+TRACEPOINT_EVENT(hwtrace_window, begin, TP_ARGS(int, i), TP_FIELDS(ctf_integer(int, i, i)))
+TRACEPOINT_EVENT(hwtrace_window, end, TP_ARGS(int, i), TP_FIELDS(ctf_integer(int, i, i)))
+#endif
+#include <lttng/tracepoint-event.h>
+"""
+WINDOW_PROGRAM = r"""
+#define TRACEPOINT_DEFINE
+#define TRACEPOINT_CREATE_PROBES
+#include "window_tp.h"
+#define NOINLINE __attribute__((noinline))
+NOINLINE long inner(long x) {
+    long s = 0;
+    for (long i = 0; i < 3 * x + 1; i++)
+        s += i ^ x;
+    return s;
+}
+NOINLINE long work(int n) {
+    long s = 0;
+    for (int i = 0; i < n; i++) {
+        if (i % 2) {  /* odd i: inside a window */
+            tracepoint(hwtrace_window, begin, i);
+            s += inner(i);
+            tracepoint(hwtrace_window, end, i);
+        } else {
+            s += inner(i);
+        }
+    }
+    return s;
+}
+int main(void) { return (int)(work(6) & 1); }
+"""
+
+
+def test_windows_of_event_pairs_bound_the_analysis(lttng, tmp_path, capsys, monkeypatch):
+    """``--window begin,end``: funclatency (and report) see only what each
+    thread ran between its ``begin`` and ``end`` LTTng-UST events, exactly
+    the calls made inside them; an unpaired window event is counted."""
+    from hwtrace.cli.main import main
+    from hwtrace.record import record_software
+    from hwtrace.record.perfdata import write_perf_data
+
+    bl, _, d = lttng
+    (d / "window_tp.h").write_text(WINDOW_PROVIDER)
+    (d / "window.c").write_text(WINDOW_PROGRAM)
+    exe = d / "window"
+    bl.run([bl.compiler(), "-O1", "-g0", "-I", str(d), "-o", str(exe), str(d / "window.c"),
+            *bl.LIBS], timeout=120)  # fmt: skip
+    monkeypatch.setenv("LTTNG_UST_REGISTER_TIMEOUT", "20000")
+    session = bl.Session(f"hwtrace-window-{os.getpid()}", None, tmp_path)
+    bl.lttng("create", session.name, "--snapshot", "--output", str(tmp_path / "snap"))
+    session.live = True
+    try:
+        bl.lttng("enable-channel", "-u", "-s", session.name, "ch")
+        bl.lttng("add-context", "-u", "-s", session.name, "-c", "ch", "-t", "vtid")
+        bl.lttng("enable-event", "-u", "-s", session.name, "-c", "ch", "hwtrace_window:*")
+        bl.lttng("start", session.name)
+        rec = record_software([str(exe)], calls=["work"])
+        bl.lttng("stop", session.name)
+        bl.lttng("snapshot", "record", "-s", session.name, str(tmp_path / "ctf"))
+    finally:
+        session.destroy()
+    data = tmp_path / "perf.data"
+    write_perf_data(rec, data, buildid_cache=False)
+
+    def calls(*extra):
+        out = tmp_path / "f.json"
+        assert main(["funclatency", "inner", "-i", str(data), "--all-intervals",
+                     "--json", str(out), *extra]) == 0  # fmt: skip
+        got = json.loads(out.read_text())
+        return sorted(iv["t_open"] for iv in got["intervals"]), got
+
+    capsys.readouterr()
+    every, _ = calls()
+    assert len(every) == 6
+    inside, got = calls("--events", str(tmp_path / "ctf"), "--window", "begin,end")
+    err = capsys.readouterr().err
+    assert "3 windows from begin to end in 1 threads" in err, err
+    # The calls of odd i, and those only, with the same counts.
+    assert inside == [every[1], every[3], every[5]]
+    _, plain = calls()
+    dic = {iv["t_open"]: iv["dic"] for iv in plain["intervals"]}
+    assert [iv["dic"] for iv in sorted(got["intervals"], key=lambda x: x["t_open"])] == [
+        dic[t] for t in inside
+    ]
+    # A pair of patterns matching nothing, or unpaired: said, no traceback.
+    capsys.readouterr()
+    assert main(["funclatency", "inner", "-i", str(data), "--events", str(tmp_path / "ctf"),
+                 "--window", "begin,nothing"]) == 1  # fmt: skip
+    assert "no event matches 'nothing'" in capsys.readouterr().err
+    assert main(["report", "-i", str(data), "--events", str(tmp_path / "ctf"),
+                 "--window", "end,begin"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "2 windows from end to begin" in err and "1 end with no begin" in err, err
+    assert "1 begin with no end" in err, err

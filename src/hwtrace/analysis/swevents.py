@@ -395,6 +395,111 @@ class EventPlacer:
         return Placement(status, first, at, last, ip, gap)
 
 
+# -- windows ---------------------------------------------------------------------
+
+
+@dataclass
+class Windows:
+    """Time windows per thread bounded by pairs of events: ``starts`` and
+    ``ends`` (ns, flow clock) sorted per tid; the events that paired with
+    none (``unpaired_open``, ``unpaired_close``) and those without a thread
+    or time (``unplaceable``)."""
+
+    by_tid: dict[int, tuple[np.ndarray, np.ndarray]]
+    unpaired_open: int = 0
+    unpaired_close: int = 0
+    unplaceable: int = 0
+
+    def __len__(self) -> int:
+        return sum(s.shape[0] for s, _ in self.by_tid.values())
+
+
+def event_windows(events: SoftwareEvents, open_pattern: str, close_pattern: str) -> Windows:
+    """Windows from each thread's ``open_pattern`` event to its next
+    ``close_pattern`` event (a thread's ``sys_enter``/``sys_exit``, two
+    user tracepoints).  An open while one is open replaces it (the earlier
+    counts as unpaired), a close with none open is unpaired, as is an open
+    never closed."""
+    opens, closes = events.matching(open_pattern), events.matching(close_pattern)
+    if not opens.any():
+        raise EventsError(f"{events.path}: no event matches {open_pattern!r}")
+    if not closes.any():
+        raise EventsError(f"{events.path}: no event matches {close_pattern!r}")
+    both = opens & closes
+    if both.any():
+        raise EventsError(f"{open_pattern!r} and {close_pattern!r} both match "
+                          f"{events.names[int(events.name[np.flatnonzero(both)[0]])]}")  # fmt: skip
+    ok = (events.time >= 0) & (events.tid >= 0)
+    out = Windows({}, unplaceable=int(((opens | closes) & ~ok).sum()))
+    sel = np.flatnonzero((opens | closes) & ok)
+    order = sel[np.lexsort((events.time[sel], events.tid[sel]))]
+    tids = events.tid[order]
+    is_open = opens[order]
+    times = events.time[order]
+    # Per thread, an open pairs with a close right after it; everything
+    # else is unpaired.
+    same = np.concatenate((tids[1:] == tids[:-1], [False]))
+    pair = is_open & np.concatenate((~is_open[1:], [False])) & same
+    ends_taken = np.concatenate(([False], pair[:-1]))
+    out.unpaired_open = int((is_open & ~pair).sum())
+    out.unpaired_close = int((~is_open & ~ends_taken).sum())
+    at = np.flatnonzero(pair)
+    for tid in np.unique(tids[at]).tolist():
+        mine = at[tids[at] == tid]
+        out.by_tid[int(tid)] = (times[mine], times[mine + 1])
+    return out
+
+
+class WindowGate:
+    """Pass on to ``on_blocks`` only the blocks that started inside a window
+    of their thread; a block after a cut is marked as after a gap, so that
+    no interval or call spans two windows.  ``kept`` and ``dropped``
+    count instructions."""
+
+    def __init__(self, windows: Windows, on_blocks) -> None:
+        self.windows = windows
+        self.on_blocks = on_blocks
+        self.last: dict[tuple[int, int], int] = {}  # (queue, tid): window of the last block
+        self.kept = 0
+        self.dropped = 0
+
+    def __call__(self, b) -> None:
+        n = len(b)
+        if not n:
+            return
+        win = np.full(n, -1, np.int64)
+        for tid in np.unique(b.tid).tolist():
+            got = self.windows.by_tid.get(int(tid))
+            if got is None:
+                continue
+            starts, ends = got
+            sel = np.flatnonzero(b.tid == tid)
+            ns = b.ns[sel].astype(np.int64)
+            k = np.searchsorted(starts, ns, side="right") - 1
+            inside = (k >= 0) & (ns >= 0) & (ns <= ends[np.maximum(k, 0)])
+            win[sel] = np.where(inside, k, -1)
+        keep = win >= 0
+        insns = b.ninsn.astype(np.int64)
+        self.kept += int(insns[keep].sum())
+        self.dropped += int(insns[~keep].sum())
+        if not keep.any():
+            for tid in np.unique(b.tid).tolist():
+                self.last[(b.queue.index, int(tid))] = -1
+            return
+        # A kept block follows a cut where its thread's previous block in
+        # the queue was in no window or in another one.
+        before = np.full(n, -1, np.int64)
+        for tid in np.unique(b.tid).tolist():
+            sel = np.flatnonzero(b.tid == tid)
+            key = (b.queue.index, int(tid))
+            prev = np.concatenate(([self.last.get(key, -1)], win[sel][:-1]))
+            before[sel] = prev
+            self.last[key] = int(win[sel][-1])
+        cut = keep & (before != win)
+        idx = np.flatnonzero(keep)
+        self.on_blocks(b.take(idx, b.gap[idx].astype(bool) | cut[idx]))
+
+
 __all__ = [
     "AFTER",
     "BEFORE",
@@ -410,7 +515,10 @@ __all__ = [
     "FlowClock",
     "Placement",
     "SoftwareEvents",
+    "WindowGate",
+    "Windows",
     "clock_name",
+    "event_windows",
     "flow_clock",
     "load_events",
 ]

@@ -24,6 +24,53 @@ def add_event_options(p: argparse.ArgumentParser) -> None:
                    "their clock and the flow's)")  # fmt: skip
 
 
+def add_window_options(p: argparse.ArgumentParser) -> None:
+    """``--events PATH --window OPEN,CLOSE``: analyse only inside windows
+    bounded by software events."""
+    g = p.add_argument_group("windows bounded by software events")
+    g.add_argument("--events", metavar="PATH",
+                   help="software events (a CTF trace, a perf.data, ftrace copies) for --window")  # fmt: skip
+    g.add_argument("--window", metavar="OPEN,CLOSE",
+                   help="only what each thread ran from an OPEN event to its next CLOSE event "
+                   "(event names, shell wildcards)")  # fmt: skip
+    add_event_options(g)
+
+
+def window_gate(prog: str, opened, a: argparse.Namespace, on_blocks):
+    """``on_blocks`` behind the windows ``--events``/``--window`` ask for
+    (itself without them; None: a message was written)."""
+    from ..analysis.swevents import EventsError, WindowGate, event_windows
+
+    if not a.window and not a.events:
+        return on_blocks
+    if not (a.window and a.events):
+        sys.stderr.write(f"{prog}: --window and --events go together\n")
+        return None
+    ends = [x.strip() for x in a.window.split(",")]
+    if len(ends) != 2 or not all(ends):
+        sys.stderr.write(f"{prog}: --window {a.window}: expected OPEN,CLOSE (two event names)\n")
+        return None
+    events = open_events(prog, a.events, opened, a)
+    if events is None:
+        return None
+    try:
+        windows = event_windows(events, *ends)
+    except EventsError as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return None
+    problems = [(windows.unpaired_open, f"{ends[0]} with no {ends[1]} after it"),
+                (windows.unpaired_close, f"{ends[1]} with no {ends[0]} before it"),
+                (windows.unplaceable, "events without a thread or a time")]  # fmt: skip
+    said = ", ".join(f"{n} {what}" for n, what in problems if n)
+    sys.stderr.write(f"{prog}: {len(windows)} windows from {ends[0]} to {ends[1]} in "
+                     f"{len(windows.by_tid)} threads" + (f" (unpaired: {said})" if said else "")
+                     + "\n")  # fmt: skip
+    if not len(windows):
+        sys.stderr.write(f"{prog}: no window: nothing to analyse\n")
+        return None
+    return WindowGate(windows, on_blocks)
+
+
 def open_events(prog: str, path: str, opened, a: argparse.Namespace):
     """The events at ``path`` on ``opened``'s flow clock (None: a message
     was written)."""

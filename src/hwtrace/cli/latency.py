@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .events import add_window_options, window_gate
 from .perfcmds import _common, _open, _Parser
 
 
@@ -26,6 +27,7 @@ def _input_options(p: argparse.ArgumentParser) -> None:
                          help="as for hwtrace ptxed")  # fmt: skip
     p.add_argument("--top", type=int, default=10, metavar="N", help="longest intervals listed")
     p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
+    add_window_options(p)
     p.add_argument("--all-intervals", action="store_true",
                    help="keep every interval (for --json and exact medians; memory grows "
                    "with their number), not only the longest")  # fmt: skip
@@ -101,6 +103,9 @@ def _run(p: _Parser, a: argparse.Namespace, patterns, what: str) -> int:
     from ..analysis.latency_report import render, to_json
 
     if a.pt:
+        if a.window or a.events:
+            sys.stderr.write(f"{p.prog}: --window needs a perf.data (its threads and clock)\n")
+            return 1
         got = _profile_raw(p, a, patterns)
     else:
         got = _profile_perf(p, a, patterns)
@@ -162,9 +167,15 @@ def _profile_perf(p: _Parser, a: argparse.Namespace, patterns):
     profiler = LatencyProfiler(patterns, keep=a.all_intervals, longest=max(a.top, 1),
                                calls=a.calls)  # fmt: skip
     feed = LatencyFeed(profiler)
-    flow = opened.decode(feed, p.prog)
+    gate = window_gate(p.prog, opened, a, feed)
+    if gate is None:
+        return None
+    flow = opened.decode(gate, p.prog)
     for problem in flow.problems:
         sys.stderr.write(f"{p.prog}: warning: {problem}\n")
+    if gate is not feed:
+        total = gate.kept + gate.dropped
+        sys.stderr.write(f"{p.prog}: {gate.kept:,} of {total:,} instructions inside the windows\n")
     return profiler.result(), feed.name, "ns", str(opened.data.path)
 
 

@@ -315,6 +315,9 @@ def report_main(argv: Sequence[str]) -> int:
                    help="weigh call paths by instructions or by time (ns)")  # fmt: skip
     p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
                    help="the root of each call path: the command, thread, process or CPU")  # fmt: skip
+    from .events import add_window_options, window_gate
+
+    add_window_options(p)
     a = p.parse_args(list(argv))
     opened = _open(p.prog, a)
     if opened is None:
@@ -340,7 +343,10 @@ def report_main(argv: Sequence[str]) -> int:
         if paths is not None:
             paths.feed(b)
 
-    flow = opened.decode(on_blocks, p.prog)
+    gate = window_gate(p.prog, opened, a, on_blocks)
+    if gate is None:
+        return 1
+    flow = opened.decode(gate, p.prog)
     data = opened.data
 
     def comm(tid: int) -> str:

@@ -524,6 +524,14 @@ class PerfBlocks:
             )
             lo = hi
 
+    def take(self, which: np.ndarray, gap: np.ndarray | None = None) -> PerfBlocks:
+        """The blocks ``which`` selects (indices or a mask), with ``gap``
+        instead of their own gap flags when given."""
+        cols = [getattr(self, c)[which] for c in _COLUMNS]
+        if gap is not None:
+            cols[-1] = gap.astype(self.gap.dtype)
+        return PerfBlocks(self.queue, *cols, row=self.row)
+
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
         uniq = np.unique(self.image)
