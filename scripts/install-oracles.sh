@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the optional Debian oracles (libipt headers, perf, LTTng) and
-# readers (babeltrace2 and its Python bindings) when possible.
+# readers (babeltrace2 and its Python bindings) and a browser when possible.
 # Failure here is not an error: the tests that need them skip with a reason.
 set -u
 need=()
@@ -12,6 +12,8 @@ command -v perf >/dev/null 2>&1 || need+=(linux-perf)
 command -v lttng-sessiond >/dev/null 2>&1 || need+=(lttng-tools)
 [ -e /usr/include/lttng/tracepoint.h ] || need+=(liblttng-ust-dev)
 command -v babeltrace2 >/dev/null 2>&1 || need+=(babeltrace2)
+# Headless Chromium: the HTML views are checked in a real browser.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "note: not root or no apt-get; skipping optional oracles: ${need[*]}"

@@ -109,8 +109,11 @@ def test_diff_shows_the_tracer_s_paths_and_cost(lttng, tmp_path, capsys, monkeyp
         runs.append(str(path))
     out = tmp_path / "diff.json"
     capsys.readouterr()
-    assert main(["diff", *runs, "--json", str(out)]) == 0
+    view = tmp_path / "diff.html"
+    assert main(["diff", *runs, "--json", str(out), "--html", str(view)]) == 0
     data = json.loads(out.read_text())
+    page = view.read_text()
+    assert '"view":"diff"' in page and "liblttng-ust" in page
     paths = {p["key"]: p for p in data["paths"]}
     only_b = [k for k, p in paths.items() if p["only_in"] == "b"]
     assert any("liblttng-ust" in k for k in only_b), only_b
@@ -268,7 +271,10 @@ def test_windows_of_event_pairs_bound_the_analysis(lttng, tmp_path, capsys, monk
     assert "3 windows from begin to end in 1 threads" in err, err
     # The calls of odd i, and those only, with the same counts.
     assert inside == [every[1], every[3], every[5]]
-    _, plain = calls()
+    _, plain = calls("--html", str(tmp_path / "f.html"))
+    assert '"view":"latency"' in (tmp_path / "f.html").read_text()
+    assert main(["report", "-i", str(data), "--html", str(tmp_path / "r.html")]) == 0
+    assert "inner" in (tmp_path / "r.html").read_text()
     dic = {iv["t_open"]: iv["dic"] for iv in plain["intervals"]}
     assert [iv["dic"] for iv in sorted(got["intervals"], key=lambda x: x["t_open"])] == [
         dic[t] for t in inside

@@ -29,6 +29,7 @@ class Stats:
     own_insn: int = 0  # executed in the path itself
     insn: int = 0  # in the path and every path below it
     time: int = 0  # likewise, in the run's time unit
+    own_time: int = 0  # in the path itself, in the run's time unit
 
     def per_call(self, what: str) -> float:
         return getattr(self, what) / self.calls if self.calls else float(getattr(self, what))
@@ -49,6 +50,7 @@ def path_table(
         s = out.setdefault(key, Stats())
         s.calls += int(result.path_calls[idx])
         s.own_insn += int(result.path_insns[idx])
+        s.own_time += int(result.path_time[idx])
         s.insn += int(insn[idx])
         s.time += int(time[idx])
     return out

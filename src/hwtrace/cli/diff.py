@@ -34,6 +34,8 @@ def main(argv: Sequence[str]) -> int:
                    help="the root of each call path (comm: runs with other thread ids compare)")  # fmt: skip
     p.add_argument("--top", type=int, default=20, metavar="N", help="rows listed per table")
     p.add_argument("--json", metavar="FILE", help="also write every path and function as JSON")
+    p.add_argument("--html", metavar="FILE",
+                   help="write a self-contained HTML differential flame graph and sunburst")  # fmt: skip
     p.add_argument("--folded-diff", metavar="FILE",
                    help="write 'stack countA countB' lines (a differential flame graph's input)")  # fmt: skip
     a = p.parse_args(list(argv))
@@ -84,10 +86,19 @@ def main(argv: Sequence[str]) -> int:
                 "functions": rows(diff_functions(ta, tb, a.by))}  # fmt: skip
         Path(a.json).write_text(json.dumps(data, indent=1) + "\n")
         console.print(f"written to {a.json}")
+    own = "own_insn" if a.by == "insn" else "own_time"
     if a.folded_diff:
-        lines = folded_diff(ta, tb, "own_insn" if a.by == "insn" else "time")
+        lines = folded_diff(ta, tb, own)
         Path(a.folded_diff).write_text("".join(line + "\n" for line in lines))
         console.print(f"{len(lines)} lines written to {a.folded_diff}")
+    if a.html:
+        from ..export.html import diff_page, write_page
+
+        rows = [(key.split(";"), getattr(ta[key], own) if key in ta else 0,
+                 getattr(tb[key], own) if key in tb else 0) for key in sorted(set(ta) | set(tb))]  # fmt: skip
+        write_page(a.html, diff_page(rows, unit, f"hwtrace diff: {Path(a.a).name} → {Path(a.b).name}",
+                                     f"call paths by {unit}; A {a.a}, B {a.b}"))  # fmt: skip
+        console.print(f"written to {a.html}")
     return 0
 
 

@@ -27,6 +27,8 @@ def _input_options(p: argparse.ArgumentParser) -> None:
                          help="as for hwtrace ptxed")  # fmt: skip
     p.add_argument("--top", type=int, default=10, metavar="N", help="longest intervals listed")
     p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
+    p.add_argument("--html", metavar="FILE",
+                   help="also write a self-contained HTML view (histograms, longest intervals)")  # fmt: skip
     add_window_options(p)
     p.add_argument("--all-intervals", action="store_true",
                    help="keep every interval (for --json and exact medians; memory grows "
@@ -119,10 +121,19 @@ def _run(p: _Parser, a: argparse.Namespace, patterns, what: str) -> int:
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     key_label = "cpu" if patterns.per == "cpu" else "tid"
     render(result, name, unit, kind, a.top, key_label, title, console)
-    if a.json:
+    if a.json or a.html:
         data = to_json(result, name, unit, kind)
+    if a.json:
         Path(a.json).write_text(json.dumps(data, indent=1) + "\n")
         console.print(f"written to {a.json}")
+    if a.html:
+        from ..export.html import latency_page, write_page
+
+        heading = f"hwtrace {what}: {title}"
+        sub = (f"{result.instructions:,} instructions; "
+               + ("every interval kept" if result.every_interval else "longest intervals kept"))  # fmt: skip
+        write_page(a.html, latency_page(data, heading, sub, key_label))
+        console.print(f"written to {a.html}")
     return 0
 
 

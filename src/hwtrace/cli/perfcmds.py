@@ -311,6 +311,8 @@ def report_main(argv: Sequence[str]) -> int:
                    help="write the call-path profile as folded stacks (flame graphs)")  # fmt: skip
     p.add_argument("--paths", metavar="FILE",
                    help="write every call path with the weight along it and below it")  # fmt: skip
+    p.add_argument("--html", metavar="FILE",
+                   help="write the call paths as a self-contained HTML flame graph and sunburst")  # fmt: skip
     p.add_argument("--by", choices=("insn", "time"), default="insn",
                    help="weigh call paths by instructions or by time (ns)")  # fmt: skip
     p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
@@ -329,7 +331,7 @@ def report_main(argv: Sequence[str]) -> int:
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
-    paths = _CallPaths(opened, a) if a.folded or a.paths else None
+    paths = _CallPaths(opened, a) if a.folded or a.paths or a.html else None
 
     def on_blocks(b: PerfBlocks) -> None:
         q = b.queue
@@ -449,6 +451,16 @@ class _CallPaths:
             lines = result.weighted_paths(result.inclusive(a.by), name, group)
             Path(a.paths).write_text("".join(line + "\n" for line in lines))
             out.append(("paths", len(lines), a.paths))
+        if getattr(a, "html", None):
+            from ..export.html import callpath_page, write_page
+
+            weight = result.path_insns if a.by == "insn" else result.path_time
+            rows = [(result.path_names(i - 1, name, group), int(weight[i]))
+                    for i in np.flatnonzero(weight).tolist()]  # fmt: skip
+            unit = "instructions" if a.by == "insn" else "ns"
+            write_page(a.html, callpath_page(rows, unit, f"hwtrace report: {a.input}",
+                                             f"call paths by {unit}, rooted per {a.group}"))  # fmt: skip
+            out.append(("views (flame graph, sunburst)", len(rows), a.html))
         return out
 
 
