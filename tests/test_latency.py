@@ -479,3 +479,63 @@ def test_call_path_profile_counts_every_instruction_in_its_path(program):
     times = decode_trace(enc.data, image, enc.config).block_time.astype(np.int64)
     span = int(times[-1] - times[0])
     assert sum(int(line.rsplit(" ", 1)[1]) for line in res.folded(name, by="time")) == span > 0
+
+
+def test_timeline_slices_are_the_calls(program, tmp_path):
+    """The timeline (every call as a slice) is the stack of calls over the
+    path: one slice per call, at its depth, from the time of the callee's
+    first block to that of the block its return goes to; and the Chrome
+    trace-event file nests them on the thread's track."""
+    import json
+
+    from hwtrace.analysis.timeline import call_slices
+    from hwtrace.export.timeline import write_timeline
+    from hwtrace.pt.decode import decode_trace
+
+    run, image = program
+    ips = run.ips
+    funcs = image.symbols.functions
+
+    def name(addr: int) -> str:
+        index, _ = funcs.lookup(np.array([addr], np.uint64))
+        return funcs.name(int(index[0])) if index[0] >= 0 else f"{addr:#x}"
+
+    enc, _ = _encode(ips, image, run.end_ip, 5)
+    dec = decode_trace(enc.data, image, enc.config)
+    t = np.repeat(dec.block_time.astype(np.int64), dec.block_ninsn.astype(np.int64))
+    assert t.shape[0] == ips.shape[0]
+    want = []
+    stack: list[tuple[int, str, int]] = []  # (return address, callee, entry index)
+    for j in range(1, ips.shape[0]):
+        ip, prev = int(ips[j]), int(ips[j - 1])
+        kind = _mnemonic(image.read, prev)
+        if kind == "call":
+            ins = iced_x86.Decoder(64, image.read(prev, 15), ip=prev).decode()
+            stack.append((prev + ins.len, name(ip), j))
+        elif kind == "ret":
+            found = [d for d, (r, _, _) in enumerate(stack) if r == ip]
+            if found:
+                for d in range(len(stack) - 1, found[-1] - 1, -1):
+                    want.append((d + 1, stack[d][1], int(t[stack[d][2]]), int(t[j])))
+                del stack[found[-1] :]
+    end = int(t[-1])
+    want += [(d + 1, f, int(t[e]), end) for d, (_, f, e) in enumerate(stack)]  # never returned
+    patterns = PatternSet()
+    res = profile_trace(enc.data, image, patterns, enc.config, timeline=True)
+    sl = call_slices(res)
+    got = [(int(d), name(int(a)), int(s), int(e))
+           for d, a, s, e in zip(sl.depth, sl.addr, sl.start, sl.end, strict=True)]  # fmt: skip
+    assert sorted(x for x in got if x[0] > 0) == sorted(want)
+    roots = [x for x in got if x[0] == 0]
+    assert roots and roots[0][2] == int(t[0]) and max(r[3] for r in roots) == end
+    path = tmp_path / "timeline.json"
+    n = write_timeline(path, key=sl.key, start=sl.start, end=sl.end,
+                       name=np.arange(len(sl)), names=[g[1] for g in got],
+                       pid_of=lambda tid: 42, thread_names={int(sl.key[0]): "driver"})  # fmt: skip
+    events = json.loads(path.read_text())["traceEvents"]
+    assert n == len(events) == len(sl) + 1
+    xs = [e for e in events if e["ph"] == "X"]
+    assert all(e["pid"] == 42 and e["tid"] == int(sl.key[0]) for e in xs)
+    # Microseconds with the nanoseconds as decimals, each slice once.
+    got_us = sorted((e["name"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in xs)
+    assert got_us == sorted((g[1], g[2], g[3] - g[2]) for g in got)

@@ -275,6 +275,18 @@ def test_windows_of_event_pairs_bound_the_analysis(lttng, tmp_path, capsys, monk
     assert '"view":"latency"' in (tmp_path / "f.html").read_text()
     assert main(["report", "-i", str(data), "--html", str(tmp_path / "r.html")]) == 0
     assert "inner" in (tmp_path / "r.html").read_text()
+    # The timeline: inner's calls as slices, the LTTng events on the same track.
+    tl = tmp_path / "tl.json"
+    assert main(["report", "-i", str(data), "--timeline", str(tl), "--events",
+                 str(tmp_path / "ctf")]) == 0  # fmt: skip
+    events = json.loads(tl.read_text())["traceEvents"]
+    inner = [e for e in events if e["ph"] == "X" and e["name"].endswith("!inner")]
+    marks = [e for e in events if e["ph"] == "i"]
+    assert len(inner) == 6 and len(marks) == 6
+    assert {e["tid"] for e in inner} == {e["tid"] for e in marks} == {rec.threads[0].tid}
+    begins = sorted(e["ts"] for e in marks if e["name"] == "hwtrace_window:begin")
+    odd = sorted(inner, key=lambda e: e["ts"])[1::2]
+    assert all(b <= e["ts"] for b, e in zip(begins, odd, strict=True))
     dic = {iv["t_open"]: iv["dic"] for iv in plain["intervals"]}
     assert [iv["dic"] for iv in sorted(got["intervals"], key=lambda x: x["t_open"])] == [
         dic[t] for t in inside

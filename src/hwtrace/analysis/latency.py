@@ -71,9 +71,9 @@ from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 # index, path, cpu).
 (
     S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
-    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP,
-) = range(18)  # fmt: skip
-NS = 18
+    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP, S_TPATH, S_TLAST,
+) = range(20)  # fmt: skip
+NS = 20
 # A call path's parent when it is a root: the function the flow was in
 # with no call of it seen (where a thread's trace starts, or where a
 # return left the outermost frame seen), named by an address in it.  A
@@ -91,9 +91,9 @@ NF = 8
 # Counters (int64).
 (
     C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
-    C_TIMES, C_LAST_SLOT, C_LAST_T, C_HAVE_T, C_LAST_PATH, C_LAST_T_VALUE,
-) = range(14)  # fmt: skip
-NC = 14
+    C_TIMES, C_LAST_SLOT, C_LAST_T, C_HAVE_T, C_LAST_PATH, C_LAST_T_VALUE, C_TL,
+) = range(15)  # fmt: skip
+NC = 15
 # Interval records (int64): kind (R_PAIR: open/close markers; R_CALL: a
 # function call), slot, cpu, open and close markers, open and close
 # instruction index, the open's call path, open and close time, stream.
@@ -181,7 +181,7 @@ def bucket_bounds(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _emit(out, counts, kind, slot, cpu, mo, mc, ico, icc, path, to, tc, stream):
     """An interval: its record, and its part of the totals and histograms
     (``out``: records, the stream's times, histograms, totals)."""
-    rec, times, hist, agg = out
+    rec, times, hist, agg, _ = out
     n = counts[C_RECS]
     rec[R_KIND, n], rec[R_SLOT, n], rec[R_CPU, n], rec[R_MOPEN, n] = kind, slot, cpu, mo
     rec[R_MCLOSE, n], rec[R_ICO, n], rec[R_ICC, n], rec[R_PATH, n] = mc, ico, icc, path
@@ -432,6 +432,19 @@ def _run_info(run, atoms, ct, info):
     return q
 
 
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _timeline(tl, counts, s, tv, p, ss):
+    """Slot ``s`` is in call path ``p`` from time ``tv`` on (-2: none)."""
+    if ss[s, S_TPATH] == p:
+        return
+    k = counts[C_TL]
+    tl[0, k] = s
+    tl[1, k] = tv
+    tl[2, k] = p
+    counts[C_TL] = k + 1
+    ss[s, S_TPATH] = p
+
+
 @kernels.njit(cache=True, nogil=True, _nrt=False)
 def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, rec, paths, stream):
     """Profile rows ``start...`` of a batch (``rows``: ip, ninsn, mode, run,
@@ -446,6 +459,8 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
     )  # fmt: skip
     r_first, r_insn, r_lastk = ct[T_R_FIRST], ct[T_R_INSN], ct[T_R_LASTK]
     rec_cap = rec[0].shape[1]
+    tl = rec[4]  # the timeline: (slot, time, path) where a slot's path changed
+    tl_cap = tl.shape[1] if masks[6] else 0
     path_cap = paths[3].shape[0]
     depth = fr.shape[1]
     last_slot = counts[C_LAST_SLOT]
@@ -462,7 +477,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         # Room for what one row can add: two intervals per instruction, a
         # call path of a frame per stack level and instruction.
         if (counts[C_RECS] + 2 * n + 4 > rec_cap or counts[C_PATHS] + n + depth + 2 > path_cap
-                or n_times >= times.shape[0]):  # fmt: skip
+                or n_times >= times.shape[0] or (masks[6] and counts[C_TL] + 2 > tl_cap)):  # fmt: skip
             break
         s = b_slot[i]
         cpu = b_cpu[i]
@@ -470,6 +485,8 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         if b_gap[i] and last_slot >= 0:
             _gap(last_slot, ss, fr, seq, counts)
             last_path = -2  # the gap's time belongs to no path
+            if masks[6]:
+                _timeline(tl, counts, last_slot, ss[last_slot, S_TLAST], -2, ss)
         last_slot = s
         if not have_t or tv != last_t:
             times[n_times] = tv
@@ -498,6 +515,10 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                 p_time[last_path + 1] += tv - last_tv
             last_path = p
             last_tv = tv
+            if masks[6]:
+                if p != ss[s, S_TPATH]:
+                    _timeline(tl, counts, s, tv, p, ss)
+                ss[s, S_TLAST] = tv
         run = b_run[i]
         q = _run_info(run, atoms, ct, info) if run >= 0 else np.int8(0)
         if q & 8:
@@ -629,6 +650,22 @@ class Intervals:
 
 
 @dataclass
+class Timeline:
+    """When each thread's (or CPU's) call path changed, in flow order:
+    its ``key`` (tid or CPU) and profiler ``slot``, the ``time`` (the
+    flow's unit) and the ``path`` it was in from then on (-2: none, where
+    its trace stopped or had a gap)."""
+
+    key: np.ndarray
+    slot: np.ndarray
+    time: np.ndarray
+    path: np.ndarray
+
+    def __len__(self) -> int:
+        return self.time.shape[0]
+
+
+@dataclass
 class LatencyResult:
     """What :class:`LatencyProfiler` found."""
 
@@ -654,6 +691,8 @@ class LatencyResult:
     path_insns: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     path_time: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     path_calls: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    # With ``timeline``: where each thread's or CPU's call path changed.
+    timeline: Timeline | None = None
 
     def path_addresses(self, path: int) -> list[int]:
         """From the outermost call to the innermost, the callee entries (a
@@ -730,7 +769,8 @@ class LatencyProfiler:
 
     def __init__(self, patterns: PatternSet, depth: int = 256, *, keep: bool = True,
                  longest: int = 64, calls: bool = True, profile: bool = False,
-                 group: Callable[[int, int], int] | None = None) -> None:  # fmt: skip
+                 group: Callable[[int, int], int] | None = None,
+                 timeline: bool = False) -> None:  # fmt: skip
         """``keep``: keep every interval (else only the ``longest`` of each
         kind, with every interval counted in the histograms and totals:
         memory bounded whatever the number of intervals).  ``calls``: each
@@ -739,7 +779,9 @@ class LatencyProfiler:
         ``profile``: count instructions and time per call path as well
         (:meth:`LatencyResult.folded`), with roots per group:
         ``group(stream, key)`` numbers the group (thread, process, CPU...)
-        of a thread or CPU's flow (-1: none)."""
+        of a thread or CPU's flow (-1: none).  ``timeline``: keep when each
+        thread or CPU's call path changed (:attr:`LatencyResult.timeline`;
+        implies ``profile``)."""
         self.group = group
         self.patterns = patterns
         self.depth = depth
@@ -748,7 +790,9 @@ class LatencyProfiler:
         self.top: np.ndarray | None = None  # the longest so far, when not keeping all
         nm = len(patterns.markers)
         self.marks = np.zeros(max(nm, 1), np.int64)
-        masks = np.zeros(6, np.uint64)  # open, close, toggle, exit entries, calls, profile
+        profile = profile or timeline
+        # open, close, toggle, exit entries, calls, profile, timeline
+        masks = np.zeros(7, np.uint64)
         for i, name in enumerate(("open", "close", "toggle")):
             for m in getattr(patterns, name):
                 masks[i] |= np.uint64(1 << m)
@@ -764,6 +808,9 @@ class LatencyProfiler:
                 masks[3] |= np.uint64(1 << m.atoms[0])
         masks[4] = calls
         masks[5] = profile
+        masks[6] = timeline
+        self.tl = np.zeros((3, 1 << 14 if timeline else 1), np.int64)
+        self.tl_done: list[np.ndarray] = []
         self.masks = masks
         self.mk = (kinds[:nm] if nm else kinds[:0], atom0, seq_atoms, seq_len)
         self.counts = np.zeros(NC, np.int64)
@@ -833,6 +880,7 @@ class LatencyProfiler:
                 self.ss[slot, S_ROOT] = -2
                 self.ss[slot, S_CUR] = -2
                 self.ss[slot, S_GROUP] = self.group(stream, key) if self.group else -1
+                self.ss[slot, S_TPATH] = -2
             slots[j] = slot
         return slots[inverse.reshape(-1)]
 
@@ -877,7 +925,7 @@ class LatencyProfiler:
         )  # fmt: skip
         start = 0
         while True:
-            out = (self.rec, st["times"], self.hist, self.agg)
+            out = (self.rec, st["times"], self.hist, self.agg, self.tl)
             start = walk(rows, start, table.tuple, ta.bits, ta.info, self.ss, self.fr, self.seq,
                          c, self.marks, self.masks, self.mk, out, self.paths, stream)  # fmt: skip
             st["n"], st["last_slot"], st["last_t"], st["have_t"] = (
@@ -893,7 +941,19 @@ class LatencyProfiler:
         st = self.streams[stream]
         if st["last_slot"] >= 0:
             _gap(st["last_slot"], self.ss, self.fr, self.seq, self.counts)
+            if self.masks[6]:
+                self._end_timeline(st["last_slot"])
         st["last_path"] = -2
+
+    def _end_timeline(self, slot: int) -> None:
+        """Slot ``slot``'s path ends at its last row's time."""
+        if self.ss[slot, S_TPATH] == -2:
+            return
+        if self.counts[C_TL] + 1 > self.tl.shape[1]:
+            self.tl_done.append(self.tl[:, : int(self.counts[C_TL])])
+            self.tl = np.zeros((3, self.tl.shape[1] * 2), np.int64)
+            self.counts[C_TL] = 0
+        _timeline(self.tl, self.counts, slot, self.ss[slot, S_TLAST], -2, self.ss)
 
     def _room(self, ninsn: int, st: dict) -> None:
         c = self.counts
@@ -912,6 +972,10 @@ class LatencyProfiler:
             self._grow_paths(max(2 * self.paths[3].shape[0], need))
         if c[C_TIMES] >= st["times"].shape[0]:
             st["times"] = _grown(st["times"], 2 * st["times"].shape[0])
+        if self.masks[6] and c[C_TL] + 2 > self.tl.shape[1]:
+            self.tl_done.append(self.tl[:, : int(c[C_TL])])  # joined once, at the end
+            self.tl = np.zeros((3, self.tl.shape[1] * 2), np.int64)
+            c[C_TL] = 0
 
     def _grow_paths(self, cap: int) -> None:
         n = int(self.counts[C_PATHS])
@@ -1002,6 +1066,14 @@ class LatencyProfiler:
         out.path_insns = self.paths[5][: n + 1].copy()
         out.path_time = self.paths[6][: n + 1].copy()
         out.path_calls = self.paths[7][: n + 1].copy()
+        if self.masks[6]:
+            for slot in range(len(self.slots)):
+                self._end_timeline(slot)
+            tl = np.concatenate([*self.tl_done, self.tl[:, : int(c[C_TL])]], axis=1)
+            self.tl_done = [tl]
+            self.tl = np.zeros((3, 1 << 14), np.int64)
+            c[C_TL] = 0
+            out.timeline = Timeline(keys[tl[0]] if len(keys) else tl[0], tl[0], tl[1], tl[2])
         return out
 
 
@@ -1080,11 +1152,11 @@ class _TraceSink:
 
 def profile_trace(
     data, image, patterns: PatternSet, config=None, *, cpu: int = -1, keep: bool = True,
-    longest: int = 64, calls: bool = True, profile: bool = False,
+    longest: int = 64, calls: bool = True, profile: bool = False, timeline: bool = False,
 ) -> LatencyResult:  # fmt: skip
     """Latency-profile a raw Intel PT trace (bytes, buffer or path) of one
     CPU or thread against ``image`` (``keep``, ``longest``, ``calls``,
-    ``profile``: as for :class:`LatencyProfiler`)."""
+    ``profile``, ``timeline``: as for :class:`LatencyProfiler`)."""
     import os
 
     from ..pt.config import PtConfig
@@ -1092,7 +1164,9 @@ def profile_trace(
     from ..pt.flowdec import FlowDecoder
     from ..pt.packets import as_buffer, map_file
 
-    profiler = LatencyProfiler(patterns, keep=keep, longest=longest, calls=calls, profile=profile)
+    profiler = LatencyProfiler(
+        patterns, keep=keep, longest=longest, calls=calls, profile=profile, timeline=timeline
+    )
     buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
     dec = FlowDecoder(image, config or PtConfig(), DecodeOptions().flow_options())
     sink = _TraceSink(profiler, key=max(cpu, 0), cpu=cpu)

@@ -29,7 +29,8 @@ def add_window_options(p: argparse.ArgumentParser) -> None:
     bounded by software events."""
     g = p.add_argument_group("windows bounded by software events")
     g.add_argument("--events", metavar="PATH",
-                   help="software events (a CTF trace, a perf.data, ftrace copies) for --window")  # fmt: skip
+                   help="software events (a CTF trace, a perf.data, ftrace copies): for --window, "
+                   "and shown on --timeline")  # fmt: skip
     g.add_argument("--window", metavar="OPEN,CLOSE",
                    help="only what each thread ran from an OPEN event to its next CLOSE event "
                    "(event names, shell wildcards)")  # fmt: skip
@@ -41,10 +42,10 @@ def window_gate(prog: str, opened, a: argparse.Namespace, on_blocks):
     (itself without them; None: a message was written)."""
     from ..analysis.swevents import EventsError, WindowGate, event_windows
 
-    if not a.window and not a.events:
+    if not a.window:
         return on_blocks
-    if not (a.window and a.events):
-        sys.stderr.write(f"{prog}: --window and --events go together\n")
+    if not a.events:
+        sys.stderr.write(f"{prog}: --window needs --events (where the window events are)\n")
         return None
     ends = [x.strip() for x in a.window.split(",")]
     if len(ends) != 2 or not all(ends):

@@ -313,6 +313,9 @@ def report_main(argv: Sequence[str]) -> int:
                    help="write every call path with the weight along it and below it")  # fmt: skip
     p.add_argument("--html", metavar="FILE",
                    help="write the call paths as a self-contained HTML flame graph and sunburst")  # fmt: skip
+    p.add_argument("--timeline", metavar="FILE",
+                   help="write every thread's calls as a timeline (Chrome trace-event JSON, "
+                   "for Perfetto), with --events on the threads' tracks")  # fmt: skip
     p.add_argument("--by", choices=("insn", "time"), default="insn",
                    help="weigh call paths by instructions or by time (ns)")  # fmt: skip
     p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
@@ -331,7 +334,8 @@ def report_main(argv: Sequence[str]) -> int:
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
-    paths = _CallPaths(opened, a) if a.folded or a.paths or a.html else None
+    wanted = a.folded or a.paths or a.html or a.timeline
+    paths = _CallPaths(opened, a, timeline=bool(a.timeline)) if wanted else None
 
     def on_blocks(b: PerfBlocks) -> None:
         q = b.queue
@@ -348,6 +352,13 @@ def report_main(argv: Sequence[str]) -> int:
     gate = window_gate(p.prog, opened, a, on_blocks)
     if gate is None:
         return 1
+    a.timeline_events = None
+    if a.timeline and a.events:
+        from .events import open_events
+
+        a.timeline_events = open_events(p.prog, a.events, opened, a)
+        if a.timeline_events is None:
+            return 1
     flow = opened.decode(gate, p.prog)
     data = opened.data
 
@@ -394,7 +405,7 @@ class _CallPaths:
     thread (:mod:`hwtrace.analysis.latency`), rooted per command, thread,
     process or CPU."""
 
-    def __init__(self, opened: _Input, a: argparse.Namespace) -> None:
+    def __init__(self, opened: _Input, a: argparse.Namespace, timeline: bool = False) -> None:
         from ..analysis.latency import LatencyProfiler
         from ..analysis.patterns import PatternSet
         from ..perf.feed import LatencyFeed
@@ -406,7 +417,7 @@ class _CallPaths:
         patterns.per = "cpu" if a.group == "cpu" else "thread"
         self.group_by = a.group
         self.profiler = LatencyProfiler(patterns, keep=False, calls=False, profile=True,
-                                        group=self._group)  # fmt: skip
+                                        group=self._group, timeline=timeline)  # fmt: skip
         self._feed = LatencyFeed(self.profiler)
 
     def _group(self, stream: int, key: int) -> int:
@@ -461,7 +472,37 @@ class _CallPaths:
             write_page(a.html, callpath_page(rows, unit, f"hwtrace report: {a.input}",
                                              f"call paths by {unit}, rooted per {a.group}"))  # fmt: skip
             out.append(("views (flame graph, sunburst)", len(rows), a.html))
+        if getattr(a, "timeline", None):
+            out.append(("timeline events", self.write_timeline(a, result), a.timeline))
         return out
+
+    def write_timeline(self, a: argparse.Namespace, result) -> int:
+        """The calls of every thread as a Chrome trace-event file, with the
+        software events of ``--events`` on their threads."""
+        from ..analysis.timeline import call_slices
+        from ..export.timeline import write_timeline
+
+        sl = call_slices(result)
+        uniq, index = np.unique(sl.addr, return_inverse=True)
+        names = [self.name(int(x)) or f"{int(x):#x}" for x in uniq.tolist()]
+        sb = self.sideband
+        keys = set(np.unique(sl.key).tolist())
+        instants = None
+        instant_names = None
+        if getattr(a, "events", None) and a.timeline_events is not None:
+            ev = a.timeline_events
+            ok = (ev.time >= 0) & (ev.tid >= 0)
+            instants = (ev.tid[ok], ev.time[ok], ev.name[ok])
+            instant_names = ev.names
+            keys |= set(np.unique(ev.tid[ok]).tolist())
+        threads = {int(k): f"{sb.comm_of(int(k))} {int(k)}" for k in keys}
+        pids = {sb.pid_of(int(k)) for k in keys}
+        processes = {p: f"{sb.comm_of(p)} {p}" for p in pids if p >= 0}
+        return write_timeline(
+            a.timeline, key=sl.key, start=sl.start, end=sl.end, name=index.reshape(-1),
+            names=names, pid_of=lambda t: max(sb.pid_of(t), 0), thread_names=threads,
+            process_names=processes, instants=instants, instant_names=instant_names,
+        )  # fmt: skip
 
 
 def script_main(argv: Sequence[str]) -> int:
