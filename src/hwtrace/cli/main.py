@@ -17,6 +17,7 @@ commands:
   funclatency  time and instructions of every call of a function
   diff      compare the call paths of two recordings of a program
   events    place LTTng, perf or ftrace events on the decoded flow
+  characterize  trace size and time resolution of PT settings on a recorded path
   perf-dump print a perf.data's header and records (like perf report -D)
   filter    keep the recorded events an LTTng filter expression accepts
   filter-compile  compile a filter expression to an object or library for C tracers
@@ -83,6 +84,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .diff import main as diff_main
 
         return diff_main(rest)
+    if cmd == "characterize":
+        from .characterize import main as characterize_main
+
+        return characterize_main(rest)
     if cmd == "events":
         from .events import main as events_main
 

@@ -136,7 +136,7 @@ def plots_page(
     plots: list[dict], title: str, subtitle: str = "", facts: list | None = None,
     table: dict | None = None,
 ) -> str:  # fmt: skip
-    """Line plots: each ``{"title", "x", "y", "logx", "logy", "series":
+    """Line plots (points only with ``"scatter": true``): each ``{"title", "x", "y", "logx", "logy", "series":
     [{"name", "points": [[x, y, note?]...]}]}``; ``facts`` ``[label,
     value]`` pairs; ``table`` ``{"title", "columns", "rows"}``."""
     return page("plots", title, subtitle, {"plots": plots, "facts": facts or [], "table": table})

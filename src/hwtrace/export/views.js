@@ -354,7 +354,7 @@
       const colour = palette[k % palette.length];
       const good = s.points.filter((p) => p[1] !== null);
       svg("polyline", { points: good.map((p) => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "),
-        fill: "none", stroke: colour, "stroke-width": 2, class: "series" }, root);
+        fill: "none", stroke: plot.scatter ? "none" : colour, "stroke-width": 2, class: "series" }, root);
       for (const p of good) {
         const dot = svg("circle", { cx: X(p[0]).toFixed(1), cy: Y(p[1]).toFixed(1), r: 3.5, fill: colour,
           class: "point" }, root);
