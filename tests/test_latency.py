@@ -539,3 +539,30 @@ def test_timeline_slices_are_the_calls(program, tmp_path):
     # Microseconds with the nanoseconds as decimals, each slice once.
     got_us = sorted((e["name"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in xs)
     assert got_us == sorted((g[1], g[2], g[3] - g[2]) for g in got)
+
+
+def test_walk_on_its_own_thread_gives_the_same_profile(program):
+    """Walking on a second thread while decoding (the default) changes
+    nothing: intervals, counts, the call-path profile and the timeline are
+    those of the walk on the decoding thread, with batches small enough
+    that many queue up."""
+    from hwtrace.pt.flowdec import FlowSink
+
+    run, image = program
+    enc, _ = _encode(run.ips, image, run.end_ip, 3)
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli"], ["sti"])
+    rows = FlowSink.BLOCK_ROWS
+    FlowSink.BLOCK_ROWS = 64
+    try:
+        got = [profile_trace(enc.data, image, patterns, enc.config, profile=True, timeline=True,
+                             threaded=t) for t in (False, True)]  # fmt: skip
+    finally:
+        FlowSink.BLOCK_ROWS = rows
+    a, b = got
+    for f in ("dic", "dt", "t_open", "path", "resolution"):
+        assert np.array_equal(getattr(a.intervals, f), getattr(b.intervals, f)), f
+    assert a.instructions == b.instructions and a.paths == b.paths
+    assert np.array_equal(a.path_insns, b.path_insns) and np.array_equal(a.path_time, b.path_time)
+    assert np.array_equal(a.timeline.time, b.timeline.time)
+    assert np.array_equal(a.timeline.path, b.timeline.path)

@@ -903,10 +903,24 @@ class LatencyProfiler:
         for none), ``key`` the thread or CPU each row is counted for and
         ``cpu`` where it ran (an array, or one value for every row),
         ``gap_before`` where the flow has a gap before the row."""
+        if ip.shape[0] == 0:
+            return
+        ta = self._table_atoms(table, atoms)
+        self.walk_batch(stream, table.tuple, ta.bits, ta.info, ip, ninsn, mode, run, time, key,
+                        cpu, gap_before)  # fmt: skip
+
+    def prepare(self, table: CodeTable, atoms: AtomTable) -> _TableAtoms:
+        """The atoms' bits of ``table``'s instructions so far (for
+        :meth:`walk_batch`; on the thread that decodes into ``table``)."""
+        return self._table_atoms(table, atoms)
+
+    def walk_batch(self, stream: int, code: tuple, bits: np.ndarray, info: np.ndarray,
+                   ip, ninsn, mode, run, time, key, cpu, gap_before) -> None:  # fmt: skip
+        """:meth:`add`'s walk, with the code table's arrays (``code``) and
+        its atoms' ``bits`` and run ``info`` as :meth:`prepare` left them."""
         n = ip.shape[0]
         if n == 0:
             return
-        ta = self._table_atoms(table, atoms)
         self._n = n
         slots = self._slot_of(stream, key if np.ndim(key) == 0 else np.asarray(key, np.int64))
         if np.ndim(cpu) == 0:
@@ -926,7 +940,7 @@ class LatencyProfiler:
         start = 0
         while True:
             out = (self.rec, st["times"], self.hist, self.agg, self.tl)
-            start = walk(rows, start, table.tuple, ta.bits, ta.info, self.ss, self.fr, self.seq,
+            start = walk(rows, start, code, bits, info, self.ss, self.fr, self.seq,
                          c, self.marks, self.masks, self.mk, out, self.paths, stream)  # fmt: skip
             st["n"], st["last_slot"], st["last_t"], st["have_t"] = (
                 int(c[C_TIMES]), int(c[C_LAST_SLOT]), int(c[C_LAST_T]), int(c[C_HAVE_T])
@@ -1077,6 +1091,85 @@ class LatencyProfiler:
         return out
 
 
+class ProfilerThread:
+    """A :class:`LatencyProfiler` walking on a thread of its own, behind a
+    short queue, while the caller goes on decoding: decoder and walk are
+    compiled code that releases the GIL, so on two cores the analysis
+    costs little more than the decoding.
+
+    What the decoder's thread owns stays there: the code table, and the
+    atoms' bits of its instructions (worked out for each batch before it
+    is queued, from the table as it is then; the walk gets those arrays,
+    which later growth replaces rather than changes).  A table cleared for
+    new code waits for the batches of the old.  The batches' columns are
+    copied (decoders reuse their buffers)."""
+
+    def __init__(self, profiler: LatencyProfiler, depth: int = 3) -> None:
+        import queue
+        import threading
+
+        self.profiler = profiler
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._error: BaseException | None = None
+        self._generations: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._work, name="hwtrace-walk", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    item[0](*item[1:])
+            except BaseException as e:  # handed to the caller's thread
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _put(self, *item) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(item)
+
+    def stream(self) -> int:
+        self._queue.join()
+        return self.profiler.stream()
+
+    def add(self, stream, table: CodeTable, atoms: AtomTable, ip, ninsn, mode, run, time, key,
+            cpu, gap_before) -> None:  # fmt: skip
+        """As :meth:`LatencyProfiler.add`."""
+        if ip.shape[0] == 0:
+            return
+        if self._generations.setdefault(id(table), table.generation) != table.generation:
+            self._queue.join()  # the old code's batches first
+            self._generations[id(table)] = table.generation
+        ta = self.profiler.prepare(table, atoms)
+        copy = [np.array(a) if isinstance(a, np.ndarray) else a
+                for a in (ip, ninsn, mode, run, time, key, cpu, gap_before)]  # fmt: skip
+        self._put(self.profiler.walk_batch, stream, table.tuple, ta.bits, ta.info, *copy)
+
+    def gap(self, stream: int) -> None:
+        self._put(self.profiler.gap, stream)
+
+    def result(self) -> LatencyResult:
+        self.close()
+        return self.profiler.result()
+
+    def close(self) -> None:
+        """Wait for the queued batches; raise what the walk raised."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def patterns(self) -> PatternSet:
+        return self.profiler.patterns
+
+
 def _neighbours(times: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The times before and after the ``index``-th of a stream's distinct
     times, in stream order (-1 after the last; the first is its own
@@ -1153,10 +1246,13 @@ class _TraceSink:
 def profile_trace(
     data, image, patterns: PatternSet, config=None, *, cpu: int = -1, keep: bool = True,
     longest: int = 64, calls: bool = True, profile: bool = False, timeline: bool = False,
+    threaded: bool = True,
 ) -> LatencyResult:  # fmt: skip
     """Latency-profile a raw Intel PT trace (bytes, buffer or path) of one
     CPU or thread against ``image`` (``keep``, ``longest``, ``calls``,
-    ``profile``, ``timeline``: as for :class:`LatencyProfiler`)."""
+    ``profile``, ``timeline``: as for :class:`LatencyProfiler`), walking
+    on a second thread while decoding (``threaded``, with more than one
+    CPU)."""
     import os
 
     from ..pt.config import PtConfig
@@ -1167,9 +1263,14 @@ def profile_trace(
     profiler = LatencyProfiler(
         patterns, keep=keep, longest=longest, calls=calls, profile=profile, timeline=timeline
     )
+    front = ProfilerThread(profiler) if threaded and (os.cpu_count() or 1) > 1 else profiler
     buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
     dec = FlowDecoder(image, config or PtConfig(), DecodeOptions().flow_options())
-    sink = _TraceSink(profiler, key=max(cpu, 0), cpu=cpu)
-    for s, e in chunk_ranges(buf):
-        dec.decode(buf, sink, s, e)
+    sink = _TraceSink(front, key=max(cpu, 0), cpu=cpu)
+    try:
+        for s, e in chunk_ranges(buf):
+            dec.decode(buf, sink, s, e)
+    finally:
+        if front is not profiler:
+            front.close()
     return profiler.result()

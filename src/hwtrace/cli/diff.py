@@ -47,10 +47,13 @@ def main(argv: Sequence[str]) -> int:
         if opened is None:
             return 1
         paths = _CallPaths(opened, args)
-        flow = opened.decode(paths.feed, p.prog)
+        try:
+            flow = opened.decode(paths.feed, p.prog)
+        finally:
+            paths.close()
         for problem in flow.problems:
             sys.stderr.write(f"{p.prog}: warning: {path}: {problem}\n")
-        result = paths.profiler.result()
+        result = paths.result()
         tables.append(path_table(result, paths.name, paths.group))
     ta, tb = tables
     unit = "instructions" if a.by == "insn" else "ns"

@@ -180,14 +180,18 @@ def _profile_perf(p: _Parser, a: argparse.Namespace, patterns):
     feed = LatencyFeed(profiler)
     gate = window_gate(p.prog, opened, a, feed)
     if gate is None:
+        feed.close()
         return None
-    flow = opened.decode(gate, p.prog)
+    try:
+        flow = opened.decode(gate, p.prog)
+    finally:
+        feed.close()
     for problem in flow.problems:
         sys.stderr.write(f"{p.prog}: warning: {problem}\n")
     if gate is not feed:
         total = gate.kept + gate.dropped
         sys.stderr.write(f"{p.prog}: {gate.kept:,} of {total:,} instructions inside the windows\n")
-    return profiler.result(), feed.name, "ns", str(opened.data.path)
+    return feed.result(), feed.name, "ns", str(opened.data.path)
 
 
 Main = Callable[[Sequence[str]], int]

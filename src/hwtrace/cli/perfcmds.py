@@ -351,6 +351,8 @@ def report_main(argv: Sequence[str]) -> int:
 
     gate = window_gate(p.prog, opened, a, on_blocks)
     if gate is None:
+        if paths is not None:
+            paths.close()
         return 1
     a.timeline_events = None
     if a.timeline and a.events:
@@ -358,8 +360,13 @@ def report_main(argv: Sequence[str]) -> int:
 
         a.timeline_events = open_events(p.prog, a.events, opened, a)
         if a.timeline_events is None:
+            paths.close()
             return 1
-    flow = opened.decode(gate, p.prog)
+    try:
+        flow = opened.decode(gate, p.prog)
+    finally:
+        if paths is not None:
+            paths.close()
     data = opened.data
 
     def comm(tid: int) -> str:
@@ -442,6 +449,13 @@ class _CallPaths:
     def feed(self, b: PerfBlocks) -> None:
         self._feed(b)
 
+    def result(self):
+        """The call-path profile of everything fed."""
+        return self._feed.result()
+
+    def close(self) -> None:
+        self._feed.close()
+
     def name(self, addr: int) -> str:
         """``module!function`` of a code address."""
         return self._feed.name(addr, with_module=True)
@@ -451,7 +465,7 @@ class _CallPaths:
         return self.labels[g] if 0 <= g < len(self.labels) else "?"
 
     def write(self, a: argparse.Namespace) -> list[tuple[str, int, str]]:
-        result = self.profiler.result()
+        result = self._feed.result()
         name, group = self.name, self.group
         out = []
         if a.folded:

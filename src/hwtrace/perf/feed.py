@@ -62,8 +62,17 @@ class LatencyFeed:
     a time; intervals are kept per thread (or per CPU, the patterns'
     ``per``)."""
 
-    def __init__(self, profiler: LatencyProfiler) -> None:
+    def __init__(self, profiler: LatencyProfiler, threaded: bool = True) -> None:
+        import os
+
+        from ..analysis.latency import ProfilerThread
+
         self.profiler = profiler
+        # The walk on its own thread while the decoder goes on (see
+        # ProfilerThread), where there is a second CPU.
+        self.front = (
+            ProfilerThread(profiler) if threaded and (os.cpu_count() or 1) > 1 else profiler
+        )
         self.streams: dict[int, int] = {}
         self.atoms: dict[int, tuple[object, AtomTable]] = {}
         self.names = CodeNames()
@@ -80,7 +89,7 @@ class LatencyFeed:
         q = b.queue
         sid = self.streams.get(q.index)
         if sid is None:
-            sid = self.streams[q.index] = self.profiler.stream()
+            sid = self.streams[q.index] = self.front.stream()
         n = len(b)
         if not n:
             return
@@ -89,11 +98,22 @@ class LatencyFeed:
         key = q.cpu if per_cpu else b.tid
         for lo, hi in itertools.pairwise([0, *cuts.tolist(), n]):
             image = int(b.image[lo])
-            self.profiler.add(
+            self.front.add(
                 sid, q.code_table(image), self._atoms(q, image), b.ip[lo:hi], b.ninsn[lo:hi],
                 b.mode[lo:hi], b.run[lo:hi], b.ns[lo:hi],
                 key if np.ndim(key) == 0 else key[lo:hi], q.cpu, b.gap[lo:hi],
             )  # fmt: skip
+
+    def result(self):
+        """The profile of everything fed (the walk done)."""
+        if self.front is not self.profiler:
+            self.front.close()
+        return self.profiler.result()
+
+    def close(self) -> None:
+        """Wait for the walk (after an error too)."""
+        if self.front is not self.profiler:
+            self.front.close()
 
     def name(self, addr: int, with_module: bool = False) -> str:
         """A code address's function (``module!function``; see :class:`CodeNames`)."""
