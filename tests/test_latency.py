@@ -99,6 +99,17 @@ def _encode(ips, image, end_ip, seed: int, **extra):
     return enc, true
 
 
+def _function_namer(image):
+    """The name of the function holding an address (the address where none does)."""
+    funcs = image.symbols.functions
+
+    def name(addr: int) -> str:
+        index, _ = funcs.lookup(np.array([addr], np.uint64))
+        return funcs.name(int(index[0])) if index[0] >= 0 else f"{addr:#x}"
+
+    return name
+
+
 def _check_times(res, iv, true, opens, closes):
     """Each Δt within its resolution of the true time between the ends."""
     want = true[closes] - true[opens]
@@ -445,11 +456,7 @@ def test_call_path_profile_counts_every_instruction_in_its_path(program):
 
     run, image = program
     ips = run.ips
-    funcs = image.symbols.functions
-
-    def name(addr: int) -> str:
-        index, _ = funcs.lookup(np.array([addr], np.uint64))
-        return funcs.name(int(index[0])) if index[0] >= 0 else f"{addr:#x}"
+    name = _function_namer(image)
 
     want: dict[str, int] = {}
     stack: list[tuple[int, str]] = []  # (return address, callee name)
@@ -494,11 +501,7 @@ def test_timeline_slices_are_the_calls(program, tmp_path):
 
     run, image = program
     ips = run.ips
-    funcs = image.symbols.functions
-
-    def name(addr: int) -> str:
-        index, _ = funcs.lookup(np.array([addr], np.uint64))
-        return funcs.name(int(index[0])) if index[0] >= 0 else f"{addr:#x}"
+    name = _function_namer(image)
 
     enc, _ = _encode(ips, image, run.end_ip, 5)
     dec = decode_trace(enc.data, image, enc.config)

@@ -130,6 +130,32 @@ def test_diff_shows_the_tracer_s_paths_and_cost(lttng, tmp_path, capsys, monkeyp
           f"+{extra_time:.0f} ns (stepping time)")  # fmt: skip
 
 
+def record_with_lttng(bl, exe, tmp_path, name: str, events: str, contexts: list[str]):
+    """``exe`` recorded by ``hwtrace record --call work`` while an LTTng-UST
+    session (a channel with ``contexts``) traces ``events``: the recording,
+    written to ``tmp_path/perf.data``, and the session's CTF snapshot in
+    ``tmp_path/ctf``."""
+    from hwtrace.record import record_software
+    from hwtrace.record.perfdata import write_perf_data
+
+    session = bl.Session(f"hwtrace-{name}-{os.getpid()}", None, tmp_path)
+    bl.lttng("create", session.name, "--snapshot", "--output", str(tmp_path / "snap"))
+    session.live = True
+    try:
+        bl.lttng("enable-channel", "-u", "-s", session.name, "ch")
+        bl.lttng("add-context", "-u", "-s", session.name, "-c", "ch",
+                 *(a for c in contexts for a in ("-t", c)))  # fmt: skip
+        bl.lttng("enable-event", "-u", "-s", session.name, "-c", "ch", events)
+        bl.lttng("start", session.name)
+        rec = record_software([str(exe)], calls=["work"])
+        bl.lttng("stop", session.name)
+        bl.lttng("snapshot", "record", "-s", session.name, str(tmp_path / "ctf"))
+    finally:
+        session.destroy()
+    write_perf_data(rec, tmp_path / "perf.data", buildid_cache=False)
+    return rec, tmp_path / "perf.data"
+
+
 def test_events_land_at_their_call_sites(lttng, tmp_path, capsys, monkeypatch):
     """Correlation: the program recorded by ``hwtrace record`` and by an
     LTTng-UST session together; ``hwtrace events`` places every tracepoint
@@ -140,26 +166,10 @@ def test_events_land_at_their_call_sites(lttng, tmp_path, capsys, monkeypatch):
     import numpy as np
 
     from hwtrace.cli.main import main
-    from hwtrace.record import record_software
-    from hwtrace.record.perfdata import write_perf_data
 
     bl, exe, _ = lttng
     monkeypatch.setenv("LTTNG_UST_REGISTER_TIMEOUT", "20000")
-    session = bl.Session(f"hwtrace-events-{os.getpid()}", None, tmp_path)
-    bl.lttng("create", session.name, "--snapshot", "--output", str(tmp_path / "snap"))
-    session.live = True
-    try:
-        bl.lttng("enable-channel", "-u", "-s", session.name, "ch")
-        bl.lttng("add-context", "-u", "-s", session.name, "-c", "ch", "-t", "vtid", "-t", "ip")
-        bl.lttng("enable-event", "-u", "-s", session.name, "-c", "ch", EVENT)
-        bl.lttng("start", session.name)
-        rec = record_software([str(exe)], calls=["work"])
-        bl.lttng("stop", session.name)
-        bl.lttng("snapshot", "record", "-s", session.name, str(tmp_path / "ctf"))
-    finally:
-        session.destroy()
-    data = tmp_path / "perf.data"
-    write_perf_data(rec, data, buildid_cache=False)
+    rec, data = record_with_lttng(bl, exe, tmp_path, "events", EVENT, ["vtid", "ip"])
     out = tmp_path / "events.json"
     capsys.readouterr()
     assert main(["events", "-i", str(data), str(tmp_path / "ctf"), "--json", str(out)]) == 0
@@ -230,8 +240,6 @@ def test_windows_of_event_pairs_bound_the_analysis(lttng, tmp_path, capsys, monk
     thread ran between its ``begin`` and ``end`` LTTng-UST events, exactly
     the calls made inside them; an unpaired window event is counted."""
     from hwtrace.cli.main import main
-    from hwtrace.record import record_software
-    from hwtrace.record.perfdata import write_perf_data
 
     bl, _, d = lttng
     (d / "window_tp.h").write_text(WINDOW_PROVIDER)
@@ -240,21 +248,7 @@ def test_windows_of_event_pairs_bound_the_analysis(lttng, tmp_path, capsys, monk
     bl.run([bl.compiler(), "-O1", "-g0", "-I", str(d), "-o", str(exe), str(d / "window.c"),
             *bl.LIBS], timeout=120)  # fmt: skip
     monkeypatch.setenv("LTTNG_UST_REGISTER_TIMEOUT", "20000")
-    session = bl.Session(f"hwtrace-window-{os.getpid()}", None, tmp_path)
-    bl.lttng("create", session.name, "--snapshot", "--output", str(tmp_path / "snap"))
-    session.live = True
-    try:
-        bl.lttng("enable-channel", "-u", "-s", session.name, "ch")
-        bl.lttng("add-context", "-u", "-s", session.name, "-c", "ch", "-t", "vtid")
-        bl.lttng("enable-event", "-u", "-s", session.name, "-c", "ch", "hwtrace_window:*")
-        bl.lttng("start", session.name)
-        rec = record_software([str(exe)], calls=["work"])
-        bl.lttng("stop", session.name)
-        bl.lttng("snapshot", "record", "-s", session.name, str(tmp_path / "ctf"))
-    finally:
-        session.destroy()
-    data = tmp_path / "perf.data"
-    write_perf_data(rec, data, buildid_cache=False)
+    rec, data = record_with_lttng(bl, exe, tmp_path, "window", "hwtrace_window:*", ["vtid"])
 
     def calls(*extra):
         out = tmp_path / "f.json"

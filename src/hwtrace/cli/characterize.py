@@ -148,28 +148,23 @@ def _plots(outcomes) -> list[dict]:
     def series(name, pts):
         return {"name": name, "points": sorted(pts)}
 
-    by_psb = [o for o in outcomes if o.setting.mtc_period is None and not o.setting.cyc
-              and o.setting.ret_compression]  # fmt: skip
-    if len({o.setting.psb_period for o in by_psb}) > 1:
-        plots.append({"title": "trace size by PSB period (MTC, CYC off)", "x": "PSB period (bytes)",
-                      "y": "bytes per instruction", "logx": True, "logy": False,
-                      "series": [series("size", [[o.setting.psb_period, o.bytes_per_insn]
-                                                 for o in by_psb])]})  # fmt: skip
-        plots.append({"title": "resolution by PSB period", "x": "PSB period (bytes)",
-                      "y": "median Δt (ns)", "logx": True, "logy": True,
-                      "series": [series("median Δt", [[o.setting.psb_period, o.dt_median_ns]
-                                                      for o in by_psb])]})  # fmt: skip
-    by_mtc = [o for o in outcomes if o.setting.mtc_period is not None and not o.setting.cyc
-              and o.setting.ret_compression]  # fmt: skip
-    if len({o.setting.mtc_period for o in by_mtc}) > 1:
-        plots.append({"title": "trace size by MTC period (CYC off)", "x": "MTC period (log2 ticks)",
-                      "y": "bytes per instruction", "logx": False, "logy": True,
-                      "series": [series("size", [[o.setting.mtc_period, o.bytes_per_insn]
-                                                 for o in by_mtc])]})  # fmt: skip
-        plots.append({"title": "resolution by MTC period", "x": "MTC period (log2 ticks)",
-                      "y": "median Δt (ns)", "logx": False, "logy": True,
-                      "series": [series("median Δt", [[o.setting.mtc_period, o.dt_median_ns]
-                                                      for o in by_mtc])]})  # fmt: skip
+    def sweep(chosen, along: str, what: str, x: str, logx: bool, logy_size: bool) -> None:
+        """Size and resolution along one setting, if it varies."""
+        if len({getattr(o.setting, along) for o in chosen}) < 2:
+            return
+        for title, y, value, logy in (
+            (f"trace size by {what}", "bytes per instruction", "bytes_per_insn", logy_size),
+            (f"resolution by {what}", "median Δt (ns)", "dt_median_ns", True),
+        ):
+            points = [[getattr(o.setting, along), getattr(o, value)] for o in chosen]
+            plots.append({"title": title, "x": x, "y": y, "logx": logx, "logy": logy,
+                          "series": [series(y, points)]})  # fmt: skip
+
+    plain = [o for o in outcomes if not o.setting.cyc and o.setting.ret_compression]
+    sweep([o for o in plain if o.setting.mtc_period is None], "psb_period",
+          "PSB period (MTC, CYC off)", "PSB period (bytes)", True, False)  # fmt: skip
+    sweep([o for o in plain if o.setting.mtc_period is not None], "mtc_period",
+          "MTC period (CYC off)", "MTC period (log2 ticks)", False, True)  # fmt: skip
     plots.append({"title": "size against resolution", "x": "bytes per instruction",
                   "y": "TRF (0-100, lower: finer)", "logx": True, "logy": False, "scatter": True,
                   "series": [series(f"CYC {'on' if cyc else 'off'}",
