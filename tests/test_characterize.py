@@ -104,5 +104,62 @@ def test_command_on_a_recording(tmp_path, capsys):
     assert '"view":"plots"' in page.read_text()
     with pytest.raises(SystemExit) as exit_:
         main(["characterize", "-i", str(data), "--mtc", "99"])
-    assert exit_.value.code == 2 and "MTC periods 0-15" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "MTC period 99: 0-15" in capsys.readouterr().err
     assert main(["characterize", "-i", str(tmp_path / "none.data")]) == 1
+
+
+def test_cyc_threshold_thins_the_cyc_packets(path):
+    """A CYC only after 2**(n-1) cycles: fewer CYC packets as n grows, each
+    carrying at least that many cycles, and the flow still decodes the same."""
+    from hwtrace.pt.decode import decode_trace
+    from hwtrace.pt.encode import encode_path
+    from hwtrace.pt.kinds import Kind
+    from hwtrace.pt.packets import decode
+
+    ips, cycles = path.stretches[0]
+    counts = []
+    for thresh in (0, 3, 6, 9):
+        enc = encode_path(ips, path.image, tsc=1 << 32, mtc_freq=3, cyc=True, cyc_thresh=thresh,
+                          cycles=cycles, ctc_ratio=path.ctc_ratio)  # fmt: skip
+        table = decode(enc.data)
+        cyc = table.a[table.kind == Kind.CYC]
+        assert (cyc >= (1 << max(thresh - 1, 0))).all()
+        counts.append(cyc.shape[0])
+        res = decode_trace(enc.data, path.image, enc.config)
+        assert int(res.block_ninsn.sum()) == ips.shape[0]
+    assert all(a > b for a, b in itertools.pairwise(counts)), counts
+    out = characterize(path, grid([4096], [3], [True], cyc_thresh=[0, 6]))
+    assert out[0].updates > out[1].updates and out[0].bytes > out[1].bytes
+
+
+def test_command_recorded_with_each_setting(tmp_path, capsys):
+    """Given a command, characterize records it once per setting (here with
+    the software backend) and measures each recording as it is."""
+    from test_record_calls import build
+    from test_record_software import SKIP
+
+    if SKIP is not None:
+        pytest.skip(str(SKIP))
+    from hwtrace.analysis.characterize import measure_recording
+    from hwtrace.cli.main import main
+
+    out, keep = tmp_path / "c.json", tmp_path / "runs"
+    capsys.readouterr()
+    assert main(["characterize", "--backend", "software", "--call", "sorter", "--psb", "256,4096",
+                 "--mtc", "0", "--cyc", "off", "--keep", str(keep), "--json", str(out),
+                 "--", build(), str(tmp_path / "out")]) == 0  # fmt: skip
+    got = json.loads(out.read_text())
+    assert got["backend"] == "software" and len(got["settings"]) == 2
+    small, large = got["settings"]
+    assert small["psb_period"] == 256 and large["psb_period"] == 4096
+    assert small["instructions"] == large["instructions"] > 0  # the same calls, recorded twice
+    assert small["bytes"] > large["bytes"]  # PSB+ 16 times as often
+    assert small["time_updates"] > 0 and small["dt_median_ns"] > 0
+    again = measure_recording(str(keep / "perf-0.data"), Setting(256, 0, False))
+    assert (again.bytes, again.instructions) == (small["bytes"], small["instructions"])
+    assert main(["characterize", "--backend", "software", "--psb", "4096", "--",
+                 build(), str(tmp_path / "out")]) == 1  # fmt: skip
+    assert "give -f FUNCTION or --call FUNCTION" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["characterize", "--backend", "perf", "--psb", "1000", "--", "true"])
+    assert exit_.value.code == 2 and "powers of two" in capsys.readouterr().err

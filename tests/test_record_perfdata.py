@@ -63,3 +63,6 @@ def test_config_bits():
     cfg = intel_pt_config({"tsc": True, "mtc": True, "mtc_period": 3, "psb_period": 4096})
     assert cfg & (1 << 10) and cfg & (1 << 9) and (cfg >> 14) & 15 == 3
     assert (cfg >> 24) & 15 == 1  # 2**(1 + 11) bytes
+    cfg = intel_pt_config({"cyc": True, "cyc_thresh": 5})
+    assert cfg & (1 << 1) and (cfg >> 19) & 15 == 5  # CycThresh, bits 19-22
+    assert (intel_pt_config({"cyc_thresh": 5}) >> 19) & 15 == 0  # only with CYC

@@ -32,18 +32,39 @@ class CharacterizeError(Exception):
 class Setting:
     """One Intel PT configuration: ``psb_period`` (bytes), ``mtc_period``
     (MTC every 2**n crystal-clock ticks; None: no MTC), ``cyc``,
-    ``ret_compression``."""
+    ``ret_compression`` and ``cyc_thresh`` (a CYC only after at least
+    2**(n - 1) cycles; 0: at every eligible packet)."""
 
     psb_period: int
     mtc_period: int | None
     cyc: bool
     ret_compression: bool = True
+    cyc_thresh: int = 0
 
     @property
     def label(self) -> str:
         mtc = "off" if self.mtc_period is None else str(self.mtc_period)
-        return (f"psb {self.psb_period} mtc {mtc} cyc {'on' if self.cyc else 'off'}"
-                + ("" if self.ret_compression else " noretcomp"))  # fmt: skip
+        cyc = "on" if self.cyc else "off"
+        if self.cyc and self.cyc_thresh:
+            cyc += f" thresh {self.cyc_thresh}"
+        return f"psb {self.psb_period} mtc {mtc} cyc {cyc}" + (
+            "" if self.ret_compression else " noretcomp"
+        )
+
+    def problem(self, *, hardware: bool = False) -> str | None:
+        """What is wrong with the setting (None: nothing); ``hardware``:
+        also what PT hardware cannot do (PSB periods are powers of two from
+        2 KiB to 64 MiB)."""
+        if self.psb_period < 0:
+            return f"PSB period {self.psb_period}: bytes >= 0"
+        if self.mtc_period is not None and not 0 <= self.mtc_period <= 15:
+            return f"MTC period {self.mtc_period}: 0-15"
+        if not 0 <= self.cyc_thresh <= 15:
+            return f"CYC threshold {self.cyc_thresh}: 0-15"
+        p = self.psb_period
+        if hardware and (p < 2048 or p > 1 << 26 or p & (p - 1)):
+            return f"PSB period {p}: the hardware's are powers of two from 2048 to 2**26 bytes"
+        return None
 
 
 @dataclass
@@ -89,20 +110,45 @@ class Outcome:
         return self.dic_median * self.dt_median_ns
 
 
-def default_settings() -> list[Setting]:
+def default_settings(*, hardware: bool = False) -> list[Setting]:
     """The thesis' three sweeps and return compression: PSB period with MTC
     and CYC off; MTC period with PSB at 4 KiB and CYC off; CYC off and on;
-    return compression off."""
-    out = [Setting(psb, None, False) for psb in (256, 1024, 4096, 16384, 65536)]
+    return compression off; and CYC thresholds.  ``hardware``: PSB periods
+    PT hardware has (from 2 KiB)."""
+    psbs = (2048, 4096, 16384, 65536, 262144) if hardware else (256, 1024, 4096, 16384, 65536)
+    out = [Setting(psb, None, False) for psb in psbs]
     out += [Setting(4096, mtc, False) for mtc in (0, 3, 6, 9, 12)]
     out += [Setting(4096, 3, True), Setting(4096, None, True), Setting(4096, 3, False, False)]
+    out += [Setting(4096, 3, True, cyc_thresh=t) for t in (2, 4, 6, 8)]
     return list(dict.fromkeys(out))
 
 
 def grid(psb: Sequence[int], mtc: Sequence[int | None], cyc: Sequence[bool],
-         retcomp: Sequence[bool] = (True,)) -> list[Setting]:  # fmt: skip
-    """Every combination of the values given."""
-    return [Setting(p, m, c, r) for p, m, c, r in itertools.product(psb, mtc, cyc, retcomp)]
+         retcomp: Sequence[bool] = (True,), cyc_thresh: Sequence[int] = (0,)) -> list[Setting]:  # fmt: skip
+    """Every combination of the values given (a CYC threshold only with CYC on)."""
+    out = [Setting(p, m, c, r, t if c else 0)
+           for p, m, c, r, t in itertools.product(psb, mtc, cyc, retcomp, cyc_thresh)]  # fmt: skip
+    return list(dict.fromkeys(out))
+
+
+def time_changes(ns: np.ndarray, ninsn: np.ndarray, gap: np.ndarray | None = None
+                 ) -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
+    """Where a flow's decoded time changes, from its blocks' times (``ns``,
+    negative: untimed), instruction counts and gaps (``gap``: the flow
+    stopped before the block): the number of changes, and the instructions
+    and the time between consecutive changes inside one gap-free stretch
+    (in ``ns``'s unit)."""
+    ns = np.asarray(ns, np.int64)
+    n = np.asarray(ninsn, np.int64)
+    pos = np.cumsum(n) - n  # each block's first instruction
+    stretch = np.cumsum(gap.astype(np.int64)) if gap is not None else np.zeros_like(ns)
+    timed = ns >= 0
+    ns, pos, stretch = ns[timed], pos[timed], stretch[timed]
+    if ns.shape[0] < 2:
+        return 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    change = np.flatnonzero((np.diff(ns) != 0) & (np.diff(stretch) == 0)) + 1
+    both = stretch[change[1:]] == stretch[change[:-1]]
+    return int(change.shape[0]), np.diff(pos[change])[both], np.diff(ns[change])[both]
 
 
 def _resolution(data: bytes, image, config, tsc_hz: float) -> tuple[int, np.ndarray, np.ndarray]:
@@ -111,15 +157,8 @@ def _resolution(data: bytes, image, config, tsc_hz: float) -> tuple[int, np.ndar
     from ..pt.decode import decode_trace
 
     res = decode_trace(data, image, config)
-    t = res.block_time.astype(np.int64)
-    n = res.block_ninsn.astype(np.int64)
-    if not t.shape[0]:
-        return 0, np.zeros(0, np.int64), np.zeros(0, np.float64)
-    pos = np.cumsum(n) - n  # each block's first instruction
-    change = np.flatnonzero(np.diff(t) != 0) + 1
-    dic = np.diff(pos[change])
-    dt = np.diff(t[change]) * (1e9 / tsc_hz)
-    return int(change.shape[0]), dic, dt
+    k, dic, dt = time_changes(res.block_time.astype(np.int64), res.block_ninsn)
+    return k, dic, dt * (1e9 / tsc_hz)
 
 
 def characterize(
@@ -136,7 +175,8 @@ def characterize(
         dics, dts = [], []
         for ips, cycles in path.stretches:
             options = dict(psb_period=s.psb_period, tsc=1 << 32, mtc_freq=s.mtc_period, cyc=s.cyc,
-                           ret_compression=s.ret_compression, ctc_ratio=ctc_ratio)  # fmt: skip
+                           cyc_thresh=s.cyc_thresh, ret_compression=s.ret_compression,
+                           ctc_ratio=ctc_ratio)  # fmt: skip
             try:
                 enc = encode_path(ips, path.image, cycles=cycles, **options)
             except ValueError as e:
@@ -152,25 +192,78 @@ def characterize(
             updates += k
             dics.append(dic)
             dts.append(dt)
-        dic = np.concatenate(dics) if dics else np.zeros(0)
-        dt = np.concatenate(dts) if dts else np.zeros(0)
-        if dic.shape[0]:
-            out.append(
-                Outcome(s, size, insns, updates, float(np.median(dic)), float(np.median(dt)))
-            )
-        else:
-            # The time never changed inside the path: it resolves nothing finer
-            # than the whole path.
-            total = sum(int(c.sum()) for _, c in path.stretches) * 1e9 / path.tsc_hz
-            out.append(Outcome(s, size, insns, updates, float(insns), total))
+        # The time never changing inside the path resolves nothing finer than
+        # the whole path.
+        whole = sum(int(c.sum()) for _, c in path.stretches) * 1e9 / path.tsc_hz
+        out.append(_outcome(s, size, insns, updates, dics, dts, whole))
         if progress is not None:
             progress(i)
-    ps = np.array([o.p for o in out])
-    if ps.shape[0]:
-        lo, hi = float(ps.min()), float(ps.max())
-        for o in out:
-            o.trf = 100.0 * (o.p - lo) / (hi - lo) if hi > lo else 0.0
+    rank(out)
     return out
+
+
+def _outcome(setting: Setting, size: int, insns: int, updates: int, dics: list, dts: list,
+             whole_ns: float) -> Outcome:  # fmt: skip
+    dic = np.concatenate(dics) if dics else np.zeros(0)
+    dt = np.concatenate(dts) if dts else np.zeros(0)
+    if dic.shape[0]:
+        return Outcome(setting, size, insns, updates, float(np.median(dic)), float(np.median(dt)))
+    return Outcome(setting, size, insns, updates, float(insns), whole_ns or float("nan"))
+
+
+def rank(outcomes: Sequence[Outcome]) -> None:
+    """Set each outcome's TRF: its ``p`` normalised to 0-100 over them
+    (unknown, NaN, where the time never changed and its span is unknown)."""
+    ps = np.array([o.p for o in outcomes])
+    if ps.shape[0] and not np.isnan(ps).all():
+        lo, hi = float(np.nanmin(ps)), float(np.nanmax(ps))
+        for o in outcomes:
+            o.trf = 100.0 * (o.p - lo) / (hi - lo) if hi > lo else 0.0
+    else:
+        for o in outcomes:
+            o.trf = float("nan")
+
+
+def measure_recording(perf_data: str, setting: Setting, *, tid: int | None = None,
+                      locator=None) -> Outcome:  # fmt: skip
+    """A recording's own size and temporal resolution, as :func:`characterize`
+    measures an encoded path: its Intel PT bytes (every AUXTRACE), its
+    decoded instructions and the changes of their time, over every thread
+    (or ``tid``).  Rank several with :func:`rank`."""
+    from ..perf.data import read_perf_data
+    from ..perf.trace import stream_perf
+
+    data = read_perf_data(perf_data)
+    size = int(data.auxtrace_columns()["size"].sum())
+    per: dict[int, list[tuple[np.ndarray, ...]]] = {}
+
+    def feed(b) -> None:
+        for t in np.unique(b.tid).tolist() if len(b) else []:
+            if tid is None or t == tid:
+                sel = b.tid == t
+                per.setdefault(int(t), []).append((b.ns[sel], b.ninsn[sel], b.gap[sel]))
+
+    stream_perf(data, feed, locator)
+    if not per:
+        what = f"thread {tid}" if tid is not None else "any thread"
+        raise CharacterizeError(f"{perf_data}: no instruction decoded for {what}")
+    insns = updates = 0
+    dics, dts = [], []
+    first, last = None, None
+    for parts in per.values():
+        ns, n, gap = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        k, dic, dt = time_changes(ns, n, gap.astype(bool))
+        insns += int(n.astype(np.int64).sum())
+        updates += k
+        dics.append(dic)
+        dts.append(dt.astype(np.float64))
+        timed = ns[ns >= 0].astype(np.int64)
+        if timed.shape[0]:
+            first = min(first, int(timed.min())) if first is not None else int(timed.min())
+            last = max(last, int(timed.max())) if last is not None else int(timed.max())
+    # A recording whose time never changes says nothing of its resolution.
+    whole = float(last - first) if first is not None and last is not None else 0.0
+    return _outcome(setting, size, insns, updates, dics, dts, whole)
 
 
 def path_of_perf(perf_data: str, *, tid: int | None = None, cpi: float | None = None,

@@ -73,6 +73,9 @@ def record_main(argv: Sequence[str]) -> int:
     p.add_argument("--no-mtc", action="store_true", help="no MTC packets")
     p.add_argument("--no-tsc", action="store_true", help="no TSC packets")
     p.add_argument("--cyc", action="store_true", help="CYC packets")
+    p.add_argument("--cyc-thresh", type=int, default=0, metavar="N",
+                   help="a CYC only after at least 2**(N-1) cycles (0-15; default 0: at every "
+                   "eligible packet)")  # fmt: skip
     p.add_argument("--noretcomp", action="store_true", help="no return compression")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     a = p.parse_args(list(argv))
@@ -115,6 +118,7 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
         mtc=not a.no_mtc,
         mtc_period=None if a.no_mtc else a.mtc_period,
         cyc=a.cyc,
+        cyc_thresh=a.cyc_thresh if a.cyc else None,
         tsc=not a.no_tsc,
         noretcomp=a.noretcomp,
         filters=filters,
@@ -164,6 +168,7 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
             tsc=not a.no_tsc,
             mtc_period=None if a.no_mtc or a.no_tsc else a.mtc_period,
             cyc=a.cyc,
+            cyc_thresh=a.cyc_thresh if a.cyc else 0,
             noretcomp=a.noretcomp,
         )
     except RecordError as e:

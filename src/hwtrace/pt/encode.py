@@ -165,8 +165,10 @@ def _put(out, st, kind, a, b):
 
 @njit(cache=True)
 def _cyc(out, st, stats):
-    """A CYC with the cycles since the last one, before a CYC-eligible packet."""
-    if st[_CYC_ON] and st[_CYCLES] > st[_LAST_CYC]:
+    """A CYC with the cycles since the last one, before a CYC-eligible packet,
+    when at least ``st[_CYC_ON]`` cycles went by (the CYC threshold; 0: no
+    CYC packets)."""
+    if st[_CYC_ON] and st[_CYCLES] - st[_LAST_CYC] >= st[_CYC_ON]:
         _put(out, st, _CYC, _U64(st[_CYCLES] - st[_LAST_CYC]), 0)
         st[_LAST_CYC] = st[_CYCLES]
         stats[_ST_CYC] += 1
@@ -274,7 +276,8 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
     ``path`` = (ips, uid): the IPs and each one's index into ``code`` = (class,
     fall-through IP, direct target, pushes); ``events`` = (traced, kind, ip)
     per position; ``opts`` = (ret_comp, tnt_max, psb_period, sync_disable,
-    ip_comp, mtc_freq, cyc, defer_tips).  Returns ``(rows, error, position)``
+    ip_comp, mtc_freq, cyc_min, defer_tips), ``cyc_min`` the cycles a CYC
+    needs (0: no CYC).  Returns ``(rows, error, position)``
     with ``error`` 0 or an ``ERR_*`` code for the instruction at ``position``.
     """
     ips, uid = path
@@ -515,6 +518,7 @@ def encode_path(
     tsc: int | None = None,
     mtc_freq: int | None = None,
     cyc: bool = False,
+    cyc_thresh: int = 0,
     ctc_ratio: int = 4,
     cbr: int = 8,
     cycles: np.ndarray | None = None,
@@ -547,7 +551,9 @@ def encode_path(
 
     Timing (all optional): ``tsc`` is the TSC at the first instruction (None:
     no timing packets); ``mtc_freq`` (0-15) adds TMA in PSB+ and MTC packets;
-    ``cyc`` adds CYC packets; ``ctc_ratio`` is TSC ticks per crystal clock
+    ``cyc`` adds CYC packets, each when at least 2**(``cyc_thresh`` - 1)
+    cycles went by since the last (IA32_RTIT_CTL.CycThresh; 0: at every
+    CYC-eligible packet with cycles to report); ``ctc_ratio`` is TSC ticks per crystal clock
     tick, ``cbr`` the core:bus ratio sent in PSB+; ``cycles`` gives each
     executed instruction's cost in core clocks (default 1).
 
@@ -601,6 +607,8 @@ def encode_path(
             raise ValueError("cycles needs one positive count per instruction")
     if mtc_freq is not None and not 0 <= mtc_freq <= 15:
         raise ValueError("mtc_freq must be 0-15")
+    if not 0 <= cyc_thresh <= 15:
+        raise ValueError("cyc_thresh must be 0-15")
     if not 1 <= ctc_ratio <= 0x1FF:
         raise ValueError("ctc_ratio must be 1-511 (TMA's fast counter holds 9 bits)")
     mtc_on = tsc is not None and mtc_freq is not None
@@ -612,7 +620,7 @@ def encode_path(
         sync_disable,
         ip_compression,
         int(mtc_freq or 0),
-        cyc,
+        (1 << max(cyc_thresh - 1, 0)) if cyc else 0,
         defer_tips,
     )
 

@@ -46,7 +46,7 @@ def intel_pt_config(settings: dict[str, int | bool]) -> int:
     if settings.get("mtc"):
         config |= bits["mtc"] | (int(settings.get("mtc_period", 0)) << 14)
     if settings.get("cyc"):
-        config |= bits["cyc"]
+        config |= bits["cyc"] | (int(settings.get("cyc_thresh", 0)) << 19)
     if settings.get("noretcomp"):
         config |= bits["noretcomp"]
     psb = int(settings.get("psb_period", 0))

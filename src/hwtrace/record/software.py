@@ -382,6 +382,7 @@ def encode_log(
     tsc: bool = True,
     mtc_period: int | None = 3,
     cyc: bool = False,
+    cyc_thresh: int = 0,
     noretcomp: bool = False,
     ctc_ratio: int = 2,
     cbr: int = 8,
@@ -461,6 +462,7 @@ def encode_log(
             tsc=int(log.times[0]) if tsc else None,
             mtc_freq=mtc_period if tsc else None,
             cyc=cyc,
+            cyc_thresh=cyc_thresh,
             ctc_ratio=ctc_ratio,
             cbr=cbr,
             cycles=np.concatenate(cost),
@@ -481,6 +483,7 @@ def record_software(
     tsc: bool = True,
     mtc_period: int | None = 3,
     cyc: bool = False,
+    cyc_thresh: int = 0,
     noretcomp: bool = False,
     ctc_ratio: int = 2,
     cbr: int = 8,
@@ -496,7 +499,8 @@ def record_software(
 
     PT options: ``psb_period`` (bytes between PSB+; 0: only the first),
     ``tsc`` (TSC packets in PSB+), ``mtc_period`` (MTC every 2**n crystal
-    clock ticks, None: no MTC; needs ``tsc``), ``cyc`` (CYC packets),
+    clock ticks, None: no MTC; needs ``tsc``), ``cyc`` (CYC packets;
+    ``cyc_thresh``: each after at least 2**(n - 1) cycles, 0-15),
     ``noretcomp`` (no return compression), ``ctc_ratio`` (stepping-clock
     ticks per crystal clock tick, 1-511) and ``cbr`` (core:bus ratio in
     PSB+).  Stepping: ``clock`` (``"tsc"`` or ``"monotonic"``),
@@ -510,6 +514,8 @@ def record_software(
         raise RecordError("psb_period must be >= 0")
     if mtc_period is not None and not 0 <= mtc_period <= 15:
         raise RecordError("mtc_period must be 0-15")
+    if not 0 <= cyc_thresh <= 15:
+        raise RecordError("cyc_thresh must be 0-15")
     if not 1 <= ctc_ratio <= 511:
         raise RecordError("ctc_ratio must be 1-511")
     if not 1 <= cbr <= 255:
@@ -532,6 +538,7 @@ def record_software(
         "tsc": tsc,
         "mtc_period": mtc_period,
         "cyc": cyc,
+        "cyc_thresh": cyc_thresh,
         "noretcomp": noretcomp,
         "ctc_ratio": ctc_ratio,
         "cbr": cbr,
@@ -555,6 +562,7 @@ def record_software(
         "mtc": tsc and mtc_period is not None,
         "mtc_period": int(mtc_period or 0),
         "cyc": cyc,
+        "cyc_thresh": cyc_thresh,
         "noretcomp": noretcomp,
         "psb_period": psb_period,
         "ctc_ratio": ctc_ratio,
