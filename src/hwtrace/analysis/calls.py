@@ -25,7 +25,9 @@ graphs from PT):
   which is a tail call) unwinds to the innermost frame of that function,
   when one is on the stack (``longjmp``: it jumps to where a call to
   ``setjmp`` returned to, which is no longer on the stack, but its
-  function's frame is);
+  function's frame is; a function a signal interrupted counts, for a
+  ``longjmp`` out of the handler; with more than ``STACK_DEPTH`` frames on
+  the stack it finds only the kept ones);
 * an extent opens at the function's entry (reached by a call, a jump from a
   PLT stub or a tail call) and ends with the instruction after which the
   frame the function was entered in has been popped: its RET, its tail
@@ -54,10 +56,19 @@ from .code import K_CALL, K_IJUMP, K_RET, CodeIndex
 STACK_DEPTH = 1 << 10
 
 
-# ``stack_func`` of a mark pushed at an asynchronous transfer; its return
-# addresses are where the interrupted instruction may go on (fall-through,
-# target), where the flow resumes when the handler is done.
+# ``stack_func`` of a mark pushed at an asynchronous transfer is at most
+# this: ``_MARK - 1 - f`` for an interruption of function ``f`` (-1:
+# unknown).  Its return addresses are where the interrupted instruction may
+# go on (fall-through, target), where the flow resumes when the handler is
+# done; the function is the one a ``longjmp`` out of the handler may go
+# back into.
 _MARK = -2
+
+
+@nb.njit(cache=True, inline="always")
+def _frame_func(v):
+    """The function a frame returns into (a mark: the one interrupted)."""
+    return _MARK - 1 - v if v <= _MARK else v
 
 
 @nb.njit(cache=True)
@@ -88,22 +99,22 @@ def _walk(ips, kinds, falls, succs, funcs, starts, entry, slot, stack, stack_alt
             top -= 1  # into a frame that was only counted
         elif k == K_RET:
             d = top - 1
-            while d >= 0 and (stack[s, d] != ip or stack_func[s, d] == _MARK):
+            while d >= 0 and (stack[s, d] != ip or stack_func[s, d] <= _MARK):
                 d -= 1
             if d >= 0:
                 top = d
-            elif top > 0 and stack_func[s, top - 1] == _MARK and base[s] == top:
+            elif top > 0 and stack_func[s, top - 1] <= _MARK and base[s] == top:
                 base[s] = -1  # the extent's function, entered at the mark, returned
         elif k == K_IJUMP and funcs[j] >= 0 and funcs[j] != pend[s, 2] and not starts[j]:
             d = min(top, width) - 1
-            while d >= 0 and stack_func[s, d] != funcs[j]:
+            while d >= 0 and _frame_func(stack_func[s, d]) != funcs[j]:
                 d -= 1
             if d >= 0:
                 top = d
         elif k != K_IJUMP and k >= 0 and ip != fall and ip != np.uint64(pend[s, 3]):
             d = min(top, width) - 1
             while d >= 0 and not (
-                stack_func[s, d] == _MARK and (stack[s, d] == ip or stack_alt[s, d] == ip)
+                stack_func[s, d] <= _MARK and (stack[s, d] == ip or stack_alt[s, d] == ip)
             ):
                 d -= 1
             if d >= 0:
@@ -112,7 +123,7 @@ def _walk(ips, kinds, falls, succs, funcs, starts, entry, slot, stack, stack_alt
                 if top < width:
                     stack[s, top] = fall
                     stack_alt[s, top] = np.uint64(pend[s, 3])
-                    stack_func[s, top] = _MARK
+                    stack_func[s, top] = _MARK - 1 - pend[s, 2]
                 top += 1
         sp[s] = top
         if base[s] >= 0 and top < base[s]:
