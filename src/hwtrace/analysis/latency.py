@@ -183,9 +183,9 @@ def _emit(out, counts, kind, slot, cpu, mo, mc, ico, icc, path, to, tc, stream):
     (``out``: records, the stream's times, histograms, totals)."""
     rec, times, hist, agg, _ = out
     n = counts[C_RECS]
-    rec[R_KIND, n], rec[R_SLOT, n], rec[R_CPU, n], rec[R_MOPEN, n] = kind, slot, cpu, mo
-    rec[R_MCLOSE, n], rec[R_ICO, n], rec[R_ICC, n], rec[R_PATH, n] = mc, ico, icc, path
-    rec[R_TO, n], rec[R_TC, n], rec[R_STREAM, n] = to, tc, stream
+    rec[n, R_KIND], rec[n, R_SLOT], rec[n, R_CPU], rec[n, R_MOPEN] = kind, slot, cpu, mo
+    rec[n, R_MCLOSE], rec[n, R_ICO], rec[n, R_ICC], rec[n, R_PATH] = mc, ico, icc, path
+    rec[n, R_TO], rec[n, R_TC], rec[n, R_STREAM] = to, tc, stream
     counts[C_RECS] = n + 1
     dt = times[tc] - times[to]
     dic = icc - ico
@@ -458,7 +458,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS], ct[T_I_FLAGS], ct[T_I_TARGET]
     )  # fmt: skip
     r_first, r_insn, r_lastk = ct[T_R_FIRST], ct[T_R_INSN], ct[T_R_LASTK]
-    rec_cap = rec[0].shape[1]
+    rec_cap = rec[0].shape[0]
     tl = rec[4]  # the timeline: (slot, time, path) where a slot's path changed
     tl_cap = tl.shape[1] if masks[6] else 0
     path_cap = paths[3].shape[0]
@@ -819,7 +819,9 @@ class LatencyProfiler:
         self.ss = np.zeros((0, NS), np.int64)
         self.fr = np.zeros((0, depth, NF), np.int64)
         self.seq = np.zeros((0, max(nm, 1)), np.uint64)
-        self.rec = np.zeros((NR, 1 << 12 if keep else 1 << 16), np.int64)  # a column per field
+        # A row per interval (a field per column would put the fields' rows a
+        # power of two apart: one cache set for all, evicting each other).
+        self.rec = np.zeros((1 << 12 if keep else 1 << 16, NR), np.int64)
         self.rec_done: list[np.ndarray] = []
         self.hist = np.zeros((2, 2, NB), np.int64)  # [kind, Δt or ΔIC, bucket]
         self.agg = np.zeros((2, NA), np.int64)
@@ -971,15 +973,15 @@ class LatencyProfiler:
 
     def _room(self, ninsn: int, st: dict) -> None:
         c = self.counts
-        if c[C_RECS] + 2 * ninsn + 4 > self.rec.shape[1]:
+        if c[C_RECS] + 2 * ninsn + 4 > self.rec.shape[0]:
             if self.keep:
                 # Records go on in a new chunk (joined once, at the end).
-                self.rec_done.append(self.rec[:, : int(c[C_RECS])])
-                self.rec = np.zeros((NR, max(2 * self.rec.shape[1], 2 * ninsn + 4)), np.int64)
+                self.rec_done.append(self.rec[: int(c[C_RECS])].T)
+                self.rec = np.zeros((max(2 * self.rec.shape[0], 2 * ninsn + 4), NR), np.int64)
             else:
                 self._keep_longest()
-                if 2 * ninsn + 4 > self.rec.shape[1]:
-                    self.rec = np.zeros((NR, 2 * ninsn + 4), np.int64)
+                if 2 * ninsn + 4 > self.rec.shape[0]:
+                    self.rec = np.zeros((2 * ninsn + 4, NR), np.int64)
             c[C_RECS] = 0
         need = int(c[C_PATHS]) + ninsn + self.depth + 2
         if need > self.paths[3].shape[0]:
@@ -1020,7 +1022,7 @@ class LatencyProfiler:
     def _keep_longest(self) -> None:
         """Keep the longest intervals of each kind among those so far and
         the records at hand (which are then free again)."""
-        rec = self.rec[:, : int(self.counts[C_RECS])]
+        rec = self.rec[: int(self.counts[C_RECS])].T
         if self.top is not None:
             rec = np.concatenate([self.top, rec], axis=1)
         dt = self._durations(rec)
@@ -1035,7 +1037,7 @@ class LatencyProfiler:
     def result(self) -> LatencyResult:
         c = self.counts
         if self.keep:
-            rec = self.rec[:, : int(c[C_RECS])]
+            rec = self.rec[: int(c[C_RECS])].T
             if self.rec_done:
                 rec = np.concatenate([*self.rec_done, rec], axis=1)
         else:
