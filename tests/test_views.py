@@ -154,7 +154,15 @@ def test_views_render_in_a_browser(tmp_path):
                         {"name": "MTC 3", "points": [[256, 0.9], [1024, 0.5], [4096, 0.4]]},
                         {"name": "CYC", "points": [[256, 1.9], [1024, 1.5], [4096, 1.3]]},
                     ],
-                }
+                },
+                {  # a narrow range: its ticks need more digits to differ
+                    "title": "resolution",
+                    "x": "CYC threshold",
+                    "y": "median Δt (ns)",
+                    "logx": False,
+                    "logy": True,
+                    "series": [{"name": "Δt", "points": [[0, 10.8], [4, 10.8], [6, 12.3]]}],
+                },
             ],
             "characterisation",
             facts=[["instructions", "1,000"]],
@@ -176,6 +184,9 @@ def test_views_render_in_a_browser(tmp_path):
         for pattern, at_least in want[name]:
             assert len(re.findall(pattern, dom)) >= at_least, (name, pattern)
         not_blank(pixels)
+        if name == "plots":
+            ticks = re.findall(r'<text[^>]*class="lbl"[^>]*>([^<]*)</text>', dom)
+            assert "10.8" in ticks and "12.3" in ticks, ticks
     for name in ("paths", "diff"):  # the sunburst tab, opened from the address
         dom, pixels = browse(tmp_path / f"{name}.html", tmp_path, "#sunburst")
         assert len(re.findall(r'class="arc"', dom)) >= 50, name

@@ -129,8 +129,7 @@ def main(argv: Sequence[str]) -> int:
         write_page(a.html, plots_page(
             _plots(outcomes), f"hwtrace characterize: {title}",
             f"{what}, bandwidth at {a.rate:g} insn/s",
-            facts=[["instructions", f"{sum(o.instructions for o in outcomes) // len(outcomes):,}"
-                    " (mean per setting)"], ["settings", str(len(outcomes))],
+            facts=[_instructions_fact(outcomes), ["settings", str(len(outcomes))],
                    ["smallest trace", f"{min(o.bytes for o in outcomes):,} bytes"],
                    ["finest median Δt", _ns(min(o.dt_median_ns for o in outcomes))]],
             table={"title": "settings", "columns": ["setting", "bytes/insn", "MB/s",
@@ -216,6 +215,14 @@ def _recorded(prog: str, a: argparse.Namespace, command: list[str], backend: str
     return outcomes, " ".join(command), what, {"backend": backend, "command": command}
 
 
+def _instructions_fact(outcomes) -> list[str]:
+    counts = {o.instructions for o in outcomes}
+    if len(counts) == 1:
+        return ["instructions", f"{counts.pop():,}"]
+    mean = sum(o.instructions for o in outcomes) // len(outcomes)
+    return ["instructions (mean per recording)", f"{mean:,}"]
+
+
 def _ns(v: float) -> str:
     if v != v:
         return "unknown"  # the time never changed
@@ -251,8 +258,16 @@ def _plots(outcomes) -> list[dict]:
           "PSB period (MTC, CYC off)", "PSB period (bytes)", True, False)  # fmt: skip
     sweep([o for o in plain if o.setting.mtc_period is not None], "mtc_period",
           "MTC period (CYC off)", "MTC period (log2 ticks)", False, True)  # fmt: skip
-    sweep([o for o in outcomes if o.setting.cyc and o.setting.ret_compression], "cyc_thresh",
-          "CYC threshold (CYC on)", "CYC threshold (a CYC after 2**(n-1) cycles)", False, True)  # fmt: skip
+    # The CYC thresholds tried with the most settings otherwise the same.
+    groups: dict[tuple, list] = {}
+    for o in outcomes:
+        if o.setting.cyc:
+            s = o.setting
+            groups.setdefault((s.psb_period, s.mtc_period, s.ret_compression), []).append(o)
+    if groups:
+        (psb, mtc, _), chosen = max(groups.items(), key=lambda kv: len(kv[1]))
+        sweep(chosen, "cyc_thresh", f"CYC threshold (PSB {psb}, MTC {'off' if mtc is None else mtc})",
+              "CYC threshold (a CYC after 2**(n-1) cycles)", False, True)  # fmt: skip
     plots.append({"title": "size against resolution", "x": "bytes per instruction",
                   "y": "TRF (0-100, lower: finer)", "logx": True, "logy": False, "scatter": True,
                   "series": [series(f"CYC {'on' if cyc else 'off'}",

@@ -45,6 +45,15 @@
     if (a >= 10 || Number.isInteger(n)) return String(Math.round(n));
     return n.toFixed(a >= 1 ? 1 : a >= 0.1 ? 2 : 3);
   }
+  // Axis labels: short, with as many significant digits as it takes for
+  // neighbouring ticks to read differently (a narrow range).
+  function tickLabels(vals) {
+    let out = vals.map(short);
+    for (let p = 3; p <= 8 && out.some((t, i) => i && t === out[i - 1]); p++) {
+      out = vals.map((v) => v.toLocaleString("en-US", { maximumSignificantDigits: p }));
+    }
+    return out;
+  }
   function amount(v, unit) {
     if (unit === "ns") {
       const a = Math.abs(v);
@@ -332,14 +341,23 @@
     const pw = W - left - right, ph = H - top - bottom;
     const X = (v) => left + (pw * (tx(v) - x0)) / (x1 - x0);
     const Y = (v) => top + ph - (ph * (ty(v) - y0)) / (y1 - y0);
-    for (let i = 0; i <= 4; i++) {
-      const yv = y0 + ((y1 - y0) * i) / 4, y = top + ph - (ph * i) / 4;
+    const steps = [0, 1, 2, 3, 4];
+    const yLabels = tickLabels(steps.map((i) => {
+      const yv = y0 + ((y1 - y0) * i) / 4;
+      return plot.logy ? Math.pow(10, yv) : yv;
+    }));
+    const xLabels = tickLabels(steps.map((i) => {
+      const xv = x0 + ((x1 - x0) * i) / 4;
+      return plot.logx ? Math.pow(10, xv) : xv;
+    }));
+    for (const i of steps) {
+      const y = top + ph - (ph * i) / 4;
       svg("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid" }, root);
       const t = svg("text", { x: left - 6, y: y + 3.5, "text-anchor": "end", class: "lbl" }, root);
-      t.textContent = short(plot.logy ? Math.pow(10, yv) : yv);
-      const xv = x0 + ((x1 - x0) * i) / 4, x = left + (pw * i) / 4;
+      t.textContent = yLabels[i];
+      const x = left + (pw * i) / 4;
       const u = svg("text", { x: x, y: H - bottom + 15, "text-anchor": "middle", class: "lbl" }, root);
-      u.textContent = short(plot.logx ? Math.pow(10, xv) : xv);
+      u.textContent = xLabels[i];
     }
     svg("line", { x1: left, x2: W - right, y1: top + ph, y2: top + ph, class: "axis" }, root);
     svg("line", { x1: left, x2: left, y1: top, y2: top + ph, class: "axis" }, root);
