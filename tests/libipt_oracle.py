@@ -288,6 +288,25 @@ def insn_dump(
     apart from direct jumps and calls); errors as ``{"offset", "ip", "code",
     "text"}``.
     """
+    flow, errors, _ = _insn_dump(path, elf=elf, timing=timing, block=block)
+    return flow, errors
+
+
+def block_times(
+    path: str | os.PathLike[str],
+    *,
+    raw: Sequence[tuple[str | os.PathLike[str], int, int, int]] = (),
+    timing: dict[str, int] | None = None,
+) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """libipt's blocks of a trace (as :func:`insn_dump` with ``block``) and
+    the time ``pt_blk_time`` gives before each (0: none yet), which Intel's
+    ptxed prints with ``--time``.  ``raw``: ``(file, offset, size, vaddr)``
+    sections."""
+    flow, _, times = _insn_dump(path, raw=raw, timing=timing, block=True, time=True)
+    return flow, times  # type: ignore[return-value]
+
+
+def _insn_dump(path, *, elf=(), raw=(), timing=None, block=False, time=False):
     tools = build()
     cmd = [str(tools.ptinsn_dump)]
     options = {"mtc_freq": "--mtc-freq", "nom_freq": "--nom-freq",
@@ -299,20 +318,30 @@ def insn_dump(
             cmd += ["--elf", f"{os.fspath(file[0])}:{file[1]:#x}"]
         else:
             cmd += ["--elf", os.fspath(file)]
+    for file, offset, size, vaddr in raw:
+        cmd += ["--raw", f"{os.fspath(file)}:{offset:#x}:{size:#x}:{vaddr:#x}"]
     if block:
         cmd.append("--block")
+    if time:
+        cmd.append("--time")
     cmd.append(os.fspath(path))
     flow: list = []
     errors: list[dict[str, int | str]] = []
+    times: list[int] = []
+    now = 0
     for line in _run(cmd).splitlines():
         if line.startswith("! error "):
             _, _, offset, ip, code, text = line.split(" ", 5)
             errors.append(
                 {"offset": int(offset, 16), "ip": int(ip, 16), "code": int(code), "text": text}
             )
+        elif line.startswith("time "):
+            now = int(line.split()[1], 16)
         elif line.startswith("block "):
             _, ip, end_ip, ninsn = line.split()
             flow.append((int(ip, 16), int(end_ip, 16), int(ninsn)))
+            times.append(now)
         elif line and not line.startswith("#"):
             flow.append(int(line, 16))
-    return flow, errors
+            times.append(now)
+    return flow, errors, times

@@ -71,3 +71,73 @@ def test_same_packets_as_libipt(tmp_path, mix, seed):
             assert row[field] == ours(table, i, spec), (row, field)
             checked += 1
     assert checked > 10_000
+
+
+def _loop_stream(per_iteration, tsc_at, n):
+    """A PSB+ at the loop head of ``test_decode_bad_input``'s loop code,
+    then ``n`` iterations' packets (``per_iteration``: ``(kind, a, b)``
+    rows), with a TSC of 2000 + k before iteration ``k`` for each ``k`` in
+    ``tsc_at``."""
+    import numpy as np
+    from test_decode_bad_input import ORG
+
+    from hwtrace.pt.kinds import Kind
+    from hwtrace.pt.packets import encode_table
+
+    rows = [(Kind.PSB, 0, 0), (Kind.TSC, 1000, 0), (Kind.FUP, ORG, 3), (Kind.MODE_EXEC, 1, 0),
+            (Kind.PSBEND, 0, 0)]  # fmt: skip
+    for k in range(n):
+        if k in tsc_at:
+            rows.append((Kind.TSC, 2000 + k, 0))
+        rows += per_iteration
+    columns = zip(*rows, strict=True)
+    kinds, a, b = (
+        np.array(col, dt) for col, dt in zip(columns, (np.uint8, np.uint64, np.uint32), strict=True)
+    )
+    return encode_table(kinds, a, b, np.zeros(len(rows), np.uint8))
+
+
+@pytest.mark.parametrize("packets", ["tnt", "tip", "long-tnt"])
+def test_times_are_libipt_s(tmp_path, packets):
+    """The time each block gets (decode_trace, both walks) and ptxed
+    --time prints is the one libipt's block decoder gives before it
+    (pt_blk_time, which Intel's ptxed prints): the time of the last packet
+    consumed, a TNT's from its first bit on."""
+    import io
+
+    import numpy as np
+    from test_decode_bad_input import ORG, _loop_code
+
+    from hwtrace.cli.ptxed import main as ptxed
+    from hwtrace.image import Image
+    from hwtrace.pt.decode import DecodeOptions, decode_trace
+    from hwtrace.pt.kinds import Kind
+
+    code = tmp_path / "code.bin"
+    code.write_bytes(_loop_code())
+    per = {
+        # Two bits an iteration (the compressed return and the loop's jnz).
+        "tnt": [(Kind.TNT8, 0b11, 2)],
+        "tip": [(Kind.TIP, ORG + 5, 3), (Kind.TNT8, 1, 1)],  # the return as a TIP
+        "long-tnt": [],
+    }[packets]
+    if packets == "long-tnt":  # 47 bits a packet: TSCs fall between iterations' bits
+        data = _loop_stream([(Kind.TNT64, (1 << 47) - 1, 47)], {1, 2, 4}, 6)
+    else:
+        data = _loop_stream(per, {3, 7, 8, 20, 39}, 40)
+    trace = tmp_path / "t.pt"
+    trace.write_bytes(data)
+    blocks, times = oracle.block_times(trace, raw=[(code, 0, code.stat().st_size, ORG)])
+    want = np.repeat(np.array(times, np.uint64), [nb for _, _, nb in blocks])
+    image = Image()
+    image.add_raw_spec(f"{code}:{ORG:#x}")
+    for fast in (True, False):
+        got = decode_trace(data, image, options=DecodeOptions(fast=fast)).instruction_times()
+        assert np.array_equal(got[: want.shape[0]], want), fast
+    for mode in ("--block-decoder", "--insn-decoder"):
+        out = io.BytesIO()
+        ptxed([mode, "--time", "--raw", f"{code}:{ORG:#x}", "--pt", str(trace)], out)
+        printed = [int(line.split()[0], 16) for line in out.getvalue().decode().splitlines()
+                   if line and not line.startswith("[")]  # fmt: skip
+        assert printed[: want.shape[0]] == want.tolist(), mode
+    assert len(set(times)) > 3  # the TSCs moved the time

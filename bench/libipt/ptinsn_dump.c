@@ -16,6 +16,10 @@
  *   --mtc-freq N, --nom-freq N, --cpuid-0x15.eax N, --cpuid-0x15.ebx N
  *                                  timing parameters (as ptxed)
  *   --events                       also print events
+ *   --time                         also print the decoder's time before
+ *                                  each block (pt_blk_time, as ptxed
+ *                                  --time) or instruction (pt_insn_time)
+ *                                  when it changed
  *   --block                        use the block decoder
  *
  * Numbers may be decimal or 0x-prefixed hexadecimal.  Later sections replace
@@ -30,6 +34,9 @@
  *                                  if not known); CODE is the positive enum
  *                                  pt_error_code value, TEXT pt_errstr's
  *                                  text.  Decoding resumes at the next PSB.
+ *   time TSC                       with --time: the time (lowercase hex,
+ *                                  no prefix; 0: none yet) from the next
+ *                                  block or instruction on
  *   # event NAME [ip=0x..]         with --events: an event (NAME as in
  *                                  enum pt_event_type without "ptev_")
  *   block IP END_IP NINSN          with --block, instead of IP lines: a
@@ -71,7 +78,7 @@ static void usage(void)
 		"usage: ptinsn_dump [--elf FILE[:BASE]] "
 		"[--raw FILE:OFFSET:SIZE:VADDR] [--cpu F/M[/S]] "
 		"[--mtc-freq N] [--nom-freq N] [--cpuid-0x15.eax N] "
-		"[--cpuid-0x15.ebx N] [--events] [--block] FILE.pt\n");
+		"[--cpuid-0x15.ebx N] [--events] [--time] [--block] FILE.pt\n");
 	exit(2);
 }
 
@@ -260,7 +267,22 @@ static int drain_blk_events(struct pt_block_decoder *dec, int status, int show)
 }
 
 /* As decode() below, with the block decoder. */
-static void decode_blocks(struct pt_block_decoder *dec, int show_events)
+static uint64_t last_time = UINT64_MAX;
+
+/* The time the decoder gives before the next block or instruction, when it
+ * changed ("no time" is 0).
+ */
+static void print_time(uint64_t tsc, int status)
+{
+	if (status < 0)
+		tsc = 0;
+	if (tsc != last_time)
+		printf("time %" PRIx64 "\n", tsc);
+	last_time = tsc;
+}
+
+static void decode_blocks(struct pt_block_decoder *dec, int show_events,
+			  int show_time)
 {
 	uint64_t last_error_offset = UINT64_MAX, offset;
 
@@ -287,6 +309,12 @@ static void decode_blocks(struct pt_block_decoder *dec, int show_events)
 				status = -pte_eos;
 				break;
 			}
+			if (show_time) {
+				uint64_t tsc = 0;
+
+				print_time(tsc, pt_blk_time(dec, &tsc, NULL,
+							    NULL));
+			}
 			status = pt_blk_next(dec, &block, sizeof(block));
 			/* A block cut short by an error still ran. */
 			if (block.ninsn)
@@ -308,7 +336,8 @@ static void decode_blocks(struct pt_block_decoder *dec, int show_events)
 	}
 }
 
-static void decode(struct pt_insn_decoder *dec, int show_events)
+static void decode(struct pt_insn_decoder *dec, int show_events,
+		   int show_time)
 {
 	uint64_t last_error_offset = UINT64_MAX;
 
@@ -336,6 +365,12 @@ static void decode(struct pt_insn_decoder *dec, int show_events)
 				status = -pte_eos;
 				break;
 			}
+			if (show_time) {
+				uint64_t tsc = 0;
+
+				print_time(tsc, pt_insn_time(dec, &tsc, NULL,
+							     NULL));
+			}
 			status = pt_insn_next(dec, &insn, sizeof(insn));
 			/* Even on an error the instruction may be valid. */
 			if (insn.iclass != ptic_error)
@@ -362,7 +397,7 @@ static void decode(struct pt_insn_decoder *dec, int show_events)
 int main(int argc, char **argv)
 {
 	const char *path = NULL;
-	int fd, i, show_events = 0, blocks = 0;
+	int fd, i, show_events = 0, show_time = 0, blocks = 0;
 	struct stat st;
 	uint8_t *data;
 	struct pt_config config;
@@ -380,6 +415,8 @@ int main(int argc, char **argv)
 
 		if (!strcmp(arg, "--events"))
 			show_events = 1;
+		else if (!strcmp(arg, "--time"))
+			show_time = 1;
 		else if (!strcmp(arg, "--block"))
 			blocks = 1;
 		else if (!strcmp(arg, "--elf") && has_value)
@@ -448,7 +485,7 @@ int main(int argc, char **argv)
 			die("%s", "cannot allocate the decoder");
 		if (pt_blk_set_image(bdec, image) < 0)
 			die("%s", "cannot set the image");
-		decode_blocks(bdec, show_events);
+		decode_blocks(bdec, show_events, show_time);
 		pt_blk_free_decoder(bdec);
 	} else {
 		struct pt_insn_decoder *dec = pt_insn_alloc_decoder(&config);
@@ -457,7 +494,7 @@ int main(int argc, char **argv)
 			die("%s", "cannot allocate the decoder");
 		if (pt_insn_set_image(dec, image) < 0)
 			die("%s", "cannot set the image");
-		decode(dec, show_events);
+		decode(dec, show_events, show_time);
 		pt_insn_free_decoder(dec);
 	}
 	pt_image_free(image);

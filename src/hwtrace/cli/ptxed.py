@@ -536,7 +536,6 @@ def decode_reference(
     pos = 0
     last_sync = -1
     sync_progress = -1
-    time = 0
     # The last block decoded (Intel's ptxed reports errors against it).
     block = Block()
 
@@ -557,10 +556,8 @@ def decode_reference(
         return ip
 
     def handle_one_event() -> int:
-        nonlocal time
         offset = evdec.offset()
         status, ev = blk.next_event()
-        time = ev.tsc
         if not opts.quiet and not ev.status_update:
             out.line(_event_text(ev, opts, offset))
         if sideband is not None:
@@ -570,6 +567,7 @@ def decode_reference(
     def decode_one_block() -> int:
         nonlocal block, stats_insn, stats_blocks
         offset = evdec.offset()
+        time = blk.time()  # Intel's ptxed: pt_blk_time before pt_blk_next
         block = Block()
         try:
             return blk.next_block(block)

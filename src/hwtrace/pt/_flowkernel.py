@@ -216,6 +216,9 @@ S_JMPABS = int(Special.JMPABS)
 E_TYPE, E_FLAGS, E_IP, E_AT, E_TSC, E_P0, E_P1, E_P2, E_P3, E_P4, E_P5 = range(11)
 EW = 11
 F_SUPP, F_STATUS, F_HAS_TSC, F_RESUMED = 1, 2, 4, 8
+# A TNT whose first bit was taken: its time is the query time (libipt's
+# pt_blk_time) until the next event is consumed.
+F_STARTED = 16
 # Payload words by event type.
 E_CR3, E_NR = E_P0, E_P1  # PAGING, ASYNC_PAGING
 E_BASE = E_P0  # VMCS, ASYNC_VMCS
@@ -1694,11 +1697,14 @@ def _proceed_indirect(ds, pk, cf):
 
 @kernels.njit(cache=True, _nrt=False)
 def _cond_branch(SI, CUR):
-    """The next TNT bit (0/1), or -code."""
+    """The next TNT bit (0/1), or -code.  From the first bit on the TNT's
+    time is the query time (libipt's query decoder takes it when it caches
+    the TNT)."""
     if SI[BS_STATUS] != 0 or CUR[E_TYPE] != EV_TNT:
         return _err(E_BAD_QUERY)
     if CUR[E_SIZE] == 0:
         return _err(E_INTERNAL)
+    CUR[E_FLAGS] |= F_STARTED
     CUR[E_SIZE] -= np.uint64(1)
     return np.int64((CUR[E_BITS] >> CUR[E_SIZE]) & np.uint64(1))
 
@@ -2539,6 +2545,16 @@ def blk_resync(ds, pk, cf, ct, ev_out):
 # Output.
 
 
+@kernels.njit(cache=True, inline="always", _nrt=False)
+def _query_time(ds):
+    """The time of the last packet consumed (libipt's pt_blk_time): a
+    started TNT's, else the last consumed event's."""
+    SI, SU, CUR = ds[0], ds[1], ds[2]
+    if SI[BS_STATUS] == 0 and CUR[E_TYPE] == EV_TNT and CUR[E_FLAGS] & F_STARTED:
+        return CUR[E_TSC]
+    return SU[BS_TSC]
+
+
 @kernels.njit(cache=True, _nrt=False)
 def _new_row(ds, pk, out, new):
     """Start a block row at the decoder's IP (the current block's first row
@@ -2555,7 +2571,7 @@ def _new_row(ds, pk, out, new):
     o_flags[i] = flags
     o_mode[i] = SI[BS_MODE]
     o_off[i] = _offset(SI, SU, pk)
-    o_time[i] = SU[BS_TSC]
+    o_time[i] = _query_time(ds)
     SI[O_NBLK] = i + 1
     SI[CB_ROW] = i
     return i
@@ -2944,6 +2960,8 @@ def _fast(ds, pk, cf, ct, out):
     CUR[E_TSC] = ev_tsc
     if ev_has_tsc:
         CUR[E_FLAGS] |= F_HAS_TSC
+    if evt == EV_TNT and cur_tsc == ev_tsc and has_tsc == ev_has_tsc:
+        CUR[E_FLAGS] |= F_STARTED  # (or not started, at the same time)
     return why
 
 

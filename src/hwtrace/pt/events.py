@@ -102,8 +102,8 @@ class Event:
         "has_cr2", "has_tsc", "has_vector", "has_vmxq", "has_vmxr", "hints", "hw", "icnt",
         "iflag", "interrupt", "ip", "ip_suppressed", "last", "lost_cyc", "lost_mtc", "mode",
         "mult", "non_root", "offset", "payload", "ratio", "resumed", "size", "speculative",
-        "state", "status_update", "store", "sub_state", "trbv", "tsc", "type", "vector",
-        "vmxq", "vmxr",
+        "started", "state", "status_update", "store", "sub_state", "trbv", "tsc", "type",
+        "vector", "vmxq", "vmxr",
     )  # fmt: skip
 
     def __init__(self, type: Ev = Ev.IGNORE) -> None:
@@ -126,6 +126,7 @@ _EVENT_DEFAULTS = dict.fromkeys(Event.FIELDS, 0) | {
     "ip_suppressed": False,
     "status_update": False,
     "has_tsc": False,
+    "started": False,  # a TNT whose first bit was taken
 }
 
 # Event-queue bindings: the packet an event waits for.

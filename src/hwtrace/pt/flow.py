@@ -297,6 +297,9 @@ class BlockDecoder:
             raise DecodeFailure(PtError.BAD_QUERY)
         if not ev.size:
             raise DecodeFailure(PtError.INTERNAL)
+        # From its first bit on the TNT's time is the query time, as libipt's
+        # query decoder takes the time when it caches a TNT.
+        ev.started = True
         ev.size -= 1
         return (ev.bits >> ev.size) & 1
 
@@ -724,6 +727,14 @@ class BlockDecoder:
         block.mode = self.mode
         block.speculative = self.speculative
         return self._proceed(block)
+
+    def time(self) -> int:
+        """The time of the last packet consumed (0 before any): libipt's
+        ``pt_blk_time``, which ptxed prints before each block."""
+        ev = self.event
+        if self.status is None and ev.type == Ev.TNT and ev.started:
+            return ev.tsc if ev.has_tsc else 0
+        return self.tsc if self.has_tsc else 0
 
     def next_event(self) -> tuple[int, Event]:
         """The pending event, applied; returns (status flags, event)."""

@@ -418,7 +418,7 @@ def _run_rows(b_ninsn, b_flags, b_offset, b_run, i, stop, r_ninsn, r_first, r_in
 
 @kernels.njit(cache=True, _nrt=False)
 def format_batch(
-    b_ip, b_ninsn, b_flags, b_mode, b_offset, b_run, ev_rows, ev_off, ev_blk, ct, lines,
+    b_ip, b_ninsn, b_flags, b_mode, b_offset, b_time, b_run, ev_rows, ev_off, ev_blk, ct, lines,
     line_off, contig, span, style, st, stu, out,
 ):  # fmt: skip
     """Write the batch's lines into ``out`` from where ``st`` says; returns
@@ -473,6 +473,7 @@ def format_batch(
             if b_flags[i] & K.O_NEW:
                 st[F_NBLOCKS] += 1
                 st[F_BLKOFF] = b_offset[i]
+                stu[FU_TIME] = b_time[i]  # Intel's ptxed: pt_blk_time before pt_blk_next
                 st[F_SPEC] = 1 if b_flags[i] & K.O_SPEC else 0
                 if not quiet and style & S_SHOW_BLOCKS:
                     if p >= cap:
@@ -712,7 +713,7 @@ class PtxedWriter(FlowSink):
             lines.update(b.table)
         # What the formatting reads, as it is now (tables grow by new arrays).
         args = (
-            b.ip, b.ninsn, b.flags, b.mode, b.offset, b.run, b.events, b.event_offset,
+            b.ip, b.ninsn, b.flags, b.mode, b.offset, b.time, b.run, b.events, b.event_offset,
             b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig, lines.span,
         )  # fmt: skip
         if self._pool is None:
