@@ -426,6 +426,14 @@ def test_latency_and_funclatency_of_a_recorded_program(tmp_path, capsys):
     got = json.loads(out.read_text())
     assert [iv["dic"] for iv in got["intervals"]] == [e - s for s, e in want]
     assert all(iv["path"].endswith("fact") for iv in got["intervals"])
+    # The recorded call itself: the trace starts at its entry (no call
+    # seen) and stops after its return (where it went is not traced).
+    assert int(ips[0]) == int(image.symbols.function_entries("work")[0])
+    assert (
+        main(["funclatency", "work", "-i", str(path), "--json", str(out), "--all-intervals"]) == 0
+    )
+    got = json.loads(out.read_text())
+    assert [iv["dic"] for iv in got["intervals"]] == [len(ips) - 1]
     text = capsys.readouterr().out
     assert "the " in text and "longest" in text
 

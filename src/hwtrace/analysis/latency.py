@@ -68,19 +68,22 @@ from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 # Per-slot state (int64): instructions so far; stack depth; the last
 # instruction (kind, fall-through, successor, index, time) whose transition
 # the next instruction tells; the open interval (flag, marker, time,
-# index, path, cpu).
+# index, path, cpu); ...; whether its flow starts again at its next row
+# (after a gap), the CPU of its last row.
 (
     S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
-    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP, S_TPATH, S_TLAST,
-) = range(20)  # fmt: skip
-NS = 20
+    S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP, S_TPATH, S_TLAST, S_FRESH, S_CPU,
+) = range(22)  # fmt: skip
+NS = 22
 # A call path's parent when it is a root: the function the flow was in
 # with no call of it seen (where a thread's trace starts, or where a
 # return left the outermost frame seen), named by an address in it.  A
 # root of group ``g`` (see LatencyProfiler's ``group``) has parent
 # ``ROOT - 1 - g``.
 ROOT = -3
-# Frame columns (int64): return address, the callee's address, the call
+# Frame columns (int64): return address (UNSEEN: the frame of a marked
+# function the flow entered at its first instruction, right after a gap or
+# at its start, whose call is not in the trace), the callee's address, the call
 # path (-1: not worked out yet: paths are interned only when an interval
 # needs one), the exit marker its function has (-1: none), the call's
 # entry time and index (-1: not a marked function's call), a gap inside it,
@@ -88,6 +91,7 @@ ROOT = -3
 # then the callee).
 F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP, F_FRESH = range(8)
 NF = 8
+UNSEEN = -1
 # Counters (int64).
 (
     C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
@@ -294,8 +298,9 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
         ss[s, S_CUR] = -2
         return
     d = top - 1
-    while d >= 0 and fr[s, d, F_RET] != np.int64(ip):
-        d -= 1
+    if d < 0 or fr[s, d, F_RET] != UNSEEN:  # (an unseen call returns anywhere)
+        while d >= 0 and fr[s, d, F_RET] != np.int64(ip):
+            d -= 1
     if d < 0:
         if top == 0:
             _new_root(s, ip, ss)  # out of the outermost function seen
@@ -396,6 +401,7 @@ def _clear_sequences(s, ss, seq):
 @kernels.njit(cache=True, _nrt=False)
 def _gap(s, ss, fr, seq, counts):
     """A gap in slot ``s``'s flow: what is open there cannot be measured."""
+    ss[s, S_FRESH] = 1
     if ss[s, S_OPEN]:
         counts[C_GAPPED] += 1
         ss[s, S_OPEN] = 0
@@ -404,6 +410,40 @@ def _gap(s, ss, fr, seq, counts):
         if fr[s, d, F_IC] >= 0:
             fr[s, d, F_GAP] = 1
     _clear_sequences(s, ss, seq)
+
+
+@kernels.njit(cache=True, _nrt=False)
+def last_return(s, ss, fr, counts, marks, masks, rec, paths, stream):
+    """Slot ``s``'s flow stops (a gap, or its end) after a return: it went
+    to the innermost frame (where is not in the trace, as when tracing
+    stops at the return of a call recorded with its extent)."""
+    top = min(ss[s, S_SP], fr.shape[1])
+    if ss[s, S_PK] == K_RET and top > 0:
+        _returned(s, np.uint64(fr[s, top - 1, F_RET]), ss[s, S_CPU], ss, fr, counts, marks,
+                  masks, rec, paths, stream)  # fmt: skip
+        ss[s, S_PK] = K_OTHER
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _stop(s, ss, fr, seq, counts, marks, masks, rec, paths, stream):
+    """Slot ``s``'s flow stops at a gap: its last return is taken, then
+    what is open cannot be measured."""
+    last_return(s, ss, fr, counts, marks, masks, rec, paths, stream)
+    _gap(s, ss, fr, seq, counts)
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _unseen_call(s, ip, ss, fr):
+    """Slot ``s``'s flow starts (after a gap) at a marked function's first
+    instruction: a frame for the call the trace does not show, which the
+    function's first return pops (its exit marker is set as at any entry)."""
+    top = ss[s, S_SP]
+    if top < fr.shape[1]:
+        fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = UNSEEN, ip, -1
+        fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
+        fr[s, top, F_FRESH] = 0
+    ss[s, S_SP] = top + 1  # (deeper than the frames kept: only counted)
+    ss[s, S_CUR] = -2
 
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
@@ -483,7 +523,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         cpu = b_cpu[i]
         tv = np.int64(b_time[i])
         if b_gap[i] and last_slot >= 0:
-            _gap(last_slot, ss, fr, seq, counts)
+            _stop(last_slot, ss, fr, seq, counts, marks, masks, rec, paths, stream)
             last_path = -2  # the gap's time belongs to no path
             if masks[6]:
                 _timeline(tl, counts, last_slot, ss[last_slot, S_TLAST], -2, ss)
@@ -502,6 +542,14 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         ip = b_ip[i]
         if ss[s, S_PK] > K_OTHER:
             _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+        fresh = ss[s, S_FRESH]
+        ss[s, S_FRESH] = 0
+        ss[s, S_CPU] = cpu
+        if fresh and masks[3]:
+            run = b_run[i]
+            k0 = r_insn[r_first[run]] if run >= 0 else hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
+            if k0 >= 0 and atoms[k0] & masks[3]:
+                _unseen_call(s, ip, ss, fr)
         if ss[s, S_ROOTIP] == 0 and ss[s, S_SP] == 0:
             _new_root(s, ip, ss)
         if masks[5]:
@@ -883,6 +931,7 @@ class LatencyProfiler:
                 self.ss[slot, S_CUR] = -2
                 self.ss[slot, S_GROUP] = self.group(stream, key) if self.group else -1
                 self.ss[slot, S_TPATH] = -2
+                self.ss[slot, S_FRESH] = 1
             slots[j] = slot
         return slots[inverse.reshape(-1)]
 
@@ -956,7 +1005,10 @@ class LatencyProfiler:
         """A gap after the stream's last row (tracing stopped, an error)."""
         st = self.streams[stream]
         if st["last_slot"] >= 0:
-            _gap(st["last_slot"], self.ss, self.fr, self.seq, self.counts)
+            self._room(1, st)
+            out = (self.rec, st["times"], self.hist, self.agg, self.tl)
+            _stop(st["last_slot"], self.ss, self.fr, self.seq, self.counts, self.marks,
+                  self.masks, out, self.paths, stream)  # fmt: skip
             if self.masks[6]:
                 self._end_timeline(st["last_slot"])
         st["last_path"] = -2
@@ -1034,7 +1086,18 @@ class LatencyProfiler:
             keep.append(mine)
         self.top = rec[:, np.sort(np.concatenate(keep))].copy()
 
+    def _last_returns(self) -> None:
+        """Each flow that ended after a return: it went to the innermost frame."""
+        for (stream, _), slot in self.slots.items():
+            if self.ss[slot, S_PK] == K_RET:
+                st = self.streams[stream]
+                self._room(1, st)
+                out = (self.rec, st["times"], self.hist, self.agg, self.tl)
+                last_return(slot, self.ss, self.fr, self.counts, self.marks, self.masks, out,
+                            self.paths, stream)  # fmt: skip
+
     def result(self) -> LatencyResult:
+        self._last_returns()
         c = self.counts
         if self.keep:
             rec = self.rec[: int(c[C_RECS])].T
