@@ -19,6 +19,26 @@ def conformance_dir() -> Path:
     return CONFORMANCE
 
 
+def copy_of_built_kernels(directory: Path) -> Path:
+    """``directory`` with a copy of the kernel library `make` built, when
+    it is up to date, so that a test's ``kernels.build(directory)`` adds
+    only what it lacks instead of compiling every kernel again."""
+    import json
+    import shutil
+
+    from hwtrace import kernels
+
+    directory.mkdir(parents=True, exist_ok=True)
+    installed = kernels._manifest_path()
+    try:
+        names = kernels._libraries(json.loads(installed.read_text()))
+        for name in [installed.name, *names]:
+            shutil.copy(installed.parent / name, directory)
+    except (OSError, ValueError, KeyError):
+        pass  # none yet: built whole
+    return directory
+
+
 def _module_imports(path: Path, src: Path) -> set[Path]:
     """The hwtrace source files ``path`` imports (statically)."""
     import ast
