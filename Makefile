@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	@# The decoders' kernels compiled into the native library (hwtrace.kernels):
 	@# built after a first use anyway, here so that the first run starts fast too.
 	-$(BIN)/python -m hwtrace.kernels warm
+	@# ... and the numba caches it left kept by the tests' first run.
+	$(BIN)/python tests/numba_caches.py
 	touch $(STAMP)
 
 venv: $(STAMP)
