@@ -16,8 +16,8 @@ from test_record_threads import check_listings, record_cli, stepped
 
 from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.image import read_elf
+from hwtrace.image.process import load_bias
 from hwtrace.record import SoftwareRecording, record_software
-from hwtrace.record.stepper import _load_bias
 
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
@@ -103,7 +103,7 @@ def entries(rec: SoftwareRecording) -> dict[int, str]:
 def function_address(rec: SoftwareRecording, exe: str, name: str) -> int:
     """Where the program's function ``name`` was loaded."""
     elf = read_elf(exe)
-    bias = _load_bias(rec.log.maps, exe, elf.min_vaddr)
+    bias = load_bias(rec.log.maps, exe, elf.min_vaddr)
     return next(start + bias for start, _, sym, _ in elf.symbols.functions if sym == name)
 
 

@@ -45,6 +45,7 @@ import iced_x86 as iced
 import numpy as np
 
 from ..image import Image, ImageError, read_elf
+from ..image.process import Mapping, load_bias
 from ..isa.x86 import IClass, InsnCache
 from ..perf.sideband import TscConversion, cache_vdso, elf_build_id
 from ..pt.config import PtConfig
@@ -54,13 +55,11 @@ from .stepper import (
     END_LIMIT,
     END_SIGNAL,
     END_STOPPED,
-    Mapping,
     RecordError,
     Segment,
     StepLog,
     StepRecording,
     TracedRange,
-    _load_bias,
     step_threads,
 )
 
@@ -215,7 +214,7 @@ class SoftwareRecording:
                 elf = read_elf(m.path)
             except ImageError:
                 continue
-            bias = _load_bias(maps, m.path, elf.min_vaddr)
+            bias = load_bias(maps, m.path, elf.min_vaddr)
             if bias is not None:
                 image.add_elf(m.path, elf.min_vaddr + bias)
         vdso = self.vdso_file(index)

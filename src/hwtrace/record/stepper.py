@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from ..image import ImageError, read_elf
+from ..image.process import Mapping, ProcessModules, read_maps
 from . import _native as nat
 
 __all__ = [
@@ -122,26 +122,6 @@ _OPTIONS = (
 
 class RecordError(Exception):
     """The process could not be recorded (a clear message, no traceback needed)."""
-
-
-@dataclass(frozen=True)
-class Mapping:
-    """One line of ``/proc/PID/maps``."""
-
-    start: int
-    end: int
-    prot: str  # "r-xp"
-    offset: int  # file offset (page offset * page size)
-    inode: int
-    path: str  # "" for anonymous memory, "[vdso]", "[stack]" ...
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
-    @property
-    def executable(self) -> bool:
-        return "x" in self.prot
 
 
 @dataclass(frozen=True)
@@ -299,26 +279,6 @@ class StepRecording:
 # -- /proc -------------------------------------------------------------------
 
 
-def read_maps(pid: int) -> list[Mapping]:
-    """The mappings of a process (``/proc/PID/maps``)."""
-    out = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            lo, hi = parts[0].split("-")
-            out.append(
-                Mapping(
-                    start=int(lo, 16),
-                    end=int(hi, 16),
-                    prot=parts[1],
-                    offset=int(parts[2], 16),
-                    inode=int(parts[4]),
-                    path=parts[5].strip() if len(parts) > 5 else "",
-                )
-            )
-    return out
-
-
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -370,14 +330,6 @@ def _auxv_entry(pid: int) -> int:
     raise RecordError(f"process {pid}: no AT_ENTRY in /proc/{pid}/auxv")
 
 
-def _load_bias(maps: list[Mapping], path: str, min_vaddr: int) -> int | None:
-    """Where the ELF file ``path`` is loaded: address minus link address."""
-    first = [m for m in maps if m.path == path and m.offset == 0]
-    if not first:
-        return None
-    return min(m.start for m in first) - (min_vaddr & ~(_PAGE - 1))
-
-
 def resolve_functions(
     pid: int, maps: list[Mapping], functions: Sequence[str], *, missing_ok: bool = False
 ) -> list[TracedRange]:
@@ -387,47 +339,17 @@ def resolve_functions(
     plain name is looked up in the main executable first, then in the others.
     ``missing_ok``: leave out the names not found instead of raising.
     """
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        exe = ""
-    files = []
-    for m in maps:
-        if m.executable and m.path.startswith("/") and m.path not in files:
-            files.append(m.path)
-    files.sort(key=lambda p: p != exe)
+    modules = ProcessModules(pid, maps)
     out: list[TracedRange] = []
-    tables = {}
     for spec in functions:
-        module, _, name = spec.rpartition("!")
-        found = None
-        for path in files:
-            if module and os.path.basename(path) != module:
-                continue
-            if path not in tables:
-                try:
-                    elf = read_elf(path)
-                except ImageError:
-                    tables[path] = None
-                    continue
-                bias = _load_bias(maps, path, elf.min_vaddr)
-                tables[path] = None if bias is None else (elf.symbols.functions, bias)
-            entry = tables[path]
-            if entry is None:
-                continue
-            table, bias = entry
-            for start, size, sym, _ in table:
-                if sym == name and size > 0:
-                    found = TracedRange(start + bias, start + bias + size, spec)
-                    break
-            if found:
-                break
+        found = modules.find_function(spec)
         if found is None:
             if missing_ok:
                 continue
+            module, _, name = spec.rpartition("!")
             where = f"in {module}" if module else "in the mapped files"
             raise RecordError(f"function {name!r} not found {where} of process {pid}")
-        out.append(found)
+        out.append(TracedRange(found.start, found.end, spec))
     return out
 
 

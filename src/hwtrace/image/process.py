@@ -1,0 +1,167 @@
+"""A live process's address space as ``/proc/PID/maps`` shows it, and the
+ELF files mapped into it with their symbols at their load addresses.
+
+Both the software recorder and the dynamic tracepoints resolve names
+(``func``, ``module!func``) in a running process; this is where that lives.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .elf import read_elf
+from .sections import ImageError
+from .symbols import SymbolTable
+
+__all__ = [
+    "FunctionSymbol",
+    "Mapping",
+    "ProcessModules",
+    "load_bias",
+    "read_maps",
+]
+
+PAGE = 0x1000
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One line of ``/proc/PID/maps``."""
+
+    start: int
+    end: int
+    prot: str  # "r-xp"
+    offset: int  # file offset (page offset * page size)
+    inode: int
+    path: str  # "" for anonymous memory, "[vdso]", "[stack]" ...
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def executable(self) -> bool:
+        return "x" in self.prot
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    """The mappings of a process (``/proc/PID/maps``), in address order."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = parts[0].split("-")
+            out.append(
+                Mapping(
+                    start=int(lo, 16),
+                    end=int(hi, 16),
+                    prot=parts[1],
+                    offset=int(parts[2], 16),
+                    inode=int(parts[4]),
+                    path=parts[5].strip() if len(parts) > 5 else "",
+                )
+            )
+    return out
+
+
+def load_bias(maps: list[Mapping], path: str, min_vaddr: int) -> int | None:
+    """Where the ELF file ``path`` is loaded: address minus link address."""
+    first = [m for m in maps if m.path == path and m.offset == 0]
+    if not first:
+        return None
+    return min(m.start for m in first) - (min_vaddr & ~(PAGE - 1))
+
+
+@dataclass(frozen=True)
+class FunctionSymbol:
+    """A function of a mapped file, at its address in the process."""
+
+    name: str
+    path: str  # the mapped file
+    start: int
+    size: int
+    bias: int  # address in the process minus link address
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def module(self) -> str:
+        return os.path.basename(self.path)
+
+
+class ProcessModules:
+    """The ELF files mapped executable into a process, symbols read on demand.
+
+    A plain name is looked up in the main executable first, then in the
+    other files in the order of their first mapping; ``module!name`` looks
+    in the file whose base name is ``module`` (``libc.so.6!qsort``).
+    """
+
+    def __init__(self, pid: int, maps: list[Mapping] | None = None) -> None:
+        self.pid = pid
+        self.maps = read_maps(pid) if maps is None else maps
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            exe = ""
+        files: list[str] = []
+        for m in self.maps:
+            if m.executable and m.path.startswith("/") and m.path not in files:
+                files.append(m.path)
+        files.sort(key=lambda p: p != exe)
+        self.files = files
+        self._tables: dict[str, tuple[SymbolTable, int] | None] = {}
+
+    def symbols(self, path: str) -> tuple[SymbolTable, int] | None:
+        """The function symbols of a mapped file (link addresses) and its load
+        bias; None when the file cannot be read as ELF."""
+        if path not in self._tables:
+            try:
+                elf = read_elf(path)
+            except ImageError:
+                self._tables[path] = None
+            else:
+                bias = load_bias(self.maps, path, elf.min_vaddr)
+                self._tables[path] = None if bias is None else (elf.symbols.functions, bias)
+        return self._tables[path]
+
+    def find_function(self, spec: str) -> FunctionSymbol | None:
+        """The function named ``name`` or ``module!name``, or None."""
+        module, _, name = spec.rpartition("!")
+        for path in self.files:
+            if module and os.path.basename(path) != module:
+                continue
+            entry = self.symbols(path)
+            if entry is None:
+                continue
+            table, bias = entry
+            for start, size, sym, _ in table:
+                if sym == name and size > 0:
+                    return FunctionSymbol(name, path, start + bias, size, bias)
+        return None
+
+    def module_at(self, address: int) -> Mapping | None:
+        """The mapping that holds ``address``, or None."""
+        for m in self.maps:
+            if m.start <= address < m.end:
+                return m
+        return None
+
+    def function_at(self, address: int) -> FunctionSymbol | None:
+        """The function whose extent holds ``address``, or None."""
+        m = self.module_at(address)
+        if m is None or not m.path.startswith("/"):
+            return None
+        entry = self.symbols(m.path)
+        if entry is None:
+            return None
+        table, bias = entry
+        index, _ = table.lookup([address - bias])
+        i = int(index[0])
+        if i < 0:
+            return None
+        start = int(table.start[i]) + bias
+        return FunctionSymbol(table.name(i), m.path, start, int(table.size[i]), bias)
