@@ -1,0 +1,285 @@
+"""Machine code put into the traced process: the runtime (a SIGTRAP redirect
+handler and the gadgets hwtrace borrows a thread with) and the trampolines.
+
+Everything is built as iced-x86 instructions and laid out by its
+``BlockEncoder``, which resolves the branches between them; nothing needs a
+compiler or an assembler at run time.
+
+Runtime region, mapped once per process (``RUNTIME_SIZE`` bytes)::
+
+    code page (R-X)       data pages (RW-), from R + PAGE
+    +0x00 syscall; int3   +0x000 redirect entries in use (high-water mark)
+    +0x08 mov [rdi],rsi   +0x008 traps redirected
+    +0x10 restorer        +0x010 traps passed on to the previous handler
+    +0x40 SIGTRAP handler +0x020 previous sigaction, +0x040 ours, +0x060 SIG_DFL
+                          +0x100 scratch
+                          +PAGE  redirect table: (from, to) pairs
+
+The handler looks the trapping address (``rip - 1``) up in the redirect
+table and sends the thread there; any other trap goes to the handler that
+was installed before (or the default action, re-raised).  It lives in the
+target, so traps need no round trip to hwtrace and keep working if hwtrace
+dies.  Entries are only appended (a free slot is filled ``to`` first, then
+``from`` by one 8-byte store) and cleared when nothing can trap there any
+more, so a concurrent lookup always sees whole entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from iced_x86 import BlockEncoder, Code, Instruction, MemoryOperand, Register
+
+from .relocate import Relocated
+
+__all__ = [
+    "GADGET_STORE",
+    "GADGET_SYSCALL",
+    "PAGE",
+    "RUNTIME_SIZE",
+    "TABLE_CAPACITY",
+    "Asm",
+    "runtime_code",
+    "trampoline",
+]
+
+PAGE = 0x1000
+TABLE_PAGES = 16
+TABLE_CAPACITY = TABLE_PAGES * PAGE // 16
+RUNTIME_SIZE = PAGE + PAGE + TABLE_PAGES * PAGE
+
+# Offsets in the code page.
+GADGET_SYSCALL = 0x00
+GADGET_STORE = 0x08
+RESTORER = 0x10
+HANDLER = 0x40
+# Offsets in the data pages (from the code page's start).
+D = PAGE
+COUNT = D + 0x000
+REDIRECTED = D + 0x008
+PASSED = D + 0x010
+OLD_ACTION = D + 0x020
+NEW_ACTION = D + 0x040
+DFL_ACTION = D + 0x060
+SCRATCH = D + 0x100
+TABLE = D + PAGE
+
+SI_KERNEL = 0x80  # si_code of an int3 trap
+UC_RIP = 168  # offsetof(ucontext_t, uc_mcontext.gregs[REG_RIP]), glibc x86-64
+SA_SIGINFO, SA_ONSTACK, SA_RESTART, SA_RESTORER = 0x4, 0x08000000, 0x10000000, 0x04000000
+SIGTRAP = 5
+SYS_RT_SIGACTION, SYS_RT_SIGRETURN, SYS_GETPID, SYS_GETTID, SYS_TGKILL = 13, 15, 39, 186, 234
+
+RAX, RCX, RDX, RSI, RDI, RSP = (
+    Register.RAX, Register.RCX, Register.RDX, Register.RSI, Register.RDI, Register.RSP,
+)  # fmt: skip
+R8, R10 = Register.R8, Register.R10
+
+
+def mem(base: int, displ: int = 0, size: int = 0) -> MemoryOperand:
+    """``[base + displ]``; with base RIP, ``displ`` is the absolute target."""
+    if base == Register.RIP:
+        return MemoryOperand(Register.RIP, displ=displ)
+    if displ == 0:
+        return MemoryOperand(base)
+    return MemoryOperand(base, displ=displ, displ_size=size or (1 if -128 <= displ < 128 else 8))
+
+
+class Asm:
+    """A list of iced-x86 instructions with labels, encoded at one address.
+
+    Labels are fake instruction addresses: a branch to a label targets the
+    instruction placed after it, which ``BlockEncoder`` then relocates.
+    """
+
+    _LABELS = 1 << 60
+    _PLAIN = 1 << 61
+
+    def __init__(self) -> None:
+        self.instructions: list[Instruction] = []
+        self._pending: list[int] = []
+        self._labels = 0
+
+    def new_label(self) -> int:
+        self._labels += 1
+        return self._LABELS + self._labels * 16
+
+    def place(self, label: int) -> None:
+        self._pending.append(label)
+
+    def __call__(self, instr: Instruction) -> Asm:
+        if self._pending:
+            label = self._pending.pop()
+            if self._pending:
+                raise ValueError("two labels on one instruction")
+            instr.ip = label
+        else:
+            instr.ip = self._PLAIN + len(self.instructions) * 16
+        self.instructions.append(instr)
+        return self
+
+    def raw(self, data: bytes) -> Asm:
+        for b in data:
+            self(Instruction.create_declare_byte_1(b))
+        return self
+
+    def encode(self, address: int) -> bytes:
+        if self._pending:
+            raise ValueError("a label at the end of the code")
+        encoder = BlockEncoder(64)
+        encoder.add_many(self.instructions)
+        return encoder.encode(address)
+
+
+I = Instruction  # noqa: E741 - short name for the constructors below
+
+
+def _lea(reg: int, m: MemoryOperand) -> Instruction:
+    return I.create_reg_mem(Code.LEA_R64_M, reg, m)
+
+
+def _jcc(code: int, target: int) -> Instruction:
+    return I.create_branch(code, target)
+
+
+def runtime_code(base: int) -> bytes:
+    """The code page of the runtime region mapped at ``base``."""
+    out = bytearray(b"\xcc" * HANDLER)
+    out[GADGET_SYSCALL : GADGET_SYSCALL + 3] = b"\x0f\x05\xcc"  # syscall; int3
+    out[GADGET_STORE : GADGET_STORE + 4] = b"\x48\x89\x37\xcc"  # mov [rdi],rsi; int3
+    out[RESTORER : RESTORER + 7] = b"\xb8\x0f\x00\x00\x00\x0f\x05"  # mov eax,15; syscall
+    return bytes(out) + _trap_handler(base + HANDLER, base)
+
+
+def _trap_handler(address: int, base: int) -> bytes:
+    """``handler(sig, info, uc)``: rdi, rsi and rdx are kept for the previous
+    handler; only caller-saved scratch registers are used."""
+    a = Asm()
+    loop, hit, passed, ignore, dfl = (a.new_label() for _ in range(5))
+    a(I.create_mem_i32(Code.CMP_RM32_IMM32, mem(RSI, 8), SI_KERNEL))
+    a(_jcc(Code.JNE_REL32_64, passed))
+    a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(RDX, UC_RIP)))
+    a(_lea(RAX, mem(RAX, -1)))
+    a(I.create_reg_mem(Code.MOV_R64_RM64, RCX, mem(Register.RIP, base + COUNT)))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R8D, TABLE_CAPACITY))
+    a(I.create_reg_reg(Code.CMP_RM64_R64, RCX, R8))
+    a(I.create_reg_reg(Code.CMOVA_R64_RM64, RCX, R8))
+    a(_lea(R8, mem(Register.RIP, base + TABLE)))
+    a.place(loop)
+    a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
+    a(_jcc(Code.JE_REL32_64, passed))
+    a(I.create_mem_reg(Code.CMP_RM64_R64, mem(R8), RAX))
+    a(_jcc(Code.JE_REL32_64, hit))
+    a(I.create_reg_i32(Code.ADD_RM64_IMM8, R8, 16))
+    a(I.create_reg(Code.DEC_RM64, RCX))
+    a(I.create_branch(Code.JMP_REL32_64, loop))
+    a.place(hit)
+    a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(R8, 8)))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, UC_RIP), RAX))
+    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, base + REDIRECTED))
+    inc.has_lock_prefix = True
+    a(inc)
+    a(I.create(Code.RETNQ))
+    a.place(passed)
+    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, base + PASSED))
+    inc.has_lock_prefix = True
+    a(inc)
+    a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(Register.RIP, base + OLD_ACTION)))
+    a(I.create_reg_i32(Code.CMP_RM64_IMM8, RAX, 1))
+    a(_jcc(Code.JE_REL32_64, ignore))
+    a(_jcc(Code.JB_REL32_64, dfl))
+    a(I.create_reg(Code.JMP_RM64, RAX))  # the previous handler, with (sig, info, uc)
+    a.place(ignore)
+    a(I.create(Code.RETNQ))
+    a.place(dfl)
+    # Default action: put it back and re-raise; the signal stays blocked until
+    # this handler returns, then kills the process as it would have.
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_RT_SIGACTION))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EDI, SIGTRAP))
+    a(_lea(RSI, mem(Register.RIP, base + DFL_ACTION)))
+    a(I.create_reg_reg(Code.XOR_R32_RM32, Register.EDX, Register.EDX))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R10D, 8))
+    a(I.create(Code.SYSCALL))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_GETPID))
+    a(I.create(Code.SYSCALL))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, R8, RAX))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_GETTID))
+    a(I.create(Code.SYSCALL))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, RSI, RAX))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, RDI, R8))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EDX, SIGTRAP))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_TGKILL))
+    a(I.create(Code.SYSCALL))
+    a(I.create(Code.RETNQ))
+    return a.encode(address)
+
+
+def sigaction_bytes(handler: int, flags: int, restorer: int, mask: int = 0) -> bytes:
+    """A kernel ``struct sigaction`` for ``rt_sigaction`` (x86-64)."""
+    return b"".join(v.to_bytes(8, "little") for v in (handler, flags, restorer, mask))
+
+
+def runtime_actions(base: int) -> tuple[bytes, bytes]:
+    """Our SIGTRAP action and the default one used to re-raise."""
+    flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART | SA_RESTORER
+    ours = sigaction_bytes(base + HANDLER, flags, base + RESTORER)
+    default = sigaction_bytes(0, SA_RESTORER, base + RESTORER)
+    return ours, default
+
+
+# -- trampolines ------------------------------------------------------------------
+
+HEADER_SIZE = 24  # the counting prologue, an upper bound
+
+
+def trampoline(
+    address: int, counter: int, body: Relocated, back: int | None, *, red_zone: bool = True
+) -> bytes:
+    """A point tracepoint's trampoline at ``address``: count the hit at
+    ``counter`` (an 8-byte slot in the data mirror), then run the relocated
+    instructions ``body`` (encoded for ``address + header``) and jump
+    ``back`` (None when the relocated code never falls through).
+
+    The red zone (128 bytes under ``rsp`` that a leaf function may use) is
+    stepped over before anything is pushed.  ``lea`` is used for that
+    because it leaves the flags alone.
+    """
+    head = counting_header(address, counter, red_zone=red_zone)
+    if body.address != address + len(head):
+        raise ValueError("the relocated code was not encoded for its place")
+    out = head + body.code
+    if back is not None:
+        a = Asm()
+        a(I.create_branch(Code.JMP_REL32_64, back))
+        out += a.encode(address + len(out))
+    return out
+
+
+def counting_header(address: int, counter: int, *, red_zone: bool = True) -> bytes:
+    a = Asm()
+    if red_zone:
+        a(_lea(RSP, mem(RSP, -128)))
+    a(I.create(Code.PUSHFQ))
+    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, counter))
+    inc.has_lock_prefix = True
+    a(inc)
+    a(I.create(Code.POPFQ))
+    if red_zone:
+        a(_lea(RSP, mem(RSP, 128)))
+    code = a.encode(address)
+    assert len(code) <= HEADER_SIZE
+    return code
+
+
+def jump_bytes(site: int, target: int) -> bytes:
+    """``jmp rel32`` at ``site`` to ``target``."""
+    rel = target - (site + 5)
+    return b"\xe9" + (rel & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def describe(code: bytes, address: int) -> Sequence[str]:
+    """Disassembly lines of ``code`` (for listings and messages)."""
+    from iced_x86 import Decoder, Formatter, FormatterSyntax
+
+    fmt = Formatter(FormatterSyntax.INTEL)
+    return [f"{i.ip:#x}: {fmt.format(i)}" for i in Decoder(64, code, ip=address)]

@@ -1,0 +1,274 @@
+"""One seized thread of a live process, borrowed to act inside it.
+
+Only one thread of the target is ever stopped, and only while hwtrace works
+on the process: it is seized (``PTRACE_SEIZE``), interrupted
+(``PTRACE_INTERRUPT``), made to run a system call or a store of ours by
+pointing its ``rip`` at a ``syscall`` (or ``mov [rdi],rsi``) instruction and
+single-stepping it, and then given back its registers and detached.  The
+other threads keep running throughout.
+
+The borrowed thread may have been interrupted inside a system call.  As GDB
+does for inferior calls, ``orig_rax`` is set to -1 while our code runs, so
+that the kernel does not apply its restart logic to our call, and the saved
+registers (``rax`` = ``-ERESTART*``, ``orig_rax`` = the call) are put back
+before the thread goes on, so that the kernel restarts the interrupted call.
+Signals that arrive for the thread meanwhile are held and delivered when it
+is released.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+from dataclasses import dataclass
+
+__all__ = ["ProcessGone", "PtraceError", "Registers", "SeizedThread", "threads_of"]
+
+PTRACE_CONT = 7
+PTRACE_SINGLESTEP = 9
+PTRACE_GETREGS = 12
+PTRACE_SETREGS = 13
+PTRACE_DETACH = 17
+PTRACE_SEIZE = 0x4206
+PTRACE_INTERRUPT = 0x4207
+PTRACE_GETSIGINFO = 0x4202
+PTRACE_EVENT_STOP = 128
+WALL = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_ptrace = _libc.ptrace
+_ptrace.restype = ctypes.c_long
+_ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+
+class Registers(ctypes.Structure):
+    """``struct user_regs_struct`` (x86-64)."""
+
+    _fields_ = [
+        (name, ctypes.c_ulonglong)
+        for name in (
+            "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
+            "rax", "rcx", "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags",
+            "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs",
+        )
+    ]  # fmt: skip
+
+    def copy(self) -> Registers:
+        out = Registers()
+        ctypes.memmove(ctypes.byref(out), ctypes.byref(self), ctypes.sizeof(self))
+        return out
+
+
+class PtraceError(Exception):
+    """A ptrace operation failed; the message says which and why."""
+
+
+class ProcessGone(PtraceError):
+    """The target (or the borrowed thread) exited while hwtrace worked on it."""
+
+
+def threads_of(pid: int) -> list[int]:
+    """The thread ids of a process (``/proc/PID/task``); [] when it is gone."""
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def _call(request: int, tid: int, addr: int = 0, data: int = 0) -> int:
+    r = _ptrace(request, tid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
+    if r == -1:
+        return -ctypes.get_errno()
+    return r
+
+
+@dataclass
+class _Stop:
+    status: int
+
+    @property
+    def exited(self) -> bool:
+        return os.WIFEXITED(self.status) or os.WIFSIGNALED(self.status)
+
+    @property
+    def signal(self) -> int:
+        return os.WSTOPSIG(self.status) if os.WIFSTOPPED(self.status) else 0
+
+    @property
+    def event(self) -> int:
+        return self.status >> 16
+
+
+class SeizedThread:
+    """A thread of ``pid`` seized and stopped until :meth:`release`.
+
+    ``tid`` None picks the process's first live thread.  Raises
+    :class:`PtraceError` with the reason when the thread cannot be seized
+    (no such process, not permitted, already traced by a debugger).
+    """
+
+    def __init__(self, pid: int, tid: int | None = None) -> None:
+        self.pid = pid
+        candidates = [tid] if tid is not None else threads_of(pid)
+        if not candidates:
+            raise ProcessGone(f"no process with pid {pid}")
+        last = ""
+        self.tid = 0
+        for t in candidates:
+            r = _call(PTRACE_SEIZE, t, 0, 0)
+            if r == 0:
+                self.tid = t
+                break
+            last = _seize_failure(pid, t, -r)
+            if -r in (errno.EPERM, errno.EACCES):
+                break
+        if not self.tid:
+            raise PtraceError(last)
+        self.held_signals: list[int] = []
+        self._stopped = False
+        self._saved: Registers | None = None
+        self._stop()
+        self._saved = self.get_registers()
+
+    # -- stopping and going ----------------------------------------------------
+
+    def _wait(self) -> _Stop:
+        while True:
+            try:
+                _, status = os.waitpid(self.tid, WALL)
+            except ChildProcessError as e:
+                raise ProcessGone(f"process {self.pid}: thread {self.tid} is gone") from e
+            except InterruptedError:
+                continue
+            stop = _Stop(status)
+            if stop.exited:
+                raise ProcessGone(f"process {self.pid} exited while hwtrace worked on it")
+            if stop.event == 6:  # PTRACE_EVENT_EXIT (when another tracer asked for it)
+                raise ProcessGone(f"process {self.pid}: thread {self.tid} is exiting")
+            return stop
+
+    def _stop(self) -> None:
+        r = _call(PTRACE_INTERRUPT, self.tid)
+        if r < 0:
+            raise PtraceError(f"process {self.pid}: cannot interrupt thread {self.tid}: "
+                              f"{os.strerror(-r)}")  # fmt: skip
+        while True:
+            stop = self._wait()
+            if stop.event == PTRACE_EVENT_STOP:
+                break
+            # A signal arrived first: hold it for release, keep waiting for the interrupt.
+            if stop.signal:
+                self.held_signals.append(stop.signal)
+            _call(PTRACE_CONT, self.tid, 0, 0)
+        self._stopped = True
+
+    def get_registers(self) -> Registers:
+        regs = Registers()
+        r = _call(PTRACE_GETREGS, self.tid, 0, ctypes.addressof(regs))
+        if r < 0:
+            raise PtraceError(f"thread {self.tid}: PTRACE_GETREGS: {os.strerror(-r)}")
+        return regs
+
+    def set_registers(self, regs: Registers) -> None:
+        r = _call(PTRACE_SETREGS, self.tid, 0, ctypes.addressof(regs))
+        if r < 0:
+            raise PtraceError(f"thread {self.tid}: PTRACE_SETREGS: {os.strerror(-r)}")
+
+    @property
+    def saved_registers(self) -> Registers:
+        """The thread's registers as they were when it was seized."""
+        assert self._saved is not None
+        return self._saved
+
+    def step_at(self, rip: int, **values: int) -> Registers:
+        """Run the one instruction at ``rip`` with the given registers set (the
+        rest as saved), and return the registers after it."""
+        regs = self.saved_registers.copy()
+        regs.orig_rax = (1 << 64) - 1  # no system call restart for what we run
+        regs.rip = rip
+        for name, value in values.items():
+            setattr(regs, name, value & ((1 << 64) - 1))
+        self.set_registers(regs)
+        while True:
+            r = _call(PTRACE_SINGLESTEP, self.tid, 0, 0)
+            if r < 0:
+                raise PtraceError(f"thread {self.tid}: PTRACE_SINGLESTEP: {os.strerror(-r)}")
+            stop = self._wait()
+            after = self.get_registers()
+            if stop.signal == signal.SIGTRAP and after.rip != rip:
+                return after
+            if stop.signal and stop.signal != signal.SIGTRAP:
+                # Delivered before our instruction ran: hold it, step again.
+                self.held_signals.append(stop.signal)
+            if after.rip != rip:
+                return after
+
+    def syscall(self, gadget: int, nr: int, *args: int) -> int:
+        """Make the thread run system call ``nr`` with ``args`` through the
+        ``syscall`` instruction at ``gadget``; returns the (signed) result."""
+        names = ("rdi", "rsi", "rdx", "r10", "r8", "r9")
+        after = self.step_at(gadget, rax=nr, **dict(zip(names, args, strict=False)))
+        result = after.rax
+        return result - (1 << 64) if result >= 1 << 63 else result
+
+    def store(self, gadget: int, address: int, value: int) -> None:
+        """One 8-byte store by the thread itself (``mov [rdi],rsi`` at
+        ``gadget``): atomic for other threads, unlike a write through
+        ``/proc/PID/mem``, which the kernel may copy byte by byte."""
+        self.step_at(gadget, rdi=address, rsi=value)
+
+    def release(self) -> None:
+        """Give the thread back its registers and let it go (detached), with
+        the signals that arrived meanwhile."""
+        if not self._stopped:
+            return
+        self._stopped = False
+        try:
+            if self._saved is not None:
+                self.set_registers(self._saved)
+            pending = list(self.held_signals)
+            first = pending.pop(0) if pending else 0
+            _call(PTRACE_DETACH, self.tid, 0, first)
+            for sig in pending:
+                _tgkill(self.pid, self.tid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> SeizedThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    _libc.syscall(234, pid, tid, sig)
+
+
+def _seize_failure(pid: int, tid: int, err: int) -> str:
+    if err == errno.ESRCH:
+        if not os.path.exists(f"/proc/{pid}"):
+            return f"no process with pid {pid}"
+        return f"process {pid}: thread {tid} is gone"
+    if err == errno.EPERM:
+        tracer = _tracer_of(pid, tid)
+        if tracer:
+            return (
+                f"process {pid} is already being traced by process {tracer} "
+                "(a debugger?); detach it first"
+            )
+        return f"process {pid}: not permitted to trace it (ptrace: {os.strerror(err)})"
+    return f"process {pid}: cannot seize thread {tid}: {os.strerror(err)}"
+
+
+def _tracer_of(pid: int, tid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

@@ -1,0 +1,586 @@
+"""Tracepoints in a live process: placing, patching, counting, removing.
+
+A :class:`ProbeSession` owns the tracepoints hwtrace put into one process.
+Each operation borrows one thread of the target (see :mod:`.ptrace`) for the
+system calls it needs (``mmap``, ``rt_sigaction``, ``membarrier``) and
+writes code through ``/proc/PID/mem``; the other threads keep running.
+
+A *jump* tracepoint replaces the instruction(s) at the site by
+``jmp rel32`` to a trampoline that counts the hit and runs the displaced
+instructions; every displaced instruction boundary inside the jump reads
+``0xCC`` (see :mod:`.alloc`), and the runtime's SIGTRAP handler sends a
+thread that arrives there to that instruction's relocated copy.  Where no
+trampoline address meets the constraint, a *trap* tracepoint (``int3`` at
+the site, the handler redirecting to the same kind of trampoline) is used.
+
+Patching needs only single-byte atomic writes, with every core of the
+process serialized (``membarrier`` ``SYNC_CORE``) between phases, after the
+Linux kernel's ``text_poke_bp``:
+
+1. ``0xCC`` at the site and at every covered instruction start; sync.
+2. the other displacement bytes (nothing can execute them now); sync.
+3. ``0xE9`` at the site; sync.
+
+Removal runs the same phases backwards.  Redirect entries and trampolines
+are kept until no thread can still be inside them (:meth:`ProbeSession.reclaim`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from ..image.process import ProcessModules, read_maps
+from . import codegen as cg
+from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
+from .locate import Site, SiteError, resolve
+from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
+from .relocate import RelocationError, decode_window, relocate
+
+__all__ = ["JUMP", "TRAP", "ProbeError", "ProbeSession", "Tracepoint"]
+
+JUMP = "jump"
+TRAP = "trap"
+
+SYS_MMAP, SYS_MPROTECT, SYS_MUNMAP = 9, 10, 11
+SYS_RT_SIGACTION, SYS_MEMBARRIER = 13, 324
+PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
+MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
+MEMBARRIER_CMD_QUERY = 0
+MEMBARRIER_SYNC_CORE = 1 << 5  # MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE
+MEMBARRIER_REGISTER_SYNC_CORE = 1 << 6
+PAGE = 0x1000
+
+
+class ProbeError(Exception):
+    """A tracepoint could not be placed or removed; the message says why."""
+
+
+@dataclass
+class Tracepoint:
+    """One tracepoint: where it is, what kind it got, and its state."""
+
+    id: int
+    spec: str  # as the user gave it
+    site: Site
+    kind: str  # JUMP or TRAP
+    trampoline: int
+    size: int
+    counter: int  # address of its hit counter in the target
+    original: bytes  # the bytes the patch replaces
+    patched: bytes
+    starts: tuple[int, ...]  # offsets of the covered instruction starts
+    redirects: list[tuple[int, int]] = field(default_factory=list)
+    enabled: bool = False
+    note: str = ""  # why it is not a jump tracepoint
+
+    @property
+    def address(self) -> int:
+        return self.site.address
+
+
+@dataclass
+class _Retired:
+    trampoline: int
+    size: int
+    redirects: list[tuple[int, int]]
+
+
+class ProbeSession:
+    """The tracepoints hwtrace holds in process ``pid``.
+
+    ``add`` places and enables a tracepoint; ``disable``/``enable`` take the
+    patch out and put it back; ``remove`` restores the original bytes;
+    ``close`` removes everything, waits until no thread can be in hwtrace's
+    code and unmaps it, and puts back the SIGTRAP action it found.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        if not os.path.exists(f"/proc/{pid}"):
+            raise ProbeError(f"no process with pid {pid}")
+        try:
+            self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        except PermissionError as e:
+            raise ProbeError(f"process {pid}: not permitted to write its memory ({e})") from e
+        except FileNotFoundError as e:
+            raise ProbeError(f"no process with pid {pid}") from e
+        self.space = TrampolineSpace()
+        self.runtime = 0
+        self.tracepoints: dict[int, Tracepoint] = {}
+        self.retired: list[_Retired] = []
+        self._next_id = 1
+        self._slots: list[tuple[int, int]] = []  # redirect table slots, (from, to); 0 = free
+        self._modules: ProcessModules | None = None
+        self._thread: SeizedThread | None = None
+        self._closed = False
+
+    # -- memory ------------------------------------------------------------------
+
+    def read(self, address: int, size: int) -> bytes:
+        try:
+            return os.pread(self.mem, size, address)
+        except OSError as e:
+            raise ProbeError(f"process {self.pid}: cannot read {size} bytes at {address:#x}: "
+                             f"{e.strerror}") from e  # fmt: skip
+
+    def write(self, address: int, data: bytes) -> None:
+        try:
+            n = os.pwrite(self.mem, data, address)
+        except OSError as e:
+            raise ProbeError(f"process {self.pid}: cannot write at {address:#x}: "
+                             f"{e.strerror}") from e  # fmt: skip
+        if n != len(data):
+            raise ProbeError(f"process {self.pid}: short write at {address:#x}")
+
+    def read_u64(self, address: int) -> int:
+        return int.from_bytes(self.read(address, 8), "little")
+
+    # -- the borrowed thread -----------------------------------------------------
+
+    @contextmanager
+    def _borrowed(self) -> Iterator[SeizedThread]:
+        if self._thread is not None:
+            yield self._thread
+            return
+        try:
+            thread = SeizedThread(self.pid)
+        except ProcessGone as e:
+            raise ProbeError(str(e)) from e
+        except PtraceError as e:
+            raise ProbeError(str(e)) from e
+        self._thread = thread
+        try:
+            yield thread
+        except ProcessGone as e:
+            raise ProbeError(str(e)) from e
+        finally:
+            self._thread = None
+            thread.release()
+
+    def _syscall(self, t: SeizedThread, nr: int, *args: int) -> int:
+        gadget = self.runtime + cg.GADGET_SYSCALL if self.runtime else self._first_gadget()
+        return t.syscall(gadget, nr, *args)
+
+    def _first_gadget(self) -> int:
+        """A ``syscall`` instruction (``0f 05``) in the process's code, to map
+        the runtime with; any executable mapping will do."""
+        for m in read_maps(self.pid):
+            if not m.executable or m.path in ("[vsyscall]",):
+                continue
+            try:
+                data = os.pread(self.mem, min(m.length, 1 << 22), m.start)
+            except OSError:
+                continue
+            i = data.find(b"\x0f\x05")
+            if i >= 0:
+                return m.start + i
+        raise ProbeError(f"process {self.pid}: no syscall instruction found in its code")
+
+    def _sync_cores(self, t: SeizedThread) -> None:
+        r = self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: membarrier(SYNC_CORE): {os.strerror(-r)}")
+
+    # -- the runtime ---------------------------------------------------------------
+
+    def _ensure_runtime(self, t: SeizedThread) -> None:
+        if self.runtime:
+            return
+        r = self._syscall(t, SYS_MMAP, 0, cg.RUNTIME_SIZE, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, (1 << 64) - 1, 0)  # fmt: skip
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: cannot map hwtrace's runtime: "
+                             f"{os.strerror(-r)}")  # fmt: skip
+        base = r
+        self.write(base, cg.runtime_code(base))
+        r = self._syscall(t, SYS_MPROTECT, base, PAGE, PROT_READ | PROT_EXEC)
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: mprotect: {os.strerror(-r)}")
+        self.runtime = base
+        q = self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_CMD_QUERY, 0, 0)
+        if q < 0 or not q & MEMBARRIER_SYNC_CORE:
+            raise ProbeError("this kernel has no membarrier SYNC_CORE, needed to patch code safely")
+        r = self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_REGISTER_SYNC_CORE, 0, 0)
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: membarrier register: {os.strerror(-r)}")
+        ours, default = cg.runtime_actions(base)
+        self.write(base + cg.NEW_ACTION, ours)
+        self.write(base + cg.DFL_ACTION, default)
+        r = self._syscall(t, SYS_RT_SIGACTION, cg.SIGTRAP, base + cg.NEW_ACTION,
+                          base + cg.OLD_ACTION, 8)  # fmt: skip
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: cannot install the SIGTRAP handler: "
+                             f"{os.strerror(-r)}")  # fmt: skip
+
+    def _set_redirect(self, t: SeizedThread, src: int, dst: int) -> None:
+        """Add ``src -> dst`` to the redirect table: ``to`` first, then ``from``
+        by one store of the thread, then the high-water mark."""
+        slot = next((i for i, s in enumerate(self._slots) if s[0] == 0), len(self._slots))
+        if slot >= cg.TABLE_CAPACITY:
+            raise ProbeError("the redirect table is full")
+        entry = self.runtime + cg.TABLE + 16 * slot
+        self.write(entry + 8, dst.to_bytes(8, "little"))
+        t.store(self.runtime + cg.GADGET_STORE, entry, src)
+        if slot == len(self._slots):
+            self._slots.append((src, dst))
+            t.store(self.runtime + cg.GADGET_STORE, self.runtime + cg.COUNT, len(self._slots))
+        else:
+            self._slots[slot] = (src, dst)
+
+    def _clear_redirect(self, t: SeizedThread, src: int) -> None:
+        for i, (s, _) in enumerate(self._slots):
+            if s == src:
+                t.store(self.runtime + cg.GADGET_STORE, self.runtime + cg.TABLE + 16 * i, 0)
+                self._slots[i] = (0, 0)
+                return
+
+    def trap_counts(self) -> tuple[int, int]:
+        """Traps the runtime redirected, and traps it passed on."""
+        if not self.runtime:
+            return 0, 0
+        return self.read_u64(self.runtime + cg.REDIRECTED), self.read_u64(self.runtime + cg.PASSED)
+
+    # -- placing ------------------------------------------------------------------
+
+    @property
+    def modules(self) -> ProcessModules:
+        if self._modules is None:
+            self._modules = ProcessModules(self.pid)
+        return self._modules
+
+    def resolve(self, spec: str) -> Site:
+        """Where ``spec`` (``func``, ``func+off``, ``module!func``, an address,
+        ``file:line``) is in the process."""
+        try:
+            return resolve(self.modules, spec)
+        except SiteError as e:
+            raise ProbeError(str(e)) from e
+
+    def _check_free(self, address: int, length: int) -> None:
+        for tp in self.tracepoints.values():
+            lo, hi = tp.address, tp.address + len(tp.original)
+            if address < hi and lo < address + length:
+                raise ProbeError(
+                    f"{address:#x}: too close to tracepoint {tp.id} at {tp.address:#x} "
+                    f"({tp.spec}); their patched bytes would overlap"
+                )
+
+    def add(self, spec: str, *, kind: str | None = None) -> Tracepoint:
+        """Place and enable a tracepoint at ``spec``; ``kind`` forces
+        :data:`TRAP` (None: a jump where one fits, else a trap)."""
+        self._check_open()
+        site = self.resolve(spec)
+        with self._borrowed() as t:
+            self._ensure_runtime(t)
+            tp = self._place(t, spec, site, kind)
+            self._patch(t, tp)
+        return tp
+
+    def _place(self, t: SeizedThread, spec: str, site: Site, kind: str | None) -> Tracepoint:
+        a = site.address
+        code = self.read(a, min(32, site.limit - a) if site.limit else 32)
+        note = ""
+        window = None
+        if kind != TRAP:
+            try:
+                window = decode_window(code, a, 5)
+            except RelocationError as e:
+                note = str(e)
+                window = None
+            if window is not None and site.limit and a + window.length > site.limit:
+                note = f"{a:#x}: the jump would run past the end of {site.function}"
+                window = None
+        if window is None:
+            try:
+                window = decode_window(code, a, 1)
+            except RelocationError as e:
+                raise ProbeError(str(e)) from e
+        trap = window.length < 5 or (window.starts and len(window.instructions) == 1
+                                     and window.length < 5)  # fmt: skip
+        covered = 1 if trap else window.length
+        self._check_free(a, covered)
+        starts = tuple(window.starts)
+        placed = None
+        if not trap:
+            placed = self._allocate(t, a, starts, window)
+            if placed is None:
+                note = note or f"{a:#x}: no trampoline address within reach meets the constraint"
+                window = decode_window(code, a, 1)
+                starts = tuple(window.starts)
+                trap = True
+        if trap:
+            placed = self._allocate(t, a, (), window)
+            if placed is None:
+                raise ProbeError(f"{a:#x}: no room for a trampoline within ±2 GiB")
+        assert placed is not None
+        tramp, size, body = placed
+        counter = ((tramp + 7) & ~7) + CHUNK_CODE
+        back = a + window.length if body.falls_through else None
+        code_bytes = cg.trampoline(tramp, counter, body, back)
+        assert len(code_bytes) <= size
+        self.write(tramp, code_bytes)
+        self.write(counter, bytes(8))
+        tp = Tracepoint(
+            id=self._next_id,
+            spec=spec,
+            site=site,
+            kind=TRAP if trap else JUMP,
+            trampoline=tramp,
+            size=size,
+            counter=counter,
+            original=bytes(code[: 1 if trap else 5]),
+            patched=b"\xcc" if trap else cg.jump_bytes(a, tramp),
+            starts=starts if not trap else (0,),
+            note=note if trap else "",
+        )
+        self._next_id += 1
+        # Redirects: the site itself (it traps while being patched, and for
+        # ever in a trap tracepoint) and every covered instruction start.
+        tp.redirects.append((a, tramp))
+        if not trap:
+            for p in starts[1:]:
+                tp.redirects.append((a + p, body.starts[a + p]))
+        for src, dst in tp.redirects:
+            self._set_redirect(t, src, dst)
+        self.tracepoints[tp.id] = tp
+        return tp
+
+    def _allocate(self, t: SeizedThread, site: int, starts: tuple[int, ...], window):
+        """Trampoline address, reserved size and relocated body, or None."""
+        header = cg.HEADER_SIZE
+        guess = relocate(window, site - (1 << 30))  # sizes barely depend on the place
+        size = header + len(guess.code) + 5 + 16
+        size = (size + 7) & ~7
+        where = self.space.in_chunks(site, starts, size)
+        if where is None:
+            for _ in range(4):
+                spot = self.space.new_chunk(site, starts, size, free_gaps(read_maps(self.pid)))
+                if spot is None:
+                    return None
+                tramp, base = spot
+                r = self._syscall(t, SYS_MMAP, base, CHUNK_SIZE, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                                  (1 << 64) - 1, 0)  # fmt: skip
+                if r == -errno.EEXIST:
+                    continue  # the process mapped something there meanwhile
+                if r < 0:
+                    raise ProbeError(f"process {self.pid}: mmap for a trampoline: "
+                                     f"{os.strerror(-r)}")  # fmt: skip
+                if r != base:
+                    self._syscall(t, SYS_MUNMAP, r, CHUNK_SIZE)
+                    continue
+                r = self._syscall(t, SYS_MPROTECT, base, CHUNK_CODE, PROT_READ | PROT_EXEC)
+                if r < 0:
+                    raise ProbeError(f"process {self.pid}: mprotect: {os.strerror(-r)}")
+                chunk = self.space.add_chunk(base)
+                where = (tramp, chunk)
+                break
+            else:
+                return None
+        tramp, chunk = where
+        header_len = len(cg.counting_header(tramp, ((tramp + 7) & ~7) + CHUNK_CODE))
+        try:
+            body = relocate(window, tramp + header_len)
+        except RelocationError as e:
+            raise ProbeError(str(e)) from e
+        if header_len + len(body.code) + 5 > size:
+            raise ProbeError(f"{site:#x}: relocated code larger than planned")
+        chunk.take(tramp, size)
+        return tramp, size, body
+
+    # -- patching -------------------------------------------------------------------
+
+    def _patch(self, t: SeizedThread, tp: Tracepoint) -> None:
+        a = tp.address
+        if tp.kind == TRAP:
+            self.write(a, b"\xcc")
+            self._sync_cores(t)
+        else:
+            fixed = [p for p in tp.starts if p < 5]
+            for p in fixed:
+                self.write(a + p, b"\xcc")
+            self._sync_cores(t)
+            rest = [p for p in range(1, 5) if p not in fixed]
+            for p in rest:
+                self.write(a + p, tp.patched[p : p + 1])
+            if rest:
+                self._sync_cores(t)
+            self.write(a, b"\xe9")
+            self._sync_cores(t)
+        tp.enabled = True
+
+    def _unpatch(self, t: SeizedThread, tp: Tracepoint) -> None:
+        a = tp.address
+        if tp.kind == TRAP:
+            self.write(a, tp.original[:1])
+            self._sync_cores(t)
+        else:
+            self.write(a, b"\xcc")
+            self._sync_cores(t)
+            fixed = [p for p in tp.starts if p < 5]
+            rest = [p for p in range(1, 5) if p not in fixed]
+            for p in rest:
+                self.write(a + p, tp.original[p : p + 1])
+            if rest:
+                self._sync_cores(t)
+            for p in fixed[1:]:
+                self.write(a + p, tp.original[p : p + 1])
+            self.write(a, tp.original[:1])
+            self._sync_cores(t)
+        tp.enabled = False
+
+    def enable(self, tp: Tracepoint) -> None:
+        self._check_open()
+        if not tp.enabled:
+            with self._borrowed() as t:
+                self._patch(t, tp)
+
+    def disable(self, tp: Tracepoint) -> None:
+        self._check_open()
+        if tp.enabled:
+            with self._borrowed() as t:
+                self._unpatch(t, tp)
+
+    def remove(self, tp: Tracepoint) -> int:
+        """Restore the original bytes; returns the tracepoint's hit count.
+        Its trampoline is freed by a later :meth:`reclaim`."""
+        self._check_open()
+        hits = self.hits(tp)
+        with self._borrowed() as t:
+            if tp.enabled:
+                self._unpatch(t, tp)
+        del self.tracepoints[tp.id]
+        self.retired.append(_Retired(tp.trampoline, tp.size, tp.redirects))
+        return hits
+
+    def hits(self, tp: Tracepoint) -> int:
+        return self.read_u64(tp.counter)
+
+    # -- reclaiming -----------------------------------------------------------------
+
+    def _busy(self, ranges: list[tuple[int, int]], t: SeizedThread) -> bool:
+        """Whether some thread may still be inside one of ``ranges`` (or in
+        the runtime's handler): its ``rip`` there, a trap pending, or a code
+        address of ours in the top of its stack (a signal frame)."""
+        lo_rt, hi_rt = self.runtime, self.runtime + CHUNK_CODE
+        for tid in threads_of(self.pid):
+            if tid == t.tid:
+                regs = t.saved_registers
+                state = None
+            else:
+                try:
+                    state = SeizedThread(self.pid, tid)
+                except ProcessGone:
+                    continue
+                except PtraceError:
+                    return True
+                regs = state.saved_registers
+            try:
+                rip = regs.rip
+                if lo_rt <= rip < hi_rt or any(lo <= rip < hi for lo, hi in ranges):
+                    return True
+                if _trap_pending(self.pid, tid):
+                    return True
+                stack = self._stack_words(regs.rsp)
+                for w in stack:
+                    if lo_rt <= w < hi_rt or any(lo <= w < hi for lo, hi in ranges):
+                        return True
+            finally:
+                if state is not None:
+                    state.release()
+        return False
+
+    def _stack_words(self, rsp: int, size: int = 0x4000) -> list[int]:
+        import struct
+
+        try:
+            data = os.pread(self.mem, size, rsp)
+        except OSError:
+            return []
+        n = len(data) // 8
+        return list(struct.unpack(f"<{n}Q", data[: n * 8]))
+
+    def reclaim(self) -> int:
+        """Free the trampolines of removed tracepoints that no thread can be
+        in any more (each thread is stopped in turn, briefly, to look);
+        returns how many were freed."""
+        if not self.retired:
+            return 0
+        with self._borrowed() as t:
+            ranges = [(r.trampoline, r.trampoline + r.size) for r in self.retired]
+            if self._busy(ranges, t):
+                return 0
+            freed = len(self.retired)
+            for r in self.retired:
+                for src, _ in r.redirects:
+                    if not any(src == s for tp in self.tracepoints.values()
+                               for s, _ in tp.redirects):  # fmt: skip
+                        self._clear_redirect(t, src)
+                chunk = self.space.chunk_of(r.trampoline)
+                chunk.give(r.trampoline, r.size)
+                if chunk.empty:
+                    self._syscall(t, SYS_MUNMAP, chunk.base, CHUNK_SIZE)
+                    del self.space.chunks[chunk.base]
+            self.retired.clear()
+        return freed
+
+    # -- closing --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProbeError("the probe session is closed")
+
+    def close(self, *, wait: float = 5.0, on_wait: Callable[[], None] | None = None) -> None:
+        """Remove every tracepoint, reclaim, and take hwtrace's runtime out
+        of the process when nothing can use it any more (the handler stays,
+        harmless, if that does not happen within ``wait`` seconds)."""
+        if self._closed:
+            return
+        try:
+            if not os.path.exists(f"/proc/{self.pid}"):
+                return
+            for tp in list(self.tracepoints.values()):
+                self.remove(tp)
+            deadline = time.monotonic() + wait
+            while self.retired and time.monotonic() < deadline:
+                if not self.reclaim():
+                    if on_wait:
+                        on_wait()
+                    time.sleep(0.01)
+            if self.runtime and not self.retired:
+                with self._borrowed() as t:
+                    if not self._busy([], t):
+                        self._syscall(t, SYS_RT_SIGACTION, cg.SIGTRAP,
+                                      self.runtime + cg.OLD_ACTION, 0, 8)  # fmt: skip
+                        self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
+                        self._syscall(t, SYS_MUNMAP, self.runtime, cg.RUNTIME_SIZE)
+                        self.runtime = 0
+        except ProbeError:
+            if os.path.exists(f"/proc/{self.pid}"):
+                raise
+        finally:
+            self._closed = True
+            os.close(self.mem)
+
+    def __enter__(self) -> ProbeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _trap_pending(pid: int, tid: int) -> bool:
+    """A SIGTRAP pending for the thread (``SigPnd``/``ShdPnd``, bit 5)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (1 << 4):
+                    return True
+    except OSError:
+        pass
+    return False
