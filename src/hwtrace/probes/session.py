@@ -38,13 +38,11 @@ from ..image.process import ProcessModules, read_maps
 from . import codegen as cg
 from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
 from .locate import Site, SiteError, resolve
+from .plan import JUMP, TRAP, Layout, choose_window, lay_out, trampoline_size
 from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
-from .relocate import RelocationError, decode_window, relocate
+from .relocate import RelocationError, Window, decode_window
 
 __all__ = ["JUMP", "TRAP", "ProbeError", "ProbeSession", "Tracepoint"]
-
-JUMP = "jump"
-TRAP = "trap"
 
 SYS_MMAP, SYS_MPROTECT, SYS_MUNMAP = 9, 10, 11
 SYS_RT_SIGACTION, SYS_MEMBARRIER = 13, 324
@@ -114,6 +112,7 @@ class ProbeSession:
         self.tracepoints: dict[int, Tracepoint] = {}
         self.retired: list[_Retired] = []
         self._next_id = 1
+        self._sizes: dict[int, int] = {}  # trampoline address -> bytes reserved
         self._slots: list[tuple[int, int]] = []  # redirect table slots, (from, to); 0 = free
         self._modules: ProcessModules | None = None
         self._thread: SeizedThread | None = None
@@ -284,114 +283,89 @@ class ProbeSession:
     def _place(self, t: SeizedThread, spec: str, site: Site, kind: str | None) -> Tracepoint:
         a = site.address
         code = self.read(a, min(32, site.limit - a) if site.limit else 32)
-        note = ""
-        window = None
-        if kind != TRAP:
-            try:
-                window = decode_window(code, a, 5)
-            except RelocationError as e:
-                note = str(e)
-                window = None
-            if window is not None and site.limit and a + window.length > site.limit:
-                note = f"{a:#x}: the jump would run past the end of {site.function}"
-                window = None
-        if window is None:
-            try:
-                window = decode_window(code, a, 1)
-            except RelocationError as e:
-                raise ProbeError(str(e)) from e
-        trap = window.length < 5 or (window.starts and len(window.instructions) == 1
-                                     and window.length < 5)  # fmt: skip
-        covered = 1 if trap else window.length
-        self._check_free(a, covered)
-        starts = tuple(window.starts)
-        placed = None
-        if not trap:
-            placed = self._allocate(t, a, starts, window)
-            if placed is None:
-                note = note or f"{a:#x}: no trampoline address within reach meets the constraint"
-                window = decode_window(code, a, 1)
-                starts = tuple(window.starts)
-                trap = True
-        if trap:
-            placed = self._allocate(t, a, (), window)
-            if placed is None:
+        try:
+            window, chosen, note = choose_window(code, a, site.limit, kind)
+        except RelocationError as e:
+            raise ProbeError(str(e)) from e
+        self._check_free(a, 5 if chosen == JUMP else 1)
+        layout = None
+        if chosen == JUMP:
+            layout = self._allocate(t, window, JUMP)
+            if layout is None:
+                note = f"{a:#x}: no trampoline address within reach meets the constraint"
+                window, chosen = decode_window(code, a, 1), TRAP
+        if layout is None:
+            layout = self._allocate(t, window, TRAP)
+            if layout is None:
                 raise ProbeError(f"{a:#x}: no room for a trampoline within ±2 GiB")
-        assert placed is not None
-        tramp, size, body = placed
-        counter = ((tramp + 7) & ~7) + CHUNK_CODE
-        back = a + window.length if body.falls_through else None
-        code_bytes = cg.trampoline(tramp, counter, body, back)
-        assert len(code_bytes) <= size
-        self.write(tramp, code_bytes)
-        self.write(counter, bytes(8))
+        self.write(layout.trampoline, layout.code)
+        self.write(layout.counter, bytes(8))
         tp = Tracepoint(
             id=self._next_id,
             spec=spec,
             site=site,
-            kind=TRAP if trap else JUMP,
-            trampoline=tramp,
-            size=size,
-            counter=counter,
-            original=bytes(code[: 1 if trap else 5]),
-            patched=b"\xcc" if trap else cg.jump_bytes(a, tramp),
-            starts=starts if not trap else (0,),
-            note=note if trap else "",
+            kind=layout.kind,
+            trampoline=layout.trampoline,
+            size=self._sizes[layout.trampoline],
+            counter=layout.counter,
+            original=layout.original,
+            patched=layout.patched,
+            starts=layout.starts,
+            redirects=list(layout.redirects),
+            note=note,
         )
         self._next_id += 1
-        # Redirects: the site itself (it traps while being patched, and for
-        # ever in a trap tracepoint) and every covered instruction start.
-        tp.redirects.append((a, tramp))
-        if not trap:
-            for p in starts[1:]:
-                tp.redirects.append((a + p, body.starts[a + p]))
         for src, dst in tp.redirects:
             self._set_redirect(t, src, dst)
         self.tracepoints[tp.id] = tp
         return tp
 
-    def _allocate(self, t: SeizedThread, site: int, starts: tuple[int, ...], window):
-        """Trampoline address, reserved size and relocated body, or None."""
-        header = cg.HEADER_SIZE
-        guess = relocate(window, site - (1 << 30))  # sizes barely depend on the place
-        size = header + len(guess.code) + 5 + 16
-        size = (size + 7) & ~7
-        where = self.space.in_chunks(site, starts, size)
-        if where is None:
-            for _ in range(4):
-                spot = self.space.new_chunk(site, starts, size, free_gaps(read_maps(self.pid)))
-                if spot is None:
-                    return None
-                tramp, base = spot
-                r = self._syscall(t, SYS_MMAP, base, CHUNK_SIZE, PROT_READ | PROT_WRITE,
-                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-                                  (1 << 64) - 1, 0)  # fmt: skip
-                if r == -errno.EEXIST:
-                    continue  # the process mapped something there meanwhile
-                if r < 0:
-                    raise ProbeError(f"process {self.pid}: mmap for a trampoline: "
-                                     f"{os.strerror(-r)}")  # fmt: skip
-                if r != base:
-                    self._syscall(t, SYS_MUNMAP, r, CHUNK_SIZE)
-                    continue
-                r = self._syscall(t, SYS_MPROTECT, base, CHUNK_CODE, PROT_READ | PROT_EXEC)
-                if r < 0:
-                    raise ProbeError(f"process {self.pid}: mprotect: {os.strerror(-r)}")
-                chunk = self.space.add_chunk(base)
-                where = (tramp, chunk)
-                break
-            else:
-                return None
-        tramp, chunk = where
-        header_len = len(cg.counting_header(tramp, ((tramp + 7) & ~7) + CHUNK_CODE))
+    def _allocate(self, t: SeizedThread, window: Window, kind: str) -> Layout | None:
+        """Reserve a trampoline for ``window`` and lay the tracepoint out, or
+        None when no address within reach fits."""
+        site = window.address
+        starts = tuple(window.starts) if kind == JUMP else ()
         try:
-            body = relocate(window, tramp + header_len)
+            size = trampoline_size(window)
         except RelocationError as e:
             raise ProbeError(str(e)) from e
-        if header_len + len(body.code) + 5 > size:
+        where = self.space.in_chunks(site, starts, size)
+        if where is None:
+            where = self._new_chunk(t, site, starts, size)
+            if where is None:
+                return None
+        tramp, chunk = where
+        try:
+            layout = lay_out(window, kind, tramp)
+        except RelocationError as e:
+            raise ProbeError(str(e)) from e
+        if len(layout.code) > size:
             raise ProbeError(f"{site:#x}: relocated code larger than planned")
         chunk.take(tramp, size)
-        return tramp, size, body
+        self._sizes[tramp] = size
+        return layout
+
+    def _new_chunk(self, t: SeizedThread, site: int, starts: tuple[int, ...], size: int):
+        for _ in range(4):
+            spot = self.space.new_chunk(site, starts, size, free_gaps(read_maps(self.pid)))
+            if spot is None:
+                return None
+            tramp, base = spot
+            r = self._syscall(t, SYS_MMAP, base, CHUNK_SIZE, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                              (1 << 64) - 1, 0)  # fmt: skip
+            if r == -errno.EEXIST:
+                continue  # the process mapped something there meanwhile
+            if r < 0:
+                raise ProbeError(f"process {self.pid}: mmap for a trampoline: {os.strerror(-r)}")
+            if r != base:  # a kernel without MAP_FIXED_NOREPLACE treats it as a hint
+                self._syscall(t, SYS_MUNMAP, r, CHUNK_SIZE)
+                continue
+            r = self._syscall(t, SYS_MPROTECT, base, CHUNK_CODE, PROT_READ | PROT_EXEC)
+            if r < 0:
+                raise ProbeError(f"process {self.pid}: mprotect: {os.strerror(-r)}")
+            return tramp, self.space.add_chunk(base)
+        return None
 
     # -- patching -------------------------------------------------------------------
 
@@ -523,6 +497,7 @@ class ProbeSession:
                         self._clear_redirect(t, src)
                 chunk = self.space.chunk_of(r.trampoline)
                 chunk.give(r.trampoline, r.size)
+                del self._sizes[r.trampoline]
                 if chunk.empty:
                     self._syscall(t, SYS_MUNMAP, chunk.base, CHUNK_SIZE)
                     del self.space.chunks[chunk.base]

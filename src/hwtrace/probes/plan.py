@@ -1,0 +1,104 @@
+"""What a tracepoint puts where: the pure part of placing one, with no
+process involved, so that it can be checked in an emulator byte for byte.
+
+:func:`choose_window` decides between a jump (covering the instructions
+of at least 5 bytes at the site) and a trap (``int3`` over the first
+instruction); :func:`lay_out` builds, for a trampoline address, the
+trampoline's code, the bytes to patch at the site and the trap redirects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import codegen as cg
+from .alloc import CHUNK_CODE, constraint
+from .relocate import RelocationError, Window, decode_window, relocate
+
+__all__ = ["JUMP", "TRAP", "Layout", "choose_window", "counter_address", "lay_out",
+           "trampoline_size"]  # fmt: skip
+
+JUMP = "jump"
+TRAP = "trap"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One tracepoint's bytes: ``code`` at ``trampoline``; ``patched``
+    replaces ``original`` at ``site``; a trap at each ``redirects`` source
+    goes to its destination."""
+
+    site: int
+    kind: str
+    window: Window
+    trampoline: int
+    code: bytes
+    counter: int
+    original: bytes
+    patched: bytes
+    redirects: tuple[tuple[int, int], ...]
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """Offsets from the site of the instruction starts the patch covers."""
+        return tuple(self.window.starts) if self.kind == JUMP else (0,)
+
+
+def choose_window(
+    code: bytes, site: int, limit: int = 0, kind: str | None = None
+) -> tuple[Window, str, str]:
+    """``(window, kind, note)`` for a tracepoint at ``site`` whose bytes
+    start ``code``; ``limit`` is where the function ends (the jump must not
+    run past it), ``kind`` forces :data:`TRAP`.  ``note`` says why a jump
+    was not possible.  Raises :class:`RelocationError` when not even the
+    first instruction can be moved (an ``int3`` of someone else's there)."""
+    note = ""
+    if kind != TRAP:
+        try:
+            window = decode_window(code, site, 5)
+        except RelocationError as e:
+            note = str(e)
+        else:
+            if limit and site + window.length > limit:
+                note = f"{site:#x}: a jump would run past the end of the function"
+            else:
+                return window, JUMP, ""
+    return decode_window(code, site, 1), TRAP, note
+
+
+def counter_address(trampoline: int) -> int:
+    """The hit counter of the trampoline at ``trampoline``: 8-byte aligned
+    (``lock inc`` must not split a cache line) in the chunk's data mirror."""
+    return ((trampoline + 7) & ~7) + CHUNK_CODE
+
+
+def trampoline_size(window: Window) -> int:
+    """Bytes to reserve for the trampoline of ``window``."""
+    guess = relocate(window, window.address - (1 << 30))  # sizes barely depend on the place
+    return (cg.HEADER_SIZE + len(guess.code) + 5 + 16 + 7) & ~7
+
+
+def lay_out(window: Window, kind: str, trampoline: int) -> Layout:
+    """The bytes of a tracepoint with its trampoline at ``trampoline``
+    (which must meet the window's constraint for a jump)."""
+    site = window.address
+    counter = counter_address(trampoline)
+    header = cg.counting_header(trampoline, counter)
+    body = relocate(window, trampoline + len(header))
+    back = site + window.length if body.falls_through else None
+    code = cg.trampoline(trampoline, counter, body, back)
+    redirects = [(site, trampoline)]  # the site traps while it is being patched
+    if kind == JUMP:
+        mask, pat = constraint(window.starts)
+        rel = (trampoline - (site + 5)) & 0xFFFFFFFF
+        if rel & mask != pat or not -(1 << 31) <= trampoline - (site + 5) < 1 << 31:
+            raise ValueError(f"{trampoline:#x} does not meet the constraint of {site:#x}")
+        for p in window.starts[1:]:
+            redirects.append((site + p, body.starts[site + p]))
+        original = window.code[:5]
+        patched = cg.jump_bytes(site, trampoline)
+    else:
+        original = window.code[:1]
+        patched = b"\xcc"
+    return Layout(site, kind, window, trampoline, code, counter, original, patched,
+                  tuple(redirects))  # fmt: skip
