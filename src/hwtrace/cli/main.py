@@ -21,6 +21,7 @@ commands:
   perf-dump print a perf.data's header and records (like perf report -D)
   filter    keep the recorded events an LTTng filter expression accepts
   filter-compile  compile a filter expression to an object or library for C tracers
+  probe     fast dynamic tracepoints in a running process (counts, events)
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -100,6 +101,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         return __import__("hwtrace.cli.filtercmd", fromlist=["main"]).main(rest)
     if cmd == "filter-compile":
         return __import__("hwtrace.cli.filtercompile", fromlist=["main"]).main(rest)
+    if cmd == "probe":
+        from .probe import main as probe_main
+
+        return probe_main(rest)
     if cmd == "--version":
         from .. import __version__
 

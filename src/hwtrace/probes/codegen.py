@@ -27,6 +27,7 @@ more, so a concurrent lookup always sees whole entries.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from iced_x86 import BlockEncoder, Code, Instruction, MemoryOperand, Register
 
@@ -230,21 +231,14 @@ def runtime_actions(base: int) -> tuple[bytes, bytes]:
 # -- trampolines ------------------------------------------------------------------
 
 HEADER_SIZE = 24  # the counting prologue, an upper bound
+EVENT_HEADER_SIZE = 224  # the event-writing one
 
 
-def trampoline(
-    address: int, counter: int, body: Relocated, back: int | None, *, red_zone: bool = True
-) -> bytes:
-    """A point tracepoint's trampoline at ``address``: count the hit at
-    ``counter`` (an 8-byte slot in the data mirror), then run the relocated
-    instructions ``body`` (encoded for ``address + header``) and jump
-    ``back`` (None when the relocated code never falls through).
-
-    The red zone (128 bytes under ``rsp`` that a leaf function may use) is
-    stepped over before anything is pushed.  ``lea`` is used for that
-    because it leaves the flags alone.
-    """
-    head = counting_header(address, counter, red_zone=red_zone)
+def trampoline(address: int, head: bytes, body: Relocated, back: int | None) -> bytes:
+    """A tracepoint's trampoline at ``address``: ``head`` (what a hit does:
+    :func:`counting_header` or :func:`event_header`, made for ``address``),
+    the relocated instructions ``body`` (encoded for ``address + len(head)``),
+    and a jump ``back`` (None when the relocated code never falls through)."""
     if body.address != address + len(head):
         raise ValueError("the relocated code was not encoded for its place")
     out = head + body.code
@@ -256,6 +250,11 @@ def trampoline(
 
 
 def counting_header(address: int, counter: int, *, red_zone: bool = True) -> bytes:
+    """Count the hit at ``counter`` (an 8-byte slot in the data mirror).
+
+    The red zone (128 bytes under ``rsp`` that a leaf function may use) is
+    stepped over before anything is pushed, with ``lea``, which leaves the
+    flags alone."""
     a = Asm()
     if red_zone:
         a(_lea(RSP, mem(RSP, -128)))
@@ -269,6 +268,101 @@ def counting_header(address: int, counter: int, *, red_zone: bool = True) -> byt
     code = a.encode(address)
     assert len(code) <= HEADER_SIZE
     return code
+
+
+REGISTERS = {
+    name: getattr(Register, name.upper())
+    for name in ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
+                 "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
+}  # fmt: skip
+ARGUMENTS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")  # System V AMD64 integer arguments
+_SAVED = ("r9", "r8", "rbx", "rdx", "rcx", "rax")  # pushed by the event header, last first
+_FRAME = 8 * (len(_SAVED) + 1)  # and the flags
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """What an event tracepoint records and where: ``rings`` is the shared
+    buffers' address in the target, ``tid_offset`` where glibc keeps the
+    thread id from the thread pointer (``fs:``), or -1."""
+
+    probe: int
+    rings: int
+    slots_offset: int
+    buffer_shift: int
+    buffers: int
+    slots: int
+    tid_offset: int
+    regs: tuple[str, ...] = ARGUMENTS[:4]
+    kind: int = 0
+
+
+def event_header(address: int, counter: int, spec: EventSpec, site: int) -> bytes:
+    """Count the hit, then write an event (:mod:`.rings`) — TSC, CPU, thread,
+    tracepoint, the chosen registers as they were at the site — into the
+    buffer of this CPU, restoring every register and the flags after."""
+    from .rings import F_CPU, F_KIND, F_PROBE, F_REGS, F_SEQ, F_TID, F_TSC, HEADER_BYTES
+    from .rings import SLOT_BYTES as SB
+
+    a = Asm()
+    a(_lea(RSP, mem(RSP, -128)))
+    a(I.create(Code.PUSHFQ))
+    for r in reversed(_SAVED):
+        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
+    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, counter))
+    inc.has_lock_prefix = True
+    a(inc)
+    rbx = Register.RBX
+    a(I.create(Code.RDTSCP))  # edx:eax = TSC, ecx = TSC_AUX (cpu | node << 12 on Linux)
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, RDX, 32))
+    a(I.create_reg_reg(Code.OR_R64_RM64, RAX, RDX))
+    a(I.create_reg_i32(Code.AND_RM32_IMM32, Register.ECX, 0xFFF & (spec.buffers - 1)))
+    r9 = Register.R9
+    a(I.create_reg_u64(Code.MOV_R64_IMM64, r9, spec.rings))
+    a(I.create_reg_reg(Code.MOV_R32_RM32, Register.EBX, Register.ECX))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, rbx, HEADER_BYTES.bit_length() - 1))
+    a(I.create_reg_reg(Code.ADD_R64_RM64, rbx, r9))  # rbx = this CPU's buffer header
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EDX, 1))
+    xadd = I.create_mem_reg(Code.XADD_RM64_R64, mem(rbx), RDX)
+    xadd.has_lock_prefix = True
+    a(xadd)  # rdx = this event's index
+    a(I.create_reg_reg(Code.MOV_R64_RM64, R8, RDX))
+    a(I.create_reg_i32(Code.AND_RM64_IMM32, R8, spec.slots - 1))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, R8, SB.bit_length() - 1))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, rbx, RCX))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, rbx, spec.buffer_shift))
+    a(I.create_reg_reg(Code.ADD_R64_RM64, rbx, R8))
+    a(_lea(rbx, MemoryOperand(rbx, r9, 1, spec.slots_offset, 8)))  # rbx = the slot
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(rbx, F_SEQ), 0))  # invalid while written
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_TSC), RAX))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(rbx, F_CPU), Register.ECX))
+    if spec.tid_offset >= 0:
+        tid = MemoryOperand(Register.NONE, displ=spec.tid_offset, displ_size=8)
+        load = I.create_reg_mem(Code.MOV_R32_RM32, Register.EAX, tid)
+        load.segment_prefix = Register.FS
+        a(load)
+    else:
+        a(I.create_reg_reg(Code.XOR_R32_RM32, Register.EAX, Register.EAX))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(rbx, F_TID), Register.EAX))
+    a(I.create_mem_u32(Code.MOV_RM32_IMM32, mem(rbx, F_PROBE), spec.probe))
+    a(I.create_mem_u32(Code.MOV_RM32_IMM32, mem(rbx, F_KIND), spec.kind))
+    for i, name in enumerate(spec.regs):
+        if name in _SAVED:
+            a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(RSP, 8 * _SAVED.index(name))))
+        elif name == "rsp":
+            a(_lea(RAX, mem(RSP, _FRAME + 128)))
+        elif name == "rip":
+            a(I.create_reg_u64(Code.MOV_R64_IMM64, RAX, site))
+        else:
+            a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, REGISTERS[name]))
+        a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_REGS + 8 * i), RAX))
+    a(I.create_reg(Code.INC_RM64, RDX))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_SEQ), RDX))  # commit
+    for r in _SAVED:
+        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
+    a(I.create(Code.POPFQ))
+    a(_lea(RSP, mem(RSP, 128)))
+    return a.encode(address)
 
 
 def jump_bytes(site: int, target: int) -> bytes:

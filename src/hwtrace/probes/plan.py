@@ -72,21 +72,28 @@ def counter_address(trampoline: int) -> int:
     return ((trampoline + 7) & ~7) + CHUNK_CODE
 
 
-def trampoline_size(window: Window) -> int:
+def trampoline_size(window: Window, event: cg.EventSpec | None = None) -> int:
     """Bytes to reserve for the trampoline of ``window``."""
     guess = relocate(window, window.address - (1 << 30))  # sizes barely depend on the place
-    return (cg.HEADER_SIZE + len(guess.code) + 5 + 16 + 7) & ~7
+    head = cg.EVENT_HEADER_SIZE if event else cg.HEADER_SIZE
+    return (head + len(guess.code) + 5 + 16 + 7) & ~7
 
 
-def lay_out(window: Window, kind: str, trampoline: int) -> Layout:
+def lay_out(
+    window: Window, kind: str, trampoline: int, event: cg.EventSpec | None = None
+) -> Layout:
     """The bytes of a tracepoint with its trampoline at ``trampoline``
-    (which must meet the window's constraint for a jump)."""
+    (which must meet the window's constraint for a jump); ``event`` makes a
+    hit write an event besides counting."""
     site = window.address
     counter = counter_address(trampoline)
-    header = cg.counting_header(trampoline, counter)
-    body = relocate(window, trampoline + len(header))
+    if event is None:
+        head = cg.counting_header(trampoline, counter)
+    else:
+        head = cg.event_header(trampoline, counter, event, site)
+    body = relocate(window, trampoline + len(head))
     back = site + window.length if body.falls_through else None
-    code = cg.trampoline(trampoline, counter, body, back)
+    code = cg.trampoline(trampoline, head, body, back)
     redirects = [(site, trampoline)]  # the site traps while it is being patched
     if kind == JUMP:
         mask, pat = constraint(window.starts)

@@ -24,7 +24,14 @@ import os
 import signal
 from dataclasses import dataclass
 
-__all__ = ["ProcessGone", "PtraceError", "Registers", "SeizedThread", "threads_of"]
+__all__ = [
+    "ProcessGone",
+    "PtraceError",
+    "Registers",
+    "SeizedThread",
+    "launch_stopped",
+    "threads_of",
+]
 
 PTRACE_CONT = 7
 PTRACE_SINGLESTEP = 9
@@ -272,3 +279,58 @@ def _tracer_of(pid: int, tid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+PTRACE_TRACEME = 0
+AT_ENTRY = 9
+
+
+def _traceme() -> None:  # runs in the child between fork and exec
+    _ptrace(PTRACE_TRACEME, 0, None, None)
+
+
+def launch_stopped(argv: list[str], **popen: object):
+    """Start ``argv`` and stop it at its entry point, its libraries loaded,
+    not traced any more (``SIGSTOP``ped): tracepoints go in before any of
+    its own code runs; ``SIGCONT`` starts it.  Returns the ``Popen``."""
+    import shutil
+    import subprocess
+
+    if not argv:
+        raise PtraceError("no command to run")
+    exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
+    if exe is None or not os.path.isfile(exe):
+        raise PtraceError(f"{argv[0]}: command not found")
+    proc = subprocess.Popen([exe, *argv[1:]], preexec_fn=_traceme, **popen)
+    pid = proc.pid
+    _, status = os.waitpid(pid, WALL)  # stopped at the exec
+    if not os.WIFSTOPPED(status):
+        raise PtraceError(f"{argv[0]}: did not start ({status:#x})")
+    with open(f"/proc/{pid}/auxv", "rb") as f:
+        raw = f.read()
+    entry = 0
+    for i in range(0, len(raw) - 15, 16):
+        if int.from_bytes(raw[i : i + 8], "little") == AT_ENTRY:
+            entry = int.from_bytes(raw[i + 8 : i + 16], "little")
+            break
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+    try:
+        original = os.pread(fd, 1, entry)
+        os.pwrite(fd, b"\xcc", entry)
+        _call(PTRACE_CONT, pid, 0, 0)
+        while True:
+            _, status = os.waitpid(pid, WALL)
+            if not os.WIFSTOPPED(status):
+                raise PtraceError(f"{argv[0]}: exited before its entry point")
+            if os.WSTOPSIG(status) == signal.SIGTRAP:
+                break
+            _call(PTRACE_CONT, pid, 0, os.WSTOPSIG(status))
+        os.pwrite(fd, original, entry)
+        regs = Registers()
+        _call(PTRACE_GETREGS, pid, 0, ctypes.addressof(regs))
+        regs.rip = entry
+        _call(PTRACE_SETREGS, pid, 0, ctypes.addressof(regs))
+        _call(PTRACE_DETACH, pid, 0, signal.SIGSTOP)
+    finally:
+        os.close(fd)
+    return proc

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..image.process import ProcessModules, read_maps
 from . import codegen as cg
 from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
@@ -41,13 +43,14 @@ from .locate import Site, SiteError, resolve
 from .plan import JUMP, TRAP, Layout, choose_window, lay_out, trampoline_size
 from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
 from .relocate import RelocationError, Window, decode_window
+from .rings import NREGS, OUT_DTYPE, Rings
 
 __all__ = ["JUMP", "TRAP", "ProbeError", "ProbeSession", "Tracepoint"]
 
-SYS_MMAP, SYS_MPROTECT, SYS_MUNMAP = 9, 10, 11
+SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MPROTECT, SYS_MUNMAP = 2, 3, 9, 10, 11
 SYS_RT_SIGACTION, SYS_MEMBARRIER = 13, 324
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
-MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
+MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 0x01, 0x02, 0x20, 0x100000
 MEMBARRIER_CMD_QUERY = 0
 MEMBARRIER_SYNC_CORE = 1 << 5  # MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE
 MEMBARRIER_REGISTER_SYNC_CORE = 1 << 6
@@ -116,6 +119,9 @@ class ProbeSession:
         self._slots: list[tuple[int, int]] = []  # redirect table slots, (from, to); 0 = free
         self._modules: ProcessModules | None = None
         self._thread: SeizedThread | None = None
+        self.rings: Rings | None = None
+        self._rings_at = 0
+        self.tid_offset = -1
         self._closed = False
 
     # -- memory ------------------------------------------------------------------
@@ -269,18 +275,78 @@ class ProbeSession:
                     f"({tp.spec}); their patched bytes would overlap"
                 )
 
-    def add(self, spec: str, *, kind: str | None = None) -> Tracepoint:
+    def add(
+        self,
+        spec: str,
+        *,
+        kind: str | None = None,
+        record: bool = False,
+        regs: tuple[str, ...] = cg.ARGUMENTS[:4],
+    ) -> Tracepoint:
         """Place and enable a tracepoint at ``spec``; ``kind`` forces
-        :data:`TRAP` (None: a jump where one fits, else a trap)."""
+        :data:`TRAP` (None: a jump where one fits, else a trap).  A hit
+        counts; with ``record`` it also writes an event with the registers
+        ``regs`` (up to four; default the first four arguments) into the
+        shared buffers that :meth:`drain` reads."""
         self._check_open()
+        bad = [r for r in regs if r not in cg.REGISTERS and r != "rip"]
+        if bad or len(regs) > NREGS:
+            raise ProbeError(f"registers to record: at most {NREGS} of "
+                             f"{', '.join(cg.REGISTERS)}, rip (not {', '.join(bad) or regs})")  # fmt: skip
         site = self.resolve(spec)
         with self._borrowed() as t:
             self._ensure_runtime(t)
-            tp = self._place(t, spec, site, kind)
+            event = None
+            if record:
+                self._ensure_rings(t)
+                assert self.rings is not None
+                g = self.rings.geometry
+                event = cg.EventSpec(self._next_id, self._rings_at, g.slots_offset,
+                                     g.buffer_shift, g.buffers, g.slots, self.tid_offset,
+                                     tuple(regs))  # fmt: skip
+            tp = self._place(t, spec, site, kind, event)
             self._patch(t, tp)
         return tp
 
-    def _place(self, t: SeizedThread, spec: str, site: Site, kind: str | None) -> Tracepoint:
+    # -- events ---------------------------------------------------------------------
+
+    def _ensure_rings(self, t: SeizedThread) -> None:
+        if self.rings is not None:
+            return
+        rings = Rings()
+        try:
+            path = rings.path.encode() + b"\0"
+            self.write(self.runtime + cg.SCRATCH, path)
+            fd = self._syscall(t, SYS_OPEN, self.runtime + cg.SCRATCH, os.O_RDWR, 0)
+            if fd < 0:
+                raise ProbeError(f"process {self.pid}: cannot open the event buffers "
+                                 f"({rings.path}): {os.strerror(-fd)}")  # fmt: skip
+            size = rings.geometry.size
+            at = self._syscall(t, SYS_MMAP, 0, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            self._syscall(t, SYS_CLOSE, fd)
+            if at < 0:
+                raise ProbeError(f"process {self.pid}: cannot map the event buffers: "
+                                 f"{os.strerror(-at)}")  # fmt: skip
+        except BaseException:
+            rings.close()
+            raise
+        self.rings, self._rings_at = rings, at
+        self.tid_offset = _tid_offset(self, t)
+
+    def drain(self, final: bool = False) -> np.ndarray:
+        """Events written since the last drain (:data:`~.rings.OUT_DTYPE`,
+        in time order); ``lost`` counts the ones overwritten before."""
+        if self.rings is None:
+            return np.zeros(0, OUT_DTYPE)
+        return self.rings.drain(final)
+
+    @property
+    def lost(self) -> int:
+        return self.rings.lost if self.rings is not None else 0
+
+    def _place(
+        self, t: SeizedThread, spec: str, site: Site, kind: str | None, event=None
+    ) -> Tracepoint:
         a = site.address
         code = self.read(a, min(32, site.limit - a) if site.limit else 32)
         try:
@@ -290,12 +356,12 @@ class ProbeSession:
         self._check_free(a, 5 if chosen == JUMP else 1)
         layout = None
         if chosen == JUMP:
-            layout = self._allocate(t, window, JUMP)
+            layout = self._allocate(t, window, JUMP, event)
             if layout is None:
                 note = f"{a:#x}: no trampoline address within reach meets the constraint"
                 window, chosen = decode_window(code, a, 1), TRAP
         if layout is None:
-            layout = self._allocate(t, window, TRAP)
+            layout = self._allocate(t, window, TRAP, event)
             if layout is None:
                 raise ProbeError(f"{a:#x}: no room for a trampoline within ±2 GiB")
         self.write(layout.trampoline, layout.code)
@@ -320,13 +386,15 @@ class ProbeSession:
         self.tracepoints[tp.id] = tp
         return tp
 
-    def _allocate(self, t: SeizedThread, window: Window, kind: str) -> Layout | None:
+    def _allocate(
+        self, t: SeizedThread, window: Window, kind: str, event: cg.EventSpec | None = None
+    ) -> Layout | None:
         """Reserve a trampoline for ``window`` and lay the tracepoint out, or
         None when no address within reach fits."""
         site = window.address
         starts = tuple(window.starts) if kind == JUMP else ()
         try:
-            size = trampoline_size(window)
+            size = trampoline_size(window, event)
         except RelocationError as e:
             raise ProbeError(str(e)) from e
         where = self.space.in_chunks(site, starts, size)
@@ -336,7 +404,7 @@ class ProbeSession:
                 return None
         tramp, chunk = where
         try:
-            layout = lay_out(window, kind, tramp)
+            layout = lay_out(window, kind, tramp, event)
         except RelocationError as e:
             raise ProbeError(str(e)) from e
         if len(layout.code) > size:
@@ -535,12 +603,17 @@ class ProbeSession:
                         self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
                         self._syscall(t, SYS_MUNMAP, self.runtime, cg.RUNTIME_SIZE)
                         self.runtime = 0
+                        if self.rings is not None:
+                            self._syscall(t, SYS_MUNMAP, self._rings_at, self.rings.geometry.size)
+                            self._rings_at = 0
         except ProbeError:
             if os.path.exists(f"/proc/{self.pid}"):
                 raise
         finally:
             self._closed = True
             os.close(self.mem)
+            if self.rings is not None:
+                self.rings.close()
 
     def __enter__(self) -> ProbeSession:
         return self
@@ -559,3 +632,22 @@ def _trap_pending(pid: int, tid: int) -> bool:
     except OSError:
         pass
     return False
+
+
+def _tid_offset(session: ProbeSession, t: SeizedThread) -> int:
+    """Where the thread id is, from the thread pointer (``fs:``): glibc's
+    ``struct pthread`` keeps it at a fixed offset (``tid``), found here by
+    looking for the borrowed thread's id near its thread pointer; -1 when
+    it is not there (no glibc threads), and events then carry tid 0."""
+    fs = t.saved_registers.fs_base
+    if not fs:
+        return -1
+    try:
+        block = session.read(fs, 0x1000)
+    except ProbeError:
+        return -1
+    want = t.tid.to_bytes(4, "little")
+    for off in range(0, len(block) - 4, 4):
+        if block[off : off + 4] == want:
+            return off
+    return -1

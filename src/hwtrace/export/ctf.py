@@ -1,0 +1,217 @@
+"""Writing CTF 1.8 traces (the Common Trace Format that LTTng writes and
+babeltrace2 and Trace Compass read): a TSDL ``metadata`` file and one
+binary stream file per CPU.
+
+Events are given as numpy columns and packed with numpy, whole packets at
+a time: every field is an unsigned little-endian integer aligned on a byte,
+so records need no padding and a class's records are a packed structured
+array.  Each event class has its own fields; records of different classes
+interleave in time order in a stream.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid as _uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CtfWriter", "EventClass"]
+
+CTF_MAGIC = 0xC1FC1FC1
+_PACKET_EVENTS = 1 << 16  # records per packet at most
+
+
+@dataclass(frozen=True)
+class EventClass:
+    """An event class: ``name`` and its payload ``fields`` as (name, bits)
+    with bits 8, 16, 32 or 64; ``hex``: fields shown in base 16."""
+
+    id: int
+    name: str
+    fields: tuple[tuple[str, int], ...]
+    hex: frozenset[str] = frozenset()
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(
+            [("id", "<u4"), ("timestamp", "<u8")]
+            + [(n, f"<u{bits // 8}") for n, bits in self.fields]
+        )
+
+
+_HEADER = np.dtype([("magic", "<u4"), ("uuid", "u1", (16,)), ("stream_id", "<u4")])
+_CONTEXT = np.dtype(
+    [("timestamp_begin", "<u8"), ("timestamp_end", "<u8"), ("content_size", "<u8"),
+     ("packet_size", "<u8"), ("events_discarded", "<u8"), ("cpu_id", "<u4")]
+)  # fmt: skip
+
+
+def _int(bits: int, base: int = 10) -> str:
+    return (
+        f"integer {{ size = {bits}; align = 8; signed = false; byte_order = le; base = {base}; }}"
+    )
+
+
+class CtfWriter:
+    """A CTF trace in directory ``path`` with ``classes``, timestamps in
+    nanoseconds of ``clock`` (``monotonic``: CLOCK_MONOTONIC, as LTTng's)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        classes: Sequence[EventClass],
+        *,
+        clock: str = "monotonic",
+        env: dict[str, str | int] | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self.classes = {c.id: c for c in classes}
+        self.uuid = _uuid.uuid4()
+        self._streams: dict[int, object] = {}
+        self._write_metadata(clock, env or {})
+
+    def _write_metadata(self, clock: str, env: dict[str, str | int]) -> None:
+        lines = [
+            "/* CTF 1.8 */",
+            "",
+            "typealias integer { size = 8; align = 8; signed = false; } := uint8_t;",
+            "typealias integer { size = 32; align = 8; signed = false; } := uint32_t;",
+            "typealias integer { size = 64; align = 8; signed = false; } := uint64_t;",
+            "",
+            "trace {",
+            "\tmajor = 1;",
+            "\tminor = 8;",
+            f'\tuuid = "{self.uuid}";',
+            "\tbyte_order = le;",
+            "\tpacket.header := struct {",
+            "\t\tuint32_t magic;",
+            "\t\tuint8_t uuid[16];",
+            "\t\tuint32_t stream_id;",
+            "\t};",
+            "};",
+            "",
+            "env {",
+            *[f'\t{k} = "{v}";' if isinstance(v, str) else f"\t{k} = {v};" for k, v in env.items()],
+            "};",
+            "",
+            "clock {",
+            f"\tname = {clock};",
+            f'\tuuid = "{_uuid.uuid5(self.uuid, clock)}";',
+            '\tdescription = "CLOCK_MONOTONIC";',
+            "\tfreq = 1000000000;",
+            "\toffset = 0;",
+            "};",
+            "",
+            f"typealias integer {{ size = 64; align = 8; signed = false; map = clock.{clock}.value; }}"
+            " := clock_ns_t;",
+            "",
+            "stream {",
+            "\tid = 0;",
+            "\tevent.header := struct {",
+            "\t\tuint32_t id;",
+            "\t\tclock_ns_t timestamp;",
+            "\t};",
+            "\tpacket.context := struct {",
+            "\t\tclock_ns_t timestamp_begin;",
+            "\t\tclock_ns_t timestamp_end;",
+            "\t\tuint64_t content_size;",
+            "\t\tuint64_t packet_size;",
+            "\t\tuint64_t events_discarded;",
+            "\t\tuint32_t cpu_id;",
+            "\t};",
+            "};",
+            "",
+        ]
+        for c in self.classes.values():
+            fields = "".join(
+                f"\t\t{_int(bits, 16 if n in c.hex else 10)} {n};\n" for n, bits in c.fields
+            )
+            lines += [
+                "event {",
+                f'\tname = "{c.name}";',
+                f"\tid = {c.id};",
+                "\tstream_id = 0;",
+                f"\tfields := struct {{\n{fields}\t}};",
+                "};",
+                "",
+            ]
+        with open(os.path.join(self.path, "metadata"), "w") as f:
+            f.write("\n".join(lines))
+
+    def _stream(self, cpu: int):
+        f = self._streams.get(cpu)
+        if f is None:
+            f = open(os.path.join(self.path, f"stream_{cpu}"), "wb")
+            self._streams[cpu] = f
+        return f
+
+    def write(
+        self,
+        cpu: int,
+        timestamp: np.ndarray,
+        class_id: np.ndarray,
+        payload: dict[int, np.ndarray],
+        discarded: int = 0,
+    ) -> None:
+        """Append events of one CPU, in time order: ``timestamp`` (ns) and
+        ``class_id`` per event; ``payload[c]`` holds the payload columns of
+        class ``c``'s events (a structured array with the class's fields),
+        in the same order as they appear in ``class_id``."""
+        n = timestamp.shape[0]
+        for lo in range(0, n, _PACKET_EVENTS):
+            hi = min(n, lo + _PACKET_EVENTS)
+            self._packet(cpu, timestamp, class_id, payload, lo, hi, discarded if lo == 0 else 0)
+
+    def _packet(self, cpu, timestamp, class_id, payload, lo, hi, discarded) -> None:
+        ids = class_id[lo:hi]
+        sizes = np.zeros(ids.shape[0], np.int64)
+        for cid, c in self.classes.items():
+            sizes[ids == cid] = c.dtype.itemsize
+        head = _HEADER.itemsize + _CONTEXT.itemsize
+        offsets = head + np.concatenate(([0], np.cumsum(sizes)[:-1])) if ids.size else sizes
+        content = head + int(sizes.sum())
+        total = (content + 7) // 8 * 8
+        buf = np.zeros(total, np.uint8)
+        hdr = np.zeros(1, _HEADER)
+        hdr["magic"] = CTF_MAGIC
+        hdr["uuid"] = np.frombuffer(self.uuid.bytes, np.uint8)
+        ctx = np.zeros(1, _CONTEXT)
+        ctx["timestamp_begin"] = timestamp[lo] if hi > lo else 0
+        ctx["timestamp_end"] = timestamp[hi - 1] if hi > lo else 0
+        ctx["content_size"] = content * 8
+        ctx["packet_size"] = total * 8
+        ctx["events_discarded"] = discarded
+        ctx["cpu_id"] = cpu
+        buf[: _HEADER.itemsize] = hdr.view(np.uint8)
+        buf[_HEADER.itemsize : head] = ctx.view(np.uint8)
+        for cid, c in self.classes.items():
+            sel = np.flatnonzero(ids == cid)
+            if not sel.size:
+                continue
+            # This class's events before lo, to find its rows of this packet.
+            before = int(np.count_nonzero(class_id[:lo] == cid))
+            rec = np.zeros(sel.size, c.dtype)
+            rec["id"] = cid
+            rec["timestamp"] = timestamp[lo:hi][sel]
+            rows = payload[cid][before : before + sel.size]
+            for name, _ in c.fields:
+                rec[name] = rows[name]
+            raw = rec.view(np.uint8).reshape(sel.size, c.dtype.itemsize)
+            dest = offsets[sel][:, None] + np.arange(c.dtype.itemsize)
+            buf[dest] = raw
+        self._stream(cpu).write(buf.tobytes())
+
+    def close(self) -> None:
+        for f in self._streams.values():
+            f.close()  # type: ignore[attr-defined]
+        self._streams.clear()
+
+    def __enter__(self) -> CtfWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,198 @@
+"""Per-CPU ring buffers shared between a traced process and hwtrace.
+
+A tracepoint that records events writes them from its trampoline into the
+buffer of the CPU it runs on (``rdtscp`` gives the TSC and, in
+``TSC_AUX``, the CPU number Linux puts there), with no system call: a slot
+is reserved by ``lock xadd`` on the buffer's head, invalidated, filled and
+committed by storing its sequence number (index + 1) last.  x86 keeps
+stores in order, so a committed slot is whole.  The buffer overwrites the
+oldest slots when hwtrace falls behind (as LTTng's overwrite mode does);
+hwtrace notices and counts them lost: a slot is taken only when its
+sequence number is the one expected and no writer had lapped it by the
+time the copy was made.
+
+hwtrace creates the memory (a memfd), maps it, and has the target map the
+same file through ``/proc/HWTRACE/fd/N``; draining is numpy over whole
+buffers, no per-event Python.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EVENT_DTYPE", "HEADER_BYTES", "SLOT_BYTES", "Clock", "Rings"]
+
+SLOT_BYTES = 64
+HEADER_BYTES = 64  # per buffer, one cache line: head (u64) at 0
+NREGS = 4
+EVENT_DTYPE = np.dtype(
+    [
+        ("seq", "<u8"),
+        ("tsc", "<u8"),
+        ("tid", "<u4"),
+        ("cpu", "<u4"),
+        ("probe", "<u4"),
+        ("kind", "<u4"),  # 0: hit (entry), 1: return
+        ("regs", "<u8", (NREGS,)),
+    ]
+)
+assert EVENT_DTYPE.itemsize == SLOT_BYTES
+OUT_DTYPE = np.dtype(
+    [("tsc", "<u8"), ("tid", "<u4"), ("cpu", "<u4"), ("probe", "<u4"), ("kind", "<u4"),
+     ("regs", "<u8", (NREGS,))]
+)  # fmt: skip
+
+# Offsets of the slot fields, for the code generator.
+F_SEQ, F_TSC, F_TID, F_CPU, F_PROBE, F_KIND, F_REGS = (
+    EVENT_DTYPE.fields[n][1] for n in ("seq", "tsc", "tid", "cpu", "probe", "kind", "regs")
+)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where things are in the shared memory: ``buffers`` buffers (a power
+    of two, at least the CPU count) of ``slots`` slots each (a power of
+    two).  The buffers' headers (one cache line each: the head, a u64, at
+    its start) come first, then the buffers' slots, each buffer's together."""
+
+    buffers: int
+    slots: int
+
+    @property
+    def slots_offset(self) -> int:
+        return (self.buffers * HEADER_BYTES + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+
+    @property
+    def buffer_shift(self) -> int:
+        """log2 of one buffer's slot bytes."""
+        return (self.slots * SLOT_BYTES).bit_length() - 1
+
+    @property
+    def size(self) -> int:
+        return self.slots_offset + (self.buffers << self.buffer_shift)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class Clock:
+    """TSC to CLOCK_MONOTONIC nanoseconds, from (TSC, ns) pairs taken by
+    hwtrace around the recording (both clocks are the same for every CPU of
+    this machine: constant, synchronised TSC)."""
+
+    def __init__(self) -> None:
+        from ..record._native import rdtsc
+
+        self._rdtsc = rdtsc
+        self.pairs = [self._pair()]
+
+    def _pair(self) -> tuple[int, int]:
+        n0 = time.monotonic_ns()
+        c = int(self._rdtsc())
+        n1 = time.monotonic_ns()
+        return c, (n0 + n1) // 2
+
+    def mark(self) -> None:
+        self.pairs.append(self._pair())
+
+    def to_ns(self, tsc: np.ndarray) -> np.ndarray:
+        (c0, n0), (c1, n1) = self.pairs[0], self.pairs[-1]
+        if c1 <= c0:
+            return np.zeros(tsc.shape, np.int64)
+        rate = (n1 - n0) / (c1 - c0)
+        return (n0 + (tsc.astype(np.float64) - c0) * rate).astype(np.int64)
+
+
+class Rings:
+    """The shared buffers, on hwtrace's side."""
+
+    def __init__(self, cpus: int | None = None, slots: int = 1 << 16) -> None:
+        cpus = cpus or os.cpu_count() or 1
+        self.geometry = Geometry(_pow2(max(cpus, _possible_cpus())), _pow2(slots))
+        self.fd = os.memfd_create("hwtrace-probe-events", 0)
+        size = self.geometry.size
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        g = self.geometry
+        raw = np.frombuffer(self.map, dtype=np.uint8)
+        self._raw = raw
+        self.heads = [raw[i * HEADER_BYTES : i * HEADER_BYTES + 8].view("<u8")
+                      for i in range(g.buffers)]  # fmt: skip
+        first, step = g.slots_offset, 1 << g.buffer_shift
+        self.slots = [
+            raw[first + i * step : first + (i + 1) * step].view(EVENT_DTYPE)
+            for i in range(g.buffers)
+        ]
+        self.positions = [0] * g.buffers
+        self.lost = 0
+        self.clock = Clock()
+
+    @property
+    def path(self) -> str:
+        """Where the target opens the memory."""
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def drain(self, final: bool = False) -> np.ndarray:
+        """The events committed since the last drain, in TSC order
+        (``OUT_DTYPE``).  ``final``: the writers are gone, so slots never
+        committed count as lost."""
+        g = self.geometry
+        cap = g.slots
+        self.clock.mark()
+        parts = []
+        for b in range(g.buffers):
+            pos = self.positions[b]
+            h0 = int(self.heads[b][0])
+            if h0 - pos > cap:
+                self.lost += h0 - pos - cap
+                pos = h0 - cap
+            n = h0 - pos
+            if n <= 0:
+                continue
+            idx = np.arange(pos, h0, dtype=np.uint64)
+            copy = self.slots[b][(idx & np.uint64(cap - 1)).astype(np.int64)]
+            h1 = int(self.heads[b][0])
+            lapped = idx < np.uint64(max(h1 - cap, 0))
+            committed = copy["seq"] == idx + np.uint64(1)
+            pending = ~committed & ~lapped
+            stop = n if final else int(np.argmax(pending)) if pending.any() else n
+            good = committed[:stop] & ~lapped[:stop]
+            self.lost += int(stop - good.sum())
+            self.positions[b] = pos + stop
+            if good.any():
+                parts.append(copy[:stop][good])
+        if not parts:
+            return np.zeros(0, OUT_DTYPE)
+        events = np.concatenate(parts)
+        out = np.empty(events.shape[0], OUT_DTYPE)
+        for name in OUT_DTYPE.names:
+            out[name] = events[name]
+        return out[np.argsort(out["tsc"], kind="stable")]
+
+    def close(self) -> None:
+        self.heads, self.slots = [], []
+        del self._raw
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with the process
+        os.close(self.fd)
+
+
+def _possible_cpus() -> int:
+    """CPUs that may come online (``/sys/devices/system/cpu/possible``)."""
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            text = f.read().strip()
+    except OSError:
+        return os.cpu_count() or 1
+    top = 0
+    for part in text.split(","):
+        top = max(top, int(part.split("-")[-1]))
+    return top + 1
