@@ -227,22 +227,21 @@ def _finish(session, out, args) -> None:
     counts = []
     alive = os.path.exists(f"/proc/{session.pid}")
     try:
-        if alive:
-            for tp in list(session.tracepoints.values()):
-                counts.append(
-                    {
-                        "id": tp.id,
-                        "location": tp.spec,
-                        "address": tp.address,
-                        "function": tp.site.function,
-                        "kind": tp.kind,
-                        "hits": session.hits(tp),
-                        "note": tp.note,
-                    }
-                )
-            # Take the patches out first, then drain what was written meanwhile.
-            for tp in list(session.tracepoints.values()):
-                session.disable(tp)
+        # Take the patches out first, then drain what was written meanwhile.
+        for tp in list(session.tracepoints.values()) if alive else ():
+            session.disable(tp)
+        for tp in list(session.tracepoints.values()):
+            counts.append(
+                {
+                    "id": tp.id,
+                    "location": tp.spec,
+                    "address": tp.address,
+                    "function": tp.site.function,
+                    "kind": tp.kind,
+                    "hits": session.hits(tp),
+                    "note": tp.note,
+                }
+            )
         if out is not None and session.rings is not None:
             session.rings.clock.mark()
             out.write(session.drain(final=True), session.rings.clock, session.lost)

@@ -33,8 +33,11 @@ __all__ = [
 ]
 
 PAGE = 0x1000
-CHUNK_CODE = PAGE  # code bytes per chunk (R-X) ...
-CHUNK_SIZE = 2 * PAGE  # ... followed by as many data bytes (RW-), the code's mirror
+# Two code pages, so that a trampoline may start anywhere in the first page
+# whatever its size (a constraint that fixes rel32's low 12 bits fixes its
+# offset in every page), followed by as many data bytes, the code's mirror.
+CHUNK_CODE = 2 * PAGE  # code bytes per chunk (R-X) ...
+CHUNK_SIZE = 2 * CHUNK_CODE  # ... and data (RW-, shared with hwtrace)
 REL_MIN, REL_MAX = -(1 << 31), (1 << 31) - 1
 LOWEST = 0x10000  # vm.mmap_min_addr's usual value; nothing goes below
 HIGHEST = 0x7FFF_FFFF_F000  # end of the 47-bit user address space
@@ -122,6 +125,7 @@ class Chunk:
     their data mirror one page up; ``free`` lists the unused code ranges."""
 
     base: int
+    page: int = 0  # its data page in the shared counter memory
     free: list[tuple[int, int]] = field(default_factory=list)
     used: int = 0  # trampolines in it
 
@@ -162,14 +166,22 @@ class TrampolineSpace:
     def __init__(self) -> None:
         self.chunks: dict[int, Chunk] = {}
 
-    def in_chunks(self, site: int, starts: Iterable[int], size: int) -> tuple[int, Chunk] | None:
+    def in_chunks(
+        self,
+        site: int,
+        starts: Iterable[int],
+        size: int,
+        reach: tuple[int, int] = (0, 1 << 64),
+    ) -> tuple[int, Chunk] | None:
         """Room for a trampoline of ``size`` bytes for the site in a chunk
-        already mapped: ``(address, chunk)`` or None."""
+        already mapped: ``(address, chunk)`` or None.  ``reach`` bounds the
+        trampoline further (the targets of RIP-relative data operands)."""
         mask, pat = constraint(starts)
         site_end = site + 5
         best: tuple[int, Chunk] | None = None
         for chunk in self.chunks.values():
             for lo, hi in chunk.free:
+                lo, hi = max(lo, reach[0]), min(hi, reach[1])
                 t = _place(lo, hi, site_end, mask, pat, size)
                 if t is not None and (best is None or abs(t - site) < abs(best[0] - site)):
                     best = (t, chunk)
@@ -177,13 +189,19 @@ class TrampolineSpace:
         return best
 
     def new_chunk(
-        self, site: int, starts: Iterable[int], size: int, gaps: Sequence[tuple[int, int]]
+        self,
+        site: int,
+        starts: Iterable[int],
+        size: int,
+        gaps: Sequence[tuple[int, int]],
+        reach: tuple[int, int] = (0, 1 << 64),
     ) -> tuple[int, int] | None:
         """Where a new chunk could be mapped for the site: ``(trampoline
         address, chunk base)`` in the gap nearest to the site, or None."""
         mask, pat = constraint(starts)
         site_end = site + 5
-        reach_lo, reach_hi = site_end + REL_MIN, site_end + REL_MAX + 1
+        reach_lo = max(site_end + REL_MIN, reach[0])
+        reach_hi = min(site_end + REL_MAX + 1, reach[1])
         order = sorted(gaps, key=lambda g: 0 if g[0] <= site < g[1] else min(
             abs(g[0] - site), abs(g[1] - site)))  # fmt: skip
         for glo, ghi in order:
@@ -195,13 +213,18 @@ class TrampolineSpace:
                 base = t & ~(PAGE - 1)
                 if base >= glo and base + CHUNK_SIZE <= ghi and t + size <= base + CHUNK_CODE:
                     return t, base
-                lo = base + PAGE  # the code would spill into the data page: next page
+                lo = base + PAGE  # past the gap's end, or a trampoline larger than a page
         return None
 
-    def add_chunk(self, base: int) -> Chunk:
-        chunk = Chunk(base)
+    def add_chunk(self, base: int, page: int = 0) -> Chunk:
+        chunk = Chunk(base, page)
         self.chunks[base] = chunk
         return chunk
 
     def chunk_of(self, t: int) -> Chunk:
-        return self.chunks[t & ~(PAGE - 1)]
+        """The chunk whose code holds address ``t``."""
+        for base in range(t & ~(PAGE - 1), t - CHUNK_CODE, -PAGE):
+            chunk = self.chunks.get(base)
+            if chunk is not None:
+                return chunk
+        raise KeyError(f"no trampoline chunk holds {t:#x}")

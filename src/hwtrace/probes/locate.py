@@ -17,7 +17,7 @@ from elftools.elf.elffile import ELFFile
 
 from ..image.process import ProcessModules
 
-__all__ = ["Site", "SiteError", "resolve"]
+__all__ = ["Site", "SiteError", "check_boundary", "resolve"]
 
 
 class SiteError(ValueError):
@@ -33,6 +33,7 @@ class Site:
     path: str  # the mapped file, or ""
     limit: int  # end of the function (the jump must not run past it), 0 if unknown
     entry: bool  # at the function's first instruction
+    start: int = 0  # the function's first instruction, 0 if unknown
 
 
 _OFFSET = re.compile(r"^(?P<name>.+?)\+(?P<off>0x[0-9a-fA-F]+|\d+)$")
@@ -62,7 +63,28 @@ def resolve(modules: ProcessModules, spec: str) -> Site:
         raise SiteError(f"{spec}: offset {offset:#x} is past the end of {name} "
                         f"({func.size:#x} bytes)")  # fmt: skip
     label = f"{func.name}+{offset:#x}" if offset else func.name
-    return Site(func.start + offset, label, func.path, func.end, offset == 0)
+    return Site(func.start + offset, label, func.path, func.end, offset == 0, func.start)
+
+
+def check_boundary(site: Site, code: bytes) -> None:
+    """Raise :class:`SiteError` unless ``site`` starts an instruction of its
+    function, decoding ``code`` (the function's bytes from its start) in a
+    linear sweep, as objdump does."""
+    from iced_x86 import Decoder
+
+    if not site.start or site.address == site.start:
+        return
+    previous = site.start
+    for ins in Decoder(64, code, ip=site.start):
+        if ins.ip == site.address:
+            return
+        if ins.ip > site.address:
+            raise SiteError(
+                f"{site.address:#x} ({site.function}) is inside the instruction at "
+                f"{previous:#x}: instructions start at {previous:#x} and {ins.ip:#x}"
+            )
+        previous = ins.ip
+    raise SiteError(f"{site.address:#x} ({site.function}): past the code decoded")
 
 
 def _at_address(modules: ProcessModules, address: int, spec: str) -> Site:
@@ -74,7 +96,7 @@ def _at_address(modules: ProcessModules, address: int, spec: str) -> Site:
         return Site(address, "", mapping.path, mapping.end, False)
     off = address - func.start
     label = f"{func.name}+{off:#x}" if off else func.name
-    return Site(address, label, func.path, func.end, off == 0)
+    return Site(address, label, func.path, func.end, off == 0, func.start)
 
 
 def _at_line(modules: ProcessModules, filename: str, line: int, spec: str) -> Site:

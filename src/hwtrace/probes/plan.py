@@ -15,8 +15,8 @@ from . import codegen as cg
 from .alloc import CHUNK_CODE, constraint
 from .relocate import RelocationError, Window, decode_window, relocate
 
-__all__ = ["JUMP", "TRAP", "Layout", "choose_window", "counter_address", "lay_out",
-           "trampoline_size"]  # fmt: skip
+__all__ = ["JUMP", "TRAP", "Layout", "choose_window", "counter_address", "data_reach",
+           "lay_out", "trampoline_size"]  # fmt: skip
 
 JUMP = "jump"
 TRAP = "trap"
@@ -64,6 +64,20 @@ def choose_window(
             else:
                 return window, JUMP, ""
     return decode_window(code, site, 1), TRAP, note
+
+
+def data_reach(window: Window) -> tuple[int, int]:
+    """Where the trampoline may be for the window's RIP-relative data
+    operands to stay within reach (a rel32 displacement) of their targets:
+    ``[lo, hi)``, with a margin for the trampoline's own size."""
+    lo, hi = 0, 1 << 64
+    margin = 1 << 16
+    for ins in window.instructions:
+        if ins.is_ip_rel_memory_operand:
+            target = ins.ip_rel_memory_address
+            lo = max(lo, target - (1 << 31) + margin)
+            hi = min(hi, target + (1 << 31) - margin)
+    return lo, hi
 
 
 def counter_address(trampoline: int) -> int:

@@ -42,6 +42,7 @@ PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 PTRACE_GETSIGINFO = 0x4202
 PTRACE_EVENT_STOP = 128
+_FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 WALL = 0x40000000
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -198,19 +199,23 @@ class SeizedThread:
         for name, value in values.items():
             setattr(regs, name, value & ((1 << 64) - 1))
         self.set_registers(regs)
-        while True:
+        for _ in range(64):
             r = _call(PTRACE_SINGLESTEP, self.tid, 0, 0)
             if r < 0:
                 raise PtraceError(f"thread {self.tid}: PTRACE_SINGLESTEP: {os.strerror(-r)}")
             stop = self._wait()
             after = self.get_registers()
-            if stop.signal == signal.SIGTRAP and after.rip != rip:
+            if after.rip != rip:
                 return after
+            if stop.signal in _FAULTS:
+                # Our instruction faulted (its page gone?): the signal is ours,
+                # not the program's; it is dropped.
+                raise PtraceError(f"thread {self.tid}: the instruction at {rip:#x} run for "
+                                  f"hwtrace raised {signal.Signals(stop.signal).name}")  # fmt: skip
             if stop.signal and stop.signal != signal.SIGTRAP:
                 # Delivered before our instruction ran: hold it, step again.
                 self.held_signals.append(stop.signal)
-            if after.rip != rip:
-                return after
+        raise PtraceError(f"thread {self.tid}: the instruction at {rip:#x} does not complete")
 
     def syscall(self, gadget: int, nr: int, *args: int) -> int:
         """Make the thread run system call ``nr`` with ``args`` through the

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EVENT_DTYPE", "HEADER_BYTES", "SLOT_BYTES", "Clock", "Rings"]
+__all__ = ["EVENT_DTYPE", "HEADER_BYTES", "SLOT_BYTES", "Clock", "CounterPages", "Rings"]
 
 SLOT_BYTES = 64
 HEADER_BYTES = 64  # per buffer, one cache line: head (u64) at 0
@@ -90,13 +90,19 @@ class Clock:
         from ..record._native import rdtsc
 
         self._rdtsc = rdtsc
+        rdtsc()  # compiled now, not inside a reading
         self.pairs = [self._pair()]
 
     def _pair(self) -> tuple[int, int]:
-        n0 = time.monotonic_ns()
-        c = int(self._rdtsc())
-        n1 = time.monotonic_ns()
-        return c, (n0 + n1) // 2
+        """The tightest of a few (TSC, ns) readings."""
+        best = None
+        for _ in range(5):
+            n0 = time.monotonic_ns()
+            c = int(self._rdtsc())
+            n1 = time.monotonic_ns()
+            if best is None or n1 - n0 < best[0]:
+                best = (n1 - n0, c, (n0 + n1) // 2)
+        return best[1], best[2]
 
     def mark(self) -> None:
         self.pairs.append(self._pair())
@@ -182,6 +188,46 @@ class Rings:
             self.map.close()
         except BufferError:
             pass  # a caller still holds a view; the mapping goes with the process
+        os.close(self.fd)
+
+
+class CounterPages:
+    """The trampolines' data pages (their hit counters), shared with hwtrace
+    through a memfd, so counts can be read without a system call and after
+    the process is gone.  A sparse file: pages take memory once used."""
+
+    SIZE = 64 << 20  # of address space
+
+    def __init__(self, unit: int) -> None:
+        self.unit = unit  # bytes per chunk
+        self.fd = os.memfd_create("hwtrace-probe-counters", 0)
+        self.size = self.SIZE
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._free = list(range(self.size // unit - 1, -1, -1))
+
+    @property
+    def path(self) -> str:
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def take(self) -> int:
+        if not self._free:
+            raise RuntimeError("no counter pages left")
+        return self._free.pop()
+
+    def give(self, page: int) -> None:
+        self._free.append(page)
+
+    def clear(self, page: int) -> None:
+        at = page * self.unit
+        self.map[at : at + self.unit] = bytes(self.unit)
+
+    def read(self, page: int, offset: int) -> int:
+        at = page * self.unit + offset
+        return int.from_bytes(self.map[at : at + 8], "little")
+
+    def close(self) -> None:
+        self.map.close()
         os.close(self.fd)
 
 

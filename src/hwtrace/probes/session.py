@@ -39,11 +39,11 @@ import numpy as np
 from ..image.process import ProcessModules, read_maps
 from . import codegen as cg
 from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
-from .locate import Site, SiteError, resolve
-from .plan import JUMP, TRAP, Layout, choose_window, lay_out, trampoline_size
+from .locate import Site, SiteError, check_boundary, resolve
+from .plan import JUMP, TRAP, Layout, choose_window, data_reach, lay_out, trampoline_size
 from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
 from .relocate import RelocationError, Window, decode_window
-from .rings import NREGS, OUT_DTYPE, Rings
+from .rings import NREGS, OUT_DTYPE, CounterPages, Rings
 
 __all__ = ["JUMP", "TRAP", "ProbeError", "ProbeSession", "Tracepoint"]
 
@@ -78,6 +78,7 @@ class Tracepoint:
     redirects: list[tuple[int, int]] = field(default_factory=list)
     enabled: bool = False
     note: str = ""  # why it is not a jump tracepoint
+    length: int = 0  # bytes whose instructions were relocated
 
     @property
     def address(self) -> int:
@@ -120,6 +121,8 @@ class ProbeSession:
         self._modules: ProcessModules | None = None
         self._thread: SeizedThread | None = None
         self.rings: Rings | None = None
+        self.counters: CounterPages | None = None
+        self._counters_fd = -1
         self._rings_at = 0
         self.tid_offset = -1
         self._closed = False
@@ -141,6 +144,15 @@ class ProbeSession:
                              f"{e.strerror}") from e  # fmt: skip
         if n != len(data):
             raise ProbeError(f"process {self.pid}: short write at {address:#x}")
+
+    def read_original(self, address: int, size: int) -> bytes:
+        """Memory as it was before hwtrace's patches."""
+        data = bytearray(self.read(address, size))
+        for tp in self.tracepoints.values():
+            lo, hi = max(address, tp.address), min(address + size, tp.address + len(tp.original))
+            if lo < hi:
+                data[lo - address : hi - address] = tp.original[lo - tp.address : hi - tp.address]
+        return bytes(data)
 
     def read_u64(self, address: int) -> int:
         return int.from_bytes(self.read(address, 8), "little")
@@ -213,6 +225,14 @@ class ProbeSession:
         r = self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_REGISTER_SYNC_CORE, 0, 0)
         if r < 0:
             raise ProbeError(f"process {self.pid}: membarrier register: {os.strerror(-r)}")
+        self.counters = CounterPages(CHUNK_SIZE - CHUNK_CODE)
+        path = self.counters.path.encode() + b"\0"
+        self.write(base + cg.SCRATCH, path)
+        fd = self._syscall(t, SYS_OPEN, base + cg.SCRATCH, os.O_RDWR | os.O_CLOEXEC, 0)
+        if fd < 0:
+            raise ProbeError(f"process {self.pid}: cannot open hwtrace's counters "
+                             f"({self.counters.path}): {os.strerror(-fd)}")  # fmt: skip
+        self._counters_fd = fd
         ours, default = cg.runtime_actions(base)
         self.write(base + cg.NEW_ACTION, ours)
         self.write(base + cg.DFL_ACTION, default)
@@ -255,20 +275,27 @@ class ProbeSession:
     @property
     def modules(self) -> ProcessModules:
         if self._modules is None:
-            self._modules = ProcessModules(self.pid)
+            try:
+                self._modules = ProcessModules(self.pid)
+            except OSError as e:
+                raise ProbeError(f"process {self.pid} is gone ({e.strerror})") from e
         return self._modules
 
     def resolve(self, spec: str) -> Site:
         """Where ``spec`` (``func``, ``func+off``, ``module!func``, an address,
         ``file:line``) is in the process."""
         try:
-            return resolve(self.modules, spec)
+            site = resolve(self.modules, spec)
+            if site.start and site.address != site.start:
+                code = self.read_original(site.start, site.address - site.start + 16)
+                check_boundary(site, code)
+            return site
         except SiteError as e:
             raise ProbeError(str(e)) from e
 
     def _check_free(self, address: int, length: int) -> None:
         for tp in self.tracepoints.values():
-            lo, hi = tp.address, tp.address + len(tp.original)
+            lo, hi = tp.address, tp.address + tp.length
             if address < hi and lo < address + length:
                 raise ProbeError(
                     f"{address:#x}: too close to tracepoint {tp.id} at {tp.address:#x} "
@@ -348,12 +375,12 @@ class ProbeSession:
         self, t: SeizedThread, spec: str, site: Site, kind: str | None, event=None
     ) -> Tracepoint:
         a = site.address
-        code = self.read(a, min(32, site.limit - a) if site.limit else 32)
+        code = self.read_original(a, min(32, site.limit - a) if site.limit else 32)
         try:
             window, chosen, note = choose_window(code, a, site.limit, kind)
         except RelocationError as e:
             raise ProbeError(str(e)) from e
-        self._check_free(a, 5 if chosen == JUMP else 1)
+        self._check_free(a, window.length)
         layout = None
         if chosen == JUMP:
             layout = self._allocate(t, window, JUMP, event)
@@ -365,7 +392,6 @@ class ProbeSession:
             if layout is None:
                 raise ProbeError(f"{a:#x}: no room for a trampoline within ±2 GiB")
         self.write(layout.trampoline, layout.code)
-        self.write(layout.counter, bytes(8))
         tp = Tracepoint(
             id=self._next_id,
             spec=spec,
@@ -379,6 +405,7 @@ class ProbeSession:
             starts=layout.starts,
             redirects=list(layout.redirects),
             note=note,
+            length=layout.window.length,
         )
         self._next_id += 1
         for src, dst in tp.redirects:
@@ -397,9 +424,10 @@ class ProbeSession:
             size = trampoline_size(window, event)
         except RelocationError as e:
             raise ProbeError(str(e)) from e
-        where = self.space.in_chunks(site, starts, size)
+        reach = data_reach(window)
+        where = self.space.in_chunks(site, starts, size, reach)
         if where is None:
-            where = self._new_chunk(t, site, starts, size)
+            where = self._new_chunk(t, site, starts, size, reach)
             if where is None:
                 return None
         tramp, chunk = where
@@ -413,13 +441,18 @@ class ProbeSession:
         self._sizes[tramp] = size
         return layout
 
-    def _new_chunk(self, t: SeizedThread, site: int, starts: tuple[int, ...], size: int):
+    def _new_chunk(self, t: SeizedThread, site: int, starts: tuple[int, ...], size: int, reach):
         for _ in range(4):
-            spot = self.space.new_chunk(site, starts, size, free_gaps(read_maps(self.pid)))
+            gaps = free_gaps(read_maps(self.pid))
+            spot = self.space.new_chunk(site, starts, size, gaps, reach)
             if spot is None:
                 return None
             tramp, base = spot
-            r = self._syscall(t, SYS_MMAP, base, CHUNK_SIZE, PROT_READ | PROT_WRITE,
+            # Code: private anonymous memory, written through /proc/PID/mem
+            # and never writable in the process.  Data (the hit counters):
+            # a page of memory shared with hwtrace, so the counts outlive
+            # the process.
+            r = self._syscall(t, SYS_MMAP, base, CHUNK_CODE, PROT_READ | PROT_EXEC,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
                               (1 << 64) - 1, 0)  # fmt: skip
             if r == -errno.EEXIST:
@@ -427,12 +460,22 @@ class ProbeSession:
             if r < 0:
                 raise ProbeError(f"process {self.pid}: mmap for a trampoline: {os.strerror(-r)}")
             if r != base:  # a kernel without MAP_FIXED_NOREPLACE treats it as a hint
-                self._syscall(t, SYS_MUNMAP, r, CHUNK_SIZE)
+                self._syscall(t, SYS_MUNMAP, r, CHUNK_CODE)
                 continue
-            r = self._syscall(t, SYS_MPROTECT, base, CHUNK_CODE, PROT_READ | PROT_EXEC)
-            if r < 0:
-                raise ProbeError(f"process {self.pid}: mprotect: {os.strerror(-r)}")
-            return tramp, self.space.add_chunk(base)
+            page = self.counters.take()
+            r = self._syscall(t, SYS_MMAP, base + CHUNK_CODE, CHUNK_SIZE - CHUNK_CODE,
+                              PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE,
+                              self._counters_fd, page * self.counters.unit)  # fmt: skip
+            if r != base + CHUNK_CODE:
+                self.counters.give(page)
+                self._syscall(t, SYS_MUNMAP, base, CHUNK_CODE)
+                if r >= 0:
+                    self._syscall(t, SYS_MUNMAP, r, CHUNK_SIZE - CHUNK_CODE)
+                if r == -errno.EEXIST or r >= 0:
+                    continue
+                raise ProbeError(f"process {self.pid}: mmap for counters: {os.strerror(-r)}")
+            self.counters.clear(page)
+            return tramp, self.space.add_chunk(base, page)
         return None
 
     # -- patching -------------------------------------------------------------------
@@ -501,7 +544,9 @@ class ProbeSession:
         return hits
 
     def hits(self, tp: Tracepoint) -> int:
-        return self.read_u64(tp.counter)
+        """The tracepoint's hit count (readable after the process is gone)."""
+        chunk = self.space.chunk_of(tp.trampoline)
+        return self.counters.read(chunk.page, tp.counter - chunk.base - CHUNK_CODE)
 
     # -- reclaiming -----------------------------------------------------------------
 
@@ -509,7 +554,7 @@ class ProbeSession:
         """Whether some thread may still be inside one of ``ranges`` (or in
         the runtime's handler): its ``rip`` there, a trap pending, or a code
         address of ours in the top of its stack (a signal frame)."""
-        lo_rt, hi_rt = self.runtime, self.runtime + CHUNK_CODE
+        lo_rt, hi_rt = self.runtime, self.runtime + cg.PAGE
         for tid in threads_of(self.pid):
             if tid == t.tid:
                 regs = t.saved_registers
@@ -569,6 +614,7 @@ class ProbeSession:
                 if chunk.empty:
                     self._syscall(t, SYS_MUNMAP, chunk.base, CHUNK_SIZE)
                     del self.space.chunks[chunk.base]
+                    self.counters.give(chunk.page)
             self.retired.clear()
         return freed
 
@@ -601,11 +647,13 @@ class ProbeSession:
                         self._syscall(t, SYS_RT_SIGACTION, cg.SIGTRAP,
                                       self.runtime + cg.OLD_ACTION, 0, 8)  # fmt: skip
                         self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
-                        self._syscall(t, SYS_MUNMAP, self.runtime, cg.RUNTIME_SIZE)
-                        self.runtime = 0
+                        self._syscall(t, SYS_CLOSE, self._counters_fd)
                         if self.rings is not None:
                             self._syscall(t, SYS_MUNMAP, self._rings_at, self.rings.geometry.size)
                             self._rings_at = 0
+                        # Last: the system calls above go through the runtime's gadget.
+                        self._syscall(t, SYS_MUNMAP, self.runtime, cg.RUNTIME_SIZE)
+                        self.runtime = 0
         except ProbeError:
             if os.path.exists(f"/proc/{self.pid}"):
                 raise
@@ -614,6 +662,8 @@ class ProbeSession:
             os.close(self.mem)
             if self.rings is not None:
                 self.rings.close()
+            if self.counters is not None:
+                self.counters.close()
 
     def __enter__(self) -> ProbeSession:
         return self
