@@ -147,6 +147,48 @@ def test_trap_tracepoints_count_exactly(target, untraced):
     assert target.code() == code
 
 
+def test_entry_exit_tracepoints_follow_recursion_and_longjmp(target, untraced):
+    code = target.code()
+    with ProbeSession(target.pid) as s:
+        tps = {name: s.add(name, returns=True) for name in ("depth", "thrower", "jumper")}
+        assert target.run(1000) == untraced[1000]
+        # depth(i % 5) for i < 1000 in each of two threads: 1 + (i % 5) calls each.
+        calls = 2 * sum(1 + i % 5 for i in range(1000))
+        assert s.hits(tps["depth"]) == s.returns(tps["depth"]) == calls
+        thrown = sum(1 for k in (0, 1) for i in range(1000) if (i + 1000003 * k) % 3 == 0)
+        assert s.hits(tps["thrower"]) == 2000
+        assert s.returns(tps["thrower"]) == 2000 - thrown  # longjmp: never returned
+        assert s.hits(tps["jumper"]) == s.returns(tps["jumper"]) == 2000
+        with pytest.raises(ProbeError, match="first instruction"):
+            s.add("work+0x7", returns=True)
+    assert target.code() == code
+    assert target.run(1000) == untraced[1000]
+
+
+def test_entry_exit_events_carry_return_values(target, untraced):
+    with ProbeSession(target.pid) as s:
+        s.add("depth", returns=True, record=True, regs=("rdi",))
+        assert target.run(100) == target.run(100)
+        ev = s.drain()
+        assert s.lost == 0
+        entries, exits = ev[ev["kind"] == 0], ev[ev["kind"] == 1]
+        assert len(entries) == len(exits) == 2 * 2 * sum(1 + i % 5 for i in range(100))
+
+        # Per thread, each return's value is depth(n) of its call, innermost first.
+        def depth(n):
+            return 1 if n == 0 else depth(n - 1) * 3 + n
+
+        for tid in np.unique(ev["tid"]).tolist():
+            mine = ev[ev["tid"] == tid]
+            stack = []
+            for kind, regs in zip(mine["kind"].tolist(), mine["regs"].tolist(), strict=True):
+                if kind == 0:
+                    stack.append(regs[0])
+                else:
+                    assert regs[0] == depth(stack.pop())
+            assert not stack
+
+
 def test_events_carry_arguments_threads_and_time(target, untraced):
     with ProbeSession(target.pid) as s:
         tp = s.add("shorties", record=True, regs=("rdi", "rsp", "rip"))
@@ -196,6 +238,7 @@ def test_live_insertion_under_load_keeps_results(target, workload):
     finally:
         check.close()
     assert calls == sum(int(w[2]) for w in per_thread)
+    assert total == sum(int(w[3]) for w in per_thread) % (1 << 64)
 
 
 def test_bad_input_is_one_clear_message(target, workload, tmp_path):

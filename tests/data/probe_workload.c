@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,27 @@ __asm__(
     "  ret\n"
     ".size red_zone, .-red_zone\n");
 
+/* Recursion: every level's return must find its own return address. */
+__attribute__((noinline, used)) uint64_t depth(uint64_t n) {
+    if (n == 0) return 1;
+    uint64_t r = depth(n - 1);
+    __asm__ volatile("" : "+r"(r)); /* keep it a real recursion */
+    return r * 3 + n;
+}
+
+/* longjmp out of a function whose return was hooked: that frame never
+ * returns, and later calls must not be confused by it. */
+static __thread jmp_buf unwind;
+__attribute__((noinline, used)) void thrower(uint64_t n) {
+    if (n % 3 == 0) longjmp(unwind, 1);
+    __asm__ volatile("");
+}
+__attribute__((noinline, used)) uint64_t jumper(uint64_t n) {
+    if (setjmp(unwind)) return 7;
+    thrower(n);
+    return n;
+}
+
 static volatile uint64_t global_bias = 7;
 
 __attribute__((noinline, used)) uint64_t work(uint64_t x) {
@@ -77,7 +99,8 @@ static uint64_t iterations;
 static uint64_t sums[MAXT], calls[MAXT];
 
 static uint64_t one(uint64_t i) {
-    return work(i) ^ shorties(i) ^ (loop_into_window(i % 7 + 1) << 1) ^ (red_zone(i) << 2);
+    return work(i) ^ shorties(i) ^ (loop_into_window(i % 7 + 1) << 1) ^ (red_zone(i) << 2) ^
+           (depth(i % 5) << 3) ^ (jumper(i) << 4);
 }
 
 static void *worker(void *arg) {

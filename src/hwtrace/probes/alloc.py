@@ -221,6 +221,14 @@ class TrampolineSpace:
         self.chunks[base] = chunk
         return chunk
 
+    def holds(self, address: int) -> bool:
+        """Whether ``address`` is in the code of a chunk."""
+        try:
+            self.chunk_of(address)
+        except KeyError:
+            return False
+        return True
+
     def chunk_of(self, t: int) -> Chunk:
         """The chunk whose code holds address ``t``."""
         for base in range(t & ~(PAGE - 1), t - CHUNK_CODE, -PAGE):

@@ -365,6 +365,149 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
     return a.encode(address)
 
 
+# -- entry/exit tracepoints ----------------------------------------------------------
+#
+# An entry tracepoint at a function's first instruction also swaps the return
+# address for the tracepoint's exit stub, and keeps the real one on a
+# per-thread stack of (return address, rsp at entry) in a table of thread
+# slots keyed by the thread pointer (``fs:0``, the TCB's pointer to itself
+# in the x86-64 TLS ABI).  Entries whose rsp is at or below the current one
+# belong to frames that are gone (longjmp, a dead thread's reused stack) and
+# are dropped at the next entry; the exit stub pops down to the entry whose
+# rsp matches, as uretprobes do.
+
+THREAD_SLOTS = 1024
+RETURN_DEPTH = 62
+THREAD_SLOT_BYTES = 16 + 16 * RETURN_DEPTH + 16  # key, depth, entries, pad to 1 KiB
+THREAD_TABLE_SIZE = THREAD_SLOTS * THREAD_SLOT_BYTES
+_PROBES = 16  # slots tried from the hash
+_HOOK_SAVED = ("r9", "r8", "rdx", "rcx", "rax")  # pushed after the flags, last first
+EXIT_COUNTER = 8  # the exits' counter, after the entries' one
+
+
+def _find_thread_slot(a: Asm, table: int, found: int, missing: int, claim: bool) -> None:
+    """rdx = this thread's slot in the table at ``table`` (claimed if
+    ``claim`` and free), then jump to ``found``; else to ``missing``.
+    Uses rax, rcx, rdx, r8, r9."""
+    fs0 = I.create_reg_mem(Code.MOV_R64_RM64, RAX, MemoryOperand(Register.NONE, displ=0,
+                                                                   displ_size=8))  # fmt: skip
+    fs0.segment_prefix = Register.FS
+    a(fs0)  # rax = the thread pointer
+    a(I.create_reg_reg(Code.MOV_R64_RM64, RCX, RAX))
+    a(I.create_reg_i32(Code.SHR_RM64_IMM8, RCX, 12))  # TCBs are page aligned or near
+    a(I.create_reg_u64(Code.MOV_R64_IMM64, R8, table))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R9D, _PROBES))
+    loop, nxt = a.new_label(), a.new_label()
+    a.place(loop)
+    a(I.create_reg_i32(Code.AND_RM32_IMM32, Register.ECX, THREAD_SLOTS - 1))
+    a(I.create_reg_reg(Code.MOV_R32_RM32, Register.EDX, Register.ECX))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, RDX, THREAD_SLOT_BYTES.bit_length() - 1))
+    a(I.create_reg_reg(Code.ADD_R64_RM64, RDX, R8))
+    a(I.create_mem_reg(Code.CMP_RM64_R64, mem(RDX), RAX))
+    a(_jcc(Code.JE_REL32_64, found))
+    if claim:
+        a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(RDX), 0))
+        a(_jcc(Code.JNE_REL32_64, nxt))
+        # Free: claim it with lock cmpxchg (expects rax = 0, writes the key).
+        a(I.create_reg_reg(Code.XCHG_R64_RAX, R8, RAX))  # r8 = key, rax = table
+        a(I.create_reg(Code.PUSH_R64, RAX))
+        a(I.create_reg_reg(Code.XOR_R32_RM32, Register.EAX, Register.EAX))
+        cx = I.create_mem_reg(Code.CMPXCHG_RM64_R64, mem(RDX), R8)
+        cx.has_lock_prefix = True
+        a(cx)
+        a(I.create_reg(Code.POP_R64, RAX))
+        a(I.create_reg_reg(Code.XCHG_R64_RAX, R8, RAX))  # rax = key, r8 = table
+        a(I.create_mem_reg(Code.CMP_RM64_R64, mem(RDX), RAX))  # ours now, or a racing thread's
+        a(_jcc(Code.JE_REL32_64, found))
+    a.place(nxt)
+    a(I.create_reg(Code.INC_RM32, Register.ECX))
+    a(I.create_reg(Code.DEC_RM32, Register.R9D))
+    a(_jcc(Code.JNE_REL32_64, loop))
+    a(I.create_branch(Code.JMP_REL32_64, missing))
+
+
+def return_hook(address: int, table: int, exit_stub: int) -> bytes:
+    """At a function's entry: push (return address, rsp) on this thread's
+    stack and make the function return to ``exit_stub``.  No slot or a full
+    stack: the call goes untraced at its exit, nothing else changes."""
+    a = Asm()
+    found, done, push, prune = (a.new_label() for _ in range(4))
+    a(I.create(Code.PUSHFQ))
+    for r in reversed(_HOOK_SAVED):
+        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
+    frame = 8 * (len(_HOOK_SAVED) + 1)
+    _find_thread_slot(a, table, found, done, claim=True)
+    a.place(found)
+    a(_lea(R8, mem(RSP, frame)))  # r8 = rsp at entry: it points at the return address
+    a(I.create_reg_mem(Code.MOV_R64_RM64, RCX, mem(RDX, 8)))  # depth
+    a.place(prune)
+    a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
+    a(_jcc(Code.JE_REL32_64, push))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, RCX))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, RAX, 4))
+    a(I.create_mem_reg(Code.CMP_RM64_R64, MemoryOperand(RDX, RAX, 1, 8, 1), R8))
+    a(_jcc(Code.JA_REL32_64, push))  # the top entry's frame is still live
+    a(I.create_reg(Code.DEC_RM64, RCX))
+    a(I.create_branch(Code.JMP_REL32_64, prune))
+    a.place(push)
+    a(I.create_reg_i32(Code.CMP_RM64_IMM8, RCX, RETURN_DEPTH))
+    a(_jcc(Code.JAE_REL32_64, done))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, RCX))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, RAX, 4))
+    a(_lea(RAX, MemoryOperand(RDX, RAX, 1, 16, 1)))  # the new entry
+    a(I.create_reg_mem(Code.MOV_R64_RM64, Register.R9, mem(R8)))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RAX), Register.R9))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RAX, 8), R8))
+    a(I.create_reg(Code.INC_RM64, RCX))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, 8), RCX))
+    a(I.create_reg_u64(Code.MOV_R64_IMM64, Register.R9, exit_stub))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(R8), Register.R9))
+    a.place(done)
+    for r in _HOOK_SAVED:
+        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
+    a(I.create(Code.POPFQ))
+    return a.encode(address)
+
+
+def exit_stub(address: int, table: int, head: bytes) -> bytes:
+    """Where a hooked function returns: a slot for the real return address,
+    ``head`` (count the exit, record it; made for ``address + 1``), then pop
+    this thread's stack down to the entry of this frame and return there."""
+    a = Asm()
+    a(I.create_reg(Code.PUSH_R64, RAX))  # the slot the final ret pops
+    code = a.encode(address)
+    assert len(code) == 1
+    code += head
+    a = Asm()
+    found, pop, lost = a.new_label(), a.new_label(), a.new_label()
+    a(I.create(Code.PUSHFQ))
+    for r in reversed(_HOOK_SAVED):
+        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
+    frame = 8 * (len(_HOOK_SAVED) + 1)
+    _find_thread_slot(a, table, found, lost, claim=False)
+    a.place(found)
+    a(_lea(R8, mem(RSP, frame)))  # r8 = the slot = rsp at entry
+    a(I.create_reg_mem(Code.MOV_R64_RM64, RCX, mem(RDX, 8)))
+    a.place(pop)
+    a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
+    a(_jcc(Code.JE_REL32_64, lost))
+    a(I.create_reg(Code.DEC_RM64, RCX))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, RCX))
+    a(I.create_reg_i32(Code.SHL_RM64_IMM8, RAX, 4))
+    a(I.create_reg_mem(Code.CMP_R64_RM64, R8, MemoryOperand(RDX, RAX, 1, 24, 1)))
+    a(_jcc(Code.JNE_REL32_64, pop))  # a deeper frame left by longjmp: drop it
+    a(I.create_reg_mem(Code.MOV_R64_RM64, Register.R9, MemoryOperand(RDX, RAX, 1, 16, 1)))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(R8), Register.R9))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, 8), RCX))
+    for r in _HOOK_SAVED:
+        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
+    a(I.create(Code.POPFQ))
+    a(I.create(Code.RETNQ))
+    a.place(lost)
+    a(I.create(Code.UD2))  # no record of this frame: cannot happen; fail loudly
+    return code + a.encode(address + len(code))
+
+
 def jump_bytes(site: int, target: int) -> bytes:
     """``jmp rel32`` at ``site`` to ``target``."""
     rel = target - (site + 5)

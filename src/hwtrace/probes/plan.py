@@ -9,7 +9,7 @@ trampoline's code, the bytes to patch at the site and the trap redirects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import codegen as cg
 from .alloc import CHUNK_CODE, constraint
@@ -86,28 +86,59 @@ def counter_address(trampoline: int) -> int:
     return ((trampoline + 7) & ~7) + CHUNK_CODE
 
 
-def trampoline_size(window: Window, event: cg.EventSpec | None = None) -> int:
+RETURNS_SIZE = 400  # the return hook and the exit stub's own code, an upper bound
+
+
+def trampoline_size(
+    window: Window, event: cg.EventSpec | None = None, returns: bool = False
+) -> int:
     """Bytes to reserve for the trampoline of ``window``."""
     guess = relocate(window, window.address - (1 << 30))  # sizes barely depend on the place
     head = cg.EVENT_HEADER_SIZE if event else cg.HEADER_SIZE
-    return (head + len(guess.code) + 5 + 16 + 7) & ~7
+    extra = RETURNS_SIZE + head if returns else 0
+    return (head + len(guess.code) + 5 + 16 + extra + 7) & ~7
+
+
+EXIT_REGS = ("rax", "rdx", "rsp", "rip")  # what an exit event records: the return value
 
 
 def lay_out(
-    window: Window, kind: str, trampoline: int, event: cg.EventSpec | None = None
+    window: Window,
+    kind: str,
+    trampoline: int,
+    event: cg.EventSpec | None = None,
+    returns: int = 0,
 ) -> Layout:
     """The bytes of a tracepoint with its trampoline at ``trampoline``
     (which must meet the window's constraint for a jump); ``event`` makes a
-    hit write an event besides counting."""
+    hit write an event besides counting; ``returns`` (the thread table's
+    address) makes it an entry tracepoint that also catches the function's
+    return (counted at ``counter + 8``)."""
     site = window.address
     counter = counter_address(trampoline)
     if event is None:
         head = cg.counting_header(trampoline, counter)
     else:
         head = cg.event_header(trampoline, counter, event, site)
+    if returns:
+        # The hook's size does not depend on where the exit stub is.
+        hook_len = len(cg.return_hook(trampoline + len(head), returns, trampoline))
+        probe = relocate(window, trampoline + len(head) + hook_len)
+        entry_len = len(head) + hook_len + len(probe.code) + (5 if probe.falls_through else 0)
+        exit_at = (trampoline + entry_len + 7) & ~7
+        head += cg.return_hook(trampoline + len(head), returns, exit_at)
     body = relocate(window, trampoline + len(head))
     back = site + window.length if body.falls_through else None
     code = cg.trampoline(trampoline, head, body, back)
+    if returns:
+        assert trampoline + len(code) <= exit_at
+        code += b"\xcc" * (exit_at - trampoline - len(code))
+        if event is None:
+            exit_head = cg.counting_header(exit_at + 1, counter + cg.EXIT_COUNTER)
+        else:
+            spec = replace(event, kind=1, regs=EXIT_REGS)
+            exit_head = cg.event_header(exit_at + 1, counter + cg.EXIT_COUNTER, spec, site)
+        code += cg.exit_stub(exit_at, returns, exit_head)
     redirects = [(site, trampoline)]  # the site traps while it is being patched
     if kind == JUMP:
         mask, pat = constraint(window.starts)

@@ -78,6 +78,7 @@ class Tracepoint:
     redirects: list[tuple[int, int]] = field(default_factory=list)
     enabled: bool = False
     note: str = ""  # why it is not a jump tracepoint
+    returns: bool = False  # an entry/exit tracepoint
     length: int = 0  # bytes whose instructions were relocated
 
     @property
@@ -124,6 +125,7 @@ class ProbeSession:
         self.counters: CounterPages | None = None
         self._counters_fd = -1
         self._rings_at = 0
+        self._threads_at = 0  # the entry/exit tracepoints' return stacks
         self.tid_offset = -1
         self._closed = False
 
@@ -309,20 +311,28 @@ class ProbeSession:
         kind: str | None = None,
         record: bool = False,
         regs: tuple[str, ...] = cg.ARGUMENTS[:4],
+        returns: bool = False,
     ) -> Tracepoint:
         """Place and enable a tracepoint at ``spec``; ``kind`` forces
         :data:`TRAP` (None: a jump where one fits, else a trap).  A hit
         counts; with ``record`` it also writes an event with the registers
         ``regs`` (up to four; default the first four arguments) into the
-        shared buffers that :meth:`drain` reads."""
+        shared buffers that :meth:`drain` reads.  ``returns`` (at a
+        function's entry) also catches each return: counted apart
+        (:meth:`returns`), and recorded with the return value (``rax``)."""
         self._check_open()
         bad = [r for r in regs if r not in cg.REGISTERS and r != "rip"]
         if bad or len(regs) > NREGS:
             raise ProbeError(f"registers to record: at most {NREGS} of "
                              f"{', '.join(cg.REGISTERS)}, rip (not {', '.join(bad) or regs})")  # fmt: skip
         site = self.resolve(spec)
+        if returns and not site.entry:
+            raise ProbeError(f"{spec}: an entry/exit tracepoint goes at a function's first "
+                             f"instruction, not at {site.function or hex(site.address)}")  # fmt: skip
         with self._borrowed() as t:
             self._ensure_runtime(t)
+            if returns:
+                self._ensure_thread_table(t)
             event = None
             if record:
                 self._ensure_rings(t)
@@ -331,9 +341,25 @@ class ProbeSession:
                 event = cg.EventSpec(self._next_id, self._rings_at, g.slots_offset,
                                      g.buffer_shift, g.buffers, g.slots, self.tid_offset,
                                      tuple(regs))  # fmt: skip
-            tp = self._place(t, spec, site, kind, event)
+            tp = self._place(t, spec, site, kind, event, self._threads_at if returns else 0)
             self._patch(t, tp)
         return tp
+
+    def _ensure_thread_table(self, t: SeizedThread) -> None:
+        if self._threads_at:
+            return
+        r = self._syscall(t, SYS_MMAP, 0, cg.THREAD_TABLE_SIZE, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, (1 << 64) - 1, 0)  # fmt: skip
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: cannot map the return stacks: "
+                             f"{os.strerror(-r)}")  # fmt: skip
+        self._threads_at = r
+
+    def returns(self, tp: Tracepoint) -> int:
+        """Returns caught by an entry/exit tracepoint."""
+        chunk = self.space.chunk_of(tp.trampoline)
+        offset = tp.counter + cg.EXIT_COUNTER - chunk.base - CHUNK_CODE
+        return self.counters.read(chunk.page, offset)
 
     # -- events ---------------------------------------------------------------------
 
@@ -372,7 +398,13 @@ class ProbeSession:
         return self.rings.lost if self.rings is not None else 0
 
     def _place(
-        self, t: SeizedThread, spec: str, site: Site, kind: str | None, event=None
+        self,
+        t: SeizedThread,
+        spec: str,
+        site: Site,
+        kind: str | None,
+        event: cg.EventSpec | None = None,
+        returns: int = 0,
     ) -> Tracepoint:
         a = site.address
         code = self.read_original(a, min(32, site.limit - a) if site.limit else 32)
@@ -383,12 +415,12 @@ class ProbeSession:
         self._check_free(a, window.length)
         layout = None
         if chosen == JUMP:
-            layout = self._allocate(t, window, JUMP, event)
+            layout = self._allocate(t, window, JUMP, event, returns)
             if layout is None:
                 note = f"{a:#x}: no trampoline address within reach meets the constraint"
                 window, chosen = decode_window(code, a, 1), TRAP
         if layout is None:
-            layout = self._allocate(t, window, TRAP, event)
+            layout = self._allocate(t, window, TRAP, event, returns)
             if layout is None:
                 raise ProbeError(f"{a:#x}: no room for a trampoline within ±2 GiB")
         self.write(layout.trampoline, layout.code)
@@ -406,6 +438,7 @@ class ProbeSession:
             redirects=list(layout.redirects),
             note=note,
             length=layout.window.length,
+            returns=bool(returns),
         )
         self._next_id += 1
         for src, dst in tp.redirects:
@@ -414,14 +447,19 @@ class ProbeSession:
         return tp
 
     def _allocate(
-        self, t: SeizedThread, window: Window, kind: str, event: cg.EventSpec | None = None
+        self,
+        t: SeizedThread,
+        window: Window,
+        kind: str,
+        event: cg.EventSpec | None = None,
+        returns: int = 0,
     ) -> Layout | None:
         """Reserve a trampoline for ``window`` and lay the tracepoint out, or
         None when no address within reach fits."""
         site = window.address
         starts = tuple(window.starts) if kind == JUMP else ()
         try:
-            size = trampoline_size(window, event)
+            size = trampoline_size(window, event, bool(returns))
         except RelocationError as e:
             raise ProbeError(str(e)) from e
         reach = data_reach(window)
@@ -432,7 +470,7 @@ class ProbeSession:
                 return None
         tramp, chunk = where
         try:
-            layout = lay_out(window, kind, tramp, event)
+            layout = lay_out(window, kind, tramp, event, returns)
         except RelocationError as e:
             raise ProbeError(str(e)) from e
         if len(layout.code) > size:
@@ -555,6 +593,8 @@ class ProbeSession:
         the runtime's handler): its ``rip`` there, a trap pending, or a code
         address of ours in the top of its stack (a signal frame)."""
         lo_rt, hi_rt = self.runtime, self.runtime + cg.PAGE
+        if self._exits_pending(ranges):
+            return True
         for tid in threads_of(self.pid):
             if tid == t.tid:
                 regs = t.saved_registers
@@ -580,6 +620,27 @@ class ProbeSession:
             finally:
                 if state is not None:
                     state.release()
+        return False
+
+    def _exits_pending(self, ranges: list[tuple[int, int]]) -> bool:
+        """Whether a function hooked by an entry/exit tracepoint has yet to
+        return through an exit stub in ``ranges`` (or any, for ``[]``): the
+        return stacks say where each hooked frame's return address is."""
+        if not self._threads_at:
+            return False
+        table = np.frombuffer(self.read(self._threads_at, cg.THREAD_TABLE_SIZE), "<u8")
+        slots = table.reshape(cg.THREAD_SLOTS, cg.THREAD_SLOT_BYTES // 8)
+        for row in slots[(slots[:, 0] != 0) & (slots[:, 1] != 0)]:
+            depth = min(int(row[1]), cg.RETURN_DEPTH)
+            for i in range(depth):  # a few hooked frames per thread at most
+                try:
+                    ret = self.read_u64(int(row[3 + 2 * i]))
+                except ProbeError:
+                    continue  # a stale entry: its stack is gone
+                if any(lo <= ret < hi for lo, hi in ranges) or (
+                    not ranges and self.space.holds(ret)
+                ):
+                    return True
         return False
 
     def _stack_words(self, rsp: int, size: int = 0x4000) -> list[int]:
@@ -648,6 +709,9 @@ class ProbeSession:
                                       self.runtime + cg.OLD_ACTION, 0, 8)  # fmt: skip
                         self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
                         self._syscall(t, SYS_CLOSE, self._counters_fd)
+                        if self._threads_at and not self._exits_pending([]):
+                            self._syscall(t, SYS_MUNMAP, self._threads_at, cg.THREAD_TABLE_SIZE)
+                            self._threads_at = 0
                         if self.rings is not None:
                             self._syscall(t, SYS_MUNMAP, self._rings_at, self.rings.geometry.size)
                             self._rings_at = 0
