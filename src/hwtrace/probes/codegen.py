@@ -295,6 +295,19 @@ class EventSpec:
     tid_offset: int
     regs: tuple[str, ...] = ARGUMENTS[:4]
     kind: int = 0
+    rdpid: bool = False  # the CPU has RDPID (CPUID.7.0:ECX[22])
+
+
+def cpu_has_rdpid() -> bool:
+    """Whether this machine's CPUs have RDPID (``/proc/cpuinfo`` flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " rdpid" in line
+    except OSError:
+        pass
+    return False
 
 
 def event_header(address: int, counter: int, spec: EventSpec, site: int) -> bytes:
@@ -313,7 +326,12 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
     inc.has_lock_prefix = True
     a(inc)
     rbx = Register.RBX
-    a(I.create(Code.RDTSCP))  # edx:eax = TSC, ecx = TSC_AUX (cpu | node << 12 on Linux)
+    if spec.rdpid:
+        # rdtsc + rdpid: half the cost of rdtscp here, same TSC and TSC_AUX.
+        a(I.create(Code.RDTSC))
+        a(I.create_reg(Code.RDPID_R64, RCX))
+    else:
+        a(I.create(Code.RDTSCP))  # edx:eax = TSC, ecx = TSC_AUX (cpu | node << 12 on Linux)
     a(I.create_reg_i32(Code.SHL_RM64_IMM8, RDX, 32))
     a(I.create_reg_reg(Code.OR_R64_RM64, RAX, RDX))
     a(I.create_reg_i32(Code.AND_RM32_IMM32, Register.ECX, 0xFFF & (spec.buffers - 1)))

@@ -42,10 +42,7 @@ EVENT_DTYPE = np.dtype(
     ]
 )
 assert EVENT_DTYPE.itemsize == SLOT_BYTES
-OUT_DTYPE = np.dtype(
-    [("tsc", "<u8"), ("tid", "<u4"), ("cpu", "<u4"), ("probe", "<u4"), ("kind", "<u4"),
-     ("regs", "<u8", (NREGS,))]
-)  # fmt: skip
+OUT_DTYPE = EVENT_DTYPE  # what drain returns
 
 # Offsets of the slot fields, for the code generator.
 F_SEQ, F_TSC, F_TID, F_CPU, F_PROBE, F_KIND, F_REGS = (
@@ -146,8 +143,10 @@ class Rings:
 
     def drain(self, final: bool = False) -> np.ndarray:
         """The events committed since the last drain, in TSC order
-        (``OUT_DTYPE``).  ``final``: the writers are gone, so slots never
-        committed count as lost."""
+        (:data:`EVENT_DTYPE`; ``seq`` is the event's index in its buffer).
+        ``final``: the writers are gone, so slots never committed count as
+        lost.  Each buffer's new slots are copied as at most two contiguous
+        runs (the ring wraps once) and checked after the copy."""
         g = self.geometry
         cap = g.slots
         self.clock.mark()
@@ -161,25 +160,38 @@ class Rings:
             n = h0 - pos
             if n <= 0:
                 continue
-            idx = np.arange(pos, h0, dtype=np.uint64)
-            copy = self.slots[b][(idx & np.uint64(cap - 1)).astype(np.int64)]
+            first = pos & (cap - 1)
+            ring = self.slots[b]
+            if first + n <= cap:
+                copy = ring[first : first + n].copy()
+            else:
+                copy = np.concatenate((ring[first:], ring[: first + n - cap]))
             h1 = int(self.heads[b][0])
-            lapped = idx < np.uint64(max(h1 - cap, 0))
-            committed = copy["seq"] == idx + np.uint64(1)
-            pending = ~committed & ~lapped
-            stop = n if final else int(np.argmax(pending)) if pending.any() else n
-            good = committed[:stop] & ~lapped[:stop]
-            self.lost += int(stop - good.sum())
+            expected = np.arange(pos + 1, h0 + 1, dtype=np.uint64)
+            ok = copy["seq"] == expected
+            overwritten = max(h1 - cap - pos, 0)  # slots a writer may have reused meanwhile
+            if overwritten:
+                ok[:overwritten] = False
+            if ok.all():
+                stop = n
+            elif final:
+                stop = n
+            else:
+                pending = ~ok
+                pending[:overwritten] = False
+                stop = int(np.argmax(pending)) if pending.any() else n
+            kept = copy[:stop] if ok[:stop].all() else copy[:stop][ok[:stop]]
+            self.lost += stop - kept.shape[0]
             self.positions[b] = pos + stop
-            if good.any():
-                parts.append(copy[:stop][good])
+            if kept.shape[0]:
+                parts.append(kept)
         if not parts:
-            return np.zeros(0, OUT_DTYPE)
+            return np.zeros(0, EVENT_DTYPE)
+        if len(parts) == 1:
+            return parts[0]
         events = np.concatenate(parts)
-        out = np.empty(events.shape[0], OUT_DTYPE)
-        for name in OUT_DTYPE.names:
-            out[name] = events[name]
-        return out[np.argsort(out["tsc"], kind="stable")]
+        # Each buffer is in TSC order already: a stable sort merges the runs.
+        return events[np.argsort(events["tsc"], kind="stable")]
 
     def close(self) -> None:
         self.heads, self.slots = [], []

@@ -340,7 +340,7 @@ class ProbeSession:
                 g = self.rings.geometry
                 event = cg.EventSpec(self._next_id, self._rings_at, g.slots_offset,
                                      g.buffer_shift, g.buffers, g.slots, self.tid_offset,
-                                     tuple(regs))  # fmt: skip
+                                     tuple(regs), rdpid=cg.cpu_has_rdpid())  # fmt: skip
             tp = self._place(t, spec, site, kind, event, self._threads_at if returns else 0)
             self._patch(t, tp)
         return tp
