@@ -166,10 +166,10 @@ class SeizedThread:
             stop = self._wait()
             if stop.event == PTRACE_EVENT_STOP:
                 break
-            # A signal arrived first: hold it for release, keep waiting for the interrupt.
-            if stop.signal:
-                self.held_signals.append(stop.signal)
-            _call(PTRACE_CONT, self.tid, 0, 0)
+            # A signal arrived first: deliver it now (it may be a trap of an
+            # int3 that must reach its handler before the thread goes on),
+            # then keep waiting for the interrupt.
+            _call(PTRACE_CONT, self.tid, 0, stop.signal if not stop.event else 0)
         self._stopped = True
 
     def get_registers(self) -> Registers:

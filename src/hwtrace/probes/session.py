@@ -259,9 +259,11 @@ class ProbeSession:
         else:
             self._slots[slot] = (src, dst)
 
-    def _clear_redirect(self, t: SeizedThread, src: int) -> None:
-        for i, (s, _) in enumerate(self._slots):
-            if s == src:
+    def _clear_redirect(self, t: SeizedThread, src: int, dst: int) -> None:
+        """Take ``src -> dst`` out (a newer tracepoint at the same place may
+        have its own entry for ``src``, which stays)."""
+        for i, (s, d) in enumerate(self._slots):
+            if s == src and d == dst:
                 t.store(self.runtime + cg.GADGET_STORE, self.runtime + cg.TABLE + 16 * i, 0)
                 self._slots[i] = (0, 0)
                 return
@@ -665,10 +667,8 @@ class ProbeSession:
                 return 0
             freed = len(self.retired)
             for r in self.retired:
-                for src, _ in r.redirects:
-                    if not any(src == s for tp in self.tracepoints.values()
-                               for s, _ in tp.redirects):  # fmt: skip
-                        self._clear_redirect(t, src)
+                for src, dst in r.redirects:
+                    self._clear_redirect(t, src, dst)
                 chunk = self.space.chunk_of(r.trampoline)
                 chunk.give(r.trampoline, r.size)
                 del self._sizes[r.trampoline]
