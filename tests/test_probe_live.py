@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hwtrace.image.process import read_maps
-from hwtrace.probes import JUMP, TRAP, ProbeError, ProbeSession
+from hwtrace.probes import JUMP, TRAP, UPROBE, ProbeError, ProbeSession
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "data" / "probe_workload.c"
@@ -145,6 +145,32 @@ def test_trap_tracepoints_count_exactly(target, untraced):
         assert target.run(1000) == untraced[1000]
         assert s.hits(tp) == 2000 * target.threads
     assert target.code() == code
+
+
+def test_kernel_uprobe_fallback_counts_this_process_only(target, workload, untraced):
+    if not Path("/sys/kernel/tracing/uprobe_events").exists():
+        pytest.skip("no tracefs uprobe_events here")
+    other = Target(workload)  # maps the same file: its hits must not count
+    try:
+        with ProbeSession(target.pid) as s:
+            tp = s.add("transaction")  # xbegin cannot run out of line
+            assert tp.kind == UPROBE and "xbegin" in tp.note
+            forced = s.add("red_zone", kind=UPROBE)
+            assert forced.kind == UPROBE
+            assert other.run(1000) == untraced[1000]
+            assert target.run(1000) == untraced[1000]
+            assert s.hits(forced) == 2000 and s.hits(tp) == 0
+            s.disable(forced)
+            assert target.run(1000) == untraced[1000]
+            s.enable(forced)
+            assert target.run(1000) == untraced[1000]
+            assert s.hits(forced) == 4000
+            with pytest.raises(ProbeError, match="not record events"):
+                s.add("work", kind=UPROBE, record=True)
+        events = Path("/sys/kernel/tracing/uprobe_events").read_text()
+        assert "hwtrace_probe" not in events
+    finally:
+        other.close()
 
 
 def test_entry_exit_tracepoints_follow_recursion_and_longjmp(target, untraced):

@@ -83,6 +83,18 @@ __attribute__((noinline, used)) uint64_t jumper(uint64_t n) {
     return n;
 }
 
+/* Starts with xbegin, which cannot run out of line (its abort address is
+ * relative): a tracepoint here falls back to a kernel uprobe.  Never
+ * called (not every CPU has RTM). */
+__attribute__((noinline, used)) void transaction(void);
+__asm__(
+    ".text\n.globl transaction\n.type transaction,@function\ntransaction:\n"
+    "  xbegin 1f\n"
+    "  xend\n"
+    "1:\n"
+    "  ret\n"
+    ".size transaction, .-transaction\n");
+
 static volatile uint64_t global_bias = 7;
 
 __attribute__((noinline, used)) uint64_t work(uint64_t x) {

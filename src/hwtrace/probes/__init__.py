@@ -10,6 +10,15 @@ that arrives there to that instruction's relocated copy.
 from __future__ import annotations
 
 from .locate import Site, SiteError
-from .session import JUMP, TRAP, ProbeError, ProbeSession, Tracepoint
+from .session import JUMP, TRAP, UPROBE, ProbeError, ProbeSession, Tracepoint
 
-__all__ = ["JUMP", "TRAP", "ProbeError", "ProbeSession", "Site", "SiteError", "Tracepoint"]
+__all__ = [
+    "JUMP",
+    "TRAP",
+    "UPROBE",
+    "ProbeError",
+    "ProbeSession",
+    "Site",
+    "SiteError",
+    "Tracepoint",
+]

@@ -44,8 +44,11 @@ from .plan import JUMP, TRAP, Layout, choose_window, data_reach, lay_out, trampo
 from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
 from .relocate import RelocationError, Window, decode_window
 from .rings import NREGS, OUT_DTYPE, CounterPages, Rings
+from .uprobe import Uprobe, UprobeError
 
-__all__ = ["JUMP", "TRAP", "ProbeError", "ProbeSession", "Tracepoint"]
+__all__ = ["JUMP", "TRAP", "UPROBE", "ProbeError", "ProbeSession", "Tracepoint"]
+
+UPROBE = "uprobe"
 
 SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MPROTECT, SYS_MUNMAP = 2, 3, 9, 10, 11
 SYS_RT_SIGACTION, SYS_MEMBARRIER = 13, 324
@@ -79,6 +82,8 @@ class Tracepoint:
     enabled: bool = False
     note: str = ""  # why it is not a jump tracepoint
     returns: bool = False  # an entry/exit tracepoint
+    uprobe: Uprobe | None = None  # the kernel uprobe of a UPROBE tracepoint
+    earlier_hits: int = 0  # a UPROBE tracepoint's hits before it was last disabled
     length: int = 0  # bytes whose instructions were relocated
 
     @property
@@ -316,7 +321,8 @@ class ProbeSession:
         returns: bool = False,
     ) -> Tracepoint:
         """Place and enable a tracepoint at ``spec``; ``kind`` forces
-        :data:`TRAP` (None: a jump where one fits, else a trap).  A hit
+        :data:`TRAP` or :data:`UPROBE` (None: a jump where one fits, else a
+        trap, else a kernel uprobe).  A hit
         counts; with ``record`` it also writes an event with the registers
         ``regs`` (up to four; default the first four arguments) into the
         shared buffers that :meth:`drain` reads.  ``returns`` (at a
@@ -409,11 +415,15 @@ class ProbeSession:
         returns: int = 0,
     ) -> Tracepoint:
         a = site.address
+        if kind == UPROBE:
+            return self._place_uprobe(spec, site, event, returns, "a kernel uprobe as asked")
         code = self.read_original(a, min(32, site.limit - a) if site.limit else 32)
         try:
             window, chosen, note = choose_window(code, a, site.limit, kind)
         except RelocationError as e:
-            raise ProbeError(str(e)) from e
+            if code[:1] == b"\xcc":  # someone else's breakpoint: a uprobe would not fit either
+                raise ProbeError(str(e)) from e
+            return self._place_uprobe(spec, site, event, returns, str(e))
         self._check_free(a, window.length)
         layout = None
         if chosen == JUMP:
@@ -424,7 +434,8 @@ class ProbeSession:
         if layout is None:
             layout = self._allocate(t, window, TRAP, event, returns)
             if layout is None:
-                raise ProbeError(f"{a:#x}: no room for a trampoline within ±2 GiB")
+                reason = f"{a:#x}: no room for a trampoline within ±2 GiB"
+                return self._place_uprobe(spec, site, event, returns, reason)
         self.write(layout.trampoline, layout.code)
         tp = Tracepoint(
             id=self._next_id,
@@ -445,6 +456,26 @@ class ProbeSession:
         self._next_id += 1
         for src, dst in tp.redirects:
             self._set_redirect(t, src, dst)
+        self.tracepoints[tp.id] = tp
+        return tp
+
+    def _place_uprobe(self, spec: str, site: Site, event, returns: int, reason: str) -> Tracepoint:
+        """The last resort: a kernel uprobe at the site (counted only)."""
+        if event is not None or returns:
+            raise ProbeError(f"{reason}; a kernel uprobe could count hits there, "
+                             "but not record events or returns")  # fmt: skip
+        mapping = self.modules.module_at(site.address)
+        if mapping is None or not mapping.path.startswith("/"):
+            raise ProbeError(f"{reason}; and no file is mapped there for a kernel uprobe")
+        offset = site.address - mapping.start + mapping.offset
+        try:
+            probe = Uprobe(self.pid, mapping.path, offset, self._next_id)
+        except UprobeError as e:
+            raise ProbeError(f"{reason}; a kernel uprobe failed too: {e}") from e
+        tp = Tracepoint(self._next_id, spec, site, UPROBE, 0, 0, 0, b"", b"", (0,),
+                        note=reason, uprobe=probe)  # fmt: skip
+        tp.enabled = True
+        self._next_id += 1
         self.tracepoints[tp.id] = tp
         return tp
 
@@ -521,6 +552,8 @@ class ProbeSession:
     # -- patching -------------------------------------------------------------------
 
     def _patch(self, t: SeizedThread, tp: Tracepoint) -> None:
+        if tp.kind == UPROBE:
+            return  # in place from the start; enabling again is a new uprobe (enable)
         a = tp.address
         if tp.kind == TRAP:
             self.write(a, b"\xcc")
@@ -540,6 +573,8 @@ class ProbeSession:
         tp.enabled = True
 
     def _unpatch(self, t: SeizedThread, tp: Tracepoint) -> None:
+        if tp.kind == UPROBE:
+            return
         a = tp.address
         if tp.kind == TRAP:
             self.write(a, tp.original[:1])
@@ -561,21 +596,42 @@ class ProbeSession:
 
     def enable(self, tp: Tracepoint) -> None:
         self._check_open()
-        if not tp.enabled:
-            with self._borrowed() as t:
-                self._patch(t, tp)
+        if tp.enabled:
+            return
+        if tp.kind == UPROBE:
+            assert tp.uprobe is not None
+            try:
+                tp.uprobe = Uprobe(self.pid, tp.uprobe.path, tp.uprobe.offset, tp.id)
+            except UprobeError as e:
+                raise ProbeError(str(e)) from e
+            tp.enabled = True
+            return
+        with self._borrowed() as t:
+            self._patch(t, tp)
 
     def disable(self, tp: Tracepoint) -> None:
         self._check_open()
-        if tp.enabled:
-            with self._borrowed() as t:
-                self._unpatch(t, tp)
+        if not tp.enabled:
+            return
+        if tp.kind == UPROBE:
+            assert tp.uprobe is not None
+            tp.earlier_hits += tp.uprobe.hits()
+            tp.uprobe.remove()
+            tp.enabled = False
+            return
+        with self._borrowed() as t:
+            self._unpatch(t, tp)
 
     def remove(self, tp: Tracepoint) -> int:
         """Restore the original bytes; returns the tracepoint's hit count.
         Its trampoline is freed by a later :meth:`reclaim`."""
         self._check_open()
         hits = self.hits(tp)
+        if tp.kind == UPROBE:
+            assert tp.uprobe is not None
+            tp.uprobe.remove()
+            del self.tracepoints[tp.id]
+            return hits
         with self._borrowed() as t:
             if tp.enabled:
                 self._unpatch(t, tp)
@@ -585,6 +641,9 @@ class ProbeSession:
 
     def hits(self, tp: Tracepoint) -> int:
         """The tracepoint's hit count (readable after the process is gone)."""
+        if tp.kind == UPROBE:
+            assert tp.uprobe is not None
+            return tp.earlier_hits + (tp.uprobe.hits() if tp.enabled else 0)
         chunk = self.space.chunk_of(tp.trampoline)
         return self.counters.read(chunk.page, tp.counter - chunk.base - CHUNK_CODE)
 
