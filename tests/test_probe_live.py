@@ -332,6 +332,21 @@ def test_cli_records_json_lines_and_exits_with_the_command(workload, tmp_path, u
     assert report["events"] == 4000 and report["lost"] == 0
 
 
+def test_cli_control_commands(target, untraced):
+    code = target.code()
+    commands = "list\nadd red_zone\nadd depth --returns\nadd work+0x2\nlist\n" \
+        "disable 1\nlist\nremove 3\nenable 1\nlist\nnonsense\nquit\n"  # fmt: skip
+    r = subprocess.run([*HWTRACE, "probe", "-p", str(target.pid), "--control", "work"],
+                       input=commands, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "tracepoint 3: depth at" in r.stderr and "with its returns" in r.stderr
+    assert "is inside the instruction at" in r.stderr  # one clear message, the session goes on
+    assert "tracepoint 3 removed" in r.stderr and "unknown command: nonsense" in r.stderr
+    assert "(disabled)" in r.stdout
+    assert target.code() == code
+    assert target.run(1000) == untraced[1000]
+
+
 def test_cli_ctf_reads_in_babeltrace2(workload, tmp_path):
     bt = shutil.which("babeltrace2")
     if bt is None:

@@ -15,7 +15,7 @@ from .perfcmds import _Parser
 
 HELP_COMMANDS = """commands (one per line on standard input with --control):
   list                 the tracepoints, their kind and hits
-  add LOCATION         place one more
+  add LOCATION [--returns]  place one more (--returns: an entry/exit tracepoint)
   disable N | enable N take tracepoint N's patch out / put it back
   remove N             remove tracepoint N
   quit                 remove everything and stop
@@ -40,6 +40,11 @@ def main(argv: Sequence[str]) -> int:
                    help="registers an event records, up to four (default: the first four "
                    "integer arguments)")  # fmt: skip
     p.add_argument("--trap", action="store_true", help="int3 trap tracepoints, no jumps")
+    p.add_argument("--uprobe", action="store_true",
+                   help="kernel uprobes (tracefs), counted for this process only")  # fmt: skip
+    p.add_argument("-r", "--returns", action="store_true",
+                   help="entry/exit tracepoints: at a function's entry, also catch each "
+                   "return (counted apart; recorded with the return value in rax)")  # fmt: skip
     p.add_argument("-d", "--duration", type=float, metavar="SECONDS", help="stop after this long")
     p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
                    help="print the hit counts this often")  # fmt: skip
@@ -66,7 +71,7 @@ def _split_command(p: _Parser, argv: Sequence[str]):
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1 :]
-    return p.parse_args(argv), command
+    return p.parse_intermixed_args(argv), command
 
 
 class _Stop(Exception):
@@ -100,11 +105,15 @@ def _run(args, command: list[str], regs: tuple[str, ...], record: bool) -> int:
         session = ProbeSession(pid)
         tps = []
         for loc in args.locations:
-            tp = session.add(loc, kind="trap" if args.trap else None, record=record, regs=regs)
+            tp = session.add(loc, kind=_kind(args), record=record, regs=regs,
+                             returns=args.returns)  # fmt: skip
             tps.append(tp)
             _describe(tp)
         if record and args.output:
             infos = [ProbeInfo(tp.id, tp.site.function or f"{tp.address:#x}", regs) for tp in tps]
+            if any(tp.kind == "uprobe" for tp in tps):
+                sys.stderr.write("hwtrace probe: kernel uprobe tracepoints count hits but "
+                                 "write no events\n")  # fmt: skip
             out = open_output(args.output, infos, pid)
         if proc is not None:
             os.kill(pid, signal.SIGCONT)
@@ -131,11 +140,17 @@ def _run(args, command: list[str], regs: tuple[str, ...], record: bool) -> int:
     return status
 
 
+def _kind(args) -> str | None:
+    return "uprobe" if args.uprobe else "trap" if args.trap else None
+
+
 def _describe(tp) -> None:
     what = tp.site.function or "-"
     line = f"tracepoint {tp.id}: {tp.spec} at {tp.address:#x} ({what}): {tp.kind}"
     if tp.kind == "jump" and len(tp.starts) > 1:
         line += f", covering {len(tp.starts)} instructions"
+    if tp.returns:
+        line += ", with its returns"
     if tp.note:
         line += f" ({tp.note})"
     sys.stderr.write(line + "\n")
@@ -186,7 +201,7 @@ def _command(session, words: list[str], record: bool, regs, out) -> str:
         if cmd == "list":
             _print_counts(session)
         elif cmd == "add" and rest:
-            tp = session.add(rest[0], record=record, regs=regs)
+            tp = session.add(rest[0], record=record, regs=regs, returns="--returns" in rest[1:])
             if out is not None and hasattr(out, "probes"):
                 from ..probes.output import ProbeInfo
 
@@ -213,9 +228,10 @@ def _print_counts(session) -> None:
     lines = []
     for tp in session.tracepoints.values():
         state = "" if tp.enabled else " (disabled)"
-        lines.append(f"{tp.id:>4} {tp.kind:<5} {session.hits(tp):>14} {tp.spec}{state}")
+        returns = f" ({session.returns(tp)} returns)" if tp.returns else ""
+        lines.append(f"{tp.id:>4} {tp.kind:<6} {session.hits(tp):>14} {tp.spec}{returns}{state}")
     traps = session.trap_counts()[0]
-    sys.stdout.write("\n".join(["  id kind            hits location", *lines,
+    sys.stdout.write("\n".join(["  id kind             hits location", *lines,
                                 f"traps redirected: {traps}"]) + "\n")  # fmt: skip
     sys.stdout.flush()
 
@@ -239,6 +255,7 @@ def _finish(session, out, args) -> None:
                     "function": tp.site.function,
                     "kind": tp.kind,
                     "hits": session.hits(tp),
+                    "returns": session.returns(tp) if tp.returns else None,
                     "note": tp.note,
                 }
             )
@@ -252,7 +269,8 @@ def _finish(session, out, args) -> None:
         if out is not None:
             out.close()
     for c in counts:
-        sys.stdout.write(f"{c['id']:>4} {c['kind']:<5} {c['hits']:>14} {c['location']}\n")
+        returns = f" ({c['returns']} returns)" if c["returns"] is not None else ""
+        sys.stdout.write(f"{c['id']:>4} {c['kind']:<6} {c['hits']:>14} {c['location']}{returns}\n")
     if out is not None:
         lost = session.lost
         sys.stderr.write(f"{out.count} events written to {args.output}"
