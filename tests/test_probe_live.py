@@ -131,6 +131,22 @@ def test_counts_are_exact_and_code_is_restored(target, untraced):
     assert target.run(1000) == untraced[1000]
 
 
+def test_locations_by_line_address_and_module(target):
+    lines = SOURCE.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "r * 6364136223846793005ULL" in text)
+    with ProbeSession(target.pid) as s:
+        work = s.resolve("work")
+        by_line = s.resolve(f"probe_workload.c:{line}")
+        assert by_line.function.startswith("work+") and work.address < by_line.address
+        assert s.resolve(f"{by_line.address:#x}").function == by_line.function
+        assert s.resolve("workload!work").address == work.address
+        assert s.resolve("libc.so.6!malloc").path.endswith("libc.so.6")
+        with pytest.raises(ProbeError, match="no code for line 1 of"):
+            s.resolve("probe_workload.c:1")
+        with pytest.raises(ProbeError, match="not in executable memory"):
+            s.resolve("0x10")
+
+
 def test_trap_tracepoints_count_exactly(target, untraced):
     code = target.code()
     with ProbeSession(target.pid) as s:
