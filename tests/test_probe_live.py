@@ -363,6 +363,21 @@ def test_cli_control_commands(target, untraced):
     assert target.run(1000) == untraced[1000]
 
 
+def test_cli_returns_in_json_lines(workload, tmp_path):
+    out = tmp_path / "ret.jsonl"
+    r = subprocess.run(
+        [*HWTRACE, "probe", "depth", "-r", "-o", str(out), "--", str(workload), "1"],
+        input="run 100\nquit\n", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    hits = [e for e in events if e["kind"] == "hit"]
+    returns = [e for e in events if e["kind"] == "return"]
+    assert len(hits) == len(returns) == sum(1 + i % 5 for i in range(100))
+    assert "rdi" in hits[0] and "rax" in returns[0] and "rdi" not in returns[0]
+    assert {e["rax"] for e in returns} == {1, 4, 14, 45, 139}  # depth(0) .. depth(4)
+
+
 def test_cli_ctf_reads_in_babeltrace2(workload, tmp_path):
     bt = shutil.which("babeltrace2")
     if bt is None:

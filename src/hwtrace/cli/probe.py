@@ -33,8 +33,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("locations", nargs="*", metavar="LOCATION", help="where to put tracepoints")
     p.add_argument("-p", "--pid", type=int, help="the running process")
     p.add_argument("-o", "--output", metavar="PATH",
-                   help="record events into PATH: JSON lines for *.jsonl, else a CTF trace "
-                   "directory (babeltrace2 reads it)")  # fmt: skip
+                   help="record events into PATH: JSON lines for *.jsonl, perf.data for "
+                   "*.data, else a CTF trace directory (babeltrace2 reads it)")  # fmt: skip
     p.add_argument("--record", action="store_true", help="record events (implied by -o)")
     p.add_argument("--regs", default="rdi,rsi,rdx,rcx", metavar="R1,R2,...",
                    help="registers an event records, up to four (default: the first four "
@@ -110,7 +110,8 @@ def _run(args, command: list[str], regs: tuple[str, ...], record: bool) -> int:
             tps.append(tp)
             _describe(tp)
         if record and args.output:
-            infos = [ProbeInfo(tp.id, tp.site.function or f"{tp.address:#x}", regs) for tp in tps]
+            infos = [ProbeInfo(tp.id, tp.site.function or f"{tp.address:#x}", regs, tp.address)
+                     for tp in tps]  # fmt: skip
             if any(tp.kind == "uprobe" for tp in tps):
                 sys.stderr.write("hwtrace probe: kernel uprobe tracepoints count hits but "
                                  "write no events\n")  # fmt: skip
@@ -202,10 +203,10 @@ def _command(session, words: list[str], record: bool, regs, out) -> str:
             _print_counts(session)
         elif cmd == "add" and rest:
             tp = session.add(rest[0], record=record, regs=regs, returns="--returns" in rest[1:])
-            if out is not None and hasattr(out, "probes"):
+            if out is not None:
                 from ..probes.output import ProbeInfo
 
-                out.probes[tp.id] = ProbeInfo(tp.id, tp.site.function, regs)
+                out.add_probe(ProbeInfo(tp.id, tp.site.function, regs, tp.address))
             _describe(tp)
         elif cmd in ("enable", "disable", "remove") and rest:
             tp = session.tracepoints.get(int(rest[0]))

@@ -72,7 +72,15 @@ class CtfWriter:
         self.classes = {c.id: c for c in classes}
         self.uuid = _uuid.uuid4()
         self._streams: dict[int, object] = {}
-        self._write_metadata(clock, env or {})
+        self._clock, self._env = clock, env or {}
+        self._write_metadata(clock, self._env)
+
+    def add_classes(self, classes: Sequence[EventClass]) -> None:
+        """More event classes (their ids new): the metadata is written again,
+        which readers take as long as they open the trace after it."""
+        for c in classes:
+            self.classes[c.id] = c
+        self._write_metadata(self._clock, self._env)
 
     def _write_metadata(self, clock: str, env: dict[str, str | int]) -> None:
         lines = [

@@ -319,9 +319,7 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
 
     a = Asm()
     a(_lea(RSP, mem(RSP, -128)))
-    a(I.create(Code.PUSHFQ))
-    for r in reversed(_SAVED):
-        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
+    _push_state(a, _SAVED)
     inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, counter))
     inc.has_lock_prefix = True
     a(inc)
@@ -376,9 +374,7 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
         a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_REGS + 8 * i), RAX))
     a(I.create_reg(Code.INC_RM64, RDX))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_SEQ), RDX))  # commit
-    for r in _SAVED:
-        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
-    a(I.create(Code.POPFQ))
+    _pop_state(a, _SAVED)
     a(_lea(RSP, mem(RSP, 128)))
     return a.encode(address)
 
@@ -401,6 +397,20 @@ THREAD_TABLE_SIZE = THREAD_SLOTS * THREAD_SLOT_BYTES
 _PROBES = 16  # slots tried from the hash
 _HOOK_SAVED = ("r9", "r8", "rdx", "rcx", "rax")  # pushed after the flags, last first
 EXIT_COUNTER = 8  # the exits' counter, after the entries' one
+
+
+def _push_state(a: Asm, regs: Sequence[str]) -> int:
+    """Save the flags and ``regs`` (pushed last first); returns the bytes pushed."""
+    a(I.create(Code.PUSHFQ))
+    for r in reversed(regs):
+        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
+    return 8 * (len(regs) + 1)
+
+
+def _pop_state(a: Asm, regs: Sequence[str]) -> None:
+    for r in regs:
+        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
+    a(I.create(Code.POPFQ))
 
 
 def _find_thread_slot(a: Asm, table: int, found: int, missing: int, claim: bool) -> None:
@@ -450,10 +460,7 @@ def return_hook(address: int, table: int, exit_stub: int) -> bytes:
     stack: the call goes untraced at its exit, nothing else changes."""
     a = Asm()
     found, done, push, prune = (a.new_label() for _ in range(4))
-    a(I.create(Code.PUSHFQ))
-    for r in reversed(_HOOK_SAVED):
-        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
-    frame = 8 * (len(_HOOK_SAVED) + 1)
+    frame = _push_state(a, _HOOK_SAVED)
     _find_thread_slot(a, table, found, done, claim=True)
     a.place(found)
     a(_lea(R8, mem(RSP, frame)))  # r8 = rsp at entry: it points at the return address
@@ -481,9 +488,7 @@ def return_hook(address: int, table: int, exit_stub: int) -> bytes:
     a(I.create_reg_u64(Code.MOV_R64_IMM64, Register.R9, exit_stub))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(R8), Register.R9))
     a.place(done)
-    for r in _HOOK_SAVED:
-        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
-    a(I.create(Code.POPFQ))
+    _pop_state(a, _HOOK_SAVED)
     return a.encode(address)
 
 
@@ -498,10 +503,7 @@ def exit_stub(address: int, table: int, head: bytes) -> bytes:
     code += head
     a = Asm()
     found, pop, lost = a.new_label(), a.new_label(), a.new_label()
-    a(I.create(Code.PUSHFQ))
-    for r in reversed(_HOOK_SAVED):
-        a(I.create_reg(Code.PUSH_R64, REGISTERS[r]))
-    frame = 8 * (len(_HOOK_SAVED) + 1)
+    frame = _push_state(a, _HOOK_SAVED)
     _find_thread_slot(a, table, found, lost, claim=False)
     a.place(found)
     a(_lea(R8, mem(RSP, frame)))  # r8 = the slot = rsp at entry
@@ -517,9 +519,7 @@ def exit_stub(address: int, table: int, head: bytes) -> bytes:
     a(I.create_reg_mem(Code.MOV_R64_RM64, Register.R9, MemoryOperand(RDX, RAX, 1, 16, 1)))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(R8), Register.R9))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, 8), RCX))
-    for r in _HOOK_SAVED:
-        a(I.create_reg(Code.POP_R64, REGISTERS[r]))
-    a(I.create(Code.POPFQ))
+    _pop_state(a, _HOOK_SAVED)
     a(I.create(Code.RETNQ))
     a.place(lost)
     a(I.create(Code.UD2))  # no record of this frame: cannot happen; fail loudly

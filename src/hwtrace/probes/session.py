@@ -212,15 +212,18 @@ class ProbeSession:
 
     # -- the runtime ---------------------------------------------------------------
 
+    def _map_anonymous(self, t: SeizedThread, size: int, what: str) -> int:
+        """Private read-write memory of ``size`` bytes in the process."""
+        r = self._syscall(t, SYS_MMAP, 0, size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, (1 << 64) - 1, 0)  # fmt: skip
+        if r < 0:
+            raise ProbeError(f"process {self.pid}: cannot map {what}: {os.strerror(-r)}")
+        return r
+
     def _ensure_runtime(self, t: SeizedThread) -> None:
         if self.runtime:
             return
-        r = self._syscall(t, SYS_MMAP, 0, cg.RUNTIME_SIZE, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, (1 << 64) - 1, 0)  # fmt: skip
-        if r < 0:
-            raise ProbeError(f"process {self.pid}: cannot map hwtrace's runtime: "
-                             f"{os.strerror(-r)}")  # fmt: skip
-        base = r
+        base = self._map_anonymous(t, cg.RUNTIME_SIZE, "hwtrace's runtime")
         self.write(base, cg.runtime_code(base))
         r = self._syscall(t, SYS_MPROTECT, base, PAGE, PROT_READ | PROT_EXEC)
         if r < 0:
@@ -354,14 +357,8 @@ class ProbeSession:
         return tp
 
     def _ensure_thread_table(self, t: SeizedThread) -> None:
-        if self._threads_at:
-            return
-        r = self._syscall(t, SYS_MMAP, 0, cg.THREAD_TABLE_SIZE, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, (1 << 64) - 1, 0)  # fmt: skip
-        if r < 0:
-            raise ProbeError(f"process {self.pid}: cannot map the return stacks: "
-                             f"{os.strerror(-r)}")  # fmt: skip
-        self._threads_at = r
+        if not self._threads_at:
+            self._threads_at = self._map_anonymous(t, cg.THREAD_TABLE_SIZE, "the return stacks")
 
     def returns(self, tp: Tracepoint) -> int:
         """Returns caught by an entry/exit tracepoint."""
