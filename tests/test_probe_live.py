@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -281,6 +282,45 @@ def test_live_insertion_under_load_keeps_results(target, workload):
         check.close()
     assert calls == sum(int(w[2]) for w in per_thread)
     assert total == sum(int(w[3]) for w in per_thread) % (1 << 64)
+
+
+def test_forks_during_insertion_run_correctly(target):
+    """Children forked while tracepoints go in and out inherit whatever
+    state the code was in, with hwtrace's handler and trampolines: each must
+    compute what an untraced process computes."""
+    expected = None
+    with ProbeSession(target.pid) as s:
+        for cycle in range(6):
+            target.send("fork 200000")  # the child runs while tracepoints change
+            for spec in ("work", "shorties", "loop_into_window", "depth"):
+                s.remove(s.add(spec, returns=spec == "depth" and cycle % 2 == 0))
+            words = target.proc.stdout.readline().split()
+            assert words[0] == "child" and words[2] == "0", words  # exit status 0
+            expected = expected or words[1]
+            assert words[1] == expected
+    check = Target(target.proc.args[0] and Path(target.proc.args[0]), threads=1)
+    try:
+        check.send("sum 0 200000")
+        assert check.proc.stdout.readline().split() == ["sum", expected]
+    finally:
+        check.close()
+
+
+def test_not_permitted_is_one_clear_message(target, tmp_path):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    home = Path(tempfile.mkdtemp(prefix="hwtrace-nobody-"))  # pytest's tmp is root's alone
+    home.chmod(0o777)
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *HWTRACE, "probe",
+         "-p", str(target.pid), "work"],
+        capture_output=True, text=True, timeout=120, cwd=home,
+        env={**os.environ, "HOME": str(home), "NUMBA_CACHE_DIR": str(home)},
+    )  # fmt: skip
+    shutil.rmtree(home, ignore_errors=True)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1 and "not permitted" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_bad_input_is_one_clear_message(target, workload, tmp_path):

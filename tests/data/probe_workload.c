@@ -7,6 +7,7 @@
  *   stop     end a spin; prints "done CHECKSUM CALLS", then a line
  *            "thread K CALLS CHECKSUM" per thread
  *   sum K N  the checksum thread K makes in N calls (computed here, by main)
+ *   fork N   a child process makes thread 0's N calls; prints "child CHECKSUM"
  *   quit
  * The checksum depends only on the calls made, so a traced run must print
  * the untraced run's checksum.
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAXT 16
@@ -163,6 +165,26 @@ int main(int argc, char **argv) {
             for (int i = 0; i < nthreads; i++)
                 printf("thread %d %llu %llu\n", i, (unsigned long long)calls[i],
                        (unsigned long long)sums[i]);
+            fflush(stdout);
+            continue;
+        } else if (!strncmp(line, "fork ", 5)) {
+            uint64_t n = strtoull(line + 5, NULL, 10);
+            int fds[2];
+            if (pipe(fds)) return 1;
+            pid_t child = fork();
+            if (child == 0) {
+                uint64_t s = 0;
+                for (uint64_t i = 0; i < n; i++) s += one(i);
+                if (write(fds[1], &s, sizeof s) != sizeof s) _exit(1);
+                _exit(0);
+            }
+            uint64_t s = 0;
+            close(fds[1]);
+            if (read(fds[0], &s, sizeof s) != sizeof s) s = 0;
+            close(fds[0]);
+            int status;
+            waitpid(child, &status, 0);
+            printf("child %llu %d\n", (unsigned long long)s, status);
             fflush(stdout);
             continue;
         } else if (!strncmp(line, "sum ", 4)) {

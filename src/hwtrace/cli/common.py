@@ -3,12 +3,22 @@ trace file with an optional byte range, and writing output blocks."""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import sys
 from collections.abc import Iterable
+from typing import NoReturn
 
 import numpy as np
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with errors on one line, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        raise SystemExit(2)
 
 
 class UsageError(Exception):

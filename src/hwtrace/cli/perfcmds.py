@@ -23,12 +23,9 @@ from ..perf.data import PerfData, PerfDataError, read_perf_data
 from ..perf.kernel import KernelCode, KernelCodeError, load_kernel
 from ..perf.sideband import BinaryLocator, Sideband
 from ..perf.trace import PerfBlocks, PerfStream, QueueInfo, sideband_of, stream_perf
+from .common import Parser
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
-        sys.stderr.write(f"{self.prog}: {message}\n")
-        raise SystemExit(2)
+_Parser = Parser  # the name the other commands import
 
 
 # -- record -------------------------------------------------------------------

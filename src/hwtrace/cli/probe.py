@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .perfcmds import _Parser
+from .common import Parser
 
 HELP_COMMANDS = """commands (one per line on standard input with --control):
   list                 the tracepoints, their kind and hits
@@ -23,7 +23,7 @@ HELP_COMMANDS = """commands (one per line on standard input with --control):
 
 
 def main(argv: Sequence[str]) -> int:
-    p = _Parser(
+    p = Parser(
         prog="hwtrace probe",
         description="Insert fast tracepoints into a live x86-64 process: jumps made safe by "
         "embedded traps, an int3 trap where no jump fits. Counts hits and, with -o or "
@@ -65,7 +65,7 @@ def main(argv: Sequence[str]) -> int:
     return _run(args, command, regs, record)
 
 
-def _split_command(p: _Parser, argv: Sequence[str]):
+def _split_command(p: Parser, argv: Sequence[str]):
     argv = list(argv)
     command: list[str] = []
     if "--" in argv:
