@@ -239,7 +239,10 @@ class SeizedThread:
         self._stopped = False
         try:
             if self._saved is not None:
-                self.set_registers(self._saved)
+                try:
+                    self.set_registers(self._saved)
+                except PtraceError:
+                    pass  # gone; detach all the same
             pending = list(self.held_signals)
             first = pending.pop(0) if pending else 0
             _call(PTRACE_DETACH, self.tid, 0, first)

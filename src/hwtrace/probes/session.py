@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -168,23 +170,27 @@ class ProbeSession:
 
     @contextmanager
     def _borrowed(self) -> Iterator[SeizedThread]:
+        """A thread of the process, seized for the block.  ``^C``, SIGTERM
+        and SIGHUP wait until it is given back: interrupted half way, the
+        thread would stay stopped, or run on with hwtrace's registers."""
         if self._thread is not None:
             yield self._thread
             return
-        try:
-            thread = SeizedThread(self.pid)
-        except ProcessGone as e:
-            raise ProbeError(str(e)) from e
-        except PtraceError as e:
-            raise ProbeError(str(e)) from e
-        self._thread = thread
-        try:
-            yield thread
-        except ProcessGone as e:
-            raise ProbeError(str(e)) from e
-        finally:
-            self._thread = None
-            thread.release()
+        with _signals_held():
+            try:
+                thread = SeizedThread(self.pid)
+            except ProcessGone as e:
+                raise ProbeError(str(e)) from e
+            except PtraceError as e:
+                raise ProbeError(str(e)) from e
+            self._thread = thread
+            try:
+                yield thread
+            except ProcessGone as e:
+                raise ProbeError(str(e)) from e
+            finally:
+                self._thread = None
+                thread.release()
 
     def _syscall(self, t: SeizedThread, nr: int, *args: int) -> int:
         gadget = self.runtime + cg.GADGET_SYSCALL if self.runtime else self._first_gadget()
@@ -790,6 +796,23 @@ class ProbeSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block the signals that end hwtrace for the block (in this thread;
+    they are delivered when it ends)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _trap_pending(pid: int, tid: int) -> bool:
