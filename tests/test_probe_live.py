@@ -185,7 +185,7 @@ def test_kernel_uprobe_fallback_counts_this_process_only(target, workload, untra
             with pytest.raises(ProbeError, match="not record events"):
                 s.add("work", kind=UPROBE, record=True)
         events = Path("/sys/kernel/tracing/uprobe_events").read_text()
-        assert "hwtrace_probe" not in events
+        assert f"hwtrace_probe/p{target.pid}_" not in events
     finally:
         other.close()
 

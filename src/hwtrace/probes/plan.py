@@ -48,19 +48,20 @@ def choose_window(
     code: bytes, site: int, limit: int = 0, kind: str | None = None
 ) -> tuple[Window, str, str]:
     """``(window, kind, note)`` for a tracepoint at ``site`` whose bytes
-    start ``code``; ``limit`` is where the function ends (the jump must not
-    run past it), ``kind`` forces :data:`TRAP`.  ``note`` says why a jump
+    start ``code``; ``limit`` is where the jump must not run past (the end
+    of the code), ``kind`` forces :data:`TRAP`.  ``note`` says why a jump
     was not possible.  Raises :class:`RelocationError` when not even the
     first instruction can be moved (an ``int3`` of someone else's there)."""
     note = ""
     if kind != TRAP:
         try:
             window = decode_window(code, site, 5)
+            relocate(window, site)  # e.g. a branch into the middle of a covered instruction
         except RelocationError as e:
             note = str(e)
         else:
             if limit and site + window.length > limit:
-                note = f"{site:#x}: a jump would run past the end of the function"
+                note = f"{site:#x}: a jump would run past the end of the code"
             else:
                 return window, JUMP, ""
     return decode_window(code, site, 1), TRAP, note

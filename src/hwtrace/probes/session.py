@@ -420,14 +420,24 @@ class ProbeSession:
         a = site.address
         if kind == UPROBE:
             return self._place_uprobe(spec, site, event, returns, "a kernel uprobe as asked")
-        code = self.read_original(a, min(32, site.limit - a) if site.limit else 32)
+        # A jump may cover the first bytes after its function: whatever
+        # starts there is an embedded trap like any covered instruction (the
+        # code that jumps there takes the trap path).  Not past the code.
+        mapping = self.modules.module_at(a)
+        end = mapping.end if mapping is not None else a + 32
+        code = self.read_original(a, min(32, end - a))
         try:
-            window, chosen, note = choose_window(code, a, site.limit, kind)
+            window, chosen, note = choose_window(code, a, end, kind)
         except RelocationError as e:
             if code[:1] == b"\xcc":  # someone else's breakpoint: a uprobe would not fit either
                 raise ProbeError(str(e)) from e
             return self._place_uprobe(spec, site, event, returns, str(e))
         self._check_free(a, window.length)
+        if chosen == JUMP and site.limit and site.limit < a + 5:
+            note = (
+                f"the jump covers {site.limit:#x}, after the end of "
+                f"{site.function.split('+')[0]}: code that goes there takes the trap path"
+            )
         layout = None
         if chosen == JUMP:
             layout = self._allocate(t, window, JUMP, event, returns)
@@ -652,83 +662,95 @@ class ProbeSession:
 
     # -- reclaiming -----------------------------------------------------------------
 
-    def _busy(self, ranges: list[tuple[int, int]], t: SeizedThread) -> bool:
-        """Whether some thread may still be inside one of ``ranges`` (or in
-        the runtime's handler): its ``rip`` there, a trap pending, or a code
-        address of ours in the top of its stack (a signal frame)."""
-        lo_rt, hi_rt = self.runtime, self.runtime + cg.PAGE
-        if self._exits_pending(ranges):
-            return True
+    def _looks(self, t: SeizedThread) -> list[tuple[int, bool, np.ndarray]] | None:
+        """Where each thread is: ``(rip, trap pending, the words on top of its
+        stack)``, each thread stopped in turn, briefly; None when one could
+        not be looked at.  The last entry has rip 0 and the pending returns
+        of hooked frames as its words."""
+        out = []
         for tid in threads_of(self.pid):
             if tid == t.tid:
-                regs = t.saved_registers
-                state = None
+                regs, state = t.saved_registers, None
             else:
                 try:
                     state = SeizedThread(self.pid, tid)
                 except ProcessGone:
                     continue
                 except PtraceError:
-                    return True
+                    return None
                 regs = state.saved_registers
             try:
-                rip = regs.rip
-                if lo_rt <= rip < hi_rt or any(lo <= rip < hi for lo, hi in ranges):
-                    return True
-                if _trap_pending(self.pid, tid):
-                    return True
-                stack = self._stack_words(regs.rsp)
-                for w in stack:
-                    if lo_rt <= w < hi_rt or any(lo <= w < hi for lo, hi in ranges):
-                        return True
+                pending = _trap_pending(self.pid, tid)
+                out.append((regs.rip, pending, self._stack_words(regs.rsp)))
             finally:
                 if state is not None:
                     state.release()
+        out.append((0, False, self._pending_exits()))
+        return out
+
+    def _busy(
+        self, lo: int, hi: int, sources: set[int], looks: list[tuple[int, bool, np.ndarray]]
+    ) -> bool:
+        """Whether a thread may still get into ``[lo, hi)``: its ``rip`` there
+        or in the runtime's handler, a trap pending at one of ``sources`` (its
+        rip is just past the int3), a code address of ours in the top of its
+        stack (a signal frame, a hooked return), or a return still to come
+        through an exit stub there."""
+        lo_rt, hi_rt = self.runtime, self.runtime + cg.PAGE
+        for rip, pending, stack in looks:
+            if lo <= rip < hi or (rip and lo_rt <= rip < hi_rt):
+                return True
+            if pending and (rip - 1 in sources or not sources):
+                return True
+            if ((stack >= lo) & (stack < hi)).any():
+                return True
+            if ((stack >= lo_rt) & (stack < hi_rt)).any():
+                return True
+        if hi <= lo:  # anywhere: a hooked frame returning into any chunk
+            return any(self.space.holds(int(w)) for w in looks[-1][2])
         return False
 
-    def _exits_pending(self, ranges: list[tuple[int, int]]) -> bool:
-        """Whether a function hooked by an entry/exit tracepoint has yet to
-        return through an exit stub in ``ranges`` (or any, for ``[]``): the
-        return stacks say where each hooked frame's return address is."""
+    def _pending_exits(self) -> np.ndarray:
+        """Where hooked functions will return to: for every frame an
+        entry/exit tracepoint hooked and that has not returned, the return
+        address in its stack slot (an exit stub, unless the frame is gone)."""
         if not self._threads_at:
-            return False
+            return np.zeros(0, np.int64)
         table = np.frombuffer(self.read(self._threads_at, cg.THREAD_TABLE_SIZE), "<u8")
         slots = table.reshape(cg.THREAD_SLOTS, cg.THREAD_SLOT_BYTES // 8)
+        out = []
         for row in slots[(slots[:, 0] != 0) & (slots[:, 1] != 0)]:
-            depth = min(int(row[1]), cg.RETURN_DEPTH)
-            for i in range(depth):  # a few hooked frames per thread at most
+            for i in range(min(int(row[1]), cg.RETURN_DEPTH)):  # a few frames per thread
                 try:
-                    ret = self.read_u64(int(row[3 + 2 * i]))
+                    out.append(self.read_u64(int(row[3 + 2 * i])))
                 except ProbeError:
                     continue  # a stale entry: its stack is gone
-                if any(lo <= ret < hi for lo, hi in ranges) or (
-                    not ranges and self.space.holds(ret)
-                ):
-                    return True
-        return False
+        return np.array(out, np.int64)
 
-    def _stack_words(self, rsp: int, size: int = 0x4000) -> list[int]:
-        import struct
-
+    def _stack_words(self, rsp: int, size: int = 0x4000) -> np.ndarray:
         try:
             data = os.pread(self.mem, size, rsp)
         except OSError:
-            return []
-        n = len(data) // 8
-        return list(struct.unpack(f"<{n}Q", data[: n * 8]))
+            return np.zeros(0, np.uint64)
+        return np.frombuffer(data[: len(data) // 8 * 8], "<u8").astype(np.int64)
 
     def reclaim(self) -> int:
         """Free the trampolines of removed tracepoints that no thread can be
         in any more (each thread is stopped in turn, briefly, to look);
-        returns how many were freed."""
+        returns how many were freed.  One still in use (a thread blocked in
+        a system call it displaced, say) does not hold the others back."""
         if not self.retired:
             return 0
         with self._borrowed() as t:
-            ranges = [(r.trampoline, r.trampoline + r.size) for r in self.retired]
-            if self._busy(ranges, t):
+            looks = self._looks(t)
+            if looks is None:
                 return 0
-            freed = len(self.retired)
+            keep, freed = [], 0
             for r in self.retired:
+                sources = {src for src, _ in r.redirects}
+                if self._busy(r.trampoline, r.trampoline + r.size, sources, looks):
+                    keep.append(r)
+                    continue
                 for src, dst in r.redirects:
                     self._clear_redirect(t, src, dst)
                 chunk = self.space.chunk_of(r.trampoline)
@@ -738,7 +760,8 @@ class ProbeSession:
                     self._syscall(t, SYS_MUNMAP, chunk.base, CHUNK_SIZE)
                     del self.space.chunks[chunk.base]
                     self.counters.give(chunk.page)
-            self.retired.clear()
+                freed += 1
+            self.retired = keep
         return freed
 
     # -- closing --------------------------------------------------------------------
@@ -766,12 +789,13 @@ class ProbeSession:
                     time.sleep(0.01)
             if self.runtime and not self.retired:
                 with self._borrowed() as t:
-                    if not self._busy([], t):
+                    looks = self._looks(t)
+                    if looks is not None and not self._busy(0, 0, set(), looks):
                         self._syscall(t, SYS_RT_SIGACTION, cg.SIGTRAP,
                                       self.runtime + cg.OLD_ACTION, 0, 8)  # fmt: skip
                         self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
                         self._syscall(t, SYS_CLOSE, self._counters_fd)
-                        if self._threads_at and not self._exits_pending([]):
+                        if self._threads_at:  # no hooked frame is left: all reclaimed
                             self._syscall(t, SYS_MUNMAP, self._threads_at, cg.THREAD_TABLE_SIZE)
                             self._threads_at = 0
                         if self.rings is not None:
