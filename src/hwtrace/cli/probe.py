@@ -98,6 +98,9 @@ def _run(args, command: list[str], regs: tuple[str, ...], record: bool) -> int:
         raise _Stop
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # ^C must take the tracepoints out even when hwtrace was started with
+    # SIGINT ignored (a background job of a script, some CI runners).
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     session = None
     out = None
     status = 0
