@@ -157,24 +157,13 @@ PAPER_RAW = {
 PAPER_F3 = {"lttng/ebpf-jit": 3.1, "lttng/ebpf": 1.8}
 
 
-class BenchError(Exception):
-    """A failure the benchmark reports in one line (no traceback)."""
+BenchError = common.BenchError
 
 
 # -- the tools ----------------------------------------------------------------------------
 
 
-def run(cmd: list[str], *, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise BenchError(f"{cmd[0]}: not found") from None
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{' '.join(cmd)}: no answer within {timeout:g} s") from None
-    if check and proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip().splitlines()
-        raise BenchError(f"{' '.join(cmd)}: exit {proc.returncode}: {' / '.join(msg[-3:])}")
-    return proc
+run = common.run
 
 
 def compiler() -> str | None:

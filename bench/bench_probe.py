@@ -123,8 +123,7 @@ Cleanup = Callable[[], "int | None"]
 Attach = Callable[[int, str], Cleanup]
 
 
-class BenchError(Exception):
-    """A failure the benchmark reports in one line (no traceback)."""
+BenchError = common.BenchError
 
 
 class NotAvailable(Exception):
@@ -134,17 +133,7 @@ class NotAvailable(Exception):
 # -- tools ----------------------------------------------------------------------------------------
 
 
-def run(cmd: list[str], *, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise BenchError(f"{cmd[0]}: not found") from None
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{' '.join(cmd)}: no answer within {timeout:g} s") from None
-    if check and proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip().splitlines()
-        raise BenchError(f"{' '.join(cmd)}: exit {proc.returncode}: {' / '.join(msg[-3:])}")
-    return proc
+run = common.run
 
 
 def compiler() -> str:

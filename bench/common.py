@@ -81,3 +81,21 @@ def tiled(path: Path, gib: int, out: Path) -> Path:
         while f.tell() < gib << 30:
             f.write(chunk)
     return big
+
+
+class BenchError(Exception):
+    """A failure a benchmark reports in one line (no traceback)."""
+
+
+def run(cmd: list[str], *, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a tool, its output captured; BenchError with its last lines if it fails."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise BenchError(f"{cmd[0]}: not found") from None
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{' '.join(cmd)}: no answer within {timeout:g} s") from None
+    if check and proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip().splitlines()
+        raise BenchError(f"{' '.join(cmd)}: exit {proc.returncode}: {' / '.join(msg[-3:])}")
+    return proc
