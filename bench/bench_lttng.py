@@ -819,14 +819,7 @@ def source_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "changes": changed.splitlines()}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+cpu_model = common.cpu_model
 
 
 # -- the run --------------------------------------------------------------------------------------

@@ -972,14 +972,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+cpu_model = common.cpu_model
 
 
 # -- the run ------------------------------------------------------------------------------------------

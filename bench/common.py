@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -99,3 +100,14 @@ def run(cmd: list[str], *, timeout: float = 60, check: bool = True) -> subproces
         msg = (proc.stderr or proc.stdout).strip().splitlines()
         raise BenchError(f"{' '.join(cmd)}: exit {proc.returncode}: {' / '.join(msg[-3:])}")
     return proc
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for the results."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -1100,14 +1100,7 @@ def probes_source() -> dict[str, str]:
     return {"commit": r.stdout.strip(), "probes_sha256": h.hexdigest()[:16]}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+cpu_model = common.cpu_model
 
 
 # -- the run -------------------------------------------------------------------------------------
