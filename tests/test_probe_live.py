@@ -142,6 +142,8 @@ def test_locations_by_line_address_and_module(target):
         assert s.resolve(f"{by_line.address:#x}").function == by_line.function
         assert s.resolve("workload!work").address == work.address
         assert s.resolve("libc.so.6!malloc").path.endswith("libc.so.6")
+        getpid = s.resolve("libc.so.6!getpid")  # an alias of __getpid
+        assert getpid.address == s.resolve("libc.so.6!__getpid").address
         with pytest.raises(ProbeError, match="no code for line 1 of"):
             s.resolve("probe_workload.c:1")
         with pytest.raises(ProbeError, match="not in executable memory"):

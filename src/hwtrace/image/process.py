@@ -65,6 +65,26 @@ def read_maps(pid: int) -> list[Mapping]:
     return out
 
 
+def _alias(path: str, name: str) -> tuple[int, int] | None:
+    """``(link address, size)`` of function ``name`` in the ELF symbol
+    tables of ``path`` (pyelftools), or None."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for section in (elf.get_section_by_name(".symtab"), elf.get_section_by_name(".dynsym")):
+                if section is None:
+                    continue
+                for sym in section.get_symbol_by_name(name) or ():
+                    if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_size"]:
+                        return sym["st_value"], sym["st_size"]
+    except (OSError, ELFError):
+        pass
+    return None
+
+
 def load_bias(maps: list[Mapping], path: str, min_vaddr: int) -> int | None:
     """Where the ELF file ``path`` is loaded: address minus link address."""
     first = [m for m in maps if m.path == path and m.offset == 0]
@@ -141,6 +161,17 @@ class ProcessModules:
             for start, size, sym, _ in table:
                 if sym == name and size > 0:
                     return FunctionSymbol(name, path, start + bias, size, bias)
+        # An alias the symbol table merged away (libc's getpid is __getpid's).
+        for path in self.files:
+            if module and os.path.basename(path) != module:
+                continue
+            entry = self.symbols(path)
+            if entry is None:
+                continue
+            found = _alias(path, name)
+            if found is not None:
+                start, size = found
+                return FunctionSymbol(name, path, start + entry[1], size, entry[1])
         return None
 
     def module_at(self, address: int) -> Mapping | None:
