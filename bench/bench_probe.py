@@ -553,9 +553,7 @@ def measure_hwtrace_insertion(binary: Path, target_args: list[str], cycles: int)
 # -- LTTng ------------------------------------------------------------------------------------------
 
 
-def lttng(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    # --no-sessiond: never let the CLI spawn a daemon this benchmark does not track.
-    return run(["lttng", "--no-sessiond", *args], check=check)
+lttng = common.lttng
 
 
 def lttng_available(install: bool) -> str | None:
@@ -570,35 +568,7 @@ def lttng_available(install: bool) -> str | None:
     return None
 
 
-@contextmanager
-def session_daemon(log: Path) -> Iterator[dict[str, Any]]:
-    """The session daemon already running (left alone), or one started here
-    by pid and stopped at the end (as bench/bench_lttng.py)."""
-    info: dict[str, Any] = {"started_by_benchmark": False}
-    if lttng("list", check=False).returncode == 0:
-        yield info
-        return
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(
-            ["lttng-sessiond", "--no-kernel"],
-            stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    info["started_by_benchmark"] = True
-    try:
-        deadline = time.monotonic() + 15
-        while lttng("list", check=False).returncode != 0:
-            if proc.poll() is not None:
-                raise BenchError(f"lttng-sessiond exited with {proc.returncode}; see {log}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"lttng-sessiond did not answer within 15 s; see {log}")
-            time.sleep(0.05)
-        yield info
-    finally:
-        stop(proc, signal.SIGTERM, timeout=15)  # it stops its consumer daemons itself
+session_daemon = common.session_daemon
 
 
 @contextmanager

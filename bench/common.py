@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -111,3 +115,51 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def lttng(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    # --no-sessiond: never let the CLI spawn a daemon this benchmark does not track.
+    return run(["lttng", "--no-sessiond", *args], check=check)
+
+
+def sessiond_running() -> bool:
+    return lttng("list", check=False).returncode == 0
+
+
+@contextlib.contextmanager
+def session_daemon(log: Path) -> Iterator[dict[str, Any]]:
+    """A session daemon for the benchmark: the one already running, left
+    alone, or one started here (by pid, not daemonized, so exactly that
+    process is stopped at the end)."""
+    info: dict[str, Any] = {"started_by_benchmark": False, "pid": None}
+    if sessiond_running():
+        yield info
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            ["lttng-sessiond", "--no-kernel"],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C here is handled by the cleanup below
+        )
+    info.update(started_by_benchmark=True, pid=proc.pid)
+    try:
+        deadline = time.monotonic() + 15
+        while not sessiond_running():
+            if proc.poll() is not None:
+                raise BenchError(f"lttng-sessiond exited with {proc.returncode}; see {log}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"lttng-sessiond did not answer within 15 s; see {log}")
+            time.sleep(0.05)
+        yield info
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # it stops its consumer daemons itself
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        info["exit_status"] = proc.returncode
