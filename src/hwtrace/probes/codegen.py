@@ -119,11 +119,6 @@ class Asm:
         self.instructions.append(instr)
         return self
 
-    def raw(self, data: bytes) -> Asm:
-        for b in data:
-            self(Instruction.create_declare_byte_1(b))
-        return self
-
     def encode(self, address: int) -> bytes:
         if self._pending:
             raise ValueError("a label at the end of the code")
@@ -530,11 +525,3 @@ def jump_bytes(site: int, target: int) -> bytes:
     """``jmp rel32`` at ``site`` to ``target``."""
     rel = target - (site + 5)
     return b"\xe9" + (rel & 0xFFFFFFFF).to_bytes(4, "little")
-
-
-def describe(code: bytes, address: int) -> Sequence[str]:
-    """Disassembly lines of ``code`` (for listings and messages)."""
-    from iced_x86 import Decoder, Formatter, FormatterSyntax
-
-    fmt = Formatter(FormatterSyntax.INTEL)
-    return [f"{i.ip:#x}: {fmt.format(i)}" for i in Decoder(64, code, ip=address)]

@@ -42,7 +42,6 @@ EVENT_DTYPE = np.dtype(
     ]
 )
 assert EVENT_DTYPE.itemsize == SLOT_BYTES
-OUT_DTYPE = EVENT_DTYPE  # what drain returns
 
 # Offsets of the slot fields, for the code generator.
 F_SEQ, F_TSC, F_TID, F_CPU, F_PROBE, F_KIND, F_REGS = (

@@ -45,7 +45,7 @@ from .locate import Site, SiteError, check_boundary, resolve
 from .plan import JUMP, TRAP, Layout, choose_window, data_reach, lay_out, trampoline_size
 from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
 from .relocate import RelocationError, Window, decode_window
-from .rings import NREGS, OUT_DTYPE, CounterPages, Rings
+from .rings import EVENT_DTYPE, NREGS, CounterPages, Rings
 from .uprobe import Uprobe, UprobeError
 
 __all__ = ["JUMP", "TRAP", "UPROBE", "ProbeError", "ProbeSession", "Tracepoint"]
@@ -398,10 +398,10 @@ class ProbeSession:
         self.tid_offset = _tid_offset(self, t)
 
     def drain(self, final: bool = False) -> np.ndarray:
-        """Events written since the last drain (:data:`~.rings.OUT_DTYPE`,
+        """Events written since the last drain (:data:`~.rings.EVENT_DTYPE`,
         in time order); ``lost`` counts the ones overwritten before."""
         if self.rings is None:
-            return np.zeros(0, OUT_DTYPE)
+            return np.zeros(0, EVENT_DTYPE)
         return self.rings.drain(final)
 
     @property
