@@ -67,6 +67,11 @@ def mov(dst: int, src: int) -> Insn:
     return insn(ALU64 | MOV | X, dst, src)
 
 
+def mov32(dst: int, src: int) -> Insn:
+    """``dst = (u32) src``: a 32-bit move clears the upper half."""
+    return insn(ALU | MOV | X, dst, src)
+
+
 def mov_imm(dst: int, imm: int) -> Insn:
     return insn(ALU64 | MOV | K, dst, 0, 0, imm)
 

@@ -140,12 +140,23 @@ class WholeInput(StreamInput):
 
 
 def contexts(
-    pid: np.ndarray, tid: np.ndarray, cpu: np.ndarray, comm: np.ndarray, comms: Sequence[str]
+    pid: np.ndarray,
+    tid: np.ndarray,
+    cpu: np.ndarray,
+    comm: np.ndarray,
+    comms: Sequence[str],
+    *,
+    uid: np.ndarray | None = None,
+    gid: np.ndarray | None = None,
 ) -> tuple[RecordBatch, np.ndarray]:
-    """One packed DEFAULT_CONTEXT record per distinct (pid, tid, cpu, comm)
-    and each event's row among them."""
+    """One packed DEFAULT_CONTEXT record per distinct (pid, tid, cpu, comm,
+    uid, gid) and each event's row among them (uid and gid where the
+    source knows them, else 0)."""
     n = pid.shape[0]
-    keys = (comm, cpu, tid, pid)  # lexsort: the last key sorts first
+    zero = np.zeros(n, np.int64)
+    uid = zero if uid is None else uid
+    gid = zero if gid is None else gid
+    keys = (gid, uid, comm, cpu, tid, pid)  # lexsort: the last key sorts first
     if n:
         order = np.lexsort(keys)
         ordered = [k[order] for k in keys]
@@ -159,10 +170,11 @@ def contexts(
     else:
         inverse = np.zeros(0, np.int64)
         first = np.zeros(0, np.int64)
-    uniq = {"pid": pid[first], "tid": tid[first], "cpu": cpu[first], "comm": comm[first]}
+    uniq = {"pid": pid[first], "tid": tid[first], "cpu": cpu[first], "comm": comm[first],
+            "uid": uid[first], "gid": gid[first]}  # fmt: skip
     if first.shape[0] == 0:  # one zero record, for filters over no events
-        uniq = {"pid": np.zeros(1, np.int64), "tid": np.zeros(1, np.int64),
-                "cpu": np.zeros(1, np.int64), "comm": np.full(1, -1, np.int64)}  # fmt: skip
+        uniq = {k: np.zeros(1, np.int64) for k in uniq}
+        uniq["comm"] = np.full(1, -1, np.int64)
     names = [comms[c].encode() if c >= 0 else b"" for c in uniq["comm"].tolist()]
     batch = pack_many(
         DEFAULT_CONTEXT,
@@ -173,6 +185,8 @@ def contexts(
             "tid": uniq["tid"],
             "vtid": uniq["tid"],
             "cpu_id": uniq["cpu"],
+            "uid": uniq["uid"],
+            "gid": uniq["gid"],
         },
     )
     return batch, inverse
