@@ -259,37 +259,55 @@ def double_compare(a: float, b: float, op: int) -> bool:
 # -- helpers ---------------------------------------------------------------------------
 
 _THRESHOLD_SYMBOL = "hwtrace_filter_threshold_table"
+_THRESHOLD_SLOTS_SYMBOL = "hwtrace_filter_threshold_slots"
 _threshold_storage = (ctypes.c_int64 * abi.THRESHOLD_SLOTS)()
-# The compiled helpers read the table's address from this one slot, resolved
-# by name when numba loads them (also from its cache, in a new process).
+# The compiled helpers read the table's address and length from these
+# slots, resolved by name when numba loads them (also from its cache, in a
+# new process).
 _threshold_pointer = ctypes.c_int64(ctypes.addressof(_threshold_storage))
+_threshold_slots = ctypes.c_int64(abi.THRESHOLD_SLOTS)
 llvm.add_symbol(_THRESHOLD_SYMBOL, ctypes.addressof(_threshold_pointer))
+llvm.add_symbol(_THRESHOLD_SLOTS_SYMBOL, ctypes.addressof(_threshold_slots))
 
 
 def threshold_table() -> np.ndarray:
     """The shared threshold table as an int64 array (writable)."""
     return np.ctypeslib.as_array(
-        (ctypes.c_int64 * abi.THRESHOLD_SLOTS).from_address(_threshold_pointer.value)
+        (ctypes.c_int64 * _threshold_slots.value).from_address(_threshold_pointer.value)
     )
 
 
-def set_threshold_table(address: int) -> None:
-    """Point the helpers at another table of ``THRESHOLD_SLOTS`` int64 (e.g.
-    memory shared with the kernel); 0 restores the process's own."""
-    _threshold_pointer.value = address or ctypes.addressof(_threshold_storage)
+def threshold_table_address() -> int:
+    return _threshold_pointer.value
 
 
-@intrinsic
-def _threshold_base(typingctx):
-    def codegen(context, builder, signature, args):
-        mod = builder.module
-        gv = mod.globals.get(_THRESHOLD_SYMBOL)
-        if gv is None:
-            gv = ir.GlobalVariable(mod, ir.IntType(64), _THRESHOLD_SYMBOL)
-            gv.linkage = "external"
-        return builder.load(gv)
+def set_threshold_table(address: int, slots: int = abi.THRESHOLD_SLOTS) -> None:
+    """Point the helpers at another table of ``slots`` int64 (e.g. memory
+    shared with the kernel); address 0 restores the process's own."""
+    if not address:
+        address, slots = ctypes.addressof(_threshold_storage), abi.THRESHOLD_SLOTS
+    _threshold_slots.value = slots
+    _threshold_pointer.value = address
 
-    return types.int64(), codegen
+
+def _global_i64(symbol: str):
+    @intrinsic
+    def read(typingctx):
+        def codegen(context, builder, signature, args):
+            mod = builder.module
+            gv = mod.globals.get(symbol)
+            if gv is None:
+                gv = ir.GlobalVariable(mod, ir.IntType(64), symbol)
+                gv.linkage = "external"
+            return builder.load(gv)
+
+        return types.int64(), codegen
+
+    return read
+
+
+_threshold_base = _global_i64(_THRESHOLD_SYMBOL)
+_threshold_count = _global_i64(_THRESHOLD_SLOTS_SYMBOL)
 
 
 def _declare(builder, name: str, restype, argtypes):
@@ -386,11 +404,11 @@ def call_helper(helper: int, r1: int, r2: int, r3: int, r4: int, r5: int) -> int
             return -1
         return 1 if strings_equal(a, abound, b, bbound) else 0
     if helper == abi.HELPER_GET_THRESHOLD:
-        if r1 < 0 or r1 >= abi.THRESHOLD_SLOTS:
+        if r1 < 0 or r1 >= _threshold_count():
             return 0
         return load_i64(_threshold_base() + 8 * r1)
     if helper == abi.HELPER_SET_THRESHOLD:
-        if r1 < 0 or r1 >= abi.THRESHOLD_SLOTS:
+        if r1 < 0 or r1 >= _threshold_count():
             return -1
         store_u64(_threshold_base() + 8 * r1, r2)
         return 0
