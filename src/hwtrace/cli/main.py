@@ -22,6 +22,7 @@ commands:
   filter    keep the recorded events an LTTng filter expression accepts
   filter-compile  compile a filter expression to an object or library for C tracers
   probe     fast dynamic tracepoints in a running process (counts, events)
+  trace     kernel tracepoints filtered in the kernel (eBPF); system call latency
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -101,6 +102,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         return __import__("hwtrace.cli.filtercmd", fromlist=["main"]).main(rest)
     if cmd == "filter-compile":
         return __import__("hwtrace.cli.filtercompile", fromlist=["main"]).main(rest)
+    if cmd == "trace":
+        from .trace import main as trace_main
+
+        return trace_main(rest)
     if cmd == "probe":
         from .probe import main as probe_main
 

@@ -9,8 +9,8 @@ hwtrace and the application, so a threshold update is a plain store (no
 system call) and the kernel's counters are plain loads.
 
 Programs on ``raw_syscalls:sys_enter`` and ``sys_exit`` time every call of
-the tracked processes (a hash map of tgids, which a third program on
-``sched:sched_process_fork`` extends to their children).  At exit the
+the tracked processes (:class:`~.follow.ProcessSet`: a hash map of tgids
+that follows their children).  At exit the
 latency is compared with the calling thread's threshold for that call;
 only slower calls are written to a BPF ring buffer (:data:`RECORD`).
 
@@ -48,8 +48,9 @@ from ..filter.ebpf.gen import _Gen
 from ..filter.ebpf.isa import R0, R1, R2, R3, R4, R6, R7, R8, R9, R10
 from ..filter.sources import tracefs_schema
 from . import bpf
+from .follow import ProcessSet, emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
 from .ringbuf import RingBuffer
-from .tracepoint import Attachment, TracepointError, tracefs_root
+from .tracepoint import Attachment, tracefs_root
 
 __all__ = ["ANY", "RECORD", "STATE_FIELDS", "CoopLayout", "CoopMap", "LatencyTracker"]
 
@@ -169,43 +170,15 @@ def gettid() -> int:
     return int(_libc.syscall(186))
 
 
-def _off(schema, name: str) -> int:
-    f = schema.field(name)
-    if f is None:
-        raise TracepointError(f"tracepoint {schema.name} has no field {name!r}")
-    return f.offset
-
-
-def _lookup(g: _Gen, fd: int, key_at: int) -> None:
-    """R0 = lookup(map fd, key at R10 + key_at)."""
-    g.emit(isa.ld_pseudo(R1, bpf.PSEUDO_MAP_FD, fd), isa.mov(R2, R10))
-    g.emit(isa.alu64(isa.ADD, R2, key_at, reg=False), isa.call(bpf.FN_MAP_LOOKUP_ELEM))
-
-
-def _update(g: _Gen, fd: int, key_at: int, value_at: int) -> None:
-    g.emit(isa.ld_pseudo(R1, bpf.PSEUDO_MAP_FD, fd), isa.mov(R2, R10))
-    g.emit(isa.alu64(isa.ADD, R2, key_at, reg=False), isa.mov(R3, R10))
-    g.emit(isa.alu64(isa.ADD, R3, value_at, reg=False), isa.mov_imm(R4, 0), isa.call(2))
-
-
 def _atomic_add(dst: int, src: int, off: int, *, fetch: bool = False):
     """``lock *(u64 *)(dst + off) += src`` (with ``fetch``: src = old value)."""
     return isa.insn(isa.STX | isa.ATOMIC | isa.DW, dst, src, off, isa.ADD | (1 if fetch else 0))
 
 
-def _tracked(g: _Gen, procs: int, out) -> None:
-    """R8 = pid_tgid, tid key at R10-12; leave unless the tgid is tracked."""
-    g.emit(isa.call(bpf.FN_GET_CURRENT_PID_TGID), isa.mov(R8, R0))
-    g.emit(isa.stx(isa.W, R10, R0, -12), isa.mov(R1, R0), isa.alu64(isa.RSH, R1, 32, reg=False))
-    g.emit(isa.stx(isa.W, R10, R1, -4))
-    _lookup(g, procs, -4)
-    g.jump(out, isa.JEQ, R0, 0)
-
-
 def _coop_base(g: _Gen, coop: int, out) -> None:
     """R7 = the shared memory."""
     g.emit(isa.st(isa.W, R10, -16, 0))
-    _lookup(g, coop, -16)
+    emit_lookup(g, coop, -16)
     g.jump(out, isa.JEQ, R0, 0)
     g.emit(isa.mov(R7, R0))
 
@@ -217,9 +190,9 @@ def _enter_program(
     out = g.label("out")
     have, known = g.label("have"), g.label("known")
     g.emit(isa.mov(R6, R1))
-    _tracked(g, fds["procs"], out)
+    emit_tracked(g, fds["procs"], out)
     _coop_base(g, fds["coop"], out)
-    _lookup(g, fds["rows"], -12)
+    emit_lookup(g, fds["rows"], -12)
     g.jump(have, isa.JNE, R0, 0)
     # A new thread: the next free row, published with its tid.
     g.emit(isa.mov_imm(R9, 1), _atomic_add(R7, R9, 8 * HEADER_FIELDS.index("next_row"), fetch=True))
@@ -235,7 +208,7 @@ def _enter_program(
     )
     g.emit(isa.mov32(R3, R8), isa.stx(isa.DW, R2, R3, 8 * layout.state))
     g.place(known)
-    _update(g, fds["rows"], -12, -20)
+    emit_update(g, fds["rows"], -12, -20)
     g.jump(g_enter := g.label("enter"))
     g.place(have)
     g.emit(isa.ldx(isa.W, R9, R0, 0))
@@ -254,7 +227,7 @@ def _enter_program(
     g.emit(isa.alu64(isa.ADD, R1, 1, reg=False))
     g.emit(isa.stx(isa.DW, R2, R1, 8 * (layout.state + STATE_FIELDS.index("in_call"))))
     g.place(skip)
-    _update(g, fds["entries"], -12, -88)
+    emit_update(g, fds["entries"], -12, -88)
     g.place(out)
     g.emit(isa.mov_imm(R0, 0), isa.exit_())
     return isa.program(g.finish())
@@ -268,8 +241,8 @@ def _exit_program(fds: dict[str, int], layout: CoopLayout, ret_off: int) -> np.n
     st = {name: 8 * (layout.state + k) for k, name in enumerate(STATE_FIELDS)}
     hdr = {name: 8 * k for k, name in enumerate(HEADER_FIELDS)}
     g.emit(isa.mov(R6, R1))
-    _tracked(g, fds["procs"], out)
-    _lookup(g, fds["entries"], -12)
+    emit_tracked(g, fds["procs"], out)
+    emit_lookup(g, fds["entries"], -12)
     g.jump(out, isa.JEQ, R0, 0)
     g.emit(isa.mov(R9, R0))
     g.emit(isa.ldx(isa.DW, R1, R9, 0), isa.stx(isa.DW, R10, R1, at["enter"]))
@@ -280,7 +253,7 @@ def _exit_program(fds: dict[str, int], layout: CoopLayout, ret_off: int) -> np.n
     g.emit(isa.ldx(isa.DW, R1, R10, at["enter"]))
     g.jump(out, isa.JEQ, R1, 0)
     _coop_base(g, fds["coop"], out)
-    _lookup(g, fds["rows"], -12)
+    emit_lookup(g, fds["rows"], -12)
     g.jump(out, isa.JEQ, R0, 0)
     g.emit(isa.ldx(isa.W, R9, R0, 0))
     g.jump(out, isa.JGE, R9, layout.rows)
@@ -386,14 +359,25 @@ def _exit_program(fds: dict[str, int], layout: CoopLayout, ret_off: int) -> np.n
     return isa.program(g.finish())
 
 
-def _fork_program(fds: dict[str, int], child_off: int) -> np.ndarray:
+def _thread_exit_program(fds: dict[str, int], layout: CoopLayout) -> np.ndarray:
+    """``sched:sched_process_exit``: forget an exiting thread (its entry
+    and row keys; its row says it is in no call any more)."""
     g = _Gen()
     out = g.label("out")
     g.emit(isa.mov(R6, R1))
-    _tracked(g, fds["procs"], out)
-    g.emit(isa.ldx(isa.W, R1, R6, child_off), isa.stx(isa.W, R10, R1, -24))
-    g.emit(isa.st(isa.W, R10, -28, 1))
-    _update(g, fds["procs"], -24, -28)
+    emit_tracked(g, fds["procs"], out)
+    emit_delete(g, fds["entries"], -12)
+    _coop_base(g, fds["coop"], out)
+    emit_lookup(g, fds["rows"], -12)
+    g.jump(out, isa.JEQ, R0, 0)
+    g.emit(isa.ldx(isa.W, R9, R0, 0))
+    emit_delete(g, fds["rows"], -12)
+    g.jump(out, isa.JGE, R9, layout.rows)
+    g.jump(out, isa.JEQ, R9, 0)
+    g.emit(
+        isa.mov(R2, R9), isa.alu64(isa.LSH, R2, 7, reg=False), isa.alu64(isa.ADD, R2, R7, reg=True)
+    )
+    g.emit(isa.st(isa.DW, R2, 8 * (layout.state + STATE_FIELDS.index("in_call")), 0))
     g.place(out)
     g.emit(isa.mov_imm(R0, 0), isa.exit_())
     return isa.program(g.finish())
@@ -420,16 +404,17 @@ class LatencyTracker:
         root = tracefs or tracefs_root()
         enter = tracefs_schema("raw_syscalls", "sys_enter", str(root))
         exit_ = tracefs_schema("raw_syscalls", "sys_exit", str(root))
-        fork = tracefs_schema("sched", "sched_process_fork", str(root))
         try:
             self.coop_map = bpf.Map(bpf.MAP_ARRAY, 4, self.layout.words * 8, 1,
                                     flags=bpf.F_MMAPABLE, name="hwtrace_coop")  # fmt: skip
             self._objects.append(self.coop_map)
-            self.procs = bpf.Map(bpf.MAP_HASH, 4, 4, 4096, name="hwtrace_procs")
+            self.process_set = ProcessSet(root)
+            self._objects.append(self.process_set)
+            self.procs = self.process_set.map
             self.rows = bpf.Map(bpf.MAP_HASH, 4, 4, 65536, name="hwtrace_rows")
             self.entries = bpf.Map(bpf.MAP_HASH, 4, _ENTRY_SIZE, 65536, name="hwtrace_entry")
             self.ring = RingBuffer(ringbuf_size, name="hwtrace_lat")
-            self._objects += [self.procs, self.rows, self.entries, self.ring]
+            self._objects += [self.rows, self.entries, self.ring]
             self.coop = CoopMap(self.coop_map.mmap(), self.layout)
             h = self.coop.header
             h[HEADER_FIELDS.index("magic")] = MAGIC
@@ -440,9 +425,9 @@ class LatencyTracker:
             fds = {"coop": self.coop_map.fd, "procs": self.procs.fd, "rows": self.rows.fd,
                    "entries": self.entries.fd, "ring": self.ring.fd}  # fmt: skip
             plan = [
-                ("sys_enter", "raw_syscalls", _enter_program(fds, self.layout, _off(enter, "id"), _off(enter, "args"))),
-                ("sys_exit", "raw_syscalls", _exit_program(fds, self.layout, _off(exit_, "ret"))),
-                ("sched_process_fork", "sched", _fork_program(fds, _off(fork, "child_pid"))),
+                ("sys_enter", "raw_syscalls", _enter_program(fds, self.layout, field_offset(enter, "id"), field_offset(enter, "args"))),
+                ("sys_exit", "raw_syscalls", _exit_program(fds, self.layout, field_offset(exit_, "ret"))),
+                ("sched_process_exit", "sched", _thread_exit_program(fds, self.layout)),
             ]  # fmt: skip
             self._plan = []
             for event, system, insns in plan:
@@ -460,16 +445,19 @@ class LatencyTracker:
     def track(self, pid: int) -> None:
         """Time the system calls of process ``pid`` and of the children it
         forks from now on (one ``bpf()`` call, the registration)."""
-        self.procs.update(pid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
+        self.process_set.add(pid)
 
     def untrack(self, pid: int) -> None:
-        self.procs.delete(pid.to_bytes(4, "little"))
+        self.process_set.remove(pid)
 
     def start(self) -> None:
+        self.process_set.start()
         for prog, system, event in self._plan:
             self.attachments.append(Attachment(prog, system, event))
 
     def stop(self) -> None:
+        if getattr(self, "process_set", None) is not None:
+            self.process_set.stop()
         for a in self.attachments:
             a.close()
         self.attachments = []

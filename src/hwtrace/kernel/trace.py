@@ -134,12 +134,14 @@ class KernelTrace:
         max_string: int = 256,
         ringbuf_size: int = 1 << 22,
         tracefs: Path | None = None,
+        pids: list[int] | None = None,
     ) -> None:
         self.expression = expression
         self.emit = emit
         self.attachments: list[Attachment] = []
         self.scratch: bpf.Map | None = None
         self.ring: RingBuffer | None = None
+        self.pids = None  # a ProcessSet when only some processes are traced
         self.events: list[TracedEvent] = []
         try:
             root = tracefs or tracefs_root()
@@ -161,16 +163,33 @@ class KernelTrace:
         try:
             self.scratch = bpf.Map(bpf.MAP_PERCPU_ARRAY, 4, LAYOUT.size, 1, name="hwtrace_scratch")
             self.ring = RingBuffer(ringbuf_size)
+            if pids is not None:
+                self._follow(pids, root)
             for k, (e, tree) in enumerate(zip(self.events, trees, strict=True)):
                 e.program = generate_kernel(
                     tree, e.schema, expression=expression or "", event_name=e.name,
-                    event_index=k, scratch_fd=self.scratch.fd, ringbuf_fd=self.ring.fd,
+                    event_index=k, tracepoint_id=e.tracepoint_id, scratch_fd=self.scratch.fd, ringbuf_fd=self.ring.fd,
                     emit=emit, max_string=max_string,
+                    pids_fd=self.pids.fd if self.pids is not None else None,
                 )  # fmt: skip
                 e.loaded = self._load(e)
         except BaseException:
             self.close()
             raise
+
+    def _follow(self, pids: list[int], root: Path) -> None:
+        """Only events of processes ``pids`` and of the children they fork."""
+        from .follow import ProcessSet
+
+        self.pids = ProcessSet(root)
+        for pid in pids:
+            self.track(pid)
+
+    def track(self, pid: int) -> None:
+        """Add process ``pid`` to those traced (with ``pids`` given)."""
+        if self.pids is None:
+            raise ValueError("this session traces every process")
+        self.pids.add(pid)
 
     def _check(self, expression: str | None, max_string: int) -> list:
         if expression is None:
@@ -222,12 +241,16 @@ class KernelTrace:
                 system, name = e.name.split(":")
                 assert e.loaded is not None
                 self.attachments.append(Attachment(e.loaded, system, name))
+            if self.pids is not None:
+                self.pids.start()
         except (TracepointError, bpf.BpfError) as err:
             self.close()
             raise TraceError(str(err)) from None
 
     def stop(self) -> None:
         """Detach (events stop; what they wrote stays readable)."""
+        if self.pids is not None:
+            self.pids.stop()
         for a in self.attachments:
             a.close()
         self.attachments = []
@@ -271,6 +294,9 @@ class KernelTrace:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
+        if self.pids is not None:
+            self.pids.close()
+            self.pids = None
         if self.scratch is not None:
             self.scratch.close()
             self.scratch = None

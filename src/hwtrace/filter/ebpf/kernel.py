@@ -15,9 +15,10 @@ kernel gives a tracepoint program and what its verifier accepts:
   ``pid``/``tid`` (``bpf_get_current_pid_tgid``), ``uid``/``gid``,
   ``cpu_id`` (``bpf_get_smp_processor_id``);
 * strings are compared byte by byte, unrolled (no loops): equality, and
-  globs with one ``*`` at the end (``"nginx*"``), the form a bounded
-  compare decides exactly; a ``__data_loc`` string is compared within
-  ``max_string`` bytes, and a literal longer than that is refused;
+  the glob forms ftrace's filters take, ``"abc*"``, ``"*abc"``,
+  ``"*abc*"``, plus ``"ab*c"``, on ``char[N]`` fields (``__data_loc``
+  strings: equality and ``"abc*"``).  A ``__data_loc`` string is compared
+  within ``max_string`` bytes, and a literal longer than that is refused;
 * no floating point (the kernel has none for BPF).
 
 An event that passes (or, with ``emit="all"``, every event with its
@@ -59,6 +60,8 @@ REC_MAX = 8192  # PERF_MAX_TRACE_SIZE: no tracepoint record is larger
 COUNTERS = ("seen", "passed", "lost")
 # The context fields a kernel program can know, and the helper giving each.
 KERNEL_CONTEXT = ("procname", "pid", "tid", "uid", "gid", "cpu_id")
+# Record fields a tracepoint program cannot know (see _emit_copy).
+_LOST_FIELDS = ("common_flags", "common_preempt_count")
 
 
 @dataclass(frozen=True)
@@ -245,28 +248,36 @@ class _KernelGen(_Gen):
 
     def string_literal(self, a, lit: ast.StrLit, yes, no, abort) -> None:
         parts = lit.parts
-        if len(parts) > 2 or (len(parts) == 2 and parts[1]):
+        inline = a.path.storage == "inline"
+        simple = len(parts) == 1 or (len(parts) == 2 and not parts[1])
+        if not simple and not (inline and _glob_shape(parts)):
             raise FilterError(
-                "the kernel back end matches globs with one '*' at the end only (\"abc*\")",
+                "the kernel back end matches a __data_loc string with a pattern that has one "
+                "'*', at its end (\"abc*\")"
+                if not inline
+                else 'the kernel back end matches patterns of the forms "abc*", "*abc", '
+                '"*abc*" and "ab*c"',
                 column=lit.column,
             )
+        longest = max(len(p) for p in parts)
+        if not inline and longest + 1 > self.max_string:
+            raise FilterError(
+                f"a {longest}-byte literal is beyond the kernel string bound of "
+                f"{self.max_string} bytes for {a.text} (raise it with --max-string)",
+                column=lit.column,
+            )
+        base, off, cap = self.string_source(a, longest, abort)
+        if not simple:
+            self.inline_glob(base, off, cap, parts, yes, no)
+            return
         text, prefix = parts[0], len(parts) == 2
         n = len(text)
-        if a.path.storage == "data_loc" and n + 1 > self.max_string:
-            raise FilterError(
-                f"a {n}-byte literal is beyond the kernel string bound of {self.max_string} bytes "
-                f"for {a.text} (raise it with --max-string)",
-                column=lit.column,
-            )
-        base, off, cap = self.string_source(a, n, abort)
         if cap is not None and n > cap:
             self.jump(no)  # longer than the field can hold
             return
         if cap is None:
             self.jump(no, isa.JLT, R3, n)  # the record holds fewer bytes
-        for i, ch in enumerate(text):
-            self.emit(isa.ldx(isa.B, R0, base, off + i))
-            self.jump(no, isa.JNE, R0, ch)
+        self.bytes_equal(base, off, text, no)
         if prefix:
             self.jump(yes)
             return
@@ -280,6 +291,44 @@ class _KernelGen(_Gen):
         self.emit(isa.ldx(isa.B, R0, base, off + n))
         self.jump(no, isa.JNE, R0, 0)
         self.jump(yes)
+
+    def bytes_equal(self, base: int, off: int, text: bytes, no: _Label) -> None:
+        for i, ch in enumerate(text):
+            self.emit(isa.ldx(isa.B, R0, base, off + i))
+            self.jump(no, isa.JNE, R0, ch)
+
+    def inline_glob(self, base: int, off: int, cap: int, parts, yes, no) -> None:
+        """``*b``, ``a*b``, ``*b*`` on a char[cap] string: its length into
+        R4 (unrolled), then the parts at each place that length allows, all
+        at constant offsets (the verifier allows no other in the record)."""
+        first, last = parts[0], parts[-1]
+        have = self.label("len")
+        for i in range(cap):
+            self.emit(isa.ldx(isa.B, R0, base, off + i), isa.mov_imm(R4, i))
+            self.jump(have, isa.JEQ, R0, 0)
+        self.emit(isa.mov_imm(R4, cap))
+        self.place(have)
+        if len(parts) == 3:  # *mid*
+            mid = parts[1]
+            k = len(mid)
+            for p in range(cap - k + 1):
+                nxt = self.label("at")
+                self.jump(no, isa.JLT, R4, p + k)  # the string ends before: no later fit
+                self.bytes_equal(base, off + p, mid, nxt)
+                self.jump(yes)
+                self.place(nxt)
+            self.jump(no)
+            return
+        self.jump(no, isa.JLT, R4, len(first) + len(last))
+        self.bytes_equal(base, off, first, no)
+        k = len(last)
+        for m in range(max(k, len(first) + k), cap + 1):
+            nxt = self.label("end")
+            self.jump(nxt, isa.JNE, R4, m)
+            self.bytes_equal(base, off + m - k, last, no)
+            self.jump(yes)
+            self.place(nxt)
+        self.jump(no)
 
     def string_fields(self, a, b, yes, no, column: int) -> None:
         srcs = []
@@ -304,6 +353,13 @@ class _KernelGen(_Gen):
         self.emit(isa.ldx(isa.B, R0, base, off + min(ca, cb)))
         self.jump(no, isa.JNE, R0, 0)
         self.jump(yes)
+
+
+def _glob_shape(parts: tuple[bytes, ...]) -> bool:
+    """``*b``, ``a*b`` (two parts) or ``*b*`` (three, the outer empty)."""
+    if len(parts) == 2:
+        return True
+    return len(parts) == 3 and not parts[0] and not parts[2] and bool(parts[1])
 
 
 def _refs(tree: ast.Node) -> list[ast.FieldRef]:
@@ -347,10 +403,16 @@ def _data_locs(schema: Schema) -> list[int]:
     ]
 
 
-def _emit_copy(g: _KernelGen, schema: Schema) -> None:
+def _emit_copy(g: _KernelGen, schema: Schema, tracepoint_id: int) -> None:
     """Copy the raw record into the scratch value: its fixed part and the
     ``__data_loc`` data after it (up to the furthest end any of them
-    gives, at most REC_MAX bytes).  Leaves the size in the header."""
+    gives, at most REC_MAX bytes).  Leaves the size in the header.
+
+    The kernel has put a ``struct pt_regs *`` over the record's first 8
+    bytes before the program runs (perf_trace_run_bpf_submit), so the copy
+    gets its ``common_type`` (the tracepoint's id) and ``common_pid`` (the
+    current thread) back; ``common_flags`` and ``common_preempt_count`` are
+    lost and read as 0."""
     fixed = min(schema.size, REC_MAX)
     g.emit(isa.mov_imm(R8, fixed))
     for off in _data_locs(schema):
@@ -375,6 +437,8 @@ def _emit_copy(g: _KernelGen, schema: Schema) -> None:
     g.emit(isa.stx(isa.W, R7, R8, LAYOUT.header + HEADER.fields["size"][1]))
     g.emit(isa.mov(R1, R7), isa.alu64(isa.ADD, R1, LAYOUT.record, reg=False))
     g.emit(isa.mov(R2, R8), isa.mov(R3, R6), isa.call(kbpf.FN_PROBE_READ_KERNEL))
+    g.emit(isa.st(isa.H, R7, LAYOUT.record, tracepoint_id), isa.st(isa.H, R7, LAYOUT.record + 2, 0))
+    g.emit(isa.call(kbpf.FN_GET_CURRENT_PID_TGID), isa.stx(isa.W, R7, R0, LAYOUT.record + 4))
 
 
 def _emit_context(g: _KernelGen, names: set[str]) -> None:
@@ -401,6 +465,44 @@ def _counter(g: _KernelGen, name: str) -> None:
     g.emit(isa.stx(isa.DW, R7, R1, off))
 
 
+def _drop_unreachable(insns: np.ndarray, columns: list[int]) -> tuple[np.ndarray, list[int]]:
+    """Remove instructions no path reaches (a constant-folded expression
+    leaves one outcome's code unused): the kernel verifier refuses them."""
+    code, _, _, off, _ = isa.fields(insns)
+    n = len(insns)
+    width = [2 if (int(code[i]) == (isa.LD | isa.DW | isa.IMM)) else 1 for i in range(n)]
+    seen = np.zeros(n, np.bool_)
+    todo = [0]
+    while todo:
+        pc = todo.pop()
+        if pc >= n or seen[pc]:
+            continue
+        seen[pc] = True
+        if width[pc] == 2:
+            seen[pc + 1] = True
+            todo.append(pc + 2)
+            continue
+        c = int(code[pc])
+        cls, op = c & 7, c & 0xF0
+        if cls in (isa.JMP, isa.JMP32) and op not in (isa.CALL, isa.EXIT):
+            todo.append(pc + 1 + int(off[pc]))
+            if op != isa.JA:
+                todo.append(pc + 1)
+        elif not (cls == isa.JMP and op == isa.EXIT):
+            todo.append(pc + 1)
+    if seen.all():
+        return insns, columns
+    new = np.cumsum(seen) - 1
+    out = insns.copy()
+    for pc in np.flatnonzero(seen).tolist():
+        c = int(code[pc])
+        cls, op = c & 7, c & 0xF0
+        if width[pc] == 1 and cls in (isa.JMP, isa.JMP32) and op not in (isa.CALL, isa.EXIT):
+            target = pc + 1 + int(off[pc])
+            out["off"][pc] = int(new[target]) - (int(new[pc]) + 1)
+    return out[seen], [c for c, k in zip(columns, seen.tolist(), strict=True) if k]
+
+
 def generate_kernel(
     tree: ast.Node | None,
     schema: Schema,
@@ -408,10 +510,12 @@ def generate_kernel(
     expression: str = "",
     event_name: str = "",
     event_index: int = 0,
+    tracepoint_id: int = 0,
     scratch_fd: int,
     ringbuf_fd: int,
     emit: str = "passed",
     max_string: int = 256,
+    pids_fd: int | None = None,
 ) -> KernelProgram:
     """The tracepoint program for the checked ``tree`` (None: every event
     passes) over events of ``schema``.  ``emit``: ``"passed"`` writes the
@@ -420,6 +524,12 @@ def generate_kernel(
     refs = _refs(tree) if tree is not None else []
     ctx_names = set()
     for r in refs:
+        if r.root == "event" and r.names[0] in _LOST_FIELDS:
+            raise FilterError(
+                f"{r.text} is not available to kernel filters: the kernel overwrites it "
+                "before BPF programs run",
+                column=r.column,
+            )
         if r.root == "app":
             raise FilterError(f"{r.text}: application context is not available in the kernel",
                               column=r.column)  # fmt: skip
@@ -438,14 +548,20 @@ def generate_kernel(
     t, f = g.label("true"), g.label("false")
     out = g.label("output")
     # R6 = the tracepoint's record; R7 = this CPU's scratch value.
-    g.emit(isa.mov(R6, R1), isa.st(isa.W, R10, -4, 0))
+    g.emit(isa.mov(R6, R1))
+    if pids_fd is not None:
+        g.emit(isa.call(kbpf.FN_GET_CURRENT_PID_TGID), isa.alu64(isa.RSH, R0, 32, reg=False))
+        g.emit(isa.stx(isa.W, R10, R0, -8), isa.mov(R2, R10), isa.alu64(isa.ADD, R2, -8, reg=False))
+        g.emit(isa.ld_pseudo(R1, kbpf.PSEUDO_MAP_FD, pids_fd), isa.call(kbpf.FN_MAP_LOOKUP_ELEM))
+        g.jump(done, isa.JEQ, R0, 0)
+    g.emit(isa.st(isa.W, R10, -4, 0))
     g.emit(isa.mov(R2, R10), isa.alu64(isa.ADD, R2, -4, reg=False))
     g.emit(isa.ld_pseudo(R1, kbpf.PSEUDO_MAP_FD, scratch_fd), isa.call(kbpf.FN_MAP_LOOKUP_ELEM))
     g.jump(done, isa.JEQ, R0, 0)
     g.emit(isa.mov(R7, R0))
     _counter(g, "seen")
     if copy_first:
-        _emit_copy(g, schema)
+        _emit_copy(g, schema, tracepoint_id)
     _emit_context(g, ctx_names)
     if tree is None:
         g.jump(t)
@@ -468,7 +584,7 @@ def generate_kernel(
     g.place(out)
     if emit != "none":
         if not copy_first:
-            _emit_copy(g, schema)
+            _emit_copy(g, schema, tracepoint_id)
         h = LAYOUT.header
         at = {name: h + HEADER.fields[name][1] for name in HEADER.names}
         g.emit(isa.call(kbpf.FN_KTIME_GET_NS), isa.stx(isa.DW, R7, R0, at["time"]))
@@ -494,7 +610,7 @@ def generate_kernel(
     columns: list[int] = []
     for item, col in zip(slots, g.columns, strict=True):
         columns += [col] * (2 if isinstance(item, list) else 1)
-    insns = isa.program(slots)
+    insns, columns = _drop_unreachable(isa.program(slots), columns)
     return KernelProgram(
         insns, columns, expression, event_name, schema, copy_first or emit != "none",
         tuple(sorted(ctx_names)),

@@ -1,0 +1,332 @@
+"""``hwtrace trace``: live kernel events filtered in the kernel, and the
+co-operative system call latency tracker.
+
+    hwtrace trace EVENT[,EVENT...] [--filter EXPR] [-o PATH] [-p PID | -- COMMAND]
+    hwtrace trace --latency [--threshold [CALL=]TIME ...] [-o PATH] (-p PID | -- COMMAND)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from .common import Parser
+
+_UNITS = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_time(text: str) -> int:
+    """``250us``, ``10ms``, ``1.5s``, ``800`` (ns) as nanoseconds; -1 never."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(ns|us|ms|s)?\s*", text)
+    if m is None:
+        raise ValueError(f"bad time {text!r}: a number with ns, us, ms or s")
+    return round(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+def _parser() -> Parser:
+    p = Parser(
+        prog="hwtrace trace",
+        description="Trace kernel tracepoints with an LTTng filter expression run in the kernel "
+        "as eBPF, or (--latency) time the system calls of a process and record those slower "
+        "than thresholds the application sets in shared memory.",
+        epilog="EVENT: SYSTEM:EVENT as in /sys/kernel/tracing/events (globs allowed), e.g. "
+        "sched:sched_switch,raw_syscalls:sys_enter.  TIME: 800 (ns), 250us, 10ms, 1.5s.",
+    )
+    p.add_argument("events", nargs="?", metavar="EVENT[,EVENT...]", help="tracepoints to trace")
+    p.add_argument("-f", "--filter", metavar="EXPR", help="keep the events EXPR accepts")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="write events to PATH: perf.data for *.data, JSON lines for *.jsonl, "
+                   "else a CTF trace directory (default: a line per event on stdout)")  # fmt: skip
+    p.add_argument("-p", "--pid", type=int, action="append", metavar="PID",
+                   help="only this process and the children it forks (repeatable)")  # fmt: skip
+    p.add_argument("-d", "--duration", type=float, metavar="SECONDS", help="stop after this long")
+    p.add_argument("--max-string", type=int, default=256, metavar="BYTES",
+                   help="bound of __data_loc string compares in the kernel (default 256)")  # fmt: skip
+    p.add_argument("--buffer-size", type=int, default=4096, metavar="KIB",
+                   help="ring buffer size (a power of two, default 4096 KiB)")  # fmt: skip
+    p.add_argument("--latency", action="store_true",
+                   help="the system call latency tracker (no EVENT)")  # fmt: skip
+    p.add_argument("--threshold", action="append", default=[], metavar="[CALL=]TIME",
+                   help="with --latency: record calls (a name or number; default any) at "
+                   "least this slow, for every thread until the application sets its own")  # fmt: skip
+    p.add_argument("--rows", type=int, default=256,
+                   help="with --latency: threads with thresholds of their own (default 256)")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="store_true", help="no counts at the end")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    p = _parser()
+    argv = list(argv)
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1 :]
+    args = p.parse_args(argv)
+    if args.latency:
+        if args.events or args.filter:
+            p.error("--latency traces system calls: give no EVENT or --filter")
+        if not args.pid and not command:
+            p.error("--latency needs -p PID or -- COMMAND")
+    elif not args.events:
+        p.error("no EVENT given (e.g. sched:sched_switch)")
+    if args.pid and command:
+        p.error("give -p PID or -- COMMAND, not both")
+    if args.buffer_size <= 0 or args.buffer_size & (args.buffer_size - 1) or args.buffer_size < 4:
+        p.error(f"--buffer-size {args.buffer_size}: a power of two of at least 4 KiB")
+    if os.geteuid() != 0:
+        sys.stderr.write("hwtrace trace: needs root (BPF programs on kernel tracepoints)\n")
+        return 1
+    session = _Session(args, command)
+    return session.run()
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Session:
+    def __init__(self, args, command: list[str]) -> None:
+        self.args = args
+        self.command = command
+        self.child = None
+        self._go = None
+
+    def _launch(self) -> int:
+        """Start COMMAND held before exec until tracing is on (its process
+        exists, so it can be tracked, but runs nothing of its own yet)."""
+        r, w = os.pipe()
+        fds = [self.coop_fd] if getattr(self, "coop_fd", None) is not None else []
+        env = dict(os.environ)
+        if fds:
+            env["HWTRACE_COOP_FD"] = str(fds[0])
+            os.set_inheritable(fds[0], True)
+        pid = os.fork()
+        if pid == 0:  # the child: wait for the go, then become COMMAND
+            try:
+                os.close(w)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                if os.read(r, 1) == b"g":
+                    os.close(r)
+                    os.execvpe(self.command[0], self.command, env)
+            except OSError as e:
+                os.write(2, f"hwtrace trace: cannot run {self.command[0]}: {e.strerror}\n".encode())
+                os._exit(127)
+            os._exit(127)
+        os.close(r)
+        if fds:
+            os.set_inheritable(fds[0], False)
+        self.child = _Child(pid)
+        self._go = w
+        return pid
+
+    def _release(self) -> None:
+        if self._go is not None:
+            os.write(self._go, b"g")
+            os.close(self._go)
+            self._go = None
+
+    def run(self) -> int:
+        def stop(signum, frame):
+            raise _Stop
+
+        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        status = 0
+        try:
+            if self.args.latency:
+                status = self._latency()
+            else:
+                status = self._events()
+        except _Failed as e:
+            sys.stderr.write(f"hwtrace trace: {e}\n")
+            status = 1
+        except (KeyboardInterrupt, _Stop):
+            status = 130
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            if self._go is not None:  # never released: do not let it run untraced
+                self.child.kill()
+                os.close(self._go)
+                self._go = None
+            if self.child is not None:
+                try:
+                    code = self.child.wait()
+                except KeyboardInterrupt:
+                    self.child.kill()
+                    code = self.child.wait()
+                if status == 0 and code:
+                    status = code if code > 0 else 128 - code
+        return status
+
+    def _until_done(self, wait, drain) -> None:
+        deadline = time.monotonic() + self.args.duration if self.args.duration else None
+        while True:
+            wait(0.1)
+            drain()
+            if self.child is not None and self.child.poll() is not None:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+
+    # -- filtered events ---------------------------------------------------------------
+
+    def _events(self) -> int:
+        from ..filter.errors import FilterError
+        from ..kernel.bpf import BpfError
+        from ..kernel.trace import KernelTrace, TraceError
+
+        a = self.args
+        names = [n.strip() for n in a.events.split(",") if n.strip()]
+        pids = list(a.pid or [])
+        try:
+            trace = KernelTrace(names, a.filter, max_string=a.max_string,
+                                ringbuf_size=a.buffer_size * 1024,
+                                pids=pids if (pids or self.command) else None)  # fmt: skip
+        except FilterError as e:
+            if e.expression is None:
+                e.expression = a.filter
+            raise _Failed(str(e)) from None
+        except (TraceError, BpfError, ValueError) as e:
+            raise _Failed(str(e)) from None
+        out = None
+        try:
+            if self.command:
+                trace.track(self._launch())
+            out = self._open_output(trace)
+            trace.start()
+            self._release()
+
+            def drain() -> None:
+                b = trace.read()
+                if len(b):
+                    out.write(b)
+
+            self._until_done(trace.wait, drain)
+            trace.stop()
+            drain()
+        except (KeyboardInterrupt, _Stop):
+            trace.stop()
+            if out is not None:
+                b = trace.read()
+                if len(b):
+                    out.write(b)
+            raise
+        finally:
+            counts = trace.counts() if trace.scratch is not None else {}
+            if out is not None:
+                out.close(counts)
+            trace.close()
+            if counts and not a.quiet:
+                sys.stderr.write(
+                    f"hwtrace trace: {counts['seen']} events seen, {counts['passed']} passed, "
+                    f"{counts['lost']} lost\n"
+                )
+        return 0
+
+    def _open_output(self, trace):
+        from ..kernel.output import OutputError, TextOutput, open_trace_output
+
+        cmdline = ["hwtrace", "trace", *sys.argv[2:]]
+        if self.args.output is None:
+            return TextOutput(sys.stdout, trace.events)
+        try:
+            return open_trace_output(self.args.output, trace.events, cmdline=cmdline)
+        except OutputError as e:
+            raise _Failed(str(e)) from None
+
+    # -- the latency tracker -----------------------------------------------------------
+
+    def _latency(self) -> int:
+        from ..kernel.bpf import BpfError
+        from ..kernel.latency import ANY, LatencyTracker
+        from ..kernel.syscalls import syscall_number
+        from ..kernel.tracepoint import TracepointError
+
+        a = self.args
+        defaults: list[tuple[int, int]] = []
+        try:
+            for t in a.threshold:
+                call, sep, when = t.rpartition("=")
+                defaults.append((syscall_number(call) if sep else ANY, parse_time(when)))
+        except ValueError as e:
+            raise _Failed(f"--threshold: {e}") from None
+        try:
+            tracker = LatencyTracker(rows=a.rows, ringbuf_size=a.buffer_size * 1024)
+        except (BpfError, TracepointError, ValueError) as e:
+            raise _Failed(str(e)) from None
+        from ..kernel.report import LatencyOutput
+
+        out = None
+        try:
+            for nr, ns in defaults:
+                tracker.coop.set_threshold(ns, nr)
+            self.coop_fd = tracker.coop_fd
+            for pid in a.pid or []:
+                tracker.track(pid)
+            if self.command:
+                tracker.track(self._launch())
+            out = LatencyOutput(a.output)
+            tracker.start()
+            self._release()
+
+            def drain() -> None:
+                r = tracker.read()
+                if r.size:
+                    out.write(r)
+
+            self._until_done(tracker.ring.wait, drain)
+            tracker.stop()
+            drain()
+        except (KeyboardInterrupt, _Stop):
+            tracker.stop()
+            if out is not None:
+                out.write(tracker.read())
+            raise
+        except OSError as e:
+            raise _Failed(str(e)) from None
+        finally:
+            if out is not None:
+                out.close(tracker.coop, quiet=a.quiet)
+            tracker.close()
+        return 0
+
+
+class _Failed(Exception):
+    pass
+
+
+class _Child:
+    """The launched command (``poll``, ``wait`` and ``kill`` as Popen's)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _status(self, status: int) -> int:
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._status(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self._status(os.waitpid(self.pid, 0)[1])
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

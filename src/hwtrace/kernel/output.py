@@ -1,0 +1,1061 @@
+"""Where kernel-filtered tracepoint events go: JSON lines, perf.data or CTF.
+
+:func:`open_trace_output` picks the writer by the path (``*.jsonl`` /
+``*.json``: JSON lines; ``*.data``: perf.data; anything else: a CTF trace
+directory).  Every writer takes the :class:`~hwtrace.kernel.trace.EventBatch`
+es a :class:`~hwtrace.kernel.trace.KernelTrace` reads, one after the other
+(:meth:`TraceOutput.write`), then :meth:`TraceOutput.close` with the
+session's counters.  Batches are handled whole with numpy, per event type:
+records are gathered into a matrix (one row per event), fields decoded or
+copied by column, and output bytes placed with one scatter per field run;
+only JSON's final ``json.dumps`` (and each distinct string's decode) is per
+event.
+
+* JSON lines: ``{"time", "cpu", "event", "pid", "tid", "comm", "fields"}``
+  per event, each batch in time order; the ``common_*`` fields are left out
+  of ``fields`` (their facts are the line's own keys).  The last line is
+  ``{"summary": counts}`` when :meth:`~TraceOutput.close` is given counts.
+* perf.data as ``perf record -e SYSTEM:EVENT`` writes it: one tracepoint
+  event per type (``config`` the tracepoint id, ``sample_type``
+  IDENTIFIER|TID|TIME|CPU|PERIOD|RAW, CLOCK_MONOTONIC time), each event a
+  SAMPLE whose RAW is the tracefs record, the event formats in the
+  TRACING_DATA feature (:func:`build_tracing_data`) and COMM records naming
+  the threads: ``perf script`` prints the events with their fields.
+  Batches of several sessions (each with its own filter) may be written
+  in turn: FINISHED_ROUND records go only where no earlier event can
+  follow, so perf's time ordering stays right.
+* CTF 1.8 (as LTTng's kernel traces): a stream file per session and CPU
+  (``channelS_CPU``; each in time order), an event class ``SYSTEM:EVENT`` per type with the record's fields (integers with
+  their size and signedness, ``char[N]`` as UTF-8 char arrays,
+  ``__data_loc`` strings as strings, integer arrays and sequences), the
+  pid, tid and procname as the stream's event context, timestamps in
+  nanoseconds of the monotonic clock.  ``babeltrace2 DIR`` prints them.
+
+A tracepoint BPF program's context is the raw record with its first eight
+bytes (the ``common_*`` header) overwritten by the kernel with a
+``struct pt_regs *`` (perf_trace_run_bpf_submit), so the copies the kernel
+programs make start with a kernel address.  The writers put the header
+back: ``common_type`` the tracepoint id, ``common_pid`` the thread, flags
+and preempt count 0 (a BPF program cannot know them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import platform
+import struct
+import time
+import uuid as _uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
+from ..perf.attr import PerfEventAttr, PerfType
+from ..perf.features import Feature
+from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType
+from ..perf.writer import PerfDataWriter
+from .trace import EventBatch, TracedEvent
+
+__all__ = [
+    "OutputError",
+    "TextOutput",
+    "TraceOutput",
+    "build_tracing_data",
+    "open_trace_output",
+]
+
+_TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+_CLOCK_MONOTONIC = 1
+
+
+class OutputError(Exception):
+    """An output that cannot be written; the message (one line) says why."""
+
+
+# -- what each event type's record holds -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One payload field: ``kind`` "int", "chars" (char[N]), "ints" (an
+    integer array of ``dims``), "str" (``__data_loc char[]``) or "seq"
+    (``__data_loc T[]`` of integers ``size`` bytes each)."""
+
+    name: str
+    kind: str
+    offset: int
+    size: int  # int: bytes; chars: N; ints/seq: element bytes; str: 4
+    signed: bool = False
+    dims: tuple[int, ...] = ()
+
+    @property
+    def fixed(self) -> int:
+        """Bytes the field takes in the record (data_loc: its u32)."""
+        if self.kind == "ints":
+            return self.size * int(np.prod(self.dims))
+        return 4 if self.kind in ("str", "seq") else self.size
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(f"<{'i' if self.signed else 'u'}{self.size}")
+
+
+def _array_dims(t: Type) -> tuple[tuple[int, ...], IntType] | None:
+    dims: list[int] = []
+    while isinstance(t, ArrayType):
+        dims.append(t.length)
+        t = t.element
+    return (tuple(dims), t) if isinstance(t, IntType) else None
+
+
+@dataclass
+class _Plan:
+    """An event type as the writers see it: its fields (``common_*`` left
+    out), the common header's fields, and the record's fixed bytes."""
+
+    event: TracedEvent
+    fields: list[_Field]
+    common: dict[str, tuple[int, int]]  # common_* name -> (offset, size), within 8 bytes
+    fixed_end: int
+
+    @classmethod
+    def of(cls, e: TracedEvent) -> _Plan:
+        fields: list[_Field] = []
+        common: dict[str, tuple[int, int]] = {}
+        for f in e.schema.fields:
+            t = f.type
+            if f.name.startswith("common_"):
+                if isinstance(t, IntType) and f.offset + t.size <= 8:
+                    common[f.name] = (f.offset, t.size)
+                continue
+            if isinstance(t, IntType):
+                fields.append(_Field(f.name, "int", f.offset, t.size, t.signed))
+            elif isinstance(t, StringType) and t.storage == "inline":
+                fields.append(_Field(f.name, "chars", f.offset, t.capacity))
+            elif isinstance(t, StringType) and t.storage == "data_loc":
+                fields.append(_Field(f.name, "str", f.offset, 4))
+            elif isinstance(t, ArrayType) and (found := _array_dims(t)) is not None:
+                dims, el = found
+                fields.append(_Field(f.name, "ints", f.offset, el.size, el.signed, dims))
+            elif (
+                isinstance(t, SequenceType)
+                and t.storage == "data_loc"
+                and isinstance(t.element, IntType)
+            ):
+                el = t.element
+                fields.append(_Field(f.name, "seq", f.offset, el.size, el.signed))
+            # Anything else (pointers to strings, floats, structures) cannot
+            # come from a tracefs format: left out.
+        end = max([f.offset + f.fixed for f in fields] + [o + s for o, s in common.values()] + [8])
+        return cls(e, fields, common, end)
+
+
+@dataclass
+class _Group:
+    """The events of one type in a batch: their ``rows`` in the batch, the
+    records as a zero-padded matrix (one row each) and their sizes."""
+
+    k: int  # the writer's event index
+    rows: np.ndarray
+    mat: np.ndarray  # (n, width) uint8
+    sizes: np.ndarray  # int64
+
+    @property
+    def width(self) -> int:
+        return self.mat.shape[1]
+
+
+def _copy_segments(
+    out: np.ndarray,
+    out_starts: np.ndarray,
+    src: np.ndarray,
+    src_starts: np.ndarray,
+    lens: np.ndarray,
+) -> None:
+    """``out[out_starts[i] : out_starts[i] + lens[i]] = src[src_starts[i] : ...]``
+    for every ``i``, in one gather and one scatter."""
+    lens = np.asarray(lens, np.int64)
+    out_starts = np.asarray(out_starts, np.int64)
+    src_starts = np.asarray(src_starts, np.int64)
+    total = int(lens.sum())
+    if total <= 0:
+        return
+    widest = int(lens.max())
+    if widest * lens.shape[0] <= 2 * total:
+        # Lengths alike (the usual case): an (events, widest) index, masked.
+        j = np.arange(widest)
+        keep = j < lens[:, None]
+        out[(out_starts[:, None] + j)[keep]] = src[(src_starts[:, None] + j)[keep]]
+        return
+    # Lengths far apart: one index run per segment, from the jumps between them.
+    some = lens > 0
+    out_starts, src_starts, lens = out_starts[some], src_starts[some], lens[some]
+    first = (np.cumsum(lens) - lens)[1:]
+    step = np.ones(total, np.int64)
+    step[0] = out_starts[0]
+    step[first] = out_starts[1:] - (out_starts[:-1] + lens[:-1]) + 1
+    dst = np.cumsum(step)
+    step[0] = src_starts[0]
+    step[first] = src_starts[1:] - (src_starts[:-1] + lens[:-1]) + 1
+    out[dst] = src[np.cumsum(step)]
+
+
+def _rows(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, width: int) -> np.ndarray:
+    """``buf[starts[i] : starts[i] + sizes[i]]`` as row ``i`` of an
+    (events, ``width``) matrix, zero beyond each size: whole rows are
+    gathered from a sliding window over ``buf``."""
+    n = starts.shape[0]
+    mat = np.zeros((n, width), np.uint8)
+    inside = starts + width <= buf.shape[0]
+    if buf.shape[0] >= width and inside.any():
+        window = np.lib.stride_tricks.sliding_window_view(buf, width)
+        mat[inside] = window[starts[inside]]
+    for i in np.flatnonzero(~inside).tolist():  # the last records of the buffer
+        s = int(starts[i])
+        part = buf[s : s + width]
+        mat[i, : part.shape[0]] = part
+    mat[np.arange(width) >= sizes[:, None]] = 0
+    return mat
+
+
+def _data_loc(g: _Group, f: _Field) -> tuple[np.ndarray, np.ndarray]:
+    """Where each event's ``__data_loc`` data is in its row, and its
+    length, cut to the record."""
+    v = np.ascontiguousarray(g.mat[:, f.offset : f.offset + 4]).view("<u4").reshape(-1)
+    v = v.astype(np.int64)
+    start, length = v & 0xFFFF, v >> 16
+    end = np.minimum(start + length, g.sizes)
+    length = np.maximum(end - start, 0)
+    return np.where(length > 0, start, 0), length
+
+
+def _concat(g: _Group, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes ``row[start : start + length]`` of each event one after
+    the other, and where each begins."""
+    n = g.rows.shape[0]
+    offs = np.cumsum(length) - length
+    flat = np.zeros(int(length.sum()), np.uint8)
+    _copy_segments(flat, offs, g.mat.reshape(-1), np.arange(n) * g.width + start, length)
+    return flat, offs
+
+
+def _strlen(flat: np.ndarray, offs: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The length of each string ``flat[offs : offs + length]`` up to its
+    first NUL."""
+    zeros = np.flatnonzero(flat == 0)
+    if zeros.shape[0] == 0:
+        return length
+    k = np.searchsorted(zeros, offs)
+    nul = np.where(k < zeros.shape[0], zeros[np.minimum(k, zeros.shape[0] - 1)], flat.shape[0])
+    return np.minimum(nul - offs, length)
+
+
+def _split_texts(flat: np.ndarray, offs: np.ndarray, length: np.ndarray) -> list[str]:
+    """Each ``flat[offs : offs + length]`` up to its first NUL as text
+    (each distinct value decoded once)."""
+    data = flat.tobytes()
+    cache: dict[bytes, str] = {}
+    out = []
+    for o, n in zip(offs.tolist(), _strlen(flat, offs, length).tolist(), strict=True):
+        raw = data[o : o + n]
+        text = cache.get(raw)
+        if text is None:
+            text = cache[raw] = raw.decode("utf-8", "replace")
+        out.append(text)
+    return out
+
+
+def _texts(chars: np.ndarray) -> list[str]:
+    """Each row of ``chars`` (a ``char[N]``: NUL-terminated or full) as
+    text, each distinct value decoded once."""
+    n, w = chars.shape
+    if n == 0 or w == 0:
+        return [""] * n
+    nul = chars == 0
+    length = np.where(nul.any(axis=1), nul.argmax(axis=1), w)
+    cut = np.where(np.arange(w) < length[:, None], chars, 0).astype(np.uint8)
+    values, inverse = np.unique(cut.view(f"S{w}").reshape(n), return_inverse=True)
+    decoded = [v.decode("utf-8", "replace") for v in values.tolist()]
+    return [decoded[i] for i in inverse.reshape(-1).tolist()]
+
+
+class TraceOutput:
+    """Base of the writers: :meth:`write` each batch, then :meth:`close`."""
+
+    count = 0  # events written
+
+    def __init__(self, path: str, events: Sequence[TracedEvent]) -> None:
+        if not events:
+            raise OutputError(f"{path}: no events to write")
+        self.path = path
+        self.events = list(events)
+        self.plans = [_Plan.of(e) for e in self.events]
+        self._index: dict[str, int] = {}
+        for k, e in enumerate(self.events):
+            self._index.setdefault(e.name, k)
+        self.count = 0
+        self.closed = False
+
+    def write(self, batch: EventBatch) -> None:
+        raise NotImplementedError
+
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> TraceOutput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.closed:
+            self.close()
+
+    # -- batches as groups of one event type ---------------------------------------------
+
+    def _kinds(self, batch: EventBatch) -> np.ndarray:
+        """Each event's index among this output's events."""
+        table = np.empty(len(batch.events), np.int64)
+        for i, e in enumerate(batch.events):
+            k = self._index.get(e.name)
+            if k is None:
+                raise OutputError(f"{self.path}: event {e.name} was not given when it was opened")
+            table[i] = k
+        return table[batch.header["event"].astype(np.int64)]
+
+    def _groups(self, batch: EventBatch) -> list[_Group]:
+        """The batch's events per type, records copied into a matrix each
+        with their common header set right (see the module doc)."""
+        n = len(batch)
+        if n == 0:
+            return []
+        kinds = self._kinds(batch)
+        starts = batch.starts.astype(np.int64)
+        sizes = batch.sizes.astype(np.int64)
+        tids = batch.header["tid"]
+        out = []
+        for k in np.unique(kinds).tolist():
+            plan = self.plans[k]
+            rows = np.flatnonzero(kinds == k)
+            size = sizes[rows]
+            width = max(int(size.max()), plan.fixed_end)
+            mat = _rows(batch.buf, starts[rows], size, width)
+            self._fix_common(plan, mat, size, tids[rows])
+            out.append(_Group(k, rows, mat, size))
+        return out
+
+    @staticmethod
+    def _fix_common(plan: _Plan, mat: np.ndarray, sizes: np.ndarray, tids: np.ndarray) -> None:
+        """Records whose ``common_type`` is not their tracepoint's id (a
+        BPF program's copy: see the module doc) get their common header:
+        the id, the thread as ``common_pid``, zero flags and preempt count
+        (which a BPF program cannot know)."""
+        tp = plan.event.tracepoint_id
+        typ = plan.common.get("common_type", (0, 2))
+        pid = plan.common.get("common_pid", (4, 4))
+        have = np.zeros(mat.shape[0], np.int64)
+        for j in range(typ[1]):
+            have |= mat[:, typ[0] + j].astype(np.int64) << (8 * j)
+        bad = (have != tp) & (sizes >= 8)
+        if not bad.any():
+            return
+        rows = np.flatnonzero(bad)
+        mat[rows, 0:8] = 0
+        value = np.full(rows.shape[0], tp, np.int64).astype(f"<u{typ[1]}")
+        mat[rows, typ[0] : typ[0] + typ[1]] = value.view(np.uint8).reshape(-1, typ[1])
+        value = tids[rows].astype(np.int64).astype(f"<i{pid[1]}")
+        mat[rows, pid[0] : pid[0] + pid[1]] = value.view(np.uint8).reshape(-1, pid[1])
+
+
+# -- JSON lines ------------------------------------------------------------------------------
+
+_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
+class JsonLinesOutput(TraceOutput):
+    """One JSON object per event (see the module doc)."""
+
+    def __init__(self, path: str, events: Sequence[TracedEvent]) -> None:
+        super().__init__(path, events)
+        try:
+            self.file: TextIO = open(path, "w", encoding="utf-8")
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+
+    def decode(self, g: _Group) -> dict[str, list]:
+        """The group's field values, one list per field (event order)."""
+        plan = self.plans[g.k]
+        n = g.rows.shape[0]
+        out: dict[str, list] = {}
+        for f in plan.fields:
+            cols = g.mat[:, f.offset : f.offset + f.fixed]
+            if f.kind == "int":
+                out[f.name] = np.ascontiguousarray(cols).view(f.dtype).reshape(n).tolist()
+            elif f.kind == "chars":
+                out[f.name] = _texts(cols)
+            elif f.kind == "ints":
+                values = np.ascontiguousarray(cols).view(f.dtype)
+                out[f.name] = values.reshape(n, *f.dims).tolist()
+            elif f.kind == "str":
+                start, length = _data_loc(g, f)
+                out[f.name] = _split_texts(*_concat(g, start, length), length)
+            else:  # seq
+                start, length = _data_loc(g, f)
+                count = length // f.size
+                flat, _ = _concat(g, start, count * f.size)
+                values = flat.view(f.dtype).tolist()
+                ends = np.cumsum(count).tolist()
+                out[f.name] = [values[e - c : e] for e, c in zip(ends, count.tolist(), strict=True)]
+        return out
+
+    def write(self, batch: EventBatch) -> None:
+        n = len(batch)
+        if n == 0:
+            return
+        h = batch.header
+        lines: list[str | None] = [None] * n
+        times = h["time"].tolist()
+        cpus = h["cpu"].tolist()
+        pids = h["pid"].astype(np.int64).tolist()
+        tids = h["tid"].astype(np.int64).tolist()
+        comms = _texts(np.ascontiguousarray(h["comm"]).view(np.uint8).reshape(n, 16))
+        for g in self._groups(batch):
+            name = self.events[g.k].name
+            values = self.decode(g)
+            names = list(values)
+            columns = [values[f] for f in names]
+            for j, i in enumerate(g.rows.tolist()):
+                lines[i] = _JSON.encode(
+                    {"time": times[i], "cpu": cpus[i], "event": name, "pid": pids[i],
+                     "tid": tids[i], "comm": comms[i],
+                     "fields": {f: c[j] for f, c in zip(names, columns, strict=True)}},
+                )  # fmt: skip
+        order = np.argsort(h["time"], kind="stable").tolist()
+        self.file.write("".join(f"{lines[i]}\n" for i in order))
+        self.count += n
+
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        if self.closed:
+            return
+        if counts is not None:
+            self.file.write(json.dumps({"summary": dict(counts)}) + "\n")
+        self.file.close()
+        self.closed = True
+
+
+class TextOutput(JsonLinesOutput):
+    """A line per event on a text stream, as ``perf script`` prints
+    tracepoints: ``comm pid/tid [cpu] seconds: system:event: name=value ...``."""
+
+    def __init__(self, stream: TextIO, events: Sequence[TracedEvent]) -> None:
+        TraceOutput.__init__(self, "<stdout>", events)
+        self.file = stream
+
+    def write(self, batch: EventBatch) -> None:
+        n = len(batch)
+        if n == 0:
+            return
+        h = batch.header
+        lines: list[str] = [""] * n
+        times = h["time"].tolist()
+        cpus = h["cpu"].tolist()
+        pids = h["pid"].astype(np.int64).tolist()
+        tids = h["tid"].astype(np.int64).tolist()
+        comms = _texts(np.ascontiguousarray(h["comm"]).view(np.uint8).reshape(n, 16))
+        for g in self._groups(batch):
+            name = self.events[g.k].name
+            values = self.decode(g)
+            columns = list(values.items())
+            for j, i in enumerate(g.rows.tolist()):
+                text = " ".join(f"{f}={c[j]}" for f, c in columns)
+                lines[i] = (f"{comms[i]:>16} {pids[i]:>7}/{tids[i]:<7} [{cpus[i]:03d}] "
+                            f"{times[i] / 1e9:.9f}: {name}: {text}")  # fmt: skip
+        order = np.argsort(h["time"], kind="stable").tolist()
+        self.file.write("".join(f"{lines[i]}\n" for i in order))
+        self.file.flush()
+        self.count += n
+
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        self.closed = True
+
+
+# -- perf.data -------------------------------------------------------------------------------
+
+_TRACING_MAGIC = b"\x17\x08\x44tracing"
+_TRACING_VERSION = b"0.6"
+# The usual headers (x86-64, 4 KiB pages), for when tracefs cannot be read.
+_HEADER_PAGE = (
+    "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+    "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+    "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+    "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n"
+)
+_HEADER_EVENT = (
+    "# compressed entry header\n\ttype_len    :    5 bits\n\ttime_delta  :   27 bits\n"
+    "\tarray       :   32 bits\n\n\tpadding     : type == 29\n\ttime_extend : type == 30\n"
+    "\ttime_stamp : type == 31\n\tdata max type_len  == 28\n"
+)
+
+
+def _tracefs_header(name: str, default: str) -> str:
+    for root in _TRACEFS:
+        try:
+            return Path(root, "events", name).read_text()
+        except OSError:
+            continue
+    return default
+
+
+def build_tracing_data(
+    events: Sequence[TracedEvent],
+    *,
+    header_page: str | None = None,
+    header_event: str | None = None,
+    page_size: int | None = None,
+    long_size: int = 8,
+) -> bytes:
+    """perf's tracing data (TRACING_DATA feature) for ``events``, laid out
+    as tools/perf/util/trace-event-info.c writes it and trace-event-read.c
+    reads it: magic, version "0.6", endianness, long size, page size,
+    ``header_page`` and ``header_event`` (from tracefs by default), no
+    ftrace formats, the events' ``format`` files grouped by system, then
+    empty kallsyms, printk formats and saved cmdlines."""
+    page = _tracefs_header("header_page", _HEADER_PAGE) if header_page is None else header_page
+    event = _tracefs_header("header_event", _HEADER_EVENT) if header_event is None else header_event
+    out = bytearray(_TRACING_MAGIC + _TRACING_VERSION + b"\0")
+    out += bytes([0, long_size])  # little endian
+    out += struct.pack("<I", page_size or os.sysconf("SC_PAGE_SIZE"))
+    for tag, text in ((b"header_page\0", page), (b"header_event\0", event)):
+        raw = text.encode()
+        out += tag + struct.pack("<Q", len(raw)) + raw
+    out += struct.pack("<I", 0)  # ftrace (function tracer) formats
+    systems: dict[str, dict[str, bytes]] = {}
+    for e in events:
+        system, _, name = e.name.partition(":")
+        systems.setdefault(system, {}).setdefault(name, e.format_text.encode())
+    out += struct.pack("<I", len(systems))
+    for system, formats in systems.items():
+        out += system.encode() + b"\0" + struct.pack("<I", len(formats))
+        for text in formats.values():
+            out += struct.pack("<Q", len(text)) + text
+    out += struct.pack("<I", 0)  # kallsyms
+    out += struct.pack("<I", 0)  # printk formats
+    out += struct.pack("<Q", 0)  # saved cmdlines
+    return bytes(out)
+
+
+def _machine() -> dict[str, object]:
+    """The CPU and memory, for perf.data's header (perf report --header)."""
+    env: dict[str, object] = {}
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if not sep:
+                    break  # the first CPU's block ends here
+                info.setdefault(key.strip(), value.strip())
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    env["total_mem"] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    if "model name" in info:
+        env["cpudesc"] = info["model name"]
+    keys = ("vendor_id", "cpu family", "model", "stepping")
+    if all(k in info for k in keys):
+        env["cpuid"] = ",".join(info[k] for k in keys)  # as perf's x86 get_cpuid
+    return env
+
+
+_SAMPLE_TYPE = (
+    SampleType.IDENTIFIER | SampleType.TID | SampleType.TIME | SampleType.CPU
+    | SampleType.PERIOD | SampleType.RAW
+)  # fmt: skip
+# A SAMPLE of _SAMPLE_TYPE up to the raw data (perf_event_open(2)'s order).
+_SAMPLE_HEAD = np.dtype(
+    [
+        ("type", "<u4"), ("misc", "<u2"), ("size", "<u2"), ("identifier", "<u8"),
+        ("pid", "<u4"), ("tid", "<u4"), ("time", "<u8"), ("cpu", "<u4"), ("res", "<u4"),
+        ("period", "<u8"), ("raw_size", "<u4"),
+    ]
+)  # fmt: skip
+assert _SAMPLE_HEAD.itemsize == 52
+_MISC_KERNEL = 1  # PERF_RECORD_MISC_KERNEL: tracepoints fire in the kernel
+
+
+class PerfDataOutput(TraceOutput):
+    """perf.data with one tracepoint event per type (see the module doc)."""
+
+    def __init__(self, path: str, events: Sequence[TracedEvent], cmdline: list[str]) -> None:
+        super().__init__(path, events)
+        try:
+            self.writer = PerfDataWriter(path, cmdline=list(cmdline) or ["hwtrace"], **_machine())
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+        for k, e in enumerate(self.events):
+            attr = PerfEventAttr(
+                type=PerfType.TRACEPOINT, config=e.tracepoint_id, sample_period=1,
+                sample_type=int(_SAMPLE_TYPE), sample_id_all=1, use_clockid=1,
+                clockid=_CLOCK_MONOTONIC, disabled=1, inherit=1,
+            )  # fmt: skip
+            if k == 0:  # the event the sideband (COMM) belongs to, as perf record's first
+                attr.comm = attr.task = attr.comm_exec = 1
+            self.writer.add_attr(attr, [k + 1], e.name)
+        self.writer.set_feature(Feature.TRACING_DATA, build_tracing_data(self.events))
+        res = max(1, round(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9))
+        self.writer.set_feature(Feature.CLOCKID, res)
+        tod, mono = time.time_ns(), time.monotonic_ns()
+        self.writer.set_feature(Feature.CLOCK_DATA, {"clockid": _CLOCK_MONOTONIC,
+                                                     "tod_ns": tod, "clockid_ns": mono})  # fmt: skip
+        self.writer.finished_init()
+        # tid -> the times of its COMM records and the names they gave
+        self._comms: dict[int, tuple[list[int], list[bytes]]] = {}
+        self._last = 0  # the latest time written
+        self._round_max: int | None = None  # the latest time at the last FINISHED_ROUND
+
+    def _comm_records(self, batch: EventBatch) -> None:
+        """COMM records naming each thread at its first event with each new
+        name: where the names given so far (at any time: batches of several
+        sessions interleave in time) do not already say that name then.
+        Thread 0, the idle task of every CPU (``swapper/N``), is left to
+        perf ("swapper")."""
+        h = batch.header
+        tid = h["tid"].astype(np.int64)
+        comm = h["comm"]
+        stamp = h["time"].astype(np.int64)
+        order = np.lexsort((stamp, tid))  # by thread, then time
+        t, c = tid[order], comm[order]
+        start = np.ones(t.shape[0], np.bool_)  # a thread's first event, or a new name
+        start[1:] = (t[1:] != t[:-1]) | (c[1:] != c[:-1])
+        rows = order[start & (t != 0)]
+        for i in rows[np.argsort(stamp[rows], kind="stable")].tolist():
+            tid_i, name, at = int(tid[i]), bytes(comm[i]), int(stamp[i])
+            times, names = self._comms.setdefault(tid_i, ([], []))
+            k = bisect.bisect_right(times, at)
+            if k and names[k - 1] == name:
+                continue
+            times.insert(k, at)
+            names.insert(k, name)
+            pid = int(h["pid"][i])
+            sid = SampleId(pid=pid, tid=tid_i, time=at, cpu=int(h["cpu"][i]))
+            text = name.split(b"\0", 1)[0].decode("utf-8", "replace")
+            self.writer.add_record(Comm(pid, tid_i, text), sample_id=sid)
+
+    def write(self, batch: EventBatch) -> None:
+        n = len(batch)
+        if n == 0:
+            return
+        groups = self._groups(batch)
+        h = batch.header
+        order = np.argsort(h["time"], kind="stable")
+        self._comm_records(batch)
+        kinds = np.empty(n, np.int64)
+        raw_size = np.empty(n, np.int64)
+        for g in groups:
+            kinds[g.rows] = g.k
+            raw_size[g.rows] = g.sizes
+        padded = (raw_size + 4 + 7) // 8 * 8 - 4  # perf pads RAW so that 4 + size is 8s
+        head = np.zeros(n, _SAMPLE_HEAD)
+        head["type"] = RecordType.SAMPLE
+        head["misc"] = _MISC_KERNEL
+        head["size"] = _SAMPLE_HEAD.itemsize + padded
+        head["identifier"] = kinds + 1
+        head["pid"] = h["pid"]
+        head["tid"] = h["tid"]
+        head["time"] = h["time"]
+        head["cpu"] = h["cpu"]
+        head["period"] = 1
+        head["raw_size"] = padded
+        # Records are whole u64s: each type's as a matrix of words, placed
+        # in time order.
+        hs = _SAMPLE_HEAD.itemsize
+        words = (hs + padded) // 8
+        lens = words[order]
+        at = np.empty(n, np.int64)  # each event's record, in words from the start
+        at[order] = np.cumsum(lens) - lens
+        out = np.zeros(int(lens.sum()), np.uint64)
+        for g in groups:
+            m = g.rows.shape[0]
+            w = int(words[g.rows].max())
+            rec = np.zeros((m, 8 * w), np.uint8)
+            rec[:, :hs] = head[g.rows].view(np.uint8).reshape(m, hs)
+            keep = min(g.width, 8 * w - hs)
+            rec[:, hs : hs + keep] = g.mat[:, :keep]  # zero beyond each record
+            _copy_segments(out, at[g.rows], rec.view(np.uint64).reshape(-1), np.arange(m) * w,
+                           words[g.rows])  # fmt: skip
+        self.writer.add_bytes(out.tobytes())
+        self._last = max(self._last, int(h["time"].max()))
+        # FINISHED_ROUND lets perf sort and deliver the events up to the
+        # latest time at the round before; later events earlier than that
+        # are "out of order".  A batch of one session follows the one
+        # before in time, but batches of several sessions interleave: a
+        # round goes in only when this batch starts after the last round's
+        # latest time (every session has got past it, as far as is known).
+        if self._round_max is None or int(h["time"].min()) >= self._round_max:
+            self.writer.finished_round()
+            self._round_max = self._last
+        self.count += n
+
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        if self.closed:
+            return
+        lost = int((counts or {}).get("lost", 0))
+        if lost:
+            sid = SampleId(pid=0, tid=0, time=self._last, cpu=0)
+            self.writer.add_record(LostSamples(lost), sample_id=sid)
+        self.writer.close()
+        self.closed = True
+
+
+# -- CTF -------------------------------------------------------------------------------------
+
+_CTF_MAGIC = 0xC1FC1FC1
+_PACKET = np.dtype(
+    [
+        ("magic", "<u4"), ("uuid", "u1", (16,)), ("stream_id", "<u4"),
+        ("timestamp_begin", "<u8"), ("timestamp_end", "<u8"), ("content_size", "<u8"),
+        ("packet_size", "<u8"), ("events_discarded", "<u8"), ("cpu_id", "<u4"),
+    ]
+)  # fmt: skip
+# Event header (id, timestamp) and the stream's event context (pid, tid, procname).
+_EVENT_HEAD = np.dtype(
+    [("id", "<u4"), ("timestamp", "<u8"), ("pid", "<i4"), ("tid", "<i4"), ("procname", "S16")]
+)
+_TSDL_KEYWORDS = {"_Bool", "_Complex", "_Imaginary"}
+
+
+def _tsdl_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def _ctf_int(size: int, signed: bool, extra: str = "") -> str:
+    sign = "true" if signed else "false"
+    return (
+        f"integer {{ size = {8 * size}; align = 8; signed = {sign}; byte_order = le; "
+        f"base = 10;{extra} }}"
+    )
+
+
+def _ctf_name(name: str) -> str:
+    # LTTng's convention: a leading underscore, which readers drop, keeps
+    # field names off TSDL's keywords.
+    out = f"_{name}"
+    return f"_{out}" if out in _TSDL_KEYWORDS else out
+
+
+def _ctf_fields(plan: _Plan) -> list[str]:
+    lines = []
+    for f in plan.fields:
+        name = _ctf_name(f.name)
+        if f.kind == "int":
+            lines.append(f"{_ctf_int(f.size, f.signed)} {name};")
+        elif f.kind == "chars":
+            lines.append(f"{_ctf_int(1, False, ' encoding = UTF8;')} {name}[{f.size}];")
+        elif f.kind == "ints":
+            dims = "".join(f"[{d}]" for d in f.dims)
+            lines.append(f"{_ctf_int(f.size, f.signed)} {name}{dims};")
+        elif f.kind == "str":
+            lines.append(f"string {{ encoding = UTF8; }} {name};")
+        else:
+            length = f"_{name}_length"
+            lines.append(f"{_ctf_int(4, False)} {length};")
+            lines.append(f"{_ctf_int(f.size, f.signed)} {name}[{length}];")
+    return lines
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A piece of a CTF payload: ``copy`` (``length`` record bytes at
+    ``offset``), ``str`` (a data_loc string and its NUL) or ``seq`` (a u32
+    count and a data_loc array of ``size``-byte integers)."""
+
+    kind: str
+    offset: int
+    length: int = 0
+    size: int = 0
+
+
+def _steps(plan: _Plan) -> list[_Step]:
+    steps: list[_Step] = []
+    for f in plan.fields:
+        if f.kind in ("int", "chars", "ints"):
+            last = steps[-1] if steps else None
+            if last is not None and last.kind == "copy" and last.offset + last.length == f.offset:
+                steps[-1] = _Step("copy", last.offset, last.length + f.fixed)
+            else:
+                steps.append(_Step("copy", f.offset, f.fixed))
+        else:
+            steps.append(_Step(f.kind, f.offset, 0, f.size))
+    return steps
+
+
+class CtfOutput(TraceOutput):
+    """A CTF 1.8 trace in a directory (see the module doc)."""
+
+    def __init__(self, path: str, events: Sequence[TracedEvent], cmdline: list[str]) -> None:
+        super().__init__(path, events)
+        try:
+            os.makedirs(path, exist_ok=True)
+            if os.listdir(path):
+                raise OutputError(
+                    f"{path}: directory is not empty (a CTF trace is written to a new or "
+                    "empty directory)"
+                )
+        except OSError as e:
+            raise OutputError(f"{path}: cannot create the trace directory: {e.strerror}") from None
+        self.uuid = _uuid.uuid4()
+        self.steps = [_steps(p) for p in self.plans]
+        # A stream per session (the batches' event list) and CPU, each in
+        # time order: channelS_CPU, as LTTng names a channel's streams.
+        self._sessions: list[list[TracedEvent]] = []
+        self._files: dict[tuple[int, int], object] = {}
+        self._last: dict[tuple[int, int], int] = {}  # per stream: the latest timestamp
+        self._write_metadata(cmdline)
+
+    def _write_metadata(self, cmdline: list[str]) -> None:
+        uname = platform.uname()
+        # The clock's offset makes its values times of day, as LTTng's do.
+        offset = time.time_ns() - time.monotonic_ns()
+        env = {
+            "hostname": uname.node, "domain": "kernel", "sysname": uname.system,
+            "kernel_release": uname.release, "kernel_version": uname.version,
+            "tracer_name": "hwtrace", "cmdline": " ".join(cmdline),
+        }  # fmt: skip
+        u32 = _ctf_int(4, False)
+        u64 = _ctf_int(8, False)
+        lines = [
+            "/* CTF 1.8 */",
+            "",
+            "trace {",
+            "\tmajor = 1;",
+            "\tminor = 8;",
+            f'\tuuid = "{self.uuid}";',
+            "\tbyte_order = le;",
+            "\tpacket.header := struct {",
+            f"\t\t{u32} magic;",
+            f"\t\t{_ctf_int(1, False)} uuid[16];",
+            f"\t\t{u32} stream_id;",
+            "\t};",
+            "};",
+            "",
+            "env {",
+            *[f"\t{k} = {_tsdl_string(v)};" for k, v in env.items()],
+            "};",
+            "",
+            "clock {",
+            "\tname = monotonic;",
+            f'\tuuid = "{_uuid.uuid5(self.uuid, "monotonic")}";',
+            '\tdescription = "CLOCK_MONOTONIC";',
+            "\tfreq = 1000000000;",
+            "\tprecision = 1;",
+            f"\toffset_s = {offset // 1_000_000_000};",
+            f"\toffset = {offset % 1_000_000_000};",
+            "\tabsolute = FALSE;",
+            "};",
+            "",
+            "typealias integer { size = 64; align = 8; signed = false; byte_order = le; "
+            "base = 10; map = clock.monotonic.value; } := clock_monotonic_t;",
+            "",
+            "stream {",
+            "\tid = 0;",
+            "\tevent.header := struct {",
+            f"\t\t{u32} id;",
+            "\t\tclock_monotonic_t timestamp;",
+            "\t};",
+            "\tpacket.context := struct {",
+            "\t\tclock_monotonic_t timestamp_begin;",
+            "\t\tclock_monotonic_t timestamp_end;",
+            f"\t\t{u64} content_size;",
+            f"\t\t{u64} packet_size;",
+            f"\t\t{u64} events_discarded;",
+            f"\t\t{u32} cpu_id;",
+            "\t};",
+            "\tevent.context := struct {",
+            f"\t\t{_ctf_int(4, True)} _pid;",
+            f"\t\t{_ctf_int(4, True)} _tid;",
+            f"\t\t{_ctf_int(1, False, ' encoding = UTF8;')} _procname[16];",
+            "\t};",
+            "};",
+            "",
+        ]
+        for k, plan in enumerate(self.plans):
+            lines += ["event {", f"\tname = {_tsdl_string(plan.event.name)};", f"\tid = {k};",
+                      "\tstream_id = 0;"]  # fmt: skip
+            body = _ctf_fields(plan)
+            if body:
+                lines += ["\tfields := struct {", *[f"\t\t{b}" for b in body], "\t};"]
+            lines += ["};", ""]
+        try:
+            with open(os.path.join(self.path, "metadata"), "w") as f:
+                f.write("\n".join(lines))
+        except OSError as e:
+            raise OutputError(f"{self.path}: cannot write metadata: {e.strerror}") from None
+
+    def _payload(self, g: _Group) -> list[tuple[_Step, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per step of the group's type: each event's bytes there, where
+        they come from in the group's matrix (flat) and how many."""
+        n = g.rows.shape[0]
+        base = np.arange(n, dtype=np.int64) * g.width
+        out = []
+        for s in self.steps[g.k]:
+            if s.kind == "copy":
+                length = np.full(n, s.length, np.int64)
+                out.append((s, length, base + s.offset, length))
+                continue
+            f = _Field("", s.kind, s.offset, s.size)
+            start, length = _data_loc(g, f)
+            if s.kind == "str":
+                flat, offs = _concat(g, start, length)
+                length = _strlen(flat, offs, length)
+                out.append((s, length + 1, base + start, length))
+            else:
+                length = length // s.size * s.size
+                out.append((s, length + 4, base + start, length))
+        return out
+
+    def write(self, batch: EventBatch) -> None:
+        n = len(batch)
+        if n == 0:
+            return
+        h = batch.header
+        groups = self._groups(batch)
+        pieces = {g.k: self._payload(g) for g in groups}
+        kinds = np.empty(n, np.int64)
+        size = np.full(n, _EVENT_HEAD.itemsize, np.int64)
+        for g in groups:
+            kinds[g.rows] = g.k
+            for _, length, _, _ in pieces[g.k]:
+                size[g.rows] += length
+        session = next((i for i, s in enumerate(self._sessions) if s is batch.events), None)
+        if session is None:
+            session = len(self._sessions)
+            self._sessions.append(batch.events)
+        cpu = h["cpu"].astype(np.int64)
+        stamp = h["time"].astype(np.int64)
+        order = np.lexsort((stamp, cpu))  # by CPU, then time
+        cpus, first = np.unique(cpu[order], return_index=True)
+        bounds = [*first.tolist(), n]
+        # Each CPU's packet: its header, then its events.
+        total = int(size.sum()) + _PACKET.itemsize * cpus.shape[0]
+        at = np.empty(n, np.int64)
+        packet_at = []
+        pos = 0
+        for j in range(cpus.shape[0]):
+            rows = order[bounds[j] : bounds[j + 1]]
+            packet_at.append(pos)
+            lens = size[rows]
+            at[rows] = pos + _PACKET.itemsize + np.cumsum(lens) - lens
+            pos += _PACKET.itemsize + int(lens.sum())
+        buf = np.zeros(total, np.uint8)
+        # A stream's times never go back (the reader requires it; a
+        # session's events on a CPU come in time order anyway).
+        for j, c in enumerate(cpus.tolist()):
+            rows = order[bounds[j] : bounds[j + 1]]
+            stamp[rows] = np.maximum(stamp[rows], self._last.get((session, c), 0))
+        head = np.zeros(n, _EVENT_HEAD)
+        head["id"] = kinds
+        head["timestamp"] = stamp
+        head["pid"] = h["pid"].astype(np.int64)
+        head["tid"] = h["tid"].astype(np.int64)
+        head["procname"] = h["comm"]
+        hs = _EVENT_HEAD.itemsize
+        _copy_segments(buf, at, head.view(np.uint8), np.arange(n) * hs, np.full(n, hs))
+        for g in groups:
+            dest = at[g.rows] + hs
+            src = g.mat.reshape(-1)
+            for s, length, start, count in pieces[g.k]:
+                if s.kind == "seq":
+                    c = (count // s.size).astype("<u4").view(np.uint8)
+                    m = g.rows.shape[0]
+                    _copy_segments(buf, dest, c, np.arange(m) * 4, np.full(m, 4))
+                    _copy_segments(buf, dest + 4, src, start, count)
+                else:
+                    _copy_segments(buf, dest, src, start, count)  # a string's NUL stays 0
+                dest = dest + length
+        for j, c in enumerate(cpus.tolist()):
+            rows = order[bounds[j] : bounds[j + 1]]
+            lo = packet_at[j]
+            hi = packet_at[j + 1] if j + 1 < len(packet_at) else total
+            self._packet_header(buf[lo:hi], c, int(stamp[rows[0]]), int(stamp[rows[-1]]), 0)
+            self._stream((session, c)).write(buf[lo:hi].tobytes())  # type: ignore[attr-defined]
+            self._last[(session, c)] = int(stamp[rows[-1]])
+        self.count += n
+
+    def _packet_header(self, packet: np.ndarray, cpu: int, begin: int, end: int,
+                       discarded: int) -> None:  # fmt: skip
+        p = np.zeros(1, _PACKET)
+        p["magic"] = _CTF_MAGIC
+        p["uuid"] = np.frombuffer(self.uuid.bytes, np.uint8)
+        p["timestamp_begin"] = begin
+        p["timestamp_end"] = end
+        p["content_size"] = p["packet_size"] = 8 * packet.shape[0]
+        p["events_discarded"] = discarded
+        p["cpu_id"] = cpu
+        packet[: _PACKET.itemsize] = p.view(np.uint8)
+
+    def _stream(self, key: tuple[int, int]):
+        f = self._files.get(key)
+        if f is None:
+            try:
+                f = open(os.path.join(self.path, f"channel{key[0]}_{key[1]}"), "wb")
+            except OSError as e:
+                raise OutputError(f"{self.path}: cannot write a stream: {e.strerror}") from None
+            self._files[key] = f
+        return f
+
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        if self.closed:
+            return
+        lost = int((counts or {}).get("lost", 0))
+        if lost and self._files:
+            # An empty packet that says the events were lost (CTF counts
+            # discarded events per stream; the session counts them in all).
+            key = min(self._files)
+            packet = np.zeros(_PACKET.itemsize, np.uint8)
+            last = self._last.get(key, 0)
+            self._packet_header(packet, key[1], last, last, lost)
+            self._stream(key).write(packet.tobytes())  # type: ignore[attr-defined]
+        for f in self._files.values():
+            f.close()  # type: ignore[attr-defined]
+        self._files.clear()
+        self.closed = True
+
+
+# -- choosing ----------------------------------------------------------------------------------
+
+
+def open_trace_output(path: str, events: list[TracedEvent], *, cmdline: list[str]) -> TraceOutput:
+    """JSON lines for ``*.jsonl`` / ``*.json``; perf.data for ``*.data``
+    (``perf.data`` included); otherwise a CTF trace in directory ``path``.
+    Raises :class:`OutputError` for a path that cannot be used."""
+    if not path:
+        raise OutputError("no output path")
+    p = Path(path)
+    bare = path.rstrip(os.sep)
+    if bare.endswith((".jsonl", ".json")):
+        kind = "JSON lines"
+    elif bare.endswith(".data") or p.name == "perf.data":
+        kind = "perf.data"
+    else:
+        kind = "CTF"
+    if kind != "CTF":
+        if p.is_dir() or path.endswith(os.sep):
+            raise OutputError(f"{path}: is a directory ({kind} output is a file)")
+        parent = p.parent
+        if not parent.is_dir():
+            raise OutputError(f"{path}: no directory {parent}")
+        if kind == "JSON lines":
+            return JsonLinesOutput(path, events)
+        return PerfDataOutput(path, events, cmdline)
+    if p.exists() and not p.is_dir():
+        raise OutputError(
+            f"{path}: exists and is not a directory (a CTF trace is a directory; name a "
+            "file *.jsonl for JSON lines or *.data for perf.data)"
+        )
+    return CtfOutput(path, events, cmdline)
