@@ -1,0 +1,414 @@
+"""Filters run in the kernel as eBPF (``hwtrace.kernel.trace``,
+``hwtrace trace``), checked against two independent oracles on the same
+live events:
+
+* the four userspace tiers (``lttng``, ``ebpf``, ``ebpf-jit``, ``llvm``)
+  on the very records the kernel programs judged (``emit="all"`` writes
+  every event with its verdict);
+* ftrace's own event filter (a tracefs instance with the same predicates
+  in ftrace's syntax) on the events of the workload's processes, which
+  both see in full.
+
+Then bad input (one clear message, nothing left loaded) and clean-up
+after ^C and SIGKILL of ``hwtrace trace``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TRACEFS = Path("/sys/kernel/tracing")
+HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
+
+
+def _bpf_usable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (BPF programs on kernel tracepoints)"
+    if not (TRACEFS / "events/sched/sched_switch").is_dir():
+        return "needs tracefs at /sys/kernel/tracing"
+    try:
+        from hwtrace.kernel import bpf
+
+        bpf.Map(bpf.MAP_ARRAY, 4, 8, 1).close()
+    except Exception as e:
+        return f"BPF is not usable here: {e}"
+    return None
+
+
+_WHY = _bpf_usable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
+
+# (event, LTTng expression, ftrace's form of it or None)
+CASES = [
+    ("sched:sched_switch", 'prev_comm == "sleep" || next_comm == "sleep"',
+     'prev_comm == "sleep" || next_comm == "sleep"'),
+    ("sched:sched_switch", 'prev_state != 0 && prev_comm == "py*"',
+     'prev_state != 0 && prev_comm ~ "py*"'),
+    ("sched:sched_switch", "(prev_state & 1) != 0 && next_pid > 0", "prev_state & 1 && next_pid > 0"),
+    ("sched:sched_switch", "prev_prio < 120 || next_prio >= 130", "prev_prio < 120 || next_prio >= 130"),
+    ("sched:sched_switch", 'prev_comm == "*ee*" || next_comm == "*at"',
+     'prev_comm ~ "*ee*" || next_comm ~ "*at"'),
+    ("sched:sched_switch", '!(prev_pid == 0) && next_comm != "swapper*"',
+     '!(prev_pid == 0) && !(next_comm ~ "swapper*")'),
+    ("sched:sched_switch", '$ctx.procname == "sleep" || prev_comm == next_comm', None),
+    ("sched:sched_switch", "$ctx.cpu_id == 0 && $ctx.tid == prev_pid", None),
+    ("raw_syscalls:sys_enter", "id == 0 || id == 1", "id == 0 || id == 1"),
+    ("raw_syscalls:sys_enter", "id >= 200 && id < 300 || id == 59", "id >= 200 && id < 300 || id == 59"),
+    ("raw_syscalls:sys_enter", "common_pid != 0 && id == 3", "common_pid != 0 && id == 3"),
+    ("raw_syscalls:sys_enter", "(id & 1) == 0 && id < 16", "!(id & 1) && id < 16"),
+    ("raw_syscalls:sys_enter", "id == 0 && args[2] >= 4096", None),
+    ("raw_syscalls:sys_enter", '$ctx.procname == "cat" && id != 0 || $ctx.pid != common_pid', None),
+    ("sched:sched_process_exec", 'filename == "/usr/bin/*" && pid > 0',
+     'filename ~ "/usr/bin/*" && pid > 0'),
+    ("sched:sched_process_exec", 'filename == "/usr/bin/cat"', 'filename == "/usr/bin/cat"'),
+]  # fmt: skip
+
+WORKLOAD = [
+    ["sleep", "0.01"],
+    ["cat", "/etc/hostname"],
+    [sys.executable, "-S", "-c",
+     "import os; r, w = os.pipe(); os.write(w, b'x' * 5000); os.read(r, 8192); os.close(r)"],
+    ["sh", "-c", "cat /etc/hostname > /dev/null; sleep 0.01"],
+]  # fmt: skip
+
+
+def _ftrace_copy(inst: Path, dest: Path) -> None:
+    for cpu_dir in sorted((inst / "per_cpu").iterdir()):
+        fd = os.open(cpu_dir / "trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
+        chunks = []
+        try:
+            while True:
+                try:
+                    chunk = os.read(fd, 4096)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        (dest / f"{cpu_dir.name}.raw").write_bytes(b"".join(chunks))
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """Every case's kernel session (all verdicts) and ftrace instance, over
+    one run of the workload: {case index: (batch, ftrace source or None)},
+    and the workload's pids."""
+    from hwtrace.filter.inputs import open_source
+    from hwtrace.kernel.trace import KernelTrace
+
+    sessions, instances = {}, {}
+    tag = f"hwtrace-kf-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        for k, (event, expr, ftrace) in enumerate(CASES):
+            sessions[k] = KernelTrace([event], expr, emit="all", ringbuf_size=1 << 22)
+            if ftrace is not None:
+                inst = TRACEFS / "instances" / f"{tag}-{k}"
+                inst.mkdir()
+                instances[k] = inst
+                system, name = event.split(":")
+                ev = inst / "events" / system / name
+                (inst / "buffer_size_kb").write_text("4096")
+                (ev / "filter").write_text(ftrace)
+                (ev / "enable").write_text("1")
+        for t in sessions.values():
+            t.start()
+        pids = []
+        for argv in WORKLOAD:
+            p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            pids.append(p.pid)
+            p.wait()
+        time.sleep(0.02)
+        for t in sessions.values():
+            t.stop()
+        for inst in instances.values():
+            (inst / "tracing_on").write_text("0")
+        out = {}
+        for k, t in sessions.items():
+            batch = t.read()
+            assert t.counts()["lost"] == 0
+            src = None
+            if k in instances:
+                d = tmp_path_factory.mktemp(f"ftrace{k}")
+                _ftrace_copy(instances[k], d)
+                src = open_source(str(d))
+            out[k] = (batch, src, t.counts())
+        yield out, pids
+    finally:
+        for t in sessions.values():
+            t.close()
+        for inst in instances.values():
+            for ev in inst.glob("events/*/*/enable"):
+                if ev.read_text().strip() == "1":
+                    ev.write_text("0")
+            inst.rmdir()
+
+
+@pytest.mark.parametrize("k", range(len(CASES)), ids=[c[1] for c in CASES])
+def test_kernel_verdicts_equal_the_userspace_tiers(live, k):
+    from hwtrace.filter.apply import apply_filter
+    from hwtrace.filter.compile import TIERS
+
+    (batch, _, counts), _pids = live[0][k], live[1]
+    _event, expr, _ = CASES[k]
+    assert len(batch) == counts["seen"] > 0
+    kernel = batch.header["verdict"].astype(bool)
+    assert int(kernel.sum()) == counts["passed"]
+    src = batch.source()
+    for tier in TIERS:
+        user = apply_filter(src, expr, tier).keep
+        bad = np.flatnonzero(user != kernel)
+        assert bad.size == 0, (
+            f"{tier}: {bad.size} of {len(batch)} verdicts differ, e.g. {batch.record(int(bad[0]))!r}"
+        )
+
+
+def test_the_cases_both_pass_and_fail(live):
+    """Verdicts that could not differ would prove nothing."""
+    passed = sum(int(b.header["verdict"].sum()) for b, _, _ in live[0].values())
+    total = sum(len(b) for b, _, _ in live[0].values())
+    assert 0 < passed < total
+    for k, (event, _, _) in enumerate(CASES):
+        if event == "sched:sched_process_exec":
+            continue
+        v = live[0][k][0].header["verdict"]
+        assert 0 < len(v), CASES[k]
+
+
+def _per_thread(rows: list[tuple[int, int, bytes]]) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {}
+    for tid, _time, payload in sorted(rows, key=lambda r: (r[0], r[1])):
+        out.setdefault(tid, []).append(payload)
+    return out
+
+
+@pytest.mark.parametrize(
+    "k", [k for k, c in enumerate(CASES) if c[2]], ids=[c[1] for c in CASES if c[2]]
+)
+def test_kernel_passes_what_ftrace_passes(live, k):
+    """Of the workload's events (both see them all), the kernel program
+    passes exactly those ftrace's filter passes, in each thread's order:
+    the same payload bytes (after the 8 common bytes)."""
+    (batch, ftrace, _), pids = live[0][k], set(live[1])
+    event = CASES[k][0]
+    fixed = batch.events[0].schema.size
+
+    def ours() -> list[tuple[int, int, bytes]]:
+        h = batch.header
+        keep = np.flatnonzero(h["verdict"].astype(bool) & np.isin(h["pid"], list(pids)))
+        return [
+            (int(h["tid"][i]), int(h["time"][i]), batch.record(i)[8:fixed]) for i in keep.tolist()
+        ]
+
+    def theirs() -> list[tuple[int, int, bytes]]:
+        rows = []
+        t = next(t for t in ftrace.types if t.name.endswith(event.split(":")[1]))
+        for j, row in enumerate(t.rows.tolist()):
+            off, size = int(t.offsets[j]), int(t.sizes[j])
+            rec = ftrace.buf[off : off + size].tobytes()
+            pid = int.from_bytes(rec[4:8], "little", signed=True)
+            if pid in pids:
+                rows.append((pid, int(ftrace.time[row]), rec[8:fixed]))
+        return rows
+
+    mine, other = _per_thread(ours()), _per_thread(theirs())
+    assert mine == other
+    _PASSED_BY_FTRACE[k] = sum(len(v) for v in other.values())
+
+
+_PASSED_BY_FTRACE: dict[int, int] = {}
+
+
+def test_the_ftrace_comparisons_were_not_empty(live):
+    """Most cases pass some of the workload's events (an empty comparison
+    proves little)."""
+    ks = [k for k, c in enumerate(CASES) if c[2]]
+    for k in ks:
+        if k not in _PASSED_BY_FTRACE:
+            test_kernel_passes_what_ftrace_passes(live, k)
+    nonempty = [k for k in ks if _PASSED_BY_FTRACE[k]]
+    assert len(nonempty) >= len(ks) - 3, {CASES[k][1]: _PASSED_BY_FTRACE[k] for k in ks}
+
+
+# -- bad input: one message, nothing left loaded -------------------------------------------
+
+
+def _ids() -> tuple[set[int], set[int]]:
+    from hwtrace.kernel import bpf
+
+    return set(bpf.prog_ids()), set(bpf.map_ids())
+
+
+def _run_cli(argv, capsys) -> tuple[int, str]:
+    from hwtrace.cli.trace import main
+
+    status = main(argv)
+    err = capsys.readouterr().err
+    return status, err
+
+
+DEEP = "".join("prev_pid | (" for _ in range(70)) + "prev_pid" + ")" * 70 + " == 3"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sched:no_such_event", "-d", "0"], "no event sched:no_such_event"),
+        (["nocolon", "-d", "0"], "an event is named SYSTEM:EVENT"),
+        (["sched:sched_switch", "-f", DEEP, "-d", "0"], "the kernel verifier rejected the program"),
+        (
+            [
+                "sched:sched_process_exec",
+                "-f",
+                'filename == "' + "a" * 40 + '"',
+                "--max-string",
+                "16",
+                "-d",
+                "0",
+            ],
+            "beyond the kernel string bound of 16 bytes",
+        ),
+        (["sched:sched_process_exec", "-f", 'filename == "*bin*"', "-d", "0"], "pattern"),
+        (["sched:sched_switch", "-f", "$ctx.vpid == 1", "-d", "0"], "$ctx.vpid is not available"),
+        (["sched:sched_switch", "-f", "common_flags == 1", "-d", "0"], "overwrites it"),
+        (["sched:sched_switch", "-f", "prev_prio > 1.5", "-d", "0"], "no floating point"),
+        (["sched:sched_switch", "-f", "nosuch == 1", "-d", "0"], "unknown field 'nosuch'"),
+        (["sched:sched_switch", "-f", 'prev_comm == "x', "-d", "0"], "unterminated string"),
+        (["sched:sched_switch", "-o", "/nonexistent/dir/x.jsonl", "-d", "0"], "/nonexistent/dir"),
+    ],
+    ids=[
+        "no-event",
+        "no-system",
+        "verifier",
+        "string-bound",
+        "glob",
+        "ctx",
+        "common",
+        "float",
+        "field",
+        "syntax",
+        "output",
+    ],
+)
+def test_bad_input_is_one_clear_message(argv, message, capsys):
+    before = _ids()
+    status, err = _run_cli(argv, capsys)
+    assert status == 1
+    assert message in err
+    assert "Traceback" not in err
+    assert err.startswith("hwtrace trace: ")
+    _wait_ids(before)
+
+
+def test_verifier_message_points_at_the_expression(capsys):
+    status, err = _run_cli(["sched:sched_switch", "-f", DEEP, "-d", "0"], capsys)
+    assert status == 1
+    head = err.splitlines()[0]
+    assert head.startswith("hwtrace trace: column ") and "invalid write to stack" in head
+    caret = err.splitlines()[2]
+    column = int(head.split("column ")[1].split(":")[0])
+    assert caret.index("^") == column - 1 + 2  # two spaces of indent
+
+
+def test_no_root_and_no_bpf(capsys, monkeypatch):
+    from hwtrace.kernel import bpf
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "geteuid", lambda: 1000)
+        status, err = _run_cli(["sched:sched_switch"], capsys)
+    assert status == 1 and err == "hwtrace trace: needs root (BPF programs on kernel tracepoints)\n"
+    before = _ids()
+    with monkeypatch.context() as m:
+        m.setattr(bpf, "SYS_BPF", 1 << 20)  # no such system call: as a kernel without bpf()
+        status, err = _run_cli(["sched:sched_switch", "-d", "0"], capsys)
+    assert status == 1 and "no bpf() system call" in err and err.count("\n") == 1
+    _wait_ids(before)
+
+
+def _wait_ids(before, timeout: float = 5.0) -> None:
+    """BPF objects are freed after their last reference goes, a little
+    later (RCU): wait for the ids to be the ones before."""
+    deadline = time.monotonic() + timeout
+    while _ids() != before:
+        assert time.monotonic() < deadline, (
+            f"left loaded: {_ids()[0] - before[0]}, {_ids()[1] - before[1]}"
+        )
+        time.sleep(0.05)
+
+
+# -- the command: outputs, ^C, SIGKILL -----------------------------------------------------
+
+
+def _started(before, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (_ids()[0] - before[0]):
+        assert time.monotonic() < deadline, "hwtrace trace never loaded its programs"
+        time.sleep(0.05)
+
+
+def test_command_and_perf_script(tmp_path):
+    if not any((Path(p) / "perf").exists() for p in os.environ.get("PATH", "").split(":")):
+        pytest.skip("perf is not installed")
+    out = tmp_path / "x.data"
+    r = subprocess.run(
+        [*HWTRACE, "trace", "sched:sched_process_exec,raw_syscalls:sys_enter", "-f",
+         'filename == "/usr/bin/*" || id == 59', "-o", str(out), "--", "sh", "-c", "cat /etc/hostname"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "events seen" in r.stderr
+    script = subprocess.run(["perf", "script", "-i", str(out)], capture_output=True, text=True)
+    assert script.returncode == 0, script.stderr
+    assert "filename=/usr/bin/cat" in script.stdout
+    assert "sched:sched_process_exec" in script.stdout
+
+
+def test_interrupt_closes_output_and_frees_everything(tmp_path):
+    before = _ids()
+    out = tmp_path / "x.jsonl"
+    p = subprocess.Popen([*HWTRACE, "trace", "sched:sched_switch", "-o", str(out), "-d", "30"],
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        _started(before)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    lines = out.read_text().splitlines()
+    assert lines and '"summary"' in lines[-1]
+    _wait_ids(before)
+
+
+@pytest.mark.parametrize("latency", [False, True], ids=["events", "latency"])
+def test_sigkill_leaves_nothing_loaded(latency, tmp_path):
+    before = _ids()
+    args = (
+        ["--latency", "--threshold", "1ms"]
+        if latency
+        else ["sched:sched_switch", "-f", "prev_pid > 0"]
+    )
+    p = subprocess.Popen([*HWTRACE, "trace", *args, "-o", str(tmp_path / "x.jsonl"), "--", "sleep", "3"],
+                         stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _started(before)
+        time.sleep(0.2)
+        p.kill()
+        p.wait(timeout=10)
+    finally:
+        p.kill()
+    # The command lives on (it holds the shared map it inherited, with
+    # --latency): the kernel frees the rest now, the map when it exits.
+    subprocess.run(["pkill", "-KILL", "-f", "^sleep 3$"], check=False)
+    _wait_ids(before)
