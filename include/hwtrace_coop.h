@@ -120,13 +120,40 @@ static inline int hwtrace_coop_open_fd(struct hwtrace_coop *c, int fd)
     return 0;
 }
 
-/* Map the descriptor named by HWTRACE_COOP_FD.  0, or -1 with errno set
+/* Open the map hwtrace pinned at path (hwtrace trace --latency --pin PATH,
+ * for applications it did not start) and map it.  0, or -1 with errno set. */
+static inline int hwtrace_coop_open_pinned(struct hwtrace_coop *c, const char *path)
+{
+    /* union bpf_attr for BPF_OBJ_GET (7): pathname, bpf_fd, file_flags. */
+    struct {
+        uint64_t pathname;
+        uint32_t bpf_fd, file_flags;
+        uint8_t pad[128];
+    } attr = {0};
+    attr.pathname = (uint64_t)(uintptr_t)path;
+    long fd = syscall(321 /* SYS_bpf on x86-64 */, 7 /* BPF_OBJ_GET */, &attr, sizeof attr);
+    if (fd < 0)
+        return -1;
+    if (hwtrace_coop_open_fd(c, (int)fd) < 0) {
+        int e = errno;
+        close((int)fd);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+/* Map the descriptor named by HWTRACE_COOP_FD (a command hwtrace started),
+ * else the map pinned at HWTRACE_COOP_PIN.  0, or -1 with errno set
  * (ENOENT: not run under hwtrace's tracker). */
 static inline int hwtrace_coop_open(struct hwtrace_coop *c)
 {
     const char *s = getenv("HWTRACE_COOP_FD");
+    const char *pin = getenv("HWTRACE_COOP_PIN");
     char *end;
     long fd;
+    if ((!s || !*s) && pin && *pin)
+        return hwtrace_coop_open_pinned(c, pin);
     if (!s || !*s) {
         errno = ENOENT;
         return -1;

@@ -12,6 +12,8 @@ command -v perf >/dev/null 2>&1 || need+=(linux-perf)
 command -v lttng-sessiond >/dev/null 2>&1 || need+=(lttng-tools)
 [ -e /usr/include/lttng/tracepoint.h ] || need+=(liblttng-ust-dev)
 command -v babeltrace2 >/dev/null 2>&1 || need+=(babeltrace2)
+# bpftool: an independent view of the BPF programs and maps hwtrace loads.
+command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 # Headless Chromium: the HTML views are checked in a real browser.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0

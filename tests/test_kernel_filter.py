@@ -412,3 +412,60 @@ def test_sigkill_leaves_nothing_loaded(latency, tmp_path):
     # --latency): the kernel frees the rest now, the map when it exits.
     subprocess.run(["pkill", "-KILL", "-f", "^sleep 3$"], check=False)
     _wait_ids(before)
+
+
+def test_pinned_map_is_shared_then_removed(tmp_path):
+    """--pin: an application hwtrace did not start maps the tracker's map
+    through the BPF filesystem; the pin goes at the end."""
+    fs = tmp_path / "bpffs"
+    fs.mkdir()
+    if subprocess.run(["mount", "-t", "bpf", "bpf", str(fs)], capture_output=True).returncode:
+        pytest.skip("cannot mount a BPF filesystem here")
+    try:
+        pin = fs / "coop"
+        p = subprocess.Popen([*HWTRACE, "trace", "--latency", "-q", "--pin", str(pin), "--",
+                              "sleep", "1"], stdout=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 20
+        while not pin.exists():
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        from hwtrace.kernel.latency import CoopMap
+
+        c = CoopMap.from_pin(str(pin))
+        try:
+            assert c.layout.rows == 256 and c.field("next_row") >= 1
+            c.set_threshold(123, 0)  # a store the tracker's own mapping sees
+        finally:
+            c.close()
+        assert p.wait(timeout=20) == 0
+        assert not pin.exists()
+    finally:
+        subprocess.run(["umount", str(fs)], check=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bpftool_sees_nothing_left():
+    """Debian's bpftool, an independent view: the programs and maps after
+    this module are those before it."""
+    import json
+    import shutil
+
+    if shutil.which("bpftool") is None:
+        yield
+        return
+
+    def listed() -> tuple[set[int], set[int]]:
+        progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True,
+                                          text=True, check=True).stdout or "[]")  # fmt: skip
+        maps = json.loads(subprocess.run(["bpftool", "-j", "map", "show"], capture_output=True,
+                                         text=True, check=True).stdout or "[]")  # fmt: skip
+        return {p["id"] for p in progs}, {m["id"] for m in maps}
+
+    before = listed()
+    yield
+    deadline = time.monotonic() + 5
+    while listed() != before:
+        assert time.monotonic() < deadline, (
+            f"bpftool lists objects left loaded: {listed()} vs {before}"
+        )
+        time.sleep(0.05)

@@ -55,6 +55,14 @@ def _parser() -> Parser:
                    "least this slow, for every thread until the application sets its own")  # fmt: skip
     p.add_argument("--rows", type=int, default=256,
                    help="with --latency: threads with thresholds of their own (default 256)")  # fmt: skip
+    p.add_argument("--pin", metavar="PATH",
+                   help="with --latency: pin the shared map at PATH in a BPF filesystem, for "
+                   "applications hwtrace did not start (HWTRACE_COOP_PIN=PATH); removed at the "
+                   "end, left if hwtrace is killed")  # fmt: skip
+    p.add_argument("--stats", action="store_true",
+                   help="the kernel's run time of each filter program (BPF_ENABLE_STATS)")  # fmt: skip
+    p.add_argument("-l", "--list", nargs="?", const="*:*", metavar="PATTERN",
+                   help="list the tracepoints matching PATTERN (default all) and exit")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no counts at the end")
     return p
 
@@ -67,6 +75,10 @@ def main(argv: Sequence[str]) -> int:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1 :]
     args = p.parse_args(argv)
+    if args.list is not None:
+        return _list(args.list)
+    if args.pin and not args.latency:
+        p.error("--pin is for --latency (the shared map)")
     if args.latency:
         if args.events or args.filter:
             p.error("--latency traces system calls: give no EVENT or --filter")
@@ -83,6 +95,20 @@ def main(argv: Sequence[str]) -> int:
         return 1
     session = _Session(args, command)
     return session.run()
+
+
+def _list(pattern: str) -> int:
+    from ..kernel.tracepoint import TracepointError, expand_events
+
+    if ":" not in pattern:
+        pattern = f"{pattern}:*" if pattern else "*:*"
+    try:
+        for system, event in expand_events([pattern]):
+            sys.stdout.write(f"{system}:{event}\n")
+    except TracepointError as e:
+        sys.stderr.write(f"hwtrace trace: {e}\n")
+        return 1
+    return 0
 
 
 class _Stop(Exception):
@@ -199,6 +225,10 @@ class _Session:
             if self.command:
                 trace.track(self._launch())
             out = self._open_output(trace)
+            if a.stats:
+                from ..kernel.bpf import enable_stats
+
+                self._stats = enable_stats()
             trace.start()
             self._release()
 
@@ -221,6 +251,13 @@ class _Session:
             counts = trace.counts() if trace.scratch is not None else {}
             if out is not None:
                 out.close(counts)
+            if getattr(self, "_stats", None) is not None:
+                for e, info in zip(trace.events, trace.program_info(), strict=True):
+                    per = info["run_time_ns"] / info["run_cnt"] if info["run_cnt"] else 0.0
+                    sys.stderr.write(f"hwtrace trace: {e.name}: {info['run_cnt']} runs, "
+                                     f"{per:.1f} ns each, {info['jited_prog_len']} bytes of "
+                                     "machine code\n")  # fmt: skip
+                self._stats.close()
             trace.close()
             if counts and not a.quiet:
                 sys.stderr.write(
@@ -266,6 +303,11 @@ class _Session:
         try:
             for nr, ns in defaults:
                 tracker.coop.set_threshold(ns, nr)
+            if a.pin:
+                try:
+                    tracker.pin(a.pin)
+                except BpfError as e:
+                    raise _Failed(str(e)) from None
             self.coop_fd = tracker.coop_fd
             for pid in a.pid or []:
                 tracker.track(pid)

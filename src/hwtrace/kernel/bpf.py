@@ -131,7 +131,16 @@ class _Fd:
         """Pin the object at ``path`` in a BPF filesystem (it then outlives
         hwtrace; remove the file to free it)."""
         p = ctypes.create_string_buffer(os.fsencode(path))
-        sys_bpf(OBJ_PIN, _attr((0, "Q", ctypes.addressof(p)), (8, "I", self.fd)), f"pin {path}")
+        try:
+            sys_bpf(OBJ_PIN, _attr((0, "Q", ctypes.addressof(p)), (8, "I", self.fd)), f"pin {path}")
+        except BpfError as e:
+            if e.errno in (errno.ENOENT, errno.EPERM, errno.EINVAL):
+                raise BpfError(
+                    f"pin {path}: not in a BPF filesystem (mount -t bpf bpf /sys/fs/bpf), or "
+                    f"the directory does not exist ({os.strerror(e.errno)})",
+                    e.errno,
+                ) from None
+            raise
 
     @property
     def id(self) -> int:
@@ -351,6 +360,12 @@ def enable_stats() -> _StatsFd:
     """Turn on run-time statistics (``run_cnt``, ``run_time_ns``) of every
     program while the returned object is open (``with enable_stats(): …``)."""
     return _StatsFd()
+
+
+def obj_get(path: str) -> int:
+    """A descriptor of the object pinned at ``path``."""
+    p = ctypes.create_string_buffer(os.fsencode(path))
+    return sys_bpf(OBJ_GET, _attr((0, "Q", ctypes.addressof(p))), f"open pinned {path}")
 
 
 def _ids(cmd: int) -> list[int]:

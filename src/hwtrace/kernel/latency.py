@@ -38,6 +38,7 @@ thread finds its row after any system call (:meth:`CoopMap.row_of`).
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,14 +126,28 @@ class CoopMap:
 
         head = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ)
         words = np.frombuffer(head, np.int64, HEADER_WORDS)
-        if int(words[0]) != MAGIC:
-            raise ValueError(f"descriptor {fd} is not hwtrace's shared latency map")
-        layout = CoopLayout(int(words[2]))
+        magic, version, rows, columns = (int(w) for w in words[:4])
+        if magic != MAGIC or version != VERSION or columns != COLUMNS or not 2 <= rows <= 1024:
+            del words
+            head.close()
+            raise ValueError(
+                f"descriptor {fd} is not hwtrace's shared latency map (version {VERSION})"
+            )
+        layout = CoopLayout(rows)
         del words
         head.close()
         size = (layout.words * 8 + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         return cls(mm, layout)
+
+    @classmethod
+    def from_pin(cls, path: str) -> CoopMap:
+        """Map the tracker's map pinned at ``path`` (``--pin``)."""
+        fd = bpf.obj_get(path)
+        try:
+            return cls.from_fd(fd)
+        finally:
+            os.close(fd)  # the mapping keeps the map
 
     def field(self, name: str) -> int:
         return int(self.header[HEADER_FIELDS.index(name)])
@@ -470,6 +485,13 @@ class LatencyTracker:
         rows = starts[:, None] + np.arange(RECORD.itemsize)[None, :]
         return buf[rows].copy().view(RECORD).reshape(starts.shape[0])
 
+    def pin(self, path: str) -> None:
+        """Pin the shared map at ``path`` (a BPF filesystem) so applications
+        hwtrace did not start can map it (``HWTRACE_COOP_PIN``).  The pin
+        outlives hwtrace until removed: :meth:`close` removes it."""
+        self.coop_map.pin(path)
+        self.pinned = path
+
     def share_with_filters(self) -> None:
         """Point the userspace filter tiers' ``set_threshold``/``get_threshold``
         helpers at this map's thresholds: key = row * COLUMNS + call."""
@@ -479,6 +501,12 @@ class LatencyTracker:
 
     def close(self) -> None:
         self.stop()
+        if getattr(self, "pinned", None):
+            try:
+                os.unlink(self.pinned)
+            except OSError:
+                pass
+            self.pinned = None
         if getattr(self, "coop", None) is not None:
             from ..filter.native import set_threshold_table, threshold_table_address
 
