@@ -486,3 +486,21 @@ def test_live_ctf_source(live) -> None:
     assert [g[1:] for g in got] == [r[1:] for r in ref]
     # Times are of the day there: the monotonic clock plus the clock's offset.
     assert len({g[0] - r[0] for g, r in zip(got, ref, strict=True)}) == 1
+
+
+def test_bpf_prog_info_feature_parses():
+    """perf record writes BPF_PROG_INFO for every loaded BPF program (ours
+    while hwtrace trace runs): struct perf_bpil with its ``arrays`` word."""
+    import struct
+
+    from hwtrace.perf.features import Feature, parse_feature
+
+    info, data = bytes(range(40)), b"\xaa" * 24
+    body = struct.pack("<I", 2)
+    for arrays in (0x1F9, 0):
+        body += struct.pack("<IIQ", len(info), len(data), arrays) + info + data
+    got = parse_feature(Feature.BPF_PROG_INFO, body)
+    assert got == [
+        {"arrays": 0x1F9, "info": info, "data": data},
+        {"arrays": 0, "info": info, "data": data},
+    ]

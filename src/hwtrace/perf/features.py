@@ -343,10 +343,13 @@ def parse_feature(
             out.append({"id": bid, "data": bytes(c.take(n))})
         return out
     if f == Feature.BPF_PROG_INFO:
+        # perf's struct perf_bpil per program (tools/perf/util/header.c,
+        # process_bpf_prog_info): info_len, data_len, the ``arrays`` bitmap,
+        # then bpf_prog_info (info_len bytes) and the arrays' data.
         out = []
-        for _ in range(c.count(8)):
-            il, dl = c.unpack("<II")
-            out.append({"info": bytes(c.take(il)), "data": bytes(c.take(dl))})
+        for _ in range(c.count(16)):
+            il, dl, arrays = c.unpack("<IIQ")
+            out.append({"arrays": arrays, "info": bytes(c.take(il)), "data": bytes(c.take(dl))})
         return out
     if f in (Feature.BRANCH_STACK, Feature.STAT):
         return None
