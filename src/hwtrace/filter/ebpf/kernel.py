@@ -106,8 +106,9 @@ def _direct(offset: int, size: int) -> bool:
 
 
 class _KernelGen(_Gen):
-    def __init__(self, max_string: int, copied: bool) -> None:
+    def __init__(self, max_string: int, copied: bool, tracepoint_id: int = 0) -> None:
         super().__init__()
+        self.tracepoint_id = tracepoint_id
         self.columns: list[int] = []
         self.column = 0
         self.max_string = max_string
@@ -155,7 +156,13 @@ class _KernelGen(_Gen):
             self.emit(isa.mov_imm(R0, 0))
             return
         size = {1: isa.B, 2: isa.H, 4: isa.W, 8: isa.DW}[path.size]
-        if path.root == ROOT_CONTEXT:
+        common = ref.names[0] if ref.root == "event" and len(ref.names) == 1 else None
+        if common == "common_type":
+            self.emit(isa.mov_imm(R0, self.tracepoint_id))
+            return
+        if common == "common_pid":  # what the record held: the current thread
+            self.emit(isa.call(kbpf.FN_GET_CURRENT_PID_TGID), isa.mov32(R0, R0))
+        elif path.root == ROOT_CONTEXT:
             self.emit(isa.ldx(size, R0, R7, LAYOUT.context + path.static_offset))
         elif path.static_offset is not None:
             off = path.static_offset
@@ -385,6 +392,8 @@ def _needs_copy(refs: list[ast.FieldRef]) -> bool:
         p = r.path
         if p is None or p.root == ROOT_CONTEXT:
             continue
+        if r.names in (("common_pid",), ("common_type",)):
+            continue  # known without the record (see _KernelGen.load)
         if p.static_offset is None or p.storage == "data_loc":
             return True
         if p.leaf == "string":
@@ -543,7 +552,7 @@ def generate_kernel(
                 )  # fmt: skip
             ctx_names.add(name)
     copy_first = _needs_copy(refs)
-    g = _KernelGen(max_string, copy_first)
+    g = _KernelGen(max_string, copy_first, tracepoint_id)
     done = g.label("done")
     t, f = g.label("true"), g.label("false")
     out = g.label("output")
