@@ -66,6 +66,7 @@ bench: venv oracles
 	$(BIN)/python bench/bench_stepping.py
 	$(BIN)/python bench/bench_filter.py
 	$(BIN)/python bench/bench_lttng.py
+	$(BIN)/python bench/bench_kernel_filter.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out
