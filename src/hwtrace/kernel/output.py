@@ -59,7 +59,7 @@ from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
 from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType
-from ..perf.writer import PerfDataWriter
+from ..perf.writer import PerfDataWriter, host_env
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -412,31 +412,37 @@ class JsonLinesOutput(TraceOutput):
                 out[f.name] = [values[e - c : e] for e, c in zip(ends, count.tolist(), strict=True)]
         return out
 
-    def write(self, batch: EventBatch) -> None:
+    def render(self, batch: EventBatch, line) -> list[str]:
+        """Each event as ``line(header columns, i, event name, fields)``,
+        in time order."""
         n = len(batch)
-        if n == 0:
-            return
         h = batch.header
-        lines: list[str | None] = [None] * n
-        times = h["time"].tolist()
-        cpus = h["cpu"].tolist()
-        pids = h["pid"].astype(np.int64).tolist()
-        tids = h["tid"].astype(np.int64).tolist()
-        comms = _texts(np.ascontiguousarray(h["comm"]).view(np.uint8).reshape(n, 16))
+        cols = {
+            "time": h["time"].tolist(),
+            "cpu": h["cpu"].tolist(),
+            "pid": h["pid"].astype(np.int64).tolist(),
+            "tid": h["tid"].astype(np.int64).tolist(),
+            "comm": _texts(np.ascontiguousarray(h["comm"]).view(np.uint8).reshape(n, 16)),
+        }
+        lines = [""] * n
         for g in self._groups(batch):
             name = self.events[g.k].name
-            values = self.decode(g)
-            names = list(values)
-            columns = [values[f] for f in names]
+            items = list(self.decode(g).items())
             for j, i in enumerate(g.rows.tolist()):
-                lines[i] = _JSON.encode(
-                    {"time": times[i], "cpu": cpus[i], "event": name, "pid": pids[i],
-                     "tid": tids[i], "comm": comms[i],
-                     "fields": {f: c[j] for f, c in zip(names, columns, strict=True)}},
-                )  # fmt: skip
-        order = np.argsort(h["time"], kind="stable").tolist()
-        self.file.write("".join(f"{lines[i]}\n" for i in order))
-        self.count += n
+                lines[i] = line(cols, i, name, {f: c[j] for f, c in items})
+        return [lines[i] for i in np.argsort(h["time"], kind="stable").tolist()]
+
+    def write(self, batch: EventBatch) -> None:
+        if len(batch) == 0:
+            return
+
+        def line(c, i, name, fields):
+            return _JSON.encode({"time": c["time"][i], "cpu": c["cpu"][i], "event": name,
+                                 "pid": c["pid"][i], "tid": c["tid"][i], "comm": c["comm"][i],
+                                 "fields": fields})  # fmt: skip
+
+        self.file.write("".join(f"{text}\n" for text in self.render(batch, line)))
+        self.count += len(batch)
 
     def close(self, counts: dict[str, int] | None = None) -> None:
         if self.closed:
@@ -456,28 +462,17 @@ class TextOutput(JsonLinesOutput):
         self.file = stream
 
     def write(self, batch: EventBatch) -> None:
-        n = len(batch)
-        if n == 0:
+        if len(batch) == 0:
             return
-        h = batch.header
-        lines: list[str] = [""] * n
-        times = h["time"].tolist()
-        cpus = h["cpu"].tolist()
-        pids = h["pid"].astype(np.int64).tolist()
-        tids = h["tid"].astype(np.int64).tolist()
-        comms = _texts(np.ascontiguousarray(h["comm"]).view(np.uint8).reshape(n, 16))
-        for g in self._groups(batch):
-            name = self.events[g.k].name
-            values = self.decode(g)
-            columns = list(values.items())
-            for j, i in enumerate(g.rows.tolist()):
-                text = " ".join(f"{f}={c[j]}" for f, c in columns)
-                lines[i] = (f"{comms[i]:>16} {pids[i]:>7}/{tids[i]:<7} [{cpus[i]:03d}] "
-                            f"{times[i] / 1e9:.9f}: {name}: {text}")  # fmt: skip
-        order = np.argsort(h["time"], kind="stable").tolist()
-        self.file.write("".join(f"{lines[i]}\n" for i in order))
+
+        def line(c, i, name, fields):
+            text = " ".join(f"{f}={v}" for f, v in fields.items())
+            return (f"{c['comm'][i]:>16} {c['pid'][i]:>7}/{c['tid'][i]:<7} [{c['cpu'][i]:03d}] "
+                    f"{c['time'][i] / 1e9:.9f}: {name}: {text}")  # fmt: skip
+
+        self.file.write("".join(f"{text}\n" for text in self.render(batch, line)))
         self.file.flush()
-        self.count += n
+        self.count += len(batch)
 
     def close(self, counts: dict[str, int] | None = None) -> None:
         self.closed = True
@@ -548,31 +543,6 @@ def build_tracing_data(
     return bytes(out)
 
 
-def _machine() -> dict[str, object]:
-    """The CPU and memory, for perf.data's header (perf report --header)."""
-    env: dict[str, object] = {}
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if not sep:
-                    break  # the first CPU's block ends here
-                info.setdefault(key.strip(), value.strip())
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    env["total_mem"] = int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    if "model name" in info:
-        env["cpudesc"] = info["model name"]
-    keys = ("vendor_id", "cpu family", "model", "stepping")
-    if all(k in info for k in keys):
-        env["cpuid"] = ",".join(info[k] for k in keys)  # as perf's x86 get_cpuid
-    return env
-
-
 _SAMPLE_TYPE = (
     SampleType.IDENTIFIER | SampleType.TID | SampleType.TIME | SampleType.CPU
     | SampleType.PERIOD | SampleType.RAW
@@ -595,7 +565,7 @@ class PerfDataOutput(TraceOutput):
     def __init__(self, path: str, events: Sequence[TracedEvent], cmdline: list[str]) -> None:
         super().__init__(path, events)
         try:
-            self.writer = PerfDataWriter(path, cmdline=list(cmdline) or ["hwtrace"], **_machine())
+            self.writer = PerfDataWriter(path, cmdline=list(cmdline) or ["hwtrace"], **host_env())
         except OSError as e:
             raise OutputError(f"{path}: cannot write: {e.strerror}") from None
         for k, e in enumerate(self.events):

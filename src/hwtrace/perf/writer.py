@@ -60,6 +60,32 @@ INTEL_PT_CONFIG_BITS = {
 }  # fmt: skip
 
 
+def host_env() -> dict[str, object]:
+    """This machine's CPU and memory as :class:`PerfDataWriter`'s ``env``
+    (what ``perf report --header`` shows)."""
+    env: dict[str, object] = {}
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if not sep:
+                    break  # the first CPU's block ends here
+                info.setdefault(key.strip(), value.strip())
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    env["total_mem"] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    if "model name" in info:
+        env["cpudesc"] = info["model name"]
+    keys = ("vendor_id", "cpu family", "model", "stepping")
+    if all(k in info for k in keys):
+        env["cpuid"] = ",".join(info[k] for k in keys)  # as perf's x86 get_cpuid
+    return env
+
+
 def write_feature_sections(f: BinaryIO, data_end: int, sections: Sequence[bytes]) -> None:
     """Write, at ``data_end`` (the end of the data section), the feature
     table (offset and size of each section, in feature order) and the

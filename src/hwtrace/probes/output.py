@@ -29,7 +29,7 @@ from ..perf.records import (
     SampleType,
     pack_record,
 )
-from ..perf.writer import PerfDataWriter
+from ..perf.writer import PerfDataWriter, host_env
 from .locate import resolve
 from .plan import EXIT_REGS
 from .rings import NREGS, Clock
@@ -218,7 +218,7 @@ class PerfData(EventOutput):
         self._started = False
         names = [p.name for p in probes]
         self.writer = PerfDataWriter(
-            path, cmdline=["hwtrace", "probe", *names, "-p", str(pid), "-o", path], **_host()
+            path, cmdline=["hwtrace", "probe", *names, "-p", str(pid), "-o", path], **host_env()
         )
         maps = self._read_maps()
         for p in probes:
@@ -399,31 +399,6 @@ def _comm(pid: int, tid: int) -> str | None:
             return f.read().rstrip("\n")
     except OSError:
         return None
-
-
-def _host() -> dict[str, object]:
-    """The machine, for perf.data's header (perf report --header)."""
-    env: dict[str, object] = {}
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if not sep:
-                    break  # the first CPU's block ends here
-                info.setdefault(key.strip(), value.strip())
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    env["total_mem"] = int(line.split()[1])
-    except OSError:
-        pass
-    if "model name" in info:
-        env["cpudesc"] = info["model name"]
-    keys = ("vendor_id", "cpu family", "model", "stepping")
-    if all(k in info for k in keys):
-        env["cpuid"] = ",".join(info[k] for k in keys)  # as perf's x86 get_cpuid
-    return env
 
 
 def _ident(name: str) -> str:
