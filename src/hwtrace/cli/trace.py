@@ -191,11 +191,15 @@ class _Session:
         return status
 
     def _until_done(self, wait, drain) -> None:
+        """Until the command ends, the -p processes all exit (as perf record
+        -p), -d runs out, or ^C."""
         deadline = time.monotonic() + self.args.duration if self.args.duration else None
         while True:
             wait(0.1)
             drain()
             if self.child is not None and self.child.poll() is not None:
+                break
+            if self.args.pid and not any(_alive(p) for p in self.args.pid):
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -341,6 +345,15 @@ class _Session:
 
 class _Failed(Exception):
     pass
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 class _Child:
