@@ -1,0 +1,191 @@
+"""The code-revision store and the JIT sources that feed it: perf's
+jitdump files and perf maps (hypothesis-fuzzed readers)."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwtrace.image import Asid
+from hwtrace.image.jitdump import (
+    JitCode,
+    encode_jitdump,
+    read_jitdump,
+    read_perf_map,
+)
+from hwtrace.image.revisions import CodeRevisions
+
+NOP5 = bytes.fromhex("0f1f440000")
+JMP5 = bytes.fromhex("e9 10 00 00 00")
+
+
+def test_revision_in_force_at_each_time():
+    store = CodeRevisions()
+    base = 0x401000
+    store.add(base, NOP5 + b"\xc3", 0, "elf")
+    store.add(base, JMP5 + b"\xc3", 100, "capture", tid=7, cpu=1, tsc=100, ip=base)
+    store.add(base, NOP5 + b"\xc3", 200, "capture")
+    assert store.read(base, 5, 50) == NOP5
+    assert store.read(base, 5, 100) == JMP5
+    assert store.read(base, 5, 150) == JMP5
+    assert store.read(base, 5, 250) == NOP5
+    assert store.read(base, 5, -1) is None  # before any revision
+    now, before = store.around(base, 150)
+    assert now.data[:5] == JMP5 and before.data[:5] == NOP5
+    assert now.tid == 7 and now.ip == base
+    assert store.differs_from(base, NOP5, 150) and not store.differs_from(base, NOP5, 250)
+
+
+def test_unchanged_bytes_are_not_a_new_revision():
+    store = CodeRevisions()
+    assert store.add(0x1000, b"\x90\xc3", 0, "capture") is not None
+    assert store.add(0x1000, b"\x90\xc3", 10, "capture") is None
+    assert len(store) == 1
+
+
+def test_partial_rewrite_leaves_no_single_revision_for_the_range():
+    store = CodeRevisions()
+    store.add(0x1000, bytes(16), 0, "capture")
+    store.add(0x1004, b"\xcc", 5, "text_poke")
+    assert store.read(0x1000, 4, 10) == bytes(4)  # untouched bytes: the old revision
+    assert store.read(0x1000, 8, 10) is None  # spans the poke: no single revision
+    assert store.read(0x1004, 1, 10) == b"\xcc"
+    assert store.read(0x1000, 8, 4) == bytes(8)  # before the poke
+
+
+def test_address_spaces_are_apart():
+    store = CodeRevisions()
+    a, b = Asid(cr3=0x1000), Asid(cr3=0x2000)
+    store.add(0x400000, b"\x90", 0, "capture", asid=a)
+    store.add(0x400000, b"\xc3", 0, "capture", asid=b)
+    assert store.read(0x400000, 1, 1, asid=a) == b"\x90"
+    assert store.read(0x400000, 1, 1, asid=b) == b"\xc3"
+    assert not store.conflicts
+
+
+def test_sources_that_disagree_are_a_conflict():
+    store = CodeRevisions()
+    store.add(0x7F00, b"\x55\x48\x89\xe5", 10, "jitdump", name="fn")
+    store.add(0x7F00, b"\x55\x48\x89\xe6", 10, "capture")
+    assert len(store.conflicts) == 1
+    c = store.conflicts[0]
+    assert c.address == 0x7F03 and "jitdump and capture disagree" in str(c)
+
+
+def _codes() -> list[JitCode]:
+    return [
+        JitCode("js:fib", 0x7F0000001000, 6, 111, 42, 43, b"\x55\x48\x89\xe5\x5d\xc3",
+                lines=[(0x7F0000001000, 3, "fib.js"), (0x7F0000001004, 4, "fib.js")]),
+        JitCode("py:loop", 0x7F0000002000, 2, 222, 42, 44, b"\x90\xc3", moved=[(333, 0x7F0000003000)]),
+    ]  # fmt: skip
+
+
+def test_jitdump_round_trip():
+    data = encode_jitdump(42, _codes(), timestamp=7, flags=1)
+    dump = read_jitdump("jit-42.dump", data, pid=42)
+    assert not dump.problems and dump.closed and dump.pid == 42 and dump.tsc_timestamps
+    got = dump.codes
+    assert [(c.name, c.address, c.code, c.time, c.tid) for c in got] == [
+        (c.name, c.address, c.code, c.time, c.tid) for c in _codes()
+    ]
+    assert got[0].lines == _codes()[0].lines
+    assert got[1].moved == [(333, 0x7F0000003000)]
+
+
+def test_jitdump_of_another_process_and_truncation():
+    data = encode_jitdump(42, _codes())
+    other = read_jitdump("x", data, pid=99)
+    assert not other.codes and "written by process 42, not 99" in str(other.problems[0])
+    cut = read_jitdump("x", data[: len(data) - 30])  # into the move record; no close
+    assert [c.name for c in cut.codes] == ["js:fib", "py:loop"] and not cut.codes[1].moved
+    assert len(cut.problems) == 1 and not cut.closed
+    assert "runs past the end" in str(cut.problems[0]) and "offset 0x" in str(cut.problems[0])
+    bad = read_jitdump("x", b"ELF\x7f" + bytes(60))
+    assert "not a jitdump file" in str(bad.problems[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 399))
+def test_jitdump_reader_takes_any_damage(noise, cut):
+    data = bytearray(encode_jitdump(42, _codes()))
+    at = cut % len(data)
+    data[at : at + len(noise)] = noise
+    dump = read_jitdump("fuzz", bytes(data))
+    for c in dump.codes:
+        assert len(c.code) == c.size
+    for p in dump.problems:
+        assert str(p).startswith("fuzz: ")
+
+
+def test_perf_map():
+    text = "7f0000001000 20 py::fib:/app/fib.py\nnot a line\n7f0000002000 8 [stub]\n\n"
+    entries, problems = read_perf_map("/tmp/perf-1.map", text)
+    assert [(e.address, e.size, e.name) for e in entries] == [
+        (0x7F0000001000, 0x20, "py::fib:/app/fib.py"), (0x7F0000002000, 8, "[stub]"),
+    ]  # fmt: skip
+    assert len(problems) == 1 and "line 2" in str(problems[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_perf_map_reader_takes_any_text(text):
+    entries, problems = read_perf_map("m", text)
+    assert all(e.address >= 0 and e.size >= 0 for e in entries)
+    assert len(entries) + len(problems) <= len(text.splitlines())
+
+
+def test_header_fields():
+    data = encode_jitdump(5, [])
+    magic, version, size = struct.unpack_from("<III", data)
+    assert (magic, version, size) == (0x4A695444, 1, 40)
+
+
+def _python(version: str) -> str | None:
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}*/bin/python3"))
+    return found[-1] if found else shutil.which(f"python{version}")
+
+
+def test_real_cpython_jitdump_and_perf_map(tmp_path):
+    """CPython 3.13's -X perf_jit writes a jitdump, 3.12's -X perf a perf
+    map: real JIT output read whole."""
+    import os
+    import subprocess
+
+    import pytest
+
+    py13, py12 = _python("3.13"), _python("3.12")
+    if py13 is None and py12 is None:
+        pytest.skip("no CPython 3.12 or 3.13 here (pyenv) to write real jitdump/perf map files")
+    prog = "def f(n):\n    return n if n < 2 else f(n - 1) + f(n - 2)\nimport os\nprint(f(12), os.getpid())\n"
+    if py13 is not None:
+        r = subprocess.run(
+            [py13, "-X", "perf_jit", "-c", prog], capture_output=True, text=True, cwd=tmp_path
+        )
+        pid = int(r.stdout.split()[1])
+        path = f"/tmp/jit-{pid}.dump"
+        try:
+            dump = read_jitdump(path, pid=pid)
+        finally:
+            os.unlink(path)
+        assert not dump.problems and dump.pid == pid
+        names = [c.name for c in dump.codes]
+        assert any(n.startswith("py::f:") for n in names)
+        assert all(len(c.code) == c.size > 0 for c in dump.codes)
+        store = CodeRevisions()
+        for c in dump.codes:
+            store.add(c.address, c.code, c.time, "jitdump", tid=c.tid, name=c.name)
+        assert not store.conflicts
+    if py12 is not None:
+        r = subprocess.run([py12, "-X", "perf", "-c", prog], capture_output=True, text=True)
+        pid = int(r.stdout.split()[1])
+        path = f"/tmp/perf-{pid}.map"
+        try:
+            entries, problems = read_perf_map(path)
+        finally:
+            os.unlink(path)
+        assert not problems and any(e.name.startswith("py::f:") for e in entries)
