@@ -189,3 +189,64 @@ def test_real_cpython_jitdump_and_perf_map(tmp_path):
         finally:
             os.unlink(path)
         assert not problems and any(e.name.startswith("py::f:") for e in entries)
+
+
+def test_text_pokes_and_ksymbols_from_perf_data(tmp_path):
+    """TEXT_POKE records become revisions at their times (the old bytes
+    before); KSYMBOL registrations pair with their unregistrations."""
+    from hwtrace.perf.attr import PerfEventAttr
+    from hwtrace.perf.code import add_text_pokes, ksymbols
+    from hwtrace.perf.data import read_perf_data
+    from hwtrace.perf.records import Ksymbol, SampleId, SampleType, TextPoke
+    from hwtrace.perf.writer import PerfDataWriter
+
+    path = tmp_path / "poke.data"
+    attr = PerfEventAttr(type=1, sample_type=int(SampleType.TIME | SampleType.TID), sample_id_all=1,
+                         text_poke=1, ksymbol=1)  # fmt: skip
+    site = 0xFFFFFFFF81000100
+    with PerfDataWriter(path) as w:
+        w.add_attr(attr, [1], "dummy:u")
+        w.add_record(Ksymbol(0xFFFFFFFFC0001000, 0x80, 1, 0, "bpf_prog_0123456789abcdef_f"),
+                     sample_id=SampleId(time=50))  # fmt: skip
+        w.add_record(TextPoke(site, NOP5, JMP5), sample_id=SampleId(time=100))
+        w.add_record(TextPoke(site, JMP5, NOP5), sample_id=SampleId(time=300))
+        w.add_record(Ksymbol(0xFFFFFFFFC0001000, 0x80, 1, 1, "bpf_prog_0123456789abcdef_f"),
+                     sample_id=SampleId(time=400))  # fmt: skip
+    data = read_perf_data(path)
+    store = CodeRevisions()
+    assert add_text_pokes(data, store) == 2
+    assert store.read(site, 5, 99) == NOP5
+    assert store.read(site, 5, 100) == JMP5 and store.read(site, 5, 299) == JMP5
+    assert store.read(site, 5, 300) == NOP5
+    assert store.at(site, 150).source == "text_poke"
+    (sym,) = ksymbols(data)
+    assert (sym.name, sym.address, sym.size, sym.start, sym.end) == (
+        "bpf_prog_0123456789abcdef_f", 0xFFFFFFFFC0001000, 0x80, 50, 400,
+    )  # fmt: skip
+
+
+def test_live_bpf_images():
+    """A loaded BPF program's JIT image, read with BPF_OBJ_GET_INFO_BY_FD,
+    lies where /proc/kallsyms says and goes into the store under that name."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (BPF programs)")
+    from hwtrace.kernel import bpf
+    from hwtrace.kernel.trace import KernelTrace
+
+    with KernelTrace(["sched:sched_switch"], "prev_pid == 1") as t:
+        mine = t.events[0].loaded.info()["id"]
+        images = [im for im in bpf.loaded_images() if im.id == mine]
+        assert len(images) == 1
+        im = images[0]
+        assert im.code == t.events[0].loaded.jited_bytes() and len(im.code) == sum(im.lengths)
+        kallsyms = open("/proc/kallsyms").read()
+        if "[bpf]" in kallsyms:
+            assert f"{im.addresses[0]:016x} t {im.symbol}\t[bpf]" in kallsyms
+        store = CodeRevisions()
+        assert bpf.add_images(store, images, 10) == len(im.addresses)
+        assert store.read(im.addresses[0], len(im.code), 11) == im.code
+        assert store.at(im.addresses[0], 11).name == im.symbol

@@ -35,7 +35,7 @@ SYS_BPF = 321
 # Commands.
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
 PROG_LOAD, OBJ_PIN, OBJ_GET = 5, 6, 7
-PROG_GET_NEXT_ID, MAP_GET_NEXT_ID = 11, 12
+PROG_GET_NEXT_ID, MAP_GET_NEXT_ID, PROG_GET_FD_BY_ID = 11, 12, 13
 OBJ_GET_INFO_BY_FD = 15
 ENABLE_STATS = 32
 
@@ -283,6 +283,65 @@ class RunStats:
         return self.run_time_ns / self.run_cnt if self.run_cnt else 0.0
 
 
+@dataclass(frozen=True)
+class JitedImage:
+    """A loaded program's JIT image: its functions' kernel addresses and
+    lengths, laid out one after another in ``code``, and the name the
+    kernel lists them under (``bpf_prog_TAG_NAME`` in /proc/kallsyms)."""
+
+    id: int
+    name: str
+    tag: bytes
+    code: bytes
+    addresses: list[int]
+    lengths: list[int]
+
+    @property
+    def symbol(self) -> str:
+        return (
+            f"bpf_prog_{self.tag.hex()}_{self.name}" if self.name else f"bpf_prog_{self.tag.hex()}"
+        )
+
+    def functions(self) -> list[tuple[int, bytes]]:
+        """(address, bytes) of each function."""
+        out, at = [], 0
+        for addr, n in zip(self.addresses, self.lengths, strict=False):
+            out.append((addr, self.code[at : at + n]))
+            at += n
+        return out
+
+
+def add_images(store, images: list[JitedImage], time: int) -> int:
+    """Each image's functions as code revisions from ``time`` (source
+    ``bpf``, named as /proc/kallsyms names them) in a
+    :class:`~hwtrace.image.revisions.CodeRevisions`; returns how many."""
+    n = 0
+    for im in images:
+        for k, (addr, code) in enumerate(im.functions()):
+            name = im.symbol if k == 0 else f"{im.symbol}_F{k}"
+            if code and store.add(addr, code, time, "bpf", name=name) is not None:
+                n += 1
+    return n
+
+
+def loaded_images() -> list[JitedImage]:
+    """The JIT images of every BPF program loaded now (root only); programs
+    unloaded meanwhile are skipped."""
+    out = []
+    for pid in prog_ids():
+        try:
+            p = Program.from_id(pid)
+        except BpfError:
+            continue
+        try:
+            out.append(p.jited_image())
+        except BpfError:
+            pass
+        finally:
+            p.close()
+    return out
+
+
 class Program(_Fd):
     """A loaded BPF program.  ``insns`` is an eBPF instruction array
     (:data:`hwtrace.filter.abi.INSN`); a rejected program raises
@@ -338,6 +397,40 @@ class Program(_Fd):
     def stats(self) -> RunStats:
         i = self.info()
         return RunStats(i["run_cnt"], i["run_time_ns"])
+
+    @classmethod
+    def from_id(cls, prog_id: int) -> Program:
+        """A descriptor of loaded program ``prog_id`` (root only)."""
+        self = cls.__new__(cls)
+        self.name, self.insn_count, self.log = "", 0, ""
+        self.fd = sys_bpf(
+            PROG_GET_FD_BY_ID, _attr((0, "I", prog_id)), f"open BPF program {prog_id}"
+        )
+        return self
+
+    def jited_image(self) -> JitedImage:
+        """The program's machine code and where the kernel put it: one
+        address and length per function (subprograms are functions too)."""
+        head = _obj_info(self.fd, 232)
+        n_insns = struct.unpack_from("<I", head, 16)[0]
+        n_ksyms, n_lens = struct.unpack_from("<II", head, 104)
+        tag = bytes(head[8:16])
+        name = bytes(head[64:80]).split(b"\0")[0].decode("utf-8", "replace")
+        code = (ctypes.c_uint8 * max(n_insns, 1))()
+        ksyms = (ctypes.c_uint64 * max(n_ksyms, 1))()
+        lens = (ctypes.c_uint32 * max(n_lens, 1))()
+        info = (ctypes.c_uint8 * 232)()
+        struct.pack_into("<I", info, 16, n_insns)
+        struct.pack_into("<Q", info, 24, ctypes.addressof(code))
+        struct.pack_into("<II", info, 104, n_ksyms, n_lens)
+        struct.pack_into("<QQ", info, 112, ctypes.addressof(ksyms), ctypes.addressof(lens))
+        attr = _attr((0, "I", self.fd), (4, "I", 232), (8, "Q", ctypes.addressof(info)))
+        sys_bpf(OBJ_GET_INFO_BY_FD, attr, "BPF_OBJ_GET_INFO_BY_FD")
+        ident = struct.unpack_from("<I", info, 4)[0]
+        data = bytes(code)[:n_insns]
+        addresses = [int(ksyms[i]) for i in range(n_ksyms)]
+        lengths = [int(lens[i]) for i in range(n_lens)] or [len(data)]
+        return JitedImage(ident, name, tag, data, addresses, lengths)
 
     def jited_bytes(self) -> bytes:
         """The program's machine code as the kernel's JIT wrote it."""

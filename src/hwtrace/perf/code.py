@@ -1,0 +1,82 @@
+"""Code changes a perf.data records, as code revisions and names.
+
+``PERF_RECORD_TEXT_POKE`` (``perf record --kcore -e intel_pt//`` with
+``text_poke`` in the attr) carries kernel text's old and new bytes at the
+time of the change (jump labels, ftrace, BPF trampolines);
+``PERF_RECORD_KSYMBOL`` names kernel code that appears and goes (BPF JIT
+images, trampolines), and ``PERF_RECORD_BPF_EVENT`` the program behind
+it.  :func:`add_text_pokes` puts the pokes in a
+:class:`~hwtrace.image.revisions.CodeRevisions`; :func:`ksymbols` lists
+the names with their lifetimes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..image.revisions import CodeRevisions
+from .data import PerfData
+from .records import RecordType
+
+__all__ = ["KernelSymbol", "add_text_pokes", "ksymbols"]
+
+KSYM_TYPE_BPF = 1
+KSYM_FLAG_UNREGISTER = 1
+
+
+def _rows(data: PerfData, rtype: int) -> np.ndarray:
+    r = data.records
+    rows = np.flatnonzero(r["type"] == rtype)
+    return rows[np.argsort(r["time"][rows], kind="stable")]
+
+
+def add_text_pokes(data: PerfData, store: CodeRevisions) -> int:
+    """Each TEXT_POKE as a revision of its new bytes from its time (source
+    ``text_poke``), and its old bytes as the revision before it where the
+    store knows nothing older.  Returns the pokes added."""
+    n = 0
+    times = data.records["time"]
+    for i in _rows(data, RecordType.TEXT_POKE).tolist():
+        body = data.record(i).body
+        t = int(times[i])
+        if body.old and store.at(body.addr, t - 1, size=len(body.old)) is None:
+            store.add(body.addr, body.old, -1, "text_poke")
+        if body.new:
+            store.add(body.addr, body.new, t, "text_poke")
+            n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class KernelSymbol:
+    """Kernel code named from ``start`` (time) to ``end`` (None: still
+    there at the end of the recording)."""
+
+    name: str
+    address: int
+    size: int
+    ksym_type: int
+    start: int
+    end: int | None
+
+
+def ksymbols(data: PerfData) -> list[KernelSymbol]:
+    """KSYMBOL registrations, each with the time it was unregistered."""
+    open_: dict[tuple[int, str], tuple[int, int, int]] = {}
+    out: list[KernelSymbol] = []
+    times = data.records["time"]
+    for i in _rows(data, RecordType.KSYMBOL).tolist():
+        k = data.record(i).body
+        t = int(times[i])
+        key = (k.addr, k.name)
+        if k.flags & KSYM_FLAG_UNREGISTER:
+            started = open_.pop(key, None)
+            if started is not None:
+                out.append(KernelSymbol(k.name, k.addr, started[1], started[2], started[0], t))
+        else:
+            open_[key] = (t, k.len, k.ksym_type)
+    for (addr, name), (t, size, ktype) in open_.items():
+        out.append(KernelSymbol(name, addr, size, ktype, t, None))
+    return sorted(out, key=lambda s: (s.start, s.address))
