@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ftrace_util import copy_trace_pipe_raw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -173,21 +174,7 @@ def instance_trace(tmp_path_factory) -> tuple[Path, str, Path]:
         (inst / "tracing_on").write_text("0")
         (inst / "events/sched/sched_switch/enable").write_text("0")
         text = (inst / "trace").read_text()  # before the raw reads consume it
-        for cpu_dir in sorted((inst / "per_cpu").iterdir()):
-            fd = os.open(cpu_dir / "trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
-            chunks = []
-            try:
-                while True:
-                    try:
-                        chunk = os.read(fd, 4096)
-                    except BlockingIOError:
-                        break
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-            finally:
-                os.close(fd)
-            (d / f"{cpu_dir.name}.raw").write_bytes(b"".join(chunks))
+        copy_trace_pipe_raw(inst, d)
         formats = d / "tracefs"
         for rel in ("events/header_page", "events/header_event",
                     "events/sched/sched_switch/format", "events/sched/sched_switch/id"):  # fmt: skip

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ftrace_util import copy_trace_pipe_raw
 
 TRACEFS = Path("/sys/kernel/tracing")
 HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
@@ -85,24 +86,6 @@ WORKLOAD = [
 ]  # fmt: skip
 
 
-def _ftrace_copy(inst: Path, dest: Path) -> None:
-    for cpu_dir in sorted((inst / "per_cpu").iterdir()):
-        fd = os.open(cpu_dir / "trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
-        chunks = []
-        try:
-            while True:
-                try:
-                    chunk = os.read(fd, 4096)
-                except BlockingIOError:
-                    break
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        (dest / f"{cpu_dir.name}.raw").write_bytes(b"".join(chunks))
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """Every case's kernel session (all verdicts) and ftrace instance, over
@@ -145,7 +128,7 @@ def live(tmp_path_factory):
             src = None
             if k in instances:
                 d = tmp_path_factory.mktemp(f"ftrace{k}")
-                _ftrace_copy(instances[k], d)
+                copy_trace_pipe_raw(instances[k], d)
                 src = open_source(str(d))
             out[k] = (batch, src, t.counts())
         yield out, pids
