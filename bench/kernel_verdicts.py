@@ -29,6 +29,7 @@ import numpy as np
 
 from hwtrace.filter.apply import apply_filter
 from hwtrace.filter.compile import TIERS
+from hwtrace.filter.ftrace_raw import read_trace_pipe_raw
 from hwtrace.filter.inputs import open_source
 from hwtrace.kernel.trace import KernelTrace
 
@@ -63,22 +64,9 @@ class Instance:
         (self.ev / "enable").write_text("1" if on else "0")
 
     def drain(self) -> None:
-        """Read every page (tracing is off by now).  A read may say "try
-        again" with pages still there (seen here with busy instances), so
-        only a run of such answers ends it."""
+        """Read every page (tracing is off by now)."""
         for fd, f in self.fds.items():
-            empty = 0
-            while empty < 20:
-                try:
-                    chunk = os.read(fd, 4096)
-                except BlockingIOError:
-                    empty += 1
-                    time.sleep(0.001)
-                    continue
-                if not chunk:
-                    break
-                empty = 0
-                f.write(chunk)
+            f.write(read_trace_pipe_raw(fd, patience=20))
 
     def lost(self) -> int:
         """Events ftrace overwrote or dropped (per_cpu/cpuN/stats)."""

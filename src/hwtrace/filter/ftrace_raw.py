@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,6 +283,26 @@ def read_pages(
         [(int(o), PROBLEMS[int(c)]) for o, c in problems[:nprob]],
         int(missed),
     )
+
+
+def read_trace_pipe_raw(fd: int, patience: int = 5) -> bytes:
+    """Every page a non-blocking ``trace_pipe_raw`` descriptor gives (its
+    tracing off by now).  A read may say "try again" with pages still
+    there, so only ``patience`` such answers in a row end it."""
+    chunks = []
+    empty = 0
+    while empty < patience:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            empty += 1
+            time.sleep(0.001)
+            continue
+        if not chunk:
+            break
+        empty = 0
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # -- perf's TRACING_DATA -----------------------------------------------------------------
