@@ -68,7 +68,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -101,7 +100,24 @@ PAPER = {"shm_ns": 2247, "syscall_ns": 218_203, "ratio": 99}  # JCST 2016, Table
 RECORD_BYTES = 128  # a passed sys_enter in the BPF ring buffer: 8 + 56 + 64
 CFLAGS = ("-O2", "-Wall", "-Wextra")
 
-LOOP_C = r"""
+# Both C programs' clock and CPU pinning.
+C_TIMING = r"""
+static double ns(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static void pin(int cpu) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    if (sched_setaffinity(0, sizeof s, &s)) { perror("sched_setaffinity"); exit(2); }
+}
+"""
+
+LOOP_C = (
+    r"""
 /* The workload: MODE syscall: N x syscall(SYS_getppid); MODE pingpong: N
    round trips of one byte between this process and a child through two
    pipes, both pinned to CPU (two context switches per round trip). */
@@ -116,19 +132,9 @@ LOOP_C = r"""
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
-static double ns(clockid_t c) {
-    struct timespec t;
-    clock_gettime(c, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    if (sched_setaffinity(0, sizeof s, &s)) { perror("sched_setaffinity"); exit(2); }
-}
-
+"""
+    + C_TIMING
+    + r"""
 static long switches(void) {
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
@@ -175,8 +181,10 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+)
 
-MAPS_C = r"""
+MAPS_C = (
+    r"""
 /* Reads and updates of a BPF_F_MMAPABLE array handed in as descriptor FD:
    per repetition, ENTRIES loads through the mmap, ENTRIES
    bpf(BPF_MAP_LOOKUP_ELEM), ENTRIES loads of a malloc'd copy; then stores
@@ -198,18 +206,10 @@ MAPS_C = r"""
 /* libbpf's size: the attribute up to the commands' flags. */
 #define ATTR_SIZE (offsetof(union bpf_attr, flags) + sizeof(((union bpf_attr *)0)->flags))
 
-static inline double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    if (sched_setaffinity(0, sizeof s, &s)) { perror("sched_setaffinity"); exit(2); }
-}
+"""
+    + C_TIMING
+    + r"""
+static inline double now(void) { return ns(CLOCK_MONOTONIC); }
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -354,6 +354,7 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+)
 
 
 # -- building ---------------------------------------------------------------------------------------
@@ -957,21 +958,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("-n, --pingpong, --rounds, --entries and --reps must be positive")
     if sys.platform != "linux":
         ap.error("Linux only")
-    # SIGTERM and SIGHUP unwind like Ctrl-C: programs closed, instance removed.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
-    try:
-        return run_benchmark(args)
-    except BenchError as e:
-        print(f"bench_kernel_filter: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench_kernel_filter: interrupted (programs closed, instance removed)",
-              file=sys.stderr)  # fmt: skip
-        return 130
-    finally:
-        if os.geteuid() == 0:
-            instance_sweep()
+    return common.bench_main(
+        "bench_kernel_filter",
+        lambda: run_benchmark(args),
+        interrupted="programs closed, instance removed",
+        cleanup=instance_sweep if os.geteuid() == 0 else None,
+    )
 
 
 if __name__ == "__main__":

@@ -963,20 +963,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("-n, -r, -t and --rounds must be positive, --warm not negative")
     if sys.platform != "linux":
         ap.error("uprobes and LTTng-UST run on Linux only")
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so every probe and session is removed.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
-    try:
-        return run_benchmark(args)
-    except BenchError as e:
-        print(f"bench_probe: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench_probe: interrupted (probes and sessions removed)", file=sys.stderr)
-        return 130
-    finally:
+
+    def sweep() -> None:
         if os.geteuid() == 0 and (TRACEFS / "uprobe_events").exists():
             tracefs_sweep()
+
+    return common.bench_main(
+        "bench_probe",
+        lambda: run_benchmark(args),
+        interrupted="probes and sessions removed",
+        cleanup=sweep,
+    )
 
 
 def run_benchmark(args: argparse.Namespace) -> int:

@@ -163,3 +163,22 @@ def session_daemon(log: Path) -> Iterator[dict[str, Any]]:
                 proc.kill()
                 proc.wait()
         info["exit_status"] = proc.returncode
+
+
+def bench_main(name: str, run, *, interrupted: str, cleanup=None) -> int:
+    """Run a benchmark's ``run()``: SIGTERM and SIGHUP unwind like ^C, so
+    what it set up is taken down; a BenchError is one line; ``cleanup()``
+    runs however it ends."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        return run()
+    except BenchError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted ({interrupted})", file=sys.stderr)
+        return 130
+    finally:
+        if cleanup is not None:
+            cleanup()

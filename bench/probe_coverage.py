@@ -129,8 +129,7 @@ PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: used in the child
 
 
-class BenchError(Exception):
-    """A failure the benchmark reports in one line (no traceback)."""
+BenchError = common.BenchError  # a failure reported in one line (no traceback)
 
 
 class Hang(Exception):
@@ -1134,17 +1133,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sample and --reclaim-every must be positive")
     if args.json is None:
         args.json = OUT / ("probe_coverage-plan.json" if args.plan_only else "probe_coverage.json")
-    # SIGTERM and SIGHUP unwind like ^C, so that every target is killed.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
-    try:
-        return run(args, [specs[n] for n in names])
-    except BenchError as e:
-        print(f"probe_coverage: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("probe_coverage: interrupted (targets killed)", file=sys.stderr)
-        return 130
+    return common.bench_main(
+        "probe_coverage",
+        lambda: run(args, [specs[n] for n in names]),
+        interrupted="targets killed",
+    )
 
 
 def run(args: argparse.Namespace, specs: list[Spec]) -> int:
