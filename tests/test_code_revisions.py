@@ -45,12 +45,16 @@ def test_unchanged_bytes_are_not_a_new_revision():
     assert len(store) == 1
 
 
-def test_partial_rewrite_leaves_no_single_revision_for_the_range():
+def test_partial_rewrite_is_read_piece_by_piece():
     store = CodeRevisions()
     store.add(0x1000, bytes(16), 0, "capture")
     store.add(0x1004, b"\xcc", 5, "text_poke")
     assert store.read(0x1000, 4, 10) == bytes(4)  # untouched bytes: the old revision
-    assert store.read(0x1000, 8, 10) is None  # spans the poke: no single revision
+    # Across the poke: each byte from the revision in force over it; no
+    # single revision holds the range.
+    assert store.read(0x1000, 8, 10) == bytes(4) + b"\xcc" + bytes(3)
+    assert store.at(0x1000, 10, size=8) is None
+    assert store.read(0x0FFF, 2, 10) is None  # a byte no revision holds
     assert store.read(0x1004, 1, 10) == b"\xcc"
     assert store.read(0x1000, 8, 4) == bytes(8)  # before the poke
 

@@ -29,9 +29,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sections import ANY, Asid
+from . import Image
+from .sections import ANY, Asid, Section
 
-__all__ = ["CodeRevisions", "Conflict", "Revision"]
+__all__ = ["CodeRevisions", "Conflict", "Revision", "revision_of_section"]
+
+# Sections an overlay adds are named after their revision (see
+# revision_of_section).
+_SECTION_PREFIX = "[code revision "
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,10 @@ class CodeRevisions:
         self.revisions: list[Revision] = []
         self.conflicts: list[Conflict] = []
         self._longest = 0
+        # Overlays made so far, per base image (id) and epoch; revisions
+        # only grow, so they stay right until the next add().
+        self._overlays: dict[tuple[int, int], Image] = {}
+        self._bounds: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.revisions)
@@ -120,6 +129,8 @@ class CodeRevisions:
                 if at is not None:
                     self.conflicts.append(Conflict(other, rev, at))
         self.revisions.append(rev)
+        self._overlays.clear()
+        self._bounds = None
         self._by_asid.setdefault(asid, []).append(rev)
         insort(self._starts.setdefault(asid, []), (address, rev.id))
         self._longest = max(self._longest, len(data))
@@ -162,13 +173,62 @@ class CodeRevisions:
         return best
 
     def read(self, address: int, size: int, time: int, *, asid: Asid = ANY) -> bytes | None:
-        """The ``size`` bytes at ``address`` at ``time``, or None when no
-        single revision holds them."""
-        r = self.at(address, time, asid=asid, size=size)
-        if r is None:
-            return None
-        off = address - r.address
-        return r.data[off : off + size]
+        """The ``size`` bytes at ``address`` at ``time``, each from the
+        revision in force over it, or None when some byte has none."""
+        out = _read(self.overlay(None, self.epoch(time)), address, size, asid)
+        return out if len(out) == size else None
+
+    # -- epochs: the decoder's view ---------------------------------------------------
+
+    def boundaries(self) -> np.ndarray:
+        """The distinct times at which revisions begin, sorted (int64)."""
+        if self._bounds is None:
+            times = np.array([r.valid_from for r in self.revisions], np.int64)
+            self._bounds = np.unique(times)
+        return self._bounds
+
+    def epoch(self, time: int) -> int:
+        """How many of :meth:`boundaries` are at or before ``time``: the
+        code is the same at any two times of one epoch."""
+        return int(np.searchsorted(self.boundaries(), np.int64(time), side="right"))
+
+    def overlay(self, base: Image | None, epoch: int) -> Image:
+        """``base`` (None: nothing) with the revisions in force during
+        ``epoch`` on top: where a revision covers code, its bytes replace
+        the base's.  Each added section is named after its revision
+        (:func:`revision_of_section` finds it again)."""
+        if epoch <= 0:
+            return base if base is not None else Image("no code revisions")
+        key = (id(base), epoch)
+        got = self._overlays.get(key)
+        if got is not None:
+            return got
+        bounds = self.boundaries()
+        epoch = min(epoch, bounds.shape[0])
+        prev = self._overlays.get((id(base), epoch - 1))
+        if prev is not None:
+            # One epoch on from a known one: only the revisions that begin here.
+            image = prev.copy()
+            start = int(bounds[epoch - 1])
+            revs = [r for r in self.revisions if r.valid_from == start]
+        else:
+            name = f"{base.name if base is not None else ''} + code revisions".strip()
+            image = base.copy(name) if base is not None else Image(name)
+            end = int(bounds[epoch - 1])
+            revs = [r for r in self.revisions if r.valid_from <= end]
+        revs.sort(key=lambda r: (r.valid_from, r.id))
+        for r in revs:
+            image.add_section(Section.from_bytes(r.data, r.address, _section_name(r)), r.asid)
+        # What the overlay was made of, for revised_instructions().
+        image.code_revisions = self  # type: ignore[attr-defined]
+        image.revision_base = base  # type: ignore[attr-defined]
+        self._overlays[key] = image
+        return image
+
+    def revision_of(self, section: Section) -> Revision | None:
+        """The revision an overlay's ``section`` holds (or a piece of it)."""
+        rid = revision_of_section(section)
+        return self.revisions[rid] if 0 <= rid < len(self.revisions) else None
 
     def around(
         self, address: int, time: int, *, asid: Asid = ANY
@@ -189,6 +249,66 @@ class CodeRevisions:
         decodes: without the store they would be wrong yet succeed."""
         got = self.read(address, len(data), time, asid=asid)
         return got is not None and got != data
+
+
+def revised_instructions(images: list, which: np.ndarray, ips: np.ndarray) -> np.ndarray:
+    """For instructions at ``ips`` decoded in ``images[which]``: True where
+    the image is a revisions overlay (:meth:`CodeRevisions.overlay`) and
+    the instruction's bytes there differ from its base image's (the files'),
+    or the base has no code there at all."""
+    from ..isa.x86 import InsnCache
+
+    out = np.zeros(ips.shape[0], np.bool_)
+    if ips.shape[0] == 0:
+        return out
+    keys = np.stack([which.astype(np.uint64), ips.astype(np.uint64)], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    flags = np.zeros(uniq.shape[0], np.bool_)
+    caches: dict[int, InsnCache] = {}
+    for j, (k, ip) in enumerate(uniq.tolist()):
+        image = images[k] if 0 <= k < len(images) else None
+        if getattr(image, "code_revisions", None) is None:
+            continue
+        section = image.find(ip)
+        if section is None or revision_of_section(section) < 0:
+            continue
+        cache = caches.get(k)
+        if cache is None:
+            cache = caches[k] = InsnCache(image.read)
+        insn = cache.get(ip, 64)
+        size = 1 if isinstance(insn, int) else insn.size
+        base = image.revision_base
+        mine = _read(image, ip, size)
+        theirs = _read(base, ip, size) if base is not None else b""
+        flags[j] = mine != theirs
+    out[:] = flags[inverse.reshape(-1)]
+    return out
+
+
+def _read(image: Image, address: int, size: int, asid: Asid = ANY) -> bytes:
+    """Up to ``size`` bytes at ``address``, across sections while they are
+    contiguous."""
+    out = b""
+    while len(out) < size:
+        piece = image.read(address + len(out), size - len(out), asid)
+        if not piece:
+            break
+        out += piece
+    return out
+
+
+def _section_name(r: Revision) -> str:
+    return f"{_SECTION_PREFIX}{r.id}: {r.source}{' ' + r.name if r.name else ''}]"
+
+
+def revision_of_section(section: Section) -> int:
+    """The id of the revision whose bytes an overlay's ``section`` holds,
+    or -1 for any other section."""
+    name = section.name
+    if section.filename is not None or not name.startswith(_SECTION_PREFIX):
+        return -1
+    digits = name[len(_SECTION_PREFIX) :].split(":", 1)[0]
+    return int(digits) if digits.isdigit() else -1
 
 
 def _first_difference(a: Revision, b: Revision) -> int | None:

@@ -259,9 +259,9 @@ P_NEVER, P_CR3, P_PIP, P_VMCS, P_PTWRITE, P_IRET, P_VMENTRY, P_UIRET, P_SKL014 =
     CB_OPEN, CB_NINSN, CB_ISID, CB_LAST, CB_ICLASS, CB_ROW, CB_MODE,
     DR_PHASE, DR_STATUS, DR_END, DR_SYNC, DR_SYNC_FAILED,
     O_NBLK, O_NEV, O_NINSN, O_NBLOCKS, O_VBLK,
-    W_N, W_END_ERR, W_LIMIT,
-) = range(47)  # fmt: skip
-NSI = 48
+    W_N, W_END_ERR, W_LIMIT, W_EXACT, W_PENDING,
+) = range(49)  # fmt: skip
+NSI = 50
 # SU: addresses and times.
 ES_LAST_IP, BS_IP, BS_TSC, BS_CR3, BS_VMCS, CB_IP, CB_END_IP, DR_NEXT, W_END_OFFSET = range(9)
 NSU = 10
@@ -2706,6 +2706,9 @@ def _fast(ds, pk, cf, ct, out):
     r_succ, r_taken, r_ret, r_lastk, r_lastc = ct[25], ct[26], ct[27], ct[28], ct[29]
     count_only = cf[0][CF_COUNT] != 0
     n = SI[W_N]
+    # A window that ends where the code changes (W_EXACT) is not read past
+    # its limit: the packet there is fetched in the next one.
+    n_fetch = min(n, SI[W_LIMIT]) if SI[W_EXACT] and SI[W_LIMIT] >= 0 else n
     end_offset = np.int64(SU[W_END_OFFSET])
     cap = o_ip.shape[0] - 2
     nout = SI[O_NBLK]
@@ -2903,7 +2906,7 @@ def _fast(ds, pk, cf, ct, out):
             continue
         p = pos if evt == EV_TNT else pos + 1
         evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
-            kind, a, b, tsc, have_tsc, n, p, last_ip
+            kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
         )
         if evt == EV_TNT:
             bits = val
@@ -3074,6 +3077,14 @@ def _room(ds, out):
     return SI[O_NBLK] + 4 < out[0].shape[0] and SI[O_NEV] + 4 < out[7].shape[0]
 
 
+@kernels.njit(cache=True, _nrt=False)
+def _tnt_left(ds):
+    """Does the current TNT still hold bits?  (Their flow runs before the
+    limit of a window that ends where the code changes.)"""
+    CUR = ds[2]
+    return CUR[E_TYPE] == EV_TNT and CUR[E_SIZE] > 0
+
+
 @kernels.njit(cache=True, nogil=True, _nrt=False)
 def run(ds, pk, cf, ct, out):
     """Decode until the segment ends or Python is needed (R_*)."""
@@ -3088,7 +3099,12 @@ def run(ds, pk, cf, ct, out):
             _store_output(ds, ct, out)
         if not _room(ds, out):
             return R_FULL
-        if phase != PH_START and SI[W_LIMIT] >= 0 and SI[ES_POS] >= SI[W_LIMIT]:
+        if (
+            phase != PH_START
+            and SI[W_LIMIT] >= 0
+            and SI[ES_POS] >= SI[W_LIMIT]
+            and not (SI[W_EXACT] and _tnt_left(ds))
+        ):
             return R_MORE
         save_state(ds, 0)
         store_save(store)
@@ -3151,8 +3167,15 @@ def run(ds, pk, cf, ct, out):
                 _emit_marker(ds, out, X_END, _offset(SI, SU, pk), 0, 0, 0, 0)
             _segment_end(ds, pk, cf, E_EOS)
             continue
-        if CF[CF_FAST] and _plain(ds, cf):
-            why = _fast(ds, pk, cf, ct, out)
+        pending = SI[W_PENDING] != 0
+        if pending or (CF[CF_FAST] and _plain(ds, cf)):
+            why = FR_FETCH if pending else _fast(ds, pk, cf, ct, out)
+            if why == FR_FETCH and not pending and SI[W_EXACT] and SI[ES_POS] >= SI[W_LIMIT] >= 0:
+                # At the limit of a window that ends where the code changes:
+                # fetch the packet there in the next window, with its code.
+                SI[W_PENDING] = 1
+                return R_MORE
+            SI[W_PENDING] = 0
             if why == FR_FETCH:
                 # Plain flow ended at a packet the event decoder must take.
                 SI[ES_BOUND] = 0

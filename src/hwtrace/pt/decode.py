@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import kernels
+from ..image.revisions import CodeRevisions
 from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass, Special
 from . import _flowkernel as K
@@ -39,6 +40,8 @@ from .packets import as_buffer, map_file, psb_plus_end
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
 # None when the trace has no time there; returns None to keep the image.
 Context = Callable[[int | None, int], object]
+# Code revisions for a decoding: one store, or one per image (see FlowDecoder).
+Revisions = CodeRevisions | Callable[[object], CodeRevisions | None] | None
 
 _EMPTY_EVENTS = np.zeros((0, K.EW), np.uint64)
 
@@ -218,6 +221,24 @@ class FlowResult:
             "offset": self.event_offset.copy(),
             "block": self.event_block.copy(),
         }
+
+    def revised(self) -> np.ndarray:
+        """Per executed instruction (as :meth:`instructions`): was it
+        decoded from code revision bytes that differ from the image's own
+        (the files')?  Those decodes are right only because of the
+        revisions; without them they would fail or, worse, succeed with
+        the wrong flow."""
+        from ..image.revisions import revised_instructions
+
+        ips = self.instructions()
+        image = self.block_image
+        which = (
+            np.zeros(ips.shape[0], np.int64)
+            if image is None
+            else np.repeat(image.astype(np.int64), self.block_ninsn)
+        )
+        images = self.images or [None]
+        return revised_instructions(images, which, ips)
 
     def instruction_times(self) -> np.ndarray:
         """The time stamp of every executed instruction (its block's)."""
@@ -412,7 +433,9 @@ def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowRe
     return res
 
 
-def _decoder(image, config, options, context, images=None, keep=True) -> FlowDecoder:
+def _decoder(
+    image, config, options, context, images=None, keep=True, revisions=None
+) -> FlowDecoder:
     hook = None
     if context is not None:
 
@@ -422,7 +445,9 @@ def _decoder(image, config, options, context, images=None, keep=True) -> FlowDec
 
     opts = (options or DecodeOptions()).flow_options()
     opts.count_only = not keep
-    return FlowDecoder(image, config, opts, on_event=hook, stop_at="enabled", images=images)
+    return FlowDecoder(
+        image, config, opts, on_event=hook, stop_at="enabled", images=images, revisions=revisions
+    )
 
 
 def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int, int]]:
@@ -483,6 +508,7 @@ def decode_trace(
     keep_blocks: bool = True,
     context: Context | None = None,
     job_bytes: int = MIN_BYTES_PER_JOB,
+    revisions: Revisions = None,
 ) -> FlowResult:
     """Decode a whole trace (bytes, numpy buffer or file path) against
     ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
@@ -491,20 +517,30 @@ def decode_trace(
 
     ``context(tsc, ip)``, when given, is asked at every enabling of tracing
     (a PSB+ with tracing on, TIP.PGE) for the image of the code running then
-    (None: keep the current one): how sideband switches processes."""
+    (None: keep the current one): how sideband switches processes.
+
+    ``revisions``: code that changed while the trace ran (a
+    :class:`~hwtrace.image.revisions.CodeRevisions` in the trace's TSC, or
+    a function giving one per image); code is read as it was at the time
+    of the flow (see :class:`~hwtrace.pt.flowdec.FlowDecoder`), and
+    :meth:`FlowResult.revised` tells which instructions came from revised
+    bytes."""
     config = config or PtConfig()
     buf = _as_buffer(data)
     ranges = chunk_ranges(buf, chunk_bytes)
     jobs = useful_jobs(jobs, buf.shape[0], job_bytes)
     if jobs <= 1 or len(ranges) <= 1:
-        dec = _decoder(image, config, options, context, keep=keep_blocks)
+        dec = _decoder(image, config, options, context, keep=keep_blocks, revisions=revisions)
         sink = _Collector(keep_blocks, _expected_rows(buf.shape[0]))
         for s, e in ranges:
             dec.decode(buf, sink, s, e)
         return _result([sink], [dec])
     jobs = min(jobs, len(ranges))
     images: list = []
-    decoders = [_decoder(image, config, options, context, images, keep_blocks) for _ in range(jobs)]
+    decoders = [
+        _decoder(image, config, options, context, images, keep_blocks, revisions)
+        for _ in range(jobs)
+    ]
     # Contiguous runs of chunks per thread keep each one's decoded code warm.
     per = -(-len(ranges) // jobs)
     groups = [ranges[i * per : (i + 1) * per] for i in range(jobs)]
@@ -529,11 +565,13 @@ def iter_flow(
     *,
     chunk_bytes: int = 1 << 20,
     context: Context | None = None,
+    revisions: Revisions = None,
 ) -> Iterator[FlowResult]:
-    """Decode chunk by chunk, in order, with bounded memory."""
+    """Decode chunk by chunk, in order, with bounded memory (``revisions``
+    as for :func:`decode_trace`)."""
     config = config or PtConfig()
     buf = _as_buffer(data)
-    dec = _decoder(image, config, options, context)
+    dec = _decoder(image, config, options, context, revisions=revisions)
     for s, e in chunk_ranges(buf, chunk_bytes):
         sink = _Collector(True)
         dec.decode(buf, sink, s, e)

@@ -502,10 +502,30 @@ def _classify_unique(uniq: np.ndarray, read: Reader) -> tuple[np.ndarray, ...]:
     return cls, fall, target, push
 
 
+def _classify_versions(
+    ips: np.ndarray, code: Sequence[Image | Reader], versions: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """:func:`_classify_unique` per distinct (version, IP) of a path that
+    ran in several versions of its code; also each instruction's index."""
+    readers = [c.read if isinstance(c, Image) else c for c in code]  # type: ignore[union-attr]
+    ver = np.ascontiguousarray(versions, np.int64)
+    if ver.shape != ips.shape or (ver < 0).any() or (ver >= len(readers)).any():
+        raise ValueError("versions needs one index into code per instruction")
+    keys = np.stack([ver.astype(np.uint64), ips], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    cols = [np.zeros(uniq.shape[0], t) for t in (np.int8, np.uint64, np.uint64, np.bool_)]
+    for v in np.unique(uniq[:, 0]).tolist():
+        rows = np.flatnonzero(uniq[:, 0] == v)
+        for col, got in zip(cols, _classify_unique(uniq[rows, 1], readers[v]), strict=True):
+            col[rows] = got
+    return (*cols, inv.reshape(-1))
+
+
 def encode_path(
     ips: np.ndarray,
-    code: Image | Reader,
+    code: Image | Reader | Sequence[Image | Reader],
     *,
+    versions: np.ndarray | None = None,
     end_ip: int | None = None,
     ret_compression: bool = True,
     long_tnt: bool = False,
@@ -565,9 +585,12 @@ def encode_path(
     n = int(ips.shape[0])
     if n == 0:
         raise ValueError("empty path")
-    read: Reader = code.read if isinstance(code, Image) else code
-    uniq, inv = np.unique(ips, return_inverse=True)
-    u_cls, u_fall, u_target, u_push = _classify_unique(uniq, read)
+    if versions is None:
+        read: Reader = code.read if isinstance(code, Image) else code  # type: ignore[assignment]
+        uniq, inv = np.unique(ips, return_inverse=True)
+        u_cls, u_fall, u_target, u_push = _classify_unique(uniq, read)
+    else:
+        u_cls, u_fall, u_target, u_push, inv = _classify_versions(ips, code, versions)
     uid = inv.reshape(-1).astype(np.int64)
 
     traced = np.ones(n, np.bool_)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..image.revisions import CodeRevisions
 from . import _flowkernel as K
 from ._kernels import sync_forward as _sync_forward_kernel
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
@@ -35,7 +36,7 @@ from .config import PtConfig
 from .errors import PtError
 from .events import Ev, Event, EventOptions
 from .flow import AddrFilter, BlockFlags
-from .kinds import DecodeError
+from .kinds import DecodeError, Kind
 from .packets import as_buffer, decode_range, map_file, packet_errata, psb_plus_end, release
 from .timing import estimate_time, new_time_state
 
@@ -185,7 +186,8 @@ def event_object(row: np.ndarray) -> Event:
 @dataclass
 class _Window:
     """Packets of one stretch of a segment, and the time model's state at
-    its start and at its limit (where the next window starts)."""
+    its start and at its limit (where the next window starts); ``epoch``:
+    the code revisions' epoch its flow runs in (None: no revisions)."""
 
     start: int
     ext: int
@@ -194,6 +196,15 @@ class _Window:
     packets: tuple
     start_state: np.ndarray
     limit_state: np.ndarray
+    epoch: int | None = None
+
+
+# Packets that say where the flow goes; a change of code revisions takes
+# effect before one of them (see FlowDecoder._revision_cut).
+_FLOW_KINDS = np.array(
+    [Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.FUP], np.uint8
+)
+_NO_TIME = np.iinfo(np.int64).max
 
 
 class FlowDecoder:
@@ -202,6 +213,17 @@ class FlowDecoder:
     ``on_event(row, offset)`` is called after each event ``stop_at`` names
     (``"enabled"``: tracing enabled, how sideband follows context switches;
     ``"all"``); it may return the image to decode with from then on.
+
+    ``revisions``: code that changed while the trace ran
+    (:class:`~hwtrace.image.revisions.CodeRevisions`, in the trace's TSC),
+    or a function giving the store for an image (None: none).  The decoder
+    then reads code as it was at the time of the flow it decodes: the
+    revisions in force are laid over the image (an overlay per epoch,
+    :meth:`~hwtrace.image.revisions.CodeRevisions.overlay`), and where a
+    revision begins the decoder changes code before the last packet that
+    went before it, since the instructions walked after that packet may
+    already run the new code (FlowJIT's rule: a revision is valid from its
+    first execution).  Without time stamps the latest code is used.
     """
 
     # Packets decoded at a time: the memory a decoding needs is about 30
@@ -217,6 +239,7 @@ class FlowDecoder:
         on_event: EventHook | None = None,
         stop_at: str = "enabled",
         images: list | None = None,
+        revisions: CodeRevisions | Callable[[object], CodeRevisions | None] | None = None,
     ) -> None:
         self.config = config or PtConfig()
         self.options = options or FlowOptions()
@@ -225,6 +248,9 @@ class FlowDecoder:
         # decoders of the same trace so the numbers agree).
         self.images: list = images if images is not None else []
         self._tables: dict[int, CodeTable] = {}
+        self.revisions = revisions
+        self._base = image  # the image without code revisions
+        self._epoch = 0
         self.image = image
         self.table = self._table_for(image)
         self.state = K.new_state()
@@ -293,9 +319,44 @@ class FlowDecoder:
             self.image = table.image
 
     def switch_image(self, image) -> None:
-        """Decode with ``image`` from now on."""
-        if image is not None and image is not self.image:
-            self.use_table(self._table_for(image))
+        """Decode with ``image`` from now on (with the code revisions in
+        force laid over it)."""
+        if image is None:
+            return
+        self._base = image
+        code = self._code_of(image, self._epoch)
+        if code is not self.image:
+            self.use_table(self._table_for(code))
+
+    def _store(self, image) -> CodeRevisions | None:
+        r = self.revisions
+        store = r(image) if callable(r) else r
+        return store if store is not None and len(store) else None
+
+    def _code_of(self, image, epoch: int):
+        store = self._store(image)
+        return image if store is None else store.overlay(image, epoch)
+
+    def _change_code(self, change: Callable[[], None]) -> None:
+        """Run ``change`` (which may switch the code table) keeping the
+        instructions the decoder holds."""
+        held = self._held()
+        before, generation = self.table, self.table.generation
+        change()
+        if self.table is not before or self.table.generation != generation:
+            SI = self.state[0]
+            for slot, data in held:
+                SI[slot] = self.table.add_row(data)
+            self.state[14][:] = -1  # run indices are the old table's
+
+    def _enter(self, win: _Window) -> None:
+        """Decode ``win`` in its code revisions' epoch."""
+        if win.epoch is None or win.epoch == self._epoch:
+            return
+        self._epoch = win.epoch
+        code = self._code_of(self._base, win.epoch)
+        if code is not self.image:
+            self._change_code(lambda: self.use_table(self._table_for(code)))
 
     def _held(self) -> list[tuple[int, dict]]:
         """The instructions the decoder holds (the one whose event is
@@ -383,16 +444,68 @@ class FlowDecoder:
             save_at=limit_index,
             saved=saved,
         )
+        epoch = None
+        exact = False
+        store = self._store(self._base)
+        if store is not None and n:
+            cut, epoch = self._revision_cut(table, times, store)
+            if cut > 0 and (limit_index < 0 or cut < limit_index):
+                exact = True
+                # End the window where the code changes: the next one starts
+                # there, in the new epoch.
+                limit_index, limit = cut, int(table.offset[cut])
+                saved = new_time_state()
+                times = estimate_time(
+                    table,
+                    self.config,
+                    keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf,
+                    state=tstate.copy(),
+                    save_at=limit_index,
+                    saved=saved,
+                )
         SI, SU = self.state[0], self.state[1]
         SI[K.W_N] = n
         SI[K.W_END_ERR] = int(end_error)
         SI[K.W_LIMIT] = limit_index
+        SI[K.W_EXACT] = exact
         SU[K.W_END_OFFSET] = int(table.offset[-1] + table.size[-1]) if n else ws
         pk = (
             table.kind, table.a, table.b, table.c, table.offset, table.size,
             times.tsc, times.have_tsc,
         )  # fmt: skip
-        return _Window(ws, ext, limit, limit_index, pk, tstate, saved)
+        return _Window(ws, ext, limit, limit_index, pk, tstate, saved, epoch)
+
+    @staticmethod
+    def _revision_cut(table, times, store: CodeRevisions) -> tuple[int, int]:
+        """Where in a window of packets the code revisions' epoch changes
+        (-1: nowhere) and the epoch its flow starts in.
+
+        The instructions walked after a flow packet (a TNT, TIP or FUP) ran
+        before the next one was written, so they run in the epoch of that
+        next packet's time.  The window ends at the first flow packet whose
+        successor is in another epoch (at the PSB of a PSB+ it lies in):
+        the decoder fetches it in the next window, with that epoch's code.
+        """
+        kind = table.kind
+        flow = np.flatnonzero(np.isin(kind, _FLOW_KINDS))
+        t = np.where(times.have_tsc, times.tsc.astype(np.int64), _NO_TIME)
+        bounds = store.boundaries()
+        if flow.shape[0] == 0:
+            return -1, int(np.searchsorted(bounds, t[-1], side="right"))
+        after = np.empty(flow.shape[0], np.int64)
+        after[:-1] = t[flow[1:]]
+        after[-1] = t[-1]
+        epochs = np.searchsorted(bounds, after, side="right")
+        change = np.flatnonzero(epochs != epochs[0])
+        if change.shape[0] == 0:
+            return -1, int(epochs[0])
+        at = int(flow[change[0]])
+        psb = np.flatnonzero(kind[: at + 1] == Kind.PSB)
+        if psb.shape[0]:
+            p = int(psb[-1])
+            if not (kind[p:at] == Kind.PSBEND).any():
+                at = p  # inside a PSB+: change before it
+        return at, int(epochs[0])
 
     def _segment(self, buf: np.ndarray, off: int, end: int, sink: FlowSink):
         """Decode the segment starting at the PSB at ``off``: returns
@@ -405,6 +518,7 @@ class FlowDecoder:
         SI[K.CB_LAST] = -1
         SI[K.BS_LAST] = -1
         win = self._open(buf, off, end, new_time_state())
+        self._enter(win)
         while True:
             r = K.run(self.state, win.packets, self.cf, self.table.tuple, self.out)
             if r == K.R_MISS:
@@ -423,9 +537,11 @@ class FlowDecoder:
                 release(buf, win.start, win.limit)
                 win = self._open(buf, win.limit, end, win.limit_state)
                 SI[K.ES_POS] -= shift
+                self._enter(win)
             elif r == K.R_WINDOW:
                 # A step read past the window: the same window, reaching further.
                 win = self._open(buf, win.start, end, win.start_state, grow=win.ext)
+                self._enter(win)
             else:  # R_DONE
                 self._flush(sink)
                 synced = not SI[K.DR_SYNC_FAILED]
@@ -438,15 +554,7 @@ class FlowDecoder:
         SI, SU = self.state[0], self.state[1]
         pos = int(SI[K.ES_POS])
         offset = int(pk[4][pos]) if pos < int(SI[K.W_N]) else int(SU[K.W_END_OFFSET])
-        held = self._held()
-        before, generation = self.table, self.table.generation
-        image = self.on_event(row, offset)
-        if image is not None:
-            self.switch_image(image)
-        if self.table is not before or self.table.generation != generation:
-            for slot, data in held:
-                SI[slot] = self.table.add_row(data)
-            self.state[14][:] = -1  # run indices are the old table's
+        self._change_code(lambda: self.switch_image(self.on_event(row, offset)))
 
     def _flush(self, sink: FlowSink) -> None:
         SI = self.state[0]
