@@ -11,6 +11,10 @@ calls of one function), then one page rewritten several times.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -186,3 +190,308 @@ def test_one_page_rewritten_several_times():
         )
         assert not flow.gaps
         assert np.array_equal(flow.instructions(), enc.expected)
+
+
+# -- real processes, recorded by the software recorder ---------------------------------
+
+PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int (*fn_t)(void);
+
+/* A uBPF-style program compiled at run time: a loop of 42 iterations. */
+static const unsigned char loop_code[] = {
+    0x31, 0xc0,       /* xor eax, eax */
+    0xff, 0xc0,       /* l: inc eax */
+    0x83, 0xf8, 0x2a, /* cmp eax, 42 */
+    0x74, 0x02,       /* je out */
+    0xeb, 0xf7,       /* jmp l */
+    0xc3,             /* out: ret */
+};
+
+__attribute__((noinline)) int run_jit(fn_t f) { return f() + 1; }
+
+/* A static key: a 5-byte NOP, patched into a jmp to the "yes" branch.
+   The site and its target are kept in a section, as jump labels are. */
+__attribute__((noinline)) int foo(int x) {
+    x = x * 5 + 1;
+    asm volatile("" : "+r"(x));
+    asm goto("1: .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n\t"
+             ".pushsection key_sites, \"aw\"\n\t.quad 1b, %l[yes]\n\t.popsection"
+             :::: yes);
+    return x + 1;
+yes:
+    return x * 3;
+}
+
+extern const uint64_t __start_key_sites[];
+
+static void patch_key(void) {
+    uint64_t site = __start_key_sites[0], target = __start_key_sites[1];
+    long pg = sysconf(_SC_PAGESIZE);
+    void *page = (void *)(site & ~(uint64_t)(pg - 1));
+    unsigned char jmp[5] = {0xe9};
+    int32_t rel = (int32_t)(target - (site + 5));
+    memcpy(jmp + 1, &rel, 4);
+    mprotect(page, 2 * pg, PROT_READ | PROT_WRITE | PROT_EXEC);
+    memcpy((void *)site, jmp, 5);
+    mprotect(page, 2 * pg, PROT_READ | PROT_EXEC);
+}
+
+int main(void) {
+    unsigned char *mem = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memcpy(mem, loop_code, sizeof loop_code);
+    /* Named for profilers, as JITs do (perf's /tmp/perf-PID.map). */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+    FILE *map = fopen(path, "w");
+    if (map) {
+        fprintf(map, "%lx %zx jit_loop\n", (unsigned long)mem, sizeof loop_code);
+        fclose(map);
+    }
+    int r = run_jit((fn_t)mem);
+    int a = foo(10);
+    patch_key();
+    int b = foo(10);
+    int total = 0;
+    for (int k = 0; k < 4; k++) { /* the same page rewritten: 3, 7, 11, 15 iterations */
+        mem[6] = (unsigned char)(3 + 4 * k);
+        total += run_jit((fn_t)mem);
+    }
+    printf("%d %d %d %d\n", r, a, b, total);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    from test_record_software import SKIP, compile_program
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    from hwtrace.record.software import record_software
+
+    exe = compile_program(PROGRAM, "flowjit", ("-O1", "-g0", "-fno-pie", "-no-pie"))
+    rec = record_software([str(exe)], calls=["run_jit", "foo"])
+    yield rec
+    Path(f"/tmp/perf-{rec.pid}.map").unlink(missing_ok=True)
+
+
+def _jit_runs(ips: np.ndarray, page: int) -> list[int]:
+    """Per call of the JIT code (at ``page``): how often its loop ran."""
+    inside = (ips >= page) & (ips < page + 0x1000)
+    starts = np.flatnonzero(inside & ~np.r_[False, inside[:-1]])
+    ends = np.flatnonzero(inside & ~np.r_[inside[1:], False]) + 1
+    return [int((ips[s:e] == page + 2).sum()) for s, e in zip(starts, ends, strict=True)]
+
+
+def test_recorded_code_changes(recorded):
+    rec = recorded
+    assert rec.exit_status == 0
+    changes = rec.log.changes
+    jit_page = next(r.address for r in rec.code_revisions().revisions if r.address >= 1 << 32)
+    # The key patched once, then the JIT page rewritten four times.
+    assert [c.address == jit_page for c in changes] == [False, True, True, True, True]
+    times = [c.time for c in changes]
+    assert times == sorted(set(times))
+    # The loop ran 42, then 3, 7, 11 and 15 times.
+    assert _jit_runs(rec.instructions, jit_page) == [42, 3, 7, 11, 15]
+
+
+def test_recorded_jit_and_static_key_decode_exactly(recorded):
+    rec = recorded
+    store = rec.code_revisions()
+    files = rec.image()
+    flow = decode_trace(rec.data, files, rec.config, revisions=store)
+    assert not flow.gaps
+    got = flow.instructions()
+    assert np.array_equal(got, rec.instructions)
+    jit_page = store.revisions[0].address
+    assert _jit_runs(got, jit_page) == [42, 3, 7, 11, 15]
+    # The first run's exit branch: 41 times not taken, once taken.
+    je = np.flatnonzero(got == jit_page + 7)[:42]
+    assert (got[je + 1] == jit_page + 9).sum() == 41 and got[je[-1] + 1] == jit_page + 11
+    # Flagged: the JIT code (no file holds it) and the patched jmp, which
+    # ran once (the second call of foo).
+    revised = flow.revised()
+    inside = (got >= jit_page) & (got < jit_page + 0x1000)
+    assert revised[inside].all()
+    assert int(revised[~inside].sum()) == 1
+    # Without the store the decode stops where the JIT code is called.
+    bare = decode_trace(rec.data, files, rec.config)
+    assert bare.gaps and "no memory" in str(bare.gaps[0]) and f"{jit_page:x}" in str(bare.gaps[0])
+
+
+def test_recorded_static_key_without_its_revision_is_silently_wrong(recorded):
+    rec = recorded
+    jit_only = CodeRevisions()
+    for r in rec.code_revisions().revisions:
+        if r.address >= 1 << 32:
+            jit_only.add(r.address, r.data, r.valid_from, r.source)
+    flow = decode_trace(rec.data, rec.image(), rec.config, revisions=jit_only)
+    assert not flow.gaps
+    got = flow.instructions()
+    assert not np.array_equal(got, rec.instructions)
+    # Only the second call of foo differs: it took the NOP, not the jmp.
+    assert _jit_runs(got, rec.code_revisions().revisions[0].address) == [42, 3, 7, 11, 15]
+
+
+def test_recorded_jit_through_perf_data(recorded, tmp_path):
+    """perf.data carries the revisions (TEXT_POKE records of user code):
+    ``hwtrace script`` decodes the JIT code with no gap and names it from
+    the process's perf map; Linux perf reads the file too."""
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.trace import decode_perf
+    from hwtrace.record.perfdata import write_perf_data
+
+    path = tmp_path / "jit.data"
+    write_perf_data(recorded, path, buildid_cache=False)
+    flow = decode_perf(PerfData(str(path)))
+    assert not flow.problems and flow.n_gaps == 0
+    assert np.array_equal(flow.queues[0].flow.instructions(), recorded.instructions)
+    out = subprocess.run(
+        [sys.executable, "-m", "hwtrace.cli.main", "script", "-i", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == recorded.instructions.shape[0]
+    # xor, then per iteration inc, cmp, je (and jmp but the last), ret
+    assert sum("jit_loop" in line for line in lines) == sum(4 * n + 1 for n in (42, 3, 7, 11, 15))
+    assert "jit_loop+0x7 (/tmp/perf-" in out.stdout
+
+
+# -- a kernel BPF program's JIT image ---------------------------------------------------
+
+LOADER = """
+import json, sys
+from hwtrace.filter.ebpf.asm import assemble
+from hwtrace.kernel import bpf
+
+insns = assemble("r0 = 0\\nr2 = 0\\nloop:\\nr0 += 3\\nr2 += 1\\nif r2 < 42 goto loop\\nexit\\n")
+prog = bpf.Program(bpf.PROG_SOCKET_FILTER, insns, name="flowjit_loop")
+image = prog.jited_image()
+retval, _ = prog.test_run(bytes(64))
+json.dump({"id": image.id, "name": image.name, "tag": image.tag.hex(),
+           "code": image.code.hex(), "addresses": image.addresses, "lengths": image.lengths,
+           "retval": retval}, open(sys.argv[1], "w"))
+prog.close()
+"""
+
+
+def _bpf_skip() -> str | None:
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return "needs root (BPF programs, perf record -a)"
+    if shutil.which("perf") is None:
+        return "needs perf (Debian's linux-perf)"
+    try:
+        from hwtrace.kernel import bpf
+
+        bpf.Map(bpf.MAP_ARRAY, 4, 8, 1).close()
+    except Exception as e:
+        return f"BPF is not usable here: {e}"
+    return None
+
+
+def _emulate(code: bytes, address: int) -> list[int]:
+    """The IPs a JIT image runs from its entry to its final jump out (the
+    return thunk, kernel text), executed by unicorn.  Unicorn does not run
+    code at kernel addresses, so the image runs at a user-space alias with
+    the same page offset (its branches are relative) and the IPs are moved
+    back."""
+    import unicorn
+    from unicorn import x86_const as X
+
+    alias = 0x1000_0000 + (address & 0xFFF)
+    uc = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
+    uc.mem_map(alias & ~0xFFF, 0x2000)
+    uc.mem_write(alias, code)
+    uc.mem_map(0x7000_0000, 0x10000)
+    uc.reg_write(X.UC_X86_REG_RSP, 0x7000_F000)
+    ips: list[int] = []
+    uc.hook_add(unicorn.UC_HOOK_CODE, lambda _uc, ip, _size, _data: ips.append(ip))
+    assert code[-5] == 0xE9  # jmp rel32 to the return thunk
+    last = alias + len(code) - 5
+    try:
+        uc.emu_start(alias, 0, count=10_000)
+    except unicorn.UcError as e:  # fetching the thunk, which is not mapped here
+        assert e.errno == unicorn.UC_ERR_FETCH_UNMAPPED
+    out = (last + 5 + int.from_bytes(code[-4:], "little", signed=True)) & ((1 << 64) - 1)
+    assert uc.reg_read(X.UC_X86_REG_RIP) == out and ips[-1] == last
+    return [ip - alias + address for ip in ips]
+
+
+@pytest.mark.skipif(_bpf_skip() is not None, reason=str(_bpf_skip()))
+def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
+    """A BPF program loaded and run while ``perf record -a`` watched: its
+    KSYMBOL, BPF_EVENTs and JIT image (perf's BPF_PROG_INFO) come out of
+    perf.data equal to what BPF_OBJ_GET_INFO_BY_FD gave while it was
+    loaded; a trace through that kernel address range (encoded from the
+    path unicorn runs through the captured bytes) decodes exactly with the
+    revisions, and is a gap without them."""
+    import json
+
+    from hwtrace.kernel import bpf
+    from hwtrace.perf.code import ksymbols
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.records import RecordType
+    from hwtrace.perf.trace import sideband_of
+
+    (tmp_path / "load.py").write_text(LOADER)
+    data_path, out = tmp_path / "bpf.data", tmp_path / "image.json"
+    run = subprocess.run(
+        ["perf", "record", "-q", "-a", "-e", "dummy", "-o", str(data_path), "--",
+         sys.executable, str(tmp_path / "load.py"), str(out)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    loaded = json.loads(out.read_text())
+    assert loaded["retval"] == 3 * 42  # it ran in the kernel
+    data = PerfData(str(data_path))
+    image = bpf.JitedImage(
+        loaded["id"], loaded["name"], bytes.fromhex(loaded["tag"]),
+        bytes.fromhex(loaded["code"]), loaded["addresses"], loaded["lengths"],
+    )  # fmt: skip
+    # KSYMBOL says where and when (load to unload), BPF_EVENT which program.
+    (sym,) = [k for k in ksymbols(data) if k.name == image.symbol]
+    assert (sym.address, sym.size) == (image.addresses[0], len(image.code))
+    assert sym.end is not None
+    rows = np.flatnonzero(data.records["type"] == RecordType.BPF_EVENT).tolist()
+    events = [data.record(i).body for i in rows]
+    assert {e.type for e in events if e.id == image.id} == {1, 2}  # load, unload
+    store = CodeRevisions()
+    assert bpf.add_images(store, [image], sym.start) == 1
+    (rev,) = store.revisions
+    # perf keeps the image too (BPF_PROG_INFO) when its side-band thread
+    # read it before the program went: then the same bytes, in the
+    # sideband's store.
+    kept = sideband_of(data).code_revisions(-1, None)
+    for r in kept.revisions if kept is not None else []:
+        if r.name == image.symbol:
+            assert (r.address, r.data, r.valid_from) == (rev.address, rev.data, rev.valid_from)
+    ips = np.array(_emulate(rev.data, rev.address), np.uint64)
+    start = rev.valid_from + 1_000  # perf time as the trace's time
+    enc = encode_path(
+        ips, store.overlay(None, store.epoch(start)), tsc=start, mtc_freq=3, cyc=True,
+        ctc_ratio=2, psb_period=0,
+    )  # fmt: skip
+    assert np.array_equal(enc.expected, ips)
+    nothing = Image("kernel without BPF")
+    flow = decode_trace(enc.data, nothing, enc.config, revisions=store)
+    assert not flow.gaps
+    got = flow.instructions()
+    assert np.array_equal(got, ips)
+    jb = np.flatnonzero(got == rev.address + rev.data.index(bytes.fromhex("72f2")))
+    assert jb.shape[0] == 42 and (got[jb[:-1] + 1] < got[jb[:-1]]).all()
+    assert flow.revised().all()
+    bare = decode_trace(enc.data, nothing, enc.config)
+    assert bare.gaps and "no memory" in str(bare.gaps[0])

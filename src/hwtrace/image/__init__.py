@@ -267,6 +267,17 @@ class Image:
         start = address - section.address
         return section.data[start : start + size].tobytes()
 
+    def read_span(self, address: int, size: int, asid: Asid = ANY) -> bytes:
+        """Up to ``size`` bytes at ``address``, on across sections while they
+        are contiguous (fewer where the mapped bytes end)."""
+        out = b""
+        while len(out) < size:
+            piece = self.read(address + len(out), size - len(out), asid)
+            if not piece:
+                break
+            out += piece
+        return out
+
     # -- looking at it ----------------------------------------------------------
 
     def __len__(self) -> int:

@@ -18,8 +18,13 @@ offset (or line) and what is wrong.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .symbols import SymbolTable
 
 __all__ = [
     "JIT_CODE_CLOSE",
@@ -32,6 +37,7 @@ __all__ = [
     "JitProblem",
     "PerfMapEntry",
     "encode_jitdump",
+    "jit_symbols",
     "read_jitdump",
     "read_perf_map",
 ]
@@ -270,3 +276,34 @@ def encode_jitdump(pid: int, codes: list[JitCode], *, timestamp: int = 0, flags:
         t = max((c.time for c in codes), default=timestamp)
         out += _PREFIX.pack(JIT_CODE_CLOSE, _PREFIX.size, t)
     return bytes(out)
+
+
+def jit_symbols(
+    pid: int, mapped: Sequence[str] = (), root: Path | None = None
+) -> tuple[SymbolTable, list[JitProblem]]:
+    """Names for process ``pid``'s JIT code, as perf finds them: its perf map
+    (``/tmp/perf-PID.map``) and the jitdump files it mapped (``mapped``: the
+    paths of its mappings; a JIT maps its ``jit-PID.dump`` so profilers see
+    it).  ``root`` is where the recorded system's files are (a sysroot).
+    Each symbol's module is the file that named it."""
+    from .symbols import SymbolTable
+
+    def place(path: str) -> Path:
+        return root / path.lstrip("/") if root is not None else Path(path)
+
+    tables = []
+    problems: list[JitProblem] = []
+    perf_map = place(f"/tmp/perf-{pid}.map")
+    if perf_map.is_file():
+        entries, bad = read_perf_map(perf_map)
+        problems += bad
+        rows = [(e.address, e.size, e.name, True) for e in entries]
+        tables.append(SymbolTable.from_symbols(rows, f"/tmp/perf-{pid}.map"))
+    for path in dict.fromkeys(p for p in mapped if Path(p).name.startswith("jit-")):
+        if not path.endswith(".dump") or not place(path).is_file():
+            continue
+        dump = read_jitdump(place(path), pid=pid)
+        problems += dump.problems
+        rows = [(c.address, c.size, c.name, True) for c in dump.codes]
+        tables.append(SymbolTable.from_symbols(rows, path))
+    return SymbolTable.merge(tables), problems

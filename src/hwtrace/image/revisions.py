@@ -175,7 +175,7 @@ class CodeRevisions:
     def read(self, address: int, size: int, time: int, *, asid: Asid = ANY) -> bytes | None:
         """The ``size`` bytes at ``address`` at ``time``, each from the
         revision in force over it, or None when some byte has none."""
-        out = _read(self.overlay(None, self.epoch(time)), address, size, asid)
+        out = self.overlay(None, self.epoch(time)).read_span(address, size, asid)
         return out if len(out) == size else None
 
     # -- epochs: the decoder's view ---------------------------------------------------
@@ -278,22 +278,10 @@ def revised_instructions(images: list, which: np.ndarray, ips: np.ndarray) -> np
         insn = cache.get(ip, 64)
         size = 1 if isinstance(insn, int) else insn.size
         base = image.revision_base
-        mine = _read(image, ip, size)
-        theirs = _read(base, ip, size) if base is not None else b""
+        mine = image.read_span(ip, size)
+        theirs = base.read_span(ip, size) if base is not None else b""
         flags[j] = mine != theirs
     out[:] = flags[inverse.reshape(-1)]
-    return out
-
-
-def _read(image: Image, address: int, size: int, asid: Asid = ANY) -> bytes:
-    """Up to ``size`` bytes at ``address``, across sections while they are
-    contiguous."""
-    out = b""
-    while len(out) < size:
-        piece = image.read(address + len(out), size - len(out), asid)
-        if not piece:
-            break
-        out += piece
     return out
 
 

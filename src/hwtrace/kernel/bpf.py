@@ -36,6 +36,7 @@ SYS_BPF = 321
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
 PROG_LOAD, OBJ_PIN, OBJ_GET = 5, 6, 7
 PROG_GET_NEXT_ID, MAP_GET_NEXT_ID, PROG_GET_FD_BY_ID = 11, 12, 13
+PROG_TEST_RUN = 10
 OBJ_GET_INFO_BY_FD = 15
 ENABLE_STATS = 32
 
@@ -43,6 +44,7 @@ ENABLE_STATS = 32
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_RINGBUF = 1, 2, 6, 27
 F_MMAPABLE = 1 << 10
 
+PROG_SOCKET_FILTER = 1
 PROG_TRACEPOINT = 5
 STATS_RUN_TIME = 0
 
@@ -407,6 +409,21 @@ class Program(_Fd):
             PROG_GET_FD_BY_ID, _attr((0, "I", prog_id)), f"open BPF program {prog_id}"
         )
         return self
+
+    def test_run(self, data: bytes, repeat: int = 1) -> tuple[int, int]:
+        """Run the program in the kernel on ``data`` (``BPF_PROG_TEST_RUN``,
+        e.g. a socket filter on a packet): its return value and the mean
+        run time in ns."""
+        buf = ctypes.create_string_buffer(bytes(data), len(data))
+        attr = _attr(
+            (0, "I", self.fd),
+            (8, "I", len(data)),
+            (16, "Q", ctypes.addressof(buf)),
+            (32, "I", repeat),
+        )
+        sys_bpf(PROG_TEST_RUN, attr, "BPF_PROG_TEST_RUN")
+        retval, _, _, _, _, _, duration = struct.unpack_from("<IIIQQII", attr, 4)
+        return retval, duration
 
     def jited_image(self) -> JitedImage:
         """The program's machine code and where the kernel put it: one

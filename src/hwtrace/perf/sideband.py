@@ -25,6 +25,8 @@ import numpy as np
 
 from ..image import Image
 from ..image.elf import read_elf
+from ..image.jitdump import jit_symbols
+from ..image.revisions import CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
 from ..pt.timing import tsc_to_ns
@@ -232,21 +234,29 @@ class AddressSpace:
             # Named after the file the recording mapped, wherever its bytes
             # came from (a build-id cache's ``elf``, a --symfs copy).
             tables.append(loaded.symbols.relocate(0, m.path))
+        # JIT code is in no file: perf names it from the process's perf map
+        # and the jitdump it mapped.
+        jit, problems = jit_symbols(self.pid, [m.path for m in maps], locator.root)
+        for p in problems:
+            locator.problems.setdefault(p.path, str(p))
+        tables.append(jit)
         return image, SymbolTable.merge(tables)
 
 
 @dataclass(frozen=True)
 class CodeRevision:
     """Code that changed at run time: a KSYMBOL (register/unregister), a
-    BPF program load, or a TEXT_POKE (``old`` bytes replaced by ``new``)."""
+    BPF program load, or a TEXT_POKE (``old`` bytes replaced by ``new``).
+    ``pid``: the process whose user code it is (-1: the kernel's)."""
 
     time: int
-    kind: str  # "ksymbol", "ksymbol-unregister", "bpf", "text_poke"
+    kind: str  # "ksymbol", "ksymbol-unregister", "bpf", "text_poke", "bpf_image"
     address: int
     length: int
     name: str = ""
     old: bytes = b""
     new: bytes = b""
+    pid: int = -1
 
 
 class Sideband:
@@ -263,6 +273,7 @@ class Sideband:
         self.exits: dict[int, int] = {}
         self.kernel_mappings: list[Mapping] = []
         self.revisions: list[CodeRevision] = []
+        self._stores: dict[tuple[int, int], CodeRevisions | None] = {}
         self._switch: dict[int, tuple[list[int], list[int]]] = {}
         self._switch_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -325,6 +336,25 @@ class Sideband:
 
     def add_revision(self, revision: CodeRevision) -> None:
         self.revisions.append(revision)
+        self._stores.clear()
+
+    def code_revisions(self, pid: int, conv: TscConversion | None) -> CodeRevisions | None:
+        """The TEXT_POKE revisions of process ``pid``'s code and the
+        kernel's, and the BPF JIT images perf kept, in TSC (through ``conv``; perf time without one), for the
+        decoder (None: there are none)."""
+        key = (pid, id(conv))
+        if key not in self._stores:
+            store = CodeRevisions()
+            for r in self.revisions:
+                if r.kind not in ("text_poke", "bpf_image") or not r.new:
+                    continue
+                if r.pid not in (-1, pid):
+                    continue
+                t = int(conv.to_tsc(r.time)) if conv is not None else r.time
+                store.add(r.address, r.new, t, "bpf" if r.kind == "bpf_image" else r.kind,
+                          name=r.name)  # fmt: skip
+            self._stores[key] = store if len(store) else None
+        return self._stores[key]
 
     # -- asking --------------------------------------------------------------
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..analysis.code import CodeIndex
 from ..image import Image
+from ..image.revisions import CodeRevisions
 from ..image.symbols import SymbolTable
 from ..pt import _flowkernel as FK
 from ..pt.codetable import CodeTable
@@ -49,6 +50,7 @@ from ..pt.errors import errstr
 from ..pt.events import Ev
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.packets import release
+from .code import add_bpf_images
 from .data import PerfData, PerfDataError
 from .features import Feature
 from .kernel import KernelCode
@@ -60,6 +62,7 @@ _SIDEBAND = (
     RT.SWITCH_CPU_WIDE, RT.KSYMBOL, RT.BPF_EVENT, RT.TEXT_POKE,
 )  # fmt: skip
 _MISC_CPUMODE_KERNEL = 1
+_MISC_CPUMODE_USER = 2
 
 
 def sideband_of(data: PerfData) -> Sideband:
@@ -114,7 +117,20 @@ def sideband_of(data: PerfData) -> Sideband:
         elif k == RT.BPF_EVENT:
             sb.add_revision(CodeRevision(t, "bpf", 0, 0, f"bpf prog {b.id}"))
         elif k == RT.TEXT_POKE:
-            sb.add_revision(CodeRevision(t, "text_poke", b.addr, len(b.new), "", b.old, b.new))
+            # User code's pokes (hwtrace's software recordings write the code
+            # revisions they saw so) belong to their process.
+            user = (rec.misc & 7) == _MISC_CPUMODE_USER
+            pid = int(r["pid"][i]) if user else -1
+            sb.add_revision(CodeRevision(t, "text_poke", b.addr, len(b.new), "", b.old, b.new, pid))
+    # BPF programs' JIT images, which perf keeps (BPF_PROG_INFO), from their
+    # KSYMBOL registration on.
+    images = CodeRevisions()
+    if add_bpf_images(data, images):
+        for r in images.revisions:
+            sb.add_revision(
+                CodeRevision(r.valid_from, "bpf_image", r.address, len(r.data), r.name,
+                             b"", r.data)
+            )  # fmt: skip
     return sb
 
 
@@ -312,6 +328,7 @@ class _Contexts:
         self.locator, self.kernel = locator, kernel
         self.images: dict[tuple[int, int, int], tuple[Image, SymbolTable]] = {}
         self.symbols_of: dict[int, SymbolTable] = {}
+        self.pid_of_image: dict[int, int] = {}
         self.last_ns = 0
 
     def image_for(self, ns: int) -> Image:
@@ -332,6 +349,7 @@ class _Contexts:
                 got = space.image(self.locator, ns, kernel)
             self.images[key] = got
             self.symbols_of[id(got[0])] = got[1]
+            self.pid_of_image[id(got[0])] = pid if space is not None else -1
         return got[0]
 
     def context(self, tsc: int | None, ip: int) -> Image:
@@ -344,7 +362,16 @@ class _Contexts:
         return self.image_for(0 if self.conv is None else self.last_ns)
 
     def symbols(self, image: Image) -> SymbolTable:
+        # An overlay of code revisions has its base image's symbols.
+        base = getattr(image, "revision_base", None)
+        if base is not None:
+            image = base
         return self.symbols_of.get(id(image), SymbolTable.empty())
+
+    def revisions_for(self, image: Image) -> CodeRevisions | None:
+        """The code revisions of the process ``image`` is of (the decoder's
+        ``revisions``)."""
+        return self.sb.code_revisions(self.pid_of_image.get(id(image), -1), self.conv)
 
     def attribute(self, block_time: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Perf time (-1: none), thread and process of blocks with decoder
@@ -413,8 +440,9 @@ def decode_perf(
         with _queue_trace(data, starts, sizes) as trace:
             first = ctx.first()
             flow = decode_trace(
-                trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx.context
-            )
+                trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx.context,
+                revisions=ctx.revisions_for,
+            )  # fmt: skip
             n_bytes = trace.shape[0]
         images_used = flow.images or [first]
         symbols = [ctx.symbols(im) for im in images_used]
@@ -724,7 +752,7 @@ def stream_perf(
         ctx = _Contexts(cpu, tid, sb, conv, locator, kernel)
         dec = FlowDecoder(
             ctx.first(), config, DecodeOptions().flow_options(),
-            on_event=_hook(ctx), stop_at="enabled",
+            on_event=_hook(ctx), stop_at="enabled", revisions=ctx.revisions_for,
         )  # fmt: skip
         q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)

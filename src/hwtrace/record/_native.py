@@ -27,6 +27,7 @@ from numba.extending import intrinsic
 llvm.initialize_native_asmparser()
 
 # x86-64 Linux system call numbers.
+SYS_PREAD64 = 17
 SYS_WAIT4 = 61
 SYS_KILL = 62
 SYS_PTRACE = 101
@@ -91,6 +92,7 @@ STOP_ERROR = 5  # a system call failed: out[1] = -errno; out[4] = 1 when a row w
 STOP_NEWPAGE = 6  # the instruction is on a code page not captured yet: out[5] the page key
 STOP_INTR = 7  # waiting was interrupted by a signal to the recorder (^C): check it
 STOP_NOCHILD = 8  # nothing is left to wait for
+STOP_CHANGED = 9  # the code at the instruction differs from its page's capture: out[5] the page key
 
 # Traced-page keys: process index << 40 | page number.
 PAGE_KEY_SHIFT = 40
@@ -206,6 +208,39 @@ def _page_missing(ip, p, pages):
 
 
 @njit(cache=True)
+def _page_row(a, p, pages, rows):
+    """The captured page's row for address ``a`` of process ``p`` (-1: none)."""
+    key = (np.uint64(p) << np.uint64(PAGE_KEY_SHIFT)) | (a >> np.uint64(12))
+    i = np.searchsorted(pages, key)
+    if i < pages.shape[0] and pages[i] == key:
+        return rows[i]
+    return -1
+
+
+@njit(cache=True)
+def _code_changed(ip, p, code, points):
+    """Has the code at ``ip`` (the 16 bytes from it) changed since its pages
+    were captured?  Returns the page key of the first changed byte, or 0.
+    Bytes under the recorder's own breakpoints are not compared while the
+    breakpoint is there (code written over one is a change)."""
+    pages, rows, data, valid, mems, buf = code
+    if p >= mems.shape[0] or mems[p] < 0:
+        return np.uint64(0)
+    got = _syscall4(np.int64(SYS_PREAD64), mems[p], buf.ctypes.data, np.int64(16), np.int64(ip))
+    bpt, bown = points
+    for k in range(max(got, 0)):
+        a = ip + np.uint64(k)
+        row = _page_row(a, p, pages, rows)
+        off = np.int64(a & np.uint64(0xFFF))
+        if row < 0 or off >= valid[row] or data[row, off] == buf[k]:
+            continue
+        if buf[k] == 0xCC and _armed(a, p, bpt, bown):
+            continue  # the recorder's own breakpoint
+        return (np.uint64(p) << np.uint64(PAGE_KEY_SHIFT)) | (a >> np.uint64(12))
+    return np.uint64(0)
+
+
+@njit(cache=True)
 def _single_step(tid, out, logged):
     """PTRACE_SINGLESTEP: 0, or STOP_ERROR with ``-errno`` in ``out[1]``
     (``out[4]``: whether a row was logged for the step)."""
@@ -219,10 +254,11 @@ def _single_step(tid, out, logged):
 
 
 @njit(cache=True)
-def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch, ts, out):
+def _visit(s, slots, log, cols, n, limit, ranges, points, code, clock, scratch, ts, out):
     """Read thread ``s``'s registers; if it is about to run an instruction
     it traces, log it and single-step it.  Returns ``(n, why)``, ``why`` 0
     when it was stepped."""
+    pages = code[0]
     tids, proc, extent, count, last, restart = slots
     ips, times, regs, rslot = log
     lo, hi, owner = ranges
@@ -262,6 +298,10 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
         if key != 0:
             out[5] = np.int64(key & np.uint64((1 << 63) - 1))
             return n, STOP_NEWPAGE
+    key = _code_changed(ip, p, code, points)
+    if key != 0:
+        out[5] = np.int64(key)
+        return n, STOP_CHANGED
     if n >= limit:
         return n, STOP_FULL
     ips[n] = ip
@@ -277,7 +317,7 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
 
 
 @njit(cache=True, nogil=True)
-def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, pages, clock, scratch,
+def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, code, clock, scratch,
                  out):  # fmt: skip
     """Single-step every thread that is in its traced code, logging each
     instruction, until something needs Python.
@@ -293,8 +333,12 @@ def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, pages, 
     (its stack pointer at or below the entry's).  ``log`` = (ips, times,
     registers ``cols`` of ``user_regs_struct``, slot) per row: the state
     before the instruction ran.  ``points`` (address, process) are the armed
-    breakpoints, never stepped here; ``pages`` the sorted keys of the code
-    pages already captured.  Waits with ``wait4(-1, __WALL)``, without the
+    breakpoints, never stepped here; ``code`` the code pages captured:
+    (sorted page keys, each one's row in the next two, page bytes (rows x
+    4096), valid bytes per row, each process's ``/proc/PID/mem`` descriptor
+    (-1: none), 16 bytes of scratch).  Before each step the instruction's
+    bytes are read and compared with the capture (``STOP_CHANGED``), so
+    code rewritten since it was captured is seen.  Waits with ``wait4(-1, __WALL)``, without the
     interpreter lock (other Python threads run meanwhile).  Returns
     ``(n, why)``; ``out`` says more (see the ``STOP_*`` codes).
     """
@@ -307,7 +351,7 @@ def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, pages, 
     for s in range(nslots):
         if kick[s] != 0:
             kick[s] = 0
-            n, why = _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch,
+            n, why = _visit(s, slots, log, cols, n, limit, ranges, points, code, clock, scratch,
                             ts, out)  # fmt: skip
             if why != 0:
                 return n, why
@@ -330,7 +374,7 @@ def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, pages, 
             out[1] = st
             out[3] = r
             return n, STOP_EVENT
-        n, why = _visit(s, slots, log, cols, n, limit, ranges, points, pages, clock, scratch, ts,
+        n, why = _visit(s, slots, log, cols, n, limit, ranges, points, code, clock, scratch, ts,
                         out)  # fmt: skip
         if why != 0:
             return n, why
@@ -365,7 +409,14 @@ def warm_up() -> None:
         0,
         (u64, u64, i64),
         (u64, i64),
-        np.zeros(0, np.uint64),
+        (
+            np.zeros(0, np.uint64),
+            i64,
+            np.zeros((1, 4096), np.uint8),
+            i64,
+            i64,
+            np.zeros(16, np.uint8),
+        ),
         CLOCK_TSC,
         np.zeros(N_REGS, np.uint64),
         np.zeros(8, np.int64),

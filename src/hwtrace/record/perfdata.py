@@ -1,7 +1,8 @@
 """A software recording written as perf.data, the layout ``perf record -e
 intel_pt//u --per-thread --switch-events`` writes: the intel_pt event with
 AUXTRACE_INFO and TIME_CONV; per process image COMM (with the exec flag
-after an exec) and MMAP2 sideband; FORK and EXIT per thread and process;
+after an exec) and MMAP2 sideband, and a TEXT_POKE (user code) for each code
+revision it ran (:meth:`SoftwareRecording.code_revisions`); FORK and EXIT per thread and process;
 per thread ITRACE_START, its PT in AUXTRACE records of its own AUX buffer
 (tagged with its tid, CPU -1, as perf's per-thread mmaps are) and a SWITCH
 in and out around each stretch it was traced (the time its trace covers);
@@ -25,6 +26,7 @@ from ..perf.records import (
     SampleId,
     SampleType,
     Switch,
+    TextPoke,
 )
 from ..perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
 from .software import MmapRecord, SoftwareRecording, ThreadTrace
@@ -125,6 +127,14 @@ def write_perf_data(
         elif ev.kind == "exit":
             body = Exit(ev.pid, ev.pid, ev.tid, ev.tid, t)
             add(_Rec(t, 9, body, sid(ev.pid, ev.tid, t)))
+    # Code that ran but is in no file (JIT code) or changed while it ran,
+    # as TEXT_POKE records of user code at the time each revision first ran
+    # (perf itself applies only the kernel's).
+    for index, img in enumerate(steps.images):
+        for r in rec.code_revisions(index).revisions:
+            t = ns(r.valid_from)
+            tid = r.tid if r.tid > 0 else img.pid
+            add(_Rec(t, 5, TextPoke(r.address, b"", r.data), sid(img.pid, tid, t), _MISC_USER))
     started: set[int] = set()
     for tr in rec.threads:
         segments = tr.log.segments

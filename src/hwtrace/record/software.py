@@ -46,6 +46,7 @@ import numpy as np
 
 from ..image import Image, ImageError, read_elf
 from ..image.process import Mapping, load_bias
+from ..image.revisions import CodeRevisions
 from ..isa.x86 import IClass, InsnCache
 from ..perf.sideband import TscConversion, cache_vdso, elf_build_id
 from ..pt.config import PtConfig
@@ -223,6 +224,33 @@ class SoftwareRecording:
                 image.add_elf(vdso, m.start)
         return image
 
+    def code_revisions(self, index: int | None = None) -> CodeRevisions:
+        """The code process image ``index`` (default: the first traced
+        thread's) ran that :meth:`image` does not hold: pages whose bytes
+        differ from the files' when first stepped (JIT code, code patched
+        before), from then on, and every later rewrite the stepper saw, from
+        its first execution (times in the stepping clock, the trace's TSC).
+        Decode with both to follow code that changed."""
+        store = CodeRevisions()
+        if self.steps is None:
+            return store
+        if index is None:
+            index = self.threads[0].image if self.threads else 0
+        img = self.steps.images[index]
+        files = self.image(index)
+        for address in sorted(img.code):
+            data = img.code[address]
+            if _files_hold(files, address, data):
+                continue
+            cap = img.captures.get(address)
+            time, tid, cpu, ip = (cap.time, cap.tid, cap.cpu, cap.ip) if cap else (0, -1, -1, -1)
+            store.add(address, data, time, "stepper", tid=tid, cpu=cpu, tsc=time, ip=ip)
+        for c in img.changes:
+            store.add(
+                c.address, c.data, c.time, "stepper", tid=c.tid, cpu=c.cpu, tsc=c.time, ip=c.ip
+            )
+        return store
+
     def vdso_file(self, index: int | None = None, directory: Path | None = None) -> Path | None:
         """Process image ``index``'s vDSO, kept in perf's build-id cache
         (``directory``, default ``~/.debug``; see
@@ -234,6 +262,20 @@ class SoftwareRecording:
         if bid is None:
             return None
         return cache_vdso(img.vdso, bid, directory)
+
+
+def _files_hold(files: Image, address: int, data: bytes) -> bool:
+    """Do the files map bytes of this captured page, all equal to it?  (A
+    page also holds what lies past a segment's end, which no section maps.)"""
+    seen = False
+    for section in files:
+        lo, hi = max(section.address, address), min(section.end, address + len(data))
+        if lo >= hi:
+            continue
+        seen = True
+        if files.read_span(lo, hi - lo) != data[lo - address : hi - address]:
+            return False
+    return seen
 
 
 # -- sideband ----------------------------------------------------------------------
@@ -407,7 +449,9 @@ def encode_log(
             "nothing was traced: no instruction inside the ranges completed "
             "(only part of a rep string instruction ran)"
         )
+    versions, readers = log.code_versions()
     path: list[np.ndarray] = []
+    vers: list[np.ndarray] = []
     cost: list[np.ndarray] = []
     off: list[tuple[int, int]] = []
     interrupts: list[tuple[int, int]] = []
@@ -418,6 +462,7 @@ def encode_log(
         nxt[:-1] = t[1:]
         nxt[-1] = max(int(seg.end_time), int(t[-1]) + 1)
         path.append(log.ips[keep])
+        vers.append(versions[keep])
         cost.append(np.maximum(nxt - t, 1))
         for row, source, _sig in seg.interrupts:
             # The handler's first kept row (a repeated rep-string row is not).
@@ -435,6 +480,7 @@ def encode_log(
         if k + 1 < len(stretches):
             # Where the process went while tracing was off: one untraced IP.
             path.append(np.array([seg.end_ip], np.uint64))
+            vers.append(versions[keep[-1:]])
             gap = int(log.times[stretches[k + 1][1][0]]) - int(seg.end_time)
             cost.append(np.array([max(gap, 1)], np.int64))
             off.append((pos, pos + 1))
@@ -449,7 +495,8 @@ def encode_log(
     try:
         enc = encode_path(
             ips,
-            log.read_code,
+            readers,
+            versions=np.concatenate(vers),
             end_ip=end_ip,
             ret_compression=not noretcomp,
             psb_period=psb_period,

@@ -51,6 +51,10 @@ order, with :class:`Segment` rows saying where each stretch of tracing began
 and how it ended.  Code is captured from the process's memory, page by
 page, just before its first stepped instruction runs (breakpoint bytes put
 back), so the log can be turned into Intel PT after the process is gone.
+Before each step the instruction's bytes are compared with that capture:
+code rewritten since (a JIT reusing its buffer, a static key patched) is
+captured again, as a :class:`CodeChange` at the time it first ran, so each
+instruction is known in the bytes it ran.
 
 Limits: a range is noticed when entered at its start or at a resume point
 (not when jumped into from outside elsewhere); ``int3`` executed by the
@@ -170,7 +174,7 @@ class StepLog:
     argv: tuple[str, ...] | None  # None when attached
     maps: list[Mapping]
     clock: str  # "tsc" or "monotonic"
-    code: dict[int, bytes]  # address -> code bytes there, as they were when stepped
+    code: dict[int, bytes]  # address -> code bytes there, as they were when first stepped
     exit_status: int | None = None  # wait status when the thread ended while recorded
     signals: list[tuple[int, int, bool]] = field(default_factory=list)  # (row, signal, caught)
     stopped_because: str = ""
@@ -179,11 +183,28 @@ class StepLog:
     cpu: int = -1  # the CPU the thread was on when its tracing began
     image: int = 0  # index of its process image in StepRecording.images
     calls: list[TracedRange] = field(default_factory=list)  # the traced calls' functions
+    # Code rewritten after its first capture, in time order (its process
+    # image's, shared by its threads).
+    changes: list[CodeChange] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.tid:
             self.tid = self.pid
         self._starts = sorted(self.code)
+
+    def code_versions(self) -> tuple[np.ndarray, list]:
+        """Which version of the code each row ran in, and a ``read(address,
+        size)`` per version: version ``v`` is the first captures with the
+        first ``v`` :attr:`changes` on top."""
+        times = np.array([c.time for c in self.changes], np.int64)
+        versions = np.searchsorted(times, self.times.astype(np.int64), side="right")
+        readers = [self.read_code]
+        pages = dict(self.code)
+        for k in range(int(versions.max()) if versions.shape[0] else 0):
+            change = self.changes[k]
+            pages[change.address] = change.data
+            readers.append(_reader(dict(pages)))
+        return versions, readers
 
     def register(self, name: str) -> np.ndarray:
         """One register's column, e.g. ``log.register("rsp")``."""
@@ -193,25 +214,60 @@ class StepLog:
             raise KeyError(f"register {name!r} was not logged") from None
 
     def read_code(self, address: int, size: int) -> bytes:
-        """Code bytes as they were when stepped (b"" where none was captured);
-        a read runs on across adjacent captured chunks."""
+        """Code bytes as they were when first stepped (b"" where none was
+        captured); a read runs on across adjacent captured chunks."""
         if len(self._starts) != len(self.code):
             self._starts = sorted(self.code)
-        out = b""
-        while size > 0:
-            i = bisect.bisect_right(self._starts, address) - 1
-            if i < 0:
-                break
-            start = self._starts[i]
-            data = self.code[start]
-            off = address - start
-            if off >= len(data):
-                break
-            piece = data[off : off + size]
-            out += piece
-            address += len(piece)
-            size -= len(piece)
-        return out
+        return _read_chunks(self.code, self._starts, address, size)
+
+
+def _read_chunks(code: dict[int, bytes], starts: list[int], address: int, size: int) -> bytes:
+    out = b""
+    while size > 0:
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0:
+            break
+        start = starts[i]
+        data = code[start]
+        off = address - start
+        if off >= len(data):
+            break
+        piece = data[off : off + size]
+        out += piece
+        address += len(piece)
+        size -= len(piece)
+    return out
+
+
+def _reader(code: dict[int, bytes]):
+    starts = sorted(code)
+    return lambda address, size: _read_chunks(code, starts, address, size)
+
+
+@dataclass(frozen=True)
+class CodeChange:
+    """A code page seen with new bytes: ``data`` (the whole page, the
+    recorder's breakpoints taken out) from ``time`` (stepping clock, just
+    before the step that first ran them) on; ``tid``, ``cpu`` and ``ip``
+    say which thread ran them first, where."""
+
+    time: int
+    address: int
+    data: bytes
+    tid: int
+    cpu: int
+    ip: int
+
+
+@dataclass(frozen=True)
+class PageCapture:
+    """When a code page was first captured (just before its first stepped
+    instruction ran), by which thread, at which instruction."""
+
+    time: int
+    tid: int
+    cpu: int
+    ip: int
 
 
 @dataclass(frozen=True)
@@ -249,6 +305,8 @@ class ProcessImage:
     time: int  # stepping clock when it was found
     exit_status: int | None = None
     vdso: bytes = b""  # the vDSO's bytes (its code runs untraced by no file)
+    captures: dict[int, PageCapture] = field(default_factory=dict)  # of ``code``'s pages
+    changes: list[CodeChange] = field(default_factory=list)  # code rewritten later
 
 
 @dataclass
@@ -408,8 +466,11 @@ class _Space:
 
     def restore(self, address: int, data: bytes) -> None:
         """Write ``data`` back; memory that is gone (the process exited or
-        exec'd) needs nothing."""
+        exec'd) needs nothing.  Taking a breakpoint out (``data`` not int3)
+        leaves bytes the process wrote over it since (code it patched)."""
         try:
+            if data != b"\xcc" and os.pread(self.mem, 1, address) != b"\xcc":
+                return
             os.pwrite(self.mem, data, address)
         except OSError:
             pass
@@ -458,6 +519,18 @@ class _Space:
             self.lifted[address] = k
         elif address in self.armed:
             self.restore(address, b"\xcc")
+
+    def rewritten(self, address: int, size: int) -> None:
+        """The process wrote code over some of its breakpoints in ``address``
+        .. ``address + size`` (a patched site): what it wrote is their
+        original byte now, and the breakpoints go back in."""
+        for a in [a for a in self.armed if address <= a < address + size]:
+            if a in self.lifted:
+                continue
+            now = self.read(a, 1)
+            if now and now != b"\xcc":
+                self.armed[a] = now
+                self.restore(a, b"\xcc")
 
     def original(self, address: int, data: bytes) -> bytes:
         """``data`` read at ``address`` with the original bytes under the
@@ -608,7 +681,13 @@ class _Recorder:
         self.siginfo = np.zeros(16, np.uint64)
         self.msg = np.zeros(1, np.uint64)
         self.ts = np.zeros(2, np.int64)
+        # Captured code pages: sorted keys, each one's row in page_data.
         self.pages = np.zeros(0, np.uint64)
+        self.page_rows = np.zeros(0, np.int64)
+        self.page_data = np.zeros((64, _PAGE), np.uint8)
+        self.page_valid = np.zeros(64, np.int64)
+        self.mems = np.zeros(0, np.int64)
+        self.codebuf = np.zeros(16, np.uint8)
         self._points()
         self._ranges()
 
@@ -704,6 +783,8 @@ class _Recorder:
                     owner.append(p.index)
         self.bpt = np.array(addrs, np.uint64)
         self.bown = np.array(owner, np.int64)
+        # Where the loop reads each process's code (see _native._code_changed).
+        self.mems = np.array([p.mem if p.alive else -1 for p in self.procs], np.int64)
 
     def _ranges(self) -> None:
         lo, hi, owner = [], [], []
@@ -717,18 +798,52 @@ class _Recorder:
         self.rhi = np.array(hi, np.uint64)
         self.rown = np.array(owner, np.int64)
 
-    def capture(self, key: int) -> None:
-        """Copy a code page from the process's memory (breakpoints taken out)."""
+    def _page(self, key: int) -> tuple[_Proc, int, bytes]:
+        """A code page's process, address and bytes now (breakpoints taken out)."""
         proc = self.procs[key >> nat.PAGE_KEY_SHIFT]
         address = (key & ((1 << nat.PAGE_KEY_SHIFT) - 1)) << 12
         try:
             data = os.pread(proc.mem, _PAGE, address)
         except OSError:
             data = b""
+        return proc, address, proc.space.original(address, data) if data else b""
+
+    def capture(self, key: int, t: _Thread, when: int) -> None:
+        """Copy a code page from the process's memory (breakpoints taken out)."""
+        proc, address, data = self._page(key)
         if proc.image is not None and data:
-            proc.image.code[address] = proc.space.original(address, data)
+            proc.image.code[address] = data
+            ip = int(self.scratch[nat.R_RIP])
+            proc.image.captures[address] = PageCapture(when, t.tid, t.cpu, ip)
+        row = len(self.pages)
+        if row >= self.page_data.shape[0]:
+            grown = np.zeros((2 * row, _PAGE), np.uint8)
+            grown[:row] = self.page_data
+            self.page_data = grown
+            self.page_valid = np.resize(self.page_valid, 2 * row)
+        self.page_data[row, : len(data)] = np.frombuffer(data, np.uint8)
+        self.page_valid[row] = len(data)
         i = int(np.searchsorted(self.pages, np.uint64(key)))
         self.pages = np.insert(self.pages, i, np.uint64(key))
+        self.page_rows = np.insert(self.page_rows, i, row)
+
+    def recapture(self, key: int, t: _Thread, when: int) -> None:
+        """A captured code page holds other bytes now: keep them as a change
+        from ``when`` on (the thread is about to run them)."""
+        proc = self.procs[key >> nat.PAGE_KEY_SHIFT]
+        proc.space.rewritten((key & ((1 << nat.PAGE_KEY_SHIFT) - 1)) << 12, _PAGE)
+        proc, address, data = self._page(key)
+        i = int(np.searchsorted(self.pages, np.uint64(key)))
+        row = int(self.page_rows[i])
+        old = self.page_data[row, : self.page_valid[row]].tobytes()
+        self.page_data[row, : len(data)] = np.frombuffer(data, np.uint8)
+        self.page_valid[row] = len(data)
+        if data == old:
+            # Only a breakpoint the loop did not know of yet.
+            self._points()
+        elif data and proc.image is not None:
+            ip = int(self.scratch[nat.R_RIP])
+            proc.image.changes.append(CodeChange(when, address, data, t.tid, t.cpu, ip))
 
     def grow(self) -> None:
         cap = self.ips.shape[0] * 2
@@ -976,7 +1091,9 @@ class _Recorder:
                 (self.tids, self.sproc, self.extent, self.count, self.last, self.restart),
                 self.mode, self.kick,
                 (self.ips, self.times, self.regs, self.rslot), self.cols, self.n, limit,
-                (self.rlo, self.rhi, self.rown), (self.bpt, self.bown), self.pages,
+                (self.rlo, self.rhi, self.rown), (self.bpt, self.bown),
+                (self.pages, self.page_rows, self.page_data, self.page_valid, self.mems,
+                 self.codebuf),
                 self.clock, self.scratch, self.out,
             )  # fmt: skip
             self.n = int(n)
@@ -991,7 +1108,10 @@ class _Recorder:
             elif why == nat.STOP_BREAKPOINT:
                 self.at_point(t, int(out[2]))
             elif why == nat.STOP_NEWPAGE:
-                self.capture(int(out[5]))
+                self.capture(int(out[5]), t, int(out[2]))
+                self.kick[s] = 1
+            elif why == nat.STOP_CHANGED:
+                self.recapture(int(out[5]), t, int(out[2]))
                 self.kick[s] = 1
             elif why == nat.STOP_FULL:
                 if self.n >= self.limit:
@@ -1578,6 +1698,7 @@ class _Recorder:
                     cpu=t.cpu,
                     image=self.images.index(img) if img in self.images else 0,
                     calls=t.proc.calls,
+                    changes=img.changes if img else [],
                 )
             )
         return out
