@@ -495,3 +495,91 @@ def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
     assert flow.revised().all()
     bare = decode_trace(enc.data, nothing, enc.config)
     assert bare.gaps and "no memory" in str(bare.gaps[0])
+
+
+# -- a JIT in the wild: CPython's perf trampolines ----------------------------------------
+
+PY_TARGET = """
+import time
+def f(x):
+    return x + 1
+print("ready", flush=True)
+while True:
+    f(1)
+    time.sleep(0.002)
+"""
+
+
+def _cpython_with_perf() -> str | None:
+    """A CPython 3.12+ whose ``-X perf`` works (pyenv's, or on PATH)."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]")))
+    found += [p for p in (shutil.which("python3.12"), shutil.which("python3.13")) if p]
+    for exe in found:
+        run = subprocess.run(
+            [exe, "-X", "perf", "-c", "import sys; print(sys.is_stack_trampoline_active())"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if run.stdout.strip() == "True":
+            return exe
+    return None
+
+
+def test_cpython_perf_trampolines_decode_with_names(tmp_path):
+    """CPython 3.12's ``-X perf`` runs each Python call through a trampoline
+    copied into anonymous executable memory and names it in
+    /tmp/perf-PID.map.  Recorded by attaching: the trampoline code decodes
+    with no gap through the recorder's revisions (without them, a gap at
+    each call), equal to the step log, and ``hwtrace script`` names it."""
+    from test_record_software import SKIP
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    exe = _cpython_with_perf()
+    if exe is None:
+        pytest.skip("no CPython 3.12+ with -X perf (pyenv's or on PATH)")
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.software import record_software
+
+    script = tmp_path / "target.py"
+    script.write_text(PY_TARGET)
+    proc = subprocess.Popen([exe, "-X", "perf", str(script)], stdout=subprocess.PIPE, text=True)
+    perf_map = Path(f"/tmp/perf-{proc.pid}.map")
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        library = next(Path(exe).resolve().parent.parent.glob("lib/libpython3.1*.so.1.0"), None)
+        where = f"{library.name}!" if library is not None else ""
+        rec = record_software(
+            proc.pid, calls=[f"{where}py_trampoline_evaluator"], max_instructions=6000
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    try:
+        store = rec.code_revisions()
+        (trampolines,) = store.revisions  # the arena page, not in any file
+        flow = decode_trace(rec.data, rec.image(), rec.config, revisions=store)
+        assert not flow.gaps
+        got = flow.instructions()
+        assert np.array_equal(got, rec.instructions)
+        inside = (got >= trampolines.address) & (got < trampolines.end)
+        assert inside.any() and flow.revised()[inside].all()
+        bare = decode_trace(rec.data, rec.image(), rec.config)
+        assert bare.gaps and all("no memory" in str(g) for g in bare.gaps)
+
+        path = tmp_path / "py.data"
+        write_perf_data(rec, path, buildid_cache=False)
+        out = subprocess.run(
+            [sys.executable, "-m", "hwtrace.cli.main", "script", "-i", str(path)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert len(lines) == got.shape[0]
+        named = [line for line in lines if "py::f:" in line]
+        assert len(named) == int(inside.sum())
+        assert f"(/tmp/perf-{proc.pid}.map)" in named[0]
+    finally:
+        perf_map.unlink(missing_ok=True)
