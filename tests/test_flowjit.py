@@ -264,6 +264,7 @@ int main(void) {
         total += run_jit((fn_t)mem);
     }
     printf("%d %d %d %d\n", r, a, b, total);
+    munmap(mem, 4096); /* gone before the trace is decoded */
     return 0;
 }
 """
@@ -583,3 +584,60 @@ def test_cpython_perf_trampolines_decode_with_names(tmp_path):
         assert f"(/tmp/perf-{proc.pid}.map)" in named[0]
     finally:
         perf_map.unlink(missing_ok=True)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+def test_a_missing_revision_is_a_gap_at_the_jit_entry_and_decoding_resumes():
+    """The store lacks the JIT code's first revision: an explicit gap where
+    the JIT code is entered (no file or revision holds it), and the
+    decoder resumes at the next PSB, keeping the rest of the flow."""
+    from test_record_software import SKIP, compile_program
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    from hwtrace.record.software import record_software
+
+    exe = compile_program(PROGRAM, "flowjit", ("-O1", "-g0", "-fno-pie", "-no-pie"))
+    rec = record_software([str(exe)], calls=["run_jit", "foo"], psb_period=256)
+    Path(f"/tmp/perf-{rec.pid}.map").unlink(missing_ok=True)
+    full = rec.code_revisions()
+    entry = full.revisions[0]  # the JIT page's first capture
+    partial = CodeRevisions()
+    for r in full.revisions[1:]:
+        partial.add(r.address, r.data, r.valid_from, r.source)
+    flow = decode_trace(rec.data, rec.image(), rec.config, revisions=partial)
+    assert flow.gaps
+    gap = flow.gaps[0]
+    assert gap.ip == entry.address and "no memory mapped" in gap.reason
+    got = flow.instructions()
+    # Everything before the gap, exactly; after it, the flow from the next
+    # PSB on: the end of the recording is there again.
+    before = int(np.flatnonzero(rec.instructions == entry.address)[0])
+    assert np.array_equal(got[:before], rec.instructions[:before])
+    tail = got[before:]
+    assert tail.shape[0] > 0
+    assert np.array_equal(tail, rec.instructions[-tail.shape[0] :])
+
+
+def test_jit_names_from_damaged_or_foreign_files(tmp_path):
+    """A truncated jitdump keeps the functions before the damage, one of
+    another process is refused, a perf map's bad line is named: each a
+    problem with its place, never an exception."""
+    from hwtrace.image.jitdump import JitCode, encode_jitdump, jit_symbols
+
+    codes = [
+        JitCode("first", 0x7000_0000, 16, 10, 4242, 4242, code=b"\x90" * 16),
+        JitCode("second", 0x7000_0100, 16, 20, 4242, 4242, code=b"\xc3" * 16),
+    ]
+    whole = encode_jitdump(4242, codes, close=False)
+    mine = tmp_path / "jit-4242.dump"
+    mine.write_bytes(whole[:-10])  # the second record cut short
+    other = tmp_path / "jit-77.dump"
+    other.write_bytes(encode_jitdump(77, codes))
+    symbols, problems = jit_symbols(4242, [str(mine), str(other)])
+    assert [symbols.name(i) for i in range(len(symbols))] == ["first"]
+    text = [str(p) for p in problems]
+    assert any(str(mine) in t and "offset" in t for t in text), text
+    assert any(str(other) in t and "77" in t for t in text), text

@@ -356,6 +356,15 @@ class Sideband:
             self._stores[key] = store if len(store) else None
         return self._stores[key]
 
+    def revision_conflicts(self) -> list[str]:
+        """What the code revision stores made so far found: sources that
+        disagree about the same bytes at the same time."""
+        seen: dict[str, None] = {}
+        for store in self._stores.values():
+            for c in store.conflicts if store is not None else ():
+                seen[str(c)] = None
+        return list(seen)
+
     # -- asking --------------------------------------------------------------
 
     def pid_of(self, tid: int) -> int:

@@ -455,7 +455,7 @@ def decode_perf(
         k, t = k[ok], t[ok]
         duration = _durations(ns, k, ctx.stop_values(ns, k, t))
         out.append(QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, n_bytes))
-    problems += list(locator.problems.values())
+    problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfFlow(out, sb, conv, problems)
 
 
@@ -762,7 +762,7 @@ def stream_perf(
             for s, e in chunk_ranges(trace, chunk_bytes):
                 dec.decode(trace, sink, s, e)
             sink.finish()
-    problems += list(locator.problems.values())
+    problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfStream(infos, sb, conv, problems)
 
 
