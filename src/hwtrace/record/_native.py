@@ -27,6 +27,7 @@ from numba.extending import intrinsic
 llvm.initialize_native_asmparser()
 
 # x86-64 Linux system call numbers.
+SYS_READ, SYS_OPEN, SYS_CLOSE = 0, 2, 3
 SYS_PREAD64 = 17
 SYS_WAIT4 = 61
 SYS_KILL = 62
@@ -54,6 +55,9 @@ PTRACE_O_TRACEEXEC = 0x10
 PTRACE_O_TRACEVFORKDONE = 0x20
 PTRACE_O_TRACEEXIT = 0x40
 PTRACE_O_EXITKILL = 0x100000
+PTRACE_O_TRACESYSGOOD = 0x1
+PTRACE_SYSCALL = 24
+PTRACE_GET_SYSCALL_INFO = 0x420E
 PTRACE_EVENT_FORK = 1
 PTRACE_EVENT_VFORK = 2
 PTRACE_EVENT_CLONE = 3
@@ -78,6 +82,9 @@ R_RSP = REGISTER_NAMES.index("rsp")
 R_EFLAGS = REGISTER_NAMES.index("eflags")
 R_RAX = REGISTER_NAMES.index("rax")
 R_ORIG_RAX = REGISTER_NAMES.index("orig_rax")
+R_RDI = REGISTER_NAMES.index("rdi")
+R_RSI = REGISTER_NAMES.index("rsi")
+R_RDX = REGISTER_NAMES.index("rdx")
 
 # Stepping clocks.
 CLOCK_TSC = 0
@@ -380,6 +387,265 @@ def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, code, c
             return n, why
 
 
+# -- the code capture agent's loop (hwtrace.record.jitcapture) ------------------------
+
+SYS_MMAP, SYS_MPROTECT, SYS_MUNMAP, SYS_PKEY_MPROTECT = 9, 10, 11, 329
+PROT_EXEC = 4
+CAP_SYSCALL = 1  # a thread at the entry or exit of a call that may change code pages
+CAP_EVENT = 2  # any other report: out[1] the wait status, out[3] the tid
+CAP_INTR = 3
+CAP_NOCHILD = 4
+CAP_ERROR = 5
+CAP_FULL = 6  # the ring of captured pages is full: drain it
+PROT_READ, PROT_WRITE = 1, 2
+PAGE_ARMED, PAGE_EXECUTABLE = 0, 1
+SEGV_ACCERR = 2
+SIGSEGV = 11
+# struct ptrace_syscall_info (as int64 words): op (byte 0), then at word 3
+# the call's number (entry) or return value (exit), its arguments after.
+_SI_OP_ENTRY, _SI_OP_EXIT = 1, 2
+
+
+@njit(cache=True)
+def _overlaps(lo, n, pages):
+    """Does ``[lo, lo + n)`` overlap any page in the sorted ``pages``?"""
+    if n <= 0 or pages.shape[0] == 0:
+        return False
+    first = lo & ~np.uint64(0xFFF)
+    i = np.searchsorted(pages, first)
+    return i < pages.shape[0] and pages[i] < lo + n
+
+
+@njit(cache=True)
+def _put_decimal(buf, at, v):
+    """Write ``v`` in decimal at ``buf[at:]``; the index after it."""
+    digits = np.zeros(20, np.uint8)
+    k = 0
+    while True:
+        digits[k] = 48 + v % 10
+        v //= 10
+        k += 1
+        if v == 0:
+            break
+    for j in range(k):
+        buf[at + j] = digits[k - 1 - j]
+    return at + k
+
+
+@njit(cache=True)
+def _thread_cpu(pid, tid, scratch):
+    """The CPU ``tid`` last ran on (field 39 of /proc/PID/task/TID/stat), or -1."""
+    path = np.zeros(64, np.uint8)
+    at = 0
+    for c in b"/proc/":
+        path[at] = c
+        at += 1
+    at = _put_decimal(path, at, pid)
+    for c in b"/task/":
+        path[at] = c
+        at += 1
+    at = _put_decimal(path, at, tid)
+    for c in b"/stat":
+        path[at] = c
+        at += 1
+    fd = _syscall4(np.int64(SYS_OPEN), path.ctypes.data, np.int64(0), np.int64(0), np.int64(0))
+    if fd < 0:
+        return -1
+    n = _syscall4(np.int64(SYS_READ), fd, scratch.ctypes.data, np.int64(scratch.shape[0]),
+                  np.int64(0))  # fmt: skip
+    _syscall4(np.int64(SYS_CLOSE), fd, np.int64(0), np.int64(0), np.int64(0))
+    close = -1
+    for j in range(max(n, 0)):
+        if scratch[j] == 41:  # ')'
+            close = j
+    if close < 0:
+        return -1
+    field = 2  # the state after ") "
+    j = close + 2
+    while j < n and field < 39:
+        if scratch[j] == 32:
+            field += 1
+        j += 1
+    v = 0
+    got = False
+    while j < n and 48 <= scratch[j] <= 57:
+        v = v * 10 + (scratch[j] - 48)
+        got = True
+        j += 1
+    return v if got else -1
+
+
+@njit(cache=True)
+def _inject_mprotect(tid, gadget, address, prot, saved, regs, status):
+    """Make stopped thread ``tid`` run ``mprotect(address, 4096, prot)`` at
+    the ``syscall`` instruction ``gadget``; its result."""
+    r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETREGS), tid, np.int64(0),
+                  saved.ctypes.data)  # fmt: skip
+    if r < 0:
+        return r
+    regs[:] = saved
+    regs[R_RIP] = gadget
+    regs[R_RAX] = SYS_MPROTECT
+    regs[R_ORIG_RAX] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no restart logic for our call
+    regs[R_RDI] = address
+    regs[R_RSI] = 4096
+    regs[R_RDX] = prot
+    _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SETREGS), tid, np.int64(0), regs.ctypes.data)
+    r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
+                  np.int64(0))  # fmt: skip
+    if r < 0:
+        return r
+    r = _syscall4(np.int64(SYS_WAIT4), tid, status.ctypes.data, np.int64(WALL), np.int64(0))
+    if r < 0 or (status[0] & 0xFF) != 0x7F:
+        return np.int64(-3)  # ESRCH: gone
+    _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETREGS), tid, np.int64(0), regs.ctypes.data)
+    result = np.int64(regs[R_RAX])
+    _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SETREGS), tid, np.int64(0), saved.ctypes.data)
+    return result
+
+
+@njit(cache=True)
+def _page_hash(page):
+    h = np.uint64(0xCBF29CE484222325)
+    words = page.view(np.uint64)
+    for k in range(words.shape[0]):
+        h = (h ^ words[k]) * np.uint64(0x100000001B3)
+    return h
+
+
+@njit(cache=True)
+def _code_fault(tid, pages, state, want, last, ring, meta, ctx, siginfo, regs, saved, status,
+                scratch):  # fmt: skip
+    """A SIGSEGV of ``tid``: if it is an access to a tracked page, handle it
+    (exec: capture the page when it changed, make it executable and not
+    writable; write: make it writable and not executable) and return 1; 0
+    when it is the program's own fault; -1 when the ring is full first."""
+    pid, mem, gadget = ctx[0], ctx[1], np.uint64(ctx[2])
+    _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETSIGINFO), tid, np.int64(0),
+              siginfo.ctypes.data)  # fmt: skip
+    code = siginfo.view(np.int32)[2]
+    address = siginfo[2]
+    page = address & ~np.uint64(0xFFF)
+    i = np.searchsorted(pages, page)
+    if code != SEGV_ACCERR or i >= pages.shape[0] or pages[i] != page:
+        return 0
+    if state[i] == PAGE_ARMED:
+        _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETREGS), tid, np.int64(0),
+                  regs.ctypes.data)  # fmt: skip
+        ip = regs[R_RIP]
+        # An instruction fetch faults at the IP, or at the page start when
+        # the instruction runs into it; any other access there is the
+        # program's own fault (the page keeps what else it asked for).
+        if address != ip and not (address == page and ip < address and address - ip < 16):
+            return 0
+        if ctx[3] >= ring.shape[0]:
+            return -1
+        t = _rdtsc()
+        n = ctx[3]
+        got = _syscall4(np.int64(SYS_PREAD64), mem, ring[n].ctypes.data, np.int64(4096),
+                        np.int64(page))  # fmt: skip
+        ctx[4] += 1  # exec faults
+        if got == 4096:
+            h = _page_hash(ring[n])
+            if h != last[i]:
+                last[i] = h
+                meta[n, 0] = np.int64(t)
+                meta[n, 1] = np.int64(page)
+                meta[n, 2] = tid
+                meta[n, 3] = np.int64(ip)
+                meta[n, 4] = _thread_cpu(pid, tid, scratch)
+                ctx[3] = n + 1
+        prot = (want[i] | PROT_READ) & ~PROT_WRITE
+        state[i] = PAGE_EXECUTABLE
+    else:
+        if not want[i] & PROT_WRITE:
+            return 0
+        ctx[5] += 1  # write faults
+        prot = (want[i] | PROT_READ) & ~PROT_EXEC
+        state[i] = PAGE_ARMED
+    _inject_mprotect(tid, gadget, page, prot, saved, regs, status)
+    return 1
+
+
+@njit(cache=True, nogil=True)
+def capture_wait(tids, watch, pages, state, want, last, ring, meta, ctx, info, out):
+    """Run the traced threads (resumed with ``PTRACE_SYSCALL``) until one
+    needs Python: at the entry of ``mmap``/``mprotect``/``pkey_mprotect``
+    asking for ``PROT_EXEC``, or of one of those or ``munmap`` touching a
+    page in ``pages`` (sorted, the tracked ones); at the exit of a call
+    ``watch[slot]`` marks; or any other report but the faults on tracked
+    pages, which are handled here (:func:`_code_fault`: ``state``,
+    ``want``, ``last`` per page; captured pages go to ``ring`` with their
+    (TSC, page, tid, IP, CPU) in ``meta``).  ``ctx``: pid, the
+    ``/proc/PID/mem`` descriptor, the ``syscall`` gadget, pages in the ring,
+    exec faults, write faults, TSC ticks spent in fault handling.  ``info``
+    receives the thread's ``ptrace_syscall_info`` (int64 words).  Returns a
+    ``CAP_*`` code with ``out`` = (slot, status, _, tid)."""
+    status = np.zeros(2, np.int32)
+    status2 = np.zeros(2, np.int32)
+    siginfo = np.zeros(16, np.uint64)
+    regs = np.zeros(N_REGS, np.uint64)
+    saved = np.zeros(N_REGS, np.uint64)
+    scratch = np.zeros(1024, np.uint8)
+    buf = info.ctypes.data
+    if tids.shape[0] == 0:
+        return CAP_NOCHILD
+    while True:
+        if ctx[3] >= ring.shape[0]:
+            return CAP_FULL  # before waiting: a fault always finds a free slot
+        r = _syscall4(np.int64(SYS_WAIT4), np.int64(-1), status.ctypes.data, np.int64(WALL),
+                      np.int64(0))  # fmt: skip
+        if r == -4:
+            return CAP_INTR
+        if r < 0:
+            out[1] = r
+            return CAP_NOCHILD if r == -10 else CAP_ERROR
+        st = np.int64(status[0])
+        s = -1
+        for k in range(tids.shape[0]):
+            if tids[k] == r:
+                s = k
+                break
+        out[0] = s
+        out[1] = st
+        out[3] = r
+        if s >= 0 and (st & 0xFFFF) == ((SIGSEGV << 8) | 0x7F):
+            t0 = _rdtsc()
+            got = _code_fault(r, pages, state, want, last, ring, meta, ctx, siginfo, regs,
+                              saved, status2, scratch)  # fmt: skip
+            if got < 0:
+                return CAP_FULL
+            if got == 0:
+                return CAP_EVENT
+            ctx[6] += np.int64(_rdtsc() - t0)
+            _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SYSCALL), r, np.int64(0), np.int64(0))
+            continue
+        if s < 0 or (st & 0xFFFF) != (((SIGTRAP | 0x80) << 8) | 0x7F):
+            return CAP_EVENT
+        got = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GET_SYSCALL_INFO), r,
+                        np.int64(info.shape[0] * 8), buf)  # fmt: skip
+        if got < 0:
+            out[1] = got
+            return CAP_ERROR
+        op = info[0] & 0xFF
+        if op == _SI_OP_ENTRY:
+            nr = info[3]
+            lo = np.uint64(info[4])
+            n = np.uint64(info[5])
+            prot = info[6]
+            if nr == SYS_MMAP or nr == SYS_MPROTECT or nr == SYS_PKEY_MPROTECT:
+                if prot & PROT_EXEC or _overlaps(lo, n, pages):
+                    return CAP_SYSCALL
+            elif nr == SYS_MUNMAP and _overlaps(lo, n, pages):
+                return CAP_SYSCALL
+        elif op == _SI_OP_EXIT and watch[s]:
+            return CAP_SYSCALL
+        r2 = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SYSCALL), r, np.int64(0), np.int64(0))
+        if r2 < 0 and r2 != -3:  # ESRCH: it is gone, its exit comes next
+            out[1] = r2
+            return CAP_ERROR
+
+
 @njit(cache=True)
 def previous_row(rslot: np.ndarray, row: int, slot: int) -> int:
     """The last row before ``row`` logged for ``slot`` (-1: none)."""
@@ -422,6 +688,9 @@ def warm_up() -> None:
         np.zeros(8, np.int64),
     )
     previous_row(i64, 0, 0)
+    capture_wait(np.zeros(0, np.int64), i64, np.zeros(0, np.uint64), i64, i64, u64,
+                 np.zeros((1, 4096), np.uint8), np.zeros((1, 5), np.int64), np.zeros(8, np.int64),
+                 np.zeros(12, np.int64), np.zeros(8, np.int64))  # fmt: skip
     tgkill(-1, -1, 0)
     ptrace(PTRACE_PEEKUSER, -1, 0, 0)
     wait4(-1, status, 1)  # WNOHANG

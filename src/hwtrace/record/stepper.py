@@ -1707,8 +1707,9 @@ class _Recorder:
 # -- starting -------------------------------------------------------------------------
 
 
-def _launch(argv: Sequence[str], status: np.ndarray) -> int:
-    """fork, PTRACE_TRACEME, exec: the child stops at its exec."""
+def _launch(argv: Sequence[str], status: np.ndarray, options: int = _OPTIONS) -> int:
+    """fork, PTRACE_TRACEME, exec: the child stops at its exec (traced with
+    ``options``, and killed if the tracer goes)."""
     if not argv:
         raise RecordError("no command to run")
     exe = shutil.which(argv[0]) if "/" not in argv[0] else argv[0]
@@ -1744,7 +1745,7 @@ def _launch(argv: Sequence[str], status: np.ndarray) -> int:
         raise RecordError(
             f"{argv[0]}: could not start it under ptrace: {why or _describe_status(s)}"
         )
-    r = nat.ptrace(nat.PTRACE_SETOPTIONS, pid, 0, nat.PTRACE_O_EXITKILL | _OPTIONS)
+    r = nat.ptrace(nat.PTRACE_SETOPTIONS, pid, 0, nat.PTRACE_O_EXITKILL | options)
     if r < 0:
         os.kill(pid, signal.SIGKILL)
         _wait(pid, status)
@@ -1752,9 +1753,10 @@ def _launch(argv: Sequence[str], status: np.ndarray) -> int:
     return pid
 
 
-def _attach(pid: int, status: np.ndarray) -> list[int]:
+def _attach(pid: int, status: np.ndarray, options: int = _OPTIONS) -> list[int]:
     """Attach to every thread of a process (again until no new one shows up);
-    each is stopped when this returns.  The threads' tids, the leader first."""
+    each is stopped when this returns (traced with ``options``).  The
+    threads' tids, the leader first."""
     if not os.path.isdir(f"/proc/{pid}"):
         raise RecordError(f"no process {pid}")
     nat.warm_up()
@@ -1798,7 +1800,7 @@ def _attach(pid: int, status: np.ndarray) -> list[int]:
             for sig in pending:  # pragma: no cover - rare: re-raise what we swallowed
                 nat.tgkill(pid, tid, sig)
             if tid in attached:
-                nat.ptrace(nat.PTRACE_SETOPTIONS, tid, 0, _OPTIONS)
+                nat.ptrace(nat.PTRACE_SETOPTIONS, tid, 0, options)
     return attached
 
 
