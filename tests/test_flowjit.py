@@ -343,6 +343,16 @@ def test_recorded_static_key_without_its_revision_is_silently_wrong(recorded):
     assert _jit_runs(got, rec.code_revisions().revisions[0].address) == [42, 3, 7, 11, 15]
 
 
+def _script(path: Path) -> subprocess.CompletedProcess:
+    """``hwtrace script -i path``, which must succeed."""
+    out = subprocess.run(
+        [sys.executable, "-m", "hwtrace.cli.main", "script", "-i", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_recorded_jit_through_perf_data(recorded, tmp_path):
     """perf.data carries the revisions (TEXT_POKE records of user code):
     ``hwtrace script`` decodes the JIT code with no gap and names it from
@@ -356,11 +366,7 @@ def test_recorded_jit_through_perf_data(recorded, tmp_path):
     flow = decode_perf(PerfData(str(path)))
     assert not flow.problems and flow.n_gaps == 0
     assert np.array_equal(flow.queues[0].flow.instructions(), recorded.instructions)
-    out = subprocess.run(
-        [sys.executable, "-m", "hwtrace.cli.main", "script", "-i", str(path)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    out = _script(path)
     lines = out.stdout.splitlines()
     assert len(lines) == recorded.instructions.shape[0]
     # xor, then per iteration inc, cmp, je (and jmp but the last), ret
@@ -572,11 +578,7 @@ def test_cpython_perf_trampolines_decode_with_names(tmp_path):
 
         path = tmp_path / "py.data"
         write_perf_data(rec, path, buildid_cache=False)
-        out = subprocess.run(
-            [sys.executable, "-m", "hwtrace.cli.main", "script", "-i", str(path)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
+        out = _script(path)
         lines = out.stdout.splitlines()
         assert len(lines) == got.shape[0]
         named = [line for line in lines if "py::f:" in line]

@@ -196,3 +196,21 @@ class ProcessModules:
             return None
         start = int(table.start[i]) + bias
         return FunctionSymbol(table.name(i), m.path, start, int(table.size[i]), bias)
+
+
+def syscall_instruction(pid: int, mem: int) -> int | None:
+    """The address of a ``syscall`` instruction (``0f 05``) in process
+    ``pid``'s code (its vDSO's first; ``mem``: its ``/proc/PID/mem`` open),
+    for making one of its stopped threads run a system call; None if none."""
+    maps = sorted(read_maps(pid), key=lambda m: m.path != "[vdso]")
+    for m in maps:
+        if not m.executable or m.path == "[vsyscall]":
+            continue
+        try:
+            data = os.pread(mem, min(m.length, 1 << 22), m.start)
+        except OSError:
+            continue
+        at = data.find(b"\x0f\x05")
+        if at >= 0:
+            return m.start + at
+    return None

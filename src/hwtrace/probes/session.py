@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..image.process import ProcessModules, read_maps
+from ..image.process import ProcessModules, read_maps, syscall_instruction
 from . import codegen as cg
 from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
 from .locate import Site, SiteError, check_boundary, resolve
@@ -199,17 +199,10 @@ class ProbeSession:
     def _first_gadget(self) -> int:
         """A ``syscall`` instruction (``0f 05``) in the process's code, to map
         the runtime with; any executable mapping will do."""
-        for m in read_maps(self.pid):
-            if not m.executable or m.path in ("[vsyscall]",):
-                continue
-            try:
-                data = os.pread(self.mem, min(m.length, 1 << 22), m.start)
-            except OSError:
-                continue
-            i = data.find(b"\x0f\x05")
-            if i >= 0:
-                return m.start + i
-        raise ProbeError(f"process {self.pid}: no syscall instruction found in its code")
+        found = syscall_instruction(self.pid, self.mem)
+        if found is None:
+            raise ProbeError(f"process {self.pid}: no syscall instruction found in its code")
+        return found
 
     def _sync_cores(self, t: SeizedThread) -> None:
         r = self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)

@@ -435,15 +435,7 @@ class FlowDecoder:
             }.get(int(table.err_code[0]), PtError.EOS)
         else:
             end_error = PtError.EOS if ext >= end else K.ABORT_WINDOW
-        saved = new_time_state()
-        times = estimate_time(
-            table,
-            self.config,
-            keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf,
-            state=tstate.copy(),
-            save_at=limit_index,
-            saved=saved,
-        )
+        times, saved = self._times(table, tstate, limit_index)
         epoch = None
         exact = False
         store = self._store(self._base)
@@ -454,15 +446,7 @@ class FlowDecoder:
                 # End the window where the code changes: the next one starts
                 # there, in the new epoch.
                 limit_index, limit = cut, int(table.offset[cut])
-                saved = new_time_state()
-                times = estimate_time(
-                    table,
-                    self.config,
-                    keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf,
-                    state=tstate.copy(),
-                    save_at=limit_index,
-                    saved=saved,
-                )
+                times, saved = self._times(table, tstate, limit_index)
         SI, SU = self.state[0], self.state[1]
         SI[K.W_N] = n
         SI[K.W_END_ERR] = int(end_error)
@@ -474,6 +458,20 @@ class FlowDecoder:
             times.tsc, times.have_tsc,
         )  # fmt: skip
         return _Window(ws, ext, limit, limit_index, pk, tstate, saved, epoch)
+
+    def _times(self, table, tstate: np.ndarray, save_at: int):
+        """The time of every packet of a window from the time model's state
+        ``tstate``, and that state before packet ``save_at``."""
+        saved = new_time_state()
+        times = estimate_time(
+            table,
+            self.config,
+            keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf,
+            state=tstate.copy(),
+            save_at=save_at,
+            saved=saved,
+        )
+        return times, saved
 
     @staticmethod
     def _revision_cut(table, times, store: CodeRevisions) -> tuple[int, int]:

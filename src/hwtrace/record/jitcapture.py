@@ -145,21 +145,12 @@ class CodeCapture:
     def _find_gadget(self) -> int:
         """A ``syscall`` instruction in the process (its vDSO's, else any
         executable mapping's) to make a stopped thread run one call."""
-        from ..image.process import read_maps
+        from ..image.process import syscall_instruction
 
-        maps = read_maps(self.pid)
-        order = sorted(maps, key=lambda m: m.path != "[vdso]")
-        for m in order:
-            if "x" not in m.prot:
-                continue
-            try:
-                data = os.pread(self.mem, min(m.length, 1 << 20), m.start)
-            except OSError:
-                continue
-            at = data.find(b"\x0f\x05")
-            if at >= 0:
-                return m.start + at
-        raise RecordError(f"process {self.pid}: no syscall instruction found to act through")
+        found = syscall_instruction(self.pid, self.mem)
+        if found is None:
+            raise RecordError(f"process {self.pid}: no syscall instruction found to act through")
+        return found
 
     def _inject(self, tid: int, nr: int, *args: int) -> int:
         """Make stopped thread ``tid`` run system call ``nr``; its result."""
