@@ -643,3 +643,35 @@ def test_jit_names_from_damaged_or_foreign_files(tmp_path):
     text = [str(p) for p in problems]
     assert any(str(mine) in t and "offset" in t for t in text), text
     assert any(str(other) in t and "77" in t for t in text), text
+
+
+def test_jitdump_code_joins_the_processes_revisions(tmp_path):
+    """A process that mapped its jitdump (as JITs do for perf): the code of
+    each load becomes a revision of that process's code from the load's
+    time; a source that disagrees at the same time is a conflict; a
+    foreign file is a problem, not code."""
+    from hwtrace.image.jitdump import JitCode, encode_jitdump
+    from hwtrace.perf.sideband import BinaryLocator, CodeRevision, Sideband
+
+    code = bytes.fromhex("b82a000000c3")
+    dump = tmp_path / "jit-4242.dump"
+    dump.write_bytes(encode_jitdump(4242, [JitCode("jitted", 0x7000_0000, 6, 100, 4242, 4242,
+                                                  code=code)]))  # fmt: skip
+    foreign = tmp_path / "jit-77.dump"
+    foreign.write_bytes(encode_jitdump(77, []))
+    sb = Sideband()
+    sb.add_comm(1, 4242, 4242, "jit", exec=True)
+    sb.add_mmap(5, 4242, 0x7F00_0000, 4096, 0, str(dump))
+    sb.add_mmap(6, 4242, 0x7F00_1000, 4096, 0, str(foreign))
+    problems = sb.add_jitdump_code(BinaryLocator(), None)
+    assert len(problems) == 1 and "77" in problems[0]
+    store = sb.code_revisions(4242, None)
+    (rev,) = store.revisions
+    assert (rev.address, rev.data, rev.valid_from, rev.source, rev.name) == (
+        0x7000_0000, code, 100, "jitdump", "jitted",
+    )  # fmt: skip
+    assert sb.code_revisions(1, None) is None  # another process's code
+    sb.add_revision(CodeRevision(100, "text_poke", 0x7000_0000, 6, "", b"", b"\x90" * 6, 4242))
+    sb.code_revisions(4242, None)
+    (conflict,) = sb.revision_conflicts()
+    assert "disagree" in conflict and "0x70000000" in conflict

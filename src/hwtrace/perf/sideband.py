@@ -25,7 +25,7 @@ import numpy as np
 
 from ..image import Image
 from ..image.elf import read_elf
-from ..image.jitdump import jit_symbols
+from ..image.jitdump import jit_symbols, read_jitdump
 from ..image.revisions import CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
@@ -250,7 +250,7 @@ class CodeRevision:
     ``pid``: the process whose user code it is (-1: the kernel's)."""
 
     time: int
-    kind: str  # "ksymbol", "ksymbol-unregister", "bpf", "text_poke", "bpf_image"
+    kind: str  # "ksymbol", "ksymbol-unregister", "bpf", "text_poke", "bpf_image", "jitdump"
     address: int
     length: int
     name: str = ""
@@ -340,13 +340,14 @@ class Sideband:
 
     def code_revisions(self, pid: int, conv: TscConversion | None) -> CodeRevisions | None:
         """The TEXT_POKE revisions of process ``pid``'s code and the
-        kernel's, and the BPF JIT images perf kept, in TSC (through ``conv``; perf time without one), for the
+        kernel's, the BPF JIT images perf kept and the code of the jitdump
+        files it mapped (:meth:`add_jitdump_code`), in TSC (through ``conv``; perf time without one), for the
         decoder (None: there are none)."""
         key = (pid, id(conv))
         if key not in self._stores:
             store = CodeRevisions()
             for r in self.revisions:
-                if r.kind not in ("text_poke", "bpf_image") or not r.new:
+                if r.kind not in ("text_poke", "bpf_image", "jitdump") or not r.new:
                     continue
                 if r.pid not in (-1, pid):
                     continue
@@ -355,6 +356,41 @@ class Sideband:
                           name=r.name)  # fmt: skip
             self._stores[key] = store if len(store) else None
         return self._stores[key]
+
+    def add_jitdump_code(self, locator: BinaryLocator, conv: TscConversion | None) -> list[str]:
+        """The code each process's mapped jitdump files (``jit-PID.dump``,
+        which JITs map so profilers see them) loaded, as revisions of its
+        code from each load's time (the perf clock: record with ``-k mono``,
+        as ``perf inject --jit`` needs; TSC times when the file says so).
+        Returns the problems met (one per damaged or foreign file)."""
+        problems: list[str] = []
+        seen: set[tuple[int, str]] = set()
+        for pid, spaces in self.spaces.items():
+            for space in spaces:
+                for m in space.mappings:
+                    name = Path(m.path).name
+                    if not (name.startswith("jit-") and name.endswith(".dump")):
+                        continue
+                    if (pid, m.path) in seen:
+                        continue
+                    seen.add((pid, m.path))
+                    where = locator.root / m.path.lstrip("/") if locator.root else Path(m.path)
+                    if not where.is_file():
+                        problems.append(f"{m.path}: jitdump file not found")
+                        continue
+                    dump = read_jitdump(where, pid=pid)
+                    problems += [str(p) for p in dump.problems]
+                    for c in dump.codes:
+                        if not c.code:
+                            continue
+                        t = c.time
+                        if dump.tsc_timestamps and conv is not None:
+                            t = int(conv.to_ns(t))
+                        self.add_revision(
+                            CodeRevision(t, "jitdump", c.address, len(c.code), c.name, b"",
+                                         c.code, pid)
+                        )  # fmt: skip
+        return problems
 
     def revision_conflicts(self) -> list[str]:
         """What the code revision stores made so far found: sources that

@@ -263,6 +263,8 @@ def _setup(
         problems.append(f"{data.path}: no Intel PT AUXTRACE_INFO: nothing to decode")
         return locator, sb, problems, None
     conv = tsc_conversion_of(data)
+    if not any(r.kind == "jitdump" for r in sb.revisions):
+        problems += sb.add_jitdump_code(locator, conv)
     kernel = kernel if kernel is not None else sb.kernel_image(locator)
     if sb.kernel_mappings and (kernel is None or not len(kernel.image)):
         problems.append(
