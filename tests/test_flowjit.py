@@ -524,13 +524,16 @@ def _cpython_with_perf() -> str | None:
 
     found = sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]")))
     found += [p for p in (shutil.which("python3.12"), shutil.which("python3.13")) if p]
+    probe = "import os, sys; print(os.getpid(), sys.is_stack_trampoline_active())"
     for exe in found:
         run = subprocess.run(
-            [exe, "-X", "perf", "-c", "import sys; print(sys.is_stack_trampoline_active())"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if run.stdout.strip() == "True":
-            return exe
+            [exe, "-X", "perf", "-c", probe], capture_output=True, text=True, check=False
+        )
+        words = run.stdout.split()
+        if len(words) == 2:
+            Path(f"/tmp/perf-{words[0]}.map").unlink(missing_ok=True)  # the probe's own
+            if words[1] == "True":
+                return exe
     return None
 
 
