@@ -678,3 +678,56 @@ def test_jitdump_code_joins_the_processes_revisions(tmp_path):
     sb.code_revisions(4242, None)
     (conflict,) = sb.revision_conflicts()
     assert "disagree" in conflict and "0x70000000" in conflict
+
+
+def test_cpython_jitdump_joins_the_revisions(tmp_path):
+    """CPython 3.13's ``-X perf_jit`` writes a jitdump and maps it: the
+    perf decoders take its code as revisions of the process next to the
+    recorder's own captures, with no conflict between them, decode with no
+    gap, and name the trampolines from it."""
+    import glob
+    import signal as signals
+
+    from test_record_software import SKIP
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    found = sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[3-9]*/bin/python3.1[3-9]")))
+    if not found:
+        pytest.skip("no CPython 3.13+ (pyenv's) for -X perf_jit")
+    exe = found[0]
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.trace import decode_perf
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.software import record_software
+
+    script = tmp_path / "target.py"
+    script.write_text(PY_TARGET)
+    proc = subprocess.Popen([exe, "-X", "perf_jit", str(script)], stdout=subprocess.PIPE, text=True)
+    dump = Path(f"/tmp/jit-{proc.pid}.dump")
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        library = next(Path(exe).resolve().parent.parent.glob("lib/libpython3.1*.so.1.0"), None)
+        where = f"{library.name}!" if library is not None else ""
+        rec = record_software(
+            proc.pid, calls=[f"{where}py_trampoline_evaluator"], max_instructions=3000
+        )
+        proc.send_signal(signals.SIGINT)  # a clean exit: the jitdump is written whole
+        proc.wait(timeout=60)
+        assert str(dump) in [m.path for m in rec.mmaps]
+        path = tmp_path / "py.data"
+        write_perf_data(rec, path, buildid_cache=False)
+        flow = decode_perf(PerfData(str(path)))
+        assert flow.n_gaps == 0 and not flow.problems, flow.problems
+        assert np.array_equal(flow.queues[0].flow.instructions(), rec.instructions)
+        store = flow.sideband.code_revisions(rec.pid, None)
+        assert {r.source for r in store.revisions} == {"jitdump", "text_poke"}
+        assert not store.conflicts
+        lines = _script(path).stdout.splitlines()
+        assert any("py::f:" in line and f"(/tmp/jit-{proc.pid}.dump)" in line for line in lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        dump.unlink(missing_ok=True)
+        Path(f"/tmp/perf-{proc.pid}.map").unlink(missing_ok=True)

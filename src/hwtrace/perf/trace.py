@@ -458,7 +458,7 @@ def decode_perf(
         duration = _durations(ns, k, ctx.stop_values(ns, k, t))
         out.append(QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, n_bytes))
     problems += list(locator.problems.values()) + sb.revision_conflicts()
-    return PerfFlow(out, sb, conv, problems)
+    return PerfFlow(out, sb, conv, list(dict.fromkeys(problems)))
 
 
 # --------------------------------------------------------------------------
@@ -765,7 +765,7 @@ def stream_perf(
                 dec.decode(trace, sink, s, e)
             sink.finish()
     problems += list(locator.problems.values()) + sb.revision_conflicts()
-    return PerfStream(infos, sb, conv, problems)
+    return PerfStream(infos, sb, conv, list(dict.fromkeys(problems)))
 
 
 def _hook(ctx: _Contexts) -> Callable[[np.ndarray, int], object]:
