@@ -37,8 +37,10 @@ __all__ = [
     "JitProblem",
     "PerfMapEntry",
     "encode_jitdump",
+    "is_jitdump_path",
     "jit_symbols",
     "read_jitdump",
+    "read_mapped_jitdumps",
     "read_perf_map",
 ]
 
@@ -278,32 +280,57 @@ def encode_jitdump(pid: int, codes: list[JitCode], *, timestamp: int = 0, flags:
     return bytes(out)
 
 
+def is_jitdump_path(path: str) -> bool:
+    """Is ``path`` named as a JIT names its jitdump (``jit-*.dump``)?"""
+    name = Path(path).name
+    return name.startswith("jit-") and name.endswith(".dump")
+
+
+def read_mapped_jitdumps(
+    pid: int, mapped: Sequence[str], root: Path | None = None
+) -> dict[str, JitDump]:
+    """The jitdump files among process ``pid``'s mappings (``mapped``: their
+    paths), read, by path; a file not there is left out.  ``root`` is where
+    the recorded system's files are (a sysroot)."""
+    out: dict[str, JitDump] = {}
+    for path in dict.fromkeys(p for p in mapped if is_jitdump_path(p)):
+        where = root / path.lstrip("/") if root is not None else Path(path)
+        if where.is_file():
+            out[path] = read_jitdump(where, pid=pid)
+    return out
+
+
 def jit_symbols(
-    pid: int, mapped: Sequence[str] = (), root: Path | None = None
+    pid: int,
+    mapped: Sequence[str] = (),
+    root: Path | None = None,
+    dumps: dict[str, JitDump] | None = None,
 ) -> tuple[SymbolTable, list[JitProblem]]:
     """Names for process ``pid``'s JIT code, as perf finds them: its perf map
     (``/tmp/perf-PID.map``) and the jitdump files it mapped (``mapped``: the
     paths of its mappings; a JIT maps its ``jit-PID.dump`` so profilers see
-    it).  ``root`` is where the recorded system's files are (a sysroot).
-    Each symbol's module is the file that named it."""
+    it).  ``root`` is where the recorded system's files are (a sysroot);
+    ``dumps``: jitdumps already read (:func:`read_mapped_jitdumps`), whose
+    problems were reported then.  Each symbol's module is the file that
+    named it."""
     from .symbols import SymbolTable
-
-    def place(path: str) -> Path:
-        return root / path.lstrip("/") if root is not None else Path(path)
 
     tables = []
     problems: list[JitProblem] = []
-    perf_map = place(f"/tmp/perf-{pid}.map")
-    if perf_map.is_file():
-        entries, bad = read_perf_map(perf_map)
+    perf_map = f"/tmp/perf-{pid}.map"
+    where = root / perf_map.lstrip("/") if root is not None else Path(perf_map)
+    if where.is_file():
+        entries, bad = read_perf_map(where)
         problems += bad
         rows = [(e.address, e.size, e.name, True) for e in entries]
-        tables.append(SymbolTable.from_symbols(rows, f"/tmp/perf-{pid}.map"))
-    for path in dict.fromkeys(p for p in mapped if Path(p).name.startswith("jit-")):
-        if not path.endswith(".dump") or not place(path).is_file():
-            continue
-        dump = read_jitdump(place(path), pid=pid)
+        tables.append(SymbolTable.from_symbols(rows, perf_map))
+    known = dumps if dumps is not None else {}
+    unread = [p for p in mapped if p not in known]
+    fresh = read_mapped_jitdumps(pid, unread, root)
+    for dump in fresh.values():
         problems += dump.problems
-        rows = [(c.address, c.size, c.name, True) for c in dump.codes]
-        tables.append(SymbolTable.from_symbols(rows, path))
+    for path, dump in {**known, **fresh}.items():
+        if path in mapped:
+            rows = [(c.address, c.size, c.name, True) for c in dump.codes]
+            tables.append(SymbolTable.from_symbols(rows, path))
     return SymbolTable.merge(tables), problems

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..image import Image
 from ..image.elf import read_elf
-from ..image.jitdump import jit_symbols, read_jitdump
+from ..image.jitdump import JitDump, is_jitdump_path, jit_symbols, read_mapped_jitdumps
 from ..image.revisions import CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
@@ -192,12 +192,18 @@ class AddressSpace:
         return [m for m in self.mappings if m.time <= time]
 
     def image(
-        self, locator: BinaryLocator, time: int | None = None, kernel: KernelCode | None = None
+        self,
+        locator: BinaryLocator,
+        time: int | None = None,
+        kernel: KernelCode | None = None,
+        jitdumps: dict[str, JitDump] | None = None,
     ) -> tuple[Image, SymbolTable]:
         """The image at ``time`` (all mappings when None) and its symbols.
 
         ELF files are placed with the bias their mapping implies, so their
-        symbols come along; other files are mapped as raw bytes.
+        symbols come along; other files are mapped as raw bytes.  JIT code
+        is named from the process's perf map and jitdump files
+        (``jitdumps``: those read already, by path).
         """
         image = Image(f"pid {self.pid}")
         if kernel is not None:
@@ -236,7 +242,7 @@ class AddressSpace:
             tables.append(loaded.symbols.relocate(0, m.path))
         # JIT code is in no file: perf names it from the process's perf map
         # and the jitdump it mapped.
-        jit, problems = jit_symbols(self.pid, [m.path for m in maps], locator.root)
+        jit, problems = jit_symbols(self.pid, [m.path for m in maps], locator.root, jitdumps)
         for p in problems:
             locator.problems.setdefault(p.path, str(p))
         tables.append(jit)
@@ -274,6 +280,8 @@ class Sideband:
         self.kernel_mappings: list[Mapping] = []
         self.revisions: list[CodeRevision] = []
         self._stores: dict[tuple[int, int], CodeRevisions | None] = {}
+        # Each process's jitdump files read so far, by path (add_jitdump_code).
+        self.jitdumps: dict[int, dict[str, JitDump]] = {}
         self._switch: dict[int, tuple[list[int], list[int]]] = {}
         self._switch_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -341,8 +349,8 @@ class Sideband:
     def code_revisions(self, pid: int, conv: TscConversion | None) -> CodeRevisions | None:
         """The TEXT_POKE revisions of process ``pid``'s code and the
         kernel's, the BPF JIT images perf kept and the code of the jitdump
-        files it mapped (:meth:`add_jitdump_code`), in TSC (through ``conv``; perf time without one), for the
-        decoder (None: there are none)."""
+        files it mapped (:meth:`add_jitdump_code`), in TSC (through
+        ``conv``; perf time without one), for the decoder (None: none)."""
         key = (pid, id(conv))
         if key not in self._stores:
             store = CodeRevisions()
@@ -362,34 +370,26 @@ class Sideband:
         which JITs map so profilers see them) loaded, as revisions of its
         code from each load's time (the perf clock: record with ``-k mono``,
         as ``perf inject --jit`` needs; TSC times when the file says so).
-        Returns the problems met (one per damaged or foreign file)."""
+        The files read are kept (:attr:`jitdumps`) for naming the code.
+        Returns the problems met (one per missing, damaged or foreign file)."""
         problems: list[str] = []
-        seen: set[tuple[int, str]] = set()
         for pid, spaces in self.spaces.items():
-            for space in spaces:
-                for m in space.mappings:
-                    name = Path(m.path).name
-                    if not (name.startswith("jit-") and name.endswith(".dump")):
+            paths = [m.path for space in spaces for m in space.mappings]
+            dumps = read_mapped_jitdumps(pid, paths, locator.root)
+            self.jitdumps[pid] = dumps
+            for path in dict.fromkeys(p for p in paths if is_jitdump_path(p)):
+                if path not in dumps:
+                    problems.append(f"{path}: jitdump file not found")
+            for dump in dumps.values():
+                problems += [str(p) for p in dump.problems]
+                for c in dump.codes:
+                    if not c.code:
                         continue
-                    if (pid, m.path) in seen:
-                        continue
-                    seen.add((pid, m.path))
-                    where = locator.root / m.path.lstrip("/") if locator.root else Path(m.path)
-                    if not where.is_file():
-                        problems.append(f"{m.path}: jitdump file not found")
-                        continue
-                    dump = read_jitdump(where, pid=pid)
-                    problems += [str(p) for p in dump.problems]
-                    for c in dump.codes:
-                        if not c.code:
-                            continue
-                        t = c.time
-                        if dump.tsc_timestamps and conv is not None:
-                            t = int(conv.to_ns(t))
-                        self.add_revision(
-                            CodeRevision(t, "jitdump", c.address, len(c.code), c.name, b"",
-                                         c.code, pid)
-                        )  # fmt: skip
+                    t = int(conv.to_ns(c.time)) if dump.tsc_timestamps and conv else c.time
+                    self.add_revision(
+                        CodeRevision(t, "jitdump", c.address, len(c.code), c.name, b"", c.code,
+                                     pid)
+                    )  # fmt: skip
         return problems
 
     def revision_conflicts(self) -> list[str]:

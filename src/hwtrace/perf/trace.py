@@ -348,7 +348,7 @@ class _Contexts:
                     kernel.symbols if kernel is not None else SymbolTable.empty(),
                 )
             else:
-                got = space.image(self.locator, ns, kernel)
+                got = space.image(self.locator, ns, kernel, sb.jitdumps.get(pid))
             self.images[key] = got
             self.symbols_of[id(got[0])] = got[1]
             self.pid_of_image[id(got[0])] = pid if space is not None else -1
@@ -458,7 +458,7 @@ def decode_perf(
         duration = _durations(ns, k, ctx.stop_values(ns, k, t))
         out.append(QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, n_bytes))
     problems += list(locator.problems.values()) + sb.revision_conflicts()
-    return PerfFlow(out, sb, conv, list(dict.fromkeys(problems)))
+    return PerfFlow(out, sb, conv, problems)
 
 
 # --------------------------------------------------------------------------
@@ -765,7 +765,7 @@ def stream_perf(
                 dec.decode(trace, sink, s, e)
             sink.finish()
     problems += list(locator.problems.values()) + sb.revision_conflicts()
-    return PerfStream(infos, sb, conv, list(dict.fromkeys(problems)))
+    return PerfStream(infos, sb, conv, problems)
 
 
 def _hook(ctx: _Contexts) -> Callable[[np.ndarray, int], object]:
