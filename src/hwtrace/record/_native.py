@@ -476,9 +476,10 @@ def _thread_cpu(pid, tid, scratch):
 
 
 @njit(cache=True)
-def _inject_mprotect(tid, gadget, address, prot, saved, regs, status):
-    """Make stopped thread ``tid`` run ``mprotect(address, 4096, prot)`` at
-    the ``syscall`` instruction ``gadget``; its result."""
+def inject_mprotect(tid, gadget, address, size, prot, saved, regs, status):
+    """Make stopped thread ``tid`` run ``mprotect(address, size, prot)`` at
+    the ``syscall`` instruction ``gadget`` (``saved``, ``regs``: registers'
+    scratch, ``status`` a wait status's); its result, -errno on failure."""
     r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETREGS), tid, np.int64(0),
                   saved.ctypes.data)  # fmt: skip
     if r < 0:
@@ -488,7 +489,7 @@ def _inject_mprotect(tid, gadget, address, prot, saved, regs, status):
     regs[R_RAX] = SYS_MPROTECT
     regs[R_ORIG_RAX] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no restart logic for our call
     regs[R_RDI] = address
-    regs[R_RSI] = 4096
+    regs[R_RSI] = size
     regs[R_RDX] = prot
     _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SETREGS), tid, np.int64(0), regs.ctypes.data)
     r = _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SINGLESTEP), tid, np.int64(0),
@@ -563,7 +564,7 @@ def _code_fault(tid, pages, state, want, last, ring, meta, ctx, siginfo, regs, s
         ctx[5] += 1  # write faults
         prot = (want[i] | PROT_READ) & ~PROT_EXEC
         state[i] = PAGE_ARMED
-    _inject_mprotect(tid, gadget, page, prot, saved, regs, status)
+    inject_mprotect(tid, gadget, page, 4096, prot, saved, regs, status)
     return 1
 
 

@@ -152,29 +152,12 @@ class CodeCapture:
             raise RecordError(f"process {self.pid}: no syscall instruction found to act through")
         return found
 
-    def _inject(self, tid: int, nr: int, *args: int) -> int:
-        """Make stopped thread ``tid`` run system call ``nr``; its result."""
-        if not self._getregs(tid, self.saved):
-            return -errno.ESRCH
-        regs = self.saved.copy()
-        regs[nat.R_RIP] = self.gadget
-        regs[nat.R_RAX] = nr
-        regs[nat.R_ORIG_RAX] = np.uint64((1 << 64) - 1)  # no restart logic for our call
-        for name, value in zip(("rdi", "rsi", "rdx", "r10"), args, strict=False):
-            regs[nat.REGISTER_NAMES.index(name)] = value
-        nat.ptrace(nat.PTRACE_SETREGS, tid, 0, regs.ctypes.data)
-        if nat.ptrace(nat.PTRACE_SINGLESTEP, tid, 0, 0) < 0:
-            return -errno.ESRCH
-        st = _wait(tid, self.status)
-        if st < 0 or not os.WIFSTOPPED(st):
-            return -errno.ESRCH
-        self._getregs(tid, regs)
-        result = int(np.int64(regs[nat.R_RAX]))
-        nat.ptrace(nat.PTRACE_SETREGS, tid, 0, self.saved.ctypes.data)
-        return result
-
     def _protect(self, tid: int, address: int, size: int, prot: int) -> bool:
-        return self._inject(tid, nat.SYS_MPROTECT, address, size, prot) == 0
+        """Make stopped thread ``tid`` run ``mprotect(address, size, prot)``."""
+        result = nat.inject_mprotect(
+            tid, self.gadget, address, size, prot, self.saved, self.regs, self.status
+        )
+        return result == 0
 
     # -- tracking ----------------------------------------------------------------------
 
@@ -330,7 +313,7 @@ class CodeCapture:
                 if what[0] == "track" and what[1] != nat.SYS_MMAP:
                     self._track(what[2], what[3], what[4])
             for start, size, want in self._ranges():
-                self._inject(at, nat.SYS_MPROTECT, start, size, want)
+                self._protect(at, start, size, want)
         for t in faulted:
             nat.ptrace(nat.PTRACE_CONT, t, 0, 0)
             if not self._until_sigstop(t, held, set()):
