@@ -225,11 +225,6 @@ class CodeRevisions:
         self._overlays[key] = image
         return image
 
-    def revision_of(self, section: Section) -> Revision | None:
-        """The revision an overlay's ``section`` holds (or a piece of it)."""
-        rid = revision_of_section(section)
-        return self.revisions[rid] if 0 <= rid < len(self.revisions) else None
-
     def around(
         self, address: int, time: int, *, asid: Asid = ANY
     ) -> tuple[Revision | None, Revision | None]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import kernels
-from ..image.revisions import CodeRevisions
+from ..image.revisions import CodeRevisions, revised_instructions
 from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass, Special
 from . import _flowkernel as K
@@ -228,8 +228,6 @@ class FlowResult:
         (the files')?  Those decodes are right only because of the
         revisions; without them they would fail or, worse, succeed with
         the wrong flow."""
-        from ..image.revisions import revised_instructions
-
         ips = self.instructions()
         image = self.block_image
         which = (

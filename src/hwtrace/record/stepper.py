@@ -798,10 +798,13 @@ class _Recorder:
         self.rhi = np.array(hi, np.uint64)
         self.rown = np.array(owner, np.int64)
 
-    def _page(self, key: int) -> tuple[_Proc, int, bytes]:
-        """A code page's process, address and bytes now (breakpoints taken out)."""
+    def _page(self, key: int, rewritten: bool = False) -> tuple[_Proc, int, bytes]:
+        """A code page's process, address and bytes now (breakpoints taken
+        out; ``rewritten``: the process may have written over some)."""
         proc = self.procs[key >> nat.PAGE_KEY_SHIFT]
         address = (key & ((1 << nat.PAGE_KEY_SHIFT) - 1)) << 12
+        if rewritten:
+            proc.space.rewritten(address, _PAGE)
         try:
             data = os.pread(proc.mem, _PAGE, address)
         except OSError:
@@ -830,9 +833,7 @@ class _Recorder:
     def recapture(self, key: int, t: _Thread, when: int) -> None:
         """A captured code page holds other bytes now: keep them as a change
         from ``when`` on (the thread is about to run them)."""
-        proc = self.procs[key >> nat.PAGE_KEY_SHIFT]
-        proc.space.rewritten((key & ((1 << nat.PAGE_KEY_SHIFT) - 1)) << 12, _PAGE)
-        proc, address, data = self._page(key)
+        proc, address, data = self._page(key, rewritten=True)
         i = int(np.searchsorted(self.pages, np.uint64(key)))
         row = int(self.page_rows[i])
         old = self.page_data[row, : self.page_valid[row]].tobytes()
