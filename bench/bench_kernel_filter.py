@@ -402,24 +402,12 @@ def tracefs_write(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def close_fds_under(directory: Path) -> None:
-    """Close any descriptor of a file in ``directory`` left open by an
-    interrupt (an open file keeps a tracefs instance busy: rmdir fails)."""
-    prefix = f"{directory}/"
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith(prefix):
-                os.close(int(name))
-        except OSError:
-            pass
-
-
 def instance_sweep() -> str | None:
     """Disable every event of this benchmark's instance and remove it (also
     what a run killed by SIGKILL left); None, or why it is still there."""
     if not INSTANCE.exists():
         return None
-    close_fds_under(INSTANCE)
+    common.close_fds_under(INSTANCE)
     try:
         tracefs_write(INSTANCE / "events" / "enable", "0")
     except (BenchError, OSError):

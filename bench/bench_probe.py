@@ -290,19 +290,6 @@ def set_enable(enable: Path, value: bytes) -> None:
         os.close(fd)
 
 
-def close_fds_under(directory: Path) -> None:
-    """Close this process's descriptors of files under ``directory``: one
-    left open by an interrupt between open() and close() keeps a tracefs
-    instance busy (rmdir fails with EBUSY)."""
-    prefix = f"{directory}/"
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith(prefix):
-                os.close(int(name))
-        except OSError:
-            pass
-
-
 def uprobe_names() -> tuple[str, Path, Path]:
     """(definition name, instance, the event's enable file in the instance)."""
     instance = TRACEFS / "instances" / GROUP
@@ -319,7 +306,7 @@ def tracefs_sweep() -> None:
         except OSError:
             pass
     if instance.exists():
-        close_fds_under(instance)
+        common.close_fds_under(instance)
         try:
             instance.rmdir()
         except OSError:

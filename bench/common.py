@@ -165,6 +165,19 @@ def session_daemon(log: Path) -> Iterator[dict[str, Any]]:
         info["exit_status"] = proc.returncode
 
 
+def close_fds_under(directory: Path) -> None:
+    """Close this process's descriptors of files under ``directory``: one
+    left open by an interrupt between open() and close() keeps a tracefs
+    instance busy (rmdir fails with EBUSY)."""
+    prefix = f"{directory}/"
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith(prefix):
+                os.close(int(name))
+        except OSError:
+            pass
+
+
 def bench_main(name: str, run, *, interrupted: str, cleanup=None) -> int:
     """Run a benchmark's ``run()``: SIGTERM and SIGHUP unwind like ^C, so
     what it set up is taken down; a BenchError is one line; ``cleanup()``

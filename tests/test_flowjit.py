@@ -537,6 +537,26 @@ def _cpython_with_perf() -> str | None:
     return None
 
 
+def _start_cpython(exe: str, option: str, tmp_path: Path) -> subprocess.Popen:
+    """``exe -X option`` running :data:`PY_TARGET` (read its "ready")."""
+    script = tmp_path / "target.py"
+    script.write_text(PY_TARGET)
+    return subprocess.Popen([exe, "-X", option, str(script)], stdout=subprocess.PIPE, text=True)
+
+
+def _record_trampolines(proc: subprocess.Popen, exe: str, instructions: int):
+    """Once it is ready, attach the software recorder to each call of
+    CPython's trampoline evaluator, for ``instructions``."""
+    from hwtrace.record.software import record_software
+
+    assert proc.stdout.readline().strip() == "ready"
+    library = next(Path(exe).resolve().parent.parent.glob("lib/libpython3.1*.so.1.0"), None)
+    where = f"{library.name}!" if library is not None else ""
+    return record_software(
+        proc.pid, calls=[f"{where}py_trampoline_evaluator"], max_instructions=instructions
+    )
+
+
 def test_cpython_perf_trampolines_decode_with_names(tmp_path):
     """CPython 3.12's ``-X perf`` runs each Python call through a trampoline
     copied into anonymous executable memory and names it in
@@ -551,19 +571,11 @@ def test_cpython_perf_trampolines_decode_with_names(tmp_path):
     if exe is None:
         pytest.skip("no CPython 3.12+ with -X perf (pyenv's or on PATH)")
     from hwtrace.record.perfdata import write_perf_data
-    from hwtrace.record.software import record_software
 
-    script = tmp_path / "target.py"
-    script.write_text(PY_TARGET)
-    proc = subprocess.Popen([exe, "-X", "perf", str(script)], stdout=subprocess.PIPE, text=True)
+    proc = _start_cpython(exe, "perf", tmp_path)
     perf_map = Path(f"/tmp/perf-{proc.pid}.map")
     try:
-        assert proc.stdout.readline().strip() == "ready"
-        library = next(Path(exe).resolve().parent.parent.glob("lib/libpython3.1*.so.1.0"), None)
-        where = f"{library.name}!" if library is not None else ""
-        rec = record_software(
-            proc.pid, calls=[f"{where}py_trampoline_evaluator"], max_instructions=6000
-        )
+        rec = _record_trampolines(proc, exe, 6000)
     finally:
         proc.kill()
         proc.wait()
@@ -699,19 +711,11 @@ def test_cpython_jitdump_joins_the_revisions(tmp_path):
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.trace import decode_perf
     from hwtrace.record.perfdata import write_perf_data
-    from hwtrace.record.software import record_software
 
-    script = tmp_path / "target.py"
-    script.write_text(PY_TARGET)
-    proc = subprocess.Popen([exe, "-X", "perf_jit", str(script)], stdout=subprocess.PIPE, text=True)
+    proc = _start_cpython(exe, "perf_jit", tmp_path)
     dump = Path(f"/tmp/jit-{proc.pid}.dump")
     try:
-        assert proc.stdout.readline().strip() == "ready"
-        library = next(Path(exe).resolve().parent.parent.glob("lib/libpython3.1*.so.1.0"), None)
-        where = f"{library.name}!" if library is not None else ""
-        rec = record_software(
-            proc.pid, calls=[f"{where}py_trampoline_evaluator"], max_instructions=3000
-        )
+        rec = _record_trampolines(proc, exe, 3000)
         proc.send_signal(signals.SIGINT)  # a clean exit: the jitdump is written whole
         proc.wait(timeout=60)
         assert str(dump) in [m.path for m in rec.mmaps]
