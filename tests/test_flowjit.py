@@ -11,6 +11,7 @@ calls of one function), then one page rewritten several times.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -372,6 +373,51 @@ def test_recorded_jit_through_perf_data(recorded, tmp_path):
     # xor, then per iteration inc, cmp, je (and jmp but the last), ret
     assert sum("jit_loop" in line for line in lines) == sum(4 * n + 1 for n in (42, 3, 7, 11, 15))
     assert "jit_loop+0x7 (/tmp/perf-" in out.stdout
+
+
+def test_capture_revisions_added_to_a_perf_data(recorded, tmp_path):
+    """What ``hwtrace record --jit`` does after perf: the agent's revisions
+    go into the perf.data in time order, placed in perf time through its
+    TIME_CONV.  Without them the JIT entry is a gap; with them the decode is
+    exact again, and perf still finds every AUXTRACE record (its index moved
+    with the inserted bytes)."""
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.records import RecordType
+    from hwtrace.perf.rewrite import write_subset
+    from hwtrace.perf.trace import decode_perf
+    from hwtrace.record.jitcapture import CaptureResult
+    from hwtrace.record.jitrecord import add_code_revisions
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.stepper import CodeChange
+
+    full, path = tmp_path / "full.data", tmp_path / "jit.data"
+    write_perf_data(recorded, full, buildid_cache=False)
+    data = PerfData(str(full))
+    pokes = data.where(RecordType.TEXT_POKE)
+    revisions = recorded.code_revisions().revisions
+    assert len(pokes) == len(revisions) == 6  # the JIT page's first bytes, then 5 changes
+    write_subset(data, path, pokes)
+    bare = decode_perf(PerfData(str(path)))
+    assert bare.n_gaps > 0
+    changes = [CodeChange(r.valid_from, r.address, r.data, r.tid, r.cpu, r.ip) for r in revisions]
+    assert add_code_revisions(path, CaptureResult(recorded.pid, changes, {}, 0)) == 6
+    again = PerfData(str(path))
+    assert [int(t) for t in again.records["time"][again.where(RecordType.TEXT_POKE)]] == [
+        int(t) for t in data.records["time"][pokes]
+    ]
+    flow = decode_perf(again)
+    assert not flow.problems and flow.n_gaps == 0
+    assert np.array_equal(flow.queues[0].flow.instructions(), recorded.instructions)
+    perf = shutil.which("perf")
+    if perf is not None:  # Linux perf decodes the same branches from both files
+
+        def branches(p):
+            out = subprocess.run([perf, "script", "-i", str(p), "--itrace=b", "-F", "ip,addr"],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            assert "out of order" not in out.stderr
+            return out.stdout
+
+        assert branches(path) == branches(full) and branches(path).count("\n") >= 10
 
 
 # -- a kernel BPF program's JIT image ---------------------------------------------------

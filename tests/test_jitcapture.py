@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 from test_record_software import SKIP, compile_program
@@ -147,3 +148,67 @@ def test_bad_targets_are_one_message(tmp_path):
         capture_code(["/nonexistent/jit"])
     with pytest.raises(RecordError, match="no process"):
         capture_code(999_999_999)
+
+
+def _perf_tracepoints() -> str | None:
+    import shutil
+
+    if shutil.which("perf") is None:
+        return "perf is not installed"
+    if not os.path.exists("/sys/kernel/tracing/events/syscalls/sys_enter_munmap"):
+        return "no syscalls:sys_enter_munmap tracepoint (tracefs)"
+    return None
+
+
+def test_perf_and_the_agent_record_together(program, tmp_path):
+    """``hwtrace record --jit``'s orchestration with a perf event this
+    machine has (a tracepoint, not Intel PT): perf opens its events
+    disabled, is enabled before the program's first instruction, and the
+    revisions land in its perf.data as TEXT_POKE records, in time order
+    among perf's own records: each page's snapshot after the program made
+    it and before the program unmapped it."""
+    import re
+
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.trace import sideband_of
+    from hwtrace.record.jitrecord import record_perf_with_capture
+
+    why = _perf_tracepoints()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "jit.data"
+    argv = ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-e", "syscalls:sys_enter_munmap",
+            "-o", str(out)]  # fmt: skip
+    status, r = record_perf_with_capture(argv, [program, "20", "0"], out)
+    assert status == 0 and r.exit_status == 0
+    _check(r.revisions, range(20))
+    script = subprocess.run(["perf", "script", "-i", str(out), "--show-text-poke-events"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert "out of order" not in script.stderr
+    events = []
+    for line in script.stdout.splitlines():
+        if m := re.search(r"PERF_RECORD_TEXT_POKE ([0-9a-f]+)\s+old len 0 new len 4096", line):
+            events.append(("poke", int(m[1], 16)))
+        elif m := re.search(r"sys_enter_munmap: addr: 0x([0-9a-f]+), len: 0x0+1000$", line):
+            events.append(("munmap", int(m[1], 16)))
+    pages = [c.address for c in r.revisions]
+    events = [e for e in events if e[1] in pages]
+    assert events == [(kind, p) for p in pages for kind in ("poke", "munmap")]
+    store = sideband_of(PerfData(str(out))).code_revisions(r.pid, None)
+    assert [(v.address, v.data) for v in store.revisions] == [
+        (c.address, c.data) for c in r.revisions
+    ]
+
+
+def test_record_jit_without_intel_pt_is_one_message(program, tmp_path):
+    from hwtrace.record.perf_pt import have_intel_pt
+
+    if have_intel_pt():
+        pytest.skip("this machine has Intel PT")
+    out = subprocess.run(
+        [sys.executable, "-m", "hwtrace.cli.main", "record", "--jit", "--backend", "perf",
+         "-o", str(tmp_path / "x.data"), "--", program, "3", "0"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("hwtrace record: no Intel PT")

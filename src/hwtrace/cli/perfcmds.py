@@ -62,6 +62,12 @@ def record_main(argv: Sequence[str]) -> int:
         action="store_true",
         help="follow child processes too (fork, vfork, through exec)",
     )
+    p.add_argument(
+        "--jit",
+        action="store_true",
+        help="capture code written at run time (JITs, patching) at its first execution, for "
+        "decoding (perf backend: a capture agent beside perf; the software backend always does)",
+    )
     p.add_argument("--backend", choices=("auto", "perf", "software"), default="auto")
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
@@ -80,6 +86,7 @@ def record_main(argv: Sequence[str]) -> int:
     if bool(command) == (a.pid is not None):
         p.error("give a command to launch (after --) or a --pid to attach to")
     from ..record.perf_pt import SettingsError, have_intel_pt
+    from ..record.stepper import RecordError
 
     backend = a.backend
     if backend == "auto":
@@ -88,7 +95,7 @@ def record_main(argv: Sequence[str]) -> int:
         if backend == "perf":
             return _record_perf(a, command)
         return _record_software(a, command)
-    except SettingsError as e:
+    except (SettingsError, RecordError) as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
         return 1
 
@@ -121,12 +128,24 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
         filters=filters,
     )
     sys.stderr.write("hwtrace record: backend perf (Intel PT hardware)\n")
-    status = record_with_perf(settings, a.output, command=command, pid=a.pid)
+    status = record_with_perf(settings, a.output, command=command, pid=a.pid, jit=a.jit)
+    if a.jit and status == 0 and Path(a.output).exists():
+        sys.stderr.write(f"hwtrace record: {_count_revisions(a.output)} code revisions captured "
+                         "(TEXT_POKE records of user code)\n")  # fmt: skip
     if a.call and Path(a.output).exists():
         from ..perf.calls import note_recording
 
         note_recording(a.output, calls=a.call)
     return status
+
+
+def _count_revisions(path: str) -> int:
+    from ..perf.data import read_perf_data
+    from ..perf.records import RecordType
+
+    data = read_perf_data(path)
+    rows = data.where(RecordType.TEXT_POKE)
+    return int(((data.records["misc"][rows] & 7) == 2).sum())
 
 
 def _record_software(a: argparse.Namespace, command: list[str]) -> int:
@@ -153,6 +172,11 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    if a.jit:
+        sys.stderr.write(
+            "hwtrace record: note: the software backend captures the code it steps at each "
+            "change (--jit is always on)\n"
+        )
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         rec = record_software(

@@ -27,7 +27,7 @@ from .data import PerfData, PerfDataError
 from .features import Feature, pack_feature, parse_feature
 from .writer import write_feature_sections
 
-__all__ = ["SubsetWriter", "write_subset"]
+__all__ = ["SubsetWriter", "insert_records", "write_subset"]
 
 # Bytes gathered per write: records are copied into one buffer this large.
 CHUNK_BYTES = 1 << 23
@@ -115,6 +115,14 @@ class SubsetWriter:
         self.dropped += int(gone_len.sum())
         self._write(start, keep)
 
+    def insert(self, records: bytes) -> None:
+        """Write ready-made ``records`` (whole records, sample_id trailers
+        included) here, between the records given so far and the next ones;
+        index entries after them move by their size."""
+        self.f.write(records)
+        self.size += len(records)
+        self.dropped -= len(records)  # a negative drop: later offsets move up
+
     def _write(self, start: int, keep: np.ndarray) -> None:
         """Append the records ``start + i`` whose ``keep[i]`` is set."""
         r = self.data.records
@@ -195,4 +203,25 @@ def write_subset(
     w = SubsetWriter(data, out, chunk_bytes=chunk_bytes, chunk_rows=chunk_rows)
     with w:
         w.add(w.n, np.sort(np.asarray(drop, np.int64)))
+    return w.records, w.size
+
+
+def insert_records(
+    data: PerfData,
+    out: str | os.PathLike[str],
+    records: list[tuple[int, bytes]],
+) -> tuple[int, int]:
+    """Write ``out``: ``data`` with ``records`` ((perf time, record bytes))
+    added to its data section in time order, each before the first record
+    after the latest time seen up to there (records without a time follow
+    the one before them), so perf's ordered-event rounds take them in
+    order.  Returns (records, bytes) written to the data section."""
+    times = np.asarray(data.records["time"], np.int64)
+    seen = np.maximum.accumulate(np.where(times > 0, times, 0)) if times.size else times
+    w = SubsetWriter(data, out)
+    with w:
+        for t, raw in sorted(records, key=lambda r: r[0]):
+            w.add(max(int(np.searchsorted(seen, t, side="right")), w.next), np.zeros(0, np.int64))
+            w.insert(raw)
+            w.records += 1
     return w.records, w.size

@@ -70,6 +70,13 @@ class CaptureResult:
     revisions: list[CodeChange]
     stats: dict[str, int]
     exit_status: int | None
+    # (TSC, CLOCK_MONOTONIC ns) read when the capture began and ended.
+    clock_pairs: tuple[tuple[int, int], ...] = ()
+
+    def tsc_to_monotonic(self, tsc: int) -> int:
+        """CLOCK_MONOTONIC ns of a TSC value, from the clock pairs."""
+        (c0, n0), (c1, n1) = self.clock_pairs[0], self.clock_pairs[-1]
+        return n0 + round((tsc - c0) * (n1 - n0) / max(c1 - c0, 1))
 
     def code_revisions(self) -> CodeRevisions:
         """The revisions as a store for the decoder (source ``capture``)."""
@@ -84,7 +91,9 @@ class CodeCapture:
     """Capture the code revisions of ``target`` (argv to launch, or a pid
     to attach to); :meth:`run` until it exits (or :meth:`stop`).
     ``anonymous_only``: arm executable ``mmap``s of anonymous memory only
-    (``mprotect`` arms any pages)."""
+    (``mprotect`` arms any pages).  ``hold``: the process stays stopped
+    (a launched one at its exec) until :meth:`run`, so a recorder can be
+    attached first."""
 
     def __init__(
         self,
@@ -92,6 +101,7 @@ class CodeCapture:
         *,
         anonymous_only: bool = True,
         max_revisions: int | None = None,
+        hold: bool = False,
     ) -> None:
         nat.warm_up()
         self.anonymous_only = anonymous_only
@@ -129,9 +139,16 @@ class CodeCapture:
         self.gadget = self._find_gadget()
         self.ctx[:3] = (self.pid, self.mem, self.gadget)
         self._stopping = False
+        self.clock_pairs: list[tuple[int, int]] = []
         if self.attached:
             self._arm_existing(int(tids[0]))
-        for tid in tids:
+        self._held = hold
+        if not hold:
+            self._start()
+
+    def _start(self) -> None:
+        self.clock_pairs.append((int(nat.rdtsc()), time.monotonic_ns()))
+        for tid in self.tids:
             self._resume(int(tid), 0)
 
     # -- ptrace helpers ----------------------------------------------------------------
@@ -239,7 +256,9 @@ class CodeCapture:
         """Capture until the process exits, ``max_revisions`` are captured
         or :meth:`stop` is called (from a signal handler); an attached
         process is then let go with its pages' protections back."""
-        clock0 = (int(nat.rdtsc()), time.monotonic_ns())
+        if self._held:
+            self._held = False
+            self._start()
         try:
             self._loop()
         except KeyboardInterrupt:
@@ -248,8 +267,9 @@ class CodeCapture:
             if self.attached and len(self.tids):
                 self._let_go(-1, 0)
             raise
-        clock1 = (int(nat.rdtsc()), time.monotonic_ns())
-        self._ns_per_tick = (clock1[1] - clock0[1]) / max(clock1[0] - clock0[0], 1)
+        self.clock_pairs.append((int(nat.rdtsc()), time.monotonic_ns()))
+        (c0, n0), (c1, n1) = self.clock_pairs[0], self.clock_pairs[-1]
+        self._ns_per_tick = (n1 - n0) / max(c1 - c0, 1)
         return self.result()
 
     def _loop(self) -> None:
@@ -424,9 +444,22 @@ class CodeCapture:
         # Time spent handling faults in hwtrace (TSC ticks, and ns).
         stats["fault_ticks"] = int(self.ctx[6])
         stats["fault_ns"] = int(self.ctx[6] * getattr(self, "_ns_per_tick", 0.0))
-        return CaptureResult(self.pid, list(self.revisions), stats, self.exit_status)
+        return CaptureResult(
+            self.pid, list(self.revisions), stats, self.exit_status, tuple(self.clock_pairs)
+        )
 
     def close(self) -> None:
+        if getattr(self, "_held", False):
+            self._held = False
+            if self.attached:  # never run: let go with the protections back
+                self._start()
+                self._let_go(-1, 0)
+            else:  # never run: the launched program does not start at all
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                    _wait(self.pid, self.status)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
         if self.mem >= 0:
             os.close(self.mem)
             self.mem = -1

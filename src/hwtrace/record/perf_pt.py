@@ -225,14 +225,16 @@ def perf_record_argv(
     perf: str = "perf",
     per_thread: bool = False,
     kcore: bool = False,
+    target: bool = True,
 ) -> list[str]:
     """The ``perf record`` command line for a PT recording.
 
-    Either a ``command`` to launch or a ``pid`` to attach to.  Context-switch
+    Either a ``command`` to launch or a ``pid`` to attach to (neither with
+    ``target=False``: the caller adds its own).  Context-switch
     sideband (``--switch-events``) is always asked for, since attributing PT
     to threads needs it; ``kcore`` copies ``/proc/kcore`` for kernel decoding.
     """
-    if bool(command) == (pid is not None):
+    if target and bool(command) == (pid is not None):
         raise SettingsError("record either a command or a pid")
     argv = [perf, "record", "-e", settings.event(), "-o", os.fspath(output), "--switch-events"]
     flt = settings.filter_argument()
@@ -244,6 +246,8 @@ def perf_record_argv(
         argv.append("--per-thread")
     if kcore:
         argv.append("--kcore")
+    if not target:
+        return argv
     if pid is not None:
         argv += ["-p", str(pid)]
     else:
@@ -263,8 +267,11 @@ def record_with_perf(
     pid: int | None = None,
     per_thread: bool = False,
     kcore: bool = False,
+    jit: bool = False,
 ) -> int:
     """Record with perf and Intel PT hardware; returns perf's exit status.
+    ``jit``: the code capture agent runs alongside and its revisions go into
+    the perf.data (:mod:`hwtrace.record.jitrecord`).
 
     Raises :class:`SettingsError` when this machine has no Intel PT or perf,
     or a setting its PT cannot take.
@@ -279,6 +286,14 @@ def record_with_perf(
     perf = shutil.which("perf")
     if perf is None:
         raise SettingsError("perf is not installed (Debian: apt-get install linux-perf)")
+    if jit:
+        from .jitrecord import record_perf_with_capture
+
+        argv = perf_record_argv(
+            settings, output, perf=perf, per_thread=per_thread, kcore=kcore, target=False
+        )
+        status, _ = record_perf_with_capture(argv, list(command) if command else pid, output)
+        return status
     argv = perf_record_argv(
         settings, output, command=command, pid=pid, perf=perf, per_thread=per_thread, kcore=kcore
     )
