@@ -151,6 +151,28 @@ def test_no_time_stamps_read_the_latest_code(files):
     assert got.count(0x400030) == 2 and 0x500000 in got
 
 
+@pytest.mark.parametrize("timing", TIMINGS.values(), ids=TIMINGS.keys())
+def test_a_revision_timed_late_is_tried_earlier_inside_its_window(files, timing):
+    """A source whose time lags the code's first run (a text_poke seen
+    late, a coarse clock): the JIT entry is a gap; inside the modification
+    window the decoder tries the revision as beginning at the failure, and
+    keeps that decode, which is exact, reporting the revision ambiguous."""
+    enc, jit_time, patch_time, _ = _encode(files, timing)
+    store = CodeRevisions()
+    store.add(JIT, LOOP, jit_time + 5000, "text_poke")
+    store.add(0x400020, JMP_KEY, patch_time, "capture")
+    late = decode_trace(enc.data, files, enc.config, revisions=store)
+    assert len(late.gaps) == 1 and late.gaps[0].ip == JIT and not late.ambiguous
+    narrow = decode_trace(enc.data, files, enc.config, revisions=store, revision_window=1000)
+    assert len(narrow.gaps) == 1 and not narrow.ambiguous
+    flow = decode_trace(enc.data, files, enc.config, revisions=store, revision_window=8000)
+    assert not flow.gaps and np.array_equal(flow.instructions(), enc.expected)
+    (amb,) = flow.ambiguous
+    assert (amb.address, amb.valid_from, amb.source) == (JIT, jit_time + 5000, "text_poke")
+    assert amb.used_from == late.gaps[0].time < jit_time + 5000
+    assert amb.offset == late.gaps[0].offset and "earlier" in str(amb)
+
+
 def test_one_page_rewritten_several_times():
     """A JIT page rewritten four times (each a loop of another length),
     each version called once from a caller that loops: every version

@@ -25,7 +25,7 @@ store only orders them.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -128,13 +128,26 @@ class CodeRevisions:
                 at = _first_difference(rev, other)
                 if at is not None:
                     self.conflicts.append(Conflict(other, rev, at))
+        self._append(rev)
+        return rev
+
+    def _append(self, rev: Revision) -> None:
         self.revisions.append(rev)
         self._overlays.clear()
         self._bounds = None
-        self._by_asid.setdefault(asid, []).append(rev)
-        insort(self._starts.setdefault(asid, []), (address, rev.id))
-        self._longest = max(self._longest, len(data))
-        return rev
+        self._by_asid.setdefault(rev.asid, []).append(rev)
+        insort(self._starts.setdefault(rev.asid, []), (rev.address, rev.id))
+        self._longest = max(self._longest, len(rev.data))
+
+    def retimed(self, revision: Revision, valid_from: int) -> CodeRevisions:
+        """A copy of the store in which ``revision`` begins at
+        ``valid_from`` (how a decoder tries the neighbouring revision inside
+        a modification window)."""
+        out = CodeRevisions()
+        for r in self.revisions:
+            out._append(replace(r, valid_from=valid_from) if r.id == revision.id else r)
+        out.conflicts = list(self.conflicts)
+        return out
 
     def _overlapping(self, asid: Asid, begin: int, end: int) -> list[Revision]:
         out = []

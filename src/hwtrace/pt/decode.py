@@ -60,6 +60,29 @@ class Gap:
         return f"[{self.offset:x}, {self.ip:x}: error: {self.reason}]"
 
 
+@dataclass(frozen=True, slots=True)
+class AmbiguousRevision:
+    """A revision whose start fell inside a decode's modification window:
+    the decode failed at trace ``offset`` near its start, and succeeded
+    further with the revision taken to begin at ``used_from`` (the
+    neighbouring revision's bytes ran up to there)."""
+
+    address: int
+    size: int
+    valid_from: int
+    used_from: int
+    offset: int
+    source: str
+
+    def __str__(self) -> str:
+        side = "later" if self.used_from > self.valid_from else "earlier"
+        return (
+            f"ambiguous code revision at {self.address:#x} ({self.source}): decoded as "
+            f"beginning {side}, at {self.used_from} instead of {self.valid_from} "
+            f"(trace offset {self.offset:#x})"
+        )
+
+
 class FlowResult:
     """Executed blocks as columns, events, gaps.
 
@@ -112,6 +135,9 @@ class FlowResult:
         self.event_rows: np.ndarray = _EMPTY_EVENTS
         self.event_offset: np.ndarray = np.zeros(0, np.int64)
         self.event_block: np.ndarray = np.zeros(0, np.int64)
+        # Revisions the decode took to begin elsewhere than their sources
+        # said (see decode_trace's revision_window).
+        self.ambiguous: list[AmbiguousRevision] = []
 
     def _column(self, name: str) -> np.ndarray | None:
         if name not in self._dense:
@@ -507,6 +533,7 @@ def decode_trace(
     context: Context | None = None,
     job_bytes: int = MIN_BYTES_PER_JOB,
     revisions: Revisions = None,
+    revision_window: int = 0,
 ) -> FlowResult:
     """Decode a whole trace (bytes, numpy buffer or file path) against
     ``image``.  ``jobs`` > 1 decodes PSB-aligned chunks on that many threads
@@ -522,7 +549,79 @@ def decode_trace(
     a function giving one per image); code is read as it was at the time
     of the flow (see :class:`~hwtrace.pt.flowdec.FlowDecoder`), and
     :meth:`FlowResult.revised` tells which instructions came from revised
-    bytes."""
+    bytes.
+
+    ``revision_window`` (TSC ticks): how far apart a revision's time and
+    the moment its bytes really began to run may be (another CPU still
+    running the old bytes after a ``text_poke``, a time stamp that lags the
+    flow).  A decode that fails within that distance of a revision's start
+    is tried again with the neighbouring revision (the revision taken to
+    begin just after the failure, or just before it); a trial with fewer
+    gaps (or as many, and more instructions) is kept, and the revision is
+    reported in :attr:`FlowResult.ambiguous`."""
+    result = _decode_trace(data, image, config, options, jobs, chunk_bytes, keep_blocks,
+                           context, job_bytes, revisions)  # fmt: skip
+    if revision_window > 0 and isinstance(revisions, CodeRevisions) and result.gaps:
+
+        def trial(store: CodeRevisions) -> FlowResult:
+            return _decode_trace(data, image, config, options, jobs, chunk_bytes, keep_blocks,
+                                 context, job_bytes, store)  # fmt: skip
+
+        result = _neighbouring_revisions(result, revisions, revision_window, trial)
+    return result
+
+
+# Trials of neighbouring revisions one decoding may make.
+MAX_REVISION_TRIALS = 16
+
+
+def _neighbouring_revisions(
+    result: FlowResult,
+    store: CodeRevisions,
+    window: int,
+    trial: Callable[[CodeRevisions], FlowResult],
+) -> FlowResult:
+    """Retry the gaps near a revision's start with that revision moved to
+    the other side of the failure (see :func:`decode_trace`)."""
+    ambiguous: list[AmbiguousRevision] = []
+    tried: set[tuple[int, int]] = set()
+    trials = 0
+    progress = True
+    while progress and trials < MAX_REVISION_TRIALS:
+        progress = False
+        for gap in result.gaps:
+            if not gap.time:
+                continue
+            t = gap.time
+            near = sorted(
+                (r for r in store.revisions if abs(r.valid_from - t) <= window),
+                key=lambda r: abs(r.valid_from - t),
+            )
+            for r in near:
+                # Began after the last time before the failure: its bytes
+                # may have run already; began at or before it: the old
+                # bytes may still have run.
+                moved = t if r.valid_from > t else t + 1
+                if (r.id, moved) in tried or trials >= MAX_REVISION_TRIALS:
+                    continue
+                tried.add((r.id, moved))
+                trials += 1
+                candidate = store.retimed(r, moved)
+                got = trial(candidate)
+                if (len(got.gaps), -got.n_insn) < (len(result.gaps), -result.n_insn):
+                    ambiguous.append(AmbiguousRevision(
+                        r.address, len(r.data), r.valid_from, moved, gap.offset, r.source))  # fmt: skip
+                    result, store, progress = got, candidate, True
+                    break
+            if progress:
+                break
+    result.ambiguous = ambiguous
+    return result
+
+
+def _decode_trace(
+    data, image, config, options, jobs, chunk_bytes, keep_blocks, context, job_bytes, revisions
+) -> FlowResult:
     config = config or PtConfig()
     buf = _as_buffer(data)
     ranges = chunk_ranges(buf, chunk_bytes)
@@ -577,6 +676,7 @@ def iter_flow(
 
 
 __all__ = [
+    "AmbiguousRevision",
     "DecodeOptions",
     "FlowResult",
     "Gap",
