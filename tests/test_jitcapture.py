@@ -24,10 +24,20 @@ PROGRAM = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 typedef int (*fn_t)(void);
+
+static unsigned char *barrier;
+static volatile int barrier_hits;
+
+static void on_segv(int sig, siginfo_t *info, void *uc) { /* a GC-style write barrier */
+    if ((unsigned char *)info->si_addr != barrier) _exit(6);
+    barrier_hits++;
+    mprotect(barrier, 4096, PROT_READ | PROT_WRITE);
+}
 
 static void emit(unsigned char *p, int v) { /* mov eax, v; ret */
     p[0] = 0xb8;
@@ -37,6 +47,20 @@ static void emit(unsigned char *p, int v) { /* mov eax, v; ret */
 
 int main(int argc, char **argv) {
     int n = atoi(argv[1]), mode = atoi(argv[2]);
+    if (mode == 4) { /* its own SIGSEGV handler, set after start, and faults it handles */
+        struct sigaction sa = {0}, old;
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO;
+        if (sigaction(SIGSEGV, &sa, &old) || old.sa_handler != SIG_DFL) return 5;
+        if (sigaction(SIGSEGV, NULL, &old) || old.sa_sigaction != on_segv) return 7;
+        barrier = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        mode = 0;
+        for (int k = 0; k < 3; k++) {
+            barrier[0] = 1;  /* faults: the handler opens the page */
+            mprotect(barrier, 4096, PROT_READ);
+        }
+        if (barrier_hits != 3) return 8;
+    }
     unsigned char *rwx = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mode == 2) {
@@ -71,6 +95,19 @@ int main(int argc, char **argv) {
 """
 
 
+def _agents():
+    from hwtrace.record.jitagent import in_process_available
+
+    why = in_process_available()
+    return [
+        "ptrace",
+        pytest.param("in-process", marks=pytest.mark.skipif(why is not None, reason=str(why))),
+    ]
+
+
+AGENTS = _agents()
+
+
 @pytest.fixture(scope="module")
 def program() -> str:
     return str(compile_program(PROGRAM, "jitcapture", ("-O1", "-g0")))
@@ -85,10 +122,11 @@ def _check(revisions, values):
     assert times == sorted(times)
 
 
-def test_pages_made_executable_by_mprotect(program):
+@pytest.mark.parametrize("agent", AGENTS)
+def test_pages_made_executable_by_mprotect(program, agent):
     from hwtrace.record.jitcapture import capture_code
 
-    r = capture_code([program, "25", "0"])
+    r = capture_code([program, "25", "0"], agent)
     assert r.exit_status == 0
     _check(r.revisions, range(25))
     assert r.stats["exec_faults"] == 25 and r.stats["write_faults"] == 0
@@ -96,19 +134,21 @@ def test_pages_made_executable_by_mprotect(program):
     assert len(store) == 25 and all(rev.source == "capture" for rev in store.revisions)
 
 
-def test_a_page_kept_writable_and_executable_is_caught_at_each_rewrite(program):
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_page_kept_writable_and_executable_is_caught_at_each_rewrite(program, agent):
     """W^X: once executed, the page loses its write right; the next write
     faults and takes its execute right, so the next execution is caught
     although the program never calls mprotect."""
     from hwtrace.record.jitcapture import capture_code
 
-    r = capture_code([program, "150", "1"])  # more than the agent's ring holds at once
+    r = capture_code([program, "150", "1"], agent)  # more than the agent's ring holds at once
     assert r.exit_status == 0
     _check(r.revisions, range(150))
     assert r.stats["exec_faults"] == 150 and r.stats["write_faults"] == 149
 
 
-def test_attached_then_let_go(program):
+@pytest.mark.parametrize("agent", AGENTS)
+def test_attached_then_let_go(program, agent):
     """Attached to a running JIT: its page armed, revisions captured until
     enough, then the page's protection given back; the program goes on
     and finishes right."""
@@ -117,7 +157,7 @@ def test_attached_then_let_go(program):
     proc = subprocess.Popen([program, "3000", "2"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        r = capture_code(proc.pid, max_revisions=12)
+        r = capture_code(proc.pid, agent, max_revisions=12)
         assert len(r.revisions) == 12 and r.exit_status is None
         first = int.from_bytes(r.revisions[0].data[1:5], "little")
         _check(r.revisions, range(first, first + 12))
@@ -128,12 +168,28 @@ def test_attached_then_let_go(program):
             proc.wait()
 
 
-def test_the_programs_own_faults_are_delivered(program):
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_programs_own_handler_gets_its_faults(program, agent):
+    """A program that sets its own SIGSEGV handler after it started reads
+    back its own previous action (not the agent's), gets the faults that
+    are its own (a write barrier: three writes to a read-only page it then
+    opens), and its JIT pages are still captured."""
+    from hwtrace.record.jitcapture import capture_code
+
+    r = capture_code([program, "6", "4"], agent)
+    assert r.exit_status == 0
+    _check(r.revisions, range(6))
+    if agent == "in-process":
+        assert r.stats["sigactions"] == 1 and r.stats["chained"] == 3
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_programs_own_faults_are_delivered(program, agent):
     """A write to a page the program made read-only and executable is its
     own fault: delivered, the process dies of it and capture ends there."""
     from hwtrace.record.jitcapture import capture_code
 
-    r = capture_code([program, "5", "3"])
+    r = capture_code([program, "5", "3"], agent)
     assert r.exit_status is not None and os.WIFSIGNALED(r.exit_status)
     assert os.WTERMSIG(r.exit_status) == signal.SIGSEGV
     _check(r.revisions, [0])
@@ -160,7 +216,8 @@ def _perf_tracepoints() -> str | None:
     return None
 
 
-def test_perf_and_the_agent_record_together(program, tmp_path):
+@pytest.mark.parametrize("agent", AGENTS)
+def test_perf_and_the_agent_record_together(program, agent, tmp_path):
     """``hwtrace record --jit``'s orchestration with a perf event this
     machine has (a tracepoint, not Intel PT): perf opens its events
     disabled, is enabled before the program's first instruction, and the
@@ -179,7 +236,7 @@ def test_perf_and_the_agent_record_together(program, tmp_path):
     out = tmp_path / "jit.data"
     argv = ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-e", "syscalls:sys_enter_munmap",
             "-o", str(out)]  # fmt: skip
-    status, r = record_perf_with_capture(argv, [program, "20", "0"], out)
+    status, r = record_perf_with_capture(argv, [program, "20", "0"], out, agent=agent)
     assert status == 0 and r.exit_status == 0
     _check(r.revisions, range(20))
     script = subprocess.run(["perf", "script", "-i", str(out), "--show-text-poke-events"],
@@ -193,11 +250,17 @@ def test_perf_and_the_agent_record_together(program, tmp_path):
             events.append(("munmap", int(m[1], 16)))
     pages = [c.address for c in r.revisions]
     events = [e for e in events if e[1] in pages]
-    assert events == [(kind, p) for p in pages for kind in ("poke", "munmap")]
+    pokes = [k for k, e in enumerate(events) if e[0] == "poke"]
+    unmaps = [k for k, e in enumerate(events) if e[0] == "munmap"]
+    assert len(pokes) == len(unmaps) == 20
+    # Each snapshot after the program unmapped the page's previous
+    # incarnation and before it unmapped the next (the agent's TSC and
+    # perf's clock agree to well under the microseconds between them).
+    assert all(unmaps[i - 1] < pokes[i] < unmaps[i + 1] for i in range(1, 19))
     store = sideband_of(PerfData(str(out))).code_revisions(r.pid, None)
-    assert [(v.address, v.data) for v in store.revisions] == [
-        (c.address, c.data) for c in r.revisions
-    ]
+    # (perf also keeps the kernel's BPF programs, the agent's among them)
+    user = [(v.address, v.data) for v in store.revisions if v.address < 1 << 63]
+    assert user == [(c.address, c.data) for c in r.revisions]
 
 
 def test_record_jit_without_intel_pt_is_one_message(program, tmp_path):

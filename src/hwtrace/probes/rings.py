@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EVENT_DTYPE", "HEADER_BYTES", "SLOT_BYTES", "Clock", "CounterPages", "Rings"]
+__all__ = [
+    "EVENT_DTYPE",
+    "HEADER_BYTES",
+    "SLOT_BYTES",
+    "Clock",
+    "CounterPages",
+    "Rings",
+    "clock_pair",
+]
 
 SLOT_BYTES = 64
 HEADER_BYTES = 64  # per buffer, one cache line: head (u64) at 0
@@ -77,6 +85,21 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def clock_pair() -> tuple[int, int]:
+    """(TSC, CLOCK_MONOTONIC ns) read together: the tightest of a few
+    readings, the ns the middle of its window."""
+    from ..record._native import rdtsc
+
+    best = None
+    for _ in range(5):
+        n0 = time.monotonic_ns()
+        c = int(rdtsc())
+        n1 = time.monotonic_ns()
+        if best is None or n1 - n0 < best[0]:
+            best = (n1 - n0, c, (n0 + n1) // 2)
+    return best[1], best[2]
+
+
 class Clock:
     """TSC to CLOCK_MONOTONIC nanoseconds, from (TSC, ns) pairs taken by
     hwtrace around the recording (both clocks are the same for every CPU of
@@ -90,15 +113,7 @@ class Clock:
         self.pairs = [self._pair()]
 
     def _pair(self) -> tuple[int, int]:
-        """The tightest of a few (TSC, ns) readings."""
-        best = None
-        for _ in range(5):
-            n0 = time.monotonic_ns()
-            c = int(self._rdtsc())
-            n1 = time.monotonic_ns()
-            if best is None or n1 - n0 < best[0]:
-                best = (n1 - n0, c, (n0 + n1) // 2)
-        return best[1], best[2]
+        return clock_pair()
 
     def mark(self) -> None:
         self.pairs.append(self._pair())

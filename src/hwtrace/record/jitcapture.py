@@ -40,17 +40,17 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..image.revisions import CodeRevisions
+from ..probes.rings import clock_pair
 from . import _native as nat
 from .stepper import CodeChange, RecordError, _attach, _launch, _wait
 
-__all__ = ["CaptureResult", "CodeCapture", "capture_code"]
+__all__ = ["AGENTS", "CaptureResult", "CodeCapture", "capture_code", "code_capture"]
 
 PAGE = 0x1000
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
@@ -147,7 +147,7 @@ class CodeCapture:
             self._start()
 
     def _start(self) -> None:
-        self.clock_pairs.append((int(nat.rdtsc()), time.monotonic_ns()))
+        self.clock_pairs.append(clock_pair())
         for tid in self.tids:
             self._resume(int(tid), 0)
 
@@ -267,7 +267,7 @@ class CodeCapture:
             if self.attached and len(self.tids):
                 self._let_go(-1, 0)
             raise
-        self.clock_pairs.append((int(nat.rdtsc()), time.monotonic_ns()))
+        self.clock_pairs.append(clock_pair())
         (c0, n0), (c1, n1) = self.clock_pairs[0], self.clock_pairs[-1]
         self._ns_per_tick = (n1 - n0) / max(c1 - c0, 1)
         return self.result()
@@ -465,10 +465,27 @@ class CodeCapture:
             self.mem = -1
 
 
-def capture_code(target: Sequence[str] | int, **options) -> CaptureResult:
+AGENTS = ("auto", "in-process", "ptrace")
+
+
+def code_capture(target: Sequence[str] | int, agent: str = "auto", **options):
+    """A capture of ``target``'s code revisions by ``agent``: ``in-process``
+    (:class:`~hwtrace.record.jitagent.InProcessCapture`: handlers in the
+    process, eBPF in the kernel; root), ``ptrace`` (:class:`CodeCapture`)
+    or ``auto`` (in-process where it can run)."""
+    from .jitagent import InProcessCapture, in_process_available
+
+    if agent not in AGENTS:
+        raise ValueError(f"agent {agent!r}: one of {', '.join(AGENTS)}")
+    if agent == "in-process" or (agent == "auto" and in_process_available() is None):
+        return InProcessCapture(target, **options)
+    return CodeCapture(target, **options)
+
+
+def capture_code(target: Sequence[str] | int, agent: str = "auto", **options) -> CaptureResult:
     """Run ``target`` (argv) or attach to a pid and capture its code
-    revisions until it exits (see :class:`CodeCapture`)."""
-    cap = CodeCapture(target, **options)
+    revisions until it exits (see :func:`code_capture`)."""
+    cap = code_capture(target, agent, **options)
     try:
         return cap.run()
     finally:

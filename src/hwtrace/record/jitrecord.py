@@ -35,7 +35,7 @@ from ..perf.data import PerfDataError, read_perf_data
 from ..perf.records import SampleId, TextPoke, pack_record
 from ..perf.rewrite import insert_records
 from ..perf.sideband import TscConversion
-from .jitcapture import CaptureResult, CodeCapture
+from .jitcapture import CaptureResult, code_capture
 from .stepper import RecordError
 
 __all__ = ["add_code_revisions", "record_perf_with_capture"]
@@ -51,12 +51,14 @@ def record_perf_with_capture(
     *,
     anonymous_only: bool = True,
     ready_timeout: float = 30.0,
+    agent: str = "auto",
 ) -> tuple[int, CaptureResult]:
     """Run ``perf_argv`` (``perf record …`` with its events and ``-o
     output``, no target) on ``target`` (argv to launch, or a pid) with the
     capture agent, then add the revisions to ``output``.  Returns perf's
-    exit status and what the agent captured."""
-    cap = CodeCapture(target, anonymous_only=anonymous_only, hold=True)
+    exit status and what the agent captured (``agent``: see
+    :func:`~hwtrace.record.jitcapture.code_capture`)."""
+    cap = code_capture(target, agent, anonymous_only=anonymous_only, hold=True)
     ctl_r, ctl_w = os.pipe()
     ack_r, ack_w = os.pipe()
     argv = [*perf_argv, "-D", "-1", "--control", f"fd:{ctl_r},{ack_w}", "-p", str(cap.pid)]
