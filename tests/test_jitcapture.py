@@ -275,3 +275,21 @@ def test_record_jit_without_intel_pt_is_one_message(program, tmp_path):
     )  # fmt: skip
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("hwtrace record: no Intel PT")
+
+
+@pytest.mark.parametrize("agent", [a for a in AGENTS if a != "ptrace"])
+def test_a_full_ring_waits_for_hwtrace(program, agent):
+    """hwtrace drains rarely (every 0.3 s) while the program rewrites its
+    page 3,000 times, three times what the agent's ring holds: the
+    program waits for room, and no revision is lost."""
+    from hwtrace.record._agentcode import NSLOTS
+    from hwtrace.record.jitagent import InProcessCapture
+
+    cap = InProcessCapture([program, str(3 * NSLOTS), "1"])
+    cap.poll_seconds = 0.3
+    try:
+        r = cap.run()
+    finally:
+        cap.close()
+    assert r.exit_status == 0 and r.stats["lost"] == 0
+    _check(r.revisions, range(3 * NSLOTS))

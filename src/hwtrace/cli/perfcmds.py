@@ -128,24 +128,22 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
         filters=filters,
     )
     sys.stderr.write("hwtrace record: backend perf (Intel PT hardware)\n")
-    status = record_with_perf(settings, a.output, command=command, pid=a.pid, jit=a.jit)
-    if a.jit and status == 0 and Path(a.output).exists():
-        sys.stderr.write(f"hwtrace record: {_count_revisions(a.output)} code revisions captured "
+
+    def captured(result) -> None:
+        s = result.stats
+        sys.stderr.write(f"hwtrace record: {len(result.revisions)} code revisions captured "
                          "(TEXT_POKE records of user code)\n")  # fmt: skip
+        if s.get("lost"):
+            sys.stderr.write(f"hwtrace record: warning: {s['lost']} code snapshots lost "
+                             "(the capture ring was full): their code decodes as a gap\n")  # fmt: skip
+
+    status = record_with_perf(settings, a.output, command=command, pid=a.pid, jit=a.jit,
+                              on_capture=captured)  # fmt: skip
     if a.call and Path(a.output).exists():
         from ..perf.calls import note_recording
 
         note_recording(a.output, calls=a.call)
     return status
-
-
-def _count_revisions(path: str) -> int:
-    from ..perf.data import read_perf_data
-    from ..perf.records import RecordType
-
-    data = read_perf_data(path)
-    rows = data.where(RecordType.TEXT_POKE)
-    return int(((data.records["misc"][rows] & 7) == 2).sum())
 
 
 def _record_software(a: argparse.Namespace, command: list[str]) -> int:

@@ -82,6 +82,7 @@ PROG_ACTION = D + 0x80
 OUR_ACTION = D + 0xA0
 DFL_ACTION = D + 0xC0
 TMP_ACTION = D + 0xE0
+NAP = D + 0x100  # struct timespec {0, NAP_NS}
 SCRATCH = D + 0x200
 COUNTERS = ("exec_faults", "write_faults", "chained", "tracked_calls", "table_full", "sigactions")
 
@@ -94,7 +95,13 @@ REGION_SIZE = TABLE + 16 * TABLE_SLOTS
 
 # The ring (its header also counts what the handlers did, so the counts
 # outlive the process).
-HEAD, TAIL, LOST = 0x00, 0x40, 0x80
+HEAD, TAIL, LOST, STALLED = 0x00, 0x40, 0x80, 0x88
+# A full ring: the writer sleeps up to WAIT_NAPS times NAP_NS for hwtrace
+# to drain it (about 2 s), then marks it stalled (hwtrace gone or stuck)
+# and drops snapshots without waiting until hwtrace clears the mark.
+WAIT_NAPS = 40_000
+NAP_NS = 50_000
+SYS_NANOSLEEP = 35
 COUNTS = 0x100
 EXEC_FAULTS, WRITE_FAULTS, CHAINED, TRACKED, FULL, SIGACTIONS = (COUNTS + 8 * k for k in range(6))
 NSLOTS = 1024
@@ -312,13 +319,27 @@ def _snapshot(base: int) -> bytes:
     """Copy the page at rbx into the ring, with the IP from the ucontext at
     r13 (the lock is held: one writer at a time)."""
     a = _Asm(base)
-    lost = a.label()
+    lost, check, room, stall = a.label(), a.label(), a.label(), a.label()
     a.load(R8, a.data(RING_ADDR))
+    a.imm(R9D, WAIT_NAPS)
+    a.place(check)
     a.load(RAX, _m(R8, HEAD))
     a.mov(RCX, RAX)
     a(I.create_reg_mem(Code.SUB_R64_RM64, RCX, _m(R8, TAIL)))
     a.op(Code.CMP_RM64_IMM32, RCX, NSLOTS)
-    a.jcc(Code.JAE_REL32_64, lost)
+    a.jcc(Code.JB_REL32_64, room)
+    a(I.create_mem_i32(Code.CMP_RM64_IMM8, _m(R8, STALLED), 0))
+    a.jcc(Code.JNE_REL32_64, lost)
+    a(I.create_reg(Code.DEC_RM32, R9D))
+    a.jcc(Code.JE_REL32_64, stall)
+    a.lea(RDI, a.data(NAP))
+    a.rr(Code.XOR_R32_RM32, ESI, ESI)
+    a.syscall(SYS_NANOSLEEP)  # hwtrace drains meanwhile
+    a.jmp(check)
+    a.place(stall)
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(R8, STALLED), 1))
+    a.jmp(lost)
+    a.place(room)
     a.mov(R9, RAX)
     a.op(Code.AND_RM64_IMM32, R9, NSLOTS - 1)
     a.mov(RDI, R9)

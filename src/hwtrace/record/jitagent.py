@@ -454,22 +454,37 @@ class InProcessCapture:
         return self.result()
 
     def _drain(self) -> None:
+        """Take the committed snapshots: a batch of slots at a time, up to
+        the first not committed yet."""
         head = int(self._words[ac.HEAD // 8])
         while self._tail < head:
-            slot = self._tail % ac.NSLOTS
-            meta = self._meta[slot]
-            if int(meta["seq"]) != self._tail + 1:
-                break  # not committed yet
-            page = int(meta["page"])
-            data = self._data[slot].tobytes()
-            self._tail += 1
+            idx = np.arange(self._tail, min(head, self._tail + ac.NSLOTS), dtype=np.uint64)
+            slots = idx % ac.NSLOTS
+            meta = self._meta[slots]
+            ok = np.flatnonzero(meta["seq"] != idx + 1)
+            if ok.shape[0]:
+                idx, slots, meta = idx[: ok[0]], slots[: ok[0]], meta[: ok[0]]
+            if not idx.shape[0]:
+                break
+            data = self._data[slots].copy()
+            self._tail += idx.shape[0]
             self._words[ac.TAIL // 8] = self._tail
-            if int(meta["pid"]) != self.pid or self._last.get(page) == data:
-                continue  # a forked child's, or the same bytes again
-            self._last[page] = data
-            if self.max_revisions is None or len(self.revisions) < self.max_revisions:
-                self.revisions.append(CodeChange(int(meta["tsc"]), page, data, int(meta["tid"]),
-                                                 int(meta["cpu"]), int(meta["ip"])))  # fmt: skip
+            self._keep(meta, data)
+        if self._words[ac.STALLED // 8]:
+            self._words[ac.STALLED // 8] = 0
+
+    def _keep(self, meta: np.ndarray, data: np.ndarray) -> None:
+        mine = meta["pid"] == self.pid  # not a forked child's
+        for k in np.flatnonzero(mine):
+            if self.max_revisions is not None and len(self.revisions) >= self.max_revisions:
+                return
+            page, raw = int(meta["page"][k]), data[k].tobytes()
+            if self._last.get(page) == raw:
+                continue  # the same bytes again
+            self._last[page] = raw
+            m = meta[k]
+            self.revisions.append(CodeChange(int(m["tsc"]), page, raw, int(m["tid"]),
+                                             int(m["cpu"]), int(m["ip"])))  # fmt: skip
 
     def _finish(self, interrupted: bool) -> None:
         self.clock_pairs.append(clock_pair())

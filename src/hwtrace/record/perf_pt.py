@@ -268,10 +268,12 @@ def record_with_perf(
     per_thread: bool = False,
     kcore: bool = False,
     jit: bool = False,
+    on_capture=None,
 ) -> int:
     """Record with perf and Intel PT hardware; returns perf's exit status.
     ``jit``: the code capture agent runs alongside and its revisions go into
-    the perf.data (:mod:`hwtrace.record.jitrecord`).
+    the perf.data (:mod:`hwtrace.record.jitrecord`); ``on_capture`` gets
+    what it captured (a :class:`~hwtrace.record.jitcapture.CaptureResult`).
 
     Raises :class:`SettingsError` when this machine has no Intel PT or perf,
     or a setting its PT cannot take.
@@ -292,7 +294,9 @@ def record_with_perf(
         argv = perf_record_argv(
             settings, output, perf=perf, per_thread=per_thread, kcore=kcore, target=False
         )
-        status, _ = record_perf_with_capture(argv, list(command) if command else pid, output)
+        status, result = record_perf_with_capture(argv, list(command) if command else pid, output)
+        if on_capture is not None:
+            on_capture(result)
         return status
     argv = perf_record_argv(
         settings, output, command=command, pid=pid, perf=perf, per_thread=per_thread, kcore=kcore
