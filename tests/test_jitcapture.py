@@ -293,3 +293,52 @@ def test_a_full_ring_waits_for_hwtrace(program, agent):
         cap.close()
     assert r.exit_status == 0 and r.stats["lost"] == 0
     _check(r.revisions, range(3 * NSLOTS))
+
+
+NODE_PROGRAM = (
+    "function f(n){let s=0;for(let i=0;i<n;i++)s+=i*i;return s};"
+    "let t=0;for(let k=0;k<2000;k++)t+=f(10000);console.log(t)"
+)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_node_jit_code_captured_equals_its_jitdump(agent, tmp_path):
+    """Node 20's V8 under the agent, with ``--perf-prof`` (and
+    ``--interpreted-frames-native-stack``, as perf documents): V8 writes
+    every piece of code it makes to a jitdump file; every one that lies on
+    a page the agent captured has the same bytes there (about 250 here),
+    among them the tiers V8 compiled ``f`` to (interpreter entry ~,
+    Sparkplug ^, TurboFan *)."""
+    import re
+    import shutil
+
+    from hwtrace.image.jitdump import read_jitdump
+    from hwtrace.record.jitcapture import capture_code
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
+    if int(version.strip().lstrip("v").split(".")[0]) < 20:
+        pytest.skip(f"node {version.strip()}: jitdump from --perf-prof wants node 20+")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # V8 writes jit-PID.dump where it runs
+    try:
+        r = capture_code(
+            [node, "--perf-prof", "--interpreted-frames-native-stack", "-e", NODE_PROGRAM], agent
+        )  # as perf documents for node
+    finally:
+        os.chdir(cwd)
+    assert r.exit_status == 0 and r.revisions
+    codes = read_jitdump(str(tmp_path / f"jit-{r.pid}.dump"), pid=r.pid).codes
+    same, differ = [], []
+    for c in codes:
+        pages = [v for v in r.revisions
+                 if v.address <= c.address and c.address + len(c.code) <= v.address + 4096]  # fmt: skip
+        if pages:
+            at = c.address - pages[-1].address
+            ok = any(v.data[at : at + len(c.code)] == c.code for v in pages)
+            (same if ok else differ).append(c.name)
+    tiers = {n[3] for n in same if re.match(r"JS:\W?f ", n)}
+    assert not differ and len(same) >= 100
+    assert {"~", "^", "*"} <= tiers
