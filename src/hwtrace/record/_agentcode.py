@@ -42,7 +42,9 @@ the call and the arming.
 
 from __future__ import annotations
 
-from iced_x86 import BlockEncoder, Code, Instruction, MemoryOperand, Register, RepPrefixKind
+from iced_x86 import Code, Instruction, MemoryOperand, Register, RepPrefixKind
+
+from ..probes.codegen import Asm
 
 __all__ = ["Layout", "agent_code"]
 
@@ -121,18 +123,9 @@ class Layout:
 
 
 I = Instruction  # noqa: E741
-RAX, RBX, RCX, RDX, RSI, RDI = (
-    Register.RAX,
-    Register.RBX,
-    Register.RCX,
-    Register.RDX,
-    Register.RSI,
-    Register.RDI,
-)
-R8, R9, R10, R12, R13, R14, R15 = (Register.R8, Register.R9, Register.R10, Register.R12, Register.R13,
-                                   Register.R14, Register.R15)  # fmt: skip
-EAX, ECX, EDX, ESI, EDI, R9D, R10D = (Register.EAX, Register.ECX, Register.EDX, Register.ESI, Register.EDI,
-                                      Register.R9D, Register.R10D)  # fmt: skip
+RAX, RBX, RCX, RDX, RSI, RDI = Register.RAX, Register.RBX, Register.RCX, Register.RDX, Register.RSI, Register.RDI  # fmt: skip
+R8, R9, R10, R12, R13, R14, R15 = Register.R8, Register.R9, Register.R10, Register.R12, Register.R13, Register.R14, Register.R15  # fmt: skip
+EAX, ECX, EDX, ESI, EDI, R9D, R10D = Register.EAX, Register.ECX, Register.EDX, Register.ESI, Register.EDI, Register.R9D, Register.R10D  # fmt: skip
 SAVED = (RBX, R12, R13, R14, R15)
 
 
@@ -146,39 +139,13 @@ def _m(base: int, displ: int = 0) -> MemoryOperand:
     )
 
 
-class _Asm:
-    """A few helpers over iced's constructors, labels as fake addresses
-    (as in :class:`hwtrace.probes.codegen.Asm`)."""
-
-    _LABELS = 1 << 60
-    _PLAIN = 1 << 61
+class _Asm(Asm):
+    """The probes' assembler with a few shorthands, for a region at ``base``."""
 
     def __init__(self, base: int) -> None:
+        super().__init__()
         self.b = Layout(base)
-        self.out: list[Instruction] = []
-        self._pending: list[int] = []
-        self._n = 0
-
-    def label(self) -> int:
-        self._n += 1
-        return self._LABELS + self._n * 16
-
-    def place(self, label: int) -> None:
-        self._pending.append(label)
-
-    def __call__(self, instr: Instruction) -> None:
-        if self._pending:
-            instr.ip = self._pending.pop()
-            assert not self._pending, "two labels on one instruction"
-        else:
-            instr.ip = self._PLAIN + len(self.out) * 16
-        self.out.append(instr)
-
-    def encode(self, address: int) -> bytes:
-        assert not self._pending
-        enc = BlockEncoder(64)
-        enc.add_many(self.out)
-        return enc.encode(address)
+        self.label = self.new_label
 
     # -- shorthands ---------------------------------------------------------------
     def data(self, offset: int) -> MemoryOperand:
