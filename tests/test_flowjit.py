@@ -442,6 +442,38 @@ def test_capture_revisions_added_to_a_perf_data(recorded, tmp_path):
         assert branches(path) == branches(full) and branches(path).count("\n") >= 10
 
 
+def test_a_late_revision_in_perf_data_is_tried_earlier(recorded, tmp_path):
+    """The JIT page's first capture placed late in a perf.data (as a
+    TEXT_POKE seen late would be): its entry is a gap; with a revision
+    window, decode_perf tries it earlier and the flow equals the step log."""
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.records import RecordType
+    from hwtrace.perf.rewrite import write_subset
+    from hwtrace.perf.trace import decode_perf
+    from hwtrace.record.jitcapture import CaptureResult
+    from hwtrace.record.jitrecord import add_code_revisions
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.stepper import CodeChange
+
+    full, path = tmp_path / "full.data", tmp_path / "late.data"
+    write_perf_data(recorded, full, buildid_cache=False)
+    data = PerfData(str(full))
+    write_subset(data, path, data.where(RecordType.TEXT_POKE))
+    revisions = recorded.code_revisions().revisions
+    jit = revisions[0].address
+    first = next(k for k, r in enumerate(revisions) if r.address == jit)
+    step = (revisions[first + 1].valid_from - revisions[first].valid_from) // 2
+    changes = [CodeChange(r.valid_from + (step if k == first else 0), r.address, r.data, r.tid,
+                          r.cpu, r.ip) for k, r in enumerate(revisions)]  # fmt: skip
+    add_code_revisions(path, CaptureResult(recorded.pid, changes, {}, 0))
+    late = decode_perf(PerfData(str(path)))
+    assert late.queues[0].flow.gaps and not late.queues[0].flow.ambiguous
+    flow = decode_perf(PerfData(str(path)), revision_window=2 * step).queues[0].flow
+    assert not flow.gaps and np.array_equal(flow.instructions(), recorded.instructions)
+    (amb,) = flow.ambiguous
+    assert amb.address == jit and amb.used_from < amb.valid_from
+
+
 # -- a kernel BPF program's JIT image ---------------------------------------------------
 
 LOADER = """

@@ -421,6 +421,7 @@ def decode_perf(
     jobs: int = 1,
     sideband: Sideband | None = None,
     chunk_bytes: int = 1 << 20,
+    revision_window: int = 0,
 ) -> PerfFlow:
     """Decode every AUX queue of ``data`` against the sideband's images,
     keeping each queue's whole flow.
@@ -431,6 +432,10 @@ def decode_perf(
     ``sideband``: the model of ``data``'s sideband, when the caller already
     built it (:func:`sideband_of`).  ``chunk_bytes``: the size of the
     PSB-aligned ranges each queue is cut into (:func:`~hwtrace.pt.decode.chunk_ranges`).
+    ``revision_window`` (TSC ticks): gaps that near a code revision's start
+    are decoded again with the neighbouring revision (see
+    :func:`~hwtrace.pt.decode.decode_trace`); the queue's flow lists those
+    revisions in ``ambiguous``.
     """
     locator, sb, problems, setup = _setup(data, locator, kernel, sideband)
     if setup is None:
@@ -443,7 +448,7 @@ def decode_perf(
             first = ctx.first()
             flow = decode_trace(
                 trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx.context,
-                revisions=ctx.revisions_for,
+                revisions=ctx.revisions_for, revision_window=revision_window,
             )  # fmt: skip
             n_bytes = trace.shape[0]
         images_used = flow.images or [first]

@@ -561,13 +561,13 @@ def decode_trace(
     reported in :attr:`FlowResult.ambiguous`."""
     result = _decode_trace(data, image, config, options, jobs, chunk_bytes, keep_blocks,
                            context, job_bytes, revisions)  # fmt: skip
-    if revision_window > 0 and isinstance(revisions, CodeRevisions) and result.gaps:
+    if revision_window > 0 and revisions is not None and result.gaps:
 
-        def trial(store: CodeRevisions) -> FlowResult:
+        def trial(revised: Revisions) -> FlowResult:
             return _decode_trace(data, image, config, options, jobs, chunk_bytes, keep_blocks,
-                                 context, job_bytes, store)  # fmt: skip
+                                 context, job_bytes, revised)  # fmt: skip
 
-        result = _neighbouring_revisions(result, revisions, revision_window, trial)
+        result = _neighbouring_revisions(result, revisions, image, revision_window, trial)
     return result
 
 
@@ -575,16 +575,43 @@ def decode_trace(
 MAX_REVISION_TRIALS = 16
 
 
+def _stores_used(revisions: Revisions, result: FlowResult, image) -> list[CodeRevisions]:
+    """The stores a decoding read code through (one, or one per image)."""
+    if isinstance(revisions, CodeRevisions):
+        return [revisions]
+    out: list[CodeRevisions] = []
+    for im in result.images or [image]:
+        store = revisions(im) if revisions is not None else None
+        if store is not None and len(store) and all(store is not s for s in out):
+            out.append(store)
+    return out
+
+
+def _swapping(revisions: Revisions, swaps: dict[int, CodeRevisions]) -> Revisions:
+    """``revisions`` with the stores in ``swaps`` (by id) replaced."""
+    if isinstance(revisions, CodeRevisions):
+        return swaps.get(id(revisions), revisions)
+    assert revisions is not None
+
+    def store_of(image) -> CodeRevisions | None:
+        store = revisions(image)
+        return swaps.get(id(store), store) if store is not None else None
+
+    return store_of
+
+
 def _neighbouring_revisions(
     result: FlowResult,
-    store: CodeRevisions,
+    revisions: Revisions,
+    image,
     window: int,
-    trial: Callable[[CodeRevisions], FlowResult],
+    trial: Callable[[Revisions], FlowResult],
 ) -> FlowResult:
     """Retry the gaps near a revision's start with that revision moved to
     the other side of the failure (see :func:`decode_trace`)."""
     ambiguous: list[AmbiguousRevision] = []
-    tried: set[tuple[int, int]] = set()
+    swaps: dict[int, CodeRevisions] = {}  # original store (id) -> the one used now
+    tried: set[tuple[int, int, int]] = set()
     trials = 0
     progress = True
     while progress and trials < MAX_REVISION_TRIALS:
@@ -593,25 +620,30 @@ def _neighbouring_revisions(
             if not gap.time:
                 continue
             t = gap.time
-            near = sorted(
-                (r for r in store.revisions if abs(r.valid_from - t) <= window),
-                key=lambda r: abs(r.valid_from - t),
-            )
-            for r in near:
-                # Began after the last time before the failure: its bytes
-                # may have run already; began at or before it: the old
-                # bytes may still have run.
-                moved = t if r.valid_from > t else t + 1
-                if (r.id, moved) in tried or trials >= MAX_REVISION_TRIALS:
-                    continue
-                tried.add((r.id, moved))
-                trials += 1
-                candidate = store.retimed(r, moved)
-                got = trial(candidate)
-                if (len(got.gaps), -got.n_insn) < (len(result.gaps), -result.n_insn):
-                    ambiguous.append(AmbiguousRevision(
-                        r.address, len(r.data), r.valid_from, moved, gap.offset, r.source))  # fmt: skip
-                    result, store, progress = got, candidate, True
+            for original in _stores_used(revisions, result, image):
+                store = swaps.get(id(original), original)
+                near = sorted(
+                    (r for r in store.revisions if abs(r.valid_from - t) <= window),
+                    key=lambda r: abs(r.valid_from - t),
+                )
+                for r in near:
+                    # Began after the last time before the failure: its bytes
+                    # may have run already; began at or before it: the old
+                    # bytes may still have run.
+                    moved = t if r.valid_from > t else t + 1
+                    key = (id(original), r.id, moved)
+                    if key in tried or trials >= MAX_REVISION_TRIALS:
+                        continue
+                    tried.add(key)
+                    trials += 1
+                    candidate = store.retimed(r, moved)
+                    got = trial(_swapping(revisions, {**swaps, id(original): candidate}))
+                    if (len(got.gaps), -got.n_insn) < (len(result.gaps), -result.n_insn):
+                        ambiguous.append(AmbiguousRevision(
+                            r.address, len(r.data), r.valid_from, moved, gap.offset, r.source))  # fmt: skip
+                        result, swaps[id(original)], progress = got, candidate, True
+                        break
+                if progress:
                     break
             if progress:
                 break
