@@ -23,6 +23,7 @@ commands:
   filter-compile  compile a filter expression to an object or library for C tracers
   probe     fast dynamic tracepoints in a running process (counts, events)
   trace     kernel tracepoints filtered in the kernel (eBPF); system call latency
+  vm        vCPUs, VM exits and guest processes from a KVM host's Intel PT (HAVAna)
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -106,6 +107,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .trace import main as trace_main
 
         return trace_main(rest)
+    if cmd == "vm":
+        from .vm import main as vm_main
+
+        return vm_main(rest)
     if cmd == "probe":
         from .probe import main as probe_main
 

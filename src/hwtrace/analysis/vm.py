@@ -1,0 +1,594 @@
+"""Virtual machine analysis from Intel PT packets alone (HAVAna).
+
+Sharma's HAVAna (thesis, ch. 6) reads a KVM host's Intel PT, traced in
+system-wide mode (PT packets go on across VMX transitions), and tells
+which vCPU and which guest process ran when, with no software tracing in
+the guest: a VMCS packet names the vCPU a physical CPU (pCPU) loads
+(``VMPTRLD``); a PIP carries the CR3 and the non-root bit at every CR3
+load, VM entry and VM exit.  hwtrace does it from the packet semantics
+and the full time model (TSC, TMA, MTC, CYC):
+
+* each pCPU's stream is decoded to its PIP, VMCS and OVF packets with
+  their time (:func:`stream_events`); PIP and VMCS inside PSB+ are status,
+  not transitions: they set the state where it is not known (the start,
+  after an overflow or a decode error) and are checked otherwise;
+* the streams are merged by time and one state machine runs over them
+  (:func:`analyze`), with a state per pCPU: the VMCS loaded, the non-root
+  bit, the CR3.  A pCPU runs a guest (``VM``: NR=1, the vCPU loaded and
+  the guest process its CR3), the hypervisor for its vCPU (``VMM``: NR=0
+  and the CR3 of the VMM process that vCPU's exits return to) or another
+  host task (``HOST``); an overflow makes it ``UNKNOWN`` until the next
+  PSB+;
+* entities: pCPUs; vCPUs, keyed by VMCS base, ``VM``, ``VMM`` or ``IDLE``
+  wherever they run (they migrate); VMs, keyed by the VMM process's host
+  CR3 (learnt from the CR3 in force when a vCPU is loaded, and at VM
+  exits); guest processes keyed by (VM, CR3 with PCID and the KPTI bit
+  masked), ``VM`` while one of their threads runs on a vCPU, ``VMM`` while
+  the vCPU one was running on handles an exit, ``IDLE`` otherwise.
+
+Times are TSC ticks as the time model gives them: a PIP or VMCS takes the
+time of the last timing packet before it, so a boundary is known to within
+one MTC period (or one CYC, with cycle-accurate mode).
+
+Limits, as the thesis's: the VMM process's other threads (QEMU's I/O
+threads) share its CR3, so they count as VMM time of the vCPU last loaded
+on that pCPU; a guest's processes have no names (its CR3 is all PT says).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from ..pt.config import PtConfig
+from ..pt.kinds import Kind
+from ..pt.packets import as_buffer, decode_range, map_file, packet_errata, psb_chunks, release
+from ..pt.timing import estimate_time, new_time_state
+
+__all__ = [
+    "ENTITY_NAMES",
+    "STATE_NAMES",
+    "StreamEvents",
+    "VmAnalysis",
+    "analyze",
+    "normalize_cr3",
+    "stream_events",
+]
+
+# Event kinds (a pCPU stream's packets that matter here).
+EV_PIP, EV_VMCS, EV_OVF, EV_STATUS_PIP, EV_STATUS_VMCS, EV_STATUS_END, EV_GAP, EV_END = range(8)
+# Entity kinds and states.
+ENT_PCPU, ENT_VCPU, ENT_PROCESS, ENT_VM = range(4)
+ENTITY_NAMES = ("pcpu", "vcpu", "process", "vm")
+ST_IDLE, ST_VM, ST_VMM, ST_HOST, ST_UNKNOWN = range(5)
+STATE_NAMES = ("IDLE", "VM", "VMM", "HOST", "UNKNOWN")
+
+# CR3 bits 11:0 hold the PCID (with CR4.PCIDE); Linux's page-table isolation
+# (KPTI) gives each process a second, user page table 4 KiB further (bit 12).
+CR3_KEY_MASK = ~np.uint64(0x1FFF)
+
+
+def normalize_cr3(cr3: int) -> int:
+    """A process's key from any of its CR3 values (PCID and KPTI masked)."""
+    return int(cr3) & ~0x1FFF
+
+
+@dataclass
+class StreamEvents:
+    """One pCPU's events: time (TSC), kind (``EV_*``), payloads (PIP: CR3 and
+    NR; VMCS: base), the trace offset; and what was lost."""
+
+    pcpu: int
+    time: np.ndarray
+    kind: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    offset: np.ndarray
+    overflows: int = 0
+    decode_errors: int = 0
+    packets: int = 0
+    bytes: int = 0
+    no_time: int = 0  # events before the stream's first time stamp
+
+
+_PSB, _PSBEND, _PIP, _VMCS, _OVF = (
+    int(k) for k in (Kind.PSB, Kind.PSBEND, Kind.PIP, Kind.VMCS, Kind.OVF)
+)
+
+
+@njit(cache=True)
+def _select(
+    kind, a, b, tsc, have_tsc, offset, err_rows, in_psb0, out_t, out_k, out_a, out_b, out_o
+):
+    """The events of one chunk of packets; returns (rows, in PSB+ at the end,
+    events with no time yet)."""
+    n = 0
+    in_psb = in_psb0
+    no_time = 0
+    e = 0
+    for i in range(kind.shape[0]):
+        while e < err_rows.shape[0] and err_rows[e] <= i:
+            # A decode error: what came before is cut from what follows.
+            out_t[n] = tsc[i - 1] if i > 0 else 0
+            out_k[n] = EV_GAP
+            out_a[n] = 0
+            out_b[n] = 0
+            out_o[n] = offset[i] if i < offset.shape[0] else 0
+            n += 1
+            in_psb = False
+            e += 1
+        k = kind[i]
+        ev = -1
+        if k == _PSB:
+            in_psb = True
+            continue
+        if k == _PSBEND:
+            if in_psb:
+                ev = EV_STATUS_END
+            in_psb = False
+        elif k == _PIP:
+            ev = EV_STATUS_PIP if in_psb else EV_PIP
+        elif k == _VMCS:
+            ev = EV_STATUS_VMCS if in_psb else EV_VMCS
+        elif k == _OVF:
+            ev = EV_OVF
+            in_psb = False
+        if ev < 0:
+            continue
+        if not have_tsc[i]:
+            no_time += 1
+        out_t[n] = tsc[i]
+        out_k[n] = ev
+        out_a[n] = a[i]
+        out_b[n] = b[i]
+        out_o[n] = offset[i]
+        n += 1
+    return n, in_psb, no_time
+
+
+def stream_events(
+    data, pcpu: int = 0, config: PtConfig | None = None, *, chunk_bytes: int = 16 << 20
+) -> StreamEvents:
+    """Decode one pCPU's PT (bytes, a numpy buffer or a file path) to its
+    PIP, VMCS and OVF events with their times, a PSB-aligned chunk at a
+    time (the time model carries over)."""
+    config = config or PtConfig()
+    buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
+    tstate = new_time_state()
+    parts = []
+    in_psb = False
+    overflows = errors = packets = no_time = 0
+    errata = packet_errata(config)
+    for start, end in psb_chunks(buf, chunk_bytes):
+        table = decode_range(buf, start, end, errata=errata)
+        times = estimate_time(table, config, state=tstate)
+        n = len(table)
+        packets += n
+        overflows += int(np.count_nonzero(table.kind == Kind.OVF))
+        errors += int(table.err_code.shape[0])
+        cap = int(np.count_nonzero(np.isin(table.kind, _KEPT))) + table.err_code.shape[0] + 1
+        cols = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
+                np.zeros(cap, np.uint32), np.zeros(cap, np.int64))  # fmt: skip
+        rows, in_psb, nt = _select(
+            table.kind, table.a, table.b, times.tsc, times.have_tsc, table.offset,
+            table.err_index.astype(np.int64), in_psb, *cols,
+        )  # fmt: skip
+        no_time += nt
+        parts.append(tuple(c[:rows] for c in cols))
+        release(buf, start, end)
+    if parts:
+        t, k, a, b, o = (np.concatenate([p[j] for p in parts]) for j in range(5))
+    else:
+        t, k, a, b, o = (
+            np.zeros(0, d) for d in (np.uint64, np.uint8, np.uint64, np.uint32, np.int64)
+        )
+    return StreamEvents(pcpu, t, k, a, b, o, overflows, errors, packets, int(buf.shape[0]), no_time)
+
+
+_KEPT = np.array([Kind.PSBEND, Kind.PIP, Kind.VMCS, Kind.OVF], np.uint8)
+
+
+# -- the state machine ------------------------------------------------------------------
+
+# Transition rows: time, entity kind, key a, key b, new state, pCPU.
+_HASH_BITS = 16
+
+
+@njit(cache=True)
+def _proc_id(keys_vm, keys_cr3, vm, cr3):
+    """The process slot of (vm, cr3) (claimed if new); -1 if the table is full."""
+    cap = keys_vm.shape[0]
+    h = (
+        (np.uint64(cr3) >> np.uint64(12)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(vm)
+    ) >> np.uint64(64 - _HASH_BITS)
+    j = np.int64(h) % cap
+    for _ in range(cap):
+        if keys_cr3[j] == cr3 and keys_vm[j] == vm and keys_cr3[j] != 0:
+            return j
+        if keys_cr3[j] == 0:
+            keys_cr3[j] = cr3
+            keys_vm[j] = vm
+            return j
+        j = (j + 1) % cap
+    return -1
+
+
+@njit(cache=True)
+def _emit(out, n, t, ent, ka, kb, state, pcpu):
+    if n < out[0].shape[0]:
+        out[0][n] = t
+        out[1][n] = ent
+        out[2][n] = ka
+        out[3][n] = kb
+        out[4][n] = state
+        out[5][n] = pcpu
+    return n + 1
+
+
+@njit(cache=True)
+def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats):
+    """Run the merged events; returns the number of transition rows."""
+    nv = vcpu_base.shape[0]
+    # Per pCPU: known, VMCS (vCPU index, -1 none), NR, CR3, the derived state
+    # and the vCPU / guest CR3 it is about; status being collected in PSB+.
+    known = np.zeros(npcpu, np.bool_)
+    vm_of_p = np.full(npcpu, -1, np.int64)
+    nr = np.zeros(npcpu, np.int64)
+    cr3 = np.zeros(npcpu, np.uint64)
+    pstate = np.full(npcpu, -1, np.int64)
+    pvcpu = np.full(npcpu, -1, np.int64)
+    pguest = np.zeros(npcpu, np.uint64)
+    s_vmcs = np.full(npcpu, -2, np.int64)  # -2: no status seen in this PSB+
+    s_nr = np.full(npcpu, -1, np.int64)
+    s_cr3 = np.zeros(npcpu, np.uint64)
+    # Per vCPU: its VM (the VMM's host CR3, 0 unknown), state, where it runs,
+    # the guest process it last ran.
+    vmm_cr3 = np.zeros(nv, np.uint64)
+    vstate = np.full(nv, -1, np.int64)
+    vproc = np.full(nv, -1, np.int64)
+    vproc_state = np.full(nv, -1, np.int64)  # what vproc counts as for this vCPU
+    # Processes: keys and how many vCPUs run them / handle their exits.
+    cap = 1 << _HASH_BITS
+    keys_vm = np.zeros(cap, np.uint64)
+    keys_cr3 = np.zeros(cap, np.uint64)
+    n_vm = np.zeros(cap, np.int64)
+    n_vmm = np.zeros(cap, np.int64)
+    n_unknown = np.zeros(cap, np.int64)
+    pst = np.full(cap, -1, np.int64)
+    mask = np.uint64(0xFFFFFFFFFFFFE000)
+    n = 0
+    for i in range(ev_t.shape[0]):
+        t = ev_t[i]
+        p = ev_p[i]
+        k = ev_k[i]
+        vcpu_now = -1
+        if k == EV_VMCS or k == EV_STATUS_VMCS:
+            vcpu_now = vcpu_of[i]
+        if k == EV_PIP:
+            if not known[p]:
+                continue
+            new_nr = np.int64(ev_b[i])
+            v = vm_of_p[p]
+            if nr[p] == 1 and new_nr == 0 and v >= 0:
+                vmm_cr3[v] = ev_a[i]  # a VM exit returns to the VMM
+                stats[0] += 1
+            nr[p] = new_nr
+            cr3[p] = ev_a[i]
+        elif k == EV_VMCS:
+            if not known[p]:
+                continue
+            vm_of_p[p] = vcpu_now
+            if nr[p] == 0 and vcpu_now >= 0:
+                vmm_cr3[vcpu_now] = cr3[p]  # loaded by the VMM process running here
+        elif k == EV_STATUS_VMCS:
+            s_vmcs[p] = vcpu_now
+            continue
+        elif k == EV_STATUS_PIP:
+            s_nr[p] = np.int64(ev_b[i])
+            s_cr3[p] = ev_a[i]
+            continue
+        elif k == EV_STATUS_END:
+            if s_nr[p] >= 0:
+                if not known[p]:
+                    known[p] = True
+                    nr[p] = s_nr[p]
+                    cr3[p] = s_cr3[p]
+                    vm_of_p[p] = s_vmcs[p] if s_vmcs[p] != -2 else -1
+                    v = vm_of_p[p]
+                    if v >= 0 and nr[p] == 0 and vmm_cr3[v] == 0:
+                        # Root mode with a vCPU loaded, its VMM not known yet:
+                        # taken to be the VMM until an exit says otherwise.
+                        vmm_cr3[v] = cr3[p]
+                elif nr[p] != s_nr[p] or cr3[p] != s_cr3[p]:
+                    stats[1] += 1  # status disagreeing with the state: believe the status
+                    nr[p] = s_nr[p]
+                    cr3[p] = s_cr3[p]
+                    if s_vmcs[p] != -2:
+                        vm_of_p[p] = s_vmcs[p]
+            s_vmcs[p] = -2
+            s_nr[p] = -1
+            if not known[p]:
+                continue
+        elif k == EV_OVF or k == EV_GAP:
+            known[p] = False
+            stats[2] += 1
+        elif k == EV_END:
+            known[p] = False
+        # The pCPU's state now.
+        if not known[p]:
+            ns, nvc, ng = ST_UNKNOWN, pvcpu[p], pguest[p]
+            if k == EV_END:
+                ns = -1
+        elif nr[p] == 1:
+            ns, nvc, ng = ST_VM, vm_of_p[p], cr3[p] & mask
+        elif vm_of_p[p] >= 0 and vmm_cr3[vm_of_p[p]] != 0 and cr3[p] == vmm_cr3[vm_of_p[p]]:
+            ns, nvc, ng = ST_VMM, vm_of_p[p], np.uint64(0)
+        else:
+            ns, nvc, ng = ST_HOST, -1, np.uint64(0)
+        if ns == pstate[p] and nvc == pvcpu[p] and ng == pguest[p]:
+            continue
+        # The vCPU this pCPU was about, if it leaves it.
+        old = pvcpu[p]
+        if old >= 0 and old != nvc:
+            st = ST_UNKNOWN if ns == ST_UNKNOWN or ns == -1 else ST_IDLE
+            if ns == -1:
+                st = -1
+            if vstate[old] != st:
+                vstate[old] = st
+                n = _emit(out, n, t, ENT_VCPU, vcpu_base[old], np.uint64(0), st, p)
+            q = vproc[old]
+            if q >= 0:
+                # its process loses this vCPU
+                if vproc_state[old] == ST_VM:
+                    n_vm[q] -= 1
+                elif vproc_state[old] == ST_VMM:
+                    n_vmm[q] -= 1
+                elif vproc_state[old] == ST_UNKNOWN:
+                    n_unknown[q] -= 1
+                if st == ST_UNKNOWN:
+                    n_unknown[q] += 1
+                    vproc_state[old] = ST_UNKNOWN
+                else:
+                    vproc_state[old] = -1
+                    vproc[old] = -1
+                n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+        pstate[p] = ns
+        pvcpu[p] = nvc
+        pguest[p] = ng
+        if ns != -1:
+            n = _emit(out, n, t, ENT_PCPU, np.uint64(p), np.uint64(0), ns, p)
+        if nvc >= 0 and ns == ST_UNKNOWN:
+            # Trace lost while this vCPU ran here: it and its process unknown.
+            if vstate[nvc] != ST_UNKNOWN:
+                vstate[nvc] = ST_UNKNOWN
+                n = _emit(out, n, t, ENT_VCPU, vcpu_base[nvc], np.uint64(0), ST_UNKNOWN, p)
+            q = vproc[nvc]
+            if q >= 0 and vproc_state[nvc] != ST_UNKNOWN:
+                if vproc_state[nvc] == ST_VM:
+                    n_vm[q] -= 1
+                elif vproc_state[nvc] == ST_VMM:
+                    n_vmm[q] -= 1
+                n_unknown[q] += 1
+                vproc_state[nvc] = ST_UNKNOWN
+                n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+        if nvc >= 0 and (ns == ST_VM or ns == ST_VMM):
+            if vstate[nvc] != ns:
+                vstate[nvc] = ns
+                n = _emit(out, n, t, ENT_VCPU, vcpu_base[nvc], np.uint64(0), ns, p)
+            q_old = vproc[nvc]
+            if ns == ST_VM:
+                q = _proc_id(keys_vm, keys_cr3, vmm_cr3[nvc], ng)
+                if q < 0:
+                    stats[3] += 1
+                    continue
+            else:
+                q = q_old  # the process whose vCPU exited
+            if q_old >= 0 and (q_old != q or vproc_state[nvc] != ns):
+                if vproc_state[nvc] == ST_VM:
+                    n_vm[q_old] -= 1
+                elif vproc_state[nvc] == ST_VMM:
+                    n_vmm[q_old] -= 1
+                elif vproc_state[nvc] == ST_UNKNOWN:
+                    n_unknown[q_old] -= 1
+                vproc_state[nvc] = -1
+                n = _settle(out, n, t, q_old, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+            if q >= 0 and vproc_state[nvc] != ns:
+                if ns == ST_VM:
+                    n_vm[q] += 1
+                else:
+                    n_vmm[q] += 1
+                vproc[nvc] = q
+                vproc_state[nvc] = ns
+                n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+    return n
+
+
+@njit(cache=True)
+def _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p):
+    """Emit process ``q``'s state if its counts changed it."""
+    if n_vm[q] > 0:
+        s = ST_VM
+    elif n_vmm[q] > 0:
+        s = ST_VMM
+    elif n_unknown[q] > 0:
+        s = ST_UNKNOWN
+    else:
+        s = ST_IDLE
+    if pst[q] != s:
+        pst[q] = s
+        n = _emit(out, n, t, ENT_PROCESS, keys_vm[q], keys_cr3[q], s, p)
+    return n
+
+
+INTERVAL_DTYPE = np.dtype(
+    [("entity", "u1"), ("key", "<u8"), ("key2", "<u8"), ("state", "u1"), ("start", "<u8"),
+     ("end", "<u8"), ("pcpu", "<i4")]
+)  # fmt: skip
+
+
+@dataclass
+class VmAnalysis:
+    """What :func:`analyze` found: intervals (:data:`INTERVAL_DTYPE`: entity
+    kind, key (pCPU number, VMCS base, or the process's VM), key2 (the
+    process's CR3), state, start and end in TSC, the pCPU it happened on),
+    the VMs (VMM host CR3 per vCPU), exits, and what could not be known."""
+
+    intervals: np.ndarray
+    vcpu_vm: dict[int, int]
+    exits: np.ndarray  # (vcpu VMCS base, start, end) of each VM exit's VMM time
+    start: int
+    end: int
+    streams: list[StreamEvents]
+    stats: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def rows(self, entity: str) -> np.ndarray:
+        return self.intervals[self.intervals["entity"] == ENTITY_NAMES.index(entity)]
+
+    def time_in_states(self) -> dict[tuple[str, int, int], dict[str, int]]:
+        """Per entity (kind, key, key2), the ticks in each state."""
+        out: dict[tuple[str, int, int], dict[str, int]] = {}
+        iv = self.intervals
+        for e, k1, k2, s, a, b in zip(iv["entity"], iv["key"], iv["key2"], iv["state"], iv["start"],
+                                      iv["end"], strict=True):  # fmt: skip
+            d = out.setdefault((ENTITY_NAMES[e], int(k1), int(k2)), {})
+            d[STATE_NAMES[s]] = d.get(STATE_NAMES[s], 0) + int(b) - int(a)
+        return out
+
+
+def analyze(
+    streams: Mapping[int, object] | list[StreamEvents], config: PtConfig | None = None
+) -> VmAnalysis:
+    """HAVAna over one PT stream per pCPU: ``streams`` maps pCPU numbers to
+    traces (bytes, buffers, paths) or is a list of :class:`StreamEvents`."""
+    if isinstance(streams, Mapping):
+        evs = [stream_events(d, int(p), config) for p, d in sorted(streams.items())]
+    else:
+        evs = list(streams)
+    problems: list[str] = []
+    if not evs:
+        raise ValueError("no streams")
+    npcpu = max(e.pcpu for e in evs) + 1
+    # Merge by time; at equal times a stream keeps its order.  Each stream
+    # ends with an END event at its last time.
+    cols = []
+    for e in evs:
+        end_t = e.time[-1] if e.time.shape[0] else np.uint64(0)
+        cols.append((
+            np.concatenate([e.time, [end_t]]).astype(np.uint64),
+            np.full(e.time.shape[0] + 1, e.pcpu, np.int64),
+            np.concatenate([e.kind, [EV_END]]).astype(np.uint8),
+            np.concatenate([e.a, [0]]).astype(np.uint64),
+            np.concatenate([e.b, [0]]).astype(np.uint32),
+        ))  # fmt: skip
+    t, p, k, a, b = (np.concatenate([c[j] for c in cols]) for j in range(5))
+    order = np.lexsort((np.arange(t.shape[0]), t))
+    t, p, k, a, b = t[order], p[order], k[order], a[order], b[order]
+    is_vmcs = (k == EV_VMCS) | (k == EV_STATUS_VMCS)
+    bases, inverse = np.unique(a[is_vmcs], return_inverse=True)
+    vcpu_of = np.full(t.shape[0], -1, np.int64)
+    vcpu_of[is_vmcs] = inverse
+    stats = np.zeros(8, np.int64)
+    cap = 4 * t.shape[0] + 16
+    while True:
+        out = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
+               np.zeros(cap, np.uint64), np.zeros(cap, np.int64), np.zeros(cap, np.int32))  # fmt: skip
+        stats[:] = 0
+        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), npcpu, out, stats)
+        if rows <= cap:
+            break
+        cap = rows
+    tr = tuple(c[:rows] for c in out)
+    start = int(t[0]) if t.shape[0] else 0
+    end = int(t[-1]) if t.shape[0] else 0
+    intervals = _intervals(tr, end)
+    exits = _exits(intervals)
+    vcpu_vm: dict[int, int] = {}
+    no_vm = [
+        e
+        for e in evs
+        if not np.isin(e.kind, [EV_PIP, EV_VMCS, EV_STATUS_PIP, EV_STATUS_VMCS]).any()
+    ]
+    for e in no_vm:
+        problems.append(f"pCPU {e.pcpu}: no PIP or VMCS packets: not a trace of a VM host "
+                        "(trace with Intel PT in system-wide mode on a KVM host)")  # fmt: skip
+    if bases.shape[0] == 0 and evs:
+        problems.append("no VMCS packets in any stream: no vCPU ran (not a VM host trace?)")
+    for e in evs:
+        if not e.time.shape[0]:
+            continue
+        first, last = int(e.time[0]), int(e.time[-1])
+        if first > start:
+            problems.append(f"pCPU {e.pcpu}: its trace starts at {first}, after the first time "
+                            f"seen ({start}): what ran there before is not known")  # fmt: skip
+        if last < end:
+            problems.append(f"pCPU {e.pcpu}: its trace ends at {last}, before the last time seen "
+                            f"({end}): what ran there after is not known")  # fmt: skip
+    for e in evs:
+        if e.overflows:
+            problems.append(
+                f"pCPU {e.pcpu}: {e.overflows} overflows (OVF): state unknown until the next PSB+"
+            )
+        if e.decode_errors:
+            problems.append(
+                f"pCPU {e.pcpu}: {e.decode_errors} decode errors: state unknown until the next PSB+"
+            )
+    return VmAnalysis(
+        intervals, vcpu_vm, exits, start, end, evs,
+        {"vm_exits": int(stats[0]), "status_disagreements": int(stats[1]), "gaps": int(stats[2]),
+         "process_table_full": int(stats[3])},
+        problems,
+    )  # fmt: skip
+
+
+def _intervals(tr, end: int) -> np.ndarray:
+    """Transition rows to intervals: each entity's state from one row to
+    its next (the last one to the end of the trace); state -1 ends it."""
+    t, ent, ka, kb, st, pc = tr
+    order = np.lexsort((np.arange(t.shape[0]), t, kb, ka, ent))
+    t, ent, ka, kb, st, pc = t[order], ent[order], ka[order], kb[order], st[order], pc[order]
+    same_next = np.zeros(t.shape[0], np.bool_)
+    if t.shape[0] > 1:
+        same_next[:-1] = (ent[1:] == ent[:-1]) & (ka[1:] == ka[:-1]) & (kb[1:] == kb[:-1])
+    nxt = np.empty(t.shape[0], np.uint64)
+    nxt[:-1] = t[1:] if t.shape[0] else nxt[:-1]
+    stop = np.where(same_next, nxt, np.uint64(end))
+    keep = (st >= 0) & (stop > t)
+    out = np.zeros(int(keep.sum()), INTERVAL_DTYPE)
+    out["entity"], out["key"], out["key2"] = ent[keep], ka[keep], kb[keep]
+    out["state"], out["start"], out["end"], out["pcpu"] = st[keep], t[keep], stop[keep], pc[keep]
+    return _merge_runs(out)
+
+
+def _merge_runs(iv: np.ndarray) -> np.ndarray:
+    """Adjacent intervals of one entity in the same state become one."""
+    if iv.shape[0] < 2:
+        return iv
+    same = np.zeros(iv.shape[0], np.bool_)
+    same[1:] = ((iv["entity"][1:] == iv["entity"][:-1]) & (iv["key"][1:] == iv["key"][:-1])
+                & (iv["key2"][1:] == iv["key2"][:-1]) & (iv["state"][1:] == iv["state"][:-1])
+                & (iv["start"][1:] == iv["end"][:-1]))  # fmt: skip
+    heads = np.flatnonzero(~same)
+    out = iv[heads].copy()
+    last = np.r_[heads[1:] - 1, iv.shape[0] - 1]
+    out["end"] = iv["end"][last]
+    return out
+
+
+def _exits(iv: np.ndarray) -> np.ndarray:
+    """Each vCPU's VMM intervals that follow a VM interval: its exits."""
+    v = iv[iv["entity"] == ENT_VCPU]
+    if v.shape[0] < 2:
+        return np.zeros((0, 3), np.uint64)
+    after_vm = np.zeros(v.shape[0], np.bool_)
+    after_vm[1:] = (
+        (v["key"][1:] == v["key"][:-1])
+        & (v["state"][:-1] == ST_VM)
+        & (v["start"][1:] == v["end"][:-1])
+    )
+    sel = after_vm & (v["state"] == ST_VMM)
+    return np.stack([v["key"][sel], v["start"][sel], v["end"][sel]], axis=1).astype(np.uint64)

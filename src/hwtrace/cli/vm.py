@@ -1,0 +1,154 @@
+"""``hwtrace vm``: which vCPU and guest process ran when, from a KVM host's
+Intel PT alone (HAVAna; see :mod:`hwtrace.analysis.vm`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..pt.config import PtConfig
+from .common import Parser
+
+PROG = "hwtrace vm"
+
+
+def main(argv: Sequence[str]) -> int:
+    p = Parser(
+        prog=PROG,
+        description="Analyse a KVM host's Intel PT (system-wide mode: PIP, VMCS and timing "
+        "packets) per physical CPU: vCPU states (VM, VMM, IDLE), VM exits, guest processes.",
+    )
+    p.add_argument("traces", nargs="*", metavar="FILE", help="one raw PT file per pCPU, in order")
+    p.add_argument("--cpu", action="append", default=[], metavar="N=FILE",
+                   help="the raw PT of pCPU N (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--mtc-freq", type=int, default=0, metavar="N", help="MTC every 2**N CTC (IA32_RTIT_CTL)"
+    )
+    p.add_argument("--cpuid-0x15.eax", dest="cpuid_eax", type=int, default=0, metavar="N",
+                   help="CPUID 0x15 EAX (the CTC ratio's denominator)")  # fmt: skip
+    p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", type=int, default=0, metavar="N",
+                   help="CPUID 0x15 EBX (the CTC ratio's numerator)")  # fmt: skip
+    p.add_argument("--tsc-hz", type=float, default=0.0, help="TSC frequency, for times in ms")
+    p.add_argument("--intervals", metavar="FILE", help="write every interval (.json or .csv)")
+    p.add_argument("--top", type=int, default=5, help="longest VM exits listed (default 5)")
+    a = p.parse_args(list(argv))
+    files: dict[int, str] = {}
+    for k, path in enumerate(a.traces):
+        files[k] = path
+    for spec in a.cpu:
+        n, sep, path = spec.partition("=")
+        if not sep or not n.isdigit():
+            p.error(f"--cpu {spec}: expected N=FILE")
+        files[int(n)] = path
+    if not files:
+        p.error("give the trace of each pCPU (FILE ... or --cpu N=FILE)")
+    for n, path in files.items():
+        if not Path(path).is_file():
+            sys.stderr.write(f"{PROG}: pCPU {n}: {path}: no such file\n")
+            return 1
+    config = PtConfig(mtc_freq=a.mtc_freq, cpuid_0x15_eax=a.cpuid_eax, cpuid_0x15_ebx=a.cpuid_ebx)
+    from ..analysis.vm import analyze
+
+    result = analyze(files, config)
+    for problem in result.problems:
+        sys.stderr.write(f"{PROG}: {problem}\n")
+    _summary(result, a.tsc_hz, a.top)
+    if a.intervals:
+        _write_intervals(result, a.intervals)
+    return 0
+
+
+def _fmt(ticks: int, hz: float) -> str:
+    if not hz:
+        return f"{ticks:,} ticks"
+    seconds = ticks / hz
+    return f"{seconds * 1e3:,.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:,.3f} µs"
+
+
+def _summary(r, hz: float, top: int) -> None:
+    from ..analysis.vm import STATE_NAMES
+
+    span = max(r.end - r.start, 1)
+    out = sys.stdout
+    out.write(f"trace: {len(r.streams)} pCPUs, {_fmt(span, hz)}; {r.stats['vm_exits']:,} VM exits; "
+              f"{r.stats['gaps']} gaps\n")  # fmt: skip
+    states = r.time_in_states()
+    procs = r.rows("process")
+    vcpus = sorted(k for (e, k, _) in states if e == "vcpu")
+    out.write("\nvCPU (VMCS)       VM        VMM       IDLE      UNKNOWN   exits  longest exit\n")
+    exits = r.exits
+    for v in vcpus:
+        d = states[("vcpu", v, 0)]
+        total = max(sum(d.values()), 1)
+        mine = exits[exits[:, 0] == v] if exits.shape[0] else exits
+        ticks = (
+            (mine[:, 2].astype(np.int64) - mine[:, 1].astype(np.int64))
+            if mine.shape[0]
+            else np.zeros(0)
+        )
+        cells = "".join(
+            f"{100 * d.get(s, 0) / total:8.1f}% " for s in ("VM", "VMM", "IDLE", "UNKNOWN")
+        )
+        longest = _fmt(int(ticks.max()), hz) if ticks.shape[0] else "-"
+        out.write(f"{v:#14x}  {cells}{ticks.shape[0]:6}  {longest}\n")
+    if exits.shape[0]:
+        ticks = exits[:, 2].astype(np.int64) - exits[:, 1].astype(np.int64)
+        out.write("\nVM exit durations (VMM time until the next entry or the vCPU left)\n")
+        edges = 2 ** np.arange(0, int(np.log2(max(int(ticks.max()), 1))) + 2)
+        hist, _ = np.histogram(ticks, bins=np.r_[0, edges])
+        for lo, hi, c in zip(np.r_[0, edges[:-1]], edges, hist, strict=True):
+            if c:
+                out.write(
+                    f"  {_fmt(int(lo), hz):>16} - {_fmt(int(hi), hz):<16} {c:8,} {'#' * int(40 * c / hist.max())}\n"
+                )
+        order = np.argsort(-ticks)[:top]
+        out.write(f"longest {len(order)} exits:\n")
+        for j in order:
+            out.write(
+                f"  vCPU {int(exits[j, 0]):#x} at {int(exits[j, 1]):,}: {_fmt(int(ticks[j]), hz)}\n"
+            )
+    if procs.shape[0]:
+        out.write("\nguest process (VM = VMM CR3, CR3)        VM time   share of its VM\n")
+        run = procs[procs["state"] == STATE_NAMES.index("VM")]
+        per: dict[tuple[int, int], int] = {}
+        for k1, k2, s0, s1 in zip(run["key"], run["key2"], run["start"], run["end"], strict=True):
+            per[(int(k1), int(k2))] = per.get((int(k1), int(k2)), 0) + int(s1) - int(s0)
+        for vm in sorted({k[0] for k in per}):
+            total = sum(v for k, v in per.items() if k[0] == vm)
+            for (v1, cr3), t in sorted(per.items(), key=lambda kv: -kv[1]):
+                if v1 == vm:
+                    out.write(
+                        f"  {vm:#12x} {cr3:#14x}   {_fmt(t, hz):>14}   {100 * t / max(total, 1):6.1f}%\n"
+                    )
+
+
+def _write_intervals(r, path: str) -> None:
+    from ..analysis.vm import ENTITY_NAMES, STATE_NAMES
+
+    iv = r.intervals
+    rows = [
+        {"entity": ENTITY_NAMES[e], "key": int(k1), "key2": int(k2), "state": STATE_NAMES[s],
+         "start": int(t0), "end": int(t1), "pcpu": int(pc)}
+        for e, k1, k2, s, t0, t1, pc in zip(iv["entity"], iv["key"], iv["key2"], iv["state"],
+                                            iv["start"], iv["end"], iv["pcpu"], strict=True)
+    ]  # fmt: skip
+    try:
+        with open(path, "w", newline="") as f:
+            if path.endswith(".csv"):
+                w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["entity"])
+                w.writeheader()
+                w.writerows(rows)
+            else:
+                json.dump({"start": r.start, "end": r.end, "intervals": rows}, f)
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: {path}: {e.strerror}\n")
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

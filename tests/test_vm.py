@@ -1,0 +1,151 @@
+"""HAVAna: VM analysis from Intel PT packets alone (``hwtrace.analysis.vm``).
+
+Scenario streams from ``hwtrace.analysis.vmgen`` carry the packets a KVM
+host traced in system-wide mode would write; the analysis must give back
+every interval of the scenario's ground truth, each boundary within the
+time resolution the timing packets allow (one MTC period: the time of a
+PIP or VMCS is that of the last timing packet before it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hwtrace.analysis.vm import (
+    ENTITY_NAMES,
+    EV_PIP,
+    EV_STATUS_PIP,
+    EV_STATUS_VMCS,
+    EV_VMCS,
+    STATE_NAMES,
+    analyze,
+    stream_events,
+)
+from hwtrace.analysis.vmgen import mixed_scenario, prime_scenario, workers_scenario
+
+SCENARIOS = {"prime": prime_scenario, "workers": workers_scenario, "mixed": mixed_scenario}
+
+
+def _labels(iv: np.ndarray) -> list[tuple[str, int, int, str]]:
+    return [(ENTITY_NAMES[e], int(a), int(b), STATE_NAMES[s])
+            for e, a, b, s in zip(iv["entity"], iv["key"], iv["key2"], iv["state"], strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_interval_of_the_ground_truth(name):
+    sc = SCENARIOS[name]()
+    got = analyze(sc.streams(), sc.config)
+    truth = sc.truth()
+    assert _labels(got.intervals) == _labels(truth)
+    for edge in ("start", "end"):
+        early = truth[edge].astype(np.int64) - got.intervals[edge].astype(np.int64)
+        assert early.min() >= 0 and early.max() < sc.resolution, edge
+
+
+def test_the_anomalous_exit_is_the_longest():
+    sc = prime_scenario(long_exit=17)
+    got = analyze(sc.streams(), sc.config)
+    exits = got.exits
+    assert exits.shape[0] == 40 and got.stats["vm_exits"] == 40
+    ticks = exits[:, 2].astype(np.int64) - exits[:, 1].astype(np.int64)
+    longest = int(np.argmax(ticks))
+    assert int(exits[longest, 0]) == 0x20000  # turn 17 ran on the second vCPU
+    assert abs(int(ticks[longest]) - 10_000) < sc.resolution  # until the next vCPU is loaded
+    others = np.delete(ticks, longest)
+    assert others.max() < 2_000
+
+
+def test_one_process_across_pcid_and_kpti_variants():
+    """The prime computation's four threads use four PCIDs and both KPTI
+    page tables: one guest process."""
+    sc = prime_scenario()
+    got = analyze(sc.streams(), sc.config)
+    procs = {
+        (int(a), int(b))
+        for a, b in zip(got.rows("process")["key"], got.rows("process")["key2"], strict=True)
+    }
+    assert len(procs) == 1
+
+
+def test_libipt_decodes_the_streams_and_agrees_on_pip_and_vmcs(tmp_path):
+    import libipt_oracle as oracle
+
+    if oracle.skip_reason is not None:
+        pytest.skip(oracle.skip_reason)
+    sc = mixed_scenario()
+    for pcpu, data in sc.streams().items():
+        path = tmp_path / f"cpu{pcpu}.pt"
+        path.write_bytes(data)
+        rows = oracle.dump(path)
+        assert not [r for r in rows if r["type"] == "error"]
+        theirs = sorted(r["offset"] for r in rows if r["type"] in ("pip", "vmcs"))
+        ev = stream_events(path, pcpu, sc.config)
+        mine = np.isin(ev.kind, [EV_PIP, EV_VMCS, EV_STATUS_PIP, EV_STATUS_VMCS])
+        assert theirs == sorted(int(o) for o in ev.offset[mine])
+
+
+def test_not_a_vm_trace_is_said():
+    from hwtrace.image import Image, Section
+    from hwtrace.pt.encode import encode_path
+
+    image = Image()
+    image.add_section(Section.from_bytes(bytes.fromhex("90" * 8 + "c3"), 0x1000))
+    enc = encode_path(np.arange(0x1000, 0x1008, dtype=np.uint64), image, end_ip=0x1008, tsc=5000)
+    got = analyze({0: enc.data}, enc.config)
+    assert got.intervals.shape[0] == 0
+    assert any("not a trace of a VM host" in p for p in got.problems)
+
+
+def test_a_truncated_stream_keeps_what_it_can():
+    sc = mixed_scenario()
+    streams = sc.streams()
+    full = analyze(streams, sc.config)
+    cut = dict(streams)
+    cut[1] = streams[1][: len(streams[1]) // 2 + 3]  # ends inside a packet
+    got = analyze(cut, sc.config)
+    assert got.intervals.shape[0] > 0
+    # pCPU 0 is untouched up to where pCPU 1's trace ends.
+    v = got.rows("vcpu")
+    b0 = v[v["key"] == 0x21000]
+    assert _labels(b0) == _labels(full.rows("vcpu")[full.rows("vcpu")["key"] == 0x21000])
+    assert got.streams[1].decode_errors == 1
+    said = "\n".join(got.problems)
+    assert "pCPU 1: 1 decode errors" in said and "pCPU 1: its trace ends at" in said
+
+
+def _hwtrace(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hwtrace.cli.main", "vm", *args],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+
+def test_the_command(tmp_path):
+    """``hwtrace vm`` over per-pCPU files: the summary, the intervals as
+    JSON equal to the analysis's, and bad input as one message."""
+    import json
+
+    sc = mixed_scenario()
+    args = []
+    for pcpu, data in sc.streams().items():
+        (tmp_path / f"cpu{pcpu}.pt").write_bytes(data)
+        args += ["--cpu", f"{pcpu}={tmp_path / f'cpu{pcpu}.pt'}"]
+    timing = ["--mtc-freq", "3", "--cpuid-0x15.eax", "1", "--cpuid-0x15.ebx", "2"]
+    out = _hwtrace(*args, *timing, "--intervals", str(tmp_path / "iv.json"), "--tsc-hz", "2e9")
+    assert out.returncode == 0, out.stderr
+    assert "0x21000" in out.stdout and "longest" in out.stdout
+    assert (
+        out.stderr.strip()
+        == "hwtrace vm: pCPU 1: 1 overflows (OVF): state unknown until the next PSB+"
+    )
+    rows = json.loads((tmp_path / "iv.json").read_text())["intervals"]
+    assert len(rows) == analyze(sc.streams(), sc.config).intervals.shape[0]
+    missing = _hwtrace("--cpu", "0=/nonexistent.pt")
+    assert (
+        missing.returncode == 1
+        and missing.stderr == "hwtrace vm: pCPU 0: /nonexistent.pt: no such file\n"
+    )
+    bad = _hwtrace("--cpu", "x")
+    assert bad.returncode == 2 and "expected N=FILE" in bad.stderr and "Traceback" not in bad.stderr
