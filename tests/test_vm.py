@@ -32,9 +32,11 @@ def _labels(iv: np.ndarray) -> list[tuple[str, int, int, str]]:
             for e, a, b, s in zip(iv["entity"], iv["key"], iv["key2"], iv["state"], strict=True)]  # fmt: skip
 
 
+@pytest.mark.parametrize("filler", [0, 40], ids=["timing only", "with control flow"])
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_every_interval_of_the_ground_truth(name):
+def test_every_interval_of_the_ground_truth(name, filler):
     sc = SCENARIOS[name]()
+    sc.filler = filler  # TNT bytes per MTC period, which the analysis skips
     got = analyze(sc.streams(), sc.config)
     truth = sc.truth()
     assert _labels(got.intervals) == _labels(truth)
@@ -149,3 +151,13 @@ def test_the_command(tmp_path):
     )
     bad = _hwtrace("--cpu", "x")
     assert bad.returncode == 2 and "expected N=FILE" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_tiled_stream_repeats_the_analysis():
+    """Copies of a stream, each later by whole TMA/MTC wraps (how the
+    benchmark makes a long trace): the analysis sees each copy's exits."""
+    sc = workers_scenario()
+    one = analyze(sc.streams(), sc.config)
+    many = analyze({0: sc.tiled(sc.streams()[0], 5)}, sc.config)
+    assert many.stats["vm_exits"] == 5 * one.stats["vm_exits"]
+    assert many.exits.shape[0] == 5 * one.exits.shape[0]

@@ -59,6 +59,9 @@ class Scenario:
     mtc_freq: int = 3
     ctc_ratio: int = 2
     psb_in_every_run: bool = True
+    # TNT-8 bytes written per MTC period, standing in for the control flow
+    # a real trace is mostly made of (the analysis skips it).
+    filler: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -171,6 +174,9 @@ class Scenario:
                         m & np.uint64(0xFF),
                         np.zeros(m.shape[0]),
                     )
+                if self.filler:
+                    nf = self.filler * int(min(period - last, 256))
+                    put(np.full(nf, int(Kind.TNT8)), np.full(nf, 0b101010), np.full(nf, 6))
                 last = period
             put(kind, a, _b)
             if kind == int(Kind.OVF):
@@ -179,6 +185,21 @@ class Scenario:
         return encode_table(
             k, np.concatenate(a_cols), np.concatenate(b_cols), np.zeros(k.shape[0], np.uint8)
         )
+
+    def tiled(self, data: bytes, copies: int) -> bytes:
+        """``data`` (one of :meth:`streams`) repeated ``copies`` times, each
+        copy later by a whole number of TMA and MTC wraps, so only its TSC
+        packets change: a long trace for benchmarks, made in numpy."""
+        from ..pt.packets import decode
+
+        table = decode(data)
+        wrap = self.ctc_ratio * 65536
+        span = -(-(self.end + 1) // wrap) * wrap
+        k = np.repeat(np.arange(copies, dtype=np.uint64), len(table))
+        kinds = np.tile(table.kind, copies)
+        a = np.tile(table.a, copies)
+        a = np.where(kinds == int(Kind.TSC), a + k * np.uint64(span), a)
+        return encode_table(kinds, a, np.tile(table.b, copies), np.tile(table.c, copies))
 
     # -- the answer ---------------------------------------------------------------------
 
@@ -284,11 +305,11 @@ def prime_scenario(slices: int = 40, slice_ticks: int = 40_000, long_exit: int =
     return Scenario("prime: 4 vCPUs on 1 pCPU", {0: runs}, t + 5_000)
 
 
-def workers_scenario(turns: int = 12, turn_ticks: int = 60_000) -> Scenario:
+def workers_scenario(turns: int = 12, turn_ticks: int = 60_000, vcpu: int = 0x20000) -> Scenario:
     """One vCPU whose guest runs 3 worker processes in turn (the thesis's
     RabbitMQ case): guest CR3 switches seen as PIPs with NR=1, and VM exits
     between some of them."""
-    v = 0x20000
+    v = vcpu
     workers = [0x5A000, 0x6B000, 0x7C000]
     runs: list[Run] = [Run(0, "vmm", QEMU, v)]
     t = 1_000
