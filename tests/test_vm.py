@@ -161,3 +161,38 @@ def test_a_tiled_stream_repeats_the_analysis():
     many = analyze({0: sc.tiled(sc.streams()[0], 5)}, sc.config)
     assert many.stats["vm_exits"] == 5 * one.stats["vm_exits"]
     assert many.exits.shape[0] == 5 * one.exits.shape[0]
+
+
+def test_the_views(tmp_path):
+    """The HTML time graph (both views) opens in headless Chromium with the
+    network off, draws every row with intervals, and is not blank; the
+    Perfetto timeline is valid trace-event JSON with a slice per interval."""
+    import json
+    import re
+
+    from test_views import CHROMIUM, browse, not_blank, self_contained
+
+    from hwtrace.export.html import write_page
+    from hwtrace.export.vmviews import vm_page, vm_rows, write_vm_timeline
+
+    sc = prime_scenario()
+    got = analyze(sc.streams(), sc.config)
+    timeline = tmp_path / "vm.json"
+    events = write_vm_timeline(got, timeline, tsc_hz=2e9)
+    trace = json.loads(timeline.read_text())["traceEvents"]
+    slices = [e for e in trace if e["ph"] == "X"]
+    assert len(trace) == events and len(slices) == sum(r.shape[0] for _, _, r in vm_rows(got))
+    assert {e["name"] for e in slices} <= {"IDLE", "VM", "VMM", "HOST", "UNKNOWN"}
+    html = tmp_path / "vm.html"
+    write_page(html, vm_page(got, "prime", "4 vCPUs on 1 pCPU", tsc_hz=2e9))
+    self_contained(html.read_text())
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (Debian: chromium)")
+    for anchor, labels in (("", ["vCPU 0x10000", "vCPU 0x40000", "pCPU 0"]),
+                           ("#vm-control-flow", ["VM 0x7a3f1000 CR3 0x3d0e000"])):  # fmt: skip
+        dom, pixels = browse(html, tmp_path, anchor)
+        assert 'data-rendered="vm"' in dom
+        for label in labels:
+            assert f">{label}<" in dom
+        assert len(re.findall(r'<rect class="iv"', dom)) >= 20
+        not_blank(pixels)

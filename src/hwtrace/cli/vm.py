@@ -35,6 +35,10 @@ def main(argv: Sequence[str]) -> int:
                    help="CPUID 0x15 EBX (the CTC ratio's numerator)")  # fmt: skip
     p.add_argument("--tsc-hz", type=float, default=0.0, help="TSC frequency, for times in ms")
     p.add_argument("--intervals", metavar="FILE", help="write every interval (.json or .csv)")
+    p.add_argument("--html", metavar="FILE", help="write the VM Resource and VM Control Flow "
+                   "views as a self-contained HTML time graph")  # fmt: skip
+    p.add_argument("--perfetto", metavar="FILE", help="write the views as a Chrome trace-event "
+                   "timeline (Perfetto, chrome://tracing)")  # fmt: skip
     p.add_argument("--top", type=int, default=5, help="longest VM exits listed (default 5)")
     a = p.parse_args(list(argv))
     files: dict[int, str] = {}
@@ -60,6 +64,20 @@ def main(argv: Sequence[str]) -> int:
     _summary(result, a.tsc_hz, a.top)
     if a.intervals:
         _write_intervals(result, a.intervals)
+    try:
+        if a.html:
+            from ..export.html import write_page
+            from ..export.vmviews import vm_page
+
+            names = ", ".join(f"pCPU {n}: {Path(f).name}" for n, f in sorted(files.items()))
+            write_page(a.html, vm_page(result, "hwtrace vm", names, tsc_hz=a.tsc_hz, top=a.top))
+        if a.perfetto:
+            from ..export.vmviews import write_vm_timeline
+
+            write_vm_timeline(result, a.perfetto, tsc_hz=a.tsc_hz)
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: {e.filename}: {e.strerror}\n")
+        return 1
     return 0
 
 

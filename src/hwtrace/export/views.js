@@ -489,7 +489,83 @@
     }
   }
 
-  const views = { latency: latencyView, callpaths: callPathView, diff: diffView, plots: plotsView };
+  // A time graph: one row per entity, its intervals coloured by state;
+  // wheel to zoom at the pointer, drag to pan, double-click to see all.
+  function timegraph(host, rows, opts) {
+    const W = Math.max(640, (host.clientWidth || 1200) - 24), LBL = 190, RH = 18, AX = 26;
+    const H = AX + rows.length * RH + 4;
+    const box = svg("svg", { class: "timegraph", width: W, height: H, viewBox: `0 0 ${W} ${H}` }, host);
+    let lo = opts.start, hi = opts.end;
+    const plot = W - LBL - 8;
+    function x(t) { return LBL + (t - lo) / (hi - lo) * plot; }
+    function draw() {
+      while (box.firstChild) box.removeChild(box.firstChild);
+      const step = niceStep((hi - lo) / 8);
+      for (let t = Math.ceil(lo / step) * step; t <= hi; t += step) {
+        svg("line", { class: "grid", x1: x(t), x2: x(t), y1: AX - 4, y2: H }, box);
+        svg("text", { class: "lbl", x: x(t), y: AX - 8, "text-anchor": "middle" }, box).textContent = amount(t - opts.start, opts.unit);
+      }
+      rows.forEach((r, i) => {
+        const y = AX + i * RH;
+        svg("text", { x: 4, y: y + RH - 5 }, box).textContent = r.label;
+        let lastEnd = -1;
+        for (const [a, b, st] of r.iv) {
+          if (b < lo || a > hi) continue;
+          const x0 = Math.max(LBL, x(a)), x1 = Math.min(W - 8, x(b));
+          if (x1 - x0 < 0.4 && x0 < lastEnd + 0.4) continue;  // below a pixel, drawn already
+          lastEnd = x1;
+          const rect = svg("rect", { class: "iv", x: x0, y: y + 2, width: Math.max(0.6, x1 - x0), height: RH - 4,
+            fill: opts.colours[st] }, box);
+          rect.setAttribute("data-state", opts.states[st]);
+          hover(rect, `${r.label}: ${opts.states[st]}, ${amount(a - opts.start, opts.unit)} to ${amount(b - opts.start, opts.unit)} (${amount(b - a, opts.unit)})`);
+        }
+      });
+    }
+    box.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const at = lo + (e.offsetX - LBL) / plot * (hi - lo), k = e.deltaY > 0 ? 1.25 : 0.8;
+      lo = Math.max(opts.start, at - (at - lo) * k); hi = Math.min(opts.end, at + (hi - at) * k);
+      if (hi - lo < 2) hi = lo + 2;
+      draw();
+    });
+    let drag = null;
+    box.addEventListener("mousedown", (e) => { drag = [e.offsetX, lo, hi]; });
+    box.addEventListener("mouseup", () => { drag = null; });
+    box.addEventListener("mousemove", (e) => {
+      if (!drag) return;
+      const dt = (e.offsetX - drag[0]) / plot * (drag[2] - drag[1]);
+      lo = drag[1] - dt; hi = drag[2] - dt;
+      if (lo < opts.start) { hi += opts.start - lo; lo = opts.start; }
+      if (hi > opts.end) { lo -= hi - opts.end; hi = opts.end; }
+      draw();
+    });
+    box.addEventListener("dblclick", () => { lo = opts.start; hi = opts.end; draw(); });
+    draw();
+    const key = h("div", { class: "legend" }, host);
+    opts.states.forEach((name, i) => {
+      if (!opts.used.includes(i)) return;
+      const item = h("span", {}, key);
+      h("i", { style: `background:${opts.colours[i]}` }, item);
+      item.appendChild(document.createTextNode(name));
+    });
+  }
+
+  function vmView(d) {
+    if (d.facts) facts(h("div", { class: "panel" }, main), d.facts);
+    const opts = { start: d.start, end: d.end, unit: d.unit, states: d.states, colours: d.colours };
+    const t = tabs(main, d.groups.map((g) => g.title).concat(["Exits"]));
+    t.build(d.groups.map((g) => (p) => {
+      h("h2", {}, p, g.title);
+      const used = [...new Set(g.rows.flatMap((r) => r.iv.map((iv) => iv[2])))];
+      timegraph(p, g.rows, Object.assign({ used }, opts));
+    }).concat([(p) => {
+      h("h2", {}, p, "Longest VM exits");
+      table(p, [{ name: "vCPU", left: true }, { name: "at" }, { name: "VMM time" }],
+        d.exits.map((r) => [r[0], amount(r[1] - d.start, d.unit), amount(r[2], d.unit)]));
+    }]));
+  }
+
+  const views = { latency: latencyView, callpaths: callPathView, diff: diffView, plots: plotsView, vm: vmView };
   views[DATA.view](DATA);
   document.body.setAttribute("data-rendered", DATA.view);
 })();
