@@ -196,3 +196,38 @@ def test_the_views(tmp_path):
             assert f">{label}<" in dom
         assert len(re.findall(r'<rect class="iv"', dom)) >= 20
         not_blank(pixels)
+
+
+def test_ctf_and_the_trace_compass_analysis(tmp_path):
+    """The state changes as CTF, which babeltrace2 reads back event for
+    event, and the Trace Compass XML analysis beside it, valid against
+    Trace Compass's own schema (tests/data/tracecompass)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from hwtrace.export.vmviews import write_vm_ctf
+
+    sc = mixed_scenario()
+    got = analyze(sc.streams(), sc.config)
+    n = write_vm_ctf(got, tmp_path / "vm", tsc_hz=1e9)
+    assert n == got.intervals.shape[0]
+    etree = pytest.importorskip("lxml.etree")
+    schema = etree.XMLSchema(
+        etree.parse(str(Path(__file__).parent / "data" / "tracecompass" / "xmlDefinition.xsd"))
+    )
+    doc = etree.parse(str(tmp_path / "vm.tracecompass.xml"))
+    assert schema.validate(doc), schema.error_log
+    views = [v.find("head/label").get("value") for v in doc.getroot().iter("timeGraphView")]
+    assert views == ["VM Resource", "VM Control Flow"]
+    bt = shutil.which("babeltrace2")
+    if bt is None:
+        pytest.skip("babeltrace2 is not installed (Debian: babeltrace2)")
+    out = subprocess.run(
+        [bt, str(tmp_path / "vm")], capture_output=True, text=True, check=True
+    ).stdout
+    lines = out.splitlines()
+    assert len(lines) == n
+    vcpu = [ln for ln in lines if "vcpu_state:" in ln]
+    assert len(vcpu) == got.rows("vcpu").shape[0]
+    assert "vcpu = 0x11000, state = 4" in out  # UNKNOWN across the overflow

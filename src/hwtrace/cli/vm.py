@@ -39,6 +39,8 @@ def main(argv: Sequence[str]) -> int:
                    "views as a self-contained HTML time graph")  # fmt: skip
     p.add_argument("--perfetto", metavar="FILE", help="write the views as a Chrome trace-event "
                    "timeline (Perfetto, chrome://tracing)")  # fmt: skip
+    p.add_argument("--ctf", metavar="DIR", help="write the state changes as a CTF trace, and "
+                   "DIR.tracecompass.xml, the Trace Compass analysis drawing the two views")  # fmt: skip
     p.add_argument("--top", type=int, default=5, help="longest VM exits listed (default 5)")
     a = p.parse_args(list(argv))
     files: dict[int, str] = {}
@@ -75,6 +77,10 @@ def main(argv: Sequence[str]) -> int:
             from ..export.vmviews import write_vm_timeline
 
             write_vm_timeline(result, a.perfetto, tsc_hz=a.tsc_hz)
+        if a.ctf:
+            from ..export.vmviews import write_vm_ctf
+
+            write_vm_ctf(result, a.ctf, tsc_hz=a.tsc_hz)
     except OSError as e:
         sys.stderr.write(f"{PROG}: {e.filename}: {e.strerror}\n")
         return 1

@@ -14,7 +14,7 @@ from ..analysis.vm import ENT_PCPU, ENT_PROCESS, ENT_VCPU, STATE_NAMES, VmAnalys
 from .html import page
 from .timeline import write_timeline
 
-__all__ = ["vm_page", "vm_rows", "write_vm_timeline"]
+__all__ = ["trace_compass_xml", "vm_page", "vm_rows", "write_vm_ctf", "write_vm_timeline"]
 
 # VM red and VMM green, as in the thesis's figures; host blue; idle light.
 COLOURS = ("#e3e6ec", "#d9534f", "#4caf50", "#5b8bd0", "#9e9e9e")
@@ -111,3 +111,107 @@ def write_vm_timeline(result: VmAnalysis, path: str | Path, *, tsc_hz: float = 0
         names=list(STATE_NAMES), pid_of=lambda k: pid.get(k, 0), thread_names=thread_names,
         process_names={v: k for k, v in views.items()},
     )  # fmt: skip
+
+
+# -- CTF and a Trace Compass XML analysis ----------------------------------------------
+
+
+def _ctf_classes():
+    from .ctf import EventClass
+
+    return (
+        EventClass(
+            0, "vcpu_state", (("vcpu", 64), ("state", 8), ("pcpu", 32)), frozenset({"vcpu"})
+        ),
+        EventClass(
+            1,
+            "process_state",
+            (("vm", 64), ("cr3", 64), ("state", 8), ("pcpu", 32)),
+            frozenset({"vm", "cr3"}),
+        ),
+        EventClass(2, "pcpu_state", (("pcpu", 32), ("state", 8)), frozenset()),
+    )
+
+
+def write_vm_ctf(result: VmAnalysis, directory: str | Path, *, tsc_hz: float = 0.0) -> int:
+    """A CTF trace of the state changes (``vcpu_state``, ``process_state``,
+    ``pcpu_state``: an event where each interval begins, on the stream of
+    the pCPU it happened on), times in ns with ``tsc_hz``, else TSC ticks;
+    and beside the directory ``<directory>.tracecompass.xml``, the Trace
+    Compass XML analysis that turns it into the two views (outside the
+    directory: CTF readers take every file in it for a stream).  Returns
+    the number of events."""
+    from .ctf import CtfWriter
+
+    _, scale = _unit(result, tsc_hz)
+    classes = _ctf_classes()
+    iv = result.intervals
+    cls = np.select([iv["entity"] == ENT_VCPU, iv["entity"] == ENT_PROCESS], [0, 1], 2)
+    keep = iv["entity"] != 3
+    iv, cls = iv[keep], cls[keep]
+    ts = ((iv["start"].astype(np.float64) - result.start) * scale).astype(np.uint64)
+    env = {"domain": "hwtrace-vm", "tracer_name": "hwtrace", "time_unit": "ns" if tsc_hz else "tsc"}
+    with CtfWriter(directory, classes, env=env) as w:
+        for pcpu in np.unique(iv["pcpu"]).tolist():
+            sel = np.flatnonzero(iv["pcpu"] == pcpu)
+            sel = sel[np.argsort(ts[sel], kind="stable")]
+            rows, cid = iv[sel], cls[sel]
+            payload = {}
+            for c in classes:
+                mine = rows[cid == c.id]
+                rec = np.zeros(mine.shape[0], c.dtype)
+                for name, _ in c.fields:
+                    src = {"vcpu": "key", "vm": "key", "cr3": "key2"}.get(name, name)
+                    rec[name] = mine["key"] if (c.id == 2 and name == "pcpu") else mine[src]
+                payload[c.id] = rec
+            w.write(int(pcpu), ts[sel], cid.astype(np.uint32), payload)
+    xml = Path(directory)
+    xml.with_name(xml.name + ".tracecompass.xml").write_text(trace_compass_xml(), encoding="utf-8")
+    return int(iv.shape[0])
+
+
+def trace_compass_xml() -> str:
+    """Trace Compass's XML analysis for :func:`write_vm_ctf`'s traces: a
+    state provider (vCPUs/<VMCS>, Processes/<VM>/<CR3>, pCPUs/<n>, each
+    the state its events set) and the VM Resource and VM Control Flow time
+    graph views, coloured as hwtrace's."""
+    defined = "".join(
+        f'\t\t<definedValue name="{name}" value="{k}" color="{COLOURS[k]}" />\n'
+        for k, name in enumerate(STATE_NAMES)
+    )
+
+    def handler(event: str, path: list[str]) -> str:
+        attrs = "".join(
+            f'\t\t\t\t<stateAttribute type="{kind}" value="{value}" />\n'
+            for kind, value in [("constant", path[0])] + [("eventField", f) for f in path[1:]]
+        )
+        return (f'\t\t<eventHandler eventName="{event}">\n\t\t\t<stateChange>\n{attrs}'
+                '\t\t\t\t<stateValue type="eventField" value="state" />\n'
+                "\t\t\t</stateChange>\n\t\t</eventHandler>\n")  # fmt: skip
+
+    def view(vid: str, label: str, entries: str) -> str:
+        return (f'\t<timeGraphView id="{vid}">\n\t\t<head>\n\t\t\t<analysis id="org.hwtrace.vm.sp" />\n'
+                f'\t\t\t<label value="{label}" />\n\t\t</head>\n{defined}{entries}\t</timeGraphView>\n')  # fmt: skip
+
+    flat = '\t\t<entry path="{}/*">\n\t\t\t<display type="self" />\n\t\t</entry>\n'
+    nested = ('\t\t<entry path="Processes/*">\n\t\t\t<entry path="*">\n\t\t\t\t<display type="self" />\n'
+              "\t\t\t</entry>\n\t\t</entry>\n")  # fmt: skip
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        "<!-- hwtrace vm: the VM Resource and VM Control Flow views of a CTF trace written by\n"
+        "     hwtrace vm - -ctf (HAVAna state changes from a KVM host's Intel PT). -->\n"
+        '<tmfxml xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+        'xsi:noNamespaceSchemaLocation="xmlDefinition.xsd">\n'
+        + view(
+            "org.hwtrace.vm.resource", "VM Resource", flat.format("vCPUs") + flat.format("pCPUs")
+        )
+        + view("org.hwtrace.vm.controlflow", "VM Control Flow", nested)
+        + '\t<stateProvider id="org.hwtrace.vm.sp" version="1">\n\t\t<head>\n'
+        '\t\t\t<traceType id="org.eclipse.linuxtools.tmf.ui.type.ctf" />\n'
+        '\t\t\t<label value="hwtrace VM analysis" />\n\t\t</head>\n'
+        + defined
+        + handler("vcpu_state", ["vCPUs", "vcpu"])
+        + handler("process_state", ["Processes", "vm", "cr3"])
+        + handler("pcpu_state", ["pCPUs", "pcpu"])
+        + "\t</stateProvider>\n</tmfxml>\n"
+    )
