@@ -59,8 +59,9 @@ class Scenario:
     mtc_freq: int = 3
     ctc_ratio: int = 2
     psb_in_every_run: bool = True
-    # TNT-8 bytes written per MTC period, standing in for the control flow
-    # a real trace is mostly made of (the analysis skips it).
+    # Control-flow packets written per MTC period (TNT-8, every fourth a
+    # TIP), standing in for what a real trace is mostly made of (the
+    # analysis skips them).
     filler: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -175,8 +176,12 @@ class Scenario:
                         np.zeros(m.shape[0]),
                     )
                 if self.filler:
+                    # Branches: TNT bytes, and a TIP (48-bit IP) per 4 of them.
                     nf = self.filler * int(min(period - last, 256))
-                    put(np.full(nf, int(Kind.TNT8)), np.full(nf, 0b101010), np.full(nf, 6))
+                    fk = np.full(nf, int(Kind.TNT8))
+                    fk[3::4] = int(Kind.TIP)
+                    put(fk, np.where(fk == int(Kind.TIP), 0x7F0000401000, 0b101010),
+                        np.where(fk == int(Kind.TIP), 3, 6))  # fmt: skip
                 last = period
             put(kind, a, _b)
             if kind == int(Kind.OVF):
