@@ -231,3 +231,38 @@ def test_ctf_and_the_trace_compass_analysis(tmp_path):
     vcpu = [ln for ln in lines if "vcpu_state:" in ln]
     assert len(vcpu) == got.rows("vcpu").shape[0]
     assert "vcpu = 0x11000, state = 4" in out  # UNKNOWN across the overflow
+
+
+def test_vmpt_bundles_round_trip(tmp_path):
+    """vmpt's bundles.xml (the thesis's released decoder's output) written
+    and read back gives the same analysis (without overflows, which the
+    format cannot say); a file in vmpt's own layout reads; a wrong file is
+    one message."""
+    from hwtrace.analysis.vm import read_bundles, write_bundles
+
+    for sc in (prime_scenario(), workers_scenario()):
+        ev = stream_events(sc.streams()[0], 0, sc.config)
+        write_bundles(ev, tmp_path / "bundles.xml")
+        again = analyze([read_bundles(tmp_path / "bundles.xml")])
+        first = analyze([ev])
+        cols = ["entity", "key", "key2", "state", "start", "end"]
+        assert np.array_equal(first.intervals[cols], again.intervals[cols])
+    (tmp_path / "vmpt.xml").write_text(
+        "<vmpt>\n\t<bundle>\n\t\t<pip> 7a3f1000 </pip>\n\t\t<nr> 0 </nr>\n\t\t<vmcs> 20000 </vmcs>\n"
+        "\t\t<tsc> 1000 </tsc>\n\t</bundle>\n\t<bundle>\n\t\t<pip> 5a000 </pip>\n\t\t<nr> 1 </nr>\n"
+        "\t\t<vmcs> 20000 </vmcs>\n\t\t<tsc> 1500 </tsc>\n\t</bundle>\n\t<bundle>\n\t\t<pip> 7a3f1000 </pip>\n"
+        "\t\t<nr> 0 </nr>\n\t\t<vmcs> 20000 </vmcs>\n\t\t<tsc> 9000 </tsc>\n\t</bundle>\n</vmpt>\n"
+    )
+    got = analyze([read_bundles(tmp_path / "vmpt.xml")])
+    v = got.rows("vcpu")
+    # (the trace ends with the exit at 9000)
+    assert _labels(v) == [("vcpu", 0x20000, 0, "VMM"), ("vcpu", 0x20000, 0, "VM")]
+    assert v["start"].tolist() == [1000, 1500] and v["end"].tolist() == [1500, 9000]
+    assert got.stats["vm_exits"] == 1
+    (tmp_path / "bad.xml").write_text("<html></html>")
+    out = _hwtrace(str(tmp_path / "bad.xml"))
+    assert (
+        out.returncode == 1
+        and "not a vmpt bundles.xml" in out.stderr
+        and "Traceback" not in out.stderr
+    )

@@ -38,8 +38,10 @@ on that pCPU; a guest's processes have no names (its CR3 is all PT says).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -57,7 +59,9 @@ __all__ = [
     "VmAnalysis",
     "analyze",
     "normalize_cr3",
+    "read_bundles",
     "stream_events",
+    "write_bundles",
 ]
 
 # Event kinds (a pCPU stream's packets that matter here).
@@ -670,3 +674,71 @@ def _exits(iv: np.ndarray) -> np.ndarray:
     )
     sel = after_vm & (v["state"] == ST_VMM)
     return np.stack([v["key"][sel], v["start"][sel], v["end"][sel]], axis=1).astype(np.uint64)
+
+
+# -- vmpt's bundles.xml ------------------------------------------------------------------
+
+_BUNDLE = re.compile(
+    rb"<bundle>\s*<pip>\s*([0-9a-fA-F]+)\s*</pip>\s*<nr>\s*(\d+)\s*</nr>\s*"
+    rb"(?:<vmcs>\s*([0-9a-fA-F]+)\s*</vmcs>\s*)?<tsc>\s*(\d+)\s*</tsc>\s*</bundle>"
+)
+
+
+def read_bundles(path: str | os.PathLike[str], pcpu: int = 0) -> StreamEvents:
+    """Events from vmpt's ``bundles.xml`` (the thesis's released decoder:
+    ``<bundle><pip>CR3 hex</pip><nr>0|1</nr><vmcs>base hex</vmcs><tsc>decimal</tsc></bundle>``),
+    for :func:`analyze`: the first bundle is taken as status, then each
+    bundle is a VMCS load where its base changes and a PIP."""
+    data = Path(path).read_bytes()
+    found = _BUNDLE.findall(data)
+    if not found and b"<vmpt" not in data:
+        raise ValueError(f"{path}: not a vmpt bundles.xml (no <vmpt> element)")
+    cr3 = np.array([int(f[0], 16) for f in found], np.uint64)
+    nr = np.array([int(f[1]) for f in found], np.uint32)
+    vmcs = np.array([int(f[2], 16) if f[2] else 0 for f in found], np.uint64)
+    tsc = np.array([int(f[3]) for f in found], np.uint64)
+    t, k, a, b = [], [], [], []
+    if found:
+        status = [(EV_STATUS_PIP, cr3[0], nr[0])]
+        if vmcs[0]:
+            status.append((EV_STATUS_VMCS, vmcs[0], 0))
+        for kind, x, y in [*status, (EV_STATUS_END, 0, 0)]:
+            t.append(tsc[0])
+            k.append(kind)
+            a.append(x)
+            b.append(y)
+    changed = np.r_[False, vmcs[1:] != vmcs[:-1]] & (vmcs != 0)
+    for j in range(1, len(found)):
+        if changed[j]:
+            t.append(tsc[j])
+            k.append(EV_VMCS)
+            a.append(vmcs[j])
+            b.append(0)
+        t.append(tsc[j])
+        k.append(EV_PIP)
+        a.append(cr3[j])
+        b.append(nr[j])
+    n = len(t)
+    return StreamEvents(pcpu, np.array(t, np.uint64), np.array(k, np.uint8), np.array(a, np.uint64),
+                        np.array(b, np.uint32), np.zeros(n, np.int64), bytes=len(data))  # fmt: skip
+
+
+def write_bundles(events: StreamEvents, path: str | os.PathLike[str]) -> int:
+    """One pCPU's events as vmpt's ``bundles.xml``: a bundle per PIP (in
+    PSB+ or not) and per vCPU load, with the CR3 and NR in force, the VMCS
+    loaded (0 when none is known) and the time.  Returns the number of
+    bundles."""
+    vmcs = cr3 = nr = 0
+    lines = ["<vmpt>"]
+    for t, k, a, b in zip(events.time.tolist(), events.kind.tolist(), events.a.tolist(),
+                          events.b.tolist(), strict=True):  # fmt: skip
+        if k in (EV_VMCS, EV_STATUS_VMCS):
+            vmcs = a
+        elif k in (EV_PIP, EV_STATUS_PIP):
+            cr3, nr = a, b
+        if k in (EV_PIP, EV_VMCS, EV_STATUS_END):  # a PSB+ is one bundle, at its end
+            lines.append(f"\t<bundle>\n\t\t<pip> {cr3:x} </pip>\n\t\t<nr> {nr} </nr>\n"
+                         f"\t\t<vmcs> {vmcs:x} </vmcs>\n\t\t<tsc> {t} </tsc>\n\t</bundle>")  # fmt: skip
+    lines.append("</vmpt>\n")
+    Path(path).write_text("\n".join(lines))
+    return len(lines) - 2

@@ -23,7 +23,8 @@ def main(argv: Sequence[str]) -> int:
         description="Analyse a KVM host's Intel PT (system-wide mode: PIP, VMCS and timing "
         "packets) per physical CPU: vCPU states (VM, VMM, IDLE), VM exits, guest processes.",
     )
-    p.add_argument("traces", nargs="*", metavar="FILE", help="one raw PT file per pCPU, in order")
+    p.add_argument("traces", nargs="*", metavar="FILE",
+                   help="one raw PT file per pCPU, in order (or vmpt's bundles .xml)")  # fmt: skip
     p.add_argument("--cpu", action="append", default=[], metavar="N=FILE",
                    help="the raw PT of pCPU N (repeatable)")  # fmt: skip
     p.add_argument(
@@ -41,6 +42,8 @@ def main(argv: Sequence[str]) -> int:
                    "timeline (Perfetto, chrome://tracing)")  # fmt: skip
     p.add_argument("--ctf", metavar="DIR", help="write the state changes as a CTF trace, and "
                    "DIR.tracecompass.xml, the Trace Compass analysis drawing the two views")  # fmt: skip
+    p.add_argument("--bundles", metavar="FILE", help="write vmpt's bundles.xml (with several "
+                   "pCPUs, FILE-cpuN.xml each)")  # fmt: skip
     p.add_argument("--top", type=int, default=5, help="longest VM exits listed (default 5)")
     a = p.parse_args(list(argv))
     files: dict[int, str] = {}
@@ -58,9 +61,19 @@ def main(argv: Sequence[str]) -> int:
             sys.stderr.write(f"{PROG}: pCPU {n}: {path}: no such file\n")
             return 1
     config = PtConfig(mtc_freq=a.mtc_freq, cpuid_0x15_eax=a.cpuid_eax, cpuid_0x15_ebx=a.cpuid_ebx)
-    from ..analysis.vm import analyze
+    from ..analysis.vm import analyze, read_bundles, stream_events
 
-    result = analyze(files, config)
+    streams = []
+    for n, path in sorted(files.items()):
+        if path.endswith(".xml"):
+            try:
+                streams.append(read_bundles(path, n))
+            except ValueError as e:
+                sys.stderr.write(f"{PROG}: pCPU {n}: {e}\n")
+                return 1
+        else:
+            streams.append(stream_events(path, n, config))
+    result = analyze(streams)
     for problem in result.problems:
         sys.stderr.write(f"{PROG}: {problem}\n")
     _summary(result, a.tsc_hz, a.top)
@@ -81,6 +94,14 @@ def main(argv: Sequence[str]) -> int:
             from ..export.vmviews import write_vm_ctf
 
             write_vm_ctf(result, a.ctf, tsc_hz=a.tsc_hz)
+        if a.bundles:
+            from ..analysis.vm import write_bundles
+
+            for ev in result.streams:
+                out = a.bundles
+                if len(result.streams) > 1:
+                    out = f"{out[:-4] if out.endswith('.xml') else out}-cpu{ev.pcpu}.xml"
+                write_bundles(ev, out)
     except OSError as e:
         sys.stderr.write(f"{PROG}: {e.filename}: {e.strerror}\n")
         return 1
