@@ -266,3 +266,18 @@ def test_vmpt_bundles_round_trip(tmp_path):
         and "not a vmpt bundles.xml" in out.stderr
         and "Traceback" not in out.stderr
     )
+
+
+def test_contention_counts_the_vcpus_taking_turns():
+    """The prime computation's 4 vCPUs share one pCPU: a window of four
+    turns sees all of them, a window shorter than a turn at most two (a
+    turn and its neighbour's)."""
+    sc = prime_scenario()
+    got = analyze(sc.streams(), sc.config)
+    assert int(got.contention(4 * 41_000)[0].max()) == 4
+    assert int(got.contention(30_000)[0].max()) <= 2
+    mixed = analyze(mixed_scenario().streams(), sc.config)
+    per = mixed.contention(10_000)
+    # pCPU 0: a0 leaves at 32,000 and b0 comes at 34,000, in one window;
+    # pCPU 1: a1 leaves at 30,400, a0 comes at 40,000, the next window.
+    assert set(per) == {0, 1} and int(per[0].max()) == 2 and int(per[1].max()) == 1

@@ -531,6 +531,30 @@ class VmAnalysis:
     def rows(self, entity: str) -> np.ndarray:
         return self.intervals[self.intervals["entity"] == ENTITY_NAMES.index(entity)]
 
+    def contention(self, window: int) -> dict[int, np.ndarray]:
+        """Per pCPU, how many distinct vCPUs ran on it (in VM or VMM) in
+        each ``window`` ticks from the start: vCPUs taking turns on one
+        pCPU contend for it (the thesis's prime computation: 4)."""
+        v = self.intervals[(self.intervals["entity"] == ENT_VCPU)
+                           & np.isin(self.intervals["state"], [ST_VM, ST_VMM])]  # fmt: skip
+        nwin = max(1, -(-(self.end - self.start) // max(window, 1)))
+        out = {int(e.pcpu): np.zeros(nwin, np.int64) for e in self.streams}
+        if not v.shape[0]:
+            return out
+        lo = (v["start"].astype(np.int64) - self.start) // window
+        hi = np.maximum(lo, (v["end"].astype(np.int64) - 1 - self.start) // window)
+        reps = (hi - lo + 1).astype(np.int64)
+        win = np.repeat(lo, reps) + (
+            np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+        )
+        pc = np.repeat(v["pcpu"].astype(np.int64), reps)
+        key = np.repeat(v["key"], reps)
+        uniq = np.unique(np.stack([pc, win, key.astype(np.int64)], axis=1), axis=0)
+        for p in np.unique(uniq[:, 0]).tolist():
+            w = uniq[uniq[:, 0] == p, 1]
+            out[int(p)] = np.bincount(w[w < nwin], minlength=nwin)
+        return out
+
     def time_in_states(self) -> dict[tuple[str, int, int], dict[str, int]]:
         """Per entity (kind, key, key2), the ticks in each state."""
         out: dict[tuple[str, int, int], dict[str, int]] = {}

@@ -45,6 +45,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--bundles", metavar="FILE", help="write vmpt's bundles.xml (with several "
                    "pCPUs, FILE-cpuN.xml each)")  # fmt: skip
     p.add_argument("--top", type=int, default=5, help="longest VM exits listed (default 5)")
+    p.add_argument("--window", type=int, default=0, metavar="TICKS",
+                   help="contention window (default: a hundredth of the trace)")  # fmt: skip
     a = p.parse_args(list(argv))
     files: dict[int, str] = {}
     for k, path in enumerate(a.traces):
@@ -76,7 +78,7 @@ def main(argv: Sequence[str]) -> int:
     result = analyze(streams)
     for problem in result.problems:
         sys.stderr.write(f"{PROG}: {problem}\n")
-    _summary(result, a.tsc_hz, a.top)
+    _summary(result, a.tsc_hz, a.top, a.window)
     if a.intervals:
         _write_intervals(result, a.intervals)
     try:
@@ -115,7 +117,7 @@ def _fmt(ticks: int, hz: float) -> str:
     return f"{seconds * 1e3:,.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:,.3f} µs"
 
 
-def _summary(r, hz: float, top: int) -> None:
+def _summary(r, hz: float, top: int, window: int) -> None:
     from ..analysis.vm import STATE_NAMES
 
     span = max(r.end - r.start, 1)
@@ -157,6 +159,15 @@ def _summary(r, hz: float, top: int) -> None:
             out.write(
                 f"  vCPU {int(exits[j, 0]):#x} at {int(exits[j, 1]):,}: {_fmt(int(ticks[j]), hz)}\n"
             )
+    window = window or max(1, span // 100)
+    cont = r.contention(window)
+    if any(c.any() for c in cont.values()):
+        out.write(f"\ncontention: distinct vCPUs run per pCPU in windows of {_fmt(window, hz)}\n")
+        for pcpu, c in sorted(cont.items()):
+            busy = c[c > 0]
+            if busy.shape[0]:
+                out.write(f"  pCPU {pcpu}: up to {int(c.max())}, mean {busy.mean():.2f} where any ran, "
+                          f"{100 * (c >= 2).mean():.1f}% of windows with 2 or more\n")  # fmt: skip
     if procs.shape[0]:
         out.write("\nguest process (VM = VMM CR3, CR3)        VM time   share of its VM\n")
         run = procs[procs["state"] == STATE_NAMES.index("VM")]
