@@ -281,3 +281,68 @@ def test_contention_counts_the_vcpus_taking_turns():
     # pCPU 0: a0 leaves at 32,000 and b0 comes at 34,000, in one window;
     # pCPU 1: a1 leaves at 30,400, a0 comes at 40,000, the next window.
     assert set(per) == {0, 1} and int(per[0].max()) == 2 and int(per[1].max()) == 1
+
+
+def test_a_system_wide_perf_data(tmp_path):
+    """A perf.data as ``perf record -e intel_pt// -a`` writes it on a KVM
+    host (per-CPU AUX queues, TIME_CONV, COMM and SWITCH sideband): the
+    same analysis as from the raw streams, and each vCPU named by the host
+    thread that ran it (QEMU's ``CPU n/KVM``)."""
+    from hwtrace.analysis.vm import analyze_perf
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.records import Comm, SampleId, SampleType, Switch
+    from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS as B
+    from hwtrace.perf.writer import PerfDataWriter
+
+    sc = mixed_scenario()
+    qemu = {0x7A3F1000: 500, 0x4E2B7000: 600}  # VMM CR3 -> pid
+    vcpu_tid = {0x11000: 501, 0x12000: 502, 0x21000: 601}
+    path = tmp_path / "kvm.data"
+    with PerfDataWriter(path) as w:
+        st = SampleType.IP | SampleType.TID | SampleType.TIME | SampleType.IDENTIFIER
+        pt = w.set_intel_pt(config=B["pt"] | B["branch"] | B["tsc"] | B["mtc"] | (3 << 14),
+                            sample_type=st, time_mult=1, cap_user_time_zero=True,
+                            tsc_ctc_ratio=(2, 1), per_cpu_mmaps=True, exclude_kernel=False)  # fmt: skip
+        for pid in qemu.values():
+            w.add_record(
+                Comm(pid, pid, "qemu-system-x86"),
+                attr=pt,
+                sample_id=SampleId(pid=pid, tid=pid, time=0, cpu=0),
+            )
+        for tid in vcpu_tid.values():
+            pid = 500 if tid < 600 else 600
+            w.add_record(Comm(pid, tid, f"CPU {tid % 100 - 1}/KVM"), attr=pt,
+                         sample_id=SampleId(pid=pid, tid=tid, time=0, cpu=0))  # fmt: skip
+        for cpu, runs in sc.pcpus.items():
+            for r in runs:
+                tid = vcpu_tid[r.vmcs] if r.what in ("vm", "vmm") else 100 + cpu
+                pid = 500 if tid // 100 == 5 else 600 if tid // 100 == 6 else tid
+                w.add_record(
+                    Switch(False),
+                    attr=pt,
+                    sample_id=SampleId(pid=pid, tid=tid, time=r.start, cpu=cpu),
+                )
+        for cpu, data in sc.streams().items():
+            w.add_auxtrace(data, cpu=cpu, tid=-1, idx=cpu)
+    got = analyze_perf(PerfData(str(path)))
+    raw = analyze(sc.streams(), sc.config)
+    cols = ["entity", "key", "key2", "state", "start", "end"]
+    assert np.array_equal(got.intervals[cols], raw.intervals[cols])
+    assert got.names[("vcpu", 0x11000)] == "CPU 0/KVM (tid 501, pid 500)"
+    assert got.names[("vcpu", 0x21000)] == "CPU 0/KVM (tid 601, pid 600)"
+
+
+def test_the_command_on_a_perf_data(tmp_path):
+    """``hwtrace vm -i perf.data``: names from the sideband in the summary;
+    a file that is no perf.data is one message."""
+    test_a_system_wide_perf_data(tmp_path)
+    out = _hwtrace("-i", str(tmp_path / "kvm.data"))
+    assert out.returncode == 0, out.stderr
+    assert "CPU 0/KVM (tid 501, pid 500)" in out.stdout
+    (tmp_path / "junk.data").write_bytes(b"PERFILE2" + bytes(40))
+    bad = _hwtrace("-i", str(tmp_path / "junk.data"))
+    assert (
+        bad.returncode == 1
+        and bad.stderr.startswith("hwtrace vm: ")
+        and "Traceback" not in bad.stderr
+    )

@@ -58,6 +58,7 @@ __all__ = [
     "StreamEvents",
     "VmAnalysis",
     "analyze",
+    "analyze_perf",
     "normalize_cr3",
     "read_bundles",
     "stream_events",
@@ -527,6 +528,9 @@ class VmAnalysis:
     streams: list[StreamEvents]
     stats: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # Names the sideband gave (("vcpu", VMCS base) -> the vCPU thread).
+    names: dict[tuple[str, int], str] = field(default_factory=dict)
+    tsc_conversion: object = None
 
     def rows(self, entity: str) -> np.ndarray:
         return self.intervals[self.intervals["entity"] == ENTITY_NAMES.index(entity)]
@@ -766,3 +770,45 @@ def write_bundles(events: StreamEvents, path: str | os.PathLike[str]) -> int:
     lines.append("</vmpt>\n")
     Path(path).write_text("\n".join(lines))
     return len(lines) - 2
+
+
+# -- perf.data ---------------------------------------------------------------------------
+
+
+def analyze_perf(data) -> VmAnalysis:
+    """HAVAna over a perf.data of a system-wide ``perf record -e intel_pt//
+    -a`` (per-CPU AUX queues) on a KVM host.  The sideband names each
+    vCPU's thread (the host thread running on its pCPU when it first ran,
+    QEMU's ``CPU n/KVM``) and its VMM process (:attr:`VmAnalysis.names`);
+    times stay TSC (:attr:`VmAnalysis.tsc_conversion` gives perf's ns)."""
+    from ..perf.trace import iter_queue_traces, pt_config_of, sideband_of, tsc_conversion_of
+
+    config = pt_config_of(data)
+    problems: list[str] = []
+    streams = []
+    for cpu, tid, buf in iter_queue_traces(data):
+        if cpu < 0:
+            problems.append(f"{data.path}: AUX queue of thread {tid} is per thread, not per CPU: "
+                            "record system-wide (perf record -a) for a VM analysis")  # fmt: skip
+            continue
+        streams.append(stream_events(buf.copy(), cpu, config))
+    if not streams:
+        raise ValueError(
+            f"{data.path}: no per-CPU Intel PT (record with perf record -e intel_pt// -a)"
+        )
+    result = analyze(streams)
+    result.problems[:0] = problems
+    conv = tsc_conversion_of(data)
+    result.tsc_conversion = conv
+    if conv is not None:
+        sb = sideband_of(data)
+        v = result.rows("vcpu")
+        v = v[v["state"] == ST_VM]
+        keys, first = np.unique(v["key"], return_index=True)
+        for key, j in zip(keys.tolist(), first.tolist(), strict=True):
+            t = int(conv.to_ns(int(v["start"][j])))
+            tid = int(sb.threads_on(int(v["pcpu"][j]), np.array([t], np.int64))[0])
+            if tid > 0:
+                pid = sb.pid_of(tid)
+                result.names[("vcpu", int(key))] = f"{sb.comm_of(tid, t)} (tid {tid}, pid {pid})"
+    return result

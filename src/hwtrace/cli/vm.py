@@ -25,6 +25,8 @@ def main(argv: Sequence[str]) -> int:
     )
     p.add_argument("traces", nargs="*", metavar="FILE",
                    help="one raw PT file per pCPU, in order (or vmpt's bundles .xml)")  # fmt: skip
+    p.add_argument("-i", "--input", metavar="PERF.DATA",
+                   help="a perf.data of perf record -e intel_pt// -a (per-CPU Intel PT, sideband)")  # fmt: skip
     p.add_argument("--cpu", action="append", default=[], metavar="N=FILE",
                    help="the raw PT of pCPU N (repeatable)")  # fmt: skip
     p.add_argument(
@@ -56,8 +58,12 @@ def main(argv: Sequence[str]) -> int:
         if not sep or not n.isdigit():
             p.error(f"--cpu {spec}: expected N=FILE")
         files[int(n)] = path
+    if a.input:
+        if files:
+            p.error("give either a perf.data (-i) or raw PT files, not both")
+        return _run_perf(a)
     if not files:
-        p.error("give the trace of each pCPU (FILE ... or --cpu N=FILE)")
+        p.error("give the trace of each pCPU (FILE ... or --cpu N=FILE), or -i perf.data")
     for n, path in files.items():
         if not Path(path).is_file():
             sys.stderr.write(f"{PROG}: pCPU {n}: {path}: no such file\n")
@@ -76,6 +82,29 @@ def main(argv: Sequence[str]) -> int:
         else:
             streams.append(stream_events(path, n, config))
     result = analyze(streams)
+    return _report(
+        a, result, ", ".join(f"pCPU {n}: {Path(f).name}" for n, f in sorted(files.items()))
+    )
+
+
+def _run_perf(a) -> int:
+    from ..analysis.vm import analyze_perf
+    from ..perf.data import PerfDataError, read_perf_data
+
+    try:
+        data = read_perf_data(a.input)
+        result = analyze_perf(data)
+    except (PerfDataError, OSError, ValueError) as e:
+        sys.stderr.write(f"{PROG}: {e}\n")
+        return 1
+    conv = result.tsc_conversion
+    if conv is not None and not a.tsc_hz and getattr(conv, "time_mult", 0):
+        # perf's TSC to ns conversion gives the TSC rate.
+        a.tsc_hz = 1e9 * (1 << conv.time_shift) / conv.time_mult
+    return _report(a, result, Path(a.input).name)
+
+
+def _report(a, result, names: str) -> int:
     for problem in result.problems:
         sys.stderr.write(f"{PROG}: {problem}\n")
     _summary(result, a.tsc_hz, a.top, a.window)
@@ -86,7 +115,6 @@ def main(argv: Sequence[str]) -> int:
             from ..export.html import write_page
             from ..export.vmviews import vm_page
 
-            names = ", ".join(f"pCPU {n}: {Path(f).name}" for n, f in sorted(files.items()))
             write_page(a.html, vm_page(result, "hwtrace vm", names, tsc_hz=a.tsc_hz, top=a.top))
         if a.perfetto:
             from ..export.vmviews import write_vm_timeline
@@ -142,7 +170,8 @@ def _summary(r, hz: float, top: int, window: int) -> None:
             f"{100 * d.get(s, 0) / total:8.1f}% " for s in ("VM", "VMM", "IDLE", "UNKNOWN")
         )
         longest = _fmt(int(ticks.max()), hz) if ticks.shape[0] else "-"
-        out.write(f"{v:#14x}  {cells}{ticks.shape[0]:6}  {longest}\n")
+        name = r.names.get(("vcpu", v), "")
+        out.write(f"{v:#14x}  {cells}{ticks.shape[0]:6}  {longest:>14}  {name}\n")
     if exits.shape[0]:
         ticks = exits[:, 2].astype(np.int64) - exits[:, 1].astype(np.int64)
         out.write("\nVM exit durations (VMM time until the next entry or the vCPU left)\n")

@@ -311,6 +311,18 @@ def _queue_trace(data: PerfData, starts: np.ndarray, sizes: np.ndarray) -> Itera
         yield _map_open(f)
 
 
+def iter_queue_traces(data: PerfData) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Each AUX queue's Intel PT as one buffer: (cpu, tid, trace); cpu -1
+    for per-thread queues, tid -1 for per-CPU ones.  A buffer is valid
+    until the next one is asked for."""
+    pt = data.intel_pt
+    if pt is None:
+        return
+    for cpu, tid, starts, sizes in _queues(data, bool(pt.per_cpu_mmaps)):
+        with _queue_trace(data, starts, sizes) as buf:
+            yield cpu, tid, buf
+
+
 def _map_open(f: BinaryIO) -> np.ndarray:
     """Map an open file read-only (as :func:`hwtrace.pt.packets.map_file`
     maps a path: :func:`~hwtrace.pt.packets.release` works on it)."""
