@@ -346,3 +346,36 @@ def test_the_command_on_a_perf_data(tmp_path):
         and bad.stderr.startswith("hwtrace vm: ")
         and "Traceback" not in bad.stderr
     )
+
+
+def test_streams_that_disagree_in_time_are_said():
+    """The same pCPU's stream given as two pCPUs (as streams of different
+    recordings would): each vCPU runs on two pCPUs at once, which is said."""
+    sc = workers_scenario()
+    data = sc.streams()[0]
+    got = analyze({0: data, 1: data}, sc.config)
+    assert got.stats["overlaps"] > 0
+    assert any("ran on two pCPUs at once" in p and "0x20000" in p for p in got.problems)
+    assert analyze({0: data}, sc.config).stats["overlaps"] == 0
+
+
+def test_the_time_resolution_is_stated():
+    from hwtrace.analysis.vm import time_resolution
+
+    sc = prime_scenario()
+    assert time_resolution(sc.config) == sc.resolution == 16
+    assert analyze(sc.streams(), sc.config).resolution == 16
+    out = _hwtrace(*_write(sc), "--mtc-freq", "3", "--cpuid-0x15.eax", "1", "--cpuid-0x15.ebx", "2")
+    assert "known to within 16 ticks (one MTC period)" in out.stdout
+
+
+def _write(sc) -> list[str]:
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp(prefix="hwtrace-vm-"))
+    args = []
+    for pcpu, data in sc.streams().items():
+        (d / f"cpu{pcpu}.pt").write_bytes(data)
+        args += ["--cpu", f"{pcpu}={d / f'cpu{pcpu}.pt'}"]
+    return args

@@ -62,6 +62,7 @@ __all__ = [
     "normalize_cr3",
     "read_bundles",
     "stream_events",
+    "time_resolution",
     "write_bundles",
 ]
 
@@ -332,6 +333,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
     # the guest process it last ran.
     vmm_cr3 = np.zeros(nv, np.uint64)
     vstate = np.full(nv, -1, np.int64)
+    vpcpu = np.full(nv, -1, np.int64)  # where it is active
     vproc = np.full(nv, -1, np.int64)
     vproc_state = np.full(nv, -1, np.int64)  # what vproc counts as for this vCPU
     # Processes: keys and how many vCPUs run them / handle their exits.
@@ -459,6 +461,17 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 vproc_state[nvc] = ST_UNKNOWN
                 n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
         if nvc >= 0 and (ns == ST_VM or ns == ST_VMM):
+            if (
+                (vstate[nvc] == ST_VM or vstate[nvc] == ST_VMM)
+                and vpcpu[nvc] != p
+                and vpcpu[nvc] >= 0
+            ):
+                # Active on two pCPUs at once: the streams' times disagree.
+                if stats[4] == 0:
+                    stats[5] = np.int64(t)
+                    stats[6] = vcpu_base[nvc]
+                stats[4] += 1
+            vpcpu[nvc] = p
             if vstate[nvc] != ns:
                 vstate[nvc] = ns
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[nvc], np.uint64(0), ns, p)
@@ -531,6 +544,7 @@ class VmAnalysis:
     # Names the sideband gave (("vcpu", VMCS base) -> the vCPU thread).
     names: dict[tuple[str, int], str] = field(default_factory=dict)
     tsc_conversion: object = None
+    resolution: int | None = None  # TSC ticks within which boundaries are known
 
     def rows(self, entity: str) -> np.ndarray:
         return self.intervals[self.intervals["entity"] == ENTITY_NAMES.index(entity)]
@@ -570,11 +584,21 @@ class VmAnalysis:
         return out
 
 
+def time_resolution(config: PtConfig) -> int | None:
+    """TSC ticks within which a PIP or VMCS is placed: one MTC period
+    (2**mtc_freq crystal ticks at the CPUID 0x15 ratio); None without MTC
+    (then only TSC packets in PSB+, or CYC, place them)."""
+    if not config.cpuid_0x15_eax or not config.cpuid_0x15_ebx:
+        return None
+    return int((1 << config.mtc_freq) * config.cpuid_0x15_ebx // config.cpuid_0x15_eax)
+
+
 def analyze(
     streams: Mapping[int, object] | list[StreamEvents], config: PtConfig | None = None
 ) -> VmAnalysis:
     """HAVAna over one PT stream per pCPU: ``streams`` maps pCPU numbers to
     traces (bytes, buffers, paths) or is a list of :class:`StreamEvents`."""
+    resolution = time_resolution(config) if config is not None else None
     if isinstance(streams, Mapping):
         evs = [stream_events(d, int(p), config) for p, d in sorted(streams.items())]
     else:
@@ -638,6 +662,10 @@ def analyze(
         if last < end:
             problems.append(f"pCPU {e.pcpu}: its trace ends at {last}, before the last time seen "
                             f"({end}): what ran there after is not known")  # fmt: skip
+    if stats[4]:
+        problems.append(f"vCPU {int(stats[6]):#x} ran on two pCPUs at once at {int(stats[5])} "
+                        f"({int(stats[4])} such overlaps): the streams' times disagree (streams of "
+                        "different recordings, or clocks not in step)")  # fmt: skip
     for e in evs:
         if e.overflows:
             problems.append(
@@ -650,8 +678,8 @@ def analyze(
     return VmAnalysis(
         intervals, vcpu_vm, exits, start, end, evs,
         {"vm_exits": int(stats[0]), "status_disagreements": int(stats[1]), "gaps": int(stats[2]),
-         "process_table_full": int(stats[3])},
-        problems,
+         "process_table_full": int(stats[3]), "overlaps": int(stats[4])},
+        problems, resolution=resolution,
     )  # fmt: skip
 
 
@@ -798,6 +826,7 @@ def analyze_perf(data) -> VmAnalysis:
         )
     result = analyze(streams)
     result.problems[:0] = problems
+    result.resolution = time_resolution(config)
     conv = tsc_conversion_of(data)
     result.tsc_conversion = conv
     if conv is not None:

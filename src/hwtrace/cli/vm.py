@@ -69,7 +69,7 @@ def main(argv: Sequence[str]) -> int:
             sys.stderr.write(f"{PROG}: pCPU {n}: {path}: no such file\n")
             return 1
     config = PtConfig(mtc_freq=a.mtc_freq, cpuid_0x15_eax=a.cpuid_eax, cpuid_0x15_ebx=a.cpuid_ebx)
-    from ..analysis.vm import analyze, read_bundles, stream_events
+    from ..analysis.vm import analyze, read_bundles, stream_events, time_resolution
 
     streams = []
     for n, path in sorted(files.items()):
@@ -82,6 +82,7 @@ def main(argv: Sequence[str]) -> int:
         else:
             streams.append(stream_events(path, n, config))
     result = analyze(streams)
+    result.resolution = time_resolution(config)
     return _report(
         a, result, ", ".join(f"pCPU {n}: {Path(f).name}" for n, f in sorted(files.items()))
     )
@@ -152,6 +153,15 @@ def _summary(r, hz: float, top: int, window: int) -> None:
     out = sys.stdout
     out.write(f"trace: {len(r.streams)} pCPUs, {_fmt(span, hz)}; {r.stats['vm_exits']:,} VM exits; "
               f"{r.stats['gaps']} gaps\n")  # fmt: skip
+    res = r.resolution
+    out.write(
+        "times: a state change is known to within "
+        + (
+            f"{_fmt(res, hz)} (one MTC period)\n"
+            if res
+            else "the timing packets' spacing (no MTC)\n"
+        )
+    )
     states = r.time_in_states()
     procs = r.rows("process")
     vcpus = sorted(k for (e, k, _) in states if e == "vcpu")
