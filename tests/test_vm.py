@@ -379,3 +379,47 @@ def _write(sc) -> list[str]:
         (d / f"cpu{pcpu}.pt").write_bytes(data)
         args += ["--cpu", f"{pcpu}={d / f'cpu{pcpu}.pt'}"]
     return args
+
+
+def test_fuzzed_streams_and_bundles_never_crash(tmp_path):
+    """Random damage to a host stream (bytes flipped, cut, spliced) and to
+    a bundles.xml: the analysis keeps what it can, never a traceback."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from hwtrace.analysis.vm import read_bundles, write_bundles
+
+    sc = mixed_scenario()
+    base = sc.streams()[1]
+    ev = stream_events(base, 0, sc.config)
+    write_bundles(ev, tmp_path / "b.xml")
+    text = (tmp_path / "b.xml").read_bytes()
+
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), max_size=12),
+           st.integers(0, len(base)), st.binary(max_size=64))  # fmt: skip
+    def damaged_stream(flips, cut, junk):
+        data = bytearray(base)
+        for at, value in flips:
+            data[at] = value
+        data = bytes(data[:cut]) + junk + bytes(data[cut:])
+        got = analyze({0: data, 1: base}, sc.config)
+        assert got.intervals.shape[0] > 0  # pCPU 1 is whole
+
+    @settings(
+        max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(st.integers(0, len(text)), st.binary(max_size=40))
+    def damaged_bundles(cut, junk):
+        path = tmp_path / "d.xml"
+        path.write_bytes(text[:cut] + junk + text[cut:])
+        try:
+            got = read_bundles(path)
+        except ValueError:
+            return
+        analyze([got])
+
+    damaged_stream()
+    damaged_bundles()
