@@ -314,6 +314,17 @@ def _emit(out, n, t, ent, ka, kb, state, pcpu):
 
 
 @njit(cache=True)
+def _uncount(state, q, n_vm, n_vmm, n_unknown):
+    """Process ``q`` no longer counts a vCPU as ``state``."""
+    if state == ST_VM:
+        n_vm[q] -= 1
+    elif state == ST_VMM:
+        n_vmm[q] -= 1
+    elif state == ST_UNKNOWN:
+        n_unknown[q] -= 1
+
+
+@njit(cache=True)
 def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats):
     """Run the merged events; returns the number of transition rows."""
     nv = vcpu_base.shape[0]
@@ -427,13 +438,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[old], np.uint64(0), st, p)
             q = vproc[old]
             if q >= 0:
-                # its process loses this vCPU
-                if vproc_state[old] == ST_VM:
-                    n_vm[q] -= 1
-                elif vproc_state[old] == ST_VMM:
-                    n_vmm[q] -= 1
-                elif vproc_state[old] == ST_UNKNOWN:
-                    n_unknown[q] -= 1
+                _uncount(vproc_state[old], q, n_vm, n_vmm, n_unknown)  # its process loses this vCPU
                 if st == ST_UNKNOWN:
                     n_unknown[q] += 1
                     vproc_state[old] = ST_UNKNOWN
@@ -453,10 +458,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[nvc], np.uint64(0), ST_UNKNOWN, p)
             q = vproc[nvc]
             if q >= 0 and vproc_state[nvc] != ST_UNKNOWN:
-                if vproc_state[nvc] == ST_VM:
-                    n_vm[q] -= 1
-                elif vproc_state[nvc] == ST_VMM:
-                    n_vmm[q] -= 1
+                _uncount(vproc_state[nvc], q, n_vm, n_vmm, n_unknown)
                 n_unknown[q] += 1
                 vproc_state[nvc] = ST_UNKNOWN
                 n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
@@ -484,12 +486,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
             else:
                 q = q_old  # the process whose vCPU exited
             if q_old >= 0 and (q_old != q or vproc_state[nvc] != ns):
-                if vproc_state[nvc] == ST_VM:
-                    n_vm[q_old] -= 1
-                elif vproc_state[nvc] == ST_VMM:
-                    n_vmm[q_old] -= 1
-                elif vproc_state[nvc] == ST_UNKNOWN:
-                    n_unknown[q_old] -= 1
+                _uncount(vproc_state[nvc], q_old, n_vm, n_vmm, n_unknown)
                 vproc_state[nvc] = -1
                 n = _settle(out, n, t, q_old, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
             if q >= 0 and vproc_state[nvc] != ns:
