@@ -56,6 +56,13 @@ def test_the_anomalous_exit_is_the_longest():
     assert abs(int(ticks[longest]) - 10_000) < sc.resolution  # until the next vCPU is loaded
     others = np.delete(ticks, longest)
     assert others.max() < 2_000
+    # The hypervisor's row: VMM while a vCPU is in root mode (the loads and
+    # the exits), IDLE while the guest runs.
+    vmm = got.rows("vm")
+    assert set(vmm["key"].tolist()) == {0x7A3F1000} and got.vcpu_vm[0x20000] == 0x7A3F1000
+    busy = vmm[vmm["state"] == 2]
+    total = int((busy["end"].astype(np.int64) - busy["start"].astype(np.int64)).sum())
+    assert total == pytest.approx(int(ticks.sum()) + 40 * 300, abs=80 * sc.resolution)
 
 
 def test_one_process_across_pcid_and_kpti_variants():

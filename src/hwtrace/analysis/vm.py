@@ -325,7 +325,7 @@ def _uncount(state, q, n_vm, n_vmm, n_unknown):
 
 
 @njit(cache=True)
-def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats):
+def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats, vmm_cr3):
     """Run the merged events; returns the number of transition rows."""
     nv = vcpu_base.shape[0]
     # Per pCPU: known, VMCS (vCPU index, -1 none), NR, CR3, the derived state
@@ -342,7 +342,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
     s_cr3 = np.zeros(npcpu, np.uint64)
     # Per vCPU: its VM (the VMM's host CR3, 0 unknown), state, where it runs,
     # the guest process it last ran.
-    vmm_cr3 = np.zeros(nv, np.uint64)
+    vmm_cr3[:] = 0
     vstate = np.full(nv, -1, np.int64)
     vpcpu = np.full(nv, -1, np.int64)  # where it is active
     vproc = np.full(nv, -1, np.int64)
@@ -629,16 +629,18 @@ def analyze(
         out = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
                np.zeros(cap, np.uint64), np.zeros(cap, np.int64), np.zeros(cap, np.int32))  # fmt: skip
         stats[:] = 0
-        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), npcpu, out, stats)
+        vmm_of = np.zeros(bases.shape[0], np.uint64)
+        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), npcpu, out, stats, vmm_of)
         if rows <= cap:
             break
         cap = rows
     tr = tuple(c[:rows] for c in out)
     start = int(t[0]) if t.shape[0] else 0
     end = int(t[-1]) if t.shape[0] else 0
+    vcpu_vm = {int(b): int(v) for b, v in zip(bases.tolist(), vmm_of.tolist(), strict=True) if v}
     intervals = _intervals(tr, end)
+    intervals = np.concatenate([intervals, _vmm_rows(intervals, vcpu_vm, end)])
     exits = _exits(intervals)
-    vcpu_vm: dict[int, int] = {}
     no_vm = [
         e
         for e in evs
@@ -712,6 +714,42 @@ def _merge_runs(iv: np.ndarray) -> np.ndarray:
     last = np.r_[heads[1:] - 1, iv.shape[0] - 1]
     out["end"] = iv["end"][last]
     return out
+
+
+def _vmm_rows(iv: np.ndarray, vcpu_vm: dict[int, int], end: int) -> np.ndarray:
+    """The hypervisor's row per VM (entity ``vm``, keyed by the VMM's CR3):
+    ``VMM`` while one of its vCPUs is in root mode for it, ``IDLE`` from
+    its first vCPU's appearance on otherwise."""
+    v = iv[iv["entity"] == ENT_VCPU]
+    out = []
+    for vm in sorted(set(vcpu_vm.values())):
+        mine = v[np.isin(v["key"], [b for b, m in vcpu_vm.items() if m == vm])]
+        if not mine.shape[0]:
+            continue
+        busy = mine[mine["state"] == ST_VMM]
+        busy = busy[np.argsort(busy["start"], kind="stable")]
+        first = int(mine["start"].min())
+        rows = []
+        cursor = first
+        if busy.shape[0]:
+            # Union of the VMM intervals: a new run where a start passes
+            # every end before it.
+            s0 = busy["start"].astype(np.int64)
+            e0 = np.maximum.accumulate(busy["end"].astype(np.int64))
+            new = np.r_[True, s0[1:] > e0[:-1]]
+            heads = np.flatnonzero(new)
+            tails = np.r_[heads[1:] - 1, s0.shape[0] - 1]
+            for h, tl in zip(heads.tolist(), tails.tolist(), strict=True):
+                a, b = int(s0[h]), int(e0[tl])
+                if a > cursor:
+                    rows.append((ST_IDLE, cursor, a, int(busy["pcpu"][h])))
+                rows.append((ST_VMM, a, b, int(busy["pcpu"][h])))
+                cursor = b
+        if cursor < end:
+            rows.append((ST_IDLE, cursor, end, -1))
+        for st, a, b, pc in rows:
+            out.append((ENT_VM, vm, 0, st, a, b, pc))
+    return np.array(out, INTERVAL_DTYPE)
 
 
 def _exits(iv: np.ndarray) -> np.ndarray:

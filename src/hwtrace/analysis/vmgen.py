@@ -274,10 +274,13 @@ class Scenario:
             stop = nxt[0] if nxt is not None and nxt[1:4] == (e, k1, k2) else self.end
             if st >= 0 and stop > t:
                 out.append((e, k1, k2, st, t, stop, p))
-        arr = np.array(out, INTERVAL_DTYPE)
-        from .vm import _merge_runs
+        from .vm import _merge_runs, _vmm_rows
 
-        return _merge_runs(arr)
+        arr = _merge_runs(np.array(out, INTERVAL_DTYPE))
+        vcpu_vm = {
+            r.vmcs: r.cr3 for runs in self.pcpus.values() for r in runs if r.what in ("vm", "vmm")
+        }
+        return np.concatenate([arr, _vmm_rows(arr, vcpu_vm, self.end)])
 
 
 # -- the thesis's scenarios --------------------------------------------------------------

@@ -182,6 +182,16 @@ def _summary(r, hz: float, top: int, window: int) -> None:
         longest = _fmt(int(ticks.max()), hz) if ticks.shape[0] else "-"
         name = r.names.get(("vcpu", v), "")
         out.write(f"{v:#14x}  {cells}{ticks.shape[0]:6}  {longest:>14}  {name}\n")
+    vms = sorted(k for (e, k, _) in states if e == "vm")
+    if vms:
+        out.write("\nVM (VMM CR3)    vCPUs  VMM time\n")
+        for vm in vms:
+            d = states[("vm", vm, 0)]
+            total = max(sum(d.values()), 1)
+            n = sum(1 for m in r.vcpu_vm.values() if m == vm)
+            out.write(
+                f"{vm:#14x}  {n:5}  {_fmt(d.get('VMM', 0), hz)} ({100 * d.get('VMM', 0) / total:.1f}%)\n"
+            )
     if exits.shape[0]:
         ticks = exits[:, 2].astype(np.int64) - exits[:, 1].astype(np.int64)
         out.write("\nVM exit durations (VMM time until the next entry or the vCPU left)\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.vm import ENT_PCPU, ENT_PROCESS, ENT_VCPU, STATE_NAMES, VmAnalysis
+from ..analysis.vm import ENT_PCPU, ENT_PROCESS, ENT_VCPU, ENT_VM, STATE_NAMES, VmAnalysis
 from .html import page
 from .timeline import write_timeline
 
@@ -25,16 +25,18 @@ def _label(entity: int, key: int, key2: int) -> str:
         return f"pCPU {key}"
     if entity == ENT_VCPU:
         return f"vCPU {key:#x}"
+    if entity == ENT_VM:
+        return f"VMM {key:#x}"
     return f"VM {key:#x} CR3 {key2:#x}"
 
 
 def vm_rows(result: VmAnalysis) -> list[tuple[str, str, np.ndarray]]:
-    """(group, row label, that row's intervals) in view order: vCPUs then
-    pCPUs (VM Resource), guest processes (VM Control Flow)."""
+    """(group, row label, that row's intervals) in view order: vCPUs, the
+    VMM of each VM, pCPUs (VM Resource), guest processes (VM Control Flow)."""
     iv = result.intervals
     out = []
-    for group, entity in (("VM Resource", ENT_VCPU), ("VM Resource", ENT_PCPU),
-                          ("VM Control Flow", ENT_PROCESS)):  # fmt: skip
+    for group, entity in (("VM Resource", ENT_VCPU), ("VM Resource", ENT_VM),
+                          ("VM Resource", ENT_PCPU), ("VM Control Flow", ENT_PROCESS)):  # fmt: skip
         mine = iv[iv["entity"] == entity]
         keys = np.unique(mine[["key", "key2"]]) if mine.shape[0] else []
         for k in keys:
@@ -130,12 +132,13 @@ def _ctf_classes():
             frozenset({"vm", "cr3"}),
         ),
         EventClass(2, "pcpu_state", (("pcpu", 32), ("state", 8)), frozenset()),
+        EventClass(3, "vmm_state", (("vm", 64), ("state", 8), ("pcpu", 32)), frozenset({"vm"})),
     )
 
 
 def write_vm_ctf(result: VmAnalysis, directory: str | Path, *, tsc_hz: float = 0.0) -> int:
     """A CTF trace of the state changes (``vcpu_state``, ``process_state``,
-    ``pcpu_state``: an event where each interval begins, on the stream of
+    ``pcpu_state``, ``vmm_state``: an event where each interval begins, on the stream of
     the pCPU it happened on), times in ns with ``tsc_hz``, else TSC ticks;
     and beside the directory ``<directory>.tracecompass.xml``, the Trace
     Compass XML analysis that turns it into the two views (outside the
@@ -146,9 +149,10 @@ def write_vm_ctf(result: VmAnalysis, directory: str | Path, *, tsc_hz: float = 0
     _, scale = _unit(result, tsc_hz)
     classes = _ctf_classes()
     iv = result.intervals
-    cls = np.select([iv["entity"] == ENT_VCPU, iv["entity"] == ENT_PROCESS], [0, 1], 2)
-    keep = iv["entity"] != 3
-    iv, cls = iv[keep], cls[keep]
+    cls = np.select([iv["entity"] == ENT_VCPU, iv["entity"] == ENT_PROCESS, iv["entity"] == ENT_VM],
+                    [0, 1, 3], 2)  # fmt: skip
+    iv = iv.copy()
+    iv["pcpu"] = np.maximum(iv["pcpu"], 0)  # a VMM's idle tail belongs to no pCPU: the first
     ts = ((iv["start"].astype(np.float64) - result.start) * scale).astype(np.uint64)
     env = {"domain": "hwtrace-vm", "tracer_name": "hwtrace", "time_unit": "ns" if tsc_hz else "tsc"}
     with CtfWriter(directory, classes, env=env) as w:
@@ -172,7 +176,7 @@ def write_vm_ctf(result: VmAnalysis, directory: str | Path, *, tsc_hz: float = 0
 
 def trace_compass_xml() -> str:
     """Trace Compass's XML analysis for :func:`write_vm_ctf`'s traces: a
-    state provider (vCPUs/<VMCS>, Processes/<VM>/<CR3>, pCPUs/<n>, each
+    state provider (vCPUs/<VMCS>, VMMs/<CR3>, Processes/<VM>/<CR3>, pCPUs/<n>, each
     the state its events set) and the VM Resource and VM Control Flow time
     graph views, coloured as hwtrace's."""
     defined = "".join(
@@ -213,5 +217,6 @@ def trace_compass_xml() -> str:
         + handler("vcpu_state", ["vCPUs", "vcpu"])
         + handler("process_state", ["Processes", "vm", "cr3"])
         + handler("pcpu_state", ["pCPUs", "pcpu"])
+        + handler("vmm_state", ["VMMs", "vm"])
         + "\t</stateProvider>\n</tmfxml>\n"
     )
