@@ -9,6 +9,8 @@ PIP or VMCS is that of the last timing packet before it).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -430,3 +432,68 @@ def test_fuzzed_streams_and_bundles_never_crash(tmp_path):
 
     damaged_stream()
     damaged_bundles()
+
+
+def test_exit_reasons_from_kvm_exit_samples(tmp_path):
+    """With ``-e kvm:kvm_exit`` recorded beside the PT, each exit gets the
+    reason of the sample the host took right after it, named from the
+    event's own format (its VMX reason table, in TRACING_DATA)."""
+    import struct
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hwtrace.analysis.vm import analyze_perf
+    from hwtrace.kernel.output import build_tracing_data
+    from hwtrace.perf.attr import PerfEventAttr
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.features import Feature
+    from hwtrace.perf.records import SampleType
+    from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS as B
+    from hwtrace.perf.writer import PerfDataWriter
+
+    fmt = Path("/sys/kernel/tracing/events/kvm/kvm_exit/format")
+    if not fmt.exists():
+        pytest.skip("no kvm:kvm_exit format in tracefs")
+    text = fmt.read_text()
+    event_id = int(re.search(r"^ID:\s*(\d+)", text, re.M)[1])
+    sc = mixed_scenario()
+    raw = analyze(sc.streams(), sc.config)
+    codes = [12, 48, 30, 1, 10, 28]  # HLT, EPT_VIOLATION, IO_INSTRUCTION, ...
+    path = tmp_path / "kvm.data"
+    st = (
+        SampleType.IDENTIFIER
+        | SampleType.TID
+        | SampleType.TIME
+        | SampleType.CPU
+        | SampleType.PERIOD
+        | SampleType.RAW
+    )
+    with PerfDataWriter(path) as w:
+        w.set_intel_pt(config=B["pt"] | B["branch"] | B["tsc"] | B["mtc"] | (3 << 14), time_mult=1,
+                       sample_type=SampleType.IP | SampleType.TID | SampleType.TIME | SampleType.IDENTIFIER,
+                       cap_user_time_zero=True, tsc_ctc_ratio=(2, 1), per_cpu_mmaps=True)  # fmt: skip
+        kvm = w.add_attr(PerfEventAttr(type=2, config=event_id, sample_period=1, sample_type=int(st),
+                                       sample_id_all=1), name="kvm:kvm_exit")  # fmt: skip
+        w.set_feature(
+            Feature.TRACING_DATA,
+            build_tracing_data([SimpleNamespace(name="kvm:kvm_exit", format_text=text)]),
+        )
+        ident = w.attrs[kvm][1][0]
+        for k, (_vcpu, start, _end, pcpu) in enumerate(raw.exits.tolist()):
+            rec = bytearray(72)
+            struct.pack_into("<HBBi", rec, 0, event_id, 0, 0, 500)
+            struct.pack_into("<I", rec, 8, codes[k % len(codes)])
+            struct.pack_into("<I", rec, 24, 1)  # isa: VMX
+            body = struct.pack(
+                "<QIIQIIQI", ident, 500, 501, start + 40, pcpu, 0, 1, len(rec) + 4
+            ) + bytes(rec)
+            body += bytes(-len(body) % 8)
+            w.add_record(body, attr=kvm, type=9)
+        for cpu, data in sc.streams().items():
+            w.add_auxtrace(data, cpu=cpu, tid=-1, idx=cpu)
+    got = analyze_perf(PerfData(str(path)))
+    assert got.exits.shape[0] == raw.exits.shape[0] == 6
+    assert got.exit_reasons.tolist() == codes
+    assert [got.reason_names[c] for c in codes[:3]] == ["HLT", "EPT_VIOLATION", "IO_INSTRUCTION"]
+    out = _hwtrace("-i", str(path))
+    assert "exit reasons (kvm:kvm_exit): " in out.stdout and "HLT 1" in out.stdout

@@ -542,6 +542,11 @@ class VmAnalysis:
     names: dict[tuple[str, int], str] = field(default_factory=dict)
     tsc_conversion: object = None
     resolution: int | None = None  # TSC ticks within which boundaries are known
+    # Per exit (rows of ``exits``), its reason from kvm:kvm_exit samples (-1:
+    # none recorded), and the reasons' names from the event's format.
+    exit_reasons: np.ndarray | None = None
+    reason_names: dict[int, str] = field(default_factory=dict)
+    exit_pcpu: np.ndarray | None = None
 
     def rows(self, entity: str) -> np.ndarray:
         return self.intervals[self.intervals["entity"] == ENTITY_NAMES.index(entity)]
@@ -753,10 +758,11 @@ def _vmm_rows(iv: np.ndarray, vcpu_vm: dict[int, int], end: int) -> np.ndarray:
 
 
 def _exits(iv: np.ndarray) -> np.ndarray:
-    """Each vCPU's VMM intervals that follow a VM interval: its exits."""
+    """Each vCPU's VMM intervals that follow a VM interval, its exits:
+    (VMCS base, start, end, pCPU)."""
     v = iv[iv["entity"] == ENT_VCPU]
     if v.shape[0] < 2:
-        return np.zeros((0, 3), np.uint64)
+        return np.zeros((0, 4), np.uint64)
     after_vm = np.zeros(v.shape[0], np.bool_)
     after_vm[1:] = (
         (v["key"][1:] == v["key"][:-1])
@@ -764,7 +770,8 @@ def _exits(iv: np.ndarray) -> np.ndarray:
         & (v["start"][1:] == v["end"][:-1])
     )
     sel = after_vm & (v["state"] == ST_VMM)
-    return np.stack([v["key"][sel], v["start"][sel], v["end"][sel]], axis=1).astype(np.uint64)
+    return np.stack([v["key"][sel], v["start"][sel], v["end"][sel], v["pcpu"][sel].astype(np.int64)],
+                    axis=1).astype(np.uint64)  # fmt: skip
 
 
 # -- vmpt's bundles.xml ------------------------------------------------------------------
@@ -865,6 +872,8 @@ def analyze_perf(data) -> VmAnalysis:
     conv = tsc_conversion_of(data)
     result.tsc_conversion = conv
     if conv is not None:
+        _exit_reasons(data, result, conv)
+    if conv is not None:
         sb = sideband_of(data)
         v = result.rows("vcpu")
         v = v[v["state"] == ST_VM]
@@ -876,3 +885,76 @@ def analyze_perf(data) -> VmAnalysis:
                 pid = sb.pid_of(tid)
                 result.names[("vcpu", int(key))] = f"{sb.comm_of(tid, t)} (tid {tid}, pid {pid})"
     return result
+
+
+_FIELD = re.compile(r"field:[^;]*\b(\w+);\s*offset:(\d+);\s*size:(\d+);")
+_VMX_TABLE = re.compile(r"REC->exit_reason\s*&\s*0xffff,(.*?)\)\s*:", re.S)
+_PAIR = re.compile(r"\{\s*(-?(?:0x)?[0-9a-fA-F]+)\s*(?:\+\s*(\d+))?\s*,\s*\"([^\"]+)\"\s*\}")
+
+
+def _exit_reasons(data, result: VmAnalysis, conv) -> None:
+    """Each exit's reason from ``kvm:kvm_exit`` samples, when recorded
+    (``perf record -e intel_pt// -e kvm:kvm_exit -a``): the sample on the
+    exit's pCPU nearest after the exit began, within the exit; the names
+    from the VMX table in the event's format (TRACING_DATA)."""
+    from ..filter.errors import FilterError
+    from ..filter.ftrace_raw import parse_tracing_data
+    from ..perf.features import Feature
+
+    raw = data.raw_features.get(int(Feature.TRACING_DATA))
+    if raw is None:
+        return
+    try:
+        formats = parse_tracing_data(raw).formats
+    except FilterError:
+        result.problems.append(f"{data.path}: TRACING_DATA cannot be read: no exit reasons")
+        return
+    found = [
+        (i, text)
+        for i, (system, name, text) in formats.items()
+        if (system, name) == ("kvm", "kvm_exit")
+    ]
+    if not found:
+        return
+    event_id, text = found[0]
+    fields = {m[1]: (int(m[2]), int(m[3])) for m in _FIELD.finditer(text)}
+    if "exit_reason" not in fields:
+        return
+    table = _VMX_TABLE.search(text)
+    if table:
+        for m in _PAIR.finditer(table.group(1)):
+            result.reason_names[int(m[1], 0) + int(m[2] or 0)] = m[3]
+    attrs = [
+        k for k, ea in enumerate(data.attrs) if ea.attr.type == 2 and ea.attr.config == event_id
+    ]
+    if not attrs:
+        return
+    smp = data.samples(attrs[0])
+    if not len(smp) or "raw_offset" not in smp.columns:
+        return
+    rec = data.records["offset"][smp.record].astype(np.int64)
+    at = rec + smp["raw_offset"].astype(np.int64) + fields["exit_reason"][0]
+    buf = data.buf
+    reason = (buf[at].astype(np.int64) | buf[at + 1].astype(np.int64) << 8
+              | buf[at + 2].astype(np.int64) << 16 | buf[at + 3].astype(np.int64) << 24)  # fmt: skip
+    times, cpus = smp["time"].astype(np.int64), smp["cpu"].astype(np.int64)
+    ex = result.exits
+    out = np.full(ex.shape[0], -1, np.int64)
+    if ex.shape[0]:
+        start = np.asarray(conv.to_ns(ex[:, 1]), np.int64)
+        end = np.asarray(conv.to_ns(ex[:, 2]), np.int64)
+        pcpu = ex[:, 3].astype(np.int64)
+        for c in np.unique(pcpu).tolist():
+            mine = np.flatnonzero(cpus == c)
+            order = mine[np.argsort(times[mine], kind="stable")]
+            st = times[order]
+            rows = np.flatnonzero(pcpu == c)
+            # The tracepoint runs in the host right after the exit: the
+            # first sample at or after the exit's start (within a time
+            # resolution before it), and before its end.
+            slack = int(conv.to_ns(result.resolution or 0)) - int(conv.to_ns(0))
+            j = np.searchsorted(st, start[rows] - slack, side="left")
+            ok = j < st.shape[0]
+            ok[ok] &= st[j[ok]] <= end[rows][ok]
+            out[rows[ok]] = reason[order[j[ok]]] & 0xFFFF
+    result.exit_reasons = out

@@ -202,12 +202,23 @@ def _summary(r, hz: float, top: int, window: int) -> None:
                 out.write(
                     f"  {_fmt(int(lo), hz):>16} - {_fmt(int(hi), hz):<16} {c:8,} {'#' * int(40 * c / hist.max())}\n"
                 )
+        reasons = r.exit_reasons
+
+        def reason(j: int) -> str:
+            if reasons is None or reasons[j] < 0:
+                return ""
+            return " " + r.reason_names.get(int(reasons[j]), f"reason {int(reasons[j])}")
+
+        if reasons is not None and (reasons >= 0).any():
+            codes, counts = np.unique(reasons[reasons >= 0], return_counts=True)
+            parts = [f"{r.reason_names.get(int(c), int(c))} {int(n):,}" for c, n in
+                     sorted(zip(codes, counts, strict=True), key=lambda x: -x[1])]  # fmt: skip
+            out.write("exit reasons (kvm:kvm_exit): " + ", ".join(parts) + "\n")
         order = np.argsort(-ticks)[:top]
         out.write(f"longest {len(order)} exits:\n")
         for j in order:
-            out.write(
-                f"  vCPU {int(exits[j, 0]):#x} at {int(exits[j, 1]):,}: {_fmt(int(ticks[j]), hz)}\n"
-            )
+            out.write(f"  vCPU {int(exits[j, 0]):#x} at {int(exits[j, 1]):,}: "
+                      f"{_fmt(int(ticks[j]), hz)}{reason(int(j))}\n")  # fmt: skip
     window = window or max(1, span // 100)
     cont = r.contention(window)
     if any(c.any() for c in cont.values()):

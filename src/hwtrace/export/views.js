@@ -560,8 +560,8 @@
       timegraph(p, g.rows, Object.assign({ used }, opts));
     }).concat([(p) => {
       h("h2", {}, p, "Longest VM exits");
-      table(p, [{ name: "vCPU", left: true }, { name: "at" }, { name: "VMM time" }],
-        d.exits.map((r) => [r[0], amount(r[1] - d.start, d.unit), amount(r[2], d.unit)]));
+      table(p, [{ name: "vCPU", left: true }, { name: "at" }, { name: "VMM time" }, { name: "reason", left: true }],
+        d.exits.map((r) => [r[0], amount(r[1] - d.start, d.unit), amount(r[2], d.unit), r[3] || ""]));
     }]));
   }
 

@@ -73,7 +73,16 @@ def vm_page(result: VmAnalysis, title: str, subtitle: str = "", *, tsc_hz: float
         else np.zeros(0, np.int64)
     )
     order = np.argsort(-dur)[:top]
-    exits = [[f"{int(ex[j, 0]):#x}", t(ex[j, 1]), float(dur[j]) * scale] for j in order]
+    reasons = result.exit_reasons
+
+    def reason(j: int) -> str:
+        if reasons is None or reasons[j] < 0:
+            return ""
+        return result.reason_names.get(int(reasons[j]), str(int(reasons[j])))
+
+    exits = [
+        [f"{int(ex[j, 0]):#x}", t(ex[j, 1]), float(dur[j]) * scale, reason(int(j))] for j in order
+    ]
     vcpus = len({int(k) for k in result.rows("vcpu")["key"]})
     procs = result.rows("process")
     facts = [
