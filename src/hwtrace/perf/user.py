@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 AUXTRACE_INTEL_PT = 1  # enum auxtrace_type: UNKNOWN, INTEL_PT, INTEL_BTS, CS_ETM, ARM_SPE, ...
+AUXTRACE_INTEL_BTS = 2
 AUXTRACE_HEADER_SIZE = 48
 
 
@@ -370,6 +371,12 @@ def parse_user_record(buf, offset: int, rtype: int, size: int) -> object:
 def pack_simple(rtype: int) -> bytes:
     """A header-only record (FINISHED_ROUND, FINISHED_INIT)."""
     return _hdr(rtype, 8)
+
+
+def pack_auxtrace_info_raw(kind: int, priv: tuple[int, ...]) -> bytes:
+    """AUXTRACE_INFO of any AUX tracer: its type and private words."""
+    body = struct.pack("<II", kind, 0) + struct.pack(f"<{len(priv)}Q", *priv)
+    return _hdr(RecordType.AUXTRACE_INFO, 8 + len(body)) + body
 
 
 def pack_auxtrace_info(info: IntelPtInfo) -> bytes:

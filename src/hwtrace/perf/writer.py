@@ -37,10 +37,12 @@ from .attr import PerfEventAttr
 from .features import EventDesc, Feature, pack_feature
 from .records import Body, RecordType, SampleId, SampleType, pack_record
 from .user import (
+    AUXTRACE_INTEL_BTS,
     IntelPtInfo,
     TimeConv,
     pack_auxtrace,
     pack_auxtrace_info,
+    pack_auxtrace_info_raw,
     pack_id_index,
     pack_simple,
     pack_thread_map,
@@ -216,6 +218,47 @@ class PerfDataWriter:
             ),
         ]
         return self._pt_attr
+
+    def set_intel_bts(
+        self,
+        *,
+        pmu_type: int = 9,
+        sample_type: int = SampleType.IP | SampleType.TID | SampleType.TIME | SampleType.IDENTIFIER,
+        time_shift: int = 0,
+        time_mult: int = 1,
+        time_zero: int = 0,
+        cap_user_time_zero: bool = True,
+        snapshot_mode: bool = False,
+        exclude_kernel: bool = True,
+    ) -> int:
+        """Add the ``intel_bts`` event and write its AUXTRACE_INFO (type 2,
+        perf's tools/perf/util/intel-bts.h private words: PMU type, TSC
+        conversion, snapshot mode) and TIME_CONV.  Returns the event's
+        index; its AUX data (:meth:`add_auxtrace`) is 24-byte BTS records."""
+        if getattr(self, "_pt_records", None):
+            raise ValueError("an AUX tracer is already set")
+        attr = PerfEventAttr(
+            type=pmu_type, config=0, sample_period=1, sample_type=int(sample_type),
+            sample_id_all=1, exclude_kernel=int(exclude_kernel), exclude_hv=1,
+            mmap=1, comm=1, task=1, comm_exec=1, disabled=1, enable_on_exec=1,
+        )  # fmt: skip
+        self.pmu_mappings["intel_bts"] = pmu_type
+        index = self.add_attr(attr, name="intel_bts//u" if exclude_kernel else "intel_bts//")
+        priv = (
+            pmu_type,
+            time_shift,
+            time_mult,
+            time_zero,
+            int(cap_user_time_zero),
+            int(snapshot_mode),
+        )
+        self._pt_records = [
+            pack_auxtrace_info_raw(AUXTRACE_INTEL_BTS, priv),
+            pack_time_conv(
+                TimeConv(time_shift, time_mult, time_zero, 0, 0, int(cap_user_time_zero), 0)
+            ),
+        ]
+        return index
 
     def set_feature(self, feature: int, value: Any) -> None:
         """Set a feature section (a value :func:`~.features.pack_feature` packs, or bytes)."""

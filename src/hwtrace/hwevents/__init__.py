@@ -1,0 +1,2 @@
+"""Software events carried by hardware trace channels (PTWRITE, STM/STP,
+CoreSight, BTS): their formats, encoders and decoders."""
