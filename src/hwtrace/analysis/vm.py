@@ -46,10 +46,10 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from ..pt import _kernels as PK
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
-from ..pt.packets import PacketTable, as_buffer, map_file, packet_errata, psb_chunks, release
+from ..pt.packets import as_buffer, map_file, packet_errata, psb_chunks, release
+from ..pt.select import decode_selected, kind_mask
 from ..pt.timing import estimate_time, new_time_state
 
 __all__ = [
@@ -157,80 +157,8 @@ def _select(
     return n, in_psb, no_time
 
 
-@njit(cache=True)
-def _scan(buf, start, end, errata, keep, off, kind, a, b, c, e_off, e_code, e_idx):
-    """The packets of ``buf[start:end]`` whose kind ``keep`` marks, as
-    columns, skipping the others (TNT and PAD without a call); a decode
-    error is recorded and decoding goes on at the next PSB.  Returns (rows,
-    errors), or (-1, 0) when the columns are too small."""
-    decode_packet, sync_forward = PK.decode_packet, PK.sync_forward
-    pos = start
-    n = 0
-    ne = 0
-    in_block = PK.BLOCK_NONE
-    while pos < end:
-        b0 = buf[pos]
-        if in_block == PK.BLOCK_NONE and (b0 == 0 or ((b0 & 1) == 0 and b0 > 2)):
-            pos += 1  # PAD, TNT-8
-            continue
-        size, k, pa, pb, pc = decode_packet(buf, pos, end, in_block, errata)
-        if size <= 0:
-            if ne < e_off.shape[0]:
-                e_off[ne] = pos
-                e_code[ne] = -k
-                e_idx[ne] = n
-            ne += 1
-            nxt = sync_forward(buf, pos + 1, start, end)
-            if nxt < 0:
-                break
-            pos = nxt
-            in_block = PK.BLOCK_NONE
-            continue
-        if keep[k]:
-            if n >= off.shape[0]:
-                return -1, 0
-            off[n] = pos
-            kind[n] = k
-            a[n] = pa
-            b[n] = np.uint32(pb)
-            c[n] = np.uint8(pc)
-            n += 1
-        if k == PK.BBP:
-            in_block = PK.BLOCK_SZ4 if pb == PK.BBP_SZ4 else PK.BLOCK_SZ8
-        elif k == PK.BEP or k == PK.PSB or k == PK.OVF:
-            in_block = PK.BLOCK_NONE
-        pos += size
-    return n, ne
-
-
 # What the analysis reads: its events and what the time model needs.
-_KEEP = np.zeros(256, np.bool_)
-for _k in (Kind.PSB, Kind.PSBEND, Kind.PIP, Kind.VMCS, Kind.OVF, Kind.TSC, Kind.TMA, Kind.MTC,
-           Kind.CYC, Kind.CBR):  # fmt: skip
-    _KEEP[int(_k)] = True
-
-
-def _scan_table(buf: np.ndarray, start: int, end: int, errata: int) -> tuple[PacketTable, int]:
-    """The kept packets of a range as a table (for the time model), and how
-    many bytes it covered."""
-    cap = max(64, (end - start) // 16)
-    while True:
-        cols = (np.zeros(cap, np.int64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
-                np.zeros(cap, np.uint32), np.zeros(cap, np.uint8))  # fmt: skip
-        errs = (np.zeros(256, np.int64), np.zeros(256, np.int8), np.zeros(256, np.int64))
-        n, ne = _scan(buf, start, end, errata, _KEEP, *cols, *errs)
-        if n >= 0 and ne <= 256:
-            break
-        cap = (end - start) // 2 + 64 if n < 0 else cap
-        if ne > 256:
-            errs = tuple(np.zeros(ne, e.dtype) for e in errs)
-            n, ne = _scan(buf, start, end, errata, _KEEP, *cols, *errs)
-            if n >= 0:
-                break
-    off, kind, a, b, c = (x[:n] for x in cols)
-    table = PacketTable(off, kind, np.zeros(n, np.uint8), a, b, c,
-                        err_offset=errs[0][:ne], err_code=errs[1][:ne], err_index=errs[2][:ne])  # fmt: skip
-    return table, end - start
+_KEEP = kind_mask((Kind.PIP, Kind.VMCS))
 
 
 def stream_events(
@@ -248,7 +176,7 @@ def stream_events(
     overflows = errors = packets = no_time = 0
     errata = packet_errata(config)
     for start, end in psb_chunks(buf, chunk_bytes):
-        table, _ = _scan_table(buf, start, end, errata)
+        table = decode_selected(buf, start, end, _KEEP, errata)
         times = estimate_time(table, config, state=tstate)
         n = len(table)
         packets += n

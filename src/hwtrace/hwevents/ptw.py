@@ -1,0 +1,299 @@
+"""Typed software events carried in Intel PT by PTWRITE packets.
+
+An event is a few 64-bit words written with ``ptwrite``, each one a PTW
+packet in the trace: a header word, then the payload words.  The header
+says which event type and how many words follow, and carries a marker so
+a decoder that lost its place (an overflow, a damaged stream) finds the
+next event::
+
+    header = MARK << 40 | nwords << 32 | type id     (MARK = 0x485458, "HTX")
+
+With PT's ``fup_on_ptw`` a FUP after the header's PTW gives the call
+site's IP.  Time is PT's: the time model's time at the header's packet
+(TSC, TMA, MTC, CYC); a software channel writing the same packets puts a
+TSC packet before each event, so its times are exact.
+
+Types are declared once (:class:`EventSchema`: an id, a name, the payload
+field names), in Python or JSON; :meth:`EventSchema.c_header` writes the C
+header a program includes to emit them.
+
+:func:`encode_events` writes events as the packets hardware (or the
+software channel) would; :func:`decode_events` reads any PT stream back
+to typed events (compiled: the packet scan, the time model and the event
+assembly run in numba), with a count of the events lost to damage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from ..pt.config import PtConfig
+from ..pt.kinds import Kind
+from ..pt.packets import as_buffer, encode_table, map_file, packet_errata, psb_chunks
+from ..pt.select import decode_selected, kind_mask
+from ..pt.timing import estimate_time, new_time_state
+
+__all__ = [
+    "MARK",
+    "MAX_WORDS",
+    "EventSchema",
+    "EventType",
+    "PtwEvents",
+    "decode_events",
+    "encode_events",
+]
+
+MARK = 0x485458
+MAX_WORDS = 8
+
+
+@dataclass(frozen=True)
+class EventType:
+    id: int
+    name: str
+    fields: tuple[str, ...] = ()
+
+
+@dataclass
+class EventSchema:
+    """Event types by id (``types``)."""
+
+    types: dict[int, EventType] = field(default_factory=dict)
+
+    def add(self, id: int, name: str, fields: tuple[str, ...] | list[str] = ()) -> EventType:
+        if not 0 <= id < 1 << 32:
+            raise ValueError(f"event {name}: id {id} is not a 32-bit number")
+        if len(fields) > MAX_WORDS:
+            raise ValueError(f"event {name}: {len(fields)} fields, at most {MAX_WORDS}")
+        if id in self.types:
+            raise ValueError(f"event {name}: id {id} is already {self.types[id].name}")
+        t = EventType(id, name, tuple(fields))
+        self.types[id] = t
+        return t
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> EventSchema:
+        """From JSON: ``{"events": [{"id": 1, "name": "x", "fields": ["a"]}, ...]}``."""
+        try:
+            doc = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {e.lineno} column {e.colno}: {e.msg}") from None
+        schema = cls()
+        for k, ev in enumerate(doc.get("events", [])):
+            try:
+                schema.add(int(ev["id"]), str(ev["name"]), [str(f) for f in ev.get("fields", [])])
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{path}: event {k}: missing or bad {e}") from None
+        return schema
+
+    def c_header(self, guard: str = "HWTRACE_EVENTS_H") -> str:
+        """A C header with an inline function per event type that writes it
+        with ``ptwrite`` (the CPU must have it: CPUID leaf 0x14)."""
+        lines = [
+            f"#ifndef {guard}", f"#define {guard}", "/* hwtrace events: written with PTWRITE. */",
+            "#include <stdint.h>", "",
+            "static inline void hwtrace_ptwrite(uint64_t v)",
+            "{", '\t__asm__ volatile("ptwrite %0" : : "r"(v) : "memory");', "}", "",
+        ]  # fmt: skip
+        for t in self.types.values():
+            args = ", ".join(f"uint64_t {f}" for f in t.fields) or "void"
+            header = (MARK << 40) | (len(t.fields) << 32) | t.id
+            lines += [f"static inline void hwtrace_{t.name}({args})", "{",
+                      f"\thwtrace_ptwrite({header:#x}ULL);"]  # fmt: skip
+            lines += [f"\thwtrace_ptwrite({f});" for f in t.fields]
+            lines += ["}", ""]
+        lines += [f"#endif /* {guard} */", ""]
+        return "\n".join(lines)
+
+
+def header_word(type_id: int, nwords: int) -> int:
+    return (MARK << 40) | (nwords << 32) | type_id
+
+
+def encode_events(
+    type_ids: np.ndarray,
+    words: np.ndarray,
+    nwords: np.ndarray,
+    times: np.ndarray,
+    ips: np.ndarray | None = None,
+    *,
+    psb_every: int = 64,
+) -> bytes:
+    """The PT of events ``k``: a TSC packet with ``times[k]``, the header's
+    PTW (with a FUP of ``ips[k]`` when given), ``nwords[k]`` PTW of
+    ``words[k]``; a PSB+ (with TSC) first and every ``psb_every`` events."""
+    n = type_ids.shape[0]
+    kinds, a_col, b_col, c_col = [], [], [], []
+
+    def put(k, a, b=0, c=0) -> None:
+        kinds.append(int(k))
+        a_col.append(int(a))
+        b_col.append(int(b))
+        c_col.append(int(c))
+
+    for k in range(n):
+        t = int(times[k])
+        if k % psb_every == 0:
+            put(Kind.PSB, 0)
+            put(Kind.TSC, t)
+            put(Kind.PSBEND, 0)
+        else:
+            put(Kind.TSC, t)
+        has_ip = ips is not None
+        put(Kind.PTW, header_word(int(type_ids[k]), int(nwords[k])), 1, 1 if has_ip else 0)
+        if has_ip:
+            put(Kind.FUP, int(ips[k]), 6)
+        for j in range(int(nwords[k])):
+            put(Kind.PTW, int(words[k, j]), 1, 0)
+    return encode_table(np.array(kinds, np.uint8), np.array(a_col, np.uint64),
+                        np.array(b_col, np.uint32), np.array(c_col, np.uint8))  # fmt: skip
+
+
+@dataclass
+class PtwEvents:
+    """Decoded events: ``time`` (TSC), ``type_id``, ``ip`` (0: none),
+    ``nwords``, ``words`` (rows of MAX_WORDS), the trace ``offset`` of each
+    header; ``lost``: events cut by damage or overflow; ``stray``: PTW
+    words outside any event."""
+
+    time: np.ndarray
+    type_id: np.ndarray
+    ip: np.ndarray
+    nwords: np.ndarray
+    words: np.ndarray
+    offset: np.ndarray
+    lost: int = 0
+    stray: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.time.shape[0])
+
+    def json_lines(self, schema: EventSchema | None = None) -> list[str]:
+        """One JSON object per event: time, name (or id), ip, fields."""
+        out = []
+        for k in range(len(self)):
+            tid = int(self.type_id[k])
+            t = schema.types.get(tid) if schema else None
+            names = (
+                t.fields if t is not None else tuple(f"w{j}" for j in range(int(self.nwords[k])))
+            )
+            row = {"time": int(self.time[k]), "event": t.name if t else tid}
+            if self.ip[k]:
+                row["ip"] = f"{int(self.ip[k]):#x}"
+            row["fields"] = {
+                nm: int(self.words[k, j]) for j, nm in enumerate(names[: int(self.nwords[k])])
+            }
+            out.append(json.dumps(row))
+        return out
+
+
+_KEEP = kind_mask((Kind.PTW, Kind.FUP))
+_PTW, _FUP, _OVF, _PSB = int(Kind.PTW), int(Kind.FUP), int(Kind.OVF), int(Kind.PSB)
+
+
+@njit(cache=True)
+def _assemble(
+    kind, a, b, c, tsc, offset, err_rows, out_t, out_id, out_ip, out_n, out_w, out_off, counts
+):
+    """PTW rows to events; returns the events written."""
+    n = 0
+    want = -1  # payload words still expected (-1: a header is expected)
+    got = 0
+    cur = -1
+    e = 0
+    pending_ip = False
+    for i in range(kind.shape[0]):
+        while e < err_rows.shape[0] and err_rows[e] <= i:
+            if want > 0:
+                counts[0] += 1  # the event in progress is lost
+                n = cur
+            want = -1
+            pending_ip = False
+            e += 1
+        k = kind[i]
+        if k == _OVF:
+            if want > 0:
+                counts[0] += 1
+                n = cur
+            want = -1
+            pending_ip = False
+            continue
+        if k == _FUP:
+            if pending_ip and cur >= 0:
+                out_ip[cur] = a[i]
+            pending_ip = False
+            continue
+        if k != _PTW:
+            continue
+        v = a[i]
+        if want > 0:
+            out_w[cur, got] = v
+            got += 1
+            want -= 1
+            continue
+        if (v >> np.uint64(40)) == np.uint64(MARK):
+            nw = int((v >> np.uint64(32)) & np.uint64(0xFF))
+            if nw > MAX_WORDS:
+                counts[1] += 1
+                continue
+            if n >= out_t.shape[0]:
+                return -1
+            cur = n
+            out_t[cur] = tsc[i]
+            out_id[cur] = v & np.uint64(0xFFFFFFFF)
+            out_ip[cur] = 0
+            out_n[cur] = nw
+            out_off[cur] = offset[i]
+            for j in range(MAX_WORDS):
+                out_w[cur, j] = 0
+            n += 1
+            want = nw
+            got = 0
+            pending_ip = c[i] != 0
+        else:
+            counts[1] += 1  # a word outside any event
+    if want > 0:
+        counts[0] += 1
+        n = cur
+    return n
+
+
+def decode_events(data, config: PtConfig | None = None, *, chunk_bytes: int = 4 << 20) -> PtwEvents:
+    """The PTWRITE events of a PT stream (bytes, a buffer or a path)."""
+    config = config or PtConfig()
+    buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
+    tstate = new_time_state()
+    errata = packet_errata(config)
+    parts = []
+    lost = stray = 0
+    problems: list[str] = []
+    for start, end in psb_chunks(buf, chunk_bytes):
+        table = decode_selected(buf, start, end, _KEEP, errata)
+        for off, code in zip(table.err_offset.tolist(), table.err_code.tolist(), strict=True):
+            problems.append(f"offset {off:#x}: decode error {code}: resynchronised at the next PSB")
+        times = estimate_time(table, config, state=tstate)
+        cap = int(np.count_nonzero(table.kind == _PTW)) + 1
+        cols = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint32), np.zeros(cap, np.uint64),
+                np.zeros(cap, np.int64), np.zeros((cap, MAX_WORDS), np.uint64), np.zeros(cap, np.int64))  # fmt: skip
+        counts = np.zeros(2, np.int64)
+        rows = _assemble(table.kind, table.a, table.b, table.c, times.tsc, table.offset,
+                         table.err_index.astype(np.int64), *cols, counts)  # fmt: skip
+        lost += int(counts[0])
+        stray += int(counts[1])
+        parts.append(tuple(x[:rows] for x in cols))
+    if not parts:
+        problems.append("no PSB: the stream never synchronises")
+        empty = (np.zeros(0, np.uint64), np.zeros(0, np.uint32), np.zeros(0, np.uint64),
+                 np.zeros(0, np.int64), np.zeros((0, MAX_WORDS), np.uint64), np.zeros(0, np.int64))  # fmt: skip
+        parts = [empty]
+    t, i, ip, nw, w, off = (np.concatenate([p[j] for p in parts]) for j in range(6))
+    if lost:
+        problems.append(f"{lost} events cut by an overflow or damage")
+    return PtwEvents(t, i, ip, nw, w, off, lost, stray, problems)

@@ -1,0 +1,101 @@
+"""Decoding only some kinds of packets: a scan of the stream that puts the
+packets of the chosen kinds into columns and skips the others (TNT-8 and
+PAD without a call), for analyses that read a few kinds (VM analysis:
+PIP, VMCS and timing; software events: PTW, FUP and timing) faster than
+a full decode.  Packets, offsets and errors are the packet decoder's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from numba import njit
+
+from . import _kernels as PK
+from .kinds import Kind
+from .packets import PacketTable
+
+__all__ = ["TIMING_KINDS", "decode_selected", "kind_mask"]
+
+# What the time model needs.
+TIMING_KINDS = (Kind.PSB, Kind.PSBEND, Kind.OVF, Kind.TSC, Kind.TMA, Kind.MTC, Kind.CYC, Kind.CBR)
+
+
+def kind_mask(kinds: Iterable[int]) -> np.ndarray:
+    """A mask for :func:`decode_selected` (the timing kinds always in)."""
+    keep = np.zeros(256, np.bool_)
+    for k in (*TIMING_KINDS, *kinds):
+        keep[int(k)] = True
+    return keep
+
+
+@njit(cache=True)
+def _scan(buf, start, end, errata, keep, off, kind, a, b, c, e_off, e_code, e_idx):
+    """The packets of ``buf[start:end]`` whose kind ``keep`` marks, as
+    columns, skipping the others (TNT and PAD without a call); a decode
+    error is recorded and decoding goes on at the next PSB.  Returns (rows,
+    errors), or (-1, 0) when the columns are too small."""
+    decode_packet, sync_forward = PK.decode_packet, PK.sync_forward
+    pos = start
+    n = 0
+    ne = 0
+    in_block = PK.BLOCK_NONE
+    while pos < end:
+        b0 = buf[pos]
+        if in_block == PK.BLOCK_NONE and (b0 == 0 or ((b0 & 1) == 0 and b0 > 2)):
+            pos += 1  # PAD, TNT-8
+            continue
+        size, k, pa, pb, pc = decode_packet(buf, pos, end, in_block, errata)
+        if size <= 0:
+            if ne < e_off.shape[0]:
+                e_off[ne] = pos
+                e_code[ne] = -k
+                e_idx[ne] = n
+            ne += 1
+            nxt = sync_forward(buf, pos + 1, start, end)
+            if nxt < 0:
+                break
+            pos = nxt
+            in_block = PK.BLOCK_NONE
+            continue
+        if keep[k]:
+            if n >= off.shape[0]:
+                return -1, 0
+            off[n] = pos
+            kind[n] = k
+            a[n] = pa
+            b[n] = np.uint32(pb)
+            c[n] = np.uint8(pc)
+            n += 1
+        if k == PK.BBP:
+            in_block = PK.BLOCK_SZ4 if pb == PK.BBP_SZ4 else PK.BLOCK_SZ8
+        elif k == PK.BEP or k == PK.PSB or k == PK.OVF:
+            in_block = PK.BLOCK_NONE
+        pos += size
+    return n, ne
+
+
+def decode_selected(
+    buf: np.ndarray, start: int, end: int, keep: np.ndarray, errata: int = 0
+) -> PacketTable:
+    """The packets of ``buf[start:end]`` whose kinds ``keep`` marks
+    (:func:`kind_mask`), as a table; decode errors recorded, decoding
+    going on at the next PSB."""
+    cap = max(64, (end - start) // 16)
+    while True:
+        cols = (np.zeros(cap, np.int64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
+                np.zeros(cap, np.uint32), np.zeros(cap, np.uint8))  # fmt: skip
+        errs = (np.zeros(256, np.int64), np.zeros(256, np.int8), np.zeros(256, np.int64))
+        n, ne = _scan(buf, start, end, errata, keep, *cols, *errs)
+        if n >= 0 and ne <= 256:
+            break
+        cap = (end - start) // 2 + 64 if n < 0 else cap
+        if ne > 256:
+            errs = tuple(np.zeros(ne, e.dtype) for e in errs)
+            n, ne = _scan(buf, start, end, errata, keep, *cols, *errs)
+            if n >= 0:
+                break
+    off, kind, a, b, c = (x[:n] for x in cols)
+    table = PacketTable(off, kind, np.zeros(n, np.uint8), a, b, c,
+                        err_offset=errs[0][:ne], err_code=errs[1][:ne], err_index=errs[2][:ne])  # fmt: skip
+    return table

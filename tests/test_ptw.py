@@ -1,0 +1,132 @@
+"""Typed software events in Intel PT's PTW packets (``hwtrace.hwevents.ptw``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwtrace.hwevents.ptw import (
+    MARK,
+    MAX_WORDS,
+    EventSchema,
+    decode_events,
+    encode_events,
+    header_word,
+)
+
+u64 = st.integers(0, (1 << 64) - 1)
+event = st.tuples(
+    st.integers(0, (1 << 32) - 1), st.lists(u64, max_size=MAX_WORDS), st.integers(1, 5000)
+)
+
+
+def _columns(events):
+    n = len(events)
+    ids = np.array([e[0] for e in events], np.uint64)
+    nw = np.array([len(e[1]) for e in events], np.int64)
+    words = np.zeros((n, MAX_WORDS), np.uint64)
+    for k, e in enumerate(events):
+        words[k, : len(e[1])] = e[1]
+    times = (
+        10_000 + np.cumsum([e[2] for e in events]).astype(np.int64) if n else np.zeros(0, np.int64)
+    )
+    return ids, nw, words, times
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(event, min_size=1, max_size=40), st.booleans(), st.integers(1, 10))
+def test_events_round_trip(events, with_ip, psb_every):
+    ids, nw, words, times = _columns(events)
+    ips = 0x7F0000000000 + np.arange(len(events), dtype=np.int64) * 8 if with_ip else None
+    got = decode_events(encode_events(ids, words, nw, times, ips, psb_every=psb_every))
+    assert len(got) == len(events) and got.lost == 0 and got.stray == 0
+    assert np.array_equal(got.type_id, ids) and np.array_equal(got.nwords, nw)
+    assert np.array_equal(got.time.astype(np.int64), times)
+    assert np.array_equal(got.words, words)
+    assert np.array_equal(got.ip, ips if with_ip else np.zeros(len(events)))
+
+
+def test_libipt_reads_the_ptw_packets(tmp_path):
+    """Intel's packet decoder reads the stream with no error and finds every
+    word written, in order: headers and payloads."""
+    import libipt_oracle as oracle
+
+    if oracle.skip_reason is not None:
+        pytest.skip(oracle.skip_reason)
+    rng = np.random.default_rng(4)
+    n = 300
+    ids = rng.integers(0, 1 << 32, n).astype(np.uint64)
+    nw = rng.integers(0, MAX_WORDS + 1, n)
+    words = rng.integers(0, 1 << 63, (n, MAX_WORDS)).astype(np.uint64)
+    times = 5_000 + np.cumsum(rng.integers(1, 900, n))
+    path = tmp_path / "ptw.pt"
+    path.write_bytes(encode_events(ids, words, nw, times, ips=0x401000 + np.arange(n) * 4))
+    rows = oracle.dump(path)
+    assert not [r for r in rows if r["type"] == "error"]
+    theirs = [r["payload"] for r in rows if r["type"] == "ptw"]
+    mine = []
+    for k in range(n):
+        mine.append(header_word(int(ids[k]), int(nw[k])))
+        mine += [int(w) for w in words[k, : nw[k]]]
+    assert theirs == mine
+    assert len([r for r in rows if r["type"] == "fup"]) == n
+
+
+def test_damage_loses_only_what_it_cuts():
+    """An overflow inside an event loses that event; a stray word is
+    counted; a stream with no PSB says so."""
+    from hwtrace.pt.kinds import Kind
+    from hwtrace.pt.packets import decode, encode_table
+
+    ids = np.array([1, 2, 3], np.uint64)
+    nw = np.array([2, 2, 2])
+    words = np.arange(3 * MAX_WORDS, dtype=np.uint64).reshape(3, MAX_WORDS)
+    data = encode_events(ids, words, nw, np.array([100, 200, 300]), psb_every=1)
+    t = decode(data)
+    k, a, b, c = t.kind.copy(), t.a.copy(), t.b.copy(), t.c.copy()
+    second = np.flatnonzero((k == Kind.PTW) & (a == header_word(2, 2)))[0]
+    k[second + 1] = Kind.OVF  # the second event's first payload word: gone
+    got = decode_events(encode_table(k, a, b, c))
+    assert got.type_id.tolist() == [1, 3] and got.lost == 1 and got.stray == 1
+    assert any("cut by an overflow" in p for p in got.problems)
+    assert decode_events(b"\x00" * 64).problems == ["no PSB: the stream never synchronises"]
+    assert (MARK >> 16) == 0x48
+
+
+def test_schema_json_and_c_header(tmp_path):
+    schema_file = tmp_path / "events.json"
+    schema_file.write_text(json.dumps({"events": [{"id": 1, "name": "request", "fields": ["size", "us"]},
+                                                   {"id": 2, "name": "tick"}]}))  # fmt: skip
+    schema = EventSchema.load(schema_file)
+    got = decode_events(encode_events(np.array([1, 2]), np.array([[5, 6] + [0] * 6, [0] * 8], np.uint64),
+                                      np.array([2, 0]), np.array([10, 20])))  # fmt: skip
+    assert [json.loads(x) for x in got.json_lines(schema)] == [
+        {"time": 10, "event": "request", "fields": {"size": 5, "us": 6}},
+        {"time": 20, "event": "tick", "fields": {}},
+    ]
+    (tmp_path / "bad.json").write_text('{"events": [}')
+    with pytest.raises(ValueError, match="line 1 column"):
+        EventSchema.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="already request"):
+        schema.add(1, "again")
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    header = tmp_path / "events.h"
+    header.write_text(schema.c_header())
+    (tmp_path / "use.c").write_text(
+        '#include "events.h"\nvoid f(void) { hwtrace_request(1, 2); hwtrace_tick(); }\n'
+    )
+    subprocess.run(
+        [gcc, "-c", "-O2", "-o", str(tmp_path / "use.o"), str(tmp_path / "use.c")], check=True
+    )
+    dis = subprocess.run(
+        ["objdump", "-d", str(tmp_path / "use.o")], capture_output=True, text=True
+    ).stdout
+    assert dis.count("ptwrite") == 4  # request: header + 2 words; tick: header
