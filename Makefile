@@ -67,6 +67,9 @@ bench: venv oracles
 	$(BIN)/python bench/bench_filter.py
 	$(BIN)/python bench/bench_lttng.py
 	$(BIN)/python bench/bench_kernel_filter.py
+	$(BIN)/python bench/bench_jitcapture.py
+	$(BIN)/python bench/bench_vm.py
+	$(BIN)/python bench/bench_channel.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out

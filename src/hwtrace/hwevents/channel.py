@@ -71,21 +71,26 @@ class Channel:
     def claimed(self) -> int:
         return min(int(np.frombuffer(self.map, "<u8", 1, 24)[0]), self.areas)
 
-    def drain(self) -> int:
+    def drain(self, sink=None) -> int:
         """Take every handed-over sub-buffer, in order, per thread; returns
-        how many were taken."""
+        how many were taken.  ``sink(tid, view)`` receives each one (a view
+        of the shared memory, valid during the call; e.g. a file's write);
+        by default they are appended to :attr:`streams`."""
         taken = 0
         for k in range(self.claimed):
             area = self._areas[k]
             tid = int(area[4])
-            out = self.streams.setdefault(tid, bytearray())
+            out = self.streams.setdefault(tid, bytearray()) if sink is None else None
             consumed, produced = int(area[1]), int(area[0])
             while consumed < produced:
                 s = consumed % self.nsub
                 if int(self._table[k, s, 1]) != consumed + 1:
                     break  # not committed yet
                 used = int(self._table[k, s, 0])
-                out += self._data[k, s, :used].tobytes()
+                if sink is None:
+                    out += self._data[k, s, :used].data
+                else:
+                    sink(tid, self._data[k, s, :used].data)
                 consumed += 1
                 area[1] = consumed  # give it back
                 taken += 1

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <x86intrin.h>
 
@@ -96,7 +97,7 @@ static inline int hwtrace_claim_(void)
 	hwtrace_area_ = (struct hwtrace_area *)(p + 64 + 64 * k);
 	hwtrace_table_ = (uint64_t *)(p + 64 + 64 * h->areas) + 2 * (uint64_t)h->nsub * k;
 	hwtrace_base_ = p + h->header_size + (uint64_t)h->nsub * h->sub_size * k;
-	hwtrace_area_->tid = (uint64_t)gettid();
+	hwtrace_area_->tid = (uint64_t)syscall(SYS_gettid);
 	return 0;
 }
 
