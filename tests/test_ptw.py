@@ -130,3 +130,66 @@ def test_schema_json_and_c_header(tmp_path):
         ["objdump", "-d", str(tmp_path / "use.o")], capture_output=True, text=True
     ).stdout
     assert dis.count("ptwrite") == 4  # request: header + 2 words; tick: header
+
+
+def _hwtrace(*args: str):
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hwtrace.cli.main", "ptwrite", *args],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+
+def test_perf_data_ctf_and_the_command(tmp_path):
+    """Events in a perf.data's Intel PT (as ``perf record -e intel_pt/ptw/``
+    writes it): decoded per queue, as JSON lines with perf's ns, as CTF
+    that babeltrace2 prints, and by ``hwtrace ptwrite``."""
+    from hwtrace.hwevents.ptw import perf_events, write_ctf
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.records import SampleType
+    from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS as B
+    from hwtrace.perf.writer import PerfDataWriter
+
+    n = 50
+    ids = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.uint64)
+    nw = np.where(ids == 1, 2, 0)
+    words = np.zeros((n, MAX_WORDS), np.uint64)
+    words[:, 0], words[:, 1] = np.arange(n), np.arange(n) * 10
+    times = 1_000 + np.arange(n) * 100
+    data = encode_events(ids, words, nw, times, ips=0x401000 + np.arange(n))
+    path = tmp_path / "ptw.data"
+    with PerfDataWriter(path) as w:
+        w.set_intel_pt(config=B["pt"] | B["tsc"] | B["ptw"], time_mult=1, cap_user_time_zero=True,
+                       sample_type=SampleType.IP | SampleType.TID | SampleType.TIME | SampleType.IDENTIFIER)  # fmt: skip
+        w.add_auxtrace(data, tid=7)
+    per_queue = perf_events(PerfData(str(path)))
+    (ev,) = per_queue.values()
+    assert len(ev) == n and np.array_equal(ev.time.astype(np.int64), times)
+    schema_file = tmp_path / "s.json"
+    schema_file.write_text(json.dumps({"events": [{"id": 1, "name": "request", "fields": ["n", "tenfold"]},
+                                                   {"id": 2, "name": "tick"}]}))  # fmt: skip
+    schema = EventSchema.load(schema_file)
+    assert write_ctf(ev, tmp_path / "ctf", schema) == n
+    bt = shutil.which("babeltrace2")
+    if bt is not None:
+        out = subprocess.run(
+            [bt, str(tmp_path / "ctf")], capture_output=True, text=True, check=True
+        ).stdout
+        lines = out.splitlines()
+        assert len(lines) == n and "request: " in lines[0] and "n = 0, tenfold = 0" in lines[0]
+        assert "tick: " in lines[1] and "ip = 0x401001" in lines[1]
+    got = _hwtrace(
+        "-i", str(path), "--schema", str(schema_file), "--json", str(tmp_path / "e.jsonl")
+    )
+    assert got.returncode == 0, got.stderr
+    rows = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert len(rows) == n and rows[2] == {"time": 1200, "event": "request", "ip": "0x401002",
+                                          "fields": {"n": 2, "tenfold": 20}, "ns": 1200,
+                                          "stream": "cpu -1 tid 7"}  # fmt: skip
+    header = tmp_path / "events.h"
+    assert _hwtrace("--schema", str(schema_file), "--header", str(header)).returncode == 0
+    assert "hwtrace_request(uint64_t n, uint64_t tenfold)" in header.read_text()
+    bad = _hwtrace(str(tmp_path / "missing.pt"))
+    assert (
+        bad.returncode == 1
+        and bad.stderr == f"hwtrace ptwrite: {tmp_path / 'missing.pt'}: no such file\n"
+    )

@@ -24,6 +24,7 @@ commands:
   probe     fast dynamic tracepoints in a running process (counts, events)
   trace     kernel tracepoints filtered in the kernel (eBPF); system call latency
   vm        vCPUs, VM exits and guest processes from a KVM host's Intel PT (HAVAna)
+  ptwrite   typed software events from PTWRITE packets (or the software channel)
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -107,6 +108,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .trace import main as trace_main
 
         return trace_main(rest)
+    if cmd == "ptwrite":
+        from .ptwrite import main as ptwrite_main
+
+        return ptwrite_main(rest)
     if cmd == "vm":
         from .vm import main as vm_main
 
