@@ -76,12 +76,12 @@ STATE_NAMES = ("IDLE", "VM", "VMM", "HOST", "UNKNOWN")
 
 # CR3 bits 11:0 hold the PCID (with CR4.PCIDE); Linux's page-table isolation
 # (KPTI) gives each process a second, user page table 4 KiB further (bit 12).
-CR3_KEY_MASK = ~np.uint64(0x1FFF)
+_CR3_KEY_MASK = np.uint64(0xFFFFFFFFFFFFE000)
 
 
 def normalize_cr3(cr3: int) -> int:
     """A process's key from any of its CR3 values (PCID and KPTI masked)."""
-    return int(cr3) & ~0x1FFF
+    return int(cr3) & int(_CR3_KEY_MASK)
 
 
 @dataclass
@@ -97,9 +97,6 @@ class StreamEvents:
     offset: np.ndarray
     overflows: int = 0
     decode_errors: int = 0
-    packets: int = 0
-    bytes: int = 0
-    no_time: int = 0  # events before the stream's first time stamp
 
 
 _PSB, _PSBEND, _PIP, _VMCS, _OVF = (
@@ -108,14 +105,10 @@ _PSB, _PSBEND, _PIP, _VMCS, _OVF = (
 
 
 @njit(cache=True)
-def _select(
-    kind, a, b, tsc, have_tsc, offset, err_rows, in_psb0, out_t, out_k, out_a, out_b, out_o
-):
-    """The events of one chunk of packets; returns (rows, in PSB+ at the end,
-    events with no time yet)."""
+def _select(kind, a, b, tsc, offset, err_rows, in_psb0, out_t, out_k, out_a, out_b, out_o):
+    """The events of one chunk of packets; returns (rows, in PSB+ at the end)."""
     n = 0
     in_psb = in_psb0
-    no_time = 0
     e = 0
     for i in range(kind.shape[0]):
         while e < err_rows.shape[0] and err_rows[e] <= i:
@@ -146,15 +139,13 @@ def _select(
             in_psb = False
         if ev < 0:
             continue
-        if not have_tsc[i]:
-            no_time += 1
         out_t[n] = tsc[i]
         out_k[n] = ev
         out_a[n] = a[i]
         out_b[n] = b[i]
         out_o[n] = offset[i]
         n += 1
-    return n, in_psb, no_time
+    return n, in_psb
 
 
 # What the analysis reads: its events and what the time model needs.
@@ -173,23 +164,20 @@ def stream_events(
     tstate = new_time_state()
     parts = []
     in_psb = False
-    overflows = errors = packets = no_time = 0
+    overflows = errors = 0
     errata = packet_errata(config)
     for start, end in psb_chunks(buf, chunk_bytes):
         table = decode_selected(buf, start, end, _KEEP, errata)
         times = estimate_time(table, config, state=tstate)
-        n = len(table)
-        packets += n
         overflows += int(np.count_nonzero(table.kind == Kind.OVF))
         errors += int(table.err_code.shape[0])
         cap = int(np.count_nonzero(np.isin(table.kind, _KEPT))) + table.err_code.shape[0] + 1
         cols = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
                 np.zeros(cap, np.uint32), np.zeros(cap, np.int64))  # fmt: skip
-        rows, in_psb, nt = _select(
-            table.kind, table.a, table.b, times.tsc, times.have_tsc, table.offset,
+        rows, in_psb = _select(
+            table.kind, table.a, table.b, times.tsc, table.offset,
             table.err_index.astype(np.int64), in_psb, *cols,
         )  # fmt: skip
-        no_time += nt
         parts.append(tuple(c[:rows] for c in cols))
         release(buf, start, end)
     if parts:
@@ -198,7 +186,7 @@ def stream_events(
         t, k, a, b, o = (
             np.zeros(0, d) for d in (np.uint64, np.uint8, np.uint64, np.uint32, np.int64)
         )
-    return StreamEvents(pcpu, t, k, a, b, o, overflows, errors, packets, int(buf.shape[0]), no_time)
+    return StreamEvents(pcpu, t, k, a, b, o, overflows, errors)
 
 
 _KEPT = np.array([Kind.PSBEND, Kind.PIP, Kind.VMCS, Kind.OVF], np.uint8)
@@ -283,7 +271,6 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
     n_vmm = np.zeros(cap, np.int64)
     n_unknown = np.zeros(cap, np.int64)
     pst = np.full(cap, -1, np.int64)
-    mask = np.uint64(0xFFFFFFFFFFFFE000)
     n = 0
     for i in range(ev_t.shape[0]):
         t = ev_t[i]
@@ -348,7 +335,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
             if k == EV_END:
                 ns = -1
         elif nr[p] == 1:
-            ns, nvc, ng = ST_VM, vm_of_p[p], cr3[p] & mask
+            ns, nvc, ng = ST_VM, vm_of_p[p], cr3[p] & _CR3_KEY_MASK
         elif vm_of_p[p] >= 0 and vmm_cr3[vm_of_p[p]] != 0 and cr3[p] == vmm_cr3[vm_of_p[p]]:
             ns, nvc, ng = ST_VMM, vm_of_p[p], np.uint64(0)
         else:
@@ -358,9 +345,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
         # The vCPU this pCPU was about, if it leaves it.
         old = pvcpu[p]
         if old >= 0 and old != nvc:
-            st = ST_UNKNOWN if ns == ST_UNKNOWN or ns == -1 else ST_IDLE
-            if ns == -1:
-                st = -1
+            st = -1 if ns == -1 else ST_IDLE  # the trace's end, or it left this pCPU
             if vstate[old] != st:
                 vstate[old] = st
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[old], np.uint64(0), st, p)
@@ -460,7 +445,7 @@ class VmAnalysis:
 
     intervals: np.ndarray
     vcpu_vm: dict[int, int]
-    exits: np.ndarray  # (vcpu VMCS base, start, end) of each VM exit's VMM time
+    exits: np.ndarray  # (vCPU VMCS base, start, end, pCPU) of each VM exit's VMM time
     start: int
     end: int
     streams: list[StreamEvents]
@@ -474,7 +459,13 @@ class VmAnalysis:
     # none recorded), and the reasons' names from the event's format.
     exit_reasons: np.ndarray | None = None
     reason_names: dict[int, str] = field(default_factory=dict)
-    exit_pcpu: np.ndarray | None = None
+
+    def exit_reason(self, j: int) -> str:
+        """Exit ``j``'s reason, by name where the format gave one ("": none)."""
+        if self.exit_reasons is None or self.exit_reasons[j] < 0:
+            return ""
+        code = int(self.exit_reasons[j])
+        return self.reason_names.get(code, f"reason {code}")
 
     def rows(self, entity: str) -> np.ndarray:
         return self.intervals[self.intervals["entity"] == ENTITY_NAMES.index(entity)]
@@ -505,13 +496,16 @@ class VmAnalysis:
 
     def time_in_states(self) -> dict[tuple[str, int, int], dict[str, int]]:
         """Per entity (kind, key, key2), the ticks in each state."""
-        out: dict[tuple[str, int, int], dict[str, int]] = {}
         iv = self.intervals
-        for e, k1, k2, s, a, b in zip(iv["entity"], iv["key"], iv["key2"], iv["state"], iv["start"],
-                                      iv["end"], strict=True):  # fmt: skip
-            d = out.setdefault((ENTITY_NAMES[e], int(k1), int(k2)), {})
-            d[STATE_NAMES[s]] = d.get(STATE_NAMES[s], 0) + int(b) - int(a)
-        return out
+        keys, row = np.unique(iv[["entity", "key", "key2"]], return_inverse=True)
+        ticks = np.zeros((keys.shape[0], len(STATE_NAMES)), np.int64)
+        np.add.at(ticks, (row.reshape(-1), iv["state"].astype(np.int64)),
+                  iv["end"].astype(np.int64) - iv["start"].astype(np.int64))  # fmt: skip
+        return {
+            (ENTITY_NAMES[int(k["entity"])], int(k["key"]), int(k["key2"])):
+                {STATE_NAMES[s]: int(t) for s, t in enumerate(ticks[j]) if t}
+            for j, k in enumerate(keys)
+        }  # fmt: skip
 
 
 def time_resolution(config: PtConfig) -> int | None:
@@ -654,35 +648,32 @@ def _vmm_rows(iv: np.ndarray, vcpu_vm: dict[int, int], end: int) -> np.ndarray:
     ``VMM`` while one of its vCPUs is in root mode for it, ``IDLE`` from
     its first vCPU's appearance on otherwise."""
     v = iv[iv["entity"] == ENT_VCPU]
-    out = []
+    parts = []
     for vm in sorted(set(vcpu_vm.values())):
         mine = v[np.isin(v["key"], [b for b, m in vcpu_vm.items() if m == vm])]
         if not mine.shape[0]:
             continue
         busy = mine[mine["state"] == ST_VMM]
         busy = busy[np.argsort(busy["start"], kind="stable")]
-        first = int(mine["start"].min())
-        rows = []
-        cursor = first
-        if busy.shape[0]:
-            # Union of the VMM intervals: a new run where a start passes
-            # every end before it.
-            s0 = busy["start"].astype(np.int64)
-            e0 = np.maximum.accumulate(busy["end"].astype(np.int64))
-            new = np.r_[True, s0[1:] > e0[:-1]]
-            heads = np.flatnonzero(new)
-            tails = np.r_[heads[1:] - 1, s0.shape[0] - 1]
-            for h, tl in zip(heads.tolist(), tails.tolist(), strict=True):
-                a, b = int(s0[h]), int(e0[tl])
-                if a > cursor:
-                    rows.append((ST_IDLE, cursor, a, int(busy["pcpu"][h])))
-                rows.append((ST_VMM, a, b, int(busy["pcpu"][h])))
-                cursor = b
-        if cursor < end:
-            rows.append((ST_IDLE, cursor, end, -1))
-        for st, a, b, pc in rows:
-            out.append((ENT_VM, vm, 0, st, a, b, pc))
-    return np.array(out, INTERVAL_DTYPE)
+        # Union of the VMM intervals: a new run where a start passes every
+        # end before it; the gaps between runs (and after the last) idle.
+        s0 = busy["start"].astype(np.int64)
+        e0 = np.maximum.accumulate(busy["end"].astype(np.int64))
+        heads = np.flatnonzero(np.r_[True, s0[1:] > e0[:-1]]) if s0.shape[0] else s0
+        tails = np.r_[heads[1:] - 1, s0.shape[0] - 1].astype(np.int64) if s0.shape[0] else s0
+        run_a, run_b = s0[heads], e0[tails]
+        idle_a = np.r_[int(mine["start"].min()), run_b]
+        idle_b = np.r_[run_a, end]
+        idle_pc = np.r_[busy["pcpu"][heads], -1]
+        keep = idle_b > idle_a
+        rows = np.zeros(run_a.shape[0] + int(keep.sum()), INTERVAL_DTYPE)
+        rows["entity"], rows["key"] = ENT_VM, vm
+        rows["state"] = np.r_[np.full(run_a.shape[0], ST_VMM), np.full(int(keep.sum()), ST_IDLE)]
+        rows["start"] = np.r_[run_a, idle_a[keep]]
+        rows["end"] = np.r_[run_b, idle_b[keep]]
+        rows["pcpu"] = np.r_[busy["pcpu"][heads], idle_pc[keep]]
+        parts.append(rows[np.argsort(rows["start"], kind="stable")])
+    return np.concatenate(parts) if parts else np.zeros(0, INTERVAL_DTYPE)
 
 
 def _exits(iv: np.ndarray) -> np.ndarray:
@@ -723,30 +714,32 @@ def read_bundles(path: str | os.PathLike[str], pcpu: int = 0) -> StreamEvents:
     nr = np.array([int(f[1]) for f in found], np.uint32)
     vmcs = np.array([int(f[2], 16) if f[2] else 0 for f in found], np.uint64)
     tsc = np.array([int(f[3]) for f in found], np.uint64)
-    t, k, a, b = [], [], [], []
-    if found:
-        status = [(EV_STATUS_PIP, cr3[0], nr[0])]
-        if vmcs[0]:
-            status.append((EV_STATUS_VMCS, vmcs[0], 0))
-        for kind, x, y in [*status, (EV_STATUS_END, 0, 0)]:
-            t.append(tsc[0])
-            k.append(kind)
-            a.append(x)
-            b.append(y)
-    changed = np.r_[False, vmcs[1:] != vmcs[:-1]] & (vmcs != 0)
-    for j in range(1, len(found)):
-        if changed[j]:
-            t.append(tsc[j])
-            k.append(EV_VMCS)
-            a.append(vmcs[j])
-            b.append(0)
-        t.append(tsc[j])
-        k.append(EV_PIP)
-        a.append(cr3[j])
-        b.append(nr[j])
-    n = len(t)
-    return StreamEvents(pcpu, np.array(t, np.uint64), np.array(k, np.uint8), np.array(a, np.uint64),
-                        np.array(b, np.uint32), np.zeros(n, np.int64), bytes=len(data))  # fmt: skip
+    if not found:
+        empty = np.zeros(0, np.uint64)
+        return StreamEvents(pcpu, empty, np.zeros(0, np.uint8), empty, np.zeros(0, np.uint32),
+                            np.zeros(0, np.int64))  # fmt: skip
+    # The first bundle is status (PSB+); then per bundle a VMCS load where
+    # the base changes, and its PIP.
+    status_k = [EV_STATUS_PIP] + ([EV_STATUS_VMCS] if vmcs[0] else []) + [EV_STATUS_END]
+    status_a = [cr3[0]] + ([vmcs[0]] if vmcs[0] else []) + [0]
+    status_b = [nr[0]] + [0] * (len(status_k) - 1)
+    load = np.r_[False, vmcs[1:] != vmcs[:-1]] & (vmcs != 0)
+    load[0] = False
+    rest = np.arange(1, len(found))
+    per = 1 + load[rest].astype(np.int64)  # events per bundle
+    at = np.cumsum(per) - 1  # each bundle's PIP
+    n = int(per.sum())
+    t, a = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+    k, b = np.full(n, EV_PIP, np.uint8), np.zeros(n, np.uint32)
+    t[at], a[at], b[at] = tsc[rest], cr3[rest], nr[rest]
+    loads = at[load[rest]] - 1
+    t[loads], a[loads], k[loads] = tsc[rest][load[rest]], vmcs[rest][load[rest]], EV_VMCS
+    m = len(status_k)
+    return StreamEvents(
+        pcpu, np.r_[np.full(m, tsc[0]), t].astype(np.uint64), np.r_[status_k, k].astype(np.uint8),
+        np.r_[np.array(status_a, np.uint64), a], np.r_[np.array(status_b, np.uint32), b],
+        np.zeros(m + n, np.int64),
+    )  # fmt: skip
 
 
 def write_bundles(events: StreamEvents, path: str | os.PathLike[str]) -> int:

@@ -78,12 +78,13 @@ def main(argv: Sequence[str]) -> int:
     for name, ev in streams.items():
         for problem in ev.problems:
             sys.stderr.write(f"{PROG}: {name}: {problem}\n")
-        for row in ev.json_lines(schema):
-            d = json.loads(row)
-            if to_ns is not None:
-                d["ns"] = int(to_ns(d["time"]))
+        rows = ev.rows(schema)
+        ns = to_ns(ev.time).tolist() if to_ns is not None and len(ev) else None
+        for k, d in enumerate(rows):
+            if ns is not None:
+                d["ns"] = int(ns[k])
             d["stream"] = name
-            lines.append(d)
+        lines += rows
     if a.json:
         Path(a.json).write_text("".join(json.dumps(d) + "\n" for d in lines))
     if a.ctf:

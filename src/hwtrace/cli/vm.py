@@ -147,8 +147,6 @@ def _fmt(ticks: int, hz: float) -> str:
 
 
 def _summary(r, hz: float, top: int, window: int) -> None:
-    from ..analysis.vm import STATE_NAMES
-
     span = max(r.end - r.start, 1)
     out = sys.stdout
     out.write(f"trace: {len(r.streams)} pCPUs, {_fmt(span, hz)}; {r.stats['vm_exits']:,} VM exits; "
@@ -163,7 +161,6 @@ def _summary(r, hz: float, top: int, window: int) -> None:
         )
     )
     states = r.time_in_states()
-    procs = r.rows("process")
     vcpus = sorted(k for (e, k, _) in states if e == "vcpu")
     out.write("\nvCPU (VMCS)       VM        VMM       IDLE      UNKNOWN   exits  longest exit\n")
     exits = r.exits
@@ -203,12 +200,6 @@ def _summary(r, hz: float, top: int, window: int) -> None:
                     f"  {_fmt(int(lo), hz):>16} - {_fmt(int(hi), hz):<16} {c:8,} {'#' * int(40 * c / hist.max())}\n"
                 )
         reasons = r.exit_reasons
-
-        def reason(j: int) -> str:
-            if reasons is None or reasons[j] < 0:
-                return ""
-            return " " + r.reason_names.get(int(reasons[j]), f"reason {int(reasons[j])}")
-
         if reasons is not None and (reasons >= 0).any():
             codes, counts = np.unique(reasons[reasons >= 0], return_counts=True)
             parts = [f"{r.reason_names.get(int(c), int(c))} {int(n):,}" for c, n in
@@ -218,7 +209,7 @@ def _summary(r, hz: float, top: int, window: int) -> None:
         out.write(f"longest {len(order)} exits:\n")
         for j in order:
             out.write(f"  vCPU {int(exits[j, 0]):#x} at {int(exits[j, 1]):,}: "
-                      f"{_fmt(int(ticks[j]), hz)}{reason(int(j))}\n")  # fmt: skip
+                      f"{_fmt(int(ticks[j]), hz)} {r.exit_reason(int(j))}".rstrip() + "\n")  # fmt: skip
     window = window or max(1, span // 100)
     cont = r.contention(window)
     if any(c.any() for c in cont.values()):
@@ -228,19 +219,15 @@ def _summary(r, hz: float, top: int, window: int) -> None:
             if busy.shape[0]:
                 out.write(f"  pCPU {pcpu}: up to {int(c.max())}, mean {busy.mean():.2f} where any ran, "
                           f"{100 * (c >= 2).mean():.1f}% of windows with 2 or more\n")  # fmt: skip
-    if procs.shape[0]:
+    per = {(vm, cr3): d.get("VM", 0) for (e, vm, cr3), d in states.items() if e == "process"}
+    if per:
         out.write("\nguest process (VM = VMM CR3, CR3)        VM time   share of its VM\n")
-        run = procs[procs["state"] == STATE_NAMES.index("VM")]
-        per: dict[tuple[int, int], int] = {}
-        for k1, k2, s0, s1 in zip(run["key"], run["key2"], run["start"], run["end"], strict=True):
-            per[(int(k1), int(k2))] = per.get((int(k1), int(k2)), 0) + int(s1) - int(s0)
         for vm in sorted({k[0] for k in per}):
             total = sum(v for k, v in per.items() if k[0] == vm)
             for (v1, cr3), t in sorted(per.items(), key=lambda kv: -kv[1]):
                 if v1 == vm:
-                    out.write(
-                        f"  {vm:#12x} {cr3:#14x}   {_fmt(t, hz):>14}   {100 * t / max(total, 1):6.1f}%\n"
-                    )
+                    out.write(f"  {vm:#12x} {cr3:#14x}   {_fmt(t, hz):>14}   "
+                              f"{100 * t / max(total, 1):6.1f}%\n")  # fmt: skip
 
 
 def _write_intervals(r, path: str) -> None:

@@ -61,10 +61,9 @@ def vm_page(result: VmAnalysis, title: str, subtitle: str = "", *, tsc_hz: float
 
     groups: dict[str, list[dict]] = {}
     for group, label, rows in vm_rows(result):
-        ivs = [
-            [t(a), t(b), int(s)]
-            for a, b, s in zip(rows["start"], rows["end"], rows["state"], strict=True)
-        ]
+        cols = np.stack([rows["start"].astype(np.float64), rows["end"].astype(np.float64)], axis=1)
+        times = (start + (cols - start) * scale).tolist()
+        ivs = [[a, b, s] for (a, b), s in zip(times, rows["state"].tolist(), strict=True)]
         groups.setdefault(group, []).append({"label": label, "iv": ivs})
     ex = result.exits
     dur = (
@@ -73,16 +72,8 @@ def vm_page(result: VmAnalysis, title: str, subtitle: str = "", *, tsc_hz: float
         else np.zeros(0, np.int64)
     )
     order = np.argsort(-dur)[:top]
-    reasons = result.exit_reasons
-
-    def reason(j: int) -> str:
-        if reasons is None or reasons[j] < 0:
-            return ""
-        return result.reason_names.get(int(reasons[j]), str(int(reasons[j])))
-
-    exits = [
-        [f"{int(ex[j, 0]):#x}", t(ex[j, 1]), float(dur[j]) * scale, reason(int(j))] for j in order
-    ]
+    exits = [[f"{int(ex[j, 0]):#x}", t(ex[j, 1]), float(dur[j]) * scale, result.exit_reason(int(j))]
+             for j in order]  # fmt: skip
     vcpus = len({int(k) for k in result.rows("vcpu")["key"]})
     procs = result.rows("process")
     facts = [

@@ -175,23 +175,25 @@ class PtwEvents:
     def __len__(self) -> int:
         return int(self.time.shape[0])
 
-    def json_lines(self, schema: EventSchema | None = None) -> list[str]:
-        """One JSON object per event: time, name (or id), ip, fields."""
+    def rows(self, schema: EventSchema | None = None) -> list[dict]:
+        """One dict per event: time, name (or id), ip (where known), fields
+        (named by ``schema``, else ``w0``...)."""
+        types = schema.types if schema else {}
         out = []
-        for k in range(len(self)):
-            tid = int(self.type_id[k])
-            t = schema.types.get(tid) if schema else None
-            names = (
-                t.fields if t is not None else tuple(f"w{j}" for j in range(int(self.nwords[k])))
-            )
-            row = {"time": int(self.time[k]), "event": t.name if t else tid}
-            if self.ip[k]:
-                row["ip"] = f"{int(self.ip[k]):#x}"
-            row["fields"] = {
-                nm: int(self.words[k, j]) for j, nm in enumerate(names[: int(self.nwords[k])])
-            }
-            out.append(json.dumps(row))
+        for tm, tid, ip, nw, words in zip(self.time.tolist(), self.type_id.tolist(), self.ip.tolist(),
+                                          self.nwords.tolist(), self.words.tolist(), strict=True):  # fmt: skip
+            t = types.get(tid)
+            names = t.fields if t is not None else tuple(f"w{j}" for j in range(nw))
+            row = {"time": tm, "event": t.name if t else tid}
+            if ip:
+                row["ip"] = f"{ip:#x}"
+            row["fields"] = dict(zip(names[:nw], words[:nw], strict=False))
+            out.append(row)
         return out
+
+    def json_lines(self, schema: EventSchema | None = None) -> list[str]:
+        """:meth:`rows` as JSON, one per event."""
+        return [json.dumps(r) for r in self.rows(schema)]
 
 
 _KEEP = kind_mask((Kind.PTW, Kind.FUP))

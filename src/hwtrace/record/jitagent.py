@@ -52,7 +52,7 @@ from ..filter.ebpf.isa import R0, R1, R2, R3, R6, R7, R10
 from ..filter.sources import tracefs_schema
 from ..image.process import read_maps, syscall_instruction
 from ..kernel import bpf
-from ..kernel.follow import emit_delete, emit_lookup, emit_update, field_offset
+from ..kernel.follow import emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
 from ..kernel.tracepoint import Attachment, tracefs_root
 from ..probes.codegen import SA_ONSTACK, SA_RESTART, SA_RESTORER, SA_SIGINFO, sigaction_bytes
 from ..probes.ptrace import PtraceError, SeizedThread, launch_stopped
@@ -94,15 +94,6 @@ def in_process_available() -> str | None:
 # -- the kernel side -----------------------------------------------------------------
 
 
-def _tracked_thread(g: _Gen, targets: int, out) -> None:
-    """tid at R10-12, tgid at R10-4; R0 = the target's entry, or jump to ``out``."""
-    g.emit(isa.call(bpf.FN_GET_CURRENT_PID_TGID))
-    g.emit(isa.stx(isa.W, R10, R0, -12), isa.mov(R1, R0), isa.alu64(isa.RSH, R1, 32, reg=False))
-    g.emit(isa.stx(isa.W, R10, R1, -4))
-    emit_lookup(g, targets, -4)
-    g.jump(out, isa.JEQ, R0, 0)
-
-
 def enter_program(kind: str, offsets: dict[str, int], targets: int, pending: int,
                   anonymous_only: bool) -> np.ndarray:  # fmt: skip
     """``syscalls:sys_enter_<kind>``: note the signal to send when the call
@@ -110,7 +101,7 @@ def enter_program(kind: str, offsets: dict[str, int], targets: int, pending: int
     g = _Gen()
     out, decide = g.label("out"), g.label("decide")
     g.emit(isa.mov(R6, R1))
-    _tracked_thread(g, targets, out)
+    emit_tracked(g, targets, out)  # tid at R10-12, tgid at R10-4; R0: its entry
     # The agent's own calls: the lock word holds this thread's id.
     g.emit(isa.ldx(isa.DW, R3, R0, 0), isa.mov(R1, R10), isa.alu64(isa.ADD, R1, -16, reg=False))
     g.emit(isa.mov_imm(R2, 4), isa.call(FN_PROBE_READ_USER))
@@ -186,7 +177,7 @@ def exec_program(targets: int) -> np.ndarray:
     loses the agent (its handlers are gone), so no more signals."""
     g = _Gen()
     out = g.label("out")
-    _tracked_thread(g, targets, out)
+    emit_tracked(g, targets, out)  # tid at R10-12, tgid at R10-4; R0: its entry
     emit_delete(g, targets, -4)
     g.place(out)
     g.emit(isa.mov_imm(R0, 1), isa.exit_())  # 1: perf's own events here still get theirs
@@ -347,7 +338,6 @@ class InProcessCapture:
         self.layout = lay = ac.Layout(base)
         self._write(base, ac.agent_code(base))
         self._sys(t, SYS_MPROTECT, base, ac.PAGE, PROT_READ | PROT_EXEC, what="mprotect")
-        self.gadget = gadget
         path = f"/proc/{os.getpid()}/fd/{self.ring_fd}".encode() + b"\0"
         self._write(lay.scratch, path)
         fd = self._sys(t, SYS_OPEN, lay.scratch, os.O_RDWR, 0, what="opening the agent's ring")
