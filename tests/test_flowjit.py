@@ -462,7 +462,13 @@ def test_a_late_revision_in_perf_data_is_tried_earlier(recorded, tmp_path):
     revisions = recorded.code_revisions().revisions
     jit = revisions[0].address
     first = next(k for k, r in enumerate(revisions) if r.address == jit)
-    step = (revisions[first + 1].valid_from - revisions[first].valid_from) // 2
+    # Late by the whole first call: to the time of the first instruction
+    # after the JIT code returned (every packet of that call is earlier,
+    # however the stepping clock ran).
+    ips, times = recorded.instructions, recorded.instruction_times.astype(np.int64)
+    inside = (ips >= jit) & (ips < jit + 0x1000)
+    back = int(np.flatnonzero(~inside & (np.cumsum(inside) > 0))[0])
+    step = int(times[back]) - revisions[first].valid_from + 1
     changes = [CodeChange(r.valid_from + (step if k == first else 0), r.address, r.data, r.tid,
                           r.cpu, r.ip) for k, r in enumerate(revisions)]  # fmt: skip
     add_code_revisions(path, CaptureResult(recorded.pid, changes, {}, 0))
