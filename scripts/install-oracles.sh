@@ -12,6 +12,10 @@ command -v perf >/dev/null 2>&1 || need+=(linux-perf)
 command -v lttng-sessiond >/dev/null 2>&1 || need+=(lttng-tools)
 [ -e /usr/include/lttng/tracepoint.h ] || need+=(liblttng-ust-dev)
 command -v babeltrace2 >/dev/null 2>&1 || need+=(babeltrace2)
+# OpenCSD: ARM's CoreSight decoder (STM, ETMv4/ETE, frame deformatter) and
+# its trc_pkt_lister, the oracle for hwtrace's CoreSight codecs.
+[ -e /usr/include/opencsd/c_api/opencsd_c_api.h ] || need+=(libopencsd-dev)
+command -v trc_pkt_lister >/dev/null 2>&1 || need+=(libopencsd-bin)
 # bpftool: an independent view of the BPF programs and maps hwtrace loads.
 command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 # Headless Chromium: the HTML views are checked in a real browser.

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hwtrace.hwevents.channel import header_path
 from hwtrace.hwevents.ptw import (
     MARK,
     MAX_WORDS,
@@ -120,6 +121,7 @@ def test_schema_json_and_c_header(tmp_path):
         pytest.skip("gcc is not installed")
     header = tmp_path / "events.h"
     header.write_text(schema.c_header())
+    shutil.copyfile(header_path(), tmp_path / "hwtrace_channel.h")
     (tmp_path / "use.c").write_text(
         '#include "events.h"\nvoid f(void) { hwtrace_request(1, 2); hwtrace_tick(); }\n'
     )

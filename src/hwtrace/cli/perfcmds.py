@@ -552,6 +552,8 @@ def script_main(argv: Sequence[str]) -> int:
     p.add_argument(
         "--blocks", action="store_true", help="one line per block instead of per instruction"
     )
+    p.add_argument("--no-ptwrite", action="store_true",
+                   help="leave out the PTWRITE payloads (listed at their place by default)")  # fmt: skip
     a = p.parse_args(list(argv))
     opened = _open(p.prog, a)
     if opened is None:
@@ -571,17 +573,25 @@ def script_main(argv: Sequence[str]) -> int:
         for part in b.split(EXPAND_INSNS) if not a.blocks else (b,):
             if a.blocks:
                 ips, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
+                ends = np.arange(1, len(part) + 1)
             else:
                 per = part.ninsn
                 ips = part.instructions()
                 tid, ns, which = (np.repeat(c, per) for c in (part.tid, part.ns, part.image))
                 n = None
+                ends = np.cumsum(per)
+            kind = payload = None
+            if part.ptw is not None and len(part.ptw) and not a.no_ptwrite:
+                ips, tid, ns, which, n, kind, payload = _with_ptwrite(
+                    part.ptw, ends, ips, tid, ns, which, n
+                )
             sym, off, names, modules = _symbols(part.queue, ips, which)
             tids, comm_index = np.unique(tid, return_inverse=True)
             names_of = [comm(int(t)) for t in tids.tolist()]
             for chunk in render_lines(
-                names_of, comm_index, tid, ns, ips, names, modules, sym, off, n
-            ):
+                names_of, comm_index, tid, ns, ips, names, modules, sym, off, n,
+                kind=kind, payload=payload,
+            ):  # fmt: skip
                 out.write(chunk)
 
     try:
@@ -592,6 +602,24 @@ def script_main(argv: Sequence[str]) -> int:
     except BrokenPipeError:
         return 0
     return 0
+
+
+def _with_ptwrite(marks, ends: np.ndarray, ips, tid, ns, which, n):
+    """The listing's rows with a row per PTWRITE inserted after the rows of
+    the blocks before it (``ends``: rows up to each block's end): its own
+    IP (the previous row's when the trace had none), time where known."""
+    rows = ips.shape[0]
+    pos = np.where(marks.at > 0, ends[np.maximum(marks.at - 1, 0)], 0)
+    prev = np.maximum(pos - 1, 0)
+    ip = np.where(marks.ip != 0, marks.ip, ips[prev] if rows else np.uint64(0)).astype(ips.dtype)
+    t = tid[prev] if rows else np.full(len(marks), -1, tid.dtype)
+    at_ns = np.where(marks.ns >= 0, marks.ns, ns[prev] if rows else -1).astype(ns.dtype)
+    image = which[prev] if rows else np.zeros(len(marks), which.dtype)
+    kind = np.insert(np.zeros(rows, np.uint8), pos, 1)
+    payload = np.insert(np.zeros(rows, np.uint64), pos, marks.payload)
+    count = None if n is None else np.insert(n, pos, 0)
+    return (np.insert(ips, pos, ip), np.insert(tid, pos, t), np.insert(ns, pos, at_ns),
+            np.insert(which, pos, image), count, kind, payload)  # fmt: skip
 
 
 def _symbols(

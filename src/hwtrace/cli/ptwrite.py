@@ -25,7 +25,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--schema", metavar="JSON", help="event types: names and field names")
     p.add_argument("--json", metavar="FILE", help="write the events as JSON lines")
     p.add_argument("--ctf", metavar="DIR", help="write the events as a CTF trace")
-    p.add_argument("--header", metavar="FILE", help="write the schema's C header and stop")
+    p.add_argument(
+        "--header",
+        metavar="FILE",
+        help="write the schema's C header (and hwtrace_channel.h beside it) and stop",
+    )
     p.add_argument("--mtc-freq", type=int, default=0, metavar="N")
     p.add_argument("--cpuid-0x15.eax", dest="cpuid_eax", type=int, default=0, metavar="N")
     p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", type=int, default=0, metavar="N")
@@ -43,7 +47,14 @@ def main(argv: Sequence[str]) -> int:
     if a.header:
         if schema is None:
             p.error("--header needs --schema")
-        Path(a.header).write_text(schema.c_header())
+        import shutil
+
+        from ..hwevents.channel import header_path
+
+        out = Path(a.header)
+        out.write_text(schema.c_header())
+        # The software channel it falls back on, beside it.
+        shutil.copyfile(header_path(), out.parent / header_path().name)
         return 0
     if bool(a.input) == bool(a.traces):
         p.error("give a perf.data (-i) or raw PT files")

@@ -92,21 +92,54 @@ class EventSchema:
                 raise ValueError(f"{path}: event {k}: missing or bad {e}") from None
         return schema
 
-    def c_header(self, guard: str = "HWTRACE_EVENTS_H") -> str:
-        """A C header with an inline function per event type that writes it
-        with ``ptwrite`` (the CPU must have it: CPUID leaf 0x14)."""
+    def c_header(self, guard: str = "HWTRACE_EVENTS_H", *, channel: bool = True) -> str:
+        """A C header with an inline function per event type.  An event is
+        ``ptwrite`` instructions where the CPU has PTWRITE (CPUID leaf 0x14,
+        EBX bit 4) and, with ``channel``, hwtrace's software channel
+        (``hwtrace_channel.h``, beside this header) where it has not: the
+        same PT packets either way.  ``HWTRACE_PTWRITE=1`` or ``0`` in the
+        environment forces the choice (1 on a CPU without PTWRITE: for
+        ``hwtrace record``'s software backend, which carries them out)."""
         lines = [
-            f"#ifndef {guard}", f"#define {guard}", "/* hwtrace events: written with PTWRITE. */",
-            "#include <stdint.h>", "",
+            f"#ifndef {guard}", f"#define {guard}",
+            "/* hwtrace events: PTWRITE where the CPU has it, else hwtrace's",
+            " * software channel (the same PT packets).  Made by hwtrace. */",
+            "#include <stdint.h>", "#include <stdlib.h>", "#include <cpuid.h>",
+        ]  # fmt: skip
+        if channel:
+            lines.append('#include "hwtrace_channel.h"')
+        lines += [
+            "",
             "static inline void hwtrace_ptwrite(uint64_t v)",
             "{", '\t__asm__ volatile("ptwrite %0" : : "r"(v) : "memory");', "}", "",
+            "static int hwtrace_use_ptwrite_ = -1;",
+            "static inline int hwtrace_use_ptwrite(void)",
+            "{",
+            "\tif (__builtin_expect(hwtrace_use_ptwrite_ < 0, 0)) {",
+            '\t\tconst char *force = getenv("HWTRACE_PTWRITE");',
+            "\t\tunsigned a = 0, b = 0, c = 0, d = 0;",
+            "\t\tif (force && *force)",
+            "\t\t\thwtrace_use_ptwrite_ = *force == '1';",
+            "\t\telse",
+            "\t\t\thwtrace_use_ptwrite_ = __get_cpuid_max(0, 0) >= 0x14 &&",
+            "\t\t\t\t__get_cpuid_count(0x14, 0, &a, &b, &c, &d) && (b >> 4 & 1);",
+            "\t}",
+            "\treturn hwtrace_use_ptwrite_;",
+            "}", "",
         ]  # fmt: skip
         for t in self.types.values():
             args = ", ".join(f"uint64_t {f}" for f in t.fields) or "void"
             header = (MARK << 40) | (len(t.fields) << 32) | t.id
-            lines += [f"static inline void hwtrace_{t.name}({args})", "{",
-                      f"\thwtrace_ptwrite({header:#x}ULL);"]  # fmt: skip
-            lines += [f"\thwtrace_ptwrite({f});" for f in t.fields]
+            lines += [f"static inline void hwtrace_{t.name}({args})", "{"]
+            if channel:
+                lines.append("\tif (hwtrace_use_ptwrite()) {")
+            ind = "\t\t" if channel else "\t"
+            lines.append(f"{ind}hwtrace_ptwrite({header:#x}ULL);")
+            lines += [f"{ind}hwtrace_ptwrite({f});" for f in t.fields]
+            if channel:
+                words = ", ".join(t.fields) or "0"
+                lines += ["\t} else {", f"\t\tconst uint64_t w[] = {{{words}}};",
+                          f"\t\thwtrace_emit({t.id}u, {len(t.fields)}, w);", "\t}"]  # fmt: skip
             lines += ["}", ""]
         lines += [f"#endif /* {guard} */", ""]
         return "\n".join(lines)

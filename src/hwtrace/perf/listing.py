@@ -2,7 +2,9 @@
 ``perf script --itrace=i0ns``, written by a compiled kernel.
 
 A line is ``comm tid seconds.nanoseconds: ip symbol+0xoff (module)``, with
-``N insns`` appended per block.  Names go into the kernel as byte tables
+``N insns`` appended per block; a PTWRITE payload in the flow is a line of
+its own at its place, ending ``ptwrite: 0xPAYLOAD`` (as ``perf script
+--itrace=w`` lists them).  Names go into the kernel as byte tables
 (one row per distinct comm, symbol name and module), so listing millions of
 instructions does no Python work per line.
 """
@@ -27,7 +29,7 @@ from ..textout import (
 
 @njit(cache=True)
 def _render(
-    comm, tid, ns, ip, sym, off, ninsn, blocks,
+    comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len,
     lo, hi, out,
 ):  # fmt: skip
@@ -87,7 +89,10 @@ def _render(
             p = put_row(out, p, mod_tab, mod_len, s)
             out[p] = 41
             p += 1
-        if blocks:
+        if kind[i] == 1:
+            p = put_text(out, p, " ptwrite: 0x")
+            p = put_hex(out, p, payload[i], 0)
+        elif blocks:
             out[p] = 32
             p = put_dec(out, p + 1, ninsn[i])
             p = put_text(out, p, " insns")
@@ -108,12 +113,15 @@ def render_lines(
     off: np.ndarray,
     ninsn: np.ndarray | None = None,
     *,
+    kind: np.ndarray | None = None,
+    payload: np.ndarray | None = None,
     chunk: int = 1 << 16,
 ) -> Iterator[bytes]:
     """The listing as byte chunks.  Per line: ``comm`` (index into
     ``comms``), ``tid``, ``ns`` (perf time, -1 unknown), ``ip``, ``sym``
     (index into ``names``/``modules``, -1 unknown) and ``off`` (bytes into
-    the symbol); ``ninsn`` per line makes it a block listing."""
+    the symbol); ``ninsn`` per line makes it a block listing; a line whose
+    ``kind`` is 1 is a PTWRITE of ``payload`` instead."""
     comm_tab, comm_len = string_list_table([c[:16] for c in comms])
     name_tab, name_len = string_list_table(names)
     mod_tab, mod_len = string_list_table(modules)
@@ -130,9 +138,26 @@ def render_lines(
         np.ascontiguousarray(off, np.int64),
         np.ascontiguousarray(counts, np.int64),
     )
+    n = ip.shape[0]
+    kinds = np.zeros(n, np.uint8) if kind is None else np.ascontiguousarray(kind, np.uint8)
+    payloads = (
+        np.zeros(n, np.uint64) if payload is None else np.ascontiguousarray(payload, np.uint64)
+    )
     for lo in range(0, ip.shape[0], chunk):
         hi = min(lo + chunk, ip.shape[0])
         n = _render(
-            *cols, blocks, comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len, lo, hi, out
+            *cols,
+            blocks,
+            kinds,
+            payloads,
+            comm_tab,
+            comm_len,
+            name_tab,
+            name_len,
+            mod_tab,
+            mod_len,
+            lo,
+            hi,
+            out,
         )
         yield out[:n].tobytes()

@@ -528,6 +528,46 @@ class QueueInfo:
 
 
 @dataclass
+class PtwMarks:
+    """The PTWRITE payloads among a batch of blocks, in flow order: ``at``
+    (how many of the batch's blocks ran before each), ``ip`` (the PTWRITE
+    instruction when the trace gave it with a FUP, else 0), ``payload``,
+    ``size`` (4 or 8 bytes) and perf time ``ns`` (-1: none)."""
+
+    at: np.ndarray
+    ip: np.ndarray
+    payload: np.ndarray
+    size: np.ndarray
+    ns: np.ndarray
+
+    def __len__(self) -> int:
+        return self.at.shape[0]
+
+    @staticmethod
+    def empty() -> PtwMarks:
+        z = np.zeros(0, np.int64)
+        return PtwMarks(z, z.astype(np.uint64), z.astype(np.uint64), z, z.copy())
+
+    def select(self, which: np.ndarray, at: np.ndarray) -> PtwMarks:
+        return PtwMarks(at, self.ip[which], self.payload[which], self.size[which], self.ns[which])
+
+    def piece(self, lo: int, hi: int) -> PtwMarks:
+        """The marks after a block of ``lo..hi`` (or before the first, for
+        ``lo`` 0), numbered in that piece."""
+        sel = (self.at > lo) & (self.at <= hi) if lo else self.at <= hi
+        return self.select(sel, self.at[sel] - lo)
+
+    @staticmethod
+    def join(parts: list[PtwMarks]) -> PtwMarks:
+        if not parts:
+            return PtwMarks.empty()
+        return PtwMarks(*(np.concatenate([getattr(m, c) for m in parts]) for c in _PTW_COLUMNS))
+
+
+_PTW_COLUMNS = ("at", "ip", "payload", "size", "ns")
+
+
+@dataclass
 class PerfBlocks:
     """A batch of one queue's decoded blocks, in flow order, attributed:
     start ``ip``, ``ninsn``, execution ``mode``, perf time ``ns`` (-1: none),
@@ -550,6 +590,8 @@ class PerfBlocks:
     run: np.ndarray
     gap: np.ndarray
     row: int
+    #: the PTWRITE payloads among these blocks (None: none)
+    ptw: PtwMarks | None = None
 
     def __len__(self) -> int:
         return self.ip.shape[0]
@@ -567,8 +609,9 @@ class PerfBlocks:
             done = ends[lo - 1] if lo else 0
             hi = max(int(np.searchsorted(ends, done + max_insn, side="right")), lo + 1)
             yield PerfBlocks(
-                self.queue, *(getattr(self, c)[lo:hi] for c in _COLUMNS), row=self.row + lo
-            )
+                self.queue, *(getattr(self, c)[lo:hi] for c in _COLUMNS), row=self.row + lo,
+                ptw=self.ptw.piece(lo, hi) if self.ptw is not None else None,
+            )  # fmt: skip
             lo = hi
 
     def take(self, which: np.ndarray, gap: np.ndarray | None = None) -> PerfBlocks:
@@ -577,7 +620,17 @@ class PerfBlocks:
         cols = [getattr(self, c)[which] for c in _COLUMNS]
         if gap is not None:
             cols[-1] = gap.astype(self.gap.dtype)
-        return PerfBlocks(self.queue, *cols, row=self.row)
+        ptw = None
+        if self.ptw is not None and len(self.ptw):
+            # A mark stays with the block it follows (the first block's for
+            # one before any).
+            idx = np.arange(len(self))[which]
+            before = np.maximum(self.ptw.at - 1, 0)
+            pos = np.searchsorted(idx, before)
+            kept = (pos < idx.shape[0]) & (idx[np.minimum(pos, max(idx.shape[0] - 1, 0))] == before)
+            kept &= idx.shape[0] > 0
+            ptw = self.ptw.select(kept, np.where(self.ptw.at[kept] > 0, pos[kept] + 1, 0))
+        return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw)
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
@@ -636,6 +689,7 @@ class _QueueSink(FlowSink):
         self.held_row = 0
         self.rows = 0  # block rows passed on or held
         self.gap_next = False  # a gap before the next block gathered
+        self.ptw_pending: PtwMarks | None = None  # marks after the held block
 
     def batch(self, b: FlowBatch) -> None:
         q = self.q
@@ -659,8 +713,12 @@ class _QueueSink(FlowSink):
 
     def _attribute(self) -> None:
         """Attribute the gathered blocks and pass on all but the last."""
-        stop_k, stop_t, gap_k = self._events()
+        stop_k, stop_t, gap_k, ptw = self._events()
         if not self.parts:
+            if len(ptw):
+                # No block since: the marks follow the held block.
+                ptw.at[:] = 1 if self.held is not None else 0
+                self.ptw_pending = PtwMarks.join([m for m in (self.ptw_pending, ptw) if m])
             if stop_k.shape[0] and self.held is not None:
                 # Tracing stopped with no block since the held one.
                 k = np.zeros(stop_k.shape[0], np.int64)
@@ -697,16 +755,32 @@ class _QueueSink(FlowSink):
         self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
         self.held_row = first_row + total - 1
         self.rows += n
+        # The marks, numbered by the blocks of ``cols`` before each; those
+        # after the (new) held block wait with it.
+        ptw.at += held
+        marks = PtwMarks.join([m for m in (self.ptw_pending, ptw) if m])
+        later = marks.at >= total
+        self.ptw_pending = (
+            marks.select(later, marks.at[later] - (total - 1)) if later.any() else None
+        )
+        marks = marks.select(~later, marks.at[~later])
         for lo in range(0, total - 1, self.target):
             hi = min(lo + self.target, total - 1)
-            self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo))
+            self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo,
+                                 ptw=marks.piece(lo, hi) if len(marks) else None))  # fmt: skip
+        if total == 1 and len(marks):
+            # Only the held block: its marks wait with it.
+            self.ptw_pending = PtwMarks.join(
+                [marks, self.ptw_pending] if self.ptw_pending else [marks]
+            )
 
     def _events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Gaps from the gathered events' errors; the stops of tracing
         (gathered blocks before each, decoder time); the gathered blocks
         before which the flow has a gap (stops, errors, overflows)."""
         if not self.events:
-            return np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64)
+            z = np.zeros(0, np.int64)
+            return z, np.zeros(0, np.uint64), z, PtwMarks.empty()
         ev, offsets, blocks = (np.concatenate(c) for c in zip(*self.events, strict=True))
         self.events = []
         types = ev[:, FK.E_TYPE]
@@ -726,10 +800,19 @@ class _QueueSink(FlowSink):
         stop = real & np.isin(types, _STOP)
         has_tsc = (flags[stop] & FK.F_HAS_TSC) != 0
         gap = stop | (types == FK.X_ERROR) | (real & (types == FK.EV_OVERFLOW))
+        w = np.flatnonzero(real & (types == FK.EV_PTWRITE))
+        ptw = PtwMarks.empty()
+        if w.shape[0]:
+            t = np.where((flags[w] & FK.F_HAS_TSC) != 0, ev[w, FK.E_TSC], np.uint64(0))
+            ns = self.ctx.attribute(t)[0]
+            ip = np.where((flags[w] & FK.F_SUPP) == 0, ev[w, FK.E_IP], np.uint64(0))
+            ptw = PtwMarks(blocks[w].astype(np.int64), ip, ev[w, FK.E_PAYLOAD].copy(),
+                           ev[w, FK.E_SIZE].astype(np.int64), ns)  # fmt: skip
         return (
             blocks[stop].astype(np.int64),
             np.where(has_tsc, ev[stop, FK.E_TSC], np.uint64(0)),
             blocks[gap].astype(np.int64),
+            ptw,
         )
 
     def finish(self) -> None:
@@ -741,8 +824,10 @@ class _QueueSink(FlowSink):
         cols = dict(self.held)
         stop = self.held_stop if self.held_stop is not None else 0
         cols["duration"] = _durations(cols["ns"], np.zeros(1, np.int64), np.array([stop]))
-        self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row))
+        self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row,
+                             ptw=self.ptw_pending))  # fmt: skip
         self.held = None
+        self.ptw_pending = None
 
 
 def stream_perf(

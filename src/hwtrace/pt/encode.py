@@ -115,10 +115,12 @@ STAT_NAMES = (
     "cyc",
     "deferred_tip",
     "tsc",
+    "ptw",
 )
 _ST_TNT_BITS, _ST_TIP, _ST_RET_C, _ST_RET_U, _ST_PSB = 0, 1, 2, 3, 4
 _ST_SYNC_OFF, _ST_ASYNC_OFF, _ST_INTR, _ST_ENABLE, _ST_DEPTH = 5, 6, 7, 8, 9
 _ST_OVERFLOW, _ST_MTC, _ST_CYC, _ST_DEFERRED, _ST_TSC = 10, 11, 12, 13, 14
+_ST_PTW = 15
 
 _PSB = int(Kind.PSB)
 _PSBEND = int(Kind.PSBEND)
@@ -134,6 +136,7 @@ _TMA = int(Kind.TMA)
 _MTC = int(Kind.MTC)
 _CYC = int(Kind.CYC)
 _CBR = int(Kind.CBR)
+_PTW = int(Kind.PTW)
 
 _RETSTACK = 64
 _MAX_DEFERRED = 32  # deferred TIPs held back at most (then the TNT is sent)
@@ -282,7 +285,7 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
     """
     ips, uid = path
     u_cls, u_fall, u_target, u_push = code
-    traced, ev_kind, ev_ip = events
+    traced, ev_kind, ev_ip, ptw_size, ptw_value, ptw_fup = events
     ret_comp, tnt_max, psb_period, sync_disable, ip_comp, mtc_freq, cyc_on, defer = opts
     tsc0, mtc_on, ctc_ratio = timing[1], timing[2], timing[3]
     n = ips.shape[0]
@@ -404,6 +407,19 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
                 else:
                     _put(out, st, _PGD, _U64(0), 0)
                     stats[_ST_ASYNC_OFF] += 1
+
+        if ptw_size[i]:
+            # PTWRITE: its PTW packet (after the branch outcomes before it,
+            # so a decoder reaches it in order), with the instruction's IP
+            # in a FUP when FUPonPTW is set.
+            _flush(out, st, su, stats)
+            r = st[_ROW]
+            _put(out, st, _PTW, ptw_value[i], 1 if ptw_size[i] == 8 else 0)
+            if ptw_fup:
+                if r < out[0].shape[0]:
+                    out[3][r] = 1
+                _ip_packet(out, st, su, _FUP, ips[i])
+            stats[_ST_PTW] += 1
 
         st[_CYCLES] += cost[i]
         if ek == EV_DISABLE:
@@ -542,6 +558,8 @@ def encode_path(
     ctc_ratio: int = 4,
     cbr: int = 8,
     cycles: np.ndarray | None = None,
+    ptwrites: Sequence[tuple[int, int, int]] = (),
+    fup_on_ptw: bool = True,
 ) -> EncodedTrace:
     """Encode an executed instruction path as Intel PT.
 
@@ -567,7 +585,10 @@ def encode_path(
       instruction (so the path must contain the handler, e.g. spliced in);
     * ``trace_off``: ``(p, q)``: tracing is off for ``ips[p:q]`` (``q`` may be
       ``len(ips)``: off to the end); those instructions are not in
-      :attr:`EncodedTrace.expected`.
+      :attr:`EncodedTrace.expected`;
+    * ``ptwrites``: ``(p, payload, size)``: ``ips[p]`` is a PTWRITE that wrote
+      ``payload`` (``size`` 4 or 8 bytes): a PTW packet, with a FUP of
+      ``ips[p]`` when ``fup_on_ptw`` (IA32_RTIT_CTL.FUPonPTW).
 
     Timing (all optional): ``tsc`` is the TSC at the first instruction (None:
     no timing packets); ``mtc_freq`` (0-15) adds TMA in PSB+ and MTC packets;
@@ -614,6 +635,14 @@ def encode_path(
         ev_kind[p] = EV_INTERRUPT
         ev_ip[p] = source
 
+    ptw_size = np.zeros(n, np.int8)
+    ptw_value = np.zeros(n, np.uint64)
+    for p, payload, size in ptwrites:
+        if not 0 <= p < n or not traced[p] or size not in (4, 8):
+            raise ValueError(f"ptwrite at {p}: needs a traced position and a size of 4 or 8")
+        ptw_size[p] = size
+        ptw_value[p] = int(payload) & ((1 << (8 * size)) - 1)
+
     have_end = end_ip is not None
     if not have_end:
         # The next IP is known when the last instruction needs no trace.
@@ -658,7 +687,7 @@ def encode_path(
         rows, err, pos = encode_kernel(
             (ips, uid),
             (u_cls, u_fall, u_target, u_push),
-            (traced, ev_kind, ev_ip),
+            (traced, ev_kind, ev_ip, ptw_size, ptw_value, fup_on_ptw),
             np.uint64(end_ip or 0),
             have_end,
             cost,

@@ -51,6 +51,8 @@ def intel_pt_config(settings: dict[str, int | bool]) -> int:
         config |= bits["cyc"] | (int(settings.get("cyc_thresh", 0)) << 19)
     if settings.get("noretcomp"):
         config |= bits["noretcomp"]
+    if settings.get("ptw"):
+        config |= bits["ptw"] | bits["fup_on_ptw"]
     psb = int(settings.get("psb_period", 0))
     if psb >= 2048:
         # The PSBFreq field nearest the byte period (the software encoder

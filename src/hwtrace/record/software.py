@@ -455,8 +455,16 @@ def encode_log(
     cost: list[np.ndarray] = []
     off: list[tuple[int, int]] = []
     interrupts: list[tuple[int, int]] = []
+    ptw_rows = np.array([r for r, _, _ in log.ptwrites], np.int64)
+    ptwrites: list[tuple[int, int, int]] = []
     pos = 0
     for k, (seg, keep) in enumerate(stretches):
+        if ptw_rows.shape[0]:
+            j = np.searchsorted(keep, ptw_rows)
+            hit = (j < keep.shape[0]) & (keep[np.minimum(j, keep.shape[0] - 1)] == ptw_rows)
+            for w in np.flatnonzero(hit).tolist():
+                _, payload, size = log.ptwrites[w]
+                ptwrites.append((pos + int(j[w]), payload, size))
         t = log.times[keep].astype(np.int64)
         nxt = np.empty_like(t)
         nxt[:-1] = t[1:]
@@ -512,6 +520,7 @@ def encode_log(
             ctc_ratio=ctc_ratio,
             cbr=cbr,
             cycles=np.concatenate(cost),
+            ptwrites=ptwrites,
         )
     except ValueError as exc:
         raise RecordError(f"cannot encode the stepped path as Intel PT: {exc}") from None
@@ -616,6 +625,8 @@ def record_software(
         "branch_enable": True,
         "user": True,
         "kernel": False,
+        # PTWRITE carried out by the stepper: PTW packets with FUPs.
+        "ptw": any(t.log.ptwrites for t in threads),
     }
     build_ids: dict[str, bytes | None] = {}
     image_mmaps = [_mmaps(img.maps, build_ids, img.vdso) for img in steps.images]

@@ -177,6 +177,8 @@ class StepLog:
     code: dict[int, bytes]  # address -> code bytes there, as they were when first stepped
     exit_status: int | None = None  # wait status when the thread ended while recorded
     signals: list[tuple[int, int, bool]] = field(default_factory=list)  # (row, signal, caught)
+    # PTWRITEs the stepper carried out for a CPU without them: (row, payload, size)
+    ptwrites: list[tuple[int, int, int]] = field(default_factory=list)
     stopped_because: str = ""
     clock_pairs: list[tuple[int, int]] = field(default_factory=list)  # (stepping clock, ns)
     tid: int = 0  # 0: the pid
@@ -432,6 +434,58 @@ def _wait(tid: int, status: np.ndarray) -> int:
 # -- address spaces, processes and threads ----------------------------------------
 
 
+def ptwrite_operand(code: bytes, ip: int, regs: np.ndarray, read) -> tuple[int, int, int] | None:
+    """If ``code`` at ``ip`` is a PTWRITE: its operand's value (from the
+    registers ``regs``, in ``REGISTER_NAMES`` order, or memory through
+    ``read(address, size)``), its size in bytes and the next IP."""
+    import iced_x86 as X
+
+    insn = X.Decoder(64, code, ip=ip).decode()
+    if insn.mnemonic != X.Mnemonic.PTWRITE:
+        return None
+
+    def reg(r: int) -> int:
+        if r == X.Register.RIP:
+            return 0  # iced gives RIP-relative displacements as absolute addresses
+        full = X.RegisterExt.full_register(r)
+        name = _REG_NAME.get(full)
+        value = int(regs[nat.REGISTER_NAMES.index(name)]) if name else 0
+        width = X.RegisterExt.size(r)
+        return value & ((1 << (8 * width)) - 1)
+
+    if insn.op0_kind == X.OpKind.REGISTER:
+        size = X.RegisterExt.size(insn.op0_register)
+        value = reg(insn.op0_register)
+    else:
+        size = 8 if insn.memory_size == X.MemorySize.UINT64 else 4
+        address = insn.memory_displacement + reg(insn.memory_base)
+        if insn.memory_index != X.Register.NONE:
+            address += reg(insn.memory_index) * insn.memory_index_scale
+        segment = insn.memory_segment
+        if segment == X.Register.FS:
+            address += int(regs[nat.REGISTER_NAMES.index("fs_base")])
+        elif segment == X.Register.GS:
+            address += int(regs[nat.REGISTER_NAMES.index("gs_base")])
+        data = read(address & 0xFFFFFFFFFFFFFFFF, size)
+        if len(data) != size:
+            return None  # unreadable: let the program take its signal
+        value = int.from_bytes(data, "little")
+    return value, size, insn.next_ip
+
+
+def _register_names() -> dict[int, str]:
+    import iced_x86 as X
+
+    return {
+        getattr(X.Register, n.upper()): n
+        for n in ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp")
+        + tuple(f"r{k}" for k in range(8, 16))
+    }
+
+
+_REG_NAME = _register_names()
+
+
 class _Space:
     """One address space: a process image's memory (shared by a vfork child
     until it execs) and the breakpoints in it.
@@ -614,6 +668,7 @@ class _Thread:
         self.interrupts: list[tuple[int, int, int]] = []
         self.segments: list[Segment] = []
         self.signals: list[tuple[int, int, bool]] = []
+        self.ptwrites: list[tuple[int, int, int]] = []  # (row, payload, size)
         self.pending: dict[int, list[tuple[int, int]]] = {}  # resume point -> (rsp, extent)
         self.exit_status: int | None = None
         self.exit_time: int | None = None
@@ -1226,7 +1281,7 @@ class _Recorder:
             self.deliver_next(t, st)
             return
         if t.stepping:
-            if st == _PLAIN_TRAP:
+            if st == _PLAIN_TRAP or self.emulate_ptwrite(t, st):
                 self.mode[t.slot] = 1
                 self.kick[t.slot] = 1
             else:
@@ -1446,6 +1501,34 @@ class _Recorder:
             self.kick[t.slot] = 1
         else:
             self.resume_free(t, 0)
+
+    # -- PTWRITE on a CPU without it ---------------------------------------------------
+
+    def emulate_ptwrite(self, t: _Thread, st: int) -> bool:
+        """A SIGILL at a PTWRITE the CPU lacks, while stepping: do what the
+        instruction would (log its operand, as the PTW packet Intel PT would
+        write) and go on after it, so software recording carries PTWRITE
+        events as hardware does.  False: not that (the signal is delivered)."""
+        if os.WSTOPSIG(st) != signal.SIGILL or st >> 16 or not self.row_pending(t):
+            return False
+        if self.group_stop(t):
+            return False
+        regs = self.getregs(t)
+        if regs is None:
+            return False
+        rip = int(regs[nat.R_RIP])
+        if rip != int(self.ips[int(self.last[t.slot])]):
+            return False
+        got = ptwrite_operand(
+            t.proc.space.original(rip, t.proc.space.read(rip, 15)), rip, regs, t.proc.space.read
+        )
+        if got is None:
+            return False
+        payload, size, next_ip = got
+        t.ptwrites.append((int(self.count[t.slot]) - 1, payload, size))
+        regs[nat.R_RIP] = next_ip
+        self.setregs(t)
+        return True
 
     # -- signals while stepping ------------------------------------------------------
 
@@ -1693,6 +1776,7 @@ class _Recorder:
                     code=img.code if img else {},
                     exit_status=t.exit_status,
                     signals=t.signals,
+                    ptwrites=t.ptwrites,
                     stopped_because=self.stopped_because,
                     clock_pairs=pairs,
                     tid=t.tid,
