@@ -47,14 +47,9 @@ def main(argv: Sequence[str]) -> int:
     if a.header:
         if schema is None:
             p.error("--header needs --schema")
-        import shutil
+        from ..events import write_headers
 
-        from ..hwevents.channel import header_path
-
-        out = Path(a.header)
-        out.write_text(schema.c_header())
-        # The software channel it falls back on, beside it.
-        shutil.copyfile(header_path(), out.parent / header_path().name)
+        write_headers(schema, a.header)
         return 0
     if bool(a.input) == bool(a.traces):
         p.error("give a perf.data (-i) or raw PT files")
