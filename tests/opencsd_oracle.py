@@ -37,6 +37,7 @@ def run_lister(directory: str | Path, *args: str, timeout: float = 120) -> list[
     out = subprocess.run(
         [LISTER, "-ss_dir", str(directory), "-logstdout", *args],
         capture_output=True,
+        cwd=str(directory),  # any log file it writes stays in the snapshot
         text=True,
         timeout=timeout,
         errors="replace",
@@ -97,6 +98,7 @@ def list_core_source(
     out = subprocess.run(
         [LISTER, "-ss_dir", str(directory), "-logstdout"],
         capture_output=True,
+        cwd=str(directory),  # any log file it writes stays in the snapshot
         text=True,
         timeout=timeout,
         errors="replace",

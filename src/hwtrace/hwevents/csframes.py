@@ -1,0 +1,795 @@
+"""CoreSight trace formatter frames: formatting and deformatting.
+
+When several trace sources (ETM/ETE, PTM, STM...) share one sink through a
+funnel, the sink's formatter wraps their byte streams into 16-byte frames
+tagged with 7-bit trace IDs (ARM CoreSight Architecture Specification,
+"Trace Formatter"; ARM CoreSight Components TRM, "Formatter data
+processing").  ETB, ETF and ETR buffers hold such frames back to back,
+16-byte aligned; a TPIU in continuous mode adds synchronisation packets.
+
+A frame::
+
+    byte  0  2  4 ... 12 14   even bytes: an ID byte (bit 0 = 1, new
+                              trace ID in bits 7:1) or a data byte
+                              whose own bit 0 is kept in byte 15
+    byte  1  3  5 ... 13      odd bytes: always data
+    byte 15                   auxiliary bits: bit k belongs to byte 2k
+
+For a data byte at 2k, aux bit k is its real bit 0.  For an ID byte at 2k
+(k < 7), aux bit k says when the new ID applies: 0 = from the next byte on,
+1 = after the next byte (byte 2k+1 still belongs to the previous ID; a
+formatter uses this when the old source has one byte left at an even
+position).  An ID in byte 14 applies from the next frame.  A formatter
+repeats the current ID (an "ID change" to the same ID) when it has not
+written one for a while.
+
+Trace IDs: 0x00 is the null ID (padding when a buffer is flushed),
+0x01-0x6F belong to trace sources, 0x70-0x7C are reserved (0x7B: flush
+response), 0x7D marks a trigger, 0x7E and 0x7F are reserved (0x7F can
+never appear, as its ID byte 0xFF is the sync pattern).  Because an even
+byte is 0xFF only as that impossible ID byte, two 0xFF bytes never follow
+each other inside frames.
+
+TPIU continuous mode: ``FSYNC`` = ``FF FF FF 7F`` between frames
+(periodic frame synchronisation; a decoder finds frame boundaries only
+through it), ``HSYNC`` = ``FF 7F`` on a 16-bit boundary inside a frame
+when the port has nothing to send.  Linux's ETR driver also writes
+"barrier" frames (four FSYNCs, 16 aligned bytes) into memory buffers to
+mark discontinuities; OpenCSD resets its ID state on them
+(``OCSD_DFRMTR_RESET_ON_4X_FSYNC``), and so does :func:`deformat`.
+
+The behaviour follows OpenCSD's frame deformatter
+(``trc_frame_deformatter.cpp``): the same ID-change rules, and
+:func:`frame_dump_lines` prints frames the way ``trc_pkt_lister
+-o_raw_packed -o_raw_unpacked`` does.  Unlike OpenCSD, damaged input never
+stops the decode: truncated frames, data with no ID, reserved or unknown
+IDs, bytes before the first FSYNC and FSYNCs inside frames are recorded as
+``(byte offset, message)`` and decoding goes on (after an FSYNC inside a
+frame, at the FSYNC).
+
+Decoding runs in numba: one pass counts each trace ID's bytes, a second
+writes them, with the byte offset in the input of every output byte, into
+one array grouped by ID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "FSYNC",
+    "HSYNC",
+    "MODES",
+    "Deformatted",
+    "FrameError",
+    "deformat",
+    "format_frames",
+    "frame_dump_lines",
+    "snapshot_streams",
+    "trace_ids",
+]
+
+FRAME = 16
+FSYNC = b"\xff\xff\xff\x7f"
+HSYNC = b"\xff\x7f"
+NULL_ID = 0x00
+TRIGGER_ID = 0x7D
+FIRST_RESERVED_ID = 0x70
+
+MODES = {"memory": 0, "fsync": 1, "hsync": 2}
+
+# event codes written by the kernel: (offset, code, argument)
+_E_TRUNCATED = 1  # arg: bytes in the incomplete frame
+_E_NO_ID = 2  # data before any trace ID
+_E_RESERVED = 3  # arg: the ID
+_E_UNKNOWN = 4  # arg: the ID
+_E_NO_SYNC = 5  # arg: bytes skipped
+_E_FSYNC_IN_FRAME = 6  # arg: frame bytes dropped
+_E_HSYNC = 7  # HSYNC outside hsync mode
+_EV_TRIGGER = 8  # not an error: a change to the trigger ID
+
+# statistics slots
+_S_FRAMES = 0
+_S_FSYNCS = 1
+_S_HSYNCS = 2
+_S_BARRIERS = 3
+_S_ID_BYTES = 4
+_S_DATA = 5
+_S_NULL = 6
+_S_RESERVED = 7
+_S_TRIGGER = 8
+_S_UNKNOWN = 9
+_S_NO_ID = 10
+_S_DROPPED = 11
+_NSTATS = 12
+_STAT_NAMES = (
+    "frames",
+    "fsyncs",
+    "hsyncs",
+    "barriers",
+    "id_bytes",
+    "data_bytes",
+    "null_bytes",
+    "reserved_bytes",
+    "trigger_bytes",
+    "unknown_id_bytes",
+    "no_id_bytes",
+    "dropped_bytes",
+)
+
+# frame records for dumps: start, end, start-of-frame index, first segment, kind
+_F_NORMAL = 0
+_F_BARRIER = 1
+_F_PARTIAL = 2
+
+
+class FrameError(ValueError):
+    """Formatted trace that cannot be used, with the byte offset."""
+
+    def __init__(self, offset: int, message: str) -> None:
+        super().__init__(f"offset {offset:#x}: {message}")
+        self.offset = offset
+        self.message = message
+
+
+# --------------------------------------------------------------------------
+# numba kernels
+
+
+@njit(cache=True)
+def _push(arr, n, a, b, c, d, e):
+    """Row n of a fixed-size table, if it has room; the new row count
+    (counting rows that did not fit, so the caller can retry bigger)."""
+    if n < arr.shape[0]:
+        arr[n, 0] = a
+        arr[n, 1] = b
+        arr[n, 2] = c
+        if arr.shape[1] > 3:
+            arr[n, 3] = d
+            arr[n, 4] = e
+    return n + 1
+
+
+@njit(cache=True)
+def _is_fsync(data, p):
+    return data[p] == 0xFF and data[p + 1] == 0xFF and data[p + 2] == 0xFF and data[p + 3] == 0x7F
+
+
+@njit(cache=True)
+def _flush(cur, keep, run, w, counts, fill, stats):
+    """Account a run of ``run`` data bytes of trace ID ``cur``."""
+    if cur < 0:
+        stats[_S_NO_ID] += run
+    elif keep:
+        counts[cur] += run
+        stats[_S_DATA] += run
+        fill[cur] = w
+    elif cur == NULL_ID:
+        stats[_S_NULL] += run
+    elif cur == TRIGGER_ID:
+        stats[_S_TRIGGER] += run
+    elif cur >= FIRST_RESERVED_ID:
+        stats[_S_RESERVED] += run
+    else:
+        stats[_S_UNKNOWN] += run
+
+
+@njit(cache=True)
+def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev, seg, frm):
+    """kind 0: count kept bytes per ID; 1: write them grouped by ID at
+    ``starts``; 2: write every data byte in stream order (``seq_id`` = its
+    ID, -1 none) and record frames and segments for dumps."""
+    n = data.shape[0]
+    counts = np.zeros(128, np.int64)
+    fill = starts.copy()
+    stats = np.zeros(_NSTATS, np.int64)
+    nev = 0
+    nseg = 0
+    nfrm = 0
+    nseq = 0
+    seg_len = 0
+    seen = np.zeros(128, np.bool_)
+    f = np.empty(16, np.uint8)
+    fo = np.empty(16, np.int64)
+    cur = -1
+    keep = False
+    run = 0
+    w = 0
+    n_id = 0
+    noid_reported = False
+    p = 0
+    if mode != 0:
+        q = -1
+        for j in range(n - 3):
+            if _is_fsync(data, j):
+                q = j
+                break
+        if q < 0:
+            if n > 0:
+                nev = _push(ev, nev, 0, _E_NO_SYNC, n, 0, 0)
+                stats[_S_DROPPED] += n
+            p = n
+        elif q > 0:
+            nev = _push(ev, nev, 0, _E_NO_SYNC, q, 0, 0)
+            stats[_S_DROPPED] += q
+            p = q
+    while p < n:
+        blk = p
+        sof = p
+        fkind = _F_NORMAL
+        if mode == 0:
+            if p + FRAME > n:
+                nev = _push(ev, nev, p, _E_TRUNCATED, n - p, 0, 0)
+                stats[_S_DROPPED] += n - p
+                if kind == 2:
+                    nfrm = _push(frm, nfrm, p, n, p, nseg, _F_PARTIAL)
+                break
+            barrier = True
+            for j in range(0, FRAME, 4):
+                if not _is_fsync(data, p + j):
+                    barrier = False
+                    break
+            if barrier:
+                stats[_S_BARRIERS] += 1
+                stats[_S_FSYNCS] += 4
+                _flush(cur, keep, run, w, counts, fill, stats)
+                run = 0
+                cur = -1
+                keep = False
+                noid_reported = False
+                if kind == 2:
+                    nfrm = _push(frm, nfrm, p, p + FRAME, p, nseg, _F_BARRIER)
+                p += FRAME
+                continue
+            for j in range(FRAME):
+                f[j] = data[p + j]
+                fo[j] = p + j
+            p += FRAME
+        else:
+            k = 0
+            fs = 0
+            hs_seen = False
+            while k < FRAME and p < n:
+                if p + 4 <= n and _is_fsync(data, p):
+                    stats[_S_FSYNCS] += 1
+                    if k > 0:
+                        nev = _push(ev, nev, fo[0], _E_FSYNC_IN_FRAME, k, 0, 0)
+                        stats[_S_DROPPED] += k
+                        k = 0
+                        _flush(cur, keep, run, w, counts, fill, stats)
+                        run = 0
+                        cur = -1
+                        keep = False
+                        noid_reported = False
+                        blk = p
+                        fs = 0
+                        hs_seen = False
+                    if not hs_seen:
+                        fs += 4
+                    p += 4
+                    continue
+                if p + 5 <= n and _is_fsync(data, p + 1):
+                    # one stray byte: the FSYNC is off the 16-bit grid
+                    start = fo[0] if k > 0 else p
+                    nev = _push(ev, nev, start, _E_FSYNC_IN_FRAME, k + 1, 0, 0)
+                    stats[_S_DROPPED] += k + 1
+                    k = 0
+                    _flush(cur, keep, run, w, counts, fill, stats)
+                    run = 0
+                    cur = -1
+                    keep = False
+                    noid_reported = False
+                    p += 1
+                    blk = p
+                    fs = 0
+                    hs_seen = False
+                    continue
+                if p + 2 > n:
+                    break
+                if data[p] == 0xFF and data[p + 1] == 0x7F:
+                    stats[_S_HSYNCS] += 1
+                    if mode != 2:
+                        nev = _push(ev, nev, p, _E_HSYNC, 0, 0, 0)
+                    hs_seen = True
+                    p += 2
+                    continue
+                f[k] = data[p]
+                f[k + 1] = data[p + 1]
+                fo[k] = p
+                fo[k + 1] = p + 1
+                k += 2
+                p += 2
+            if k < FRAME:
+                left = n - p
+                if k + left > 0:
+                    start = fo[0] if k > 0 else p
+                    nev = _push(ev, nev, start, _E_TRUNCATED, k + left, 0, 0)
+                    stats[_S_DROPPED] += k + left
+                if kind == 2 and n > blk:
+                    nfrm = _push(frm, nfrm, blk, n, blk + fs, nseg, _F_PARTIAL)
+                break
+            sof = blk + fs
+        # ---- unpack one frame
+        stats[_S_FRAMES] += 1
+        if kind == 2:
+            nfrm = _push(frm, nfrm, blk, p, sof, nseg, fkind)
+            nseg = _push(seg, nseg, nseq, sof, cur, 0, 0)
+            seg_len = 0
+        aux = np.int64(f[15])
+        if kind != 2 and cur >= 0:
+            idbits = f[0] | f[2] | f[4] | f[6] | f[8] | f[10] | f[12] | f[14]
+            if (idbits & 1) == 0:
+                # no ID byte: fifteen data bytes of the current ID
+                run += 15
+                if keep and kind == 1:
+                    for i in range(15):
+                        if i & 1:
+                            out_b[w] = f[i]
+                        else:
+                            out_b[w] = f[i] | ((aux >> (i >> 1)) & 1)
+                        out_o[w] = fo[i]
+                        w += 1
+                continue
+        defer = -1
+        defer_i = 0
+        for i in range(15):
+            b = np.int64(f[i])
+            chg = -1
+            chg_i = 0
+            has_val = False
+            val = 0
+            if (i & 1) == 0:
+                abit = (aux >> (i >> 1)) & 1
+                if b & 1:
+                    n_id += 1
+                    nid = b >> 1
+                    if nid != cur:
+                        if i < 14 and abit:
+                            defer = nid
+                            defer_i = i
+                        else:
+                            chg = nid
+                            chg_i = i
+                else:
+                    val = b | abit
+                    has_val = True
+            else:
+                val = b
+                has_val = True
+            if has_val:
+                off = fo[i]
+                run += 1
+                if keep:
+                    if kind == 1:
+                        out_b[w] = val
+                        out_o[w] = off
+                        w += 1
+                elif cur < 0 and not noid_reported:
+                    nev = _push(ev, nev, off, _E_NO_ID, 0, 0, 0)
+                    noid_reported = True
+                if kind == 2:
+                    out_b[nseq] = val
+                    out_o[nseq] = off
+                    seq_id[nseq] = cur
+                    nseq += 1
+                    seg_len += 1
+                if defer >= 0:
+                    chg = defer
+                    chg_i = defer_i
+                    defer = -1
+            if chg >= 0:
+                _flush(cur, keep, run, w, counts, fill, stats)
+                run = 0
+                cur = chg
+                keep = cur > NULL_ID and cur < FIRST_RESERVED_ID and allowed[cur]
+                if keep:
+                    w = fill[cur]
+                if chg == TRIGGER_ID:
+                    nev = _push(ev, nev, fo[chg_i], _EV_TRIGGER, chg, 0, 0)
+                elif chg >= FIRST_RESERVED_ID:
+                    nev = _push(ev, nev, fo[chg_i], _E_RESERVED, chg, 0, 0)
+                elif chg != NULL_ID and not allowed[chg] and not seen[chg]:
+                    seen[chg] = True
+                    nev = _push(ev, nev, fo[chg_i], _E_UNKNOWN, chg, 0, 0)
+                if kind == 2 and chg_i < 14:
+                    if seg_len > 0:
+                        nseg = _push(seg, nseg, nseq, sof + chg_i, chg, 0, 0)
+                        seg_len = 0
+                    elif nseg <= seg.shape[0]:
+                        seg[nseg - 1, 2] = chg
+    _flush(cur, keep, run, w, counts, fill, stats)
+    stats[_S_ID_BYTES] = n_id
+    return counts, stats, nev, nseg, nfrm, nseq
+
+
+@njit(cache=True)
+def _format_kernel(ids, vals, chunk_start, pad_id, fsync_every, hsync, repeat_id):
+    n = vals.shape[0]
+    out = np.empty(max(256, n + n // 6 + 256), np.uint8)
+    m = 0
+    pos = 0
+    cur = -1
+    frame_no = 0
+    frames_no_id = 0
+    while pos < n:
+        if m + 64 > out.shape[0]:
+            bigger = np.empty(out.shape[0] * 2, np.uint8)
+            bigger[:m] = out[:m]
+            out = bigger
+        if fsync_every > 0 and frame_no % fsync_every == 0:
+            out[m] = 0xFF
+            out[m + 1] = 0xFF
+            out[m + 2] = 0xFF
+            out[m + 3] = 0x7F
+            m += 4
+        aux = 0
+        had_id = False
+        force = repeat_id > 0 and frames_no_id >= repeat_id and cur >= 0
+        for slot in range(0, 15, 2):
+            iid = ids[pos] if pos < n else pad_id
+            ival = vals[pos] if pos < n else 0
+            if hsync and slot > 0 and pos < n and chunk_start[pos]:
+                out[m] = 0xFF
+                out[m + 1] = 0x7F
+                m += 2
+            if slot == 14:
+                if iid == cur:
+                    out[m] = ival & 0xFE
+                    aux |= (ival & 1) << 7
+                    pos += 1
+                else:
+                    out[m] = (iid << 1) | 1
+                    cur = iid
+                    had_id = True
+                m += 1
+                break
+            if iid != cur or (slot == 0 and force):
+                out[m] = (iid << 1) | 1
+                out[m + 1] = ival
+                cur = iid
+                had_id = True
+                pos += 1
+            else:
+                nid = ids[pos + 1] if pos + 1 < n else pad_id
+                if nid != cur:
+                    # the old ID has one byte left at an even position:
+                    # ID change that applies after the next byte
+                    out[m] = (nid << 1) | 1
+                    aux |= 1 << (slot >> 1)
+                    out[m + 1] = ival
+                    cur = nid
+                    had_id = True
+                    pos += 1
+                else:
+                    out[m] = ival & 0xFE
+                    aux |= (ival & 1) << (slot >> 1)
+                    out[m + 1] = vals[pos + 1] if pos + 1 < n else 0
+                    pos += 2
+            m += 2
+        out[m] = aux
+        m += 1
+        frames_no_id = 0 if had_id else frames_no_id + 1
+        frame_no += 1
+    return out[:m]
+
+
+# --------------------------------------------------------------------------
+# formatting
+
+
+def format_frames(
+    chunks: Iterable[tuple[int, bytes]],
+    *,
+    fsync_every: int = 0,
+    hsync: bool = False,
+    pad_id: int = NULL_ID,
+    repeat_id: int = 8,
+) -> bytes:
+    """Interleave ``(trace_id, bytes)`` chunks into formatter frames.
+
+    Chunks are written in order, each ID change where a formatter makes it:
+    an ID byte at an even position, or, when the previous source has one
+    byte left for an even position, an ID byte whose aux bit defers the
+    change past that byte.  The last frame is padded with ``pad_id`` data
+    (zeros).  ``fsync_every=N`` writes an FSYNC before frames 0, N, 2N...
+    (TPIU continuous mode); ``hsync`` writes an HSYNC inside a frame where
+    a chunk begins (the port had nothing to send).  A frame starts with a
+    repeated ID byte once ``repeat_id`` frames went by without one (0: never).
+    """
+    ids_list: list[int] = []
+    lens: list[int] = []
+    parts: list[bytes] = []
+    if not 0 <= pad_id < 0x7F:
+        raise ValueError(f"pad_id {pad_id:#x} is not a trace ID (0..0x7e)")
+    for tid, payload in chunks:
+        if not 0 <= tid < 0x7F:
+            raise ValueError(f"trace ID {tid:#x} out of range 0..0x7e")
+        payload = bytes(payload)
+        if payload:
+            ids_list.append(tid)
+            lens.append(len(payload))
+            parts.append(payload)
+    if not parts:
+        return b""
+    vals = np.frombuffer(b"".join(parts), np.uint8)
+    lengths = np.asarray(lens, np.int64)
+    ids = np.repeat(np.asarray(ids_list, np.int64), lengths)
+    chunk_start = np.zeros(vals.shape[0], np.bool_)
+    chunk_start[np.cumsum(lengths) - lengths] = True
+    out = _format_kernel(ids, vals, chunk_start, pad_id, fsync_every, bool(hsync), repeat_id)
+    return out.tobytes()
+
+
+# --------------------------------------------------------------------------
+# deformatting
+
+
+@dataclass
+class Deformatted:
+    """Per-trace-ID byte streams recovered from formatted trace.
+
+    ``offsets[id][k]`` is the byte offset in the input of ``streams[id][k]``,
+    so an error a protocol decoder reports at position k of a stream maps
+    back to the file.  ``errors``: ``(offset, message)`` in input order.
+    ``triggers``: offsets of ID bytes switching to the trigger ID 0x7D.
+    ``counts``: frames, fsyncs, hsyncs, barriers, id_bytes, data_bytes (kept),
+    null_bytes, reserved_bytes, trigger_bytes, unknown_id_bytes,
+    no_id_bytes, dropped_bytes (not in any frame: before sync, truncated).
+    """
+
+    streams: dict[int, bytes]
+    offsets: dict[int, np.ndarray]
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    triggers: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def frames(self) -> int:
+        return self.counts.get("frames", 0)
+
+    def file_offset(self, trace_id: int, position: int) -> int:
+        """Input offset of byte ``position`` of ``trace_id``'s stream."""
+        return int(self.offsets[trace_id][position])
+
+
+def _message(code: int, arg: int) -> str:
+    if code == _E_TRUNCATED:
+        return f"truncated frame: {arg} bytes of an incomplete frame at the end"
+    if code == _E_NO_ID:
+        return "data before any trace ID"
+    if code == _E_RESERVED:
+        return f"reserved trace ID {arg:#04x}"
+    if code == _E_UNKNOWN:
+        return f"unknown trace ID {arg:#04x}"
+    if code == _E_NO_SYNC:
+        return f"no FSYNC: {arg} bytes before frame synchronisation skipped"
+    if code == _E_FSYNC_IN_FRAME:
+        return f"FSYNC inside a frame: {arg} bytes of the partial frame dropped"
+    if code == _E_HSYNC:
+        return "HSYNC in a stream without HSYNCs, skipped"
+    return f"event {code}"
+
+
+def _as_array(data) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    return np.frombuffer(memoryview(data).cast("B"), np.uint8)
+
+
+def _mode(mode: str) -> int:
+    try:
+        return MODES[mode]
+    except KeyError:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}") from None
+
+
+def _allowed(ids: Iterable[int] | None) -> np.ndarray:
+    allowed = np.zeros(128, np.bool_)
+    if ids is None:
+        allowed[:] = True
+    else:
+        for i in ids:
+            if 0 <= int(i) < 128:
+                allowed[int(i)] = True
+    return allowed
+
+
+def deformat(
+    data,
+    *,
+    mode: str = "memory",
+    ids: Iterable[int] | None = None,
+    strict: bool = False,
+) -> Deformatted:
+    """Split formatted trace into per-trace-ID streams.
+
+    ``mode``: ``"memory"`` for ETB/ETF/ETR buffers (16-byte aligned frames),
+    ``"fsync"`` for a TPIU capture synchronised by FSYNCs, ``"hsync"`` for
+    one with FSYNCs and HSYNCs.  ``ids``: the trace IDs expected; data of
+    other source IDs is dropped and reported once per ID as unknown (by
+    default every source ID 0x01-0x6F is kept).  Damaged input is reported
+    in ``errors`` and never raises, unless ``strict``: then the first error
+    raises :class:`FrameError` with its offset.
+    """
+    arr = _as_array(data)
+    m = _mode(mode)
+    allowed = _allowed(ids)
+    no_starts = np.zeros(128, np.int64)
+    empty_b = np.empty(0, np.uint8)
+    empty_o = np.empty(0, np.int64)
+    empty_id = np.empty(0, np.int16)
+    none3 = np.empty((0, 3), np.int64)
+    none5 = np.empty((0, 5), np.int64)
+    counts, _, _, _, _, _ = _deformat_kernel(
+        arr, m, allowed, 0, no_starts, empty_b, empty_o, empty_id, none3, none3, none5
+    )
+    total = int(counts.sum())
+    starts = np.zeros(128, np.int64)
+    starts[1:] = np.cumsum(counts)[:-1]
+    out_b = np.empty(total, np.uint8)
+    out_o = np.empty(total, np.int64)
+    ev = np.empty((1024, 3), np.int64)
+    while True:
+        _, stats, nev, _, _, _ = _deformat_kernel(
+            arr, m, allowed, 1, starts, out_b, out_o, empty_id, ev, none3, none5
+        )
+        if nev <= ev.shape[0]:
+            break
+        ev = np.empty((nev, 3), np.int64)
+    ev = ev[:nev]
+    streams: dict[int, bytes] = {}
+    offsets: dict[int, np.ndarray] = {}
+    for tid in np.flatnonzero(counts):
+        s, e = int(starts[tid]), int(starts[tid] + counts[tid])
+        streams[int(tid)] = out_b[s:e].tobytes()
+        offsets[int(tid)] = out_o[s:e]
+    errors: list[tuple[int, str]] = []
+    triggers: list[int] = []
+    for off, code, arg in ev.tolist():
+        if code == _EV_TRIGGER:
+            triggers.append(off)
+        else:
+            errors.append((off, _message(code, arg)))
+    if strict and errors:
+        raise FrameError(*errors[0])
+    return Deformatted(
+        streams=streams,
+        offsets=offsets,
+        errors=errors,
+        triggers=np.asarray(triggers, np.int64),
+        counts={name: int(v) for name, v in zip(_STAT_NAMES, stats.tolist(), strict=True)},
+    )
+
+
+# --------------------------------------------------------------------------
+# listings in OpenCSD's raw frame printer format
+
+
+def _hex_lines(head: str, chunk: np.ndarray) -> list[str]:
+    """OpenCSD's data string: 16 bytes a line, each ``xx `` (the first line
+    after ``head``)."""
+    text = [
+        " ".join(f"{b:02x}" for b in chunk[i : i + 16].tolist()) + " "
+        for i in range(0, len(chunk), 16)
+    ]
+    if not text:
+        return [head]
+    return [head + text[0], *text[1:]]
+
+
+def frame_dump_lines(
+    data, mode: str = "memory", *, packed: bool = True, unpacked: bool = True
+) -> Iterator[str]:
+    """Frames as ``trc_pkt_lister -o_raw_packed`` (each frame's input bytes,
+    syncs included) and ``-o_raw_unpacked`` (each run of one ID's bytes in a
+    frame, at OpenCSD's index: the frame start, or the ID byte that began
+    the run) print them, one text line per item."""
+    arr = _as_array(data)
+    m = _mode(mode)
+    n = arr.shape[0]
+    seq_b = np.empty(n, np.uint8)
+    seq_o = np.empty(n, np.int64)
+    seq_id = np.empty(n, np.int16)
+    frames = n // FRAME + 4
+    ev = np.empty((1024, 3), np.int64)
+    seg = np.empty((frames * 8, 3), np.int64)
+    frm = np.empty((frames, 5), np.int64)
+    while True:
+        _, _, nev, nseg, nfrm, nseq = _deformat_kernel(
+            arr, m, _allowed(None), 2, np.zeros(128, np.int64), seq_b, seq_o, seq_id, ev, seg, frm
+        )
+        if nev <= ev.shape[0]:
+            break
+        ev = np.empty((nev, 3), np.int64)
+    seg = seg[:nseg]
+    frm = frm[:nfrm]
+    nseg = seg.shape[0]
+    for fi in range(frm.shape[0]):
+        start, end, _sof, seg_first, kind = (int(x) for x in frm[fi])
+        if kind == _F_BARRIER:
+            if packed or unpacked:
+                yield from _hex_lines(
+                    f"Frame Data; Index{start:7d}; {'FSYNC; ':>15}", arr[start:end]
+                )
+            continue
+        if packed:
+            yield from _hex_lines(
+                f"Frame Data; Index{start:7d}; {'RAW_PACKED; ':>15}", arr[start:end]
+            )
+        if not unpacked or kind == _F_PARTIAL:
+            continue
+        seg_end = int(frm[fi + 1, 3]) if fi + 1 < frm.shape[0] else nseg
+        for si in range(seg_first, seg_end):
+            pos, index, tid = (int(x) for x in seg[si])
+            npos = int(seg[si + 1, 0]) if si + 1 < nseg else nseq
+            name = "????" if tid < 0 else f"0x{tid:02x}"
+            yield from _hex_lines(
+                f"Frame Data; Index{index:7d}; {'ID_DATA[':>10}{name}]; ", seq_b[pos:npos]
+            )
+
+
+# --------------------------------------------------------------------------
+# snapshots
+
+
+def _reg(regs: dict[str, int], name: str) -> int | None:
+    for key, value in regs.items():
+        if key.lower() == name.lower():
+            return int(value)
+    return None
+
+
+def trace_ids(snapshot) -> dict[str, int]:
+    """Trace ID of each trace source in a :class:`~hwtrace.hwevents.cssnapshot.Snapshot`,
+    from its registers: TRCTRACEIDR (ETMv4, ETE), STMTCSR bits 22:16 (STM),
+    ETMTRACEIDR (ETMv3, PTM).  Devices with none of them are left out."""
+    out: dict[str, int] = {}
+    for dev in snapshot.devices:
+        v = _reg(dev.regs, "TRCTRACEIDR")
+        if v is not None:
+            out[dev.name] = v & 0x7F
+            continue
+        v = _reg(dev.regs, "STMTCSR")
+        if v is not None:
+            out[dev.name] = (v >> 16) & 0x7F
+            continue
+        v = _reg(dev.regs, "ETMTRACEIDR")
+        if v is not None:
+            out[dev.name] = v & 0x7F
+    return out
+
+
+_BUFFER_MODES = {"coresight": "memory", "dstream_coresight": "fsync"}
+
+
+def snapshot_streams(snapshot) -> dict[str, bytes]:
+    """Each trace source's bytes: deformatted from its buffer's frames
+    (``format=coresight``: memory frames; ``dstream_coresight``: FSYNC
+    synchronised), or the buffer itself (``source_data``).  Raises
+    :class:`FrameError` (offset 0) for a missing buffer, an unknown buffer
+    format or a source in a formatted buffer without a trace ID."""
+    ids = trace_ids(snapshot)
+    done: dict[str, Deformatted] = {}
+    out: dict[str, bytes] = {}
+    for source, bufname in snapshot.source_buffers.items():
+        try:
+            buf = snapshot.buffer(bufname)
+        except KeyError:
+            raise FrameError(0, f"source {source}: no buffer named {bufname!r}") from None
+        if buf.format == "source_data":
+            out[source] = bytes(buf.data)
+            continue
+        mode = _BUFFER_MODES.get(buf.format)
+        if mode is None:
+            raise FrameError(0, f"buffer {bufname}: unknown format {buf.format!r}")
+        if source not in ids:
+            raise FrameError(0, f"source {source}: no trace ID register")
+        if bufname not in done:
+            mine = [ids[s] for s, b in snapshot.source_buffers.items() if b == bufname and s in ids]
+            done[bufname] = deformat(buf.data, mode=mode, ids=mine)
+        out[source] = done[bufname].streams.get(ids[source], b"")
+    return out

@@ -1,0 +1,1565 @@
+"""ARM ETMv4 and ETE instruction-trace packets: encoder, compiled decoder,
+OpenCSD-style dump, and events at registered addresses.
+
+Format (ARM Embedded Trace Macrocell Architecture Specification ETMv4,
+IHI0064, and the ARM Embedded Trace Extension (ETE) specification; byte
+values as OpenCSD's ETMv4/ETE packet processor reads them).  A trace unit
+writes a byte stream of packets, each a header byte and a payload:
+
+- ``00``×11 ``80``: A-sync, the alignment synchronisation.  ``00 03`` is a
+  discard, ``00 05`` an overflow.
+- ``01``: trace info.  Control bytes (bit 7 continues) say which sections
+  follow: bit 0 INFO (bit 0 cycle counting on; ETE bit 6 in a transaction),
+  bit 1 KEY, bit 2 SPEC (speculation depth), bit 3 CYCT (the cycle count
+  threshold), ETE bit 4 the commit window; each section is a continuation
+  field (7 bits a byte, bit 7 = more).  It resets the address history and
+  makes the next timestamp a full value.
+- ``02``/``03``: timestamp, a continuation field of up to 9 bytes giving the
+  low bits that changed (7 per byte), with a cycle count (up to 3 bytes)
+  when the header's bit 0 is set.
+- ``04`` trace on; ``06`` exception (type in byte 1 bits 5:1, byte 2 when
+  byte 1's bit 7 is set; ETE types 0 and 0x18 are PE reset and transaction
+  failure, always 3 bytes); ``07`` exception return (ETMv4 only).
+- ETE: ``09`` instrumentation (ITE, FEAT_ITE, ETE 1.3): an EL byte and an
+  8-byte little-endian payload, ARM's counterpart of Intel's PTWRITE;
+  ``0A``/``0B`` transaction start/commit; ``88`` timestamp marker (also
+  ETMv4.6); ``B0``-``B9`` source addresses.
+- ``0C``-``1F``: cycle counts, format 2 (``0C``/``0D`` + a byte: count low
+  4 bits, commit in the high 4), format 1 (``0E``/``0F``: commit field then
+  count field; ``0F`` has no count) and format 3 (``1x``: count in bits 1:0,
+  commit in bits 3:2).  Counts add the trace info's threshold.
+- ``2D`` commit, ``2E``/``2F`` cancel format 1, ``30``-``33`` mispredict,
+  ``34``-``37`` cancel format 2, ``38``-``3F`` cancel format 3.
+- ``70`` ignore (ETMv4.3+), ``71``-``7F`` event (the 4-bit event mask).
+- ``80`` context unchanged, ``81`` + info byte (EL in bits 1:0, SF bit 4,
+  NS bit 5, VMID follows bit 6, context ID follows bit 7) + VMID bytes
+  (TRCIDR2.VMIDSIZE) + context ID bytes (TRCIDR2.CIDSIZE), little endian.
+- ``82``/``83`` (32-bit IS0/IS1) and ``85``/``86`` (64-bit) address with
+  context: a long address then the context info byte and its IDs.
+- ``90``-``92`` exact match: the address is entry 0-2 of the 3-entry
+  address history (pushed again, as OpenCSD has it).  ``95``/``96`` short address: bits 8:2 (IS0) or 7:1
+  (IS1) in the first byte, bit 7 set adds 8 more bits; the rest from the
+  history's newest entry.  ``9A``/``9B`` long 32-bit, ``9D``/``9E`` long
+  64-bit (IS0 bytes 0-1 carry 7 bits each from bit 2, IS1 byte 0 carries
+  bits 7:1).  Every address packet (and an exact match) pushes its address
+  on the history.
+- Atoms (E executed, N not; oldest first): format 1 ``F6``/``F7``, format 2
+  ``D8``-``DB``, format 3 ``F8``-``FF``, format 4 ``DC``-``DF`` (EEEN NNNN
+  ENEN NENE patterns), format 5 ``D5``-``D7``/``F5``, format 6
+  ``C0``-``D4``/``E0``-``F4`` (3 + bits 4:0 E atoms, then E or N by bit 5).
+
+Q, conditional and data-synchronisation packets are for configurations this
+module does not describe (TRCIDR0 without Q, conditional or data trace), so
+their headers are reserved here, as OpenCSD has them for such a unit.
+
+The configuration comes from the trace unit's registers as an OpenCSD
+snapshot carries them (:class:`Etm4Config`).  :func:`encode_etm4` writes
+packets the way a trace unit compresses them (exact-match and short
+address forms from the history, timestamps as the changed low bits);
+:func:`decode_etm4` reads a stream in numba into columns and records damage
+as ``(offset, message)``, resynchronising at the next A-sync;
+:func:`etm4_dump_lines` prints packets as OpenCSD's ``trc_pkt_lister``
+does; :func:`trace_on_events` turns each trace-on at a registered address
+into an event (the ETM used as a one-point tracer: program it to start
+tracing at ``&foo``, and each trace-on there is an event with its time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "Etm4Config",
+    "Etm4Error",
+    "Etm4Events",
+    "Etm4Kind",
+    "Etm4Packet",
+    "Etm4Packets",
+    "decode_etm4",
+    "encode_etm4",
+    "etm4_dump_lines",
+    "trace_on_events",
+]
+
+
+class Etm4Error(ValueError):
+    """Bad ETMv4/ETE input or encoder request, with the byte offset (or the
+    packet index, for the encoder) where it is."""
+
+    def __init__(self, offset: int, message: str) -> None:
+        super().__init__(f"offset {offset}: {message}")
+        self.offset = offset
+        self.message = message
+
+
+class Etm4Kind(IntEnum):
+    """Packet kinds.  ``ADDR``, ``SRC_ADDR``, ``ADDR_CTXT`` and ``ATOMS`` are
+    encoder requests (the encoder picks the form); the decoder reports the
+    form it read.  Kinds from ``NOT_SYNC`` on are damage."""
+
+    ASYNC = 1
+    TRACE_INFO = 2
+    TIMESTAMP = 3
+    TRACE_ON = 4
+    EXCEPT = 5
+    EXCEPT_RTN = 6
+    PE_RESET = 7
+    TRANS_FAIL = 8
+    TRANS_ST = 9
+    TRANS_COMMIT = 10
+    ITE = 11
+    CCNT_F1 = 12
+    CCNT_F2 = 13
+    CCNT_F3 = 14
+    COMMIT = 15
+    CANCEL_F1 = 16
+    CANCEL_F1_MISPRED = 17
+    MISPREDICT = 18
+    CANCEL_F2 = 19
+    CANCEL_F3 = 20
+    IGNORE = 21
+    EVENT = 22
+    CTXT = 23
+    TS_MARKER = 24
+    DISCARD = 25
+    OVERFLOW = 26
+    ADDR_CTXT_L_32IS0 = 30
+    ADDR_CTXT_L_32IS1 = 31
+    ADDR_CTXT_L_64IS0 = 32
+    ADDR_CTXT_L_64IS1 = 33
+    ADDR_MATCH = 34
+    ADDR_S_IS0 = 35
+    ADDR_S_IS1 = 36
+    ADDR_L_32IS0 = 37
+    ADDR_L_32IS1 = 38
+    ADDR_L_64IS0 = 39
+    ADDR_L_64IS1 = 40
+    SRC_ADDR_MATCH = 41
+    SRC_ADDR_S_IS0 = 42
+    SRC_ADDR_S_IS1 = 43
+    SRC_ADDR_L_32IS0 = 44
+    SRC_ADDR_L_32IS1 = 45
+    SRC_ADDR_L_64IS0 = 46
+    SRC_ADDR_L_64IS1 = 47
+    ATOM_F1 = 50
+    ATOM_F2 = 51
+    ATOM_F3 = 52
+    ATOM_F4 = 53
+    ATOM_F5 = 54
+    ATOM_F6 = 55
+    # encoder requests
+    ADDR = 60
+    SRC_ADDR = 61
+    ADDR_CTXT = 62
+    ATOMS = 63
+    # damage
+    NOT_SYNC = 100
+    RESERVED = 101
+    BAD_SEQUENCE = 102
+    INCOMPLETE_EOT = 103
+
+
+K = Etm4Kind
+ADDRESS_KINDS = frozenset(range(K.ADDR_CTXT_L_32IS0, K.SRC_ADDR_L_64IS1 + 1))
+ATOM_KINDS = frozenset(range(K.ATOM_F1, K.ATOM_F6 + 1))
+ERROR_KINDS = frozenset({K.NOT_SYNC, K.RESERVED, K.BAD_SEQUENCE, K.INCOMPLETE_EOT})
+
+# ------------------------------------------------------------------ config
+
+#: register offsets in the trace unit's programmers' model
+REG_OFFSETS = {
+    "TRCCONFIGR": 0x010,
+    "TRCTRACEIDR": 0x040,
+    "TRCIDR8": 0x180,
+    "TRCIDR9": 0x184,
+    "TRCIDR10": 0x188,
+    "TRCIDR11": 0x18C,
+    "TRCIDR12": 0x190,
+    "TRCIDR13": 0x194,
+    "TRCIDR0": 0x1E0,
+    "TRCIDR1": 0x1E4,
+    "TRCIDR2": 0x1E8,
+    "TRCAUTHSTATUS": 0xFB8,
+    "TRCDEVARCH": 0xFBC,
+}
+
+
+@dataclass
+class Etm4Config:
+    """What the packets depend on, from the trace unit's registers."""
+
+    ete: bool = False
+    arch_major: int = 4  # TRCIDR1.TRCARCHMAJ (ETE: 5)
+    arch_minor: int = 2  # TRCIDR1.TRCARCHMIN (ETE: TRCDEVARCH.REVISION)
+    trace_id: int = 0x10  # TRCTRACEIDR
+    ia_64: bool = True  # TRCIDR2.IASIZE
+    cid_size: int = 32  # context ID bits (TRCIDR2.CIDSIZE: 0 or 32)
+    vmid_size: int = 8  # VMID bits (TRCIDR2.VMIDSIZE: 0, 8, 16, 32)
+    cc_size: int = 12  # cycle counter bits (TRCIDR2.CCSIZE + 12)
+    ts_size: int = 64  # timestamp bits (TRCIDR0.TSSIZE: 0, 48, 64)
+    cycle_counting: bool = False  # TRCCONFIGR.CCI
+    timestamps: bool = True  # TRCCONFIGR.TS
+    context_id_tracing: bool = True  # TRCCONFIGR.CID
+    vmid_tracing: bool = True  # TRCCONFIGR.VMID
+    return_stack: bool = False  # TRCCONFIGR.RS
+    commit_opt1: bool = False  # TRCIDR0.COMMOPT (with TRCIDR0.TRCCCI)
+    max_spec_depth: int = 0  # TRCIDR8.MAXSPEC
+    auth_status: int = 0xCC  # TRCAUTHSTATUS
+    core: str = ""  # core name for a snapshot ("" picks one for the version)
+
+    @property
+    def full_version(self) -> int:
+        return (self.arch_major << 4) | self.arch_minor
+
+    @property
+    def ite(self) -> bool:
+        """Instrumentation packets (ETE 1.3, FEAT_ITE)."""
+        return self.ete and self.arch_minor >= 3
+
+    @classmethod
+    def from_regs(cls, regs: Mapping[str, int]) -> Etm4Config:
+        """From register values by name (``TRCIDR0``...; ETE when
+        ``TRCDEVARCH`` names the ETE architecture or TRCIDR1 says 5)."""
+        r = {k.upper(): int(v) for k, v in regs.items()}
+        for need in ("TRCCONFIGR", "TRCTRACEIDR", "TRCIDR0", "TRCIDR2"):
+            if need not in r:
+                raise Etm4Error(0, f"register {need} is missing")
+        idr0, idr2, cfg = r["TRCIDR0"], r["TRCIDR2"], r["TRCCONFIGR"]
+        idr1 = r.get("TRCIDR1", 0x4100F403)
+        devarch = r.get("TRCDEVARCH", 0)
+        ete = ((devarch >> 0) & 0xFFFF) == 0x5A13 or ((idr1 >> 8) & 0xF) >= 5
+        major = 5 if ete else (idr1 >> 8) & 0xF
+        minor = ((devarch >> 16) & 0xF) if ete and devarch else (idr1 >> 4) & 0xF
+        vmidf = (idr2 >> 10) & 0x1F
+        vmid = 8 if vmidf == 1 else 16 if vmidf == 2 else 32 if vmidf == 4 else 0
+        if minor == 0 and not ete and vmid > 8:
+            vmid = 0
+        tsf = (idr0 >> 24) & 0x1F
+        return cls(
+            ete=ete,
+            arch_major=major,
+            arch_minor=minor,
+            trace_id=r["TRCTRACEIDR"] & 0x7F,
+            ia_64=(idr2 & 0x1F) == 8,
+            cid_size=32 if ((idr2 >> 5) & 0x1F) == 4 else 0,
+            vmid_size=vmid,
+            cc_size=((idr2 >> 25) & 0xF) + 12,
+            ts_size=48 if tsf == 6 else 64 if tsf == 8 else 0,
+            cycle_counting=bool(cfg & (1 << 4)),
+            timestamps=bool(cfg & (1 << 11)),
+            context_id_tracing=bool(cfg & (1 << 6)),
+            vmid_tracing=bool(cfg & (1 << 7)),
+            return_stack=bool(cfg & (1 << 12)),
+            commit_opt1=bool(idr0 & (1 << 29)) and bool(idr0 & (1 << 7)),
+            max_spec_depth=r.get("TRCIDR8", 0),
+            auth_status=r.get("TRCAUTHSTATUS", 0xCC),
+        )
+
+    def to_regs(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Register values and offsets for a snapshot's device ini."""
+        tsf = {48: 6, 64: 8}.get(self.ts_size, 0)
+        # TRCIDR0: InstP0 0, TRCBB, TRCCCI, RETSTACK, 4 events, TSSIZE, COMMOPT
+        idr0 = (1 << 5) | (1 << 7) | (1 << 9) | (3 << 10) | (tsf << 24)
+        if self.commit_opt1:
+            idr0 |= 1 << 29
+        idr1 = 0x4100F000 | (self.arch_major << 8) | (self.arch_minor << 4)
+        vmidf = {0: 0, 8: 1, 16: 2, 32: 4}[self.vmid_size]
+        idr2 = (
+            (8 if self.ia_64 else 4)
+            | ((4 if self.cid_size else 0) << 5)
+            | (vmidf << 10)
+            | ((self.cc_size - 12) << 25)
+        )
+        cfg = 1  # TRCCONFIGR bit 0 is RES1
+        cfg |= (1 << 4) if self.cycle_counting else 0
+        cfg |= (1 << 6) if self.context_id_tracing else 0
+        cfg |= (1 << 7) if self.vmid_tracing else 0
+        cfg |= (1 << 11) if self.timestamps else 0
+        cfg |= (1 << 12) if self.return_stack else 0
+        regs = {
+            "TRCCONFIGR": cfg,
+            "TRCTRACEIDR": self.trace_id,
+            "TRCIDR0": idr0,
+            "TRCIDR1": idr1,
+            "TRCIDR2": idr2,
+            "TRCIDR8": self.max_spec_depth,
+            "TRCIDR9": 0,
+            "TRCIDR10": 0,
+            "TRCIDR11": 0,
+            "TRCIDR12": 0,
+            "TRCIDR13": 0,
+            "TRCAUTHSTATUS": self.auth_status,
+        }
+        if self.ete:
+            regs["TRCDEVARCH"] = 0x47705A13 | (self.arch_minor << 16)
+        return regs, {k: REG_OFFSETS[k] for k in regs}
+
+    @property
+    def device_type(self) -> str:
+        return "ETE" if self.ete else "ETM4"
+
+    @property
+    def core_name(self) -> str:
+        return self.core or ("ARMv9-A" if self.ete else "Cortex-A57")
+
+    def _array(self) -> np.ndarray:
+        return np.array(
+            [
+                int(self.ete),
+                self.full_version,
+                self.cid_size // 8,
+                self.vmid_size // 8,
+                self.cc_size,
+                int(self.commit_opt1),
+                self.max_spec_depth,
+                int(self.ite),
+            ],
+            dtype=np.int64,
+        )
+
+
+# ------------------------------------------------------------------ packets
+
+
+@dataclass
+class Etm4Packet:
+    """One packet.  Fields by kind:
+
+    - addresses: ``address``, ``isa`` (0 = IS0, 1 = IS1); an exact match's
+      ``info`` is the history index; address with context and ``CTXT`` use
+      ``el``, ``sf``, ``ns``, ``context`` and ``vmid`` (None: not sent).
+    - ``TRACE_INFO``: ``info`` = INFO section, ``cc`` = cycle count
+      threshold (with INFO bit 0); ``TIMESTAMP``: ``ts`` (the full value)
+      and ``cc`` (-1: none).
+    - atoms: ``atoms`` (bit i = atom i, 1 = E, oldest first) and ``natoms``.
+    - ``EXCEPT``: ``info`` = type, ``payload`` = address interpretation.
+    - ``CCNT_F*``: ``cc`` (with the threshold), ``info`` = commit count;
+      ``COMMIT``/``CANCEL*``: ``info`` = the count.
+    - ``EVENT``: ``event`` (the 4-bit mask); ``ITE``: ``el``, ``payload``.
+    """
+
+    kind: Etm4Kind
+    address: int = 0
+    isa: int = 0
+    atoms: int = 0
+    natoms: int = 0
+    cc: int = -1
+    ts: int = 0
+    context: int | None = None
+    vmid: int | None = None
+    el: int = 0
+    sf: bool = True
+    ns: bool = True
+    event: int = 0
+    info: int = 0
+    payload: int = 0
+
+
+_F4 = (0xE, 0x0, 0xA, 0x5)
+_F5 = {5: 0x1E, 1: 0x00, 2: 0x0A, 3: 0x15}
+
+
+def _cont(v: int, limit: int = 5) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v and len(out) < limit - 1:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _mask(bits: int) -> int:
+    return (1 << bits) - 1
+
+
+class _Encoder:
+    def __init__(self, config: Etm4Config) -> None:
+        self.c = config
+        self.out = bytearray()
+        self.hist: list[tuple[int, int]] = [(0, 0)] * 3
+        self.ts = 0
+        self.ts_full = True
+        self.threshold = 0
+        self.sf_known = False
+
+    def push(self, addr: int, isa: int) -> None:
+        self.hist = [(addr, isa), self.hist[0], self.hist[1]]
+
+    def long_addr(self, addr: int, isa: int, is64: bool) -> bytes:
+        if isa == 0:
+            b = [(addr >> 2) & 0x7F, (addr >> 9) & 0x7F]
+        else:
+            b = [(addr >> 1) & 0x7F, (addr >> 8) & 0xFF]
+        b += [(addr >> s) & 0xFF for s in range(16, 64 if is64 else 32, 8)]
+        return bytes(b)
+
+    def ctx_bytes(self, p: Etm4Packet) -> bytes:
+        c = self.c
+        info = (p.el & 3) | (0x10 if p.sf else 0) | (0x20 if p.ns else 0)
+        tail = b""
+        if p.vmid is not None and c.vmid_size:
+            info |= 0x40
+            tail += (p.vmid & _mask(c.vmid_size)).to_bytes(c.vmid_size // 8, "little")
+        if p.context is not None and c.cid_size:
+            info |= 0x80
+            tail += (p.context & _mask(c.cid_size)).to_bytes(c.cid_size // 8, "little")
+        self.sf_known = bool(p.sf)
+        return bytes([info]) + tail
+
+    def addr_form(self, addr: int, isa: int, src: bool) -> int:
+        for i, (a, s) in enumerate(self.hist):
+            if a == addr and s == isa:
+                return (K.SRC_ADDR_MATCH if src else K.ADDR_MATCH, i)  # type: ignore[return-value]
+        prev = self.hist[0][0]
+        lo = 9 if isa == 0 else 8
+        if addr >> lo == prev >> lo or addr >> (lo + 8) == prev >> (lo + 8):
+            kind = (K.SRC_ADDR_S_IS0 if src else K.ADDR_S_IS0) + isa
+        elif addr >> 32 == prev >> 32 and (prev >> 32 == 0 or self.sf_known):
+            kind = (K.SRC_ADDR_L_32IS0 if src else K.ADDR_L_32IS0) + isa
+        else:
+            kind = (K.SRC_ADDR_L_64IS0 if src else K.ADDR_L_64IS0) + isa
+        return (kind, 0)  # type: ignore[return-value]
+
+    def address(self, kind: int, addr: int, isa: int, idx: int) -> None:
+        out = self.out
+        src = kind >= K.SRC_ADDR_MATCH
+        base = kind - (K.SRC_ADDR_MATCH - K.ADDR_MATCH) if src else kind
+        if base == K.ADDR_MATCH:
+            if not 0 <= idx <= 2 or self.hist[idx] != (addr, isa):
+                raise ValueError(f"exact match {idx}: {addr:#x} is not in the history")
+            out.append((0xB0 if src else 0x90) + idx)
+            self.push(addr, isa)
+            return
+        if base in (K.ADDR_S_IS0, K.ADDR_S_IS1):
+            isa = base - K.ADDR_S_IS0
+            prev = self.hist[0][0]
+            lo = 9 if isa == 0 else 8
+            shift = 2 if isa == 0 else 1
+            if addr >> lo == prev >> lo:
+                body = bytes([(addr >> shift) & 0x7F])
+            elif addr >> (lo + 8) == prev >> (lo + 8):
+                body = bytes([((addr >> shift) & 0x7F) | 0x80, (addr >> (shift + 7)) & 0xFF])
+            else:
+                raise ValueError(f"short address {addr:#x} is too far from {prev:#x}")
+            out.append((0xB4 if src else 0x95) + isa)
+            out += body
+        elif base in (K.ADDR_L_32IS0, K.ADDR_L_32IS1):
+            isa = base - K.ADDR_L_32IS0
+            out.append((0xB6 if src else 0x9A) + isa)
+            out += self.long_addr(addr, isa, False)
+            upper = self.hist[0][0] >> 32 if self.sf_known else 0
+            addr = (upper << 32) | (addr & 0xFFFFFFFF)
+        else:
+            isa = base - K.ADDR_L_64IS0
+            out.append((0xB8 if src else 0x9D) + isa)
+            out += self.long_addr(addr, isa, True)
+        if addr & (3 if isa == 0 else 1):
+            raise ValueError(f"address {addr:#x} is not aligned for IS{isa}")
+        self.push(addr, isa)
+
+    def put(self, p: Etm4Packet) -> None:
+        c, out, k = self.c, self.out, int(p.kind)
+        if k == K.ASYNC:
+            out += bytes(11) + b"\x80"
+        elif k == K.DISCARD:
+            out += b"\x00\x03"
+        elif k == K.OVERFLOW:
+            out += b"\x00\x05"
+        elif k == K.TRACE_INFO:
+            info = p.info & 0x7F if c.ete else p.info & 0x3F
+            ctrl = 0x1 if info else 0
+            secs = _cont(info) if info else b""
+            thr = p.cc if (info & 1) and p.cc >= 0 else -1
+            if thr >= 0:
+                ctrl |= 0x8
+                secs += _cont(thr)
+            out += bytes([0x01, ctrl]) + secs
+            self.hist = [(0, 0)] * 3
+            self.ts_full = True
+            self.threshold = max(thr, 0)
+        elif k == K.TIMESTAMP:
+            ts = p.ts & _mask(64)
+            if self.ts_full:
+                n = max(1, (ts.bit_length() + 6) // 7)
+            else:
+                n = 1
+                while n < 9 and ts >> (7 * n) != self.ts >> (7 * n):
+                    n += 1
+            if n >= 9:
+                body = bytes([((ts >> (7 * i)) & 0x7F) | 0x80 for i in range(8)]) + bytes(
+                    [(ts >> 56) & 0xFF]
+                )
+            else:
+                body = bytes(
+                    [((ts >> (7 * i)) & 0x7F) | (0x80 if i < n - 1 else 0) for i in range(n)]
+                )
+            if p.cc >= 0:
+                out.append(0x03)
+                out += body + _cont(p.cc & _mask(c.cc_size), 3)
+            else:
+                out.append(0x02)
+                out += body
+            self.ts = ts
+            self.ts_full = False
+        elif k == K.TRACE_ON:
+            out.append(0x04)
+        elif k in (K.EXCEPT, K.PE_RESET, K.TRANS_FAIL):
+            etype = 0 if k == K.PE_RESET else 0x18 if k == K.TRANS_FAIL else p.info
+            interp = 0 if k != K.EXCEPT else p.payload & 3
+            b1 = ((etype & 0x1F) << 1) | (interp & 1) | ((interp & 2) << 5)
+            if etype >> 5 or (c.ete and etype in (0, 0x18)):
+                out += bytes([0x06, b1 | 0x80, (etype >> 5) & 0x1F])
+            else:
+                out += bytes([0x06, b1])
+            if c.ete and etype in (0, 0x18):
+                self.push(0, 0)
+        elif k == K.EXCEPT_RTN:
+            out.append(0x07)
+        elif k == K.TRANS_ST:
+            out.append(0x0A)
+        elif k == K.TRANS_COMMIT:
+            out.append(0x0B)
+        elif k == K.TS_MARKER:
+            out.append(0x88)
+        elif k == K.IGNORE:
+            out.append(0x70)
+        elif k == K.ITE:
+            out += bytes([0x09, p.el & 0xFF]) + (p.payload & _mask(64)).to_bytes(8, "little")
+        elif k == K.EVENT:
+            if not 1 <= p.event <= 15:
+                raise ValueError(f"event mask {p.event} is not 1..15")
+            out.append(0x70 | p.event)
+        elif k == K.CTXT:
+            if p.context is None and p.vmid is None and p.el == -1:
+                out.append(0x80)
+            else:
+                out.append(0x81)
+                out += self.ctx_bytes(p)
+        elif k in (K.CCNT_F1, K.CCNT_F2, K.CCNT_F3):
+            cnt = p.cc - self.threshold
+            commit = p.info
+            if k == K.CCNT_F3:
+                if not 0 <= cnt <= 3 or not 1 <= commit <= 4:
+                    raise ValueError("cycle count format 3 needs count-threshold 0..3, commit 1..4")
+                out.append(0x10 | ((commit - 1) << 2) | cnt)
+            elif k == K.CCNT_F2:
+                if not 0 <= cnt <= 15 or not 1 <= commit <= 16:
+                    raise ValueError(
+                        "cycle count format 2 needs count-threshold 0..15, commit 1..16"
+                    )
+                out += bytes([0x0C, ((commit - 1) << 4) | cnt])
+            else:
+                out.append(0x0E if p.cc >= 0 else 0x0F)
+                if not c.commit_opt1:
+                    out += _cont(commit)
+                if p.cc >= 0:
+                    if not 0 <= cnt < 1 << 21:
+                        raise ValueError("cycle count format 1 needs count-threshold 0..2^21-1")
+                    out += _cont(cnt, 3)
+        elif k == K.COMMIT:
+            out.append(0x2D)
+            out += _cont(p.info)
+        elif k in (K.CANCEL_F1, K.CANCEL_F1_MISPRED):
+            out.append(0x2E if k == K.CANCEL_F1 else 0x2F)
+            out += _cont(p.info)
+        elif k in (K.MISPREDICT, K.CANCEL_F2):
+            code = {0: 0, 1: 1, 2: 2}.get(p.natoms, 0)
+            if p.natoms == 1:
+                code = 1 if p.atoms & 1 else 3
+            elif p.natoms == 2:
+                if p.atoms & 3 != 3:
+                    raise ValueError("mispredict/cancel carries E, EE or N")
+                code = 2
+            if k == K.CANCEL_F2 and code == 0:
+                raise ValueError("cancel format 2 carries E, EE or N")
+            out.append((0x30 if k == K.MISPREDICT else 0x34) | code)
+        elif k == K.CANCEL_F3:
+            if not 2 <= p.info <= 5:
+                raise ValueError("cancel format 3 cancels 2..5")
+            out.append(0x38 | ((p.info - 2) << 1) | (1 if p.natoms else 0))
+        elif k in ATOM_KINDS:
+            out.append(self.atom_byte(k, p.atoms, p.natoms))
+        elif k == K.ATOMS:
+            self.atom_run(p.atoms, p.natoms)
+        elif k in (K.ADDR, K.SRC_ADDR):
+            form, idx = self.addr_form(p.address, p.isa, k == K.SRC_ADDR)
+            self.address(form, p.address, p.isa, idx)
+        elif k == K.ADDR_CTXT or k in range(K.ADDR_CTXT_L_32IS0, K.ADDR_CTXT_L_64IS1 + 1):
+            if k == K.ADDR_CTXT:
+                upper = self.hist[0][0] >> 32 if self.sf_known else 0
+                short = p.address >> 32 == upper or not c.ia_64
+                k = (K.ADDR_CTXT_L_32IS0 if short else K.ADDR_CTXT_L_64IS0) + p.isa
+            is64 = k >= K.ADDR_CTXT_L_64IS0
+            isa = (k - K.ADDR_CTXT_L_32IS0) & 1
+            hdr = (0x85 if is64 else 0x82) + isa
+            addr = p.address
+            out.append(hdr)
+            out += self.long_addr(addr, isa, is64)
+            if not is64:
+                upper = self.hist[0][0] >> 32 if self.sf_known else 0
+                addr = (upper << 32) | (addr & 0xFFFFFFFF)
+            out += self.ctx_bytes(p)
+            self.push(addr, isa)
+        elif k in ADDRESS_KINDS:
+            self.address(k, p.address, p.isa, p.info)
+        else:
+            raise ValueError(f"cannot encode a {p.kind!r} packet")
+
+    def atom_byte(self, k: int, bits: int, n: int) -> int:
+        bits &= _mask(max(n, 0))
+        if k == K.ATOM_F1 and n == 1:
+            return 0xF6 | bits
+        if k == K.ATOM_F2 and n == 2:
+            return 0xD8 | bits
+        if k == K.ATOM_F3 and n == 3:
+            return 0xF8 | bits
+        if k == K.ATOM_F4 and n == 4 and bits in _F4:
+            return 0xDC | _F4.index(bits)
+        if k == K.ATOM_F5 and n == 5 and bits in _F5.values():
+            idx = next(i for i, v in _F5.items() if v == bits)
+            return 0xD5 + idx - 1 if idx < 4 else 0xF5
+        if k == K.ATOM_F6 and 4 <= n <= 24:
+            es = n - 1
+            if bits & _mask(es) == _mask(es):
+                last_n = not (bits >> es) & 1
+                return (0xE0 if last_n else 0xC0) | (es - 3)
+        raise ValueError(f"atoms {bits:#x}/{n} do not fit {Etm4Kind(k).name}")
+
+    def atom_run(self, bits: int, n: int) -> None:
+        i = 0
+        while i < n:
+            run = 0
+            while i + run < n and (bits >> (i + run)) & 1:
+                run += 1
+            if run >= 3:
+                es = min(run, 23)
+                if i + es < n and es == run:
+                    self.out.append(self.atom_byte(K.ATOM_F6, _mask(es), es + 1))
+                    i += es + 1
+                    continue
+                if es >= 4:
+                    self.out.append(self.atom_byte(K.ATOM_F6, _mask(es), es))
+                    i += es
+                    continue
+            m = min(3, n - i)
+            chunk = (bits >> i) & _mask(m)
+            self.out.append(self.atom_byte((K.ATOM_F1, K.ATOM_F2, K.ATOM_F3)[m - 1], chunk, m))
+            i += m
+
+
+def encode_etm4(packets: Iterable[Etm4Packet], config: Etm4Config) -> bytes:
+    """The bytes a trace unit with ``config`` writes for ``packets``.
+
+    ``ADDR``/``SRC_ADDR`` pick the exact-match, short or long form from the
+    address history as the hardware does; ``ADDR_CTXT`` picks the 32- or
+    64-bit form; ``ATOMS`` splits any E/N sequence into atom packets;
+    timestamps send only the low bits that changed.  A request that the
+    format cannot carry raises :class:`Etm4Error` with the packet index."""
+    enc = _Encoder(config)
+    for i, p in enumerate(packets):
+        try:
+            enc.put(p)
+        except ValueError as e:
+            raise Etm4Error(i, str(e)) from None
+    return bytes(enc.out)
+
+
+# ------------------------------------------------------------------ decoder
+
+# error codes -> messages
+_MESSAGES = (
+    "",
+    "data before the first A-sync skipped",
+    "reserved packet header",
+    "bad extension packet",
+    "bad A-sync sequence",
+    "incomplete packet at end of trace",
+    "reserved header for this configuration",
+    "no A-sync found",
+)
+E_UNSYNC, E_RESERVED, E_EXT, E_ASYNC, E_EOT, E_CFG, E_NOSYNC = 1, 2, 3, 4, 5, 6, 7
+
+# state vector layout
+S_SYNC, S_A0, S_A1, S_A2, S_I0, S_I1, S_I2, S_TS, S_TSV = 0, 1, 2, 3, 4, 5, 6, 7, 8
+S_CTXV, S_SF, S_NS, S_EL, S_CID, S_VMID, S_THR, S_NSTATE = 9, 10, 11, 12, 13, 14, 15, 16
+
+_MASK32 = np.int64(0xFFFFFFFF)
+
+
+@njit(cache=True)
+def _cont_field(buf, p, end, limit):
+    """(value, bytes) of a continuation field at p, or (0, -1) if cut."""
+    v = np.int64(0)
+    i = 0
+    while i < limit:
+        if p + i >= end:
+            return v, -1
+        b = np.int64(buf[p + i])
+        v |= (b & 0x7F) << (7 * i)
+        i += 1
+        if b & 0x80 == 0:
+            break
+    return v, i
+
+
+@njit(cache=True)
+def _push(st, addr, isa):
+    st[S_A2] = st[S_A1]
+    st[S_I2] = st[S_I1]
+    st[S_A1] = st[S_A0]
+    st[S_I1] = st[S_I0]
+    st[S_A0] = addr
+    st[S_I0] = isa
+
+
+@njit(cache=True)
+def _long_addr(buf, p, isa, nbytes):
+    if isa == 0:
+        v = (np.int64(buf[p]) & 0x7F) << 2
+        v |= (np.int64(buf[p + 1]) & 0x7F) << 9
+    else:
+        v = (np.int64(buf[p]) & 0x7F) << 1
+        v |= np.int64(buf[p + 1]) << 8
+    for i in range(2, nbytes):
+        v |= np.int64(buf[p + i]) << (8 * i)
+    return v
+
+
+@njit(cache=True)
+def _find_async(buf, p, end):
+    """Offset of the next A-sync (11 zero bytes then 0x80) at or after p, or -1."""
+    zeros = 0
+    i = p
+    while i < end:
+        b = buf[i]
+        if b == 0:
+            zeros += 1
+        elif b == 0x80 and zeros >= 11:
+            return i - 11
+        else:
+            zeros = 0
+        i += 1
+    return -1
+
+
+@njit(cache=True)
+def _run(
+    buf, pos, end, cfg, st,
+    o_off, o_kind, o_size, o_addr, o_isa, o_atoms, o_natoms, o_cc, o_ts,
+    o_ctx, o_vmid, o_el, o_flags, o_event, o_info, o_payload,
+    n, e_off, e_code, ne,
+):  # fmt: skip
+    ete = cfg[0] != 0
+    ver = cfg[1]
+    cid_bytes = cfg[2]
+    vmid_bytes = cfg[3]
+    cc_mask = (np.int64(1) << cfg[4]) - 1
+    commit_opt1 = cfg[5] != 0
+    max_spec = cfg[6]
+    ite = cfg[7] != 0
+    cap = o_off.shape[0]
+    ecap = e_off.shape[0]
+    while pos < end and n < cap and ne < ecap - 2:
+        if st[S_SYNC] == 0:
+            a = _find_async(buf, pos, end)
+            if a < 0:
+                e_off[ne] = pos
+                e_code[ne] = E_NOSYNC
+                ne += 1
+                o_off[n] = pos
+                o_kind[n] = 100  # NOT_SYNC
+                o_size[n] = end - pos
+                n += 1
+                pos = end
+                break
+            if a > pos:
+                e_off[ne] = pos
+                e_code[ne] = E_UNSYNC
+                ne += 1
+                o_off[n] = pos
+                o_kind[n] = 100
+                o_size[n] = a - pos
+                n += 1
+                pos = a
+                continue
+            st[S_SYNC] = 1
+        h = np.int64(buf[pos])
+        kind = 0
+        size = 1
+        addr = st[S_A0]
+        isa = st[S_I0]
+        atoms = 0
+        natoms = 0
+        cc = np.int64(-1)
+        flags = 0
+        event = 0
+        info = np.int64(0)
+        payload = np.int64(0)
+        err = 0
+        cut = False
+        avail = end - pos
+        if h == 0x00:
+            if avail < 2:
+                cut = True
+            else:
+                b1 = buf[pos + 1]
+                if b1 == 0x03:
+                    kind = 25
+                    size = 2
+                elif b1 == 0x05:
+                    kind = 26
+                    size = 2
+                elif b1 == 0x00:
+                    z = pos + 1
+                    while z < end and buf[z] == 0 and z - pos < 12:
+                        z += 1
+                    if z >= end:
+                        cut = True
+                    elif z - pos == 11 and buf[z] == 0x80:
+                        kind = 1
+                        size = 12
+                    else:
+                        err = E_ASYNC
+                        size = z - pos
+                else:
+                    err = E_EXT
+                    size = 2
+        elif h == 0x01:
+            # control bytes
+            q = pos + 1
+            ctrl0 = -1
+            while True:
+                if q >= end:
+                    cut = True
+                    break
+                b = buf[q]
+                if ctrl0 < 0:
+                    ctrl0 = b
+                q += 1
+                if b & 0x80 == 0:
+                    break
+            if not cut:
+                thr = np.int64(0)
+                for sec in range(5):
+                    if ctrl0 & (1 << sec):
+                        v, k = _cont_field(buf, q, end, 5)
+                        if k < 0:
+                            cut = True
+                            break
+                        q += k
+                        if sec == 0:
+                            info = v
+                        elif sec == 3:
+                            thr = v
+                if not cut:
+                    kind = 2
+                    size = q - pos
+                    st[S_THR] = thr if info & 1 else 0
+                    if info & 1:
+                        cc = thr
+                    st[S_A0] = 0
+                    st[S_A1] = 0
+                    st[S_A2] = 0
+                    st[S_I0] = 0
+                    st[S_I1] = 0
+                    st[S_I2] = 0
+                    st[S_TSV] = 0
+                    addr = 0
+                    isa = 0
+        elif h == 0x02 or h == 0x03:
+            q = pos + 1
+            v = np.int64(0)
+            nb = 0
+            while True:
+                if q >= end:
+                    cut = True
+                    break
+                b = np.int64(buf[q])
+                q += 1
+                if nb == 8:
+                    v |= b << 56
+                    nb += 1
+                    break
+                v |= (b & 0x7F) << (7 * nb)
+                nb += 1
+                if b & 0x80 == 0:
+                    break
+            if not cut and h == 0x03:
+                c, k = _cont_field(buf, q, end, 3)
+                if k < 0:
+                    cut = True
+                else:
+                    q += k
+                    cc = c & cc_mask
+            if not cut:
+                kind = 3
+                size = q - pos
+                bits = nb * 7 if nb < 9 else 64
+                if st[S_TSV] == 0 or bits >= 64:
+                    st[S_TS] = v
+                else:
+                    m = (np.int64(1) << bits) - 1
+                    st[S_TS] = (st[S_TS] & ~m) | (v & m)
+                st[S_TSV] = 1
+        elif h == 0x04:
+            kind = 4
+        elif h == 0x06:
+            if avail < 2:
+                cut = True
+            else:
+                b1 = np.int64(buf[pos + 1])
+                etype = (b1 >> 1) & 0x1F
+                three = (b1 & 0x80) != 0 or (ete and (etype == 0 or etype == 0x18))
+                if three and avail < 3:
+                    cut = True
+                else:
+                    size = 3 if three else 2
+                    if b1 & 0x80:
+                        etype |= (np.int64(buf[pos + 2]) & 0x1F) << 5
+                    info = etype
+                    payload = ((b1 & 0x40) >> 5) | (b1 & 1)
+                    kind = 5
+                    if ete and (etype == 0 or etype == 0x18):
+                        kind = 7 if etype == 0 else 8
+                        _push(st, 0, 0)
+                        addr = 0
+                        isa = 0
+        elif h == 0x07 and not ete:
+            kind = 6
+        elif h == 0x09 and ite:
+            if avail < 10:
+                cut = True
+            else:
+                kind = 11
+                size = 10
+                info = np.int64(buf[pos + 1])
+                v = np.int64(0)
+                for i in range(8):
+                    v |= np.int64(buf[pos + 2 + i]) << (8 * i)
+                payload = v
+        elif (h == 0x0A or h == 0x0B) and ete:
+            kind = 9 if h == 0x0A else 10
+        elif h >= 0x0C and h <= 0x0F:
+            if h <= 0x0D:
+                if avail < 2:
+                    cut = True
+                else:
+                    kind = 13
+                    size = 2
+                    b1 = np.int64(buf[pos + 1])
+                    off = (max_spec - 15) if b1 & 1 else 1
+                    info = ((b1 >> 4) & 0xF) + off
+                    cc = st[S_THR] + (b1 & 0xF)
+            else:
+                q = pos + 1
+                if not commit_opt1:
+                    v, k = _cont_field(buf, q, end, 5)
+                    if k < 0:
+                        cut = True
+                    else:
+                        q += k
+                        info = v
+                if not cut and h == 0x0E:
+                    v, k = _cont_field(buf, q, end, 3)
+                    if k < 0:
+                        cut = True
+                    else:
+                        q += k
+                        cc = v + st[S_THR]
+                elif not cut:
+                    cc = 0
+                if not cut:
+                    kind = 12
+                    size = q - pos
+        elif h >= 0x10 and h <= 0x1F:
+            kind = 14
+            info = ((h >> 2) & 3) + 1
+            cc = st[S_THR] + (h & 3)
+        elif h == 0x2D or h == 0x2E or h == 0x2F:
+            v, k = _cont_field(buf, pos + 1, end, 5)
+            if k < 0:
+                cut = True
+            else:
+                kind = 15 if h == 0x2D else (16 if h == 0x2E else 17)
+                size = 1 + k
+                info = v
+        elif h >= 0x30 and h <= 0x37:
+            kind = 18 if h <= 0x33 else 19
+            c2 = h & 3
+            if c2 == 1:
+                atoms, natoms = 1, 1
+            elif c2 == 2:
+                atoms, natoms = 3, 2
+            elif c2 == 3:
+                atoms, natoms = 0, 1
+            if kind == 19:
+                info = 1
+        elif h >= 0x38 and h <= 0x3F:
+            kind = 20
+            if h & 1:
+                atoms, natoms = 1, 1
+            info = ((h >> 1) & 3) + 2
+        elif h == 0x70 and (ete or ver >= 0x43):
+            kind = 21
+        elif h >= 0x71 and h <= 0x7F:
+            kind = 22
+            event = h & 0xF
+            info = event
+        elif h == 0x80:
+            kind = 23
+        elif h == 0x81 or h == 0x82 or h == 0x83 or h == 0x85 or h == 0x86:
+            q = pos + 1
+            alen = 0
+            if h == 0x82 or h == 0x83:
+                alen = 4
+            elif h == 0x85 or h == 0x86:
+                alen = 8
+            if avail < 1 + alen + 1:
+                cut = True
+            else:
+                q += alen
+                ib = np.int64(buf[q])
+                need = 1 + alen + 1
+                nv = vmid_bytes if ib & 0x40 else 0
+                nc = cid_bytes if ib & 0x80 else 0
+                need += nv + nc
+                if avail < need:
+                    cut = True
+                else:
+                    size = need
+                    q += 1
+                    isa = np.int64(1) if (h == 0x83 or h == 0x86) else np.int64(0)
+                    if h != 0x81:
+                        v = _long_addr(buf, pos + 1, isa, alen)
+                        if alen == 4 and st[S_CTXV] != 0 and st[S_SF] != 0:
+                            v = (st[S_A0] & ~_MASK32) | v
+                        addr = v
+                    st[S_CTXV] = 1
+                    st[S_EL] = ib & 3
+                    st[S_SF] = (ib >> 4) & 1
+                    st[S_NS] = (ib >> 5) & 1
+                    flags = 4
+                    if nv:
+                        v = np.int64(0)
+                        for i in range(nv):
+                            v |= np.int64(buf[q + i]) << (8 * i)
+                        st[S_VMID] = v
+                        q += nv
+                        flags |= 16
+                    if nc:
+                        v = np.int64(0)
+                        for i in range(nc):
+                            v |= np.int64(buf[q + i]) << (8 * i)
+                        st[S_CID] = v
+                        flags |= 8
+                    if h == 0x81:
+                        kind = 23
+                        isa = st[S_I0]
+                    else:
+                        kind = (30 if alen == 4 else 32) + isa
+                        _push(st, addr, isa)
+        elif h == 0x88 and (ete or ver >= 0x46):
+            kind = 24
+        elif (h >= 0x90 and h <= 0x92) or (ete and h >= 0xB0 and h <= 0xB2):
+            idx = h & 3
+            kind = 34 if h < 0xB0 else 41
+            info = idx
+            addr = st[S_A0 + idx]
+            isa = st[S_I0 + idx]
+            _push(st, addr, isa)  # pushed again, as any address
+        elif h == 0x95 or h == 0x96 or (ete and (h == 0xB4 or h == 0xB5)):
+            isa = np.int64(1) if (h == 0x96 or h == 0xB5) else np.int64(0)
+            shift = 2 if isa == 0 else 1
+            if avail < 2:
+                cut = True
+            else:
+                b0 = np.int64(buf[pos + 1])
+                v = (b0 & 0x7F) << shift
+                bits = 7 + shift
+                size = 2
+                if b0 & 0x80:
+                    if avail < 3:
+                        cut = True
+                    else:
+                        v |= np.int64(buf[pos + 2]) << (7 + shift)
+                        bits += 8
+                        size = 3
+                if not cut:
+                    m = (np.int64(1) << bits) - 1
+                    addr = (st[S_A0] & ~m) | v
+                    kind = (35 if h < 0xB0 else 42) + isa
+                    flags = bits  # the number of bits the packet carried
+                    _push(st, addr, isa)
+        elif (
+            h == 0x9A or h == 0x9B or h == 0x9D or h == 0x9E
+            or (ete and h >= 0xB6 and h <= 0xB9)
+        ):  # fmt: skip
+            if h < 0xB0:
+                is64 = h >= 0x9D
+                isa = np.int64(h - 0x9D) if is64 else np.int64(h - 0x9A)
+            else:
+                is64 = h >= 0xB8
+                isa = np.int64(h - 0xB8) if is64 else np.int64(h - 0xB6)
+            alen = 8 if is64 else 4
+            if avail < 1 + alen:
+                cut = True
+            else:
+                size = 1 + alen
+                v = _long_addr(buf, pos + 1, isa, alen)
+                if not is64 and st[S_CTXV] != 0 and st[S_SF] != 0:
+                    v = (st[S_A0] & ~_MASK32) | v
+                addr = v
+                base = 37 if h < 0xB0 else 44
+                kind = base + isa + (2 if is64 else 0)
+                _push(st, addr, isa)
+        elif h >= 0xC0:
+            if h >= 0xF8:
+                kind, atoms, natoms = 52, h & 7, 3
+            elif h >= 0xF6:
+                kind, atoms, natoms = 50, h & 1, 1
+            elif h == 0xF5 or (h >= 0xD5 and h <= 0xD7):
+                kind = 54
+                natoms = 5
+                pi = ((h & 0x20) >> 3) | (h & 3)
+                if pi == 5:
+                    atoms = 0x1E
+                elif pi == 1:
+                    atoms = 0
+                elif pi == 2:
+                    atoms = 0x0A
+                else:
+                    atoms = 0x15
+            elif h >= 0xD8 and h <= 0xDB:
+                kind, atoms, natoms = 51, h & 3, 2
+            elif h >= 0xDC and h <= 0xDF:
+                kind, natoms = 53, 4
+                j = h & 3
+                atoms = 0xE if j == 0 else (0 if j == 1 else (0xA if j == 2 else 0x5))
+            else:
+                kind = 55
+                es = (h & 0x1F) + 3
+                atoms = (1 << es) - 1
+                if h & 0x20 == 0:
+                    atoms |= 1 << es
+                natoms = es + 1
+        elif (h >= 0x20 and h <= 0x2C) or (h >= 0x40 and h <= 0x6F) or (h >= 0xA0 and h <= 0xAF):
+            err = E_CFG
+        else:
+            err = E_RESERVED
+        if cut:
+            e_off[ne] = pos
+            e_code[ne] = E_EOT
+            ne += 1
+            o_off[n] = pos
+            o_kind[n] = 103
+            o_size[n] = end - pos
+            o_info[n] = h
+            n += 1
+            pos = end
+            break
+        if err != 0:
+            e_off[ne] = pos
+            e_code[ne] = err
+            ne += 1
+            o_off[n] = pos
+            o_kind[n] = 102 if (err == E_EXT or err == E_ASYNC) else 101
+            o_size[n] = size
+            o_info[n] = h
+            o_event[n] = err
+            n += 1
+            pos += size
+            st[S_SYNC] = 0
+            continue
+        o_off[n] = pos
+        o_kind[n] = kind
+        o_size[n] = size
+        o_addr[n] = addr
+        o_isa[n] = isa
+        o_atoms[n] = atoms
+        o_natoms[n] = natoms
+        o_cc[n] = cc
+        o_ts[n] = st[S_TS]
+        o_ctx[n] = st[S_CID]
+        o_vmid[n] = st[S_VMID]
+        o_el[n] = st[S_EL]
+        o_flags[n] = flags | (st[S_SF] << 5) | (st[S_NS] << 6)
+        o_event[n] = event
+        o_info[n] = info
+        o_payload[n] = payload
+        n += 1
+        pos += size
+    return pos, n, ne
+
+
+_COLUMNS = (
+    ("offset", np.int64),
+    ("kind", np.uint8),
+    ("size", np.int32),
+    ("address", np.int64),
+    ("isa", np.uint8),
+    ("atoms", np.uint32),
+    ("natoms", np.uint8),
+    ("cc", np.int64),
+    ("ts", np.int64),
+    ("context", np.uint32),
+    ("vmid", np.uint32),
+    ("el", np.uint8),
+    ("flags", np.uint8),
+    ("event", np.uint8),
+    ("info", np.int64),
+    ("payload", np.int64),
+)
+
+
+@dataclass
+class Etm4Packets:
+    """Decoded packets as columns (one row a packet, damage rows included).
+
+    ``address`` and ``isa``: the current address after the packet (the
+    packet's own for address packets); ``atoms``/``natoms``: the E/N bits
+    (bit i = atom i, oldest first); ``cc``: the packet's cycle count, -1 if
+    none; ``ts``, ``context``, ``vmid``, ``el``: the current timestamp and
+    context after the packet; ``flags``: bit 2 context in this packet, bit 3
+    with a context ID, bit 4 with a VMID, bit 5 SF (AArch64), bit 6 NS, and
+    for short addresses bits 0-4 the bits the packet carried; ``event``: an
+    event packet's mask; ``info`` and ``payload``: as :class:`Etm4Packet`
+    (for damage rows ``info`` is the header byte and ``event`` the error
+    code); ``errors``: ``(offset,
+    message)``."""
+
+    offset: np.ndarray
+    kind: np.ndarray
+    size: np.ndarray
+    address: np.ndarray
+    isa: np.ndarray
+    atoms: np.ndarray
+    natoms: np.ndarray
+    cc: np.ndarray
+    ts: np.ndarray
+    context: np.ndarray
+    vmid: np.ndarray
+    el: np.ndarray
+    flags: np.ndarray
+    event: np.ndarray
+    info: np.ndarray
+    payload: np.ndarray
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.offset.shape[0])
+
+    def packet(self, i: int) -> Etm4Packet:
+        """Row ``i`` as an :class:`Etm4Packet`."""
+        k = Etm4Kind(int(self.kind[i]))
+        fl = int(self.flags[i])
+        ctx = k == K.CTXT or K.ADDR_CTXT_L_32IS0 <= k <= K.ADDR_CTXT_L_64IS1
+        return Etm4Packet(
+            kind=k,
+            address=int(self.address[i]) & _mask(64),
+            isa=int(self.isa[i]),
+            atoms=int(self.atoms[i]),
+            natoms=int(self.natoms[i]),
+            cc=int(self.cc[i]),
+            ts=int(self.ts[i]) & _mask(64),
+            context=int(self.context[i]) if ctx and fl & 8 else None,
+            vmid=int(self.vmid[i]) if ctx and fl & 16 else None,
+            el=int(self.el[i]) if k != K.ITE else int(self.info[i]),
+            sf=bool(fl & 32),
+            ns=bool(fl & 64),
+            event=int(self.event[i]),
+            info=int(self.info[i]),
+            payload=int(self.payload[i]) & _mask(64),
+        )
+
+
+def decode_etm4(
+    data: bytes | bytearray | memoryview | np.ndarray, config: Etm4Config
+) -> Etm4Packets:
+    """Decode an ETMv4/ETE byte stream (one trace source, no frame
+    formatting).  Never raises on damaged data: each problem is a row of a
+    damage kind and an ``errors`` entry, and decoding resumes at the next
+    A-sync."""
+    buf = np.frombuffer(bytes(data), dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+    buf = np.ascontiguousarray(buf, dtype=np.uint8)
+    end = int(buf.shape[0])
+    cfg = config._array()
+    st = np.zeros(S_NSTATE, dtype=np.int64)
+    cap = max(1024, end // 2 + 16)
+    cols = [np.zeros(cap, dtype=dt) for _, dt in _COLUMNS]
+    ecap = 1024
+    e_off = np.zeros(ecap, dtype=np.int64)
+    e_code = np.zeros(ecap, dtype=np.int64)
+    pos = n = ne = 0
+    while True:
+        pos, n, ne = _run(buf, pos, end, cfg, st, *cols, n, e_off, e_code, ne)
+        if pos >= end:
+            break
+        if n >= cols[0].shape[0]:
+            # as many more rows as the packets so far say the rest holds
+            grow = max(1024, int(n * (end - pos) / max(pos, 1) * 1.05) + 16)
+            cols = [np.concatenate([c, np.zeros(grow, dtype=c.dtype)]) for c in cols]
+        if ne >= e_off.shape[0] - 2:
+            e_off = np.concatenate([e_off, np.zeros(ecap, dtype=np.int64)])
+            e_code = np.concatenate([e_code, np.zeros(ecap, dtype=np.int64)])
+            ecap *= 2
+    out = {name: c[:n] for (name, _), c in zip(_COLUMNS, cols, strict=True)}
+    out["address"] = out["address"].view(np.uint64)
+    out["ts"] = out["ts"].view(np.uint64)
+    out["payload"] = out["payload"].view(np.uint64)
+    errors = [(int(e_off[i]), _MESSAGES[int(e_code[i])]) for i in range(ne)]
+    return Etm4Packets(**out, errors=errors)
+
+
+# ------------------------------------------------------------------ dump
+
+_NAMES = {
+    K.ASYNC: ("I_ASYNC", "Alignment Synchronisation."),
+    K.TRACE_INFO: ("I_TRACE_INFO", "Trace Info."),
+    K.TIMESTAMP: ("I_TIMESTAMP", "Timestamp."),
+    K.TRACE_ON: ("I_TRACE_ON", "Trace On."),
+    K.EXCEPT: ("I_EXCEPT", "Exception."),
+    K.EXCEPT_RTN: ("I_EXCEPT_RTN", "Exception Return."),
+    K.PE_RESET: ("I_PE_RESET", "PE Reset."),
+    K.TRANS_FAIL: ("I_TRANS_FAIL", "Transaction Fail."),
+    K.TRANS_ST: ("I_TRANS_ST", "Transaction Start."),
+    K.TRANS_COMMIT: ("I_TRANS_COMMIT", "Transaction Commit."),
+    K.ITE: ("I_ITE", "Instrumentation."),
+    K.CCNT_F1: ("I_CCNT_F1", "Cycle Count format 1."),
+    K.CCNT_F2: ("I_CCNT_F2", "Cycle Count format 2."),
+    K.CCNT_F3: ("I_CCNT_F3", "Cycle Count format 3."),
+    K.COMMIT: ("I_COMMIT", "Commit"),
+    K.CANCEL_F1: ("I_CANCEL_F1", "Cancel Format 1."),
+    K.CANCEL_F1_MISPRED: ("I_CANCEL_F1_MISPRED", "Cancel Format 1 + Mispredict."),
+    K.MISPREDICT: ("I_MISPREDICT", "Mispredict."),
+    K.CANCEL_F2: ("I_CANCEL_F2", "Cancel Format 2."),
+    K.CANCEL_F3: ("I_CANCEL_F3", "Cancel Format 3."),
+    K.IGNORE: ("I_IGNORE", "Ignore."),
+    K.EVENT: ("I_EVENT", "Trace Event."),
+    K.CTXT: ("I_CTXT", "Context Packet."),
+    K.TS_MARKER: ("I_TS_MARKER", "Timestamp Marker"),
+    K.DISCARD: ("I_DISCARD", "Discard."),
+    K.OVERFLOW: ("I_OVERFLOW", "Overflow."),
+    K.ADDR_CTXT_L_32IS0: ("I_ADDR_CTXT_L_32IS0", "Address & Context, Long, 32 bit, IS0."),
+    K.ADDR_CTXT_L_32IS1: ("I_ADDR_CTXT_L_32IS1", "Address & Context, Long, 32 bit, IS0."),
+    K.ADDR_CTXT_L_64IS0: ("I_ADDR_CTXT_L_64IS0", "Address & Context, Long, 64 bit, IS0."),
+    K.ADDR_CTXT_L_64IS1: ("I_ADDR_CTXT_L_64IS1", "Address & Context, Long, 64 bit, IS1."),
+    K.ADDR_MATCH: ("I_ADDR_MATCH", "Exact Address Match."),
+    K.ADDR_S_IS0: ("I_ADDR_S_IS0", "Address, Short, IS0."),
+    K.ADDR_S_IS1: ("I_ADDR_S_IS1", "Address, Short, IS1."),
+    K.ADDR_L_32IS0: ("I_ADDR_L_32IS0", "Address, Long, 32 bit, IS0."),
+    K.ADDR_L_32IS1: ("I_ADDR_L_32IS1", "Address, Long, 32 bit, IS1."),
+    K.ADDR_L_64IS0: ("I_ADDR_L_64IS0", "Address, Long, 64 bit, IS0."),
+    K.ADDR_L_64IS1: ("I_ADDR_L_64IS1", "Address, Long, 64 bit, IS1."),
+    K.SRC_ADDR_MATCH: ("I_SRC_ADDR_MATCH", "Exact Source Address Match."),
+    K.SRC_ADDR_S_IS0: ("I_SRC_ADDR_S_IS0", "Source Address, Short, IS0."),
+    K.SRC_ADDR_S_IS1: ("I_SRC_ADDR_S_IS1", "Source Address, Short, IS1."),
+    K.SRC_ADDR_L_32IS0: ("I_SCR_ADDR_L_32IS0", "Source Address, Long, 32 bit, IS0."),
+    K.SRC_ADDR_L_32IS1: ("I_SRC_ADDR_L_32IS1", "Source Address, Long, 32 bit, IS1."),
+    K.SRC_ADDR_L_64IS0: ("I_SRC_ADDR_L_64IS0", "Source Address, Long, 64 bit, IS0."),
+    K.SRC_ADDR_L_64IS1: ("I_SRC_ADDR_L_64IS1", "Source Address, Long, 64 bit, IS1."),
+    K.ATOM_F1: ("I_ATOM_F1", "Atom format 1."),
+    K.ATOM_F2: ("I_ATOM_F2", "Atom format 2."),
+    K.ATOM_F3: ("I_ATOM_F3", "Atom format 3."),
+    K.ATOM_F4: ("I_ATOM_F4", "Atom format 4."),
+    K.ATOM_F5: ("I_ATOM_F5", "Atom format 5."),
+    K.ATOM_F6: ("I_ATOM_F6", "Atom format 6."),
+    K.NOT_SYNC: ("I_NOT_SYNC", "I Stream not synchronised"),
+    K.RESERVED: ("I_RESERVED", "Reserved Packet Header"),
+    K.BAD_SEQUENCE: ("I_BAD_SEQUENCE", "Invalid Sequence in packet."),
+    K.INCOMPLETE_EOT: ("I_INCOMPLETE_EOT", "Incomplete packet at end of trace."),
+}
+
+_EXCEPTIONS = (
+    "PE Reset", "Debug Halt", "Call", "Trap", "System Error", "Reserved", "Inst Debug",
+    "Data Debug", "Reserved", "Reserved", "Alignment", "Inst Fault", "Data Fault",
+    "Reserved", "IRQ", "FIQ",
+)  # fmt: skip
+
+
+def packet_name(kind: int) -> str:
+    """OpenCSD's name of a packet kind (``I_ATOM_F1``...)."""
+    return _NAMES.get(Etm4Kind(kind), ("I_UNKNOWN", ""))[0]
+
+
+def _ctx_text(pk: Etm4Packets, i: int) -> str:
+    fl = int(pk.flags[i])
+    if not fl & 4:
+        return "Ctxt: Same"
+    s = "Ctxt: " + ("AArch64," if fl & 32 else "AArch32, ")
+    s += f"EL{int(pk.el[i])}, " + ("NS; " if fl & 64 else "S; ")
+    if fl & 8:
+        s += f"CID=0x{int(pk.context[i]):08x}; "
+    if fl & 16:
+        s += f"VMID=0x{int(pk.vmid[i]):04x}; "
+    return s
+
+
+def _atom_text(bits: int, n: int) -> str:
+    return "".join("E" if (bits >> j) & 1 else "N" for j in range(n))
+
+
+def etm4_dump_lines(
+    data: bytes, packets: Etm4Packets, trace_id: int = 0, *, ete: bool = False
+) -> Iterator[str]:
+    """Lines as OpenCSD's ``trc_pkt_lister`` prints packets:
+    ``Idx:N; ID:T;\\tNAME : description...`` (``ete`` adds the trace info's
+    TSTATE field)."""
+    for i in range(len(packets)):
+        k = Etm4Kind(int(packets.kind[i]))
+        name, desc = _NAMES[k]
+        s = f"{name} : {desc}"
+        addr = f"0x{int(packets.address[i]):016X}"
+        if k == K.TRACE_INFO:
+            info = int(packets.info[i])
+            s += f"; INFO=0x{info:x} {{ CC.{info & 1}"
+            s += f", TSTATE.{(info >> 6) & 1} }}" if ete else " }"
+            if info & 1:
+                s += f"; CC_THRESHOLD=0x{int(packets.cc[i]):x}"
+        elif k == K.TIMESTAMP:
+            s += f"; Updated val = 0x{int(packets.ts[i]):x}"
+            if packets.cc[i] >= 0:
+                s += f"; CC=0x{int(packets.cc[i]):x}"
+        elif k in (K.CCNT_F1, K.CCNT_F2, K.CCNT_F3):
+            s += f"; Count=0x{int(packets.cc[i]):x}"
+        elif k == K.EXCEPT:
+            et = int(packets.info[i])
+            s += "; " + (f" {_EXCEPTIONS[et]};" if et < 16 else " Reserved;")
+            interp = int(packets.payload[i])
+            if interp == 1:
+                s += " Ret Addr Follows;"
+            elif interp == 2:
+                s += " Ret Addr Follows, Match Prev;"
+        elif k == K.COMMIT:
+            s += f"; Commit({int(packets.info[i])})"
+        elif k == K.CANCEL_F1:
+            s += f"; Cancel({int(packets.info[i])})"
+        elif k == K.CANCEL_F1_MISPRED:
+            s += f"; Cancel({int(packets.info[i])}), Mispredict"
+        elif k in (K.MISPREDICT, K.CANCEL_F2, K.CANCEL_F3):
+            s += "; "
+            if packets.natoms[i]:
+                s += f"Atom: {_atom_text(int(packets.atoms[i]), int(packets.natoms[i]))}, "
+            s += (
+                "Mispredict" if k == K.MISPREDICT else f"Cancel({int(packets.info[i])}), Mispredict"
+            )
+        elif k in ATOM_KINDS:
+            s += "; " + _atom_text(int(packets.atoms[i]), int(packets.natoms[i]))
+        elif k == K.CTXT:
+            s += "; " + _ctx_text(packets, i)
+        elif k in (K.ADDR_MATCH, K.SRC_ADDR_MATCH):
+            s += f", [{int(packets.info[i])}]; Addr={addr}; "
+        elif k in (K.ADDR_S_IS0, K.ADDR_S_IS1, K.SRC_ADDR_S_IS0, K.SRC_ADDR_S_IS1):
+            bits = int(packets.flags[i]) & 0x1F
+            s += f"; Addr={addr} ~[0x{int(packets.address[i]) & _mask(bits):X}]"
+        elif k in ADDRESS_KINDS:
+            s += f"; Addr={addr}; "
+            if k <= K.ADDR_CTXT_L_64IS1:
+                s += _ctx_text(packets, i)
+        elif k == K.ITE:
+            s += f"; EL{int(packets.info[i])}; Payload=0x{int(packets.payload[i]):X}"
+        elif k == K.BAD_SEQUENCE:
+            s += "[I_ASYNC]" if int(packets.event[i]) == E_ASYNC else "[I_EXTENSION]"
+        yield f"Idx:{int(packets.offset[i])}; ID:{trace_id:x};\t{s}"
+
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass
+class Etm4Events:
+    """Events as columns: ``name`` (the registered name, or ``"ITE"``),
+    ``address`` (the trace-on address; for ITE the current address),
+    ``ts`` (the first timestamp after the event, before tracing restarts;
+    -1 if none), ``cc`` (that timestamp's cycle count, -1 if none),
+    ``context``, ``vmid``, ``el``, ``offset`` (the byte offset of the
+    address packet, or of the ITE packet) and ``payload`` (ITE)."""
+
+    name: list[str]
+    address: np.ndarray
+    ts: np.ndarray
+    cc: np.ndarray
+    context: np.ndarray
+    vmid: np.ndarray
+    el: np.ndarray
+    offset: np.ndarray
+    payload: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+
+def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4Events:
+    """Each start of tracing (a trace on, or a trace info after sync) whose
+    first address packet is at a registered address becomes an event named
+    by ``addresses``; ETE instrumentation (ITE) packets become ``"ITE"``
+    events with their payload."""
+    kind = packets.kind
+    is_addr = (kind >= K.ADDR_CTXT_L_32IS0) & (kind <= K.ADDR_L_64IS1)
+    starts = np.flatnonzero((kind == K.TRACE_ON) | (kind == K.TRACE_INFO))
+    addr_rows = np.flatnonzero(is_addr)
+    ts_rows = np.flatnonzero(kind == K.TIMESTAMP)
+    ite_rows = np.flatnonzero(kind == K.ITE)
+    # the first address packet after each start, if it comes before the next start
+    j = np.searchsorted(addr_rows, starts, side="right")
+    ok = j < addr_rows.shape[0]
+    first = np.where(ok, addr_rows[np.minimum(j, max(addr_rows.shape[0] - 1, 0))], -1)
+    nxt = np.append(starts[1:], len(packets))
+    ok &= first < nxt
+    rows = np.unique(first[ok])
+    reg = np.array(sorted(addresses), dtype=np.uint64)
+    if rows.size and reg.size:
+        a = packets.address[rows]
+        hit = np.isin(a, reg)
+        rows = rows[hit]
+    else:
+        rows = rows[:0]
+    all_rows = np.concatenate([rows, ite_rows])
+    is_ite = np.concatenate([np.zeros(rows.size, bool), np.ones(ite_rows.size, bool)])
+    order = np.argsort(all_rows, kind="stable")
+    all_rows, is_ite = all_rows[order], is_ite[order]
+    # the next timestamp after the event, before the next start
+    t = np.searchsorted(ts_rows, all_rows, side="right")
+    has_t = t < ts_rows.shape[0]
+    trow = np.where(has_t, ts_rows[np.minimum(t, max(ts_rows.shape[0] - 1, 0))], -1)
+    s = np.searchsorted(starts, all_rows, side="right")
+    next_start = np.where(
+        s < starts.shape[0], starts[np.minimum(s, max(starts.shape[0] - 1, 0))], len(packets)
+    )
+    has_t &= trow < next_start
+    ts = (
+        np.where(has_t, packets.ts[np.maximum(trow, 0)].astype(np.int64), -1)
+        if all_rows.size
+        else np.zeros(0, np.int64)
+    )
+    cc = (
+        np.where(has_t, packets.cc[np.maximum(trow, 0)], -1)
+        if all_rows.size
+        else np.zeros(0, np.int64)
+    )
+    addr = packets.address[all_rows]
+    table = np.array(["ITE"] + [addresses[int(a)] for a in reg], dtype=object)
+    which = (
+        np.where(is_ite, 0, np.searchsorted(reg, addr) + 1)
+        if reg.size
+        else np.zeros(addr.size, int)
+    )
+    names = table[which].tolist()
+    return Etm4Events(
+        name=names,
+        address=addr,
+        ts=ts,
+        cc=cc,
+        context=packets.context[all_rows],
+        vmid=packets.vmid[all_rows],
+        el=np.where(is_ite, packets.info[all_rows], packets.el[all_rows]),
+        offset=packets.offset[all_rows],
+        payload=np.where(is_ite, packets.payload[all_rows], np.uint64(0)),
+    )
