@@ -1,0 +1,1112 @@
+"""MIPI STPv2 packets as ARM CoreSight STM emits them, and the software
+events they carry.
+
+A store into an STM stimulus port becomes a packet on a nibble stream
+(ARM CoreSight STM-500 TRM; MIPI Alliance Specification for System Trace
+Protocol v2.x).  Each byte carries two nibbles, the low nibble first; a
+multi-nibble field is sent most significant nibble first.  Headers
+(hexadecimal nibbles, in stream order)::
+
+    0        NULL                   F00 v    VERSION (3: natural-binary
+    1 mm     M8  set master                  timestamps, 4: Gray-coded)
+    2 ee     MERR master error       F01 ts   NULL + timestamp
+    3 cc     C8  set channel[7:0]    F06 tt   TRIG        F07 tt ts  TRIG + ts
+    4..7     D8 D16 D32 D64          F08 ffffffff  FREQ (Hz)
+    8..B     D8..D64 + marker + ts   F1, F02..F05, F09..F0F  reserved
+    C / D    D4 / D4 + marker + ts   F2 ee    GERR global error
+    E ts     FLAG + timestamp        F3 cccc  C16 set channel
+    F4..F7   D8..D64 + ts            F8..FB   D8..D64 + marker
+    FC / FD  D4 + ts / D4 + marker   FE       FLAG
+    F*21 0   ASYNC (21 F nibbles, a 0)
+
+Data follow the header (2, 4, 8 or 16 nibbles; 1 for D4).  A timestamp is
+a size nibble ``n`` (0..12 nibbles; D means 14, E means 16, F is invalid)
+and ``n`` nibbles that replace the low ``4n`` bits of the running
+timestamp -- in natural binary after VERSION 3, in Gray code after
+VERSION 4 (the new value is Gray-decoded from the Gray code of the old
+one with its low bits replaced).  M8 and VERSION set the channel to 0,
+C8 replaces only the low byte of the channel, MERR sets the channel to
+0 and GERR the master and channel to 0 (as OpenCSD's STM packet
+processor, trc_pkt_proc_stm.cpp, does).
+
+Offsets follow OpenCSD's ``Idx``: the number of bytes consumed when the
+packet's first nibble was read, so a packet starting in a byte's high
+nibble has the next byte's index (``nibble`` holds the exact position).
+An ASYNC found while searching for synchronisation is placed at the byte
+holding the first F of its run, as OpenCSD places it.
+
+:func:`encode_stp` writes packets as the STM would (shortest timestamp
+update, Gray or binary per the last VERSION) and, when the stream has an
+odd number of nibbles, pads the last byte's high nibble with 0 -- a NULL
+packet, the STM's idle filler -- so decoding an encoded stream gives
+the packets back plus, at most, one trailing NULL.
+
+:func:`decode_stp` is compiled (numba).  It never raises on damaged data
+unless asked to: errors are kept as (byte offset, message); everything
+before the first ASYNC is skipped and reported once; after a bad header
+or a bad timestamp size the decoder skips to the next ASYNC (or, with
+``resync=False``, carries on at the next nibble as OpenCSD does, so its
+dump matches OpenCSD's on damaged streams too).
+
+:func:`stp_events` assembles software events per (master, channel).  The
+Linux STM framework (drivers/hwtracing/stm/core.c ``stm_data_write``,
+p_basic.c, p_sys-t.c: "the first packet of the SyS-T frame is
+timestamped; the last packet is a FLAG") writes a message as data
+packets of at most 8 bytes, the FIRST one timestamped and none marked
+(coresight-stm.c clears the timestamp bit of the stimulus port offset:
+D*TS), and ends it with a FLAG packet on the same channel.  So by
+default an event starts at a data packet with a timestamp (or a marker,
+for producers that mark the first write) and ends at a FLAG
+(``convention="flag"``).  For producers that mark the LAST write of a
+message instead, ``convention="marker"`` ends an event at a marked
+packet.
+
+:func:`stp_dump_lines` prints packets as OpenCSD's ``trc_pkt_lister``
+does (``Idx:13; ID:0;\\tM8:Set current master; Master=0x01``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "StpError",
+    "StpEvents",
+    "StpKind",
+    "StpPacket",
+    "StpPackets",
+    "decode_stp",
+    "encode_stp",
+    "encode_stp_columns",
+    "stp_dump_lines",
+    "stp_events",
+]
+
+
+class StpKind(IntEnum):
+    """Packet kinds.  Timestamp and marker are flags of a packet, not kinds
+    (D32MTS is D32 with ``marker`` and ``ts``; FLAG_TS is FLAG with ``ts``)."""
+
+    NULL = 0
+    M8 = 1
+    MERR = 2
+    C8 = 3
+    C16 = 4
+    D4 = 5
+    D8 = 6
+    D16 = 7
+    D32 = 8
+    D64 = 9
+    FLAG = 10
+    TRIG = 11
+    VERSION = 12
+    FREQ = 13
+    ASYNC = 14
+    GERR = 15
+
+
+# Pseudo kinds that only name damaged packets in error rows (OpenCSD's names).
+_NOTSYNC, _BAD_SEQUENCE, _RESERVED = 16, 17, 18
+
+_DATA_BITS = {StpKind.D4: 4, StpKind.D8: 8, StpKind.D16: 16, StpKind.D32: 32, StpKind.D64: 64}
+_DATA_KINDS = frozenset(_DATA_BITS)
+_TS_KINDS = _DATA_KINDS | {StpKind.NULL, StpKind.FLAG, StpKind.TRIG}
+_VALUE_BITS = {
+    **_DATA_BITS,
+    StpKind.M8: 8,
+    StpKind.MERR: 8,
+    StpKind.C8: 8,
+    StpKind.C16: 16,
+    StpKind.GERR: 8,
+    StpKind.TRIG: 8,
+    StpKind.VERSION: 4,
+    StpKind.FREQ: 32,
+}
+
+# Error codes of the decoder's error rows.
+E_NOTSYNC, E_RESERVED, E_VERSION, E_TS_SIZE, E_ASYNC, E_TRUNCATED, E_TS_CODING, E_NO_ASYNC = range(
+    1, 9
+)
+
+
+class StpError(ValueError):
+    """Damaged STP data, with the byte offset."""
+
+    def __init__(self, offset: int, message: str) -> None:
+        super().__init__(f"offset {offset:#x}: {message}")
+        self.offset = offset
+
+
+@dataclass
+class StpPacket:
+    """One packet.  ``value``: the payload of a data packet, the master of
+    M8, the channel (byte) of C8/C16, the version, the frequency, the
+    error or trigger byte.  ``ts``: the full timestamp (None: no
+    timestamp in the packet)."""
+
+    kind: StpKind
+    value: int = 0
+    marker: bool = False
+    ts: int | None = None
+
+
+# ---------------------------------------------------------------------------
+# Encoder
+
+
+@njit(cache=True)
+def _gray(x):
+    return x ^ (x >> np.uint64(1))
+
+
+@njit(cache=True)
+def _ungray(g):
+    g ^= g >> np.uint64(1)
+    g ^= g >> np.uint64(2)
+    g ^= g >> np.uint64(4)
+    g ^= g >> np.uint64(8)
+    g ^= g >> np.uint64(16)
+    g ^= g >> np.uint64(32)
+    return g
+
+
+@njit(cache=True)
+def _put(out, q, v, n):
+    """Write the low ``n`` nibbles of ``v``, most significant first."""
+    for i in range(n - 1, -1, -1):
+        out[q] = np.uint8((v >> np.uint64(4 * i)) & np.uint64(15))
+        q += 1
+    return q
+
+
+@njit(cache=True)
+def _encode(kind, value, marker, has_ts, ts):
+    n = kind.shape[0]
+    out = np.empty(36 * n + 2, np.uint8)
+    q = 0
+    cur = np.uint64(0)
+    gray = False
+    for i in range(n):
+        k = kind[i]
+        v = np.uint64(value[i])
+        t = has_ts[i]
+        m = marker[i]
+        if k == 0:  # NULL
+            if t:
+                out[q] = 15
+                out[q + 1] = 0
+                out[q + 2] = 1
+                q += 3
+            else:
+                out[q] = 0
+                q += 1
+        elif k == 1 or k == 2 or k == 3:  # M8 MERR C8
+            out[q] = k
+            q = _put(out, q + 1, v, 2)
+        elif k == 4:  # C16
+            out[q] = 15
+            out[q + 1] = 3
+            q = _put(out, q + 2, v, 4)
+        elif k >= 5 and k <= 9:  # D4..D64
+            nd = 1 if k == 5 else 1 << (k - 5)
+            if k == 5:
+                if m and t:
+                    out[q] = 13
+                    q += 1
+                elif t:
+                    out[q] = 15
+                    out[q + 1] = 12
+                    q += 2
+                elif m:
+                    out[q] = 15
+                    out[q + 1] = 13
+                    q += 2
+                else:
+                    out[q] = 12
+                    q += 1
+            else:
+                b = k - 6  # 0..3 for D8..D64
+                if m and t:
+                    out[q] = 8 + b
+                    q += 1
+                elif t:
+                    out[q] = 15
+                    out[q + 1] = 4 + b
+                    q += 2
+                elif m:
+                    out[q] = 15
+                    out[q + 1] = 8 + b
+                    q += 2
+                else:
+                    out[q] = 4 + b
+                    q += 1
+            q = _put(out, q, v, nd)
+        elif k == 10:  # FLAG
+            if t:
+                out[q] = 14
+                q += 1
+            else:
+                out[q] = 15
+                out[q + 1] = 14
+                q += 2
+        elif k == 11:  # TRIG
+            out[q] = 15
+            out[q + 1] = 0
+            out[q + 2] = 7 if t else 6
+            q = _put(out, q + 3, v, 2)
+        elif k == 12:  # VERSION
+            out[q] = 15
+            out[q + 1] = 0
+            out[q + 2] = 0
+            out[q + 3] = np.uint8(v)
+            q += 4
+            if v == 3:
+                gray = False
+            elif v == 4:
+                gray = True
+        elif k == 13:  # FREQ
+            out[q] = 15
+            out[q + 1] = 0
+            out[q + 2] = 8
+            q = _put(out, q + 3, v, 8)
+        elif k == 14:  # ASYNC
+            for j in range(21):
+                out[q + j] = 15
+            out[q + 21] = 0
+            q += 22
+        elif k == 15:  # GERR
+            out[q] = 15
+            out[q + 1] = 2
+            q = _put(out, q + 2, v, 2)
+        if t:
+            new = np.uint64(ts[i])
+            if gray:
+                a = _gray(cur)
+                b2 = _gray(new)
+            else:
+                a = cur
+                b2 = new
+            nn = 16
+            for c in range(13):
+                if (a >> np.uint64(4 * c)) == (b2 >> np.uint64(4 * c)):
+                    nn = c
+                    break
+            if nn == 16 and (a >> np.uint64(56)) == (b2 >> np.uint64(56)):
+                nn = 14
+            out[q] = nn if nn <= 12 else (13 if nn == 14 else 14)
+            q = _put(out, q + 1, b2, nn)
+            cur = new
+    if q & 1:
+        out[q] = 0  # pad: a NULL
+        q += 1
+    pairs = out[:q].reshape(-1, 2)
+    return (pairs[:, 0] | (pairs[:, 1] << np.uint8(4))).astype(np.uint8)
+
+
+def _columns(packets: Iterable[StpPacket]):
+    pk = list(packets)
+    n = len(pk)
+    kind = np.empty(n, np.uint8)
+    value = np.empty(n, np.uint64)
+    marker = np.zeros(n, np.bool_)
+    has_ts = np.zeros(n, np.bool_)
+    ts = np.zeros(n, np.uint64)
+    for i, p in enumerate(pk):
+        k = StpKind(p.kind)
+        bits = _VALUE_BITS.get(k, 0)
+        if not 0 <= p.value < 1 << bits:
+            raise ValueError(f"packet {i}: {k.name} value {p.value:#x} does not fit {bits} bits")
+        if k == StpKind.VERSION and p.value not in (3, 4):
+            raise ValueError(f"packet {i}: VERSION {p.value}, CoreSight STM has 3 or 4")
+        if p.marker and k not in _DATA_KINDS:
+            raise ValueError(f"packet {i}: {k.name} has no marked form")
+        if p.ts is not None:
+            if k not in _TS_KINDS:
+                raise ValueError(f"packet {i}: {k.name} has no timestamped form")
+            if not 0 <= p.ts < 1 << 64:
+                raise ValueError(f"packet {i}: timestamp {p.ts:#x} is not 64-bit")
+            has_ts[i] = True
+            ts[i] = p.ts
+        kind[i], value[i], marker[i] = k, p.value, p.marker
+    return kind, value, marker, has_ts, ts
+
+
+def encode_stp(packets: Iterable[StpPacket]) -> bytes:
+    """The bytes an STM emits for ``packets`` (a trailing odd nibble is
+    padded with a NULL).  Timestamps are written as the shortest update of
+    the previous one, Gray-coded after a VERSION 4 packet."""
+    return _encode(*_columns(packets)).tobytes()
+
+
+def encode_stp_columns(kind, value, marker, has_ts, ts) -> bytes:
+    """:func:`encode_stp` for packets given as columns (no checking of
+    the values' ranges): for generating long streams."""
+    return _encode(
+        np.asarray(kind, np.uint8),
+        np.asarray(value, np.uint64),
+        np.asarray(marker, np.bool_),
+        np.asarray(has_ts, np.bool_),
+        np.asarray(ts, np.uint64),
+    ).tobytes()
+
+
+# ---------------------------------------------------------------------------
+# Decoder
+
+# Sync tracking (OpenCSD's checkSyncNibble), on every nibble read: the run
+# of F nibbles, whether one started, whether a sync was seen, the byte
+# offset and nibble of the run's first F, relative to the nibble ``ctx``
+# where the current packet (or search for sync) began.
+
+
+@njit(cache=True, inline="always")
+def _rd(data, p, run, start, sync, soff, fnib, ctx):
+    n = (data[p >> 1] >> ((p & 1) << 2)) & 15
+    if n != 15:
+        if start:
+            if n == 0 and run >= 21:
+                sync = True
+                run = 21
+            else:
+                run = 0
+                start = False
+                sync = False
+    else:
+        run += 1
+        if not start:
+            start = True
+            soff = (ctx + 1) // 2 + (p - ctx) // 2
+            fnib = p
+    return n, run, start, sync, soff, fnib
+
+
+@njit(cache=True)
+def _decode(data, resync, cap, ecap):
+    N = data.shape[0] * 2
+    nib = np.empty(cap, np.int64)
+    offs = np.empty(cap, np.int64)
+    kind = np.empty(cap, np.uint8)
+    master = np.empty(cap, np.uint8)
+    channel = np.empty(cap, np.uint16)
+    value = np.empty(cap, np.uint64)
+    marker = np.empty(cap, np.bool_)
+    has_ts = np.empty(cap, np.bool_)
+    tsv = np.empty(cap, np.uint64)
+    tsbits = np.empty(cap, np.uint8)
+    # error rows: offset, code, kind of the damaged packet, its marker, a
+    # value, and how many packets precede the error
+    eoff = np.empty(ecap, np.int64)
+    ecode = np.empty(ecap, np.uint8)
+    ekind = np.empty(ecap, np.uint8)
+    emark = np.empty(ecap, np.bool_)
+    evalue = np.empty(ecap, np.int64)
+    erow = np.empty(ecap, np.int64)
+    run = 0
+    sst = False
+    syn = False
+    soff = 0
+    fnib = 0
+    ctx = 0
+    n = 0
+    ne = 0
+    p = 0
+    synced = False
+    cur_m = 0
+    cur_c = 0
+    cur_ts = np.uint64(0)
+    coding = 0  # 0 unknown, 1 natural binary, 2 Gray
+    coding_reported = False
+    last = _NOTSYNC  # OpenCSD keeps the last packet type until the next is known
+    overflow = False
+    while p < N or not synced:
+        if n + 2 > cap or ne + 2 > ecap:
+            overflow = True
+            break
+        if not synced:
+            e = p
+            ctx = e
+            cnt = run + (1 if syn else 0)
+            while p < N and not syn:
+                _, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                p += 1
+                cnt += 1
+            if not syn:
+                if cnt > 0:
+                    eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NO_ASYNC, _NOTSYNC
+                    emark[ne] = False
+                    evalue[ne], erow[ne] = (N - e) // 2, n
+                    ne += 1
+                break
+            if cnt > 22:
+                eoff[ne], ecode[ne], ekind[ne], emark[ne] = (e + 1) // 2, E_NOTSYNC, _NOTSYNC, False
+                evalue[ne], erow[ne] = (p - 22 - e) // 2, n
+                ne += 1
+            # placed at the first F of its run, as OpenCSD places it
+            nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = (
+                fnib,
+                soff,
+                14,
+                0,
+                False,
+                False,
+            )
+            master[n], channel[n], tsv[n], tsbits[n] = cur_m, cur_c, cur_ts, 0
+            n += 1
+            run = 0
+            sst = False
+            syn = False
+            synced = True
+            last = 14
+            continue
+        # one packet from nibble p
+        s = p
+        ctx = s
+        off = (s + 1) // 2
+        k = -1
+        mk = False
+        wants_ts = False
+        nd = 0
+        err = 0
+        errv = 0
+        ptype = last  # what OpenCSD would call the packet if cut short
+        h, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+        p += 1
+        if h == 0:
+            k = 0
+        elif h <= 3:
+            k = h
+            nd = 2
+        elif h <= 7:
+            k = h + 2
+            nd = 1 << (h - 3)
+        elif h <= 11:
+            k = h - 2
+            nd = 1 << (h - 7)
+            mk = True
+            wants_ts = True
+        elif h == 12:
+            k = 5
+            nd = 1
+        elif h == 13:
+            k = 5
+            nd = 1
+            mk = True
+            wants_ts = True
+        elif h == 14:
+            k = 10
+            wants_ts = True
+        else:
+            if p >= N:
+                ptype = last
+                err = E_TRUNCATED
+            else:
+                h1, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                p += 1
+                if h1 == 0:
+                    if p >= N:
+                        err = E_TRUNCATED
+                    else:
+                        h2, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                        p += 1
+                        if h2 == 0:
+                            k = 12
+                            nd = 1
+                        elif h2 == 1:
+                            k = 0
+                            wants_ts = True
+                        elif h2 == 6:
+                            k = 11
+                            nd = 2
+                        elif h2 == 7:
+                            k = 11
+                            nd = 2
+                            wants_ts = True
+                        elif h2 == 8:
+                            k = 13
+                            nd = 8
+                        else:
+                            err = E_RESERVED
+                            errv = 0x00F | (h2 << 8)
+                elif h1 == 1:
+                    err = E_RESERVED
+                    errv = 0x01F
+                elif h1 == 2:
+                    k = 15
+                    nd = 2
+                elif h1 == 3:
+                    k = 4
+                    nd = 4
+                elif h1 <= 7:
+                    k = h1 + 2
+                    nd = 1 << (h1 - 3)
+                    wants_ts = True
+                elif h1 <= 11:
+                    k = h1 - 2
+                    nd = 1 << (h1 - 7)
+                    mk = True
+                elif h1 == 12:
+                    k = 5
+                    nd = 1
+                    wants_ts = True
+                elif h1 == 13:
+                    k = 5
+                    nd = 1
+                    mk = True
+                elif h1 == 14:
+                    k = 10
+                else:  # ASYNC, or a bad one
+                    while True:
+                        if p >= N:
+                            err = E_TRUNCATED
+                            break
+                        x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                        p += 1
+                        if syn:
+                            k = 14
+                            run = 0
+                            sst = False
+                            syn = False
+                            break
+                        if not sst:
+                            err = E_ASYNC
+                            errv = x
+                            break
+        if k >= 0:
+            ptype = k
+        v = np.uint64(0)
+        ts_n = -1
+        upd = np.uint64(0)
+        if err == 0 and k != 14:
+            if p + nd > N:
+                err = E_TRUNCATED
+            else:
+                for _ in range(nd):
+                    x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                    v = (v << np.uint64(4)) | np.uint64(x)
+                    p += 1
+                if k == 12 and v != 3 and v != 4:
+                    err = E_VERSION
+                    errv = np.int64(v)
+                elif wants_ts:
+                    if p >= N:
+                        err = E_TRUNCATED
+                    else:
+                        ln, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                        p += 1
+                        if ln == 15:
+                            err = E_TS_SIZE
+                        else:
+                            ts_n = 14 if ln == 13 else (16 if ln == 14 else ln)
+                            if p + ts_n > N:
+                                err = E_TRUNCATED
+                            else:
+                                for _ in range(ts_n):
+                                    x, run, sst, syn, soff, fnib = _rd(
+                                        data, p, run, sst, syn, soff, fnib, ctx
+                                    )
+                                    upd = (upd << np.uint64(4)) | np.uint64(x)
+                                    p += 1
+        if err != 0:
+            eoff[ne], ecode[ne], emark[ne], evalue[ne], erow[ne] = off, err, mk, errv, n
+            ekind[ne] = _RESERVED if err == E_RESERVED else ptype
+            ne += 1
+            if err == E_TRUNCATED:
+                break
+            last = _RESERVED if err == E_RESERVED else _BAD_SEQUENCE
+            if resync:
+                synced = False
+                run = 0
+                sst = False
+                syn = False
+            continue
+        bits = 0
+        if ts_n >= 0:
+            bits = 4 * ts_n
+            if coding == 0 and not coding_reported:
+                eoff[ne], ecode[ne], ekind[ne], emark[ne], evalue[ne], erow[ne] = (
+                    off,
+                    E_TS_CODING,
+                    k,
+                    mk,
+                    0,
+                    n,
+                )
+                ne += 1
+                coding_reported = True
+            if coding == 2:
+                g = _gray(cur_ts)
+                if bits == 64:
+                    g = upd
+                else:
+                    msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
+                    g = (g & ~msk) | (upd & msk)
+                cur_ts = _ungray(g)
+            elif bits == 64:
+                cur_ts = upd
+            else:
+                msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
+                cur_ts = (cur_ts & ~msk) | (upd & msk)
+        if k == 1:
+            cur_m = np.int64(v)
+            cur_c = 0
+        elif k == 2:
+            cur_c = 0
+        elif k == 3:
+            cur_c = (cur_c & 0xFF00) | np.int64(v)
+        elif k == 4:
+            cur_c = np.int64(v)
+        elif k == 15:
+            cur_m = 0
+            cur_c = 0
+        elif k == 12:
+            coding = 1 if v == 3 else 2
+            cur_m = 0
+            cur_c = 0
+        nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = s, off, k, v, mk, ts_n >= 0
+        master[n], channel[n], tsv[n], tsbits[n] = cur_m, cur_c, cur_ts, bits
+        n += 1
+        last = k
+    n = -1 if overflow else n
+    return (
+        n,
+        nib,
+        offs,
+        kind,
+        master,
+        channel,
+        value,
+        marker,
+        has_ts,
+        tsv,
+        tsbits,
+        ne,
+        eoff,
+        ecode,
+        ekind,
+        emark,
+        evalue,
+        erow,
+    )
+
+
+_SIZE = np.array([0, 0, 0, 0, 0, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0], np.uint8)
+
+
+def _name(kind: int, marker: bool = False, ts: bool = False) -> str:
+    if kind == _NOTSYNC:
+        return "NOTSYNC"
+    if kind == _BAD_SEQUENCE:
+        return "BAD_SEQUENCE"
+    if kind == _RESERVED:
+        return "RESERVED"
+    k = StpKind(kind)
+    name = k.name
+    if k in _DATA_KINDS or k in (StpKind.FLAG, StpKind.TRIG):
+        name += ("M" if marker else "") + ("TS" if ts else "")
+    return name
+
+
+def _message(code: int, kind: int, marker: bool, value: int) -> str:
+    if code == E_NOTSYNC:
+        return f"not synchronised: {value} bytes skipped up to the next ASYNC"
+    if code == E_NO_ASYNC:
+        return f"not synchronised: no ASYNC in the last {value} bytes"
+    if code == E_RESERVED:
+        hdr = "F1" if value == 0x01F else f"F0{value >> 8:X}"
+        return f"reserved STPv2 header {hdr}"
+    if code == E_VERSION:
+        return f"VERSION {value}: not a CoreSight STM version (3 or 4)"
+    if code == E_TS_SIZE:
+        return f"{_name(kind, marker)}: timestamp size nibble 0xF"
+    if code == E_ASYNC:
+        return f"bad ASYNC sequence: nibble {value:#x} in the run of F"
+    if code == E_TRUNCATED:
+        return f"stream ends inside a {_name(kind, marker)} packet"
+    return "timestamp before any VERSION packet: coding unknown, read as natural binary"
+
+
+@dataclass
+class StpPackets:
+    """Decoded packets as columns.  ``offset``: OpenCSD's Idx of the
+    packet; ``nibble``: its first nibble's position; ``size``: data bits
+    (0 for non-data packets); ``ts``: the full timestamp after the packet
+    (meaningful where ``has_ts``); ``ts_bits``: the bits it updated.
+    ``errors``: (byte offset, message)."""
+
+    offset: np.ndarray
+    nibble: np.ndarray
+    kind: np.ndarray
+    master: np.ndarray
+    channel: np.ndarray
+    value: np.ndarray
+    size: np.ndarray
+    marker: np.ndarray
+    has_ts: np.ndarray
+    ts: np.ndarray
+    ts_bits: np.ndarray
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    # error rows, for the dump and for event assembly
+    error_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    error_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    error_kinds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    error_markers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    error_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return int(self.kind.shape[0])
+
+    def __getitem__(self, i: int) -> StpPacket:
+        k = StpKind(int(self.kind[i]))
+        return StpPacket(
+            k, int(self.value[i]), bool(self.marker[i]), int(self.ts[i]) if self.has_ts[i] else None
+        )
+
+    def __iter__(self) -> Iterator[StpPacket]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def decode_stp(data, *, resync: bool = True, strict: bool = False) -> StpPackets:
+    """Decode an STP byte stream (bytes or a uint8 buffer).  Damage never
+    raises unless ``strict`` (then :class:`StpError` at the first error)."""
+    buf = (
+        np.frombuffer(data, np.uint8)
+        if not isinstance(data, np.ndarray)
+        else data.view(np.uint8).ravel()
+    )
+    cap = buf.shape[0] + 64
+    ecap = 64
+    while True:
+        r = _decode(buf, bool(resync), cap, ecap)
+        if r[0] >= 0:
+            break
+        cap = 2 * buf.shape[0] + 64
+        ecap = max(ecap * 4, buf.shape[0] // 4 + 64)
+    (
+        n,
+        nib,
+        offs,
+        kind,
+        master,
+        channel,
+        value,
+        marker,
+        has_ts,
+        tsv,
+        tsbits,
+        ne,
+        eoff,
+        ecode,
+        ekind,
+        emark,
+        evalue,
+        erow,
+    ) = r
+    kind = kind[:n].copy()
+    errors = [
+        (int(eoff[i]), _message(int(ecode[i]), int(ekind[i]), bool(emark[i]), int(evalue[i])))
+        for i in range(ne)
+    ]
+    out = StpPackets(
+        offset=offs[:n].copy(),
+        nibble=nib[:n].copy(),
+        kind=kind,
+        master=master[:n].copy(),
+        channel=channel[:n].copy(),
+        value=value[:n].copy(),
+        size=_SIZE[kind],
+        marker=marker[:n].copy(),
+        has_ts=has_ts[:n].copy(),
+        ts=tsv[:n].copy(),
+        ts_bits=tsbits[:n].copy(),
+        errors=errors,
+        error_rows=erow[:ne].copy(),
+        error_codes=ecode[:ne].copy(),
+        error_kinds=ekind[:ne].copy(),
+        error_markers=emark[:ne].copy(),
+        error_offsets=eoff[:ne].copy(),
+    )
+    if strict and errors:
+        raise StpError(*errors[0])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Dump
+
+
+def _packet_text(
+    kind: int, marker: bool, has_ts: bool, value: int, master: int, channel: int, ts: int, bits: int
+) -> str:
+    k = StpKind(kind)
+    desc = {
+        StpKind.ASYNC: "Alignment synchronisation packet",
+        StpKind.VERSION: "Version packet",
+        StpKind.FREQ: "Frequency packet",
+        StpKind.NULL: "Null packet",
+        StpKind.TRIG: "Trigger packet",
+        StpKind.GERR: "Global Error",
+        StpKind.MERR: "Master Error",
+        StpKind.M8: "Set current master",
+        StpKind.C8: "Set current channel",
+        StpKind.C16: "Set current channel",
+        StpKind.FLAG: "Flag packet",
+        StpKind.D4: "4 bit data",
+        StpKind.D8: "8 bit data",
+        StpKind.D16: "16 bit data",
+        StpKind.D32: "32 bit data",
+        StpKind.D64: "64 bit data",
+    }[k]
+    if k in _DATA_KINDS or k in (StpKind.FLAG, StpKind.TRIG):
+        desc += (" + marker" if marker else "") + (" + timestamp" if has_ts else "")
+    s = f"{_name(kind, marker, has_ts)}:{desc}"
+    if k == StpKind.VERSION:
+        s += f"; Ver={value}"
+    elif k == StpKind.FREQ:
+        s += f"; Freq={value}Hz"
+    elif k == StpKind.TRIG:
+        s += f"; TrigData=0x{value:02x}"
+    elif k == StpKind.M8:
+        s += f"; Master=0x{master:02x}"
+    elif k in (StpKind.C8, StpKind.C16):
+        s += f"; Chan=0x{channel:04x}"
+    elif k in _DATA_KINDS:
+        s += f"; Data=0x{value:0{_DATA_BITS[k] // 4}x}"
+    if has_ts:
+        s += f"; TS=0x{ts:016X}"
+        if bits:
+            s += f" ~[0x{ts & ((1 << bits) - 1):X}]"
+    return s
+
+
+_ERROR_TEXT = {
+    E_NOTSYNC: "NOTSYNC:STM not synchronised",
+    E_NO_ASYNC: "NOTSYNC:STM not synchronised",
+    E_RESERVED: "RESERVED:Reserved Packet Header",
+    E_TRUNCATED: "INCOMPLETE_EOT:Incomplete packet flushed at end of trace",
+}
+
+
+def stp_dump_lines(data, packets: StpPackets | None = None, trace_id: int = 0) -> Iterator[str]:
+    """Lines as OpenCSD's trc_pkt_lister prints an STM source's packets,
+    damaged ones included (decodes ``data`` unless ``packets`` is given;
+    decode with ``resync=False`` to follow OpenCSD through damage)."""
+    if packets is None:
+        packets = decode_stp(data)
+    ids = f"; ID:{trace_id:x};\t"
+    cols = (
+        packets.kind.tolist(),
+        packets.marker.tolist(),
+        packets.has_ts.tolist(),
+        packets.value.tolist(),
+        packets.master.tolist(),
+        packets.channel.tolist(),
+        packets.ts.tolist(),
+        packets.ts_bits.tolist(),
+    )
+    off = packets.offset.tolist()
+    erows = packets.error_rows.tolist()
+    j = 0
+    for i in range(len(packets) + 1):
+        while j < len(erows) and erows[j] == i:
+            code = int(packets.error_codes[j])
+            if code != E_TS_CODING:
+                text = _ERROR_TEXT.get(code, "BAD_SEQUENCE:Invalid sequence in packet")
+                if code in (E_TRUNCATED, E_VERSION, E_TS_SIZE, E_ASYNC):
+                    text += (
+                        f"[{_name(int(packets.error_kinds[j]), bool(packets.error_markers[j]))}]"
+                    )
+                yield f"Idx:{int(packets.error_offsets[j])}{ids}{text}"
+            j += 1
+        if i < len(packets):
+            yield f"Idx:{off[i]}{ids}" + _packet_text(*(c[i] for c in cols))
+
+
+# ---------------------------------------------------------------------------
+# Events
+
+
+@dataclass
+class StpEvents:
+    """Software events: ``master``, ``channel``, ``ts`` (of the event's
+    first timestamped packet, else the running timestamp), ``has_ts``,
+    ``first`` (packet row where it starts), ``offset``/``length`` of its
+    bytes in ``payload``, ``complete`` (False: cut by damage, a master or
+    global error, or the end of the stream).  ``partial``: incomplete
+    events; ``lost``: MERR and GERR packets (trace the STM dropped)."""
+
+    master: np.ndarray
+    channel: np.ndarray
+    ts: np.ndarray
+    has_ts: np.ndarray
+    first: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    complete: np.ndarray
+    payload: bytes
+    partial: int = 0
+    lost: int = 0
+
+    def __len__(self) -> int:
+        return int(self.master.shape[0])
+
+    def data(self, i: int) -> bytes:
+        o = int(self.offset[i])
+        return self.payload[o : o + int(self.length[i])]
+
+
+@njit(cache=True)
+def _assemble(kind, master, channel, value, marker, has_ts, ts, err_rows, by_marker):
+    n = kind.shape[0]
+    # (master, channel) -> dense id: open addressing, grown to stay half empty
+    size = 1024
+    hkey = np.full(size, -1, np.int64)
+    hval = np.empty(size, np.int64)
+    dkey = np.empty(n + 1, np.int64)
+    nk = 0
+    open_ev = np.empty(n + 1, np.int64)  # per dense id: its open event
+    open_me = np.empty(n + 1, np.int64)  # ... the master's epoch then
+    open_ge = np.empty(n + 1, np.int64)  # ... the global epoch then
+    m_epoch = np.zeros(256, np.int64)  # MERR: the master's open events end
+    g_epoch = 0  # GERR, damage: every open event ends
+    ev_m = np.empty(n + 1, np.uint8)
+    ev_c = np.empty(n + 1, np.uint16)
+    ev_ts = np.empty(n + 1, np.uint64)
+    ev_has = np.zeros(n + 1, np.bool_)
+    ev_first = np.empty(n + 1, np.int64)
+    ev_len = np.zeros(n + 1, np.int64)
+    ev_done = np.zeros(n + 1, np.bool_)
+    pkt_ev = np.full(n, -1, np.int64)
+    ne = 0
+    lost = 0
+    last_ts = np.uint64(0)
+    ei = 0
+    for i in range(n):
+        while ei < err_rows.shape[0] and err_rows[ei] <= i:
+            g_epoch += 1
+            ei += 1
+        k = kind[i]
+        if has_ts[i]:
+            last_ts = ts[i]
+        if k == 2:  # MERR: this master lost trace
+            lost += 1
+            m_epoch[master[i]] += 1
+            continue
+        if k == 15:  # GERR
+            lost += 1
+            g_epoch += 1
+            continue
+        is_data = k >= 5 and k <= 9
+        if not is_data and k != 10:
+            continue
+        m = master[i]
+        key = (np.int64(m) << 16) | np.int64(channel[i])
+        h = ((key * 0x9E3779B1) >> 7) & (size - 1)
+        while hkey[h] != key and hkey[h] != -1:
+            h = (h + 1) & (size - 1)
+        if hkey[h] == -1:
+            hkey[h] = key
+            hval[h] = nk
+            dkey[nk] = key
+            open_ev[nk] = -1
+            nk += 1
+            d = nk - 1
+            if 2 * nk > size:
+                size *= 2
+                hkey = np.full(size, -1, np.int64)
+                hval = np.empty(size, np.int64)
+                for j in range(nk):
+                    g = ((dkey[j] * 0x9E3779B1) >> 7) & (size - 1)
+                    while hkey[g] != -1:
+                        g = (g + 1) & (size - 1)
+                    hkey[g] = dkey[j]
+                    hval[g] = j
+        else:
+            d = hval[h]
+        e = open_ev[d]
+        if e >= 0 and (open_me[d] != m_epoch[m] or open_ge[d] != g_epoch):
+            e = -1  # cut by an error since it opened
+        if is_data:
+            if e < 0 or ((has_ts[i] or marker[i]) and not by_marker):
+                e = ne
+                ne += 1
+                open_ev[d], open_me[d], open_ge[d] = e, m_epoch[m], g_epoch
+                ev_m[e] = m
+                ev_c[e] = channel[i]
+                ev_first[e] = i
+                ev_ts[e] = last_ts
+            if has_ts[i] and not ev_has[e]:
+                ev_has[e] = True
+                ev_ts[e] = ts[i]
+            pkt_ev[i] = e
+            ev_len[e] += 1 if k == 5 else 1 << (k - 6)
+            if by_marker and marker[i]:
+                ev_done[e] = True
+                open_ev[d] = -1
+        elif not by_marker and e >= 0:  # FLAG ends the message
+            ev_done[e] = True
+            open_ev[d] = -1
+    ev_off = np.zeros(ne + 1, np.int64)
+    for e in range(ne):
+        ev_off[e + 1] = ev_off[e] + ev_len[e]
+    blob = np.empty(ev_off[ne], np.uint8)
+    fill = ev_off[:ne].copy()
+    for i in range(n):
+        e = pkt_ev[i]
+        if e < 0:
+            continue
+        k = kind[i]
+        v = value[i]
+        nb = 1 if k == 5 else 1 << (k - 6)
+        q = fill[e]
+        for b in range(nb):  # little-endian: the bytes the program stored
+            blob[q + b] = np.uint8((v >> np.uint64(8 * b)) & np.uint64(0xFF))
+        fill[e] = q + nb
+    return (ev_m[:ne], ev_c[:ne], ev_ts[:ne], ev_has[:ne], ev_first[:ne], ev_off[:ne],
+            ev_len[:ne], ev_done[:ne], blob, lost)  # fmt: skip
+
+
+def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
+    """Software events from decoded packets, per (master, channel).
+
+    ``convention="flag"`` (the Linux STM framework's p_basic and p_sys-t
+    framing): a data packet with a timestamp or a marker starts an event,
+    a FLAG ends it.
+    ``convention="marker"``: a marked data packet ends an event.  A data
+    packet with no open event on its channel opens one (its start was
+    lost, or never timestamped: ``has_ts`` tells).  An event still open at
+    the end, or when a MERR (its master), a GERR or damaged data comes,
+    is incomplete.  D4 payloads count as one byte (the nibble); wider
+    ones as their bytes, little-endian (the bytes the program stored)."""
+    if convention not in ("flag", "marker"):
+        raise ValueError(f"convention {convention!r}: 'flag' or 'marker'")
+    gaps = np.sort(packets.error_rows[packets.error_codes != E_TS_CODING].astype(np.int64))
+    m, c, ts, has, first, off, length, done, blob, lost = _assemble(
+        packets.kind,
+        packets.master,
+        packets.channel,
+        packets.value,
+        packets.marker,
+        packets.has_ts,
+        packets.ts,
+        gaps,
+        convention == "marker",
+    )
+    return StpEvents(
+        master=m.copy(),
+        channel=c.copy(),
+        ts=ts.copy(),
+        has_ts=has.copy(),
+        first=first.copy(),
+        offset=off.copy(),
+        length=length.copy(),
+        complete=done.copy(),
+        payload=blob.tobytes(),
+        partial=int(len(done) - done.sum()),
+        lost=int(lost),
+    )
