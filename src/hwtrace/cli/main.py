@@ -25,6 +25,7 @@ commands:
   trace     kernel tracepoints filtered in the kernel (eBPF); system call latency
   vm        vCPUs, VM exits and guest processes from a KVM host's Intel PT (HAVAna)
   ptwrite   typed software events from PTWRITE packets (or the software channel)
+  csdump    list ARM CoreSight trace packets (STM, ETMv4, ETE), raw, framed or a snapshot
 
 Run 'hwtrace <command> --help' for a command's options.
 """
@@ -112,6 +113,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .ptwrite import main as ptwrite_main
 
         return ptwrite_main(rest)
+    if cmd == "csdump":
+        from .csdump import main as csdump_main
+
+        return csdump_main(rest)
     if cmd == "vm":
         from .vm import main as vm_main
 

@@ -681,14 +681,10 @@ def _hex_lines(head: str, chunk: np.ndarray) -> list[str]:
     return [head + text[0], *text[1:]]
 
 
-def frame_dump_lines(
-    data, mode: str = "memory", *, packed: bool = True, unpacked: bool = True
-) -> Iterator[str]:
-    """Frames as ``trc_pkt_lister -o_raw_packed`` (each frame's input bytes,
-    syncs included) and ``-o_raw_unpacked`` (each run of one ID's bytes in a
-    frame, at OpenCSD's index: the frame start, or the ID byte that began
-    the run) print them, one text line per item."""
-    arr = _as_array(data)
+def _sequence(arr: np.ndarray, mode: str):
+    """Every data byte in input order (byte, offset, trace ID), how many,
+    the runs of one ID within a frame (sequence position, OpenCSD's index,
+    ID) and the frames (start, end, start of frame, first run, kind)."""
     m = _mode(mode)
     n = arr.shape[0]
     seq_b = np.empty(n, np.uint8)
@@ -705,8 +701,32 @@ def frame_dump_lines(
         if nev <= ev.shape[0]:
             break
         ev = np.empty((nev, 3), np.int64)
-    seg = seg[:nseg]
-    frm = frm[:nfrm]
+    return seq_b, seq_o, seq_id[:nseq], nseq, seg[:nseg], frm[:nfrm]
+
+
+def block_indices(data, mode: str = "memory") -> dict[int, np.ndarray]:
+    """Per trace ID, for every byte of its stream (as :func:`deformat` gives
+    it with every ID kept), the index OpenCSD's packet lists (``Idx``) give
+    a packet starting there: OpenCSD hands each run of one ID's bytes in a
+    frame to the decoder at the frame's start, or at the ID byte that began
+    the run, and counts on from there."""
+    arr = _as_array(data)
+    _, _, seq_id, nseq, seg, _ = _sequence(arr, mode)
+    lengths = np.diff(np.append(seg[:, 0], nseq))
+    # A block's bytes count on from its index.
+    index = np.repeat(seg[:, 1] - seg[:, 0], lengths) + np.arange(nseq)
+    return {int(t): index[seq_id == t] for t in np.unique(seq_id).tolist() if t >= 0}
+
+
+def frame_dump_lines(
+    data, mode: str = "memory", *, packed: bool = True, unpacked: bool = True
+) -> Iterator[str]:
+    """Frames as ``trc_pkt_lister -o_raw_packed`` (each frame's input bytes,
+    syncs included) and ``-o_raw_unpacked`` (each run of one ID's bytes in a
+    frame, at OpenCSD's index: the frame start, or the ID byte that began
+    the run) print them, one text line per item."""
+    arr = _as_array(data)
+    seq_b, _, _, nseq, seg, frm = _sequence(arr, mode)
     nseg = seg.shape[0]
     for fi in range(frm.shape[0]):
         start, end, _sof, seg_first, kind = (int(x) for x in frm[fi])
