@@ -1513,7 +1513,10 @@ def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4E
     first = np.where(ok, addr_rows[np.minimum(j, max(addr_rows.shape[0] - 1, 0))], -1)
     nxt = np.append(starts[1:], len(packets))
     ok &= first < nxt
-    rows = np.unique(first[ok])
+    # ``first`` rises with ``starts``: drop repeats without sorting again.
+    rows = first[ok]
+    if rows.size:
+        rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
     reg = np.array(sorted(addresses), dtype=np.uint64)
     if rows.size and reg.size:
         a = packets.address[rows]
