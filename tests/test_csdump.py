@@ -35,7 +35,11 @@ def _etm() -> tuple[bytes, list[int]]:
     times, t = [], 1000
     for _ in range(N_FOO):
         t += int(rng.integers(1, 5000))
-        pk += [P(K.TRACE_ON), P(K.ADDR, FOO), P(K.ATOMS, atoms=int(rng.integers(0, 1 << 10)), natoms=10)]
+        pk += [
+            P(K.TRACE_ON),
+            P(K.ADDR, FOO),
+            P(K.ATOMS, atoms=int(rng.integers(0, 1 << 10)), natoms=10),
+        ]
         pk += [P(K.TIMESTAMP, ts=t)]
         times.append(t)
         t += int(rng.integers(1, 5000))
@@ -51,7 +55,12 @@ def _stm() -> tuple[bytes, list[tuple[int, int, bytes]]]:
     for k in range(N_MSG):
         channel = 5 + k % 3
         ts += 17 + k
-        pk += [StpPacket(S.C8, channel), StpPacket(S.D32, 0x1000 + k, ts=ts), StpPacket(S.D16, k), StpPacket(S.FLAG)]
+        pk += [
+            StpPacket(S.C8, channel),
+            StpPacket(S.D32, 0x1000 + k, ts=ts),
+            StpPacket(S.D16, k),
+            StpPacket(S.FLAG),
+        ]
         want.append((channel, ts, (0x1000 + k).to_bytes(4, "little") + k.to_bytes(2, "little")))
     return encode_stp(pk), want
 
@@ -139,7 +148,9 @@ def test_damage_is_one_message_per_problem(capture, tmp_path):
     frames = (d / "etb.bin").read_bytes()
     cut = frames[: len(frames) - 5]  # a truncated last frame
     (tmp_path / "cut.bin").write_bytes(cut)
-    got = _hwtrace(str(tmp_path / "cut.bin"), "--frames", "memory", "--protocol", "etm4", "--id", "0x10")
+    got = _hwtrace(
+        str(tmp_path / "cut.bin"), "--frames", "memory", "--protocol", "etm4", "--id", "0x10"
+    )
     assert got.returncode == 0
     assert got.stderr.startswith(f"hwtrace csdump: {tmp_path / 'cut.bin'}: offset ")
     assert "Traceback" not in got.stderr and "I_ASYNC" in got.stdout
@@ -152,6 +163,13 @@ def test_damage_is_one_message_per_problem(capture, tmp_path):
     got = _hwtrace(str(d / "etb.bin"), "--frames", "memory", "--protocol", "stm", "--id", "0x30")
     assert got.returncode == 0 and got.stdout == "" and "unknown trace ID 0x10" in got.stderr
     missing = _hwtrace(str(tmp_path / "none.bin"), "--protocol", "stm")
-    assert missing.returncode == 1 and missing.stderr == f"hwtrace csdump: {tmp_path / 'none.bin'}: no such file\n"
+    assert (
+        missing.returncode == 1
+        and missing.stderr == f"hwtrace csdump: {tmp_path / 'none.bin'}: no such file\n"
+    )
     bad = _hwtrace("--snapshot", str(tmp_path))
-    assert bad.returncode == 1 and bad.stderr.startswith("hwtrace csdump: ") and bad.stderr.count("\n") == 1
+    assert (
+        bad.returncode == 1
+        and bad.stderr.startswith("hwtrace csdump: ")
+        and bad.stderr.count("\n") == 1
+    )

@@ -146,7 +146,27 @@ def test_typed_events_from_the_recording(recorded, built):
     assert got.returncode == 0, got.stderr
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [{"event": r["event"], "fields": r["fields"]} for r in rows] == events
-    assert all(int(r["ip"], 16) > 0 for r in rows)  # the call site, from the FUP
+    # The call site: the FUP's IP (compressed against the last IP), that of
+    # the event's first PTWRITE in the flow.
+    listing = _hwtrace("script", "-i", str(recorded)).stdout.splitlines()
+    headers = [x.split(":", 1)[1].split()[0] for x in listing if " ptwrite: 0x485458" in x]
+    assert [int(r["ip"], 16) for r in rows] == [int(h, 16) for h in headers]
+
+
+def test_the_analyses_take_the_typed_events(recorded, built):
+    """``ptwrite:SCHEMA`` as an event source: placed on the flow, and as
+    windows for report (request .. odd: 4 of them, 3 requests unpaired)."""
+    schema = f"ptwrite:{built / 's.json'}"
+    got = _hwtrace("events", "-i", str(recorded), schema)
+    assert got.returncode == 0, got.stderr
+    _, events = _expected()
+    assert f"# {len(events)} events of {schema} (ptwrite" in got.stdout
+    assert f": {len(events)} placed" in got.stdout
+    rep = _hwtrace("report", "-i", str(recorded), "--events", schema, "--window", "request,odd")
+    assert rep.returncode == 0, rep.stderr
+    assert "4 windows from request to odd in 1 threads (unpaired: 3 request" in rep.stderr
+    none = _hwtrace("events", "-i", str(recorded), "ptwrite:/nonexistent.json")
+    assert none.returncode == 1 and none.stderr.count("\n") == 1
 
 
 def test_the_software_channel_gives_the_same_events(built):

@@ -190,6 +190,48 @@ def load_events(
     return out
 
 
+def ptwrite_events(
+    data, sideband, clock: FlowClock, schema=None, *, path: str = "ptwrite"
+) -> SoftwareEvents:
+    """The typed PTWRITE events of a perf.data's own Intel PT
+    (:func:`hwtrace.hwevents.ptw.perf_events`), as software events on its
+    flow's clock: named by ``schema`` (an :class:`EventSchema`, else
+    ``ptw:<id>``), their thread the queue's or the one the sideband has on
+    its CPU then.  They come from the same trace as the flow, so their time
+    is as exact as the flow's."""
+    from ..hwevents.ptw import perf_events
+
+    parts = perf_events(data)
+    types = schema.types if schema is not None else {}
+    rows: list[tuple[int, int, int, int, str]] = []  # (ns, tid, cpu, name, text)
+    names: list[str] = []
+    index: dict[int, int] = {}
+    notes: list[str] = []
+    for (cpu, tid), ev in parts.items():
+        notes += [f"queue cpu {cpu} tid {tid}: {p}" for p in ev.problems]
+        if not len(ev):
+            continue
+        ns, _ = _convert(ev.time.astype(np.int64), TSC, clock, None, path)
+        tids = np.full(len(ev), tid, np.int64) if tid >= 0 else sideband.threads_on(cpu, ns)
+        for k, line in enumerate(ev.json_lines(schema)):
+            tid_k = int(tids[k])
+            tname = types.get(int(ev.type_id[k]))
+            name = tname.name if tname is not None else f"ptw:{int(ev.type_id[k])}"
+            if name not in index:
+                index[name] = len(names)
+                names.append(name)
+            rows.append((int(ns[k]), tid_k, cpu, index[name], line))
+    rows.sort(key=lambda r: r[0])
+    n = len(rows)
+    col = list(zip(*rows, strict=True)) if n else [[], [], [], [], []]
+    time = np.asarray(col[0], np.int64)
+    return SoftwareEvents(
+        path, "ptwrite", TSC, names, np.asarray(col[3], np.int64), time, np.ones(n, np.int64),
+        np.asarray(col[1], np.int64), np.asarray(col[2], np.int64), list(col[4]),
+        [{} for _ in range(n)], notes,
+    )  # fmt: skip
+
+
 def _ctf_clock(src) -> str:
     names = {c.lower() for c in src.clocks}
     if not names:

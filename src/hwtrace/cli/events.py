@@ -29,7 +29,8 @@ def add_window_options(p: argparse.ArgumentParser) -> None:
     bounded by software events."""
     g = p.add_argument_group("windows bounded by software events")
     g.add_argument("--events", metavar="PATH",
-                   help="software events (a CTF trace, a perf.data, ftrace copies): for --window, "
+                   help="software events (a CTF trace, a perf.data, ftrace copies, or "
+                   "ptwrite[:SCHEMA.json] for the trace's own PTWRITE events): for --window, "
                    "and shown on --timeline")  # fmt: skip
     g.add_argument("--window", metavar="OPEN,CLOSE",
                    help="only what each thread ran from an OPEN event to its next CLOSE event "
@@ -80,14 +81,34 @@ def open_events(prog: str, path: str, opened, a: argparse.Namespace):
 
     clock = flow_clock(a.input, tsc_conversion_of(opened.data))
     try:
-        events = load_events(path, clock, events_clock=a.events_clock,
-                             offset_ns=a.clock_offset)  # fmt: skip
+        if path == "ptwrite" or path.startswith("ptwrite:"):
+            events = _ptwrite(path, opened, clock)
+        else:
+            events = load_events(path, clock, events_clock=a.events_clock,
+                                 offset_ns=a.clock_offset)  # fmt: skip
     except EventsError as e:
         sys.stderr.write(f"{prog}: {e}\n")
         return None
     for note in events.notes:
         sys.stderr.write(f"{prog}: note: {note}\n")
     return events
+
+
+def _ptwrite(spec: str, opened, clock):
+    """``ptwrite[:SCHEMA.json]``: the perf.data's own PTWRITE events."""
+    from ..analysis.swevents import EventsError, ptwrite_events
+    from ..hwevents.ptw import EventSchema
+
+    schema = None
+    _, _, schema_path = spec.partition(":")
+    if schema_path:
+        try:
+            schema = EventSchema.load(schema_path)
+        except (OSError, ValueError) as e:
+            raise EventsError(str(e)) from None
+    if opened.data.auxtrace_info is None:
+        raise EventsError(f"{opened.data.path}: no Intel PT trace, so no PTWRITE events")
+    return ptwrite_events(opened.data, opened.sideband, clock, schema, path=spec)
 
 
 def place(opened, events, prog: str):
@@ -121,7 +142,11 @@ def main(argv: Sequence[str]) -> int:
         "instruction each event's thread was running when it was taken.",
     )
     _common(p)
-    p.add_argument("events", help="the events: a CTF trace directory, a perf.data, ftrace copies")
+    p.add_argument(
+        "events",
+        help="the events: a CTF trace directory, a perf.data, ftrace copies, "
+        "or ptwrite[:SCHEMA.json] (the input's own PTWRITE events)",
+    )
     add_event_options(p)
     p.add_argument("--event", action="append", default=[], metavar="PATTERN",
                    help="only events whose name matches (shell wildcards; repeatable)")  # fmt: skip

@@ -229,8 +229,32 @@ class PtwEvents:
         return [json.dumps(r) for r in self.rows(schema)]
 
 
-_KEEP = kind_mask((Kind.PTW, Kind.FUP))
+# FUP IPs are compressed against the last IP of any IP packet: keep them all.
+_KEEP = kind_mask((Kind.PTW, Kind.FUP, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.PSB))
 _PTW, _FUP, _OVF, _PSB = int(Kind.PTW), int(Kind.FUP), int(Kind.OVF), int(Kind.PSB)
+_TIP, _PGE, _PGD = int(Kind.TIP), int(Kind.TIP_PGE), int(Kind.TIP_PGD)
+
+
+@njit(cache=True)
+def _last_ip(last, a, ipc):
+    """The last IP after an IP packet with compression ``ipc`` (the SDM's
+    IP compression; libipt's pt_last_ip_update_ip).  ``ipc`` 0: suppressed."""
+    if ipc == 0:
+        return last
+    if ipc == 1:
+        m = np.uint64(0xFFFF)
+    elif ipc == 2:
+        m = np.uint64(0xFFFFFFFF)
+    elif ipc == 3:
+        v = a & np.uint64(0xFFFFFFFFFFFF)
+        if v & np.uint64(1 << 47):
+            v |= np.uint64(0xFFFF000000000000)
+        return v
+    elif ipc == 4:
+        m = np.uint64(0xFFFFFFFFFFFF)
+    else:
+        return a
+    return (last & ~m) | (a & m)
 
 
 @njit(cache=True)
@@ -244,6 +268,7 @@ def _assemble(
     cur = -1
     e = 0
     pending_ip = False
+    last = np.uint64(0)
     for i in range(kind.shape[0]):
         while e < err_rows.shape[0] and err_rows[e] <= i:
             if want > 0:
@@ -260,9 +285,16 @@ def _assemble(
             want = -1
             pending_ip = False
             continue
+        if k == _PSB:
+            last = np.uint64(0)
+            continue
+        if k == _TIP or k == _PGE or k == _PGD:
+            last = _last_ip(last, a[i], b[i])
+            continue
         if k == _FUP:
-            if pending_ip and cur >= 0:
-                out_ip[cur] = a[i]
+            last = _last_ip(last, a[i], b[i])
+            if pending_ip and cur >= 0 and b[i] != 0:
+                out_ip[cur] = last
             pending_ip = False
             continue
         if k != _PTW:
