@@ -3,6 +3,7 @@ registered addresses, and perf.data files perf's own BTS decoder reads."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -49,14 +50,18 @@ def test_events_at_registered_sites():
 
 LOOP = """
 .globl _start
+.type _start, @function
 _start:
     mov $5, %ecx
+.type loop, @function
 loop:
     dec %ecx
     jnz loop
     mov $60, %eax
     xor %edi, %edi
     syscall
+.size loop, .-loop
+.size _start, loop-_start
 """
 
 
@@ -116,6 +121,18 @@ def test_perf_reads_the_bts_perf_data(tmp_path):
     assert list(mine) == [42] and len(mine[42]) == 4 and set(mine[42].source.tolist()) == {jnz}
     rows, ids = events_at(mine[42], {jnz: 1})
     assert rows.tolist() == [0, 1, 2, 3] and ids.tolist() == [1, 1, 1, 1]
+    # The command: branches named from the program, events at a site.
+    listed = _bts("-i", str(path))
+    assert listed.returncode == 0, listed.stderr
+    assert (
+        listed.stdout.splitlines()
+        == [f"{'loop':>16} {42:>7}  {jnz:16x} loop+0x2 ({exe}) => {loop:16x} loop ({exe})"] * 4
+    )
+    got = _bts("-i", str(path), "--at", "loop+0x2=tick", "--json", str(tmp_path / "e.jsonl"))
+    assert got.returncode == 0 and got.stderr == "hwtrace bts: tick: 4 events\n"
+    rows = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [(r["event"], r["tid"], int(r["from"], 16)) for r in rows] == [("tick", 42, jnz)] * 4
+    assert _bts("-i", str(path), "--at", "nosuch=x").returncode == 2
     if perf is None:
         pytest.skip("perf is not installed")
     out = subprocess.run(
@@ -136,3 +153,12 @@ def test_not_bts_is_one_message(tmp_path):
         w.set_intel_pt()
     with pytest.raises(BtsError, match="no Intel BTS AUXTRACE_INFO"):
         perf_bts(PerfData(str(tmp_path / "pt.data")))
+    got = _bts("-i", str(tmp_path / "pt.data"))
+    assert got.returncode == 1 and got.stderr.count("\n") == 1 and "no Intel BTS" in got.stderr
+
+
+def _bts(*args: str):
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hwtrace.cli.main", "bts", *args],
+                          capture_output=True, text=True, check=False)  # fmt: skip

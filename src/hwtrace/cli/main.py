@@ -25,6 +25,7 @@ commands:
   trace     kernel tracepoints filtered in the kernel (eBPF); system call latency
   vm        vCPUs, VM exits and guest processes from a KVM host's Intel PT (HAVAna)
   ptwrite   typed software events from PTWRITE packets (or the software channel)
+  bts       branches of an Intel BTS perf.data, events at registered branch sites
   csdump    list ARM CoreSight trace packets (STM, ETMv4, ETE), raw, framed or a snapshot
 
 Run 'hwtrace <command> --help' for a command's options.
@@ -113,6 +114,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .ptwrite import main as ptwrite_main
 
         return ptwrite_main(rest)
+    if cmd == "bts":
+        from .bts import main as bts_main
+
+        return bts_main(rest)
     if cmd == "csdump":
         from .csdump import main as csdump_main
 
