@@ -1,7 +1,9 @@
 """``hwtrace csdump``: ARM CoreSight trace (STM's MIPI STPv2, ETMv4, ETE),
-raw or in formatter frames, or an OpenCSD snapshot directory, listed packet
-by packet as OpenCSD's ``trc_pkt_lister`` does; and the software events
-they carry (STM messages, ETM trace-on at registered addresses, ETE ITE)."""
+raw or in formatter frames, an OpenCSD snapshot directory, or a perf.data
+recorded with ``perf record -e cs_etm//`` (``-i``), listed packet by packet
+as OpenCSD's ``trc_pkt_lister`` (and ``perf report -D``) does; and the
+software events they carry (STM messages, ETM trace-on at registered
+addresses, ETE ITE)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ class Source:
     #: per byte, the index OpenCSD lists its packets at (the start of the
     #: frame's run of the ID); None: the file offset
     list_index: np.ndarray | None = None
+    #: sources of one group are listed together, groups in order (perf.data:
+    #: one group per AUX buffer fragment, as perf dumps them)
+    group: int = 0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -41,6 +46,8 @@ def main(argv: Sequence[str]) -> int:
                "OpenCSD's trc_pkt_lister does, and the software events they carry.")  # fmt: skip
     p.add_argument("file", nargs="?", metavar="FILE", help="a raw trace file (with --protocol)")
     p.add_argument("--snapshot", metavar="DIR", help="an OpenCSD snapshot directory")
+    p.add_argument("-i", "--input", metavar="PERF.DATA",
+                   help="a perf.data with CoreSight ETM trace (perf record -e cs_etm//)")  # fmt: skip
     p.add_argument("--protocol", choices=PROTOCOLS, help="what FILE holds")
     p.add_argument("--frames", choices=("memory", "fsync", "hsync"),
                    help="FILE is in CoreSight formatter frames (ETB/ETF/ETR: memory; "
@@ -80,7 +87,7 @@ def main(argv: Sequence[str]) -> int:
         for k, src in enumerate(sources):
             for idx, line in _dump(src):
                 lines.append((idx, k, line))
-        lines.sort(key=lambda r: (r[0], r[1]))
+        lines.sort(key=lambda r: (sources[r[1]].group, r[0], r[1]))
         out.writelines(line + "\n" for _, _, line in lines)
         out.flush()
     except BrokenPipeError:
@@ -104,10 +111,12 @@ def _regs(pairs: list[str]) -> dict[str, int]:
 def _sources(p: Parser, a) -> tuple[list[Source], list[tuple[bytes, str]]]:
     from ..hwevents.csframes import block_indices, deformat
 
-    if bool(a.snapshot) == bool(a.file):
-        p.error("give a snapshot directory (--snapshot) or a trace FILE")
+    if (bool(a.snapshot) + bool(a.file) + bool(a.input)) != 1:
+        p.error("give a snapshot directory (--snapshot), a perf.data (-i) or a trace FILE")
     if a.snapshot:
         return _snapshot_sources(a)
+    if a.input:
+        return _perf_sources(a)
     if a.protocol is None:
         p.error("FILE needs --protocol stm|etm4|ete")
     path = Path(a.file)
@@ -173,6 +182,53 @@ def _snapshot_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
     if not out:
         raise ValueError(f"{a.snapshot}: no STM, ETM4 or ETE trace source with trace data")
     frames = [(snap.buffer(name).data, _buffer_mode(snap.buffer(name).format)) for name in decoded]
+    return out, frames
+
+
+def _perf_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
+    """One source per trace ID of each AUX buffer fragment perf decodes on
+    its own (its decoder restarts between them), with the CPU block's
+    registers."""
+    from ..perf.cs_etm import cs_etm_buffers, cs_etm_info
+    from ..perf.data import PerfData, PerfDataError
+
+    path = Path(a.input)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+    try:
+        data = PerfData(str(path))
+        info = cs_etm_info(data)
+        buffers = cs_etm_buffers(data, info)
+    except PerfDataError as e:
+        raise ValueError(str(e)) from None
+    by_id = info.by_trace_id()
+    for e in data.errors:
+        sys.stderr.write(f"{PROG}: {e}\n")
+    out, frames, unknown = [], [], set()
+    for g, b in enumerate(buffers):
+        for off, msg in b.errors:
+            sys.stderr.write(f"{PROG}: {path}: offset {off:#x}: {msg}\n")
+        if b.formatted:
+            frames.append((bytes(b.raw(data)), "memory"))
+        for tid, stream in sorted(b.streams.items()):
+            if a.id and tid not in a.id:
+                continue
+            cpu = by_id.get(tid)
+            if cpu is None or cpu.kind == "ETMv3":
+                if tid not in unknown:
+                    unknown.add(tid)
+                    why = "no CPU block" if cpu is None else "ETMv3/PTM trace (not decoded)"
+                    at = int(b.offsets[tid][0]) if len(b.offsets[tid]) else b.record
+                    sys.stderr.write(
+                        f"{PROG}: {path}: offset {at:#x}: trace ID {tid:#x}: {why}, skipped\n"
+                    )
+                continue
+            regs = dict(cpu.regs)
+            regs["TRCTRACEIDR"] = tid
+            name = f"cpu{cpu.cpu} ID {tid:#x} @{b.record:#x}"
+            out.append(
+                Source(name, cpu.protocol, tid, stream, regs, b.offsets[tid], b.indices[tid], g)
+            )
     return out, frames
 
 

@@ -260,6 +260,63 @@ class PerfDataWriter:
         ]
         return index
 
+    def set_cs_etm(
+        self,
+        cpus: Sequence[Any],
+        *,
+        pmu_type: int = 10,
+        snapshot: bool = False,
+        version: int = 1,
+        config: int | None = None,
+        sample_type: int = SampleType.IP
+        | SampleType.TID
+        | SampleType.TIME
+        | SampleType.CPU
+        | SampleType.IDENTIFIER,
+        exclude_kernel: bool = True,
+    ) -> int:
+        """Add the ``cs_etm`` event (ARM CoreSight ETM) and write its
+        AUXTRACE_INFO (type 3) as perf's arch/arm/util/cs-etm.c does: the
+        global header (``version``, ``pmu_type`` << 32 | number of CPUs,
+        ``snapshot``) and a block per CPU.
+
+        ``cpus``: per CPU an :class:`~hwtrace.hwevents.etm4.Etm4Config`, a
+        mapping of register names to values (``TRCCONFIGR``...; ETE with
+        ``TRCDEVARCH``, ETMv3 with ``ETMCR``; ``CPU`` sets the CPU number),
+        or a :class:`~hwtrace.perf.cs_etm.CsEtmCpu`; the CPU number is the
+        position unless given.  ``config``: the event's attr.config
+        (``ETM_OPT_*`` bits; default from the first CPU's TRCCONFIGR:
+        timestamps, cycle counts, context IDs, return stack).  perf 6.1
+        reads header versions 0 and 1.
+
+        Trace goes in with :meth:`add_auxtrace` (``cpu`` and ``idx`` of the
+        CPU's AUX buffer) and, as the kernel writes them, an AUX record per
+        new piece (``add_record(Aux(aux_offset, size, flags), attr=...,
+        sample_id=SampleId(cpu=...))``; flag 0x100 marks unformatted TRBE
+        trace).  Returns the event's index."""
+        if getattr(self, "_pt_records", None):
+            raise ValueError("an AUX tracer is already set")
+        from .cs_etm import AUXTRACE_CS_ETM, cpu_block, cs_etm_priv, etm_config_bits
+
+        blocks = [cpu_block(k, item) for k, item in enumerate(cpus)]
+        if not blocks:
+            raise ValueError("cs_etm needs at least one CPU")
+        if config is None:
+            first = blocks[0]
+            config = etm_config_bits(first.config) if first.config is not None else 0
+        if not config & (1 << 28):
+            sample_type &= ~SampleType.TIME
+        attr = PerfEventAttr(
+            type=pmu_type, config=config, sample_period=1, sample_type=int(sample_type),
+            sample_id_all=1, exclude_kernel=int(exclude_kernel), exclude_hv=1,
+            mmap=1, comm=1, task=1, comm_exec=1, disabled=1, enable_on_exec=1,
+        )  # fmt: skip
+        self.pmu_mappings["cs_etm"] = pmu_type
+        index = self.add_attr(attr, name="cs_etm//u" if exclude_kernel else "cs_etm//")
+        priv = cs_etm_priv(blocks, pmu_type=pmu_type, snapshot=snapshot, version=version)
+        self._pt_records = [pack_auxtrace_info_raw(AUXTRACE_CS_ETM, priv)]
+        return index
+
     def set_feature(self, feature: int, value: Any) -> None:
         """Set a feature section (a value :func:`~.features.pack_feature` packs, or bytes)."""
         self.features[feature] = value
