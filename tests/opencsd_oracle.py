@@ -21,6 +21,7 @@ needs_opencsd = pytest.mark.skipif(
     LISTER is None, reason="OpenCSD's trc_pkt_lister (Debian libopencsd-bin) is not installed"
 )
 
+_ANY_LINE = re.compile(r"Idx:(\d+); ID:([0-9a-fA-Fx]+);\s*([A-Za-z0-9_]+)\s*:(.*)$")
 _LINE = re.compile(r"^Idx:(\d+); ID:([0-9a-fA-Fx]+);\s*([A-Za-z0-9_]+):(.*)$")
 
 
@@ -32,8 +33,11 @@ class Listed:
     text: str  # the rest of the line
 
 
-def run_lister(directory: str | Path, *args: str, timeout: float = 120) -> list[Listed]:
-    """Run trc_pkt_lister on a snapshot directory; its packet lines."""
+def run_lister(
+    directory: str | Path, *args: str, timeout: float = 120, anywhere: bool = False
+) -> list[Listed]:
+    """Run trc_pkt_lister on a snapshot directory; its packet lines (with
+    ``anywhere``, also those that follow an error message on a line)."""
     out = subprocess.run(
         [LISTER, "-ss_dir", str(directory), "-logstdout", *args],
         capture_output=True,
@@ -44,6 +48,11 @@ def run_lister(directory: str | Path, *args: str, timeout: float = 120) -> list[
     ).stdout
     rows = []
     for line in out.splitlines():
+        if anywhere:
+            m = _ANY_LINE.search(line)
+            if m:
+                rows.append(Listed(int(m.group(1)), int(m.group(2), 16), m.group(3), m.group(4)))
+            continue
         m = _LINE.match(line)
         if m:
             rows.append(
@@ -70,9 +79,6 @@ def list_source(
     return run_lister(directory, *args)
 
 
-_ANY_LINE = re.compile(r"Idx:(\d+); ID:([0-9a-fA-Fx]+);\s*([A-Za-z0-9_]+)\s*:(.*)$")
-
-
 def list_core_source(
     directory: str | Path,
     data: bytes,
@@ -95,17 +101,4 @@ def list_core_source(
         core_trace_sources={"cpu_0": "SRC_0"},
     )
     write_snapshot(directory, snap)
-    out = subprocess.run(
-        [LISTER, "-ss_dir", str(directory), "-logstdout"],
-        capture_output=True,
-        cwd=str(directory),  # any log file it writes stays in the snapshot
-        text=True,
-        timeout=timeout,
-        errors="replace",
-    ).stdout
-    rows = []
-    for line in out.splitlines():
-        m = _ANY_LINE.search(line)
-        if m:
-            rows.append(Listed(int(m.group(1)), int(m.group(2), 16), m.group(3), m.group(4)))
-    return rows
+    return run_lister(directory, timeout=timeout, anywhere=True)

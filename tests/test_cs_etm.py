@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from cs_traces import one_point_trace
 
 from hwtrace.hwevents.csframes import format_frames
 from hwtrace.hwevents.etm4 import Etm4Config, Etm4Kind, Etm4Packet, encode_etm4
@@ -41,26 +42,8 @@ PKT = re.compile(r"^\tIdx:\d+; ID:[0-9a-f]+;\t")
 
 
 def _trace(cfg: Etm4Config, rng, n: int, t0: int) -> tuple[bytes, list[int], int]:
-    """A stream from sync: n trace-ons at FOO (each followed by a
-    timestamp) between trace-ons elsewhere; returns the trace-on times."""
-    pk = [
-        P(K.ASYNC),
-        P(K.TRACE_INFO, info=int(cfg.cycle_counting)),
-        P(K.CTXT, el=0, context=42, vmid=1),
-    ]
-    times, t = [], t0
-    for _ in range(n):
-        t += int(rng.integers(1, 5000))
-        pk += [
-            P(K.TRACE_ON),
-            P(K.ADDR, FOO),
-            P(K.ATOMS, atoms=int(rng.integers(0, 1 << 9)), natoms=9),
-        ]
-        pk += [P(K.TIMESTAMP, ts=t)]
-        times.append(t)
-        t += int(rng.integers(1, 5000))
-        other = FOO + 0x1000 + 4 * int(rng.integers(0, 64))
-        pk += [P(K.TRACE_ON), P(K.ADDR, other), P(K.ATOMS, atoms=5, natoms=3), P(K.TIMESTAMP, ts=t)]
+    """A stream from sync: n trace-ons at FOO between trace-ons elsewhere."""
+    pk, times, t = one_point_trace(cfg, n, rng, foo=FOO, t0=t0, atoms=9, context=42)
     return encode_etm4(pk, cfg), times, t
 
 

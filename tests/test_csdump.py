@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from cs_traces import one_point_trace
 from opencsd_oracle import LISTER, needs_opencsd
 
 from hwtrace.hwevents.csframes import format_frames
@@ -30,21 +31,7 @@ N_MSG = 60
 
 
 def _etm() -> tuple[bytes, list[int]]:
-    rng = np.random.default_rng(7)
-    pk = [P(K.ASYNC), P(K.TRACE_INFO), P(K.CTXT, el=0, context=4242, vmid=1)]
-    times, t = [], 1000
-    for _ in range(N_FOO):
-        t += int(rng.integers(1, 5000))
-        pk += [
-            P(K.TRACE_ON),
-            P(K.ADDR, FOO),
-            P(K.ATOMS, atoms=int(rng.integers(0, 1 << 10)), natoms=10),
-        ]
-        pk += [P(K.TIMESTAMP, ts=t)]
-        times.append(t)
-        t += int(rng.integers(1, 5000))
-        other = FOO + 0x1000 + 4 * int(rng.integers(0, 100))
-        pk += [P(K.TRACE_ON), P(K.ADDR, other), P(K.ATOMS, atoms=5, natoms=3), P(K.TIMESTAMP, ts=t)]
+    pk, times, _ = one_point_trace(CFG, N_FOO, np.random.default_rng(7), foo=FOO, atoms=10)
     return encode_etm4(pk, CFG), times
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cs_traces import one_point_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opencsd_oracle import list_core_source, needs_opencsd
@@ -265,29 +266,9 @@ def test_random_ete_round_trip_and_opencsd(tmp_path, seqs):
 # ------------------------------------------------------------------ long stream and the one-point tracer
 
 
-def one_point_trace(n: int, cfg: Etm4Config, seed: int = 1, foo: int = 0xFFFF_0000_0040_1000):
-    """Tracing turns on at &foo ``n`` times (trace on, address, atoms, a
-    timestamp), with other trace-ons at other addresses between."""
-    rng = np.random.default_rng(seed)
-    pk = [P(K.ASYNC), P(K.TRACE_INFO), P(K.CTXT, el=0, context=4242, vmid=1)]
-    times, t = [], 1000
-    for k in range(n):
-        if k % 64 == 63:
-            pk += [P(K.ASYNC), P(K.TRACE_INFO), P(K.CTXT, el=0, context=4242, vmid=1)]
-        t += int(rng.integers(1, 5000))
-        pk += [P(K.TRACE_ON), P(K.ADDR, foo)]
-        pk += [P(K.ATOMS, atoms=int(rng.integers(0, 1 << 20)), natoms=20)]
-        pk += [P(K.TIMESTAMP, ts=t)]
-        times.append(t)
-        other = foo + 0x1000 + 4 * int(rng.integers(0, 1000))
-        t += int(rng.integers(1, 5000))
-        pk += [P(K.TRACE_ON), P(K.ADDR, other), P(K.ATOMS, atoms=5, natoms=3), P(K.TIMESTAMP, ts=t)]
-    return pk, times
-
-
 def test_one_point_tracer_events():
     foo = 0xFFFF_0000_0040_1000
-    pk, times = one_point_trace(300, ETM4, foo=foo)
+    pk, times, _ = one_point_trace(ETM4, 300, np.random.default_rng(1), foo=foo, resync_every=64)
     data = encode_etm4(pk, ETM4)
     d = decode_etm4(data, ETM4)
     assert d.errors == []
@@ -320,7 +301,7 @@ def test_ite_payload_events():
 
 @needs_opencsd
 def test_long_stream_agrees_with_opencsd(tmp_path):
-    pk, _ = one_point_trace(6000, ETM4, seed=3)
+    pk, _, _ = one_point_trace(ETM4, 6000, np.random.default_rng(3), resync_every=64)
     data = encode_etm4(pk, ETM4)
     assert len(data) > 100_000
     lines = agree(tmp_path, data, ETM4)
