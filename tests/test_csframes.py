@@ -407,6 +407,7 @@ def lister_frames(directory, mode: str) -> tuple[list[str], str]:
             *LISTER_ARGS[mode],
         ],
         capture_output=True,
+        cwd=str(directory),  # its log file stays there
         text=True,
         timeout=60,
         errors="replace",

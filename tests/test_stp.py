@@ -48,6 +48,7 @@ def lister_lines(tmp_path, data: bytes) -> list[str]:
     out = subprocess.run(
         [LISTER, "-ss_dir", str(tmp_path / "snap"), "-logstdout"],
         capture_output=True,
+        cwd=str(tmp_path / "snap"),  # its log file stays there
         text=True,
         timeout=120,
     ).stdout
