@@ -13,6 +13,8 @@ commands:
   record    record a program as Intel PT into perf.data (perf, or ptrace stepping)
   report    summarise a perf.data's decoded Intel PT per process and thread
   script    list a perf.data's decoded Intel PT per instruction or block
+  decode    write a perf.data's decoded flow as Parquet datasets (blocks, events, gaps, symbols)
+  query     SQL (DuckDB) over a decode directory; ready views: functions, threads, calls
   latency   time and instructions between marker instructions (delta profiling)
   funclatency  time and instructions of every call of a function
   diff      compare the call paths of two recordings of a program
@@ -86,6 +88,14 @@ def _run(cmd: str, rest: list[str]) -> int:
         from . import perfcmds
 
         return getattr(perfcmds, f"{cmd}_main")(rest)
+    if cmd == "decode":
+        from .decode import main as decode_main
+
+        return decode_main(rest)
+    if cmd == "query":
+        from .query import main as query_main
+
+        return query_main(rest)
     if cmd == "diff":
         from .diff import main as diff_main
 

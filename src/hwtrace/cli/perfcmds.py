@@ -348,13 +348,58 @@ def report_main(argv: Sequence[str]) -> int:
 
     add_window_options(p)
     a = p.parse_args(list(argv))
-    opened = _open(p.prog, a)
-    if opened is None:
-        return 1
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    def show(path, n_queues: int, profile, problems, gaps, top: int):
+        """``hwtrace report``'s text: the input, its problems and gaps, and
+        per thread its top functions by instructions."""
+        console = Console(highlight=False, soft_wrap=True)
+        console.print(f"[bold]{path}[/]: {n_queues} trace queue(s), "
+                      f"{profile.instructions:,} instructions decoded, "
+                      f"{len(gaps)} gap(s)")  # fmt: skip
+        for problem in problems:
+            console.print(f"[yellow]warning[/]: {problem}")
+        for offset, ip, reason in gaps:
+            console.print(f"[yellow]gap[/] at trace offset {offset:#x}, ip {ip:#x}: {reason}")
+        for th in profile.threads:
+            span = th.span_ns
+            console.print(
+                f"\n[bold]{escape(th.comm)}[/] pid {th.pid} tid {th.tid}: {th.instructions:,} instructions"
+                + (f", {span / 1e3:,.1f} µs from first to last" if span else "")
+            )
+            table = Table(show_edge=False)
+            for col in ("function", "instructions", "%", "time (µs)", "%"):
+                table.add_column(col, justify="left" if col == "function" else "right")
+            for fc in th.top(top):
+                table.add_row(
+                    escape(fc.name),  # names like [vdso]!f are not markup
+                    f"{int(fc.instructions):,}",
+                    f"{fc.instruction_share:.1f}",
+                    f"{fc.time_ns / 1e3:,.1f}",
+                    f"{fc.time_share:.1f}",
+                )
+            console.print(table)
+        return console
+
+    if Path(a.input, "_meta.json").is_file():
+        # A directory hwtrace decode wrote: the same report from its rows.
+        needs = [o for o in ("folded", "paths", "html", "timeline", "window", "events", "call")
+                 if getattr(a, o, None)]  # fmt: skip
+        if needs:
+            p.error(f"--{needs[0]} needs a perf.data, not a decode directory")
+        from .query import report_profile
+
+        got = report_profile(p.prog, a.input)
+        if got is None:
+            return 1
+        path, n_queues, profile, problems, gaps = got
+        show(path, n_queues, profile, problems, gaps, a.top)
+        return 0
+    opened = _open(p.prog, a)
+    if opened is None:
+        return 1
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
@@ -397,33 +442,8 @@ def report_main(argv: Sequence[str]) -> int:
         return flow.sideband.comm_of(tid) if tid >= 0 else "?"
 
     profile = profiler.result(comm)
-    console = Console(highlight=False, soft_wrap=True)
-    console.print(f"[bold]{data.path}[/]: {len(flow.queues)} trace queue(s), "
-                  f"{profile.instructions:,} instructions decoded, "
-                  f"{flow.n_gaps} gap(s)")  # fmt: skip
-    for problem in flow.problems:
-        console.print(f"[yellow]warning[/]: {problem}")
-    for q in flow.queues:
-        for g in q.gaps:
-            console.print(f"[yellow]gap[/] at trace offset {g.offset:#x}, ip {g.ip:#x}: {g.reason}")
-    for th in profile.threads:
-        span = th.span_ns
-        console.print(
-            f"\n[bold]{escape(th.comm)}[/] pid {th.pid} tid {th.tid}: {th.instructions:,} instructions"
-            + (f", {span / 1e3:,.1f} µs from first to last" if span else "")
-        )
-        table = Table(show_edge=False)
-        for col in ("function", "instructions", "%", "time (µs)", "%"):
-            table.add_column(col, justify="left" if col == "function" else "right")
-        for fc in th.top(a.top):
-            table.add_row(
-                escape(fc.name),  # names like [vdso]!f are not markup
-                f"{int(fc.instructions):,}",
-                f"{fc.instruction_share:.1f}",
-                f"{fc.time_ns / 1e3:,.1f}",
-                f"{fc.time_share:.1f}",
-            )
-        console.print(table)
+    gaps = [(g.offset, g.ip, g.reason) for q in flow.queues for g in q.gaps]
+    console = show(data.path, len(flow.queues), profile, flow.problems, gaps, a.top)
     if paths is not None:
         written = paths.write(a)
         for what, count, path in written:

@@ -1,0 +1,204 @@
+"""``hwtrace decode``: a recording's decoded instruction flow written as
+Apache Parquet datasets (:mod:`hwtrace.export.parquet`) for ``hwtrace
+query``, ``hwtrace report -i DIR``, DuckDB or any Arrow reader.
+
+A perf.data is decoded as ``hwtrace report`` decodes it (every AUX queue,
+the same kernel options, cut to the recorded calls unless ``--all``),
+batch by batch through :func:`hwtrace.perf.trace.stream_perf`, or through
+:func:`hwtrace.dist.decode_distributed` on worker processes or a Dask
+cluster with ``--workers`` or ``--cluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from .perfcmds import _common, _open, _Parser
+
+PROG = "hwtrace decode"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Decode a perf.data's Intel PT (every queue, every CPU) into a directory of "
+        "Parquet datasets: blocks (partitioned by cpu and time bucket), events, gaps, symbols, "
+        "images; query it with 'hwtrace query DIR SQL' or DuckDB.",
+    )
+    p.add_argument("source", nargs="?", metavar="INPUT", help="the perf.data (or -i INPUT)")
+    _common(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="the directory to write (new, or empty)")  # fmt: skip
+    p.add_argument("--instructions", action="store_true",
+                   help="also write one row per instruction (large)")  # fmt: skip
+    p.add_argument("--bucket", type=float, default=1.0, metavar="SECONDS",
+                   help="width of the time buckets blocks are partitioned by (default 1 s)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="decode on N local worker processes (hwtrace.dist)")  # fmt: skip
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="decode on a Dask cluster at ADDRESS (hwtrace.dist)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    p = _parser()
+    a = p.parse_args(list(argv))
+    if a.source:
+        a.input = a.source
+    if a.bucket <= 0:
+        p.error("--bucket: must be positive")
+    distributed = a.workers is not None or a.cluster is not None
+    if distributed and (a.kcore or a.vmlinux or a.kallsyms):
+        p.error("--kcore, --vmlinux and --kallsyms are not passed to the distributed decoder; "
+                "decode without --workers/--cluster")  # fmt: skip
+    decode_distributed = None
+    if distributed:
+        try:
+            from ..dist import decode_distributed
+        except ImportError as e:
+            sys.stderr.write(f"{PROG}: --workers/--cluster: hwtrace.dist is not available ({e})\n")
+            return 1
+    out = Path(a.output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        sys.stderr.write(f"{PROG}: {out}: exists and is not an empty directory\n")
+        return 1
+    opened = _open(PROG, a)
+    if opened is None:
+        return 1
+    return _decode(a, argv, opened, decode_distributed)
+
+
+def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, object]:
+    from .. import __version__
+    from ..perf.trace import pt_config_of
+
+    data = opened.data
+    path = Path(a.input)
+    st = os.stat(path) if path.exists() else None
+    config = pt_config_of(data)
+    cfg = {k: v for k, v in asdict(config).items() if k not in ("cpu", "errata")}
+    cfg["cpu"] = str(config.cpu) if config.cpu is not None else None
+    cfg["errata"] = sorted(config.errata)
+    return {
+        "hwtrace_version": __version__,
+        "command_line": ["hwtrace", "decode", *argv],
+        "input": {
+            "path": str(path.resolve()),
+            "size": st.st_size if st else None,
+            "mtime_ns": st.st_mtime_ns if st else None,
+            "report_path": str(data.path),
+        },
+        "pt_config": cfg,
+        "options": {k: getattr(a, k) for k in ("symfs", "kcore", "vmlinux", "kallsyms", "all")}
+        | {"calls": list(opened.calls), "workers": a.workers, "cluster": a.cluster},
+    }
+
+
+def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distributed) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..export.parquet import FlowParquetWriter, Names, build_ids_of
+
+    data = opened.data
+    names = Names(build_ids=build_ids_of(opened.sideband))
+    try:
+        writer = FlowParquetWriter(a.output, _metadata(a, argv, opened), names=names,
+                                   bucket_ns=int(a.bucket * 1e9),
+                                   instructions=a.instructions)  # fmt: skip
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: {a.output}: {e.strerror or e}\n")
+        return 1
+    aux = data.auxtrace_columns()
+    total_bytes = int(np.asarray(aux["size"]).sum()) if len(aux["size"]) else 0
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[bold]decode[/]"), BarColumn(), DownloadColumn(),
+        TextColumn("{task.fields[rows]:,} blocks"), TimeElapsedColumn(),
+        console=console, transient=True,
+        disable=a.no_progress or not console.is_terminal,
+    )  # fmt: skip
+    task = progress.add_task("decode", total=max(total_bytes, 1), rows=0)
+    state = {"queue": -1, "done": 0, "bytes": 0, "rows": 0}
+    tids: set[int] = set()
+
+    def on_blocks(b) -> None:
+        q = b.queue
+        if q.index != state["queue"]:
+            # Queues come one after the other: the last one's bytes are done.
+            state["done"] += state["bytes"]
+            state["queue"], state["bytes"] = q.index, q.trace_bytes
+        writer.write_blocks(b)
+        tids.update(np.unique(b.tid).tolist())
+        state["rows"] += len(b)
+        progress.update(task, completed=state["done"], rows=state["rows"])
+
+    take: Callable = on_blocks
+    cut = None
+    if decode_distributed is not None and opened.calls:
+        from ..perf.calls import CallFilter
+
+        cut = CallFilter(opened.calls)
+
+        def take(b) -> None:
+            for part in cut(b):
+                on_blocks(part)
+
+    started = time.perf_counter()
+    ok = False
+    try:
+        with progress:
+            if decode_distributed is None:
+                flow = opened.decode(on_blocks, PROG)
+            else:
+                flow = decode_distributed(str(a.input), take, workers=a.workers or 0,
+                                          cluster=a.cluster, symfs=a.symfs)  # fmt: skip
+            progress.update(task, completed=max(total_bytes, 1))
+        seconds = time.perf_counter() - started
+        if cut is not None:
+            for name in cut.missing():
+                sys.stderr.write(f"{PROG}: warning: --call {name}: no such function in the "
+                                 "decoded code\n")  # fmt: skip
+        for q in flow.queues:
+            writer.write_gaps(q, q.gaps)
+        sb = flow.sideband
+        writer.write_comms({t: (sb.pid_of(t) if t >= 0 else -1, sb.comm_of(t) if t >= 0 else "?")
+                            for t in tids})  # fmt: skip
+        queues = [{"index": q.index, "cpu": q.cpu, "tid": q.tid, "trace_bytes": q.trace_bytes,
+                   "blocks": q.n_blocks, "instructions": q.n_insn, "gaps": len(q.gaps)}
+                  for q in flow.queues]  # fmt: skip
+        meta = writer.close(
+            {
+                "queues": queues,
+                "problems": list(flow.problems),
+                "n_gaps": flow.n_gaps,
+                "instructions_decoded": writer.n_insn,
+                "trace_bytes": total_bytes,
+                "decode_seconds": round(seconds, 3),
+            }
+        )
+        ok = True
+    finally:
+        if not ok:
+            writer.abort()
+    for problem in flow.problems:
+        sys.stderr.write(f"{PROG}: warning: {problem}\n")
+    rows = meta["rows"]
+    mb = total_bytes / 1e6
+    sys.stderr.write(
+        f"{PROG}: {a.output}: {rows['blocks']:,} blocks ({writer.n_insn:,} instructions), "
+        f"{rows['events']:,} events, {flow.n_gaps} gap(s), {rows['symbols']:,} symbols from "
+        f"{len(flow.queues)} queue(s), {mb:,.1f} MB of trace in {seconds:.2f} s "
+        f"({mb / max(seconds, 1e-9):,.1f} MB/s, {rows['blocks'] / max(seconds, 1e-9):,.0f} "
+        "blocks/s)\n"
+    )
+    return 0

@@ -1,0 +1,666 @@
+"""The decoded instruction flow as Apache Parquet datasets, for SQL (DuckDB)
+and dataframes (pyarrow, pandas, Polars).
+
+A flow directory holds one dataset per table:
+
+* ``blocks/cpu=N/bucket=K/part-*.parquet``: one row per decoded block
+  (:func:`blocks_table`), partitioned Hive style by CPU and a bucket of
+  perf time, so that a reader filtering on either opens only those
+  directories (Apache Arrow's and DuckDB's Hive partitioning);
+* ``instructions/cpu=N/bucket=K/``: on request, one row per instruction;
+* ``events/``: PTWRITE payloads at their place in the flow;
+* ``gaps/``: where the trace could not be decoded;
+* ``symbols/``, ``images/``, ``comms/``: the names the rows' ids stand for.
+
+Symbol and image ids are hashes of what names them (an image's path and
+build id; a symbol's image, start and name), so every process that decodes
+a part of a recording gives a symbol the same id and the tables of several
+writers merge by id.  Settings and provenance are in each file's Parquet
+key-value metadata (key ``hwtrace``) and in ``_meta.json``.
+
+Memory stays bounded: rows wait per partition until a row group's worth
+is there (or the whole budget is used), then go to that partition's open
+file; only a bounded number of files is open at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..image.symbols import SymbolTable
+from ..perf.trace import PerfBlocks, QueueInfo
+from ..pt.decode import Gap
+
+__all__ = [
+    "BLOCKS_SCHEMA",
+    "FORMAT",
+    "FlowParquetWriter",
+    "Names",
+    "blocks_table",
+    "build_ids_of",
+    "events_table",
+    "image_id",
+    "instructions_table",
+    "symbol_id",
+]
+
+FORMAT = "hwtrace-flow/1"
+#: the key of hwtrace's settings in every file's Parquet key-value metadata
+META_KEY = b"hwtrace"
+
+BLOCKS_SCHEMA = pa.schema(
+    [
+        ("queue", pa.int32()),  # the AUX queue (number in the recording)
+        ("cpu", pa.int32()),  # -1: a per-thread queue
+        ("tid", pa.int64()),  # -1: unknown (perf's convention)
+        ("pid", pa.int64()),
+        ("time", pa.int64()),  # perf time (ns) at the block; null: unknown
+        ("duration", pa.int64()),  # ns, until the next block or until tracing stopped
+        ("ip", pa.uint64()),
+        ("instructions", pa.int64()),
+        ("mode", pa.uint8()),  # 16, 32 or 64
+        ("space", pa.int32()),  # the queue's address space (image number) it ran in
+        ("symbol", pa.int64()),  # symbols.id; null: no symbol covers the ip
+        ("image", pa.int64()),  # images.id; null: no file holds the ip
+        ("row", pa.int64()),  # the block's number in its queue
+        ("gap", pa.bool_()),  # the flow has a gap before it
+    ]
+)
+INSTRUCTIONS_SCHEMA = pa.schema(
+    [("queue", pa.int32()), ("cpu", pa.int32()), ("row", pa.int64()), ("k", pa.int32()),
+     ("ip", pa.uint64()), ("time", pa.int64())]
+)  # fmt: skip
+EVENTS_SCHEMA = pa.schema(
+    [("queue", pa.int32()), ("cpu", pa.int32()), ("tid", pa.int64()), ("row", pa.int64()),
+     ("kind", pa.string()), ("ip", pa.uint64()), ("payload", pa.uint64()),
+     ("size", pa.int32()), ("time", pa.int64())]
+)  # fmt: skip
+GAPS_SCHEMA = pa.schema(
+    [("queue", pa.int32()), ("cpu", pa.int32()), ("queue_tid", pa.int64()), ("seq", pa.int32()),
+     ("offset", pa.int64()), ("ip", pa.uint64()), ("tsc", pa.uint64()), ("reason", pa.string()),
+     ("code", pa.int32())]
+)  # fmt: skip
+SYMBOLS_SCHEMA = pa.schema(
+    [("id", pa.int64()), ("name", pa.string()), ("module", pa.string()),
+     ("function", pa.string()), ("start", pa.uint64()), ("size", pa.uint64()),
+     ("image", pa.int64()), ("first_queue", pa.int32()), ("first_space", pa.int32()),
+     ("first_index", pa.int64())]
+)  # fmt: skip
+IMAGES_SCHEMA = pa.schema([("id", pa.int64()), ("path", pa.string()), ("build_id", pa.string())])
+COMMS_SCHEMA = pa.schema([("tid", pa.int64()), ("pid", pa.int64()), ("comm", pa.string())])
+
+
+def _hash64(*parts: object) -> int:
+    """A signed 64-bit BLAKE2b of ``parts``: the same in every process and
+    run (Python's ``hash`` of a string is not)."""
+    text = "\0".join(str(p) for p in parts).encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
+
+
+def image_id(path: str, build_id: bytes | None = None) -> int:
+    """The id of the file at ``path`` (with ``build_id`` when known)."""
+    return _hash64("image", path, build_id.hex() if build_id else "")
+
+
+def symbol_id(image: int, start: int, name: str) -> int:
+    """The id of symbol ``name`` at ``start`` in image ``image``."""
+    return _hash64("symbol", image, start, name)
+
+
+def build_ids_of(sideband: object) -> dict[str, bytes]:
+    """The build ids a recording's sideband knows, by mapped path."""
+    out: dict[str, bytes] = {}
+    spaces = getattr(sideband, "spaces", {})
+    maps = [m for gens in spaces.values() for s in gens for m in s.mappings]
+    maps += list(getattr(sideband, "kernel_mappings", []))
+    for m in maps:
+        if m.build_id:
+            out.setdefault(m.path, m.build_id)
+    return out
+
+
+@dataclass
+class _SymbolRow:
+    name: str
+    module: str
+    function: str
+    start: int
+    size: int
+    image: int
+    first: tuple[int, int, int]  # (queue, space, index in its table): report's order
+
+
+@dataclass
+class Names:
+    """The symbols and images that :func:`blocks_table` met, by id.
+
+    Rows do not depend on what a :class:`Names` holds; it only gathers the
+    names behind their ids.  Several (one per process) merge into one with
+    :meth:`merge`, whatever the order of the batches each saw.
+    """
+
+    build_ids: Mapping[str, bytes] = field(default_factory=dict)
+    symbols: dict[int, _SymbolRow] = field(default_factory=dict)
+    images: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # Per symbol table (kept alive, so that its id() stays its own): the
+    # ids of its symbols and images, worked out once.
+    _tables: dict[int, tuple[SymbolTable, dict[int, tuple[int, int]]]] = field(
+        default_factory=dict, repr=False
+    )
+    _sections: dict[int, tuple[object, np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def image(self, path: str) -> int:
+        bid = self.build_ids.get(path)
+        iid = image_id(path, bid)
+        if iid not in self.images:
+            self.images[iid] = (path, bid.hex() if bid else "")
+        return iid
+
+    def ids_of(
+        self, table: SymbolTable, used: np.ndarray, queue: int, space: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Symbol ids and image ids of symbols ``used`` (distinct indices
+        into ``table``), met in address space ``space`` of ``queue``."""
+        got = self._tables.get(id(table))
+        if got is None:
+            got = self._tables[id(table)] = (table, {})
+        known: dict[int, tuple[int, int]] = got[1]
+        sids = np.empty(used.shape[0], np.int64)
+        iids = np.empty(used.shape[0], np.int64)
+        for j, u in enumerate(used.tolist()):
+            pair = known.get(u)
+            if pair is None:
+                module = table.module_name(u)
+                iid = self.image(module) if module else 0
+                pair = known[u] = (symbol_id(iid, int(table.start[u]), table.name(u)), iid)
+            sids[j], iids[j] = pair
+            first = (queue, space, u)
+            row = self.symbols.get(pair[0])
+            if row is None:
+                self.symbols[pair[0]] = _SymbolRow(
+                    table.name(u), table.module_name(u), table.qualified_name(u),
+                    int(table.start[u]), int(table.size[u]), pair[1], first,
+                )  # fmt: skip
+            elif first < row.first:
+                row.first = first
+        return sids, iids
+
+    def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Start, end and image id of an image's sections, by address."""
+        got = self._sections.get(id(image))
+        if got is None:
+            starts, ends, ids = [], [], []
+            for _, s in image.mappings():  # type: ignore[attr-defined]
+                path = s.filename or s.name
+                starts.append(s.address)
+                ends.append(s.end)
+                ids.append(self.image(path) if path else 0)
+            got = (
+                image,
+                np.array(starts, np.uint64),
+                np.array(ends, np.uint64),
+                np.array(ids, np.int64),
+            )
+            self._sections[id(image)] = got
+        return got[1], got[2], got[3]
+
+    def merge(self, other: Names) -> None:
+        """Take in what ``other`` met."""
+        self.images.update(other.images)
+        for sid, row in other.symbols.items():
+            mine = self.symbols.get(sid)
+            if mine is None:
+                self.symbols[sid] = _SymbolRow(**row.__dict__)
+            elif row.first < mine.first:
+                mine.first = row.first
+
+    def symbols_table(self) -> pa.Table:
+        ids = sorted(self.symbols)
+        rows = [self.symbols[i] for i in ids]
+        return pa.Table.from_pydict(
+            {
+                "id": ids,
+                "name": [r.name for r in rows],
+                "module": [r.module for r in rows],
+                "function": [r.function for r in rows],
+                "start": [r.start for r in rows],
+                "size": [r.size for r in rows],
+                "image": [r.image for r in rows],
+                "first_queue": [r.first[0] for r in rows],
+                "first_space": [r.first[1] for r in rows],
+                "first_index": [r.first[2] for r in rows],
+            },
+            schema=SYMBOLS_SCHEMA,
+        )
+
+    def images_table(self) -> pa.Table:
+        ids = sorted(self.images)
+        return pa.Table.from_pydict(
+            {
+                "id": ids,
+                "path": [self.images[i][0] for i in ids],
+                "build_id": [self.images[i][1] for i in ids],
+            },
+            schema=IMAGES_SCHEMA,
+        )
+
+
+def _ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray]:
+    """Per block: its symbol's id and its image's id (0: none), from the
+    symbols of the address space it ran in (as ``hwtrace report`` looks
+    them up), else from the file section holding its address."""
+    q = b.queue
+    n = len(b)
+    sym = np.zeros(n, np.int64)
+    img = np.zeros(n, np.int64)
+    for space, sel in b.images():
+        ip = b.ip[sel]
+        table = q.symbols(space)
+        index, _ = table.lookup(ip)
+        index = np.asarray(index, np.int64)
+        found = index >= 0
+        s = np.zeros(ip.shape[0], np.int64)
+        i = np.zeros(ip.shape[0], np.int64)
+        if found.any():
+            used, inverse = np.unique(index[found], return_inverse=True)
+            sids, iids = names.ids_of(table, used, q.index, space)
+            s[found] = sids[inverse.reshape(-1)]
+            i[found] = iids[inverse.reshape(-1)]
+        # Code no symbol covers: the file its section is of.
+        rest = np.flatnonzero(~found | (i == 0))
+        if rest.shape[0] and space < len(q.images):
+            starts, ends, ids = names.sections(q.images[space])
+            if starts.shape[0]:
+                k = np.searchsorted(starts, ip[rest], side="right").astype(np.int64) - 1
+                ok = (k >= 0) & (ip[rest] < ends[np.maximum(k, 0)])
+                i[rest[ok]] = ids[k[ok]]
+        sym[sel] = s
+        img[sel] = i
+    return sym, img
+
+
+def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
+    return pa.array(values, type=kind, mask=missing)
+
+
+def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
+    """One batch of attributed blocks as rows (:data:`BLOCKS_SCHEMA`).
+
+    The rows depend only on the batch: the same batch gives the same rows in
+    any process, whatever ``names`` met before (``names`` gathers the
+    symbols and images the ids stand for).  The trace offset of a block is
+    not in :class:`PerfBlocks`; ``row`` numbers the block in its queue.
+    """
+    n = len(b)
+    q = b.queue
+    sym, img = _ids(b, names)
+    ns = np.asarray(b.ns, np.int64)
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, q.index, np.int32)),
+            pa.array(np.full(n, q.cpu, np.int32)),
+            pa.array(np.asarray(b.tid, np.int64)),
+            pa.array(np.asarray(b.pid, np.int64)),
+            _nullable(ns, ns < 0, pa.int64()),
+            pa.array(np.asarray(b.duration, np.int64)),
+            pa.array(np.asarray(b.ip, np.uint64)),
+            pa.array(np.asarray(b.ninsn, np.int64)),
+            pa.array(np.asarray(b.mode, np.uint8)),
+            pa.array(np.asarray(b.image, np.int32)),
+            _nullable(sym, sym == 0, pa.int64()),
+            _nullable(img, img == 0, pa.int64()),
+            pa.array(b.row + np.arange(n, dtype=np.int64)),
+            pa.array(np.asarray(b.gap, np.bool_)),
+        ],
+        schema=BLOCKS_SCHEMA,
+    )
+
+
+def events_table(b: PerfBlocks) -> pa.Table:
+    """The PTWRITE payloads among a batch's blocks (:data:`EVENTS_SCHEMA`):
+    ``row`` is the block each follows (-1: before the queue's first)."""
+    m = b.ptw
+    if m is None or not len(m):
+        return EVENTS_SCHEMA.empty_table()
+    n = len(m)
+    at = np.asarray(m.at, np.int64)
+    before = np.maximum(at - 1, 0)
+    tid = b.tid[np.minimum(before, max(len(b) - 1, 0))] if len(b) else np.full(n, b.queue.tid)
+    ns = np.asarray(m.ns, np.int64)
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, b.queue.index, np.int32)),
+            pa.array(np.full(n, b.queue.cpu, np.int32)),
+            pa.array(np.asarray(tid, np.int64)),
+            pa.array(b.row + at - 1),
+            pa.array(np.full(n, "ptwrite", object), pa.string()),
+            pa.array(np.asarray(m.ip, np.uint64)),
+            pa.array(np.asarray(m.payload, np.uint64)),
+            pa.array(np.asarray(m.size, np.int32)),
+            _nullable(ns, ns < 0, pa.int64()),
+        ],
+        schema=EVENTS_SCHEMA,
+    )
+
+
+def instructions_table(b: PerfBlocks) -> pa.Table:
+    """Every instruction of a batch (:data:`INSTRUCTIONS_SCHEMA`): the
+    block ``row`` it is in, its place ``k`` in that block, its address and
+    the block's time."""
+    ips = b.instructions()
+    per = np.asarray(b.ninsn, np.int64)
+    total = ips.shape[0]
+    starts = np.cumsum(per) - per
+    k = np.arange(total, dtype=np.int64) - np.repeat(starts, per)
+    rows = np.repeat(b.row + np.arange(len(b), dtype=np.int64), per)
+    ns = np.repeat(np.asarray(b.ns, np.int64), per)
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.full(total, b.queue.index, np.int32)),
+            pa.array(np.full(total, b.queue.cpu, np.int32)),
+            pa.array(rows),
+            pa.array(k.astype(np.int32)),
+            pa.array(np.asarray(ips, np.uint64)),
+            _nullable(ns, ns < 0, pa.int64()),
+        ],
+        schema=INSTRUCTIONS_SCHEMA,
+    )
+
+
+class _Partitioned:
+    """A Hive-partitioned dataset (``cpu=N/bucket=K/part-NNNNN.parquet``)
+    written a batch at a time: rows wait per partition until a row group's
+    worth (or the budget of waiting rows) is reached; at most ``max_open``
+    files are open, the least recently written closed first (a partition
+    written again later gets a new part file)."""
+
+    def __init__(
+        self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes], *,
+        row_group: int, budget: int, max_open: int, compression: str,
+    ) -> None:  # fmt: skip
+        self.root = root
+        # The partition columns live in the directory names only.
+        self.schema = schema.remove(schema.get_field_index("cpu")).with_metadata(metadata)
+        self.row_group, self.budget, self.max_open = row_group, budget, max_open
+        self.compression = compression
+        self.waiting: dict[tuple[int, int], list[pa.Table]] = {}
+        self.counts: dict[tuple[int, int], int] = {}
+        self.total = 0
+        self.open: OrderedDict[tuple[int, int], pq.ParquetWriter] = OrderedDict()
+        self.parts: dict[tuple[int, int], int] = {}
+        self.rows = 0
+
+    def write(self, table: pa.Table, cpu: int, bucket: np.ndarray) -> None:
+        if table.num_rows == 0:
+            return
+        table = table.drop_columns(["cpu"])
+        self.rows += table.num_rows
+        # Perf time rises along a queue: buckets come in runs.
+        cut = np.flatnonzero(np.diff(bucket)) + 1
+        edges = np.concatenate([[0], cut, [bucket.shape[0]]])
+        for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+            key = (cpu, int(bucket[lo]))
+            self.waiting.setdefault(key, []).append(table.slice(lo, hi - lo))
+            self.counts[key] = self.counts.get(key, 0) + hi - lo
+            self.total += hi - lo
+            if self.counts[key] >= self.row_group:
+                self._flush(key)
+        if self.total > self.budget:
+            for key in sorted(self.waiting, key=lambda k: -self.counts[k]):
+                self._flush(key)
+                if self.total <= self.budget // 2:
+                    break
+
+    def _flush(self, key: tuple[int, int]) -> None:
+        parts = self.waiting.pop(key, None)
+        if not parts:
+            return
+        n = self.counts.pop(key)
+        self.total -= n
+        w = self.open.get(key)
+        if w is None:
+            if len(self.open) >= self.max_open:
+                _, old = self.open.popitem(last=False)
+                old.close()
+            part = self.parts.get(key, 0)
+            self.parts[key] = part + 1
+            d = self.root / f"cpu={key[0]}" / f"bucket={key[1]}"
+            d.mkdir(parents=True, exist_ok=True)
+            w = pq.ParquetWriter(d / f"part-{part:05d}.parquet", self.schema,
+                                 compression=self.compression)  # fmt: skip
+            self.open[key] = w
+        else:
+            self.open.move_to_end(key)
+        w.write_table(pa.concat_tables(parts), row_group_size=self.row_group)
+
+    def close(self) -> None:
+        for key in list(self.waiting):
+            self._flush(key)
+        if not self.parts:
+            # No rows: one empty file, so that readers find the schema.
+            d = self.root / "cpu=-1" / "bucket=-1"
+            d.mkdir(parents=True, exist_ok=True)
+            pq.write_table(self.schema.empty_table(), d / "part-00000.parquet")
+        while self.open:
+            _, w = self.open.popitem(last=False)
+            w.close()
+
+
+class _Plain:
+    """An unpartitioned dataset written in parts as rows come."""
+
+    def __init__(self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes],
+                 row_group: int, compression: str) -> None:  # fmt: skip
+        self.root, self.schema = root, schema.with_metadata(metadata)
+        self.row_group, self.compression = row_group, compression
+        self.waiting: list[pa.Table] = []
+        self.count = 0
+        self.rows = 0
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.waiting.append(table)
+            self.count += table.num_rows
+            self.rows += table.num_rows
+            if self.count >= self.row_group:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.writer is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(self.root / "part-00000.parquet", self.schema,
+                                           compression=self.compression)  # fmt: skip
+        if self.waiting:
+            self.writer.write_table(pa.concat_tables(self.waiting), row_group_size=self.row_group)
+        self.waiting, self.count = [], 0
+
+    def close(self) -> None:
+        # An empty dataset still gets its (empty) file: readers find the schema.
+        self._flush()
+        assert self.writer is not None
+        self.writer.close()
+
+
+class FlowParquetWriter:
+    """Writes a decoded flow into ``directory`` (see the module doc), batch
+    by batch, in bounded memory.
+
+    ``metadata``: settings and provenance (JSON-able), kept in every
+    file's key-value metadata and in ``_meta.json``.  ``bucket_ns``: the
+    width of the time buckets blocks are partitioned by; ``instructions``:
+    also write one row per instruction.  ``names``: gathers the symbols and
+    images (give the recording's build ids, :func:`build_ids_of`).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        metadata: Mapping[str, object],
+        *,
+        names: Names | None = None,
+        bucket_ns: int = 1_000_000_000,
+        instructions: bool = False,
+        row_group: int = 1 << 17,
+        budget_rows: int = 1 << 21,
+        max_open: int = 64,
+        compression: str = "zstd",
+    ) -> None:
+        self.root = Path(directory)
+        if self.root.exists() and any(self.root.iterdir()):
+            raise FileExistsError(f"{self.root}: exists and is not empty")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.names = names if names is not None else Names()
+        self.bucket_ns = max(int(bucket_ns), 1)
+        self.metadata = {"format": FORMAT, "bucket_ns": self.bucket_ns,
+                         "instructions": bool(instructions), **metadata}  # fmt: skip
+        kv = {META_KEY: json.dumps(self.metadata, sort_keys=True).encode()}
+        self._kv = kv
+        self.compression = compression
+        self.blocks = _Partitioned(self.root / "blocks", BLOCKS_SCHEMA, kv, row_group=row_group,
+                                   budget=budget_rows, max_open=max_open,
+                                   compression=compression)  # fmt: skip
+        self.instructions = (
+            _Partitioned(self.root / "instructions", INSTRUCTIONS_SCHEMA, kv,
+                         row_group=row_group, budget=budget_rows, max_open=max_open,
+                         compression=compression)
+            if instructions else None
+        )  # fmt: skip
+        self.events = _Plain(self.root / "events", EVENTS_SCHEMA, kv, row_group, compression)
+        self.gaps = _Plain(self.root / "gaps", GAPS_SCHEMA, kv, row_group, compression)
+        self.n_insn = 0
+        self.closed = False
+
+    def _bucket(self, ns: np.ndarray) -> np.ndarray:
+        ns = np.asarray(ns, np.int64)
+        return np.where(ns >= 0, ns // self.bucket_ns, -1)
+
+    def write_blocks(self, b: PerfBlocks, expand_insns: int = 1 << 18) -> None:
+        """One batch of blocks (and its PTWRITE marks); its instructions too
+        when asked for, ``expand_insns`` at a time."""
+        if not len(b):
+            self.write_events(b)
+            return
+        cpu = b.queue.cpu
+        self.blocks.write(blocks_table(b, self.names), cpu, self._bucket(b.ns))
+        self.n_insn += int(np.asarray(b.ninsn).sum())
+        if self.instructions is not None:
+            for part in b.split(expand_insns):
+                t = instructions_table(part)
+                bucket = np.repeat(self._bucket(part.ns), np.asarray(part.ninsn, np.int64))
+                self.instructions.write(t, cpu, bucket)
+        self.write_events(b)
+
+    def write_events(self, b: PerfBlocks) -> None:
+        """The decoder events a batch carries (PTWRITE payloads)."""
+        self.events.write(events_table(b))
+
+    def write_gaps(self, queue: QueueInfo | int, gaps: Sequence[Gap], cpu: int = -1,
+                   tid: int = -1) -> None:  # fmt: skip
+        """A queue's gaps (a :class:`QueueInfo`, or its number with its cpu and tid)."""
+        if isinstance(queue, QueueInfo):
+            queue, cpu, tid = queue.index, queue.cpu, queue.tid
+        n = len(gaps)
+        if not n:
+            return
+        self.gaps.write(
+            pa.Table.from_pydict(
+                {
+                    "queue": [queue] * n,
+                    "cpu": [cpu] * n,
+                    "queue_tid": [tid] * n,
+                    "seq": list(range(n)),
+                    "offset": [g.offset for g in gaps],
+                    "ip": [g.ip for g in gaps],
+                    "tsc": [g.time for g in gaps],
+                    "reason": [g.reason for g in gaps],
+                    "code": [g.code for g in gaps],
+                },
+                schema=GAPS_SCHEMA,
+            )
+        )
+
+    def write_comms(self, comms: Mapping[int, tuple[int, str]]) -> None:
+        """Thread names: tid -> (pid, comm)."""
+        tids = sorted(comms)
+        t = pa.Table.from_pydict(
+            {"tid": tids, "pid": [comms[t][0] for t in tids], "comm": [comms[t][1] for t in tids]},
+            schema=COMMS_SCHEMA,
+        )
+        self._single("comms", t)
+
+    def _single(self, name: str, table: pa.Table) -> None:
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.replace_schema_metadata(self._kv), d / "part-00000.parquet",
+                       compression=self.compression)  # fmt: skip
+
+    def close(self, extra: Mapping[str, object] | None = None) -> dict[str, object]:
+        """Finish every file, write the symbols, images and ``_meta.json``
+        (with ``extra``: what became known while decoding); returns the
+        metadata written."""
+        if self.closed:
+            return self.metadata
+        self.closed = True
+        self.blocks.close()
+        if self.instructions is not None:
+            self.instructions.close()
+        self.events.close()
+        self.gaps.close()
+        self._single("symbols", self.names.symbols_table())
+        self._single("images", self.names.images_table())
+        if not (self.root / "comms").exists():
+            self.write_comms({})
+        rows = {"blocks": self.blocks.rows, "events": self.events.rows, "gaps": self.gaps.rows,
+                "symbols": len(self.names.symbols), "images": len(self.names.images)}  # fmt: skip
+        if self.instructions is not None:
+            rows["instructions"] = self.instructions.rows
+        meta = {**self.metadata, **(extra or {}), "rows": rows}
+        tmp = self.root / "_meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        tmp.replace(self.root / "_meta.json")
+        self.metadata = meta
+        return meta
+
+    def abort(self) -> None:
+        """Close the open files after a failure (the directory is left
+        without ``_meta.json``: readers see it is incomplete)."""
+        if self.closed:
+            return
+        self.closed = True
+        for d in (self.blocks, self.instructions):
+            if d is not None:
+                while d.open:
+                    d.open.popitem(last=False)[1].close()
+        for p in (self.events, self.gaps):
+            if p.writer is not None:
+                p.writer.close()
+
+
+def read_meta(directory: str | os.PathLike[str]) -> dict[str, object]:
+    """A flow directory's ``_meta.json`` (ValueError: not one, or unfinished)."""
+    path = Path(directory) / "_meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{directory}: not an hwtrace decode directory (no _meta.json; "
+            "an unfinished decode leaves none)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an {FORMAT} directory")
+    return meta

@@ -1,0 +1,266 @@
+"""``hwtrace decode`` writes a recording's decoded flow as Parquet datasets;
+``hwtrace query`` runs SQL over them; ``hwtrace report -i DIR`` reads them.
+
+A real program (four threads, a recursive function) is recorded with
+``hwtrace record``'s software backend, decoded into a directory, and the
+rows are checked against the decoder's own batches (``stream_perf``),
+column by column; the instruction rows against the decoder's instruction
+sequence; the ready views against ``hwtrace report``'s profiler; the time
+partitions against what a filtered read opens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from test_record_software import SKIP, compile_program
+from test_record_threads import PROGRAM
+
+from hwtrace.analysis.profile import ThreadProfiler
+from hwtrace.export.parquet import Names, blocks_table
+from hwtrace.perf.data import read_perf_data
+from hwtrace.perf.trace import stream_perf
+
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+
+HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
+FUNCTIONS = ("work_a", "work_b", "work_c", "fold", "work_d")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HWTRACE, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    exe = compile_program(PROGRAM, "threads", ("-O1", "-g", "-pthread"))
+    d = tmp_path_factory.mktemp("flow")
+    data = d / "threads.data"
+    fs = [x for f in FUNCTIONS for x in ("-f", f)]
+    out = run("record", "-o", str(data), *fs, "--", str(exe), "four")
+    assert out.returncode == 0, out.stderr
+    # A decode with instructions and 50 ms time buckets (several partitions).
+    flow = d / "flow"
+    out = run("decode", str(data), "-o", str(flow), "--instructions", "--bucket", "0.05")
+    assert out.returncode == 0, out.stderr
+    assert "blocks" in out.stderr and "MB/s" in out.stderr
+    return data, flow
+
+
+@pytest.fixture(scope="module")
+def batches(recorded):
+    """What the decoder hands ``hwtrace report``: every batch, kept."""
+    data, _ = recorded
+    got = []
+    stream = stream_perf(read_perf_data(str(data)), got.append)
+    return got, stream
+
+
+def _read(flow: Path, name: str) -> pa.Table:
+    t = ds.dataset(flow / name, format="parquet", partitioning="hive").to_table()
+    keys = [("queue", "ascending"), ("row", "ascending")]
+    if name == "instructions":
+        keys.append(("k", "ascending"))
+    return t.sort_by(keys)
+
+
+def test_block_rows_are_the_decoders_batches(recorded, batches):
+    _, flow = recorded
+    got, stream = batches
+    assert len(stream.queues) == 4 and len(got) >= 4
+    t = _read(flow, "blocks")
+    n = sum(len(b) for b in got)
+    assert t.num_rows == n
+    cat = {
+        "queue": np.concatenate([np.full(len(b), b.queue.index) for b in got]),
+        "cpu": np.concatenate([np.full(len(b), b.queue.cpu) for b in got]),
+        "tid": np.concatenate([b.tid for b in got]),
+        "pid": np.concatenate([b.pid for b in got]),
+        "time": np.concatenate([b.ns for b in got]),
+        "duration": np.concatenate([b.duration for b in got]),
+        "ip": np.concatenate([b.ip for b in got]),
+        "instructions": np.concatenate([b.ninsn for b in got]),
+        "mode": np.concatenate([b.mode for b in got]),
+        "space": np.concatenate([b.image for b in got]),
+        "row": np.concatenate([b.row + np.arange(len(b)) for b in got]),
+        "gap": np.concatenate([b.gap for b in got]),
+    }
+    for col, want in cat.items():
+        have = t.column(col).to_numpy(zero_copy_only=False)
+        if col == "time":
+            have = t.column(col).fill_null(-1).to_numpy()
+        np.testing.assert_array_equal(have, want.astype(have.dtype), err_msg=col)
+    assert (cat["time"] >= 0).all() and cat["duration"].sum() > 0
+    # Symbols: the id of each row names the function report looks up.
+    want_fn = []
+    for b in got:
+        for space, sel in b.images():
+            table = b.queue.symbols(space)
+            index, _ = table.lookup(b.ip[sel])
+            want_fn += [table.qualified_name(i) if i >= 0 else None for i in index.tolist()]
+    symbols = ds.dataset(flow / "symbols").to_table()
+    fn = dict(zip(symbols["id"].to_pylist(), symbols["function"].to_pylist(), strict=True))
+    have_fn = [fn[s] if s is not None else None for s in t["symbol"].to_pylist()]
+    assert have_fn == want_fn
+    assert {f.split("!")[-1] for f in fn.values()} == set(FUNCTIONS)
+    images = ds.dataset(flow / "images").to_table()
+    assert set(symbols["image"].to_pylist()) <= set(images["id"].to_pylist())
+    assert any("/threads-" in p for p in images["path"].to_pylist())
+
+
+def test_instruction_rows_are_the_decoders_instructions(recorded, batches):
+    _, flow = recorded
+    got, _ = batches
+    t = _read(flow, "instructions")
+    want = np.concatenate([b.instructions() for b in got])
+    np.testing.assert_array_equal(t["ip"].to_numpy(), want)
+    per_block = np.concatenate([b.ninsn for b in got])
+    assert t.num_rows == int(per_block.sum())
+    blocks = _read(flow, "blocks")
+    # Each block's first instruction is its ip.
+    first = t.filter(pa.compute.equal(t["k"], 0))
+    np.testing.assert_array_equal(first["ip"].to_numpy(), blocks["ip"].to_numpy())
+
+
+def test_blocks_table_is_pure_and_names_merge(batches):
+    got, _ = batches
+    one = Names()
+    tables = [blocks_table(b, one) for b in got]
+    # The same batch gives the same rows, whatever a Names met before.
+    halves = [Names(), Names()]
+    again = [blocks_table(b, halves[i % 2]) for i, b in enumerate(reversed(got))][::-1]
+    for x, y in zip(tables, again, strict=True):
+        assert x.equals(y)
+    merged = Names()
+    for h in halves:
+        merged.merge(h)
+    assert merged.symbols_table().equals(one.symbols_table())
+    assert merged.images_table().equals(one.images_table())
+
+
+def test_views_count_as_report_does(recorded, batches):
+    from hwtrace.cli.query import connect
+
+    _, flow = recorded
+    got, stream = batches
+    profiler = ThreadProfiler()
+    for b in got:
+        rows = b.row + np.arange(len(b))
+        for image, sel in b.images():
+            profiler.add(b.queue.index, image, b.queue.symbols(image), ip=b.ip[sel],
+                         ninsn=b.ninsn[sel], ns=b.ns[sel], duration=b.duration[sel],
+                         tid=b.tid[sel], pid=b.pid[sel], row=rows[sel])  # fmt: skip
+    profile = profiler.result(stream.sideband.comm_of)
+    want: dict[tuple[int, str], tuple[int, int]] = {}
+    totals: dict[str, list[int]] = {}
+    for th in profile.threads:
+        for k in np.flatnonzero(th.by_insn).tolist():
+            name = th.names[k - 1] if k else "[unknown]"
+            want[(th.tid, name)] = (int(th.by_insn[k]), int(th.by_time[k]))
+            acc = totals.setdefault(name, [0, 0])
+            acc[0] += int(th.by_insn[k])
+            acc[1] += int(th.by_time[k])
+    con, _ = connect(flow)
+    have = {(tid, f): (i, t) for tid, f, i, t in con.execute(
+        "SELECT tid, function, instructions, time_ns FROM thread_functions").fetchall()}  # fmt: skip
+    assert have == want
+    have = {f: [i, t] for f, i, t in con.execute(
+        "SELECT function, instructions, time_ns FROM functions").fetchall()}  # fmt: skip
+    assert have == totals and len(totals) == len(FUNCTIONS)
+    threads = con.execute("SELECT tid, pid, comm, instructions, span_ns FROM threads "
+                          "ORDER BY tid").fetchall()  # fmt: skip
+    assert threads == [(th.tid, th.pid, th.comm, th.instructions, th.span_ns)
+                       for th in profile.threads]  # fmt: skip
+    # fold recurses 6 deep per call of work_c's loop: many entries; the
+    # other functions are entered once per thread.
+    calls = dict(con.execute("SELECT split_part(function, '!', 2), entries FROM calls").fetchall())
+    assert calls["work_a"] == calls["work_b"] == calls["work_d"] == 1
+    assert calls["fold"] > 100
+    assert con.execute("SELECT count(*) FROM gap_summary").fetchone()[0] == 0
+
+
+def test_report_of_the_directory_is_the_report_of_the_recording(recorded):
+    data, flow = recorded
+    direct = run("report", "-i", str(data))
+    again = run("report", "-i", str(flow))
+    assert direct.returncode == 0 and again.returncode == 0, again.stderr
+    assert again.stdout == direct.stdout
+    assert "fold" in again.stdout and "4 trace queue(s)" in again.stdout
+    bad = run("report", "-i", str(flow), "--folded", "x")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_filters_on_partitions_read_only_their_files(recorded):
+    from hwtrace.cli.query import connect
+
+    _, flow = recorded
+    buckets = sorted(int(p.name.split("=")[1]) for p in (flow / "blocks" / "cpu=-1").iterdir())
+    assert len(buckets) > 2
+    b = buckets[len(buckets) // 2]
+    files = len(list((flow / "blocks").rglob("*.parquet")))
+    dataset = ds.dataset(flow / "blocks", format="parquet", partitioning="hive")
+    picked = list(dataset.get_fragments(filter=ds.field("bucket") == b))
+    assert len(picked) == 1 and f"bucket={b}" in picked[0].path
+    con, _ = connect(flow)
+    plan = "\n".join(r[1] for r in con.execute(
+        f"EXPLAIN SELECT count(*) FROM blocks WHERE bucket = {b}").fetchall())  # fmt: skip
+    m = re.search(r"Scanning Files: (\d+)/(\d+)", plan)
+    assert m is not None, plan
+    assert (int(m.group(1)), int(m.group(2))) == (1, files)
+    n, lo, hi = con.execute(f"SELECT count(*), min(time), max(time) FROM blocks "
+                            f"WHERE bucket = {b}").fetchone()  # fmt: skip
+    assert n > 0 and lo // 50_000_000 == b == hi // 50_000_000
+    assert con.execute("SELECT count(*) FROM blocks WHERE cpu = 7").fetchone()[0] == 0
+
+
+def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
+    _, flow = recorded
+    out = run("decode", str(tmp_path / "missing.data"), "-o", str(tmp_path / "o1"))
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "missing.data" in out.stderr and "Traceback" not in out.stderr
+    junk = tmp_path / "junk.data"
+    junk.write_bytes(b"PERFILE2" + bytes(range(256)) * 4)
+    out = run("decode", str(junk), "-o", str(tmp_path / "o2"))
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "junk.data" in out.stderr and "Traceback" not in out.stderr
+    out = run("decode", str(junk), "-o", str(flow))
+    assert out.returncode == 1 and "not an empty directory" in out.stderr
+    out = run("query", str(flow), "SELEC count(*) FROM blocks")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "syntax error" in out.stderr and "Traceback" not in out.stderr
+    out = run("query", str(flow), "SELECT nope FROM blocks")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "nope" in out.stderr
+    out = run("query", str(tmp_path), "SELECT 1")
+    assert out.returncode == 1 and "_meta.json" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_query_prints_tables_csv_and_json(recorded):
+    _, flow = recorded
+    out = run("query", str(flow), "SELECT function, instructions FROM functions "
+              "ORDER BY instructions DESC", "--csv")  # fmt: skip
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[0] == "function,instructions" and len(lines) == 6
+    out = run("query", str(flow), "SELECT tid, comm FROM threads", "--json")
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 4
+    out = run("query", str(flow), "--views")
+    assert all(v in out.stdout for v in ("functions", "threads", "calls", "gap_summary"))
+
+
+def test_distributed_decode_or_one_line(recorded, tmp_path):
+    data, flow = recorded
+    out = run("decode", str(data), "-o", str(tmp_path / "d"), "--workers", "2")
+    if importlib.util.find_spec("hwtrace.dist") is None:
+        assert out.returncode == 1 and out.stderr.count("\n") == 1
+        assert "hwtrace.dist is not available" in out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    mine, theirs = _read(flow, "blocks"), _read(tmp_path / "d", "blocks")
+    assert theirs.drop_columns(["bucket"]).equals(mine.drop_columns(["bucket"]))
