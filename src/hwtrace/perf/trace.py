@@ -246,7 +246,7 @@ def tsc_conversion_of(data: PerfData) -> TscConversion | None:
     return TscConversion(pt.time_shift, pt.time_mult, pt.time_zero)
 
 
-def _setup(
+def setup_decoding(
     data: PerfData,
     locator: BinaryLocator | None,
     kernel: KernelCode | None,
@@ -331,7 +331,7 @@ def _map_open(f: BinaryIO) -> np.ndarray:
     return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
 
 
-class _Contexts:
+class QueueContexts:
     """Which image a queue's decoder walks when tracing is enabled: the
     address space of the thread the sideband says ran then (per-thread
     queues: the queue's own thread), one image per process and set of live
@@ -449,13 +449,13 @@ def decode_perf(
     :func:`~hwtrace.pt.decode.decode_trace`); the queue's flow lists those
     revisions in ``ambiguous``.
     """
-    locator, sb, problems, setup = _setup(data, locator, kernel, sideband)
+    locator, sb, problems, setup = setup_decoding(data, locator, kernel, sideband)
     if setup is None:
         return PerfFlow([], sb, None, problems)
     conv, config, kernel, queues = setup
     out: list[QueueFlow] = []
     for cpu, tid, starts, sizes in queues:
-        ctx = _Contexts(cpu, tid, sb, conv, locator, kernel)
+        ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
         with _queue_trace(data, starts, sizes) as trace:
             first = ctx.first()
             flow = decode_trace(
@@ -497,7 +497,7 @@ class QueueInfo:
     gaps: list[Gap] = field(default_factory=list)
     n_blocks: int = 0
     n_insn: int = 0
-    _ctx: _Contexts | None = field(default=None, repr=False)
+    _ctx: QueueContexts | None = field(default=None, repr=False)
     _code: dict[int, CodeIndex] | None = field(default=None, repr=False)
     _decoder: FlowDecoder | None = field(default=None, repr=False)
 
@@ -670,7 +670,7 @@ class PerfStream:
 _COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
 
 
-class _QueueSink(FlowSink):
+class QueueSink(FlowSink):
     """Gathers the decoder's batches (which end at every event the sideband
     is asked about, so may be a few blocks each) into batches of at most
     ``rows`` blocks, attributes them and passes them on, one block behind:
@@ -678,7 +678,7 @@ class _QueueSink(FlowSink):
     stop, or for the queue to end)."""
 
     def __init__(
-        self, q: QueueInfo, ctx: _Contexts, emit: Callable[[PerfBlocks], None], rows: int
+        self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int
     ) -> None:
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
         self.parts: list[tuple[np.ndarray, ...]] = []  # (ip, ninsn, mode, time, image, run)
@@ -846,21 +846,21 @@ def stream_perf(
     decoder produces them; nothing of a batch is kept once ``on_blocks``
     returns.  Returns the queues (with their gaps), the sideband and the
     problems met.  ``chunk_bytes`` as for :func:`decode_perf`."""
-    locator, sb, problems, setup = _setup(data, locator, kernel, sideband)
+    locator, sb, problems, setup = setup_decoding(data, locator, kernel, sideband)
     if setup is None:
         return PerfStream([], sb, None, problems)
     conv, config, kernel, queues = setup
     code: dict[int, CodeIndex] = {}
     infos: list[QueueInfo] = []
     for index, (cpu, tid, starts, sizes) in enumerate(queues):
-        ctx = _Contexts(cpu, tid, sb, conv, locator, kernel)
+        ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
         dec = FlowDecoder(
             ctx.first(), config, DecodeOptions().flow_options(),
-            on_event=_hook(ctx), stop_at="enabled", revisions=ctx.revisions_for,
+            on_event=decoder_hook(ctx), stop_at="enabled", revisions=ctx.revisions_for,
         )  # fmt: skip
         q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)
-        sink = _QueueSink(q, ctx, on_blocks, batch_rows)
+        sink = QueueSink(q, ctx, on_blocks, batch_rows)
         with _queue_trace(data, starts, sizes) as trace:
             q.trace_bytes = trace.shape[0]
             for s, e in chunk_ranges(trace, chunk_bytes):
@@ -870,7 +870,7 @@ def stream_perf(
     return PerfStream(infos, sb, conv, problems)
 
 
-def _hook(ctx: _Contexts) -> Callable[[np.ndarray, int], object]:
+def decoder_hook(ctx: QueueContexts) -> Callable[[np.ndarray, int], object]:
     """The decoder's event hook for ``ctx``, as
     :func:`~hwtrace.pt.decode.decode_trace` makes it from a ``context``."""
 

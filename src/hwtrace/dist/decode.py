@@ -1,0 +1,628 @@
+"""A perf.data's Intel PT decoded by Dask workers, stitched into exactly
+:func:`~hwtrace.perf.trace.stream_perf`'s rows.
+
+Why it is exact: each AUX queue's trace is cut at PSB boundaries
+(:func:`~hwtrace.pt.decode.chunk_ranges`, each range reading the next one's
+PSB+), so pieces of consecutive ranges decode independently into the very
+blocks one pass gives.  What one pass carries from a range to the next is
+small, and the client restores it:
+
+* the image numbering (images in order of first use) and each image's
+  code-run numbering (runs in order of first visit): a worker reports the
+  images and runs its fresh decoder met, in order, and the client merges
+  them piece after piece, keeping the first of each;
+* the decoder's state where a piece starts: the image it walks and the last
+  perf time the sideband was asked about.  A piece starts as the first one
+  does; that is right whenever the piece's first enabling of tracing comes
+  before any block and carries a time stamp (always, for perf's traces), and
+  the worker says when it was not.  Then the client decodes that piece again
+  from the state the previous piece ended in.
+
+Attribution (perf time, thread, process, durations, gaps, PTWRITE marks)
+is :class:`~hwtrace.perf.trace.QueueSink`'s, run on the client over the
+workers' block columns, so the rules are the single pass's own.  Code
+revisions (TEXT_POKE, JIT code) make a queue's pieces depend on one another
+further; such a queue is decoded as one piece.
+
+Workers read the input from the path they are given (a shared file system):
+each keeps the parsed perf.data, sideband and images once per input, keyed
+by path, size and modification time, so a task ships only offsets.  Tasks
+are pure, so Dask may run one again after losing a worker (Dask docs:
+"Worker resilience", ``Client.submit(retries=)``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..image import Image
+from ..perf.data import PerfData, PerfDataError, read_perf_data
+from ..perf.sideband import BinaryLocator, Sideband
+from ..perf.trace import (
+    PerfBlocks,
+    PerfStream,
+    QueueContexts,
+    QueueInfo,
+    QueueSink,
+    decoder_hook,
+    iter_queue_traces,
+    setup_decoding,
+)
+from ..pt import _flowkernel as FK
+from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
+from ..pt.decode import DecodeOptions, chunk_ranges
+from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+
+_MASK64 = (1 << 64) - 1
+_REVISION_KINDS = ("text_poke", "bpf_image", "jitdump")
+_EMPTY = np.zeros(0, np.int64)
+
+
+class DistributedError(Exception):
+    """A distributed decoding could not run: one line naming the place."""
+
+
+# --------------------------------------------------------------------------
+# Planning
+
+
+def plan_pieces(
+    trace: np.ndarray, task_bytes: int, chunk_bytes: int
+) -> list[list[tuple[int, int]]]:
+    """A queue's trace as Dask tasks: consecutive PSB-aligned chunk ranges
+    (:func:`~hwtrace.pt.decode.chunk_ranges`) grouped into pieces of about
+    ``task_bytes`` each."""
+    ranges = chunk_ranges(trace, chunk_bytes)
+    pieces: list[list[tuple[int, int]]] = []
+    size = 0
+    for s, e in ranges:
+        if not pieces or size >= task_bytes:
+            pieces.append([])
+            size = 0
+        pieces[-1].append((s, e))
+        size += e - s
+    return pieces
+
+
+def _has_revisions(sb: Sideband) -> bool:
+    return any(r.kind in _REVISION_KINDS and r.new for r in sb.revisions)
+
+
+# --------------------------------------------------------------------------
+# Images by a name every process agrees on
+
+
+def _space_key(sb: Sideband, cpu: int, tid: int, ns: int) -> tuple[int, int, int]:
+    """``(pid, address space number, live mappings)``: what
+    :class:`~hwtrace.perf.trace.QueueContexts` makes one image of at ``ns``,
+    named without object identities."""
+    t = tid if tid >= 0 else int(sb.threads_on(cpu, np.array([ns]))[0])
+    pid = sb.pid_of(t)
+    space = sb.space_at(pid, ns)
+    if space is None:
+        return pid, -1, 0
+    pos = next(i for i, s in enumerate(sb.spaces[pid]) if s is space)
+    return pid, pos, len(space.mappings_at(ns))
+
+
+class _WorkerContexts(QueueContexts):
+    """The queue's contexts, with images kept across the worker's tasks
+    (``shared``, by :func:`_space_key`) and each image's portable
+    description (``desc``)."""
+
+    def __init__(self, cpu, tid, sb, conv, locator, kernel, shared: dict) -> None:
+        super().__init__(cpu, tid, sb, conv, locator, kernel)
+        self.shared = shared
+        self.desc: dict[int, tuple] = {}
+
+    def image_for(self, ns: int) -> Image:
+        key = _space_key(self.sb, self.cpu, self.tid, ns)
+        got = self.shared.get(key)
+        if got is None:
+            image = super().image_for(ns)
+            got = self.shared[key] = (image, self.symbols_of[id(image)],
+                                      self.pid_of_image[id(image)])  # fmt: skip
+        image, symbols, pid = got
+        self.symbols_of[id(image)] = symbols
+        self.pid_of_image[id(image)] = pid
+        self.desc.setdefault(id(image), ("base", *key, ns))
+        return image
+
+    def describe(self, image: Image) -> tuple:
+        """``("base", pid, space, live, ns)`` or ``("overlay", base, epoch)``."""
+        base = getattr(image, "revision_base", None)
+        if base is None:
+            return self.desc[id(image)]
+        store = self.revisions_for(base)
+        assert store is not None
+        for epoch in range(1, store.boundaries().shape[0] + 1):
+            if store.overlay(base, epoch) is image:
+                return ("overlay", self.describe(base), epoch)
+        raise AssertionError("an overlay of no known epoch")
+
+
+def _key(desc: tuple) -> tuple:
+    """An image description without the time it was first asked for."""
+    if desc[0] == "base":
+        return desc[:4]
+    return ("overlay", _key(desc[1]), desc[2])
+
+
+# --------------------------------------------------------------------------
+# The worker's side
+
+
+@dataclass
+class _Input:
+    data: PerfData
+    locator: BinaryLocator
+    sb: Sideband
+    conv: object
+    config: object
+    kernel: object
+    queues: list
+    images: dict = field(default_factory=dict)
+
+
+_INPUTS: dict[tuple, _Input] = {}
+_INPUTS_LOCK = threading.Lock()
+
+
+def _open_input(path: str, symfs: str | None) -> _Input:
+    """The parsed input, once per worker process and input file."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), symfs, st.st_size, st.st_mtime_ns)
+    with _INPUTS_LOCK:
+        got = _INPUTS.get(key)
+        if got is None:
+            data = read_perf_data(path)
+            locator = BinaryLocator(root=Path(symfs) if symfs else None)
+            locator, sb, _, setup = setup_decoding(data, locator, None, None)
+            if setup is None:
+                raise PerfDataError(path, 0, "no Intel PT AUXTRACE_INFO: nothing to decode")
+            conv, config, kernel, queues = setup
+            got = _INPUTS[key] = _Input(data, locator, sb, conv, config, kernel, queues)
+        return got
+
+
+def probe_input(path: str) -> str | None:
+    """Whether this process can read ``path`` (None) or why not."""
+    try:
+        with open(path, "rb") as f:
+            f.read(8)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _read_range(data: PerfData, starts: np.ndarray, sizes: np.ndarray, lo: int, hi: int):
+    """Bytes ``lo..hi`` of a queue's trace (its AUXTRACE records' data in
+    order): a view of the mapped file when one record holds them."""
+    ends = np.cumsum(sizes)
+    first = int(np.searchsorted(ends, lo, side="right"))
+    parts = []
+    at = lo
+    j = first
+    while at < hi and j < ends.shape[0]:
+        rec_lo = int(ends[j] - sizes[j])
+        a = at - rec_lo
+        b = min(hi, int(ends[j])) - rec_lo
+        s = int(starts[j])
+        parts.append(data.buf[s + a : s + b])
+        at = rec_lo + b
+        j += 1
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+class _Pieces(FlowSink):
+    """The decoder's batches as segments of one image each: block columns,
+    event rows (offsets in queue coordinates) and counts."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.segments: list[dict] = []
+        self.rows = 0
+
+    def batch(self, b: FlowBatch) -> None:
+        n = b.ip.shape[0]
+        seg = self.segments[-1] if self.segments else None
+        if seg is None or (n and seg["n"] and seg["image"] != b.image):
+            seg = {"image": b.image, "n": 0, "cols": [], "ev": [], "n_insn": 0, "n_virtual": 0}
+            self.segments.append(seg)
+        if n and not seg["n"]:
+            seg["image"] = b.image
+        if len(b.events):
+            seg["ev"].append((b.events.copy(), b.event_offset + self.base,
+                              b.event_block + seg["n"]))  # fmt: skip
+        if n:
+            run = b.run.copy() if b.run is not None else np.full(n, -1, np.int32)
+            seg["cols"].append((b.ip.copy(), b.ninsn.copy(), b.mode.copy(), b.time.copy(), run))
+            seg["n"] += n
+            self.rows += n
+        seg["n_insn"] += b.n_insn
+        seg["n_virtual"] += b.n_virtual
+
+    def result(self) -> list[tuple]:
+        out = []
+        for seg in self.segments:
+            if seg["cols"]:
+                cols = tuple(np.concatenate(c) for c in zip(*seg["cols"], strict=True))
+            else:
+                z = np.zeros(0, np.uint64)
+                cols = (z, np.zeros(0, np.uint32), np.zeros(0, np.uint8), z, np.zeros(0, np.int32))
+            if seg["ev"]:
+                ev = tuple(np.concatenate(c) for c in zip(*seg["ev"], strict=True))
+            else:
+                ev = (np.zeros((0, FK.EW), np.uint64), _EMPTY, _EMPTY)
+            out.append((seg["image"], *cols, *ev, seg["n_insn"], seg["n_virtual"]))
+        return out
+
+
+def decode_piece(
+    path: str,
+    symfs: str | None,
+    queue: int,
+    ranges: list[tuple[int, int]],
+    start: tuple | None,
+    first: bool,
+) -> dict:
+    """Decode chunk ``ranges`` of queue number ``queue`` (a Dask task).
+
+    ``start``: the state to start from, ``(image description, last perf
+    time)``; None: as a queue's first piece starts.  ``first``: this is
+    the queue's first piece (every image its decoder numbers counts)."""
+    inp = _open_input(path, symfs)
+    cpu, tid, starts, sizes = inp.queues[queue]
+    lo, hi = ranges[0][0], ranges[-1][1]
+    buf = _read_range(inp.data, starts, sizes, lo, hi)
+    shared = inp.images.setdefault(queue if tid >= 0 else "cpu", {})
+    ctx = _WorkerContexts(cpu, tid, inp.sb, inp.conv, inp.locator, inp.kernel, shared)
+    if start is None:
+        image = ctx.first()
+    else:
+        image = ctx.image_for(start[0][4])
+        ctx.last_ns = start[1]
+    sink = _Pieces(lo)
+    base_hook = decoder_hook(ctx)
+    seen = {"hooks": 0, "rows_at_first": -1, "tsc": False, "no_tsc_first": False,
+            "base": None}  # fmt: skip
+
+    def hook(row: np.ndarray, offset: int) -> object:
+        has_tsc = int(row[FK.E_FLAGS]) & FK.F_HAS_TSC
+        if not seen["hooks"]:
+            seen["rows_at_first"] = sink.rows
+        if not has_tsc and not seen["tsc"]:
+            seen["no_tsc_first"] = True
+        seen["tsc"] |= bool(has_tsc)
+        seen["hooks"] += 1
+        got = base_hook(row, offset)
+        seen["base"] = got
+        return got
+
+    dec = FlowDecoder(
+        image, inp.config, DecodeOptions().flow_options(), on_event=hook, stop_at="enabled",
+        revisions=ctx.revisions_for,
+    )  # fmt: skip
+    n_setup = 0 if first else len(dec.images)
+    for s, e in ranges:
+        dec.decode(buf, sink, s - lo, e - lo)
+    runs = {}
+    for t in dec.tables:
+        n = t.n_runs
+        runs[t.index] = (t.r_ip[:n].copy(), t.r_mode[:n].copy())
+    used_base = sink.rows > 0 and (seen["rows_at_first"] != 0)
+    return {
+        "segments": sink.result(),
+        "images": [ctx.describe(im) for im in dec.images],
+        "n_setup": n_setup,
+        "runs": runs,
+        "start": start,
+        "used_base": used_base and not first,
+        "used_last_ns": seen["no_tsc_first"] and inp.conv is not None and not first,
+        "end_base": ctx.describe(seen["base"]) if seen["base"] is not None else None,
+        "end_last_ns": ctx.last_ns if seen["tsc"] else None,
+        "problems": dict(inp.locator.problems),
+        "worker_pid": os.getpid(),
+    }
+
+
+# --------------------------------------------------------------------------
+# The client's side
+
+
+class _RebuiltCode:
+    """Code tables numbered as the single pass's decoder numbered them (its
+    runs built again in the same order), for :meth:`QueueInfo.code_table`;
+    made when first asked for."""
+
+    def __init__(self, images: list[Image], runs: list[list[tuple[int, int]]]) -> None:
+        self._images, self._runs = images, runs
+        self._tables: list[CodeTable] | None = None
+
+    @property
+    def tables(self) -> list[CodeTable]:
+        if self._tables is None:
+            self._tables = []
+            for index, (image, runs) in enumerate(zip(self._images, self._runs, strict=True)):
+                t = CodeTable(image)
+                t.index = index
+                for want, (ip, mode) in enumerate(runs):
+                    while True:
+                        got = build_run(t.tuple, np.uint64(ip), np.uint8(mode))
+                        if got == -1:
+                            t.fill(int(t.counts[C_MISS_IP]) & _MASK64, int(t.counts[C_MISS_MODE]))
+                        elif got == -2:
+                            t.grow_runs()
+                        else:
+                            break
+                    assert got == want, (got, want)
+                self._tables.append(t)
+        return self._tables
+
+
+class _Stitch:
+    """One queue's pieces joined in order into the single pass's numbering
+    and handed to its :class:`QueueSink`."""
+
+    def __init__(
+        self, q: QueueInfo, ctx: QueueContexts, sink: QueueSink, runs: list[list[tuple[int, int]]]
+    ) -> None:
+        self.q, self.ctx, self.sink = q, ctx, sink
+        self.index: dict[tuple, int] = {}  # image key -> number
+        self.run_index: list[dict[tuple[int, int], int]] = []
+        self.runs = runs  # per image, its runs (ip, mode) in the pass's order
+        self.end_base: tuple | None = None
+        self.end_last_ns = 0
+
+    def fits(self, r: dict) -> bool:
+        """Whether piece ``r`` started in the state the previous one ended in
+        (as far as it mattered)."""
+        setup = r["images"][: r["n_setup"]]
+        if any(_key(d) not in self.index for d in setup):
+            return False
+        if r["used_base"] and (
+            self.end_base is None
+            or _key(self.end_base) != _key(r["start"][0] if r["start"] else setup[0])
+        ):
+            return False
+        start_ns = r["start"][1] if r["start"] else 0
+        return not (r["used_last_ns"] and start_ns != self.end_last_ns)
+
+    def start_state(self) -> tuple | None:
+        return (self.end_base, self.end_last_ns) if self.end_base is not None else None
+
+    def _image(self, desc: tuple) -> Image:
+        if desc[0] == "base":
+            image = self.ctx.image_for(desc[4])
+            return image
+        base = self._image(desc[1])
+        store = self.ctx.revisions_for(base)
+        assert store is not None
+        return store.overlay(base, desc[2])
+
+    def add(self, r: dict) -> None:
+        images = np.zeros(len(r["images"]), np.int64)
+        for i, desc in enumerate(r["images"]):
+            k = _key(desc)
+            g = self.index.get(k)
+            if g is None:
+                g = self.index[k] = len(self.q.images)
+                self.q.images.append(self._image(desc))
+                self.run_index.append({})
+                self.runs.append([])
+            images[i] = g
+        run_maps: dict[int, np.ndarray] = {}
+        for li, (ips, modes) in r["runs"].items():
+            g = int(images[li])
+            known, order = self.run_index[g], self.runs[g]
+            m = np.empty(ips.shape[0], np.int32)
+            for j, k in enumerate(zip(ips.tolist(), modes.tolist(), strict=True)):
+                v = known.get(k)
+                if v is None:
+                    v = known[k] = len(order)
+                    order.append(k)
+                m[j] = v
+            run_maps[li] = m
+        for seg in r["segments"]:
+            li, ip, ninsn, mode, time, run, ev, evoff, evblock, n_insn, n_virtual = seg
+            m = run_maps.get(li)
+            if m is not None and run.shape[0]:
+                run = np.where(run >= 0, m[np.maximum(run, 0)], -1).astype(np.int32)
+            batch = FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, evoff, evblock,
+                              None, int(images[li]), run, n_insn, 0, n_virtual)  # fmt: skip
+            self.sink.batch(batch)
+        if r["end_base"] is not None:
+            self.end_base = r["end_base"]
+        elif self.end_base is None and r["start"] is None and r["images"]:
+            self.end_base = r["images"][0]
+        if r["end_last_ns"] is not None:
+            self.end_last_ns = r["end_last_ns"]
+
+
+class _Runner:
+    """Runs pieces: in this process, or on a Dask client's workers."""
+
+    def __init__(self, client, retries: int) -> None:
+        self.client, self.retries = client, retries
+
+    def submit(self, *args):
+        if self.client is None:
+            return args
+        return self.client.submit(decode_piece, *args, pure=True, retries=self.retries)
+
+    def result(self, handle) -> dict:
+        if self.client is None:
+            return decode_piece(*handle)
+        return handle.result()
+
+    def cancel(self, handles) -> None:
+        if self.client is not None:
+            self.client.cancel([h for h in handles])
+
+
+DEFAULT_TASK_BYTES = 32 << 20
+
+
+def decode_distributed(
+    path: str,
+    on_blocks: Callable[[PerfBlocks], None],
+    *,
+    workers: int = 0,
+    cluster: str | None = None,
+    symfs: str | None = None,
+    task_bytes: int = DEFAULT_TASK_BYTES,
+    retries: int = 3,
+    chunk_bytes: int | None = None,
+    batch_rows: int = 1 << 14,
+    connect_timeout: float = 10.0,
+) -> PerfStream:
+    """Decode the Intel PT of the perf.data at ``path`` as
+    :func:`~hwtrace.perf.trace.stream_perf` does, the work cut into Dask
+    tasks of about ``task_bytes`` of trace each.
+
+    ``workers`` > 0: a local Dask cluster of that many worker processes
+    (one thread each), closed on return, error or ^C; ``cluster``: the
+    address of a running Dask scheduler (``tcp://host:port``) whose workers
+    can read ``path``; neither: the same tasks in this process.
+    ``on_blocks`` gets each queue's blocks in flow order, queue by queue,
+    with exactly stream_perf's rows (batches may be cut elsewhere).
+    ``retries``: times Dask runs a failed task again.  Raises
+    :class:`DistributedError` (one line) when the cluster or the input
+    cannot be used."""
+    chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
+    try:
+        data = read_perf_data(path)
+    except PerfDataError as e:
+        raise DistributedError(str(e)) from None
+    locator = BinaryLocator(root=Path(symfs) if symfs else None)
+    locator, sb, problems, setup = setup_decoding(data, locator, None, None)
+    if setup is None:
+        return PerfStream([], sb, None, problems)
+    conv, _, kernel, queues = setup
+    whole = _has_revisions(sb)
+    plans: list[list[list[tuple[int, int]]]] = []
+    sizes: list[int] = []
+    for _, _, trace in iter_queue_traces(data):
+        sizes.append(trace.shape[0])
+        pieces = plan_pieces(trace, task_bytes, chunk_bytes)
+        if whole and pieces:
+            pieces = [[r for p in pieces for r in p]]
+        plans.append(pieces)
+    with _client(workers, cluster, connect_timeout) as client:
+        if client is not None:
+            _check_readable(client, path)
+        runner = _Runner(client, retries)
+        infos = _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel,
+                     on_blocks, batch_rows, max(workers, _n_workers(client)))  # fmt: skip
+    problems += list(locator.problems.values()) + sb.revision_conflicts()
+    return PerfStream(infos, sb, conv, problems)
+
+
+def _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, on_blocks,
+         batch_rows, n_workers) -> list[QueueInfo]:  # fmt: skip
+    order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
+    ahead = max(4, 3 * n_workers)
+    pending: deque = deque()
+    nxt = 0
+
+    def refill() -> None:
+        nonlocal nxt
+        while nxt < len(order) and len(pending) < ahead:
+            qi, k = order[nxt]
+            pending.append((qi, k, runner.submit(path, symfs, qi, plans[qi][k], None, k == 0)))
+            nxt += 1
+
+    infos: list[QueueInfo] = []
+    code: dict = {}
+    try:
+        refill()
+        for qi, (cpu, tid, _, _) in enumerate(queues):
+            ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
+            images: list[Image] = []
+            stitch_runs: list[list[tuple[int, int]]] = []
+            q = QueueInfo(qi, cpu, tid, images, trace_bytes=sizes[qi], _ctx=ctx, _code=code,
+                          _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
+            infos.append(q)
+            sink = QueueSink(q, ctx, on_blocks, batch_rows)
+            stitch = _Stitch(q, ctx, sink, stitch_runs)
+            for k in range(len(plans[qi])):
+                pqi, pk, handle = pending.popleft()
+                assert (pqi, pk) == (qi, k)
+                r = runner.result(handle)
+                refill()
+                if k and not stitch.fits(r):
+                    # The piece began otherwise than the pass would have: again,
+                    # from the state the previous piece ended in.
+                    again = runner.submit(path, symfs, qi, plans[qi][k], stitch.start_state(),
+                                          False)  # fmt: skip
+                    r = runner.result(again)
+                    assert stitch.fits(r)
+                for p, msg in r["problems"].items():
+                    locator.problems.setdefault(p, msg)
+                stitch.add(r)
+            sink.finish()
+    finally:
+        runner.cancel([h for _, _, h in pending])
+    return infos
+
+
+def _n_workers(client) -> int:
+    if client is None:
+        return 0
+    return len(client.scheduler_info().get("workers", {}))
+
+
+class _client:
+    """A Dask client for ``workers`` local processes or a running
+    ``cluster`` (None: none); the local cluster is closed on exit."""
+
+    def __init__(self, workers: int, cluster: str | None, timeout: float) -> None:
+        self.workers, self.cluster, self.timeout = workers, cluster, timeout
+        self.local = None
+        self.client = None
+
+    def __enter__(self):
+        if not self.workers and not self.cluster:
+            return None
+        import logging
+
+        from distributed import Client, LocalCluster
+
+        if self.cluster:
+            try:
+                self.client = Client(self.cluster, timeout=self.timeout)
+            except (OSError, TimeoutError) as e:
+                raise DistributedError(
+                    f"{self.cluster}: no Dask scheduler answered within {self.timeout:g} s "
+                    f"({type(e).__name__})"
+                ) from None
+            return self.client
+        self.local = LocalCluster(
+            n_workers=self.workers, threads_per_worker=1, processes=True,
+            dashboard_address=None, silence_logs=logging.ERROR,
+        )  # fmt: skip
+        self.client = Client(self.local)
+        return self.client
+
+    def __exit__(self, *exc) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.local is not None:
+            self.local.close()
+
+
+def _check_readable(client, path: str) -> None:
+    """Every worker can read ``path``, or one line saying which cannot."""
+    got = client.run(probe_input, path)
+    for worker, err in sorted(got.items()):
+        if err is not None:
+            raise DistributedError(f"worker {worker}: cannot read {path}: {err}")

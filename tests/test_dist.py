@@ -1,0 +1,207 @@
+"""hwtrace.dist: a perf.data's Intel PT decoded by Dask tasks gives exactly
+stream_perf's rows, in this process, on a local cluster, on a loopback
+``dask scheduler`` with two ``dask worker`` processes, and after a worker
+is killed; a silent address and an input the workers cannot read are one
+line each."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_record_software import SKIP
+
+from hwtrace.cli.main import main as hwtrace_main
+from hwtrace.dist import DistributedError, decode_distributed, plan_pieces
+from hwtrace.perf.data import read_perf_data
+from hwtrace.perf.trace import iter_queue_traces, stream_perf
+
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+
+COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
+SMALL = {"task_bytes": 4096, "chunk_bytes": 4096}  # many pieces of a small trace
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory) -> Path:
+    """Four threads recorded by ``hwtrace record``: four queues of 5-100 KiB
+    of trace, a PSB every 4 KiB."""
+    from test_record_threads import WORKS, build
+
+    exe = build()
+    path = tmp_path_factory.mktemp("dist") / "perf.data"
+    args = [a for w in WORKS[:4] for a in ("-f", w)]
+    assert hwtrace_main(["record", "-o", str(path), *args, "--", str(exe), "four"]) == 0
+    return path
+
+
+def collect(decode) -> tuple[dict[int, dict[str, np.ndarray]], object, list[int]]:
+    """Per queue, each column of the batches ``decode(on_blocks)`` hands
+    on, joined; the returned stream; queues in the order they came."""
+    parts: dict[int, dict[str, list]] = {}
+    seen: list[int] = []
+
+    def on_blocks(b) -> None:
+        if not seen or seen[-1] != b.queue.index:
+            seen.append(b.queue.index)
+        d = parts.setdefault(b.queue.index, {c: [] for c in (*COLUMNS, "row", "ptw")})
+        d["row"].append(np.arange(len(b)) + b.row)
+        for c in COLUMNS:
+            d[c].append(getattr(b, c))
+        d["ptw"].append(0 if b.ptw is None else len(b.ptw))
+
+    stream = decode(on_blocks)
+    cols = {
+        q: {c: (np.concatenate(v) if c != "ptw" else sum(v)) for c, v in d.items()}
+        for q, d in parts.items()
+    }
+    return cols, stream, seen
+
+
+@pytest.fixture(scope="module")
+def expected(recording):
+    return collect(lambda on: stream_perf(read_perf_data(recording), on))
+
+
+def same(got, want) -> None:
+    cols, stream, seen = got
+    wcols, wstream, wseen = want
+    assert seen == wseen == sorted(wseen)  # queue by queue, in order
+    assert sorted(cols) == sorted(wcols)
+    for q, w in wcols.items():
+        assert w["ip"].shape[0] > 0
+        for c in (*COLUMNS, "row"):
+            assert cols[q][c].dtype == w[c].dtype, (q, c)
+            np.testing.assert_array_equal(cols[q][c], w[c], err_msg=f"queue {q}, {c}")
+        assert cols[q]["ptw"] == w["ptw"]
+    assert len(stream.queues) == len(wstream.queues)
+    for a, b in zip(stream.queues, wstream.queues, strict=True):
+        assert (a.cpu, a.tid, a.trace_bytes, a.n_insn, a.n_blocks) == (
+            b.cpu, b.tid, b.trace_bytes, b.n_insn, b.n_blocks)  # fmt: skip
+        assert [str(g) for g in a.gaps] == [str(g) for g in b.gaps]
+        assert [im.name for im in a.images] == [im.name for im in b.images]
+        for i in range(len(b.images)):
+            # The code runs the ``run`` column numbers, numbered alike.
+            ta, tb = a.code_table(i), b.code_table(i)
+            assert ta.n_runs == tb.n_runs
+            np.testing.assert_array_equal(ta.r_ip[: ta.n_runs], tb.r_ip[: tb.n_runs])
+            np.testing.assert_array_equal(ta.r_ninsn[: ta.n_runs], tb.r_ninsn[: tb.n_runs])
+    assert stream.problems == wstream.problems
+
+
+def test_many_pieces_in_process(recording, expected):
+    data = read_perf_data(recording)
+    pieces = [plan_pieces(t, **SMALL) for _, _, t in iter_queue_traces(data)]
+    assert len(pieces) >= 2 and sum(map(len, pieces)) >= 20
+    same(collect(lambda on: decode_distributed(str(recording), on, **SMALL)), expected)
+
+
+def test_corrupt_chunk_gaps_as_stream_perf(recording, tmp_path):
+    """Bytes of a trace overwritten: the same gaps and the same rows."""
+    bad = tmp_path / "bad.data"
+    raw = bytearray(recording.read_bytes())
+    data = read_perf_data(recording)
+    _, _, trace = next(iter_queue_traces(data))
+    n = trace.shape[0]
+    aux = data.auxtrace_columns()
+    start = int(aux["data_offset"][np.argmax(aux["size"])])
+    for at in (start + 6000, start + 20000):
+        raw[at : at + 64] = bytes([0xD9]) * 64
+    bad.write_bytes(bytes(raw))
+    want = collect(lambda on: stream_perf(read_perf_data(bad), on))
+    assert want[1].n_gaps > 0 and n > 0
+    same(collect(lambda on: decode_distributed(str(bad), on, **SMALL)), want)
+
+
+def test_local_cluster(recording, expected):
+    same(collect(lambda on: decode_distributed(str(recording), on, workers=2, **SMALL)), expected)
+
+
+def test_silent_address_is_one_line(recording):
+    port = _free_port()
+    with pytest.raises(DistributedError) as e:
+        decode_distributed(str(recording), lambda b: None, cluster=f"tcp://127.0.0.1:{port}",
+                           connect_timeout=2)  # fmt: skip
+    msg = str(e.value)
+    assert "\n" not in msg and f"127.0.0.1:{port}" in msg and "no Dask scheduler" in msg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory):
+    """``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1,
+    the workers in a directory of their own; killed afterwards."""
+    from distributed import Client
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    worker = [sys.executable, "-m", "distributed.cli.dask_worker"]
+    cwd = tmp_path_factory.mktemp("workers")
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([*dask, "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], **quiet)]  # fmt: skip
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [*worker, address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                 "--host", "127.0.0.1"], cwd=cwd, **quiet))  # fmt: skip
+        with Client(address, timeout=30) as c:
+            c.wait_for_workers(2, timeout=60)
+        yield address, procs[1:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_loopback_cluster(recording, expected, loopback):
+    address, _ = loopback
+    got = collect(lambda on: decode_distributed(str(recording), on, cluster=address, **SMALL))
+    same(got, expected)
+
+
+def test_input_workers_cannot_read_is_one_line(recording, loopback, monkeypatch):
+    """A relative path: the client reads it, the workers (elsewhere) cannot."""
+    address, _ = loopback
+    monkeypatch.chdir(recording.parent)
+    with pytest.raises(DistributedError) as e:
+        decode_distributed("perf.data", lambda b: None, cluster=address, **SMALL)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("worker tcp://127.0.0.1:")
+    assert "cannot read perf.data" in msg
+
+
+def test_worker_killed_mid_run(recording, expected, loopback):
+    """SIGKILL to a worker once the first blocks arrive: Dask runs its
+    tasks (and the results it held) again elsewhere; the rows are the same."""
+    address, workers = loopback
+    victim = workers[0]
+    killed = []
+
+    def decode(on):
+        def on_blocks(b):
+            if not killed:
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.wait()
+                killed.append(time.monotonic())
+            on(b)
+
+        return decode_distributed(str(recording), on_blocks, cluster=address, **SMALL)
+
+    got = collect(decode)
+    assert killed
+    same(got, expected)
