@@ -205,3 +205,80 @@ def test_worker_killed_mid_run(recording, expected, loopback):
     got = collect(decode)
     assert killed
     same(got, expected)
+
+
+# --------------------------------------------------------------------------
+# Raw Intel PT (ptxed's input) through perf.data: hwtrace.perf.wrap
+
+
+@pytest.fixture(scope="module")
+def raw_trace(tmp_path_factory):
+    """A compiled function's emulated path, run 60 times over, as raw PT
+    with TSC, MTC and a PSB every 512 bytes (about 10 KiB); its ELF."""
+    import groundtruth as gt
+
+    from hwtrace.image import Image
+    from hwtrace.pt.encode import encode_path
+
+    if gt.skip_reason is not None:
+        pytest.skip(str(gt.skip_reason))
+    run = gt.case("mixed", "-O2")
+    image = Image()
+    image.add_elf(run.elf, run.load_address)
+    enc = encode_path(np.tile(run.ips, 60), image, end_ip=run.end_ip, tsc=1 << 40, mtc_freq=3,
+                      ctc_ratio=100, cbr=24, psb_period=512)  # fmt: skip
+    d = tmp_path_factory.mktemp("raw")
+    (d / "trace.pt").write_bytes(enc.data)
+    return d / "trace.pt", run.elf, image, enc
+
+
+def test_raw_trace_wrapped_decodes_as_the_trace(raw_trace, tmp_path, capsys):
+    """``decode --pt --elf``: the rows are decode_trace's blocks and
+    instructions; the wrapped perf.data (records cut at PSBs) decoded by
+    Dask tasks gives stream_perf's rows; bad input is one line."""
+    import pyarrow.dataset as ds
+
+    from hwtrace.perf.wrap import wrap_raw_trace
+    from hwtrace.pt.decode import decode_trace
+    from hwtrace.pt.packets import sync_forward
+
+    pt, elf, image, enc = raw_trace
+    cfg = enc.config
+    want = decode_trace(enc.data, image, cfg)
+    assert want.n_insn == len(enc.expected) and not want.gaps
+    out, kept = tmp_path / "flow", tmp_path / "kept.data"
+    args = ["decode", "--pt", str(pt), "--elf", str(elf), "-o", str(out), "--instructions",
+            "--no-progress", "--perf-data", str(kept), "--mtc-freq", str(cfg.mtc_freq),
+            "--nom-freq", str(cfg.nom_freq), "--cpuid-0x15.eax", str(cfg.cpuid_0x15_eax),
+            "--cpuid-0x15.ebx", str(cfg.cpuid_0x15_ebx)]  # fmt: skip
+    assert hwtrace_main(args) == 0
+    blocks = ds.dataset(out / "blocks", partitioning="hive").to_table().sort_by("row")
+    np.testing.assert_array_equal(blocks["ip"].to_numpy(), want.block_ip)
+    np.testing.assert_array_equal(blocks["instructions"].to_numpy(), want.block_ninsn)
+    assert blocks["time"].null_count == 0 and set(blocks["tid"].to_pylist()) == {1}
+    insns = ds.dataset(out / "instructions", partitioning="hive").to_table()
+    insns = insns.sort_by([("row", "ascending"), ("k", "ascending")])
+    np.testing.assert_array_equal(insns["ip"].to_numpy(), enc.expected)
+    # Without --perf-data the wrapped file is gone afterwards.
+    assert hwtrace_main([*args[:5], "-o", str(tmp_path / "f2"), "--no-progress"]) == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".perf.data")] == []
+
+    # Small AUXTRACE records, each after the first starting at a PSB.
+    small = tmp_path / "small.data"
+    info = wrap_raw_trace(pt, small, elf=[(elf, None)], config=cfg, record_bytes=4096)
+    assert info["timed"] and info["records"] >= 3
+    data = read_perf_data(small)
+    aux = data.auxtrace_columns()
+    assert len(aux["size"]) == info["records"]
+    for k, at in enumerate(aux["data_offset"].tolist()):
+        assert k == 0 or sync_forward(data.buf[at : at + 16]) == 0
+    expected = collect(lambda on: stream_perf(read_perf_data(small), on))
+    assert expected[0][0]["ninsn"].sum() == len(enc.expected)
+    same(collect(lambda on: decode_distributed(str(small), on, task_bytes=1024,
+                                               chunk_bytes=1024)), expected)  # fmt: skip
+
+    capsys.readouterr()
+    bad = hwtrace_main(["decode", "--pt", str(pt), "--elf", str(tmp_path / "nope"), "-o",
+                        str(tmp_path / "f3")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert bad == 1 and err.count("\n") == 1 and "nope" in err and "Traceback" not in err

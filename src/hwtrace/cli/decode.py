@@ -7,6 +7,11 @@ the same kernel options, cut to the recorded calls unless ``--all``),
 batch by batch through :func:`hwtrace.perf.trace.stream_perf`, or through
 :func:`hwtrace.dist.decode_distributed` on worker processes or a Dask
 cluster with ``--workers`` or ``--cluster``.
+
+A raw Intel PT trace (``--pt`` with ``--elf``/``--raw``, as ptxed takes
+it) is first written as a perf.data (:func:`hwtrace.perf.wrap.wrap_raw_trace`)
+beside the output directory, where distributed workers read it from the
+same shared path; it is removed afterwards unless ``--perf-data`` names it.
 """
 
 from __future__ import annotations
@@ -46,7 +51,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", metavar="ADDRESS",
                    help="decode on a Dask cluster at ADDRESS (hwtrace.dist)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    raw = p.add_argument_group("raw Intel PT input (instead of a perf.data)")
+    raw.add_argument("--pt", metavar="FILE", help="a raw Intel PT trace (as ptxed --pt)")
+    raw.add_argument("--elf", action="append", default=[], metavar="FILE[:BASE]",
+                     help="an ELF the trace ran, its lowest segment at BASE (default: its link "
+                     "addresses); repeatable")  # fmt: skip
+    raw.add_argument("--raw", action="append", default=[], metavar="FILE[:FROM[-TO]]:BASE",
+                     help="raw code bytes of FILE mapped at BASE (as ptxed); repeatable")  # fmt: skip
+    for flag, what in (("--mtc-freq", "the MTC frequency (IA32_RTIT_CTL[17:14])"),
+                       ("--nom-freq", "the nominal frequency (MSR_PLATFORM_INFO[15:8])"),
+                       ("--cpuid-0x15.eax", "cpuid[0x15].eax"),
+                       ("--cpuid-0x15.ebx", "cpuid[0x15].ebx")):  # fmt: skip
+        raw.add_argument(flag, dest=flag[2:].replace("-", "_").replace(".", "_"),
+                         type=_number, default=0, metavar="N", help=what)  # fmt: skip
+    raw.add_argument("--cpu-number", type=int, default=0, metavar="N",
+                     help="the CPU the trace ran on (default 0)")  # fmt: skip
+    raw.add_argument("--tid", type=int, default=1, metavar="TID",
+                     help="the thread (and process) the trace is named after (default 1)")  # fmt: skip
+    raw.add_argument("--perf-data", metavar="FILE",
+                     help="write the trace's perf.data here and keep it (default: beside the "
+                     "output directory, removed afterwards)")  # fmt: skip
     return p
+
+
+def _number(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
 
 
 def main(argv: Sequence[str]) -> int:
@@ -71,10 +103,56 @@ def main(argv: Sequence[str]) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         sys.stderr.write(f"{PROG}: {out}: exists and is not an empty directory\n")
         return 1
-    opened = _open(PROG, a)
-    if opened is None:
-        return 1
-    return _decode(a, argv, opened, decode_distributed)
+    if a.pt is None:
+        if a.elf or a.raw or a.perf_data:
+            p.error("--elf, --raw and --perf-data go with --pt")
+        opened = _open(PROG, a)
+        if opened is None:
+            return 1
+        return _decode(a, argv, opened, decode_distributed)
+    if a.source:
+        p.error("--pt: give either a perf.data or a raw trace, not both")
+    wrapped = Path(a.perf_data) if a.perf_data else out.parent / f".{out.name}.perf.data"
+    try:
+        if not _wrap(a, wrapped):
+            return 1
+        a.input = str(wrapped)
+        opened = _open(PROG, a)
+        if opened is None:
+            return 1
+        return _decode(a, argv, opened, decode_distributed)
+    finally:
+        if not a.perf_data:
+            wrapped.unlink(missing_ok=True)
+
+
+def _wrap(a: argparse.Namespace, path: Path) -> bool:
+    """The raw trace ``a.pt`` written as the perf.data ``path`` (False: a
+    bad trace or binary, said on stderr)."""
+    from ..image import ImageError
+    from ..image.sections import parse_elf_spec, parse_raw_spec
+    from ..perf.wrap import WrapError, wrap_raw_trace
+    from ..pt.config import PtConfig
+
+    try:
+        elfs = [parse_elf_spec(s) for s in a.elf]
+        raws = [tuple(parse_raw_spec(s)) for s in a.raw]
+    except ImageError as e:
+        sys.stderr.write(f"{PROG}: {e}\n")
+        return False
+    config = PtConfig(mtc_freq=a.mtc_freq, nom_freq=a.nom_freq, cpuid_0x15_eax=a.cpuid_0x15_eax,
+                      cpuid_0x15_ebx=a.cpuid_0x15_ebx)  # fmt: skip
+    try:
+        a.wrapped = wrap_raw_trace(a.pt, path, elf=elfs, raw=raws, config=config,
+                                   cpu=a.cpu_number, tid=a.tid)  # fmt: skip
+    except WrapError as e:
+        sys.stderr.write(f"{PROG}: {e}\n")
+        return False
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: {path}: {e.strerror or e}\n")
+        return False
+    a.wrapped["pt"] = str(Path(a.pt).resolve())
+    return True
 
 
 def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, object]:
@@ -100,6 +178,7 @@ def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, o
         "pt_config": cfg,
         "options": {k: getattr(a, k) for k in ("symfs", "kcore", "vmlinux", "kallsyms", "all")}
         | {"calls": list(opened.calls), "workers": a.workers, "cluster": a.cluster},
+        "raw_input": getattr(a, "wrapped", None),
     }
 
 
@@ -138,7 +217,12 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
             state["done"] += state["bytes"]
             state["queue"], state["bytes"] = q.index, q.trace_bytes
         writer.write_blocks(b)
-        tids.update(np.unique(b.tid).tolist())
+        if len(b):
+            first = int(b.tid[0])
+            if (b.tid == first).all():
+                tids.add(first)  # one thread per batch, mostly: no sort
+            else:
+                tids.update(np.unique(b.tid).tolist())
         state["rows"] += len(b)
         progress.update(task, completed=state["done"], rows=state["rows"])
 

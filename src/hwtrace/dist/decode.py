@@ -469,7 +469,13 @@ class _Runner:
             self.client.cancel([h for h in handles])
 
 
-DEFAULT_TASK_BYTES = 32 << 20
+#: Trace per Dask task.  A task's result holds its blocks' columns (25
+#: bytes a block; dense traces give up to ~4 blocks a trace byte, 55 MB a
+#: MiB for compiled loops), and the workers keep finished results until the
+#: client takes them: 1 MiB keeps a worker's memory near half a GiB where
+#: 32 MiB took it past 1.5 GiB; Dask's cost per task (a few ms) stays small
+#: against a MiB's decoding (0.1-0.2 s).
+DEFAULT_TASK_BYTES = 1 << 20
 
 
 def decode_distributed(
@@ -530,7 +536,10 @@ def decode_distributed(
 def _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, on_blocks,
          batch_rows, n_workers) -> list[QueueInfo]:  # fmt: skip
     order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
-    ahead = max(4, 3 * n_workers)
+    # Tasks submitted ahead of the one being stitched: enough to keep every
+    # worker busy while the client stitches, few enough that the results
+    # waiting on the workers stay bounded (each worker holds about two).
+    ahead = max(2, 2 * n_workers)
     pending: deque = deque()
     nxt = 0
 

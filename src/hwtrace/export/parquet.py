@@ -76,6 +76,17 @@ BLOCKS_SCHEMA = pa.schema(
         ("gap", pa.bool_()),  # the flow has a gap before it
     ]
 )
+#: Parquet encodings per column (Apache Parquet "Encodings"): dictionaries
+#: for the columns with few distinct values (code addresses included: a
+#: program runs a bounded set of blocks), DELTA_BINARY_PACKED for the rising
+#: ones (row numbers, times); the rest PLAIN.  With zstd this is about a
+#: tenth of the default's size, written in half its time.
+BLOCKS_ENCODING = {
+    "dictionary": ["queue", "tid", "pid", "ip", "instructions", "mode", "space", "symbol",
+                   "image", "gap"],
+    "delta": ["time", "duration", "row"],
+}  # fmt: skip
+INSTRUCTIONS_ENCODING = {"dictionary": ["queue", "k", "ip"], "delta": ["row", "time"]}
 INSTRUCTIONS_SCHEMA = pa.schema(
     [("queue", pa.int32()), ("cpu", pa.int32()), ("row", pa.int64()), ("k", pa.int32()),
      ("ip", pa.uint64()), ("time", pa.int64())]
@@ -160,6 +171,11 @@ class Names:
     _sections: dict[int, tuple[object, np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict, repr=False
     )
+    # Per (symbol table, queue, space): per symbol index its symbol id, image
+    # id and whether they are known, so a batch maps its rows by indexing.
+    _dense: dict[tuple[int, int, int], tuple[SymbolTable, np.ndarray, np.ndarray, np.ndarray]] = (
+        field(default_factory=dict, repr=False)
+    )
 
     def image(self, path: str) -> int:
         bid = self.build_ids.get(path)
@@ -196,6 +212,34 @@ class Names:
             elif first < row.first:
                 row.first = first
         return sids, iids
+
+    def ids_at(
+        self, table: SymbolTable, index: np.ndarray, queue: int, space: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Symbol ids and image ids (0: none) of rows whose symbols are
+        ``index`` into ``table`` (-1: none), met in ``space`` of ``queue``:
+        :meth:`ids_of` for the symbols not met there before, array
+        indexing for the rest (no sort per batch)."""
+        key = (id(table), queue, space)
+        got = self._dense.get(key)
+        if got is None:
+            n = len(table)
+            got = self._dense[key] = (table, np.zeros(n, np.int64), np.zeros(n, np.int64),
+                                      np.zeros(n, np.bool_))  # fmt: skip
+        _, sid_of, iid_of, known = got
+        index = np.asarray(index, np.int64)
+        found = index >= 0
+        at = index[found]
+        new = at[~known[at]]
+        if new.shape[0]:
+            used = np.unique(new)
+            sids, iids = self.ids_of(table, used, queue, space)
+            sid_of[used], iid_of[used], known[used] = sids, iids, True
+        s = np.zeros(index.shape[0], np.int64)
+        i = np.zeros(index.shape[0], np.int64)
+        s[found] = sid_of[at]
+        i[found] = iid_of[at]
+        return s, i
 
     def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Start, end and image id of an image's sections, by address."""
@@ -269,15 +313,8 @@ def _ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray]:
         ip = b.ip[sel]
         table = q.symbols(space)
         index, _ = table.lookup(ip)
-        index = np.asarray(index, np.int64)
-        found = index >= 0
-        s = np.zeros(ip.shape[0], np.int64)
-        i = np.zeros(ip.shape[0], np.int64)
-        if found.any():
-            used, inverse = np.unique(index[found], return_inverse=True)
-            sids, iids = names.ids_of(table, used, q.index, space)
-            s[found] = sids[inverse.reshape(-1)]
-            i[found] = iids[inverse.reshape(-1)]
+        found = np.asarray(index) >= 0
+        s, i = names.ids_at(table, index, q.index, space)
         # Code no symbol covers: the file its section is of.
         rest = np.flatnonzero(~found | (i == 0))
         if rest.shape[0] and space < len(q.images):
@@ -389,8 +426,15 @@ class _Partitioned:
     def __init__(
         self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes], *,
         row_group: int, budget: int, max_open: int, compression: str,
+        encoding: Mapping[str, list[str]] | None = None,
     ) -> None:  # fmt: skip
         self.root = root
+        enc = encoding or {}
+        self.options: dict[str, object] = {"compression": compression}
+        if enc:
+            self.options["use_dictionary"] = list(enc.get("dictionary", []))
+            self.options["column_encoding"] = dict.fromkeys(enc.get("delta", []),
+                                                            "DELTA_BINARY_PACKED")  # fmt: skip
         # The partition columns live in the directory names only.
         self.schema = schema.remove(schema.get_field_index("cpu")).with_metadata(metadata)
         self.row_group, self.budget, self.max_open = row_group, budget, max_open
@@ -438,8 +482,7 @@ class _Partitioned:
             self.parts[key] = part + 1
             d = self.root / f"cpu={key[0]}" / f"bucket={key[1]}"
             d.mkdir(parents=True, exist_ok=True)
-            w = pq.ParquetWriter(d / f"part-{part:05d}.parquet", self.schema,
-                                 compression=self.compression)  # fmt: skip
+            w = pq.ParquetWriter(d / f"part-{part:05d}.parquet", self.schema, **self.options)
             self.open[key] = w
         else:
             self.open.move_to_end(key)
@@ -531,11 +574,11 @@ class FlowParquetWriter:
         self.compression = compression
         self.blocks = _Partitioned(self.root / "blocks", BLOCKS_SCHEMA, kv, row_group=row_group,
                                    budget=budget_rows, max_open=max_open,
-                                   compression=compression)  # fmt: skip
+                                   compression=compression, encoding=BLOCKS_ENCODING)  # fmt: skip
         self.instructions = (
             _Partitioned(self.root / "instructions", INSTRUCTIONS_SCHEMA, kv,
                          row_group=row_group, budget=budget_rows, max_open=max_open,
-                         compression=compression)
+                         compression=compression, encoding=INSTRUCTIONS_ENCODING)
             if instructions else None
         )  # fmt: skip
         self.events = _Plain(self.root / "events", EVENTS_SCHEMA, kv, row_group, compression)

@@ -1,0 +1,303 @@
+"""``hwtrace decode`` at scale: a real trace tiled to many GiB, decoded in
+one process and on 1 and 2 local Dask workers, with peak memory, throughput
+and output size, and the per-task overhead model's terms measured on it.
+
+The input: bench_flow's cached trace (bench/out/flow-*/flow.pt, 122 million
+instructions of compiled code, a PSB+ with TSC every 4 KiB) repeated from
+its first PSB on.  Each copy's TSC packets are moved forward by a multiple
+of 2**16 crystal clocks (TMA's CTC field width), past the previous copy's
+end, so perf time keeps rising and the MTC/TMA values stay consistent.
+The tiles go to a temporary file in bench/out, which is wrapped as a
+perf.data (:func:`hwtrace.perf.wrap.wrap_raw_trace`) and deleted; the
+perf.data and the outputs are deleted at the end unless ``--keep``.
+
+Measured: the single-process ``hwtrace decode`` (peak RSS of the child
+process, MB/s of trace, instructions/s, output size), then ``--workers 1``
+and ``--workers 2`` (peak RSS per worker, read from ``/proc/self/status``
+VmHWM by ``Client.run``, and of the client), and the model's terms:
+
+* per task: Dask's scheduling and transfer cost (tiny tasks on a warm
+  cluster, their own decode time subtracted);
+* per worker: setup (its first task, which parses the perf.data, sideband
+  and ELF, minus the same task warm);
+* decode: a worker's rate on a task of the big input;
+* client: stitching and attribution per MB (the in-process tasks' run
+  with nothing written, minus the workers' decode time);
+* Parquet: blocks table and file writing per MB (the single-process run
+  minus the in-process decode).
+
+    python bench/bench_scale.py [--gib 10] [--workers 1,2] [--keep] [--no-single]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+sys.path.insert(0, str(HERE))
+
+from bench_dist import predict  # noqa: E402
+
+PY = sys.executable
+
+
+def flow_workload() -> Path:
+    dirs = sorted(OUT.glob("flow-" + "?" * 16), key=lambda p: p.stat().st_mtime)
+    done = [d for d in dirs if (d / "flow.pt").is_file() and (d / "flow.json").is_file()]
+    if not done:
+        raise SystemExit("no cached bench_flow trace: run bench/bench_flow.py once first")
+    return done[-1]
+
+
+def tile(src: Path, dst: Path, size: int, ctc_ratio: int) -> tuple[int, int]:
+    """Write ``src``'s trace, from its first PSB, repeated to ``size`` bytes
+    or more (whole copies), each copy's TSCs shifted past the previous
+    copy's; returns (bytes, copies)."""
+    from hwtrace.pt.kinds import Kind
+    from hwtrace.pt.packets import decode_range, map_file, sync_forward
+
+    buf = map_file(src)
+    p0 = sync_forward(buf, 0)
+    body = np.array(buf[p0:])
+    table = decode_range(body, 0, body.shape[0])
+    at = table.offset[table.kind == Kind.TSC].astype(np.int64)
+    tsc = table.a[table.kind == Kind.TSC].astype(np.uint64)
+    span = int(tsc.max() - tsc.min()) + (1 << 20)
+    unit = ctc_ratio << 16  # TSC ticks in 2**16 crystal clocks
+    step = -(-span // unit) * unit
+    copies = max(1, -(-size // body.shape[0]))
+    head = np.array(buf[:p0])
+    with open(dst, "wb") as f:
+        f.write(head.tobytes())
+        for k in range(copies):
+            new = tsc + np.uint64(k * step)
+            for j in range(7):  # TSC[55:0], little endian, after the 0x19 byte
+                body[at + 1 + j] = ((new >> np.uint64(8 * j)) & np.uint64(0xFF)).astype(np.uint8)
+            f.write(body.tobytes())
+    return p0 + copies * body.shape[0], copies
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_decode(data: Path, out: Path, extra: list[str]) -> dict:
+    """``hwtrace decode`` in a child process; its time, peak RSS, summary."""
+    shutil.rmtree(out, ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t = time.perf_counter()
+    p = subprocess.run([PY, "-m", "hwtrace.cli.main", "decode", str(data), "-o", str(out),
+                        "--no-progress", *extra], capture_output=True, text=True)  # fmt: skip
+    seconds = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if p.returncode:
+        raise SystemExit(f"decode {extra} failed:\n{p.stderr}")
+    meta = json.loads((out / "_meta.json").read_text())
+    return {"seconds": seconds, "client_maxrss_mb": rss / 1024 if rss > before else None,
+            "decode_seconds": meta["decode_seconds"], "instructions": meta["instructions_decoded"],
+            "blocks": meta["rows"]["blocks"], "output_bytes": du(out), "stderr": p.stderr}  # fmt: skip
+
+
+def _vmhwm() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_workers(data: Path, out: Path, workers: int) -> dict:
+    """``decode_distributed`` on a local cluster of ``workers`` processes,
+    writing Parquet as ``hwtrace decode`` does; per-worker VmHWM."""
+    from distributed import Client, LocalCluster
+
+    from hwtrace.dist import decode_distributed
+    from hwtrace.export.parquet import FlowParquetWriter
+
+    shutil.rmtree(out, ignore_errors=True)
+    import logging
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=logging.ERROR) as lc, \
+            Client(lc) as c:  # fmt: skip
+        address = lc.scheduler_address
+        writer = FlowParquetWriter(out, {"bench": "scale"})
+        peak = {"client": 0}
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak["client"] = max(peak["client"], _vmhwm())
+                stop.wait(1)
+
+        stop = threading.Event()
+        th = threading.Thread(target=watch, daemon=True)
+        th.start()
+        t = time.perf_counter()
+        flow = decode_distributed(str(data), writer.write_blocks, cluster=address)
+        for q in flow.queues:
+            writer.write_gaps(q, q.gaps)
+        meta = writer.close()
+        seconds = time.perf_counter() - t
+        stop.set()
+        th.join()
+        hwm = c.run(_vmhwm)
+    return {"seconds": seconds, "worker_vmhwm_mb": sorted(v / 2**20 for v in hwm.values()),
+            "client_vmhwm_mb": _vmhwm() / 2**20, "blocks": meta["rows"]["blocks"],
+            "instructions": writer.n_insn, "output_bytes": du(out)}  # fmt: skip
+
+
+def model_terms(data: Path, total: int, single: dict | None) -> dict:
+    """The model's terms on the big input (see the module doc)."""
+    from distributed import Client, LocalCluster
+
+    from hwtrace.dist import decode_distributed
+    from hwtrace.dist.decode import DEFAULT_TASK_BYTES, _open_input, decode_piece, plan_pieces
+    from hwtrace.perf.data import read_perf_data
+    from hwtrace.perf.trace import iter_queue_traces
+
+    t = time.perf_counter()
+    queue = next(iter_queue_traces(read_perf_data(data)))[2]
+    pieces = plan_pieces(queue, DEFAULT_TASK_BYTES, 1 << 20)
+    plan_s = time.perf_counter() - t
+    del queue
+    piece = pieces[len(pieces) // 2]
+    piece_bytes = piece[-1][1] - piece[0][0]
+    tiny = [piece[0]]
+    t = time.perf_counter()
+    _open_input(str(data), None)
+    setup_local = time.perf_counter() - t
+    t = time.perf_counter()
+    decode_piece(str(data), None, 0, piece, None, False)
+    rate = piece_bytes / (time.perf_counter() - t)
+    t = time.perf_counter()
+    decode_piece(str(data), None, 0, tiny, None, False)
+    tiny_s = time.perf_counter() - t
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:  # fmt: skip
+        t = time.perf_counter()
+        c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False).result()
+        cold = time.perf_counter() - t
+        t = time.perf_counter()
+        c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False).result()
+        warm = time.perf_counter() - t
+        t = time.perf_counter()
+        futs = [c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False)
+                for _ in range(40)]  # fmt: skip
+        c.gather(futs)
+        sched = max((time.perf_counter() - t) / 40 - tiny_s, 1e-4)
+    # Client: the tasks run in this process, nothing written.
+    t = time.perf_counter()
+    decode_distributed(str(data), lambda b: None, task_bytes=DEFAULT_TASK_BYTES)
+    whole = time.perf_counter() - t
+    stitch = max(whole - total / rate, 0.0) / total
+    parquet = None
+    if single is not None:
+        parquet = max(single["decode_seconds"] - whole, 0.0) / total
+    return {"plan_seconds": plan_s, "setup_seconds": max(cold - warm, setup_local),
+            "sched_seconds": sched, "decode_bytes_per_s": rate, "stitch_s_per_byte": stitch,
+            "parquet_s_per_byte": parquet, "task_bytes": DEFAULT_TASK_BYTES,
+            "in_process_seconds": whole}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=10.0, help="trace size to tile to (GiB)")
+    ap.add_argument("--workers", default="1,2", help="local worker counts to run")
+    ap.add_argument("--no-single", action="store_true", help="skip the single-process run")
+    ap.add_argument("--no-model", action="store_true", help="skip the model's measurements")
+    ap.add_argument("--keep", action="store_true", help="keep the perf.data and the outputs")
+    ap.add_argument("--json", metavar="FILE", help="also write the numbers here")
+    a = ap.parse_args()
+    from hwtrace.perf.wrap import wrap_raw_trace
+    from hwtrace.pt.config import PtConfig
+
+    src = flow_workload()
+    meta = json.loads((src / "flow.json").read_text())
+    config = PtConfig(**meta["config"])
+    work = OUT / f"scale-{a.gib:g}g"
+    work.mkdir(parents=True, exist_ok=True)
+    pt, data = work / "tiled.pt", work / "tiled.data"
+    result: dict = {"gib": a.gib}
+    try:
+        t = time.perf_counter()
+        size, copies = tile(src / "flow.pt", pt, int(a.gib * 2**30), config.cpuid_0x15_ebx)
+        result["tile_seconds"] = time.perf_counter() - t
+        t = time.perf_counter()
+        wrap_raw_trace(pt, data, elf=[(src / "flow_workload", None)], config=config)
+        result["wrap_seconds"] = time.perf_counter() - t
+        pt.unlink()
+        mb = size / 1e6
+        insns = copies * meta["instructions"]
+        print(f"input: {copies} copies of {src.name}/flow.pt, {size / 2**30:.2f} GiB, "
+              f"{insns:,} instructions; tiled in {result['tile_seconds']:.1f} s, wrapped in "
+              f"{result['wrap_seconds']:.1f} s", flush=True)  # fmt: skip
+        single = None
+        if not a.no_single:
+            single = run_decode(data, work / "single", [])
+            s = single["decode_seconds"]
+            print(f"single process: {single['seconds']:.1f} s ({s:.1f} s decoding), "
+                  f"{mb / s:.2f} MB/s, {single['instructions'] / s / 1e6:.1f} Minsn/s, "
+                  f"peak RSS {single['client_maxrss_mb']:.0f} MB, output "
+                  f"{single['output_bytes'] / 1e6:.1f} MB ({single['blocks']:,} blocks)",
+                  flush=True)  # fmt: skip
+            assert single["instructions"] == insns, (single["instructions"], insns)
+            result["single"] = {k: v for k, v in single.items() if k != "stderr"}
+            shutil.rmtree(work / "single", ignore_errors=True) if not a.keep else None
+        rates = {}
+        for w in [int(x) for x in a.workers.split(",") if x]:
+            r = run_workers(data, work / f"w{w}", w)
+            rates[w] = mb / r["seconds"]
+            print(f"{w} worker(s): {r['seconds']:.1f} s, {rates[w]:.2f} MB/s, "
+                  f"{r['instructions'] / r['seconds'] / 1e6:.1f} Minsn/s, worker VmHWM "
+                  f"{', '.join(f'{x:.0f}' for x in r['worker_vmhwm_mb'])} MB, client VmHWM "
+                  f"{r['client_vmhwm_mb']:.0f} MB", flush=True)  # fmt: skip
+            assert r["instructions"] == insns, (r["instructions"], insns)
+            result[f"workers_{w}"] = r
+            shutil.rmtree(work / f"w{w}", ignore_errors=True) if not a.keep else None
+        if 1 in rates and 2 in rates:
+            result["ratio_2_to_1"] = rates[2] / rates[1]
+            print(f"throughput 2 workers / 1 worker: {rates[2] / rates[1]:.2f}", flush=True)
+        if not a.no_model:
+            m = model_terms(data, size, single)
+            result["model"] = m
+            pq = m["parquet_s_per_byte"]
+            print(f"model: planning {m['plan_seconds']:.1f} s, per-worker setup "
+                  f"{m['setup_seconds']:.2f} s, per task {m['sched_seconds'] * 1e3:.1f} ms, "
+                  f"decode {m['decode_bytes_per_s'] / 1e6:.2f} MB/s per worker, client "
+                  f"stitching {m['stitch_s_per_byte'] * 1e6:.3f} s/MB, Parquet "
+                  + (f"{pq * 1e6:.3f} s/MB" if pq is not None else "not measured"),
+                  flush=True)  # fmt: skip
+            client = m["stitch_s_per_byte"] + (pq or 0.0)
+            big = 64e9
+            preds = {}
+            for w in (8, 64, 512):
+                s = predict(w, big, m["task_bytes"], m["decode_bytes_per_s"],
+                            m["setup_seconds"], m["sched_seconds"], client)  # fmt: skip
+                preds[w] = big / s / 1e6
+                print(f"  predicted {w:4d} workers, 64 GB trace: {preds[w]:8.1f} MB/s "
+                      f"(client-bound above {1 / client / 1e6:.1f} MB/s)")  # fmt: skip
+            result["predicted_mb_s"] = preds
+    finally:
+        pt.unlink(missing_ok=True)
+        if not a.keep:
+            data.unlink(missing_ok=True)
+            shutil.rmtree(work, ignore_errors=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()
