@@ -12,19 +12,21 @@ perf.data (:func:`hwtrace.perf.wrap.wrap_raw_trace`) and deleted; the
 perf.data and the outputs are deleted at the end unless ``--keep``.
 
 Measured: the single-process ``hwtrace decode`` (peak RSS of the child
-process, MB/s of trace, instructions/s, output size), then ``--workers 1``
-and ``--workers 2`` (peak RSS per worker, read from ``/proc/self/status``
-VmHWM by ``Client.run``, and of the client), and the model's terms:
+process, MB/s of trace, instructions/s, output size), then
+:func:`hwtrace.dist.decode_to_parquet` on 1 and 2 local Dask workers (what
+``--workers`` runs: the workers write the blocks; peak RSS per worker, read
+from ``/proc/self/status`` VmHWM by ``Client.run``, and of the client, and
+the client's CPU time), and the model's terms:
 
-* per task: Dask's scheduling and transfer cost (tiny tasks on a warm
-  cluster, their own decode time subtracted);
+* per task: Dask's scheduling cost (tiny decodings on a warm cluster whose
+  results stay on the worker, their summaries fetched, own decode time
+  subtracted);
 * per worker: setup (its first task, which parses the perf.data, sideband
   and ELF, minus the same task warm);
 * decode: a worker's rate on a task of the big input;
-* client: stitching and attribution per MB (the in-process tasks' run
-  with nothing written, minus the workers' decode time);
-* Parquet: blocks table and file writing per MB (the single-process run
-  minus the in-process decode).
+* write: a worker's attribution and Parquet writing of that task, per MB;
+* client: its CPU time per MB in the run with the most workers (planning,
+  numbering pieces, Dask's client and the local scheduler).
 
     python bench/bench_scale.py [--gib 10] [--workers 1,2] [--keep] [--no-single]
 """
@@ -119,11 +121,12 @@ def _vmhwm() -> int:
 
 
 def run_workers(data: Path, out: Path, workers: int) -> dict:
-    """``decode_distributed`` on a local cluster of ``workers`` processes,
-    writing Parquet as ``hwtrace decode`` does; per-worker VmHWM."""
+    """``decode_to_parquet`` on a local cluster of ``workers`` processes
+    (the workers write the blocks, as ``hwtrace decode --workers``);
+    per-worker VmHWM, the client's CPU time (its scheduler included)."""
     from distributed import Client, LocalCluster
 
-    from hwtrace.dist import decode_distributed
+    from hwtrace.dist import decode_to_parquet
     from hwtrace.export.parquet import FlowParquetWriter
 
     shutil.rmtree(out, ignore_errors=True)
@@ -145,25 +148,37 @@ def run_workers(data: Path, out: Path, workers: int) -> dict:
         th = threading.Thread(target=watch, daemon=True)
         th.start()
         t = time.perf_counter()
-        flow = decode_distributed(str(data), writer.write_blocks, cluster=address)
+        cpu = time.process_time()
+        flow, _ = decode_to_parquet(str(data), writer, cluster=address)
         for q in flow.queues:
             writer.write_gaps(q, q.gaps)
         meta = writer.close()
         seconds = time.perf_counter() - t
+        client_cpu = time.process_time() - cpu
         stop.set()
         th.join()
         hwm = c.run(_vmhwm)
-    return {"seconds": seconds, "worker_vmhwm_mb": sorted(v / 2**20 for v in hwm.values()),
+    return {"seconds": seconds, "client_cpu_seconds": client_cpu,
+            "worker_vmhwm_mb": sorted(v / 2**20 for v in hwm.values()),
             "client_vmhwm_mb": _vmhwm() / 2**20, "blocks": meta["rows"]["blocks"],
             "instructions": writer.n_insn, "output_bytes": du(out)}  # fmt: skip
 
 
-def model_terms(data: Path, total: int, single: dict | None) -> dict:
+def model_terms(data: Path, total: int, single: dict | None, client_cpu: float | None) -> dict:
     """The model's terms on the big input (see the module doc)."""
+    import tempfile
+
     from distributed import Client, LocalCluster
 
-    from hwtrace.dist import decode_distributed
-    from hwtrace.dist.decode import DEFAULT_TASK_BYTES, _open_input, decode_piece, plan_pieces
+    from hwtrace.dist.decode import (
+        DEFAULT_TASK_BYTES,
+        _open_input,
+        decode_piece,
+        piece_summary,
+        plan_pieces,
+        write_piece,
+    )
+    from hwtrace.export.parquet import FlowParquetWriter
     from hwtrace.perf.data import read_perf_data
     from hwtrace.perf.trace import iter_queue_traces
 
@@ -179,8 +194,23 @@ def model_terms(data: Path, total: int, single: dict | None) -> dict:
     _open_input(str(data), None)
     setup_local = time.perf_counter() - t
     t = time.perf_counter()
-    decode_piece(str(data), None, 0, piece, None, False)
+    r = decode_piece(str(data), None, 0, piece, None, False)
     rate = piece_bytes / (time.perf_counter() - t)
+    # The worker's attribution and Parquet writing of that piece.
+    with tempfile.TemporaryDirectory(dir=OUT) as d:
+        w = FlowParquetWriter(Path(d) / "f", {"bench": "scale"})
+        settings = {"metadata": {"bench": "scale"}, "bucket_ns": w.bucket_ns,
+                    "instructions": False, "batch_rows": 1 << 14}  # fmt: skip
+        fix = {"part": "q0-p0", "images": np.arange(len(r["images"])),
+               "n_images": len(r["images"]), "row": 0, "gap": False, "drop_lead_ptw": True,
+               "lead": [], "follow": None}  # fmt: skip
+        t = time.perf_counter()
+        write_piece(str(data), None, 0, r, fix, str(w.root), settings)
+        write = (time.perf_counter() - t) / piece_bytes
+        t = time.perf_counter()
+        piece_summary(r)
+        summary = (time.perf_counter() - t) / piece_bytes
+    del r
     t = time.perf_counter()
     decode_piece(str(data), None, 0, tiny, None, False)
     tiny_s = time.perf_counter() - t
@@ -193,22 +223,18 @@ def model_terms(data: Path, total: int, single: dict | None) -> dict:
         c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False).result()
         warm = time.perf_counter() - t
         t = time.perf_counter()
-        futs = [c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False)
-                for _ in range(40)]  # fmt: skip
-        c.gather(futs)
-        sched = max((time.perf_counter() - t) / 40 - tiny_s, 1e-4)
-    # Client: the tasks run in this process, nothing written.
-    t = time.perf_counter()
-    decode_distributed(str(data), lambda b: None, task_bytes=DEFAULT_TASK_BYTES)
-    whole = time.perf_counter() - t
-    stitch = max(whole - total / rate, 0.0) / total
-    parquet = None
-    if single is not None:
-        parquet = max(single["decode_seconds"] - whole, 0.0) / total
+        # As decode_to_parquet runs them: the decoding stays on the worker,
+        # only its summary comes back; each released once summarised.
+        for _ in range(20):
+            f = c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False)
+            c.submit(piece_summary, f).result()
+            del f
+        sched = max((time.perf_counter() - t) / 20 - tiny_s, 1e-4)
     return {"plan_seconds": plan_s, "setup_seconds": max(cold - warm, setup_local),
-            "sched_seconds": sched, "decode_bytes_per_s": rate, "stitch_s_per_byte": stitch,
-            "parquet_s_per_byte": parquet, "task_bytes": DEFAULT_TASK_BYTES,
-            "in_process_seconds": whole}  # fmt: skip
+            "sched_seconds": sched, "decode_bytes_per_s": rate,
+            "write_s_per_byte": write, "summary_s_per_byte": summary,
+            "client_s_per_byte": client_cpu / total if client_cpu is not None else None,
+            "task_bytes": DEFAULT_TASK_BYTES}  # fmt: skip
 
 
 def main() -> None:
@@ -270,21 +296,26 @@ def main() -> None:
             result["ratio_2_to_1"] = rates[2] / rates[1]
             print(f"throughput 2 workers / 1 worker: {rates[2] / rates[1]:.2f}", flush=True)
         if not a.no_model:
-            m = model_terms(data, size, single)
+            most = max((k for k in result if k.startswith("workers_")), default=None)
+            cpu = result[most]["client_cpu_seconds"] if most else None
+            m = model_terms(data, size, single, cpu)
             result["model"] = m
-            pq = m["parquet_s_per_byte"]
+            client = m["client_s_per_byte"] or 0.0
+            # A worker decodes, then attributes and writes, each piece.
+            worker = 1 / (1 / m["decode_bytes_per_s"] + m["write_s_per_byte"])
             print(f"model: planning {m['plan_seconds']:.1f} s, per-worker setup "
                   f"{m['setup_seconds']:.2f} s, per task {m['sched_seconds'] * 1e3:.1f} ms, "
-                  f"decode {m['decode_bytes_per_s'] / 1e6:.2f} MB/s per worker, client "
-                  f"stitching {m['stitch_s_per_byte'] * 1e6:.3f} s/MB, Parquet "
-                  + (f"{pq * 1e6:.3f} s/MB" if pq is not None else "not measured"),
-                  flush=True)  # fmt: skip
-            client = m["stitch_s_per_byte"] + (pq or 0.0)
+                  f"decode {m['decode_bytes_per_s'] / 1e6:.2f} MB/s, attribute + Parquet "
+                  f"{m['write_s_per_byte'] * 1e6:.3f} s/MB (a worker: {worker / 1e6:.2f} MB/s), "
+                  f"summary {m['summary_s_per_byte'] * 1e6:.4f} s/MB, client CPU "
+                  f"{client * 1e6:.4f} s/MB", flush=True)  # fmt: skip
             big = 64e9
             preds = {}
             for w in (8, 64, 512):
-                s = predict(w, big, m["task_bytes"], m["decode_bytes_per_s"],
-                            m["setup_seconds"], m["sched_seconds"], client)  # fmt: skip
+                # Two Dask tasks per piece on the workers (decode, write) and
+                # one small one (summary): three scheduling costs.
+                s = predict(w, big, m["task_bytes"], worker, m["setup_seconds"],
+                            3 * m["sched_seconds"], client)  # fmt: skip
                 preds[w] = big / s / 1e6
                 print(f"  predicted {w:4d} workers, 64 GB trace: {preds[w]:8.1f} MB/s "
                       f"(client-bound above {1 / client / 1e6:.1f} MB/s)")  # fmt: skip

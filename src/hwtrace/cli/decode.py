@@ -95,7 +95,9 @@ def main(argv: Sequence[str]) -> int:
     decode_distributed = None
     if distributed:
         try:
-            from ..dist import decode_distributed
+            from ..dist import decode_distributed, decode_to_parquet
+
+            decode_distributed = (decode_distributed, decode_to_parquet)
         except ImportError as e:
             sys.stderr.write(f"{PROG}: --workers/--cluster: hwtrace.dist is not available ({e})\n")
             return 1
@@ -243,9 +245,21 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
         with progress:
             if decode_distributed is None:
                 flow = opened.decode(on_blocks, PROG)
+            elif cut is not None:
+                # Cut to calls: the blocks pass through the call filter here.
+                flow = decode_distributed[0](str(a.input), take, workers=a.workers or 0,
+                                             cluster=a.cluster, symfs=a.symfs)  # fmt: skip
             else:
-                flow = decode_distributed(str(a.input), take, workers=a.workers or 0,
-                                          cluster=a.cluster, symfs=a.symfs)  # fmt: skip
+                # The workers write the blocks; the client counts.
+                def on_piece(nbytes: int, rows: int) -> None:
+                    state["done"] += nbytes
+                    state["rows"] += rows
+                    progress.update(task, completed=state["done"], rows=state["rows"])
+
+                flow, seen = decode_distributed[1](str(a.input), writer, workers=a.workers or 0,
+                                                   cluster=a.cluster, symfs=a.symfs,
+                                                   on_piece=on_piece)  # fmt: skip
+                tids.update(seen)
             progress.update(task, completed=max(total_bytes, 1))
         seconds = time.perf_counter() - started
         if cut is not None:

@@ -1,6 +1,8 @@
 """Decoding one perf.data's Intel PT on a Dask cluster (Dask ``distributed``),
-with exactly the rows of the single-process :func:`hwtrace.perf.trace.stream_perf`."""
+with exactly the rows of the single-process :func:`hwtrace.perf.trace.stream_perf`:
+as blocks handed to the client (:func:`decode_distributed`) or as Parquet
+written by the workers (:func:`decode_to_parquet`)."""
 
-from .decode import DistributedError, decode_distributed, plan_pieces
+from .decode import DistributedError, decode_distributed, decode_to_parquet, plan_pieces
 
-__all__ = ["DistributedError", "decode_distributed", "plan_pieces"]
+__all__ = ["DistributedError", "decode_distributed", "decode_to_parquet", "plan_pieces"]

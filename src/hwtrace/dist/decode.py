@@ -52,6 +52,8 @@ from ..perf.trace import (
     QueueInfo,
     QueueSink,
     decoder_hook,
+    error_gaps,
+    gap_events,
     iter_queue_traces,
     setup_decoding,
 )
@@ -169,6 +171,7 @@ class _Input:
     kernel: object
     queues: list
     images: dict = field(default_factory=dict)
+    build_ids: dict | None = None
 
 
 _INPUTS: dict[tuple, _Input] = {}
@@ -401,15 +404,22 @@ class _Stitch:
         return (self.end_base, self.end_last_ns) if self.end_base is not None else None
 
     def _image(self, desc: tuple) -> Image:
-        if desc[0] == "base":
-            image = self.ctx.image_for(desc[4])
-            return image
-        base = self._image(desc[1])
-        store = self.ctx.revisions_for(base)
-        assert store is not None
-        return store.overlay(base, desc[2])
+        return _image_of(self.ctx, desc)
 
     def add(self, r: dict) -> None:
+        images, run_maps = self.number(r)
+        for seg in r["segments"]:
+            li, ip, ninsn, mode, time, run, ev, evoff, evblock, n_insn, n_virtual = seg
+            m = run_maps.get(li)
+            if m is not None and run.shape[0]:
+                run = np.where(run >= 0, m[np.maximum(run, 0)], -1).astype(np.int32)
+            batch = FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, evoff, evblock,
+                              None, int(images[li]), run, n_insn, 0, n_virtual)  # fmt: skip
+            self.sink.batch(batch)
+
+    def number(self, r: dict) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """Piece ``r``'s images and runs numbered as the single pass numbers
+        them (new ones appended in order); the state it ends in taken."""
         images = np.zeros(len(r["images"]), np.int64)
         for i, desc in enumerate(r["images"]):
             k = _key(desc)
@@ -432,20 +442,13 @@ class _Stitch:
                     order.append(k)
                 m[j] = v
             run_maps[li] = m
-        for seg in r["segments"]:
-            li, ip, ninsn, mode, time, run, ev, evoff, evblock, n_insn, n_virtual = seg
-            m = run_maps.get(li)
-            if m is not None and run.shape[0]:
-                run = np.where(run >= 0, m[np.maximum(run, 0)], -1).astype(np.int32)
-            batch = FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, evoff, evblock,
-                              None, int(images[li]), run, n_insn, 0, n_virtual)  # fmt: skip
-            self.sink.batch(batch)
         if r["end_base"] is not None:
             self.end_base = r["end_base"]
         elif self.end_base is None and r["start"] is None and r["images"]:
             self.end_base = r["images"][0]
         if r["end_last_ns"] is not None:
             self.end_last_ns = r["end_last_ns"]
+        return images, run_maps
 
 
 class _Runner:
@@ -635,3 +638,372 @@ def _check_readable(client, path: str) -> None:
     for worker, err in sorted(got.items()):
         if err is not None:
             raise DistributedError(f"worker {worker}: cannot read {path}: {err}")
+
+
+# --------------------------------------------------------------------------
+# Parquet written by the workers
+#
+# A piece's decoding stays on the worker that made it (Dask keeps a task's
+# result where it ran and runs the tasks that need it there: Dask docs,
+# "Data Locality").  The client fetches a small summary of it (block count,
+# images and runs met, the events before its first block, the gaps), which
+# is all it needs to number the piece as the single pass would: its first
+# row (the blocks of the pieces before), its images in order of first use,
+# whether the flow has a gap before its first block.  Then a write task on
+# that worker attributes the piece (QueueSink, the single pass's rules) and
+# writes its Parquet part files.  The one value that needs the next piece is
+# the duration of the piece's last block: the write task gets the next
+# piece's first block and the events before it (and those of empty pieces
+# between), so its sink ends exactly where the single pass's would.
+
+
+def _image_of(ctx: QueueContexts, desc: tuple) -> Image:
+    """The image a :func:`_WorkerContexts.describe` description names."""
+    if desc[0] == "base":
+        return ctx.image_for(desc[4])
+    base = _image_of(ctx, desc[1])
+    store = ctx.revisions_for(base)
+    assert store is not None
+    return store.overlay(base, desc[2])
+
+
+def piece_summary(r: dict) -> dict:
+    """What the client needs of a decoded piece (a Dask task on the worker
+    holding ``r``): all of :func:`decode_piece`'s answer but the blocks,
+    and ``n`` (blocks), ``n_insn``, ``n_virtual``, ``gaps`` (from its
+    errors), ``head`` (the events before its first block; all of them when
+    it has none), ``first`` (its first block: local image and one-row
+    columns) and ``tail_gap`` (a gap after its last block)."""
+    out = {k: v for k, v in r.items() if k != "segments"}
+    n = n_insn = n_virtual = 0
+    head_ev, head_off = [], []
+    first = None
+    tail_gap = False
+    gaps = []
+    for li, ip, ninsn, mode, time, run, ev, evoff, evblock, si, sv in r["segments"]:
+        n_insn += si
+        n_virtual += sv
+        m = ip.shape[0]
+        gm = gap_events(ev) if ev.shape[0] else np.zeros(0, np.bool_)
+        gaps += error_gaps(ev, evoff) if ev.shape[0] else []
+        if first is None:
+            before = evblock == 0 if m else np.ones(ev.shape[0], np.bool_)
+            head_ev.append(ev[before])
+            head_off.append(evoff[before])
+            if m:
+                first = (li, ip[:1], ninsn[:1], mode[:1], time[:1], run[:1])
+        tail_gap = bool(gm[evblock >= m].any()) if m else tail_gap or bool(gm.any())
+        n += m
+    out.update(n=n, n_insn=n_insn, n_virtual=n_virtual, gaps=gaps, first=first, tail_gap=tail_gap,
+               head=(np.concatenate(head_ev) if head_ev else np.zeros((0, FK.EW), np.uint64),
+                     np.concatenate(head_off) if head_off else _EMPTY))  # fmt: skip
+    return out
+
+
+def write_piece(path: str, symfs: str | None, queue: int, r: dict, fix: dict,
+                directory: str, settings: dict) -> dict:  # fmt: skip
+    """Attribute decoded piece ``r`` and write its rows into the flow
+    directory ``directory`` (a Dask task on the worker holding ``r``).
+
+    ``fix``: what the client worked out: ``part`` (the files' name),
+    ``images`` (the piece's images' numbers in the queue), ``n_images``,
+    ``row`` (its first block's number), ``gap`` (a gap before it, from the
+    pieces before), ``drop_lead_ptw`` (the PTWRITEs before its first block
+    belong to an earlier piece's last block: written there), ``lead``
+    (events of earlier pieces, none with blocks, to take first),
+    ``follow`` (events after it up to the next block, and that block; None:
+    the queue ends).  ``settings``: the writer's metadata, ``bucket_ns``,
+    ``instructions`` and ``batch_rows``.  Returns the rows written, the
+    instructions decoded, the names met and the threads seen."""
+    from ..export.parquet import FlowParquetWriter, Names, build_ids_of
+
+    inp = _open_input(path, symfs)
+    cpu, tid, _, _ = inp.queues[queue]
+    shared = inp.images.setdefault(queue if tid >= 0 else "cpu", {})
+    ctx = _WorkerContexts(cpu, tid, inp.sb, inp.conv, inp.locator, inp.kernel, shared)
+    images: list = [None] * fix["n_images"]
+    for li, desc in enumerate(r["images"]):
+        images[int(fix["images"][li])] = _image_of(ctx, desc)
+    q = QueueInfo(queue, cpu, tid, images, _ctx=ctx, _code={})
+    if inp.build_ids is None:
+        inp.build_ids = build_ids_of(inp.sb)
+    names = Names(build_ids=inp.build_ids)
+    writer = FlowParquetWriter(directory, settings["metadata"], names=names,
+                               bucket_ns=settings["bucket_ns"],
+                               instructions=settings["instructions"], part=fix["part"])  # fmt: skip
+    tids: set[int] = set()
+
+    def emit(b: PerfBlocks) -> None:
+        writer.write_blocks(b)
+        if len(b):
+            tids.update(np.unique(b.tid).tolist())
+
+    sink = QueueSink(q, ctx, emit, settings["batch_rows"])
+    sink.start_at(fix["row"], fix["gap"])
+    try:
+        for ev, off in fix["lead"]:
+            sink.batch(_events_batch(ev, off))
+        seen_block = False
+        for li, ip, ninsn, mode, time, run, ev, evoff, evblock, n_insn, n_virtual in r["segments"]:
+            if fix["drop_lead_ptw"] and not seen_block and ev.shape[0]:
+                lead = (evblock == 0) if ip.shape[0] else np.ones(ev.shape[0], np.bool_)
+                keep = ~(lead & (ev[:, FK.E_TYPE] == FK.EV_PTWRITE))
+                ev, evoff, evblock = ev[keep], evoff[keep], evblock[keep]
+            seen_block |= bool(ip.shape[0])
+            sink.batch(FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, evoff, evblock,
+                                 None, int(fix["images"][li]), run, n_insn, 0,
+                                 n_virtual))  # fmt: skip
+        follow = fix["follow"]
+        if follow is None:
+            sink.finish()
+        else:
+            (ev, off), (image, ip, ninsn, mode, time, run) = follow
+            sink.batch(FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, off,
+                                 np.zeros(ev.shape[0], np.int64), None, image, run, 0, 0,
+                                 0))  # fmt: skip
+            sink.flush()  # all but that next block: the next piece's first row
+        got = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    # (The next piece's first block, held in the sink, is not written here.)
+    return {"rows": got["rows"], "n_insn": writer.n_insn, "names": names.portable(),
+            "tids": sorted(tids), "worker_pid": os.getpid()}  # fmt: skip
+
+
+def _events_batch(ev: np.ndarray, off: np.ndarray) -> FlowBatch:
+    z = np.zeros(0, np.uint64)
+    return FlowBatch(z, np.zeros(0, np.uint32), _EMPTY, np.zeros(0, np.uint8), _EMPTY, z, ev, off,
+                     np.zeros(ev.shape[0], np.int64), None, 0, np.zeros(0, np.int32))  # fmt: skip
+
+
+@dataclass
+class _Piece:
+    """A decoded piece as the client knows it."""
+
+    k: int
+    handle: object  # the decoding (on a worker)
+    s: dict  # its summary
+    images: np.ndarray  # its images' numbers in the queue
+    row: int  # its first block's number
+    bytes: int
+
+
+class _Tasks:
+    """Dask futures, or (no client) the same functions run here at once."""
+
+    def __init__(self, client, retries: int) -> None:
+        self.client, self.retries = client, retries
+
+    def submit(self, fn, *args):
+        if self.client is None:
+            return fn(*args)
+        return self.client.submit(fn, *args, pure=True, retries=self.retries)
+
+    def result(self, handle):
+        return handle if self.client is None else handle.result()
+
+    def cancel(self, handles) -> None:
+        if self.client is not None and handles:
+            self.client.cancel(list(handles))
+
+
+def decode_to_parquet(
+    path: str,
+    writer,
+    *,
+    workers: int = 0,
+    cluster: str | None = None,
+    symfs: str | None = None,
+    task_bytes: int = DEFAULT_TASK_BYTES,
+    retries: int = 3,
+    chunk_bytes: int | None = None,
+    batch_rows: int = 1 << 14,
+    connect_timeout: float = 10.0,
+    on_piece: Callable[[int, int], None] | None = None,
+) -> tuple[PerfStream, set[int]]:
+    """Decode the Intel PT of the perf.data at ``path`` into the flow
+    directory of ``writer`` (a :class:`~hwtrace.export.parquet.FlowParquetWriter`,
+    left open for the caller to close): the workers decode and write the
+    blocks, instructions and events of their pieces (part files named by
+    queue and piece), the client plans, numbers the pieces and counts what
+    they wrote into ``writer``.  The rows are the single process's
+    (:func:`~hwtrace.perf.trace.stream_perf` through ``writer``).
+
+    ``workers``, ``cluster``, ``symfs``, ``task_bytes``, ``retries``,
+    ``chunk_bytes``, ``connect_timeout``: as :func:`decode_distributed`;
+    the output directory must be shared with the workers like the input.
+    ``on_piece(trace bytes, blocks)``: called as each piece is written.
+    Returns the stream (queues, gaps, sideband, problems) and the threads
+    the blocks ran in."""
+    chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
+    try:
+        data = read_perf_data(path)
+    except PerfDataError as e:
+        raise DistributedError(str(e)) from None
+    locator = BinaryLocator(root=Path(symfs) if symfs else None)
+    locator, sb, problems, setup = setup_decoding(data, locator, None, None)
+    if setup is None:
+        return PerfStream([], sb, None, problems), set()
+    conv, _, kernel, queues = setup
+    whole = _has_revisions(sb)
+    plans: list[list[list[tuple[int, int]]]] = []
+    sizes: list[int] = []
+    for _, _, trace in iter_queue_traces(data):
+        sizes.append(trace.shape[0])
+        pieces = plan_pieces(trace, task_bytes, chunk_bytes)
+        if whole and pieces:
+            pieces = [[r for p in pieces for r in p]]
+        plans.append(pieces)
+    settings = {"metadata": {k: v for k, v in writer.metadata.items()
+                             if k not in ("format", "bucket_ns", "instructions")},
+                "bucket_ns": writer.bucket_ns, "instructions": writer.instructions is not None,
+                "batch_rows": batch_rows}  # fmt: skip
+    directory = str(Path(writer.root).resolve())
+    tids: set[int] = set()
+    with _client(workers, cluster, connect_timeout) as client:
+        if client is not None:
+            _check_readable(client, path)
+            _check_writable(client, directory)
+        tasks = _Tasks(client, retries)
+        infos = _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, kernel,
+                             writer, settings, directory, tids, on_piece,
+                             max(workers, _n_workers(client), 1))  # fmt: skip
+    _remove_unfinished(Path(directory))
+    problems += list(locator.problems.values()) + sb.revision_conflicts()
+    return PerfStream(infos, sb, conv, problems), tids
+
+
+def _remove_unfinished(root: Path) -> None:
+    """The hidden files of writes that did not finish (a worker lost
+    mid-write; Dask wrote that piece again elsewhere)."""
+    for name in ("blocks", "instructions", "events"):
+        if (root / name).is_dir():
+            for p in (root / name).rglob(".q*-p*-*.parquet.tmp"):
+                p.unlink(missing_ok=True)
+
+
+def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, writer,
+                 settings, directory, tids, on_piece, n_workers) -> list[QueueInfo]:  # fmt: skip
+    order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
+    # Decodings submitted ahead of the one being numbered, and writes not yet
+    # collected: enough to keep every worker busy, few enough that the
+    # decoded pieces waiting on the workers stay bounded.
+    ahead = max(2, 2 * n_workers)
+    pending: deque = deque()
+    writes: deque = deque()
+    nxt = 0
+
+    def refill() -> None:
+        nonlocal nxt
+        while nxt < len(order) and len(pending) < ahead:
+            qi, k = order[nxt]
+            h = tasks.submit(decode_piece, path, symfs, qi, plans[qi][k], None, k == 0)
+            pending.append((qi, k, h, tasks.submit(piece_summary, h)))
+            nxt += 1
+
+    def collect(keep: int) -> None:
+        while len(writes) > keep:
+            nbytes, h = writes.popleft()
+            got = tasks.result(h)
+            writer.add_part(got["rows"], got["n_insn"], got["names"])
+            tids.update(got["tids"])
+            if on_piece is not None:
+                on_piece(nbytes, got["rows"]["blocks"])
+
+    def submit_write(qi: int, got: list[_Piece], j: int, n_images: int, final: bool) -> bool:
+        """The write of piece ``got[j]`` (False: it waits for a later piece)."""
+        p = got[j]
+        if not p.s["n"]:
+            return True  # no block: its events go with a neighbour's write
+        after = next((i for i in range(j + 1, len(got)) if got[i].s["n"]), None)
+        if after is None and not final:
+            return False
+        follow = None
+        if after is not None:
+            heads = [got[i].s["head"] for i in range(j + 1, after + 1)]
+            li, *cols = got[after].s["first"]
+            follow = ((np.concatenate([h[0] for h in heads]),
+                       np.concatenate([h[1] for h in heads])),
+                      (int(got[after].images[li]), *cols))  # fmt: skip
+        before = next((i for i in range(j - 1, -1, -1) if got[i].s["n"]), None)
+        if before is None:
+            lead = [got[i].s["head"] for i in range(j)]
+            gap = False
+        else:
+            lead = []
+            gap = any(got[i].s["tail_gap"] for i in range(before, j))
+        fix = {"part": f"q{qi:05d}-p{p.k:06d}", "images": p.images, "n_images": n_images,
+               "row": p.row, "gap": gap, "drop_lead_ptw": before is not None, "lead": lead,
+               "follow": follow}  # fmt: skip
+        h = tasks.submit(write_piece, path, symfs, qi, p.handle, fix, directory, settings)
+        p.handle = None  # Dask keeps the decoding as long as the write needs it
+        writes.append((p.bytes, h))
+        collect(ahead)
+        return True
+
+    infos: list[QueueInfo] = []
+    code: dict = {}
+    try:
+        refill()
+        for qi, (cpu, tid, _, _) in enumerate(queues):
+            ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
+            images: list[Image] = []
+            stitch_runs: list[list[tuple[int, int]]] = []
+            q = QueueInfo(qi, cpu, tid, images, trace_bytes=sizes[qi], _ctx=ctx, _code=code,
+                          _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
+            infos.append(q)
+            stitch = _Stitch(q, ctx, None, stitch_runs)  # type: ignore[arg-type]
+            got: list[_Piece] = []
+            done = 0  # pieces whose write is submitted (or needs none)
+            row = 0
+            for k in range(len(plans[qi])):
+                pqi, pk, handle, summary = pending.popleft()
+                assert (pqi, pk) == (qi, k)
+                s = tasks.result(summary)
+                refill()
+                if k and not stitch.fits(s):
+                    # The piece began otherwise than the pass would have: again,
+                    # from the state the previous piece ended in.
+                    handle = tasks.submit(decode_piece, path, symfs, qi, plans[qi][k],
+                                          stitch.start_state(), False)  # fmt: skip
+                    s = tasks.result(tasks.submit(piece_summary, handle))
+                    assert stitch.fits(s)
+                for p, msg in s["problems"].items():
+                    locator.problems.setdefault(p, msg)
+                g, _ = stitch.number(s)
+                q.n_insn += s["n_insn"]
+                q.n_blocks += s["n"] + s["n_virtual"]
+                q.gaps.extend(s["gaps"])
+                ranges = plans[qi][k]
+                got.append(_Piece(k, handle, s, g, row, ranges[-1][1] - ranges[0][0]))
+                row += s["n"]
+                while done < len(got) and submit_write(qi, got, done, len(images), False):
+                    done += 1
+            while done < len(got):
+                assert submit_write(qi, got, done, len(images), True)
+                done += 1
+        collect(0)
+    finally:
+        tasks.cancel([h for _, _, h, _ in pending] + [h for _, h in writes])
+    return infos
+
+
+def _probe_dir(directory: str) -> str | None:
+    """Whether this process can write into ``directory`` (None) or why not."""
+    probe = Path(directory) / f".probe-{os.getpid()}-{threading.get_ident()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _check_writable(client, directory: str) -> None:
+    """Every worker can write into the output ``directory``, or one line
+    saying which cannot."""
+    got = client.run(_probe_dir, directory)
+    for worker, err in sorted(got.items()):
+        if err is not None:
+            raise DistributedError(f"worker {worker}: cannot write into {directory}: {err}")

@@ -260,6 +260,12 @@ class Names:
             self._sections[id(image)] = got
         return got[1], got[2], got[3]
 
+    def portable(self) -> Names:
+        """Only the names met (no symbol tables): what another process
+        needs to :meth:`merge` them, small to send."""
+        return Names(symbols={k: _SymbolRow(**v.__dict__) for k, v in self.symbols.items()},
+                     images=dict(self.images))  # fmt: skip
+
     def merge(self, other: Names) -> None:
         """Take in what ``other`` met."""
         self.images.update(other.images)
@@ -426,9 +432,11 @@ class _Partitioned:
     def __init__(
         self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes], *,
         row_group: int, budget: int, max_open: int, compression: str,
-        encoding: Mapping[str, list[str]] | None = None,
+        encoding: Mapping[str, list[str]] | None = None, prefix: str = "part",
+        hidden: bool = False,
     ) -> None:  # fmt: skip
-        self.root = root
+        self.root, self.prefix, self.hidden = root, prefix, hidden
+        self.written: list[Path] = []
         enc = encoding or {}
         self.options: dict[str, object] = {"compression": compression}
         if enc:
@@ -482,16 +490,17 @@ class _Partitioned:
             self.parts[key] = part + 1
             d = self.root / f"cpu={key[0]}" / f"bucket={key[1]}"
             d.mkdir(parents=True, exist_ok=True)
-            w = pq.ParquetWriter(d / f"part-{part:05d}.parquet", self.schema, **self.options)
+            w = pq.ParquetWriter(_name(d, f"{self.prefix}-{part:05d}.parquet", self.hidden,
+                                       self.written), self.schema, **self.options)  # fmt: skip
             self.open[key] = w
         else:
             self.open.move_to_end(key)
         w.write_table(pa.concat_tables(parts), row_group_size=self.row_group)
 
-    def close(self) -> None:
+    def close(self, empty_file: bool = True) -> None:
         for key in list(self.waiting):
             self._flush(key)
-        if not self.parts:
+        if not self.parts and empty_file:
             # No rows: one empty file, so that readers find the schema.
             d = self.root / "cpu=-1" / "bucket=-1"
             d.mkdir(parents=True, exist_ok=True)
@@ -499,14 +508,36 @@ class _Partitioned:
         while self.open:
             _, w = self.open.popitem(last=False)
             w.close()
+        _reveal(self.written)
+
+
+def _name(d: Path, name: str, hidden: bool, written: list[Path]) -> Path:
+    """Where to write file ``name`` of directory ``d``: under a hidden name
+    (readers skip names starting with a dot) until :func:`_reveal`, when
+    the file may be cut short by a process that dies."""
+    path = d / name
+    if hidden:
+        written.append(path)
+        return d / f".{name}.tmp"
+    return path
+
+
+def _reveal(written: list[Path]) -> None:
+    """Give finished hidden files their names (a rename: atomic)."""
+    for path in written:
+        (path.parent / f".{path.name}.tmp").replace(path)
+    written.clear()
 
 
 class _Plain:
     """An unpartitioned dataset written in parts as rows come."""
 
     def __init__(self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes],
-                 row_group: int, compression: str) -> None:  # fmt: skip
+                 row_group: int, compression: str, prefix: str = "part",
+                 hidden: bool = False) -> None:  # fmt: skip
         self.root, self.schema = root, schema.with_metadata(metadata)
+        self.prefix, self.hidden = prefix, hidden
+        self.written: list[Path] = []
         self.row_group, self.compression = row_group, compression
         self.waiting: list[pa.Table] = []
         self.count = 0
@@ -524,17 +555,21 @@ class _Plain:
     def _flush(self) -> None:
         if self.writer is None:
             self.root.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.root / "part-00000.parquet", self.schema,
+            path = _name(self.root, f"{self.prefix}-00000.parquet", self.hidden, self.written)
+            self.writer = pq.ParquetWriter(path, self.schema,
                                            compression=self.compression)  # fmt: skip
         if self.waiting:
             self.writer.write_table(pa.concat_tables(self.waiting), row_group_size=self.row_group)
         self.waiting, self.count = [], 0
 
-    def close(self) -> None:
+    def close(self, empty_file: bool = True) -> None:
         # An empty dataset still gets its (empty) file: readers find the schema.
+        if not empty_file and not self.rows:
+            return
         self._flush()
         assert self.writer is not None
         self.writer.close()
+        _reveal(self.written)
 
 
 class FlowParquetWriter:
@@ -546,6 +581,12 @@ class FlowParquetWriter:
     width of the time buckets blocks are partitioned by; ``instructions``:
     also write one row per instruction.  ``names``: gathers the symbols and
     images (give the recording's build ids, :func:`build_ids_of`).
+
+    ``part``: write only blocks, instructions and events, into the
+    directory another writer made, in files named ``PART-NNNNN.parquet``
+    (hidden until :meth:`close`): several processes write one flow so, and
+    the directory's writer counts their rows (:meth:`add_part`) and writes
+    the rest.
     """
 
     def __init__(
@@ -560,11 +601,18 @@ class FlowParquetWriter:
         budget_rows: int = 1 << 21,
         max_open: int = 64,
         compression: str = "zstd",
+        part: str | None = None,
     ) -> None:
         self.root = Path(directory)
-        if self.root.exists() and any(self.root.iterdir()):
-            raise FileExistsError(f"{self.root}: exists and is not empty")
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.part = part
+        if part is None:
+            if self.root.exists() and any(self.root.iterdir()):
+                raise FileExistsError(f"{self.root}: exists and is not empty")
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not self.root.is_dir():
+            raise FileNotFoundError(f"{self.root}: no such directory")
+        names_of = {"prefix": part or "part", "hidden": part is not None}
+        self.external = {"blocks": 0, "events": 0, "instructions": 0}
         self.names = names if names is not None else Names()
         self.bucket_ns = max(int(bucket_ns), 1)
         self.metadata = {"format": FORMAT, "bucket_ns": self.bucket_ns,
@@ -574,14 +622,16 @@ class FlowParquetWriter:
         self.compression = compression
         self.blocks = _Partitioned(self.root / "blocks", BLOCKS_SCHEMA, kv, row_group=row_group,
                                    budget=budget_rows, max_open=max_open,
-                                   compression=compression, encoding=BLOCKS_ENCODING)  # fmt: skip
+                                   compression=compression, encoding=BLOCKS_ENCODING,
+                                   **names_of)  # fmt: skip
         self.instructions = (
             _Partitioned(self.root / "instructions", INSTRUCTIONS_SCHEMA, kv,
                          row_group=row_group, budget=budget_rows, max_open=max_open,
-                         compression=compression, encoding=INSTRUCTIONS_ENCODING)
+                         compression=compression, encoding=INSTRUCTIONS_ENCODING, **names_of)
             if instructions else None
         )  # fmt: skip
-        self.events = _Plain(self.root / "events", EVENTS_SCHEMA, kv, row_group, compression)
+        self.events = _Plain(self.root / "events", EVENTS_SCHEMA, kv, row_group, compression,
+                             **names_of)  # fmt: skip
         self.gaps = _Plain(self.root / "gaps", GAPS_SCHEMA, kv, row_group, compression)
         self.n_insn = 0
         self.closed = False
@@ -650,26 +700,42 @@ class FlowParquetWriter:
         pq.write_table(table.replace_schema_metadata(self._kv), d / "part-00000.parquet",
                        compression=self.compression)  # fmt: skip
 
+    def add_part(self, rows: Mapping[str, int], n_insn: int, names: Names) -> None:
+        """Count the rows a ``part`` writer wrote (its :meth:`close`'s
+        ``rows``, instructions decoded and names)."""
+        for k in self.external:
+            self.external[k] += int(rows.get(k, 0))
+        self.n_insn += int(n_insn)
+        self.names.merge(names)
+
     def close(self, extra: Mapping[str, object] | None = None) -> dict[str, object]:
         """Finish every file, write the symbols, images and ``_meta.json``
         (with ``extra``: what became known while decoding); returns the
-        metadata written."""
+        metadata written.  A ``part`` writer finishes its files only and
+        returns ``{"rows": ...}``."""
         if self.closed:
             return self.metadata
         self.closed = True
-        self.blocks.close()
+        ext = self.external
+        self.blocks.close(empty_file=self.part is None and not ext["blocks"])
         if self.instructions is not None:
-            self.instructions.close()
-        self.events.close()
+            self.instructions.close(empty_file=self.part is None and not ext["instructions"])
+        self.events.close(empty_file=self.part is None and not ext["events"])
+        if self.part is not None:
+            rows = {"blocks": self.blocks.rows, "events": self.events.rows}
+            if self.instructions is not None:
+                rows["instructions"] = self.instructions.rows
+            return {"rows": rows}
         self.gaps.close()
         self._single("symbols", self.names.symbols_table())
         self._single("images", self.names.images_table())
         if not (self.root / "comms").exists():
             self.write_comms({})
-        rows = {"blocks": self.blocks.rows, "events": self.events.rows, "gaps": self.gaps.rows,
+        rows = {"blocks": self.blocks.rows + ext["blocks"],
+                "events": self.events.rows + ext["events"], "gaps": self.gaps.rows,
                 "symbols": len(self.names.symbols), "images": len(self.names.images)}  # fmt: skip
         if self.instructions is not None:
-            rows["instructions"] = self.instructions.rows
+            rows["instructions"] = self.instructions.rows + ext["instructions"]
         meta = {**self.metadata, **(extra or {}), "rows": rows}
         tmp = self.root / "_meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")

@@ -412,6 +412,32 @@ class QueueContexts:
         return np.where(t > 0, np.asarray(self.conv.to_ns(t), np.int64) - ns[k], 0)
 
 
+def error_gaps(ev: np.ndarray, offsets: np.ndarray) -> list[Gap]:
+    """The gaps the decoder's error events (rows of ``ev`` at trace
+    ``offsets``) stand for, in order."""
+    out = []
+    for j in np.flatnonzero(ev[:, FK.E_TYPE] == FK.X_ERROR).tolist():
+        row = ev[j]
+        code = int(row[FK.E_P0])
+        reason = errstr(code)
+        if int(row[FK.E_P1]) == FK.ERR_SYNC:
+            reason = "sync error: " + reason
+        elif int(row[FK.E_P1]) == FK.ERR_RESYNC:
+            reason = "resync error: " + reason
+        out.append(Gap(int(offsets[j]), int(row[FK.E_IP]), int(row[FK.E_TSC]), reason, code))
+    return out
+
+
+def gap_events(ev: np.ndarray) -> np.ndarray:
+    """Which decoder events put a gap in the flow before the next block:
+    tracing stopped, an error, an overflow."""
+    types = ev[:, FK.E_TYPE]
+    flags = ev[:, FK.E_FLAGS]
+    real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
+    stop = real & np.isin(types, _STOP)
+    return stop | (types == FK.X_ERROR) | (real & (types == FK.EV_OVERFLOW))
+
+
 def _durations(ns: np.ndarray, k: np.ndarray, values: np.ndarray) -> np.ndarray:
     """How long each block ran: until the next block, or ``values`` for the
     blocks ``k`` after which tracing stopped (untraced time is nobody's)."""
@@ -785,21 +811,11 @@ class QueueSink(FlowSink):
         self.events = []
         types = ev[:, FK.E_TYPE]
         flags = ev[:, FK.E_FLAGS]
-        for j in np.flatnonzero(types == FK.X_ERROR).tolist():
-            row = ev[j]
-            code = int(row[FK.E_P0])
-            reason = errstr(code)
-            if int(row[FK.E_P1]) == FK.ERR_SYNC:
-                reason = "sync error: " + reason
-            elif int(row[FK.E_P1]) == FK.ERR_RESYNC:
-                reason = "resync error: " + reason
-            self.q.gaps.append(
-                Gap(int(offsets[j]), int(row[FK.E_IP]), int(row[FK.E_TSC]), reason, code)
-            )
+        self.q.gaps.extend(error_gaps(ev, offsets))
         real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
         stop = real & np.isin(types, _STOP)
         has_tsc = (flags[stop] & FK.F_HAS_TSC) != 0
-        gap = stop | (types == FK.X_ERROR) | (real & (types == FK.EV_OVERFLOW))
+        gap = gap_events(ev)
         w = np.flatnonzero(real & (types == FK.EV_PTWRITE))
         ptw = PtwMarks.empty()
         if w.shape[0]:
@@ -814,6 +830,16 @@ class QueueSink(FlowSink):
             blocks[gap].astype(np.int64),
             ptw,
         )
+
+    def start_at(self, row: int, gap: bool) -> None:
+        """Number the first block ``row`` and mark a gap before it: how a
+        sink fed a later part of a queue's flow continues the one before."""
+        self.rows, self.gap_next = row, gap
+
+    def flush(self) -> None:
+        """Attribute and pass on what is gathered, all but the last block
+        (its duration waits for the next one)."""
+        self._attribute()
 
     def finish(self) -> None:
         """Pass on what is gathered, then the last block (it ran until
