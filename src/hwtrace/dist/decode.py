@@ -536,6 +536,17 @@ def decode_distributed(
     return PerfStream(infos, sb, conv, problems)
 
 
+def _queue(qi, cpu, tid, size, sb, conv, locator, kernel, code):
+    """A queue's info and contexts on the client, its code tables rebuilt
+    from the pieces' runs (``stitch_runs``) as they are stitched."""
+    ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
+    images: list[Image] = []
+    stitch_runs: list[list[tuple[int, int]]] = []
+    q = QueueInfo(qi, cpu, tid, images, trace_bytes=size, _ctx=ctx, _code=code,
+                  _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
+    return q, ctx, stitch_runs
+
+
 def _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, on_blocks,
          batch_rows, n_workers) -> list[QueueInfo]:  # fmt: skip
     order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
@@ -558,11 +569,7 @@ def _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, o
     try:
         refill()
         for qi, (cpu, tid, _, _) in enumerate(queues):
-            ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
-            images: list[Image] = []
-            stitch_runs: list[list[tuple[int, int]]] = []
-            q = QueueInfo(qi, cpu, tid, images, trace_bytes=sizes[qi], _ctx=ctx, _code=code,
-                          _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
+            q, ctx, stitch_runs = _queue(qi, cpu, tid, sizes[qi], sb, conv, locator, kernel, code)
             infos.append(q)
             sink = QueueSink(q, ctx, on_blocks, batch_rows)
             stitch = _Stitch(q, ctx, sink, stitch_runs)
@@ -947,11 +954,7 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
     try:
         refill()
         for qi, (cpu, tid, _, _) in enumerate(queues):
-            ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
-            images: list[Image] = []
-            stitch_runs: list[list[tuple[int, int]]] = []
-            q = QueueInfo(qi, cpu, tid, images, trace_bytes=sizes[qi], _ctx=ctx, _code=code,
-                          _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
+            q, ctx, stitch_runs = _queue(qi, cpu, tid, sizes[qi], sb, conv, locator, kernel, code)
             infos.append(q)
             stitch = _Stitch(q, ctx, None, stitch_runs)  # type: ignore[arg-type]
             got: list[_Piece] = []
@@ -978,10 +981,10 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
                 ranges = plans[qi][k]
                 got.append(_Piece(k, handle, s, g, row, ranges[-1][1] - ranges[0][0]))
                 row += s["n"]
-                while done < len(got) and submit_write(qi, got, done, len(images), False):
+                while done < len(got) and submit_write(qi, got, done, len(q.images), False):
                     done += 1
             while done < len(got):
-                assert submit_write(qi, got, done, len(images), True)
+                assert submit_write(qi, got, done, len(q.images), True)
                 done += 1
         collect(0)
     finally:
