@@ -275,12 +275,14 @@ def insn_dump(
     elf: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], int]] = (),
     timing: dict[str, int] | None = None,
     block: bool = False,
+    raw: Sequence[tuple[str | os.PathLike[str], int, int, int]] = (),
 ) -> tuple[list[int] | list[tuple[int, int, int]], list[dict[str, int | str]]]:
     """Reconstruct a trace's instruction flow with libipt, resynchronizing
     at the next PSB after an error (as ptxed does).
 
     ``elf`` files are mapped at their link addresses, or given as ``(file,
-    base)`` with the lowest segment at ``base``; ``timing`` gives the
+    base)`` with the lowest segment at ``base``, ``raw`` sections as
+    ``(file, offset, size, vaddr)``; ``timing`` gives the
     trace's ``mtc_freq``, ``nom_freq``, ``cpuid_0x15_eax`` and
     ``cpuid_0x15_ebx``.  Returns ``(flow, errors)``: the executed
     instructions' IPs (pt_insn_next), or with ``block`` the blocks as ``(ip,
@@ -288,7 +290,7 @@ def insn_dump(
     apart from direct jumps and calls); errors as ``{"offset", "ip", "code",
     "text"}``.
     """
-    flow, errors, _ = _insn_dump(path, elf=elf, timing=timing, block=block)
+    flow, errors, _ = _insn_dump(path, elf=elf, raw=raw, timing=timing, block=block)
     return flow, errors
 
 

@@ -195,3 +195,39 @@ def test_perf_data_ctf_and_the_command(tmp_path):
         bad.returncode == 1
         and bad.stderr == f"hwtrace ptwrite: {tmp_path / 'missing.pt'}: no such file\n"
     )
+
+
+def test_libipt_follows_a_flow_with_ptwrites(tmp_path):
+    """A path through PTWRITE instructions encoded with PTW + FUP packets
+    (as the software recorder writes them): libipt's instruction flow is
+    the path, with no error, and hwtrace's decoder gives the payloads at
+    the PTWRITE."""
+    import libipt_oracle as oracle
+
+    from hwtrace.image import Image
+    from hwtrace.image.sections import Section
+    from hwtrace.pt.decode import decode_trace
+    from hwtrace.pt.encode import encode_path
+    from hwtrace.pt.events import Ev
+
+    if oracle.skip_reason is not None:
+        pytest.skip(oracle.skip_reason)
+    # loop: ptwrite rax; add rax, 1; cmp rax, 5; jne loop; nop
+    code = bytes.fromhex("f3480faee04883c0014883f80575f190")
+    base = 0x400000
+    image = Image()
+    image.add_section(Section.from_bytes(code, base))
+    ips, ptws = [], []
+    for rax in range(5):
+        ptws.append((len(ips), 0x1000 + rax, 8))
+        ips += [base, base + 5, base + 9, base + 13]
+    ips.append(base + 15)
+    enc = encode_path(np.array(ips, np.uint64), image, ptwrites=ptws, tsc=1000, mtc_freq=3)
+    path = tmp_path / "ptw.pt"
+    path.write_bytes(enc.data)
+    (tmp_path / "code.bin").write_bytes(code)
+    flow, errors = oracle.insn_dump(path, raw=[(tmp_path / "code.bin", 0, len(code), base)])
+    assert errors == [] and flow == ips
+    events = decode_trace(enc.data, image, enc.config).events
+    got = [(e.ip, e.payload) for _, e in events if e.type == Ev.PTWRITE]
+    assert got == [(base, 0x1000 + k) for k in range(5)]
