@@ -481,6 +481,32 @@ class _Runner:
 DEFAULT_TASK_BYTES = 1 << 20
 
 
+def _plan(path: str, symfs: str | None, task_bytes: int, chunk_bytes: int | None):
+    """Read the input's headers and sideband and cut every queue's trace into
+    pieces: ``(locator, sideband, problems, setup, plans, sizes)`` (``setup``
+    None: no Intel PT).  A sideband with code revisions keeps each queue
+    whole (one piece), which is exact but not parallel."""
+    chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
+    try:
+        data = read_perf_data(path)
+    except PerfDataError as e:
+        raise DistributedError(str(e)) from None
+    locator = BinaryLocator(root=Path(symfs) if symfs else None)
+    locator, sb, problems, setup = setup_decoding(data, locator, None, None)
+    plans: list[list[list[tuple[int, int]]]] = []
+    sizes: list[int] = []
+    if setup is None:
+        return locator, sb, problems, None, plans, sizes
+    whole = _has_revisions(sb)
+    for _, _, trace in iter_queue_traces(data):
+        sizes.append(trace.shape[0])
+        pieces = plan_pieces(trace, task_bytes, chunk_bytes)
+        if whole and pieces:
+            pieces = [[r for p in pieces for r in p]]
+        plans.append(pieces)
+    return locator, sb, problems, setup, plans, sizes
+
+
 def decode_distributed(
     path: str,
     on_blocks: Callable[[PerfBlocks], None],
@@ -507,25 +533,10 @@ def decode_distributed(
     ``retries``: times Dask runs a failed task again.  Raises
     :class:`DistributedError` (one line) when the cluster or the input
     cannot be used."""
-    chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
-    try:
-        data = read_perf_data(path)
-    except PerfDataError as e:
-        raise DistributedError(str(e)) from None
-    locator = BinaryLocator(root=Path(symfs) if symfs else None)
-    locator, sb, problems, setup = setup_decoding(data, locator, None, None)
+    locator, sb, problems, setup, plans, sizes = _plan(path, symfs, task_bytes, chunk_bytes)
     if setup is None:
         return PerfStream([], sb, None, problems)
     conv, _, kernel, queues = setup
-    whole = _has_revisions(sb)
-    plans: list[list[list[tuple[int, int]]]] = []
-    sizes: list[int] = []
-    for _, _, trace in iter_queue_traces(data):
-        sizes.append(trace.shape[0])
-        pieces = plan_pieces(trace, task_bytes, chunk_bytes)
-        if whole and pieces:
-            pieces = [[r for p in pieces for r in p]]
-        plans.append(pieces)
     with _client(workers, cluster, connect_timeout) as client:
         if client is not None:
             _check_readable(client, path)
@@ -843,25 +854,10 @@ def decode_to_parquet(
     ``on_piece(trace bytes, blocks)``: called as each piece is written.
     Returns the stream (queues, gaps, sideband, problems) and the threads
     the blocks ran in."""
-    chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
-    try:
-        data = read_perf_data(path)
-    except PerfDataError as e:
-        raise DistributedError(str(e)) from None
-    locator = BinaryLocator(root=Path(symfs) if symfs else None)
-    locator, sb, problems, setup = setup_decoding(data, locator, None, None)
+    locator, sb, problems, setup, plans, sizes = _plan(path, symfs, task_bytes, chunk_bytes)
     if setup is None:
         return PerfStream([], sb, None, problems), set()
     conv, _, kernel, queues = setup
-    whole = _has_revisions(sb)
-    plans: list[list[list[tuple[int, int]]]] = []
-    sizes: list[int] = []
-    for _, _, trace in iter_queue_traces(data):
-        sizes.append(trace.shape[0])
-        pieces = plan_pieces(trace, task_bytes, chunk_bytes)
-        if whole and pieces:
-            pieces = [[r for p in pieces for r in p]]
-        plans.append(pieces)
     settings = {"metadata": {k: v for k, v in writer.metadata.items()
                              if k not in ("format", "bucket_ns", "instructions")},
                 "bucket_ns": writer.bucket_ns, "instructions": writer.instructions is not None,
