@@ -582,6 +582,29 @@ def test_symbol_table_lookup_handles_nesting_and_gaps():
     assert SymbolTable.empty().lookup(np.array([1, 2], np.uint64))[0].tolist() == [-1, -1]
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 200), st.integers(1, 60)), min_size=1, max_size=30),
+    st.lists(st.integers(0, 300), max_size=200),
+)
+def test_compiled_symbol_lookup_equals_the_vectorised_rule(syms, addrs):
+    """The compiled lookup remembers the last interval between symbol
+    starts; its answers are the searchsorted rule's for any nesting, with
+    the top address and jumps back and forth."""
+    start = np.array([a for a, _ in syms], np.uint64)
+    table = SymbolTable(start, np.array([b for _, b in syms], np.uint64),
+                        np.arange(len(syms)), [str(i) for i in range(len(syms))])  # fmt: skip
+    addr = np.concatenate([np.array(addrs, np.uint64),
+                           np.array([2**64 - 1, 5, 2**64 - 1, 250], np.uint64)])  # fmt: skip
+    last = np.searchsorted(table.start, addr, side="right").astype(np.int64) - 1
+    idx = np.maximum(last, 0)
+    inside = (last >= 0) & (addr < table.end[idx])
+    outer = table._cover[idx]
+    in_outer = (last >= 0) & ~inside & (addr < table.end[outer])
+    want = np.where(inside, idx, np.where(in_outer, outer, -1))
+    assert table.index_of(addr).tolist() == want.tolist()
+
+
 def test_a_stripped_library_s_symbols_come_from_its_debug_file():
     """ld.so keeps only its dynamic symbols; its detached debug file
     (Debian's libc6-dbg, by build id) has the rest, as perf finds them."""

@@ -58,6 +58,7 @@ KERNEL_MODULES = (
     "hwtrace.pt._ptdump_kernel",
     "hwtrace.textout",
     "hwtrace.analysis.latency",
+    "hwtrace.image._lookup",
 )
 
 _LIB_NAME = "libhwtrace-kernels"

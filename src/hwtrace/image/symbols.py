@@ -154,16 +154,24 @@ class SymbolTable:
         addr = np.asarray(addresses, dtype=np.uint64)
         if len(self) == 0:
             return np.full(addr.shape, -1, np.int64), np.zeros(addr.shape, np.uint64)
-        last = np.searchsorted(self.start, addr, side="right").astype(np.int64) - 1
-        valid = last >= 0
-        idx = np.where(valid, last, 0)
-        inside = valid & (addr < self.end[idx])
-        outer = self._cover[idx]
-        in_outer = valid & ~inside & (addr < self.end[outer])
-        index = np.where(inside, idx, np.where(in_outer, outer, -1))
+        index = self.index_of(addr)
         found = index >= 0
         offset = np.where(found, addr - self.start[np.where(found, index, 0)], np.uint64(0))
         return index, offset.astype(np.uint64)
+
+    def index_of(self, addresses: np.ndarray | Sequence[int]) -> np.ndarray:
+        """The symbol index of each address, -1 where no symbol covers it
+        (:meth:`lookup` without the offsets)."""
+        addr = np.ascontiguousarray(addresses, dtype=np.uint64)
+        if len(self) == 0 or addr.shape[0] == 0:
+            return np.full(addr.shape, -1, np.int64)
+        if addr.ndim != 1:  # a scalar, or several dimensions
+            return self.index_of(addr.reshape(-1)).reshape(addr.shape)
+        from ._lookup import lookup_index
+
+        out = np.empty(addr.shape[0], np.int64)
+        lookup_index(self.start, self.end, np.asarray(self._cover, np.int64), addr, out)
+        return out
 
     def name(self, i: int) -> str:
         """The name of symbol ``i`` (an index from :meth:`lookup`)."""

@@ -1,0 +1,48 @@
+"""Compiled address-to-symbol lookup for :class:`~hwtrace.image.symbols.SymbolTable`.
+
+A decoded flow's blocks come in long runs inside one function, so the
+kernel remembers the interval between two symbol starts the previous
+address fell in and only searches (binary search, as ``np.searchsorted``)
+when an address leaves it.  The answer is exactly the vectorised one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+
+
+@kernels.njit(cache=True, _nrt=False)
+def lookup_index(start, end, cover, addr, out):
+    """``out[i]``: the symbol covering ``addr[i]`` (-1: none): the last
+    symbol starting at or before it if it reaches the address, else the
+    longest earlier one (``cover``) if that does."""
+    n = start.shape[0]
+    lo_addr = np.uint64(1)  # the remembered interval [lo_addr, hi_addr): empty
+    hi_addr = np.uint64(0)
+    last = -1
+    for i in range(addr.shape[0]):
+        a = addr[i]
+        if not (a >= lo_addr and a < hi_addr):
+            # searchsorted(start, a, side="right") - 1
+            lo = 0
+            hi = n
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if start[mid] <= a:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            last = lo - 1
+            lo_addr = start[last] if last >= 0 else np.uint64(0)
+            # (Past the last start: up to the top address, which is searched
+            # for each time it comes.)
+            hi_addr = start[lo] if lo < n else np.uint64(0xFFFFFFFFFFFFFFFF)
+        if last < 0:
+            out[i] = -1
+        elif a < end[last]:
+            out[i] = last
+        else:
+            outer = cover[last]
+            out[i] = outer if a < end[outer] else -1
