@@ -12,6 +12,8 @@ from pathlib import Path
 import groundtruth as gt
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_perf_data import add_elf_mmaps
 
 from hwtrace.cli.main import main
@@ -135,6 +137,56 @@ def test_chunk_ranges_start_at_psbs_and_cover_the_trace():
     assert ranges[-1][1] == len(pt)
     for (_, e), (s2, _) in itertools.pairwise(ranges):
         assert s2 < e <= s2 + 4096  # each runs on through the next one's PSB+
+
+
+def _ranges_of_whole_buffer(buf: np.ndarray, chunk: int) -> list[tuple[int, int]]:
+    """The ranges as found in one buffer: psb_chunks, then each but the
+    last run on through the next one's PSB+."""
+    from hwtrace.pt.packets import psb_chunks, psb_plus_end
+
+    ranges = psb_chunks(buf, chunk)
+    return [(s, psb_plus_end(buf, e, missing=e) if i + 1 < len(ranges) else e)
+            for i, (s, e) in enumerate(ranges)]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_chunk_ranges_read_in_windows_equal_the_whole_buffer_s(data):
+    """A queue split over AUXTRACE records is cut into ranges reading only
+    windows near each cut (no copy of the whole queue): the same ranges as
+    in one buffer, also with garbage, runs of PSB bytes longer than a PSB
+    at any alignment, and a cut PSB+ at the end."""
+    from hwtrace.pt.decode import chunk_ranges_of
+
+    pt = bytearray(_TRACE[: data.draw(st.integers(1000, len(_TRACE)))])
+    for _ in range(data.draw(st.integers(0, 6))):
+        at = data.draw(st.integers(0, len(pt)))
+        junk = data.draw(
+            st.sampled_from(
+                [
+                    bytes.fromhex("0282") * data.draw(st.integers(1, 40)),
+                    data.draw(st.binary(min_size=1, max_size=300)),
+                ]
+            )
+        )
+        pt[at:at] = junk
+    buf = np.frombuffer(bytes(pt), np.uint8)
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(pt) - 1), max_size=8, unique=True)))
+    parts = np.split(buf, cuts)
+    ends = np.cumsum([p.shape[0] for p in parts])
+
+    def read(lo: int, hi: int) -> np.ndarray:
+        first = int(np.searchsorted(ends, lo, side="right"))
+        got = np.concatenate(parts[first:])[lo - int(ends[first] - parts[first].shape[0]) :]
+        return got[: hi - lo]
+
+    chunk = data.draw(st.sampled_from([300, 512, 2000]))
+    window = data.draw(st.sampled_from([256, 333, 4096]))
+    assert chunk_ranges_of(read, len(pt), chunk, window) == _ranges_of_whole_buffer(buf, chunk)
+    assert chunk_ranges(buf, chunk) == _ranges_of_whole_buffer(buf, chunk)
+
+
+_TRACE = _trace(12)[1] if gt.skip_reason is None else b""
 
 
 def test_script_and_report_same_from_one_record_or_many(tmp_path, capsysbinary):

@@ -35,7 +35,7 @@ from .errors import errstr
 from .events import Event, EventOptions
 from .flow import AddrFilter, BlockFlags
 from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSink, event_object
-from .packets import as_buffer, map_file, psb_plus_end
+from .packets import as_buffer, map_file
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
 # None when the trace has no time there; returns None to keep the image.
@@ -480,15 +480,85 @@ def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int,
     each, starting at a PSB, each but the last running on through the next
     range's PSB+ (whose FUP says where the next range starts, so the flow up
     to there is decoded once)."""
-    from .packets import psb_chunks
+    return chunk_ranges_of(lambda lo, hi: buf[lo:hi], buf.shape[0], chunk_bytes)
 
-    ranges = psb_chunks(buf, chunk_bytes)
+
+#: bytes read at a time while looking for a PSB (a PSB+ comes every few KiB)
+SYNC_WINDOW = 1 << 14
+
+
+def chunk_ranges_of(
+    read: Callable[[int, int], np.ndarray], size: int, chunk_bytes: int = 1 << 20,
+    window: int = SYNC_WINDOW,
+) -> list[tuple[int, int]]:  # fmt: skip
+    """:func:`chunk_ranges` of a trace of ``size`` bytes that is not one
+    buffer (a queue split over several AUXTRACE records, a file on another
+    machine): ``read(lo, hi)`` gives its bytes ``lo..hi``.  Only a window
+    of ``window`` bytes near each cut is read; the ranges are exactly those
+    of the whole buffer (the PSB search keeps the buffer's word alignment
+    and never takes a PSB whose pattern may run on past a window)."""
+    window = max(int(window), 256)
+    first = _sync_forward_of(read, size, 0, window)
+    if first < 0:
+        return []
+    starts = [first]
+    target = first + chunk_bytes
+    while target < size:
+        nxt = _sync_forward_of(read, size, target, window)
+        if nxt < 0:
+            break
+        if nxt > starts[-1]:
+            starts.append(nxt)
+        target = nxt + chunk_bytes
     out = []
-    for i, (s, e) in enumerate(ranges):
-        if i + 1 < len(ranges):
-            e = psb_plus_end(buf, e, missing=e)
+    for i, s in enumerate(starts):
+        e = starts[i + 1] if i + 1 < len(starts) else size
+        if i + 1 < len(starts):
+            e = _psb_plus_end_of(read, size, e)
         out.append((s, e))
     return out
+
+
+def _sync_forward_of(read: Callable[[int, int], np.ndarray], size: int, pos: int,
+                     window: int) -> int:  # fmt: skip
+    """The first PSB at or after ``pos`` (-1: none), as the sync kernel
+    finds it in the whole buffer, reading windows that start 8-byte aligned
+    (the kernel scans aligned words) and overlap by 64 bytes."""
+    from ._kernels import PSB_SIZE, sync_forward
+
+    w0 = max(0, (pos - 64) // 8 * 8)
+    while w0 < size:
+        w1 = min(size, w0 + window)
+        win = np.ascontiguousarray(read(w0, w1))
+        r = int(sync_forward(win, max(pos - w0, 0), 0, w1 - w0))
+        # The kernel walks a PSB's pattern to its end: one reaching the
+        # window's end may go on in the next bytes.
+        if r >= 0 and (w1 == size or r + PSB_SIZE + 2 < w1 - w0):
+            return w0 + r
+        if w1 == size:
+            return -1
+        w0 = (w1 - 64) // 8 * 8
+    return -1
+
+
+def _psb_plus_end_of(read: Callable[[int, int], np.ndarray], size: int, psb: int) -> int:
+    """:func:`~hwtrace.pt.packets.psb_plus_end` (``missing``: ``psb``)
+    reading the same growing spans from ``psb`` as it decodes."""
+    from .kinds import Kind
+    from .packets import decode_range
+
+    span = 4096
+    while True:
+        stop = min(size, psb + span)
+        win = np.ascontiguousarray(read(psb, stop))
+        table = decode_range(win, 0, stop - psb, resync=False)
+        hit = np.flatnonzero(table.kind == Kind.PSBEND)
+        if len(hit):
+            i = int(hit[0])
+            return psb + int(table.offset[i] + table.size[i])
+        if stop >= size or len(table.err_code):
+            return psb
+        span *= 4
 
 
 def _as_buffer(data) -> np.ndarray:
