@@ -195,7 +195,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     try:
         writer = FlowParquetWriter(a.output, _metadata(a, argv, opened), names=names,
                                    bucket_ns=int(a.bucket * 1e9),
-                                   instructions=a.instructions)  # fmt: skip
+                                   instructions=a.instructions, background=True)  # fmt: skip
     except OSError as e:
         sys.stderr.write(f"{PROG}: {a.output}: {e.strerror or e}\n")
         return 1

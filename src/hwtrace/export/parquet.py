@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,7 +319,7 @@ def _ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray]:
     for space, sel in b.images():
         ip = b.ip[sel]
         table = q.symbols(space)
-        index, _ = table.lookup(ip)
+        index = table.index_of(ip)
         found = np.asarray(index) >= 0
         s, i = names.ids_at(table, index, q.index, space)
         # Code no symbol covers: the file its section is of.
@@ -335,7 +336,7 @@ def _ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
-    return pa.array(values, type=kind, mask=missing)
+    return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
 def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
@@ -422,6 +423,42 @@ def instructions_table(b: PerfBlocks) -> pa.Table:
     )
 
 
+class _Io:
+    """Where the Parquet writes run: in the caller's thread, or (``background``)
+    in order on one thread of their own, at most ``depth`` behind, so a
+    single decoding process encodes and compresses row groups (Arrow's
+    writer releases the GIL) while it decodes the next batch.  A failed
+    write is raised by the next call."""
+
+    def __init__(self, background: bool, depth: int = 2) -> None:
+        self.pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="hwtrace-parquet") if background else None
+        )
+        self.depth = depth
+        self.pending: deque[Future] = deque()
+
+    def run(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+        if self.pool is None:
+            fn(*args, **kwargs)
+            return
+        while len(self.pending) >= self.depth:
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(fn, *args, **kwargs))
+
+    def wait(self) -> None:
+        """Until every write is done (raising the first that failed)."""
+        while self.pending:
+            self.pending.popleft().result()
+
+    def stop(self) -> None:
+        """Wait for what is running, drop the rest, end the thread."""
+        for f in self.pending:
+            f.cancel()
+        self.pending.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
 class _Partitioned:
     """A Hive-partitioned dataset (``cpu=N/bucket=K/part-NNNNN.parquet``)
     written a batch at a time: rows wait per partition until a row group's
@@ -433,9 +470,10 @@ class _Partitioned:
         self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes], *,
         row_group: int, budget: int, max_open: int, compression: str,
         encoding: Mapping[str, list[str]] | None = None, prefix: str = "part",
-        hidden: bool = False,
+        hidden: bool = False, io: _Io | None = None,
     ) -> None:  # fmt: skip
         self.root, self.prefix, self.hidden = root, prefix, hidden
+        self.io = io or _Io(False)
         self.written: list[Path] = []
         enc = encoding or {}
         self.options: dict[str, object] = {"compression": compression}
@@ -485,7 +523,7 @@ class _Partitioned:
         if w is None:
             if len(self.open) >= self.max_open:
                 _, old = self.open.popitem(last=False)
-                old.close()
+                self.io.run(old.close)
             part = self.parts.get(key, 0)
             self.parts[key] = part + 1
             d = self.root / f"cpu={key[0]}" / f"bucket={key[1]}"
@@ -495,7 +533,7 @@ class _Partitioned:
             self.open[key] = w
         else:
             self.open.move_to_end(key)
-        w.write_table(pa.concat_tables(parts), row_group_size=self.row_group)
+        self.io.run(w.write_table, pa.concat_tables(parts), row_group_size=self.row_group)
 
     def close(self, empty_file: bool = True) -> None:
         for key in list(self.waiting):
@@ -507,7 +545,8 @@ class _Partitioned:
             pq.write_table(self.schema.empty_table(), d / "part-00000.parquet")
         while self.open:
             _, w = self.open.popitem(last=False)
-            w.close()
+            self.io.run(w.close)
+        self.io.wait()
         _reveal(self.written)
 
 
@@ -534,8 +573,9 @@ class _Plain:
 
     def __init__(self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes],
                  row_group: int, compression: str, prefix: str = "part",
-                 hidden: bool = False) -> None:  # fmt: skip
+                 hidden: bool = False, io: _Io | None = None) -> None:  # fmt: skip
         self.root, self.schema = root, schema.with_metadata(metadata)
+        self.io = io or _Io(False)
         self.prefix, self.hidden = prefix, hidden
         self.written: list[Path] = []
         self.row_group, self.compression = row_group, compression
@@ -559,7 +599,8 @@ class _Plain:
             self.writer = pq.ParquetWriter(path, self.schema,
                                            compression=self.compression)  # fmt: skip
         if self.waiting:
-            self.writer.write_table(pa.concat_tables(self.waiting), row_group_size=self.row_group)
+            self.io.run(self.writer.write_table, pa.concat_tables(self.waiting),
+                        row_group_size=self.row_group)  # fmt: skip
         self.waiting, self.count = [], 0
 
     def close(self, empty_file: bool = True) -> None:
@@ -568,7 +609,8 @@ class _Plain:
             return
         self._flush()
         assert self.writer is not None
-        self.writer.close()
+        self.io.run(self.writer.close)
+        self.io.wait()
         _reveal(self.written)
 
 
@@ -586,7 +628,9 @@ class FlowParquetWriter:
     directory another writer made, in files named ``PART-NNNNN.parquet``
     (hidden until :meth:`close`): several processes write one flow so, and
     the directory's writer counts their rows (:meth:`add_part`) and writes
-    the rest.
+    the rest.  ``background``: encode and write the Parquet files on a
+    thread of their own, overlapping the caller's decoding (one process
+    then uses about two cores).
     """
 
     def __init__(
@@ -602,8 +646,10 @@ class FlowParquetWriter:
         max_open: int = 64,
         compression: str = "zstd",
         part: str | None = None,
+        background: bool = False,
     ) -> None:
         self.root = Path(directory)
+        self.io = _Io(background)
         self.part = part
         if part is None:
             if self.root.exists() and any(self.root.iterdir()):
@@ -611,7 +657,7 @@ class FlowParquetWriter:
             self.root.mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
             raise FileNotFoundError(f"{self.root}: no such directory")
-        names_of = {"prefix": part or "part", "hidden": part is not None}
+        names_of = {"prefix": part or "part", "hidden": part is not None, "io": self.io}
         self.external = {"blocks": 0, "events": 0, "instructions": 0}
         self.names = names if names is not None else Names()
         self.bucket_ns = max(int(bucket_ns), 1)
@@ -632,7 +678,8 @@ class FlowParquetWriter:
         )  # fmt: skip
         self.events = _Plain(self.root / "events", EVENTS_SCHEMA, kv, row_group, compression,
                              **names_of)  # fmt: skip
-        self.gaps = _Plain(self.root / "gaps", GAPS_SCHEMA, kv, row_group, compression)
+        self.gaps = _Plain(self.root / "gaps", GAPS_SCHEMA, kv, row_group, compression,
+                           io=self.io)  # fmt: skip
         self.n_insn = 0
         self.closed = False
 
@@ -716,6 +763,12 @@ class FlowParquetWriter:
         if self.closed:
             return self.metadata
         self.closed = True
+        try:
+            return self._close(extra)
+        finally:
+            self.io.stop()
+
+    def _close(self, extra: Mapping[str, object] | None) -> dict[str, object]:
         ext = self.external
         self.blocks.close(empty_file=self.part is None and not ext["blocks"])
         if self.instructions is not None:
@@ -749,6 +802,7 @@ class FlowParquetWriter:
         if self.closed:
             return
         self.closed = True
+        self.io.stop()  # no write runs while the files are closed
         for d in (self.blocks, self.instructions):
             if d is not None:
                 while d.open:

@@ -400,9 +400,23 @@ class QueueContexts:
             tids = np.full(ns.shape[0], self.tid, np.int64)
         else:
             tids = sb.threads_on(self.cpu, np.maximum(ns, 0))
-        uniq, inverse = np.unique(tids, return_inverse=True)
-        pids = np.array([sb.pid_of(int(t)) if t >= 0 else -1 for t in uniq], np.int64)
-        return ns, tids, pids[inverse.reshape(-1)] if uniq.shape[0] else tids.copy()
+        return ns, tids, self._pids(tids)
+
+    def _pids(self, tids: np.ndarray) -> np.ndarray:
+        """The process of each thread; threads come in long runs, so the
+        runs are looked up, not every row."""
+        n = tids.shape[0]
+        if n == 0:
+            return tids.copy()
+        heads = np.flatnonzero(tids[1:] != tids[:-1]) + 1
+        if heads.shape[0] == 0:
+            t = int(tids[0])
+            return np.full(n, self.sb.pid_of(t) if t >= 0 else -1, np.int64)
+        heads = np.concatenate([[0], heads])
+        run_tids = tids[heads]
+        uniq, inverse = np.unique(run_tids, return_inverse=True)
+        pids = np.array([self.sb.pid_of(int(t)) if t >= 0 else -1 for t in uniq], np.int64)
+        return np.repeat(pids[inverse.reshape(-1)], np.diff(np.append(heads, n)))
 
     def stop_values(self, ns: np.ndarray, k: np.ndarray, t: np.ndarray) -> np.ndarray:
         """How long blocks ``k`` ran when tracing stopped after them at
@@ -660,9 +674,9 @@ class PerfBlocks:
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
+        if self.image.shape[0] and (self.image == self.image[0]).all():
+            return [(int(self.image[0]), slice(None))]
         uniq = np.unique(self.image)
-        if uniq.shape[0] == 1:
-            return [(int(uniq[0]), slice(None))]
         return [(int(u), np.flatnonzero(self.image == u)) for u in uniq.tolist()]
 
     def instructions(self) -> np.ndarray:
@@ -863,7 +877,7 @@ def stream_perf(
     *,
     kernel: KernelCode | None = None,
     sideband: Sideband | None = None,
-    batch_rows: int = 1 << 14,
+    batch_rows: int = 1 << 17,
     chunk_bytes: int = 1 << 20,
 ) -> PerfStream:
     """Decode every AUX queue of ``data`` (as :func:`decode_perf`), queue
