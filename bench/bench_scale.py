@@ -18,13 +18,14 @@ process, MB/s of trace, instructions/s, output size), then
 from ``/proc/self/status`` VmHWM by ``Client.run``, and of the client, and
 the client's CPU time), and the model's terms:
 
-* per task: Dask's scheduling cost (tiny decodings on a warm cluster whose
-  results stay on the worker, their summaries fetched, own decode time
-  subtracted);
+* per task: Dask's scheduling cost (tiny summaries on a warm cluster, their
+  own time subtracted);
 * per worker: setup (its first task, which parses the perf.data, sideband
   and ELF, minus the same task warm);
-* decode: a worker's rate on a task of the big input;
-* write: a worker's attribution and Parquet writing of that task, per MB;
+* summary pass: a worker decoding a piece of the big input and summarising
+  it, per MB;
+* write pass: a worker decoding that piece again, attributing the blocks
+  and writing the Parquet rows, per MB;
 * client: its CPU time per MB in the run with the most workers (planning,
   numbering pieces, Dask's client and the local scheduler).
 
@@ -120,7 +121,7 @@ def _vmhwm() -> int:
     return 0
 
 
-def run_workers(data: Path, out: Path, workers: int) -> dict:
+def run_workers(data: Path, out: Path, workers: int, task_bytes: int) -> dict:
     """``decode_to_parquet`` on a local cluster of ``workers`` processes
     (the workers write the blocks, as ``hwtrace decode --workers``);
     per-worker VmHWM, the client's CPU time (its scheduler included)."""
@@ -149,7 +150,7 @@ def run_workers(data: Path, out: Path, workers: int) -> dict:
         th.start()
         t = time.perf_counter()
         cpu = time.process_time()
-        flow, _ = decode_to_parquet(str(data), writer, cluster=address)
+        flow, _ = decode_to_parquet(str(data), writer, cluster=address, task_bytes=task_bytes)
         for q in flow.queues:
             writer.write_gaps(q, q.gaps)
         meta = writer.close()
@@ -164,77 +165,61 @@ def run_workers(data: Path, out: Path, workers: int) -> dict:
             "instructions": writer.n_insn, "output_bytes": du(out)}  # fmt: skip
 
 
-def model_terms(data: Path, total: int, single: dict | None, client_cpu: float | None) -> dict:
+def model_terms(data: Path, total: int, single: dict | None, client_cpu: float | None,
+                task_bytes: int) -> dict:  # fmt: skip
     """The model's terms on the big input (see the module doc)."""
     import tempfile
 
     from distributed import Client, LocalCluster
 
-    from hwtrace.dist.decode import (
-        DEFAULT_TASK_BYTES,
-        _open_input,
-        decode_piece,
-        piece_summary,
-        plan_pieces,
-        write_piece,
-    )
+    from hwtrace.dist.decode import _open_input, _plan, summarize_piece, write_piece
     from hwtrace.export.parquet import FlowParquetWriter
-    from hwtrace.perf.data import read_perf_data
-    from hwtrace.perf.trace import iter_queue_traces
 
     t = time.perf_counter()
-    queue = next(iter_queue_traces(read_perf_data(data)))[2]
-    pieces = plan_pieces(queue, DEFAULT_TASK_BYTES, 1 << 20)
+    plans = _plan(str(data), None, task_bytes, None)[4]
     plan_s = time.perf_counter() - t
-    del queue
+    pieces = plans[0]
     piece = pieces[len(pieces) // 2]
     piece_bytes = piece[-1][1] - piece[0][0]
     tiny = [piece[0]]
     t = time.perf_counter()
     _open_input(str(data), None)
     setup_local = time.perf_counter() - t
+    # A worker's two passes over a piece: decode and summarise; decode
+    # again, attribute and write the Parquet rows.
     t = time.perf_counter()
-    r = decode_piece(str(data), None, 0, piece, None, False)
-    rate = piece_bytes / (time.perf_counter() - t)
-    # The worker's attribution and Parquet writing of that piece.
+    s = summarize_piece(str(data), None, 0, piece, None, False)
+    summary = (time.perf_counter() - t) / piece_bytes
     with tempfile.TemporaryDirectory(dir=OUT) as d:
         w = FlowParquetWriter(Path(d) / "f", {"bench": "scale"})
         settings = {"metadata": {"bench": "scale"}, "bucket_ns": w.bucket_ns,
-                    "instructions": False, "batch_rows": 1 << 14}  # fmt: skip
-        fix = {"part": "q0-p0", "images": np.arange(len(r["images"])),
-               "n_images": len(r["images"]), "row": 0, "gap": False, "drop_lead_ptw": True,
+                    "instructions": False, "batch_rows": 1 << 17}  # fmt: skip
+        fix = {"part": "q0-p0", "images": np.arange(len(s["images"])),
+               "n_images": len(s["images"]), "row": 0, "gap": False, "drop_lead_ptw": True,
                "lead": [], "follow": None}  # fmt: skip
         t = time.perf_counter()
-        write_piece(str(data), None, 0, r, fix, str(w.root), settings)
+        write_piece(str(data), None, 0, piece, None, False, fix, str(w.root), settings)
         write = (time.perf_counter() - t) / piece_bytes
-        t = time.perf_counter()
-        piece_summary(r)
-        summary = (time.perf_counter() - t) / piece_bytes
-    del r
     t = time.perf_counter()
-    decode_piece(str(data), None, 0, tiny, None, False)
+    summarize_piece(str(data), None, 0, tiny, None, False)
     tiny_s = time.perf_counter() - t
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:  # fmt: skip
+        args = (summarize_piece, str(data), None, 0, tiny, None, False)
         t = time.perf_counter()
-        c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False).result()
+        c.submit(*args, pure=False).result()
         cold = time.perf_counter() - t
         t = time.perf_counter()
-        c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False).result()
+        c.submit(*args, pure=False).result()
         warm = time.perf_counter() - t
         t = time.perf_counter()
-        # As decode_to_parquet runs them: the decoding stays on the worker,
-        # only its summary comes back; each released once summarised.
         for _ in range(20):
-            f = c.submit(decode_piece, str(data), None, 0, tiny, None, False, pure=False)
-            c.submit(piece_summary, f).result()
-            del f
+            c.submit(*args, pure=False).result()
         sched = max((time.perf_counter() - t) / 20 - tiny_s, 1e-4)
     return {"plan_seconds": plan_s, "setup_seconds": max(cold - warm, setup_local),
-            "sched_seconds": sched, "decode_bytes_per_s": rate,
-            "write_s_per_byte": write, "summary_s_per_byte": summary,
+            "sched_seconds": sched, "summary_s_per_byte": summary, "write_s_per_byte": write,
             "client_s_per_byte": client_cpu / total if client_cpu is not None else None,
-            "task_bytes": DEFAULT_TASK_BYTES}  # fmt: skip
+            "task_bytes": task_bytes}  # fmt: skip
 
 
 def main() -> None:
@@ -245,6 +230,12 @@ def main() -> None:
     ap.add_argument("--no-model", action="store_true", help="skip the model's measurements")
     ap.add_argument("--keep", action="store_true", help="keep the perf.data and the outputs")
     ap.add_argument("--json", metavar="FILE", help="also write the numbers here")
+    ap.add_argument(
+        "--task-mib",
+        type=float,
+        default=None,
+        help="trace per Dask task (MiB; default: decode_to_parquet's)",
+    )
     a = ap.parse_args()
     from hwtrace.perf.wrap import wrap_raw_trace
     from hwtrace.pt.config import PtConfig
@@ -281,9 +272,13 @@ def main() -> None:
             assert single["instructions"] == insns, (single["instructions"], insns)
             result["single"] = {k: v for k, v in single.items() if k != "stderr"}
             shutil.rmtree(work / "single", ignore_errors=True) if not a.keep else None
+        from hwtrace.dist.decode import DEFAULT_TASK_BYTES
+
+        task_bytes = int(a.task_mib * 2**20) if a.task_mib else DEFAULT_TASK_BYTES
+        result["task_bytes"] = task_bytes
         rates = {}
         for w in [int(x) for x in a.workers.split(",") if x]:
-            r = run_workers(data, work / f"w{w}", w)
+            r = run_workers(data, work / f"w{w}", w, task_bytes)
             rates[w] = mb / r["seconds"]
             print(f"{w} worker(s): {r['seconds']:.1f} s, {rates[w]:.2f} MB/s, "
                   f"{r['instructions'] / r['seconds'] / 1e6:.1f} Minsn/s, worker VmHWM "
@@ -298,24 +293,22 @@ def main() -> None:
         if not a.no_model:
             most = max((k for k in result if k.startswith("workers_")), default=None)
             cpu = result[most]["client_cpu_seconds"] if most else None
-            m = model_terms(data, size, single, cpu)
+            m = model_terms(data, size, single, cpu, task_bytes)
             result["model"] = m
             client = m["client_s_per_byte"] or 0.0
-            # A worker decodes, then attributes and writes, each piece.
-            worker = 1 / (1 / m["decode_bytes_per_s"] + m["write_s_per_byte"])
+            # A worker summarises each piece, then decodes it again and writes it.
+            worker = 1 / (m["summary_s_per_byte"] + m["write_s_per_byte"])
             print(f"model: planning {m['plan_seconds']:.1f} s, per-worker setup "
                   f"{m['setup_seconds']:.2f} s, per task {m['sched_seconds'] * 1e3:.1f} ms, "
-                  f"decode {m['decode_bytes_per_s'] / 1e6:.2f} MB/s, attribute + Parquet "
+                  f"summary pass {m['summary_s_per_byte'] * 1e6:.3f} s/MB, write pass "
                   f"{m['write_s_per_byte'] * 1e6:.3f} s/MB (a worker: {worker / 1e6:.2f} MB/s), "
-                  f"summary {m['summary_s_per_byte'] * 1e6:.4f} s/MB, client CPU "
-                  f"{client * 1e6:.4f} s/MB", flush=True)  # fmt: skip
+                  f"client CPU {client * 1e6:.4f} s/MB", flush=True)  # fmt: skip
             big = 64e9
             preds = {}
             for w in (8, 64, 512):
-                # Two Dask tasks per piece on the workers (decode, write) and
-                # one small one (summary): three scheduling costs.
+                # Two Dask tasks per piece (summary, write): two scheduling costs.
                 s = predict(w, big, m["task_bytes"], worker, m["setup_seconds"],
-                            3 * m["sched_seconds"], client)  # fmt: skip
+                            2 * m["sched_seconds"], client)  # fmt: skip
                 preds[w] = big / s / 1e6
                 print(f"  predicted {w:4d} workers, 64 GB trace: {preds[w]:8.1f} MB/s "
                       f"(client-bound above {1 / client / 1e6:.1f} MB/s)")  # fmt: skip

@@ -24,6 +24,15 @@ workers' block columns, so the rules are the single pass's own.  Code
 revisions (TEXT_POKE, JIT code) make a queue's pieces depend on one another
 further; such a queue is decoded as one piece.
 
+:func:`decode_to_parquet` keeps the blocks on the workers: a first task
+decodes a piece and keeps only its summary (block count, images, first
+block, the events before it, gaps), the client numbers the piece from the
+summaries, and a second task decodes it again and writes its Parquet rows
+through the single pass's sink.  No task holds more than a decoder batch
+and the writer's row groups, so a worker's memory does not grow with the
+piece or the trace; the price is decoding twice (the second decoding is a
+fifth of the write task's work).
+
 Workers read the input from the path they are given (a shared file system):
 each keeps the parsed perf.data, sideband and images once per input, keyed
 by path, size and modification time, so a task ships only offsets.  Tasks
@@ -54,13 +63,13 @@ from ..perf.trace import (
     decoder_hook,
     error_gaps,
     gap_events,
-    iter_queue_traces,
     setup_decoding,
 )
 from ..pt import _flowkernel as FK
 from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
-from ..pt.decode import DecodeOptions, chunk_ranges
+from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.packets import release
 
 _MASK64 = (1 << 64) - 1
 _REVISION_KINDS = ("text_poke", "bpf_image", "jitdump")
@@ -81,7 +90,11 @@ def plan_pieces(
     """A queue's trace as Dask tasks: consecutive PSB-aligned chunk ranges
     (:func:`~hwtrace.pt.decode.chunk_ranges`) grouped into pieces of about
     ``task_bytes`` each."""
-    ranges = chunk_ranges(trace, chunk_bytes)
+    return group_pieces(chunk_ranges(trace, chunk_bytes), task_bytes)
+
+
+def group_pieces(ranges: list[tuple[int, int]], task_bytes: int) -> list[list[tuple[int, int]]]:
+    """Consecutive chunk ranges grouped into pieces of about ``task_bytes``."""
     pieces: list[list[tuple[int, int]]] = []
     size = 0
     for s, e in ranges:
@@ -178,8 +191,37 @@ _INPUTS: dict[tuple, _Input] = {}
 _INPUTS_LOCK = threading.Lock()
 
 
+_MALLOC_TUNED = False
+
+
+def _malloc_for_batches() -> None:
+    """Let glibc's malloc keep freed memory for the next batch.
+
+    A Dask nanny starts its workers with ``MALLOC_TRIM_THRESHOLD_`` set
+    (Dask docs, "Worker Memory Management": to hand freed memory back to the
+    system), and a fixed trim threshold also fixes the mmap threshold at
+    128 KiB (glibc's mallopt(3)): then every batch's arrays are fresh
+    mappings, and a worker spends as long in page faults as in decoding.
+    Allocations under 64 MiB come from the heap again; memory stays bounded
+    by the batches in use."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 64 << 20)
+        libc.mallopt(m_trim_threshold, 128 << 20)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 def _open_input(path: str, symfs: str | None) -> _Input:
     """The parsed input, once per worker process and input file."""
+    _malloc_for_batches()
     st = os.stat(path)
     key = (os.path.abspath(path), symfs, st.st_size, st.st_mtime_ns)
     with _INPUTS_LOCK:
@@ -205,25 +247,40 @@ def probe_input(path: str) -> str | None:
     return None
 
 
-def _read_range(data: PerfData, starts: np.ndarray, sizes: np.ndarray, lo: int, hi: int):
-    """Bytes ``lo..hi`` of a queue's trace (its AUXTRACE records' data in
-    order): a view of the mapped file when one record holds them."""
+def _file_spans(starts: np.ndarray, sizes: np.ndarray, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Where bytes ``lo..hi`` of a queue's trace (its AUXTRACE records'
+    data in order) are in the file: ``(offset, end)`` per record."""
     ends = np.cumsum(sizes)
-    first = int(np.searchsorted(ends, lo, side="right"))
-    parts = []
+    j = int(np.searchsorted(ends, lo, side="right"))
+    spans = []
     at = lo
-    j = first
     while at < hi and j < ends.shape[0]:
         rec_lo = int(ends[j] - sizes[j])
         a = at - rec_lo
         b = min(hi, int(ends[j])) - rec_lo
-        s = int(starts[j])
-        parts.append(data.buf[s + a : s + b])
+        spans.append((int(starts[j]) + a, int(starts[j]) + b))
         at = rec_lo + b
         j += 1
+    return spans
+
+
+def _read_range(data: PerfData, starts: np.ndarray, sizes: np.ndarray, lo: int, hi: int):
+    """Bytes ``lo..hi`` of a queue's trace: a view of the mapped file when
+    one record holds them."""
+    parts = [data.buf[a:b] for a, b in _file_spans(starts, sizes, lo, hi)]
     if len(parts) == 1:
         return parts[0]
     return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+def _copy_range(data: PerfData, starts: np.ndarray, sizes: np.ndarray, lo: int, hi: int):
+    """Bytes ``lo..hi`` of a queue's trace, copied; the file's pages are let
+    go (planning reads a little of every MiB of a trace of any size)."""
+    spans = _file_spans(starts, sizes, lo, hi)
+    out = np.concatenate([data.buf[a:b] for a, b in spans]) if spans else np.zeros(0, np.uint8)
+    for a, b in spans:
+        release(data.buf, a, b)
+    return out
 
 
 class _Pieces(FlowSink):
@@ -278,11 +335,44 @@ def decode_piece(
     start: tuple | None,
     first: bool,
 ) -> dict:
-    """Decode chunk ``ranges`` of queue number ``queue`` (a Dask task).
+    """Decode chunk ``ranges`` of queue number ``queue`` (a Dask task):
+    the blocks' columns (``segments``) and what the client stitches by.
 
     ``start``: the state to start from, ``(image description, last perf
     time)``; None: as a queue's first piece starts.  ``first``: this is
     the queue's first piece (every image its decoder numbers counts)."""
+    sink = _Pieces(ranges[0][0])
+    out = _decode(path, symfs, queue, ranges, start, first, sink, lambda ctx, dec: sink)
+    out["segments"] = sink.result()
+    return out
+
+
+def summarize_piece(
+    path: str,
+    symfs: str | None,
+    queue: int,
+    ranges: list[tuple[int, int]],
+    start: tuple | None,
+    first: bool,
+) -> dict:
+    """What the client needs of a piece (a Dask task): all of
+    :func:`decode_piece`'s answer but the blocks, and ``n`` (blocks),
+    ``n_insn``, ``n_virtual``, ``gaps`` (from its errors), ``head`` (the
+    events before its first block; all of them when it has none), ``first``
+    (its first block: local image and one-row columns) and ``tail_gap`` (a
+    gap after its last block).  Memory is bounded by a decoder batch: the
+    blocks are counted, not kept."""
+    sink = _Summary(ranges[0][0])
+    out = _decode(path, symfs, queue, ranges, start, first, sink, lambda ctx, dec: sink)
+    out.update(sink.result())
+    return out
+
+
+def _decode(path, symfs, queue, ranges, start, first, counter, make_sink) -> dict:
+    """Decode ``ranges`` of ``queue`` into the sink ``make_sink(contexts,
+    decoder)`` makes; ``counter`` (a sink with ``rows``: blocks so far) is
+    what the decoder's state is judged by.  Returns what the client stitches
+    pieces by."""
     inp = _open_input(path, symfs)
     cpu, tid, starts, sizes = inp.queues[queue]
     lo, hi = ranges[0][0], ranges[-1][1]
@@ -294,7 +384,6 @@ def decode_piece(
     else:
         image = ctx.image_for(start[0][4])
         ctx.last_ns = start[1]
-    sink = _Pieces(lo)
     base_hook = decoder_hook(ctx)
     seen = {"hooks": 0, "rows_at_first": -1, "tsc": False, "no_tsc_first": False,
             "base": None}  # fmt: skip
@@ -302,7 +391,7 @@ def decode_piece(
     def hook(row: np.ndarray, offset: int) -> object:
         has_tsc = int(row[FK.E_FLAGS]) & FK.F_HAS_TSC
         if not seen["hooks"]:
-            seen["rows_at_first"] = sink.rows
+            seen["rows_at_first"] = counter.rows
         if not has_tsc and not seen["tsc"]:
             seen["no_tsc_first"] = True
         seen["tsc"] |= bool(has_tsc)
@@ -316,15 +405,15 @@ def decode_piece(
         revisions=ctx.revisions_for,
     )  # fmt: skip
     n_setup = 0 if first else len(dec.images)
+    sink = make_sink(ctx, dec)
     for s, e in ranges:
         dec.decode(buf, sink, s - lo, e - lo)
     runs = {}
     for t in dec.tables:
         n = t.n_runs
         runs[t.index] = (t.r_ip[:n].copy(), t.r_mode[:n].copy())
-    used_base = sink.rows > 0 and (seen["rows_at_first"] != 0)
+    used_base = counter.rows > 0 and (seen["rows_at_first"] != 0)
     return {
-        "segments": sink.result(),
         "images": [ctx.describe(im) for im in dec.images],
         "n_setup": n_setup,
         "runs": runs,
@@ -336,6 +425,50 @@ def decode_piece(
         "problems": dict(inp.locator.problems),
         "worker_pid": os.getpid(),
     }
+
+
+class _Summary(FlowSink):
+    """The decoder's batches summarised for :func:`summarize_piece`."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.rows = self.n_insn = self.n_virtual = 0
+        self.gaps: list = []
+        self.head_ev: list[np.ndarray] = []
+        self.head_off: list[np.ndarray] = []
+        self.first: tuple | None = None
+        self.tail_gap = False
+
+    def batch(self, b: FlowBatch) -> None:
+        m = b.ip.shape[0]
+        self.n_insn += b.n_insn
+        self.n_virtual += b.n_virtual
+        ev = b.events
+        if ev.shape[0]:
+            off = b.event_offset + self.base
+            self.gaps += error_gaps(ev, off)
+            gm = gap_events(ev)
+            if self.first is None:
+                before = b.event_block == 0 if m else np.ones(ev.shape[0], np.bool_)
+                self.head_ev.append(ev[before].copy())
+                self.head_off.append(off[before])
+            self.tail_gap = (
+                bool(gm[b.event_block >= m].any()) if m else self.tail_gap or bool(gm.any())
+            )
+        elif m:
+            self.tail_gap = False
+        if m and self.first is None:
+            run = b.run[:1].copy() if b.run is not None else np.full(1, -1, np.int32)
+            self.first = (b.image, b.ip[:1].copy(), b.ninsn[:1].copy(), b.mode[:1].copy(),
+                          b.time[:1].copy(), run)  # fmt: skip
+        self.rows += m
+
+    def result(self) -> dict:
+        head = (np.concatenate(self.head_ev) if self.head_ev else np.zeros((0, FK.EW), np.uint64),
+                np.concatenate(self.head_off) if self.head_off else _EMPTY)  # fmt: skip
+        return {"n": self.rows, "n_insn": self.n_insn, "n_virtual": self.n_virtual,
+                "gaps": self.gaps, "first": self.first, "tail_gap": self.tail_gap,
+                "head": head}  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -472,13 +605,17 @@ class _Runner:
             self.client.cancel([h for h in handles])
 
 
-#: Trace per Dask task.  A task's result holds its blocks' columns (25
+#: Trace per Dask task of :func:`decode_distributed`.  A task's result holds its blocks' columns (25
 #: bytes a block; dense traces give up to ~4 blocks a trace byte, 55 MB a
 #: MiB for compiled loops), and the workers keep finished results until the
 #: client takes them: 1 MiB keeps a worker's memory near half a GiB where
 #: 32 MiB took it past 1.5 GiB; Dask's cost per task (a few ms) stays small
 #: against a MiB's decoding (0.1-0.2 s).
 DEFAULT_TASK_BYTES = 1 << 20
+#: Trace per piece of :func:`decode_to_parquet`, whose tasks hold a batch at
+#: a time whatever the piece's size: bigger pieces make Dask's cost per
+#: task (about 20 ms here) small against a piece's work (1.5-2 s).
+PARQUET_TASK_BYTES = 4 << 20
 
 
 def _plan(path: str, symfs: str | None, task_bytes: int, chunk_bytes: int | None):
@@ -498,9 +635,15 @@ def _plan(path: str, symfs: str | None, task_bytes: int, chunk_bytes: int | None
     if setup is None:
         return locator, sb, problems, None, plans, sizes
     whole = _has_revisions(sb)
-    for _, _, trace in iter_queue_traces(data):
-        sizes.append(trace.shape[0])
-        pieces = plan_pieces(trace, task_bytes, chunk_bytes)
+    for _, _, starts, lengths in setup[3]:
+        # Read near the cuts only: a queue in many records is not copied.
+        size = int(np.asarray(lengths).sum())
+        sizes.append(size)
+
+        def read(lo: int, hi: int, starts=starts, lengths=lengths) -> np.ndarray:
+            return _copy_range(data, starts, lengths, lo, hi)
+
+        pieces = group_pieces(chunk_ranges_of(read, size, chunk_bytes), task_bytes)
         if whole and pieces:
             pieces = [[r for p in pieces for r in p]]
         plans.append(pieces)
@@ -517,7 +660,7 @@ def decode_distributed(
     task_bytes: int = DEFAULT_TASK_BYTES,
     retries: int = 3,
     chunk_bytes: int | None = None,
-    batch_rows: int = 1 << 14,
+    batch_rows: int = 1 << 17,
     connect_timeout: float = 10.0,
 ) -> PerfStream:
     """Decode the Intel PT of the perf.data at ``path`` as
@@ -685,50 +828,21 @@ def _image_of(ctx: QueueContexts, desc: tuple) -> Image:
     return store.overlay(base, desc[2])
 
 
-def piece_summary(r: dict) -> dict:
-    """What the client needs of a decoded piece (a Dask task on the worker
-    holding ``r``): all of :func:`decode_piece`'s answer but the blocks,
-    and ``n`` (blocks), ``n_insn``, ``n_virtual``, ``gaps`` (from its
-    errors), ``head`` (the events before its first block; all of them when
-    it has none), ``first`` (its first block: local image and one-row
-    columns) and ``tail_gap`` (a gap after its last block)."""
-    out = {k: v for k, v in r.items() if k != "segments"}
-    n = n_insn = n_virtual = 0
-    head_ev, head_off = [], []
-    first = None
-    tail_gap = False
-    gaps = []
-    for li, ip, ninsn, mode, time, run, ev, evoff, evblock, si, sv in r["segments"]:
-        n_insn += si
-        n_virtual += sv
-        m = ip.shape[0]
-        gm = gap_events(ev) if ev.shape[0] else np.zeros(0, np.bool_)
-        gaps += error_gaps(ev, evoff) if ev.shape[0] else []
-        if first is None:
-            before = evblock == 0 if m else np.ones(ev.shape[0], np.bool_)
-            head_ev.append(ev[before])
-            head_off.append(evoff[before])
-            if m:
-                first = (li, ip[:1], ninsn[:1], mode[:1], time[:1], run[:1])
-        tail_gap = bool(gm[evblock >= m].any()) if m else tail_gap or bool(gm.any())
-        n += m
-    out.update(n=n, n_insn=n_insn, n_virtual=n_virtual, gaps=gaps, first=first, tail_gap=tail_gap,
-               head=(np.concatenate(head_ev) if head_ev else np.zeros((0, FK.EW), np.uint64),
-                     np.concatenate(head_off) if head_off else _EMPTY))  # fmt: skip
-    return out
+def write_piece(path: str, symfs: str | None, queue: int, ranges: list[tuple[int, int]],
+                start: tuple | None, first: bool, fix: dict, directory: str,
+                settings: dict) -> dict:  # fmt: skip
+    """Decode chunk ``ranges`` of queue ``queue`` again (as
+    :func:`summarize_piece` did, from ``start``), attribute the blocks and
+    write their rows into the flow directory ``directory`` (a Dask task),
+    batch by batch: a worker holds a batch and the writer's row groups,
+    never a whole piece.
 
-
-def write_piece(path: str, symfs: str | None, queue: int, r: dict, fix: dict,
-                directory: str, settings: dict) -> dict:  # fmt: skip
-    """Attribute decoded piece ``r`` and write its rows into the flow
-    directory ``directory`` (a Dask task on the worker holding ``r``).
-
-    ``fix``: what the client worked out: ``part`` (the files' name),
-    ``images`` (the piece's images' numbers in the queue), ``n_images``,
-    ``row`` (its first block's number), ``gap`` (a gap before it, from the
-    pieces before), ``drop_lead_ptw`` (the PTWRITEs before its first block
-    belong to an earlier piece's last block: written there), ``lead``
-    (events of earlier pieces, none with blocks, to take first),
+    ``fix``: what the client worked out from the summaries: ``part`` (the
+    files' name), ``images`` (the piece's images' numbers in the queue),
+    ``n_images``, ``row`` (its first block's number), ``gap`` (a gap before
+    it, from the pieces before), ``drop_lead_ptw`` (the PTWRITEs before its
+    first block belong to an earlier piece's last block: written there),
+    ``lead`` (events of earlier pieces, none with blocks, to take first),
     ``follow`` (events after it up to the next block, and that block; None:
     the queue ends).  ``settings``: the writer's metadata, ``bucket_ns``,
     ``instructions`` and ``batch_rows``.  Returns the rows written, the
@@ -737,12 +851,6 @@ def write_piece(path: str, symfs: str | None, queue: int, r: dict, fix: dict,
 
     inp = _open_input(path, symfs)
     cpu, tid, _, _ = inp.queues[queue]
-    shared = inp.images.setdefault(queue if tid >= 0 else "cpu", {})
-    ctx = _WorkerContexts(cpu, tid, inp.sb, inp.conv, inp.locator, inp.kernel, shared)
-    images: list = [None] * fix["n_images"]
-    for li, desc in enumerate(r["images"]):
-        images[int(fix["images"][li])] = _image_of(ctx, desc)
-    q = QueueInfo(queue, cpu, tid, images, _ctx=ctx, _code={})
     if inp.build_ids is None:
         inp.build_ids = build_ids_of(inp.sb)
     names = Names(build_ids=inp.build_ids)
@@ -754,23 +862,26 @@ def write_piece(path: str, symfs: str | None, queue: int, r: dict, fix: dict,
     def emit(b: PerfBlocks) -> None:
         writer.write_blocks(b)
         if len(b):
-            tids.update(np.unique(b.tid).tolist())
+            first_tid = int(b.tid[0])
+            if (b.tid == first_tid).all():
+                tids.add(first_tid)
+            else:
+                tids.update(np.unique(b.tid).tolist())
 
-    sink = QueueSink(q, ctx, emit, settings["batch_rows"])
-    sink.start_at(fix["row"], fix["gap"])
-    try:
+    forward = _Forward(fix, ranges[0][0])
+
+    def make_sink(ctx: QueueContexts, dec: FlowDecoder) -> FlowSink:
+        q = QueueInfo(queue, cpu, tid, [None] * fix["n_images"], _ctx=ctx, _code={})
+        sink = QueueSink(q, ctx, emit, settings["batch_rows"])
+        sink.start_at(fix["row"], fix["gap"])
         for ev, off in fix["lead"]:
             sink.batch(_events_batch(ev, off))
-        seen_block = False
-        for li, ip, ninsn, mode, time, run, ev, evoff, evblock, n_insn, n_virtual in r["segments"]:
-            if fix["drop_lead_ptw"] and not seen_block and ev.shape[0]:
-                lead = (evblock == 0) if ip.shape[0] else np.ones(ev.shape[0], np.bool_)
-                keep = ~(lead & (ev[:, FK.E_TYPE] == FK.EV_PTWRITE))
-                ev, evoff, evblock = ev[keep], evoff[keep], evblock[keep]
-            seen_block |= bool(ip.shape[0])
-            sink.batch(FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, evoff, evblock,
-                                 None, int(fix["images"][li]), run, n_insn, 0,
-                                 n_virtual))  # fmt: skip
+        forward.start(sink, q, dec)
+        return forward
+
+    try:
+        _decode(path, symfs, queue, ranges, start, first, forward, make_sink)
+        sink = forward.sink
         follow = fix["follow"]
         if follow is None:
             sink.finish()
@@ -789,6 +900,36 @@ def write_piece(path: str, symfs: str | None, queue: int, r: dict, fix: dict,
             "tids": sorted(tids), "worker_pid": os.getpid()}  # fmt: skip
 
 
+class _Forward(FlowSink):
+    """The decoder's batches to a :class:`QueueSink`, numbered as the
+    queue numbers them: images by the client's ``fix``, event offsets in
+    the queue's trace; the PTWRITEs before the first block left out when an
+    earlier piece wrote them."""
+
+    def __init__(self, fix: dict, base: int) -> None:
+        self.fix, self.base = fix, base
+        self.rows = 0
+        self.seen_block = False
+
+    def start(self, sink: QueueSink, q: QueueInfo, dec: FlowDecoder) -> None:
+        self.sink, self.q, self.dec = sink, q, dec
+
+    def batch(self, b: FlowBatch) -> None:
+        m = b.ip.shape[0]
+        g = int(self.fix["images"][b.image])
+        if self.q.images[g] is None:
+            self.q.images[g] = self.dec.images[b.image]
+        ev, off, at = b.events, b.event_offset + self.base, b.event_block
+        if self.fix["drop_lead_ptw"] and not self.seen_block and ev.shape[0]:
+            lead = (at == 0) if m else np.ones(ev.shape[0], np.bool_)
+            keep = ~(lead & (ev[:, FK.E_TYPE] == FK.EV_PTWRITE))
+            ev, off, at = ev[keep], off[keep], at[keep]
+        self.seen_block |= bool(m)
+        self.rows += m
+        self.sink.batch(FlowBatch(b.ip, b.ninsn, _EMPTY, b.mode, _EMPTY, b.time, ev, off, at,
+                                  None, g, b.run, b.n_insn, 0, b.n_virtual))  # fmt: skip
+
+
 def _events_batch(ev: np.ndarray, off: np.ndarray) -> FlowBatch:
     z = np.zeros(0, np.uint64)
     return FlowBatch(z, np.zeros(0, np.uint32), _EMPTY, np.zeros(0, np.uint8), _EMPTY, z, ev, off,
@@ -797,10 +938,10 @@ def _events_batch(ev: np.ndarray, off: np.ndarray) -> FlowBatch:
 
 @dataclass
 class _Piece:
-    """A decoded piece as the client knows it."""
+    """A summarised piece as the client knows it."""
 
     k: int
-    handle: object  # the decoding (on a worker)
+    start: tuple | None  # the state its decoding starts in (None: as the first)
     s: dict  # its summary
     images: np.ndarray  # its images' numbers in the queue
     row: int  # its first block's number
@@ -833,10 +974,10 @@ def decode_to_parquet(
     workers: int = 0,
     cluster: str | None = None,
     symfs: str | None = None,
-    task_bytes: int = DEFAULT_TASK_BYTES,
+    task_bytes: int = PARQUET_TASK_BYTES,
     retries: int = 3,
     chunk_bytes: int | None = None,
-    batch_rows: int = 1 << 14,
+    batch_rows: int = 1 << 17,
     connect_timeout: float = 10.0,
     on_piece: Callable[[int, int], None] | None = None,
 ) -> tuple[PerfStream, set[int]]:
@@ -889,10 +1030,10 @@ def _remove_unfinished(root: Path) -> None:
 def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, writer,
                  settings, directory, tids, on_piece, n_workers) -> list[QueueInfo]:  # fmt: skip
     order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
-    # Decodings submitted ahead of the one being numbered, and writes not yet
-    # collected: enough to keep every worker busy, few enough that the
-    # decoded pieces waiting on the workers stay bounded.
-    ahead = max(2, 2 * n_workers)
+    # Summaries submitted ahead of the one being numbered, and writes not
+    # yet collected: enough to keep every worker busy (a task's answer is
+    # small, and a worker holds one piece's batch at a time).
+    ahead = 2 * n_workers + 1
     pending: deque = deque()
     writes: deque = deque()
     nxt = 0
@@ -901,8 +1042,8 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
         nonlocal nxt
         while nxt < len(order) and len(pending) < ahead:
             qi, k = order[nxt]
-            h = tasks.submit(decode_piece, path, symfs, qi, plans[qi][k], None, k == 0)
-            pending.append((qi, k, h, tasks.submit(piece_summary, h)))
+            h = tasks.submit(summarize_piece, path, symfs, qi, plans[qi][k], None, k == 0)
+            pending.append((qi, k, h))
             nxt += 1
 
     def collect(keep: int) -> None:
@@ -939,8 +1080,8 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
         fix = {"part": f"q{qi:05d}-p{p.k:06d}", "images": p.images, "n_images": n_images,
                "row": p.row, "gap": gap, "drop_lead_ptw": before is not None, "lead": lead,
                "follow": follow}  # fmt: skip
-        h = tasks.submit(write_piece, path, symfs, qi, p.handle, fix, directory, settings)
-        p.handle = None  # Dask keeps the decoding as long as the write needs it
+        h = tasks.submit(write_piece, path, symfs, qi, plans[qi][p.k], p.start, p.k == 0, fix,
+                         directory, settings)  # fmt: skip
         writes.append((p.bytes, h))
         collect(ahead)
         return True
@@ -957,16 +1098,17 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
             done = 0  # pieces whose write is submitted (or needs none)
             row = 0
             for k in range(len(plans[qi])):
-                pqi, pk, handle, summary = pending.popleft()
+                pqi, pk, handle = pending.popleft()
                 assert (pqi, pk) == (qi, k)
-                s = tasks.result(summary)
+                s = tasks.result(handle)
                 refill()
+                start = None
                 if k and not stitch.fits(s):
                     # The piece began otherwise than the pass would have: again,
                     # from the state the previous piece ended in.
-                    handle = tasks.submit(decode_piece, path, symfs, qi, plans[qi][k],
-                                          stitch.start_state(), False)  # fmt: skip
-                    s = tasks.result(tasks.submit(piece_summary, handle))
+                    start = stitch.start_state()
+                    s = tasks.result(tasks.submit(summarize_piece, path, symfs, qi,
+                                                  plans[qi][k], start, False))  # fmt: skip
                     assert stitch.fits(s)
                 for p, msg in s["problems"].items():
                     locator.problems.setdefault(p, msg)
@@ -975,7 +1117,7 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
                 q.n_blocks += s["n"] + s["n_virtual"]
                 q.gaps.extend(s["gaps"])
                 ranges = plans[qi][k]
-                got.append(_Piece(k, handle, s, g, row, ranges[-1][1] - ranges[0][0]))
+                got.append(_Piece(k, start, s, g, row, ranges[-1][1] - ranges[0][0]))
                 row += s["n"]
                 while done < len(got) and submit_write(qi, got, done, len(q.images), False):
                     done += 1
@@ -984,7 +1126,7 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
                 done += 1
         collect(0)
     finally:
-        tasks.cancel([h for _, _, h, _ in pending] + [h for _, h in writes])
+        tasks.cancel([h for _, _, h in pending] + [h for _, h in writes])
     return infos
 
 
