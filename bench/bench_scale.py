@@ -133,8 +133,14 @@ def run_workers(data: Path, out: Path, workers: int, task_bytes: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     import logging
 
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=logging.ERROR) as lc, \
+    import dask
+
+    from hwtrace.dist.decode import LOCAL_CLUSTER_CONFIG
+
+    # The local cluster as ``hwtrace decode --workers`` starts it.
+    with dask.config.set(LOCAL_CLUSTER_CONFIG), \
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                         dashboard_address=None, silence_logs=logging.ERROR) as lc, \
             Client(lc) as c:  # fmt: skip
         address = lc.scheduler_address
         writer = FlowParquetWriter(out, {"bench": "scale"})

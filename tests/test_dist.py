@@ -53,8 +53,9 @@ def collect(decode) -> tuple[dict[int, dict[str, np.ndarray]], object, list[int]
     def on_blocks(b) -> None:
         if not seen or seen[-1] != b.queue.index:
             seen.append(b.queue.index)
-        d = parts.setdefault(b.queue.index, {c: [] for c in (*COLUMNS, "row", "ptw")})
+        d = parts.setdefault(b.queue.index, {c: [] for c in (*COLUMNS, "row", "offset", "ptw")})
         d["row"].append(np.arange(len(b)) + b.row)
+        d["offset"].append(b.offset)
         for c in COLUMNS:
             d[c].append(getattr(b, c))
         d["ptw"].append(0 if b.ptw is None else len(b.ptw))
@@ -79,7 +80,7 @@ def same(got, want) -> None:
     assert sorted(cols) == sorted(wcols)
     for q, w in wcols.items():
         assert w["ip"].shape[0] > 0
-        for c in (*COLUMNS, "row"):
+        for c in (*COLUMNS, "row", "offset"):
             assert cols[q][c].dtype == w[c].dtype, (q, c)
             np.testing.assert_array_equal(cols[q][c], w[c], err_msg=f"queue {q}, {c}")
         assert cols[q]["ptw"] == w["ptw"]

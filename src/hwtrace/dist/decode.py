@@ -305,7 +305,8 @@ class _Pieces(FlowSink):
                               b.event_block + seg["n"]))  # fmt: skip
         if n:
             run = b.run.copy() if b.run is not None else np.full(n, -1, np.int32)
-            seg["cols"].append((b.ip.copy(), b.ninsn.copy(), b.mode.copy(), b.time.copy(), run))
+            seg["cols"].append((b.ip.copy(), b.ninsn.copy(), b.mode.copy(), b.time.copy(), run,
+                                b.offset.astype(np.int64) + self.base))  # fmt: skip
             seg["n"] += n
             self.rows += n
         seg["n_insn"] += b.n_insn
@@ -318,7 +319,8 @@ class _Pieces(FlowSink):
                 cols = tuple(np.concatenate(c) for c in zip(*seg["cols"], strict=True))
             else:
                 z = np.zeros(0, np.uint64)
-                cols = (z, np.zeros(0, np.uint32), np.zeros(0, np.uint8), z, np.zeros(0, np.int32))
+                cols = (z, np.zeros(0, np.uint32), np.zeros(0, np.uint8), z, np.zeros(0, np.int32),
+                        _EMPTY)  # fmt: skip
             if seg["ev"]:
                 ev = tuple(np.concatenate(c) for c in zip(*seg["ev"], strict=True))
             else:
@@ -460,7 +462,7 @@ class _Summary(FlowSink):
         if m and self.first is None:
             run = b.run[:1].copy() if b.run is not None else np.full(1, -1, np.int32)
             self.first = (b.image, b.ip[:1].copy(), b.ninsn[:1].copy(), b.mode[:1].copy(),
-                          b.time[:1].copy(), run)  # fmt: skip
+                          b.time[:1].copy(), run, b.offset[:1].astype(np.int64) + self.base)  # fmt: skip
         self.rows += m
 
     def result(self) -> dict:
@@ -542,11 +544,11 @@ class _Stitch:
     def add(self, r: dict) -> None:
         images, run_maps = self.number(r)
         for seg in r["segments"]:
-            li, ip, ninsn, mode, time, run, ev, evoff, evblock, n_insn, n_virtual = seg
+            li, ip, ninsn, mode, time, run, offset, ev, evoff, evblock, n_insn, n_virtual = seg
             m = run_maps.get(li)
             if m is not None and run.shape[0]:
                 run = np.where(run >= 0, m[np.maximum(run, 0)], -1).astype(np.int32)
-            batch = FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, evoff, evblock,
+            batch = FlowBatch(ip, ninsn, _EMPTY, mode, offset, time, ev, evoff, evblock,
                               None, int(images[li]), run, n_insn, 0, n_virtual)  # fmt: skip
             self.sink.batch(batch)
 
@@ -754,6 +756,14 @@ def _n_workers(client) -> int:
     return len(client.scheduler_info().get("workers", {}))
 
 
+#: Dask settings of the local cluster ``--workers`` starts (Dask docs,
+#: "Configuration"); a real cluster's workers can be given the same.
+LOCAL_CLUSTER_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.interval": "2s",
+}
+
+
 class _client:
     """A Dask client for ``workers`` local processes or a running
     ``cluster`` (None: none); the local cluster is closed on exit."""
@@ -779,10 +789,16 @@ class _client:
                     f"({type(e).__name__})"
                 ) from None
             return self.client
-        self.local = LocalCluster(
-            n_workers=self.workers, threads_per_worker=1, processes=True,
-            dashboard_address=None, silence_logs=logging.ERROR,
-        )  # fmt: skip
+        import dask
+
+        # hwtrace's tasks gain nothing from Dask's statistical profiler (a
+        # thread in every worker sampling the task's stack every 10 ms) on
+        # cores the decoding needs.
+        with dask.config.set(LOCAL_CLUSTER_CONFIG):
+            self.local = LocalCluster(
+                n_workers=self.workers, threads_per_worker=1, processes=True,
+                dashboard_address=None, silence_logs=logging.ERROR,
+            )  # fmt: skip
         self.client = Client(self.local)
         return self.client
 
@@ -886,8 +902,8 @@ def write_piece(path: str, symfs: str | None, queue: int, ranges: list[tuple[int
         if follow is None:
             sink.finish()
         else:
-            (ev, off), (image, ip, ninsn, mode, time, run) = follow
-            sink.batch(FlowBatch(ip, ninsn, _EMPTY, mode, _EMPTY, time, ev, off,
+            (ev, off), (image, ip, ninsn, mode, time, run, offset) = follow
+            sink.batch(FlowBatch(ip, ninsn, _EMPTY, mode, offset, time, ev, off,
                                  np.zeros(ev.shape[0], np.int64), None, image, run, 0, 0,
                                  0))  # fmt: skip
             sink.flush()  # all but that next block: the next piece's first row
@@ -926,7 +942,8 @@ class _Forward(FlowSink):
             ev, off, at = ev[keep], off[keep], at[keep]
         self.seen_block |= bool(m)
         self.rows += m
-        self.sink.batch(FlowBatch(b.ip, b.ninsn, _EMPTY, b.mode, _EMPTY, b.time, ev, off, at,
+        self.sink.batch(FlowBatch(b.ip, b.ninsn, _EMPTY, b.mode, b.offset + self.base, b.time,
+                                  ev, off, at,
                                   None, g, b.run, b.n_insn, 0, b.n_virtual))  # fmt: skip
 
 

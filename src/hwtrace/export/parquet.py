@@ -75,6 +75,7 @@ BLOCKS_SCHEMA = pa.schema(
         ("image", pa.int64()),  # images.id; null: no file holds the ip
         ("row", pa.int64()),  # the block's number in its queue
         ("gap", pa.bool_()),  # the flow has a gap before it
+        ("offset", pa.int64()),  # where in the queue's trace its decoding began
     ]
 )
 #: Parquet encodings per column (Apache Parquet "Encodings"): dictionaries
@@ -85,7 +86,7 @@ BLOCKS_SCHEMA = pa.schema(
 BLOCKS_ENCODING = {
     "dictionary": ["queue", "tid", "pid", "ip", "instructions", "mode", "space", "symbol",
                    "image", "gap"],
-    "delta": ["time", "duration", "row"],
+    "delta": ["time", "duration", "row", "offset"],
 }  # fmt: skip
 INSTRUCTIONS_ENCODING = {"dictionary": ["queue", "k", "ip"], "delta": ["row", "time"]}
 INSTRUCTIONS_SCHEMA = pa.schema(
@@ -344,13 +345,15 @@ def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
 
     The rows depend only on the batch: the same batch gives the same rows in
     any process, whatever ``names`` met before (``names`` gathers the
-    symbols and images the ids stand for).  The trace offset of a block is
-    not in :class:`PerfBlocks`; ``row`` numbers the block in its queue.
+    symbols and images the ids stand for).  ``row`` numbers the block in
+    its queue, ``offset`` is where in the queue's trace (the AUXTRACE
+    records' data in order) its decoding began (null: not known).
     """
     n = len(b)
     q = b.queue
     sym, img = _ids(b, names)
     ns = np.asarray(b.ns, np.int64)
+    offset = np.asarray(b.offset, np.int64) if b.offset is not None else np.full(n, -1, np.int64)
     return pa.Table.from_arrays(
         [
             pa.array(np.full(n, q.index, np.int32)),
@@ -367,6 +370,7 @@ def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
             _nullable(img, img == 0, pa.int64()),
             pa.array(b.row + np.arange(n, dtype=np.int64)),
             pa.array(np.asarray(b.gap, np.bool_)),
+            _nullable(offset, offset < 0, pa.int64()),
         ],
         schema=BLOCKS_SCHEMA,
     )

@@ -93,6 +93,7 @@ class CallFilter:
                 (part.duration[blk] * share).astype(part.duration.dtype), part.tid[blk],
                 part.pid[blk], part.image[blk], np.where(whole, part.run[blk], -1),
                 part.gap[blk] & starts, row=part.row,
+                offset=part.offset[blk] if part.offset is not None else None,
             )  # fmt: skip
 
 

@@ -616,7 +616,9 @@ class PerfBlocks:
     (number in ``queue.images``) each ran in, the code ``run`` of
     :meth:`QueueInfo.code_table` a block is (-1: not a whole run), and
     ``gap``: the flow has a gap before the block (tracing stopped, a
-    decode error).  ``row`` is the first block's number in its queue."""
+    decode error).  ``row`` is the first block's number in its queue;
+    ``offset``: where in the queue's trace each block's decoding began
+    (the packet ptdump lists there; None: not known)."""
 
     queue: QueueInfo
     ip: np.ndarray
@@ -632,6 +634,7 @@ class PerfBlocks:
     row: int
     #: the PTWRITE payloads among these blocks (None: none)
     ptw: PtwMarks | None = None
+    offset: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.ip.shape[0]
@@ -651,6 +654,7 @@ class PerfBlocks:
             yield PerfBlocks(
                 self.queue, *(getattr(self, c)[lo:hi] for c in _COLUMNS), row=self.row + lo,
                 ptw=self.ptw.piece(lo, hi) if self.ptw is not None else None,
+                offset=self.offset[lo:hi] if self.offset is not None else None,
             )  # fmt: skip
             lo = hi
 
@@ -670,7 +674,8 @@ class PerfBlocks:
             kept = (pos < idx.shape[0]) & (idx[np.minimum(pos, max(idx.shape[0] - 1, 0))] == before)
             kept &= idx.shape[0] > 0
             ptw = self.ptw.select(kept, np.where(self.ptw.at[kept] > 0, pos[kept] + 1, 0))
-        return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw)
+        offset = self.offset[which] if self.offset is not None else None
+        return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw, offset=offset)
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
@@ -721,7 +726,8 @@ class QueueSink(FlowSink):
         self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int
     ) -> None:
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
-        self.parts: list[tuple[np.ndarray, ...]] = []  # (ip, ninsn, mode, time, image, run)
+        # (ip, ninsn, mode, time, image, run, offset)
+        self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_parts = 0  # block rows in ``parts``
         self.events: list[tuple[np.ndarray, ...]] = []  # (rows, offsets, block rows before)
         self.held: dict[str, np.ndarray] | None = None  # the last block, duration pending
@@ -743,9 +749,11 @@ class QueueSink(FlowSink):
             )
         if n:
             run = b.run.copy() if b.run is not None else np.full(n, -1, np.int32)
+            offset = (b.offset.astype(np.int64) if b.offset.shape[0] == n
+                      else np.full(n, -1, np.int64))  # fmt: skip
             self.parts.append(
                 (b.ip.copy(), b.ninsn.astype(np.int64), b.mode.copy(), b.time.copy(),
-                 np.full(n, b.image, np.int64), run)
+                 np.full(n, b.image, np.int64), run, offset)
             )  # fmt: skip
             self.n_parts += n
         if self.n_parts >= self.target:
@@ -765,7 +773,7 @@ class QueueSink(FlowSink):
                 self.held_stop = int(self.ctx.stop_values(self.held["ns"], k, stop_t)[-1])
             self.gap_next |= bool(gap_k.shape[0])
             return
-        ip, ninsn, mode, time, image, run = (
+        ip, ninsn, mode, time, image, run, offset = (
             np.concatenate(c) for c in zip(*self.parts, strict=True)
         )  # fmt: skip
         n = self.n_parts
@@ -776,7 +784,7 @@ class QueueSink(FlowSink):
         gap[0] |= self.gap_next
         self.gap_next = bool((gap_k >= n).any())
         new = {"ip": ip, "ninsn": ninsn, "mode": mode, "ns": ns, "tid": tids, "pid": pids,
-               "image": image, "run": run, "gap": gap}  # fmt: skip
+               "image": image, "run": run, "gap": gap, "offset": offset}  # fmt: skip
         held = 1 if self.held is not None else 0
         cols = new if not held else {k: np.concatenate([self.held[k], v]) for k, v in new.items()}
         first_row = self.held_row if held else self.rows
@@ -807,7 +815,8 @@ class QueueSink(FlowSink):
         for lo in range(0, total - 1, self.target):
             hi = min(lo + self.target, total - 1)
             self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo,
-                                 ptw=marks.piece(lo, hi) if len(marks) else None))  # fmt: skip
+                                 ptw=marks.piece(lo, hi) if len(marks) else None,
+                                 offset=cols["offset"][lo:hi]))  # fmt: skip
         if total == 1 and len(marks):
             # Only the held block: its marks wait with it.
             self.ptw_pending = PtwMarks.join(
@@ -865,7 +874,7 @@ class QueueSink(FlowSink):
         stop = self.held_stop if self.held_stop is not None else 0
         cols["duration"] = _durations(cols["ns"], np.zeros(1, np.int64), np.array([stop]))
         self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row,
-                             ptw=self.ptw_pending))  # fmt: skip
+                             ptw=self.ptw_pending, offset=cols["offset"]))  # fmt: skip
         self.held = None
         self.ptw_pending = None
 
