@@ -439,6 +439,42 @@ def test_parquet_dense_trace_pieces(raw_trace, tmp_path):
     same_dataset(got, want)
 
 
+def test_parquet_ptwrites_across_pieces(tmp_path):
+    """A loop around a PTWRITE, 3,000 times, with a PSB every 512 bytes, cut
+    into 1 KiB pieces: every payload stays with the block it follows, also
+    where that block is a piece's last and the payload comes in the next
+    piece's bytes; the single process's events and blocks."""
+    from hwtrace.image import Image
+    from hwtrace.image.sections import Section
+    from hwtrace.perf.wrap import wrap_raw_trace
+    from hwtrace.pt.encode import encode_path
+
+    # loop: ptwrite rax; add rax, 1; cmp rax, 5; jne loop; nop
+    code = bytes.fromhex("f3480faee04883c0014883f80575f190")
+    base = 0x400000
+    image = Image()
+    image.add_section(Section.from_bytes(code, base))
+    n = 3000
+    ips = np.tile(np.array([base, base + 5, base + 9, base + 13], np.uint64), n)
+    ips = np.append(ips, np.uint64(base + 15))
+    ptws = [(4 * k, 0x5100 + k, 8) for k in range(n)]
+    enc = encode_path(ips, image, tsc=1 << 40, mtc_freq=3, ctc_ratio=100, cbr=24,
+                      psb_period=512, ptwrites=ptws)  # fmt: skip
+    (tmp_path / "t.pt").write_bytes(enc.data)
+    (tmp_path / "code.bin").write_bytes(code)
+    data = tmp_path / "ptw.data"
+    wrap_raw_trace(tmp_path / "t.pt", data, raw=[(tmp_path / "code.bin", 0, None, base)],
+                   config=enc.config, record_bytes=4096)  # fmt: skip
+    want = _single(data, tmp_path / "single", "--instructions")
+    seen = []
+    got = _to_parquet(data, tmp_path / "flow", on_piece=lambda b, n: seen.append(n),
+                      task_bytes=1024, chunk_bytes=1024)  # fmt: skip
+    events = _dataset(want)["events"]
+    assert len(seen) >= 20 and events.num_rows == n
+    assert sorted(events["payload"].to_pylist()) == [0x5100 + k for k in range(n)]
+    same_dataset(got, want)
+
+
 def test_parquet_ptwrites(ptw_recording, tmp_path):  # noqa: F811 (the fixture)
     """PTWRITE payloads (events) written by the write tasks: the single
     process's rows.  (This recording has one PSB, so one piece: payloads
