@@ -78,6 +78,9 @@ BLOCKS_SCHEMA = pa.schema(
         ("offset", pa.int64()),  # where in the queue's trace its decoding began
     ]
 )
+#: Rows per part file at most (32 row groups of the default size); a
+#: partition with more is written as several files.
+FILE_ROWS = 1 << 22
 #: Parquet encodings per column (Apache Parquet "Encodings"): dictionaries
 #: for the columns with few distinct values (code addresses included: a
 #: program runs a bounded set of blocks), DELTA_BINARY_PACKED for the rising
@@ -493,6 +496,7 @@ class _Partitioned:
         self.counts: dict[tuple[int, int], int] = {}
         self.total = 0
         self.open: OrderedDict[tuple[int, int], pq.ParquetWriter] = OrderedDict()
+        self.in_file: dict[tuple[int, int], int] = {}  # rows in each open file
         self.parts: dict[tuple[int, int], int] = {}
         self.rows = 0
 
@@ -526,7 +530,8 @@ class _Partitioned:
         w = self.open.get(key)
         if w is None:
             if len(self.open) >= self.max_open:
-                _, old = self.open.popitem(last=False)
+                old_key, old = self.open.popitem(last=False)
+                self.in_file.pop(old_key, None)
                 self.io.run(old.close)
             part = self.parts.get(key, 0)
             self.parts[key] = part + 1
@@ -538,6 +543,12 @@ class _Partitioned:
         else:
             self.open.move_to_end(key)
         self.io.run(w.write_table, pa.concat_tables(parts), row_group_size=self.row_group)
+        self.in_file[key] = self.in_file.get(key, 0) + n
+        if self.in_file[key] >= FILE_ROWS:
+            # Arrow's writer keeps every row group's metadata until the file
+            # is closed: a file per FILE_ROWS keeps that bounded too.
+            self.io.run(self.open.pop(key).close)
+            del self.in_file[key]
 
     def close(self, empty_file: bool = True) -> None:
         for key in list(self.waiting):

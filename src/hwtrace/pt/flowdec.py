@@ -542,6 +542,9 @@ class FlowDecoder:
                 self._enter(win)
             else:  # R_DONE
                 self._flush(sink)
+                # The last window's pages too: a trace decoded range by
+                # range would otherwise keep one window per range resident.
+                release(buf, win.start, win.limit)
                 synced = not SI[K.DR_SYNC_FAILED]
                 return int(SI[K.DR_END]), int(SU[K.DR_NEXT]), synced
 
