@@ -69,7 +69,7 @@ from ..pt import _flowkernel as FK
 from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
 from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.packets import release
+from ..pt.packets import read_released
 
 _MASK64 = (1 << 64) - 1
 _REVISION_KINDS = ("text_poke", "bpf_image", "jitdump")
@@ -277,10 +277,8 @@ def _copy_range(data: PerfData, starts: np.ndarray, sizes: np.ndarray, lo: int, 
     """Bytes ``lo..hi`` of a queue's trace, copied; the file's pages are let
     go (planning reads a little of every MiB of a trace of any size)."""
     spans = _file_spans(starts, sizes, lo, hi)
-    out = np.concatenate([data.buf[a:b] for a, b in spans]) if spans else np.zeros(0, np.uint8)
-    for a, b in spans:
-        release(data.buf, a, b)
-    return out
+    parts = [read_released(data.buf, a, b) for a, b in spans]
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
 
 
 class _Pieces(FlowSink):

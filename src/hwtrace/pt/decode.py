@@ -480,7 +480,9 @@ def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int,
     each, starting at a PSB, each but the last running on through the next
     range's PSB+ (whose FUP says where the next range starts, so the flow up
     to there is decoded once)."""
-    return chunk_ranges_of(lambda lo, hi: buf[lo:hi], buf.shape[0], chunk_bytes)
+    from .packets import read_released
+
+    return chunk_ranges_of(lambda lo, hi: read_released(buf, lo, hi), buf.shape[0], chunk_bytes)
 
 
 #: bytes read at a time while looking for a PSB (a PSB+ comes every few KiB)

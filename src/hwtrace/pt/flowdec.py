@@ -37,7 +37,15 @@ from .errors import PtError
 from .events import Ev, Event, EventOptions
 from .flow import AddrFilter, BlockFlags
 from .kinds import DecodeError, Kind
-from .packets import as_buffer, decode_range, map_file, packet_errata, psb_plus_end, release
+from .packets import (
+    FAULT_AROUND,
+    as_buffer,
+    decode_range,
+    map_file,
+    packet_errata,
+    psb_plus_end,
+    release,
+)
 from .timing import estimate_time, new_time_state
 
 _MASK64 = (1 << 64) - 1
@@ -532,7 +540,7 @@ class FlowDecoder:
             elif r == K.R_MORE:
                 # Go on in the next window, which starts at this one's limit.
                 shift = win.limit_index
-                release(buf, win.start, win.limit)
+                release(buf, max(win.start - FAULT_AROUND, 0), win.limit)
                 win = self._open(buf, win.limit, end, win.limit_state)
                 SI[K.ES_POS] -= shift
                 self._enter(win)
@@ -544,7 +552,7 @@ class FlowDecoder:
                 self._flush(sink)
                 # The last window's pages too: a trace decoded range by
                 # range would otherwise keep one window per range resident.
-                release(buf, win.start, win.limit)
+                release(buf, max(win.start - FAULT_AROUND, 0), win.limit)
                 synced = not SI[K.DR_SYNC_FAILED]
                 return int(SI[K.DR_END]), int(SU[K.DR_NEXT]), synced
 

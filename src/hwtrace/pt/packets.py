@@ -358,6 +358,21 @@ def release(buf: np.ndarray, start: int, end: int) -> None:
         mm.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
+#: How far around a touched page the kernel may map others of the file:
+#: Linux's fault-around (``fault_around_bytes``, 64 KiB) maps whole folios
+#: of the page cache, which are up to 2 MiB on recent kernels.
+FAULT_AROUND = 2 << 20
+
+
+def read_released(buf: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """A copy of ``buf[lo:hi]``; the pages of a mapped file around it are let
+    go (with the ones the kernel mapped beside them), so reading a little of
+    every MiB of a large trace leaves nothing resident."""
+    out = np.array(buf[lo:hi])
+    release(buf, max(0, lo - FAULT_AROUND), min(buf.shape[0], hi + FAULT_AROUND))
+    return out
+
+
 def psb_plus_end(
     buf: np.ndarray, psb: int, end: int | None = None, missing: int | None = None
 ) -> int:
