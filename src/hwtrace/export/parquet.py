@@ -430,6 +430,25 @@ def instructions_table(b: PerfBlocks) -> pa.Table:
     )
 
 
+#: Writes between two returns of Arrow's free memory to the system.
+RELEASE_EVERY = 32
+
+
+def _then_release(fn: Callable[..., object]) -> Callable[..., object]:
+    """``fn``, then Arrow's memory pool hands back what it keeps unused:
+    its default pool (mimalloc) otherwise keeps the pages of freed
+    buffers, most of all those freed by another thread than the one that
+    allocated them, and a long decode grew by 0.5 MB/s."""
+
+    def run(*args: object, **kwargs: object) -> object:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            pa.default_memory_pool().release_unused()
+
+    return run
+
+
 class _Io:
     """Where the Parquet writes run: in the caller's thread, or (``background``)
     in order on one thread of their own, at most ``depth`` behind, so a
@@ -443,8 +462,12 @@ class _Io:
         )
         self.depth = depth
         self.pending: deque[Future] = deque()
+        self.calls = 0
 
     def run(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+        self.calls += 1
+        if self.calls % RELEASE_EVERY == 0:
+            fn = _then_release(fn)
         if self.pool is None:
             fn(*args, **kwargs)
             return
