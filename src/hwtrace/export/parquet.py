@@ -538,6 +538,17 @@ class _Partitioned:
             self.total += hi - lo
             if self.counts[key] >= self.row_group:
                 self._flush(key)
+        # A queue's later rows come in later buckets: this CPU's earlier
+        # buckets are done (an open file holds its encoders and metadata;
+        # a queue going back in time writes a new part file).
+        top = int(bucket.max())
+        done = {k for k in (*self.open, *self.waiting) if k[0] == cpu and 0 <= k[1] < top}
+        for key in sorted(done):
+            self._flush(key)
+            w = self.open.pop(key, None)
+            if w is not None:
+                self.in_file.pop(key, None)
+                self.io.run(w.close)
         if self.total > self.budget:
             for key in sorted(self.waiting, key=lambda k: -self.counts[k]):
                 self._flush(key)
