@@ -92,7 +92,7 @@ def test_block_rows_are_the_decoders_batches(recorded, batches):
         "space": np.concatenate([b.image for b in got]),
         "row": np.concatenate([b.row + np.arange(len(b)) for b in got]),
         "gap": np.concatenate([b.gap for b in got]),
-        "offset": np.concatenate([b.offset for b in got]),
+        "trace_offset": np.concatenate([b.offset for b in got]),
     }
     for col, want in cat.items():
         have = t.column(col).to_numpy(zero_copy_only=False)
@@ -107,7 +107,7 @@ def test_block_rows_are_the_decoders_batches(recorded, batches):
 
     data = read_perf_data(str(recorded[0]))
     for qi, (_, _, trace) in enumerate(iter_queue_traces(data)):
-        mine = t.filter(pa.compute.equal(t["queue"], qi))["offset"].to_numpy()
+        mine = t.filter(pa.compute.equal(t["queue"], qi))["trace_offset"].to_numpy()
         packets = np.append(decode_range(trace, 0, trace.shape[0]).offset, trace.shape[0])
         assert mine.shape[0] and np.isin(mine, packets).all(), qi
         assert (np.diff(mine) >= 0).all(), qi

@@ -62,7 +62,7 @@ READY_VIEWS: dict[str, tuple[str, str]] = {
     ),
     "gap_summary": (
         """SELECT g.queue, g.cpu, g.queue_tid, g.reason, count(*) AS gaps,
-                  min(g."offset") AS first_offset, max(g."offset") AS last_offset
+                  min(g.trace_offset) AS first_offset, max(g.trace_offset) AS last_offset
            FROM gaps g GROUP BY ALL""",
         "gaps per queue and reason, with the first and last trace offset",
     ),
@@ -233,7 +233,9 @@ def report_profile(prog: str, directory: str):
             "t.span_ns FROM threads t ORDER BY t.tid"
         ).fetchall()
         total = con.execute("SELECT coalesce(sum(instructions), 0) FROM blocks").fetchone()[0]
-        gaps = con.execute('SELECT "offset", ip, reason FROM gaps ORDER BY queue, seq').fetchall()
+        gaps = con.execute(
+            "SELECT trace_offset, ip, reason FROM gaps ORDER BY queue, seq"
+        ).fetchall()
     except (ValueError, duckdb.Error) as e:
         lines = [line for line in str(e).splitlines() if line.strip()]
         sys.stderr.write(f"{prog}: {directory}: {lines[0] if lines else e}\n")

@@ -75,7 +75,8 @@ BLOCKS_SCHEMA = pa.schema(
         ("image", pa.int64()),  # images.id; null: no file holds the ip
         ("row", pa.int64()),  # the block's number in its queue
         ("gap", pa.bool_()),  # the flow has a gap before it
-        ("offset", pa.int64()),  # where in the queue's trace its decoding began
+        # where in the queue's trace its decoding began ("offset" is an SQL word)
+        ("trace_offset", pa.int64()),
     ]
 )
 #: Rows per part file at most (32 row groups of the default size); a
@@ -89,7 +90,7 @@ FILE_ROWS = 1 << 22
 BLOCKS_ENCODING = {
     "dictionary": ["queue", "tid", "pid", "ip", "instructions", "mode", "space", "symbol",
                    "image", "gap"],
-    "delta": ["time", "duration", "row", "offset"],
+    "delta": ["time", "duration", "row", "trace_offset"],
 }  # fmt: skip
 INSTRUCTIONS_ENCODING = {"dictionary": ["queue", "k", "ip"], "delta": ["row", "time"]}
 INSTRUCTIONS_SCHEMA = pa.schema(
@@ -103,8 +104,8 @@ EVENTS_SCHEMA = pa.schema(
 )  # fmt: skip
 GAPS_SCHEMA = pa.schema(
     [("queue", pa.int32()), ("cpu", pa.int32()), ("queue_tid", pa.int64()), ("seq", pa.int32()),
-     ("offset", pa.int64()), ("ip", pa.uint64()), ("tsc", pa.uint64()), ("reason", pa.string()),
-     ("code", pa.int32())]
+     ("trace_offset", pa.int64()), ("ip", pa.uint64()), ("tsc", pa.uint64()),
+     ("reason", pa.string()), ("code", pa.int32())]
 )  # fmt: skip
 SYMBOLS_SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("module", pa.string()),
@@ -349,7 +350,7 @@ def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
     The rows depend only on the batch: the same batch gives the same rows in
     any process, whatever ``names`` met before (``names`` gathers the
     symbols and images the ids stand for).  ``row`` numbers the block in
-    its queue, ``offset`` is where in the queue's trace (the AUXTRACE
+    its queue, ``trace_offset`` is where in the queue's trace (the AUXTRACE
     records' data in order) its decoding began (null: not known).
     """
     n = len(b)
@@ -771,7 +772,7 @@ class FlowParquetWriter:
                     "cpu": [cpu] * n,
                     "queue_tid": [tid] * n,
                     "seq": list(range(n)),
-                    "offset": [g.offset for g in gaps],
+                    "trace_offset": [g.offset for g in gaps],
                     "ip": [g.ip for g in gaps],
                     "tsc": [g.time for g in gaps],
                     "reason": [g.reason for g in gaps],
