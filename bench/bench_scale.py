@@ -278,9 +278,9 @@ def main() -> None:
             assert single["instructions"] == insns, (single["instructions"], insns)
             result["single"] = {k: v for k, v in single.items() if k != "stderr"}
             shutil.rmtree(work / "single", ignore_errors=True) if not a.keep else None
-        from hwtrace.dist.decode import DEFAULT_TASK_BYTES
+        from hwtrace.dist.decode import PARQUET_TASK_BYTES
 
-        task_bytes = int(a.task_mib * 2**20) if a.task_mib else DEFAULT_TASK_BYTES
+        task_bytes = int(a.task_mib * 2**20) if a.task_mib else PARQUET_TASK_BYTES
         result["task_bytes"] = task_bytes
         rates = {}
         for w in [int(x) for x in a.workers.split(",") if x]:
