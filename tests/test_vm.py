@@ -24,7 +24,15 @@ from hwtrace.analysis.vm import (
     analyze,
     stream_events,
 )
-from hwtrace.analysis.vmgen import mixed_scenario, prime_scenario, workers_scenario
+from hwtrace.analysis.vmgen import (
+    HOST_TASK,
+    QEMU,
+    Run,
+    Scenario,
+    mixed_scenario,
+    prime_scenario,
+    workers_scenario,
+)
 
 SCENARIOS = {"prime": prime_scenario, "workers": workers_scenario, "mixed": mixed_scenario}
 
@@ -34,17 +42,69 @@ def _labels(iv: np.ndarray) -> list[tuple[str, int, int, str]]:
             for e, a, b, s in zip(iv["entity"], iv["key"], iv["key2"], iv["state"], strict=True)]  # fmt: skip
 
 
-@pytest.mark.parametrize("filler", [0, 40], ids=["timing only", "with control flow"])
-@pytest.mark.parametrize("name", SCENARIOS)
-def test_every_interval_of_the_ground_truth(name, filler):
-    sc = SCENARIOS[name]()
-    sc.filler = filler  # TNT bytes per MTC period, which the analysis skips
+def _agrees_with_the_truth(sc: Scenario):
+    """The analysis of ``sc``'s streams: every interval of its ground
+    truth, each boundary at most one time resolution early."""
     got = analyze(sc.streams(), sc.config)
     truth = sc.truth()
     assert _labels(got.intervals) == _labels(truth)
     for edge in ("start", "end"):
         early = truth[edge].astype(np.int64) - got.intervals[edge].astype(np.int64)
         assert early.min() >= 0 and early.max() < sc.resolution, edge
+    return got
+
+
+@pytest.mark.parametrize("end_psb", [True, False], ids=["PSB+ at the end", "timing at the end"])
+@pytest.mark.parametrize("filler", [0, 40], ids=["timing only", "with control flow"])
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_interval_of_the_ground_truth(name, filler, end_psb):
+    sc = SCENARIOS[name]()
+    sc.filler = filler  # TNT bytes per MTC period, which the analysis skips
+    sc.end_psb = end_psb
+    _agrees_with_the_truth(sc)
+
+
+def _span(iv: np.ndarray, state: str) -> int:
+    sel = iv[iv["state"] == STATE_NAMES.index(state)]
+    return int((sel["end"].astype(np.int64) - sel["start"].astype(np.int64)).sum())
+
+
+def test_a_stream_ending_early_ends_its_intervals_there():
+    """pCPU 1's trace ends at 20,000 while its vCPU runs a guest, pCPU 0's
+    at 60,000: pCPU 1, its vCPU and that vCPU's guest process end at
+    20,000, not at the end of the whole trace."""
+    a0, a1, g1, g2 = 0x11000, 0x12000, 0x3000000, 0x3400000
+    sc = Scenario(
+        "pCPU 1 ends early",
+        {0: [Run(0, "host", HOST_TASK), Run(2_000, "vmm", QEMU, a0), Run(2_300, "vm", QEMU, a0, g1),
+             Run(40_000, "vmm", QEMU, a0), Run(41_000, "host", HOST_TASK)],
+         1: [Run(0, "host", HOST_TASK + 0x8000), Run(3_000, "vmm", QEMU, a1),
+             Run(3_300, "vm", QEMU, a1, g2)]},
+        60_000, ends={1: 20_000},
+    )  # fmt: skip
+    got = _agrees_with_the_truth(sc)
+    assert got.end == 60_000
+    for rows, key in ((got.rows("pcpu"), 1), (got.rows("vcpu"), a1), (got.rows("process"), QEMU)):
+        mine = rows[rows["key"] == key]
+        if key == QEMU:
+            mine = mine[mine["key2"] == g2]
+        assert int(mine["end"].max()) == 20_000, (rows, key)
+    a1_vm = _span(got.rows("vcpu")[got.rows("vcpu")["key"] == a1], "VM")
+    assert a1_vm == pytest.approx(20_000 - 3_300, abs=sc.resolution)
+    assert any("pCPU 1: its trace ends at 20000, before" in p for p in got.problems)
+
+
+def test_the_end_is_the_last_timing_packet():
+    """A VM entry followed by nothing but MTCs for 19,000 ticks: the
+    stream ends at its last MTC, so the vCPU and its guest process run
+    there, in the guest."""
+    v, g = 0x20000, 0x5A000
+    sc = Scenario("an entry, then only timing", {0: [Run(0, "vmm", QEMU, v), Run(1_000, "vm", QEMU, v, g)]},
+                  20_000, end_psb=False, psb_in_every_run=False)  # fmt: skip
+    got = _agrees_with_the_truth(sc)
+    vcpu = got.rows("vcpu")
+    assert _span(vcpu, "VM") > 18_900 and _span(vcpu, "VMM") <= 1_000
+    assert _labels(got.rows("process")) == [("process", QEMU, g, "VM")]
 
 
 def test_the_anomalous_exit_is_the_longest():

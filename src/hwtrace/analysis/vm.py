@@ -24,7 +24,10 @@ and the full time model (TSC, TMA, MTC, CYC):
   CR3 (learnt from the CR3 in force when a vCPU is loaded, and at VM
   exits); guest processes keyed by (VM, CR3 with PCID and the KPTI bit
   masked), ``VM`` while one of their threads runs on a vCPU, ``VMM`` while
-  the vCPU one was running on handles an exit, ``IDLE`` otherwise.
+  the vCPU one was running on handles an exit, ``IDLE`` otherwise;
+* each pCPU's intervals end where its trace does (its last timing packet),
+  and so do those of the vCPU running there and of its guest process,
+  unless another pCPU's trace shows them.
 
 Times are TSC ticks as the time model gives them: a PIP or VMCS takes the
 time of the last timing packet before it, so a boundary is known to within
@@ -97,6 +100,15 @@ class StreamEvents:
     offset: np.ndarray
     overflows: int = 0
     decode_errors: int = 0
+    # The time of its last timing packet (the trace goes on to there after
+    # its last event); None: that of its last event.
+    end: int | None = None
+
+    @property
+    def stop(self) -> int:
+        """Where this pCPU's trace ends (TSC)."""
+        last = int(self.time[-1]) if self.time.shape[0] else 0
+        return last if self.end is None else max(int(self.end), last)
 
 
 _PSB, _PSBEND, _PIP, _VMCS, _OVF = (
@@ -165,10 +177,13 @@ def stream_events(
     parts = []
     in_psb = False
     overflows = errors = 0
+    last_time = None  # the time model's time at the last packet: the last timing packet's
     errata = packet_errata(config)
     for start, end in psb_chunks(buf, chunk_bytes):
         table = decode_selected(buf, start, end, _KEEP, errata)
         times = estimate_time(table, config, state=tstate)
+        if times.tsc.shape[0]:
+            last_time = int(times.tsc[-1])
         overflows += int(np.count_nonzero(table.kind == Kind.OVF))
         errors += int(table.err_code.shape[0])
         cap = int(np.count_nonzero(np.isin(table.kind, _KEPT))) + table.err_code.shape[0] + 1
@@ -186,7 +201,7 @@ def stream_events(
         t, k, a, b, o = (
             np.zeros(0, d) for d in (np.uint64, np.uint8, np.uint64, np.uint32, np.int64)
         )
-    return StreamEvents(pcpu, t, k, a, b, o, overflows, errors)
+    return StreamEvents(pcpu, t, k, a, b, o, overflows, errors, last_time)
 
 
 _KEPT = np.array([Kind.PSBEND, Kind.PIP, Kind.VMCS, Kind.OVF], np.uint8)
@@ -229,15 +244,16 @@ def _emit(out, n, t, ent, ka, kb, state, pcpu):
     return n + 1
 
 
+# What a process counts a vCPU as, beside ST_VM, ST_VMM and ST_UNKNOWN: the
+# trace of the pCPU it last ran on ended while it ran the process.
+_ENDED = 5
+
+
 @njit(cache=True)
-def _uncount(state, q, n_vm, n_vmm, n_unknown):
-    """Process ``q`` no longer counts a vCPU as ``state``."""
-    if state == ST_VM:
-        n_vm[q] -= 1
-    elif state == ST_VMM:
-        n_vmm[q] -= 1
-    elif state == ST_UNKNOWN:
-        n_unknown[q] -= 1
+def _uncount(state, q, cnt):
+    """Process ``q`` no longer counts a vCPU as ``state`` (-1: nothing)."""
+    if state >= 0:
+        cnt[q, state] -= 1
 
 
 @njit(cache=True)
@@ -267,9 +283,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
     cap = 1 << _HASH_BITS
     keys_vm = np.zeros(cap, np.uint64)
     keys_cr3 = np.zeros(cap, np.uint64)
-    n_vm = np.zeros(cap, np.int64)
-    n_vmm = np.zeros(cap, np.int64)
-    n_unknown = np.zeros(cap, np.int64)
+    cnt = np.zeros((cap, _ENDED + 1), np.int64)  # per process, its vCPUs in each state
     pst = np.full(cap, -1, np.int64)
     n = 0
     for i in range(ev_t.shape[0]):
@@ -330,10 +344,10 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
         elif k == EV_END:
             known[p] = False
         # The pCPU's state now.
-        if not known[p]:
+        if k == EV_END:
+            ns, nvc, ng = -1, -1, np.uint64(0)  # its trace ends: so do its intervals
+        elif not known[p]:
             ns, nvc, ng = ST_UNKNOWN, pvcpu[p], pguest[p]
-            if k == EV_END:
-                ns = -1
         elif nr[p] == 1:
             ns, nvc, ng = ST_VM, vm_of_p[p], cr3[p] & _CR3_KEY_MASK
         elif vm_of_p[p] >= 0 and vmm_cr3[vm_of_p[p]] != 0 and cr3[p] == vmm_cr3[vm_of_p[p]]:
@@ -351,19 +365,20 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[old], np.uint64(0), st, p)
             q = vproc[old]
             if q >= 0:
-                _uncount(vproc_state[old], q, n_vm, n_vmm, n_unknown)  # its process loses this vCPU
-                if st == ST_UNKNOWN:
-                    n_unknown[q] += 1
-                    vproc_state[old] = ST_UNKNOWN
+                _uncount(vproc_state[old], q, cnt)  # its process loses this vCPU
+                if st == -1:
+                    # Not known what it runs from here on, unless another
+                    # pCPU's trace shows it.
+                    cnt[q, _ENDED] += 1
+                    vproc_state[old] = _ENDED
                 else:
                     vproc_state[old] = -1
                     vproc[old] = -1
-                n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+                n = _settle(out, n, t, q, keys_vm, keys_cr3, cnt, pst, p)
         pstate[p] = ns
         pvcpu[p] = nvc
         pguest[p] = ng
-        if ns != -1:
-            n = _emit(out, n, t, ENT_PCPU, np.uint64(p), np.uint64(0), ns, p)
+        n = _emit(out, n, t, ENT_PCPU, np.uint64(p), np.uint64(0), ns, p)
         if nvc >= 0 and ns == ST_UNKNOWN:
             # Trace lost while this vCPU ran here: it and its process unknown.
             if vstate[nvc] != ST_UNKNOWN:
@@ -371,10 +386,10 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[nvc], np.uint64(0), ST_UNKNOWN, p)
             q = vproc[nvc]
             if q >= 0 and vproc_state[nvc] != ST_UNKNOWN:
-                _uncount(vproc_state[nvc], q, n_vm, n_vmm, n_unknown)
-                n_unknown[q] += 1
+                _uncount(vproc_state[nvc], q, cnt)
+                cnt[q, ST_UNKNOWN] += 1
                 vproc_state[nvc] = ST_UNKNOWN
-                n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+                n = _settle(out, n, t, q, keys_vm, keys_cr3, cnt, pst, p)
         if nvc >= 0 and (ns == ST_VM or ns == ST_VMM):
             if (
                 (vstate[nvc] == ST_VM or vstate[nvc] == ST_VMM)
@@ -396,32 +411,37 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 if q < 0:
                     stats[3] += 1
                     continue
-            else:
+            elif vproc_state[nvc] != _ENDED:
                 q = q_old  # the process whose vCPU exited
+            else:
+                q = -1  # back after its pCPU's trace ended: what it ran is not known
             if q_old >= 0 and (q_old != q or vproc_state[nvc] != ns):
-                _uncount(vproc_state[nvc], q_old, n_vm, n_vmm, n_unknown)
+                _uncount(vproc_state[nvc], q_old, cnt)
                 vproc_state[nvc] = -1
-                n = _settle(out, n, t, q_old, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+                vproc[nvc] = -1
+                n = _settle(out, n, t, q_old, keys_vm, keys_cr3, cnt, pst, p)
             if q >= 0 and vproc_state[nvc] != ns:
-                if ns == ST_VM:
-                    n_vm[q] += 1
-                else:
-                    n_vmm[q] += 1
+                cnt[q, ns] += 1
                 vproc[nvc] = q
                 vproc_state[nvc] = ns
-                n = _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p)
+                n = _settle(out, n, t, q, keys_vm, keys_cr3, cnt, pst, p)
     return n
 
 
 @njit(cache=True)
-def _settle(out, n, t, q, keys_vm, keys_cr3, n_vm, n_vmm, n_unknown, pst, p):
-    """Emit process ``q``'s state if its counts changed it."""
-    if n_vm[q] > 0:
+def _settle(out, n, t, q, keys_vm, keys_cr3, cnt, pst, p):
+    """Emit process ``q``'s state if its counts changed it: VM while a vCPU
+    runs it, else VMM while one handles its exit, else UNKNOWN while one's
+    trace is lost, else none (-1: no interval) while one's trace has ended,
+    else IDLE."""
+    if cnt[q, ST_VM] > 0:
         s = ST_VM
-    elif n_vmm[q] > 0:
+    elif cnt[q, ST_VMM] > 0:
         s = ST_VMM
-    elif n_unknown[q] > 0:
+    elif cnt[q, ST_UNKNOWN] > 0:
         s = ST_UNKNOWN
+    elif cnt[q, _ENDED] > 0:
+        s = -1
     else:
         s = ST_IDLE
     if pst[q] != s:
@@ -532,12 +552,12 @@ def analyze(
         raise ValueError("no streams")
     npcpu = max(e.pcpu for e in evs) + 1
     # Merge by time; at equal times a stream keeps its order.  Each stream
-    # ends with an END event at its last time.
+    # ends with an END event where its trace ends: its last timing packet,
+    # which may come well after its last PIP or VMCS.
     cols = []
     for e in evs:
-        end_t = e.time[-1] if e.time.shape[0] else np.uint64(0)
         cols.append((
-            np.concatenate([e.time, [end_t]]).astype(np.uint64),
+            np.concatenate([e.time, [e.stop]]).astype(np.uint64),
             np.full(e.time.shape[0] + 1, e.pcpu, np.int64),
             np.concatenate([e.kind, [EV_END]]).astype(np.uint8),
             np.concatenate([e.a, [0]]).astype(np.uint64),
@@ -563,10 +583,10 @@ def analyze(
         cap = rows
     tr = tuple(c[:rows] for c in out)
     start = int(t[0]) if t.shape[0] else 0
-    end = int(t[-1]) if t.shape[0] else 0
+    end = int(t[-1]) if t.shape[0] else 0  # the last stream's END
     vcpu_vm = {int(b): int(v) for b, v in zip(bases.tolist(), vmm_of.tolist(), strict=True) if v}
     intervals = _intervals(tr, end)
-    intervals = np.concatenate([intervals, _vmm_rows(intervals, vcpu_vm, end)])
+    intervals = np.concatenate([intervals, _vmm_rows(intervals, vcpu_vm)])
     exits = _exits(intervals)
     no_vm = [
         e
@@ -581,7 +601,7 @@ def analyze(
     for e in evs:
         if not e.time.shape[0]:
             continue
-        first, last = int(e.time[0]), int(e.time[-1])
+        first, last = int(e.time[0]), e.stop
         if first > start:
             problems.append(f"pCPU {e.pcpu}: its trace starts at {first}, after the first time "
                             f"seen ({start}): what ran there before is not known")  # fmt: skip
@@ -643,10 +663,11 @@ def _merge_runs(iv: np.ndarray) -> np.ndarray:
     return out
 
 
-def _vmm_rows(iv: np.ndarray, vcpu_vm: dict[int, int], end: int) -> np.ndarray:
+def _vmm_rows(iv: np.ndarray, vcpu_vm: dict[int, int]) -> np.ndarray:
     """The hypervisor's row per VM (entity ``vm``, keyed by the VMM's CR3):
     ``VMM`` while one of its vCPUs is in root mode for it, ``IDLE`` from
-    its first vCPU's appearance on otherwise."""
+    its first vCPU's appearance on otherwise, up to where the last thing
+    known of its vCPUs ends."""
     v = iv[iv["entity"] == ENT_VCPU]
     parts = []
     for vm in sorted(set(vcpu_vm.values())):
@@ -663,7 +684,7 @@ def _vmm_rows(iv: np.ndarray, vcpu_vm: dict[int, int], end: int) -> np.ndarray:
         tails = np.r_[heads[1:] - 1, s0.shape[0] - 1].astype(np.int64) if s0.shape[0] else s0
         run_a, run_b = s0[heads], e0[tails]
         idle_a = np.r_[int(mine["start"].min()), run_b]
-        idle_b = np.r_[run_a, end]
+        idle_b = np.r_[run_a, int(mine["end"].max())]
         idle_pc = np.r_[busy["pcpu"][heads], -1]
         keep = idle_b > idle_a
         rows = np.zeros(run_a.shape[0] + int(keep.sum()), INTERVAL_DTYPE)

@@ -5,8 +5,9 @@ A :class:`Scenario` says what each physical CPU runs from when on
 or nothing known: trace lost); :meth:`Scenario.streams` writes the Intel
 PT a processor tracing in system-wide mode would (PSB+ with TSC, TMA,
 PIP and VMCS status; PIP at every CR3 load, VM entry and exit; VMCS at
-every vCPU load; OVF where trace is lost, then PSB+; MTC every period),
-and :meth:`Scenario.truth` the intervals the analysis must give back.
+every vCPU load; OVF where trace is lost, then PSB+; MTC every period;
+a PSB+ at each stream's end, or only timing packets up to it), and
+:meth:`Scenario.truth` the intervals the analysis must give back.
 """
 
 from __future__ import annotations
@@ -63,7 +64,16 @@ class Scenario:
     # TIP), standing in for what a real trace is mostly made of (the
     # analysis skips them).
     filler: int = 0
+    # pCPUs whose trace ends before ``end`` (pCPU -> its stream's end).
+    ends: dict[int, int] = field(default_factory=dict)
+    # Each stream ends with a PSB+ (True) or with the timing packets (MTC)
+    # up to its end and nothing else after its last PIP/VMCS (False).
+    end_psb: bool = True
     notes: list[str] = field(default_factory=list)
+
+    def end_of(self, pcpu: int) -> int:
+        """Where pCPU ``pcpu``'s trace ends."""
+        return self.ends.get(pcpu, self.end)
 
     @property
     def config(self) -> PtConfig:
@@ -77,13 +87,16 @@ class Scenario:
     # -- packets ------------------------------------------------------------------------
 
     def streams(self) -> dict[int, bytes]:
-        return {p: self._stream(runs) for p, runs in self.pcpus.items()}
+        return {p: self._stream(runs, self.end_of(p)) for p, runs in self.pcpus.items()}
 
-    def _stream(self, runs: list[Run]) -> bytes:
-        ev: list[tuple[int, int, int, int]] = []  # (time, kind, a, b); kind -1: PSB+ marker
+    def _stream(self, runs: list[Run], stream_end: int) -> bytes:
+        # (time, kind, a, b); kind -1: PSB+ marker, -2: only the timing up to it
+        ev: list[tuple[int, int, int, int]] = []
         loaded = 0  # the VMCS current on this pCPU
+        if runs and runs[-1].start >= stream_end:
+            raise ValueError(f"run at {runs[-1].start}: after its stream's end ({stream_end})")
         for i, r in enumerate(runs):
-            end = runs[i + 1].start if i + 1 < len(runs) else self.end
+            end = runs[i + 1].start if i + 1 < len(runs) else stream_end
             prev = runs[i - 1] if i else None
             t = r.start
             if r.what == "lost":
@@ -106,7 +119,7 @@ class Scenario:
                     loaded = r.vmcs
             if self.psb_in_every_run and end - t > 4 * self.resolution:
                 ev.append(((t + end) // 2, -1, loaded, 0))
-        ev.append((self.end, -1, loaded, 0))
+        ev.append((stream_end, -1 if self.end_psb else -2, loaded, 0))
         return self._encode(ev, runs)
 
     @staticmethod
@@ -183,7 +196,8 @@ class Scenario:
                     put(fk, np.where(fk == int(Kind.TIP), 0x7F0000401000, 0b101010),
                         np.where(fk == int(Kind.TIP), 3, 6))  # fmt: skip
                 last = period
-            put(kind, a, _b)
+            if kind != -2:
+                put(kind, a, _b)
             if kind == int(Kind.OVF):
                 lost = True
         k = np.concatenate(kinds)
@@ -233,10 +247,15 @@ class Scenario:
                     if current is not None:
                         vevents.append((r.start, current[0], ST_IDLE, None, p))
                     current = None
+            # Where its trace ends, the pCPU's intervals and its vCPU's end.
             if current is not None:
-                vevents.append((self.end, current[0], -1, None, p))
+                vevents.append((self.end_of(p), current[0], -1, None, p))
+            if self.end_of(p) < self.end:
+                rows.append((self.end_of(p), ENT_PCPU, p, 0, -1, p))
         vevents.sort(key=lambda e: e[0])
-        vproc: dict[int, tuple[tuple[int, int], int]] = {}  # vcpu -> (process, as what)
+        # vcpu -> (process, as what: a state, or ENDED: its trace ended there)
+        vproc: dict[int, tuple[tuple[int, int], int]] = {}
+        ended = 5
         counts: dict[tuple[int, int], list[int]] = {}
         pstate: dict[tuple[int, int], int] = {}
         vstate: dict[int, int] = {}
@@ -249,8 +268,11 @@ class Scenario:
                 q, was = vproc.pop(v)
                 counts[q][was] -= 1
                 touched.append(q)
+                if st == -1:
+                    counts[q][ended] += 1
+                    vproc[v] = (q, ended)
             if proc is not None and st in (ST_VM, ST_VMM, ST_UNKNOWN):
-                counts.setdefault(proc, [0] * 5)[st] += 1
+                counts.setdefault(proc, [0] * 6)[st] += 1
                 vproc[v] = (proc, st)
                 touched.append(proc)
             for q in dict.fromkeys(touched):
@@ -262,9 +284,11 @@ class Scenario:
                     if c[ST_VMM]
                     else ST_UNKNOWN
                     if c[ST_UNKNOWN]
+                    else -1
+                    if c[ended]
                     else ST_IDLE
                 )
-                if pstate.get(q) != s:
+                if pstate.get(q, -1) != s:
                     pstate[q] = s
                     rows.append((t, ENT_PROCESS, q[0], q[1], s, p))
         rows.sort(key=lambda r: (r[1], r[2], r[3], r[0]))
@@ -280,7 +304,7 @@ class Scenario:
         vcpu_vm = {
             r.vmcs: r.cr3 for runs in self.pcpus.values() for r in runs if r.what in ("vm", "vmm")
         }
-        return np.concatenate([arr, _vmm_rows(arr, vcpu_vm, self.end)])
+        return np.concatenate([arr, _vmm_rows(arr, vcpu_vm)])
 
 
 # -- the thesis's scenarios --------------------------------------------------------------
