@@ -107,6 +107,34 @@ def test_the_end_is_the_last_timing_packet():
     assert _labels(got.rows("process")) == [("process", QEMU, g, "VM")]
 
 
+def test_a_kpti_vmm_in_user_space_is_still_the_vmm():
+    """A KPTI host with PCIDs: QEMU handles an exit in user space (its user
+    page table, 4 KiB after the kernel one, and the user PCID, bit 11)
+    for 20,000 ticks: one VMM exit of 20,700 ticks, not VMM, IDLE, VMM;
+    and on another pCPU, with another PCID, it is the same VM."""
+    a0, a1, g = 0x11000, 0x12000, 0x3000000
+    kernel, user = QEMU | 2, QEMU | 0x1000 | 0x800 | 2
+    sc = Scenario(
+        "KPTI VMM",
+        {0: [Run(0, "host", HOST_TASK), Run(2_000, "vmm", kernel, a0), Run(2_300, "vm", kernel, a0, g),
+             Run(10_000, "vmm", kernel, a0), Run(10_300, "vmm", user, a0),
+             Run(30_300, "vmm", kernel, a0), Run(30_700, "vm", kernel, a0, g),
+             Run(50_000, "vmm", kernel, a0), Run(50_500, "host", HOST_TASK)],
+         1: [Run(0, "host", HOST_TASK), Run(5_000, "vmm", QEMU | 3, a1),
+             Run(5_400, "vm", QEMU | 3, a1, g | 0x1000 | 0x801)]},
+        55_000,
+    )  # fmt: skip
+    got = _agrees_with_the_truth(sc)
+    ticks = got.exits[:, 2].astype(np.int64) - got.exits[:, 1].astype(np.int64)
+    assert got.exits[:, 0].tolist() == [a0, a0]
+    assert abs(int(ticks[0]) - 20_700) < sc.resolution
+    a0_rows = got.rows("vcpu")[got.rows("vcpu")["key"] == a0]
+    assert [STATE_NAMES[s] for s in a0_rows["state"]] == ["VMM", "VM", "VMM", "VM", "VMM", "IDLE"]
+    assert got.vcpu_vm == {a0: QEMU, a1: QEMU}
+    procs = got.rows("process")
+    assert set(procs["key"].tolist()) == {QEMU} and set(procs["key2"].tolist()) == {g}
+
+
 def test_the_anomalous_exit_is_the_longest():
     sc = prime_scenario(long_exit=17)
     got = analyze(sc.streams(), sc.config)
@@ -121,7 +149,7 @@ def test_the_anomalous_exit_is_the_longest():
     # The hypervisor's row: VMM while a vCPU is in root mode (the loads and
     # the exits), IDLE while the guest runs.
     vmm = got.rows("vm")
-    assert set(vmm["key"].tolist()) == {0x7A3F1000} and got.vcpu_vm[0x20000] == 0x7A3F1000
+    assert set(vmm["key"].tolist()) == {QEMU} and got.vcpu_vm[0x20000] == QEMU
     busy = vmm[vmm["state"] == 2]
     total = int((busy["end"].astype(np.int64) - busy["start"].astype(np.int64)).sum())
     assert total == pytest.approx(int(ticks.sum()) + 40 * 300, abs=80 * sc.resolution)
@@ -258,7 +286,7 @@ def test_the_views(tmp_path):
     if CHROMIUM is None:
         pytest.skip("headless Chromium is not installed (Debian: chromium)")
     for anchor, labels in (("", ["vCPU 0x10000", "vCPU 0x40000", "pCPU 0"]),
-                           ("#vm-control-flow", ["VM 0x7a3f1000 CR3 0x3d0e000"])):  # fmt: skip
+                           ("#vm-control-flow", ["VM 0x7a3f0000 CR3 0x3d0e000"])):  # fmt: skip
         dom, pixels = browse(html, tmp_path, anchor)
         assert 'data-rendered="vm"' in dom
         for label in labels:
@@ -364,7 +392,7 @@ def test_a_system_wide_perf_data(tmp_path):
     from hwtrace.perf.writer import PerfDataWriter
 
     sc = mixed_scenario()
-    qemu = {0x7A3F1000: 500, 0x4E2B7000: 600}  # VMM CR3 -> pid
+    qemu = {0x7A3F0000: 500, 0x4E2B6000: 600}  # VMM CR3 -> pid
     vcpu_tid = {0x11000: 501, 0x12000: 502, 0x21000: 601}
     path = tmp_path / "kvm.data"
     with PerfDataWriter(path) as w:

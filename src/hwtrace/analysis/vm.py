@@ -16,15 +16,16 @@ and the full time model (TSC, TMA, MTC, CYC):
   (:func:`analyze`), with a state per pCPU: the VMCS loaded, the non-root
   bit, the CR3.  A pCPU runs a guest (``VM``: NR=1, the vCPU loaded and
   the guest process its CR3), the hypervisor for its vCPU (``VMM``: NR=0
-  and the CR3 of the VMM process that vCPU's exits return to) or another
-  host task (``HOST``); an overflow makes it ``UNKNOWN`` until the next
-  PSB+;
+  and the CR3 of the VMM process that vCPU's exits return to, in its
+  kernel or user page table, with any PCID) or another host task
+  (``HOST``); an overflow makes it ``UNKNOWN`` until the next PSB+;
 * entities: pCPUs; vCPUs, keyed by VMCS base, ``VM``, ``VMM`` or ``IDLE``
   wherever they run (they migrate); VMs, keyed by the VMM process's host
-  CR3 (learnt from the CR3 in force when a vCPU is loaded, and at VM
-  exits); guest processes keyed by (VM, CR3 with PCID and the KPTI bit
-  masked), ``VM`` while one of their threads runs on a vCPU, ``VMM`` while
-  the vCPU one was running on handles an exit, ``IDLE`` otherwise;
+  CR3 with the PCID and KPTI bits masked (learnt from the CR3 in force
+  when a vCPU is loaded, and at VM exits); guest processes keyed by (VM,
+  CR3 with PCID and the KPTI bit masked), ``VM`` while one of their
+  threads runs on a vCPU, ``VMM`` while the vCPU one was running on
+  handles an exit, ``IDLE`` otherwise;
 * each pCPU's intervals end where its trace does (its last timing packet),
   and so do those of the vCPU running there and of its guest process,
   unless another pCPU's trace shows them.
@@ -77,8 +78,10 @@ ENTITY_NAMES = ("pcpu", "vcpu", "process", "vm")
 ST_IDLE, ST_VM, ST_VMM, ST_HOST, ST_UNKNOWN = range(5)
 STATE_NAMES = ("IDLE", "VM", "VMM", "HOST", "UNKNOWN")
 
-# CR3 bits 11:0 hold the PCID (with CR4.PCIDE); Linux's page-table isolation
-# (KPTI) gives each process a second, user page table 4 KiB further (bit 12).
+# CR3 bits 11:0 hold the PCID (with CR4.PCIDE, Intel SDM vol. 3 4.10.1); Linux's
+# page-table isolation (KPTI, Documentation/arch/x86/pti.rst) gives each
+# process a second, user page table 4 KiB after its kernel one (bit 12), and
+# a user PCID (bit 11 set): a task runs with up to four CR3 values, one key.
 _CR3_KEY_MASK = np.uint64(0xFFFFFFFFFFFFE000)
 
 
@@ -299,7 +302,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
             new_nr = np.int64(ev_b[i])
             v = vm_of_p[p]
             if nr[p] == 1 and new_nr == 0 and v >= 0:
-                vmm_cr3[v] = ev_a[i]  # a VM exit returns to the VMM
+                vmm_cr3[v] = ev_a[i] & _CR3_KEY_MASK  # a VM exit returns to the VMM
                 stats[0] += 1
             nr[p] = new_nr
             cr3[p] = ev_a[i]
@@ -308,7 +311,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 continue
             vm_of_p[p] = vcpu_now
             if nr[p] == 0 and vcpu_now >= 0:
-                vmm_cr3[vcpu_now] = cr3[p]  # loaded by the VMM process running here
+                vmm_cr3[vcpu_now] = cr3[p] & _CR3_KEY_MASK  # loaded by the VMM running here
         elif k == EV_STATUS_VMCS:
             s_vmcs[p] = vcpu_now
             continue
@@ -327,7 +330,7 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                     if v >= 0 and nr[p] == 0 and vmm_cr3[v] == 0:
                         # Root mode with a vCPU loaded, its VMM not known yet:
                         # taken to be the VMM until an exit says otherwise.
-                        vmm_cr3[v] = cr3[p]
+                        vmm_cr3[v] = cr3[p] & _CR3_KEY_MASK
                 elif nr[p] != s_nr[p] or cr3[p] != s_cr3[p]:
                     stats[1] += 1  # status disagreeing with the state: believe the status
                     nr[p] = s_nr[p]
@@ -350,7 +353,12 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
             ns, nvc, ng = ST_UNKNOWN, pvcpu[p], pguest[p]
         elif nr[p] == 1:
             ns, nvc, ng = ST_VM, vm_of_p[p], cr3[p] & _CR3_KEY_MASK
-        elif vm_of_p[p] >= 0 and vmm_cr3[vm_of_p[p]] != 0 and cr3[p] == vmm_cr3[vm_of_p[p]]:
+        elif (
+            vm_of_p[p] >= 0
+            and vmm_cr3[vm_of_p[p]] != 0
+            and cr3[p] & _CR3_KEY_MASK == vmm_cr3[vm_of_p[p]]
+        ):
+            # The VMM in its kernel or (a KPTI host's) user page table.
             ns, nvc, ng = ST_VMM, vm_of_p[p], np.uint64(0)
         else:
             ns, nvc, ng = ST_HOST, -1, np.uint64(0)

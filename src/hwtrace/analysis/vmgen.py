@@ -29,11 +29,15 @@ from .vm import (
     ST_UNKNOWN,
     ST_VM,
     ST_VMM,
+    normalize_cr3,
 )
 
 __all__ = ["Run", "Scenario", "mixed_scenario", "prime_scenario", "workers_scenario"]
 
 WHAT_STATE = {"host": ST_HOST, "vmm": ST_VMM, "vm": ST_VM, "lost": ST_UNKNOWN}
+# The CR3 bits a PIP carries: 51:5 (Intel SDM vol. 3C, the PIP packet), so a PCID's
+# low 5 bits are not in it.
+_PIP_CR3 = 0x000F_FFFF_FFFF_FFE0
 
 
 @dataclass(frozen=True)
@@ -130,13 +134,13 @@ class Scenario:
             if prev.what == "host" or (prev.what in ("vmm", "vm") and prev.vmcs != r.vmcs):
                 raise ValueError(f"run at {t}: a VM entry must follow the VMM of the same vCPU")
             if prev.what == "vmm" or prev.guest != r.guest:
-                out.append((t, pip, r.guest, 1))
+                out.append((t, pip, r.guest & _PIP_CR3, 1))
             return out
         # host or vmm: root mode
         if prev.what == "vm" and r.what == "host":
             raise ValueError(f"run at {t}: leaving a guest for a host task needs a VM exit first")
         if prev.what == "vm" or prev.cr3 != r.cr3:
-            out.append((t, pip, r.cr3, 0))
+            out.append((t, pip, r.cr3 & _PIP_CR3, 0))
         if r.what == "vmm" and r.vmcs != loaded:
             out.append((t, vmcs, r.vmcs, 0))
         return out
@@ -147,9 +151,9 @@ class Scenario:
         out = [(int(Kind.PSB), 0, 0), (int(Kind.TSC), t, 0),
                (int(Kind.TMA), (t // self.ctc_ratio) & 0xFFFF, t % self.ctc_ratio)]  # fmt: skip
         if r.what == "vm":
-            out.append((int(Kind.PIP), r.guest, 1))
+            out.append((int(Kind.PIP), r.guest & _PIP_CR3, 1))
         else:
-            out.append((int(Kind.PIP), r.cr3, 0))
+            out.append((int(Kind.PIP), r.cr3 & _PIP_CR3, 0))
         if loaded:
             out.append((int(Kind.VMCS), loaded, 0))
         out.append((int(Kind.PSBEND), 0, 0))
@@ -233,7 +237,9 @@ class Scenario:
             for r in runs:
                 rows.append((r.start, ENT_PCPU, p, 0, WHAT_STATE[r.what], p))
                 if r.what in ("vm", "vmm"):
-                    proc = (r.cr3, r.guest & ~0x1FFF) if r.what == "vm" else None
+                    proc = (
+                        (normalize_cr3(r.cr3), normalize_cr3(r.guest)) if r.what == "vm" else None
+                    )
                     if proc is None and current is not None and current[0] == r.vmcs:
                         proc = current[1]
                     if current is not None and current[0] != r.vmcs:
@@ -302,14 +308,17 @@ class Scenario:
 
         arr = _merge_runs(np.array(out, INTERVAL_DTYPE))
         vcpu_vm = {
-            r.vmcs: r.cr3 for runs in self.pcpus.values() for r in runs if r.what in ("vm", "vmm")
+            r.vmcs: normalize_cr3(r.cr3)
+            for runs in self.pcpus.values()
+            for r in runs
+            if r.what in ("vm", "vmm")
         }
         return np.concatenate([arr, _vmm_rows(arr, vcpu_vm)])
 
 
 # -- the thesis's scenarios --------------------------------------------------------------
 
-QEMU = 0x7A3F1000  # the VMM process's CR3
+QEMU = 0x7A3F0000  # the VMM's CR3 (a kernel page table, 8 KiB aligned as KPTI has it)
 HOST_TASK = 0x1C2000
 
 
@@ -353,7 +362,7 @@ def workers_scenario(turns: int = 12, turn_ticks: int = 60_000, vcpu: int = 0x20
     return Scenario("3 guest workers in turn", {0: runs}, t + 1_000)
 
 
-QEMU_B = 0x4E2B7000  # a second VM's VMM
+QEMU_B = 0x4E2B6000  # a second VM's VMM
 
 
 def mixed_scenario() -> Scenario:
