@@ -135,6 +135,38 @@ def test_a_kpti_vmm_in_user_space_is_still_the_vmm():
     assert set(procs["key"].tolist()) == {QEMU} and set(procs["key2"].tolist()) == {g}
 
 
+def test_a_trace_starting_in_a_guest_knows_its_vm():
+    """The trace starts while a guest runs (PSB+ with NR=1): the process
+    seen before the first VM exit is the one seen after it, in the VM
+    that exit names, not in an unknown VM 0."""
+    v, g = 0x20000, 0x5A000
+    sc = Scenario(
+        "starts in a guest",
+        {0: [Run(0, "vm", QEMU, v, g), Run(10_000, "vmm", QEMU, v), Run(10_500, "vm", QEMU, v, g),
+             Run(20_000, "vmm", QEMU, v), Run(20_400, "host", HOST_TASK)]},
+        25_000,
+    )  # fmt: skip
+    got = _agrees_with_the_truth(sc)
+    procs = got.rows("process")
+    assert set(procs["key"].tolist()) == {QEMU} and set(procs["key2"].tolist()) == {g}
+    assert _span(procs, "VM") == pytest.approx(19_500, abs=2 * sc.resolution)
+
+
+def test_a_trace_starting_in_a_host_task_with_a_vcpu_loaded():
+    """The trace starts in a host task while a vCPU's VMCS is still current
+    on that pCPU (PSB+ with NR=0 and a VMCS): the task is not that vCPU's
+    VMM once a later exit shows the VMM's CR3."""
+    v, g = 0x20000, 0x5A000
+    sc = Scenario(
+        "starts in a host task, a VMCS current",
+        {0: [Run(0, "host", HOST_TASK, v), Run(5_000, "vmm", QEMU, v), Run(5_300, "vm", QEMU, v, g),
+             Run(20_000, "vmm", QEMU, v), Run(20_500, "host", HOST_TASK)]},
+        25_000,
+    )  # fmt: skip
+    got = _agrees_with_the_truth(sc)
+    assert _span(got.rows("pcpu"), "HOST") == pytest.approx(5_000 + 4_500, abs=2 * sc.resolution)
+
+
 def test_the_anomalous_exit_is_the_longest():
     sc = prime_scenario(long_exit=17)
     got = analyze(sc.streams(), sc.config)

@@ -22,10 +22,12 @@ and the full time model (TSC, TMA, MTC, CYC):
 * entities: pCPUs; vCPUs, keyed by VMCS base, ``VM``, ``VMM`` or ``IDLE``
   wherever they run (they migrate); VMs, keyed by the VMM process's host
   CR3 with the PCID and KPTI bits masked (learnt from the CR3 in force
-  when a vCPU is loaded, and at VM exits); guest processes keyed by (VM,
-  CR3 with PCID and the KPTI bit masked), ``VM`` while one of their
-  threads runs on a vCPU, ``VMM`` while the vCPU one was running on
-  handles an exit, ``IDLE`` otherwise;
+  when a vCPU is loaded, and at VM exits: once known, a vCPU's VM holds
+  from the trace's start, so a trace starting in a guest puts what ran
+  before the first exit in its VM); guest processes keyed by (VM, CR3
+  with PCID and the KPTI bit masked), ``VM`` while one of their threads
+  runs on a vCPU, ``VMM`` while the vCPU one was running on handles an
+  exit, ``IDLE`` otherwise;
 * each pCPU's intervals end where its trace does (its last timing packet),
   and so do those of the vCPU running there and of its guest process,
   unless another pCPU's trace shows them.
@@ -260,8 +262,26 @@ def _uncount(state, q, cnt):
 
 
 @njit(cache=True)
-def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats, vmm_cr3):
-    """Run the merged events; returns the number of transition rows."""
+def _learn_vm(v, vm, vmm_cr3, first_vmm, stats):
+    """An exit or a load shows vCPU ``v``'s VM: ``stats[7]`` counts it if
+    what was taken for it before (from status in root mode) was wrong."""
+    if first_vmm[v] == 0:
+        first_vmm[v] = vm
+        if vmm_cr3[v] != 0 and vmm_cr3[v] != vm:
+            stats[7] += 1
+    vmm_cr3[v] = vm
+
+
+@njit(cache=True)
+def _machine(
+    ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats, vmm_cr3, first_vmm
+):
+    """Run the merged events; returns the number of transition rows.
+    ``vmm_cr3`` holds each vCPU's VM where known beforehand (0: not known)
+    and is updated as exits and loads show it; ``first_vmm`` gets the first
+    VM an exit or a load showed for each vCPU; ``stats[7]`` counts what
+    was decided with a vCPU's VM not known (a guest process put in VM 0) or
+    taken wrongly (from status)."""
     nv = vcpu_base.shape[0]
     # Per pCPU: known, VMCS (vCPU index, -1 none), NR, CR3, the derived state
     # and the vCPU / guest CR3 it is about; status being collected in PSB+.
@@ -277,7 +297,6 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
     s_cr3 = np.zeros(npcpu, np.uint64)
     # Per vCPU: its VM (the VMM's host CR3, 0 unknown), state, where it runs,
     # the guest process it last ran.
-    vmm_cr3[:] = 0
     vstate = np.full(nv, -1, np.int64)
     vpcpu = np.full(nv, -1, np.int64)  # where it is active
     vproc = np.full(nv, -1, np.int64)
@@ -302,7 +321,8 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
             new_nr = np.int64(ev_b[i])
             v = vm_of_p[p]
             if nr[p] == 1 and new_nr == 0 and v >= 0:
-                vmm_cr3[v] = ev_a[i] & _CR3_KEY_MASK  # a VM exit returns to the VMM
+                # A VM exit returns to the VMM.
+                _learn_vm(v, ev_a[i] & _CR3_KEY_MASK, vmm_cr3, first_vmm, stats)
                 stats[0] += 1
             nr[p] = new_nr
             cr3[p] = ev_a[i]
@@ -311,7 +331,8 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 continue
             vm_of_p[p] = vcpu_now
             if nr[p] == 0 and vcpu_now >= 0:
-                vmm_cr3[vcpu_now] = cr3[p] & _CR3_KEY_MASK  # loaded by the VMM running here
+                # Loaded by the VMM running here.
+                _learn_vm(vcpu_now, cr3[p] & _CR3_KEY_MASK, vmm_cr3, first_vmm, stats)
         elif k == EV_STATUS_VMCS:
             s_vmcs[p] = vcpu_now
             continue
@@ -329,7 +350,8 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                     v = vm_of_p[p]
                     if v >= 0 and nr[p] == 0 and vmm_cr3[v] == 0:
                         # Root mode with a vCPU loaded, its VMM not known yet:
-                        # taken to be the VMM until an exit says otherwise.
+                        # taken to be the VMM until an exit or a load says
+                        # otherwise (then :func:`analyze` runs again).
                         vmm_cr3[v] = cr3[p] & _CR3_KEY_MASK
                 elif nr[p] != s_nr[p] or cr3[p] != s_cr3[p]:
                     stats[1] += 1  # status disagreeing with the state: believe the status
@@ -415,6 +437,8 @@ def _machine(ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats
                 n = _emit(out, n, t, ENT_VCPU, vcpu_base[nvc], np.uint64(0), ns, p)
             q_old = vproc[nvc]
             if ns == ST_VM:
+                if vmm_cr3[nvc] == 0:
+                    stats[7] += 1  # a guest process in a VM not known (yet)
                 q = _proc_id(keys_vm, keys_cr3, vmm_cr3[nvc], ng)
                 if q < 0:
                     stats[3] += 1
@@ -580,15 +604,25 @@ def analyze(
     vcpu_of[is_vmcs] = inverse
     stats = np.zeros(8, np.int64)
     cap = 4 * t.shape[0] + 16
+    known_vm = np.zeros(bases.shape[0], np.uint64)
     while True:
         out = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
                np.zeros(cap, np.uint64), np.zeros(cap, np.int64), np.zeros(cap, np.int32))  # fmt: skip
         stats[:] = 0
-        vmm_of = np.zeros(bases.shape[0], np.uint64)
-        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), npcpu, out, stats, vmm_of)
-        if rows <= cap:
+        vmm_of = known_vm.copy()
+        first_vmm = np.zeros(bases.shape[0], np.uint64)
+        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), npcpu, out, stats,
+                        vmm_of, first_vmm)  # fmt: skip
+        if rows > cap:
+            cap = rows
+        elif stats[7] and ((first_vmm != 0) & (known_vm == 0)).any():
+            # A vCPU ran before an exit or a load showed its VM (a trace
+            # starting in a guest, or in a host task with a VMCS current,
+            # taken for its VMM): run again knowing each vCPU's VM from the
+            # start, so its processes are in that VM from the start.
+            known_vm = np.where(known_vm != 0, known_vm, first_vmm)
+        else:
             break
-        cap = rows
     tr = tuple(c[:rows] for c in out)
     start = int(t[0]) if t.shape[0] else 0
     end = int(t[-1]) if t.shape[0] else 0  # the last stream's END

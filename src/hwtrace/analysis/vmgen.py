@@ -43,10 +43,11 @@ _PIP_CR3 = 0x000F_FFFF_FFFF_FFE0
 @dataclass(frozen=True)
 class Run:
     """From ``start`` (TSC) on, a pCPU runs: ``host`` (a task with CR3
-    ``cr3``), ``vmm`` (the VMM process, CR3 ``cr3``, handling vCPU
-    ``vmcs``), ``vm`` (vCPU ``vmcs`` of the VM whose VMM has CR3 ``cr3``,
-    running the guest process with CR3 ``guest``), or ``lost`` (an
-    overflow: no trace until the next run)."""
+    ``cr3``; at a stream's start, ``vmcs`` is the VMCS still current there
+    from a vCPU that ran before, if any), ``vmm`` (the VMM process, CR3
+    ``cr3``, handling vCPU ``vmcs``), ``vm`` (vCPU ``vmcs`` of the VM whose
+    VMM has CR3 ``cr3``, running the guest process with CR3 ``guest``), or
+    ``lost`` (an overflow: no trace until the next run)."""
 
     start: int
     what: str
@@ -114,7 +115,7 @@ class Scenario:
                 if prev.what == "vm":
                     raise ValueError(f"run at {t}: a vCPU switch without a VM exit")
             if prev is None or prev.what == "lost":
-                if r.what in ("vmm", "vm"):
+                if r.what in ("vmm", "vm") or (prev is None and r.vmcs):
                     loaded = r.vmcs
                 ev.append((t, -1, loaded, 0))
             else:
