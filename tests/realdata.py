@@ -53,6 +53,14 @@ REAL_INPUTS: dict[str, RealInput] = {
         "clients/drcachesim/drpt2trace/test_simple.raw",
         "BSD-3-Clause",
     ),
+    # The same test as first published: a longer trace of a larger static
+    # "hello" (glibc's start-up and stdio), same recording set-up.
+    "drpt2trace-simple-tracedir": RealInput(
+        ("DynamoRIO/dynamorio",),
+        "841a2b040095afc113401ace35a9de76d148369b",
+        "clients/drcachesim/drpt2trace/test_simple.tracedir",
+        "BSD-3-Clause",
+    ),
     # quipper's perf.data files recorded with intel_pt by perf 4.14, in file
     # and in pipe mode (BSD licence).
     "quipper-intel_pt": RealInput(

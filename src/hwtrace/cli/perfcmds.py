@@ -356,13 +356,16 @@ def report_main(argv: Sequence[str]) -> int:
         """``hwtrace report``'s text: the input, its problems and gaps, and
         per thread its top functions by instructions."""
         console = Console(highlight=False, soft_wrap=True)
-        console.print(f"[bold]{path}[/]: {n_queues} trace queue(s), "
+        console.print(f"[bold]{escape(str(path))}[/]: {n_queues} trace queue(s), "
                       f"{profile.instructions:,} instructions decoded, "
                       f"{len(gaps)} gap(s)")  # fmt: skip
         for problem in problems:
-            console.print(f"[yellow]warning[/]: {problem}")
+            # Escaped: ``[vdso]`` and ``[kernel.kallsyms]`` are not markup.
+            console.print(f"[yellow]warning[/]: {escape(str(problem))}")
         for offset, ip, reason in gaps:
-            console.print(f"[yellow]gap[/] at trace offset {offset:#x}, ip {ip:#x}: {reason}")
+            console.print(
+                f"[yellow]gap[/] at trace offset {offset:#x}, ip {ip:#x}: {escape(str(reason))}"
+            )
         for th in profile.threads:
             span = th.span_ns
             console.print(

@@ -36,6 +36,7 @@ about once per type.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import sys
 import warnings
@@ -224,8 +225,14 @@ class PerfData:
                     source = os.path.join(source, "data")
                 self.path = name or str(source)
                 try:
-                    n = os.path.getsize(source)
-                    self.buf = np.memmap(source, np.uint8, "r") if n else np.zeros(0, np.uint8)
+                    if stat.S_ISREG(os.stat(source).st_mode):
+                        n = os.path.getsize(source)
+                        self.buf = np.memmap(source, np.uint8, "r") if n else np.zeros(0, np.uint8)
+                    else:
+                        # A pipe, FIFO or terminal (``-i /dev/stdin`` under
+                        # ``cat x |``): its size says nothing, read it through.
+                        with open(source, "rb") as stream:
+                            self.buf = np.frombuffer(stream.read(), np.uint8)
                 except OSError as e:
                     raise PerfDataError(self.path, 0, f"cannot read: {e.strerror}") from None
         else:

@@ -151,7 +151,11 @@ class BinaryLocator:
                         )
                         return None
                 return candidate
-        self.problems[path] = f"{path}: binary not found"
+        # The vDSO is in no file: perf record keeps a copy in the build-id
+        # cache (found above); a recording without one is decoded as perf
+        # does, without it and without a warning.
+        if path != "[vdso]":
+            self.problems[path] = f"{path}: binary not found"
         return None
 
 
