@@ -134,17 +134,20 @@ class SymbolTable:
     def functions(self) -> SymbolTable:
         """The function symbols only (what code addresses should resolve to)."""
         if self._functions is None:
-            keep = self.kind == FUNCTION
-            self._functions = SymbolTable(
-                self.start[keep],
-                self.size[keep],
-                self.name_index[keep],
-                self.names,
-                self.kind[keep],
-                self.module[keep],
-                self.modules,
-            )
+            self._functions = self.subset(self.kind == FUNCTION)
         return self._functions
+
+    def subset(self, keep: np.ndarray) -> SymbolTable:
+        """The symbols where the boolean array ``keep`` is true."""
+        return SymbolTable(
+            self.start[keep],
+            self.size[keep],
+            self.name_index[keep],
+            self.names,
+            self.kind[keep],
+            self.module[keep],
+            self.modules,
+        )
 
     def lookup(self, addresses: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Resolve addresses to ``(index, offset)`` arrays; index -1 where no symbol covers.
