@@ -1,0 +1,436 @@
+"""The time Linux perf gives each instruction of an Intel PT flow, so that
+``hwtrace script`` prints perf script's times to the nanosecond.
+
+perf's decoder (``tools/perf/util/intel-pt-decoder/intel-pt-decoder.c``)
+keeps a TSC estimate, ``timestamp``, moved by the timing packets as it
+reads them:
+
+- TSC: the 7-byte value completed with the top byte of the AUX buffer's
+  reference (the first TSC after a buffer start) or of the current
+  estimate (a value a little behind it is taken as the estimate: TSC
+  slip; one further behind wraps);
+- TMA: ``ctc_timestamp = tsc - FC - CTC mod 2**mtc_shift`` ticks (the
+  CPUID 0x15 ratio, integer when exact, else ``t/d*n + t%d*n/d``);
+- MTC: ``ctc_timestamp`` plus the CTC periods since the TMA (an MTC equal
+  to the last counts 256), never backwards;
+- CYC: after an MTC or TSC that follows a CYC, the cycles since, times
+  the TSC ticks per cycle measured up to the next MTC (looking ahead in
+  the buffer; the CBR-based ratio when that fails), never backwards.
+
+An instruction sample takes not that estimate but ``sample_timestamp``,
+which follows it only when the decoder returns in a state that is not
+waiting on a packet: so the instructions before the branch that consumes
+a TNT bit or a TIP carry the time of the previous such branch, and the
+consuming branch carries the time of every packet up to its own.  Trace
+(re)starts (PSB+ when not in sync, TIP.PGE), a changed CBR and an
+asynchronous FUP (with its TIP or TIP.PGD) move it without an
+instruction.  perf keeps each queue's time from going backwards.
+
+:class:`PerfClock` runs that over a queue's packets alongside its decoded
+instructions (their addresses and transfer classes), batch by batch, in a
+compiled kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..isa.x86 import IClass
+from ..pt.decode import chunk_ranges
+from ..pt.kinds import Kind
+from ..pt.packets import decode_range
+
+__all__ = ["C_COND", "C_FAR", "C_INDIRECT", "C_OTHER", "C_RET", "PerfClock", "transfer_class"]
+
+# Transfer classes of instructions, as the decoder consumes packets for them.
+C_OTHER, C_COND, C_RET, C_INDIRECT, C_FAR = 0, 1, 2, 3, 4
+
+_PAD, _PSB, _PSBEND = int(Kind.PAD), int(Kind.PSB), int(Kind.PSBEND)
+_TNT8, _TNT64, _TIP = int(Kind.TNT8), int(Kind.TNT64), int(Kind.TIP)
+_PGE, _PGD, _FUP = int(Kind.TIP_PGE), int(Kind.TIP_PGD), int(Kind.FUP)
+_CBR, _TSC, _MTC, _TMA, _CYC = (int(Kind.CBR), int(Kind.TSC), int(Kind.MTC), int(Kind.TMA),
+                                int(Kind.CYC))  # fmt: skip
+_OVF = int(Kind.OVF)
+
+# Kernel state slots (int64).
+(P, TS, TSC_TS, REF, HAVE_TMA, CTC_TS, CTC_DELTA, LAST_MTC, FIXUP, CYC_REF, CYC_CNT,
+ HAVE_CALC, CBR, CBR_SEEN, SAMPLE, TNT_LEFT, LAST_IP, SYNCED, LAST_TYPE, IN_PSB,
+ PSB_FUP, PEND, PEND_IP, PEND_TS, NSTATE) = range(25)  # fmt: skip
+# Float state slots.
+CALC_CYC, CBR_CYC, MAX_NT = range(3)
+TSC_SLIP = 0x10000
+
+
+def transfer_class(iclass: int, is_direct: bool) -> int:
+    """The class :class:`PerfClock` takes for an instruction of
+    :class:`~hwtrace.isa.x86.IClass` ``iclass``."""
+    if iclass == IClass.COND_JUMP:
+        return C_COND
+    if iclass == IClass.RETURN:
+        return C_RET
+    if iclass in (IClass.FAR_CALL, IClass.FAR_RETURN, IClass.FAR_JUMP):
+        return C_FAR
+    if iclass == IClass.INDIRECT or (iclass in (IClass.CALL, IClass.JUMP) and not is_direct):
+        return C_INDIRECT
+    return C_OTHER
+
+
+@njit(cache=True)
+def _multdiv(t, n, d):
+    if d == 0:
+        return 0
+    return (t // d) * n + ((t % d) * n) // d
+
+
+@njit(cache=True)
+def _ip(payload, ipc, last):
+    if ipc == 1:
+        return (last & ~np.int64(0xFFFF)) | payload
+    if ipc == 2:
+        return (last & ~np.int64(0xFFFFFFFF)) | payload
+    if ipc == 3:
+        ip = payload
+        if ip & 0x800000000000:
+            ip |= ~np.int64(0xFFFFFFFFFFFF)
+        return ip
+    if ipc == 4:
+        return (last & ~np.int64(0xFFFFFFFFFFFF)) | payload
+    if ipc == 6:
+        return payload
+    return last
+
+
+@njit(cache=True)
+def _ctc_ticks(t, n, d, mult):
+    return t * mult if mult else _multdiv(t, n, d)
+
+
+# Packets that end perf's look-ahead for the cycle ratio (intel_pt_calc_cyc_cb).
+_STOPS = (int(Kind.TIP_PGD), int(Kind.STOP), int(Kind.EXSTOP), int(Kind.MWAIT), int(Kind.PWRE),
+          int(Kind.PWRX), int(Kind.OVF), int(Kind.INVALID), _TSC, _TMA)  # fmt: skip
+
+
+@njit(cache=True)
+def _lookahead_cyc(kind, a, p, npk, st, fs, shift, n, d, mult):
+    """intel_pt_calc_cyc_to_tsc after an MTC that followed a CYC: the TSC
+    ticks per cycle up to the next MTC that follows a CYC."""
+    cycles = 0
+    cbr = 0
+    cbr_cyc = 0.0
+    last_mtc = st[LAST_MTC]
+    ctc_delta = st[CTC_DELTA]
+    ts = st[TS]
+    fixup = st[FIXUP] != 0
+    last_type = st[LAST_TYPE]  # the packet before the MTC: a CYC
+    for q in range(p, npk):
+        k = kind[q]
+        if k == _PAD:
+            continue
+        if k in _STOPS:
+            return
+        if k == _CYC:
+            cycles += a[q]
+        elif k == _CBR:
+            c = a[q] & 0xFF
+            if cbr and cbr != c:
+                return
+            cbr = c
+            cbr_cyc = fs[MAX_NT] / c
+        elif k == _MTC and st[HAVE_TMA]:
+            mtc = a[q]
+            if shift > 8 and fixup:
+                fixup = False
+                first = np.int64(1) << (16 - shift)
+                last_mtc |= mtc & ~(first - 1)
+                if last_mtc >= mtc:
+                    last_mtc = (last_mtc - first) & 0xFF
+            delta = mtc - last_mtc if mtc > last_mtc else mtc + 256 - last_mtc
+            ctc_delta += delta << shift
+            last_mtc = mtc
+            stamp = st[CTC_TS] + _ctc_ticks(ctc_delta, n, d, mult)
+            if stamp < ts:
+                return
+            if last_type == _CYC:
+                if cbr == 0 and st[CBR]:
+                    cbr = st[CBR]
+                    cbr_cyc = fs[CBR_CYC]
+                if cycles == 0:
+                    return
+                ratio = (stamp - st[TS]) / cycles
+                if cbr and ratio > cbr_cyc and ratio / cbr_cyc > 1.25:
+                    return
+                fs[CALC_CYC] = ratio
+                st[HAVE_CALC] = 1
+                return
+            ts = stamp
+        last_type = k
+
+
+@njit(cache=True)
+def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
+    """Apply the timing packet at ``p`` (TSC, TMA, MTC, CYC) to the estimate."""
+    k = kind[p]
+    if k == _TSC:
+        st[HAVE_TMA] = 0
+        v = np.int64(a[p])
+        top = np.int64(0xFF) << 56
+        if st[REF] != 0:
+            ref = st[REF]
+            ts = v | (ref & top)
+            if ts < ref:
+                if ref - ts > (np.int64(1) << 55):
+                    ts += np.int64(1) << 56
+            elif ts - ref > (np.int64(1) << 55):
+                ts -= np.int64(1) << 56
+            st[TSC_TS] = ts
+            st[TS] = ts
+            st[REF] = 0
+        elif st[TS] != 0:
+            ts = v | (st[TS] & top)
+            st[TSC_TS] = ts
+            if ts < st[TS] and st[TS] - ts < TSC_SLIP:
+                ts = st[TS]
+            if ts < st[TS]:
+                ts += np.int64(1) << 56
+                st[TSC_TS] = ts
+            st[TS] = ts
+        if st[LAST_TYPE] == _CYC:
+            st[CYC_REF] = st[TS]
+            st[CYC_CNT] = 0
+            st[HAVE_CALC] = 0
+    elif k == _TMA:
+        if d == 0:
+            return
+        ctc = np.int64(a[p])
+        fc = np.int64(b[p])
+        st[LAST_MTC] = (ctc >> shift) & 0xFF
+        st[CTC_TS] = st[TSC_TS] - fc - _ctc_ticks(ctc & ((1 << shift) - 1), n, d, mult)
+        st[CTC_DELTA] = 0
+        st[HAVE_TMA] = 1
+        st[FIXUP] = 1
+    elif k == _MTC:
+        if not st[HAVE_TMA]:
+            return
+        mtc = np.int64(a[p])
+        if shift > 8 and st[FIXUP]:
+            st[FIXUP] = 0
+            first = np.int64(1) << (16 - shift)
+            st[LAST_MTC] |= mtc & ~(first - 1)
+            if st[LAST_MTC] >= mtc:
+                st[LAST_MTC] = (st[LAST_MTC] - first) & 0xFF
+        last = st[LAST_MTC]
+        delta = mtc - last if mtc > last else mtc + 256 - last
+        st[CTC_DELTA] += delta << shift
+        ts = st[CTC_TS] + _ctc_ticks(st[CTC_DELTA], n, d, mult)
+        if ts >= st[TS]:
+            st[TS] = ts
+        st[LAST_MTC] = mtc
+        if st[LAST_TYPE] == _CYC:
+            st[CYC_REF] = st[TS]
+            st[CYC_CNT] = 0
+            st[HAVE_CALC] = 0
+            _lookahead_cyc(kind, a, p + 1, npk, st, fs, shift, n, d, mult)
+    elif k == _CYC:
+        st[CYC_CNT] += np.int64(a[p])
+        if st[CYC_REF] == 0:
+            return
+        if st[HAVE_CALC]:
+            ts = np.int64(np.float64(st[CYC_REF]) + st[CYC_CNT] * fs[CALC_CYC])
+        elif st[CBR]:
+            ts = np.int64(np.float64(st[CYC_REF]) + st[CYC_CNT] * fs[CBR_CYC])
+        else:
+            return
+        if ts >= st[TS]:
+            st[TS] = ts
+
+
+@njit(cache=True)
+def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, out, i0):
+    """Times (TSC) of instructions ``i0..`` into ``out``; returns the first
+    instruction not timed for want of packets (the table is used up)."""
+    m = ips.shape[0]
+    i = i0
+    while i < m:
+        c = cls[i]
+        if st[PEND] and st[PEND_IP] == np.int64(ips[i]):
+            st[PEND] = 0
+            st[SAMPLE] = st[PEND_TS]
+        if st[TNT_LEFT] > 0:
+            if c == C_COND or c == C_RET:
+                st[TNT_LEFT] -= 1
+                st[SAMPLE] = st[TS]
+            out[i] = st[SAMPLE]
+            i += 1
+            continue
+        # Read up to the next packet an instruction consumes.
+        p = st[P]
+        restart = False
+        while p < npk:
+            k = kind[p]
+            if k == _PAD or (not st[SYNCED] and not st[IN_PSB] and k != _PSB):
+                p += 1  # perf looks for a PSB first, reading nothing before it
+                continue
+            if k == _TSC or k == _TMA or k == _MTC or k == _CYC:
+                _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult)
+            elif k == _CBR:
+                c8 = np.int64(a[p] & 0xFF)
+                if c8 != st[CBR] and c8 != 0:
+                    st[CBR] = c8
+                    fs[CBR_CYC] = fs[MAX_NT] / c8
+                if st[CBR] != st[CBR_SEEN] and not st[IN_PSB]:
+                    st[CBR_SEEN] = st[CBR]
+                    st[SAMPLE] = st[TS]
+            elif k == _PSB:
+                st[IN_PSB] = 1
+                st[PSB_FUP] = 0
+                st[LAST_IP] = 0
+            elif k == _PSBEND:
+                st[IN_PSB] = 0
+                if not st[SYNCED] or st[CBR] != st[CBR_SEEN]:
+                    st[SYNCED] = 1
+                    st[CBR_SEEN] = st[CBR]
+                    st[SAMPLE] = st[TS]
+                elif st[PSB_FUP]:
+                    # In sync, perf walks to the PSB+'s FUP and returns
+                    # there (intel_pt_psb_with_fup): the time moves at
+                    # that instruction.
+                    st[PEND] = 1
+                    st[PEND_IP] = st[LAST_IP]
+                    st[PEND_TS] = st[TS]
+            elif k == _OVF:
+                st[TNT_LEFT] = 0
+                st[SAMPLE] = st[TS]
+            elif k == _PGE:
+                st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+                st[SAMPLE] = st[TS]
+            elif k == _FUP and st[IN_PSB]:
+                st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+                st[PSB_FUP] = 1
+            elif k == _TNT8 or k == _TNT64 or k == _TIP or k == _PGD or k == _FUP:
+                break
+            st[LAST_TYPE] = k
+            p += 1
+        st[P] = p
+        if p >= npk:
+            return i
+        if st[PEND] and st[PEND_IP] == np.int64(ips[i]):
+            st[PEND] = 0
+            st[SAMPLE] = st[PEND_TS]
+        k = kind[p]
+        taken = False
+        if k == _TNT8 or k == _TNT64:
+            if c == C_COND or c == C_RET:
+                st[TNT_LEFT] = np.int64(b[p]) - 1
+                taken = True
+        elif k == _TIP:
+            if c == C_RET or c == C_INDIRECT or c == C_FAR:
+                st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+                taken = True
+        elif k == _PGD:
+            if c != C_OTHER:
+                st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+                taken = True
+        else:  # FUP: an event at the instruction it names
+            at = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+            if at == np.int64(ips[i]):
+                # Its TIP or TIP.PGD, past the timing packets in between.
+                q = p + 1
+                while q < npk and (kind[q] == _PAD or kind[q] == _TSC or kind[q] == _TMA
+                                   or kind[q] == _MTC or kind[q] == _CYC):  # fmt: skip
+                    q += 1
+                if q >= npk:
+                    return i
+                st[LAST_IP] = at
+                st[LAST_TYPE] = _FUP
+                p += 1
+                while p < q:
+                    if kind[p] != _PAD:
+                        _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult)
+                        st[LAST_TYPE] = kind[p]
+                    p += 1
+                if kind[q] == _TIP or kind[q] == _PGD:
+                    st[LAST_IP] = _ip(np.int64(a[q]), b[q], st[LAST_IP])
+                    st[LAST_TYPE] = kind[q]
+                    p = q + 1
+                st[P] = p
+                st[SAMPLE] = st[TS]
+                if c == C_FAR:  # the FUP is this instruction's own (a syscall)
+                    out[i] = st[SAMPLE]
+                    i += 1
+                    continue
+                restart = True
+        if restart:
+            continue  # time instruction i again after the event
+        if taken:
+            st[LAST_TYPE] = k
+            st[P] = p + 1
+            st[SAMPLE] = st[TS]
+        out[i] = st[SAMPLE]
+        i += 1
+    return i
+
+
+class PerfClock:
+    """perf's instruction times over one queue's trace (see the module
+    doc): give it the queue's instructions in flow order, batch by batch.
+
+    ``mtc_shift``, ``ratio`` (CPUID 0x15 EBX/EAX: TSC ticks per CTC tick)
+    and ``max_non_turbo_ratio`` are the trace's, from the perf.data's
+    AUXTRACE_INFO; ``reference`` is the first AUX buffer's reference TSC."""
+
+    def __init__(
+        self,
+        trace: np.ndarray,
+        mtc_shift: int,
+        ratio: tuple[int, int],
+        max_non_turbo_ratio: int,
+        reference: int = 0,
+        chunk_bytes: int = 1 << 20,
+    ) -> None:
+        self.trace = trace
+        n, d = int(ratio[0]), int(ratio[1])
+        if not n:
+            d = 0
+        self.params = (int(mtc_shift), n, d, n // d if d and n % d == 0 else 0)
+        self.state = np.zeros(NSTATE, np.int64)
+        self.state[REF] = np.int64(reference & 0x7FFFFFFFFFFFFFFF)
+        self.fstate = np.zeros(3, np.float64)
+        self.fstate[MAX_NT] = float(max_non_turbo_ratio)
+        starts = [s for s, _ in chunk_ranges(trace, chunk_bytes)] if trace.shape[0] else []
+        self._cuts = starts + [int(trace.shape[0])]
+        self._next = 0
+        self._table = None
+
+    def _load(self) -> bool:
+        if self._next + 1 >= len(self._cuts):
+            return False
+        lo, hi = self._cuts[self._next], self._cuts[self._next + 1]
+        self._next += 1
+        table = decode_range(self.trace, lo, hi)
+        self._table = (
+            np.ascontiguousarray(table.kind, np.int64),
+            np.ascontiguousarray(table.a, np.uint64).view(np.int64),
+            np.ascontiguousarray(table.b, np.int64),
+        )
+        self.state[P] = 0
+        return True
+
+    def times(self, ips: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """The TSC perf gives each of ``ips`` (transfer classes ``cls``, the
+        instructions following those of the previous call); 0: none."""
+        ips = np.ascontiguousarray(ips, np.uint64)
+        cls = np.ascontiguousarray(cls, np.uint8)
+        out = np.zeros(ips.shape[0], np.int64)
+        i = 0
+        while i < ips.shape[0]:
+            if self._table is None and not self._load():
+                out[i:] = self.state[SAMPLE]
+                break
+            kind, a, b = self._table
+            i = _run(kind, a, b, kind.shape[0], self.state, self.fstate, *self.params,
+                     ips, cls, out, i)  # fmt: skip
+            if i < ips.shape[0] and not self._load():
+                out[i:] = self.state[SAMPLE]
+                break
+        return out.view(np.uint64)
