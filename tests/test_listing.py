@@ -7,21 +7,20 @@ from hypothesis import strategies as st
 from hwtrace.perf.listing import render_lines
 
 
-def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn):
+def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain):
+    """perf script's ``%16s %5d %5lu.%09llu:  %16lx sym+0xoff (dso)``."""
     lines = []
     for j in range(ip.shape[0]):
-        stamp = f"{ns[j] / 1e9:.9f}" if ns[j] >= 0 else "-"
-        if ns[j] >= 0:  # exact, not through a float
-            stamp = f"{ns[j] // 10**9}.{ns[j] % 10**9:09d}"
+        stamp = f"{ns[j] // 10**9:5d}.{ns[j] % 10**9:09d}" if ns[j] >= 0 else f"{'-':>15}"
         s = sym[j]
         if s < 0:
-            label = "[unknown]"
+            label = "[unknown] ([unknown])"
         else:
-            plus = f"+{int(off[j]):#x}" if off[j] > 0 else ""
+            plus = "" if plain[s] else f"+{int(off[j]):#x}"
             label = f"{names[s]}{plus} ({modules[s]})"
         extra = f" {int(ninsn[j])} insns" if ninsn is not None else ""
         lines.append(
-            f"{comms[comm[j]][:16]:>16} {int(tid[j]):>7} {stamp:>18}: {int(ip[j]):16x} {label}{extra}\n"
+            f"{comms[comm[j]][:16]:>16} {int(tid[j]):5d} {stamp}:  {int(ip[j]):16x} {label}{extra}\n"
         )
     return "".join(lines)
 
@@ -45,7 +44,10 @@ def test_listing_matches_python(n, blocks, seed, chunk):
     sym = rng.integers(-1, len(names), n)
     off = rng.choice([0, 1, 0x17, 0xFFFF], n)
     ninsn = rng.integers(1, 5000, n) if blocks else None
+    plain = rng.integers(0, 2, len(names)).astype(np.uint8)
     got = b"".join(
-        render_lines(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, chunk=chunk)
+        render_lines(
+            comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain=plain, chunk=chunk
+        )
     ).decode()
-    assert got == _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn)
+    assert got == _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain)

@@ -56,7 +56,7 @@ def test_script_lists_every_instruction(recorded):
     out = run("script", "-i", str(data))
     assert out.returncode == 0, out.stderr
     rows = out.stdout.splitlines()
-    assert rows[0].split()[-2] == "checksum" and len(rows) > 100
+    assert rows[0].split()[-2] == "checksum+0x0" and len(rows) > 100
     blocks = run("script", "-i", str(data), "--blocks")
     assert len(blocks.stdout.splitlines()) < len(rows)
 

@@ -125,7 +125,7 @@ def test_script_finds_the_kcore_dir_itself(tmp_path, kernel_run, capsys):
     assert main(["script", "-i", str(top)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(enc.expected)
-    assert "kworker" in lines[0] and "fib ([kernel.kallsyms])" in lines[0], lines[0]
+    assert "kworker" in lines[0] and "fib+0x0 ([kernel.kallsyms])" in lines[0], lines[0]
 
 
 def test_vmlinux_moved_by_kaslr(tmp_path, kernel_run):

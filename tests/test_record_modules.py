@@ -73,10 +73,10 @@ def hwtrace(args: list[str], home: Path, monkeypatch, capsys) -> str:
 
 def script_modules(path: Path, home: Path, monkeypatch, capsys) -> list[str | None]:
     """``hwtrace script``'s module column, line by line (None where no
-    symbol covers the address: ``[unknown]``)."""
+    symbol covers the address: ``[unknown] (...)``)."""
     out = hwtrace(["script", "-i", str(path)], home, monkeypatch, capsys)
     return [
-        None if line.endswith("[unknown]") else line.rsplit("(", 1)[1].rstrip(")")
+        None if " [unknown] (" in line else line.rsplit("(", 1)[1].rstrip(")")
         for line in out.splitlines()
     ]
 

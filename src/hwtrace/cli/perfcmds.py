@@ -593,14 +593,23 @@ def script_main(argv: Sequence[str]) -> int:
         return got
 
     def on_blocks(b: PerfBlocks) -> None:
-        for part in b.split(EXPAND_INSNS) if not a.blocks else (b,):
+        for part in b.split(EXPAND_INSNS):
             if a.blocks:
                 ips, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
                 ends = np.arange(1, len(part) + 1)
+                # A block's time: perf's for its first instruction.
+                every = part.instructions()
+                timed = part.queue.perf_times(every, np.repeat(which, n))
+                if timed is not None and every.shape[0]:
+                    ns = timed[np.cumsum(n) - n]
             else:
                 per = part.ninsn
                 ips = part.instructions()
                 tid, ns, which = (np.repeat(c, per) for c in (part.tid, part.ns, part.image))
+                # perf's time for each instruction, where the queue has one.
+                timed = part.queue.perf_times(ips, which)
+                if timed is not None:
+                    ns = timed
                 n = None
                 ends = np.cumsum(per)
             kind = payload = None
@@ -608,12 +617,12 @@ def script_main(argv: Sequence[str]) -> int:
                 ips, tid, ns, which, n, kind, payload = _with_ptwrite(
                     part.ptw, ends, ips, tid, ns, which, n
                 )
-            sym, off, names, modules = _symbols(part.queue, ips, which)
+            sym, off, names, modules, plain = _symbols(part.queue, ips, which)
             tids, comm_index = np.unique(tid, return_inverse=True)
             names_of = [comm(int(t)) for t in tids.tolist()]
             for chunk in render_lines(
                 names_of, comm_index, tid, ns, ips, names, modules, sym, off, n,
-                kind=kind, payload=payload,
+                kind=kind, payload=payload, plain=plain,
             ):  # fmt: skip
                 out.write(chunk)
 
@@ -647,32 +656,46 @@ def _with_ptwrite(marks, ends: np.ndarray, ips, tid, ns, which, n):
 
 def _symbols(
     q: QueueInfo, ips: np.ndarray, which: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    """Per address, its symbol (an index into the returned names and
-    modules; -1: none) and the offset into it, from the symbols of the image
-    each ran in."""
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str], np.ndarray]:
+    """Per address, its name as perf script gives it (an index into the
+    returned names and modules; -1: no file mapped there) and the offset
+    into the symbol, from the image each ran in; the last array marks the
+    names printed without an offset (``[unknown]`` in a mapped file)."""
     sym = np.full(ips.shape[0], -1, np.int64)
     off = np.zeros(ips.shape[0], np.int64)
     names: list[str] = []
     modules: list[str] = []
-    ids: dict[tuple[str, str], int] = {}
+    plain: list[int] = []
+    ids: dict[tuple[str, str, int], int] = {}
+
+    def intern(name: str, module: str, unknown: int) -> int:
+        key = (name, module, unknown)
+        if key not in ids:
+            ids[key] = len(names)
+            names.append(name)
+            modules.append(module)
+            plain.append(unknown)
+        return ids[key]
+
     images = np.unique(which)
     for image in images.tolist():
         sel = np.flatnonzero(which == image) if images.shape[0] > 1 else slice(None)
-        table = q.symbols(image)
-        index, offset = table.lookup(ips[sel])
+        view = q.perf_names(image)
+        table = view.symbols
+        addr = ips[sel]
+        index, offset = table.lookup(addr)
+        files = view.files_of(addr)
+        # Unnamed addresses take their file: index -2 - file.
+        index = np.where(index >= 0, index, np.where(files >= 0, -2 - files, -1))
         uniq, inverse = np.unique(index, return_inverse=True)
         glob = np.empty(uniq.shape[0], np.int64)
         for j, u in enumerate(uniq.tolist()):
-            if u < 0:
+            if u == -1:
                 glob[j] = -1
-                continue
-            key = (table.name(u), table.module_name(u))
-            if key not in ids:
-                ids[key] = len(names)
-                names.append(key[0])
-                modules.append(key[1])
-            glob[j] = ids[key]
+            elif u < -1:
+                glob[j] = intern("[unknown]", view.paths[-2 - u], 1)
+            else:
+                glob[j] = intern(table.name(u), table.module_name(u), 0)
         sym[sel] = glob[inverse.reshape(-1)]
         off[sel] = np.asarray(offset, np.int64)
-    return sym, off, names, modules
+    return sym, off, names, modules, np.array(plain, np.uint8)

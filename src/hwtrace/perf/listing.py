@@ -1,10 +1,13 @@
-"""``hwtrace script``'s listing: one line per instruction or block, like
-``perf script --itrace=i0ns``, written by a compiled kernel.
+"""``hwtrace script``'s listing: one line per instruction or block, as
+``perf script --itrace=i0ns --ns -F comm,tid,time,ip,sym,symoff,dso``
+prints it, written by a compiled kernel.
 
-A line is ``comm tid seconds.nanoseconds: ip symbol+0xoff (module)``, with
-``N insns`` appended per block; a PTWRITE payload in the flow is a line of
-its own at its place, ending ``ptwrite: 0xPAYLOAD`` (as ``perf script
---itrace=w`` lists them).  Names go into the kernel as byte tables
+A line is ``comm tid seconds.nanoseconds:  ip symbol+0xoff (module)``
+(perf's widths: 16, 5, 5 and 16; ``[unknown] (module)`` where no symbol
+covers the address, ``[unknown] ([unknown])`` where no file is mapped),
+with `` N insns`` appended per block; a PTWRITE payload in the flow is a
+line of its own at its place, ending ``ptwrite: 0xPAYLOAD`` (as ``perf
+script --itrace=w`` lists them).  Names go into the kernel as byte tables
 (one row per distinct comm, symbol name and module), so listing millions of
 instructions does no Python work per line.
 """
@@ -30,7 +33,7 @@ from ..textout import (
 @njit(cache=True)
 def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
-    comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len,
+    comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len, plain,
     lo, hi, out,
 ):  # fmt: skip
     """Lines ``lo..hi`` into ``out``; returns the bytes written."""
@@ -44,7 +47,7 @@ def _render(
         t = tid[i]
         neg = t < 0
         mag = -t if neg else t
-        p = put_spaces(out, p, 7 - digit_count(mag, 10) - (1 if neg else 0))
+        p = put_spaces(out, p, 5 - digit_count(mag, 10) - (1 if neg else 0))
         if neg:
             out[p] = 45
             p += 1
@@ -54,7 +57,7 @@ def _render(
         if ns[i] >= 0:
             sec = ns[i] // 1_000_000_000
             frac = ns[i] % 1_000_000_000
-            p = put_spaces(out, p, 18 - digit_count(sec, 10) - 10)
+            p = put_spaces(out, p, 5 - digit_count(sec, 10))
             p = put_dec(out, p, sec)
             out[p] = 46
             p += 1
@@ -63,10 +66,10 @@ def _render(
                 frac //= 10
             p += 9
         else:
-            p = put_spaces(out, p, 17)
+            p = put_spaces(out, p, 14)
             out[p] = 45
             p += 1
-        p = put_text(out, p, ": ")
+        p = put_text(out, p, ":  ")
         a = np.uint64(ip[i])
         n = 1
         q = a >> np.uint64(4)
@@ -79,10 +82,10 @@ def _render(
         p += 1
         s = sym[i]
         if s < 0:
-            p = put_text(out, p, "[unknown]")
+            p = put_text(out, p, "[unknown] ([unknown])")
         else:
             p = put_row(out, p, name_tab, name_len, s)
-            if off[i] > 0:
+            if plain[s] == 0:
                 p = put_text(out, p, "+0x")
                 p = put_hex(out, p, off[i], 0)
             p = put_text(out, p, " (")
@@ -115,16 +118,20 @@ def render_lines(
     *,
     kind: np.ndarray | None = None,
     payload: np.ndarray | None = None,
+    plain: np.ndarray | None = None,
     chunk: int = 1 << 16,
 ) -> Iterator[bytes]:
     """The listing as byte chunks.  Per line: ``comm`` (index into
     ``comms``), ``tid``, ``ns`` (perf time, -1 unknown), ``ip``, ``sym``
-    (index into ``names``/``modules``, -1 unknown) and ``off`` (bytes into
-    the symbol); ``ninsn`` per line makes it a block listing; a line whose
+    (index into ``names``/``modules``, -1: no file mapped there) and
+    ``off`` (bytes into the symbol); a name whose ``plain`` entry is
+    nonzero is printed without the offset (perf's ``[unknown]`` in a mapped
+    file); ``ninsn`` per line makes it a block listing; a line whose
     ``kind`` is 1 is a PTWRITE of ``payload`` instead."""
     comm_tab, comm_len = string_list_table([c[:16] for c in comms])
     name_tab, name_len = string_list_table(names)
     mod_tab, mod_len = string_list_table(modules)
+    plains = np.zeros(max(len(names), 1), np.uint8) if plain is None else plain.astype(np.uint8)
     blocks = ninsn is not None
     counts = ninsn if ninsn is not None else np.zeros(1, np.int64)
     width = 120 + int(name_len.max(initial=0)) + int(mod_len.max(initial=0))
@@ -156,6 +163,7 @@ def render_lines(
             name_len,
             mod_tab,
             mod_len,
+            plains,
             lo,
             hi,
             out,

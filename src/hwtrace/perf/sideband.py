@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..image import Image
-from ..image.elf import read_elf
+from ..image.elf import ElfFile, read_elf
 from ..image.jitdump import JitDump, is_jitdump_path, jit_symbols, read_mapped_jitdumps
 from ..image.revisions import CodeRevisions
 from ..image.sections import ImageError
@@ -216,26 +216,12 @@ class AddressSpace:
         tables = [] if kernel is None else [kernel.symbols]
         maps = self.mappings if time is None else self.mappings_at(time)
         for m in maps:
-            found = locator.find(m.path, m.build_id)
+            found, elf, bias = _placement(locator, m)
             if found is None:
                 continue
-            try:
-                elf = read_elf(found)
-            except ImageError:
+            if elf is None or bias is None:
                 image.add_raw(found, m.pgoff, m.length, m.start)
                 continue
-            seg = next(
-                (
-                    s
-                    for s in elf.segments
-                    if s.offset <= m.pgoff < s.offset + max(s.filesz, 1) and s.executable
-                ),
-                None,
-            )
-            if seg is None:
-                image.add_raw(found, m.pgoff, m.length, m.start)
-                continue
-            bias = m.start - (seg.vaddr + (m.pgoff - seg.offset))
             try:
                 loaded = image.add_elf(found, elf.min_vaddr + bias, executable_only=True)
             except ImageError:
@@ -251,6 +237,45 @@ class AddressSpace:
             locator.problems.setdefault(p.path, str(p))
         tables.append(jit)
         return image, SymbolTable.merge(tables)
+
+    def files_at(
+        self, locator: BinaryLocator, time: int | None = None
+    ) -> list[tuple[Mapping, Path | None, int | None]]:
+        """The mappings live at ``time`` (all when None), each with the
+        file found for it and the bias its ELF symbols move by (None: not
+        found, or not an ELF with an executable segment there)."""
+        maps = self.mappings if time is None else self.mappings_at(time)
+        out = []
+        for m in maps:
+            found, _, bias = _placement(locator, m)
+            out.append((m, found, bias))
+        return out
+
+
+def _placement(
+    locator: BinaryLocator, m: Mapping
+) -> tuple[Path | None, ElfFile | None, int | None]:
+    """The file found for mapping ``m``, its ELF (None: not an ELF) and the
+    bias that places the ELF's executable segment at the mapping (None: no
+    executable segment holds the mapped offset)."""
+    found = locator.find(m.path, m.build_id)
+    if found is None:
+        return None, None, None
+    try:
+        elf = read_elf(found)
+    except ImageError:
+        return found, None, None
+    seg = next(
+        (
+            s
+            for s in elf.segments
+            if s.offset <= m.pgoff < s.offset + max(s.filesz, 1) and s.executable
+        ),
+        None,
+    )
+    if seg is None:
+        return found, elf, None
+    return found, elf, m.start - (seg.vaddr + (m.pgoff - seg.offset))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,9 @@ import numpy as np
 
 from ..analysis.code import CodeIndex
 from ..image import Image
+from ..image.perfsyms import perf_symbols
 from ..image.revisions import CodeRevisions
+from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
 from ..pt import _flowkernel as FK
 from ..pt.codetable import CodeTable
@@ -54,8 +56,9 @@ from .code import add_bpf_images
 from .data import PerfData, PerfDataError
 from .features import Feature
 from .kernel import KernelCode
+from .perftime import PerfClock, transfer_class
 from .records import RecordType as RT
-from .sideband import BinaryLocator, CodeRevision, Sideband, TscConversion
+from .sideband import AddressSpace, BinaryLocator, CodeRevision, Sideband, TscConversion
 
 _SIDEBAND = (
     RT.MMAP, RT.MMAP2, RT.COMM, RT.FORK, RT.EXIT, RT.ITRACE_START, RT.SWITCH,
@@ -343,6 +346,8 @@ class QueueContexts:
         self.images: dict[tuple[int, int, int], tuple[Image, SymbolTable]] = {}
         self.symbols_of: dict[int, SymbolTable] = {}
         self.pid_of_image: dict[int, int] = {}
+        self.space_of_image: dict[int, tuple[AddressSpace | None, int]] = {}
+        self.perf_names_of: dict[int, PerfNames] = {}
         self.last_ns = 0
 
     def image_for(self, ns: int) -> Image:
@@ -364,6 +369,7 @@ class QueueContexts:
             self.images[key] = got
             self.symbols_of[id(got[0])] = got[1]
             self.pid_of_image[id(got[0])] = pid if space is not None else -1
+            self.space_of_image[id(got[0])] = (space, ns)
         return got[0]
 
     def context(self, tsc: int | None, ip: int) -> Image:
@@ -381,6 +387,40 @@ class QueueContexts:
         if base is not None:
             image = base
         return self.symbols_of.get(id(image), SymbolTable.empty())
+
+    def perf_names(self, image: Image) -> PerfNames:
+        """How perf names the addresses of ``image``: its files' symbols
+        as perf loads them (:func:`~hwtrace.image.perfsyms.perf_symbols`),
+        the kernel's and JIT code's as :meth:`symbols` has them, and the
+        mapped files, for addresses no symbol covers."""
+        base = getattr(image, "revision_base", None)
+        if base is not None:
+            image = base
+        got = self.perf_names_of.get(id(image))
+        if got is not None:
+            return got
+        space, ns = self.space_of_image.get(id(image), (None, 0))
+        files = space.files_at(self.locator, ns) if space is not None else []
+        tables, replaced = [], set()
+        for m, found, bias in files:
+            if found is not None and bias is not None:
+                try:
+                    tables.append(perf_symbols(str(found)).relocate(bias, m.path))
+                except (ImageError, OSError, ValueError):
+                    continue  # the decode said what is wrong with the file
+                replaced.add(m.path)
+        # The kernel's and JIT code's symbols stay as they are.
+        own = self.symbols(image)
+        keep = np.array([own.modules[k] not in replaced for k in own.module.tolist()], bool)
+        if keep.any():
+            tables.append(own.subset(keep))
+        got = self.perf_names_of[id(image)] = PerfNames(
+            SymbolTable.merge(tables),
+            np.array([m.start for m, _, _ in files], np.uint64),
+            np.array([m.end for m, _, _ in files], np.uint64),
+            [m.path for m, _, _ in files],
+        )
+        return got
 
     def revisions_for(self, image: Image) -> CodeRevisions | None:
         """The code revisions of the process ``image`` is of (the decoder's
@@ -518,6 +558,27 @@ def decode_perf(
     return PerfFlow(out, sb, conv, problems)
 
 
+@dataclass
+class PerfNames:
+    """An image's addresses named as perf script names them: ``symbols``
+    (module: the path the recording mapped), and the mapped files
+    (``start``, ``end``, ``path``, later mappings over earlier ones) that
+    name an address no symbol covers (``[unknown] (path)``)."""
+
+    symbols: SymbolTable
+    start: np.ndarray
+    end: np.ndarray
+    paths: list[str]
+
+    def files_of(self, addresses: np.ndarray) -> np.ndarray:
+        """The mapping (index into ``paths``) each address is in, -1: none."""
+        out = np.full(addresses.shape[0], -1, np.int64)
+        for k in range(len(self.paths)):  # per mapping, later ones win
+            inside = (addresses >= self.start[k]) & (addresses < self.end[k])
+            out[inside] = k
+        return out
+
+
 # --------------------------------------------------------------------------
 # Streaming
 
@@ -540,11 +601,46 @@ class QueueInfo:
     _ctx: QueueContexts | None = field(default=None, repr=False)
     _code: dict[int, CodeIndex] | None = field(default=None, repr=False)
     _decoder: FlowDecoder | None = field(default=None, repr=False)
+    #: perf's instruction times over this queue's trace, while it is decoded
+    clock: PerfClock | None = field(default=None, repr=False)
+    _classes: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    def perf_times(self, ips: np.ndarray, image: np.ndarray) -> np.ndarray | None:
+        """The perf time (ns) perf script gives each of ``ips``, the next
+        instructions of this queue's flow (``image``: the image number of
+        each); None when the queue has no clock (no TSC conversion) or is
+        not being decoded."""
+        ctx = self._ctx
+        if self.clock is None or ctx is None or ctx.conv is None:
+            return None
+        cls = np.zeros(ips.shape[0], np.uint8)
+        for im in np.unique(image).tolist():
+            sel = np.flatnonzero(image == im)
+            uniq, inverse = np.unique(ips[sel], return_inverse=True)
+            code = self.code(im)
+            got = np.empty(uniq.shape[0], np.uint8)
+            for j, ip in enumerate(uniq.tolist()):
+                key = (im, ip)
+                c = self._classes.get(key)
+                if c is None:
+                    insn = code.cache.get(ip, 64)
+                    c = 0 if isinstance(insn, int) else transfer_class(insn.iclass, insn.is_direct)
+                    self._classes[key] = c
+                got[j] = c
+            cls[sel] = got[inverse.reshape(-1)]
+        tsc = self.clock.times(ips, cls)
+        ns = np.asarray(ctx.conv.to_ns(tsc), np.int64)
+        return np.where(tsc == 0, -1, ns)
 
     def symbols(self, image: int) -> SymbolTable:
         """The symbols of image number ``image``."""
         assert self._ctx is not None
         return self._ctx.symbols(self.images[image])
+
+    def perf_names(self, image: int) -> PerfNames:
+        """How perf script names the addresses of image number ``image``."""
+        assert self._ctx is not None
+        return self._ctx.perf_names(self.images[image])
 
     def code_table(self, image: int) -> CodeTable:
         """The decoder's code table of image number ``image`` (what block
@@ -899,6 +995,7 @@ def stream_perf(
     if setup is None:
         return PerfStream([], sb, None, problems)
     conv, config, kernel, queues = setup
+    aux = data.auxtrace_columns()
     code: dict[int, CodeIndex] = {}
     infos: list[QueueInfo] = []
     for index, (cpu, tid, starts, sizes) in enumerate(queues):
@@ -912,9 +1009,15 @@ def stream_perf(
         sink = QueueSink(q, ctx, on_blocks, batch_rows)
         with _queue_trace(data, starts, sizes) as trace:
             q.trace_bytes = trace.shape[0]
+            ref = aux["reference"][aux["data_offset"] == starts[0]] if starts.shape[0] else []
+            q.clock = PerfClock(
+                trace, config.mtc_freq, (config.cpuid_0x15_ebx, config.cpuid_0x15_eax),
+                config.nom_freq, int(ref[0]) if len(ref) else 0, chunk_bytes,
+            )  # fmt: skip
             for s, e in chunk_ranges(trace, chunk_bytes):
                 dec.decode(trace, sink, s, e)
             sink.finish()
+            q.clock = None
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfStream(infos, sb, conv, problems)
 

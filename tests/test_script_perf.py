@@ -1,0 +1,178 @@
+"""``hwtrace script`` prints what ``perf script --itrace=i0ns --ns -F
+comm,tid,time,ip,sym,symoff,dso`` prints, to the byte, on real Intel PT
+recordings (DynamoRIO's drpt2trace tests, recorded on Skylake-SP) and on a
+dynamically linked program recorded here; perf 6.1 is run live.
+
+Also: ``-i /dev/stdin`` reads a pipe, and ``report`` says nothing about a
+vDSO the recording has no copy of (perf does not)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from realdata import real_input
+
+from hwtrace.cli.main import main
+
+PERF = shutil.which("perf")
+FIELDS = ["--itrace=i0ns", "--ns", "-F", "comm,tid,time,ip,sym,symoff,dso"]
+HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
+
+
+def perf_lists(path: Path) -> bytes:
+    """perf script's instruction listing of ``path`` (skips when perf or
+    its Intel PT decoder is missing)."""
+    if PERF is None:
+        pytest.skip("perf is not installed")
+    got = subprocess.run([PERF, "script", "-i", str(path), *FIELDS], capture_output=True,
+                         timeout=300)  # fmt: skip
+    if got.returncode != 0 or not got.stdout:
+        pytest.skip(f"perf script cannot decode Intel PT here: {got.stderr.decode()[-200:]}")
+    return got.stdout
+
+
+def hwtrace_lists(path: Path, capsysbinary) -> bytes:
+    capsysbinary.readouterr()
+    assert main(["script", "-i", str(path)]) == 0
+    return capsysbinary.readouterr().out
+
+
+def first_difference(a: bytes, b: bytes) -> str:
+    x, y = a.decode().splitlines(), b.decode().splitlines()
+    for k, (p, q) in enumerate(zip(x, y, strict=False)):
+        if p != q:
+            return f"line {k + 1}:\nperf:    {p}\nhwtrace: {q}"
+    return f"{len(x)} lines against {len(y)}"
+
+
+def wrapped(name: str, tmp_path: Path) -> Path:
+    """The raw trace of a drpt2trace test as a perf.data, with the timing
+    configuration DynamoRIO's test gives it (family 6 model 85, MTC period
+    3, nominal ratio 37, CPUID 0x15 2:308)."""
+    from hwtrace.perf.wrap import wrap_raw_trace
+    from hwtrace.pt.config import PtConfig
+
+    src = real_input(name)
+    config = PtConfig()
+    config.mtc_freq, config.nom_freq = 3, 37
+    config.cpuid_0x15_eax, config.cpuid_0x15_ebx = 2, 308
+    out = tmp_path / f"{name}.data"
+    wrap_raw_trace(src / "pt.bin", out, elf=[(src / "hello", None)], config=config)
+    return out
+
+
+@pytest.mark.parametrize("name", ["drpt2trace-simple", "drpt2trace-simple-tracedir"])
+def test_real_recording_lists_as_perf_does(name, tmp_path, capsysbinary):
+    """Every line: zero-size symbols sized up to the next (``_init+0x38``
+    for .plt code of a static binary), perf's choice among aliases
+    (``__libc_calloc`` over ``__calloc``, ``__GI___fstatat``), ``+0x0``,
+    and the time perf estimates from TSC, MTC and CYC for each
+    instruction (59,234 instructions in the longer trace)."""
+    path = wrapped(name, tmp_path)
+    theirs = perf_lists(path)
+    mine = hwtrace_lists(path, capsysbinary)
+    assert mine == theirs, first_difference(theirs, mine)
+
+
+def columns(listing: bytes) -> list[tuple[str, str, str]]:
+    """Per line: time, address, and ``symbol+offset (module)``."""
+    out = []
+    for line in listing.decode().splitlines():
+        head, _, rest = line.partition(":  ")
+        ip, _, name = rest.strip().partition(" ")
+        out.append((head.split()[-1], ip, name))
+    return out
+
+
+def test_times_are_perf_times(tmp_path, capsysbinary):
+    """Each instruction's time is perf's (the instructions before a branch
+    that consumes a packet keep the previous branch's time; MTC and CYC
+    as perf converts them), not libipt's: all 59,234 equal."""
+    path = wrapped("drpt2trace-simple-tracedir", tmp_path)
+    theirs = columns(perf_lists(path))
+    mine = columns(hwtrace_lists(path, capsysbinary))
+    assert len(theirs) == len(mine) == 59_234
+    assert [x[:2] for x in mine] == [x[:2] for x in theirs]
+
+
+def test_symbols_as_perf_loads_them():
+    """Zero-size symbols reach the next one, aliases as perf picks them,
+    PLT entries of a static binary under ``_init``."""
+    from hwtrace.image.perfsyms import perf_symbols
+
+    table = perf_symbols(str(real_input("drpt2trace-simple-tracedir") / "hello"))
+    names = {a: table.symbolize(a) for a in (0x401038, 0x401750, 0x417B80, 0x443720, 0x440350)}
+    assert names == {
+        0x401038: "_init+0x38",  # .plt, after .init's _init of size 0
+        0x401750: "__do_global_dtors_aux",  # size 0
+        0x417B80: "__libc_calloc",  # not __calloc (shorter) nor calloc (weak)
+        0x443720: "__GI___fstatat",  # global, longest of 2 leading underscores
+        0x440350: "__memmove_evex_unaligned_erms",  # not __memcpy_evex_unaligned_erms
+    }
+
+
+PROGRAM = r"""
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 2;
+    int *p = calloc(n, sizeof *p);
+    for (int i = 0; i < n; i++) p[i] = i * i;
+    for (int i = 0; i < n; i++) printf("%d\n", p[i]);
+    free(p);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded_program(tmp_path_factory) -> Path:
+    """A dynamically linked program calling calloc and printf, recorded by
+    the software backend (Intel PT with a TSC per step) from main's entry
+    to its return: lazy binding in ld.so, PLT stubs, libc."""
+    from test_record_software import SKIP, compile_program
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    exe = compile_program(PROGRAM, "calloc-printf", ("-O1",))
+    d = tmp_path_factory.mktemp("prog")
+    out = d / "p.data"
+    got = subprocess.run([*HWTRACE, "record", "-o", str(out), "--call", "main", "--", str(exe), "2"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return out
+
+
+def test_program_recorded_here_lists_as_perf_does(recorded_program, capsysbinary):
+    """PLT entries as perf synthesises them (``calloc@plt+0x0``), the PLT
+    header as ``_init+0x20``, libc's aliases, and the times."""
+    theirs = perf_lists(recorded_program)
+    mine = hwtrace_lists(recorded_program, capsysbinary)
+    assert b"@plt+0x0 (" in mine
+    assert mine == theirs, first_difference(theirs, mine)
+
+
+def test_dev_stdin_reads_a_pipe(tmp_path, capsysbinary):
+    """``-i /dev/stdin`` under a pipe reads the pipe, as ``-i -`` does."""
+    path = wrapped("drpt2trace-simple", tmp_path)
+    got = subprocess.run([*HWTRACE, "script", "-i", "/dev/stdin"], input=path.read_bytes(),
+                         capture_output=True, timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr.decode()
+    assert got.stdout == hwtrace_lists(path, capsysbinary)
+    assert got.stdout.count(b"\n") == 8
+
+
+def test_report_is_silent_about_a_vdso_it_has_no_copy_of(capsys):
+    """quipper's recording maps ``[vdso]`` (build id in its header) but no
+    build-id cache here has it: perf says nothing; the other binaries are
+    named, none with an empty name."""
+    path = real_input("quipper-intel_pt")
+    assert main(["report", "-i", str(path)]) == 0
+    out = capsys.readouterr().out
+    warnings = [x for x in out.splitlines() if x.startswith("warning: ")]
+    assert "warning: /usr/bin/coreutils: binary not found" in warnings
+    assert not [x for x in warnings if x.startswith("warning: :") or "vdso" in x]
