@@ -34,6 +34,7 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 
 from .elf import (
+    _SYM_FIELDS,
     SHN_UNDEF,
     STB_GLOBAL,
     STB_WEAK,
@@ -53,13 +54,6 @@ SHN_ABS = 0xFFF1
 STV_INTERNAL, STV_HIDDEN = 1, 2
 SHF_ALLOC = 2
 PAGE = 4096
-
-_FIELDS = {
-    64: [("name", "u4"), ("info", "u1"), ("other", "u1"), ("shndx", "u2"),
-         ("value", "u8"), ("size", "u8")],
-    32: [("name", "u4"), ("value", "u4"), ("size", "u4"), ("info", "u1"),
-         ("other", "u1"), ("shndx", "u2")],
-}  # fmt: skip
 
 
 def _names(strtab: bytes, offsets: np.ndarray) -> list[str]:
@@ -93,7 +87,7 @@ class _Elf:
     def table(self, index: int) -> tuple[np.ndarray, bytes]:
         """The entries of symbol table ``index`` and its string table."""
         _, _, _, _, offset, size, entsize, link = self.sections[index]
-        dtype = np.dtype(_FIELDS[self.elfclass]).newbyteorder("<" if self.little else ">")
+        dtype = np.dtype(_SYM_FIELDS[self.elfclass]).newbyteorder("<" if self.little else ">")
         total = self.buf.shape[0]
         if entsize != dtype.itemsize or size % entsize or offset + size > total:
             raise ImageError(f"{self.path}: malformed symbol table {self.sections[index][0]}")

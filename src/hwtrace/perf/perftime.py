@@ -106,6 +106,28 @@ def _ctc_ticks(t, n, d, mult):
     return t * mult if mult else _multdiv(t, n, d)
 
 
+@njit(cache=True)
+def _mtc_step(mtc, last, fixup, shift):
+    """An MTC against the last: the last MTC's bits the TMA lacked filled
+    in (intel_pt_fixup_last_mtc, when ``fixup``), and the CTC ticks since
+    (an MTC equal to the last counts 256 periods).  Returns (last, ticks)."""
+    if shift > 8 and fixup:
+        first = np.int64(1) << (16 - shift)
+        last |= mtc & ~(first - 1)
+        if last >= mtc:
+            last = (last - first) & 0xFF
+    delta = mtc - last if mtc > last else mtc + 256 - last
+    return last, delta << shift
+
+
+@njit(cache=True)
+def _cyc_restart(st):
+    """A TSC or MTC right after a CYC: cycles count from its time."""
+    st[CYC_REF] = st[TS]
+    st[CYC_CNT] = 0
+    st[HAVE_CALC] = 0
+
+
 # Packets that end perf's look-ahead for the cycle ratio (intel_pt_calc_cyc_cb).
 _STOPS = (int(Kind.TIP_PGD), int(Kind.STOP), int(Kind.EXSTOP), int(Kind.MWAIT), int(Kind.PWRE),
           int(Kind.PWRX), int(Kind.OVF), int(Kind.INVALID), _TSC, _TMA)  # fmt: skip
@@ -139,14 +161,9 @@ def _lookahead_cyc(kind, a, p, npk, st, fs, shift, n, d, mult):
             cbr_cyc = fs[MAX_NT] / c
         elif k == _MTC and st[HAVE_TMA]:
             mtc = a[q]
-            if shift > 8 and fixup:
-                fixup = False
-                first = np.int64(1) << (16 - shift)
-                last_mtc |= mtc & ~(first - 1)
-                if last_mtc >= mtc:
-                    last_mtc = (last_mtc - first) & 0xFF
-            delta = mtc - last_mtc if mtc > last_mtc else mtc + 256 - last_mtc
-            ctc_delta += delta << shift
+            _, ticks = _mtc_step(mtc, last_mtc, fixup, shift)
+            fixup = False
+            ctc_delta += ticks
             last_mtc = mtc
             stamp = st[CTC_TS] + _ctc_ticks(ctc_delta, n, d, mult)
             if stamp < ts:
@@ -196,9 +213,7 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
                 st[TSC_TS] = ts
             st[TS] = ts
         if st[LAST_TYPE] == _CYC:
-            st[CYC_REF] = st[TS]
-            st[CYC_CNT] = 0
-            st[HAVE_CALC] = 0
+            _cyc_restart(st)
     elif k == _TMA:
         if d == 0:
             return
@@ -213,23 +228,15 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
         if not st[HAVE_TMA]:
             return
         mtc = np.int64(a[p])
-        if shift > 8 and st[FIXUP]:
-            st[FIXUP] = 0
-            first = np.int64(1) << (16 - shift)
-            st[LAST_MTC] |= mtc & ~(first - 1)
-            if st[LAST_MTC] >= mtc:
-                st[LAST_MTC] = (st[LAST_MTC] - first) & 0xFF
-        last = st[LAST_MTC]
-        delta = mtc - last if mtc > last else mtc + 256 - last
-        st[CTC_DELTA] += delta << shift
+        _, ticks = _mtc_step(mtc, st[LAST_MTC], st[FIXUP] != 0, shift)
+        st[FIXUP] = 0 if shift > 8 else st[FIXUP]
+        st[CTC_DELTA] += ticks
         ts = st[CTC_TS] + _ctc_ticks(st[CTC_DELTA], n, d, mult)
         if ts >= st[TS]:
             st[TS] = ts
         st[LAST_MTC] = mtc
         if st[LAST_TYPE] == _CYC:
-            st[CYC_REF] = st[TS]
-            st[CYC_CNT] = 0
-            st[HAVE_CALC] = 0
+            _cyc_restart(st)
             _lookahead_cyc(kind, a, p + 1, npk, st, fs, shift, n, d, mult)
     elif k == _CYC:
         st[CYC_CNT] += np.int64(a[p])
