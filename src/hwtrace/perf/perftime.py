@@ -408,6 +408,7 @@ class PerfClock:
         self._cuts = starts + [int(trace.shape[0])]
         self._next = 0
         self._table = None
+        self._last = 0  # the latest time given
 
     def _load(self) -> bool:
         if self._next + 1 >= len(self._cuts):
@@ -440,4 +441,8 @@ class PerfClock:
             if i < ips.shape[0] and not self._load():
                 out[i:] = self.state[SAMPLE]
                 break
+        # perf keeps a queue's time from going backwards (intel_pt_run_decoder).
+        out = np.maximum.accumulate(np.maximum(out, self._last))
+        if out.shape[0]:
+            self._last = int(out[-1])
         return out.view(np.uint64)
