@@ -73,3 +73,25 @@ def test_garbage_is_a_snapshot_error(tmp_path, name, text):
         read_snapshot(root)
     except SnapshotError as e:
         assert str(e)
+
+
+def test_ds5_register_keys(tmp_path):
+    """DS-5 writes ``NAME(id:0xN)`` (the register number: offset 4N),
+    ``NAME(size:64)`` and both; OpenCSD reads a register by its name."""
+    d = write_snapshot(tmp_path / "s", _snap())
+    (d / "device_1.ini").write_text(
+        "[device]\nname=ETM_0\nclass=trace_source\ntype=ETM4.1\n\n[regs]\n"
+        "TRCCONFIGR(id:0x4)=0x000000C1\nTRCTRACEIDR(id:0x10)=0x10\n"
+        "TRCACVR0(id:0x100,size:64)=0xFFFF000000401000\nPC(size:64)=0x0000000000401000\n"
+        "TRCIDR0(0x1E0)=0x28000EA1\nCPSR='0x3C5'\n"
+    )
+    dev = read_snapshot(d).device("ETM_0")
+    assert dev.type == "ETM4.1"
+    assert dev.regs == {"TRCCONFIGR": 0xC1, "TRCTRACEIDR": 0x10, "TRCACVR0": 0xFFFF000000401000,
+                        "PC": 0x401000, "TRCIDR0": 0x28000EA1, "CPSR": 0x3C5}  # fmt: skip
+    assert dev.offsets == {"TRCCONFIGR": 0x10, "TRCTRACEIDR": 0x40, "TRCACVR0": 0x400,
+                           "TRCIDR0": 0x1E0}  # fmt: skip
+    for bad in ("X(id:zz)=1", "X(id)=1", "X(size:64,:3)=1", "X(0x1)(0x2)=1"):
+        (d / "device_1.ini").write_text(f"[device]\nname=ETM_0\ntype=ETM4\n[regs]\n{bad}\n")
+        with pytest.raises(SnapshotError, match=r"device_1\.ini: register"):
+            read_snapshot(d)

@@ -7,7 +7,11 @@ A snapshot directory (ARM's DS-5 "snapshot" layout, which OpenCSD's
   ``[trace] metadata=trace.ini``;
 - one ini file per device: ``[device]`` name, class (``core`` or
   ``trace_source``) and type (``STM``, ``ETM4``, ``ETE``, a core name...),
-  and ``[regs]`` with the trace unit's registers as ``NAME(0xOFF)=value``;
+  and ``[regs]`` with the trace unit's registers as ``NAME(0xOFF)=value``
+  (hwtrace, perf) or, as DS-5 writes them, ``NAME(id:0xN)=``,
+  ``NAME(size:64)=`` or ``NAME(id:0xN,size:64)=`` (``id`` is the register
+  number: its offset is ``4 * id``); OpenCSD's snapshot reader matches a
+  register by the name before the parenthesis;
 - ``trace.ini``: the captured buffers (``[trace_buffers] buffers=...``,
   one section per buffer with its file and ``format``: ``coresight`` for
   frame-formatted ETB/ETF/ETR data, ``source_data`` for one source's raw
@@ -30,7 +34,8 @@ from pathlib import Path
 
 __all__ = ["Buffer", "Device", "Snapshot", "SnapshotError", "read_snapshot", "write_snapshot"]
 
-_REG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((0x[0-9A-Fa-f]+|\d+)\))?\s*$")
+_REG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(?:\(([^()]*)\))?\s*$")
+_NUM = re.compile(r"^(0x[0-9A-Fa-f]+|\d+)$")
 
 
 class SnapshotError(ValueError):
@@ -87,7 +92,8 @@ class Snapshot:
 
 
 def _ini() -> configparser.ConfigParser:
-    p = configparser.ConfigParser(interpolation=None, strict=False)
+    # '=' only: DS-5's register keys hold ':' (``PC(size:64)=...``)
+    p = configparser.ConfigParser(interpolation=None, strict=False, delimiters=("=",))
     p.optionxform = str  # register and device names keep their case
     return p
 
@@ -144,9 +150,37 @@ def _read_ini(path: Path) -> configparser.ConfigParser:
 
 def _int(text: str, where: str) -> int:
     try:
-        return int(text.strip(), 0)
+        return int(text.strip().strip("\"'"), 0)
     except ValueError:
         raise SnapshotError(f"{where}: {text.strip()!r} is not a number") from None
+
+
+def _reg_key(key: str, where: str) -> tuple[str, int | None]:
+    """A ``[regs]`` key's register name and offset (None: not given):
+    ``NAME``, ``NAME(0xOFF)``, or DS-5's ``NAME(id:0xN[,size:64])``."""
+    m = _REG.match(key)
+    if m:
+        inner = m.group(2)
+        if inner is None:
+            return m.group(1), None
+        inner = inner.strip()
+        if _NUM.match(inner):
+            return m.group(1), int(inner, 0)
+        attrs: dict[str, str] = {}
+        for part in inner.split(","):
+            name, sep, value = part.partition(":")
+            if not sep or not name.strip() or not value.strip():
+                break
+            attrs[name.strip().lower()] = value.strip()
+        else:
+            ident = attrs.get("id")
+            if ident is None:
+                return m.group(1), None
+            if _NUM.match(ident):
+                return m.group(1), 4 * int(ident, 0)
+    raise SnapshotError(
+        f"{where}: register {key!r} is not NAME, NAME(0xOFF) or NAME(id:0xN,size:N)"
+    )
 
 
 def read_snapshot(directory: str | Path) -> Snapshot:
@@ -170,12 +204,10 @@ def read_snapshot(directory: str | Path) -> Snapshot:
         )
         if d.has_section("regs"):
             for key, value in d.items("regs"):
-                m = _REG.match(key)
-                if not m:
-                    raise SnapshotError(f"{dpath}: register {key!r} is not NAME or NAME(0xOFF)")
-                dev.regs[m.group(1)] = _int(value, f"{dpath}: {key}")
-                if m.group(2):
-                    dev.offsets[m.group(1)] = int(m.group(2), 0)
+                name, off = _reg_key(key, str(dpath))
+                dev.regs[name] = _int(value, f"{dpath}: {key}")
+                if off is not None:
+                    dev.offsets[name] = off
         snap.devices.append(dev)
     meta = top.get("trace", "metadata", fallback="trace.ini").strip()
     tpath = root / meta
