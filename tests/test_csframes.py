@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from opencsd_oracle import LISTER, needs_opencsd
 
 from hwtrace.hwevents.csframes import (
+    DSTREAM_BLOCK,
+    DSTREAM_DATA,
     FSYNC,
     HSYNC,
     FrameError,
+    block_indices,
     deformat,
     format_frames,
     frame_dump_lines,
@@ -211,6 +214,29 @@ def test_fsync_mode_without_sync():
     assert res.errors == [(0, "no FSYNC: 3 bytes before frame synchronisation skipped")]
     assert res.streams == {0x10: b"abc" * 20}
     assert res.offsets[0x10][0] == 3 + 4 + 1
+
+
+def test_dstream_footers_are_not_trace():
+    """A DSTREAM capture: 504 bytes of TPIU stream, an 8-byte footer, and
+    so on; the footers (here bytes that would read as an FSYNC and an ID)
+    are skipped, offsets are the file's, indices OpenCSD's (footers not
+    counted)."""
+    chunks = [(0x10 + k % 3, bytes(range(k, k + 29))) for k in range(60)]
+    tpiu = format_frames(chunks, fsync_every=4)
+    tpiu += FSYNC * ((-len(tpiu) % DSTREAM_DATA) // 4)
+    footer = FSYNC + b"\x21\x00\x00\x00"
+    blocks = [tpiu[k : k + DSTREAM_DATA] for k in range(0, len(tpiu), DSTREAM_DATA)]
+    capture = b"".join(b + footer for b in blocks)
+    assert len(blocks) >= 3 and len(capture) == len(blocks) * DSTREAM_BLOCK
+    want, got = deformat(tpiu, mode="fsync"), deformat(capture, mode="dstream")
+    assert got.errors == [] and got.streams == want.streams
+    for tid, offs in want.offsets.items():
+        assert (got.offsets[tid] == offs + (offs // DSTREAM_DATA) * 8).all()
+        assert capture[int(got.offsets[tid][-1])] == tpiu[int(offs[-1])]
+    for tid, idx in block_indices(tpiu, "fsync").items():
+        assert (block_indices(capture, "dstream")[tid] == idx).all()
+    # read as a plain TPIU stream, the footers break frames
+    assert deformat(capture, mode="fsync").errors
 
 
 def test_fsync_inside_frame_resynchronises():

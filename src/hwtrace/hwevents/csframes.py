@@ -80,7 +80,14 @@ NULL_ID = 0x00
 TRIGGER_ID = 0x7D
 FIRST_RESERVED_ID = 0x70
 
-MODES = {"memory": 0, "fsync": 1, "hsync": 2}
+MODES = {"memory": 0, "fsync": 1, "hsync": 2, "dstream": 3}
+
+#: An ARM DSTREAM probe stores its TPIU capture in 512-byte blocks of 504
+#: trace bytes and an 8-byte footer (OpenCSD: ``trc_pkt_lister
+#: -dstream_format`` feeds 504 bytes, skips 8); the trace bytes are an
+#: FSYNC-synchronised stream, and OpenCSD's indices count only them.
+DSTREAM_BLOCK = 512
+DSTREAM_DATA = 504
 
 # event codes written by the kernel: (offset, code, argument)
 _E_TRUNCATED = 1  # arg: bytes in the incomplete frame
@@ -587,6 +594,24 @@ def _mode(mode: str) -> int:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}") from None
 
 
+def _unwrap(arr: np.ndarray, mode: str) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """The bytes the frame decoder reads, its kernel mode, and (DSTREAM)
+    the input offset of each of those bytes (None: the same offsets)."""
+    m = _mode(mode)
+    if m != MODES["dstream"]:
+        return arr, m, None
+    pos = np.flatnonzero(np.arange(arr.shape[0], dtype=np.int64) % DSTREAM_BLOCK < DSTREAM_DATA)
+    return arr[pos], MODES["fsync"], pos
+
+
+def _input_offsets(pos: np.ndarray | None, offsets: np.ndarray) -> np.ndarray:
+    """Offsets in the unwrapped bytes as offsets in the input."""
+    if pos is None or pos.shape[0] == 0:
+        return offsets
+    inside = np.minimum(offsets, pos.shape[0] - 1)
+    return np.where(offsets < pos.shape[0], pos[inside], pos[-1] + 1 + offsets - pos.shape[0])
+
+
 def _allowed(ids: Iterable[int] | None) -> np.ndarray:
     allowed = np.zeros(128, np.bool_)
     if ids is None:
@@ -609,14 +634,14 @@ def deformat(
 
     ``mode``: ``"memory"`` for ETB/ETF/ETR buffers (16-byte aligned frames),
     ``"fsync"`` for a TPIU capture synchronised by FSYNCs, ``"hsync"`` for
-    one with FSYNCs and HSYNCs.  ``ids``: the trace IDs expected; data of
+    one with FSYNCs and HSYNCs, ``"dstream"`` for a DSTREAM capture (FSYNC
+    synchronised, with an 8-byte footer after every 504 bytes).  ``ids``: the trace IDs expected; data of
     other source IDs is dropped and reported once per ID as unknown (by
     default every source ID 0x01-0x6F is kept).  Damaged input is reported
     in ``errors`` and never raises, unless ``strict``: then the first error
     raises :class:`FrameError` with its offset.
     """
-    arr = _as_array(data)
-    m = _mode(mode)
+    arr, m, pos = _unwrap(_as_array(data), mode)
     allowed = _allowed(ids)
     no_starts = np.zeros(128, np.int64)
     empty_b = np.empty(0, np.uint8)
@@ -646,9 +671,11 @@ def deformat(
     for tid in np.flatnonzero(counts):
         s, e = int(starts[tid]), int(starts[tid] + counts[tid])
         streams[int(tid)] = out_b[s:e].tobytes()
-        offsets[int(tid)] = out_o[s:e]
+        offsets[int(tid)] = _input_offsets(pos, out_o[s:e])
     errors: list[tuple[int, str]] = []
     triggers: list[int] = []
+    if pos is not None and ev.shape[0]:
+        ev[:, 0] = _input_offsets(pos, ev[:, 0])
     for off, code, arg in ev.tolist():
         if code == _EV_TRIGGER:
             triggers.append(off)
@@ -681,11 +708,12 @@ def _hex_lines(head: str, chunk: np.ndarray) -> list[str]:
     return [head + text[0], *text[1:]]
 
 
-def _sequence(arr: np.ndarray, mode: str):
+def _sequence(arr: np.ndarray, m: int):
     """Every data byte in input order (byte, offset, trace ID), how many,
     the runs of one ID within a frame (sequence position, OpenCSD's index,
-    ID) and the frames (start, end, start of frame, first run, kind)."""
-    m = _mode(mode)
+    ID) and the frames (start, end, start of frame, first run, kind), all
+    in the bytes the frame decoder reads (``arr``, unwrapped: OpenCSD's
+    indices); ``m`` is the kernel's mode."""
     n = arr.shape[0]
     seq_b = np.empty(n, np.uint8)
     seq_o = np.empty(n, np.int64)
@@ -710,8 +738,8 @@ def block_indices(data, mode: str = "memory") -> dict[int, np.ndarray]:
     a packet starting there: OpenCSD hands each run of one ID's bytes in a
     frame to the decoder at the frame's start, or at the ID byte that began
     the run, and counts on from there."""
-    arr = _as_array(data)
-    _, _, seq_id, nseq, seg, _ = _sequence(arr, mode)
+    arr, m, _ = _unwrap(_as_array(data), mode)
+    _, _, seq_id, nseq, seg, _ = _sequence(arr, m)
     lengths = np.diff(np.append(seg[:, 0], nseq))
     # A block's bytes count on from its index.
     index = np.repeat(seg[:, 1] - seg[:, 0], lengths) + np.arange(nseq)
@@ -725,8 +753,8 @@ def frame_dump_lines(
     syncs included) and ``-o_raw_unpacked`` (each run of one ID's bytes in a
     frame, at OpenCSD's index: the frame start, or the ID byte that began
     the run) print them, one text line per item."""
-    arr = _as_array(data)
-    seq_b, _, _, nseq, seg, frm = _sequence(arr, mode)
+    arr, m, _ = _unwrap(_as_array(data), mode)
+    seq_b, _, _, nseq, seg, frm = _sequence(arr, m)
     nseg = seg.shape[0]
     for fi in range(frm.shape[0]):
         start, end, _sof, seg_first, kind = (int(x) for x in frm[fi])
@@ -783,13 +811,13 @@ def trace_ids(snapshot) -> dict[str, int]:
     return out
 
 
-_BUFFER_MODES = {"coresight": "memory", "dstream_coresight": "fsync"}
+_BUFFER_MODES = {"coresight": "memory", "dstream_coresight": "dstream"}
 
 
 def snapshot_streams(snapshot) -> dict[str, bytes]:
     """Each trace source's bytes: deformatted from its buffer's frames
-    (``format=coresight``: memory frames; ``dstream_coresight``: FSYNC
-    synchronised), or the buffer itself (``source_data``).  Raises
+    (``format=coresight``: memory frames; ``dstream_coresight``: a DSTREAM
+    capture, FSYNC synchronised with block footers), or the buffer itself (``source_data``).  Raises
     :class:`FrameError` (offset 0) for a missing buffer, an unknown buffer
     format or a source in a formatted buffer without a trace ID."""
     ids = trace_ids(snapshot)
