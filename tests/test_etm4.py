@@ -379,3 +379,123 @@ def test_encoder_rejects_what_the_format_cannot_carry():
         encode_etm4([P(K.ASYNC), P(K.TRACE_INFO), P(K.ADDR_MATCH, 0x1234, info=0)], ETM4)
     with pytest.raises(Etm4Error):
         encode_etm4([P(K.EVENT, event=0)], ETM4)
+
+
+# ------------------------------------------------------------------ as OpenCSD lists damage
+
+
+def agree_through_damage(tmp_path, data: bytes, cfg: Etm4Config) -> list[str]:
+    """Decoded without resynchronisation (OpenCSD's packet processor stays
+    in sync after a bad header), the dump is the lister's line for line."""
+    dec = decode_etm4(data, cfg, resync=False)
+    mine = list(etm4_dump_lines(data, dec, ete=cfg.ete))
+    assert mine == lister_lines(tmp_path, data, cfg)
+    return mine
+
+
+ETM4Q = Etm4Config(q_elements=True)
+
+
+def _q_stream(cfg: Etm4Config) -> bytes:
+    base = 0xFFFF_0000_0040_1000
+    pk = [P(K.ASYNC), P(K.TRACE_INFO), P(K.TRACE_ON),
+          P(K.ADDR_CTXT, base, context=7, vmid=1, el=1),
+          P(K.ADDR, base + 0x40), P(K.ADDR, base + 0x1000),
+          P(K.Q, base + 0x40, info=5, payload=1),  # exact match, entry 1
+          P(K.Q, base + 0xA0, info=300, payload=0x5),  # short IS0, one byte
+          P(K.Q, base + 0x7A0, info=2, payload=0x5),  # short IS0, two bytes
+          P(K.Q, base + 0x2_0000, info=9, payload=0xA),  # long 32-bit IS0
+          P(K.Q, base + 0x2_0000, info=4, payload=0),  # exact match, entry 0 (a long one)
+          P(K.Q, info=7, payload=0xC),  # count only
+          P(K.Q, info=-1, payload=0xF),  # neither
+          P(K.ATOMS, atoms=1, natoms=1)]  # fmt: skip
+    return encode_etm4(pk, cfg)
+
+
+def test_q_packets():
+    data = _q_stream(ETM4Q)
+    d = decode_etm4(data, ETM4Q)
+    assert d.errors == []
+    q = np.flatnonzero(d.kind == K.Q)
+    assert [int(d.payload[i]) for i in q] == [1, 5, 5, 0xA, 0, 0xC, 0xF]
+    assert [int(d.info[i]) for i in q][:6] == [5, 300, 2, 9, 4, 7]
+    assert [hex(int(d.address[i])) for i in q][:5] == [
+        "0xffff000000401040", "0xffff0000004010a0", "0xffff0000004017a0", "0xffff000000421000",
+        "0xffff000000421000",
+    ]  # fmt: skip
+    lines = list(etm4_dump_lines(data, d))
+    # an exact match shows the bits its entry's packet carried (a short one)
+    assert lines[q[0]].endswith("I_Q : Q Packet.; Count(5); [1]; Addr=0xFFFF000000401040 ~[0x40]")
+    assert lines[q[3]].endswith("Count(9); Addr=0xFFFF000000421000 ~[0x421000]")
+    assert lines[q[4]].endswith("Count(4); [0]; Addr=0xFFFF000000421000 ~[0x421000]")
+    assert lines[q[6]].endswith("I_Q : Q Packet.; Count(Unknown)")
+    # Without Q elements (TRCIDR0.QSUPP = 0) the headers are reserved.
+    plain = decode_etm4(data, ETM4, resync=False)
+    assert K.Q not in plain.kind and K.RESERVED in plain.kind
+    with pytest.raises(Etm4Error):
+        encode_etm4([P(K.Q, info=1, payload=0xC)], ETM4)
+    with pytest.raises(Etm4Error):
+        encode_etm4([P(K.Q, info=1, payload=0x3)], ETM4Q)  # a reserved form
+
+
+@needs_opencsd
+def test_q_packets_agree_with_opencsd(tmp_path):
+    lines = agree_through_damage(tmp_path, _q_stream(ETM4Q), ETM4Q)
+    assert sum("I_Q : Q Packet." in x for x in lines) == 7
+
+
+def _reserved_cfg_stream() -> bytes:
+    """ETE: 07 (an ETMv4 exception return) and a conditional-trace header
+    (43) are reserved for its configuration, 08 and 62 are reserved."""
+    good = encode_etm4([P(K.ASYNC), P(K.TRACE_INFO), P(K.TRACE_ON), P(K.ADDR, 0x1000)], ETE)
+    return good + bytes([0x07, 0xF7, 0x43, 0xF6, 0x08, 0x62, 0xF7]) + good
+
+
+def test_reserved_for_the_configuration_names_the_packet():
+    data = _reserved_cfg_stream()
+    d = decode_etm4(data, ETE, resync=False)
+    lines = list(etm4_dump_lines(data, d, ete=True))
+    tail = [x.split("\t")[1] for x in lines[4:11]]
+    assert tail == [
+        "I_RESERVED_CFG : Reserved header for current configuration.[I_EXCEPT_RTN]",
+        "I_ATOM_F1 : Atom format 1.; E",
+        "I_RESERVED_CFG : Reserved header for current configuration.[I_COND_FLUSH]",
+        "I_ATOM_F1 : Atom format 1.; N",
+        "I_RESERVED : Reserved Packet Header",
+        "I_RESERVED : Reserved Packet Header",
+        "I_ATOM_F1 : Atom format 1.; E",
+    ]
+    assert [m for _, m in d.errors] == ["reserved header for this configuration"] * 2 + [
+        "reserved packet header"
+    ] * 2
+
+
+@needs_opencsd
+def test_reserved_for_the_configuration_agrees_with_opencsd(tmp_path):
+    agree_through_damage(tmp_path, _reserved_cfg_stream(), ETE)
+
+
+# A packet cut by the end of the trace, and what OpenCSD calls it.
+_CUTS = (
+    (bytes([0x9A, 0x40, 0x02]), "I_ADDR_L_32IS0"),
+    (bytes([0x85, 0x40, 0x02, 0, 0]), "I_ADDR_CTXT_L_64IS0"),
+    (bytes([0x02, 0x85]), "I_TIMESTAMP"),
+    (bytes([0x01]), "I_TRACE_INFO"),
+    (bytes([0x00]), "I_EXTENSION"),
+    (bytes([0x00, 0x00, 0x00]), "I_ASYNC"),
+)
+
+
+@pytest.mark.parametrize("tail,name", _CUTS)
+def test_incomplete_packet_names_what_it_was(tail, name):
+    data = HAND + tail
+    d = decode_etm4(data, ETM4)
+    assert K(int(d.kind[-1])) == K.INCOMPLETE_EOT and int(d.offset[-1]) == len(HAND)
+    last = list(etm4_dump_lines(data, d))[-1]
+    assert last.endswith(f"I_INCOMPLETE_EOT : Incomplete packet at end of trace.[{name}]")
+
+
+@needs_opencsd
+@pytest.mark.parametrize("tail,name", _CUTS)
+def test_incomplete_packet_agrees_with_opencsd(tmp_path, tail, name):
+    agree_through_damage(tmp_path, HAND + tail, ETM4)

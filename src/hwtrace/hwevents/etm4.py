@@ -48,9 +48,16 @@ writes a byte stream of packets, each a header byte and a payload:
   ENEN NENE patterns), format 5 ``D5``-``D7``/``F5``, format 6
   ``C0``-``D4``/``E0``-``F4`` (3 + bits 4:0 E atoms, then E or N by bit 5).
 
-Q, conditional and data-synchronisation packets are for configurations this
-module does not describe (TRCIDR0 without Q, conditional or data trace), so
-their headers are reserved here, as OpenCSD has them for such a unit.
+- ``A0``-``AF`` Q packets, when TRCIDR0.QSUPP allows them: an instruction
+  count (a continuation field) after an address (``A0``-``A2`` exact match,
+  ``A5``/``A6`` short, ``AA``/``AB`` long 32-bit) or none (``AC``);
+  ``AF`` carries neither; the other forms are reserved.
+
+Conditional and data-synchronisation packets, and ETE's ``07``, are for
+configurations this module does not describe, so their headers are
+reserved for the configuration (OpenCSD's ``I_RESERVED_CFG``, naming the
+packet); a packet cut by the end of the trace is ``I_INCOMPLETE_EOT``
+naming the packet it began.
 
 The configuration comes from the trace unit's registers as an OpenCSD
 snapshot carries them (:class:`Etm4Config`).  :func:`encode_etm4` writes
@@ -128,6 +135,7 @@ class Etm4Kind(IntEnum):
     TS_MARKER = 24
     DISCARD = 25
     OVERFLOW = 26
+    Q = 27
     ADDR_CTXT_L_32IS0 = 30
     ADDR_CTXT_L_32IS1 = 31
     ADDR_CTXT_L_64IS0 = 32
@@ -209,6 +217,7 @@ class Etm4Config:
     return_stack: bool = False  # TRCCONFIGR.RS
     commit_opt1: bool = False  # TRCIDR0.COMMOPT (with TRCIDR0.TRCCCI)
     max_spec_depth: int = 0  # TRCIDR8.MAXSPEC
+    q_elements: bool = False  # TRCIDR0.QSUPP != 0: Q packets
     auth_status: int = 0xCC  # TRCAUTHSTATUS
     core: str = ""  # core name for a snapshot ("" picks one for the version)
 
@@ -257,6 +266,7 @@ class Etm4Config:
             return_stack=bool(cfg & (1 << 12)),
             commit_opt1=bool(idr0 & (1 << 29)) and bool(idr0 & (1 << 7)),
             max_spec_depth=r.get("TRCIDR8", 0),
+            q_elements=((idr0 >> 15) & 3) != 0,
             auth_status=r.get("TRCAUTHSTATUS", 0xCC),
         )
 
@@ -267,6 +277,8 @@ class Etm4Config:
         idr0 = (1 << 5) | (1 << 7) | (1 << 9) | (3 << 10) | (tsf << 24)
         if self.commit_opt1:
             idr0 |= 1 << 29
+        if self.q_elements:
+            idr0 |= 3 << 15  # QSUPP: Q elements with and without counts
         idr1 = 0x4100F000 | (self.arch_major << 8) | (self.arch_minor << 4)
         vmidf = {0: 0, 8: 1, 16: 2, 32: 4}[self.vmid_size]
         idr2 = (
@@ -318,6 +330,8 @@ class Etm4Config:
                 int(self.commit_opt1),
                 self.max_spec_depth,
                 int(self.ite),
+                int(self.q_elements),
+                1,  # resynchronise at the next A-sync after damage
             ],
             dtype=np.int64,
         )
@@ -341,6 +355,8 @@ class Etm4Packet:
     - ``CCNT_F*``: ``cc`` (with the threshold), ``info`` = commit count;
       ``COMMIT``/``CANCEL*``: ``info`` = the count.
     - ``EVENT``: ``event`` (the 4-bit mask); ``ITE``: ``el``, ``payload``.
+    - ``Q``: ``payload`` = the form (the header's low nibble), ``info`` =
+      the instruction count, ``address``/``isa`` for the address forms.
     """
 
     kind: Etm4Kind
@@ -585,6 +601,8 @@ class _Encoder:
             if not 2 <= p.info <= 5:
                 raise ValueError("cancel format 3 cancels 2..5")
             out.append(0x38 | ((p.info - 2) << 1) | (1 if p.natoms else 0))
+        elif k == K.Q:
+            self.q(p)
         elif k in ATOM_KINDS:
             out.append(self.atom_byte(k, p.atoms, p.natoms))
         elif k == K.ATOMS:
@@ -612,6 +630,44 @@ class _Encoder:
             self.address(k, p.address, p.isa, p.info)
         else:
             raise ValueError(f"cannot encode a {p.kind!r} packet")
+
+    def q(self, p: Etm4Packet) -> None:
+        """A Q packet of form ``p.payload`` (the header's low nibble: 0-2
+        exact match, 5/6 short address IS0/IS1, 0xA/0xB long 32-bit address
+        IS0/IS1, 0xC count only, 0xF nothing) with count ``p.info``."""
+        qt = p.payload
+        if not self.c.q_elements:
+            raise ValueError("Q packets need a trace unit with Q elements (TRCIDR0.QSUPP)")
+        if qt not in (0, 1, 2, 5, 6, 0xA, 0xB, 0xC, 0xF):
+            raise ValueError(f"Q packet form {qt:#x} is reserved")
+        out = self.out
+        out.append(0xA0 | qt)
+        if qt <= 2:
+            addr, isa = self.hist[qt]
+            if (p.address, p.isa) != (addr, isa):
+                raise ValueError(f"Q exact match {qt}: {p.address:#x} is not in the history")
+            self.push(addr, isa)
+        elif qt in (5, 6):
+            isa, shift = (0, 2) if qt == 5 else (1, 1)
+            prev = self.hist[0][0]
+            if p.address >> (7 + shift) == prev >> (7 + shift):
+                out.append((p.address >> shift) & 0x7F)
+            elif p.address >> (15 + shift) == prev >> (15 + shift):
+                out += bytes(
+                    [((p.address >> shift) & 0x7F) | 0x80, (p.address >> (7 + shift)) & 0xFF]
+                )
+            else:
+                raise ValueError(f"Q short address {p.address:#x} is too far from {prev:#x}")
+            self.push(p.address, isa)
+        elif qt in (0xA, 0xB):
+            isa = qt - 0xA
+            out += self.long_addr(p.address, isa, False)
+            upper = self.hist[0][0] >> 32 if self.sf_known else 0
+            self.push((upper << 32) | (p.address & 0xFFFFFFFF), isa)
+        if qt != 0xF:
+            if p.info < 0:
+                raise ValueError(f"Q packet form {qt:#x} carries a count")
+            out += _cont(p.info)
 
     def atom_byte(self, k: int, bits: int, n: int) -> int:
         bits &= _mask(max(n, 0))
@@ -689,9 +745,18 @@ E_UNSYNC, E_RESERVED, E_EXT, E_ASYNC, E_EOT, E_CFG, E_NOSYNC = 1, 2, 3, 4, 5, 6,
 
 # state vector layout
 S_SYNC, S_A0, S_A1, S_A2, S_I0, S_I1, S_I2, S_TS, S_TSV = 0, 1, 2, 3, 4, 5, 6, 7, 8
-S_CTXV, S_SF, S_NS, S_EL, S_CID, S_VMID, S_THR, S_NSTATE = 9, 10, 11, 12, 13, 14, 15, 16
+S_CTXV, S_SF, S_NS, S_EL, S_CID, S_VMID, S_THR = 9, 10, 11, 12, 13, 14, 15
+# the address bits each history entry's packet carried (OpenCSD prints a Q
+# packet's exact-match address with them)
+S_B0, S_B1, S_B2, S_NSTATE = 16, 17, 18, 19
 
 _MASK32 = np.int64(0xFFFFFFFF)
+
+# Q packet forms by the header's low nibble (ETMv4 IHI0064 "Q packet";
+# OpenCSD's iPktQ): 1 exact match (entry = the nibble), 2/3 short address
+# IS0/IS1, 4 long 32-bit address, 5 count only, 6 neither count nor address;
+# 0: reserved
+_Q_FORM = np.array([1, 1, 1, 0, 0, 2, 3, 0, 0, 0, 4, 4, 5, 0, 0, 6], dtype=np.int64)
 
 
 @njit(cache=True)
@@ -711,13 +776,16 @@ def _cont_field(buf, p, end, limit):
 
 
 @njit(cache=True)
-def _push(st, addr, isa):
+def _push(st, addr, isa, bits):
     st[S_A2] = st[S_A1]
     st[S_I2] = st[S_I1]
+    st[S_B2] = st[S_B1]
     st[S_A1] = st[S_A0]
     st[S_I1] = st[S_I0]
+    st[S_B1] = st[S_B0]
     st[S_A0] = addr
     st[S_I0] = isa
+    st[S_B0] = bits
 
 
 @njit(cache=True)
@@ -765,6 +833,8 @@ def _run(
     commit_opt1 = cfg[5] != 0
     max_spec = cfg[6]
     ite = cfg[7] != 0
+    q_elem = cfg[8] != 0
+    resync = cfg[9] != 0
     cap = o_off.shape[0]
     ecap = e_off.shape[0]
     while pos < end and n < cap and ne < ecap - 2:
@@ -828,7 +898,9 @@ def _run(
                         size = 12
                     else:
                         err = E_ASYNC
-                        size = z - pos
+                        # the byte that broke the sequence belongs to it
+                        # (OpenCSD's iPktASync), 12 zeros are one
+                        size = z - pos if z - pos >= 12 else z - pos + 1
                 else:
                     err = E_EXT
                     size = 2
@@ -871,6 +943,9 @@ def _run(
                     st[S_I0] = 0
                     st[S_I1] = 0
                     st[S_I2] = 0
+                    st[S_B0] = 0
+                    st[S_B1] = 0
+                    st[S_B2] = 0
                     st[S_TSV] = 0
                     addr = 0
                     isa = 0
@@ -929,7 +1004,7 @@ def _run(
                     kind = 5
                     if ete and (etype == 0 or etype == 0x18):
                         kind = 7 if etype == 0 else 8
-                        _push(st, 0, 0)
+                        _push(st, 0, 0, 64)
                         addr = 0
                         isa = 0
         elif h == 0x07 and not ete:
@@ -1065,7 +1140,7 @@ def _run(
                         isa = st[S_I0]
                     else:
                         kind = (30 if alen == 4 else 32) + isa
-                        _push(st, addr, isa)
+                        _push(st, addr, isa, 8 * alen)
         elif h == 0x88 and (ete or ver >= 0x46):
             kind = 24
         elif (h >= 0x90 and h <= 0x92) or (ete and h >= 0xB0 and h <= 0xB2):
@@ -1074,7 +1149,7 @@ def _run(
             info = idx
             addr = st[S_A0 + idx]
             isa = st[S_I0 + idx]
-            _push(st, addr, isa)  # pushed again, as any address
+            _push(st, addr, isa, st[S_B0 + idx])  # pushed again, as any address
         elif h == 0x95 or h == 0x96 or (ete and (h == 0xB4 or h == 0xB5)):
             isa = np.int64(1) if (h == 0x96 or h == 0xB5) else np.int64(0)
             shift = 2 if isa == 0 else 1
@@ -1097,7 +1172,7 @@ def _run(
                     addr = (st[S_A0] & ~m) | v
                     kind = (35 if h < 0xB0 else 42) + isa
                     flags = bits  # the number of bits the packet carried
-                    _push(st, addr, isa)
+                    _push(st, addr, isa, bits)
         elif (
             h == 0x9A or h == 0x9B or h == 0x9D or h == 0x9E
             or (ete and h >= 0xB6 and h <= 0xB9)
@@ -1119,7 +1194,7 @@ def _run(
                 addr = v
                 base = 37 if h < 0xB0 else 44
                 kind = base + isa + (2 if is64 else 0)
-                _push(st, addr, isa)
+                _push(st, addr, isa, 8 * alen)
         elif h >= 0xC0:
             if h >= 0xF8:
                 kind, atoms, natoms = 52, h & 7, 3
@@ -1150,7 +1225,68 @@ def _run(
                 if h & 0x20 == 0:
                     atoms |= 1 << es
                 natoms = es + 1
-        elif (h >= 0x20 and h <= 0x2C) or (h >= 0x40 and h <= 0x6F) or (h >= 0xA0 and h <= 0xAF):
+        elif h >= 0xA0 and h <= 0xAF and q_elem and _Q_FORM[h & 0xF] != 0:
+            # Q: an instruction count, with an address in some forms
+            qt = h & 0xF
+            form = _Q_FORM[qt]
+            q = pos + 1
+            if form == 2 or form == 3:  # short (IS0 0x5, IS1 0x6)
+                isa = np.int64(0) if qt == 5 else np.int64(1)
+                shift = 2 if isa == 0 else 1
+                if q >= end:
+                    cut = True
+                else:
+                    b0 = np.int64(buf[q])
+                    v = (b0 & 0x7F) << shift
+                    bits = 7 + shift
+                    q += 1
+                    if b0 & 0x80:
+                        if q >= end:
+                            cut = True
+                        else:
+                            v |= np.int64(buf[q]) << (7 + shift)
+                            bits += 8
+                            q += 1
+                    if not cut:
+                        m = (np.int64(1) << bits) - 1
+                        addr = (st[S_A0] & ~m) | v
+                        natoms = bits  # the address bits the packet carried
+                        _push(st, addr, isa, bits)
+            elif form == 4:  # long 32-bit (IS0 0xA, IS1 0xB)
+                isa = np.int64(0) if qt == 0xA else np.int64(1)
+                if q + 4 > end:
+                    cut = True
+                else:
+                    v = _long_addr(buf, q, isa, 4)
+                    if st[S_CTXV] != 0 and st[S_SF] != 0:
+                        v = (st[S_A0] & ~_MASK32) | v
+                    addr = v
+                    q += 4
+                    natoms = 32
+                    _push(st, addr, isa, 32)
+            elif form == 1:  # exact match, entry 0-2
+                addr = st[S_A0 + qt]
+                isa = st[S_I0 + qt]
+                natoms = st[S_B0 + qt] if st[S_B0 + qt] < 64 else 0
+                _push(st, addr, isa, st[S_B0 + qt])
+            if not cut and qt != 0xF:
+                v, k = _cont_field(buf, q, end, 5)
+                if k < 0:
+                    cut = True
+                else:
+                    q += k
+                    info = v
+            if not cut:
+                kind = 27
+                size = q - pos
+                payload = qt
+        elif (
+            (h >= 0x20 and h <= 0x2C) or (h >= 0x40 and h <= 0x46) or (h >= 0x48 and h <= 0x4A)
+            or (h >= 0x4C and h <= 0x5F) or (h >= 0x68 and h <= 0x6F) or (h == 0x07 and ete)
+        ):  # fmt: skip
+            # data, conditional and (ETE) exception-return headers: packets
+            # of a configuration this unit does not have (OpenCSD's
+            # I_RESERVED_CFG)
             err = E_CFG
         else:
             err = E_RESERVED
@@ -1162,6 +1298,9 @@ def _run(
             o_kind[n] = 103
             o_size[n] = end - pos
             o_info[n] = h
+            o_event[n] = E_EOT
+            # an A-sync already had its second zero byte (not an extension)
+            o_payload[n] = 1 if h == 0 and avail >= 2 and buf[pos + 1] == 0 else 0
             n += 1
             pos = end
             break
@@ -1176,7 +1315,8 @@ def _run(
             o_event[n] = err
             n += 1
             pos += size
-            st[S_SYNC] = 0
+            if resync:
+                st[S_SYNC] = 0
             continue
         o_off[n] = pos
         o_kind[n] = kind
@@ -1281,16 +1421,22 @@ class Etm4Packets:
 
 
 def decode_etm4(
-    data: bytes | bytearray | memoryview | np.ndarray, config: Etm4Config
+    data: bytes | bytearray | memoryview | np.ndarray,
+    config: Etm4Config,
+    *,
+    resync: bool = True,
 ) -> Etm4Packets:
     """Decode an ETMv4/ETE byte stream (one trace source, no frame
     formatting).  Never raises on damaged data: each problem is a row of a
     damage kind and an ``errors`` entry, and decoding resumes at the next
-    A-sync."""
+    A-sync (with ``resync=False``, at the next byte, still synchronised, as
+    OpenCSD's packet processor does, so a listing follows OpenCSD's through
+    damage)."""
     buf = np.frombuffer(bytes(data), dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     buf = np.ascontiguousarray(buf, dtype=np.uint8)
     end = int(buf.shape[0])
     cfg = config._array()
+    cfg[9] = int(resync)
     st = np.zeros(S_NSTATE, dtype=np.int64)
     cap = max(1024, end // 2 + 16)
     cols = [np.zeros(cap, dtype=dt) for _, dt in _COLUMNS]
@@ -1347,6 +1493,7 @@ _NAMES = {
     K.TS_MARKER: ("I_TS_MARKER", "Timestamp Marker"),
     K.DISCARD: ("I_DISCARD", "Discard."),
     K.OVERFLOW: ("I_OVERFLOW", "Overflow."),
+    K.Q: ("I_Q", "Q Packet."),
     K.ADDR_CTXT_L_32IS0: ("I_ADDR_CTXT_L_32IS0", "Address & Context, Long, 32 bit, IS0."),
     K.ADDR_CTXT_L_32IS1: ("I_ADDR_CTXT_L_32IS1", "Address & Context, Long, 32 bit, IS0."),
     K.ADDR_CTXT_L_64IS0: ("I_ADDR_CTXT_L_64IS0", "Address & Context, Long, 64 bit, IS0."),
@@ -1373,6 +1520,9 @@ _NAMES = {
     K.ATOM_F6: ("I_ATOM_F6", "Atom format 6."),
     K.NOT_SYNC: ("I_NOT_SYNC", "I Stream not synchronised"),
     K.RESERVED: ("I_RESERVED", "Reserved Packet Header"),
+    # a header reserved for this configuration; OpenCSD names the packet
+    # in brackets
+    -E_CFG: ("I_RESERVED_CFG", "Reserved header for current configuration."),
     K.BAD_SEQUENCE: ("I_BAD_SEQUENCE", "Invalid Sequence in packet."),
     K.INCOMPLETE_EOT: ("I_INCOMPLETE_EOT", "Incomplete packet at end of trace."),
 }
@@ -1381,6 +1531,38 @@ _EXCEPTIONS = (
     "PE Reset", "Debug Halt", "Call", "Trap", "System Error", "Reserved", "Inst Debug",
     "Data Debug", "Reserved", "Reserved", "Alignment", "Inst Fault", "Data Fault",
     "Reserved", "IRQ", "FIQ",
+)  # fmt: skip
+
+
+def _header_name(h: int, async_started: bool = False) -> str:
+    """OpenCSD's name of the packet a header byte starts (what an
+    incomplete or configuration-reserved packet was)."""
+    if h == 0x00:
+        return "I_ASYNC" if async_started else "I_EXTENSION"
+    for lo, hi, name in _HEADER_NAMES:
+        if lo <= h <= hi:
+            return name
+    return "I_RESERVED"
+
+
+# (first header, last header, name), as OpenCSD's header table names them
+_HEADER_NAMES = (
+    (0x01, 0x01, "I_TRACE_INFO"), (0x02, 0x03, "I_TIMESTAMP"), (0x04, 0x04, "I_TRACE_ON"),
+    (0x05, 0x05, "I_FUNC_RET"), (0x06, 0x06, "I_EXCEPT"), (0x07, 0x07, "I_EXCEPT_RTN"),
+    (0x09, 0x09, "I_ITE"), (0x0C, 0x0D, "I_CCNT_F2"), (0x0E, 0x0F, "I_CCNT_F1"),
+    (0x10, 0x1F, "I_CCNT_F3"), (0x20, 0x27, "I_NUM_DS_MKR"), (0x28, 0x2C, "I_UNNUM_DS_MKR"),
+    (0x2D, 0x2D, "I_COMMIT"), (0x2E, 0x2E, "I_CANCEL_F1"), (0x2F, 0x2F, "I_CANCEL_F1_MISPRED"),
+    (0x40, 0x42, "I_COND_I_F2"), (0x43, 0x43, "I_COND_FLUSH"), (0x44, 0x46, "I_COND_RES_F4"),
+    (0x48, 0x4A, "I_COND_RES_F2"), (0x4C, 0x4E, "I_COND_RES_F2"), (0x50, 0x5F, "I_COND_RES_F3"),
+    (0x68, 0x6B, "I_COND_RES_F1"), (0x6C, 0x6C, "I_COND_I_F1"), (0x6D, 0x6D, "I_COND_I_F3"),
+    (0x6E, 0x6F, "I_COND_RES_F1"), (0x80, 0x81, "I_CTXT"), (0x82, 0x82, "I_ADDR_CTXT_L_32IS0"),
+    (0x83, 0x83, "I_ADDR_CTXT_L_32IS1"), (0x85, 0x85, "I_ADDR_CTXT_L_64IS0"),
+    (0x86, 0x86, "I_ADDR_CTXT_L_64IS1"), (0x95, 0x95, "I_ADDR_S_IS0"),
+    (0x96, 0x96, "I_ADDR_S_IS1"), (0x9A, 0x9A, "I_ADDR_L_32IS0"), (0x9B, 0x9B, "I_ADDR_L_32IS1"),
+    (0x9D, 0x9D, "I_ADDR_L_64IS0"), (0x9E, 0x9E, "I_ADDR_L_64IS1"), (0xA0, 0xAF, "I_Q"),
+    (0xB4, 0xB4, "I_SRC_ADDR_S_IS0"), (0xB5, 0xB5, "I_SRC_ADDR_S_IS1"),
+    (0xB6, 0xB6, "I_SCR_ADDR_L_32IS0"), (0xB7, 0xB7, "I_SRC_ADDR_L_32IS1"),
+    (0xB8, 0xB8, "I_SRC_ADDR_L_64IS0"), (0xB9, 0xB9, "I_SRC_ADDR_L_64IS1"),
 )  # fmt: skip
 
 
@@ -1414,7 +1596,8 @@ def etm4_dump_lines(
     TSTATE field)."""
     for i in range(len(packets)):
         k = Etm4Kind(int(packets.kind[i]))
-        name, desc = _NAMES[k]
+        cfg_reserved = k == K.RESERVED and int(packets.event[i]) == E_CFG
+        name, desc = _NAMES[-E_CFG if cfg_reserved else k]
         s = f"{name} : {desc}"
         addr = f"0x{int(packets.address[i]):016X}"
         if k == K.TRACE_INFO:
@@ -1467,6 +1650,20 @@ def etm4_dump_lines(
             s += f"; EL{int(packets.info[i])}; Payload=0x{int(packets.payload[i]):X}"
         elif k == K.BAD_SEQUENCE:
             s += "[I_ASYNC]" if int(packets.event[i]) == E_ASYNC else "[I_EXTENSION]"
+        elif k == K.INCOMPLETE_EOT:
+            s += f"[{_header_name(int(packets.info[i]), bool(packets.payload[i]))}]"
+        elif cfg_reserved:
+            s += f"[{_header_name(int(packets.info[i]))}]"
+        elif k == K.Q:
+            qt = int(packets.payload[i])
+            s += "; Count(Unknown)" if qt == 0xF else f"; Count({int(packets.info[i])})"
+            if qt <= 2:
+                s += f"; [{qt}]"
+            if qt <= 2 or qt in (0x5, 0x6, 0xA, 0xB):
+                s += f"; Addr={addr}"
+                bits = int(packets.natoms[i])
+                if bits:
+                    s += f" ~[0x{int(packets.address[i]) & _mask(bits):X}]"
         yield f"Idx:{int(packets.offset[i])}; ID:{trace_id:x};\t{s}"
 
 
