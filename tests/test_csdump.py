@@ -141,10 +141,11 @@ def test_damage_is_one_message_per_problem(capture, tmp_path):
     assert got.returncode == 0
     assert got.stderr.startswith(f"hwtrace csdump: {tmp_path / 'cut.bin'}: offset ")
     assert "Traceback" not in got.stderr and "I_ASYNC" in got.stdout
-    # A stream that never synchronises: every byte skipped, said once.
+    # A stream that never synchronises: every byte skipped, said once (and
+    # listed as OpenCSD lists it: not synchronised).
     (tmp_path / "junk.bin").write_bytes(bytes(range(1, 200)) * 3)
     got = _hwtrace(str(tmp_path / "junk.bin"), "--protocol", "stm")
-    assert got.returncode == 0 and got.stdout == ""
+    assert got.returncode == 0 and got.stdout == "Idx:0; ID:0;\tNOTSYNC:STM not synchronised\n"
     assert got.stderr.count("\n") == 1 and "offset 0x0" in got.stderr
     # A wrong trace ID: nothing of it, and the unknown IDs said.
     got = _hwtrace(str(d / "etb.bin"), "--frames", "memory", "--protocol", "stm", "--id", "0x30")

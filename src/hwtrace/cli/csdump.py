@@ -49,9 +49,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("-i", "--input", metavar="PERF.DATA",
                    help="a perf.data with CoreSight ETM trace (perf record -e cs_etm//)")  # fmt: skip
     p.add_argument("--protocol", choices=PROTOCOLS, help="what FILE holds")
-    p.add_argument("--frames", choices=("memory", "fsync", "hsync"),
+    p.add_argument("--frames", choices=("memory", "fsync", "hsync", "dstream"),
                    help="FILE is in CoreSight formatter frames (ETB/ETF/ETR: memory; "
-                   "TPIU: fsync, hsync)")  # fmt: skip
+                   "TPIU: fsync, hsync; a DSTREAM capture: dstream)")  # fmt: skip
     p.add_argument("--id", type=lambda v: int(v, 0), action="append", default=[], metavar="N",
                    help="only this trace ID (repeatable)")  # fmt: skip
     p.add_argument("--source", action="append", default=[], metavar="NAME",
@@ -153,7 +153,7 @@ def _snapshot_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
     listed: dict[str, dict[int, np.ndarray]] = {}
     out = []
     for dev in snap.devices:
-        proto = _TYPES.get(dev.type.upper())
+        proto = _protocol(dev.type)
         if proto is None or dev.name not in snap.source_buffers:
             continue
         if a.source and dev.name not in a.source:
@@ -164,7 +164,8 @@ def _snapshot_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
         buf = snap.source_data(dev.name)
         regs = {k.upper(): v for k, v in dev.regs.items()}
         if buf.format == "source_data":
-            out.append(Source(dev.name, proto, tid, bytes(buf.data), regs))
+            # one source's own buffer: OpenCSD lists it under ID 0
+            out.append(Source(dev.name, proto, 0, bytes(buf.data), regs))
             continue
         mode = _buffer_mode(buf.format)
         d = decoded.get(buf.name)
@@ -183,6 +184,13 @@ def _snapshot_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
         raise ValueError(f"{a.snapshot}: no STM, ETM4 or ETE trace source with trace data")
     frames = [(snap.buffer(name).data, _buffer_mode(snap.buffer(name).format)) for name in decoded]
     return out, frames
+
+
+def _protocol(device_type: str) -> str | None:
+    """The protocol of a snapshot device type; DS-5 adds the architecture
+    version (``ETM4.1``, ``ETM4.4``), which OpenCSD's snapshot reader cuts
+    at the first dot."""
+    return _TYPES.get(device_type.split(".", 1)[0].strip().upper())
 
 
 def _perf_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
@@ -233,7 +241,7 @@ def _perf_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
 
 
 def _buffer_mode(fmt: str) -> str:
-    return "fsync" if fmt.startswith("dstream") else "memory"
+    return "dstream" if fmt.startswith("dstream") else "memory"
 
 
 def _file_offsets(src: Source, offsets: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
@@ -255,35 +263,56 @@ def _problems(src: Source, errors) -> None:
         sys.stderr.write(f"{PROG}: {src.name}: offset {where:#x}: {msg}\n")
 
 
-def _decode(src: Source):
+def _decode(src: Source, resync: bool):
+    """The source's packets; ``resync=False`` carries on after damage as
+    OpenCSD's packet processors do (the listing), True skips to the next
+    sync packet (the events)."""
     if src.protocol == "stm":
         from ..hwevents.stp import decode_stp
 
-        pk = decode_stp(src.data)
+        pk = decode_stp(src.data, resync=resync)
     else:
         from ..hwevents.etm4 import Etm4Config, decode_etm4
 
-        config = (
-            Etm4Config.from_regs(src.regs) if src.regs else Etm4Config(ete=src.protocol == "ete")
-        )
-        pk = decode_etm4(src.data, config)
+        regs = dict(src.regs)
+        if src.protocol == "ete":
+            # OpenCSD's default for an ETE without TRCDEVARCH: ETE 1.0
+            regs.setdefault("TRCDEVARCH", 0x47705A13)
+        config = Etm4Config.from_regs(regs) if src.regs else Etm4Config(ete=src.protocol == "ete")
+        pk = decode_etm4(src.data, config, resync=resync)
     _problems(src, pk.errors)
     return pk
 
 
+def _stream_index(src: Source, positions: np.ndarray) -> np.ndarray:
+    """OpenCSD's index after ``positions`` bytes of the source's stream
+    were consumed (where an STM error is reported): one past the index of
+    the last byte consumed."""
+    table = src.list_index
+    if table is None or table.shape[0] == 0:
+        return positions
+    last = np.clip(positions - 1, 0, table.shape[0] - 1)
+    return np.where(positions > 0, table[last] + 1, table[0])
+
+
 def _dump(src: Source):
-    pk = _decode(src)
-    if len(pk) == 0:
+    pk = _decode(src, resync=False)
+    if len(pk) == 0 and not len(getattr(pk, "error_offsets", ())):
         return
     if src.protocol == "stm" and src.list_index is not None:
         # OpenCSD counts the bytes consumed when a packet's first nibble is
         # read: a packet starting in a high nibble is at its byte's index + 1
-        # (within the block that byte came in).
-        nib = np.asarray(pk.nibble, np.int64)
-        offsets = _file_offsets(src, nib // 2, src.list_index) + (nib & 1)
+        # (within the block that byte came in), except an ASYNC found while
+        # synchronising, at the byte of its first F: the decoder's offset
+        # says which.
+        byte = np.asarray(pk.nibble, np.int64) // 2
+        after = np.asarray(pk.offset, np.int64) - byte
+        offsets = _file_offsets(src, byte, src.list_index) + after
+        errs = _stream_index(src, np.asarray(pk.error_offsets, np.int64))
+        shown = replace(pk, offset=offsets, error_offsets=errs)
     else:
         offsets = _file_offsets(src, np.asarray(pk.offset, np.int64), src.list_index)
-    shown = replace(pk, offset=offsets)
+        shown = replace(pk, offset=offsets)
     if src.protocol == "stm":
         from ..hwevents.stp import stp_dump_lines
 
@@ -292,7 +321,9 @@ def _dump(src: Source):
         from ..hwevents.etm4 import etm4_dump_lines
 
         lines = etm4_dump_lines(src.data, shown, src.trace_id, ete=src.protocol == "ete")
-    yield from zip(offsets.tolist(), lines, strict=True)
+    # Damage lines (STM) come between packets: every line carries its index.
+    for line in lines:
+        yield int(line[4 : line.index(";")]), line
 
 
 def _addresses(items: list[str]) -> dict[int, str]:
@@ -315,7 +346,7 @@ def _events(a, sources: list[Source], out) -> int:
         return 2
     rows: list[dict] = []
     for src in sources:
-        pk = _decode(src)
+        pk = _decode(src, resync=True)
         if src.protocol == "stm":
             from ..hwevents.stp import stp_events
 
