@@ -776,6 +776,15 @@ def _cont_field(buf, p, end, limit):
 
 
 @njit(cache=True)
+def _field_at(buf, q, end, limit):
+    """(value, position after it, cut) of a continuation field at q."""
+    v, k = _cont_field(buf, q, end, limit)
+    if k < 0:
+        return v, q, True
+    return v, q + k, False
+
+
+@njit(cache=True)
 def _push(st, addr, isa, bits):
     st[S_A2] = st[S_A1]
     st[S_I2] = st[S_I1]
@@ -1036,12 +1045,7 @@ def _run(
             else:
                 q = pos + 1
                 if not commit_opt1:
-                    v, k = _cont_field(buf, q, end, 5)
-                    if k < 0:
-                        cut = True
-                    else:
-                        q += k
-                        info = v
+                    info, q, cut = _field_at(buf, q, end, 5)
                 if not cut and h == 0x0E:
                     v, k = _cont_field(buf, q, end, 3)
                     if k < 0:
@@ -1270,12 +1274,7 @@ def _run(
                 natoms = st[S_B0 + qt] if st[S_B0 + qt] < 64 else 0
                 _push(st, addr, isa, st[S_B0 + qt])
             if not cut and qt != 0xF:
-                v, k = _cont_field(buf, q, end, 5)
-                if k < 0:
-                    cut = True
-                else:
-                    q += k
-                    info = v
+                info, q, cut = _field_at(buf, q, end, 5)
             if not cut:
                 kind = 27
                 size = q - pos
