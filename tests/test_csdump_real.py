@@ -272,3 +272,19 @@ def test_dstream_capture(tmp_path, capsys):
     assert assert_lists_as_opencsd(
         capsys, tmp_path, d, "DSTREAM_0", "dstream_coresight", ["ETM_0"]
     ) == len(mine)
+    # The frames and footers, as -o_raw_packed -o_raw_unpacked lists them.
+    # (At the end of the file the lister's read loop runs once more and
+    # prints its last footer again: not a footer of the capture.)
+    out = subprocess.run(
+        [LISTER, "-ss_dir", str(d), "-logstdout", "-dstream_format", "-o_raw_packed",
+         "-o_raw_unpacked"], capture_output=True, text=True, cwd=str(tmp_path), check=True,
+    ).stdout  # fmt: skip
+    raw = re.compile(r"^(Frame Data|DSTREAM footer|([0-9a-f]{2} )+$)")
+    theirs = [x for x in out.splitlines() if raw.match(x)]
+    assert theirs[-1] == theirs[-2] and theirs[-1].startswith("DSTREAM footer")
+    capsys.readouterr()
+    assert csdump.main(["--snapshot", str(d), "--raw-frames"]) == 0
+    frames = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("Idx:")]
+    blocks = (d / "ds.bin").stat().st_size // DSTREAM_BLOCK
+    assert sum(x.startswith("DSTREAM footer") for x in frames) == blocks
+    assert frames == theirs[:-1]

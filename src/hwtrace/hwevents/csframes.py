@@ -752,22 +752,42 @@ def frame_dump_lines(
     """Frames as ``trc_pkt_lister -o_raw_packed`` (each frame's input bytes,
     syncs included) and ``-o_raw_unpacked`` (each run of one ID's bytes in a
     frame, at OpenCSD's index: the frame start, or the ID byte that began
-    the run) print them, one text line per item."""
-    arr, m, _ = _unwrap(_as_array(data), mode)
+    the run) print them, one text line per item.  A DSTREAM capture's
+    footers are listed as ``-dstream_format`` lists them, each after its
+    block's trace bytes (which end a packed frame's line there)."""
+    raw = _as_array(data)
+    arr, m, _ = _unwrap(raw, mode)
     seq_b, _, _, nseq, seg, frm = _sequence(arr, m)
     nseg = seg.shape[0]
+    # (index where a footer follows, its line): DSTREAM only, packed only
+    footers: list[tuple[int, str]] = []
+    if mode == "dstream" and packed:
+        for at in range(DSTREAM_DATA, raw.shape[0], DSTREAM_BLOCK):
+            foot = raw[at : at + DSTREAM_BLOCK - DSTREAM_DATA].tolist()
+            text = "".join(f"0x{b:x} " for b in foot)
+            footers.append(((at // DSTREAM_BLOCK + 1) * DSTREAM_DATA, f"DSTREAM footer [{text}]"))
+    nf = 0
+
+    def framed(head: str, start: int, end: int) -> Iterator[str]:
+        # a frame's bytes, split where a footer came between them
+        nonlocal nf
+        while nf < len(footers) and footers[nf][0] < end:
+            cut = footers[nf][0]
+            if cut > start:
+                yield from _hex_lines(f"Frame Data; Index{start:7d}; {head:>15}", arr[start:cut])
+                start = cut
+            yield footers[nf][1]
+            nf += 1
+        yield from _hex_lines(f"Frame Data; Index{start:7d}; {head:>15}", arr[start:end])
+
     for fi in range(frm.shape[0]):
         start, end, _sof, seg_first, kind = (int(x) for x in frm[fi])
         if kind == _F_BARRIER:
             if packed or unpacked:
-                yield from _hex_lines(
-                    f"Frame Data; Index{start:7d}; {'FSYNC; ':>15}", arr[start:end]
-                )
+                yield from framed("FSYNC; ", start, end)
             continue
         if packed:
-            yield from _hex_lines(
-                f"Frame Data; Index{start:7d}; {'RAW_PACKED; ':>15}", arr[start:end]
-            )
+            yield from framed("RAW_PACKED; ", start, end)
         if not unpacked or kind == _F_PARTIAL:
             continue
         seg_end = int(frm[fi + 1, 3]) if fi + 1 < frm.shape[0] else nseg
@@ -778,6 +798,8 @@ def frame_dump_lines(
             yield from _hex_lines(
                 f"Frame Data; Index{index:7d}; {'ID_DATA[':>10}{name}]; ", seq_b[pos:npos]
             )
+    for _, line in footers[nf:]:
+        yield line
 
 
 # --------------------------------------------------------------------------
