@@ -241,6 +241,27 @@ def test_stm_unsynchronised_and_cut_off(tmp_path, capsys):
     assert assert_lists_as_opencsd(capsys, tmp_path, d, "ETB_0", "coresight", ["STM_0"]) > 90
 
 
+@needs_opencsd
+def test_stm_damage_at_a_new_block(tmp_path, capsys):
+    """A cut packet whose first byte opens a new run of the STM's ID in the
+    frames: listed at that run's index (the ID byte), as OpenCSD does."""
+    head = encode_stp([StpPacket(S.ASYNC), StpPacket(S.VERSION, 3), StpPacket(S.M8, 1),
+                       StpPacket(S.D16, 0x55AA, ts=7), StpPacket(S.FLAG)])  # fmt: skip
+    cut = encode_stp([StpPacket(S.D32, 0x12345678)])[:2]
+    frames = format_frames([(0x20, head), (0x11, bytes(5)), (0x20, cut)])
+    snap = Snapshot(
+        devices=[Device("STM_0", "STM", regs={"STMTCSR": 0x00200007}, offsets={"STMTCSR": 0x3A0})],
+        buffers=[Buffer("ETB_0", frames, format="coresight", file="etb.bin")],
+        source_buffers={"STM_0": "ETB_0"},
+    )
+    d = write_snapshot(tmp_path / "s", snap)
+    mine, _ = _csdump(capsys, "--snapshot", str(d))
+    assert mine[-1].endswith("INCOMPLETE_EOT:Incomplete packet flushed at end of trace[D32]")
+    assert assert_lists_as_opencsd(capsys, tmp_path, d, "ETB_0", "coresight", ["STM_0"]) == len(
+        mine
+    )
+
+
 def _dstream(tpiu: bytes, seed: int = 5) -> bytes:
     """A DSTREAM capture: every 504 bytes of the TPIU stream, an 8-byte
     footer (its bytes are not trace); the last block filled with FSYNCs,

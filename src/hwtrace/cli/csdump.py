@@ -284,15 +284,12 @@ def _decode(src: Source, resync: bool):
     return pk
 
 
-def _stream_index(src: Source, positions: np.ndarray) -> np.ndarray:
-    """OpenCSD's index after ``positions`` bytes of the source's stream
-    were consumed (where an STM error is reported): one past the index of
-    the last byte consumed."""
-    table = src.list_index
-    if table is None or table.shape[0] == 0:
-        return positions
-    last = np.clip(positions - 1, 0, table.shape[0] - 1)
-    return np.where(positions > 0, table[last] + 1, table[0])
+def _stm_index(src: Source, nibble: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """OpenCSD's indices of STM packets (or damage) starting at ``nibble``
+    of the stream, whose stream offsets the decoder gave as ``offset``."""
+    byte = np.asarray(nibble, np.int64) // 2
+    after = np.asarray(offset, np.int64) - byte
+    return _file_offsets(src, byte, src.list_index) + after
 
 
 def _dump(src: Source):
@@ -305,10 +302,8 @@ def _dump(src: Source):
         # (within the block that byte came in), except an ASYNC found while
         # synchronising, at the byte of its first F: the decoder's offset
         # says which.
-        byte = np.asarray(pk.nibble, np.int64) // 2
-        after = np.asarray(pk.offset, np.int64) - byte
-        offsets = _file_offsets(src, byte, src.list_index) + after
-        errs = _stream_index(src, np.asarray(pk.error_offsets, np.int64))
+        offsets = _stm_index(src, pk.nibble, pk.offset)
+        errs = _stm_index(src, pk.error_nibbles, pk.error_offsets)
         shown = replace(pk, offset=offsets, error_offsets=errs)
     else:
         offsets = _file_offsets(src, np.asarray(pk.offset, np.int64), src.list_index)

@@ -401,6 +401,7 @@ def _decode(data, resync, cap, ecap):
     # error rows: offset, code, kind of the damaged packet, its marker, a
     # value, and how many packets precede the error
     eoff = np.empty(ecap, np.int64)
+    enib = np.empty(ecap, np.int64)  # the nibble the offset was taken from
     ecode = np.empty(ecap, np.uint8)
     ekind = np.empty(ecap, np.uint8)
     emark = np.empty(ecap, np.bool_)
@@ -438,12 +439,14 @@ def _decode(data, resync, cap, ecap):
             if not syn:
                 if cnt > 0:
                     eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NO_ASYNC, _NOTSYNC
+                    enib[ne] = e
                     emark[ne] = False
                     evalue[ne], erow[ne] = (N - e) // 2, n
                     ne += 1
                 break
             if cnt > 22:
                 eoff[ne], ecode[ne], ekind[ne], emark[ne] = (e + 1) // 2, E_NOTSYNC, _NOTSYNC, False
+                enib[ne] = e
                 evalue[ne], erow[ne] = (p - 22 - e) // 2, n
                 ne += 1
             # placed at the first F of its run, as OpenCSD places it
@@ -613,6 +616,7 @@ def _decode(data, resync, cap, ecap):
                                     p += 1
         if err != 0:
             eoff[ne], ecode[ne], emark[ne], evalue[ne], erow[ne] = off, err, mk, errv, n
+            enib[ne] = s
             ekind[ne] = _RESERVED if err == E_RESERVED else ptype
             ne += 1
             if err == E_TRUNCATED:
@@ -636,6 +640,7 @@ def _decode(data, resync, cap, ecap):
                     0,
                     n,
                 )
+                enib[ne] = s
                 ne += 1
                 coding_reported = True
             if coding == 2:
@@ -691,6 +696,7 @@ def _decode(data, resync, cap, ecap):
         emark,
         evalue,
         erow,
+        enib,
     )
 
 
@@ -756,6 +762,8 @@ class StpPackets:
     error_kinds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     error_markers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
     error_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the nibble each error's offset was taken from (as ``nibble``)
+    error_nibbles: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return int(self.kind.shape[0])
@@ -806,6 +814,7 @@ def decode_stp(data, *, resync: bool = True, strict: bool = False) -> StpPackets
         emark,
         evalue,
         erow,
+        enib,
     ) = r
     kind = kind[:n].copy()
     errors = [
@@ -830,6 +839,7 @@ def decode_stp(data, *, resync: bool = True, strict: bool = False) -> StpPackets
         error_kinds=ekind[:ne].copy(),
         error_markers=emark[:ne].copy(),
         error_offsets=eoff[:ne].copy(),
+        error_nibbles=enib[:ne].copy(),
     )
     if strict and errors:
         raise StpError(*errors[0])
