@@ -576,3 +576,24 @@ def test_events_long_stream(convention):
     assert ev.partial == sum(not e[5] for e in want) and ev.lost == int(
         np.isin(pk.kind, (K.MERR, K.GERR)).sum()
     )
+
+
+def test_notsync_per_block():
+    """While unsynchronised, OpenCSD lists a NOTSYNC for each block it is
+    handed; the error is one."""
+    good = [StpPacket(K.ASYNC), StpPacket(K.VERSION, 3), StpPacket(K.D8, 0x42, ts=7)]
+    data = bytes(range(0x10, 0x40)) + encode_stp(good)  # 48 bytes of no ASYNC
+    pk = decode_stp(data, blocks=[0, 16, 32, 48])
+    lines = list(stp_dump_lines(data, pk))
+    assert [x for x in lines if "NOTSYNC" in x] == [
+        f"Idx:{i}; ID:0;\tNOTSYNC:STM not synchronised" for i in (0, 16, 32)
+    ]
+    assert pk.errors == [(0, "not synchronised: 48 bytes skipped up to the next ASYNC")]
+    assert list(pk)[:3] == good
+    # one block: one line, as before
+    one = list(stp_dump_lines(data, decode_stp(data)))
+    assert sum("NOTSYNC" in x for x in one) == 1 and one[1:] == lines[3:]
+    # never synchronised: a line per block, one error
+    junk = decode_stp(bytes(range(0x10, 0x40)), blocks=[0, 20])
+    assert sum("NOTSYNC" in x for x in stp_dump_lines(b"", junk)) == 2
+    assert len(junk.errors) == 1 and "no ASYNC" in junk.errors[0][1]

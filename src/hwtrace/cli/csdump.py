@@ -20,6 +20,7 @@ from .common import Parser
 PROG = "hwtrace csdump"
 PROTOCOLS = ("stm", "etm4", "ete")
 _TYPES = {"STM": "stm", "ETM4": "etm4", "ETMV4": "etm4", "ETE": "ete"}
+_LISTER_READ = 1024  # trc_pkt_lister reads a source's own buffer 1 KiB at a time
 
 
 @dataclass
@@ -39,6 +40,14 @@ class Source:
     #: sources of one group are listed together, groups in order (perf.data:
     #: one group per AUX buffer fragment, as perf dumps them)
     group: int = 0
+    #: stream offsets where the blocks OpenCSD is handed the data in begin
+    #: (None: blocks of the size trc_pkt_lister reads a file in)
+    blocks: np.ndarray | None = None
+
+    def block_starts(self) -> np.ndarray:
+        if self.blocks is not None:
+            return self.blocks
+        return np.arange(0, len(self.data), _LISTER_READ, dtype=np.int64)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -109,7 +118,7 @@ def _regs(pairs: list[str]) -> dict[str, int]:
 
 
 def _sources(p: Parser, a) -> tuple[list[Source], list[tuple[bytes, str]]]:
-    from ..hwevents.csframes import block_indices, deformat
+    from ..hwevents.csframes import block_indices, block_starts, deformat
 
     if (bool(a.snapshot) + bool(a.file) + bool(a.input)) != 1:
         p.error("give a snapshot directory (--snapshot), a perf.data (-i) or a trace FILE")
@@ -134,9 +143,18 @@ def _sources(p: Parser, a) -> tuple[list[Source], list[tuple[bytes, str]]]:
     d = deformat(data, mode=a.frames, ids=a.id or None)
     for off, msg in d.errors:
         sys.stderr.write(f"{PROG}: {path}: offset {off:#x}: {msg}\n")
-    index = block_indices(data, a.frames)
+    index, starts = block_indices(data, a.frames), block_starts(data, a.frames)
     out = [
-        Source(f"{path} ID {tid:#x}", a.protocol, tid, stream, regs, d.offsets[tid], index.get(tid))
+        Source(
+            f"{path} ID {tid:#x}",
+            a.protocol,
+            tid,
+            stream,
+            regs,
+            d.offsets[tid],
+            index.get(tid),
+            blocks=starts.get(tid),
+        )
         for tid, stream in sorted(d.streams.items())
         if not a.id or tid in a.id
     ]
@@ -144,13 +162,14 @@ def _sources(p: Parser, a) -> tuple[list[Source], list[tuple[bytes, str]]]:
 
 
 def _snapshot_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
-    from ..hwevents.csframes import block_indices, deformat, trace_ids
+    from ..hwevents.csframes import block_indices, block_starts, deformat, trace_ids
     from ..hwevents.cssnapshot import read_snapshot
 
     snap = read_snapshot(a.snapshot)
     ids = trace_ids(snap)
     decoded: dict[str, object] = {}
     listed: dict[str, dict[int, np.ndarray]] = {}
+    starts: dict[str, dict[int, np.ndarray]] = {}
     out = []
     for dev in snap.devices:
         proto = _protocol(dev.type)
@@ -172,13 +191,23 @@ def _snapshot_sources(a) -> tuple[list[Source], list[tuple[bytes, str]]]:
         if d is None:
             d = decoded[buf.name] = deformat(buf.data, mode=mode)
             listed[buf.name] = block_indices(buf.data, mode)
+            starts[buf.name] = block_starts(buf.data, mode)
             for off, msg in d.errors:
                 sys.stderr.write(f"{PROG}: {buf.name}: offset {off:#x}: {msg}\n")
         stream = d.streams.get(tid, b"")
         none = np.zeros(0, np.int64)
         offsets = d.offsets.get(tid, none)
         out.append(
-            Source(dev.name, proto, tid, stream, regs, offsets, listed[buf.name].get(tid, none))
+            Source(
+                dev.name,
+                proto,
+                tid,
+                stream,
+                regs,
+                offsets,
+                listed[buf.name].get(tid, none),
+                blocks=starts[buf.name].get(tid, none),
+            )
         )
     if not out:
         raise ValueError(f"{a.snapshot}: no STM, ETM4 or ETE trace source with trace data")
@@ -270,7 +299,7 @@ def _decode(src: Source, resync: bool):
     if src.protocol == "stm":
         from ..hwevents.stp import decode_stp
 
-        pk = decode_stp(src.data, resync=resync)
+        pk = decode_stp(src.data, resync=resync, blocks=src.block_starts())
     else:
         from ..hwevents.etm4 import Etm4Config, decode_etm4
 

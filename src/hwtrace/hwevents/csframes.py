@@ -738,12 +738,31 @@ def block_indices(data, mode: str = "memory") -> dict[int, np.ndarray]:
     a packet starting there: OpenCSD hands each run of one ID's bytes in a
     frame to the decoder at the frame's start, or at the ID byte that began
     the run, and counts on from there."""
-    arr, m, _ = _unwrap(_as_array(data), mode)
-    _, _, seq_id, nseq, seg, _ = _sequence(arr, m)
-    lengths = np.diff(np.append(seg[:, 0], nseq))
+    seq_id, nseq, seg, lengths = _runs(data, mode)
     # A block's bytes count on from its index.
     index = np.repeat(seg[:, 1] - seg[:, 0], lengths) + np.arange(nseq)
     return {int(t): index[seq_id == t] for t in np.unique(seq_id).tolist() if t >= 0}
+
+
+def block_starts(data, mode: str = "memory") -> dict[int, np.ndarray]:
+    """Per trace ID, the offsets in its stream (as :func:`deformat` gives
+    it) where the blocks OpenCSD hands its decoder begin: each run of the
+    ID's bytes in a frame is one."""
+    _, _, seg, lengths = _runs(data, mode)
+    out = {}
+    for t in np.unique(seg[:, 2]).tolist():
+        if t >= 0:
+            mine = lengths[seg[:, 2] == t]
+            out[int(t)] = np.cumsum(mine) - mine
+    return out
+
+
+def _runs(data, mode: str):
+    """Every data byte's trace ID, how many, the runs of one ID within a
+    frame (see :func:`_sequence`) and each run's length."""
+    arr, m, _ = _unwrap(_as_array(data), mode)
+    _, _, seq_id, nseq, seg, _ = _sequence(arr, m)
+    return seq_id, nseq, seg, np.diff(np.append(seg[:, 0], nseq))
 
 
 def frame_dump_lines(

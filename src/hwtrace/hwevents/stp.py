@@ -132,6 +132,10 @@ _VALUE_BITS = {
 E_NOTSYNC, E_RESERVED, E_VERSION, E_TS_SIZE, E_ASYNC, E_TRUNCATED, E_TS_CODING, E_NO_ASYNC = range(
     1, 9
 )
+# A listing row, not an error: OpenCSD's NOTSYNC for one block of data in
+# which it searched for an ASYNC (the stretch's error is E_NOTSYNC or
+# E_NO_ASYNC, which are not listed).
+E_NOTSYNC_BLOCK = 9
 
 
 class StpError(ValueError):
@@ -386,7 +390,7 @@ def _rd(data, p, run, start, sync, soff, fnib, ctx):
 
 
 @njit(cache=True)
-def _decode(data, resync, cap, ecap):
+def _decode(data, resync, cap, ecap, blocks):
     N = data.shape[0] * 2
     nib = np.empty(cap, np.int64)
     offs = np.empty(cap, np.int64)
@@ -424,31 +428,56 @@ def _decode(data, resync, cap, ecap):
     coding_reported = False
     last = _NOTSYNC  # OpenCSD keeps the last packet type until the next is known
     overflow = False
+    bi = 0  # the next block start (stream byte offsets, ascending)
+    u0 = -1  # where the unsynchronised stretch began (nibble)
     while p < N or not synced:
-        if n + 2 > cap or ne + 2 > ecap:
+        if n + 2 > cap or ne + 3 > ecap:
             overflow = True
             break
         if not synced:
             e = p
             ctx = e
+            if u0 < 0:
+                u0 = e
+            # OpenCSD searches each block it is handed on its own, counting
+            # on from the F nibbles the last one ended with
             cnt = run + (1 if syn else 0)
-            while p < N and not syn:
+            while bi < blocks.shape[0] and 2 * blocks[bi] <= p:
+                bi += 1
+            lim = 2 * blocks[bi] if bi < blocks.shape[0] and 2 * blocks[bi] < N else N
+            while p < lim and not syn:
                 _, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
                 p += 1
                 cnt += 1
             if not syn:
                 if cnt > 0:
-                    eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NO_ASYNC, _NOTSYNC
-                    enib[ne] = e
+                    eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NOTSYNC_BLOCK, _NOTSYNC
+                    enib[ne], emark[ne], evalue[ne], erow[ne] = e, False, 0, n
+                    ne += 1
+                if p < N:
+                    continue
+                if N > u0 or cnt > 0:
+                    eoff[ne], ecode[ne], ekind[ne] = (u0 + 1) // 2, E_NO_ASYNC, _NOTSYNC
+                    enib[ne] = u0
                     emark[ne] = False
-                    evalue[ne], erow[ne] = (N - e) // 2, n
+                    evalue[ne], erow[ne] = (N - u0) // 2, n
                     ne += 1
                 break
             if cnt > 22:
-                eoff[ne], ecode[ne], ekind[ne], emark[ne] = (e + 1) // 2, E_NOTSYNC, _NOTSYNC, False
-                enib[ne] = e
-                evalue[ne], erow[ne] = (p - 22 - e) // 2, n
+                eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NOTSYNC_BLOCK, _NOTSYNC
+                enib[ne], emark[ne], evalue[ne], erow[ne] = e, False, 0, n
                 ne += 1
+            if p - 22 > u0:
+                eoff[ne], ecode[ne], ekind[ne], emark[ne] = (
+                    (u0 + 1) // 2,
+                    E_NOTSYNC,
+                    _NOTSYNC,
+                    False,
+                )
+                enib[ne] = u0
+                evalue[ne], erow[ne] = (p - 22 - u0) // 2, n
+                ne += 1
+            u0 = -1
             # placed at the first F of its run, as OpenCSD places it
             nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = (
                 fnib,
@@ -779,9 +808,16 @@ class StpPackets:
             yield self[i]
 
 
-def decode_stp(data, *, resync: bool = True, strict: bool = False) -> StpPackets:
+def decode_stp(
+    data, *, resync: bool = True, strict: bool = False, blocks: Iterable[int] = ()
+) -> StpPackets:
     """Decode an STP byte stream (bytes or a uint8 buffer).  Damage never
-    raises unless ``strict`` (then :class:`StpError` at the first error)."""
+    raises unless ``strict`` (then :class:`StpError` at the first error).
+    ``blocks``: stream offsets where the blocks OpenCSD is handed the data
+    in begin (runs of one ID in formatter frames, or the reads of a raw
+    file): while unsynchronised, OpenCSD lists a NOTSYNC for each block,
+    and so does the dump (the error is reported once)."""
+    starts = np.unique(np.asarray(list(blocks), np.int64))
     buf = (
         np.frombuffer(data, np.uint8)
         if not isinstance(data, np.ndarray)
@@ -790,7 +826,7 @@ def decode_stp(data, *, resync: bool = True, strict: bool = False) -> StpPackets
     cap = buf.shape[0] + 64
     ecap = 64
     while True:
-        r = _decode(buf, bool(resync), cap, ecap)
+        r = _decode(buf, bool(resync), cap, ecap, starts[starts > 0])
         if r[0] >= 0:
             break
         cap = 2 * buf.shape[0] + 64
@@ -820,6 +856,7 @@ def decode_stp(data, *, resync: bool = True, strict: bool = False) -> StpPackets
     errors = [
         (int(eoff[i]), _message(int(ecode[i]), int(ekind[i]), bool(emark[i]), int(evalue[i])))
         for i in range(ne)
+        if ecode[i] != E_NOTSYNC_BLOCK
     ]
     out = StpPackets(
         offset=offs[:n].copy(),
@@ -895,8 +932,7 @@ def _packet_text(
 
 
 _ERROR_TEXT = {
-    E_NOTSYNC: "NOTSYNC:STM not synchronised",
-    E_NO_ASYNC: "NOTSYNC:STM not synchronised",
+    E_NOTSYNC_BLOCK: "NOTSYNC:STM not synchronised",
     E_RESERVED: "RESERVED:Reserved Packet Header",
     E_TRUNCATED: "INCOMPLETE_EOT:Incomplete packet flushed at end of trace",
 }
@@ -925,7 +961,7 @@ def stp_dump_lines(data, packets: StpPackets | None = None, trace_id: int = 0) -
     for i in range(len(packets) + 1):
         while j < len(erows) and erows[j] == i:
             code = int(packets.error_codes[j])
-            if code != E_TS_CODING:
+            if code not in (E_TS_CODING, E_NOTSYNC, E_NO_ASYNC):  # said by a block row
                 text = _ERROR_TEXT.get(code, "BAD_SEQUENCE:Invalid sequence in packet")
                 if code in (E_TRUNCATED, E_VERSION, E_TS_SIZE, E_ASYNC):
                     text += (
@@ -1095,7 +1131,11 @@ def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
     ones as their bytes, little-endian (the bytes the program stored)."""
     if convention not in ("flag", "marker"):
         raise ValueError(f"convention {convention!r}: 'flag' or 'marker'")
-    gaps = np.sort(packets.error_rows[packets.error_codes != E_TS_CODING].astype(np.int64))
+    gaps = np.sort(
+        packets.error_rows[
+            (packets.error_codes != E_TS_CODING) & (packets.error_codes != E_NOTSYNC_BLOCK)
+        ].astype(np.int64)
+    )
     m, c, ts, has, first, off, length, done, blob, lost = _assemble(
         packets.kind,
         packets.master,
