@@ -323,8 +323,6 @@ def _stm_index(src: Source, nibble: np.ndarray, offset: np.ndarray) -> np.ndarra
 
 def _dump(src: Source):
     pk = _decode(src, resync=False)
-    if len(pk) == 0 and not len(getattr(pk, "error_offsets", ())):
-        return
     if src.protocol == "stm" and src.list_index is not None:
         # OpenCSD counts the bytes consumed when a packet's first nibble is
         # read: a packet starting in a high nibble is at its byte's index + 1
