@@ -809,7 +809,11 @@ class StpPackets:
 
 
 def decode_stp(
-    data, *, resync: bool = True, strict: bool = False, blocks: Iterable[int] = ()
+    data,
+    *,
+    resync: bool = True,
+    strict: bool = False,
+    blocks: Iterable[int] | np.ndarray = (),
 ) -> StpPackets:
     """Decode an STP byte stream (bytes or a uint8 buffer).  Damage never
     raises unless ``strict`` (then :class:`StpError` at the first error).
@@ -817,7 +821,9 @@ def decode_stp(
     in begin (runs of one ID in formatter frames, or the reads of a raw
     file): while unsynchronised, OpenCSD lists a NOTSYNC for each block,
     and so does the dump (the error is reported once)."""
-    starts = np.unique(np.asarray(list(blocks), np.int64))
+    starts = np.unique(
+        np.asarray(blocks if isinstance(blocks, np.ndarray) else list(blocks), np.int64)
+    )
     buf = (
         np.frombuffer(data, np.uint8)
         if not isinstance(data, np.ndarray)
