@@ -295,6 +295,42 @@ def test_nesting_limit():
     assert isinstance(parse(chain), ast.Logical)
 
 
+def _depth(n: ast.Node) -> int:
+    kids = [k for k in (getattr(n, "left", None), getattr(n, "right", None),
+                        getattr(n, "operand", None)) if isinstance(k, ast.Node)]  # fmt: skip
+    return 1 + max((_depth(k) for k in kids), default=0)
+
+
+@pytest.mark.parametrize("op", ["&&", "||"])
+def test_a_flat_chain_is_not_deep(op):
+    """A chain of one operator is flat, however long: it parses (balanced,
+    its terms in order, each operator node at one of the chain's
+    operators) and every tier evaluates it as the oracle does."""
+    n = 5000
+    text = f" {op} ".join(
+        f"intfield != {i}" if op == "&&" else f"intfield == {i}" for i in range(n)
+    )
+    tree = parse(text)
+    assert _depth(tree) <= 16
+    leaves = [x for x in ast.walk(tree) if isinstance(x, ast.Binary)]
+    assert [x.right.value for x in leaves] == list(range(n))
+    ops = {m.start() + 1 for m in re.finditer(re.escape(op), text)}
+    logical = [x for x in ast.walk(tree) if isinstance(x, ast.Logical)]
+    assert len(logical) == n - 1 and {x.column for x in logical} == ops
+    # Mixed: || of && chains, as C groups them.
+    mixed = " || ".join(f"intfield > {i} && intfield < {i + 2}" for i in range(0, 3000, 10))
+    checked = compile_check(mixed, EVENT)
+    for v, want in ((0, False), (1, True), (2, False), (2991, True), (2999, False)):
+        rec = EventRecord(EVENT, {"intfield": v})
+        assert evaluate(checked, rec.address, 0) is want, v
+    from hwtrace.filter.compile import compile_filter
+
+    for tier in ("lttng", "llvm"):
+        f = compile_filter(mixed, EVENT, tier)
+        for v, want in ((1, True), (2, False), (2991, True)):
+            assert bool(f(EventRecord(EVENT, {"intfield": v}).address)) is want, (tier, v)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet='ab01x.*"\\$[]()!~-+<>=&|^ :\n', max_size=30) | st.text(max_size=20))
 def test_parse_and_check_never_raise_anything_but_filter_error(text):

@@ -298,13 +298,42 @@ class _Builder:
             raise FilterError(
                 f"arithmetic operator '{op}' is not supported", column=op.start_pos + 1
             )
-        if kind in ("binary", "logical"):
+        if kind == "logical":
+            return self.chain(t, depth)
+        if kind == "binary":
             left = self.node(c[0], depth + 1)
             op = c[1]
             right = self.node(c[2], depth + 1)
-            cls = ast.Logical if kind == "logical" else ast.Binary
-            return cls(str(op), left, right, column=op.start_pos + 1)
+            return ast.Binary(str(op), left, right, column=op.start_pos + 1)
         raise FilterError(f"unexpected construct {kind!r}", column=_first_column(t))
+
+    def chain(self, t: Tree, depth: int) -> ast.Node:
+        """``a || b || c ...`` (one operator, as the grammar's left-recursive
+        rule nests it) as a balanced tree: ``&&`` and ``||`` are associative
+        and the operands keep their order, so evaluation (short circuits
+        and LTTng's abort on missing data) is unchanged, while a flat chain
+        of N terms is log2(N) levels deep, not N, for every later pass."""
+        op = t.children[1]
+        operands: list[Tree] = []
+        ops: list[Token] = []
+        while isinstance(t, Tree) and t.data == "logical" and t.children[1].type == op.type:
+            operands.append(t.children[2])
+            ops.append(t.children[1])
+            t = t.children[0]
+        operands.append(t)
+        operands.reverse()
+        ops.reverse()
+        levels = max(len(operands) - 1, 1).bit_length()
+        built = [self.node(x, depth + levels) for x in operands]
+
+        def join(lo: int, hi: int) -> ast.Node:  # operands[lo:hi], hi - lo >= 1
+            if hi - lo == 1:
+                return built[lo]
+            mid = (lo + hi + 1) // 2  # leaning left: a || b || c is (a || b) || c
+            tok = ops[mid - 1]  # the operator between operands mid-1 and mid
+            return ast.Logical(str(tok), join(lo, mid), join(mid, hi), column=tok.start_pos + 1)
+
+        return join(0, len(built))
 
     # Literals.
 
