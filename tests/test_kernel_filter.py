@@ -341,6 +341,26 @@ def test_verifier_message_points_at_the_expression(capsys):
     assert caret.index("^") == column - 1 + 2  # two spaces of indent
 
 
+# 96 terms of "*mid*" on a char[16]: each leaves ~90 branches pending on
+# the verifier's path, past its limit of 8192 (BPF_COMPLEXITY_LIMIT_JMP_SEQ),
+# a refusal bpf() reports as EFAULT with the reason only in the log.
+MANY_GLOBS = " || ".join(f'prev_comm == "*proc{i:03d}*"' for i in range(96))
+
+
+def test_verifier_reason_is_shown_whatever_the_errno(capsys):
+    before = _ids()
+    status, err = _run_cli(["sched:sched_switch", "-f", MANY_GLOBS, "-d", "0"], capsys)
+    assert status == 1 and "Traceback" not in err and "Bad address" not in err
+    head, text, caret = err.splitlines()[:3]
+    assert head.startswith("hwtrace trace: column ")
+    assert "the kernel verifier rejected the program" in head and "jumps is too complex" in head
+    assert text == "  " + MANY_GLOBS
+    # The caret is under one of the terms' operators.
+    column = int(head.split("column ")[1].split(":")[0])
+    assert caret.index("^") == column - 1 + 2 and MANY_GLOBS[column - 1 : column + 1] == "=="
+    _wait_ids(before)
+
+
 def test_no_root_and_no_bpf(capsys, monkeypatch):
     from hwtrace.kernel import bpf
 

@@ -62,6 +62,9 @@ PSEUDO_MAP_FD = 1  # ld_imm64 src: imm is a map's file descriptor
 ATTR_SIZE = 144  # bytes of union bpf_attr passed (the commands used fit)
 LOG_SIZE = 1 << 22
 
+# Refusals the verifier's log cannot explain (it is never reached).
+_NOT_THE_VERIFIER = (errno.EPERM, errno.ENOSYS)
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -382,10 +385,14 @@ class Program(_Fd):
                 self.log = logbuf.value.decode("utf-8", "replace") if level else ""
                 return
             err = ctypes.get_errno()
-            if err not in (errno.EACCES, errno.EINVAL) or level:
+            if err in _NOT_THE_VERIFIER or level:
                 log = logbuf.value.decode("utf-8", "replace") if level else ""
                 raise BpfError(_explain(f"load program {name}", err), err, log)
-            # Rejected: load again with the verifier's log to say why.
+            # Rejected: load again with the verifier's log to say why.  Not
+            # only EACCES and EINVAL: a verifier that gives up returns what
+            # its failing step returned (EFAULT when its stack of pending
+            # branches overflows, E2BIG, ENOSPC, ENOMEM), the reason in
+            # the log alone.
 
     def info(self) -> dict[str, int]:
         b = _obj_info(self.fd, 232)
