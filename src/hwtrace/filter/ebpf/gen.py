@@ -19,6 +19,7 @@ no enclosing ``!`` or ``||`` can turn it true.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from .. import abi, ast
@@ -45,6 +46,10 @@ _DOUBLE_OP = {
 _BITWISE = {"&": isa.AND, "|": isa.OR, "^": isa.XOR, "<<": isa.LSH, ">>": isa.RSH}
 _SIZE = {1: isa.B, 2: isa.H, 4: isa.W, 8: isa.DW}
 _TEMPS = (R8, R9)
+_OFF_MIN, _OFF_MAX = -(1 << 15), (1 << 15) - 1  # a jump's signed 16-bit ``off``
+# Slots between hop islands: half the reach, so the nearest island is
+# always reachable, with room for the islands themselves.
+_ISLAND_STRIDE = 1 << 14
 
 
 _INVERT = {
@@ -164,9 +169,96 @@ class _Gen:
             lab.at = new_pos[lab.at]
         self.code = [c for c, k in zip(self.code, keep, strict=True) if k]
 
+    def _slots(self) -> list[int]:
+        """Each code position's slot index (ld_imm64 takes two), and the end."""
+        index = [0] * (len(self.code) + 1)
+        n = 0
+        for k, item in enumerate(self.code):
+            index[k] = n
+            n += 2 if isinstance(item, list) else 1
+        index[-1] = n
+        return index
+
+    def _far_jumps(self, index: list[int]) -> list[int]:
+        out = []
+        for k, item in enumerate(self.code):
+            if _is_jump(item):
+                off = index[item[0].at] - (index[k] + 1)
+                if not _OFF_MIN <= off <= _OFF_MAX:
+                    out.append(k)
+        return out
+
+    def relax(self) -> None:
+        """Keep every jump within eBPF's signed 16-bit ``off``: a jump
+        farther than that goes to a hop (``ja`` to its target) in an island
+        at the next multiple of :data:`_ISLAND_STRIDE` slots, which control
+        flow steps over (``ja`` past the island); a hop still too far from
+        its target goes through the next island, and so on.  Portable to
+        every kernel (``gotol`` needs v4 of the instruction set).  The
+        generated code only jumps forward."""
+        hops: dict[tuple[int, int], _Label] = {}  # (island's grid slot, target) -> hop
+        while True:
+            index = self._slots()
+            far = self._far_jumps(index)
+            if not far:
+                return
+            wanted: dict[int, list[tuple[int, _Label]]] = {}
+            for k in far:
+                label = self.code[k][0]
+                if index[label.at] <= index[k]:
+                    raise AssertionError("a backward jump beyond eBPF's 16-bit reach")
+                # The island sits at the first slot at or after the grid, so
+                # a hop in it looks for the next island, one stride on.
+                grid = (index[k] // _ISLAND_STRIDE + 1) * _ISLAND_STRIDE
+                key = (grid, id(label))
+                hop = hops.get(key)
+                if hop is None:
+                    hop = hops[key] = self.label(f"hop-{label.name}")
+                    wanted.setdefault(grid, []).append((k, label))
+                self.code[k] = (hop, *self.code[k][1:])
+            inserts: dict[int, list] = {}
+            for grid, users in wanted.items():
+                over = self.label("island-end")
+                items: list = [((over, isa.JA, 0, 0, False), users[0][0])]
+                for k, label in users:
+                    items.append(((hops[(grid, id(label))], "place"), k))
+                    items.append(((label, isa.JA, 0, 0, False), k))
+                items.append(((over, "place"), users[0][0]))
+                inserts.setdefault(bisect.bisect_left(index, grid), []).extend(items)
+            self._splice(inserts)
+
+    def _splice(self, inserts: dict[int, list]) -> None:
+        """Insert, before code position p, ``inserts[p]``: (item, source
+        position) pairs, where an item is an instruction or jump, or
+        (label, "place") to place a label there.  ``_spliced_from`` then
+        gives each new position's source position."""
+        code: list = []
+        new_pos = [0] * (len(self.code) + 1)
+        placed: list[tuple[_Label, int]] = []
+        self._spliced_from: list[int] = []
+        for k in range(len(self.code) + 1):
+            for item, src in inserts.get(k, ()):
+                if len(item) == 2 and item[1] == "place":
+                    placed.append((item[0], len(code)))
+                    continue
+                code.append(item)
+                self._spliced_from.append(src)
+            new_pos[k] = len(code)
+            if k < len(self.code):
+                code.append(self.code[k])
+                self._spliced_from.append(k)
+        placing = {id(lab) for lab, _ in placed}
+        for lab in self._labels:
+            if id(lab) not in placing and lab.at is not None:
+                lab.at = new_pos[lab.at]
+        for lab, at in placed:
+            lab.at = at
+        self.code = code
+
     def finish(self) -> list:
         """Resolve labels: every slot gets its final index (ld_imm64 is two)."""
         self.peephole()
+        self.relax()
         out: list = []
         index: list[int] = []  # code position -> slot index
         for item in self.code:

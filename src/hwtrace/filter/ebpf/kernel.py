@@ -129,6 +129,10 @@ class _KernelGen(_Gen):
         self.columns = [c for c, k in zip(self.columns, keep, strict=True) if k]
         super()._compact(keep)
 
+    def _splice(self, inserts: dict[int, list]) -> None:
+        super()._splice(inserts)
+        self.columns = [self.columns[k] for k in self._spliced_from]
+
     def cond(self, n, t, f, abort, depth=0) -> None:
         saved, self.column = self.column, n.column or self.column
         try:
