@@ -15,6 +15,7 @@ after ^C and SIGKILL of ``hwtrace trace``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -458,6 +459,34 @@ def test_interrupt_closes_output_and_frees_everything(tmp_path):
     lines = out.read_text().splitlines()
     assert lines and '"summary"' in lines[-1]
     _wait_ids(before)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_signal_while_writing_loses_nothing(signum, tmp_path, capsys, monkeypatch):
+    """The signal arrives (deterministically: sent to itself) just as the
+    first batch of events is handed to the writer: every event counted as
+    passed and not lost is in the file, and the command is ended."""
+    from hwtrace.kernel import output
+
+    write = output.JsonLinesOutput.write
+    sent = []
+
+    def write_then_signal(self, batch):
+        if not sent:
+            sent.append(len(batch))
+            os.kill(os.getpid(), signum)  # delivered before kill() returns
+        write(self, batch)
+
+    monkeypatch.setattr(output.JsonLinesOutput, "write", write_then_signal)
+    out = tmp_path / "x.jsonl"
+    argv = ["raw_syscalls:sys_enter", "-o", str(out), "--",
+            "dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=20000000"]  # fmt: skip
+    status, err = _run_cli(argv, capsys)
+    assert status == 130 and sent and sent[0] > 0, err
+    lines = out.read_text().splitlines()
+    counts = json.loads(lines[-1])["summary"]
+    assert counts["passed"] >= sent[0]
+    assert len(lines) - 1 == counts["passed"] - counts["lost"]
 
 
 @pytest.mark.parametrize("latency", [False, True], ids=["events", "latency"])

@@ -158,28 +158,40 @@ class _Session:
 
     def run(self) -> int:
         def stop(signum, frame):
-            raise _Stop
+            # While events flow, a signal only asks the loop to stop: raised
+            # in the middle of a read or a write, it would lose the batch
+            # in hand (read from the ring buffer, counted as passed).
+            if self.recording:
+                self.stopping = signum
+                return
+            raise KeyboardInterrupt if signum == signal.SIGINT else _Stop
 
-        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-        old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.recording = False
+        self.stopping = 0
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         status = 0
         try:
             if self.args.latency:
                 status = self._latency()
             else:
                 status = self._events()
+            if self.stopping:
+                status = 130
         except _Failed as e:
             sys.stderr.write(f"hwtrace trace: {e}\n")
             status = 1
         except (KeyboardInterrupt, _Stop):
             status = 130
         finally:
+            self.recording = False
             for s, h in old.items():
                 signal.signal(s, h)
             if self._go is not None:  # never released: do not let it run untraced
                 self.child.kill()
                 os.close(self._go)
                 self._go = None
+            if self.stopping and self.child is not None and self.child.poll() is None:
+                self.child.terminate()  # as perf record ends its workload
             if self.child is not None:
                 try:
                     code = self.child.wait()
@@ -194,7 +206,7 @@ class _Session:
         """Until the command ends, the -p processes all exit (as perf record
         -p), -d runs out, or ^C."""
         deadline = time.monotonic() + self.args.duration if self.args.duration else None
-        while True:
+        while not self.stopping:
             wait(0.1)
             drain()
             if self.child is not None and self.child.poll() is not None:
@@ -233,6 +245,7 @@ class _Session:
                 from ..kernel.bpf import enable_stats
 
                 self._stats = enable_stats()
+            self.recording = True  # from here a signal stops the loop (see run)
             trace.start()
             self._release()
 
@@ -242,16 +255,13 @@ class _Session:
                     out.write(b)
 
             self._until_done(trace.wait, drain)
+            # Detached, nothing more comes: everything passed is read now,
+            # whatever the read size, before the counts are taken.
             trace.stop()
-            drain()
-        except (KeyboardInterrupt, _Stop):
-            trace.stop()
-            if out is not None:
-                b = trace.read()
-                if len(b):
-                    out.write(b)
-            raise
+            while len(b := trace.read()):
+                out.write(b)
         finally:
+            self.recording = False
             counts = trace.counts() if trace.scratch is not None else {}
             if out is not None:
                 out.close(counts)
@@ -318,6 +328,7 @@ class _Session:
             if self.command:
                 tracker.track(self._launch())
             out = LatencyOutput(a.output)
+            self.recording = True
             tracker.start()
             self._release()
 
@@ -328,15 +339,12 @@ class _Session:
 
             self._until_done(tracker.ring.wait, drain)
             tracker.stop()
-            drain()
-        except (KeyboardInterrupt, _Stop):
-            tracker.stop()
-            if out is not None:
-                out.write(tracker.read())
-            raise
+            while (r := tracker.read()).size:
+                out.write(r)
         except OSError as e:
             raise _Failed(str(e)) from None
         finally:
+            self.recording = False
             if out is not None:
                 out.close(tracker.coop, quiet=a.quiet)
             tracker.close()
@@ -379,9 +387,12 @@ class _Child:
             self._status(os.waitpid(self.pid, 0)[1])
         return self.returncode  # type: ignore[return-value]
 
-    def kill(self) -> None:
+    def kill(self, signum: int = signal.SIGKILL) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, signum)
             except ProcessLookupError:
                 pass
+
+    def terminate(self) -> None:
+        self.kill(signal.SIGTERM)
