@@ -262,6 +262,76 @@ def test_the_ftrace_comparisons_were_not_empty(live):
     assert sum(_COMPARED_THREADS.values()) >= len(ks) * len(WORKLOAD) // 2
 
 
+# An integer field against a constant compares as ftrace compares it (C's
+# rule: the constant converted to the field's type, at its signedness); a
+# system call's arguments are unsigned 64-bit fields (signed:0), where
+# LTTng's signed 64-bit compares (the userspace tiers') would pass -1 as
+# below 0.
+LSEEKS = (-1, 5, -4096, 1 << 62, (1 << 63) - 1, 5, 4096, -(1 << 63))
+# Each expression, and what it means on the unsigned value.
+UNSIGNED = {
+    "offset < 0 || offset == 5": lambda v: v == 5,
+    "offset >= 9223372036854775808 && whence == 1": lambda v: v >= 1 << 63,
+    "offset == 18446744073709551615": lambda v: v == (1 << 64) - 1,
+    "offset <= 4096 || offset > 4611686018427387904": lambda v: v <= 4096 or v > 1 << 62,
+}
+
+
+def test_unsigned_fields_compare_as_ftrace_does():
+    """Each expression's kernel verdicts on a process's lseek calls are
+    those of ftrace's filter (a tracefs instance) on the same calls."""
+    import re
+
+    from hwtrace.kernel.trace import KernelTrace
+
+    event = TRACEFS / "events/syscalls/sys_enter_lseek"
+    if not event.is_dir():
+        pytest.skip("no syscalls:sys_enter_lseek (CONFIG_FTRACE_SYSCALLS)")
+    code = ("import os, sys; sys.stdin.read(1); fd = os.open('/dev/null', os.O_RDONLY); "
+            f"[os.lseek(fd, o, 1) for o in {LSEEKS!r}]")  # fmt: skip
+    p = subprocess.Popen([sys.executable, "-S", "-c", code], stdin=subprocess.PIPE)
+    tag = f"hwtrace-kf-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    sessions, instances = [], []
+    try:
+        for k, expr in enumerate(UNSIGNED):
+            sessions.append(KernelTrace(["syscalls:sys_enter_lseek"], expr, emit="all",
+                                        pids=[p.pid]))  # fmt: skip
+            inst = TRACEFS / "instances" / f"{tag}-{k}"
+            inst.mkdir()
+            instances.append(inst)
+            ev = inst / "events/syscalls/sys_enter_lseek"
+            (ev / "filter").write_text(f"common_pid == {p.pid} && ({expr})")
+            (ev / "enable").write_text("1")
+        for t in sessions:
+            t.start()
+        p.communicate(b"g", timeout=30)
+        for t in sessions:
+            t.stop()
+        for expr, t, inst in zip(UNSIGNED, sessions, instances, strict=True):
+            (inst / "tracing_on").write_text("0")
+            batch = t.read()
+            assert len(batch) == len(LSEEKS) and t.counts()["lost"] == 0
+            at = batch.events[0].schema.field("offset").offset
+            ours = [int.from_bytes(batch.record(i)[at : at + 8], "little")
+                    for i in np.flatnonzero(batch.header["verdict"]).tolist()]  # fmt: skip
+            text = (inst / "trace").read_text()
+            theirs = [
+                int(v, 16) for v in re.findall(r"sys_lseek\(.*offset: (?:0x)?([0-9a-f]+)", text)
+            ]
+            assert (
+                ours == theirs == [o % (1 << 64) for o in LSEEKS if UNSIGNED[expr](o % (1 << 64))]
+            )
+    finally:
+        p.kill()
+        for t in sessions:
+            t.close()
+        for inst in instances:
+            for ev in inst.glob("events/*/*/enable"):
+                if ev.read_text().strip() == "1":
+                    ev.write_text("0")
+            inst.rmdir()
+
+
 # -- bad input: one message, nothing left loaded -------------------------------------------
 
 

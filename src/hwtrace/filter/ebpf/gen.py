@@ -343,11 +343,7 @@ class _Gen:
             a, b, op = b, a, _SWAP[op]
         if isinstance(b, ast.IntLit):
             self.value(a, abort, depth)
-            if _fits_imm32(b.value):
-                self.jump(t, _SIGNED_JUMP[op], R0, b.value)
-            else:
-                self.emit(isa.ld_imm64(R1, b.value))
-                self.jump(t, _SIGNED_JUMP[op], R0, R1, reg=True)
+            self.jump_if(t, _SIGNED_JUMP[op], b.value)
             self.jump(f)
             return
         self.value(a, abort, depth)
@@ -356,6 +352,14 @@ class _Gen:
         self.emit(self.fetch(depth, R1))
         self.jump(t, _SIGNED_JUMP[op], R1, R0, reg=True)
         self.jump(f)
+
+    def jump_if(self, label: _Label, op: int, value: int) -> None:
+        """Jump to ``label`` when R0 ``op`` the 64-bit ``value`` (an s64)."""
+        if _fits_imm32(value):
+            self.jump(label, op, R0, value)
+        else:
+            self.emit(isa.ld_imm64(R1, value))
+            self.jump(label, op, R0, R1, reg=True)
 
     def strings_equal(self, a: ast.Node, b: ast.Node, abort: _Label | None) -> None:
         """R0 = 1 when the two strings are equal (or the pattern matches), 0

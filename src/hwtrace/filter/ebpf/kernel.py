@@ -39,9 +39,10 @@ import numpy as np
 from ...kernel import bpf as kbpf
 from .. import ast
 from ..errors import FilterError
+from ..parse import wrap_s64
 from ..schema import DEFAULT_CONTEXT, ROOT_CONTEXT, Schema, SequenceType, StringType
 from . import isa
-from .gen import _Gen, _Label
+from .gen import _SIGNED_JUMP, _SWAP, _Gen, _Label
 from .isa import R0, R1, R2, R3, R4, R6, R7, R8, R10
 
 __all__ = ["HEADER", "KernelProgram", "Layout", "generate_kernel"]
@@ -60,6 +61,8 @@ REC_MAX = 8192  # PERF_MAX_TRACE_SIZE: no tracepoint record is larger
 COUNTERS = ("seen", "passed", "lost")
 # The context fields a kernel program can know, and the helper giving each.
 KERNEL_CONTEXT = ("procname", "pid", "tid", "uid", "gid", "cpu_id")
+_UNSIGNED_JUMP = {"<": isa.JLT, "<=": isa.JLE, ">": isa.JGT, ">=": isa.JGE,
+                  "==": isa.JEQ, "!=": isa.JNE}  # fmt: skip
 # Record fields a tracepoint program cannot know (see _emit_copy).
 _LOST_FIELDS = ("common_flags", "common_preempt_count")
 
@@ -182,6 +185,33 @@ class _KernelGen(_Gen):
                 isa.alu64(isa.LSH, R0, shift, reg=False), isa.alu64(isa.ARSH, R0, shift, reg=False)
             )
 
+    def field_constant(self, n: ast.Binary, t, f, abort, depth) -> bool:
+        """An event's integer field against a constant, as ftrace's event
+        filter compares them (kernel/trace/trace_events_filter.c): the
+        constant converted to the field's C type (truncated to its size,
+        sign-extended when signed), compared at the field's signedness.
+        So ``offset < 0`` holds for no unsigned ``offset``, where LTTng's
+        signed 64-bit compare passes values of 2^63 and more.  False when
+        ``n`` is not of that form (the generic code then compares)."""
+        a, b, op = n.left, n.right, n.op
+        if isinstance(a, ast.IntLit):
+            a, b, op = b, a, _SWAP[op]
+        if not (isinstance(a, ast.FieldRef) and isinstance(b, ast.IntLit)):
+            return False
+        path = a.path
+        if a.root != "event" or path is None or path.leaf != "int":
+            return False
+        bits = 8 * path.size
+        v = b.value & ((1 << bits) - 1)
+        if path.signed and v >> (bits - 1):
+            v -= 1 << bits
+        v = wrap_s64(v)  # the 64-bit pattern R0 holds the field's value as
+        jump = (_SIGNED_JUMP if path.signed else _UNSIGNED_JUMP)[op]
+        self.value(a, abort, depth)
+        self.jump_if(t, jump, v)
+        self.jump(f)
+        return True
+
     def dynamic_load(self, ref: ast.FieldRef, size: int, abort: _Label) -> None:
         """An element of a ``__data_loc`` array: ``name[K]``."""
         from ..schema import P_ADD, P_DATA_LOC, P_ELEM
@@ -213,7 +243,8 @@ class _KernelGen(_Gen):
 
     def compare(self, n, t, f, abort, depth) -> None:
         if n.left.type != "string":
-            super().compare(n, t, f, abort, depth)
+            if not self.field_constant(n, t, f, abort, depth):
+                super().compare(n, t, f, abort, depth)
             return
         a, b = n.left, n.right
         if isinstance(a, ast.StrLit):
