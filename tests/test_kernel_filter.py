@@ -412,23 +412,24 @@ def test_verifier_message_points_at_the_expression(capsys):
     assert caret.index("^") == column - 1 + 2  # two spaces of indent
 
 
-# 96 terms of "*mid*" on a char[16]: each leaves ~90 branches pending on
-# the verifier's path, past its limit of 8192 (BPF_COMPLEXITY_LIMIT_JMP_SEQ),
-# a refusal bpf() reports as EFAULT with the reason only in the log.
-MANY_GLOBS = " || ".join(f'prev_comm == "*proc{i:03d}*"' for i in range(96))
+# Each term compares 15 bytes, a branch a byte, each leaving its other
+# side pending on the verifier's path while the next term is verified:
+# past its limit of 8192 (BPF_COMPLEXITY_LIMIT_JMP_SEQ), a refusal bpf()
+# reports as EFAULT with the reason only in the log.
+MANY_STRINGS = " || ".join(f'prev_comm == "abcdefghijkl{i:03d}"' for i in range(1000))
 
 
 def test_verifier_reason_is_shown_whatever_the_errno(capsys):
     before = _ids()
-    status, err = _run_cli(["sched:sched_switch", "-f", MANY_GLOBS, "-d", "0"], capsys)
+    status, err = _run_cli(["sched:sched_switch", "-f", MANY_STRINGS, "-d", "0"], capsys)
     assert status == 1 and "Traceback" not in err and "Bad address" not in err
     head, text, caret = err.splitlines()[:3]
     assert head.startswith("hwtrace trace: column ")
     assert "the kernel verifier rejected the program" in head and "jumps is too complex" in head
-    assert text == "  " + MANY_GLOBS
+    assert text == "  " + MANY_STRINGS
     # The caret is under one of the terms' operators.
     column = int(head.split("column ")[1].split(":")[0])
-    assert caret.index("^") == column - 1 + 2 and MANY_GLOBS[column - 1 : column + 1] == "=="
+    assert caret.index("^") == column - 1 + 2 and MANY_STRINGS[column - 1 : column + 1] == "=="
     _wait_ids(before)
 
 
@@ -458,6 +459,31 @@ def test_jumps_beyond_16_bits_go_through_hops():
     assert len(batch) == counts["seen"] and 0 < kernel.sum() < len(batch)  # idle: prev_pid 0
     # (Too large for the LTTng tier's 16-bit skips and for userspace eBPF.)
     assert (apply_filter(batch.source(), expr, "llvm").keep == kernel).all()
+
+
+@pytest.mark.parametrize("op", ["||", "&&"])
+def test_a_chain_past_the_verifiers_branch_limit_loads(op):
+    """9,000 terms: more conditional jumps than the 8,192 the verifier
+    may keep pending on one path; each term's exit is verified first (its
+    jump falls through to the exit), so they never pile up."""
+    from hwtrace.kernel.trace import KernelTrace
+
+    n = 9000
+    if op == "||":
+        expr = " || ".join(f"prev_pid == {k}" for k in range(n))
+    else:
+        expr = " && ".join(f"prev_pid != {k}" for k in range(n))
+    with KernelTrace(["sched:sched_switch"], expr, emit="all") as t:
+        t.start()
+        for _ in range(3):
+            subprocess.run(["sleep", "0.01"], check=True)
+        t.stop()
+        batch = t.read()
+    at = batch.events[0].schema.field("prev_pid").offset
+    pid = np.array([int.from_bytes(batch.record(i)[at : at + 4], "little", signed=True)
+                    for i in range(len(batch))])  # fmt: skip
+    want = (pid < n) if op == "||" else (pid >= n)
+    assert (batch.header["verdict"].astype(bool) == want).all()
 
 
 def test_no_root_and_no_bpf(capsys, monkeypatch):

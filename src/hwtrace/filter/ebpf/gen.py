@@ -126,37 +126,40 @@ class _Gen:
 
     def peephole(self) -> None:
         """``jCC L1; ja L2; L1:`` becomes ``jNCC L2; L1:``, and a ``ja`` to
-        the next instruction goes: fewer dispatches for the interpreter."""
-        changed = True
-        while changed:
+        the next instruction goes: fewer dispatches for the interpreter.
+        Each pass rewrites every match (positions move only when the pass
+        compacts), so a program of N terms takes a few passes, not N."""
+        while True:
+            targeted = {lab.at for lab in self._labels}
+            n = len(self.code)
+            keep: list[bool] = [True] * n
             changed = False
-            keep: list[bool] = [True] * len(self.code)
-            for k, item in enumerate(self.code):
-                if not _is_jump(item):
-                    continue
-                label, op = item[0], item[1]
-                if op == isa.JA and label.at == k + 1:
-                    keep[k] = False
-                    changed = True
-                elif (
-                    op in _INVERT
-                    and k + 1 < len(self.code)
-                    and _is_jump(self.code[k + 1])
-                    and self.code[k + 1][1] == isa.JA
-                    and label.at == k + 2
-                    and not self._targeted(k + 1)
-                ):
-                    other = self.code[k + 1][0]
-                    self.code[k] = (other, _INVERT[op], item[2], item[3], item[4])
-                    keep[k + 1] = False
-                    changed = True
-                    break  # positions moved: start over
+            k = 0
+            while k < n:
+                item = self.code[k]
+                if _is_jump(item):
+                    label, op = item[0], item[1]
+                    if op == isa.JA and label.at == k + 1:
+                        keep[k] = False
+                        changed = True
+                    elif (
+                        op in _INVERT
+                        and k + 1 < n
+                        and _is_jump(self.code[k + 1])
+                        and self.code[k + 1][1] == isa.JA
+                        and label.at == k + 2
+                        and k + 1 not in targeted
+                    ):
+                        other = self.code[k + 1][0]
+                        self.code[k] = (other, _INVERT[op], item[2], item[3], item[4])
+                        keep[k + 1] = False
+                        changed = True
+                        k += 2
+                        continue
+                k += 1
             if not changed:
-                break
+                return
             self._compact(keep)
-
-    def _targeted(self, pos: int) -> bool:
-        return any(lab.at == pos for lab in self._labels)
 
     def _compact(self, keep: list[bool]) -> None:
         new_pos = []
@@ -187,6 +190,9 @@ class _Gen:
                 if not _OFF_MIN <= off <= _OFF_MAX:
                     out.append(k)
         return out
+
+    def lower(self) -> None:
+        """A back end's last change before jumps are resolved (none here)."""
 
     def relax(self) -> None:
         """Keep every jump within eBPF's signed 16-bit ``off``: a jump
@@ -258,6 +264,7 @@ class _Gen:
     def finish(self) -> list:
         """Resolve labels: every slot gets its final index (ld_imm64 is two)."""
         self.peephole()
+        self.lower()
         self.relax()
         out: list = []
         index: list[int] = []  # code position -> slot index

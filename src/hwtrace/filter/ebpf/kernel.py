@@ -42,7 +42,7 @@ from ..errors import FilterError
 from ..parse import wrap_s64
 from ..schema import DEFAULT_CONTEXT, ROOT_CONTEXT, Schema, SequenceType, StringType
 from . import isa
-from .gen import _SIGNED_JUMP, _SWAP, _Gen, _Label
+from .gen import _INVERT, _SIGNED_JUMP, _SWAP, _Gen, _is_jump, _Label
 from .isa import R0, R1, R2, R3, R4, R6, R7, R8, R10
 
 __all__ = ["HEADER", "KernelProgram", "Layout", "generate_kernel"]
@@ -116,6 +116,7 @@ class _KernelGen(_Gen):
         self.column = 0
         self.max_string = max_string
         self.copied = copied  # the record copy exists before the filter runs
+        self.exits: set[int] = set()  # ids of the labels that end the filter (see lower)
 
     # -- columns follow the code ------------------------------------------------------
 
@@ -135,6 +136,23 @@ class _KernelGen(_Gen):
     def _splice(self, inserts: dict[int, list]) -> None:
         super()._splice(inserts)
         self.columns = [self.columns[k] for k in self._spliced_from]
+
+    def lower(self) -> None:
+        """A conditional jump to one of the program's exits becomes the
+        opposite jump over a ``ja`` to it.  The kernel verifier follows a
+        branch's fall-through first and keeps its target pending (at most
+        8,192 at once: BPF_COMPLEXITY_LIMIT_JMP_SEQ); with the exit as the
+        fall-through, each term's exit path is verified to its end (and
+        later ones pruned there) before the filter's next term, instead
+        of every term leaving one more branch pending."""
+        inserts: dict[int, list] = {}
+        for k, item in enumerate(self.code):
+            if _is_jump(item) and item[1] in _INVERT and id(item[0]) in self.exits:
+                skip = self.label("skip")
+                self.code[k] = (skip, _INVERT[item[1]], *item[2:])
+                inserts[k + 1] = [((item[0], isa.JA, 0, 0, False), k), ((skip, "place"), k)]
+        if inserts:
+            self._splice(inserts)
 
     def cond(self, n, t, f, abort, depth=0) -> None:
         saved, self.column = self.column, n.column or self.column
@@ -591,6 +609,7 @@ def generate_kernel(
     done = g.label("done")
     t, f = g.label("true"), g.label("false")
     out = g.label("output")
+    g.exits = {id(t), id(f), id(done)}
     # R6 = the tracepoint's record; R7 = this CPU's scratch value.
     g.emit(isa.mov(R6, R1))
     if pids_fd is not None:
