@@ -226,6 +226,9 @@ class KernelTrace:
             if not err.log:
                 raise TraceError(str(err)) from None
             message, index = verifier_message(err.log)
+            if "jumps is too complex" in message:
+                # BPF_COMPLEXITY_LIMIT_JMP_SEQ: branches pending on one path.
+                message += " (too many branches for the verifier: fewer terms load)"
             column = prog.columns[index] if index is not None and index < len(prog.columns) else 0
             raise FilterError(
                 f"the kernel verifier rejected the program for {e.name}: {message}",
