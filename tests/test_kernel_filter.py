@@ -461,6 +461,29 @@ def test_jumps_beyond_16_bits_go_through_hops():
     assert (apply_filter(batch.source(), expr, "llvm").keep == kernel).all()
 
 
+def test_170_glob_terms_load_and_agree():
+    """170 ``"*mid*"`` terms (106 was the verifier's limit with a branch a
+    byte and a length loop): loaded, with the userspace tiers' verdicts."""
+    from hwtrace.filter.apply import apply_filter
+    from hwtrace.kernel.trace import KernelTrace
+
+    words = [f"q{i:03d}" for i in range(166)] + ["lee", "ytho", "eep", "at"]
+    expr = " || ".join(f'prev_comm == "*{w}*"' for w in words)
+    with KernelTrace(["sched:sched_switch"], expr, emit="all") as t:
+        t.start()
+        for argv in (
+            ["sleep", "0.01"],
+            ["cat", "/etc/hostname"],
+            [sys.executable, "-S", "-c", "0"],
+        ):
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        t.stop()
+        batch = t.read()
+    kernel = batch.header["verdict"].astype(bool)
+    assert 0 < kernel.sum() < len(batch)
+    assert (apply_filter(batch.source(), expr, "llvm").keep == kernel).all()
+
+
 @pytest.mark.parametrize("op", ["||", "&&"])
 def test_a_chain_past_the_verifiers_branch_limit_loads(op):
     """9,000 terms: more conditional jumps than the 8,192 the verifier

@@ -43,7 +43,7 @@ from ..parse import wrap_s64
 from ..schema import DEFAULT_CONTEXT, ROOT_CONTEXT, Schema, SequenceType, StringType
 from . import isa
 from .gen import _INVERT, _SIGNED_JUMP, _SWAP, _Gen, _is_jump, _Label
-from .isa import R0, R1, R2, R3, R4, R6, R7, R8, R10
+from .isa import R0, R1, R2, R3, R4, R5, R6, R7, R8, R10
 
 __all__ = ["HEADER", "KernelProgram", "Layout", "generate_kernel"]
 
@@ -361,6 +361,9 @@ class _KernelGen(_Gen):
         """``*b``, ``a*b``, ``*b*`` on a char[cap] string: its length into
         R4 (unrolled), then the parts at each place that length allows, all
         at constant offsets (the verifier allows no other in the record)."""
+        if len(parts) == 3:
+            self.inline_contains(base, off, cap, parts[1], yes, no)
+            return
         first, last = parts[0], parts[-1]
         have = self.label("len")
         for i in range(cap):
@@ -368,17 +371,6 @@ class _KernelGen(_Gen):
             self.jump(have, isa.JEQ, R0, 0)
         self.emit(isa.mov_imm(R4, cap))
         self.place(have)
-        if len(parts) == 3:  # *mid*
-            mid = parts[1]
-            k = len(mid)
-            for p in range(cap - k + 1):
-                nxt = self.label("at")
-                self.jump(no, isa.JLT, R4, p + k)  # the string ends before: no later fit
-                self.bytes_equal(base, off + p, mid, nxt)
-                self.jump(yes)
-                self.place(nxt)
-            self.jump(no)
-            return
         self.jump(no, isa.JLT, R4, len(first) + len(last))
         self.bytes_equal(base, off, first, no)
         k = len(last)
@@ -388,6 +380,34 @@ class _KernelGen(_Gen):
             self.bytes_equal(base, off + m - k, last, no)
             self.jump(yes)
             self.place(nxt)
+        self.jump(no)
+
+    def inline_contains(self, base: int, off: int, cap: int, mid: bytes, yes, no) -> None:
+        """``*mid*`` on a char[cap] string: at each place p, one branch on
+        the first byte (most places fail there), the rest compared without
+        branches, and the match taken only if no NUL comes before p (R5,
+        kept without branches).  Each place leaves the verifier one branch
+        pending, not one a byte and one a possible length, so an ``||``
+        of such terms stays within its 8,192."""
+        k = len(mid)
+        self.emit(isa.mov_imm(R5, 1))  # every byte before p is not NUL
+        for p in range(cap - k + 1):
+            nxt = self.label("at")
+            self.emit(isa.ldx(isa.B, R0, base, off + p))
+            self.jump(nxt, isa.JNE, R0, mid[0])
+            self.emit(isa.mov(R1, R5), isa.alu64(isa.XOR, R1, 1, reg=False))  # 0: no NUL before
+            for i in range(1, k):
+                self.emit(isa.ldx(isa.B, R0, base, off + p + i))
+                self.emit(
+                    isa.alu64(isa.XOR, R0, mid[i], reg=False), isa.alu64(isa.OR, R1, R0, reg=True)
+                )
+            self.jump(yes, isa.JEQ, R1, 0)
+            self.place(nxt)
+            if p < cap - k:  # R5 &= (byte p != 0): -byte has bit 63 set iff byte != 0
+                self.emit(isa.ldx(isa.B, R0, base, off + p), isa.insn(isa.ALU64 | isa.NEG, R0))
+                self.emit(
+                    isa.alu64(isa.RSH, R0, 63, reg=False), isa.alu64(isa.AND, R5, R0, reg=True)
+                )
         self.jump(no)
 
     def string_fields(self, a, b, yes, no, column: int) -> None:
