@@ -3,6 +3,11 @@
 # readers (babeltrace2 and its Python bindings) and a browser when possible.
 # Failure here is not an error: the tests that need them skip with a reason.
 set -u
+# tracefs: the kernel filter and ftrace tests need it mounted (root only).
+if [ "$(id -u)" = 0 ] && [ ! -d /sys/kernel/tracing/events ] && [ -d /sys/kernel/tracing ]; then
+    mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
+        || echo "note: could not mount tracefs; the tests that need it will skip"
+fi
 need=()
 [ -e /usr/include/intel-pt.h ] || need+=(libipt-dev)
 command -v perf >/dev/null 2>&1 || need+=(linux-perf)
