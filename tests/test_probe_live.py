@@ -166,6 +166,26 @@ def test_trap_tracepoints_count_exactly(target, untraced):
     assert target.code() == code
 
 
+def test_live_redirects_win_over_removed_ones(target, untraced):
+    """A removed tracepoint's redirects stay until reclaimed, for threads
+    still in its old code; a live tracepoint's trap at the same address
+    must still be its own."""
+    with ProbeSession(target.pid) as s:
+        s.remove(s.add("work", kind=TRAP))  # not reclaimed: its entry stays
+        again = s.add("work", kind=TRAP)
+        assert target.run(1000) == untraced[1000]
+        assert s.hits(again) == 1000 * target.threads
+        # A jump whose window covers the loop's back edge target, removed;
+        # then a trap there: every iteration of the loop must count.
+        jump = s.add("loop_into_window")
+        assert jump.kind == JUMP and 2 in jump.starts
+        s.remove(jump)
+        trap = s.add("loop_into_window+0x2", kind=TRAP)
+        assert target.run(1000) == untraced[1000]
+        loops = sum((i + 1000003 * k) % 7 + 1 for k in range(target.threads) for i in range(1000))
+        assert s.hits(trap) == loops
+
+
 def test_kernel_uprobe_fallback_counts_this_process_only(target, workload, untraced):
     if not Path("/sys/kernel/tracing/uprobe_events").exists():
         pytest.skip("no tracefs uprobe_events here")

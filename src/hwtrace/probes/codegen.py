@@ -20,8 +20,11 @@ table and sends the thread there; any other trap goes to the handler that
 was installed before (or the default action, re-raised).  It lives in the
 target, so traps need no round trip to hwtrace and keep working if hwtrace
 dies.  Entries are only appended (a free slot is filled ``to`` first, then
-``from`` by one 8-byte store) and cleared when nothing can trap there any
-more, so a concurrent lookup always sees whole entries.
+``from`` by one 8-byte store), marked retired when their tracepoint is
+removed (bit 63 of ``to``, one 8-byte store) and cleared when nothing can
+trap there any more, so a concurrent lookup always sees whole entries.  A
+live entry wins over retired ones for the same address, wherever it is in
+the table: retired entries only serve threads still inside removed code.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "GADGET_STORE",
     "GADGET_SYSCALL",
     "PAGE",
+    "RETIRED",
     "RUNTIME_SIZE",
     "TABLE_CAPACITY",
     "Asm",
@@ -75,6 +79,7 @@ RAX, RCX, RDX, RSI, RDI, RSP = (
     Register.RAX, Register.RCX, Register.RDX, Register.RSI, Register.RDI, Register.RSP,
 )  # fmt: skip
 R8, R10 = Register.R8, Register.R10
+RETIRED = 1 << 63  # in a redirect entry's ``to``: its tracepoint was removed
 
 
 def mem(base: int, displ: int = 0, size: int = 0) -> MemoryOperand:
@@ -151,7 +156,8 @@ def _trap_handler(address: int, base: int) -> bytes:
     """``handler(sig, info, uc)``: rdi, rsi and rdx are kept for the previous
     handler; only caller-saved scratch registers are used."""
     a = Asm()
-    loop, hit, passed, ignore, dfl = (a.new_label() for _ in range(5))
+    loop, nxt, end, hit, passed, ignore, dfl = (a.new_label() for _ in range(7))
+    r9 = Register.R9
     a(I.create_mem_i32(Code.CMP_RM32_IMM32, mem(RSI, 8), SI_KERNEL))
     a(_jcc(Code.JNE_REL32_64, passed))
     a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(RDX, UC_RIP)))
@@ -161,17 +167,27 @@ def _trap_handler(address: int, base: int) -> bytes:
     a(I.create_reg_reg(Code.CMP_RM64_R64, RCX, R8))
     a(I.create_reg_reg(Code.CMOVA_R64_RM64, RCX, R8))
     a(_lea(R8, mem(Register.RIP, base + TABLE)))
+    a(I.create_reg_reg(Code.XOR_R32_RM32, Register.R9D, Register.R9D))  # no retired match yet
     a.place(loop)
     a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
-    a(_jcc(Code.JE_REL32_64, passed))
+    a(_jcc(Code.JE_REL32_64, end))
     a(I.create_mem_reg(Code.CMP_RM64_R64, mem(R8), RAX))
-    a(_jcc(Code.JE_REL32_64, hit))
+    a(_jcc(Code.JNE_REL32_64, nxt))
+    a(I.create_reg_mem(Code.MOV_R64_RM64, R10, mem(R8, 8)))  # read once: it may be retired now
+    a(I.create_reg_reg(Code.TEST_RM64_R64, R10, R10))
+    a(_jcc(Code.JNS_REL32_64, hit))  # a live entry wins at once
+    a(I.create_reg_reg(Code.MOV_R64_RM64, r9, R10))  # retired: only if no live one matches
+    a.place(nxt)
     a(I.create_reg_i32(Code.ADD_RM64_IMM8, R8, 16))
     a(I.create_reg(Code.DEC_RM64, RCX))
     a(I.create_branch(Code.JMP_REL32_64, loop))
+    a.place(end)
+    a(I.create_reg_reg(Code.TEST_RM64_R64, r9, r9))
+    a(_jcc(Code.JE_REL32_64, passed))
+    a(I.create_reg_reg(Code.MOV_R64_RM64, R10, r9))
+    a(I.create_reg_i32(Code.BTR_RM64_IMM8, R10, 63))
     a.place(hit)
-    a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(R8, 8)))
-    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, UC_RIP), RAX))
+    a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, UC_RIP), R10))
     inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, base + REDIRECTED))
     inc.has_lock_prefix = True
     a(inc)

@@ -266,11 +266,21 @@ class ProbeSession:
         else:
             self._slots[slot] = (src, dst)
 
-    def _clear_redirect(self, t: SeizedThread, src: int, dst: int) -> None:
-        """Take ``src -> dst`` out (a newer tracepoint at the same place may
-        have its own entry for ``src``, which stays)."""
+    def _retire_redirect(self, t: SeizedThread, src: int, dst: int) -> None:
+        """Mark ``src -> dst`` retired: the trap handler then takes it only
+        when no live entry matches (a new tracepoint at the same place)."""
         for i, (s, d) in enumerate(self._slots):
             if s == src and d == dst:
+                entry = self.runtime + cg.TABLE + 16 * i + 8
+                t.store(self.runtime + cg.GADGET_STORE, entry, dst | cg.RETIRED)
+                self._slots[i] = (src, dst | cg.RETIRED)
+                return
+
+    def _clear_redirect(self, t: SeizedThread, src: int, dst: int) -> None:
+        """Take the retired ``src -> dst`` out (a newer tracepoint at the same
+        place may have its own entry for ``src``, which stays)."""
+        for i, (s, d) in enumerate(self._slots):
+            if s == src and d == dst | cg.RETIRED:
                 t.store(self.runtime + cg.GADGET_STORE, self.runtime + cg.TABLE + 16 * i, 0)
                 self._slots[i] = (0, 0)
                 return
@@ -641,6 +651,8 @@ class ProbeSession:
         with self._borrowed() as t:
             if tp.enabled:
                 self._unpatch(t, tp)
+            for src, dst in tp.redirects:
+                self._retire_redirect(t, src, dst)
         del self.tracepoints[tp.id]
         self.retired.append(_Retired(tp.trampoline, tp.size, tp.redirects))
         return hits
