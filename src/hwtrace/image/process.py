@@ -18,6 +18,7 @@ __all__ = [
     "FunctionSymbol",
     "Mapping",
     "ProcessModules",
+    "code_slack",
     "load_bias",
     "read_maps",
 ]
@@ -213,4 +214,69 @@ def syscall_instruction(pid: int, mem: int) -> int | None:
         at = data.find(b"\x0f\x05")
         if at >= 0:
             return m.start + at
+    return None
+
+
+def _elf_extent(head: bytes, file_offset: int | None) -> int | None:
+    """Where the bytes an ELF image uses end.  ``file_offset`` None: the
+    image is loaded whole from its start (a vDSO): the end of every
+    segment, section and header table, as an offset.  Else: the end, as an
+    offset from the page at ``file_offset``, of the executable ``PT_LOAD``
+    segment mapped from that page.  None when ``head`` is not such an ELF
+    (64-bit, little-endian)."""
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    u16 = lambda o: int.from_bytes(head[o : o + 2], "little")  # noqa: E731
+    u64 = lambda o: int.from_bytes(head[o : o + 8], "little")  # noqa: E731
+    phoff, shoff, phent, phnum, shent, shnum = (
+        u64(0x20), u64(0x28), u16(0x36), u16(0x38), u16(0x3A), u16(0x3C),
+    )  # fmt: skip
+    if phoff + phent * phnum > len(head):
+        return None
+    end = max(64, phoff + phent * phnum, shoff + shent * shnum)
+    for i in range(phnum):
+        p = phoff + i * phent
+        p_type, p_flags = int.from_bytes(head[p : p + 4], "little"), head[p + 4]
+        offset, filesz, memsz = u64(p + 8), u64(p + 32), u64(p + 40)
+        if p_type != 1:  # PT_LOAD
+            continue
+        if file_offset is None:
+            end = max(end, offset + filesz, u64(p + 16) + memsz)
+        elif p_flags & 1 and offset & ~(PAGE - 1) == file_offset:  # PF_X, from that page
+            return offset - file_offset + memsz
+    if file_offset is not None:
+        return None
+    if shoff + shent * shnum <= len(head):
+        for i in range(shnum):
+            sh = shoff + i * shent
+            if int.from_bytes(head[sh + 4 : sh + 8], "little") != 8:  # not SHT_NOBITS
+                end = max(end, u64(sh + 24) + u64(sh + 32))
+    return end
+
+
+def code_slack(pid: int, mem: int, size: int) -> int | None:
+    """``size`` bytes of process ``pid``'s executable memory that nothing
+    in it uses, 16-byte aligned: the padding of its vDSO's pages after the
+    image (segments, sections, headers), or of the last page of an ELF
+    file's executable segment after the segment.  A debugger's scratch
+    code goes there (``mem``: its ``/proc/PID/mem`` open); None if none."""
+    maps = sorted(read_maps(pid), key=lambda m: m.path != "[vdso]")
+    for m in maps:
+        if not m.executable or m.path == "[vsyscall]":
+            continue
+        try:
+            if m.path == "[vdso]":
+                end = _elf_extent(os.pread(mem, min(m.length, 1 << 16), m.start), None)
+            elif m.path.startswith("/"):
+                with open(f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}", "rb") as f:
+                    end = _elf_extent(f.read(1 << 16), m.offset)
+            else:
+                continue
+        except OSError:
+            continue
+        if end is None:
+            continue
+        at = (m.start + end + 15) & ~15
+        if at + size <= m.end:
+            return at
     return None

@@ -1,5 +1,5 @@
-"""Machine code put into the traced process: the runtime (a SIGTRAP redirect
-handler and the gadgets hwtrace borrows a thread with) and the trampolines.
+"""Machine code put into the traced process: the gadgets hwtrace borrows a
+thread with, the runtime (a SIGTRAP redirect handler) and the trampolines.
 
 Everything is built as iced-x86 instructions and laid out by its
 ``BlockEncoder``, which resolves the branches between them; nothing needs a
@@ -8,8 +8,8 @@ compiler or an assembler at run time.
 Runtime region, mapped once per process (``RUNTIME_SIZE`` bytes)::
 
     code page (R-X)       data pages (RW-), from R + PAGE
-    +0x00 syscall; int3   +0x000 redirect entries in use (high-water mark)
-    +0x08 mov [rdi],rsi   +0x008 traps redirected
+                          +0x000 redirect entries in use (high-water mark)
+                          +0x008 traps redirected
     +0x10 restorer        +0x010 traps passed on to the previous handler
     +0x40 SIGTRAP handler +0x020 previous sigaction, +0x040 ours, +0x060 SIG_DFL
                           +0x100 scratch
@@ -37,9 +37,11 @@ from iced_x86 import BlockEncoder, Code, Instruction, MemoryOperand, Register
 from .relocate import Relocated
 
 __all__ = [
-    "GADGET_STORE",
-    "GADGET_SYSCALL",
     "PAGE",
+    "RESUME_CONTEXT",
+    "RESUME_SIZE",
+    "RESUME_STORE",
+    "RESUME_SYSCALL",
     "RETIRED",
     "RUNTIME_SIZE",
     "TABLE_CAPACITY",
@@ -54,8 +56,6 @@ TABLE_CAPACITY = TABLE_PAGES * PAGE // 16
 RUNTIME_SIZE = PAGE + PAGE + TABLE_PAGES * PAGE
 
 # Offsets in the code page.
-GADGET_SYSCALL = 0x00
-GADGET_STORE = 0x08
 RESTORER = 0x10
 HANDLER = 0x40
 # Offsets in the data pages (from the code page's start).
@@ -146,10 +146,42 @@ def _jcc(code: int, target: int) -> Instruction:
 def runtime_code(base: int) -> bytes:
     """The code page of the runtime region mapped at ``base``."""
     out = bytearray(b"\xcc" * HANDLER)
-    out[GADGET_SYSCALL : GADGET_SYSCALL + 3] = b"\x0f\x05\xcc"  # syscall; int3
-    out[GADGET_STORE : GADGET_STORE + 4] = b"\x48\x89\x37\xcc"  # mov [rdi],rsi; int3
     out[RESTORER : RESTORER + 7] = b"\xb8\x0f\x00\x00\x00\x0f\x05"  # mov eax,15; syscall
     return bytes(out) + _trap_handler(base + HANDLER, base)
+
+
+# The resume block: the gadgets a borrowed thread runs hwtrace's system calls
+# and stores with.  Each ends in a system call, where hwtrace takes the
+# thread back (PTRACE_SYSCALL); if hwtrace is gone, the thread runs on into
+# code that reloads every register hwtrace or the call may have changed
+# from the context (the thread's own, :meth:`~.ptrace.SeizedThread.continuation`)
+# and jumps back to where the thread was.  Flags and rsp are never changed.
+RESUME_SYSCALL = 0x00  # syscall; jmp restore
+RESUME_STORE = 0x04  # mov [rdi],rsi; syscall (getpid); restore
+RESUME_CONTEXT = 0x50  # rax rcx rdx rsi rdi r8 r9 r10 r11, then rip
+RESUME_SIZE = RESUME_CONTEXT + 10 * 8
+_RESUMED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11")
+
+
+def resume_block(address: int) -> bytes:
+    """The resume block at ``address`` (its context written apart, by
+    :func:`resume_context`)."""
+    code = b"\x0f\x05\xeb\x05" + b"\x48\x89\x37\x0f\x05"  # jmp rel8 +5: to the restore
+    a = Asm()
+    for i, name in enumerate(_RESUMED):
+        a(I.create_reg_mem(Code.MOV_R64_RM64, REGISTERS[name],
+                           mem(Register.RIP, address + RESUME_CONTEXT + 8 * i)))  # fmt: skip
+    a(I.create_mem(Code.JMP_RM64, mem(Register.RIP, address + RESUME_CONTEXT + 8 * len(_RESUMED))))
+    code += a.encode(address + len(code))
+    assert len(code) <= RESUME_CONTEXT
+    return code + b"\xcc" * (RESUME_CONTEXT - len(code))
+
+
+def resume_context(regs) -> bytes:
+    """The context part of the resume block, from ``regs``
+    (:class:`~.ptrace.Registers`)."""
+    values = [getattr(regs, name) for name in _RESUMED] + [regs.rip]
+    return b"".join(v.to_bytes(8, "little") for v in values)
 
 
 def _trap_handler(address: int, base: int) -> bytes:

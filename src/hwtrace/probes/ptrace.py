@@ -3,17 +3,33 @@
 Only one thread of the target is ever stopped, and only while hwtrace works
 on the process: it is seized (``PTRACE_SEIZE``), interrupted
 (``PTRACE_INTERRUPT``), made to run a system call or a store of ours by
-pointing its ``rip`` at a ``syscall`` (or ``mov [rdi],rsi``) instruction and
-single-stepping it, and then given back its registers and detached.  The
-other threads keep running throughout.
+pointing its ``rip`` at a ``syscall`` (or ``mov [rdi],rsi; syscall``) and
+resuming it to that system call's exit (``PTRACE_SYSCALL``), and then given
+back its registers and detached.  The other threads keep running
+throughout.
+
+hwtrace may die at any moment (SIGKILL): the kernel then detaches the
+thread, which goes on with whatever registers it has (no
+``PTRACE_O_EXITKILL``).  Every state it is left in must be one it can run
+on from.  Single-stepping is not used for that reason: a thread whose
+tracer dies after a step keeps the trap flag and dies of the next
+instruction's SIGTRAP; a ``PTRACE_SYSCALL`` stop is cleared when the
+tracer goes.  And the code after the ``syscall`` of hwtrace's gadget (see
+:func:`~.codegen.resume_block`) puts back the registers the thread had,
+from :meth:`SeizedThread.continuation`, and jumps to where it was.
 
 The borrowed thread may have been interrupted inside a system call.  As GDB
 does for inferior calls, ``orig_rax`` is set to -1 while our code runs, so
 that the kernel does not apply its restart logic to our call, and the saved
 registers (``rax`` = ``-ERESTART*``, ``orig_rax`` = the call) are put back
-before the thread goes on, so that the kernel restarts the interrupted call.
-Signals that arrive for the thread meanwhile are held and delivered when it
-is released.
+before the thread goes on, so that the kernel restarts the interrupted call
+(the continuation restarts it the same way: ``rip`` back over the
+``syscall``, ``rax`` the call again).  Signals that arrive for the thread
+meanwhile are held and delivered when it is released.
+
+``HWTRACE_PROBE_KILL_AT=N`` (a testing aid) makes hwtrace SIGKILL itself at
+the N-th point of its injected calls, two per call: the thread's registers
+set for the call (what a stop at its entry also leaves), and the call done.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ __all__ = [
 ]
 
 PTRACE_CONT = 7
-PTRACE_SINGLESTEP = 9
+PTRACE_SYSCALL = 24
 PTRACE_GETREGS = 12
 PTRACE_SETREGS = 13
 PTRACE_DETACH = 17
@@ -42,6 +58,13 @@ PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 PTRACE_GETSIGINFO = 0x4202
 PTRACE_EVENT_STOP = 128
+PTRACE_O_TRACESYSGOOD = 1
+SYSCALL_STOP = signal.SIGTRAP | 0x80  # a syscall stop, with PTRACE_O_TRACESYSGOOD
+# The kernel's restart codes (include/linux/errno.h), and the call that
+# resumes a ERESTART_RESTARTBLOCK one.
+ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK = 512, 513, 514, 516
+_RESTARTS = (ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK)
+SYS_GETPID, SYS_RESTART_SYSCALL = 39, 219
 _FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 WALL = 0x40000000
 
@@ -85,6 +108,29 @@ def threads_of(pid: int) -> list[int]:
         return []
 
 
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_kill_at = int(os.environ.get("HWTRACE_PROBE_KILL_AT", "0") or 0)
+_points = 0
+
+
+def _kill_point() -> None:
+    """One more point of an injected call: hwtrace SIGKILLs itself at the
+    N-th when ``HWTRACE_PROBE_KILL_AT=N`` (so that tests can check that
+    the target survives hwtrace's death at every one)."""
+    global _points
+    _points += 1
+    if _points == _kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_points() -> int:
+    """The points :func:`_kill_point` passed so far in this process."""
+    return _points
+
+
 def _call(request: int, tid: int, addr: int = 0, data: int = 0) -> int:
     r = _ptrace(request, tid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
     if r == -1:
@@ -125,7 +171,7 @@ class SeizedThread:
         last = ""
         self.tid = 0
         for t in candidates:
-            r = _call(PTRACE_SEIZE, t, 0, 0)
+            r = _call(PTRACE_SEIZE, t, 0, PTRACE_O_TRACESYSGOOD)
             if r == 0:
                 self.tid = t
                 break
@@ -158,6 +204,23 @@ class SeizedThread:
             return stop
 
     def _stop(self) -> None:
+        self._interrupt()
+        for _ in range(8):
+            if not _signal_pending(self.pid, self.tid):
+                break
+            # The interrupt stop comes before a signal already pending (the
+            # kernel's get_signal takes job control traps first): let the
+            # signal reach its handler in the thread's own context, not ours
+            # (held, it would be lost if hwtrace died), and interrupt again.
+            _call(PTRACE_CONT, self.tid, 0, 0)
+            stop = self._wait()
+            if stop.event:
+                continue  # stopped again (a group stop): look again
+            _call(PTRACE_CONT, self.tid, 0, stop.signal)
+            self._interrupt()
+        self._stopped = True
+
+    def _interrupt(self) -> None:
         r = _call(PTRACE_INTERRUPT, self.tid)
         if r < 0:
             raise PtraceError(f"process {self.pid}: cannot interrupt thread {self.tid}: "
@@ -165,12 +228,11 @@ class SeizedThread:
         while True:
             stop = self._wait()
             if stop.event == PTRACE_EVENT_STOP:
-                break
+                return
             # A signal arrived first: deliver it now (it may be a trap of an
             # int3 that must reach its handler before the thread goes on),
             # then keep waiting for the interrupt.
             _call(PTRACE_CONT, self.tid, 0, stop.signal if not stop.event else 0)
-        self._stopped = True
 
     def get_registers(self) -> Registers:
         regs = Registers()
@@ -190,46 +252,76 @@ class SeizedThread:
         assert self._saved is not None
         return self._saved
 
-    def step_at(self, rip: int, **values: int) -> Registers:
-        """Run the one instruction at ``rip`` with the given registers set (the
-        rest as saved), and return the registers after it."""
+    def continuation(self) -> Registers:
+        """The registers the thread goes on from if hwtrace lets it go in
+        the middle of its calls: the saved ones, with a system call it was
+        interrupted in set up to run again, as the kernel would have done
+        (arch/x86/kernel/signal.c, no handler to run)."""
+        regs = self.saved_registers.copy()
+        nr, rax = _signed(regs.orig_rax), _signed(regs.rax)
+        if nr >= 0 and -rax in _RESTARTS:
+            regs.rax = SYS_RESTART_SYSCALL if -rax == ERESTART_RESTARTBLOCK else nr
+            regs.rip -= 2  # back over the syscall instruction (2 bytes, as int 0x80)
+        regs.orig_rax = (1 << 64) - 1
+        return regs
+
+    def run_call(self, rip: int, **values: int) -> Registers:
+        """Run from ``rip`` with the given registers set (the rest as saved)
+        to the exit of the next system call, and return the registers
+        there: ``rip`` is a ``syscall`` instruction, or a store just before
+        one."""
         regs = self.saved_registers.copy()
         regs.orig_rax = (1 << 64) - 1  # no system call restart for what we run
         regs.rip = rip
         for name, value in values.items():
             setattr(regs, name, value & ((1 << 64) - 1))
-        self.set_registers(regs)
-        for _ in range(64):
-            r = _call(PTRACE_SINGLESTEP, self.tid, 0, 0)
-            if r < 0:
-                raise PtraceError(f"thread {self.tid}: PTRACE_SINGLESTEP: {os.strerror(-r)}")
-            stop = self._wait()
-            after = self.get_registers()
-            if after.rip != rip:
+        for _ in range(16):
+            self.set_registers(regs)
+            _kill_point()  # about to run our call
+            after = self._to_syscall_exit(rip)
+            if -_signed(after.rax) not in _RESTARTS:
+                _kill_point()  # our call done
                 return after
-            if stop.signal in _FAULTS:
+            # A signal came in during our call: it is held; run it again.
+        raise PtraceError(f"thread {self.tid}: the system call run at {rip:#x} never completes")
+
+    def _to_syscall_exit(self, rip: int) -> Registers:
+        entered = False
+        for _ in range(256):
+            r = _call(PTRACE_SYSCALL, self.tid, 0, 0)
+            if r < 0:
+                raise PtraceError(f"thread {self.tid}: PTRACE_SYSCALL: {os.strerror(-r)}")
+            stop = self._wait()
+            if stop.signal == SYSCALL_STOP:
+                if entered:
+                    return self.get_registers()
+                entered = True
+                continue
+            if stop.event:
+                continue  # a group stop meanwhile: our call goes first
+            if stop.signal in _FAULTS and self.get_registers().rip == rip:
                 # Our instruction faulted (its page gone?): the signal is ours,
                 # not the program's; it is dropped.
                 raise PtraceError(f"thread {self.tid}: the instruction at {rip:#x} run for "
                                   f"hwtrace raised {signal.Signals(stop.signal).name}")  # fmt: skip
-            if stop.signal and stop.signal != signal.SIGTRAP:
-                # Delivered before our instruction ran: hold it, step again.
+            if stop.signal:
+                # Delivered before our code ran: hold it, go on.
                 self.held_signals.append(stop.signal)
-        raise PtraceError(f"thread {self.tid}: the instruction at {rip:#x} does not complete")
+        raise PtraceError(f"thread {self.tid}: the code at {rip:#x} does not reach a system call")
 
     def syscall(self, gadget: int, nr: int, *args: int) -> int:
         """Make the thread run system call ``nr`` with ``args`` through the
         ``syscall`` instruction at ``gadget``; returns the (signed) result."""
         names = ("rdi", "rsi", "rdx", "r10", "r8", "r9")
-        after = self.step_at(gadget, rax=nr, **dict(zip(names, args, strict=False)))
-        result = after.rax
-        return result - (1 << 64) if result >= 1 << 63 else result
+        after = self.run_call(gadget, rax=nr, **dict(zip(names, args, strict=False)))
+        return _signed(after.rax)
 
     def store(self, gadget: int, address: int, value: int) -> None:
-        """One 8-byte store by the thread itself (``mov [rdi],rsi`` at
-        ``gadget``): atomic for other threads, unlike a write through
-        ``/proc/PID/mem``, which the kernel may copy byte by byte."""
-        self.step_at(gadget, rdi=address, rsi=value)
+        """One 8-byte store by the thread itself (``mov [rdi],rsi; syscall``
+        at ``gadget``, the system call a harmless ``getpid``): atomic for
+        other threads, unlike a write through ``/proc/PID/mem``, which the
+        kernel may copy byte by byte."""
+        self.run_call(gadget, rdi=address, rsi=value, rax=SYS_GETPID)
 
     def release(self) -> None:
         """Give the thread back its registers and let it go (detached), with
@@ -276,6 +368,28 @@ def _seize_failure(pid: int, tid: int, err: int) -> str:
             )
         return f"process {pid}: not permitted to trace it (ptrace: {os.strerror(err)})"
     return f"process {pid}: cannot seize thread {tid}: {os.strerror(err)}"
+
+
+def _status_masks(pid: int, tid: int) -> dict[str, int]:
+    """The signal masks of a thread's ``/proc/PID/task/TID/status``
+    (``SigPnd``, ``ShdPnd``, ``SigBlk``, ``SigIgn``, ``SigCgt``); {} when
+    it is gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:", "SigCgt:")):
+                    name, value = line.split()
+                    out[name[:-1]] = int(value, 16)
+    except OSError:
+        pass
+    return out
+
+
+def _signal_pending(pid: int, tid: int) -> bool:
+    """A signal sent to the thread itself is pending and not blocked."""
+    m = _status_masks(pid, tid)
+    return bool(m.get("SigPnd", 0) & ~m.get("SigBlk", 0))
 
 
 def _tracer_of(pid: int, tid: int) -> int:

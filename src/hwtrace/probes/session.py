@@ -3,7 +3,11 @@
 A :class:`ProbeSession` owns the tracepoints hwtrace put into one process.
 Each operation borrows one thread of the target (see :mod:`.ptrace`) for the
 system calls it needs (``mmap``, ``rt_sigaction``, ``membarrier``) and
-writes code through ``/proc/PID/mem``; the other threads keep running.
+writes code through ``/proc/PID/mem``; the other threads keep running.  The
+borrowed thread runs them through the resume block (:func:`.codegen.resume_block`),
+put in padding of the process's code that nothing uses (after its vDSO's
+image) and taken out again on :meth:`ProbeSession.close`: were hwtrace
+killed at any point, the thread would go back to where it was.
 
 A *jump* tracepoint replaces the instruction(s) at the site by
 ``jmp rel32`` to a trampoline that counts the hit and runs the displaced
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..image.process import ProcessModules, read_maps, syscall_instruction
+from ..image.process import ProcessModules, code_slack, read_maps
 from . import codegen as cg
 from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
 from .locate import Site, SiteError, check_boundary, resolve
@@ -128,6 +132,8 @@ class ProbeSession:
         self._slots: list[tuple[int, int]] = []  # redirect table slots, (from, to); 0 = free
         self._modules: ProcessModules | None = None
         self._thread: SeizedThread | None = None
+        self._block = 0  # the resume block's address, and the bytes it covers
+        self._block_original = b""
         self.rings: Rings | None = None
         self.counters: CounterPages | None = None
         self._counters_fd = -1
@@ -185,6 +191,7 @@ class ProbeSession:
                 raise ProbeError(str(e)) from e
             self._thread = thread
             try:
+                self._arm(thread)
                 yield thread
             except ProcessGone as e:
                 raise ProbeError(str(e)) from e
@@ -192,17 +199,30 @@ class ProbeSession:
                 self._thread = None
                 thread.release()
 
-    def _syscall(self, t: SeizedThread, nr: int, *args: int) -> int:
-        gadget = self.runtime + cg.GADGET_SYSCALL if self.runtime else self._first_gadget()
-        return t.syscall(gadget, nr, *args)
+    def _arm(self, t: SeizedThread) -> None:
+        """Put the resume block in (once) and the borrowed thread's context
+        in it, before the thread runs anything of ours."""
+        if not self._block:
+            at = code_slack(self.pid, self.mem, cg.RESUME_SIZE)
+            if at is None:
+                raise ProbeError(f"process {self.pid}: no unused padding in its code for "
+                                 f"hwtrace's {cg.RESUME_SIZE} bytes of call gadgets")  # fmt: skip
+            self._block_original = self.read(at, cg.RESUME_SIZE)
+            self.write(at, cg.resume_block(at))
+            self._block = at
+        self.write(self._block + cg.RESUME_CONTEXT, cg.resume_context(t.continuation()))
 
-    def _first_gadget(self) -> int:
-        """A ``syscall`` instruction (``0f 05``) in the process's code, to map
-        the runtime with; any executable mapping will do."""
-        found = syscall_instruction(self.pid, self.mem)
-        if found is None:
-            raise ProbeError(f"process {self.pid}: no syscall instruction found in its code")
-        return found
+    def _disarm(self) -> None:
+        """Take the resume block out (no thread is borrowed)."""
+        if self._block:
+            self.write(self._block, self._block_original)
+            self._block = 0
+
+    def _syscall(self, t: SeizedThread, nr: int, *args: int) -> int:
+        return t.syscall(self._block + cg.RESUME_SYSCALL, nr, *args)
+
+    def _store(self, t: SeizedThread, address: int, value: int) -> None:
+        t.store(self._block + cg.RESUME_STORE, address, value)
 
     def _sync_cores(self, t: SeizedThread) -> None:
         r = self._syscall(t, SYS_MEMBARRIER, MEMBARRIER_SYNC_CORE, 0, 0)
@@ -259,10 +279,10 @@ class ProbeSession:
             raise ProbeError("the redirect table is full")
         entry = self.runtime + cg.TABLE + 16 * slot
         self.write(entry + 8, dst.to_bytes(8, "little"))
-        t.store(self.runtime + cg.GADGET_STORE, entry, src)
+        self._store(t, entry, src)
         if slot == len(self._slots):
             self._slots.append((src, dst))
-            t.store(self.runtime + cg.GADGET_STORE, self.runtime + cg.COUNT, len(self._slots))
+            self._store(t, self.runtime + cg.COUNT, len(self._slots))
         else:
             self._slots[slot] = (src, dst)
 
@@ -272,7 +292,7 @@ class ProbeSession:
         for i, (s, d) in enumerate(self._slots):
             if s == src and d == dst:
                 entry = self.runtime + cg.TABLE + 16 * i + 8
-                t.store(self.runtime + cg.GADGET_STORE, entry, dst | cg.RETIRED)
+                self._store(t, entry, dst | cg.RETIRED)
                 self._slots[i] = (src, dst | cg.RETIRED)
                 return
 
@@ -281,7 +301,7 @@ class ProbeSession:
         place may have its own entry for ``src``, which stays)."""
         for i, (s, d) in enumerate(self._slots):
             if s == src and d == dst | cg.RETIRED:
-                t.store(self.runtime + cg.GADGET_STORE, self.runtime + cg.TABLE + 16 * i, 0)
+                self._store(t, self.runtime + cg.TABLE + 16 * i, 0)
                 self._slots[i] = (0, 0)
                 return
 
@@ -421,8 +441,9 @@ class ProbeSession:
         returns: int = 0,
     ) -> Tracepoint:
         a = site.address
+        recording = event is not None or bool(returns)
         if kind == UPROBE:
-            return self._place_uprobe(spec, site, event, returns, "a kernel uprobe as asked")
+            return self._place_uprobe(spec, site, recording, "a kernel uprobe as asked")
         # A jump may cover the first bytes after its function: whatever
         # starts there is an embedded trap like any covered instruction (the
         # code that jumps there takes the trap path).  Not past the code.
@@ -434,7 +455,7 @@ class ProbeSession:
         except RelocationError as e:
             if code[:1] == b"\xcc":  # someone else's breakpoint: a uprobe would not fit either
                 raise ProbeError(str(e)) from e
-            return self._place_uprobe(spec, site, event, returns, str(e))
+            return self._place_uprobe(spec, site, recording, str(e))
         self._check_free(a, window.length)
         if chosen == JUMP and site.limit and site.limit < a + 5:
             note = (
@@ -451,7 +472,7 @@ class ProbeSession:
             layout = self._allocate(t, window, TRAP, event, returns)
             if layout is None:
                 reason = f"{a:#x}: no room for a trampoline within ±2 GiB"
-                return self._place_uprobe(spec, site, event, returns, reason)
+                return self._place_uprobe(spec, site, recording, reason)
         self.write(layout.trampoline, layout.code)
         tp = Tracepoint(
             id=self._next_id,
@@ -475,9 +496,10 @@ class ProbeSession:
         self.tracepoints[tp.id] = tp
         return tp
 
-    def _place_uprobe(self, spec: str, site: Site, event, returns: int, reason: str) -> Tracepoint:
-        """The last resort: a kernel uprobe at the site (counted only)."""
-        if event is not None or returns:
+    def _place_uprobe(self, spec: str, site: Site, recording: bool, reason: str) -> Tracepoint:
+        """The last resort: a kernel uprobe at the site (counted only, so
+        refused when the tracepoint was to record events or returns)."""
+        if recording:
             raise ProbeError(f"{reason}; a kernel uprobe could count hits there, "
                              "but not record events or returns")  # fmt: skip
         mapping = self.modules.module_at(site.address)
@@ -806,9 +828,9 @@ class ProbeSession:
                         if self.rings is not None:
                             self._syscall(t, SYS_MUNMAP, self._rings_at, self.rings.geometry.size)
                             self._rings_at = 0
-                        # Last: the system calls above go through the runtime's gadget.
                         self._syscall(t, SYS_MUNMAP, self.runtime, cg.RUNTIME_SIZE)
                         self.runtime = 0
+            self._disarm()
         except ProbeError:
             if os.path.exists(f"/proc/{self.pid}"):
                 raise
