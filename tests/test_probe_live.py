@@ -39,10 +39,11 @@ def workload(tmp_path_factory) -> Path:
 class Target:
     """The workload running, driven through its standard input."""
 
-    def __init__(self, exe: Path, threads: int = 2) -> None:
+    def __init__(self, exe: Path, threads: int = 2, *options: str) -> None:
         self.proc = subprocess.Popen(
-            [str(exe), str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+            [str(exe), str(threads), *options],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
         line = self.proc.stdout.readline()
         assert line.startswith("ready"), line
         self.pid = self.proc.pid

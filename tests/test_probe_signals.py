@@ -8,9 +8,9 @@ import signal
 import subprocess
 
 import pytest
-from test_probe_live import SOURCE, Target
+from test_probe_live import HWTRACE, SOURCE, Target, _wait_for_patch
 
-from hwtrace.probes import TRAP, ProbeSession
+from hwtrace.probes import TRAP, UPROBE, ProbeError, ProbeSession
 from hwtrace.probes import ptrace as pt
 
 pytestmark = pytest.mark.skipif(
@@ -99,5 +99,60 @@ def _points_of_a_session(workload) -> int:
         _session(target.pid)
         assert target.run(300) == untraced
         return pt.kill_points() - before
+    finally:
+        target.close()
+
+
+def test_threads_blocking_sigtrap_get_no_int3(workload):
+    """An int3 in a thread that blocks SIGTRAP kills the process (the
+    kernel forces the default action): where a thread does, a tracepoint
+    is a kernel uprobe, or refused."""
+    target = Target(workload, 2, "blocktrap")
+    try:
+        untraced = target.run(1000)
+        with ProbeSession(target.pid) as s:
+            with pytest.raises(ProbeError, match=r"thread \d+ of process \d+ blocks SIGTRAP"):
+                s.add("work", kind=TRAP)
+            with pytest.raises(ProbeError, match=r"blocks SIGTRAP.*not record events"):
+                s.add("work", record=True)
+            if not os.path.exists("/sys/kernel/tracing/uprobe_events"):
+                pytest.skip("no tracefs uprobe_events here for the safe kind")
+            tp = s.add("work")
+            assert tp.kind == UPROBE and "blocks SIGTRAP" in tp.note
+            assert target.run(1000) == untraced
+            assert s.hits(tp) == 2000
+    finally:
+        assert target.close() == 0
+
+
+def test_cli_refuses_a_trap_in_a_blocking_process(workload):
+    target = Target(workload, 2, "blocktrap")
+    try:
+        r = subprocess.run([*HWTRACE, "probe", "-p", str(target.pid), "--trap", "work"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.count("\n") == 1 and "blocks SIGTRAP" in r.stderr, r.stderr
+        assert target.run(10)[1] == 20
+    finally:
+        assert target.close() == 0
+
+
+def test_cli_reports_a_target_that_died(workload):
+    target = Target(workload)
+    try:
+        code = target.code()
+        p = subprocess.Popen([*HWTRACE, "probe", "-p", str(target.pid), "work"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            _wait_for_patch(target, code)
+            os.kill(target.pid, signal.SIGSEGV)  # not reaped until hwtrace is done
+            _, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 1, err
+        assert f"process {target.pid} was killed by SIGSEGV" in err, err
+        assert "not permitted" not in err and "Traceback" not in err, err
     finally:
         target.close()

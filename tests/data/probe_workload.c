@@ -9,12 +9,14 @@
  *   sum K N  the checksum thread K makes in N calls (computed here, by main)
  *   fork N   a child process makes thread 0's N calls; prints "child CHECKSUM"
  *   quit
+ * A second argument "blocktrap" makes the worker threads block SIGTRAP.
  * The checksum depends only on the calls made, so a traced run must print
  * the untraced run's checksum.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +108,7 @@ __attribute__((noinline, used)) uint64_t work(uint64_t x) {
 }
 
 static int nthreads = 2;
-static pthread_barrier_t start_line, finish_line;
+static pthread_barrier_t started, start_line, finish_line;
 static volatile int command;       /* 1 run, 2 spin, 3 quit */
 static volatile int spinning;
 static uint64_t iterations;
@@ -117,8 +119,19 @@ static uint64_t one(uint64_t i) {
            (depth(i % 5) << 3) ^ (jumper(i) << 4);
 }
 
+static int block_trap;
+
 static void *worker(void *arg) {
     int me = (int)(intptr_t)arg;
+    if (block_trap) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTRAP);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+    }
+    /* Running with its own signal mask (a new thread starts with all
+     * signals blocked until glibc sets its mask): "ready" waits for it. */
+    pthread_barrier_wait(&started);
     for (;;) {
         pthread_barrier_wait(&start_line);
         if (command == 3) return NULL;
@@ -137,11 +150,14 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc > 1) nthreads = atoi(argv[1]);
+    if (argc > 2 && !strcmp(argv[2], "blocktrap")) block_trap = 1;
     if (nthreads < 1 || nthreads > MAXT) nthreads = 2;
     pthread_t t[MAXT];
+    pthread_barrier_init(&started, NULL, (unsigned)nthreads + 1);
     pthread_barrier_init(&start_line, NULL, (unsigned)nthreads + 1);
     pthread_barrier_init(&finish_line, NULL, (unsigned)nthreads + 1);
     for (int i = 0; i < nthreads; i++) pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i);
+    pthread_barrier_wait(&started);
     printf("ready %d\n", getpid());
     fflush(stdout);
     char line[128];

@@ -122,6 +122,8 @@ def _run(args, command: list[str], regs: tuple[str, ...], record: bool) -> int:
         if proc is not None:
             os.kill(pid, signal.SIGCONT)
         _loop(session, args, out, proc, regs, record)
+        if proc is None and not _alive(pid, proc):
+            status = _report_end(pid)
     except ProbeError as e:
         sys.stderr.write(f"hwtrace probe: {e}\n")
         status = 1
@@ -140,8 +142,22 @@ def _run(args, command: list[str], regs: tuple[str, ...], record: bool) -> int:
                 proc.kill()
             proc.wait()
     if proc is not None and status == 0:
-        return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        if proc.returncode < 0:
+            sys.stderr.write(f"hwtrace probe: process {pid} was killed by "
+                             f"{signal.Signals(-proc.returncode).name}\n")  # fmt: skip
+            return 128 - proc.returncode
+        return proc.returncode
     return status
+
+
+def _report_end(pid: int) -> int:
+    """Say how the process ended while probed (-p); 1 if it was killed by a
+    signal, for a crash must not look like success."""
+    from ..probes.ptrace import end_of
+
+    end = end_of(pid)
+    sys.stderr.write(f"hwtrace probe: process {pid} {end}\n")
+    return 1 if end.startswith("was killed") else 0
 
 
 def _kind(args) -> str | None:
@@ -161,13 +177,11 @@ def _describe(tp) -> None:
 
 
 def _alive(pid: int, proc) -> bool:
+    from ..probes.ptrace import process_alive
+
     if proc is not None:
         return proc.poll() is None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return process_alive(pid)
 
 
 def _loop(session, args, out, proc, regs, record) -> None:
@@ -244,8 +258,10 @@ def _finish(session, out, args) -> None:
     """Drain, take every tracepoint out, report; runs on every way out."""
     import json
 
+    from ..probes.ptrace import process_alive
+
     counts = []
-    alive = os.path.exists(f"/proc/{session.pid}")
+    alive = process_alive(session.pid)
     try:
         # Take the patches out first, then drain what was written meanwhile.
         for tp in list(session.tracepoints.values()) if alive else ():

@@ -45,7 +45,10 @@ __all__ = [
     "PtraceError",
     "Registers",
     "SeizedThread",
+    "end_of",
     "launch_stopped",
+    "process_alive",
+    "threads_blocking",
     "threads_of",
 ]
 
@@ -106,6 +109,36 @@ def threads_of(pid: int) -> list[int]:
         return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return []
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie, waiting
+    for its parent to reap it, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def end_of(pid: int) -> str:
+    """How process ``pid`` ended, as far as can be told: "was killed by
+    SIGTRAP", "exited with status 3", or "exited" once it has been reaped
+    (the exit code of ``/proc/PID/stat`` is read while it is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        status = int(fields[49])  # field 52, exit_code: a wait status
+    except (OSError, IndexError, ValueError):
+        return "exited"
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def threads_blocking(pid: int, sig: int) -> list[int]:
+    """The threads of process ``pid`` that block signal ``sig``."""
+    return [t for t in threads_of(pid) if _status_masks(pid, t).get("SigBlk", 0) >> (sig - 1) & 1]
 
 
 def _signed(value: int) -> int:
@@ -179,7 +212,7 @@ class SeizedThread:
             if -r in (errno.EPERM, errno.EACCES):
                 break
         if not self.tid:
-            raise PtraceError(last)
+            raise (PtraceError if process_alive(pid) else ProcessGone)(last)
         self.held_signals: list[int] = []
         self._stopped = False
         self._saved: Registers | None = None
@@ -355,6 +388,8 @@ def _tgkill(pid: int, tid: int, sig: int) -> None:
 
 
 def _seize_failure(pid: int, tid: int, err: int) -> str:
+    if os.path.exists(f"/proc/{pid}") and not process_alive(pid):
+        return f"process {pid} {end_of(pid)}"  # a zombie: not "not permitted"
     if err == errno.ESRCH:
         if not os.path.exists(f"/proc/{pid}"):
             return f"no process with pid {pid}"

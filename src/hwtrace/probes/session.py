@@ -47,7 +47,14 @@ from . import codegen as cg
 from .alloc import CHUNK_CODE, CHUNK_SIZE, TrampolineSpace, free_gaps
 from .locate import Site, SiteError, check_boundary, resolve
 from .plan import JUMP, TRAP, Layout, choose_window, data_reach, lay_out, trampoline_size
-from .ptrace import ProcessGone, PtraceError, SeizedThread, threads_of
+from .ptrace import (
+    ProcessGone,
+    PtraceError,
+    SeizedThread,
+    process_alive,
+    threads_blocking,
+    threads_of,
+)
 from .relocate import RelocationError, Window, decode_window
 from .rings import EVENT_DTYPE, NREGS, CounterPages, Rings
 from .uprobe import Uprobe, UprobeError
@@ -369,6 +376,18 @@ class ProbeSession:
         if returns and not site.entry:
             raise ProbeError(f"{spec}: an entry/exit tracepoint goes at a function's first "
                              f"instruction, not at {site.function or hex(site.address)}")  # fmt: skip
+        if kind != UPROBE:
+            blocking = self._trap_blockers()
+            if blocking:
+                # The kernel forces the default action (death) on an int3 in
+                # such a thread (force_sig_info): no trap, no jump (its
+                # embedded traps, the int3 of patching); a kernel uprobe
+                # handles its int3 before any signal.
+                why = (f"thread {blocking[0]} of process {self.pid} blocks SIGTRAP: "
+                       "an int3 of hwtrace's would kill it")  # fmt: skip
+                if kind == TRAP:
+                    raise ProbeError(f"{why}; a kernel uprobe (--uprobe) can count hits there")
+                return self._place_uprobe(spec, site, record or returns, why)
         with self._borrowed() as t:
             self._ensure_runtime(t)
             if returns:
@@ -384,6 +403,33 @@ class ProbeSession:
             tp = self._place(t, spec, site, kind, event, self._threads_at if returns else 0)
             self._patch(t, tp)
         return tp
+
+    def _trap_blockers(self) -> list[int]:
+        """The threads that block SIGTRAP.  One in hwtrace's own trap handler
+        blocks it too, until the handler returns (the kernel adds the signal
+        to the mask while its handler runs): such a thread is stopped and
+        looked at, its mask read again while it cannot move."""
+        out = []
+        suspects = threads_blocking(self.pid, signal.SIGTRAP)
+        for _ in range(3):
+            if not suspects:
+                return []
+            # A thread just created blocks every signal until glibc sets its
+            # mask: a block that goes away within milliseconds is no block.
+            time.sleep(0.005)
+            suspects = [t for t in threads_blocking(self.pid, signal.SIGTRAP) if t in suspects]
+        for tid in suspects:
+            if self.runtime:
+                try:
+                    with SeizedThread(self.pid, tid) as th:
+                        rip = th.saved_registers.rip
+                        still = tid in threads_blocking(self.pid, signal.SIGTRAP)
+                except PtraceError:
+                    continue  # gone meanwhile
+                if not still or self.runtime <= rip < self.runtime + cg.PAGE:
+                    continue
+            out.append(tid)
+        return out
 
     def _ensure_thread_table(self, t: SeizedThread) -> None:
         if not self._threads_at:
@@ -804,7 +850,7 @@ class ProbeSession:
         if self._closed:
             return
         try:
-            if not os.path.exists(f"/proc/{self.pid}"):
+            if not process_alive(self.pid):
                 return
             for tp in list(self.tracepoints.values()):
                 self.remove(tp)
@@ -832,7 +878,7 @@ class ProbeSession:
                         self.runtime = 0
             self._disarm()
         except ProbeError:
-            if os.path.exists(f"/proc/{self.pid}"):
+            if process_alive(self.pid):
                 raise
         finally:
             self._closed = True
