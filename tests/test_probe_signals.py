@@ -74,7 +74,7 @@ def test_killed_at_every_point_the_target_runs_on(workload):
         assert points > 20
         expected = None
         for point in range(1, points + 1):
-            target = Target(workload)
+            target = Target(workload, threads=1)  # main borrowed, a worker on the sites
             try:
                 expected = expected or target.run(300)
                 target.send("spin")  # every thread runs through the sites meanwhile
@@ -121,6 +121,10 @@ def test_threads_blocking_sigtrap_get_no_int3(workload):
             assert tp.kind == UPROBE and "blocks SIGTRAP" in tp.note
             assert target.run(1000) == untraced
             assert s.hits(tp) == 2000
+            forced = s.add("shorties", kind=UPROBE)  # asked for: no look needed
+            assert forced.kind == UPROBE
+            assert target.run(1000) == untraced
+            assert (s.hits(tp), s.hits(forced)) == (4000, 2000)
     finally:
         assert target.close() == 0
 

@@ -383,8 +383,7 @@ class ProbeSession:
                 # such a thread (force_sig_info): no trap, no jump (its
                 # embedded traps, the int3 of patching); a kernel uprobe
                 # handles its int3 before any signal.
-                why = (f"thread {blocking[0]} of process {self.pid} blocks SIGTRAP: "
-                       "an int3 of hwtrace's would kill it")  # fmt: skip
+                why = _blocks_sigtrap(self.pid, blocking[0])
                 if kind == TRAP:
                     raise ProbeError(f"{why}; a kernel uprobe (--uprobe) can count hits there")
                 return self._place_uprobe(spec, site, record or returns, why)
@@ -690,6 +689,10 @@ class ProbeSession:
                 raise ProbeError(str(e)) from e
             tp.enabled = True
             return
+        blocking = self._trap_blockers()
+        if blocking:
+            raise ProbeError(f"{_blocks_sigtrap(self.pid, blocking[0])}; tracepoint {tp.id} "
+                             f"({tp.kind}) cannot go in again")  # fmt: skip
         with self._borrowed() as t:
             self._patch(t, tp)
 
@@ -910,6 +913,10 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _blocks_sigtrap(pid: int, tid: int) -> str:
+    return f"thread {tid} of process {pid} blocks SIGTRAP: an int3 of hwtrace's would kill it"
 
 
 def _trap_pending(pid: int, tid: int) -> bool:
