@@ -3,6 +3,7 @@ and threads that block SIGTRAP: the target must keep running correctly."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -26,6 +27,10 @@ def workload(tmp_path_factory):
     return out
 
 
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_TGKILL = 234
+
+
 def _session(pid: int) -> None:
     """What hwtrace does in a session: place jumps and a trap (the runtime,
     trampolines, redirects, patches), remove one, reclaim, close."""
@@ -40,12 +45,22 @@ def _session(pid: int) -> None:
 
 def _killed_at(pid: int, point: int) -> int:
     """Run :func:`_session` in a child process that SIGKILLs itself at
-    ``point`` (0: never); returns its wait status."""
+    ``point``, a SIGUSR1 sent to the borrowed thread (the main one) at the
+    point before; returns its wait status."""
     child = os.fork()
     if child == 0:  # pragma: no cover - the child
         code = 3
         try:
-            pt._kill_at = pt._points + point if point else 0
+            pt._kill_at = pt._points + point
+            send_at = pt._kill_at - (point > 1)  # one point before: it goes through a call
+            kill_point = pt._kill_point
+
+            def signal_then_kill() -> None:
+                if pt._points + 1 == send_at:
+                    libc.syscall(SYS_TGKILL, pid, pid, signal.SIGUSR1)  # to main itself
+                kill_point()
+
+            pt._kill_point = signal_then_kill
             _session(pid)
             code = 0
         finally:
@@ -84,10 +99,20 @@ def test_killed_at_every_point_the_target_runs_on(workload):
                     point, status)  # fmt: skip
                 _check(target, checker)
                 assert target.run(300) == expected, point
+                # The borrowed thread (main) has its own signal mask back,
+                # and got the signal sent while it was borrowed.
+                assert _blocked(target.pid, target.pid) == 0, point
+                target.send("signals")
+                assert target.proc.stdout.readline().split() == ["signals", "1"], point
             finally:
                 assert target.close() == 0, point
     finally:
         checker.close()
+
+
+def _blocked(pid: int, tid: int) -> int:
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        return next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
 
 
 def _points_of_a_session(workload) -> int:

@@ -8,6 +8,7 @@
  *            "thread K CALLS CHECKSUM" per thread
  *   sum K N  the checksum thread K makes in N calls (computed here, by main)
  *   fork N   a child process makes thread 0's N calls; prints "child CHECKSUM"
+ *   signals  prints "signals N": the SIGUSR1s the main thread handled
  *   quit
  * A second argument "blocktrap" makes the worker threads block SIGTRAP.
  * The checksum depends only on the calls made, so a traced run must print
@@ -120,6 +121,12 @@ static uint64_t one(uint64_t i) {
 }
 
 static int block_trap;
+static volatile sig_atomic_t usr1;
+
+static void on_usr1(int sig) {
+    (void)sig;
+    usr1++;
+}
 
 static void *worker(void *arg) {
     int me = (int)(intptr_t)arg;
@@ -158,6 +165,11 @@ int main(int argc, char **argv) {
     pthread_barrier_init(&finish_line, NULL, (unsigned)nthreads + 1);
     for (int i = 0; i < nthreads; i++) pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i);
     pthread_barrier_wait(&started);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
     printf("ready %d\n", getpid());
     fflush(stdout);
     char line[128];
@@ -201,6 +213,10 @@ int main(int argc, char **argv) {
             int status;
             waitpid(child, &status, 0);
             printf("child %llu %d\n", (unsigned long long)s, status);
+            fflush(stdout);
+            continue;
+        } else if (!strncmp(line, "signals", 7)) {
+            printf("signals %d\n", (int)usr1);
             fflush(stdout);
             continue;
         } else if (!strncmp(line, "sum ", 4)) {

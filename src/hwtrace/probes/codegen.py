@@ -153,34 +153,43 @@ def runtime_code(base: int) -> bytes:
 # The resume block: the gadgets a borrowed thread runs hwtrace's system calls
 # and stores with.  Each ends in a system call, where hwtrace takes the
 # thread back (PTRACE_SYSCALL); if hwtrace is gone, the thread runs on into
-# code that reloads every register hwtrace or the call may have changed
-# from the context (the thread's own, :meth:`~.ptrace.SeizedThread.continuation`)
-# and jumps back to where the thread was.  Flags and rsp are never changed.
+# code that puts back its signal mask (hwtrace blocks every signal while it
+# borrows the thread, so that none is taken from the thread meanwhile),
+# reloads every register hwtrace or the calls may have changed from the
+# context (the thread's own, :meth:`~.ptrace.SeizedThread.continuation`) and
+# jumps back to where the thread was.  Flags and rsp are never changed.
 RESUME_SYSCALL = 0x00  # syscall; jmp restore
 RESUME_STORE = 0x04  # mov [rdi],rsi; syscall (getpid); restore
-RESUME_CONTEXT = 0x50  # rax rcx rdx rsi rdi r8 r9 r10 r11, then rip
-RESUME_SIZE = RESUME_CONTEXT + 10 * 8
+RESUME_CONTEXT = 0x70  # rax rcx rdx rsi rdi r8 r9 r10 r11, rip, the signal mask
+RESUME_SIZE = RESUME_CONTEXT + 11 * 8
 _RESUMED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11")
+SYS_RT_SIGPROCMASK, SIG_SETMASK = 14, 2
 
 
 def resume_block(address: int) -> bytes:
     """The resume block at ``address`` (its context written apart, by
     :func:`resume_context`)."""
     code = b"\x0f\x05\xeb\x05" + b"\x48\x89\x37\x0f\x05"  # jmp rel8 +5: to the restore
+    context = address + RESUME_CONTEXT
     a = Asm()
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_RT_SIGPROCMASK))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EDI, SIG_SETMASK))
+    a(_lea(RSI, mem(Register.RIP, context + 8 * (len(_RESUMED) + 1))))
+    a(I.create_reg_reg(Code.XOR_R32_RM32, Register.EDX, Register.EDX))
+    a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R10D, 8))
+    a(I.create(Code.SYSCALL))
     for i, name in enumerate(_RESUMED):
-        a(I.create_reg_mem(Code.MOV_R64_RM64, REGISTERS[name],
-                           mem(Register.RIP, address + RESUME_CONTEXT + 8 * i)))  # fmt: skip
-    a(I.create_mem(Code.JMP_RM64, mem(Register.RIP, address + RESUME_CONTEXT + 8 * len(_RESUMED))))
+        a(I.create_reg_mem(Code.MOV_R64_RM64, REGISTERS[name], mem(Register.RIP, context + 8 * i)))
+    a(I.create_mem(Code.JMP_RM64, mem(Register.RIP, context + 8 * len(_RESUMED))))
     code += a.encode(address + len(code))
     assert len(code) <= RESUME_CONTEXT
     return code + b"\xcc" * (RESUME_CONTEXT - len(code))
 
 
-def resume_context(regs) -> bytes:
+def resume_context(regs, mask: int) -> bytes:
     """The context part of the resume block, from ``regs``
-    (:class:`~.ptrace.Registers`)."""
-    values = [getattr(regs, name) for name in _RESUMED] + [regs.rip]
+    (:class:`~.ptrace.Registers`) and the signal mask to put back."""
+    values = [getattr(regs, name) for name in _RESUMED] + [regs.rip, mask]
     return b"".join(v.to_bytes(8, "little") for v in values)
 
 

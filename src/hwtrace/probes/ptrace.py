@@ -25,7 +25,9 @@ registers (``rax`` = ``-ERESTART*``, ``orig_rax`` = the call) are put back
 before the thread goes on, so that the kernel restarts the interrupted call
 (the continuation restarts it the same way: ``rip`` back over the
 ``syscall``, ``rax`` the call again).  Signals that arrive for the thread
-meanwhile are held and delivered when it is released.
+meanwhile stay pending (all are blocked while hwtrace's calls run, the
+thread's mask put back by :meth:`SeizedThread.release` or the resume
+block) and are delivered, as they were sent, once it goes on.
 
 ``HWTRACE_PROBE_KILL_AT=N`` (a testing aid) makes hwtrace SIGKILL itself at
 the N-th point of its injected calls, two per call: the thread's registers
@@ -60,6 +62,7 @@ PTRACE_DETACH = 17
 PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 PTRACE_GETSIGINFO = 0x4202
+PTRACE_GETSIGMASK, PTRACE_SETSIGMASK = 0x420A, 0x420B
 PTRACE_EVENT_STOP = 128
 PTRACE_O_TRACESYSGOOD = 1
 SYSCALL_STOP = signal.SIGTRAP | 0x80  # a syscall stop, with PTRACE_O_TRACESYSGOOD
@@ -216,8 +219,10 @@ class SeizedThread:
         self.held_signals: list[int] = []
         self._stopped = False
         self._saved: Registers | None = None
+        self._masked = False
         self._stop()
         self._saved = self.get_registers()
+        self.signal_mask = self._get_mask()
 
     # -- stopping and going ----------------------------------------------------
 
@@ -267,6 +272,19 @@ class SeizedThread:
             # then keep waiting for the interrupt.
             _call(PTRACE_CONT, self.tid, 0, stop.signal if not stop.event else 0)
 
+    def _get_mask(self) -> int:
+        mask = ctypes.c_uint64()
+        r = _call(PTRACE_GETSIGMASK, self.tid, 8, ctypes.addressof(mask))
+        if r < 0:
+            raise PtraceError(f"thread {self.tid}: PTRACE_GETSIGMASK: {os.strerror(-r)}")
+        return mask.value
+
+    def _set_mask(self, value: int) -> None:
+        mask = ctypes.c_uint64(value)
+        r = _call(PTRACE_SETSIGMASK, self.tid, 8, ctypes.addressof(mask))
+        if r < 0:
+            raise PtraceError(f"thread {self.tid}: PTRACE_SETSIGMASK: {os.strerror(-r)}")
+
     def get_registers(self) -> Registers:
         regs = Registers()
         r = _call(PTRACE_GETREGS, self.tid, 0, ctypes.addressof(regs))
@@ -308,6 +326,13 @@ class SeizedThread:
         regs.rip = rip
         for name, value in values.items():
             setattr(regs, name, value & ((1 << 64) - 1))
+        if not self._masked:
+            # Every signal blocked while our calls run: one sent meanwhile
+            # stays pending in the kernel, not taken by hwtrace (where it
+            # would be lost if hwtrace died), and is delivered as it was
+            # sent once the mask is back (release, or the resume block).
+            self._set_mask((1 << 64) - 1)
+            self._masked = True
         for _ in range(16):
             self.set_registers(regs)
             _kill_point()  # about to run our call
@@ -338,7 +363,7 @@ class SeizedThread:
                 raise PtraceError(f"thread {self.tid}: the instruction at {rip:#x} run for "
                                   f"hwtrace raised {signal.Signals(stop.signal).name}")  # fmt: skip
             if stop.signal:
-                # Delivered before our code ran: hold it, go on.
+                # Not blocked (a fault of the program's, say): hold it, go on.
                 self.held_signals.append(stop.signal)
         raise PtraceError(f"thread {self.tid}: the code at {rip:#x} does not reach a system call")
 
@@ -363,11 +388,15 @@ class SeizedThread:
             return
         self._stopped = False
         try:
-            if self._saved is not None:
-                try:
+            try:
+                # The mask first: killed before the registers go back, the
+                # thread would run the resume block, which sets it too.
+                if self._masked:
+                    self._set_mask(self.signal_mask)
+                if self._saved is not None:
                     self.set_registers(self._saved)
-                except PtraceError:
-                    pass  # gone; detach all the same
+            except PtraceError:
+                pass  # gone; detach all the same
             pending = list(self.held_signals)
             first = pending.pop(0) if pending else 0
             _call(PTRACE_DETACH, self.tid, 0, first)

@@ -217,7 +217,9 @@ class ProbeSession:
             self._block_original = self.read(at, cg.RESUME_SIZE)
             self.write(at, cg.resume_block(at))
             self._block = at
-        self.write(self._block + cg.RESUME_CONTEXT, cg.resume_context(t.continuation()))
+        self.write(
+            self._block + cg.RESUME_CONTEXT, cg.resume_context(t.continuation(), t.signal_mask)
+        )
 
     def _disarm(self) -> None:
         """Take the resume block out (no thread is borrowed)."""
