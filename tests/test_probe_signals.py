@@ -11,7 +11,9 @@ import subprocess
 import pytest
 from test_probe_live import HWTRACE, SOURCE, Target, _wait_for_patch
 
+from hwtrace.image.process import code_slack, read_maps
 from hwtrace.probes import TRAP, UPROBE, ProbeError, ProbeSession
+from hwtrace.probes import codegen as cg
 from hwtrace.probes import ptrace as pt
 
 pytestmark = pytest.mark.skipif(
@@ -185,3 +187,30 @@ def test_cli_reports_a_target_that_died(workload):
         assert "not permitted" not in err and "Traceback" not in err, err
     finally:
         target.close()
+
+
+def test_resume_block_goes_in_unused_padding_and_out_again(workload):
+    """The gadgets go after the vDSO's image; where that padding is taken
+    (another tool's), after an executable segment of a file: in either
+    place, the bytes are what they were once the session is closed."""
+    target = Target(workload, threads=1)
+    fd = os.open(f"/proc/{target.pid}/mem", os.O_RDWR)
+    try:
+        untraced = target.run(300)
+        vdso = next(m for m in read_maps(target.pid) if m.path == "[vdso]")
+        at = code_slack(target.pid, fd, cg.RESUME_SIZE)
+        assert vdso.start < at and at + cg.RESUME_SIZE <= vdso.end
+        os.pwrite(fd, b"\x01", at)  # taken
+        code = target.code()
+        fallback = code_slack(target.pid, fd, cg.RESUME_SIZE)
+        m = next(m for m in read_maps(target.pid) if m.start <= fallback < m.end)
+        assert m.path.startswith("/") and m.executable
+        with ProbeSession(target.pid) as s:
+            s.add("work")
+            assert os.pread(fd, cg.RESUME_CONTEXT, fallback) == cg.resume_block(fallback)
+            assert target.run(300) == untraced
+        assert target.code() == code
+        assert os.pread(fd, 1, at) == b"\x01"
+    finally:
+        os.close(fd)
+        assert target.close() == 0

@@ -258,8 +258,9 @@ def code_slack(pid: int, mem: int, size: int) -> int | None:
     """``size`` bytes of process ``pid``'s executable memory that nothing
     in it uses, 16-byte aligned: the padding of its vDSO's pages after the
     image (segments, sections, headers), or of the last page of an ELF
-    file's executable segment after the segment.  A debugger's scratch
-    code goes there (``mem``: its ``/proc/PID/mem`` open); None if none."""
+    file's executable segment after the segment, still all zero bytes.  A
+    debugger's scratch code goes there (``mem``: its ``/proc/PID/mem``
+    open); None if none."""
     maps = sorted(read_maps(pid), key=lambda m: m.path != "[vdso]")
     for m in maps:
         if not m.executable or m.path == "[vsyscall]":
@@ -277,6 +278,11 @@ def code_slack(pid: int, mem: int, size: int) -> int | None:
         if end is None:
             continue
         at = (m.start + end + 15) & ~15
-        if at + size <= m.end:
-            return at
+        if at + size > m.end:
+            continue
+        try:
+            if os.pread(mem, size, at).count(0) == size:  # not another tool's already
+                return at
+        except OSError:
+            continue
     return None
