@@ -340,7 +340,7 @@ class SeizedThread:
             if -_signed(after.rax) not in _RESTARTS:
                 _kill_point()  # our call done
                 return after
-            # A signal came in during our call: it is held; run it again.
+            # Interrupted (a stop of the whole process, say): run it again.
         raise PtraceError(f"thread {self.tid}: the system call run at {rip:#x} never completes")
 
     def _to_syscall_exit(self, rip: int) -> Registers:
