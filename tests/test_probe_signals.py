@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 
@@ -17,7 +18,7 @@ from hwtrace.probes import codegen as cg
 from hwtrace.probes import ptrace as pt
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or subprocess.run(["which", "gcc"], capture_output=True).returncode,
+    os.geteuid() != 0 or shutil.which("gcc") is None,
     reason="needs root (ptrace of any process, /proc/PID/mem writes) and gcc",
 )
 
@@ -53,16 +54,15 @@ def _killed_at(pid: int, point: int) -> int:
     if child == 0:  # pragma: no cover - the child
         code = 3
         try:
-            pt._kill_at = pt._points + point
-            send_at = pt._kill_at - (point > 1)  # one point before: it goes through a call
-            kill_point = pt._kill_point
+            at = pt.kill_points() + point
+            pt.kill_at(at)
+            send_at = at - (point > 1)  # one point before: it goes through a call
 
-            def signal_then_kill() -> None:
-                if pt._points + 1 == send_at:
+            def signal_there(n: int) -> None:
+                if n == send_at:
                     libc.syscall(SYS_TGKILL, pid, pid, signal.SIGUSR1)  # to main itself
-                kill_point()
 
-            pt._kill_point = signal_then_kill
+            pt.point_hook = signal_there
             _session(pid)
             code = 0
         finally:

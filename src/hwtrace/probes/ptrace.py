@@ -40,6 +40,7 @@ import ctypes
 import errno
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -150,6 +151,7 @@ def _signed(value: int) -> int:
 
 _kill_at = int(os.environ.get("HWTRACE_PROBE_KILL_AT", "0") or 0)
 _points = 0
+point_hook: Callable[[int], None] | None = None  # called with each point's number
 
 
 def _kill_point() -> None:
@@ -158,13 +160,22 @@ def _kill_point() -> None:
     the target survives hwtrace's death at every one)."""
     global _points
     _points += 1
+    if point_hook is not None:
+        point_hook(_points)
     if _points == _kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def kill_points() -> int:
-    """The points :func:`_kill_point` passed so far in this process."""
+    """The points of injected calls passed so far in this process."""
     return _points
+
+
+def kill_at(point: int) -> None:
+    """SIGKILL this process at the given point (as counted by
+    :func:`kill_points`; 0: never), as ``HWTRACE_PROBE_KILL_AT`` does."""
+    global _kill_at
+    _kill_at = point
 
 
 def _call(request: int, tid: int, addr: int = 0, data: int = 0) -> int:
