@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
+from .plt import plt_symbols
 from .sections import ANY, Asid, ImageError, Section, map_file
-from .symbols import FUNCTION, OBJECT, SymbolTable
+from .symbols import FUNCTION, IFUNC, OBJECT, SymbolTable
 
 __all__ = ["ElfFile", "LoadedElf", "Segment", "load_elf", "read_elf"]
 
@@ -111,6 +112,7 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
                 if seg["p_type"] == "PT_LOAD"
             )
             tables = _symbol_tables(elf)
+            plt = plt_symbols(elf, lambda offset, size: bytes(buf[offset : offset + size]))
             elfclass = elf.elfclass
             little = elf.little_endian
             # Only dynamic symbols (a stripped library): the full table may
@@ -140,6 +142,10 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
                 symbols = SymbolTable.merge([symbols, extra])
         except Exception:  # a damaged debug file: the file's own symbols stand
             pass
+    if plt:
+        symbols = SymbolTable.merge([symbols, SymbolTable.from_symbols(
+            (start, size, label, True) for start, size, label in plt
+        )])  # fmt: skip
     return ElfFile(name, elf_type, machine, segments, symbols)
 
 
@@ -298,7 +304,10 @@ def _read_symbols(
             )
         value_parts.append(entries["value"].astype(np.uint64))
         size_parts.append(entries["size"].astype(np.uint64))
-        kind_parts.append(np.where((entries["info"] & 0xF) == STT_OBJECT, OBJECT, FUNCTION))
+        kind_parts.append(
+            np.select([kind[keep] == STT_OBJECT, kind[keep] == STT_GNU_IFUNC], [OBJECT, IFUNC],
+                      FUNCTION)
+        )  # fmt: skip
         bind_parts.append(entries["info"] >> 4)
     if not names:
         return SymbolTable.empty()

@@ -14,10 +14,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["FUNCTION", "OBJECT", "SymbolTable"]
+__all__ = ["FUNCTION", "IFUNC", "OBJECT", "SymbolTable"]
 
 OBJECT = 0
 FUNCTION = 1
+# An ELF STT_GNU_IFUNC symbol: code, but its address is the resolver that
+# picks the implementation, not the function a caller means.
+IFUNC = 2
 
 
 class SymbolTable:
@@ -134,7 +137,7 @@ class SymbolTable:
     def functions(self) -> SymbolTable:
         """The function symbols only (what code addresses should resolve to)."""
         if self._functions is None:
-            self._functions = self.subset(self.kind == FUNCTION)
+            self._functions = self.subset(self.kind != OBJECT)
         return self._functions
 
     def subset(self, keep: np.ndarray) -> SymbolTable:
@@ -206,7 +209,9 @@ class SymbolTable:
     def function_entries(self, spec: str) -> np.ndarray:
         """The start addresses (sorted) of the functions named ``spec``:
         ``name``, or ``module!name`` with a module's base name
-        (``libc.so.6!qsort``)."""
+        (``libc.so.6!qsort``).  An IFUNC symbol's address is its resolver,
+        not the function: it is left out (its calls come through PLT
+        stubs, :meth:`plt_entries`)."""
         module, _, name = spec.rpartition("!")
         named = [i for i, n in enumerate(self.names) if n == name]
         sel = np.isin(self.name_index, named) & (self.kind == FUNCTION) & (self.size > 0)
@@ -214,6 +219,18 @@ class SymbolTable:
             wanted = [i for i, m in enumerate(self.modules) if os.path.basename(m) == module]
             sel &= np.isin(self.module, wanted)
         return np.unique(self.start[sel])
+
+    def plt_entries(self, spec: str) -> np.ndarray:
+        """The start addresses (sorted) of the PLT stubs that bind the
+        function ``spec`` (``name@plt``, in any file; with ``module!name``
+        only where that module defines ``name``)."""
+        module, _, name = spec.rpartition("!")
+        if module:
+            defined = [i for i, n in enumerate(self.names) if n == name]
+            wanted = [i for i, m in enumerate(self.modules) if os.path.basename(m) == module]
+            if not (np.isin(self.name_index, defined) & np.isin(self.module, wanted)).any():
+                return np.zeros(0, np.uint64)
+        return self.function_entries(f"{name}@plt")
 
     def __iter__(self):
         """Yield ``(start, size, name, is_function)`` in address order."""
