@@ -226,7 +226,8 @@ def test_function_calls_with_recursion_and_early_returns(program):
         assert len(iv) == len(want)
         # Calls close in return order: an inner call of a recursion first.
         by_close = sorted(want, key=lambda c: c[1])
-        assert iv.dic.tolist() == [e - s for s, e in by_close]
+        # A call's instructions: its entry through its return, both counted.
+        assert iv.dic.tolist() == [e - s + 1 for s, e in by_close]
         _check_times(res, iv, true, np.array([s for s, _ in by_close]),
                      np.array([e for _, e in by_close]))  # fmt: skip
 
@@ -424,7 +425,7 @@ def test_latency_and_funclatency_of_a_recorded_program(tmp_path, capsys):
         main(["funclatency", "fact", "-i", str(path), "--json", str(out), "--all-intervals"]) == 0
     )
     got = json.loads(out.read_text())
-    assert [iv["dic"] for iv in got["intervals"]] == [e - s for s, e in want]
+    assert [iv["dic"] for iv in got["intervals"]] == [e - s + 1 for s, e in want]
     assert all(iv["path"].endswith("fact") for iv in got["intervals"])
     # The recorded call itself: the trace starts at its entry (no call
     # seen) and stops after its return (where it went is not traced).
@@ -433,7 +434,7 @@ def test_latency_and_funclatency_of_a_recorded_program(tmp_path, capsys):
         main(["funclatency", "work", "-i", str(path), "--json", str(out), "--all-intervals"]) == 0
     )
     got = json.loads(out.read_text())
-    assert [iv["dic"] for iv in got["intervals"]] == [len(ips) - 1]
+    assert [iv["dic"] for iv in got["intervals"]] == [len(ips)]  # every instruction stepped
     text = capsys.readouterr().out
     assert "the " in text and "longest" in text
 

@@ -5,7 +5,10 @@ open and close at *markers* (:mod:`hwtrace.analysis.patterns`: instructions,
 addresses, function entries and exits, super-instructions) and are kept per
 thread or per CPU; each closed interval gives its duration (Δt, from the
 PT time model) and its instruction count (ΔIC, the close instruction's
-index minus the open one's in the thread's or CPU's flow).
+index minus the open one's in the thread's or CPU's flow).  A function
+call's ΔIC is the instructions it executed: N for a call whose entry
+through its return are N instructions, both counted (as ``report --call``
+keeps them, and the call-path profile counts them).
 
 The walk runs over the decoder's block rows as they come, a code run at a
 time: the per-instruction work (markers, sequences) happens only in runs
@@ -69,12 +72,14 @@ from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 # instruction (kind, fall-through, successor, index, time) whose transition
 # the next instruction tells; the open interval (flag, marker, time,
 # index, path, cpu); ...; whether its flow starts again at its next row
-# (after a gap), the CPU of its last row.
+# (after a gap), the CPU of its last row, the last instruction's FLAG_*
+# bits.
 (
     S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
     S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP, S_TPATH, S_TLAST, S_FRESH, S_CPU,
-) = range(22)  # fmt: skip
-NS = 22
+    S_PFLAGS,
+) = range(23)  # fmt: skip
+NS = 23
 # A call path's parent when it is a root: the function the flow was in
 # with no call of it seen (where a thread's trace starts, or where a
 # return left the outermost frame seen), named by an address in it.  A
@@ -87,11 +92,27 @@ ROOT = -3
 # path (-1: not worked out yet: paths are interned only when an interval
 # needs one), the exit marker its function has (-1: none), the call's
 # entry time and index (-1: not a marked function's call), a gap inside it,
-# and whether only jumps ran in it yet (a PLT stub: the jump's target is
-# then the callee).
-F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP, F_FRESH = range(8)
-NF = 8
+# whether only jumps ran in it yet (a PLT stub: the jump's target is then
+# the callee), and where a lazily bound PLT stub's detour through ld.so's
+# resolver is (LAZY_*).
+F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP, F_FRESH, F_LAZY = range(9)
+NF = 9
 UNSEEN = -1
+# A call through a PLT stub whose GOT slot is not bound yet: the stub's
+# ``jmp *GOT`` goes to its own next instruction (``push $index; jmp
+# PLT0``), PLT0 jumps into ld.so's ``_dl_runtime_resolve``, which binds the
+# slot and jumps to the function (System V x86-64 psABI, "Procedure
+# Linkage Table").  LAZY_STUB: the next indirect jump of the frame enters
+# the resolver (the frame is named after it); LAZY_RESOLVER: the next one
+# enters the function, and the frame is the function's call from then on,
+# as it is when the slot was bound before.
+LAZY_NONE, LAZY_STUB, LAZY_RESOLVER = 0, 1, 2
+# Bits of an instruction's atom mask (``atoms``) that are no atom: the
+# instruction is in a PLT stub; it is the first of a function.
+FLAG_PLT = np.uint64(1 << 63)
+FLAG_START = np.uint64(1 << 62)
+ATOM_MASK = np.uint64((1 << 62) - 1)
+PF_PLT = 2  # FLAG_PLT in S_PFLAGS (the flags shifted down)
 # Counters (int64).
 (
     C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
@@ -315,16 +336,19 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
             if fr[s, d, F_GAP]:
                 counts[C_CALL_GAPPED] += 1
             elif fr[s, d, F_IC] >= 0:
-                _emit(rec, counts, R_CALL, s, cpu, e, e, fr[s, d, F_IC], ic,
+                # A call's instructions: its entry through its return, both
+                # counted (the close index is the one after the return).
+                _emit(rec, counts, R_CALL, s, cpu, e, e, fr[s, d, F_IC], ic + 1,
                       _path_of(s, d, ss, fr, paths, counts), fr[s, d, F_T], t, stream)  # fmt: skip
         _fire(e, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
 
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
-def _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
+def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     """What slot ``s``'s last instruction did to its stack, now that the
-    next instruction (at ``ip``) tells: a call pushes a frame, a return
-    pops (:func:`_returned`)."""
+    next instruction (at ``ip``, its atom mask ``tbits``, time index
+    ``t``) tells: a call pushes a frame, a return pops
+    (:func:`_returned`), a PLT stub's jump names its frame."""
     k = ss[s, S_PK]
     if k == K_CALL:
         if np.int64(ip) == ss[s, S_PFALL]:
@@ -333,7 +357,7 @@ def _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
         if top < fr.shape[1]:
             fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = ss[s, S_PFALL], ip, -1
             fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
-            fr[s, top, F_FRESH] = 1
+            fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 1, LAZY_NONE
         else:
             counts[C_DEEP] += 1
         ss[s, S_SP] = top + 1
@@ -342,9 +366,29 @@ def _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
         _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
     elif k == K_IJUMP:
         top = min(ss[s, S_SP], fr.shape[1])
-        if top > 0 and fr[s, top - 1, F_FRESH]:
-            # A PLT stub (or a tail-jump stub) called: its target is the callee.
-            fr[s, top - 1, F_CALLEE], fr[s, top - 1, F_PATH] = ip, -1
+        if top <= 0:
+            return
+        d = top - 1
+        lazy = fr[s, d, F_LAZY]
+        plt = fr[s, d, F_FRESH] != 0 and (ss[s, S_PFLAGS] & PF_PLT) != 0
+        if plt and np.int64(ip) == ss[s, S_PFALL]:
+            fr[s, d, F_LAZY] = LAZY_STUB  # not bound yet: on through PLT0
+        elif lazy == LAZY_STUB:
+            fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, LAZY_RESOLVER
+            ss[s, S_CUR] = -2
+        elif plt or lazy == LAZY_RESOLVER:
+            # A PLT stub's destination (bound now, or by the resolver): the
+            # callee.  A call of a marked function entered at the stub
+            # (an IFUNC's, whose implementation only the flow tells)
+            # starts here.
+            fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, LAZY_NONE
+            ss[s, S_CUR] = -2
+            if fr[s, d, F_EXIT] >= 0 and fr[s, d, F_IC] >= 0:
+                fr[s, d, F_IC], fr[s, d, F_T] = ss[s, S_IC], t
+        elif fr[s, d, F_FRESH] and tbits & FLAG_START:
+            # A tail-jump stub called: the function it jumps to is the callee
+            # (a jump inside the function, e.g. through a switch's table, is not).
+            fr[s, d, F_CALLEE], fr[s, d, F_PATH] = ip, -1
             ss[s, S_CUR] = -2
 
 
@@ -441,7 +485,7 @@ def _unseen_call(s, ip, ss, fr):
     if top < fr.shape[1]:
         fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = UNSEEN, ip, -1
         fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
-        fr[s, top, F_FRESH] = 0
+        fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 0, LAZY_NONE
     ss[s, S_SP] = top + 1  # (deeper than the frames kept: only counted)
     ss[s, S_CUR] = -2
 
@@ -462,7 +506,7 @@ def _run_info(run, atoms, ct, info):
         quiet = 8
         first = r_first[run]
         for j in range(r_ninsn[run]):
-            if atoms[r_insn[first + j]] != 0:
+            if atoms[r_insn[first + j]] & ATOM_MASK:
                 quiet = 0
                 break
         k = r_lastk[run]
@@ -541,7 +585,13 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
             continue
         ip = b_ip[i]
         if ss[s, S_PK] > K_OTHER:
-            _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+            tbits = np.uint64(0)
+            if ss[s, S_PK] == K_IJUMP:
+                run = b_run[i]
+                k0 = (r_insn[r_first[run]] if run >= 0
+                      else hash_find(h_ip, h_mode, h_val, ip, b_mode[i]))  # fmt: skip
+                tbits = atoms[k0] if k0 >= 0 else tbits
+            _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
         fresh = ss[s, S_FRESH]
         ss[s, S_FRESH] = 0
         ss[s, S_CPU] = cpu
@@ -584,7 +634,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                 k = np.int64(r_insn[first + j])
                 ic = ss[s, S_IC]
                 ss[s, S_IC] = ic + 1
-                bits = atoms[k]
+                bits = atoms[k] & ATOM_MASK
                 if bits or ss[s, S_SEQ]:
                     _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk,
                                  rec, paths, stream)  # fmt: skip
@@ -600,14 +650,15 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                         ip = i_ip[k] + np.uint64(i_size[k])
                     ss[s, S_PIC] = ss[s, S_IC] - 1
                     ss[s, S_PT] = t
-                    if ss[s, S_PK] > K_OTHER:
-                        _transition(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+                    if ss[s, S_PK] > K_OTHER:  # (a call or return: direct flow in a row)
+                        _transition(s, ip, np.uint64(0), t, cpu, ss, fr, counts, marks, masks,
+                                    rec, paths, stream)  # fmt: skip
                 k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
                 if k < 0:
                     break  # cannot happen: the decoder read every instruction it reports
                 ic = ss[s, S_IC]
                 ss[s, S_IC] = ic + 1
-                bits = atoms[k]
+                bits = atoms[k] & ATOM_MASK
                 if bits or ss[s, S_SEQ]:
                     _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk,
                                  rec, paths, stream)  # fmt: skip
@@ -618,6 +669,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                 i += 1
                 continue
         ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
+        ss[s, S_PFLAGS] = np.int64(atoms[k] >> np.uint64(62))
         ss[s, S_PIC] = ss[s, S_IC] - 1
         ss[s, S_PT] = t
         if ss[s, S_PK] != K_IJUMP:
@@ -663,6 +715,9 @@ class _TableAtoms:
                 continue
             ip, mode = int(t.i_ip[k]), int(t.i_mode[k])
             self.bits[k] = self.atoms.bits(ip, mode, t.insn(k))
+        if n > self.n:
+            plt, start = self.atoms.places(t.i_ip[self.n : n])
+            self.bits[self.n : n] |= np.where(plt, FLAG_PLT, 0) | np.where(start, FLAG_START, 0)
         self.n = n
         runs = t.r_ip.shape[0]
         if self.info.shape[0] < runs:

@@ -46,7 +46,7 @@ import numpy as np
 from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass
 
-MAX_ATOMS = 64
+MAX_ATOMS = 62  # (the walk keeps two flags in the top bits of an atom mask)
 MAX_MARKERS = 64
 MAX_SEQUENCE = 16
 
@@ -332,12 +332,30 @@ class AtomTable:
         for a in patterns.atoms:
             if a.kind in (A_ADDRESS, A_ENTRY):
                 got = resolve_address(a.value[0], self.symbols)
+                if a.kind == A_ENTRY:
+                    # A call through a PLT stub enters at the stub; for an
+                    # IFUNC, whose implementation only the flow tells (where
+                    # the stub goes), it is the only sign of the call.
+                    stubs = self.symbols.plt_entries(a.value[0])
+                    got = np.union1d(got, stubs) if stubs.shape[0] else got
                 if got.shape[0] == 0:
                     self.missing.add(a.value[0])
                 self.addresses.append(got)
             else:
                 self.addresses.append(None)
         self._cache: dict[tuple[int, int], int] = {}
+        self._plt: np.ndarray | None = None
+
+    def places(self, ips: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each address is in a PLT stub (``name@plt``) and whether
+        it is the first instruction of a function."""
+        if self._plt is None:
+            t = self.symbols
+            self._plt = np.array([n.endswith("@plt") for n in t.names], np.bool_)[t.name_index]
+        index, offset = self.symbols.lookup(ips)
+        found = index >= 0
+        plt = found & self._plt[np.where(found, index, 0)] if self._plt.shape[0] else found
+        return plt, found & (offset == 0)
 
     def bits(self, ip: int, mode: int, insn) -> int:
         """The atoms that hold at the instruction ``insn`` (an

@@ -5,6 +5,7 @@ of every thread of every trace queue."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 
@@ -53,7 +54,8 @@ class CodeNames:
         """A code address's function (``module!function``): :meth:`where`
         without the offset into the function."""
         got, symbol = self._lookup(addr, with_module)
-        return got.split("+", 1)[0] if symbol else got
+        # (names may hold a "+": ``*ABS*+0x9f1c0@plt``)
+        return re.sub(r"\+0x[0-9a-f]+$", "", got) if symbol else got
 
 
 class LatencyFeed:

@@ -1,0 +1,212 @@
+"""Calls as users count them, on recorded programs: through PLT stubs
+(lazily bound or not), to IFUNCs, through a switch's jump table, and
+with one definition of a call's instructions everywhere."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from test_record_software import SKIP, compile_program
+
+from hwtrace.cli.main import main
+
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+
+PLT_PROGRAM = r"""
+#include <stdlib.h>
+#include <string.h>
+#define NOINLINE __attribute__((noinline))
+static int cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+NOINLINE long work(const char *s) {
+    int v[8] = {5, 3, 7, 1, 8, 2, 6, 4};
+    qsort(v, 8, sizeof v[0], cmp);
+    return v[0] + (long)strlen(s);
+}
+int main(int argc, char **argv) { return (int)(work(argv[0]) & 1); }
+"""
+
+SWITCH_PROGRAM = r"""
+#define NOINLINE __attribute__((noinline))
+static volatile long sink;
+NOINLINE long dispatch(int op, long x) {
+    switch (op & 7) {  /* every case handled: no bounds check before the table */
+    case 0: return x + 1;
+    case 1: return x * 3;
+    case 2: return x - 7;
+    case 3: return x ^ 0x55;
+    case 4: return x << 2;
+    case 5: return x / 3;
+    case 6: return -x;
+    case 7: return x + 11;
+    }
+    return 0;
+}
+NOINLINE long work(int n) {
+    long s = 0;
+    for (int i = 0; i < n; i++)
+        s += dispatch(i % 8, i);
+    return s;
+}
+int main(void) { sink = work(100); return 0; }
+"""
+
+
+def _record(exe: str, path, calls=("work",)) -> object:
+    from hwtrace.record import record_software
+    from hwtrace.record.perfdata import write_perf_data
+
+    rec = record_software([exe], calls=list(calls))
+    write_perf_data(rec, path)
+    return rec
+
+
+def _folded(path, tmp_path) -> dict[str, int]:
+    out = tmp_path / "f.folded"
+    assert main(["report", "-i", str(path), "--folded", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    keys = [line.rsplit(" ", 1)[0] for line in lines]
+    assert len(keys) == len(set(keys)), "a call path written twice"
+    return {k: int(v) for k, v in (line.rsplit(" ", 1) for line in lines)}
+
+
+def _calls(func: str, path, tmp_path) -> list[dict]:
+    out = tmp_path / "c.json"
+    assert main(["funclatency", func, "-i", str(path), "--json", str(out),
+                 "--all-intervals"]) == 0  # fmt: skip
+    return json.loads(out.read_text())["intervals"]
+
+
+@pytest.fixture(scope="module")
+def plt_runs(tmp_path_factory):
+    """The PLT program lazily bound and bound at start (LD_BIND_NOW)."""
+    exe = str(compile_program(PLT_PROGRAM, "plt", ("-O2", "-g0", "-Wl,-z,lazy")))
+    d = tmp_path_factory.mktemp("plt")
+    mp = pytest.MonkeyPatch()
+    runs = {}
+    try:
+        for mode in ("lazy", "now"):
+            if mode == "now":
+                mp.setenv("LD_BIND_NOW", "1")
+            else:
+                mp.delenv("LD_BIND_NOW", raising=False)
+            runs[mode] = d / f"{mode}.data"
+            _record(exe, runs[mode])
+    finally:
+        mp.undo()
+    return runs
+
+
+def _frames(key: str) -> list[str]:
+    return key.split(";")[1:]  # without the command
+
+
+def test_plt_stubs_are_named_and_lazy_binding_keeps_the_callee_s_path(plt_runs, tmp_path):
+    lazy = _folded(plt_runs["lazy"], tmp_path)
+    now = _folded(plt_runs["now"], tmp_path)
+    for folded in (lazy, now):
+        # No stub named by its file offset: every frame has a symbol.
+        assert not [k for k in folded if re.search(r"\+0x[0-9a-f]+(;|$)", k)], folded
+        stubs = {_frames(k)[-1].split("!")[1] for k in folded if k.endswith("@plt")
+                 and len(_frames(k)) == 2}  # fmt: skip
+        assert stubs == {"qsort@plt", "strlen@plt"}
+
+    def qsort_paths(folded):
+        return {";".join(_frames(k)) for k in folded if "!qsort" in (k.split(";") + ["", ""])[2]}
+
+    # qsort and everything below it: the paths LD_BIND_NOW gives.
+    assert qsort_paths(lazy) == qsort_paths(now)
+    assert any(k.endswith(";libc.so.6!qsort") for k in qsort_paths(now))
+    # The detour through ld.so: the stub (its jump, push, jump to PLT0 and
+    # PLT0's push and jump: 5 instructions), then the resolver, under work.
+    stub = [v for k, v in lazy.items() if k.endswith("!qsort@plt")]
+    assert stub == [5]
+    assert [v for k, v in now.items() if k.endswith("!qsort@plt")] == [1]
+    resolver = {_frames(k)[1] for k in lazy if "_dl_fixup" in k}
+    assert len(resolver) == 1 and resolver.pop().startswith("ld-linux-x86-64.so.2!_dl_runtime_")
+    assert not [k for k in now if "ld-linux" in k]
+
+
+def test_funclatency_through_a_plt_stub_and_an_ifunc(plt_runs, tmp_path):
+    for mode in ("lazy", "now"):
+        folded = _folded(plt_runs[mode], tmp_path)
+        # strlen is an IFUNC: the call runs the implementation the
+        # resolver chose (__strlen_avx2, _evex, _sse2...), nothing else.
+        calls = _calls("strlen", plt_runs[mode], tmp_path)
+        assert len(calls) == 1, calls
+        frames = calls[0]["path"].split(";")
+        assert frames[0] == "work" and re.fullmatch(r"__strlen_\w+", frames[1]), frames
+        impl = [v for k, v in folded.items() if re.search(r"!work;libc\.so\.6!__strlen_\w+$", k)]
+        assert calls[0]["dic"] == impl[0]  # (it calls nothing)
+        # qsort: the same call path either way, its instructions those of
+        # its path and everything below.
+        (call,) = _calls("qsort", plt_runs[mode], tmp_path)
+        assert call["path"] == "work;qsort"
+        below = sum(v for k, v in folded.items() if ";libc.so.6!qsort" in k)
+        assert call["dic"] == below
+
+
+@pytest.fixture(scope="module")
+def switch_run(tmp_path_factory):
+    from test_record_threads import stepped
+
+    exe = str(compile_program(SWITCH_PROGRAM, "switch", ("-O2", "-g0", "-fno-pie", "-no-pie")))
+    path = tmp_path_factory.mktemp("switch") / "sw.data"
+    rec = _record(exe, path)
+    ((_, ips),) = stepped(rec).items()
+    image = rec.image(rec.threads[0].image)
+    return exe, path, ips, image
+
+
+def _in(image, name: str, ips: np.ndarray) -> np.ndarray:
+    start = int(image.symbols.function_entries(name)[0])
+    table = image.symbols.functions
+    index, _ = table.lookup(np.array([start], np.uint64))
+    end = start + int(table.size[int(index[0])])
+    return (ips >= start) & (ips < end)
+
+
+def test_a_jump_table_stays_in_its_function(switch_run, tmp_path):
+    exe, path, ips, image = switch_run
+    folded = _folded(path, tmp_path)
+    here = _in(image, "dispatch", ips)
+    mine = {k: v for k, v in folded.items() if k.endswith("!dispatch")}
+    assert list(mine.values()) == [int(here.sum())]
+    assert [v for k, v in folded.items() if k.endswith("!work")] == [int((~here).sum())]
+    if shutil.which("valgrind") and shutil.which("callgrind_annotate"):
+        # callgrind counts the same self instructions per function.
+        out = tmp_path / "cg.out"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", exe],
+                       capture_output=True, check=True)  # fmt: skip
+        text = subprocess.run(["callgrind_annotate", str(out)], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+        got = {m.group(2): int(m.group(1).replace(",", "")) for m in
+               re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\?\?\?:(\w+) ", text, re.M)}  # fmt: skip
+        assert got["dispatch"] == int(here.sum())
+
+
+def test_a_call_s_instructions_are_entry_through_return(switch_run, tmp_path, capsys):
+    """funclatency, report --call and diff count a call's instructions the
+    same way: N for a call whose entry through its ret are N."""
+    _, path, ips, image = switch_run
+    here = _in(image, "dispatch", ips)
+    entry = int(image.symbols.function_entries("dispatch")[0])
+    starts = np.flatnonzero(ips == entry)
+    # Each call runs from its entry to its ret, which is where it leaves
+    # the function.
+    ends = np.flatnonzero(here[:-1] & ~here[1:])
+    want = (ends - starts + 1).tolist()
+    assert len(want) == 100 and min(want) >= 3
+    assert [c["dic"] for c in _calls("dispatch", path, tmp_path)] == want
+    capsys.readouterr()
+    assert main(["report", "-i", str(path), "--call", "dispatch"]) == 0
+    assert f"{sum(want):,} instructions decoded" in capsys.readouterr().out
+    out = tmp_path / "d.json"
+    assert main(["diff", str(path), str(path), "--json", str(out)]) == 0
+    paths = {p["key"]: p for p in json.loads(out.read_text())["paths"]}
+    (key,) = [k for k in paths if k.endswith("!dispatch")]
+    assert paths[key]["a"]["calls"] == 100 and paths[key]["a"]["insn"] == sum(want)
