@@ -210,3 +210,36 @@ def test_a_call_s_instructions_are_entry_through_return(switch_run, tmp_path, ca
     paths = {p["key"]: p for p in json.loads(out.read_text())["paths"]}
     (key,) = [k for k in paths if k.endswith("!dispatch")]
     assert paths[key]["a"]["calls"] == 100 and paths[key]["a"]["insn"] == sum(want)
+
+
+def test_diff_and_report_tables_keep_the_leaf_of_long_paths(plt_runs, tmp_path, capsys):
+    """Paths too long for the table lose frames in the middle: each row
+    still ends with its path's innermost function, and rows stay apart."""
+    out = tmp_path / "d.json"
+    capsys.readouterr()
+    assert main(["diff", str(plt_runs["lazy"]), str(plt_runs["now"]), "--top", "20",
+                 "--json", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out.splitlines()
+    keys = [p["key"] for p in json.loads(out.read_text())["paths"]][:20]
+    start = next(i for i, line in enumerate(text) if line.startswith("call paths, most"))
+    cells = [line.split("│")[0].strip() for line in text[start + 3 : start + 3 + len(keys)]]
+    assert any(len(k) > len(c) for k, c in zip(keys, cells, strict=True))  # some were cut
+    for key, cell in zip(keys, cells, strict=True):
+        leaf = key.rsplit(";", 1)[1]
+        # (the leaf's module may lose its middle; its function never)
+        assert cell == key or cell.endswith(leaf.rsplit("!", 1)[-1]), (cell, key)
+        assert cell.split(";")[0] == key.split(";")[0]
+    assert len(set(cells)) == len(cells)
+
+
+def test_elided_paths_say_how_many_frames_went():
+    from hwtrace.textout import elide_paths
+
+    deep = "fp;fp!work;fp+0x1036;" + "libc.so.6!msort_with_tmp.part.0;" * 3
+    keys = [deep + "fp!cmp", deep[:-32] + "fp!cmp", deep + "libc.so.6!__memcpy_avx_unaligned"]
+    got = elide_paths(keys, 60)
+    assert all(len(g) <= 60 for g in got) and len(set(got)) == 3
+    assert got[0] == "fp;…(4);libc.so.6!msort_with_tmp.part.0;fp!cmp"
+    assert got[1] == "fp;…(3);libc.so.6!msort_with_tmp.part.0;fp!cmp"
+    assert elide_paths(["a;b"], 60) == ["a;b"]
+    assert elide_paths(["x" * 30 + "!name"], 12) == ["xxx…xxx!name"]

@@ -346,3 +346,54 @@ __all__ = [
     "string_list_table",
     "string_table",
 ]
+
+
+# -- call paths in tables --------------------------------------------------------
+
+
+def elide_paths(keys: Sequence[str], width: int, sep: str = ";", mark: str = "…") -> list[str]:
+    """Call paths (``root;caller;callee``) shortened to ``width``
+    characters for a table, in the middle: the root and the innermost
+    frames stay (the leaf tells rows apart, and paths that share a root
+    differ towards their leaves); the outer frames after the root go
+    first, as few as need to, and the mark says how many went
+    (``root;…(3);caller;leaf``), so paths of different depths stay apart.
+    A single name too long is cut in its middle."""
+    out = []
+    for key in keys:
+        frames = key.split(sep)
+        if len(key) <= width or len(frames) < 3:
+            out.append(key if len(key) <= width else _elide_name(key, width, mark))
+            continue
+        first = 1
+        while True:
+            text = sep.join([frames[0], f"{mark}({first - 1})", *frames[first:]])
+            if len(text) <= width or first >= len(frames) - 1:
+                break
+            first += 1
+        if len(text) > width:
+            head = f"{frames[0]}{sep}{mark}({first - 1}){sep}"
+            text = head + _elide_name(frames[-1], width - len(head), mark)
+            if len(text) > width:
+                text = _elide_name(frames[-1], width, mark)
+        out.append(text)
+    return out
+
+
+def _elide_name(name: str, width: int, mark: str = "…") -> str:
+    """``name`` cut in its middle to ``width`` characters (its end, which
+    names the function, kept longer)."""
+    if len(name) <= width:
+        return name
+    if width <= 1:
+        return name[-max(width, 0) :]
+    left = (width - 1) // 3
+    return name[:left] + mark + name[len(name) - (width - 1 - left) :]
+
+
+def column_budget(total: int, others: Sequence[Sequence[str]], least: int = 24) -> int:
+    """The width left for one column of a rich table ``total`` wide (no
+    outer edge, padding of one either side) beside columns whose header
+    and cells are ``others``."""
+    used = sum(max((len(c) for c in col), default=0) + 3 for col in others)
+    return max(total - used - 2, least)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..textout import column_budget, elide_paths
 from .latency import (
     A_COUNT,
     A_MAX_DIC,
@@ -211,18 +212,25 @@ def render(
     console.print(histogram_text(result.histograms[kind, 0], f"Δt ({unit})"), markup=False)
     console.print(histogram_text(result.histograms[kind, 1], "ΔIC (instructions)"), markup=False)
     table = Table(title=f"the {min(top, len(iv))} longest", show_edge=False)
-    for col in ("opened at", key_label, "cpu", f"Δt ({unit})", "±", "ΔIC", "open → close",
-                "call path where it opened"):  # fmt: skip
+    columns = ("opened at", key_label, "cpu", f"Δt ({unit})", "±", "ΔIC", "open → close",
+               "call path where it opened")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="left" if col.startswith(("open", "call")) else "right")
+    cells = []
     for j in range(len(lg := longest(iv, top))):
         r = int(lg.resolution[j])
-        table.add_row(
+        cells.append((
             f"{int(lg.t_open[j]):,}", str(int(lg.key[j])),
             str(int(lg.cpu[j])) if lg.cpu[j] >= 0 else "-", f"{int(lg.dt[j]):,}",
             f"{r:,}" if r >= 0 else "?", f"{int(lg.dic[j]):,}",
-            escape(f"{markers[int(lg.open[j])]} → {markers[int(lg.close[j])]}"),
-            escape(path_text(result, int(lg.path[j]), name)),
-        )  # fmt: skip
+            f"{markers[int(lg.open[j])]} → {markers[int(lg.close[j])]}",
+        ))  # fmt: skip
+    others = [[columns[j], *(c[j] for c in cells)] for j in range(len(columns) - 1)]
+    # Long paths lose frames in the middle, never the innermost.
+    paths = elide_paths([path_text(result, int(p), name) for p in lg.path.tolist()],
+                        column_budget(console.width, others))  # fmt: skip
+    for row, path in zip(cells, paths, strict=True):
+        table.add_row(*row[:-1], escape(row[-1]), escape(path))
     console.print(table)
 
 

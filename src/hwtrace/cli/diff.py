@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..textout import column_budget, elide_paths
 from .perfcmds import _CallPaths, _open, _Parser
 
 
@@ -65,18 +66,25 @@ def main(argv: Sequence[str]) -> int:
     for title, rows in (("call paths", diff_paths(ta, tb, a.by)),
                         ("functions", diff_functions(ta, tb, a.by))):  # fmt: skip
         table = Table(title=f"{title}, most different {a.by} first", show_edge=False)
-        for col in (title[:-1], "calls A", "calls B", f"{unit}/call A", f"{unit}/call B",
-                    "Δ/call", "Δ total", "only in"):  # fmt: skip
+        columns = (title[:-1], "calls A", "calls B", f"{unit}/call A", f"{unit}/call B",
+                   "Δ/call", "Δ total", "only in")  # fmt: skip
+        for col in columns:
             table.add_column(col, justify="left" if col in (title[:-1], "only in") else "right")
+        cells = []
         for d in rows[: a.top]:
             per = d.delta_per_call(a.by)
-            table.add_row(
-                escape(d.key), str(d.total("a", "calls")), str(d.total("b", "calls")),
+            cells.append((
+                str(d.total("a", "calls")), str(d.total("b", "calls")),
                 f"{d.a.per_call(a.by):,.1f}" if d.a else "-",
                 f"{d.b.per_call(a.by):,.1f}" if d.b else "-",
                 f"{per:+,.1f}" if per is not None else "", f"{d.delta(a.by):+,}",
                 d.only_in.upper(),
-            )  # fmt: skip
+            ))  # fmt: skip
+        # Long paths lose frames in the middle, never the leaf.
+        others = [[columns[j + 1], *(c[j] for c in cells)] for j in range(len(columns) - 1)]
+        keys = elide_paths([d.key for d in rows[: a.top]], column_budget(console.width, others))
+        for key, row in zip(keys, cells, strict=True):
+            table.add_row(escape(key), *row)
         console.print(table)
     if a.json:
 
