@@ -83,32 +83,39 @@ def _calls(func: str, path, tmp_path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def plt_runs(tmp_path_factory):
-    """The PLT program lazily bound and bound at start (LD_BIND_NOW)."""
+    """The PLT program lazily bound, bound at start (LD_BIND_NOW), and
+    built for IBT (its calls go through .plt.sec stubs, whose slots lead
+    lazily to .plt entries)."""
     exe = str(compile_program(PLT_PROGRAM, "plt", ("-O2", "-g0", "-Wl,-z,lazy")))
+    ibt = str(compile_program(PLT_PROGRAM, "pltibt", ("-O2", "-g0", "-fcf-protection=full",
+                                                      "-Wl,-z,lazy", "-Wl,-z,ibtplt")))  # fmt: skip
     d = tmp_path_factory.mktemp("plt")
     mp = pytest.MonkeyPatch()
     runs = {}
     try:
-        for mode in ("lazy", "now"):
+        for mode, program in (("lazy", exe), ("now", exe), ("ibt", ibt)):
             if mode == "now":
                 mp.setenv("LD_BIND_NOW", "1")
             else:
                 mp.delenv("LD_BIND_NOW", raising=False)
             runs[mode] = d / f"{mode}.data"
-            _record(exe, runs[mode])
+            _record(program, runs[mode])
     finally:
         mp.undo()
     return runs
 
 
 def _frames(key: str) -> list[str]:
-    return key.split(";")[1:]  # without the command
+    """A path's frames without the command, the program's module named
+    ``prog`` (the builds' names differ)."""
+    return re.sub(r"(^|;)plt(ibt)?-[0-9a-f]+!", r"\1prog!", key).split(";")[1:]
 
 
 def test_plt_stubs_are_named_and_lazy_binding_keeps_the_callee_s_path(plt_runs, tmp_path):
     lazy = _folded(plt_runs["lazy"], tmp_path)
     now = _folded(plt_runs["now"], tmp_path)
-    for folded in (lazy, now):
+    ibt = _folded(plt_runs["ibt"], tmp_path)
+    for folded in (lazy, now, ibt):
         # No stub named by its file offset: every frame has a symbol.
         assert not [k for k in folded if re.search(r"\+0x[0-9a-f]+(;|$)", k)], folded
         stubs = {_frames(k)[-1].split("!")[1] for k in folded if k.endswith("@plt")
@@ -119,20 +126,25 @@ def test_plt_stubs_are_named_and_lazy_binding_keeps_the_callee_s_path(plt_runs, 
         return {";".join(_frames(k)) for k in folded if "!qsort" in (k.split(";") + ["", ""])[2]}
 
     # qsort and everything below it: the paths LD_BIND_NOW gives.
-    assert qsort_paths(lazy) == qsort_paths(now)
+    assert qsort_paths(lazy) == qsort_paths(now) == qsort_paths(ibt)
     assert any(k.endswith(";libc.so.6!qsort") for k in qsort_paths(now))
     # The detour through ld.so: the stub (its jump, push, jump to PLT0 and
     # PLT0's push and jump: 5 instructions), then the resolver, under work.
     stub = [v for k, v in lazy.items() if k.endswith("!qsort@plt")]
     assert stub == [5]
     assert [v for k, v in now.items() if k.endswith("!qsort@plt")] == [1]
-    resolver = {_frames(k)[1] for k in lazy if "_dl_fixup" in k}
-    assert len(resolver) == 1 and resolver.pop().startswith("ld-linux-x86-64.so.2!_dl_runtime_")
+    # (IBT: the .plt.sec stub's endbr64 and jump, the .plt entry's endbr64,
+    # push and jump, PLT0's push and jump)
+    assert [v for k, v in ibt.items() if k.endswith("!qsort@plt")] == [7]
+    for folded in (lazy, ibt):
+        resolver = {_frames(k)[1] for k in folded if "_dl_fixup" in k}
+        assert len(resolver) == 1
+        assert resolver.pop().startswith("ld-linux-x86-64.so.2!_dl_runtime_")
     assert not [k for k in now if "ld-linux" in k]
 
 
 def test_funclatency_through_a_plt_stub_and_an_ifunc(plt_runs, tmp_path):
-    for mode in ("lazy", "now"):
+    for mode in ("lazy", "now", "ibt"):
         folded = _folded(plt_runs[mode], tmp_path)
         # strlen is an IFUNC: the call runs the implementation the
         # resolver chose (__strlen_avx2, _evex, _sse2...), nothing else.

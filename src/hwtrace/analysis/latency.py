@@ -102,7 +102,8 @@ UNSEEN = -1
 # ``jmp *GOT`` goes to its own next instruction (``push $index; jmp
 # PLT0``), PLT0 jumps into ld.so's ``_dl_runtime_resolve``, which binds the
 # slot and jumps to the function (System V x86-64 psABI, "Procedure
-# Linkage Table").  LAZY_STUB: the next indirect jump of the frame enters
+# Linkage Table"; with IBT, a .plt.sec stub's slot leads to its .plt
+# entry, which pushes and jumps to PLT0).  LAZY_STUB: the next indirect jump of the frame enters
 # the resolver (the frame is named after it); LAZY_RESOLVER: the next one
 # enters the function, and the frame is the function's call from then on,
 # as it is when the slot was bound before.
@@ -371,8 +372,10 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
         d = top - 1
         lazy = fr[s, d, F_LAZY]
         plt = fr[s, d, F_FRESH] != 0 and (ss[s, S_PFLAGS] & PF_PLT) != 0
-        if plt and np.int64(ip) == ss[s, S_PFALL]:
-            fr[s, d, F_LAZY] = LAZY_STUB  # not bound yet: on through PLT0
+        if plt and tbits & FLAG_PLT:
+            # Not bound yet: the slot leads back into the PLT (the stub's
+            # own push, or IBT's .plt entry for a .plt.sec stub), on to PLT0.
+            fr[s, d, F_LAZY] = LAZY_STUB
         elif lazy == LAZY_STUB:
             fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, LAZY_RESOLVER
             ss[s, S_CUR] = -2
