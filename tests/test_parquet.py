@@ -193,7 +193,9 @@ def test_views_count_as_report_does(recorded, batches):
                        for th in profile.threads]  # fmt: skip
     # fold recurses 6 deep per call of work_c's loop: many entries; the
     # other functions are entered once per thread.
-    calls = dict(con.execute("SELECT split_part(function, '!', 2), entries FROM calls").fetchall())
+    calls = dict(
+        con.execute("SELECT split_part(function, '!', 2), entries FROM entries").fetchall()
+    )
     assert calls["work_a"] == calls["work_b"] == calls["work_d"] == 1
     assert calls["fold"] > 100
     assert con.execute("SELECT count(*) FROM gap_summary").fetchone()[0] == 0

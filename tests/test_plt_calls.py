@@ -222,6 +222,21 @@ def test_a_call_s_instructions_are_entry_through_return(switch_run, tmp_path, ca
     paths = {p["key"]: p for p in json.loads(out.read_text())["paths"]}
     (key,) = [k for k in paths if k.endswith("!dispatch")]
     assert paths[key]["a"]["calls"] == 100 and paths[key]["a"]["insn"] == sum(want)
+    # hwtrace decode --function-calls: one row per call, the same counts.
+    from hwtrace.cli.query import connect
+
+    assert main(["decode", str(path), "-o", str(tmp_path / "dir"), "--function-calls"]) == 0
+    con, meta = connect(tmp_path / "dir")
+    rows = con.execute("SELECT instructions FROM function_calls WHERE function LIKE '%!dispatch' "
+                       "ORDER BY time").fetchall()  # fmt: skip
+    assert [r[0] for r in rows] == want
+    view = con.execute("SELECT calls, instructions, min_insns FROM calls "
+                       "WHERE function LIKE '%!dispatch'").fetchall()  # fmt: skip
+    assert view == [(100, sum(want), min(want))]
+    # The recorded call of work, whose trace starts at its entry, is one too.
+    (work,) = con.execute("SELECT instructions FROM function_calls "
+                          "WHERE function LIKE '%!work'").fetchall()  # fmt: skip
+    assert work[0] == ips.shape[0] and meta["function_calls"] == 101
 
 
 def test_diff_and_report_tables_keep_the_leaf_of_long_paths(plt_runs, tmp_path, capsys):

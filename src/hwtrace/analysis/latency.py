@@ -331,7 +331,7 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     e = fr[s, d, F_EXIT]
     ss[s, S_SP] = d
     ss[s, S_CUR] = -2
-    if e >= 0:
+    if e >= 0 or (masks[7] and fr[s, d, F_IC] >= 0):  # (masks[7]: every call, e -1)
         ic, t = ss[s, S_PIC], ss[s, S_PT]
         if masks[4]:  # function calls are intervals of their own
             if fr[s, d, F_GAP]:
@@ -341,7 +341,8 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
                 # counted (the close index is the one after the return).
                 _emit(rec, counts, R_CALL, s, cpu, e, e, fr[s, d, F_IC], ic + 1,
                       _path_of(s, d, ss, fr, paths, counts), fr[s, d, F_T], t, stream)  # fmt: skip
-        _fire(e, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+        if e >= 0:
+            _fire(e, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
 
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
@@ -359,6 +360,8 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
             fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = ss[s, S_PFALL], ip, -1
             fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
             fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 1, LAZY_NONE
+            if masks[7]:  # every call: this one from the callee's first instruction
+                fr[s, top, F_T], fr[s, top, F_IC] = t, ss[s, S_IC]
         else:
             counts[C_DEEP] += 1
         ss[s, S_SP] = top + 1
@@ -386,7 +389,7 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
             # starts here.
             fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, LAZY_NONE
             ss[s, S_CUR] = -2
-            if fr[s, d, F_EXIT] >= 0 and fr[s, d, F_IC] >= 0:
+            if (fr[s, d, F_EXIT] >= 0 or masks[7]) and fr[s, d, F_IC] >= 0:
                 fr[s, d, F_IC], fr[s, d, F_T] = ss[s, S_IC], t
         elif fr[s, d, F_FRESH] and tbits & FLAG_START:
             # A tail-jump stub called: the function it jumps to is the callee
@@ -480,15 +483,18 @@ def _stop(s, ss, fr, seq, counts, marks, masks, rec, paths, stream):
 
 
 @kernels.njit(cache=True, _nrt=False)
-def _unseen_call(s, ip, ss, fr):
+def _unseen_call(s, ip, t, ss, fr, masks):
     """Slot ``s``'s flow starts (after a gap) at a marked function's first
-    instruction: a frame for the call the trace does not show, which the
-    function's first return pops (its exit marker is set as at any entry)."""
+    instruction (any function's, with masks[7]: every call): a frame for
+    the call the trace does not show, which the function's first return
+    pops (its exit marker is set as at any entry)."""
     top = ss[s, S_SP]
     if top < fr.shape[1]:
         fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = UNSEEN, ip, -1
         fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
         fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 0, LAZY_NONE
+        if masks[7]:
+            fr[s, top, F_T], fr[s, top, F_IC] = t, ss[s, S_IC]
     ss[s, S_SP] = top + 1  # (deeper than the frames kept: only counted)
     ss[s, S_CUR] = -2
 
@@ -598,11 +604,11 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         fresh = ss[s, S_FRESH]
         ss[s, S_FRESH] = 0
         ss[s, S_CPU] = cpu
-        if fresh and masks[3]:
+        if fresh and (masks[3] or masks[7]):
             run = b_run[i]
             k0 = r_insn[r_first[run]] if run >= 0 else hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
-            if k0 >= 0 and atoms[k0] & masks[3]:
-                _unseen_call(s, ip, ss, fr)
+            if k0 >= 0 and (atoms[k0] & masks[3] or (masks[7] and atoms[k0] & FLAG_START)):
+                _unseen_call(s, ip, t, ss, fr, masks)
         if ss[s, S_ROOTIP] == 0 and ss[s, S_SP] == 0:
             _new_root(s, ip, ss)
         if masks[5]:
@@ -876,7 +882,7 @@ class LatencyProfiler:
     def __init__(self, patterns: PatternSet, depth: int = 256, *, keep: bool = True,
                  longest: int = 64, calls: bool = True, profile: bool = False,
                  group: Callable[[int, int], int] | None = None,
-                 timeline: bool = False) -> None:  # fmt: skip
+                 timeline: bool = False, every_call: bool = False) -> None:  # fmt: skip
         """``keep``: keep every interval (else only the ``longest`` of each
         kind, with every interval counted in the histograms and totals:
         memory bounded whatever the number of intervals).  ``calls``: each
@@ -887,7 +893,11 @@ class LatencyProfiler:
         ``group(stream, key)`` numbers the group (thread, process, CPU...)
         of a thread or CPU's flow (-1: none).  ``timeline``: keep when each
         thread or CPU's call path changed (:attr:`LatencyResult.timeline`;
-        implies ``profile``)."""
+        implies ``profile``).  ``every_call``: every call the flow shows
+        (a CALL and the return that leaves its frame, or a flow that starts
+        at a function's first instruction) is an interval (:data:`R_CALL`,
+        markers -1), with its instructions from the callee's first through
+        its return."""
         self.group = group
         self.patterns = patterns
         self.depth = depth
@@ -897,8 +907,8 @@ class LatencyProfiler:
         nm = len(patterns.markers)
         self.marks = np.zeros(max(nm, 1), np.int64)
         profile = profile or timeline
-        # open, close, toggle, exit entries, calls, profile, timeline
-        masks = np.zeros(7, np.uint64)
+        # open, close, toggle, exit entries, calls, profile, timeline, every call
+        masks = np.zeros(8, np.uint64)
         for i, name in enumerate(("open", "close", "toggle")):
             for m in getattr(patterns, name):
                 masks[i] |= np.uint64(1 << m)
@@ -912,7 +922,8 @@ class LatencyProfiler:
                 seq_len[i] = len(m.atoms)
             if m.kind == M_EXIT:
                 masks[3] |= np.uint64(1 << m.atoms[0])
-        masks[4] = calls
+        masks[4] = calls or every_call
+        masks[7] = every_call
         masks[5] = profile
         masks[6] = timeline
         self.tl = np.zeros((3, 1 << 14 if timeline else 1), np.int64)

@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the directory to write (new, or empty)")  # fmt: skip
     p.add_argument("--instructions", action="store_true",
                    help="also write one row per instruction (large)")  # fmt: skip
+    p.add_argument("--function-calls", action="store_true",
+                   help="also write every function call (thread, entry, time, duration and "
+                   "instructions, entry through return) for the calls view; memory grows with "
+                   "the calls; not with --workers/--cluster")  # fmt: skip
     p.add_argument("--bucket", type=float, default=1.0, metavar="SECONDS",
                    help="width of the time buckets blocks are partitioned by (default 1 s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -92,6 +96,9 @@ def main(argv: Sequence[str]) -> int:
     if distributed and (a.kcore or a.vmlinux or a.kallsyms):
         p.error("--kcore, --vmlinux and --kallsyms are not passed to the distributed decoder; "
                 "decode without --workers/--cluster")  # fmt: skip
+    if distributed and a.function_calls:
+        p.error("--function-calls follows each thread's calls across the whole trace; decode "
+                "without --workers/--cluster")  # fmt: skip
     decode_distributed = None
     if distributed:
         try:
@@ -211,8 +218,11 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     task = progress.add_task("decode", total=max(total_bytes, 1), rows=0)
     state = {"queue": -1, "done": 0, "bytes": 0, "rows": 0}
     tids: set[int] = set()
+    calls = _CallRows() if a.function_calls else None
 
     def on_blocks(b) -> None:
+        if calls is not None:
+            calls.feed(b)
         q = b.queue
         if q.index != state["queue"]:
             # Queues come one after the other: the last one's bytes are done.
@@ -274,6 +284,9 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
         queues = [{"index": q.index, "cpu": q.cpu, "tid": q.tid, "trace_bytes": q.trace_bytes,
                    "blocks": q.n_blocks, "instructions": q.n_insn, "gaps": len(q.gaps)}
                   for q in flow.queues]  # fmt: skip
+        extra = {}
+        if calls is not None:
+            extra = calls.write(writer)
         meta = writer.close(
             {
                 "queues": queues,
@@ -283,9 +296,12 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
                 "trace_bytes": total_bytes,
                 "decode_seconds": round(seconds, 3),
             }
+            | extra
         )
         ok = True
     finally:
+        if calls is not None:
+            calls.close()
         if not ok:
             writer.abort()
     for problem in flow.problems:
@@ -300,3 +316,37 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
         "blocks/s)\n"
     )
     return 0
+
+
+class _CallRows:
+    """``--function-calls``: every call of every thread, from the per-thread
+    stack of calls ``funclatency`` walks (:mod:`hwtrace.analysis.latency`),
+    so a call's instructions are the same: its entry through its return."""
+
+    def __init__(self) -> None:
+        from ..analysis.latency import LatencyProfiler
+        from ..analysis.patterns import PatternSet
+        from ..perf.feed import LatencyFeed
+
+        self.profiler = LatencyProfiler(PatternSet(), keep=True, every_call=True)
+        self.feed = LatencyFeed(self.profiler)
+
+    def write(self, writer) -> dict[str, int]:
+        """The calls into ``writer``'s ``function_calls``; what to note in
+        the metadata."""
+        result = self.feed.result()
+        iv = result.intervals
+        heads = np.array([addr for _, addr in result.paths] or [0], np.uint64)
+        entry = heads[iv.path] if len(iv) else np.zeros(0, np.uint64)
+        uniq, inverse = np.unique(entry, return_inverse=True)
+        names = np.array([self.feed.name(int(x), with_module=True) or f"{int(x):#x}"
+                          for x in uniq.tolist()] or [""], object)  # fmt: skip
+        writer.write_calls({
+            "tid": iv.key, "cpu": iv.cpu.astype(np.int32), "entry": entry,
+            "function": names[inverse.reshape(-1)] if len(iv) else names[:0], "time": iv.t_open,
+            "duration": iv.dt, "instructions": iv.dic,
+        })  # fmt: skip
+        return {"function_calls": len(iv), "function_calls_dropped_for_gaps": result.gapped_calls}
+
+    def close(self) -> None:
+        self.feed.close()

@@ -52,13 +52,23 @@ READY_VIEWS: dict[str, tuple[str, str]] = {
         "per thread: its process (that of its earliest block), command, instructions, time "
         "(ns), first to last block (ns), blocks and blocks after a gap",
     ),
-    "calls": (
+    "entries": (
         """SELECT b.tid, s.function, count(*) AS entries, sum(b.instructions) AS entry_insns
            FROM blocks b JOIN symbols s ON b.symbol = s.id
            WHERE b.ip = s.start
            GROUP BY ALL""",
         "entries per thread and function: blocks that begin at a function's first "
-        "instruction (its calls, with tail calls and jumps back to its start)",
+        "instruction (its calls, with tail calls and jumps back to its start), and those "
+        "blocks' instructions",
+    ),
+    "calls": (
+        """SELECT tid, function, count(*) AS calls, sum(instructions) AS instructions,
+                  sum(duration) AS time_ns, min(instructions) AS min_insns,
+                  max(instructions) AS max_insns
+           FROM function_calls GROUP BY ALL""",
+        "calls per thread and function (decoded with --function-calls): each call's "
+        "instructions are its entry through its return, both counted, as funclatency counts "
+        "them; time in ns",
     ),
     "gap_summary": (
         """SELECT g.queue, g.cpu, g.queue_tid, g.reason, count(*) AS gaps,
@@ -76,6 +86,8 @@ TABLES = {
     "symbols": "id, name, module, function (module!name), start, size, image",
     "images": "id, path, build_id",
     "comms": "tid, pid, comm",
+    "function_calls": "a function call per row (with --function-calls): tid, cpu, entry, "
+    "function, time, duration, instructions (entry through return)",
 }
 
 
@@ -104,6 +116,8 @@ def connect(directory: str | Path):
             src = f"read_parquet({_literal(d / '*.parquet')})"
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM {src}")
     for name, (sql, _) in READY_VIEWS.items():
+        if name == "calls" and not (root / "function_calls").is_dir():
+            continue  # (decoded without --function-calls)
         con.execute(f"CREATE VIEW {name} AS {sql}")
     return con, meta
 
@@ -203,7 +217,8 @@ def _list_views(con) -> int:
         if name in have:
             table.add_row(name, "table", what)
     for name, (_, what) in READY_VIEWS.items():
-        table.add_row(name, "view", what)
+        if name in have:
+            table.add_row(name, "view", what)
     Console(highlight=False, soft_wrap=True).print(table)
     return 0
 

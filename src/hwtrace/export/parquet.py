@@ -115,6 +115,14 @@ SYMBOLS_SCHEMA = pa.schema(
 )  # fmt: skip
 IMAGES_SCHEMA = pa.schema([("id", pa.int64()), ("path", pa.string()), ("build_id", pa.string())])
 COMMS_SCHEMA = pa.schema([("tid", pa.int64()), ("pid", pa.int64()), ("comm", pa.string())])
+# One row per function call (``hwtrace decode --calls``): the thread, the
+# CPU it was entered on, the callee's entry address and function
+# (module!name), its entry time and duration (ns) and its instructions,
+# from its entry through its return, both counted.
+CALLS_SCHEMA = pa.schema(
+    [("tid", pa.int64()), ("cpu", pa.int32()), ("entry", pa.uint64()), ("function", pa.string()),
+     ("time", pa.int64()), ("duration", pa.int64()), ("instructions", pa.int64())]
+)  # fmt: skip
 
 
 def _hash64(*parts: object) -> int:
@@ -790,6 +798,10 @@ class FlowParquetWriter:
             schema=COMMS_SCHEMA,
         )
         self._single("comms", t)
+
+    def write_calls(self, columns: Mapping[str, object]) -> None:
+        """Every function call (:data:`CALLS_SCHEMA`'s columns)."""
+        self._single("function_calls", pa.Table.from_pydict(dict(columns), schema=CALLS_SCHEMA))
 
     def _single(self, name: str, table: pa.Table) -> None:
         d = self.root / name
