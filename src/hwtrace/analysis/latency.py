@@ -103,10 +103,10 @@ UNSEEN = -1
 # PLT0``), PLT0 jumps into ld.so's ``_dl_runtime_resolve``, which binds the
 # slot and jumps to the function (System V x86-64 psABI, "Procedure
 # Linkage Table"; with IBT, a .plt.sec stub's slot leads to its .plt
-# entry, which pushes and jumps to PLT0).  LAZY_STUB: the next indirect jump of the frame enters
-# the resolver (the frame is named after it); LAZY_RESOLVER: the next one
-# enters the function, and the frame is the function's call from then on,
-# as it is when the slot was bound before.
+# entry, which pushes and jumps to PLT0).  LAZY_STUB: the next indirect
+# jump of the frame enters the resolver (the frame is named after it);
+# LAZY_RESOLVER: the next one enters the function, and the frame is the
+# function's call from then on, as it is when the slot was bound before.
 LAZY_NONE, LAZY_STUB, LAZY_RESOLVER = 0, 1, 2
 # Bits of an instruction's atom mask (``atoms``) that are no atom: the
 # instruction is in a PLT stub; it is the first of a function.
