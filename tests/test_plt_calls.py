@@ -160,6 +160,13 @@ def test_funclatency_through_a_plt_stub_and_an_ifunc(plt_runs, tmp_path):
         assert call["path"] == "work;qsort"
         below = sum(v for k, v in folded.items() if ";libc.so.6!qsort" in k)
         assert call["dic"] == below
+        # enter:qsort fires once, at qsort (its stub is no IFUNC's).
+        out = tmp_path / "l.json"
+        assert main(["latency", "-i", str(plt_runs[mode]), "--open", "enter:qsort",
+                     "--close", "exit:qsort", "--json", str(out)]) == 0  # fmt: skip
+        got = json.loads(out.read_text())
+        assert got["repeated_opens"] == 0
+        assert [i["dic"] for i in got["intervals"]] == [below - 1]  # (close minus open)
 
 
 @pytest.fixture(scope="module")

@@ -333,10 +333,10 @@ class AtomTable:
             if a.kind in (A_ADDRESS, A_ENTRY):
                 got = resolve_address(a.value[0], self.symbols)
                 if a.kind == A_ENTRY:
-                    # A call through a PLT stub enters at the stub; for an
-                    # IFUNC, whose implementation only the flow tells (where
-                    # the stub goes), it is the only sign of the call.
-                    stubs = self.symbols.plt_entries(a.value[0])
+                    # An IFUNC's implementation is known only where its PLT
+                    # stub goes: a call of it enters at the stub (the walk
+                    # counts it from the stub's destination).
+                    stubs = self.symbols.ifunc_stubs(a.value[0])
                     got = np.union1d(got, stubs) if stubs.shape[0] else got
                 if got.shape[0] == 0:
                     self.missing.add(a.value[0])

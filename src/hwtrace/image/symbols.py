@@ -211,7 +211,7 @@ class SymbolTable:
         ``name``, or ``module!name`` with a module's base name
         (``libc.so.6!qsort``).  An IFUNC symbol's address is its resolver,
         not the function: it is left out (its calls come through PLT
-        stubs, :meth:`plt_entries`)."""
+        stubs, :meth:`ifunc_stubs`)."""
         module, _, name = spec.rpartition("!")
         named = [i for i, n in enumerate(self.names) if n == name]
         sel = np.isin(self.name_index, named) & (self.kind == FUNCTION) & (self.size > 0)
@@ -220,16 +220,20 @@ class SymbolTable:
             sel &= np.isin(self.module, wanted)
         return np.unique(self.start[sel])
 
-    def plt_entries(self, spec: str) -> np.ndarray:
-        """The start addresses (sorted) of the PLT stubs that bind the
-        function ``spec`` (``name@plt``, in any file; with ``module!name``
-        only where that module defines ``name``)."""
+    def ifunc_stubs(self, spec: str) -> np.ndarray:
+        """The start addresses (sorted) of the PLT stubs (``name@plt``, in
+        any file) through which the IFUNC ``spec`` (``name``, or
+        ``module!name``) is called: where a call of the implementation
+        its resolver chose enters, the one sign of it before the flow
+        shows where the stub goes.  Empty unless ``spec`` is an IFUNC."""
         module, _, name = spec.rpartition("!")
+        named = [i for i, n in enumerate(self.names) if n == name]
+        sel = np.isin(self.name_index, named) & (self.kind == IFUNC)
         if module:
-            defined = [i for i, n in enumerate(self.names) if n == name]
             wanted = [i for i, m in enumerate(self.modules) if os.path.basename(m) == module]
-            if not (np.isin(self.name_index, defined) & np.isin(self.module, wanted)).any():
-                return np.zeros(0, np.uint64)
+            sel &= np.isin(self.module, wanted)
+        if not sel.any():
+            return np.zeros(0, np.uint64)
         return self.function_entries(f"{name}@plt")
 
     def __iter__(self):
