@@ -102,6 +102,7 @@ def plt_runs(tmp_path_factory):
             _record(program, runs[mode])
     finally:
         mp.undo()
+    runs["exe"] = exe
     return runs
 
 
@@ -111,16 +112,29 @@ def _frames(key: str) -> list[str]:
     return re.sub(r"(^|;)plt(ibt)?-[0-9a-f]+!", r"\1prog!", key).split(";")[1:]
 
 
-def test_plt_stubs_are_named_and_lazy_binding_keeps_the_callee_s_path(plt_runs, tmp_path):
+def _callgrind_self(exe: str, tmp_path, env: dict | None = None) -> dict[str, int] | None:
+    """callgrind's self instructions per function of a run (None without
+    valgrind)."""
+    import os
+
+    if not (shutil.which("valgrind") and shutil.which("callgrind_annotate")):
+        return None
+    out = tmp_path / "cg.out"
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", exe],
+                   capture_output=True, check=False, env={**os.environ, **(env or {})})  # fmt: skip
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", str(out)],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return {m.group(2): int(m.group(1).replace(",", "")) for m in
+            re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\S*?:(\w+) \[", text, re.M)}  # fmt: skip
+
+
+def test_plt_stubs_are_named_and_lazy_binding_keeps_the_callee_s_path(plt_runs, tmp_path, capsys):
     lazy = _folded(plt_runs["lazy"], tmp_path)
     now = _folded(plt_runs["now"], tmp_path)
     ibt = _folded(plt_runs["ibt"], tmp_path)
     for folded in (lazy, now, ibt):
-        # No stub named by its file offset: every frame has a symbol.
-        assert not [k for k in folded if re.search(r"\+0x[0-9a-f]+(;|$)", k)], folded
-        stubs = {_frames(k)[-1].split("!")[1] for k in folded if k.endswith("@plt")
-                 and len(_frames(k)) == 2}  # fmt: skip
-        assert stubs == {"qsort@plt", "strlen@plt"}
+        # No frame named by a file offset, none a stub's.
+        assert not [k for k in folded if re.search(r"\+0x[0-9a-f]+(;|$)|@plt", k)], folded
 
     def qsort_paths(folded):
         return {";".join(_frames(k)) for k in folded if "!qsort" in (k.split(";") + ["", ""])[2]}
@@ -128,19 +142,33 @@ def test_plt_stubs_are_named_and_lazy_binding_keeps_the_callee_s_path(plt_runs, 
     # qsort and everything below it: the paths LD_BIND_NOW gives.
     assert qsort_paths(lazy) == qsort_paths(now) == qsort_paths(ibt)
     assert any(k.endswith(";libc.so.6!qsort") for k in qsort_paths(now))
-    # The detour through ld.so: the stub (its jump, push, jump to PLT0 and
-    # PLT0's push and jump: 5 instructions), then the resolver, under work.
-    stub = [v for k, v in lazy.items() if k.endswith("!qsort@plt")]
-    assert stub == [5]
-    assert [v for k, v in now.items() if k.endswith("!qsort@plt")] == [1]
-    # (IBT: the .plt.sec stub's endbr64 and jump, the .plt entry's endbr64,
-    # push and jump, PLT0's push and jump)
-    assert [v for k, v in ibt.items() if k.endswith("!qsort@plt")] == [7]
+    # The stubs run in work, as callgrind counts them: each one's jump
+    # bound; lazily, its jump, push and jump to PLT0 and PLT0's push and
+    # jump (with IBT: the .plt.sec stub's endbr64 and jump, the .plt
+    # entry's endbr64, push and jump, PLT0's push and jump).
+    (work_now,) = [v for k, v in now.items() if k.endswith("!work")]
+    (work_lazy,) = [v for k, v in lazy.items() if k.endswith("!work")]
+    (work_ibt,) = [v for k, v in ibt.items() if k.endswith("!work")]
+    assert work_lazy - work_now == 2 * (5 - 1)
+    assert work_ibt - work_now == 2 * 7 - 2 * 1 + 1  # (+ work's own endbr64)
+    cg = _callgrind_self(plt_runs["exe"], tmp_path)
+    if cg is not None:
+        assert cg["work"] == work_lazy
+        assert _callgrind_self(plt_runs["exe"], tmp_path, {"LD_BIND_NOW": "1"})["work"] == work_now
+    # Then ld.so's resolver, called from work as callgrind has it.
     for folded in (lazy, ibt):
         resolver = {_frames(k)[1] for k in folded if "_dl_fixup" in k}
         assert len(resolver) == 1
         assert resolver.pop().startswith("ld-linux-x86-64.so.2!_dl_runtime_")
     assert not [k for k in now if "ld-linux" in k]
+    # The stubs have their perf names where functions are listed, with
+    # their own instructions (jump, push, jump; PLT0's are no stub's).
+    capsys.readouterr()
+    assert main(["report", "-i", str(plt_runs["lazy"]), "--top", "40"]) == 0
+    text = capsys.readouterr().out
+    for stub, count in (("qsort@plt", 3), ("strlen@plt", 3)):
+        (line,) = [x for x in text.splitlines() if f"!{stub} " in x]
+        assert line.split("│")[1].strip() == str(count)
 
 
 def test_funclatency_through_a_plt_stub_and_an_ifunc(plt_runs, tmp_path):

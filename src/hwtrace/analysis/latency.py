@@ -72,14 +72,12 @@ from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 # instruction (kind, fall-through, successor, index, time) whose transition
 # the next instruction tells; the open interval (flag, marker, time,
 # index, path, cpu); ...; whether its flow starts again at its next row
-# (after a gap), the CPU of its last row, the last instruction's FLAG_*
-# bits.
+# (after a gap), the CPU of its last row.
 (
     S_IC, S_SP, S_PK, S_PFALL, S_PSUCC, S_PIC, S_PT, S_OPEN, S_OM, S_OT, S_OIC, S_OPATH,
     S_OCPU, S_SEQ, S_ROOTIP, S_ROOT, S_CUR, S_GROUP, S_TPATH, S_TLAST, S_FRESH, S_CPU,
-    S_PFLAGS,
-) = range(23)  # fmt: skip
-NS = 23
+) = range(22)  # fmt: skip
+NS = 22
 # A call path's parent when it is a root: the function the flow was in
 # with no call of it seen (where a thread's trace starts, or where a
 # return left the outermost frame seen), named by an address in it.  A
@@ -92,28 +90,30 @@ ROOT = -3
 # path (-1: not worked out yet: paths are interned only when an interval
 # needs one), the exit marker its function has (-1: none), the call's
 # entry time and index (-1: not a marked function's call), a gap inside it,
-# whether only jumps ran in it yet (a PLT stub: the jump's target is then
-# the callee), and where a lazily bound PLT stub's detour through ld.so's
-# resolver is (LAZY_*).
+# whether only jumps ran in it yet (a tail-jump stub: the function its
+# jump goes to is then the callee), and where a call through a PLT stub is
+# (PLT_*).
 F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP, F_FRESH, F_LAZY = range(9)
 NF = 9
 UNSEEN = -1
-# A call through a PLT stub whose GOT slot is not bound yet: the stub's
-# ``jmp *GOT`` goes to its own next instruction (``push $index; jmp
-# PLT0``), PLT0 jumps into ld.so's ``_dl_runtime_resolve``, which binds the
-# slot and jumps to the function (System V x86-64 psABI, "Procedure
-# Linkage Table"; with IBT, a .plt.sec stub's slot leads to its .plt
-# entry, which pushes and jumps to PLT0).  LAZY_STUB: the next indirect
-# jump of the frame enters the resolver (the frame is named after it);
-# LAZY_RESOLVER: the next one enters the function, and the frame is the
-# function's call from then on, as it is when the slot was bound before.
-LAZY_NONE, LAZY_STUB, LAZY_RESOLVER = 0, 1, 2
+# A call through a PLT stub: the stub's ``jmp *GOT`` goes to the function
+# (PLT_IN: the call is in the stub).  If the GOT slot is not bound yet it
+# goes back into the PLT (the stub's own ``push $index; jmp PLT0``; with
+# IBT, a .plt.sec stub's slot leads to its .plt entry, which pushes and
+# jumps to PLT0), and PLT0 jumps into ld.so's ``_dl_runtime_resolve``,
+# which binds the slot and jumps to the function (System V x86-64 psABI,
+# "Procedure Linkage Table").  PLT_LAZY: the next indirect jump of the
+# frame enters the resolver (the frame is named after it); PLT_RESOLVER:
+# the next one enters the function, and the frame is the function's call
+# from then on, as it is when the slot was bound before.  While a call is
+# PLT_IN or PLT_LAZY, what runs (the stub, PLT0) counts in the caller's
+# path, as callgrind counts PLT code (its --skip-plt).
+PLT_NONE, PLT_IN, PLT_LAZY, PLT_RESOLVER = 0, 1, 2, 3
 # Bits of an instruction's atom mask (``atoms``) that are no atom: the
 # instruction is in a PLT stub; it is the first of a function.
 FLAG_PLT = np.uint64(1 << 63)
 FLAG_START = np.uint64(1 << 62)
 ATOM_MASK = np.uint64((1 << 62) - 1)
-PF_PLT = 2  # FLAG_PLT in S_PFLAGS (the flags shifted down)
 # Counters (int64).
 (
     C_RECS, C_PATHS, C_REPEAT, C_UNMATCHED, C_GAPPED, C_CALL_GAPPED, C_SKIPPED, C_DEEP,
@@ -263,7 +263,10 @@ def _path_of(s, d, ss, fr, paths, counts):
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
 def _path_now(ss, fr, s, paths, counts):
-    return _path_of(s, min(ss[s, S_SP], fr.shape[1]) - 1, ss, fr, paths, counts)
+    d = min(ss[s, S_SP], fr.shape[1]) - 1
+    if d >= 0 and (fr[s, d, F_LAZY] == PLT_IN or fr[s, d, F_LAZY] == PLT_LAZY):
+        d -= 1  # in a PLT stub: the caller's
+    return _path_of(s, d, ss, fr, paths, counts)
 
 
 @kernels.njit(cache=True, inline="always", _nrt=False)
@@ -359,7 +362,8 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
         if top < fr.shape[1]:
             fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = ss[s, S_PFALL], ip, -1
             fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
-            fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 1, LAZY_NONE
+            fr[s, top, F_FRESH] = 1
+            fr[s, top, F_LAZY] = PLT_IN if tbits & FLAG_PLT else PLT_NONE
             if masks[7]:  # every call: this one from the callee's first instruction
                 fr[s, top, F_T], fr[s, top, F_IC] = t, ss[s, S_IC]
         else:
@@ -374,20 +378,19 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
             return
         d = top - 1
         lazy = fr[s, d, F_LAZY]
-        plt = fr[s, d, F_FRESH] != 0 and (ss[s, S_PFLAGS] & PF_PLT) != 0
-        if plt and tbits & FLAG_PLT:
+        if lazy == PLT_IN and tbits & FLAG_PLT:
             # Not bound yet: the slot leads back into the PLT (the stub's
             # own push, or IBT's .plt entry for a .plt.sec stub), on to PLT0.
-            fr[s, d, F_LAZY] = LAZY_STUB
-        elif lazy == LAZY_STUB:
-            fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, LAZY_RESOLVER
+            fr[s, d, F_LAZY] = PLT_LAZY
+        elif lazy == PLT_LAZY:
+            fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, PLT_RESOLVER
             ss[s, S_CUR] = -2
-        elif plt or lazy == LAZY_RESOLVER:
+        elif lazy == PLT_IN or lazy == PLT_RESOLVER:
             # A PLT stub's destination (bound now, or by the resolver): the
             # callee.  A call of a marked function entered at the stub
             # (an IFUNC's, whose implementation only the flow tells)
             # starts here.
-            fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, LAZY_NONE
+            fr[s, d, F_CALLEE], fr[s, d, F_PATH], fr[s, d, F_LAZY] = ip, -1, PLT_NONE
             ss[s, S_CUR] = -2
             if (fr[s, d, F_EXIT] >= 0 or masks[7]) and fr[s, d, F_IC] >= 0:
                 fr[s, d, F_IC], fr[s, d, F_T] = ss[s, S_IC], t
@@ -492,7 +495,7 @@ def _unseen_call(s, ip, t, ss, fr, masks):
     if top < fr.shape[1]:
         fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = UNSEEN, ip, -1
         fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
-        fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 0, LAZY_NONE
+        fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 0, PLT_NONE
         if masks[7]:
             fr[s, top, F_T], fr[s, top, F_IC] = t, ss[s, S_IC]
     ss[s, S_SP] = top + 1  # (deeper than the frames kept: only counted)
@@ -595,7 +598,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         ip = b_ip[i]
         if ss[s, S_PK] > K_OTHER:
             tbits = np.uint64(0)
-            if ss[s, S_PK] == K_IJUMP:
+            if ss[s, S_PK] == K_IJUMP or ss[s, S_PK] == K_CALL:
                 run = b_run[i]
                 k0 = (r_insn[r_first[run]] if run >= 0
                       else hash_find(h_ip, h_mode, h_val, ip, b_mode[i]))  # fmt: skip
@@ -659,10 +662,13 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                         ip = i_ip[k] + np.uint64(i_size[k])
                     ss[s, S_PIC] = ss[s, S_IC] - 1
                     ss[s, S_PT] = t
+                    k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
                     if ss[s, S_PK] > K_OTHER:  # (a call or return: direct flow in a row)
-                        _transition(s, ip, np.uint64(0), t, cpu, ss, fr, counts, marks, masks,
-                                    rec, paths, stream)  # fmt: skip
-                k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
+                        tb = atoms[k] if k >= 0 else np.uint64(0)
+                        _transition(s, ip, tb, t, cpu, ss, fr, counts, marks, masks, rec, paths,
+                                    stream)  # fmt: skip
+                else:
+                    k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
                 if k < 0:
                     break  # cannot happen: the decoder read every instruction it reports
                 ic = ss[s, S_IC]
@@ -678,7 +684,6 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                 i += 1
                 continue
         ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
-        ss[s, S_PFLAGS] = np.int64(atoms[k] >> np.uint64(62))
         ss[s, S_PIC] = ss[s, S_IC] - 1
         ss[s, S_PT] = t
         if ss[s, S_PK] != K_IJUMP:
