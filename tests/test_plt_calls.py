@@ -305,3 +305,24 @@ def test_elided_paths_say_how_many_frames_went():
     assert got[1] == "fp;…(3);libc.so.6!msort_with_tmp.part.0;fp!cmp"
     assert elide_paths(["a;b"], 60) == ["a;b"]
     assert elide_paths(["x" * 30 + "!name"], 12) == ["xxx…xxx!name"]
+
+
+def test_plt_entries_are_named_from_their_slots():
+    """Each entry of .plt, .plt.sec and .plt.got is named after what its
+    GOT slot binds, as objdump and perf name them; PLT0 binds nothing."""
+    from hwtrace.image import read_elf
+
+    for name, flags in (("plt", ("-O2", "-g0", "-Wl,-z,lazy")),
+                        ("pltibt", ("-O2", "-g0", "-fcf-protection=full", "-Wl,-z,lazy",
+                                    "-Wl,-z,ibtplt"))):  # fmt: skip
+        exe = str(compile_program(PLT_PROGRAM, name, flags))
+        sections = {}
+        out = subprocess.run(["objdump", "-d", "-j", ".plt", "-j", ".plt.sec", "-j", ".plt.got",
+                              exe], capture_output=True, text=True, check=True).stdout  # fmt: skip
+        for m in re.finditer(r"^([0-9a-f]+) <([^>]+@plt)>:", out, re.M):
+            sections[int(m.group(1), 16)] = m.group(2)
+        got = {s: n for s, _, n, _ in read_elf(exe).symbols if n.endswith("@plt")}
+        assert sections and all(got.get(s) == n for s, n in sections.items()), (got, sections)
+        assert {"qsort@plt", "strlen@plt", "__cxa_finalize@plt"} <= set(got.values())
+        if name == "pltibt":  # the lazy .plt entries (push $index) too
+            assert sorted(got.values()).count("qsort@plt") == 2
