@@ -391,9 +391,12 @@ def _elide_name(name: str, width: int, mark: str = "…") -> str:
     return name[:left] + mark + name[len(name) - (width - 1 - left) :]
 
 
-def column_budget(total: int, others: Sequence[Sequence[str]], least: int = 24) -> int:
-    """The width left for one column of a rich table ``total`` wide (no
-    outer edge, padding of one either side) beside columns whose header
-    and cells are ``others``."""
-    used = sum(max((len(c) for c in col), default=0) + 3 for col in others)
-    return max(total - used - 2, least)
+def fit_paths(
+    keys: Sequence[str], headers: Sequence[str], rows: Sequence[Sequence[str]], total: int
+) -> list[str]:
+    """``keys`` (paths or names) shortened by :func:`elide_paths` to the
+    width left for their column in a rich table ``total`` wide (no outer
+    edge, padding of one either side) beside the other columns, whose
+    ``headers`` and cells (``rows``) are given."""
+    used = sum(max(len(h), *(len(r[j]) for r in rows)) + 3 for j, h in enumerate(headers))
+    return elide_paths(keys, max(total - used - 2, 24))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..textout import column_budget, elide_paths
+from ..textout import fit_paths
 from .latency import (
     A_COUNT,
     A_MAX_DIC,
@@ -225,10 +225,9 @@ def render(
             f"{r:,}" if r >= 0 else "?", f"{int(lg.dic[j]):,}",
             f"{markers[int(lg.open[j])]} → {markers[int(lg.close[j])]}",
         ))  # fmt: skip
-    others = [[columns[j], *(c[j] for c in cells)] for j in range(len(columns) - 1)]
     # Long paths lose frames in the middle, never the innermost.
-    paths = elide_paths([path_text(result, int(p), name) for p in lg.path.tolist()],
-                        column_budget(console.width, others))  # fmt: skip
+    paths = fit_paths([path_text(result, int(p), name) for p in lg.path.tolist()],
+                      columns[:-1], cells, console.width)  # fmt: skip
     for row, path in zip(cells, paths, strict=True):
         table.add_row(*row[:-1], escape(row[-1]), escape(path))
     console.print(table)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..textout import column_budget, elide_paths
+from ..textout import fit_paths
 from .perfcmds import _CallPaths, _open, _Parser
 
 
@@ -81,8 +81,7 @@ def main(argv: Sequence[str]) -> int:
                 d.only_in.upper(),
             ))  # fmt: skip
         # Long paths lose frames in the middle, never the leaf.
-        others = [[columns[j + 1], *(c[j] for c in cells)] for j in range(len(columns) - 1)]
-        keys = elide_paths([d.key for d in rows[: a.top]], column_budget(console.width, others))
+        keys = fit_paths([d.key for d in rows[: a.top]], columns[1:], cells, console.width)
         for key, row in zip(keys, cells, strict=True):
             table.add_row(escape(key), *row)
         console.print(table)

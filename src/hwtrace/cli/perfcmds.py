@@ -23,7 +23,7 @@ from ..perf.data import PerfData, PerfDataError, read_perf_data
 from ..perf.kernel import KernelCode, KernelCodeError, load_kernel
 from ..perf.sideband import BinaryLocator, Sideband
 from ..perf.trace import PerfBlocks, PerfStream, QueueInfo, sideband_of, stream_perf
-from ..textout import column_budget, elide_paths
+from ..textout import fit_paths
 from .common import Parser
 
 _Parser = Parser  # the name the other commands import
@@ -380,9 +380,8 @@ def report_main(argv: Sequence[str]) -> int:
             funcs = th.top(top)
             cells = [(f"{int(fc.instructions):,}", f"{fc.instruction_share:.1f}",
                       f"{fc.time_ns / 1e3:,.1f}", f"{fc.time_share:.1f}") for fc in funcs]  # fmt: skip
-            others = [[columns[j + 1], *(c[j] for c in cells)] for j in range(len(columns) - 1)]
             # A long name loses its middle, never the function's name at its end.
-            names = elide_paths([fc.name for fc in funcs], column_budget(console.width, others))
+            names = fit_paths([fc.name for fc in funcs], columns[1:], cells, console.width)
             for name, row in zip(names, cells, strict=True):
                 table.add_row(escape(name), *row)  # names like [vdso]!f are not markup
             console.print(table)
