@@ -326,3 +326,33 @@ def test_plt_entries_are_named_from_their_slots():
         assert {"qsort@plt", "strlen@plt", "__cxa_finalize@plt"} <= set(got.values())
         if name == "pltibt":  # the lazy .plt entries (push $index) too
             assert sorted(got.values()).count("qsort@plt") == 2
+
+
+STRDUP_PROGRAM = r"""
+#include <stdlib.h>
+#include <string.h>
+#define NOINLINE __attribute__((noinline))
+NOINLINE long work(const char *s) {
+    char *d = strdup(s);  /* libc's strdup calls strlen through its own PLT */
+    long n = d[0];
+    free(d);
+    return n;
+}
+int main(int argc, char **argv) { return (int)(work(argv[0]) & 1); }
+"""
+
+
+def test_an_ifunc_called_inside_its_own_library(tmp_path):
+    """libc calls its IFUNCs through IRELATIVE slots (``*ABS*+0x...@plt``
+    stubs): funclatency strlen finds strdup's call of the implementation."""
+    exe = str(compile_program(STRDUP_PROGRAM, "strdup", ("-O2", "-g0")))
+    path = tmp_path / "s.data"
+    _record(exe, path)
+    folded = _folded(path, tmp_path)
+    calls = _calls("strlen", path, tmp_path)
+    assert len(calls) == 1, calls
+    frames = calls[0]["path"].split(";")
+    assert frames[0] == "work" and frames[1].endswith("strdup"), frames
+    assert re.fullmatch(r"__strlen_\w+", frames[2]), frames
+    (impl,) = [v for k, v in folded.items() if re.search(r"strdup;libc\.so\.6!__strlen_\w+$", k)]
+    assert calls[0]["dic"] == impl

@@ -59,6 +59,10 @@ class SymbolTable:
         self.module = module[order]
         self.names = list(names)
         self.modules = list(modules)
+        # Per module, how far its symbols were moved from their link
+        # addresses (relocate): what an address in a symbol's name (an
+        # IRELATIVE stub's ``*ABS*+0x9f1c0@plt``) is relative to.
+        self.biases = [0] * len(self.modules)
         self.end = self.start + self.size
         # cover[i]: among symbols 0..i, one whose end is the largest; it is
         # the fallback when symbol i does not reach an address but an
@@ -103,7 +107,7 @@ class SymbolTable:
             module.append(table.module + len(modules))
             names.extend(table.names)
             modules.extend(table.modules)
-        return cls(
+        out = cls(
             np.concatenate([t.start for t in tables]),
             np.concatenate([t.size for t in tables]),
             np.concatenate(name_index),
@@ -112,15 +116,19 @@ class SymbolTable:
             np.concatenate(module),
             modules,
         )
+        out.biases = [b for t in tables for b in t.biases]
+        return out
 
     def relocate(self, bias: int, module: str | None = None) -> SymbolTable:
         """The same symbols moved by ``bias`` (modulo 2**64), optionally renamed to ``module``."""
         start = self.start + np.uint64(bias % (1 << 64))
         if module is None:
-            return SymbolTable(
+            out = SymbolTable(
                 start, self.size, self.name_index, self.names, self.kind, self.module, self.modules
             )
-        return SymbolTable(
+            out.biases = [b + bias for b in self.biases]
+            return out
+        out = SymbolTable(
             start,
             self.size,
             self.name_index,
@@ -129,6 +137,8 @@ class SymbolTable:
             np.zeros(len(self), np.int32),
             [module],
         )
+        out.biases = [(self.biases[0] if self.biases else 0) + bias]
+        return out
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -142,7 +152,7 @@ class SymbolTable:
 
     def subset(self, keep: np.ndarray) -> SymbolTable:
         """The symbols where the boolean array ``keep`` is true."""
-        return SymbolTable(
+        table = SymbolTable(
             self.start[keep],
             self.size[keep],
             self.name_index[keep],
@@ -151,6 +161,8 @@ class SymbolTable:
             self.module[keep],
             self.modules,
         )
+        table.biases = list(self.biases)  # per module, and the modules are the same
+        return table
 
     def lookup(self, addresses: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Resolve addresses to ``(index, offset)`` arrays; index -1 where no symbol covers.
@@ -234,7 +246,16 @@ class SymbolTable:
             sel &= np.isin(self.module, wanted)
         if not sel.any():
             return np.zeros(0, np.uint64)
-        return self.function_entries(f"{name}@plt")
+        # Other files call it by name; its own file through an IRELATIVE
+        # slot, whose stub is named after the resolver's link address.
+        parts = [self.function_entries(f"{name}@plt")]
+        for i in np.flatnonzero(sel).tolist():
+            m = int(self.module[i])
+            link = (int(self.start[i]) - self.biases[m]) % (1 << 64)
+            stub = f"*ABS*+{link:#x}@plt"
+            mine = np.isin(self.name_index, [j for j, n in enumerate(self.names) if n == stub])
+            parts.append(self.start[mine & (self.module == m) & (self.kind == FUNCTION)])
+        return np.unique(np.concatenate(parts))
 
     def __iter__(self):
         """Yield ``(start, size, name, is_function)`` in address order."""
