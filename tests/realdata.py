@@ -53,12 +53,21 @@ REAL_INPUTS: dict[str, RealInput] = {
         "clients/drcachesim/drpt2trace/test_simple.raw",
         "BSD-3-Clause",
     ),
-    # The same test as first published: a longer trace of a larger static
-    # "hello" (glibc's start-up and stdio), same recording set-up.
+    # Earlier versions of the same test, each a different recording: the
+    # first one published (one sideband file, a longer trace of a larger
+    # static "hello": glibc's start-up and stdio) ...
     "drpt2trace-simple-tracedir": RealInput(
         ("DynamoRIO/dynamorio",),
         "841a2b040095afc113401ace35a9de76d148369b",
         "clients/drcachesim/drpt2trace/test_simple.tracedir",
+        "BSD-3-Clause",
+    ),
+    # ... and the one in the primary/secondary sideband layout before the
+    # current one (a longer recording of an earlier build of "hello").
+    "drpt2trace-simple-2022": RealInput(
+        ("DynamoRIO/dynamorio",),
+        "409c4739d9d1d4d06c80c75039f6a16a197b136a",
+        "clients/drcachesim/drpt2trace/test_simple.raw",
         "BSD-3-Clause",
     ),
     # quipper's perf.data files recorded with intel_pt by perf 4.14, in file
