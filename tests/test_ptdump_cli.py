@@ -111,3 +111,54 @@ def test_unknown_cpu_is_reported_like_ptdump(tmp_path):
     f.write_bytes(GOOD)
     r = run("--cpu", "0/0", f)
     assert r.stdout.startswith("[0: failed to determine errata: unknown cpu]\n")
+
+
+@pytest.mark.parametrize("no_tcal", [False, True])
+def test_sideband_tracks_time(tmp_path, no_tcal):
+    """With sideband loaded Intel's ptdump tracks time although none is
+    shown: a CYC without calibration gets its diagnostics, and a sideband
+    record due at a packet goes after them and before the packet's line
+    (output of Intel's ptdump, built with XED, on this input)."""
+    from hwtrace.perf import records as R
+
+    (tmp_path / "a.pt").write_bytes(
+        encode(
+            [
+                Packet(Kind.PSB),
+                Packet(Kind.PSBEND),
+                Packet(Kind.CYC, 1),
+                Packet(Kind.TSC, 0x1000),
+                Packet(Kind.CYC, 2),
+                Packet(Kind.TSC, 0x2000),
+            ]
+        )
+    )
+    st_ = int(R.SampleType.TID | R.SampleType.TIME)
+    (tmp_path / "a.sb").write_bytes(
+        b"".join(
+            R.pack_record(R.Comm(1, 2, name, exec=True), st_, sample_id=R.SampleId(1, 2, time))
+            for name, time in (("sh", 0), ("ls", 0x1800))
+        )
+    )
+    opts = ["--no-tcal"] if no_tcal else []
+    r = run(*opts, "--sb", "--pevent:sample-type", st_, "--pevent:primary", "a.sb", "a.pt",
+            cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    cal = [] if no_tcal else ["[{}: calibration error: no timing information]"]
+    want = [
+        "0000000000000000  psb",
+        "0000000000000010  psbend",
+        *(c.format("12") for c in cal),
+        "[12: error updating time: no calibration]",
+        "PERF_RECORD_COMM.EXEC  1/2, sh  { 1/2 0 }",
+        "0000000000000012  cyc        1",
+        "0000000000000013  tsc        1000",
+        *(c.format("1b") for c in cal),
+        "[1b: error updating time: no calibration]",
+        "000000000000001b  cyc        2",
+        "PERF_RECORD_COMM.EXEC  1/2, ls  { 1/2 1800 }",
+        "000000000000001c  tsc        2000",
+    ]
+    assert [" ".join(x.split()) for x in r.stdout.splitlines()] == [
+        " ".join(x.split()) for x in want
+    ]

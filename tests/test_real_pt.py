@@ -202,18 +202,12 @@ def _run_captured(argv: list[str]) -> bytes:
 # Cases that do not match Intel's yet.  A case passing that is listed here,
 # or a case failing that is not, fails the test.
 KNOWN_FAILING: set[str] = {
-    "drpt-ptdump-pevent",
-    "drpt-ptdump-pevent-no-tcal",
-    "drpt-ptdump-pevent-sb",
     "drpt-ptxed-elf-default",
     "drpt-ptxed-elf-blocks",
     "drpt-ptxed-elf-resync",
     "drpt-ptxed-pevent-default",
     "drpt-ptxed-pevent-blocks",
     "drpt-ptxed-pevent-resync",
-    "drpt2022-ptdump-pevent",
-    "drpt2022-ptdump-pevent-no-tcal",
-    "drpt2022-ptdump-pevent-sb",
     "drpt2022-ptxed-elf-default",
     "drpt2022-ptxed-elf-blocks",
     "drpt2022-ptxed-elf-resync",

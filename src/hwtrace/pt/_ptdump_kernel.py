@@ -28,6 +28,7 @@ from ._state import (
     F_RAW,
     F_TCAL,
     F_TIME,
+    F_TRACK,
     LINE_MAX,
 )
 from .errors import PtError, errstr
@@ -377,7 +378,10 @@ def format_kernel(rows, errs, times, raw, st, out):
     no_timing = (flags & F_NO_TIMING) != 0
     no_cyc = (flags & F_NO_CYC) != 0
     no_wall = (flags & F_NO_WALL) != 0
-    track_time = show_time or show_tcal
+    # Intel's ptdump tracks time (and prints the time model's diagnostics)
+    # with --time, --tcal, and whenever sideband is loaded.
+    track_time = show_time or show_tcal or (flags & F_TRACK) != 0
+    mark = s.mark
     base = s.base
     last_ip = s.last_ip
     have_ip = s.have_ip != 0
@@ -500,6 +504,8 @@ def format_kernel(rows, errs, times, raw, st, out):
         elif kind == K.EVD:
             track = T_EVD
             value = np.int64(b)
+        if at == mark:
+            s.split = p
         if skip or quiet:
             continue
 

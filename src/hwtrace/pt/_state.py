@@ -100,6 +100,10 @@ FORMAT_STATE = np.dtype(
         ("ip_suppressed", np.int64),
         ("last_tsc", np.int64),  # --time-delta
         ("last_fcr", np.int64),
+        # Sideband goes after the diagnostics of packet ``mark`` and before
+        # its line: the kernel notes where that line starts in ``split``.
+        ("mark", np.int64),
+        ("split", np.int64),
     ]
 )
 
@@ -116,6 +120,7 @@ F_NO_PAD = 1 << 8  # --no-pad
 F_NO_TIMING = 1 << 9  # --no-timing
 F_NO_CYC = 1 << 10  # --no-cyc
 F_NO_WALL = 1 << 11  # --no-wall-clock
+F_TRACK = 1 << 12  # track time without showing it (Intel's ptdump does with sideband)
 
 # format_kernel stops when less room than this is left in its output: enough
 # for one packet's line with everything printed before it.
@@ -125,4 +130,6 @@ LINE_MAX = 512
 def new_format_state(flags: int) -> np.ndarray:
     st = np.zeros(1, FORMAT_STATE)
     st[0]["flags"] = flags
+    st[0]["mark"] = -1
+    st[0]["split"] = -1
     return st

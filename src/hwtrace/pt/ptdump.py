@@ -38,6 +38,7 @@ from ._state import (
     F_RAW,
     F_TCAL,
     F_TIME,
+    F_TRACK,
     KEEP_MAX,
     LINE_MAX,
     STOP_DONE,
@@ -155,8 +156,10 @@ class _TextWriter:
     """Formats tables of one stream with the text kernel, keeping its
     tracking state (last IP, previous time) from table to table."""
 
-    def __init__(self, options: DumpOptions, out_size: int = OUT_SIZE) -> None:
-        self.state = new_format_state(options.flags())
+    def __init__(
+        self, options: DumpOptions, out_size: int = OUT_SIZE, *, track: bool = False
+    ) -> None:
+        self.state = new_format_state(options.flags() | (F_TRACK if track else 0))
         self.out = np.empty(max(out_size, 2 * LINE_MAX), np.uint8)
 
     def blocks(
@@ -171,8 +174,9 @@ class _TextWriter:
     ) -> Iterator[memoryview | bytes]:
         """The text of ``table``'s packets and errors (and, with ``last``,
         of the errors after its last packet), in blocks valid until the
-        next one is asked for.  ``inserts`` are printed before the packets
-        they are keyed by."""
+        next one is asked for.  ``inserts`` are printed before the lines of
+        the packets they are keyed by, after those packets' diagnostics, as
+        Intel's ptdump prints sideband when it updates the time."""
         # The kernels take C arrays of these types (no copy when they are).
         columns = (table.offset, table.kind, table.size, table.a, table.b, table.c)
         rows = tuple(
@@ -193,16 +197,28 @@ class _TextWriter:
         n = len(table)
         cuts = sorted(k for k in inserts if k < n) if inserts else []
         for cut in [*cuts, n]:
-            s["stop"] = cut
-            s["last"] = int(last and cut == n)
+            # Through the packet of an insert (its line split from what
+            # comes before it), or to the end.
+            stop = cut + 1 if cut < n else n
+            s["stop"] = stop
+            s["mark"] = cut if cut < n else -1
+            s["split"] = -1
+            s["last"] = int(last and stop == n)
             while True:
                 size = int(format_kernel(rows, errs, bundle, raw, self.state, self.out))
-                if size:
+                split = int(s["split"])
+                if split >= 0:
+                    s["split"] = -1
+                    s["mark"] = -1
+                    if split:
+                        yield memoryview(self.out)[:split]
+                    yield inserts[cut]
+                    if size > split:
+                        yield memoryview(self.out)[split:size]
+                elif size:
                     yield memoryview(self.out)[:size]
-                if s["next"] >= cut and (not s["last"] or s["error"] >= nerr):
+                if s["next"] >= stop and (not s["last"] or s["error"] >= nerr):
                     break
-            if inserts and cut < n:
-                yield inserts[cut]
 
 
 @dataclass
@@ -258,7 +274,7 @@ def dump_stream(
     s = state[0]
     rows = new_rows(table_rows if store else 0)
     errs = new_errors(ERROR_ROWS)
-    text = _TextWriter(options, out_size or OUT_SIZE) if ptdump else None
+    text = _TextWriter(options, out_size or OUT_SIZE, track=track) if ptdump else None
     time_state = None
     if track:
         from .timing import new_time_state
