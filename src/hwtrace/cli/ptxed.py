@@ -227,6 +227,8 @@ def main(argv: list[str], stdout=None, *, reference: bool = False) -> int:
                 raise UsageError(f"unknown option: {arg}")
         if ptfile is None:
             raise UsageError("no pt file")
+        # Intel's ptxed shows blocks only from its block decoder.
+        opts.show_blocks = opts.show_blocks and not opts.insn_decoder
     except UsageError as exc:
         sys.stderr.write(f"{PROG}: {exc}.\n")
         return 1

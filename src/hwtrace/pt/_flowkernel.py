@@ -2176,6 +2176,10 @@ def _trailing(ds, pk, cf, ct, has_block):
             return _pending_after_postponed(ds, pk, cf, ct)
         if t == EV_DISABLED:
             if not SI[BS_PROC]:
+                # libipt's pt_blk_proceed_trailing_event: a status update
+                # (a PSB+ with tracing disabled) is an event of its own.
+                if _status_update(ev):
+                    return _status(SI, ST_EVENT_PENDING)
                 return _finish(ds, pk, cf, ct)
             k = SI[BS_INSN]
             if _supp(ev) and ct[6][k] == S_MOV_CR3:

@@ -623,6 +623,10 @@ class BlockDecoder:
             return self._status(EVENT_PENDING)
         if t == Ev.DISABLED:
             if not self.process_insn:
+                # libipt's pt_blk_proceed_trailing_event: a status update
+                # (a PSB+ with tracing disabled) is an event of its own.
+                if ev.status_update:
+                    return self._status(EVENT_PENDING)
                 return self._finish()
             if ev.ip_suppressed and _changes_cr3(self.insn):
                 return pending
