@@ -14,6 +14,33 @@ import numba_caches  # noqa: E402 (found through the path just set)
 os.environ.setdefault("HWTRACE_KERNELS_AUTOBUILD", "0")
 
 
+def run_captured(argv: list[str]) -> bytes:
+    """``hwtrace ARGV`` in this process; its standard output's bytes
+    (captured at the file descriptor, where the compiled writers write)."""
+    import tempfile
+
+    from hwtrace.cli.main import main as hwtrace_main
+
+    sys.stdout.flush()
+    saved_fd = os.dup(1)
+    saved_stdout = sys.stdout
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 1)
+        sys.stdout = open(1, "w", closefd=False)
+        try:
+            try:
+                hwtrace_main(argv)
+            except SystemExit:
+                pass
+            sys.stdout.flush()
+        finally:
+            sys.stdout = saved_stdout
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+        capture.seek(0)
+        return capture.read()
+
+
 @pytest.fixture(scope="session")
 def conformance_dir() -> Path:
     if not (CONFORMANCE / "run.py").exists():

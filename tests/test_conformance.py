@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import CONFORMANCE
-
-from hwtrace.cli.main import main as hwtrace_main
+from conftest import CONFORMANCE, run_captured
 
 HWTRACE = Path(sys.executable).with_name("hwtrace")
 
@@ -62,28 +58,6 @@ def _cases() -> list:
 CASES = _cases()
 
 
-def _run_captured(argv: list[str]) -> bytes:
-    """``hwtrace ARGV`` in this process; its standard output's bytes."""
-    sys.stdout.flush()
-    saved_fd = os.dup(1)
-    saved_stdout = sys.stdout
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 1)
-        sys.stdout = open(1, "w", closefd=False)
-        try:
-            try:
-                hwtrace_main(argv)
-            except SystemExit:
-                pass
-            sys.stdout.flush()
-        finally:
-            sys.stdout = saved_stdout
-            os.dup2(saved_fd, 1)
-            os.close(saved_fd)
-        capture.seek(0)
-        return capture.read()
-
-
 @pytest.fixture(scope="module")
 def runner(conformance_dir):
     return _load_runner()
@@ -98,7 +72,7 @@ def test_case(runner, conformance_dir, tool, case, monkeypatch):
     monkeypatch.chdir(cases_dir)
     name = f"{tool}/{case['name']}"
     for argv in runner.command_lines(case, tool, [tool]):
-        got = runner.normalize(_run_captured(argv))
+        got = runner.normalize(run_captured(argv))
         if got != expected:
             if name in KNOWN_FAILING:
                 pytest.xfail("known failing")

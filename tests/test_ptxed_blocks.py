@@ -79,3 +79,35 @@ def test_insn_decoder_shows_no_blocks(tmp_path, reference):
         "[disabled]",
         "insn: 3.",
     ]
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("decoder", [[], ["--insn-decoder"]])
+def test_resync_passes_over_what_tells_no_ip(tmp_path, reference, decoder):
+    """After an error, libipt's resync passes over the events that do not
+    tell where execution is (paging, cbr) without reporting them, and
+    resumes at the asynchronous disable that does."""
+    packets = [
+        *_psb(),
+        Packet(Kind.MODE_EXEC, K.MODE_CSL),
+        Packet(Kind.TIP_PGE, 0x1000, 3),
+        Packet(Kind.TNT8, 0b1, 1),  # a taken branch where jmp rax needs a TIP
+        Packet(Kind.PIP, 0x5000),
+        Packet(Kind.CBR, 0x1D),
+        Packet(Kind.FUP, 0x1001, 3),
+        Packet(Kind.TIP_PGD, 0, 0),
+        Packet(Kind.TIP_PGE, 0x1000, 3),
+        Packet(Kind.TIP_PGD, 0, 0),
+    ]
+    got = run(tmp_path, packets, CODE, *decoder, "--resync-on-error", reference=reference)
+    flow = ["0000000000001000", "0000000000001001", "0000000000001002"]
+    assert got == [
+        "[enabled]",
+        "[exec mode: 64-bit]",
+        *flow,
+        "[1c, 1002: error: trace stream does not match query]",
+        "[disabled]",
+        "[enabled]",
+        *flow,
+        "[disabled]",
+    ]

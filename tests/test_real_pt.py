@@ -17,16 +17,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import lzma
-import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import run_captured
 from realdata import real_input
-
-from hwtrace.cli.main import main as hwtrace_main
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "real"
 
@@ -177,40 +173,9 @@ def digest_of(lines: list[str]) -> tuple[str, int]:
     return hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest(), len(lines)
 
 
-def _run_captured(argv: list[str]) -> bytes:
-    """``hwtrace ARGV`` in this process; its standard output's bytes."""
-    sys.stdout.flush()
-    saved_fd = os.dup(1)
-    saved_stdout = sys.stdout
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 1)
-        sys.stdout = open(1, "w", closefd=False)
-        try:
-            try:
-                hwtrace_main(argv)
-            except SystemExit:
-                pass
-            sys.stdout.flush()
-        finally:
-            sys.stdout = saved_stdout
-            os.dup2(saved_fd, 1)
-            os.close(saved_fd)
-        capture.seek(0)
-        return capture.read()
-
-
 # Cases that do not match Intel's yet.  A case passing that is listed here,
 # or a case failing that is not, fails the test.
-KNOWN_FAILING: set[str] = {
-    "quipper0-ptxed-resync",
-    "quipper0-ptxed-insn-resync",
-    "quipper3-ptxed-resync",
-    "quipper3-ptxed-insn-resync",
-    "piped0-ptxed-resync",
-    "piped0-ptxed-insn-resync",
-    "piped3-ptxed-resync",
-    "piped3-ptxed-insn-resync",
-}
+KNOWN_FAILING: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +187,7 @@ def workdir(tmp_path_factory) -> Path:
 def test_real_recording(name, rec, tool, args, workdir):
     folder = recording_dir(rec, workdir)
     argv = argv_of(rec, tool, args, folder)
-    got = normalize(_run_captured([tool, *argv]), folder)
+    got = normalize(run_captured([tool, *argv]), folder)
     want = golden_lines(name)
     same = digest_of(got) == want if isinstance(want, tuple) else got == want
     if not same:

@@ -2499,50 +2499,85 @@ def blk_resync(ds, pk, cf, ct, ev_out):
             return _err(SI[BS_STATUS])
         ev = CUR
         t = ev[E_TYPE]
-        if t == EV_TNT or (t == EV_TIP and _supp(ev)):
-            r = _fetch_event(ds, pk, cf)
-            if r < 0:
-                return r
-            continue
+        if _status_update(ev):
+            if t == EV_DISABLED:
+                SI[BS_ENABLED] = 0
+                return next_event(ds, pk, cf, ct, ev_out)
+            with_ip = (
+                t == EV_ENABLED or t == EV_EXEC_MODE or t == EV_IFLAGS or t == EV_TSX
+                or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS
+            )  # fmt: skip
+            if not _supp(ev) and with_ip:
+                SU[BS_IP] = ev[E_IP]
+                SI[BS_ENABLED] = 1
+                return next_event(ds, pk, cf, ct, ev_out)
+            return _err(E_EVENT_IGNORED)
+        # As libipt's pt_blk_resync: events that tell where execution is end
+        # the search (reported, or, for those reported after their
+        # instruction, pending on it); the others, and those whose IP is
+        # suppressed, are passed over silently (paging and VMCS applied).
+        supp = _supp(ev)
         if t == EV_TIP:
             SU[BS_IP] = ev[E_IP]
-            SI[BS_ENABLED] = 1
             r = _fetch_event(ds, pk, cf)
             if r < 0:
                 return r
             return _trailing(ds, pk, cf, ct, False)
         if t == EV_DISABLED:
             SI[BS_ENABLED] = 0
-            if _status_update(ev):
-                return next_event(ds, pk, cf, ct, ev_out)
+            SU[BS_IP] = 0
             r = _fetch_event(ds, pk, cf)
             if r < 0:
                 return r
             return _trailing(ds, pk, cf, ct, False)
-        with_ip = (
-            t == EV_ENABLED or t == EV_EXEC_MODE or t == EV_IFLAGS or t == EV_TSX
-            or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS
-        )  # fmt: skip
-        if _status_update(ev) and not _supp(ev) and with_ip:
-            SU[BS_IP] = ev[E_IP]
-            SI[BS_ENABLED] = 1
-            return next_event(ds, pk, cf, ct, ev_out)
         if t == EV_ENABLED:
             SI[BS_ENABLED] = 0
-            return _trailing(ds, pk, cf, ct, False)
-        no_ip = (
-            t == EV_PAGING or t == EV_VMCS or t == EV_STOP or t == EV_PWRE or t == EV_PWRX
-            or t == EV_CBR or t == EV_MNT or t == EV_RSM or t == EV_SIPI or t == EV_TICK
-            or t == EV_TRIG or t == EV_IGNORE
-        )  # fmt: skip
-        if _status_update(ev) or _supp(ev) or no_ip:
-            return _err(E_EVENT_IGNORED)
-        if t == EV_ASYNC_BRANCH or t == EV_ASYNC_DISABLED:
+            return _status(SI, ST_EVENT_PENDING)
+        if t == EV_ASYNC_DISABLED:
             SU[BS_IP] = ev[E_AT]
-        else:
+            r = _skd022(ds, ct, ev) if cf[0][CF_ERRATA] & ER_SKD022 else 0
+            if r < 0 and _aborted(r):
+                return r
+            if r == 0:
+                return _status(SI, ST_EVENT_PENDING)
+        elif t == EV_ASYNC_BRANCH:
+            SU[BS_IP] = ev[E_AT]
+            return _status(SI, ST_EVENT_PENDING)
+        elif (t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS) and not supp:
             SU[BS_IP] = ev[E_IP]
-        SI[BS_ENABLED] = 1
-        return _trailing(ds, pk, cf, ct, False)
+            return _status(SI, ST_EVENT_PENDING)
+        elif t == EV_PAGING or t == EV_ASYNC_PAGING:
+            SI[BS_HAVE_CR3] = 1
+            SU[BS_CR3] = ev[E_CR3]
+        elif t == EV_VMCS or t == EV_ASYNC_VMCS:
+            SI[BS_HAVE_VMCS] = 1
+            SU[BS_VMCS] = ev[E_BASE]
+        elif t == EV_OVERFLOW:
+            return _status(SI, ST_EVENT_PENDING)
+        elif t == EV_EXEC_MODE or t == EV_TSX or t == EV_IFLAGS or t == EV_INTERRUPT:
+            if supp:
+                SI[BS_ENABLED] = 0
+            else:
+                SI[BS_ENABLED] = 1
+                SU[BS_IP] = ev[E_IP]
+            return _status(SI, ST_EVENT_PENDING)
+        elif t == EV_PTWRITE and supp:
+            return _err(E_EVENT_IGNORED)
+        elif (
+            t == EV_PTWRITE or t == EV_VMENTRY or t == EV_UIRET
+        ) and not supp:  # fmt: skip
+            SU[BS_IP] = ev[E_IP]
+            return _status(SI, 0)
+        elif (
+            t == EV_EXSTOP or t == EV_MWAIT or t == EV_TICK or t == EV_IRET or t == EV_SMI
+            or t == EV_RSM or t == EV_INIT or t == EV_VMEXIT or t == EV_SHUTDOWN
+            or t == EV_UINTR or t == EV_SWINTR or t == EV_SYSCALL
+        ) and not supp:  # fmt: skip
+            SU[BS_IP] = ev[E_IP]
+            return _status(SI, ST_EVENT_PENDING)
+        r = _fetch_event(ds, pk, cf)
+        if r < 0:
+            return r
 
 
 # ---------------------------------------------------------------------------

@@ -145,11 +145,13 @@ _STATUS_WITH_IP = frozenset(
     (Ev.ENABLED, Ev.EXEC_MODE, Ev.IFLAGS, Ev.TSX, Ev.ASYNC_PAGING, Ev.ASYNC_VMCS)
 )
 
-# Events that carry no IP of where execution is.
-_NO_IP = frozenset(
+# Events libipt's pt_blk_resync reports after their instruction, and those
+# it resumes at (when their IP is known).
+_AFTER_INSN = frozenset((Ev.PTWRITE, Ev.VMENTRY, Ev.UIRET))
+_RESYNC_AT_IP = frozenset(
     (
-        Ev.PAGING, Ev.VMCS, Ev.STOP, Ev.PWRE, Ev.PWRX, Ev.CBR, Ev.MNT, Ev.RSM, Ev.SIPI,
-        Ev.TICK, Ev.TRIG, Ev.IGNORE,
+        Ev.EXSTOP, Ev.MWAIT, Ev.TICK, Ev.IRET, Ev.SMI, Ev.RSM, Ev.INIT, Ev.VMEXIT,
+        Ev.SHUTDOWN, Ev.UINTR, Ev.SWINTR, Ev.SYSCALL,
     )
 )  # fmt: skip
 
@@ -847,35 +849,64 @@ class BlockDecoder:
                 raise DecodeFailure(self.status)
             ev = self.event
             t = ev.type
-            if t == Ev.TNT or (t == Ev.TIP and ev.ip_suppressed):
-                self._fetch_event()
-                continue
+            if ev.status_update:
+                if t == Ev.DISABLED:
+                    self.enabled = False
+                    return self.next_event()[0]
+                if not ev.ip_suppressed and t in _STATUS_WITH_IP:
+                    # A PSB+ tells where execution is; its status updates
+                    # are applied (and checked) here, as nobody prints them.
+                    self.ip, self.enabled = ev.ip, True
+                    return self.next_event()[0]
+                raise DecodeFailure(PtError.EVENT_IGNORED)
+            # As libipt's pt_blk_resync: events that tell where execution is
+            # end the search (reported, or, for those reported after their
+            # instruction, pending on it); the others, and those whose IP
+            # is suppressed, are passed over silently (paging and VMCS
+            # applied).
+            supp = ev.ip_suppressed
             if t == Ev.TIP:
-                self.ip, self.enabled = ev.ip, True
+                self.ip = ev.ip
                 self._fetch_event()
                 return self._trailing(None)
             if t == Ev.DISABLED:
-                # Tracing stopped somewhere on the way we lost: nothing to
-                # report but that we are disabled now.
-                self.enabled = False
-                if ev.status_update:
-                    return self.next_event()[0]
+                self.enabled, self.ip = False, 0
                 self._fetch_event()
                 return self._trailing(None)
-            if ev.status_update and not ev.ip_suppressed and t in _STATUS_WITH_IP:
-                # A PSB+ tells where execution is; its status updates are
-                # applied (and checked) here, as nobody prints them.
-                self.ip, self.enabled = ev.ip, True
-                return self.next_event()[0]
             if t == Ev.ENABLED:
                 self.enabled = False  # the event enables again
-                return self._trailing(None)
-            if ev.status_update or ev.ip_suppressed or t in _NO_IP:
+                return self._status(EVENT_PENDING)
+            if t == Ev.ASYNC_DISABLED:
+                self.ip = ev.at
+                if not ("skd022" in self.errata and self._skd022(ev)):
+                    return self._status(EVENT_PENDING)
+            elif t == Ev.ASYNC_BRANCH:
+                self.ip = ev.at
+                return self._status(EVENT_PENDING)
+            elif t in (Ev.ASYNC_PAGING, Ev.ASYNC_VMCS) and not supp:
+                self.ip = ev.ip
+                return self._status(EVENT_PENDING)
+            elif t in (Ev.PAGING, Ev.ASYNC_PAGING):
+                self.cr3 = ev.cr3
+            elif t in (Ev.VMCS, Ev.ASYNC_VMCS):
+                self.vmcs = ev.base
+            elif t == Ev.OVERFLOW:
+                return self._status(EVENT_PENDING)
+            elif t in (Ev.EXEC_MODE, Ev.TSX, Ev.IFLAGS, Ev.INTERRUPT):
+                if supp:
+                    self.enabled = False
+                else:
+                    self.ip, self.enabled = ev.ip, True
+                return self._status(EVENT_PENDING)
+            elif t == Ev.PTWRITE and supp:
                 raise DecodeFailure(PtError.EVENT_IGNORED)
-            # The event happened at a known IP: execution continues there.
-            self.ip = ev.at if t in (Ev.ASYNC_BRANCH, Ev.ASYNC_DISABLED) else ev.ip
-            self.enabled = True
-            return self._trailing(None)
+            elif t in _AFTER_INSN and not supp:
+                self.ip = ev.ip
+                return self._status(0)
+            elif t in _RESYNC_AT_IP and not supp:
+                self.ip = ev.ip
+                return self._status(EVENT_PENDING)
+            self._fetch_event()
 
     def offset(self) -> int:
         return self.evdec.offset()
