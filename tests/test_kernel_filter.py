@@ -87,12 +87,30 @@ WORKLOAD = [
 ]  # fmt: skip
 
 
+# The sessions hold every raw_syscalls event of the whole machine until they
+# are read: on a busy machine a ring can still fill, and a run that lost
+# events proves nothing about the ones lost, so it is run again.
+_LIVE_ATTEMPTS = 4
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """Every case's kernel session (all verdicts) and ftrace instance, over
-    one run of the workload: {case index: (batch, (ftrace source, events
-    each CPU held) or None, counts)},
+    one run of the workload in which no session lost an event: {case
+    index: (batch, (ftrace source, events each CPU held) or None, counts)},
     and the workload's pids."""
+    lost = []
+    for attempt in range(_LIVE_ATTEMPTS):
+        out, pids, lost = _live_run(tmp_path_factory, attempt)
+        if not lost:
+            yield out, pids
+            return
+    pytest.fail(f"every run lost events ({_LIVE_ATTEMPTS} runs); the last in cases {lost}")
+
+
+def _live_run(tmp_path_factory, attempt: int):
+    """One run of the workload under every case: (out, pids, the cases
+    whose session lost events)."""
     from hwtrace.filter.inputs import open_source
     from hwtrace.kernel.trace import KernelTrace
 
@@ -100,7 +118,7 @@ def live(tmp_path_factory):
     tag = f"hwtrace-kf-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
         for k, (event, expr, ftrace) in enumerate(CASES):
-            sessions[k] = KernelTrace([event], expr, emit="all", ringbuf_size=1 << 22)
+            sessions[k] = KernelTrace([event], expr, emit="all", ringbuf_size=1 << 23)
             if ftrace is not None:
                 inst = TRACEFS / "instances" / f"{tag}-{k}"
                 inst.mkdir()
@@ -123,17 +141,19 @@ def live(tmp_path_factory):
             t.stop()
         for inst in instances.values():
             (inst / "tracing_on").write_text("0")
-        out = {}
+        out, lost = {}, []
         for k, t in sessions.items():
             batch = t.read()
-            assert t.counts()["lost"] == 0
+            if t.counts()["lost"]:
+                lost.append(k)
+                continue
             src = None
             if k in instances:
-                d = tmp_path_factory.mktemp(f"ftrace{k}")
+                d = tmp_path_factory.mktemp(f"ftrace{k}-{attempt}")
                 held = copy_trace_pipe_raw(instances[k], d)
                 src = (open_source(str(d)), held)
             out[k] = (batch, src, t.counts())
-        yield out, pids
+        return out, pids, lost
     finally:
         for t in sessions.values():
             t.close()
@@ -528,10 +548,12 @@ def _wait_ids(before, timeout: float = 5.0) -> None:
     """BPF objects are freed after their last reference goes, a little
     later (RCU): wait for the ids to be the ones before."""
     deadline = time.monotonic() + timeout
-    while _ids() != before:
-        assert time.monotonic() < deadline, (
-            f"left loaded: {_ids()[0] - before[0]}, {_ids()[1] - before[1]}"
-        )
+    while True:
+        # Only new ids count: objects loaded before may go meanwhile.
+        progs, maps = (now - then for now, then in zip(_ids(), before, strict=True))
+        if not progs and not maps:
+            return
+        assert time.monotonic() < deadline, f"left loaded: programs {progs}, maps {maps}"
         time.sleep(0.05)
 
 
