@@ -480,6 +480,90 @@ def test_a_late_revision_in_perf_data_is_tried_earlier(recorded, tmp_path):
     assert amb.address == jit and amb.used_from < amb.valid_from
 
 
+# -- code rewritten inside one call: a loop patching its own jmp --------------------------
+
+SELF_PATCH = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Each iteration patches the rel8 of the jmp at 5: to go to 4: (odd n) or
+   6: (even n), then runs it: the jmp's bytes change between two of its
+   runs, with a handful of branches in between. */
+long work(long n);
+asm(".text\n.globl work\n.type work,@function\nwork:\n"
+    "  xor %eax, %eax\n"
+    "1: test $1, %dil\n"
+    "  jz 2f\n"
+    "  movb $(4f - 3f), 3f-1(%rip)\n"
+    "  jmp 5f\n"
+    "2: movb $(6f - 3f), 3f-1(%rip)\n"
+    "5: .byte 0xeb, 0x00\n"
+    "3: nop\n"
+    "4: add $3, %rax\n"
+    "  jmp 7f\n"
+    "6: add $5, %rax\n"
+    "7: dec %rdi\n"
+    "  jnz 1b\n"
+    "  ret\n"
+    ".size work, .-work\n");
+
+int main(void) {
+    long pg = sysconf(_SC_PAGESIZE);
+    void *page = (void *)((uintptr_t)work & ~(uintptr_t)(pg - 1));
+    mprotect(page, 2 * pg, PROT_READ | PROT_WRITE | PROT_EXEC);
+    printf("%ld\n", work(20));
+    return 0;
+}
+"""
+
+# The recorder's timing settings: TSC with MTC (the default), with CYC too,
+# and TSC alone (no MTC), where the time between PSBs is not known.
+SELF_PATCH_TIMINGS = {
+    "tsc+mtc": {},
+    "tsc+mtc+cyc": dict(cyc=True),
+    "tsc": dict(mtc_period=None),
+}
+
+
+@pytest.fixture(scope="module")
+def self_patch():
+    from test_record_software import SKIP, compile_program
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    return compile_program(SELF_PATCH, "selfpatch", ("-O1", "-g0", "-fno-pie", "-no-pie"))
+
+
+@pytest.mark.parametrize("timing", SELF_PATCH_TIMINGS.values(), ids=SELF_PATCH_TIMINGS.keys())
+def test_code_rewritten_inside_one_call_decodes_exactly(self_patch, timing, tmp_path):
+    """The stepper sees the jmp rewritten before each of its 20 runs: the
+    flow decoded through its revisions is the stepped one, instruction for
+    instruction, from the recording and from its perf.data."""
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.trace import decode_perf
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.software import record_software
+
+    rec = record_software([str(self_patch)], calls=["work"], **timing)
+    assert rec.exit_status == 0
+    store = rec.code_revisions()
+    assert len(store) == len(rec.log.changes) == 20  # a rewrite before each run of the jmp
+    flow = decode_trace(rec.data, rec.image(), rec.config, revisions=store)
+    assert not flow.gaps and not flow.ambiguous
+    assert np.array_equal(flow.instructions(), rec.instructions)
+    # Both targets of the jmp, ten times each.
+    got = flow.instructions()
+    after = got[np.flatnonzero(got == got[0] + 0x18) + 1]
+    assert sorted(np.unique(after, return_counts=True)[1].tolist()) == [10, 10]
+    path = tmp_path / "selfpatch.data"
+    write_perf_data(rec, path, buildid_cache=False)
+    perf = decode_perf(PerfData(str(path)))
+    assert not perf.problems and perf.n_gaps == 0
+    assert np.array_equal(perf.queues[0].flow.instructions(), rec.instructions)
+
+
 # -- a kernel BPF program's JIT image ---------------------------------------------------
 
 LOADER = """

@@ -261,6 +261,23 @@ def _psb_plus(out, st, su, stats, fup, fup_ip, timing):
 
 
 @njit(cache=True)
+def _time_anchor(out, st, stats, timing):
+    """A TSC (and its TMA with MTC) giving the time now, where the code
+    changes: the flow packets before it are earlier, those after it later,
+    so a decoder places the change between them (see encode_path's
+    ``anchors``)."""
+    tsc_on, tsc0, mtc_on, ctc_ratio = timing[0], timing[1], timing[2], timing[3]
+    if not tsc_on:
+        return
+    _cyc(out, st, stats)
+    tsc = tsc0 + st[_CYCLES]
+    _put(out, st, _TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+    if mtc_on:
+        _put(out, st, _TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+    stats[_ST_TSC] += 1
+
+
+@njit(cache=True)
 def _straight_hits(ips, start, stop, ip):
     """Whether ``ip`` is among ``ips[start:stop]``: a decoder waiting for an
     event at ``ip`` would bind it there, before the instruction we mean."""
@@ -285,7 +302,7 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
     """
     ips, uid = path
     u_cls, u_fall, u_target, u_push = code
-    traced, ev_kind, ev_ip, ptw_size, ptw_value, ptw_fup = events
+    traced, ev_kind, ev_ip, ptw_size, ptw_value, ptw_fup, anchor = events
     ret_comp, tnt_max, psb_period, sync_disable, ip_comp, mtc_freq, cyc_on, defer = opts
     tsc0, mtc_on, ctc_ratio = timing[1], timing[2], timing[3]
     n = ips.shape[0]
@@ -316,6 +333,8 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
             if i + 1 < n and traced[i + 1]:
                 # Tracing resumes: a fresh call stack, as at a PSB.
                 depth = 0
+                if anchor[i + 1]:
+                    _time_anchor(out, st, stats, timing)
                 _put(out, st, _MODE_EXEC, _U64(_MODE_64), 0)
                 _cyc(out, st, stats)
                 _ip_packet(out, st, su, _PGE, ips[i + 1])
@@ -421,6 +440,11 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
                 _ip_packet(out, st, su, _FUP, ips[i])
             stats[_ST_PTW] += 1
 
+        # The code changes before the next instruction: the branch outcomes
+        # so far go out now, at this instruction's time.
+        change = anchor[i + 1] and ek != EV_DISABLE
+        if change:
+            _flush(out, st, su, stats)
         st[_CYCLES] += cost[i]
         if ek == EV_DISABLE:
             continue
@@ -441,6 +465,8 @@ def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, o
                     _put(out, st, _MTC, _U64(now & 0xFF), 0)
                     stats[_ST_MTC] += 1
                 st[_MTC_LAST] = now
+        if change:
+            _time_anchor(out, st, stats, timing)
         if psb_period > 0 and st[_BYTES] - st[_PSB_AT] >= psb_period:
             _flush(out, st, su, stats)
             _psb_plus(out, st, su, stats, True, nxt, timing)
@@ -537,6 +563,21 @@ def _classify_versions(
     return (*cols, inv.reshape(-1))
 
 
+def trace_points(
+    ips: np.ndarray, code: Sequence[Image | Reader], versions: np.ndarray
+) -> np.ndarray:
+    """Per instruction of a path (run in ``code[versions[i]]``): does a
+    decoder take its outcome or target from the trace (a conditional
+    branch, an indirect jump or call, a return, a far transfer)?  Between
+    two of these the flow follows from the code alone."""
+    ips = np.ascontiguousarray(ips, np.uint64)
+    if ips.shape[0] == 0:
+        return np.zeros(0, np.bool_)
+    u_cls, _, _, _, inv = _classify_versions(ips, code, versions)
+    takes = np.isin(u_cls, np.array([C_COND, C_IJMP, C_ICALL, C_RET, C_FAR], np.int8))
+    return takes[inv.reshape(-1)]
+
+
 def encode_path(
     ips: np.ndarray,
     code: Image | Reader | Sequence[Image | Reader],
@@ -560,6 +601,7 @@ def encode_path(
     cycles: np.ndarray | None = None,
     ptwrites: Sequence[tuple[int, int, int]] = (),
     fup_on_ptw: bool = True,
+    anchors: Sequence[int] = (),
 ) -> EncodedTrace:
     """Encode an executed instruction path as Intel PT.
 
@@ -588,7 +630,13 @@ def encode_path(
       :attr:`EncodedTrace.expected`;
     * ``ptwrites``: ``(p, payload, size)``: ``ips[p]`` is a PTWRITE that wrote
       ``payload`` (``size`` 4 or 8 bytes): a PTW packet, with a FUP of
-      ``ips[p]`` when ``fup_on_ptw`` (IA32_RTIT_CTL.FUPonPTW).
+      ``ips[p]`` when ``fup_on_ptw`` (IA32_RTIT_CTL.FUPonPTW);
+    * ``anchors``: ``p``: the code changes before ``ips[p]`` (a new code
+      revision begins there): the branch outcomes before it go out in a TNT
+      of their own at ``ips[p - 1]``'s time, and a TSC (with TMA) follows
+      with ``ips[p]``'s, so a decoder reading code revisions by time puts
+      the change between the two (with ``tsc``; where tracing resumes at
+      ``p``, the TSC comes before the TIP.PGE).
 
     Timing (all optional): ``tsc`` is the TSC at the first instruction (None:
     no timing packets); ``mtc_freq`` (0-15) adds TMA in PSB+ and MTC packets;
@@ -635,6 +683,11 @@ def encode_path(
         ev_kind[p] = EV_INTERRUPT
         ev_ip[p] = source
 
+    anchor = np.zeros(n + 1, np.bool_)
+    for p in anchors:
+        if not 0 <= p < n:
+            raise ValueError(f"anchor at {p}: not a position in the path")
+        anchor[p] = p > 0
     ptw_size = np.zeros(n, np.int8)
     ptw_value = np.zeros(n, np.uint64)
     for p, payload, size in ptwrites:
@@ -687,7 +740,7 @@ def encode_path(
         rows, err, pos = encode_kernel(
             (ips, uid),
             (u_cls, u_fall, u_target, u_push),
-            (traced, ev_kind, ev_ip, ptw_size, ptw_value, fup_on_ptw),
+            (traced, ev_kind, ev_ip, ptw_size, ptw_value, fup_on_ptw, anchor),
             np.uint64(end_ip or 0),
             have_end,
             cost,
@@ -725,4 +778,4 @@ def encode_path(
     )
 
 
-__all__ = ["EncodedTrace", "encode_path"]
+__all__ = ["EncodedTrace", "encode_path", "trace_points"]

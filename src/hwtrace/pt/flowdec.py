@@ -486,11 +486,14 @@ class FlowDecoder:
         """Where in a window of packets the code revisions' epoch changes
         (-1: nowhere) and the epoch its flow starts in.
 
-        The instructions walked after a flow packet (a TNT, TIP or FUP) ran
-        before the next one was written, so they run in the epoch of that
-        next packet's time.  The window ends at the first flow packet whose
-        successor is in another epoch (at the PSB of a PSB+ it lies in):
-        the decoder fetches it in the next window, with that epoch's code.
+        A flow packet (a TNT, TIP or FUP) is written when its last branch
+        runs: the instructions walked after the packet before it, up to
+        its last branch, ran before its time, after that packet's.  They
+        run in the epoch of its time (FlowJIT: a revision is valid from its
+        first execution, so code first run among them is in force).  The
+        window ends at the first flow packet in another epoch (at the PSB
+        of a PSB+ it lies in): the decoder takes every branch outcome before
+        it, then fetches it in the next window, with that epoch's code.
         """
         kind = table.kind
         flow = np.flatnonzero(np.isin(kind, _FLOW_KINDS))
@@ -498,10 +501,7 @@ class FlowDecoder:
         bounds = store.boundaries()
         if flow.shape[0] == 0:
             return -1, int(np.searchsorted(bounds, t[-1], side="right"))
-        after = np.empty(flow.shape[0], np.int64)
-        after[:-1] = t[flow[1:]]
-        after[-1] = t[-1]
-        epochs = np.searchsorted(bounds, after, side="right")
+        epochs = np.searchsorted(bounds, t[flow], side="right")
         change = np.flatnonzero(epochs != epochs[0])
         if change.shape[0] == 0:
             return -1, int(epochs[0])

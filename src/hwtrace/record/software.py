@@ -38,7 +38,7 @@ fields.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import iced_x86 as iced
@@ -50,12 +50,13 @@ from ..image.revisions import CodeRevisions
 from ..isa.x86 import IClass, InsnCache
 from ..perf.sideband import TscConversion, cache_vdso, elf_build_id
 from ..pt.config import PtConfig
-from ..pt.encode import EncodedTrace, encode_path
+from ..pt.encode import EncodedTrace, encode_path, trace_points
 from .stepper import (
     END_EXIT,
     END_LIMIT,
     END_SIGNAL,
     END_STOPPED,
+    ProcessImage,
     RecordError,
     Segment,
     StepLog,
@@ -205,24 +206,7 @@ class SoftwareRecording:
             index = self.threads[0].image if self.threads else 0
         mmaps = self.image_mmaps[index] if self.image_mmaps else self.mmaps
         maps = self.steps.images[index].maps if self.steps is not None else self.log.maps
-        image = Image(self.comm)
-        seen = set()
-        for m in mmaps:
-            if "x" not in m.prot or not m.path.startswith("/") or m.path in seen:
-                continue
-            seen.add(m.path)
-            try:
-                elf = read_elf(m.path)
-            except ImageError:
-                continue
-            bias = load_bias(maps, m.path, elf.min_vaddr)
-            if bias is not None:
-                image.add_elf(m.path, elf.min_vaddr + bias)
-        vdso = self.vdso_file(index)
-        for m in mmaps:
-            if m.path == "[vdso]" and vdso is not None:
-                image.add_elf(vdso, m.start)
-        return image
+        return _files_image(self.comm, mmaps, maps, self.vdso_file(index))
 
     def code_revisions(self, index: int | None = None) -> CodeRevisions:
         """The code process image ``index`` (default: the first traced
@@ -257,11 +241,37 @@ class SoftwareRecording:
         :func:`hwtrace.perf.sideband.cache_vdso`), or None without one."""
         if self.steps is None:
             return None
-        img = self.steps.images[index if index is not None else 0]
-        bid = elf_build_id(img.vdso) if img.vdso else None
-        if bid is None:
-            return None
-        return cache_vdso(img.vdso, bid, directory)
+        return _vdso_file(self.steps.images[index if index is not None else 0], directory)
+
+
+def _vdso_file(img: ProcessImage, directory: Path | None = None) -> Path | None:
+    bid = elf_build_id(img.vdso) if img.vdso else None
+    if bid is None:
+        return None
+    return cache_vdso(img.vdso, bid, directory)
+
+
+def _files_image(comm: str, mmaps: list[MmapRecord], maps: list[Mapping],
+                 vdso: Path | None) -> Image:  # fmt: skip
+    """The ELF files mapped executable (``mmaps``), at their load addresses
+    (from ``maps``), and the vDSO's file."""
+    image = Image(comm)
+    seen = set()
+    for m in mmaps:
+        if "x" not in m.prot or not m.path.startswith("/") or m.path in seen:
+            continue
+        seen.add(m.path)
+        try:
+            elf = read_elf(m.path)
+        except ImageError:
+            continue
+        bias = load_bias(maps, m.path, elf.min_vaddr)
+        if bias is not None:
+            image.add_elf(m.path, elf.min_vaddr + bias)
+    for m in mmaps:
+        if m.path == "[vdso]" and vdso is not None:
+            image.add_elf(vdso, m.start)
+    return image
 
 
 def _files_hold(files: Image, address: int, data: bytes) -> bool:
@@ -276,6 +286,84 @@ def _files_hold(files: Image, address: int, data: bytes) -> bool:
         if files.read_span(lo, hi - lo) != data[lo - address : hi - address]:
             return False
     return seen
+
+
+# -- where code revisions begin -----------------------------------------------------
+
+
+def place_revisions(steps: StepRecording, files: Sequence[Image]) -> list[list[int]]:
+    """Move each code revision's time (a page first run with bytes no file
+    holds, a page rewritten later: ``steps.images[k]``'s captures and
+    changes, ``files[k]`` its files) back to just after the last instruction
+    before its first run that took something from the trace (a conditional
+    branch, an indirect branch, a return), where a decoder can switch code:
+    halfway between that instruction's time and the next's.  The
+    instructions in between ran bytes the two revisions share (else the
+    time stays), so the flow is the same in either.  :func:`encode_log`
+    puts a time anchor there, and a decoder then switches code exactly
+    where it changed, whatever the timing packets.  Returns the times at
+    which revisions begin, per process image."""
+    begins: list[list[int]] = []
+    for index, img in enumerate(steps.images):
+        logs = {log.tid: log for log in steps.logs if log.image == index}
+        placer = _Placer(logs)
+        times = []
+        for address, cap in list(img.captures.items()):
+            if not _files_hold(files[index], address, img.code[address]):
+                img.captures[address] = replace(cap, time=placer.time(cap.tid, cap.time))
+                times.append(img.captures[address].time)
+        pages = dict(img.code)
+        for k, c in enumerate(img.changes):
+            old = pages.get(c.address, b"")
+            pages[c.address] = c.data
+            img.changes[k] = replace(c, time=placer.time(c.tid, c.time, c.address, old, c.data))
+            times.append(img.changes[k].time)
+        begins.append(times)
+    return begins
+
+
+class _Placer:
+    """Where in its thread's log a revision can begin (see place_revisions)."""
+
+    def __init__(self, logs: dict[int, StepLog]) -> None:
+        self.logs = logs
+        self._points: dict[int, tuple[np.ndarray, InsnCache]] = {}
+
+    def _of(self, log: StepLog) -> tuple[np.ndarray, InsnCache]:
+        got = self._points.get(log.tid)
+        if got is None:
+            versions, readers = log.code_versions()
+            points = trace_points(log.ips, readers, versions)
+            got = self._points[log.tid] = (points, InsnCache(log.read_code))
+        return got
+
+    def time(self, tid: int, time: int, address: int = 0, old: bytes = b"",
+             new: bytes = b"") -> int:  # fmt: skip
+        log = self.logs.get(tid)
+        if log is None or not log.times.shape[0]:
+            return time
+        times = log.times
+        i = int(np.searchsorted(times, np.uint64(time), side="left"))
+        if i >= times.shape[0] or int(times[i]) != time:
+            return time
+        seg = next((g for g in log.segments if g.start <= i < g.end), None)
+        if seg is None or i == seg.start:
+            return time
+        points, cache = self._of(log)
+        before = np.flatnonzero(points[seg.start : i])
+        r = seg.start + int(before[-1]) + 1 if before.shape[0] else seg.start
+        for row in range(r, i):
+            ip = int(log.ips[row])
+            if not address <= ip < address + len(old):
+                continue
+            insn = cache.get(ip, 64)
+            size = 1 if isinstance(insn, int) else insn.size
+            lo, hi = ip - address, min(ip - address + size, len(old))
+            if old[lo:hi] != new[lo:hi]:
+                return time  # it ran other bytes there: no earlier place is right
+        if r == seg.start:
+            return int(times[r])
+        return (int(times[r - 1]) + int(times[r]) + 1) // 2
 
 
 # -- sideband ----------------------------------------------------------------------
@@ -427,9 +515,13 @@ def encode_log(
     noretcomp: bool = False,
     ctc_ratio: int = 2,
     cbr: int = 8,
+    revision_times: Sequence[int] = (),
 ) -> tuple[EncodedTrace, np.ndarray, np.ndarray]:
     """The Intel PT of a stepped log; also the instructions it describes and
-    their times.  Options as :func:`record_software`."""
+    their times.  Options as :func:`record_software`; ``revision_times``:
+    where code revisions begin (stepping clock), each marked in the trace
+    by a time anchor before the first instruction at or after it
+    (:func:`~hwtrace.pt.encode.encode_path`'s ``anchors``)."""
     if not log.segments:
         raise NothingTraced("nothing was traced: the process never ran inside the ranges")
     cache = InsnCache(log.read_code)
@@ -457,8 +549,12 @@ def encode_log(
     interrupts: list[tuple[int, int]] = []
     ptw_rows = np.array([r for r, _, _ in log.ptwrites], np.int64)
     ptwrites: list[tuple[int, int, int]] = []
+    begin = np.unique(np.searchsorted(log.times, np.array(revision_times, np.uint64)))
+    anchors: list[int] = []
     pos = 0
     for k, (seg, keep) in enumerate(stretches):
+        inside = begin[(begin >= keep[0]) & (begin <= keep[-1])]
+        anchors += (pos + np.searchsorted(keep, inside)).tolist()
         if ptw_rows.shape[0]:
             j = np.searchsorted(keep, ptw_rows)
             hit = (j < keep.shape[0]) & (keep[np.minimum(j, keep.shape[0] - 1)] == ptw_rows)
@@ -521,6 +617,7 @@ def encode_log(
             cbr=cbr,
             cycles=np.concatenate(cost),
             ptwrites=ptwrites,
+            anchors=anchors,
         )
     except ValueError as exc:
         raise RecordError(f"cannot encode the stepped path as Intel PT: {exc}") from None
@@ -598,11 +695,18 @@ def record_software(
         "ctc_ratio": ctc_ratio,
         "cbr": cbr,
     }
+    build_ids: dict[str, bytes | None] = {}
+    image_mmaps = [_mmaps(img.maps, build_ids, img.vdso) for img in steps.images]
+    files = [
+        _files_image(img.comm, image_mmaps[k], img.maps, _vdso_file(img))
+        for k, img in enumerate(steps.images)
+    ]
+    begins = place_revisions(steps, files)
     threads: list[ThreadTrace] = []
     nothing: NothingTraced | None = None
     for log in steps.logs:
         try:
-            enc, insns, times = encode_log(log, **options)
+            enc, insns, times = encode_log(log, revision_times=begins[log.image], **options)
         except NothingTraced as exc:
             nothing = nothing or exc
             continue
@@ -628,8 +732,6 @@ def record_software(
         # PTWRITE carried out by the stepper: PTW packets with FUPs.
         "ptw": any(t.log.ptwrites for t in threads),
     }
-    build_ids: dict[str, bytes | None] = {}
-    image_mmaps = [_mmaps(img.maps, build_ids, img.vdso) for img in steps.images]
     first = threads[0]
     main = steps.images[0]
     return SoftwareRecording(
