@@ -21,7 +21,7 @@ import pytest
 
 from hwtrace.image import Image, Section
 from hwtrace.image.revisions import CodeRevisions
-from hwtrace.pt.decode import decode_trace
+from hwtrace.pt.decode import AmbiguousRevision, UnplacedRevision, decode_trace
 from hwtrace.pt.encode import encode_path
 
 STATIC = 0x400000
@@ -149,6 +149,12 @@ def test_no_time_stamps_read_the_latest_code(files):
     flow = decode_trace(enc.data, files, enc.config, revisions=store)
     got = flow.instructions().tolist()
     assert got.count(0x400030) == 2 and 0x500000 in got
+    # Not silently: the key's jmp replaced a NOP the trace cannot tell
+    # from it; the JIT code replaced nothing.
+    (unplaced,) = flow.ambiguous
+    assert isinstance(unplaced, UnplacedRevision)
+    assert (unplaced.address, unplaced.ips) == (0x400020, (0x400020,))
+    assert "cannot be placed" in str(unplaced)
 
 
 @pytest.mark.parametrize("timing", TIMINGS.values(), ids=TIMINGS.keys())
@@ -167,7 +173,7 @@ def test_a_revision_timed_late_is_tried_earlier_inside_its_window(files, timing)
     assert len(narrow.gaps) == 1 and not narrow.ambiguous
     flow = decode_trace(enc.data, files, enc.config, revisions=store, revision_window=8000)
     assert not flow.gaps and np.array_equal(flow.instructions(), enc.expected)
-    (amb,) = flow.ambiguous
+    (amb,) = [a for a in flow.ambiguous if isinstance(a, AmbiguousRevision)]
     assert (amb.address, amb.valid_from, amb.source) == (JIT, jit_time + 5000, "text_poke")
     assert amb.used_from == late.gaps[0].time < jit_time + 5000
     assert amb.offset == late.gaps[0].offset and "earlier" in str(amb)
@@ -387,9 +393,10 @@ def test_recorded_jit_through_perf_data(recorded, tmp_path):
     path = tmp_path / "jit.data"
     write_perf_data(recorded, path, buildid_cache=False)
     flow = decode_perf(PerfData(str(path)))
-    assert not flow.problems and flow.n_gaps == 0
+    assert not flow.problems and flow.n_gaps == 0 and not flow.queues[0].flow.ambiguous
     assert np.array_equal(flow.queues[0].flow.instructions(), recorded.instructions)
     out = _script(path)
+    assert not out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == recorded.instructions.shape[0]
     # xor, then per iteration inc, cmp, je (and jmp but the last), ret
@@ -473,11 +480,50 @@ def test_a_late_revision_in_perf_data_is_tried_earlier(recorded, tmp_path):
                           r.cpu, r.ip) for k, r in enumerate(revisions)]  # fmt: skip
     add_code_revisions(path, CaptureResult(recorded.pid, changes, {}, 0))
     late = decode_perf(PerfData(str(path)))
-    assert late.queues[0].flow.gaps and not late.queues[0].flow.ambiguous
+    retimed = [a for a in late.queues[0].flow.ambiguous if isinstance(a, AmbiguousRevision)]
+    assert late.queues[0].flow.gaps and not retimed
     flow = decode_perf(PerfData(str(path)), revision_window=2 * step).queues[0].flow
     assert not flow.gaps and np.array_equal(flow.instructions(), recorded.instructions)
-    (amb,) = flow.ambiguous
+    (amb,) = [a for a in flow.ambiguous if isinstance(a, AmbiguousRevision)]
     assert amb.address == jit and amb.used_from < amb.valid_from
+
+
+def test_without_mtc_jit_code_decodes_and_script_reports_gaps(tmp_path):
+    """TSC only in PSB+ (``record --no-mtc``): the JIT code's first run
+    and each rewrite still begin where the recorder placed them, so the
+    flow is the stepped one; without its revisions the perf.data decodes
+    with a gap at the JIT entry, which ``script`` reports on stderr as
+    ``report`` does."""
+    from test_record_software import SKIP, compile_program
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    from hwtrace.perf.data import PerfData
+    from hwtrace.perf.records import RecordType
+    from hwtrace.perf.rewrite import write_subset
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.software import record_software
+
+    exe = compile_program(PROGRAM, "flowjit", ("-O1", "-g0", "-fno-pie", "-no-pie"))
+    rec = record_software([str(exe)], calls=["run_jit", "foo"], mtc_period=None)
+    Path(f"/tmp/perf-{rec.pid}.map").unlink(missing_ok=True)
+    flow = decode_trace(rec.data, rec.image(), rec.config, revisions=rec.code_revisions())
+    assert not flow.gaps and not flow.ambiguous
+    assert np.array_equal(flow.instructions(), rec.instructions)
+    full, bare = tmp_path / "full.data", tmp_path / "bare.data"
+    write_perf_data(rec, full, buildid_cache=False)
+    out = _script(full)
+    assert len(out.stdout.splitlines()) == rec.instructions.shape[0] and not out.stderr
+    data = PerfData(str(full))
+    write_subset(data, bare, data.where(RecordType.TEXT_POKE))
+    out = _script(bare)
+    report = subprocess.run(
+        [sys.executable, "-m", "hwtrace.cli.main", "report", "-i", str(bare)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    gaps = [line.split("gap ", 1)[1] for line in report.stdout.splitlines() if "gap at" in line]
+    said = [line.split("gap ", 1)[1] for line in out.stderr.splitlines() if "gap at" in line]
+    assert gaps and said == gaps and "no memory mapped" in said[0]
 
 
 # -- code rewritten inside one call: a loop patching its own jmp --------------------------
@@ -560,8 +606,39 @@ def test_code_rewritten_inside_one_call_decodes_exactly(self_patch, timing, tmp_
     path = tmp_path / "selfpatch.data"
     write_perf_data(rec, path, buildid_cache=False)
     perf = decode_perf(PerfData(str(path)))
-    assert not perf.problems and perf.n_gaps == 0
+    assert not perf.problems and perf.n_gaps == 0 and not perf.queues[0].flow.ambiguous
     assert np.array_equal(perf.queues[0].flow.instructions(), rec.instructions)
+
+
+def test_code_rewritten_where_the_trace_cannot_place_it_is_reported(self_patch, tmp_path):
+    """Never silently wrong: without time stamps the latest code is read,
+    and every rewrite of the jmp is reported with the jmp's address; with
+    them, revisions of a source that does not time them at a trace point
+    (a capture agent's) are reported too, the decode being right only if
+    each began after the branch before the jmp.  ``script`` says so on
+    stderr."""
+    from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.record.software import record_software
+
+    untimed = record_software([str(self_patch)], calls=["work"], tsc=False, mtc_period=None)
+    jmp = int(untimed.instructions[0]) + 0x18
+    flow = decode_trace(untimed.data, untimed.image(), untimed.config,
+                        revisions=untimed.code_revisions())  # fmt: skip
+    assert not np.array_equal(flow.instructions(), untimed.instructions)
+    assert len(flow.ambiguous) == 20
+    assert all(isinstance(u, UnplacedRevision) and u.ips == (jmp,) for u in flow.ambiguous)
+    path = tmp_path / "untimed.data"
+    write_perf_data(untimed, path, buildid_cache=False)
+    said = [line for line in _script(path).stderr.splitlines() if "cannot be placed" in line]
+    assert len(said) == 20 and all(f"at {jmp:#x}" in line for line in said)
+
+    timed = record_software([str(self_patch)], calls=["work"])
+    captured = CodeRevisions()
+    for r in timed.code_revisions().revisions:
+        captured.add(r.address, r.data, r.valid_from, "capture")
+    flow = decode_trace(timed.data, timed.image(), timed.config, revisions=captured)
+    assert np.array_equal(flow.instructions(), timed.instructions)
+    assert len(flow.ambiguous) == 20 and {u.ips for u in flow.ambiguous} == {(jmp,)}
 
 
 # -- a kernel BPF program's JIT image ---------------------------------------------------
@@ -915,7 +992,8 @@ def test_cpython_jitdump_joins_the_revisions(tmp_path):
         assert flow.n_gaps == 0 and not flow.problems, flow.problems
         assert np.array_equal(flow.queues[0].flow.instructions(), rec.instructions)
         store = flow.sideband.code_revisions(rec.pid, None)
-        assert {r.source for r in store.revisions} == {"jitdump", "text_poke"}
+        # The recorder timed its own at trace points (noted beside the file).
+        assert {r.source for r in store.revisions} == {"jitdump", "stepper"}
         assert not store.conflicts
         lines = _script(path).stdout.splitlines()
         assert any("py::f:" in line and f"(/tmp/jit-{proc.pid}.dump)" in line for line in lines)

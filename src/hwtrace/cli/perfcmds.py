@@ -632,6 +632,11 @@ def script_main(argv: Sequence[str]) -> int:
         out.flush()
         for problem in flow.problems:
             sys.stderr.write(f"hwtrace script: warning: {problem}\n")
+        # What report shows as gaps: the listing has nothing there.
+        for q in flow.queues:
+            for g in q.gaps:
+                sys.stderr.write(f"hwtrace script: gap at trace offset {g.offset:#x}, "
+                                 f"ip {g.ip:#x}: {g.reason}\n")  # fmt: skip
     except BrokenPipeError:
         return 0
     return 0

@@ -32,7 +32,15 @@ import numpy as np
 from . import Image
 from .sections import ANY, Asid, Section
 
-__all__ = ["CodeRevisions", "Conflict", "Revision", "revision_of_section"]
+__all__ = ["EXACT_SOURCES", "CodeRevisions", "Conflict", "Revision", "revision_of_section"]
+
+# Sources that time a revision where the trace can switch code: just after
+# the flow packet of the last branch before the new bytes first ran (the
+# software recorder, which steps every instruction, see
+# hwtrace.record.software.place_revisions).  A decoder with time stamps
+# switches code exactly there; any other revision may begin anywhere
+# between two flow packets.
+EXACT_SOURCES = ("stepper",)
 
 # Sections an overlay adds are named after their revision (see
 # revision_of_section).
@@ -237,6 +245,37 @@ class CodeRevisions:
         image.revision_base = base  # type: ignore[attr-defined]
         self._overlays[key] = image
         return image
+
+    def rewrites(self, base: Image | None) -> dict[int, bytes]:
+        """Per revision (by id) that replaced other code: the bytes in
+        force over its range just before it began (``base``'s, or an
+        earlier revision's; cut where none are).  A revision of code that
+        was not there before (a JIT's new code) is no rewrite: nothing else
+        can have run at its addresses."""
+        key = id(base)
+        cached = getattr(self, "_rewrites", None)
+        if cached is not None and cached[0] == (key, len(self.revisions)):
+            return cached[1]
+        out: dict[int, bytes] = {}
+        for r in self.revisions:
+            before = self.overlay(base, self.epoch(r.valid_from - 1))
+            old = before.read_span(r.address, len(r.data), r.asid)
+            if old and old != r.data[: len(old)]:
+                out[r.id] = old
+        self._rewrites = ((key, len(self.revisions)), out)
+        return out
+
+    def between(self, first: int, last: int) -> list[Revision]:
+        """The revisions that begin after epoch ``first`` and by epoch
+        ``last`` (see :meth:`epoch`)."""
+        bounds = self.boundaries()
+        lo = int(bounds[first - 1]) if first > 0 else None
+        hi = int(bounds[min(last, bounds.shape[0]) - 1]) if last > 0 else None
+        if hi is None:
+            return []
+        return [
+            r for r in self.revisions if (lo is None or r.valid_from > lo) and r.valid_from <= hi
+        ]
 
     def around(
         self, address: int, time: int, *, asid: Asid = ANY

@@ -130,11 +130,15 @@ def note_recording(
     calls: Sequence[str] = (),
     clock: str | None = None,
     clock_error_ns: int = 0,
+    revisions: str | None = None,
 ) -> None:
     """Keep beside a recording what its perf.data cannot say: the functions
-    its calls are to be cut to (hardware ``--call``) and the clock its perf
+    its calls are to be cut to (hardware ``--call``), the clock its perf
     times are on (``CLOCK_MONOTONIC`` for the software backend, with how
-    far off they may be), which places events of other tracers on it."""
+    far off they may be), which places events of other tracers on it, and
+    the source of its user code revisions (``revisions="stepper"``: the
+    software backend timed them at trace points, see
+    :data:`hwtrace.image.revisions.EXACT_SOURCES`)."""
     import json
 
     st = os.stat(perf_data)
@@ -144,6 +148,8 @@ def note_recording(
     if clock is not None:
         meta["clock"] = clock
         meta["clock_error_ns"] = int(clock_error_ns)
+    if revisions is not None:
+        meta["revisions"] = revisions
     sidecar_path(perf_data).write_text(json.dumps(meta) + "\n")
 
 

@@ -278,6 +278,9 @@ def _placement(
     return found, elf, m.start - (seg.vaddr + (m.pgoff - seg.offset))
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 @dataclass(frozen=True)
 class CodeRevision:
     """Code that changed at run time: a KSYMBOL (register/unregister), a
@@ -308,6 +311,9 @@ class Sideband:
         self.exits: dict[int, int] = {}
         self.kernel_mappings: list[Mapping] = []
         self.revisions: list[CodeRevision] = []
+        # The source TEXT_POKE records of user code stand for (a recorder
+        # that notes it may time them exactly, see hwtrace.perf.calls).
+        self.user_poke_source = "text_poke"
         self._stores: dict[tuple[int, int], CodeRevisions | None] = {}
         # Each process's jitdump files read so far, by path (add_jitdump_code).
         self.jitdumps: dict[int, dict[str, JitDump]] = {}
@@ -371,6 +377,13 @@ class Sideband:
         tids.append(tid)
         self._switch_arrays.pop(cpu, None)
 
+    def set_user_poke_source(self, source: str) -> None:
+        """Take TEXT_POKE records of user code as revisions of ``source``
+        (see :data:`hwtrace.image.revisions.EXACT_SOURCES`)."""
+        if source != self.user_poke_source:
+            self.user_poke_source = source
+            self._stores.clear()
+
     def add_revision(self, revision: CodeRevision) -> None:
         self.revisions.append(revision)
         self._stores.clear()
@@ -388,9 +401,14 @@ class Sideband:
                     continue
                 if r.pid not in (-1, pid):
                     continue
-                t = int(conv.to_tsc(r.time)) if conv is not None else r.time
-                store.add(r.address, r.new, t, "bpf" if r.kind == "bpf_image" else r.kind,
-                          name=r.name)  # fmt: skip
+                # A record without a time (a file recorded without them)
+                # is no time in TSC either.
+                t = int(conv.to_tsc(r.time)) if conv is not None and r.time > 0 else r.time
+                t = min(t, _INT64_MAX)
+                source = "bpf" if r.kind == "bpf_image" else r.kind
+                if r.kind == "text_poke" and r.pid != -1:
+                    source = self.user_poke_source
+                store.add(r.address, r.new, t, source, name=r.name)
             self._stores[key] = store if len(store) else None
         return self._stores[key]
 

@@ -41,7 +41,7 @@ import numpy as np
 from ..analysis.code import CodeIndex
 from ..image import Image
 from ..image.perfsyms import perf_symbols
-from ..image.revisions import CodeRevisions
+from ..image.revisions import EXACT_SOURCES, CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
 from ..pt import _flowkernel as FK
@@ -260,6 +260,11 @@ def setup_decoding(
     decoder configuration, the kernel code and the queues."""
     locator = locator or BinaryLocator()
     sb = sideband if sideband is not None else sideband_of(data)
+    from .calls import recording_notes  # (calls reads this module's flow)
+
+    source = recording_notes(data.path).get("revisions") if data.path else None
+    if source in EXACT_SOURCES:
+        sb.set_user_poke_source(source)
     pt = data.intel_pt
     problems: list[str] = [str(e) for e in data.errors]
     if pt is None:
@@ -1018,6 +1023,8 @@ def stream_perf(
                 dec.decode(trace, sink, s, e)
             sink.finish()
             q.clock = None
+        # Code the trace could not tell from the code it replaced.
+        problems += [f"queue {index} (tid {tid}): {u}" for u in dec.unplaced]
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfStream(infos, sb, conv, problems)
 

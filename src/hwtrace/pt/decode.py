@@ -34,7 +34,14 @@ from .config import PtConfig
 from .errors import errstr
 from .events import Event, EventOptions
 from .flow import AddrFilter, BlockFlags
-from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSink, event_object
+from .flowdec import (
+    FlowBatch,
+    FlowDecoder,
+    FlowOptions,
+    FlowSink,
+    UnplacedRevision,
+    event_object,
+)
 from .packets import as_buffer, map_file
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
@@ -136,8 +143,9 @@ class FlowResult:
         self.event_offset: np.ndarray = np.zeros(0, np.int64)
         self.event_block: np.ndarray = np.zeros(0, np.int64)
         # Revisions the decode took to begin elsewhere than their sources
-        # said (see decode_trace's revision_window).
-        self.ambiguous: list[AmbiguousRevision] = []
+        # said (see decode_trace's revision_window), and revisions the
+        # trace could not place among the instructions decoded from them.
+        self.ambiguous: list[AmbiguousRevision | UnplacedRevision] = []
 
     def _column(self, name: str) -> np.ndarray | None:
         if name not in self._dense:
@@ -454,6 +462,9 @@ def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowRe
     res.event_offset = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
     res.event_block = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
     res.gaps = [g for c in collectors for g in c.gaps]
+    for d in decoders:
+        res.ambiguous += d.unplaced
+        d.unplaced = []  # reported once (iter_flow reuses its decoder)
     return res
 
 
@@ -630,7 +641,14 @@ def decode_trace(
     is tried again with the neighbouring revision (the revision taken to
     begin just after the failure, or just before it); a trial with fewer
     gaps (or as many, and more instructions) is kept, and the revision is
-    reported in :attr:`FlowResult.ambiguous`."""
+    reported in :attr:`FlowResult.ambiguous`.
+
+    Where the trace cannot tell whether instructions ran a revision's bytes
+    or the bytes it replaced (no time stamps there; a revision not timed at
+    a trace point that began between two flow packets), the decode reads
+    the revision's and reports it as an
+    :class:`~hwtrace.pt.flowdec.UnplacedRevision` in
+    :attr:`FlowResult.ambiguous`, with the addresses concerned."""
     result = _decode_trace(data, image, config, options, jobs, chunk_bytes, keep_blocks,
                            context, job_bytes, revisions)  # fmt: skip
     if revision_window > 0 and revisions is not None and result.gaps:
@@ -719,7 +737,7 @@ def _neighbouring_revisions(
                     break
             if progress:
                 break
-    result.ambiguous = ambiguous
+    result.ambiguous = [*result.ambiguous, *ambiguous]
     return result
 
 
@@ -785,6 +803,7 @@ __all__ = [
     "FlowResult",
     "Gap",
     "Symbolized",
+    "UnplacedRevision",
     "chunk_ranges",
     "decode_trace",
     "iter_flow",

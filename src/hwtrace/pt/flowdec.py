@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..image.revisions import CodeRevisions
+from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowkernel as K
 from ._kernels import sync_forward as _sync_forward_kernel
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
@@ -191,6 +191,30 @@ def event_object(row: np.ndarray) -> Event:
     return ev
 
 
+@dataclass(frozen=True, slots=True)
+class UnplacedRevision:
+    """A revision of code that ran whose start the trace cannot place
+    among the instructions decoded near trace ``offset`` (no time stamps
+    there, or it began between two flow packets): the instructions at
+    ``ips`` were decoded from its bytes, but may have run the bytes it
+    replaced."""
+
+    address: int
+    size: int
+    valid_from: int
+    offset: int
+    source: str
+    ips: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"code revision at {self.address:#x} ({self.source}, from time {self.valid_from}) "
+            f"cannot be placed in the flow near trace offset {self.offset:#x}: "
+            f"{len(self.ips)} instruction(s) decoded from it (at {self.ips[0]:#x}"
+            f"{', …' if len(self.ips) > 1 else ''}) may have run the bytes it replaced"
+        )
+
+
 @dataclass
 class _Window:
     """Packets of one stretch of a segment, and the time model's state at
@@ -205,6 +229,9 @@ class _Window:
     start_state: np.ndarray
     limit_state: np.ndarray
     epoch: int | None = None
+    # Revisions whose place among the instructions decoded from the window's
+    # start (its first flow packet's; all of it without time) is not known.
+    unplaced: list[Revision] = field(default_factory=list)
 
 
 # Packets that say where the flow goes; a change of code revisions takes
@@ -213,6 +240,16 @@ _FLOW_KINDS = np.array(
     [Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.FUP], np.uint8
 )
 _NO_TIME = np.iinfo(np.int64).max
+
+
+def _before_psb(kind: np.ndarray, at: int) -> int:
+    """Packet ``at``, or the PSB of the PSB+ it lies in: a window ends there."""
+    psb = np.flatnonzero(kind[: at + 1] == Kind.PSB)
+    if psb.shape[0]:
+        p = int(psb[-1])
+        if not (kind[p:at] == Kind.PSBEND).any():
+            return p
+    return at
 
 
 class FlowDecoder:
@@ -259,6 +296,9 @@ class FlowDecoder:
         self.revisions = revisions
         self._base = image  # the image without code revisions
         self._epoch = 0
+        # Revisions whose place the trace could not tell (see _check_watch).
+        self.unplaced: list[UnplacedRevision] = []
+        self._watch: tuple | None = None
         self.image = image
         self.table = self._table_for(image)
         self.state = K.new_state()
@@ -359,12 +399,48 @@ class FlowDecoder:
 
     def _enter(self, win: _Window) -> None:
         """Decode ``win`` in its code revisions' epoch."""
-        if win.epoch is None or win.epoch == self._epoch:
+        if win.epoch is not None and win.epoch != self._epoch:
+            self._epoch = win.epoch
+            code = self._code_of(self._base, win.epoch)
+            if code is not self.image:
+                self._change_code(lambda: self.use_table(self._table_for(code)))
+        if win.unplaced:
+            self._check_watch()
+            offset = int(win.packets[4][0]) if len(win.packets[4]) else win.start
+            self._watch = (self.table, self.table.n_insns, win.unplaced, offset)
+
+    def _check_watch(self) -> None:
+        """The instructions decoded since the watch began, in code whose
+        revision the trace could not place: those whose bytes differ from
+        the bytes the revision replaced make it an :class:`UnplacedRevision`."""
+        if self._watch is None:
             return
-        self._epoch = win.epoch
-        code = self._code_of(self._base, win.epoch)
-        if code is not self.image:
-            self._change_code(lambda: self.use_table(self._table_for(code)))
+        table, first, revisions, offset = self._watch
+        self._watch = None
+        store = self._store(self._base)
+        last = table.n_insns
+        if store is None or last <= first:
+            return
+        rewrites = store.rewrites(self._base)
+        rows = np.arange(first, last)
+        rows = rows[(table.i_adopted[first:last] == 0) & (table.i_err[first:last] == 0)]
+        ips, sizes = table.i_ip[rows], table.i_size[rows].astype(np.int64)
+        for r in revisions:
+            old = rewrites.get(r.id)
+            if old is None:
+                continue
+            # Bytes that differ, counted up to each offset: an instruction
+            # differs where the count grows over its bytes.
+            differ = np.frombuffer(old, np.uint8) != np.frombuffer(r.data, np.uint8, len(old))
+            count = np.concatenate([[0], np.cumsum(differ)])
+            lo = ips.astype(np.int64) - r.address
+            inside = (lo >= 0) & (lo < len(old))
+            lo, hi = lo[inside], np.minimum(lo[inside] + sizes[inside], len(old))
+            hit = np.sort(ips[inside][count[hi] > count[lo]])
+            if hit.shape[0]:
+                self.unplaced.append(UnplacedRevision(
+                    r.address, len(r.data), r.valid_from, offset, r.source,
+                    tuple(hit.tolist())))  # fmt: skip
 
     def _held(self) -> list[tuple[int, dict]]:
         """The instructions the decoder holds (the one whose event is
@@ -414,11 +490,20 @@ class FlowDecoder:
         psb = int(_sync_forward_kernel(buf, after, 0, end)) if after < end else -1
         return end if psb < 0 else psb_plus_end(buf, psb, end)
 
-    def _open(self, buf: np.ndarray, ws: int, end: int, tstate: np.ndarray, grow: int = -1):
+    def _open(
+        self,
+        buf: np.ndarray,
+        ws: int,
+        end: int,
+        tstate: np.ndarray,
+        grow: int = -1,
+        fresh: bool = False,
+    ):
         """The window of packets from ``ws``: up to a PSB ``window_bytes``
         on (its limit, where the next window starts), and on through the
         PSB+ after that one, which is as far as decoding ahead of the
-        limit may read.  ``grow``: make it reach past that offset."""
+        limit may read.  ``grow``: make it reach past that offset;
+        ``fresh``: a segment starts there (not the last window's flow)."""
         target = ws + self.window_bytes
         limit = int(_sync_forward_kernel(buf, target, ws, end)) if target < end else -1
         if limit < 0:
@@ -446,9 +531,15 @@ class FlowDecoder:
         times, saved = self._times(table, tstate, limit_index)
         epoch = None
         exact = False
+        unplaced: list[Revision] = []
         store = self._store(self._base)
         if store is not None and n:
             cut, epoch = self._revision_cut(table, times, store)
+            unplaced, first_flow = self._unplaced(table, times, store, epoch, fresh)
+            if unplaced and first_flow > 0 and (cut < 0 or first_flow < cut):
+                # Watch the code decoded up to the first flow packet's last
+                # branch: the window ends at the next flow packet.
+                cut = first_flow
             if cut > 0 and (limit_index < 0 or cut < limit_index):
                 exact = True
                 # End the window where the code changes: the next one starts
@@ -465,7 +556,36 @@ class FlowDecoder:
             table.kind, table.a, table.b, table.c, table.offset, table.size,
             times.tsc, times.have_tsc,
         )  # fmt: skip
-        return _Window(ws, ext, limit, limit_index, pk, tstate, saved, epoch)
+        return _Window(ws, ext, limit, limit_index, pk, tstate, saved, epoch, unplaced)
+
+    def _unplaced(self, table, times, store: CodeRevisions, epoch: int, fresh: bool):
+        """The revisions a window starting in ``epoch`` cannot place, and
+        the index of its second flow packet (-1: none), where the code they
+        may have changed has been decoded.  Without time stamps, every
+        rewrite up to ``epoch`` (the latest code is read); with them, the
+        rewrites from a source that did not time them at a trace point
+        (:data:`~hwtrace.image.revisions.EXACT_SOURCES`) that began since
+        the time the window's flow follows on from (the last flow packet
+        before it, or its PSB's)."""
+        rewrites = store.rewrites(self._base)
+        if not rewrites:
+            return [], -1
+        have = times.have_tsc
+        if not have.any():
+            return [r for r in store.between(0, epoch) if r.id in rewrites], -1
+        if fresh:
+            first = int(np.searchsorted(store.boundaries(), np.int64(times.tsc[np.argmax(have)]),
+                                        side="right"))  # fmt: skip
+        else:
+            first = self._epoch
+        if epoch <= first:
+            return [], -1
+        revs = [
+            r for r in store.between(first, epoch)
+            if r.id in rewrites and r.source not in EXACT_SOURCES
+        ]  # fmt: skip
+        flow = np.flatnonzero(np.isin(table.kind, _FLOW_KINDS))
+        return revs, (_before_psb(table.kind, int(flow[1])) if flow.shape[0] > 1 else -1)
 
     def _times(self, table, tstate: np.ndarray, save_at: int):
         """The time of every packet of a window from the time model's state
@@ -505,13 +625,7 @@ class FlowDecoder:
         change = np.flatnonzero(epochs != epochs[0])
         if change.shape[0] == 0:
             return -1, int(epochs[0])
-        at = int(flow[change[0]])
-        psb = np.flatnonzero(kind[: at + 1] == Kind.PSB)
-        if psb.shape[0]:
-            p = int(psb[-1])
-            if not (kind[p:at] == Kind.PSBEND).any():
-                at = p  # inside a PSB+: change before it
-        return at, int(epochs[0])
+        return _before_psb(kind, int(flow[change[0]])), int(epochs[0])
 
     def _segment(self, buf: np.ndarray, off: int, end: int, sink: FlowSink):
         """Decode the segment starting at the PSB at ``off``: returns
@@ -523,7 +637,7 @@ class FlowDecoder:
         SI[K.DR_SYNC] = off
         SI[K.CB_LAST] = -1
         SI[K.BS_LAST] = -1
-        win = self._open(buf, off, end, new_time_state())
+        win = self._open(buf, off, end, new_time_state(), fresh=True)
         self._enter(win)
         while True:
             r = K.run(self.state, win.packets, self.cf, self.table.tuple, self.out)
@@ -541,6 +655,7 @@ class FlowDecoder:
                 # Go on in the next window, which starts at this one's limit.
                 shift = win.limit_index
                 release(buf, max(win.start - FAULT_AROUND, 0), win.limit)
+                self._check_watch()
                 win = self._open(buf, win.limit, end, win.limit_state)
                 SI[K.ES_POS] -= shift
                 self._enter(win)
@@ -550,6 +665,7 @@ class FlowDecoder:
                 self._enter(win)
             else:  # R_DONE
                 self._flush(sink)
+                self._check_watch()
                 # The last window's pages too: a trace decoded range by
                 # range would otherwise keep one window per range resident.
                 release(buf, max(win.start - FAULT_AROUND, 0), win.limit)
@@ -591,5 +707,6 @@ __all__ = [
     "FlowDecoder",
     "FlowOptions",
     "FlowSink",
+    "UnplacedRevision",
     "event_object",
 ]

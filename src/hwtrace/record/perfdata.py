@@ -207,4 +207,6 @@ def write_perf_data(
     # perf times here are CLOCK_MONOTONIC (the stepping clock converted
     # through pairs read with it), which perf.data cannot say: noted beside
     # it, so events of other tracers can be placed on the flow.
-    note_recording(path, clock="CLOCK_MONOTONIC", clock_error_ns=rec.clock_error_ns)
+    # Its TEXT_POKE records are timed where the trace can switch code.
+    note_recording(path, clock="CLOCK_MONOTONIC", clock_error_ns=rec.clock_error_ns,
+                   revisions="stepper")  # fmt: skip
