@@ -992,8 +992,10 @@ def test_cpython_jitdump_joins_the_revisions(tmp_path):
         assert flow.n_gaps == 0 and not flow.problems, flow.problems
         assert np.array_equal(flow.queues[0].flow.instructions(), rec.instructions)
         store = flow.sideband.code_revisions(rec.pid, None)
-        # The recorder timed its own at trace points (noted beside the file).
-        assert {r.source for r in store.revisions} == {"jitdump", "stepper"}
+        # The recorder's own (timed at trace points, as noted beside the
+        # file) where the stepped stretch reached other run-time code.
+        sources = {r.source for r in store.revisions}
+        assert "jitdump" in sources and sources <= {"jitdump", "stepper"}
         assert not store.conflicts
         lines = _script(path).stdout.splitlines()
         assert any("py::f:" in line and f"(/tmp/jit-{proc.pid}.dump)" in line for line in lines)

@@ -246,23 +246,38 @@ class CodeRevisions:
         self._overlays[key] = image
         return image
 
-    def rewrites(self, base: Image | None) -> dict[int, bytes]:
-        """Per revision (by id) that replaced other code: the bytes in
-        force over its range just before it began (``base``'s, or an
-        earlier revision's; cut where none are).  A revision of code that
-        was not there before (a JIT's new code) is no rewrite: nothing else
-        can have run at its addresses."""
-        key = id(base)
+    def rewrites(self, base: Image | None) -> dict[int, np.ndarray]:
+        """Per revision (by id) that replaced other code: which of its bytes
+        differ from the bytes in force there just before it (``base``'s,
+        or those of the revisions before it, in time order then in the
+        order they were added).  A revision of code that was not there
+        before (a JIT's new code) is no rewrite: nothing else can have run
+        at its addresses."""
+        key = (id(base), len(self.revisions))
         cached = getattr(self, "_rewrites", None)
-        if cached is not None and cached[0] == (key, len(self.revisions)):
+        if cached is not None and cached[0] == key:
             return cached[1]
-        out: dict[int, bytes] = {}
+        out: dict[int, np.ndarray] = {}
         for r in self.revisions:
-            before = self.overlay(base, self.epoch(r.valid_from - 1))
-            old = before.read_span(r.address, len(r.data), r.asid)
-            if old and old != r.data[: len(old)]:
-                out[r.id] = old
-        self._rewrites = ((key, len(self.revisions)), out)
+            size = len(r.data)
+            old = np.zeros(size, np.uint8)
+            known = np.zeros(size, np.bool_)
+            if base is not None:
+                got = base.read_span(r.address, size, r.asid)
+                old[: len(got)] = np.frombuffer(got, np.uint8)
+                known[: len(got)] = True
+            earlier = [o for o in self._overlapping(r.asid, r.address, r.end)
+                       if (o.valid_from, o.id) < (r.valid_from, r.id)]  # fmt: skip
+            for o in sorted(earlier, key=lambda o: (o.valid_from, o.id)):
+                lo, hi = max(o.address, r.address), min(o.end, r.end)
+                old[lo - r.address : hi - r.address] = np.frombuffer(
+                    o.data, np.uint8, hi - lo, lo - o.address
+                )
+                known[lo - r.address : hi - r.address] = True
+            differ = known & (old != np.frombuffer(r.data, np.uint8))
+            if differ.any():
+                out[r.id] = differ
+        self._rewrites = (key, out)
         return out
 
     def between(self, first: int, last: int) -> list[Revision]:

@@ -265,10 +265,13 @@ class FlowDecoder:
     then reads code as it was at the time of the flow it decodes: the
     revisions in force are laid over the image (an overlay per epoch,
     :meth:`~hwtrace.image.revisions.CodeRevisions.overlay`), and where a
-    revision begins the decoder changes code before the last packet that
-    went before it, since the instructions walked after that packet may
-    already run the new code (FlowJIT's rule: a revision is valid from its
-    first execution).  Without time stamps the latest code is used.
+    revision begins the decoder changes code right after the last flow
+    packet before its time, since the instructions walked after that
+    packet may already run the new code (FlowJIT's rule: a revision is
+    valid from its first execution).  Without time stamps the latest code
+    is used.  Revisions the trace cannot place among the instructions
+    decoded from them are reported in :attr:`unplaced`
+    (:class:`UnplacedRevision`).
     """
 
     # Packets decoded at a time: the memory a decoding needs is about 30
@@ -426,16 +429,15 @@ class FlowDecoder:
         rows = rows[(table.i_adopted[first:last] == 0) & (table.i_err[first:last] == 0)]
         ips, sizes = table.i_ip[rows], table.i_size[rows].astype(np.int64)
         for r in revisions:
-            old = rewrites.get(r.id)
-            if old is None:
+            differ = rewrites.get(r.id)
+            if differ is None:
                 continue
             # Bytes that differ, counted up to each offset: an instruction
             # differs where the count grows over its bytes.
-            differ = np.frombuffer(old, np.uint8) != np.frombuffer(r.data, np.uint8, len(old))
             count = np.concatenate([[0], np.cumsum(differ)])
             lo = ips.astype(np.int64) - r.address
-            inside = (lo >= 0) & (lo < len(old))
-            lo, hi = lo[inside], np.minimum(lo[inside] + sizes[inside], len(old))
+            inside = (lo >= 0) & (lo < differ.shape[0])
+            lo, hi = lo[inside], np.minimum(lo[inside] + sizes[inside], differ.shape[0])
             hit = np.sort(ips[inside][count[hi] > count[lo]])
             if hit.shape[0]:
                 self.unplaced.append(UnplacedRevision(
