@@ -38,6 +38,29 @@ def test_revision_in_force_at_each_time():
     assert store.differs_from(base, NOP5, 150) and not store.differs_from(base, NOP5, 250)
 
 
+def test_rewrites_name_the_bytes_that_changed():
+    """What a decoder that cannot place a revision checks: which bytes it
+    changed, against the files' and the revisions before it (in time
+    order, then in the order added, for revisions of the same time); new
+    code replaces nothing."""
+    from hwtrace.image import Image, Section
+
+    files = Image("files")
+    files.add_section(Section.from_bytes(NOP5 + b"\xc3", 0x401000, "text"))
+    store = CodeRevisions()
+    key = store.add(0x401000, JMP5 + b"\xc3", 100, "capture")
+    jit = store.add(0x500000, b"\x31\xc0\xc3", 50, "capture")
+    again = store.add(0x500000, b"\x31\xc9\xc3", 50, "text_poke")  # same time, added later
+    rewrites = store.rewrites(files)
+    assert set(rewrites) == {key.id, again.id}
+    assert rewrites[key.id].tolist() == [True, True, True, False, False, False]
+    assert rewrites[again.id].tolist() == [False, True, False]
+    assert jit.id not in store.rewrites(None) and key.id not in store.rewrites(None)
+    # Epochs: [50], [100]; the revisions after epoch 1 up to epoch 2.
+    assert store.between(1, 2) == [key] and store.between(0, 1) == [jit, again]
+    assert store.between(2, 2) == [] and store.between(0, 2) == [jit, again, key]
+
+
 def test_unchanged_bytes_are_not_a_new_revision():
     store = CodeRevisions()
     assert store.add(0x1000, b"\x90\xc3", 0, "capture") is not None

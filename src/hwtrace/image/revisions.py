@@ -284,13 +284,17 @@ class CodeRevisions:
         """The revisions that begin after epoch ``first`` and by epoch
         ``last`` (see :meth:`epoch`)."""
         bounds = self.boundaries()
-        lo = int(bounds[first - 1]) if first > 0 else None
-        hi = int(bounds[min(last, bounds.shape[0]) - 1]) if last > 0 else None
-        if hi is None:
+        if last <= 0 or first >= last:
             return []
-        return [
-            r for r in self.revisions if (lo is None or r.valid_from > lo) and r.valid_from <= hi
-        ]
+        order = getattr(self, "_time_order", None)
+        if order is None or order.shape[0] != len(self.revisions):
+            times = np.array([r.valid_from for r in self.revisions], np.int64)
+            order = self._time_order = np.argsort(times, kind="stable")
+            self._sorted_times = times[order]
+        hi = bounds[min(last, bounds.shape[0]) - 1]
+        a = int(np.searchsorted(self._sorted_times, bounds[first - 1], "right")) if first > 0 else 0
+        b = int(np.searchsorted(self._sorted_times, hi, "right"))
+        return [self.revisions[i] for i in order[a:b].tolist()]
 
     def around(
         self, address: int, time: int, *, asid: Asid = ANY
