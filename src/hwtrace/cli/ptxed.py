@@ -439,12 +439,13 @@ def decode(
     from ..pt.flowdec import FlowDecoder, FlowOptions
     from ..pt.ptxed import PtxedStyle, PtxedWriter
 
+    block_cache = _replays_block_cache(opts)
     options = FlowOptions(
         flags=flags,
         addr_filter=addr_filter,
         events=EventOptions(iflags=iflags, keep_tcal_on_ovf=keep_tcal),
         resync_on_error=opts.resync_on_error,
-        count_only=opts.quiet,
+        count_only=opts.quiet and not block_cache,
     )
     style = PtxedStyle(
         quiet=opts.quiet,
@@ -458,7 +459,9 @@ def decode(
         stats=opts.stats,
     )
     # Sideband prints its own lines between the formatter's: one thread then.
-    writer = PtxedWriter(style, out.write, att=opts.att, pipelined=sideband is None)
+    writer = PtxedWriter(
+        style, out.write, att=opts.att, pipelined=sideband is None, block_cache=block_cache
+    )
     hook = None
     if sideband is not None:
         from ..pt.codetable import CodeTable
@@ -485,6 +488,14 @@ def decode(
     _print_stats(opts, writer.n_insn, writer.n_blocks, out)
 
 
+def _replays_block_cache(opts: Options) -> bool:
+    """libipt's block cache ends blocks early: replay it where that shows
+    (block lines and counts, per-block offsets and times), nowhere else."""
+    return not opts.insn_decoder and (
+        opts.show_blocks or opts.stats or opts.print_offset or opts.print_time
+    )
+
+
 def _print_stats(opts: Options, n_insn: int, n_blocks: int, out: _Printer) -> None:
     if opts.stats:
         default = {"insn"} if opts.insn_decoder else {"insn", "blocks"}
@@ -505,7 +516,7 @@ def decode_reference(
     formatter = None if opts.no_inst else Formatter(att=opts.att)
     from ..pt.errors import PtError, errstr
     from ..pt.events import DecodeFailure, EventDecoder, EventOptions
-    from ..pt.flow import EOS, EVENT_PENDING, IP_SUPPRESSED, Block, BlockDecoder
+    from ..pt.flow import EOS, EVENT_PENDING, IP_SUPPRESSED, Block, BlockCache, BlockDecoder
     from ..pt.kinds import DecodeError
     from ..pt.packets import decode_range, packet_errata, sync_forward
 
@@ -535,6 +546,8 @@ def decode_reference(
     ev_opts = EventOptions(iflags=iflags, keep_tcal_on_ovf=keep_tcal)
     stats_insn = 0
     stats_blocks = 0
+    # Lives as long as the sections: libipt keeps it across resyncs.
+    bcache = BlockCache() if _replays_block_cache(opts) else None
     pos = 0
     last_sync = -1
     sync_progress = -1
@@ -607,7 +620,7 @@ def decode_reference(
                 int(DecodeError.BAD_PACKET): PtError.BAD_PACKET,
             }.get(code, PtError.EOS)
         evdec = EventDecoder(seg, config, ev_opts, end_error)
-        blk = BlockDecoder(evdec, cache, config, flags, addr_filter, section_of)
+        blk = BlockDecoder(evdec, cache, config, flags, addr_filter, section_of, bcache)
         last_sync = off
         block = Block()
         try:

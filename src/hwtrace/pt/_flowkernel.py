@@ -281,8 +281,9 @@ NCF = 12
 ER_BDM70, ER_BDM64, ER_SKD022, ER_SKD010, ER_SKL014, ER_APL11, ER_APL12 = (1 << i for i in range(7))
 # Stop-after-event modes (CF[CF_STOP_EVENTS]).
 STOP_NONE, STOP_ENABLED, STOP_ALL = 0, 1, 2
-# Block row flags.
-O_NEW, O_SPEC = 1, 2
+# Block row flags.  O_UNCACHED: instructions walked to a pending event, which
+# libipt's block decoder does without its block cache (hwtrace.pt.bcache).
+O_NEW, O_SPEC, O_UNCACHED = 1, 2, 4
 
 _MASK48 = np.uint64(0xFFFFFFFFFFFF)
 
@@ -2319,6 +2320,7 @@ def _proceed(ds, pk, cf, ct, out):
             return _err(SI[BS_STATUS])
         if not SI[BS_ENABLED]:
             return _err(E_EOS)
+        _row_walk(ds, pk, out, 0)
         r = _proceed_no_event(ds, pk, cf, ct, out)
         if r < 0:
             return r
@@ -2327,11 +2329,30 @@ def _proceed(ds, pk, cf, ct, out):
     if t == EV_TNT or t == EV_TIP:
         if not SI[BS_ENABLED]:
             return _err(E_NO_ENABLE)
+        _row_walk(ds, pk, out, 0)
         r = _proceed_no_event(ds, pk, cf, ct, out)
         if r < 0:
             return r
         return _trailing(ds, pk, cf, ct, True)
+    _row_walk(ds, pk, out, O_UNCACHED)
     return _proceed_event(ds, pk, cf, ct, out)
+
+
+@kernels.njit(cache=True, _nrt=False)
+def _row_walk(ds, pk, out, uncached):
+    """Keep instructions walked to a pending event (``uncached``) and
+    those walked without one in rows of their own."""
+    SI = ds[0]
+    if not SI[CB_OPEN]:
+        return
+    o_flags = out[2]
+    row = SI[CB_ROW]
+    if (o_flags[row] & O_UNCACHED) == uncached:
+        return
+    if out[1][row]:
+        SI[O_NINSN] += out[1][row]  # _end_block counts the last row only
+        row = _new_row(ds, pk, out, False)
+    o_flags[row] = (o_flags[row] & ~np.uint8(O_UNCACHED)) | uncached
 
 
 @kernels.njit(cache=True, _nrt=False)

@@ -86,6 +86,41 @@ def _next_ip(insn: Insn) -> int:
     raise DecodeFailure(PtError.BAD_QUERY)
 
 
+# libipt's block cache (pt_block_decoder.c): the steps one fill may take
+# (bcache_fill_steps) and the widths of an entry's ninsn and displacement.
+_FILL_STEPS = 0x400
+_BCE_NINSN_MAX = 0xFF
+_BCE_DISP = (-(1 << 15), (1 << 15) - 1)
+
+
+class BlockCache:
+    """libipt's per-section block cache, for where it ends blocks: while
+    filling, a block ends after a near direct call, a near direct backward
+    jump, 0x400 filled instructions, or an entry that would overflow next to
+    a cached successor; crossing cached code ends none
+    (``pt_blk_proceed_no_event_fill_cache``, ``pt_blk_proceed_no_event_cached``).
+    Entries map (section, ip) to (instructions to the decision point
+    inclusive, the decision point's address)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def trampoline(self, key: tuple[int, int], nip: int) -> None:
+        lo, hi = _BCE_DISP
+        self.entries[key] = (1, nip if lo <= nip - key[1] <= hi else key[1])
+
+    def extend(self, key: tuple[int, int], nkey: tuple[int, int]) -> bool:
+        """Enter ``key`` from its cached successor's entry; False where a
+        trampoline had to do instead."""
+        ninsn, dip = self.entries[nkey]
+        lo, hi = _BCE_DISP
+        if ninsn + 1 > _BCE_NINSN_MAX or not lo <= dip - key[1] <= hi:
+            self.trampoline(key, nkey[1])
+            return False
+        self.entries[key] = (ninsn + 1, dip)
+        return True
+
+
 def _is_far(insn: Insn) -> bool:
     return insn.iclass in (IClass.FAR_CALL, IClass.FAR_RETURN, IClass.FAR_JUMP)
 
@@ -171,6 +206,7 @@ class BlockDecoder:
         flags: BlockFlags | None = None,
         addr_filter: AddrFilter | None = None,
         section_of: Callable[[int], int] | None = None,
+        bcache: BlockCache | None = None,
     ) -> None:
         self.evdec = events
         self.cache = cache
@@ -179,6 +215,7 @@ class BlockDecoder:
         self.flags = flags or BlockFlags()
         self.filter = addr_filter or AddrFilter()
         self.section_of = section_of or (lambda ip: 1)
+        self.bcache = bcache  # replays libipt's block ends when given
         self.ip = 0
         self.mode = 0
         self.enabled = False
@@ -391,6 +428,63 @@ class BlockDecoder:
             if self._ends_block(insn):
                 return 1 if self.ip == ip else 0
 
+    def _to_insn_cached(self, block: Block) -> None:
+        """``_to_insn(block, _never)`` ending the block where libipt's block
+        cache ends it (see :class:`BlockCache`)."""
+        bc = self.bcache
+        frames: list[tuple[tuple[int, int], tuple[int, int]]] = []  # fills waiting for successors
+        try:
+            steps = 0
+            while True:
+                key = (self.section_of(self.ip), self.ip)
+                if not steps:
+                    entry = bc.entries.get(key)
+                    if entry is not None:
+                        for _ in range(entry[0]):  # to the decision point, inclusive
+                            insn = self._one_insn(block)
+                            if insn is None:
+                                return
+                            self.ip = _next_ip(insn)
+                            if self._ends_block(insn):
+                                return
+                        continue
+                    steps = _FILL_STEPS
+                insn = self._one_insn(block)
+                if insn is None:
+                    return
+                if _is_branch(insn) and not (
+                    insn.iclass in (IClass.JUMP, IClass.CALL)
+                    and insn.is_direct
+                    and insn.special != Special.JMPABS
+                ):
+                    bc.entries[key] = (1, insn.ip)  # needs trace: ends the block
+                    self.ip = _next_ip(insn)
+                    return
+                nip = _next_ip(insn)
+                self.ip = nip
+                if insn.iclass == IClass.CALL or (
+                    insn.iclass == IClass.JUMP and insn.displacement < 0
+                ):
+                    bc.entries[key] = (1, insn.ip)  # a decode stop
+                    return
+                if self._ends_block(insn):
+                    return
+                nkey = (self.section_of(nip), nip)
+                if nkey in bc.entries:
+                    if not bc.extend(key, nkey):
+                        return
+                    steps = 0  # on through the cache
+                    continue
+                steps -= 1
+                if not steps:
+                    bc.trampoline(key, nip)
+                    return
+                frames.append((key, nkey))
+        finally:
+            for key, nkey in reversed(frames):
+                if nkey in bc.entries:
+                    bc.extend(key, nkey)
+
     def _skl014(self, block: Block) -> int:
         def pred(insn: Insn) -> bool:
             if insn.iclass in (IClass.JUMP, IClass.CALL):
@@ -556,7 +650,10 @@ class BlockDecoder:
     def _proceed_no_event(self, block: Block) -> None:
         self._last = None
         try:
-            self._to_insn(block, _never)
+            if self.bcache is None:
+                self._to_insn(block, _never)
+            else:
+                self._to_insn_cached(block)
         except DecodeFailure as exc:
             if exc.code != PtError.BAD_QUERY:
                 raise

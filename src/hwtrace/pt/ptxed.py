@@ -661,6 +661,10 @@ class PtxedWriter(FlowSink):
     att: bool = False
     buffer_size: int = 1 << 20
     pipelined: bool = False
+    # Replay libipt's block cache (:mod:`hwtrace.pt.bcache`) so blocks end
+    # where Intel's block decoder ends them; only worth it where block
+    # boundaries show (block lines, block counts, per-block offsets/times).
+    block_cache: bool = False
     BUFFER_SETS = 3  # batches the decoder may run ahead of the formatter, plus one
     state: np.ndarray = field(default_factory=lambda: np.zeros(NF, np.int64))
     ustate: np.ndarray = field(default_factory=lambda: np.zeros(NFU, np.uint64))
@@ -675,6 +679,11 @@ class PtxedWriter(FlowSink):
         self._sets: list = [None] * self.BUFFER_SETS  # the decoder's output buffers, in turn
         self._pending: list = [None] * self.BUFFER_SETS  # the formatting of each set's batch
         self._set = -1
+        self._bcache = None
+        if self.block_cache:
+            from .bcache import BlockCache
+
+            self._bcache = BlockCache()
         if self.pipelined and not self.style.quiet:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -711,10 +720,17 @@ class PtxedWriter(FlowSink):
         lines = self.lines
         if not self.style.quiet:
             lines.update(b.table)
+        if self._bcache is not None:
+            ip, ninsn, flags, mode, offset, time, run, event_block, extra = self._bcache.split(b)
+            self.n_blocks += extra
+        else:
+            ip, ninsn, flags, mode, offset, time, run, event_block = (
+                b.ip, b.ninsn, b.flags, b.mode, b.offset, b.time, b.run, b.event_block,
+            )  # fmt: skip
         # What the formatting reads, as it is now (tables grow by new arrays).
         args = (
-            b.ip, b.ninsn, b.flags, b.mode, b.offset, b.time, b.run, b.events, b.event_offset,
-            b.event_block, b.table.tuple, lines.lines, lines.line_off, lines.contig, lines.span,
+            ip, ninsn, flags, mode, offset, time, run, b.events, b.event_offset, event_block,
+            b.table.tuple, lines.lines, lines.line_off, lines.contig, lines.span,
         )  # fmt: skip
         if self._pool is None:
             self._format(args)
