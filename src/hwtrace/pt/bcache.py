@@ -46,6 +46,7 @@ from .codetable import (
     T_R_INSN,
     hash_find,
 )
+from .ptxed import _next_ip
 
 FILL_STEPS = 0x400  # libipt's bcache_fill_steps
 NINSN_MAX = 0xFF  # pt_bcache_entry.ninsn: 8 bits
@@ -235,11 +236,7 @@ def apply_splits(b_ip, b_ninsn, b_flags, b_mode, b_offset, b_time, b_run, ev_blk
                     k = hash_find(h_ip, h_mode, h_val, ip, b_mode[r])
                 if k < 0:
                     break
-                c2 = i_class[k]
-                if i_flags[k] & I_DIRECT and (c2 == CLASS_CALL or c2 == CLASS_JUMP):
-                    ip = i_target[k]
-                else:
-                    ip = i_ip[k] + np.uint64(i_size[k])
+                ip = _next_ip(i_ip, i_size, i_class, i_flags, i_target, k)
             prev = end
         s += cuts
     remap[nrows] = o
