@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     # Fill numba's cache, then build the native kernel library from it, so
     # the timed processes load, not compile (as after a user's first run);
     # no timed process builds it on its way out.
-    os.environ["HWTRACE_KERNELS_AUTOBUILD"] = "0"
+    os.environ["HWTRACE_AOT_AUTOBUILD"] = "0"
     for _, trace, _ in traces:
         hwtrace_first_run(trace, workload.elf, timing, True, 1)
         hwtrace_first_run(trace, workload.elf, timing, False, 1)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for extra in (("--quiet",), ("--no-inst",), ()):
         subprocess.run(ptxed_cmd(small, workload.elf, timing, *extra), check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    subprocess.run([sys.executable, "-m", "hwtrace.kernels", "build"], check=True)
+    subprocess.run([sys.executable, "-m", "hwtrace.aot", "build"], check=True)
 
     rows = []
     status = 0

@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     expected = int(workload.meta()["instructions"])
     # Compile every analysis, then build the native library from it, so the
     # timed processes load, not compile.
-    os.environ["HWTRACE_KERNELS_AUTOBUILD"] = "0"
+    os.environ["HWTRACE_AOT_AUTOBUILD"] = "0"
     for _, what in CASES:
         run(workload.trace, workload.elf, timing, what)
-    subprocess.run([sys.executable, "-m", "hwtrace.kernels", "build"], check=True,
+    subprocess.run([sys.executable, "-m", "hwtrace.aot", "build"], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     rows = []
     base = None

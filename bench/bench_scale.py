@@ -13,7 +13,7 @@ perf.data and the outputs are deleted at the end unless ``--keep``.
 
 Measured: the single-process ``hwtrace decode`` (peak RSS of the child
 process, MB/s of trace, instructions/s, output size), then
-:func:`hwtrace.dist.decode_to_parquet` on 1 and 2 local Dask workers (what
+:func:`hwtrace.cluster.decode_to_parquet` on 1 and 2 local Dask workers (what
 ``--workers`` runs: the workers write the blocks; peak RSS per worker, read
 from ``/proc/self/status`` VmHWM by ``Client.run``, and of the client, and
 the client's CPU time), and the model's terms:
@@ -127,7 +127,7 @@ def run_workers(data: Path, out: Path, workers: int, task_bytes: int) -> dict:
     per-worker VmHWM, the client's CPU time (its scheduler included)."""
     from distributed import Client, LocalCluster
 
-    from hwtrace.dist import decode_to_parquet
+    from hwtrace.cluster import decode_to_parquet
     from hwtrace.export.parquet import FlowParquetWriter
 
     shutil.rmtree(out, ignore_errors=True)
@@ -135,7 +135,7 @@ def run_workers(data: Path, out: Path, workers: int, task_bytes: int) -> dict:
 
     import dask
 
-    from hwtrace.dist.decode import LOCAL_CLUSTER_CONFIG
+    from hwtrace.cluster.decode import LOCAL_CLUSTER_CONFIG
 
     # The local cluster as ``hwtrace decode --workers`` starts it.
     with dask.config.set(LOCAL_CLUSTER_CONFIG), \
@@ -178,7 +178,7 @@ def model_terms(data: Path, total: int, single: dict | None, client_cpu: float |
 
     from distributed import Client, LocalCluster
 
-    from hwtrace.dist.decode import _open_input, _plan, summarize_piece, write_piece
+    from hwtrace.cluster.decode import _open_input, _plan, summarize_piece, write_piece
     from hwtrace.export.parquet import FlowParquetWriter
 
     t = time.perf_counter()
@@ -278,7 +278,7 @@ def main() -> None:
             assert single["instructions"] == insns, (single["instructions"], insns)
             result["single"] = {k: v for k, v in single.items() if k != "stderr"}
             shutil.rmtree(work / "single", ignore_errors=True) if not a.keep else None
-        from hwtrace.dist.decode import PARQUET_TASK_BYTES
+        from hwtrace.cluster.decode import PARQUET_TASK_BYTES
 
         task_bytes = int(a.task_mib * 2**20) if a.task_mib else PARQUET_TASK_BYTES
         result["task_bytes"] = task_bytes

@@ -9,9 +9,9 @@ CONFORMANCE = ROOT.parent / "shared" / "conformance" / "libipt"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numba_caches  # noqa: E402 (found through the path just set)
 
-# Commands run by the tests never build the native kernel library on their
-# own (tests/test_kernels.py builds one where it checks it).
-os.environ.setdefault("HWTRACE_KERNELS_AUTOBUILD", "0")
+# Commands run by the tests never build the native loop library on their
+# own (tests/test_aot.py builds one where it checks it).
+os.environ.setdefault("HWTRACE_AOT_AUTOBUILD", "0")
 
 
 def run_captured(argv: list[str]) -> bytes:
@@ -48,19 +48,19 @@ def conformance_dir() -> Path:
     return CONFORMANCE
 
 
-def copy_of_built_kernels(directory: Path) -> Path:
-    """``directory`` with a copy of the kernel library `make` built, when
-    it is up to date, so that a test's ``kernels.build(directory)`` adds
-    only what it lacks instead of compiling every kernel again."""
+def copy_of_built_loops(directory: Path) -> Path:
+    """``directory`` with a copy of the loop library `make` built, when
+    it is up to date, so that a test's ``aot.build(directory)`` adds
+    only what it lacks instead of compiling every loop again."""
     import json
     import shutil
 
-    from hwtrace import kernels
+    from hwtrace import aot
 
     directory.mkdir(parents=True, exist_ok=True)
-    installed = kernels._manifest_path()
+    installed = aot._manifest_path()
     try:
-        names = kernels._libraries(json.loads(installed.read_text()))
+        names = aot._libraries(json.loads(installed.read_text()))
         for name in [installed.name, *names]:
             shutil.copy(installed.parent / name, directory)
     except (OSError, ValueError, KeyError):

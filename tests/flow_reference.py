@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.image import Image
-from hwtrace.pt import _flowkernel as K
-from hwtrace.pt._kernels import sync_forward as _sync_forward_kernel
+from hwtrace.pt import _flowloop as K
+from hwtrace.pt._loops import sync_forward as _sync_forward_loop
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.decode import DecodeOptions, FlowResult, Gap
 from hwtrace.pt.errors import PtError, errstr
@@ -85,7 +85,7 @@ def decode_reference(
     pos, last_sync, sync_progress = 0, -1, -1
     while pos < end:
         first = pos + 16 if pos == last_sync else pos
-        off = int(_sync_forward_kernel(buf, first, 0, end)) if first < end else -1
+        off = int(_sync_forward_loop(buf, first, 0, end)) if first < end else -1
         if off < 0:
             break
         last_sync = off

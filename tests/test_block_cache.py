@@ -74,7 +74,7 @@ LONG = b"\x90" * NOPS + bytes([0xFF, 0xE0]) + b"\xcc" * 16
 
 
 def _block_sizes(tmp_path, enable_at: int, loops: int, reference: bool) -> list[int]:
-    from hwtrace.pt import _kernels as K
+    from hwtrace.pt import _loops as K
     from hwtrace.pt.kinds import Kind
     from hwtrace.pt.packets import Packet, encode
 

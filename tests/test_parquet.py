@@ -272,9 +272,9 @@ def test_query_prints_tables_csv_and_json(recorded):
 def test_distributed_decode_or_one_line(recorded, tmp_path):
     data, flow = recorded
     out = run("decode", str(data), "-o", str(tmp_path / "d"), "--workers", "2")
-    if importlib.util.find_spec("hwtrace.dist") is None:
+    if importlib.util.find_spec("hwtrace.cluster") is None:
         assert out.returncode == 1 and out.stderr.count("\n") == 1
-        assert "hwtrace.dist is not available" in out.stderr
+        assert "hwtrace.cluster is not available" in out.stderr
         return
     assert out.returncode == 0, out.stderr
     mine, theirs = _read(flow, "blocks"), _read(tmp_path / "d", "blocks")

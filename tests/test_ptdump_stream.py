@@ -21,10 +21,10 @@ from conftest import CONFORMANCE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hwtrace import kernels
+from hwtrace import aot
 from hwtrace.cli.ptdump import main as ptdump_main
 from hwtrace.pt import ptdump as P
-from hwtrace.pt._kernels import FIXED_SIZE, decode_packet
+from hwtrace.pt._loops import FIXED_SIZE, decode_packet
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.kinds import Kind
 from hwtrace.pt.packets import Packet, decode, encode
@@ -303,56 +303,56 @@ def test_pipe_input(tmp_path):
 def _ptdump_library(directory) -> object:
     """A native kernel library in ``directory`` holding ptdump's kernels,
     compiled through numba first (None: no C compiler to link it)."""
-    kernels.use_library(None)
+    aot.use_library(None)
     try:
         for seed in range(3):
             for style, options in STREAM_OPTIONS:
                 dump_bytes(_random_stream(seed), style, options, chunk_size=97)
-        return kernels.build(directory)
+        return aot.build(directory)
     finally:
-        kernels.use_library(None)
-        kernels._library = False
+        aot.use_library(None)
+        aot._library = False
 
 
 def test_native_and_numba_kernels_agree(tmp_path):
     """The ahead-of-time library runs the same code as numba: same bytes,
     and ptdump's kernels do not go through numba when it is there."""
-    kernels.use_library(None)
+    aot.use_library(None)
     try:
         cases = [(seed, style, options) for seed in range(30)
                  for style, options in STREAM_OPTIONS]  # fmt: skip
         want = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
                 for seed, style, options in cases]  # fmt: skip
-        from conftest import copy_of_built_kernels
+        from conftest import copy_of_built_loops
 
-        manifest = kernels.build(copy_of_built_kernels(tmp_path))
+        manifest = aot.build(copy_of_built_loops(tmp_path))
         if manifest is None:
             pytest.skip("no C compiler to link the library with")
-        assert kernels.use_library(manifest)
-        kernels._fallbacks.clear()
+        assert aot.use_library(manifest)
+        aot._fallbacks.clear()
         got = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
                for seed, style, options in cases]  # fmt: skip
-        assert not {"hwtrace.pt._kernels:decode_stream",
-                    "hwtrace.pt._ptdump_kernel:format_kernel"} & kernels.fallbacks()  # fmt: skip
+        assert not {"hwtrace.pt._loops:decode_stream",
+                    "hwtrace.pt._ptdump_loop:format_loop"} & aot.fallbacks()  # fmt: skip
         assert got == want
     finally:
-        kernels.use_library(None)
-        kernels._library = False
+        aot.use_library(None)
+        aot._library = False
 
 
 def test_without_a_compiler_numba_runs_the_kernels(tmp_path, monkeypatch):
     """No C compiler: no library, and the kernels come from numba."""
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr("shutil.which", lambda name: None)
-    assert kernels.build(tmp_path) is None
-    kernels.use_library(None)
+    assert aot.build(tmp_path) is None
+    aot.use_library(None)
     try:
         data = _random_stream(1)
         assert dump_bytes(data, "ptdump", DumpOptions()) == dump_bytes(
             data, "ptdump", DumpOptions(), chunk_size=97
         )
     finally:
-        kernels._library = False
+        aot._library = False
 
 
 def _imports_after(argv: list[str], env: dict[str, str]) -> dict[str, bool]:
@@ -385,12 +385,12 @@ def test_startup_imports(tmp_path):
     if manifest is None:
         pytest.skip("no C compiler to link the library with")
     env = {**os.environ, "HWTRACE_CACHE_DIR": str(manifest.parent)}
-    env.pop("HWTRACE_KERNELS", None)
+    env.pop("HWTRACE_AOT", None)
     assert not any(_imports_after(["--help"], env).values())
     trace = tmp_path / "t.pt"
     trace.write_bytes(_random_stream(3))
     seen = _imports_after(["ptdump", str(trace)], env)
     assert seen == {"numba": False, "numpy": True, "llvmlite": False, "hwtrace.perf": False}
     # ... but it does when the library cannot be had.
-    seen = _imports_after(["ptdump", str(trace)], {**env, "HWTRACE_KERNELS": "numba"})
+    seen = _imports_after(["ptdump", str(trace)], {**env, "HWTRACE_AOT": "numba"})
     assert seen["numba"]

@@ -11,7 +11,7 @@ import io
 import pytest
 
 from hwtrace.cli import ptxed
-from hwtrace.pt import _kernels as K
+from hwtrace.pt import _loops as K
 from hwtrace.pt.kinds import Kind
 from hwtrace.pt.packets import Packet, encode
 

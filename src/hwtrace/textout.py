@@ -1,15 +1,15 @@
 """Compiled text writers: numbers and strings written into byte buffers.
 
 hwtrace's listings (Intel ptdump and ptxed text, the packet listings,
-``hwtrace script``, ``hwtrace filter``) are written by numba kernels many
+``hwtrace script``, ``hwtrace filter``) are written by numba loops many
 lines per call into a ``uint8`` buffer, so a large trace costs no Python
-work per line.  The kernels share these helpers.
+work per line.  The loops share these helpers.
 
 Every writer takes the buffer ``out`` and the position ``p`` to write at
 and returns the position after what it wrote; none checks bounds: callers
 size ``out`` for the longest line they can write.
 
-Names go into kernels as *string tables* (:func:`string_table`,
+Names go into loops as *string tables* (:func:`string_table`,
 :func:`string_list_table`): a 2-D ``uint8`` array with one row per string
 and the row lengths, written with :func:`put_row`.
 """
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import kernels
-from .kernels import njit
+from . import aot
+from .aot import njit
 
 
 def string_table(strings: Mapping[int, str], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +45,7 @@ def string_list_table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def put_text(out: np.ndarray, p: int, text: str) -> int:
-    """The characters of ``text`` (a string constant of the kernel; ASCII)."""
+    """The characters of ``text`` (a string constant of the loop; ASCII)."""
     for ch in text.encode():
         out[p] = ch
         p += 1
@@ -53,7 +53,7 @@ def put_text(out: np.ndarray, p: int, text: str) -> int:
 
 
 def _memcpy(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int) -> None:
-    """``memcpy(&dst[at], &src[start], n)`` on two byte arrays (in kernels
+    """``memcpy(&dst[at], &src[start], n)`` on two byte arrays (in loops
     a numba intrinsic, see :func:`_numba_extensions`)."""
     dst[at : at + n] = src[start : start + n]
 
@@ -65,7 +65,7 @@ COPY_SLACK = _CHUNK
 
 
 def _copy_chunks(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int) -> None:
-    """Copy ``n`` bytes in whole ``_CHUNK``-byte pieces (in kernels a numba
+    """Copy ``n`` bytes in whole ``_CHUNK``-byte pieces (in loops a numba
     intrinsic, see :func:`_numba_extensions`)."""
     m = -(-n // _CHUNK) * _CHUNK
     dst[at : at + m] = src[start : start + m]
@@ -73,7 +73,7 @@ def _copy_chunks(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int) 
 
 def _leading_zeros(v: int) -> int:
     """The zero bits above a 64-bit value's highest one (64 for 0; in
-    kernels the processor's count, see :func:`_numba_extensions`)."""
+    loops the processor's count, see :func:`_numba_extensions`)."""
     return 64 - int(v).bit_length()
 
 
@@ -140,7 +140,7 @@ def _numba_extensions() -> None:
     globals()["_leading_zeros"] = leading_zeros
 
 
-kernels.on_numba(_numba_extensions)
+aot.on_numba(_numba_extensions)
 
 
 @njit(cache=True, _nrt=False)
@@ -153,7 +153,7 @@ def put_byte(out: np.ndarray, p: int, c: int) -> int:
 @njit(cache=True, inline="always", _nrt=False)
 def put_slice(out: np.ndarray, p: int, src: np.ndarray, start: int, end: int) -> int:
     """``src[start:end]`` (one ``memcpy``, not a slice: slicing needs
-    numba's reference counting, which the kernels here do without)."""
+    numba's reference counting, which the loops here do without)."""
     _memcpy(out, p, src, start, end - start)
     return p + (end - start)
 

@@ -1,6 +1,6 @@
 """Call paths from an instruction flow: a calling-context tree and folded stacks.
 
-The flow is walked by a compiled kernel that follows CALL and RET
+The flow is walked by a compiled loop that follows CALL and RET
 instructions: each instruction is counted (and weighted by the time until
 the next one) in the node of its calling context.  A call whose next traced
 instruction is its own return address went out of the traced ranges and came

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ..isa.x86 import IClass
 from ..pt.codetable import (
     I_DIRECT,
@@ -136,7 +136,7 @@ _FAR_JUMP = int(IClass.FAR_JUMP)
 _EMPTY = np.int64(-2)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _kind(c, flags):
     if c == _CALL or c == _FAR_CALL:
         return K_CALL
@@ -147,7 +147,7 @@ def _kind(c, flags):
     return K_OTHER
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _intern(parent, addr, paths, counts):
     """The call path ``parent`` then a call of ``addr`` (made if new)."""
     h_parent, h_addr, h_val, p_parent, p_addr = paths[0], paths[1], paths[2], paths[3], paths[4]
@@ -178,7 +178,7 @@ SUB = 8
 NB = SUB + 60 * SUB
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def bucket_of(v):
     """The histogram bucket of ``v`` >= 0."""
     if v < SUB:
@@ -203,7 +203,7 @@ def bucket_bounds(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return low, high
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _emit(out, counts, kind, slot, cpu, mo, mc, ico, icc, path, to, tc, stream):
     """An interval: its record, and its part of the totals and histograms
     (``out``: records, the stream's times, histograms, totals)."""
@@ -232,7 +232,7 @@ def _emit(out, counts, kind, slot, cpu, mo, mc, ico, icc, path, to, tc, stream):
     hist[kind, 0, bucket_of(dt)] += 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _root_path(s, ss, paths, counts):
     """Slot ``s``'s root call path (-1: none known)."""
     root = ss[s, S_ROOT]
@@ -244,7 +244,7 @@ def _root_path(s, ss, paths, counts):
     return root
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _path_of(s, d, ss, fr, paths, counts):
     """The call path of slot ``s``'s frame ``d`` (the root's below 0),
     interned from the innermost frame whose path is known."""
@@ -261,7 +261,7 @@ def _path_of(s, d, ss, fr, paths, counts):
     return path
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _path_now(ss, fr, s, paths, counts):
     d = min(ss[s, S_SP], fr.shape[1]) - 1
     if d >= 0 and (fr[s, d, F_LAZY] == PLT_IN or fr[s, d, F_LAZY] == PLT_LAZY):
@@ -269,7 +269,7 @@ def _path_now(ss, fr, s, paths, counts):
     return _path_of(s, d, ss, fr, paths, counts)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _new_root(s, ip, ss):
     """The flow of slot ``s`` is in a function with no call of it seen."""
     ss[s, S_ROOTIP] = np.int64(ip)
@@ -277,13 +277,13 @@ def _new_root(s, ip, ss):
     ss[s, S_CUR] = -2
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _open(m, s, ic, t, cpu, ss, fr, paths, counts):
     ss[s, S_OPEN], ss[s, S_OM], ss[s, S_OT], ss[s, S_OIC] = 1, m, t, ic
     ss[s, S_OPATH], ss[s, S_OCPU] = _path_now(ss, fr, s, paths, counts), cpu
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _fire(m, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     """Marker ``m`` at instruction ``ic`` (time ``t``) of slot ``s``."""
     marks[m] += 1
@@ -311,7 +311,7 @@ def _fire(m, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
             _open(m, s, ic, t, cpu, ss, fr, paths, counts)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     """Slot ``s``'s last instruction, a return, went to ``ip``: pop down
     to the frame whose return address that is (the frames above it were
@@ -348,7 +348,7 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
             _fire(e, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     """What slot ``s``'s last instruction did to its stack, now that the
     next instruction (at ``ip``, its atom mask ``tbits``, time index
@@ -401,7 +401,7 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
             ss[s, S_CUR] = -2
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths,
                  stream):  # fmt: skip
     """The markers at one instruction (its atom ``bits``) of slot ``s``."""
@@ -443,7 +443,7 @@ def _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec
                 _fire(m, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _clear_sequences(s, ss, seq):
     if ss[s, S_SEQ]:
         for m in range(seq.shape[1]):
@@ -451,7 +451,7 @@ def _clear_sequences(s, ss, seq):
         ss[s, S_SEQ] = 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _gap(s, ss, fr, seq, counts):
     """A gap in slot ``s``'s flow: what is open there cannot be measured."""
     ss[s, S_FRESH] = 1
@@ -465,7 +465,7 @@ def _gap(s, ss, fr, seq, counts):
     _clear_sequences(s, ss, seq)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def last_return(s, ss, fr, counts, marks, masks, rec, paths, stream):
     """Slot ``s``'s flow stops (a gap, or its end) after a return: it went
     to the innermost frame (where is not in the trace, as when tracing
@@ -477,7 +477,7 @@ def last_return(s, ss, fr, counts, marks, masks, rec, paths, stream):
         ss[s, S_PK] = K_OTHER
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _stop(s, ss, fr, seq, counts, marks, masks, rec, paths, stream):
     """Slot ``s``'s flow stops at a gap: its last return is taken, then
     what is open cannot be measured."""
@@ -485,7 +485,7 @@ def _stop(s, ss, fr, seq, counts, marks, masks, rec, paths, stream):
     _gap(s, ss, fr, seq, counts)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _unseen_call(s, ip, t, ss, fr, masks):
     """Slot ``s``'s flow starts (after a gap) at a marked function's first
     instruction (any function's, with masks[7]: every call): a frame for
@@ -502,7 +502,7 @@ def _unseen_call(s, ip, t, ss, fr, masks):
     ss[s, S_CUR] = -2
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _run_info(run, atoms, ct, info):
     """Whether run ``run`` holds no instruction an atom matches (bit 3)
     and its last instruction's kind (bits 0-2), cached in ``info`` (-1:
@@ -528,7 +528,7 @@ def _run_info(run, atoms, ct, info):
     return q
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _timeline(tl, counts, s, tv, p, ss):
     """Slot ``s`` is in call path ``p`` from time ``tv`` on (-2: none)."""
     if ss[s, S_TPATH] == p:
@@ -541,7 +541,7 @@ def _timeline(tl, counts, s, tv, p, ss):
     ss[s, S_TPATH] = p
 
 
-@kernels.njit(cache=True, nogil=True, _nrt=False)
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, rec, paths, stream):
     """Profile rows ``start...`` of a batch (``rows``: ip, ninsn, mode, run,
     time, slot, cpu, gap_before; ``rec``: records, the stream's times,
@@ -1324,7 +1324,7 @@ def _neighbours(times: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.nd
 
 # Events after which the flow has a gap: what ran there is not in the trace.
 def _gap_types() -> tuple[int, ...]:
-    from ..pt import _flowkernel as FK
+    from ..pt import _flowloop as FK
 
     return (FK.X_ERROR, FK.EV_DISABLED, FK.EV_ASYNC_DISABLED, FK.EV_OVERFLOW)
 
@@ -1333,7 +1333,7 @@ def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tupl
     """Where a decoder batch's flow has a gap: before each row (from its
     event rows and their block positions), and whether one follows its
     last row."""
-    from ..pt import _flowkernel as FK
+    from ..pt import _flowloop as FK
 
     gap = np.zeros(nrows, np.bool_)
     if not len(events):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from .latency import LatencyResult
 
 
@@ -51,7 +51,7 @@ def _path_arrays(result: LatencyResult) -> tuple[np.ndarray, np.ndarray, np.ndar
     return parent, addr, depth
 
 
-@kernels.njit(cache=True, nogil=True)
+@aot.njit(cache=True, nogil=True)
 def _slices(slot, time, path, parent, depth, out, stack, starts, chain):
     """Walk the changes (grouped per slot, in order) into ``out`` rows
     (slot, depth, path, start, end); returns the rows written."""

@@ -5,7 +5,7 @@ query``, ``hwtrace report -i DIR``, DuckDB or any Arrow reader.
 A perf.data is decoded as ``hwtrace report`` decodes it (every AUX queue,
 the same kernel options, cut to the recorded calls unless ``--all``),
 batch by batch through :func:`hwtrace.perf.trace.stream_perf`, or through
-:func:`hwtrace.dist.decode_distributed` on worker processes or a Dask
+:func:`hwtrace.cluster.decode_distributed` on worker processes or a Dask
 cluster with ``--workers`` or ``--cluster``.
 
 A raw Intel PT trace (``--pt`` with ``--elf``/``--raw``, as ptxed takes
@@ -51,9 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket", type=float, default=1.0, metavar="SECONDS",
                    help="width of the time buckets blocks are partitioned by (default 1 s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="decode on N local worker processes (hwtrace.dist)")  # fmt: skip
+                   help="decode on N local worker processes (hwtrace.cluster)")  # fmt: skip
     p.add_argument("--cluster", metavar="ADDRESS",
-                   help="decode on a Dask cluster at ADDRESS (hwtrace.dist)")  # fmt: skip
+                   help="decode on a Dask cluster at ADDRESS (hwtrace.cluster)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     raw = p.add_argument_group("raw Intel PT input (instead of a perf.data)")
     raw.add_argument("--pt", metavar="FILE", help="a raw Intel PT trace (as ptxed --pt)")
@@ -106,7 +106,9 @@ def main(argv: Sequence[str]) -> int:
 
             decode_distributed = (decode_distributed, decode_to_parquet)
         except ImportError as e:
-            sys.stderr.write(f"{PROG}: --workers/--cluster: hwtrace.dist is not available ({e})\n")
+            sys.stderr.write(
+                f"{PROG}: --workers/--cluster: hwtrace.cluster is not available ({e})\n"
+            )
             return 1
     out = Path(a.output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -34,12 +34,12 @@ Run 'hwtrace <command> --help' for a command's options.
 """
 
 
-def _build_kernels() -> None:
-    """After a command, build the native kernel library if kernels had to
-    go through numba (see hwtrace.kernels)."""
-    kernels = sys.modules.get("hwtrace.kernels")
-    if kernels is not None:
-        kernels.note_fallback()
+def _build_aot_library() -> None:
+    """After a command, build the native library of compiled loops if any had to
+    go through numba (see hwtrace.aot)."""
+    aot_module = sys.modules.get("hwtrace.aot")
+    if aot_module is not None:
+        aot_module.note_fallback()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         if not interrupted:
-            _build_kernels()
+            _build_aot_library()
 
 
 def _run(cmd: str, rest: list[str]) -> int:

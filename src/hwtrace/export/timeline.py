@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ..textout import put_byte, put_dec, put_row, string_list_table
 
 _CHUNK = 1 << 16  # events per write
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _put_us(out, p, ns):
     """``ns`` nanoseconds as microseconds with three decimals."""
     p = put_dec(out, p, ns // 1000)
@@ -39,7 +39,7 @@ def _put_us(out, p, ns):
     return p + 4
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _put_key(out, p, text):
     for c in text:
         out[p] = c
@@ -47,7 +47,7 @@ def _put_key(out, p, text):
     return p
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _write(out, kind, name, pid, tid, start, dur, tab, lens, lo, hi, pre_x, pre_i, mid_pid,
            mid_tid, mid_ts, mid_dur, post_x, post_i):  # fmt: skip
     """Events ``lo..hi`` as JSON objects, each on its own line after a

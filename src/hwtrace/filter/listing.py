@@ -5,7 +5,7 @@ field=value ...`` (the ``common_*`` fields left out, as ``trace`` does); a
 JSON line ``{"time", "cpu", "tid", "comm", "event", "fields": {...}}``.
 Events are listed in time order, as ``trace`` and ``perf script`` list them.
 
-For perf.data and ftrace sources a compiled kernel writes the lines
+For perf.data and ftrace sources a compiled loop writes the lines
 straight from the raw records, from a per-type field program (kind, offset,
 size, signedness, count per field), so listing millions of events does no
 Python work per event.  CTF events are listed from the values bt2 gave

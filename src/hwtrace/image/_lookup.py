@@ -1,7 +1,7 @@
 """Compiled address-to-symbol lookup for :class:`~hwtrace.image.symbols.SymbolTable`.
 
 A decoded flow's blocks come in long runs inside one function, so the
-kernel remembers the interval between two symbol starts the previous
+loop remembers the interval between two symbol starts the previous
 address fell in and only searches (binary search, as ``np.searchsorted``)
 when an address leaves it.  The answer is exactly the vectorised one.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def lookup_index(start, end, cover, addr, out):
     """``out[i]``: the symbol covering ``addr[i]`` (-1: none): the last
     symbol starting at or before it if it reaches the address, else the

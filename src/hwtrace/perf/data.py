@@ -48,7 +48,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..pt.packets import release
-from . import _kernels as K
+from . import _loops as K
 from .attr import AttrError, PerfEventAttr
 from .features import Feature, FeatureError, parse_feature
 from .records import Record, RecordError, RecordType, parse_record
@@ -135,11 +135,11 @@ class EventAttr:
 
 @dataclass
 class Samples:
-    """SAMPLE records as columns (see ``_kernels.SAMPLE_COLUMNS``).
+    """SAMPLE records as columns (see ``_loops.SAMPLE_COLUMNS``).
 
     ``record`` is each sample's row in ``PerfData.records``, ``attr`` its
     event; ``columns`` the names present for the events' sample_types (every
-    column of :data:`_kernels.SAMPLE_COLUMNS` can be read, absent ones are 0).
+    column of :data:`_loops.SAMPLE_COLUMNS` can be read, absent ones are 0).
     Offsets (``callchain_offset``, ``raw_offset``, ``branch_offset``, …) are
     relative to the record start: ``data.buf[records.offset[r] + off]``.
     ``bad`` is nonzero for samples too short for their fields.

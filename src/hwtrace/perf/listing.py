@@ -1,6 +1,6 @@
 """``hwtrace script``'s listing: one line per instruction or block, as
 ``perf script --itrace=i0ns --ns -F comm,tid,time,ip,sym,symoff,dso``
-prints it, written by a compiled kernel.
+prints it, written by a compiled loop.
 
 A line is ``comm tid seconds.nanoseconds:  ip symbol+0xoff (module)``
 (perf's widths: 16, 5, 5 and 16; ``[unknown] (module)`` where no symbol

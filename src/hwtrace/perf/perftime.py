@@ -28,7 +28,7 @@ instruction.  perf keeps each queue's time from going backwards.
 
 :class:`PerfClock` runs that over a queue's packets alongside its decoded
 instructions (their addresses and transfer classes), batch by batch, in a
-compiled kernel.
+compiled loop.
 """
 
 from __future__ import annotations

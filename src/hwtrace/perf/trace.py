@@ -44,7 +44,7 @@ from ..image.perfsyms import perf_symbols
 from ..image.revisions import EXACT_SOURCES, CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
-from ..pt import _flowkernel as FK
+from ..pt import _flowloop as FK
 from ..pt.codetable import CodeTable
 from ..pt.config import PtConfig
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace

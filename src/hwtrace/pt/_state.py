@@ -1,10 +1,10 @@
-"""State records shared by the compiled packet kernels and their Python drivers.
+"""State records shared by the compiled packet loops and their Python drivers.
 
-The streaming packet decoder (:func:`hwtrace.pt._kernels.decode_stream`) and
-the ptdump text kernel (:func:`hwtrace.pt._ptdump_kernel.format_kernel`) keep
+The streaming packet decoder (:func:`hwtrace.pt._loops.decode_stream`) and
+the ptdump text loop (:func:`hwtrace.pt._ptdump_loop.format_loop`) keep
 what must survive from one call to the next in a one-element numpy record
 array: named fields on both sides, one pointer for a native caller (the
-kernels' ahead-of-time library, :mod:`hwtrace.kernels`).
+loops' ahead-of-time library, :mod:`hwtrace.aot`).
 
 This module needs numpy only, so the commands can read and set these records
 without importing numba.
@@ -82,7 +82,7 @@ def new_decoder_state(*, sync: bool = True, resync: bool = True, errata: int = 0
 
 
 # ---------------------------------------------------------------------------
-# The ptdump text kernel (format_kernel)
+# The ptdump text loop (format_loop)
 
 FORMAT_STATE = np.dtype(
     [
@@ -101,7 +101,7 @@ FORMAT_STATE = np.dtype(
         ("last_tsc", np.int64),  # --time-delta
         ("last_fcr", np.int64),
         # Sideband goes after the diagnostics of packet ``mark`` and before
-        # its line: the kernel notes where that line starts in ``split``.
+        # its line: the loop notes where that line starts in ``split``.
         ("mark", np.int64),
         ("split", np.int64),
     ]
@@ -122,7 +122,7 @@ F_NO_CYC = 1 << 10  # --no-cyc
 F_NO_WALL = 1 << 11  # --no-wall-clock
 F_TRACK = 1 << 12  # track time without showing it (Intel's ptdump does with sideband)
 
-# format_kernel stops when less room than this is left in its output: enough
+# format_loop stops when less room than this is left in its output: enough
 # for one packet's line with everything printed before it.
 LINE_MAX = 512
 

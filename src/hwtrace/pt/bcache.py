@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
-from ._flowkernel import O_NEW, O_UNCACHED
+from .. import aot
+from ._flowloop import O_NEW, O_UNCACHED
 from .codetable import (
     CLASS_CALL,
     CLASS_JUMP,
@@ -59,14 +59,14 @@ NB = 4
 M_LOOKUP, M_SKIP, M_FILL, M_END = range(4)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _put(valid, e_ninsn, e_dip, k, ninsn, dip):
     valid[k] = 1
     e_ninsn[k] = ninsn
     e_dip[k] = dip
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _trampoline(valid, e_ninsn, e_dip, k, ip, nip):
     """pt_blk_add_trampoline: continue at ``nip`` (or decode ``ip`` again
     when the displacement does not fit)."""
@@ -77,7 +77,7 @@ def _trampoline(valid, e_ninsn, e_dip, k, ip, nip):
         _put(valid, e_ninsn, e_dip, k, 1, ip)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _extend(valid, e_ninsn, e_dip, k, ip, nk, nip):
     """The entry of instruction ``k`` at ``ip`` from its successor's entry
     ``nk``; returns False where a trampoline had to be used instead."""
@@ -91,7 +91,7 @@ def _extend(valid, e_ninsn, e_dip, k, ip, nk, nip):
     return True
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _unwind(ct, valid, e_ninsn, e_dip, frames, fr_nip, fr_mode, st):
     """The end of a block: the fill frames still waiting add their entries
     from their successors' (last frame first), as libipt's recursion
@@ -109,7 +109,7 @@ def _unwind(ct, valid, e_ninsn, e_dip, frames, fr_nip, fr_mode, st):
     st[B_MODE] = M_LOOKUP
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def split_blocks(b_ip, b_ninsn, b_flags, b_mode, b_run, ct, valid, e_ninsn, e_dip, frames, fr_nip,
                  fr_mode, st, starts, counts):  # fmt: skip
     """Replays libipt's block cache over a batch's rows: ``starts[r]`` gets
@@ -199,7 +199,7 @@ def split_blocks(b_ip, b_ninsn, b_flags, b_mode, b_run, ct, valid, e_ninsn, e_di
     return npieces
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def apply_splits(b_ip, b_ninsn, b_flags, b_mode, b_offset, b_time, b_run, ev_blk, ct, starts, counts,
                  remap, o_ip, o_ninsn, o_flags, o_mode, o_offset, o_time, o_run, o_evblk):  # fmt: skip
     """The batch's rows with each row cut where ``split_blocks`` said; the

@@ -22,7 +22,7 @@ import itertools
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from .codetable import C_KEY_OWNER
 
 _EMPTY_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -39,17 +39,17 @@ S_SAVED = 7  # 7..12: S_ROWS, S_OFF ... S_STARTED as they were
 S_ID, S_LIVE = 13, 14
 _NS = 16
 _SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED)
-# Why the compaction kernel stopped before the batch's end.
+# Why the compaction loop stopped before the batch's end.
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _slot(ip, meta, mask):
     h = (ip ^ (meta * np.uint64(0x9E3779B97F4A7C15))) * np.uint64(0xBF58476D1CE4E5B9)
     return np.int64((h >> np.uint64(32)) & np.uint64(mask))
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
     """The key of block ``(a, ninsn, mode, image)``, added when new;
     returns ``(key, n_keys)``, key -1 when the table is full."""
@@ -76,7 +76,7 @@ def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
         s = (s + 1) & mask
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t, last_off, last_t,
             started):  # fmt: skip
     """Store a row of block ``key`` decoded at trace offset ``o`` and time
@@ -105,7 +105,7 @@ def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t,
     return 0, n_rows + 1, n_off, n_t, last_off, last_t
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, keys, tab, cols,
              state):  # fmt: skip
     """Append the batch's rows ``start`` to ``end``; returns ``(next row,
@@ -142,13 +142,13 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
     return i, why
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def keys_limit(keys):
     """How many distinct blocks a key column of this type can name."""
     return _U2_LIMIT if keys.itemsize == 2 else 0x7FFFFFFF
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def store_key_limit(keys, tab, cols):
     """How many distinct blocks the store can hold before it must grow."""
     return min(cols[0].shape[0], tab[0].shape[0] >> 1, keys_limit(keys))
@@ -156,7 +156,7 @@ def store_key_limit(keys, tab, cols):
 
 # -- the decoder storing rows itself ------------------------------------------
 #
-# The compiled decoder (hwtrace.pt._flowkernel) takes a store as one tuple,
+# The compiled decoder (hwtrace.pt._flowloop) takes a store as one tuple,
 # ``(keys, tab, cols, state)`` (BlockStore.kernel_store), and while
 # ``state[S_LIVE]`` stores its rows there directly instead of writing them
 # out for Python to append: a row that is a code run finds its key in the
@@ -166,21 +166,21 @@ def store_key_limit(keys, tab, cols):
 # blocks it added stay (they are only never referred to).
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def store_save(state):
     """Remember the row counters (at a decoding step's start)."""
     for j in range(len(_SAVED_SLOTS)):
         state[S_SAVED + j] = state[_SAVED_SLOTS[j]]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def store_restore(state):
     """Drop the rows stored since :func:`store_save`."""
     for j in range(len(_SAVED_SLOTS)):
         state[_SAVED_SLOTS[j]] = state[S_SAVED + j]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def claim_run_keys(counts, r_key, n_runs, state):
     """Make the code table's run keys the store's (they were another's)."""
     if counts[C_KEY_OWNER] != state[S_ID]:
@@ -189,7 +189,7 @@ def claim_run_keys(counts, r_key, n_runs, state):
         counts[C_KEY_OWNER] = state[S_ID]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
     """Append rows ``0..n`` of a decoder's output if the store surely has
     room for them (else nothing: the rows go to Python, which grows it);
@@ -382,7 +382,7 @@ class BlockStore:
         return self.time_row[:n], self.time_val[:n]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _rehash(h_ip, h_meta, h_id, k_ip, k_ninsn, k_mode, k_image, n):
     mask = h_ip.shape[0] - 1
     for key in range(n):

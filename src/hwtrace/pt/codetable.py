@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ..isa.x86 import IClass, InsnCache, Special
 
 # Instruction flags.
@@ -74,13 +74,13 @@ SPECIAL_JMPABS = int(Special.JMPABS)
 # Hash tables keyed by (ip, mode).
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _slot(ip, mode, mask):
     h = ((ip ^ np.uint64(mode)) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(17)
     return np.int64(h & np.uint64(mask))
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def hash_find(h_ip, h_mode, h_val, ip, mode):
     """The value stored for ``(ip, mode)``, or -1."""
     mask = h_ip.shape[0] - 1
@@ -94,7 +94,7 @@ def hash_find(h_ip, h_mode, h_val, ip, mode):
         s = (s + 1) & mask
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def hash_put(h_ip, h_mode, h_val, ip, mode, value):
     mask = h_ip.shape[0] - 1
     s = _slot(ip, mode, mask)
@@ -105,7 +105,7 @@ def hash_put(h_ip, h_mode, h_val, ip, mode, value):
     h_val[s] = value
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _rehash(h_ip, h_mode, h_val, ips, modes, n, skip):
     for i in range(n):
         if not skip[i]:
@@ -124,12 +124,12 @@ def _new_hash(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # Runs, built in compiled code from the instruction table.
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def is_plain(iclass):
     return iclass == CLASS_OTHER or iclass == CLASS_PTWRITE
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def build_run(ct, ip, mode):
     """Add the run starting at ``(ip, mode)``.  Returns its index, -1 when an
     instruction on the way is not decoded yet (``ct[MISS]`` says where), -2
@@ -460,7 +460,7 @@ class CodeTable:
         return self.cache.get(int(self.i_ip[index]), int(self.i_mode[index]))
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _hash_range(h_ip, h_mode, h_val, ips, modes, start, end):
     for i in range(start, end):
         hash_put(h_ip, h_mode, h_val, ips[i], modes[i], i)

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ..image.revisions import CodeRevisions, revised_instructions
 from ..image.symbols import SymbolTable
 from ..isa.x86 import IClass, Special
-from . import _flowkernel as K
+from . import _flowloop as K
 from .blocks import BlockStore, CompactBlocks
 from .codetable import I_DIRECT, CodeTable
 from .config import PtConfig
@@ -137,7 +137,7 @@ class FlowResult:
         self.counted: tuple[int, int] | None = None
         self.images: list = []
         # The events: rows as the decoder writes them (see
-        # hwtrace.pt._flowkernel), their trace offsets, and the number of
+        # hwtrace.pt._flowloop), their trace offsets, and the number of
         # blocks before each.
         self.event_rows: np.ndarray = _EMPTY_EVENTS
         self.event_offset: np.ndarray = np.zeros(0, np.int64)
@@ -313,7 +313,7 @@ class Symbolized:
         ]
 
 
-@kernels.njit(cache=True, nogil=True)
+@aot.njit(cache=True, nogil=True)
 def _expand(bip, bn, btable, tstart, tend, keys_all, succ_all, out):
     j = 0
     for i in range(bip.shape[0]):
@@ -537,7 +537,7 @@ def _sync_forward_of(read: Callable[[int, int], np.ndarray], size: int, pos: int
     """The first PSB at or after ``pos`` (-1: none), as the sync kernel
     finds it in the whole buffer, reading windows that start 8-byte aligned
     (the kernel scans aligned words) and overlap by 64 bytes."""
-    from ._kernels import PSB_SIZE, sync_forward
+    from ._loops import PSB_SIZE, sync_forward
 
     w0 = max(0, (pos - 64) // 8 * 8)
     while w0 < size:

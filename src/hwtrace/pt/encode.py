@@ -53,7 +53,7 @@ chapter and what Intel's reference decoder (libipt) relies on:
   clock and the crystal clock at TSC / ``ctc_ratio``.
 
 Each distinct IP is classified once (iced-x86, :mod:`hwtrace.isa.x86`); the
-walk over the path and the packet emission run in a compiled kernel that
+walk over the path and the packet emission run in a compiled loop that
 writes packet columns, which :func:`~hwtrace.pt.packets.encode_table` turns
 into bytes.
 """
@@ -69,20 +69,20 @@ from numba import njit
 
 from ..image import Image
 from ..isa.x86 import IClass, InsnCache, Special
-from ._kernels import encoded_size
+from ._loops import encoded_size
 from .config import PtConfig
 from .kinds import Kind
 from .packets import encode_table
 
 Reader = Callable[[int, int], bytes]
 
-# Instruction classes of the kernel.
+# Instruction classes of the loop.
 C_BAD, C_OTHER, C_COND, C_JMP, C_CALL, C_IJMP, C_ICALL, C_RET, C_FAR = range(9)
 
 # Events between path[p - 1] and path[p], indexed by p.
 EV_NONE, EV_INTERRUPT, EV_DISABLE, EV_ENABLE = 0, 1, 2, 3
 
-# Kernel error codes.
+# Loop error codes.
 ERR_BAD_INSN = 1  # no valid instruction at the IP
 ERR_FLOW = 2  # the next IP is impossible after this instruction
 ERR_AMBIGUOUS = 3  # a decoder would bind the event earlier in the path
@@ -98,7 +98,7 @@ _ERROR_TEXT = {
     ERR_NO_END_IP: "the path ends at {ip:#x} where the next IP is not known: pass end_ip",
 }
 
-# Statistics the kernel counts (indexes into its stats array).
+# Statistics the loop counts (indexes into its stats array).
 STAT_NAMES = (
     "tnt_bits",
     "tip",
@@ -142,7 +142,7 @@ _RETSTACK = 64
 _MAX_DEFERRED = 32  # deferred TIPs held back at most (then the TNT is sent)
 _MODE_64 = 1  # MODE.Exec CS.L
 
-# Kernel state: one int64 array (helpers update it in place) ...
+# Loop state: one int64 array (helpers update it in place) ...
 _ROW, _BYTES, _PSB_AT, _TNT_N, _HAVE_LAST, _CYCLES, _LAST_CYC, _MTC_LAST = range(8)
 _CYC_ON, _IP_COMP, _N_DEFERRED, _POS = 8, 9, 10, 11
 _N_ST = 12
@@ -288,7 +288,7 @@ def _straight_hits(ips, start, stop, ip):
 
 
 @njit(cache=True)
-def encode_kernel(path, code, events, end_ip, have_end_ip, cost, opts, timing, out, stats):
+def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out, stats):
     """Walk the path and write packet columns into ``out`` = (kind, a, b, c,
     byte offset, path position of the next instruction); rows past their size
     are only counted.
@@ -737,7 +737,7 @@ def encode_path(
         out_off = np.zeros(cap, np.int64)
         out_pos = np.zeros(cap, np.int64)
         stats = np.zeros(len(STAT_NAMES), np.int64)
-        rows, err, pos = encode_kernel(
+        rows, err, pos = encode_loop(
             (ips, uid),
             (u_cls, u_fall, u_target, u_push),
             (traced, ev_kind, ev_ip, ptw_size, ptw_value, fup_on_ptw, anchor),

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
-from . import _flowkernel as K
-from ._kernels import sync_forward as _sync_forward_kernel
+from . import _flowloop as K
+from ._loops import sync_forward as _sync_forward_loop
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
 from .config import PtConfig
 from .errors import PtError
@@ -85,7 +85,7 @@ class FlowBatch:
     of libipt's blocks, ``SPECULATIVE``), ``mode``, ``offset`` (the trace
     offset where the block's decoding began) and ``time`` (the decoder's
     time stamp then).  Event rows: ``events`` (``EW`` words each, see
-    :mod:`hwtrace.pt._flowkernel`), their ``event_offset`` and
+    :mod:`hwtrace.pt._flowloop`), their ``event_offset`` and
     ``event_block``, the number of this batch's block rows before each.
     ``table`` holds the code the blocks ran (``image`` its index among the
     decoding's images).  ``n_insn`` and ``n_blocks`` count the instructions
@@ -118,7 +118,7 @@ class FlowSink:
     """Receives batches (override :meth:`batch`).
 
     :meth:`output` gives the arrays the decoder writes its next rows into
-    (see :func:`hwtrace.pt._flowkernel.new_output`); the default is one set
+    (see :func:`hwtrace.pt._flowloop.new_output`); the default is one set
     of buffers, reused after every batch.  A sink that keeps everything can
     hand out views into its own growing columns instead, so rows are written
     once, where they stay.
@@ -468,7 +468,7 @@ class FlowDecoder:
         pos, last_sync, sync_progress = start, -1, -1
         while pos < end:
             first = pos + 16 if pos == last_sync else pos
-            off = int(_sync_forward_kernel(buf, first, start, end)) if first < end else -1
+            off = int(_sync_forward_loop(buf, first, start, end)) if first < end else -1
             if off < 0:
                 break
             last_sync = off
@@ -489,7 +489,7 @@ class FlowDecoder:
     def _extent(self, buf: np.ndarray, after: int, end: int) -> int:
         """Where a window reaching past ``after`` ends: after the PSB+ of
         the first PSB at or after it (lookahead never reads further)."""
-        psb = int(_sync_forward_kernel(buf, after, 0, end)) if after < end else -1
+        psb = int(_sync_forward_loop(buf, after, 0, end)) if after < end else -1
         return end if psb < 0 else psb_plus_end(buf, psb, end)
 
     def _open(
@@ -507,7 +507,7 @@ class FlowDecoder:
         limit may read.  ``grow``: make it reach past that offset;
         ``fresh``: a segment starts there (not the last window's flow)."""
         target = ws + self.window_bytes
-        limit = int(_sync_forward_kernel(buf, target, ws, end)) if target < end else -1
+        limit = int(_sync_forward_loop(buf, target, ws, end)) if target < end else -1
         if limit < 0:
             ext = end
         else:

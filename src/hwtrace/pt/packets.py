@@ -3,7 +3,7 @@
 Decoding produces a :class:`PacketTable`, a struct of numpy arrays with one row
 per packet (see :mod:`hwtrace.pt.kinds` for what the payload columns mean),
 plus the decode errors met on the way.  The per-byte work is compiled
-(:mod:`hwtrace.pt._kernels`, imported on first use: importing this module
+(:mod:`hwtrace.pt._loops`, imported on first use: importing this module
 does not import numba); this module allocates, loops over chunks and offers
 a friendly per-packet view (:class:`Packet`).
 
@@ -227,19 +227,19 @@ def sync_forward(data: Any, offset: int = 0) -> int:
     buf = as_buffer(data)
     if offset >= buf.shape[0]:
         return -1
-    return int(_kernels().sync_forward(buf, offset, 0, buf.shape[0]))
+    return int(_loops().sync_forward(buf, offset, 0, buf.shape[0]))
 
 
 def sync_backward(data: Any, offset: int | None = None) -> int:
     """Offset of the last PSB starting before ``offset`` (default: the end), or -1."""
     buf = as_buffer(data)
     end = buf.shape[0]
-    return int(_kernels().sync_backward(buf, end if offset is None else offset, 0, end))
+    return int(_loops().sync_backward(buf, end if offset is None else offset, 0, end))
 
 
-def _kernels() -> Any:
-    """The compiled kernels (importing them imports numba: only when used)."""
-    from . import _kernels as K
+def _loops() -> Any:
+    """The compiled loops (importing them imports numba: only when used)."""
+    from . import _loops as K
 
     return K
 
@@ -257,7 +257,7 @@ def decode_range(
     Offsets are positions in ``buf``.  Errors are recorded and, with
     ``resync``, decoding goes on at the next PSB.
     """
-    K = _kernels()
+    K = _loops()
     state = new_decoder_state(sync=False, resync=resync, errata=errata)
     s = state[0]
     s["pos"] = s["sync_pos"] = start
@@ -396,7 +396,7 @@ def psb_plus_end(
 def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:
     """Split a stream into ``(start, end)`` ranges of about ``chunk_bytes``
     that each begin at a PSB, so each can be decoded on its own."""
-    K = _kernels()
+    K = _loops()
     end = buf.shape[0]
     first = int(K.sync_forward(buf, 0, 0, end)) if end else -1
     if first < 0:
@@ -501,7 +501,7 @@ def encode_table(kinds: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray)
     c = np.ascontiguousarray(c, np.uint8)
     # Upper bound: no packet is longer than 16 bytes.
     out = np.empty(16 * kinds.shape[0] + 16, np.uint8)
-    n = int(_kernels().encode_rows(kinds, a, b, c, out))
+    n = int(_loops().encode_rows(kinds, a, b, c, out))
     if n < 0:
         row = -n - 1
         bad = Packet(Kind(int(kinds[row])), int(a[row]), int(b[row]), int(c[row]))

@@ -2,15 +2,15 @@
 
 :func:`dump_stream` reads a trace in chunks and writes its listing as it
 goes, so memory stays the same whatever the trace's size: the compiled
-streaming decoder (:func:`hwtrace.pt._kernels.decode_stream`) turns each
+streaming decoder (:func:`hwtrace.pt._loops.decode_stream`) turns each
 chunk into a bounded table of packets, the time model follows them from
 table to table when time is shown, and the compiled text writer
-(:func:`hwtrace.pt._ptdump_kernel.format_kernel`) prints many packets per
+(:func:`hwtrace.pt._ptdump_loop.format_loop`) prints many packets per
 call into one output buffer.  How the input is cut into chunks never shows
 in the output.  With ``--quiet`` (nothing but errors) the decoder only
 checks the stream and stores no packets.
 
-The kernels are hwtrace kernels (:mod:`hwtrace.kernels`): from the native
+The loops are hwtrace loops (:mod:`hwtrace.aot`): from the native
 library built ahead of time when it has them, so dumping a trace does not
 import numba, else through numba.
 """
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from ._kernels import decode_stream
-from ._ptdump_kernel import format_kernel
+from ._loops import decode_stream
+from ._ptdump_loop import format_loop
 from ._state import (
     F_DELTA,
     F_EXEC,
@@ -109,7 +109,7 @@ class DumpOptions:
         )
 
     def flags(self) -> int:
-        """The options as the text kernel's flag bits."""
+        """The options as the text loop's flag bits."""
         bits = {
             F_OFFSET: self.show_offset,
             F_RAW: self.raw,
@@ -153,7 +153,7 @@ def _times_bundle(times: TimeColumns | None) -> tuple[np.ndarray, ...]:
 
 
 class _TextWriter:
-    """Formats tables of one stream with the text kernel, keeping its
+    """Formats tables of one stream with the text loop, keeping its
     tracking state (last IP, previous time) from table to table."""
 
     def __init__(
@@ -177,7 +177,7 @@ class _TextWriter:
         next one is asked for.  ``inserts`` are printed before the lines of
         the packets they are keyed by, after those packets' diagnostics, as
         Intel's ptdump prints sideband when it updates the time."""
-        # The kernels take C arrays of these types (no copy when they are).
+        # The loops take C arrays of these types (no copy when they are).
         columns = (table.offset, table.kind, table.size, table.a, table.b, table.c)
         rows = tuple(
             np.ascontiguousarray(col, t) for col, t in zip(columns, ROW_TYPES, strict=True)
@@ -205,7 +205,7 @@ class _TextWriter:
             s["split"] = -1
             s["last"] = int(last and stop == n)
             while True:
-                size = int(format_kernel(rows, errs, bundle, raw, self.state, self.out))
+                size = int(format_loop(rows, errs, bundle, raw, self.state, self.out))
                 split = int(s["split"])
                 if split >= 0:
                     s["split"] = -1

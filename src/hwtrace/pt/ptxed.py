@@ -1,9 +1,9 @@
-"""Intel ptxed's text, written by a compiled kernel from the flow decoder's
+"""Intel ptxed's text, written by a compiled loop from the flow decoder's
 output (:class:`~hwtrace.pt.flowdec.FlowBatch`).
 
 One line per instruction (its address; with disassembly unless
 ``--no-inst``) and one bracketed line per event, error and marker, exactly
-as Intel's ``ptxed`` prints them.  The kernel writes many lines per call into
+as Intel's ``ptxed`` prints them.  The loop writes many lines per call into
 a byte buffer, so a large trace costs no Python work per instruction or per
 event; Python only disassembles each distinct instruction once (iced-x86)
 and writes the buffer out.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ..textout import (
     COPY_SLACK,
     put_dec,
@@ -26,7 +26,7 @@ from ..textout import (
     put_text,
     string_table,
 )
-from . import _flowkernel as K
+from . import _flowloop as K
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .events import Ev
@@ -75,7 +75,7 @@ class PtxedStyle:
         return sum(1 << i for i, on in enumerate(flags) if on)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _ipx(out, p, row, ev_ip):
     """ptxed's ``, ip: %016x`` when asked for and the IP is known."""
     if ev_ip and not (row[K.E_FLAGS] & K.F_SUPP):
@@ -84,7 +84,7 @@ def _ipx(out, p, row, ev_ip):
     return p
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _event(out, p, row, offset, style):
     """One event line (ptxed's print_event)."""
     ev_ip = (style & S_EV_IP) != 0
@@ -283,7 +283,7 @@ def _event(out, p, row, offset, style):
     return p + 2
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _marker(out, p, row, offset, style):
     """An error, or one of ptxed's own lines; -1 when nothing is printed."""
     t = row[K.E_TYPE]
@@ -304,7 +304,7 @@ def _marker(out, p, row, offset, style):
     return put_text(out, p, "[disabled]\n")  # X_RESYNC_DISABLED
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _next_ip(i_ip, i_size, i_class, i_flags, i_target, k):
     """Where instruction ``k`` goes when it needs no trace: a direct call's
     or jump's target, else the next instruction."""
@@ -314,7 +314,7 @@ def _next_ip(i_ip, i_size, i_class, i_flags, i_target, k):
     return i_ip[k] + np.uint64(i_size[k])
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_off, contig):
     """Each instruction's line (without the per-block prefixes of
     ``--offset``/``--time``) from instruction ``first`` on, into ``lines``
@@ -364,7 +364,7 @@ def build_lines(ct, i_mode, n_insns, t_bytes, t_off, style, first, lines, line_o
     return done
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _run_span(run, r_ninsn, r_first, r_insn, line_off, contig, span):
     """Where the lines of run ``run`` are in the line table, cached in
     ``span`` (start, end; -1: not known yet); start -1 when they are not
@@ -383,7 +383,7 @@ def _run_span(run, r_ninsn, r_first, r_insn, line_off, contig, span):
     return a, e
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _run_rows(b_ninsn, b_flags, b_offset, b_run, i, stop, r_ninsn, r_first, r_insn, lines,
               line_off, contig, span, st, out, p, cap):  # fmt: skip
     """ptxed's plain lines (no per-line prefix) of rows ``i`` up to
@@ -416,7 +416,7 @@ def _run_rows(b_ninsn, b_flags, b_offset, b_run, i, stop, r_ninsn, r_first, r_in
     return i, p
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def format_batch(
     b_ip, b_ninsn, b_flags, b_mode, b_offset, b_time, b_run, ev_rows, ev_off, ev_blk, ct, lines,
     line_off, contig, span, style, st, stu, out,
@@ -555,7 +555,7 @@ def format_batch(
 
 class TextTable:
     """Disassembly of a code table's instructions as one byte string with
-    offsets, for the kernel (each instruction is formatted once)."""
+    offsets, for the loop (each instruction is formatted once)."""
 
     def __init__(self, att: bool) -> None:
         from ..isa.x86 import Formatter
@@ -648,7 +648,7 @@ class PtxedWriter(FlowSink):
     """Formats batches as ptxed text and hands the bytes to ``write``.
 
     With ``pipelined``, a second thread formats and writes each batch while
-    the decoder goes on with the next (both kernels run without the GIL):
+    the decoder goes on with the next (both loops run without the GIL):
     the decoder then writes into a few sets of output buffers in turn.  The
     formatting thread reads the code and line tables the decoding thread
     appends to; entries, once written, never change (hash slots are only

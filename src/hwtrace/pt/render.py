@@ -1,6 +1,6 @@
 """Packet listings besides ptdump's text: JSON lines and a human format.
 
-Both are written by one compiled kernel, many packets per call, so listing a
+Both are written by one compiled loop, many packets per call, so listing a
 large trace costs no Python work per packet.  Field names come from
 :data:`hwtrace.pt.packets.FIELD_NAMES`, the same names the Python packet view
 uses, so a JSON row equals ``Packet.to_dict()`` plus ``time`` (the estimated
@@ -81,7 +81,7 @@ def _error_line(out, p, style, offset, code, txt_tab, txt_len):
 
 
 @njit(cache=True)
-def render_kernel(
+def render_loop(
     offset, kind, size, a, b, c, lo, hi,
     err_at, err_off, err_code, e,
     tsc, have_tsc, style, color, tabs, out,
@@ -202,7 +202,7 @@ def _render(
     while True:
         hi = min(n, lo + _BATCH)
         out = np.empty(_LINE_MAX * (hi - lo + 1) + 128 * len(err_at), np.uint8)
-        size, e = render_kernel(
+        size, e = render_loop(
             table.offset, table.kind, table.size, table.a, table.b, table.c, lo, hi,
             err_at, err_off, err_code, e, tsc, have_tsc, style, color, _TABS, out,
         )  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 from numba import njit
 
-from . import _kernels as PK
+from . import _loops as PK
 from .kinds import Kind
 from .packets import PacketTable
 

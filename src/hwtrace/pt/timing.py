@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
-from . import _kernels as K
+from .. import aot
+from . import _loops as K
 from .config import PtConfig
 from .errors import PtError
 from .packets import PacketTable
@@ -52,7 +52,7 @@ OPT_KEEP_TCAL_ON_OVF = 4
 OPT_SKL168 = 8
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _ctc_delta(ctc, last_ctc, mtc_freq):
     """CTC distance, correcting one wrap-around.  (-1 if more.)"""
     if ctc < last_ctc:
@@ -62,24 +62,24 @@ def _ctc_delta(ctc, last_ctc, mtc_freq):
     return ctc - last_ctc
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _tcal_init():
     """Fresh calibration state (pt_tcal_init): no FCR while min > max."""
     return 0, -1, 0, 0, 0, 0, 0, 0, False, False
 
 
-# The model's state between calls (time_kernel's ``state``/``saved``).
+# The model's state between calls (time_loop's ``state``/``saved``).
 TIME_STATE_SIZE = 24
 _TS_VALID = 23
 
 
 def new_time_state() -> np.ndarray:
-    """State for :func:`time_kernel` before the first packet of a stream."""
+    """State for :func:`time_loop` before the first packet of a stream."""
     return np.zeros(TIME_STATE_SIZE, np.int64)
 
 
 def new_time_output(n: int) -> tuple:
-    """The arrays :func:`time_kernel` fills for ``n`` packets: per packet
+    """The arrays :func:`time_loop` fills for ``n`` packets: per packet
     ``(tsc, have_tsc, fcr, have_fcr)`` after it, and room for the
     diagnostics ``(index, kind, error)``."""
     return (
@@ -93,8 +93,8 @@ def new_time_output(n: int) -> tuple:
     )
 
 
-@kernels.njit(cache=True, nogil=True, _nrt=False)
-def time_kernel(
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def time_loop(
     kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved,
     out,
 ):  # fmt: skip
@@ -533,7 +533,7 @@ def estimate_time(
     if "skl168" in config.errata:
         opts |= OPT_SKL168
     out = new_time_output(len(table))
-    nd = time_kernel(
+    nd = time_loop(
         table.kind,
         table.a,
         table.b,

@@ -1,14 +1,14 @@
-"""Compile the decoders' kernels before a first real use.
+"""Compile the decoders' loops before a first real use.
 
-A kernel runs from the native library (:mod:`hwtrace.kernels`) once numba
+A loop runs from the native library (:mod:`hwtrace.aot`) once numba
 has compiled it for the argument types a command passes; until then a
 command pays for numba's import and compilation.  ``python -m
-hwtrace.kernels warm`` (which ``make venv`` runs) decodes a small trace of
+hwtrace.aot warm`` (which ``make venv`` runs) decodes a small trace of
 a loop, encoded here, the ways the commands do (``ptdump`` in its forms,
 ``ptxed`` with and without disassembly, the library decoder keeping and
-counting its results), so that numba compiles each of those kernels, and
+counting its results), so that numba compiles each of those loops, and
 then builds the library: a user's first ``hwtrace ptdump`` or ``ptxed``
-starts in a fraction of a second.  Kernels other commands need are added
+starts in a fraction of a second.  Loops other commands need are added
 to the library after their first use.
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ._state import (
     ERRATUM_SKD007,
     ERRATUM_SKZ84,
@@ -108,7 +108,7 @@ PSB_WORD_HILO = np.uint64(0x0282028202820282)
 _0 = np.uint64(0)
 
 
-@kernels.njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always")
 def _read_le(buf, pos, n):
     v = np.uint64(0)
     for i in range(n):
@@ -116,7 +116,7 @@ def _read_le(buf, pos, n):
     return v
 
 
-@kernels.njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always")
 def _ip_bytes(ipc):
     if ipc == 0:
         return 0
@@ -131,7 +131,7 @@ def _ip_bytes(ipc):
     return -1
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def decode_packet(buf, pos, end, in_block, errata):
     """Decode the packet at ``pos``.
 
@@ -358,7 +358,7 @@ def decode_packet(buf, pos, end, in_block, errata):
     return 0, -E_BAD_OPC, _0, _0, _0
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def _find_psb_end(buf, pos, begin, end):
     """libipt's pt_find_psb: from a position inside a PSB payload, walk to its
     end and return the PSB's start, or -1."""
@@ -381,7 +381,7 @@ def _find_psb_end(buf, pos, begin, end):
     return pos
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def sync_forward(buf, pos, begin, end):
     """Offset of the first PSB at or after ``pos`` (-1 if none).
 
@@ -407,7 +407,7 @@ def sync_forward(buf, pos, begin, end):
         return found
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def sync_backward(buf, pos, begin, end):
     """Offset of the last complete PSB that starts before ``pos`` (-1 if none)."""
     p = pos - 1
@@ -429,7 +429,7 @@ def sync_backward(buf, pos, begin, end):
     return -1
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _resync_start(err_pos, sync_pos, begin):
     """Where libipt's pt_pkt_sync_forward starts looking after an error at
     ``err_pos``: a PSB's length early, so a PSB partly swallowed by a bogus
@@ -443,7 +443,7 @@ def _resync_start(err_pos, sync_pos, begin):
     return pos - space
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def resync_point(buf, err_pos, sync_pos, begin, end):
     """Where decoding resumes after an error at ``err_pos`` (libipt's
     pt_pkt_sync_forward): start a PSB's length early so a PSB partly swallowed
@@ -474,7 +474,7 @@ def _fixed_sizes() -> np.ndarray:
 FIXED_SIZE = _fixed_sizes()
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _psb_at(buf, pos, end):
     """A whole PSB starts at ``pos`` (the check at the end of libipt's
     pt_find_psb)."""
@@ -486,7 +486,7 @@ def _psb_at(buf, pos, end):
     return True
 
 
-@kernels.njit(cache=True, nogil=True, _nrt=False)
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def decode_stream(buf, avail, state, rows, errs, store):
     """Decode a stream that arrives in pieces: the packets in ``buf[:avail]``.
 
@@ -673,14 +673,14 @@ def decode_stream(buf, avail, state, rows, errs, store):
     return stop
 
 
-@kernels.njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always")
 def _write_le(out, pos, v, n):
     for i in range(n):
         out[pos + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(0xFF))
     return pos + n
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def encoded_size(kind, a, b, c):
     """Size in bytes of one packet's encoding (-1 if the fields are invalid)."""
     if kind == PAD or kind == TNT8:
@@ -726,7 +726,7 @@ def encoded_size(kind, a, b, c):
     return -1
 
 
-@kernels.njit(cache=True)
+@aot.njit(cache=True)
 def encode_rows(kinds, col_a, col_b, col_c, out):
     """Encode rows into ``out`` (sized by :func:`encoded_size`).
 

@@ -1,4 +1,4 @@
-"""hwtrace.dist: a perf.data's Intel PT decoded by Dask tasks gives exactly
+"""hwtrace.cluster: a perf.data's Intel PT decoded by Dask tasks gives exactly
 stream_perf's rows, in this process, on a local cluster, on a loopback
 ``dask scheduler`` with two ``dask worker`` processes, and after a worker
 is killed; a silent address and an input the workers cannot read are one
@@ -21,7 +21,7 @@ from test_ptw_flow import recorded as ptw_recording  # noqa: F401 (a fixture)
 from test_record_software import SKIP
 
 from hwtrace.cli.main import main as hwtrace_main
-from hwtrace.dist import DistributedError, decode_distributed, plan_pieces
+from hwtrace.cluster import DistributedError, decode_distributed, plan_pieces
 from hwtrace.perf.data import read_perf_data
 from hwtrace.perf.trace import iter_queue_traces, stream_perf
 
@@ -341,7 +341,7 @@ def _to_parquet(recording: Path, out: Path, on_piece=None, **kw) -> Path:
     """decode_to_parquet into ``out`` as ``hwtrace decode`` calls it."""
     from hwtrace.cli.decode import _metadata, _parser
     from hwtrace.cli.perfcmds import _open
-    from hwtrace.dist import decode_to_parquet
+    from hwtrace.cluster import decode_to_parquet
     from hwtrace.export.parquet import FlowParquetWriter, Names, build_ids_of
 
     a = _parser().parse_args([str(recording), "-o", str(out), "--instructions"])

@@ -1,20 +1,20 @@
 """The compiled writer of Intel's ptdump text (numba, nopython).
 
-:func:`format_kernel` writes the lines of many packets per call into a byte
+:func:`format_loop` writes the lines of many packets per call into a byte
 buffer: what Intel's ptdump (libipt's ``tools/ptdump``) prints for each
 packet, its ``--lastip``, ``--exec-mode``, ``--time`` and ``--tcal``
 tracking, the time model's diagnostics and the decode errors, in stream
 order.  :mod:`hwtrace.pt.ptdump` drives it, through the native library
-of :mod:`hwtrace.kernels` or numba.
+of :mod:`hwtrace.aot` or numba.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import njit
+from ..aot import njit
 from ..textout import pad_to, put_dec, put_hex, put_row, put_text, string_table
-from . import _kernels as K
+from . import _loops as K
 from ._state import (
     F_DELTA,
     F_EXEC,
@@ -42,7 +42,7 @@ from .kinds import (
 )
 from .timing import DIAG_TEXT
 
-# Names, as string tables (textout.string_table), frozen into the kernel.
+# Names, as string tables (textout.string_table), frozen into the loop.
 _KIND_TAB, _KIND_LEN = string_table(KIND_NAMES, 64)
 _CFE_TAB, _CFE_LEN = string_table({**{i: "unknown" for i in range(32)}, **CFE_TYPE_NAMES}, 32)
 _EVD_TAB, _EVD_LEN = string_table({**{i: "unknown" for i in range(32)}, **EVD_TYPE_NAMES}, 32)
@@ -346,7 +346,7 @@ _EM_16, _EM_32, _EM_64, _EM_UNKNOWN = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def format_kernel(rows, errs, times, raw, st, out):
+def format_loop(rows, errs, times, raw, st, out):
     """Write ptdump's lines for packet rows ``st.next`` to ``st.stop`` into
     ``out``, each after the decode errors met before it.
 
@@ -357,7 +357,7 @@ def format_kernel(rows, errs, times, raw, st, out):
     kind, error) is read with ``--time``/``--tcal`` only.  ``raw`` holds
     the stream's bytes from offset ``st.base`` (for ``--raw``).  ``st`` (a
     :data:`hwtrace.pt._state.FORMAT_STATE` record array) carries the options
-    and the tracking from call to call.  The kernel stops early when less
+    and the tracking from call to call.  The loop stops early when less
     than :data:`LINE_MAX` bytes of ``out`` are left, and returns how many
     bytes it wrote.
     """

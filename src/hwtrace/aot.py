@@ -1,30 +1,30 @@
-"""Compiled kernels: numba functions with an ahead-of-time native library.
+"""Compiled loops: numba functions with an ahead-of-time native library.
 
 hwtrace's per-byte and per-instruction work is written for numba.  Numba
 compiles on first use and caches the machine code, but a process still pays
 for loading it: about 0.3 s for ``import numba`` and 0.3 s more to load the
-cached code of the first few kernels it calls (numba sets up its typing and
+cached code of the first few loops it calls (numba sets up its typing and
 code generation for that).  A command-line tool that decodes a small trace
 in 0.1 s spends most of its time there.
 
-:func:`njit` is numba's ``njit`` for the kernels Python calls.  Each call
-first looks for the kernel, specialised for the arguments' types, in a
-native library (``libhwtrace-kernels-*.so``) built ahead of time from
-numba's own code (:func:`build`): the kernel's LLVM IR and everything it
+:func:`njit` is numba's ``njit`` for the loops Python calls.  Each call
+first looks for the loop, specialised for the arguments' types, in a
+native library (``libhwtrace-aot-*.so``) built ahead of time from
+numba's own code (:func:`build`): the loop's LLVM IR and everything it
 calls, linked into one module, emitted as position-independent machine code
 and linked into a shared object.  It is called through ctypes (which
-releases the GIL, as ``nogil`` kernels do), with the arguments laid out as
+releases the GIL, as ``nogil`` loops do), with the arguments laid out as
 numba's native calling convention lays them out.  When the library is
 missing, out of date or lacks that specialisation, the call goes to numba.
 
-The library is built by ``python -m hwtrace.kernels build``, and after any
+The library is built by ``python -m hwtrace.aot build``, and after any
 ``hwtrace`` command that had to call numba (see :func:`note_fallback`), for
-every specialisation in numba's cache; ``python -m hwtrace.kernels warm``
+every specialisation in numba's cache; ``python -m hwtrace.aot warm``
 (``make venv``) first compiles what ptdump, ptxed and the library decoder
 call (:mod:`hwtrace.pt.warmup`).  ``HWTRACE_CACHE_DIR`` says where the
 library is kept.  Its manifest records the size and
-modification time of every kernel source file: a library older than the
-sources is ignored.  ``HWTRACE_KERNELS=numba`` turns the library off.
+modification time of every loop source file: a library older than the
+sources is ignored.  ``HWTRACE_AOT=numba`` turns the library off.
 """
 
 from __future__ import annotations
@@ -45,25 +45,25 @@ from typing import Any
 
 import numpy as np
 
-# The modules whose kernels go into the library.
-KERNEL_MODULES = (
-    "hwtrace.pt._kernels",
+# The modules whose loops go into the library.
+LOOP_MODULES = (
+    "hwtrace.pt._loops",
     "hwtrace.pt.timing",
     "hwtrace.pt.codetable",
-    "hwtrace.pt._flowkernel",
+    "hwtrace.pt._flowloop",
     "hwtrace.pt.blocks",
     "hwtrace.pt.decode",
     "hwtrace.pt.ptxed",
     "hwtrace.pt.ptdump",
-    "hwtrace.pt._ptdump_kernel",
+    "hwtrace.pt._ptdump_loop",
     "hwtrace.textout",
     "hwtrace.analysis.latency",
     "hwtrace.image._lookup",
 )
 
-_LIB_NAME = "libhwtrace-kernels"
-_ENV = "HWTRACE_KERNELS"
-_registry: dict[str, Kernel] = {}
+_LIB_NAME = "libhwtrace-aot"
+_ENV = "HWTRACE_AOT"
+_registry: dict[str, CompiledLoop] = {}
 _lock = threading.Lock()
 _library: _Library | bool | None = False  # False: not looked for yet
 _fallbacks: set[str] = set()
@@ -111,7 +111,7 @@ def _stamps(paths) -> dict[str, list[int]]:
 
 def _source_files(modules: tuple = ()) -> list[str]:
     """The files a library's code can come from: ``modules`` and every
-    hwtrace module their globals come from, transitively (kernels inline
+    hwtrace module their globals come from, transitively (loops inline
     functions and fold constants from their imports)."""
     seen: set[str] = set()
     todo = list(modules)
@@ -293,7 +293,7 @@ class _ExcInfo(ctypes.Structure):
 
 
 def _exception(name: str, status: int, exc: ctypes.c_void_p) -> BaseException:
-    """The exception a kernel raised (numba keeps it pickled in static
+    """The exception a loop raised (numba keeps it pickled in static
     data; see numba.core.callconv)."""
     if status > 0 and exc.value:
         info = _ExcInfo.from_address(exc.value)
@@ -303,7 +303,7 @@ def _exception(name: str, status: int, exc: ctypes.c_void_p) -> BaseException:
                 return cls(*(args or ()))
         except Exception:
             pass
-    return RuntimeError(f"compiled kernel {name} failed (status {status})")
+    return RuntimeError(f"compiled loop {name} failed (status {status})")
 
 
 class _Library:
@@ -313,12 +313,12 @@ class _Library:
     def __init__(self, manifest: dict, directory: Path) -> None:
         self.dlls = {name: ctypes.CDLL(str(directory / name)) for name in _libraries(manifest)}
         self.path = directory / _libraries(manifest)[-1]
-        # Kernels some specialisation of which numba keeps (they allocate,
+        # Loops some specialisation of which numba keeps (they allocate,
         # or return arrays): calling numba for those is no reason to build.
         self.numba_only = {s.split("(", 1)[0] for s in manifest.get("skipped", [])}
         self.specs: dict[str, dict] = {}
         for spec in _entries(manifest):
-            self.specs.setdefault(spec["kernel"], {})[_from_json(spec["key"])] = spec
+            self.specs.setdefault(spec["loop"], {})[_from_json(spec["key"])] = spec
 
     def entries(self, name: str) -> dict:
         out = {}
@@ -362,13 +362,13 @@ def _load_library() -> _Library | None:
 
 
 def use_library(manifest_path: Path | None) -> bool:
-    """Call kernels through the library ``manifest_path`` describes (None:
+    """Call loops through the library ``manifest_path`` describes (None:
     through numba only); returns whether it could be used."""
     global _library
     with _lock:
         _library = _open_library(Path(manifest_path)) if manifest_path is not None else None
-        for kernel in _registry.values():
-            kernel._native = None
+        for loop in _registry.values():
+            loop._native = None
         return _library is not None
 
 
@@ -378,11 +378,11 @@ def loaded_library() -> Path | None:
     return lib.path if lib is not None else None
 
 
-# -- kernels -------------------------------------------------------------------
+# -- loops -------------------------------------------------------------------
 
 
-class Kernel:
-    """A numba kernel called from Python (see the module docstring)."""
+class CompiledLoop:
+    """A numba loop called from Python (see the module docstring)."""
 
     def __init__(self, py_func: Callable, options: dict) -> None:
         self.py_func = py_func
@@ -426,7 +426,7 @@ class Kernel:
 
     def _layout(self, args: tuple) -> tuple[tuple, list]:
         """The arguments' type key and their values in numba's native
-        layout.  Kernels are called again and again with mostly the same
+        layout.  Loops are called again and again with mostly the same
         objects (state, code table, output buffers): an argument that is
         the very object of the previous call (arrays never change address
         or shape; tuples never change) is not looked at again."""
@@ -453,15 +453,15 @@ class Kernel:
         return getattr(self.dispatcher, name)
 
     def __repr__(self) -> str:
-        return f"<kernel {self.name}>"
+        return f"<loop {self.name}>"
 
 
 def njit(*args, **options):
-    """``numba.njit`` for a kernel Python calls: ``@njit`` or
+    """``numba.njit`` for a loop Python calls: ``@njit`` or
     ``@njit(cache=True, nogil=True, ...)``."""
     if args and callable(args[0]):
-        return Kernel(args[0], {})
-    return lambda fn: Kernel(fn, options)
+        return CompiledLoop(args[0], {})
+    return lambda fn: CompiledLoop(fn, options)
 
 
 _numba_hooks: list[Callable[[], None]] = []
@@ -470,7 +470,7 @@ _numba_is_ready = False
 
 def on_numba(hook: Callable[[], None]) -> None:
     """Run ``hook`` once numba is imported (now, if it is): numba
-    extensions (overloads, intrinsics) a module's kernels need, defined
+    extensions (overloads, intrinsics) a module's loops need, defined
     without importing numba before something compiles."""
     if _numba_is_ready:
         hook()
@@ -479,16 +479,16 @@ def on_numba(hook: Callable[[], None]) -> None:
 
 
 def _numba_ready() -> None:
-    """Numba has been imported: numba sees a Kernel used inside another
-    kernel as its dispatcher, and the modules' extensions are defined."""
+    """Numba has been imported: numba sees a CompiledLoop used inside another
+    loop as its dispatcher, and the modules' extensions are defined."""
     global _numba_is_ready
     if _numba_is_ready:
         return
     _numba_is_ready = True
     from numba.core.typing.typeof import typeof_impl
 
-    @typeof_impl.register(Kernel)
-    def _typeof_kernel(val, c):
+    @typeof_impl.register(CompiledLoop)
+    def _typeof_loop(val, c):
         return typeof_impl(val.dispatcher, c)
 
     while _numba_hooks:
@@ -497,7 +497,7 @@ def _numba_ready() -> None:
 
 class _NumbaImportHook(importlib.abc.MetaPathFinder):
     """Calls :func:`_numba_ready` as soon as anything imports numba, so
-    plain numba functions elsewhere can call kernels too.  A look-up that
+    plain numba functions elsewhere can call loops too.  A look-up that
     imports nothing (``importlib.util.find_spec``) leaves it in place."""
 
     def find_spec(self, name, path, target=None):
@@ -531,7 +531,7 @@ else:
 
 
 def fallbacks() -> set[str]:
-    """The kernels this process called through numba."""
+    """The loops this process called through numba."""
     return set(_fallbacks)
 
 
@@ -598,9 +598,9 @@ def _to_json(k):
 
 
 def build(
-    directory: Path | None = None, *, modules: tuple[str, ...] = KERNEL_MODULES, quiet: bool = True
+    directory: Path | None = None, *, modules: tuple[str, ...] = LOOP_MODULES, quiet: bool = True
 ) -> Path | None:
-    """Build the native library of the kernels in ``modules`` from every
+    """Build the native library of the loops in ``modules`` from every
     specialisation numba has cached or compiled in this process; returns
     the manifest's path (None when there was nothing to build or no
     linker)."""
@@ -624,14 +624,14 @@ def build(
 
     path = directory / f"{_LIB_NAME}-{_platform_tag()}.json"
     previous = _previous_build(path, stamps)
-    have = {(e["kernel"], json.dumps(e["key"])) for e in previous["entries"]}
+    have = {(e["loop"], json.dumps(e["key"])) for e in previous["entries"]}
     specs: list[dict] = []
     irs = []
     skipped: list[str] = []
-    for name, kernel in sorted(_registry.items()):
-        if kernel.py_func.__module__ not in modules:
+    for name, loop in sorted(_registry.items()):
+        if loop.py_func.__module__ not in modules:
             continue
-        disp = kernel.dispatcher
+        disp = loop.dispatcher
         sigs = list(dict.fromkeys(list(disp.signatures) + _cached_signatures(disp)))
         for sig in sigs:
             if any(isinstance(t, numba.types.Literal) for t in sig):
@@ -658,7 +658,7 @@ def build(
                 skipped.append(f"{name}{tuple(sig)}: needs {', '.join(sorted(bad))}")
                 continue
             fn.linkage = "external"  # linkonce_odr would be linked only where used
-            specs.append({"kernel": name, "key": _to_json(tuple(key)), "symbol": symbol,
+            specs.append({"loop": name, "key": _to_json(tuple(key)), "symbol": symbol,
                           "args": args, "ret": ret})  # fmt: skip
             irs.append(mod)
     if not quiet:
@@ -683,7 +683,7 @@ def build(
     obj = tm.emit_object(linked)
     tag = _platform_tag()
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        o_path = Path(tmp) / "kernels.o"
+        o_path = Path(tmp) / "aot.o"
         o_path.write_bytes(obj)
         so_name = f"{_LIB_NAME}-{tag}-{os.getpid()}-{len(previous['libraries'])}.so"
         so_tmp = Path(tmp) / so_name
@@ -705,7 +705,7 @@ def build(
         # A process that loaded an old library keeps its mapping.
         (directory / old).unlink(missing_ok=True)
     if not quiet:
-        print(f"{len(specs)} kernel specialisations in {directory / so_name}")
+        print(f"{len(specs)} loop specialisations in {directory / so_name}")
     return path
 
 
@@ -775,12 +775,12 @@ def _target_machine(ll):
 
 
 def note_fallback() -> None:
-    """After a command: when kernels had to go through numba, build the
+    """After a command: when loops had to go through numba, build the
     library for next time (once, unless another process is at it)."""
     global _built
     if _built or not _fallbacks or not _enabled():
         return
-    if os.environ.get("HWTRACE_KERNELS_AUTOBUILD") == "0":
+    if os.environ.get("HWTRACE_AOT_AUTOBUILD") == "0":
         return
     lib = _load_library()
     if lib is not None and _fallbacks <= lib.numba_only:
@@ -798,7 +798,7 @@ def note_fallback() -> None:
                 return
             build(directory)
     except Exception as e:
-        sys.stderr.write(f"hwtrace: note: compiled-kernel library not built: {e}\n")
+        sys.stderr.write(f"hwtrace: note: compiled-loop library not built: {e}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -816,13 +816,13 @@ def main(argv: list[str] | None = None) -> int:
         lib = loaded_library()
         print(lib if lib is not None else "no library (numba only)")
         return 0
-    sys.stderr.write("usage: python -m hwtrace.kernels build|warm|status\n")
+    sys.stderr.write("usage: python -m hwtrace.aot build|warm|status\n")
     return 2
 
 
 if __name__ == "__main__":
     # Run as a script this file is __main__, a second copy of the module:
-    # the kernels register with the one the package imports.
-    from hwtrace.kernels import main as _main
+    # the loops register with the one the package imports.
+    from hwtrace.aot import main as _main
 
     sys.exit(_main())

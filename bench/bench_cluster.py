@@ -1,4 +1,4 @@
-"""Throughput of hwtrace.dist against the single-process stream_perf, and
+"""Throughput of hwtrace.cluster against the single-process stream_perf, and
 a per-task overhead model that predicts it for larger clusters.
 
 The input: a software recording (``hwtrace record``, ptrace single-step) of
@@ -15,7 +15,7 @@ workers=2 (LocalCluster, one thread each), plus the model's terms:
 
 Predicted throughput with W workers, T bytes, tasks of B bytes:
 ``time = setup + (T/B)*sched/min(W, tasks) ... `` spelled out in
-:func:`predict`.  Run: ``.venv/bin/python bench/bench_dist.py [--n N]``.
+:func:`predict`.  Run: ``.venv/bin/python bench/bench_cluster.py [--n N]``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def run_stream(path: Path) -> tuple[float, int]:
 
 
 def run_dist(path: Path, **kw) -> float:
-    from hwtrace.dist import decode_distributed
+    from hwtrace.cluster import decode_distributed
 
     t = time.perf_counter()
     decode_distributed(str(path), lambda b: None, **kw)
@@ -102,7 +102,7 @@ def main() -> None:
     # The model's terms, measured on a warm local cluster.
     from distributed import Client, LocalCluster
 
-    from hwtrace.dist.decode import decode_piece, plan_pieces
+    from hwtrace.cluster.decode import decode_piece, plan_pieces
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:  # fmt: skip

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
+from .. import aot
 from ..isa.x86 import IClass, Special
 from .blocks import (
     S_KEYS,
@@ -292,50 +292,50 @@ _MASK48 = np.uint64(0xFFFFFFFFFFFF)
 # Small helpers.
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _err(code):
     return -np.int64(code)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _aborted(r):
     return r <= -ABORT
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _ev_init(ev, t):
     for j in range(EW):
         ev[j] = 0
     ev[E_TYPE] = t
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _ev_copy(dst, src):
     for j in range(EW):
         dst[j] = src[j]
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _supp(ev):
     return (ev[E_FLAGS] & F_SUPP) != 0
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _set_supp(ev):
     ev[E_FLAGS] |= F_SUPP
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _status_update(ev):
     return (ev[E_FLAGS] & F_STATUS) != 0
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _has_tsc(ev):
     return (ev[E_FLAGS] & F_HAS_TSC) != 0
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def exec_mode_of(bits):
     csl = bits & 1
     csd = bits & 2
@@ -348,7 +348,7 @@ def exec_mode_of(bits):
 # The event queue.
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _q_enqueue(SI, QE, QB, binding):
     """A fresh event waiting for ``binding``; its slot, or -NOMEM."""
     n = SI[ES_QN]
@@ -360,7 +360,7 @@ def _q_enqueue(SI, QE, QB, binding):
     return n
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _q_enqueue_row(SI, QE, QB, binding, row):
     n = _q_enqueue(SI, QE, QB, binding)
     if n >= 0:
@@ -368,7 +368,7 @@ def _q_enqueue_row(SI, QE, QB, binding, row):
     return n
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _q_find(SI, QE, QB, mask, t):
     for i in range(SI[ES_QN]):
         if QB[i] & mask and QE[i, E_TYPE] == t:
@@ -376,7 +376,7 @@ def _q_find(SI, QE, QB, mask, t):
     return -1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _q_peek(SI, QB, mask):
     for i in range(SI[ES_QN]):
         if QB[i] & mask:
@@ -384,7 +384,7 @@ def _q_peek(SI, QB, mask):
     return -1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _q_remove(SI, QE, QB, slot):
     n = SI[ES_QN]
     for i in range(slot, n - 1):
@@ -394,7 +394,7 @@ def _q_remove(SI, QE, QB, slot):
     SI[ES_QN] = n - 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _q_dequeue(SI, QE, QB, mask, out):
     """Move the first event waiting for ``mask`` to ``out``; False if none."""
     i = _q_peek(SI, QB, mask)
@@ -409,14 +409,14 @@ def _q_dequeue(SI, QE, QB, mask, out):
 # The event decoder (hwtrace.pt.events.EventDecoder).
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _end_error(SI):
     """What reading past the last packet means: the packet decoder's verdict
     (end of stream, or its error), or an abort when more packets follow."""
     return _err(SI[W_END_ERR])
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _offset(SI, SU, pk):
     off = pk[4]
     pos = SI[ES_POS]
@@ -425,7 +425,7 @@ def _offset(SI, SU, pk):
     return np.int64(SU[W_END_OFFSET])
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _next_position(SI, SU, pk):
     off = pk[4]
     size = pk[5]
@@ -435,7 +435,7 @@ def _next_position(SI, SU, pk):
     return _offset(SI, SU, pk)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _ev_time(SI, pk, ev, index):
     tsc = pk[6]
     have = pk[7]
@@ -445,7 +445,7 @@ def _ev_time(SI, pk, ev, index):
         ev[E_TSC] = tsc[i]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _update_ip(SI, SU, pk, i):
     a = pk[1]
     b = pk[2]
@@ -476,7 +476,7 @@ def _update_ip(SI, SU, pk, i):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _event_ip(SI, SU, ev):
     if not SI[ES_HAVE_IP] or SI[ES_SUPP]:
         ev[E_FLAGS] |= F_SUPP
@@ -484,7 +484,7 @@ def _event_ip(SI, SU, ev):
         ev[E_IP] = SU[ES_LAST_IP]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _ev_fetch(SI, pk):
     """Advance to the next packet, skipping PAD."""
     kind = pk[0]
@@ -495,7 +495,7 @@ def _ev_fetch(SI, pk):
     SI[ES_POS] = p
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _deliver(SI, pk, ev):
     """A standalone event: time now, then move past the packet."""
     _ev_time(SI, pk, ev, -1)
@@ -503,12 +503,12 @@ def _deliver(SI, pk, ev):
     return 1
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _is_timing(k):
     return k == K_TSC or k == K_CBR or k == K_TMA or k == K_MTC or k == K_CYC
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _header_event(SI, QE, QB, t, status):
     slot = _q_enqueue(SI, QE, QB, B_PSBEND)
     if slot < 0:
@@ -519,7 +519,7 @@ def _header_event(SI, QE, QB, t, status):
     return slot
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _bdm70_applies(SI, pk):
     kind = pk[0]
     n = SI[W_N]
@@ -540,7 +540,7 @@ def _bdm70_applies(SI, pk):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_psb(SI, SU, QE, QB, pk, cf):
     kind = pk[0]
     a = pk[1]
@@ -644,7 +644,7 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
             return _err(E_BAD_CONTEXT)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_psbend(SI, SU, QE, QB, pk, out):
     if not _q_dequeue(SI, QE, QB, B_PSBEND, out):
         return 0
@@ -660,7 +660,7 @@ def _decode_psbend(SI, SU, QE, QB, pk, out):
     return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_fup(SI, SU, QE, QB, pk, i, out):
     while True:
         r = _update_ip(SI, SU, pk, i)  # idempotent: one FUP may bind several events
@@ -705,7 +705,7 @@ def _decode_fup(SI, SU, QE, QB, pk, i, out):
         return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_tip(SI, SU, QE, QB, pk, i, out):
     if not SI[ES_ENABLED]:
         return _err(E_BAD_CONTEXT)
@@ -749,7 +749,7 @@ def _decode_tip(SI, SU, QE, QB, pk, i, out):
         return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_tip_pge(SI, SU, QE, QB, pk, i, out):
     if not SI[ES_BOUND]:
         r = _update_ip(SI, SU, pk, i)
@@ -775,7 +775,7 @@ def _decode_tip_pge(SI, SU, QE, QB, pk, i, out):
         return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_tip_pgd(SI, SU, QE, QB, pk, i, out):
     while True:
         if not SI[ES_BOUND]:
@@ -812,7 +812,7 @@ def _decode_tip_pgd(SI, SU, QE, QB, pk, i, out):
         return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_mode_exec(SI, QE, QB, pk, cf, i):
     a = pk[1]
     iflags = cf[0][CF_IFLAGS] != 0
@@ -847,7 +847,7 @@ def _decode_mode_exec(SI, QE, QB, pk, cf, i):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_mode_tsx(SI, QE, QB, pk, i, out):
     a = pk[1]
     intx = a[i] & np.uint64(1)
@@ -867,7 +867,7 @@ def _decode_mode_tsx(SI, QE, QB, pk, i, out):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_pip(SI, QE, QB, pk, i, out):
     a = pk[1]
     b = pk[2]
@@ -885,7 +885,7 @@ def _decode_pip(SI, QE, QB, pk, i, out):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_vmcs(SI, QE, QB, pk, i, out):
     a = pk[1]
     paging = _q_find(SI, QE, QB, B_TIP, EV_ASYNC_PAGING)
@@ -909,7 +909,7 @@ def _decode_vmcs(SI, QE, QB, pk, i, out):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_exstop(SI, QE, QB, pk, i, out):
     c = pk[3]
     has_ip = c[i] != 0
@@ -935,7 +935,7 @@ def _decode_exstop(SI, QE, QB, pk, i, out):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_ptw(SI, QE, QB, pk, i, out):
     a = pk[1]
     b = pk[2]
@@ -958,7 +958,7 @@ def _decode_ptw(SI, QE, QB, pk, i, out):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _find_ovf_fup(SI, pk):
     """The FUP an OVF binds to: ``(0, index)``; ``(1, 0)`` when tracing
     resumed disabled; ``(2, code)`` when the stream contradicts."""
@@ -980,7 +980,7 @@ def _find_ovf_fup(SI, pk):
     return 2, np.int64(E_EOS)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _overflow_at(SI, SU, pk, ovf, resume, ip_index, out):
     """Resume at packet ``resume`` with an overflow event."""
     _ev_init(out, EV_OVERFLOW)
@@ -997,7 +997,7 @@ def _overflow_at(SI, SU, pk, ovf, resume, ip_index, out):
     return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _window_end(SI):
     # A look-ahead reached the last packet: past it is either more trace
     # (abort: the caller gets more) or the end.
@@ -1006,7 +1006,7 @@ def _window_end(SI):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
     kind = pk[0]
     a = pk[1]
@@ -1072,7 +1072,7 @@ def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
     return _window_end(SI)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _handle_apl11(SI, SU, pk, ovf, out):
     kind = pk[0]
     n = SI[W_N]
@@ -1090,14 +1090,14 @@ def _handle_apl11(SI, SU, pk, ovf, out):
     return _window_end(SI)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _ovf_at_offset(SI, SU, pk, ovf, fup, out):
     r = _overflow_at(SI, SU, pk, ovf, fup, -1, out)
     _ev_fetch(SI, pk)
     return r
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _handle_apl12(SI, SU, pk, ovf, fup, out):
     kind = pk[0]
     n = SI[W_N]
@@ -1136,7 +1136,7 @@ def _handle_apl12(SI, SU, pk, ovf, fup, out):
     return _window_end(SI)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_ovf(SI, SU, QE, QB, pk, cf, out):
     r = _decode_psbend(SI, SU, QE, QB, pk, out)
     if r != 0:
@@ -1190,7 +1190,7 @@ def _decode_ovf(SI, SU, QE, QB, pk, cf, out):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _bind_cfe(SI, QE, QB, pk, out, has_ip, to_fup):
     if has_ip:
         s = _q_enqueue_row(SI, QE, QB, B_FUP_BOUND, out)
@@ -1202,7 +1202,7 @@ def _bind_cfe(SI, QE, QB, pk, out, has_ip, to_fup):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_cfe(SI, QE, QB, pk, i, out):
     a = pk[1]
     b = pk[2]
@@ -1273,7 +1273,7 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_evd(SI, QE, QB, pk, i):
     a = pk[1]
     b = pk[2]
@@ -1310,7 +1310,7 @@ def _decode_evd(SI, QE, QB, pk, i):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_trig(SI, QE, QB, pk, i, out):
     a = pk[1]
     b = pk[2]
@@ -1343,7 +1343,7 @@ def _decode_trig(SI, QE, QB, pk, i, out):
     return _deliver(SI, pk, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _decode_packet(SI, SU, QE, QB, pk, cf, out):
     """One packet: 1 with an event in ``out``, 0 when the next packet is
     needed, or -code."""
@@ -1453,7 +1453,7 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
         return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def ev_next(ds, pk, cf, out):
     """The next event into ``out`` (EventDecoder.next); 0 or -code."""
     SI, SU, QE, QB = ds[0], ds[1], ds[4], ds[5]
@@ -1471,7 +1471,7 @@ def ev_next(ds, pk, cf, out):
         _ev_fetch(SI, pk)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def ev_start(ds, pk, cf):
     """Process the initial PSB+ (EventDecoder.start)."""
     SI, SU, QE, QB = ds[0], ds[1], ds[4], ds[5]
@@ -1492,7 +1492,7 @@ def ev_start(ds, pk, cf):
 # Saving and restoring state (step rollback, look-ahead probes).
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def save_state(ds, slot):
     SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
     sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
@@ -1512,7 +1512,7 @@ def save_state(ds, slot):
         sRSR[slot, j] = RSR[j]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def restore_state(ds, slot):
     SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
     sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
@@ -1536,7 +1536,7 @@ def restore_state(ds, slot):
 # Instructions.
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _insn(ct, ip, mode):
     """The instruction table index at ``(ip, mode)``; -ABORT_MISS (with the
     address noted) when it is not decoded yet."""
@@ -1549,12 +1549,12 @@ def _insn(ct, ip, mode):
     return k
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _i_next(ct, k):
     return ct[3][k] + np.uint64(ct[4][k])
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _next_ip(ct, k):
     """Where execution continues after insn ``k`` without trace:
     ``(0, ip)``, or ``(-code, 0)`` (BAD_QUERY: trace is needed)."""
@@ -1568,12 +1568,12 @@ def _next_ip(ct, k):
     return _err(E_BAD_QUERY), np.uint64(0)
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _is_far(c):
     return c == C_FAR_CALL or c == C_FAR_RETURN or c == C_FAR_JUMP
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _pred(ct, k, pred):
     c = ct[5][k]
     sp = ct[6][k]
@@ -1599,7 +1599,7 @@ def _pred(ct, k, pred):
     return c == C_OTHER and sp == S_MOV_CR3
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _bound_bit(t):
     return np.int64(1) << np.int64(t)
 
@@ -1608,7 +1608,7 @@ def _bound_bit(t):
 # The block decoder (hwtrace.pt.flow.BlockDecoder).
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _status(SI, flags):
     if not SI[BS_ENABLED]:
         flags |= ST_IP_SUPPRESSED
@@ -1617,7 +1617,7 @@ def _status(SI, flags):
     return flags
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _update_trig_anchor(SI, ev):
     t = ev[E_TYPE]
     if t == EV_DISABLED or t == EV_ASYNC_DISABLED:
@@ -1641,7 +1641,7 @@ def _update_trig_anchor(SI, ev):
             SI[BS_ICNT] = 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _fetch_event(ds, pk, cf):
     """Consume the current event (its time becomes the decoder's) and fetch
     the next one; a decoding error is kept as the decoder's status."""
@@ -1658,7 +1658,7 @@ def _fetch_event(ds, pk, cf):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _tick(ds, pk, cf, ip):
     SU, CUR = ds[1], ds[2]
     if cf[0][CF_TICK]:
@@ -1669,7 +1669,7 @@ def _tick(ds, pk, cf, ip):
     return _fetch_event(ds, pk, cf)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed_indirect(ds, pk, cf):
     SI, SU, CUR, TMP = ds[0], ds[1], ds[2], ds[3]
     t = CUR[E_TYPE]
@@ -1696,7 +1696,7 @@ def _proceed_indirect(ds, pk, cf):
     return _err(E_BAD_QUERY)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _cond_branch(SI, CUR):
     """The next TNT bit (0/1), or -code.  From the first bit on the TNT's
     time is the query time (libipt's query decoder takes it when it caches
@@ -1710,7 +1710,7 @@ def _cond_branch(SI, CUR):
     return np.int64((CUR[E_BITS] >> CUR[E_SIZE]) & np.uint64(1))
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _rs_push(SI, RS, RSR, address):
     top = (SI[BS_RS_TOP] + 1) & _RS_MASK
     RS[top] = address
@@ -1719,7 +1719,7 @@ def _rs_push(SI, RS, RSR, address):
     SI[BS_RS_N] = min(SI[BS_RS_N] + 1, RETSTACK_SIZE)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed_with_trace(ds, pk, cf, ct, k):
     SI, SU, CUR, RS = ds[0], ds[1], ds[2], ds[6]
     c = ct[5][k]
@@ -1756,7 +1756,7 @@ def _proceed_with_trace(ds, pk, cf, ct, k):
     return _proceed_indirect(ds, pk, cf)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _one_insn(ds, ct, out):
     """Add the instruction at the decoder's IP to the current block: its
     index + 1, 0 when the block is full, or -code."""
@@ -1790,14 +1790,14 @@ def _one_insn(ds, ct, out):
     return k + 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _ends_block(cf, ct, k):
     CF = cf[0]
     c = ct[5][k]
     return (CF[CF_END_ON_CALL] and c == C_CALL) or (CF[CF_END_ON_JUMP] and c == C_JUMP)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _to_insn(ds, cf, ct, out, pred):
     SU = ds[1]
     while True:
@@ -1815,7 +1815,7 @@ def _to_insn(ds, cf, ct, out, pred):
             return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _to_ip(ds, cf, ct, out, ip):
     SU = ds[1]
     while True:
@@ -1833,7 +1833,7 @@ def _to_ip(ds, cf, ct, out, ip):
             return 1 if SU[BS_IP] == ip else 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _filter_check(cf, ip):
     """1 if tracing is enabled at ``ip`` under the address filters (libipt's
     pt_filter_addr_check), else 0."""
@@ -1852,7 +1852,7 @@ def _filter_check(cf, ip):
     return 0 if have_filter else 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _filter_configured(cf):
     CF, CFU = cf[0], cf[1]
     for r in range(CF[CF_NFILTER]):
@@ -1861,7 +1861,7 @@ def _filter_configured(cf):
     return False
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _skl014(ds, cf, ct, out):
     SI, SU = ds[0], ds[1]
     while True:
@@ -1881,7 +1881,7 @@ def _skl014(ds, cf, ct, out):
             return status
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _to_disabled(ds, cf, ct, out, ev):
     if _supp(ev):
         if _filter_configured(cf) and cf[0][CF_ERRATA] & ER_SKL014:
@@ -1890,7 +1890,7 @@ def _to_disabled(ds, cf, ct, out, ev):
     return _to_ip(ds, cf, ct, out, ev[E_IP])
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _set_disable_resume_ip(ds, ct, k):
     SU = ds[1]
     if k >= 0 and (ct[5][k] == C_CALL or ct[5][k] == C_FAR_CALL):
@@ -1899,7 +1899,7 @@ def _set_disable_resume_ip(ds, ct, k):
         SU[BS_IP] = 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _to_bound_insn(ds, cf, ct, out, ev, pred):
     """PTWRITE, IRET, VM entry, UIRET events: reach the instruction and step
     past it."""
@@ -1914,7 +1914,7 @@ def _to_bound_insn(ds, cf, ct, out, ev, pred):
     return 1 if r > 0 else 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _provide_trig_anchor(SI, SU, ev):
     if ev[E_IP]:
         return 0
@@ -1927,7 +1927,7 @@ def _provide_trig_anchor(SI, SU, ev):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _to_trig(ds, cf, ct, out, ev):
     SI, SU = ds[0], ds[1]
     if _supp(ev):
@@ -1955,7 +1955,7 @@ def _to_trig(ds, cf, ct, out, ev):
     return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _skd022(ds, ct, ev):
     SI = ds[0]
     k = _insn(ct, ev[E_AT], SI[BS_MODE])
@@ -1970,7 +1970,7 @@ def _skd022(ds, ct, ev):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _postpone(SI, k):
     if SI[BS_PROC]:
         return _err(E_INTERNAL)
@@ -1979,13 +1979,13 @@ def _postpone(SI, k):
     return _status(SI, ST_EVENT_PENDING)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _clear_postponed(SI):
     SI[BS_PROC] = 0
     SI[BS_BOUND] = 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed_postponed(ds, pk, cf, ct):
     SI, SU = ds[0], ds[1]
     if not SI[BS_PROC]:
@@ -2007,7 +2007,7 @@ def _proceed_postponed(ds, pk, cf, ct):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _finish(ds, pk, cf, ct):
     r = _proceed_postponed(ds, pk, cf, ct)
     if r < 0:
@@ -2015,7 +2015,7 @@ def _finish(ds, pk, cf, ct):
     return _status(ds[0], 0)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _pending_after_postponed(ds, pk, cf, ct):
     r = _proceed_postponed(ds, pk, cf, ct)
     if r < 0:
@@ -2023,7 +2023,7 @@ def _pending_after_postponed(ds, pk, cf, ct):
     return _status(ds[0], ST_EVENT_PENDING)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed_event(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     errata = cf[0][CF_ERRATA]
@@ -2100,7 +2100,7 @@ def _proceed_event(ds, pk, cf, ct, out):
         return _status(SI, ST_EVENT_PENDING)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed_no_event(ds, pk, cf, ct, out):
     SI = ds[0]
     SI[BS_LAST] = -1
@@ -2114,7 +2114,7 @@ def _proceed_no_event(ds, pk, cf, ct, out):
     return 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _bdm64(ds, ct, ev):
     SI, SU = ds[0], ds[1]
     if not ev[E_ABORTED] or not SI[CB_NINSN]:
@@ -2142,7 +2142,7 @@ def _bdm64(ds, ct, ev):
     return 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _trailing(ds, pk, cf, ct, has_block):
     """Events that bind to the current IP (after a block or an event)."""
     SI, SU, CUR = ds[0], ds[1], ds[2]
@@ -2312,7 +2312,7 @@ def _trailing(ds, pk, cf, ct, has_block):
         return _finish(ds, pk, cf, ct)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     if SI[BS_STATUS] != 0:
@@ -2338,7 +2338,7 @@ def _proceed(ds, pk, cf, ct, out):
     return _proceed_event(ds, pk, cf, ct, out)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _row_walk(ds, pk, out, uncached):
     """Keep instructions walked to a pending event (``uncached``) and
     those walked without one in rows of their own."""
@@ -2355,7 +2355,7 @@ def _row_walk(ds, pk, out, uncached):
     o_flags[row] = (o_flags[row] & ~np.uint8(O_UNCACHED)) | uncached
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def next_event(ds, pk, cf, ct, ev_out):
     """The pending event, applied (BlockDecoder.next_event): status flags
     with a copy of the event in ``ev_out``, or -code."""
@@ -2470,7 +2470,7 @@ def next_event(ds, pk, cf, ct, ev_out):
     return _trailing(ds, pk, cf, ct, False)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def blk_start(ds, pk, cf, ct):
     """Synchronise on the segment's PSB+ (BlockDecoder.start)."""
     SI, SU, CUR, TMP = ds[0], ds[1], ds[2], ds[3]
@@ -2508,7 +2508,7 @@ def blk_start(ds, pk, cf, ct):
     return _trailing(ds, pk, cf, ct, False)
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def blk_resync(ds, pk, cf, ct, ev_out):
     """Recover after an error without leaving the segment (libipt's
     pt_blk_resync).  -EVENT_IGNORED: the caller takes the current event
@@ -2605,7 +2605,7 @@ def blk_resync(ds, pk, cf, ct, ev_out):
 # Output.
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _query_time(ds):
     """The time of the last packet consumed (libipt's pt_blk_time): a
     started TNT's, else the last consumed event's."""
@@ -2615,7 +2615,7 @@ def _query_time(ds):
     return SU[BS_TSC]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _new_row(ds, pk, out, new):
     """Start a block row at the decoder's IP (the current block's first row
     when ``new``, else a continuation).  Returns the row index."""
@@ -2637,7 +2637,7 @@ def _new_row(ds, pk, out, new):
     return i
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _emit_event(ds, pk, out, ev, offset):
     SI = ds[0]
     e_row, e_off, e_blk = out[6], out[7], out[8]
@@ -2648,7 +2648,7 @@ def _emit_event(ds, pk, out, ev, offset):
     SI[O_NEV] = j + 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _emit_marker(ds, out, t, offset, code, kind, ip, tsc):
     SI = ds[0]
     e_row, e_off, e_blk = out[6], out[7], out[8]
@@ -2664,7 +2664,7 @@ def _emit_marker(ds, out, t, offset, code, kind, ip, tsc):
     SI[O_NEV] = j + 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def error_ip(ds, ct, code):
     """Where Intel's ptxed reports an error: after the last block's last
     instruction (its branch target when it has a displacement), except for
@@ -2685,7 +2685,7 @@ def error_ip(ds, ct, code):
 # The fast loop.
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _plain(ds, cf):
     """Can the fast loop take over?  (SegmentWalker._plain in the reference
     design: nothing pending but branch outcomes and targets.)"""
@@ -2698,7 +2698,7 @@ def _plain(ds, cf):
     return t == EV_TIP and not _supp(CUR) and SI[ES_BOUND] != 0
 
 
-@kernels.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
     """The next TNT or TIP from packet ``p`` on, skipping timing packets:
     ``(evt, pos, value, size, last_ip, tsc, has_tsc)``; ``evt`` 0 when the
@@ -2747,7 +2747,7 @@ FR_STOP, FR_FETCH, FR_FULL, FR_MISS, FR_GROW = 0, 1, 2, 3, 4
 LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _fast(ds, pk, cf, ct, out):
     """Walk runs against TNT bits and TIPs while the trace is plain flow.
 
@@ -3032,7 +3032,7 @@ def _fast(ds, pk, cf, ct, out):
 # The driver: ptxed's decoding loop (and the library's) over one segment.
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _begin_block(ds, pk, out):
     """Start (or continue, after the fast loop) a libipt block at the IP."""
     SI, SU = ds[0], ds[1]
@@ -3052,7 +3052,7 @@ def _begin_block(ds, pk, out):
     SI[O_NBLOCKS] += 1
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _end_block(ds, cf, out):
     SI = ds[0]
     o_ninsn = out[1]
@@ -3064,7 +3064,7 @@ def _end_block(ds, cf, out):
     SI[CB_OPEN] = 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _handle_event(ds, pk, cf, ct, out):
     """ptxed's handle_one_event: next_event, with the event in the output."""
     SI, SU, EVO = ds[0], ds[1], ds[13]
@@ -3076,7 +3076,7 @@ def _handle_event(ds, pk, cf, ct, out):
     return r
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _wants_stop(cf, ev):
     mode = cf[0][CF_STOP_EVENTS]
     if mode == STOP_ALL:
@@ -3084,7 +3084,7 @@ def _wants_stop(cf, ev):
     return mode == STOP_ENABLED and ev[E_TYPE] == EV_ENABLED
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _error(ds, pk, ct, out, code, kind):
     SI, SU = ds[0], ds[1]
     _emit_marker(
@@ -3092,7 +3092,7 @@ def _error(ds, pk, ct, out, code, kind):
     )
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _library_resume(ds, pk):
     """Where the library looks for the next PSB after an error: nothing
     after the gap may be lost.  The failing packet has not been used, and
@@ -3120,7 +3120,7 @@ def _library_resume(ds, pk):
     return sync
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _segment_end(ds, pk, cf, code):
     SI, SU = ds[0], ds[1]
     SI[DR_PHASE] = PH_DONE
@@ -3131,13 +3131,13 @@ def _segment_end(ds, pk, cf, code):
         SU[DR_NEXT] = np.uint64(_next_position(SI, SU, pk))
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _room(ds, out):
     SI = ds[0]
     return SI[O_NBLK] + 4 < out[0].shape[0] and SI[O_NEV] + 4 < out[7].shape[0]
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _tnt_left(ds):
     """Does the current TNT still hold bits?  (Their flow runs before the
     limit of a window that ends where the code changes.)"""
@@ -3145,7 +3145,7 @@ def _tnt_left(ds):
     return CUR[E_TYPE] == EV_TNT and CUR[E_SIZE] > 0
 
 
-@kernels.njit(cache=True, nogil=True, _nrt=False)
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def run(ds, pk, cf, ct, out):
     """Decode until the segment ends or Python is needed (R_*)."""
     SI, SU = ds[0], ds[1]
@@ -3276,14 +3276,14 @@ def run(ds, pk, cf, ct, out):
         SI[DR_STATUS] = r
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _undo_step(ds, out):
     """Back to the state at the step's start, rows stored since included."""
     restore_state(ds, 0)
     store_restore(out[10][3])
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _store_output(ds, ct, out):
     """Move the rows waiting in the output into the block store, when it
     surely has room (they are counted as stored rows from then on)."""
@@ -3297,7 +3297,7 @@ def _store_output(ds, ct, out):
         SI[O_NBLK] = 0
 
 
-@kernels.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _fail(ds, pk, cf, ct, out, code):
     """An error in the segment: reported; then the segment ends, or, with
     resync-on-error, decoding goes on at the next IP the trace gives."""

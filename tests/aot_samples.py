@@ -1,10 +1,10 @@
-"""Kernels of every argument and result shape the native library handles
-(tests/test_kernels.py builds a library of them)."""
+"""Loops of every argument and result shape the native library handles
+(tests/test_aot.py builds a library of them)."""
 
 import numba as nb
 import numpy as np
 
-from hwtrace import kernels
+from hwtrace import aot
 
 
 @nb.njit(inline="always")
@@ -12,7 +12,7 @@ def _twice(x):
     return 2 * x
 
 
-@kernels.njit(nogil=True, _nrt=False)
+@aot.njit(nogil=True, _nrt=False)
 def total(buf, start, end):
     """Sum of a read-only byte buffer's slice: arrays, ints, an int result."""
     s = 0
@@ -21,7 +21,7 @@ def total(buf, start, end):
     return s
 
 
-@kernels.njit(_nrt=False)
+@aot.njit(_nrt=False)
 def fill(state, out, value, scale, flag):
     """Tuples of arrays (one 2-D), uint64, float and bool scalars; writes
     in place and returns a tuple of mixed scalars."""
@@ -36,25 +36,25 @@ def fill(state, out, value, scale, flag):
     return n, _twice(scale) if flag else scale, flag
 
 
-@kernels.njit(_nrt=False)
+@aot.njit(_nrt=False)
 def nothing(a):
     a[0] = 7
 
 
-@kernels.njit(_nrt=False)
+@aot.njit(_nrt=False)
 def checked(a, i):
     if i >= a.shape[0]:
         raise IndexError("past the end")
     return a[i] > 0
 
 
-@kernels.njit(_nrt=False)
-def calls_kernel(buf):
-    """A kernel calling another through its Kernel object."""
+@aot.njit(_nrt=False)
+def calls_loop(buf):
+    """A loop calling another through its CompiledLoop object."""
     return total(buf, 0, buf.shape[0]) + 1
 
 
-@kernels.njit
+@aot.njit
 def allocates(n):
     """Needs numba's runtime (it allocates): stays numba's."""
     return np.arange(n).sum()

@@ -1,4 +1,4 @@
-"""The native kernel library (hwtrace.kernels): built from numba's code,
+"""The native loop library (hwtrace.aot): built from numba's code,
 called through ctypes, and giving exactly numba's results."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from hwtrace import kernels
+from hwtrace import aot
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _exercise():
-    import kernel_samples as ks
+    import aot_samples as ks
 
     buf = np.frombuffer(bytes(range(256)) * 4, np.uint8)  # read-only
     state = (np.zeros(2, np.int64), np.zeros(3, np.uint64))
@@ -33,7 +33,7 @@ def _exercise():
         ks.nothing(a),
         a.copy(),
         ks.checked(np.array([0, 3], np.int64), 1),
-        ks.calls_kernel(buf),
+        ks.calls_loop(buf),
         ks.allocates(10),
     ]
     with pytest.raises(IndexError, match="past the end"):
@@ -52,23 +52,23 @@ def _same(a, b):
 
 def test_native_library_matches_numba(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    import kernel_samples as ks
+    import aot_samples as ks
 
-    kernels.use_library(None)
+    aot.use_library(None)
     try:
         expected = _exercise()  # through numba: compiles the specialisations
-        manifest = kernels.build(tmp_path, modules=("kernel_samples",))
+        manifest = aot.build(tmp_path, modules=("aot_samples",))
         assert manifest is not None
         info = json.loads(manifest.read_text())
-        native = {e["kernel"].split(":")[1] for e in info["entries"]}
-        assert {"total", "fill", "nothing", "checked", "calls_kernel"} <= native
+        native = {e["loop"].split(":")[1] for e in info["entries"]}
+        assert {"total", "fill", "nothing", "checked", "calls_loop"} <= native
         assert "allocates" not in native  # numba's runtime: left to numba
-        assert kernels.use_library(manifest)
-        kernels._fallbacks.clear()
+        assert aot.use_library(manifest)
+        aot._fallbacks.clear()
         got = _exercise()
         _same(expected, got)
-        # Only the allocating kernel went through numba this time.
-        assert kernels.fallbacks() == {f"{ks.__name__}:allocates"}
+        # Only the allocating loop went through numba this time.
+        assert aot.fallbacks() == {f"{ks.__name__}:allocates"}
         # A changed source file retires the library.
         src = __import__("pathlib").Path(ks.__file__)
         stamp = src.stat()
@@ -76,12 +76,12 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
 
         os.utime(src, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
         try:
-            assert not kernels.use_library(manifest)
+            assert not aot.use_library(manifest)
         finally:
             os.utime(src, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     finally:
-        kernels.use_library(None)
-        kernels._library = False  # look for the real one again
+        aot.use_library(None)
+        aot._library = False  # look for the real one again
 
 
 def test_a_build_adds_to_the_library_of_the_same_sources(tmp_path, monkeypatch):
@@ -89,35 +89,33 @@ def test_a_build_adds_to_the_library_of_the_same_sources(tmp_path, monkeypatch):
     process compiled only one new specialisation) keeps the library's
     entries and adds the new one in a library of its own."""
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    import kernel_samples as ks
+    import aot_samples as ks
 
-    kernels.use_library(None)
+    aot.use_library(None)
     try:
         _exercise()
-        first = json.loads(kernels.build(tmp_path, modules=("kernel_samples",)).read_text())
+        first = json.loads(aot.build(tmp_path, modules=("aot_samples",)).read_text())
         ks.nothing(np.zeros(3, np.int16))  # a specialisation the first build lacks
-        monkeypatch.setattr(kernels, "_cached_signatures", lambda disp: [])
-        manifest = kernels.build(tmp_path, modules=("kernel_samples",))
+        monkeypatch.setattr(aot, "_cached_signatures", lambda disp: [])
+        manifest = aot.build(tmp_path, modules=("aot_samples",))
         second = json.loads(manifest.read_text())
         assert second["libraries"][:-1] == first["libraries"] and len(second["libraries"]) == 2
         assert second["entries"][: len(first["entries"])] == first["entries"]
         added = second["entries"][len(first["entries"]) :]
-        assert [e["kernel"].split(":")[1] for e in added] == ["nothing"]
+        assert [e["loop"].split(":")[1] for e in added] == ["nothing"]
         assert added[0]["library"] == second["libraries"][-1]
         # Nothing new: the same library.
-        assert (
-            json.loads(kernels.build(tmp_path, modules=("kernel_samples",)).read_text()) == second
-        )
-        assert kernels.use_library(manifest)
-        kernels._fallbacks.clear()
+        assert json.loads(aot.build(tmp_path, modules=("aot_samples",)).read_text()) == second
+        assert aot.use_library(manifest)
+        aot._fallbacks.clear()
         a16, a64 = np.zeros(3, np.int16), np.zeros(4, np.int64)
         ks.nothing(a16)
         ks.nothing(a64)
         assert ks.total(np.frombuffer(bytes(range(256)) * 4, np.uint8), 3, 900) is not None
-        assert kernels.fallbacks() == set()
+        assert aot.fallbacks() == set()
     finally:
-        kernels.use_library(None)
-        kernels._library = False
+        aot.use_library(None)
+        aot._library = False
 
 
 def test_argument_keys_follow_numba_typeof():
@@ -141,17 +139,17 @@ def test_argument_keys_follow_numba_typeof():
         np.zeros(3, np.dtype([("a", np.int64), ("b", np.uint8)], align=True)),
     ]
     for v in values:
-        assert kernels._value_key(v) == kernels._numba_key(typeof(v)), v
+        assert aot._value_key(v) == aot._numba_key(typeof(v)), v
 
 
 def test_ptxed_through_the_native_library(tmp_path, monkeypatch):
-    """hwtrace ptxed prints the same bytes with the decoder's kernels
+    """hwtrace ptxed prints the same bytes with the decoder's loops
     called from the real library as through numba, on Intel's cases."""
     from test_ptxed_compiled import CORE, RUN, ptxed_output, with_options
 
     if not CORE:
         pytest.skip("conformance suite not found")
-    from conftest import CONFORMANCE, copy_of_built_kernels
+    from conftest import CONFORMANCE, copy_of_built_loops
 
     runs = []
     for case in CORE[:40]:
@@ -161,24 +159,24 @@ def test_ptxed_through_the_native_library(tmp_path, monkeypatch):
         for extra in ([], ["INST", "--time", "--offset"], ["--block:show-blocks", "--stat"]):
             runs.append(with_options(argv, extra))
     monkeypatch.chdir(tmp_path)
-    kernels.use_library(None)
+    aot.use_library(None)
     try:
         want = [ptxed_output(a, reference=False) for a in runs]
-        manifest = kernels.build(copy_of_built_kernels(tmp_path / "lib"))
+        manifest = aot.build(copy_of_built_loops(tmp_path / "lib"))
         assert manifest is not None
-        assert kernels.use_library(manifest)
-        kernels._fallbacks.clear()
+        assert aot.use_library(manifest)
+        aot._fallbacks.clear()
         got = [ptxed_output(a, reference=False) for a in runs]
-        assert "hwtrace.pt._flowkernel:run" not in kernels.fallbacks()
+        assert "hwtrace.pt._flowloop:run" not in aot.fallbacks()
         assert got == want
     finally:
-        kernels.use_library(None)
-        kernels._library = False
+        aot.use_library(None)
+        aot._library = False
 
 
 def test_numba_extensions_registered_after_a_spec_lookup():
     """Looking numba up without importing it (importlib.util.find_spec)
-    must not cost the kernels their numba extensions: a fresh process
+    must not cost the loops their numba extensions: a fresh process
     looks numba up, then compiles plain numba code using textout's
     put_text."""
     import subprocess
@@ -186,14 +184,14 @@ def test_numba_extensions_registered_after_a_spec_lookup():
 
     code = (
         "import importlib.util, numpy as np\n"
-        "from hwtrace import textout, kernels\n"
+        "from hwtrace import textout, aot\n"
         "assert importlib.util.find_spec('numba') is not None\n"
         "import numba\n"
-        "@numba.njit\n"  # plain numba code: no Kernel to set numba up
+        "@numba.njit\n"  # plain numba code: no CompiledLoop to set numba up
         "def hello(out):\n"
         "    return textout.put_text(out, 0, 'hi')\n"
         "out = np.zeros(4, np.uint8)\n"
         "assert hello(out) == 2 and bytes(out[:2]) == b'hi'\n"
     )
-    env = {**__import__("os").environ, "HWTRACE_KERNELS": "numba"}
+    env = {**__import__("os").environ, "HWTRACE_AOT": "numba"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)

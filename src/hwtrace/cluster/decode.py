@@ -65,7 +65,7 @@ from ..perf.trace import (
     gap_events,
     setup_decoding,
 )
-from ..pt import _flowkernel as FK
+from ..pt import _flowloop as FK
 from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
 from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
