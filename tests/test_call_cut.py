@@ -1,5 +1,5 @@
 """The decode-time cut of a flow to calls of a function
-(:mod:`hwtrace.analysis.calls`) against the stack pointer's rule.
+(:mod:`hwtrace.session.callcut`) against the stack pointer's rule.
 
 Executions of a small model program are generated with the stack pointer
 of every instruction: calls, returns, recursion, tail calls through PLT-like
@@ -17,8 +17,8 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hwtrace.analysis.calls import CallCut, kept_blocks
 from hwtrace.analysis.code import K_CALL, K_IJUMP, K_OTHER, K_RET
+from hwtrace.session.callcut import CallCut, kept_blocks
 
 # Functions at 0x1000 * (f + 1), 0x100 bytes each; instructions 4 bytes.
 N_FUNCS = 5

@@ -23,7 +23,7 @@ from test_record_software import SKIP
 from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.cluster import DistributedError, decode_distributed, plan_pieces
 from hwtrace.perf.data import read_perf_data
-from hwtrace.perf.trace import iter_queue_traces, stream_perf
+from hwtrace.session.perfflow import iter_queue_traces, stream_perf
 
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
@@ -340,13 +340,13 @@ def single_flow(recording, tmp_path_factory) -> Path:
 def _to_parquet(recording: Path, out: Path, on_piece=None, **kw) -> Path:
     """decode_to_parquet into ``out`` as ``hwtrace decode`` calls it."""
     from hwtrace.cli.decode import _metadata, _parser
-    from hwtrace.cli.perfcmds import _open
+    from hwtrace.cli.perfinput import open_session
     from hwtrace.cluster import decode_to_parquet
     from hwtrace.export.parquet import FlowParquetWriter, Names, build_ids_of
 
     a = _parser().parse_args([str(recording), "-o", str(out), "--instructions"])
     a.input = a.source
-    opened = _open("test", a)
+    opened = open_session("test", a)
     writer = FlowParquetWriter(out, _metadata(a, [], opened), bucket_ns=10_000_000,
                                names=Names(build_ids=build_ids_of(opened.sideband)),
                                instructions=True)  # fmt: skip

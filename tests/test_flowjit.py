@@ -387,8 +387,8 @@ def test_recorded_jit_through_perf_data(recorded, tmp_path):
     ``hwtrace script`` decodes the JIT code with no gap and names it from
     the process's perf map; Linux perf reads the file too."""
     from hwtrace.perf.data import PerfData
-    from hwtrace.perf.trace import decode_perf
     from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.session.perfflow import decode_perf
 
     path = tmp_path / "jit.data"
     write_perf_data(recorded, path, buildid_cache=False)
@@ -413,11 +413,11 @@ def test_capture_revisions_added_to_a_perf_data(recorded, tmp_path):
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.records import RecordType
     from hwtrace.perf.rewrite import write_subset
-    from hwtrace.perf.trace import decode_perf
     from hwtrace.record.jitcapture import CaptureResult
     from hwtrace.record.jitrecord import add_code_revisions
     from hwtrace.record.perfdata import write_perf_data
     from hwtrace.record.stepper import CodeChange
+    from hwtrace.session.perfflow import decode_perf
 
     full, path = tmp_path / "full.data", tmp_path / "jit.data"
     write_perf_data(recorded, full, buildid_cache=False)
@@ -456,11 +456,11 @@ def test_a_late_revision_in_perf_data_is_tried_earlier(recorded, tmp_path):
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.records import RecordType
     from hwtrace.perf.rewrite import write_subset
-    from hwtrace.perf.trace import decode_perf
     from hwtrace.record.jitcapture import CaptureResult
     from hwtrace.record.jitrecord import add_code_revisions
     from hwtrace.record.perfdata import write_perf_data
     from hwtrace.record.stepper import CodeChange
+    from hwtrace.session.perfflow import decode_perf
 
     full, path = tmp_path / "full.data", tmp_path / "late.data"
     write_perf_data(recorded, full, buildid_cache=False)
@@ -588,9 +588,9 @@ def test_code_rewritten_inside_one_call_decodes_exactly(self_patch, timing, tmp_
     flow decoded through its revisions is the stepped one, instruction for
     instruction, from the recording and from its perf.data."""
     from hwtrace.perf.data import PerfData
-    from hwtrace.perf.trace import decode_perf
     from hwtrace.record.perfdata import write_perf_data
     from hwtrace.record.software import record_software
+    from hwtrace.session.perfflow import decode_perf
 
     rec = record_software([str(self_patch)], calls=["work"], **timing)
     assert rec.exit_status == 0
@@ -718,7 +718,7 @@ def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
     from hwtrace.perf.code import ksymbols
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.records import RecordType
-    from hwtrace.perf.trace import sideband_of
+    from hwtrace.session.perfflow import sideband_of
 
     (tmp_path / "load.py").write_text(LOADER)
     data_path, out = tmp_path / "bpf.data", tmp_path / "image.json"
@@ -976,8 +976,8 @@ def test_cpython_jitdump_joins_the_revisions(tmp_path):
         pytest.skip("no CPython 3.13+ (pyenv's) for -X perf_jit")
     exe = found[0]
     from hwtrace.perf.data import PerfData
-    from hwtrace.perf.trace import decode_perf
     from hwtrace.record.perfdata import write_perf_data
+    from hwtrace.session.perfflow import decode_perf
 
     proc = _start_cpython(exe, "perf_jit", tmp_path)
     dump = Path(f"/tmp/jit-{proc.pid}.dump")

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.perf.listing import render_lines
+from hwtrace.textout.perfscript import render_lines
 
 
 def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain):

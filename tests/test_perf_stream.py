@@ -1,4 +1,4 @@
-"""Streaming the Intel PT of a perf.data (hwtrace.perf.trace.stream_perf):
+"""Streaming the Intel PT of a perf.data (hwtrace.session.perfflow.stream_perf):
 batch by batch it gives exactly the blocks, attribution, durations, gaps
 and instructions that decode_perf keeps whole, whatever the batch size and
 however the trace is split into AUXTRACE records; and ``hwtrace script`` /
@@ -21,10 +21,10 @@ from hwtrace.image import Image
 from hwtrace.perf.data import read_perf_data
 from hwtrace.perf.records import Comm, SampleId, SampleType
 from hwtrace.perf.sideband import BinaryLocator
-from hwtrace.perf.trace import PerfBlocks, decode_perf, stream_perf
 from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
 from hwtrace.pt.decode import chunk_ranges
 from hwtrace.pt.encode import encode_path
+from hwtrace.session.perfflow import PerfBlocks, decode_perf, stream_perf
 
 pytestmark = pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
 PID = 4343

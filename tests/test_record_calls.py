@@ -207,7 +207,7 @@ def test_calls_cut_when_decoded(tmp_path, capsys):
     calling back into the program.  A ``longjmp`` out of a call ends at the
     jump that leaves it, a few instructions after the software recorder's
     cut (where the stack pointer rises, which the trace does not show)."""
-    from hwtrace.perf.calls import note_recording
+    from hwtrace.perf.notes import note_recording
     from hwtrace.record.perfdata import write_perf_data
 
     exe = build()

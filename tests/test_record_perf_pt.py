@@ -119,7 +119,7 @@ def test_call_on_hardware_traces_everything_and_notes_the_calls(tmp_path, monkey
     script and report cut the flow to them."""
     import hwtrace.record.perf_pt as perf_pt
     from hwtrace.cli.main import main
-    from hwtrace.perf.calls import recorded_calls
+    from hwtrace.perf.notes import recorded_calls
 
     seen = []
 

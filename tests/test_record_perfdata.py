@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from hwtrace.perf.data import read_perf_data
-from hwtrace.perf.trace import decode_perf
 from hwtrace.record import record_software
 from hwtrace.record.perfdata import intel_pt_config, write_perf_data
+from hwtrace.session.perfflow import decode_perf
 
 PERF = shutil.which("perf")
 

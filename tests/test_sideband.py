@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.perf.kernel import read_kallsyms
+from hwtrace.image.kernelcode import read_kallsyms
 from hwtrace.perf.sideband import (
     BinaryLocator,
     Sideband,

@@ -231,7 +231,7 @@ def measure_recording(perf_data: str, setting: Setting, *, tid: int | None = Non
     decoded instructions and the changes of their time, over every thread
     (or ``tid``).  Rank several with :func:`rank`."""
     from ..perf.data import read_perf_data
-    from ..perf.trace import stream_perf
+    from ..session.perfflow import stream_perf
 
     data = read_perf_data(perf_data)
     size = int(data.auxtrace_columns()["size"].sum())
@@ -272,7 +272,7 @@ def path_of_perf(perf_data: str, *, tid: int | None = None, cpi: float | None = 
     one with the most instructions), its stretches between gaps, each
     instruction's cycles from the recorded times (or ``cpi``)."""
     from ..perf.data import read_perf_data
-    from ..perf.trace import stream_perf, tsc_conversion_of
+    from ..session.perfflow import stream_perf, tsc_conversion_of
 
     data = read_perf_data(perf_data)
     conv = tsc_conversion_of(data)

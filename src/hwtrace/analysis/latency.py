@@ -14,7 +14,7 @@ The walk runs over the decoder's block rows as they come, a code run at a
 time: the per-instruction work (markers, sequences) happens only in runs
 that hold an instruction some atom matches; elsewhere a run costs a
 counter update and, at its end, a call or return on the per-thread stack of
-frames.  That stack (return addresses, as :mod:`hwtrace.analysis.calls`
+frames.  That stack (return addresses, as :mod:`hwtrace.session.callcut`
 keeps one) pairs ``exit:`` markers with the frame their function was
 entered in, gives each function call its own interval (``funclatency``),
 and names the call path (interned, parent and callee) where an interval

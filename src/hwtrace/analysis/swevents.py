@@ -78,7 +78,7 @@ class FlowClock:
 def flow_clock(perf_data: str | Path, conversion: object | None) -> FlowClock:
     """The clock of a perf.data's flow: CLOCK_MONOTONIC for a recording of
     ``hwtrace record`` (noted beside it), perf's clock otherwise."""
-    from ..perf.calls import recording_notes
+    from ..perf.notes import recording_notes
 
     notes = recording_notes(perf_data)
     if notes.get("clock") == CLOCK_MONOTONIC:
@@ -305,7 +305,7 @@ _NS, _END, _START, _STOP, _IP, _GAP = range(6)
 
 
 class EventPlacer:
-    """Call it on each :class:`~hwtrace.perf.trace.PerfBlocks` batch in flow
+    """Call it on each :class:`~hwtrace.session.perfflow.PerfBlocks` batch in flow
     order, then :meth:`finish` for the :class:`Placement`."""
 
     def __init__(self, events: SoftwareEvents) -> None:

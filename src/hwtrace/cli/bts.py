@@ -32,7 +32,7 @@ def main(argv: Sequence[str]) -> int:
     from ..hwevents.bts import BtsError, perf_bts
     from ..perf.data import PerfDataError, read_perf_data
     from ..perf.sideband import BinaryLocator
-    from ..perf.trace import sideband_of
+    from ..session.perfflow import sideband_of
 
     try:
         data = read_perf_data(a.input)

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .perfcmds import _Parser
+from .common import Parser
 
 
 def _ints(text: str) -> list[int | None]:
@@ -36,7 +36,7 @@ def main(argv: Sequence[str]) -> int:
 
     from ..analysis.characterize import CharacterizeError, default_settings, grid
 
-    p = _Parser(
+    p = Parser(
         prog="hwtrace characterize",
         description="Trace size and temporal resolution of Intel PT settings (PSB, MTC, CYC, "
         "return compression) on the path a recording executed, encoded again with each; or, "
@@ -145,8 +145,8 @@ def main(argv: Sequence[str]) -> int:
 def _encoded(prog: str, a: argparse.Namespace, settings, advance):
     """The recording's path encoded again with each setting."""
     from ..analysis.characterize import CharacterizeError, characterize, path_of_perf
-    from ..perf.calls import recording_notes
     from ..perf.data import PerfDataError
+    from ..perf.notes import recording_notes
 
     try:
         path = path_of_perf(a.input, tid=a.tid, cpi=a.cpi)

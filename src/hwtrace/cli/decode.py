@@ -4,7 +4,7 @@ query``, ``hwtrace report -i DIR``, DuckDB or any Arrow reader.
 
 A perf.data is decoded as ``hwtrace report`` decodes it (every AUX queue,
 the same kernel options, cut to the recorded calls unless ``--all``),
-batch by batch through :func:`hwtrace.perf.trace.stream_perf`, or through
+batch by batch through :func:`hwtrace.session.perfflow.stream_perf`, or through
 :func:`hwtrace.cluster.decode_distributed` on worker processes or a Dask
 cluster with ``--workers`` or ``--cluster``.
 
@@ -26,20 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .perfcmds import _common, _open, _Parser
+from .common import Parser
+from .perfinput import add_input_options, decode_session, open_session
 
 PROG = "hwtrace decode"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Decode a perf.data's Intel PT (every queue, every CPU) into a directory of "
         "Parquet datasets: blocks (partitioned by cpu and time bucket), events, gaps, symbols, "
         "images; query it with 'hwtrace query DIR SQL' or DuckDB.",
     )
     p.add_argument("source", nargs="?", metavar="INPUT", help="the perf.data (or -i INPUT)")
-    _common(p)
+    add_input_options(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="the directory to write (new, or empty)")  # fmt: skip
     p.add_argument("--instructions", action="store_true",
@@ -102,7 +103,7 @@ def main(argv: Sequence[str]) -> int:
     decode_distributed = None
     if distributed:
         try:
-            from ..dist import decode_distributed, decode_to_parquet
+            from ..cluster import decode_distributed, decode_to_parquet
 
             decode_distributed = (decode_distributed, decode_to_parquet)
         except ImportError as e:
@@ -117,7 +118,7 @@ def main(argv: Sequence[str]) -> int:
     if a.pt is None:
         if a.elf or a.raw or a.perf_data:
             p.error("--elf, --raw and --perf-data go with --pt")
-        opened = _open(PROG, a)
+        opened = open_session(PROG, a)
         if opened is None:
             return 1
         return _decode(a, argv, opened, decode_distributed)
@@ -128,7 +129,7 @@ def main(argv: Sequence[str]) -> int:
         if not _wrap(a, wrapped):
             return 1
         a.input = str(wrapped)
-        opened = _open(PROG, a)
+        opened = open_session(PROG, a)
         if opened is None:
             return 1
         return _decode(a, argv, opened, decode_distributed)
@@ -168,7 +169,7 @@ def _wrap(a: argparse.Namespace, path: Path) -> bool:
 
 def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, object]:
     from .. import __version__
-    from ..perf.trace import pt_config_of
+    from ..session.perfflow import pt_config_of
 
     data = opened.data
     path = Path(a.input)
@@ -243,7 +244,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     take: Callable = on_blocks
     cut = None
     if decode_distributed is not None and opened.calls:
-        from ..perf.calls import CallFilter
+        from ..session.calls import CallFilter
 
         cut = CallFilter(opened.calls)
 
@@ -256,7 +257,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     try:
         with progress:
             if decode_distributed is None:
-                flow = opened.decode(on_blocks, PROG)
+                flow = decode_session(PROG, opened, on_blocks)
             elif cut is not None:
                 # Cut to calls: the blocks pass through the call filter here.
                 flow = decode_distributed[0](str(a.input), take, workers=a.workers or 0,
@@ -326,9 +327,9 @@ class _CallRows:
     so a call's instructions are the same: its entry through its return."""
 
     def __init__(self) -> None:
+        from ..analysis.feed import LatencyFeed
         from ..analysis.latency import LatencyProfiler
         from ..analysis.patterns import PatternSet
-        from ..perf.feed import LatencyFeed
 
         self.profiler = LatencyProfiler(PatternSet(), keep=True, every_call=True)
         self.feed = LatencyFeed(self.profiler)

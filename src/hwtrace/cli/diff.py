@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..textout import fit_paths
-from .perfcmds import _CallPaths, _open, _Parser
+from .common import Parser
+from .perfcmds import _CallPaths
+from .perfinput import decode_session, open_session
 
 
 def main(argv: Sequence[str]) -> int:
@@ -21,7 +23,7 @@ def main(argv: Sequence[str]) -> int:
 
     from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
 
-    p = _Parser(
+    p = Parser(
         prog="hwtrace diff",
         description="Compare the call paths of two recordings of the same program: calls, "
         "instructions and time per call in each, and the paths only one of them ran.",
@@ -44,12 +46,12 @@ def main(argv: Sequence[str]) -> int:
     for path in (a.a, a.b):
         args = argparse.Namespace(input=path, symfs=a.symfs, kcore=None, vmlinux=None,
                                   kallsyms=None, call=[], all=True, group=a.group)  # fmt: skip
-        opened = _open(p.prog, args)
+        opened = open_session(p.prog, args)
         if opened is None:
             return 1
         paths = _CallPaths(opened, args)
         try:
-            flow = opened.decode(paths.feed, p.prog)
+            flow = decode_session(p.prog, opened, paths.feed)
         finally:
             paths.close()
         for problem in flow.problems:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .perfcmds import _common, _open, _Parser
+from .common import Parser
+from .perfinput import add_input_options, decode_session, open_session
 
 
 def add_event_options(p: argparse.ArgumentParser) -> None:
@@ -77,7 +78,7 @@ def open_events(prog: str, path: str, opened, a: argparse.Namespace):
     """The events at ``path`` on ``opened``'s flow clock (None: a message
     was written)."""
     from ..analysis.swevents import EventsError, flow_clock, load_events
-    from ..perf.trace import tsc_conversion_of
+    from ..session.perfflow import tsc_conversion_of
 
     clock = flow_clock(a.input, tsc_conversion_of(opened.data))
     try:
@@ -114,8 +115,8 @@ def _ptwrite(spec: str, opened, clock):
 def place(opened, events, prog: str):
     """Decode ``opened``'s flow and place ``events`` on it: the placement,
     the code names gathered and the decoded stream."""
+    from ..analysis.feed import CodeNames
     from ..analysis.swevents import EventPlacer
-    from ..perf.feed import CodeNames
 
     placer = EventPlacer(events)
     names = CodeNames()
@@ -126,7 +127,7 @@ def place(opened, events, prog: str):
                 names.add(b.queue, int(image))
         placer(b)
 
-    flow = opened.decode(feed, prog)
+    flow = decode_session(prog, opened, feed)
     for problem in flow.problems:
         sys.stderr.write(f"{prog}: warning: {problem}\n")
     return placer.finish(), names, flow
@@ -135,13 +136,13 @@ def place(opened, events, prog: str):
 def main(argv: Sequence[str]) -> int:
     from ..analysis.swevents import PLACED, STATUS_TEXT
 
-    p = _Parser(
+    p = Parser(
         prog="hwtrace events",
         description="Place software events (an LTTng CTF trace, a perf.data with tracepoint "
         "samples, ftrace trace_pipe_raw copies) on a perf.data's decoded Intel PT: the "
         "instruction each event's thread was running when it was taken.",
     )
-    _common(p)
+    add_input_options(p)
     p.add_argument(
         "events",
         help="the events: a CTF trace directory, a perf.data, ftrace copies, "
@@ -152,7 +153,7 @@ def main(argv: Sequence[str]) -> int:
                    help="only events whose name matches (shell wildcards; repeatable)")  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write every event's placement as JSON")
     a = p.parse_args(list(argv))
-    opened = _open(p.prog, a)
+    opened = open_session(p.prog, a)
     if opened is None:
         return 1
     events = open_events(p.prog, a.events, opened, a)

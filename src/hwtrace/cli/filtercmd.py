@@ -29,13 +29,13 @@ from collections.abc import Sequence
 
 from ..filter.compile import TIERS
 from ..filter.errors import FilterError
-from .perfcmds import _Parser
+from .common import Parser
 
 PROG = "hwtrace filter"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Filter recorded events (perf.data tracepoint samples, ftrace "
         "trace_pipe_raw copies, CTF traces) with an LTTng filter expression compiled "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..filter.errors import FilterError
 from ..filter.schema import Schema
-from .perfcmds import _Parser
+from .common import Parser
 
 PROG = "hwtrace filter-compile"
 
@@ -51,7 +51,7 @@ def _schema(a: argparse.Namespace) -> Schema:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Compile an LTTng filter expression to a native object or shared "
         "library (LLVM tier) that a C tracer links.",

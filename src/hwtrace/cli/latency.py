@@ -10,12 +10,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .common import Parser
 from .events import add_window_options, window_gate
-from .perfcmds import _common, _open, _Parser
+from .perfinput import add_input_options, decode_session, open_session
 
 
 def _input_options(p: argparse.ArgumentParser) -> None:
-    _common(p)
+    add_input_options(p)
     raw = p.add_argument_group("a raw Intel PT trace instead of a perf.data")
     raw.add_argument("--pt", metavar="FILE", help="the trace (one CPU's or thread's)")
     raw.add_argument("--elf", action="append", default=[], metavar="FILE[:BASE]",
@@ -38,7 +39,7 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 def latency_main(argv: Sequence[str]) -> int:
     from ..analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
 
-    p = _Parser(
+    p = Parser(
         prog="hwtrace latency",
         description="Profile the time and instructions between two kinds of instructions "
         "(the thesis' delta profiling): per thread or CPU, with histograms and the "
@@ -81,7 +82,7 @@ def latency_main(argv: Sequence[str]) -> int:
 def funclatency_main(argv: Sequence[str]) -> int:
     from ..analysis.patterns import PatternError, PatternSet
 
-    p = _Parser(
+    p = Parser(
         prog="hwtrace funclatency",
         description="Time and instructions of every call of a function, from its entry to "
         "the return that leaves it (recursion and early returns paired on a per-thread "
@@ -99,7 +100,7 @@ def funclatency_main(argv: Sequence[str]) -> int:
     return _run(p, a, patterns, "funclatency")
 
 
-def _run(p: _Parser, a: argparse.Namespace, patterns, what: str) -> int:
+def _run(p: Parser, a: argparse.Namespace, patterns, what: str) -> int:
     from rich.console import Console
 
     from ..analysis.latency_report import render, to_json
@@ -137,7 +138,7 @@ def _run(p: _Parser, a: argparse.Namespace, patterns, what: str) -> int:
     return 0
 
 
-def _profile_raw(p: _Parser, a: argparse.Namespace, patterns):
+def _profile_raw(p: Parser, a: argparse.Namespace, patterns):
     from ..analysis.latency import profile_trace
     from ..image import Image, ImageError, parse_elf_spec
     from ..pt.config import PtConfig
@@ -168,11 +169,11 @@ def _profile_raw(p: _Parser, a: argparse.Namespace, patterns):
     return result, name, "TSC ticks", a.pt
 
 
-def _profile_perf(p: _Parser, a: argparse.Namespace, patterns):
+def _profile_perf(p: Parser, a: argparse.Namespace, patterns):
+    from ..analysis.feed import LatencyFeed
     from ..analysis.latency import LatencyProfiler
-    from ..perf.feed import LatencyFeed
 
-    opened = _open(p.prog, a)
+    opened = open_session(p.prog, a)
     if opened is None:
         return None
     profiler = LatencyProfiler(patterns, keep=a.all_intervals, longest=max(a.top, 1),
@@ -183,7 +184,7 @@ def _profile_perf(p: _Parser, a: argparse.Namespace, patterns):
         feed.close()
         return None
     try:
-        flow = opened.decode(gate, p.prog)
+        flow = decode_session(p.prog, opened, gate)
     finally:
         feed.close()
     for problem in flow.problems:

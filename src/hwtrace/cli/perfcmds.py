@@ -13,27 +13,22 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..perf.data import PerfData, PerfDataError, read_perf_data
-from ..perf.kernel import KernelCode, KernelCodeError, load_kernel
-from ..perf.sideband import BinaryLocator, Sideband
-from ..perf.trace import PerfBlocks, PerfStream, QueueInfo, sideband_of, stream_perf
+from ..session import PerfSession
+from ..session.perfflow import PerfBlocks
 from ..textout import fit_paths
 from .common import Parser
-
-_Parser = Parser  # the name the other commands import
-
+from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 # -- record -------------------------------------------------------------------
 
 
 def record_main(argv: Sequence[str]) -> int:
-    p = _Parser(
+    p = Parser(
         prog="hwtrace record",
         description="Record a program's execution as Intel PT into perf.data: with perf "
         "and PT hardware where the CPU has it, else by single-stepping with ptrace.",
@@ -141,7 +136,7 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
     status = record_with_perf(settings, a.output, command=command, pid=a.pid, jit=a.jit,
                               on_capture=captured)  # fmt: skip
     if a.call and Path(a.output).exists():
-        from ..perf.calls import note_recording
+        from ..perf.notes import note_recording
 
         note_recording(a.output, calls=a.call)
     return status
@@ -229,108 +224,13 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
 
 # -- report and script ----------------------------------------------------------
 
-# Instructions expanded at a time (script, report --folded): the blocks of a
-# batch are taken in pieces of about this many instructions.
-EXPAND_INSNS = 1 << 18
-
-
-def _open(prog: str, a: argparse.Namespace) -> _Input | None:
-    """Read ``a.input``, its sideband and the kernel code the options name
-    (None: a bad input, said on stderr)."""
-    try:
-        data = read_perf_data(a.input)
-    except PerfDataError as e:
-        sys.stderr.write(f"{prog}: {e}\n")
-        return None
-    locator = BinaryLocator(root=Path(a.symfs) if a.symfs else None)
-    kcore = a.kcore or data.kcore_dir
-    sideband = sideband_of(data)
-    try:
-        kernel = load_kernel(
-            kcore=kcore,
-            vmlinux=a.vmlinux,
-            kallsyms=a.kallsyms,
-            text_address=sideband.kernel_text_address() if a.vmlinux else None,
-        )
-    except KernelCodeError as e:
-        sys.stderr.write(f"{prog}: {e}\n")
-        return None
-    calls = list(a.call)
-    if not calls and not a.all:
-        from ..perf.calls import recorded_calls
-
-        calls = recorded_calls(a.input)
-        if calls:
-            sys.stderr.write(
-                f"{prog}: cutting the flow to the calls of {', '.join(calls)}, as recorded "
-                "(--all: everything the trace holds)\n"
-            )
-    return _Input(data, locator, kernel, sideband, calls)
-
-
-@dataclass
-class _Input:
-    data: PerfData
-    locator: BinaryLocator
-    kernel: KernelCode | None
-    sideband: Sideband
-    calls: list[str] = field(default_factory=list)  # cut to the calls of these
-
-    def decode(self, on_blocks: Callable[[PerfBlocks], None], prog: str) -> PerfStream:
-        """Decode batch by batch into ``on_blocks`` (cut to the calls)."""
-        take = on_blocks
-        cut = None
-        if self.calls:
-            from ..perf.calls import CallFilter
-
-            cut = CallFilter(self.calls)
-
-            def take(b: PerfBlocks) -> None:
-                for part in cut(b):
-                    on_blocks(part)
-
-        flow = stream_perf(
-            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband
-        )
-        if cut is not None:
-            for name in cut.missing():
-                sys.stderr.write(f"{prog}: warning: --call {name}: no such function in the "
-                                 "decoded code\n")  # fmt: skip
-        return flow
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-i", "--input", default="perf.data", help="input file (perf.data)")
-    p.add_argument("--symfs", help="look for binaries under this directory")
-    p.add_argument(
-        "--kcore",
-        metavar="DIR",
-        help="kernel code from a perf --kcore directory (kcore, kallsyms); "
-        "a perf.data directory's own kcore_dir is used by default",
-    )
-    p.add_argument("--vmlinux", metavar="FILE", help="kernel code and symbols from a vmlinux")
-    p.add_argument("--kallsyms", metavar="FILE", help="kernel symbols from a kallsyms copy")
-    p.add_argument(
-        "--call",
-        action="append",
-        default=[],
-        metavar="FUNCTION",
-        help="only each call of this function with everything it runs until it returns "
-        "(repeatable; module!name too)",
-    )
-    p.add_argument(
-        "--all",
-        action="store_true",
-        help="everything the trace holds, even if it was recorded for --call",
-    )
-
 
 def report_main(argv: Sequence[str]) -> int:
-    p = _Parser(
+    p = Parser(
         prog="hwtrace report",
         description="Summarise the decoded Intel PT of a perf.data per process and thread.",
     )
-    _common(p)
+    add_input_options(p)
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
     p.add_argument("--folded", metavar="FILE",
                    help="write the call-path profile as folded stacks (flame graphs)")  # fmt: skip
@@ -401,7 +301,7 @@ def report_main(argv: Sequence[str]) -> int:
         path, n_queues, profile, problems, gaps = got
         show(path, n_queues, profile, problems, gaps, a.top)
         return 0
-    opened = _open(p.prog, a)
+    opened = open_session(p.prog, a)
     if opened is None:
         return 1
     from ..analysis.profile import ThreadProfiler
@@ -436,7 +336,7 @@ def report_main(argv: Sequence[str]) -> int:
             paths.close()
             return 1
     try:
-        flow = opened.decode(gate, p.prog)
+        flow = decode_session(p.prog, opened, gate)
     finally:
         if paths is not None:
             paths.close()
@@ -460,10 +360,10 @@ class _CallPaths:
     thread (:mod:`hwtrace.analysis.latency`), rooted per command, thread,
     process or CPU."""
 
-    def __init__(self, opened: _Input, a: argparse.Namespace, timeline: bool = False) -> None:
+    def __init__(self, opened: PerfSession, a: argparse.Namespace, timeline: bool = False) -> None:
+        from ..analysis.feed import LatencyFeed
         from ..analysis.latency import LatencyProfiler
         from ..analysis.patterns import PatternSet
-        from ..perf.feed import LatencyFeed
 
         self.labels: list[str] = []
         self._ids: dict[str, int] = {}
@@ -568,67 +468,28 @@ class _CallPaths:
 
 
 def script_main(argv: Sequence[str]) -> int:
-    p = _Parser(
+    p = Parser(
         prog="hwtrace script",
         description="List the decoded Intel PT of a perf.data per instruction or per block.",
     )
-    _common(p)
+    add_input_options(p)
     p.add_argument(
         "--blocks", action="store_true", help="one line per block instead of per instruction"
     )
     p.add_argument("--no-ptwrite", action="store_true",
                    help="leave out the PTWRITE payloads (listed at their place by default)")  # fmt: skip
     a = p.parse_args(list(argv))
-    opened = _open(p.prog, a)
-    if opened is None:
+    session = open_session(p.prog, a)
+    if session is None:
         return 1
-    from ..perf.listing import render_lines
+    from ..textout.perfscript import write_listing
 
     out = sys.stdout.buffer
-    comms: dict[int, str] = {}
-
-    def comm(tid: int) -> str:
-        got = comms.get(tid)
-        if got is None:
-            got = comms[tid] = opened.sideband.comm_of(tid) if tid >= 0 else "?"
-        return got
-
-    def on_blocks(b: PerfBlocks) -> None:
-        for part in b.split(EXPAND_INSNS):
-            if a.blocks:
-                ips, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
-                ends = np.arange(1, len(part) + 1)
-                # A block's time: perf's for its first instruction.
-                every = part.instructions()
-                timed = part.queue.perf_times(every, np.repeat(which, n))
-                if timed is not None and every.shape[0]:
-                    ns = timed[np.cumsum(n) - n]
-            else:
-                per = part.ninsn
-                ips = part.instructions()
-                tid, ns, which = (np.repeat(c, per) for c in (part.tid, part.ns, part.image))
-                # perf's time for each instruction, where the queue has one.
-                timed = part.queue.perf_times(ips, which)
-                if timed is not None:
-                    ns = timed
-                n = None
-                ends = np.cumsum(per)
-            kind = payload = None
-            if part.ptw is not None and len(part.ptw) and not a.no_ptwrite:
-                ips, tid, ns, which, n, kind, payload = _with_ptwrite(
-                    part.ptw, ends, ips, tid, ns, which, n
-                )
-            sym, off, names, modules, plain = _symbols(part.queue, ips, which)
-            tids, comm_index = np.unique(tid, return_inverse=True)
-            names_of = [comm(int(t)) for t in tids.tolist()]
-            for chunk in render_lines(
-                names_of, comm_index, tid, ns, ips, names, modules, sym, off, n,
-                kind=kind, payload=payload, plain=plain,
-            ):  # fmt: skip
-                out.write(chunk)
-
     try:
-        flow = opened.decode(on_blocks, p.prog)
+        flow = session.listing(
+            lambda rows: write_listing(rows, out), blocks=a.blocks, ptwrite=not a.no_ptwrite
+        )
+        warn_missing_calls(p.prog, flow)
         out.flush()
         for problem in flow.problems:
             sys.stderr.write(f"hwtrace script: warning: {problem}\n")
@@ -640,68 +501,3 @@ def script_main(argv: Sequence[str]) -> int:
     except BrokenPipeError:
         return 0
     return 0
-
-
-def _with_ptwrite(marks, ends: np.ndarray, ips, tid, ns, which, n):
-    """The listing's rows with a row per PTWRITE inserted after the rows of
-    the blocks before it (``ends``: rows up to each block's end): its own
-    IP (the previous row's when the trace had none), time where known."""
-    rows = ips.shape[0]
-    pos = np.where(marks.at > 0, ends[np.maximum(marks.at - 1, 0)], 0)
-    prev = np.maximum(pos - 1, 0)
-    ip = np.where(marks.ip != 0, marks.ip, ips[prev] if rows else np.uint64(0)).astype(ips.dtype)
-    t = tid[prev] if rows else np.full(len(marks), -1, tid.dtype)
-    at_ns = np.where(marks.ns >= 0, marks.ns, ns[prev] if rows else -1).astype(ns.dtype)
-    image = which[prev] if rows else np.zeros(len(marks), which.dtype)
-    kind = np.insert(np.zeros(rows, np.uint8), pos, 1)
-    payload = np.insert(np.zeros(rows, np.uint64), pos, marks.payload)
-    count = None if n is None else np.insert(n, pos, 0)
-    return (np.insert(ips, pos, ip), np.insert(tid, pos, t), np.insert(ns, pos, at_ns),
-            np.insert(which, pos, image), count, kind, payload)  # fmt: skip
-
-
-def _symbols(
-    q: QueueInfo, ips: np.ndarray, which: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, list[str], list[str], np.ndarray]:
-    """Per address, its name as perf script gives it (an index into the
-    returned names and modules; -1: no file mapped there) and the offset
-    into the symbol, from the image each ran in; the last array marks the
-    names printed without an offset (``[unknown]`` in a mapped file)."""
-    sym = np.full(ips.shape[0], -1, np.int64)
-    off = np.zeros(ips.shape[0], np.int64)
-    names: list[str] = []
-    modules: list[str] = []
-    plain: list[int] = []
-    ids: dict[tuple[str, str, int], int] = {}
-
-    def intern(name: str, module: str, unknown: int) -> int:
-        key = (name, module, unknown)
-        if key not in ids:
-            ids[key] = len(names)
-            names.append(name)
-            modules.append(module)
-            plain.append(unknown)
-        return ids[key]
-
-    images = np.unique(which)
-    for image in images.tolist():
-        sel = np.flatnonzero(which == image) if images.shape[0] > 1 else slice(None)
-        view = q.perf_names(image)
-        table = view.symbols
-        addr = ips[sel]
-        index, offset = table.lookup(addr)
-        files = view.files_of(addr)
-        # Unnamed addresses take their file: index -2 - file.
-        index = np.where(index >= 0, index, np.where(files >= 0, -2 - files, -1))
-        uniq, inverse = np.unique(index, return_inverse=True)
-        glob = np.empty(uniq.shape[0], np.int64)
-        for j, u in enumerate(uniq.tolist()):
-            if u == -1:
-                glob[j] = -1
-            elif u < -1:
-                glob[j] = intern("[unknown]", view.paths[-2 - u], 1)
-            else:
-                glob[j] = intern(table.name(u), table.module_name(u), 0)
-        sym[sel] = glob[inverse.reshape(-1)]
-        off[sel] = np.asarray(offset, np.int64)
-    return sym, off, names, modules, np.array(plain, np.uint8)

@@ -58,7 +58,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         if a.input:
             from ..perf.data import read_perf_data
-            from ..perf.trace import tsc_conversion_of
+            from ..session.perfflow import tsc_conversion_of
 
             data = read_perf_data(a.input)
             streams = {f"cpu {c} tid {t}": ev for (c, t), ev in perf_events(data).items()}

@@ -1,5 +1,5 @@
 """Decoding one perf.data's Intel PT on a Dask cluster (Dask ``distributed``),
-with exactly the rows of the single-process :func:`hwtrace.perf.trace.stream_perf`:
+with exactly the rows of the single-process :func:`hwtrace.session.perfflow.stream_perf`:
 as blocks handed to the client (:func:`decode_distributed`) or as Parquet
 written by the workers (:func:`decode_to_parquet`)."""
 

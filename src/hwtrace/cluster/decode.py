@@ -1,5 +1,5 @@
 """A perf.data's Intel PT decoded by Dask workers, stitched into exactly
-:func:`~hwtrace.perf.trace.stream_perf`'s rows.
+:func:`~hwtrace.session.perfflow.stream_perf`'s rows.
 
 Why it is exact: each AUX queue's trace is cut at PSB boundaries
 (:func:`~hwtrace.pt.decode.chunk_ranges`, each range reading the next one's
@@ -19,7 +19,7 @@ small, and the client restores it:
   from the state the previous piece ended in.
 
 Attribution (perf time, thread, process, durations, gaps, PTWRITE marks)
-is :class:`~hwtrace.perf.trace.QueueSink`'s, run on the client over the
+is :class:`~hwtrace.session.perfflow.QueueSink`'s, run on the client over the
 workers' block columns, so the rules are the single pass's own.  Code
 revisions (TEXT_POKE, JIT code) make a queue's pieces depend on one another
 further; such a queue is decoded as one piece.
@@ -54,7 +54,12 @@ import numpy as np
 from ..image import Image
 from ..perf.data import PerfData, PerfDataError, read_perf_data
 from ..perf.sideband import BinaryLocator, Sideband
-from ..perf.trace import (
+from ..pt import _flowloop as FK
+from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
+from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
+from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.packets import read_released
+from ..session.perfflow import (
     PerfBlocks,
     PerfStream,
     QueueContexts,
@@ -65,11 +70,6 @@ from ..perf.trace import (
     gap_events,
     setup_decoding,
 )
-from ..pt import _flowloop as FK
-from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
-from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
-from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.packets import read_released
 
 _MASK64 = (1 << 64) - 1
 _REVISION_KINDS = ("text_poke", "bpf_image", "jitdump")
@@ -116,7 +116,7 @@ def _has_revisions(sb: Sideband) -> bool:
 
 def _space_key(sb: Sideband, cpu: int, tid: int, ns: int) -> tuple[int, int, int]:
     """``(pid, address space number, live mappings)``: what
-    :class:`~hwtrace.perf.trace.QueueContexts` makes one image of at ``ns``,
+    :class:`~hwtrace.session.perfflow.QueueContexts` makes one image of at ``ns``,
     named without object identities."""
     t = tid if tid >= 0 else int(sb.threads_on(cpu, np.array([ns]))[0])
     pid = sb.pid_of(t)
@@ -664,7 +664,7 @@ def decode_distributed(
     connect_timeout: float = 10.0,
 ) -> PerfStream:
     """Decode the Intel PT of the perf.data at ``path`` as
-    :func:`~hwtrace.perf.trace.stream_perf` does, the work cut into Dask
+    :func:`~hwtrace.session.perfflow.stream_perf` does, the work cut into Dask
     tasks of about ``task_bytes`` of trace each.
 
     ``workers`` > 0: a local Dask cluster of that many worker processes
@@ -1002,7 +1002,7 @@ def decode_to_parquet(
     blocks, instructions and events of their pieces (part files named by
     queue and piece), the client plans, numbers the pieces and counts what
     they wrote into ``writer``.  The rows are the single process's
-    (:func:`~hwtrace.perf.trace.stream_perf` through ``writer``).
+    (:func:`~hwtrace.session.perfflow.stream_perf` through ``writer``).
 
     ``workers``, ``cluster``, ``symfs``, ``task_bytes``, ``retries``,
     ``chunk_bytes``, ``connect_timeout``: as :func:`decode_distributed`;

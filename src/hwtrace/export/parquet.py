@@ -39,8 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..image.symbols import SymbolTable
-from ..perf.trace import PerfBlocks, QueueInfo
 from ..pt.decode import Gap
+from ..session.perfflow import PerfBlocks, QueueInfo
 
 __all__ = [
     "BLOCKS_SCHEMA",

@@ -32,7 +32,7 @@ from ..image.symbols import SymbolTable
 from ..pt.timing import tsc_to_ns
 
 if TYPE_CHECKING:
-    from .kernel import KernelCode
+    from ..image.kernelcode import KernelCode
 
 _U64 = np.uint64
 
@@ -312,7 +312,7 @@ class Sideband:
         self.kernel_mappings: list[Mapping] = []
         self.revisions: list[CodeRevision] = []
         # The source TEXT_POKE records of user code stand for (a recorder
-        # that notes it may time them exactly, see hwtrace.perf.calls).
+        # that notes it may time them exactly, see hwtrace.session.calls).
         self.user_poke_source = "text_poke"
         self._stores: dict[tuple[int, int], CodeRevisions | None] = {}
         # Each process's jitdump files read so far, by path (add_jitdump_code).
@@ -502,7 +502,7 @@ class Sideband:
     def kernel_image(self, locator: BinaryLocator) -> KernelCode | None:
         """Kernel code from the kernel mappings that are files (modules, a
         vmlinux perf found), where the locator finds them."""
-        from .kernel import KernelCode
+        from ..image.kernelcode import KernelCode
 
         files = [m for m in self.kernel_mappings if not m.path.startswith("[")]
         if not files:

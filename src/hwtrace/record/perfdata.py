@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..perf.calls import note_recording
 from ..perf.features import BuildId, Feature
+from ..perf.notes import note_recording
 from ..perf.records import (
     Body,
     Comm,

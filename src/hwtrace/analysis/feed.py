@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 
-from ..analysis.latency import LatencyProfiler
-from ..analysis.patterns import AtomTable
-from .trace import PerfBlocks
+from ..session.perfflow import PerfBlocks
+from .latency import LatencyProfiler
+from .patterns import AtomTable
 
 
 class CodeNames:
@@ -59,7 +59,7 @@ class CodeNames:
 
 
 class LatencyFeed:
-    """Call it on each :class:`~hwtrace.perf.trace.PerfBlocks` batch, in
+    """Call it on each :class:`~hwtrace.session.perfflow.PerfBlocks` batch, in
     flow order: a stream per AUX queue, a stretch of blocks of one image at
     a time; intervals are kept per thread (or per CPU, the patterns'
     ``per``)."""
@@ -67,7 +67,7 @@ class LatencyFeed:
     def __init__(self, profiler: LatencyProfiler, threaded: bool = True) -> None:
         import os
 
-        from ..analysis.latency import ProfilerThread
+        from .latency import ProfilerThread
 
         self.profiler = profiler
         # The walk on its own thread while the decoder goes on (see

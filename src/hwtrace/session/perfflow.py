@@ -40,10 +40,16 @@ import numpy as np
 
 from ..analysis.code import CodeIndex
 from ..image import Image
+from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
 from ..image.revisions import EXACT_SOURCES, CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
+from ..perf.code import add_bpf_images
+from ..perf.data import PerfData, PerfDataError
+from ..perf.features import Feature
+from ..perf.records import RecordType as RT
+from ..perf.sideband import AddressSpace, BinaryLocator, CodeRevision, Sideband, TscConversion
 from ..pt import _flowloop as FK
 from ..pt.codetable import CodeTable
 from ..pt.config import PtConfig
@@ -52,13 +58,7 @@ from ..pt.errors import errstr
 from ..pt.events import Ev
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.packets import release
-from .code import add_bpf_images
-from .data import PerfData, PerfDataError
-from .features import Feature
-from .kernel import KernelCode
 from .perftime import PerfClock, transfer_class
-from .records import RecordType as RT
-from .sideband import AddressSpace, BinaryLocator, CodeRevision, Sideband, TscConversion
 
 _SIDEBAND = (
     RT.MMAP, RT.MMAP2, RT.COMM, RT.FORK, RT.EXIT, RT.ITRACE_START, RT.SWITCH,
@@ -183,6 +183,8 @@ class PerfFlow:
     sideband: Sideband
     conversion: TscConversion | None
     problems: list[str] = field(default_factory=list)
+    # Functions a cut to calls was asked for that the decoded code lacks.
+    missing_calls: list[str] = field(default_factory=list)
 
     @property
     def n_gaps(self) -> int:
@@ -260,7 +262,7 @@ def setup_decoding(
     decoder configuration, the kernel code and the queues."""
     locator = locator or BinaryLocator()
     sb = sideband if sideband is not None else sideband_of(data)
-    from .calls import recording_notes  # (calls reads this module's flow)
+    from ..perf.notes import recording_notes
 
     source = recording_notes(data.path).get("revisions") if data.path else None
     if source in EXACT_SOURCES:
@@ -807,6 +809,8 @@ class PerfStream:
     sideband: Sideband
     conversion: TscConversion | None
     problems: list[str] = field(default_factory=list)
+    # Functions a cut to calls was asked for that the decoded code lacks.
+    missing_calls: list[str] = field(default_factory=list)
 
     @property
     def n_gaps(self) -> int:

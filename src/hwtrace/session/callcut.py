@@ -49,7 +49,7 @@ from collections.abc import Iterable
 import numba as nb
 import numpy as np
 
-from .code import K_CALL, K_IJUMP, K_RET, CodeIndex
+from ..analysis.code import K_CALL, K_IJUMP, K_RET, CodeIndex
 
 # Return addresses kept per thread; deeper frames are counted, not kept
 # (a return into one of them pops one frame).

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..image import Image
-from ..image.elf import read_elf
-from ..image.sections import ImageError, Section
-from ..image.symbols import SymbolTable
+from . import Image
+from .elf import read_elf
+from .sections import ImageError, Section
+from .symbols import SymbolTable
 
 
 class KernelCodeError(ValueError):

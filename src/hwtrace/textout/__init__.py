@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import aot
-from .aot import njit
+from .. import aot
+from ..aot import njit
 
 
 def string_table(strings: Mapping[int, str], size: int) -> tuple[np.ndarray, np.ndarray]:

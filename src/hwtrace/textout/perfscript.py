@@ -7,7 +7,7 @@ A line is ``comm tid seconds.nanoseconds:  ip symbol+0xoff (module)``
 covers the address, ``[unknown] ([unknown])`` where no file is mapped),
 with `` N insns`` appended per block; a PTWRITE payload in the flow is a
 line of its own at its place, ending ``ptwrite: 0xPAYLOAD`` (as ``perf
-script --itrace=w`` lists them).  Names go into the kernel as byte tables
+script --itrace=w`` lists them).  Names go into the loop as byte tables
 (one row per distinct comm, symbol name and module), so listing millions of
 instructions does no Python work per line.
 """
@@ -15,11 +15,12 @@ instructions does no Python work per line.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 from numba import njit
 
-from ..textout import (
+from . import (
     digit_count,
     put_dec,
     put_hex,
@@ -169,3 +170,13 @@ def render_lines(
             out,
         )
         yield out[:n].tobytes()
+
+
+def write_listing(rows, out: BinaryIO) -> None:
+    """Write listing rows (:class:`hwtrace.session.listing.ListingRows`)
+    to the binary stream ``out``."""
+    for chunk in render_lines(
+        rows.comms, rows.comm, rows.tid, rows.ns, rows.ip, rows.names, rows.modules,
+        rows.sym, rows.off, rows.ninsn, kind=rows.kind, payload=rows.payload, plain=rows.plain,
+    ):  # fmt: skip
+        out.write(chunk)

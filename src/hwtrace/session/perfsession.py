@@ -1,0 +1,153 @@
+"""A perf.data opened once for decoding: its records, sideband, kernel code
+and binaries, and the cut to chosen calls, handing out decoded blocks.
+
+Every command that reads the Intel PT of a perf.data (``script``,
+``report``, ``latency``, ``diff``, ``events``, ``decode``) opens it through
+:meth:`PerfSession.open` and decodes through :meth:`PerfSession.decode`, so
+the input's options (``--symfs``, ``--kcore``, ``--vmlinux``,
+``--kallsyms``, ``--call``/``--all``) mean the same everywhere, and so does
+the flow they get: batches of attributed blocks
+(:class:`~hwtrace.session.perfflow.PerfBlocks`), cut to the calls of the
+chosen functions when there are any, as ``perf script --itrace`` would list
+them.  :meth:`PerfSession.listing` goes one step further, to the rows of
+``hwtrace script``'s listing (:mod:`hwtrace.session.listing`).
+
+A library user::
+
+    from hwtrace.session import PerfSession
+
+    session = PerfSession.open("perf.data")
+    session.decode(lambda blocks: print(len(blocks), blocks.instructions()[:4]))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..image.kernelcode import KernelCode, KernelCodeError, load_kernel
+from ..perf.data import PerfData, PerfDataError, read_perf_data
+from ..perf.notes import recorded_calls
+from ..perf.sideband import BinaryLocator, Sideband
+from .perfflow import PerfBlocks, PerfStream, sideband_of, stream_perf
+
+
+class SessionError(ValueError):
+    """The input cannot be opened; the message names the file and why."""
+
+
+@dataclass
+class PerfSession:
+    """A perf.data with what decoding it needs, read once.
+
+    ``calls``: the functions the flow is cut to (each call with everything
+    it runs until it returns; empty: the whole flow).  ``notes``: what the
+    opening decided that a user should hear (the cut taken from the
+    recording's notes)."""
+
+    data: PerfData
+    locator: BinaryLocator
+    kernel: KernelCode | None
+    sideband: Sideband
+    calls: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    _comms: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str] = "perf.data",
+        *,
+        symfs: str | os.PathLike[str] | None = None,
+        kcore: str | os.PathLike[str] | None = None,
+        vmlinux: str | os.PathLike[str] | None = None,
+        kallsyms: str | os.PathLike[str] | None = None,
+        calls: Sequence[str] = (),
+        all_calls: bool = False,
+    ) -> PerfSession:
+        """Open ``path``: binaries looked up under ``symfs`` (else where the
+        sideband says they were), kernel code from a ``perf record --kcore``
+        directory (by default the perf.data directory's own), a vmlinux
+        and/or a kallsyms copy.  The flow is cut to the calls of ``calls``,
+        or, when none are given and ``all_calls`` is false, to those the
+        recording was made for (``hwtrace record --call`` on hardware).
+        Raises :class:`SessionError` for an input that cannot be used."""
+        try:
+            data = read_perf_data(path)
+        except PerfDataError as e:
+            raise SessionError(str(e)) from None
+        locator = BinaryLocator(root=Path(symfs) if symfs else None)
+        sideband = sideband_of(data)
+        try:
+            kernel = load_kernel(
+                kcore=kcore or data.kcore_dir,
+                vmlinux=vmlinux,
+                kallsyms=kallsyms,
+                text_address=sideband.kernel_text_address() if vmlinux else None,
+            )
+        except KernelCodeError as e:
+            raise SessionError(str(e)) from None
+        cut = list(calls)
+        notes = []
+        if not cut and not all_calls:
+            cut = recorded_calls(path)
+            if cut:
+                notes.append(
+                    f"cutting the flow to the calls of {', '.join(cut)}, as recorded "
+                    "(--all: everything the trace holds)"
+                )
+        return cls(data, locator, kernel, sideband, cut, notes)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.data.path)
+
+    def comm(self, tid: int) -> str:
+        """The command a thread ran when it was last named (``?``: unknown)."""
+        got = self._comms.get(tid)
+        if got is None:
+            got = self._comms[tid] = self.sideband.comm_of(tid) if tid >= 0 else "?"
+        return got
+
+    def decode(self, on_blocks: Callable[[PerfBlocks], None]) -> PerfStream:
+        """Decode every trace queue, batch by batch into ``on_blocks`` (cut
+        to the calls); nothing of a batch is kept once it returns.  The
+        result has the queues with their gaps, the problems met and
+        ``missing_calls``: the ``calls`` found nowhere in the decoded code."""
+        take = on_blocks
+        cut = None
+        if self.calls:
+            from .calls import CallFilter
+
+            cut = CallFilter(self.calls)
+
+            def take(b: PerfBlocks) -> None:
+                for part in cut(b):
+                    on_blocks(part)
+
+        flow = stream_perf(
+            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband
+        )
+        if cut is not None:
+            flow.missing_calls = list(cut.missing())
+        return flow
+
+    def listing(
+        self, on_rows: Callable, *, blocks: bool = False, ptwrite: bool = True
+    ) -> PerfStream:
+        """Decode into the rows of ``hwtrace script``'s listing
+        (:class:`~hwtrace.session.listing.ListingRows`, per instruction or
+        with ``blocks`` per block, PTWRITE payloads at their place unless
+        ``ptwrite`` is false), batch by batch into ``on_rows``."""
+        from .listing import listing_rows
+
+        def on_blocks(b: PerfBlocks) -> None:
+            for rows in listing_rows(b, self.comm, blocks=blocks, ptwrite=ptwrite):
+                on_rows(rows)
+
+        return self.decode(on_blocks)
+
+
+__all__ = ["PerfSession", "SessionError"]
