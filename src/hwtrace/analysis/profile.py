@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..image.symbols import SymbolTable
+from ..session import PerfSession
+from ..session.perfflow import PerfBlocks, PerfStream
 
-__all__ = ["FunctionCost", "Profile", "ThreadProfile", "ThreadProfiler"]
+__all__ = ["FunctionCost", "Profile", "ThreadProfile", "ThreadProfiler", "profile_session"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,18 @@ class ThreadProfiler:
                 th.lo = lo if th.lo < 0 else min(th.lo, lo)
                 th.hi = max(th.hi, hi)
 
+    def add_blocks(self, b: PerfBlocks) -> None:
+        """A batch of a perf.data's decoded blocks (:meth:`add` per address
+        space it ran in)."""
+        q = b.queue
+        rows = b.row + np.arange(len(b))
+        for image, sel in b.images():
+            self.add(
+                q.index, image, q.symbols(image), ip=b.ip[sel], ninsn=b.ninsn[sel],
+                ns=b.ns[sel], duration=b.duration[sel], tid=b.tid[sel], pid=b.pid[sel],
+                row=rows[sel],
+            )  # fmt: skip
+
     def result(self, comm: Callable[[int], str]) -> Profile:
         """The profile of everything added; ``comm(tid)`` names a thread."""
         names: list[str] = []
@@ -196,3 +210,12 @@ class ThreadProfiler:
                 )
             )  # fmt: skip
         return Profile(threads, names, self.instructions)
+
+
+def profile_session(session: PerfSession) -> tuple[Profile, PerfStream]:
+    """``hwtrace report``'s profile of a perf.data: per thread its
+    instructions, time span and per-function costs; with the decoding's
+    queues, gaps and problems."""
+    profiler = ThreadProfiler()
+    flow = session.decode(profiler.add_blocks)
+    return profiler.result(session.comm), flow

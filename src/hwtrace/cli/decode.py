@@ -198,7 +198,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..export.parquet import FlowParquetWriter, Names, build_ids_of
+    from ..export.parquet import FlowParquetWriter, Names, build_ids_of, finish_dataset
 
     data = opened.data
     names = Names(build_ids=build_ids_of(opened.sideband))
@@ -279,28 +279,11 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
             for name in cut.missing():
                 sys.stderr.write(f"{PROG}: warning: --call {name}: no such function in the "
                                  "decoded code\n")  # fmt: skip
-        for q in flow.queues:
-            writer.write_gaps(q, q.gaps)
-        sb = flow.sideband
-        writer.write_comms({t: (sb.pid_of(t) if t >= 0 else -1, sb.comm_of(t) if t >= 0 else "?")
-                            for t in tids})  # fmt: skip
-        queues = [{"index": q.index, "cpu": q.cpu, "tid": q.tid, "trace_bytes": q.trace_bytes,
-                   "blocks": q.n_blocks, "instructions": q.n_insn, "gaps": len(q.gaps)}
-                  for q in flow.queues]  # fmt: skip
-        extra = {}
-        if calls is not None:
-            extra = calls.write(writer)
-        meta = writer.close(
-            {
-                "queues": queues,
-                "problems": list(flow.problems),
-                "n_gaps": flow.n_gaps,
-                "instructions_decoded": writer.n_insn,
-                "trace_bytes": total_bytes,
-                "decode_seconds": round(seconds, 3),
-            }
-            | extra
-        )
+        extra = calls.write(writer) if calls is not None else {}
+        meta = finish_dataset(
+            writer, flow, tids,
+            {"trace_bytes": total_bytes, "decode_seconds": round(seconds, 3)} | extra,
+        )  # fmt: skip
         ok = True
     finally:
         if calls is not None:

@@ -311,14 +311,7 @@ def report_main(argv: Sequence[str]) -> int:
     paths = _CallPaths(opened, a, timeline=bool(a.timeline)) if wanted else None
 
     def on_blocks(b: PerfBlocks) -> None:
-        q = b.queue
-        rows = b.row + np.arange(len(b))
-        for image, sel in b.images():
-            profiler.add(
-                q.index, image, q.symbols(image), ip=b.ip[sel], ninsn=b.ninsn[sel],
-                ns=b.ns[sel], duration=b.duration[sel], tid=b.tid[sel], pid=b.pid[sel],
-                row=rows[sel],
-            )  # fmt: skip
+        profiler.add_blocks(b)
         if paths is not None:
             paths.feed(b)
 
@@ -340,14 +333,9 @@ def report_main(argv: Sequence[str]) -> int:
     finally:
         if paths is not None:
             paths.close()
-    data = opened.data
-
-    def comm(tid: int) -> str:
-        return flow.sideband.comm_of(tid) if tid >= 0 else "?"
-
-    profile = profiler.result(comm)
+    profile = profiler.result(opened.comm)
     gaps = [(g.offset, g.ip, g.reason) for q in flow.queues for g in q.gaps]
-    console = show(data.path, len(flow.queues), profile, flow.problems, gaps, a.top)
+    console = show(opened.data.path, len(flow.queues), profile, flow.problems, gaps, a.top)
     if paths is not None:
         written = paths.write(a)
         for what, count, path in written:

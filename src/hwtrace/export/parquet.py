@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,8 @@ import pyarrow.parquet as pq
 
 from ..image.symbols import SymbolTable
 from ..pt.decode import Gap
-from ..session.perfflow import PerfBlocks, QueueInfo
+from ..session import PerfSession
+from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 
 __all__ = [
     "BLOCKS_SCHEMA",
@@ -889,3 +890,57 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, object]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not an {FORMAT} directory")
     return meta
+
+
+def finish_dataset(
+    writer: FlowParquetWriter,
+    flow: PerfStream,
+    tids: Iterable[int],
+    extra: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """Write what follows a decoded flow's blocks (per queue its gaps, the
+    threads' pids and commands, the queues and problems into ``_meta.json``)
+    and close ``writer``; returns the metadata written."""
+    for q in flow.queues:
+        writer.write_gaps(q, q.gaps)
+    sb = flow.sideband
+    writer.write_comms({t: (sb.pid_of(t) if t >= 0 else -1, sb.comm_of(t) if t >= 0 else "?")
+                        for t in tids})  # fmt: skip
+    queues = [{"index": q.index, "cpu": q.cpu, "tid": q.tid, "trace_bytes": q.trace_bytes,
+               "blocks": q.n_blocks, "instructions": q.n_insn, "gaps": len(q.gaps)}
+              for q in flow.queues]  # fmt: skip
+    return writer.close(
+        {"queues": queues, "problems": list(flow.problems), "n_gaps": flow.n_gaps,
+         "instructions_decoded": writer.n_insn} | dict(extra or {})
+    )  # fmt: skip
+
+
+def write_dataset(
+    session: PerfSession,
+    directory: str | os.PathLike[str],
+    *,
+    instructions: bool = False,
+    bucket_ns: int = 1_000_000_000,
+    metadata: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """Decode ``session`` into a Parquet dataset in ``directory`` (new or
+    empty): blocks, events, gaps, symbols, images, comms and, with
+    ``instructions``, a row per instruction, as ``hwtrace decode`` writes
+    it.  Returns the dataset's metadata (``_meta.json``)."""
+    names = Names(build_ids=build_ids_of(session.sideband))
+    meta = {"input": {"path": str(session.path)}, "calls": list(session.calls)}
+    writer = FlowParquetWriter(directory, dict(metadata or meta), names=names,
+                               bucket_ns=bucket_ns, instructions=instructions,
+                               background=True)  # fmt: skip
+    tids: set[int] = set()
+
+    def take(b: PerfBlocks) -> None:
+        writer.write_blocks(b)
+        tids.update(np.unique(b.tid).tolist())
+
+    try:
+        flow = session.decode(take)
+        return finish_dataset(writer, flow, tids)
+    except BaseException:
+        writer.abort()
+        raise
