@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--task-mb", type=float, default=1.0)
     a = ap.parse_args()
     from hwtrace.perf.data import read_perf_data
-    from hwtrace.session.perfflow import iter_queue_traces
+    from hwtrace.perf.intelpt import iter_queue_traces
 
     path = recording(a.n)
     total = sum(t.shape[0] for _, _, t in iter_queue_traces(read_perf_data(path)))

@@ -23,7 +23,8 @@ from test_record_software import SKIP
 from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.cluster import DistributedError, decode_distributed, plan_pieces
 from hwtrace.perf.data import read_perf_data
-from hwtrace.session.perfflow import iter_queue_traces, stream_perf
+from hwtrace.perf.intelpt import iter_queue_traces
+from hwtrace.session.perfflow import stream_perf
 
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 

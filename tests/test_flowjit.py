@@ -717,8 +717,8 @@ def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
     from hwtrace.kernel import bpf
     from hwtrace.perf.code import ksymbols
     from hwtrace.perf.data import PerfData
+    from hwtrace.perf.intelpt import sideband_of
     from hwtrace.perf.records import RecordType
-    from hwtrace.session.perfflow import sideband_of
 
     (tmp_path / "load.py").write_text(LOADER)
     data_path, out = tmp_path / "bpf.data", tmp_path / "image.json"

@@ -227,8 +227,8 @@ def test_perf_and_the_agent_record_together(program, agent, tmp_path):
     import re
 
     from hwtrace.perf.data import PerfData
+    from hwtrace.perf.intelpt import sideband_of
     from hwtrace.record.jitrecord import record_perf_with_capture
-    from hwtrace.session.perfflow import sideband_of
 
     why = _perf_tracepoints()
     if why:

@@ -102,8 +102,8 @@ def test_block_rows_are_the_decoders_batches(recorded, batches):
     assert (cat["time"] >= 0).all() and cat["duration"].sum() > 0
     # Each block's trace offset is a packet of its queue's trace (or its
     # end, for blocks the last packets complete), rising.
+    from hwtrace.perf.intelpt import iter_queue_traces
     from hwtrace.pt.packets import decode_range
-    from hwtrace.session.perfflow import iter_queue_traces
 
     data = read_perf_data(str(recorded[0]))
     for qi, (_, _, trace) in enumerate(iter_queue_traces(data)):

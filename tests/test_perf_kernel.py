@@ -20,11 +20,12 @@ from hwtrace.cli.main import main
 from hwtrace.image import Image
 from hwtrace.image.kernelcode import KernelCodeError, from_kcore, from_vmlinux, load_kernel
 from hwtrace.perf.data import read_perf_data
+from hwtrace.perf.intelpt import sideband_of
 from hwtrace.perf.records import Comm, ItraceStart, Mmap, SampleId
 from hwtrace.perf.sideband import BinaryLocator
 from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
 from hwtrace.pt.encode import encode_path
-from hwtrace.session.perfflow import decode_perf, sideband_of
+from hwtrace.session.perfflow import decode_perf
 
 pytestmark = pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
 

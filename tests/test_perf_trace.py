@@ -9,10 +9,11 @@ import pytest
 
 from hwtrace.image import Image
 from hwtrace.perf.data import read_perf_data
+from hwtrace.perf.intelpt import sideband_of
 from hwtrace.perf.sideband import BinaryLocator
 from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS
 from hwtrace.pt.encode import encode_path
-from hwtrace.session.perfflow import decode_perf, sideband_of
+from hwtrace.session.perfflow import decode_perf
 
 pytestmark = pytest.mark.skipif(gt.skip_reason is not None, reason=str(gt.skip_reason))
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..session import PerfSession, SessionError
+
 
 class CharacterizeError(Exception):
     """A path that cannot be characterised (one line)."""
@@ -224,17 +226,24 @@ def rank(outcomes: Sequence[Outcome]) -> None:
             o.trf = float("nan")
 
 
-def measure_recording(perf_data: str, setting: Setting, *, tid: int | None = None,
-                      locator=None) -> Outcome:  # fmt: skip
+def _session(perf_data: str | PerfSession) -> PerfSession:
+    """``perf_data`` opened, whole (not cut to recorded calls)."""
+    if isinstance(perf_data, PerfSession):
+        return perf_data
+    try:
+        return PerfSession.open(perf_data, all_calls=True)
+    except SessionError as e:
+        raise CharacterizeError(str(e)) from None
+
+
+def measure_recording(perf_data: str | PerfSession, setting: Setting, *,
+                      tid: int | None = None) -> Outcome:  # fmt: skip
     """A recording's own size and temporal resolution, as :func:`characterize`
     measures an encoded path: its Intel PT bytes (every AUXTRACE), its
     decoded instructions and the changes of their time, over every thread
     (or ``tid``).  Rank several with :func:`rank`."""
-    from ..perf.data import read_perf_data
-    from ..session.perfflow import stream_perf
-
-    data = read_perf_data(perf_data)
-    size = int(data.auxtrace_columns()["size"].sum())
+    session = _session(perf_data)
+    size = int(session.data.auxtrace_columns()["size"].sum())
     per: dict[int, list[tuple[np.ndarray, ...]]] = {}
 
     def feed(b) -> None:
@@ -243,10 +252,10 @@ def measure_recording(perf_data: str, setting: Setting, *, tid: int | None = Non
                 sel = b.tid == t
                 per.setdefault(int(t), []).append((b.ns[sel], b.ninsn[sel], b.gap[sel]))
 
-    stream_perf(data, feed, locator)
+    session.decode(feed)
     if not per:
         what = f"thread {tid}" if tid is not None else "any thread"
-        raise CharacterizeError(f"{perf_data}: no instruction decoded for {what}")
+        raise CharacterizeError(f"{session.path}: no instruction decoded for {what}")
     insns = updates = 0
     dics, dts = [], []
     first, last = None, None
@@ -266,16 +275,15 @@ def measure_recording(perf_data: str, setting: Setting, *, tid: int | None = Non
     return _outcome(setting, size, insns, updates, dics, dts, whole)
 
 
-def path_of_perf(perf_data: str, *, tid: int | None = None, cpi: float | None = None,
-                 locator=None) -> ExecutedPath:  # fmt: skip
+def path_of_perf(perf_data: str | PerfSession, *, tid: int | None = None,
+                 cpi: float | None = None) -> ExecutedPath:  # fmt: skip
     """The executed path of one thread of a perf.data (``tid``; default: the
     one with the most instructions), its stretches between gaps, each
     instruction's cycles from the recorded times (or ``cpi``)."""
-    from ..perf.data import read_perf_data
-    from ..session.perfflow import stream_perf, tsc_conversion_of
+    from ..perf.intelpt import tsc_conversion_of
 
-    data = read_perf_data(perf_data)
-    conv = tsc_conversion_of(data)
+    session = _session(perf_data)
+    conv = tsc_conversion_of(session.data)
     tsc_hz = 1e9 * (1 << conv.time_shift) / conv.time_mult if conv is not None else 1e9
     per: dict[int, list] = {}
 
@@ -293,13 +301,13 @@ def path_of_perf(perf_data: str, *, tid: int | None = None, cpi: float | None = 
                 b.queue, np.unique(b.image[sel]).tolist(),
             ))  # fmt: skip
 
-    flow = stream_perf(data, feed, locator)
+    flow = session.decode(feed)
     if not per:
-        raise CharacterizeError(f"{perf_data}: no instruction decoded")
+        raise CharacterizeError(f"{session.path}: no instruction decoded")
     if tid is None:
         tid = max(per, key=lambda k: sum(p[0].shape[0] for p in per[k]))
     if tid not in per:
-        raise CharacterizeError(f"{perf_data}: thread {tid} ran no traced instruction")
+        raise CharacterizeError(f"{session.path}: thread {tid} ran no traced instruction")
     parts = per[tid]
     images = {(id(q), im) for _, _, _, q, ims in parts for im in ims}
     if len(images) != 1:
@@ -321,7 +329,7 @@ def path_of_perf(perf_data: str, *, tid: int | None = None, cpi: float | None = 
                 else np.full(hi - lo, max(round(cpi), 1), np.int64)
             )
             stretches.append((np.ascontiguousarray(part), cycles))
-    pt = data.intel_pt
+    pt = session.data.intel_pt
     ratio = pt.tsc_ctc_ratio_n // max(pt.tsc_ctc_ratio_d, 1) if pt is not None else 0
     return ExecutedPath(stretches, q.images[im], tsc_hz, tid, notes, max(ratio, 1) if ratio else 4)
 

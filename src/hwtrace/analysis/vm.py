@@ -835,7 +835,7 @@ def analyze_perf(data) -> VmAnalysis:
     vCPU's thread (the host thread running on its pCPU when it first ran,
     QEMU's ``CPU n/KVM``) and its VMM process (:attr:`VmAnalysis.names`);
     times stay TSC (:attr:`VmAnalysis.tsc_conversion` gives perf's ns)."""
-    from ..session.perfflow import iter_queue_traces, pt_config_of, sideband_of, tsc_conversion_of
+    from ..perf.intelpt import iter_queue_traces, pt_config_of, sideband_of, tsc_conversion_of
 
     config = pt_config_of(data)
     problems: list[str] = []

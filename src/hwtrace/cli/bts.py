@@ -30,18 +30,15 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--json", metavar="FILE", help="write the events as JSON lines")
     a = p.parse_args(list(argv))
     from ..hwevents.bts import BtsError, perf_bts
-    from ..perf.data import PerfDataError, read_perf_data
-    from ..perf.sideband import BinaryLocator
-    from ..session.perfflow import sideband_of
+    from ..session import PerfSession, SessionError
 
     try:
-        data = read_perf_data(a.input)
-        queues = perf_bts(data)
-    except (PerfDataError, BtsError) as e:
+        session = PerfSession.open(a.input, symfs=a.symfs, all_calls=True)
+        queues = perf_bts(session.data)
+    except (SessionError, BtsError) as e:
         sys.stderr.write(f"{PROG}: {e}\n")
         return 1
-    sb = sideband_of(data)
-    locator = BinaryLocator(root=Path(a.symfs) if a.symfs else None)
+    data, sb, locator = session.data, session.sideband, session.locator
     out = sys.stdout
     rows: list[dict] = []
     try:

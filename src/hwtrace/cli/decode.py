@@ -169,7 +169,7 @@ def _wrap(a: argparse.Namespace, path: Path) -> bool:
 
 def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, object]:
     from .. import __version__
-    from ..session.perfflow import pt_config_of
+    from ..perf.intelpt import pt_config_of
 
     data = opened.data
     path = Path(a.input)

@@ -78,7 +78,7 @@ def open_events(prog: str, path: str, opened, a: argparse.Namespace):
     """The events at ``path`` on ``opened``'s flow clock (None: a message
     was written)."""
     from ..analysis.swevents import EventsError, flow_clock, load_events
-    from ..session.perfflow import tsc_conversion_of
+    from ..perf.intelpt import tsc_conversion_of
 
     clock = flow_clock(a.input, tsc_conversion_of(opened.data))
     try:

@@ -57,10 +57,10 @@ def main(argv: Sequence[str]) -> int:
     to_ns = None
     try:
         if a.input:
-            from ..perf.data import read_perf_data
-            from ..session.perfflow import tsc_conversion_of
+            from ..perf.intelpt import tsc_conversion_of
+            from ..session import PerfSession
 
-            data = read_perf_data(a.input)
+            data = PerfSession.open(a.input, all_calls=True).data
             streams = {f"cpu {c} tid {t}": ev for (c, t), ev in perf_events(data).items()}
             conv = tsc_conversion_of(data)
             to_ns = conv.to_ns if conv is not None else None

@@ -90,11 +90,11 @@ def main(argv: Sequence[str]) -> int:
 
 def _run_perf(a) -> int:
     from ..analysis.vm import analyze_perf
-    from ..perf.data import PerfDataError, read_perf_data
+    from ..perf.data import PerfDataError
+    from ..session import PerfSession
 
     try:
-        data = read_perf_data(a.input)
-        result = analyze_perf(data)
+        result = analyze_perf(PerfSession.open(a.input, all_calls=True).data)
     except (PerfDataError, OSError, ValueError) as e:
         sys.stderr.write(f"{PROG}: {e}\n")
         return 1

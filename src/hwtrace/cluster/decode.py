@@ -52,13 +52,14 @@ from pathlib import Path
 import numpy as np
 
 from ..image import Image
-from ..perf.data import PerfData, PerfDataError, read_perf_data
+from ..perf.data import PerfData, PerfDataError
 from ..perf.sideband import BinaryLocator, Sideband
 from ..pt import _flowloop as FK
 from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
 from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.packets import read_released
+from ..session import PerfSession, SessionError
 from ..session.perfflow import (
     PerfBlocks,
     PerfStream,
@@ -227,9 +228,14 @@ def _open_input(path: str, symfs: str | None) -> _Input:
     with _INPUTS_LOCK:
         got = _INPUTS.get(key)
         if got is None:
-            data = read_perf_data(path)
-            locator = BinaryLocator(root=Path(symfs) if symfs else None)
-            locator, sb, _, setup = setup_decoding(data, locator, None, None)
+            try:
+                session = PerfSession.open(path, symfs=symfs, all_calls=True)
+            except SessionError as e:
+                raise DistributedError(str(e)) from None
+            data = session.data
+            locator, sb, _, setup = setup_decoding(
+                data, session.locator, session.kernel, session.sideband
+            )
             if setup is None:
                 raise PerfDataError(path, 0, "no Intel PT AUXTRACE_INFO: nothing to decode")
             conv, config, kernel, queues = setup
@@ -625,11 +631,13 @@ def _plan(path: str, symfs: str | None, task_bytes: int, chunk_bytes: int | None
     whole (one piece), which is exact but not parallel."""
     chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
     try:
-        data = read_perf_data(path)
-    except PerfDataError as e:
+        session = PerfSession.open(path, symfs=symfs, all_calls=True)
+    except SessionError as e:
         raise DistributedError(str(e)) from None
-    locator = BinaryLocator(root=Path(symfs) if symfs else None)
-    locator, sb, problems, setup = setup_decoding(data, locator, None, None)
+    data = session.data
+    locator, sb, problems, setup = setup_decoding(
+        data, session.locator, session.kernel, session.sideband
+    )
     plans: list[list[list[tuple[int, int]]]] = []
     sizes: list[int] = []
     if setup is None:

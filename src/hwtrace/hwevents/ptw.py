@@ -370,8 +370,8 @@ def perf_events(data) -> dict[tuple[int, int], PtwEvents]:
     """The PTWRITE events of each AUX queue of a perf.data (Intel PT with
     ``ptw``), keyed by (cpu, tid) as the queue is (-1 where it is not per
     CPU or per thread); times stay TSC (perf's conversion:
-    :func:`hwtrace.session.perfflow.tsc_conversion_of`)."""
-    from ..session.perfflow import iter_queue_traces, pt_config_of
+    :func:`hwtrace.perf.intelpt.tsc_conversion_of`)."""
+    from ..perf.intelpt import iter_queue_traces, pt_config_of
 
     config = pt_config_of(data)
     return {

@@ -28,13 +28,8 @@ are released as decoding moves on.
 
 from __future__ import annotations
 
-import mmap
-import os
-import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 import numpy as np
 
@@ -45,112 +40,22 @@ from ..image.perfsyms import perf_symbols
 from ..image.revisions import EXACT_SOURCES, CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
-from ..perf.code import add_bpf_images
-from ..perf.data import PerfData, PerfDataError
-from ..perf.features import Feature
-from ..perf.records import RecordType as RT
-from ..perf.sideband import AddressSpace, BinaryLocator, CodeRevision, Sideband, TscConversion
+from ..perf.data import PerfData
+from ..perf.intelpt import (
+    aux_queues,
+    pt_config_of,
+    queue_trace,
+    sideband_of,
+    tsc_conversion_of,
+)
+from ..perf.sideband import AddressSpace, BinaryLocator, Sideband, TscConversion
 from ..pt import _flowloop as FK
 from ..pt.codetable import CodeTable
-from ..pt.config import PtConfig
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.errors import errstr
 from ..pt.events import Ev
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.packets import release
 from .perftime import PerfClock, transfer_class
-
-_SIDEBAND = (
-    RT.MMAP, RT.MMAP2, RT.COMM, RT.FORK, RT.EXIT, RT.ITRACE_START, RT.SWITCH,
-    RT.SWITCH_CPU_WIDE, RT.KSYMBOL, RT.BPF_EVENT, RT.TEXT_POKE,
-)  # fmt: skip
-_MISC_CPUMODE_KERNEL = 1
-_MISC_CPUMODE_USER = 2
-
-
-def sideband_of(data: PerfData) -> Sideband:
-    """The sideband model of a perf.data's records, in file order.
-
-    Records that cannot be parsed go to ``data.errors`` and are skipped.
-    """
-    sb = Sideband()
-    # perf keeps the build ids of the binaries it saw in the BUILD_ID
-    # feature; MMAP2 records carry one only with --buildid-mmap.
-    build_ids = {b.filename: b.build_id for b in data.features.get(Feature.BUILD_ID) or ()}
-    r = data.records
-    rows = np.flatnonzero(np.isin(r["type"], np.array(_SIDEBAND, r["type"].dtype)))
-    for i in rows.tolist():
-        try:
-            rec = data.record(i)
-        except PerfDataError as e:
-            data.errors.append(e)
-            continue
-        t = max(int(r["time"][i]), 0)
-        cpu, tid = int(r["cpu"][i]), int(r["tid"][i])
-        b = rec.body
-        k = rec.type
-        if k in (RT.MMAP, RT.MMAP2):
-            kernel = b.pid in (-1, 0xFFFFFFFF) or (rec.misc & 7) == _MISC_CPUMODE_KERNEL
-            sb.add_mmap(
-                t, b.pid, b.addr, b.len, b.pgoff, b.filename,
-                executable=not b.data, kernel=kernel,
-                build_id=getattr(b, "build_id", None) or build_ids.get(b.filename),
-            )  # fmt: skip
-        elif k == RT.COMM:
-            sb.add_comm(t, b.pid, b.tid, b.comm, exec=b.exec)
-        elif k == RT.FORK:
-            sb.add_fork(t or b.time, b.pid, b.ppid, b.tid, b.ptid)
-        elif k == RT.EXIT:
-            sb.add_exit(t or b.time, b.pid, b.tid)
-        elif k == RT.ITRACE_START:
-            sb.thread_pid.setdefault(b.tid, b.pid)
-            sb.add_switch(t, cpu, b.tid)
-        elif k == RT.SWITCH:
-            sb.add_switch(t, cpu, -1 if b.out else tid)
-        elif k == RT.SWITCH_CPU_WIDE:
-            if b.out:
-                sb.thread_pid.setdefault(b.next_prev_tid, b.next_prev_pid)
-                sb.add_switch(t, cpu, b.next_prev_tid)
-            else:
-                sb.add_switch(t, cpu, tid)
-        elif k == RT.KSYMBOL:
-            unregister = bool(b.flags & 1)
-            kind = "ksymbol-unregister" if unregister else "ksymbol"
-            sb.add_revision(CodeRevision(t, kind, b.addr, b.len, b.name))
-        elif k == RT.BPF_EVENT:
-            sb.add_revision(CodeRevision(t, "bpf", 0, 0, f"bpf prog {b.id}"))
-        elif k == RT.TEXT_POKE:
-            # User code's pokes (hwtrace's software recordings write the code
-            # revisions they saw so) belong to their process.
-            user = (rec.misc & 7) == _MISC_CPUMODE_USER
-            pid = int(r["pid"][i]) if user else -1
-            sb.add_revision(CodeRevision(t, "text_poke", b.addr, len(b.new), "", b.old, b.new, pid))
-    # BPF programs' JIT images, which perf keeps (BPF_PROG_INFO), from their
-    # KSYMBOL registration on.
-    images = CodeRevisions()
-    if add_bpf_images(data, images):
-        for r in images.revisions:
-            sb.add_revision(
-                CodeRevision(r.valid_from, "bpf_image", r.address, len(r.data), r.name,
-                             b"", r.data)
-            )  # fmt: skip
-    return sb
-
-
-def pt_config_of(data: PerfData) -> PtConfig:
-    """The decoder configuration a perf.data's Intel PT was recorded with."""
-    pt = data.intel_pt
-    config = PtConfig()
-    if pt is None:
-        return config
-    attr = next((a.attr for a in data.attrs if a.attr.type == pt.pmu_type), None)
-    if attr is not None and pt.mtc_freq_bits:
-        shift = (pt.mtc_freq_bits & -pt.mtc_freq_bits).bit_length() - 1
-        config.mtc_freq = (attr.config & pt.mtc_freq_bits) >> shift
-    config.nom_freq = pt.max_non_turbo_ratio or 0
-    config.cpuid_0x15_eax = pt.tsc_ctc_ratio_d or 0
-    config.cpuid_0x15_ebx = pt.tsc_ctc_ratio_n or 0
-    return config
 
 
 @dataclass
@@ -242,15 +147,6 @@ class PerfFlow:
         return list(getattr(self, "_names", []))
 
 
-def tsc_conversion_of(data: PerfData) -> TscConversion | None:
-    """The TSC to perf time conversion of a perf.data's Intel PT (None:
-    no Intel PT or no TSC)."""
-    pt = data.intel_pt
-    if pt is None or not pt.time_mult:
-        return None
-    return TscConversion(pt.time_shift, pt.time_mult, pt.time_zero)
-
-
 def setup_decoding(
     data: PerfData,
     locator: BinaryLocator | None,
@@ -283,62 +179,8 @@ def setup_decoding(
             + "; give a --kcore directory or a --vmlinux"
             + ("" if kernel is not None else " (or --kallsyms for names)")
         )
-    queues = _queues(data, bool(pt.per_cpu_mmaps))
+    queues = aux_queues(data, bool(pt.per_cpu_mmaps))
     return locator, sb, problems, (conv, pt_config_of(data), kernel, queues)
-
-
-def _queues(data: PerfData, per_cpu: bool) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-    """The AUX queues, sorted by (buffer, cpu, tid): per queue its cpu, tid
-    and its AUXTRACE records' data offsets and sizes in stream order."""
-    aux = data.auxtrace_columns()
-    cpu = aux["cpu"] if per_cpu else np.full(aux["cpu"].shape, -1, np.int64)
-    keys = sorted(set(zip(aux["idx"].tolist(), cpu.tolist(), aux["tid"].tolist(), strict=True)))
-    out = []
-    for idx, c, t in keys:
-        sel = np.flatnonzero((aux["idx"] == idx) & (cpu == c) & (aux["tid"] == t))
-        sel = sel[np.argsort(aux["offset"][sel], kind="stable")]
-        out.append((c, t, aux["data_offset"][sel], aux["size"][sel]))
-    return out
-
-
-@contextmanager
-def _queue_trace(data: PerfData, starts: np.ndarray, sizes: np.ndarray) -> Iterator[np.ndarray]:
-    """A queue's trace as one buffer: a view of the mapped perf.data for one
-    AUXTRACE record; for several, their data copied into an unlinked
-    temporary file, mapped (its pages and the input's are dropped as they
-    are copied and as they are decoded)."""
-    if starts.shape[0] == 1:
-        s = int(starts[0])
-        yield data.buf[s : s + int(sizes[0])]
-        return
-    with tempfile.TemporaryFile(prefix="hwtrace-aux-") as f:
-        for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
-            for lo in range(s, s + n, 1 << 24):
-                hi = min(s + n, lo + (1 << 24))
-                f.write(data.buf[lo:hi].data)
-                release(data.buf, lo, hi)
-        f.flush()
-        yield _map_open(f)
-
-
-def iter_queue_traces(data: PerfData) -> Iterator[tuple[int, int, np.ndarray]]:
-    """Each AUX queue's Intel PT as one buffer: (cpu, tid, trace); cpu -1
-    for per-thread queues, tid -1 for per-CPU ones.  A buffer is valid
-    until the next one is asked for."""
-    pt = data.intel_pt
-    if pt is None:
-        return
-    for cpu, tid, starts, sizes in _queues(data, bool(pt.per_cpu_mmaps)):
-        with _queue_trace(data, starts, sizes) as buf:
-            yield cpu, tid, buf
-
-
-def _map_open(f: BinaryIO) -> np.ndarray:
-    """Map an open file read-only (as :func:`hwtrace.pt.packets.map_file`
-    maps a path: :func:`~hwtrace.pt.packets.release` works on it)."""
-    if os.fstat(f.fileno()).st_size == 0:
-        return np.zeros(0, np.uint8)
-    return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
 
 
 class QueueContexts:
@@ -529,7 +371,7 @@ def decode_perf(
     directory, a vmlinux or kallsyms); without it, kernel modules the
     sideband maps as files are used where the locator finds them.
     ``sideband``: the model of ``data``'s sideband, when the caller already
-    built it (:func:`sideband_of`).  ``chunk_bytes``: the size of the
+    built it (:func:`~hwtrace.perf.intelpt.sideband_of`).  ``chunk_bytes``: the size of the
     PSB-aligned ranges each queue is cut into (:func:`~hwtrace.pt.decode.chunk_ranges`).
     ``revision_window`` (TSC ticks): gaps that near a code revision's start
     are decoded again with the neighbouring revision (see
@@ -543,7 +385,7 @@ def decode_perf(
     out: list[QueueFlow] = []
     for cpu, tid, starts, sizes in queues:
         ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
-        with _queue_trace(data, starts, sizes) as trace:
+        with queue_trace(data, starts, sizes) as trace:
             first = ctx.first()
             flow = decode_trace(
                 trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx.context,
@@ -1016,7 +858,7 @@ def stream_perf(
         q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)
         sink = QueueSink(q, ctx, on_blocks, batch_rows)
-        with _queue_trace(data, starts, sizes) as trace:
+        with queue_trace(data, starts, sizes) as trace:
             q.trace_bytes = trace.shape[0]
             ref = aux["reference"][aux["data_offset"] == starts[0]] if starts.shape[0] else []
             q.clock = PerfClock(

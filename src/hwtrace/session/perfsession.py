@@ -29,9 +29,10 @@ from pathlib import Path
 
 from ..image.kernelcode import KernelCode, KernelCodeError, load_kernel
 from ..perf.data import PerfData, PerfDataError, read_perf_data
+from ..perf.intelpt import sideband_of
 from ..perf.notes import recorded_calls
 from ..perf.sideband import BinaryLocator, Sideband
-from .perfflow import PerfBlocks, PerfStream, sideband_of, stream_perf
+from .perfflow import PerfBlocks, PerfStream, stream_perf
 
 
 class SessionError(ValueError):
