@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFORMANCE ?= ../shared/conformance/libipt
 
-.PHONY: all venv oracles demo test lint format conformance bench clean
+.PHONY: all venv oracles demo test lint format conformance docs bench clean
 
 all: venv
 
@@ -53,6 +53,12 @@ format: venv
 conformance: venv
 	$(BIN)/python $(CONFORMANCE)/run.py ptdump --suite core --cmd "$(BIN)/hwtrace ptdump"
 
+# The documentation site (mkdocs.yml): guides from docs/, the command and
+# Python API reference generated from the code (docs/hooks/reference.py).
+# `make test` builds it in strict mode (tests/test_docs.py).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 test: venv oracles lint
 	$(BIN)/python -m pytest
 
@@ -72,4 +78,4 @@ bench: venv oracles
 	$(BIN)/python bench/bench_channel.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench/out
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache bench/out

@@ -1,4 +1,4 @@
-"""The Python examples of docs/python-api.md, run as written on a
+"""The Python examples of docs/guides/library.md, run as written on a
 recording of the demo program: each gives what its command gives."""
 
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "python-api.md"
+PAGE = ROOT / "docs" / "guides" / "library.md"
 
 
 def examples() -> list[str]:

@@ -122,4 +122,62 @@ class LatencyFeed:
         return self.names.name(addr, with_module)
 
 
-__all__ = ["CodeNames", "LatencyFeed"]
+class CallPathProfile:
+    """``hwtrace report``'s call paths (``--folded``, ``--paths``,
+    ``--html``, ``--timeline``): the call-path profile of every thread
+    (:mod:`hwtrace.analysis.latency`), each path rooted at its command
+    (``group="comm"``), thread, process or CPU.  Feed it a perf.data's
+    blocks (:meth:`feed`) in flow order, then :meth:`close` it."""
+
+    def __init__(self, sideband, group: str = "comm", timeline: bool = False) -> None:
+        from .patterns import PatternSet
+
+        self.labels: list[str] = []
+        self._ids: dict[str, int] = {}
+        self.sideband = sideband
+        patterns = PatternSet()
+        patterns.per = "cpu" if group == "cpu" else "thread"
+        self.group_by = group
+        self.profiler = LatencyProfiler(patterns, keep=False, calls=False, profile=True,
+                                        group=self._group, timeline=timeline)  # fmt: skip
+        self._feed = LatencyFeed(self.profiler)
+
+    def _group(self, stream: int, key: int) -> int:
+        sb = self.sideband
+        if self.group_by == "cpu":
+            label = f"cpu{key}" if key >= 0 else "cpu?"
+        elif key < 0:
+            label = "?"
+        elif self.group_by == "comm":
+            label = sb.comm_of(key)
+        elif self.group_by == "thread":
+            label = f"{sb.comm_of(key)}/{key}"
+        else:
+            pid = sb.pid_of(key)
+            label = f"{sb.comm_of(pid if pid >= 0 else key)}/{pid}"
+        got = self._ids.get(label)
+        if got is None:
+            got = self._ids[label] = len(self.labels)
+            self.labels.append(label)
+        return got
+
+    def feed(self, b: PerfBlocks) -> None:
+        self._feed(b)
+
+    def result(self):
+        """The call-path profile of everything fed."""
+        return self._feed.result()
+
+    def close(self) -> None:
+        self._feed.close()
+
+    def name(self, addr: int) -> str:
+        """``module!function`` of a code address."""
+        return self._feed.name(addr, with_module=True)
+
+    def group(self, g: int) -> str:
+        """The name of group number ``g``."""
+        return self.labels[g] if 0 <= g < len(self.labels) else "?"
+
+
+__all__ = ["CallPathProfile", "CodeNames", "LatencyFeed"]

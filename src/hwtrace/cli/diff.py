@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ..textout import fit_paths
 from .common import Parser
-from .perfcmds import _CallPaths
 from .perfinput import decode_session, open_session
 
 
@@ -22,6 +21,7 @@ def main(argv: Sequence[str]) -> int:
     from rich.table import Table
 
     from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
+    from ..analysis.feed import CallPathProfile
 
     p = Parser(
         prog="hwtrace diff",
@@ -49,7 +49,7 @@ def main(argv: Sequence[str]) -> int:
         opened = open_session(p.prog, args)
         if opened is None:
             return 1
-        paths = _CallPaths(opened, args)
+        paths = CallPathProfile(opened.sideband, a.group)
         try:
             flow = decode_session(p.prog, opened, paths.feed)
         finally:

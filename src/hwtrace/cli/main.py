@@ -30,7 +30,8 @@ commands:
   bts       branches of an Intel BTS perf.data, events at registered branch sites
   csdump    list ARM CoreSight trace packets (STM, ETMv4, ETE), raw, framed or a snapshot
 
-Run 'hwtrace <command> --help' for a command's options.
+Run 'hwtrace <command> --help' for a command's options, 'hwtrace --version'
+for the version.
 """
 
 
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from .. import version
+
+        sys.stdout.write(f"hwtrace {version()}\n")
+        return 0
     interrupted = False
     try:
         return _run(argv[0], argv[1:])
@@ -140,11 +146,6 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .probe import main as probe_main
 
         return probe_main(rest)
-    if cmd == "--version":
-        from .. import __version__
-
-        print(f"hwtrace {__version__}")
-        return 0
     sys.stderr.write(f"hwtrace: unknown command '{cmd}'\n{USAGE}")
     return 2
 

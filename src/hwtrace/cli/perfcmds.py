@@ -16,9 +16,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from ..session import PerfSession
 from ..session.perfflow import PerfBlocks
 from ..textout import fit_paths
 from .common import Parser
@@ -304,11 +301,12 @@ def report_main(argv: Sequence[str]) -> int:
     opened = open_session(p.prog, a)
     if opened is None:
         return 1
+    from ..analysis.feed import CallPathProfile
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
     wanted = a.folded or a.paths or a.html or a.timeline
-    paths = _CallPaths(opened, a, timeline=bool(a.timeline)) if wanted else None
+    paths = CallPathProfile(opened.sideband, a.group, timeline=bool(a.timeline)) if wanted else None
 
     def on_blocks(b: PerfBlocks) -> None:
         profiler.add_blocks(b)
@@ -320,12 +318,12 @@ def report_main(argv: Sequence[str]) -> int:
         if paths is not None:
             paths.close()
         return 1
-    a.timeline_events = None
+    timeline_events = None
     if a.timeline and a.events:
         from .events import open_events
 
-        a.timeline_events = open_events(p.prog, a.events, opened, a)
-        if a.timeline_events is None:
+        timeline_events = open_events(p.prog, a.events, opened, a)
+        if timeline_events is None:
             paths.close()
             return 1
     try:
@@ -337,122 +335,33 @@ def report_main(argv: Sequence[str]) -> int:
     gaps = [(g.offset, g.ip, g.reason) for q in flow.queues for g in q.gaps]
     console = show(opened.data.path, len(flow.queues), profile, flow.problems, gaps, a.top)
     if paths is not None:
-        written = paths.write(a)
-        for what, count, path in written:
+        for what, count, path in _write_call_paths(a, paths, timeline_events):
             console.print(f"\ncall paths: {count} {what} written to {path}")
     return 0
 
 
-class _CallPaths:
-    """``report --folded`` and ``--paths``: the call-path profile of every
-    thread (:mod:`hwtrace.analysis.latency`), rooted per command, thread,
-    process or CPU."""
+def _write_call_paths(a: argparse.Namespace, paths, events) -> list[tuple[str, int, str]]:
+    """The call-path files the options ask for: (what, count, file) each."""
+    from ..export.callpaths import (
+        write_call_timeline,
+        write_flame_page,
+        write_folded,
+        write_weighted_paths,
+    )
 
-    def __init__(self, opened: PerfSession, a: argparse.Namespace, timeline: bool = False) -> None:
-        from ..analysis.feed import LatencyFeed
-        from ..analysis.latency import LatencyProfiler
-        from ..analysis.patterns import PatternSet
-
-        self.labels: list[str] = []
-        self._ids: dict[str, int] = {}
-        self.sideband = opened.sideband
-        patterns = PatternSet()
-        patterns.per = "cpu" if a.group == "cpu" else "thread"
-        self.group_by = a.group
-        self.profiler = LatencyProfiler(patterns, keep=False, calls=False, profile=True,
-                                        group=self._group, timeline=timeline)  # fmt: skip
-        self._feed = LatencyFeed(self.profiler)
-
-    def _group(self, stream: int, key: int) -> int:
-        sb = self.sideband
-        if self.group_by == "cpu":
-            label = f"cpu{key}" if key >= 0 else "cpu?"
-        elif key < 0:
-            label = "?"
-        elif self.group_by == "comm":
-            label = sb.comm_of(key)
-        elif self.group_by == "thread":
-            label = f"{sb.comm_of(key)}/{key}"
-        else:
-            pid = sb.pid_of(key)
-            label = f"{sb.comm_of(pid if pid >= 0 else key)}/{pid}"
-        got = self._ids.get(label)
-        if got is None:
-            got = self._ids[label] = len(self.labels)
-            self.labels.append(label)
-        return got
-
-    def feed(self, b: PerfBlocks) -> None:
-        self._feed(b)
-
-    def result(self):
-        """The call-path profile of everything fed."""
-        return self._feed.result()
-
-    def close(self) -> None:
-        self._feed.close()
-
-    def name(self, addr: int) -> str:
-        """``module!function`` of a code address."""
-        return self._feed.name(addr, with_module=True)
-
-    def group(self, g: int) -> str:
-        """The name of group number ``g``."""
-        return self.labels[g] if 0 <= g < len(self.labels) else "?"
-
-    def write(self, a: argparse.Namespace) -> list[tuple[str, int, str]]:
-        result = self._feed.result()
-        name, group = self.name, self.group
-        out = []
-        if a.folded:
-            lines = result.folded(name, a.by, group)
-            Path(a.folded).write_text("".join(line + "\n" for line in lines))
-            out.append(("folded stacks", len(lines), a.folded))
-        if a.paths:
-            lines = result.weighted_paths(result.inclusive(a.by), name, group)
-            Path(a.paths).write_text("".join(line + "\n" for line in lines))
-            out.append(("paths", len(lines), a.paths))
-        if getattr(a, "html", None):
-            from ..export.html import callpath_page, write_page
-
-            weight = result.path_insns if a.by == "insn" else result.path_time
-            rows = [(result.path_names(i - 1, name, group), int(weight[i]))
-                    for i in np.flatnonzero(weight).tolist()]  # fmt: skip
-            unit = "instructions" if a.by == "insn" else "ns"
-            write_page(a.html, callpath_page(rows, unit, f"hwtrace report: {a.input}",
-                                             f"call paths by {unit}, rooted per {a.group}"))  # fmt: skip
-            out.append(("views (flame graph, sunburst)", len(rows), a.html))
-        if getattr(a, "timeline", None):
-            out.append(("timeline events", self.write_timeline(a, result), a.timeline))
-        return out
-
-    def write_timeline(self, a: argparse.Namespace, result) -> int:
-        """The calls of every thread as a Chrome trace-event file, with the
-        software events of ``--events`` on their threads."""
-        from ..analysis.timeline import call_slices
-        from ..export.timeline import write_timeline
-
-        sl = call_slices(result)
-        uniq, index = np.unique(sl.addr, return_inverse=True)
-        names = [self.name(int(x)) or f"{int(x):#x}" for x in uniq.tolist()]
-        sb = self.sideband
-        keys = set(np.unique(sl.key).tolist())
-        instants = None
-        instant_names = None
-        if getattr(a, "events", None) and a.timeline_events is not None:
-            ev = a.timeline_events
-            ok = (ev.time >= 0) & (ev.tid >= 0)
-            instants = (ev.tid[ok], ev.time[ok], ev.name[ok])
-            instant_names = ev.names
-            keys |= set(np.unique(ev.tid[ok]).tolist())
-        threads = {int(k): f"{sb.comm_of(int(k))} {int(k)}" for k in keys}
-        pids = {sb.pid_of(int(k)) for k in keys}
-        processes = {p: f"{sb.comm_of(p)} {p}" for p in pids if p >= 0}
-        return write_timeline(
-            a.timeline, key=sl.key, start=sl.start, end=sl.end, name=index.reshape(-1),
-            names=names, pid_of=lambda t: max(sb.pid_of(t), 0), thread_names=threads,
-            process_names=processes, instants=instants, instant_names=instant_names,
-        )  # fmt: skip
+    result = paths.result()
+    out = []
+    if a.folded:
+        out.append(("folded stacks", write_folded(paths, result, a.folded, a.by), a.folded))
+    if a.paths:
+        out.append(("paths", write_weighted_paths(paths, result, a.paths, a.by), a.paths))
+    if a.html:
+        n = write_flame_page(paths, result, a.html, a.by, f"hwtrace report: {a.input}")
+        out.append(("views (flame graph, sunburst)", n, a.html))
+    if a.timeline:
+        n = write_call_timeline(paths, result, a.timeline, events)
+        out.append(("timeline events", n, a.timeline))
+    return out
 
 
 def script_main(argv: Sequence[str]) -> int:

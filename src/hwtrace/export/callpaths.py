@@ -1,0 +1,80 @@
+"""``hwtrace report``'s call-path files, from a
+:class:`~hwtrace.analysis.feed.CallPathProfile`: folded stacks (Brendan
+Gregg's FlameGraph input), every path with its weight along and below it,
+a self-contained HTML flame graph and sunburst, and a Chrome trace-event
+timeline of every thread's calls (for Perfetto)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.feed import CallPathProfile
+
+
+def write_folded(paths: CallPathProfile, result, file: str | os.PathLike[str], by: str) -> int:
+    """Folded stacks weighed by ``by`` (``insn`` or ``time``); returns the
+    number of lines."""
+    lines = result.folded(paths.name, by, paths.group)
+    Path(file).write_text("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def write_weighted_paths(
+    paths: CallPathProfile, result, file: str | os.PathLike[str], by: str
+) -> int:
+    """Every call path with the weight along it and below it."""
+    lines = result.weighted_paths(result.inclusive(by), paths.name, paths.group)
+    Path(file).write_text("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def write_flame_page(
+    paths: CallPathProfile, result, file: str | os.PathLike[str], by: str, title: str
+) -> int:
+    """The call paths as a self-contained HTML flame graph and sunburst."""
+    from .html import callpath_page, write_page
+
+    weight = result.path_insns if by == "insn" else result.path_time
+    rows = [(result.path_names(i - 1, paths.name, paths.group), int(weight[i]))
+            for i in np.flatnonzero(weight).tolist()]  # fmt: skip
+    unit = "instructions" if by == "insn" else "ns"
+    write_page(file, callpath_page(rows, unit, title,
+                                   f"call paths by {unit}, rooted per {paths.group_by}"))  # fmt: skip
+    return len(rows)
+
+
+def write_call_timeline(
+    paths: CallPathProfile, result, file: str | os.PathLike[str], events=None
+) -> int:
+    """The calls of every thread as a Chrome trace-event file, with the
+    software ``events`` (:mod:`hwtrace.analysis.swevents`) on their
+    threads; returns the number of trace events."""
+    from ..analysis.timeline import call_slices
+    from .timeline import write_timeline
+
+    sl = call_slices(result)
+    uniq, index = np.unique(sl.addr, return_inverse=True)
+    names = [paths.name(int(x)) or f"{int(x):#x}" for x in uniq.tolist()]
+    sb = paths.sideband
+    keys = set(np.unique(sl.key).tolist())
+    instants = None
+    instant_names = None
+    if events is not None:
+        ok = (events.time >= 0) & (events.tid >= 0)
+        instants = (events.tid[ok], events.time[ok], events.name[ok])
+        instant_names = events.names
+        keys |= set(np.unique(events.tid[ok]).tolist())
+    threads = {int(k): f"{sb.comm_of(int(k))} {int(k)}" for k in keys}
+    pids = {sb.pid_of(int(k)) for k in keys}
+    processes = {p: f"{sb.comm_of(p)} {p}" for p in pids if p >= 0}
+    return write_timeline(
+        file, key=sl.key, start=sl.start, end=sl.end, name=index.reshape(-1),
+        names=names, pid_of=lambda t: max(sb.pid_of(t), 0), thread_names=threads,
+        process_names=processes, instants=instants, instant_names=instant_names,
+    )  # fmt: skip
+
+
+__all__ = ["write_call_timeline", "write_flame_page", "write_folded", "write_weighted_paths"]
