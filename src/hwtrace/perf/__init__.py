@@ -1,5 +1,11 @@
-"""Linux perf_event data: record layouts (:mod:`.records`) and Intel's
-libipt-sb sideband emulation for ptdump/ptxed (:mod:`.pevent`, :mod:`.session`)."""
+"""The perf.data format: reading (:mod:`.data`, file and pipe mode) and
+writing (:mod:`.writer`, :mod:`.rewrite`, :mod:`.wrap`), record layouts
+(:mod:`.records`, :mod:`.attr`, :mod:`.features`, :mod:`.user`), what a
+perf.data says of its Intel PT (:mod:`.intelpt`: configuration, AUX
+queues, the sideband model of :mod:`.sideband`) and of CoreSight
+(:mod:`.cs_etm`), and Intel's libipt-sb sideband for ptdump/ptxed
+(:mod:`.pevent`, :mod:`.sbsession`).  Decoding a perf.data is
+:mod:`hwtrace.session`'s."""
 
 from .records import (
     Record,
