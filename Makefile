@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@# The decoders' kernels compiled into the native library (hwtrace.aot):
 	@# built after a first use anyway, here so that the first run starts fast too.
-	-$(BIN)/python -m hwtrace.aot warm
+	-$(BIN)/hwtrace aot warm
 	@# ... and the numba caches it left kept by the tests' first run.
 	$(BIN)/python tests/numba_caches.py
 	touch $(STAMP)

@@ -155,7 +155,7 @@ def same_text(cmd_a: list[str], cmd_b: list[str], path: Path, prefix: int) -> bo
 def whole_processes(path: Path, repeat: int) -> list[tuple[str, ...]]:
     """hwtrace ptdump against libipt's loops, as whole processes."""
     # The kernels' native library is built after a first use: not in a timed run.
-    subprocess.run([sys.executable, "-m", "hwtrace.aot", "warm"], check=True,
+    subprocess.run([*hwtrace_command(), "aot", "warm"], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     loop = build_peer("ptpkt_loop")
     printer = build_peer("ptpkt_print")

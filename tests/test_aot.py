@@ -195,3 +195,20 @@ def test_numba_extensions_registered_after_a_spec_lookup():
     )
     env = {**__import__("os").environ, "HWTRACE_AOT": "numba"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+
+
+def test_aot_commands(capsys, monkeypatch, tmp_path):
+    """``hwtrace aot status`` reports the library in use; warming, which
+    runs the commands, is a command-line sub-command: ``python -m
+    hwtrace.aot warm`` says where it went instead of importing the
+    commands from below them."""
+    from hwtrace.cli.main import main
+
+    monkeypatch.setenv("HWTRACE_AOT", "numba")
+    monkeypatch.setattr(aot, "_library", False)
+    assert main(["aot", "status"]) == 0
+    assert capsys.readouterr().out == "no library (numba only)\n"
+    assert aot.main(["warm"]) == 2
+    assert "hwtrace aot warm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["aot", "bogus"])

@@ -19,9 +19,9 @@ missing, out of date or lacks that specialisation, the call goes to numba.
 
 The library is built by ``python -m hwtrace.aot build``, and after any
 ``hwtrace`` command that had to call numba (see :func:`note_fallback`), for
-every specialisation in numba's cache; ``python -m hwtrace.aot warm``
+every specialisation in numba's cache; ``hwtrace aot warm``
 (``make venv``) first compiles what ptdump, ptxed and the library decoder
-call (:mod:`hwtrace.pt.warmup`).  ``HWTRACE_CACHE_DIR`` says where the
+call (:mod:`hwtrace.cli.warmup`).  ``HWTRACE_CACHE_DIR`` says where the
 library is kept.  Its manifest records the size and
 modification time of every loop source file: a library older than the
 sources is ignored.  ``HWTRACE_AOT=numba`` turns the library off.
@@ -806,17 +806,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["build"]:
         path = build(quiet=False)
         return 0 if path is not None else 1
-    if argv[:1] == ["warm"]:
-        from .pt.warmup import warm
-
-        warm()
-        path = build(quiet=False)
-        return 0 if path is not None else 1
     if argv[:1] == ["status"]:
         lib = loaded_library()
         print(lib if lib is not None else "no library (numba only)")
         return 0
-    sys.stderr.write("usage: python -m hwtrace.aot build|warm|status\n")
+    if argv[:1] == ["warm"]:
+        # Warming runs the commands, which sit above this module: it is a
+        # sub-command of the command line now.
+        sys.stderr.write("python -m hwtrace.aot: 'warm' is now 'hwtrace aot warm'\n")
+        return 2
+    sys.stderr.write("usage: python -m hwtrace.aot build|status (hwtrace aot warm|build|status)\n")
     return 2
 
 

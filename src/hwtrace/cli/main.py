@@ -29,6 +29,7 @@ commands:
   ptwrite   typed software events from PTWRITE packets (or the software channel)
   bts       branches of an Intel BTS perf.data, events at registered branch sites
   csdump    list ARM CoreSight trace packets (STM, ETMv4, ETE), raw, framed or a snapshot
+  aot       the native library of compiled loops: warm (compile and build), build, status
 
 Run 'hwtrace <command> --help' for a command's options, 'hwtrace --version'
 for the version.
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"hwtrace {argv[0]}: interrupted\n")
         return 130
     finally:
-        if not interrupted:
+        # The aot command builds the library itself.
+        if not interrupted and argv[0] != "aot":
             _build_aot_library()
 
 
@@ -146,6 +148,10 @@ def _run(cmd: str, rest: list[str]) -> int:
         from .probe import main as probe_main
 
         return probe_main(rest)
+    if cmd == "aot":
+        from .aotcmd import main as aot_main
+
+        return aot_main(rest)
     sys.stderr.write(f"hwtrace: unknown command '{cmd}'\n{USAGE}")
     return 2
 

@@ -2,8 +2,8 @@
 
 A loop runs from the native library (:mod:`hwtrace.aot`) once numba
 has compiled it for the argument types a command passes; until then a
-command pays for numba's import and compilation.  ``python -m
-hwtrace.aot warm`` (which ``make venv`` runs) decodes a small trace of
+command pays for numba's import and compilation.  ``hwtrace aot warm``
+(which ``make venv`` runs) decodes a small trace of
 a loop, encoded here, the ways the commands do (``ptdump`` in its forms,
 ``ptxed`` with and without disassembly, the library decoder keeping and
 counting its results), so that numba compiles each of those loops, and
@@ -21,6 +21,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from ..image import Image
+from ..pt.decode import decode_trace
+from ..pt.encode import encode_path
+from . import ptdump as ptdump_cli
+from . import ptxed as ptxed_cli
 
 BASE = 0x1000
 # A counted loop with a call in it, then the end:
@@ -40,12 +46,6 @@ def _path() -> np.ndarray:
 
 def warm() -> None:
     """Decode the loop's trace the ways the commands do (output dropped)."""
-    from ..cli import ptdump as ptdump_cli
-    from ..cli import ptxed as ptxed_cli
-    from ..image import Image
-    from .decode import decode_trace
-    from .encode import encode_path
-
     with tempfile.TemporaryDirectory(prefix="hwtrace-warm-") as tmp:
         code = Path(tmp) / "code.bin"
         code.write_bytes(CODE)

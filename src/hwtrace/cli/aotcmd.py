@@ -1,0 +1,35 @@
+"""``hwtrace aot warm|build|status``: the native library of compiled loops
+(:mod:`hwtrace.aot`).
+
+``warm`` is a command-line matter: it runs ``ptdump`` and ``ptxed`` on a
+small trace (:mod:`hwtrace.cli.warmup`) so that numba compiles what they
+call, then builds the library.  ``build`` and ``status`` are the library's
+own (``python -m hwtrace.aot build|status`` does the same without the
+command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .. import aot
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="hwtrace aot",
+        description="The native library of hwtrace's compiled loops (built from numba's code).",
+    )
+    sub = p.add_subparsers(dest="action", required=True, metavar="{warm,build,status}")
+    sub.add_parser("warm", help="compile what ptdump, ptxed and the decoder call, then build")
+    sub.add_parser("build", help="build the library from numba's cache")
+    sub.add_parser("status", help="print the library in use")
+    a = p.parse_args(list(argv))
+    if a.action == "status":
+        return aot.main(["status"])
+    if a.action == "warm":
+        from .warmup import warm  # imports the decoders: only for this action
+
+        warm()
+    return aot.main(["build"])
