@@ -522,7 +522,7 @@ def ring_size(events: int) -> int:
 
 
 def load_programs(configs: list[Config], n: int) -> None:
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     for cfg in configs:
         if cfg.kind.startswith("ebpf"):
@@ -730,7 +730,7 @@ def report_filters(summary: dict[str, Any], args: argparse.Namespace, cpu: str) 
 
 
 def measure_maps(exe: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from hwtrace.kernel.latency import ANY, LatencyTracker
+    from hwtrace.ktrace.latency import ANY, LatencyTracker
 
     n = args.entries
     result: dict[str, Any] = {"entries": n}

@@ -31,7 +31,7 @@ from hwtrace.filter.apply import apply_filter
 from hwtrace.filter.compile import TIERS
 from hwtrace.filter.ftrace_raw import read_trace_pipe_raw
 from hwtrace.filter.inputs import open_source
-from hwtrace.kernel.trace import KernelTrace
+from hwtrace.ktrace.trace import KernelTrace
 
 TRACEFS = Path("/sys/kernel/tracing")
 

@@ -262,7 +262,7 @@ def test_live_bpf_images():
     if os.geteuid() != 0:
         pytest.skip("needs root (BPF programs)")
     from hwtrace.kernel import bpf
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     with KernelTrace(["sched:sched_switch"], "prev_pid == 1") as t:
         mine = t.events[0].loaded.info()["id"]

@@ -1,4 +1,4 @@
-"""Filters run in the kernel as eBPF (``hwtrace.kernel.trace``,
+"""Filters run in the kernel as eBPF (``hwtrace.ktrace.trace``,
 ``hwtrace trace``), checked against two independent oracles on the same
 live events:
 
@@ -112,7 +112,7 @@ def _live_run(tmp_path_factory, attempt: int):
     """One run of the workload under every case: (out, pids, the cases
     whose session lost events)."""
     from hwtrace.filter.inputs import open_source
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     sessions, instances = {}, {}
     tag = f"hwtrace-kf-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -302,7 +302,7 @@ def test_unsigned_fields_compare_as_ftrace_does():
     those of ftrace's filter (a tracefs instance) on the same calls."""
     import re
 
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     event = TRACEFS / "events/syscalls/sys_enter_lseek"
     if not event.is_dir():
@@ -460,7 +460,7 @@ def test_jumps_beyond_16_bits_go_through_hops():
     are the userspace tiers'."""
     from hwtrace.filter.apply import apply_filter
     from hwtrace.filter.ebpf import isa
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     xors = " ^ ".join(str(i) for i in range(1, 41))  # 1 ^ ... ^ 40 == 40
     expr = " || ".join(f"prev_pid ^ {xors} == {k}" for k in range(200))
@@ -485,7 +485,7 @@ def test_170_glob_terms_load_and_agree():
     """170 ``"*mid*"`` terms (106 was the verifier's limit with a branch a
     byte and a length loop): loaded, with the userspace tiers' verdicts."""
     from hwtrace.filter.apply import apply_filter
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     words = [f"q{i:03d}" for i in range(166)] + ["lee", "ytho", "eep", "at"]
     expr = " || ".join(f'prev_comm == "*{w}*"' for w in words)
@@ -509,7 +509,7 @@ def test_a_chain_past_the_verifiers_branch_limit_loads(op):
     """9,000 terms: more conditional jumps than the 8,192 the verifier
     may keep pending on one path; each term's exit is verified first (its
     jump falls through to the exit), so they never pile up."""
-    from hwtrace.kernel.trace import KernelTrace
+    from hwtrace.ktrace.trace import KernelTrace
 
     n = 9000
     if op == "||":
@@ -607,7 +607,7 @@ def test_a_signal_while_writing_loses_nothing(signum, tmp_path, capsys, monkeypa
     """The signal arrives (deterministically: sent to itself) just as the
     first batch of events is handed to the writer: every event counted as
     passed and not lost is in the file, and the command is ended."""
-    from hwtrace.kernel import output
+    from hwtrace.ktrace import output
 
     write = output.JsonLinesOutput.write
     sent = []
@@ -668,7 +668,7 @@ def test_pinned_map_is_shared_then_removed(tmp_path):
         while not pin.exists():
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.05)
-        from hwtrace.kernel.latency import CoopMap
+        from hwtrace.ktrace.latency import CoopMap
 
         c = CoopMap.from_pin(str(pin))
         try:

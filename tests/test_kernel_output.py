@@ -1,5 +1,5 @@
 """Kernel tracepoint events written as JSON lines, perf.data and CTF
-(:mod:`hwtrace.kernel.output`), read back by ``perf script``,
+(:mod:`hwtrace.ktrace.output`), read back by ``perf script``,
 ``babeltrace2`` and hwtrace's own readers.
 
 A synthetic event type (every kind of field a tracefs format has) checks
@@ -28,8 +28,8 @@ import pytest
 from hwtrace.filter.ebpf.kernel import HEADER
 from hwtrace.filter.schema import ArrayType, IntType, SequenceType, StringType
 from hwtrace.filter.sources import schema_from_tracefs
-from hwtrace.kernel.output import OutputError, build_tracing_data, open_trace_output
-from hwtrace.kernel.trace import EventBatch, TracedEvent
+from hwtrace.ktrace.output import OutputError, build_tracing_data, open_trace_output
+from hwtrace.ktrace.trace import EventBatch, TracedEvent
 
 PERF = shutil.which("perf")
 BABELTRACE = shutil.which("babeltrace2")
@@ -365,7 +365,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
     if not Path("/sys/kernel/tracing/events").is_dir():
         pytest.skip("no tracefs at /sys/kernel/tracing")
     from hwtrace.filter.errors import FilterError
-    from hwtrace.kernel.trace import KernelTrace, TraceError
+    from hwtrace.ktrace.trace import KernelTrace, TraceError
 
     # One session's expression is for all its events (a field an event
     # lacks makes it false, LTTng's rule), so each filter has a session.

@@ -13,7 +13,7 @@ from hwtrace.filter.ebpf import isa
 from hwtrace.filter.ebpf.kernel import _drop_unreachable
 from hwtrace.kernel.ringbuf import _BUSY, _DISCARD, _drain
 from hwtrace.kernel.syscalls import syscall_name, syscall_number
-from hwtrace.kernel.trace import verifier_message
+from hwtrace.ktrace.trace import verifier_message
 
 SIZE = 256  # a tiny ring: records wrap often
 

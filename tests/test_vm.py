@@ -563,7 +563,7 @@ def test_exit_reasons_from_kvm_exit_samples(tmp_path):
     from types import SimpleNamespace
 
     from hwtrace.analysis.vm import analyze_perf
-    from hwtrace.kernel.output import build_tracing_data
+    from hwtrace.ktrace.output import build_tracing_data
     from hwtrace.perf.attr import PerfEventAttr
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.features import Feature

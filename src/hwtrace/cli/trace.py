@@ -221,7 +221,7 @@ class _Session:
     def _events(self) -> int:
         from ..filter.errors import FilterError
         from ..kernel.bpf import BpfError
-        from ..kernel.trace import KernelTrace, TraceError
+        from ..ktrace.trace import KernelTrace, TraceError
 
         a = self.args
         names = [n.strip() for n in a.events.split(",") if n.strip()]
@@ -281,7 +281,7 @@ class _Session:
         return 0
 
     def _open_output(self, trace):
-        from ..kernel.output import OutputError, TextOutput, open_trace_output
+        from ..ktrace.output import OutputError, TextOutput, open_trace_output
 
         cmdline = ["hwtrace", "trace", *sys.argv[2:]]
         if self.args.output is None:
@@ -295,9 +295,9 @@ class _Session:
 
     def _latency(self) -> int:
         from ..kernel.bpf import BpfError
-        from ..kernel.latency import ANY, LatencyTracker
         from ..kernel.syscalls import syscall_number
         from ..kernel.tracepoint import TracepointError
+        from ..ktrace.latency import ANY, LatencyTracker
 
         a = self.args
         defaults: list[tuple[int, int]] = []
@@ -311,7 +311,7 @@ class _Session:
             tracker = LatencyTracker(rows=a.rows, ringbuf_size=a.buffer_size * 1024)
         except (BpfError, TracepointError, ValueError) as e:
             raise _Failed(str(e)) from None
-        from ..kernel.report import LatencyOutput
+        from ..ktrace.report import LatencyOutput
 
         out = None
         try:

@@ -52,8 +52,8 @@ from ..filter.ebpf.isa import R0, R1, R2, R3, R6, R7, R10
 from ..filter.sources import tracefs_schema
 from ..image.process import read_maps, syscall_instruction
 from ..kernel import bpf
-from ..kernel.follow import emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
 from ..kernel.tracepoint import Attachment, tracefs_root
+from ..ktrace.follow import emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
 from ..probes.codegen import SA_ONSTACK, SA_RESTART, SA_RESTORER, SA_SIGINFO, sigaction_bytes
 from ..probes.ptrace import PtraceError, SeizedThread, launch_stopped
 from ..probes.rings import clock_pair

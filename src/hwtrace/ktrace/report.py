@@ -10,8 +10,8 @@ from typing import TextIO
 
 import numpy as np
 
+from ..kernel.syscalls import syscall_name
 from .latency import HEADER_FIELDS, RECORD, STATE_FIELDS, CoopMap
-from .syscalls import syscall_name
 
 __all__ = ["LatencyOutput"]
 

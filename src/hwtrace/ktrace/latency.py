@@ -48,10 +48,10 @@ from ..filter.ebpf import isa
 from ..filter.ebpf.gen import _Gen
 from ..filter.ebpf.isa import R0, R1, R2, R3, R4, R6, R7, R8, R9, R10
 from ..filter.sources import tracefs_schema
-from . import bpf
+from ..kernel import bpf
+from ..kernel.ringbuf import RingBuffer
+from ..kernel.tracepoint import Attachment, tracefs_root
 from .follow import ProcessSet, emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
-from .ringbuf import RingBuffer
-from .tracepoint import Attachment, tracefs_root
 
 __all__ = ["ANY", "RECORD", "STATE_FIELDS", "CoopLayout", "CoopMap", "LatencyTracker"]
 

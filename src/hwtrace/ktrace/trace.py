@@ -26,9 +26,9 @@ from ..filter.errors import FilterError
 from ..filter.inputs.base import EventSource, EventType, contexts
 from ..filter.schema import Schema
 from ..filter.sources import tracefs_schema
-from . import bpf
-from .ringbuf import RingBuffer
-from .tracepoint import Attachment, TracepointError, expand_events, tracefs_root
+from ..kernel import bpf
+from ..kernel.ringbuf import RingBuffer
+from ..kernel.tracepoint import Attachment, TracepointError, expand_events, tracefs_root
 
 __all__ = ["EventBatch", "KernelTrace", "TraceError", "TracedEvent", "verifier_message"]
 

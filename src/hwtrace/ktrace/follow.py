@@ -18,8 +18,8 @@ from ..filter.ebpf import isa
 from ..filter.ebpf.gen import _Gen
 from ..filter.ebpf.isa import R0, R1, R2, R3, R4, R6, R8, R10
 from ..filter.sources import tracefs_schema
-from . import bpf
-from .tracepoint import Attachment, TracepointError, tracefs_root
+from ..kernel import bpf
+from ..kernel.tracepoint import Attachment, TracepointError, tracefs_root
 
 __all__ = ["ProcessSet", "field_offset"]
 

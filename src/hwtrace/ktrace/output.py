@@ -2,8 +2,8 @@
 
 :func:`open_trace_output` picks the writer by the path (``*.jsonl`` /
 ``*.json``: JSON lines; ``*.data``: perf.data; anything else: a CTF trace
-directory).  Every writer takes the :class:`~hwtrace.kernel.trace.EventBatch`
-es a :class:`~hwtrace.kernel.trace.KernelTrace` reads, one after the other
+directory).  Every writer takes the :class:`~hwtrace.ktrace.trace.EventBatch`
+es a :class:`~hwtrace.ktrace.trace.KernelTrace` reads, one after the other
 (:meth:`TraceOutput.write`), then :meth:`TraceOutput.close` with the
 session's counters.  Batches are handled whole with numpy, per event type:
 records are gathered into a matrix (one row per event), fields decoded or
