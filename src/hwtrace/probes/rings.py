@@ -88,7 +88,7 @@ def _pow2(n: int) -> int:
 def clock_pair() -> tuple[int, int]:
     """(TSC, CLOCK_MONOTONIC ns) read together: the tightest of a few
     readings, the ns the middle of its window."""
-    from ..record._native import rdtsc
+    from ..isa.tsc import rdtsc  # numba: imported once a clock is read
 
     best = None
     for _ in range(5):
@@ -106,7 +106,7 @@ class Clock:
     this machine: constant, synchronised TSC)."""
 
     def __init__(self) -> None:
-        from ..record._native import rdtsc
+        from ..isa.tsc import rdtsc  # numba: imported once a clock is read
 
         self._rdtsc = rdtsc
         rdtsc()  # compiled now, not inside a reading

@@ -23,6 +23,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ..isa.tsc import rdtsc, read_tsc
+
 # numba's code generator needs the assembly parser for inline ``syscall``.
 llvm.initialize_native_asmparser()
 
@@ -129,19 +131,6 @@ def _syscall4(typingctx, nr, a1, a2, a3, a4):
     return sig, codegen
 
 
-@intrinsic
-def _rdtsc(typingctx):
-    """The time stamp counter (``llvm.readcyclecounter``, i.e. ``rdtsc``)."""
-    sig = types.uint64()
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=fnty)
-        return builder.call(fn, [])
-
-    return sig, codegen
-
-
 @njit(cache=True)
 def syscall4(nr: int, a1: int, a2: int, a3: int, a4: int) -> int:
     return _syscall4(np.int64(nr), np.int64(a1), np.int64(a2), np.int64(a3), np.int64(a4))
@@ -162,11 +151,6 @@ def wait4(pid: int, status: np.ndarray, options: int) -> int:
 
 
 @njit(cache=True)
-def rdtsc() -> np.uint64:
-    return _rdtsc()
-
-
-@njit(cache=True)
 def monotonic_ns(ts: np.ndarray) -> np.uint64:
     """CLOCK_MONOTONIC in nanoseconds (``ts``: two int64 of scratch)."""
     _syscall4(np.int64(SYS_CLOCK_GETTIME), np.int64(CLOCK_MONOTONIC), ts.ctypes.data,
@@ -177,7 +161,7 @@ def monotonic_ns(ts: np.ndarray) -> np.uint64:
 @njit(cache=True)
 def _now(clock, ts):
     if clock == CLOCK_TSC:
-        return _rdtsc()
+        return read_tsc()
     return monotonic_ns(ts)
 
 
@@ -541,7 +525,7 @@ def _code_fault(tid, pages, state, want, last, ring, meta, ctx, siginfo, regs, s
             return 0
         if ctx[3] >= ring.shape[0]:
             return -1
-        t = _rdtsc()
+        t = read_tsc()
         n = ctx[3]
         got = _syscall4(np.int64(SYS_PREAD64), mem, ring[n].ctypes.data, np.int64(4096),
                         np.int64(page))  # fmt: skip
@@ -611,14 +595,14 @@ def capture_wait(tids, watch, pages, state, want, last, ring, meta, ctx, info, o
         out[1] = st
         out[3] = r
         if s >= 0 and (st & 0xFFFF) == ((SIGSEGV << 8) | 0x7F):
-            t0 = _rdtsc()
+            t0 = read_tsc()
             got = _code_fault(r, pages, state, want, last, ring, meta, ctx, siginfo, regs,
                               saved, status2, scratch)  # fmt: skip
             if got < 0:
                 return CAP_FULL
             if got == 0:
                 return CAP_EVENT
-            ctx[6] += np.int64(_rdtsc() - t0)
+            ctx[6] += np.int64(read_tsc() - t0)
             _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_SYSCALL), r, np.int64(0), np.int64(0))
             continue
         if s < 0 or (st & 0xFFFF) != (((SIGTRAP | 0x80) << 8) | 0x7F):
