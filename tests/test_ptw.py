@@ -145,7 +145,8 @@ def test_perf_data_ctf_and_the_command(tmp_path):
     """Events in a perf.data's Intel PT (as ``perf record -e intel_pt/ptw/``
     writes it): decoded per queue, as JSON lines with perf's ns, as CTF
     that babeltrace2 prints, and by ``hwtrace ptwrite``."""
-    from hwtrace.hwevents.ptw import perf_events, write_ctf
+    from hwtrace.export.ctf import write_ptw_events
+    from hwtrace.hwevents.ptw import perf_events
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.records import SampleType
     from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS as B
@@ -170,7 +171,7 @@ def test_perf_data_ctf_and_the_command(tmp_path):
     schema_file.write_text(json.dumps({"events": [{"id": 1, "name": "request", "fields": ["n", "tenfold"]},
                                                    {"id": 2, "name": "tick"}]}))  # fmt: skip
     schema = EventSchema.load(schema_file)
-    assert write_ctf(ev, tmp_path / "ctf", schema) == n
+    assert write_ptw_events(ev, tmp_path / "ctf", schema) == n
     bt = shutil.which("babeltrace2")
     if bt is not None:
         out = subprocess.run(

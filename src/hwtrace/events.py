@@ -18,7 +18,9 @@ An event is a type id and up to eight 64-bit payload words, declared in an
 
 :func:`decode_events` reads any of these streams (raw PT, a perf.data's
 queues through :func:`perf_events`, a channel's streams) into typed
-events; :func:`write_ctf` and :meth:`PtwEvents.json_lines` export them.
+events; :meth:`PtwEvents.json_lines` exports them, and
+:func:`hwtrace.export.ctf.write_ptw_events` writes them as a CTF trace
+(an exporter, above this API).
 The CoreSight STM path (MIPI STPv2 through a trace buffer) is
 :mod:`hwtrace.hwevents.stp` and :mod:`hwtrace.hwevents.vstm`.
 """
@@ -38,7 +40,6 @@ from .hwevents.ptw import (
     decode_events,
     encode_events,
     perf_events,
-    write_ctf,
 )
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "encode_events",
     "perf_events",
     "ptwrite_supported",
-    "write_ctf",
     "write_headers",
 ]
 

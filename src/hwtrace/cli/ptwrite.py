@@ -34,7 +34,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--cpuid-0x15.eax", dest="cpuid_eax", type=int, default=0, metavar="N")
     p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", type=int, default=0, metavar="N")
     a = p.parse_args(list(argv))
-    from ..hwevents.ptw import EventSchema, decode_events, perf_events, write_ctf
+    from ..export.ctf import write_ptw_events
+    from ..hwevents.ptw import EventSchema, decode_events, perf_events
     from ..perf.data import PerfDataError
 
     schema = None
@@ -96,7 +97,7 @@ def main(argv: Sequence[str]) -> int:
     if a.ctf:
         for k, ev in enumerate(streams.values()):
             directory = a.ctf if len(streams) == 1 else f"{a.ctf}/{k}"
-            write_ctf(ev, directory, schema, to_ns=to_ns)
+            write_ptw_events(ev, directory, schema, to_ns=to_ns)
     if not a.json and not a.ctf:
         for d in lines:
             fields = " ".join(f"{k}={v}" for k, v in d["fields"].items())

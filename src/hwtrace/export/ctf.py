@@ -15,10 +15,14 @@ import os
 import uuid as _uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["CtfWriter", "EventClass"]
+if TYPE_CHECKING:  # the writer itself needs none of the decoders
+    from ..hwevents.ptw import EventSchema, PtwEvents
+
+__all__ = ["CtfWriter", "EventClass", "write_ptw_events"]
 
 CTF_MAGIC = 0xC1FC1FC1
 _PACKET_EVENTS = 1 << 16  # records per packet at most
@@ -223,3 +227,38 @@ class CtfWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def write_ptw_events(events: PtwEvents, directory: str | os.PathLike[str],
+                     schema: EventSchema | None = None, *, to_ns=None, cpu: int = 0) -> int:  # fmt: skip
+    """PTWRITE events (:mod:`hwtrace.hwevents.ptw`) as a CTF trace
+    babeltrace2 reads: an event class per type (the schema's name and
+    fields, else ``event_<id>`` with ``w0``...), each with the call site
+    ``ip``; ``to_ns`` maps TSC to ns (default: TSC as ns).  Returns the
+    number of events."""
+    ids = np.unique(events.type_id)
+    classes = []
+    for k, tid in enumerate(ids.tolist()):
+        t = schema.types.get(tid) if schema else None
+        nmax = int(events.nwords[events.type_id == tid].max()) if len(events) else 0
+        names = t.fields if t is not None else tuple(f"w{j}" for j in range(nmax))
+        classes.append(EventClass(k, t.name if t else f"event_{tid}", (("ip", 64), *((n, 64) for n in names)),
+                                  frozenset({"ip"})))  # fmt: skip
+    cid = np.searchsorted(ids, events.type_id).astype(np.uint32)
+    ts = np.asarray(to_ns(events.time) if to_ns else events.time, np.uint64)
+    payload = {}
+    for c in classes:
+        rows = np.flatnonzero(cid == c.id)
+        rec = np.zeros(rows.shape[0], c.dtype)
+        rec["ip"] = events.ip[rows]
+        for j, (name, _) in enumerate(c.fields[1:]):
+            rec[name] = events.words[rows, j]
+        payload[c.id] = rec
+    order = np.argsort(ts, kind="stable")
+    if not np.array_equal(order, np.arange(order.shape[0])):
+        raise ValueError("events are not in time order")
+    with CtfWriter(
+        directory, classes, env={"domain": "hwtrace-ptwrite", "tracer_name": "hwtrace"}
+    ) as w:
+        w.write(cpu, ts, cid, payload)
+    return len(events)

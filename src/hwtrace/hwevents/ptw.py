@@ -377,39 +377,3 @@ def perf_events(data) -> dict[tuple[int, int], PtwEvents]:
     return {
         (cpu, tid): decode_events(buf.copy(), config) for cpu, tid, buf in iter_queue_traces(data)
     }
-
-
-def write_ctf(events: PtwEvents, directory: str | os.PathLike[str], schema: EventSchema | None = None,
-              *, to_ns=None, cpu: int = 0) -> int:  # fmt: skip
-    """The events as a CTF trace babeltrace2 reads: an event class per type
-    (the schema's name and fields, else ``event_<id>`` with ``w0``...),
-    each with the call site ``ip``; ``to_ns`` maps TSC to ns (default: TSC
-    as ns).  Returns the number of events."""
-    from ..export.ctf import CtfWriter, EventClass
-
-    ids = np.unique(events.type_id)
-    classes = []
-    for k, tid in enumerate(ids.tolist()):
-        t = schema.types.get(tid) if schema else None
-        nmax = int(events.nwords[events.type_id == tid].max()) if len(events) else 0
-        names = t.fields if t is not None else tuple(f"w{j}" for j in range(nmax))
-        classes.append(EventClass(k, t.name if t else f"event_{tid}", (("ip", 64), *((n, 64) for n in names)),
-                                  frozenset({"ip"})))  # fmt: skip
-    cid = np.searchsorted(ids, events.type_id).astype(np.uint32)
-    ts = np.asarray(to_ns(events.time) if to_ns else events.time, np.uint64)
-    payload = {}
-    for c in classes:
-        rows = np.flatnonzero(cid == c.id)
-        rec = np.zeros(rows.shape[0], c.dtype)
-        rec["ip"] = events.ip[rows]
-        for j, (name, _) in enumerate(c.fields[1:]):
-            rec[name] = events.words[rows, j]
-        payload[c.id] = rec
-    order = np.argsort(ts, kind="stable")
-    if not np.array_equal(order, np.arange(order.shape[0])):
-        raise ValueError("events are not in time order")
-    with CtfWriter(
-        directory, classes, env={"domain": "hwtrace-ptwrite", "tracer_name": "hwtrace"}
-    ) as w:
-        w.write(cpu, ts, cid, payload)
-    return len(events)
