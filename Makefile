@@ -45,6 +45,8 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	@# The package layers (pyproject.toml's [tool.importlinter]): imports only go down.
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: venv
 	$(BIN)/ruff format src tests bench
