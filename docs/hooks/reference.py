@@ -63,6 +63,7 @@ GUIDES = {
     "ptwrite": "guides/software-events.md",
     "bts": "guides/software-events.md",
     "csdump": "guides/software-events.md",
+    "aot": "guides/aot.md",
 }
 
 
