@@ -371,6 +371,8 @@ def perf_events(data) -> dict[tuple[int, int], PtwEvents]:
     ``ptw``), keyed by (cpu, tid) as the queue is (-1 where it is not per
     CPU or per thread); times stay TSC (perf's conversion:
     :func:`hwtrace.perf.intelpt.tsc_conversion_of`)."""
+    # Up a layer (perf above hwevents): allowed for now in pyproject's
+    # import contract, until the session layer reads the trace queues.
     from ..perf.intelpt import iter_queue_traces, pt_config_of
 
     config = pt_config_of(data)

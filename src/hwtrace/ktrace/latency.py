@@ -495,7 +495,7 @@ class LatencyTracker:
     def share_with_filters(self) -> None:
         """Point the userspace filter tiers' ``set_threshold``/``get_threshold``
         helpers at this map's thresholds: key = row * COLUMNS + call."""
-        from ..filter.native import set_threshold_table
+        from ..filter.native import set_threshold_table  # llvmlite, numba: only when shared
 
         set_threshold_table(self.coop.thresholds.ctypes.data, self.coop.thresholds.size)
 
@@ -508,7 +508,10 @@ class LatencyTracker:
                 pass
             self.pinned = None
         if getattr(self, "coop", None) is not None:
-            from ..filter.native import set_threshold_table, threshold_table_address
+            from ..filter.native import (  # llvmlite, numba: only when shared
+                set_threshold_table,
+                threshold_table_address,
+            )
 
             if threshold_table_address() == self.coop.thresholds.ctypes.data:
                 set_threshold_table(0)

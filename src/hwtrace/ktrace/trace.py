@@ -21,7 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from ..filter.check import compile_check
-from ..filter.ebpf.kernel import COUNTERS, HEADER, LAYOUT, KernelProgram, generate_kernel
+from ..filter.ebpf.kernel import (
+    COUNTERS,
+    HEADER,
+    LAYOUT,
+    KernelProgram,
+    _refs,
+    generate_kernel,
+)
 from ..filter.errors import FilterError
 from ..filter.inputs.base import EventSource, EventType, contexts
 from ..filter.schema import Schema
@@ -29,6 +36,7 @@ from ..filter.sources import tracefs_schema
 from ..kernel import bpf
 from ..kernel.ringbuf import RingBuffer
 from ..kernel.tracepoint import Attachment, TracepointError, expand_events, tracefs_root
+from .follow import ProcessSet
 
 __all__ = ["EventBatch", "KernelTrace", "TraceError", "TracedEvent", "verifier_message"]
 
@@ -179,8 +187,6 @@ class KernelTrace:
 
     def _follow(self, pids: list[int], root: Path) -> None:
         """Only events of processes ``pids`` and of the children they fork."""
-        from .follow import ProcessSet
-
         self.pids = ProcessSet(root)
         for pid in pids:
             self.track(pid)
@@ -313,7 +319,5 @@ class KernelTrace:
 
 def _all_missing(tree) -> bool:
     """Does the checked tree refer only to fields its event lacks?"""
-    from ..filter.ebpf.kernel import _refs
-
     refs = [r for r in _refs(tree) if r.root == "event"]
     return bool(refs) and all(r.path is None for r in refs)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from iced_x86 import BlockEncoder, Code, Instruction, MemoryOperand, Register
 
 from .relocate import Relocated
+from .rings import F_CPU, F_KIND, F_PROBE, F_REGS, F_SEQ, F_TID, F_TSC, HEADER_BYTES
+from .rings import SLOT_BYTES as SB
 
 __all__ = [
     "PAGE",
@@ -366,9 +368,6 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
     """Count the hit, then write an event (:mod:`.rings`) — TSC, CPU, thread,
     tracepoint, the chosen registers as they were at the site — into the
     buffer of this CPU, restoring every register and the flags after."""
-    from .rings import F_CPU, F_KIND, F_PROBE, F_REGS, F_SEQ, F_TID, F_TSC, HEADER_BYTES
-    from .rings import SLOT_BYTES as SB
-
     a = Asm()
     a(_lea(RSP, mem(RSP, -128)))
     _push_state(a, _SAVED)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..image.process import read_maps, syscall_instruction
 from ..image.revisions import CodeRevisions
 from ..probes.rings import clock_pair
 from . import _native as nat
@@ -162,8 +163,6 @@ class CodeCapture:
     def _find_gadget(self) -> int:
         """A ``syscall`` instruction in the process (its vDSO's, else any
         executable mapping's) to make a stopped thread run one call."""
-        from ..image.process import syscall_instruction
-
         found = syscall_instruction(self.pid, self.mem)
         if found is None:
             raise RecordError(f"process {self.pid}: no syscall instruction found to act through")
@@ -208,8 +207,6 @@ class CodeCapture:
 
     def _arm_existing(self, tid: int) -> None:
         """Attached: arm the anonymous executable mappings there already."""
-        from ..image.process import read_maps
-
         for m in read_maps(self.pid):
             if "x" not in m.prot or (m.path and not m.path.startswith("[anon")):
                 continue
@@ -473,7 +470,7 @@ def code_capture(target: Sequence[str] | int, agent: str = "auto", **options):
     (:class:`~hwtrace.record.jitagent.InProcessCapture`: handlers in the
     process, eBPF in the kernel; root), ``ptrace`` (:class:`CodeCapture`)
     or ``auto`` (in-process where it can run)."""
-    from .jitagent import InProcessCapture, in_process_available
+    from .jitagent import InProcessCapture, in_process_available  # jitagent imports this module
 
     if agent not in AGENTS:
         raise ValueError(f"agent {agent!r}: one of {', '.join(AGENTS)}")

@@ -289,7 +289,7 @@ def record_with_perf(
     if perf is None:
         raise SettingsError("perf is not installed (Debian: apt-get install linux-perf)")
     if jit:
-        from .jitrecord import record_perf_with_capture
+        from .jitrecord import record_perf_with_capture  # perf.data rewriting: only with --jit
 
         argv = perf_record_argv(
             settings, output, perf=perf, per_thread=per_thread, kcore=kcore, target=False
