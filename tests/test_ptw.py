@@ -146,11 +146,11 @@ def test_perf_data_ctf_and_the_command(tmp_path):
     writes it): decoded per queue, as JSON lines with perf's ns, as CTF
     that babeltrace2 prints, and by ``hwtrace ptwrite``."""
     from hwtrace.export.ctf import write_ptw_events
-    from hwtrace.hwevents.ptw import perf_events
     from hwtrace.perf.data import PerfData
     from hwtrace.perf.records import SampleType
     from hwtrace.perf.writer import INTEL_PT_CONFIG_BITS as B
     from hwtrace.perf.writer import PerfDataWriter
+    from hwtrace.session.ptwevents import perf_events
 
     n = 50
     ids = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.uint64)

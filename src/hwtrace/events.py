@@ -18,9 +18,7 @@ An event is a type id and up to eight 64-bit payload words, declared in an
 
 :func:`decode_events` reads any of these streams (raw PT, a perf.data's
 queues through :func:`perf_events`, a channel's streams) into typed
-events; :meth:`PtwEvents.json_lines` exports them, and
-:func:`hwtrace.export.ctf.write_ptw_events` writes them as a CTF trace
-(an exporter, above this API).
+events; :meth:`PtwEvents.json_lines` and :func:`write_ctf` export them.
 The CoreSight STM path (MIPI STPv2 through a trace buffer) is
 :mod:`hwtrace.hwevents.stp` and :mod:`hwtrace.hwevents.vstm`.
 """
@@ -30,6 +28,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from .export.ctf import write_ptw_events as write_ctf
 from .hwevents.channel import Channel, header_path
 from .hwevents.ptw import (
     MARK,
@@ -39,8 +38,8 @@ from .hwevents.ptw import (
     PtwEvents,
     decode_events,
     encode_events,
-    perf_events,
 )
+from .session.ptwevents import perf_events
 
 __all__ = [
     "MARK",
@@ -53,6 +52,7 @@ __all__ = [
     "encode_events",
     "perf_events",
     "ptwrite_supported",
+    "write_ctf",
     "write_headers",
 ]
 

@@ -194,12 +194,12 @@ def ptwrite_events(
     data, sideband, clock: FlowClock, schema=None, *, path: str = "ptwrite"
 ) -> SoftwareEvents:
     """The typed PTWRITE events of a perf.data's own Intel PT
-    (:func:`hwtrace.hwevents.ptw.perf_events`), as software events on its
+    (:func:`hwtrace.session.ptwevents.perf_events`), as software events on its
     flow's clock: named by ``schema`` (an :class:`EventSchema`, else
     ``ptw:<id>``), their thread the queue's or the one the sideband has on
     its CPU then.  They come from the same trace as the flow, so their time
     is as exact as the flow's."""
-    from ..hwevents.ptw import perf_events
+    from ..session.ptwevents import perf_events
 
     parts = perf_events(data)
     types = schema.types if schema is not None else {}

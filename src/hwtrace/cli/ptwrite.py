@@ -35,8 +35,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", type=int, default=0, metavar="N")
     a = p.parse_args(list(argv))
     from ..export.ctf import write_ptw_events
-    from ..hwevents.ptw import EventSchema, decode_events, perf_events
+    from ..hwevents.ptw import EventSchema, decode_events
     from ..perf.data import PerfDataError
+    from ..session.ptwevents import perf_events
 
     schema = None
     try:

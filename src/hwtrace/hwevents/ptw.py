@@ -364,18 +364,3 @@ def decode_events(data, config: PtConfig | None = None, *, chunk_bytes: int = 4 
     if lost:
         problems.append(f"{lost} events cut by an overflow or damage")
     return PtwEvents(t, i, ip, nw, w, off, lost, stray, problems)
-
-
-def perf_events(data) -> dict[tuple[int, int], PtwEvents]:
-    """The PTWRITE events of each AUX queue of a perf.data (Intel PT with
-    ``ptw``), keyed by (cpu, tid) as the queue is (-1 where it is not per
-    CPU or per thread); times stay TSC (perf's conversion:
-    :func:`hwtrace.perf.intelpt.tsc_conversion_of`)."""
-    # Up a layer (perf above hwevents): allowed for now in pyproject's
-    # import contract, until the session layer reads the trace queues.
-    from ..perf.intelpt import iter_queue_traces, pt_config_of
-
-    config = pt_config_of(data)
-    return {
-        (cpu, tid): decode_events(buf.copy(), config) for cpu, tid, buf in iter_queue_traces(data)
-    }
