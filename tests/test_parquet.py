@@ -159,7 +159,7 @@ def test_blocks_table_is_pure_and_names_merge(batches):
 
 
 def test_views_count_as_report_does(recorded, batches):
-    from hwtrace.cli.query import connect
+    from hwtrace.export.query import connect
 
     _, flow = recorded
     got, stream = batches
@@ -213,7 +213,7 @@ def test_report_of_the_directory_is_the_report_of_the_recording(recorded):
 
 
 def test_filters_on_partitions_read_only_their_files(recorded):
-    from hwtrace.cli.query import connect
+    from hwtrace.export.query import connect
 
     _, flow = recorded
     buckets = sorted(int(p.name.split("=")[1]) for p in (flow / "blocks" / "cpu=-1").iterdir())

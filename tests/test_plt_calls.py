@@ -258,7 +258,7 @@ def test_a_call_s_instructions_are_entry_through_return(switch_run, tmp_path, ca
     (key,) = [k for k in paths if k.endswith("!dispatch")]
     assert paths[key]["a"]["calls"] == 100 and paths[key]["a"]["insn"] == sum(want)
     # hwtrace decode --function-calls: one row per call, the same counts.
-    from hwtrace.cli.query import connect
+    from hwtrace.export.query import connect
 
     assert main(["decode", str(path), "-o", str(tmp_path / "dir"), "--function-calls"]) == 0
     con, meta = connect(tmp_path / "dir")

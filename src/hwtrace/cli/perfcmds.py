@@ -290,10 +290,12 @@ def report_main(argv: Sequence[str]) -> int:
                  if getattr(a, o, None)]  # fmt: skip
         if needs:
             p.error(f"--{needs[0]} needs a perf.data, not a decode directory")
-        from .query import report_profile
+        from ..export.query import DatasetError, dataset_profile
 
-        got = report_profile(p.prog, a.input)
-        if got is None:
+        try:
+            got = dataset_profile(a.input)
+        except DatasetError as e:
+            sys.stderr.write(f"{p.prog}: {e}\n")
             return 1
         path, n_queues, profile, problems, gaps = got
         show(path, n_queues, profile, problems, gaps, a.top)
