@@ -198,7 +198,13 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..export.parquet import FlowParquetWriter, Names, build_ids_of, finish_dataset
+    from ..export.parquet import (
+        FlowParquetWriter,
+        FunctionCallRows,
+        Names,
+        build_ids_of,
+        finish_dataset,
+    )
 
     data = opened.data
     names = Names(build_ids=build_ids_of(opened.sideband))
@@ -221,7 +227,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     task = progress.add_task("decode", total=max(total_bytes, 1), rows=0)
     state = {"queue": -1, "done": 0, "bytes": 0, "rows": 0}
     tids: set[int] = set()
-    calls = _CallRows() if a.function_calls else None
+    calls = FunctionCallRows() if a.function_calls else None
 
     def on_blocks(b) -> None:
         if calls is not None:
@@ -302,37 +308,3 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
         "blocks/s)\n"
     )
     return 0
-
-
-class _CallRows:
-    """``--function-calls``: every call of every thread, from the per-thread
-    stack of calls ``funclatency`` walks (:mod:`hwtrace.analysis.latency`),
-    so a call's instructions are the same: its entry through its return."""
-
-    def __init__(self) -> None:
-        from ..analysis.feed import LatencyFeed
-        from ..analysis.latency import LatencyProfiler
-        from ..analysis.patterns import PatternSet
-
-        self.profiler = LatencyProfiler(PatternSet(), keep=True, every_call=True)
-        self.feed = LatencyFeed(self.profiler)
-
-    def write(self, writer) -> dict[str, int]:
-        """The calls into ``writer``'s ``function_calls``; what to note in
-        the metadata."""
-        result = self.feed.result()
-        iv = result.intervals
-        heads = np.array([addr for _, addr in result.paths] or [0], np.uint64)
-        entry = heads[iv.path] if len(iv) else np.zeros(0, np.uint64)
-        uniq, inverse = np.unique(entry, return_inverse=True)
-        names = np.array([self.feed.name(int(x), with_module=True) or f"{int(x):#x}"
-                          for x in uniq.tolist()] or [""], object)  # fmt: skip
-        writer.write_calls({
-            "tid": iv.key, "cpu": iv.cpu.astype(np.int32), "entry": entry,
-            "function": names[inverse.reshape(-1)] if len(iv) else names[:0], "time": iv.t_open,
-            "duration": iv.dt, "instructions": iv.dic,
-        })  # fmt: skip
-        return {"function_calls": len(iv), "function_calls_dropped_for_gaps": result.gapped_calls}
-
-    def close(self) -> None:
-        self.feed.close()

@@ -47,13 +47,16 @@ __all__ = [
     "BLOCKS_SCHEMA",
     "FORMAT",
     "FlowParquetWriter",
+    "FunctionCallRows",
     "Names",
     "blocks_table",
     "build_ids_of",
     "events_table",
+    "finish_dataset",
     "image_id",
     "instructions_table",
     "symbol_id",
+    "write_dataset",
 ]
 
 FORMAT = "hwtrace-flow/1"
@@ -944,3 +947,40 @@ def write_dataset(
     except BaseException:
         writer.abort()
         raise
+
+
+class FunctionCallRows:
+    """The ``function_calls`` dataset (``hwtrace decode --function-calls``):
+    every call of every thread, from the per-thread stack of calls
+    ``funclatency`` walks (:mod:`hwtrace.analysis.latency`), so a call's
+    instructions are the same: its entry through its return.  Call
+    :attr:`feed` on each batch of blocks, then :meth:`write`."""
+
+    def __init__(self) -> None:
+        # (the latency walk compiles loops: loaded when calls are asked for)
+        from ..analysis.feed import LatencyFeed
+        from ..analysis.latency import LatencyProfiler
+        from ..analysis.patterns import PatternSet
+
+        self.profiler = LatencyProfiler(PatternSet(), keep=True, every_call=True)
+        self.feed = LatencyFeed(self.profiler)
+
+    def write(self, writer: FlowParquetWriter) -> dict[str, int]:
+        """The calls into ``writer``'s ``function_calls``; what to note in
+        the metadata."""
+        result = self.feed.result()
+        iv = result.intervals
+        heads = np.array([addr for _, addr in result.paths] or [0], np.uint64)
+        entry = heads[iv.path] if len(iv) else np.zeros(0, np.uint64)
+        uniq, inverse = np.unique(entry, return_inverse=True)
+        names = np.array([self.feed.name(int(x), with_module=True) or f"{int(x):#x}"
+                          for x in uniq.tolist()] or [""], object)  # fmt: skip
+        writer.write_calls({
+            "tid": iv.key, "cpu": iv.cpu.astype(np.int32), "entry": entry,
+            "function": names[inverse.reshape(-1)] if len(iv) else names[:0], "time": iv.t_open,
+            "duration": iv.dt, "instructions": iv.dic,
+        })  # fmt: skip
+        return {"function_calls": len(iv), "function_calls_dropped_for_gaps": result.gapped_calls}
+
+    def close(self) -> None:
+        self.feed.close()
