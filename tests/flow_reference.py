@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.image import Image
-from hwtrace.pt import _flowloop as K
+from hwtrace.pt import flowrows as K
 from hwtrace.pt._loops import sync_forward as _sync_forward_loop
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.decode import DecodeOptions, FlowResult, Gap

@@ -96,7 +96,7 @@ def main(argv: list[str], stdout=None, *, reference: bool = False) -> int:
     reference decoders instead of the compiled one (for tests)."""
     from ..image import Image, ImageError, parse_elf_spec
     from ..pt.config import Cpu, PtConfig
-    from ..pt.flow import AddrFilter, BlockFlags
+    from ..pt.options import AddrFilter, BlockFlags
 
     opts = Options()
     config = PtConfig()
@@ -315,7 +315,7 @@ class _Printer:
 
 
 def _event_text(ev, opts: Options, offset: int) -> str:
-    from ..pt.events import Ev
+    from ..pt.flowrows import Ev
 
     parts = ["["]
     if opts.print_offset:
@@ -435,8 +435,8 @@ def decode(
     buf, image, config, flags, addr_filter, iflags, keep_tcal, opts, out, sideband=None
 ) -> None:
     """Decode with the compiled flow decoder and print as Intel's ptxed."""
-    from ..pt.events import EventOptions
     from ..pt.flowdec import FlowDecoder, FlowOptions
+    from ..pt.options import EventOptions
     from ..pt.ptxed import PtxedStyle, PtxedWriter
 
     block_cache = _replays_block_cache(opts)
@@ -464,8 +464,7 @@ def decode(
     )
     hook = None
     if sideband is not None:
-        from ..pt.codetable import CodeTable
-        from ..pt.flowdec import event_object
+        from ..pt.flowrows import CodeTable, event_object
 
         session, sb_flags = sideband
 

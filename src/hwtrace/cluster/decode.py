@@ -65,10 +65,10 @@ from ..perf.trace import (
     gap_events,
     setup_decoding,
 )
-from ..pt import _flowloop as FK
-from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
+from ..pt import flowrows as FK
 from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.flowrows import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
 from ..pt.packets import read_released
 
 _MASK64 = (1 << 64) - 1

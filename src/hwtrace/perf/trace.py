@@ -44,13 +44,12 @@ from ..image.perfsyms import perf_symbols
 from ..image.revisions import EXACT_SOURCES, CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
-from ..pt import _flowloop as FK
-from ..pt.codetable import CodeTable
+from ..pt import flowrows as FK
 from ..pt.config import PtConfig
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.errors import errstr
-from ..pt.events import Ev
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.flowrows import CodeTable, Ev
 from ..pt.packets import release
 from .code import add_bpf_images
 from .data import PerfData, PerfDataError

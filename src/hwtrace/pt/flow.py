@@ -21,45 +21,15 @@ from dataclasses import dataclass, field
 from ..isa.x86 import IClass, Insn, InsnCache, Special
 from .config import PtConfig
 from .errors import PtError
-from .events import DecodeFailure, Ev, Event, EventDecoder
+from .events import DecodeFailure, EventDecoder
+from .flowrows import Ev, Event
+from .options import AddrFilter, BlockFlags
 
 # Status flags of next()/event() (Intel's pts_*).
 IP_SUPPRESSED, EVENT_PENDING, EOS = 1, 2, 4
 _RETSTACK_SIZE = 64
 _MAX_NINSN = 0xFFFF
 _BDM64_MAX_STEPS = 0x100
-
-
-@dataclass
-class BlockFlags:
-    end_on_call: bool = False
-    end_on_jump: bool = False
-    tick_events: bool = False
-
-
-@dataclass
-class AddrFilter:
-    """IA32_RTIT_ADDRn configuration: (cfg, a, b) per range; cfg 1 = filter,
-    2 = trace stop."""
-
-    ranges: list[tuple[int, int, int]] = field(default_factory=list)
-
-    @property
-    def configured(self) -> bool:
-        return any(cfg for cfg, _, _ in self.ranges)
-
-    def check(self, ip: int) -> int:
-        """1 if tracing is enabled at ``ip``, 0 if not (libipt's
-        pt_filter_addr_check)."""
-        have_filter = False
-        for cfg, a, b in self.ranges:
-            if cfg == 1:
-                have_filter = True
-                if a <= ip <= b:
-                    return 1
-            elif cfg == 2 and a <= ip <= b:
-                return 0
-        return 0 if have_filter else 1
 
 
 @dataclass
