@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 from conftest import CONFORMANCE
-from flow_reference import decode_reference
-from flow_reference import instructions as reference_instructions
+from oracles.decode import decode_reference
+from oracles.decode import instructions as reference_instructions
 
 from hwtrace.image import Image
 from hwtrace.pt.config import PtConfig

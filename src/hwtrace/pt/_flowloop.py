@@ -1,10 +1,10 @@
 """The compiled flow decoder: packets and code in, blocks and events out.
 
 This is Intel's reference decoder (libipt's event decoder and block decoder,
-as :mod:`hwtrace.pt.events` and :mod:`hwtrace.pt.flow` implement them in
-Python) written for numba, plus a fast loop for the common case.  Both
-Python decoders stay: they are the reference the test suite holds this one
-to, event for event and instruction for instruction.
+as the test suite's oracles ``tests/oracles/events.py`` and
+``tests/oracles/flow.py`` implement them in Python) written for numba, plus
+a fast loop for the common case.  The tests hold this one to those, event
+for event and instruction for instruction.
 
 Shape of the code
 -----------------
@@ -39,7 +39,8 @@ Blocks are rows (first IP, instruction count, flags, mode, trace offset,
 time); a libipt block may be split over several rows (``O_NEW`` marks the
 first), since the fast loop emits a row per run.  Everything else (events,
 errors, the "end of trace" and resync markers) is an event row with the
-number of block rows before it, which places it in the flow.
+number of block rows before it, which places it in the flow.  The format is
+public: :mod:`hwtrace.pt.flowrows` names its columns, flags and types.
 """
 
 from __future__ import annotations
@@ -433,7 +434,7 @@ def _q_dequeue(SI, QE, QB, mask, out):
 
 
 # ---------------------------------------------------------------------------
-# The event decoder (hwtrace.pt.events.EventDecoder).
+# The event decoder (the oracles' EventDecoder).
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -1632,7 +1633,7 @@ def _bound_bit(t):
 
 
 # ---------------------------------------------------------------------------
-# The block decoder (hwtrace.pt.flow.BlockDecoder).
+# The block decoder (the oracles' BlockDecoder).
 
 
 @aot.njit(cache=True, _nrt=False)

@@ -16,19 +16,22 @@ errata workarounds (BDM70, SKD010, APL11, APL12) are applied here too.
 One :class:`EventDecoder` decodes one trace segment: from a PSB to the end of
 the stream or the first error, which ends the segment (the caller resyncs at
 the next PSB).
+
+A test oracle: plain Python, one rule at a time, that the compiled decoder
+(:mod:`hwtrace.pt._flowloop`) is held to event for event.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .config import PtConfig
-from .errors import PtError
-from .flowrows import Ev, Event, ExecMode
-from .kinds import Kind
-from .options import EventOptions
-from .packets import PacketTable
-from .timing import estimate_time
+from hwtrace.pt.config import PtConfig
+from hwtrace.pt.errors import PtError
+from hwtrace.pt.flowrows import Ev, Event, ExecMode
+from hwtrace.pt.kinds import Kind
+from hwtrace.pt.options import EventOptions
+from hwtrace.pt.packets import PacketTable
+from hwtrace.pt.timing import estimate_time
 
 
 def exec_mode_of(bits: int) -> ExecMode:
@@ -945,12 +948,4 @@ class EventDecoder:
         return self._deliver(ev)
 
 
-__all__ = [
-    "DecodeFailure",
-    "Ev",
-    "Event",
-    "EventDecoder",
-    "EventOptions",
-    "ExecMode",
-    "exec_mode_of",
-]
+__all__ = ["DecodeFailure", "EventDecoder", "exec_mode_of"]

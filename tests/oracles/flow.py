@@ -3,14 +3,17 @@
 A block is a run of instructions executed one after the other, ending where
 the trace must be consulted (a conditional or indirect branch, a return, a
 far transfer) or where an event binds.  The decoder walks the program's code
-from the current IP, asks the event stream (:mod:`hwtrace.pt.events`) for
+from the current IP, asks the event stream (:mod:`oracles.events`) for
 branch outcomes and targets, and reports events when execution reaches the
 place they bind to.  Semantics follow Intel's reference block decoder, so the
 output agrees with Intel's ``ptxed`` instruction for instruction and event for
 event, including its errata workarounds (BDM64, SKD022, SKL014).
 
-Errors raise :class:`~hwtrace.pt.events.DecodeFailure`; the block decoded so
+Errors raise :class:`~oracles.events.DecodeFailure`; the block decoded so
 far stays valid, and the caller resynchronises at the next PSB.
+
+A test oracle: plain Python that the compiled decoder
+(:mod:`hwtrace.pt._flowloop`) is held to instruction for instruction.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..isa.x86 import IClass, Insn, InsnCache, Special
-from .config import PtConfig
-from .errors import PtError
-from .events import DecodeFailure, EventDecoder
-from .flowrows import Ev, Event
-from .options import AddrFilter, BlockFlags
+from hwtrace.isa.x86 import IClass, Insn, InsnCache, Special
+from hwtrace.pt.config import PtConfig
+from hwtrace.pt.errors import PtError
+from hwtrace.pt.flowrows import Ev, Event
+from hwtrace.pt.options import AddrFilter, BlockFlags
+from oracles.events import DecodeFailure, EventDecoder
 
 # Status flags of next()/event() (Intel's pts_*).
 IP_SUPPRESSED, EVENT_PENDING, EOS = 1, 2, 4
