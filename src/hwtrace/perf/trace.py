@@ -47,9 +47,8 @@ from ..image.symbols import SymbolTable
 from ..pt import flowrows as FK
 from ..pt.config import PtConfig
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
-from ..pt.errors import errstr
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.flowrows import CodeTable, Ev
+from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events
 from ..pt.packets import release
 from .code import add_bpf_images
 from .data import PerfData, PerfDataError
@@ -468,32 +467,6 @@ class QueueContexts:
         if self.conv is None:
             return np.zeros(k.shape[0], np.int64)
         return np.where(t > 0, np.asarray(self.conv.to_ns(t), np.int64) - ns[k], 0)
-
-
-def error_gaps(ev: np.ndarray, offsets: np.ndarray) -> list[Gap]:
-    """The gaps the decoder's error events (rows of ``ev`` at trace
-    ``offsets``) stand for, in order."""
-    out = []
-    for j in np.flatnonzero(ev[:, FK.E_TYPE] == FK.X_ERROR).tolist():
-        row = ev[j]
-        code = int(row[FK.E_P0])
-        reason = errstr(code)
-        if int(row[FK.E_P1]) == FK.ERR_SYNC:
-            reason = "sync error: " + reason
-        elif int(row[FK.E_P1]) == FK.ERR_RESYNC:
-            reason = "resync error: " + reason
-        out.append(Gap(int(offsets[j]), int(row[FK.E_IP]), int(row[FK.E_TSC]), reason, code))
-    return out
-
-
-def gap_events(ev: np.ndarray) -> np.ndarray:
-    """Which decoder events put a gap in the flow before the next block:
-    tracing stopped, an error, an overflow."""
-    types = ev[:, FK.E_TYPE]
-    flags = ev[:, FK.E_FLAGS]
-    real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
-    stop = real & np.isin(types, _STOP)
-    return stop | (types == FK.X_ERROR) | (real & (types == FK.EV_OVERFLOW))
 
 
 def _durations(ns: np.ndarray, k: np.ndarray, values: np.ndarray) -> np.ndarray:
