@@ -20,13 +20,22 @@ numpy columns, a batch at a time (:class:`~hwtrace.pt.flowdec.FlowBatch`):
   before it, which places it in the flow.
 
 Instruction addresses within a block come from the code the decoder
-walked: its :class:`CodeTable` (one per image), which consumers read
-through :meth:`CodeTable.tuple` and the ``T_*`` positions, in compiled
-code, with :func:`find_insn` and :func:`insn_successor`;
-:func:`instructions_of` turns blocks into every instruction's address.
+walked: its :class:`CodeTable` (one per image).  Consumers read it in
+compiled code, never instruction by instruction in Python: the arrays of
+:attr:`CodeTable.tuple` at the ``T_*`` positions, :func:`find_insn` (an
+instruction by address and mode) and :func:`insn_successor` (where it goes
+without trace).  :class:`CodeView` keeps a table readable as it was (a
+decoding's result); :func:`instructions_of` turns blocks into every
+instruction's address (:func:`expand_blocks` is its compiled walk).
+
+Gaps: an error row (``X_ERROR``) is a :class:`Gap` (:func:`error_gaps`);
+after any of :data:`GAP_TYPES` that is no status update the flow has a gap
+before the next block (:func:`gap_events`, :func:`gaps_before`).
 
 Every name here is public; the compiled decoder uses the same ones (numba
-reads them as constants).
+reads module-level ints as constants).  The decoder's options are
+:class:`EventOptions`, :class:`BlockFlags` and :class:`AddrFilter`
+(defined in :mod:`hwtrace.pt.options`).
 """
 
 from __future__ import annotations
