@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwtrace.analysis.callpath import K_CALL, K_RET, CallTreeBuilder, ThreadCallPaths, call_tree
-from hwtrace.analysis.code import CodeIndex
 from hwtrace.analysis.profile import ThreadProfiler
 from hwtrace.image import Image
 from hwtrace.image.symbols import SymbolTable
 from hwtrace.isa.x86 import IClass, InsnCache
+from hwtrace.pt.codeindex import CodeIndex
 from hwtrace.pt.decode import decode_trace
 from hwtrace.pt.encode import encode_path
 

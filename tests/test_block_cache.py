@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_captured
+from oracles.ptxed import decode_reference
 from test_conformance import _load_runner
 
 from hwtrace.cli import ptxed
@@ -34,7 +35,7 @@ def _ptxed(argv: list[str], reference: bool) -> bytes:
     if not reference:
         return run_captured(argv)
     out = io.BytesIO()
-    ptxed.main(argv[1:], out, reference=True)
+    ptxed.main(argv[1:], out, decoder=decode_reference)
     return out.getvalue()
 
 

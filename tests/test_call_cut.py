@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hwtrace.analysis.code import K_CALL, K_IJUMP, K_OTHER, K_RET
+from hwtrace.pt.codeindex import K_CALL, K_IJUMP, K_OTHER, K_RET
 from hwtrace.session.callcut import CallCut, kept_blocks
 
 # Functions at 0x1000 * (f + 1), 0x100 bytes each; instructions 4 bytes.

@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 from conftest import CONFORMANCE
-from flow_reference import decode_reference
-from flow_reference import instructions as reference_instructions
+from oracles.decode import decode_reference
+from oracles.decode import instructions as reference_instructions
 
 from hwtrace.image import Image
 from hwtrace.pt.config import PtConfig
@@ -91,13 +91,12 @@ def test_instructions_follow_direct_branches(tmp_path):
         np.zeros(1, np.uint64),
         np.zeros(1, np.int64),
     )
-    from hwtrace.pt.codetable import CodeTable
-    from hwtrace.pt.decode import _successors
+    from hwtrace.pt.flowrows import CodeTable, CodeView
 
     table = CodeTable(img)
     table.fill(0x1000, 64)
     table.fill(0x1004, 64)
-    res.successors = _successors([table])
+    res.code = {0: [CodeView(table)]}
     assert res.instructions().tolist() == [0x1000, 0x1004, 0x1005, 0x1000, 0x1004]
 
 

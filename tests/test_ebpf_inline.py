@@ -9,6 +9,7 @@ import mmap
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.filter import evaluate
 
 from hwtrace.filter import abi
 from hwtrace.filter.check import compile_check
@@ -17,7 +18,6 @@ from hwtrace.filter.ebpf.gen import generate
 from hwtrace.filter.ebpf.inline import inline_string_helpers
 from hwtrace.filter.ebpf.jit import jit_compile
 from hwtrace.filter.records import EventRecord
-from hwtrace.filter.reference import evaluate
 from hwtrace.filter.schema import Schema
 
 SCHEMA = Schema.declare("ev", [("p", "string"), ("n", "char[4]"), ("x", "s64")])

@@ -7,13 +7,13 @@ import pytest
 from filter_strategies import balanced, events, expressions, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles.filter import evaluate
 
 from hwtrace.filter import abi
 from hwtrace.filter.check import compile_check
 from hwtrace.filter.ebpf.gen import generate
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.records import EventRecord
-from hwtrace.filter.reference import evaluate
 from hwtrace.filter.schema import DEFAULT_CONTEXT, Schema
 
 EVENT = Schema.declare(

@@ -1,5 +1,5 @@
 """The filter front end: parser (hwtrace.filter.parse), checker
-(hwtrace.filter.check), the oracle (hwtrace.filter.reference) and in-memory
+(hwtrace.filter.check), the oracle (oracles.filter) and in-memory
 records (hwtrace.filter.records)."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import pytest
 from filter_strategies import events, expressions, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles.filter import _walk, evaluate
 
 from hwtrace.filter import ast
+from hwtrace.filter.ast import glob_match
 from hwtrace.filter.check import check, compile_check
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.parse import MAX_DEPTH, parse
 from hwtrace.filter.records import EventRecord, pack_many
-from hwtrace.filter.reference import _walk, evaluate, glob_match
 from hwtrace.filter.schema import (
     DEFAULT_CONTEXT,
     ROOT_CONTEXT,

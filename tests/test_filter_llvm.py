@@ -17,8 +17,9 @@ import pytest
 from filter_strategies import events, expressions, schemas
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from oracles import filter as reference
 
-from hwtrace.filter import ast, native, reference
+from hwtrace.filter import ast, native
 from hwtrace.filter.check import check
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.llvm import compile_llvm

@@ -17,9 +17,9 @@ import pytest
 from filter_strategies import events, expressions, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles import filter as reference
 
 from hwtrace.filter import lttng_vm as vm
-from hwtrace.filter import reference
 from hwtrace.filter.check import compile_check
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.lttng import LttngProgram, compile_lttng, generate

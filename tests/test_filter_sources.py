@@ -10,11 +10,11 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.filter import evaluate
 
 from hwtrace.filter.check import compile_check
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.records import EventRecord
-from hwtrace.filter.reference import evaluate
 from hwtrace.filter.schema import (
     DEFAULT_CONTEXT,
     ROOT_CONTEXT,

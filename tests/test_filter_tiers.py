@@ -8,11 +8,11 @@ import pytest
 from filter_strategies import balanced, events, expressions, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles.filter import evaluate
 
 from hwtrace.filter.compile import TIERS, compile_filter
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.records import EventRecord, pack_many
-from hwtrace.filter.reference import evaluate
 from hwtrace.filter.schema import DEFAULT_CONTEXT, Schema
 
 CTX = {"procname": b"lttng-sessiond", "cpu_id": 2, "pid": 42, "tid": 43, "prio": -5}

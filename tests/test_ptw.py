@@ -209,7 +209,7 @@ def test_libipt_follows_a_flow_with_ptwrites(tmp_path):
     from hwtrace.image.sections import Section
     from hwtrace.pt.decode import decode_trace
     from hwtrace.pt.encode import encode_path
-    from hwtrace.pt.events import Ev
+    from hwtrace.pt.flowrows import Ev
 
     if oracle.skip_reason is not None:
         pytest.skip(oracle.skip_reason)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from oracles.ptxed import decode_reference
 
 from hwtrace.cli import ptxed
 from hwtrace.pt import _loops as K
@@ -25,7 +26,7 @@ def run(tmp_path, packets, code, *options, reference=False):
     out = io.BytesIO()
     argv = ["--raw", f"{tmp_path / 'a.bin'}:0x1000", "--no-inst", *options,
             "--pt", str(tmp_path / "a.pt")]  # fmt: skip
-    ptxed.main(argv, out, reference=reference)
+    ptxed.main(argv, out, decoder=decode_reference if reference else None)
     return out.getvalue().decode().splitlines()
 
 

@@ -1,7 +1,7 @@
 """``hwtrace ptxed``'s compiled decoder and formatter against the reference.
 
-The reference is Intel's decoders as plain Python (:mod:`hwtrace.pt.events`,
-:mod:`hwtrace.pt.flow`) printed line by line in Python; Intel's conformance
+The reference is Intel's decoders as plain Python (:mod:`oracles.events`,
+:mod:`oracles.flow`) printed line by line in Python; Intel's conformance
 suite holds that one to Intel's ptxed.  Here the compiled path must print
 exactly the same bytes, under every output option, on
 
@@ -30,6 +30,7 @@ import pytest
 from conftest import CONFORMANCE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles.ptxed import decode_reference
 
 from hwtrace.cli import ptxed
 from hwtrace.pt.flowdec import FlowDecoder
@@ -70,7 +71,7 @@ PTXED_CASES = [c for c in MANIFEST if "ptxed" in c]
 
 def ptxed_output(argv: list[str], reference: bool) -> bytes:
     buf = io.BytesIO()
-    assert ptxed.main(argv, buf, reference=reference) == 0
+    assert ptxed.main(argv, buf, decoder=decode_reference if reference else None) == 0
     return buf.getvalue()
 
 

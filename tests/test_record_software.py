@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from hwtrace.image import Image, Section, read_elf
 from hwtrace.pt.decode import decode_trace
-from hwtrace.pt.events import Ev
+from hwtrace.pt.flowrows import Ev
 from hwtrace.record import (
     RecordError,
     SoftwareRecording,

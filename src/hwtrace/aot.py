@@ -50,6 +50,7 @@ LOOP_MODULES = (
     "hwtrace.pt._loops",
     "hwtrace.pt.timing",
     "hwtrace.pt.codetable",
+    "hwtrace.pt.flowrows",
     "hwtrace.pt._flowloop",
     "hwtrace.pt.blocks",
     "hwtrace.pt.decode",

@@ -29,7 +29,7 @@ from numba import types
 from numba.typed import Dict
 
 from ..image.symbols import SymbolTable
-from .code import K_CALL, K_OTHER, K_RET, CodeIndex, Reader
+from ..pt.codeindex import K_CALL, K_OTHER, K_RET, CodeIndex, Reader
 
 __all__ = [
     "K_CALL",
@@ -129,7 +129,7 @@ class CallTreeBuilder:
 
     ``names`` are the functions :meth:`add`'s ``functions`` index;
     ``code`` reads and classifies the instructions (one
-    :class:`~hwtrace.analysis.code.CodeIndex` per address space, shared
+    :class:`~hwtrace.pt.codeindex.CodeIndex` per address space, shared
     between builders of the same code)."""
 
     def __init__(self, names: list[str], code: CodeIndex) -> None:

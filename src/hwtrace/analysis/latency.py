@@ -48,7 +48,8 @@ import numpy as np
 
 from .. import aot
 from ..isa.x86 import IClass
-from ..pt.codetable import (
+from ..pt.codeindex import K_CALL, K_IJUMP, K_OTHER, K_RET
+from ..pt.flowrows import (
     I_DIRECT,
     T_H_IP,
     T_H_MODE,
@@ -57,15 +58,16 @@ from ..pt.codetable import (
     T_I_FLAGS,
     T_I_IP,
     T_I_SIZE,
-    T_I_TARGET,
     T_R_FIRST,
     T_R_INSN,
     T_R_LASTK,
     T_R_NINSN,
     CodeTable,
+    find_insn,
+    gaps_before,
     hash_find,
+    insn_successor,
 )
-from .code import K_CALL, K_IJUMP, K_OTHER, K_RET
 from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 
 # Per-slot state (int64): instructions so far; stack depth; the last
@@ -550,9 +552,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
     times = rec[1]
     b_ip, b_ninsn, b_mode, b_run, b_time, b_slot, b_cpu, b_gap = rows
     h_ip, h_mode, h_val = ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL]
-    i_ip, i_size, i_class, i_flags, i_target = (
-        ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS], ct[T_I_FLAGS], ct[T_I_TARGET]
-    )  # fmt: skip
+    i_ip, i_size, i_class, i_flags = ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS], ct[T_I_FLAGS]
     r_first, r_insn, r_lastk = ct[T_R_FIRST], ct[T_R_INSN], ct[T_R_LASTK]
     rec_cap = rec[0].shape[0]
     tl = rec[4]  # the timeline: (slot, time, path) where a slot's path changed
@@ -655,20 +655,16 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
             k = -1
             for j in range(n):
                 if j:
-                    c = i_class[k]
-                    if i_flags[k] & I_DIRECT and (c == _CALL or c == _JUMP):
-                        ip = i_target[k]
-                    else:
-                        ip = i_ip[k] + np.uint64(i_size[k])
+                    ip = insn_successor(ct, k)
                     ss[s, S_PIC] = ss[s, S_IC] - 1
                     ss[s, S_PT] = t
-                    k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
+                    k = find_insn(ct, ip, b_mode[i])
                     if ss[s, S_PK] > K_OTHER:  # (a call or return: direct flow in a row)
                         tb = atoms[k] if k >= 0 else np.uint64(0)
                         _transition(s, ip, tb, t, cpu, ss, fr, counts, marks, masks, rec, paths,
                                     stream)  # fmt: skip
                 else:
-                    k = hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
+                    k = find_insn(ct, ip, b_mode[i])
                 if k < 0:
                     break  # cannot happen: the decoder read every instruction it reports
                 ic = ss[s, S_IC]
@@ -1320,30 +1316,6 @@ def _neighbours(times: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 # -- sources -------------------------------------------------------------------
-
-
-# Events after which the flow has a gap: what ran there is not in the trace.
-def _gap_types() -> tuple[int, ...]:
-    from ..pt import _flowloop as FK
-
-    return (FK.X_ERROR, FK.EV_DISABLED, FK.EV_ASYNC_DISABLED, FK.EV_OVERFLOW)
-
-
-def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Where a decoder batch's flow has a gap: before each row (from its
-    event rows and their block positions), and whether one follows its
-    last row."""
-    from ..pt import _flowloop as FK
-
-    gap = np.zeros(nrows, np.bool_)
-    if not len(events):
-        return gap, False
-    types = events[:, FK.E_TYPE]
-    status = (events[:, FK.E_FLAGS] & FK.F_STATUS) != 0
-    hit = np.isin(types, _gap_types()) & ~status
-    pos = event_block[hit]
-    gap[pos[pos < nrows]] = True
-    return gap, bool((pos >= nrows).any())
 
 
 class _TraceSink:

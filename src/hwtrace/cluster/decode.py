@@ -54,10 +54,10 @@ import numpy as np
 from ..image import Image
 from ..perf.data import PerfData, PerfDataError
 from ..perf.sideband import BinaryLocator, Sideband
-from ..pt import _flowloop as FK
-from ..pt.codetable import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
+from ..pt import flowrows as FK
 from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.flowrows import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
 from ..pt.packets import read_released
 from ..session import PerfSession, SessionError
 from ..session.perfflow import (

@@ -55,6 +55,25 @@ class StrLit(Node):
         return len(self.parts) > 1
 
 
+def glob_match(parts: tuple[bytes, ...], s: bytes) -> bool:
+    """``s`` matches the pattern whose text between ``*`` wildcards is
+    ``parts`` (see :class:`~.ast.StrLit`): it starts with the first part,
+    ends with the last and holds the others in order between them."""
+    if len(parts) == 1:
+        return s == parts[0]
+    first, *middle, last = parts
+    if len(s) < len(first) + len(last) or not s.startswith(first) or not s.endswith(last):
+        return False
+    pos, end = len(first), len(s) - len(last)
+    for part in middle:
+        # The earliest place each part fits leaves the most room for the rest.
+        found = s.find(part, pos, end)
+        if found < 0:
+            return False
+        pos = found + len(part)
+    return True
+
+
 @dataclass(eq=False)
 class FieldRef(Node):
     """``a.b[2].c`` (root ``"event"``), ``$ctx.NAME`` (root ``"ctx"``) or

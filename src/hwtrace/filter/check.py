@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Literal
 
 from . import ast
+from .ast import glob_match
 from .errors import FilterError
 from .parse import parse, wrap_s64
-from .reference import glob_match
 from .schema import DEFAULT_CONTEXT, Schema
 
 Unknown = Literal["error", "false"]

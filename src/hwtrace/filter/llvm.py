@@ -46,8 +46,8 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 
 from . import ast
+from .ast import glob_match
 from .errors import FilterError
-from .reference import glob_match
 from .schema import (
     P_ADD,
     P_COUNT,

@@ -203,7 +203,7 @@ class Session:
         return True
 
     def _location(self, dec: _Decoder, ev) -> Loc:
-        from ..pt.events import Ev
+        from ..pt.flowrows import Ev
 
         t = ev.type
         start = dec.src.config.kernel_start
@@ -359,7 +359,7 @@ def _elf_abi(path: str) -> str | None:
 
 
 def _ip_events():
-    from ..pt.events import Ev
+    from ..pt.flowrows import Ev
 
     return frozenset(
         {

@@ -1,10 +1,10 @@
 """The compiled flow decoder: packets and code in, blocks and events out.
 
 This is Intel's reference decoder (libipt's event decoder and block decoder,
-as :mod:`hwtrace.pt.events` and :mod:`hwtrace.pt.flow` implement them in
-Python) written for numba, plus a fast loop for the common case.  Both
-Python decoders stay: they are the reference the test suite holds this one
-to, event for event and instruction for instruction.
+as the test suite's oracles ``tests/oracles/events.py`` and
+``tests/oracles/flow.py`` implement them in Python) written for numba, plus
+a fast loop for the common case.  The tests hold this one to those, event
+for event and instruction for instruction.
 
 Shape of the code
 -----------------
@@ -39,7 +39,8 @@ Blocks are rows (first IP, instruction count, flags, mode, trace offset,
 time); a libipt block may be split over several rows (``O_NEW`` marks the
 first), since the fast loop emits a row per run.  Everything else (events,
 errors, the "end of trace" and resync markers) is an event row with the
-number of block rows before it, which places it in the flow.
+number of block rows before it, which places it in the flow.  The format is
+public: :mod:`hwtrace.pt.flowrows` names its columns, flags and types.
 """
 
 from __future__ import annotations
@@ -88,7 +89,100 @@ from .codetable import (
     hash_find,
 )
 from .errors import PtError
-from .events import Ev
+from .flowrows import (  # the output format, shared with its readers
+    E_ABORTED,
+    E_AT,
+    E_BASE,
+    E_BITS,
+    E_CR2,
+    E_CR3,
+    E_DEEPEST,
+    E_EXT,
+    E_FLAGS,
+    E_HAS_CR2,
+    E_HAS_VECTOR,
+    E_HAS_VMXQ,
+    E_HAS_VMXR,
+    E_HINTS,
+    E_HW,
+    E_ICNT,
+    E_IFLAG,
+    E_IP,
+    E_LAST,
+    E_MODE,
+    E_MULT,
+    E_NR,
+    E_P0,
+    E_P1,
+    E_PAYLOAD,
+    E_RATIO,
+    E_SIZE,
+    E_SPEC,
+    E_STATE,
+    E_SUBSTATE,
+    E_TRBV,
+    E_TSC,
+    E_TYPE,
+    E_VECTOR,
+    E_VMXQ,
+    E_VMXR,
+    E_WAKE_HW,
+    E_WAKE_INT,
+    E_WAKE_ST,
+    ERR_DECODE,
+    ERR_RESYNC,
+    ERR_SYNC,
+    EV_ASYNC_BRANCH,
+    EV_ASYNC_DISABLED,
+    EV_ASYNC_PAGING,
+    EV_ASYNC_VMCS,
+    EV_CBR,
+    EV_DISABLED,
+    EV_ENABLED,
+    EV_EXEC_MODE,
+    EV_EXSTOP,
+    EV_IFLAGS,
+    EV_IGNORE,
+    EV_INIT,
+    EV_INTERRUPT,
+    EV_IRET,
+    EV_MNT,
+    EV_MWAIT,
+    EV_OVERFLOW,
+    EV_PAGING,
+    EV_PTWRITE,
+    EV_PWRE,
+    EV_PWRX,
+    EV_RSM,
+    EV_SHUTDOWN,
+    EV_SIPI,
+    EV_SMI,
+    EV_STOP,
+    EV_SWINTR,
+    EV_SYSCALL,
+    EV_TICK,
+    EV_TIP,
+    EV_TNT,
+    EV_TRIG,
+    EV_TSX,
+    EV_UINTR,
+    EV_UIRET,
+    EV_VMCS,
+    EV_VMENTRY,
+    EV_VMEXIT,
+    EW,
+    F_HAS_TSC,
+    F_RESUMED,
+    F_STARTED,
+    F_STATUS,
+    F_SUPP,
+    O_NEW,
+    O_SPEC,
+    O_UNCACHED,
+    X_END,
+    X_ERROR,
+    X_RESYNC_DISABLED,
+)
 from .kinds import Kind
 
 # ---------------------------------------------------------------------------
@@ -126,50 +220,7 @@ K_EVD = int(Kind.EVD)
 K_TRIG = int(Kind.TRIG)
 K_INVALID = int(Kind.INVALID)
 
-# Event types.
-EV_ENABLED = int(Ev.ENABLED)
-EV_DISABLED = int(Ev.DISABLED)
-EV_ASYNC_DISABLED = int(Ev.ASYNC_DISABLED)
-EV_ASYNC_BRANCH = int(Ev.ASYNC_BRANCH)
-EV_PAGING = int(Ev.PAGING)
-EV_ASYNC_PAGING = int(Ev.ASYNC_PAGING)
-EV_OVERFLOW = int(Ev.OVERFLOW)
-EV_EXEC_MODE = int(Ev.EXEC_MODE)
-EV_TSX = int(Ev.TSX)
-EV_STOP = int(Ev.STOP)
-EV_VMCS = int(Ev.VMCS)
-EV_ASYNC_VMCS = int(Ev.ASYNC_VMCS)
-EV_EXSTOP = int(Ev.EXSTOP)
-EV_MWAIT = int(Ev.MWAIT)
-EV_PWRE = int(Ev.PWRE)
-EV_PWRX = int(Ev.PWRX)
-EV_PTWRITE = int(Ev.PTWRITE)
-EV_TICK = int(Ev.TICK)
-EV_CBR = int(Ev.CBR)
-EV_MNT = int(Ev.MNT)
-EV_TIP = int(Ev.TIP)
-EV_TNT = int(Ev.TNT)
-EV_IFLAGS = int(Ev.IFLAGS)
-EV_INTERRUPT = int(Ev.INTERRUPT)
-EV_IRET = int(Ev.IRET)
-EV_SMI = int(Ev.SMI)
-EV_RSM = int(Ev.RSM)
-EV_SIPI = int(Ev.SIPI)
-EV_INIT = int(Ev.INIT)
-EV_VMENTRY = int(Ev.VMENTRY)
-EV_VMEXIT = int(Ev.VMEXIT)
-EV_SHUTDOWN = int(Ev.SHUTDOWN)
-EV_UINTR = int(Ev.UINTR)
-EV_UIRET = int(Ev.UIRET)
-EV_TRIG = int(Ev.TRIG)
-EV_IGNORE = int(Ev.IGNORE)
-EV_SWINTR = int(Ev.SWINTR)
-EV_SYSCALL = int(Ev.SYSCALL)
-# Output rows that are not events of the flow (X_*).
-X_ERROR = 64  # E_P0: the error code, E_P1: ERR_* below, E_IP: where, E_TSC: time
-X_END = 65  # ptxed's "[end of trace]"
-X_RESYNC_DISABLED = 66  # ptxed's "[disabled]" after resynchronising
-ERR_DECODE, ERR_SYNC, ERR_RESYNC = 0, 1, 2
+# Event types (EV_*), output markers (X_*, ERR_*): hwtrace.pt.flowrows.
 
 # Error codes.
 E_INTERNAL = int(PtError.INTERNAL)
@@ -212,28 +263,7 @@ S_IRET = int(Special.IRET)
 S_UIRET = int(Special.UIRET)
 S_JMPABS = int(Special.JMPABS)
 
-# Event rows.
-E_TYPE, E_FLAGS, E_IP, E_AT, E_TSC, E_P0, E_P1, E_P2, E_P3, E_P4, E_P5 = range(11)
-EW = 11
-F_SUPP, F_STATUS, F_HAS_TSC, F_RESUMED = 1, 2, 4, 8
-# A TNT whose first bit was taken: its time is the query time (libipt's
-# pt_blk_time) until the next event is consumed.
-F_STARTED = 16
-# Payload words by event type.
-E_CR3, E_NR = E_P0, E_P1  # PAGING, ASYNC_PAGING
-E_BASE = E_P0  # VMCS, ASYNC_VMCS
-E_MODE = E_P0  # EXEC_MODE
-E_SPEC, E_ABORTED = E_P0, E_P1  # TSX
-E_HINTS, E_EXT = E_P0, E_P1  # MWAIT
-E_STATE, E_SUBSTATE, E_HW = E_P0, E_P1, E_P2  # PWRE
-E_LAST, E_DEEPEST, E_WAKE_INT, E_WAKE_ST, E_WAKE_HW = E_P0, E_P1, E_P2, E_P3, E_P4  # PWRX
-E_SIZE, E_PAYLOAD = E_P0, E_P1  # PTWRITE (TNT: size and bits; MNT: payload)
-E_BITS = E_P1
-E_RATIO = E_P0  # CBR
-E_IFLAG = E_P0  # IFLAGS
-E_VECTOR, E_HAS_CR2, E_CR2 = E_P0, E_P1, E_P2  # INTERRUPT, SIPI, UINTR, SWINTR
-E_HAS_VECTOR, E_HAS_VMXQ, E_VMXQ, E_HAS_VMXR, E_VMXR = E_P1, E_P2, E_P3, E_P4, E_P5  # VMEXIT
-E_TRBV, E_MULT, E_ICNT = E_P0, E_P1, E_P2  # TRIG
+# Event rows (E_*, EW, F_*): hwtrace.pt.flowrows.
 
 # Event-queue bindings (the packet an event waits for).
 B_PSBEND, B_TIP, B_FUP, B_FUP_BOUND, B_EXSTOP, B_CFE = 1, 2, 4, 8, 16, 32
@@ -281,9 +311,7 @@ NCF = 12
 ER_BDM70, ER_BDM64, ER_SKD022, ER_SKD010, ER_SKL014, ER_APL11, ER_APL12 = (1 << i for i in range(7))
 # Stop-after-event modes (CF[CF_STOP_EVENTS]).
 STOP_NONE, STOP_ENABLED, STOP_ALL = 0, 1, 2
-# Block row flags.  O_UNCACHED: instructions walked to a pending event, which
-# libipt's block decoder does without its block cache (hwtrace.pt.bcache).
-O_NEW, O_SPEC, O_UNCACHED = 1, 2, 4
+# Block row flags (O_*): hwtrace.pt.flowrows.
 
 _MASK48 = np.uint64(0xFFFFFFFFFFFF)
 
@@ -406,7 +434,7 @@ def _q_dequeue(SI, QE, QB, mask, out):
 
 
 # ---------------------------------------------------------------------------
-# The event decoder (hwtrace.pt.events.EventDecoder).
+# The event decoder (the oracles' EventDecoder).
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -1605,7 +1633,7 @@ def _bound_bit(t):
 
 
 # ---------------------------------------------------------------------------
-# The block decoder (hwtrace.pt.flow.BlockDecoder).
+# The block decoder (the oracles' BlockDecoder).
 
 
 @aot.njit(cache=True, _nrt=False)

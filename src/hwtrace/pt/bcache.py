@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
-from ._flowloop import O_NEW, O_UNCACHED
 from .codetable import (
     CLASS_CALL,
     CLASS_JUMP,
@@ -46,6 +45,7 @@ from .codetable import (
     T_R_INSN,
     hash_find,
 )
+from .flowrows import O_NEW, O_UNCACHED
 from .ptxed import _next_ip
 
 FILL_STEPS = 0x400  # libipt's bcache_fill_steps

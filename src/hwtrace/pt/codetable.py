@@ -225,14 +225,82 @@ def build_run(ct, ip, mode):
     return idx
 
 
+# ---------------------------------------------------------------------------
+# Reading the table from compiled code: instructions by address, and the
+# instructions of blocks.
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def find_insn(ct, ip, mode):
+    """The index of the instruction decoded at ``(ip, mode)`` in the table
+    ``ct`` (a :attr:`CodeTable.tuple`), or -1; its ``i_err`` is libipt's
+    error code where no instruction could be decoded."""
+    return hash_find(ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL], ip, mode)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def insn_successor(ct, k):
+    """Where instruction ``k`` goes when it needs no trace: a direct JMP's
+    or CALL's target (not JMPABS's, whose target is absolute), else the
+    next instruction.  (A block ends at any other transfer.)"""
+    c = ct[T_I_CLASS][k]
+    if (
+        ct[T_I_FLAGS][k] & I_DIRECT
+        and (c == CLASS_JUMP or c == CLASS_CALL)
+        and ct[T_I_SPECIAL][k] != SPECIAL_JMPABS
+    ):
+        return ct[T_I_TARGET][k]
+    return ct[T_I_IP][k] + np.uint64(ct[T_I_SIZE][k])
+
+
+# expand_blocks results.
+EXPAND_DONE, EXPAND_MISS, EXPAND_NO_INSN = 0, 1, 2
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def expand_blocks(ct, bip, bn, bmode, out, state):
+    """Write the address of every instruction of blocks ``bip``/``bn``
+    (execution modes ``bmode``) into ``out``, walking the table ``ct``.
+    ``state``: the block and output position to go on from, then where the
+    walk stopped.  Returns EXPAND_DONE, or EXPAND_MISS / EXPAND_NO_INSN
+    when a block needs the successor of an instruction the table does not
+    hold / that is no instruction (``state[2:4]``: its address and mode;
+    ``state[:2]`` the block's start, to go on from)."""
+    i = state[0]
+    j = state[1]
+    while i < bip.shape[0]:
+        ip = bip[i]
+        mode = bmode[i]
+        n = bn[i]
+        start = j
+        for m in range(n):
+            out[j] = ip
+            j += 1
+            if m + 1 == n:
+                break  # the last instruction's successor is not needed
+            k = find_insn(ct, ip, mode)
+            if k < 0 or ct[T_I_ERR][k] != 0:
+                state[0] = i
+                state[1] = start
+                state[2] = np.int64(ip)
+                state[3] = mode
+                return EXPAND_MISS if k < 0 else EXPAND_NO_INSN
+            ip = insn_successor(ct, k)
+        i += 1
+    state[0] = i
+    state[1] = j
+    return EXPAND_DONE
+
+
 class CodeTable:
     """The decoded code of one address space (an image), for the compiled
     decoder.  ``tuple`` is what the compiled code takes; it is rebuilt when
-    the arrays grow, between decoder calls."""
+    the arrays grow, between decoder calls.  ``cache``: the decoded
+    instructions to share (by default the table's own)."""
 
-    def __init__(self, image, capacity: int = 1 << 12) -> None:
+    def __init__(self, image, capacity: int = 1 << 12, cache: InsnCache | None = None) -> None:
         self.image = image
-        self.cache = InsnCache(image.read)
+        self.cache = cache if cache is not None else InsnCache(image.read)
         self._sections: dict[int, int] = {}
         self._index: dict[tuple[int, int], int] = {}  # (ip, mode): hashed entries
         self._alloc_insns(capacity)
@@ -455,6 +523,10 @@ class CodeTable:
             self.texts.append(data["text"])
         return i
 
+    def lookup(self, ip: int, mode: int) -> int:
+        """The index of the entry decoded at ``(ip, mode)``, or -1."""
+        return self._index.get((ip, mode), -1)
+
     def insn(self, index: int):
         """The decoded instruction (iced-x86 classified) at table ``index``."""
         return self.cache.get(int(self.i_ip[index]), int(self.i_mode[index]))
@@ -488,6 +560,9 @@ def _columns_of(got) -> tuple[int, ...]:
 
 
 __all__ = [
+    "EXPAND_DONE",
+    "EXPAND_MISS",
+    "EXPAND_NO_INSN",
     "I_DIRECT",
     "I_NO_PUSH",
     "I_TRUNCATED",
@@ -502,5 +577,8 @@ __all__ = [
     "RUN_STOP",
     "CodeTable",
     "build_run",
+    "expand_blocks",
+    "find_insn",
     "hash_find",
+    "insn_successor",
 ]

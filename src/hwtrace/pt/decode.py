@@ -23,25 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import aot
 from ..image.revisions import CodeRevisions, revised_instructions
 from ..image.symbols import SymbolTable
-from ..isa.x86 import IClass, Special
-from . import _flowloop as K
+from . import flowrows as R
 from .blocks import BlockStore, CompactBlocks
-from .codetable import I_DIRECT, CodeTable
+from .codetable import CodeTable
 from .config import PtConfig
-from .errors import errstr
-from .events import Event, EventOptions
-from .flow import AddrFilter, BlockFlags
-from .flowdec import (
-    FlowBatch,
-    FlowDecoder,
-    FlowOptions,
-    FlowSink,
-    UnplacedRevision,
-    event_object,
-)
+from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSink, UnplacedRevision
+from .flowrows import CodeView, Event, Gap, error_gaps, event_object, flow_events, instructions_of
+from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import as_buffer, map_file
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
@@ -50,21 +40,7 @@ Context = Callable[[int | None, int], object]
 # Code revisions for a decoding: one store, or one per image (see FlowDecoder).
 Revisions = CodeRevisions | Callable[[object], CodeRevisions | None] | None
 
-_EMPTY_EVENTS = np.zeros((0, K.EW), np.uint64)
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """A stretch of trace that could not be decoded."""
-
-    offset: int  # trace offset where decoding failed
-    ip: int  # the instruction address it failed at (0: unknown)
-    time: int  # the last time stamp before the failure (0: none yet)
-    reason: str  # libipt's wording, e.g. "no memory mapped at this address"
-    code: int  # the PtError code
-
-    def __str__(self) -> str:
-        return f"[{self.offset:x}, {self.ip:x}: error: {self.reason}]"
+_EMPTY_EVENTS = np.zeros((0, R.EW), np.uint64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,17 +103,16 @@ class FlowResult:
             )
         self._n_insn = n_insn
         self.gaps: list[Gap] = gaps if gaps is not None else []
-        # Per code key (execution mode, plus 256 times the image's index in
-        # ``images`` when a context switched images): sorted instruction
-        # addresses and where each goes without trace (next instruction or
-        # direct branch target).
-        self.successors: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # The code the blocks ran, per image (index in ``images``): the
+        # decoders' code tables as they were at the end (one per decoding
+        # thread that ran the image).
+        self.code: dict[int, list[CodeView]] = {}
         # (instructions, blocks) when decoded with keep_blocks=False: the
         # columns are then empty.
         self.counted: tuple[int, int] | None = None
         self.images: list = []
         # The events: rows as the decoder writes them (see
-        # hwtrace.pt._flowloop), their trace offsets, and the number of
+        # hwtrace.pt.flowrows), their trace offsets, and the number of
         # blocks before each.
         self.event_rows: np.ndarray = _EMPTY_EVENTS
         self.event_offset: np.ndarray = np.zeros(0, np.int64)
@@ -216,28 +191,17 @@ class FlowResult:
         """The address of every executed instruction, in order."""
         if self.counted is not None:
             raise ValueError("decoded with keep_blocks=False: only counts were kept")
+        ip, ninsn, image = self.block_ip, self.block_ninsn, self.block_image
         mode = self.block_mode
         if mode is None:
-            mode = np.full(self.block_ip.shape[0], 64, np.uint8)
-        code_key = mode.astype(np.int64)
-        if self.block_image is not None:
-            code_key += self.block_image.astype(np.int64) << 8
-        # One sorted table per code key, concatenated; each block searches
-        # its own table's slice.
-        order = sorted(self.successors)
-        tables = [self.successors[k] for k in order]
-        sizes = np.array([len(t[0]) for t in tables], np.int64)
-        ends = np.cumsum(sizes)
-        keys = np.concatenate([t[0] for t in tables]) if tables else np.zeros(0, np.uint64)
-        succ = np.concatenate([t[1] for t in tables]) if tables else np.zeros(0, np.uint64)
-        table = np.searchsorted(np.array(order, np.int64), code_key)
-        table = np.minimum(table, max(len(order) - 1, 0))
-        known = np.array(order, np.int64)[table] == code_key if order else code_key < 0
-        table = np.where(known, table, -1)
+            mode = np.full(ip.shape[0], 64, np.uint8)
+        if image is None:
+            return instructions_of(self.code.get(0, []), ip, ninsn, mode)
         out = np.empty(self.n_insn, np.uint64)
-        bad = _expand(self.block_ip, self.block_ninsn, table, ends - sizes, ends, keys, succ, out)
-        if bad >= 0:
-            raise RuntimeError(f"block {bad} walks into code that was never decoded")
+        owner = np.repeat(image, ninsn.astype(np.int64))
+        for u in np.unique(image).tolist():
+            sel = image == u
+            out[owner == u] = instructions_of(self.code.get(u, []), ip[sel], ninsn[sel], mode[sel])
         return out
 
     def event_columns(self) -> dict[str, np.ndarray]:
@@ -245,13 +209,13 @@ class FlowResult:
         suppressed), ``time``, ``offset`` and ``block``, the index of the first
         block after the event, which places it in the instruction flow."""
         rows = self.event_rows
-        flags = rows[:, K.E_FLAGS]
-        supp = (flags & K.F_SUPP) != 0
-        has_tsc = (flags & K.F_HAS_TSC) != 0
+        flags = rows[:, R.E_FLAGS]
+        supp = (flags & R.F_SUPP) != 0
+        has_tsc = (flags & R.F_HAS_TSC) != 0
         return {
-            "type": rows[:, K.E_TYPE].astype(np.uint8),
-            "ip": np.where(supp, np.uint64(0), rows[:, K.E_IP]),
-            "time": np.where(has_tsc, rows[:, K.E_TSC], np.uint64(0)),
+            "type": rows[:, R.E_TYPE].astype(np.uint8),
+            "ip": np.where(supp, np.uint64(0), rows[:, R.E_IP]),
+            "time": np.where(has_tsc, rows[:, R.E_TSC], np.uint64(0)),
             "offset": self.event_offset.copy(),
             "block": self.event_block.copy(),
         }
@@ -313,26 +277,6 @@ class Symbolized:
         ]
 
 
-@aot.njit(cache=True, nogil=True)
-def _expand(bip, bn, btable, tstart, tend, keys_all, succ_all, out):
-    j = 0
-    for i in range(bip.shape[0]):
-        ip = bip[i]
-        t = btable[i]
-        if t < 0:
-            return i
-        keys = keys_all[tstart[t] : tend[t]]
-        succ = succ_all[tstart[t] : tend[t]]
-        for _ in range(bn[i]):
-            out[j] = ip
-            j += 1
-            k = np.searchsorted(keys, ip)
-            if k >= keys.shape[0] or keys[k] != ip:
-                return i
-            ip = succ[k]
-    return -1
-
-
 # --------------------------------------------------------------------------
 # Collecting the decoder's output.
 
@@ -378,8 +322,8 @@ class _Collector(FlowSink):
         out = super().output()
         if self.store is not None:
             store = self.store.kernel_store()
-            if out[10] is not store:
-                out = self._out = out[:10] + (store,)
+            if out[R.OUT_STORE] is not store:
+                out = self._out = out[: R.OUT_STORE] + (store,)
         return out
 
     def batch(self, b: FlowBatch) -> None:
@@ -393,50 +337,19 @@ class _Collector(FlowSink):
         self.n_blocks += nrows + b.n_virtual
         if not len(b.events):
             return
-        types = b.events[:, K.E_TYPE]
-        flags = b.events[:, K.E_FLAGS]
-        for j in np.flatnonzero(types == K.X_ERROR):
-            row = b.events[j]
-            code = int(row[K.E_P0])
-            reason = errstr(code)
-            if int(row[K.E_P1]) == K.ERR_SYNC:
-                reason = "sync error: " + reason
-            elif int(row[K.E_P1]) == K.ERR_RESYNC:
-                reason = "resync error: " + reason
-            self.gaps.append(
-                Gap(int(b.event_offset[j]), int(row[K.E_IP]), int(row[K.E_TSC]), reason, code)
-            )
-        real = (types < K.X_ERROR) & ((flags & K.F_STATUS) == 0)
+        self.gaps += error_gaps(b.events, b.event_offset)
+        real = flow_events(b.events)
         if real.any():
             self.event_rows.append(b.events[real].copy())
             self.event_offsets.append(b.event_offset[real].copy())
             self.event_blocks.append(b.event_block[real] + base)
 
 
-def _successors(tables: list[CodeTable]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Where each decoded instruction goes when it needs no trace, per code
-    key (mode + 256 * image index)."""
-    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+def _code_views(tables: list[CodeTable]) -> dict[int, list[CodeView]]:
+    """The decoders' code tables as they are now, per image index."""
+    out: dict[int, list[CodeView]] = {}
     for t in tables:
-        n = t.n_insns
-        ok = (t.i_adopted[:n] == 0) & (t.i_err[:n] == 0)
-        ip = t.i_ip[:n][ok]
-        mode = t.i_mode[:n][ok]
-        cls = t.i_class[:n][ok]
-        direct = (t.i_flags[:n][ok] & I_DIRECT) != 0
-        jump = direct & ((cls == int(IClass.JUMP)) | (cls == int(IClass.CALL)))
-        jump &= t.i_special[:n][ok] != int(Special.JMPABS)
-        nxt = np.where(jump, t.i_target[:n][ok], ip + t.i_size[:n][ok].astype(np.uint64))
-        for m in np.unique(mode):
-            sel = mode == m
-            parts.setdefault(int(m) + (t.index << 8), []).append((ip[sel], nxt[sel]))
-    out = {}
-    for key, got in parts.items():
-        # Several decoders (threads) may have decoded the same image.
-        keys = np.concatenate([k for k, _ in got])
-        succ = np.concatenate([v for _, v in got])
-        keys, first = np.unique(keys, return_index=True)
-        out[key] = (keys, succ[first])
+        out.setdefault(t.index, []).append(CodeView(t))
     return out
 
 
@@ -449,7 +362,7 @@ def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowRe
         res = FlowResult()
         res.counted = (n_insn, sum(c.n_blocks for c in collectors))
     tables = [t for d in decoders for t in d.tables]
-    res.successors = _successors(tables)
+    res.code = _code_views(tables)
     res.images = decoders[0].images
     base = 0
     rows, offsets, blocks = [], [], []
@@ -458,7 +371,7 @@ def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowRe
         offsets += c.event_offsets
         blocks += [b + base for b in c.event_blocks]
         base += c.n_blocks
-    res.event_rows = np.concatenate(rows) if rows else np.zeros((0, K.EW), np.uint64)
+    res.event_rows = np.concatenate(rows) if rows else np.zeros((0, R.EW), np.uint64)
     res.event_offset = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
     res.event_block = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
     res.gaps = [g for c in collectors for g in c.gaps]
@@ -475,8 +388,8 @@ def _decoder(
     if context is not None:
 
         def hook(row: np.ndarray, offset: int):
-            has_tsc = int(row[K.E_FLAGS]) & K.F_HAS_TSC
-            return context(int(row[K.E_TSC]) if has_tsc else None, int(row[K.E_IP]))
+            has_tsc = int(row[R.E_FLAGS]) & R.F_HAS_TSC
+            return context(int(row[R.E_TSC]) if has_tsc else None, int(row[R.E_IP]))
 
     opts = (options or DecodeOptions()).flow_options()
     opts.count_only = not keep

@@ -4,8 +4,8 @@ executed blocks and the events out, in compiled code.
 :class:`FlowDecoder` is the one decoder behind ``hwtrace ptxed``, the
 library's :func:`hwtrace.pt.decode.decode_trace` and the perf.data commands.
 It follows Intel's reference decoder (libipt's block decoder over its event
-decoder) to the letter; :mod:`hwtrace.pt.flow` and :mod:`hwtrace.pt.events`
-hold the same semantics in plain Python, as the tests' reference.
+decoder) to the letter; the test suite holds the same semantics in plain
+Python, as its reference.
 
 Decoding goes segment by segment: a segment starts at a PSB and ends at the
 end of the trace or at an error, after which decoding looks for the next PSB
@@ -34,9 +34,9 @@ from ._loops import sync_forward as _sync_forward_loop
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
 from .config import PtConfig
 from .errors import PtError
-from .events import Ev, Event, EventOptions
-from .flow import AddrFilter, BlockFlags
+from .flowrows import O_NEW, O_SPEC
 from .kinds import DecodeError, Kind
+from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import (
     FAULT_AROUND,
     as_buffer,
@@ -58,9 +58,6 @@ _ERRATA_BITS = {
     "apl11": K.ER_APL11,
     "apl12": K.ER_APL12,
 }
-
-# Error kinds of X_ERROR rows, as ptxed prints them.
-ERROR_KINDS = {K.ERR_DECODE: "error", K.ERR_SYNC: "sync error", K.ERR_RESYNC: "resync error"}
 
 
 @dataclass
@@ -85,7 +82,7 @@ class FlowBatch:
     of libipt's blocks, ``SPECULATIVE``), ``mode``, ``offset`` (the trace
     offset where the block's decoding began) and ``time`` (the decoder's
     time stamp then).  Event rows: ``events`` (``EW`` words each, see
-    :mod:`hwtrace.pt._flowloop`), their ``event_offset`` and
+    :mod:`hwtrace.pt.flowrows`), their ``event_offset`` and
     ``event_block``, the number of this batch's block rows before each.
     ``table`` holds the code the blocks ran (``image`` its index among the
     decoding's images).  ``n_insn`` and ``n_blocks`` count the instructions
@@ -110,8 +107,8 @@ class FlowBatch:
     n_blocks: int = 0
     n_virtual: int = 0
 
-    NEW = K.O_NEW
-    SPECULATIVE = K.O_SPEC
+    NEW = O_NEW
+    SPECULATIVE = O_SPEC
 
 
 class FlowSink:
@@ -140,55 +137,6 @@ class FlowSink:
 # What to do at an event the decoder stopped at: return an image to decode
 # with from now on, or None to keep the current one.
 EventHook = Callable[[np.ndarray, int], object]
-
-
-def event_object(row: np.ndarray) -> Event:
-    """An :class:`~hwtrace.pt.events.Event` with the fields of an event row."""
-    t = int(row[K.E_TYPE])
-    ev = Event(Ev(t))
-    flags = int(row[K.E_FLAGS])
-    ev.ip_suppressed = bool(flags & K.F_SUPP)
-    ev.status_update = bool(flags & K.F_STATUS)
-    ev.has_tsc = bool(flags & K.F_HAS_TSC)
-    ev.resumed = bool(flags & K.F_RESUMED)
-    ev.ip = int(row[K.E_IP])
-    ev.at = int(row[K.E_AT])
-    ev.tsc = int(row[K.E_TSC])
-    p = [int(v) for v in row[K.E_P0 :]]
-    if t in (Ev.PAGING, Ev.ASYNC_PAGING):
-        ev.cr3, ev.non_root = p[0], p[1]
-    elif t in (Ev.VMCS, Ev.ASYNC_VMCS):
-        ev.base = p[0]
-    elif t == Ev.EXEC_MODE:
-        from .events import ExecMode
-
-        ev.mode = ExecMode(p[0])
-    elif t == Ev.TSX:
-        ev.speculative, ev.aborted = p[0], p[1]
-    elif t == Ev.MWAIT:
-        ev.hints, ev.ext = p[0], p[1]
-    elif t == Ev.PWRE:
-        ev.state, ev.sub_state, ev.hw = p[0], p[1], p[2]
-    elif t == Ev.PWRX:
-        ev.last, ev.deepest, ev.interrupt, ev.store, ev.autonomous = p[:5]
-    elif t in (Ev.PTWRITE, Ev.TNT):
-        ev.size, ev.payload = p[0], p[1]
-        ev.bits = p[1]
-    elif t == Ev.MNT:
-        ev.payload = p[1]
-    elif t == Ev.CBR:
-        ev.ratio = p[0]
-    elif t == Ev.IFLAGS:
-        ev.iflag = p[0]
-    elif t == Ev.INTERRUPT:
-        ev.vector, ev.has_cr2, ev.cr2 = p[0], p[1], p[2]
-    elif t in (Ev.SIPI, Ev.UINTR, Ev.SWINTR):
-        ev.vector = p[0]
-    elif t == Ev.VMEXIT:
-        ev.vector, ev.has_vector, ev.has_vmxq, ev.vmxq, ev.has_vmxr, ev.vmxr = p[:6]
-    elif t == Ev.TRIG:
-        ev.trbv, ev.mult, ev.icnt = p[0], p[1], p[2]
-    return ev
 
 
 @dataclass(frozen=True, slots=True)
@@ -703,12 +651,10 @@ class FlowDecoder:
 
 
 __all__ = [
-    "ERROR_KINDS",
     "EventHook",
     "FlowBatch",
     "FlowDecoder",
     "FlowOptions",
     "FlowSink",
     "UnplacedRevision",
-    "event_object",
 ]

@@ -29,8 +29,8 @@ from ..textout import (
 from . import _flowloop as K
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
-from .events import Ev
 from .flowdec import FlowSink
+from .flowrows import Ev
 
 # Option bits (PtxedStyle.bits).
 S_QUIET, S_NO_INST, S_OFFSET, S_TIME, S_RAW, S_EV_TIME, S_EV_IP, S_SHOW_BLOCKS, S_STATS = (

@@ -49,7 +49,7 @@ from collections.abc import Iterable
 import numba as nb
 import numpy as np
 
-from ..analysis.code import K_CALL, K_IJUMP, K_RET, CodeIndex
+from ..pt.codeindex import K_CALL, K_IJUMP, K_RET, CodeIndex
 
 # Return addresses kept per thread; deeper frames are counted, not kept
 # (a return into one of them pops one frame).
@@ -192,7 +192,7 @@ class CallCut:
     ) -> np.ndarray:
         """Which of the instructions ``ips`` (the next piece of the flow,
         with their kinds, fall-through addresses and successors from
-        :meth:`~hwtrace.analysis.code.CodeIndex.transfers`, the function each
+        :meth:`~hwtrace.pt.codeindex.CodeIndex.transfers`, the function each
         is in (any number naming it; -1: unknown), whether each starts its
         function, and whether it is a chosen function's entry) run inside
         an extent.  ``thread[j]``

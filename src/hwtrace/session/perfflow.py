@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..analysis.code import CodeIndex
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -49,12 +48,11 @@ from ..perf.intelpt import (
     tsc_conversion_of,
 )
 from ..perf.sideband import AddressSpace, BinaryLocator, Sideband, TscConversion
-from ..pt import _flowloop as FK
-from ..pt.codetable import CodeTable
+from ..pt import flowrows as FK
+from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
-from ..pt.errors import errstr
-from ..pt.events import Ev
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
+from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events
 from .perftime import PerfClock, transfer_class
 
 
@@ -315,32 +313,6 @@ class QueueContexts:
         return np.where(t > 0, np.asarray(self.conv.to_ns(t), np.int64) - ns[k], 0)
 
 
-def error_gaps(ev: np.ndarray, offsets: np.ndarray) -> list[Gap]:
-    """The gaps the decoder's error events (rows of ``ev`` at trace
-    ``offsets``) stand for, in order."""
-    out = []
-    for j in np.flatnonzero(ev[:, FK.E_TYPE] == FK.X_ERROR).tolist():
-        row = ev[j]
-        code = int(row[FK.E_P0])
-        reason = errstr(code)
-        if int(row[FK.E_P1]) == FK.ERR_SYNC:
-            reason = "sync error: " + reason
-        elif int(row[FK.E_P1]) == FK.ERR_RESYNC:
-            reason = "resync error: " + reason
-        out.append(Gap(int(offsets[j]), int(row[FK.E_IP]), int(row[FK.E_TSC]), reason, code))
-    return out
-
-
-def gap_events(ev: np.ndarray) -> np.ndarray:
-    """Which decoder events put a gap in the flow before the next block:
-    tracing stopped, an error, an overflow."""
-    types = ev[:, FK.E_TYPE]
-    flags = ev[:, FK.E_FLAGS]
-    real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
-    stop = real & np.isin(types, _STOP)
-    return stop | (types == FK.X_ERROR) | (real & (types == FK.EV_OVERFLOW))
-
-
 def _durations(ns: np.ndarray, k: np.ndarray, values: np.ndarray) -> np.ndarray:
     """How long each block ran: until the next block, or ``values`` for the
     blocks ``k`` after which tracing stopped (untraced time is nobody's)."""
@@ -502,7 +474,7 @@ class QueueInfo:
 
     def code(self, image: int) -> CodeIndex:
         """The decoded instructions of image number ``image`` (one
-        :class:`~hwtrace.analysis.code.CodeIndex` per image, shared by the
+        :class:`~hwtrace.pt.codeindex.CodeIndex` per image, shared by the
         queues of a decoding)."""
         assert self._code is not None
         im = self.images[image]

@@ -1,7 +1,7 @@
 """The library decoder's reference: Intel's decoders in plain Python.
 
 :func:`decode_reference` decodes a whole trace with the interpreted event and
-block decoders (:mod:`hwtrace.pt.events`, :mod:`hwtrace.pt.flow`) the way
+block decoders (:mod:`oracles.events`, :mod:`oracles.flow`) the way
 :func:`hwtrace.pt.decode.decode_trace` does with the compiled decoder: same
 segments, same resynchronisation after errors (at the failing packet, so
 nothing after a gap is lost), same error address rule (Intel ptxed's), block
@@ -13,15 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.image import Image
-from hwtrace.pt import _flowloop as K
+from hwtrace.pt import flowrows as K
 from hwtrace.pt._loops import sync_forward as _sync_forward_loop
 from hwtrace.pt.config import PtConfig
-from hwtrace.pt.decode import DecodeOptions, FlowResult, Gap
+from hwtrace.pt.decode import DecodeOptions, FlowResult
 from hwtrace.pt.errors import PtError, errstr
-from hwtrace.pt.events import DecodeFailure, Event, EventDecoder
-from hwtrace.pt.flow import EOS, EVENT_PENDING, Block, BlockDecoder
+from hwtrace.pt.flowrows import Event, Gap
 from hwtrace.pt.kinds import DecodeError, Kind
 from hwtrace.pt.packets import as_buffer, decode_range, packet_errata
+from oracles.events import DecodeFailure, EventDecoder
+from oracles.flow import EOS, EVENT_PENDING, Block, BlockDecoder
 
 _MASK64 = (1 << 64) - 1
 

@@ -16,70 +16,22 @@ errata workarounds (BDM70, SKD010, APL11, APL12) are applied here too.
 One :class:`EventDecoder` decodes one trace segment: from a PSB to the end of
 the stream or the first error, which ends the segment (the caller resyncs at
 the next PSB).
+
+A test oracle: plain Python, one rule at a time, that the compiled decoder
+(:mod:`hwtrace.pt._flowloop`) is held to event for event.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
 import numpy as np
 
-from .config import PtConfig
-from .errors import PtError
-from .kinds import Kind
-from .packets import PacketTable
-from .timing import estimate_time
-
-
-class Ev(enum.IntEnum):
-    """Event types (Intel's ``enum pt_event_type`` plus TNT and TIP)."""
-
-    ENABLED = 0
-    DISABLED = 1
-    ASYNC_DISABLED = 2
-    ASYNC_BRANCH = 3
-    PAGING = 4
-    ASYNC_PAGING = 5
-    OVERFLOW = 6
-    EXEC_MODE = 7
-    TSX = 8
-    STOP = 9
-    VMCS = 10
-    ASYNC_VMCS = 11
-    EXSTOP = 12
-    MWAIT = 13
-    PWRE = 14
-    PWRX = 15
-    PTWRITE = 16
-    TICK = 17
-    CBR = 18
-    MNT = 19
-    TIP = 20
-    TNT = 21
-    IFLAGS = 22
-    INTERRUPT = 23
-    IRET = 24
-    SMI = 25
-    RSM = 26
-    SIPI = 27
-    INIT = 28
-    VMENTRY = 29
-    VMEXIT = 30
-    SHUTDOWN = 31
-    UINTR = 32
-    UIRET = 33
-    TRIG = 34
-    IGNORE = 35  # internal: binds a packet that changed nothing
-    SWINTR = 36  # software interrupt (INT n, INT3, INTO): Event Trace CFE 14
-    SYSCALL = 37  # SYSCALL/SYSENTER: Event Trace CFE 15
-
-
-class ExecMode(enum.IntEnum):
-    UNKNOWN = 0
-    BITS16 = 16
-    BITS32 = 32
-    BITS64 = 64
+from hwtrace.pt.config import PtConfig
+from hwtrace.pt.errors import PtError
+from hwtrace.pt.flowrows import Ev, Event, ExecMode
+from hwtrace.pt.kinds import Kind
+from hwtrace.pt.options import EventOptions
+from hwtrace.pt.packets import PacketTable
+from hwtrace.pt.timing import estimate_time
 
 
 def exec_mode_of(bits: int) -> ExecMode:
@@ -89,45 +41,6 @@ def exec_mode_of(bits: int) -> ExecMode:
         return ExecMode.UNKNOWN if csd else ExecMode.BITS64
     return ExecMode.BITS32 if csd else ExecMode.BITS16
 
-
-class Event:
-    """One event.  ``ip`` is the event's address (the branch target for
-    asynchronous branches); ``at`` the source of an asynchronous branch or
-    disable.  Other attributes depend on the type."""
-
-    # A plain __dict__ (not __slots__): creating and copying events, which
-    # the decoder does at every PSB+, is then one C-level dict update.
-    FIELDS = (
-        "aborted", "at", "autonomous", "base", "bits", "cr2", "cr3", "deepest", "ext",
-        "has_cr2", "has_tsc", "has_vector", "has_vmxq", "has_vmxr", "hints", "hw", "icnt",
-        "iflag", "interrupt", "ip", "ip_suppressed", "last", "lost_cyc", "lost_mtc", "mode",
-        "mult", "non_root", "offset", "payload", "ratio", "resumed", "size", "speculative",
-        "started", "state", "status_update", "store", "sub_state", "trbv", "tsc", "type",
-        "vector", "vmxq", "vmxr",
-    )  # fmt: skip
-
-    def __init__(self, type: Ev = Ev.IGNORE) -> None:
-        d = self.__dict__
-        d.update(_EVENT_DEFAULTS)
-        d["type"] = type
-
-    def copy(self) -> Event:
-        ev = Event.__new__(Event)
-        ev.__dict__.update(self.__dict__)
-        return ev
-
-    def __repr__(self) -> str:
-        return (
-            f"Event({self.type.name}, ip={self.ip:#x}{' suppressed' if self.ip_suppressed else ''})"
-        )
-
-
-_EVENT_DEFAULTS = dict.fromkeys(Event.FIELDS, 0) | {
-    "ip_suppressed": False,
-    "status_update": False,
-    "has_tsc": False,
-    "started": False,  # a TNT whose first bit was taken
-}
 
 # Event-queue bindings: the packet an event waits for.
 B_PSBEND, B_TIP, B_FUP, B_FUP_BOUND, B_EXSTOP, B_CFE = 1, 2, 4, 8, 16, 32
@@ -189,14 +102,6 @@ class DecodeFailure(Exception):
 _TIMING = (Kind.TSC, Kind.CBR, Kind.TMA, Kind.MTC, Kind.CYC)
 _IP_KINDS = (Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.FUP)
 _IPC_MASK = {1: 0xFFFF, 2: 0xFFFFFFFF, 4: 0xFFFFFFFFFFFF, 6: 0xFFFFFFFFFFFFFFFF}
-
-
-@dataclass
-class EventOptions:
-    """Decoder flags that change which events are produced."""
-
-    iflags: bool = False  # report interrupt-flag changes (MODE.Exec IF)
-    keep_tcal_on_ovf: bool = False
 
 
 class _Column:
@@ -1043,12 +948,4 @@ class EventDecoder:
         return self._deliver(ev)
 
 
-__all__ = [
-    "DecodeFailure",
-    "Ev",
-    "Event",
-    "EventDecoder",
-    "EventOptions",
-    "ExecMode",
-    "exec_mode_of",
-]
+__all__ = ["DecodeFailure", "EventDecoder", "exec_mode_of"]

@@ -4,15 +4,18 @@ against (docs/filter-design.md, "Semantics").
 It reads the event and context records where they are in memory (through
 ctypes) and walks each :class:`~.schema.FieldPath`'s steps itself, so it
 shares no code with the native walker it checks.  It is slow on purpose:
-one straightforward line per rule.  Tests only; never on a per-event path.
+one straightforward line per rule.  String patterns match as
+:func:`hwtrace.filter.ast.glob_match` says (the front end folds constant
+comparisons with it too).
 """
 
 from __future__ import annotations
 
 import ctypes
 
-from . import ast
-from .schema import (
+from hwtrace.filter import ast
+from hwtrace.filter.ast import glob_match
+from hwtrace.filter.schema import (
     P_ADD,
     P_COUNT,
     P_DATA_LOC,
@@ -37,25 +40,6 @@ def evaluate(tree: ast.Node, event_address: int, context_address: int) -> bool:
     except _Missing:
         return False
     return value != 0
-
-
-def glob_match(parts: tuple[bytes, ...], s: bytes) -> bool:
-    """``s`` matches the pattern whose text between ``*`` wildcards is
-    ``parts`` (see :class:`~.ast.StrLit`): it starts with the first part,
-    ends with the last and holds the others in order between them."""
-    if len(parts) == 1:
-        return s == parts[0]
-    first, *middle, last = parts
-    if len(s) < len(first) + len(last) or not s.startswith(first) or not s.endswith(last):
-        return False
-    pos, end = len(first), len(s) - len(last)
-    for part in middle:
-        # The earliest place each part fits leaves the most room for the rest.
-        found = s.find(part, pos, end)
-        if found < 0:
-            return False
-        pos = found + len(part)
-    return True
 
 
 def to_s64(value: int) -> int:

@@ -3,14 +3,17 @@
 A block is a run of instructions executed one after the other, ending where
 the trace must be consulted (a conditional or indirect branch, a return, a
 far transfer) or where an event binds.  The decoder walks the program's code
-from the current IP, asks the event stream (:mod:`hwtrace.pt.events`) for
+from the current IP, asks the event stream (:mod:`oracles.events`) for
 branch outcomes and targets, and reports events when execution reaches the
 place they bind to.  Semantics follow Intel's reference block decoder, so the
 output agrees with Intel's ``ptxed`` instruction for instruction and event for
 event, including its errata workarounds (BDM64, SKD022, SKL014).
 
-Errors raise :class:`~hwtrace.pt.events.DecodeFailure`; the block decoded so
+Errors raise :class:`~oracles.events.DecodeFailure`; the block decoded so
 far stays valid, and the caller resynchronises at the next PSB.
+
+A test oracle: plain Python that the compiled decoder
+(:mod:`hwtrace.pt._flowloop`) is held to instruction for instruction.
 """
 
 from __future__ import annotations
@@ -18,48 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..isa.x86 import IClass, Insn, InsnCache, Special
-from .config import PtConfig
-from .errors import PtError
-from .events import DecodeFailure, Ev, Event, EventDecoder
+from hwtrace.isa.x86 import IClass, Insn, InsnCache, Special
+from hwtrace.pt.config import PtConfig
+from hwtrace.pt.errors import PtError
+from hwtrace.pt.flowrows import Ev, Event
+from hwtrace.pt.options import AddrFilter, BlockFlags
+from oracles.events import DecodeFailure, EventDecoder
 
 # Status flags of next()/event() (Intel's pts_*).
 IP_SUPPRESSED, EVENT_PENDING, EOS = 1, 2, 4
 _RETSTACK_SIZE = 64
 _MAX_NINSN = 0xFFFF
 _BDM64_MAX_STEPS = 0x100
-
-
-@dataclass
-class BlockFlags:
-    end_on_call: bool = False
-    end_on_jump: bool = False
-    tick_events: bool = False
-
-
-@dataclass
-class AddrFilter:
-    """IA32_RTIT_ADDRn configuration: (cfg, a, b) per range; cfg 1 = filter,
-    2 = trace stop."""
-
-    ranges: list[tuple[int, int, int]] = field(default_factory=list)
-
-    @property
-    def configured(self) -> bool:
-        return any(cfg for cfg, _, _ in self.ranges)
-
-    def check(self, ip: int) -> int:
-        """1 if tracing is enabled at ``ip``, 0 if not (libipt's
-        pt_filter_addr_check)."""
-        have_filter = False
-        for cfg, a, b in self.ranges:
-            if cfg == 1:
-                have_filter = True
-                if a <= ip <= b:
-                    return 1
-            elif cfg == 2 and a <= ip <= b:
-                return 0
-        return 0 if have_filter else 1
 
 
 @dataclass
