@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import aot
+from ..columns import Columns
 from ..isa.x86 import IClass
 from ..pt.codeindex import K_CALL, K_IJUMP, K_OTHER, K_RET
 from ..pt.flowrows import (
@@ -735,7 +736,7 @@ class _TableAtoms:
 
 
 @dataclass
-class Intervals:
+class Intervals(Columns):
     """Closed intervals as columns: ``kind`` (:data:`R_PAIR`, :data:`R_CALL`),
     the thread or CPU ``key``, ``cpu``, the ``open`` and ``close`` markers,
     ``dt`` (time, in the trace's time units: TSC ticks, or ns for
@@ -755,15 +756,12 @@ class Intervals:
     dic: np.ndarray
     path: np.ndarray
 
-    def __len__(self) -> int:
-        return int(self.kind.shape[0])
-
     def select(self, sel) -> Intervals:
         return Intervals(*(getattr(self, f)[sel] for f in self.__dataclass_fields__))
 
 
 @dataclass
-class Timeline:
+class Timeline(Columns):
     """When each thread's (or CPU's) call path changed, in flow order:
     its ``key`` (tid or CPU) and profiler ``slot``, the ``time`` (the
     flow's unit) and the ``path`` it was in from then on (-2: none, where
@@ -773,9 +771,6 @@ class Timeline:
     slot: np.ndarray
     time: np.ndarray
     path: np.ndarray
-
-    def __len__(self) -> int:
-        return self.time.shape[0]
 
 
 @dataclass

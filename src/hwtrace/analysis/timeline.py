@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import aot
+from ..columns import Columns
 from .latency import LatencyResult
 
 
 @dataclass
-class Slices:
+class Slices(Columns):
     """Calls as slices: per slice its ``key`` (tid or CPU), ``depth`` (0:
     the root), the function's ``addr`` (the callee's entry, or an address in
     the root function), ``start`` and ``end`` (the flow's time unit) and
@@ -33,9 +34,6 @@ class Slices:
     start: np.ndarray
     end: np.ndarray
     path: np.ndarray
-
-    def __len__(self) -> int:
-        return self.start.shape[0]
 
 
 def _path_arrays(result: LatencyResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..columns import Columns
+
 __all__ = ["RECORD", "BtsBranches", "BtsError", "decode_bts", "encode_bts", "events_at", "perf_bts"]
 
 RECORD = np.dtype([("from", "<u8"), ("to", "<u8"), ("flags", "<u8")])
@@ -39,7 +41,7 @@ class BtsError(ValueError):
 
 
 @dataclass
-class BtsBranches:
+class BtsBranches(Columns):
     """Decoded branches: ``source``/``target`` addresses, ``flags``, and the
     byte ``offset`` of each record; ``begins``/``ends``: rows where a zero
     ``from`` (trace began) or ``to`` (trace ended) marked a record;
@@ -54,9 +56,6 @@ class BtsBranches:
     ends: np.ndarray
     skipped: int = 0
     trailing: int = 0
-
-    def __len__(self) -> int:
-        return int(self.source.shape[0])
 
     @property
     def problems(self) -> list[str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from ..columns import Columns
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
 from ..pt.packets import as_buffer, encode_table, map_file, packet_errata, psb_chunks
@@ -189,7 +190,7 @@ def encode_events(
 
 
 @dataclass
-class PtwEvents:
+class PtwEvents(Columns):
     """Decoded events: ``time`` (TSC), ``type_id``, ``ip`` (0: none),
     ``nwords``, ``words`` (rows of MAX_WORDS), the trace ``offset`` of each
     header; ``lost``: events cut by damage or overflow; ``stray``: PTW
@@ -204,9 +205,6 @@ class PtwEvents:
     lost: int = 0
     stray: int = 0
     problems: list[str] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return int(self.time.shape[0])
 
     def rows(self, schema: EventSchema | None = None) -> list[dict]:
         """One dict per event: time, name (or id), ip (where known), fields

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..columns import Columns
 from ..filter.check import compile_check
 from ..filter.ebpf.kernel import (
     COUNTERS,
@@ -80,7 +81,7 @@ def verifier_message(log: str) -> tuple[str, int | None]:
 
 
 @dataclass
-class EventBatch:
+class EventBatch(Columns):
     """Events read from the ring buffer: ``header`` (:data:`HEADER` rows)
     and each raw record as ``buf[starts[i] : starts[i] + sizes[i]]``."""
 
@@ -90,8 +91,7 @@ class EventBatch:
     starts: np.ndarray
     sizes: np.ndarray
 
-    def __len__(self) -> int:
-        return self.header.shape[0]
+    ROWS = "header"
 
     def record(self, i: int) -> bytes:
         s = int(self.starts[i])

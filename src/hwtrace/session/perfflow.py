@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..columns import Columns
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -485,7 +486,7 @@ class QueueInfo:
 
 
 @dataclass
-class PtwMarks:
+class PtwMarks(Columns):
     """The PTWRITE payloads among a batch of blocks, in flow order: ``at``
     (how many of the batch's blocks ran before each), ``ip`` (the PTWRITE
     instruction when the trace gave it with a FUP, else 0), ``payload``,
@@ -496,9 +497,6 @@ class PtwMarks:
     payload: np.ndarray
     size: np.ndarray
     ns: np.ndarray
-
-    def __len__(self) -> int:
-        return self.at.shape[0]
 
     @staticmethod
     def empty() -> PtwMarks:
