@@ -706,27 +706,8 @@ def _decode(data, resync, cap, ecap, blocks):
         n += 1
         last = k
     n = -1 if overflow else n
-    return (
-        n,
-        nib,
-        offs,
-        kind,
-        master,
-        channel,
-        value,
-        marker,
-        has_ts,
-        tsv,
-        tsbits,
-        ne,
-        eoff,
-        ecode,
-        ekind,
-        emark,
-        evalue,
-        erow,
-        enib,
-    )
+    rows = (nib, offs, kind, master, channel, value, marker, has_ts, tsv, tsbits)
+    return n, rows, ne, (eoff, ecode, ekind, emark, evalue, erow, enib)
 
 
 _SIZE = np.array([0, 0, 0, 0, 0, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0], np.uint8)
@@ -837,27 +818,9 @@ def decode_stp(
             break
         cap = 2 * buf.shape[0] + 64
         ecap = max(ecap * 4, buf.shape[0] // 4 + 64)
-    (
-        n,
-        nib,
-        offs,
-        kind,
-        master,
-        channel,
-        value,
-        marker,
-        has_ts,
-        tsv,
-        tsbits,
-        ne,
-        eoff,
-        ecode,
-        ekind,
-        emark,
-        evalue,
-        erow,
-        enib,
-    ) = r
+    n, rows, ne, error_rows = r
+    nib, offs, kind, master, channel, value, marker, has_ts, tsv, tsbits = rows
+    eoff, ecode, ekind, emark, evalue, erow, enib = error_rows
     kind = kind[:n].copy()
     errors = [
         (int(eoff[i]), _message(int(ecode[i]), int(ekind[i]), bool(emark[i]), int(evalue[i])))
