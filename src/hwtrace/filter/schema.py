@@ -35,31 +35,29 @@ from .errors import FilterError
 # -- types -------------------------------------------------------------------------
 
 
+class _Scalar:
+    """A number type: ``size`` bytes, aligned to its size."""
+
+    size: int
+
+    @property
+    def fixed_size(self) -> int:
+        return self.size
+
+    @property
+    def align(self) -> int:
+        return self.size
+
+
 @dataclass(frozen=True)
-class IntType:
+class IntType(_Scalar):
     size: int = 8  # bytes: 1, 2, 4, 8
     signed: bool = True
 
-    @property
-    def fixed_size(self) -> int:
-        return self.size
-
-    @property
-    def align(self) -> int:
-        return self.size
-
 
 @dataclass(frozen=True)
-class FloatType:
+class FloatType(_Scalar):
     size: int = 8  # 4 or 8
-
-    @property
-    def fixed_size(self) -> int:
-        return self.size
-
-    @property
-    def align(self) -> int:
-        return self.size
 
 
 @dataclass(frozen=True)
