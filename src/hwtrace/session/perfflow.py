@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -78,12 +79,20 @@ class QueueFlow:
             self._instructions = self.flow.instructions()
         return self._instructions
 
+    @property
+    def gaps(self) -> list[Gap]:
+        return self.flow.gaps
+
+
+QueueT = TypeVar("QueueT")
+
 
 @dataclass
-class PerfFlow:
-    """The decoded Intel PT of a perf.data."""
+class PerfDecoding(Generic[QueueT]):
+    """What decoding a perf.data's Intel PT learned, queue by queue, with
+    the sideband and TSC conversion it used."""
 
-    queues: list[QueueFlow]
+    queues: list[QueueT]
     sideband: Sideband
     conversion: TscConversion | None
     problems: list[str] = field(default_factory=list)
@@ -92,7 +101,12 @@ class PerfFlow:
 
     @property
     def n_gaps(self) -> int:
-        return sum(len(q.flow.gaps) for q in self.queues)
+        return sum(len(q.gaps) for q in self.queues)
+
+
+@dataclass
+class PerfFlow(PerfDecoding[QueueFlow]):
+    """The decoded Intel PT of a perf.data."""
 
     def blocks(self) -> dict[str, np.ndarray]:
         """All queues' blocks as columns, in time order: ``ip``, ``ninsn``,
@@ -614,19 +628,8 @@ class PerfBlocks:
 
 
 @dataclass
-class PerfStream:
+class PerfStream(PerfDecoding[QueueInfo]):
     """What :func:`stream_perf` learned besides the blocks."""
-
-    queues: list[QueueInfo]
-    sideband: Sideband
-    conversion: TscConversion | None
-    problems: list[str] = field(default_factory=list)
-    # Functions a cut to calls was asked for that the decoded code lacks.
-    missing_calls: list[str] = field(default_factory=list)
-
-    @property
-    def n_gaps(self) -> int:
-        return sum(len(q.gaps) for q in self.queues)
 
 
 _COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
