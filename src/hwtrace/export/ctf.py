@@ -59,6 +59,27 @@ def _int(bits: int, base: int = 10) -> str:
     )
 
 
+def tsdl_trace_block(
+    trace_uuid: _uuid.UUID, u32: str = "uint32_t", u8: str = "uint8_t"
+) -> list[str]:
+    """The TSDL ``trace`` block of a CTF 1.8 little-endian trace whose
+    packets begin with a magic, the trace's UUID and the stream id
+    (``u32``/``u8``: how the metadata spells those integer types)."""
+    return [
+        "trace {",
+        "\tmajor = 1;",
+        "\tminor = 8;",
+        f'\tuuid = "{trace_uuid}";',
+        "\tbyte_order = le;",
+        "\tpacket.header := struct {",
+        f"\t\t{u32} magic;",
+        f"\t\t{u8} uuid[16];",
+        f"\t\t{u32} stream_id;",
+        "\t};",
+        "};",
+    ]
+
+
 class CtfWriter:
     """A CTF trace in directory ``path`` with ``classes``, timestamps in
     nanoseconds of ``clock`` (``monotonic``: CLOCK_MONOTONIC, as LTTng's)."""
@@ -94,17 +115,7 @@ class CtfWriter:
             "typealias integer { size = 32; align = 8; signed = false; } := uint32_t;",
             "typealias integer { size = 64; align = 8; signed = false; } := uint64_t;",
             "",
-            "trace {",
-            "\tmajor = 1;",
-            "\tminor = 8;",
-            f'\tuuid = "{self.uuid}";',
-            "\tbyte_order = le;",
-            "\tpacket.header := struct {",
-            "\t\tuint32_t magic;",
-            "\t\tuint8_t uuid[16];",
-            "\t\tuint32_t stream_id;",
-            "\t};",
-            "};",
+            *tsdl_trace_block(self.uuid),
             "",
             "env {",
             *[f'\t{k} = "{v}";' if isinstance(v, str) else f"\t{k} = {v};" for k, v in env.items()],

@@ -55,6 +55,7 @@ from typing import TextIO
 
 import numpy as np
 
+from ..export.ctf import tsdl_trace_block
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
@@ -802,17 +803,7 @@ class CtfOutput(TraceOutput):
         lines = [
             "/* CTF 1.8 */",
             "",
-            "trace {",
-            "\tmajor = 1;",
-            "\tminor = 8;",
-            f'\tuuid = "{self.uuid}";',
-            "\tbyte_order = le;",
-            "\tpacket.header := struct {",
-            f"\t\t{u32} magic;",
-            f"\t\t{_ctf_int(1, False)} uuid[16];",
-            f"\t\t{u32} stream_id;",
-            "\t};",
-            "};",
+            *tsdl_trace_block(self.uuid, u32, _ctf_int(1, False)),
             "",
             "env {",
             *[f"\t{k} = {_tsdl_string(v)};" for k, v in env.items()],
