@@ -275,6 +275,22 @@ NCOL = len(SAMPLE_COLUMNS)
 
 
 @njit(cache=True)
+def _regs_field(b, p, q, e, row, c_abi, c_off, nregs):
+    """A REGS_USER/REGS_INTR block (u64 abi, then ``nregs`` u64 when abi is
+    not 0): its abi and offset into ``row``; where the next field begins,
+    and whether the block fitted before ``e``."""
+    if q + 8 > e:
+        return q, False
+    abi = _u64(b, q)
+    row[c_abi] = abi
+    q += 8
+    row[c_off] = q - p
+    if abi != 0:
+        q += 8 * nregs
+    return q, q <= e
+
+
+@njit(cache=True)
 def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
     """Decode the SAMPLE records at ``off`` written with sample_type ``st``,
     read_format ``rf`` into ``out`` (one row each, columns SAMPLE_COLUMNS).
@@ -381,17 +397,7 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                     row[C_BR_OFF] = q - p
                     q += 24 * np.int64(nr)
         if ok and st & 4096:  # REGS_USER
-            if q + 8 > e:
-                ok = False
-            else:
-                abi = _u64(b, q)
-                row[C_RU_ABI] = abi
-                q += 8
-                row[C_RU_OFF] = q - p
-                if abi != 0:
-                    q += 8 * nregs_user
-                if q > e:
-                    ok = False
+            q, ok = _regs_field(b, p, q, e, row, C_RU_ABI, C_RU_OFF, nregs_user)
         if ok and st & 8192:  # STACK_USER
             if q + 8 > e:
                 ok = False
@@ -418,17 +424,7 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                     row[col] = _u64(b, q)
                     q += 8
         if ok and st & (1 << 18):  # REGS_INTR
-            if q + 8 > e:
-                ok = False
-            else:
-                abi = _u64(b, q)
-                row[C_RI_ABI] = abi
-                q += 8
-                row[C_RI_OFF] = q - p
-                if abi != 0:
-                    q += 8 * nregs_intr
-                if q > e:
-                    ok = False
+            q, ok = _regs_field(b, p, q, e, row, C_RI_ABI, C_RI_OFF, nregs_intr)
         for bit, col in ((1 << 19, C_PHYS), (1 << 21, C_CGROUP), (1 << 22, C_DPS),
                          (1 << 23, C_CPS)):  # fmt: skip
             if ok and st & bit:
