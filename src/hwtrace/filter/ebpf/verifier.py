@@ -46,6 +46,7 @@ becomes unusable (an error only if it is read later).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,35 +163,35 @@ def end_eval(to_be: bool, width: int, a: int) -> int:
     return v
 
 
+# Conditional jumps: the comparison each makes, on the operands as unsigned
+# or as signed integers.
+_UNSIGNED_TESTS = {
+    isa.JEQ: operator.eq,
+    isa.JNE: operator.ne,
+    isa.JGT: operator.gt,
+    isa.JGE: operator.ge,
+    isa.JLT: operator.lt,
+    isa.JLE: operator.le,
+    isa.JSET: lambda a, b: (a & b) != 0,
+}
+_SIGNED_TESTS = {
+    isa.JSGT: operator.gt,
+    isa.JSGE: operator.ge,
+    isa.JSLT: operator.lt,
+    isa.JSLE: operator.le,
+}
+
+
 def jmp_eval(op: int, is64: bool, a: int, b: int) -> bool:
     """Whether a conditional jump is taken (``a``, ``b`` as u64)."""
     bits = 64 if is64 else 32
     mask = (1 << bits) - 1
     a &= mask
     b &= mask
-    sa, sb = _signed(a, bits), _signed(b, bits)
-    if op == isa.JEQ:
-        return a == b
-    if op == isa.JNE:
-        return a != b
-    if op == isa.JGT:
-        return a > b
-    if op == isa.JGE:
-        return a >= b
-    if op == isa.JLT:
-        return a < b
-    if op == isa.JLE:
-        return a <= b
-    if op == isa.JSGT:
-        return sa > sb
-    if op == isa.JSGE:
-        return sa >= sb
-    if op == isa.JSLT:
-        return sa < sb
-    if op == isa.JSLE:
-        return sa <= sb
-    if op == isa.JSET:
-        return (a & b) != 0
+    if op in _SIGNED_TESTS:
+        return _SIGNED_TESTS[op](_signed(a, bits), _signed(b, bits))
+    if op in _UNSIGNED_TESTS:
+        return _UNSIGNED_TESTS[op](a, b)
     raise ValueError(f"no conditional jump {op:#x}")
 
 
