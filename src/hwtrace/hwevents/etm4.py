@@ -828,6 +828,19 @@ def _find_async(buf, p, end):
 
 
 @njit(cache=True)
+def _error_row(pos, code, kind, size, e_off, e_code, ne, o_off, o_kind, o_size, n):
+    """Error ``code`` at ``pos``, and the packet row (``kind``, ``size``
+    bytes) that stands for what it spoils: the error and packet counts
+    after them."""
+    e_off[ne] = pos
+    e_code[ne] = code
+    o_off[n] = pos
+    o_kind[n] = kind
+    o_size[n] = size
+    return ne + 1, n + 1
+
+
+@njit(cache=True)
 def _run(
     buf, pos, end, cfg, st,
     o_off, o_kind, o_size, o_addr, o_isa, o_atoms, o_natoms, o_cc, o_ts,
@@ -849,24 +862,16 @@ def _run(
     while pos < end and n < cap and ne < ecap - 2:
         if st[S_SYNC] == 0:
             a = _find_async(buf, pos, end)
-            if a < 0:
-                e_off[ne] = pos
-                e_code[ne] = E_NOSYNC
-                ne += 1
-                o_off[n] = pos
-                o_kind[n] = 100  # NOT_SYNC
-                o_size[n] = end - pos
-                n += 1
+            if a < 0:  # a NOT_SYNC packet (kind 100) up to the end
+                ne, n = _error_row(
+                    pos, E_NOSYNC, 100, end - pos, e_off, e_code, ne, o_off, o_kind, o_size, n
+                )
                 pos = end
                 break
             if a > pos:
-                e_off[ne] = pos
-                e_code[ne] = E_UNSYNC
-                ne += 1
-                o_off[n] = pos
-                o_kind[n] = 100
-                o_size[n] = a - pos
-                n += 1
+                ne, n = _error_row(
+                    pos, E_UNSYNC, 100, a - pos, e_off, e_code, ne, o_off, o_kind, o_size, n
+                )
                 pos = a
                 continue
             st[S_SYNC] = 1
@@ -1290,29 +1295,20 @@ def _run(
         else:
             err = E_RESERVED
         if cut:
-            e_off[ne] = pos
-            e_code[ne] = E_EOT
-            ne += 1
-            o_off[n] = pos
-            o_kind[n] = 103
-            o_size[n] = end - pos
             o_info[n] = h
             o_event[n] = E_EOT
             # an A-sync already had its second zero byte (not an extension)
             o_payload[n] = 1 if h == 0 and avail >= 2 and buf[pos + 1] == 0 else 0
-            n += 1
+            ne, n = _error_row(
+                pos, E_EOT, 103, end - pos, e_off, e_code, ne, o_off, o_kind, o_size, n
+            )
             pos = end
             break
         if err != 0:
-            e_off[ne] = pos
-            e_code[ne] = err
-            ne += 1
-            o_off[n] = pos
-            o_kind[n] = 102 if (err == E_EXT or err == E_ASYNC) else 101
-            o_size[n] = size
             o_info[n] = h
             o_event[n] = err
-            n += 1
+            kind = 102 if (err == E_EXT or err == E_ASYNC) else 101
+            ne, n = _error_row(pos, err, kind, size, e_off, e_code, ne, o_off, o_kind, o_size, n)
             pos += size
             if resync:
                 st[S_SYNC] = 0
