@@ -96,6 +96,18 @@ def sys_bpf(cmd: int, attr: ctypes.Array, what: str) -> int:
     return int(r)
 
 
+def _key_present(cmd: int, attr: ctypes.Array, what: str) -> bool:
+    """Run the map command ``cmd`` on a key: False when the map has no such
+    key (ENOENT), True when it ran."""
+    try:
+        sys_bpf(cmd, attr, what)
+    except BpfError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return True
+
+
 def _attr(*fields: tuple[int, str, int]) -> ctypes.Array:
     """A zeroed bpf_attr with ``(offset, struct format, value)`` fields set."""
     buf = (ctypes.c_uint8 * ATTR_SIZE)()
@@ -206,13 +218,8 @@ class Map(_Fd):
         attr = _attr(
             (0, "I", self.fd), (8, "Q", ctypes.addressof(k)), (16, "Q", ctypes.addressof(v))
         )
-        try:
-            sys_bpf(MAP_LOOKUP_ELEM, attr, f"lookup in map {self.name}")
-        except BpfError as e:
-            if e.errno == errno.ENOENT:
-                return None
-            raise
-        return v.raw
+        found = _key_present(MAP_LOOKUP_ELEM, attr, f"lookup in map {self.name}")
+        return v.raw if found else None
 
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
         k = ctypes.create_string_buffer(key, len(key))
@@ -228,13 +235,7 @@ class Map(_Fd):
     def delete(self, key: bytes) -> bool:
         k = ctypes.create_string_buffer(key, len(key))
         attr = _attr((0, "I", self.fd), (8, "Q", ctypes.addressof(k)))
-        try:
-            sys_bpf(MAP_DELETE_ELEM, attr, f"delete from map {self.name}")
-        except BpfError as e:
-            if e.errno == errno.ENOENT:
-                return False
-            raise
-        return True
+        return _key_present(MAP_DELETE_ELEM, attr, f"delete from map {self.name}")
 
     def info(self) -> dict[str, int]:
         b = _obj_info(self.fd, 88)
