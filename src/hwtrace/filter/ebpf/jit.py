@@ -174,13 +174,19 @@ def _mov_imm64(out: bytearray, dst: int, value: int) -> None:
         out += struct.pack("<Q", value)
 
 
-def _alu_imm(out: bytearray, ext: int, dst: int, imm: int, w: int) -> None:
+def _op_imm(out: bytearray, op8: bytes, op32: bytes, reg: int, rm: int, imm: int, w: int) -> None:
+    """An instruction with an immediate, in its sign-extended imm8 form
+    (``op8``) when ``imm`` fits a byte, else in its imm32 form (``op32``)."""
     if _s8(imm):
-        _rr(out, b"\x83", ext, dst, w)
+        _rr(out, op8, reg, rm, w)
         out += struct.pack("<b", imm)
     else:
-        _rr(out, b"\x81", ext, dst, w)
+        _rr(out, op32, reg, rm, w)
         out += _i32(imm)
+
+
+def _alu_imm(out: bytearray, ext: int, dst: int, imm: int, w: int) -> None:
+    _op_imm(out, b"\x83", b"\x81", ext, dst, imm, w)  # group 1: /ext r/m, imm
 
 
 # -- frame ---------------------------------------------------------------------------
@@ -329,12 +335,8 @@ def _emit_alu(out: bytearray, i: int, code: int, d: int, s: int, imm: int) -> No
     if op == isa.MUL:
         if reg_src:
             _rr(out, b"\x0f\xaf", d, s, w)  # imul d, s (low half: sign-agnostic)
-        elif _s8(imm):
-            _rr(out, b"\x6b", d, d, w)
-            out += struct.pack("<b", imm)
         else:
-            _rr(out, b"\x69", d, d, w)
-            out += _i32(imm)
+            _op_imm(out, b"\x6b", b"\x69", d, d, imm, w)  # imul d, d, imm
         return
     if op == isa.NEG:
         _rr(out, b"\xf7", 3, d, w)
