@@ -563,22 +563,20 @@ class Deformatted:
         return int(self.offsets[trace_id][position])
 
 
+# What each error says ({}: its arg).
+_MESSAGES = {
+    _E_TRUNCATED: "truncated frame: {} bytes of an incomplete frame at the end",
+    _E_NO_ID: "data before any trace ID",
+    _E_RESERVED: "reserved trace ID {:#04x}",
+    _E_UNKNOWN: "unknown trace ID {:#04x}",
+    _E_NO_SYNC: "no FSYNC: {} bytes before frame synchronisation skipped",
+    _E_FSYNC_IN_FRAME: "FSYNC inside a frame: {} bytes of the partial frame dropped",
+    _E_HSYNC: "HSYNC in a stream without HSYNCs, skipped",
+}
+
+
 def _message(code: int, arg: int) -> str:
-    if code == _E_TRUNCATED:
-        return f"truncated frame: {arg} bytes of an incomplete frame at the end"
-    if code == _E_NO_ID:
-        return "data before any trace ID"
-    if code == _E_RESERVED:
-        return f"reserved trace ID {arg:#04x}"
-    if code == _E_UNKNOWN:
-        return f"unknown trace ID {arg:#04x}"
-    if code == _E_NO_SYNC:
-        return f"no FSYNC: {arg} bytes before frame synchronisation skipped"
-    if code == _E_FSYNC_IN_FRAME:
-        return f"FSYNC inside a frame: {arg} bytes of the partial frame dropped"
-    if code == _E_HSYNC:
-        return "HSYNC in a stream without HSYNCs, skipped"
-    return f"event {code}"
+    return _MESSAGES[code].format(arg) if code in _MESSAGES else f"event {code}"
 
 
 def _as_array(data) -> np.ndarray:
