@@ -288,9 +288,15 @@ class Body:
 
 
 class _Fixed(Body):
-    """A body that is one fixed struct, field for field."""
+    """A body that is one fixed struct, field for field (so its MIN_SIZE
+    is the struct's size)."""
 
     FMT: ClassVar[struct.Struct]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "FMT" in cls.__dict__:
+            cls.MIN_SIZE = cls.FMT.size
 
     @classmethod
     def unpack(cls, buf, start, stop, misc, offset):
@@ -384,7 +390,6 @@ class Mmap2(Body):
 @dataclass(frozen=True)
 class Lost(_Fixed):
     TYPE = RecordType.LOST
-    MIN_SIZE = 16
     FMT = struct.Struct("<QQ")
     id: int
     lost: int
@@ -414,7 +419,6 @@ class Comm(Body):
 
 @dataclass(frozen=True)
 class _Task(_Fixed):
-    MIN_SIZE = 24
     FMT = struct.Struct("<IIIIQ")
     pid: int
     ppid: int
@@ -435,7 +439,6 @@ class Fork(_Task):
 
 @dataclass(frozen=True)
 class _Throttling(_Fixed):
-    MIN_SIZE = 24
     FMT = struct.Struct("<QQQ")
     time: int
     id: int
@@ -479,7 +482,6 @@ class Read(Body):
 @dataclass(frozen=True)
 class Aux(_Fixed):
     TYPE = RecordType.AUX
-    MIN_SIZE = 24
     FMT = struct.Struct("<QQQ")
     aux_offset: int
     aux_size: int
@@ -505,7 +507,6 @@ class Aux(_Fixed):
 @dataclass(frozen=True)
 class ItraceStart(_Fixed):
     TYPE = RecordType.ITRACE_START
-    MIN_SIZE = 8
     FMT = struct.Struct("<II")
     pid: int
     tid: int
@@ -514,7 +515,6 @@ class ItraceStart(_Fixed):
 @dataclass(frozen=True)
 class LostSamples(_Fixed):
     TYPE = RecordType.LOST_SAMPLES
-    MIN_SIZE = 8
     FMT = struct.Struct("<Q")
     lost: int
 
@@ -611,24 +611,18 @@ class Ksymbol(Body):
 
 
 @dataclass(frozen=True)
-class BpfEvent(Body):
+class BpfEvent(_Fixed):
     TYPE = RecordType.BPF_EVENT
-    MIN_SIZE = 16
+    FMT = struct.Struct("<HHI8s")
     type: int
     flags: int
     id: int
     tag: bytes  # 8 bytes
 
-    _FMT: ClassVar = struct.Struct("<HHI8s")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        return cls(*cls._FMT.unpack_from(buf, start))
-
     def pack(self):
         if len(self.tag) != 8:
             raise ValueError("a BPF tag has 8 bytes")
-        return self._FMT.pack(self.type, self.flags, self.id, self.tag), 0
+        return super().pack()
 
 
 @dataclass(frozen=True)
@@ -681,7 +675,6 @@ class TextPoke(Body):
 @dataclass(frozen=True)
 class AuxOutputHwId(_Fixed):
     TYPE = RecordType.AUX_OUTPUT_HW_ID
-    MIN_SIZE = 8
     FMT = struct.Struct("<Q")
     hw_id: int
 
