@@ -57,7 +57,7 @@ conformance: venv
 
 # The documentation site (mkdocs.yml): guides from docs/, the command and
 # Python API reference generated from the code (docs/hooks/reference.py).
-# `make test` builds it in strict mode (tests/test_docs.py).
+# `make test` builds it in strict mode (tests/package/test_docs.py).
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 

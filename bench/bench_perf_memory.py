@@ -15,7 +15,7 @@ anywhere, as perf cuts its AUX buffer).  Each command runs under
 
 ``hwtrace filter`` reads a perf.data a range of records at a time; its
 inputs are tracepoint recordings written as the filter tests write them
-(tests/test_filter_perf_chunks.py: two formats in TRACING_DATA, sideband,
+(tests/filter/test_filter_perf_chunks.py: two formats in TRACING_DATA, sideband,
 times out of order across rounds), ``--samples`` of them.
 
     python bench/bench_perf_memory.py [--copies 200,2000] [--split BYTES]
@@ -116,7 +116,7 @@ def peak_rss(args: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, float, i
 def tracepoint_recording(path: Path, samples: int) -> None:
     """A perf.data of ``samples`` tracepoint samples, written by the filter
     tests' writer (loaded by path: tests/ is not a package)."""
-    src = REPO / "tests" / "test_filter_perf_chunks.py"
+    src = REPO / "tests" / "filter" / "test_filter_perf_chunks.py"
     spec = importlib.util.spec_from_file_location("filter_chunks_writer", src)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

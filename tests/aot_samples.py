@@ -1,5 +1,5 @@
 """Loops of every argument and result shape the native library handles
-(tests/test_aot.py builds a library of them)."""
+(tests/package/test_aot.py builds a library of them)."""
 
 import numba as nb
 import numpy as np

@@ -6,11 +6,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFORMANCE = ROOT.parent / "shared" / "conformance" / "libipt"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+# The tests are grouped by the package they test (tests/pt, tests/perf, ...);
+# some share fixtures and helpers across groups (``from test_record_threads
+# import stepped``): every group's directory is on the path, whichever runs.
+for _group in sorted(TESTS.iterdir()):
+    if _group.is_dir() and any(_group.glob("test_*.py")):
+        sys.path.insert(1, str(_group))
 import numba_caches  # noqa: E402 (found through the path just set)
 
 # Commands run by the tests never build the native loop library on their
-# own (tests/test_aot.py builds one where it checks it).
+# own (tests/package/test_aot.py builds one where it checks it).
 os.environ.setdefault("HWTRACE_AOT_AUTOBUILD", "0")
 
 

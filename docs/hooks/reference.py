@@ -16,7 +16,7 @@ Nothing here is written by hand, so the reference cannot drift from the code:
 
 The pages are added to the navigation where ``mkdocs.yml`` names
 ``reference/commands/index.md`` and ``reference/api/index.md``.
-``tests/test_docs.py`` imports this file to check the pages against the
+``tests/package/test_docs.py`` imports this file to check the pages against the
 command line.
 """
 

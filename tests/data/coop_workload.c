@@ -1,4 +1,4 @@
-/* A workload for tests/test_kernel_latency.py: system calls of known
+/* A workload for tests/ktrace/test_kernel_latency.py: system calls of known
  * latency, each preceded by a threshold set through include/hwtrace_coop.h,
  * so that exactly the calls it announces ("EXPECT" lines) are recorded.
  *

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import hwtrace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pyproject_version() -> str:

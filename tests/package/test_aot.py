@@ -51,7 +51,7 @@ def _same(a, b):
 
 
 def test_native_library_matches_numba(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     import aot_samples as ks
 
     aot.use_library(None)
@@ -88,7 +88,7 @@ def test_a_build_adds_to_the_library_of_the_same_sources(tmp_path, monkeypatch):
     """A build whose numba cache lost what the library holds (another
     process compiled only one new specialisation) keeps the library's
     entries and adds the new one in a library of its own."""
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     import aot_samples as ks
 
     aot.use_library(None)

@@ -24,7 +24,7 @@ import pytest
 from conftest import run_captured
 from realdata import real_input
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "real"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "real"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="the harness needs gcc")

@@ -343,7 +343,7 @@ def test_ctf_and_the_trace_compass_analysis(tmp_path):
     assert n == got.intervals.shape[0]
     etree = pytest.importorskip("lxml.etree")
     schema = etree.XMLSchema(
-        etree.parse(str(Path(__file__).parent / "data" / "tracecompass" / "xmlDefinition.xsd"))
+        etree.parse(str(Path(__file__).parents[1] / "data" / "tracecompass" / "xmlDefinition.xsd"))
     )
     doc = etree.parse(str(tmp_path / "vm.tracecompass.xml"))
     assert schema.validate(doc), schema.error_log

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_record_software import SKIP
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROVIDER = r"""
 #undef TRACEPOINT_PROVIDER
 #define TRACEPOINT_PROVIDER hwtrace_impact

@@ -20,7 +20,7 @@ from test_conformance import _load_runner
 
 from hwtrace.cli import ptxed
 
-GOLDEN = Path(__file__).parent / "golden" / "blocks"
+GOLDEN = Path(__file__).parents[1] / "golden" / "blocks"
 CASES = sorted(p.stem for p in GOLDEN.glob("*.txt"))
 OPTIONS = ["--block-decoder", "--block:show-blocks", "--stat"]
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("importlinter", reason="import-linter is in the dev extra")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "pyproject.toml"
 
 
@@ -69,7 +69,7 @@ def test_the_copy_keeps_them_too(package_copy):
 )  # fmt: skip
 def test_an_added_import_breaks_the_contract(package_copy, module, line, broken):
     path = package_copy / "hwtrace" / module
-    path.write_text(path.read_text() + f"\n{line}  # added by tests/test_layers.py\n")
+    path.write_text(path.read_text() + f"\n{line}  # added by tests/package/test_layers.py\n")
     done = _lint_imports(package_copy)
     assert done.returncode != 0
     assert "0 kept, 1 broken" in done.stdout, done.stdout + done.stderr

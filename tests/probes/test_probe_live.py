@@ -19,7 +19,7 @@ import pytest
 from hwtrace.image.process import read_maps
 from hwtrace.probes import JUMP, TRAP, UPROBE, ProbeError, ProbeSession
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/
 SOURCE = HERE / "data" / "probe_workload.c"
 HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
 

@@ -15,7 +15,7 @@ pytest.importorskip("mkdocs", reason="the docs tools are in the dev extra")
 pytest.importorskip("material", reason="the docs tools are in the dev extra")
 pytest.importorskip("mkdocstrings_handlers.python", reason="the docs tools are in the dev extra")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_hook():

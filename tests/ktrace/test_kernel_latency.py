@@ -43,7 +43,7 @@ from hwtrace.ktrace.latency import (
     LatencyTracker,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ROOT / "include"
 WORKLOAD = ROOT / "tests" / "data" / "coop_workload.c"
 READ, NANOSLEEP, CLOCK_NANOSLEEP = 0, 35, 230  # x86-64 system call numbers
