@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@# The decoders' kernels compiled into the native library (hwtrace.aot):
+	@# The decoders' compiled loops built into the native library (hwtrace.aot):
 	@# built after a first use anyway, here so that the first run starts fast too.
 	-$(BIN)/hwtrace aot warm
 	@# ... and the numba caches it left kept by the tests' first run.
