@@ -14,11 +14,40 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .records import RecordType, SampleType
+
 # A record type is known when it is a kernel type (1..21) or a perf-tool type (64..82).
-T_SAMPLE = 9
-T_HEADER_TRACING_DATA = 66
-T_AUXTRACE = 71
-T_COMPRESSED = 81
+T_SAMPLE = int(RecordType.SAMPLE)
+T_HEADER_TRACING_DATA = int(RecordType.HEADER_TRACING_DATA)
+T_AUXTRACE = int(RecordType.AUXTRACE)
+T_COMPRESSED = int(RecordType.COMPRESSED)
+
+# PERF_SAMPLE_* bits (records.SampleType) as plain ints, constants to numba.
+S_IP = int(SampleType.IP)
+S_TID = int(SampleType.TID)
+S_TIME = int(SampleType.TIME)
+S_ADDR = int(SampleType.ADDR)
+S_READ = int(SampleType.READ)
+S_CALLCHAIN = int(SampleType.CALLCHAIN)
+S_ID = int(SampleType.ID)
+S_CPU = int(SampleType.CPU)
+S_PERIOD = int(SampleType.PERIOD)
+S_STREAM_ID = int(SampleType.STREAM_ID)
+S_RAW = int(SampleType.RAW)
+S_BRANCH_STACK = int(SampleType.BRANCH_STACK)
+S_REGS_USER = int(SampleType.REGS_USER)
+S_STACK_USER = int(SampleType.STACK_USER)
+S_WEIGHT = int(SampleType.WEIGHT)
+S_DATA_SRC = int(SampleType.DATA_SRC)
+S_IDENTIFIER = int(SampleType.IDENTIFIER)
+S_TRANSACTION = int(SampleType.TRANSACTION)
+S_REGS_INTR = int(SampleType.REGS_INTR)
+S_PHYS_ADDR = int(SampleType.PHYS_ADDR)
+S_AUX = int(SampleType.AUX)
+S_CGROUP = int(SampleType.CGROUP)
+S_DATA_PAGE_SIZE = int(SampleType.DATA_PAGE_SIZE)
+S_CODE_PAGE_SIZE = int(SampleType.CODE_PAGE_SIZE)
+S_WEIGHT_STRUCT = int(SampleType.WEIGHT_STRUCT)
 
 # Gap reasons
 GAP_SIZE = 1  # size below the 8-byte header
@@ -198,59 +227,59 @@ def sample_ids(
         st = st_attr[a]
         if t == T_SAMPLE:
             q = p + 8
-            if st & (1 << 16):
+            if st & S_IDENTIFIER:
                 q += 8
-            if st & 1:
+            if st & S_IP:
                 q += 8
-            if st & 2:
+            if st & S_TID:
                 if q + 8 <= e:
                     pid[i] = np.int32(_u32(b, q))
                     tid[i] = np.int32(_u32(b, q + 4))
                 q += 8
-            if st & 4:
+            if st & S_TIME:
                 if q + 8 <= e:
                     time[i] = np.int64(_u64(b, q))
                 q += 8
-            if st & 8:
+            if st & S_ADDR:
                 q += 8
-            if st & 64:
+            if st & S_ID:
                 if q + 8 <= e:
                     eid[i] = _u64(b, q)
                 q += 8
-            elif st & (1 << 16):
+            elif st & S_IDENTIFIER:
                 if p + 16 <= e:
                     eid[i] = _u64(b, p + 8)
-            if st & 512:
+            if st & S_STREAM_ID:
                 q += 8
-            if st & 128:
+            if st & S_CPU:
                 if q + 8 <= e:
                     cpu[i] = np.int32(_u32(b, q))
             continue
         if not sid_all[a]:
             continue
         n = 0
-        for bit in (2, 4, 64, 512, 128, 1 << 16):
+        for bit in (S_TID, S_TIME, S_ID, S_STREAM_ID, S_CPU, S_IDENTIFIER):
             if st & bit:
                 n += 8
         q = e - n
         if q < p + 8:
             continue
-        if st & 2:
+        if st & S_TID:
             pid[i] = np.int32(_u32(b, q))
             tid[i] = np.int32(_u32(b, q + 4))
             q += 8
-        if st & 4:
+        if st & S_TIME:
             time[i] = np.int64(_u64(b, q))
             q += 8
-        if st & 64:
+        if st & S_ID:
             eid[i] = _u64(b, q)
             q += 8
-        if st & 512:
+        if st & S_STREAM_ID:
             q += 8
-        if st & 128:
+        if st & S_CPU:
             cpu[i] = np.int32(_u32(b, q))
             q += 8
-        if st & (1 << 16) and not st & 64:
+        if st & S_IDENTIFIER and not st & S_ID:
             eid[i] = _u64(b, q)
 
 
@@ -303,14 +332,15 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
         row = out[i]
         row[:] = 0
         ok = True
-        if st & (1 << 16):
+        if st & S_IDENTIFIER:
             if q + 8 > e:
                 ok = False
             else:
                 row[C_IDENTIFIER] = _u64(b, q)
             q += 8
-        for bit, col in ((1, C_IP), (2, -1), (4, C_TIME), (8, C_ADDR), (64, C_ID),
-                         (512, C_STREAM_ID), (128, -2), (256, C_PERIOD)):  # fmt: skip
+        for bit, col in ((S_IP, C_IP), (S_TID, -1), (S_TIME, C_TIME), (S_ADDR, C_ADDR),
+                         (S_ID, C_ID), (S_STREAM_ID, C_STREAM_ID), (S_CPU, -2),
+                         (S_PERIOD, C_PERIOD)):  # fmt: skip
             if ok and st & bit:
                 if q + 8 > e:
                     ok = False
@@ -323,7 +353,7 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                 else:
                     row[col] = _u64(b, q)
                 q += 8
-        if ok and st & 16:  # READ
+        if ok and st & S_READ:
             row[C_ROFF] = q - p
             if rf & 8:  # GROUP: nr, [enabled], [running], nr * {value, [id], [lost]}
                 if q + 8 > e:
@@ -356,7 +386,7 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                         q += 8
             if q > e:
                 ok = False
-        if ok and st & 32:  # CALLCHAIN
+        if ok and st & S_CALLCHAIN:
             if q + 8 > e:
                 ok = False
             else:
@@ -367,7 +397,7 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                     row[C_CC_NR] = nr
                     row[C_CC_OFF] = q + 8 - p
                     q += 8 + 8 * np.int64(nr)
-        if ok and st & 1024:  # RAW: u32 size, data; the whole padded to u64
+        if ok and st & S_RAW:  # u32 size, data; the whole padded to u64
             if q + 4 > e:
                 ok = False
             else:
@@ -378,7 +408,7 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                     row[C_RAW_SIZE] = n
                     row[C_RAW_OFF] = q + 4 - p
                     q += (4 + n + 7) // 8 * 8
-        if ok and st & 2048:  # BRANCH_STACK
+        if ok and st & S_BRANCH_STACK:  # BRANCH_STACK
             if q + 8 > e:
                 ok = False
             else:
@@ -396,9 +426,9 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                     row[C_BR_NR] = nr
                     row[C_BR_OFF] = q - p
                     q += 24 * np.int64(nr)
-        if ok and st & 4096:  # REGS_USER
+        if ok and st & S_REGS_USER:
             q, ok = _regs_field(b, p, q, e, row, C_RU_ABI, C_RU_OFF, nregs_user)
-        if ok and st & 8192:  # STACK_USER
+        if ok and st & S_STACK_USER:
             if q + 8 > e:
                 ok = False
             else:
@@ -416,24 +446,25 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
                         else:
                             row[C_SU_DYN] = _u64(b, q)
                         q += 8
-        for bit, col in ((1 << 14 | 1 << 24, C_WEIGHT), (1 << 15, C_DSRC), (1 << 17, C_TXN)):
+        for bit, col in ((S_WEIGHT | S_WEIGHT_STRUCT, C_WEIGHT), (S_DATA_SRC, C_DSRC),
+                         (S_TRANSACTION, C_TXN)):  # fmt: skip
             if ok and st & bit:
                 if q + 8 > e:
                     ok = False
                 else:
                     row[col] = _u64(b, q)
                     q += 8
-        if ok and st & (1 << 18):  # REGS_INTR
+        if ok and st & S_REGS_INTR:
             q, ok = _regs_field(b, p, q, e, row, C_RI_ABI, C_RI_OFF, nregs_intr)
-        for bit, col in ((1 << 19, C_PHYS), (1 << 21, C_CGROUP), (1 << 22, C_DPS),
-                         (1 << 23, C_CPS)):  # fmt: skip
+        for bit, col in ((S_PHYS_ADDR, C_PHYS), (S_CGROUP, C_CGROUP),
+                         (S_DATA_PAGE_SIZE, C_DPS), (S_CODE_PAGE_SIZE, C_CPS)):  # fmt: skip
             if ok and st & bit:
                 if q + 8 > e:
                     ok = False
                 else:
                     row[col] = _u64(b, q)
                     q += 8
-        if ok and st & (1 << 20):  # AUX
+        if ok and st & S_AUX:
             if q + 8 > e:
                 ok = False
             else:
