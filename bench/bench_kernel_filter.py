@@ -730,7 +730,7 @@ def report_filters(summary: dict[str, Any], args: argparse.Namespace, cpu: str) 
 
 
 def measure_maps(exe: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from hwtrace.ktrace.latency import ANY, LatencyTracker
+    from hwtrace.ktrace.syscall_latency import ANY, LatencyTracker
 
     n = args.entries
     result: dict[str, Any] = {"entries": n}

@@ -9,7 +9,7 @@
  * threshold update is one store and reading the state is one load: no system
  * call, so steering the tracer does not disturb what it measures.
  *
- * The other side is src/hwtrace/ktrace/latency.py (MAGIC, VERSION, COLUMNS,
+ * The other side is src/hwtrace/ktrace/syscall_latency.py (MAGIC, VERSION, COLUMNS,
  * HEADER_WORDS, HIST_WORDS, STATE_WORDS, HEADER_FIELDS, STATE_FIELDS,
  * CoopLayout); the layout below must stay word for word the same.
  *
@@ -41,7 +41,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* Constants of src/hwtrace/ktrace/latency.py. */
+/* Constants of src/hwtrace/ktrace/syscall_latency.py. */
 #define HWTRACE_COOP_MAGIC 0x31504F4F43545748ULL /* "HWTCOOP1" little-endian */
 #define HWTRACE_COOP_VERSION 1
 #define HWTRACE_COLUMNS 512 /* system calls 0..510 and ANY */

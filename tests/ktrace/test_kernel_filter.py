@@ -668,7 +668,7 @@ def test_pinned_map_is_shared_then_removed(tmp_path):
         while not pin.exists():
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.05)
-        from hwtrace.ktrace.latency import CoopMap
+        from hwtrace.ktrace.syscall_latency import CoopMap
 
         c = CoopMap.from_pin(str(pin))
         try:

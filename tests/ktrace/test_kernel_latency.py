@@ -1,4 +1,4 @@
-"""The co-operative system call latency tracker (:mod:`hwtrace.ktrace.latency`)
+"""The co-operative system call latency tracker (:mod:`hwtrace.ktrace.syscall_latency`)
 on the running kernel: thresholds set through the shared map, from Python,
 from C (``include/hwtrace_coop.h`` in ``tests/data/coop_workload.c``) and
 from the userspace filter tiers' ``set_threshold`` helper, decide exactly
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from hwtrace.kernel import bpf
-from hwtrace.ktrace.latency import (
+from hwtrace.ktrace.syscall_latency import (
     ANY,
     COLUMNS,
     HEADER_FIELDS,
@@ -363,7 +363,7 @@ def test_no_objects_left_after_close(bpf_ok):
 
 KILLED = """
 import json, os, time
-from hwtrace.ktrace.latency import LatencyTracker
+from hwtrace.ktrace.syscall_latency import LatencyTracker
 t = LatencyTracker()
 t.track(os.getpid())
 t.start()

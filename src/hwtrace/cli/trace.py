@@ -297,7 +297,7 @@ class _Session:
         from ..kernel.bpf import BpfError
         from ..kernel.syscalls import syscall_number
         from ..kernel.tracepoint import TracepointError
-        from ..ktrace.latency import ANY, LatencyTracker
+        from ..ktrace.syscall_latency import ANY, LatencyTracker
 
         a = self.args
         defaults: list[tuple[int, int]] = []

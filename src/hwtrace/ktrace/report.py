@@ -11,7 +11,7 @@ from typing import TextIO
 import numpy as np
 
 from ..kernel.syscalls import syscall_name
-from .latency import HEADER_FIELDS, RECORD, STATE_FIELDS, CoopMap
+from .syscall_latency import HEADER_FIELDS, RECORD, STATE_FIELDS, CoopMap
 
 __all__ = ["LatencyOutput"]
 
