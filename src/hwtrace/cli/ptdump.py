@@ -8,13 +8,12 @@ means nothing could be decoded.
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
-from .common import UsageError, parse_uint, range_end, split_range
+from .common import CONFIG_UINTS, UsageError, help_or_version, open_range, parse_uint, range_end
 from .sbopts import SbOptions, sideband_help
 
 if TYPE_CHECKING:
@@ -78,12 +77,6 @@ _FLAGS = {
     "--no-wall-clock": "no_wall_clock",
     "--keep-tcal-on-ovf": "keep_tcal_on_ovf",
 }
-_UINTS = {
-    "--mtc-freq": ("mtc_freq", 0xFF),
-    "--nom-freq": ("nom_freq", 0xFF),
-    "--cpuid-0x15.eax": ("cpuid_0x15_eax", 0xFFFFFFFF),
-    "--cpuid-0x15.ebx": ("cpuid_0x15_ebx", 0xFFFFFFFF),
-}
 
 
 def main(argv: list[str]) -> int:
@@ -114,13 +107,7 @@ def main(argv: list[str]) -> int:
                     raise UsageError(f"unexpected argument after the trace file: {argv[i + 1]}")
                 ptfile = arg
                 break
-            if arg in ("-h", "--help"):
-                sys.stdout.write(HELP)
-                return 0
-            if arg == "--version":
-                from .. import __version__
-
-                print(f"hwtrace-ptdump-{__version__}")
+            if help_or_version(arg, HELP, "ptdump"):
                 return 0
             if arg in _FLAGS:
                 name = _FLAGS[arg]
@@ -142,8 +129,8 @@ def main(argv: list[str]) -> int:
                 if (arg == "--time" and opts.tcal) or (arg == "--tcal" and opts.time):
                     raise UsageError("specify either --time or --tcal")
                 setattr(opts, arg[2:], True)
-            elif arg in _UINTS:
-                name, limit = _UINTS[arg]
+            elif arg in CONFIG_UINTS:
+                name, limit = CONFIG_UINTS[arg]
                 i += 1
                 setattr(config, name, parse_uint(arg, argv[i] if i < len(argv) else None, limit))
             elif arg == "--cpu":
@@ -232,18 +219,10 @@ class _Range(io.RawIOBase):
 def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
     """Open ``file[:from[-to]]`` for reading in chunks.  Prints one clear
     message and returns None when the file or range cannot be used."""
-    try:
-        path, offset, size = split_range(arg)
-    except UsageError as exc:
-        sys.stderr.write(f"{prog}: {exc}\n")
+    opened = open_range(prog, arg, lambda path: open(path, "rb", buffering=0))
+    if opened is None:
         return None
-    try:
-        if os.path.isdir(path):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        f = open(path, "rb", buffering=0)
-    except OSError as exc:
-        sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
-        return None
+    path, offset, size, f = opened
     try:
         total = os.fstat(f.fileno()).st_size if f.seekable() else -1
         if total >= 0 and (offset or size):
