@@ -36,6 +36,22 @@ CONFIG_UINTS = {
     "--cpuid-0x15.ebx": ("cpuid_0x15_ebx", 0xFFFFFFFF),
 }
 
+_CONFIG_HELP = (
+    ("--cpu none|f/m[/s]", "set cpu to the given value and decode according to:"),
+    ("", "  none     spec (default)"),
+    ("", "  f/m[/s]  family/model[/stepping]"),
+    ("--mtc-freq <n>", "set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>."),
+    ("--nom-freq <n>", "set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>."),
+    ("--cpuid-0x15.eax", "set the value of cpuid[0x15].eax."),
+    ("--cpuid-0x15.ebx", "set the value of cpuid[0x15].ebx."),
+)
+
+
+def config_help(width: int) -> str:
+    """The help of ``--cpu`` and CONFIG_UINTS' options (Intel's ptdump and
+    ptxed word them alike), descriptions in column ``width``."""
+    return "".join(f"  {option}".ljust(width) + text + "\n" for option, text in _CONFIG_HELP)
+
 
 def help_or_version(arg: str, help_text: str, tool: str) -> bool:
     """Intel's ``--help``/``-h`` and ``--version``: when ``arg`` is one,

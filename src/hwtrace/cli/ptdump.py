@@ -13,7 +13,15 @@ import os
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
-from .common import CONFIG_UINTS, UsageError, help_or_version, open_range, parse_uint, range_end
+from .common import (
+    CONFIG_UINTS,
+    UsageError,
+    config_help,
+    help_or_version,
+    open_range,
+    parse_uint,
+    range_end,
+)
 from .sbopts import SbOptions, sideband_help
 
 if TYPE_CHECKING:
@@ -46,14 +54,7 @@ options:
                             this will result in errors when CYC packets are encountered.
   --no-wall-clock           suppress the no-time error and print relative time.
   --keep-tcal-on-ovf        keep time calibration on overflow.
-  --cpu none|f/m[/s]        set cpu to the given value and decode according to:
-                              none     spec (default)
-                              f/m[/s]  family/model[/stepping]
-  --mtc-freq <n>            set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>.
-  --nom-freq <n>            set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>.
-  --cpuid-0x15.eax          set the value of cpuid[0x15].eax.
-  --cpuid-0x15.ebx          set the value of cpuid[0x15].ebx.
-  --json                    one JSON object a line instead of ptdump's text.
+{CONFIG}  --json                    one JSON object a line instead of ptdump's text.
   --human                   a readable listing instead of ptdump's text: named
                             fields, TNT bits as T/N, colour on a terminal.
 {SB}  <ptfile>[:<from>[-<to>]]  load the processor trace data from <ptfile>;
@@ -61,7 +62,7 @@ options:
 
 Sideband records (--pevent) are printed when the trace's time reaches them,
 before the timing packet that got there, and the rest after the last packet.
-""".replace("{SB}", sideband_help("ptdump", 28))
+""".replace("{SB}", sideband_help("ptdump", 28)).replace("{CONFIG}", config_help(28))
 
 _FLAGS = {
     "--no-sync": "no_sync",

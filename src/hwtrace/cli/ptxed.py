@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .common import CONFIG_UINTS, UsageError, help_or_version, parse_uint
+from .common import CONFIG_UINTS, UsageError, config_help, help_or_version, parse_uint
 from .sbopts import SbOptions, sideband_help
 
 PROG = "hwtrace ptxed"
@@ -47,14 +47,7 @@ options:
   --raw <file>[:<from>[-<to>]]:<base>
                                 load a raw binary from <file> at address <base>.
   --elf <file>[:<base>]         load an ELF from <file> at address <base>.
-  --cpu none|f/m[/s]            set cpu to the given value and decode according to:
-                                  none     spec (default)
-                                  f/m[/s]  family/model[/stepping]
-  --mtc-freq <n>                set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>.
-  --nom-freq <n>                set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>.
-  --cpuid-0x15.eax              set the value of cpuid[0x15].eax.
-  --cpuid-0x15.ebx              set the value of cpuid[0x15].ebx.
-  --insn-decoder                use the instruction flow decoder.
+{CONFIG}  --insn-decoder                use the instruction flow decoder.
   --block-decoder               use the block decoder (default).
   --block:show-blocks           show blocks in the output.
   --block:end-on-call           set the end-on-call block decoder flag.
@@ -70,7 +63,7 @@ With --pevent sideband, records are applied when the trace's time reaches
 them: MMAPs add to the process's image, COMM.EXEC starts a new image,
 ITRACE_START and context switches change the image decoded with (switches
 wait until the flow is, or likely is, in the kernel: see --pevent:kernel-start).
-""".replace("{SB}", sideband_help("ptxed", 32))
+""".replace("{SB}", sideband_help("ptxed", 32)).replace("{CONFIG}", config_help(32))
 
 
 # What decodes a trace and prints it (see decode).
