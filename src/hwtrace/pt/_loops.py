@@ -132,6 +132,13 @@ def _ip_bytes(ipc):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def c_state(field):
+    """The C-state number a PWRE or PWRX 4-bit state field encodes (C1 is
+    0, C0 is 0xF: the field plus one, modulo 16), as Intel's tools print it."""
+    return (np.uint64(field) + np.uint64(1)) & np.uint64(0xF)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def block_after(kind, b, in_block):
     """Whether the next packet is in a BBP..BEP block, and of which item
     size (BLOCK_*), after packet ``kind`` (``b``: its second column): a BBP

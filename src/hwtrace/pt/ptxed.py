@@ -27,6 +27,7 @@ from ..textout import (
     string_table,
 )
 from . import _flowloop as K
+from ._loops import c_state
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .flowdec import FlowSink
@@ -183,9 +184,9 @@ def _event(out, p, row, offset, style):
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_PWRE:
         p = put_text(out, p, "pwre c")
-        p = put_dec(out, p, (row[K.E_STATE] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_STATE]))
         p = put_text(out, p, ".")
-        p = put_dec(out, p, (row[K.E_SUBSTATE] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_SUBSTATE]))
         if row[K.E_HW]:
             p = put_text(out, p, " hw")
     elif t == K.EV_PWRX:
@@ -197,9 +198,9 @@ def _event(out, p, row, offset, style):
         if row[K.E_WAKE_HW]:
             p = put_text(out, p, "hw: ")
         p = put_text(out, p, "c")
-        p = put_dec(out, p, (row[K.E_LAST] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_LAST]))
         p = put_text(out, p, " (c")
-        p = put_dec(out, p, (row[K.E_DEEPEST] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_DEEPEST]))
         p = put_text(out, p, ")")
     elif t == K.EV_PTWRITE:
         p = put_text(out, p, "ptwrite: ")
