@@ -66,6 +66,20 @@ _BCE_NINSN_MAX = 0xFF
 _BCE_DISP = (-(1 << 15), (1 << 15) - 1)
 
 
+def _filter_check(addr_filter: AddrFilter, ip: int) -> int:
+    """1 if tracing is enabled at ``ip``, 0 if not (libipt's
+    pt_filter_addr_check; the decoder's is _flowloop's _filter_check)."""
+    have_filter = False
+    for cfg, a, b in addr_filter.ranges:
+        if cfg == 1:
+            have_filter = True
+            if a <= ip <= b:
+                return 1
+        elif cfg == 2 and a <= ip <= b:
+            return 0
+    return 0 if have_filter else 1
+
+
 class BlockCache:
     """libipt's per-section block cache, for where it ends blocks: while
     filling, a block ends after a near direct call, a near direct backward
@@ -472,7 +486,7 @@ class BlockDecoder:
             if _changes_cr3(insn):
                 return status
             ip = _next_ip(insn)
-            if self.filter.check(ip) <= 0:
+            if _filter_check(self.filter, ip) <= 0:
                 return 1
             self.ip = ip
             if self._ends_block(insn):

@@ -7,10 +7,12 @@ import argparse
 import errno
 import os
 import sys
-from collections.abc import Iterable
-from typing import NoReturn
+from collections.abc import Callable, Iterable
+from typing import NoReturn, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,6 +25,47 @@ class Parser(argparse.ArgumentParser):
 
 class UsageError(Exception):
     """A bad command line; the message says what is wrong."""
+
+
+# The trace configuration's numbers Intel's ptdump and ptxed take as
+# options: option -> (PtConfig field, largest value).
+CONFIG_UINTS = {
+    "--mtc-freq": ("mtc_freq", 0xFF),
+    "--nom-freq": ("nom_freq", 0xFF),
+    "--cpuid-0x15.eax": ("cpuid_0x15_eax", 0xFFFFFFFF),
+    "--cpuid-0x15.ebx": ("cpuid_0x15_ebx", 0xFFFFFFFF),
+}
+
+_CONFIG_HELP = (
+    ("--cpu none|f/m[/s]", "set cpu to the given value and decode according to:"),
+    ("", "  none     spec (default)"),
+    ("", "  f/m[/s]  family/model[/stepping]"),
+    ("--mtc-freq <n>", "set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>."),
+    ("--nom-freq <n>", "set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>."),
+    ("--cpuid-0x15.eax", "set the value of cpuid[0x15].eax."),
+    ("--cpuid-0x15.ebx", "set the value of cpuid[0x15].ebx."),
+)
+
+
+def config_help(width: int) -> str:
+    """The help of ``--cpu`` and CONFIG_UINTS' options (Intel's ptdump and
+    ptxed word them alike), descriptions in column ``width``."""
+    return "".join(f"  {option}".ljust(width) + text + "\n" for option, text in _CONFIG_HELP)
+
+
+def help_or_version(arg: str, help_text: str, tool: str) -> bool:
+    """Intel's ``--help``/``-h`` and ``--version``: when ``arg`` is one,
+    print the help or ``hwtrace-<tool>-<version>`` and return True (the
+    command then exits with 0)."""
+    if arg in ("-h", "--help"):
+        sys.stdout.write(help_text)
+        return True
+    if arg == "--version":
+        from .. import __version__
+
+        print(f"hwtrace-{tool}-{__version__}")
+        return True
+    return False
 
 
 def parse_uint(option: str, value: str | None, limit: int) -> int:
@@ -64,11 +107,10 @@ def split_range(arg: str) -> tuple[str, int, int]:
     return head, lo, hi - lo
 
 
-def load_trace(prog: str, arg: str) -> tuple[str, np.ndarray] | None:
-    """Memory-map ``file[:from[-to]]``.  Prints one clear message and returns
-    None when the file cannot be used."""
-    from ..pt.packets import map_file
-
+def open_range(prog: str, arg: str, opener: Callable[[str], T]) -> tuple[str, int, int, T] | None:
+    """``file[:from[-to]]`` split (see :func:`split_range`) and its file
+    opened by ``opener(path)``: (file, from, size, what ``opener`` gave).
+    Prints one clear message and returns None when either fails."""
     try:
         path, offset, size = split_range(arg)
     except UsageError as exc:
@@ -77,10 +119,21 @@ def load_trace(prog: str, arg: str) -> tuple[str, np.ndarray] | None:
     try:
         if os.path.isdir(path):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        buf = map_file(path)
+        return path, offset, size, opener(path)
     except OSError as exc:
         sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
         return None
+
+
+def load_trace(prog: str, arg: str) -> tuple[str, np.ndarray] | None:
+    """Memory-map ``file[:from[-to]]``.  Prints one clear message and returns
+    None when the file cannot be used."""
+    from ..pt.packets import map_file
+
+    opened = open_range(prog, arg, map_file)
+    if opened is None:
+        return None
+    path, offset, size, buf = opened
     if offset or size:
         end = range_end(prog, path, offset, size, buf.shape[0])
         if end is None:

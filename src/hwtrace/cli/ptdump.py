@@ -8,13 +8,20 @@ means nothing could be decoded.
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
-from .common import UsageError, parse_uint, range_end, split_range
+from .common import (
+    CONFIG_UINTS,
+    UsageError,
+    config_help,
+    help_or_version,
+    open_range,
+    parse_uint,
+    range_end,
+)
 from .sbopts import SbOptions, sideband_help
 
 if TYPE_CHECKING:
@@ -47,14 +54,7 @@ options:
                             this will result in errors when CYC packets are encountered.
   --no-wall-clock           suppress the no-time error and print relative time.
   --keep-tcal-on-ovf        keep time calibration on overflow.
-  --cpu none|f/m[/s]        set cpu to the given value and decode according to:
-                              none     spec (default)
-                              f/m[/s]  family/model[/stepping]
-  --mtc-freq <n>            set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>.
-  --nom-freq <n>            set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>.
-  --cpuid-0x15.eax          set the value of cpuid[0x15].eax.
-  --cpuid-0x15.ebx          set the value of cpuid[0x15].ebx.
-  --json                    one JSON object a line instead of ptdump's text.
+{CONFIG}  --json                    one JSON object a line instead of ptdump's text.
   --human                   a readable listing instead of ptdump's text: named
                             fields, TNT bits as T/N, colour on a terminal.
 {SB}  <ptfile>[:<from>[-<to>]]  load the processor trace data from <ptfile>;
@@ -62,7 +62,7 @@ options:
 
 Sideband records (--pevent) are printed when the trace's time reaches them,
 before the timing packet that got there, and the rest after the last packet.
-""".replace("{SB}", sideband_help("ptdump", 28))
+""".replace("{SB}", sideband_help("ptdump", 28)).replace("{CONFIG}", config_help(28))
 
 _FLAGS = {
     "--no-sync": "no_sync",
@@ -77,12 +77,6 @@ _FLAGS = {
     "--no-tcal": "no_tcal",
     "--no-wall-clock": "no_wall_clock",
     "--keep-tcal-on-ovf": "keep_tcal_on_ovf",
-}
-_UINTS = {
-    "--mtc-freq": ("mtc_freq", 0xFF),
-    "--nom-freq": ("nom_freq", 0xFF),
-    "--cpuid-0x15.eax": ("cpuid_0x15_eax", 0xFFFFFFFF),
-    "--cpuid-0x15.ebx": ("cpuid_0x15_ebx", 0xFFFFFFFF),
 }
 
 
@@ -114,13 +108,7 @@ def main(argv: list[str]) -> int:
                     raise UsageError(f"unexpected argument after the trace file: {argv[i + 1]}")
                 ptfile = arg
                 break
-            if arg in ("-h", "--help"):
-                sys.stdout.write(HELP)
-                return 0
-            if arg == "--version":
-                from .. import __version__
-
-                print(f"hwtrace-ptdump-{__version__}")
+            if help_or_version(arg, HELP, "ptdump"):
                 return 0
             if arg in _FLAGS:
                 name = _FLAGS[arg]
@@ -142,8 +130,8 @@ def main(argv: list[str]) -> int:
                 if (arg == "--time" and opts.tcal) or (arg == "--tcal" and opts.time):
                     raise UsageError("specify either --time or --tcal")
                 setattr(opts, arg[2:], True)
-            elif arg in _UINTS:
-                name, limit = _UINTS[arg]
+            elif arg in CONFIG_UINTS:
+                name, limit = CONFIG_UINTS[arg]
                 i += 1
                 setattr(config, name, parse_uint(arg, argv[i] if i < len(argv) else None, limit))
             elif arg == "--cpu":
@@ -232,18 +220,10 @@ class _Range(io.RawIOBase):
 def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
     """Open ``file[:from[-to]]`` for reading in chunks.  Prints one clear
     message and returns None when the file or range cannot be used."""
-    try:
-        path, offset, size = split_range(arg)
-    except UsageError as exc:
-        sys.stderr.write(f"{prog}: {exc}\n")
+    opened = open_range(prog, arg, lambda path: open(path, "rb", buffering=0))
+    if opened is None:
         return None
-    try:
-        if os.path.isdir(path):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        f = open(path, "rb", buffering=0)
-    except OSError as exc:
-        sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
-        return None
+    path, offset, size, f = opened
     try:
         total = os.fstat(f.fileno()).st_size if f.seekable() else -1
         if total >= 0 and (offset or size):

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .common import UsageError, parse_uint
+from .common import CONFIG_UINTS, UsageError, config_help, help_or_version, parse_uint
 from .sbopts import SbOptions, sideband_help
 
 PROG = "hwtrace ptxed"
@@ -47,14 +47,7 @@ options:
   --raw <file>[:<from>[-<to>]]:<base>
                                 load a raw binary from <file> at address <base>.
   --elf <file>[:<base>]         load an ELF from <file> at address <base>.
-  --cpu none|f/m[/s]            set cpu to the given value and decode according to:
-                                  none     spec (default)
-                                  f/m[/s]  family/model[/stepping]
-  --mtc-freq <n>                set the MTC frequency (IA32_RTIT_CTL[17:14]) to <n>.
-  --nom-freq <n>                set the nominal frequency (MSR_PLATFORM_INFO[15:8]) to <n>.
-  --cpuid-0x15.eax              set the value of cpuid[0x15].eax.
-  --cpuid-0x15.ebx              set the value of cpuid[0x15].ebx.
-  --insn-decoder                use the instruction flow decoder.
+{CONFIG}  --insn-decoder                use the instruction flow decoder.
   --block-decoder               use the block decoder (default).
   --block:show-blocks           show blocks in the output.
   --block:end-on-call           set the end-on-call block decoder flag.
@@ -70,7 +63,7 @@ With --pevent sideband, records are applied when the trace's time reaches
 them: MMAPs add to the process's image, COMM.EXEC starts a new image,
 ITRACE_START and context switches change the image decoded with (switches
 wait until the flow is, or likely is, in the kernel: see --pevent:kernel-start).
-""".replace("{SB}", sideband_help("ptxed", 32))
+""".replace("{SB}", sideband_help("ptxed", 32)).replace("{CONFIG}", config_help(32))
 
 
 # What decodes a trace and prints it (see decode).
@@ -93,6 +86,24 @@ class Options:
     insn_decoder: bool = False
     stats: bool = False
     stat_flags: set[str] = field(default_factory=set)
+
+
+# Options that only switch on one of Options' fields.
+_SWITCHES = {
+    "--att": "att",
+    "--no-inst": "no_inst",
+    "--quiet": "quiet",
+    "-q": "quiet",
+    "--offset": "print_offset",
+    "--time": "print_time",
+    "--raw-insn": "raw_insn",
+    "--check": "check",
+    "--stat": "stats",
+    "--event:time": "event_time",
+    "--event:ip": "event_ip",
+    "--resync-on-error": "resync_on_error",
+    "--block:show-blocks": "show_blocks",
+}
 
 
 def main(argv: list[str], stdout=None, *, decoder: Decoder | None = None) -> int:
@@ -128,13 +139,7 @@ def main(argv: list[str], stdout=None, *, decoder: Decoder | None = None) -> int
                 i += 1
                 return argv[i - 1]
 
-            if arg in ("-h", "--help"):
-                sys.stdout.write(HELP)
-                return 0
-            if arg == "--version":
-                from .. import __version__
-
-                print(f"hwtrace-ptxed-{__version__}")
+            if help_or_version(arg, HELP, "ptxed"):
                 return 0
             if arg == "--pt":
                 if ptfile is not None:
@@ -151,32 +156,11 @@ def main(argv: list[str], stdout=None, *, decoder: Decoder | None = None) -> int
                         image.add_elf(*parse_elf_spec(spec))
                 except ImageError as exc:
                     raise UsageError(f"{arg}: {exc}") from None
-            elif arg == "--att":
-                opts.att = True
-            elif arg == "--no-inst":
-                opts.no_inst = True
-            elif arg in ("--quiet", "-q"):
-                opts.quiet = True
-            elif arg == "--offset":
-                opts.print_offset = True
-            elif arg == "--time":
-                opts.print_time = True
-            elif arg == "--raw-insn":
-                opts.raw_insn = True
-            elif arg == "--check":
-                opts.check = True
-            elif arg == "--stat":
+            elif arg in _SWITCHES:
+                setattr(opts, _SWITCHES[arg], True)
+            elif arg in ("--stat:insn", "--stat:blocks"):
                 opts.stats = True
-            elif arg == "--stat:insn":
-                opts.stats = True
-                opts.stat_flags.add("insn")
-            elif arg == "--stat:blocks":
-                opts.stats = True
-                opts.stat_flags.add("blocks")
-            elif arg == "--event:time":
-                opts.event_time = True
-            elif arg == "--event:ip":
-                opts.event_ip = True
+                opts.stat_flags.add(arg[len("--stat:") :])
             elif arg == "--event:tick":
                 flags.tick_events = True
             elif arg == "--event:iflags":
@@ -206,23 +190,17 @@ def main(argv: list[str], stdout=None, *, decoder: Decoder | None = None) -> int
                         cpu = Cpu.parse(text)
                     except ValueError:
                         raise UsageError("cpu must be specified as f/m[/s]") from None
-            elif arg in ("--mtc-freq", "--nom-freq"):
-                setattr(config, arg[2:].replace("-", "_"), parse_uint(arg, value(), 0xFF))
-            elif arg in ("--cpuid-0x15.eax", "--cpuid-0x15.ebx"):
-                name = "cpuid_0x15_" + arg[-3:]
-                setattr(config, name, parse_uint(arg, value(), 0xFFFFFFFF))
+            elif arg in CONFIG_UINTS:
+                name, limit = CONFIG_UINTS[arg]
+                setattr(config, name, parse_uint(arg, value(), limit))
             elif arg in ("--verbose", "-v"):
                 pass
             elif sb.parse(arg, value, ptxed=True):
                 pass
-            elif arg == "--resync-on-error":
-                opts.resync_on_error = True
             elif arg in ("--insn-decoder", "--block-decoder"):
                 # One flow for both: the instruction decoder is the block
                 # decoder's blocks one instruction at a time.
                 opts.insn_decoder = arg == "--insn-decoder"
-            elif arg == "--block:show-blocks":
-                opts.show_blocks = True
             elif arg == "--block:end-on-call":
                 flags.end_on_call = True
             elif arg == "--block:end-on-jump":

@@ -8,6 +8,7 @@ Both the software recorder and the dynamic tracepoints resolve names
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .elf import read_elf
@@ -149,30 +150,29 @@ class ProcessModules:
                 self._tables[path] = None if bias is None else (elf.symbols.functions, bias)
         return self._tables[path]
 
-    def find_function(self, spec: str) -> FunctionSymbol | None:
-        """The function named ``name`` or ``module!name``, or None."""
-        module, _, name = spec.rpartition("!")
+    def _symbol_tables(self, module: str) -> Iterator[tuple[str, tuple[SymbolTable, int]]]:
+        """(path, (function table, load bias)) of the mapped files named
+        ``module`` (every file when empty) that have a symbol table."""
         for path in self.files:
             if module and os.path.basename(path) != module:
                 continue
             entry = self.symbols(path)
-            if entry is None:
-                continue
-            table, bias = entry
+            if entry is not None:
+                yield path, entry
+
+    def find_function(self, spec: str) -> FunctionSymbol | None:
+        """The function named ``name`` or ``module!name``, or None."""
+        module, _, name = spec.rpartition("!")
+        for path, (table, bias) in self._symbol_tables(module):
             for start, size, sym, _ in table:
                 if sym == name and size > 0:
                     return FunctionSymbol(name, path, start + bias, size, bias)
         # An alias the symbol table merged away (libc's getpid is __getpid's).
-        for path in self.files:
-            if module and os.path.basename(path) != module:
-                continue
-            entry = self.symbols(path)
-            if entry is None:
-                continue
+        for path, (_, bias) in self._symbol_tables(module):
             found = _alias(path, name)
             if found is not None:
                 start, size = found
-                return FunctionSymbol(name, path, start + entry[1], size, entry[1])
+                return FunctionSymbol(name, path, start + bias, size, bias)
         return None
 
     def module_at(self, address: int) -> Mapping | None:

@@ -61,6 +61,16 @@ _FAR_RETURN = {
 _IRET_LIKE = {_M.IRET, _M.IRETD, _M.IRETQ, _M.SYSRET, _M.SYSRETQ, _M.SYSEXIT, _M.ERETS, _M.ERETU}
 _CPL = {_M.INT, _M.INT1, _M.INT3, _M.INTO, _M.SYSCALL, _M.SYSENTER}
 
+# Jumps and calls by iced's flow control: their near class, far class, the
+# iced property that says the instruction is far, and whether the near one
+# is direct.
+_JUMPS_AND_CALLS = {
+    _F.UNCONDITIONAL_BRANCH: (IClass.JUMP, IClass.FAR_JUMP, "is_jmp_far", True),
+    _F.INDIRECT_BRANCH: (IClass.JUMP, IClass.FAR_JUMP, "is_jmp_far_indirect", False),
+    _F.CALL: (IClass.CALL, IClass.FAR_CALL, "is_call_far", True),
+    _F.INDIRECT_CALL: (IClass.CALL, IClass.FAR_CALL, "is_call_far_indirect", False),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Insn:
@@ -107,22 +117,12 @@ def classify(ins: iced.Instruction) -> tuple[IClass, Special, bool]:
         return IClass.COND_JUMP, Special.NONE, True
     if fc == _F.RETURN:
         return IClass.RETURN, Special.NONE, False
-    if fc == _F.UNCONDITIONAL_BRANCH:
-        if ins.is_jmp_far:
-            return IClass.FAR_JUMP, Special.NONE, False
-        return IClass.JUMP, Special.NONE, True
-    if fc == _F.INDIRECT_BRANCH:
-        if ins.is_jmp_far_indirect:
-            return IClass.FAR_JUMP, Special.NONE, False
-        return IClass.JUMP, Special.NONE, False
-    if fc == _F.CALL:
-        if ins.is_call_far:
-            return IClass.FAR_CALL, Special.NONE, False
-        return IClass.CALL, Special.NONE, True
-    if fc == _F.INDIRECT_CALL:
-        if ins.is_call_far_indirect:
-            return IClass.FAR_CALL, Special.NONE, False
-        return IClass.CALL, Special.NONE, False
+    branch = _JUMPS_AND_CALLS.get(fc)
+    if branch is not None:
+        near, far, is_far, direct = branch
+        if getattr(ins, is_far):
+            return far, Special.NONE, False
+        return near, Special.NONE, direct
     if mn == _M.MOV and ins.op_count == 2 and ins.op0_register == iced.Register.CR3:
         return IClass.OTHER, Special.MOV_CR3, False
     if mn == _M.VMPTRLD:

@@ -1218,6 +1218,20 @@ def _decode_ovf(SI, SU, QE, QB, pk, cf, out):
     return 0
 
 
+# CFE types (a 5-bit field) whose event is the type alone (with the vector
+# for uintr and swintr), and whether it waits for a FUP while tracing is
+# enabled (iret, vmentry, shutdown and uiret never do).
+_CFE_EVENT = np.full(32, -1, np.int64)
+_CFE_TO_FUP = np.zeros(32, np.bool_)
+for _t, _ev, _to_fup in (
+    (2, EV_IRET, False), (3, EV_SMI, True), (6, EV_INIT, True), (7, EV_VMENTRY, False),
+    (10, EV_SHUTDOWN, False), (12, EV_UINTR, True), (13, EV_UIRET, False),
+    (14, EV_SWINTR, True), (15, EV_SYSCALL, True),
+):  # fmt: skip
+    _CFE_EVENT[_t] = _ev
+    _CFE_TO_FUP[_t] = _to_fup
+
+
 @aot.njit(cache=True, _nrt=False)
 def _bind_cfe(SI, QE, QB, pk, out, has_ip, to_fup):
     if has_ip:
@@ -1254,34 +1268,12 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
         return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled)
     if found:
         return _err(E_BAD_CONTEXT)
-    simple = -1
-    if t == 2:
-        simple = EV_IRET
-    elif t == 7:
-        simple = EV_VMENTRY
-    elif t == 10:
-        simple = EV_SHUTDOWN
-    elif t == 13:
-        simple = EV_UIRET
-    if simple >= 0:
-        _ev_init(out, simple)
-        return _bind_cfe(SI, QE, QB, pk, out, has_ip, False)
-    fupt = -1
-    if t == 3:
-        fupt = EV_SMI
-    elif t == 6:
-        fupt = EV_INIT
-    elif t == 12:
-        fupt = EV_UINTR
-    elif t == 14:
-        fupt = EV_SWINTR
-    elif t == 15:
-        fupt = EV_SYSCALL
-    if fupt >= 0:
-        _ev_init(out, fupt)
-        if t == 12 or t == 14:
+    ev = _CFE_EVENT[t]
+    if ev >= 0:
+        _ev_init(out, ev)
+        if t == 12 or t == 14:  # uintr, swintr
             out[E_VECTOR] = vector
-        return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled)
+        return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled and _CFE_TO_FUP[t])
     if t == 4 or t == 5:  # rsm, sipi
         if has_ip:
             return _err(E_BAD_PACKET)

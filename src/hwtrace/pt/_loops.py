@@ -132,6 +132,25 @@ def _ip_bytes(ipc):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def c_state(field):
+    """The C-state number a PWRE or PWRX 4-bit state field encodes (C1 is
+    0, C0 is 0xF: the field plus one, modulo 16), as Intel's tools print it."""
+    return (np.uint64(field) + np.uint64(1)) & np.uint64(0xF)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def block_after(kind, b, in_block):
+    """Whether the next packet is in a BBP..BEP block, and of which item
+    size (BLOCK_*), after packet ``kind`` (``b``: its second column): a BBP
+    opens one; BEP, PSB and OVF close it."""
+    if kind == BBP:
+        return BLOCK_SZ4 if b == BBP_SZ4 else BLOCK_SZ8
+    if kind == BEP or kind == PSB or kind == OVF:
+        return BLOCK_NONE
+    return in_block
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def decode_packet(buf, pos, end, in_block, errata):
     """Decode the packet at ``pos``.
 
@@ -635,10 +654,7 @@ def decode_stream(buf, avail, state, rows, errs, store):
                 col_c[n] = np.uint8(c)
                 n += 1
             packets += 1
-            if kind == BBP:
-                in_block = BLOCK_SZ4 if b == BBP_SZ4 else BLOCK_SZ8
-            elif kind == BEP or kind == PSB or kind == OVF:
-                in_block = BLOCK_NONE
+            in_block = block_after(kind, b, in_block)
             pos += size
             continue
         # An error: record it, then resynchronise at the next PSB.

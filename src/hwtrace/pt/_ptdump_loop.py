@@ -238,9 +238,9 @@ def _payload(out, p, kind, a, b, c):
         return put_hex(out, p, b, 8)
     if kind == K.PWRE:
         p = put_text(out, p, "c")
-        p = put_dec(out, p, (a + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, K.c_state(a))
         p = put_text(out, p, ".")
-        p = put_dec(out, p, (b + 1) & 0xF)
+        p = put_dec(out, p, K.c_state(b))
         if c & K.PWRE_HW:
             p = put_text(out, p, ", hw")
         return p
@@ -254,9 +254,9 @@ def _payload(out, p, kind, a, b, c):
         else:
             p = put_text(out, p, "bad")
         p = put_text(out, p, ": c")
-        p = put_dec(out, p, (a + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, K.c_state(a))
         p = put_text(out, p, ", c")
-        return put_dec(out, p, (b + 1) & 0xF)
+        return put_dec(out, p, K.c_state(b))
     if kind == K.PTW:
         p = put_hex(out, p, b, 0)
         p = put_text(out, p, ": ")

@@ -121,6 +121,21 @@ F_NO_TIMING = 1 << 9  # --no-timing
 F_NO_CYC = 1 << 10  # --no-cyc
 F_NO_WALL = 1 << 11  # --no-wall-clock
 F_TRACK = 1 << 12  # track time without showing it (Intel's ptdump does with sideband)
+# The same options by their names in hwtrace.pt.ptdump.DumpOptions.
+OPTION_FLAGS = {
+    "show_offset": F_OFFSET,
+    "raw": F_RAW,
+    "lastip": F_LASTIP,
+    "exec_mode": F_EXEC,
+    "time": F_TIME,
+    "tcal": F_TCAL,
+    "time_delta": F_DELTA,
+    "quiet": F_QUIET,
+    "no_pad": F_NO_PAD,
+    "no_timing": F_NO_TIMING,
+    "no_cyc": F_NO_CYC,
+    "no_wall_clock": F_NO_WALL,
+}
 
 # format_loop stops when less room than this is left in its output: enough
 # for one packet's line with everything printed before it.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,9 +29,8 @@ from . import flowrows as R
 from .blocks import BlockStore, CompactBlocks
 from .codetable import CodeTable
 from .config import PtConfig
-from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSink, UnplacedRevision
+from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSettings, FlowSink, UnplacedRevision
 from .flowrows import CodeView, Event, Gap, error_gaps, event_object, flow_events, instructions_of
-from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import as_buffer, map_file
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
@@ -282,13 +281,8 @@ class Symbolized:
 
 
 @dataclass
-class DecodeOptions:
+class DecodeOptions(FlowSettings):
     """What the library decoder is told beyond the PT configuration."""
-
-    flags: BlockFlags = field(default_factory=BlockFlags)
-    addr_filter: AddrFilter = field(default_factory=AddrFilter)
-    events: EventOptions = field(default_factory=EventOptions)
-    fast: bool = True  # walk plain flow a run of code at a time
 
     def flow_options(self) -> FlowOptions:
         # The library loses nothing after an error: the next PSB is looked

@@ -61,13 +61,21 @@ _ERRATA_BITS = {
 
 
 @dataclass
-class FlowOptions:
-    """How to decode, beyond the PT configuration."""
+class FlowSettings:
+    """What decoding is told beyond the PT configuration, by the library
+    (:class:`~hwtrace.pt.decode.DecodeOptions`) and by the commands
+    (:class:`FlowOptions`) alike."""
 
     flags: BlockFlags = field(default_factory=BlockFlags)
     addr_filter: AddrFilter = field(default_factory=AddrFilter)
     events: EventOptions = field(default_factory=EventOptions)
     fast: bool = True  # walk plain flow a run of code at a time
+
+
+@dataclass
+class FlowOptions(FlowSettings):
+    """How to decode, beyond the PT configuration."""
+
     resync_on_error: bool = False  # ptxed's --resync-on-error
     keep_going: bool = False  # after an error, look for a PSB at the failure, not after it
     empty_blocks: bool = True  # report blocks of no instruction (ptxed counts them)
@@ -655,6 +663,7 @@ __all__ = [
     "FlowBatch",
     "FlowDecoder",
     "FlowOptions",
+    "FlowSettings",
     "FlowSink",
     "UnplacedRevision",
 ]

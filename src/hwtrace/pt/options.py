@@ -41,18 +41,5 @@ class AddrFilter:
     def configured(self) -> bool:
         return any(cfg for cfg, _, _ in self.ranges)
 
-    def check(self, ip: int) -> int:
-        """1 if tracing is enabled at ``ip``, 0 if not (libipt's
-        pt_filter_addr_check)."""
-        have_filter = False
-        for cfg, a, b in self.ranges:
-            if cfg == 1:
-                have_filter = True
-                if a <= ip <= b:
-                    return 1
-            elif cfg == 2 and a <= ip <= b:
-                return 0
-        return 0 if have_filter else 1
-
 
 __all__ = ["AddrFilter", "BlockFlags", "EventOptions"]

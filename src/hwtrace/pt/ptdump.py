@@ -26,21 +26,10 @@ import numpy as np
 from ._loops import decode_stream
 from ._ptdump_loop import format_loop
 from ._state import (
-    F_DELTA,
-    F_EXEC,
-    F_LASTIP,
-    F_NO_CYC,
-    F_NO_PAD,
-    F_NO_TIMING,
-    F_NO_WALL,
-    F_OFFSET,
-    F_QUIET,
-    F_RAW,
-    F_TCAL,
-    F_TIME,
     F_TRACK,
     KEEP_MAX,
     LINE_MAX,
+    OPTION_FLAGS,
     STOP_DONE,
     STOP_INPUT,
     new_decoder_state,
@@ -110,21 +99,7 @@ class DumpOptions:
 
     def flags(self) -> int:
         """The options as the text loop's flag bits."""
-        bits = {
-            F_OFFSET: self.show_offset,
-            F_RAW: self.raw,
-            F_LASTIP: self.lastip,
-            F_EXEC: self.exec_mode,
-            F_TIME: self.time,
-            F_TCAL: self.tcal,
-            F_DELTA: self.time_delta,
-            F_QUIET: self.quiet,
-            F_NO_PAD: self.no_pad,
-            F_NO_TIMING: self.no_timing,
-            F_NO_CYC: self.no_cyc,
-            F_NO_WALL: self.no_wall_clock,
-        }
-        return sum(bit for bit, on in bits.items() if on)
+        return sum(bit for name, bit in OPTION_FLAGS.items() if getattr(self, name))
 
 
 _EMPTY_TIMES = (

@@ -27,6 +27,7 @@ from ..textout import (
     string_table,
 )
 from . import _flowloop as K
+from ._loops import c_state
 from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .flowdec import FlowSink
@@ -50,6 +51,16 @@ _KIND_TAB, _KIND_LEN = string_table(
     {K.ERR_DECODE: "error", K.ERR_SYNC: "sync error", K.ERR_RESYNC: "resync error"}, 4
 )
 _NAME_TAB, _NAME_LEN = string_table({int(e): f"event {e.name.lower()}" for e in Ev}, 64)
+# Events printed as a word, then (uintr, swintr) the vector, then the IP.
+_WORD_TAB, _WORD_LEN = string_table(
+    {
+        K.EV_DISABLED: "disabled", K.EV_OVERFLOW: "overflow", K.EV_EXSTOP: "exstop",
+        K.EV_TICK: "tick", K.EV_IRET: "iret", K.EV_SMI: "smi", K.EV_RSM: "rsm", K.EV_INIT: "init",
+        K.EV_VMENTRY: "vmentry", K.EV_SHUTDOWN: "shutdown", K.EV_UINTR: "uintr ",
+        K.EV_UIRET: "uiret", K.EV_SWINTR: "swintr ", K.EV_SYSCALL: "syscall",
+    },
+    64,
+)  # fmt: skip
 
 
 @dataclass
@@ -76,11 +87,17 @@ class PtxedStyle:
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def _put_ip(out, p, row):
+    """ptxed's ``, ip: %016x``."""
+    p = put_text(out, p, ", ip: ")
+    return put_hex(out, p, row[K.E_IP], 16)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _ipx(out, p, row, ev_ip):
     """ptxed's ``, ip: %016x`` when asked for and the IP is known."""
     if ev_ip and not (row[K.E_FLAGS] & K.F_SUPP):
-        p = put_text(out, p, ", ip: ")
-        p = put_hex(out, p, row[K.E_IP], 16)
+        p = _put_ip(out, p, row)
     return p
 
 
@@ -98,25 +115,25 @@ def _event(out, p, row, offset, style):
     if style & S_EV_TIME and row[K.E_FLAGS] & K.F_HAS_TSC:
         p = put_hex(out, p, row[K.E_TSC], 16)
         p = put_text(out, p, "  ")
-    if t == K.EV_ENABLED:
+    if t < K.X_ERROR and _WORD_LEN[t]:
+        p = put_row(out, p, _WORD_TAB, _WORD_LEN, t)
+        if t == K.EV_UINTR or t == K.EV_SWINTR:
+            p = put_dec(out, p, row[K.E_VECTOR])
+        p = _ipx(out, p, row, ev_ip)
+    elif t == K.EV_ENABLED:
         if row[K.E_FLAGS] & K.F_RESUMED:
             p = put_text(out, p, "resumed")
         else:
             p = put_text(out, p, "enabled")
         if ev_ip:
-            p = put_text(out, p, ", ip: ")
-            p = put_hex(out, p, row[K.E_IP], 16)
-    elif t == K.EV_DISABLED:
-        p = put_text(out, p, "disabled")
-        p = _ipx(out, p, row, ev_ip)
+            p = _put_ip(out, p, row)
     elif t == K.EV_ASYNC_DISABLED:
         p = put_text(out, p, "disabled")
         if ev_ip:
             p = put_text(out, p, ", at: ")
             p = put_hex(out, p, row[K.E_AT], 16)
             if not supp:
-                p = put_text(out, p, ", ip: ")
-                p = put_hex(out, p, row[K.E_IP], 16)
+                p = _put_ip(out, p, row)
     elif t == K.EV_ASYNC_BRANCH:
         p = put_text(out, p, "interrupt")
         if ev_ip:
@@ -131,11 +148,7 @@ def _event(out, p, row, offset, style):
         if row[K.E_NR]:
             p = put_text(out, p, ", nr")
         if t == K.EV_ASYNC_PAGING and ev_ip:
-            p = put_text(out, p, ", ip: ")
-            p = put_hex(out, p, row[K.E_IP], 16)
-    elif t == K.EV_OVERFLOW:
-        p = put_text(out, p, "overflow")
-        p = _ipx(out, p, row, ev_ip)
+            p = _put_ip(out, p, row)
     elif t == K.EV_EXEC_MODE:
         p = put_text(out, p, "exec mode: ")
         m = row[K.E_MODE]
@@ -162,11 +175,7 @@ def _event(out, p, row, offset, style):
         p = put_text(out, p, "vmcs, base: ")
         p = put_hex(out, p, row[K.E_BASE], 16)
         if t == K.EV_ASYNC_VMCS and ev_ip:
-            p = put_text(out, p, ", ip: ")
-            p = put_hex(out, p, row[K.E_IP], 16)
-    elif t == K.EV_EXSTOP:
-        p = put_text(out, p, "exstop")
-        p = _ipx(out, p, row, ev_ip)
+            p = _put_ip(out, p, row)
     elif t == K.EV_MWAIT:
         p = put_text(out, p, "mwait ")
         p = put_hex(out, p, row[K.E_HINTS], 0)
@@ -175,9 +184,9 @@ def _event(out, p, row, offset, style):
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_PWRE:
         p = put_text(out, p, "pwre c")
-        p = put_dec(out, p, (row[K.E_STATE] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_STATE]))
         p = put_text(out, p, ".")
-        p = put_dec(out, p, (row[K.E_SUBSTATE] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_SUBSTATE]))
         if row[K.E_HW]:
             p = put_text(out, p, " hw")
     elif t == K.EV_PWRX:
@@ -189,16 +198,13 @@ def _event(out, p, row, offset, style):
         if row[K.E_WAKE_HW]:
             p = put_text(out, p, "hw: ")
         p = put_text(out, p, "c")
-        p = put_dec(out, p, (row[K.E_LAST] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_LAST]))
         p = put_text(out, p, " (c")
-        p = put_dec(out, p, (row[K.E_DEEPEST] + np.uint64(1)) & np.uint64(0xF))
+        p = put_dec(out, p, c_state(row[K.E_DEEPEST]))
         p = put_text(out, p, ")")
     elif t == K.EV_PTWRITE:
         p = put_text(out, p, "ptwrite: ")
         p = put_hex(out, p, row[K.E_PAYLOAD], 0)
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_TICK:
-        p = put_text(out, p, "tick")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_CBR:
         p = put_text(out, p, "cbr: ")
@@ -220,24 +226,9 @@ def _event(out, p, row, offset, style):
             p = put_text(out, p, ", cr2: ")
             p = put_hex(out, p, row[K.E_CR2], 16)
         p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_IRET:
-        p = put_text(out, p, "iret")
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_SMI:
-        p = put_text(out, p, "smi")
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_RSM:
-        p = put_text(out, p, "rsm")
-        p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_SIPI:
         p = put_text(out, p, "sipi: ")
         p = put_hex(out, p, row[K.E_VECTOR], 0)
-    elif t == K.EV_INIT:
-        p = put_text(out, p, "init")
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_VMENTRY:
-        p = put_text(out, p, "vmentry")
-        p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_VMEXIT:
         p = put_text(out, p, "vmexit")
         if row[K.E_HAS_VECTOR]:
@@ -249,23 +240,6 @@ def _event(out, p, row, offset, style):
         if row[K.E_HAS_VMXQ]:
             p = put_text(out, p, ", vmxq: ")
             p = put_hex(out, p, row[K.E_VMXQ], 16)
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_SHUTDOWN:
-        p = put_text(out, p, "shutdown")
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_UINTR:
-        p = put_text(out, p, "uintr ")
-        p = put_dec(out, p, row[K.E_VECTOR])
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_UIRET:
-        p = put_text(out, p, "uiret")
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_SWINTR:
-        p = put_text(out, p, "swintr ")
-        p = put_dec(out, p, row[K.E_VECTOR])
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_SYSCALL:
-        p = put_text(out, p, "syscall")
         p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_TRIG:
         p = put_text(out, p, "trig ")

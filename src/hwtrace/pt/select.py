@@ -67,10 +67,7 @@ def _scan(buf, start, end, errata, keep, off, kind, a, b, c, e_off, e_code, e_id
             b[n] = np.uint32(pb)
             c[n] = np.uint8(pc)
             n += 1
-        if k == PK.BBP:
-            in_block = PK.BLOCK_SZ4 if pb == PK.BBP_SZ4 else PK.BLOCK_SZ8
-        elif k == PK.BEP or k == PK.PSB or k == PK.OVF:
-            in_block = PK.BLOCK_NONE
+        in_block = PK.block_after(k, pb, in_block)
         pos += size
     return n, ne
 

@@ -68,6 +68,24 @@ def _tcal_init():
     return 0, -1, 0, 0, 0, 0, 0, 0, False, False
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _set_fcr(fcr, c_min, c_max):
+    """A new fast-counter ratio and the range seen so far (pt_tcal_set_fcr)."""
+    if c_min < 0 or fcr < c_min:
+        c_min = fcr
+    return fcr, c_min, max(c_max, fcr)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _diag(d_idx, d_kind, d_err, nd, i, kind, err):
+    """Note diagnostic ``kind`` (error ``err``) at packet ``i``; returns the
+    new count."""
+    d_idx[nd] = i
+    d_kind[nd] = kind
+    d_err[nd] = err
+    return nd + 1
+
+
 # The model's state between calls (time_loop's ``state``/``saved``).
 TIME_STATE_SIZE = 24
 _TS_VALID = 23
@@ -253,16 +271,9 @@ def time_loop(
                                 err = E_INTERNAL
                             else:
                                 fcr = (delta << FCR_SHR) // cyc
-                                c_fcr = fcr
-                                if c_min < 0 or fcr < c_min:
-                                    c_min = fcr
-                                if fcr > c_max:
-                                    c_max = fcr
+                                c_fcr, c_min, c_max = _set_fcr(fcr, c_min, c_max)
                         if err:
-                            d_idx[nd] = i
-                            d_kind[nd] = DIAG_CALIBRATING
-                            d_err[nd] = err
-                            nd += 1
+                            nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_CALIBRATING, err)
                 else:
                     c_tsc = tsc
                     c_cyc_tsc = 0
@@ -293,22 +304,12 @@ def time_loop(
                     ) = _tcal_init()
                 if nom_freq != 0:
                     if cbr == 0:
-                        d_idx[nd] = i
-                        d_kind[nd] = DIAG_CALIBRATING
-                        d_err[nd] = E_BAD_PACKET
-                        nd += 1
+                        nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_CALIBRATING, E_BAD_PACKET)
                     else:
                         fcr = (np.int64(nom_freq) << FCR_SHR) // cbr
-                        c_fcr = fcr
-                        if c_min < 0 or fcr < c_min:
-                            c_min = fcr
-                        if fcr > c_max:
-                            c_max = fcr
+                        c_fcr, c_min, c_max = _set_fcr(fcr, c_min, c_max)
             if cbr == 0:
-                d_idx[nd] = i
-                d_kind[nd] = DIAG_UPDATING
-                d_err[nd] = E_BAD_PACKET
-                nd += 1
+                nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, E_BAD_PACKET)
         elif kind == K.TMA:
             ctc = np.int64(col_a[i])
             fc = np.int64(col_b[i])
@@ -320,10 +321,7 @@ def time_loop(
             elif t_have_mtc:
                 err = E_INTERNAL
             if err:
-                d_idx[nd] = i
-                d_kind[nd] = DIAG_UPDATING
-                d_err[nd] = err
-                nd += 1
+                nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, err)
             else:
                 ctc_mask = (1 << mtc_hi) - 1
                 t_have_tma = True
@@ -359,17 +357,11 @@ def time_loop(
                     elif eax == 0 or ebx == 0:
                         err = E_BAD_CONFIG
                     if err:
-                        d_idx[nd] = i
-                        d_kind[nd] = DIAG_CALIBRATING
-                        d_err[nd] = err
-                        nd += 1
+                        nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_CALIBRATING, err)
                     else:
                         fc = (delta * ebx) // eax
                         if fc >> (64 - FCR_SHR):
-                            d_idx[nd] = i
-                            d_kind[nd] = DIAG_CALIBRATING
-                            d_err[nd] = E_INTERNAL
-                            nd += 1
+                            nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_CALIBRATING, E_INTERNAL)
                         else:
                             fcr = (fc << FCR_SHR) // cyc
                             skip = False
@@ -381,11 +373,7 @@ def time_loop(
                                     if dfc < fc:
                                         skip = True
                             if not skip:
-                                c_fcr = fcr
-                                if c_min < 0 or fcr < c_min:
-                                    c_min = fcr
-                                if fcr > c_max:
-                                    c_max = fcr
+                                c_fcr, c_min, c_max = _set_fcr(fcr, c_min, c_max)
                                 c_lost_mtc = 0
             # Then time (pt_time_update_mtc).
             if not (t_have_tsc and not t_have_tma):
@@ -405,10 +393,7 @@ def time_loop(
                     if not have_tma:
                         proceed = False
                     elif last_ctc & ~0xFFFF:
-                        d_idx[nd] = i
-                        d_kind[nd] = DIAG_UPDATING
-                        d_err[nd] = E_INTERNAL
-                        nd += 1
+                        nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, E_INTERNAL)
                         proceed = False
                     else:
                         ctc_lo = ctc & 0xFFFF
@@ -421,15 +406,9 @@ def time_loop(
                     delta = _ctc_delta(ctc, last_ctc, mtc_freq)
                     if delta < 0:
                         t_lost_mtc += 1
-                        d_idx[nd] = i
-                        d_kind[nd] = DIAG_UPDATING
-                        d_err[nd] = E_BAD_PACKET
-                        nd += 1
+                        nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, E_BAD_PACKET)
                     elif eax == 0 or ebx == 0:
-                        d_idx[nd] = i
-                        d_kind[nd] = DIAG_UPDATING
-                        d_err[nd] = E_BAD_CONFIG
-                        nd += 1
+                        nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, E_BAD_CONFIG)
                     else:
                         base += (delta * ebx) // eax
                         t_tsc = base
@@ -441,18 +420,12 @@ def time_loop(
                 if c_min >= 0 and c_min <= c_max:
                     fcr = c_fcr
                 else:
-                    d_idx[nd] = i
-                    d_kind[nd] = DIAG_CALIBRATION
-                    d_err[nd] = E_NO_TIME
-                    nd += 1
+                    nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_CALIBRATION, E_NO_TIME)
                 c_cyc_mtc += cyc
                 c_cyc_tsc += cyc
             if fcr == 0:
                 t_lost_cyc += 1
-                d_idx[nd] = i
-                d_kind[nd] = DIAG_NO_CALIBRATION
-                d_err[nd] = 0
-                nd += 1
+                nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_NO_CALIBRATION, 0)
             else:
                 fc = t_fc
                 err = 0
@@ -470,10 +443,7 @@ def time_loop(
                             cyc = old_cyc
                         cyc -= old_cyc
                 if err:
-                    d_idx[nd] = i
-                    d_kind[nd] = DIAG_UPDATING
-                    d_err[nd] = err
-                    nd += 1
+                    nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, err)
                 else:
                     fc += (cyc * fcr) >> FCR_SHR
                     t_fc = fc
