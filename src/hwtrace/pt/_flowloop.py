@@ -397,6 +397,13 @@ def _q_enqueue_row(SI, QE, QB, binding, row):
 
 
 @aot.njit(cache=True, _nrt=False)
+def _q_put(SI, QE, QB, binding, row):
+    """Queue the event ``row`` for ``binding``: 0, or -NOMEM."""
+    s = _q_enqueue_row(SI, QE, QB, binding, row)
+    return s if s < 0 else 0
+
+
+@aot.njit(cache=True, _nrt=False)
 def _q_find(SI, QE, QB, mask, t):
     for i in range(SI[ES_QN]):
         if QB[i] & mask and QE[i, E_TYPE] == t:
@@ -423,14 +430,29 @@ def _q_remove(SI, QE, QB, slot):
 
 
 @aot.njit(cache=True, _nrt=False)
+def _q_take(SI, QE, QB, slot, out):
+    """Move the event in ``slot`` out of the queue, to ``out``."""
+    _ev_copy(out, QE[slot])
+    _q_remove(SI, QE, QB, slot)
+
+
+@aot.njit(cache=True, _nrt=False)
 def _q_dequeue(SI, QE, QB, mask, out):
     """Move the first event waiting for ``mask`` to ``out``; False if none."""
     i = _q_peek(SI, QB, mask)
     if i < 0:
         return False
-    _ev_copy(out, QE[i])
-    _q_remove(SI, QE, QB, i)
+    _q_take(SI, QE, QB, i, out)
     return True
+
+
+@aot.njit(cache=True, _nrt=False)
+def _q_dequeue_event(SI, QE, QB, mask, out):
+    """``_q_dequeue``, passing over the EV_IGNORE placeholders."""
+    while _q_dequeue(SI, QE, QB, mask, out):
+        if out[E_TYPE] != EV_IGNORE:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------
@@ -529,6 +551,34 @@ def _deliver(SI, pk, ev):
     _ev_time(SI, pk, ev, -1)
     _ev_fetch(SI, pk)
     return 1
+
+
+@aot.njit(cache=True, _nrt=False)
+def _at_fup_or_now(SI, QE, QB, pk, out, binding):
+    """An event that takes its IP from a FUP: queued for it (``binding``,
+    B_FUP or B_FUP_BOUND), or with ``binding`` 0 delivered now, its IP
+    suppressed."""
+    if binding:
+        return _q_put(SI, QE, QB, binding, out)
+    out[E_FLAGS] |= F_SUPP
+    return _deliver(SI, pk, out)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _at_async_tip_or_now(SI, QE, QB, pk, out, async_type):
+    """A PIP's or VMCS's event: during an asynchronous branch it becomes
+    ``async_type`` and waits for the branch's TIP, else it comes now."""
+    if _q_find(SI, QE, QB, B_TIP, EV_ASYNC_BRANCH) >= 0:
+        out[E_TYPE] = async_type
+        return _q_put(SI, QE, QB, B_TIP, out)
+    return _deliver(SI, pk, out)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _set_tsx(ev, bits):
+    """A MODE.TSX payload: bit 0 in a transaction, bit 1 aborted."""
+    ev[E_SPEC] = bits & np.uint64(1)
+    ev[E_ABORTED] = (bits >> np.uint64(1)) & np.uint64(1)
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -630,8 +680,7 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
             s = _header_event(SI, QE, QB, EV_TSX, True)
             if s < 0:
                 return s
-            QE[s, E_SPEC] = a[i] & np.uint64(1)
-            QE[s, E_ABORTED] = (a[i] >> np.uint64(1)) & np.uint64(1)
+            _set_tsx(QE[s], a[i])
         elif k == K_PIP:
             s = _header_event(SI, QE, QB, EV_ASYNC_PAGING, True)
             if s < 0:
@@ -761,20 +810,17 @@ def _decode_tip(SI, SU, QE, QB, pk, i, out):
         _event_ip(SI, SU, out)
         _ev_time(SI, pk, out, -1)
         return 1
-    while True:
-        if not _q_dequeue(SI, QE, QB, B_TIP, out):
-            return 0
-        t = out[E_TYPE]
-        if t == EV_IGNORE:
-            continue
-        if t == EV_EXEC_MODE or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS or t == EV_IFLAGS:
-            _event_ip(SI, SU, out)
-        elif t == EV_ASYNC_BRANCH:
-            return _err(E_INTERNAL)
-        else:
-            return _err(E_BAD_CONTEXT)
-        _ev_time(SI, pk, out, -1)
-        return 1
+    if not _q_dequeue_event(SI, QE, QB, B_TIP, out):
+        return 0
+    t = out[E_TYPE]
+    if t == EV_EXEC_MODE or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS or t == EV_IFLAGS:
+        _event_ip(SI, SU, out)
+    elif t == EV_ASYNC_BRANCH:
+        return _err(E_INTERNAL)
+    else:
+        return _err(E_BAD_CONTEXT)
+    _ev_time(SI, pk, out, -1)
+    return 1
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -789,18 +835,15 @@ def _decode_tip_pge(SI, SU, QE, QB, pk, i, out):
         SI[ES_BOUND] = 1
         _ev_time(SI, pk, out, -1)
         return 1
-    while True:
-        if not _q_dequeue(SI, QE, QB, B_TIP, out):
-            return 0
-        t = out[E_TYPE]
-        if t == EV_IGNORE:
-            continue
-        if t == EV_EXEC_MODE or t == EV_IFLAGS:
-            _event_ip(SI, SU, out)
-        else:
-            return _err(E_BAD_CONTEXT)
-        _ev_time(SI, pk, out, -1)
-        return 1
+    if not _q_dequeue_event(SI, QE, QB, B_TIP, out):
+        return 0
+    t = out[E_TYPE]
+    if t == EV_EXEC_MODE or t == EV_IFLAGS:
+        _event_ip(SI, SU, out)
+    else:
+        return _err(E_BAD_CONTEXT)
+    _ev_time(SI, pk, out, -1)
+    return 1
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -878,39 +921,22 @@ def _decode_mode_exec(SI, QE, QB, pk, cf, i):
 @aot.njit(cache=True, _nrt=False)
 def _decode_mode_tsx(SI, QE, QB, pk, i, out):
     a = pk[1]
-    intx = a[i] & np.uint64(1)
-    abrt = (a[i] >> np.uint64(1)) & np.uint64(1)
-    if SI[ES_ENABLED]:
-        s = _q_enqueue(SI, QE, QB, B_FUP if abrt else B_FUP_BOUND)
-        if s < 0:
-            return s
-        QE[s, E_TYPE] = EV_TSX
-        QE[s, E_SPEC] = intx
-        QE[s, E_ABORTED] = abrt
-        return 0
     _ev_init(out, EV_TSX)
-    out[E_SPEC] = intx
-    out[E_ABORTED] = abrt
-    out[E_FLAGS] |= F_SUPP
-    return _deliver(SI, pk, out)
+    _set_tsx(out, a[i])
+    binding = 0
+    if SI[ES_ENABLED]:
+        binding = B_FUP if out[E_ABORTED] else B_FUP_BOUND
+    return _at_fup_or_now(SI, QE, QB, pk, out, binding)
 
 
 @aot.njit(cache=True, _nrt=False)
 def _decode_pip(SI, QE, QB, pk, i, out):
     a = pk[1]
     b = pk[2]
-    if _q_find(SI, QE, QB, B_TIP, EV_ASYNC_BRANCH) >= 0:
-        s = _q_enqueue(SI, QE, QB, B_TIP)
-        if s < 0:
-            return s
-        QE[s, E_TYPE] = EV_ASYNC_PAGING
-        QE[s, E_CR3] = a[i]
-        QE[s, E_NR] = b[i]
-        return 0
     _ev_init(out, EV_PAGING)
     out[E_CR3] = a[i]
     out[E_NR] = b[i]
-    return _deliver(SI, pk, out)
+    return _at_async_tip_or_now(SI, QE, QB, pk, out, EV_ASYNC_PAGING)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -925,16 +951,9 @@ def _decode_vmcs(SI, QE, QB, pk, i, out):
         QE[paging, E_TYPE] = EV_ASYNC_VMCS
         QE[paging, E_BASE] = a[i]
         return 0
-    if _q_find(SI, QE, QB, B_TIP, EV_ASYNC_BRANCH) >= 0:
-        s = _q_enqueue(SI, QE, QB, B_TIP)
-        if s < 0:
-            return s
-        QE[s, E_TYPE] = EV_ASYNC_VMCS
-        QE[s, E_BASE] = a[i]
-        return 0
     _ev_init(out, EV_VMCS)
     out[E_BASE] = a[i]
-    return _deliver(SI, pk, out)
+    return _at_async_tip_or_now(SI, QE, QB, pk, out, EV_ASYNC_VMCS)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -943,24 +962,16 @@ def _decode_exstop(SI, QE, QB, pk, i, out):
     has_ip = c[i] != 0
     mwait = _q_find(SI, QE, QB, B_EXSTOP, EV_MWAIT)
     if mwait >= 0:
-        _ev_copy(out, QE[mwait])
-        _q_remove(SI, QE, QB, mwait)
+        _q_take(SI, QE, QB, mwait, out)
         if not has_ip:
             out[E_FLAGS] |= F_SUPP
             _ev_time(SI, pk, out, -1)
             return 1  # the EXSTOP itself comes on the next call
-        s = _q_enqueue_row(SI, QE, QB, B_FUP_BOUND, out)
+        s = _q_put(SI, QE, QB, B_FUP_BOUND, out)
         if s < 0:
             return s
-    if has_ip:
-        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
-        if s < 0:
-            return s
-        QE[s, E_TYPE] = EV_EXSTOP
-        return 0
     _ev_init(out, EV_EXSTOP)
-    out[E_FLAGS] |= F_SUPP
-    return _deliver(SI, pk, out)
+    return _at_fup_or_now(SI, QE, QB, pk, out, B_FUP_BOUND if has_ip else 0)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -971,19 +982,10 @@ def _decode_ptw(SI, QE, QB, pk, i, out):
     plc = b[i]
     if plc > 1:
         return _err(E_BAD_PACKET)
-    if c[i]:
-        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
-        if s < 0:
-            return s
-        QE[s, E_TYPE] = EV_PTWRITE
-        QE[s, E_SIZE] = 4 << plc
-        QE[s, E_PAYLOAD] = a[i]
-        return 0
     _ev_init(out, EV_PTWRITE)
-    out[E_FLAGS] |= F_SUPP
     out[E_SIZE] = 4 << plc
     out[E_PAYLOAD] = a[i]
-    return _deliver(SI, pk, out)
+    return _at_fup_or_now(SI, QE, QB, pk, out, B_FUP_BOUND if c[i] else 0)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -1066,8 +1068,7 @@ def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
                 if s < 0:
                     return s
                 QE[s, E_TYPE] = EV_TSX
-                QE[s, E_SPEC] = tsx & np.uint64(1)
-                QE[s, E_ABORTED] = (tsx >> np.uint64(1)) & np.uint64(1)
+                _set_tsx(QE[s], tsx)
             return _overflow_at(SI, SU, pk, ovf, j, j, out)
         elif k == K_TIP:
             r = _overflow_at(SI, SU, pk, ovf, j, j, out)
@@ -1174,8 +1175,7 @@ def _decode_ovf(SI, SU, QE, QB, pk, cf, out):
     for s in range(SI[ES_QN]):
         t = QE[s, E_TYPE]
         if t == EV_MWAIT or t == EV_EXSTOP or t == EV_PWRE:
-            _ev_copy(out, QE[s])
-            _q_remove(SI, QE, QB, s)
+            _q_take(SI, QE, QB, s, out)
             out[E_FLAGS] |= F_SUPP
             _ev_time(SI, pk, out, -1)
             return 1
@@ -1232,16 +1232,13 @@ for _t, _ev, _to_fup in (
     _CFE_TO_FUP[_t] = _to_fup
 
 
-@aot.njit(cache=True, _nrt=False)
-def _bind_cfe(SI, QE, QB, pk, out, has_ip, to_fup):
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _cfe_binding(has_ip, to_fup):
+    """A CFE's event waits for its own FUP, else (tracing enabled, see
+    ``_CFE_TO_FUP``) for the next one, else none: it comes now."""
     if has_ip:
-        s = _q_enqueue_row(SI, QE, QB, B_FUP_BOUND, out)
-        return s if s < 0 else 0
-    if to_fup:
-        s = _q_enqueue_row(SI, QE, QB, B_FUP, out)
-        return s if s < 0 else 0
-    out[E_FLAGS] |= F_SUPP
-    return _deliver(SI, pk, out)
+        return B_FUP_BOUND
+    return B_FUP if to_fup else 0
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -1265,7 +1262,7 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
         elif t == 9:
             out[E_HAS_VECTOR] = 1
             out[E_VECTOR] = vector
-        return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled)
+        return _at_fup_or_now(SI, QE, QB, pk, out, _cfe_binding(has_ip, enabled))
     if found:
         return _err(E_BAD_CONTEXT)
     ev = _CFE_EVENT[t]
@@ -1273,7 +1270,8 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
         _ev_init(out, ev)
         if t == 12 or t == 14:  # uintr, swintr
             out[E_VECTOR] = vector
-        return _bind_cfe(SI, QE, QB, pk, out, has_ip, enabled and _CFE_TO_FUP[t])
+        binding = _cfe_binding(has_ip, enabled and _CFE_TO_FUP[t])
+        return _at_fup_or_now(SI, QE, QB, pk, out, binding)
     if t == 4 or t == 5:  # rsm, sipi
         if has_ip:
             return _err(E_BAD_PACKET)
@@ -1282,8 +1280,7 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
         if t == 5:
             out[E_VECTOR] = vector
         if enabled:
-            s = _q_enqueue_row(SI, QE, QB, B_FUP, out)
-            return s if s < 0 else 0
+            return _q_put(SI, QE, QB, B_FUP, out)
         return _deliver(SI, pk, out)
     if has_ip:
         s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
@@ -1341,19 +1338,13 @@ def _decode_trig(SI, QE, QB, pk, i, out):
     has_ip = flags & 1
     icntv = (flags >> 1) & 1
     mult = (flags >> 2) & 1
-    if has_ip:
-        if not icntv or icnt:
-            return _err(E_BAD_PACKET)
-        s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
-        if s < 0:
-            return s
-        QE[s, E_TYPE] = EV_TRIG
-        QE[s, E_TRBV] = trbv
-        QE[s, E_MULT] = mult
-        return 0
+    if has_ip and (not icntv or icnt):
+        return _err(E_BAD_PACKET)
     _ev_init(out, EV_TRIG)
     out[E_TRBV] = trbv
     out[E_MULT] = mult
+    if has_ip:
+        return _q_put(SI, QE, QB, B_FUP_BOUND, out)
     if icntv:
         if icnt and not SI[ES_ENABLED]:
             return _err(E_BAD_PACKET)
@@ -1449,8 +1440,7 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
         if k == K_PWRX:
             s = _q_find(SI, QE, QB, B_EXSTOP, EV_PWRE)
             if s >= 0:
-                _ev_copy(out, QE[s])
-                _q_remove(SI, QE, QB, s)
+                _q_take(SI, QE, QB, s, out)
                 _ev_time(SI, pk, out, -1)
                 return 1  # the PWRX itself comes on a later call
             _ev_init(out, EV_PWRX)
@@ -1617,6 +1607,23 @@ def _pred(ct, k, pred):
     if c == C_JUMP or c == C_CALL:
         return (ct[7][k] & I_DIRECT) != 0 and sp != S_JMPABS
     return c == C_OTHER and sp == S_MOV_CR3
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _bind_pred(t):
+    """The instruction (a ``_pred``) a PIP, VMCS, PTWRITE, IRET, VMENTRY or
+    UIRET event binds to."""
+    if t == EV_PAGING:
+        return P_PIP
+    if t == EV_VMCS:
+        return P_VMCS
+    if t == EV_PTWRITE:
+        return P_PTWRITE
+    if t == EV_IRET:
+        return P_IRET
+    if t == EV_VMENTRY:
+        return P_VMENTRY
+    return P_UIRET
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -2076,22 +2083,14 @@ def _proceed_event(ds, pk, cf, ct, out):
                 return r
         elif t == EV_PAGING or t == EV_VMCS:
             if SI[BS_ENABLED]:
-                r = _to_insn(ds, cf, ct, out, P_PIP if t == EV_PAGING else P_VMCS)
+                r = _to_insn(ds, cf, ct, out, _bind_pred(t))
                 if r <= 0:
                     return r
                 SI[BS_BOUND] |= _bound_bit(t)
                 return _postpone(SI, SI[BS_LAST])
         elif t == EV_PTWRITE or t == EV_IRET or t == EV_VMENTRY or t == EV_UIRET:
             if SI[BS_ENABLED]:
-                if t == EV_PTWRITE:
-                    pred = P_PTWRITE
-                elif t == EV_IRET:
-                    pred = P_IRET
-                elif t == EV_VMENTRY:
-                    pred = P_VMENTRY
-                else:
-                    pred = P_UIRET
-                r = _to_bound_insn(ds, cf, ct, out, ev, pred)
+                r = _to_bound_insn(ds, cf, ct, out, ev, _bind_pred(t))
                 if r <= 0:
                     return r
                 SI[BS_BOUND] |= _bound_bit(t)
@@ -2236,29 +2235,19 @@ def _trailing(ds, pk, cf, ct, has_block):
             if SU[BS_IP] != ev[E_AT]:
                 return _finish(ds, pk, cf, ct)
             return _status(SI, ST_EVENT_PENDING)
-        if t == EV_PAGING or t == EV_VMCS:
+        if (
+            t == EV_PAGING or t == EV_VMCS or t == EV_PTWRITE or t == EV_IRET
+            or t == EV_VMENTRY or t == EV_UIRET
+        ):  # fmt: skip
             if not SI[BS_ENABLED]:
                 return _status(SI, ST_EVENT_PENDING)
             if not SI[BS_PROC] or SI[BS_BOUND] & _bound_bit(t):
                 return _finish(ds, pk, cf, ct)
-            if not _pred(ct, SI[BS_INSN], P_PIP if t == EV_PAGING else P_VMCS):
+            # PIP and VMCS bind to the instruction; the others only when they
+            # carry no IP (one with an IP binds by it).
+            if not (t == EV_PAGING or t == EV_VMCS or _supp(ev)):
                 return _finish(ds, pk, cf, ct)
-            SI[BS_BOUND] |= _bound_bit(t)
-            return _status(SI, ST_EVENT_PENDING)
-        if t == EV_PTWRITE or t == EV_IRET or t == EV_VMENTRY or t == EV_UIRET:
-            if not SI[BS_ENABLED]:
-                return _status(SI, ST_EVENT_PENDING)
-            if not SI[BS_PROC] or SI[BS_BOUND] & _bound_bit(t):
-                return _finish(ds, pk, cf, ct)
-            if t == EV_PTWRITE:
-                pred = P_PTWRITE
-            elif t == EV_IRET:
-                pred = P_IRET
-            elif t == EV_VMENTRY:
-                pred = P_VMENTRY
-            else:
-                pred = P_UIRET
-            if not _supp(ev) or not _pred(ct, SI[BS_INSN], pred):
+            if not _pred(ct, SI[BS_INSN], _bind_pred(t)):
                 return _finish(ds, pk, cf, ct)
             SI[BS_BOUND] |= _bound_bit(t)
             return _status(SI, ST_EVENT_PENDING)
@@ -3192,8 +3181,7 @@ def run(ds, pk, cf, ct, out):
             r = blk_start(ds, pk, cf, ct)
             if r < 0:
                 if _aborted(r):
-                    _undo_step(ds, out)
-                    return R_MISS if r == -ABORT_MISS else R_WINDOW
+                    return _undo_step(ds, out, r)
                 if r == -E_EOS:
                     _segment_end(ds, pk, cf, E_EOS)
                     SU[DR_NEXT] = np.uint64(0)
@@ -3218,8 +3206,7 @@ def run(ds, pk, cf, ct, out):
                     continue
             if r < 0:
                 if _aborted(r):
-                    _undo_step(ds, out)
-                    return R_MISS if r == -ABORT_MISS else R_WINDOW
+                    return _undo_step(ds, out, r)
                 _error(ds, pk, ct, out, -r, ERR_RESYNC)
                 _segment_end(ds, pk, cf, -r)
                 continue
@@ -3234,8 +3221,7 @@ def run(ds, pk, cf, ct, out):
             r = _handle_event(ds, pk, cf, ct, out)
             if r < 0:
                 if _aborted(r):
-                    _undo_step(ds, out)
-                    return R_MISS if r == -ABORT_MISS else R_WINDOW
+                    return _undo_step(ds, out, r)
                 _fail(ds, pk, cf, ct, out, -r)
                 continue
             SI[DR_STATUS] = r
@@ -3264,15 +3250,13 @@ def run(ds, pk, cf, ct, out):
                 if r < 0:
                     if _aborted(r):
                         # The fast loop's work is redone too.
-                        _undo_step(ds, out)
-                        return R_MISS if r == -ABORT_MISS else R_WINDOW
+                        return _undo_step(ds, out, r)
                     SI[BS_STATUS] = -r
                     _ev_init(CUR, EV_IGNORE)
                 r = _trailing(ds, pk, cf, ct, False)
                 if r < 0:
                     if _aborted(r):
-                        _undo_step(ds, out)
-                        return R_MISS if r == -ABORT_MISS else R_WINDOW
+                        return _undo_step(ds, out, r)
                     _fail(ds, pk, cf, ct, out, -r)
                     continue
                 SI[DR_STATUS] = r
@@ -3289,18 +3273,19 @@ def run(ds, pk, cf, ct, out):
         _end_block(ds, cf, out)
         if r < 0:
             if _aborted(r):
-                _undo_step(ds, out)
-                return R_MISS if r == -ABORT_MISS else R_WINDOW
+                return _undo_step(ds, out, r)
             _fail(ds, pk, cf, ct, out, -r)
             continue
         SI[DR_STATUS] = r
 
 
 @aot.njit(cache=True, _nrt=False)
-def _undo_step(ds, out):
-    """Back to the state at the step's start, rows stored since included."""
+def _undo_step(ds, out, r):
+    """An aborted step (``r``): back to the state at its start, rows stored
+    since included; what Python must do before the step is redone (R_*)."""
     restore_state(ds, 0)
     store_restore(out[10][3])
+    return R_MISS if r == -ABORT_MISS else R_WINDOW
 
 
 @aot.njit(cache=True, _nrt=False)
