@@ -22,6 +22,7 @@ not meant for per-sample work.
 from __future__ import annotations
 
 import enum
+import inspect
 import struct
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -306,10 +307,55 @@ class _Fixed(Body):
         return self.FMT.pack(*(getattr(self, f.name) for f in fields(self))), 0
 
 
+class _Named(Body):
+    """A body that is one fixed struct, field for field, then a string
+    field (NUL-terminated, padded to 8 bytes, as the kernel writes names);
+    with MISC, a last bool field stands for that header.misc bit.  WRAP:
+    fields stored as u32 with -1 (the kernel's) as 0xffffffff."""
+
+    FMT: ClassVar[struct.Struct]
+    MISC: ClassVar[int] = 0
+    WRAP: ClassVar[frozenset[str]] = frozenset()
+    _HEAD: ClassVar[tuple[str, ...]]  # the fields FMT holds
+    _TEXT: ClassVar[str]  # the string field
+    _FLAG: ClassVar[str | None]  # the field of the MISC bit
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "FMT" in cls.__dict__:
+            cls.MIN_SIZE = cls.FMT.size + 1
+            # The fields in the order the class declares them (the
+            # dataclass is made after this runs).
+            names = tuple(inspect.get_annotations(cls))
+            count = len(cls.FMT.unpack(bytes(cls.FMT.size)))
+            cls._HEAD, cls._TEXT = names[:count], names[count]
+            cls._FLAG = names[count + 1] if cls.MISC else None
+
+    @classmethod
+    def unpack(cls, buf, start, stop, misc, offset):
+        head = cls.FMT.unpack_from(buf, start)
+        text = _cstring(buf, start + cls.FMT.size, stop, offset, cls._TEXT)
+        return cls(*head, text, *((bool(misc & cls.MISC),) if cls.MISC else ()))
+
+    def pack(self):
+        head = [getattr(self, n) for n in self._HEAD]
+        if self.WRAP:
+            head = [_u32(v) if n in self.WRAP else v for n, v in zip(self._HEAD, head, strict=True)]
+        misc = self.MISC if self._FLAG and getattr(self, self._FLAG) else 0
+        return self.FMT.pack(*head) + _pad8(_encode(getattr(self, self._TEXT))), misc
+
+
+def _flag(bit: int, doc: str) -> property:
+    """A bool property: whether ``bit`` is set in the body's ``flags``."""
+    return property(lambda self: bool(self.flags & bit), doc=doc)
+
+
 @dataclass(frozen=True)
-class Mmap(Body):
+class Mmap(_Named):
     TYPE = RecordType.MMAP
-    MIN_SIZE = 32 + 1
+    FMT = struct.Struct("<IIQQQ")
+    MISC = MISC_MMAP_DATA
+    WRAP = frozenset({"pid", "tid"})
     pid: int
     tid: int
     addr: int
@@ -317,18 +363,6 @@ class Mmap(Body):
     pgoff: int
     filename: str
     data: bool = False  # misc MMAP_DATA: not an executable mapping
-
-    _FMT: ClassVar = struct.Struct("<IIQQQ")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        pid, tid, addr, length, pgoff = cls._FMT.unpack_from(buf, start)
-        name = _cstring(buf, start + 32, stop, offset, "filename")
-        return cls(pid, tid, addr, length, pgoff, name, bool(misc & MISC_MMAP_DATA))
-
-    def pack(self):
-        head = self._FMT.pack(_u32(self.pid), _u32(self.tid), self.addr, self.len, self.pgoff)
-        return head + _pad8(_encode(self.filename)), MISC_MMAP_DATA if self.data else 0
 
 
 @dataclass(frozen=True)
@@ -396,25 +430,14 @@ class Lost(_Fixed):
 
 
 @dataclass(frozen=True)
-class Comm(Body):
+class Comm(_Named):
     TYPE = RecordType.COMM
-    MIN_SIZE = 8 + 1
+    FMT = struct.Struct("<II")
+    MISC = MISC_COMM_EXEC
     pid: int
     tid: int
     comm: str
     exec: bool = False  # misc COMM_EXEC: the name changed on exec
-
-    _FMT: ClassVar = struct.Struct("<II")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        pid, tid = cls._FMT.unpack_from(buf, start)
-        comm = _cstring(buf, start + 8, stop, offset, "comm")
-        return cls(pid, tid, comm, bool(misc & MISC_COMM_EXEC))
-
-    def pack(self):
-        out = self._FMT.pack(self.pid, self.tid) + _pad8(_encode(self.comm))
-        return out, MISC_COMM_EXEC if self.exec else 0
 
 
 @dataclass(frozen=True)
@@ -487,21 +510,10 @@ class Aux(_Fixed):
     aux_size: int
     flags: int
 
-    @property
-    def truncated(self) -> bool:
-        return bool(self.flags & AUX_FLAG_TRUNCATED)
-
-    @property
-    def overwrite(self) -> bool:
-        return bool(self.flags & AUX_FLAG_OVERWRITE)
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.flags & AUX_FLAG_PARTIAL)
-
-    @property
-    def collision(self) -> bool:
-        return bool(self.flags & AUX_FLAG_COLLISION)
+    truncated = _flag(AUX_FLAG_TRUNCATED, "The AUX area was full: data was lost.")
+    overwrite = _flag(AUX_FLAG_OVERWRITE, "The AUX area is a snapshot (overwrite mode).")
+    partial = _flag(AUX_FLAG_PARTIAL, "The record has a partial sample (gaps).")
+    collision = _flag(AUX_FLAG_COLLISION, "The sample collided with another.")
 
 
 @dataclass(frozen=True)
@@ -589,25 +601,14 @@ class Namespaces(Body):
 
 
 @dataclass(frozen=True)
-class Ksymbol(Body):
+class Ksymbol(_Named):
     TYPE = RecordType.KSYMBOL
-    MIN_SIZE = 16 + 1
+    FMT = struct.Struct("<QIHH")
     addr: int
     len: int
     ksym_type: int
     flags: int
     name: str
-
-    _FMT: ClassVar = struct.Struct("<QIHH")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        addr, length, ktype, flags = cls._FMT.unpack_from(buf, start)
-        return cls(addr, length, ktype, flags, _cstring(buf, start + 16, stop, offset, "name"))
-
-    def pack(self):
-        head = self._FMT.pack(self.addr, self.len, self.ksym_type, self.flags)
-        return head + _pad8(_encode(self.name)), 0
 
 
 @dataclass(frozen=True)
@@ -626,21 +627,11 @@ class BpfEvent(_Fixed):
 
 
 @dataclass(frozen=True)
-class Cgroup(Body):
+class Cgroup(_Named):
     TYPE = RecordType.CGROUP
-    MIN_SIZE = 8 + 1
+    FMT = struct.Struct("<Q")
     id: int
     path: str
-
-    _FMT: ClassVar = struct.Struct("<Q")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        (cid,) = cls._FMT.unpack_from(buf, start)
-        return cls(cid, _cstring(buf, start + 8, stop, offset, "path"))
-
-    def pack(self):
-        return self._FMT.pack(self.id) + _pad8(_encode(self.path)), 0
 
 
 @dataclass(frozen=True)
