@@ -28,7 +28,9 @@ __all__ = [
     "EventClass",
     "packet_head",
     "tsdl_clock_block",
+    "tsdl_preamble",
     "tsdl_stream_block",
+    "tsdl_string",
     "tsdl_trace_block",
     "write_ptw_events",
 ]
@@ -117,6 +119,43 @@ def tsdl_trace_block(
     ]
 
 
+def tsdl_string(text: str) -> str:
+    """``text`` as a TSDL string literal (quotes and backslashes escaped;
+    a line break would end the literal: a space)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def tsdl_preamble(
+    trace_uuid: _uuid.UUID,
+    env: dict[str, str | int],
+    *,
+    aliases: Sequence[str] = (),
+    u32: str = "uint32_t",
+    u8: str = "uint8_t",
+    clock: str = "monotonic",
+    clock_offset_ns: int | None = None,
+) -> list[str]:
+    """The TSDL of a trace before its stream: the ``/* CTF 1.8 */``
+    signature, ``aliases`` (type aliases the rest uses), the ``trace``
+    block (:func:`tsdl_trace_block`), ``env`` (strings quoted, numbers
+    bare) and the ``clock`` block (:func:`tsdl_clock_block`), each
+    followed by a blank line."""
+    values = [f"\t{k} = {tsdl_string(v) if isinstance(v, str) else v};" for k, v in env.items()]
+    return [
+        "/* CTF 1.8 */",
+        "",
+        *([*aliases, ""] if aliases else []),
+        *tsdl_trace_block(trace_uuid, u32, u8),
+        "",
+        "env {",
+        *values,
+        "};",
+        "",
+        *tsdl_clock_block(trace_uuid, clock, clock_offset_ns),
+        "",
+    ]
+
+
 def tsdl_clock_block(
     trace_uuid: _uuid.UUID, name: str = "monotonic", offset_ns: int | None = None
 ) -> list[str]:
@@ -200,21 +239,13 @@ class CtfWriter:
         self._write_metadata(self._clock, self._env)
 
     def _write_metadata(self, clock: str, env: dict[str, str | int]) -> None:
-        lines = [
-            "/* CTF 1.8 */",
-            "",
+        aliases = [
             "typealias integer { size = 8; align = 8; signed = false; } := uint8_t;",
             "typealias integer { size = 32; align = 8; signed = false; } := uint32_t;",
             "typealias integer { size = 64; align = 8; signed = false; } := uint64_t;",
-            "",
-            *tsdl_trace_block(self.uuid),
-            "",
-            "env {",
-            *[f'\t{k} = "{v}";' if isinstance(v, str) else f"\t{k} = {v};" for k, v in env.items()],
-            "};",
-            "",
-            *tsdl_clock_block(self.uuid, clock),
-            "",
+        ]
+        lines = [
+            *tsdl_preamble(self.uuid, env, aliases=aliases, clock=clock),
             f"typealias integer {{ size = 64; align = 8; signed = false; map = clock.{clock}.value; }}"
             " := clock_ns_t;",
             "",

@@ -55,13 +55,7 @@ from typing import TextIO
 
 import numpy as np
 
-from ..export.ctf import (
-    PACKET_HEAD,
-    packet_head,
-    tsdl_clock_block,
-    tsdl_stream_block,
-    tsdl_trace_block,
-)
+from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
@@ -694,10 +688,6 @@ _EVENT_HEAD = np.dtype(
 _TSDL_KEYWORDS = {"_Bool", "_Complex", "_Imaginary"}
 
 
-def _tsdl_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
-
-
 def _ctf_int(size: int, signed: bool, extra: str = "") -> str:
     sign = "true" if signed else "false"
     return (
@@ -800,16 +790,7 @@ class CtfOutput(TraceOutput):
             f"{_ctf_int(1, False, ' encoding = UTF8;')} _procname[16];",
         ]
         lines = [
-            "/* CTF 1.8 */",
-            "",
-            *tsdl_trace_block(self.uuid, u32, _ctf_int(1, False)),
-            "",
-            "env {",
-            *[f"\t{k} = {_tsdl_string(v)};" for k, v in env.items()],
-            "};",
-            "",
-            *tsdl_clock_block(self.uuid, "monotonic", offset),
-            "",
+            *tsdl_preamble(self.uuid, env, u32=u32, u8=_ctf_int(1, False), clock_offset_ns=offset),
             "typealias integer { size = 64; align = 8; signed = false; byte_order = le; "
             "base = 10; map = clock.monotonic.value; } := clock_monotonic_t;",
             "",
@@ -817,7 +798,7 @@ class CtfOutput(TraceOutput):
             "",
         ]
         for k, plan in enumerate(self.plans):
-            lines += ["event {", f"\tname = {_tsdl_string(plan.event.name)};", f"\tid = {k};",
+            lines += ["event {", f"\tname = {tsdl_string(plan.event.name)};", f"\tid = {k};",
                       "\tstream_id = 0;"]  # fmt: skip
             body = _ctf_fields(plan)
             if body:
