@@ -510,9 +510,10 @@ class Aux(_Fixed):
     aux_size: int
     flags: int
 
-    truncated = _flag(AUX_FLAG_TRUNCATED, "The AUX area was full: data was lost.")
-    overwrite = _flag(AUX_FLAG_OVERWRITE, "The AUX area is a snapshot (overwrite mode).")
-    partial = _flag(AUX_FLAG_PARTIAL, "The record has a partial sample (gaps).")
+    # The kernel's words for the bits (include/uapi/linux/perf_event.h).
+    truncated = _flag(AUX_FLAG_TRUNCATED, "The record was truncated to fit.")
+    overwrite = _flag(AUX_FLAG_OVERWRITE, "A snapshot from overwrite mode.")
+    partial = _flag(AUX_FLAG_PARTIAL, "The record contains gaps.")
     collision = _flag(AUX_FLAG_COLLISION, "The sample collided with another.")
 
 
