@@ -59,7 +59,7 @@ from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_bl
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
-from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType
+from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType, sample_dtype
 from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
 from .trace import EventBatch, TracedEvent
 
@@ -547,14 +547,8 @@ _SAMPLE_TYPE = (
     SampleType.IDENTIFIER | SampleType.TID | SampleType.TIME | SampleType.CPU
     | SampleType.PERIOD | SampleType.RAW
 )  # fmt: skip
-# A SAMPLE of _SAMPLE_TYPE up to the raw data (perf_event_open(2)'s order).
-_SAMPLE_HEAD = np.dtype(
-    [
-        ("type", "<u4"), ("misc", "<u2"), ("size", "<u2"), ("identifier", "<u8"),
-        ("pid", "<u4"), ("tid", "<u4"), ("time", "<u8"), ("cpu", "<u4"), ("res", "<u4"),
-        ("period", "<u8"), ("raw_size", "<u4"),
-    ]
-)  # fmt: skip
+# A SAMPLE of _SAMPLE_TYPE up to the raw data.
+_SAMPLE_HEAD = sample_dtype(_SAMPLE_TYPE)
 assert _SAMPLE_HEAD.itemsize == 52
 _MISC_KERNEL = 1  # PERF_RECORD_MISC_KERNEL: tracepoints fire in the kernel
 

@@ -25,7 +25,10 @@ import enum
 import inspect
 import struct
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # parsing records needs no numpy
+    import numpy as np
 
 __all__ = [
     "AUX_FLAG_COLLISION",
@@ -71,6 +74,7 @@ __all__ = [
     "parse_header",
     "parse_record",
     "parse_sample_id",
+    "sample_dtype",
     "sample_id_size",
 ]
 
@@ -152,6 +156,42 @@ class SampleType(enum.IntFlag):
     DATA_PAGE_SIZE = 1 << 22
     CODE_PAGE_SIZE = 1 << 23
     WEIGHT_STRUCT = 1 << 24
+
+
+# The fixed-size fields of a SAMPLE, in the order perf_event_open(2) gives
+# (perf.data-file-format.txt): (bit, fields).
+_SAMPLE_FIELDS = (
+    (SampleType.IDENTIFIER, (("identifier", "<u8"),)),
+    (SampleType.IP, (("ip", "<u8"),)),
+    (SampleType.TID, (("pid", "<u4"), ("tid", "<u4"))),
+    (SampleType.TIME, (("time", "<u8"),)),
+    (SampleType.ADDR, (("addr", "<u8"),)),
+    (SampleType.ID, (("id", "<u8"),)),
+    (SampleType.STREAM_ID, (("stream_id", "<u8"),)),
+    (SampleType.CPU, (("cpu", "<u4"), ("res", "<u4"))),
+    (SampleType.PERIOD, (("period", "<u8"),)),
+)
+
+
+def sample_dtype(sample_type: int, nregs: int = 0) -> np.dtype:
+    """A SAMPLE record of ``sample_type`` as a numpy dtype, header first,
+    up to the first field of variable size: RAW ends it with ``raw_size``
+    (its data follows), REGS_USER with ``abi`` and ``nregs`` registers
+    ``regs``.  Raises ValueError for READ or CALLCHAIN (sizes this cannot
+    know)."""
+    import numpy as np
+
+    if sample_type & (SampleType.READ | SampleType.CALLCHAIN):
+        raise ValueError("READ and CALLCHAIN samples have no fixed layout")
+    out = [("type", "<u4"), ("misc", "<u2"), ("size", "<u2")]
+    for bit, parts in _SAMPLE_FIELDS:
+        if sample_type & bit:
+            out += parts
+    if sample_type & SampleType.RAW:
+        out.append(("raw_size", "<u4"))
+    elif sample_type & SampleType.REGS_USER:
+        out += [("abi", "<u8"), ("regs", "<u8", (nregs,))]
+    return np.dtype(out)
 
 
 # header.misc bits

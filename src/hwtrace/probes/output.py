@@ -27,6 +27,7 @@ from ..perf.records import (
     SampleId,
     SampleType,
     pack_record,
+    sample_dtype,
 )
 from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
 from .locate import resolve
@@ -174,16 +175,9 @@ _SAMPLE_TYPE = (
     SampleType.IDENTIFIER | SampleType.IP | SampleType.TID | SampleType.TIME
     | SampleType.CPU | SampleType.PERIOD | SampleType.REGS_USER
 )  # fmt: skip
-# A SAMPLE record of _SAMPLE_TYPE, fields in the order perf_event_open(2) and
-# perf.data-file-format.txt give; a record ends after its event's registers.
-_SAMPLE = np.dtype(
-    [
-        ("type", "<u4"), ("misc", "<u2"), ("size", "<u2"),
-        ("identifier", "<u8"), ("ip", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
-        ("time", "<u8"), ("cpu", "<u4"), ("res", "<u4"), ("period", "<u8"),
-        ("abi", "<u8"), ("regs", "<u8", (NREGS,)),
-    ]
-)  # fmt: skip
+# A SAMPLE record of _SAMPLE_TYPE with every register; a record ends after
+# its event's registers.
+_SAMPLE = sample_dtype(_SAMPLE_TYPE, NREGS)
 _SAMPLE_HEAD = _SAMPLE.itemsize - 8 * NREGS
 
 
