@@ -22,7 +22,18 @@ import numpy as np
 if TYPE_CHECKING:  # the writer itself needs none of the decoders
     from ..hwevents.ptw import EventSchema, PtwEvents
 
-__all__ = ["CtfWriter", "EventClass", "write_ptw_events"]
+__all__ = [
+    "PACKET_HEAD",
+    "CtfWriter",
+    "EventClass",
+    "packet_head",
+    "tsdl_clock_block",
+    "tsdl_preamble",
+    "tsdl_stream_block",
+    "tsdl_string",
+    "tsdl_trace_block",
+    "write_ptw_events",
+]
 
 CTF_MAGIC = 0xC1FC1FC1
 _PACKET_EVENTS = 1 << 16  # records per packet at most
@@ -46,11 +57,39 @@ class EventClass:
         )
 
 
-_HEADER = np.dtype([("magic", "<u4"), ("uuid", "u1", (16,)), ("stream_id", "<u4")])
-_CONTEXT = np.dtype(
-    [("timestamp_begin", "<u8"), ("timestamp_end", "<u8"), ("content_size", "<u8"),
-     ("packet_size", "<u8"), ("events_discarded", "<u8"), ("cpu_id", "<u4")]
+# A packet's header and context, as tsdl_trace_block and tsdl_stream_block
+# declare them.
+PACKET_HEAD = np.dtype(
+    [
+        ("magic", "<u4"), ("uuid", "u1", (16,)), ("stream_id", "<u4"),
+        ("timestamp_begin", "<u8"), ("timestamp_end", "<u8"), ("content_size", "<u8"),
+        ("packet_size", "<u8"), ("events_discarded", "<u8"), ("cpu_id", "<u4"),
+    ]
 )  # fmt: skip
+
+
+def packet_head(
+    trace_uuid: _uuid.UUID,
+    cpu: int,
+    begin: int,
+    end: int,
+    content_bytes: int,
+    packet_bytes: int,
+    discarded: int = 0,
+) -> np.ndarray:
+    """The bytes of a packet's header and context (:data:`PACKET_HEAD`):
+    its events' first and last timestamps, the bytes of its content and of
+    the whole packet, and the events discarded before it."""
+    p = np.zeros(1, PACKET_HEAD)
+    p["magic"] = CTF_MAGIC
+    p["uuid"] = np.frombuffer(trace_uuid.bytes, np.uint8)
+    p["timestamp_begin"] = begin
+    p["timestamp_end"] = end
+    p["content_size"] = 8 * content_bytes
+    p["packet_size"] = 8 * packet_bytes
+    p["events_discarded"] = discarded
+    p["cpu_id"] = cpu
+    return p.view(np.uint8)
 
 
 def _int(bits: int, base: int = 10) -> str:
@@ -78,6 +117,98 @@ def tsdl_trace_block(
         "\t};",
         "};",
     ]
+
+
+def tsdl_string(text: str) -> str:
+    """``text`` as a TSDL string literal (quotes and backslashes escaped;
+    a line break would end the literal: a space)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def tsdl_preamble(
+    trace_uuid: _uuid.UUID,
+    env: dict[str, str | int],
+    *,
+    aliases: Sequence[str] = (),
+    u32: str = "uint32_t",
+    u8: str = "uint8_t",
+    clock: str = "monotonic",
+    clock_offset_ns: int | None = None,
+) -> list[str]:
+    """The TSDL of a trace before its stream: the ``/* CTF 1.8 */``
+    signature, ``aliases`` (type aliases the rest uses), the ``trace``
+    block (:func:`tsdl_trace_block`), ``env`` (strings quoted, numbers
+    bare) and the ``clock`` block (:func:`tsdl_clock_block`), each
+    followed by a blank line."""
+    values = [f"\t{k} = {tsdl_string(v) if isinstance(v, str) else v};" for k, v in env.items()]
+    return [
+        "/* CTF 1.8 */",
+        "",
+        *([*aliases, ""] if aliases else []),
+        *tsdl_trace_block(trace_uuid, u32, u8),
+        "",
+        "env {",
+        *values,
+        "};",
+        "",
+        *tsdl_clock_block(trace_uuid, clock, clock_offset_ns),
+        "",
+    ]
+
+
+def tsdl_clock_block(
+    trace_uuid: _uuid.UUID, name: str = "monotonic", offset_ns: int | None = None
+) -> list[str]:
+    """The TSDL ``clock`` block of CLOCK_MONOTONIC in nanoseconds; with
+    ``offset_ns`` (the time of day at its zero, as LTTng gives) its values
+    read as times of day, else the clock starts at 0."""
+    lines = [
+        "clock {",
+        f"\tname = {name};",
+        f'\tuuid = "{_uuid.uuid5(trace_uuid, name)}";',
+        '\tdescription = "CLOCK_MONOTONIC";',
+        "\tfreq = 1000000000;",
+    ]
+    if offset_ns is None:
+        lines.append("\toffset = 0;")
+    else:
+        lines += [
+            "\tprecision = 1;",
+            f"\toffset_s = {offset_ns // 1_000_000_000};",
+            f"\toffset = {offset_ns % 1_000_000_000};",
+            "\tabsolute = FALSE;",
+        ]
+    return [*lines, "};"]
+
+
+def tsdl_stream_block(
+    clock_type: str,
+    u32: str = "uint32_t",
+    u64: str = "uint64_t",
+    event_context: Sequence[str] = (),
+) -> list[str]:
+    """The TSDL ``stream`` block of the one stream: an event header (id,
+    timestamp of ``clock_type``), the packet context :data:`PACKET_HEAD`
+    holds, and ``event_context``'s field lines (none: no event context)."""
+    lines = [
+        "stream {",
+        "\tid = 0;",
+        "\tevent.header := struct {",
+        f"\t\t{u32} id;",
+        f"\t\t{clock_type} timestamp;",
+        "\t};",
+        "\tpacket.context := struct {",
+        f"\t\t{clock_type} timestamp_begin;",
+        f"\t\t{clock_type} timestamp_end;",
+        f"\t\t{u64} content_size;",
+        f"\t\t{u64} packet_size;",
+        f"\t\t{u64} events_discarded;",
+        f"\t\t{u32} cpu_id;",
+        "\t};",
+    ]
+    if event_context:
+        lines += ["\tevent.context := struct {", *[f"\t\t{f}" for f in event_context], "\t};"]
+    return [*lines, "};"]
 
 
 class CtfWriter:
@@ -108,45 +239,17 @@ class CtfWriter:
         self._write_metadata(self._clock, self._env)
 
     def _write_metadata(self, clock: str, env: dict[str, str | int]) -> None:
-        lines = [
-            "/* CTF 1.8 */",
-            "",
+        aliases = [
             "typealias integer { size = 8; align = 8; signed = false; } := uint8_t;",
             "typealias integer { size = 32; align = 8; signed = false; } := uint32_t;",
             "typealias integer { size = 64; align = 8; signed = false; } := uint64_t;",
-            "",
-            *tsdl_trace_block(self.uuid),
-            "",
-            "env {",
-            *[f'\t{k} = "{v}";' if isinstance(v, str) else f"\t{k} = {v};" for k, v in env.items()],
-            "};",
-            "",
-            "clock {",
-            f"\tname = {clock};",
-            f'\tuuid = "{_uuid.uuid5(self.uuid, clock)}";',
-            '\tdescription = "CLOCK_MONOTONIC";',
-            "\tfreq = 1000000000;",
-            "\toffset = 0;",
-            "};",
-            "",
+        ]
+        lines = [
+            *tsdl_preamble(self.uuid, env, aliases=aliases, clock=clock),
             f"typealias integer {{ size = 64; align = 8; signed = false; map = clock.{clock}.value; }}"
             " := clock_ns_t;",
             "",
-            "stream {",
-            "\tid = 0;",
-            "\tevent.header := struct {",
-            "\t\tuint32_t id;",
-            "\t\tclock_ns_t timestamp;",
-            "\t};",
-            "\tpacket.context := struct {",
-            "\t\tclock_ns_t timestamp_begin;",
-            "\t\tclock_ns_t timestamp_end;",
-            "\t\tuint64_t content_size;",
-            "\t\tuint64_t packet_size;",
-            "\t\tuint64_t events_discarded;",
-            "\t\tuint32_t cpu_id;",
-            "\t};",
-            "};",
+            *tsdl_stream_block("clock_ns_t"),
             "",
         ]
         for c in self.classes.values():
@@ -194,23 +297,14 @@ class CtfWriter:
         sizes = np.zeros(ids.shape[0], np.int64)
         for cid, c in self.classes.items():
             sizes[ids == cid] = c.dtype.itemsize
-        head = _HEADER.itemsize + _CONTEXT.itemsize
+        head = PACKET_HEAD.itemsize
         offsets = head + np.concatenate(([0], np.cumsum(sizes)[:-1])) if ids.size else sizes
         content = head + int(sizes.sum())
         total = (content + 7) // 8 * 8
         buf = np.zeros(total, np.uint8)
-        hdr = np.zeros(1, _HEADER)
-        hdr["magic"] = CTF_MAGIC
-        hdr["uuid"] = np.frombuffer(self.uuid.bytes, np.uint8)
-        ctx = np.zeros(1, _CONTEXT)
-        ctx["timestamp_begin"] = timestamp[lo] if hi > lo else 0
-        ctx["timestamp_end"] = timestamp[hi - 1] if hi > lo else 0
-        ctx["content_size"] = content * 8
-        ctx["packet_size"] = total * 8
-        ctx["events_discarded"] = discarded
-        ctx["cpu_id"] = cpu
-        buf[: _HEADER.itemsize] = hdr.view(np.uint8)
-        buf[_HEADER.itemsize : head] = ctx.view(np.uint8)
+        begin = timestamp[lo] if hi > lo else 0
+        end = timestamp[hi - 1] if hi > lo else 0
+        buf[:head] = packet_head(self.uuid, cpu, begin, end, content, total, discarded)
         for cid, c in self.classes.items():
             sel = np.flatnonzero(ids == cid)
             if not sel.size:

@@ -81,6 +81,19 @@ def _read_int(buf, at, size, signed):
 
 
 @njit(cache=True)
+def _data_loc(buf, base, size, off, elem):
+    """A ``__data_loc`` field at ``off`` of the record at ``base`` (``size``
+    bytes): where its data starts and how many ``elem``-byte elements it
+    holds; none when the data runs past the record."""
+    loc = _read_int(buf, base + off, 4, False)
+    start = base + np.int64(loc & np.uint64(0xFFFF))
+    n = np.int64(loc >> np.uint64(16)) // elem
+    if start + n * elem > base + size:
+        n = 0
+    return start, n
+
+
+@njit(cache=True)
 def _int_value(out, p, buf, at, size, signed):
     v = _read_int(buf, at, size, signed)
     if signed:
@@ -184,11 +197,7 @@ def _render(
                     s0 = base + off
                     n = fsize
                 else:
-                    loc = _read_int(buf, base + off, 4, False)
-                    s0 = base + np.int64(loc & np.uint64(0xFFFF))
-                    n = np.int64(loc >> np.uint64(16))
-                    if s0 + n > base + size:
-                        n = 0
+                    s0, n = _data_loc(buf, base, size, off, np.int64(1))
                 if json:
                     p = put_byte(out, p, 34)
                 p = put_cstring(out, p, buf, s0, n, json)
@@ -199,11 +208,7 @@ def _render(
                     s0 = base + off
                     n = count
                 else:
-                    loc = _read_int(buf, base + off, 4, False)
-                    s0 = base + np.int64(loc & np.uint64(0xFFFF))
-                    n = np.int64(loc >> np.uint64(16)) // fsize
-                    if s0 + n * fsize > base + size:
-                        n = 0
+                    s0, n = _data_loc(buf, base, size, off, fsize)
                 p = put_byte(out, p, 91)
                 for e in range(n):
                     if e:

@@ -55,12 +55,12 @@ from typing import TextIO
 
 import numpy as np
 
-from ..export.ctf import tsdl_trace_block
+from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
-from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType
-from ..perf.writer import PerfDataWriter, host_env
+from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType, sample_dtype
+from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -72,7 +72,6 @@ __all__ = [
 ]
 
 _TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
-_CLOCK_MONOTONIC = 1
 
 
 class OutputError(Exception):
@@ -548,14 +547,8 @@ _SAMPLE_TYPE = (
     SampleType.IDENTIFIER | SampleType.TID | SampleType.TIME | SampleType.CPU
     | SampleType.PERIOD | SampleType.RAW
 )  # fmt: skip
-# A SAMPLE of _SAMPLE_TYPE up to the raw data (perf_event_open(2)'s order).
-_SAMPLE_HEAD = np.dtype(
-    [
-        ("type", "<u4"), ("misc", "<u2"), ("size", "<u2"), ("identifier", "<u8"),
-        ("pid", "<u4"), ("tid", "<u4"), ("time", "<u8"), ("cpu", "<u4"), ("res", "<u4"),
-        ("period", "<u8"), ("raw_size", "<u4"),
-    ]
-)  # fmt: skip
+# A SAMPLE of _SAMPLE_TYPE up to the raw data.
+_SAMPLE_HEAD = sample_dtype(_SAMPLE_TYPE)
 assert _SAMPLE_HEAD.itemsize == 52
 _MISC_KERNEL = 1  # PERF_RECORD_MISC_KERNEL: tracepoints fire in the kernel
 
@@ -573,17 +566,13 @@ class PerfDataOutput(TraceOutput):
             attr = PerfEventAttr(
                 type=PerfType.TRACEPOINT, config=e.tracepoint_id, sample_period=1,
                 sample_type=int(_SAMPLE_TYPE), sample_id_all=1, use_clockid=1,
-                clockid=_CLOCK_MONOTONIC, disabled=1, inherit=1,
+                clockid=CLOCK_MONOTONIC, disabled=1, inherit=1,
             )  # fmt: skip
             if k == 0:  # the event the sideband (COMM) belongs to, as perf record's first
                 attr.comm = attr.task = attr.comm_exec = 1
             self.writer.add_attr(attr, [k + 1], e.name)
         self.writer.set_feature(Feature.TRACING_DATA, build_tracing_data(self.events))
-        res = max(1, round(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9))
-        self.writer.set_feature(Feature.CLOCKID, res)
-        tod, mono = time.time_ns(), time.monotonic_ns()
-        self.writer.set_feature(Feature.CLOCK_DATA, {"clockid": _CLOCK_MONOTONIC,
-                                                     "tod_ns": tod, "clockid_ns": mono})  # fmt: skip
+        self.writer.set_monotonic_clock()
         self.writer.finished_init()
         # tid -> the times of its COMM records and the names they gave
         self._comms: dict[int, tuple[list[int], list[bytes]]] = {}
@@ -686,23 +675,11 @@ class PerfDataOutput(TraceOutput):
 
 # -- CTF -------------------------------------------------------------------------------------
 
-_CTF_MAGIC = 0xC1FC1FC1
-_PACKET = np.dtype(
-    [
-        ("magic", "<u4"), ("uuid", "u1", (16,)), ("stream_id", "<u4"),
-        ("timestamp_begin", "<u8"), ("timestamp_end", "<u8"), ("content_size", "<u8"),
-        ("packet_size", "<u8"), ("events_discarded", "<u8"), ("cpu_id", "<u4"),
-    ]
-)  # fmt: skip
 # Event header (id, timestamp) and the stream's event context (pid, tid, procname).
 _EVENT_HEAD = np.dtype(
     [("id", "<u4"), ("timestamp", "<u8"), ("pid", "<i4"), ("tid", "<i4"), ("procname", "S16")]
 )
 _TSDL_KEYWORDS = {"_Bool", "_Complex", "_Imaginary"}
-
-
-def _tsdl_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
 
 
 def _ctf_int(size: int, signed: bool, extra: str = "") -> str:
@@ -800,53 +777,22 @@ class CtfOutput(TraceOutput):
         }  # fmt: skip
         u32 = _ctf_int(4, False)
         u64 = _ctf_int(8, False)
+        # The stream's event context, as _EVENT_HEAD lays it out.
+        context = [
+            f"{_ctf_int(4, True)} _pid;",
+            f"{_ctf_int(4, True)} _tid;",
+            f"{_ctf_int(1, False, ' encoding = UTF8;')} _procname[16];",
+        ]
         lines = [
-            "/* CTF 1.8 */",
-            "",
-            *tsdl_trace_block(self.uuid, u32, _ctf_int(1, False)),
-            "",
-            "env {",
-            *[f"\t{k} = {_tsdl_string(v)};" for k, v in env.items()],
-            "};",
-            "",
-            "clock {",
-            "\tname = monotonic;",
-            f'\tuuid = "{_uuid.uuid5(self.uuid, "monotonic")}";',
-            '\tdescription = "CLOCK_MONOTONIC";',
-            "\tfreq = 1000000000;",
-            "\tprecision = 1;",
-            f"\toffset_s = {offset // 1_000_000_000};",
-            f"\toffset = {offset % 1_000_000_000};",
-            "\tabsolute = FALSE;",
-            "};",
-            "",
+            *tsdl_preamble(self.uuid, env, u32=u32, u8=_ctf_int(1, False), clock_offset_ns=offset),
             "typealias integer { size = 64; align = 8; signed = false; byte_order = le; "
             "base = 10; map = clock.monotonic.value; } := clock_monotonic_t;",
             "",
-            "stream {",
-            "\tid = 0;",
-            "\tevent.header := struct {",
-            f"\t\t{u32} id;",
-            "\t\tclock_monotonic_t timestamp;",
-            "\t};",
-            "\tpacket.context := struct {",
-            "\t\tclock_monotonic_t timestamp_begin;",
-            "\t\tclock_monotonic_t timestamp_end;",
-            f"\t\t{u64} content_size;",
-            f"\t\t{u64} packet_size;",
-            f"\t\t{u64} events_discarded;",
-            f"\t\t{u32} cpu_id;",
-            "\t};",
-            "\tevent.context := struct {",
-            f"\t\t{_ctf_int(4, True)} _pid;",
-            f"\t\t{_ctf_int(4, True)} _tid;",
-            f"\t\t{_ctf_int(1, False, ' encoding = UTF8;')} _procname[16];",
-            "\t};",
-            "};",
+            *tsdl_stream_block("clock_monotonic_t", u32, u64, context),
             "",
         ]
         for k, plan in enumerate(self.plans):
-            lines += ["event {", f"\tname = {_tsdl_string(plan.event.name)};", f"\tid = {k};",
+            lines += ["event {", f"\tname = {tsdl_string(plan.event.name)};", f"\tid = {k};",
                       "\tstream_id = 0;"]  # fmt: skip
             body = _ctf_fields(plan)
             if body:
@@ -903,7 +849,7 @@ class CtfOutput(TraceOutput):
         cpus, first = np.unique(cpu[order], return_index=True)
         bounds = [*first.tolist(), n]
         # Each CPU's packet: its header, then its events.
-        total = int(size.sum()) + _PACKET.itemsize * cpus.shape[0]
+        total = int(size.sum()) + PACKET_HEAD.itemsize * cpus.shape[0]
         at = np.empty(n, np.int64)
         packet_at = []
         pos = 0
@@ -911,8 +857,8 @@ class CtfOutput(TraceOutput):
             rows = order[bounds[j] : bounds[j + 1]]
             packet_at.append(pos)
             lens = size[rows]
-            at[rows] = pos + _PACKET.itemsize + np.cumsum(lens) - lens
-            pos += _PACKET.itemsize + int(lens.sum())
+            at[rows] = pos + PACKET_HEAD.itemsize + np.cumsum(lens) - lens
+            pos += PACKET_HEAD.itemsize + int(lens.sum())
         buf = np.zeros(total, np.uint8)
         # A stream's times never go back (the reader requires it; a
         # session's events on a CPU come in time order anyway).
@@ -950,15 +896,10 @@ class CtfOutput(TraceOutput):
 
     def _packet_header(self, packet: np.ndarray, cpu: int, begin: int, end: int,
                        discarded: int) -> None:  # fmt: skip
-        p = np.zeros(1, _PACKET)
-        p["magic"] = _CTF_MAGIC
-        p["uuid"] = np.frombuffer(self.uuid.bytes, np.uint8)
-        p["timestamp_begin"] = begin
-        p["timestamp_end"] = end
-        p["content_size"] = p["packet_size"] = 8 * packet.shape[0]
-        p["events_discarded"] = discarded
-        p["cpu_id"] = cpu
-        packet[: _PACKET.itemsize] = p.view(np.uint8)
+        size = packet.shape[0]
+        packet[: PACKET_HEAD.itemsize] = packet_head(
+            self.uuid, cpu, begin, end, size, size, discarded
+        )
 
     def _stream(self, key: tuple[int, int]):
         f = self._files.get(key)
@@ -978,7 +919,7 @@ class CtfOutput(TraceOutput):
             # An empty packet that says the events were lost (CTF counts
             # discarded events per stream; the session counts them in all).
             key = min(self._files)
-            packet = np.zeros(_PACKET.itemsize, np.uint8)
+            packet = np.zeros(PACKET_HEAD.itemsize, np.uint8)
             last = self._last.get(key, 0)
             self._packet_header(packet, key[1], last, last, lost)
             self._stream(key).write(packet.tobytes())  # type: ignore[attr-defined]

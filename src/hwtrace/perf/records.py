@@ -22,9 +22,13 @@ not meant for per-sample work.
 from __future__ import annotations
 
 import enum
+import inspect
 import struct
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # parsing records needs no numpy
+    import numpy as np
 
 __all__ = [
     "AUX_FLAG_COLLISION",
@@ -70,6 +74,7 @@ __all__ = [
     "parse_header",
     "parse_record",
     "parse_sample_id",
+    "sample_dtype",
     "sample_id_size",
 ]
 
@@ -151,6 +156,42 @@ class SampleType(enum.IntFlag):
     DATA_PAGE_SIZE = 1 << 22
     CODE_PAGE_SIZE = 1 << 23
     WEIGHT_STRUCT = 1 << 24
+
+
+# The fixed-size fields of a SAMPLE, in the order perf_event_open(2) gives
+# (perf.data-file-format.txt): (bit, fields).
+_SAMPLE_FIELDS = (
+    (SampleType.IDENTIFIER, (("identifier", "<u8"),)),
+    (SampleType.IP, (("ip", "<u8"),)),
+    (SampleType.TID, (("pid", "<u4"), ("tid", "<u4"))),
+    (SampleType.TIME, (("time", "<u8"),)),
+    (SampleType.ADDR, (("addr", "<u8"),)),
+    (SampleType.ID, (("id", "<u8"),)),
+    (SampleType.STREAM_ID, (("stream_id", "<u8"),)),
+    (SampleType.CPU, (("cpu", "<u4"), ("res", "<u4"))),
+    (SampleType.PERIOD, (("period", "<u8"),)),
+)
+
+
+def sample_dtype(sample_type: int, nregs: int = 0) -> np.dtype:
+    """A SAMPLE record of ``sample_type`` as a numpy dtype, header first,
+    up to the first field of variable size: RAW ends it with ``raw_size``
+    (its data follows), REGS_USER with ``abi`` and ``nregs`` registers
+    ``regs``.  Raises ValueError for READ or CALLCHAIN (sizes this cannot
+    know)."""
+    import numpy as np
+
+    if sample_type & (SampleType.READ | SampleType.CALLCHAIN):
+        raise ValueError("READ and CALLCHAIN samples have no fixed layout")
+    out = [("type", "<u4"), ("misc", "<u2"), ("size", "<u2")]
+    for bit, parts in _SAMPLE_FIELDS:
+        if sample_type & bit:
+            out += parts
+    if sample_type & SampleType.RAW:
+        out.append(("raw_size", "<u4"))
+    elif sample_type & SampleType.REGS_USER:
+        out += [("abi", "<u8"), ("regs", "<u8", (nregs,))]
+    return np.dtype(out)
 
 
 # header.misc bits
@@ -306,10 +347,55 @@ class _Fixed(Body):
         return self.FMT.pack(*(getattr(self, f.name) for f in fields(self))), 0
 
 
+class _Named(Body):
+    """A body that is one fixed struct, field for field, then a string
+    field (NUL-terminated, padded to 8 bytes, as the kernel writes names);
+    with MISC, a last bool field stands for that header.misc bit.  WRAP:
+    fields stored as u32 with -1 (the kernel's) as 0xffffffff."""
+
+    FMT: ClassVar[struct.Struct]
+    MISC: ClassVar[int] = 0
+    WRAP: ClassVar[frozenset[str]] = frozenset()
+    _HEAD: ClassVar[tuple[str, ...]]  # the fields FMT holds
+    _TEXT: ClassVar[str]  # the string field
+    _FLAG: ClassVar[str | None]  # the field of the MISC bit
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "FMT" in cls.__dict__:
+            cls.MIN_SIZE = cls.FMT.size + 1
+            # The fields in the order the class declares them (the
+            # dataclass is made after this runs).
+            names = tuple(inspect.get_annotations(cls))
+            count = len(cls.FMT.unpack(bytes(cls.FMT.size)))
+            cls._HEAD, cls._TEXT = names[:count], names[count]
+            cls._FLAG = names[count + 1] if cls.MISC else None
+
+    @classmethod
+    def unpack(cls, buf, start, stop, misc, offset):
+        head = cls.FMT.unpack_from(buf, start)
+        text = _cstring(buf, start + cls.FMT.size, stop, offset, cls._TEXT)
+        return cls(*head, text, *((bool(misc & cls.MISC),) if cls.MISC else ()))
+
+    def pack(self):
+        head = [getattr(self, n) for n in self._HEAD]
+        if self.WRAP:
+            head = [_u32(v) if n in self.WRAP else v for n, v in zip(self._HEAD, head, strict=True)]
+        misc = self.MISC if self._FLAG and getattr(self, self._FLAG) else 0
+        return self.FMT.pack(*head) + _pad8(_encode(getattr(self, self._TEXT))), misc
+
+
+def _flag(bit: int, doc: str) -> property:
+    """A bool property: whether ``bit`` is set in the body's ``flags``."""
+    return property(lambda self: bool(self.flags & bit), doc=doc)
+
+
 @dataclass(frozen=True)
-class Mmap(Body):
+class Mmap(_Named):
     TYPE = RecordType.MMAP
-    MIN_SIZE = 32 + 1
+    FMT = struct.Struct("<IIQQQ")
+    MISC = MISC_MMAP_DATA
+    WRAP = frozenset({"pid", "tid"})
     pid: int
     tid: int
     addr: int
@@ -317,18 +403,6 @@ class Mmap(Body):
     pgoff: int
     filename: str
     data: bool = False  # misc MMAP_DATA: not an executable mapping
-
-    _FMT: ClassVar = struct.Struct("<IIQQQ")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        pid, tid, addr, length, pgoff = cls._FMT.unpack_from(buf, start)
-        name = _cstring(buf, start + 32, stop, offset, "filename")
-        return cls(pid, tid, addr, length, pgoff, name, bool(misc & MISC_MMAP_DATA))
-
-    def pack(self):
-        head = self._FMT.pack(_u32(self.pid), _u32(self.tid), self.addr, self.len, self.pgoff)
-        return head + _pad8(_encode(self.filename)), MISC_MMAP_DATA if self.data else 0
 
 
 @dataclass(frozen=True)
@@ -396,25 +470,14 @@ class Lost(_Fixed):
 
 
 @dataclass(frozen=True)
-class Comm(Body):
+class Comm(_Named):
     TYPE = RecordType.COMM
-    MIN_SIZE = 8 + 1
+    FMT = struct.Struct("<II")
+    MISC = MISC_COMM_EXEC
     pid: int
     tid: int
     comm: str
     exec: bool = False  # misc COMM_EXEC: the name changed on exec
-
-    _FMT: ClassVar = struct.Struct("<II")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        pid, tid = cls._FMT.unpack_from(buf, start)
-        comm = _cstring(buf, start + 8, stop, offset, "comm")
-        return cls(pid, tid, comm, bool(misc & MISC_COMM_EXEC))
-
-    def pack(self):
-        out = self._FMT.pack(self.pid, self.tid) + _pad8(_encode(self.comm))
-        return out, MISC_COMM_EXEC if self.exec else 0
 
 
 @dataclass(frozen=True)
@@ -487,21 +550,11 @@ class Aux(_Fixed):
     aux_size: int
     flags: int
 
-    @property
-    def truncated(self) -> bool:
-        return bool(self.flags & AUX_FLAG_TRUNCATED)
-
-    @property
-    def overwrite(self) -> bool:
-        return bool(self.flags & AUX_FLAG_OVERWRITE)
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.flags & AUX_FLAG_PARTIAL)
-
-    @property
-    def collision(self) -> bool:
-        return bool(self.flags & AUX_FLAG_COLLISION)
+    # The kernel's words for the bits (include/uapi/linux/perf_event.h).
+    truncated = _flag(AUX_FLAG_TRUNCATED, "The record was truncated to fit.")
+    overwrite = _flag(AUX_FLAG_OVERWRITE, "A snapshot from overwrite mode.")
+    partial = _flag(AUX_FLAG_PARTIAL, "The record contains gaps.")
+    collision = _flag(AUX_FLAG_COLLISION, "The sample collided with another.")
 
 
 @dataclass(frozen=True)
@@ -589,25 +642,14 @@ class Namespaces(Body):
 
 
 @dataclass(frozen=True)
-class Ksymbol(Body):
+class Ksymbol(_Named):
     TYPE = RecordType.KSYMBOL
-    MIN_SIZE = 16 + 1
+    FMT = struct.Struct("<QIHH")
     addr: int
     len: int
     ksym_type: int
     flags: int
     name: str
-
-    _FMT: ClassVar = struct.Struct("<QIHH")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        addr, length, ktype, flags = cls._FMT.unpack_from(buf, start)
-        return cls(addr, length, ktype, flags, _cstring(buf, start + 16, stop, offset, "name"))
-
-    def pack(self):
-        head = self._FMT.pack(self.addr, self.len, self.ksym_type, self.flags)
-        return head + _pad8(_encode(self.name)), 0
 
 
 @dataclass(frozen=True)
@@ -626,21 +668,11 @@ class BpfEvent(_Fixed):
 
 
 @dataclass(frozen=True)
-class Cgroup(Body):
+class Cgroup(_Named):
     TYPE = RecordType.CGROUP
-    MIN_SIZE = 8 + 1
+    FMT = struct.Struct("<Q")
     id: int
     path: str
-
-    _FMT: ClassVar = struct.Struct("<Q")
-
-    @classmethod
-    def unpack(cls, buf, start, stop, misc, offset):
-        (cid,) = cls._FMT.unpack_from(buf, start)
-        return cls(cid, _cstring(buf, start + 8, stop, offset, "path"))
-
-    def pack(self):
-        return self._FMT.pack(self.id) + _pad8(_encode(self.path)), 0
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import platform
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +50,9 @@ from .user import (
     pack_time_conv,
 )
 
-__all__ = ["INTEL_PT_CONFIG_BITS", "PerfDataWriter", "write_feature_sections"]
+__all__ = ["CLOCK_MONOTONIC", "INTEL_PT_CONFIG_BITS", "PerfDataWriter", "write_feature_sections"]
+
+CLOCK_MONOTONIC = 1  # a perf_event_attr clockid (linux/time.h)
 
 MAGIC = b"PERFILE2"
 HEADER_SIZE = 104
@@ -320,6 +323,20 @@ class PerfDataWriter:
     def set_feature(self, feature: int, value: Any) -> None:
         """Set a feature section (a value :func:`~.features.pack_feature` packs, or bytes)."""
         self.features[feature] = value
+
+    def set_monotonic_clock(self) -> None:
+        """Say that sample times are CLOCK_MONOTONIC nanoseconds, as
+        ``perf record --clockid monotonic`` does: CLOCKID (the clock's
+        resolution) and CLOCK_DATA (a reading of it with the time of day),
+        so that ``perf script`` shows the time of day too (``-F +tod``).
+        The events' attrs say it with ``use_clockid`` and
+        :data:`CLOCK_MONOTONIC`."""
+        res = max(1, round(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9))
+        self.set_feature(Feature.CLOCKID, res)
+        tod, mono = time.time_ns(), time.monotonic_ns()
+        self.set_feature(
+            Feature.CLOCK_DATA, {"clockid": CLOCK_MONOTONIC, "tod_ns": tod, "clockid_ns": mono}
+        )
 
     # -- data ------------------------------------------------------------------
 

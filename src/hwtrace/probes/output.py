@@ -19,7 +19,6 @@ import numpy as np
 from ..export.ctf import CtfWriter, EventClass
 from ..image.process import Mapping, ProcessModules
 from ..perf.attr import PerfEventAttr
-from ..perf.features import Feature
 from ..perf.records import (
     Comm,
     LostSamples,
@@ -28,8 +27,9 @@ from ..perf.records import (
     SampleId,
     SampleType,
     pack_record,
+    sample_dtype,
 )
-from ..perf.writer import PerfDataWriter, host_env
+from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
 from .locate import resolve
 from .plan import EXIT_REGS
 from .rings import NREGS, Clock
@@ -170,22 +170,14 @@ PERF_REGS_X86 = {
 _REGS_ABI_64 = 2  # PERF_SAMPLE_REGS_ABI_64
 _MISC_USER = 2  # PERF_RECORD_MISC_USER
 _TYPE_BREAKPOINT, _HW_BREAKPOINT_X = 5, 4  # PERF_TYPE_BREAKPOINT, an execute breakpoint
-_CLOCK_MONOTONIC = 1
 _EVENT_UPDATE_NAME = 2  # PERF_EVENT_UPDATE__NAME
 _SAMPLE_TYPE = (
     SampleType.IDENTIFIER | SampleType.IP | SampleType.TID | SampleType.TIME
     | SampleType.CPU | SampleType.PERIOD | SampleType.REGS_USER
 )  # fmt: skip
-# A SAMPLE record of _SAMPLE_TYPE, fields in the order perf_event_open(2) and
-# perf.data-file-format.txt give; a record ends after its event's registers.
-_SAMPLE = np.dtype(
-    [
-        ("type", "<u4"), ("misc", "<u2"), ("size", "<u2"),
-        ("identifier", "<u8"), ("ip", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
-        ("time", "<u8"), ("cpu", "<u4"), ("res", "<u4"), ("period", "<u8"),
-        ("abi", "<u8"), ("regs", "<u8", (NREGS,)),
-    ]
-)  # fmt: skip
+# A SAMPLE record of _SAMPLE_TYPE with every register; a record ends after
+# its event's registers.
+_SAMPLE = sample_dtype(_SAMPLE_TYPE, NREGS)
 _SAMPLE_HEAD = _SAMPLE.itemsize - 8 * NREGS
 
 
@@ -224,14 +216,7 @@ class PerfData(EventOutput):
         for p in probes:
             for kind in range(len(KIND_NAMES)):
                 self._declare(p, kind, 0)
-        # CLOCKID (the clock's resolution) and CLOCK_DATA (a reading of it
-        # with the time of day), as perf record --clockid writes them: perf
-        # script then shows the time of day too (-F +tod).
-        res = max(1, round(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9))
-        self.writer.set_feature(Feature.CLOCKID, res)
-        tod, mono = time.time_ns(), time.monotonic_ns()
-        self.writer.set_feature(Feature.CLOCK_DATA, {"clockid": _CLOCK_MONOTONIC,
-                                                     "tod_ns": tod, "clockid_ns": mono})  # fmt: skip
+        self.writer.set_monotonic_clock()
         # What perf record synthesizes from /proc at its start (time 0).
         try:
             tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
@@ -263,7 +248,7 @@ class PerfData(EventOutput):
             type=_TYPE_BREAKPOINT, bp_type=_HW_BREAKPOINT_X, config1=address, config2=8,
             sample_period=1, sample_type=int(_SAMPLE_TYPE),
             sample_regs_user=sum(1 << b for b in bits), sample_id_all=1,
-            exclude_kernel=1, exclude_hv=1, use_clockid=1, clockid=_CLOCK_MONOTONIC,
+            exclude_kernel=1, exclude_hv=1, use_clockid=1, clockid=CLOCK_MONOTONIC,
         )  # fmt: skip
         if not self._classes:
             # The event the sideband belongs to, as perf record's first.

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import iced_x86 as iced
 import numpy as np
@@ -70,6 +71,7 @@ __all__ = [
     "TIMING_NOTE",
     "MmapRecord",
     "RecordError",
+    "SoftwarePtOptions",
     "SoftwareRecording",
     "ThreadTrace",
     "TimeConversion",
@@ -504,24 +506,63 @@ def _is_rep_string(raw: bytes) -> bool:
     return ins.is_string_instruction and (ins.has_rep_prefix or ins.has_repne_prefix)
 
 
+@dataclass(frozen=True)
+class SoftwarePtOptions:
+    """The Intel PT options a stepped recording is encoded with, as
+    :func:`record_software` documents them; checked when made (raises
+    :class:`RecordError`)."""
+
+    psb_period: int = 4096
+    tsc: bool = True
+    mtc_period: int | None = 3
+    cyc: bool = False
+    cyc_thresh: int = 0
+    noretcomp: bool = False
+    ctc_ratio: int = 2
+    cbr: int = 8
+
+    def __post_init__(self) -> None:
+        if self.psb_period < 0:
+            raise RecordError("psb_period must be >= 0")
+        if self.mtc_period is not None and not 0 <= self.mtc_period <= 15:
+            raise RecordError("mtc_period must be 0-15")
+        if not 0 <= self.cyc_thresh <= 15:
+            raise RecordError("cyc_thresh must be 0-15")
+        if not 1 <= self.ctc_ratio <= 511:
+            raise RecordError("ctc_ratio must be 1-511")
+        if not 1 <= self.cbr <= 255:
+            raise RecordError("cbr must be 1-255")
+
+    def settings(self) -> dict[str, int | bool]:
+        """The options as the recording's ``settings`` (perf's intel_pt
+        config terms) state them."""
+        return {
+            "tsc": self.tsc,
+            "mtc": self.tsc and self.mtc_period is not None,
+            "mtc_period": int(self.mtc_period or 0),
+            "cyc": self.cyc,
+            "cyc_thresh": self.cyc_thresh,
+            "noretcomp": self.noretcomp,
+            "psb_period": self.psb_period,
+            "ctc_ratio": self.ctc_ratio,
+            "cbr": self.cbr,
+        }
+
+
 def encode_log(
     log: StepLog,
+    options: SoftwarePtOptions | None = None,
     *,
-    psb_period: int = 4096,
-    tsc: bool = True,
-    mtc_period: int | None = 3,
-    cyc: bool = False,
-    cyc_thresh: int = 0,
-    noretcomp: bool = False,
-    ctc_ratio: int = 2,
-    cbr: int = 8,
     revision_times: Sequence[int] = (),
+    **keywords: Any,
 ) -> tuple[EncodedTrace, np.ndarray, np.ndarray]:
     """The Intel PT of a stepped log; also the instructions it describes and
-    their times.  Options as :func:`record_software`; ``revision_times``:
+    their times.  ``options`` (default: :class:`SoftwarePtOptions`'s), any
+    of them also as keywords (``psb_period=0``); ``revision_times``:
     where code revisions begin (stepping clock), each marked in the trace
     by a time anchor before the first instruction at or after it
     (:func:`~hwtrace.pt.encode.encode_path`'s ``anchors``)."""
+    opt = replace(options or SoftwarePtOptions(), **keywords)
     if not log.segments:
         raise NothingTraced("nothing was traced: the process never ran inside the ranges")
     cache = InsnCache(log.read_code)
@@ -602,19 +643,19 @@ def encode_log(
             readers,
             versions=np.concatenate(vers),
             end_ip=end_ip,
-            ret_compression=not noretcomp,
-            psb_period=psb_period,
+            ret_compression=not opt.noretcomp,
+            psb_period=opt.psb_period,
             sync_disable=not any(
                 _stopped_after_branch(cache, log, seg, keep) for seg, keep in stretches
             ),
             interrupts=interrupts,
             trace_off=off,
-            tsc=int(log.times[0]) if tsc else None,
-            mtc_freq=mtc_period if tsc else None,
-            cyc=cyc,
-            cyc_thresh=cyc_thresh,
-            ctc_ratio=ctc_ratio,
-            cbr=cbr,
+            tsc=int(log.times[0]) if opt.tsc else None,
+            mtc_freq=opt.mtc_period if opt.tsc else None,
+            cyc=opt.cyc,
+            cyc_thresh=opt.cyc_thresh,
+            ctc_ratio=opt.ctc_ratio,
+            cbr=opt.cbr,
             cycles=np.concatenate(cost),
             ptwrites=ptwrites,
             anchors=anchors,
@@ -631,14 +672,14 @@ def record_software(
     calls: Sequence[str] = (),
     ranges: Sequence[tuple[int, int]] = (),
     follow_fork: bool = False,
-    psb_period: int = 4096,
-    tsc: bool = True,
-    mtc_period: int | None = 3,
-    cyc: bool = False,
-    cyc_thresh: int = 0,
-    noretcomp: bool = False,
-    ctc_ratio: int = 2,
-    cbr: int = 8,
+    psb_period: int = SoftwarePtOptions.psb_period,
+    tsc: bool = SoftwarePtOptions.tsc,
+    mtc_period: int | None = SoftwarePtOptions.mtc_period,
+    cyc: bool = SoftwarePtOptions.cyc,
+    cyc_thresh: int = SoftwarePtOptions.cyc_thresh,
+    noretcomp: bool = SoftwarePtOptions.noretcomp,
+    ctc_ratio: int = SoftwarePtOptions.ctc_ratio,
+    cbr: int = SoftwarePtOptions.cbr,
     clock: str = "tsc",
     registers: str = "all",
     max_instructions: int | None = None,
@@ -662,16 +703,8 @@ def record_software(
     Raises :class:`RecordError` with a message for a process that cannot be
     started, attached or traced, unknown functions and bad options.
     """
-    if psb_period < 0:
-        raise RecordError("psb_period must be >= 0")
-    if mtc_period is not None and not 0 <= mtc_period <= 15:
-        raise RecordError("mtc_period must be 0-15")
-    if not 0 <= cyc_thresh <= 15:
-        raise RecordError("cyc_thresh must be 0-15")
-    if not 1 <= ctc_ratio <= 511:
-        raise RecordError("ctc_ratio must be 1-511")
-    if not 1 <= cbr <= 255:
-        raise RecordError("cbr must be 1-255")
+    options = SoftwarePtOptions(psb_period, tsc, mtc_period, cyc, cyc_thresh, noretcomp,
+                                ctc_ratio, cbr)  # fmt: skip
     try:
         steps = step_threads(
             target,
@@ -685,16 +718,6 @@ def record_software(
         )
     except OSError as exc:
         raise RecordError(f"cannot record: {exc}") from None
-    options = {
-        "psb_period": psb_period,
-        "tsc": tsc,
-        "mtc_period": mtc_period,
-        "cyc": cyc,
-        "cyc_thresh": cyc_thresh,
-        "noretcomp": noretcomp,
-        "ctc_ratio": ctc_ratio,
-        "cbr": cbr,
-    }
     build_ids: dict[str, bytes | None] = {}
     image_mmaps = [_mmaps(img.maps, build_ids, img.vdso) for img in steps.images]
     files = [
@@ -706,7 +729,7 @@ def record_software(
     nothing: NothingTraced | None = None
     for log in steps.logs:
         try:
-            enc, insns, times = encode_log(log, revision_times=begins[log.image], **options)
+            enc, insns, times = encode_log(log, options, revision_times=begins[log.image])
         except NothingTraced as exc:
             nothing = nothing or exc
             continue
@@ -717,15 +740,7 @@ def record_software(
         assert nothing is not None
         raise nothing
     settings: dict[str, int | bool] = {
-        "tsc": tsc,
-        "mtc": tsc and mtc_period is not None,
-        "mtc_period": int(mtc_period or 0),
-        "cyc": cyc,
-        "cyc_thresh": cyc_thresh,
-        "noretcomp": noretcomp,
-        "psb_period": psb_period,
-        "ctc_ratio": ctc_ratio,
-        "cbr": cbr,
+        **options.settings(),
         "branch_enable": True,
         "user": True,
         "kernel": False,
