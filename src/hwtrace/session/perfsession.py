@@ -32,6 +32,7 @@ from ..perf.data import PerfData, PerfDataError, read_perf_data
 from ..perf.intelpt import sideband_of
 from ..perf.notes import recorded_calls
 from ..perf.sideband import BinaryLocator, Sideband
+from .listing import ListingRows, listing_rows
 from .perfflow import PerfBlocks, PerfStream, stream_perf
 
 
@@ -136,13 +137,16 @@ class PerfSession:
         return flow
 
     def listing(
-        self, on_rows: Callable, *, blocks: bool = False, ptwrite: bool = True
+        self,
+        on_rows: Callable[[ListingRows], None],
+        *,
+        blocks: bool = False,
+        ptwrite: bool = True,
     ) -> PerfStream:
         """Decode into the rows of ``hwtrace script``'s listing
         (:class:`~hwtrace.session.listing.ListingRows`, per instruction or
         with ``blocks`` per block, PTWRITE payloads at their place unless
         ``ptwrite`` is false), batch by batch into ``on_rows``."""
-        from .listing import listing_rows
 
         def on_blocks(b: PerfBlocks) -> None:
             for rows in listing_rows(b, self.comm, blocks=blocks, ptwrite=ptwrite):
