@@ -20,14 +20,14 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from .common import Parser
-from .perfinput import add_input_options, decode_session, open_session
+from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 PROG = "hwtrace decode"
 
@@ -204,6 +204,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
         Names,
         build_ids_of,
         finish_dataset,
+        threads_of,
     )
 
     data = opened.data
@@ -238,36 +239,23 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
             state["done"] += state["bytes"]
             state["queue"], state["bytes"] = q.index, q.trace_bytes
         writer.write_blocks(b)
-        if len(b):
-            first = int(b.tid[0])
-            if (b.tid == first).all():
-                tids.add(first)  # one thread per batch, mostly: no sort
-            else:
-                tids.update(np.unique(b.tid).tolist())
+        tids.update(threads_of(b))
         state["rows"] += len(b)
         progress.update(task, completed=state["done"], rows=state["rows"])
 
-    take: Callable = on_blocks
-    cut = None
-    if decode_distributed is not None and opened.calls:
-        from ..session.calls import CallFilter
-
-        cut = CallFilter(opened.calls)
-
-        def take(b) -> None:
-            for part in cut(b):
-                on_blocks(part)
-
+    take, missing_calls = opened.cut_to_calls(on_blocks)
     started = time.perf_counter()
     ok = False
     try:
         with progress:
             if decode_distributed is None:
                 flow = decode_session(PROG, opened, on_blocks)
-            elif cut is not None:
+            elif opened.calls:
                 # Cut to calls: the blocks pass through the call filter here.
                 flow = decode_distributed[0](str(a.input), take, workers=a.workers or 0,
                                              cluster=a.cluster, symfs=a.symfs)  # fmt: skip
+                flow.missing_calls = missing_calls()
+                warn_missing_calls(PROG, flow)
             else:
                 # The workers write the blocks; the client counts.
                 def on_piece(nbytes: int, rows: int) -> None:
@@ -281,10 +269,6 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
                 tids.update(seen)
             progress.update(task, completed=max(total_bytes, 1))
         seconds = time.perf_counter() - started
-        if cut is not None:
-            for name in cut.missing():
-                sys.stderr.write(f"{PROG}: warning: --call {name}: no such function in the "
-                                 "decoded code\n")  # fmt: skip
         extra = calls.write(writer) if calls is not None else {}
         meta = finish_dataset(
             writer, flow, tids,

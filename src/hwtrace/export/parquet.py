@@ -56,6 +56,7 @@ __all__ = [
     "image_id",
     "instructions_table",
     "symbol_id",
+    "threads_of",
     "write_dataset",
 ]
 
@@ -895,6 +896,16 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, object]:
     return meta
 
 
+def threads_of(b: PerfBlocks) -> list[int]:
+    """The threads a batch of blocks ran in (mostly one: no sort then)."""
+    if not len(b):
+        return []
+    first = int(b.tid[0])
+    if (b.tid == first).all():
+        return [first]
+    return np.unique(b.tid).tolist()
+
+
 def finish_dataset(
     writer: FlowParquetWriter,
     flow: PerfStream,
@@ -939,7 +950,7 @@ def write_dataset(
 
     def take(b: PerfBlocks) -> None:
         writer.write_blocks(b)
-        tids.update(np.unique(b.tid).tolist())
+        tids.update(threads_of(b))
 
     try:
         flow = session.decode(take)

@@ -113,27 +113,34 @@ class PerfSession:
             got = self._comms[tid] = self.sideband.comm_of(tid) if tid >= 0 else "?"
         return got
 
+    def cut_to_calls(
+        self, on_blocks: Callable[[PerfBlocks], None]
+    ) -> tuple[Callable[[PerfBlocks], None], Callable[[], list[str]]]:
+        """``on_blocks`` behind the cut to :attr:`calls` (itself when there
+        are none), and a function naming the calls found nowhere so far;
+        for decodings driven elsewhere (the cluster decoder)."""
+        if not self.calls:
+            return on_blocks, list
+        from .calls import CallFilter
+
+        cut = CallFilter(self.calls)
+
+        def take(b: PerfBlocks) -> None:
+            for part in cut(b):
+                on_blocks(part)
+
+        return take, lambda: list(cut.missing())
+
     def decode(self, on_blocks: Callable[[PerfBlocks], None]) -> PerfStream:
         """Decode every trace queue, batch by batch into ``on_blocks`` (cut
         to the calls); nothing of a batch is kept once it returns.  The
         result has the queues with their gaps, the problems met and
         ``missing_calls``: the ``calls`` found nowhere in the decoded code."""
-        take = on_blocks
-        cut = None
-        if self.calls:
-            from .calls import CallFilter
-
-            cut = CallFilter(self.calls)
-
-            def take(b: PerfBlocks) -> None:
-                for part in cut(b):
-                    on_blocks(part)
-
+        take, missing = self.cut_to_calls(on_blocks)
         flow = stream_perf(
             self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband
         )
-        if cut is not None:
-            flow.missing_calls = list(cut.missing())
+        flow.missing_calls = missing()
         return flow
 
     def listing(
