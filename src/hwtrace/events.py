@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .export.ctf import write_ptw_events as write_ctf
 from .hwevents.channel import Channel, header_path
 from .hwevents.ptw import (
     MARK,
@@ -39,7 +39,10 @@ from .hwevents.ptw import (
     decode_events,
     encode_events,
 )
-from .session.ptwevents import perf_events
+
+if TYPE_CHECKING:  # (loaded on first use: see __getattr__)
+    from .export.ctf import write_ptw_events as write_ctf
+    from .session.ptwevents import perf_events
 
 __all__ = [
     "MARK",
@@ -55,6 +58,20 @@ __all__ = [
     "write_ctf",
     "write_headers",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Reading a perf.data and writing CTF load the perf.data reader and the
+    # CTF writer: only when asked for, so that writing headers starts fast.
+    if name == "perf_events":
+        from .session.ptwevents import perf_events
+
+        return perf_events
+    if name == "write_ctf":
+        from .export.ctf import write_ptw_events
+
+        return write_ptw_events
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ptwrite_supported() -> bool:
