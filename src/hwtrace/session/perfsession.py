@@ -55,7 +55,7 @@ class PerfSession:
     sideband: Sideband
     calls: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    _comms: dict[int, str] = field(default_factory=dict, repr=False)
+    _comms: dict[int, str] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def open(
