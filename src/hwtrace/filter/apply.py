@@ -53,10 +53,6 @@ class FilterRun:
         return iter(self.results)
 
 
-def _event_refs(tree: ast.Node) -> list[ast.FieldRef]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.FieldRef) and n.root == "event"]
-
-
 def _uses_context(tree: ast.Node) -> bool:
     return any(
         isinstance(n, ast.FieldRef) and n.root != "event" and n.path is not None
@@ -111,7 +107,7 @@ class FilterPlan:
         events: Sequence[str] | None = None,
     ) -> None:
         tree = parse(expression)  # syntax errors, once, with the caret
-        refs = _event_refs(tree)
+        refs = ast.field_refs(tree, "event")
         selected = select_types(types, events)
         picked = [i for i, t in enumerate(types) if any(t is s for s in selected)]
         missing_by_type: list[tuple[str, ...]] = []

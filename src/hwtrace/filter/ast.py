@@ -122,3 +122,9 @@ def walk(node: Node):
     elif isinstance(node, (Binary, Logical)):
         yield from walk(node.left)
         yield from walk(node.right)
+
+
+def field_refs(tree: Node, root: str | None = None) -> list[FieldRef]:
+    """The field references of a tree in :func:`walk`'s order (only those
+    of ``root``, e.g. ``"event"``, when given)."""
+    return [n for n in walk(tree) if isinstance(n, FieldRef) and (root is None or n.root == root)]

@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from ..columns import Columns
+from ..filter.ast import field_refs
 from ..filter.check import compile_check
 from ..filter.ebpf.kernel import (
     COUNTERS,
     HEADER,
     LAYOUT,
     KernelProgram,
-    _refs,
     generate_kernel,
 )
 from ..filter.errors import FilterError
@@ -319,5 +319,5 @@ class KernelTrace:
 
 def _all_missing(tree) -> bool:
     """Does the checked tree refer only to fields its event lacks?"""
-    refs = [r for r in _refs(tree) if r.root == "event"]
+    refs = field_refs(tree, "event")
     return bool(refs) and all(r.path is None for r in refs)

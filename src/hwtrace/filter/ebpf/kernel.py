@@ -442,24 +442,6 @@ def _glob_shape(parts: tuple[bytes, ...]) -> bool:
     return len(parts) == 3 and not parts[0] and not parts[2] and bool(parts[1])
 
 
-def _refs(tree: ast.Node) -> list[ast.FieldRef]:
-    out: list[ast.FieldRef] = []
-
-    def walk(n: ast.Node) -> None:
-        if isinstance(n, ast.FieldRef):
-            out.append(n)
-        for child in (
-            getattr(n, "operand", None),
-            getattr(n, "left", None),
-            getattr(n, "right", None),
-        ):
-            if isinstance(child, ast.Node):
-                walk(child)
-
-    walk(tree)
-    return out
-
-
 def _needs_copy(refs: list[ast.FieldRef]) -> bool:
     for r in refs:
         p = r.path
@@ -603,7 +585,7 @@ def generate_kernel(
     passes) over events of ``schema``.  ``emit``: ``"passed"`` writes the
     events that pass to the ring buffer, ``"all"`` every event with its
     verdict, ``"none"`` only counts."""
-    refs = _refs(tree) if tree is not None else []
+    refs = ast.field_refs(tree) if tree is not None else []
     ctx_names = set()
     for r in refs:
         if r.root == "event" and r.names[0] in _LOST_FIELDS:
