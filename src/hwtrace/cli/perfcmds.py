@@ -303,12 +303,15 @@ def report_main(argv: Sequence[str]) -> int:
     opened = open_session(p.prog, a)
     if opened is None:
         return 1
-    from ..analysis.feed import CallPathProfile
     from ..analysis.profile import ThreadProfiler
 
     profiler = ThreadProfiler()
-    wanted = a.folded or a.paths or a.html or a.timeline
-    paths = CallPathProfile(opened.sideband, a.group, timeline=bool(a.timeline)) if wanted else None
+    paths = None
+    if a.folded or a.paths or a.html or a.timeline:
+        # (the call-path walk loads its compiled loops: only when asked for)
+        from ..analysis.feed import CallPathProfile
+
+        paths = CallPathProfile(opened.sideband, a.group, timeline=bool(a.timeline))
 
     def on_blocks(b: PerfBlocks) -> None:
         profiler.add_blocks(b)
