@@ -14,10 +14,12 @@ runs SQL over them and ``hwtrace report -i DIR`` is built on them
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analysis.profile import Profile, ThreadProfile
+if TYPE_CHECKING:
+    from ..analysis.profile import Profile
 
 
 class DatasetError(ValueError):
@@ -130,6 +132,9 @@ def dataset_profile(directory: str | Path) -> tuple[str, int, Profile, list[str]
     gaps as (offset, ip, reason)).  Raises :class:`DatasetError` (one line)
     when ``directory`` is not a readable dataset."""
     import duckdb
+
+    # (the profile's classes bring the perf.data session: not for hwtrace query)
+    from ..analysis.profile import Profile, ThreadProfile
 
     try:
         con, meta = connect(directory)
