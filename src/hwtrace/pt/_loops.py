@@ -25,41 +25,6 @@ from ._state import (
 )
 from .kinds import IPC_PAYLOAD_BYTES, DecodeError, Kind
 
-# Kind constants as plain ints so numba folds them.
-PAD = int(Kind.PAD)
-PSB = int(Kind.PSB)
-PSBEND = int(Kind.PSBEND)
-TNT8 = int(Kind.TNT8)
-TNT64 = int(Kind.TNT64)
-TIP = int(Kind.TIP)
-TIP_PGE = int(Kind.TIP_PGE)
-TIP_PGD = int(Kind.TIP_PGD)
-FUP = int(Kind.FUP)
-MODE_EXEC = int(Kind.MODE_EXEC)
-MODE_TSX = int(Kind.MODE_TSX)
-PIP = int(Kind.PIP)
-VMCS = int(Kind.VMCS)
-CBR = int(Kind.CBR)
-TSC = int(Kind.TSC)
-MTC = int(Kind.MTC)
-TMA = int(Kind.TMA)
-CYC = int(Kind.CYC)
-OVF = int(Kind.OVF)
-STOP = int(Kind.STOP)
-MNT = int(Kind.MNT)
-PTW = int(Kind.PTW)
-EXSTOP = int(Kind.EXSTOP)
-MWAIT = int(Kind.MWAIT)
-PWRE = int(Kind.PWRE)
-PWRX = int(Kind.PWRX)
-BBP = int(Kind.BBP)
-BIP = int(Kind.BIP)
-BEP = int(Kind.BEP)
-CFE = int(Kind.CFE)
-EVD = int(Kind.EVD)
-TRIG = int(Kind.TRIG)
-INVALID = int(Kind.INVALID)
-
 # Flag and payload bits of the columns (the table in kinds.py).
 FLAG_IP = 1  # EXSTOP, BEP, PTW, CFE c: the packet binds to an IP (a FUP follows)
 PIP_NR = 1  # PIP b: non-root
@@ -83,9 +48,6 @@ BLOCK_NONE = 0
 BLOCK_SZ8 = 1
 BLOCK_SZ4 = 2
 
-E_BAD_OPC = int(DecodeError.BAD_OPCODE)
-E_BAD_PACKET = int(DecodeError.BAD_PACKET)
-E_TRUNCATED = int(DecodeError.TRUNCATED)
 
 PSB_SIZE = 16
 
@@ -143,9 +105,9 @@ def block_after(kind, b, in_block):
     """Whether the next packet is in a BBP..BEP block, and of which item
     size (BLOCK_*), after packet ``kind`` (``b``: its second column): a BBP
     opens one; BEP, PSB and OVF close it."""
-    if kind == BBP:
+    if kind == Kind.BBP:
         return BLOCK_SZ4 if b == BBP_SZ4 else BLOCK_SZ8
-    if kind == BEP or kind == PSB or kind == OVF:
+    if kind == Kind.BEP or kind == Kind.PSB or kind == Kind.OVF:
         return BLOCK_NONE
     return in_block
 
@@ -163,87 +125,87 @@ def decode_packet(buf, pos, end, in_block, errata):
     """
     b0 = buf[pos]
     if b0 == 0x00:
-        return 1, PAD, _0, _0, _0
+        return 1, Kind.PAD, _0, _0, _0
     if b0 == 0x02:
         if pos + 1 >= end:
-            return 0, -E_TRUNCATED, _0, _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
         ext = buf[pos + 1]
         if ext == 0x82:  # PSB
             if end < pos + PSB_SIZE:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             for i in range(2, PSB_SIZE, 2):
                 if buf[pos + i] != 0x02 or buf[pos + i + 1] != 0x82:
-                    return 0, -E_BAD_PACKET, _0, _0, _0
-            return PSB_SIZE, PSB, _0, _0, _0
+                    return 0, -DecodeError.BAD_PACKET, _0, _0, _0
+            return PSB_SIZE, Kind.PSB, _0, _0, _0
         if ext == 0x23:
-            return 2, PSBEND, _0, _0, _0
+            return 2, Kind.PSBEND, _0, _0, _0
         if ext == 0xA3:  # TNT-64
             if end < pos + 8:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 6)
             if payload == 0:
-                return 0, -E_BAD_PACKET, _0, _0, _0
+                return 0, -DecodeError.BAD_PACKET, _0, _0, _0
             nbits = 0
             p = payload >> np.uint64(1)
             while p != 0:
                 nbits += 1
                 p >>= np.uint64(1)
             bits = payload & ~(np.uint64(1) << np.uint64(nbits))
-            return 8, TNT64, bits, np.uint64(nbits), _0
+            return 8, Kind.TNT64, bits, np.uint64(nbits), _0
         if ext == 0x43:  # PIP
             if end < pos + 8:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 6)
             cr3 = (payload >> np.uint64(1)) << np.uint64(5)
-            return 8, PIP, cr3, payload & np.uint64(PIP_NR), _0
+            return 8, Kind.PIP, cr3, payload & np.uint64(PIP_NR), _0
         if ext == 0xF3:
-            return 2, OVF, _0, _0, _0
+            return 2, Kind.OVF, _0, _0, _0
         if ext == 0x03:  # CBR
             if end < pos + 4:
-                return 0, -E_TRUNCATED, _0, _0, _0
-            return 4, CBR, np.uint64(buf[pos + 2]), _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
+            return 4, Kind.CBR, np.uint64(buf[pos + 2]), _0, _0
         if ext == 0x73:  # TMA
             if end < pos + 7:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             ctc = np.uint64(buf[pos + 2]) | (np.uint64(buf[pos + 3]) << np.uint64(8))
             fc = np.uint64(buf[pos + 5]) | (np.uint64(buf[pos + 6]) << np.uint64(8))
             if (fc & ~np.uint64(0x1FF)) or buf[pos + 4] != 0:
                 # SKZ84: TSC scaling/offsetting corrupts TMA; skip it as invalid.
                 if errata & ERRATUM_SKZ84 and end >= pos + 8:
-                    return 8, INVALID, _0, _0, _0
-                return 0, -E_BAD_PACKET, _0, _0, _0
-            return 7, TMA, ctc, fc, _0
+                    return 8, Kind.INVALID, _0, _0, _0
+                return 0, -DecodeError.BAD_PACKET, _0, _0, _0
+            return 7, Kind.TMA, ctc, fc, _0
         if ext == 0x83:
-            return 2, STOP, _0, _0, _0
+            return 2, Kind.STOP, _0, _0, _0
         if ext == 0xC8:  # VMCS
             if end < pos + 7:
-                return 0, -E_TRUNCATED, _0, _0, _0
-            return 7, VMCS, _read_le(buf, pos + 2, 5) << np.uint64(12), _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
+            return 7, Kind.VMCS, _read_le(buf, pos + 2, 5) << np.uint64(12), _0, _0
         if ext == 0xC3:  # ext2
             if pos + 2 >= end:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             if buf[pos + 2] != 0x88:
-                return 0, -E_BAD_OPC, _0, _0, _0
+                return 0, -DecodeError.BAD_OPCODE, _0, _0, _0
             if end < pos + 11:
-                return 0, -E_TRUNCATED, _0, _0, _0
-            return 11, MNT, _read_le(buf, pos + 3, 8), _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
+            return 11, Kind.MNT, _read_le(buf, pos + 3, 8), _0, _0
         if ext == 0x62 or ext == 0xE2:
-            return 2, EXSTOP, _0, _0, np.uint64(FLAG_IP if ext == 0xE2 else 0)
+            return 2, Kind.EXSTOP, _0, _0, np.uint64(FLAG_IP if ext == 0xE2 else 0)
         if ext == 0xC2:  # MWAIT
             if end < pos + 10:
-                return 0, -E_TRUNCATED, _0, _0, _0
-            return 10, MWAIT, _read_le(buf, pos + 2, 4), _read_le(buf, pos + 6, 4), _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
+            return 10, Kind.MWAIT, _read_le(buf, pos + 2, 4), _read_le(buf, pos + 6, 4), _0
         if ext == 0x22:  # PWRE
             if end < pos + 4:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 2)
             state = (payload >> np.uint64(12)) & np.uint64(0xF)
             sub = (payload >> np.uint64(8)) & np.uint64(0xF)
             hw = np.uint64(PWRE_HW if payload & np.uint64(0x8) else 0)
-            return 4, PWRE, state, sub, hw
+            return 4, Kind.PWRE, state, sub, hw
         if ext == 0xA2:  # PWRX
             if end < pos + 7:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             payload = _read_le(buf, pos + 2, 5)
             last = (payload >> np.uint64(4)) & np.uint64(0xF)
             deepest = payload & np.uint64(0xF)
@@ -254,23 +216,23 @@ def decode_packet(buf, pos, end, in_block, errata):
                 wake |= PWRX_ST
             if payload & np.uint64(0x800):
                 wake |= PWRX_HW
-            return 7, PWRX, last, deepest, np.uint64(wake)
+            return 7, Kind.PWRX, last, deepest, np.uint64(wake)
         if ext == 0x13:  # CFE
             if end < pos + 4:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             ip = np.uint64(FLAG_IP if buf[pos + 2] & 0x80 else 0)
-            return 4, CFE, np.uint64(buf[pos + 2] & 0x1F), np.uint64(buf[pos + 3]), ip
+            return 4, Kind.CFE, np.uint64(buf[pos + 2] & 0x1F), np.uint64(buf[pos + 3]), ip
         if ext == 0x53:  # EVD
             if end < pos + 11:
-                return 0, -E_TRUNCATED, _0, _0, _0
-            return 11, EVD, _read_le(buf, pos + 3, 8), np.uint64(buf[pos + 2] & 0x1F), _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
+            return 11, Kind.EVD, _read_le(buf, pos + 3, 8), np.uint64(buf[pos + 2] & 0x1F), _0
         if ext == 0x63:  # BBP
             if end < pos + 3:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             sz = np.uint64(BBP_SZ4 if buf[pos + 2] & 0x80 else 0)
-            return 3, BBP, np.uint64(buf[pos + 2] & 0x1F), sz, _0
+            return 3, Kind.BBP, np.uint64(buf[pos + 2] & 0x1F), sz, _0
         if ext == 0x33 or ext == 0xB3:  # BEP
-            return 2, BEP, _0, _0, np.uint64(FLAG_IP if ext == 0xB3 else 0)
+            return 2, Kind.BEP, _0, _0, np.uint64(FLAG_IP if ext == 0xB3 else 0)
         if (ext & 0x1F) == 0x12:  # PTW
             plc = (ext >> 5) & 0x3
             if plc == 0:
@@ -278,47 +240,47 @@ def decode_packet(buf, pos, end, in_block, errata):
             elif plc == 1:
                 n = 8
             else:
-                return 0, -E_BAD_PACKET, _0, _0, _0
+                return 0, -DecodeError.BAD_PACKET, _0, _0, _0
             if end < pos + 2 + n:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             ip = np.uint64(FLAG_IP if ext & 0x80 else 0)
-            return 2 + n, PTW, _read_le(buf, pos + 2, n), np.uint64(plc), ip
-        return 0, -E_BAD_OPC, _0, _0, _0
+            return 2 + n, Kind.PTW, _read_le(buf, pos + 2, n), np.uint64(plc), ip
+        return 0, -DecodeError.BAD_OPCODE, _0, _0, _0
     if in_block and (b0 & 0x07) == 0x04:  # BIP, only between BBP and BEP
         n = 4 if in_block == 2 else 8
         if end < pos + 1 + n:
-            return 0, -E_TRUNCATED, _0, _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
         sz4 = np.uint64(BIP_SZ4 if n == 4 else 0)
-        return 1 + n, BIP, _read_le(buf, pos + 1, n), np.uint64(b0 >> 3), sz4
+        return 1 + n, Kind.BIP, _read_le(buf, pos + 1, n), np.uint64(b0 >> 3), sz4
     if (b0 & 0x01) == 0:  # TNT-8
-        return 1, TNT8, TNT8_BITS[b0], np.uint64(TNT8_NBITS[b0]), _0
+        return 1, Kind.TNT8, TNT8_BITS[b0], np.uint64(TNT8_NBITS[b0]), _0
     if b0 == 0x99:  # MODE
         if end < pos + 2:
-            return 0, -E_TRUNCATED, _0, _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
         m = buf[pos + 1]
         leaf = m & 0xE0
         if leaf == 0x00:
-            return 2, MODE_EXEC, np.uint64(m & 0x1F), _0, _0
+            return 2, Kind.MODE_EXEC, np.uint64(m & 0x1F), _0, _0
         if leaf == 0x20:
-            return 2, MODE_TSX, np.uint64(m & 0x1F), _0, _0
-        return 0, -E_BAD_PACKET, _0, _0, _0
+            return 2, Kind.MODE_TSX, np.uint64(m & 0x1F), _0, _0
+        return 0, -DecodeError.BAD_PACKET, _0, _0, _0
     if b0 == 0x19:  # TSC
         if end < pos + 8:
-            return 0, -E_TRUNCATED, _0, _0, _0
-        return 8, TSC, _read_le(buf, pos + 1, 7), _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
+        return 8, Kind.TSC, _read_le(buf, pos + 1, 7), _0, _0
     if b0 == 0x59:  # MTC
         if end < pos + 2:
-            return 0, -E_TRUNCATED, _0, _0, _0
-        return 2, MTC, np.uint64(buf[pos + 1]), _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
+        return 2, Kind.MTC, np.uint64(buf[pos + 1]), _0, _0
     if b0 == 0xD9:  # TRIG
         if end < pos + 3:
-            return 0, -E_TRUNCATED, _0, _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
         f = buf[pos + 1]
         size = 3
         icnt = np.uint64(0)
         if f & 0x40:
             if end < pos + 5:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             icnt = _read_le(buf, pos + 3, 2)
             size = 5
         flags = 0
@@ -328,7 +290,7 @@ def decode_packet(buf, pos, end, in_block, errata):
             flags |= TRIG_ICNT
         if f & 0x20:
             flags |= TRIG_MULT
-        return size, TRIG, np.uint64(buf[pos + 2]), icnt, np.uint64(flags)
+        return size, Kind.TRIG, np.uint64(buf[pos + 2]), icnt, np.uint64(flags)
     if (b0 & 0x03) == 0x03:  # CYC
         value = np.uint64(b0 >> 3)
         p = pos + 1
@@ -336,7 +298,7 @@ def decode_packet(buf, pos, end, in_block, errata):
         shl = 5
         while ext:
             if p >= end:
-                return 0, -E_TRUNCATED, _0, _0, _0
+                return 0, -DecodeError.TRUNCATED, _0, _0, _0
             x = buf[p]
             p += 1
             ext = x & 0x01
@@ -345,7 +307,7 @@ def decode_packet(buf, pos, end, in_block, errata):
                 value |= bits << np.uint64(shl)
             shl += 7
             if shl > 64:
-                return 0, -E_BAD_PACKET, _0, _0, _0
+                return 0, -DecodeError.BAD_PACKET, _0, _0, _0
         # SKD007: an OVF may replace the rest of a multi-byte CYC.
         if (
             errata & ERRATUM_SKD007
@@ -354,27 +316,27 @@ def decode_packet(buf, pos, end, in_block, errata):
             and p < end
             and buf[p] == 0xF3
         ):
-            return 3, OVF, _0, _0, _0
-        return p - pos, CYC, value, _0, _0
+            return 3, Kind.OVF, _0, _0, _0
+        return p - pos, Kind.CYC, value, _0, _0
     low = b0 & 0x1F
     kind = 0
     if low == 0x0D:
-        kind = TIP
+        kind = Kind.TIP
     elif low == 0x1D:
-        kind = FUP
+        kind = Kind.FUP
     elif low == 0x11:
-        kind = TIP_PGE
+        kind = Kind.TIP_PGE
     elif low == 0x01:
-        kind = TIP_PGD
+        kind = Kind.TIP_PGD
     if kind != 0:
         ipc = b0 >> 5
         n = _ip_bytes(ipc)
         if n < 0:
-            return 0, -E_BAD_PACKET, _0, _0, _0
+            return 0, -DecodeError.BAD_PACKET, _0, _0, _0
         if end < pos + 1 + n:
-            return 0, -E_TRUNCATED, _0, _0, _0
+            return 0, -DecodeError.TRUNCATED, _0, _0, _0
         return 1 + n, kind, _read_le(buf, pos + 1, n), np.uint64(ipc), _0
-    return 0, -E_BAD_OPC, _0, _0, _0
+    return 0, -DecodeError.BAD_OPCODE, _0, _0, _0
 
 
 @aot.njit(cache=True)
@@ -628,7 +590,7 @@ def decode_stream(buf, avail, state, rows, errs, store):
                 if (b0 & 0x01) == 0 and b0 > 0x02:
                     # TNT-8, by far the most frequent packet: no call.
                     offsets[n] = pos + base
-                    kinds[n] = TNT8
+                    kinds[n] = Kind.TNT8
                     sizes[n] = 1
                     col_a[n] = TNT8_BITS[b0]
                     col_b[n] = TNT8_NBITS[b0]
@@ -665,7 +627,7 @@ def decode_stream(buf, avail, state, rows, errs, store):
         err_codes[nerr] = -kind
         err_index[nerr] = n
         nerr += 1
-        if not resync or kind == -E_TRUNCATED:
+        if not resync or kind == -DecodeError.TRUNCATED:
             phase = PHASE_DONE
             break
         p = _resync_start(pos, sync_pos, begin)
@@ -699,40 +661,46 @@ def _write_le(out, pos, v, n):
 @aot.njit(cache=True)
 def encoded_size(kind, a, b, c):
     """Size in bytes of one packet's encoding (-1 if the fields are invalid)."""
-    if kind == PAD or kind == TNT8:
+    if kind == Kind.PAD or kind == Kind.TNT8:
         return 1
-    if kind == PSB:
+    if kind == Kind.PSB:
         return PSB_SIZE
-    if kind == PSBEND or kind == OVF or kind == STOP or kind == EXSTOP or kind == BEP:
+    if (
+        kind == Kind.PSBEND
+        or kind == Kind.OVF
+        or kind == Kind.STOP
+        or kind == Kind.EXSTOP
+        or kind == Kind.BEP
+    ):
         return 2
-    if kind == TNT64 or kind == PIP or kind == TSC:
+    if kind == Kind.TNT64 or kind == Kind.PIP or kind == Kind.TSC:
         return 8
-    if kind == TIP or kind == TIP_PGE or kind == TIP_PGD or kind == FUP:
+    if kind == Kind.TIP or kind == Kind.TIP_PGE or kind == Kind.TIP_PGD or kind == Kind.FUP:
         n = _ip_bytes(b)
         return -1 if n < 0 else 1 + n
-    if kind == MODE_EXEC or kind == MODE_TSX or kind == MTC:
+    if kind == Kind.MODE_EXEC or kind == Kind.MODE_TSX or kind == Kind.MTC:
         return 2
-    if kind == CBR or kind == PWRE or kind == CFE:
+    if kind == Kind.CBR or kind == Kind.PWRE or kind == Kind.CFE:
         return 4
-    if kind == TMA or kind == VMCS or kind == PWRX:
+    if kind == Kind.TMA or kind == Kind.VMCS or kind == Kind.PWRX:
         return 7
-    if kind == MNT or kind == EVD:
+    if kind == Kind.MNT or kind == Kind.EVD:
         return 11
-    if kind == MWAIT:
+    if kind == Kind.MWAIT:
         return 10
-    if kind == PTW:
+    if kind == Kind.PTW:
         if b == 0:
             return 6
         if b == 1:
             return 10
         return -1
-    if kind == BBP:
+    if kind == Kind.BBP:
         return 3
-    if kind == BIP:
+    if kind == Kind.BIP:
         return 5 if c else 9
-    if kind == TRIG:
+    if kind == Kind.TRIG:
         return 5 if c & 2 else 3
-    if kind == CYC:
+    if kind == Kind.CYC:
         n = 1
         v = a >> np.uint64(5)
         while v != 0:
@@ -755,75 +723,75 @@ def encode_rows(kinds, col_a, col_b, col_c, out):
         a = col_a[i]
         b = col_b[i]
         c = col_c[i]
-        if kind == PAD:
+        if kind == Kind.PAD:
             out[pos] = 0
             pos += 1
-        elif kind == PSB:
+        elif kind == Kind.PSB:
             for j in range(0, PSB_SIZE, 2):
                 out[pos + j] = 0x02
                 out[pos + j + 1] = 0x82
             pos += PSB_SIZE
-        elif kind == PSBEND:
+        elif kind == Kind.PSBEND:
             out[pos] = 0x02
             out[pos + 1] = 0x23
             pos += 2
-        elif kind == TNT8:
+        elif kind == Kind.TNT8:
             if b < 1 or b > 6 or (a >> np.uint64(b)) != 0:
                 return -(i + 1)
             out[pos] = np.uint8(((a | (np.uint64(1) << np.uint64(b))) << np.uint64(1)) & 0xFF)
             pos += 1
-        elif kind == TNT64:
+        elif kind == Kind.TNT64:
             if b < 1 or b > 47 or (a >> np.uint64(b)) != 0:
                 return -(i + 1)
             out[pos] = 0x02
             out[pos + 1] = 0xA3
             pos = _write_le(out, pos + 2, a | (np.uint64(1) << np.uint64(b)), 6)
-        elif kind == TIP or kind == TIP_PGE or kind == TIP_PGD or kind == FUP:
+        elif kind == Kind.TIP or kind == Kind.TIP_PGE or kind == Kind.TIP_PGD or kind == Kind.FUP:
             n = _ip_bytes(b)
             if n < 0:
                 return -(i + 1)
-            if kind == TIP:
+            if kind == Kind.TIP:
                 op = 0x0D
-            elif kind == TIP_PGE:
+            elif kind == Kind.TIP_PGE:
                 op = 0x11
-            elif kind == TIP_PGD:
+            elif kind == Kind.TIP_PGD:
                 op = 0x01
             else:
                 op = 0x1D
             out[pos] = np.uint8(op | (b << 5))
             pos = _write_le(out, pos + 1, a, n)
-        elif kind == MODE_EXEC or kind == MODE_TSX:
+        elif kind == Kind.MODE_EXEC or kind == Kind.MODE_TSX:
             out[pos] = 0x99
-            leaf = 0x00 if kind == MODE_EXEC else 0x20
+            leaf = 0x00 if kind == Kind.MODE_EXEC else 0x20
             out[pos + 1] = np.uint8(leaf | (a & np.uint64(0x1F)))
             pos += 2
-        elif kind == PIP:
+        elif kind == Kind.PIP:
             if a & np.uint64(0x1F) or a >> np.uint64(52):
                 return -(i + 1)
             out[pos] = 0x02
             out[pos + 1] = 0x43
             v = ((a >> np.uint64(5)) << np.uint64(1)) | (np.uint64(b) & np.uint64(1))
             pos = _write_le(out, pos + 2, v, 6)
-        elif kind == VMCS:
+        elif kind == Kind.VMCS:
             if a & np.uint64(0xFFF) or a >> np.uint64(52):
                 return -(i + 1)
             out[pos] = 0x02
             out[pos + 1] = 0xC8
             pos = _write_le(out, pos + 2, a >> np.uint64(12), 5)
-        elif kind == CBR:
+        elif kind == Kind.CBR:
             out[pos] = 0x02
             out[pos + 1] = 0x03
             out[pos + 2] = np.uint8(a & np.uint64(0xFF))
             out[pos + 3] = 0
             pos += 4
-        elif kind == TSC:
+        elif kind == Kind.TSC:
             out[pos] = 0x19
             pos = _write_le(out, pos + 1, a, 7)
-        elif kind == MTC:
+        elif kind == Kind.MTC:
             out[pos] = 0x59
             out[pos + 1] = np.uint8(a & np.uint64(0xFF))
             pos += 2
-        elif kind == TMA:
+        elif kind == Kind.TMA:
             if b > 0x1FF:
                 return -(i + 1)
             out[pos] = 0x02
@@ -831,7 +799,7 @@ def encode_rows(kinds, col_a, col_b, col_c, out):
             pos = _write_le(out, pos + 2, a, 2)
             out[pos] = 0
             pos = _write_le(out, pos + 1, np.uint64(b), 2)
-        elif kind == CYC:
+        elif kind == Kind.CYC:
             first = np.uint8(0x03 | ((a & np.uint64(0x1F)) << np.uint64(3)))
             rest = a >> np.uint64(5)
             if rest != 0:
@@ -845,35 +813,35 @@ def encode_rows(kinds, col_a, col_b, col_c, out):
                     byte |= 0x01
                 out[pos] = byte
                 pos += 1
-        elif kind == OVF:
+        elif kind == Kind.OVF:
             out[pos] = 0x02
             out[pos + 1] = 0xF3
             pos += 2
-        elif kind == STOP:
+        elif kind == Kind.STOP:
             out[pos] = 0x02
             out[pos + 1] = 0x83
             pos += 2
-        elif kind == MNT:
+        elif kind == Kind.MNT:
             out[pos] = 0x02
             out[pos + 1] = 0xC3
             out[pos + 2] = 0x88
             pos = _write_le(out, pos + 3, a, 8)
-        elif kind == PTW:
+        elif kind == Kind.PTW:
             if b > 1:
                 return -(i + 1)
             out[pos] = 0x02
             out[pos + 1] = np.uint8(0x12 | (b << 5) | (0x80 if c else 0))
             pos = _write_le(out, pos + 2, a, 4 if b == 0 else 8)
-        elif kind == EXSTOP:
+        elif kind == Kind.EXSTOP:
             out[pos] = 0x02
             out[pos + 1] = 0xE2 if c else 0x62
             pos += 2
-        elif kind == MWAIT:
+        elif kind == Kind.MWAIT:
             out[pos] = 0x02
             out[pos + 1] = 0xC2
             pos = _write_le(out, pos + 2, a, 4)
             pos = _write_le(out, pos, np.uint64(b), 4)
-        elif kind == PWRE:
+        elif kind == Kind.PWRE:
             out[pos] = 0x02
             out[pos + 1] = 0x22
             v = ((a & np.uint64(0xF)) << np.uint64(12)) | (
@@ -882,7 +850,7 @@ def encode_rows(kinds, col_a, col_b, col_c, out):
             if c:
                 v |= np.uint64(0x8)
             pos = _write_le(out, pos + 2, v, 2)
-        elif kind == PWRX:
+        elif kind == Kind.PWRX:
             out[pos] = 0x02
             out[pos + 1] = 0xA2
             v = ((a & np.uint64(0xF)) << np.uint64(4)) | (np.uint64(b) & np.uint64(0xF))
@@ -893,30 +861,30 @@ def encode_rows(kinds, col_a, col_b, col_c, out):
             if c & 4:
                 v |= np.uint64(0x800)
             pos = _write_le(out, pos + 2, v, 5)
-        elif kind == BBP:
+        elif kind == Kind.BBP:
             out[pos] = 0x02
             out[pos + 1] = 0x63
             out[pos + 2] = np.uint8((a & np.uint64(0x1F)) | (0x80 if b else 0))
             pos += 3
-        elif kind == BIP:
+        elif kind == Kind.BIP:
             out[pos] = np.uint8(((b & 0x1F) << 3) | 0x04)
             pos = _write_le(out, pos + 1, a, 4 if c else 8)
-        elif kind == BEP:
+        elif kind == Kind.BEP:
             out[pos] = 0x02
             out[pos + 1] = 0xB3 if c else 0x33
             pos += 2
-        elif kind == CFE:
+        elif kind == Kind.CFE:
             out[pos] = 0x02
             out[pos + 1] = 0x13
             out[pos + 2] = np.uint8((a & np.uint64(0x1F)) | (0x80 if c else 0))
             out[pos + 3] = np.uint8(b & 0xFF)
             pos += 4
-        elif kind == EVD:
+        elif kind == Kind.EVD:
             out[pos] = 0x02
             out[pos + 1] = 0x53
             out[pos + 2] = np.uint8(b & 0x1F)
             pos = _write_le(out, pos + 3, a, 8)
-        elif kind == TRIG:
+        elif kind == Kind.TRIG:
             out[pos] = 0xD9
             out[pos + 1] = np.uint8(((c & 1) << 7) | (((c >> 1) & 1) << 6) | (((c >> 2) & 1) << 5))
             out[pos + 2] = np.uint8(a & np.uint64(0xFF))

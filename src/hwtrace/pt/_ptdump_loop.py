@@ -39,6 +39,7 @@ from .kinds import (
     EVD_TYPE_NAMES,
     KIND_NAMES,
     DecodeError,
+    Kind,
 )
 from .timing import DIAG_TEXT
 
@@ -191,17 +192,17 @@ def _comma(out, p, start):
 def _payload(out, p, kind, a, b, c):
     """The packet's payload as ptdump prints it (nothing for most packets
     without one)."""
-    if kind == K.TNT8 or kind == K.TNT64:
+    if kind == Kind.TNT8 or kind == Kind.TNT64:
         # '!' taken, '.' not taken, the oldest first.
         for j in range(b):
             taken = (a >> np.uint64(b - 1 - j)) & np.uint64(1)
             out[p + j] = _NOT_TAKEN - (_NOT_TAKEN - _TAKEN) * taken
         return p + b
-    if kind == K.TIP or kind == K.TIP_PGE or kind == K.TIP_PGD or kind == K.FUP:
+    if kind == Kind.TIP or kind == Kind.TIP_PGE or kind == Kind.TIP_PGD or kind == Kind.FUP:
         return _ip_payload(out, p, a, b)
-    if kind == K.CYC or kind == K.MTC or kind == K.TSC or kind == K.CBR:
+    if kind == Kind.CYC or kind == Kind.MTC or kind == Kind.TSC or kind == Kind.CBR:
         return put_hex(out, p, a, 0)
-    if kind == K.MODE_EXEC:
+    if kind == Kind.MODE_EXEC:
         start = p
         if a & np.uint64(K.MODE_CSD):
             p = put_text(out, p, "cs.d")
@@ -210,33 +211,33 @@ def _payload(out, p, kind, a, b, c):
         if a & np.uint64(K.MODE_IF):
             p = put_text(out, _comma(out, p, start), "if")
         return p
-    if kind == K.TMA:
+    if kind == Kind.TMA:
         p = put_hex(out, p, a, 0)
         p = put_text(out, p, ", ")
         return put_hex(out, p, b, 0)
-    if kind == K.MODE_TSX:
+    if kind == Kind.MODE_TSX:
         start = p
         if a & np.uint64(K.TSX_INTX):
             p = put_text(out, p, "intx")
         if a & np.uint64(K.TSX_ABRT):
             p = put_text(out, _comma(out, p, start), "abrt")
         return p
-    if kind == K.PIP:
+    if kind == Kind.PIP:
         p = put_hex(out, p, a, 0)
         if b == K.PIP_NR:
             p = put_text(out, p, ", nr")
         return p
-    if kind == K.VMCS or kind == K.MNT or kind == K.BIP:
+    if kind == Kind.VMCS or kind == Kind.MNT or kind == Kind.BIP:
         return put_hex(out, p, a, 0)
-    if kind == K.EXSTOP or kind == K.BEP:
+    if kind == Kind.EXSTOP or kind == Kind.BEP:
         if c & K.FLAG_IP:
             p = put_text(out, p, "ip")
         return p
-    if kind == K.MWAIT:
+    if kind == Kind.MWAIT:
         p = put_hex(out, p, a, 8)
         p = put_text(out, p, ", ")
         return put_hex(out, p, b, 8)
-    if kind == K.PWRE:
+    if kind == Kind.PWRE:
         p = put_text(out, p, "c")
         p = put_dec(out, p, K.c_state(a))
         p = put_text(out, p, ".")
@@ -244,7 +245,7 @@ def _payload(out, p, kind, a, b, c):
         if c & K.PWRE_HW:
             p = put_text(out, p, ", hw")
         return p
-    if kind == K.PWRX:
+    if kind == Kind.PWRX:
         if c == K.PWRX_INT:
             p = put_text(out, p, "int")
         elif c == K.PWRX_ST:
@@ -257,14 +258,14 @@ def _payload(out, p, kind, a, b, c):
         p = put_dec(out, p, K.c_state(a))
         p = put_text(out, p, ", c")
         return put_dec(out, p, K.c_state(b))
-    if kind == K.PTW:
+    if kind == Kind.PTW:
         p = put_hex(out, p, b, 0)
         p = put_text(out, p, ": ")
         p = put_hex(out, p, a, 0)
         if c & K.FLAG_IP:
             p = put_text(out, p, ", ip")
         return p
-    if kind == K.CFE:
+    if kind == Kind.CFE:
         t = np.int64(a)
         p = put_dec(out, p, t)
         if _CFE_VECTOR[t] == _VECTOR_DEC:
@@ -276,11 +277,11 @@ def _payload(out, p, kind, a, b, c):
         if c & K.FLAG_IP:
             p = put_text(out, p, ", ip")
         return p
-    if kind == K.EVD:
+    if kind == Kind.EVD:
         p = put_dec(out, p, b)
         p = put_text(out, p, ": ")
         return put_hex(out, p, a, 0)
-    if kind == K.TRIG:
+    if kind == Kind.TRIG:
         p = put_hex(out, p, a, 2)
         if c & K.TRIG_IP:
             p = put_text(out, p, ", ip")
@@ -290,7 +291,7 @@ def _payload(out, p, kind, a, b, c):
             p = put_text(out, p, ", icnt: ")
             p = put_dec(out, p, b)
         return p
-    if kind == K.BBP:
+    if kind == Kind.BBP:
         p = put_hex(out, p, a, 0)
         if b == K.BBP_SZ4:
             p = put_text(out, p, ", sz4")
@@ -428,9 +429,9 @@ def format_loop(rows, errs, times, raw, st, out):
         shown = V_VALUE
         value = np.int64(0)
         skip = False
-        if kind == K.TNT8 or kind == K.TNT64 or kind == K.TRIG:
+        if kind == Kind.TNT8 or kind == Kind.TNT64 or kind == Kind.TRIG:
             pass
-        elif kind == K.TIP or kind == K.TIP_PGE or kind == K.TIP_PGD or kind == K.FUP:
+        elif kind == Kind.TIP or kind == Kind.TIP_PGE or kind == Kind.TIP_PGD or kind == Kind.FUP:
             if lastip:
                 track = T_IP
                 if b == _IPC_SUPPRESSED:
@@ -445,14 +446,20 @@ def format_loop(rows, errs, times, raw, st, out):
                     p = _diag(out, p, off, _DIAG_LASTIP, _E_NOIP)
                 elif ip_suppressed:
                     shown = V_SUPPRESSED
-        elif kind == K.CYC or kind == K.MTC or kind == K.TSC or kind == K.CBR or kind == K.TMA:
-            is_cyc = kind == K.CYC
+        elif (
+            kind == Kind.CYC
+            or kind == Kind.MTC
+            or kind == Kind.TSC
+            or kind == Kind.CBR
+            or kind == Kind.TMA
+        ):
+            is_cyc = kind == Kind.CYC
             skip = no_timing or (is_cyc and no_cyc)
             if track_time and not (is_cyc and no_cyc):
                 while d < nd and diag_at[d] == at:
                     p = _diag(out, p, off, diag_kind[d], diag_err[d])
                     d += 1
-                if show_tcal and not (is_cyc or kind == K.TMA):
+                if show_tcal and not (is_cyc or kind == Kind.TMA):
                     track = T_FCR
                     if not have_fcr[at]:
                         shown = V_UNAVAILABLE
@@ -463,7 +470,7 @@ def format_loop(rows, errs, times, raw, st, out):
                         last_fcr = fcr[at]
                     else:
                         value = fcr[at]
-                if show_time and kind != K.CBR:
+                if show_time and kind != Kind.CBR:
                     track = T_TSC
                     shown = V_VALUE
                     if have_tsc[at] or no_wall:
@@ -481,9 +488,9 @@ def format_loop(rows, errs, times, raw, st, out):
                     else:
                         shown = V_UNAVAILABLE
                         p = _diag(out, p, off, _DIAG_TIME, _E_NO_TIME)
-        elif kind == K.PAD:
+        elif kind == Kind.PAD:
             skip = no_pad
-        elif kind == K.MODE_EXEC:
+        elif kind == Kind.MODE_EXEC:
             if exec_mode:
                 track = T_EM
                 csl = (a & np.uint64(K.MODE_CSL)) != 0
@@ -492,16 +499,16 @@ def format_loop(rows, errs, times, raw, st, out):
                     value = _EM_UNKNOWN if csd else _EM_64
                 else:
                     value = _EM_32 if csd else _EM_16
-        elif kind == K.PIP:
+        elif kind == Kind.PIP:
             track = T_CR3
             value = np.int64(a)
-        elif kind == K.VMCS:
+        elif kind == Kind.VMCS:
             track = T_VMCS
             value = np.int64(a)
-        elif kind == K.CFE:
+        elif kind == Kind.CFE:
             track = T_CFE
             value = np.int64(a)
-        elif kind == K.EVD:
+        elif kind == Kind.EVD:
             track = T_EVD
             value = np.int64(b)
         if at == mark:

@@ -63,11 +63,8 @@ _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 CLASS_OTHER = int(IClass.OTHER)
 CLASS_PTWRITE = int(IClass.PTWRITE)
-CLASS_COND = int(IClass.COND_JUMP)
 CLASS_JUMP = int(IClass.JUMP)
 CLASS_CALL = int(IClass.CALL)
-CLASS_RETURN = int(IClass.RETURN)
-SPECIAL_JMPABS = int(Special.JMPABS)
 
 
 # ---------------------------------------------------------------------------
@@ -158,7 +155,7 @@ def build_run(ct, ip, mode):
             counts[C_MISS_MODE] = mode
             counts[C_MISS_IP] = np.int64(at)
             return -1
-        if i_err[k] != 0 or i_flags[k] & I_TRUNCATED or i_special[k] == SPECIAL_JMPABS:
+        if i_err[k] != 0 or i_flags[k] & I_TRUNCATED or i_special[k] == Special.JMPABS:
             # The event path reports it (or ends its block there).
             kind = RUN_FALL if n else RUN_STOP
             nxt = at
@@ -182,7 +179,7 @@ def build_run(ct, ip, mode):
         nxt = at + np.uint64(i_size[k])
         target = i_target[k]
         direct = i_flags[k] & I_DIRECT
-        if c == CLASS_COND:
+        if c == IClass.COND_JUMP:
             kind = RUN_COND
         elif c == CLASS_JUMP:
             kind = RUN_JUMP if direct else RUN_IJUMP
@@ -191,7 +188,7 @@ def build_run(ct, ip, mode):
                 kind = RUN_JUMP if i_flags[k] & I_NO_PUSH else RUN_CALL
             else:
                 kind = RUN_ICALL
-        elif c == CLASS_RETURN:
+        elif c == IClass.RETURN:
             kind = RUN_RET
         else:
             kind = RUN_FALL if n else RUN_STOP
@@ -247,7 +244,7 @@ def insn_successor(ct, k):
     if (
         ct[T_I_FLAGS][k] & I_DIRECT
         and (c == CLASS_JUMP or c == CLASS_CALL)
-        and ct[T_I_SPECIAL][k] != SPECIAL_JMPABS
+        and ct[T_I_SPECIAL][k] != Special.JMPABS
     ):
         return ct[T_I_TARGET][k]
     return ct[T_I_IP][k] + np.uint64(ct[T_I_SIZE][k])

@@ -122,21 +122,6 @@ _ST_SYNC_OFF, _ST_ASYNC_OFF, _ST_INTR, _ST_ENABLE, _ST_DEPTH = 5, 6, 7, 8, 9
 _ST_OVERFLOW, _ST_MTC, _ST_CYC, _ST_DEFERRED, _ST_TSC = 10, 11, 12, 13, 14
 _ST_PTW = 15
 
-_PSB = int(Kind.PSB)
-_PSBEND = int(Kind.PSBEND)
-_TNT8 = int(Kind.TNT8)
-_TNT64 = int(Kind.TNT64)
-_TIP = int(Kind.TIP)
-_PGE = int(Kind.TIP_PGE)
-_PGD = int(Kind.TIP_PGD)
-_FUP = int(Kind.FUP)
-_MODE_EXEC = int(Kind.MODE_EXEC)
-_TSC = int(Kind.TSC)
-_TMA = int(Kind.TMA)
-_MTC = int(Kind.MTC)
-_CYC = int(Kind.CYC)
-_CBR = int(Kind.CBR)
-_PTW = int(Kind.PTW)
 
 _RETSTACK = 64
 _MAX_DEFERRED = 32  # deferred TIPs held back at most (then the TNT is sent)
@@ -172,7 +157,7 @@ def _cyc(out, st, stats):
     when at least ``st[_CYC_ON]`` cycles went by (the CYC threshold; 0: no
     CYC packets)."""
     if st[_CYC_ON] and st[_CYCLES] - st[_LAST_CYC] >= st[_CYC_ON]:
-        _put(out, st, _CYC, _U64(st[_CYCLES] - st[_LAST_CYC]), 0)
+        _put(out, st, Kind.CYC, _U64(st[_CYCLES] - st[_LAST_CYC]), 0)
         st[_LAST_CYC] = st[_CYCLES]
         stats[_ST_CYC] += 1
 
@@ -207,11 +192,11 @@ def _flush(out, st, su, stats):
     n = st[_TNT_N]
     if n:
         _cyc(out, st, stats)
-        _put(out, st, _TNT8 if n <= 6 else _TNT64, su[_TNT_BITS], n)
+        _put(out, st, Kind.TNT8 if n <= 6 else Kind.TNT64, su[_TNT_BITS], n)
         st[_TNT_N] = 0
         su[_TNT_BITS] = _U64(0)
     for j in range(st[_N_DEFERRED]):
-        _ip_packet(out, st, su, _TIP, su[_DEFERRED + j])
+        _ip_packet(out, st, su, Kind.TIP, su[_DEFERRED + j])
     st[_N_DEFERRED] = 0
 
 
@@ -236,7 +221,7 @@ def _tip(out, st, su, stats, ip, defer):
         return
     _flush(out, st, su, stats)
     _cyc(out, st, stats)
-    _ip_packet(out, st, su, _TIP, ip)
+    _ip_packet(out, st, su, Kind.TIP, ip)
 
 
 @njit(cache=True)
@@ -244,19 +229,19 @@ def _psb_plus(out, st, su, stats, fup, fup_ip, timing):
     """PSB+ at the current boundary; ``timing`` = (tsc_on, tsc0, mtc_on, ctc_ratio, cbr)."""
     tsc_on, tsc0, mtc_on, ctc_ratio, cbr = timing
     st[_PSB_AT] = st[_BYTES]
-    _put(out, st, _PSB, _U64(0), 0)
+    _put(out, st, Kind.PSB, _U64(0), 0)
     st[_HAVE_LAST] = 0  # the decoder's last IP is reset at a PSB
     if tsc_on:
         tsc = tsc0 + st[_CYCLES]
-        _put(out, st, _TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+        _put(out, st, Kind.TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
         if mtc_on:
-            _put(out, st, _TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+            _put(out, st, Kind.TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
         if cbr > 0:
-            _put(out, st, _CBR, _U64(cbr), 0)
-    _put(out, st, _MODE_EXEC, _U64(_MODE_64), 0)
+            _put(out, st, Kind.CBR, _U64(cbr), 0)
+    _put(out, st, Kind.MODE_EXEC, _U64(_MODE_64), 0)
     if fup:
-        _ip_packet(out, st, su, _FUP, fup_ip)
-    _put(out, st, _PSBEND, _U64(0), 0)
+        _ip_packet(out, st, su, Kind.FUP, fup_ip)
+    _put(out, st, Kind.PSBEND, _U64(0), 0)
     stats[_ST_PSB] += 1
 
 
@@ -271,9 +256,9 @@ def _time_anchor(out, st, stats, timing):
         return
     _cyc(out, st, stats)
     tsc = tsc0 + st[_CYCLES]
-    _put(out, st, _TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+    _put(out, st, Kind.TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
     if mtc_on:
-        _put(out, st, _TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+        _put(out, st, Kind.TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
     stats[_ST_TSC] += 1
 
 
@@ -321,9 +306,9 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
 
     _psb_plus(out, st, su, stats, False, _U64(0), timing)
     if n > 0 and traced[0]:
-        _put(out, st, _MODE_EXEC, _U64(_MODE_64), 0)
+        _put(out, st, Kind.MODE_EXEC, _U64(_MODE_64), 0)
         _cyc(out, st, stats)
-        _ip_packet(out, st, su, _PGE, ips[0])
+        _ip_packet(out, st, su, Kind.TIP_PGE, ips[0])
         stats[_ST_ENABLE] += 1
 
     for i in range(n):
@@ -335,9 +320,9 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
                 depth = 0
                 if anchor[i + 1]:
                     _time_anchor(out, st, stats, timing)
-                _put(out, st, _MODE_EXEC, _U64(_MODE_64), 0)
+                _put(out, st, Kind.MODE_EXEC, _U64(_MODE_64), 0)
                 _cyc(out, st, stats)
-                _ip_packet(out, st, su, _PGE, ips[i + 1])
+                _ip_packet(out, st, su, Kind.TIP_PGE, ips[i + 1])
                 stats[_ST_ENABLE] += 1
                 last_trace = i
             continue
@@ -368,7 +353,7 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
             if binds and not _straight_hits(ips, last_trace + 1, i + 1, nxt):
                 _flush(out, st, su, stats)
                 _cyc(out, st, stats)
-                _ip_packet(out, st, su, _PGD, nxt)
+                _ip_packet(out, st, su, Kind.TIP_PGD, nxt)
                 stats[_ST_SYNC_OFF] += 1
                 bound = True
 
@@ -418,13 +403,13 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
                     return st[_ROW], ERR_AMBIGUOUS, i
                 _flush(out, st, su, stats)
                 _cyc(out, st, stats)
-                _ip_packet(out, st, su, _FUP, eff)
+                _ip_packet(out, st, su, Kind.FUP, eff)
                 if ek == EV_INTERRUPT:
-                    _ip_packet(out, st, su, _TIP, nxt)
+                    _ip_packet(out, st, su, Kind.TIP, nxt)
                     stats[_ST_INTR] += 1
                     last_trace = i
                 else:
-                    _put(out, st, _PGD, _U64(0), 0)
+                    _put(out, st, Kind.TIP_PGD, _U64(0), 0)
                     stats[_ST_ASYNC_OFF] += 1
 
         if ptw_size[i]:
@@ -433,11 +418,11 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
             # in a FUP when FUPonPTW is set.
             _flush(out, st, su, stats)
             r = st[_ROW]
-            _put(out, st, _PTW, ptw_value[i], 1 if ptw_size[i] == 8 else 0)
+            _put(out, st, Kind.PTW, ptw_value[i], 1 if ptw_size[i] == 8 else 0)
             if ptw_fup:
                 if r < out[0].shape[0]:
                     out[3][r] = 1
-                _ip_packet(out, st, su, _FUP, ips[i])
+                _ip_packet(out, st, su, Kind.FUP, ips[i])
             stats[_ST_PTW] += 1
 
         # The code changes before the next instruction: the branch outcomes
@@ -458,11 +443,11 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
                     # MTC every period; one here would lose the wraps): the
                     # time in full, as TSC with its TMA.
                     tsc = tsc0 + st[_CYCLES]
-                    _put(out, st, _TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
-                    _put(out, st, _TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+                    _put(out, st, Kind.TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+                    _put(out, st, Kind.TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
                     stats[_ST_TSC] += 1
                 else:
-                    _put(out, st, _MTC, _U64(now & 0xFF), 0)
+                    _put(out, st, Kind.MTC, _U64(now & 0xFF), 0)
                     stats[_ST_MTC] += 1
                 st[_MTC_LAST] = now
         if change:

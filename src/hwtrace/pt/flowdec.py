@@ -429,7 +429,7 @@ class FlowDecoder:
                 break
             last_sync = off
             code, nxt, synced = self._segment(buf, off, end, sink)
-            if code == K.E_EOS:
+            if code == PtError.EOS:
                 break
             if not synced:
                 if nxt <= sync_progress:

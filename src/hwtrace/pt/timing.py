@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import aot
-from . import _loops as K
 from .config import PtConfig
 from .errors import PtError
+from .kinds import Kind
 from .packets import PacketTable
 
 FCR_SHR = 8  # fixed-point shift of the FCR
@@ -224,13 +224,13 @@ def time_loop(
             ) = _tcal_init()
             in_header = False
         kind = kinds[i]
-        if kind == K.PSB:
+        if kind == Kind.PSB:
             if skl168:
                 c_check_skl168 = True
             in_header = True
-        elif kind == K.PSBEND:
+        elif kind == Kind.PSBEND:
             in_header = False
-        elif kind == K.OVF:
+        elif kind == Kind.OVF:
             if keep_ovf:
                 c_tsc = 0
                 c_cyc_tsc = 0
@@ -250,7 +250,7 @@ def time_loop(
                     c_have_mtc,
                     c_check_skl168,
                 ) = _tcal_init()
-        elif kind == K.TSC:
+        elif kind == Kind.TSC:
             tsc = np.int64(col_a[i])
             if not no_tcal:
                 if in_header:
@@ -286,7 +286,7 @@ def time_loop(
             t_fc = 0
             t_lost_mtc = 0
             t_lost_cyc = 0
-        elif kind == K.CBR:
+        elif kind == Kind.CBR:
             cbr = np.int64(col_a[i])
             if not no_tcal:
                 if not in_header:
@@ -310,7 +310,7 @@ def time_loop(
                         c_fcr, c_min, c_max = _set_fcr(fcr, c_min, c_max)
             if cbr == 0:
                 nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, E_BAD_PACKET)
-        elif kind == K.TMA:
+        elif kind == Kind.TMA:
             ctc = np.int64(col_a[i])
             fc = np.int64(col_b[i])
             err = 0
@@ -331,7 +331,7 @@ def time_loop(
                     t_have_mtc = True
                 t_ctc = ctc & ctc_mask
                 t_ctc_cyc = t_ctc
-        elif kind == K.MTC:
+        elif kind == Kind.MTC:
             payload = np.int64(col_a[i])
             # Calibration first (pt_tcal_update_mtc).
             if not no_tcal:
@@ -413,7 +413,7 @@ def time_loop(
                         base += (delta * ebx) // eax
                         t_tsc = base
                         t_base = base
-        elif kind == K.CYC and not no_cyc:
+        elif kind == Kind.CYC and not no_cyc:
             cyc = np.int64(col_a[i])
             fcr = 0
             if not no_tcal:
