@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,19 @@ class AmbiguousRevision:
             f"beginning {side}, at {self.used_from} instead of {self.valid_from} "
             f"(trace offset {self.offset:#x})"
         )
+
+
+class _BlockColumn:
+    """A block column of :class:`FlowResult` (``block_ip`` is column
+    ``ip``), made dense from the decoder's batches on first use."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.column = name.removeprefix("block_")
+
+    def __get__(self, result: FlowResult | None, owner: type | None = None) -> Any:
+        if result is None:
+            return self
+        return result._column(self.column)
 
 
 class FlowResult:
@@ -129,25 +143,11 @@ class FlowResult:
             self._dense[name] = col
         return self._dense[name]
 
-    @property
-    def block_ip(self) -> np.ndarray:
-        return self._column("ip")
-
-    @property
-    def block_ninsn(self) -> np.ndarray:
-        return self._column("ninsn")
-
-    @property
-    def block_time(self) -> np.ndarray:
-        return self._column("time")
-
-    @property
-    def block_offset(self) -> np.ndarray:
-        return self._column("offset")
-
-    @property
-    def block_mode(self) -> np.ndarray | None:
-        return self._column("mode")
+    block_ip = _BlockColumn()
+    block_ninsn = _BlockColumn()
+    block_time = _BlockColumn()
+    block_offset = _BlockColumn()
+    block_mode = _BlockColumn()  # 16, 32 or 64 (None: all 64)
 
     @property
     def block_image(self) -> np.ndarray | None:
