@@ -49,20 +49,10 @@ import numpy as np
 from .. import aot
 from ..columns import Columns
 from ..isa.x86 import IClass
+from ..pt import flowrows as R
 from ..pt.codeindex import K_CALL, K_IJUMP, K_OTHER, K_RET
 from ..pt.flowrows import (
     I_DIRECT,
-    T_H_IP,
-    T_H_MODE,
-    T_H_VAL,
-    T_I_CLASS,
-    T_I_FLAGS,
-    T_I_IP,
-    T_I_SIZE,
-    T_R_FIRST,
-    T_R_INSN,
-    T_R_LASTK,
-    T_R_NINSN,
     CodeTable,
     find_insn,
     gaps_before,
@@ -404,6 +394,18 @@ def _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, 
             ss[s, S_CUR] = -2
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _count(s, k, atoms, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths, stream):
+    """Count instruction ``k`` (its code-table index) in slot ``s``, and
+    match its markers when it has any or a sequence is under way."""
+    ic = ss[s, S_IC]
+    ss[s, S_IC] = ic + 1
+    bits = atoms[k] & ATOM_MASK
+    if bits or ss[s, S_SEQ]:
+        _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths,
+                     stream)  # fmt: skip
+
+
 @aot.njit(cache=True, _nrt=False)
 def _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths,
                  stream):  # fmt: skip
@@ -513,10 +515,10 @@ def _run_info(run, atoms, ct, info):
     q = info[run]
     if q < 0:
         r_ninsn, r_first, r_insn, r_lastk = (
-            ct[T_R_NINSN],
-            ct[T_R_FIRST],
-            ct[T_R_INSN],
-            ct[T_R_LASTK],
+            ct[R.T_R_NINSN],
+            ct[R.T_R_FIRST],
+            ct[R.T_R_INSN],
+            ct[R.T_R_LASTK],
         )
         quiet = 8
         first = r_first[run]
@@ -525,7 +527,7 @@ def _run_info(run, atoms, ct, info):
                 quiet = 0
                 break
         k = r_lastk[run]
-        kind = _kind(ct[T_I_CLASS][k], ct[T_I_FLAGS][k]) if k >= 0 else K_OTHER
+        kind = _kind(ct[R.T_I_CLASS][k], ct[R.T_I_FLAGS][k]) if k >= 0 else K_OTHER
         q = np.int8(quiet | kind)
         info[run] = q
     return q
@@ -552,9 +554,9 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
     when done; less when the records, paths or times need more room)."""
     times = rec[1]
     b_ip, b_ninsn, b_mode, b_run, b_time, b_slot, b_cpu, b_gap = rows
-    h_ip, h_mode, h_val = ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL]
-    i_ip, i_size, i_class, i_flags = ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS], ct[T_I_FLAGS]
-    r_first, r_insn, r_lastk = ct[T_R_FIRST], ct[T_R_INSN], ct[T_R_LASTK]
+    h_ip, h_mode, h_val = ct[R.T_H_IP], ct[R.T_H_MODE], ct[R.T_H_VAL]
+    i_ip, i_size, i_class, i_flags = ct[R.T_I_IP], ct[R.T_I_SIZE], ct[R.T_I_CLASS], ct[R.T_I_FLAGS]
+    r_first, r_insn, r_lastk = ct[R.T_R_FIRST], ct[R.T_R_INSN], ct[R.T_R_LASTK]
     rec_cap = rec[0].shape[0]
     tl = rec[4]  # the timeline: (slot, time, path) where a slot's path changed
     tl_cap = tl.shape[1] if masks[6] else 0
@@ -645,12 +647,8 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
             first = r_first[run]
             for j in range(n):
                 k = np.int64(r_insn[first + j])
-                ic = ss[s, S_IC]
-                ss[s, S_IC] = ic + 1
-                bits = atoms[k] & ATOM_MASK
-                if bits or ss[s, S_SEQ]:
-                    _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk,
-                                 rec, paths, stream)  # fmt: skip
+                _count(s, k, atoms, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths,
+                       stream)  # fmt: skip
             ss[s, S_PK] = q & 7
         else:
             k = -1
@@ -668,12 +666,8 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                     k = find_insn(ct, ip, b_mode[i])
                 if k < 0:
                     break  # cannot happen: the decoder read every instruction it reports
-                ic = ss[s, S_IC]
-                ss[s, S_IC] = ic + 1
-                bits = atoms[k] & ATOM_MASK
-                if bits or ss[s, S_SEQ]:
-                    _instruction(s, bits, ic, t, cpu, ss, fr, seq, counts, marks, masks, mk,
-                                 rec, paths, stream)  # fmt: skip
+                _count(s, k, atoms, t, cpu, ss, fr, seq, counts, marks, masks, mk, rec, paths,
+                       stream)  # fmt: skip
                 ss[s, S_PK] = _kind(i_class[k], i_flags[k])
                 ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
             if k < 0:

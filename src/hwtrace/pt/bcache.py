@@ -27,22 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
+from . import flowrows as R
 from .codetable import (
     CLASS_CALL,
     CLASS_JUMP,
     CLASS_OTHER,
     CLASS_PTWRITE,
     I_DIRECT,
-    T_H_IP,
-    T_H_MODE,
-    T_H_VAL,
-    T_I_CLASS,
-    T_I_FLAGS,
-    T_I_IP,
-    T_I_SIZE,
-    T_I_TARGET,
-    T_R_FIRST,
-    T_R_INSN,
     hash_find,
 )
 from .flowrows import O_NEW, O_UNCACHED
@@ -96,8 +87,8 @@ def _unwind(ct, valid, e_ninsn, e_dip, frames, fr_nip, fr_mode, st):
     """The end of a block: the fill frames still waiting add their entries
     from their successors' (last frame first), as libipt's recursion
     returns."""
-    h_ip, h_mode, h_val = ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL]
-    i_ip = ct[T_I_IP]
+    h_ip, h_mode, h_val = ct[R.T_H_IP], ct[R.T_H_MODE], ct[R.T_H_VAL]
+    i_ip = ct[R.T_I_IP]
     for f in range(st[B_NFRAME] - 1, -1, -1):
         k = frames[f]
         nip = fr_nip[f]
@@ -117,9 +108,10 @@ def split_blocks(b_ip, b_ninsn, b_flags, b_mode, b_run, ct, valid, e_ninsn, e_di
     ``counts[r]`` the number of extra blocks that begin inside row ``r``.
     Returns the number of pieces written to ``starts`` (flattened: each
     row's extra starts, in order)."""
-    h_ip, h_mode, h_val = ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL]
-    i_size, i_class, i_flags, i_target = ct[T_I_SIZE], ct[T_I_CLASS], ct[T_I_FLAGS], ct[T_I_TARGET]
-    r_first, r_insn = ct[T_R_FIRST], ct[T_R_INSN]
+    h_ip, h_mode, h_val = ct[R.T_H_IP], ct[R.T_H_MODE], ct[R.T_H_VAL]
+    i_size, i_class = ct[R.T_I_SIZE], ct[R.T_I_CLASS]
+    i_flags, i_target = ct[R.T_I_FLAGS], ct[R.T_I_TARGET]
+    r_first, r_insn = ct[R.T_R_FIRST], ct[R.T_R_INSN]
     npieces = 0
     for r in range(b_ip.shape[0]):
         counts[r] = 0
@@ -204,10 +196,10 @@ def apply_splits(b_ip, b_ninsn, b_flags, b_mode, b_offset, b_time, b_run, ev_blk
                  remap, o_ip, o_ninsn, o_flags, o_mode, o_offset, o_time, o_run, o_evblk):  # fmt: skip
     """The batch's rows with each row cut where ``split_blocks`` said; the
     events' row numbers follow."""
-    h_ip, h_mode, h_val = ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL]
-    i_ip, i_size, i_class = ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS]
-    i_flags, i_target = ct[T_I_FLAGS], ct[T_I_TARGET]
-    r_first, r_insn = ct[T_R_FIRST], ct[T_R_INSN]
+    h_ip, h_mode, h_val = ct[R.T_H_IP], ct[R.T_H_MODE], ct[R.T_H_VAL]
+    i_ip, i_size, i_class = ct[R.T_I_IP], ct[R.T_I_SIZE], ct[R.T_I_CLASS]
+    i_flags, i_target = ct[R.T_I_FLAGS], ct[R.T_I_TARGET]
+    r_first, r_insn = ct[R.T_R_FIRST], ct[R.T_R_INSN]
     nrows = b_ip.shape[0]
     o = 0
     s = 0
