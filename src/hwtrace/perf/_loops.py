@@ -320,6 +320,32 @@ def _regs_field(b, p, q, e, row, c_abi, c_off, nregs):
 
 
 @njit(cache=True)
+def _u64_field(b, q, e, row, col):
+    """A u64 field at ``q`` into ``row[col]``: where the next field begins,
+    and whether it fitted before ``e``."""
+    if q + 8 > e:
+        return q, False
+    row[col] = _u64(b, q)
+    return q + 8, True
+
+
+@njit(cache=True)
+def _sized_field(b, p, q, e, row, c_size, c_off):
+    """A u64 size and that many bytes (STACK_USER, AUX): the size and the
+    bytes' offset into ``row``; where the next field begins, and whether
+    the bytes fitted before ``e``."""
+    if q + 8 > e:
+        return q, False
+    n = _u64(b, q)
+    q += 8
+    if n > np.uint64(max(e - q, 0)):
+        return q, False
+    row[c_size] = n
+    row[c_off] = q - p
+    return q + np.int64(n), True
+
+
+@njit(cache=True)
 def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
     """Decode the SAMPLE records at ``off`` written with sample_type ``st``,
     read_format ``rf`` into ``out`` (one row each, columns SAMPLE_COLUMNS).
@@ -429,51 +455,24 @@ def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
         if ok and st & S_REGS_USER:
             q, ok = _regs_field(b, p, q, e, row, C_RU_ABI, C_RU_OFF, nregs_user)
         if ok and st & S_STACK_USER:
-            if q + 8 > e:
-                ok = False
-            else:
-                n = _u64(b, q)
+            q, ok = _sized_field(b, p, q, e, row, C_SU_SIZE, C_SU_OFF)
+            if ok and row[C_SU_SIZE] != 0:
+                # The dynamic size (what of the copy is stack) follows the bytes.
+                ok = q + 8 <= e
+                if ok:
+                    row[C_SU_DYN] = _u64(b, q)
                 q += 8
-                if n > np.uint64(max(e - q, 0)):
-                    ok = False
-                else:
-                    row[C_SU_SIZE] = n
-                    row[C_SU_OFF] = q - p
-                    q += np.int64(n)
-                    if n != 0:
-                        if q + 8 > e:
-                            ok = False
-                        else:
-                            row[C_SU_DYN] = _u64(b, q)
-                        q += 8
         for bit, col in ((S_WEIGHT | S_WEIGHT_STRUCT, C_WEIGHT), (S_DATA_SRC, C_DSRC),
                          (S_TRANSACTION, C_TXN)):  # fmt: skip
             if ok and st & bit:
-                if q + 8 > e:
-                    ok = False
-                else:
-                    row[col] = _u64(b, q)
-                    q += 8
+                q, ok = _u64_field(b, q, e, row, col)
         if ok and st & S_REGS_INTR:
             q, ok = _regs_field(b, p, q, e, row, C_RI_ABI, C_RI_OFF, nregs_intr)
         for bit, col in ((S_PHYS_ADDR, C_PHYS), (S_CGROUP, C_CGROUP),
                          (S_DATA_PAGE_SIZE, C_DPS), (S_CODE_PAGE_SIZE, C_CPS)):  # fmt: skip
             if ok and st & bit:
-                if q + 8 > e:
-                    ok = False
-                else:
-                    row[col] = _u64(b, q)
-                    q += 8
+                q, ok = _u64_field(b, q, e, row, col)
         if ok and st & S_AUX:
-            if q + 8 > e:
-                ok = False
-            else:
-                n = _u64(b, q)
-                q += 8
-                if n > np.uint64(max(e - q, 0)):
-                    ok = False
-                else:
-                    row[C_AUX_SIZE] = n
-                    row[C_AUX_OFF] = q - p
+            q, ok = _sized_field(b, p, q, e, row, C_AUX_SIZE, C_AUX_OFF)
         if not ok:
             row[C_BAD] = max(q - p, 1)
