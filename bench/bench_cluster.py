@@ -103,7 +103,7 @@ def main() -> None:
     # The model's terms, measured on a warm local cluster.
     from distributed import Client, LocalCluster
 
-    from hwtrace.cluster.decode import decode_piece, plan_pieces
+    from hwtrace.cluster.decode import PieceTask, decode_piece, plan_pieces
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:  # fmt: skip
@@ -111,24 +111,30 @@ def main() -> None:
         _, _, trace = next(iter_queue_traces(data))
         pieces = plan_pieces(trace, task, chunk)
         t = time.perf_counter()
-        c.submit(decode_piece, str(path), None, 0, pieces[0], None, True, pure=False).result()
+        c.submit(
+            decode_piece, PieceTask(str(path), None, 0, pieces[0], None, True), pure=False
+        ).result()
         cold = time.perf_counter() - t
         t = time.perf_counter()
-        c.submit(decode_piece, str(path), None, 0, pieces[0], None, True, pure=False).result()
+        c.submit(
+            decode_piece, PieceTask(str(path), None, 0, pieces[0], None, True), pure=False
+        ).result()
         warm = time.perf_counter() - t
         tiny = plan_pieces(trace, 1, 1)[:1]
-        c.submit(decode_piece, str(path), None, 0, tiny[0], None, True, pure=False).result()
+        c.submit(
+            decode_piece, PieceTask(str(path), None, 0, tiny[0], None, True), pure=False
+        ).result()
         t0 = time.perf_counter()
-        decode_piece(str(path), None, 0, tiny[0], None, True)
+        decode_piece(PieceTask(str(path), None, 0, tiny[0], None, True))
         local_tiny = time.perf_counter() - t0
         t = time.perf_counter()
-        futs = [c.submit(decode_piece, str(path), None, 0, tiny[0], None, True, pure=False)
+        futs = [c.submit(decode_piece, PieceTask(str(path), None, 0, tiny[0], None, True), pure=False)
                 for _ in range(50)]  # fmt: skip
         c.gather(futs)
         sched = max((time.perf_counter() - t) / 50 - local_tiny, 1e-4)
         piece_bytes = sum(e - s for s, e in pieces[0])
         t = time.perf_counter()
-        decode_piece(str(path), None, 0, pieces[0], None, True)
+        decode_piece(PieceTask(str(path), None, 0, pieces[0], None, True))
         rate = piece_bytes / (time.perf_counter() - t)
     setup = max(cold - warm, 0.0)
     stitch = max(t_in - total / rate, 0.0) / total

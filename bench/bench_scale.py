@@ -178,7 +178,7 @@ def model_terms(data: Path, total: int, single: dict | None, client_cpu: float |
 
     from distributed import Client, LocalCluster
 
-    from hwtrace.cluster.decode import _open_input, _plan, summarize_piece, write_piece
+    from hwtrace.cluster.decode import PieceTask, _open_input, _plan, summarize_piece, write_piece
     from hwtrace.export.parquet import FlowParquetWriter
 
     t = time.perf_counter()
@@ -194,7 +194,7 @@ def model_terms(data: Path, total: int, single: dict | None, client_cpu: float |
     # A worker's two passes over a piece: decode and summarise; decode
     # again, attribute and write the Parquet rows.
     t = time.perf_counter()
-    s = summarize_piece(str(data), None, 0, piece, None, False)
+    s = summarize_piece(PieceTask(str(data), None, 0, piece))
     summary = (time.perf_counter() - t) / piece_bytes
     with tempfile.TemporaryDirectory(dir=OUT) as d:
         w = FlowParquetWriter(Path(d) / "f", {"bench": "scale"})
@@ -204,14 +204,14 @@ def model_terms(data: Path, total: int, single: dict | None, client_cpu: float |
                "n_images": len(s["images"]), "row": 0, "gap": False, "drop_lead_ptw": True,
                "lead": [], "follow": None}  # fmt: skip
         t = time.perf_counter()
-        write_piece(str(data), None, 0, piece, None, False, fix, str(w.root), settings)
+        write_piece(PieceTask(str(data), None, 0, piece), fix, str(w.root), settings)
         write = (time.perf_counter() - t) / piece_bytes
     t = time.perf_counter()
-    summarize_piece(str(data), None, 0, tiny, None, False)
+    summarize_piece(PieceTask(str(data), None, 0, tiny))
     tiny_s = time.perf_counter() - t
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:  # fmt: skip
-        args = (summarize_piece, str(data), None, 0, tiny, None, False)
+        args = (summarize_piece, PieceTask(str(data), None, 0, tiny))
         t = time.perf_counter()
         c.submit(*args, pure=False).result()
         cold = time.perf_counter() - t

@@ -3,6 +3,18 @@ with exactly the rows of the single-process :func:`hwtrace.session.perfflow.stre
 as blocks handed to the client (:func:`decode_distributed`) or as Parquet
 written by the workers (:func:`decode_to_parquet`)."""
 
-from .decode import DistributedError, decode_distributed, decode_to_parquet, plan_pieces
+from .decode import (
+    ClusterOptions,
+    DistributedError,
+    decode_distributed,
+    decode_to_parquet,
+    plan_pieces,
+)
 
-__all__ = ["DistributedError", "decode_distributed", "decode_to_parquet", "plan_pieces"]
+__all__ = [
+    "ClusterOptions",
+    "DistributedError",
+    "decode_distributed",
+    "decode_to_parquet",
+    "plan_pieces",
+]

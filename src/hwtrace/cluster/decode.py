@@ -48,6 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -220,6 +221,18 @@ def _malloc_for_batches() -> None:
         pass
 
 
+def _decoding_setup(path: str, symfs: str | None) -> tuple:
+    """The perf.data at ``path`` opened as a session and set up for
+    decoding: ``(data, locator, sideband, problems, setup)`` (``setup``
+    None: no Intel PT)."""
+    try:
+        session = PerfSession.open(path, symfs=symfs, all_calls=True)
+    except SessionError as e:
+        raise DistributedError(str(e)) from None
+    setup = setup_decoding(session.data, session.locator, session.kernel, session.sideband)
+    return (session.data, *setup)
+
+
 def _open_input(path: str, symfs: str | None) -> _Input:
     """The parsed input, once per worker process and input file."""
     _malloc_for_batches()
@@ -228,14 +241,7 @@ def _open_input(path: str, symfs: str | None) -> _Input:
     with _INPUTS_LOCK:
         got = _INPUTS.get(key)
         if got is None:
-            try:
-                session = PerfSession.open(path, symfs=symfs, all_calls=True)
-            except SessionError as e:
-                raise DistributedError(str(e)) from None
-            data = session.data
-            locator, sb, _, setup = setup_decoding(
-                data, session.locator, session.kernel, session.sideband
-            )
+            data, locator, sb, _, setup = _decoding_setup(path, symfs)
             if setup is None:
                 raise PerfDataError(path, 0, "no Intel PT AUXTRACE_INFO: nothing to decode")
             conv, config, kernel, queues = setup
@@ -333,34 +339,37 @@ class _Pieces(FlowSink):
         return out
 
 
-def decode_piece(
-    path: str,
-    symfs: str | None,
-    queue: int,
-    ranges: list[tuple[int, int]],
-    start: tuple | None,
-    first: bool,
-) -> dict:
-    """Decode chunk ``ranges`` of queue number ``queue`` (a Dask task):
-    the blocks' columns (``segments``) and what the client stitches by.
-
-    ``start``: the state to start from, ``(image description, last perf
-    time)``; None: as a queue's first piece starts.  ``first``: this is
+@dataclass(frozen=True)
+class PieceTask:
+    """What a worker is told of a piece: the input (``path``, ``symfs``),
+    queue number ``queue``, its chunk ``ranges`` of the queue's trace,
+    ``start``, the state to start from (``(image description, last perf
+    time)``; None: as a queue's first piece starts) and ``first``: it is
     the queue's first piece (every image its decoder numbers counts)."""
-    sink = _Pieces(ranges[0][0])
-    out = _decode(path, symfs, queue, ranges, start, first, sink, lambda ctx, dec: sink)
+
+    path: str
+    symfs: str | None
+    queue: int
+    ranges: list[tuple[int, int]]
+    start: tuple | None = None
+    first: bool = False
+
+    @property
+    def base(self) -> int:
+        """The piece's first trace byte in its queue."""
+        return self.ranges[0][0]
+
+
+def decode_piece(task: PieceTask) -> dict:
+    """Decode a piece (a Dask task): the blocks' columns (``segments``) and
+    what the client stitches by."""
+    sink = _Pieces(task.base)
+    out = _decode(task, sink, lambda ctx, dec: sink)
     out["segments"] = sink.result()
     return out
 
 
-def summarize_piece(
-    path: str,
-    symfs: str | None,
-    queue: int,
-    ranges: list[tuple[int, int]],
-    start: tuple | None,
-    first: bool,
-) -> dict:
+def summarize_piece(task: PieceTask) -> dict:
     """What the client needs of a piece (a Dask task): all of
     :func:`decode_piece`'s answer but the blocks, and ``n`` (blocks),
     ``n_insn``, ``n_virtual``, ``gaps`` (from its errors), ``head`` (the
@@ -368,18 +377,19 @@ def summarize_piece(
     (its first block: local image and one-row columns) and ``tail_gap`` (a
     gap after its last block).  Memory is bounded by a decoder batch: the
     blocks are counted, not kept."""
-    sink = _Summary(ranges[0][0])
-    out = _decode(path, symfs, queue, ranges, start, first, sink, lambda ctx, dec: sink)
+    sink = _Summary(task.base)
+    out = _decode(task, sink, lambda ctx, dec: sink)
     out.update(sink.result())
     return out
 
 
-def _decode(path, symfs, queue, ranges, start, first, counter, make_sink) -> dict:
-    """Decode ``ranges`` of ``queue`` into the sink ``make_sink(contexts,
+def _decode(task: PieceTask, counter, make_sink) -> dict:
+    """Decode ``task``'s ranges into the sink ``make_sink(contexts,
     decoder)`` makes; ``counter`` (a sink with ``rows``: blocks so far) is
     what the decoder's state is judged by.  Returns what the client stitches
     pieces by."""
-    inp = _open_input(path, symfs)
+    queue, ranges, start, first = task.queue, task.ranges, task.start, task.first
+    inp = _open_input(task.path, task.symfs)
     cpu, tid, starts, sizes = inp.queues[queue]
     lo, hi = ranges[0][0], ranges[-1][1]
     buf = _read_range(inp.data, starts, sizes, lo, hi)
@@ -590,27 +600,6 @@ class _Stitch:
         return images, run_maps
 
 
-class _Runner:
-    """Runs pieces: in this process, or on a Dask client's workers."""
-
-    def __init__(self, client, retries: int) -> None:
-        self.client, self.retries = client, retries
-
-    def submit(self, *args):
-        if self.client is None:
-            return args
-        return self.client.submit(decode_piece, *args, pure=True, retries=self.retries)
-
-    def result(self, handle) -> dict:
-        if self.client is None:
-            return decode_piece(*handle)
-        return handle.result()
-
-    def cancel(self, handles) -> None:
-        if self.client is not None:
-            self.client.cancel([h for h in handles])
-
-
 #: Trace per Dask task of :func:`decode_distributed`.  A task's result holds its blocks' columns (25
 #: bytes a block; dense traces give up to ~4 blocks a trace byte, 55 MB a
 #: MiB for compiled loops), and the workers keep finished results until the
@@ -624,20 +613,36 @@ DEFAULT_TASK_BYTES = 1 << 20
 PARQUET_TASK_BYTES = 4 << 20
 
 
+class _Tasks:
+    """Dask futures, or (no client) the same functions run here when their
+    result is asked for: tasks submitted ahead then cost no memory."""
+
+    def __init__(self, client, retries: int) -> None:
+        self.client, self.retries = client, retries
+
+    def submit(self, fn, *args):
+        if self.client is None:
+            return fn, args
+        return self.client.submit(fn, *args, pure=True, retries=self.retries)
+
+    def result(self, handle):
+        if self.client is None:
+            fn, args = handle
+            return fn(*args)
+        return handle.result()
+
+    def cancel(self, handles) -> None:
+        if self.client is not None and handles:
+            self.client.cancel(list(handles))
+
+
 def _plan(path: str, symfs: str | None, task_bytes: int, chunk_bytes: int | None):
     """Read the input's headers and sideband and cut every queue's trace into
     pieces: ``(locator, sideband, problems, setup, plans, sizes)`` (``setup``
     None: no Intel PT).  A sideband with code revisions keeps each queue
     whole (one piece), which is exact but not parallel."""
     chunk_bytes = chunk_bytes or min(task_bytes, 1 << 20)
-    try:
-        session = PerfSession.open(path, symfs=symfs, all_calls=True)
-    except SessionError as e:
-        raise DistributedError(str(e)) from None
-    data = session.data
-    locator, sb, problems, setup = setup_decoding(
-        data, session.locator, session.kernel, session.sideband
-    )
+    data, locator, sb, problems, setup = _decoding_setup(path, symfs)
     plans: list[list[list[tuple[int, int]]]] = []
     sizes: list[int] = []
     if setup is None:
@@ -658,101 +663,134 @@ def _plan(path: str, symfs: str | None, task_bytes: int, chunk_bytes: int | None
     return locator, sb, problems, setup, plans, sizes
 
 
-def decode_distributed(
-    path: str,
-    on_blocks: Callable[[PerfBlocks], None],
-    *,
-    workers: int = 0,
-    cluster: str | None = None,
-    symfs: str | None = None,
-    task_bytes: int = DEFAULT_TASK_BYTES,
-    retries: int = 3,
-    chunk_bytes: int | None = None,
-    batch_rows: int = 1 << 17,
-    connect_timeout: float = 10.0,
-) -> PerfStream:
-    """Decode the Intel PT of the perf.data at ``path`` as
-    :func:`~hwtrace.session.perfflow.stream_perf` does, the work cut into Dask
-    tasks of about ``task_bytes`` of trace each.
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where and how :func:`decode_distributed` and :func:`decode_to_parquet`
+    spread their work.
 
     ``workers`` > 0: a local Dask cluster of that many worker processes
     (one thread each), closed on return, error or ^C; ``cluster``: the
     address of a running Dask scheduler (``tcp://host:port``) whose workers
-    can read ``path``; neither: the same tasks in this process.
+    can read the input (and write the output); neither: the same tasks in
+    this process.  ``symfs``: as perf's.  ``task_bytes``: trace per task
+    (None: the function's default); ``chunk_bytes``: the PSB-aligned cuts a
+    task is made of; ``retries``: times Dask runs a failed task again;
+    ``batch_rows``: blocks per batch handed on; ``connect_timeout``: seconds
+    to wait for ``cluster``'s scheduler."""
+
+    workers: int = 0
+    cluster: str | None = None
+    symfs: str | None = None
+    task_bytes: int | None = None
+    retries: int = 3
+    chunk_bytes: int | None = None
+    batch_rows: int = 1 << 17
+    connect_timeout: float = 10.0
+
+
+def decode_distributed(
+    path: str, on_blocks: Callable[[PerfBlocks], None], **options: Any
+) -> PerfStream:
+    """Decode the Intel PT of the perf.data at ``path`` as
+    :func:`~hwtrace.session.perfflow.stream_perf` does, the work cut into Dask
+    tasks of about ``task_bytes`` (default :data:`DEFAULT_TASK_BYTES`) of
+    trace each; ``options``: :class:`ClusterOptions`' fields.
+
     ``on_blocks`` gets each queue's blocks in flow order, queue by queue,
-    with exactly stream_perf's rows (batches may be cut elsewhere).
-    ``retries``: times Dask runs a failed task again.  Raises
+    with exactly stream_perf's rows (batches may be cut elsewhere).  Raises
     :class:`DistributedError` (one line) when the cluster or the input
     cannot be used."""
-    locator, sb, problems, setup, plans, sizes = _plan(path, symfs, task_bytes, chunk_bytes)
+    o = ClusterOptions(**options)
+    plan = _plan(path, o.symfs, o.task_bytes or DEFAULT_TASK_BYTES, o.chunk_bytes)
+    locator, sb, problems, setup, plans, sizes = plan
     if setup is None:
         return PerfStream([], sb, None, problems)
     conv, _, kernel, queues = setup
-    with _client(workers, cluster, connect_timeout) as client:
-        if client is not None:
-            _check_readable(client, path)
-        runner = _Runner(client, retries)
-        infos = _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel,
-                     on_blocks, batch_rows, max(workers, _n_workers(client)))  # fmt: skip
+    with _client(o, path) as client:
+        tasks = _Tasks(client, o.retries)
+        infos = _run(tasks, path, o.symfs, plans, sizes, queues, sb, conv, locator, kernel,
+                     on_blocks, o.batch_rows, max(o.workers, _n_workers(client)))  # fmt: skip
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfStream(infos, sb, conv, problems)
 
 
-def _queue(qi, cpu, tid, size, sb, conv, locator, kernel, code):
-    """A queue's info and contexts on the client, its code tables rebuilt
-    from the pieces' runs (``stitch_runs``) as they are stitched."""
-    ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
-    images: list[Image] = []
-    stitch_runs: list[list[tuple[int, int]]] = []
-    q = QueueInfo(qi, cpu, tid, images, trace_bytes=size, _ctx=ctx, _code=code,
-                  _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
-    return q, ctx, stitch_runs
+def _queues(queues, sizes, sb, conv, locator, kernel, infos: list[QueueInfo]):
+    """Each queue's number, info (appended to ``infos``) and contexts on the
+    client, its code tables rebuilt from the pieces' runs (``stitch_runs``)
+    as they are stitched; the queues share their code."""
+    code: dict = {}
+    for qi, (cpu, tid, _, _) in enumerate(queues):
+        ctx = QueueContexts(cpu, tid, sb, conv, locator, kernel)
+        images: list[Image] = []
+        stitch_runs: list[list[tuple[int, int]]] = []
+        q = QueueInfo(qi, cpu, tid, images, trace_bytes=sizes[qi], _ctx=ctx, _code=code,
+                      _decoder=_RebuiltCode(images, stitch_runs))  # fmt: skip
+        infos.append(q)
+        yield qi, q, ctx, stitch_runs
 
 
-def _run(runner, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, on_blocks,
+class _InOrder:
+    """The pieces of every queue, in order, run by the task ``fn``
+    (:func:`decode_piece` or :func:`summarize_piece`) and submitted
+    ``ahead`` of the one being taken."""
+
+    def __init__(self, tasks: _Tasks, fn, path: str, symfs: str | None, plans, ahead: int,
+                 locator) -> None:  # fmt: skip
+        self.tasks, self.fn, self.path, self.symfs = tasks, fn, path, symfs
+        self.plans, self.ahead, self.locator = plans, ahead, locator
+        self.order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
+        self.pending: deque = deque()
+        self.next = 0
+
+    def _refill(self) -> None:
+        while self.next < len(self.order) and len(self.pending) < self.ahead:
+            qi, k = self.order[self.next]
+            task = PieceTask(self.path, self.symfs, qi, self.plans[qi][k], None, k == 0)
+            self.pending.append((qi, k, self.tasks.submit(self.fn, task)))
+            self.next += 1
+
+    def take(self, qi: int, k: int, stitch: _Stitch) -> tuple[dict, tuple | None]:
+        """Piece ``k`` of queue ``qi``'s answer and the state its decoding
+        started in (None: as a queue's first piece starts)."""
+        self._refill()
+        pqi, pk, handle = self.pending.popleft()
+        assert (pqi, pk) == (qi, k)
+        r = self.tasks.result(handle)
+        self._refill()
+        start = None
+        if k and not stitch.fits(r):
+            # The piece began otherwise than the pass would have: again,
+            # from the state the previous piece ended in.
+            start = stitch.start_state()
+            task = PieceTask(self.path, self.symfs, qi, self.plans[qi][k], start)
+            r = self.tasks.result(self.tasks.submit(self.fn, task))
+            assert stitch.fits(r)
+        for p, msg in r["problems"].items():
+            self.locator.problems.setdefault(p, msg)
+        return r, start
+
+    def handles(self) -> list:
+        """The tasks submitted and not taken."""
+        return [h for _, _, h in self.pending]
+
+
+def _run(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, on_blocks,
          batch_rows, n_workers) -> list[QueueInfo]:  # fmt: skip
-    order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
     # Tasks submitted ahead of the one being stitched: enough to keep every
     # worker busy while the client stitches, few enough that the results
     # waiting on the workers stay bounded (each worker holds about two).
-    ahead = max(2, 2 * n_workers)
-    pending: deque = deque()
-    nxt = 0
-
-    def refill() -> None:
-        nonlocal nxt
-        while nxt < len(order) and len(pending) < ahead:
-            qi, k = order[nxt]
-            pending.append((qi, k, runner.submit(path, symfs, qi, plans[qi][k], None, k == 0)))
-            nxt += 1
-
+    pieces = _InOrder(tasks, decode_piece, path, symfs, plans, max(2, 2 * n_workers), locator)
     infos: list[QueueInfo] = []
-    code: dict = {}
     try:
-        refill()
-        for qi, (cpu, tid, _, _) in enumerate(queues):
-            q, ctx, stitch_runs = _queue(qi, cpu, tid, sizes[qi], sb, conv, locator, kernel, code)
-            infos.append(q)
+        for qi, q, ctx, stitch_runs in _queues(queues, sizes, sb, conv, locator, kernel, infos):
             sink = QueueSink(q, ctx, on_blocks, batch_rows)
             stitch = _Stitch(q, ctx, sink, stitch_runs)
             for k in range(len(plans[qi])):
-                pqi, pk, handle = pending.popleft()
-                assert (pqi, pk) == (qi, k)
-                r = runner.result(handle)
-                refill()
-                if k and not stitch.fits(r):
-                    # The piece began otherwise than the pass would have: again,
-                    # from the state the previous piece ended in.
-                    again = runner.submit(path, symfs, qi, plans[qi][k], stitch.start_state(),
-                                          False)  # fmt: skip
-                    r = runner.result(again)
-                    assert stitch.fits(r)
-                for p, msg in r["problems"].items():
-                    locator.problems.setdefault(p, msg)
+                r, _ = pieces.take(qi, k, stitch)
                 stitch.add(r)
             sink.finish()
     finally:
-        runner.cancel([h for _, _, h in pending])
+        tasks.cancel(pieces.handles())
     return infos
 
 
@@ -772,14 +810,25 @@ LOCAL_CLUSTER_CONFIG = {
 
 class _client:
     """A Dask client for ``workers`` local processes or a running
-    ``cluster`` (None: none); the local cluster is closed on exit."""
+    ``cluster`` (None: none) whose workers can read ``readable`` and write
+    into ``writable``; the local cluster is closed on exit."""
 
-    def __init__(self, workers: int, cluster: str | None, timeout: float) -> None:
-        self.workers, self.cluster, self.timeout = workers, cluster, timeout
+    def __init__(self, options: ClusterOptions, readable: str, writable: str | None = None) -> None:
+        self.workers, self.cluster = options.workers, options.cluster
+        self.timeout = options.connect_timeout
+        self.readable, self.writable = readable, writable
         self.local = None
         self.client = None
 
     def __enter__(self):
+        client = self._connect()
+        if client is not None:
+            _check_readable(client, self.readable)
+            if self.writable is not None:
+                _check_writable(client, self.writable)
+        return client
+
+    def _connect(self):
         if not self.workers and not self.cluster:
             return None
         import logging
@@ -850,11 +899,8 @@ def _image_of(ctx: QueueContexts, desc: tuple) -> Image:
     return store.overlay(base, desc[2])
 
 
-def write_piece(path: str, symfs: str | None, queue: int, ranges: list[tuple[int, int]],
-                start: tuple | None, first: bool, fix: dict, directory: str,
-                settings: dict) -> dict:  # fmt: skip
-    """Decode chunk ``ranges`` of queue ``queue`` again (as
-    :func:`summarize_piece` did, from ``start``), attribute the blocks and
+def write_piece(task: PieceTask, fix: dict, directory: str, settings: dict) -> dict:
+    """Decode a piece again (as :func:`summarize_piece` did), attribute the blocks and
     write their rows into the flow directory ``directory`` (a Dask task),
     batch by batch: a worker holds a batch and the writer's row groups,
     never a whole piece.
@@ -871,7 +917,8 @@ def write_piece(path: str, symfs: str | None, queue: int, ranges: list[tuple[int
     instructions decoded, the names met and the threads seen."""
     from ..export.parquet import FlowParquetWriter, Names, build_ids_of
 
-    inp = _open_input(path, symfs)
+    queue = task.queue
+    inp = _open_input(task.path, task.symfs)
     cpu, tid, _, _ = inp.queues[queue]
     if inp.build_ids is None:
         inp.build_ids = build_ids_of(inp.sb)
@@ -890,7 +937,7 @@ def write_piece(path: str, symfs: str | None, queue: int, ranges: list[tuple[int
             else:
                 tids.update(np.unique(b.tid).tolist())
 
-    forward = _Forward(fix, ranges[0][0])
+    forward = _Forward(fix, task.base)
 
     def make_sink(ctx: QueueContexts, dec: FlowDecoder) -> FlowSink:
         q = QueueInfo(queue, cpu, tid, [None] * fix["n_images"], _ctx=ctx, _code={})
@@ -902,7 +949,7 @@ def write_piece(path: str, symfs: str | None, queue: int, ranges: list[tuple[int
         return forward
 
     try:
-        _decode(path, symfs, queue, ranges, start, first, forward, make_sink)
+        _decode(task, forward, make_sink)
         sink = forward.sink
         follow = fix["follow"]
         if follow is None:
@@ -971,38 +1018,12 @@ class _Piece:
     bytes: int
 
 
-class _Tasks:
-    """Dask futures, or (no client) the same functions run here at once."""
-
-    def __init__(self, client, retries: int) -> None:
-        self.client, self.retries = client, retries
-
-    def submit(self, fn, *args):
-        if self.client is None:
-            return fn(*args)
-        return self.client.submit(fn, *args, pure=True, retries=self.retries)
-
-    def result(self, handle):
-        return handle if self.client is None else handle.result()
-
-    def cancel(self, handles) -> None:
-        if self.client is not None and handles:
-            self.client.cancel(list(handles))
-
-
 def decode_to_parquet(
     path: str,
     writer,
     *,
-    workers: int = 0,
-    cluster: str | None = None,
-    symfs: str | None = None,
-    task_bytes: int = PARQUET_TASK_BYTES,
-    retries: int = 3,
-    chunk_bytes: int | None = None,
-    batch_rows: int = 1 << 17,
-    connect_timeout: float = 10.0,
     on_piece: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> tuple[PerfStream, set[int]]:
     """Decode the Intel PT of the perf.data at ``path`` into the flow
     directory of ``writer`` (a :class:`~hwtrace.export.parquet.FlowParquetWriter`,
@@ -1012,30 +1033,28 @@ def decode_to_parquet(
     they wrote into ``writer``.  The rows are the single process's
     (:func:`~hwtrace.session.perfflow.stream_perf` through ``writer``).
 
-    ``workers``, ``cluster``, ``symfs``, ``task_bytes``, ``retries``,
-    ``chunk_bytes``, ``connect_timeout``: as :func:`decode_distributed`;
-    the output directory must be shared with the workers like the input.
-    ``on_piece(trace bytes, blocks)``: called as each piece is written.
-    Returns the stream (queues, gaps, sideband, problems) and the threads
-    the blocks ran in."""
-    locator, sb, problems, setup, plans, sizes = _plan(path, symfs, task_bytes, chunk_bytes)
+    ``options``: :class:`ClusterOptions`' fields (``task_bytes`` default:
+    :data:`PARQUET_TASK_BYTES`); the output directory must be shared with
+    the workers like the input.  ``on_piece(trace bytes, blocks)``: called
+    as each piece is written.  Returns the stream (queues, gaps, sideband,
+    problems) and the threads the blocks ran in."""
+    o = ClusterOptions(**options)
+    plan = _plan(path, o.symfs, o.task_bytes or PARQUET_TASK_BYTES, o.chunk_bytes)
+    locator, sb, problems, setup, plans, sizes = plan
     if setup is None:
         return PerfStream([], sb, None, problems), set()
     conv, _, kernel, queues = setup
     settings = {"metadata": {k: v for k, v in writer.metadata.items()
                              if k not in ("format", "bucket_ns", "instructions")},
                 "bucket_ns": writer.bucket_ns, "instructions": writer.instructions is not None,
-                "batch_rows": batch_rows}  # fmt: skip
+                "batch_rows": o.batch_rows}  # fmt: skip
     directory = str(Path(writer.root).resolve())
     tids: set[int] = set()
-    with _client(workers, cluster, connect_timeout) as client:
-        if client is not None:
-            _check_readable(client, path)
-            _check_writable(client, directory)
-        tasks = _Tasks(client, retries)
-        infos = _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, kernel,
-                             writer, settings, directory, tids, on_piece,
-                             max(workers, _n_workers(client), 1))  # fmt: skip
+    with _client(o, path, directory) as client:
+        tasks = _Tasks(client, o.retries)
+        infos = _run_parquet(tasks, path, o.symfs, plans, sizes, queues, sb, conv, locator,
+                             kernel, writer, settings, directory, tids, on_piece,
+                             max(o.workers, _n_workers(client), 1))  # fmt: skip
     _remove_unfinished(Path(directory))
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfStream(infos, sb, conv, problems), tids
@@ -1052,22 +1071,12 @@ def _remove_unfinished(root: Path) -> None:
 
 def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, kernel, writer,
                  settings, directory, tids, on_piece, n_workers) -> list[QueueInfo]:  # fmt: skip
-    order = [(qi, k) for qi, pieces in enumerate(plans) for k in range(len(pieces))]
     # Summaries submitted ahead of the one being numbered, and writes not
     # yet collected: enough to keep every worker busy (a task's answer is
     # small, and a worker holds one piece's batch at a time).
     ahead = 2 * n_workers + 1
-    pending: deque = deque()
+    pieces = _InOrder(tasks, summarize_piece, path, symfs, plans, ahead, locator)
     writes: deque = deque()
-    nxt = 0
-
-    def refill() -> None:
-        nonlocal nxt
-        while nxt < len(order) and len(pending) < ahead:
-            qi, k = order[nxt]
-            h = tasks.submit(summarize_piece, path, symfs, qi, plans[qi][k], None, k == 0)
-            pending.append((qi, k, h))
-            nxt += 1
 
     def collect(keep: int) -> None:
         while len(writes) > keep:
@@ -1103,38 +1112,21 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
         fix = {"part": f"q{qi:05d}-p{p.k:06d}", "images": p.images, "n_images": n_images,
                "row": p.row, "gap": gap, "drop_lead_ptw": before is not None, "lead": lead,
                "follow": follow}  # fmt: skip
-        h = tasks.submit(write_piece, path, symfs, qi, plans[qi][p.k], p.start, p.k == 0, fix,
-                         directory, settings)  # fmt: skip
+        task = PieceTask(path, symfs, qi, plans[qi][p.k], p.start, p.k == 0)
+        h = tasks.submit(write_piece, task, fix, directory, settings)
         writes.append((p.bytes, h))
         collect(ahead)
         return True
 
     infos: list[QueueInfo] = []
-    code: dict = {}
     try:
-        refill()
-        for qi, (cpu, tid, _, _) in enumerate(queues):
-            q, ctx, stitch_runs = _queue(qi, cpu, tid, sizes[qi], sb, conv, locator, kernel, code)
-            infos.append(q)
+        for qi, q, ctx, stitch_runs in _queues(queues, sizes, sb, conv, locator, kernel, infos):
             stitch = _Stitch(q, ctx, None, stitch_runs)  # type: ignore[arg-type]
             got: list[_Piece] = []
             done = 0  # pieces whose write is submitted (or needs none)
             row = 0
             for k in range(len(plans[qi])):
-                pqi, pk, handle = pending.popleft()
-                assert (pqi, pk) == (qi, k)
-                s = tasks.result(handle)
-                refill()
-                start = None
-                if k and not stitch.fits(s):
-                    # The piece began otherwise than the pass would have: again,
-                    # from the state the previous piece ended in.
-                    start = stitch.start_state()
-                    s = tasks.result(tasks.submit(summarize_piece, path, symfs, qi,
-                                                  plans[qi][k], start, False))  # fmt: skip
-                    assert stitch.fits(s)
-                for p, msg in s["problems"].items():
-                    locator.problems.setdefault(p, msg)
+                s, start = pieces.take(qi, k, stitch)
                 g, _ = stitch.number(s)
                 q.n_insn += s["n_insn"]
                 q.n_blocks += s["n"] + s["n_virtual"]
@@ -1149,7 +1141,7 @@ def _run_parquet(tasks, path, symfs, plans, sizes, queues, sb, conv, locator, ke
                 done += 1
         collect(0)
     finally:
-        tasks.cancel([h for _, _, h in pending] + [h for _, h in writes])
+        tasks.cancel(pieces.handles() + [h for _, h in writes])
     return infos
 
 
