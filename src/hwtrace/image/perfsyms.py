@@ -292,28 +292,24 @@ class _RbTree:
     def __init__(self, keys: list[int]) -> None:
         n = len(keys)
         self.key = keys
-        self.left = [-1] * n
-        self.right = [-1] * n
+        # child[0] is left, child[1] right: each rebalancing case is
+        # written once for a side d and its mirror 1 - d.
+        self.child = ([-1] * n, [-1] * n)
+        self.left, self.right = self.child
         self.parent = [-1] * n
         self.red = [False] * n
         self.root = -1
 
-    def _rotate_left(self, x: int) -> None:
-        y = self.right[x]
-        self.right[x] = self.left[y]
-        if self.left[y] != -1:
-            self.parent[self.left[y]] = x
+    def _rotate(self, x: int, d: int) -> None:
+        """Rotate at ``x`` towards side ``d`` (0: a left rotation): its
+        child on the other side takes its place and ``x`` hangs from it."""
+        near, far = self.child[d], self.child[1 - d]
+        y = far[x]
+        far[x] = near[y]
+        if near[y] != -1:
+            self.parent[near[y]] = x
         self._replace(x, y)
-        self.left[y] = x
-        self.parent[x] = y
-
-    def _rotate_right(self, x: int) -> None:
-        y = self.left[x]
-        self.left[x] = self.right[y]
-        if self.right[y] != -1:
-            self.parent[self.right[y]] = x
-        self._replace(x, y)
-        self.right[y] = x
+        near[y] = x
         self.parent[x] = y
 
     def _replace(self, old: int, new: int) -> None:
@@ -344,34 +340,21 @@ class _RbTree:
         while self.parent[z] != -1 and self.red[self.parent[z]]:
             p = self.parent[z]
             g = self.parent[p]
-            if p == self.left[g]:
-                u = self.right[g]
-                if u != -1 and self.red[u]:
-                    self.red[p] = self.red[u] = False
-                    self.red[g] = True
-                    z = g
-                    continue
-                if z == self.right[p]:
-                    z = p
-                    self._rotate_left(z)
-                    p = self.parent[z]
-                self.red[p] = False
+            d = 0 if p == self.left[g] else 1  # the side p hangs on
+            far = self.child[1 - d]
+            u = far[g]
+            if u != -1 and self.red[u]:
+                self.red[p] = self.red[u] = False
                 self.red[g] = True
-                self._rotate_right(g)
-            else:
-                u = self.left[g]
-                if u != -1 and self.red[u]:
-                    self.red[p] = self.red[u] = False
-                    self.red[g] = True
-                    z = g
-                    continue
-                if z == self.left[p]:
-                    z = p
-                    self._rotate_right(z)
-                    p = self.parent[z]
-                self.red[p] = False
-                self.red[g] = True
-                self._rotate_left(g)
+                z = g
+                continue
+            if z == far[p]:
+                z = p
+                self._rotate(z, d)
+                p = self.parent[z]
+            self.red[p] = False
+            self.red[g] = True
+            self._rotate(g, 1 - d)
         self.red[self.root] = False
 
     def first(self) -> int:
@@ -420,51 +403,29 @@ class _RbTree:
     def _erase_fixup(self, x: int, parent: int) -> None:
         red = self.red
         while x != self.root and (x == -1 or not red[x]):
-            if x == self.left[parent]:
-                w = self.right[parent]
-                if red[w]:
-                    red[w] = False
-                    red[parent] = True
-                    self._rotate_left(parent)
-                    w = self.right[parent]
-                wl, wr = self.left[w], self.right[w]
-                if (wl == -1 or not red[wl]) and (wr == -1 or not red[wr]):
-                    red[w] = True
-                    x, parent = parent, self.parent[parent]
-                    continue
-                if wr == -1 or not red[wr]:
-                    red[wl] = False
-                    red[w] = True
-                    self._rotate_right(w)
-                    w = self.right[parent]
-                red[w] = red[parent]
-                red[parent] = False
-                if self.right[w] != -1:
-                    red[self.right[w]] = False
-                self._rotate_left(parent)
-                x = self.root
-            else:
-                w = self.left[parent]
-                if red[w]:
-                    red[w] = False
-                    red[parent] = True
-                    self._rotate_right(parent)
-                    w = self.left[parent]
-                wl, wr = self.left[w], self.right[w]
-                if (wl == -1 or not red[wl]) and (wr == -1 or not red[wr]):
-                    red[w] = True
-                    x, parent = parent, self.parent[parent]
-                    continue
-                if wl == -1 or not red[wl]:
-                    red[wr] = False
-                    red[w] = True
-                    self._rotate_left(w)
-                    w = self.left[parent]
-                red[w] = red[parent]
-                red[parent] = False
-                if self.left[w] != -1:
-                    red[self.left[w]] = False
-                self._rotate_right(parent)
-                x = self.root
+            d = 0 if x == self.left[parent] else 1  # the side x hangs on
+            near, far = self.child[d], self.child[1 - d]
+            w = far[parent]
+            if red[w]:
+                red[w] = False
+                red[parent] = True
+                self._rotate(parent, d)
+                w = far[parent]
+            wn, wf = near[w], far[w]
+            if (wn == -1 or not red[wn]) and (wf == -1 or not red[wf]):
+                red[w] = True
+                x, parent = parent, self.parent[parent]
+                continue
+            if wf == -1 or not red[wf]:
+                red[wn] = False
+                red[w] = True
+                self._rotate(w, 1 - d)
+                w = far[parent]
+            red[w] = red[parent]
+            red[parent] = False
+            if far[w] != -1:
+                red[far[w]] = False
+            self._rotate(parent, d)
+            x = self.root
         if x != -1:
             red[x] = False
