@@ -1688,6 +1688,15 @@ class Etm4Events:
         return len(self.name)
 
 
+def _next_row(rows: np.ndarray, at: np.ndarray, none: int) -> np.ndarray:
+    """For each of ``at``, the first of the ascending ``rows`` after it
+    (``none``: no row is)."""
+    if rows.shape[0] == 0:
+        return np.full(np.shape(at), none, np.int64)
+    j = np.searchsorted(rows, at, side="right")
+    return np.where(j < rows.shape[0], rows[np.minimum(j, rows.shape[0] - 1)], none)
+
+
 def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4Events:
     """Each start of tracing (a trace on, or a trace info after sync) whose
     first address packet is at a registered address becomes an event named
@@ -1700,9 +1709,8 @@ def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4E
     ts_rows = np.flatnonzero(kind == K.TIMESTAMP)
     ite_rows = np.flatnonzero(kind == K.ITE)
     # the first address packet after each start, if it comes before the next start
-    j = np.searchsorted(addr_rows, starts, side="right")
-    ok = j < addr_rows.shape[0]
-    first = np.where(ok, addr_rows[np.minimum(j, max(addr_rows.shape[0] - 1, 0))], -1)
+    first = _next_row(addr_rows, starts, -1)
+    ok = first >= 0
     nxt = np.append(starts[1:], len(packets))
     ok &= first < nxt
     # ``first`` rises with ``starts``: drop repeats without sorting again.
@@ -1721,14 +1729,8 @@ def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4E
     order = np.argsort(all_rows, kind="stable")
     all_rows, is_ite = all_rows[order], is_ite[order]
     # the next timestamp after the event, before the next start
-    t = np.searchsorted(ts_rows, all_rows, side="right")
-    has_t = t < ts_rows.shape[0]
-    trow = np.where(has_t, ts_rows[np.minimum(t, max(ts_rows.shape[0] - 1, 0))], -1)
-    s = np.searchsorted(starts, all_rows, side="right")
-    next_start = np.where(
-        s < starts.shape[0], starts[np.minimum(s, max(starts.shape[0] - 1, 0))], len(packets)
-    )
-    has_t &= trow < next_start
+    trow = _next_row(ts_rows, all_rows, -1)
+    has_t = (trow >= 0) & (trow < _next_row(starts, all_rows, len(packets)))
     ts = (
         np.where(has_t, packets.ts[np.maximum(trow, 0)].astype(np.int64), -1)
         if all_rows.size
