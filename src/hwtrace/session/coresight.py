@@ -1,0 +1,375 @@
+"""An ARM CoreSight capture opened once: its trace sources (STM's MIPI STPv2,
+ETMv4, ETE), listed packet by packet as OpenCSD's ``trc_pkt_lister`` (and
+``perf report -D``) lists them, and the software events they carry (STM
+messages, ETM trace-on at registered addresses, ETE ITE).
+
+A capture is a raw trace file (one source, or several in CoreSight
+formatter frames), an OpenCSD snapshot directory, or a perf.data recorded
+with ``perf record -e cs_etm//``::
+
+    capture = CoreSightCapture.snapshot("juno-snapshot")
+    for line in capture.listing():
+        print(line)
+
+Problems found on the way (formatter damage, packets that do not decode,
+trace IDs with no CPU) go to ``warn`` as one line each, naming the source
+and the file offset; what could be read is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..hwevents.csframes import block_indices, block_starts, deformat
+
+PROTOCOLS = ("stm", "etm4", "ete")
+FRAME_MODES = ("memory", "fsync", "hsync", "dstream")
+_TYPES = {"STM": "stm", "ETM4": "etm4", "ETMV4": "etm4", "ETE": "ete"}
+_LISTER_READ = 1024  # trc_pkt_lister reads a source's own buffer 1 KiB at a time
+_NONE = np.zeros(0, np.int64)
+
+Warn = Callable[[str], None]
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+@dataclass
+class TraceSource:
+    """One trace source's bytes: its name, protocol, trace ID, registers,
+    and where each byte was in the file (None: at its own offset)."""
+
+    name: str
+    protocol: str
+    trace_id: int
+    data: bytes
+    regs: dict[str, int]
+    file_offset: np.ndarray | None = None
+    #: per byte, the index OpenCSD lists its packets at (the start of the
+    #: frame's run of the ID); None: the file offset
+    list_index: np.ndarray | None = None
+    #: sources of one group are listed together, groups in order (perf.data:
+    #: one group per AUX buffer fragment, as perf dumps them)
+    group: int = 0
+    #: stream offsets where the blocks OpenCSD is handed the data in begin
+    #: (None: blocks of the size trc_pkt_lister reads a file in)
+    blocks: np.ndarray | None = None
+    warn: Warn = field(default=_ignore, repr=False)
+
+    def block_starts(self) -> np.ndarray:
+        if self.blocks is not None:
+            return self.blocks
+        return np.arange(0, len(self.data), _LISTER_READ, dtype=np.int64)
+
+    def file_offsets(self, offsets: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
+        """Stream offsets as offsets in the file the source came from (or
+        as ``table`` maps them)."""
+        table = self.file_offset if table is None else table
+        if table is None or table.shape[0] == 0:
+            return offsets
+        return table[np.minimum(offsets, table.shape[0] - 1)]
+
+    def packets(self, resync: bool):
+        """The source's packets; ``resync=False`` carries on after damage as
+        OpenCSD's packet processors do (the listing), True skips to the next
+        sync packet (the events).  Damage goes to ``warn``."""
+        if self.protocol == "stm":
+            from ..hwevents.stp import decode_stp
+
+            pk = decode_stp(self.data, resync=resync, blocks=self.block_starts())
+        else:
+            from ..hwevents.etm4 import Etm4Config, decode_etm4
+
+            regs = dict(self.regs)
+            if self.protocol == "ete":
+                # OpenCSD's default for an ETE without TRCDEVARCH: ETE 1.0
+                regs.setdefault("TRCDEVARCH", 0x47705A13)
+            ete = self.protocol == "ete"
+            config = Etm4Config.from_regs(regs) if self.regs else Etm4Config(ete=ete)
+            pk = decode_etm4(self.data, config, resync=resync)
+        for off, msg in pk.errors:
+            where = off
+            if self.file_offset is not None:
+                where = int(self.file_offsets(np.array([off], np.int64))[0])
+            self.warn(f"{self.name}: offset {where:#x}: {msg}")
+        return pk
+
+    def _stm_index(self, nibble: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """OpenCSD's indices of STM packets (or damage) starting at
+        ``nibble`` of the stream, whose stream offsets the decoder gave as
+        ``offset``."""
+        byte = np.asarray(nibble, np.int64) // 2
+        after = np.asarray(offset, np.int64) - byte
+        return self.file_offsets(byte, self.list_index) + after
+
+    def listing(self) -> Iterator[tuple[int, str]]:
+        """trc_pkt_lister's lines of the source, with the index each is at."""
+        pk = self.packets(resync=False)
+        if self.protocol == "stm" and self.list_index is not None:
+            # OpenCSD counts the bytes consumed when a packet's first nibble
+            # is read: a packet starting in a high nibble is at its byte's
+            # index + 1 (within the block that byte came in), except an ASYNC
+            # found while synchronising, at the byte of its first F: the
+            # decoder's offset says which.
+            offsets = self._stm_index(pk.nibble, pk.offset)
+            errs = self._stm_index(pk.error_nibbles, pk.error_offsets)
+            shown = replace(pk, offset=offsets, error_offsets=errs)
+        else:
+            offsets = self.file_offsets(np.asarray(pk.offset, np.int64), self.list_index)
+            shown = replace(pk, offset=offsets)
+        if self.protocol == "stm":
+            from ..hwevents.stp import stp_dump_lines
+
+            lines = stp_dump_lines(self.data, shown, self.trace_id)
+        else:
+            from ..hwevents.etm4 import etm4_dump_lines
+
+            ete = self.protocol == "ete"
+            lines = etm4_dump_lines(self.data, shown, self.trace_id, ete=ete)
+        # Damage lines (STM) come between packets: every line carries its index.
+        for line in lines:
+            yield int(line[4 : line.index(";")]), line
+
+    def events(self, convention: str = "flag", at: dict[int, str] | None = None) -> list[dict]:
+        """The software events: STM messages (ending at a FLAG or at a
+        marked packet: ``convention``), ETM trace-on at the addresses named
+        in ``at``, ETE ITE; one dict a row, file offsets."""
+        pk = self.packets(resync=True)
+        rows: list[dict] = []
+        if self.protocol == "stm":
+            from ..hwevents.stp import stp_events
+
+            ev = stp_events(pk, convention)
+            first = self.file_offsets(np.asarray(pk.offset, np.int64)[ev.first])
+            for k in range(len(ev)):
+                row = {"source": self.name, "event": "stm", "master": int(ev.master[k]),
+                       "channel": int(ev.channel[k]), "offset": int(first[k])}  # fmt: skip
+                if ev.has_ts[k]:
+                    row["ts"] = int(ev.ts[k])
+                row["payload"] = ev.data(k).hex()
+                if not ev.complete[k]:
+                    row["partial"] = True
+                rows.append(row)
+            if ev.partial or ev.lost:
+                self.warn(f"{self.name}: {ev.partial} events cut short, "
+                          f"{ev.lost} STM error packets (trace lost)")  # fmt: skip
+            return rows
+        from ..hwevents.etm4 import trace_on_events
+
+        ev = trace_on_events(pk, at or {})
+        offsets = self.file_offsets(np.asarray(ev.offset, np.int64))
+        for k in range(len(ev)):
+            row = {"source": self.name, "event": ev.name[k], "offset": int(offsets[k]),
+                   "address": f"{int(ev.address[k]):#x}"}  # fmt: skip
+            if int(ev.ts[k]) >= 0:
+                row["ts"] = int(ev.ts[k])
+            if int(ev.cc[k]) >= 0:
+                row["cc"] = int(ev.cc[k])
+            if ev.name[k] == "ITE":
+                row["payload"] = f"{int(ev.payload[k]):#x}"
+            else:
+                row["context"] = f"{int(ev.context[k]):#x}"
+            rows.append(row)
+        return rows
+
+
+@dataclass
+class CoreSightCapture:
+    """A capture's trace sources, and the formatted buffers they were cut
+    from (``(bytes, frame mode)``, for a listing of the frames)."""
+
+    sources: list[TraceSource]
+    frames: list[tuple[bytes, str]]
+
+    @classmethod
+    def raw(
+        cls,
+        path: str | Path,
+        protocol: str,
+        *,
+        frames: str | None = None,
+        regs: dict[str, int] | None = None,
+        ids: Sequence[int] = (),
+        warn: Warn = _ignore,
+    ) -> CoreSightCapture:
+        """A raw trace file of ``protocol``: one source, or (``frames``: a
+        mode of :data:`FRAME_MODES`) one per trace ID of its formatter
+        frames (``ids``: only these).  ``regs``: the trace unit's registers
+        (TRCIDR0, STMTCSR, ...).  Raises ValueError on a missing file."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"{protocol}: not one of {', '.join(PROTOCOLS)}")
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+        data = path.read_bytes()
+        regs = dict(regs or {})
+        if frames is None:
+            if protocol == "stm":
+                tid = (regs.get("STMTCSR", 0) >> 16) & 0x7F
+            else:
+                tid = regs.get("TRCTRACEIDR", 0)
+            return cls([TraceSource(str(path), protocol, tid, data, regs, warn=warn)], [])
+        cut = _Frames(data, frames, str(path), warn, ids)
+        sources = [
+            cut.source(f"{path} ID {tid:#x}", protocol, tid, regs)
+            for tid in sorted(cut.streams)
+            if not ids or tid in ids
+        ]
+        return cls(sources, [(data, frames)])
+
+    @classmethod
+    def snapshot(
+        cls,
+        directory: str | Path,
+        *,
+        ids: Sequence[int] = (),
+        names: Sequence[str] = (),
+        warn: Warn = _ignore,
+    ) -> CoreSightCapture:
+        """An OpenCSD snapshot directory's STM, ETMv4 and ETE sources
+        (``names``, ``ids``: only these).  Raises ValueError when it has
+        none with trace data."""
+        from ..hwevents.csframes import trace_ids
+        from ..hwevents.cssnapshot import read_snapshot
+
+        snap = read_snapshot(directory)
+        trace_id = trace_ids(snap)
+        cut: dict[str, _Frames] = {}
+        sources = []
+        for dev in snap.devices:
+            proto = _protocol(dev.type)
+            if proto is None or dev.name not in snap.source_buffers:
+                continue
+            if names and dev.name not in names:
+                continue
+            tid = trace_id.get(dev.name, 0)
+            if ids and tid not in ids:
+                continue
+            buf = snap.source_data(dev.name)
+            regs = {k.upper(): v for k, v in dev.regs.items()}
+            if buf.format == "source_data":
+                # one source's own buffer: OpenCSD lists it under ID 0
+                sources.append(TraceSource(dev.name, proto, 0, bytes(buf.data), regs, warn=warn))
+                continue
+            framed = cut.get(buf.name)
+            if framed is None:
+                framed = cut[buf.name] = _Frames(buf.data, _buffer_mode(buf.format), buf.name, warn)
+            sources.append(framed.source(dev.name, proto, tid, regs))
+        if not sources:
+            raise ValueError(f"{directory}: no STM, ETM4 or ETE trace source with trace data")
+        return cls(sources, [(f.data, f.mode) for f in cut.values()])
+
+    @classmethod
+    def perf(
+        cls, path: str | Path, *, ids: Sequence[int] = (), warn: Warn = _ignore
+    ) -> CoreSightCapture:
+        """A perf.data recorded with ``perf record -e cs_etm//``: one source
+        per trace ID of each AUX buffer fragment perf decodes on its own
+        (its decoder restarts between them), with the CPU block's
+        registers.  Raises ValueError on a file that cannot be read."""
+        from ..perf.cs_etm import cs_etm_buffers, cs_etm_info
+        from ..perf.data import PerfData, PerfDataError
+
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"{path}: no such file")
+        try:
+            data = PerfData(str(path))
+            info = cs_etm_info(data)
+            buffers = cs_etm_buffers(data, info)
+        except PerfDataError as e:
+            raise ValueError(str(e)) from None
+        by_id = info.by_trace_id()
+        for e in data.errors:
+            warn(str(e))
+        sources, frames, unknown = [], [], set()
+        for g, b in enumerate(buffers):
+            for off, msg in b.errors:
+                warn(f"{path}: offset {off:#x}: {msg}")
+            if b.formatted:
+                frames.append((bytes(b.raw(data)), "memory"))
+            for tid, stream in sorted(b.streams.items()):
+                if ids and tid not in ids:
+                    continue
+                cpu = by_id.get(tid)
+                if cpu is None or cpu.kind == "ETMv3":
+                    if tid not in unknown:
+                        unknown.add(tid)
+                        why = "no CPU block" if cpu is None else "ETMv3/PTM trace (not decoded)"
+                        at = int(b.offsets[tid][0]) if len(b.offsets[tid]) else b.record
+                        warn(f"{path}: offset {at:#x}: trace ID {tid:#x}: {why}, skipped")
+                    continue
+                regs = dict(cpu.regs)
+                regs["TRCTRACEIDR"] = tid
+                name = f"cpu{cpu.cpu} ID {tid:#x} @{b.record:#x}"
+                sources.append(
+                    TraceSource(
+                        name,
+                        cpu.protocol,
+                        tid,
+                        stream,
+                        regs,
+                        b.offsets[tid],
+                        b.indices[tid],
+                        g,
+                        warn=warn,
+                    )
+                )
+        return cls(sources, frames)
+
+    def listing(self) -> Iterator[str]:
+        """trc_pkt_lister's lines of every source, in the order it lists
+        them: group by group, by index, sources in order at one index."""
+        lines: list[tuple[int, int, str]] = []
+        for k, src in enumerate(self.sources):
+            for idx, line in src.listing():
+                lines.append((idx, k, line))
+        lines.sort(key=lambda r: (self.sources[r[1]].group, r[0], r[1]))
+        return (line for _, _, line in lines)
+
+    def frame_listing(self) -> Iterator[str]:
+        """The formatter frames, as ``trc_pkt_lister -o_raw_packed
+        -o_raw_unpacked`` lists them."""
+        from ..hwevents.csframes import frame_dump_lines
+
+        for data, mode in self.frames:
+            yield from frame_dump_lines(data, mode)
+
+    def events(self, convention: str = "flag", at: dict[int, str] | None = None) -> list[dict]:
+        """Every source's software events (see :meth:`TraceSource.events`)."""
+        return [row for src in self.sources for row in src.events(convention, at)]
+
+
+class _Frames:
+    """A buffer of CoreSight formatter frames cut into its trace IDs'
+    streams (``ids``: only these), with the index OpenCSD lists each byte
+    at and the blocks it is handed them in."""
+
+    def __init__(self, data: bytes, mode: str, name: str, warn: Warn, ids: Sequence[int] = ()):
+        self.data, self.mode, self.warn = data, mode, warn
+        cut = deformat(data, mode=mode, ids=list(ids) or None)
+        self.streams, self.offsets = cut.streams, cut.offsets
+        self.index, self.starts = block_indices(data, mode), block_starts(data, mode)
+        for off, msg in cut.errors:
+            warn(f"{name}: offset {off:#x}: {msg}")
+
+    def source(self, name: str, protocol: str, tid: int, regs: dict[str, int]) -> TraceSource:
+        return TraceSource(name, protocol, tid, self.streams.get(tid, b""), regs,
+                           self.offsets.get(tid, _NONE), self.index.get(tid),
+                           blocks=self.starts.get(tid), warn=self.warn)  # fmt: skip
+
+
+def _protocol(device_type: str) -> str | None:
+    """The protocol of a snapshot device type; DS-5 adds the architecture
+    version (``ETM4.1``, ``ETM4.4``), which OpenCSD's snapshot reader cuts
+    at the first dot."""
+    return _TYPES.get(device_type.split(".", 1)[0].strip().upper())
+
+
+def _buffer_mode(fmt: str) -> str:
+    return "dstream" if fmt.startswith("dstream") else "memory"
