@@ -120,41 +120,22 @@ class _Session:
         self.args = args
         self.command = command
         self.child = None
-        self._go = None
 
     def _launch(self) -> int:
         """Start COMMAND held before exec until tracing is on (its process
         exists, so it can be tracked, but runs nothing of its own yet)."""
-        r, w = os.pipe()
-        fds = [self.coop_fd] if getattr(self, "coop_fd", None) is not None else []
+        from ..ktrace.workload import HeldCommand
+
+        fd = getattr(self, "coop_fd", None)
         env = dict(os.environ)
-        if fds:
-            env["HWTRACE_COOP_FD"] = str(fds[0])
-            os.set_inheritable(fds[0], True)
-        pid = os.fork()
-        if pid == 0:  # the child: wait for the go, then become COMMAND
-            try:
-                os.close(w)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                if os.read(r, 1) == b"g":
-                    os.close(r)
-                    os.execvpe(self.command[0], self.command, env)
-            except OSError as e:
-                os.write(2, f"hwtrace trace: cannot run {self.command[0]}: {e.strerror}\n".encode())
-                os._exit(127)
-            os._exit(127)
-        os.close(r)
-        if fds:
-            os.set_inheritable(fds[0], False)
-        self.child = _Child(pid)
-        self._go = w
-        return pid
+        if fd is not None:
+            env["HWTRACE_COOP_FD"] = str(fd)
+        self.child = HeldCommand(self.command, env=env, pass_fd=fd, prog="hwtrace trace")
+        return self.child.pid
 
     def _release(self) -> None:
-        if self._go is not None:
-            os.write(self._go, b"g")
-            os.close(self._go)
-            self._go = None
+        if self.child is not None:
+            self.child.release()
 
     def run(self) -> int:
         def stop(signum, frame):
@@ -186,10 +167,8 @@ class _Session:
             self.recording = False
             for s, h in old.items():
                 signal.signal(s, h)
-            if self._go is not None:  # never released: do not let it run untraced
-                self.child.kill()
-                os.close(self._go)
-                self._go = None
+            if self.child is not None:  # never released: do not let it run untraced
+                self.child.close()
             if self.stopping and self.child is not None and self.child.poll() is None:
                 self.child.terminate()  # as perf record ends its workload
             if self.child is not None:
@@ -205,13 +184,15 @@ class _Session:
     def _until_done(self, wait, drain) -> None:
         """Until the command ends, the -p processes all exit (as perf record
         -p), -d runs out, or ^C."""
+        from ..ktrace.workload import alive
+
         deadline = time.monotonic() + self.args.duration if self.args.duration else None
         while not self.stopping:
             wait(0.1)
             drain()
             if self.child is not None and self.child.poll() is not None:
                 break
-            if self.args.pid and not any(_alive(p) for p in self.args.pid):
+            if self.args.pid and not any(alive(p) for p in self.args.pid):
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -353,46 +334,3 @@ class _Session:
 
 class _Failed(Exception):
     pass
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, exited but not yet reaped, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-class _Child:
-    """The launched command (``poll``, ``wait`` and ``kill`` as Popen's)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def _status(self, status: int) -> int:
-        self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self._status(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            self._status(os.waitpid(self.pid, 0)[1])
-        return self.returncode  # type: ignore[return-value]
-
-    def kill(self, signum: int = signal.SIGKILL) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.kill(signal.SIGTERM)
