@@ -141,29 +141,18 @@ def main(argv: Sequence[str]) -> int:
 def _wrap(a: argparse.Namespace, path: Path) -> bool:
     """The raw trace ``a.pt`` written as the perf.data ``path`` (False: a
     bad trace or binary, said on stderr)."""
-    from ..image import ImageError
-    from ..image.sections import parse_elf_spec, parse_raw_spec
-    from ..perf.wrap import WrapError, wrap_raw_trace
     from ..pt.config import PtConfig
+    from ..session import SessionError
+    from ..session.rawtrace import RawTrace
 
-    try:
-        elfs = [parse_elf_spec(s) for s in a.elf]
-        raws = [tuple(parse_raw_spec(s)) for s in a.raw]
-    except ImageError as e:
-        sys.stderr.write(f"{PROG}: {e}\n")
-        return False
     config = PtConfig(mtc_freq=a.mtc_freq, nom_freq=a.nom_freq, cpuid_0x15_eax=a.cpuid_0x15_eax,
                       cpuid_0x15_ebx=a.cpuid_0x15_ebx)  # fmt: skip
     try:
-        a.wrapped = wrap_raw_trace(a.pt, path, elf=elfs, raw=raws, config=config,
-                                   cpu=a.cpu_number, tid=a.tid)  # fmt: skip
-    except WrapError as e:
+        trace = RawTrace.open(a.pt, elf=a.elf, raw=a.raw, config=config)
+        a.wrapped = trace.as_perf_data(path, cpu=a.cpu_number, tid=a.tid)
+    except SessionError as e:
         sys.stderr.write(f"{PROG}: {e}\n")
         return False
-    except OSError as e:
-        sys.stderr.write(f"{PROG}: {path}: {e.strerror or e}\n")
-        return False
-    a.wrapped["pt"] = str(Path(a.pt).resolve())
     return True
 
 

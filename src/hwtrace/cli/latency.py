@@ -140,33 +140,26 @@ def _run(p: Parser, a: argparse.Namespace, patterns, what: str) -> int:
 
 def _profile_raw(p: Parser, a: argparse.Namespace, patterns):
     from ..analysis.latency import profile_trace
-    from ..image import Image, ImageError, parse_elf_spec
     from ..pt.config import PtConfig
+    from ..session import SessionError
+    from ..session.rawtrace import RawTrace
     from .common import load_trace
 
-    image = Image()
-    try:
-        for spec in a.elf:
-            image.add_elf(*parse_elf_spec(spec))
-        for spec in a.raw:
-            image.add_raw_spec(spec)
-    except (ImageError, OSError, ValueError) as e:
-        sys.stderr.write(f"{p.prog}: {e}\n")
-        return None
     loaded = load_trace(p.prog, a.pt)
     if loaded is None:
         return None
-    _, buf = loaded
+    path, buf = loaded
     config = PtConfig(mtc_freq=a.mtc_freq, nom_freq=a.nom_freq,
                       cpuid_0x15_eax=getattr(a, "cpuid_0x15.eax"),
                       cpuid_0x15_ebx=getattr(a, "cpuid_0x15.ebx"))  # fmt: skip
-    result = profile_trace(buf, image, patterns, config, keep=a.all_intervals,
+    try:
+        trace = RawTrace.open(path, elf=a.elf, raw=a.raw, config=config, data=buf)
+    except SessionError as e:
+        sys.stderr.write(f"{p.prog}: {e}\n")
+        return None
+    result = profile_trace(trace.data, trace.image, patterns, trace.config, keep=a.all_intervals,
                            longest=max(a.top, 1), calls=a.calls)  # fmt: skip
-
-    def name(addr: int) -> str:
-        return image.symbolize(addr, with_module=False) or image.locate(addr)
-
-    return result, name, "TSC ticks", a.pt
+    return result, trace.symbol, "TSC ticks", a.pt
 
 
 def _profile_perf(p: Parser, a: argparse.Namespace, patterns):
