@@ -289,6 +289,56 @@ def expand_blocks(ct, bip, bn, bmode, out, state):
     return EXPAND_DONE
 
 
+# The per-instruction and per-run columns of a CodeTable: name, dtype (and
+# width), fill.  Allocation and growth walk these; the compiled loops see
+# them in the order of CodeTable.tuple (the T_* indices).
+_INSN_COLUMNS = (
+    ("i_ip", np.uint64, 0),
+    ("i_size", np.uint8, 0),
+    ("i_class", np.uint8, 0),
+    ("i_special", np.uint8, 0),
+    ("i_flags", np.uint8, 0),
+    ("i_target", np.uint64, 0),
+    ("i_isid", np.int32, 0),
+    ("i_err", np.uint8, 0),
+    ("i_raw", (np.uint8, 16), 0),  # the instruction's bytes
+    ("i_mode", np.uint8, 0),
+    ("i_adopted", np.uint8, 0),  # not in the hash (see adopt)
+)
+_RUN_COLUMNS = (
+    ("r_ip", np.uint64, 0),
+    ("r_mode", np.uint8, 0),
+    ("r_ninsn", np.int32, 0),
+    ("r_kind", np.uint8, 0),
+    ("r_next", np.uint64, 0),
+    ("r_target", np.uint64, 0),
+    ("r_first", np.int64, 0),  # the run's first entry in r_insn
+    ("r_isid", np.int32, 0),
+    # Where control goes next, as run indices, filled in as the decoder
+    # learns them (-1: not yet): the next run (fall-through, direct jump or
+    # call, branch not taken), the branch taken, and for a call the run it
+    # returns to.
+    ("r_succ", np.int32, -1),
+    ("r_taken", np.int32, -1),
+    ("r_ret", np.int32, -1),
+    ("r_lastk", np.int32, -1),  # the last instruction (index)
+    ("r_lastc", np.uint8, 0),  # and its class
+    # Each run's key in the block store counts[C_KEY_OWNER] names (-1: not
+    # known yet), when the decoder stores its rows itself.
+    ("r_key", np.int32, -1),
+)
+
+
+def _alloc(table: object, columns: tuple, cap: int) -> None:
+    """Fresh ``columns`` of ``cap`` rows on ``table``."""
+    for name, dtype, fill in columns:
+        if isinstance(dtype, tuple):
+            dtype, width = dtype
+            setattr(table, name, np.full((cap, width), fill, dtype))
+        else:
+            setattr(table, name, np.full(cap, fill, dtype))
+
+
 class CodeTable:
     """The decoded code of one address space (an image), for the compiled
     decoder.  ``tuple`` is what the compiled code takes; it is rebuilt when
@@ -323,41 +373,12 @@ class CodeTable:
     # -- storage ------------------------------------------------------------
     def _alloc_insns(self, cap: int) -> None:
         self.h_ip, self.h_mode, self.h_val = _new_hash(cap * 2)
-        self.i_ip = np.zeros(cap, np.uint64)
-        self.i_size = np.zeros(cap, np.uint8)
-        self.i_class = np.zeros(cap, np.uint8)
-        self.i_special = np.zeros(cap, np.uint8)
-        self.i_flags = np.zeros(cap, np.uint8)
-        self.i_target = np.zeros(cap, np.uint64)
-        self.i_isid = np.zeros(cap, np.int32)
-        self.i_err = np.zeros(cap, np.uint8)
-        self.i_raw = np.zeros((cap, 16), np.uint8)
-        self.i_mode = np.zeros(cap, np.uint8)
-        self.i_adopted = np.zeros(cap, np.uint8)  # not in the hash (see adopt)
+        _alloc(self, _INSN_COLUMNS, cap)
 
     def _alloc_runs(self, cap: int) -> None:
         self.r_hip, self.r_hmode, self.r_hval = _new_hash(cap * 2)
-        self.r_ip = np.zeros(cap, np.uint64)
-        self.r_mode = np.zeros(cap, np.uint8)
-        self.r_ninsn = np.zeros(cap, np.int32)
-        self.r_kind = np.zeros(cap, np.uint8)
-        self.r_next = np.zeros(cap, np.uint64)
-        self.r_target = np.zeros(cap, np.uint64)
-        self.r_first = np.zeros(cap, np.int64)
-        self.r_isid = np.zeros(cap, np.int32)
+        _alloc(self, _RUN_COLUMNS, cap)
         self.r_insn = np.zeros(cap * 4 + RUN_MAX, np.int32)
-        # Where control goes next, as run indices, filled in as the decoder
-        # learns them (-1: not yet): the next run (fall-through, direct
-        # jump or call, branch not taken), the branch taken, and for a call
-        # the run it returns to.
-        self.r_succ = np.full(cap, -1, np.int32)
-        self.r_taken = np.full(cap, -1, np.int32)
-        self.r_ret = np.full(cap, -1, np.int32)
-        self.r_lastk = np.full(cap, -1, np.int32)  # the last instruction (index)
-        self.r_lastc = np.zeros(cap, np.uint8)  # and its class
-        # Each run's key in the block store counts[C_KEY_OWNER] names (-1: not
-        # known yet), when the decoder stores its rows itself.
-        self.r_key = np.full(cap, -1, np.int32)
 
     def _refresh(self) -> None:
         self.tuple = (
@@ -400,11 +421,7 @@ class CodeTable:
         new_cap = cap
         while n + need > new_cap:
             new_cap *= 2
-        old = {
-            name: getattr(self, name)
-            for name in ("i_ip", "i_size", "i_class", "i_special", "i_flags", "i_target",
-                         "i_isid", "i_err", "i_raw", "i_mode", "i_adopted")
-        }  # fmt: skip
+        old = {name: getattr(self, name) for name, _, _ in _INSN_COLUMNS}
         self._alloc_insns(new_cap)
         for name, arr in old.items():
             getattr(self, name)[:n] = arr[:n]
@@ -414,13 +431,7 @@ class CodeTable:
     def grow_runs(self) -> None:
         """Make room for more runs (the compiled decoder ran out)."""
         n = int(self.counts[C_RUNS])
-        old = {
-            name: getattr(self, name)
-            for name in (
-                "r_ip", "r_mode", "r_ninsn", "r_kind", "r_next", "r_target", "r_first", "r_isid",
-                "r_succ", "r_taken", "r_ret", "r_lastk", "r_lastc", "r_key",
-            )
-        }  # fmt: skip
+        old = {name: getattr(self, name) for name, _, _ in _RUN_COLUMNS}
         old_insn = self.r_insn
         self._alloc_runs(self.r_ip.shape[0] * 2)
         for name, arr in old.items():
