@@ -59,7 +59,7 @@ from ..probes.codegen import SA_ONSTACK, SA_RESTART, SA_RESTORER, SA_SIGINFO, si
 from ..probes.ptrace import PtraceError, SeizedThread, launch_stopped
 from ..probes.rings import clock_pair
 from . import _agentcode as ac
-from .jitcapture import CaptureResult
+from .jitcapture import CaptureResult, _Capture
 from .stepper import CodeChange, RecordError
 
 __all__ = ["InProcessCapture", "in_process_available"]
@@ -240,34 +240,21 @@ class _KernelSide:
 # -- the agent -------------------------------------------------------------------------
 
 
-class InProcessCapture:
+class InProcessCapture(_Capture):
     """Capture the code revisions of ``target`` (argv to launch, or a pid)
     with handlers in the process itself (see the module doc); the same
     interface as :class:`~hwtrace.record.jitcapture.CodeCapture`."""
 
     poll_seconds = 0.001
 
-    def __init__(
-        self,
-        target: Sequence[str] | int,
-        *,
-        anonymous_only: bool = True,
-        max_revisions: int | None = None,
-        hold: bool = False,
-    ) -> None:
+    def _open(self, target: Sequence[str] | int, anonymous_only: bool, hold: bool) -> None:
         why = in_process_available()
         if why:
             raise RecordError(why)
-        self.max_revisions = max_revisions
-        self.attached = isinstance(target, int)
         self.proc: subprocess.Popen | None = None
-        self.revisions: list[CodeChange] = []
-        self.clock_pairs: list[tuple[int, int]] = []
-        self.exit_status: int | None = None
         self.kernel: _KernelSide | None = None
         self.mem = -1
         self._last: dict[int, bytes] = {}
-        self._stopping = False
         self._running = False
         self._installed = False
         self.ring_fd = os.memfd_create("hwtrace-jit-ring", 0)
@@ -416,10 +403,7 @@ class InProcessCapture:
         try:
             while True:
                 self._drain()
-                enough = (
-                    self.max_revisions is not None and len(self.revisions) >= self.max_revisions
-                )
-                if self._stopping or enough:
+                if self._stopping or self._enough():
                     break
                 ready, _, _ = select.select([pidfd], [], [], self.poll_seconds)
                 if ready:
@@ -456,7 +440,7 @@ class InProcessCapture:
     def _keep(self, meta: np.ndarray, data: np.ndarray) -> None:
         mine = meta["pid"] == self.pid  # not a forked child's
         for k in np.flatnonzero(mine):
-            if self.max_revisions is not None and len(self.revisions) >= self.max_revisions:
+            if self._enough():
                 return
             page, raw = int(meta["page"][k]), data[k].tobytes()
             if self._last.get(page) == raw:
@@ -517,10 +501,6 @@ class InProcessCapture:
                     t.syscall(self.gadget, SYS_RT_SIGACTION, sig, lay.tmp_action, 0, 8)
         except (PtraceError, OSError):
             pass  # the process went meanwhile
-
-    def stop(self) -> None:
-        """End the capture at the next drain (from a signal handler)."""
-        self._stopping = True
 
     def result(self) -> CaptureResult:
         stats = getattr(self, "_stats", None) or self._counters()
