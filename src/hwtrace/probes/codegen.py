@@ -60,14 +60,12 @@ RUNTIME_SIZE = PAGE + PAGE + TABLE_PAGES * PAGE
 # Offsets in the code page.
 RESTORER = 0x10
 HANDLER = 0x40
-# Offsets in the data pages (from the code page's start).
+SIGACTION_BYTES = 32  # a kernel struct sigaction (x86-64): handler, flags, restorer, mask
+# Offsets in the data pages (from the code page's start): three counters,
+# then the previous, our and the default SIGTRAP action.
 D = PAGE
-COUNT = D + 0x000
-REDIRECTED = D + 0x008
-PASSED = D + 0x010
-OLD_ACTION = D + 0x020
-NEW_ACTION = D + 0x040
-DFL_ACTION = D + 0x060
+COUNT, REDIRECTED, PASSED = (D + 8 * k for k in range(3))
+OLD_ACTION, NEW_ACTION, DFL_ACTION = (D + 0x020 + SIGACTION_BYTES * k for k in range(3))
 SCRATCH = D + 0x100
 TABLE = D + PAGE
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from iced_x86 import Code, Instruction, MemoryOperand, Register, RepPrefixKind
 
-from ..probes.codegen import Asm
+from ..probes.codegen import SIGACTION_BYTES, Asm, mem
 
 __all__ = ["Layout", "agent_code"]
 
@@ -73,17 +73,11 @@ PROBE = 0x740
 SNAPSHOT = 0x800
 CODE_END = 0x1000
 
-# Data page offsets (from base).
+# Data page offsets (from base): words, then the SIGSEGV actions: the
+# program's, the agent's, the default one, and one to read an action into.
 D = PAGE
-LOCK_WORD = D + 0x00
-ENABLED = D + 0x08
-MIN_PAGE = D + 0x10
-MAX_PAGE = D + 0x18
-RING_ADDR = D + 0x20
-PROG_ACTION = D + 0x80
-OUR_ACTION = D + 0xA0
-DFL_ACTION = D + 0xC0
-TMP_ACTION = D + 0xE0
+LOCK_WORD, ENABLED, MIN_PAGE, MAX_PAGE, RING_ADDR = (D + 8 * k for k in range(5))
+PROG_ACTION, OUR_ACTION, DFL_ACTION, TMP_ACTION = (D + 0x80 + SIGACTION_BYTES * k for k in range(4))
 NAP = D + 0x100  # struct timespec {0, NAP_NS}
 SCRATCH = D + 0x200
 COUNTERS = ("exec_faults", "write_faults", "chained", "tracked_calls", "table_full", "sigactions")
@@ -129,16 +123,6 @@ EAX, ECX, EDX, ESI, EDI, R9D, R10D = Register.EAX, Register.ECX, Register.EDX, R
 SAVED = (RBX, R12, R13, R14, R15)
 
 
-def _m(base: int, displ: int = 0) -> MemoryOperand:
-    if base == Register.RIP:
-        return MemoryOperand(Register.RIP, displ=displ)
-    return (
-        MemoryOperand(base, displ=displ, displ_size=1 if -128 <= displ < 128 else 8)
-        if displ
-        else MemoryOperand(base)
-    )
-
-
 class _Asm(Asm):
     """The probes' assembler with a few shorthands, for a region at ``base``."""
 
@@ -149,7 +133,7 @@ class _Asm(Asm):
 
     # -- shorthands ---------------------------------------------------------------
     def data(self, offset: int) -> MemoryOperand:
-        return _m(Register.RIP, self.b.base + offset)
+        return mem(Register.RIP, self.b.base + offset)
 
     def load(self, reg: int, m: MemoryOperand) -> None:
         self(I.create_reg_mem(Code.MOV_R64_RM64, reg, m))
@@ -184,7 +168,7 @@ class _Asm(Asm):
     def count(self, offset: int) -> None:
         """One more of a ring header counter (uses rax)."""
         self.load(RAX, self.data(RING_ADDR))
-        self.locked_inc(_m(RAX, offset))
+        self.locked_inc(mem(RAX, offset))
 
     def locked_inc(self, m: MemoryOperand) -> None:
         inc = I.create_mem(Code.INC_RM64, m)
@@ -256,7 +240,7 @@ def _probe(base: int) -> bytes:
     a.op(Code.SHL_RM64_IMM8, RCX, 4)
     a.lea(RDX, a.data(TABLE))
     a.rr(Code.ADD_R64_RM64, RCX, RDX)
-    a.load(RDX, _m(RCX))
+    a.load(RDX, mem(RCX))
     a.rr(Code.CMP_R64_RM64, RDX, R8)
     a.jcc(Code.JE_REL32_64, found)
     a.rr(Code.TEST_RM64_R64, RDX, RDX)
@@ -272,8 +256,8 @@ def _probe(base: int) -> bytes:
     a.place(empty)
     a.rr(Code.TEST_RM32_R32, ESI, ESI)
     a.jcc(Code.JE_REL32_64, none)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(RCX, 8), 0))
-    a.store(_m(RCX), R8)
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RCX, 8), 0))
+    a.store(mem(RCX), R8)
     a.mov(RAX, RCX)
     a.ret()
     a.place(none)
@@ -290,12 +274,12 @@ def _snapshot(base: int) -> bytes:
     a.load(R8, a.data(RING_ADDR))
     a.imm(R9D, WAIT_NAPS)
     a.place(check)
-    a.load(RAX, _m(R8, HEAD))
+    a.load(RAX, mem(R8, HEAD))
     a.mov(RCX, RAX)
-    a(I.create_reg_mem(Code.SUB_R64_RM64, RCX, _m(R8, TAIL)))
+    a(I.create_reg_mem(Code.SUB_R64_RM64, RCX, mem(R8, TAIL)))
     a.op(Code.CMP_RM64_IMM32, RCX, NSLOTS)
     a.jcc(Code.JB_REL32_64, room)
-    a(I.create_mem_i32(Code.CMP_RM64_IMM8, _m(R8, STALLED), 0))
+    a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(R8, STALLED), 0))
     a.jcc(Code.JNE_REL32_64, lost)
     a(I.create_reg(Code.DEC_RM32, R9D))
     a.jcc(Code.JE_REL32_64, stall)
@@ -304,7 +288,7 @@ def _snapshot(base: int) -> bytes:
     a.syscall(SYS_NANOSLEEP)  # hwtrace drains meanwhile
     a.jmp(check)
     a.place(stall)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(R8, STALLED), 1))
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(R8, STALLED), 1))
     a.jmp(lost)
     a.place(room)
     a.mov(R9, RAX)
@@ -320,26 +304,26 @@ def _snapshot(base: int) -> bytes:
     a.op(Code.SHL_RM64_IMM8, R10, 6)
     a.rr(Code.ADD_R64_RM64, R10, R8)
     a.op(Code.ADD_RM64_IMM32, R10, META)
-    a.store(_m(R10, 8), RBX)
+    a.store(mem(R10, 8), RBX)
     a(I.create(Code.RDTSCP))  # edx:eax = TSC, ecx = TSC_AUX (cpu | node << 12)
     a.op(Code.SHL_RM64_IMM8, RDX, 32)
     a.rr(Code.OR_R64_RM64, RAX, RDX)
-    a.store(_m(R10, 16), RAX)
+    a.store(mem(R10, 16), RAX)
     a.op(Code.AND_RM32_IMM32, ECX, 0xFFF)
-    a(I.create_mem_reg(Code.MOV_RM32_R32, _m(R10, 32), ECX))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(R10, 32), ECX))
     a(I.create_reg_mem(Code.MOV_R32_RM32, EAX, a.data(LOCK_WORD)))  # the lock holds our tid
-    a(I.create_mem_reg(Code.MOV_RM32_R32, _m(R10, 24), EAX))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(R10, 24), EAX))
     a.syscall(SYS_GETPID)
-    a(I.create_mem_reg(Code.MOV_RM32_R32, _m(R10, 28), EAX))
-    a.load(RAX, _m(R13, UC_RIP))
-    a.store(_m(R10, 40), RAX)
-    a.load(RAX, _m(R8, HEAD))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(R10, 28), EAX))
+    a.load(RAX, mem(R13, UC_RIP))
+    a.store(mem(R10, 40), RAX)
+    a.load(RAX, mem(R8, HEAD))
     a(I.create_reg(Code.INC_RM64, RAX))
-    a.store(_m(R10), RAX)  # commit: the sequence number last
-    a.store(_m(R8, HEAD), RAX)
+    a.store(mem(R10), RAX)  # commit: the sequence number last
+    a.store(mem(R8, HEAD), RAX)
     a.ret()
     a.place(lost)
-    a.locked_inc(_m(R8, LOST))
+    a.locked_inc(mem(R8, LOST))
     a.ret()
     return a.encode(base + SNAPSHOT)
 
@@ -360,9 +344,9 @@ def _segv(base: int) -> bytes:
     a.mov(R14, RDI)
     a.mov(R12, RSI)
     a.mov(R13, RDX)
-    a(I.create_mem_i32(Code.CMP_RM32_IMM8, _m(RSI, 8), SEGV_ACCERR))
+    a(I.create_mem_i32(Code.CMP_RM32_IMM8, mem(RSI, 8), SEGV_ACCERR))
     a.jcc(Code.JNE_REL32_64, chain)
-    a.load(RBX, _m(RSI, 16))
+    a.load(RBX, mem(RSI, 16))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
     a.call(base + LOCK)
     a.mov(RDI, RBX)
@@ -370,12 +354,12 @@ def _segv(base: int) -> bytes:
     a.call(base + PROBE)
     a.rr(Code.TEST_RM64_R64, RAX, RAX)
     a.jcc(Code.JE_REL32_64, unlock_chain)
-    a.load(R15, _m(RAX, 8))
+    a.load(R15, mem(RAX, 8))
     a.rr(Code.TEST_RM64_R64, R15, R15)
     a.jcc(Code.JE_REL32_64, unlock_chain)
     a(I.create_mem_i32(Code.CMP_RM64_IMM8, a.data(ENABLED), 0))
     a.jcc(Code.JE_REL32_64, disabled)
-    a(I.create_mem_i32(Code.TEST_RM8_IMM8, _m(R13, UC_ERR), PF_INSTR))
+    a(I.create_mem_i32(Code.TEST_RM8_IMM8, mem(R13, UC_ERR), PF_INSTR))
     a.jcc(Code.JE_REL32_64, write)
     # First execution since the page was armed: executable, not writable; copy it.
     a.mov(RDX, R15)
@@ -407,7 +391,7 @@ def _segv(base: int) -> bytes:
     a.call(base + PROBE)
     a.rr(Code.TEST_RM64_R64, RAX, RAX)
     a.jcc(Code.JE_REL32_64, unlock_ret)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(RAX, 8), 0))
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RAX, 8), 0))
     a.place(unlock_ret)
     a.unlock()
     a.pop_saved()
@@ -443,7 +427,7 @@ def _track_entry(base: int, at: int, uc_reg: int) -> bytes:
     a = _Asm(base)
     a.push_saved()
     a.mov(R13, RDX)
-    a.load(RBX, _m(RDX, uc_reg))
+    a.load(RBX, mem(RDX, uc_reg))
     a.jmp(base + TRACK)
     return a.encode(base + at)
 
@@ -453,11 +437,11 @@ def _track(base: int) -> bytes:
     a = _Asm(base)
     loop, done, out, lo_ok, hi_ok = (a.label() for _ in range(5))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
-    a.load(R12, _m(R13, UC_RSI))
+    a.load(R12, mem(R13, UC_RSI))
     a.op(Code.ADD_RM64_IMM32, R12, PAGE - 1)
     a.op(Code.AND_RM64_IMM32, R12, -PAGE)
     a.rr(Code.ADD_R64_RM64, R12, RBX)  # end
-    a.load(R14, _m(R13, UC_RDX))
+    a.load(R14, mem(R13, UC_RDX))
     a.op(Code.AND_RM64_IMM32, R14, 7)  # the protection asked for
     a.mov(R13, RBX)  # start
     a.call(base + LOCK)
@@ -474,7 +458,7 @@ def _track(base: int) -> bytes:
     a.count(FULL)  # table full: the rest stays as the program asked
     a.jmp(done)
     a.place(lo_ok)
-    a.store(_m(RAX, 8), R14)
+    a.store(mem(RAX, 8), R14)
     a(I.create_reg_mem(Code.CMP_R64_RM64, RBX, a.data(MIN_PAGE)))
     a.jcc(Code.JAE_REL32_64, hi_ok)
     a.store(a.data(MIN_PAGE), RBX)
@@ -507,9 +491,9 @@ def _untrack(base: int) -> bytes:
     a = _Asm(base)
     loop, nxt, out = a.label(), a.label(), a.label()
     a.push_saved()
-    a.load(RBX, _m(RDX, UC_RDI))
+    a.load(RBX, mem(RDX, UC_RDI))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
-    a.load(R12, _m(RDX, UC_RSI))
+    a.load(R12, mem(RDX, UC_RSI))
     a.rr(Code.ADD_R64_RM64, R12, RBX)
     a.op(Code.ADD_RM64_IMM32, R12, PAGE - 1)
     a.op(Code.AND_RM64_IMM32, R12, -PAGE)
@@ -529,7 +513,7 @@ def _untrack(base: int) -> bytes:
     a.call(base + PROBE)
     a.rr(Code.TEST_RM64_R64, RAX, RAX)
     a.jcc(Code.JE_REL32_64, nxt)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(RAX, 8), 0))
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RAX, 8), 0))
     a.place(nxt)
     a.op(Code.ADD_RM64_IMM32, RBX, PAGE)
     a.jmp(loop)
@@ -553,12 +537,12 @@ def _sigaction(base: int) -> bytes:
     a.imm(R10D, 8)
     a.syscall(SYS_RT_SIGACTION)
     # What it reads back is its own previous action, not the agent's.
-    a.load(RDI, _m(R13, UC_RDX))
+    a.load(RDI, mem(R13, UC_RDX))
     a.rr(Code.TEST_RM64_R64, RDI, RDI)
     a.jcc(Code.JE_REL32_64, no_old)
     a.copy32(RDI, a.data(PROG_ACTION))
     a.place(no_old)
-    a(I.create_mem_i32(Code.CMP_RM64_IMM8, _m(R13, UC_RSI), 0))
+    a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(R13, UC_RSI), 0))
     a.jcc(Code.JE_REL32_64, no_new)
     a.copy32(a.data(PROG_ACTION), a.data(TMP_ACTION))
     a.imm(EDI, SIGSEGV)
