@@ -193,6 +193,24 @@ class _Asm(Asm):
     def ret(self) -> None:
         self(I.create(Code.RETNQ))
 
+    def leave(self) -> None:
+        """A handler's end: the lock released, the saved registers back."""
+        self.unlock()
+        self.pop_saved()
+        self.ret()
+
+    def probe(self, page: int, claim: bool = False) -> None:
+        """rax = the table entry of the page at register ``page`` (``claim``:
+        an empty one if it has none), or 0, and the flags tested on it
+        (:func:`_probe`; uses rdi and rsi too)."""
+        self.mov(RDI, page)
+        if claim:
+            self.imm(ESI, 1)
+        else:
+            self.rr(Code.XOR_R32_RM32, ESI, ESI)
+        self.call(self.b.base + PROBE)
+        self.rr(Code.TEST_RM64_R64, RAX, RAX)
+
     def copy32(self, dst: MemoryOperand | int, src: MemoryOperand | int) -> None:
         """32 bytes from src to dst (registers or data operands): rep movsb."""
         for reg, where in ((RDI, dst), (RSI, src)):
@@ -337,6 +355,27 @@ def _mprotect(a: _Asm, address: int, prot: int) -> None:
     a.syscall(SYS_MPROTECT)
 
 
+def _sigsegv_action(a: _Asm, new: int | None = None, old: int | None = None) -> None:
+    """rt_sigaction(SIGSEGV, new, old): each the data page offset of a
+    kernel struct sigaction, or None for NULL."""
+    a.imm(EDI, SIGSEGV)
+    for reg, reg32, offset in ((RSI, ESI, new), (RDX, EDX, old)):
+        if offset is None:
+            a.rr(Code.XOR_R32_RM32, reg32, reg32)
+        else:
+            a.lea(reg, a.data(offset))
+    a.imm(R10D, 8)
+    a.syscall(SYS_RT_SIGACTION)
+
+
+def _armed(a: _Asm, want: int) -> None:
+    """rdx = the protection of an armed page the program asked ``want``
+    (a register) for: not executable, and readable (x86: exec implies read)."""
+    a.mov(RDX, want)
+    a.op(Code.AND_RM64_IMM32, RDX, ~PROT_EXEC)
+    a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)
+
+
 def _segv(base: int) -> bytes:
     a = _Asm(base)
     write, disabled, unlock_ret, unlock_chain, chain, dfl = (a.label() for _ in range(6))
@@ -349,10 +388,7 @@ def _segv(base: int) -> bytes:
     a.load(RBX, mem(RSI, 16))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
     a.call(base + LOCK)
-    a.mov(RDI, RBX)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX)
     a.jcc(Code.JE_REL32_64, unlock_chain)
     a.load(R15, mem(RAX, 8))
     a.rr(Code.TEST_RM64_R64, R15, R15)
@@ -375,9 +411,7 @@ def _segv(base: int) -> bytes:
     a.place(write)
     a(I.create_reg_i32(Code.TEST_RM64_IMM32, R15, PROT_WRITE))
     a.jcc(Code.JE_REL32_64, unlock_chain)
-    a.mov(RDX, R15)
-    a.op(Code.AND_RM64_IMM32, RDX, ~PROT_EXEC)
-    a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)  # armed pages stay readable (x86: exec implies read)
+    _armed(a, R15)
     _mprotect(a, RBX, RDX)
     a.rr(Code.TEST_RM64_R64, RAX, RAX)
     a.jcc(Code.JNE_REL32_64, unlock_chain)
@@ -386,16 +420,11 @@ def _segv(base: int) -> bytes:
     # Capture over: the page gets what the program asked for and is forgotten.
     a.place(disabled)
     _mprotect(a, RBX, R15)
-    a.mov(RDI, RBX)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX)
     a.jcc(Code.JE_REL32_64, unlock_ret)
     a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RAX, 8), 0))
     a.place(unlock_ret)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
+    a.leave()
     a.place(unlock_chain)
     a.unlock()
     a.place(chain)
@@ -413,11 +442,7 @@ def _segv(base: int) -> bytes:
     # have.  Under the lock, so the kernel side does not re-arm it.
     a.place(dfl)
     a.call(base + LOCK)
-    a.imm(EDI, SIGSEGV)
-    a.lea(RSI, a.data(DFL_ACTION))
-    a.rr(Code.XOR_R32_RM32, EDX, EDX)
-    a.imm(R10D, 8)
-    a.syscall(SYS_RT_SIGACTION)
+    _sigsegv_action(a, new=DFL_ACTION)
     a.unlock()
     a.ret()
     return a.encode(base + SEGV)
@@ -450,10 +475,7 @@ def _track(base: int) -> bytes:
     a.place(loop)
     a.rr(Code.CMP_R64_RM64, RBX, R12)
     a.jcc(Code.JAE_REL32_64, done)
-    a.mov(RDI, RBX)
-    a.imm(ESI, 1)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX, claim=True)
     a.jcc(Code.JNE_REL32_64, lo_ok := a.label())
     a.count(FULL)  # table full: the rest stays as the program asked
     a.jmp(done)
@@ -475,15 +497,11 @@ def _track(base: int) -> bytes:
     a.mov(RSI, RBX)
     a.rr(Code.SUB_R64_RM64, RSI, R13)
     a.jcc(Code.JE_REL32_64, out)
-    a.mov(RDX, R14)
-    a.op(Code.AND_RM64_IMM32, RDX, ~PROT_EXEC)
-    a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)  # armed pages stay readable (x86: exec implies read)
+    _armed(a, R14)
     a.syscall(SYS_MPROTECT)
     a.count(TRACKED)
     a.place(out)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
+    a.leave()
     return a.encode(base + TRACK)
 
 
@@ -508,19 +526,14 @@ def _untrack(base: int) -> bytes:
     a.place(loop)
     a.rr(Code.CMP_R64_RM64, RBX, R12)
     a.jcc(Code.JAE_REL32_64, out)
-    a.mov(RDI, RBX)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX)
     a.jcc(Code.JE_REL32_64, nxt)
     a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RAX, 8), 0))
     a.place(nxt)
     a.op(Code.ADD_RM64_IMM32, RBX, PAGE)
     a.jmp(loop)
     a.place(out)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
+    a.leave()
     return a.encode(base + UNTRACK)
 
 
@@ -531,11 +544,7 @@ def _sigaction(base: int) -> bytes:
     a.mov(R13, RDX)
     a.call(base + LOCK)
     # The action the program just set (the kernel holds it now).
-    a.imm(EDI, SIGSEGV)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.lea(RDX, a.data(TMP_ACTION))
-    a.imm(R10D, 8)
-    a.syscall(SYS_RT_SIGACTION)
+    _sigsegv_action(a, old=TMP_ACTION)
     # What it reads back is its own previous action, not the agent's.
     a.load(RDI, mem(R13, UC_RDX))
     a.rr(Code.TEST_RM64_R64, RDI, RDI)
@@ -545,16 +554,10 @@ def _sigaction(base: int) -> bytes:
     a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(R13, UC_RSI), 0))
     a.jcc(Code.JE_REL32_64, no_new)
     a.copy32(a.data(PROG_ACTION), a.data(TMP_ACTION))
-    a.imm(EDI, SIGSEGV)
-    a.lea(RSI, a.data(OUR_ACTION))
-    a.rr(Code.XOR_R32_RM32, EDX, EDX)
-    a.imm(R10D, 8)
-    a.syscall(SYS_RT_SIGACTION)
+    _sigsegv_action(a, new=OUR_ACTION)
     a.count(SIGACTIONS)
     a.place(no_new)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
+    a.leave()
     return a.encode(base + SIGACTION)
 
 
