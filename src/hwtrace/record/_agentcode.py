@@ -42,6 +42,8 @@ the call and the arming.
 
 from __future__ import annotations
 
+from functools import partial
+
 from iced_x86 import Code, Instruction, MemoryOperand, Register, RepPrefixKind
 
 from ..probes.codegen import SIGACTION_BYTES, Asm, mem
@@ -222,9 +224,8 @@ class _Asm(Asm):
         self(I.create_movsb(64, rep_prefix=RepPrefixKind.REPE))
 
 
-def _lock(base: int) -> bytes:
+def _lock(a: _Asm, base: int) -> None:
     """Take the spin lock with this thread's tid (rax, rcx, r9, r11)."""
-    a = _Asm(base)
     spin, done = a.label(), a.label()
     a.syscall(SYS_GETTID)
     a(I.create_reg_reg(Code.MOV_R32_RM32, R9D, EAX))
@@ -238,13 +239,11 @@ def _lock(base: int) -> bytes:
     a.jmp(spin)
     a.place(done)
     a.ret()
-    return a.encode(base + LOCK)
 
 
-def _probe(base: int) -> bytes:
+def _probe(a: _Asm, base: int) -> None:
     """rax = the table entry of the page at rdi (esi != 0: claim an empty
     one), or 0; uses rax, rcx, rdx, r8, r10."""
-    a = _Asm(base)
     loop, found, empty, none = a.label(), a.label(), a.label(), a.label()
     a.mov(RAX, RDI)
     a.op(Code.SHR_RM64_IMM8, RAX, 12)
@@ -281,13 +280,11 @@ def _probe(base: int) -> bytes:
     a.place(none)
     a.rr(Code.XOR_R32_RM32, EAX, EAX)
     a.ret()
-    return a.encode(base + PROBE)
 
 
-def _snapshot(base: int) -> bytes:
+def _snapshot(a: _Asm, base: int) -> None:
     """Copy the page at rbx into the ring, with the IP from the ucontext at
     r13 (the lock is held: one writer at a time)."""
-    a = _Asm(base)
     lost, check, room, stall = a.label(), a.label(), a.label(), a.label()
     a.load(R8, a.data(RING_ADDR))
     a.imm(R9D, WAIT_NAPS)
@@ -343,7 +340,6 @@ def _snapshot(base: int) -> bytes:
     a.place(lost)
     a.locked_inc(mem(R8, LOST))
     a.ret()
-    return a.encode(base + SNAPSHOT)
 
 
 def _mprotect(a: _Asm, address: int, prot: int) -> None:
@@ -376,8 +372,7 @@ def _armed(a: _Asm, want: int) -> None:
     a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)
 
 
-def _segv(base: int) -> bytes:
-    a = _Asm(base)
+def _segv(a: _Asm, base: int) -> None:
     write, disabled, unlock_ret, unlock_chain, chain, dfl = (a.label() for _ in range(6))
     a.push_saved()
     a.mov(R14, RDI)
@@ -445,21 +440,17 @@ def _segv(base: int) -> bytes:
     _sigsegv_action(a, new=DFL_ACTION)
     a.unlock()
     a.ret()
-    return a.encode(base + SEGV)
 
 
-def _track_entry(base: int, at: int, uc_reg: int) -> bytes:
-    a = _Asm(base)
+def _track_entry(a: _Asm, base: int, uc_reg: int) -> None:
     a.push_saved()
     a.mov(R13, RDX)
     a.load(RBX, mem(RDX, uc_reg))
     a.jmp(base + TRACK)
-    return a.encode(base + at)
 
 
-def _track(base: int) -> bytes:
+def _track(a: _Asm, base: int) -> None:
     """rbx = address, r13 = ucontext (length in rsi, protection in rdx)."""
-    a = _Asm(base)
     loop, done, out, lo_ok, hi_ok = (a.label() for _ in range(5))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
     a.load(R12, mem(R13, UC_RSI))
@@ -502,11 +493,9 @@ def _track(base: int) -> bytes:
     a.count(TRACKED)
     a.place(out)
     a.leave()
-    return a.encode(base + TRACK)
 
 
-def _untrack(base: int) -> bytes:
-    a = _Asm(base)
+def _untrack(a: _Asm, base: int) -> None:
     loop, nxt, out = a.label(), a.label(), a.label()
     a.push_saved()
     a.load(RBX, mem(RDX, UC_RDI))
@@ -534,11 +523,9 @@ def _untrack(base: int) -> bytes:
     a.jmp(loop)
     a.place(out)
     a.leave()
-    return a.encode(base + UNTRACK)
 
 
-def _sigaction(base: int) -> bytes:
-    a = _Asm(base)
+def _sigaction(a: _Asm, base: int) -> None:
     no_old, no_new = a.label(), a.label()
     a.push_saved()
     a.mov(R13, RDX)
@@ -558,25 +545,28 @@ def _sigaction(base: int) -> bytes:
     a.count(SIGACTIONS)
     a.place(no_new)
     a.leave()
-    return a.encode(base + SIGACTION)
 
 
 def agent_code(base: int) -> bytes:
     """The code page for a region at ``base``."""
     page = bytearray(b"\xcc" * PAGE)
     page[RESTORER : RESTORER + 7] = b"\xb8\x0f\x00\x00\x00\x0f\x05"  # mov eax,15; syscall
+    # Each handler, and where it goes: from its offset up to the next one's.
     parts = [
-        (SEGV, TRACK_MMAP, _segv(base)),
-        (TRACK_MMAP, TRACK_MPROTECT, _track_entry(base, TRACK_MMAP, UC_RAX)),
-        (TRACK_MPROTECT, TRACK, _track_entry(base, TRACK_MPROTECT, UC_RDI)),
-        (TRACK, UNTRACK, _track(base)),
-        (UNTRACK, SIGACTION, _untrack(base)),
-        (SIGACTION, LOCK, _sigaction(base)),
-        (LOCK, PROBE, _lock(base)),
-        (PROBE, SNAPSHOT, _probe(base)),
-        (SNAPSHOT, CODE_END, _snapshot(base)),
+        (SEGV, TRACK_MMAP, _segv),
+        (TRACK_MMAP, TRACK_MPROTECT, partial(_track_entry, uc_reg=UC_RAX)),
+        (TRACK_MPROTECT, TRACK, partial(_track_entry, uc_reg=UC_RDI)),
+        (TRACK, UNTRACK, _track),
+        (UNTRACK, SIGACTION, _untrack),
+        (SIGACTION, LOCK, _sigaction),
+        (LOCK, PROBE, _lock),
+        (PROBE, SNAPSHOT, _probe),
+        (SNAPSHOT, CODE_END, _snapshot),
     ]
-    for at, end, code in parts:
+    for at, end, build in parts:
+        a = _Asm(base)
+        build(a, base)
+        code = a.encode(base + at)
         if at + len(code) > end:
             raise AssertionError(f"agent code at {at:#x}: {len(code)} bytes do not fit")
         page[at : at + len(code)] = code
