@@ -149,17 +149,11 @@ class _Asm(Asm):
     def imm(self, reg32: int, value: int) -> None:
         self(I.create_reg_i32(Code.MOV_R32_IMM32, reg32, value))
 
-    def lea(self, reg: int, m: MemoryOperand) -> None:
-        self(I.create_reg_mem(Code.LEA_R64_M, reg, m))
-
     def op(self, code: int, reg: int, value: int) -> None:
         self(I.create_reg_i32(code, reg, value))
 
     def rr(self, code: int, a: int, b: int) -> None:
         self(I.create_reg_reg(code, a, b))
-
-    def jcc(self, code: int, target: int) -> None:
-        self(I.create_branch(code, target))
 
     def jmp(self, target: int) -> None:
         self(I.create_branch(Code.JMP_REL32_64, target))
@@ -171,11 +165,6 @@ class _Asm(Asm):
         """One more of a ring header counter (uses rax)."""
         self.load(RAX, self.data(RING_ADDR))
         self.locked_inc(mem(RAX, offset))
-
-    def locked_inc(self, m: MemoryOperand) -> None:
-        inc = I.create_mem(Code.INC_RM64, m)
-        inc.has_lock_prefix = True
-        self(inc)
 
     def syscall(self, nr: int) -> None:
         self.imm(EAX, nr)
