@@ -19,7 +19,8 @@ from ..filter.ebpf.gen import _Gen
 from ..filter.ebpf.isa import R0, R1, R2, R3, R4, R6, R8, R10
 from ..filter.sources import tracefs_schema
 from ..kernel import bpf
-from ..kernel.tracepoint import Attachment, TracepointError, tracefs_root
+from ..kernel.tracepoint import TracepointError, tracefs_root
+from .programs import TracepointPrograms
 
 __all__ = ["ProcessSet", "field_offset"]
 
@@ -101,16 +102,13 @@ class ProcessSet:
         newtask = tracefs_schema("task", "task_newtask", str(root))
         exit_ = tracefs_schema("sched", "sched_process_exit", str(root))
         self.map = bpf.Map(bpf.MAP_HASH, 4, 4, capacity, name="hwtrace_procs")
-        self.programs: list[tuple[bpf.Program, str, str]] = []
-        self.attachments: list[Attachment] = []
+        self.tracepoints = TracepointPrograms()
         try:
             code = newtask_program(self.map.fd, field_offset(newtask, "pid"),
                                    field_offset(newtask, "clone_flags"))  # fmt: skip
-            self.programs.append((bpf.Program(bpf.PROG_TRACEPOINT, code, name="hwtrace_newtask"),
-                                  "task", "task_newtask"))  # fmt: skip
+            self.tracepoints.load(code, "hwtrace_newtask", "task", "task_newtask")
             code = exit_program(self.map.fd, field_offset(exit_, "group_dead"))
-            self.programs.append((bpf.Program(bpf.PROG_TRACEPOINT, code, name="hwtrace_exit"),
-                                  "sched", "sched_process_exit"))  # fmt: skip
+            self.tracepoints.load(code, "hwtrace_exit", "sched", "sched_process_exit")
         except BaseException:
             self.close()
             raise
@@ -129,17 +127,11 @@ class ProcessSet:
         return self.map.lookup(pid.to_bytes(4, "little")) is not None
 
     def start(self) -> None:
-        for prog, system, event in self.programs:
-            self.attachments.append(Attachment(prog, system, event))
+        self.tracepoints.attach()
 
     def stop(self) -> None:
-        for a in self.attachments:
-            a.close()
-        self.attachments = []
+        self.tracepoints.detach()
 
     def close(self) -> None:
-        self.stop()
-        for prog, _, _ in self.programs:
-            prog.close()
-        self.programs = []
+        self.tracepoints.close()
         self.map.close()

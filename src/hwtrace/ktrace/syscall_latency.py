@@ -50,8 +50,9 @@ from ..filter.ebpf.isa import R0, R1, R2, R3, R4, R6, R7, R8, R9, R10
 from ..filter.sources import tracefs_schema
 from ..kernel import bpf
 from ..kernel.ringbuf import RingBuffer
-from ..kernel.tracepoint import Attachment, tracefs_root
+from ..kernel.tracepoint import tracefs_root
 from .follow import ProcessSet, emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
+from .programs import TracepointPrograms
 
 __all__ = ["ANY", "RECORD", "STATE_FIELDS", "CoopLayout", "CoopMap", "LatencyTracker"]
 
@@ -413,8 +414,7 @@ class LatencyTracker:
         if not 2 <= rows <= 1024:
             raise ValueError(f"rows {rows}: 2 to 1024")
         self.layout = CoopLayout(rows)
-        self.attachments: list[Attachment] = []
-        self.programs: list[bpf.Program] = []
+        self.tracepoints = TracepointPrograms()
         self._objects: list = []
         root = tracefs or tracefs_root()
         enter = tracefs_schema("raw_syscalls", "sys_enter", str(root))
@@ -444,11 +444,8 @@ class LatencyTracker:
                 ("sys_exit", "raw_syscalls", _exit_program(fds, self.layout, field_offset(exit_, "ret"))),
                 ("sched_process_exit", "sched", _thread_exit_program(fds, self.layout)),
             ]  # fmt: skip
-            self._plan = []
             for event, system, insns in plan:
-                prog = bpf.Program(bpf.PROG_TRACEPOINT, insns, name=f"hwtrace_{event}"[:15])
-                self.programs.append(prog)
-                self._plan.append((prog, system, event))
+                self.tracepoints.load(insns, f"hwtrace_{event}"[:15], system, event)
         except BaseException:
             self.close()
             raise
@@ -456,6 +453,11 @@ class LatencyTracker:
     @property
     def coop_fd(self) -> int:
         return self.coop_map.fd
+
+    @property
+    def programs(self) -> list[bpf.Program]:
+        """The loaded kernel programs."""
+        return self.tracepoints.programs
 
     def track(self, pid: int) -> None:
         """Time the system calls of process ``pid`` and of the children it
@@ -467,15 +469,12 @@ class LatencyTracker:
 
     def start(self) -> None:
         self.process_set.start()
-        for prog, system, event in self._plan:
-            self.attachments.append(Attachment(prog, system, event))
+        self.tracepoints.attach()
 
     def stop(self) -> None:
         if getattr(self, "process_set", None) is not None:
             self.process_set.stop()
-        for a in self.attachments:
-            a.close()
-        self.attachments = []
+        self.tracepoints.detach()
 
     def read(self) -> np.ndarray:
         """The calls recorded since the last read (:data:`RECORD` rows)."""
@@ -517,9 +516,7 @@ class LatencyTracker:
                 set_threshold_table(0)
             self.coop.close()
             self.coop = None  # type: ignore[assignment]
-        for p in self.programs:
-            p.close()
-        self.programs = []
+        self.tracepoints.close()
         for o in reversed(self._objects):
             o.close()
         self._objects = []

@@ -300,15 +300,11 @@ class KernelTrace:
             if e.loaded is not None:
                 e.loaded.close()
                 e.loaded = None
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
-        if self.pids is not None:
-            self.pids.close()
-            self.pids = None
-        if self.scratch is not None:
-            self.scratch.close()
-            self.scratch = None
+        for name in ("ring", "pids", "scratch"):
+            owned = getattr(self, name)
+            if owned is not None:
+                owned.close()
+                setattr(self, name, None)
 
     def __enter__(self) -> KernelTrace:
         return self

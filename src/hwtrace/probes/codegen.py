@@ -60,14 +60,12 @@ RUNTIME_SIZE = PAGE + PAGE + TABLE_PAGES * PAGE
 # Offsets in the code page.
 RESTORER = 0x10
 HANDLER = 0x40
-# Offsets in the data pages (from the code page's start).
+SIGACTION_BYTES = 32  # a kernel struct sigaction (x86-64): handler, flags, restorer, mask
+# Offsets in the data pages (from the code page's start): three counters,
+# then the previous, our and the default SIGTRAP action.
 D = PAGE
-COUNT = D + 0x000
-REDIRECTED = D + 0x008
-PASSED = D + 0x010
-OLD_ACTION = D + 0x020
-NEW_ACTION = D + 0x040
-DFL_ACTION = D + 0x060
+COUNT, REDIRECTED, PASSED = (D + 8 * k for k in range(3))
+OLD_ACTION, NEW_ACTION, DFL_ACTION = (D + 0x020 + SIGACTION_BYTES * k for k in range(3))
 SCRATCH = D + 0x100
 TABLE = D + PAGE
 
@@ -133,16 +131,22 @@ class Asm:
         encoder.add_many(self.instructions)
         return encoder.encode(address)
 
+    # -- shorthands -------------------------------------------------------------------
+    def lea(self, reg: int, m: MemoryOperand) -> None:
+        self(Instruction.create_reg_mem(Code.LEA_R64_M, reg, m))
+
+    def jcc(self, code: int, target: int) -> None:
+        """A branch of kind ``code`` to ``target`` (a label or an address)."""
+        self(Instruction.create_branch(code, target))
+
+    def locked_inc(self, m: MemoryOperand) -> None:
+        """``lock inc qword [m]``: a counter any thread may bump."""
+        inc = Instruction.create_mem(Code.INC_RM64, m)
+        inc.has_lock_prefix = True
+        self(inc)
+
 
 I = Instruction  # noqa: E741 - short name for the constructors below
-
-
-def _lea(reg: int, m: MemoryOperand) -> Instruction:
-    return I.create_reg_mem(Code.LEA_R64_M, reg, m)
-
-
-def _jcc(code: int, target: int) -> Instruction:
-    return I.create_branch(code, target)
 
 
 def runtime_code(base: int) -> bytes:
@@ -176,7 +180,7 @@ def resume_block(address: int) -> bytes:
     a = Asm()
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_RT_SIGPROCMASK))
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EDI, SIG_SETMASK))
-    a(_lea(RSI, mem(Register.RIP, context + 8 * (len(_RESUMED) + 1))))
+    a.lea(RSI, mem(Register.RIP, context + 8 * (len(_RESUMED) + 1)))
     a(I.create_reg_reg(Code.XOR_R32_RM32, Register.EDX, Register.EDX))
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R10D, 8))
     a(I.create(Code.SYSCALL))
@@ -202,23 +206,23 @@ def _trap_handler(address: int, base: int) -> bytes:
     loop, nxt, end, hit, passed, ignore, dfl = (a.new_label() for _ in range(7))
     r9 = Register.R9
     a(I.create_mem_i32(Code.CMP_RM32_IMM32, mem(RSI, 8), SI_KERNEL))
-    a(_jcc(Code.JNE_REL32_64, passed))
+    a.jcc(Code.JNE_REL32_64, passed)
     a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(RDX, UC_RIP)))
-    a(_lea(RAX, mem(RAX, -1)))
+    a.lea(RAX, mem(RAX, -1))
     a(I.create_reg_mem(Code.MOV_R64_RM64, RCX, mem(Register.RIP, base + COUNT)))
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R8D, TABLE_CAPACITY))
     a(I.create_reg_reg(Code.CMP_RM64_R64, RCX, R8))
     a(I.create_reg_reg(Code.CMOVA_R64_RM64, RCX, R8))
-    a(_lea(R8, mem(Register.RIP, base + TABLE)))
+    a.lea(R8, mem(Register.RIP, base + TABLE))
     a(I.create_reg_reg(Code.XOR_R32_RM32, Register.R9D, Register.R9D))  # no retired match yet
     a.place(loop)
     a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
-    a(_jcc(Code.JE_REL32_64, end))
+    a.jcc(Code.JE_REL32_64, end)
     a(I.create_mem_reg(Code.CMP_RM64_R64, mem(R8), RAX))
-    a(_jcc(Code.JNE_REL32_64, nxt))
+    a.jcc(Code.JNE_REL32_64, nxt)
     a(I.create_reg_mem(Code.MOV_R64_RM64, R10, mem(R8, 8)))  # read once: it may be retired now
     a(I.create_reg_reg(Code.TEST_RM64_R64, R10, R10))
-    a(_jcc(Code.JNS_REL32_64, hit))  # a live entry wins at once
+    a.jcc(Code.JNS_REL32_64, hit)  # a live entry wins at once
     a(I.create_reg_reg(Code.MOV_R64_RM64, r9, R10))  # retired: only if no live one matches
     a.place(nxt)
     a(I.create_reg_i32(Code.ADD_RM64_IMM8, R8, 16))
@@ -226,23 +230,19 @@ def _trap_handler(address: int, base: int) -> bytes:
     a(I.create_branch(Code.JMP_REL32_64, loop))
     a.place(end)
     a(I.create_reg_reg(Code.TEST_RM64_R64, r9, r9))
-    a(_jcc(Code.JE_REL32_64, passed))
+    a.jcc(Code.JE_REL32_64, passed)
     a(I.create_reg_reg(Code.MOV_R64_RM64, R10, r9))
     a(I.create_reg_i32(Code.BTR_RM64_IMM8, R10, 63))
     a.place(hit)
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, UC_RIP), R10))
-    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, base + REDIRECTED))
-    inc.has_lock_prefix = True
-    a(inc)
+    a.locked_inc(mem(Register.RIP, base + REDIRECTED))
     a(I.create(Code.RETNQ))
     a.place(passed)
-    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, base + PASSED))
-    inc.has_lock_prefix = True
-    a(inc)
+    a.locked_inc(mem(Register.RIP, base + PASSED))
     a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(Register.RIP, base + OLD_ACTION)))
     a(I.create_reg_i32(Code.CMP_RM64_IMM8, RAX, 1))
-    a(_jcc(Code.JE_REL32_64, ignore))
-    a(_jcc(Code.JB_REL32_64, dfl))
+    a.jcc(Code.JE_REL32_64, ignore)
+    a.jcc(Code.JB_REL32_64, dfl)
     a(I.create_reg(Code.JMP_RM64, RAX))  # the previous handler, with (sig, info, uc)
     a.place(ignore)
     a(I.create(Code.RETNQ))
@@ -251,7 +251,7 @@ def _trap_handler(address: int, base: int) -> bytes:
     # this handler returns, then kills the process as it would have.
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EAX, SYS_RT_SIGACTION))
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.EDI, SIGTRAP))
-    a(_lea(RSI, mem(Register.RIP, base + DFL_ACTION)))
+    a.lea(RSI, mem(Register.RIP, base + DFL_ACTION))
     a(I.create_reg_reg(Code.XOR_R32_RM32, Register.EDX, Register.EDX))
     a(I.create_reg_i32(Code.MOV_R32_IMM32, Register.R10D, 8))
     a(I.create(Code.SYSCALL))
@@ -311,14 +311,12 @@ def counting_header(address: int, counter: int, *, red_zone: bool = True) -> byt
     flags alone."""
     a = Asm()
     if red_zone:
-        a(_lea(RSP, mem(RSP, -128)))
+        a.lea(RSP, mem(RSP, -128))
     a(I.create(Code.PUSHFQ))
-    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, counter))
-    inc.has_lock_prefix = True
-    a(inc)
+    a.locked_inc(mem(Register.RIP, counter))
     a(I.create(Code.POPFQ))
     if red_zone:
-        a(_lea(RSP, mem(RSP, 128)))
+        a.lea(RSP, mem(RSP, 128))
     code = a.encode(address)
     assert len(code) <= HEADER_SIZE
     return code
@@ -369,11 +367,9 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
     tracepoint, the chosen registers as they were at the site — into the
     buffer of this CPU, restoring every register and the flags after."""
     a = Asm()
-    a(_lea(RSP, mem(RSP, -128)))
+    a.lea(RSP, mem(RSP, -128))
     _push_state(a, _SAVED)
-    inc = I.create_mem(Code.INC_RM64, mem(Register.RIP, counter))
-    inc.has_lock_prefix = True
-    a(inc)
+    a.locked_inc(mem(Register.RIP, counter))
     rbx = Register.RBX
     if spec.rdpid:
         # rdtsc + rdpid: half the cost of rdtscp here, same TSC and TSC_AUX.
@@ -399,7 +395,7 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
     a(I.create_reg_reg(Code.MOV_R64_RM64, rbx, RCX))
     a(I.create_reg_i32(Code.SHL_RM64_IMM8, rbx, spec.buffer_shift))
     a(I.create_reg_reg(Code.ADD_R64_RM64, rbx, R8))
-    a(_lea(rbx, MemoryOperand(rbx, r9, 1, spec.slots_offset, 8)))  # rbx = the slot
+    a.lea(rbx, MemoryOperand(rbx, r9, 1, spec.slots_offset, 8))  # rbx = the slot
     a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(rbx, F_SEQ), 0))  # invalid while written
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_TSC), RAX))
     a(I.create_mem_reg(Code.MOV_RM32_R32, mem(rbx, F_CPU), Register.ECX))
@@ -417,7 +413,7 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
         if name in _SAVED:
             a(I.create_reg_mem(Code.MOV_R64_RM64, RAX, mem(RSP, 8 * _SAVED.index(name))))
         elif name == "rsp":
-            a(_lea(RAX, mem(RSP, _FRAME + 128)))
+            a.lea(RAX, mem(RSP, _FRAME + 128))
         elif name == "rip":
             a(I.create_reg_u64(Code.MOV_R64_IMM64, RAX, site))
         else:
@@ -426,7 +422,7 @@ def event_header(address: int, counter: int, spec: EventSpec, site: int) -> byte
     a(I.create_reg(Code.INC_RM64, RDX))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(rbx, F_SEQ), RDX))  # commit
     _pop_state(a, _SAVED)
-    a(_lea(RSP, mem(RSP, 128)))
+    a.lea(RSP, mem(RSP, 128))
     return a.encode(address)
 
 
@@ -483,10 +479,10 @@ def _find_thread_slot(a: Asm, table: int, found: int, missing: int, claim: bool)
     a(I.create_reg_i32(Code.SHL_RM64_IMM8, RDX, THREAD_SLOT_BYTES.bit_length() - 1))
     a(I.create_reg_reg(Code.ADD_R64_RM64, RDX, R8))
     a(I.create_mem_reg(Code.CMP_RM64_R64, mem(RDX), RAX))
-    a(_jcc(Code.JE_REL32_64, found))
+    a.jcc(Code.JE_REL32_64, found)
     if claim:
         a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(RDX), 0))
-        a(_jcc(Code.JNE_REL32_64, nxt))
+        a.jcc(Code.JNE_REL32_64, nxt)
         # Free: claim it with lock cmpxchg (expects rax = 0, writes the key).
         a(I.create_reg_reg(Code.XCHG_R64_RAX, R8, RAX))  # r8 = key, rax = table
         a(I.create_reg(Code.PUSH_R64, RAX))
@@ -497,11 +493,11 @@ def _find_thread_slot(a: Asm, table: int, found: int, missing: int, claim: bool)
         a(I.create_reg(Code.POP_R64, RAX))
         a(I.create_reg_reg(Code.XCHG_R64_RAX, R8, RAX))  # rax = key, r8 = table
         a(I.create_mem_reg(Code.CMP_RM64_R64, mem(RDX), RAX))  # ours now, or a racing thread's
-        a(_jcc(Code.JE_REL32_64, found))
+        a.jcc(Code.JE_REL32_64, found)
     a.place(nxt)
     a(I.create_reg(Code.INC_RM32, Register.ECX))
     a(I.create_reg(Code.DEC_RM32, Register.R9D))
-    a(_jcc(Code.JNE_REL32_64, loop))
+    a.jcc(Code.JNE_REL32_64, loop)
     a(I.create_branch(Code.JMP_REL32_64, missing))
 
 
@@ -514,23 +510,23 @@ def return_hook(address: int, table: int, exit_stub: int) -> bytes:
     frame = _push_state(a, _HOOK_SAVED)
     _find_thread_slot(a, table, found, done, claim=True)
     a.place(found)
-    a(_lea(R8, mem(RSP, frame)))  # r8 = rsp at entry: it points at the return address
+    a.lea(R8, mem(RSP, frame))  # r8 = rsp at entry: it points at the return address
     a(I.create_reg_mem(Code.MOV_R64_RM64, RCX, mem(RDX, 8)))  # depth
     a.place(prune)
     a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
-    a(_jcc(Code.JE_REL32_64, push))
+    a.jcc(Code.JE_REL32_64, push)
     a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, RCX))
     a(I.create_reg_i32(Code.SHL_RM64_IMM8, RAX, 4))
     a(I.create_mem_reg(Code.CMP_RM64_R64, MemoryOperand(RDX, RAX, 1, 8, 1), R8))
-    a(_jcc(Code.JA_REL32_64, push))  # the top entry's frame is still live
+    a.jcc(Code.JA_REL32_64, push)  # the top entry's frame is still live
     a(I.create_reg(Code.DEC_RM64, RCX))
     a(I.create_branch(Code.JMP_REL32_64, prune))
     a.place(push)
     a(I.create_reg_i32(Code.CMP_RM64_IMM8, RCX, RETURN_DEPTH))
-    a(_jcc(Code.JAE_REL32_64, done))
+    a.jcc(Code.JAE_REL32_64, done)
     a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, RCX))
     a(I.create_reg_i32(Code.SHL_RM64_IMM8, RAX, 4))
-    a(_lea(RAX, MemoryOperand(RDX, RAX, 1, 16, 1)))  # the new entry
+    a.lea(RAX, MemoryOperand(RDX, RAX, 1, 16, 1))  # the new entry
     a(I.create_reg_mem(Code.MOV_R64_RM64, Register.R9, mem(R8)))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RAX), Register.R9))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RAX, 8), R8))
@@ -557,16 +553,16 @@ def exit_stub(address: int, table: int, head: bytes) -> bytes:
     frame = _push_state(a, _HOOK_SAVED)
     _find_thread_slot(a, table, found, lost, claim=False)
     a.place(found)
-    a(_lea(R8, mem(RSP, frame)))  # r8 = the slot = rsp at entry
+    a.lea(R8, mem(RSP, frame))  # r8 = the slot = rsp at entry
     a(I.create_reg_mem(Code.MOV_R64_RM64, RCX, mem(RDX, 8)))
     a.place(pop)
     a(I.create_reg_reg(Code.TEST_RM64_R64, RCX, RCX))
-    a(_jcc(Code.JE_REL32_64, lost))
+    a.jcc(Code.JE_REL32_64, lost)
     a(I.create_reg(Code.DEC_RM64, RCX))
     a(I.create_reg_reg(Code.MOV_R64_RM64, RAX, RCX))
     a(I.create_reg_i32(Code.SHL_RM64_IMM8, RAX, 4))
     a(I.create_reg_mem(Code.CMP_R64_RM64, R8, MemoryOperand(RDX, RAX, 1, 24, 1)))
-    a(_jcc(Code.JNE_REL32_64, pop))  # a deeper frame left by longjmp: drop it
+    a.jcc(Code.JNE_REL32_64, pop)  # a deeper frame left by longjmp: drop it
     a(I.create_reg_mem(Code.MOV_R64_RM64, Register.R9, MemoryOperand(RDX, RAX, 1, 16, 1)))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(R8), Register.R9))
     a(I.create_mem_reg(Code.MOV_RM64_R64, mem(RDX, 8), RCX))

@@ -42,9 +42,11 @@ the call and the arming.
 
 from __future__ import annotations
 
+from functools import partial
+
 from iced_x86 import Code, Instruction, MemoryOperand, Register, RepPrefixKind
 
-from ..probes.codegen import Asm
+from ..probes.codegen import SIGACTION_BYTES, Asm, mem
 
 __all__ = ["Layout", "agent_code"]
 
@@ -73,17 +75,11 @@ PROBE = 0x740
 SNAPSHOT = 0x800
 CODE_END = 0x1000
 
-# Data page offsets (from base).
+# Data page offsets (from base): words, then the SIGSEGV actions: the
+# program's, the agent's, the default one, and one to read an action into.
 D = PAGE
-LOCK_WORD = D + 0x00
-ENABLED = D + 0x08
-MIN_PAGE = D + 0x10
-MAX_PAGE = D + 0x18
-RING_ADDR = D + 0x20
-PROG_ACTION = D + 0x80
-OUR_ACTION = D + 0xA0
-DFL_ACTION = D + 0xC0
-TMP_ACTION = D + 0xE0
+LOCK_WORD, ENABLED, MIN_PAGE, MAX_PAGE, RING_ADDR = (D + 8 * k for k in range(5))
+PROG_ACTION, OUR_ACTION, DFL_ACTION, TMP_ACTION = (D + 0x80 + SIGACTION_BYTES * k for k in range(4))
 NAP = D + 0x100  # struct timespec {0, NAP_NS}
 SCRATCH = D + 0x200
 COUNTERS = ("exec_faults", "write_faults", "chained", "tracked_calls", "table_full", "sigactions")
@@ -129,16 +125,6 @@ EAX, ECX, EDX, ESI, EDI, R9D, R10D = Register.EAX, Register.ECX, Register.EDX, R
 SAVED = (RBX, R12, R13, R14, R15)
 
 
-def _m(base: int, displ: int = 0) -> MemoryOperand:
-    if base == Register.RIP:
-        return MemoryOperand(Register.RIP, displ=displ)
-    return (
-        MemoryOperand(base, displ=displ, displ_size=1 if -128 <= displ < 128 else 8)
-        if displ
-        else MemoryOperand(base)
-    )
-
-
 class _Asm(Asm):
     """The probes' assembler with a few shorthands, for a region at ``base``."""
 
@@ -149,7 +135,7 @@ class _Asm(Asm):
 
     # -- shorthands ---------------------------------------------------------------
     def data(self, offset: int) -> MemoryOperand:
-        return _m(Register.RIP, self.b.base + offset)
+        return mem(Register.RIP, self.b.base + offset)
 
     def load(self, reg: int, m: MemoryOperand) -> None:
         self(I.create_reg_mem(Code.MOV_R64_RM64, reg, m))
@@ -163,17 +149,11 @@ class _Asm(Asm):
     def imm(self, reg32: int, value: int) -> None:
         self(I.create_reg_i32(Code.MOV_R32_IMM32, reg32, value))
 
-    def lea(self, reg: int, m: MemoryOperand) -> None:
-        self(I.create_reg_mem(Code.LEA_R64_M, reg, m))
-
     def op(self, code: int, reg: int, value: int) -> None:
         self(I.create_reg_i32(code, reg, value))
 
     def rr(self, code: int, a: int, b: int) -> None:
         self(I.create_reg_reg(code, a, b))
-
-    def jcc(self, code: int, target: int) -> None:
-        self(I.create_branch(code, target))
 
     def jmp(self, target: int) -> None:
         self(I.create_branch(Code.JMP_REL32_64, target))
@@ -184,12 +164,7 @@ class _Asm(Asm):
     def count(self, offset: int) -> None:
         """One more of a ring header counter (uses rax)."""
         self.load(RAX, self.data(RING_ADDR))
-        self.locked_inc(_m(RAX, offset))
-
-    def locked_inc(self, m: MemoryOperand) -> None:
-        inc = I.create_mem(Code.INC_RM64, m)
-        inc.has_lock_prefix = True
-        self(inc)
+        self.locked_inc(mem(RAX, offset))
 
     def syscall(self, nr: int) -> None:
         self.imm(EAX, nr)
@@ -209,6 +184,24 @@ class _Asm(Asm):
     def ret(self) -> None:
         self(I.create(Code.RETNQ))
 
+    def leave(self) -> None:
+        """A handler's end: the lock released, the saved registers back."""
+        self.unlock()
+        self.pop_saved()
+        self.ret()
+
+    def probe(self, page: int, claim: bool = False) -> None:
+        """rax = the table entry of the page at register ``page`` (``claim``:
+        an empty one if it has none), or 0, and the flags tested on it
+        (:func:`_probe`; uses rdi and rsi too)."""
+        self.mov(RDI, page)
+        if claim:
+            self.imm(ESI, 1)
+        else:
+            self.rr(Code.XOR_R32_RM32, ESI, ESI)
+        self.call(self.b.base + PROBE)
+        self.rr(Code.TEST_RM64_R64, RAX, RAX)
+
     def copy32(self, dst: MemoryOperand | int, src: MemoryOperand | int) -> None:
         """32 bytes from src to dst (registers or data operands): rep movsb."""
         for reg, where in ((RDI, dst), (RSI, src)):
@@ -220,9 +213,8 @@ class _Asm(Asm):
         self(I.create_movsb(64, rep_prefix=RepPrefixKind.REPE))
 
 
-def _lock(base: int) -> bytes:
+def _lock(a: _Asm, base: int) -> None:
     """Take the spin lock with this thread's tid (rax, rcx, r9, r11)."""
-    a = _Asm(base)
     spin, done = a.label(), a.label()
     a.syscall(SYS_GETTID)
     a(I.create_reg_reg(Code.MOV_R32_RM32, R9D, EAX))
@@ -236,13 +228,11 @@ def _lock(base: int) -> bytes:
     a.jmp(spin)
     a.place(done)
     a.ret()
-    return a.encode(base + LOCK)
 
 
-def _probe(base: int) -> bytes:
+def _probe(a: _Asm, base: int) -> None:
     """rax = the table entry of the page at rdi (esi != 0: claim an empty
     one), or 0; uses rax, rcx, rdx, r8, r10."""
-    a = _Asm(base)
     loop, found, empty, none = a.label(), a.label(), a.label(), a.label()
     a.mov(RAX, RDI)
     a.op(Code.SHR_RM64_IMM8, RAX, 12)
@@ -256,7 +246,7 @@ def _probe(base: int) -> bytes:
     a.op(Code.SHL_RM64_IMM8, RCX, 4)
     a.lea(RDX, a.data(TABLE))
     a.rr(Code.ADD_R64_RM64, RCX, RDX)
-    a.load(RDX, _m(RCX))
+    a.load(RDX, mem(RCX))
     a.rr(Code.CMP_R64_RM64, RDX, R8)
     a.jcc(Code.JE_REL32_64, found)
     a.rr(Code.TEST_RM64_R64, RDX, RDX)
@@ -272,30 +262,28 @@ def _probe(base: int) -> bytes:
     a.place(empty)
     a.rr(Code.TEST_RM32_R32, ESI, ESI)
     a.jcc(Code.JE_REL32_64, none)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(RCX, 8), 0))
-    a.store(_m(RCX), R8)
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RCX, 8), 0))
+    a.store(mem(RCX), R8)
     a.mov(RAX, RCX)
     a.ret()
     a.place(none)
     a.rr(Code.XOR_R32_RM32, EAX, EAX)
     a.ret()
-    return a.encode(base + PROBE)
 
 
-def _snapshot(base: int) -> bytes:
+def _snapshot(a: _Asm, base: int) -> None:
     """Copy the page at rbx into the ring, with the IP from the ucontext at
     r13 (the lock is held: one writer at a time)."""
-    a = _Asm(base)
     lost, check, room, stall = a.label(), a.label(), a.label(), a.label()
     a.load(R8, a.data(RING_ADDR))
     a.imm(R9D, WAIT_NAPS)
     a.place(check)
-    a.load(RAX, _m(R8, HEAD))
+    a.load(RAX, mem(R8, HEAD))
     a.mov(RCX, RAX)
-    a(I.create_reg_mem(Code.SUB_R64_RM64, RCX, _m(R8, TAIL)))
+    a(I.create_reg_mem(Code.SUB_R64_RM64, RCX, mem(R8, TAIL)))
     a.op(Code.CMP_RM64_IMM32, RCX, NSLOTS)
     a.jcc(Code.JB_REL32_64, room)
-    a(I.create_mem_i32(Code.CMP_RM64_IMM8, _m(R8, STALLED), 0))
+    a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(R8, STALLED), 0))
     a.jcc(Code.JNE_REL32_64, lost)
     a(I.create_reg(Code.DEC_RM32, R9D))
     a.jcc(Code.JE_REL32_64, stall)
@@ -304,7 +292,7 @@ def _snapshot(base: int) -> bytes:
     a.syscall(SYS_NANOSLEEP)  # hwtrace drains meanwhile
     a.jmp(check)
     a.place(stall)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(R8, STALLED), 1))
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(R8, STALLED), 1))
     a.jmp(lost)
     a.place(room)
     a.mov(R9, RAX)
@@ -320,28 +308,27 @@ def _snapshot(base: int) -> bytes:
     a.op(Code.SHL_RM64_IMM8, R10, 6)
     a.rr(Code.ADD_R64_RM64, R10, R8)
     a.op(Code.ADD_RM64_IMM32, R10, META)
-    a.store(_m(R10, 8), RBX)
+    a.store(mem(R10, 8), RBX)
     a(I.create(Code.RDTSCP))  # edx:eax = TSC, ecx = TSC_AUX (cpu | node << 12)
     a.op(Code.SHL_RM64_IMM8, RDX, 32)
     a.rr(Code.OR_R64_RM64, RAX, RDX)
-    a.store(_m(R10, 16), RAX)
+    a.store(mem(R10, 16), RAX)
     a.op(Code.AND_RM32_IMM32, ECX, 0xFFF)
-    a(I.create_mem_reg(Code.MOV_RM32_R32, _m(R10, 32), ECX))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(R10, 32), ECX))
     a(I.create_reg_mem(Code.MOV_R32_RM32, EAX, a.data(LOCK_WORD)))  # the lock holds our tid
-    a(I.create_mem_reg(Code.MOV_RM32_R32, _m(R10, 24), EAX))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(R10, 24), EAX))
     a.syscall(SYS_GETPID)
-    a(I.create_mem_reg(Code.MOV_RM32_R32, _m(R10, 28), EAX))
-    a.load(RAX, _m(R13, UC_RIP))
-    a.store(_m(R10, 40), RAX)
-    a.load(RAX, _m(R8, HEAD))
+    a(I.create_mem_reg(Code.MOV_RM32_R32, mem(R10, 28), EAX))
+    a.load(RAX, mem(R13, UC_RIP))
+    a.store(mem(R10, 40), RAX)
+    a.load(RAX, mem(R8, HEAD))
     a(I.create_reg(Code.INC_RM64, RAX))
-    a.store(_m(R10), RAX)  # commit: the sequence number last
-    a.store(_m(R8, HEAD), RAX)
+    a.store(mem(R10), RAX)  # commit: the sequence number last
+    a.store(mem(R8, HEAD), RAX)
     a.ret()
     a.place(lost)
-    a.locked_inc(_m(R8, LOST))
+    a.locked_inc(mem(R8, LOST))
     a.ret()
-    return a.encode(base + SNAPSHOT)
 
 
 def _mprotect(a: _Asm, address: int, prot: int) -> None:
@@ -353,29 +340,46 @@ def _mprotect(a: _Asm, address: int, prot: int) -> None:
     a.syscall(SYS_MPROTECT)
 
 
-def _segv(base: int) -> bytes:
-    a = _Asm(base)
+def _sigsegv_action(a: _Asm, new: int | None = None, old: int | None = None) -> None:
+    """rt_sigaction(SIGSEGV, new, old): each the data page offset of a
+    kernel struct sigaction, or None for NULL."""
+    a.imm(EDI, SIGSEGV)
+    for reg, reg32, offset in ((RSI, ESI, new), (RDX, EDX, old)):
+        if offset is None:
+            a.rr(Code.XOR_R32_RM32, reg32, reg32)
+        else:
+            a.lea(reg, a.data(offset))
+    a.imm(R10D, 8)
+    a.syscall(SYS_RT_SIGACTION)
+
+
+def _armed(a: _Asm, want: int) -> None:
+    """rdx = the protection of an armed page the program asked ``want``
+    (a register) for: not executable, and readable (x86: exec implies read)."""
+    a.mov(RDX, want)
+    a.op(Code.AND_RM64_IMM32, RDX, ~PROT_EXEC)
+    a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)
+
+
+def _segv(a: _Asm, base: int) -> None:
     write, disabled, unlock_ret, unlock_chain, chain, dfl = (a.label() for _ in range(6))
     a.push_saved()
     a.mov(R14, RDI)
     a.mov(R12, RSI)
     a.mov(R13, RDX)
-    a(I.create_mem_i32(Code.CMP_RM32_IMM8, _m(RSI, 8), SEGV_ACCERR))
+    a(I.create_mem_i32(Code.CMP_RM32_IMM8, mem(RSI, 8), SEGV_ACCERR))
     a.jcc(Code.JNE_REL32_64, chain)
-    a.load(RBX, _m(RSI, 16))
+    a.load(RBX, mem(RSI, 16))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
     a.call(base + LOCK)
-    a.mov(RDI, RBX)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX)
     a.jcc(Code.JE_REL32_64, unlock_chain)
-    a.load(R15, _m(RAX, 8))
+    a.load(R15, mem(RAX, 8))
     a.rr(Code.TEST_RM64_R64, R15, R15)
     a.jcc(Code.JE_REL32_64, unlock_chain)
     a(I.create_mem_i32(Code.CMP_RM64_IMM8, a.data(ENABLED), 0))
     a.jcc(Code.JE_REL32_64, disabled)
-    a(I.create_mem_i32(Code.TEST_RM8_IMM8, _m(R13, UC_ERR), PF_INSTR))
+    a(I.create_mem_i32(Code.TEST_RM8_IMM8, mem(R13, UC_ERR), PF_INSTR))
     a.jcc(Code.JE_REL32_64, write)
     # First execution since the page was armed: executable, not writable; copy it.
     a.mov(RDX, R15)
@@ -391,9 +395,7 @@ def _segv(base: int) -> bytes:
     a.place(write)
     a(I.create_reg_i32(Code.TEST_RM64_IMM32, R15, PROT_WRITE))
     a.jcc(Code.JE_REL32_64, unlock_chain)
-    a.mov(RDX, R15)
-    a.op(Code.AND_RM64_IMM32, RDX, ~PROT_EXEC)
-    a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)  # armed pages stay readable (x86: exec implies read)
+    _armed(a, R15)
     _mprotect(a, RBX, RDX)
     a.rr(Code.TEST_RM64_R64, RAX, RAX)
     a.jcc(Code.JNE_REL32_64, unlock_chain)
@@ -402,16 +404,11 @@ def _segv(base: int) -> bytes:
     # Capture over: the page gets what the program asked for and is forgotten.
     a.place(disabled)
     _mprotect(a, RBX, R15)
-    a.mov(RDI, RBX)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX)
     a.jcc(Code.JE_REL32_64, unlock_ret)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(RAX, 8), 0))
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RAX, 8), 0))
     a.place(unlock_ret)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
+    a.leave()
     a.place(unlock_chain)
     a.unlock()
     a.place(chain)
@@ -429,35 +426,27 @@ def _segv(base: int) -> bytes:
     # have.  Under the lock, so the kernel side does not re-arm it.
     a.place(dfl)
     a.call(base + LOCK)
-    a.imm(EDI, SIGSEGV)
-    a.lea(RSI, a.data(DFL_ACTION))
-    a.rr(Code.XOR_R32_RM32, EDX, EDX)
-    a.imm(R10D, 8)
-    a.syscall(SYS_RT_SIGACTION)
+    _sigsegv_action(a, new=DFL_ACTION)
     a.unlock()
     a.ret()
-    return a.encode(base + SEGV)
 
 
-def _track_entry(base: int, at: int, uc_reg: int) -> bytes:
-    a = _Asm(base)
+def _track_entry(a: _Asm, base: int, uc_reg: int) -> None:
     a.push_saved()
     a.mov(R13, RDX)
-    a.load(RBX, _m(RDX, uc_reg))
+    a.load(RBX, mem(RDX, uc_reg))
     a.jmp(base + TRACK)
-    return a.encode(base + at)
 
 
-def _track(base: int) -> bytes:
+def _track(a: _Asm, base: int) -> None:
     """rbx = address, r13 = ucontext (length in rsi, protection in rdx)."""
-    a = _Asm(base)
     loop, done, out, lo_ok, hi_ok = (a.label() for _ in range(5))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
-    a.load(R12, _m(R13, UC_RSI))
+    a.load(R12, mem(R13, UC_RSI))
     a.op(Code.ADD_RM64_IMM32, R12, PAGE - 1)
     a.op(Code.AND_RM64_IMM32, R12, -PAGE)
     a.rr(Code.ADD_R64_RM64, R12, RBX)  # end
-    a.load(R14, _m(R13, UC_RDX))
+    a.load(R14, mem(R13, UC_RDX))
     a.op(Code.AND_RM64_IMM32, R14, 7)  # the protection asked for
     a.mov(R13, RBX)  # start
     a.call(base + LOCK)
@@ -466,15 +455,12 @@ def _track(base: int) -> bytes:
     a.place(loop)
     a.rr(Code.CMP_R64_RM64, RBX, R12)
     a.jcc(Code.JAE_REL32_64, done)
-    a.mov(RDI, RBX)
-    a.imm(ESI, 1)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX, claim=True)
     a.jcc(Code.JNE_REL32_64, lo_ok := a.label())
     a.count(FULL)  # table full: the rest stays as the program asked
     a.jmp(done)
     a.place(lo_ok)
-    a.store(_m(RAX, 8), R14)
+    a.store(mem(RAX, 8), R14)
     a(I.create_reg_mem(Code.CMP_R64_RM64, RBX, a.data(MIN_PAGE)))
     a.jcc(Code.JAE_REL32_64, hi_ok)
     a.store(a.data(MIN_PAGE), RBX)
@@ -491,25 +477,19 @@ def _track(base: int) -> bytes:
     a.mov(RSI, RBX)
     a.rr(Code.SUB_R64_RM64, RSI, R13)
     a.jcc(Code.JE_REL32_64, out)
-    a.mov(RDX, R14)
-    a.op(Code.AND_RM64_IMM32, RDX, ~PROT_EXEC)
-    a.op(Code.OR_RM64_IMM32, RDX, PROT_READ)  # armed pages stay readable (x86: exec implies read)
+    _armed(a, R14)
     a.syscall(SYS_MPROTECT)
     a.count(TRACKED)
     a.place(out)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
-    return a.encode(base + TRACK)
+    a.leave()
 
 
-def _untrack(base: int) -> bytes:
-    a = _Asm(base)
+def _untrack(a: _Asm, base: int) -> None:
     loop, nxt, out = a.label(), a.label(), a.label()
     a.push_saved()
-    a.load(RBX, _m(RDX, UC_RDI))
+    a.load(RBX, mem(RDX, UC_RDI))
     a.op(Code.AND_RM64_IMM32, RBX, -PAGE)
-    a.load(R12, _m(RDX, UC_RSI))
+    a.load(R12, mem(RDX, UC_RSI))
     a.rr(Code.ADD_R64_RM64, R12, RBX)
     a.op(Code.ADD_RM64_IMM32, R12, PAGE - 1)
     a.op(Code.AND_RM64_IMM32, R12, -PAGE)
@@ -524,72 +504,58 @@ def _untrack(base: int) -> bytes:
     a.place(loop)
     a.rr(Code.CMP_R64_RM64, RBX, R12)
     a.jcc(Code.JAE_REL32_64, out)
-    a.mov(RDI, RBX)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.call(base + PROBE)
-    a.rr(Code.TEST_RM64_R64, RAX, RAX)
+    a.probe(RBX)
     a.jcc(Code.JE_REL32_64, nxt)
-    a(I.create_mem_i32(Code.MOV_RM64_IMM32, _m(RAX, 8), 0))
+    a(I.create_mem_i32(Code.MOV_RM64_IMM32, mem(RAX, 8), 0))
     a.place(nxt)
     a.op(Code.ADD_RM64_IMM32, RBX, PAGE)
     a.jmp(loop)
     a.place(out)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
-    return a.encode(base + UNTRACK)
+    a.leave()
 
 
-def _sigaction(base: int) -> bytes:
-    a = _Asm(base)
+def _sigaction(a: _Asm, base: int) -> None:
     no_old, no_new = a.label(), a.label()
     a.push_saved()
     a.mov(R13, RDX)
     a.call(base + LOCK)
     # The action the program just set (the kernel holds it now).
-    a.imm(EDI, SIGSEGV)
-    a.rr(Code.XOR_R32_RM32, ESI, ESI)
-    a.lea(RDX, a.data(TMP_ACTION))
-    a.imm(R10D, 8)
-    a.syscall(SYS_RT_SIGACTION)
+    _sigsegv_action(a, old=TMP_ACTION)
     # What it reads back is its own previous action, not the agent's.
-    a.load(RDI, _m(R13, UC_RDX))
+    a.load(RDI, mem(R13, UC_RDX))
     a.rr(Code.TEST_RM64_R64, RDI, RDI)
     a.jcc(Code.JE_REL32_64, no_old)
     a.copy32(RDI, a.data(PROG_ACTION))
     a.place(no_old)
-    a(I.create_mem_i32(Code.CMP_RM64_IMM8, _m(R13, UC_RSI), 0))
+    a(I.create_mem_i32(Code.CMP_RM64_IMM8, mem(R13, UC_RSI), 0))
     a.jcc(Code.JE_REL32_64, no_new)
     a.copy32(a.data(PROG_ACTION), a.data(TMP_ACTION))
-    a.imm(EDI, SIGSEGV)
-    a.lea(RSI, a.data(OUR_ACTION))
-    a.rr(Code.XOR_R32_RM32, EDX, EDX)
-    a.imm(R10D, 8)
-    a.syscall(SYS_RT_SIGACTION)
+    _sigsegv_action(a, new=OUR_ACTION)
     a.count(SIGACTIONS)
     a.place(no_new)
-    a.unlock()
-    a.pop_saved()
-    a.ret()
-    return a.encode(base + SIGACTION)
+    a.leave()
 
 
 def agent_code(base: int) -> bytes:
     """The code page for a region at ``base``."""
     page = bytearray(b"\xcc" * PAGE)
     page[RESTORER : RESTORER + 7] = b"\xb8\x0f\x00\x00\x00\x0f\x05"  # mov eax,15; syscall
+    # Each handler, and where it goes: from its offset up to the next one's.
     parts = [
-        (SEGV, TRACK_MMAP, _segv(base)),
-        (TRACK_MMAP, TRACK_MPROTECT, _track_entry(base, TRACK_MMAP, UC_RAX)),
-        (TRACK_MPROTECT, TRACK, _track_entry(base, TRACK_MPROTECT, UC_RDI)),
-        (TRACK, UNTRACK, _track(base)),
-        (UNTRACK, SIGACTION, _untrack(base)),
-        (SIGACTION, LOCK, _sigaction(base)),
-        (LOCK, PROBE, _lock(base)),
-        (PROBE, SNAPSHOT, _probe(base)),
-        (SNAPSHOT, CODE_END, _snapshot(base)),
+        (SEGV, TRACK_MMAP, _segv),
+        (TRACK_MMAP, TRACK_MPROTECT, partial(_track_entry, uc_reg=UC_RAX)),
+        (TRACK_MPROTECT, TRACK, partial(_track_entry, uc_reg=UC_RDI)),
+        (TRACK, UNTRACK, _track),
+        (UNTRACK, SIGACTION, _untrack),
+        (SIGACTION, LOCK, _sigaction),
+        (LOCK, PROBE, _lock),
+        (PROBE, SNAPSHOT, _probe),
+        (SNAPSHOT, CODE_END, _snapshot),
     ]
-    for at, end, code in parts:
+    for at, end, build in parts:
+        a = _Asm(base)
+        build(a, base)
+        code = a.encode(base + at)
         if at + len(code) > end:
             raise AssertionError(f"agent code at {at:#x}: {len(code)} bytes do not fit")
         page[at : at + len(code)] = code

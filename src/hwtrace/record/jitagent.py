@@ -52,13 +52,14 @@ from ..filter.ebpf.isa import R0, R1, R2, R3, R6, R7, R10
 from ..filter.sources import tracefs_schema
 from ..image.process import read_maps, syscall_instruction
 from ..kernel import bpf
-from ..kernel.tracepoint import Attachment, tracefs_root
+from ..kernel.tracepoint import tracefs_root
 from ..ktrace.follow import emit_delete, emit_lookup, emit_tracked, emit_update, field_offset
+from ..ktrace.programs import TracepointPrograms
 from ..probes.codegen import SA_ONSTACK, SA_RESTART, SA_RESTORER, SA_SIGINFO, sigaction_bytes
 from ..probes.ptrace import PtraceError, SeizedThread, launch_stopped
 from ..probes.rings import clock_pair
 from . import _agentcode as ac
-from .jitcapture import CaptureResult
+from .jitcapture import CaptureResult, _Capture
 from .stepper import CodeChange, RecordError
 
 __all__ = ["InProcessCapture", "in_process_available"]
@@ -200,8 +201,7 @@ class _KernelSide:
         root = tracefs_root()
         self.targets = bpf.Map(bpf.MAP_HASH, 4, 8, 64, name="hwtrace_jit_pids")
         self.pending = bpf.Map(bpf.MAP_HASH, 4, 4, 1 << 14, name="hwtrace_jit_sys")
-        self.programs: list[tuple[bpf.Program, str, str]] = []
-        self.attachments: list[Attachment] = []
+        self.tracepoints = TracepointPrograms()
         try:
             ret = field_offset(tracefs_schema("syscalls", "sys_exit_mmap", str(root)), "ret")
             leave = bpf.Program(bpf.PROG_TRACEPOINT, exit_program(ret, self.pending.fd),
@@ -211,14 +211,12 @@ class _KernelSide:
                 offsets = {f: field_offset(schema, f) for f in fields}
                 code = enter_program(kind, offsets, self.targets.fd, self.pending.fd,
                                      anonymous_only)  # fmt: skip
-                prog = bpf.Program(bpf.PROG_TRACEPOINT, code, name=f"hwtrace_jit_{kind[:6]}")
-                self.programs.append((prog, "syscalls", f"sys_enter_{kind}"))
-                self.programs.append((leave, "syscalls", f"sys_exit_{kind}"))
-            prog = bpf.Program(bpf.PROG_TRACEPOINT, exec_program(self.targets.fd),
-                               name="hwtrace_jit_exec")  # fmt: skip
-            self.programs.append((prog, "sched", "sched_process_exec"))
-            for prog, system, event in self.programs:
-                self.attachments.append(Attachment(prog, system, event))
+                self.tracepoints.load(code, f"hwtrace_jit_{kind[:6]}", "syscalls",
+                                      f"sys_enter_{kind}")  # fmt: skip
+                self.tracepoints.add(leave, "syscalls", f"sys_exit_{kind}")
+            self.tracepoints.load(exec_program(self.targets.fd), "hwtrace_jit_exec", "sched",
+                                  "sched_process_exec")  # fmt: skip
+            self.tracepoints.attach()
         except BaseException:
             self.close()
             raise
@@ -233,15 +231,7 @@ class _KernelSide:
             pass  # gone already (the process exec'd)
 
     def close(self) -> None:
-        for a in self.attachments:
-            a.close()
-        self.attachments = []
-        seen: set[int] = set()
-        for prog, _, _ in self.programs:
-            if id(prog) not in seen:
-                seen.add(id(prog))
-                prog.close()
-        self.programs = []
+        self.tracepoints.close()
         for m in (getattr(self, "targets", None), getattr(self, "pending", None)):
             if m is not None:
                 m.close()
@@ -250,34 +240,21 @@ class _KernelSide:
 # -- the agent -------------------------------------------------------------------------
 
 
-class InProcessCapture:
+class InProcessCapture(_Capture):
     """Capture the code revisions of ``target`` (argv to launch, or a pid)
     with handlers in the process itself (see the module doc); the same
     interface as :class:`~hwtrace.record.jitcapture.CodeCapture`."""
 
     poll_seconds = 0.001
 
-    def __init__(
-        self,
-        target: Sequence[str] | int,
-        *,
-        anonymous_only: bool = True,
-        max_revisions: int | None = None,
-        hold: bool = False,
-    ) -> None:
+    def _open(self, target: Sequence[str] | int, anonymous_only: bool, hold: bool) -> None:
         why = in_process_available()
         if why:
             raise RecordError(why)
-        self.max_revisions = max_revisions
-        self.attached = isinstance(target, int)
         self.proc: subprocess.Popen | None = None
-        self.revisions: list[CodeChange] = []
-        self.clock_pairs: list[tuple[int, int]] = []
-        self.exit_status: int | None = None
         self.kernel: _KernelSide | None = None
         self.mem = -1
         self._last: dict[int, bytes] = {}
-        self._stopping = False
         self._running = False
         self._installed = False
         self.ring_fd = os.memfd_create("hwtrace-jit-ring", 0)
@@ -426,10 +403,7 @@ class InProcessCapture:
         try:
             while True:
                 self._drain()
-                enough = (
-                    self.max_revisions is not None and len(self.revisions) >= self.max_revisions
-                )
-                if self._stopping or enough:
+                if self._stopping or self._enough():
                     break
                 ready, _, _ = select.select([pidfd], [], [], self.poll_seconds)
                 if ready:
@@ -466,7 +440,7 @@ class InProcessCapture:
     def _keep(self, meta: np.ndarray, data: np.ndarray) -> None:
         mine = meta["pid"] == self.pid  # not a forked child's
         for k in np.flatnonzero(mine):
-            if self.max_revisions is not None and len(self.revisions) >= self.max_revisions:
+            if self._enough():
                 return
             page, raw = int(meta["page"][k]), data[k].tobytes()
             if self._last.get(page) == raw:
@@ -527,10 +501,6 @@ class InProcessCapture:
                     t.syscall(self.gadget, SYS_RT_SIGACTION, sig, lay.tmp_action, 0, 8)
         except (PtraceError, OSError):
             pass  # the process went meanwhile
-
-    def stop(self) -> None:
-        """End the capture at the next drain (from a signal handler)."""
-        self._stopping = True
 
     def result(self) -> CaptureResult:
         stats = getattr(self, "_stats", None) or self._counters()

@@ -40,6 +40,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,13 +89,11 @@ class CaptureResult:
         return store
 
 
-class CodeCapture:
-    """Capture the code revisions of ``target`` (argv to launch, or a pid
-    to attach to); :meth:`run` until it exits (or :meth:`stop`).
-    ``anonymous_only``: arm executable ``mmap``s of anonymous memory only
-    (``mprotect`` arms any pages).  ``hold``: the process stays stopped
-    (a launched one at its exec) until :meth:`run`, so a recorder can be
-    attached first."""
+class _Capture(ABC):
+    """What the capture agents share (:class:`CodeCapture`,
+    :class:`~hwtrace.record.jitagent.InProcessCapture`): how one is made
+    (``target``, argv to launch or a pid to attach to, and the options),
+    the revisions it keeps and when it ends."""
 
     def __init__(
         self,
@@ -104,11 +103,41 @@ class CodeCapture:
         max_revisions: int | None = None,
         hold: bool = False,
     ) -> None:
+        self.max_revisions = max_revisions
+        self.attached = isinstance(target, int)
+        self.revisions: list[CodeChange] = []
+        self.clock_pairs: list[tuple[int, int]] = []
+        self.exit_status: int | None = None
+        self._stopping = False
+        self._open(target, anonymous_only, hold)
+
+    @abstractmethod
+    def _open(self, target: Sequence[str] | int, anonymous_only: bool, hold: bool) -> None:
+        """Take hold of the process and prepare the capture (started now
+        unless ``hold``)."""
+
+    def _enough(self) -> bool:
+        """Are ``max_revisions`` captured?"""
+        return self.max_revisions is not None and len(self.revisions) >= self.max_revisions
+
+    def stop(self) -> None:
+        """End the capture at its next look at the process (from a signal
+        handler)."""
+        self._stopping = True
+
+
+class CodeCapture(_Capture):
+    """Capture the code revisions of ``target`` (argv to launch, or a pid
+    to attach to); :meth:`run` until it exits (or :meth:`stop`).
+    ``anonymous_only``: arm executable ``mmap``s of anonymous memory only
+    (``mprotect`` arms any pages).  ``hold``: the process stays stopped
+    (a launched one at its exec) until :meth:`run`, so a recorder can be
+    attached first."""
+
+    def _open(self, target: Sequence[str] | int, anonymous_only: bool, hold: bool) -> None:
         nat.warm_up()
         self.anonymous_only = anonymous_only
-        self.max_revisions = max_revisions
         self.status = np.zeros(2, np.int32)
-        self.attached = isinstance(target, int)
         if self.attached:
             tids = _attach(int(target), self.status, _OPTIONS)
             self.pid = tids[0]
@@ -133,14 +162,10 @@ class CodeCapture:
         self.regs = np.zeros(nat.N_REGS, np.uint64)
         self.saved = np.zeros(nat.N_REGS, np.uint64)
         self.siginfo = np.zeros(16, np.uint64)
-        self.revisions: list[CodeChange] = []
         self.stats = dict.fromkeys(("syscalls", "armed_pages"), 0)
-        self.exit_status: int | None = None
         self._new: set[int] = set()
         self.gadget = self._find_gadget()
         self.ctx[:3] = (self.pid, self.mem, self.gadget)
-        self._stopping = False
-        self.clock_pairs: list[tuple[int, int]] = []
         if self.attached:
             self._arm_existing(int(tids[0]))
         self._held = hold
@@ -280,8 +305,7 @@ class CodeCapture:
             )  # fmt: skip
             self._drain()
             slot, st, tid = int(self.out[0]), int(self.out[1]), int(self.out[3])
-            enough = self.max_revisions is not None and len(self.revisions) >= self.max_revisions
-            if (self._stopping or enough) and why != nat.CAP_NOCHILD:
+            if (self._stopping or self._enough()) and why != nat.CAP_NOCHILD:
                 current = slot >= 0 and why in (nat.CAP_SYSCALL, nat.CAP_EVENT)
                 self._let_go(tid if current else -1, st if why == nat.CAP_EVENT else 0)
                 break
@@ -429,10 +453,6 @@ class CodeCapture:
         self.tids = self.tids[keep]
         self.watch = self.watch[keep]
         self.pending.pop(tid, None)
-
-    def stop(self) -> None:
-        """End the capture at the next report (from a signal handler)."""
-        self._stopping = True
 
     def result(self) -> CaptureResult:
         stats = dict(self.stats)

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 SYSFS_PMU = Path("/sys/bus/event_source/devices/intel_pt")
@@ -57,6 +57,11 @@ class AddressFilter:
         if self.dso is not None:
             text += f" @ {self.dso}"
         return text
+
+
+# The settings that are perf's intel_pt event terms, in the order written.
+_EVENT_TERMS = ("cyc", "cyc_thresh", "mtc", "mtc_period", "psb_period", "tsc", "noretcomp",
+                "branch", "ptw", "pwr_evt")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -101,29 +106,12 @@ class PtSettings:
         return 1 << ((self.psb_period or 0) + 11)
 
     def event_terms(self) -> str:
-        """perf's ``intel_pt`` event terms, e.g. ``cyc=1,mtc_period=3``."""
-        terms: list[str] = []
-        if self.cyc:
-            terms.append("cyc=1")
-        if self.cyc_thresh is not None:
-            terms.append(f"cyc_thresh={self.cyc_thresh}")
-        if self.mtc is not None:
-            terms.append(f"mtc={int(self.mtc)}")
-        if self.mtc_period is not None:
-            terms.append(f"mtc_period={self.mtc_period}")
-        if self.psb_period is not None:
-            terms.append(f"psb_period={self.psb_period}")
-        if self.tsc is not None:
-            terms.append(f"tsc={int(self.tsc)}")
-        if self.noretcomp:
-            terms.append("noretcomp=1")
-        if self.branch is not None:
-            terms.append(f"branch={int(self.branch)}")
-        if self.ptw:
-            terms.append("ptw=1")
-        if self.pwr_evt:
-            terms.append("pwr_evt=1")
-        return ",".join(terms)
+        """perf's ``intel_pt`` event terms, e.g. ``cyc=1,mtc_period=3``: a
+        term for each setting that is not its default here (the defaults
+        leave the driver's own)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        values = ((name, getattr(self, name)) for name in _EVENT_TERMS)
+        return ",".join(f"{name}={int(v)}" for name, v in values if v != defaults[name])
 
     def event(self) -> str:
         """The event for ``perf record -e``: ``intel_pt/TERMS/MODIFIERS``."""

@@ -380,15 +380,7 @@ def _mmaps(
     if vdso and "[vdso]" not in build_ids:
         build_ids["[vdso]"] = elf_build_id(vdso)
     return [
-        MmapRecord(
-            start=m.start,
-            length=m.length,
-            pgoff=m.offset,
-            path=m.path,
-            prot=m.prot,
-            inode=m.inode,
-            build_id=build_ids.get(m.path),
-        )
+        MmapRecord(m.start, m.length, m.offset, m.path, m.prot, m.inode, build_ids.get(m.path))
         for m in maps
     ]
 
