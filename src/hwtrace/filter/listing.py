@@ -26,6 +26,7 @@ from ..textout import (
     put_bytes,
     put_cstring,
     put_dec,
+    put_seconds,
     put_signed,
     string_list_table,
 )
@@ -152,14 +153,7 @@ def _render(
             p = put_byte(out, p, 32)
             start = p
             if time[i] >= 0:
-                p = put_dec(out, p, time[i] // 1_000_000_000)
-                p = align_right(out, p, start, 6)
-                p = put_byte(out, p, 46)
-                frac = time[i] % 1_000_000_000
-                for j in range(8, -1, -1):
-                    out[p + j] = 48 + frac % 10
-                    frac //= 10
-                p += 9
+                p = put_seconds(out, p, time[i], 6)
             else:
                 p = put_byte(out, p, 45)
                 p = align_right(out, p, start, 16)
