@@ -1,7 +1,7 @@
 """CTF traces as an event source, through babeltrace2's Python bindings.
 
 ``bt2`` (Debian's python3-bt2) reads the trace with its ``ctf.fs`` source;
-each event's payload is packed into a record (:func:`~hwtrace.filter.records.pack_many`)
+each event's payload is packed into a record (:func:`~hwtrace.filter.packing.pack_many`)
 laid out from bt2's field classes, and its context (``cpu_id``, ``vpid``,
 ``vtid``, ``procname``) from the packet, common and specific contexts.
 bt2 hands events over one by one as Python values, so this adapter, unlike
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FilterError
-from ..records import pack_many
+from ..packing import pack_many
 from ..schema import (
     ArrayType,
     FloatType,
