@@ -198,27 +198,25 @@ def jmp_eval(op: int, is64: bool, a: int, b: int) -> bool:
 # -- state -----------------------------------------------------------------------------
 
 
+# How a value of each kind reads in messages ({a}, {b}: its other two words).
+_DESCRIPTIONS = {
+    NOT_INIT: "uninitialised",
+    PTR_TO_EVENT: "a pointer to event{a:+d}",
+    PTR_TO_CONTEXT: "a pointer to context{a:+d}",
+    PTR_TO_STACK: "a pointer to the stack at fp{a:+d}",
+    PTR_TO_RODATA: "a pointer to rodata{a:+d}",
+    PATH: "field path {a}",
+    PTR_TO_MEM: "a checked field address{a:+d} ({b}-byte slot)",
+    PTR_TO_MEM_OR_NULL: "a possibly-null field address (from the call at insn {a})",
+    UNUSABLE: "unusable ({b} on the paths that merge at insn {a})",
+}
+
+
 def _describe(v: tuple) -> str:
     kind, a, b = v
-    if kind == NOT_INIT:
-        return "uninitialised"
     if kind == SCALAR:
         return "a scalar" if a is None else f"the scalar {_signed(a, 64)}"
-    if kind == PTR_TO_EVENT:
-        return f"a pointer to event{a:+d}"
-    if kind == PTR_TO_CONTEXT:
-        return f"a pointer to context{a:+d}"
-    if kind == PTR_TO_STACK:
-        return f"a pointer to the stack at fp{a:+d}"
-    if kind == PTR_TO_RODATA:
-        return f"a pointer to rodata{a:+d}"
-    if kind == PATH:
-        return f"field path {a}"
-    if kind == PTR_TO_MEM:
-        return f"a checked field address{a:+d} ({b}-byte slot)"
-    if kind == PTR_TO_MEM_OR_NULL:
-        return f"a possibly-null field address (from the call at insn {a})"
-    return f"unusable ({b} on the paths that merge at insn {a})"
+    return _DESCRIPTIONS[kind].format(a=a, b=b)
 
 
 def _join_reg(x: tuple, y: tuple, at: int) -> tuple:
