@@ -71,6 +71,13 @@ _J_FIELDS = np.frombuffer(b'","fields":{', np.uint8)
 _J_NULL = np.frombuffer(b"null", np.uint8)
 
 
+@njit(cache=True, inline="always")
+def _put_int_member(out, p, key, v):
+    """A JSON member with an integer value: ``key`` (its text from the
+    separator to the colon), then ``v``."""
+    return put_signed(out, put_bytes(out, p, key), v)
+
+
 @njit(cache=True)
 def _read_int(buf, at, size, signed):
     v = np.uint64(0)
@@ -116,12 +123,9 @@ def _render(
         size = sizes[i]
         c = comm[i]
         if json:
-            p = put_bytes(out, p, _J_TIME)
-            p = put_signed(out, p, time[i])
-            p = put_bytes(out, p, _J_CPU)
-            p = put_signed(out, p, cpu[i])
-            p = put_bytes(out, p, _J_TID)
-            p = put_signed(out, p, tid[i])
+            p = _put_int_member(out, p, _J_TIME, time[i])
+            p = _put_int_member(out, p, _J_CPU, cpu[i])
+            p = _put_int_member(out, p, _J_TID, tid[i])
             p = put_bytes(out, p, _J_COMM)
             if c >= 0:
                 p = put_cstring(out, p, comm_tab[c], 0, comm_len[c], True)
