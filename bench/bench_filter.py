@@ -84,7 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 from hwtrace.filter.compile import CompiledFilter, compile_filter  # noqa: E402
-from hwtrace.filter.records import EventRecord  # noqa: E402
+from hwtrace.filter.packing import EventRecord  # noqa: E402
 from hwtrace.filter.schema import DEFAULT_CONTEXT, Schema  # noqa: E402
 
 TIERS = ("C", "lttng", "ebpf", "jit-call", "ebpf-jit", "llvm")

@@ -4,7 +4,7 @@
   and signedness, double, float, strings of each storage (ptr, inline,
   data_loc), static arrays, ptr sequences with their length field, data_loc
   sequences and a nested structure.
-* :func:`events` — value dicts for :class:`hwtrace.filter.records.EventRecord`
+* :func:`events` — value dicts for :class:`hwtrace.filter.packing.EventRecord`
   with edge values (0, -1, the width's limits, NaN, infinities, empty
   strings, strings holding ``*`` or non-ASCII UTF-8, null pointers).
 * :func:`expressions` — filter TEXT over a schema and a context schema:

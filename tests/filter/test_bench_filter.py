@@ -36,7 +36,7 @@ SIZES = (1, 3)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from hwtrace.filter.records import EventRecord
+    from hwtrace.filter.packing import EventRecord
     from hwtrace.filter.schema import DEFAULT_CONTEXT
 
     harness = bf.build_harness(list(SIZES), build=tmp_path_factory.mktemp("filterbench"))
@@ -59,7 +59,7 @@ def test_workload_shape():
 def _verdicts(setup, n: int, values: dict) -> dict[str, int]:
     """How many of 5 calls each tier (C included) answers true, through the
     timing loops themselves."""
-    from hwtrace.filter.records import EventRecord
+    from hwtrace.filter.packing import EventRecord
 
     harness, callees, context = setup
     ev = EventRecord(bf.schema_for(n), values)

@@ -54,7 +54,7 @@ def test_every_tier_agrees_on_the_workload():
     """The filter every guard compiles: true on the TRUE-biased event only,
     and false when any one string differs."""
     from hwtrace.filter.compile import compile_filter
-    from hwtrace.filter.records import EventRecord
+    from hwtrace.filter.packing import EventRecord
 
     true_values = {**{f"var{i}": f"str{i}" for i in range(9)}, "lyf": 42}
     events = [(true_values, True), ({**true_values, "lyf": 43}, False)]

@@ -17,7 +17,7 @@ from hwtrace.filter.ebpf import isa
 from hwtrace.filter.ebpf.gen import generate
 from hwtrace.filter.ebpf.inline import inline_string_helpers
 from hwtrace.filter.ebpf.jit import jit_compile
-from hwtrace.filter.records import EventRecord
+from hwtrace.filter.packing import EventRecord
 from hwtrace.filter.schema import Schema
 
 SCHEMA = Schema.declare("ev", [("p", "string"), ("n", "char[4]"), ("x", "s64")])

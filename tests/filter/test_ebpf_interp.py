@@ -24,7 +24,7 @@ from hwtrace.filter.ebpf import interp, isa
 from hwtrace.filter.ebpf.asm import assemble, listing
 from hwtrace.filter.ebpf.program import LinkedProgram, Program
 from hwtrace.filter.errors import FilterError, VerifierError
-from hwtrace.filter.records import EventRecord
+from hwtrace.filter.packing import EventRecord
 from hwtrace.filter.schema import DEFAULT_CONTEXT, IntType, Schema, SequenceType
 
 M64 = (1 << 64) - 1
@@ -649,7 +649,7 @@ def fuzz_programs(draw) -> Program:
 RUNNER = textwrap.dedent(
     """
     import pickle, sys
-    from hwtrace.filter.records import EventRecord
+    from hwtrace.filter.packing import EventRecord
     from hwtrace.filter.schema import DEFAULT_CONTEXT
     progs, schema, values = pickle.load(open(sys.argv[1], "rb"))
     events = [EventRecord(schema, v) for v in values]

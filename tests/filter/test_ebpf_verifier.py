@@ -466,7 +466,7 @@ def test_4096_instructions_verify_fast() -> None:
 
 
 def test_chain_program_runs() -> None:
-    from hwtrace.filter.records import EventRecord
+    from hwtrace.filter.packing import EventRecord
 
     lp = chain_program(20).link()
     assert lp(EventRecord(SCHEMA, {"name": "hello", "tag": "globby"}), 0) == 1

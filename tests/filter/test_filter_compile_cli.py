@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hwtrace.cli.main import main
-from hwtrace.filter.records import EventRecord
+from hwtrace.filter.packing import EventRecord
 from hwtrace.filter.sources import schema_from_mapping
 
 needs_cc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")

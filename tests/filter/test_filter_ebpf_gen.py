@@ -13,7 +13,7 @@ from hwtrace.filter import abi
 from hwtrace.filter.check import compile_check
 from hwtrace.filter.ebpf.gen import generate
 from hwtrace.filter.errors import FilterError
-from hwtrace.filter.records import EventRecord
+from hwtrace.filter.packing import EventRecord
 from hwtrace.filter.schema import DEFAULT_CONTEXT, Schema
 
 EVENT = Schema.declare(

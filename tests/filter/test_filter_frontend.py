@@ -1,6 +1,6 @@
 """The filter front end: parser (hwtrace.filter.parse), checker
 (hwtrace.filter.check), the oracle (oracles.filter) and in-memory
-records (hwtrace.filter.records)."""
+records (hwtrace.filter.packing)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from hwtrace.filter import ast
 from hwtrace.filter.ast import glob_match
 from hwtrace.filter.check import check, compile_check
 from hwtrace.filter.errors import FilterError
+from hwtrace.filter.packing import EventRecord, pack_many
 from hwtrace.filter.parse import MAX_DEPTH, parse
-from hwtrace.filter.records import EventRecord, pack_many
 from hwtrace.filter.schema import (
     DEFAULT_CONTEXT,
     ROOT_CONTEXT,

@@ -23,8 +23,8 @@ from hwtrace.filter import ast, native
 from hwtrace.filter.check import check
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.llvm import compile_llvm
+from hwtrace.filter.packing import EventRecord
 from hwtrace.filter.parse import parse
-from hwtrace.filter.records import EventRecord
 from hwtrace.filter.schema import (
     DEFAULT_CONTEXT,
     ArrayType,

@@ -23,7 +23,7 @@ from hwtrace.filter import lttng_vm as vm
 from hwtrace.filter.check import compile_check
 from hwtrace.filter.errors import FilterError
 from hwtrace.filter.lttng import LttngProgram, compile_lttng, generate
-from hwtrace.filter.records import EventRecord, pack_many
+from hwtrace.filter.packing import EventRecord, pack_many
 from hwtrace.filter.schema import (
     DEFAULT_CONTEXT,
     IntType,

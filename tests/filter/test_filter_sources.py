@@ -14,7 +14,7 @@ from oracles.filter import evaluate
 
 from hwtrace.filter.check import compile_check
 from hwtrace.filter.errors import FilterError
-from hwtrace.filter.records import EventRecord
+from hwtrace.filter.packing import EventRecord
 from hwtrace.filter.schema import (
     DEFAULT_CONTEXT,
     ROOT_CONTEXT,

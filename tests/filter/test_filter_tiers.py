@@ -12,7 +12,7 @@ from oracles.filter import evaluate
 
 from hwtrace.filter.compile import TIERS, compile_filter
 from hwtrace.filter.errors import FilterError
-from hwtrace.filter.records import EventRecord, pack_many
+from hwtrace.filter.packing import EventRecord, pack_many
 from hwtrace.filter.schema import DEFAULT_CONTEXT, Schema
 
 CTX = {"procname": b"lttng-sessiond", "cpu_id": 2, "pid": 42, "tid": 43, "prio": -5}

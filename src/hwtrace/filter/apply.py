@@ -21,8 +21,8 @@ from . import ast
 from .compile import CompiledFilter, compile_filter
 from .errors import FilterError
 from .inputs.base import EventSource, EventType, EventTypeInfo
+from .packing import RecordBatch
 from .parse import parse
-from .records import RecordBatch
 from .schema import Schema
 
 T = TypeVar("T", EventType, EventTypeInfo)

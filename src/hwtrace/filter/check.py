@@ -15,6 +15,7 @@ rest of the tree still type-checks as it would for an event that has it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from . import ast
@@ -73,12 +74,12 @@ def _truth(value: int | float) -> bool:
     return value != 0
 
 
+@dataclass
 class _Checker:
-    def __init__(self, event: Schema, context: Schema, unknown: Unknown, fold: bool) -> None:
-        self.event = event
-        self.context = context
-        self.unknown = unknown
-        self.fold = fold
+    event: Schema
+    context: Schema
+    unknown: Unknown
+    fold: bool
 
     def node(self, n: ast.Node) -> ast.Node:
         if isinstance(n, ast.IntLit):

@@ -25,8 +25,9 @@ import os
 import re
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -72,31 +73,31 @@ class PageLayout:
         return cls(ts[0], commit[0], commit[1], data[0], data[1])
 
 
+def _encoding(default: int, pattern: str) -> Any:
+    """A field of :class:`EventHeader`: its value when ``header_event`` does
+    not give it, and the pattern that reads it there."""
+    return field(default=default, metadata={"pattern": pattern})
+
+
 @dataclass(frozen=True)
 class EventHeader:
     """The compressed event header's encoding (``events/header_event``)."""
 
-    type_len_bits: int = 5
-    time_delta_bits: int = 27
-    padding: int = 29
-    time_extend: int = 30
-    time_stamp: int = 31
-    data_max: int = 28
+    type_len_bits: int = _encoding(5, r"type_len\s*:\s*(\d+)\s*bits")
+    time_delta_bits: int = _encoding(27, r"time_delta\s*:\s*(\d+)\s*bits")
+    padding: int = _encoding(29, r"padding\s*:\s*type\s*==\s*(\d+)")
+    time_extend: int = _encoding(30, r"time_extend\s*:\s*type\s*==\s*(\d+)")
+    time_stamp: int = _encoding(31, r"time_stamp\s*:\s*type\s*==\s*(\d+)")
+    data_max: int = _encoding(28, r"data max type_len\s*==\s*(\d+)")
 
     @classmethod
     def parse(cls, text: str, where: str = "header_event") -> EventHeader:
-        def number(pattern: str, default: int) -> int:
-            m = re.search(pattern, text)
-            return int(m.group(1)) if m else default
-
-        h = cls(
-            number(r"type_len\s*:\s*(\d+)\s*bits", 5),
-            number(r"time_delta\s*:\s*(\d+)\s*bits", 27),
-            number(r"padding\s*:\s*type\s*==\s*(\d+)", 29),
-            number(r"time_extend\s*:\s*type\s*==\s*(\d+)", 30),
-            number(r"time_stamp\s*:\s*type\s*==\s*(\d+)", 31),
-            number(r"data max type_len\s*==\s*(\d+)", 28),
-        )
+        given: dict[str, int] = {}
+        for f in fields(cls):
+            m = re.search(f.metadata["pattern"], text)
+            if m:
+                given[f.name] = int(m.group(1))
+        h = cls(**given)
         if h.type_len_bits + h.time_delta_bits != 32:
             raise FilterError(
                 f"type_len {h.type_len_bits} + time_delta {h.time_delta_bits} bits is not 32",

@@ -26,6 +26,7 @@ from ..textout import (
     put_bytes,
     put_cstring,
     put_dec,
+    put_seconds,
     put_signed,
     string_list_table,
 )
@@ -68,6 +69,13 @@ _J_COMM = np.frombuffer(b',"comm":"', np.uint8)
 _J_EVENT = np.frombuffer(b'","event":"', np.uint8)
 _J_FIELDS = np.frombuffer(b'","fields":{', np.uint8)
 _J_NULL = np.frombuffer(b"null", np.uint8)
+
+
+@njit(cache=True, inline="always")
+def _put_int_member(out, p, key, v):
+    """A JSON member with an integer value: ``key`` (its text from the
+    separator to the colon), then ``v``."""
+    return put_signed(out, put_bytes(out, p, key), v)
 
 
 @njit(cache=True)
@@ -115,12 +123,9 @@ def _render(
         size = sizes[i]
         c = comm[i]
         if json:
-            p = put_bytes(out, p, _J_TIME)
-            p = put_signed(out, p, time[i])
-            p = put_bytes(out, p, _J_CPU)
-            p = put_signed(out, p, cpu[i])
-            p = put_bytes(out, p, _J_TID)
-            p = put_signed(out, p, tid[i])
+            p = _put_int_member(out, p, _J_TIME, time[i])
+            p = _put_int_member(out, p, _J_CPU, cpu[i])
+            p = _put_int_member(out, p, _J_TID, tid[i])
             p = put_bytes(out, p, _J_COMM)
             if c >= 0:
                 p = put_cstring(out, p, comm_tab[c], 0, comm_len[c], True)
@@ -152,14 +157,7 @@ def _render(
             p = put_byte(out, p, 32)
             start = p
             if time[i] >= 0:
-                p = put_dec(out, p, time[i] // 1_000_000_000)
-                p = align_right(out, p, start, 6)
-                p = put_byte(out, p, 46)
-                frac = time[i] % 1_000_000_000
-                for j in range(8, -1, -1):
-                    out[p + j] = 48 + frac % 10
-                    frac //= 10
-                p += 9
+                p = put_seconds(out, p, time[i], 6)
             else:
                 p = put_byte(out, p, 45)
                 p = align_right(out, p, start, 16)

@@ -46,25 +46,9 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 
 from . import ast
+from . import schema as S
 from .ast import glob_match
 from .errors import FilterError
-from .schema import (
-    P_ADD,
-    P_COUNT,
-    P_DATA_LOC,
-    P_DEREF,
-    P_ELEM,
-    ROOT_CONTEXT,
-    ArrayType,
-    FieldPath,
-    FloatType,
-    IntType,
-    Schema,
-    SequenceType,
-    StringType,
-    StructType,
-    Type,
-)
 
 __all__ = ["LlvmFilter", "compile_llvm"]
 
@@ -227,27 +211,27 @@ class _Gen:
             return v
         return self.b.sext(v, _I64) if signed else self.b.zext(v, _I64)
 
-    def leaf(self, path: FieldPath) -> tuple[ir.Value, ir.Value]:
+    def leaf(self, path: S.FieldPath) -> tuple[ir.Value, ir.Value]:
         """Address of the path's leaf slot (aborting when missing) and its root."""
-        root = self.context if path.root == ROOT_CONTEXT else self.event
+        root = self.context if path.root == S.ROOT_CONTEXT else self.event
         addr = root
         limit: int | ir.Value = -1  # bytes valid at a dynamic base
         for op, a, b_, c in path.steps:
-            if op == P_ADD:
+            if op == S.P_ADD:
                 addr = self.at(addr, _s64(a))
-            elif op == P_DEREF:
+            elif op == S.P_DEREF:
                 addr = self.load(addr, _I8P)
                 self.abort_if(self.b.icmp_unsigned("==", addr, ir.Constant(_I8P, None)))
-            elif op == P_DATA_LOC:
+            elif op == S.P_DATA_LOC:
                 v = self.b.zext(self.load(addr, _I32), _I64)
                 addr = self.at(root, self.b.and_(v, ir.Constant(_I64, 0xFFFF)))
                 limit = self.b.lshr(v, ir.Constant(_I64, 16))
-            elif op == P_COUNT:
+            elif op == S.P_COUNT:
                 n = self.load_int(self.at(addr, _s64(a)), abs(b_), b_ < 0)
                 pos = self.b.icmp_signed(">", n, ir.Constant(_I64, 0))
                 n = self.b.select(pos, n, ir.Constant(_I64, 0))
                 limit = self.b.mul(n, ir.Constant(_I64, _s64(c)))
-            elif op == P_ELEM:
+            elif op == S.P_ELEM:
                 need = _s64((a + 1) * b_)
                 if a < 0 or (isinstance(limit, int) and need > limit):
                     self.abort()
@@ -632,9 +616,9 @@ class LlvmFilter:
         ir_text: str,
         module: llvm.ModuleRef,
         opt: int,
-        paths: list[FieldPath],
-        event_schema: Schema | None,
-        context_schema: Schema | None,
+        paths: list[S.FieldPath],
+        event_schema: S.Schema | None,
+        context_schema: S.Schema | None,
     ) -> None:
         self.name = name
         self.opt = opt
@@ -737,7 +721,7 @@ class LlvmFilter:
             where = (
                 f"offset {p.static_offset}" if p.static_offset is not None else f"steps {p.steps}"
             )
-            root = "context" if p.root == ROOT_CONTEXT else "event"
+            root = "context" if p.root == S.ROOT_CONTEXT else "event"
             kind = p.storage + " string" if p.leaf == "string" else f"{p.leaf}{8 * p.size}"
             out.append(f" *   {root}: {_comment(p.text)}: {kind}, {where}")
         out.append(" */")
@@ -767,11 +751,11 @@ def _comment(text: str) -> str:
     return text.replace("*/", "* /")
 
 
-def _c_structs(schema: Schema, tag: str) -> list[str]:
+def _c_structs(schema: S.Schema, tag: str) -> list[str]:
     """Packed C structs reproducing ``schema``'s layout byte for byte."""
     decls: list[list[str]] = []
 
-    def declare(st: StructType, tag: str) -> None:
+    def declare(st: S.StructType, tag: str) -> None:
         lines = ["", f"struct {tag} {{"]
         at = pad = 0
         asserts = []
@@ -803,22 +787,22 @@ def _c_structs(schema: Schema, tag: str) -> list[str]:
         lines.append(f'_Static_assert(sizeof(struct {tag}) == {st.size}, "{tag} size");')
         decls.append(lines)
 
-    def ctype(t: Type, sub_tag: str) -> tuple[str, str]:
+    def ctype(t: S.Type, sub_tag: str) -> tuple[str, str]:
         """(C type before the name, array suffix) of an element type."""
-        if isinstance(t, IntType):
+        if isinstance(t, S.IntType):
             return f"{'' if t.signed else 'u'}int{8 * t.size}_t", ""
-        if isinstance(t, FloatType):
+        if isinstance(t, S.FloatType):
             return ("float" if t.size == 4 else "double"), ""
-        if isinstance(t, StringType):
+        if isinstance(t, S.StringType):
             if t.storage == "ptr":
                 return "const char *", ""
             if t.storage == "inline":
                 return "char", f"[{t.capacity}]"
             return "uint32_t", ""
-        if isinstance(t, ArrayType):
+        if isinstance(t, S.ArrayType):
             base, suffix = ctype(t.element, sub_tag)
             return base, f"[{t.length}]{suffix}"
-        if isinstance(t, SequenceType):
+        if isinstance(t, S.SequenceType):
             if t.storage == "data_loc":
                 return "uint32_t", ""
             base, suffix = ctype(t.element, sub_tag)
@@ -828,13 +812,13 @@ def _c_structs(schema: Schema, tag: str) -> list[str]:
         declare(t, sub_tag)
         return f"struct {sub_tag}", ""
 
-    def member(t: Type, ident: str, sub_tag: str) -> tuple[str, str]:
+    def member(t: S.Type, ident: str, sub_tag: str) -> tuple[str, str]:
         base, suffix = ctype(t, sub_tag)
         sep = "" if base.endswith(("*", "(*")) else " "
         note = ""
-        if isinstance(t, StringType) and t.storage == "data_loc":
+        if isinstance(t, S.StringType) and t.storage == "data_loc":
             note = "__data_loc char[]: offset from the record start (low 16 bits), length (high 16)"
-        elif isinstance(t, SequenceType):
+        elif isinstance(t, S.SequenceType):
             note = (
                 "__data_loc sequence: offset (low 16 bits), length in bytes (high 16)"
                 if t.storage == "data_loc"
@@ -851,8 +835,8 @@ def compile_llvm(
     *,
     name: str = "hwtrace_filter",
     opt: int = 3,
-    event_schema: Schema | None = None,
-    context_schema: Schema | None = None,
+    event_schema: S.Schema | None = None,
+    context_schema: S.Schema | None = None,
 ) -> LlvmFilter:
     """Compile a checked tree (types and paths set) to native code.
 
@@ -882,7 +866,7 @@ def compile_llvm(
     if head not in ir_text:
         raise FilterError(f"unexpected IR header for {name}")
     ir_text = ir_text.replace(head, head + ' "no-builtins"', 1)
-    paths: list[FieldPath] = []
+    paths: list[S.FieldPath] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.FieldRef) and node.path is not None and node.path not in paths:
             paths.append(node.path)

@@ -258,60 +258,37 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
             steps += 1
             store_u64(trace, steps)
 
-        # -- pushes: compute the new entry, spill bx, move ax to bx ----------
+        # -- pushes: compute the new entry (t, v, n), pushed after the chain ----
         if op == LOAD_FIELD_REF_STRING or op == GET_CONTEXT_REF_STRING:
-            s, n = _static_string(event if op == LOAD_FIELD_REF_STRING else context, code, pc)
-            if s == 0:
+            v, n = _static_string(event if op == LOAD_FIELD_REF_STRING else context, code, pc)
+            if v == 0:
                 return 0
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v, ax_n = T_STRING, s, n
+            t = T_STRING
             pc += 6
         elif op == LOAD_STRING or op == LOAD_STAR_GLOB_STRING:
             k = np.int64(load_u16(code + pc + 1))
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t = T_STRING_LIT if op == LOAD_STRING else T_STAR_GLOB
-            ax_v = load_i64(lits + 16 * k)
-            ax_n = load_i64(lits + 16 * k + 8)
+            t = T_STRING_LIT if op == LOAD_STRING else T_STAR_GLOB
+            v = load_i64(lits + 16 * k)
+            n = load_i64(lits + 16 * k + 8)
             pc += 3
         elif op == LOAD_FIELD_REF_S64 or op == GET_CONTEXT_REF_S64:
+            t, n = T_S64, np.int64(0)
             v = _static_int(event if op == LOAD_FIELD_REF_S64 else context, code, pc)
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v = T_S64, v
             pc += 4
-        elif op == LOAD_S64:
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v = T_S64, load_i64(code + pc + 1)
-            pc += 9
         elif op == LOAD_FIELD_REF_DOUBLE or op == GET_CONTEXT_REF_DOUBLE:
-            d = _static_double(event if op == LOAD_FIELD_REF_DOUBLE else context, code, pc)
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v = T_DOUBLE, _bits(d)
+            t, n = T_DOUBLE, np.int64(0)
+            v = _bits(_static_double(event if op == LOAD_FIELD_REF_DOUBLE else context, code, pc))
             pc += 4
-        elif op == LOAD_DOUBLE:
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v = T_DOUBLE, load_i64(code + pc + 1)
+        elif op == LOAD_S64 or op == LOAD_DOUBLE:
+            t, n = (T_S64 if op == LOAD_S64 else T_DOUBLE), np.int64(0)
+            v = load_i64(code + pc + 1)
             pc += 9
         elif op == LOAD_FIELD_STRING:
             path = load_i64(fields + 8 * np.int64(load_u16(code + pc + 1)))
-            s, n = string_at(path, event, context)
-            if s == 0:
+            v, n = string_at(path, event, context)
+            if v == 0:
                 return 0
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v, ax_n = T_STRING, s, n
+            t = T_STRING
             pc += 3
         elif op == LOAD_FIELD_S64 or op == LOAD_FIELD_DOUBLE:
             path = load_i64(fields + 8 * np.int64(load_u16(code + pc + 1)))
@@ -319,6 +296,7 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
             if slot == 0:
                 return 0
             size = load_i64(path + 16)
+            n = np.int64(0)
             if op == LOAD_FIELD_S64:
                 t = T_S64
                 v = load_int(slot, size, load_i64(path + 24) != 0)
@@ -328,93 +306,95 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
             else:
                 t = T_DOUBLE
                 v = load_i64(slot)
-            _spill(mem, top, bx_t, bx_v, bx_n)
-            top += 1
-            bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
-            ax_t, ax_v = t, v
             pc += 3
         elif op == LOAD_FIELD_UNLINKED:
             return 0
-
-        # -- logical: short-circuit to the skip offset, else pop the left ----
-        elif op == AND or op == OR:
-            if (ax_v == 0) == (op == AND):
-                if op == OR:
-                    ax_v = 1
-                pc = np.int64(load_u16(code + pc + 1))
-                continue
-            top -= 1
-            ax_t, ax_v, ax_n = bx_t, bx_v, bx_n
-            bx_t, bx_v, bx_n = _fill(mem, top)
-            pc += 3
-
-        elif op == RETURN:
-            return 1 if ax_v != 0 else 0
-
-        # -- unary: ax in place ------------------------------------------------
-        elif op == UNARY_NOT_S64:
-            ax_v = 1 if ax_v == 0 else 0
-            pc += 1
-        elif op == UNARY_NOT_DOUBLE:
-            ax_t, ax_v = T_S64, (1 if _double(ax_v) == 0.0 else 0)
-            pc += 1
-        elif op == UNARY_MINUS_S64:
-            ax_v = -ax_v
-            pc += 1
-        elif op == UNARY_MINUS_DOUBLE:
-            ax_v = _bits(-_double(ax_v))
-            pc += 1
-        elif op == UNARY_BIT_NOT:
-            ax_v = ~ax_v
-            pc += 1
-        elif op == UNARY_PLUS_S64 or op == UNARY_PLUS_DOUBLE:
-            pc += 1
-
-        # -- binary: result from bx and ax, then pop ---------------------------
         else:
-            if op == EQ_STRING or op == NE_STRING:
-                if ax_t == T_STRING_LIT:
-                    eq = str_equal(bx_v, bx_n, ax_v, ax_n)
-                elif bx_t == T_STRING_LIT:
-                    eq = str_equal(ax_v, ax_n, bx_v, bx_n)
-                else:
-                    eq = strings_equal(bx_v, bx_n, ax_v, ax_n)
-                r = np.int64(eq == (op == EQ_STRING))
-            elif op == EQ_STAR_GLOB_STRING or op == NE_STAR_GLOB_STRING:
-                # The pattern is whichever side was loaded as one (LTTng's rule).
-                if ax_t == T_STAR_GLOB:
-                    m = glob_match(bx_v, bx_n, ax_v, ax_n)
-                else:
-                    m = glob_match(ax_v, ax_n, bx_v, bx_n)
-                r = np.int64(m == (op == EQ_STAR_GLOB_STRING))
-            elif op >= EQ_S64 and op <= LE_S64:
-                r = np.int64(_compare(op - EQ_S64, bx_v, ax_v))
-            elif op >= EQ_DOUBLE and op <= LE_DOUBLE:
-                r = np.int64(_compare(op - EQ_DOUBLE, _double(bx_v), _double(ax_v)))
-            elif op >= EQ_DOUBLE_S64 and op <= LE_DOUBLE_S64:
-                r = np.int64(_compare(op - EQ_DOUBLE_S64, _double(bx_v), np.float64(ax_v)))
-            elif op >= EQ_S64_DOUBLE and op <= LE_S64_DOUBLE:
-                r = np.int64(_compare(op - EQ_S64_DOUBLE, np.float64(bx_v), _double(ax_v)))
-            elif op == BIT_AND:
-                r = bx_v & ax_v
-            elif op == BIT_OR:
-                r = bx_v | ax_v
-            elif op == BIT_XOR:
-                r = bx_v ^ ax_v
-            elif op == BIT_LSHIFT or op == BIT_RSHIFT:
-                # A count outside 0..63 makes the whole filter false.
-                if ax_v < 0 or ax_v > 63:
-                    return 0
-                if op == BIT_LSHIFT:
-                    r = np.int64(np.uint64(bx_v) << np.uint64(ax_v))
-                else:
-                    r = np.int64(np.uint64(bx_v) >> np.uint64(ax_v))
+            # -- logical: short-circuit to the skip offset, else pop the left ----
+            if op == AND or op == OR:
+                if (ax_v == 0) == (op == AND):
+                    if op == OR:
+                        ax_v = 1
+                    pc = np.int64(load_u16(code + pc + 1))
+                    continue
+                top -= 1
+                ax_t, ax_v, ax_n = bx_t, bx_v, bx_n
+                bx_t, bx_v, bx_n = _fill(mem, top)
+                pc += 3
+
+            elif op == RETURN:
+                return 1 if ax_v != 0 else 0
+
+            # -- unary: ax in place ------------------------------------------------
+            elif op == UNARY_NOT_S64:
+                ax_v = 1 if ax_v == 0 else 0
+                pc += 1
+            elif op == UNARY_NOT_DOUBLE:
+                ax_t, ax_v = T_S64, (1 if _double(ax_v) == 0.0 else 0)
+                pc += 1
+            elif op == UNARY_MINUS_S64:
+                ax_v = -ax_v
+                pc += 1
+            elif op == UNARY_MINUS_DOUBLE:
+                ax_v = _bits(-_double(ax_v))
+                pc += 1
+            elif op == UNARY_BIT_NOT:
+                ax_v = ~ax_v
+                pc += 1
+            elif op == UNARY_PLUS_S64 or op == UNARY_PLUS_DOUBLE:
+                pc += 1
+
+            # -- binary: result from bx and ax, then pop ---------------------------
             else:
-                return 0  # unreachable for validated code
-            top -= 1
-            bx_t, bx_v, bx_n = _fill(mem, top)
-            ax_t, ax_v = T_S64, r
-            pc += 1
+                if op == EQ_STRING or op == NE_STRING:
+                    if ax_t == T_STRING_LIT:
+                        eq = str_equal(bx_v, bx_n, ax_v, ax_n)
+                    elif bx_t == T_STRING_LIT:
+                        eq = str_equal(ax_v, ax_n, bx_v, bx_n)
+                    else:
+                        eq = strings_equal(bx_v, bx_n, ax_v, ax_n)
+                    r = np.int64(eq == (op == EQ_STRING))
+                elif op == EQ_STAR_GLOB_STRING or op == NE_STAR_GLOB_STRING:
+                    # The pattern is whichever side was loaded as one (LTTng's rule).
+                    if ax_t == T_STAR_GLOB:
+                        m = glob_match(bx_v, bx_n, ax_v, ax_n)
+                    else:
+                        m = glob_match(ax_v, ax_n, bx_v, bx_n)
+                    r = np.int64(m == (op == EQ_STAR_GLOB_STRING))
+                elif op >= EQ_S64 and op <= LE_S64:
+                    r = np.int64(_compare(op - EQ_S64, bx_v, ax_v))
+                elif op >= EQ_DOUBLE and op <= LE_DOUBLE:
+                    r = np.int64(_compare(op - EQ_DOUBLE, _double(bx_v), _double(ax_v)))
+                elif op >= EQ_DOUBLE_S64 and op <= LE_DOUBLE_S64:
+                    r = np.int64(_compare(op - EQ_DOUBLE_S64, _double(bx_v), np.float64(ax_v)))
+                elif op >= EQ_S64_DOUBLE and op <= LE_S64_DOUBLE:
+                    r = np.int64(_compare(op - EQ_S64_DOUBLE, np.float64(bx_v), _double(ax_v)))
+                elif op == BIT_AND:
+                    r = bx_v & ax_v
+                elif op == BIT_OR:
+                    r = bx_v | ax_v
+                elif op == BIT_XOR:
+                    r = bx_v ^ ax_v
+                elif op == BIT_LSHIFT or op == BIT_RSHIFT:
+                    # A count outside 0..63 makes the whole filter false.
+                    if ax_v < 0 or ax_v > 63:
+                        return 0
+                    if op == BIT_LSHIFT:
+                        r = np.int64(np.uint64(bx_v) << np.uint64(ax_v))
+                    else:
+                        r = np.int64(np.uint64(bx_v) >> np.uint64(ax_v))
+                else:
+                    return 0  # unreachable for validated code
+                top -= 1
+                bx_t, bx_v, bx_n = _fill(mem, top)
+                ax_t, ax_v = T_S64, r
+                pc += 1
+            continue
+        # The push: spill bx, move ax to bx, the new entry to ax.
+        _spill(mem, top, bx_t, bx_v, bx_n)
+        top += 1
+        bx_t, bx_v, bx_n = ax_t, ax_v, ax_n
+        ax_t, ax_v, ax_n = t, v, n
 
 
 @njit(cache=True)

@@ -35,14 +35,18 @@ from .errors import FilterError
 # -- types -------------------------------------------------------------------------
 
 
-class _Scalar:
-    """A number type: ``size`` bytes, aligned to its size."""
+class _Sized:
+    """A type whose fixed part is its ``size`` field."""
 
     size: int
 
     @property
     def fixed_size(self) -> int:
         return self.size
+
+
+class _Scalar(_Sized):
+    """A number type: ``size`` bytes, aligned to its size."""
 
     @property
     def align(self) -> int:
@@ -115,13 +119,9 @@ class Field:
 
 
 @dataclass(frozen=True)
-class StructType:
+class StructType(_Sized):
     fields: tuple[Field, ...]
     size: int
-
-    @property
-    def fixed_size(self) -> int:
-        return self.size
 
     @property
     def align(self) -> int:

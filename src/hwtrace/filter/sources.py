@@ -7,7 +7,7 @@
   :func:`schemas_from_ctf_metadata`.  CTF's packed stream layout is not an
   in-memory one, so these schemas lay fields out as a C struct (strings as
   ``char *``, sequences as a pointer plus their length field); a reader
-  unpacks events into such records (:mod:`.records`).
+  unpacks events into such records (:mod:`.packing`).
 * Python mappings: :func:`schema_from_mapping`.
 
 Bad input gives one :class:`FilterError` whose ``where`` names the file (or

@@ -272,6 +272,21 @@ def put_spaces(out: np.ndarray, p: int, n: int) -> int:
     return p
 
 
+@njit(cache=True, inline="always", _nrt=False)
+def put_seconds(out: np.ndarray, p: int, ns: int, width: int) -> int:
+    """``ns`` (nanoseconds, >= 0) as seconds with nine decimals, the whole
+    seconds right-aligned in ``width`` columns (C's ``%*llu.%09llu``)."""
+    sec = ns // 1_000_000_000
+    p = put_spaces(out, p, width - digit_count(sec, 10))
+    p = put_dec(out, p, sec)
+    out[p] = 46
+    frac = ns % 1_000_000_000
+    for j in range(9, 0, -1):
+        out[p + j] = 48 + frac % 10
+        frac //= 10
+    return p + 10
+
+
 @njit(cache=True, _nrt=False)
 def pad_to(out: np.ndarray, p: int, start: int, width: int) -> int:
     """Blanks after the bytes written since ``start`` up to ``width``
@@ -340,6 +355,7 @@ __all__ = [
     "put_dec",
     "put_hex",
     "put_row",
+    "put_seconds",
     "put_signed",
     "put_spaces",
     "put_text",

@@ -25,6 +25,7 @@ from . import (
     put_dec,
     put_hex,
     put_row,
+    put_seconds,
     put_spaces,
     put_text,
     string_list_table,
@@ -56,16 +57,7 @@ def _render(
         out[p] = 32
         p += 1
         if ns[i] >= 0:
-            sec = ns[i] // 1_000_000_000
-            frac = ns[i] % 1_000_000_000
-            p = put_spaces(out, p, 5 - digit_count(sec, 10))
-            p = put_dec(out, p, sec)
-            out[p] = 46
-            p += 1
-            for j in range(8, -1, -1):
-                out[p + j] = 48 + frac % 10
-                frac //= 10
-            p += 9
+            p = put_seconds(out, p, ns[i], 5)
         else:
             p = put_spaces(out, p, 14)
             out[p] = 45

@@ -447,23 +447,23 @@ class _Gen:
             self.emit(isa.alu64(_BITWISE[n.op], R1, R0, reg=True), isa.mov(R0, R1))
             return
         # Comparisons and logic as values: 0 or 1.
-        t, f, done = self.label("t"), self.label("f"), self.label("done")
+        t, f = self.label("t"), self.label("f")
         self.cond(n, t, f, abort, depth)
         self.place(t)
-        self.emit(isa.mov_imm(R0, 1))
-        self.jump(done)
-        self.place(f)
-        self.emit(isa.mov_imm(R0, 0))
-        self.place(done)
+        self.materialize(R0, f)
 
     def materialize_zero_test(self, reg: int) -> None:
         """reg = (reg == 0)."""
-        skip = self.label("nz")
+        nonzero = self.label("nz")
+        self.jump(nonzero, isa.JNE, reg, 0)
+        self.materialize(reg, nonzero)
+
+    def materialize(self, reg: int, false: _Label) -> None:
+        """reg = 1 on the path reaching here, 0 on the jumps to ``false``."""
         done = self.label("done")
-        self.jump(skip, isa.JNE, reg, 0)
         self.emit(isa.mov_imm(reg, 1))
         self.jump(done)
-        self.place(skip)
+        self.place(false)
         self.emit(isa.mov_imm(reg, 0))
         self.place(done)
 

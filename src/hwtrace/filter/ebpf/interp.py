@@ -152,22 +152,15 @@ def run(insns: int, count: int, event: int, context: int) -> int:
             _set(regs, dst, np.int64(load_u16(x + off)))
         elif code == 0x71:  # ldx u8
             _set(regs, dst, np.int64(load_u8(x + off)))
-        elif code == 0x7B:  # stx u64
-            store_u64(a + off, x)
-        elif code == 0x63:  # stx u32
-            store_u32(a + off, x)
-        elif code == 0x6B:  # stx u16
-            store_u16(a + off, x)
-        elif code == 0x73:  # stx u8
-            store_u8(a + off, x)
-        elif code == 0x7A:  # st u64
-            store_u64(a + off, imm)
-        elif code == 0x62:  # st u32
-            store_u32(a + off, imm)
-        elif code == 0x6A:  # st u16
-            store_u16(a + off, imm)
-        elif code == 0x72:  # st u8
-            store_u8(a + off, imm)
+        # Stores: class 3 (stx, odd opcodes) stores src, class 2 (st) imm.
+        elif code == 0x7B or code == 0x7A:  # stx/st u64
+            store_u64(a + off, x if code & 1 else imm)
+        elif code == 0x63 or code == 0x62:  # stx/st u32
+            store_u32(a + off, x if code & 1 else imm)
+        elif code == 0x6B or code == 0x6A:  # stx/st u16
+            store_u16(a + off, x if code & 1 else imm)
+        elif code == 0x73 or code == 0x72:  # stx/st u8
+            store_u8(a + off, x if code & 1 else imm)
         elif code == 0x18:  # ld_imm64 (linked: a plain 64-bit immediate)
             high = load_i64(insns + 8 * pc) >> 32
             _set(regs, dst, (imm & _M32) | (high << 32))

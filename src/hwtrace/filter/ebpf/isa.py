@@ -22,7 +22,7 @@ LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
 W, H, B, DW = 0x00, 0x08, 0x10, 0x18
 SIZE_BYTES = {W: 4, H: 2, B: 1, DW: 8}
 # Modes.
-IMM, ABS, IND, MEM, ATOMIC = 0x00, 0x20, 0x40, 0x60, 0xC0
+IMM, ABS, IND, MEM, MEMSX, ATOMIC = 0x00, 0x20, 0x40, 0x60, 0x80, 0xC0
 # Source operand.
 K, X = 0x00, 0x08
 # ALU operations.

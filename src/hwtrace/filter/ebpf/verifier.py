@@ -198,27 +198,25 @@ def jmp_eval(op: int, is64: bool, a: int, b: int) -> bool:
 # -- state -----------------------------------------------------------------------------
 
 
+# How a value of each kind reads in messages ({a}, {b}: its other two words).
+_DESCRIPTIONS = {
+    NOT_INIT: "uninitialised",
+    PTR_TO_EVENT: "a pointer to event{a:+d}",
+    PTR_TO_CONTEXT: "a pointer to context{a:+d}",
+    PTR_TO_STACK: "a pointer to the stack at fp{a:+d}",
+    PTR_TO_RODATA: "a pointer to rodata{a:+d}",
+    PATH: "field path {a}",
+    PTR_TO_MEM: "a checked field address{a:+d} ({b}-byte slot)",
+    PTR_TO_MEM_OR_NULL: "a possibly-null field address (from the call at insn {a})",
+    UNUSABLE: "unusable ({b} on the paths that merge at insn {a})",
+}
+
+
 def _describe(v: tuple) -> str:
     kind, a, b = v
-    if kind == NOT_INIT:
-        return "uninitialised"
     if kind == SCALAR:
         return "a scalar" if a is None else f"the scalar {_signed(a, 64)}"
-    if kind == PTR_TO_EVENT:
-        return f"a pointer to event{a:+d}"
-    if kind == PTR_TO_CONTEXT:
-        return f"a pointer to context{a:+d}"
-    if kind == PTR_TO_STACK:
-        return f"a pointer to the stack at fp{a:+d}"
-    if kind == PTR_TO_RODATA:
-        return f"a pointer to rodata{a:+d}"
-    if kind == PATH:
-        return f"field path {a}"
-    if kind == PTR_TO_MEM:
-        return f"a checked field address{a:+d} ({b}-byte slot)"
-    if kind == PTR_TO_MEM_OR_NULL:
-        return f"a possibly-null field address (from the call at insn {a})"
-    return f"unusable ({b} on the paths that merge at insn {a})"
+    return _DESCRIPTIONS[kind].format(a=a, b=b)
 
 
 def _join_reg(x: tuple, y: tuple, at: int) -> tuple:
@@ -388,6 +386,25 @@ class _Verifier:
         if r > 10:
             self.fail(f"invalid register r{r}")
 
+    def check_source(self, s: int, imm: int, register: bool, what: str) -> None:
+        """The source operand is a register (src, with imm 0) or the
+        immediate (with src 0); ``what`` names the instruction form."""
+        if register:
+            self.check_reg(s)
+            if imm:
+                self.fail(f"{what}: the immediate must be 0")
+        elif s:
+            self.fail(f"{what}: the src field must be 0")
+
+    def check_mode(self, c: int, what: str, newer: int = -1, unsupported: str = "") -> None:
+        """A load or store must use BPF_MEM; ``newer``, a mode of a later
+        instruction set, fails with the message ``unsupported``."""
+        mode = c & 0xE0
+        if mode == newer:
+            self.fail(unsupported)
+        if mode != isa.MEM:
+            self.fail(f"invalid {what} mode {mode:#x} (opcode {c:#04x})")
+
     def check_insn(self, pc: int) -> None:
         c, d, s, off, imm = self.code[pc], self.dst[pc], self.src[pc], self.off[pc], self.imm[pc]
         cls = c & 7
@@ -414,13 +431,10 @@ class _Verifier:
                 if x or s or imm:
                     self.fail("neg: source, src and immediate must be 0")
                 return
+            form = "a register source" if x else "an immediate"
+            self.check_source(s, imm, bool(x), f"ALU {_ALU_OPS[op]} with {form}")
             if x:
-                self.check_reg(s)
-                if imm:
-                    self.fail(f"ALU {_ALU_OPS[op]} with a register source: the immediate must be 0")
                 return
-            if s:
-                self.fail(f"ALU {_ALU_OPS[op]} with an immediate: the src field must be 0")
             if op in (isa.DIV, isa.MOD) and imm == 0:
                 self.fail("division by the constant 0")
             if op in (isa.LSH, isa.RSH, isa.ARSH):
@@ -429,33 +443,21 @@ class _Verifier:
                     self.fail(f"shift by {imm}: a constant shift must be 0..{bits - 1}")
             return
         if cls == isa.LDX:
-            mode = c & 0xE0
-            if mode == 0x80:
-                self.fail("sign-extending loads (BPF_MEMSX, cpu v4) are not supported")
-            if mode != isa.MEM:
-                self.fail(f"invalid load mode {mode:#x} (opcode {c:#04x})")
+            self.check_mode(
+                c, "load", isa.MEMSX, "sign-extending loads (BPF_MEMSX, cpu v4) are not supported"
+            )
             self.check_dst_writable(pc)
-            self.check_reg(s)
-            if imm:
-                self.fail("load: the immediate must be 0")
+            self.check_source(s, imm, True, "load")
             return
         if cls == isa.STX:
-            mode = c & 0xE0
-            if mode == isa.ATOMIC:
-                self.fail("atomic operations are not supported")
-            if mode != isa.MEM:
-                self.fail(f"invalid store mode {mode:#x} (opcode {c:#04x})")
+            self.check_mode(c, "store", isa.ATOMIC, "atomic operations are not supported")
             self.check_reg(d)
-            self.check_reg(s)
-            if imm:
-                self.fail("store of a register: the immediate must be 0")
+            self.check_source(s, imm, True, "store of a register")
             return
         if cls == isa.ST:
-            if c & 0xE0 != isa.MEM:
-                self.fail(f"invalid store mode {c & 0xE0:#x} (opcode {c:#04x})")
+            self.check_mode(c, "store")
             self.check_reg(d)
-            if s:
-                self.fail("store of an immediate: the src field must be 0")
+            self.check_source(s, imm, False, "store of an immediate")
             return
         if cls == isa.LD:
             mode = c & 0xE0
@@ -485,12 +487,9 @@ class _Verifier:
             what = "JMP32" if cls == isa.JMP32 else "JMP"
             self.fail(f"unknown {what} operation {op:#x} (opcode {c:#04x})")
         self.check_reg(d)
-        if x:
-            self.check_reg(s)
-            if imm:
-                self.fail("conditional jump on a register: the immediate must be 0")
-        elif s:
-            self.fail("conditional jump on an immediate: the src field must be 0")
+        self.check_source(
+            s, imm, bool(x), f"conditional jump on {'a register' if x else 'an immediate'}"
+        )
 
     # -- pass 2: types along every path ---------------------------------------------
 

@@ -25,7 +25,7 @@ from numba import njit
 
 from ..errors import FilterError
 from ..ftrace_raw import LIVE_TRACEFS, Tracefs
-from ..records import RecordBatch, pack_many
+from ..packing import RecordBatch, pack_many
 from ..schema import DEFAULT_CONTEXT, Schema, SequenceType, StringType
 from ..sources import schema_from_tracefs
 

@@ -1,7 +1,7 @@
 """CTF traces as an event source, through babeltrace2's Python bindings.
 
 ``bt2`` (Debian's python3-bt2) reads the trace with its ``ctf.fs`` source;
-each event's payload is packed into a record (:func:`~hwtrace.filter.records.pack_many`)
+each event's payload is packed into a record (:func:`~hwtrace.filter.packing.pack_many`)
 laid out from bt2's field classes, and its context (``cpu_id``, ``vpid``,
 ``vtid``, ``procname``) from the packet, common and specific contexts.
 bt2 hands events over one by one as Python values, so this adapter, unlike
@@ -18,19 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import schema as S
 from ..errors import FilterError
-from ..records import pack_many
-from ..schema import (
-    ArrayType,
-    FloatType,
-    IntType,
-    Schema,
-    SequenceType,
-    StringType,
-    StructType,
-    Type,
-    layout,
-)
+from ..packing import pack_many
 from .base import EventSource, EventType, StreamError, contexts
 
 
@@ -65,47 +55,47 @@ def _bytes_for(values: int) -> int:
     return next(n for n in (1, 2, 4, 8) if values <= 8 * n)
 
 
-def _bt2_type(bt2: Any, fc: Any) -> Type | None:
+def _bt2_type(bt2: Any, fc: Any) -> S.Type | None:
     """A schema type for a bt2 field class (None: not representable)."""
     if isinstance(fc, bt2._BoolFieldClassConst):
-        return IntType(1, False)
+        return S.IntType(1, False)
     if isinstance(fc, bt2._IntegerFieldClassConst):
         signed = isinstance(fc, bt2._SignedIntegerFieldClassConst)
-        return IntType(_bytes_for(fc.field_value_range), signed)
+        return S.IntType(_bytes_for(fc.field_value_range), signed)
     if isinstance(fc, bt2._RealFieldClassConst):
         # bt2 2.0: one class with is_single_precision; 2.1: two classes.
         single = getattr(bt2, "_SinglePrecisionRealFieldClassConst", None)
         if getattr(fc, "is_single_precision", False) or (single and isinstance(fc, single)):
-            return FloatType(4)
-        return FloatType(8)
+            return S.FloatType(4)
+        return S.FloatType(8)
     if isinstance(fc, bt2._StringFieldClassConst):
-        return StringType("ptr")
+        return S.StringType("ptr")
     if isinstance(fc, bt2._StructureFieldClassConst):
         members = []
         for name in fc:
             t = _bt2_type(bt2, fc[name].field_class)
             if t is not None:
                 members.append((name, t))
-        return layout(members)
+        return S.layout(members)
     if isinstance(fc, bt2._StaticArrayFieldClassConst):
         el = _bt2_type(bt2, fc.element_field_class)
-        return ArrayType(el, fc.length) if el is not None else None
+        return S.ArrayType(el, fc.length) if el is not None else None
     if isinstance(fc, bt2._DynamicArrayFieldClassConst):
         el = _bt2_type(bt2, fc.element_field_class)
         # The length field is not kept apart: the elements go after the
         # record with their byte count (a data_loc sequence).
-        return SequenceType(el, "data_loc") if el is not None else None
+        return S.SequenceType(el, "data_loc") if el is not None else None
     return None  # variants, options, bit arrays
 
 
-def _bt2_value(bt2: Any, f: Any, t: Type) -> Any:
-    if isinstance(t, StructType):
+def _bt2_value(bt2: Any, f: Any, t: S.Type) -> Any:
+    if isinstance(t, S.StructType):
         return {m.name: _bt2_value(bt2, f[m.name], m.type) for m in t.fields}
-    if isinstance(t, (ArrayType, SequenceType)):
+    if isinstance(t, (S.ArrayType, S.SequenceType)):
         return [_bt2_value(bt2, x, t.element) for x in f]
-    if isinstance(t, StringType):
+    if isinstance(t, S.StringType):
         return str(f)
-    if isinstance(t, FloatType):
+    if isinstance(t, S.FloatType):
         return float(f)
     return int(f)
 
@@ -128,7 +118,7 @@ class CtfSource(EventSource):
             spec = bt2.ComponentSpec(fs_class, {"inputs": [str(d) for d in dirs]})
             it = bt2.TraceCollectionMessageIterator(spec)
             by_name: dict[str, list[int]] = {}
-            schemas: dict[str, Schema] = {}
+            schemas: dict[str, S.Schema] = {}
             values: dict[str, list[dict[str, Any]]] = {}
             time: list[int] = []
             cpu: list[int] = []
@@ -151,7 +141,7 @@ class CtfSource(EventSource):
                 if schema is None:
                     pfc = ev.cls.payload_field_class
                     st = _bt2_type(bt2, pfc) if pfc is not None else None
-                    schema = schemas[name] = Schema(name, st or layout([]))
+                    schema = schemas[name] = S.Schema(name, st or S.layout([]))
                 row = {}
                 if ev.payload_field is not None:
                     row = _bt2_value(bt2, ev.payload_field, schema.struct)

@@ -36,17 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from . import schema as S
 from .errors import FilterError
-from .schema import (
-    ArrayType,
-    FloatType,
-    IntType,
-    Schema,
-    SequenceType,
-    StringType,
-    StructType,
-    Type,
-)
 
 
 class RecordBatch:
@@ -59,7 +50,7 @@ class RecordBatch:
 
     def __init__(
         self,
-        schema: Schema,
+        schema: S.Schema,
         buffer: np.ndarray,
         stride: int,
         sizes: np.ndarray,
@@ -91,7 +82,7 @@ class RecordBatch:
 class EventRecord:
     """One record of ``schema`` holding ``values`` (see the module doc)."""
 
-    def __init__(self, schema: Schema, values: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, schema: S.Schema, values: Mapping[str, Any] | None = None) -> None:
         self.schema = schema
         self.values = dict(values or {})
         self._batch = pack_many(schema, [self.values])
@@ -106,7 +97,7 @@ class EventRecord:
 
 
 def pack_many(
-    schema: Schema, rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
+    schema: S.Schema, rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
 ) -> RecordBatch:
     """Records of ``schema`` for ``rows``: a list of value dicts, or a dict
     of columns (field name -> N values, numpy arrays welcome for numbers)."""
@@ -153,7 +144,7 @@ class _Packer:
         self.keep = keep
         self.strings = strings  # one buffer per distinct ptr string
 
-    def finish(self, schema: Schema) -> RecordBatch:
+    def finish(self, schema: S.Schema) -> RecordBatch:
         assert self.dynamic is not None
         extra = max((len(d) for d in self.dynamic.values()), default=0)
         stride = max(8, -(-(self.size + extra) // 8) * 8)
@@ -172,18 +163,18 @@ class _Packer:
         width = data.dtype.itemsize
         self.fixed[:, offset : offset + width] = data.view(np.uint8).reshape(self.n, width)
 
-    def column(self, t: Type, offset: int, values: Sequence[Any], where: str) -> None:
-        if isinstance(t, IntType):
+    def column(self, t: S.Type, offset: int, values: Sequence[Any], where: str) -> None:
+        if isinstance(t, S.IntType):
             self.put(offset, _ints(values, t.size, where))
-        elif isinstance(t, FloatType):
+        elif isinstance(t, S.FloatType):
             self.put(offset, _floats(values, t.size, where))
-        elif isinstance(t, StringType):
+        elif isinstance(t, S.StringType):
             self.string_column(t, offset, values, where)
-        elif isinstance(t, ArrayType):
+        elif isinstance(t, S.ArrayType):
             self.array_column(t, offset, values, where)
-        elif isinstance(t, SequenceType):
+        elif isinstance(t, S.SequenceType):
             self.sequence_column(t, offset, values, where)
-        elif isinstance(t, StructType):
+        elif isinstance(t, S.StructType):
             names = {f.name for f in t.fields}
             plain = True  # every value a dict: columns are cut at C speed
             for i, v in enumerate(values):
@@ -208,7 +199,7 @@ class _Packer:
             raise FilterError(f"{where}: cannot store a {type(t).__name__}")
 
     def struct_columns(
-        self, t: StructType, offset: int, columns: dict[str, Sequence[Any]], where: str
+        self, t: S.StructType, offset: int, columns: dict[str, Sequence[Any]], where: str
     ) -> None:
         unknown = set(columns) - {f.name for f in t.fields}
         if unknown:
@@ -217,7 +208,11 @@ class _Packer:
         # (several sequences may share one: the first present one counts).
         counted: dict[str, list[Sequence[Any]]] = {}
         for f in t.fields:
-            if isinstance(f.type, SequenceType) and f.type.storage == "ptr" and f.type.length_field:
+            if (
+                isinstance(f.type, S.SequenceType)
+                and f.type.storage == "ptr"
+                and f.type.length_field
+            ):
                 if f.name in columns:
                     counted.setdefault(f.type.length_field, []).append(columns[f.name])
         columns = dict(columns)
@@ -237,7 +232,9 @@ class _Packer:
                 continue  # zeros already
             self.column(f.type, offset + f.offset, values, f"{where}.{f.name}")
 
-    def string_column(self, t: StringType, offset: int, values: Sequence[Any], where: str) -> None:
+    def string_column(
+        self, t: S.StringType, offset: int, values: Sequence[Any], where: str
+    ) -> None:
         if t.storage == "ptr":
             self.put(offset, self.c_strings(values, where))
             return
@@ -297,7 +294,7 @@ class _Packer:
             raise FilterError(f"{where}: data_loc offset or length above 0xffff")
         return at | (len(data) << 16)
 
-    def array_column(self, t: ArrayType, offset: int, values: Sequence[Any], where: str) -> None:
+    def array_column(self, t: S.ArrayType, offset: int, values: Sequence[Any], where: str) -> None:
         lists = [_list(v, _at(where, i)) for i, v in enumerate(values)]
         for i, v in enumerate(lists):
             if len(v) > t.length:
@@ -309,7 +306,7 @@ class _Packer:
                 self.column(t.element, offset + k * step, column, f"{where}[{k}]")
 
     def sequence_column(
-        self, t: SequenceType, offset: int, values: Sequence[Any], where: str
+        self, t: S.SequenceType, offset: int, values: Sequence[Any], where: str
     ) -> None:
         step = t.element.fixed_size
         words = np.zeros(self.n, np.uint64 if t.storage == "ptr" else np.uint32)
