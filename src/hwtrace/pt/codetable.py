@@ -289,44 +289,28 @@ def expand_blocks(ct, bip, bn, bmode, out, state):
     return EXPAND_DONE
 
 
-# The per-instruction and per-run columns of a CodeTable: name, dtype (and
-# width), fill.  Allocation and growth walk these; the compiled loops see
-# them in the order of CodeTable.tuple (the T_* indices).
+# The per-instruction and per-run columns of a CodeTable: name, dtype (with
+# a width: one row of that many), fill.  Allocation and growth walk these;
+# the compiled loops see them in the order of CodeTable.tuple (T_*).
+# i_raw: the instruction's bytes; i_adopted: not in the hash (see adopt).
 _INSN_COLUMNS = (
-    ("i_ip", np.uint64, 0),
-    ("i_size", np.uint8, 0),
-    ("i_class", np.uint8, 0),
-    ("i_special", np.uint8, 0),
-    ("i_flags", np.uint8, 0),
-    ("i_target", np.uint64, 0),
-    ("i_isid", np.int32, 0),
-    ("i_err", np.uint8, 0),
-    ("i_raw", (np.uint8, 16), 0),  # the instruction's bytes
-    ("i_mode", np.uint8, 0),
-    ("i_adopted", np.uint8, 0),  # not in the hash (see adopt)
-)
+    ("i_ip", "u8", 0), ("i_size", "u1", 0), ("i_class", "u1", 0), ("i_special", "u1", 0),
+    ("i_flags", "u1", 0), ("i_target", "u8", 0), ("i_isid", "i4", 0), ("i_err", "u1", 0),
+    ("i_raw", ("u1", 16), 0), ("i_mode", "u1", 0), ("i_adopted", "u1", 0),
+)  # fmt: skip
+# r_first: the run's first entry in r_insn.  Where control goes next, as run
+# indices filled in as the decoder learns them (-1: not yet): r_succ, the
+# next run (fall-through, direct jump or call, branch not taken); r_taken,
+# the branch taken; r_ret, for a call, the run it returns to.  r_lastk and
+# r_lastc: the last instruction (index) and its class.  r_key: the run's key
+# in the block store counts[C_KEY_OWNER] names (-1: not known yet), when the
+# decoder stores its rows itself.
 _RUN_COLUMNS = (
-    ("r_ip", np.uint64, 0),
-    ("r_mode", np.uint8, 0),
-    ("r_ninsn", np.int32, 0),
-    ("r_kind", np.uint8, 0),
-    ("r_next", np.uint64, 0),
-    ("r_target", np.uint64, 0),
-    ("r_first", np.int64, 0),  # the run's first entry in r_insn
-    ("r_isid", np.int32, 0),
-    # Where control goes next, as run indices, filled in as the decoder
-    # learns them (-1: not yet): the next run (fall-through, direct jump or
-    # call, branch not taken), the branch taken, and for a call the run it
-    # returns to.
-    ("r_succ", np.int32, -1),
-    ("r_taken", np.int32, -1),
-    ("r_ret", np.int32, -1),
-    ("r_lastk", np.int32, -1),  # the last instruction (index)
-    ("r_lastc", np.uint8, 0),  # and its class
-    # Each run's key in the block store counts[C_KEY_OWNER] names (-1: not
-    # known yet), when the decoder stores its rows itself.
-    ("r_key", np.int32, -1),
-)
+    ("r_ip", "u8", 0), ("r_mode", "u1", 0), ("r_ninsn", "i4", 0), ("r_kind", "u1", 0),
+    ("r_next", "u8", 0), ("r_target", "u8", 0), ("r_first", "i8", 0), ("r_isid", "i4", 0),
+    ("r_succ", "i4", -1), ("r_taken", "i4", -1), ("r_ret", "i4", -1), ("r_lastk", "i4", -1),
+    ("r_lastc", "u1", 0), ("r_key", "i4", -1),
+)  # fmt: skip
 
 
 def _alloc(table: object, columns: tuple, cap: int) -> None:
