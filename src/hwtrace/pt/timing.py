@@ -65,7 +65,7 @@ def _ctc_delta(ctc, last_ctc, mtc_freq):
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _tcal_init():
     """Fresh calibration state (pt_tcal_init): no FCR while min > max."""
-    return 0, -1, 0, 0, 0, 0, 0, 0, False, False
+    return 0, -1, 0, 0, 0, 0, 0, 0, False, False  # c_min -1: "UINT64_MAX", no FCR yet
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -135,27 +135,11 @@ def time_loop(
     mtc_hi = mtc_freq + 8
 
     # pt_time
-    t_tsc = 0
-    t_base = 0
-    t_fc = 0
-    t_ctc = 0
-    t_ctc_cyc = 0
-    t_lost_mtc = 0
-    t_lost_cyc = 0
-    t_have_tsc = False
-    t_have_tma = False
-    t_have_mtc = False
+    t_tsc = t_base = t_fc = t_ctc = t_ctc_cyc = t_lost_mtc = t_lost_cyc = 0
+    t_have_tsc = t_have_tma = t_have_mtc = False
     # pt_tcal
-    c_fcr = 0
-    c_min = -1  # "UINT64_MAX": no FCR yet while min > max
-    c_max = 0
-    c_tsc = 0
-    c_cyc_tsc = 0
-    c_cyc_mtc = 0
-    c_ctc = 0
-    c_lost_mtc = 0
-    c_have_mtc = False
-    c_check_skl168 = False
+    (c_fcr, c_min, c_max, c_tsc, c_cyc_tsc, c_cyc_mtc, c_ctc, c_lost_mtc, c_have_mtc,
+     c_check_skl168) = _tcal_init()  # fmt: skip
     in_header = False
     if state[_TS_VALID]:
         (
@@ -200,30 +184,19 @@ def time_loop(
             if i == n:
                 break
         if seg_start[i]:
-            t_tsc = 0
-            t_base = 0
-            t_fc = 0
-            t_ctc = 0
-            t_ctc_cyc = 0
-            t_lost_mtc = 0
-            t_lost_cyc = 0
-            t_have_tsc = False
-            t_have_tma = False
-            t_have_mtc = False
-            (
-                c_fcr,
-                c_min,
-                c_max,
-                c_tsc,
-                c_cyc_tsc,
-                c_cyc_mtc,
-                c_ctc,
-                c_lost_mtc,
-                c_have_mtc,
-                c_check_skl168,
-            ) = _tcal_init()
+            t_tsc = t_base = t_fc = t_ctc = t_ctc_cyc = t_lost_mtc = t_lost_cyc = 0
+            t_have_tsc = t_have_tma = t_have_mtc = False
             in_header = False
         kind = kinds[i]
+        # pt_tcal_init: calibration starts again where a segment starts, at an
+        # overflow (unless kept) and at a CBR outside PSB+ (a new frequency).
+        if (
+            seg_start[i]
+            or (kind == Kind.OVF and not keep_ovf)
+            or (kind == Kind.CBR and not no_tcal and not in_header)
+        ):
+            (c_fcr, c_min, c_max, c_tsc, c_cyc_tsc, c_cyc_mtc, c_ctc, c_lost_mtc, c_have_mtc,
+             c_check_skl168) = _tcal_init()  # fmt: skip
         if kind == Kind.PSB:
             if skl168:
                 c_check_skl168 = True
@@ -237,19 +210,6 @@ def time_loop(
                 c_cyc_mtc = 0
                 c_ctc = 0
                 c_have_mtc = False
-            else:
-                (
-                    c_fcr,
-                    c_min,
-                    c_max,
-                    c_tsc,
-                    c_cyc_tsc,
-                    c_cyc_mtc,
-                    c_ctc,
-                    c_lost_mtc,
-                    c_have_mtc,
-                    c_check_skl168,
-                ) = _tcal_init()
         elif kind == Kind.TSC:
             tsc = np.int64(col_a[i])
             if not no_tcal:
@@ -289,19 +249,6 @@ def time_loop(
         elif kind == Kind.CBR:
             cbr = np.int64(col_a[i])
             if not no_tcal:
-                if not in_header:
-                    (
-                        c_fcr,
-                        c_min,
-                        c_max,
-                        c_tsc,
-                        c_cyc_tsc,
-                        c_cyc_mtc,
-                        c_ctc,
-                        c_lost_mtc,
-                        c_have_mtc,
-                        c_check_skl168,
-                    ) = _tcal_init()
                 if nom_freq != 0:
                     if cbr == 0:
                         nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_CALIBRATING, E_BAD_PACKET)
