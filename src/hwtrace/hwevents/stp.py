@@ -362,6 +362,40 @@ def encode_stp_columns(kind, value, marker, has_ts, ts) -> bytes:
 # ---------------------------------------------------------------------------
 # Decoder
 
+# Headers by their nibbles in stream order (the module docstring's table):
+# the packet kind, +M if marked, +TS if timestamped.  F and F0 lead on to
+# one more nibble, FF to ASYNC's run of F; a header not here is reserved.
+_HEADERS = """
+    0 NULL  1 M8  2 MERR  3 C8  4 D8  5 D16  6 D32  7 D64
+    8 D8+MTS  9 D16+MTS  A D32+MTS  B D64+MTS  C D4  D D4+MTS  E FLAG+TS
+    F00 VERSION  F01 NULL+TS  F06 TRIG  F07 TRIG+TS  F08 FREQ  F2 GERR  F3 C16
+    F4 D8+TS  F5 D16+TS  F6 D32+TS  F7 D64+TS  F8 D8+M  F9 D16+M  FA D32+M  FB D64+M
+    FC D4+TS  FD D4+M  FE FLAG
+"""
+
+
+def _header_columns() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:data:`_HEADERS` for the compiled decoder, by row: 0-15 the first
+    nibble, 16-31 F and the second, 32-47 F0 and the third.  Columns: the
+    kind (-1: reserved), the data nibbles (the kind's value width), marked,
+    timestamped."""
+    kind = np.full(48, -1, np.int64)
+    nibbles = np.zeros(48, np.int64)
+    marked = np.zeros(48, np.bool_)
+    timestamped = np.zeros(48, np.bool_)
+    words = _HEADERS.split()
+    for hdr, name in zip(words[::2], words[1::2], strict=True):
+        row = 16 * (len(hdr) - 1) + int(hdr[-1], 16)
+        k, _, flags = name.partition("+")
+        kind[row] = StpKind[k]
+        nibbles[row] = _VALUE_BITS.get(StpKind[k], 0) // 4
+        marked[row] = "M" in flags
+        timestamped[row] = "TS" in flags
+    return kind, nibbles, marked, timestamped
+
+
+_HEADER_KIND, _HEADER_NIBBLES, _HEADER_MARKED, _HEADER_TS = _header_columns()
+
 # Sync tracking (OpenCSD's checkSyncNibble), on every nibble read: the run
 # of F nibbles, whether one started, whether a sync was seen, the byte
 # offset and nibble of the run's first F, relative to the nibble ``ctx``
@@ -508,90 +542,22 @@ def _decode(data, resync, cap, ecap, blocks):
         ptype = last  # what OpenCSD would call the packet if cut short
         h, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
         p += 1
-        if h == 0:
-            k = 0
-        elif h <= 3:
-            k = h
-            nd = 2
-        elif h <= 7:
-            k = h + 2
-            nd = 1 << (h - 3)
-        elif h <= 11:
-            k = h - 2
-            nd = 1 << (h - 7)
-            mk = True
-            wants_ts = True
-        elif h == 12:
-            k = 5
-            nd = 1
-        elif h == 13:
-            k = 5
-            nd = 1
-            mk = True
-            wants_ts = True
-        elif h == 14:
-            k = 10
-            wants_ts = True
-        else:
+        row = h  # of the _HEADER_* columns
+        if h == 15:
             if p >= N:
-                ptype = last
                 err = E_TRUNCATED
             else:
                 h1, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
                 p += 1
+                row = 16 + h1
                 if h1 == 0:
                     if p >= N:
                         err = E_TRUNCATED
                     else:
                         h2, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
                         p += 1
-                        if h2 == 0:
-                            k = 12
-                            nd = 1
-                        elif h2 == 1:
-                            k = 0
-                            wants_ts = True
-                        elif h2 == 6:
-                            k = 11
-                            nd = 2
-                        elif h2 == 7:
-                            k = 11
-                            nd = 2
-                            wants_ts = True
-                        elif h2 == 8:
-                            k = 13
-                            nd = 8
-                        else:
-                            err = E_RESERVED
-                            errv = 0x00F | (h2 << 8)
-                elif h1 == 1:
-                    err = E_RESERVED
-                    errv = 0x01F
-                elif h1 == 2:
-                    k = 15
-                    nd = 2
-                elif h1 == 3:
-                    k = 4
-                    nd = 4
-                elif h1 <= 7:
-                    k = h1 + 2
-                    nd = 1 << (h1 - 3)
-                    wants_ts = True
-                elif h1 <= 11:
-                    k = h1 - 2
-                    nd = 1 << (h1 - 7)
-                    mk = True
-                elif h1 == 12:
-                    k = 5
-                    nd = 1
-                    wants_ts = True
-                elif h1 == 13:
-                    k = 5
-                    nd = 1
-                    mk = True
-                elif h1 == 14:
-                    k = 10
-                else:  # ASYNC, or a bad one
+                        row = 32 + h2
+                elif h1 == 15:  # ASYNC, or a bad one
                     while True:
                         if p >= N:
                             err = E_TRUNCATED
@@ -608,6 +574,15 @@ def _decode(data, resync, cap, ecap, blocks):
                             err = E_ASYNC
                             errv = x
                             break
+        if err == 0 and k < 0:
+            k = _HEADER_KIND[row]
+            if k < 0:
+                err = E_RESERVED  # errv: its nibbles, the first lowest
+                errv = 0x01F if row == 17 else 0x00F | ((row - 32) << 8)
+            else:
+                nd = _HEADER_NIBBLES[row]
+                mk = _HEADER_MARKED[row]
+                wants_ts = _HEADER_TS[row]
         if k >= 0:
             ptype = k
         v = np.uint64(0)
