@@ -179,6 +179,15 @@ def _ungray(g):
     return g
 
 
+@njit(cache=True, inline="always")
+def _with_low_bits(x, upd, bits):
+    """``x`` with its low ``bits`` bits replaced by those of ``upd``."""
+    if bits == 64:
+        return upd
+    msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
+    return (x & ~msk) | (upd & msk)
+
+
 @njit(cache=True)
 def _put(out, q, v, n):
     """Write the low ``n`` nibbles of ``v``, most significant first."""
@@ -423,28 +432,59 @@ def _rd(data, p, run, start, sync, soff, fnib, ctx):
     return n, run, start, sync, soff, fnib
 
 
+# The decoder's columns, allocated by the caller: one row a packet (as
+# :class:`StpPackets` names them) and one row an error (``error_values``:
+# what its message quotes; ``error_rows``: how many packets precede it).
+_PACKET_COLUMNS = {
+    "nibble": np.int64,
+    "offset": np.int64,
+    "kind": np.uint8,
+    "master": np.uint8,
+    "channel": np.uint16,
+    "value": np.uint64,
+    "marker": np.bool_,
+    "has_ts": np.bool_,
+    "ts": np.uint64,
+    "ts_bits": np.uint8,
+}
+_ERROR_COLUMNS = {
+    "error_nibbles": np.int64,
+    "error_codes": np.uint8,
+    "error_kinds": np.uint8,
+    "error_markers": np.bool_,
+    "error_values": np.int64,
+    "error_rows": np.int64,
+}
+
+
+@njit(cache=True, inline="always")
+def _packet_row(cols, n, nib, off, kind, master, channel, value, marker, has_ts, ts, bits):
+    """Write packet row ``n`` of the _PACKET_COLUMNS ``cols``; the row count."""
+    c_nib, c_off, c_kind, c_master, c_channel, c_value, c_marker, c_has_ts, c_ts, c_bits = cols
+    c_nib[n], c_off[n], c_kind[n], c_master[n], c_channel[n] = nib, off, kind, master, channel
+    c_value[n], c_marker[n], c_has_ts[n], c_ts[n], c_bits[n] = value, marker, has_ts, ts, bits
+    return n + 1
+
+
 @njit(cache=True)
-def _decode(data, resync, cap, ecap, blocks):
+def _error_row(cols, ne, nib, code, kind, marker, value, n):
+    """Write error row ``ne`` of the _ERROR_COLUMNS ``cols``: ``code`` for
+    the packet (or the search for sync) that began at nibble ``nib``, after
+    ``n`` packets (its byte offset is that nibble's, OpenCSD's Idx); the
+    error count."""
+    c_nib, c_code, c_kind, c_marker, c_value, c_row = cols
+    c_nib[ne], c_code[ne], c_kind[ne] = nib, code, kind
+    c_marker[ne], c_value[ne], c_row[ne] = marker, value, n
+    return ne + 1
+
+
+@njit(cache=True)
+def _decode(data, resync, cols, ecols, blocks):
+    """Packets into ``cols`` and errors into ``ecols``: their counts (-1
+    packets: the columns were too short)."""
     N = data.shape[0] * 2
-    nib = np.empty(cap, np.int64)
-    offs = np.empty(cap, np.int64)
-    kind = np.empty(cap, np.uint8)
-    master = np.empty(cap, np.uint8)
-    channel = np.empty(cap, np.uint16)
-    value = np.empty(cap, np.uint64)
-    marker = np.empty(cap, np.bool_)
-    has_ts = np.empty(cap, np.bool_)
-    tsv = np.empty(cap, np.uint64)
-    tsbits = np.empty(cap, np.uint8)
-    # error rows: offset, code, kind of the damaged packet, its marker, a
-    # value, and how many packets precede the error
-    eoff = np.empty(ecap, np.int64)
-    enib = np.empty(ecap, np.int64)  # the nibble the offset was taken from
-    ecode = np.empty(ecap, np.uint8)
-    ekind = np.empty(ecap, np.uint8)
-    emark = np.empty(ecap, np.bool_)
-    evalue = np.empty(ecap, np.int64)
-    erow = np.empty(ecap, np.int64)
+    cap = cols[0].shape[0]
+    ecap = ecols[0].shape[0]
     run = 0
     sst = False
     syn = False
@@ -485,44 +525,21 @@ def _decode(data, resync, cap, ecap, blocks):
                 cnt += 1
             if not syn:
                 if cnt > 0:
-                    eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NOTSYNC_BLOCK, _NOTSYNC
-                    enib[ne], emark[ne], evalue[ne], erow[ne] = e, False, 0, n
-                    ne += 1
+                    ne = _error_row(ecols, ne, e, E_NOTSYNC_BLOCK, _NOTSYNC, False, 0, n)
                 if p < N:
                     continue
                 if N > u0 or cnt > 0:
-                    eoff[ne], ecode[ne], ekind[ne] = (u0 + 1) // 2, E_NO_ASYNC, _NOTSYNC
-                    enib[ne] = u0
-                    emark[ne] = False
-                    evalue[ne], erow[ne] = (N - u0) // 2, n
-                    ne += 1
+                    skipped = (N - u0) // 2
+                    ne = _error_row(ecols, ne, u0, E_NO_ASYNC, _NOTSYNC, False, skipped, n)
                 break
             if cnt > 22:
-                eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NOTSYNC_BLOCK, _NOTSYNC
-                enib[ne], emark[ne], evalue[ne], erow[ne] = e, False, 0, n
-                ne += 1
+                ne = _error_row(ecols, ne, e, E_NOTSYNC_BLOCK, _NOTSYNC, False, 0, n)
             if p - 22 > u0:
-                eoff[ne], ecode[ne], ekind[ne], emark[ne] = (
-                    (u0 + 1) // 2,
-                    E_NOTSYNC,
-                    _NOTSYNC,
-                    False,
-                )
-                enib[ne] = u0
-                evalue[ne], erow[ne] = (p - 22 - u0) // 2, n
-                ne += 1
+                skipped = (p - 22 - u0) // 2
+                ne = _error_row(ecols, ne, u0, E_NOTSYNC, _NOTSYNC, False, skipped, n)
             u0 = -1
             # placed at the first F of its run, as OpenCSD places it
-            nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = (
-                fnib,
-                soff,
-                14,
-                0,
-                False,
-                False,
-            )
-            master[n], channel[n], tsv[n], tsbits[n] = cur_m, cur_c, cur_ts, 0
-            n += 1
+            n = _packet_row(cols, n, fnib, soff, 14, cur_m, cur_c, 0, False, False, cur_ts, 0)
             run = 0
             sst = False
             syn = False
@@ -543,37 +560,30 @@ def _decode(data, resync, cap, ecap, blocks):
         h, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
         p += 1
         row = h  # of the _HEADER_* columns
-        if h == 15:
+        while row == 15 or row == 16:  # F and F0 lead on to one more nibble
             if p >= N:
                 err = E_TRUNCATED
-            else:
-                h1, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                break
+            x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+            p += 1
+            row = (16 if row == 15 else 32) + x
+        if row == 31:  # FF: ASYNC, or a bad one
+            while True:
+                if p >= N:
+                    err = E_TRUNCATED
+                    break
+                x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
                 p += 1
-                row = 16 + h1
-                if h1 == 0:
-                    if p >= N:
-                        err = E_TRUNCATED
-                    else:
-                        h2, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
-                        p += 1
-                        row = 32 + h2
-                elif h1 == 15:  # ASYNC, or a bad one
-                    while True:
-                        if p >= N:
-                            err = E_TRUNCATED
-                            break
-                        x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
-                        p += 1
-                        if syn:
-                            k = 14
-                            run = 0
-                            sst = False
-                            syn = False
-                            break
-                        if not sst:
-                            err = E_ASYNC
-                            errv = x
-                            break
+                if syn:
+                    k = 14
+                    run = 0
+                    sst = False
+                    syn = False
+                    break
+                if not sst:
+                    err = E_ASYNC
+                    errv = x
+                    break
         if err == 0 and k < 0:
             k = _HEADER_KIND[row]
             if k < 0:
@@ -619,10 +629,8 @@ def _decode(data, resync, cap, ecap, blocks):
                                     upd = (upd << np.uint64(4)) | np.uint64(x)
                                     p += 1
         if err != 0:
-            eoff[ne], ecode[ne], emark[ne], evalue[ne], erow[ne] = off, err, mk, errv, n
-            enib[ne] = s
-            ekind[ne] = _RESERVED if err == E_RESERVED else ptype
-            ne += 1
+            ptype = _RESERVED if err == E_RESERVED else ptype
+            ne = _error_row(ecols, ne, s, err, ptype, mk, errv, n)
             if err == E_TRUNCATED:
                 break
             last = _RESERVED if err == E_RESERVED else _BAD_SEQUENCE
@@ -636,30 +644,12 @@ def _decode(data, resync, cap, ecap, blocks):
         if ts_n >= 0:
             bits = 4 * ts_n
             if coding == 0 and not coding_reported:
-                eoff[ne], ecode[ne], ekind[ne], emark[ne], evalue[ne], erow[ne] = (
-                    off,
-                    E_TS_CODING,
-                    k,
-                    mk,
-                    0,
-                    n,
-                )
-                enib[ne] = s
-                ne += 1
+                ne = _error_row(ecols, ne, s, E_TS_CODING, k, mk, 0, n)
                 coding_reported = True
             if coding == 2:
-                g = _gray(cur_ts)
-                if bits == 64:
-                    g = upd
-                else:
-                    msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
-                    g = (g & ~msk) | (upd & msk)
-                cur_ts = _ungray(g)
-            elif bits == 64:
-                cur_ts = upd
+                cur_ts = _ungray(_with_low_bits(_gray(cur_ts), upd, bits))
             else:
-                msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
-                cur_ts = (cur_ts & ~msk) | (upd & msk)
+                cur_ts = _with_low_bits(cur_ts, upd, bits)
         if k == 1:
             cur_m = np.int64(v)
             cur_c = 0
@@ -676,13 +666,9 @@ def _decode(data, resync, cap, ecap, blocks):
             coding = 1 if v == 3 else 2
             cur_m = 0
             cur_c = 0
-        nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = s, off, k, v, mk, ts_n >= 0
-        master[n], channel[n], tsv[n], tsbits[n] = cur_m, cur_c, cur_ts, bits
-        n += 1
+        n = _packet_row(cols, n, s, off, k, cur_m, cur_c, v, mk, ts_n >= 0, cur_ts, bits)
         last = k
-    n = -1 if overflow else n
-    rows = (nib, offs, kind, master, channel, value, marker, has_ts, tsv, tsbits)
-    return n, rows, ne, (eoff, ecode, ekind, emark, evalue, erow, enib)
+    return -1 if overflow else n, ne
 
 
 _SIZE = np.array([0, 0, 0, 0, 0, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0], np.uint8)
@@ -788,40 +774,30 @@ def decode_stp(
     cap = buf.shape[0] + 64
     ecap = 64
     while True:
-        r = _decode(buf, bool(resync), cap, ecap, starts[starts > 0])
-        if r[0] >= 0:
+        cols = tuple(np.empty(cap, dt) for dt in _PACKET_COLUMNS.values())
+        ecols = tuple(np.empty(ecap, dt) for dt in _ERROR_COLUMNS.values())
+        n, ne = _decode(buf, bool(resync), cols, ecols, starts[starts > 0])
+        if n >= 0:
             break
         cap = 2 * buf.shape[0] + 64
         ecap = max(ecap * 4, buf.shape[0] // 4 + 64)
-    n, rows, ne, error_rows = r
-    nib, offs, kind, master, channel, value, marker, has_ts, tsv, tsbits = rows
-    eoff, ecode, ekind, emark, evalue, erow, enib = error_rows
-    kind = kind[:n].copy()
+    rows = {name: c[:n].copy() for name, c in zip(_PACKET_COLUMNS, cols, strict=True)}
+    erows = {name: c[:ne].copy() for name, c in zip(_ERROR_COLUMNS, ecols, strict=True)}
+    values = erows.pop("error_values")
+    erows["error_offsets"] = (erows["error_nibbles"] + 1) // 2
     errors = [
-        (int(eoff[i]), _message(int(ecode[i]), int(ekind[i]), bool(emark[i]), int(evalue[i])))
-        for i in range(ne)
-        if ecode[i] != E_NOTSYNC_BLOCK
+        (off, _message(code, kind, marker, value))
+        for off, code, kind, marker, value in zip(
+            erows["error_offsets"].tolist(),
+            erows["error_codes"].tolist(),
+            erows["error_kinds"].tolist(),
+            erows["error_markers"].tolist(),
+            values.tolist(),
+            strict=True,
+        )
+        if code != E_NOTSYNC_BLOCK
     ]
-    out = StpPackets(
-        offset=offs[:n].copy(),
-        nibble=nib[:n].copy(),
-        kind=kind,
-        master=master[:n].copy(),
-        channel=channel[:n].copy(),
-        value=value[:n].copy(),
-        size=_SIZE[kind],
-        marker=marker[:n].copy(),
-        has_ts=has_ts[:n].copy(),
-        ts=tsv[:n].copy(),
-        ts_bits=tsbits[:n].copy(),
-        errors=errors,
-        error_rows=erow[:ne].copy(),
-        error_codes=ecode[:ne].copy(),
-        error_kinds=ekind[:ne].copy(),
-        error_markers=emark[:ne].copy(),
-        error_offsets=eoff[:ne].copy(),
-        error_nibbles=enib[:ne].copy(),
-    )
+    out = StpPackets(**rows, size=_SIZE[rows["kind"]], errors=errors, **erows)
     if strict and errors:
         raise StpError(*errors[0])
     return out
