@@ -688,23 +688,23 @@ def _name(kind: int, marker: bool = False, ts: bool = False) -> str:
     return name
 
 
+# Error messages by code: ``value`` is the error row's value, ``name``
+# the damaged packet's and ``header`` a reserved header's nibbles.
+_MESSAGES = {
+    E_NOTSYNC: "not synchronised: {value} bytes skipped up to the next ASYNC",
+    E_NO_ASYNC: "not synchronised: no ASYNC in the last {value} bytes",
+    E_RESERVED: "reserved STPv2 header {header}",
+    E_VERSION: "VERSION {value}: not a CoreSight STM version (3 or 4)",
+    E_TS_SIZE: "{name}: timestamp size nibble 0xF",
+    E_ASYNC: "bad ASYNC sequence: nibble {value:#x} in the run of F",
+    E_TRUNCATED: "stream ends inside a {name} packet",
+    E_TS_CODING: "timestamp before any VERSION packet: coding unknown, read as natural binary",
+}
+
+
 def _message(code: int, kind: int, marker: bool, value: int) -> str:
-    if code == E_NOTSYNC:
-        return f"not synchronised: {value} bytes skipped up to the next ASYNC"
-    if code == E_NO_ASYNC:
-        return f"not synchronised: no ASYNC in the last {value} bytes"
-    if code == E_RESERVED:
-        hdr = "F1" if value == 0x01F else f"F0{value >> 8:X}"
-        return f"reserved STPv2 header {hdr}"
-    if code == E_VERSION:
-        return f"VERSION {value}: not a CoreSight STM version (3 or 4)"
-    if code == E_TS_SIZE:
-        return f"{_name(kind, marker)}: timestamp size nibble 0xF"
-    if code == E_ASYNC:
-        return f"bad ASYNC sequence: nibble {value:#x} in the run of F"
-    if code == E_TRUNCATED:
-        return f"stream ends inside a {_name(kind, marker)} packet"
-    return "timestamp before any VERSION packet: coding unknown, read as natural binary"
+    header = "F1" if value == 0x01F else f"F0{value >> 8:X}"
+    return _MESSAGES[code].format(value=value, name=_name(kind, marker), header=header)
 
 
 @dataclass
@@ -807,43 +807,32 @@ def decode_stp(
 # Dump
 
 
+# The dump's text for a packet kind (OpenCSD's); ``{flags}``: where it
+# says the packet's marker and timestamp.
+_PACKET_TEXT = {
+    StpKind.ASYNC: "Alignment synchronisation packet",
+    StpKind.VERSION: "Version packet; Ver={value}",
+    StpKind.FREQ: "Frequency packet; Freq={value}Hz",
+    StpKind.NULL: "Null packet",
+    StpKind.TRIG: "Trigger packet{flags}; TrigData=0x{value:02x}",
+    StpKind.GERR: "Global Error",
+    StpKind.MERR: "Master Error",
+    StpKind.M8: "Set current master; Master=0x{master:02x}",
+    StpKind.C8: "Set current channel; Chan=0x{channel:04x}",
+    StpKind.C16: "Set current channel; Chan=0x{channel:04x}",
+    StpKind.FLAG: "Flag packet{flags}",
+    **{k: f"{n} bit data{{flags}}; Data=0x{{value:0{n // 4}x}}" for k, n in _DATA_BITS.items()},
+}
+
+
 def _packet_text(
     kind: int, marker: bool, has_ts: bool, value: int, master: int, channel: int, ts: int, bits: int
 ) -> str:
-    k = StpKind(kind)
-    desc = {
-        StpKind.ASYNC: "Alignment synchronisation packet",
-        StpKind.VERSION: "Version packet",
-        StpKind.FREQ: "Frequency packet",
-        StpKind.NULL: "Null packet",
-        StpKind.TRIG: "Trigger packet",
-        StpKind.GERR: "Global Error",
-        StpKind.MERR: "Master Error",
-        StpKind.M8: "Set current master",
-        StpKind.C8: "Set current channel",
-        StpKind.C16: "Set current channel",
-        StpKind.FLAG: "Flag packet",
-        StpKind.D4: "4 bit data",
-        StpKind.D8: "8 bit data",
-        StpKind.D16: "16 bit data",
-        StpKind.D32: "32 bit data",
-        StpKind.D64: "64 bit data",
-    }[k]
-    if k in _DATA_KINDS or k in (StpKind.FLAG, StpKind.TRIG):
-        desc += (" + marker" if marker else "") + (" + timestamp" if has_ts else "")
-    s = f"{_name(kind, marker, has_ts)}:{desc}"
-    if k == StpKind.VERSION:
-        s += f"; Ver={value}"
-    elif k == StpKind.FREQ:
-        s += f"; Freq={value}Hz"
-    elif k == StpKind.TRIG:
-        s += f"; TrigData=0x{value:02x}"
-    elif k == StpKind.M8:
-        s += f"; Master=0x{master:02x}"
-    elif k in (StpKind.C8, StpKind.C16):
-        s += f"; Chan=0x{channel:04x}"
-    elif k in _DATA_KINDS:
-        s += f"; Data=0x{value:0{_DATA_BITS[k] // 4}x}"
+    flags = (" + marker" if marker else "") + (" + timestamp" if has_ts else "")
+    text = _PACKET_TEXT[StpKind(kind)]
+    s = f"{_name(kind, marker, has_ts)}:" + text.format(
+        flags=flags, value=value, master=master, channel=channel
+    )
     if has_ts:
         s += f"; TS=0x{ts:016X}"
         if bits:
