@@ -20,14 +20,13 @@ __all__ = ["trace_compass_xml", "vm_page", "vm_rows", "write_vm_ctf", "write_vm_
 COLOURS = ("#e3e6ec", "#d9534f", "#4caf50", "#5b8bd0", "#9e9e9e")
 
 
-def _label(entity: int, key: int, key2: int) -> str:
-    if entity == ENT_PCPU:
-        return f"pCPU {key}"
-    if entity == ENT_VCPU:
-        return f"vCPU {key:#x}"
-    if entity == ENT_VM:
-        return f"VMM {key:#x}"
-    return f"VM {key:#x} CR3 {key2:#x}"
+# The views' rows in order: (view, entity, a row's label from its keys).
+_ROWS = (
+    ("VM Resource", ENT_VCPU, "vCPU {key:#x}"),
+    ("VM Resource", ENT_VM, "VMM {key:#x}"),
+    ("VM Resource", ENT_PCPU, "pCPU {key}"),
+    ("VM Control Flow", ENT_PROCESS, "VM {key:#x} CR3 {key2:#x}"),
+)
 
 
 def vm_rows(result: VmAnalysis) -> list[tuple[str, str, np.ndarray]]:
@@ -35,13 +34,12 @@ def vm_rows(result: VmAnalysis) -> list[tuple[str, str, np.ndarray]]:
     VMM of each VM, pCPUs (VM Resource), guest processes (VM Control Flow)."""
     iv = result.intervals
     out = []
-    for group, entity in (("VM Resource", ENT_VCPU), ("VM Resource", ENT_VM),
-                          ("VM Resource", ENT_PCPU), ("VM Control Flow", ENT_PROCESS)):  # fmt: skip
+    for group, entity, label in _ROWS:
         mine = iv[iv["entity"] == entity]
         keys = np.unique(mine[["key", "key2"]]) if mine.shape[0] else []
         for k in keys:
             rows = mine[(mine["key"] == k["key"]) & (mine["key2"] == k["key2"])]
-            out.append((group, _label(entity, int(k["key"]), int(k["key2"])), rows))
+            out.append((group, label.format(key=int(k["key"]), key2=int(k["key2"])), rows))
     return out
 
 

@@ -15,14 +15,13 @@ traces are.
 
 from __future__ import annotations
 
-import mmap
-import os
 import struct
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+
+from ._shm import SharedFile
 
 __all__ = ["Channel", "header_path"]
 
@@ -35,7 +34,7 @@ def header_path() -> Path:
     return Path(str(resources.files(__package__).joinpath("hwtrace_channel.h")))
 
 
-class Channel:
+class Channel(SharedFile):
     """A channel of ``areas`` thread areas, each ``nsub`` sub-buffers of
     ``sub_size`` bytes, in a file under ``directory`` (/dev/shm when there
     is one), removed by :meth:`close`."""
@@ -48,13 +47,7 @@ class Channel:
         table = 64 + _AREA * areas + 16 * nsub * areas
         self.header_size = -(-table // 4096) * 4096
         size = self.header_size + areas * nsub * sub_size
-        where = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-        fd, self.path = tempfile.mkstemp(prefix="hwtrace-channel-", dir=where)
-        try:
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        super().__init__(size, "hwtrace-channel-", directory)
         struct.pack_into("<QIIIIQ", self.map, 0, MAGIC, areas, nsub, sub_size, self.header_size, 0)
         raw = np.frombuffer(self.map, np.uint8)
         self._raw = raw
@@ -104,14 +97,4 @@ class Channel:
 
     def close(self) -> None:
         self._areas = self._table = self._data = self._raw = None  # type: ignore[assignment]
-        try:
-            self.map.close()
-        except BufferError:
-            pass
-        Path(self.path).unlink(missing_ok=True)
-
-    def __enter__(self) -> Channel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()

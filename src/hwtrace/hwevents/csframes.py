@@ -186,6 +186,14 @@ def _flush(cur, keep, run, w, counts, fill, stats):
 
 
 @njit(cache=True)
+def _end_id(cur, keep, run, w, counts, fill, stats):
+    """A frame sync ends the current ID's run: account it; then no ID is
+    current.  The new (run, cur, keep, noid_reported)."""
+    _flush(cur, keep, run, w, counts, fill, stats)
+    return 0, -1, False, False
+
+
+@njit(cache=True)
 def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev, seg, frm):
     """kind 0: count kept bytes per ID; 1: write them grouped by ID at
     ``starts``; 2: write every data byte in stream order (``seq_id`` = its
@@ -243,11 +251,7 @@ def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev
             if barrier:
                 stats[_S_BARRIERS] += 1
                 stats[_S_FSYNCS] += 4
-                _flush(cur, keep, run, w, counts, fill, stats)
-                run = 0
-                cur = -1
-                keep = False
-                noid_reported = False
+                run, cur, keep, noid_reported = _end_id(cur, keep, run, w, counts, fill, stats)
                 if kind == 2:
                     nfrm = _push(frm, nfrm, p, p + FRAME, p, nseg, _F_BARRIER)
                 p += FRAME
@@ -267,11 +271,9 @@ def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev
                         nev = _push(ev, nev, fo[0], _E_FSYNC_IN_FRAME, k, 0, 0)
                         stats[_S_DROPPED] += k
                         k = 0
-                        _flush(cur, keep, run, w, counts, fill, stats)
-                        run = 0
-                        cur = -1
-                        keep = False
-                        noid_reported = False
+                        run, cur, keep, noid_reported = _end_id(
+                            cur, keep, run, w, counts, fill, stats
+                        )
                         blk = p
                         fs = 0
                         hs_seen = False
@@ -285,11 +287,7 @@ def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev
                     nev = _push(ev, nev, start, _E_FSYNC_IN_FRAME, k + 1, 0, 0)
                     stats[_S_DROPPED] += k + 1
                     k = 0
-                    _flush(cur, keep, run, w, counts, fill, stats)
-                    run = 0
-                    cur = -1
-                    keep = False
-                    noid_reported = False
+                    run, cur, keep, noid_reported = _end_id(cur, keep, run, w, counts, fill, stats)
                     p += 1
                     blk = p
                     fs = 0

@@ -797,6 +797,15 @@ def _push(st, addr, isa, bits):
     st[S_B0] = bits
 
 
+@njit(cache=True, inline="always")
+def _le_field(buf, p, nbytes):
+    """The little-endian value of the ``nbytes`` bytes at p."""
+    v = np.int64(0)
+    for i in range(nbytes):
+        v |= np.int64(buf[p + i]) << (8 * i)
+    return v
+
+
 @njit(cache=True)
 def _long_addr(buf, p, isa, nbytes):
     if isa == 0:
@@ -805,9 +814,7 @@ def _long_addr(buf, p, isa, nbytes):
     else:
         v = (np.int64(buf[p]) & 0x7F) << 1
         v |= np.int64(buf[p + 1]) << 8
-    for i in range(2, nbytes):
-        v |= np.int64(buf[p + i]) << (8 * i)
-    return v
+    return v | (_le_field(buf, p + 2, nbytes - 2) << 16)
 
 
 @njit(cache=True)
@@ -951,15 +958,10 @@ def _run(
                     st[S_THR] = thr if info & 1 else 0
                     if info & 1:
                         cc = thr
-                    st[S_A0] = 0
-                    st[S_A1] = 0
-                    st[S_A2] = 0
-                    st[S_I0] = 0
-                    st[S_I1] = 0
-                    st[S_I2] = 0
-                    st[S_B0] = 0
-                    st[S_B1] = 0
-                    st[S_B2] = 0
+                    for j in range(3):  # the address history starts empty
+                        st[S_A0 + j] = 0
+                        st[S_I0 + j] = 0
+                        st[S_B0 + j] = 0
                     st[S_TSV] = 0
                     addr = 0
                     isa = 0
@@ -1030,10 +1032,7 @@ def _run(
                 kind = 11
                 size = 10
                 info = np.int64(buf[pos + 1])
-                v = np.int64(0)
-                for i in range(8):
-                    v |= np.int64(buf[pos + 2 + i]) << (8 * i)
-                payload = v
+                payload = _le_field(buf, pos + 2, 8)
         elif (h == 0x0A or h == 0x0B) and ete:
             kind = 9 if h == 0x0A else 10
         elif h >= 0x0C and h <= 0x0F:
@@ -1132,17 +1131,11 @@ def _run(
                     st[S_NS] = (ib >> 5) & 1
                     flags = 4
                     if nv:
-                        v = np.int64(0)
-                        for i in range(nv):
-                            v |= np.int64(buf[q + i]) << (8 * i)
-                        st[S_VMID] = v
+                        st[S_VMID] = _le_field(buf, q, nv)
                         q += nv
                         flags |= 16
                     if nc:
-                        v = np.int64(0)
-                        for i in range(nc):
-                            v |= np.int64(buf[q + i]) << (8 * i)
-                        st[S_CID] = v
+                        st[S_CID] = _le_field(buf, q, nc)
                         flags |= 8
                     if h == 0x81:
                         kind = 23

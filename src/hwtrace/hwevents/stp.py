@@ -179,6 +179,15 @@ def _ungray(g):
     return g
 
 
+@njit(cache=True, inline="always")
+def _with_low_bits(x, upd, bits):
+    """``x`` with its low ``bits`` bits replaced by those of ``upd``."""
+    if bits == 64:
+        return upd
+    msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
+    return (x & ~msk) | (upd & msk)
+
+
 @njit(cache=True)
 def _put(out, q, v, n):
     """Write the low ``n`` nibbles of ``v``, most significant first."""
@@ -362,6 +371,40 @@ def encode_stp_columns(kind, value, marker, has_ts, ts) -> bytes:
 # ---------------------------------------------------------------------------
 # Decoder
 
+# Headers by their nibbles in stream order (the module docstring's table):
+# the packet kind, +M if marked, +TS if timestamped.  F and F0 lead on to
+# one more nibble, FF to ASYNC's run of F; a header not here is reserved.
+_HEADERS = """
+    0 NULL  1 M8  2 MERR  3 C8  4 D8  5 D16  6 D32  7 D64
+    8 D8+MTS  9 D16+MTS  A D32+MTS  B D64+MTS  C D4  D D4+MTS  E FLAG+TS
+    F00 VERSION  F01 NULL+TS  F06 TRIG  F07 TRIG+TS  F08 FREQ  F2 GERR  F3 C16
+    F4 D8+TS  F5 D16+TS  F6 D32+TS  F7 D64+TS  F8 D8+M  F9 D16+M  FA D32+M  FB D64+M
+    FC D4+TS  FD D4+M  FE FLAG
+"""
+
+
+def _header_columns() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:data:`_HEADERS` for the compiled decoder, by row: 0-15 the first
+    nibble, 16-31 F and the second, 32-47 F0 and the third.  Columns: the
+    kind (-1: reserved), the data nibbles (the kind's value width), marked,
+    timestamped."""
+    kind = np.full(48, -1, np.int64)
+    nibbles = np.zeros(48, np.int64)
+    marked = np.zeros(48, np.bool_)
+    timestamped = np.zeros(48, np.bool_)
+    words = _HEADERS.split()
+    for hdr, name in zip(words[::2], words[1::2], strict=True):
+        row = 16 * (len(hdr) - 1) + int(hdr[-1], 16)
+        k, _, flags = name.partition("+")
+        kind[row] = StpKind[k]
+        nibbles[row] = _VALUE_BITS.get(StpKind[k], 0) // 4
+        marked[row] = "M" in flags
+        timestamped[row] = "TS" in flags
+    return kind, nibbles, marked, timestamped
+
+
+_HEADER_KIND, _HEADER_NIBBLES, _HEADER_MARKED, _HEADER_TS = _header_columns()
+
 # Sync tracking (OpenCSD's checkSyncNibble), on every nibble read: the run
 # of F nibbles, whether one started, whether a sync was seen, the byte
 # offset and nibble of the run's first F, relative to the nibble ``ctx``
@@ -389,28 +432,59 @@ def _rd(data, p, run, start, sync, soff, fnib, ctx):
     return n, run, start, sync, soff, fnib
 
 
+# The decoder's columns, allocated by the caller: one row a packet (as
+# :class:`StpPackets` names them) and one row an error (``error_values``:
+# what its message quotes; ``error_rows``: how many packets precede it).
+_PACKET_COLUMNS = {
+    "nibble": np.int64,
+    "offset": np.int64,
+    "kind": np.uint8,
+    "master": np.uint8,
+    "channel": np.uint16,
+    "value": np.uint64,
+    "marker": np.bool_,
+    "has_ts": np.bool_,
+    "ts": np.uint64,
+    "ts_bits": np.uint8,
+}
+_ERROR_COLUMNS = {
+    "error_nibbles": np.int64,
+    "error_codes": np.uint8,
+    "error_kinds": np.uint8,
+    "error_markers": np.bool_,
+    "error_values": np.int64,
+    "error_rows": np.int64,
+}
+
+
+@njit(cache=True, inline="always")
+def _packet_row(cols, n, nib, off, kind, master, channel, value, marker, has_ts, ts, bits):
+    """Write packet row ``n`` of the _PACKET_COLUMNS ``cols``; the row count."""
+    c_nib, c_off, c_kind, c_master, c_channel, c_value, c_marker, c_has_ts, c_ts, c_bits = cols
+    c_nib[n], c_off[n], c_kind[n], c_master[n], c_channel[n] = nib, off, kind, master, channel
+    c_value[n], c_marker[n], c_has_ts[n], c_ts[n], c_bits[n] = value, marker, has_ts, ts, bits
+    return n + 1
+
+
 @njit(cache=True)
-def _decode(data, resync, cap, ecap, blocks):
+def _error_row(cols, ne, nib, code, kind, marker, value, n):
+    """Write error row ``ne`` of the _ERROR_COLUMNS ``cols``: ``code`` for
+    the packet (or the search for sync) that began at nibble ``nib``, after
+    ``n`` packets (its byte offset is that nibble's, OpenCSD's Idx); the
+    error count."""
+    c_nib, c_code, c_kind, c_marker, c_value, c_row = cols
+    c_nib[ne], c_code[ne], c_kind[ne] = nib, code, kind
+    c_marker[ne], c_value[ne], c_row[ne] = marker, value, n
+    return ne + 1
+
+
+@njit(cache=True)
+def _decode(data, resync, cols, ecols, blocks):
+    """Packets into ``cols`` and errors into ``ecols``: their counts (-1
+    packets: the columns were too short)."""
     N = data.shape[0] * 2
-    nib = np.empty(cap, np.int64)
-    offs = np.empty(cap, np.int64)
-    kind = np.empty(cap, np.uint8)
-    master = np.empty(cap, np.uint8)
-    channel = np.empty(cap, np.uint16)
-    value = np.empty(cap, np.uint64)
-    marker = np.empty(cap, np.bool_)
-    has_ts = np.empty(cap, np.bool_)
-    tsv = np.empty(cap, np.uint64)
-    tsbits = np.empty(cap, np.uint8)
-    # error rows: offset, code, kind of the damaged packet, its marker, a
-    # value, and how many packets precede the error
-    eoff = np.empty(ecap, np.int64)
-    enib = np.empty(ecap, np.int64)  # the nibble the offset was taken from
-    ecode = np.empty(ecap, np.uint8)
-    ekind = np.empty(ecap, np.uint8)
-    emark = np.empty(ecap, np.bool_)
-    evalue = np.empty(ecap, np.int64)
-    erow = np.empty(ecap, np.int64)
+    cap = cols[0].shape[0]
+    ecap = ecols[0].shape[0]
     run = 0
     sst = False
     syn = False
@@ -451,44 +525,21 @@ def _decode(data, resync, cap, ecap, blocks):
                 cnt += 1
             if not syn:
                 if cnt > 0:
-                    eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NOTSYNC_BLOCK, _NOTSYNC
-                    enib[ne], emark[ne], evalue[ne], erow[ne] = e, False, 0, n
-                    ne += 1
+                    ne = _error_row(ecols, ne, e, E_NOTSYNC_BLOCK, _NOTSYNC, False, 0, n)
                 if p < N:
                     continue
                 if N > u0 or cnt > 0:
-                    eoff[ne], ecode[ne], ekind[ne] = (u0 + 1) // 2, E_NO_ASYNC, _NOTSYNC
-                    enib[ne] = u0
-                    emark[ne] = False
-                    evalue[ne], erow[ne] = (N - u0) // 2, n
-                    ne += 1
+                    skipped = (N - u0) // 2
+                    ne = _error_row(ecols, ne, u0, E_NO_ASYNC, _NOTSYNC, False, skipped, n)
                 break
             if cnt > 22:
-                eoff[ne], ecode[ne], ekind[ne] = (e + 1) // 2, E_NOTSYNC_BLOCK, _NOTSYNC
-                enib[ne], emark[ne], evalue[ne], erow[ne] = e, False, 0, n
-                ne += 1
+                ne = _error_row(ecols, ne, e, E_NOTSYNC_BLOCK, _NOTSYNC, False, 0, n)
             if p - 22 > u0:
-                eoff[ne], ecode[ne], ekind[ne], emark[ne] = (
-                    (u0 + 1) // 2,
-                    E_NOTSYNC,
-                    _NOTSYNC,
-                    False,
-                )
-                enib[ne] = u0
-                evalue[ne], erow[ne] = (p - 22 - u0) // 2, n
-                ne += 1
+                skipped = (p - 22 - u0) // 2
+                ne = _error_row(ecols, ne, u0, E_NOTSYNC, _NOTSYNC, False, skipped, n)
             u0 = -1
             # placed at the first F of its run, as OpenCSD places it
-            nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = (
-                fnib,
-                soff,
-                14,
-                0,
-                False,
-                False,
-            )
-            master[n], channel[n], tsv[n], tsbits[n] = cur_m, cur_c, cur_ts, 0
-            n += 1
+            n = _packet_row(cols, n, fnib, soff, 14, cur_m, cur_c, 0, False, False, cur_ts, 0)
             run = 0
             sst = False
             syn = False
@@ -508,106 +559,40 @@ def _decode(data, resync, cap, ecap, blocks):
         ptype = last  # what OpenCSD would call the packet if cut short
         h, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
         p += 1
-        if h == 0:
-            k = 0
-        elif h <= 3:
-            k = h
-            nd = 2
-        elif h <= 7:
-            k = h + 2
-            nd = 1 << (h - 3)
-        elif h <= 11:
-            k = h - 2
-            nd = 1 << (h - 7)
-            mk = True
-            wants_ts = True
-        elif h == 12:
-            k = 5
-            nd = 1
-        elif h == 13:
-            k = 5
-            nd = 1
-            mk = True
-            wants_ts = True
-        elif h == 14:
-            k = 10
-            wants_ts = True
-        else:
+        row = h  # of the _HEADER_* columns
+        while row == 15 or row == 16:  # F and F0 lead on to one more nibble
             if p >= N:
-                ptype = last
                 err = E_TRUNCATED
-            else:
-                h1, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+                break
+            x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
+            p += 1
+            row = (16 if row == 15 else 32) + x
+        if row == 31:  # FF: ASYNC, or a bad one
+            while True:
+                if p >= N:
+                    err = E_TRUNCATED
+                    break
+                x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
                 p += 1
-                if h1 == 0:
-                    if p >= N:
-                        err = E_TRUNCATED
-                    else:
-                        h2, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
-                        p += 1
-                        if h2 == 0:
-                            k = 12
-                            nd = 1
-                        elif h2 == 1:
-                            k = 0
-                            wants_ts = True
-                        elif h2 == 6:
-                            k = 11
-                            nd = 2
-                        elif h2 == 7:
-                            k = 11
-                            nd = 2
-                            wants_ts = True
-                        elif h2 == 8:
-                            k = 13
-                            nd = 8
-                        else:
-                            err = E_RESERVED
-                            errv = 0x00F | (h2 << 8)
-                elif h1 == 1:
-                    err = E_RESERVED
-                    errv = 0x01F
-                elif h1 == 2:
-                    k = 15
-                    nd = 2
-                elif h1 == 3:
-                    k = 4
-                    nd = 4
-                elif h1 <= 7:
-                    k = h1 + 2
-                    nd = 1 << (h1 - 3)
-                    wants_ts = True
-                elif h1 <= 11:
-                    k = h1 - 2
-                    nd = 1 << (h1 - 7)
-                    mk = True
-                elif h1 == 12:
-                    k = 5
-                    nd = 1
-                    wants_ts = True
-                elif h1 == 13:
-                    k = 5
-                    nd = 1
-                    mk = True
-                elif h1 == 14:
-                    k = 10
-                else:  # ASYNC, or a bad one
-                    while True:
-                        if p >= N:
-                            err = E_TRUNCATED
-                            break
-                        x, run, sst, syn, soff, fnib = _rd(data, p, run, sst, syn, soff, fnib, ctx)
-                        p += 1
-                        if syn:
-                            k = 14
-                            run = 0
-                            sst = False
-                            syn = False
-                            break
-                        if not sst:
-                            err = E_ASYNC
-                            errv = x
-                            break
+                if syn:
+                    k = 14
+                    run = 0
+                    sst = False
+                    syn = False
+                    break
+                if not sst:
+                    err = E_ASYNC
+                    errv = x
+                    break
+        if err == 0 and k < 0:
+            k = _HEADER_KIND[row]
+            if k < 0:
+                err = E_RESERVED  # errv: its nibbles, the first lowest
+                errv = 0x01F if row == 17 else 0x00F | ((row - 32) << 8)
+            else:
+                nd = _HEADER_NIBBLES[row]
+                mk = _HEADER_MARKED[row]
+                wants_ts = _HEADER_TS[row]
         if k >= 0:
             ptype = k
         v = np.uint64(0)
@@ -644,10 +629,8 @@ def _decode(data, resync, cap, ecap, blocks):
                                     upd = (upd << np.uint64(4)) | np.uint64(x)
                                     p += 1
         if err != 0:
-            eoff[ne], ecode[ne], emark[ne], evalue[ne], erow[ne] = off, err, mk, errv, n
-            enib[ne] = s
-            ekind[ne] = _RESERVED if err == E_RESERVED else ptype
-            ne += 1
+            ptype = _RESERVED if err == E_RESERVED else ptype
+            ne = _error_row(ecols, ne, s, err, ptype, mk, errv, n)
             if err == E_TRUNCATED:
                 break
             last = _RESERVED if err == E_RESERVED else _BAD_SEQUENCE
@@ -661,30 +644,12 @@ def _decode(data, resync, cap, ecap, blocks):
         if ts_n >= 0:
             bits = 4 * ts_n
             if coding == 0 and not coding_reported:
-                eoff[ne], ecode[ne], ekind[ne], emark[ne], evalue[ne], erow[ne] = (
-                    off,
-                    E_TS_CODING,
-                    k,
-                    mk,
-                    0,
-                    n,
-                )
-                enib[ne] = s
-                ne += 1
+                ne = _error_row(ecols, ne, s, E_TS_CODING, k, mk, 0, n)
                 coding_reported = True
             if coding == 2:
-                g = _gray(cur_ts)
-                if bits == 64:
-                    g = upd
-                else:
-                    msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
-                    g = (g & ~msk) | (upd & msk)
-                cur_ts = _ungray(g)
-            elif bits == 64:
-                cur_ts = upd
+                cur_ts = _ungray(_with_low_bits(_gray(cur_ts), upd, bits))
             else:
-                msk = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
-                cur_ts = (cur_ts & ~msk) | (upd & msk)
+                cur_ts = _with_low_bits(cur_ts, upd, bits)
         if k == 1:
             cur_m = np.int64(v)
             cur_c = 0
@@ -701,13 +666,9 @@ def _decode(data, resync, cap, ecap, blocks):
             coding = 1 if v == 3 else 2
             cur_m = 0
             cur_c = 0
-        nib[n], offs[n], kind[n], value[n], marker[n], has_ts[n] = s, off, k, v, mk, ts_n >= 0
-        master[n], channel[n], tsv[n], tsbits[n] = cur_m, cur_c, cur_ts, bits
-        n += 1
+        n = _packet_row(cols, n, s, off, k, cur_m, cur_c, v, mk, ts_n >= 0, cur_ts, bits)
         last = k
-    n = -1 if overflow else n
-    rows = (nib, offs, kind, master, channel, value, marker, has_ts, tsv, tsbits)
-    return n, rows, ne, (eoff, ecode, ekind, emark, evalue, erow, enib)
+    return -1 if overflow else n, ne
 
 
 _SIZE = np.array([0, 0, 0, 0, 0, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0], np.uint8)
@@ -727,23 +688,23 @@ def _name(kind: int, marker: bool = False, ts: bool = False) -> str:
     return name
 
 
+# Error messages by code: ``value`` is the error row's value, ``name``
+# the damaged packet's and ``header`` a reserved header's nibbles.
+_MESSAGES = {
+    E_NOTSYNC: "not synchronised: {value} bytes skipped up to the next ASYNC",
+    E_NO_ASYNC: "not synchronised: no ASYNC in the last {value} bytes",
+    E_RESERVED: "reserved STPv2 header {header}",
+    E_VERSION: "VERSION {value}: not a CoreSight STM version (3 or 4)",
+    E_TS_SIZE: "{name}: timestamp size nibble 0xF",
+    E_ASYNC: "bad ASYNC sequence: nibble {value:#x} in the run of F",
+    E_TRUNCATED: "stream ends inside a {name} packet",
+    E_TS_CODING: "timestamp before any VERSION packet: coding unknown, read as natural binary",
+}
+
+
 def _message(code: int, kind: int, marker: bool, value: int) -> str:
-    if code == E_NOTSYNC:
-        return f"not synchronised: {value} bytes skipped up to the next ASYNC"
-    if code == E_NO_ASYNC:
-        return f"not synchronised: no ASYNC in the last {value} bytes"
-    if code == E_RESERVED:
-        hdr = "F1" if value == 0x01F else f"F0{value >> 8:X}"
-        return f"reserved STPv2 header {hdr}"
-    if code == E_VERSION:
-        return f"VERSION {value}: not a CoreSight STM version (3 or 4)"
-    if code == E_TS_SIZE:
-        return f"{_name(kind, marker)}: timestamp size nibble 0xF"
-    if code == E_ASYNC:
-        return f"bad ASYNC sequence: nibble {value:#x} in the run of F"
-    if code == E_TRUNCATED:
-        return f"stream ends inside a {_name(kind, marker)} packet"
-    return "timestamp before any VERSION packet: coding unknown, read as natural binary"
+    header = "F1" if value == 0x01F else f"F0{value >> 8:X}"
+    return _MESSAGES[code].format(value=value, name=_name(kind, marker), header=header)
 
 
 @dataclass
@@ -813,40 +774,30 @@ def decode_stp(
     cap = buf.shape[0] + 64
     ecap = 64
     while True:
-        r = _decode(buf, bool(resync), cap, ecap, starts[starts > 0])
-        if r[0] >= 0:
+        cols = tuple(np.empty(cap, dt) for dt in _PACKET_COLUMNS.values())
+        ecols = tuple(np.empty(ecap, dt) for dt in _ERROR_COLUMNS.values())
+        n, ne = _decode(buf, bool(resync), cols, ecols, starts[starts > 0])
+        if n >= 0:
             break
         cap = 2 * buf.shape[0] + 64
         ecap = max(ecap * 4, buf.shape[0] // 4 + 64)
-    n, rows, ne, error_rows = r
-    nib, offs, kind, master, channel, value, marker, has_ts, tsv, tsbits = rows
-    eoff, ecode, ekind, emark, evalue, erow, enib = error_rows
-    kind = kind[:n].copy()
+    rows = {name: c[:n].copy() for name, c in zip(_PACKET_COLUMNS, cols, strict=True)}
+    erows = {name: c[:ne].copy() for name, c in zip(_ERROR_COLUMNS, ecols, strict=True)}
+    values = erows.pop("error_values")
+    erows["error_offsets"] = (erows["error_nibbles"] + 1) // 2
     errors = [
-        (int(eoff[i]), _message(int(ecode[i]), int(ekind[i]), bool(emark[i]), int(evalue[i])))
-        for i in range(ne)
-        if ecode[i] != E_NOTSYNC_BLOCK
+        (off, _message(code, kind, marker, value))
+        for off, code, kind, marker, value in zip(
+            erows["error_offsets"].tolist(),
+            erows["error_codes"].tolist(),
+            erows["error_kinds"].tolist(),
+            erows["error_markers"].tolist(),
+            values.tolist(),
+            strict=True,
+        )
+        if code != E_NOTSYNC_BLOCK
     ]
-    out = StpPackets(
-        offset=offs[:n].copy(),
-        nibble=nib[:n].copy(),
-        kind=kind,
-        master=master[:n].copy(),
-        channel=channel[:n].copy(),
-        value=value[:n].copy(),
-        size=_SIZE[kind],
-        marker=marker[:n].copy(),
-        has_ts=has_ts[:n].copy(),
-        ts=tsv[:n].copy(),
-        ts_bits=tsbits[:n].copy(),
-        errors=errors,
-        error_rows=erow[:ne].copy(),
-        error_codes=ecode[:ne].copy(),
-        error_kinds=ekind[:ne].copy(),
-        error_markers=emark[:ne].copy(),
-        error_offsets=eoff[:ne].copy(),
-        error_nibbles=enib[:ne].copy(),
-    )
+    out = StpPackets(**rows, size=_SIZE[rows["kind"]], errors=errors, **erows)
     if strict and errors:
         raise StpError(*errors[0])
     return out
@@ -856,43 +807,32 @@ def decode_stp(
 # Dump
 
 
+# The dump's text for a packet kind (OpenCSD's); ``{flags}``: where it
+# says the packet's marker and timestamp.
+_PACKET_TEXT = {
+    StpKind.ASYNC: "Alignment synchronisation packet",
+    StpKind.VERSION: "Version packet; Ver={value}",
+    StpKind.FREQ: "Frequency packet; Freq={value}Hz",
+    StpKind.NULL: "Null packet",
+    StpKind.TRIG: "Trigger packet{flags}; TrigData=0x{value:02x}",
+    StpKind.GERR: "Global Error",
+    StpKind.MERR: "Master Error",
+    StpKind.M8: "Set current master; Master=0x{master:02x}",
+    StpKind.C8: "Set current channel; Chan=0x{channel:04x}",
+    StpKind.C16: "Set current channel; Chan=0x{channel:04x}",
+    StpKind.FLAG: "Flag packet{flags}",
+    **{k: f"{n} bit data{{flags}}; Data=0x{{value:0{n // 4}x}}" for k, n in _DATA_BITS.items()},
+}
+
+
 def _packet_text(
     kind: int, marker: bool, has_ts: bool, value: int, master: int, channel: int, ts: int, bits: int
 ) -> str:
-    k = StpKind(kind)
-    desc = {
-        StpKind.ASYNC: "Alignment synchronisation packet",
-        StpKind.VERSION: "Version packet",
-        StpKind.FREQ: "Frequency packet",
-        StpKind.NULL: "Null packet",
-        StpKind.TRIG: "Trigger packet",
-        StpKind.GERR: "Global Error",
-        StpKind.MERR: "Master Error",
-        StpKind.M8: "Set current master",
-        StpKind.C8: "Set current channel",
-        StpKind.C16: "Set current channel",
-        StpKind.FLAG: "Flag packet",
-        StpKind.D4: "4 bit data",
-        StpKind.D8: "8 bit data",
-        StpKind.D16: "16 bit data",
-        StpKind.D32: "32 bit data",
-        StpKind.D64: "64 bit data",
-    }[k]
-    if k in _DATA_KINDS or k in (StpKind.FLAG, StpKind.TRIG):
-        desc += (" + marker" if marker else "") + (" + timestamp" if has_ts else "")
-    s = f"{_name(kind, marker, has_ts)}:{desc}"
-    if k == StpKind.VERSION:
-        s += f"; Ver={value}"
-    elif k == StpKind.FREQ:
-        s += f"; Freq={value}Hz"
-    elif k == StpKind.TRIG:
-        s += f"; TrigData=0x{value:02x}"
-    elif k == StpKind.M8:
-        s += f"; Master=0x{master:02x}"
-    elif k in (StpKind.C8, StpKind.C16):
-        s += f"; Chan=0x{channel:04x}"
-    elif k in _DATA_KINDS:
-        s += f"; Data=0x{value:0{_DATA_BITS[k] // 4}x}"
+    flags = (" + marker" if marker else "") + (" + timestamp" if has_ts else "")
+    text = _PACKET_TEXT[StpKind(kind)]
+    s = f"{_name(kind, marker, has_ts)}:" + text.format(
+        flags=flags, value=value, master=master, channel=channel
+    )
     if has_ts:
         s += f"; TS=0x{ts:016X}"
         if bits:

@@ -36,10 +36,7 @@ explain the measured loss and stall as the rate and ETB size vary.
 from __future__ import annotations
 
 import ctypes
-import mmap
-import os
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -50,6 +47,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from hwtrace.hwevents._shm import SharedFile
 from hwtrace.hwevents.stp import StpEvents, decode_stp, stp_events
 
 __all__ = ["ASYNC_VERSION", "VirtualStm", "decode_events", "header_path", "simulate_etb"]
@@ -79,7 +77,7 @@ _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
 
-class VirtualStm:
+class VirtualStm(SharedFile):
     """An ETB of ``size`` bytes (a power of two, at least 256) with policy
     ``"stall"`` or ``"drop"``, for up to ``slots`` threads (channels
     ``channel_base`` + their order of arrival), in a file under
@@ -96,14 +94,7 @@ class VirtualStm:
             raise ValueError("slots: 1..4096; channel_base: 0..65535")
         self.size, self.policy, self.slots, self.keep = size, policy, slots, keep
         self.header_size = -(-(_SLOTS_AT + _SLOT * slots) // 4096) * 4096
-        total = self.header_size + size
-        where = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-        fd, self.path = tempfile.mkstemp(prefix="hwtrace-stm-", dir=where)
-        try:
-            os.ftruncate(fd, total)
-            self.map = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        super().__init__(self.header_size + size, "hwtrace-stm-", directory)
         m = self.map
         struct.pack_into("<QIIII", m, 0, MAGIC, size, _POLICIES[policy], slots, self.header_size)
         struct.pack_into("<I", m, 40, channel_base)
@@ -291,17 +282,7 @@ class VirtualStm:
         )
         self._ring.release()
         self._base = 0
-        try:
-            self.map.close()
-        except BufferError:
-            pass
-        Path(self.path).unlink(missing_ok=True)
-
-    def __enter__(self) -> VirtualStm:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
 
 def decode_events(data: bytes) -> StpEvents:
