@@ -23,6 +23,13 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def command_parser(prog: str, main: Callable[..., int], **kwargs: str) -> Parser:
+    """The parser of the command ``prog`` runs as ``main``, described by
+    ``main``'s docstring: the command's description is written once, for the
+    code's readers and for ``--help`` alike (argparse reflows it anyway)."""
+    return Parser(prog=prog, description=" ".join((main.__doc__ or "").split()), **kwargs)
+
+
 class UsageError(Exception):
     """A bad command line; the message says what is wrong."""
 

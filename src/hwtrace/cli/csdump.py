@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import Parser
+from .common import Parser, command_parser
 
 PROG = "hwtrace csdump"
 PROTOCOLS = ("stm", "etm4", "ete")
@@ -51,8 +51,9 @@ class Source:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(prog=PROG, description="List ARM CoreSight trace packets (STM, ETMv4, ETE) as "
-               "OpenCSD's trc_pkt_lister does, and the software events they carry.")  # fmt: skip
+    """List ARM CoreSight trace packets (STM, ETMv4, ETE) as OpenCSD's trc_pkt_lister does, and
+    the software events they carry."""
+    p = command_parser(PROG, main)
     p.add_argument("file", nargs="?", metavar="FILE", help="a raw trace file (with --protocol)")
     p.add_argument("--snapshot", metavar="DIR", help="an OpenCSD snapshot directory")
     p.add_argument("-i", "--input", metavar="PERF.DATA",

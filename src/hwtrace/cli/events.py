@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .common import Parser
+from .common import command_parser
 from .perfinput import add_input_options, decode_session, open_session
 
 
@@ -134,14 +134,12 @@ def place(opened, events, prog: str):
 
 
 def main(argv: Sequence[str]) -> int:
+    """Place software events (an LTTng CTF trace, a perf.data with tracepoint samples, ftrace
+    trace_pipe_raw copies) on a perf.data's decoded Intel PT: the instruction each event's thread
+    was running when it was taken."""
     from ..analysis.swevents import PLACED, STATUS_TEXT
 
-    p = Parser(
-        prog="hwtrace events",
-        description="Place software events (an LTTng CTF trace, a perf.data with tracepoint "
-        "samples, ftrace trace_pipe_raw copies) on a perf.data's decoded Intel PT: the "
-        "instruction each event's thread was running when it was taken.",
-    )
+    p = command_parser("hwtrace events", main)
     add_input_options(p)
     p.add_argument(
         "events",

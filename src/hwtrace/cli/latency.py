@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .common import Parser
+from .common import Parser, command_parser
 from .events import add_window_options, window_gate
 from .perfinput import add_input_options, decode_session, open_session
 
@@ -37,14 +37,11 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 
 def latency_main(argv: Sequence[str]) -> int:
+    """Profile the time and instructions between two kinds of instructions (the thesis' delta
+    profiling): per thread or CPU, with histograms and the longest intervals."""
     from ..analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
 
-    p = Parser(
-        prog="hwtrace latency",
-        description="Profile the time and instructions between two kinds of instructions "
-        "(the thesis' delta profiling): per thread or CPU, with histograms and the "
-        "longest intervals.",
-    )
+    p = command_parser("hwtrace latency", latency_main)
     p.add_argument("--open", action="append", default=[], metavar="PATTERN",
                    help="an interval opens here (repeatable; comma-separated list)")  # fmt: skip
     p.add_argument("--close", action="append", default=[], metavar="PATTERN",
@@ -80,14 +77,12 @@ def latency_main(argv: Sequence[str]) -> int:
 
 
 def funclatency_main(argv: Sequence[str]) -> int:
+    """Time and instructions of every call of a function, from its entry to the return that
+    leaves it (recursion and early returns paired on a per-thread stack), as bcc's funclatency
+    but exact and with no probe in the program."""
     from ..analysis.patterns import PatternError, PatternSet
 
-    p = Parser(
-        prog="hwtrace funclatency",
-        description="Time and instructions of every call of a function, from its entry to "
-        "the return that leaves it (recursion and early returns paired on a per-thread "
-        "stack), as bcc's funclatency but exact and with no probe in the program.",
-    )
+    p = command_parser("hwtrace funclatency", funclatency_main)
     p.add_argument("function", help="FUNC or module!FUNC")
     _input_options(p)
     a = p.parse_args(list(argv))
