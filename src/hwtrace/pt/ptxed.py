@@ -32,10 +32,17 @@ from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .flowdec import FlowSink
 from .flowrows import Ev
-
-# Option bits (PtxedStyle.bits).
-S_QUIET, S_NO_INST, S_OFFSET, S_TIME, S_RAW, S_EV_TIME, S_EV_IP, S_SHOW_BLOCKS, S_STATS = (
-    1 << i for i in range(9)
+from .ptxedstyle import (
+    S_EV_IP,
+    S_EV_TIME,
+    S_NO_INST,
+    S_OFFSET,
+    S_QUIET,
+    S_RAW,
+    S_SHOW_BLOCKS,
+    S_STATS,
+    S_TIME,
+    PtxedStyle,
 )
 
 # Formatter state (int64) and its unsigned part.
@@ -61,29 +68,6 @@ _WORD_TAB, _WORD_LEN = string_table(
     },
     64,
 )  # fmt: skip
-
-
-@dataclass
-class PtxedStyle:
-    """What ptxed's options say about the text."""
-
-    quiet: bool = False
-    no_inst: bool = False
-    offset: bool = False
-    time: bool = False
-    raw_insn: bool = False
-    event_time: bool = False
-    event_ip: bool = False
-    show_blocks: bool = False
-    stats: bool = False
-
-    @property
-    def bits(self) -> int:
-        flags = (
-            self.quiet, self.no_inst, self.offset, self.time, self.raw_insn, self.event_time,
-            self.event_ip, self.show_blocks, self.stats,
-        )  # fmt: skip
-        return sum(1 << i for i, on in enumerate(flags) if on)
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
