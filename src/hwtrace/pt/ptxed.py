@@ -68,6 +68,14 @@ _WORD_TAB, _WORD_LEN = string_table(
     },
     64,
 )  # fmt: skip
+# Events printed as a label and one field in hex, then (ptwrite) the IP.
+_VALUES = {
+    K.EV_PTWRITE: ("ptwrite: ", K.E_PAYLOAD), K.EV_CBR: ("cbr: ", K.E_RATIO),
+    K.EV_MNT: ("mnt: ", K.E_PAYLOAD), K.EV_SIPI: ("sipi: ", K.E_VECTOR),
+}  # fmt: skip
+_VALUE_TAB, _VALUE_LEN = string_table({t: label for t, (label, _) in _VALUES.items()}, 64)
+_VALUE_FIELD = np.zeros(64, np.int64)
+_VALUE_FIELD[list(_VALUES)] = [column for _, column in _VALUES.values()]
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -186,16 +194,11 @@ def _event(out, p, row, offset, style):
         p = put_text(out, p, " (c")
         p = put_dec(out, p, c_state(row[K.E_DEEPEST]))
         p = put_text(out, p, ")")
-    elif t == K.EV_PTWRITE:
-        p = put_text(out, p, "ptwrite: ")
-        p = put_hex(out, p, row[K.E_PAYLOAD], 0)
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_CBR:
-        p = put_text(out, p, "cbr: ")
-        p = put_hex(out, p, row[K.E_RATIO], 0)
-    elif t == K.EV_MNT:
-        p = put_text(out, p, "mnt: ")
-        p = put_hex(out, p, row[K.E_PAYLOAD], 0)
+    elif t < K.X_ERROR and _VALUE_LEN[t]:
+        p = put_row(out, p, _VALUE_TAB, _VALUE_LEN, t)
+        p = put_hex(out, p, row[_VALUE_FIELD[t]], 0)
+        if t == K.EV_PTWRITE:
+            p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_IFLAGS:
         p = put_text(out, p, "interrupts ")
         if row[K.E_IFLAG]:
@@ -210,9 +213,6 @@ def _event(out, p, row, offset, style):
             p = put_text(out, p, ", cr2: ")
             p = put_hex(out, p, row[K.E_CR2], 16)
         p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_SIPI:
-        p = put_text(out, p, "sipi: ")
-        p = put_hex(out, p, row[K.E_VECTOR], 0)
     elif t == K.EV_VMEXIT:
         p = put_text(out, p, "vmexit")
         if row[K.E_HAS_VECTOR]:
