@@ -183,9 +183,9 @@ def _print_block(
         out.line(f"[block {count:x}]" if opts.stats else "[block]")
     for insn in block.insns:
         text = ""
-        if opts.print_offset:
+        if opts.offset:
             text += f"{offset:016x}  "
-        if opts.print_time:
+        if opts.time:
             text += f"{time:016x}  "
         if block.speculative:
             text += "? "
@@ -199,7 +199,7 @@ def _print_block(
 
 def _event_text(ev, opts: Options, offset: int) -> str:
     parts = ["["]
-    if opts.print_offset:
+    if opts.offset:
         parts.append(f"{offset:016x}  ")
     if opts.event_time and ev.has_tsc:
         parts.append(f"{ev.tsc:016x}  ")

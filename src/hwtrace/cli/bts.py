@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import Parser
+from .common import command_parser
 
 PROG = "hwtrace bts"
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(prog=PROG, description="List the branches of an Intel BTS perf.data, or the "
-               "events at registered branch sites.")  # fmt: skip
+    """List the branches of an Intel BTS perf.data, or the events at registered branch sites."""
+    p = command_parser(PROG, main)
     p.add_argument("-i", "--input", default="perf.data", help="input file (perf.data)")
     p.add_argument("--symfs", help="look for binaries under this directory")
     p.add_argument("--at", action="append", default=[], metavar="SITE[=NAME]",

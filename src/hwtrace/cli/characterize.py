@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import Parser
+from .common import command_parser
 
 
 def _ints(text: str) -> list[int | None]:
@@ -30,18 +30,16 @@ def _bools(text: str) -> list[bool]:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Trace size and temporal resolution of Intel PT settings (PSB, MTC, CYC, return
+    compression) on the path a recording executed, encoded again with each; or, given a command,
+    of recordings of it made with each setting."""
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from ..analysis.characterize import CharacterizeError, default_settings, grid
 
-    p = Parser(
-        prog="hwtrace characterize",
-        description="Trace size and temporal resolution of Intel PT settings (PSB, MTC, CYC, "
-        "return compression) on the path a recording executed, encoded again with each; or, "
-        "given a command, of recordings of it made with each setting.",
-    )
+    p = command_parser("hwtrace characterize", main)
     p.add_argument("-i", "--input", default="perf.data", help="the recording (perf.data)")
     r = p.add_argument_group("recording a command with each setting (after --)")
     r.add_argument("--backend", choices=("auto", "perf", "software"), default="auto",

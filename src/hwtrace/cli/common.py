@@ -8,7 +8,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import numpy as np
 
@@ -21,6 +21,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: {message}\n")
         raise SystemExit(2)
+
+
+def command_parser(prog: str, main: Callable[..., int], **kwargs: str) -> Parser:
+    """The parser of the command ``prog`` runs as ``main``, described by
+    ``main``'s docstring: the command's description is written once, for the
+    code's readers and for ``--help`` alike (argparse reflows it anyway)."""
+    return Parser(prog=prog, description=" ".join((main.__doc__ or "").split()), **kwargs)
 
 
 class UsageError(Exception):
@@ -105,6 +112,29 @@ def split_range(arg: str) -> tuple[str, int, int]:
     if hi <= lo:
         raise UsageError(f"bad range {tail} in {arg}: the end must be after the start")
     return head, lo, hi - lo
+
+
+class _Noted(Protocol):
+    notes: list[str]
+
+
+Noted = TypeVar("Noted", bound=_Noted)
+
+
+def open_saying(
+    prog: str, opener: Callable[[], Noted], errors: type[Exception], note: str = ""
+) -> Noted | None:
+    """What ``opener`` returns, its ``notes`` written to standard error as
+    ``PROG: <note>NOTE``; None when it raises ``errors`` (the message written
+    as ``PROG: MESSAGE``)."""
+    try:
+        opened = opener()
+    except errors as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return None
+    for text in opened.notes:
+        sys.stderr.write(f"{prog}: {note}{text}\n")
+    return opened
 
 
 def open_range(prog: str, arg: str, opener: Callable[[str], T]) -> tuple[str, int, int, T] | None:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import Parser
+from .common import command_parser
 
 PROG = "hwtrace csdump"
 # As hwtrace.session.coresight's PROTOCOLS and FRAME_MODES (not imported:
@@ -23,8 +23,9 @@ FRAME_MODES = ("memory", "fsync", "hsync", "dstream")
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(prog=PROG, description="List ARM CoreSight trace packets (STM, ETMv4, ETE) as "
-               "OpenCSD's trc_pkt_lister does, and the software events they carry.")  # fmt: skip
+    """List ARM CoreSight trace packets (STM, ETMv4, ETE) as OpenCSD's trc_pkt_lister does, and
+    the software events they carry."""
+    p = command_parser(PROG, main)
     p.add_argument("file", nargs="?", metavar="FILE", help="a raw trace file (with --protocol)")
     p.add_argument("--snapshot", metavar="DIR", help="an OpenCSD snapshot directory")
     p.add_argument("-i", "--input", metavar="PERF.DATA",

@@ -26,19 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import Parser
+from .common import command_parser
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 PROG = "hwtrace decode"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog=PROG,
-        description="Decode a perf.data's Intel PT (every queue, every CPU) into a directory of "
-        "Parquet datasets: blocks (partitioned by cpu and time bucket), events, gaps, symbols, "
-        "images; query it with 'hwtrace query DIR SQL' or DuckDB.",
-    )
+    p = command_parser(PROG, main)
     p.add_argument("source", nargs="?", metavar="INPUT", help="the perf.data (or -i INPUT)")
     add_input_options(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR",
@@ -87,6 +82,9 @@ def _number(text: str) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Decode a perf.data's Intel PT (every queue, every CPU) into a directory of Parquet
+    datasets: blocks (partitioned by cpu and time bucket), events, gaps, symbols, images; query
+    it with 'hwtrace query DIR SQL' or DuckDB."""
     p = _parser()
     a = p.parse_args(list(argv))
     if a.source:

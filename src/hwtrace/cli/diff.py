@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..textout import fit_paths
-from .common import Parser
+from .common import command_parser
 from .perfinput import decode_session, open_session
 
 
 def main(argv: Sequence[str]) -> int:
+    """Compare the call paths of two recordings of the same program: calls, instructions and time
+    per call in each, and the paths only one of them ran."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -23,11 +25,7 @@ def main(argv: Sequence[str]) -> int:
     from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
     from ..analysis.feed import CallPathProfile
 
-    p = Parser(
-        prog="hwtrace diff",
-        description="Compare the call paths of two recordings of the same program: calls, "
-        "instructions and time per call in each, and the paths only one of them ran.",
-    )
+    p = command_parser("hwtrace diff", main)
     p.add_argument("a", help="the first perf.data (the baseline)")
     p.add_argument("b", help="the second perf.data")
     p.add_argument("--symfs", help="look for binaries under this directory")

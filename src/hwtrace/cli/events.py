@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .common import Parser
+from .common import command_parser, open_saying
 from .perfinput import add_input_options, decode_session, open_session
 
 
@@ -81,18 +81,13 @@ def open_events(prog: str, path: str, opened, a: argparse.Namespace):
     from ..perf.intelpt import tsc_conversion_of
 
     clock = flow_clock(a.input, tsc_conversion_of(opened.data))
-    try:
+
+    def load():
         if path == "ptwrite" or path.startswith("ptwrite:"):
-            events = _ptwrite(path, opened, clock)
-        else:
-            events = load_events(path, clock, events_clock=a.events_clock,
-                                 offset_ns=a.clock_offset)  # fmt: skip
-    except EventsError as e:
-        sys.stderr.write(f"{prog}: {e}\n")
-        return None
-    for note in events.notes:
-        sys.stderr.write(f"{prog}: note: {note}\n")
-    return events
+            return _ptwrite(path, opened, clock)
+        return load_events(path, clock, events_clock=a.events_clock, offset_ns=a.clock_offset)
+
+    return open_saying(prog, load, EventsError, "note: ")
 
 
 def _ptwrite(spec: str, opened, clock):
@@ -134,14 +129,12 @@ def place(opened, events, prog: str):
 
 
 def main(argv: Sequence[str]) -> int:
+    """Place software events (an LTTng CTF trace, a perf.data with tracepoint samples, ftrace
+    trace_pipe_raw copies) on a perf.data's decoded Intel PT: the instruction each event's thread
+    was running when it was taken."""
     from ..analysis.swevents import PLACED, STATUS_TEXT
 
-    p = Parser(
-        prog="hwtrace events",
-        description="Place software events (an LTTng CTF trace, a perf.data with tracepoint "
-        "samples, ftrace trace_pipe_raw copies) on a perf.data's decoded Intel PT: the "
-        "instruction each event's thread was running when it was taken.",
-    )
+    p = command_parser("hwtrace events", main)
     add_input_options(p)
     p.add_argument(
         "events",

@@ -29,18 +29,13 @@ from collections.abc import Sequence
 
 from ..filter.compile import TIERS
 from ..filter.errors import FilterError
-from .common import Parser
+from .common import command_parser
 
 PROG = "hwtrace filter"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog=PROG,
-        description="Filter recorded events (perf.data tracepoint samples, ftrace "
-        "trace_pipe_raw copies, CTF traces) with an LTTng filter expression compiled "
-        "per event type.",
-    )
+    p = command_parser(PROG, main)
     p.add_argument("expression", metavar="EXPR", help="LTTng filter expression")
     p.add_argument("input", metavar="INPUT", help="perf.data, trace_pipe_raw copy(s), or CTF")
     p.add_argument(
@@ -67,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Filter recorded events (perf.data tracepoint samples, ftrace trace_pipe_raw copies, CTF
+    traces) with an LTTng filter expression compiled per event type."""
     a = _parser().parse_args(list(argv))
     from ..filter.apply import FilterPlan
     from ..filter.inputs import StreamError, open_input

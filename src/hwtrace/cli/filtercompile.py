@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..filter.errors import FilterError
 from ..filter.schema import Schema
-from .common import Parser
+from .common import command_parser
 
 PROG = "hwtrace filter-compile"
 
@@ -51,11 +51,9 @@ def _schema(a: argparse.Namespace) -> Schema:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(
-        prog=PROG,
-        description="Compile an LTTng filter expression to a native object or shared "
-        "library (LLVM tier) that a C tracer links.",
-    )
+    """Compile an LTTng filter expression to a native object or shared library (LLVM tier) that a
+    C tracer links."""
+    p = command_parser(PROG, main)
     p.add_argument("expression", metavar="EXPR")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--tracefs-event", metavar="SYS:EVENT", help="the event's tracefs format")

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .common import Parser
+from .common import Parser, command_parser
 from .events import add_window_options, window_gate
 from .perfinput import add_input_options, decode_session, open_session
 
@@ -37,14 +37,9 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 
 def latency_main(argv: Sequence[str]) -> int:
-    from ..analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
-
-    p = Parser(
-        prog="hwtrace latency",
-        description="Profile the time and instructions between two kinds of instructions "
-        "(the thesis' delta profiling): per thread or CPU, with histograms and the "
-        "longest intervals.",
-    )
+    """Profile the time and instructions between two kinds of instructions (the thesis' delta
+    profiling): per thread or CPU, with histograms and the longest intervals."""
+    p = command_parser("hwtrace latency", latency_main)
     p.add_argument("--open", action="append", default=[], metavar="PATTERN",
                    help="an interval opens here (repeatable; comma-separated list)")  # fmt: skip
     p.add_argument("--close", action="append", default=[], metavar="PATTERN",
@@ -56,48 +51,59 @@ def latency_main(argv: Sequence[str]) -> int:
                    "'superCLI=pushf; pop; cli in *irq_save*'")  # fmt: skip
     p.add_argument("--config", metavar="FILE", help="markers and interval sets from TOML")
     p.add_argument("--per", choices=("thread", "cpu"), help="keep intervals per thread or CPU")
-    _input_options(p)
-    a = p.parse_args(list(argv))
-    patterns = PatternSet()
-    try:
-        if a.config:
-            load_toml(a.config, patterns)
-        for m in a.marker:
-            name, eq, spec = m.partition("=")
-            if not eq or not name.strip():
-                raise PatternError(f"--marker {m!r}: expected NAME=PATTERN")
-            patterns.add_marker(name.strip(), spec)
-        if a.open or a.close or a.toggle or not a.config:
-            parse_sets(patterns, a.open, a.close, a.toggle)
-        elif not patterns.toggle and (not patterns.open or not patterns.close):
-            raise PatternError(f"{a.config}: [interval] needs open and close (or toggle)")
-    except PatternError as e:
-        p.error(str(e))
+    return _profile_command(p, argv, "latency", _interval_patterns)
+
+
+def _interval_patterns(a: argparse.Namespace, patterns) -> None:
+    """latency's patterns: --config, --marker, and --open/--close/--toggle."""
+    from ..analysis.patterns import PatternError, load_toml, parse_sets
+
+    if a.config:
+        load_toml(a.config, patterns)
+    for m in a.marker:
+        name, eq, spec = m.partition("=")
+        if not eq or not name.strip():
+            raise PatternError(f"--marker {m!r}: expected NAME=PATTERN")
+        patterns.add_marker(name.strip(), spec)
+    if a.open or a.close or a.toggle or not a.config:
+        parse_sets(patterns, a.open, a.close, a.toggle)
+    elif not patterns.toggle and (not patterns.open or not patterns.close):
+        raise PatternError(f"{a.config}: [interval] needs open and close (or toggle)")
     if a.per:
         patterns.per = a.per
-    a.calls = False
-    return _run(p, a, patterns, "latency")
 
 
 def funclatency_main(argv: Sequence[str]) -> int:
+    """Time and instructions of every call of a function, from its entry to the return that
+    leaves it (recursion and early returns paired on a per-thread stack), as bcc's funclatency
+    but exact and with no probe in the program."""
+    p = command_parser("hwtrace funclatency", funclatency_main)
+    p.add_argument("function", help="FUNC or module!FUNC")
+    return _profile_command(p, argv, "funclatency", _call_patterns)
+
+
+def _call_patterns(a: argparse.Namespace, patterns) -> None:
+    """funclatency's pattern: the function's entry to its exit."""
+    patterns.add_marker(a.function, f"exit:{a.function}")
+
+
+def _profile_command(
+    p: Parser, argv: Sequence[str], what: str, set_patterns: Callable[..., None]
+) -> int:
+    """Parse ``argv`` (``p`` given the input options here), build the
+    patterns ``set_patterns`` reads from the arguments (a bad one is a usage
+    error), and profile."""
     from ..analysis.patterns import PatternError, PatternSet
 
-    p = Parser(
-        prog="hwtrace funclatency",
-        description="Time and instructions of every call of a function, from its entry to "
-        "the return that leaves it (recursion and early returns paired on a per-thread "
-        "stack), as bcc's funclatency but exact and with no probe in the program.",
-    )
-    p.add_argument("function", help="FUNC or module!FUNC")
     _input_options(p)
     a = p.parse_args(list(argv))
     patterns = PatternSet()
     try:
-        patterns.add_marker(a.function, f"exit:{a.function}")
+        set_patterns(a, patterns)
     except PatternError as e:
         p.error(str(e))
-    a.calls = True
-    return _run(p, a, patterns, "funclatency")
+    a.calls = what == "funclatency"
+    return _run(p, a, patterns, what)
 
 
 def _run(p: Parser, a: argparse.Namespace, patterns, what: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -79,81 +80,41 @@ def main(argv: list[str] | None = None) -> int:
             _build_aot_library()
 
 
+# Command -> (module of hwtrace.cli, its entry point); imported only when
+# run, so that a command loads nothing the others need.
+_ENTRY_POINTS = {
+    "ptdump": ("ptdump", "main"),
+    "ptxed": ("ptxed", "main"),
+    "perf-dump": ("perfdump", "main"),
+    "record": ("perfcmds", "record_main"),
+    "report": ("perfcmds", "report_main"),
+    "script": ("perfcmds", "script_main"),
+    "decode": ("decode", "main"),
+    "query": ("query", "main"),
+    "diff": ("diff", "main"),
+    "characterize": ("characterize", "main"),
+    "events": ("events", "main"),
+    "latency": ("latency", "latency_main"),
+    "funclatency": ("latency", "funclatency_main"),
+    "filter": ("filtercmd", "main"),
+    "filter-compile": ("filtercompile", "main"),
+    "trace": ("trace", "main"),
+    "ptwrite": ("ptwrite", "main"),
+    "bts": ("bts", "main"),
+    "csdump": ("csdump", "main"),
+    "vm": ("vm", "main"),
+    "probe": ("probe", "main"),
+    "aot": ("aotcmd", "main"),
+}
+
+
 def _run(cmd: str, rest: list[str]) -> int:
-    if cmd == "ptdump":
-        from .ptdump import main as ptdump_main
-
-        return ptdump_main(rest)
-    if cmd == "ptxed":
-        from .ptxed import main as ptxed_main
-
-        return ptxed_main(rest)
-    if cmd == "perf-dump":
-        from .perfdump import main as perfdump_main
-
-        return perfdump_main(rest)
-    if cmd in ("record", "report", "script"):
-        from . import perfcmds
-
-        return getattr(perfcmds, f"{cmd}_main")(rest)
-    if cmd == "decode":
-        from .decode import main as decode_main
-
-        return decode_main(rest)
-    if cmd == "query":
-        from .query import main as query_main
-
-        return query_main(rest)
-    if cmd == "diff":
-        from .diff import main as diff_main
-
-        return diff_main(rest)
-    if cmd == "characterize":
-        from .characterize import main as characterize_main
-
-        return characterize_main(rest)
-    if cmd == "events":
-        from .events import main as events_main
-
-        return events_main(rest)
-    if cmd in ("latency", "funclatency"):
-        from . import latency
-
-        return getattr(latency, f"{cmd}_main")(rest)
-    if cmd == "filter":
-        return __import__("hwtrace.cli.filtercmd", fromlist=["main"]).main(rest)
-    if cmd == "filter-compile":
-        return __import__("hwtrace.cli.filtercompile", fromlist=["main"]).main(rest)
-    if cmd == "trace":
-        from .trace import main as trace_main
-
-        return trace_main(rest)
-    if cmd == "ptwrite":
-        from .ptwrite import main as ptwrite_main
-
-        return ptwrite_main(rest)
-    if cmd == "bts":
-        from .bts import main as bts_main
-
-        return bts_main(rest)
-    if cmd == "csdump":
-        from .csdump import main as csdump_main
-
-        return csdump_main(rest)
-    if cmd == "vm":
-        from .vm import main as vm_main
-
-        return vm_main(rest)
-    if cmd == "probe":
-        from .probe import main as probe_main
-
-        return probe_main(rest)
-    if cmd == "aot":
-        from .aotcmd import main as aot_main
-
-        return aot_main(rest)
-    sys.stderr.write(f"hwtrace: unknown command '{cmd}'\n{USAGE}")
-    return 2
+    entry = _ENTRY_POINTS.get(cmd)
+    if entry is None:
+        sys.stderr.write(f"hwtrace: unknown command '{cmd}'\n{USAGE}")
+        return 2
+    module, function = entry
+    return getattr(importlib.import_module(f"hwtrace.cli.{module}"), function)(rest)
 
 
 if __name__ == "__main__":

@@ -18,18 +18,16 @@ from pathlib import Path
 
 from ..session.perfflow import PerfBlocks
 from ..textout import fit_paths
-from .common import Parser
+from .common import command_parser
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 # -- record -------------------------------------------------------------------
 
 
 def record_main(argv: Sequence[str]) -> int:
-    p = Parser(
-        prog="hwtrace record",
-        description="Record a program's execution as Intel PT into perf.data: with perf "
-        "and PT hardware where the CPU has it, else by single-stepping with ptrace.",
-    )
+    """Record a program's execution as Intel PT into perf.data: with perf and PT hardware where
+    the CPU has it, else by single-stepping with ptrace."""
+    p = command_parser("hwtrace record", record_main)
     p.add_argument("-o", "--output", default="perf.data", help="output file (perf.data)")
     p.add_argument("-p", "--pid", type=int, help="attach to this process instead of launching")
     p.add_argument(
@@ -223,10 +221,8 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
 
 
 def report_main(argv: Sequence[str]) -> int:
-    p = Parser(
-        prog="hwtrace report",
-        description="Summarise the decoded Intel PT of a perf.data per process and thread.",
-    )
+    """Summarise the decoded Intel PT of a perf.data per process and thread."""
+    p = command_parser("hwtrace report", report_main)
     add_input_options(p)
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
     p.add_argument("--folded", metavar="FILE",
@@ -370,10 +366,8 @@ def _write_call_paths(a: argparse.Namespace, paths, events) -> list[tuple[str, i
 
 
 def script_main(argv: Sequence[str]) -> int:
-    p = Parser(
-        prog="hwtrace script",
-        description="List the decoded Intel PT of a perf.data per instruction or per block.",
-    )
+    """List the decoded Intel PT of a perf.data per instruction or per block."""
+    p = command_parser("hwtrace script", script_main)
     add_input_options(p)
     p.add_argument(
         "--blocks", action="store_true", help="one line per block instead of per instruction"

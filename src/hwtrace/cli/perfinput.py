@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from ..session import PerfSession, SessionError
 from ..session.perfflow import PerfBlocks, PerfStream
+from .common import open_saying
 
 
 def add_input_options(p: argparse.ArgumentParser) -> None:
@@ -43,17 +44,14 @@ def add_input_options(p: argparse.ArgumentParser) -> None:
 def open_session(prog: str, a: argparse.Namespace) -> PerfSession | None:
     """The session of ``a``'s input options (None: a bad input, said on
     stderr)."""
-    try:
-        session = PerfSession.open(
+
+    def open_() -> PerfSession:
+        return PerfSession.open(
             a.input, symfs=a.symfs, kcore=a.kcore, vmlinux=a.vmlinux, kallsyms=a.kallsyms,
             calls=a.call, all_calls=a.all,
         )  # fmt: skip
-    except SessionError as e:
-        sys.stderr.write(f"{prog}: {e}\n")
-        return None
-    for note in session.notes:
-        sys.stderr.write(f"{prog}: {note}\n")
-    return session
+
+    return open_saying(prog, open_, SessionError)
 
 
 def warn_missing_calls(prog: str, flow: PerfStream) -> PerfStream:

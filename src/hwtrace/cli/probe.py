@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser
+from .common import Parser, command_parser
 
 HELP_COMMANDS = """commands (one per line on standard input with --control):
   list                 the tracepoints, their kind and hits
@@ -23,11 +23,12 @@ HELP_COMMANDS = """commands (one per line on standard input with --control):
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(
-        prog="hwtrace probe",
-        description="Insert fast tracepoints into a live x86-64 process: jumps made safe by "
-        "embedded traps, an int3 trap where no jump fits. Counts hits and, with -o or "
-        "--record, records events (time, CPU, thread, registers) through shared memory.",
+    """Insert fast tracepoints into a live x86-64 process: jumps made safe by embedded traps, an
+    int3 trap where no jump fits. Counts hits and, with -o or --record, records events (time,
+    CPU, thread, registers) through shared memory."""
+    p = command_parser(
+        "hwtrace probe",
+        main,
         epilog="LOCATION: FUNC, FUNC+OFF, MODULE!FUNC, 0xADDRESS, or FILE:LINE.",
     )
     p.add_argument("locations", nargs="*", metavar="LOCATION", help="where to put tracepoints")

@@ -10,14 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..pt.config import PtConfig
-from .common import Parser
+from .common import command_parser
 
 PROG = "hwtrace ptwrite"
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(prog=PROG, description="Decode the typed events PTWRITE (or hwtrace's software "
-               "channel) put into Intel PT: from a perf.data (-i) or raw PT files.")  # fmt: skip
+    """Decode the typed events PTWRITE (or hwtrace's software channel) put into Intel PT: from a
+    perf.data (-i) or raw PT files."""
+    p = command_parser(PROG, main)
     p.add_argument("traces", nargs="*", metavar="FILE", help="raw PT files (one stream each)")
     p.add_argument(
         "-i", "--input", metavar="PERF.DATA", help="a perf.data recorded with intel_pt/ptw/"

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..pt.ptxedstyle import PtxedStyle
 from .common import CONFIG_UINTS, UsageError, config_help, help_or_version, parse_uint
 from .sbopts import SbOptions, sideband_help
 
@@ -71,20 +72,13 @@ Decoder = Callable[..., None]
 
 
 @dataclass
-class Options:
-    quiet: bool = False
-    no_inst: bool = False
+class Options(PtxedStyle):
+    """ptxed's options: the text's style, and how to decode."""
+
     att: bool = False
-    print_offset: bool = False
-    print_time: bool = False
-    raw_insn: bool = False
     check: bool = False
-    event_time: bool = False
-    event_ip: bool = False
-    show_blocks: bool = False
     resync_on_error: bool = False
     insn_decoder: bool = False
-    stats: bool = False
     stat_flags: set[str] = field(default_factory=set)
 
 
@@ -94,8 +88,8 @@ _SWITCHES = {
     "--no-inst": "no_inst",
     "--quiet": "quiet",
     "-q": "quiet",
-    "--offset": "print_offset",
-    "--time": "print_time",
+    "--offset": "offset",
+    "--time": "time",
     "--raw-insn": "raw_insn",
     "--check": "check",
     "--stat": "stats",
@@ -304,7 +298,7 @@ def decode(
     """Decode with the compiled flow decoder and print as Intel's ptxed."""
     from ..pt.flowdec import FlowDecoder, FlowOptions
     from ..pt.options import EventOptions
-    from ..pt.ptxed import PtxedStyle, PtxedWriter
+    from ..pt.ptxed import PtxedWriter
 
     block_cache = _replays_block_cache(opts)
     options = FlowOptions(
@@ -314,20 +308,9 @@ def decode(
         resync_on_error=opts.resync_on_error,
         count_only=opts.quiet and not block_cache,
     )
-    style = PtxedStyle(
-        quiet=opts.quiet,
-        no_inst=opts.no_inst,
-        offset=opts.print_offset,
-        time=opts.print_time,
-        raw_insn=opts.raw_insn,
-        event_time=opts.event_time,
-        event_ip=opts.event_ip,
-        show_blocks=opts.show_blocks,
-        stats=opts.stats,
-    )
     # Sideband prints its own lines between the formatter's: one thread then.
     writer = PtxedWriter(
-        style, out.write, att=opts.att, pipelined=sideband is None, block_cache=block_cache
+        opts, out.write, att=opts.att, pipelined=sideband is None, block_cache=block_cache
     )
     hook = None
     if sideband is not None:
@@ -357,9 +340,7 @@ def decode(
 def _replays_block_cache(opts: Options) -> bool:
     """libipt's block cache ends blocks early: replay it where that shows
     (block lines and counts, per-block offsets and times), nowhere else."""
-    return not opts.insn_decoder and (
-        opts.show_blocks or opts.stats or opts.print_offset or opts.print_time
-    )
+    return not opts.insn_decoder and (opts.show_blocks or opts.stats or opts.offset or opts.time)
 
 
 def _print_stats(opts: Options, n_insn: int, n_blocks: int, out: _Printer) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser
+from .common import Parser, command_parser
 
 _UNITS = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -28,11 +28,9 @@ def parse_time(text: str) -> int:
 
 
 def _parser() -> Parser:
-    p = Parser(
-        prog="hwtrace trace",
-        description="Trace kernel tracepoints with an LTTng filter expression run in the kernel "
-        "as eBPF, or (--latency) time the system calls of a process and record those slower "
-        "than thresholds the application sets in shared memory.",
+    p = command_parser(
+        "hwtrace trace",
+        main,
         epilog="EVENT: SYSTEM:EVENT as in /sys/kernel/tracing/events (globs allowed), e.g. "
         "sched:sched_switch,raw_syscalls:sys_enter.  TIME: 800 (ns), 250us, 10ms, 1.5s.",
     )
@@ -68,6 +66,9 @@ def _parser() -> Parser:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Trace kernel tracepoints with an LTTng filter expression run in the kernel as eBPF, or
+    (--latency) time the system calls of a process and record those slower than thresholds the
+    application sets in shared memory."""
     p = _parser()
     argv = list(argv)
     command: list[str] = []

@@ -12,17 +12,15 @@ from pathlib import Path
 import numpy as np
 
 from ..pt.config import PtConfig
-from .common import Parser
+from .common import command_parser
 
 PROG = "hwtrace vm"
 
 
 def main(argv: Sequence[str]) -> int:
-    p = Parser(
-        prog=PROG,
-        description="Analyse a KVM host's Intel PT (system-wide mode: PIP, VMCS and timing "
-        "packets) per physical CPU: vCPU states (VM, VMM, IDLE), VM exits, guest processes.",
-    )
+    """Analyse a KVM host's Intel PT (system-wide mode: PIP, VMCS and timing packets) per
+    physical CPU: vCPU states (VM, VMM, IDLE), VM exits, guest processes."""
+    p = command_parser(PROG, main)
     p.add_argument("traces", nargs="*", metavar="FILE",
                    help="one raw PT file per pCPU, in order (or vmpt's bundles .xml)")  # fmt: skip
     p.add_argument("-i", "--input", metavar="PERF.DATA",

@@ -32,10 +32,17 @@ from .codetable import CLASS_CALL, CLASS_JUMP, I_DIRECT, CodeTable, hash_find
 from .errors import errstr
 from .flowdec import FlowSink
 from .flowrows import Ev
-
-# Option bits (PtxedStyle.bits).
-S_QUIET, S_NO_INST, S_OFFSET, S_TIME, S_RAW, S_EV_TIME, S_EV_IP, S_SHOW_BLOCKS, S_STATS = (
-    1 << i for i in range(9)
+from .ptxedstyle import (
+    S_EV_IP,
+    S_EV_TIME,
+    S_NO_INST,
+    S_OFFSET,
+    S_QUIET,
+    S_RAW,
+    S_SHOW_BLOCKS,
+    S_STATS,
+    S_TIME,
+    PtxedStyle,
 )
 
 # Formatter state (int64) and its unsigned part.
@@ -61,29 +68,14 @@ _WORD_TAB, _WORD_LEN = string_table(
     },
     64,
 )  # fmt: skip
-
-
-@dataclass
-class PtxedStyle:
-    """What ptxed's options say about the text."""
-
-    quiet: bool = False
-    no_inst: bool = False
-    offset: bool = False
-    time: bool = False
-    raw_insn: bool = False
-    event_time: bool = False
-    event_ip: bool = False
-    show_blocks: bool = False
-    stats: bool = False
-
-    @property
-    def bits(self) -> int:
-        flags = (
-            self.quiet, self.no_inst, self.offset, self.time, self.raw_insn, self.event_time,
-            self.event_ip, self.show_blocks, self.stats,
-        )  # fmt: skip
-        return sum(1 << i for i, on in enumerate(flags) if on)
+# Events printed as a label and one field in hex, then (ptwrite) the IP.
+_VALUES = {
+    K.EV_PTWRITE: ("ptwrite: ", K.E_PAYLOAD), K.EV_CBR: ("cbr: ", K.E_RATIO),
+    K.EV_MNT: ("mnt: ", K.E_PAYLOAD), K.EV_SIPI: ("sipi: ", K.E_VECTOR),
+}  # fmt: skip
+_VALUE_TAB, _VALUE_LEN = string_table({t: label for t, (label, _) in _VALUES.items()}, 64)
+_VALUE_FIELD = np.zeros(64, np.int64)
+_VALUE_FIELD[list(_VALUES)] = [column for _, column in _VALUES.values()]
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -202,16 +194,11 @@ def _event(out, p, row, offset, style):
         p = put_text(out, p, " (c")
         p = put_dec(out, p, c_state(row[K.E_DEEPEST]))
         p = put_text(out, p, ")")
-    elif t == K.EV_PTWRITE:
-        p = put_text(out, p, "ptwrite: ")
-        p = put_hex(out, p, row[K.E_PAYLOAD], 0)
-        p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_CBR:
-        p = put_text(out, p, "cbr: ")
-        p = put_hex(out, p, row[K.E_RATIO], 0)
-    elif t == K.EV_MNT:
-        p = put_text(out, p, "mnt: ")
-        p = put_hex(out, p, row[K.E_PAYLOAD], 0)
+    elif t < K.X_ERROR and _VALUE_LEN[t]:
+        p = put_row(out, p, _VALUE_TAB, _VALUE_LEN, t)
+        p = put_hex(out, p, row[_VALUE_FIELD[t]], 0)
+        if t == K.EV_PTWRITE:
+            p = _ipx(out, p, row, ev_ip)
     elif t == K.EV_IFLAGS:
         p = put_text(out, p, "interrupts ")
         if row[K.E_IFLAG]:
@@ -226,9 +213,6 @@ def _event(out, p, row, offset, style):
             p = put_text(out, p, ", cr2: ")
             p = put_hex(out, p, row[K.E_CR2], 16)
         p = _ipx(out, p, row, ev_ip)
-    elif t == K.EV_SIPI:
-        p = put_text(out, p, "sipi: ")
-        p = put_hex(out, p, row[K.E_VECTOR], 0)
     elif t == K.EV_VMEXIT:
         p = put_text(out, p, "vmexit")
         if row[K.E_HAS_VECTOR]:

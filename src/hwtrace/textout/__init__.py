@@ -99,44 +99,44 @@ def _numba_extensions() -> None:
 
         return impl
 
-    @intrinsic
-    def memcpy(typingctx, dst, at, src, start, n):
-        sig = types.void(dst, types.intp, src, types.intp, types.intp)
+    def byte_copy(name, emit):
+        """An intrinsic ``(dst, at, src, start, n)`` on two byte arrays whose
+        code ``emit(builder, &dst[at], &src[start], n)`` writes."""
 
-        def codegen(context, builder, signature, args):
-            d = context.make_array(signature.args[0])(context, builder, args[0])
-            s = context.make_array(signature.args[2])(context, builder, args[2])
-            cgutils.raw_memcpy(
-                builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], 1
-            )
+        def copy(typingctx, dst, at, src, start, n):
+            sig = types.void(dst, types.intp, src, types.intp, types.intp)
 
-        return sig, codegen
+            def codegen(context, builder, signature, args):
+                d = context.make_array(signature.args[0])(context, builder, args[0])
+                s = context.make_array(signature.args[2])(context, builder, args[2])
+                dst_at = builder.gep(d.data, [args[1]])
+                src_at = builder.gep(s.data, [args[3]])
+                emit(builder, dst_at, src_at, args[4])
 
-    @intrinsic
-    def copy_chunks(typingctx, dst, at, src, start, n):
-        sig = types.void(dst, types.intp, src, types.intp, types.intp)
+            return sig, codegen
 
-        def codegen(context, builder, signature, args):
-            from llvmlite import ir
+        copy.__name__ = copy.__qualname__ = name
+        return intrinsic(copy)
 
-            d = context.make_array(signature.args[0])(context, builder, args[0])
-            s = context.make_array(signature.args[2])(context, builder, args[2])
-            chunk = ir.VectorType(ir.IntType(8), _CHUNK)
-            width = ir.Constant(args[4].type, _CHUNK)
-            count = builder.udiv(builder.add(args[4], ir.Constant(args[4].type, _CHUNK - 1)), width)
-            with cgutils.for_range(builder, count) as loop:
-                off = builder.mul(loop.index, width)
-                src_at = builder.gep(s.data, [builder.add(args[3], off)])
-                dst_at = builder.gep(d.data, [builder.add(args[1], off)])
-                value = builder.load(builder.bitcast(src_at, chunk.as_pointer()), align=1)
-                builder.store(value, builder.bitcast(dst_at, chunk.as_pointer()), align=1)
+    def emit_memcpy(builder, dst, src, n):
+        cgutils.raw_memcpy(builder, dst, src, n, 1)
 
-        return sig, codegen
+    def emit_chunks(builder, dst, src, n):
+        from llvmlite import ir
+
+        chunk = ir.VectorType(ir.IntType(8), _CHUNK)
+        width = ir.Constant(n.type, _CHUNK)
+        count = builder.udiv(builder.add(n, ir.Constant(n.type, _CHUNK - 1)), width)
+        with cgutils.for_range(builder, count) as loop:
+            off = builder.mul(loop.index, width)
+            src_chunk = builder.bitcast(builder.gep(src, [off]), chunk.as_pointer())
+            dst_chunk = builder.bitcast(builder.gep(dst, [off]), chunk.as_pointer())
+            builder.store(builder.load(src_chunk, align=1), dst_chunk, align=1)
 
     from numba.cpython.unsafe.numbers import leading_zeros
 
-    globals()["_memcpy"] = memcpy
-    globals()["_copy_chunks"] = copy_chunks
+    globals()["_memcpy"] = byte_copy("memcpy", emit_memcpy)
+    globals()["_copy_chunks"] = byte_copy("copy_chunks", emit_chunks)
     globals()["_leading_zeros"] = leading_zeros
 
 
