@@ -2864,11 +2864,8 @@ def _fast(ds, pk, cf, ct, out):
         if has_icnt:
             icnt += ninsn
         prev = blk
-        if bk == RUN_FALL or bk == RUN_JUMP:
-            ip = r_next[blk] if bk == RUN_FALL else r_target[blk]
-            blk = r_succ[prev]
-            learn = LEARN_SUCC
-        elif bk == RUN_CALL:
+        if bk == RUN_CALL or bk == RUN_ICALL:
+            # A call pushes where it returns to, and the run there.
             rs_top = (rs_top + 1) & _RS_MASK
             RS[rs_top] = r_next[blk]
             ret = r_ret[blk]
@@ -2877,7 +2874,8 @@ def _fast(ds, pk, cf, ct, out):
                 r_ret[blk] = ret
             RSR[rs_top] = ret
             rs_n = min(rs_n + 1, RETSTACK_SIZE)
-            ip = r_target[blk]
+        if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
+            ip = r_next[blk] if bk == RUN_FALL else r_target[blk]
             blk = r_succ[prev]
             learn = LEARN_SUCC
         elif bk == RUN_COND:
@@ -2897,15 +2895,6 @@ def _fast(ds, pk, cf, ct, out):
             rs_top = (rs_top - 1) & _RS_MASK
             rs_n -= 1
         else:  # TIP: indirect jump or call, uncompressed return
-            if bk == RUN_ICALL:
-                rs_top = (rs_top + 1) & _RS_MASK
-                RS[rs_top] = r_next[blk]
-                ret = r_ret[blk]
-                if ret < 0:
-                    ret = hash_find(r_hip, r_hmode, r_hval, r_next[blk], mode)
-                    r_ret[blk] = ret
-                RSR[rs_top] = ret
-                rs_n = min(rs_n + 1, RETSTACK_SIZE)
             ip = tip
             blk = -1
             evt = 0  # consumed
