@@ -316,11 +316,11 @@ _RUN_COLUMNS = (
 def _alloc(table: object, columns: tuple, cap: int) -> None:
     """Fresh ``columns`` of ``cap`` rows on ``table``."""
     for name, dtype, fill in columns:
-        if isinstance(dtype, tuple):
-            dtype, width = dtype
-            setattr(table, name, np.full((cap, width), fill, dtype))
-        else:
-            setattr(table, name, np.full(cap, fill, dtype))
+        shape = (cap, dtype[1]) if isinstance(dtype, tuple) else cap
+        dtype = dtype[0] if isinstance(dtype, tuple) else dtype
+        # np.zeros leaves the pages untouched until written (calloc): room
+        # the decoder never reaches costs no memory.
+        setattr(table, name, np.full(shape, fill, dtype) if fill else np.zeros(shape, dtype))
 
 
 class CodeTable:
