@@ -24,15 +24,6 @@ def black_height(tree: _RbTree, x: int) -> int:
     return hl + (0 if tree.red[x] else 1)
 
 
-def in_order(tree: _RbTree) -> list[int]:
-    out = []
-    x = tree.first()
-    while x != -1:
-        out.append(x)
-        x = tree.next(x)
-    return out
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     keys=st.lists(st.integers(0, 12), min_size=1, max_size=80),
@@ -52,4 +43,4 @@ def test_tree_stays_balanced_and_ordered(keys, erase, pick) -> None:
             assert tree.parent[tree.root] == -1
         black_height(tree, tree.root)
         # Stable by start: equal starts keep the order they were inserted in.
-        assert in_order(tree) == sorted(live, key=lambda i: (keys[i], i))
+        assert tree.in_order() == sorted(live, key=lambda i: (keys[i], i))

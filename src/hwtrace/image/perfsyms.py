@@ -205,7 +205,7 @@ def perf_symbols(path: str) -> SymbolTable:
     end = np.concatenate([end, pstart + psize])
     names = names + pnames
     kinds = np.concatenate([np.where(obj, OBJECT, FUNCTION), np.full(len(pnames), FUNCTION)])
-    live = _live(tree)
+    live = tree.in_order()
     # symbols__find meets an ancestor first: a symbol inside the range of
     # one above it in the tree is never found.
     keep = [i for i in live if not _covered(tree, i, start, end)]
@@ -247,15 +247,6 @@ def _fixup_duplicate(tree: _RbTree, start, end, names, bind) -> None:
         else:
             tree.erase(curr)
             curr = nxt
-
-
-def _live(tree: _RbTree) -> list[int]:
-    out = []
-    x = tree.first()
-    while x != -1:
-        out.append(x)
-        x = tree.next(x)
-    return out
 
 
 def _covered(tree: _RbTree, i: int, start, end) -> bool:
@@ -362,6 +353,15 @@ class _RbTree:
         while x != -1 and self.left[x] != -1:
             x = self.left[x]
         return x
+
+    def in_order(self) -> list[int]:
+        """The nodes in the tree, by key (equal keys in insertion order)."""
+        out = []
+        x = self.first()
+        while x != -1:
+            out.append(x)
+            x = self.next(x)
+        return out
 
     def next(self, x: int) -> int:
         if self.right[x] != -1:
