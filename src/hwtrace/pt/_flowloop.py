@@ -186,15 +186,85 @@ from .flowrows import (  # the output format, shared with its readers
 from .kinds import Kind
 
 # ---------------------------------------------------------------------------
-# Constants.  Packet kinds, instruction classes and error codes are the
-# IntEnum members themselves (Kind.PSB, IClass.CALL, PtError.NOSYNC): numba
-# types them as integers and folds them as it folds plain int globals.
+# Constants, named after the Python reference's.  Plain ints, not the IntEnum
+# members the other loops use: with members (passed on as arguments, they
+# make IntEnum specialisations) the native library built after a first
+# compile ran this decoder 1.7x slower than one built from ints.
+
+# Packet kinds.
+K_PAD = int(Kind.PAD)
+K_PSB = int(Kind.PSB)
+K_PSBEND = int(Kind.PSBEND)
+K_TNT8 = int(Kind.TNT8)
+K_TNT64 = int(Kind.TNT64)
+K_TIP = int(Kind.TIP)
+K_TIP_PGE = int(Kind.TIP_PGE)
+K_TIP_PGD = int(Kind.TIP_PGD)
+K_FUP = int(Kind.FUP)
+K_MODE_EXEC = int(Kind.MODE_EXEC)
+K_MODE_TSX = int(Kind.MODE_TSX)
+K_PIP = int(Kind.PIP)
+K_VMCS = int(Kind.VMCS)
+K_CBR = int(Kind.CBR)
+K_TSC = int(Kind.TSC)
+K_MTC = int(Kind.MTC)
+K_TMA = int(Kind.TMA)
+K_CYC = int(Kind.CYC)
+K_OVF = int(Kind.OVF)
+K_STOP = int(Kind.STOP)
+K_MNT = int(Kind.MNT)
+K_PTW = int(Kind.PTW)
+K_EXSTOP = int(Kind.EXSTOP)
+K_MWAIT = int(Kind.MWAIT)
+K_PWRE = int(Kind.PWRE)
+K_PWRX = int(Kind.PWRX)
+K_CFE = int(Kind.CFE)
+K_EVD = int(Kind.EVD)
+K_TRIG = int(Kind.TRIG)
+K_INVALID = int(Kind.INVALID)
+
 # Event types (EV_*), output markers (X_*, ERR_*): hwtrace.pt.flowrows.
 
+# Error codes.
+E_INTERNAL = int(PtError.INTERNAL)
+E_NOSYNC = int(PtError.NOSYNC)
+E_BAD_OPC = int(PtError.BAD_OPC)
+E_BAD_PACKET = int(PtError.BAD_PACKET)
+E_BAD_CONTEXT = int(PtError.BAD_CONTEXT)
+E_EOS = int(PtError.EOS)
+E_BAD_QUERY = int(PtError.BAD_QUERY)
+E_NOMEM = int(PtError.NOMEM)
+E_NOIP = int(PtError.NOIP)
+E_IP_SUPPRESSED = int(PtError.IP_SUPPRESSED)
+E_BAD_INSN = int(PtError.BAD_INSN)
+E_RETSTACK_EMPTY = int(PtError.RETSTACK_EMPTY)
+E_BAD_RETCOMP = int(PtError.BAD_RETCOMP)
+E_BAD_STATUS_UPDATE = int(PtError.BAD_STATUS_UPDATE)
+E_NO_ENABLE = int(PtError.NO_ENABLE)
+E_EVENT_IGNORED = int(PtError.EVENT_IGNORED)
 # Step aborts (never errors of the trace): see the module docstring.
 ABORT = 1000
 ABORT_MISS = 1001
 ABORT_WINDOW = 1002
+
+# Instruction classes and kinds.
+C_UNKNOWN = int(IClass.UNKNOWN)
+C_OTHER = int(IClass.OTHER)
+C_CALL = int(IClass.CALL)
+C_RETURN = int(IClass.RETURN)
+C_JUMP = int(IClass.JUMP)
+C_COND = int(IClass.COND_JUMP)
+C_FAR_CALL = int(IClass.FAR_CALL)
+C_FAR_RETURN = int(IClass.FAR_RETURN)
+C_FAR_JUMP = int(IClass.FAR_JUMP)
+C_PTWRITE = int(IClass.PTWRITE)
+S_MOV_CR3 = int(Special.MOV_CR3)
+S_VMLAUNCH = int(Special.VMLAUNCH)
+S_VMRESUME = int(Special.VMRESUME)
+S_VMPTRLD = int(Special.VMPTRLD)
+S_IRET = int(Special.IRET)
+S_UIRET = int(Special.UIRET)
+S_JMPABS = int(Special.JMPABS)
 
 # Event rows (E_*, EW, F_*): hwtrace.pt.flowrows.
 
@@ -314,7 +384,7 @@ def _q_enqueue(SI, QE, QB, binding):
     """A fresh event waiting for ``binding``; its slot, or -NOMEM."""
     n = SI[ES_QN]
     if n >= QMAX:
-        return _err(PtError.NOMEM)
+        return _err(E_NOMEM)
     _ev_init(QE[n], EV_IGNORE)
     QB[n] = binding
     SI[ES_QN] = n + 1
@@ -452,7 +522,7 @@ def _update_ip(SI, SU, pk, i):
     elif ipc == 6:
         ip = payload
     else:
-        return _err(PtError.BAD_PACKET)
+        return _err(E_BAD_PACKET)
     SU[ES_LAST_IP] = ip
     SI[ES_HAVE_IP] = 1
     SI[ES_SUPP] = 0
@@ -473,7 +543,7 @@ def _ev_fetch(SI, pk):
     kind = pk[0]
     n = SI[W_N]
     p = SI[ES_POS] + 1
-    while p < n and kind[p] == Kind.PAD:
+    while p < n and kind[p] == K_PAD:
         p += 1
     SI[ES_POS] = p
 
@@ -516,7 +586,7 @@ def _set_tsx(ev, bits):
 
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _is_timing(k):
-    return k == Kind.TSC or k == Kind.CBR or k == Kind.TMA or k == Kind.MTC or k == Kind.CYC
+    return k == K_TSC or k == K_CBR or k == K_TMA or k == K_MTC or k == K_CYC
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -537,12 +607,12 @@ def _bdm70_applies(SI, pk):
     j = SI[ES_POS] + 1
     while j < n:
         k = kind[j]
-        if k == Kind.TIP_PGE:
+        if k == K_TIP_PGE:
             return 1
         if not (
-            k == Kind.PAD or k == Kind.TSC or k == Kind.CBR or k == Kind.PSBEND or k == Kind.PIP
-            or k == Kind.MODE_EXEC or k == Kind.MODE_TSX or k == Kind.VMCS or k == Kind.TMA
-            or k == Kind.MTC or k == Kind.CYC or k == Kind.MNT
+            k == K_PAD or k == K_TSC or k == K_CBR or k == K_PSBEND or k == K_PIP
+            or k == K_MODE_EXEC or k == K_MODE_TSX or k == K_VMCS or k == K_TMA
+            or k == K_MTC or k == K_CYC or k == K_MNT
         ):  # fmt: skip
             return 0
         j += 1
@@ -558,7 +628,7 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
     b = pk[2]
     CF = cf[0]
     if SI[ES_QN]:
-        return _err(PtError.BAD_CONTEXT)
+        return _err(E_BAD_CONTEXT)
     SI[ES_HAVE_IP] = 0
     SI[ES_SUPP] = 0
     SU[ES_LAST_IP] = 0
@@ -572,7 +642,7 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
         if i >= SI[W_N]:
             return _end_error(SI)
         k = kind[i]
-        if k == Kind.FUP:
+        if k == K_FUP:
             enabled = b[i] != 0
             if CF[CF_ERRATA] & ER_BDM70:
                 r = _bdm70_applies(SI, pk)
@@ -585,16 +655,16 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
                 r = _update_ip(SI, SU, pk, i)
                 if r < 0:
                     return r
-        elif k == Kind.MODE_EXEC:
+        elif k == K_MODE_EXEC:
             bits = np.int64(a[i])
             iflag = (bits >> 2) & 1
             csd = (bits >> 1) & 1
             csl = bits & 1
             if SI[ES_MEV]:
                 if iflags and SI[ES_IFLAG] != iflag:
-                    return _err(PtError.BAD_STATUS_UPDATE)
+                    return _err(E_BAD_STATUS_UPDATE)
                 if SI[ES_CSD] != csd or SI[ES_CSL] != csl:
-                    return _err(PtError.BAD_STATUS_UPDATE)
+                    return _err(E_BAD_STATUS_UPDATE)
             else:
                 SI[ES_MEV] = 1
                 SI[ES_IFLAG] = iflag
@@ -609,49 +679,49 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
                 if s < 0:
                     return s
                 QE[s, E_IFLAG] = iflag
-        elif k == Kind.MODE_TSX:
+        elif k == K_MODE_TSX:
             s = _header_event(SI, QE, QB, EV_TSX, True)
             if s < 0:
                 return s
             _set_tsx(QE[s], a[i])
-        elif k == Kind.PIP:
+        elif k == K_PIP:
             s = _header_event(SI, QE, QB, EV_ASYNC_PAGING, True)
             if s < 0:
                 return s
             QE[s, E_CR3] = a[i]
             QE[s, E_NR] = b[i]
-        elif k == Kind.VMCS:
+        elif k == K_VMCS:
             s = _header_event(SI, QE, QB, EV_ASYNC_VMCS, True)
             if s < 0:
                 return s
             QE[s, E_BASE] = a[i]
-        elif k == Kind.MNT:
+        elif k == K_MNT:
             s = _header_event(SI, QE, QB, EV_MNT, False)
             if s < 0:
                 return s
             QE[s, E_PAYLOAD] = a[i]
-        elif k == Kind.CBR:
+        elif k == K_CBR:
             s = _header_event(SI, QE, QB, EV_CBR, True)
             if s < 0:
                 return s
             QE[s, E_RATIO] = a[i]
-        elif _is_timing(k) or k == Kind.PAD:
+        elif _is_timing(k) or k == K_PAD:
             pass
-        elif k == Kind.PSBEND:
+        elif k == K_PSBEND:
             if SI[ES_ENABLED]:
                 QE[status, E_TYPE] = EV_ENABLED
             else:
                 QE[status, E_TYPE] = EV_DISABLED
                 QE[status, E_FLAGS] |= F_SUPP
             return 0
-        elif k == Kind.OVF:
+        elif k == K_OVF:
             if SI[ES_ENABLED]:
                 QE[status, E_TYPE] = EV_ENABLED
             else:
                 _q_remove(SI, QE, QB, status)
             return 0
         else:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -665,7 +735,7 @@ def _decode_psbend(SI, SU, QE, QB, pk, out):
     ):  # fmt: skip
         _event_ip(SI, SU, out)
     elif not (t == EV_DISABLED or t == EV_CBR or t == EV_MNT):
-        return _err(PtError.BAD_CONTEXT)
+        return _err(E_BAD_CONTEXT)
     _ev_time(SI, pk, out, -1)
     return 1
 
@@ -682,9 +752,9 @@ def _decode_fup(SI, SU, QE, QB, pk, i, out):
             if SI[ES_BOUND]:
                 return 0
             if not SI[ES_HAVE_IP]:
-                return _err(PtError.NOIP)
+                return _err(E_NOIP)
             if SI[ES_SUPP]:
-                return _err(PtError.IP_SUPPRESSED)
+                return _err(E_IP_SUPPRESSED)
             s = _q_enqueue(SI, QE, QB, B_TIP)
             if s < 0:
                 return s
@@ -700,7 +770,7 @@ def _decode_fup(SI, SU, QE, QB, pk, i, out):
         elif t == EV_RSM or t == EV_SIPI:
             _ev_time(SI, pk, out, -1)
             if not _supp(out):
-                return _err(PtError.INTERNAL)
+                return _err(E_INTERNAL)
         elif (
             t == EV_TSX or t == EV_EXSTOP or t == EV_MWAIT or t == EV_PTWRITE
             or t == EV_EXEC_MODE or t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_IRET
@@ -711,14 +781,14 @@ def _decode_fup(SI, SU, QE, QB, pk, i, out):
             _ev_time(SI, pk, out, -1)
             _event_ip(SI, SU, out)
         else:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         return 1
 
 
 @aot.njit(cache=True, _nrt=False)
 def _decode_tip(SI, SU, QE, QB, pk, i, out):
     if not SI[ES_ENABLED]:
-        return _err(PtError.BAD_CONTEXT)
+        return _err(E_BAD_CONTEXT)
     if not SI[ES_BOUND]:
         r = _update_ip(SI, SU, pk, i)
         if r < 0:
@@ -749,9 +819,9 @@ def _decode_tip(SI, SU, QE, QB, pk, i, out):
     if t == EV_EXEC_MODE or t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS or t == EV_IFLAGS:
         _event_ip(SI, SU, out)
     elif t == EV_ASYNC_BRANCH:
-        return _err(PtError.INTERNAL)
+        return _err(E_INTERNAL)
     else:
-        return _err(PtError.BAD_CONTEXT)
+        return _err(E_BAD_CONTEXT)
     _ev_time(SI, pk, out, -1)
     return 1
 
@@ -774,7 +844,7 @@ def _decode_tip_pge(SI, SU, QE, QB, pk, i, out):
     if t == EV_EXEC_MODE or t == EV_IFLAGS:
         _event_ip(SI, SU, out)
     else:
-        return _err(PtError.BAD_CONTEXT)
+        return _err(E_BAD_CONTEXT)
     _ev_time(SI, pk, out, -1)
     return 1
 
@@ -806,12 +876,12 @@ def _decode_tip_pgd(SI, SU, QE, QB, pk, i, out):
             or t == EV_IGNORE
         ):  # fmt: skip
             if (t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS) and not SI[ES_BOUND]:
-                return _err(PtError.INTERNAL)
+                return _err(E_INTERNAL)
             if t == EV_IGNORE:
                 continue
             out[E_FLAGS] |= F_SUPP
         else:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         _ev_time(SI, pk, out, -1)
         return 1
 
@@ -914,7 +984,7 @@ def _decode_ptw(SI, QE, QB, pk, i, out):
     c = pk[3]
     plc = b[i]
     if plc > 1:
-        return _err(PtError.BAD_PACKET)
+        return _err(E_BAD_PACKET)
     _ev_init(out, EV_PTWRITE)
     out[E_SIZE] = 4 << plc
     out[E_PAYLOAD] = a[i]
@@ -930,23 +1000,17 @@ def _find_ovf_fup(SI, pk):
     j = SI[ES_POS] + 1
     while j < n:
         k = kind[j]
-        if k == Kind.FUP:
+        if k == K_FUP:
             return 0, j
-        if _is_timing(k) or k == Kind.PAD or k == Kind.MNT or k == Kind.INVALID:
+        if _is_timing(k) or k == K_PAD or k == K_MNT or k == K_INVALID:
             j += 1
             continue
-        if (
-            k == Kind.PSBEND
-            or k == Kind.TIP
-            or k == Kind.TIP_PGD
-            or k == Kind.TNT8
-            or k == Kind.TNT64
-        ):
-            return 2, np.int64(PtError.BAD_CONTEXT)
+        if k == K_PSBEND or k == K_TIP or k == K_TIP_PGD or k == K_TNT8 or k == K_TNT64:
+            return 2, np.int64(E_BAD_CONTEXT)
         return 1, np.int64(0)
     if SI[W_END_ERR] == ABORT_WINDOW:
         return 2, np.int64(ABORT_WINDOW)
-    return 2, np.int64(PtError.EOS)
+    return 2, np.int64(E_EOS)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -986,22 +1050,22 @@ def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
     j = ovf + 1
     while j < n:
         k = kind[j]
-        if k == Kind.TIP_PGE:
+        if k == K_TIP_PGE:
             return 0
-        if k == Kind.TIP_PGD:
+        if k == K_TIP_PGD:
             r = _overflow_at(SI, SU, pk, ovf, j, -1, out)
             _ev_fetch(SI, pk)
             return r
-        if k == Kind.TNT8 or k == Kind.TNT64 or k == Kind.OVF or k == Kind.STOP or k == Kind.MWAIT:
+        if k == K_TNT8 or k == K_TNT64 or k == K_OVF or k == K_STOP or k == K_MWAIT:
             return 0
-        if k == Kind.INVALID:
+        if k == K_INVALID:
             return 0
-        if k == Kind.MODE_TSX:
+        if k == K_MODE_TSX:
             if have_tsx:
                 return 0
             have_tsx = True
             tsx = a[j]
-        elif k == Kind.FUP:
+        elif k == K_FUP:
             if have_tsx:
                 s = _q_enqueue(SI, QE, QB, B_FUP_BOUND)
                 if s < 0:
@@ -1009,32 +1073,32 @@ def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
                 QE[s, E_TYPE] = EV_TSX
                 _set_tsx(QE[s], tsx)
             return _overflow_at(SI, SU, pk, ovf, j, j, out)
-        elif k == Kind.TIP:
+        elif k == K_TIP:
             r = _overflow_at(SI, SU, pk, ovf, j, j, out)
             if r < 0:
                 return r
             _ev_fetch(SI, pk)
             return r
-        elif k == Kind.PSB:
+        elif k == K_PSB:
             m = j + 1
             while m < n:
                 km = kind[m]
-                if km == Kind.FUP:
+                if km == K_FUP:
                     return _overflow_at(SI, SU, pk, ovf, j, m, out)
-                if km == Kind.PSBEND or km == Kind.OVF:
+                if km == K_PSBEND or km == K_OVF:
                     return 0
                 if not (
-                    _is_timing(km) or km == Kind.MODE_EXEC or km == Kind.MODE_TSX or km == Kind.PIP
-                    or km == Kind.VMCS or km == Kind.MNT or km == Kind.PAD or km == Kind.INVALID
+                    _is_timing(km) or km == K_MODE_EXEC or km == K_MODE_TSX or km == K_PIP
+                    or km == K_VMCS or km == K_MNT or km == K_PAD or km == K_INVALID
                 ):  # fmt: skip
-                    return _err(PtError.BAD_CONTEXT)
+                    return _err(E_BAD_CONTEXT)
                 m += 1
             return _window_end(SI)
-        elif k == Kind.PSBEND:
-            return _err(PtError.BAD_CONTEXT)
-        elif k == Kind.EXSTOP and c[j]:
+        elif k == K_PSBEND:
+            return _err(E_BAD_CONTEXT)
+        elif k == K_EXSTOP and c[j]:
             return 0
-        elif k == Kind.PTW and c[j]:
+        elif k == K_PTW and c[j]:
             return 0
         j += 1
     return _window_end(SI)
@@ -1047,11 +1111,11 @@ def _handle_apl11(SI, SU, pk, ovf, out):
     j = ovf + 1
     while j < n:
         k = kind[j]
-        if k == Kind.TIP_PGD:
+        if k == K_TIP_PGD:
             r = _overflow_at(SI, SU, pk, ovf, j, -1, out)
             _ev_fetch(SI, pk)
             return r
-        if _is_timing(k) or k == Kind.PAD or k == Kind.MNT:
+        if _is_timing(k) or k == K_PAD or k == K_MNT:
             j += 1
             continue
         return 0
@@ -1073,21 +1137,21 @@ def _handle_apl12(SI, SU, pk, ovf, fup, out):
     while j < n:
         k = kind[j]
         if (
-            k == Kind.TNT8 or k == Kind.TNT64 or k == Kind.TIP or k == Kind.TIP_PGD or k == Kind.PSBEND
-            or k == Kind.OVF
+            k == K_TNT8 or k == K_TNT64 or k == K_TIP or k == K_TIP_PGD or k == K_PSBEND
+            or k == K_OVF
         ):  # fmt: skip
             return 0
-        if k == Kind.PSB:
+        if k == K_PSB:
             has_fup = False
             ended = False
             m = j + 1
             while m < n:
                 km = kind[m]
-                if km == Kind.FUP:
+                if km == K_FUP:
                     has_fup = True
                     ended = True
                     break
-                if km == Kind.PSBEND or km == Kind.OVF:
+                if km == K_PSBEND or km == K_OVF:
                     ended = True
                     break
                 m += 1
@@ -1096,9 +1160,9 @@ def _handle_apl12(SI, SU, pk, ovf, fup, out):
             if has_fup:
                 return 0
             return _ovf_at_offset(SI, SU, pk, ovf, fup, out)
-        if k == Kind.STOP or k == Kind.TIP_PGE:
+        if k == K_STOP or k == K_TIP_PGE:
             return _ovf_at_offset(SI, SU, pk, ovf, fup, out)
-        if k == Kind.INVALID:
+        if k == K_INVALID:
             return 0
         j += 1
     return _window_end(SI)
@@ -1136,11 +1200,11 @@ def _decode_ovf(SI, SU, QE, QB, pk, cf, out):
             r = _handle_skd010(SI, SU, QE, QB, pk, ovf, out)
             if r != 0:
                 return r
-        if errata & ER_APL11 and found == 2 and fup == PtError.BAD_CONTEXT:
+        if errata & ER_APL11 and found == 2 and fup == E_BAD_CONTEXT:
             r = _handle_apl11(SI, SU, pk, ovf, out)
             if r != 0:
                 return r
-        if found == 2 and fup != PtError.EOS:
+        if found == 2 and fup != E_EOS:
             return _err(fup)
         _ev_init(out, EV_OVERFLOW)
         out[E_FLAGS] |= F_SUPP
@@ -1195,7 +1259,7 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
         if not found:
             _ev_init(out, want)
         if out[E_TYPE] != want:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         if t == 1:
             out[E_VECTOR] = vector
         elif t == 9:
@@ -1203,7 +1267,7 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
             out[E_VECTOR] = vector
         return _at_fup_or_now(SI, QE, QB, pk, out, _cfe_binding(has_ip, enabled))
     if found:
-        return _err(PtError.BAD_CONTEXT)
+        return _err(E_BAD_CONTEXT)
     ev = _CFE_EVENT[t]
     if ev >= 0:
         _ev_init(out, ev)
@@ -1213,7 +1277,7 @@ def _decode_cfe(SI, QE, QB, pk, i, out):
         return _at_fup_or_now(SI, QE, QB, pk, out, binding)
     if t == 4 or t == 5:  # rsm, sipi
         if has_ip:
-            return _err(PtError.BAD_PACKET)
+            return _err(E_BAD_PACKET)
         _ev_init(out, EV_RSM if t == 4 else EV_SIPI)
         out[E_FLAGS] |= F_SUPP
         if t == 5:
@@ -1238,7 +1302,7 @@ def _decode_evd(SI, QE, QB, pk, i):
     s = _q_peek(SI, QB, B_CFE)
     if t == 0:  # cr2
         if s >= 0:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         s = _q_enqueue(SI, QE, QB, B_CFE)
         if s < 0:
             return s
@@ -1252,15 +1316,15 @@ def _decode_evd(SI, QE, QB, pk, i):
                 return s
             QE[s, E_TYPE] = EV_VMEXIT
         if QE[s, E_TYPE] != EV_VMEXIT:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         if t == 1:
             if QE[s, E_HAS_VMXQ]:
-                return _err(PtError.BAD_CONTEXT)
+                return _err(E_BAD_CONTEXT)
             QE[s, E_HAS_VMXQ] = 1
             QE[s, E_VMXQ] = payload
         else:
             if QE[s, E_HAS_VMXR]:
-                return _err(PtError.BAD_CONTEXT)
+                return _err(E_BAD_CONTEXT)
             QE[s, E_HAS_VMXR] = 1
             QE[s, E_VMXR] = payload
     return 0
@@ -1278,7 +1342,7 @@ def _decode_trig(SI, QE, QB, pk, i, out):
     icntv = (flags >> 1) & 1
     mult = (flags >> 2) & 1
     if has_ip and (not icntv or icnt):
-        return _err(PtError.BAD_PACKET)
+        return _err(E_BAD_PACKET)
     _ev_init(out, EV_TRIG)
     out[E_TRBV] = trbv
     out[E_MULT] = mult
@@ -1286,7 +1350,7 @@ def _decode_trig(SI, QE, QB, pk, i, out):
         return _q_put(SI, QE, QB, B_FUP_BOUND, out)
     if icntv:
         if icnt and not SI[ES_ENABLED]:
-            return _err(PtError.BAD_PACKET)
+            return _err(E_BAD_PACKET)
         out[E_ICNT] = icnt
     else:
         out[E_FLAGS] |= F_SUPP
@@ -1306,9 +1370,9 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
         if i >= SI[W_N]:
             return _end_error(SI)
         k = kind[i]
-        if k == Kind.TNT8 or k == Kind.TNT64:
+        if k == K_TNT8 or k == K_TNT64:
             if not SI[ES_ENABLED]:
-                return _err(PtError.BAD_CONTEXT)
+                return _err(E_BAD_CONTEXT)
             _ev_init(out, EV_TNT)
             out[E_BITS] = a[i]
             out[E_SIZE] = b[i]
@@ -1316,48 +1380,48 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
             _ev_fetch(SI, pk)
             return 1
         if _is_timing(k):
-            if k == Kind.CBR:
+            if k == K_CBR:
                 _ev_init(out, EV_CBR)
                 out[E_RATIO] = a[i]
                 return _deliver(SI, pk, out)
             return 0
-        if k == Kind.PAD or k == Kind.INVALID:
+        if k == K_PAD or k == K_INVALID:
             return 0
-        if k == Kind.FUP:
+        if k == K_FUP:
             return _decode_fup(SI, SU, QE, QB, pk, i, out)
-        if k == Kind.TIP:
+        if k == K_TIP:
             return _decode_tip(SI, SU, QE, QB, pk, i, out)
-        if k == Kind.TIP_PGE:
+        if k == K_TIP_PGE:
             return _decode_tip_pge(SI, SU, QE, QB, pk, i, out)
-        if k == Kind.TIP_PGD:
+        if k == K_TIP_PGD:
             return _decode_tip_pgd(SI, SU, QE, QB, pk, i, out)
-        if k == Kind.MODE_EXEC:
+        if k == K_MODE_EXEC:
             return _decode_mode_exec(SI, QE, QB, pk, cf, i)
-        if k == Kind.MODE_TSX:
+        if k == K_MODE_TSX:
             return _decode_mode_tsx(SI, QE, QB, pk, i, out)
-        if k == Kind.PIP:
+        if k == K_PIP:
             return _decode_pip(SI, QE, QB, pk, i, out)
-        if k == Kind.VMCS:
+        if k == K_VMCS:
             return _decode_vmcs(SI, QE, QB, pk, i, out)
-        if k == Kind.PSB:
+        if k == K_PSB:
             r = _decode_psb(SI, SU, QE, QB, pk, cf)
             if r < 0:
                 return r
             continue
-        if k == Kind.PSBEND:
+        if k == K_PSBEND:
             return _decode_psbend(SI, SU, QE, QB, pk, out)
-        if k == Kind.OVF:
+        if k == K_OVF:
             return _decode_ovf(SI, SU, QE, QB, pk, cf, out)
-        if k == Kind.STOP:
+        if k == K_STOP:
             _ev_init(out, EV_STOP)
             return _deliver(SI, pk, out)
-        if k == Kind.MNT:
+        if k == K_MNT:
             _ev_init(out, EV_MNT)
             out[E_PAYLOAD] = a[i]
             return _deliver(SI, pk, out)
-        if k == Kind.EXSTOP:
+        if k == K_EXSTOP:
             return _decode_exstop(SI, QE, QB, pk, i, out)
-        if k == Kind.MWAIT:
+        if k == K_MWAIT:
             s = _q_enqueue(SI, QE, QB, B_EXSTOP)
             if s < 0:
                 return s
@@ -1365,7 +1429,7 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
             QE[s, E_HINTS] = a[i]
             QE[s, E_EXT] = b[i]
             return 0
-        if k == Kind.PWRE:
+        if k == K_PWRE:
             # The C-state is entered after execution stops: the event waits
             # for the EXSTOP (and its FUP) and comes out at the PWRX or OVF.
             s = _q_enqueue(SI, QE, QB, B_EXSTOP)
@@ -1376,7 +1440,7 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
             QE[s, E_SUBSTATE] = b[i]
             QE[s, E_HW] = c[i]
             return 0
-        if k == Kind.PWRX:
+        if k == K_PWRX:
             s = _q_find(SI, QE, QB, B_EXSTOP, EV_PWRE)
             if s >= 0:
                 _q_take(SI, QE, QB, s, out)
@@ -1390,13 +1454,13 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
             out[E_WAKE_ST] = (wake >> 1) & 1
             out[E_WAKE_HW] = (wake >> 2) & 1
             return _deliver(SI, pk, out)
-        if k == Kind.PTW:
+        if k == K_PTW:
             return _decode_ptw(SI, QE, QB, pk, i, out)
-        if k == Kind.CFE:
+        if k == K_CFE:
             return _decode_cfe(SI, QE, QB, pk, i, out)
-        if k == Kind.EVD:
+        if k == K_EVD:
             return _decode_evd(SI, QE, QB, pk, i)
-        if k == Kind.TRIG:
+        if k == K_TRIG:
             return _decode_trig(SI, QE, QB, pk, i, out)
         # BBP/BIP/BEP and unknown packets carry nothing for the flow.
         return 0
@@ -1427,13 +1491,13 @@ def ev_start(ds, pk, cf):
     kind = pk[0]
     n = SI[W_N]
     p = SI[ES_POS]
-    while p < n and kind[p] == Kind.PAD:
+    while p < n and kind[p] == K_PAD:
         p += 1
     SI[ES_POS] = p
     if p >= n:
         return _end_error(SI)
-    if kind[p] != Kind.PSB:
-        return _err(PtError.NOSYNC)
+    if kind[p] != K_PSB:
+        return _err(E_NOSYNC)
     return _decode_psb(SI, SU, QE, QB, pk, cf)
 
 
@@ -1508,22 +1572,18 @@ def _next_ip(ct, k):
     """Where execution continues after insn ``k`` without trace:
     ``(0, ip)``, or ``(-code, 0)`` (BAD_QUERY: trace is needed)."""
     c = ct[5][k]
-    if c == IClass.OTHER or c == IClass.PTWRITE:
+    if c == C_OTHER or c == C_PTWRITE:
         return 0, _i_next(ct, k)
-    if (
-        (c == IClass.JUMP or c == IClass.CALL)
-        and ct[7][k] & I_DIRECT
-        and ct[6][k] != Special.JMPABS
-    ):
+    if (c == C_JUMP or c == C_CALL) and ct[7][k] & I_DIRECT and ct[6][k] != S_JMPABS:
         return 0, ct[8][k]
-    if c == IClass.UNKNOWN:
-        return _err(PtError.BAD_INSN), np.uint64(0)
-    return _err(PtError.BAD_QUERY), np.uint64(0)
+    if c == C_UNKNOWN:
+        return _err(E_BAD_INSN), np.uint64(0)
+    return _err(E_BAD_QUERY), np.uint64(0)
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _is_far(c):
-    return c == IClass.FAR_CALL or c == IClass.FAR_RETURN or c == IClass.FAR_JUMP
+    return c == C_FAR_CALL or c == C_FAR_RETURN or c == C_FAR_JUMP
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -1533,27 +1593,23 @@ def _pred(ct, k, pred):
     if pred == P_NEVER:
         return False
     if pred == P_CR3:
-        return sp == Special.MOV_CR3
+        return sp == S_MOV_CR3
     if pred == P_PIP:
-        return (
-            sp == Special.MOV_CR3 or sp == Special.VMLAUNCH or sp == Special.VMRESUME or _is_far(c)
-        )
+        return sp == S_MOV_CR3 or sp == S_VMLAUNCH or sp == S_VMRESUME or _is_far(c)
     if pred == P_VMCS:
-        return (
-            sp == Special.VMPTRLD or sp == Special.VMLAUNCH or sp == Special.VMRESUME or _is_far(c)
-        )
+        return sp == S_VMPTRLD or sp == S_VMLAUNCH or sp == S_VMRESUME or _is_far(c)
     if pred == P_PTWRITE:
-        return c == IClass.PTWRITE
+        return c == C_PTWRITE
     if pred == P_IRET:
-        return sp == Special.IRET
+        return sp == S_IRET
     if pred == P_VMENTRY:
-        return sp == Special.VMLAUNCH or sp == Special.VMRESUME
+        return sp == S_VMLAUNCH or sp == S_VMRESUME
     if pred == P_UIRET:
-        return sp == Special.UIRET
+        return sp == S_UIRET
     # P_SKL014: a direct near jump or call, or a MOV to CR3.
-    if c == IClass.JUMP or c == IClass.CALL:
-        return (ct[7][k] & I_DIRECT) != 0 and sp != Special.JMPABS
-    return c == IClass.OTHER and sp == Special.MOV_CR3
+    if c == C_JUMP or c == C_CALL:
+        return (ct[7][k] & I_DIRECT) != 0 and sp != S_JMPABS
+    return c == C_OTHER and sp == S_MOV_CR3
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -1586,7 +1642,7 @@ def _bound_bit(t):
 def _status(SI, flags):
     if not SI[BS_ENABLED]:
         flags |= ST_IP_SUPPRESSED
-    if SI[BS_STATUS] == PtError.EOS:
+    if SI[BS_STATUS] == E_EOS:
         flags |= ST_EOS
     return flags
 
@@ -1649,7 +1705,7 @@ def _proceed_indirect(ds, pk, cf):
     t = CUR[E_TYPE]
     if SI[BS_STATUS] == 0 and t == EV_TIP:
         if _supp(CUR):
-            return _err(PtError.BAD_PACKET)
+            return _err(E_BAD_PACKET)
         ip = SU[BS_IP]
         SU[BS_IP] = CUR[E_IP]
         return _tick(ds, pk, cf, ip)
@@ -1661,13 +1717,13 @@ def _proceed_indirect(ds, pk, cf):
             if _aborted(r):
                 return r
             restore_state(ds, 1)
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         if TMP[E_TYPE] != EV_TIP:
             restore_state(ds, 1)
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         SU[BS_IP] = TMP[E_IP]
         return 0
-    return _err(PtError.BAD_QUERY)
+    return _err(E_BAD_QUERY)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -1676,9 +1732,9 @@ def _cond_branch(SI, CUR):
     time is the query time (libipt's query decoder takes it when it caches
     the TNT)."""
     if SI[BS_STATUS] != 0 or CUR[E_TYPE] != EV_TNT:
-        return _err(PtError.BAD_QUERY)
+        return _err(E_BAD_QUERY)
     if CUR[E_SIZE] == 0:
-        return _err(PtError.INTERNAL)
+        return _err(E_INTERNAL)
     CUR[E_FLAGS] |= F_STARTED
     CUR[E_SIZE] -= np.uint64(1)
     return np.int64((CUR[E_BITS] >> CUR[E_SIZE]) & np.uint64(1))
@@ -1697,7 +1753,7 @@ def _rs_push(SI, RS, RSR, address):
 def _proceed_with_trace(ds, pk, cf, ct, k):
     SI, SU, CUR, RS = ds[0], ds[1], ds[2], ds[6]
     c = ct[5][k]
-    if c == IClass.COND_JUMP:
+    if c == C_COND:
         ip = _i_next(ct, k)
         r = _cond_branch(SI, CUR)
         if r < 0:
@@ -1706,31 +1762,27 @@ def _proceed_with_trace(ds, pk, cf, ct, k):
             ip = ct[8][k]
         SU[BS_IP] = ip
         return 0
-    if c == IClass.RETURN:
+    if c == C_RETURN:
         r = _cond_branch(SI, CUR)
         if r < 0:
-            if r != -PtError.BAD_QUERY:
+            if r != -E_BAD_QUERY:
                 return r
             return _proceed_indirect(ds, pk, cf)
         if not r:
-            return _err(PtError.BAD_RETCOMP)
+            return _err(E_BAD_RETCOMP)
         if SI[BS_RS_N] == 0:
-            return _err(PtError.RETSTACK_EMPTY)
+            return _err(E_RETSTACK_EMPTY)
         top = SI[BS_RS_TOP]
         SU[BS_IP] = RS[top]
         SI[BS_RS_TOP] = (top - 1) & _RS_MASK
         SI[BS_RS_N] -= 1
         return 0
-    if (
-        (c == IClass.JUMP or c == IClass.CALL)
-        and ct[7][k] & I_DIRECT
-        and ct[6][k] != Special.JMPABS
-    ):
-        return _err(PtError.INTERNAL)
-    if c == IClass.OTHER or c == IClass.PTWRITE:
-        return _err(PtError.INTERNAL)
-    if c == IClass.UNKNOWN:
-        return _err(PtError.BAD_INSN)
+    if (c == C_JUMP or c == C_CALL) and ct[7][k] & I_DIRECT and ct[6][k] != S_JMPABS:
+        return _err(E_INTERNAL)
+    if c == C_OTHER or c == C_PTWRITE:
+        return _err(E_INTERNAL)
+    if c == C_UNKNOWN:
+        return _err(E_BAD_INSN)
     return _proceed_indirect(ds, pk, cf)
 
 
@@ -1755,7 +1807,7 @@ def _one_insn(ds, ct, out):
             return 0
         SI[CB_ISID] = isid
     c = ct[5][k]
-    if c == IClass.CALL and not (ct[7][k] & I_NO_PUSH):
+    if c == C_CALL and not (ct[7][k] & I_NO_PUSH):
         _rs_push(SI, RS, ds[14], _i_next(ct, k))
     SI[CB_ICLASS] = c
     SU[CB_END_IP] = ct[3][k]
@@ -1772,7 +1824,7 @@ def _one_insn(ds, ct, out):
 def _ends_block(cf, ct, k):
     CF = cf[0]
     c = ct[5][k]
-    return (CF[CF_END_ON_CALL] and c == IClass.CALL) or (CF[CF_END_ON_JUMP] and c == IClass.JUMP)
+    return (CF[CF_END_ON_CALL] and c == C_CALL) or (CF[CF_END_ON_JUMP] and c == C_JUMP)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -1847,7 +1899,7 @@ def _skl014(ds, cf, ct, out):
         if status <= 0:
             return status
         k = SI[BS_LAST]
-        if ct[6][k] == Special.MOV_CR3:
+        if ct[6][k] == S_MOV_CR3:
             return status
         e, ip = _next_ip(ct, k)
         if e < 0:
@@ -1871,7 +1923,7 @@ def _to_disabled(ds, cf, ct, out, ev):
 @aot.njit(cache=True, _nrt=False)
 def _set_disable_resume_ip(ds, ct, k):
     SU = ds[1]
-    if k >= 0 and (ct[5][k] == IClass.CALL or ct[5][k] == IClass.FAR_CALL):
+    if k >= 0 and (ct[5][k] == C_CALL or ct[5][k] == C_FAR_CALL):
         SU[BS_IP] = _i_next(ct, k)
     else:
         SU[BS_IP] = 0
@@ -1897,9 +1949,9 @@ def _provide_trig_anchor(SI, SU, ev):
     if ev[E_IP]:
         return 0
     if not SI[BS_HAS_ICNT]:
-        return _err(PtError.BAD_PACKET)
+        return _err(E_BAD_PACKET)
     if np.int64(ev[E_ICNT]) < SI[BS_ICNT]:
-        return _err(PtError.BAD_PACKET)
+        return _err(E_BAD_PACKET)
     ev[E_ICNT] = np.uint64(np.int64(ev[E_ICNT]) - SI[BS_ICNT])
     ev[E_IP] = SU[BS_IP]
     return 0
@@ -1915,7 +1967,7 @@ def _to_trig(ds, cf, ct, out, ev):
         return r
     if not SI[BS_ENABLED]:
         if not ev[E_ICNT]:
-            return _err(PtError.INTERNAL)
+            return _err(E_INTERNAL)
         return 1
     status = _to_ip(ds, cf, ct, out, ev[E_IP])
     if status <= 0:
@@ -1942,7 +1994,7 @@ def _skd022(ds, ct, ev):
     if ct[10][k]:
         return 0
     sp = ct[6][k]
-    if sp == Special.VMLAUNCH or sp == Special.VMRESUME:
+    if sp == S_VMLAUNCH or sp == S_VMRESUME:
         ev[E_TYPE] = EV_DISABLED
         return 1
     return 0
@@ -1951,7 +2003,7 @@ def _skd022(ds, ct, ev):
 @aot.njit(cache=True, _nrt=False)
 def _postpone(SI, k):
     if SI[BS_PROC]:
-        return _err(PtError.INTERNAL)
+        return _err(E_INTERNAL)
     SI[BS_PROC] = 1
     SI[BS_INSN] = k
     return _status(SI, ST_EVENT_PENDING)
@@ -1974,7 +2026,7 @@ def _proceed_postponed(ds, pk, cf, ct):
     k = SI[BS_INSN]
     e, ip = _next_ip(ct, k)
     if e < 0:
-        if e != -PtError.BAD_QUERY:
+        if e != -E_BAD_QUERY:
             return e
         r = _proceed_with_trace(ds, pk, cf, ct, k)
         if r < 0:
@@ -2013,7 +2065,7 @@ def _proceed_event(ds, pk, cf, ct, out):
             if not _status_update(ev):
                 r = _to_disabled(ds, cf, ct, out, ev)
                 if r < 0:
-                    if r != -PtError.BAD_QUERY:
+                    if r != -E_BAD_QUERY:
                         return r
                     _set_disable_resume_ip(ds, ct, SI[BS_LAST])
                 elif r == 0:
@@ -2066,7 +2118,7 @@ def _proceed_event(ds, pk, cf, ct, out):
             if r <= 0:
                 return r
         elif t == EV_TIP or t == EV_TNT:
-            return _err(PtError.INTERNAL)
+            return _err(E_INTERNAL)
         return _status(SI, ST_EVENT_PENDING)
 
 
@@ -2076,10 +2128,10 @@ def _proceed_no_event(ds, pk, cf, ct, out):
     SI[BS_LAST] = -1
     r = _to_insn(ds, cf, ct, out, P_NEVER)
     if r < 0:
-        if r != -PtError.BAD_QUERY:
+        if r != -E_BAD_QUERY:
             return r
         if SI[BS_LAST] < 0:
-            return _err(PtError.BAD_INSN)
+            return _err(E_BAD_INSN)
         return _proceed_with_trace(ds, pk, cf, ct, SI[BS_LAST])
     return 0
 
@@ -2093,7 +2145,7 @@ def _bdm64(ds, ct, ev):
     if k < 0:
         return k
     c = ct[5][k]
-    if ct[10][k] or c == IClass.OTHER or c == IClass.PTWRITE or c == IClass.UNKNOWN:
+    if ct[10][k] or c == C_OTHER or c == C_PTWRITE or c == C_UNKNOWN:
         return 0
     ip = SU[BS_IP]
     for _ in range(BDM64_MAX_STEPS):
@@ -2123,7 +2175,7 @@ def _trailing(ds, pk, cf, ct, has_block):
             r = _proceed_postponed(ds, pk, cf, ct)
             if r < 0:
                 return r
-            return _status(SI, 0 if SI[BS_STATUS] == PtError.EOS else ST_EVENT_PENDING)
+            return _status(SI, 0 if SI[BS_STATUS] == E_EOS else ST_EVENT_PENDING)
         ev = CUR
         t = ev[E_TYPE]
         if t == EV_TNT:
@@ -2135,7 +2187,7 @@ def _trailing(ds, pk, cf, ct, has_block):
                     return r
                 continue
             c = SI[CB_ICLASS]
-            if c != IClass.COND_JUMP and c != IClass.RETURN:
+            if c != C_COND and c != C_RETURN:
                 return _finish(ds, pk, cf, ct)
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_TIP:
@@ -2153,11 +2205,11 @@ def _trailing(ds, pk, cf, ct, has_block):
                     return _status(SI, ST_EVENT_PENDING)
                 return _finish(ds, pk, cf, ct)
             k = SI[BS_INSN]
-            if _supp(ev) and ct[6][k] == Special.MOV_CR3:
+            if _supp(ev) and ct[6][k] == S_MOV_CR3:
                 return _status(SI, ST_EVENT_PENDING)
             e, nip = _next_ip(ct, k)
             if e < 0:
-                if e != -PtError.BAD_QUERY:
+                if e != -E_BAD_QUERY:
                     return e
                 _set_disable_resume_ip(ds, ct, k)
                 return _status(SI, ST_EVENT_PENDING)
@@ -2253,7 +2305,7 @@ def _trailing(ds, pk, cf, ct, has_block):
             if r < 0:
                 return r
             if not _supp(ev):
-                return _err(PtError.INTERNAL)
+                return _err(E_INTERNAL)
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_TRIG:
             r = _proceed_postponed(ds, pk, cf, ct)
@@ -2267,7 +2319,7 @@ def _trailing(ds, pk, cf, ct, has_block):
             if ev[E_ICNT]:
                 return _finish(ds, pk, cf, ct)
             if ev[E_IP] != SU[BS_IP]:
-                return _err(PtError.BAD_PACKET)
+                return _err(E_BAD_PACKET)
             return _status(SI, ST_EVENT_PENDING)
         return _finish(ds, pk, cf, ct)
 
@@ -2276,10 +2328,10 @@ def _trailing(ds, pk, cf, ct, has_block):
 def _proceed(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     if SI[BS_STATUS] != 0:
-        if SI[BS_STATUS] != PtError.EOS:
+        if SI[BS_STATUS] != E_EOS:
             return _err(SI[BS_STATUS])
         if not SI[BS_ENABLED]:
-            return _err(PtError.EOS)
+            return _err(E_EOS)
         _row_walk(ds, pk, out, 0)
         r = _proceed_no_event(ds, pk, cf, ct, out)
         if r < 0:
@@ -2288,7 +2340,7 @@ def _proceed(ds, pk, cf, ct, out):
     t = CUR[E_TYPE]
     if t == EV_TNT or t == EV_TIP:
         if not SI[BS_ENABLED]:
-            return _err(PtError.NO_ENABLE)
+            return _err(E_NO_ENABLE)
         _row_walk(ds, pk, out, 0)
         r = _proceed_no_event(ds, pk, cf, ct, out)
         if r < 0:
@@ -2330,7 +2382,7 @@ def next_event(ds, pk, cf, ct, ev_out):
     supp = _supp(ev)
     if t == EV_TNT:
         if not CF[CF_TICK] or not _has_tsc(ev) or ev[E_TSC] == SU[BS_TSC]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         _ev_init(ev_out, EV_TICK)
         ev_out[E_FLAGS] |= F_HAS_TSC
         ev_out[E_TSC] = ev[E_TSC]
@@ -2347,44 +2399,44 @@ def next_event(ds, pk, cf, ct, ev_out):
             ev[E_FLAGS] |= F_RESUMED
         if _status_update(ev):
             if not enabled:
-                return _err(PtError.BAD_STATUS_UPDATE)
+                return _err(E_BAD_STATUS_UPDATE)
         else:
             if supp:
-                return _err(PtError.NOIP)
+                return _err(E_NOIP)
             if enabled:
-                return _err(PtError.BAD_CONTEXT)
+                return _err(E_BAD_CONTEXT)
             SU[BS_IP] = ev[E_IP]
             SI[BS_ENABLED] = 1
     elif t == EV_ASYNC_DISABLED or t == EV_DISABLED:
         if t == EV_ASYNC_DISABLED and ip != ev[E_AT]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         if _status_update(ev):
             if enabled:
-                return _err(PtError.BAD_STATUS_UPDATE)
+                return _err(E_BAD_STATUS_UPDATE)
         else:
             if not enabled:
-                return _err(PtError.BAD_CONTEXT)
+                return _err(E_BAD_CONTEXT)
             SI[BS_ENABLED] = 0
             SI[BS_ICNT] = 0
     elif t == EV_ASYNC_BRANCH:
         if ip != ev[E_AT]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         if _status_update(ev) or not enabled:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         SU[BS_IP] = ev[E_IP]
     elif t == EV_ASYNC_PAGING or t == EV_PAGING:
         if t == EV_ASYNC_PAGING and not supp and ip != ev[E_IP]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         SI[BS_HAVE_CR3] = 1
         SU[BS_CR3] = ev[E_CR3]
     elif t == EV_ASYNC_VMCS or t == EV_VMCS:
         if t == EV_ASYNC_VMCS and not supp and ip != ev[E_IP]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         SI[BS_HAVE_VMCS] = 1
         SU[BS_VMCS] = ev[E_BASE]
     elif t == EV_OVERFLOW:
         if _status_update(ev):
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
         if supp:
             SI[BS_ENABLED] = 0
             SU[BS_IP] = 0
@@ -2394,35 +2446,35 @@ def next_event(ds, pk, cf, ct, ev_out):
         SI[BS_SPEC] = 0
     elif t == EV_EXEC_MODE:
         if enabled and not supp and ip != ev[E_IP]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         mode = np.int64(ev[E_MODE])
         if _status_update(ev) and enabled and SI[BS_MODE] != 0 and SI[BS_MODE] != mode:
-            return _err(PtError.BAD_STATUS_UPDATE)
+            return _err(E_BAD_STATUS_UPDATE)
         SI[BS_MODE] = mode
     elif t == EV_TSX:
         if not supp and ip != ev[E_IP]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
         SI[BS_SPEC] = 1 if ev[E_SPEC] else 0
     elif t == EV_STOP:
         if _status_update(ev) or enabled:
-            return _err(PtError.BAD_CONTEXT)
+            return _err(E_BAD_CONTEXT)
     elif t == EV_EXSTOP or t == EV_MWAIT:
         if not supp and enabled and ip != ev[E_IP]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
     elif t == EV_CBR:
         SI[BS_CBR] = np.int64(ev[E_RATIO])
     elif t == EV_TIP:
-        return _err(PtError.BAD_QUERY)
+        return _err(E_BAD_QUERY)
     elif (
         t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_SMI or t == EV_INIT or t == EV_VMEXIT
         or t == EV_SHUTDOWN or t == EV_UINTR or t == EV_SWINTR or t == EV_SYSCALL
         or t == EV_TRIG
     ):  # fmt: skip
         if enabled and not supp and ip != ev[E_IP]:
-            return _err(PtError.BAD_QUERY)
+            return _err(E_BAD_QUERY)
     elif t == EV_RSM or t == EV_SIPI:
         if not supp:
-            return _err(PtError.INTERNAL)
+            return _err(E_INTERNAL)
     _ev_copy(ev_out, ev)
     r = _fetch_event(ds, pk, cf)
     if r < 0:
@@ -2446,7 +2498,7 @@ def blk_start(ds, pk, cf, ct):
         if r < 0:
             if _aborted(r):
                 return r
-            if r != -PtError.EOS:
+            if r != -E_EOS:
                 restore_state(ds, 1)
                 return r
             break
@@ -2492,7 +2544,7 @@ def blk_resync(ds, pk, cf, ct, ev_out):
                 SU[BS_IP] = ev[E_IP]
                 SI[BS_ENABLED] = 1
                 return next_event(ds, pk, cf, ct, ev_out)
-            return _err(PtError.EVENT_IGNORED)
+            return _err(E_EVENT_IGNORED)
         # As libipt's pt_blk_resync: events that tell where execution is end
         # the search (reported, or, for those reported after their
         # instruction, pending on it); the others, and those whose IP is
@@ -2543,7 +2595,7 @@ def blk_resync(ds, pk, cf, ct, ev_out):
                 SU[BS_IP] = ev[E_IP]
             return _status(SI, ST_EVENT_PENDING)
         elif t == EV_PTWRITE and supp:
-            return _err(PtError.EVENT_IGNORED)
+            return _err(E_EVENT_IGNORED)
         elif (
             t == EV_PTWRITE or t == EV_VMENTRY or t == EV_UIRET
         ) and not supp:  # fmt: skip
@@ -2634,7 +2686,7 @@ def error_ip(ds, ct, code):
     if not SI[CB_NINSN]:
         return SU[CB_IP]
     k = SI[CB_LAST]
-    if code == PtError.BAD_QUERY:
+    if code == E_BAD_QUERY:
         return SU[CB_END_IP]
     if ct[7][k] & I_DIRECT:
         return ct[8][k]
@@ -2667,18 +2719,18 @@ def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
     the event decoder leaves them."""
     while p < n:
         k = kind[p]
-        if k == Kind.PAD or k == Kind.TSC or k == Kind.MTC or k == Kind.TMA or k == Kind.CYC:
+        if k == K_PAD or k == K_TSC or k == K_MTC or k == K_TMA or k == K_CYC:
             p += 1
             continue
         t = tsc[p] if have_tsc[p] else np.uint64(0)
-        if k == Kind.TNT8 or k == Kind.TNT64:
+        if k == K_TNT8 or k == K_TNT64:
             if b[p] == 0:
                 break
             q = p + 1
-            while q < n and kind[q] == Kind.PAD:
+            while q < n and kind[q] == K_PAD:
                 q += 1
             return EV_TNT, q, a[p], np.int64(b[p]), last_ip, t, have_tsc[p]
-        if k == Kind.TIP:
+        if k == K_TIP:
             ipc = b[p]
             payload = a[p]
             if ipc == 1:
@@ -2994,7 +3046,7 @@ def _begin_block(ds, pk, out):
     SI[CB_NINSN] = 0
     SI[CB_ISID] = 0
     SI[CB_LAST] = -1
-    SI[CB_ICLASS] = IClass.UNKNOWN
+    SI[CB_ICLASS] = C_UNKNOWN
     SI[CB_MODE] = SI[BS_MODE]
     SI[CB_OPEN] = 1
     _new_row(ds, pk, out, True)
@@ -3053,11 +3105,11 @@ def _library_resume(ds, pk):
     pos = min(SI[ES_POS], n - 1) if n else 0
     sync = np.int64(SI[DR_SYNC])
     j = pos
-    while j >= 0 and kind[j] != Kind.PSB:
+    while j >= 0 and kind[j] != K_PSB:
         j -= 1
     if j >= 0:
         q = j
-        while q < n and kind[q] != Kind.PSBEND:
+        while q < n and kind[q] != K_PSBEND:
             q += 1
         inside = q >= n or SI[ES_POS] <= q
         if inside and off[j] > sync:
@@ -3074,7 +3126,7 @@ def _segment_end(ds, pk, cf, code):
     SI, SU = ds[0], ds[1]
     SI[DR_PHASE] = PH_DONE
     SI[DR_END] = code
-    if cf[0][CF_KEEP_GOING] and code != PtError.EOS:
+    if cf[0][CF_KEEP_GOING] and code != E_EOS:
         SU[DR_NEXT] = np.uint64(_library_resume(ds, pk))
     else:
         SU[DR_NEXT] = np.uint64(_next_position(SI, SU, pk))
@@ -3122,8 +3174,8 @@ def run(ds, pk, cf, ct, out):
             if r < 0:
                 if _aborted(r):
                     return _undo_step(ds, out, r)
-                if r == -PtError.EOS:
-                    _segment_end(ds, pk, cf, PtError.EOS)
+                if r == -E_EOS:
+                    _segment_end(ds, pk, cf, E_EOS)
                     SU[DR_NEXT] = np.uint64(0)
                     continue
                 # The block is empty: the error is reported at its start, 0.
@@ -3138,7 +3190,7 @@ def run(ds, pk, cf, ct, out):
             continue
         if phase == PH_RESYNC:
             r = blk_resync(ds, pk, cf, ct, ds[13])
-            if r == -PtError.EVENT_IGNORED:
+            if r == -E_EVENT_IGNORED:
                 r = _handle_event(ds, pk, cf, ct, out)
                 if r >= 0:
                     if _wants_stop(cf, ds[13]):
@@ -3171,7 +3223,7 @@ def run(ds, pk, cf, ct, out):
         if status & ST_EOS:
             if not (status & ST_IP_SUPPRESSED):
                 _emit_marker(ds, out, X_END, _offset(SI, SU, pk), 0, 0, 0, 0)
-            _segment_end(ds, pk, cf, PtError.EOS)
+            _segment_end(ds, pk, cf, E_EOS)
             continue
         pending = SI[W_PENDING] != 0
         if pending or (CF[CF_FAST] and _plain(ds, cf)):
@@ -3247,8 +3299,8 @@ def _fail(ds, pk, cf, ct, out, code):
     """An error in the segment: reported; then the segment ends, or, with
     resync-on-error, decoding goes on at the next IP the trace gives."""
     SI = ds[0]
-    if code == PtError.EOS:
-        _segment_end(ds, pk, cf, PtError.EOS)
+    if code == E_EOS:
+        _segment_end(ds, pk, cf, E_EOS)
         return
     _error(ds, pk, ct, out, code, ERR_DECODE)
     if cf[0][CF_RESYNC]:
