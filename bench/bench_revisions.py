@@ -20,7 +20,7 @@ interleaved so that a machine that slows down slows both; the table gives
 the best wall time of each and HEAD/BASE.  Output goes to /dev/null; both
 revisions must print the same number of lines.
 
-    python bench/bench_revisions.py BASE [HEAD] [--repeat N] [--copies N]
+    python bench/bench_revisions.py BASE [HEAD] [--repeat N] [--copies N] [--only WORD]
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("head", nargs="?", default="HEAD", help="the revision after (default HEAD)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--copies", type=int, default=400, help="repetitions of the demo's trace")
+    parser.add_argument("--only", metavar="WORD", help="only the commands whose name has WORD")
     args = parser.parse_args(argv)
 
     revisions = {"base": extract(args.base), "head": extract(args.head)}
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = OUT / "revisions-scratch"
     rows = []
     for name, cmd in commands(workload, data, scratch):
+        if args.only and args.only not in name:
+            continue
         best = {}
         lines = {}
         for label, root in revisions.items():
