@@ -8,17 +8,19 @@ library (``HWTRACE_CACHE_DIR``), and times whole ``hwtrace`` processes of
 both, alternately, on
 
 * ``bench_flow.py``'s trace (122 M instructions of real compiled code):
-  ``ptdump`` and ``ptxed --quiet``;
+  ``ptdump``, ``ptxed --quiet`` and the library's ``decode_trace`` with the
+  block columns kept;
 * a perf.data made from ``hwtrace record`` of ``examples/demo/demo.c``
   (the software backend) whose AUX trace is repeated ``--copies`` times
   (as ``bench_perf_memory.py`` builds it): ``script``, ``report``,
   ``funclatency digest`` and ``decode`` to a Parquet dataset.
 
-Each command runs twice per revision before timing (numba compiles, the
-library is built), then ``--repeat`` times per revision, the two revisions
-interleaved so that a machine that slows down slows both; the table gives
-the best wall time of each and HEAD/BASE.  Output goes to /dev/null; both
-revisions must print the same number of lines.
+Each command runs twice per revision before timing (numba compiles), the
+revision's loop library is built from its numba cache, then each command
+runs ``--repeat`` times per revision, the two revisions interleaved so that
+a machine that slows down slows both; the table gives the best wall time
+of each and HEAD/BASE.  Output goes to /dev/null; both revisions must print
+the same number of lines.
 
     python bench/bench_revisions.py BASE [HEAD] [--repeat N] [--copies N] [--only WORD]
 """
@@ -26,6 +28,7 @@ revisions must print the same number of lines.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -73,11 +76,25 @@ def environment(root: Path) -> dict[str, str]:
     return env
 
 
+def build_library(root: Path, env: dict[str, str]) -> None:
+    """The revision's native loop library, built with every specialisation
+    its numba cache holds: a library call (``-c``) never builds one on its
+    own, and a command's own build may predate the loops it calls."""
+    module = "hwtrace.aot" if (root / "src" / "hwtrace" / "aot.py").is_file() else "hwtrace.kernels"
+    subprocess.run([sys.executable, "-m", module, "build"], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+
+
 def run_once(args: list[str], env: dict[str, str], scratch: Path) -> tuple[float, int]:
     """Wall seconds and output lines of one ``hwtrace`` process."""
     if scratch.exists():
         shutil.rmtree(scratch)
-    cmd = [sys.executable, "-m", "hwtrace.cli.main", *args]
+    # A command's arguments, or ["-c", code, ...]: a library call.
+    cmd = (
+        [sys.executable, *args]
+        if args[0] == "-c"
+        else [sys.executable, "-m", "hwtrace.cli.main", *args]
+    )
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True)
     seconds = time.perf_counter() - t0
@@ -86,6 +103,20 @@ def run_once(args: list[str], env: dict[str, str], scratch: Path) -> tuple[float
             f"{' '.join(args)} failed ({env['PYTHONPATH']}):\n{proc.stderr.decode()[-2000:]}"
         )
     return seconds, proc.stdout.count(b"\n")
+
+
+# The library's decoder with its block columns kept (what every analysis
+# uses), as bench_decode.py runs it.
+DECODE_TRACE = r"""
+import json, sys
+from hwtrace.image import Image
+from hwtrace.pt.config import PtConfig
+from hwtrace.pt.decode import decode_trace
+image = Image()
+image.add_elf(sys.argv[2])
+result = decode_trace(open(sys.argv[1], "rb").read(), image, PtConfig(**json.loads(sys.argv[3])))
+print(result.n_insn)
+"""
 
 
 def commands(
@@ -99,6 +130,10 @@ def commands(
     return [
         ("ptdump flow", ["ptdump", *clock, str(workload.trace)]),
         ("ptxed --quiet flow", ["ptxed", *flow, "--quiet"]),
+        (
+            "decode_trace flow, kept",
+            ["-c", DECODE_TRACE, str(workload.trace), str(workload.elf), json.dumps(timing)],
+        ),
         ("script", ["script", "-i", str(data)]),
         ("report", ["report", "-i", str(data)]),
         ("funclatency digest", ["funclatency", "-i", str(data), "digest"]),
@@ -137,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             env = environment(root)
             for _ in range(2):
                 run_once(cmd, env, scratch)
+            build_library(root, env)
             best[label] = float("inf")
         for i in range(args.repeat):
             order = list(revisions.items())
