@@ -84,10 +84,8 @@ class RawTrace:
         ``pt``: the trace's path.  Raises :class:`SessionError`."""
         from ..perf.wrap import WrapError, wrap_raw_trace
 
-        elf = [(file, base) for file, base in self.elf]
-        raw = [tuple(spec) for spec in self.raw]
         try:
-            wrapped = wrap_raw_trace(self.path, out, elf=elf, raw=raw, config=self.config,
+            wrapped = wrap_raw_trace(self.path, out, elf=self.elf, raw=self.raw, config=self.config,
                                      cpu=cpu, tid=tid)  # fmt: skip
         except WrapError as e:
             raise SessionError(str(e)) from None
