@@ -20,3 +20,17 @@ def test_command_module_loads_nothing_heavy(command):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300)  # fmt: skip
     assert out.stdout.strip() == "[]"
+
+
+def test_coresight_session_loads_no_perf_session():
+    """``hwtrace csdump`` opens a CoreSight capture through the session
+    layer: that does not load the perf.data session (decoder, perf.data
+    reader, images)."""
+    code = (
+        "import sys, hwtrace.session.coresight\n"
+        "print(sorted(m for m in ('hwtrace.session.perfsession', 'hwtrace.pt.decode')"
+        " if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)  # fmt: skip
+    assert out.stdout.strip() == "[]"
