@@ -43,6 +43,25 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..kernel.ptrace import (
+    PTRACE_CONT,
+    PTRACE_DETACH,
+    PTRACE_GETREGS,
+    PTRACE_GETSIGMASK,
+    PTRACE_INTERRUPT,
+    PTRACE_O_TRACESYSGOOD,
+    PTRACE_SEIZE,
+    PTRACE_SETREGS,
+    PTRACE_SETSIGMASK,
+    PTRACE_SYSCALL,
+    PTRACE_TRACEME,
+    SYSCALL_STOP,
+    WALL,
+    Registers,
+    tgkill,
+)
+from ..kernel.ptrace import ptrace as _call
+
 __all__ = [
     "ProcessGone",
     "PtraceError",
@@ -55,48 +74,13 @@ __all__ = [
     "threads_of",
 ]
 
-PTRACE_CONT = 7
-PTRACE_SYSCALL = 24
-PTRACE_GETREGS = 12
-PTRACE_SETREGS = 13
-PTRACE_DETACH = 17
-PTRACE_SEIZE = 0x4206
-PTRACE_INTERRUPT = 0x4207
-PTRACE_GETSIGINFO = 0x4202
-PTRACE_GETSIGMASK, PTRACE_SETSIGMASK = 0x420A, 0x420B
 PTRACE_EVENT_STOP = 128
-PTRACE_O_TRACESYSGOOD = 1
-SYSCALL_STOP = signal.SIGTRAP | 0x80  # a syscall stop, with PTRACE_O_TRACESYSGOOD
 # The kernel's restart codes (include/linux/errno.h), and the call that
 # resumes a ERESTART_RESTARTBLOCK one.
 ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK = 512, 513, 514, 516
 _RESTARTS = (ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK)
 SYS_GETPID, SYS_RESTART_SYSCALL = 39, 219
 _FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
-WALL = 0x40000000
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_ptrace = _libc.ptrace
-_ptrace.restype = ctypes.c_long
-_ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-
-
-class Registers(ctypes.Structure):
-    """``struct user_regs_struct`` (x86-64)."""
-
-    _fields_ = [
-        (name, ctypes.c_ulonglong)
-        for name in (
-            "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
-            "rax", "rcx", "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags",
-            "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs",
-        )
-    ]  # fmt: skip
-
-    def copy(self) -> Registers:
-        out = Registers()
-        ctypes.memmove(ctypes.byref(out), ctypes.byref(self), ctypes.sizeof(self))
-        return out
 
 
 class PtraceError(Exception):
@@ -176,13 +160,6 @@ def kill_at(point: int) -> None:
     :func:`kill_points`; 0: never), as ``HWTRACE_PROBE_KILL_AT`` does."""
     global _kill_at
     _kill_at = point
-
-
-def _call(request: int, tid: int, addr: int = 0, data: int = 0) -> int:
-    r = _ptrace(request, tid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
-    if r == -1:
-        return -ctypes.get_errno()
-    return r
 
 
 @dataclass
@@ -424,7 +401,7 @@ class SeizedThread:
 
 
 def _tgkill(pid: int, tid: int, sig: int) -> None:
-    _libc.syscall(234, pid, tid, sig)
+    tgkill(pid, tid, sig)
 
 
 def _seize_failure(pid: int, tid: int, err: int) -> str:
@@ -478,12 +455,11 @@ def _tracer_of(pid: int, tid: int) -> int:
     return 0
 
 
-PTRACE_TRACEME = 0
 AT_ENTRY = 9
 
 
 def _traceme() -> None:  # runs in the child between fork and exec
-    _ptrace(PTRACE_TRACEME, 0, None, None)
+    _call(PTRACE_TRACEME, 0)
 
 
 def launch_stopped(argv: list[str], **popen: object):

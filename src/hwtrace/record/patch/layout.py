@@ -1,0 +1,365 @@
+"""The bytes the patch backend puts into a process for one module.
+
+For each window (see :mod:`.sites`) a trampoline holds the window's other
+instructions, moved (RIP-relative operands adjusted), and the instrumented
+instruction's template from :mod:`._patchcode`; the window's first 5 bytes
+become ``jmp rel32`` to it and the rest ``int3``.  A jump into the middle
+of a window, which no leader predicted (an indirect branch), meets an
+``int3`` and is sent to the instruction's copy in the trampoline: every
+instruction boundary inside the jump's displacement must read ``0xCC``
+too, so such a jump goes to a *stub* (``jmp`` to the trampoline) at an
+address whose displacement has those bytes (E9Patch's "instruction
+punning" constraint).  A trap site is ``int3`` over the instruction alone.
+
+Direct branches of trampolines go straight to the trampoline of their
+target where it has one, so that a hot loop stays in trampolines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import iced_x86 as iced
+import numpy as np
+from numba import njit
+
+from . import _patchcode as pc
+from .sites import K_COND, K_ICALL, K_IJMP, K_RET, K_SYSCALL, CodeMap, windows
+
+__all__ = ["ARENA_STUBS", "FAR_OFFSET", "ModulePlan", "PlanError", "plan_module"]
+
+ARENA_STUBS = 32 << 20  # stub space of a near arena: every 64 KiB band of 16 MiB
+FAR_OFFSET = 0x34000000  # stubs whose displacement's top byte is 0xCC lie this far below
+_JMP = 0xE9
+_INT3 = 0xCC
+
+
+class PlanError(Exception):
+    """The module cannot be laid out (no room for its trampolines)."""
+
+
+@dataclass
+class ModulePlan:
+    """What to write for one module: ``code`` (address, bytes) in its arenas,
+    ``patches`` over its code (with the ``originals`` they replace) and
+    ``redirects`` (an ``int3`` address and where a thread meeting it goes)."""
+
+    code: list[tuple[int, bytes]] = field(default_factory=list)
+    patches: list[tuple[int, bytes]] = field(default_factory=list)
+    originals: list[tuple[int, bytes]] = field(default_factory=list)
+    redirects: dict[int, int] = field(default_factory=dict)
+    runtime: int = 0  # address of the runtime routines' copy
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def _short_cond(raw: bytes) -> bytes:
+    """The conditional branch ``raw`` as a rel8 branch 5 bytes ahead."""
+    i = 0
+    prefix = b""
+    while raw[i] in (0x2E, 0x3E, 0xF2, 0x67):  # branch hints, BND; 67: jecxz/loopd
+        if raw[i] == 0x67:
+            prefix = b"\x67"
+        i += 1
+    op = raw[i]
+    if op == 0x0F:
+        return bytes([0x70 | (raw[i + 1] & 0x0F), 5])
+    if 0x70 <= op <= 0x7F or 0xE0 <= op <= 0xE3:
+        return prefix + bytes([op, 5])
+    raise PlanError(f"not a conditional branch: {raw.hex()}")
+
+
+def _ret_bytes(raw: bytes) -> bytes:
+    i = 0
+    while raw[i] in (0xF2, 0xF3, 0x66):  # bnd ret, rep ret
+        i += 1
+    return raw[i : i + 3] if raw[i] == 0xC2 else b"\xc3"
+
+
+def _load_operand(raw: bytes, ip: int, at: int) -> bytes:
+    """``mov rcx, <operand of the indirect branch raw at ip>``, encoded at ``at``."""
+    ins = next(iter(iced.Decoder(64, raw, ip=ip)))
+    R = iced.Register
+    if ins.op0_kind == iced.OpKind.REGISTER:
+        mov = iced.Instruction.create_reg_reg(iced.Code.MOV_R64_RM64, R.RCX, ins.op0_register)
+    else:
+        base = ins.memory_base
+        displ = ins.ip_rel_memory_address if base == R.RIP else ins.memory_displacement
+        if displ >= 1 << 63:
+            displ -= 1 << 64
+        mem = iced.MemoryOperand(base, ins.memory_index, ins.memory_index_scale, displ,
+                                 ins.memory_displ_size, False, ins.segment_prefix)  # fmt: skip
+        mov = iced.Instruction.create_reg_mem(iced.Code.MOV_R64_RM64, R.RCX, mem)
+    return _encode(mov, at)
+
+
+def _encode(ins: iced.Instruction, at: int) -> bytes:
+    enc = iced.Encoder(64)
+    enc.encode(ins, at)
+    return enc.take_buffer()
+
+
+def _part_size(kind: int, raw: bytes, ip: int) -> int:
+    if kind == K_COND:
+        return len(_short_cond(raw)) + len(pc.TPL_COND)
+    if kind in (K_IJMP, K_ICALL):
+        tpl = pc.TPL_IJMP if kind == K_IJMP else pc.TPL_ICALL
+        return len(pc.TPL_HEAD) + len(_load_operand(raw, ip, ip)) + len(tpl)
+    if kind == K_RET:
+        return len(pc.TPL_RET) + len(_ret_bytes(raw))
+    return len(pc.TPL_SYS)
+
+
+def _put64(buf: bytearray, at: int, value: int) -> None:
+    buf[at : at + 8] = (value & ((1 << 64) - 1)).to_bytes(8, "little")
+
+
+def _rel32(buf: bytearray, at: int, field_address: int, target: int) -> None:
+    rel = target - (field_address + 4)
+    if not -(1 << 31) <= rel < 1 << 31:
+        raise PlanError(f"{target:#x} is out of reach of {field_address:#x}")
+    buf[at : at + 4] = (rel & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def _constraint(boundaries: list[int]) -> tuple[int, int]:
+    """The displacement bytes a jump over instruction boundaries at these
+    offsets (1-4 matter) must hold: ``(mask, pattern)``."""
+    mask = pat = 0
+    for b in boundaries:
+        if 1 <= b <= 4:
+            mask |= 0xFF << (8 * (b - 1))
+            pat |= _INT3 << (8 * (b - 1))
+    return mask, pat
+
+
+@njit(cache=True)
+def _deposit(x, free):
+    out = np.uint64(0)
+    k = np.uint64(0)
+    for b in range(32):
+        bit = np.uint64(1) << np.uint64(b)
+        if free & bit:
+            if (x >> k) & np.uint64(1):
+                out |= bit
+            k += np.uint64(1)
+    return out
+
+
+@njit(cache=True)
+def _place_stubs(sites, masks, pats, lo, hi, occ):
+    """A 5-byte stub address in ``[lo, hi)`` for each jump at ``sites``
+    whose displacement must meet ``(mask, pattern)``, first fit, free in
+    ``occ`` (one byte per arena byte); -1 where none."""
+    out = np.full(sites.shape[0], -1, np.int64)
+    for s in range(sites.shape[0]):
+        base = sites[s] + 5
+        rlo = lo - base
+        rhi = hi - 5 - base
+        if rlo < -(1 << 31) or rhi >= (1 << 31) or (rlo < 0) != (rhi < 0):
+            continue  # the arena is not wholly on one side within reach
+        ulo = np.uint64(rlo & 0xFFFFFFFF)
+        uhi = np.uint64(rhi & 0xFFFFFFFF)
+        mask = np.uint64(masks[s])
+        pat = np.uint64(pats[s])
+        free = ~mask & np.uint64(0xFFFFFFFF)
+        nfree = 0
+        for b in range(32):
+            if free & (np.uint64(1) << np.uint64(b)):
+                nfree += 1
+        # smallest x with deposit(x) | pat >= ulo
+        a, z = np.uint64(0), np.uint64(1) << np.uint64(nfree)
+        while a < z:
+            m = (a + z) >> np.uint64(1)
+            if (_deposit(m, free) | pat) >= ulo:
+                z = m
+            else:
+                a = m + np.uint64(1)
+        x = a
+        limit = np.uint64(1) << np.uint64(nfree)
+        while x < limit:
+            u = _deposit(x, free) | pat
+            if u > uhi:
+                break
+            rel = np.int64(u) if u < np.uint64(1 << 31) else np.int64(u) - (np.int64(1) << 32)
+            t = base + rel
+            o = t - lo
+            ok = True
+            for q in range(5):
+                if occ[o + q]:
+                    ok = False
+                    break
+            if ok:
+                for q in range(5):
+                    occ[o + q] = 1
+                out[s] = t
+                break
+            x += np.uint64(1)
+    return out
+
+
+@dataclass
+class _Site:
+    index: int  # the instrumented instruction
+    first: int  # the window's first instruction
+    trap: bool
+    body: int = 0
+    entry: int = 0
+
+
+def plan_module(
+    cm: CodeMap,
+    read,
+    near: tuple[int, int],
+    far: tuple[int, int] | None = None,
+) -> ModulePlan:
+    """Lay out the trampolines of module ``cm`` (code read with ``read``) in
+    the arena ``near`` = ``(start, end)`` (stubs in its first
+    :data:`ARENA_STUBS` bytes, then the runtime and the trampolines) and,
+    for stubs that must lie below the module, ``far``."""
+    kinds = cm.kinds
+    idx = np.flatnonzero(np.isin(kinds, np.array([K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL])))
+    first = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
+    ips = cm.ips.astype(np.int64)
+    lens = cm.lens.astype(np.int64)
+    plan = ModulePlan()
+    near_lo, near_hi = near
+    stub_hi = near_lo + ARENA_STUBS
+    plan.runtime = stub_hi
+    cursor = stub_hi + ((len(pc.RUNTIME) + 63) & ~63)
+    sites: list[_Site] = []
+    raws: dict[int, bytes] = {}
+    for i, j in zip(idx.tolist(), first.tolist(), strict=True):
+        trap = j < 0
+        j = i if trap else j
+        # Moved instructions whose RIP-relative operand the trampoline
+        # cannot reach make the site a trap (the window shrinks to it).
+        raw = read(int(ips[i]), int(lens[i]))
+        raws[i] = raw
+        size = int(ips[i] - ips[j]) + _part_size(int(kinds[i]), raw, int(ips[i]))
+        s = _Site(i, j, trap, body=cursor)
+        cursor = (cursor + size + 15) & ~15
+        sites.append(s)
+    if cursor > near_hi:
+        raise PlanError(
+            f"the arena at {near_lo:#x} is too small: {cursor - near_lo:#x} bytes needed"
+        )
+    # Where each instruction of a window is in its trampoline.
+    moved: dict[int, int] = {}
+    for s in sites:
+        at = s.body
+        for k in range(s.first, s.index + 1):
+            moved[int(ips[k])] = at
+            at += int(lens[k])
+    # Stubs for jumps whose displacement covers instruction boundaries.
+    jump_sites = [s for s in sites if not s.trap]
+    cons = [_constraint([int(ips[k] - ips[s.first]) for k in range(s.first + 1, s.index + 1)])
+            for s in jump_sites]  # fmt: skip
+    need = [n for n, (m, _) in enumerate(cons) if m]
+    occ_near = np.zeros(ARENA_STUBS, np.uint8)
+    placed = np.full(len(jump_sites), -1, np.int64)
+    if need:
+        at = np.array([int(ips[jump_sites[n].first]) for n in need], np.int64)
+        masks = np.array([cons[n][0] for n in need], np.uint32)
+        pats = np.array([cons[n][1] for n in need], np.uint32)
+        got = _place_stubs(at, masks, pats, near_lo, stub_hi, occ_near)
+        if far is not None:
+            occ_far = np.zeros(far[1] - far[0], np.uint8)
+            miss = got < 0
+            if miss.any():
+                got[miss] = _place_stubs(at[miss], masks[miss], pats[miss], far[0], far[1], occ_far)
+        placed[np.array(need)] = got
+    for n, s in enumerate(jump_sites):
+        if cons[n][0] == 0:
+            s.entry = s.body
+        elif placed[n] >= 0:
+            s.entry = int(placed[n])
+            plan.code.append((s.entry, bytes([_JMP]) + _rel(s.entry + 5, s.body)))
+        else:
+            s.trap = True  # no stub address: a trap at the instruction
+            for k in range(s.first, s.index):
+                moved.pop(int(ips[k]), None)
+            s.first = s.index
+    stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
+    rt = plan.runtime
+    plan.code.append((rt, pc.RUNTIME))
+    for s in sites:
+        i = s.index
+        ip = int(ips[i])
+        nxt = ip + int(lens[i])
+        body = bytearray()
+        for k in range(s.first, i):
+            body += _moved(cm, read, k, s.body + len(body))
+        part_at = s.body + len(body)
+        body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved)
+        plan.code.append((s.body, bytes(body)))
+        start = int(ips[s.first])
+        wlen = nxt - start
+        if s.trap:
+            stats["traps"] += 1
+            plan.originals.append((ip, raws[i][:1]))
+            plan.patches.append((ip, b"\xcc"))
+            plan.redirects[ip] = part_at
+        else:
+            stats["windows"] += 1
+            stats["stubs"] += s.entry != s.body
+            plan.originals.append((start, read(start, wlen)))
+            plan.patches.append((start, bytes([_JMP]) + _rel(start + 5, s.entry) +
+                                 b"\xcc" * (wlen - 5)))  # fmt: skip
+            for k in range(s.first + 1, i + 1):
+                plan.redirects[int(ips[k])] = moved[int(ips[k])]
+    plan.stats = stats
+    return plan
+
+
+def _rel(origin: int, target: int) -> bytes:
+    rel = target - origin
+    if not -(1 << 31) <= rel < 1 << 31:
+        raise PlanError(f"{target:#x} is out of reach of {origin:#x}")
+    return (rel & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def _moved(cm: CodeMap, read, k: int, at: int) -> bytes:
+    ip = int(cm.ips[k])
+    raw = bytearray(read(ip, int(cm.lens[k])))
+    d = int(cm.rip_disp[k])
+    if d:
+        raw[d : d + 4] = _rel(at + len(raw), int(cm.rip_targets[k]))
+    return bytes(raw)
+
+
+def _part(kind, raw, ip, nxt, target, at, rt, moved) -> bytes:
+    def dest(x: int) -> int:
+        return moved.get(x, x)
+
+    if kind == K_COND:
+        head = _short_cond(raw)
+        t = bytearray(pc.TPL_COND)
+        base = at + len(head)
+        _put64(t, pc.F_cond_tip, target)
+        _put64(t, pc.F_cond_nip, nxt)
+        _rel32(t, pc.F_cond_trt, base + pc.F_cond_trt, rt + pc.RT_TNT_FULL)
+        _rel32(t, pc.F_cond_nrt, base + pc.F_cond_nrt, rt + pc.RT_TNT_FULL)
+        _rel32(t, pc.F_cond_tdst, base + pc.F_cond_tdst, dest(target))
+        _rel32(t, pc.F_cond_ndst, base + pc.F_cond_ndst, dest(nxt))
+        return head + bytes(t)
+    if kind in (K_IJMP, K_ICALL):
+        load = _load_operand(raw, ip, at + len(pc.TPL_HEAD))
+        base = at + len(pc.TPL_HEAD) + len(load)
+        if kind == K_IJMP:
+            t = bytearray(pc.TPL_IJMP)
+            _rel32(t, pc.F_ijmp_rt, base + pc.F_ijmp_rt, rt + pc.RT_TIP)
+        else:
+            t = bytearray(pc.TPL_ICALL)
+            _rel32(t, pc.F_icall_rt, base + pc.F_icall_rt, rt + pc.RT_TIP)
+            _put64(t, pc.F_icall_ret, nxt)
+        return pc.TPL_HEAD + load + bytes(t)
+    if kind == K_RET:
+        t = bytearray(pc.TPL_RET)
+        _rel32(t, pc.F_ret_rt, at + pc.F_ret_rt, rt + pc.RT_TIP)
+        return bytes(t) + _ret_bytes(raw)
+    t = bytearray(pc.TPL_SYS)
+    _put64(t, pc.F_sys_next1, nxt)
+    _put64(t, pc.F_sys_next2, nxt)
+    _rel32(t, pc.F_sys_pgd, at + pc.F_sys_pgd, rt + pc.RT_PGD)
+    _rel32(t, pc.F_sys_pge, at + pc.F_sys_pge, rt + pc.RT_PGE)
+    _rel32(t, pc.F_sys_dst, at + pc.F_sys_dst, dest(nxt))
+    return bytes(t)

@@ -1,0 +1,334 @@
+/* The machine code of the patch backend: the runtime routines and the
+ * trampoline templates that write Intel PT packets from inside a traced
+ * process.  Assembled once by scripts/gen_patchcode.py into _patchcode.py
+ * (bytes and field offsets); nothing is assembled at run time.
+ *
+ * Per thread, the GS segment base points at the thread's control block
+ * (offsets below).  Conditional branches append their outcome to W without
+ * touching flags or any register but rcx (saved in the block): W holds the
+ * pending TNT bits under a stop bit, with a zero "phantom" bit between
+ * them (W starts at 2), so the stop bit reaches bit 48 exactly when 47
+ * bits, a full TNT-64 packet, are pending; a 16-bit load of W's top bytes
+ * and jrcxz test that without flags.  Everything else (TIP with IP
+ * compression, TIP.PGD/PGE around system calls, PSB+) goes through the
+ * runtime routines, which save rax, rdx and the arithmetic flags in the
+ * block (lahf/seto, as DynamoRIO does), never on the program's stack.
+ *
+ * Routines are entered by a jump with the caller's rcx in SAVE_RCX and
+ * their continuation in CONT; they keep every register but rcx.
+ */
+        .intel_syntax noprefix
+        .text
+
+        .equ W, 0           /* TNT accumulator (2: none pending) */
+        .equ CUR, 8         /* next byte to write in the thread's buffer */
+        .equ END, 16        /* buffer end minus SLACK: no room at or past it */
+        .equ LASTIP, 24     /* the decoder's last IP (IP compression) */
+        .equ SAVE_RCX, 32
+        .equ SAVE_RAX, 40
+        .equ SAVE_RDX, 48
+        .equ SAVE_FL, 56
+        .equ CONT, 64       /* where a routine goes back to */
+        .equ NEXTIP, 72     /* the IP tracing goes on at (FUP of PSB+, TIP.PGE) */
+        .equ TARGET, 80     /* an indirect branch's target */
+        .equ NEXTPSB, 88    /* buffer address at or after which a PSB+ is due */
+        .equ PSBPERIOD, 96  /* bytes between PSB+ */
+        .equ LOST, 104      /* packets dropped: the buffer was full */
+        .equ TSCON, 112     /* nonzero: TSC packets */
+        .equ OVF, 120       /* nonzero: packets were dropped, an OVF is due */
+        .equ TNTBITS, 128   /* statistics: TNT bits flushed, TIPs, enables */
+        .equ TIPS, 136
+        .equ PGES, 144
+
+.macro SAVE
+        mov gs:[SAVE_RAX], rax
+        lahf
+        seto al
+        mov gs:[SAVE_FL], ax
+        mov gs:[SAVE_RDX], rdx
+        mov rcx, gs:[CUR]
+.endm
+
+/* rcx: the new CUR (stored); flags and rax, rdx back; on to CONT. */
+.macro RESTORE
+        mov gs:[CUR], rcx
+        mov rdx, gs:[SAVE_RDX]
+        mov ax, gs:[SAVE_FL]
+        add al, 0x7f
+        sahf
+        mov rax, gs:[SAVE_RAX]
+        jmp qword ptr gs:[CONT]
+.endm
+
+/* The pending TNT bits as TNT-8 (up to 6) or TNT-64, at rcx. */
+.macro FLUSH_TNT
+        mov rax, gs:[W]
+        cmp rax, 2
+        je 9f
+        bsr rdx, rax
+        btc rax, rdx            /* the stop bit off */
+        dec edx
+        btc rax, rdx            /* the phantom bit becomes the stop bit */
+        add gs:[TNTBITS], rdx
+        mov qword ptr gs:[W], 2
+        cmp edx, 6
+        ja 8f
+        add eax, eax
+        mov [rcx], al
+        inc rcx
+        jmp 9f
+8:      mov word ptr [rcx], 0xa302
+        mov [rcx + 2], rax
+        add rcx, 8
+9:
+.endm
+
+/* An IP packet with opcode \op for the IP in rax, compressed against the
+ * last IP as the SDM allows (hwtrace.pt.encode's choice). */
+.macro IP_PACKET op
+        mov rdx, gs:[LASTIP]
+        mov gs:[LASTIP], rax
+        xor rdx, rax
+        shr rdx, 16
+        jz 1f
+        shr rdx, 16
+        jz 2f
+        mov rdx, rax
+        sar rdx, 47
+        jz 3f
+        cmp rdx, -1
+        je 3f
+        mov byte ptr [rcx], \op | 0xc0
+        mov [rcx + 1], rax
+        add rcx, 9
+        jmp 4f
+1:      mov byte ptr [rcx], \op | 0x20
+        mov [rcx + 1], ax
+        add rcx, 3
+        jmp 4f
+2:      mov byte ptr [rcx], \op | 0x40
+        mov [rcx + 1], eax
+        add rcx, 5
+        jmp 4f
+3:      mov byte ptr [rcx], \op | 0x60
+        mov [rcx + 1], rax
+        add rcx, 7
+4:
+.endm
+
+.macro TSC_PACKET
+        cmp qword ptr gs:[TSCON], 0
+        je 5f
+        rdtsc
+        shl rdx, 32
+        or rax, rdx
+        shl rax, 8
+        or rax, 0x19
+        mov [rcx], rax
+        add rcx, 8
+5:
+.endm
+
+/* PSB+ when due; with a FUP of NEXTIP when \fup (tracing is on). */
+.macro PSB_IF_DUE fup
+        cmp rcx, gs:[NEXTPSB]
+        jb 7f
+        mov rax, 0x8202820282028202
+        mov [rcx], rax
+        mov [rcx + 8], rax
+        add rcx, 16
+        mov qword ptr gs:[LASTIP], 0
+        TSC_PACKET
+        mov word ptr [rcx], 0x0199      /* MODE.Exec, 64-bit */
+        add rcx, 2
+.if \fup
+        mov rax, gs:[NEXTIP]
+        IP_PACKET 0x1d
+.endif
+        mov word ptr [rcx], 0x2302      /* PSBEND */
+        add rcx, 2
+        mov rax, rcx
+        add rax, gs:[PSBPERIOD]
+        mov gs:[NEXTPSB], rax
+7:
+.endm
+
+/* Room for a routine's packets, else drop them (counted, OVF due). */
+.macro ROOM
+        cmp rcx, gs:[END]
+        jb 6f
+        inc qword ptr gs:[LOST]
+        mov qword ptr gs:[OVF], 1
+        mov qword ptr gs:[W], 2
+        RESTORE
+6:
+.endm
+
+        .globl rt_begin
+rt_begin:
+
+/* 47 TNT bits pending: a TNT-64, then PSB+ if due (FUP: NEXTIP). */
+rt_tnt_full:
+        SAVE
+        ROOM
+        FLUSH_TNT
+        PSB_IF_DUE 1
+        RESTORE
+
+/* TIP to TARGET, after the pending TNT; PSB+ if due (FUP: TARGET). */
+rt_tip:
+        SAVE
+        ROOM
+        FLUSH_TNT
+        inc qword ptr gs:[TIPS]
+        mov rax, gs:[TARGET]
+        IP_PACKET 0x0d
+        mov rax, gs:[TARGET]
+        mov gs:[NEXTIP], rax
+        PSB_IF_DUE 1
+        RESTORE
+
+/* Tracing off before a system call: the pending TNT, TSC, TIP.PGD with
+ * the IP suppressed (the target is in the kernel, not traced). */
+rt_pgd:
+        SAVE
+        ROOM
+        FLUSH_TNT
+        TSC_PACKET
+        mov byte ptr [rcx], 0x01
+        inc rcx
+        PSB_IF_DUE 0
+        RESTORE
+
+/* Tracing on again at NEXTIP: PSB+ if due, TSC, MODE.Exec, TIP.PGE. */
+rt_pge:
+        SAVE
+        ROOM
+        PSB_IF_DUE 0
+        TSC_PACKET
+        inc qword ptr gs:[PGES]
+        mov word ptr [rcx], 0x0199
+        add rcx, 2
+        mov rax, gs:[NEXTIP]
+        IP_PACKET 0x11
+        RESTORE
+
+/* A thread starts being traced at NEXTIP and goes on at TARGET. */
+rt_start:
+        mov gs:[SAVE_RCX], rcx
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        jmp rt_pge
+2:      mov rcx, gs:[SAVE_RCX]
+        jmp qword ptr gs:[TARGET]
+
+        .globl rt_end
+rt_end:
+
+/* ---- trampoline templates (fields: F_<template>_<name>) ---- */
+
+/* The head of an indirect branch's trampoline (its operand is loaded next). */
+        .globl tpl_head
+tpl_head:
+        mov gs:[SAVE_RCX], rcx
+tpl_head_end:
+
+/* Appends bit \bit; a full TNT goes out with NEXTIP = \ip's field. */
+.macro TNT_BIT tpl, bit, ip, rt, dst
+        mov gs:[SAVE_RCX], rcx
+        mov rcx, gs:[W]
+        lea rcx, [rcx + rcx + \bit]
+        mov gs:[W], rcx
+        movzx ecx, word ptr gs:[W + 6]
+        jrcxz 2f
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        movabs rcx, 0
+        .equ \ip, . - 8 - \tpl
+        mov gs:[NEXTIP], rcx
+        .byte 0xe9
+        .long 0
+        .equ \rt, . - 4 - \tpl
+2:      mov rcx, gs:[SAVE_RCX]
+        .byte 0xe9
+        .long 0
+        .equ \dst, . - 4 - \tpl
+.endm
+
+/* After the site's own condition as a rel8 branch over the next 5 bytes. */
+        .globl tpl_cond
+tpl_cond:
+        .byte 0xe9
+        .long 1f - . - 4
+        TNT_BIT tpl_cond, 1, F_cond_tip, F_cond_trt, F_cond_tdst
+1:      TNT_BIT tpl_cond, 0, F_cond_nip, F_cond_nrt, F_cond_ndst
+tpl_cond_end:
+
+/* After `mov gs:[SAVE_RCX], rcx; mov rcx, <the branch's operand>`. */
+        .globl tpl_ijmp
+tpl_ijmp:
+        mov gs:[TARGET], rcx
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_ijmp_rt, . - 4 - tpl_ijmp
+2:      mov rcx, gs:[SAVE_RCX]
+        jmp qword ptr gs:[TARGET]
+tpl_ijmp_end:
+
+        .globl tpl_icall
+tpl_icall:
+        mov gs:[TARGET], rcx
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_icall_rt, . - 4 - tpl_icall
+2:      mov rcx, gs:[SAVE_RCX]
+        push qword ptr [rip + 3f]
+        jmp qword ptr gs:[TARGET]
+3:      .quad 0
+        .equ F_icall_ret, . - 8 - tpl_icall
+tpl_icall_end:
+
+/* Followed by the site's own ret (or ret imm16). */
+        .globl tpl_ret
+tpl_ret:
+        mov gs:[SAVE_RCX], rcx
+        mov rcx, [rsp]
+        mov gs:[TARGET], rcx
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_ret_rt, . - 4 - tpl_ret
+2:      mov rcx, gs:[SAVE_RCX]
+tpl_ret_end:
+
+/* A system call: TIP.PGD before, TIP.PGE at the next instruction after;
+ * rcx as the kernel leaves it (the next instruction's address). */
+        .globl tpl_sys
+tpl_sys:
+        mov gs:[SAVE_RCX], rcx
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_sys_pgd, . - 4 - tpl_sys
+2:      mov rcx, gs:[SAVE_RCX]
+        syscall
+        movabs rcx, 0
+        .equ F_sys_next1, . - 8 - tpl_sys
+        mov gs:[NEXTIP], rcx
+        lea rcx, [rip + 3f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_sys_pge, . - 4 - tpl_sys
+3:      movabs rcx, 0
+        .equ F_sys_next2, . - 8 - tpl_sys
+        .byte 0xe9
+        .long 0
+        .equ F_sys_dst, . - 4 - tpl_sys
+tpl_sys_end:

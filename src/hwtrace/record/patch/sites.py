@@ -1,0 +1,215 @@
+"""Where the patch backend instruments a module's code.
+
+A linear sweep (iced-x86) over the executable sections of one module
+classifies every instruction by what Intel PT reports of it; basic-block
+leaders (section and function starts, direct branch targets, the
+instruction after every control transfer, and the targets of the jump
+tables the compiler's ``lea table(%rip); movslq (table,i,4); add; jmp``
+idiom reads) bound the *windows*: each instrumented instruction with the
+instructions before it in its block, at least 5 bytes, so that a ``jmp
+rel32`` can replace them.  Where the block holds too few bytes, the
+instruction becomes a *trap* site (``int3``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import iced_x86 as iced
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "INSTRUMENTED",
+    "K_BAD",
+    "K_CALL",
+    "K_COND",
+    "K_FAR",
+    "K_ICALL",
+    "K_IJMP",
+    "K_JMP",
+    "K_OTHER",
+    "K_RET",
+    "K_SYSCALL",
+    "CodeMap",
+    "sweep",
+    "windows",
+]
+
+# What Intel PT reports of an instruction.
+K_OTHER, K_COND, K_JMP, K_CALL, K_IJMP, K_ICALL, K_RET, K_SYSCALL, K_FAR, K_BAD = range(10)
+INSTRUMENTED = (K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL)
+
+_F = iced.FlowControl
+_M = iced.Mnemonic
+_BY_FLOW = {
+    _F.NEXT: K_OTHER,
+    _F.CONDITIONAL_BRANCH: K_COND,
+    _F.UNCONDITIONAL_BRANCH: K_JMP,
+    _F.CALL: K_CALL,
+    _F.INDIRECT_BRANCH: K_IJMP,
+    _F.INDIRECT_CALL: K_ICALL,
+    _F.RETURN: K_RET,
+    _F.INTERRUPT: K_FAR,
+    _F.EXCEPTION: K_FAR,
+    _F.XBEGIN_XABORT_XEND: K_FAR,
+}
+_FAR_MNEMONICS = {_M.RETF, _M.IRET, _M.IRETD, _M.IRETQ, _M.SYSENTER, _M.SYSEXIT, _M.SYSRET,
+                  _M.SYSRETQ, _M.HLT}  # fmt: skip
+
+
+@dataclass
+class CodeMap:
+    """The instructions of one module's executable code, in address order:
+    ``ips``, ``lens``, ``kinds`` (``K_*``), ``targets`` (a direct branch's
+    target, else 0), ``rip_disp`` (offset of a RIP-relative displacement in
+    the instruction, 0 if none) and ``leaders`` (may be a jump target)."""
+
+    ips: np.ndarray  # uint64
+    lens: np.ndarray  # uint8
+    kinds: np.ndarray  # uint8
+    targets: np.ndarray  # uint64
+    rip_disp: np.ndarray  # uint8
+    rip_targets: np.ndarray  # uint64: a RIP-relative operand's address, else 0
+    leaders: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return int(self.ips.shape[0])
+
+
+def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = None) -> CodeMap:
+    """Sweep ``sections`` (``(start, end)`` addresses) of code read with
+    ``read(address, size)``; ``functions``: addresses known to start
+    functions (symbols, unwind tables)."""
+    ips, lens, kinds, targets, disp, riptgt = [], [], [], [], [], []
+    starts = []
+    for lo, hi in sections:
+        data = read(lo, hi - lo)
+        starts.append(lo)
+        dec = iced.Decoder(64, data, ip=lo)
+        # One pass in iced's native decoder; Python sees each instruction
+        # once, for the fields kept (cached per module by the caller).
+        for ins in dec:
+            ips.append(ins.ip)
+            lens.append(ins.len)
+            if ins.code == iced.Code.INVALID:
+                kinds.append(K_BAD)
+                targets.append(0)
+                disp.append(0)
+                riptgt.append(0)
+                continue
+            k = _BY_FLOW[ins.flow_control]
+            m = ins.mnemonic
+            if m == _M.SYSCALL:
+                k = K_SYSCALL
+            elif (
+                m in _FAR_MNEMONICS
+                or ins.is_jmp_far
+                or ins.is_call_far
+                or ins.is_jmp_far_indirect
+                or ins.is_call_far_indirect
+            ):
+                k = K_FAR
+            kinds.append(k)
+            targets.append(ins.near_branch_target if k in (K_COND, K_JMP, K_CALL) else 0)
+            if ins.is_ip_rel_memory_operand:
+                disp.append(dec.get_constant_offsets(ins).displacement_offset)
+                riptgt.append(ins.ip_rel_memory_address)
+            else:
+                disp.append(0)
+                riptgt.append(0)
+    cm = CodeMap(
+        np.array(ips, np.uint64),
+        np.array(lens, np.uint8),
+        np.array(kinds, np.uint8),
+        np.array(targets, np.uint64),
+        np.array(disp, np.uint8),
+        np.array(riptgt, np.uint64),
+        np.zeros(len(ips), np.bool_),
+    )
+    extra = np.array(starts, np.uint64)
+    if functions is not None and functions.shape[0]:
+        extra = np.concatenate([extra, functions.astype(np.uint64)])
+    _mark_leaders(cm.ips, cm.lens, cm.kinds, cm.targets, np.sort(extra), cm.leaders)
+    lo = np.array([s for s, _ in sections], np.uint64)
+    hi = np.array([e for _, e in sections], np.uint64)
+    _mark_jump_tables(cm.ips, cm.kinds, cm.rip_targets, cm.leaders, lo, hi, read_table(read, cm))
+    return cm
+
+
+def read_table(read, cm: CodeMap):
+    """Reads 4-byte entries of candidate jump tables (RIP-relative ``lea``
+    operands outside the code), as one array per candidate: ``(address,
+    entries)`` packed into two arrays for the compiled marker."""
+    cand = np.unique(cm.rip_targets[(cm.rip_targets != 0) & (cm.kinds == K_OTHER)])
+    addrs, blobs = [], []
+    for a in cand.tolist():
+        raw = read(a, 4 * 512)
+        if len(raw) >= 4:
+            addrs.append(a)
+            blobs.append(np.frombuffer(raw[: len(raw) // 4 * 4], np.int32))
+    if not addrs:
+        return np.zeros(0, np.uint64), np.zeros(1, np.int64), np.zeros(0, np.int32)
+    bounds = np.zeros(len(blobs) + 1, np.int64)
+    bounds[1:] = np.cumsum([b.shape[0] for b in blobs])
+    return np.array(addrs, np.uint64), bounds, np.concatenate(blobs)
+
+
+@njit(cache=True)
+def _mark_leaders(ips, lens, kinds, targets, extra, leaders):
+    n = ips.shape[0]
+    for i in range(n):
+        k = kinds[i]
+        if k != K_OTHER and i + 1 < n:
+            leaders[i + 1] = True
+        if k == K_COND or k == K_JMP or k == K_CALL:
+            j = np.searchsorted(ips, targets[i])
+            if j < n and ips[j] == targets[i]:
+                leaders[j] = True
+    for a in extra:
+        j = np.searchsorted(ips, a)
+        if j < n and ips[j] == a:
+            leaders[j] = True
+
+
+@njit(cache=True)
+def _mark_jump_tables(ips, kinds, rip_targets, leaders, lo, hi, tables):
+    """Targets of relative jump tables: for a RIP-relative operand T whose
+    int32 entries e give T + e at instruction starts inside the code, every
+    such entry (until the first that does not) is a leader."""
+    addrs, bounds, entries = tables
+    n = ips.shape[0]
+    for t in range(addrs.shape[0]):
+        base = np.int64(addrs[t])
+        for e in range(bounds[t], bounds[t + 1]):
+            a = np.uint64(base + np.int64(entries[e]))
+            inside = False
+            for s in range(lo.shape[0]):
+                if lo[s] <= a < hi[s]:
+                    inside = True
+            if not inside:
+                break
+            j = np.searchsorted(ips, a)
+            if j >= n or ips[j] != a or kinds[j] == K_BAD:
+                break
+            leaders[j] = True
+
+
+@njit(cache=True)
+def windows(ips, lens, kinds, leaders, instrumented):
+    """For each instrumented instruction (index), the first instruction of
+    its window, or -1 where the block has fewer than 5 bytes (a trap)."""
+    out = np.full(instrumented.shape[0], -1, np.int64)
+    for w in range(instrumented.shape[0]):
+        i = instrumented[w]
+        total = np.int64(lens[i])
+        j = i
+        while total < 5 and j > 0 and not leaders[j]:
+            p = j - 1
+            if kinds[p] != K_OTHER or ips[p] + lens[p] != ips[j]:
+                break
+            j = p
+            total += lens[j]
+        if total >= 5:
+            out[w] = j
+    return out

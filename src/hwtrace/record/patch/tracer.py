@@ -1,0 +1,440 @@
+"""Record a program by patching its code: Intel PT without PT hardware.
+
+The program is started under ptrace and stopped at its entry point, its
+libraries loaded.  Every executable module (the program, its libraries,
+the dynamic loader, the vDSO) is swept (:mod:`.sites`) and laid out
+(:mod:`.layout`); trampolines and the runtime routines go into arenas
+mapped into the process next to each module, the patches over its code,
+all while it is stopped.  The thread's GS base points at its control block
+in a shared-memory file that hwtrace maps too; its trace buffer follows.
+The thread then starts at the runtime's start routine (PSB+, TIP.PGE at
+the entry) and runs at nearly its own speed, writing its Intel PT into the
+buffer.  hwtrace stays attached, waiting for the events ptrace reports:
+``int3`` traps at trap sites and inside windows (sent on to their
+trampolines), and the end of the process.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from elftools.elf.constants import SH_FLAGS
+from elftools.elf.elffile import ELFFile
+
+from ...image.process import Mapping, load_bias, read_maps
+from ...kernel.ptrace import (
+    PTRACE_CONT,
+    PTRACE_GETEVENTMSG,
+    PTRACE_GETREGS,
+    PTRACE_O_TRACECLONE,
+    PTRACE_O_TRACEEXIT,
+    PTRACE_SETOPTIONS,
+    PTRACE_SETREGS,
+    PTRACE_SINGLESTEP,
+    PTRACE_TRACEME,
+    WALL,
+    Registers,
+    ptrace,
+)
+from . import _patchcode as pc
+from .layout import ARENA_STUBS, FAR_OFFSET, ModulePlan, PlanError, plan_module
+from .sites import CodeMap, sweep
+
+__all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
+
+PAGE = 0x1000
+SLACK = 512  # room past END for the largest group of packets a routine writes
+TCB_SIZE = PAGE
+AT_ENTRY = 9
+SYS_OPEN, SYS_CLOSE, SYS_MMAP = 2, 3, 9
+PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
+MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 1, 2, 0x20, 0x100000
+_EVENT_CLONE, _EVENT_EXIT = 3, 6
+
+
+class PatchError(Exception):
+    """The program could not be recorded (a message for the user)."""
+
+
+@dataclass(frozen=True)
+class PatchOptions:
+    """``psb_period``: bytes between PSB+; ``tsc``: TSC packets (in PSB+ and
+    around system calls); ``buffer_size``: trace bytes a thread keeps."""
+
+    psb_period: int = 4096
+    tsc: bool = True
+    buffer_size: int = 256 << 20
+
+
+@dataclass
+class PatchThread:
+    """One thread's trace."""
+
+    pid: int
+    tid: int
+    data: bytes
+    lost: int  # packets dropped because the buffer was full
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PatchRecording:
+    """A program recorded by code patching: its threads' Intel PT and the
+    mappings it ran with."""
+
+    pid: int
+    argv: tuple[str, ...]
+    maps: list[Mapping]
+    vdso: bytes
+    threads: list[PatchThread]
+    exit_status: int
+    modules: dict[str, dict[str, int]]  # per module: sites, windows, stubs, traps
+    traps: int  # int3 traps taken (sent on to a trampoline by hwtrace)
+    setup_seconds: float
+
+
+class _Target:
+    """The stopped process: memory through /proc/PID/mem, system calls run
+    by its thread at a ``syscall`` written over its current instruction."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+
+    def read(self, address: int, size: int) -> bytes:
+        try:
+            return os.pread(self.fd, size, address)
+        except OSError:
+            return b""
+
+    def write(self, address: int, data: bytes) -> None:
+        done = os.pwrite(self.fd, data, address)
+        if done != len(data):
+            raise PatchError(f"could not write {len(data)} bytes at {address:#x}")
+
+    def regs(self) -> Registers:
+        r = Registers()
+        import ctypes
+
+        if ptrace(PTRACE_GETREGS, self.pid, 0, ctypes.addressof(r)) < 0:
+            raise PatchError(f"process {self.pid}: cannot read its registers")
+        return r
+
+    def set_regs(self, r: Registers) -> None:
+        import ctypes
+
+        if ptrace(PTRACE_SETREGS, self.pid, 0, ctypes.addressof(r)) < 0:
+            raise PatchError(f"process {self.pid}: cannot set its registers")
+
+    def syscall(self, nr: int, *args: int) -> int:
+        saved = self.regs()
+        at = saved.rip
+        orig = self.read(at, 2)
+        self.write(at, b"\x0f\x05")
+        try:
+            r = saved.copy()
+            r.rax = nr
+            r.orig_rax = (1 << 64) - 1
+            for name, v in zip(("rdi", "rsi", "rdx", "r10", "r8", "r9"), args, strict=False):
+                setattr(r, name, v & ((1 << 64) - 1))
+            self.set_regs(r)
+            if ptrace(PTRACE_SINGLESTEP, self.pid, 0, 0) < 0:
+                raise PatchError(f"process {self.pid}: cannot step")
+            _, status = os.waitpid(self.pid, WALL)
+            if not os.WIFSTOPPED(status):
+                raise PatchError(f"process {self.pid} ended while being set up")
+            out = self.regs().rax
+        finally:
+            self.write(at, orig)
+            self.set_regs(saved)
+        return out - (1 << 64) if out >= 1 << 63 else out
+
+    def map(self, address: int, size: int, prot: int, flags: int, fd: int = -1) -> int:
+        got = self.syscall(SYS_MMAP, address, size, prot, flags, fd & ((1 << 64) - 1), 0)
+        return got
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _launch(argv: Sequence[str]) -> subprocess.Popen:
+    """``argv`` started under ptrace, stopped at its exec."""
+
+    def traceme() -> None:
+        ptrace(PTRACE_TRACEME, 0)
+
+    try:
+        proc = subprocess.Popen(list(argv), preexec_fn=traceme)
+    except OSError as e:
+        raise PatchError(f"{argv[0]}: {e.strerror}") from None
+    _, status = os.waitpid(proc.pid, WALL)
+    if not os.WIFSTOPPED(status):
+        raise PatchError(f"{argv[0]}: did not start")
+    return proc
+
+
+def _entry(pid: int) -> int:
+    with open(f"/proc/{pid}/auxv", "rb") as f:
+        raw = f.read()
+    for i in range(0, len(raw) - 15, 16):
+        if int.from_bytes(raw[i : i + 8], "little") == AT_ENTRY:
+            return int.from_bytes(raw[i + 8 : i + 16], "little")
+    raise PatchError(f"process {pid}: no entry point in its auxiliary vector")
+
+
+def _run_to_entry(t: _Target, entry: int) -> None:
+    orig = t.read(entry, 1)
+    t.write(entry, b"\xcc")
+    ptrace(PTRACE_CONT, t.pid, 0, 0)
+    while True:
+        _, status = os.waitpid(t.pid, WALL)
+        if not os.WIFSTOPPED(status):
+            raise PatchError("the program ended before its entry point")
+        sig = os.WSTOPSIG(status)
+        if sig == signal.SIGTRAP and status >> 16 == 0:
+            break
+        ptrace(PTRACE_CONT, t.pid, 0, 0 if sig == signal.SIGTRAP else sig)
+    t.write(entry, orig)
+    r = t.regs()
+    r.rip = entry
+    t.set_regs(r)
+
+
+@dataclass
+class _Module:
+    path: str
+    lo: int
+    hi: int
+    sections: list[tuple[int, int]]
+    functions: np.ndarray
+    code: dict[int, bytes] = field(default_factory=dict)
+
+    def reader(self, t: _Target):
+        for lo, hi in self.sections:
+            self.code[lo] = t.read(lo, hi - lo)
+        spans = sorted(self.code.items())
+
+        def read(address: int, size: int) -> bytes:
+            for lo, data in spans:
+                if lo <= address < lo + len(data):
+                    off = address - lo
+                    if off + size <= len(data):
+                        return data[off : off + size]
+            return t.read(address, size)
+
+        return read
+
+
+def _elf_layout(elf: ELFFile, bias: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+    sections = []
+    for s in elf.iter_sections():
+        if (
+            s["sh_flags"] & SH_FLAGS.SHF_EXECINSTR
+            and s["sh_type"] == "SHT_PROGBITS"
+            and s["sh_size"]
+        ):
+            sections.append((s["sh_addr"] + bias, s["sh_addr"] + s["sh_size"] + bias))
+    funcs = []
+    for name in (".symtab", ".dynsym"):
+        tab = elf.get_section_by_name(name)
+        if tab is None:
+            continue
+        for sym in tab.iter_symbols():
+            if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"]:
+                funcs.append(sym["st_value"] + bias)
+    return sorted(sections), np.unique(np.array(funcs, np.uint64))
+
+
+def _modules(t: _Target, maps: list[Mapping]) -> tuple[list[_Module], bytes]:
+    out = []
+    vdso = b""
+    paths = []
+    for m in maps:
+        if "x" in m.prot and m.path and m.path not in paths:
+            paths.append(m.path)
+    for path in paths:
+        mine = [m for m in maps if m.path == path]
+        lo, hi = min(m.start for m in mine), max(m.end for m in mine)
+        if path == "[vdso]":
+            vdso = t.read(lo, hi - lo)
+            elf = ELFFile(io.BytesIO(vdso))
+            bias = lo - min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+        elif path.startswith("/"):
+            try:
+                f = open(path, "rb")
+            except OSError:
+                continue
+            elf = ELFFile(f)
+            vaddr = min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+            bias = load_bias(maps, path, vaddr)
+            if bias is None:
+                continue
+        else:
+            continue
+        sections, funcs = _elf_layout(elf, bias)
+        if sections:
+            out.append(_Module(path, lo, hi, sections, funcs))
+    return out, vdso
+
+
+def _free_below(maps: list[Mapping], top: int, size: int, floor: int) -> int | None:
+    """The highest page-aligned ``a`` with ``[a, a + size)`` free, ``a + size
+    <= top`` and ``a >= floor``."""
+    a = (top - size) & ~(PAGE - 1)
+    for m in sorted(maps, key=lambda m: -m.start):
+        if a < floor:
+            return None
+        if m.start >= a + size:
+            continue
+        if m.end <= a:
+            break
+        a = (m.start - size) & ~(PAGE - 1)
+    return a if a >= floor else None
+
+
+def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> PatchRecording:
+    """Run ``argv`` to its end, recording every instruction of it from its
+    entry point as Intel PT, by code patching."""
+    opt = options or PatchOptions()
+    began = time.monotonic()
+    proc = _launch(argv)
+    pid = proc.pid
+    t = _Target(pid)
+    shm_path = ""
+    try:
+        ptrace(PTRACE_SETOPTIONS, pid, 0, PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT)
+        entry = _entry(pid)
+        _run_to_entry(t, entry)
+        maps = read_maps(pid)
+        modules, vdso = _modules(t, maps)
+        plans: dict[str, ModulePlan] = {}
+        redirects: dict[int, int] = {}
+        runtime = 0
+        for mod in modules:
+            read = mod.reader(t)
+            cm: CodeMap = sweep(read, mod.sections, mod.functions)
+            body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
+            size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
+            maps = read_maps(pid)
+            near = _free_below(maps, mod.lo, size, max(mod.hi - (1 << 31) + size, PAGE))
+            if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
+                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
+                raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
+            far = None
+            flo = mod.lo - FAR_OFFSET
+            fsize = (mod.hi - mod.lo + (16 << 20) + PAGE) & ~(PAGE - 1)
+            if flo > PAGE and t.map(flo, fsize, PROT_READ | PROT_EXEC,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) == flo:  # fmt: skip
+                far = (flo, flo + fsize)
+            try:
+                plan = plan_module(cm, read, (near, near + size), far)
+            except PlanError as e:
+                raise PatchError(f"{mod.path}: {e}") from None
+            plans[mod.path] = plan
+            redirects.update(plan.redirects)
+            runtime = runtime or plan.runtime
+        # The control block and trace buffer, shared with hwtrace.
+        total = TCB_SIZE + opt.buffer_size
+        fd, shm_path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
+        os.ftruncate(fd, total)
+        shared = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        os.close(fd)
+        path_at = runtime + len(pc.RUNTIME)  # scratch: the arena's unused bytes
+        t.write(path_at, shm_path.encode() + b"\0")
+        tfd = t.syscall(SYS_OPEN, path_at, os.O_RDWR)
+        if tfd < 0:
+            raise PatchError(f"the program cannot open {shm_path}: {os.strerror(-tfd)}")
+        tcb = t.map(0, total, PROT_READ | PROT_WRITE, MAP_SHARED, tfd)
+        t.syscall(SYS_CLOSE, tfd)
+        os.unlink(shm_path)
+        shm_path = ""
+        if tcb < 0:
+            raise PatchError(f"the program cannot map its trace buffer: {os.strerror(-tcb)}")
+        t.write(path_at, b"\0" * 256)
+        for plan in plans.values():
+            for address, data in plan.code:
+                t.write(address, data)
+        for plan in plans.values():
+            for address, data in plan.patches:
+                t.write(address, data)
+        words = np.frombuffer(shared, np.uint64, TCB_SIZE // 8)
+        buf = tcb + TCB_SIZE
+        words[pc.W // 8] = 2
+        words[pc.CUR // 8] = buf
+        words[pc.END // 8] = buf + opt.buffer_size - SLACK
+        words[pc.NEXTPSB // 8] = buf
+        words[pc.PSBPERIOD // 8] = max(opt.psb_period, 64)
+        words[pc.TSCON // 8] = int(opt.tsc)
+        words[pc.NEXTIP // 8] = entry
+        words[pc.TARGET // 8] = entry
+        r = t.regs()
+        r.gs_base = tcb
+        r.rip = runtime + pc.RT_START
+        t.set_regs(r)
+        setup = time.monotonic() - began
+        traps, status = _run(pid, redirects)
+        end = int(words[pc.CUR // 8]) - buf
+        data = bytes(shared[TCB_SIZE : TCB_SIZE + end])
+        counts = {name: int(words[getattr(pc, name) // 8]) for name in ("TNTBITS", "TIPS", "PGES")}
+        thread = PatchThread(pid, pid, data, int(words[pc.LOST // 8]), counts)
+        del words
+        shared.close()
+        return PatchRecording(pid, tuple(argv), maps, vdso, [thread], status,
+                              {p: pl.stats for p, pl in plans.items()}, traps, setup)  # fmt: skip
+    except BaseException:
+        try:
+            proc.kill()
+            proc.wait()
+        except OSError:
+            pass
+        raise
+    finally:
+        t.close()
+        if shm_path:
+            os.unlink(shm_path)
+
+
+def _run(pid: int, redirects: dict[int, int]) -> tuple[int, int]:
+    """Let the process run to its end, sending traps on; returns (traps
+    redirected, wait status of the process)."""
+    import ctypes
+
+    traps = 0
+    ptrace(PTRACE_CONT, pid, 0, 0)
+    regs = Registers()
+    while True:
+        tid, status = os.waitpid(-1, WALL)
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            if tid == pid:
+                return traps, status
+            continue
+        sig = os.WSTOPSIG(status)
+        event = status >> 16
+        if sig == signal.SIGTRAP and event:
+            if event == _EVENT_CLONE:
+                msg = ctypes.c_ulong()
+                ptrace(PTRACE_GETEVENTMSG, tid, 0, ctypes.addressof(msg))
+            ptrace(PTRACE_CONT, tid, 0, 0)
+            continue
+        if sig == signal.SIGTRAP:
+            ptrace(PTRACE_GETREGS, tid, 0, ctypes.addressof(regs))
+            to = redirects.get(regs.rip - 1)
+            if to is not None:
+                traps += 1
+                regs.rip = to
+                ptrace(PTRACE_SETREGS, tid, 0, ctypes.addressof(regs))
+                ptrace(PTRACE_CONT, tid, 0, 0)
+                continue
+        if sig == signal.SIGSTOP and event == 0:
+            ptrace(PTRACE_CONT, tid, 0, 0)  # a new thread's first stop
+            continue
+        ptrace(PTRACE_CONT, tid, 0, sig)
