@@ -217,7 +217,7 @@ def plan_module(
     for stubs that must lie below the module, ``far``."""
     kinds = cm.kinds
     idx = np.flatnonzero(np.isin(kinds, np.array([K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL])))
-    first = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
+    first, block = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
     plan = ModulePlan()
@@ -227,9 +227,12 @@ def plan_module(
     cursor = stub_hi + ((len(pc.RUNTIME) + 63) & ~63)
     sites: list[_Site] = []
     raws: dict[int, bytes] = {}
-    for i, j in zip(idx.tolist(), first.tolist(), strict=True):
+    for i, j, b in zip(idx.tolist(), first.tolist(), block.tolist(), strict=True):
+        # A block too short for a jump is moved whole, int3 at each of its
+        # instructions: branches to it from trampolines go straight to the
+        # copy, only entries from elsewhere trap.
         trap = j < 0
-        j = i if trap else j
+        j = b if trap else j
         # Moved instructions whose RIP-relative operand the trampoline
         # cannot reach make the site a trap (the window shrinks to it).
         raw = read(int(ips[i]), int(lens[i]))
@@ -274,10 +277,7 @@ def plan_module(
             s.entry = int(placed[n])
             plan.code.append((s.entry, bytes([_JMP]) + _rel(s.entry + 5, s.body)))
         else:
-            s.trap = True  # no stub address: a trap at the instruction
-            for k in range(s.first, s.index):
-                moved.pop(int(ips[k]), None)
-            s.first = s.index
+            s.trap = True  # no stub address: traps at the window's instructions
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
     rt = plan.runtime
     plan.code.append((rt, pc.RUNTIME))
@@ -295,9 +295,11 @@ def plan_module(
         wlen = nxt - start
         if s.trap:
             stats["traps"] += 1
-            plan.originals.append((ip, raws[i][:1]))
-            plan.patches.append((ip, b"\xcc"))
-            plan.redirects[ip] = part_at
+            for k in range(s.first, i + 1):
+                at = int(ips[k])
+                plan.originals.append((at, read(at, 1)))
+                plan.patches.append((at, b"\xcc"))
+                plan.redirects[at] = moved[at]
         else:
             stats["windows"] += 1
             stats["stubs"] += s.entry != s.body

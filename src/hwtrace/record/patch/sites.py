@@ -197,19 +197,24 @@ def _mark_jump_tables(ips, kinds, rip_targets, leaders, lo, hi, tables):
 
 @njit(cache=True)
 def windows(ips, lens, kinds, leaders, instrumented):
-    """For each instrumented instruction (index), the first instruction of
-    its window, or -1 where the block has fewer than 5 bytes (a trap)."""
-    out = np.full(instrumented.shape[0], -1, np.int64)
+    """For each instrumented instruction (index): the first instruction of
+    its window (-1 where its block has fewer than 5 bytes up to it: a trap
+    site) and the first instruction of its block."""
+    first = np.full(instrumented.shape[0], -1, np.int64)
+    block = np.empty(instrumented.shape[0], np.int64)
     for w in range(instrumented.shape[0]):
         i = instrumented[w]
         total = np.int64(lens[i])
         j = i
-        while total < 5 and j > 0 and not leaders[j]:
+        while j > 0 and not leaders[j]:
             p = j - 1
             if kinds[p] != K_OTHER or ips[p] + lens[p] != ips[j]:
                 break
             j = p
             total += lens[j]
-        if total >= 5:
-            out[w] = j
-    return out
+            if total >= 5 and first[w] < 0:
+                first[w] = j
+        if lens[i] >= 5:
+            first[w] = i
+        block[w] = j
+    return first, block
