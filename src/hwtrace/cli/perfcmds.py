@@ -26,7 +26,7 @@ from .perfinput import add_input_options, decode_session, open_session, warn_mis
 
 def record_main(argv: Sequence[str]) -> int:
     """Record a program's execution as Intel PT into perf.data: with perf and PT hardware where
-    the CPU has it, else by single-stepping with ptrace."""
+    the CPU has it, else by patching the program's branches (or single-stepping chosen code)."""
     p = command_parser("hwtrace record", record_main)
     p.add_argument("-o", "--output", default="perf.data", help="output file (perf.data)")
     p.add_argument("-p", "--pid", type=int, help="attach to this process instead of launching")
@@ -59,7 +59,15 @@ def record_main(argv: Sequence[str]) -> int:
         help="capture code written at run time (JITs, patching) at its first execution, for "
         "decoding (perf backend: a capture agent beside perf; the software backend always does)",
     )
-    p.add_argument("--backend", choices=("auto", "perf", "software"), default="auto")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "perf", "patch", "step", "software"),
+        default="auto",
+        help="perf: Intel PT hardware; patch: the program's branches patched to write PT "
+        "(the whole program, launched); step: ptrace single-stepping of chosen code "
+        "(software is its old name); auto: perf where the CPU has Intel PT, else patch "
+        "(step with -f, --range, --call or -p)",
+    )
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
     p.add_argument("--psb-period", type=int, default=4096, help="bytes between PSB+")
@@ -81,10 +89,13 @@ def record_main(argv: Sequence[str]) -> int:
 
     backend = a.backend
     if backend == "auto":
-        backend = "perf" if have_intel_pt() else "software"
+        chosen = a.function or a.range or a.call or a.pid is not None
+        backend = "perf" if have_intel_pt() else ("step" if chosen else "patch")
     try:
         if backend == "perf":
             return _record_perf(a, command)
+        if backend == "patch":
+            return _record_patch(a, command)
         return _record_software(a, command)
     except (SettingsError, RecordError) as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
@@ -135,6 +146,36 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
 
         note_recording(a.output, calls=a.call)
     return status
+
+
+def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
+    from ..record.patch import PatchError, PatchOptions, record_patched
+    from ..record.patch.output import write_patch_perf_data
+
+    unsupported = [name for name, given in (("-f", a.function), ("--range", a.range),
+                   ("--call", a.call), ("-p", a.pid is not None), ("--follow-fork", a.follow_fork),
+                   ("--cyc", a.cyc)) if given]  # fmt: skip
+    if unsupported:
+        sys.stderr.write(f"hwtrace record: the patch backend records a whole launched program; "
+                         f"{', '.join(unsupported)}: use --backend step\n")  # fmt: skip
+        return 2
+    sys.stderr.write("hwtrace record: backend patch (the program's branches write Intel PT)\n")
+    try:
+        rec = record_patched(command, PatchOptions(psb_period=a.psb_period, tsc=not a.no_tsc))
+    except PatchError as e:
+        sys.stderr.write(f"hwtrace record: {e}\n")
+        return 1
+    write_patch_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache)
+    pt = sum(len(t.data) for t in rec.threads)
+    lost = sum(t.lost for t in rec.threads)
+    sites = sum(m["sites"] for m in rec.modules.values())
+    sys.stderr.write(f"hwtrace record: {len(rec.threads)} thread(s), {pt} bytes of PT, "
+                     f"{sites} branch sites patched in {len(rec.modules)} modules "
+                     f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
+    if lost:
+        sys.stderr.write(f"hwtrace record: warning: {lost} packet groups dropped: the trace "
+                         "buffer was full\n")  # fmt: skip
+    return 0
 
 
 def _record_software(a: argparse.Namespace, command: list[str]) -> int:

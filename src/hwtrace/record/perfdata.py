@@ -28,8 +28,10 @@ from ..perf.records import (
     Switch,
     TextPoke,
 )
+from ..perf.sideband import TscConversion
 from ..perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
-from .software import MmapRecord, SoftwareRecording, ThreadTrace
+from ..pt.config import PtConfig
+from .software import MmapRecord, SoftwareRecording
 
 _MISC_USER = 2
 _HOST = -1  # perf's HOST_KERNEL_ID
@@ -70,7 +72,7 @@ class _Rec:
     body: Body | None  # None: the thread's AUXTRACE
     sid: SampleId
     misc: int = 0
-    trace: ThreadTrace | None = None
+    trace: AuxThread | None = None
 
 
 def _mmap_bodies(pid: int, mmaps: list[MmapRecord]) -> list[Mmap2]:
@@ -89,12 +91,72 @@ def _mmap_bodies(pid: int, mmaps: list[MmapRecord]) -> list[Mmap2]:
     return out
 
 
+@dataclass(frozen=True)
+class ProcessStart:
+    """A process image seen at perf time ``ns``: its COMM (an exec's flagged)
+    and the MMAP2 of its files and vDSO."""
+
+    ns: int
+    pid: int
+    comm: str
+    exec_: bool
+    mmaps: list[MmapRecord]
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A thread's ``"comm"``, ``"fork"`` (``ppid``/``ptid`` its creator) or
+    ``"exit"``, at perf time ``ns``."""
+
+    ns: int
+    kind: str
+    pid: int
+    tid: int
+    ppid: int = 0
+    ptid: int = 0
+    comm: str = ""
+
+
+@dataclass(frozen=True)
+class AuxThread:
+    """One thread's Intel PT, with the (on, off) perf times it covers and a
+    TSC near its first packet (0 when untimed)."""
+
+    pid: int
+    tid: int
+    cpu: int
+    data: bytes
+    spans: list[tuple[int, int]]
+    reference: int
+
+
+@dataclass
+class PerfRecording:
+    """Everything a recording's perf.data holds, whatever recorded it."""
+
+    settings: dict[str, int | bool]
+    config: PtConfig
+    argv: list[str]
+    time_conversion: TscConversion
+    filters: str
+    processes: list[ProcessStart]
+    tasks: list[TaskRecord]
+    threads: list[AuxThread]
+    pokes: list[tuple[int, int, int, int, bytes]]  # (ns, pid, tid, address, bytes)
+    notes: dict[str, object]
+
+
 def write_perf_data(
     rec: SoftwareRecording, path: str | os.PathLike[str], *, buildid_cache: bool = True
 ) -> None:
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read;
     with ``buildid_cache`` the processes' vDSOs go into perf's build-id
     cache (``~/.debug``), as ``perf record`` puts them there."""
+    write_recording(software_recording(rec, buildid_cache=buildid_cache), path)
+
+
+def software_recording(rec: SoftwareRecording, *, buildid_cache: bool = True) -> PerfRecording:
+    """What a stepped recording's perf.data holds."""
     conv = rec.time_conversion
     steps = rec.steps
     assert steps is not None
@@ -105,23 +167,60 @@ def write_perf_data(
     def ns(clock: int) -> int:
         return int(conv.to_ns(clock)) if clock else 0
 
+    processes, tasks = [], []
+    for ev in steps.events:
+        t = ns(ev.time)
+        if ev.kind in ("start", "exec"):
+            img = steps.images[ev.image]
+            processes.append(ProcessStart(t, ev.pid, img.comm, ev.kind == "exec",
+                                          rec.image_mmaps[ev.image]))  # fmt: skip
+        elif ev.kind in ("comm", "fork", "exit"):
+            tasks.append(TaskRecord(t, ev.kind, ev.pid, ev.tid, ev.ppid, ev.ptid, ev.comm))
+    # Code that ran but is in no file (JIT code) or changed while it ran,
+    # as TEXT_POKE records of user code at the time each revision first ran
+    # (perf itself applies only the kernel's).
+    pokes = []
+    for index, img in enumerate(steps.images):
+        for r in rec.code_revisions(index).revisions:
+            tid = r.tid if r.tid > 0 else img.pid
+            pokes.append((ns(r.valid_from), img.pid, tid, r.address, r.data))
+    timed = bool(rec.settings.get("tsc"))
+    threads = []
+    for tr in rec.threads:
+        spans = []
+        for seg in tr.log.segments:
+            on = ns(int(tr.log.times[seg.start]))
+            spans.append((on, max(ns(seg.end_time), on)))
+        ref = int(tr.instruction_times[0]) if timed else 0
+        threads.append(AuxThread(tr.pid, tr.tid, tr.cpu, tr.data, spans, ref))
+    # perf times here are CLOCK_MONOTONIC (the stepping clock converted
+    # through pairs read with it), which perf.data cannot say: noted beside
+    # it, so events of other tracers can be placed on the flow.
+    # Its TEXT_POKE records are timed where the trace can switch code.
+    notes = {"clock": "CLOCK_MONOTONIC", "clock_error_ns": rec.clock_error_ns,
+             "revisions": "stepper"}  # fmt: skip
+    argv = list(rec.argv) if rec.argv else [rec.comm]
+    return PerfRecording(rec.settings, rec.config, argv, conv, rec.filters, processes, tasks,
+                         threads, pokes, notes)  # fmt: skip
+
+
+def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
+    """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
+    pid_of = {t.tid: t.pid for t in rec.tasks}
     cpu_of = {t.tid: max(t.cpu, 0) for t in rec.threads}
-    pid_of = {ev.tid: ev.pid for ev in steps.events}
 
     def sid(pid: int, tid: int, t: int) -> SampleId:
         return SampleId(pid=pid, tid=tid, time=t, cpu=cpu_of.get(tid, cpu_of.get(pid, 0)))
 
     records: list[_Rec] = []
     add = records.append
-    for ev in steps.events:
-        t = ns(ev.time)
-        if ev.kind in ("start", "exec"):
-            img = steps.images[ev.image]
-            exec_ = ev.kind == "exec"
-            add(_Rec(t, 0, Comm(ev.pid, ev.pid, img.comm, exec_), sid(ev.pid, ev.pid, t)))
-            for body in _mmap_bodies(ev.pid, rec.image_mmaps[ev.image]):
-                add(_Rec(t, 1, body, sid(ev.pid, ev.pid, t), _MISC_USER))
-        elif ev.kind == "comm":
+    for p in rec.processes:
+        add(_Rec(p.ns, 0, Comm(p.pid, p.pid, p.comm, p.exec_), sid(p.pid, p.pid, p.ns)))
+        for body in _mmap_bodies(p.pid, p.mmaps):
+            add(_Rec(p.ns, 1, body, sid(p.pid, p.pid, p.ns), _MISC_USER))
+    for ev in rec.tasks:
+        t = ev.ns
+        if ev.kind == "comm":
             add(_Rec(t, 0, Comm(ev.pid, ev.tid, ev.comm), sid(ev.pid, ev.tid, t)))
         elif ev.kind == "fork":
             body = Fork(ev.pid, ev.ppid, ev.tid, ev.ptid, t)
@@ -129,32 +228,24 @@ def write_perf_data(
         elif ev.kind == "exit":
             body = Exit(ev.pid, ev.pid, ev.tid, ev.tid, t)
             add(_Rec(t, 9, body, sid(ev.pid, ev.tid, t)))
-    # Code that ran but is in no file (JIT code) or changed while it ran,
-    # as TEXT_POKE records of user code at the time each revision first ran
-    # (perf itself applies only the kernel's).
-    for index, img in enumerate(steps.images):
-        for r in rec.code_revisions(index).revisions:
-            t = ns(r.valid_from)
-            tid = r.tid if r.tid > 0 else img.pid
-            add(_Rec(t, 5, TextPoke(r.address, b"", r.data), sid(img.pid, tid, t), _MISC_USER))
+    for t, pid, tid, address, data in rec.pokes:
+        add(_Rec(t, 5, TextPoke(address, b"", data), sid(pid, tid, t), _MISC_USER))
     started: set[int] = set()
     for tr in rec.threads:
-        segments = tr.log.segments
-        first = ns(int(tr.log.times[segments[0].start]))
+        first = tr.spans[0][0]
         if tr.tid not in started:
             started.add(tr.tid)
             pid = pid_of.get(tr.tid, tr.pid)
             add(_Rec(first - 1, 2, ItraceStart(pid, tr.tid), sid(pid, tr.tid, first - 1)))
         add(_Rec(first - 1, 3, None, sid(tr.pid, tr.tid, first - 1), trace=tr))
-        for seg in segments:
-            on = ns(int(tr.log.times[seg.start]))
-            off = max(ns(seg.end_time), on)
+        for on, off in tr.spans:
             add(_Rec(on, 4, Switch(False), sid(tr.pid, tr.tid, on)))
             add(_Rec(off, 8, Switch(True), sid(tr.pid, tr.tid, off)))
     records.sort(key=lambda r: (r.ns, r.order))
 
+    conv = rec.time_conversion
     cfg = rec.config
-    argv = list(rec.argv) if rec.argv else [rec.comm]
+    argv = rec.argv
     timed = bool(rec.settings.get("tsc"))
     st = SampleType
     sample_type = st.IP | st.TID | st.CPU | st.IDENTIFIER | (st.TIME if timed else 0)
@@ -179,8 +270,8 @@ def write_perf_data(
             context_switch=True,
         )
         build_ids = {}
-        for mmaps in rec.image_mmaps:
-            for m in mmaps:
+        for p in rec.processes:
+            for m in p.mmaps:
                 if m.build_id and m.path not in build_ids:
                     build_ids[m.path] = m.build_id
         # The machine's pid, as perf record writes it: HOST_KERNEL_ID (-1) for
@@ -199,14 +290,8 @@ def write_perf_data(
                 k = idx.setdefault(r.trace.tid, len(idx))
                 # The reference is a TSC near the trace's, which perf extends
                 # the 7-byte TSC packets with (perf record reads the TSC).
-                ref = int(r.trace.instruction_times[0]) if timed else 0
-                w.add_auxtrace(r.trace.data, tid=r.trace.tid, idx=k, reference=ref)
+                w.add_auxtrace(r.trace.data, tid=r.trace.tid, idx=k, reference=r.trace.reference)
             else:
                 w.add_record(r.body, sample_id=r.sid, misc=r.misc)
         w.finished_round()
-    # perf times here are CLOCK_MONOTONIC (the stepping clock converted
-    # through pairs read with it), which perf.data cannot say: noted beside
-    # it, so events of other tracers can be placed on the flow.
-    # Its TEXT_POKE records are timed where the trace can switch code.
-    note_recording(path, clock="CLOCK_MONOTONIC", clock_error_ns=rec.clock_error_ns,
-                   revisions="stepper")  # fmt: skip
+    note_recording(path, **rec.notes)

@@ -76,7 +76,10 @@ __all__ = [
     "ThreadTrace",
     "TimeConversion",
     "encode_log",
+    "files_image",
+    "mmap_records",
     "record_software",
+    "tsc_conversion",
 ]
 
 BACKEND = "software: ptrace single-step"
@@ -208,7 +211,7 @@ class SoftwareRecording:
             index = self.threads[0].image if self.threads else 0
         mmaps = self.image_mmaps[index] if self.image_mmaps else self.mmaps
         maps = self.steps.images[index].maps if self.steps is not None else self.log.maps
-        return _files_image(self.comm, mmaps, maps, self.vdso_file(index))
+        return files_image(self.comm, mmaps, maps, self.vdso_file(index))
 
     def code_revisions(self, index: int | None = None) -> CodeRevisions:
         """The code process image ``index`` (default: the first traced
@@ -253,7 +256,7 @@ def _vdso_file(img: ProcessImage, directory: Path | None = None) -> Path | None:
     return cache_vdso(img.vdso, bid, directory)
 
 
-def _files_image(comm: str, mmaps: list[MmapRecord], maps: list[Mapping],
+def files_image(comm: str, mmaps: list[MmapRecord], maps: list[Mapping],
                  vdso: Path | None) -> Image:  # fmt: skip
     """The ELF files mapped executable (``mmaps``), at their load addresses
     (from ``maps``), and the vDSO's file."""
@@ -371,7 +374,7 @@ class _Placer:
 # -- sideband ----------------------------------------------------------------------
 
 
-def _mmaps(
+def mmap_records(
     maps: list[Mapping], build_ids: dict[str, bytes | None], vdso: bytes = b""
 ) -> list[MmapRecord]:
     for path in {m.path for m in maps if m.path.startswith("/") and m.inode}:
@@ -388,7 +391,13 @@ def _mmaps(
 def _time_conversion(steps: StepRecording) -> TimeConversion:
     if steps.clock == "monotonic":
         return TimeConversion(0, 1, 0, 1e9)
-    (c0, n0), (c1, n1) = steps.clock_pairs[0], steps.clock_pairs[-1]
+    return tsc_conversion(steps.clock_pairs[0], steps.clock_pairs[-1])
+
+
+def tsc_conversion(first: tuple[int, int], last: tuple[int, int]) -> TimeConversion:
+    """TSC to CLOCK_MONOTONIC ns through two ``(tsc, ns)`` pairs read
+    together, as perf's ``time_shift``/``time_mult``/``time_zero``."""
+    (c0, n0), (c1, n1) = first, last
     if c1 <= c0 or n1 <= n0:
         raise RecordError("the TSC did not advance: cannot convert stepping times to ns")
     rate = (n1 - n0) / (c1 - c0)  # ns per tick
@@ -711,9 +720,9 @@ def record_software(
     except OSError as exc:
         raise RecordError(f"cannot record: {exc}") from None
     build_ids: dict[str, bytes | None] = {}
-    image_mmaps = [_mmaps(img.maps, build_ids, img.vdso) for img in steps.images]
+    image_mmaps = [mmap_records(img.maps, build_ids, img.vdso) for img in steps.images]
     files = [
-        _files_image(img.comm, image_mmaps[k], img.maps, _vdso_file(img))
+        files_image(img.comm, image_mmaps[k], img.maps, _vdso_file(img))
         for k, img in enumerate(steps.images)
     ]
     begins = place_revisions(steps, files)

@@ -31,6 +31,7 @@ from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
 from ...image.process import Mapping, load_bias, read_maps
+from ...isa.tsc import rdtsc
 from ...kernel.ptrace import (
     PTRACE_CONT,
     PTRACE_GETEVENTMSG,
@@ -100,6 +101,10 @@ class PatchRecording:
     modules: dict[str, dict[str, int]]  # per module: sites, windows, stubs, traps
     traps: int  # int3 traps taken (sent on to a trampoline by hwtrace)
     setup_seconds: float
+    comm: str = ""
+    options: PatchOptions = field(default_factory=PatchOptions)
+    # (TSC, CLOCK_MONOTONIC ns) read together when tracing began and ended
+    clock_pairs: list[tuple[int, int]] = field(default_factory=list)
 
 
 class _Target:
@@ -164,6 +169,22 @@ class _Target:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def clock_pair() -> tuple[int, int]:
+    """The TSC and CLOCK_MONOTONIC (ns, the middle of the read) together."""
+    a = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    c = int(rdtsc())
+    b = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    return c, (a + b) // 2
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _launch(argv: Sequence[str]) -> subprocess.Popen:
@@ -314,7 +335,8 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
         ptrace(PTRACE_SETOPTIONS, pid, 0, PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT)
         entry = _entry(pid)
         _run_to_entry(t, entry)
-        maps = read_maps(pid)
+        maps0 = maps = read_maps(pid)
+        comm = _comm(pid)
         modules, vdso = _modules(t, maps)
         plans: dict[str, ModulePlan] = {}
         redirects: dict[int, int] = {}
@@ -381,15 +403,18 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
         r.rip = runtime + pc.RT_START
         t.set_regs(r)
         setup = time.monotonic() - began
+        pairs = [clock_pair()]
         traps, status = _run(pid, redirects)
+        pairs.append(clock_pair())
         end = int(words[pc.CUR // 8]) - buf
         data = bytes(shared[TCB_SIZE : TCB_SIZE + end])
         counts = {name: int(words[getattr(pc, name) // 8]) for name in ("TNTBITS", "TIPS", "PGES")}
         thread = PatchThread(pid, pid, data, int(words[pc.LOST // 8]), counts)
         del words
         shared.close()
-        return PatchRecording(pid, tuple(argv), maps, vdso, [thread], status,
-                              {p: pl.stats for p, pl in plans.items()}, traps, setup)  # fmt: skip
+        return PatchRecording(pid, tuple(argv), maps0, vdso, [thread], status,
+                              {p: pl.stats for p, pl in plans.items()}, traps, setup, comm, opt,
+                              pairs)  # fmt: skip
     except BaseException:
         try:
             proc.kill()
