@@ -34,10 +34,14 @@ from ...image.process import Mapping, load_bias, read_maps
 from ...isa.tsc import rdtsc
 from ...kernel.ptrace import (
     PTRACE_CONT,
+    PTRACE_DETACH,
     PTRACE_GETEVENTMSG,
     PTRACE_GETREGS,
     PTRACE_O_TRACECLONE,
+    PTRACE_O_TRACEEXEC,
     PTRACE_O_TRACEEXIT,
+    PTRACE_O_TRACEFORK,
+    PTRACE_O_TRACEVFORK,
     PTRACE_SETOPTIONS,
     PTRACE_SETREGS,
     PTRACE_SINGLESTEP,
@@ -59,7 +63,7 @@ AT_ENTRY = 9
 SYS_OPEN, SYS_CLOSE, SYS_MMAP = 2, 3, 9
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
 MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 1, 2, 0x20, 0x100000
-_EVENT_CLONE, _EVENT_EXIT = 3, 6
+_EVENT_FORK, _EVENT_VFORK, _EVENT_CLONE, _EVENT_EXEC, _EVENT_EXIT = 1, 2, 3, 4, 6
 
 
 class PatchError(Exception):
@@ -69,11 +73,13 @@ class PatchError(Exception):
 @dataclass(frozen=True)
 class PatchOptions:
     """``psb_period``: bytes between PSB+; ``tsc``: TSC packets (in PSB+ and
-    around system calls); ``buffer_size``: trace bytes a thread keeps."""
+    around system calls); ``buffer_size``: trace bytes a thread keeps;
+    ``max_threads``: threads recorded at once (more run unrecorded)."""
 
     psb_period: int = 4096
     tsc: bool = True
-    buffer_size: int = 256 << 20
+    buffer_size: int = 64 << 20
+    max_threads: int = 64
 
 
 @dataclass
@@ -105,6 +111,7 @@ class PatchRecording:
     options: PatchOptions = field(default_factory=PatchOptions)
     # (TSC, CLOCK_MONOTONIC ns) read together when tracing began and ended
     clock_pairs: list[tuple[int, int]] = field(default_factory=list)
+    forks: int = 0  # child processes (not recorded)
 
 
 class _Target:
@@ -332,7 +339,9 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
     t = _Target(pid)
     shm_path = ""
     try:
-        ptrace(PTRACE_SETOPTIONS, pid, 0, PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT)
+        options = (PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEFORK
+                   | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC)  # fmt: skip
+        ptrace(PTRACE_SETOPTIONS, pid, 0, options)
         entry = _entry(pid)
         _run_to_entry(t, entry)
         maps0 = maps = read_maps(pid)
@@ -364,23 +373,21 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
             plans[mod.path] = plan
             redirects.update(plan.redirects)
             runtime = runtime or plan.runtime
-        # The control block and trace buffer, shared with hwtrace.
-        total = TCB_SIZE + opt.buffer_size
-        fd, shm_path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
-        os.ftruncate(fd, total)
-        shared = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        os.close(fd)
+        # The threads' control blocks and trace buffers, shared with hwtrace.
+        pool = _Pool(opt, pid)
+        shm_path = pool.path
         path_at = runtime + len(pc.RUNTIME)  # scratch: the arena's unused bytes
         t.write(path_at, shm_path.encode() + b"\0")
         tfd = t.syscall(SYS_OPEN, path_at, os.O_RDWR)
         if tfd < 0:
             raise PatchError(f"the program cannot open {shm_path}: {os.strerror(-tfd)}")
-        tcb = t.map(0, total, PROT_READ | PROT_WRITE, MAP_SHARED, tfd)
+        base = t.map(0, pool.size, PROT_READ | PROT_WRITE, MAP_SHARED, tfd)
         t.syscall(SYS_CLOSE, tfd)
         os.unlink(shm_path)
         shm_path = ""
-        if tcb < 0:
-            raise PatchError(f"the program cannot map its trace buffer: {os.strerror(-tcb)}")
+        if base < 0:
+            raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
+        pool.base = base
         t.write(path_at, b"\0" * 256)
         for plan in plans.values():
             for address, data in plan.code:
@@ -388,33 +395,21 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
         for plan in plans.values():
             for address, data in plan.patches:
                 t.write(address, data)
-        words = np.frombuffer(shared, np.uint64, TCB_SIZE // 8)
-        buf = tcb + TCB_SIZE
-        words[pc.W // 8] = 2
-        words[pc.CUR // 8] = buf
-        words[pc.END // 8] = buf + opt.buffer_size - SLACK
-        words[pc.NEXTPSB // 8] = buf
-        words[pc.PSBPERIOD // 8] = max(opt.psb_period, 64)
-        words[pc.TSCON // 8] = int(opt.tsc)
-        words[pc.NEXTIP // 8] = entry
-        words[pc.TARGET // 8] = entry
+        tcb = pool.claim(pid, entry)
         r = t.regs()
         r.gs_base = tcb
         r.rip = runtime + pc.RT_START
         t.set_regs(r)
         setup = time.monotonic() - began
         pairs = [clock_pair()]
-        traps, status = _run(pid, redirects)
+        run = _Run(pid, redirects, pool)
+        status = run.run()
         pairs.append(clock_pair())
-        end = int(words[pc.CUR // 8]) - buf
-        data = bytes(shared[TCB_SIZE : TCB_SIZE + end])
-        counts = {name: int(words[getattr(pc, name) // 8]) for name in ("TNTBITS", "TIPS", "PGES")}
-        thread = PatchThread(pid, pid, data, int(words[pc.LOST // 8]), counts)
-        del words
-        shared.close()
-        return PatchRecording(pid, tuple(argv), maps0, vdso, [thread], status,
-                              {p: pl.stats for p, pl in plans.items()}, traps, setup, comm, opt,
-                              pairs)  # fmt: skip
+        threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
+        pool.close()
+        return PatchRecording(pid, tuple(argv), maps0, vdso, threads, status,
+                              {p: pl.stats for p, pl in plans.items()}, run.traps, setup, comm,
+                              opt, pairs, run.forks)  # fmt: skip
     except BaseException:
         try:
             proc.kill()
@@ -428,38 +423,170 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
             os.unlink(shm_path)
 
 
-def _run(pid: int, redirects: dict[int, int]) -> tuple[int, int]:
-    """Let the process run to its end, sending traps on; returns (traps
-    redirected, wait status of the process)."""
-    import ctypes
+class _Pool:
+    """The threads' control blocks and trace buffers: one shared-memory file
+    of :data:`MAX_THREADS` slots (a control block page, then the buffer),
+    sparse until written; slot 0 is a sink for processes hwtrace does not
+    record (its buffer is always full)."""
 
-    traps = 0
-    ptrace(PTRACE_CONT, pid, 0, 0)
-    regs = Registers()
-    while True:
-        tid, status = os.waitpid(-1, WALL)
-        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
-            if tid == pid:
-                return traps, status
-            continue
-        sig = os.WSTOPSIG(status)
-        event = status >> 16
-        if sig == signal.SIGTRAP and event:
-            if event == _EVENT_CLONE:
-                msg = ctypes.c_ulong()
-                ptrace(PTRACE_GETEVENTMSG, tid, 0, ctypes.addressof(msg))
-            ptrace(PTRACE_CONT, tid, 0, 0)
-            continue
-        if sig == signal.SIGTRAP:
-            ptrace(PTRACE_GETREGS, tid, 0, ctypes.addressof(regs))
-            to = redirects.get(regs.rip - 1)
-            if to is not None:
-                traps += 1
-                regs.rip = to
-                ptrace(PTRACE_SETREGS, tid, 0, ctypes.addressof(regs))
+    def __init__(self, opt: PatchOptions, pid: int) -> None:
+        self.opt = opt
+        self.pid = pid
+        self.slot_size = TCB_SIZE + opt.buffer_size
+        self.size = self.slot_size * (opt.max_threads + 1)
+        fd, self.path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
+        try:
+            os.ftruncate(fd, self.size)
+            self.shared = mmap.mmap(fd, self.size, mmap.MAP_SHARED,
+                                    mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
+        finally:
+            os.close(fd)
+        self.base = 0
+        self.free = list(range(opt.max_threads, 0, -1))
+        self.slots: dict[int, int] = {}  # tid -> slot
+        self.dropped = 0  # threads past the last slot: not recorded
+
+    def _words(self, k: int) -> np.ndarray:
+        return np.frombuffer(self.shared, np.uint64, TCB_SIZE // 8, k * self.slot_size)
+
+    def sink(self) -> int:
+        """The control block whose buffer is always full."""
+        w = self._words(0)
+        w[pc.W // 8] = 2
+        w[pc.CUR // 8] = w[pc.END // 8] = self.base + TCB_SIZE
+        w[pc.NEXTPSB // 8] = 1 << 62
+        w[pc.PSBPERIOD // 8] = 1 << 20
+        return self.base
+
+    def claim(self, tid: int, entry: int = 0) -> int:
+        """A control block for a new thread (its trace starts with PSB+);
+        the sink when none is left."""
+        if not self.free:
+            self.dropped += 1
+            return self.sink()
+        k = self.free.pop()
+        self.slots[tid] = k
+        w = self._words(k)
+        w[:] = 0
+        tcb = self.base + k * self.slot_size
+        buf = tcb + TCB_SIZE
+        w[pc.W // 8] = 2
+        w[pc.CUR // 8] = buf
+        w[pc.END // 8] = buf + self.opt.buffer_size - SLACK
+        w[pc.NEXTPSB // 8] = buf
+        w[pc.PSBPERIOD // 8] = max(self.opt.psb_period, 64)
+        w[pc.TSCON // 8] = int(self.opt.tsc)
+        w[pc.NEXTIP // 8] = entry
+        w[pc.TARGET // 8] = entry
+        return tcb
+
+    def release(self, tid: int) -> PatchThread:
+        """The trace of a thread that ended; its slot is free again."""
+        k = self.slots.pop(tid)
+        w = self._words(k)
+        buf = self.base + k * self.slot_size + TCB_SIZE
+        end = int(w[pc.CUR // 8]) - buf
+        at = k * self.slot_size + TCB_SIZE
+        data = bytes(self.shared[at : at + end])
+        counts = {name: int(w[getattr(pc, name) // 8]) for name in ("TNTBITS", "TIPS", "PGES")}
+        thread = PatchThread(self.pid, tid, data, int(w[pc.LOST // 8]), counts)
+        del w
+        self.free.append(k)
+        return thread
+
+    def close(self) -> None:
+        self.shared.close()
+
+
+class _Run:
+    """hwtrace's side while the program runs: traps sent on to their
+    trampolines, new threads given a control block, ended threads' traces
+    kept, forked children (not recorded) given the sink."""
+
+    def __init__(self, pid: int, redirects: dict[int, int], pool: _Pool) -> None:
+        self.pid = pid
+        self.redirects = redirects
+        self.pool = pool
+        self.traps = 0
+        self.finished: list[PatchThread] = []
+        self.forks = 0
+        self.known = {pid}
+        self.children: set[int] = set()  # forked processes, let go at exec
+        self.regs = Registers()
+
+    def _getregs(self, tid: int) -> bool:
+        import ctypes
+
+        return ptrace(PTRACE_GETREGS, tid, 0, ctypes.addressof(self.regs)) == 0
+
+    def _setregs(self, tid: int) -> None:
+        import ctypes
+
+        ptrace(PTRACE_SETREGS, tid, 0, ctypes.addressof(self.regs))
+
+    def _born(self, tid: int, thread: bool) -> None:
+        self.known.add(tid)
+        if not self._getregs(tid):
+            return
+        if thread:
+            self.regs.gs_base = self.pool.claim(tid)
+        else:
+            self.children.add(tid)
+            self.regs.gs_base = self.pool.sink()
+        self._setregs(tid)
+
+    def run(self) -> int:
+        import ctypes
+
+        ptrace(PTRACE_CONT, self.pid, 0, 0)
+        msg = ctypes.c_ulong()
+        status_of_pid = 0
+        while True:
+            try:
+                tid, status = os.waitpid(-1, WALL)
+            except ChildProcessError:
+                return status_of_pid
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                if tid == self.pid:
+                    status_of_pid = status
+                self.children.discard(tid)
+                if tid in self.pool.slots:
+                    self.finished.append(self.pool.release(tid))
+                continue
+            sig = os.WSTOPSIG(status)
+            event = status >> 16
+            if tid not in self.known:
+                # A new thread or child's first stop (before or after its
+                # creator's event stop).
+                self._born(tid, _is_thread(self.pid, tid))
+                if sig == signal.SIGSTOP and event == 0:
+                    sig = 0
+            if sig == signal.SIGTRAP and event:
+                if event in (_EVENT_CLONE, _EVENT_FORK, _EVENT_VFORK):
+                    ptrace(PTRACE_GETEVENTMSG, tid, 0, ctypes.addressof(msg))
+                    if event != _EVENT_CLONE:
+                        self.forks += 1
+                elif event == _EVENT_EXIT and tid in self.pool.slots:
+                    self.finished.append(self.pool.release(tid))
+                elif event == _EVENT_EXEC and tid in self.children:
+                    # A child that hwtrace does not record runs its new program
+                    # free: nothing of the patched image is left in it.
+                    self.children.discard(tid)
+                    ptrace(PTRACE_DETACH, tid, 0, 0)
+                    continue
                 ptrace(PTRACE_CONT, tid, 0, 0)
                 continue
-        if sig == signal.SIGSTOP and event == 0:
-            ptrace(PTRACE_CONT, tid, 0, 0)  # a new thread's first stop
-            continue
-        ptrace(PTRACE_CONT, tid, 0, sig)
+            if sig == signal.SIGTRAP and self._getregs(tid):
+                to = self.redirects.get(self.regs.rip - 1)
+                if to is not None:
+                    self.traps += 1
+                    self.regs.rip = to
+                    self._setregs(tid)
+                    ptrace(PTRACE_CONT, tid, 0, 0)
+                    continue
+            ptrace(PTRACE_CONT, tid, 0, sig)
+
+
+def _is_thread(pid: int, tid: int) -> bool:
+    """Is ``tid`` a thread of process ``pid`` (not a child process)?"""
+    return os.path.exists(f"/proc/{pid}/task/{tid}")
