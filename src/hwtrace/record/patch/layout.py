@@ -26,10 +26,11 @@ from numba import njit
 from . import _patchcode as pc
 from .sites import K_COND, K_ICALL, K_IJMP, K_RET, K_SYSCALL, CodeMap, windows
 
-__all__ = ["ARENA_STUBS", "FAR_OFFSET", "ModulePlan", "PlanError", "plan_module"]
+__all__ = ["ARENA_STUBS", "FAR_OFFSET", "SCRATCH_SIZE", "ModulePlan", "PlanError", "plan_module"]
 
 ARENA_STUBS = 32 << 20  # stub space of a near arena: every 64 KiB band of 16 MiB
-FAR_OFFSET = 0x34000000  # stubs whose displacement's top byte is 0xCC lie this far below
+FAR_OFFSET = 0x34000000
+SCRATCH_SIZE = 256  # stubs whose displacement's top byte is 0xCC lie this far below
 _JMP = 0xE9
 _INT3 = 0xCC
 
@@ -49,6 +50,7 @@ class ModulePlan:
     originals: list[tuple[int, bytes]] = field(default_factory=list)
     redirects: dict[int, int] = field(default_factory=dict)
     runtime: int = 0  # address of the runtime routines' copy
+    scratch: int = 0  # SCRATCH_SIZE bytes for hwtrace's use (a path for open)
     stats: dict[str, int] = field(default_factory=dict)
 
 
@@ -224,7 +226,8 @@ def plan_module(
     near_lo, near_hi = near
     stub_hi = near_lo + ARENA_STUBS
     plan.runtime = stub_hi
-    cursor = stub_hi + ((len(pc.RUNTIME) + 63) & ~63)
+    plan.scratch = (stub_hi + len(pc.RUNTIME) + 15) & ~15
+    cursor = (plan.scratch + SCRATCH_SIZE + 63) & ~63
     sites: list[_Site] = []
     raws: dict[int, bytes] = {}
     for i, j, b in zip(idx.tolist(), first.tolist(), block.tolist(), strict=True):

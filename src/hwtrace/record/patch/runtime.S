@@ -39,6 +39,8 @@
         .equ TNTBITS, 128   /* statistics: TNT bits flushed, TIPs, enables */
         .equ TIPS, 136
         .equ PGES, 144
+        .equ SYSNR, 152     /* the last system call's number and prot argument */
+        .equ SYSARG, 160
 
 .macro SAVE
         mov gs:[SAVE_RAX], rax
@@ -191,6 +193,8 @@ rt_tip:
 /* Tracing off before a system call: the pending TNT, TSC, TIP.PGD with
  * the IP suppressed (the target is in the kernel, not traced). */
 rt_pgd:
+        mov gs:[SYSNR], rax
+        mov gs:[SYSARG], rdx
         SAVE
         ROOM
         FLUSH_TNT
@@ -203,6 +207,23 @@ rt_pgd:
 /* Tracing on again at NEXTIP: PSB+ if due, TSC, MODE.Exec, TIP.PGE. */
 rt_pge:
         SAVE
+        /* Code mapped executable (mmap, mprotect, pkey_mprotect): hwtrace
+         * patches it before the program can run it. */
+        mov rax, gs:[SYSNR]
+        cmp rax, 9
+        je 1f
+        cmp rax, 10
+        je 1f
+        cmp rax, 329
+        jne 3f
+1:      test byte ptr gs:[SYSARG], 4
+        jz 3f
+        cmp qword ptr gs:[SAVE_RAX], -4095
+        jae 3f
+        .globl rt_notify
+rt_notify:
+        int3
+3:      mov qword ptr gs:[SYSNR], -1
         ROOM
         PSB_IF_DUE 0
         TSC_PACKET
@@ -221,6 +242,13 @@ rt_start:
         jmp rt_pge
 2:      mov rcx, gs:[SAVE_RCX]
         jmp qword ptr gs:[TARGET]
+
+/* hwtrace's own system calls in a running program go here (never run by
+ * the program's code). */
+        .globl rt_syscall
+rt_syscall:
+        syscall
+        int3
 
         .globl rt_end
 rt_end:

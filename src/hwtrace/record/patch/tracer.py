@@ -51,7 +51,7 @@ from ...kernel.ptrace import (
     ptrace,
 )
 from . import _patchcode as pc
-from .layout import ARENA_STUBS, FAR_OFFSET, ModulePlan, PlanError, plan_module
+from .layout import ARENA_STUBS, FAR_OFFSET, SCRATCH_SIZE, ModulePlan, PlanError, plan_module
 from .sites import CodeMap, sweep
 
 __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
@@ -112,6 +112,7 @@ class PatchRecording:
     # (TSC, CLOCK_MONOTONIC ns) read together when tracing began and ended
     clock_pairs: list[tuple[int, int]] = field(default_factory=list)
     forks: int = 0  # child processes (not recorded)
+    mapped: list[Mapping] = field(default_factory=list)  # code mapped later (dlopen)
 
 
 class _Target:
@@ -120,6 +121,8 @@ class _Target:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self.tid = pid  # the thread that runs hwtrace's system calls (stopped)
+        self.gadget = 0  # a syscall instruction to run them at (0: written at rip)
         self.fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
 
     def read(self, address: int, size: int) -> bytes:
@@ -137,36 +140,44 @@ class _Target:
         r = Registers()
         import ctypes
 
-        if ptrace(PTRACE_GETREGS, self.pid, 0, ctypes.addressof(r)) < 0:
-            raise PatchError(f"process {self.pid}: cannot read its registers")
+        if ptrace(PTRACE_GETREGS, self.tid, 0, ctypes.addressof(r)) < 0:
+            raise PatchError(f"thread {self.tid}: cannot read its registers")
         return r
 
     def set_regs(self, r: Registers) -> None:
         import ctypes
 
-        if ptrace(PTRACE_SETREGS, self.pid, 0, ctypes.addressof(r)) < 0:
-            raise PatchError(f"process {self.pid}: cannot set its registers")
+        if ptrace(PTRACE_SETREGS, self.tid, 0, ctypes.addressof(r)) < 0:
+            raise PatchError(f"thread {self.tid}: cannot set its registers")
 
     def syscall(self, nr: int, *args: int) -> int:
         saved = self.regs()
-        at = saved.rip
-        orig = self.read(at, 2)
-        self.write(at, b"\x0f\x05")
+        at = self.gadget or saved.rip
+        orig = b"" if self.gadget else self.read(at, 2)
+        if orig:
+            self.write(at, b"\x0f\x05")
         try:
             r = saved.copy()
+            r.rip = at
             r.rax = nr
             r.orig_rax = (1 << 64) - 1
             for name, v in zip(("rdi", "rsi", "rdx", "r10", "r8", "r9"), args, strict=False):
                 setattr(r, name, v & ((1 << 64) - 1))
             self.set_regs(r)
-            if ptrace(PTRACE_SINGLESTEP, self.pid, 0, 0) < 0:
-                raise PatchError(f"process {self.pid}: cannot step")
-            _, status = os.waitpid(self.pid, WALL)
-            if not os.WIFSTOPPED(status):
-                raise PatchError(f"process {self.pid} ended while being set up")
+            if ptrace(PTRACE_SINGLESTEP, self.tid, 0, 0) < 0:
+                raise PatchError(f"thread {self.tid}: cannot step")
+            while True:
+                _, status = os.waitpid(self.tid, WALL)
+                if not os.WIFSTOPPED(status):
+                    raise PatchError(f"process {self.pid} ended while hwtrace worked on it")
+                if os.WSTOPSIG(status) == signal.SIGTRAP:
+                    break
+                # A signal meanwhile: the kernel delivers it again later.
+                ptrace(PTRACE_SINGLESTEP, self.tid, 0, 0)
             out = self.regs().rax
         finally:
-            self.write(at, orig)
+            if orig:
+                self.write(at, orig)
             self.set_regs(saved)
         return out - (1 << 64) if out >= 1 << 63 else out
 
@@ -329,6 +340,63 @@ def _free_below(maps: list[Mapping], top: int, size: int, floor: int) -> int | N
     return a if a >= floor else None
 
 
+class _Patcher:
+    """The modules patched in the process, and the patching of code mapped
+    later (a library dlopen'ed)."""
+
+    def __init__(self, t: _Target) -> None:
+        self.t = t
+        self.plans: dict[str, ModulePlan] = {}
+        self.redirects: dict[int, int] = {}
+        self.runtime = 0
+        self.scratch = 0
+        self.notify: set[int] = set()  # where the runtime stops for new code
+        self.done: list[tuple[int, int]] = []  # code ranges patched
+        self.vdso = b""
+
+    def patch_new(self, maps: list[Mapping]) -> int:
+        """Patch every executable module of ``maps`` not patched yet;
+        returns how many."""
+        t = self.t
+        modules, vdso = _modules(t, maps)
+        self.vdso = self.vdso or vdso
+        new = [m for m in modules
+               if not any(lo < m.hi and m.lo < hi for lo, hi in self.done)]  # fmt: skip
+        for mod in new:
+            read = mod.reader(t)
+            cm: CodeMap = sweep(read, mod.sections, mod.functions)
+            body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
+            size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
+            now = read_maps(t.pid)
+            near = _free_below(now, mod.lo, size, max(mod.hi - (1 << 31) + size, PAGE))
+            if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
+                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
+                raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
+            far = None
+            flo = mod.lo - FAR_OFFSET
+            fsize = (mod.hi - mod.lo + (16 << 20) + PAGE) & ~(PAGE - 1)
+            if flo > PAGE and t.map(flo, fsize, PROT_READ | PROT_EXEC,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) == flo:  # fmt: skip
+                far = (flo, flo + fsize)
+            try:
+                plan = plan_module(cm, read, (near, near + size), far)
+            except PlanError as e:
+                raise PatchError(f"{mod.path}: {e}") from None
+            # Trampolines first, then the jumps to them: a module is never
+            # seen half patched.
+            for address, data in plan.code:
+                t.write(address, data)
+            for address, data in plan.patches:
+                t.write(address, data)
+            self.plans[mod.path] = plan
+            self.redirects.update(plan.redirects)
+            self.notify.add(plan.runtime + pc.RT_NOTIFY + 1)
+            if not self.runtime:
+                self.runtime, self.scratch = plan.runtime, plan.scratch
+            self.done.append((mod.lo, mod.hi))
+        return len(new)
+
+
 def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> PatchRecording:
     """Run ``argv`` to its end, recording every instruction of it from its
     entry point as Intel PT, by code patching."""
@@ -344,39 +412,17 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
         ptrace(PTRACE_SETOPTIONS, pid, 0, options)
         entry = _entry(pid)
         _run_to_entry(t, entry)
-        maps0 = maps = read_maps(pid)
+        maps0 = read_maps(pid)
         comm = _comm(pid)
-        modules, vdso = _modules(t, maps)
-        plans: dict[str, ModulePlan] = {}
-        redirects: dict[int, int] = {}
-        runtime = 0
-        for mod in modules:
-            read = mod.reader(t)
-            cm: CodeMap = sweep(read, mod.sections, mod.functions)
-            body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
-            size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
-            maps = read_maps(pid)
-            near = _free_below(maps, mod.lo, size, max(mod.hi - (1 << 31) + size, PAGE))
-            if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
-                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
-                raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
-            far = None
-            flo = mod.lo - FAR_OFFSET
-            fsize = (mod.hi - mod.lo + (16 << 20) + PAGE) & ~(PAGE - 1)
-            if flo > PAGE and t.map(flo, fsize, PROT_READ | PROT_EXEC,
-                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) == flo:  # fmt: skip
-                far = (flo, flo + fsize)
-            try:
-                plan = plan_module(cm, read, (near, near + size), far)
-            except PlanError as e:
-                raise PatchError(f"{mod.path}: {e}") from None
-            plans[mod.path] = plan
-            redirects.update(plan.redirects)
-            runtime = runtime or plan.runtime
+        patcher = _Patcher(t)
+        patcher.patch_new(maps0)
+        runtime = patcher.runtime
         # The threads' control blocks and trace buffers, shared with hwtrace.
         pool = _Pool(opt, pid)
         shm_path = pool.path
-        path_at = runtime + len(pc.RUNTIME)  # scratch: the arena's unused bytes
+        path_at = patcher.scratch
+        if len(shm_path) >= SCRATCH_SIZE:
+            raise PatchError(f"{shm_path}: path too long")
         t.write(path_at, shm_path.encode() + b"\0")
         tfd = t.syscall(SYS_OPEN, path_at, os.O_RDWR)
         if tfd < 0:
@@ -388,13 +434,8 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
         if base < 0:
             raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
         pool.base = base
-        t.write(path_at, b"\0" * 256)
-        for plan in plans.values():
-            for address, data in plan.code:
-                t.write(address, data)
-        for plan in plans.values():
-            for address, data in plan.patches:
-                t.write(address, data)
+        t.write(path_at, b"\0" * SCRATCH_SIZE)
+        t.gadget = runtime + pc.RT_SYSCALL
         tcb = pool.claim(pid, entry)
         r = t.regs()
         r.gs_base = tcb
@@ -402,14 +443,14 @@ def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> 
         t.set_regs(r)
         setup = time.monotonic() - began
         pairs = [clock_pair()]
-        run = _Run(pid, redirects, pool)
+        run = _Run(pid, patcher, pool)
         status = run.run()
         pairs.append(clock_pair())
         threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
         pool.close()
-        return PatchRecording(pid, tuple(argv), maps0, vdso, threads, status,
-                              {p: pl.stats for p, pl in plans.items()}, run.traps, setup, comm,
-                              opt, pairs, run.forks)  # fmt: skip
+        return PatchRecording(pid, tuple(argv), maps0, patcher.vdso, threads, status,
+                              {p: pl.stats for p, pl in patcher.plans.items()}, run.traps, setup,
+                              comm, opt, pairs, run.forks, run.mapped)  # fmt: skip
     except BaseException:
         try:
             proc.kill()
@@ -503,10 +544,12 @@ class _Run:
     trampolines, new threads given a control block, ended threads' traces
     kept, forked children (not recorded) given the sink."""
 
-    def __init__(self, pid: int, redirects: dict[int, int], pool: _Pool) -> None:
+    def __init__(self, pid: int, patcher: _Patcher, pool: _Pool) -> None:
         self.pid = pid
-        self.redirects = redirects
+        self.patcher = patcher
+        self.redirects = patcher.redirects
         self.pool = pool
+        self.mapped: list[Mapping] = []  # code mapped later and patched
         self.traps = 0
         self.finished: list[PatchThread] = []
         self.forks = 0
@@ -534,6 +577,16 @@ class _Run:
             self.children.add(tid)
             self.regs.gs_base = self.pool.sink()
         self._setregs(tid)
+
+    def _new_code(self, tid: int) -> None:
+        """The thread mapped code executable: patch it before it runs."""
+        t = self.patcher.t
+        t.tid = tid
+        before = set(self.patcher.done)
+        maps = read_maps(self.pid)
+        self.patcher.patch_new(maps)
+        for lo, hi in set(self.patcher.done) - before:
+            self.mapped += [m for m in maps if lo <= m.start < hi]
 
     def run(self) -> int:
         import ctypes
@@ -577,6 +630,10 @@ class _Run:
                 ptrace(PTRACE_CONT, tid, 0, 0)
                 continue
             if sig == signal.SIGTRAP and self._getregs(tid):
+                if self.regs.rip in self.patcher.notify and tid not in self.children:
+                    self._new_code(tid)
+                    ptrace(PTRACE_CONT, tid, 0, 0)
+                    continue
                 to = self.redirects.get(self.regs.rip - 1)
                 if to is not None:
                     self.traps += 1
