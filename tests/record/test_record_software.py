@@ -314,6 +314,10 @@ def _cc() -> str | None:
     return shutil.which(os.environ.get("CC") or "gcc")
 
 
+def _cxx() -> str | None:
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
 def _ptrace_skip_reason() -> str | None:
     """Why this process cannot ptrace its children here, or None."""
     try:
@@ -349,10 +353,14 @@ SKIP = _skip_reason()
 needs_process = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
 
-def compile_program(source: str, name: str, flags: tuple[str, ...]) -> Path:
-    """``source`` built with gcc and ``flags``, cached by its hash (in
-    $XDG_CACHE_HOME/hwtrace or the temporary directory)."""
-    cc = _cc()
+def compile_program(source: str, name: str, flags: tuple[str, ...], *, language: str = "c") -> Path:
+    """``source`` built with gcc (g++ for ``language="c++"``) and ``flags``,
+    cached by its hash (in $XDG_CACHE_HOME/hwtrace or the temporary
+    directory)."""
+    if language not in ("c", "c++"):
+        raise ValueError(f"language {language!r}: 'c' or 'c++'")
+    cc = _cc() if language == "c" else _cxx()
+    suffix = ".c" if language == "c" else ".cpp"
     h = hashlib.sha256("\0".join((str(cc), *flags, source)).encode()).hexdigest()[:16]
     xdg = os.environ.get("XDG_CACHE_HOME")
     directory = (Path(xdg) / "hwtrace" if xdg else Path(tempfile.gettempdir())) / "hwtrace-record"
@@ -360,7 +368,7 @@ def compile_program(source: str, name: str, flags: tuple[str, ...]) -> Path:
     target = directory / f"{name}-{h}"
     if target.is_file():
         return target
-    src = directory / f".{name}-{h}-{os.getpid()}.c"
+    src = directory / f".{name}-{h}-{os.getpid()}{suffix}"
     tmp = directory / f".{name}-{h}-{os.getpid()}.tmp"
     src.write_text(source)
     try:
