@@ -25,6 +25,7 @@ FLAGS = ("-O1", "-g0", "-fno-omit-frame-pointer")
 THREADS = r"""
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 #define NOINLINE __attribute__((noinline))
 
 /* Branchy loop: Collatz step counts. */
@@ -74,28 +75,44 @@ struct job {
     unsigned long arg, result;
 };
 
+/* Every thread's path must not depend on how the threads interleave (a
+ * recorder's log is compared with another's, instruction for instruction):
+ * workers report through a pipe, one byte each, and then block until the
+ * process exits; main never joins (pthread_join's path depends on whether
+ * the thread has already ended) and reads the bytes one at a time. */
+static int done[2], never[2];
+
 static void *worker(void *p) {
     struct job *job = p;
+    char c;
     switch (job->kind) {
     case 0: job->result = collatz_total(job->arg); break;
     case 1: job->result = fib((unsigned)job->arg); break;
     case 2: job->result = ackermann(2, job->arg); break;
     default: job->result = sieve(job->arg); break;
     }
+    if (write(done[1], "x", 1) != 1)
+        return NULL;
+    while (read(never[0], &c, 1) != 0)
+        ;
     return NULL;
 }
 
 int main(void) {
     struct job jobs[4] = {{0, 1500, 0}, {1, 20, 0}, {2, 120, 0}, {3, 20000, 0}};
     pthread_t tids[4];
+    char c;
+    if (pipe(done) != 0 || pipe(never) != 0)
+        return 1;
     for (int i = 0; i < 4; i++)
         if (pthread_create(&tids[i], NULL, worker, &jobs[i]) != 0)
             return 1;
     unsigned long checksum = 0;
-    for (int i = 0; i < 4; i++) {
-        pthread_join(tids[i], NULL);
+    for (int i = 0; i < 4; i++)
+        if (read(done[0], &c, 1) != 1)
+            return 1;
+    for (int i = 0; i < 4; i++)
         checksum = checksum * 31 + jobs[i].result;
-    }
     printf("threads %lu %lu %lu %lu checksum %lu\n", jobs[0].result, jobs[1].result,
            jobs[2].result, jobs[3].result, checksum);
     return 0;

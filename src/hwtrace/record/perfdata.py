@@ -12,7 +12,7 @@ decodes hardware recordings, attributing each thread's trace to it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..perf.features import BuildId, Feature
 from ..perf.notes import note_recording
@@ -144,6 +144,7 @@ class PerfRecording:
     threads: list[AuxThread]
     pokes: list[tuple[int, int, int, int, bytes]]  # (ns, pid, tid, address, bytes)
     notes: dict[str, object]
+    mmaps: list[tuple[int, int, MmapRecord]] = field(default_factory=list)  # later: (ns, pid, .)
 
 
 def write_perf_data(
@@ -218,6 +219,9 @@ def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
         add(_Rec(p.ns, 0, Comm(p.pid, p.pid, p.comm, p.exec_), sid(p.pid, p.pid, p.ns)))
         for body in _mmap_bodies(p.pid, p.mmaps):
             add(_Rec(p.ns, 1, body, sid(p.pid, p.pid, p.ns), _MISC_USER))
+    for t, pid, m in rec.mmaps:
+        for body in _mmap_bodies(pid, [m]):
+            add(_Rec(t, 1, body, sid(pid, pid, t), _MISC_USER))
     for ev in rec.tasks:
         t = ev.ns
         if ev.kind == "comm":
@@ -270,10 +274,9 @@ def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
             context_switch=True,
         )
         build_ids = {}
-        for p in rec.processes:
-            for m in p.mmaps:
-                if m.build_id and m.path not in build_ids:
-                    build_ids[m.path] = m.build_id
+        for m in [m for p in rec.processes for m in p.mmaps] + [m for _, _, m in rec.mmaps]:
+            if m.build_id and m.path not in build_ids:
+                build_ids[m.path] = m.build_id
         # The machine's pid, as perf record writes it: HOST_KERNEL_ID (-1) for
         # the host (perf takes another pid for a guest machine's).
         w.set_feature(

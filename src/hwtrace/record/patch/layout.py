@@ -52,6 +52,7 @@ class ModulePlan:
     runtime: int = 0  # address of the runtime routines' copy
     scratch: int = 0  # SCRATCH_SIZE bytes for hwtrace's use (a path for open)
     stats: dict[str, int] = field(default_factory=dict)
+    source: dict[int, bytes] = field(default_factory=dict)  # the code it was made for
 
 
 def _short_cond(raw: bytes) -> bytes:

@@ -19,7 +19,9 @@ BACKEND = "patch: live code patching"
 
 
 def _maps(rec: PatchRecording) -> list[Mapping]:
-    return [m for m in rec.maps if m.path != "[vsyscall]"]
+    """The mappings at the start and those of code mapped later (a module
+    dlopen'ed, at an address nothing else had been at)."""
+    return [m for m in rec.maps if m.path != "[vsyscall]"] + [m for _, m in rec.mapped]
 
 
 def _mmaps(rec: PatchRecording) -> list[MmapRecord]:
@@ -45,7 +47,11 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
         _vdso_file(rec)
     conv = tsc_conversion(rec.clock_pairs[0], rec.clock_pairs[-1])
     t0, t1 = (int(conv.to_ns(c)) for c, _ in (rec.clock_pairs[0], rec.clock_pairs[-1]))
-    processes = [ProcessStart(t0, rec.pid, rec.comm, False, _mmaps(rec))]
+    start = [m for m in rec.maps if m.path != "[vsyscall]"]
+    processes = [ProcessStart(t0, rec.pid, rec.comm, False, mmap_records(start, {}, rec.vdso))]
+    later = [(int(conv.to_ns(tsc)), rec.pid, r)
+             for (tsc, _), r in zip(rec.mapped, mmap_records([m for _, m in rec.mapped], {}),
+                                    strict=True)]  # fmt: skip
     tasks = [TaskRecord(t1, "exit", th.pid, th.tid) for th in rec.threads]
     threads = [AuxThread(th.pid, th.tid, 0, th.data, [(t0, t1)], rec.clock_pairs[0][0])
                for th in rec.threads]  # fmt: skip
@@ -65,7 +71,7 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
     }
     notes: dict[str, object] = {"clock": "CLOCK_MONOTONIC", "clock_error_ns": 0}
     return PerfRecording(settings, PtConfig(), list(rec.argv), conv, "", processes, tasks,
-                         threads, [], notes)  # fmt: skip
+                         threads, [], notes, later)  # fmt: skip
 
 
 def write_patch_perf_data(

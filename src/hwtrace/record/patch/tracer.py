@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from elftools.elf.constants import SH_FLAGS
@@ -112,7 +113,8 @@ class PatchRecording:
     # (TSC, CLOCK_MONOTONIC ns) read together when tracing began and ended
     clock_pairs: list[tuple[int, int]] = field(default_factory=list)
     forks: int = 0  # child processes (not recorded)
-    mapped: list[Mapping] = field(default_factory=list)  # code mapped later (dlopen)
+    # (TSC when patched, mapping) of modules mapped later (dlopen), patched
+    mapped: list[tuple[int, Mapping]] = field(default_factory=list)
 
 
 class _Target:
@@ -205,14 +207,14 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _launch(argv: Sequence[str]) -> subprocess.Popen:
+def _launch(argv: Sequence[str], popen: dict) -> subprocess.Popen:
     """``argv`` started under ptrace, stopped at its exec."""
 
     def traceme() -> None:
         ptrace(PTRACE_TRACEME, 0)
 
     try:
-        proc = subprocess.Popen(list(argv), preexec_fn=traceme)
+        proc = subprocess.Popen(list(argv), preexec_fn=traceme, **popen)
     except OSError as e:
         raise PatchError(f"{argv[0]}: {e.strerror}") from None
     _, status = os.waitpid(proc.pid, WALL)
@@ -351,7 +353,9 @@ class _Patcher:
         self.runtime = 0
         self.scratch = 0
         self.notify: set[int] = set()  # where the runtime stops for new code
-        self.done: list[tuple[int, int]] = []  # code ranges patched
+        # code ranges patched, with one of their patches (address, bytes)
+        self.done: list[tuple[int, int, tuple[int, bytes] | None]] = []
+        self.by_place: dict[tuple[str, int], ModulePlan] = {}
         self.vdso = b""
 
     def patch_new(self, maps: list[Mapping]) -> int:
@@ -360,9 +364,16 @@ class _Patcher:
         t = self.t
         modules, vdso = _modules(t, maps)
         self.vdso = self.vdso or vdso
-        new = [m for m in modules
-               if not any(lo < m.hi and m.lo < hi for lo, hi in self.done)]  # fmt: skip
+        new = [m for m in modules if not self._patched(m)]
         for mod in new:
+            old = self.by_place.get((mod.path, mod.lo))
+            if old is not None and self._same_code(old, mod):
+                # Mapped again where it was (dlclose, dlopen): its trampolines
+                # are still in place, only its own pages are new.
+                for address, data in old.patches:
+                    t.write(address, data)
+                self.done.append((mod.lo, mod.hi, old.patches[0] if old.patches else None))
+                continue
             read = mod.reader(t)
             cm: CodeMap = sweep(read, mod.sections, mod.functions)
             body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
@@ -389,20 +400,37 @@ class _Patcher:
             for address, data in plan.patches:
                 t.write(address, data)
             self.plans[mod.path] = plan
+            self.by_place[(mod.path, mod.lo)] = plan
+            plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
             self.redirects.update(plan.redirects)
             self.notify.add(plan.runtime + pc.RT_NOTIFY + 1)
             if not self.runtime:
                 self.runtime, self.scratch = plan.runtime, plan.scratch
-            self.done.append((mod.lo, mod.hi))
+            self.done.append((mod.lo, mod.hi, plan.patches[0] if plan.patches else None))
         return len(new)
 
+    def _patched(self, mod: _Module) -> bool:
+        """Is ``mod`` patched (its range patched, one of its patches still
+        there: the module was not unmapped since)?"""
+        for lo, hi, sample in self.done:
+            if lo < mod.hi and mod.lo < hi:
+                if sample is None or self.t.read(sample[0], len(sample[1])) == sample[1]:
+                    return True
+        return False
 
-def record_patched(argv: Sequence[str], options: PatchOptions | None = None) -> PatchRecording:
+    def _same_code(self, plan: ModulePlan, mod: _Module) -> bool:
+        return all(self.t.read(lo, len(data)) == data for lo, data in plan.source.items())
+
+
+def record_patched(
+    argv: Sequence[str], options: PatchOptions | None = None, **popen: Any
+) -> PatchRecording:
     """Run ``argv`` to its end, recording every instruction of it from its
-    entry point as Intel PT, by code patching."""
+    entry point as Intel PT, by code patching; ``popen``: keywords for
+    :class:`subprocess.Popen` (``stdin``, ``stdout``, ``cwd``, ``env``)."""
     opt = options or PatchOptions()
     began = time.monotonic()
-    proc = _launch(argv)
+    proc = _launch(argv, popen)
     pid = proc.pid
     t = _Target(pid)
     shm_path = ""
@@ -549,7 +577,7 @@ class _Run:
         self.patcher = patcher
         self.redirects = patcher.redirects
         self.pool = pool
-        self.mapped: list[Mapping] = []  # code mapped later and patched
+        self.mapped: list[tuple[int, Mapping]] = []  # (TSC, mapping) of code mapped later
         self.traps = 0
         self.finished: list[PatchThread] = []
         self.forks = 0
@@ -582,11 +610,12 @@ class _Run:
         """The thread mapped code executable: patch it before it runs."""
         t = self.patcher.t
         t.tid = tid
-        before = set(self.patcher.done)
+        before = len(self.patcher.done)
         maps = read_maps(self.pid)
         self.patcher.patch_new(maps)
-        for lo, hi in set(self.patcher.done) - before:
-            self.mapped += [m for m in maps if lo <= m.start < hi]
+        now = int(rdtsc())
+        for lo, hi, _ in self.patcher.done[before:]:
+            self.mapped += [(now, m) for m in maps if lo <= m.start < hi]
 
     def run(self) -> int:
         import ctypes
