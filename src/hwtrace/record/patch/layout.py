@@ -26,7 +26,16 @@ from numba import njit
 from . import _patchcode as pc
 from .sites import K_COND, K_ICALL, K_IJMP, K_RET, K_SYSCALL, CodeMap, windows
 
-__all__ = ["ARENA_STUBS", "FAR_OFFSET", "SCRATCH_SIZE", "ModulePlan", "PlanError", "plan_module"]
+__all__ = [
+    "ARENA_STUBS",
+    "FAR_OFFSET",
+    "REDIRECT_HASH",
+    "SCRATCH_SIZE",
+    "ModulePlan",
+    "PlanError",
+    "plan_module",
+    "redirect_table",
+]
 
 ARENA_STUBS = 32 << 20  # stub space of a near arena: every 64 KiB band of 16 MiB
 FAR_OFFSET = 0x34000000
@@ -199,6 +208,39 @@ def _place_stubs(sites, masks, pats, lo, hi, occ):
     return out
 
 
+REDIRECT_HASH = 0x5BD1E995  # runtime.S's REDIRECT: ((ip * this) >> 12) & mask
+_PROBE_TAIL = 256  # slots past the last: a probe never wraps
+
+
+@njit(cache=True)
+def _fill_table(keys, values, mask, table):
+    """Open addressing, linear probes (as runtime.S's REDIRECT reads it);
+    False when a probe would run past the table's tail."""
+    for n in range(keys.shape[0]):
+        h = ((keys[n] * np.uint64(REDIRECT_HASH)) >> np.uint64(12)) & np.uint64(mask)
+        k = np.int64(h)
+        while table[2 * k] != 0 and table[2 * k] != keys[n]:
+            k += 1
+            if k >= table.shape[0] // 2:
+                return False
+        table[2 * k] = keys[n]
+        table[2 * k + 1] = values[n]
+    return True
+
+
+def redirect_table(redirects: dict[int, int]) -> tuple[np.ndarray, int]:
+    """The runtime's redirect table for ``redirects`` (from -> to): the
+    uint64 words (key, value pairs) and the slot mask."""
+    keys = np.fromiter(redirects.keys(), np.uint64, len(redirects))
+    values = np.fromiter(redirects.values(), np.uint64, len(redirects))
+    slots = 1 << max(10, (4 * len(redirects)).bit_length())
+    while True:
+        table = np.zeros(2 * (slots + _PROBE_TAIL), np.uint64)
+        if _fill_table(keys, values, slots - 1, table):
+            return table, slots - 1
+        slots *= 2
+
+
 @dataclass
 class _Site:
     index: int  # the instrumented instruction
@@ -206,6 +248,7 @@ class _Site:
     trap: bool
     body: int = 0
     entry: int = 0
+    block: int = 0  # the first instruction of its block
 
 
 def plan_module(
@@ -236,15 +279,53 @@ def plan_module(
         # instructions: branches to it from trampolines go straight to the
         # copy, only entries from elsewhere trap.
         trap = j < 0
-        j = b if trap else j
-        # Moved instructions whose RIP-relative operand the trampoline
-        # cannot reach make the site a trap (the window shrinks to it).
-        raw = read(int(ips[i]), int(lens[i]))
-        raws[i] = raw
-        size = int(ips[i] - ips[j]) + _part_size(int(kinds[i]), raw, int(ips[i]))
-        s = _Site(i, j, trap, body=cursor)
-        cursor = (cursor + size + 15) & ~15
+        s = _Site(i, b if trap else j, trap)
+        s.block = b
+        raws[i] = read(int(ips[i]), int(lens[i]))
         sites.append(s)
+    # Stubs for jumps whose displacement covers instruction boundaries; a
+    # window whose constraint no free address meets starts one instruction
+    # earlier in its block and tries again (other boundaries, other bytes).
+    occ_near = np.zeros(ARENA_STUBS, np.uint8)
+    occ_far = np.zeros(far[1] - far[0], np.uint8) if far is not None else None
+    pending = [s for s in sites if not s.trap]
+    while pending:
+        cons = [_constraint([int(ips[k] - ips[s.first]) for k in range(s.first + 1, s.index + 1)])
+                for s in pending]  # fmt: skip
+        need = [n for n, (m, _) in enumerate(cons) if m]
+        got = np.full(len(need), -1, np.int64)
+        if need:
+            at = np.array([int(ips[pending[n].first]) for n in need], np.int64)
+            masks = np.array([cons[n][0] for n in need], np.uint32)
+            pats = np.array([cons[n][1] for n in need], np.uint32)
+            got = _place_stubs(at, masks, pats, near_lo, stub_hi, occ_near)
+            miss = got < 0
+            if occ_far is not None and miss.any():
+                got[miss] = _place_stubs(at[miss], masks[miss], pats[miss], far[0], far[1],
+                                         occ_far)  # fmt: skip
+        placed = dict(zip(need, got.tolist(), strict=True))
+        again = []
+        for n, s in enumerate(pending):
+            if not cons[n][0]:
+                s.entry = -1  # the trampoline itself
+            elif placed[n] >= 0:
+                s.entry = placed[n]
+            elif s.first > s.block:
+                s.first -= 1
+                again.append(s)
+            else:
+                s.trap = True  # no stub address: traps at the window's instructions
+                s.first = s.block
+        pending = again
+    for s in sites:
+        size = int(ips[s.index] - ips[s.first]) + _part_size(int(kinds[s.index]), raws[s.index],
+                                                              int(ips[s.index]))  # fmt: skip
+        s.body = cursor
+        cursor = (cursor + size + 15) & ~15
+        if s.entry == -1:
+            s.entry = s.body
+        elif s.entry and not s.trap:
+            plan.code.append((s.entry, bytes([_JMP]) + _rel(s.entry + 5, s.body)))
     if cursor > near_hi:
         raise PlanError(
             f"the arena at {near_lo:#x} is too small: {cursor - near_lo:#x} bytes needed"
@@ -256,32 +337,6 @@ def plan_module(
         for k in range(s.first, s.index + 1):
             moved[int(ips[k])] = at
             at += int(lens[k])
-    # Stubs for jumps whose displacement covers instruction boundaries.
-    jump_sites = [s for s in sites if not s.trap]
-    cons = [_constraint([int(ips[k] - ips[s.first]) for k in range(s.first + 1, s.index + 1)])
-            for s in jump_sites]  # fmt: skip
-    need = [n for n, (m, _) in enumerate(cons) if m]
-    occ_near = np.zeros(ARENA_STUBS, np.uint8)
-    placed = np.full(len(jump_sites), -1, np.int64)
-    if need:
-        at = np.array([int(ips[jump_sites[n].first]) for n in need], np.int64)
-        masks = np.array([cons[n][0] for n in need], np.uint32)
-        pats = np.array([cons[n][1] for n in need], np.uint32)
-        got = _place_stubs(at, masks, pats, near_lo, stub_hi, occ_near)
-        if far is not None:
-            occ_far = np.zeros(far[1] - far[0], np.uint8)
-            miss = got < 0
-            if miss.any():
-                got[miss] = _place_stubs(at[miss], masks[miss], pats[miss], far[0], far[1], occ_far)
-        placed[np.array(need)] = got
-    for n, s in enumerate(jump_sites):
-        if cons[n][0] == 0:
-            s.entry = s.body
-        elif placed[n] >= 0:
-            s.entry = int(placed[n])
-            plan.code.append((s.entry, bytes([_JMP]) + _rel(s.entry + 5, s.body)))
-        else:
-            s.trap = True  # no stub address: traps at the window's instructions
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
     rt = plan.runtime
     plan.code.append((rt, pc.RUNTIME))
@@ -361,7 +416,10 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved) -> bytes:
     if kind == K_RET:
         t = bytearray(pc.TPL_RET)
         _rel32(t, pc.F_ret_rt, at + pc.F_ret_rt, rt + pc.RT_TIP)
-        return bytes(t) + _ret_bytes(raw)
+        ret = _ret_bytes(raw)
+        pop = 8 + (int.from_bytes(ret[1:3], "little") if ret[0] == 0xC2 else 0)
+        t[pc.F_ret_pop : pc.F_ret_pop + 4] = pop.to_bytes(4, "little")
+        return bytes(t) + ret
     t = bytearray(pc.TPL_SYS)
     _put64(t, pc.F_sys_next1, nxt)
     _put64(t, pc.F_sys_next2, nxt)

@@ -41,6 +41,10 @@
         .equ PGES, 144
         .equ SYSNR, 152     /* the last system call's number and prot argument */
         .equ SYSARG, 160
+        .equ RTABLE, 168    /* redirect table: (from, to) pairs, open addressing */
+        .equ RMASK, 176     /* its slot mask (slots - 1); 0: no table */
+        .equ REDIRECTS, 184 /* statistics: indirect branches sent into trampolines */
+        .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
 .macro SAVE
         mov gs:[SAVE_RAX], rax
@@ -166,6 +170,31 @@
 6:
 .endm
 
+/* A target inside a window (or a block moved whole) would trap: go to its
+ * copy in the trampoline instead (a table lookup, see hwtrace's
+ * record.patch.tracer). */
+.macro REDIRECT
+        cmp qword ptr gs:[RTABLE], 0
+        je 3f
+        mov rax, gs:[TARGET]
+        imul rdx, rax, 0x5bd1e995
+        shr rdx, 12
+        and rdx, gs:[RMASK]
+        shl rdx, 4
+        add rdx, gs:[RTABLE]
+1:      cmp [rdx], rax
+        je 2f
+        cmp qword ptr [rdx], 0
+        je 3f
+        add rdx, 16
+        jmp 1b
+2:      mov rax, [rdx + 8]
+        mov gs:[TARGET], rax
+        sub qword ptr gs:[CONT], ALT
+        inc qword ptr gs:[REDIRECTS]
+3:
+.endm
+
         .globl rt_begin
 rt_begin:
 
@@ -180,15 +209,23 @@ rt_tnt_full:
 /* TIP to TARGET, after the pending TNT; PSB+ if due (FUP: TARGET). */
 rt_tip:
         SAVE
-        ROOM
-        FLUSH_TNT
+        cmp rcx, gs:[END]
+        jb 6f
+        inc qword ptr gs:[LOST]
+        mov qword ptr gs:[OVF], 1
+        mov qword ptr gs:[W], 2
+        REDIRECT
+        RESTORE
+6:      FLUSH_TNT
         inc qword ptr gs:[TIPS]
         mov rax, gs:[TARGET]
         IP_PACKET 0x0d
         mov rax, gs:[TARGET]
         mov gs:[NEXTIP], rax
         PSB_IF_DUE 1
+        REDIRECT
         RESTORE
+
 
 /* Tracing off before a system call: the pending TNT, TSC, TIP.PGD with
  * the IP suppressed (the target is in the kernel, not traced). */
@@ -301,6 +338,9 @@ tpl_ijmp:
         .byte 0xe9
         .long 0
         .equ F_ijmp_rt, . - 4 - tpl_ijmp
+1:      mov rcx, gs:[SAVE_RCX]
+        jmp qword ptr gs:[TARGET]
+        .fill ALT - (. - 1b), 1, 0xcc
 2:      mov rcx, gs:[SAVE_RCX]
         jmp qword ptr gs:[TARGET]
 tpl_ijmp_end:
@@ -313,6 +353,10 @@ tpl_icall:
         .byte 0xe9
         .long 0
         .equ F_icall_rt, . - 4 - tpl_icall
+1:      mov rcx, gs:[SAVE_RCX]
+        push qword ptr [rip + 3f]
+        jmp qword ptr gs:[TARGET]
+        .fill ALT - (. - 1b), 1, 0xcc
 2:      mov rcx, gs:[SAVE_RCX]
         push qword ptr [rip + 3f]
         jmp qword ptr gs:[TARGET]
@@ -331,6 +375,11 @@ tpl_ret:
         .byte 0xe9
         .long 0
         .equ F_ret_rt, . - 4 - tpl_ret
+1:      mov rcx, gs:[SAVE_RCX]
+        lea rsp, [rsp + 0x1000]         /* the return's pop (8 + its immediate) */
+        .equ F_ret_pop, . - 4 - tpl_ret
+        jmp qword ptr gs:[TARGET]
+        .fill ALT - (. - 1b), 1, 0xcc
 2:      mov rcx, gs:[SAVE_RCX]
 tpl_ret_end:
 

@@ -52,7 +52,15 @@ from ...kernel.ptrace import (
     ptrace,
 )
 from . import _patchcode as pc
-from .layout import ARENA_STUBS, FAR_OFFSET, SCRATCH_SIZE, ModulePlan, PlanError, plan_module
+from .layout import (
+    ARENA_STUBS,
+    FAR_OFFSET,
+    SCRATCH_SIZE,
+    ModulePlan,
+    PlanError,
+    plan_module,
+    redirect_table,
+)
 from .sites import CodeMap, sweep
 
 __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
@@ -357,6 +365,8 @@ class _Patcher:
         self.done: list[tuple[int, int, tuple[int, bytes] | None]] = []
         self.by_place: dict[tuple[str, int], ModulePlan] = {}
         self.vdso = b""
+        self.table = (0, 0)  # the redirect table: address, mask
+        self.pool: _Pool | None = None
 
     def patch_new(self, maps: list[Mapping]) -> int:
         """Patch every executable module of ``maps`` not patched yet;
@@ -407,7 +417,23 @@ class _Patcher:
             if not self.runtime:
                 self.runtime, self.scratch = plan.runtime, plan.scratch
             self.done.append((mod.lo, mod.hi, plan.patches[0] if plan.patches else None))
+        if new:
+            self._table()
         return len(new)
+
+    def _table(self) -> None:
+        """The redirect table the runtime looks indirect branch targets up
+        in, made anew in the process (the old one stays for threads reading
+        it now)."""
+        words, mask = redirect_table(self.redirects)
+        size = (words.nbytes + PAGE - 1) & ~(PAGE - 1)
+        at = self.t.map(0, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS)
+        if at < 0:
+            raise PatchError(f"no memory for the redirect table: {os.strerror(-at)}")
+        self.t.write(at, words.tobytes())
+        self.table = (at, mask)
+        if self.pool is not None:
+            self.pool.set_table(at, mask)
 
     def _patched(self, mod: _Module) -> bool:
         """Is ``mod`` patched (its range patched, one of its patches still
@@ -462,6 +488,8 @@ def record_patched(
         if base < 0:
             raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
         pool.base = base
+        patcher.pool = pool
+        pool.set_table(*patcher.table)
         t.write(path_at, b"\0" * SCRATCH_SIZE)
         t.gadget = runtime + pc.RT_SYSCALL
         tcb = pool.claim(pid, entry)
@@ -513,6 +541,7 @@ class _Pool:
         self.base = 0
         self.free = list(range(opt.max_threads, 0, -1))
         self.slots: dict[int, int] = {}  # tid -> slot
+        self.table = (0, 0)
         self.dropped = 0  # threads past the last slot: not recorded
 
     def _words(self, k: int) -> np.ndarray:
@@ -525,6 +554,7 @@ class _Pool:
         w[pc.CUR // 8] = w[pc.END // 8] = self.base + TCB_SIZE
         w[pc.NEXTPSB // 8] = 1 << 62
         w[pc.PSBPERIOD // 8] = 1 << 20
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         return self.base
 
     def claim(self, tid: int, entry: int = 0) -> int:
@@ -547,7 +577,15 @@ class _Pool:
         w[pc.TSCON // 8] = int(self.opt.tsc)
         w[pc.NEXTIP // 8] = entry
         w[pc.TARGET // 8] = entry
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         return tcb
+
+    def set_table(self, address: int, mask: int) -> None:
+        """Every control block (and those claimed later) reads this table."""
+        self.table = (address, mask)
+        for k in [0, *self.slots.values()]:
+            w = self._words(k)
+            w[pc.RTABLE // 8], w[pc.RMASK // 8] = address, mask
 
     def release(self, tid: int) -> PatchThread:
         """The trace of a thread that ended; its slot is free again."""
@@ -557,7 +595,8 @@ class _Pool:
         end = int(w[pc.CUR // 8]) - buf
         at = k * self.slot_size + TCB_SIZE
         data = bytes(self.shared[at : at + end])
-        counts = {name: int(w[getattr(pc, name) // 8]) for name in ("TNTBITS", "TIPS", "PGES")}
+        counts = {name.lower(): int(w[getattr(pc, name) // 8])
+                  for name in ("TNTBITS", "TIPS", "PGES", "REDIRECTS")}  # fmt: skip
         thread = PatchThread(self.pid, tid, data, int(w[pc.LOST // 8]), counts)
         del w
         self.free.append(k)
