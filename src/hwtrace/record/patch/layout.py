@@ -62,6 +62,12 @@ class ModulePlan:
     scratch: int = 0  # SCRATCH_SIZE bytes for hwtrace's use (a path for open)
     stats: dict[str, int] = field(default_factory=dict)
     source: dict[int, bytes] = field(default_factory=dict)  # the code it was made for
+    arenas: list[tuple[int, int]] = field(default_factory=list)
+    # trampoline address of each moved instruction -> its original address
+    origin: dict[int, int] = field(default_factory=dict)
+    syscalls: dict[int, int] = field(default_factory=dict)  # trampoline syscall -> original
+    # (start, end, original address) of each instrumented instruction's code
+    parts: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def _short_cond(raw: bytes) -> bytes:
@@ -267,6 +273,7 @@ def plan_module(
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
     plan = ModulePlan()
+    plan.arenas = [near] + ([far] if far is not None else [])
     near_lo, near_hi = near
     stub_hi = near_lo + ARENA_STUBS
     plan.runtime = stub_hi
@@ -348,7 +355,12 @@ def plan_module(
         for k in range(s.first, i):
             body += _moved(cm, read, k, s.body + len(body))
         part_at = s.body + len(body)
+        for k in range(s.first, i):
+            plan.origin[moved[int(ips[k])]] = int(ips[k])
+        if int(kinds[i]) == K_SYSCALL:
+            plan.syscalls[part_at + pc.F_sys_syscall] = ip
         body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved)
+        plan.parts.append((part_at, s.body + len(body), ip))
         plan.code.append((s.body, bytes(body)))
         start = int(ips[s.first])
         wlen = nxt - start

@@ -233,7 +233,14 @@ rt_pgd:
         mov gs:[SYSNR], rax
         mov gs:[SYSARG], rdx
         SAVE
-        ROOM
+        /* rt_sigreturn goes back where the signal came: hwtrace follows it
+         * to the system call's exit to enable tracing there. */
+        cmp qword ptr gs:[SYSNR], 15
+        jne 1f
+        .globl rt_sigreturn_notify
+rt_sigreturn_notify:
+        int3
+1:      ROOM
         FLUSH_TNT
         TSC_PACKET
         mov byte ptr [rcx], 0x01
@@ -270,6 +277,29 @@ rt_notify:
         mov rax, gs:[NEXTIP]
         IP_PACKET 0x11
         RESTORE
+
+/* An asynchronous disable where a signal interrupts the thread at NEXTIP:
+ * the pending TNT, FUP, TIP.PGD; then stops for hwtrace (CONT: rt_halt). */
+rt_async_off:
+        mov gs:[SAVE_RCX], rcx
+        SAVE
+        ROOM
+        FLUSH_TNT
+        mov rax, gs:[NEXTIP]
+        IP_PACKET 0x1d
+        mov byte ptr [rcx], 0x01
+        inc rcx
+        PSB_IF_DUE 0
+        mov gs:[CUR], rcx
+        mov rcx, gs:[SAVE_RCX]
+        mov rdx, gs:[SAVE_RDX]
+        mov ax, gs:[SAVE_FL]
+        add al, 0x7f
+        sahf
+        mov rax, gs:[SAVE_RAX]
+        .globl rt_halt
+rt_halt:
+        int3
 
 /* A thread starts being traced at NEXTIP and goes on at TARGET. */
 rt_start:
@@ -394,6 +424,7 @@ tpl_sys:
         .long 0
         .equ F_sys_pgd, . - 4 - tpl_sys
 2:      mov rcx, gs:[SAVE_RCX]
+        .equ F_sys_syscall, . - tpl_sys
         syscall
         movabs rcx, 0
         .equ F_sys_next1, . - 8 - tpl_sys

@@ -16,6 +16,8 @@ trampolines), and the end of the process.
 
 from __future__ import annotations
 
+import bisect
+import ctypes
 import io
 import mmap
 import os
@@ -38,18 +40,23 @@ from ...kernel.ptrace import (
     PTRACE_DETACH,
     PTRACE_GETEVENTMSG,
     PTRACE_GETREGS,
+    PTRACE_GETSIGINFO,
     PTRACE_O_TRACECLONE,
     PTRACE_O_TRACEEXEC,
     PTRACE_O_TRACEEXIT,
     PTRACE_O_TRACEFORK,
+    PTRACE_O_TRACESYSGOOD,
     PTRACE_O_TRACEVFORK,
     PTRACE_SETOPTIONS,
     PTRACE_SETREGS,
+    PTRACE_SETSIGINFO,
     PTRACE_SINGLESTEP,
+    PTRACE_SYSCALL,
     PTRACE_TRACEME,
     WALL,
     Registers,
     ptrace,
+    tgkill,
 )
 from . import _patchcode as pc
 from .layout import (
@@ -367,6 +374,26 @@ class _Patcher:
         self.vdso = b""
         self.table = (0, 0)  # the redirect table: address, mask
         self.pool: _Pool | None = None
+        self.arenas: list[tuple[int, int]] = []
+        self.origin: dict[int, int] = {}  # moved instruction -> its original address
+        self.syscalls: dict[int, int] = {}  # a trampoline's syscall -> the original
+        self.parts: list[tuple[int, int, int]] = []  # instrumented instructions' code
+        self.halts: set[int] = set()  # where rt_async_off stops (after its int3)
+        self.sigreturns: set[int] = set()
+
+    def in_arena(self, ip: int) -> bool:
+        return any(lo <= ip < hi for lo, hi in self.arenas)
+
+    def original(self, ip: int) -> int | None:
+        """The program's instruction whose moved copy (or instrumentation)
+        is at ``ip``, or None."""
+        at = self.origin.get(ip)
+        if at is not None:
+            return at
+        k = bisect.bisect_right(self.parts, (ip, 1 << 64, 0)) - 1
+        if k >= 0 and self.parts[k][0] <= ip < self.parts[k][1]:
+            return self.parts[k][2]
+        return None
 
     def patch_new(self, maps: list[Mapping]) -> int:
         """Patch every executable module of ``maps`` not patched yet;
@@ -411,6 +438,13 @@ class _Patcher:
                 t.write(address, data)
             self.plans[mod.path] = plan
             self.by_place[(mod.path, mod.lo)] = plan
+            self.arenas += plan.arenas
+            self.origin.update(plan.origin)
+            self.syscalls.update(plan.syscalls)
+            self.parts += plan.parts
+            self.parts.sort()
+            self.halts.add(plan.runtime + pc.RT_HALT + 1)
+            self.sigreturns.add(plan.runtime + pc.RT_SIGRETURN_NOTIFY + 1)
             plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
             self.redirects.update(plan.redirects)
             self.notify.add(plan.runtime + pc.RT_NOTIFY + 1)
@@ -462,7 +496,7 @@ def record_patched(
     shm_path = ""
     try:
         options = (PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEFORK
-                   | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC)  # fmt: skip
+                   | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD)  # fmt: skip
         ptrace(PTRACE_SETOPTIONS, pid, 0, options)
         entry = _entry(pid)
         _run_to_entry(t, entry)
@@ -617,6 +651,9 @@ class _Run:
         self.redirects = patcher.redirects
         self.pool = pool
         self.mapped: list[tuple[int, Mapping]] = []  # (TSC, mapping) of code mapped later
+        self.held: list[tuple[int, int]] = []  # (tid, signal) that came while hwtrace worked
+        self.status = 0  # the process's wait status
+        self.gone: set[int] = set()
         self.traps = 0
         self.finished: list[PatchThread] = []
         self.forks = 0
@@ -661,15 +698,17 @@ class _Run:
 
         ptrace(PTRACE_CONT, self.pid, 0, 0)
         msg = ctypes.c_ulong()
-        status_of_pid = 0
         while True:
+            for tid, sig in self.held:
+                tgkill(self.pid, tid, sig)  # signals that came while hwtrace worked
+            self.held.clear()
             try:
                 tid, status = os.waitpid(-1, WALL)
             except ChildProcessError:
-                return status_of_pid
+                return self.status
             if os.WIFEXITED(status) or os.WIFSIGNALED(status):
                 if tid == self.pid:
-                    status_of_pid = status
+                    self.status = status
                 self.children.discard(tid)
                 if tid in self.pool.slots:
                     self.finished.append(self.pool.release(tid))
@@ -702,6 +741,9 @@ class _Run:
                     self._new_code(tid)
                     ptrace(PTRACE_CONT, tid, 0, 0)
                     continue
+                if self.regs.rip in self.patcher.sigreturns and tid in self.pool.slots:
+                    self._sigreturn(tid)
+                    continue
                 to = self.redirects.get(self.regs.rip - 1)
                 if to is not None:
                     self.traps += 1
@@ -709,7 +751,125 @@ class _Run:
                     self._setregs(tid)
                     ptrace(PTRACE_CONT, tid, 0, 0)
                     continue
+            if sig and tid in self.pool.slots and sig != signal.SIGSTOP:
+                sig = self._signal(tid, sig)
             ptrace(PTRACE_CONT, tid, 0, sig)
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _wait_trap(self, tid: int, where: set[int] | None) -> bool:
+        """Wait for ``tid``'s next SIGTRAP (at ``where``, if given); signals
+        meanwhile are held back for later (delivered when hwtrace resumes the
+        thread at a later stop of the kernel's choosing: they stay pending)."""
+        while True:
+            try:
+                _, status = os.waitpid(tid, WALL)
+            except ChildProcessError:
+                return False
+            if not os.WIFSTOPPED(status):
+                self.gone.add(tid)
+                if tid == self.pid:
+                    self.status = status
+                if tid in self.pool.slots:
+                    self.finished.append(self.pool.release(tid))
+                return False
+            sig = os.WSTOPSIG(status)
+            if sig == signal.SIGTRAP and status >> 16 == 0:
+                if where is None or (self._getregs(tid) and self.regs.rip in where):
+                    return True
+            if sig & 0x80 and sig & 0x7F == signal.SIGTRAP:
+                return True  # a syscall stop
+            if sig not in (signal.SIGTRAP, signal.SIGSTOP):
+                self.held.append((tid, sig))
+            ptrace(PTRACE_SYSCALL if where is None else PTRACE_CONT, tid, 0, 0)
+
+    def _tcb_words(self, tid: int) -> np.ndarray:
+        return self.pool._words(self.pool.slots[tid])
+
+    def _enable_at(self, tid: int, ip: int) -> None:
+        """Set the stopped thread to enable tracing (TIP.PGE) at ``ip`` and
+        run on there."""
+        w = self._tcb_words(tid)
+        w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = ip
+        self.regs.rip = self.patcher.runtime + pc.RT_START
+        self._setregs(tid)
+
+    def _signal(self, tid: int, sig: int) -> int:
+        """A signal for a recorded thread, before the kernel delivers it:
+        tracing is disabled where the thread is (FUP, TIP.PGD) and enabled
+        at the handler's first instruction; returns the signal to deliver
+        now (0: delivered here)."""
+        how = _disposition(self.pid, sig)
+        if how in ("ignored", "stop") or not self._getregs(tid):
+            return sig
+        info = ctypes.create_string_buffer(128)
+        ptrace(PTRACE_GETSIGINFO, tid, 0, ctypes.addressof(info))
+        rip = self.regs.rip
+        if rip - 2 not in self.patcher.syscalls:
+            # Interrupted in the program's own code (tracing was on): a
+            # fault in a moved instruction is the original's.
+            if self.patcher.in_arena(rip):
+                orig = self.patcher.original(rip)
+                if orig is None or sig not in _FAULTS:
+                    return sig  # inside the runtime: a fault of hwtrace's, passed on
+                self.regs.rip = rip = orig
+                self._setregs(tid)
+            saved = self.regs.copy()
+            w = self._tcb_words(tid)
+            w[pc.NEXTIP // 8] = rip
+            self.regs.rip = self.patcher.runtime + pc.RT_ASYNC_OFF
+            self._setregs(tid)
+            ptrace(PTRACE_CONT, tid, 0, 0)
+            if not self._wait_trap(tid, self.patcher.halts):
+                return 0
+            self.regs = saved
+            self._setregs(tid)
+        if how != "caught":
+            return sig  # fatal: the trace ends disabled
+        ptrace(PTRACE_SETSIGINFO, tid, 0, ctypes.addressof(info))
+        ptrace(PTRACE_SINGLESTEP, tid, 0, sig)
+        if not self._wait_trap(tid, None) or not self._getregs(tid):
+            return 0
+        self._enable_at(tid, self.regs.rip)
+        return 0
+
+    def _sigreturn(self, tid: int) -> None:
+        """The thread is about to run rt_sigreturn: follow it to the
+        system call's exit and enable tracing where it goes back to (unless
+        that is a trampoline after a system call, which enables itself)."""
+        ptrace(PTRACE_SYSCALL, tid, 0, 0)
+        if not self._wait_trap(tid, None):  # the entry
+            return
+        ptrace(PTRACE_SYSCALL, tid, 0, 0)
+        if not self._wait_trap(tid, None) or not self._getregs(tid):  # the exit
+            return
+        if not self.patcher.in_arena(self.regs.rip):
+            self._enable_at(tid, self.regs.rip)
+        ptrace(PTRACE_CONT, tid, 0, 0)
+
+
+_FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP)
+_DEFAULT_IGNORED = (signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH)
+_STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
+
+def _disposition(pid: int, sig: int) -> str:
+    """``"caught"``, ``"ignored"``, ``"stop"`` or ``"fatal"``: what
+    delivering ``sig`` to process ``pid`` does (/proc/PID/status)."""
+    masks = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigIgn:", "SigCgt:")):
+                    masks[line[:6]] = int(line.split()[1], 16)
+    except OSError:
+        return "fatal"
+    bit = 1 << (sig - 1)
+    if masks.get("SigCgt", 0) & bit:
+        return "caught"
+    if masks.get("SigIgn", 0) & bit or sig in _DEFAULT_IGNORED:
+        return "ignored"
+    return "stop" if sig in _STOPS else "fatal"
 
 
 def _is_thread(pid: int, tid: int) -> bool:
