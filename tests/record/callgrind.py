@@ -15,6 +15,8 @@ The options are fixed, because they change the attribution:
 - ``--separate-recs=1``: one entry per function (callgrind's default, 2,
   names a recursive function's deeper activations ``fib'2``);
 - ``--skip-plt=yes`` (the default): see below;
+- ``--demangle=no``: symbol names as the ELF tables hold them (C++ names
+  mangled, as ``.rela.plt`` and hwtrace's tables have them);
 - ``--dump-instr=no --compress-strings=no --compress-pos=no``: one cost
   line per source line, names in full (compressed names, ``(id) name``,
   and relative positions are still read).
@@ -83,6 +85,7 @@ CALLGRIND_OPTIONS = (
     "--compress-pos=no",
     "--separate-recs=1",
     "--skip-plt=yes",
+    "--demangle=no",
 )
 
 
@@ -98,6 +101,17 @@ class CallgrindProfile:
     stdout: str = ""
     returncode: int = 0
     events: list[str] = field(default_factory=list)
+    # Ir per (object, instruction address), with ``instructions=True``:
+    # addresses in the object's file (its link-time addresses), except under
+    # ``???`` (valgrind's run-time addresses); a REP string instruction's Ir
+    # is its iterations.
+    ir_at: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def ir_at_in(self, obj: str | os.PathLike[str]) -> dict[int, int]:
+        """Ir per instruction address (link-time) of object ``obj``."""
+        want = os.path.realpath(obj)
+        return {a: v for (ob, a), v in self.ir_at.items()
+                if ob != "???" and os.path.realpath(ob) == want}  # fmt: skip
 
     def self_ir_of(self, function: str) -> int:
         """Self Ir of ``function`` summed over the objects that have one of
@@ -161,6 +175,8 @@ def parse_callgrind_out(text: str) -> CallgrindProfile:
     totals: int | None = None
     summary: int | None = None
     inclusive_next = False
+    ir_at: dict[tuple[str, int], int] = defaultdict(int)
+    instr = False
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -171,7 +187,10 @@ def parse_callgrind_out(text: str) -> CallgrindProfile:
                 # The cost line after calls=: inclusive, the callee's.
                 inclusive_next = False
                 continue
-            self_ir[(ob, fn)] += _ir_of(line, positions, ir_index)
+            ir = _ir_of(line, positions, ir_index)
+            self_ir[(ob, fn)] += ir
+            if instr:
+                ir_at[(ob, int(line.split()[0], 0))] += ir
             continue
         key, eq, value = line.partition("=")
         if eq and key in table_of:
@@ -201,6 +220,7 @@ def parse_callgrind_out(text: str) -> CallgrindProfile:
         value = value.strip()
         if key == "positions":
             positions = len(value.split())
+            instr = value.split()[0] == "instr"
         elif key == "events":
             events = value.split()
             ir_index = events.index("Ir") if "Ir" in events else 0
@@ -210,7 +230,8 @@ def parse_callgrind_out(text: str) -> CallgrindProfile:
                 totals = (totals or 0) + ir
             else:
                 summary = (summary or 0) + ir
-    return CallgrindProfile(dict(self_ir), dict(calls), totals, summary, events=events)
+    return CallgrindProfile(dict(self_ir), dict(calls), totals, summary, events=events,
+                            ir_at=dict(ir_at))  # fmt: skip
 
 
 def callgrind_self_ir(
@@ -219,6 +240,7 @@ def callgrind_self_ir(
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 300,
+    instructions: bool = False,
 ) -> CallgrindProfile:
     """``argv`` run under callgrind: its profile (self Ir per object and
     function) and standard output.  Raises RuntimeError when valgrind
@@ -226,9 +248,12 @@ def callgrind_self_ir(
     with tempfile.TemporaryDirectory(prefix="hwtrace-callgrind-") as tmp:
         out = Path(tmp) / "callgrind.out.%p"
         log = Path(tmp) / "valgrind.log"
+        options = CALLGRIND_OPTIONS
+        if instructions:  # costs per instruction address too (absolute, --compress-pos=no)
+            options = tuple("--dump-instr=yes" if o == "--dump-instr=no" else o for o in options)
         cmd = [
             "valgrind",
-            *CALLGRIND_OPTIONS,
+            *options,
             f"--callgrind-out-file={out}",
             f"--log-file={log}",
             *map(str, argv),

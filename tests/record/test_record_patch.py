@@ -1,0 +1,215 @@
+"""The patch recorder (``hwtrace record --backend patch``) against oracles
+nobody here wrote.
+
+* The ptrace stepper: the decoded flow of every thread equals the
+  stepper's log of the same program, instruction for instruction.
+* valgrind's callgrind: every instruction of the program's own code ran
+  as many times as callgrind counted it.
+
+Both runs of a program must take the same path: address space layout
+randomization is off (``personality(ADDR_NO_RANDOMIZE)``, inherited by the
+launched programs, as ``setarch -R`` does) and symbols are bound at load
+time (``LD_BIND_NOW``: lazy binding's path depends on which thread calls
+first).  The programs (:mod:`patch_programs`) avoid paths that depend on
+how threads interleave.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import iced_x86 as iced
+import numpy as np
+import pytest
+from callgrind import callgrind_self_ir
+from callgrind import skip_reason as callgrind_skip
+from elftools.elf.elffile import ELFFile
+from patch_programs import PROGRAM_NAMES, build_program, expected_output
+from test_record_software import SKIP
+
+from hwtrace.cli.main import main as hwtrace_main
+from hwtrace.pt.config import PtConfig
+from hwtrace.pt.decode import decode_trace
+from hwtrace.record import record_software
+from hwtrace.record.patch import PatchRecording, record_patched
+from hwtrace.record.patch.output import patch_image
+
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+
+ADDR_NO_RANDOMIZE = 0x0040000
+# The stepper runs ~40 k instructions a second here: these programs (0.4-1.6
+# M instructions) are stepped in the suite; all six are in
+# bench/soak_patch_vs_step.py.
+STEPPED = ("signals", "dlopen", "threads")
+
+
+@pytest.fixture
+def same_path(monkeypatch):
+    """Launched programs run without ASLR and with symbols bound at load."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = libc.personality(0xFFFFFFFF)
+    libc.personality(old | ADDR_NO_RANDOMIZE)
+    monkeypatch.setenv("LD_BIND_NOW", "1")
+    try:
+        yield
+    finally:
+        libc.personality(old)
+
+
+def decoded(rec: PatchRecording, debug: Path) -> dict[int, np.ndarray]:
+    image = patch_image(rec, debug)
+    return {t.tid: decode_trace(t.data, image, PtConfig()).instructions() for t in rec.threads}
+
+
+def stepped(exe: Path, rec: PatchRecording) -> dict[int, np.ndarray]:
+    code = [m for m in rec.maps if "x" in m.prot and m.path and m.path != "[vsyscall]"]
+    # One range over all code, so that code mapped later (dlopen) is in it.
+    ranges = [(min(m.start for m in code), max(m.end for m in code))]
+    steps = record_software([str(exe)], ranges=ranges, registers="basic")
+    return {t.tid: t.instructions for t in steps.threads}
+
+
+@pytest.mark.parametrize("name", STEPPED)
+def test_patch_flow_equals_stepper(name, same_path, tmp_path):
+    exe = build_program(name)
+    # Both runs write to the same kind of file (stdio takes other paths for
+    # a terminal, a pipe, /dev/null): the standard output both inherit.
+    rec = record_patched([str(exe)])
+    assert os.waitstatus_to_exitcode(rec.exit_status) == 0
+    assert rec.threads and all(t.lost == 0 for t in rec.threads)
+    got = decoded(rec, tmp_path)
+    want = stepped(exe, rec)
+    assert len(got) == len(want)
+    # Threads in creation order (tids rise) in both.
+    for (_, g), (_, w) in zip(sorted(got.items()), sorted(want.items()), strict=True):
+        n = min(len(g), len(w))
+        first = np.flatnonzero(g[:n] != w[:n])
+        where = int(first[0]) if first.size else n
+        assert len(g) == len(w) and not first.size, (
+            f"{name}: differs at instruction {where} of {len(g)} (stepper: {len(w)})"
+        )
+
+
+def test_patch_program_output(same_path, tmp_path):
+    """The recorded programs compute what they compute alone."""
+    for name in PROGRAM_NAMES:
+        out = tmp_path / f"{name}.out"
+        with open(out, "w") as f:
+            rec = record_patched([str(build_program(name))], stdout=f)
+        assert os.waitstatus_to_exitcode(rec.exit_status) == 0, name
+        assert out.read_text() == expected_output(name), name
+
+
+def executed_at(rec: PatchRecording, exe: Path, debug: Path) -> dict[int, int]:
+    """How many times each instruction of ``exe`` ran, all threads, by its
+    link-time address."""
+    image = patch_image(rec, debug)
+    ips = np.concatenate([decode_trace(t.data, image, PtConfig()).instructions()
+                          for t in rec.threads])  # fmt: skip
+    mine = [m for m in rec.maps if m.path == str(exe)]
+    lo, hi = min(m.start for m in mine), max(m.end for m in mine)
+    with open(exe, "rb") as f:
+        vaddr = min(s["p_vaddr"] for s in ELFFile(f).iter_segments() if s["p_type"] == "PT_LOAD")
+    bias = lo - vaddr
+    at, n = np.unique(ips[(ips >= lo) & (ips < hi)], return_counts=True)
+    return dict(zip((at - bias).tolist(), n.tolist(), strict=True))
+
+
+def unnamed_sections(exe: Path) -> list[tuple[int, int]]:
+    """``.init``, ``.fini`` and ``.plt.got``: callgrind files their code
+    under no object (``???``, run-time addresses)."""
+    with open(exe, "rb") as f:
+        elf = ELFFile(f)
+        return [(s["sh_addr"], s["sh_addr"] + s["sh_size"]) for s in elf.iter_sections()
+                if s.name in (".init", ".fini", ".plt.got")]  # fmt: skip
+
+
+def classify(exe: Path, addresses) -> tuple[set[int], set[int], tuple[int, int]]:
+    """Of ``addresses``: the REP-prefixed string instructions (PT and
+    hwtrace count one, callgrind one per iteration) and the calls to
+    ``.plt`` stubs; and ``.plt``'s range."""
+    with open(exe, "rb") as f:
+        elf = ELFFile(f)
+        text = [(s["sh_addr"], s.data()) for s in elf.iter_sections() if s["sh_flags"] & 4]
+        plt = elf.get_section_by_name(".plt")
+        plt_range = (plt["sh_addr"], plt["sh_addr"] + plt["sh_size"]) if plt else (0, 0)
+    rep, calls = set(), set()
+    for a in addresses:
+        for base, data in text:
+            if base <= a < base + len(data):
+                ins = next(iter(iced.Decoder(64, data[a - base : a - base + 15], ip=a)))
+                if (ins.has_rep_prefix or ins.has_repne_prefix) and ins.is_string_instruction:
+                    rep.add(a)
+                if ins.flow_control == iced.FlowControl.CALL:
+                    if plt_range[0] <= ins.near_branch_target < plt_range[1]:
+                        calls.add(a)
+    return rep, calls, plt_range
+
+
+@pytest.mark.skipif(callgrind_skip() is not None, reason=str(callgrind_skip()))
+@pytest.mark.parametrize("name", PROGRAM_NAMES)
+def test_patch_instruction_counts_equal_callgrind(name, same_path, tmp_path):
+    """Every instruction of the program ran as many times as callgrind
+    counted it.  callgrind counts a ``.plt`` stub's instruction (bound at
+    load: one ``jmp *GOT``) at the call that went through it, and a REP
+    string instruction once per iteration (PT: once)."""
+    exe = build_program(name)
+    rec = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    ours = executed_at(rec, exe, tmp_path)
+    theirs = callgrind_self_ir([str(exe)], instructions=True).ir_at_in(exe)
+    for lo, hi in unnamed_sections(exe):
+        ours = {a: n for a, n in ours.items() if not lo <= a < hi}
+    rep, plt_calls, (plo, phi) = classify(exe, set(ours) | set(theirs))
+    stubs = sum(n for a, n in ours.items() if plo <= a < phi)
+    ours = {a: n for a, n in ours.items() if not plo <= a < phi}
+    for a in plt_calls:
+        ours[a] *= 2
+    assert stubs == sum(ours[a] // 2 for a in plt_calls)
+    assert set(ours) == set(theirs)
+    assert {a: n for a, n in ours.items() if a not in rep} == {
+        a: n for a, n in theirs.items() if a not in rep
+    }
+    assert all(ours[a] <= theirs[a] for a in rep)
+
+
+def test_record_cli_patch_backend(same_path, tmp_path, capsys):
+    """``hwtrace record --backend patch`` writes a perf.data that hwtrace
+    and (where installed) perf decode to the same instructions."""
+    exe = build_program("recursion")
+    data = tmp_path / "perf.data"
+    assert (
+        hwtrace_main(["record", "--backend", "patch", "-N", "-o", str(data), "--", str(exe)]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "backend patch" in err and "wrote" in err
+    assert hwtrace_main(["script", "-i", str(data)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+    assert len(lines) > 1_000_000  # the whole program, from its entry point
+    if shutil.which("perf"):
+        proc = subprocess.run(["perf", "script", "-i", str(data), "--itrace=i0ns", "-F", "ip"],
+                              capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert len(proc.stdout.split()) == len(lines)
+    # Chosen functions need stepping: a clear message, no traceback.
+    assert hwtrace_main(["record", "--backend", "patch", "-f", "main", "--", str(exe)]) == 2
+    assert "use --backend step" in capsys.readouterr().err
+
+
+def test_patch_code_matches_its_source(tmp_path):
+    """_patchcode.py is what scripts/gen_patchcode.py makes of runtime.S."""
+    if shutil.which("as") is None:
+        pytest.skip("GNU as is not installed (binutils)")
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "gen_patchcode", root / "scripts/gen_patchcode.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    out = tmp_path / "_patchcode.py"
+    gen.write(out)
+    assert out.read_text() == (root / "src/hwtrace/record/patch/_patchcode.py").read_text()
