@@ -310,6 +310,55 @@ rt_start:
 2:      mov rcx, gs:[SAVE_RCX]
         jmp qword ptr gs:[TARGET]
 
+/* SIGTRAP handler (sig, info, ucontext), for when hwtrace is not there to
+ * send a thread on from an int3 of the patches: the int3's address is
+ * looked up in the redirect table (which also holds the runtime's own
+ * int3s, continuing after them); an int3 that is not hwtrace's gets the
+ * default action (the handler is removed and the int3 runs again). */
+        .equ UC_RIP, 168
+rt_trap_handler:
+        mov rax, [rdx + UC_RIP]
+        cmp dword ptr [rsi + 8], 0x80   /* si_code SI_KERNEL: an int3 */
+        jne 8f
+        dec rax
+        mov r8, gs:[RTABLE]
+        test r8, r8
+        jz 9f
+        imul rcx, rax, 0x5bd1e995
+        shr rcx, 12
+        and rcx, gs:[RMASK]
+        shl rcx, 4
+        add rcx, r8
+1:      cmp [rcx], rax
+        je 2f
+        cmp qword ptr [rcx], 0
+        je 9f
+        add rcx, 16
+        jmp 1b
+2:      mov rax, [rcx + 8]
+        mov [rdx + UC_RIP], rax
+        ret
+9:      mov [rdx + UC_RIP], rax
+8:      sub rsp, 40
+        xor eax, eax
+        mov [rsp], rax          /* struct sigaction: SIG_DFL, no flags */
+        mov [rsp + 8], rax
+        mov [rsp + 16], rax
+        mov [rsp + 24], rax
+        mov edi, 5              /* SIGTRAP */
+        mov rsi, rsp
+        xor edx, edx
+        mov r10d, 8
+        mov eax, 13             /* rt_sigaction */
+        syscall
+        add rsp, 40
+        ret
+
+        .globl rt_restorer
+rt_restorer:
+        mov eax, 15             /* rt_sigreturn */
+        syscall
+
 /* hwtrace's own system calls in a running program go here (never run by
  * the program's code). */
         .globl rt_syscall

@@ -22,6 +22,7 @@ import io
 import mmap
 import os
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -62,7 +63,6 @@ from . import _patchcode as pc
 from .layout import (
     ARENA_STUBS,
     FAR_OFFSET,
-    SCRATCH_SIZE,
     ModulePlan,
     PlanError,
     plan_module,
@@ -73,10 +73,12 @@ from .sites import CodeMap, sweep
 __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
 
 PAGE = 0x1000
+POOL_HINT = 0x300000000000  # where the buffers are asked to go (a hint)
 SLACK = 512  # room past END for the largest group of packets a routine writes
 TCB_SIZE = PAGE
 AT_ENTRY = 9
-SYS_OPEN, SYS_CLOSE, SYS_MMAP = 2, 3, 9
+SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MUNMAP, SYS_RT_SIGACTION = 2, 3, 9, 11, 13
+SA_SIGINFO, SA_ONSTACK, SA_RESTART, SA_RESTORER = 0x4, 0x08000000, 0x10000000, 0x04000000
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
 MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 1, 2, 0x20, 0x100000
 _EVENT_FORK, _EVENT_VFORK, _EVENT_CLONE, _EVENT_EXEC, _EVENT_EXIT = 1, 2, 3, 4, 6
@@ -380,6 +382,7 @@ class _Patcher:
         self.parts: list[tuple[int, int, int]] = []  # instrumented instructions' code
         self.halts: set[int] = set()  # where rt_async_off stops (after its int3)
         self.sigreturns: set[int] = set()
+        self.own_trap_handler = False  # the program has one: not replaced
 
     def in_arena(self, ip: int) -> bool:
         return any(lo <= ip < hi for lo, hi in self.arenas)
@@ -397,68 +400,84 @@ class _Patcher:
 
     def patch_new(self, maps: list[Mapping]) -> int:
         """Patch every executable module of ``maps`` not patched yet;
-        returns how many."""
+        returns how many.  In an order that leaves the process able to run
+        on at every step, were hwtrace killed: all modules laid out, the
+        redirect table (with every new int3) written, the trampolines, the
+        SIGTRAP handler, and only then the jumps and int3s."""
         t = self.t
         modules, vdso = _modules(t, maps)
         self.vdso = self.vdso or vdso
         new = [m for m in modules if not self._patched(m)]
+        plans: list[tuple[_Module, ModulePlan, bool]] = []
         for mod in new:
             old = self.by_place.get((mod.path, mod.lo))
             if old is not None and self._same_code(old, mod):
                 # Mapped again where it was (dlclose, dlopen): its trampolines
                 # are still in place, only its own pages are new.
-                for address, data in old.patches:
-                    t.write(address, data)
-                self.done.append((mod.lo, mod.hi, old.patches[0] if old.patches else None))
+                plans.append((mod, old, False))
                 continue
-            read = mod.reader(t)
-            cm: CodeMap = sweep(read, mod.sections, mod.functions)
-            body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
-            size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
-            now = read_maps(t.pid)
-            near = _free_below(now, mod.lo, size, max(mod.hi - (1 << 31) + size, PAGE))
-            if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
-                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
-                raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
-            far = None
-            flo = mod.lo - FAR_OFFSET
-            fsize = (mod.hi - mod.lo + (16 << 20) + PAGE) & ~(PAGE - 1)
-            if flo > PAGE and t.map(flo, fsize, PROT_READ | PROT_EXEC,
-                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) == flo:  # fmt: skip
-                far = (flo, flo + fsize)
-            try:
-                plan = plan_module(cm, read, (near, near + size), far)
-            except PlanError as e:
-                raise PatchError(f"{mod.path}: {e}") from None
-            # Trampolines first, then the jumps to them: a module is never
-            # seen half patched.
-            for address, data in plan.code:
-                t.write(address, data)
-            for address, data in plan.patches:
-                t.write(address, data)
+            plan = self._plan(mod)
+            plans.append((mod, plan, True))
             self.plans[mod.path] = plan
             self.by_place[(mod.path, mod.lo)] = plan
             self.arenas += plan.arenas
             self.origin.update(plan.origin)
             self.syscalls.update(plan.syscalls)
             self.parts += plan.parts
-            self.parts.sort()
             self.halts.add(plan.runtime + pc.RT_HALT + 1)
             self.sigreturns.add(plan.runtime + pc.RT_SIGRETURN_NOTIFY + 1)
-            plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
-            self.redirects.update(plan.redirects)
             self.notify.add(plan.runtime + pc.RT_NOTIFY + 1)
-            if not self.runtime:
-                self.runtime, self.scratch = plan.runtime, plan.scratch
+            self.redirects.update(plan.redirects)
+            # The runtime's own int3s go on after themselves (for the
+            # in-process handler; hwtrace, when there, stops them first).
+            for at in (pc.RT_NOTIFY, pc.RT_SIGRETURN_NOTIFY, pc.RT_HALT):
+                self.redirects[plan.runtime + at] = plan.runtime + at + 1
+        self.parts.sort()
+        if not plans:
+            return 0
+        self._table()
+        for _, plan, fresh in plans:
+            if fresh:
+                for address, data in plan.code:
+                    t.write(address, data)
+        if not self.runtime:
+            first = plans[0][1]
+            self.runtime, self.scratch = first.runtime, first.scratch
+            self._handler()
+        for mod, plan, _ in plans:
+            for address, data in plan.patches:
+                t.write(address, data)
             self.done.append((mod.lo, mod.hi, plan.patches[0] if plan.patches else None))
-        if new:
-            self._table()
-        return len(new)
+        return len(plans)
+
+    def _plan(self, mod: _Module) -> ModulePlan:
+        t = self.t
+        read = mod.reader(t)
+        cm: CodeMap = sweep(read, mod.sections, mod.functions)
+        body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
+        size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
+        now = read_maps(t.pid)
+        near = _free_below(now, mod.lo, size, max(mod.hi - (1 << 31) + size, PAGE))
+        if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
+            raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
+        far = None
+        flo = mod.lo - FAR_OFFSET
+        fsize = (mod.hi - mod.lo + (16 << 20) + PAGE) & ~(PAGE - 1)
+        if flo > PAGE and t.map(flo, fsize, PROT_READ | PROT_EXEC,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) == flo:  # fmt: skip
+            far = (flo, flo + fsize)
+        try:
+            plan = plan_module(cm, read, (near, near + size), far)
+        except PlanError as e:
+            raise PatchError(f"{mod.path}: {e}") from None
+        plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
+        return plan
 
     def _table(self) -> None:
-        """The redirect table the runtime looks indirect branch targets up
-        in, made anew in the process (the old one stays for threads reading
-        it now)."""
+        """The redirect table the runtime looks indirect branch targets (and
+        the SIGTRAP handler int3s) up in, made anew in the process (the old
+        one stays for threads reading it now)."""
         words, mask = redirect_table(self.redirects)
         size = (words.nbytes + PAGE - 1) & ~(PAGE - 1)
         at = self.t.map(0, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS)
@@ -468,6 +487,22 @@ class _Patcher:
         self.table = (at, mask)
         if self.pool is not None:
             self.pool.set_table(at, mask)
+
+    def _handler(self) -> None:
+        """The runtime's SIGTRAP handler, for int3s met when hwtrace is gone
+        (kept out where the program has a SIGTRAP handler of its own)."""
+        act = struct.pack("<QQQQ", self.runtime + pc.RT_TRAP_HANDLER,
+                          SA_SIGINFO | SA_RESTORER | SA_ONSTACK | SA_RESTART,
+                          self.runtime + pc.RT_RESTORER, 0)  # fmt: skip
+        at = self.scratch
+        self.t.write(at, act + bytes(32))
+        got = self.t.syscall(SYS_RT_SIGACTION, signal.SIGTRAP, at, at + 32, 8)
+        old = self.t.read(at + 32, 8)
+        self.t.write(at, bytes(64))
+        if got == 0 and old != bytes(8):
+            self.t.write(at, self.t.read(at + 32, 32))  # the program's: put back
+            self.t.syscall(SYS_RT_SIGACTION, signal.SIGTRAP, at, 0, 8)
+            self.own_trap_handler = True
 
     def _patched(self, mod: _Module) -> bool:
         """Is ``mod`` patched (its range patched, one of its patches still
@@ -502,29 +537,34 @@ def record_patched(
         _run_to_entry(t, entry)
         maps0 = read_maps(pid)
         comm = _comm(pid)
-        patcher = _Patcher(t)
-        patcher.patch_new(maps0)
-        runtime = patcher.runtime
-        # The threads' control blocks and trace buffers, shared with hwtrace.
+        # The threads' control blocks and trace buffers, shared with hwtrace,
+        # mapped first and the thread's GS base on the sink: were hwtrace
+        # killed while it patches, the patched code would run, untraced.
         pool = _Pool(opt, pid)
         shm_path = pool.path
-        path_at = patcher.scratch
-        if len(shm_path) >= SCRATCH_SIZE:
-            raise PatchError(f"{shm_path}: path too long")
-        t.write(path_at, shm_path.encode() + b"\0")
-        tfd = t.syscall(SYS_OPEN, path_at, os.O_RDWR)
+        page = t.map(0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+        if page < 0:
+            raise PatchError(f"the program cannot map a page: {os.strerror(-page)}")
+        t.write(page, shm_path.encode() + b"\0")
+        tfd = t.syscall(SYS_OPEN, page, os.O_RDWR)
+        t.syscall(SYS_MUNMAP, page, PAGE)
         if tfd < 0:
             raise PatchError(f"the program cannot open {shm_path}: {os.strerror(-tfd)}")
-        base = t.map(0, pool.size, PROT_READ | PROT_WRITE, MAP_SHARED, tfd)
+        # Away from the code, whose trampolines need the room next to it.
+        base = t.map(POOL_HINT, pool.size, PROT_READ | PROT_WRITE, MAP_SHARED, tfd)
         t.syscall(SYS_CLOSE, tfd)
         os.unlink(shm_path)
         shm_path = ""
         if base < 0:
             raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
         pool.base = base
+        r = t.regs()
+        r.gs_base = pool.sink()
+        t.set_regs(r)
+        patcher = _Patcher(t)
         patcher.pool = pool
-        pool.set_table(*patcher.table)
-        t.write(path_at, b"\0" * SCRATCH_SIZE)
+        patcher.patch_new(maps0)
+        runtime = patcher.runtime
         t.gadget = runtime + pc.RT_SYSCALL
         tcb = pool.claim(pid, entry)
         r = t.regs()
