@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFORMANCE ?= ../shared/conformance/libipt
 
-.PHONY: all venv oracles demo test lint format conformance docs bench clean
+.PHONY: all venv oracles demo test lint format conformance docs bench bench-overhead clean
 
 all: venv
 
@@ -78,6 +78,12 @@ bench: venv oracles
 	$(BIN)/python bench/bench_jitcapture.py
 	$(BIN)/python bench/bench_vm.py
 	$(BIN)/python bench/bench_channel.py
+
+# Recording overhead against valgrind and Frida (tens of minutes: lackey's
+# superblock trace runs at ~600x; BENCH_ARGS=--quick for a short run).
+bench-overhead: venv
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/bench_overhead.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache bench/out
