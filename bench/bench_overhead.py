@@ -23,6 +23,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -44,6 +45,25 @@ ExtraRunner = Callable[[Workload], "float | RunResult"]
 # times and the best kept; one that raises subprocess.TimeoutExpired (the
 # step backend beyond its cap) is reported as a timeout.
 extra_runners: dict[str, ExtraRunner] = {}
+
+
+def _hwtrace(backend: str, *options: str) -> ExtraRunner:
+    """``hwtrace record --backend BACKEND`` of the whole program: wall time
+    of the command, set-up (the sweep and patching of every module) included."""
+
+    def run(w: Workload) -> RunResult:
+        with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+            prefix = [str(Path(sys.executable).with_name("hwtrace")), "record", "--backend", backend, "-N",
+                      "-o", f"{tmp}/perf.data", *options, "--"]  # fmt: skip
+            return peers.under_command(prefix, w, repeat=1, timeout=STEP_CAP)
+
+    return run
+
+
+STEP_CAP = 300.0  # seconds: stepping runs ~40 k instructions a second here
+extra_runners["patch"] = _hwtrace("patch")
+# The step backend steps chosen code: main with everything it calls.
+extra_runners["step"] = _hwtrace("step", "--call", "main")
 
 
 def run_extra(fn: ExtraRunner, w: Workload, repeat: int) -> RunResult:

@@ -25,6 +25,7 @@ FLAGS = ("-O1", "-g0", "-fno-omit-frame-pointer")
 THREADS = r"""
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 #define NOINLINE __attribute__((noinline))
 
@@ -79,7 +80,9 @@ struct job {
  * recorder's log is compared with another's, instruction for instruction):
  * workers report through a pipe, one byte each, and then block until the
  * process exits; main never joins (pthread_join's path depends on whether
- * the thread has already ended) and reads the bytes one at a time. */
+ * the thread has already ended), reads the bytes one at a time and gives
+ * the workers 200 ms to reach their blocking read before it exits (a
+ * worker killed on the way there would have run less). */
 static int done[2], never[2];
 
 static void *worker(void *p) {
@@ -111,6 +114,8 @@ int main(void) {
     for (int i = 0; i < 4; i++)
         if (read(done[0], &c, 1) != 1)
             return 1;
+    struct timespec settle = {0, 200000000};
+    nanosleep(&settle, NULL);
     for (int i = 0; i < 4; i++)
         checksum = checksum * 31 + jobs[i].result;
     printf("threads %lu %lu %lu %lu checksum %lu\n", jobs[0].result, jobs[1].result,

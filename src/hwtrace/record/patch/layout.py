@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from . import _patchcode as pc
-from .sites import K_COND, K_ICALL, K_IJMP, K_RET, K_SYSCALL, CodeMap, windows
+from .sites import K_CALL, K_COND, K_ICALL, K_IJMP, K_JMP, K_RET, K_SYSCALL, CodeMap, windows
 
 __all__ = [
     "ARENA_STUBS",
@@ -119,6 +119,8 @@ def _encode(ins: iced.Instruction, at: int) -> bytes:
 def _part_size(kind: int, raw: bytes, ip: int) -> int:
     if kind == K_COND:
         return len(_short_cond(raw)) + len(pc.TPL_COND)
+    if kind == K_JMP:
+        return 5
     if kind in (K_IJMP, K_ICALL):
         tpl = pc.TPL_IJMP if kind == K_IJMP else pc.TPL_ICALL
         return len(pc.TPL_HEAD) + len(_load_operand(raw, ip, ip)) + len(tpl)
@@ -272,6 +274,20 @@ def plan_module(
     first, block = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
+    # A block moved whole (too short for a jump) is entered at an int3 from
+    # plain code: a direct jmp or call with a rel32 goes to the copy instead
+    # (its displacement rewritten), a jmp rel8 gets a window of its own.
+    moved_blocks = np.unique(ips[block[first < 0]])
+    direct = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) &
+                            np.isin(cm.targets.astype(np.int64), moved_blocks))  # fmt: skip
+    short_jumps = direct[(kinds[direct] == K_JMP) & (lens[direct] == 2)]
+    retarget = direct[lens[direct] == 5]
+    if short_jumps.shape[0]:
+        f2, b2 = windows(cm.ips, cm.lens, kinds, cm.leaders, short_jumps.astype(np.int64))
+        order = np.argsort(np.concatenate([idx, short_jumps]), kind="stable")
+        idx = np.concatenate([idx, short_jumps])[order]
+        first = np.concatenate([first, f2])[order]
+        block = np.concatenate([block, b2])[order]
     plan = ModulePlan()
     plan.arenas = [near] + ([far] if far is not None else [])
     near_lo, near_hi = near
@@ -379,8 +395,20 @@ def plan_module(
                                  b"\xcc" * (wlen - 5)))  # fmt: skip
             for k in range(s.first + 1, i + 1):
                 plan.redirects[int(ips[k])] = moved[int(ips[k])]
+    for k in retarget.tolist():
+        at = int(ips[k])
+        to = moved.get(int(cm.targets[k]))
+        if to is None or _raw_opcode(read(at, 5)) not in (0xE8, 0xE9):
+            continue
+        plan.originals.append((at + 1, read(at + 1, 4)))
+        plan.patches.append((at + 1, _rel(at + 5, to)))
+        stats["retargeted"] = stats.get("retargeted", 0) + 1
     plan.stats = stats
     return plan
+
+
+def _raw_opcode(raw: bytes) -> int:
+    return raw[0] if raw else -1
 
 
 def _rel(origin: int, target: int) -> bytes:
@@ -403,6 +431,8 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved) -> bytes:
     def dest(x: int) -> int:
         return moved.get(x, x)
 
+    if kind == K_JMP:
+        return bytes([_JMP]) + _rel(at + 5, dest(target))
     if kind == K_COND:
         head = _short_cond(raw)
         t = bytearray(pc.TPL_COND)
