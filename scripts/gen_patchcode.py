@@ -18,9 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src/hwtrace/record/patch/runtime.S"
 OUTPUT = ROOT / "src/hwtrace/record/patch/_patchcode.py"
 TEMPLATES = ("head", "cond", "ijmp", "icall", "ret", "sys")
-ROUTINES = ("rt_tnt_full", "rt_tip", "rt_pgd", "rt_pge", "rt_start", "rt_notify", "rt_syscall",
-            "rt_sigreturn_notify", "rt_async_off", "rt_halt", "rt_trap_handler",
-            "rt_restorer")
+ROUTINES = (
+    "rt_tnt_full",
+    "rt_tip",
+    "rt_pgd",
+    "rt_pge",
+    "rt_start",
+    "rt_notify",
+    "rt_syscall",
+    "rt_sigreturn_notify",
+    "rt_async_off",
+    "rt_halt",
+    "rt_trap_handler",
+    "rt_restorer",
+)
 
 
 def _hex(name: str, data: bytes) -> str:

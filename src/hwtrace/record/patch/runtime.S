@@ -408,15 +408,20 @@ tpl_cond:
 1:      TNT_BIT tpl_cond, 0, F_cond_nip, F_cond_nrt, F_cond_ndst
 tpl_cond_end:
 
-/* After `mov gs:[SAVE_RCX], rcx; mov rcx, <the branch's operand>`. */
-        .globl tpl_ijmp
-tpl_ijmp:
+/* The target in rcx to rt_tip, which goes on at the next label 2. */
+.macro TO_TIP tpl, rt
         mov gs:[TARGET], rcx
         lea rcx, [rip + 2f]
         mov gs:[CONT], rcx
         .byte 0xe9
         .long 0
-        .equ F_ijmp_rt, . - 4 - tpl_ijmp
+        .equ \rt, . - 4 - \tpl
+.endm
+
+/* After `mov gs:[SAVE_RCX], rcx; mov rcx, <the branch's operand>`. */
+        .globl tpl_ijmp
+tpl_ijmp:
+        TO_TIP tpl_ijmp, F_ijmp_rt
 1:      mov rcx, gs:[SAVE_RCX]
         jmp qword ptr gs:[TARGET]
         .fill ALT - (. - 1b), 1, 0xcc
@@ -426,12 +431,7 @@ tpl_ijmp_end:
 
         .globl tpl_icall
 tpl_icall:
-        mov gs:[TARGET], rcx
-        lea rcx, [rip + 2f]
-        mov gs:[CONT], rcx
-        .byte 0xe9
-        .long 0
-        .equ F_icall_rt, . - 4 - tpl_icall
+        TO_TIP tpl_icall, F_icall_rt
 1:      mov rcx, gs:[SAVE_RCX]
         push qword ptr [rip + 3f]
         jmp qword ptr gs:[TARGET]
@@ -448,12 +448,7 @@ tpl_icall_end:
 tpl_ret:
         mov gs:[SAVE_RCX], rcx
         mov rcx, [rsp]
-        mov gs:[TARGET], rcx
-        lea rcx, [rip + 2f]
-        mov gs:[CONT], rcx
-        .byte 0xe9
-        .long 0
-        .equ F_ret_rt, . - 4 - tpl_ret
+        TO_TIP tpl_ret, F_ret_rt
 1:      mov rcx, gs:[SAVE_RCX]
         lea rsp, [rsp + 0x1000]         /* the return's pop (8 + its immediate) */
         .equ F_ret_pop, . - 4 - tpl_ret
