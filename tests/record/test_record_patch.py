@@ -20,7 +20,9 @@ import ctypes
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import iced_x86 as iced
@@ -38,6 +40,7 @@ from hwtrace.pt.decode import decode_trace
 from hwtrace.record import record_software
 from hwtrace.record.patch import PatchRecording, record_patched
 from hwtrace.record.patch.output import patch_image
+from hwtrace.record.patch.tracer import KILL_POINTS
 
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
@@ -213,3 +216,46 @@ def test_patch_code_matches_its_source(tmp_path):
     out = tmp_path / "_patchcode.py"
     gen.write(out)
     assert out.read_text() == (root / "src/hwtrace/record/patch/_patchcode.py").read_text()
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_program_runs_on_when_hwtrace_is_killed(point, tmp_path):
+    """hwtrace SIGKILLed while it sets up, patches or traces: the program
+    (reparented to this process, a subreaper) runs on to its correct end."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        exe = build_program("signals")  # threads of work, signals, handlers
+        out = tmp_path / "out"
+        env = dict(os.environ, HWTRACE_PATCH_KILL_AT=point)
+        hwtrace = Path(sys.executable).with_name("hwtrace")
+        with open(out, "w") as f:
+            proc = subprocess.run([str(hwtrace), "record", "--backend", "patch", "-N", "-o",
+                                   str(tmp_path / "perf.data"), "--", str(exe)],
+                                  stdout=f, stderr=subprocess.PIPE, env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        # The orphan is ours now: wait for it.
+        while True:
+            try:
+                _, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            assert os.waitstatus_to_exitcode(status) == 0
+        assert out.read_text() == expected_output("signals")
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def test_recording_when_the_caller_has_children(tmp_path):
+    """hwtrace waits for the threads it traces, not for every child of its
+    caller (which would never end here)."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        rec = record_patched([str(build_program("signals"))], stdout=subprocess.DEVNULL)
+        assert os.waitstatus_to_exitcode(rec.exit_status) == 0 and rec.threads
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -136,7 +136,8 @@ class PatchRecording:
 
 class _Target:
     """The stopped process: memory through /proc/PID/mem, system calls run
-    by its thread at a ``syscall`` written over its current instruction."""
+    by its stopped thread at a ``syscall`` instruction (``gadget``, else one
+    written over its current instruction and put back)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -171,6 +172,7 @@ class _Target:
 
     def syscall(self, nr: int, *args: int) -> int:
         saved = self.regs()
+        held: list[int] = []
         at = self.gadget or saved.rip
         orig = b"" if self.gadget else self.read(at, 2)
         if orig:
@@ -183,21 +185,28 @@ class _Target:
             for name, v in zip(("rdi", "rsi", "rdx", "r10", "r8", "r9"), args, strict=False):
                 setattr(r, name, v & ((1 << 64) - 1))
             self.set_regs(r)
-            if ptrace(PTRACE_SINGLESTEP, self.tid, 0, 0) < 0:
-                raise PatchError(f"thread {self.tid}: cannot step")
-            while True:
-                _, status = os.waitpid(self.tid, WALL)
-                if not os.WIFSTOPPED(status):
-                    raise PatchError(f"process {self.pid} ended while hwtrace worked on it")
-                if os.WSTOPSIG(status) == signal.SIGTRAP:
-                    break
-                # A signal meanwhile: the kernel delivers it again later.
-                ptrace(PTRACE_SINGLESTEP, self.tid, 0, 0)
+            # To the system call's entry and exit (not a single step: a
+            # thread whose tracer dies after a step keeps the trap flag).
+            for _ in range(2):
+                if ptrace(PTRACE_SYSCALL, self.tid, 0, 0) < 0:
+                    raise PatchError(f"thread {self.tid}: cannot run a system call")
+                while True:
+                    _, status = os.waitpid(self.tid, WALL)
+                    if not os.WIFSTOPPED(status):
+                        raise PatchError(f"process {self.pid} ended while hwtrace worked on it")
+                    sig = os.WSTOPSIG(status)
+                    if sig == signal.SIGTRAP | 0x80:
+                        break
+                    if sig not in (signal.SIGTRAP, signal.SIGSTOP):
+                        held.append(sig)  # sent again when the call is done
+                    ptrace(PTRACE_SYSCALL, self.tid, 0, 0)
             out = self.regs().rax
         finally:
             if orig:
                 self.write(at, orig)
             self.set_regs(saved)
+            for sig in held:
+                tgkill(self.pid, self.tid, sig)
         return out - (1 << 64) if out >= 1 << 63 else out
 
     def map(self, address: int, size: int, prot: int, flags: int, fd: int = -1) -> int:
@@ -206,6 +215,16 @@ class _Target:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+KILL_POINTS = ("buffers", "trampolines", "patches", "tracing")
+
+
+def kill_point(name: str) -> None:
+    """``HWTRACE_PATCH_KILL_AT=NAME`` (a testing aid): hwtrace SIGKILLs itself
+    here, to show the program runs on (see :data:`KILL_POINTS`)."""
+    if os.environ.get("HWTRACE_PATCH_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def clock_pair() -> tuple[int, int]:
@@ -440,14 +459,17 @@ class _Patcher:
             if fresh:
                 for address, data in plan.code:
                     t.write(address, data)
+        kill_point("trampolines")
         if not self.runtime:
             first = plans[0][1]
             self.runtime, self.scratch = first.runtime, first.scratch
             self._handler()
-        for mod, plan, _ in plans:
+        for n, (mod, plan, _) in enumerate(plans):
             for address, data in plan.patches:
                 t.write(address, data)
             self.done.append((mod.lo, mod.hi, plan.patches[0] if plan.patches else None))
+            if n == 0:
+                kill_point("patches")  # some modules patched, not all
         return len(plans)
 
     def _plan(self, mod: _Module) -> ModulePlan:
@@ -561,6 +583,7 @@ def record_patched(
         r = t.regs()
         r.gs_base = pool.sink()
         t.set_regs(r)
+        kill_point("buffers")
         patcher = _Patcher(t)
         patcher.pool = pool
         patcher.patch_new(maps0)
@@ -698,6 +721,7 @@ class _Run:
         self.finished: list[PatchThread] = []
         self.forks = 0
         self.known = {pid}
+        self.live = {pid}  # traced threads and children not reaped yet
         self.children: set[int] = set()  # forked processes, let go at exec
         self.regs = Registers()
 
@@ -713,6 +737,7 @@ class _Run:
 
     def _born(self, tid: int, thread: bool) -> None:
         self.known.add(tid)
+        self.live.add(tid)
         if not self._getregs(tid):
             return
         if thread:
@@ -737,8 +762,12 @@ class _Run:
         import ctypes
 
         ptrace(PTRACE_CONT, self.pid, 0, 0)
+        kill_point("tracing")
         msg = ctypes.c_ulong()
-        while True:
+        # Until every thread and child it traces is gone (waiting for any
+        # child: hwtrace's caller may have children of its own, which are
+        # not waited for once none of the traced ones is left).
+        while self.live:
             for tid, sig in self.held:
                 tgkill(self.pid, tid, sig)  # signals that came while hwtrace worked
             self.held.clear()
@@ -749,6 +778,7 @@ class _Run:
             if os.WIFEXITED(status) or os.WIFSIGNALED(status):
                 if tid == self.pid:
                     self.status = status
+                self.live.discard(tid)
                 self.children.discard(tid)
                 if tid in self.pool.slots:
                     self.finished.append(self.pool.release(tid))
@@ -772,6 +802,7 @@ class _Run:
                     # A child that hwtrace does not record runs its new program
                     # free: nothing of the patched image is left in it.
                     self.children.discard(tid)
+                    self.live.discard(tid)
                     ptrace(PTRACE_DETACH, tid, 0, 0)
                     continue
                 ptrace(PTRACE_CONT, tid, 0, 0)
@@ -794,6 +825,7 @@ class _Run:
             if sig and tid in self.pool.slots and sig != signal.SIGSTOP:
                 sig = self._signal(tid, sig)
             ptrace(PTRACE_CONT, tid, 0, sig)
+        return self.status
 
     # -- signals ------------------------------------------------------------------------
 
@@ -808,6 +840,7 @@ class _Run:
                 return False
             if not os.WIFSTOPPED(status):
                 self.gone.add(tid)
+                self.live.discard(tid)
                 if tid == self.pid:
                     self.status = status
                 if tid in self.pool.slots:
