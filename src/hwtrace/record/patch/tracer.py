@@ -378,6 +378,22 @@ def _free_below(maps: list[Mapping], top: int, size: int, floor: int) -> int | N
     return a if a >= floor else None
 
 
+def _free_above(maps: list[Mapping], bottom: int, size: int, ceiling: int) -> int | None:
+    """The lowest page-aligned ``a >= bottom`` with ``[a, a + size)`` free
+    and ``a + size <= ceiling``."""
+    a = (bottom + PAGE - 1) & ~(PAGE - 1)
+    for m in sorted(maps, key=lambda m: m.start):
+        if m.end <= a:
+            continue
+        if m.start >= a + size:
+            break
+        a = (m.end + PAGE - 1) & ~(PAGE - 1)
+    return a if a + size <= ceiling else None
+
+
+HEAP_ROOM = 256 << 20  # left free above a module for a heap growing there (brk)
+
+
 class _Patcher:
     """The modules patched in the process, and the patching of code mapped
     later (a library dlopen'ed)."""
@@ -479,7 +495,11 @@ class _Patcher:
         body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
         size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
         now = read_maps(t.pid)
+        # Below the module, else (a program linked at a low address) above
+        # it, past room for its heap; within a rel32's reach of all of it.
         near = _free_below(now, mod.lo, size, max(mod.hi - (1 << 31) + size, PAGE))
+        if near is None:
+            near = _free_above(now, mod.hi + HEAP_ROOM, size, mod.lo + (1 << 31) - (1 << 20))
         if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
             raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
