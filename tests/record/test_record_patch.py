@@ -221,6 +221,24 @@ def test_patch_code_matches_its_source(tmp_path):
 PR_SET_CHILD_SUBREAPER = 36
 
 
+def _children_running(exe: Path) -> list[int]:
+    """This process's children running ``exe`` (or having run it: zombies
+    too, by their command name)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            comm = head.split("(", 1)[1]
+            if int(rest.split()[1]) == os.getpid() and comm == exe.name[:15]:
+                out.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_program_runs_on_when_hwtrace_is_killed(point, tmp_path):
     """hwtrace SIGKILLed while it sets up, patches or traces: the program
@@ -237,12 +255,10 @@ def test_program_runs_on_when_hwtrace_is_killed(point, tmp_path):
                                    str(tmp_path / "perf.data"), "--", str(exe)],
                                   stdout=f, stderr=subprocess.PIPE, env=env, timeout=300)  # fmt: skip
         assert proc.returncode == -signal.SIGKILL, proc.stderr
-        # The orphan is ours now: wait for it.
-        while True:
-            try:
-                _, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
+        # The orphan is ours now: wait for it (not for every child: pytest
+        # has children of its own).
+        for pid in _children_running(exe):
+            _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0
         assert out.read_text() == expected_output("signals")
     finally:
