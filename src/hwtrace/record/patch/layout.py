@@ -249,69 +249,12 @@ def redirect_table(redirects: dict[int, int]) -> tuple[np.ndarray, int]:
         slots *= 2
 
 
-@dataclass
-class _Site:
-    index: int  # the instrumented instruction
-    first: int  # the window's first instruction
-    trap: bool
-    body: int = 0
-    entry: int = 0
-    block: int = 0  # the first instruction of its block
-
-
-def plan_module(
-    cm: CodeMap,
-    read,
-    near: tuple[int, int],
-    far: tuple[int, int] | None = None,
-) -> ModulePlan:
-    """Lay out the trampolines of module ``cm`` (code read with ``read``) in
-    the arena ``near`` = ``(start, end)`` (stubs in its first
-    :data:`ARENA_STUBS` bytes, then the runtime and the trampolines) and,
-    for stubs that must lie below the module, ``far``."""
-    kinds = cm.kinds
-    idx = np.flatnonzero(np.isin(kinds, np.array([K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL])))
-    first, block = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
-    ips = cm.ips.astype(np.int64)
-    lens = cm.lens.astype(np.int64)
-    # A block moved whole (too short for a jump) is entered at an int3 from
-    # plain code: a direct jmp or call with a rel32 goes to the copy instead
-    # (its displacement rewritten), a jmp rel8 gets a window of its own.
-    moved_blocks = np.unique(ips[block[first < 0]])
-    direct = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) &
-                            np.isin(cm.targets.astype(np.int64), moved_blocks))  # fmt: skip
-    short_jumps = direct[(kinds[direct] == K_JMP) & (lens[direct] == 2)]
-    retarget = direct[lens[direct] == 5]
-    if short_jumps.shape[0]:
-        f2, b2 = windows(cm.ips, cm.lens, kinds, cm.leaders, short_jumps.astype(np.int64))
-        order = np.argsort(np.concatenate([idx, short_jumps]), kind="stable")
-        idx = np.concatenate([idx, short_jumps])[order]
-        first = np.concatenate([first, f2])[order]
-        block = np.concatenate([block, b2])[order]
-    plan = ModulePlan()
-    plan.arenas = [near] + ([far] if far is not None else [])
-    near_lo, near_hi = near
-    stub_hi = near_lo + ARENA_STUBS
-    plan.runtime = stub_hi
-    plan.scratch = (stub_hi + len(pc.RUNTIME) + 15) & ~15
-    cursor = (plan.scratch + SCRATCH_SIZE + 63) & ~63
-    sites: list[_Site] = []
-    raws: dict[int, bytes] = {}
-    for i, j, b in zip(idx.tolist(), first.tolist(), block.tolist(), strict=True):
-        # A block too short for a jump is moved whole, int3 at each of its
-        # instructions: branches to it from trampolines go straight to the
-        # copy, only entries from elsewhere trap.
-        trap = j < 0
-        s = _Site(i, b if trap else j, trap)
-        s.block = b
-        raws[i] = read(int(ips[i]), int(lens[i]))
-        sites.append(s)
-    # Stubs for jumps whose displacement covers instruction boundaries; a
-    # window whose constraint no free address meets starts one instruction
-    # earlier in its block and tries again (other boundaries, other bytes).
-    occ_near = np.zeros(ARENA_STUBS, np.uint8)
-    occ_far = np.zeros(far[1] - far[0], np.uint8) if far is not None else None
-    pending = [s for s in sites if not s.trap]
+def _place(pending: list, ips, near_lo: int, stub_hi: int, far, occ_near, occ_far) -> None:
+    """Stubs for the jump windows of ``pending`` whose displacement covers
+    instruction boundaries; a window whose constraint no free address meets
+    starts one instruction earlier (in its block, then across leaders of the
+    code falling into it) and tries again, else becomes a trap."""
+    pending = [s for s in pending if not s.trap]
     while pending:
         cons = [_constraint([int(ips[k] - ips[s.first]) for k in range(s.first + 1, s.index + 1)])
                 for s in pending]  # fmt: skip
@@ -333,13 +276,97 @@ def plan_module(
                 s.entry = -1  # the trampoline itself
             elif placed[n] >= 0:
                 s.entry = placed[n]
-            elif s.first > s.block:
+            elif s.first > s.reach:
                 s.first -= 1
                 again.append(s)
             else:
                 s.trap = True  # no stub address: traps at the window's instructions
                 s.first = s.block
         pending = again
+
+
+@dataclass
+class _Site:
+    index: int  # the instrumented instruction
+    first: int  # the window's first instruction
+    trap: bool
+    body: int = 0
+    entry: int = 0
+    block: int = 0  # the first instruction of its block
+    reach: int = 0  # the first a window may start at (across leaders)
+
+
+def plan_module(
+    cm: CodeMap,
+    read,
+    near: tuple[int, int],
+    far: tuple[int, int] | None = None,
+) -> ModulePlan:
+    """Lay out the trampolines of module ``cm`` (code read with ``read``) in
+    the arena ``near`` = ``(start, end)`` (stubs in its first
+    :data:`ARENA_STUBS` bytes, then the runtime and the trampolines) and,
+    for stubs that must lie below the module, ``far``."""
+    kinds = cm.kinds
+    idx = np.flatnonzero(np.isin(kinds, np.array([K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL])))
+    first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
+    ips = cm.ips.astype(np.int64)
+    lens = cm.lens.astype(np.int64)
+    # A block too short for a jump that the code before it falls into: the
+    # window starts there, across the leader(s) between (each then an
+    # int3 inside the window, reached through its copy).
+    for w in np.flatnonzero((first < 0) & (reach < block)).tolist():
+        i, k = int(idx[w]), int(block[w])
+        total = int(ips[i] + lens[i] - ips[k])
+        while total < 5 and k > reach[w]:
+            k -= 1
+            total += int(lens[k])
+        if total >= 5:
+            first[w] = k
+    plan = ModulePlan()
+    plan.arenas = [near] + ([far] if far is not None else [])
+    near_lo, near_hi = near
+    stub_hi = near_lo + ARENA_STUBS
+    plan.runtime = stub_hi
+    plan.scratch = (stub_hi + len(pc.RUNTIME) + 15) & ~15
+    cursor = (plan.scratch + SCRATCH_SIZE + 63) & ~63
+    sites: list[_Site] = []
+    raws: dict[int, bytes] = {}
+    occ_near = np.zeros(ARENA_STUBS, np.uint8)
+    occ_far = np.zeros(far[1] - far[0], np.uint8) if far is not None else None
+    is_site = np.zeros(len(cm), np.bool_)
+    jumps8 = np.flatnonzero((kinds == K_JMP) & (lens == 2))
+    while idx.shape[0]:
+        new_sites = []
+        for i, j, b, r in zip(idx.tolist(), first.tolist(), block.tolist(), reach.tolist(),
+                              strict=True):  # fmt: skip
+            # A block too short for a jump is moved whole, int3 at each of
+            # its instructions: branches to it from trampolines go straight
+            # to the copy, only entries from elsewhere trap.
+            trap = j < 0
+            s = _Site(i, b if trap else j, trap)
+            s.block = b
+            s.reach = r
+            raws[i] = read(int(ips[i]), int(lens[i]))
+            new_sites.append(s)
+            is_site[i] = True
+        sites += new_sites
+        _place(new_sites, ips, near_lo, stub_hi, far, occ_near, occ_far)
+        # Where plain code may jump to and find an int3: a block moved
+        # whole, a leader inside a window.  A jmp rel8 there gets a window
+        # of its own (a jmp or call with a rel32 has its displacement
+        # rewritten, below); that window may make more such places.
+        entries = set()
+        for s in new_sites:
+            if s.trap:
+                entries.update(ips[s.first : s.index + 1].tolist())
+            elif s.first < s.block:
+                inner = np.arange(s.first + 1, s.block + 1)
+                entries.update(ips[inner[cm.leaders[inner]]].tolist())
+        more = jumps8[~is_site[jumps8] & np.isin(cm.targets[jumps8].astype(np.int64),
+                                                  np.array(sorted(entries), np.int64))]  # fmt: skip
+        idx = more
+        first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
+    sites.sort(key=lambda s: s.index)
     for s in sites:
         size = int(ips[s.index] - ips[s.first]) + _part_size(int(kinds[s.index]), raws[s.index],
                                                               int(ips[s.index]))  # fmt: skip
@@ -395,10 +422,16 @@ def plan_module(
                                  b"\xcc" * (wlen - 5)))  # fmt: skip
             for k in range(s.first + 1, i + 1):
                 plan.redirects[int(ips[k])] = moved[int(ips[k])]
-    for k in retarget.tolist():
+    # Direct jumps and calls with a rel32 to an int3 of the patches (a block
+    # moved whole, a leader inside a window, a window made a trap because
+    # no stub address met its constraint) go to the copy.
+    rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5))
+    hits = rel32[np.isin(cm.targets[rel32].astype(np.int64),
+                         np.fromiter(plan.redirects, np.int64, len(plan.redirects)))]  # fmt: skip
+    for k in hits.tolist():
         at = int(ips[k])
-        to = moved.get(int(cm.targets[k]))
-        if to is None or _raw_opcode(read(at, 5)) not in (0xE8, 0xE9):
+        to = plan.redirects[int(cm.targets[k])]
+        if _raw_opcode(read(at, 5)) not in (0xE8, 0xE9):
             continue
         plan.originals.append((at + 1, read(at + 1, 4)))
         plan.patches.append((at + 1, _rel(at + 5, to)))

@@ -199,9 +199,12 @@ def _mark_jump_tables(ips, kinds, rip_targets, leaders, lo, hi, tables):
 def windows(ips, lens, kinds, leaders, instrumented):
     """For each instrumented instruction (index): the first instruction of
     its window (-1 where its block has fewer than 5 bytes up to it: a trap
-    site) and the first instruction of its block."""
+    site), the first instruction of its block, and the first a window may
+    start at when it crosses leaders (the blocks before it that fall
+    through into it, up to the last control transfer)."""
     first = np.full(instrumented.shape[0], -1, np.int64)
     block = np.empty(instrumented.shape[0], np.int64)
+    reach = np.empty(instrumented.shape[0], np.int64)
     for w in range(instrumented.shape[0]):
         i = instrumented[w]
         total = np.int64(lens[i])
@@ -217,4 +220,10 @@ def windows(ips, lens, kinds, leaders, instrumented):
         if lens[i] >= 5:
             first[w] = i
         block[w] = j
-    return first, block
+        while j > 0:
+            p = j - 1
+            if kinds[p] != K_OTHER or ips[p] + lens[p] != ips[j]:
+                break
+            j = p
+        reach[w] = j
+    return first, block, reach
