@@ -38,8 +38,9 @@ __all__ = [
 ]
 
 ARENA_STUBS = 32 << 20  # stub space of a near arena: every 64 KiB band of 16 MiB
-FAR_OFFSET = 0x34000000
-SCRATCH_SIZE = 256  # stubs whose displacement's top byte is 0xCC lie this far below
+FAR_OFFSET = 0x34000000  # stubs whose displacement's top byte is 0xCC lie this far below
+FAR_SPAN = 0x01000000  # ... within this much
+SCRATCH_SIZE = 256
 _JMP = 0xE9
 _INT3 = 0xCC
 
@@ -249,7 +250,7 @@ def redirect_table(redirects: dict[int, int]) -> tuple[np.ndarray, int]:
         slots *= 2
 
 
-def _place(pending: list, ips, near_lo: int, stub_hi: int, far, occ_near, occ_far) -> None:
+def _place(pending: list, ips, near_lo: int, stub_hi: int, far: list, occ_near) -> None:
     """Stubs for the jump windows of ``pending`` whose displacement covers
     instruction boundaries; a window whose constraint no free address meets
     starts one instruction earlier (in its block, then across leaders of the
@@ -265,10 +266,11 @@ def _place(pending: list, ips, near_lo: int, stub_hi: int, far, occ_near, occ_fa
             masks = np.array([cons[n][0] for n in need], np.uint32)
             pats = np.array([cons[n][1] for n in need], np.uint32)
             got = _place_stubs(at, masks, pats, near_lo, stub_hi, occ_near)
-            miss = got < 0
-            if occ_far is not None and miss.any():
-                got[miss] = _place_stubs(at[miss], masks[miss], pats[miss], far[0], far[1],
-                                         occ_far)  # fmt: skip
+            for lo, hi, occ in far:
+                miss = got < 0
+                if not miss.any():
+                    break
+                got[miss] = _place_stubs(at[miss], masks[miss], pats[miss], lo, hi, occ)
         placed = dict(zip(need, got.tolist(), strict=True))
         again = []
         for n, s in enumerate(pending):
@@ -300,12 +302,14 @@ def plan_module(
     cm: CodeMap,
     read,
     near: tuple[int, int],
-    far: tuple[int, int] | None = None,
+    far: list[tuple[int, int, np.ndarray]] = (),
 ) -> ModulePlan:
     """Lay out the trampolines of module ``cm`` (code read with ``read``) in
     the arena ``near`` = ``(start, end)`` (stubs in its first
     :data:`ARENA_STUBS` bytes, then the runtime and the trampolines) and,
-    for stubs that must lie below the module, ``far``."""
+    for stubs that must lie below the module, the pieces of ``far``
+    (``(start, end, occupancy)``: one byte per address, 1 where taken;
+    modules close to each other share them)."""
     kinds = cm.kinds
     idx = np.flatnonzero(np.isin(kinds, np.array([K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL])))
     first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
@@ -323,7 +327,7 @@ def plan_module(
         if total >= 5:
             first[w] = k
     plan = ModulePlan()
-    plan.arenas = [near] + ([far] if far is not None else [])
+    plan.arenas = [near] + [(lo, hi) for lo, hi, _ in far]
     near_lo, near_hi = near
     stub_hi = near_lo + ARENA_STUBS
     plan.runtime = stub_hi
@@ -332,7 +336,6 @@ def plan_module(
     sites: list[_Site] = []
     raws: dict[int, bytes] = {}
     occ_near = np.zeros(ARENA_STUBS, np.uint8)
-    occ_far = np.zeros(far[1] - far[0], np.uint8) if far is not None else None
     is_site = np.zeros(len(cm), np.bool_)
     jumps8 = np.flatnonzero((kinds == K_JMP) & (lens == 2))
     while idx.shape[0]:
@@ -350,7 +353,7 @@ def plan_module(
             new_sites.append(s)
             is_site[i] = True
         sites += new_sites
-        _place(new_sites, ips, near_lo, stub_hi, far, occ_near, occ_far)
+        _place(new_sites, ips, near_lo, stub_hi, list(far), occ_near)
         # Where plain code may jump to and find an int3: a block moved
         # whole, a leader inside a window.  A jmp rel8 there gets a window
         # of its own (a jmp or call with a rel32 has its displacement

@@ -63,6 +63,7 @@ from . import _patchcode as pc
 from .layout import (
     ARENA_STUBS,
     FAR_OFFSET,
+    FAR_SPAN,
     ModulePlan,
     PlanError,
     plan_module,
@@ -418,6 +419,9 @@ class _Patcher:
         self.halts: set[int] = set()  # where rt_async_off stops (after its int3)
         self.sigreturns: set[int] = set()
         self.own_trap_handler = False  # the program has one: not replaced
+        # Far stub space (start, end, occupancy), shared by modules close
+        # to each other: their far ranges overlap.
+        self.far_pieces: list[tuple[int, int, np.ndarray]] = []
 
     def in_arena(self, ip: int) -> bool:
         return any(lo <= ip < hi for lo, hi in self.arenas)
@@ -503,12 +507,7 @@ class _Patcher:
         if near is None or t.map(near, size, PROT_READ | PROT_EXEC,
                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
             raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
-        far = None
-        flo = mod.lo - FAR_OFFSET
-        fsize = (mod.hi - mod.lo + (16 << 20) + PAGE) & ~(PAGE - 1)
-        if flo > PAGE and t.map(flo, fsize, PROT_READ | PROT_EXEC,
-                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) == flo:  # fmt: skip
-            far = (flo, flo + fsize)
+        far = self._far(mod)
         try:
             plan = plan_module(cm, read, (near, near + size), far)
         except PlanError as e:
@@ -529,6 +528,31 @@ class _Patcher:
         self.table = (at, mask)
         if self.pool is not None:
             self.pool.set_table(at, mask)
+
+    def _far(self, mod: _Module) -> list[tuple[int, int, np.ndarray]]:
+        """The far stub space for ``mod``'s jumps whose displacement's top
+        byte must be 0xCC: the pieces already mapped there, and the rest of
+        the range mapped now where it is free."""
+        lo = (mod.lo - FAR_OFFSET) & ~(PAGE - 1)
+        hi = (mod.hi - FAR_OFFSET + FAR_SPAN + PAGE - 1) & ~(PAGE - 1)
+        if lo <= PAGE:
+            return []
+        have = sorted(p for p in self.far_pieces if p[0] < hi and lo < p[1])
+        gaps, at = [], lo
+        for plo, phi, _ in have:
+            if plo > at:
+                gaps.append((at, plo))
+            at = max(at, phi)
+        if at < hi:
+            gaps.append((at, hi))
+        for glo, ghi in gaps:
+            got = self.t.map(glo, ghi - glo, PROT_READ | PROT_EXEC,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE)  # fmt: skip
+            if got == glo:
+                piece = (glo, ghi, np.zeros(ghi - glo, np.uint8))
+                self.far_pieces.append(piece)
+                have.append(piece)
+        return sorted(have, key=lambda p: p[0])
 
     def _handler(self) -> None:
         """The runtime's SIGTRAP handler, for int3s met when hwtrace is gone
