@@ -170,6 +170,24 @@
 6:
 .endm
 
+/* The redirect table's slot for the key in \key: \slot at the entry
+ * (the table's address in \base), on to \missing when there is none
+ * (hwtrace's record.patch.layout.redirect_table writes it). */
+.macro TABLE_PROBE key, slot, base, missing
+        imul \slot, \key, 0x5bd1e995
+        shr \slot, 12
+        and \slot, gs:[RMASK]
+        shl \slot, 4
+        add \slot, \base
+1:      cmp [\slot], \key
+        je 2f
+        cmp qword ptr [\slot], 0
+        je \missing
+        add \slot, 16
+        jmp 1b
+2:
+.endm
+
 /* A target inside a window (or a block moved whole) would trap: go to its
  * copy in the trampoline instead (a table lookup, see hwtrace's
  * record.patch.tracer). */
@@ -177,18 +195,8 @@
         cmp qword ptr gs:[RTABLE], 0
         je 3f
         mov rax, gs:[TARGET]
-        imul rdx, rax, 0x5bd1e995
-        shr rdx, 12
-        and rdx, gs:[RMASK]
-        shl rdx, 4
-        add rdx, gs:[RTABLE]
-1:      cmp [rdx], rax
-        je 2f
-        cmp qword ptr [rdx], 0
-        je 3f
-        add rdx, 16
-        jmp 1b
-2:      mov rax, [rdx + 8]
+        TABLE_PROBE rax, rdx, "gs:[RTABLE]", 3f
+        mov rax, [rdx + 8]
         mov gs:[TARGET], rax
         sub qword ptr gs:[CONT], ALT
         inc qword ptr gs:[REDIRECTS]
@@ -324,18 +332,8 @@ rt_trap_handler:
         mov r8, gs:[RTABLE]
         test r8, r8
         jz 9f
-        imul rcx, rax, 0x5bd1e995
-        shr rcx, 12
-        and rcx, gs:[RMASK]
-        shl rcx, 4
-        add rcx, r8
-1:      cmp [rcx], rax
-        je 2f
-        cmp qword ptr [rcx], 0
-        je 9f
-        add rcx, 16
-        jmp 1b
-2:      mov rax, [rcx + 8]
+        TABLE_PROBE rax, rcx, r8, 9f
+        mov rax, [rcx + 8]
         mov [rdx + UC_RIP], rax
         ret
 9:      mov [rdx + UC_RIP], rax
