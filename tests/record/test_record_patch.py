@@ -275,3 +275,19 @@ def test_recording_when_the_caller_has_children(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_interrupt_while_tracing_records_on(tmp_path):
+    """^C reaches hwtrace while the program runs (the program gets its own):
+    hwtrace records on until the program ends and writes the perf.data."""
+    exe = build_program("signals")
+    out, data = tmp_path / "out", tmp_path / "perf.data"
+    env = dict(os.environ, HWTRACE_PATCH_KILL_AT="tracing:SIGINT")
+    hwtrace = Path(sys.executable).with_name("hwtrace")
+    with open(out, "w") as f:
+        proc = subprocess.run([str(hwtrace), "record", "--backend", "patch", "-N", "-o", str(data),
+                               "--", str(exe)], stdout=f, stderr=subprocess.PIPE, text=True,
+                              env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert out.read_text() == expected_output("signals")
+    assert data.stat().st_size > 0

@@ -165,6 +165,10 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     except PatchError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
         return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("hwtrace record: interrupted while setting up; the program runs on "
+                         "untraced, nothing written\n")  # fmt: skip
+        return 130
     write_patch_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache)
     pt = sum(len(t.data) for t in rec.threads)
     lost = sum(t.lost for t in rec.threads)

@@ -222,10 +222,12 @@ KILL_POINTS = ("buffers", "trampolines", "patches", "tracing")
 
 
 def kill_point(name: str) -> None:
-    """``HWTRACE_PATCH_KILL_AT=NAME`` (a testing aid): hwtrace SIGKILLs itself
-    here, to show the program runs on (see :data:`KILL_POINTS`)."""
-    if os.environ.get("HWTRACE_PATCH_KILL_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """``HWTRACE_PATCH_KILL_AT=NAME[:SIGNAL]`` (a testing aid): hwtrace sends
+    itself SIGKILL (or SIGNAL, e.g. ``SIGINT``) here, to show the program
+    runs on (see :data:`KILL_POINTS`)."""
+    where, _, sig = os.environ.get("HWTRACE_PATCH_KILL_AT", "").partition(":")
+    if where == name:
+        os.kill(os.getpid(), getattr(signal, sig) if sig else signal.SIGKILL)
 
 
 def clock_pair() -> tuple[int, int]:
@@ -641,13 +643,24 @@ def record_patched(
         setup = time.monotonic() - began
         pairs = [clock_pair()]
         run = _Run(pid, patcher, pool)
-        status = run.run()
+        # ^C reaches the program too (one process group): it decides; hwtrace
+        # records on until it ends.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            status = run.run()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         pairs.append(clock_pair())
         threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
         pool.close()
         return PatchRecording(pid, tuple(argv), maps0, patcher.vdso, threads, status,
                               {p: pl.stats for p, pl in patcher.plans.items()}, run.traps, setup,
                               comm, opt, pairs, run.forks, run.mapped)  # fmt: skip
+    except KeyboardInterrupt:
+        # Interrupted while setting up: the program, stopped, runs on
+        # untraced (its GS base is on the sink once anything is patched).
+        ptrace(PTRACE_DETACH, pid, 0, 0)
+        raise
     except BaseException:
         try:
             proc.kill()
