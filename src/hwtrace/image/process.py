@@ -67,6 +67,20 @@ def read_maps(pid: int) -> list[Mapping]:
     return out
 
 
+AT_ENTRY = 9  # the auxiliary vector's program entry point
+
+
+def program_entry(pid: int) -> int | None:
+    """The entry point of the program process ``pid`` runs (``AT_ENTRY`` of
+    ``/proc/PID/auxv``), or None."""
+    with open(f"/proc/{pid}/auxv", "rb") as f:
+        raw = f.read()
+    for i in range(0, len(raw) - 15, 16):
+        if int.from_bytes(raw[i : i + 8], "little") == AT_ENTRY:
+            return int.from_bytes(raw[i + 8 : i + 16], "little")
+    return None
+
+
 def _alias(path: str, name: str) -> tuple[int, int] | None:
     """``(link address, size)`` of function ``name`` in the ELF symbol
     tables of ``path`` (pyelftools), or None."""

@@ -43,6 +43,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..image.process import program_entry
 from ..kernel.ptrace import (
     PTRACE_CONT,
     PTRACE_DETACH,
@@ -455,7 +456,6 @@ def _tracer_of(pid: int, tid: int) -> int:
     return 0
 
 
-AT_ENTRY = 9
 
 
 def _traceme() -> None:  # runs in the child between fork and exec
@@ -479,13 +479,7 @@ def launch_stopped(argv: list[str], **popen: object):
     _, status = os.waitpid(pid, WALL)  # stopped at the exec
     if not os.WIFSTOPPED(status):
         raise PtraceError(f"{argv[0]}: did not start ({status:#x})")
-    with open(f"/proc/{pid}/auxv", "rb") as f:
-        raw = f.read()
-    entry = 0
-    for i in range(0, len(raw) - 15, 16):
-        if int.from_bytes(raw[i : i + 8], "little") == AT_ENTRY:
-            entry = int.from_bytes(raw[i + 8 : i + 16], "little")
-            break
+    entry = program_entry(pid) or 0
     fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
     try:
         original = os.pread(fd, 1, entry)

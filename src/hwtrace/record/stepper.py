@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from ..image.process import Mapping, ProcessModules, read_maps
+from ..image.process import Mapping, ProcessModules, program_entry, read_maps
 from . import _native as nat
 
 __all__ = [
@@ -111,7 +111,6 @@ END_STOPPED = "stopped"  # recording stopped (an exec not followed)
 REGISTERS_ALL = nat.REGISTER_NAMES
 REGISTERS_BASIC = ("rip", "rsp", "eflags")
 
-AT_ENTRY = 9
 _PAGE = 0x1000
 _PLAIN_TRAP = (signal.SIGTRAP << 8) | 0x7F  # a single-step (or int3) trap, no event
 _OPTIONS = (
@@ -381,13 +380,10 @@ def _caught_signals(pid: int) -> int:
 
 
 def _auxv_entry(pid: int) -> int:
-    with open(f"/proc/{pid}/auxv", "rb") as f:
-        raw = f.read()
-    data = np.frombuffer(raw[: len(raw) // 8 * 8], dtype=np.uint64)
-    for k in range(0, data.shape[0] - 1, 2):
-        if int(data[k]) == AT_ENTRY:
-            return int(data[k + 1])
-    raise RecordError(f"process {pid}: no AT_ENTRY in /proc/{pid}/auxv")
+    entry = program_entry(pid)
+    if entry is None:
+        raise RecordError(f"process {pid}: no AT_ENTRY in /proc/{pid}/auxv")
+    return entry
 
 
 def resolve_functions(

@@ -24,11 +24,23 @@ import numpy as np
 from numba import njit
 
 from . import _patchcode as pc
-from .sites import K_CALL, K_COND, K_ICALL, K_IJMP, K_JMP, K_RET, K_SYSCALL, CodeMap, windows
+from .sites import (
+    INSTRUMENTED,
+    K_CALL,
+    K_COND,
+    K_ICALL,
+    K_IJMP,
+    K_JMP,
+    K_RET,
+    K_SYSCALL,
+    CodeMap,
+    windows,
+)
 
 __all__ = [
     "ARENA_STUBS",
     "FAR_OFFSET",
+    "FAR_SPAN",
     "REDIRECT_HASH",
     "SCRATCH_SIZE",
     "ModulePlan",
@@ -52,12 +64,11 @@ class PlanError(Exception):
 @dataclass
 class ModulePlan:
     """What to write for one module: ``code`` (address, bytes) in its arenas,
-    ``patches`` over its code (with the ``originals`` they replace) and
-    ``redirects`` (an ``int3`` address and where a thread meeting it goes)."""
+    ``patches`` over its code and ``redirects`` (an ``int3`` address and
+    where a thread meeting it goes)."""
 
     code: list[tuple[int, bytes]] = field(default_factory=list)
     patches: list[tuple[int, bytes]] = field(default_factory=list)
-    originals: list[tuple[int, bytes]] = field(default_factory=list)
     redirects: dict[int, int] = field(default_factory=dict)
     runtime: int = 0  # address of the runtime routines' copy
     scratch: int = 0  # SCRATCH_SIZE bytes for hwtrace's use (a path for open)
@@ -135,10 +146,7 @@ def _put64(buf: bytearray, at: int, value: int) -> None:
 
 
 def _rel32(buf: bytearray, at: int, field_address: int, target: int) -> None:
-    rel = target - (field_address + 4)
-    if not -(1 << 31) <= rel < 1 << 31:
-        raise PlanError(f"{target:#x} is out of reach of {field_address:#x}")
-    buf[at : at + 4] = (rel & 0xFFFFFFFF).to_bytes(4, "little")
+    buf[at : at + 4] = _rel(field_address + 4, target)
 
 
 def _constraint(boundaries: list[int]) -> tuple[int, int]:
@@ -311,7 +319,7 @@ def plan_module(
     (``(start, end, occupancy)``: one byte per address, 1 where taken;
     modules close to each other share them)."""
     kinds = cm.kinds
-    idx = np.flatnonzero(np.isin(kinds, np.array([K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL])))
+    idx = np.flatnonzero(np.isin(kinds, np.array(INSTRUMENTED)))
     first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
@@ -346,9 +354,7 @@ def plan_module(
             # its instructions: branches to it from trampolines go straight
             # to the copy, only entries from elsewhere trap.
             trap = j < 0
-            s = _Site(i, b if trap else j, trap)
-            s.block = b
-            s.reach = r
+            s = _Site(i, b if trap else j, trap, block=b, reach=r)
             raws[i] = read(int(ips[i]), int(lens[i]))
             new_sites.append(s)
             is_site[i] = True
@@ -414,13 +420,11 @@ def plan_module(
             stats["traps"] += 1
             for k in range(s.first, i + 1):
                 at = int(ips[k])
-                plan.originals.append((at, read(at, 1)))
                 plan.patches.append((at, b"\xcc"))
                 plan.redirects[at] = moved[at]
         else:
             stats["windows"] += 1
             stats["stubs"] += s.entry != s.body
-            plan.originals.append((start, read(start, wlen)))
             plan.patches.append((start, bytes([_JMP]) + _rel(start + 5, s.entry) +
                                  b"\xcc" * (wlen - 5)))  # fmt: skip
             for k in range(s.first + 1, i + 1):
@@ -431,20 +435,12 @@ def plan_module(
     rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5))
     hits = rel32[np.isin(cm.targets[rel32].astype(np.int64),
                          np.fromiter(plan.redirects, np.int64, len(plan.redirects)))]  # fmt: skip
-    for k in hits.tolist():
+    for k in hits.tolist():  # E8/E9 rel32: 5 bytes leave no room for a prefix
         at = int(ips[k])
-        to = plan.redirects[int(cm.targets[k])]
-        if _raw_opcode(read(at, 5)) not in (0xE8, 0xE9):
-            continue
-        plan.originals.append((at + 1, read(at + 1, 4)))
-        plan.patches.append((at + 1, _rel(at + 5, to)))
+        plan.patches.append((at + 1, _rel(at + 5, plan.redirects[int(cm.targets[k])])))
         stats["retargeted"] = stats.get("retargeted", 0) + 1
     plan.stats = stats
     return plan
-
-
-def _raw_opcode(raw: bytes) -> int:
-    return raw[0] if raw else -1
 
 
 def _rel(origin: int, target: int) -> bytes:

@@ -133,11 +133,13 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
     _mark_leaders(cm.ips, cm.lens, cm.kinds, cm.targets, np.sort(extra), cm.leaders)
     lo = np.array([s for s, _ in sections], np.uint64)
     hi = np.array([e for _, e in sections], np.uint64)
-    _mark_jump_tables(cm.ips, cm.kinds, cm.rip_targets, cm.leaders, lo, hi, read_table(read, cm))
+    _mark_jump_tables(
+        cm.ips, cm.kinds, cm.rip_targets, cm.leaders, lo, hi, _table_candidates(read, cm)
+    )
     return cm
 
 
-def read_table(read, cm: CodeMap):
+def _table_candidates(read, cm: CodeMap):
     """Reads 4-byte entries of candidate jump tables (RIP-relative ``lea``
     operands outside the code), as one array per candidate: ``(address,
     entries)`` packed into two arrays for the compiled marker."""

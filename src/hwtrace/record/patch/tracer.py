@@ -34,12 +34,11 @@ import numpy as np
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
-from ...image.process import Mapping, load_bias, read_maps
+from ...image.process import Mapping, load_bias, program_entry, read_maps
 from ...isa.tsc import rdtsc
 from ...kernel.ptrace import (
     PTRACE_CONT,
     PTRACE_DETACH,
-    PTRACE_GETEVENTMSG,
     PTRACE_GETREGS,
     PTRACE_GETSIGINFO,
     PTRACE_O_TRACECLONE,
@@ -69,7 +68,7 @@ from .layout import (
     plan_module,
     redirect_table,
 )
-from .sites import CodeMap, sweep
+from .sites import INSTRUMENTED, CodeMap, sweep
 
 __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
 
@@ -77,12 +76,11 @@ PAGE = 0x1000
 POOL_HINT = 0x300000000000  # where the buffers are asked to go (a hint)
 SLACK = 512  # room past END for the largest group of packets a routine writes
 TCB_SIZE = PAGE
-AT_ENTRY = 9
 SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MUNMAP, SYS_RT_SIGACTION = 2, 3, 9, 11, 13
 SA_SIGINFO, SA_ONSTACK, SA_RESTART, SA_RESTORER = 0x4, 0x08000000, 0x10000000, 0x04000000
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
 MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 1, 2, 0x20, 0x100000
-_EVENT_FORK, _EVENT_VFORK, _EVENT_CLONE, _EVENT_EXEC, _EVENT_EXIT = 1, 2, 3, 4, 6
+_EVENT_FORK, _EVENT_VFORK, _EVENT_EXEC, _EVENT_EXIT = 1, 2, 4, 6
 
 
 class PatchError(Exception):
@@ -159,15 +157,11 @@ class _Target:
 
     def regs(self) -> Registers:
         r = Registers()
-        import ctypes
-
         if ptrace(PTRACE_GETREGS, self.tid, 0, ctypes.addressof(r)) < 0:
             raise PatchError(f"thread {self.tid}: cannot read its registers")
         return r
 
     def set_regs(self, r: Registers) -> None:
-        import ctypes
-
         if ptrace(PTRACE_SETREGS, self.tid, 0, ctypes.addressof(r)) < 0:
             raise PatchError(f"thread {self.tid}: cannot set its registers")
 
@@ -211,8 +205,7 @@ class _Target:
         return out - (1 << 64) if out >= 1 << 63 else out
 
     def map(self, address: int, size: int, prot: int, flags: int, fd: int = -1) -> int:
-        got = self.syscall(SYS_MMAP, address, size, prot, flags, fd & ((1 << 64) - 1), 0)
-        return got
+        return self.syscall(SYS_MMAP, address, size, prot, flags, fd & ((1 << 64) - 1), 0)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -260,15 +253,6 @@ def _launch(argv: Sequence[str], popen: dict) -> subprocess.Popen:
     if not os.WIFSTOPPED(status):
         raise PatchError(f"{argv[0]}: did not start")
     return proc
-
-
-def _entry(pid: int) -> int:
-    with open(f"/proc/{pid}/auxv", "rb") as f:
-        raw = f.read()
-    for i in range(0, len(raw) - 15, 16):
-        if int.from_bytes(raw[i : i + 8], "little") == AT_ENTRY:
-            return int.from_bytes(raw[i + 8 : i + 16], "little")
-    raise PatchError(f"process {pid}: no entry point in its auxiliary vector")
 
 
 def _run_to_entry(t: _Target, entry: int) -> None:
@@ -334,7 +318,13 @@ def _elf_layout(elf: ELFFile, bias: int) -> tuple[list[tuple[int, int]], np.ndar
     return sorted(sections), np.unique(np.array(funcs, np.uint64))
 
 
+def _load_vaddr(elf: ELFFile) -> int:
+    return min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+
+
 def _modules(t: _Target, maps: list[Mapping]) -> tuple[list[_Module], bytes]:
+    """The executable modules of ``maps`` (ELF files and the vDSO, read from
+    the process), and the vDSO's bytes."""
     out = []
     vdso = b""
     paths = []
@@ -347,20 +337,19 @@ def _modules(t: _Target, maps: list[Mapping]) -> tuple[list[_Module], bytes]:
         if path == "[vdso]":
             vdso = t.read(lo, hi - lo)
             elf = ELFFile(io.BytesIO(vdso))
-            bias = lo - min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+            sections, funcs = _elf_layout(elf, lo - _load_vaddr(elf))
         elif path.startswith("/"):
             try:
-                f = open(path, "rb")
+                with open(path, "rb") as f:
+                    elf = ELFFile(f)
+                    bias = load_bias(maps, path, _load_vaddr(elf))
+                    if bias is None:
+                        continue
+                    sections, funcs = _elf_layout(elf, bias)
             except OSError:
-                continue
-            elf = ELFFile(f)
-            vaddr = min(s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
-            bias = load_bias(maps, path, vaddr)
-            if bias is None:
                 continue
         else:
             continue
-        sections, funcs = _elf_layout(elf, bias)
         if sections:
             out.append(_Module(path, lo, hi, sections, funcs))
     return out, vdso
@@ -498,7 +487,7 @@ class _Patcher:
         t = self.t
         read = mod.reader(t)
         cm: CodeMap = sweep(read, mod.sections, mod.functions)
-        body = int(np.isin(cm.kinds, np.array([1, 4, 5, 6, 7])).sum()) * 256 + 2 * PAGE
+        body = int(np.isin(cm.kinds, np.array(INSTRUMENTED)).sum()) * 256 + 2 * PAGE
         size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
         now = read_maps(t.pid)
         # Below the module, else (a program linked at a low address) above
@@ -601,7 +590,9 @@ def record_patched(
         options = (PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEFORK
                    | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD)  # fmt: skip
         ptrace(PTRACE_SETOPTIONS, pid, 0, options)
-        entry = _entry(pid)
+        entry = program_entry(pid)
+        if entry is None:
+            raise PatchError(f"process {pid}: no entry point in its auxiliary vector")
         _run_to_entry(t, entry)
         maps0 = read_maps(pid)
         comm = _comm(pid)
@@ -676,7 +667,7 @@ def record_patched(
 
 class _Pool:
     """The threads' control blocks and trace buffers: one shared-memory file
-    of :data:`MAX_THREADS` slots (a control block page, then the buffer),
+    of ``max_threads`` + 1 slots (a control block page, then the buffer),
     sparse until written; slot 0 is a sink for processes hwtrace does not
     record (its buffer is always full)."""
 
@@ -698,12 +689,13 @@ class _Pool:
         self.table = (0, 0)
         self.dropped = 0  # threads past the last slot: not recorded
 
-    def _words(self, k: int) -> np.ndarray:
+    def words(self, k: int) -> np.ndarray:
+        """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
         return np.frombuffer(self.shared, np.uint64, TCB_SIZE // 8, k * self.slot_size)
 
     def sink(self) -> int:
         """The control block whose buffer is always full."""
-        w = self._words(0)
+        w = self.words(0)
         w[pc.W // 8] = 2
         w[pc.CUR // 8] = w[pc.END // 8] = self.base + TCB_SIZE
         w[pc.NEXTPSB // 8] = 1 << 62
@@ -719,7 +711,7 @@ class _Pool:
             return self.sink()
         k = self.free.pop()
         self.slots[tid] = k
-        w = self._words(k)
+        w = self.words(k)
         w[:] = 0
         tcb = self.base + k * self.slot_size
         buf = tcb + TCB_SIZE
@@ -738,13 +730,13 @@ class _Pool:
         """Every control block (and those claimed later) reads this table."""
         self.table = (address, mask)
         for k in [0, *self.slots.values()]:
-            w = self._words(k)
+            w = self.words(k)
             w[pc.RTABLE // 8], w[pc.RMASK // 8] = address, mask
 
     def release(self, tid: int) -> PatchThread:
         """The trace of a thread that ended; its slot is free again."""
         k = self.slots.pop(tid)
-        w = self._words(k)
+        w = self.words(k)
         buf = self.base + k * self.slot_size + TCB_SIZE
         end = int(w[pc.CUR // 8]) - buf
         at = k * self.slot_size + TCB_SIZE
@@ -773,7 +765,6 @@ class _Run:
         self.mapped: list[tuple[int, Mapping]] = []  # (TSC, mapping) of code mapped later
         self.held: list[tuple[int, int]] = []  # (tid, signal) that came while hwtrace worked
         self.status = 0  # the process's wait status
-        self.gone: set[int] = set()
         self.traps = 0
         self.finished: list[PatchThread] = []
         self.forks = 0
@@ -783,13 +774,9 @@ class _Run:
         self.regs = Registers()
 
     def _getregs(self, tid: int) -> bool:
-        import ctypes
-
         return ptrace(PTRACE_GETREGS, tid, 0, ctypes.addressof(self.regs)) == 0
 
     def _setregs(self, tid: int) -> None:
-        import ctypes
-
         ptrace(PTRACE_SETREGS, tid, 0, ctypes.addressof(self.regs))
 
     def _born(self, tid: int, thread: bool) -> None:
@@ -816,11 +803,8 @@ class _Run:
             self.mapped += [(now, m) for m in maps if lo <= m.start < hi]
 
     def run(self) -> int:
-        import ctypes
-
         ptrace(PTRACE_CONT, self.pid, 0, 0)
         kill_point("tracing")
-        msg = ctypes.c_ulong()
         # Until every thread and child it traces is gone (waiting for any
         # child: hwtrace's caller may have children of its own, which are
         # not waited for once none of the traced ones is left).
@@ -849,10 +833,8 @@ class _Run:
                 if sig == signal.SIGSTOP and event == 0:
                     sig = 0
             if sig == signal.SIGTRAP and event:
-                if event in (_EVENT_CLONE, _EVENT_FORK, _EVENT_VFORK):
-                    ptrace(PTRACE_GETEVENTMSG, tid, 0, ctypes.addressof(msg))
-                    if event != _EVENT_CLONE:
-                        self.forks += 1
+                if event in (_EVENT_FORK, _EVENT_VFORK):
+                    self.forks += 1
                 elif event == _EVENT_EXIT and tid in self.pool.slots:
                     self.finished.append(self.pool.release(tid))
                 elif event == _EVENT_EXEC and tid in self.children:
@@ -896,7 +878,6 @@ class _Run:
             except ChildProcessError:
                 return False
             if not os.WIFSTOPPED(status):
-                self.gone.add(tid)
                 self.live.discard(tid)
                 if tid == self.pid:
                     self.status = status
@@ -914,7 +895,7 @@ class _Run:
             ptrace(PTRACE_SYSCALL if where is None else PTRACE_CONT, tid, 0, 0)
 
     def _tcb_words(self, tid: int) -> np.ndarray:
-        return self.pool._words(self.pool.slots[tid])
+        return self.pool.words(self.pool.slots[tid])
 
     def _enable_at(self, tid: int, ip: int) -> None:
         """Set the stopped thread to enable tracing (TIP.PGE) at ``ip`` and
