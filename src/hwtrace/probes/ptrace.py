@@ -456,8 +456,6 @@ def _tracer_of(pid: int, tid: int) -> int:
     return 0
 
 
-
-
 def _traceme() -> None:  # runs in the child between fork and exec
     _call(PTRACE_TRACEME, 0)
 
