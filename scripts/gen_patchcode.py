@@ -17,7 +17,7 @@ from elftools.elf.elffile import ELFFile
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src/hwtrace/record/patch/runtime.S"
 OUTPUT = ROOT / "src/hwtrace/record/patch/_patchcode.py"
-TEMPLATES = ("head", "cond", "ijmp", "icall", "ret", "sys")
+TEMPLATES = ("head", "cond", "ijmp", "icall", "push", "call", "ret", "sys")
 ROUTINES = (
     "rt_tnt_full",
     "rt_tip",

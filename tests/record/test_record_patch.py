@@ -38,7 +38,7 @@ from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.decode import decode_trace
 from hwtrace.record import record_software
-from hwtrace.record.patch import PatchRecording, record_patched
+from hwtrace.record.patch import PatchOptions, PatchRecording, record_patched
 from hwtrace.record.patch.output import patch_image
 from hwtrace.record.patch.tracer import KILL_POINTS
 
@@ -106,6 +106,20 @@ def test_patch_program_output(same_path, tmp_path):
             rec = record_patched([str(build_program(name))], stdout=f)
         assert os.waitstatus_to_exitcode(rec.exit_status) == 0, name
         assert out.read_text() == expected_output(name), name
+
+
+def test_return_compression_off_records_the_same_flow(same_path, tmp_path):
+    """``noretcomp``: every return a TIP; the decoded flow is the one the
+    compressed trace (checked against the stepper above) gives, in more
+    bytes."""
+    exe = str(build_program("recursion"))
+    on = record_patched([exe], stdout=subprocess.DEVNULL)
+    off = record_patched([exe], PatchOptions(noretcomp=True), stdout=subprocess.DEVNULL)
+    (t_on,), (t_off,) = on.threads, off.threads
+    assert np.array_equal(decoded(on, tmp_path)[t_on.tid], decoded(off, tmp_path)[t_off.tid])
+    assert len(t_off.data) > 1.3 * len(t_on.data)
+    # Half the returns are deeper than the 64 a decoder keeps: still TIPs.
+    assert t_on.counts["tips"] < 0.6 * t_off.counts["tips"]
 
 
 def executed_at(rec: PatchRecording, exe: Path, debug: Path) -> dict[int, int]:

@@ -161,7 +161,9 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
         return 2
     sys.stderr.write("hwtrace record: backend patch (the program's branches write Intel PT)\n")
     try:
-        rec = record_patched(command, PatchOptions(psb_period=a.psb_period, tsc=not a.no_tsc))
+        rec = record_patched(
+            command, PatchOptions(psb_period=a.psb_period, tsc=not a.no_tsc, noretcomp=a.noretcomp)
+        )
     except PatchError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
         return 1

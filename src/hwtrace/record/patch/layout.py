@@ -13,6 +13,13 @@ punning" constraint).  A trap site is ``int3`` over the instruction alone.
 
 Direct branches of trampolines go straight to the trampoline of their
 target where it has one, so that a hot loop stays in trampolines.
+
+With return compression every call pushes onto the runtime's return
+stack: a direct call's window is the code before it in its block (the
+call itself stays in place, so the processor's own return prediction
+still pairs it with its return), or, where that holds fewer than 5
+bytes, the call alone, moved (``push`` of the original return address,
+``jmp``).
 """
 
 from __future__ import annotations
@@ -128,7 +135,11 @@ def _encode(ins: iced.Instruction, at: int) -> bytes:
     return enc.take_buffer()
 
 
-def _part_size(kind: int, raw: bytes, ip: int) -> int:
+def _part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool) -> int:
+    if kind == K_CALL:
+        return len(pc.TPL_PUSH) + (5 if keep else len(pc.TPL_CALL))
+    if kind == K_ICALL and retcomp:
+        return len(pc.TPL_PUSH) + _part_size(kind, raw, ip, keep, False)
     if kind == K_COND:
         return len(_short_cond(raw)) + len(pc.TPL_COND)
     if kind == K_JMP:
@@ -289,6 +300,10 @@ def _place(pending: list, ips, near_lo: int, stub_hi: int, far: list, occ_near) 
             elif s.first > s.reach:
                 s.first -= 1
                 again.append(s)
+            elif s.keep:
+                s.keep = False  # the call alone, moved: no constraint
+                s.first = s.index
+                s.entry = -1
             else:
                 s.trap = True  # no stub address: traps at the window's instructions
                 s.first = s.block
@@ -304,6 +319,12 @@ class _Site:
     entry: int = 0
     block: int = 0  # the first instruction of its block
     reach: int = 0  # the first a window may start at (across leaders)
+    keep: bool = False  # a call left in place: the window ends before it
+
+    @property
+    def last(self) -> int:
+        """The window's last instruction."""
+        return self.index - 1 if self.keep else self.index
 
 
 def plan_module(
@@ -311,22 +332,30 @@ def plan_module(
     read,
     near: tuple[int, int],
     far: list[tuple[int, int, np.ndarray]] = (),
+    retcomp: bool = True,
 ) -> ModulePlan:
     """Lay out the trampolines of module ``cm`` (code read with ``read``) in
     the arena ``near`` = ``(start, end)`` (stubs in its first
     :data:`ARENA_STUBS` bytes, then the runtime and the trampolines) and,
     for stubs that must lie below the module, the pieces of ``far``
     (``(start, end, occupancy)``: one byte per address, 1 where taken;
-    modules close to each other share them)."""
+    modules close to each other share them); ``retcomp``: return
+    compression (calls push onto the runtime's return stack)."""
     kinds = cm.kinds
-    idx = np.flatnonzero(np.isin(kinds, np.array(INSTRUMENTED)))
-    first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
+    wanted = np.isin(kinds, np.array(INSTRUMENTED))
+    if retcomp:  # a call to the next instruction pushes nothing (decoders agree)
+        wanted |= (kinds == K_CALL) & (cm.targets.astype(np.int64) != ips + lens)
+    idx = np.flatnonzero(wanted)
+    keep = kinds[idx] == K_CALL
+    first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64), keep)
+    first[keep & (first < 0)] = idx[keep & (first < 0)]  # the call alone, moved
+    keep &= first != idx
     # A block too short for a jump that the code before it falls into: the
     # window starts there, across the leader(s) between (each then an
     # int3 inside the window, reached through its copy).
-    for w in np.flatnonzero((first < 0) & (reach < block)).tolist():
+    for w in np.flatnonzero((first < 0) & (reach < block) & ~keep).tolist():
         i, k = int(idx[w]), int(block[w])
         total = int(ips[i] + lens[i] - ips[k])
         while total < 5 and k > reach[w]:
@@ -348,13 +377,13 @@ def plan_module(
     jumps8 = np.flatnonzero((kinds == K_JMP) & (lens == 2))
     while idx.shape[0]:
         new_sites = []
-        for i, j, b, r in zip(idx.tolist(), first.tolist(), block.tolist(), reach.tolist(),
-                              strict=True):  # fmt: skip
+        for i, j, b, r, kp in zip(idx.tolist(), first.tolist(), block.tolist(), reach.tolist(),
+                                  keep.tolist(), strict=True):  # fmt: skip
             # A block too short for a jump is moved whole, int3 at each of
             # its instructions: branches to it from trampolines go straight
             # to the copy, only entries from elsewhere trap.
             trap = j < 0
-            s = _Site(i, b if trap else j, trap, block=b, reach=r)
+            s = _Site(i, b if trap else j, trap, block=b, reach=r, keep=kp)
             raws[i] = read(int(ips[i]), int(lens[i]))
             new_sites.append(s)
             is_site[i] = True
@@ -374,11 +403,13 @@ def plan_module(
         more = jumps8[~is_site[jumps8] & np.isin(cm.targets[jumps8].astype(np.int64),
                                                   np.array(sorted(entries), np.int64))]  # fmt: skip
         idx = more
-        first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64))
+        keep = np.zeros(idx.shape[0], np.bool_)
+        first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64),
+                                      keep)  # fmt: skip
     sites.sort(key=lambda s: s.index)
     for s in sites:
         size = int(ips[s.index] - ips[s.first]) + _part_size(int(kinds[s.index]), raws[s.index],
-                                                              int(ips[s.index]))  # fmt: skip
+                                                              int(ips[s.index]), s.keep, retcomp)  # fmt: skip
         s.body = cursor
         cursor = (cursor + size + 15) & ~15
         if s.entry == -1:
@@ -391,11 +422,13 @@ def plan_module(
         )
     # Where each instruction of a window is in its trampoline.
     moved: dict[int, int] = {}
+    int3s: set[int] = set()  # where the patches put an int3
     for s in sites:
         at = s.body
-        for k in range(s.first, s.index + 1):
+        for k in range(s.first, s.last + 1):
             moved[int(ips[k])] = at
             at += int(lens[k])
+        int3s.update(ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist())
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
     rt = plan.runtime
     plan.code.append((rt, pc.RUNTIME))
@@ -411,11 +444,15 @@ def plan_module(
             plan.origin[moved[int(ips[k])]] = int(ips[k])
         if int(kinds[i]) == K_SYSCALL:
             plan.syscalls[part_at + pc.F_sys_syscall] = ip
-        body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved)
+        # A return to after a call whose next instruction is an int3 goes
+        # to its copy instead (see runtime.S's tpl_ret).
+        cont = moved[nxt] if nxt in int3s else 0
+        body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved,
+                      cont, s.keep, retcomp)  # fmt: skip
         plan.parts.append((part_at, s.body + len(body), ip))
         plan.code.append((s.body, bytes(body)))
         start = int(ips[s.first])
-        wlen = nxt - start
+        wlen = int(ips[s.last] + lens[s.last]) - start
         if s.trap:
             stats["traps"] += 1
             for k in range(s.first, i + 1):
@@ -427,7 +464,7 @@ def plan_module(
             stats["stubs"] += s.entry != s.body
             plan.patches.append((start, bytes([_JMP]) + _rel(start + 5, s.entry) +
                                  b"\xcc" * (wlen - 5)))  # fmt: skip
-            for k in range(s.first + 1, i + 1):
+            for k in range(s.first + 1, s.last + 1):
                 plan.redirects[int(ips[k])] = moved[int(ips[k])]
     # Direct jumps and calls with a rel32 to an int3 of the patches (a block
     # moved whole, a leader inside a window, a window made a trap because
@@ -459,10 +496,29 @@ def _moved(cm: CodeMap, read, k: int, at: int) -> bytes:
     return bytes(raw)
 
 
-def _part(kind, raw, ip, nxt, target, at, rt, moved) -> bytes:
+def _push(nxt: int, cont: int) -> bytes:
+    t = bytearray(pc.TPL_PUSH)
+    _put64(t, pc.F_push_neg, -nxt)
+    _put64(t, pc.F_push_cont, cont)
+    return bytes(t)
+
+
+def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp) -> bytes:
     def dest(x: int) -> int:
         return moved.get(x, x)
 
+    if kind == K_CALL:
+        head = _push(nxt, cont)
+        if keep:  # back to the call, in place
+            return head + bytes([_JMP]) + _rel(at + len(head) + 5, ip)
+        t = bytearray(pc.TPL_CALL)
+        base = at + len(head)
+        _rel32(t, pc.F_call_dst, base + pc.F_call_dst, dest(target))
+        _put64(t, pc.F_call_ret, nxt)
+        return head + bytes(t)
+    if kind == K_ICALL and retcomp:
+        head = _push(nxt, cont)
+        return head + _part(kind, raw, ip, nxt, target, at + len(head), rt, moved, 0, keep, False)
     if kind == K_JMP:
         return bytes([_JMP]) + _rel(at + 5, dest(target))
     if kind == K_COND:
@@ -490,6 +546,7 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved) -> bytes:
     if kind == K_RET:
         t = bytearray(pc.TPL_RET)
         _rel32(t, pc.F_ret_rt, at + pc.F_ret_rt, rt + pc.RT_TIP)
+        _rel32(t, pc.F_ret_trt, at + pc.F_ret_trt, rt + pc.RT_TNT_FULL)
         ret = _ret_bytes(raw)
         pop = 8 + (int.from_bytes(ret[1:3], "little") if ret[0] == 0xC2 else 0)
         t[pc.F_ret_pop : pc.F_ret_pop + 4] = pop.to_bytes(4, "little")

@@ -62,7 +62,7 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
         "mtc_period": 0,
         "cyc": False,
         "cyc_thresh": 0,
-        "noretcomp": True,
+        "noretcomp": opt.noretcomp,
         "psb_period": opt.psb_period,
         "branch_enable": True,
         "user": True,

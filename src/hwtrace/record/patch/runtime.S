@@ -14,6 +14,15 @@
  * runtime routines, which save rax, rdx and the arithmetic flags in the
  * block (lahf/seto, as DynamoRIO does), never on the program's stack.
  *
+ * Return compression follows the decoder's call stack: every call pushes
+ * (its return address negated, and where the return goes on when that
+ * address is an int3 of the patches, else 0) onto a 256-entry ring in the
+ * block, invalidating the entry 64 below (a decoder keeps 64); a return
+ * to the top entry's address pops it and is a taken TNT bit, any other
+ * return a TIP (no pop).  PSB+ and TIP.PGE invalidate the top entry, so a
+ * decoder that empties its stack there never sees a compressed return
+ * whose call came before.
+ *
  * Routines are entered by a jump with the caller's rcx in SAVE_RCX and
  * their continuation in CONT; they keep every register but rcx.
  */
@@ -44,6 +53,8 @@
         .equ RTABLE, 168    /* redirect table: (from, to) pairs, open addressing */
         .equ RMASK, 176     /* its slot mask (slots - 1); 0: no table */
         .equ REDIRECTS, 184 /* statistics: indirect branches sent into trampolines */
+        .equ SIDX, 192      /* the return stack's top entry (a byte: 256 entries) */
+        .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
 .macro SAVE
@@ -135,10 +146,18 @@
 5:
 .endm
 
+/* No compressed return to a call before this point. */
+.macro RESET_RETSTACK
+        movzx eax, byte ptr gs:[SIDX]
+        shl eax, 4
+        mov qword ptr gs:[SHADOW + rax], 0
+.endm
+
 /* PSB+ when due; with a FUP of NEXTIP when \fup (tracing is on). */
 .macro PSB_IF_DUE fup
         cmp rcx, gs:[NEXTPSB]
         jb 7f
+        RESET_RETSTACK
         mov rax, 0x8202820282028202
         mov [rcx], rax
         mov [rcx + 8], rax
@@ -277,6 +296,7 @@ rt_notify:
         int3
 3:      mov qword ptr gs:[SYSNR], -1
         ROOM
+        RESET_RETSTACK
         PSB_IF_DUE 0
         TSC_PACKET
         inc qword ptr gs:[PGES]
@@ -441,12 +461,81 @@ tpl_icall:
         .equ F_icall_ret, . - 8 - tpl_icall
 tpl_icall_end:
 
-/* Followed by the site's own ret (or ret imm16). */
+/* A call's push onto the return stack (see the top), before the call:
+ * the call itself runs in place after it (a jump back) or moved (tpl_call);
+ * an indirect call's template follows it. */
+        .globl tpl_push
+tpl_push:
+        mov gs:[SAVE_RCX], rcx
+        mov gs:[SAVE_RAX], rax
+        movzx eax, byte ptr gs:[SIDX]
+        lea eax, [rax + 1]
+        mov gs:[SIDX], al
+        lea ecx, [rax - 64]
+        movzx ecx, cl
+        lea ecx, [rcx + rcx]
+        mov qword ptr gs:[SHADOW + rcx * 8], 0
+        movzx eax, al
+        lea eax, [rax + rax]
+        movabs rcx, 0
+        .equ F_push_neg, . - 8 - tpl_push
+        mov gs:[SHADOW + rax * 8], rcx
+        movabs rcx, 0
+        .equ F_push_cont, . - 8 - tpl_push
+        mov gs:[SHADOW + 8 + rax * 8], rcx
+        mov rax, gs:[SAVE_RAX]
+        mov rcx, gs:[SAVE_RCX]
+tpl_push_end:
+
+/* A direct call moved into its trampoline (after tpl_push): the return
+ * address is the original's. */
+        .globl tpl_call
+tpl_call:
+        push qword ptr [rip + 3f]
+        .byte 0xe9
+        .long 0
+        .equ F_call_dst, . - 4 - tpl_call
+3:      .quad 0
+        .equ F_call_ret, . - 8 - tpl_call
+tpl_call_end:
+
+/* Followed by the site's own ret (or ret imm16).  A return to the top
+ * entry's address pops it and appends a taken bit (flag-free, as
+ * TNT_BIT); any other return is a TIP. */
         .globl tpl_ret
 tpl_ret:
         mov gs:[SAVE_RCX], rcx
+        mov gs:[SAVE_RAX], rax
+        movzx eax, byte ptr gs:[SIDX]
+        lea eax, [rax + rax]
+        mov rcx, gs:[SHADOW + rax * 8]
+        mov rax, [rsp]
+        lea rcx, [rcx + rax]
+        jrcxz 5f
+        mov rax, gs:[SAVE_RAX]
         mov rcx, [rsp]
         TO_TIP tpl_ret, F_ret_rt
+5:      movzx eax, byte ptr gs:[SIDX]
+        lea ecx, [rax - 1]
+        mov gs:[SIDX], cl
+        lea eax, [rax + rax]
+        mov rcx, gs:[SHADOW + 8 + rax * 8]
+        mov gs:[TARGET], rcx
+        mov rax, gs:[SAVE_RAX]
+        mov rcx, gs:[W]
+        lea rcx, [rcx + rcx + 1]
+        mov gs:[W], rcx
+        movzx ecx, word ptr gs:[W + 6]
+        jrcxz 6f
+        mov rcx, [rsp]
+        mov gs:[NEXTIP], rcx
+        lea rcx, [rip + 6f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_ret_trt, . - 4 - tpl_ret
+6:      mov rcx, gs:[TARGET]    /* an int3 at the return address: its copy */
+        jrcxz 2f
 1:      mov rcx, gs:[SAVE_RCX]
         lea rsp, [rsp + 0x1000]         /* the return's pop (8 + its immediate) */
         .equ F_ret_pop, . - 4 - tpl_ret

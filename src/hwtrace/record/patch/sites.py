@@ -198,18 +198,20 @@ def _mark_jump_tables(ips, kinds, rip_targets, leaders, lo, hi, tables):
 
 
 @njit(cache=True)
-def windows(ips, lens, kinds, leaders, instrumented):
+def windows(ips, lens, kinds, leaders, instrumented, before):
     """For each instrumented instruction (index): the first instruction of
     its window (-1 where its block has fewer than 5 bytes up to it: a trap
     site), the first instruction of its block, and the first a window may
     start at when it crosses leaders (the blocks before it that fall
-    through into it, up to the last control transfer)."""
+    through into it, up to the last control transfer).  Where ``before``
+    is set the window ends before the instruction (a call that stays in
+    place), and -1 means its block has fewer than 5 bytes before it."""
     first = np.full(instrumented.shape[0], -1, np.int64)
     block = np.empty(instrumented.shape[0], np.int64)
     reach = np.empty(instrumented.shape[0], np.int64)
     for w in range(instrumented.shape[0]):
         i = instrumented[w]
-        total = np.int64(lens[i])
+        total = np.int64(0) if before[w] else np.int64(lens[i])
         j = i
         while j > 0 and not leaders[j]:
             p = j - 1
@@ -219,7 +221,7 @@ def windows(ips, lens, kinds, leaders, instrumented):
             total += lens[j]
             if total >= 5 and first[w] < 0:
                 first[w] = j
-        if lens[i] >= 5:
+        if lens[i] >= 5 and not before[w]:
             first[w] = i
         block[w] = j
         while j > 0:

@@ -68,14 +68,14 @@ from .layout import (
     plan_module,
     redirect_table,
 )
-from .sites import INSTRUMENTED, CodeMap, sweep
+from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep
 
 __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
 
 PAGE = 0x1000
 POOL_HINT = 0x300000000000  # where the buffers are asked to go (a hint)
 SLACK = 512  # room past END for the largest group of packets a routine writes
-TCB_SIZE = PAGE
+TCB_SIZE = 2 * PAGE  # the control block, then the return stack (runtime.S's SHADOW)
 SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MUNMAP, SYS_RT_SIGACTION = 2, 3, 9, 11, 13
 SA_SIGINFO, SA_ONSTACK, SA_RESTART, SA_RESTORER = 0x4, 0x08000000, 0x10000000, 0x04000000
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
@@ -91,12 +91,14 @@ class PatchError(Exception):
 class PatchOptions:
     """``psb_period``: bytes between PSB+; ``tsc``: TSC packets (in PSB+ and
     around system calls); ``buffer_size``: trace bytes a thread keeps;
-    ``max_threads``: threads recorded at once (more run unrecorded)."""
+    ``max_threads``: threads recorded at once (more run unrecorded);
+    ``noretcomp``: every return a TIP (no return compression)."""
 
     psb_period: int = 4096
     tsc: bool = True
     buffer_size: int = 64 << 20
     max_threads: int = 64
+    noretcomp: bool = False
 
 
 @dataclass
@@ -390,8 +392,9 @@ class _Patcher:
     """The modules patched in the process, and the patching of code mapped
     later (a library dlopen'ed)."""
 
-    def __init__(self, t: _Target) -> None:
+    def __init__(self, t: _Target, opt: PatchOptions) -> None:
         self.t = t
+        self.opt = opt
         self.plans: dict[str, ModulePlan] = {}
         self.redirects: dict[int, int] = {}
         self.runtime = 0
@@ -487,7 +490,7 @@ class _Patcher:
         t = self.t
         read = mod.reader(t)
         cm: CodeMap = sweep(read, mod.sections, mod.functions)
-        body = int(np.isin(cm.kinds, np.array(INSTRUMENTED)).sum()) * 256 + 2 * PAGE
+        body = int(np.isin(cm.kinds, np.array((*INSTRUMENTED, K_CALL))).sum()) * 256 + 2 * PAGE
         size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
         now = read_maps(t.pid)
         # Below the module, else (a program linked at a low address) above
@@ -500,7 +503,7 @@ class _Patcher:
             raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
         far = self._far(mod)
         try:
-            plan = plan_module(cm, read, (near, near + size), far)
+            plan = plan_module(cm, read, (near, near + size), far, not self.opt.noretcomp)
         except PlanError as e:
             raise PatchError(f"{mod.path}: {e}") from None
         plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
@@ -621,7 +624,7 @@ def record_patched(
         r.gs_base = pool.sink()
         t.set_regs(r)
         kill_point("buffers")
-        patcher = _Patcher(t)
+        patcher = _Patcher(t, opt)
         patcher.pool = pool
         patcher.patch_new(maps0)
         runtime = patcher.runtime
