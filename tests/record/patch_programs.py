@@ -515,7 +515,7 @@ _PROGRAMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 
 PROGRAM_NAMES: list[str] = list(_PROGRAMS)
 
-# A profiling timer interrupts a busy loop wherever it is: inside the
+# A timer interrupts a busy loop wherever it is: inside the
 # recorder's trampolines too.  Its result does not depend on where the
 # signals land (the handler touches only its own variables); the loop keeps
 # rcx busy (shift counts) so that a handler clobbering a trampoline's saved
@@ -529,7 +529,7 @@ ASYNC_SIGNALS = r"""
 
 static volatile unsigned long ticks, handler_mix;
 
-NOINLINE static void on_prof(int sig) {
+NOINLINE static void on_alarm(int sig) {
     unsigned long x = handler_mix + (unsigned long)sig;
     for (int i = 0; i < 40; i++)
         x = (x & 1) ? x * 3 + 1 : x >> 1;
@@ -539,18 +539,18 @@ NOINLINE static void on_prof(int sig) {
 
 int main(void) {
     struct sigaction sa = {0};
-    sa.sa_handler = on_prof;
+    sa.sa_handler = on_alarm;
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGPROF, &sa, 0);
-    struct itimerval every = {{0, 500}, {0, 500}};
-    setitimer(ITIMER_PROF, &every, 0);
+    sigaction(SIGALRM, &sa, 0);
+    struct itimerval every = {{0, 1000}, {0, 1000}};
+    setitimer(ITIMER_REAL, &every, 0);
     unsigned long acc = 1, i;
-    for (i = 0; i < 200000000UL; i++) {
+    for (i = 0; i < 30000000UL; i++) {
         unsigned s = (unsigned)(i & 31);
         acc = (acc << (s & 7)) ^ (acc >> (s >> 2)) ^ (i % 3 ? i : acc >> 5);
     }
     struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_PROF, &off, 0);
+    setitimer(ITIMER_REAL, &off, 0);
     printf("acc %lu\n", acc);
     printf("ticks %lu\n", (unsigned long)ticks);
     return 0;

@@ -31,7 +31,7 @@ import pytest
 from callgrind import callgrind_self_ir
 from callgrind import skip_reason as callgrind_skip
 from elftools.elf.elffile import ELFFile
-from patch_programs import PROGRAM_NAMES, build_program, expected_output
+from patch_programs import PROGRAM_NAMES, build_async_signals, build_program, expected_output
 from test_record_software import SKIP
 
 from hwtrace.cli.main import main as hwtrace_main
@@ -120,6 +120,30 @@ def test_return_compression_off_records_the_same_flow(same_path, tmp_path):
     assert len(t_off.data) > 1.3 * len(t_on.data)
     # Half the returns are deeper than the 64 a decoder keeps: still TIPs.
     assert t_on.counts["tips"] < 0.6 * t_off.counts["tips"]
+
+
+def test_signals_that_interrupt_trampolines(same_path, tmp_path):
+    """A timer's signals land anywhere, inside trampolines and the runtime
+    too (the thread is stepped out first): the program computes what it
+    computes alone, the trace decodes without a gap and holds every run of
+    the handler."""
+    exe = build_async_signals()
+    alone = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        rec = record_patched([str(exe)], stdout=f)
+    acc, ticks = out.read_text().splitlines()
+    assert acc == alone.splitlines()[0]
+    runs = int(ticks.split()[1])
+    assert runs > 20
+    (thread,) = rec.threads
+    flow = decode_trace(thread.data, patch_image(rec, tmp_path), PtConfig())
+    assert not flow.gaps
+    with open(exe, "rb") as f:
+        (handler,) = [s["st_value"] for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()
+                      if s.name == "on_alarm"]  # fmt: skip
+    base = min(m.start for m in rec.maps if m.path == str(exe))
+    assert int((flow.block_ip == base + handler).sum()) == runs
 
 
 def executed_at(rec: PatchRecording, exe: Path, debug: Path) -> dict[int, int]:

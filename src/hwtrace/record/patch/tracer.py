@@ -871,10 +871,11 @@ class _Run:
 
     # -- signals ------------------------------------------------------------------------
 
-    def _wait_trap(self, tid: int, where: set[int] | None) -> bool:
+    def _wait_trap(self, tid: int, where: set[int] | None, step: bool = False) -> bool:
         """Wait for ``tid``'s next SIGTRAP (at ``where``, if given); signals
-        meanwhile are held back for later (delivered when hwtrace resumes the
-        thread at a later stop of the kernel's choosing: they stay pending)."""
+        meanwhile are held back for later (sent again when hwtrace goes on).
+        ``step``: after a single step, a signal's stop comes before the step
+        ran: it returns then, the thread where it was."""
         while True:
             try:
                 _, status = os.waitpid(tid, WALL)
@@ -894,8 +895,16 @@ class _Run:
             if sig & 0x80 and sig & 0x7F == signal.SIGTRAP:
                 return True  # a syscall stop
             if sig not in (signal.SIGTRAP, signal.SIGSTOP):
-                self.held.append((tid, sig))
+                self._hold(tid, sig)
+            if step:
+                return self._getregs(tid)
             ptrace(PTRACE_SYSCALL if where is None else PTRACE_CONT, tid, 0, 0)
+
+    def _hold(self, tid: int, sig: int) -> None:
+        """Send ``sig`` again when hwtrace goes on (once: a standard signal
+        pending twice is pending once)."""
+        if sig >= signal.SIGRTMIN or (tid, sig) not in self.held:
+            self.held.append((tid, sig))
 
     def _tcb_words(self, tid: int) -> np.ndarray:
         return self.pool.words(self.pool.slots[tid])
@@ -919,15 +928,32 @@ class _Run:
         info = ctypes.create_string_buffer(128)
         ptrace(PTRACE_GETSIGINFO, tid, 0, ctypes.addressof(info))
         rip = self.regs.rip
-        if rip - 2 not in self.patcher.syscalls:
-            # Interrupted in the program's own code (tracing was on): a
-            # fault in a moved instruction is the original's.
-            if self.patcher.in_arena(rip):
+        off = rip - 2 in self.patcher.syscalls  # after a trampoline's system call
+        if rip == self.patcher.runtime + pc.RT_START:
+            # About to enable tracing (after a handler, say): it is off, and
+            # enabled again where the thread goes on after this handler.
+            self.regs.rip = rip = int(self._tcb_words(tid)[pc.TARGET // 8])
+            self._setregs(tid)
+            off = True
+        if not off and self.patcher.in_arena(rip):
+            if sig in _FAULTS:
+                # A fault in a moved instruction is the original's.
                 orig = self.patcher.original(rip)
-                if orig is None or sig not in _FAULTS:
+                if orig is None:
                     return sig  # inside the runtime: a fault of hwtrace's, passed on
-                self.regs.rip = rip = orig
+                self.regs.rip = orig
                 self._setregs(tid)
+            else:
+                at = self._safe_point(tid)
+                if at is None:
+                    return 0
+                if at == "int3":
+                    self._hold(tid, sig)  # after hwtrace served the int3
+                    return 0
+                off = at == "syscall"
+            rip = self.regs.rip
+        if not off:
+            # Interrupted in the program's own code (tracing was on).
             saved = self.regs.copy()
             w = self._tcb_words(tid)
             w[pc.NEXTIP // 8] = rip
@@ -941,11 +967,40 @@ class _Run:
         if how != "caught":
             return sig  # fatal: the trace ends disabled
         ptrace(PTRACE_SETSIGINFO, tid, 0, ctypes.addressof(info))
+        # The step stops at the handler's first instruction (before it runs),
+        # or earlier at another signal's stop with the thread already there.
         ptrace(PTRACE_SINGLESTEP, tid, 0, sig)
-        if not self._wait_trap(tid, None) or not self._getregs(tid):
+        if not self._wait_trap(tid, None, step=True) or not self._getregs(tid):
             return 0
         self._enable_at(tid, self.regs.rip)
         return 0
+
+    def _safe_point(self, tid: int) -> str | None:
+        """Single-step a thread that a signal interrupted inside a trampoline
+        or the runtime (whose saved registers a handler running the same
+        code would overwrite) to where the handler may run: ``"code"``
+        (original code, or a moved instruction: the thread is put at the
+        original), ``"syscall"`` (at a trampoline's system call: tracing is
+        off), ``"int3"`` (at one of the runtime's stops for hwtrace, which
+        the thread is to run first); None: the thread is gone."""
+        p = self.patcher
+        for _ in range(_SAFE_STEPS):
+            rip = self.regs.rip
+            if not p.in_arena(rip):
+                return "code"
+            orig = p.origin.get(rip)
+            if orig is not None:
+                self.regs.rip = orig
+                self._setregs(tid)
+                return "code"
+            if rip in p.syscalls:
+                return "syscall"
+            if rip + 1 in p.notify or rip + 1 in p.sigreturns or rip + 1 in p.halts:
+                return "int3"
+            ptrace(PTRACE_SINGLESTEP, tid, 0, 0)
+            if not self._wait_trap(tid, None, step=True) or not self._getregs(tid):
+                return None
+        return "code"  # not expected: no routine runs that long
 
     def _sigreturn(self, tid: int) -> None:
         """The thread is about to run rt_sigreturn: follow it to the
@@ -962,6 +1017,7 @@ class _Run:
         ptrace(PTRACE_CONT, tid, 0, 0)
 
 
+_SAFE_STEPS = 100_000
 _FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP)
 _DEFAULT_IGNORED = (signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH)
 _STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
