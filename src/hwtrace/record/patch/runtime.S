@@ -182,11 +182,34 @@
 .macro ROOM
         cmp rcx, gs:[END]
         jb 6f
+        DROP
+        RESTORE
+6:
+.endm
+
+.macro DROP
         inc qword ptr gs:[LOST]
         mov qword ptr gs:[OVF], 1
         mov qword ptr gs:[W], 2
-        RESTORE
-6:
+.endm
+
+/* Packets were dropped and there is room again (hwtrace drained the
+ * buffer): on to \lost, which writes OVF (the TNT bits of the lost stretch
+ * dropped too) and then, as the processor does, a FUP with the full IP
+ * where tracing goes on, or nothing while tracing is off (the next
+ * TIP.PGE). */
+.macro OVERFLOWED lost
+        cmp qword ptr gs:[OVF], 0
+        jne \lost
+.endm
+
+.macro OVF_PACKET
+        mov word ptr [rcx], 0xf302
+        add rcx, 2
+        mov qword ptr gs:[OVF], 0
+        mov qword ptr gs:[W], 2
+        mov qword ptr gs:[LASTIP], 0
+        RESET_RETSTACK
 .endm
 
 /* The redirect table's slot for the key in \key: \slot at the entry
@@ -229,8 +252,14 @@ rt_begin:
 rt_tnt_full:
         SAVE
         ROOM
+        OVERFLOWED .Ltnt_ovf
         FLUSH_TNT
         PSB_IF_DUE 1
+        RESTORE
+.Ltnt_ovf:
+        OVF_PACKET
+        mov rax, gs:[NEXTIP]
+        IP_PACKET 0x1d
         RESTORE
 
 /* TIP to TARGET, after the pending TNT; PSB+ if due (FUP: TARGET). */
@@ -238,12 +267,17 @@ rt_tip:
         SAVE
         cmp rcx, gs:[END]
         jb 6f
-        inc qword ptr gs:[LOST]
-        mov qword ptr gs:[OVF], 1
-        mov qword ptr gs:[W], 2
+        DROP
         REDIRECT
         RESTORE
-6:      FLUSH_TNT
+.Ltip_ovf:
+        OVF_PACKET                  /* on at TARGET: its FUP, no TIP */
+        mov rax, gs:[TARGET]
+        IP_PACKET 0x1d
+        REDIRECT
+        RESTORE
+6:      OVERFLOWED .Ltip_ovf
+        FLUSH_TNT
         inc qword ptr gs:[TIPS]
         mov rax, gs:[TARGET]
         IP_PACKET 0x0d
@@ -268,11 +302,15 @@ rt_pgd:
 rt_sigreturn_notify:
         int3
 1:      ROOM
+        OVERFLOWED .Lpgd_ovf
         FLUSH_TNT
         TSC_PACKET
         mov byte ptr [rcx], 0x01
         inc rcx
         PSB_IF_DUE 0
+        RESTORE
+.Lpgd_ovf:
+        OVF_PACKET                  /* tracing off after it: no TIP.PGD */
         RESTORE
 
 /* Tracing on again at NEXTIP: PSB+ if due, TSC, MODE.Exec, TIP.PGE. */
@@ -296,6 +334,8 @@ rt_notify:
         int3
 3:      mov qword ptr gs:[SYSNR], -1
         ROOM
+        OVERFLOWED .Lpge_ovf
+.Lpge_on:
         RESET_RETSTACK
         PSB_IF_DUE 0
         TSC_PACKET
@@ -305,6 +345,9 @@ rt_notify:
         mov rax, gs:[NEXTIP]
         IP_PACKET 0x11
         RESTORE
+.Lpge_ovf:
+        OVF_PACKET
+        jmp .Lpge_on
 
 /* An asynchronous disable where a signal interrupts the thread at NEXTIP:
  * the pending TNT, FUP, TIP.PGD; then stops for hwtrace (CONT: rt_halt). */
@@ -312,12 +355,17 @@ rt_async_off:
         mov gs:[SAVE_RCX], rcx
         SAVE
         ROOM
+        OVERFLOWED .Loff_ovf
         FLUSH_TNT
         mov rax, gs:[NEXTIP]
         IP_PACKET 0x1d
         mov byte ptr [rcx], 0x01
         inc rcx
         PSB_IF_DUE 0
+        jmp .Loff_done
+.Loff_ovf:
+        OVF_PACKET                  /* tracing off after it: no FUP, TIP.PGD */
+.Loff_done:
         mov gs:[CUR], rcx
         mov rcx, gs:[SAVE_RCX]
         mov rdx, gs:[SAVE_RDX]
