@@ -37,9 +37,10 @@ from test_record_software import SKIP
 from hwtrace.cli.main import main as hwtrace_main
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.decode import decode_trace
+from hwtrace.pt.flowrows import Ev
 from hwtrace.record import record_software
 from hwtrace.record.patch import PatchOptions, PatchRecording, record_patched
-from hwtrace.record.patch.output import patch_image
+from hwtrace.record.patch.output import patch_image, write_patch_perf_data
 from hwtrace.record.patch.tracer import KILL_POINTS
 
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
@@ -144,6 +145,33 @@ def test_signals_that_interrupt_trampolines(same_path, tmp_path):
                       if s.name == "on_alarm"]  # fmt: skip
     base = min(m.start for m in rec.maps if m.path == str(exe))
     assert int((flow.block_ip == base + handler).sum()) == runs
+
+
+def test_full_buffer_drops_then_overflow_packet(tmp_path):
+    """A thread whose buffer is full drops packets and runs on; once hwtrace
+    drained it (here only at the timer's signal stops: the periodic drain
+    is off), the trace goes on with OVF and a FUP, as Intel PT's does.
+    hwtrace's decoder and perf resynchronize at every OVF alike."""
+    exe = build_async_signals()
+    alone = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    out = tmp_path / "out"
+    options = PatchOptions(buffer_size=16 << 10, drain_period=3600)
+    with open(out, "w") as f:
+        rec = record_patched([str(exe)], options, stdout=f)
+    assert out.read_text().splitlines()[0] == alone.splitlines()[0]
+    (thread,) = rec.threads
+    assert thread.lost > 0 and len(thread.data) > 4 * options.buffer_size
+    flow = decode_trace(thread.data, patch_image(rec, tmp_path), PtConfig())
+    assert not flow.gaps
+    overflows = int((flow.event_columns()["type"] == Ev.OVERFLOW).sum())
+    assert overflows > 1
+    if shutil.which("perf"):
+        data = tmp_path / "perf.data"
+        write_patch_perf_data(rec, data)
+        errors = subprocess.run(["perf", "script", "-i", str(data), "--itrace=e"],
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        lines = [x for x in errors.splitlines() if "instruction trace error" in x]
+        assert len(lines) == overflows and all("Overflow packet" in x for x in lines)
 
 
 def executed_at(rec: PatchRecording, exe: Path, debug: Path) -> dict[int, int]:

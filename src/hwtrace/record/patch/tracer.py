@@ -25,6 +25,7 @@ import signal
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,12 @@ __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "recor
 
 PAGE = 0x1000
 POOL_HINT = 0x300000000000  # where the buffers are asked to go (a hint)
+# A thread's buffer: this much address space, sparse, written once from its
+# start; hwtrace copies what the thread wrote out and frees those pages.
+SPAN = 64 << 30
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
 SLACK = 512  # room past END for the largest group of packets a routine writes
 TCB_SIZE = 2 * PAGE  # the control block, then the return stack (runtime.S's SHADOW)
 SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MUNMAP, SYS_RT_SIGACTION = 2, 3, 9, 11, 13
@@ -90,7 +97,10 @@ class PatchError(Exception):
 @dataclass(frozen=True)
 class PatchOptions:
     """``psb_period``: bytes between PSB+; ``tsc``: TSC packets (in PSB+ and
-    around system calls); ``buffer_size``: trace bytes a thread keeps;
+    around system calls); ``buffer_size``: trace bytes a thread may have
+    written that hwtrace has not yet copied out (past them, packets are
+    dropped and an OVF follows, as Intel PT does when its buffer is full);
+    ``drain_period``: seconds between hwtrace's copies;
     ``max_threads``: threads recorded at once (more run unrecorded);
     ``noretcomp``: every return a TIP (no return compression)."""
 
@@ -99,6 +109,7 @@ class PatchOptions:
     buffer_size: int = 64 << 20
     max_threads: int = 64
     noretcomp: bool = False
+    drain_period: float = 0.002
 
 
 @dataclass
@@ -107,7 +118,7 @@ class PatchThread:
 
     pid: int
     tid: int
-    data: bytes
+    data: bytes | mmap.mmap  # the spool file mapped (traces can be large)
     lost: int  # packets dropped because the buffer was full
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -589,6 +600,7 @@ def record_patched(
     pid = proc.pid
     t = _Target(pid)
     shm_path = ""
+    pool: _Pool | None = None
     try:
         options = (PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEFORK
                    | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD)  # fmt: skip
@@ -637,6 +649,7 @@ def record_patched(
         setup = time.monotonic() - began
         pairs = [clock_pair()]
         run = _Run(pid, patcher, pool)
+        pool.start_draining()
         # ^C reaches the program too (one process group): it decides; hwtrace
         # records on until it ends.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -646,7 +659,6 @@ def record_patched(
             signal.signal(signal.SIGINT, previous)
         pairs.append(clock_pair())
         threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
-        pool.close()
         return PatchRecording(pid, tuple(argv), maps0, patcher.vdso, threads, status,
                               {p: pl.stats for p, pl in patcher.plans.items()}, run.traps, setup,
                               comm, opt, pairs, run.forks, run.mapped)  # fmt: skip
@@ -666,31 +678,40 @@ def record_patched(
         t.close()
         if shm_path:
             os.unlink(shm_path)
+        if pool is not None:
+            pool.close()
 
 
 class _Pool:
     """The threads' control blocks and trace buffers: one shared-memory file
-    of ``max_threads`` + 1 slots (a control block page, then the buffer),
-    sparse until written; slot 0 is a sink for processes hwtrace does not
-    record (its buffer is always full)."""
+    of ``max_threads`` + 1 slots (a control block, then :data:`SPAN` bytes
+    of buffer), sparse; slot 0 is a sink for processes hwtrace does not
+    record (its buffer is always full).  While the program runs, a thread
+    of hwtrace's copies what each thread wrote to a spool file, frees
+    those pages and moves the thread's end ``buffer_size`` bytes past what
+    it wrote: were hwtrace gone, a thread writes that much more and drops
+    the rest."""
 
     def __init__(self, opt: PatchOptions, pid: int) -> None:
         self.opt = opt
         self.pid = pid
-        self.slot_size = TCB_SIZE + opt.buffer_size
+        self.slot_size = TCB_SIZE + SPAN
         self.size = self.slot_size * (opt.max_threads + 1)
-        fd, self.path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
-        try:
-            os.ftruncate(fd, self.size)
-            self.shared = mmap.mmap(fd, self.size, mmap.MAP_SHARED,
-                                    mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
-        finally:
-            os.close(fd)
+        self.fd, self.path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
+        os.ftruncate(self.fd, self.size)
+        self.shared = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
+        self.view = memoryview(self.shared)
         self.base = 0
         self.free = list(range(opt.max_threads, 0, -1))
         self.slots: dict[int, int] = {}  # tid -> slot
         self.table = (0, 0)
         self.dropped = 0  # threads past the last slot: not recorded
+        self.spools: dict[int, Any] = {}  # slot -> its spool file
+        self.drained: dict[int, int] = {}  # slot -> buffer bytes copied out
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.drainer: threading.Thread | None = None
 
     def words(self, k: int) -> np.ndarray:
         """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
@@ -709,18 +730,21 @@ class _Pool:
     def claim(self, tid: int, entry: int = 0) -> int:
         """A control block for a new thread (its trace starts with PSB+);
         the sink when none is left."""
-        if not self.free:
-            self.dropped += 1
-            return self.sink()
-        k = self.free.pop()
-        self.slots[tid] = k
+        with self.lock:
+            if not self.free:
+                self.dropped += 1
+                return self.sink()
+            k = self.free.pop()
+            self.slots[tid] = k
+            self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
+            self.drained[k] = 0
         w = self.words(k)
         w[:] = 0
         tcb = self.base + k * self.slot_size
         buf = tcb + TCB_SIZE
         w[pc.W // 8] = 2
         w[pc.CUR // 8] = buf
-        w[pc.END // 8] = buf + self.opt.buffer_size - SLACK
+        w[pc.END // 8] = buf + min(self.opt.buffer_size, SPAN) - SLACK
         w[pc.NEXTPSB // 8] = buf
         w[pc.PSBPERIOD // 8] = max(self.opt.psb_period, 64)
         w[pc.TSCON // 8] = int(self.opt.tsc)
@@ -728,6 +752,40 @@ class _Pool:
         w[pc.TARGET // 8] = entry
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         return tcb
+
+    def _drain(self, k: int) -> None:
+        """Copy what slot ``k``'s thread wrote since the last time to its
+        spool, free those pages, and give the thread room again (the lock
+        held).  The runtime stores CUR after the packets below it."""
+        w = self.words(k)
+        at = k * self.slot_size + TCB_SIZE
+        buf = self.base + at
+        cur = int(w[pc.CUR // 8]) - buf
+        done = self.drained[k]
+        if cur > done:
+            self.spools[k].write(self.view[at + done : at + cur])
+            lo, hi = (at + done) & ~(PAGE - 1), (at + cur) & ~(PAGE - 1)
+            if hi > lo:
+                _libc.fallocate(self.fd, _PUNCH_HOLE, lo, hi - lo)
+            self.drained[k] = cur
+        w[pc.END // 8] = buf + min(cur + self.opt.buffer_size, SPAN) - SLACK
+
+    def drain(self, tid: int) -> None:
+        """Drain thread ``tid``'s buffer now (hwtrace has it stopped)."""
+        with self.lock:
+            k = self.slots.get(tid)
+            if k is not None:
+                self._drain(k)
+
+    def _drain_all(self) -> None:
+        while not self.stop.wait(self.opt.drain_period):
+            with self.lock:
+                for k in self.slots.values():
+                    self._drain(k)
+
+    def start_draining(self) -> None:
+        self.drainer = threading.Thread(target=self._drain_all, name="hwtrace-drain", daemon=True)
+        self.drainer.start()
 
     def set_table(self, address: int, mask: int) -> None:
         """Every control block (and those claimed later) reads this table."""
@@ -738,12 +796,20 @@ class _Pool:
 
     def release(self, tid: int) -> PatchThread:
         """The trace of a thread that ended; its slot is free again."""
-        k = self.slots.pop(tid)
-        w = self.words(k)
-        buf = self.base + k * self.slot_size + TCB_SIZE
-        end = int(w[pc.CUR // 8]) - buf
+        with self.lock:
+            k = self.slots.pop(tid)
+            self._drain(k)
+            spool = self.spools.pop(k)
+            size = self.drained.pop(k)
         at = k * self.slot_size + TCB_SIZE
-        data = bytes(self.shared[at : at + end])
+        _libc.fallocate(self.fd, _PUNCH_HOLE, at, (size + PAGE - 1) & ~(PAGE - 1))
+        # The spool as the trace (a mapping of it: traces can be large).
+        data: bytes | mmap.mmap = b""
+        if size:
+            spool.flush()
+            data = mmap.mmap(spool.fileno(), size, mmap.MAP_PRIVATE, mmap.PROT_READ)
+        spool.close()
+        w = self.words(k)
         counts = {name.lower(): int(w[getattr(pc, name) // 8])
                   for name in ("TNTBITS", "TIPS", "PGES", "REDIRECTS")}  # fmt: skip
         thread = PatchThread(self.pid, tid, data, int(w[pc.LOST // 8]), counts)
@@ -752,7 +818,17 @@ class _Pool:
         return thread
 
     def close(self) -> None:
+        """Stop draining; the buffers are let go (the program's mapping stays)."""
+        self.stop.set()
+        if self.drainer is not None:
+            self.drainer.join()
+        with self.lock:
+            for spool in self.spools.values():
+                spool.close()
+            self.spools.clear()
+        self.view.release()
         self.shared.close()
+        os.close(self.fd)
 
 
 class _Run:
@@ -922,6 +998,7 @@ class _Run:
         tracing is disabled where the thread is (FUP, TIP.PGD) and enabled
         at the handler's first instruction; returns the signal to deliver
         now (0: delivered here)."""
+        self.pool.drain(tid)
         how = _disposition(self.pid, sig)
         if how in ("ignored", "stop") or not self._getregs(tid):
             return sig
