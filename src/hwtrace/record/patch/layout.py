@@ -88,6 +88,40 @@ class ModulePlan:
     # (start, end, original address) of each instrumented instruction's code
     parts: list[tuple[int, int, int]] = field(default_factory=list)
 
+    def code_writes(self) -> list[tuple[int, bytes]]:
+        """``code`` as few writes: the runtime and trampolines one run (the
+        padding between them int3); stubs as they are (far stub space is
+        shared with other modules)."""
+        tail = [(a, d) for a, d in self.code if a >= self.runtime]
+        stubs = [(a, d) for a, d in self.code if a < self.runtime]
+        if not tail:
+            return stubs
+        lo = min(a for a, _ in tail)
+        buf = bytearray(b"\xcc" * (max(a + len(d) for a, d in tail) - lo))
+        for a, d in tail:
+            buf[a - lo : a - lo + len(d)] = d
+        return [*stubs, (lo, bytes(buf))]
+
+    def patch_writes(self) -> list[tuple[int, bytes]]:
+        """``patches`` as one write per section: from its first patched byte
+        to its last, the code between as it was."""
+        out = []
+        placed = 0
+        for lo, data in sorted(self.source.items()):
+            mine = [(a, d) for a, d in self.patches if lo <= a < lo + len(data)]
+            placed += len(mine)
+            if not mine:
+                continue
+            buf = bytearray(data)
+            for a, d in mine:  # in order: a later patch wins
+                buf[a - lo : a - lo + len(d)] = d
+            first = min(a for a, _ in mine) - lo
+            last = max(a + len(d) for a, d in mine) - lo
+            out.append((lo + first, bytes(buf[first:last])))
+        if placed != len(self.patches):
+            raise PlanError("a patch lies outside the code it was planned for")
+        return out
+
 
 def _short_cond(raw: bytes) -> bytes:
     """The conditional branch ``raw`` as a rel8 branch 5 bytes ahead."""
@@ -469,7 +503,10 @@ def plan_module(
     # Direct jumps and calls with a rel32 to an int3 of the patches (a block
     # moved whole, a leader inside a window, a window made a trap because
     # no stub address met its constraint) go to the copy.
-    rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5))
+    # (Not a call moved into its window: its jump is the patch.)
+    moved_call = np.zeros(len(cm), np.bool_)
+    moved_call[[s.index for s in sites if not s.keep and kinds[s.index] == K_CALL]] = True
+    rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call)
     hits = rel32[np.isin(cm.targets[rel32].astype(np.int64),
                          np.fromiter(plan.redirects, np.int64, len(plan.redirects)))]  # fmt: skip
     for k in hits.tolist():  # E8/E9 rel32: 5 bytes leave no room for a prefix
