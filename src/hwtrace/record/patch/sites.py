@@ -13,7 +13,11 @@ instruction becomes a *trap* site (``int3``).
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import iced_x86 as iced
 import numpy as np
@@ -33,6 +37,7 @@ __all__ = [
     "K_SYSCALL",
     "CodeMap",
     "sweep",
+    "sweep_file",
     "windows",
 ]
 
@@ -231,3 +236,53 @@ def windows(ips, lens, kinds, leaders, instrumented, before):
             j = p
         reach[w] = j
     return first, block, reach
+
+
+_FIELDS = ("ips", "lens", "kinds", "targets", "rip_disp", "rip_targets", "leaders")
+
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("HWTRACE_CACHE_DIR")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(explicit or os.path.join(base, "hwtrace")) / "patch-sweeps"
+
+
+def sweep_file(
+    path: str, base: int, read, sections: list[tuple[int, int]], functions: np.ndarray | None
+) -> CodeMap:
+    """:func:`sweep` of a module mapped from file ``path`` at ``base`` (its
+    lowest mapped address), kept in a cache by the file's identity (device,
+    inode, size, modification time), the sections' offsets and this
+    module's source, so a program's libraries are swept once."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return sweep(read, sections, functions)
+    key = repr((_SOURCE_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                [(lo - base, hi - base) for lo, hi in sections]))  # fmt: skip
+    name = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
+    try:
+        with np.load(name) as z:
+            cm = CodeMap(*(z[f] for f in _FIELDS))
+        cm.ips += np.uint64(base)
+        cm.targets[cm.targets != 0] += np.uint64(base)
+        cm.rip_targets[cm.rip_targets != 0] += np.uint64(base)
+        return cm
+    except (OSError, KeyError, ValueError):
+        pass
+    cm = sweep(read, sections, functions)
+    rel = {f: getattr(cm, f).copy() for f in _FIELDS}
+    rel["ips"] -= np.uint64(base)
+    for f in ("targets", "rip_targets"):
+        rel[f][rel[f] != 0] -= np.uint64(base)
+    try:
+        name.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=name.parent, suffix=".npz", delete=False) as f:
+            np.savez(f, **rel)
+        os.replace(f.name, name)
+    except OSError:
+        pass  # no cache: swept again next time
+    return cm
+
+
+_SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]

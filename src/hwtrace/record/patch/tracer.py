@@ -69,7 +69,7 @@ from .layout import (
     plan_module,
     redirect_table,
 )
-from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep
+from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep, sweep_file
 
 __all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
 
@@ -482,7 +482,7 @@ class _Patcher:
         self._table()
         for _, plan, fresh in plans:
             if fresh:
-                for address, data in plan.code:
+                for address, data in plan.code_writes():
                     t.write(address, data)
         kill_point("trampolines")
         if not self.runtime:
@@ -490,7 +490,7 @@ class _Patcher:
             self.runtime, self.scratch = first.runtime, first.scratch
             self._handler()
         for n, (mod, plan, _) in enumerate(plans):
-            for address, data in plan.patches:
+            for address, data in plan.patch_writes():
                 t.write(address, data)
             self.done.append((mod.lo, mod.hi, plan.patches[0] if plan.patches else None))
             if n == 0:
@@ -500,7 +500,10 @@ class _Patcher:
     def _plan(self, mod: _Module) -> ModulePlan:
         t = self.t
         read = mod.reader(t)
-        cm: CodeMap = sweep(read, mod.sections, mod.functions)
+        if mod.path.startswith("/"):
+            cm: CodeMap = sweep_file(mod.path, mod.lo, read, mod.sections, mod.functions)
+        else:
+            cm = sweep(read, mod.sections, mod.functions)
         body = int(np.isin(cm.kinds, np.array((*INSTRUMENTED, K_CALL))).sum()) * 256 + 2 * PAGE
         size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
         now = read_maps(t.pid)
