@@ -200,8 +200,8 @@ def unnamed_sections(exe: Path) -> list[tuple[int, int]]:
 
 def classify(exe: Path, addresses) -> tuple[set[int], set[int], tuple[int, int]]:
     """Of ``addresses``: the REP-prefixed string instructions (PT and
-    hwtrace count one, callgrind one per iteration) and the calls to
-    ``.plt`` stubs; and ``.plt``'s range."""
+    hwtrace count one, callgrind one per iteration) and the calls and
+    jumps (tail calls) to ``.plt`` stubs; and ``.plt``'s range."""
     with open(exe, "rb") as f:
         elf = ELFFile(f)
         text = [(s["sh_addr"], s.data()) for s in elf.iter_sections() if s["sh_flags"] & 4]
@@ -214,23 +214,24 @@ def classify(exe: Path, addresses) -> tuple[set[int], set[int], tuple[int, int]]
                 ins = next(iter(iced.Decoder(64, data[a - base : a - base + 15], ip=a)))
                 if (ins.has_rep_prefix or ins.has_repne_prefix) and ins.is_string_instruction:
                     rep.add(a)
-                if ins.flow_control == iced.FlowControl.CALL:
+                if ins.flow_control in (
+                    iced.FlowControl.CALL,
+                    iced.FlowControl.UNCONDITIONAL_BRANCH,
+                ):
                     if plt_range[0] <= ins.near_branch_target < plt_range[1]:
                         calls.add(a)
     return rep, calls, plt_range
 
 
-@pytest.mark.skipif(callgrind_skip() is not None, reason=str(callgrind_skip()))
-@pytest.mark.parametrize("name", PROGRAM_NAMES)
-def test_patch_instruction_counts_equal_callgrind(name, same_path, tmp_path):
-    """Every instruction of the program ran as many times as callgrind
-    counted it.  callgrind counts a ``.plt`` stub's instruction (bound at
-    load: one ``jmp *GOT``) at the call that went through it, and a REP
-    string instruction once per iteration (PT: once)."""
-    exe = build_program(name)
-    rec = record_patched([str(exe)], stdout=subprocess.DEVNULL)
-    ours = executed_at(rec, exe, tmp_path)
-    theirs = callgrind_self_ir([str(exe)], instructions=True).ir_at_in(exe)
+def assert_counts_equal_callgrind(rec: PatchRecording, exe: Path, theirs: dict[int, int],
+                                  debug: Path) -> None:  # fmt: skip
+    """Every instruction of ``exe`` ran in ``rec`` as many times as callgrind
+    counted it (``theirs``, by link-time address).  callgrind counts a
+    ``.plt`` stub's instruction (bound at load: one ``jmp *GOT``) at the call
+    or jump that went through it, a REP string instruction once per
+    iteration (PT: once), and files ``.init``, ``.fini`` and ``.plt.got``
+    under no object."""
+    ours = executed_at(rec, exe, debug)
     for lo, hi in unnamed_sections(exe):
         ours = {a: n for a, n in ours.items() if not lo <= a < hi}
     rep, plt_calls, (plo, phi) = classify(exe, set(ours) | set(theirs))
@@ -244,6 +245,60 @@ def test_patch_instruction_counts_equal_callgrind(name, same_path, tmp_path):
         a: n for a, n in theirs.items() if a not in rep
     }
     assert all(ours[a] <= theirs[a] for a in rep)
+
+
+@pytest.mark.skipif(callgrind_skip() is not None, reason=str(callgrind_skip()))
+@pytest.mark.parametrize("name", PROGRAM_NAMES)
+def test_patch_instruction_counts_equal_callgrind(name, same_path, tmp_path):
+    """The test programs: every instruction as many times as callgrind says."""
+    exe = build_program(name)
+    rec = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    theirs = callgrind_self_ir([str(exe)], instructions=True).ir_at_in(exe)
+    assert_counts_equal_callgrind(rec, exe, theirs, tmp_path)
+
+
+# Real programs from Debian on small inputs: (argv, files made first).  Both
+# runs see the same environment (valgrind adds variables to it), the same
+# kind of standard output (a pipe) and the same files.
+SQL = """create table t(a integer primary key, b text);
+with recursive n(x) as (select 1 union all select x + 1 from n where x < 3000)
+insert into t select x, printf('%08x', x * 2654435761 % 4294967296) from n;
+create index tb on t(b);
+select count(*), max(b) from t where a % 7 = 3;
+"""
+REAL = {
+    "xz": ["xz", "-6", "-k", "-f", "{dir}/in"],
+    "gzip": ["gzip", "-9", "-k", "-f", "{dir}/in"],
+    "sqlite3": ["sqlite3", ":memory:", ".read {dir}/q.sql"],
+}
+
+
+def _valgrind_environment() -> dict[str, str]:
+    """The environment a program sees under valgrind (it adds to it)."""
+    out = subprocess.run(["valgrind", "-q", "--tool=none", "/usr/bin/env", "-0"],
+                         capture_output=True, check=True, env=dict(os.environ)).stdout  # fmt: skip
+    return dict(x.split("=", 1) for x in out.decode().split("\0") if "=" in x)
+
+
+@pytest.mark.skipif(callgrind_skip() is not None, reason=str(callgrind_skip()))
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_programs_instruction_counts_equal_callgrind(name, same_path, tmp_path):
+    """Real programs: every instruction of the program's own code ran as
+    many times as callgrind counted it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    exe = Path(os.path.realpath(path))
+    (tmp_path / "in").write_bytes(Path(sys.executable).read_bytes()[:40_000])
+    (tmp_path / "q.sql").write_text(SQL)
+    argv = [str(exe), *(a.format(dir=tmp_path) for a in REAL[name][1:])]
+    env = _valgrind_environment()
+    rec = record_patched(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert os.waitstatus_to_exitcode(rec.exit_status) == 0
+    for made in tmp_path.glob("in.*"):  # xz's and gzip's output: made anew
+        made.unlink()
+    theirs = callgrind_self_ir(argv, instructions=True).ir_at_in(exe)
+    assert_counts_equal_callgrind(rec, exe, theirs, tmp_path)
 
 
 def test_record_cli_patch_backend(same_path, tmp_path, capsys):
