@@ -324,6 +324,17 @@ def test_record_cli_patch_backend(same_path, tmp_path, capsys):
     assert "use --backend step" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_program_under_another_tracer_is_one_message(tmp_path):
+    """hwtrace under ``strace -f``: strace takes the child first (ptrace
+    allows one tracer); one message, no traceback."""
+    cmd = ["strace", "-f", "-o", "/dev/null", sys.executable, "-m", "hwtrace.cli.main", "record",
+           "--backend", "patch", "-N", "-o", str(tmp_path / "x.data"), "--", "/bin/true"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode != 0
+    assert "another tracer" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_patch_code_matches_its_source(tmp_path):
     """_patchcode.py is what scripts/gen_patchcode.py makes of runtime.S."""
     if shutil.which("as") is None:

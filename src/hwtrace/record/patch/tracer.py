@@ -256,12 +256,18 @@ def _launch(argv: Sequence[str], popen: dict) -> subprocess.Popen:
     """``argv`` started under ptrace, stopped at its exec."""
 
     def traceme() -> None:
-        ptrace(PTRACE_TRACEME, 0)
+        if ptrace(PTRACE_TRACEME, 0) != 0:
+            raise OSError("PTRACE_TRACEME failed")
 
     try:
         proc = subprocess.Popen(list(argv), preexec_fn=traceme, **popen)
     except OSError as e:
         raise PatchError(f"{argv[0]}: {e.strerror}") from None
+    except subprocess.SubprocessError:
+        # ptrace allows one tracer: hwtrace runs under a debugger or
+        # strace -f, which took the child first.
+        raise PatchError(f"{argv[0]}: cannot be traced by hwtrace: another tracer "
+                         f"(a debugger, strace -f) traces it") from None  # fmt: skip
     _, status = os.waitpid(proc.pid, WALL)
     if not os.WIFSTOPPED(status):
         raise PatchError(f"{argv[0]}: did not start")
