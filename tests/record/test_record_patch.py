@@ -397,6 +397,34 @@ def test_program_runs_on_when_hwtrace_is_killed(point, tmp_path):
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_terminate_while_tracing_writes_what_was_recorded(sig, tmp_path):
+    """SIGTERM or SIGHUP to hwtrace while the program runs: hwtrace stops
+    recording, writes what it has, says so, and the program runs on
+    (detached when hwtrace exits) to its correct end."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        exe = build_program("signals")
+        out, data = tmp_path / "out", tmp_path / "perf.data"
+        env = dict(os.environ, HWTRACE_PATCH_KILL_AT=f"tracing:{sig}")
+        hwtrace = Path(sys.executable).with_name("hwtrace")
+        with open(out, "w") as f:
+            proc = subprocess.run([str(hwtrace), "record", "--backend", "patch", "-N", "-o",
+                                   str(data), "--", str(exe)], stdout=f, stderr=subprocess.PIPE,
+                                  text=True, env=env, timeout=300)  # fmt: skip
+        number = getattr(signal, sig)
+        assert proc.returncode == 128 + number, proc.stderr
+        assert f"stopped by {sig}" in proc.stderr and "Traceback" not in proc.stderr
+        assert hwtrace_main(["script", "-i", str(data)]) == 0
+        for pid in _children_running(exe):
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        assert out.read_text() == expected_output("signals")
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
 def test_recording_when_the_caller_has_children(tmp_path):
     """hwtrace waits for the threads it traces, not for every child of its
     caller (which would never end here)."""

@@ -181,6 +181,11 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     if lost:
         sys.stderr.write(f"hwtrace record: warning: {lost} packet groups dropped: the trace "
                          "buffer was full\n")  # fmt: skip
+    if rec.stopped_by:
+        name = signal.Signals(rec.stopped_by).name
+        sys.stderr.write(f"hwtrace record: stopped by {name}: the program (pid {rec.pid}) "
+                         "runs on untraced\n")  # fmt: skip
+        return 128 + rec.stopped_by
     return 0
 
 

@@ -144,6 +144,9 @@ class PatchRecording:
     forks: int = 0  # child processes (not recorded)
     # (TSC when patched, mapping) of modules mapped later (dlopen), patched
     mapped: list[tuple[int, Mapping]] = field(default_factory=list)
+    # The signal (SIGTERM, SIGHUP) that stopped the recording before the
+    # program ended (which runs on, untraced); 0: it ended.
+    stopped_by: int = 0
 
 
 class _Target:
@@ -661,16 +664,22 @@ def record_patched(
         pool.start_draining()
         # ^C reaches the program too (one process group): it decides; hwtrace
         # records on until it ends.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # SIGTERM and SIGHUP stop the recording between two of hwtrace's
+        # steps: what was recorded is kept, and the program runs on
+        # untraced once hwtrace exits (the kernel detaches its tracees).
+        previous = {sig: signal.signal(sig, handler) for sig, handler in
+                    ((signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, run.request_stop),
+                     (signal.SIGHUP, run.request_stop))}  # fmt: skip
         try:
             status = run.run()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         pairs.append(clock_pair())
         threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
         return PatchRecording(pid, tuple(argv), maps0, patcher.vdso, threads, status,
                               {p: pl.stats for p, pl in patcher.plans.items()}, run.traps, setup,
-                              comm, opt, pairs, run.forks, run.mapped)  # fmt: skip
+                              comm, opt, pairs, run.forks, run.mapped, run.stop_signal)  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -860,6 +869,31 @@ class _Run:
         self.live = {pid}  # traced threads and children not reaped yet
         self.children: set[int] = set()  # forked processes, let go at exec
         self.regs = Registers()
+        self.stop_signal = 0  # asked to stop recording (SIGTERM, SIGHUP)
+        self.waiting = False  # blocked in waitpid: a stop request ends the wait
+        self.stopping: set[int] = set()  # threads sent a SIGSTOP to be let go at
+
+    def _stop_all(self) -> None:
+        """Recording is to stop: a SIGSTOP to every thread and child, each
+        let go (detached, the SIGSTOP suppressed) at its stop for it; stops
+        before that are served as usual (a signal is delivered, an int3
+        sent on), so the program misses nothing."""
+        for tid in list(self.live):
+            self.stopping.add(tid)
+            tgkill(tid if tid in self.children else self.pid, tid, signal.SIGSTOP)
+
+    def _let_go(self, tid: int) -> None:
+        ptrace(PTRACE_DETACH, tid, 0, 0)
+        self.live.discard(tid)
+        self.children.discard(tid)
+        if tid in self.pool.slots:
+            self.finished.append(self.pool.release(tid))
+
+    def request_stop(self, sig: int, frame: object) -> None:
+        """SIGTERM/SIGHUP handler: stop at the next wait, or end it now."""
+        self.stop_signal = sig
+        if self.waiting:
+            raise _StopRequested
 
     def _getregs(self, tid: int) -> bool:
         return ptrace(PTRACE_GETREGS, tid, 0, ctypes.addressof(self.regs)) == 0
@@ -900,10 +934,18 @@ class _Run:
             for tid, sig in self.held:
                 tgkill(self.pid, tid, sig)  # signals that came while hwtrace worked
             self.held.clear()
+            if self.stop_signal and not self.stopping:
+                self._stop_all()
             try:
+                self.waiting = True
                 tid, status = os.waitpid(-1, WALL)
+                self.waiting = False
             except ChildProcessError:
                 return self.status
+            except _StopRequested:
+                continue
+            finally:
+                self.waiting = False
             if os.WIFEXITED(status) or os.WIFSIGNALED(status):
                 if tid == self.pid:
                     self.status = status
@@ -920,6 +962,12 @@ class _Run:
                 self._born(tid, _is_thread(self.pid, tid))
                 if sig == signal.SIGSTOP and event == 0:
                     sig = 0
+                    if self.stopping:
+                        self._let_go(tid)
+                        continue
+            if sig == signal.SIGSTOP and event == 0 and tid in self.stopping:
+                self._let_go(tid)  # the stop hwtrace asked for
+                continue
             if sig == signal.SIGTRAP and event:
                 if event in (_EVENT_FORK, _EVENT_VFORK):
                     self.forks += 1
@@ -1104,6 +1152,12 @@ class _Run:
 
 
 _SAFE_STEPS = 100_000
+
+
+class _StopRequested(Exception):
+    """SIGTERM or SIGHUP while hwtrace waits for the program."""
+
+
 _FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP)
 _DEFAULT_IGNORED = (signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH)
 _STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
