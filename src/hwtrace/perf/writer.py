@@ -400,7 +400,7 @@ class PerfDataWriter:
 
     def add_auxtrace(
         self,
-        data: bytes,
+        data: bytes | memoryview,
         *,
         cpu: int = -1,
         tid: int = -1,
@@ -413,12 +413,13 @@ class PerfDataWriter:
         (default: right after the previous AUXTRACE of ``idx``).  The payload
         is padded with zeros (PT PAD packets) to 8 bytes, as perf does.
         Returns the record's offset."""
-        pad = -len(data) % 8
-        size = len(data) + pad
+        view = memoryview(data).cast("B")  # any buffer (a mapped spool file): no copy
+        pad = -len(view) % 8
+        size = len(view) + pad
         off = self._aux_offsets.get(idx, 0) if offset is None else offset
         self._aux_offsets[idx] = off + size
         at = self.add_bytes(pack_auxtrace(size, off, reference, idx, tid, cpu))
-        self._f.write(bytes(data))
+        self._f.write(view)
         self._f.write(bytes(pad))
         self._auxtrace_index.append((at, 48))  # perf indexes header.size
         return at
