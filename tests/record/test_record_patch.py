@@ -35,9 +35,11 @@ from patch_programs import PROGRAM_NAMES, build_async_signals, build_program, ex
 from test_record_software import SKIP
 
 from hwtrace.cli.main import main as hwtrace_main
+from hwtrace.pt import packets
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.decode import decode_trace
 from hwtrace.pt.flowrows import Ev
+from hwtrace.pt.kinds import Kind
 from hwtrace.record import record_software
 from hwtrace.record.patch import PatchOptions, PatchRecording, record_patched
 from hwtrace.record.patch.output import patch_image, write_patch_perf_data
@@ -121,6 +123,26 @@ def test_return_compression_off_records_the_same_flow(same_path, tmp_path):
     assert len(t_off.data) > 1.3 * len(t_on.data)
     # Half the returns are deeper than the 64 a decoder keeps: still TIPs.
     assert t_on.counts["tips"] < 0.6 * t_off.counts["tips"]
+
+
+def test_time_points_between_psbs(same_path, tmp_path):
+    """``mtc_period``: TSC packets at most every 2**N x 40 ns of TSC between
+    the PSB+, rising; the flow decodes as without them."""
+    exe = str(build_program("recursion"))
+    plain = record_patched([exe], stdout=subprocess.DEVNULL)
+    timed = record_patched([exe], PatchOptions(mtc_period=3), stdout=subprocess.DEVNULL)
+    (t_plain,), (t_timed,) = plain.threads, timed.threads
+    assert np.array_equal(decoded(plain, tmp_path)[t_plain.tid],
+                          decoded(timed, tmp_path)[t_timed.tid])  # fmt: skip
+    tscs, psbs = [], []
+    for t in (t_plain, t_timed):
+        table = packets.decode(t.data)
+        assert not table.err_offset.size
+        tscs.append(table.a[table.kind == Kind.TSC].astype(np.int64))
+        psbs.append(int((table.kind == Kind.PSB).sum()))
+    assert tscs[0].shape[0] < 2 * psbs[0] + 10  # PSB+ and system calls only
+    assert tscs[1].shape[0] > 5 * psbs[1]
+    assert np.all(np.diff(tscs[1]) > 0)
 
 
 def test_signals_that_interrupt_trampolines(same_path, tmp_path):

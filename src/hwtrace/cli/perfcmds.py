@@ -71,7 +71,9 @@ def record_main(argv: Sequence[str]) -> int:
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
     p.add_argument("--psb-period", type=int, default=4096, help="bytes between PSB+")
-    p.add_argument("--mtc-period", type=int, default=3, help="MTC every 2**N CTC ticks")
+    p.add_argument("--mtc-period", type=int, metavar="N",
+                   help="MTC every 2**N CTC ticks (default 3; the patch backend writes such "
+                   "time points as TSC packets only when this is given: each costs a rdtsc)")  # fmt: skip
     p.add_argument("--no-mtc", action="store_true", help="no MTC packets")
     p.add_argument("--no-tsc", action="store_true", help="no TSC packets")
     p.add_argument("--cyc", action="store_true", help="CYC packets")
@@ -122,7 +124,7 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
     settings = PtSettings(
         psb_period=min(max(a.psb_period.bit_length() - 12, 0), 15),
         mtc=not a.no_mtc,
-        mtc_period=None if a.no_mtc else a.mtc_period,
+        mtc_period=None if a.no_mtc else _mtc_period(a),
         cyc=a.cyc,
         cyc_thresh=a.cyc_thresh if a.cyc else None,
         tsc=not a.no_tsc,
@@ -148,6 +150,10 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
     return status
 
 
+def _mtc_period(a: argparse.Namespace) -> int:
+    return 3 if a.mtc_period is None else a.mtc_period
+
+
 def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     from ..record.patch import PatchError, PatchOptions, record_patched
     from ..record.patch.output import write_patch_perf_data
@@ -162,7 +168,13 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     sys.stderr.write("hwtrace record: backend patch (the program's branches write Intel PT)\n")
     try:
         rec = record_patched(
-            command, PatchOptions(psb_period=a.psb_period, tsc=not a.no_tsc, noretcomp=a.noretcomp)
+            command,
+            PatchOptions(
+                psb_period=a.psb_period,
+                tsc=not a.no_tsc,
+                noretcomp=a.noretcomp,
+                mtc_period=None if a.no_mtc else a.mtc_period,  # None: not asked for
+            ),
         )
     except PatchError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
@@ -228,7 +240,7 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
             follow_fork=a.follow_fork,
             psb_period=a.psb_period,
             tsc=not a.no_tsc,
-            mtc_period=None if a.no_mtc or a.no_tsc else a.mtc_period,
+            mtc_period=None if a.no_mtc or a.no_tsc else _mtc_period(a),
             cyc=a.cyc,
             cyc_thresh=a.cyc_thresh if a.cyc else 0,
             noretcomp=a.noretcomp,

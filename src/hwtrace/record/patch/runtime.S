@@ -54,6 +54,8 @@
         .equ RMASK, 176     /* its slot mask (slots - 1); 0: no table */
         .equ REDIRECTS, 184 /* statistics: indirect branches sent into trampolines */
         .equ SIDX, 192      /* the return stack's top entry (a byte: 256 entries) */
+        .equ TSCNEXT, 200   /* the TSC at or after which a routine writes a TSC packet */
+        .equ TSCSTEP, 208   /* TSC ticks between such packets (0: none, MTC's stand-in) */
         .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
@@ -144,6 +146,26 @@
         mov [rcx], rax
         add rcx, 8
 5:
+.endm
+
+/* A TSC packet when TSCSTEP ticks went by since the last (the time points
+ * MTC packets give a hardware trace; a TSC is what software can read). */
+.macro TSC_IF_DUE
+        cmp qword ptr gs:[TSCSTEP], 0
+        je .Ltsc_done\@
+        rdtsc
+        shl rdx, 32
+        or rax, rdx
+        cmp rax, gs:[TSCNEXT]
+        jb .Ltsc_done\@
+        mov rdx, rax
+        add rdx, gs:[TSCSTEP]
+        mov gs:[TSCNEXT], rdx
+        shl rax, 8
+        or rax, 0x19
+        mov [rcx], rax
+        add rcx, 8
+.Ltsc_done\@:
 .endm
 
 /* No compressed return to a call before this point. */
@@ -254,6 +276,7 @@ rt_tnt_full:
         ROOM
         OVERFLOWED .Ltnt_ovf
         FLUSH_TNT
+        TSC_IF_DUE
         PSB_IF_DUE 1
         RESTORE
 .Ltnt_ovf:
@@ -278,6 +301,7 @@ rt_tip:
         RESTORE
 6:      OVERFLOWED .Ltip_ovf
         FLUSH_TNT
+        TSC_IF_DUE
         inc qword ptr gs:[TIPS]
         mov rax, gs:[TARGET]
         IP_PACKET 0x0d

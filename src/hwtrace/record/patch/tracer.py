@@ -100,7 +100,11 @@ class PatchOptions:
     around system calls); ``buffer_size``: trace bytes a thread may have
     written that hwtrace has not yet copied out (past them, packets are
     dropped and an OVF follows, as Intel PT does when its buffer is full);
-    ``drain_period``: seconds between hwtrace's copies;
+    ``drain_period``: seconds between hwtrace's copies; ``mtc_period``:
+    time points between PSB+ as MTC packets would give them, every 2**N
+    ticks of a 25 MHz crystal clock (N = 3: 320 ns; None: none): a routine
+    writing packets adds a TSC packet when that much time went by since the
+    last (a rdtsc in every routine: interp runs 1.8x slower);
     ``max_threads``: threads recorded at once (more run unrecorded);
     ``noretcomp``: every return a TIP (no return compression)."""
 
@@ -110,6 +114,7 @@ class PatchOptions:
     max_threads: int = 64
     noretcomp: bool = False
     drain_period: float = 0.002
+    mtc_period: int | None = None
 
 
 @dataclass
@@ -608,6 +613,7 @@ def record_patched(
     :class:`subprocess.Popen` (``stdin``, ``stdout``, ``cwd``, ``env``)."""
     opt = options or PatchOptions()
     began = time.monotonic()
+    first = clock_pair()  # with another later: the TSC's rate
     proc = _launch(argv, popen)
     pid = proc.pid
     t = _Target(pid)
@@ -653,6 +659,10 @@ def record_patched(
         patcher.patch_new(maps0)
         runtime = patcher.runtime
         t.gadget = runtime + pc.RT_SYSCALL
+        if opt.tsc and opt.mtc_period is not None:
+            tsc, ns = clock_pair()
+            per_ns = (tsc - first[0]) / max(ns - first[1], 1)
+            pool.tsc_step = max(1, int((40 << opt.mtc_period) * per_ns))
         tcb = pool.claim(pid, entry)
         r = t.regs()
         r.gs_base = tcb
@@ -730,6 +740,7 @@ class _Pool:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.drainer: threading.Thread | None = None
+        self.tsc_step = 0  # TSC ticks between time points (runtime.S's TSCSTEP)
 
     def words(self, k: int) -> np.ndarray:
         """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
@@ -766,6 +777,7 @@ class _Pool:
         w[pc.NEXTPSB // 8] = buf
         w[pc.PSBPERIOD // 8] = max(self.opt.psb_period, 64)
         w[pc.TSCON // 8] = int(self.opt.tsc)
+        w[pc.TSCSTEP // 8] = self.tsc_step
         w[pc.NEXTIP // 8] = entry
         w[pc.TARGET // 8] = entry
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
