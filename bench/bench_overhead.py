@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="workloads at 1/4 size, one run each")
     ap.add_argument("--only", action="append", default=[], help="workloads whose name has NAME")
     ap.add_argument("--repeat", type=int, help="runs per runner (best kept; default 3, quick 1)")
-    ap.add_argument("--runners", default=",".join(DEFAULT_RUNNERS),
-                    help=f"comma-separated, of {', '.join(PEERS)} and the extra runners")  # fmt: skip
+    ap.add_argument("--runners",
+                    help=f"comma-separated, of {', '.join(PEERS)} and the extra runners "
+                    f"(default: {','.join(DEFAULT_RUNNERS)} and every extra runner)")  # fmt: skip
     ap.add_argument(
         "--timeout", type=float, help="cap on one run, seconds (default 600, quick 120)"
     )
@@ -121,13 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (1 if args.quick else 3)
     timeout = args.timeout or (120 if args.quick else 600)
     scale = 0.25 if args.quick else 1.0
-    names = [n for n in args.runners.split(",") if n]
+    names = [n for n in (args.runners or ",".join(DEFAULT_RUNNERS)).split(",") if n]
     unknown = [n for n in names if n not in PEERS and n not in extra_runners]
     if unknown:
         ap.error(f"unknown runners: {', '.join(unknown)}")
     if "native" not in names:
         names.insert(0, "native")
-    names += [n for n in extra_runners if n not in names]
+    if args.runners is None:
+        names += [n for n in extra_runners if n not in names]
 
     workloads = peers.setup_workloads(scale, args.only)
     results: dict[str, dict[str, RunResult]] = {}
