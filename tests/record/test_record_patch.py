@@ -393,30 +393,37 @@ def _children_running(exe: Path) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("point", KILL_POINTS)
-def test_program_runs_on_when_hwtrace_is_killed(point, tmp_path):
-    """hwtrace SIGKILLed while it sets up, patches or traces: the program
-    (reparented to this process, a subreaper) runs on to its correct end."""
+def record_orphaning(point: str, data: Path, out: Path) -> subprocess.CompletedProcess:
+    """``hwtrace record --backend patch`` of the ``signals`` program with
+    ``HWTRACE_PATCH_KILL_AT=point``; the program, left running when hwtrace
+    goes, is reparented to this process (a subreaper for the while), waited
+    for and must have ended well with its correct output in ``out``."""
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     try:
         exe = build_program("signals")  # threads of work, signals, handlers
-        out = tmp_path / "out"
         env = dict(os.environ, HWTRACE_PATCH_KILL_AT=point)
         hwtrace = Path(sys.executable).with_name("hwtrace")
         with open(out, "w") as f:
             proc = subprocess.run([str(hwtrace), "record", "--backend", "patch", "-N", "-o",
-                                   str(tmp_path / "perf.data"), "--", str(exe)],
-                                  stdout=f, stderr=subprocess.PIPE, env=env, timeout=300)  # fmt: skip
-        assert proc.returncode == -signal.SIGKILL, proc.stderr
-        # The orphan is ours now: wait for it (not for every child: pytest
-        # has children of its own).
+                                   str(data), "--", str(exe)], stdout=f, stderr=subprocess.PIPE,
+                                  text=True, env=env, timeout=300)  # fmt: skip
+        # Not every child: pytest has children of its own.
         for pid in _children_running(exe):
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0
         assert out.read_text() == expected_output("signals")
+        return proc
     finally:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_program_runs_on_when_hwtrace_is_killed(point, tmp_path):
+    """hwtrace SIGKILLed while it sets up, patches or traces: the program
+    runs on to its correct end."""
+    proc = record_orphaning(point, tmp_path / "perf.data", tmp_path / "out")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
@@ -424,27 +431,11 @@ def test_terminate_while_tracing_writes_what_was_recorded(sig, tmp_path):
     """SIGTERM or SIGHUP to hwtrace while the program runs: hwtrace stops
     recording, writes what it has, says so, and the program runs on
     (detached when hwtrace exits) to its correct end."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    try:
-        exe = build_program("signals")
-        out, data = tmp_path / "out", tmp_path / "perf.data"
-        env = dict(os.environ, HWTRACE_PATCH_KILL_AT=f"tracing:{sig}")
-        hwtrace = Path(sys.executable).with_name("hwtrace")
-        with open(out, "w") as f:
-            proc = subprocess.run([str(hwtrace), "record", "--backend", "patch", "-N", "-o",
-                                   str(data), "--", str(exe)], stdout=f, stderr=subprocess.PIPE,
-                                  text=True, env=env, timeout=300)  # fmt: skip
-        number = getattr(signal, sig)
-        assert proc.returncode == 128 + number, proc.stderr
-        assert f"stopped by {sig}" in proc.stderr and "Traceback" not in proc.stderr
-        assert hwtrace_main(["script", "-i", str(data)]) == 0
-        for pid in _children_running(exe):
-            _, status = os.waitpid(pid, 0)
-            assert os.waitstatus_to_exitcode(status) == 0
-        assert out.read_text() == expected_output("signals")
-    finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    data = tmp_path / "perf.data"
+    proc = record_orphaning(f"tracing:{sig}", data, tmp_path / "out")
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
+    assert f"stopped by {sig}" in proc.stderr and "Traceback" not in proc.stderr
+    assert hwtrace_main(["script", "-i", str(data)]) == 0
 
 
 def test_recording_when_the_caller_has_children(tmp_path):
