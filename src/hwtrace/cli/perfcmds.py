@@ -191,8 +191,8 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
                      f"{sites} branch sites patched in {len(rec.modules)} modules "
                      f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
     if lost:
-        sys.stderr.write(f"hwtrace record: warning: {lost} packet groups dropped: the trace "
-                         "buffer was full\n")  # fmt: skip
+        sys.stderr.write(f"hwtrace record: warning: {lost} packet groups dropped: hwtrace did "
+                         "not copy the trace out fast enough (OVF packets mark the gaps)\n")  # fmt: skip
     if rec.stopped_by:
         name = signal.Signals(rec.stopped_by).name
         sys.stderr.write(f"hwtrace record: stopped by {name}: the program (pid {rec.pid}) "
