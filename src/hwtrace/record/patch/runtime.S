@@ -8,7 +8,7 @@
  * touching flags or any register but rcx (saved in the block): W holds the
  * pending TNT bits under a stop bit, with a zero "phantom" bit between
  * them (W starts at 2), so the stop bit reaches bit 48 exactly when 47
- * bits, a full TNT-64 packet, are pending; a 16-bit load of W's top bytes
+ * bits (eight TNT-8 packets) are pending; a 16-bit load of W's top bytes
  * and jrcxz test that without flags.  Everything else (TIP with IP
  * compression, TIP.PGD/PGE around system calls, PSB+) goes through the
  * runtime routines, which save rax, rdx and the arithmetic flags in the
@@ -56,6 +56,7 @@
         .equ SIDX, 192      /* the return stack's top entry (a byte: 256 entries) */
         .equ TSCNEXT, 200   /* the TSC at or after which a routine writes a TSC packet */
         .equ TSCSTEP, 208   /* TSC ticks between such packets (0: none, MTC's stand-in) */
+        .equ TNTEND, 216    /* scratch: the end of the TNT packets being written */
         .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
@@ -79,27 +80,39 @@
         jmp qword ptr gs:[CONT]
 .endm
 
-/* The pending TNT bits as TNT-8 (up to 6) or TNT-64, at rcx. */
+/* The pending TNT bits as TNT-8 packets at rcx (6 bits each, as Intel's
+ * processors write them: never larger than a TNT-64, smaller below 43
+ * bits), written newest first from the end with constant shifts. */
 .macro FLUSH_TNT
         mov rax, gs:[W]
         cmp rax, 2
-        je 9f
+        je .Lflush_done\@
+        mov qword ptr gs:[W], 2
         bsr rdx, rax
         btc rax, rdx            /* the stop bit off */
         dec edx
         btc rax, rdx            /* the phantom bit becomes the stop bit */
         add gs:[TNTBITS], rdx
-        mov qword ptr gs:[W], 2
-        cmp edx, 6
-        ja 8f
-        add eax, eax
-        mov [rcx], al
-        inc rcx
-        jmp 9f
-8:      mov word ptr [rcx], 0xa302
-        mov [rcx + 2], rax
-        add rcx, 8
-9:
+        add edx, 5
+        imul edx, edx, 43
+        shr edx, 8              /* ceil(bits / 6) packets (bits <= 47) */
+        add rdx, rcx
+        mov gs:[TNTEND], rdx
+.Lflush_next\@:
+        dec rdx
+        cmp rax, 0x80
+        jb .Lflush_last\@
+        mov [rdx], al           /* six bits under a stop bit, header 0 */
+        and byte ptr [rdx], 0x3f
+        or byte ptr [rdx], 0x40
+        shl byte ptr [rdx], 1
+        shr rax, 6
+        jmp .Lflush_next\@
+.Lflush_last\@:
+        add eax, eax            /* the oldest bits and the stop bit */
+        mov [rdx], al
+        mov rcx, gs:[TNTEND]
+.Lflush_done\@:
 .endm
 
 /* An IP packet with opcode \op for the IP in rax, compressed against the
@@ -270,7 +283,7 @@
         .globl rt_begin
 rt_begin:
 
-/* 47 TNT bits pending: a TNT-64, then PSB+ if due (FUP: NEXTIP). */
+/* 47 TNT bits pending: out as TNT-8s, then PSB+ if due (FUP: NEXTIP). */
 rt_tnt_full:
         SAVE
         ROOM
