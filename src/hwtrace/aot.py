@@ -78,17 +78,25 @@ def _enabled() -> bool:
 # -- where the library lives ---------------------------------------------------
 
 
-def library_dir() -> Path:
-    """``$HWTRACE_CACHE_DIR``; else next to the package's numba cache when
-    writable, else the user's cache directory."""
+def user_cache_dir() -> Path:
+    """hwtrace's directory in the user's cache: ``$HWTRACE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/hwtrace`` (``~/.cache/hwtrace``)."""
     explicit = os.environ.get("HWTRACE_CACHE_DIR")
     if explicit:
         return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hwtrace"
+
+
+def library_dir() -> Path:
+    """``$HWTRACE_CACHE_DIR``; else next to the package's numba cache when
+    writable, else the user's cache directory."""
+    if os.environ.get("HWTRACE_CACHE_DIR"):
+        return user_cache_dir()
     here = Path(__file__).resolve().parent / "__pycache__"
     if os.access(here if here.exists() else here.parent, os.W_OK):
         return here
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hwtrace"
+    return user_cache_dir()
 
 
 def _platform_tag() -> str:

@@ -455,14 +455,15 @@ def plan_module(
             f"the arena at {near_lo:#x} is too small: {cursor - near_lo:#x} bytes needed"
         )
     # Where each instruction of a window is in its trampoline.
+    # Every int3 of the patches goes on at its instruction's copy.
     moved: dict[int, int] = {}
-    int3s: set[int] = set()  # where the patches put an int3
     for s in sites:
         at = s.body
         for k in range(s.first, s.last + 1):
             moved[int(ips[k])] = at
             at += int(lens[k])
-        int3s.update(ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist())
+        for a in ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist():
+            plan.redirects[a] = moved[a]
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
     rt = plan.runtime
     plan.code.append((rt, pc.RUNTIME))
@@ -480,7 +481,7 @@ def plan_module(
             plan.syscalls[part_at + pc.F_sys_syscall] = ip
         # A return to after a call whose next instruction is an int3 goes
         # to its copy instead (see runtime.S's tpl_ret).
-        cont = moved[nxt] if nxt in int3s else 0
+        cont = plan.redirects.get(nxt, 0)
         body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved,
                       cont, s.keep, retcomp)  # fmt: skip
         plan.parts.append((part_at, s.body + len(body), ip))
@@ -489,17 +490,12 @@ def plan_module(
         wlen = int(ips[s.last] + lens[s.last]) - start
         if s.trap:
             stats["traps"] += 1
-            for k in range(s.first, i + 1):
-                at = int(ips[k])
-                plan.patches.append((at, b"\xcc"))
-                plan.redirects[at] = moved[at]
+            plan.patches += [(int(ips[k]), b"\xcc") for k in range(s.first, i + 1)]
         else:
             stats["windows"] += 1
             stats["stubs"] += s.entry != s.body
             plan.patches.append((start, bytes([_JMP]) + _rel(start + 5, s.entry) +
                                  b"\xcc" * (wlen - 5)))  # fmt: skip
-            for k in range(s.first + 1, s.last + 1):
-                plan.redirects[int(ips[k])] = moved[int(ips[k])]
     # Direct jumps and calls with a rel32 to an int3 of the patches (a block
     # moved whole, a leader inside a window, a window made a trap because
     # no stub address met its constraint) go to the copy.

@@ -18,10 +18,14 @@ __all__ = ["BACKEND", "patch_image", "patch_perf_recording", "write_patch_perf_d
 BACKEND = "patch: live code patching"
 
 
+def _start_maps(rec: PatchRecording) -> list[Mapping]:
+    return [m for m in rec.maps if m.path != "[vsyscall]"]
+
+
 def _maps(rec: PatchRecording) -> list[Mapping]:
     """The mappings at the start and those of code mapped later (a module
     dlopen'ed, at an address nothing else had been at)."""
-    return [m for m in rec.maps if m.path != "[vsyscall]"] + [m for _, m in rec.mapped]
+    return _start_maps(rec) + [m for _, m in rec.mapped]
 
 
 def _mmaps(rec: PatchRecording) -> list[MmapRecord]:
@@ -47,8 +51,8 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
         _vdso_file(rec)
     conv = tsc_conversion(rec.clock_pairs[0], rec.clock_pairs[-1])
     t0, t1 = (int(conv.to_ns(c)) for c, _ in (rec.clock_pairs[0], rec.clock_pairs[-1]))
-    start = [m for m in rec.maps if m.path != "[vsyscall]"]
-    processes = [ProcessStart(t0, rec.pid, rec.comm, False, mmap_records(start, {}, rec.vdso))]
+    start = mmap_records(_start_maps(rec), {}, rec.vdso)
+    processes = [ProcessStart(t0, rec.pid, rec.comm, False, start)]
     later = [(int(conv.to_ns(tsc)), rec.pid, r)
              for (tsc, _), r in zip(rec.mapped, mmap_records([m for _, m in rec.mapped], {}),
                                     strict=True)]  # fmt: skip

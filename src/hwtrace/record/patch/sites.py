@@ -14,6 +14,7 @@ instruction becomes a *trap* site (``int3``).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from pathlib import Path
 import iced_x86 as iced
 import numpy as np
 from numba import njit
+
+from ...aot import user_cache_dir
 
 __all__ = [
     "INSTRUMENTED",
@@ -241,26 +244,22 @@ def windows(ips, lens, kinds, leaders, instrumented, before):
 _FIELDS = ("ips", "lens", "kinds", "targets", "rip_disp", "rip_targets", "leaders")
 
 
-def _cache_dir() -> Path:
-    explicit = os.environ.get("HWTRACE_CACHE_DIR")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(explicit or os.path.join(base, "hwtrace")) / "patch-sweeps"
-
-
 def sweep_file(
     path: str, base: int, read, sections: list[tuple[int, int]], functions: np.ndarray | None
 ) -> CodeMap:
     """:func:`sweep` of a module mapped from file ``path`` at ``base`` (its
     lowest mapped address), kept in a cache by the file's identity (device,
-    inode, size, modification time), the sections' offsets and this
-    module's source, so a program's libraries are swept once."""
+    inode, size, modification time), the sections' offsets, this module's
+    source and iced-x86's version, so a program's libraries are swept once."""
     try:
         st = os.stat(path)
     except OSError:
         return sweep(read, sections, functions)
     key = repr((_SOURCE_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                 [(lo - base, hi - base) for lo, hi in sections]))  # fmt: skip
-    name = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
+    name = (
+        user_cache_dir() / "patch-sweeps" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
+    )
     try:
         with np.load(name) as z:
             cm = CodeMap(*(z[f] for f in _FIELDS))
@@ -285,4 +284,7 @@ def sweep_file(
     return cm
 
 
-_SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+# The sweeping code and decoder: a cached sweep is theirs.
+_SOURCE_DIGEST = hashlib.sha256(
+    Path(__file__).read_bytes() + importlib.metadata.version("iced-x86").encode()
+).hexdigest()[:16]
