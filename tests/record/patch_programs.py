@@ -558,6 +558,65 @@ int main(void) {
 """
 
 
+# Children forked without exec run the patched code at the same time as
+# each other and as the parent (hwtrace does not record them): each must
+# run on control-block state of its own.  Call-heavy, with indirect calls.
+FORKS = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#define NOINLINE __attribute__((noinline))
+
+NOINLINE static unsigned long mix(unsigned long x) { return x * 2654435761UL ^ (x >> 13); }
+NOINLINE static unsigned long twist(unsigned long x) { return (x << 7) ^ (x >> 3) ^ 0x9e37UL; }
+static unsigned long (*const steps[2])(unsigned long) = {mix, twist};
+
+NOINLINE static unsigned long walk(unsigned long x, int depth) {
+    if (depth == 0)
+        return steps[x & 1](x);
+    return walk(steps[(x >> 1) & 1](x) + (unsigned long)depth, depth - 1) ^ x;
+}
+
+static unsigned long work(unsigned long seed) {
+    unsigned long x = seed;
+    for (int i = 0; i < 40000; i++)
+        x = walk(x + (unsigned long)i, 24);
+    return x;
+}
+
+int main(void) {
+    int fds[4][2];
+    pid_t pids[4];
+    for (int k = 0; k < 4; k++) {
+        if (pipe(fds[k]) != 0 || (pids[k] = fork()) < 0)
+            return 2;
+        if (pids[k] == 0) {
+            unsigned long r = work((unsigned long)k + 1);
+            if (write(fds[k][1], &r, sizeof r) != sizeof r)
+                _exit(3);
+            _exit(0);
+        }
+        close(fds[k][1]);
+    }
+    unsigned long own = work(99);
+    for (int k = 0; k < 4; k++) {
+        unsigned long r = 0;
+        int status = 0;
+        if (read(fds[k][0], &r, sizeof r) != sizeof r || waitpid(pids[k], &status, 0) < 0)
+            return 4;
+        printf("child %d: %lu (status %d)\n", k, r, status);
+    }
+    printf("parent: %lu\n", own);
+    return 0;
+}
+"""
+
+
+def build_forks() -> Path:
+    """The program whose forked children run patched code at once (FORKS)."""
+    return compile_program(FORKS, "patch-forks", FLAGS)
+
+
 def build_async_signals() -> Path:
     """The program a profiling timer interrupts anywhere (see ASYNC_SIGNALS)."""
     return compile_program(ASYNC_SIGNALS, "patch-async-signals", FLAGS)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from elftools.elf.constants import SH_FLAGS
@@ -71,7 +71,14 @@ from .layout import (
 )
 from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep, sweep_file
 
-__all__ = ["PatchError", "PatchOptions", "PatchRecording", "PatchThread", "record_patched"]
+__all__ = [
+    "PatchError",
+    "PatchOptions",
+    "PatchRecording",
+    "PatchThread",
+    "TraceSink",
+    "record_patched",
+]
 
 PAGE = 0x1000
 POOL_HINT = 0x300000000000  # where the buffers are asked to go (a hint)
@@ -81,8 +88,10 @@ SPAN = 64 << 30
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+CHUNK = 32 << 20  # trace bytes copied out at a time
 SLACK = 512  # room past END for the largest group of packets a routine writes
 TCB_SIZE = 2 * PAGE  # the control block, then the return stack (runtime.S's SHADOW)
+SINK_SIZE = TCB_SIZE + PAGE  # a sink's control block and room for SLACK
 SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MUNMAP, SYS_RT_SIGACTION = 2, 3, 9, 11, 13
 SA_SIGINFO, SA_ONSTACK, SA_RESTART, SA_RESTORER = 0x4, 0x08000000, 0x10000000, 0x04000000
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
@@ -123,9 +132,10 @@ class PatchThread:
 
     pid: int
     tid: int
-    data: bytes | mmap.mmap  # the spool file mapped (traces can be large)
+    data: bytes | mmap.mmap  # the spool file mapped; b"" when a sink took it
     lost: int  # packets dropped because the buffer was full
     counts: dict[str, int] = field(default_factory=dict)
+    size: int = 0  # trace bytes
 
 
 @dataclass
@@ -152,6 +162,23 @@ class PatchRecording:
     # The signal (SIGTERM, SIGHUP) that stopped the recording before the
     # program ended (which runs on, untraced); 0: it ended.
     stopped_by: int = 0
+    # Why copying the traces out failed (a full disk): they end there.
+    write_error: str = ""
+
+
+class TraceSink(Protocol):
+    """Where the threads' traces go while the program runs, instead of
+    spool files (:func:`hwtrace.record.patch.output.record_patched_perf`
+    writes them into perf.data as they come)."""
+
+    def begin(self, head: PatchRecording) -> None:
+        """Tracing starts: ``head`` has the program, its mappings and the
+        first clock pair (no threads yet)."""
+
+    def add(self, tid: int, data: memoryview) -> None:
+        """Thread ``tid``'s next stretch of trace (whole packets; an
+        empty one when a thread ends having written nothing).  Called from
+        hwtrace's draining thread, one call at a time."""
 
 
 class _Target:
@@ -606,11 +633,17 @@ class _Patcher:
 
 
 def record_patched(
-    argv: Sequence[str], options: PatchOptions | None = None, **popen: Any
+    argv: Sequence[str],
+    options: PatchOptions | None = None,
+    *,
+    sink: TraceSink | None = None,
+    **popen: Any,
 ) -> PatchRecording:
     """Run ``argv`` to its end, recording every instruction of it from its
     entry point as Intel PT, by code patching; ``popen``: keywords for
-    :class:`subprocess.Popen` (``stdin``, ``stdout``, ``cwd``, ``env``)."""
+    :class:`subprocess.Popen` (``stdin``, ``stdout``, ``cwd``, ``env``).
+    The threads' traces come back mapped from spool files, or go to
+    ``sink`` as they are written (the threads' ``data`` then empty)."""
     opt = options or PatchOptions()
     began = time.monotonic()
     first = clock_pair()  # with another later: the TSC's rate
@@ -632,7 +665,7 @@ def record_patched(
         # The threads' control blocks and trace buffers, shared with hwtrace,
         # mapped first and the thread's GS base on the sink: were hwtrace
         # killed while it patches, the patched code would run, untraced.
-        pool = _Pool(opt, pid)
+        pool = _Pool(opt, pid, sink)
         shm_path = pool.path
         page = t.map(0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
         if page < 0:
@@ -650,6 +683,7 @@ def record_patched(
         if base < 0:
             raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
         pool.base = base
+        pool.map_sinks(t)
         r = t.regs()
         r.gs_base = pool.sink()
         t.set_regs(r)
@@ -671,6 +705,9 @@ def record_patched(
         setup = time.monotonic() - began
         pairs = [clock_pair()]
         run = _Run(pid, patcher, pool)
+        if sink is not None:
+            sink.begin(PatchRecording(pid, tuple(argv), maps0, patcher.vdso, [], 0, {}, 0,
+                                      setup, comm, opt, list(pairs)))  # fmt: skip
         pool.start_draining()
         # ^C reaches the program too (one process group): it decides; hwtrace
         # records on until it ends.
@@ -689,7 +726,8 @@ def record_patched(
         threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
         return PatchRecording(pid, tuple(argv), maps0, patcher.vdso, threads, status,
                               {p: pl.stats for p, pl in patcher.plans.items()}, run.traps, setup,
-                              comm, opt, pairs, run.forks, run.mapped, run.stop_signal)  # fmt: skip
+                              comm, opt, pairs, run.forks, run.mapped, run.stop_signal,
+                              (pool.error.strerror or str(pool.error)) if pool.error else "")  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -720,9 +758,14 @@ class _Pool:
     it wrote: were hwtrace gone, a thread writes that much more and drops
     the rest."""
 
-    def __init__(self, opt: PatchOptions, pid: int) -> None:
+    def __init__(self, opt: PatchOptions, pid: int, sink: TraceSink | None = None) -> None:
         self.opt = opt
         self.pid = pid
+        self.out = sink
+        # Copied out in stretches this large (fewer, larger AUXTRACE records:
+        # a decoder joins them), or when the thread ends.
+        self.chunk = max(PAGE, min(CHUNK, opt.buffer_size // 2))
+        self.error: OSError | None = None  # writing a trace out failed
         self.slot_size = TCB_SIZE + SPAN
         self.size = self.slot_size * (opt.max_threads + 1)
         self.fd, self.path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
@@ -735,12 +778,17 @@ class _Pool:
         self.slots: dict[int, int] = {}  # tid -> slot
         self.table = (0, 0)
         self.dropped = 0  # threads past the last slot: not recorded
-        self.spools: dict[int, Any] = {}  # slot -> its spool file
+        self.spools: dict[int, Any] = {}  # slot -> its spool file (no sink)
+        self.tids: dict[int, int] = {}  # slot -> thread
         self.drained: dict[int, int] = {}  # slot -> buffer bytes copied out
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.drainer: threading.Thread | None = None
         self.tsc_step = 0  # TSC ticks between time points (runtime.S's TSCSTEP)
+        self.target: _Target | None = None  # the program, for its private sinks
+        self.sinks = 0  # their address in the program
+        self.free_sinks: list[int] = []
+        self.sink_of: dict[int, int] = {}  # tid -> its private sink
 
     def words(self, k: int) -> np.ndarray:
         """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
@@ -756,16 +804,60 @@ class _Pool:
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         return self.base
 
+    def map_sinks(self, t: _Target) -> None:
+        """Control blocks whose buffers are always full, private to the
+        program: a forked child runs on its own copy of the first (a fork
+        copies private memory), threads past the last slot on the others.
+        A control block holds the registers its routines save: two threads
+        on one would overwrite each other's."""
+        n = self.opt.max_threads + 1
+        at = t.map(0, n * SINK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+        if at < 0:
+            raise PatchError(f"the program cannot map its control blocks: {os.strerror(-at)}")
+        self.target, self.sinks = t, at
+        self.free_sinks = list(range(n - 1, 0, -1))
+        for i in range(n):
+            self._write_sink(i)
+
+    def _write_sink(self, i: int) -> None:
+        tcb = self.sinks + i * SINK_SIZE
+        w = np.zeros(pc.TNTEND // 8 + 1, np.uint64)
+        w[pc.W // 8] = 2
+        w[pc.CUR // 8] = w[pc.END // 8] = tcb + TCB_SIZE
+        w[pc.NEXTPSB // 8] = 1 << 62
+        w[pc.PSBPERIOD // 8] = 1 << 20
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
+        self.target.write(tcb, w.tobytes())
+
+    def child_sink(self) -> int:
+        """The control block of a forked process (its own copy)."""
+        return self.sinks
+
+    def thread_sink(self, tid: int) -> int:
+        """A private control block for a thread hwtrace does not record
+        (the first when none is left)."""
+        i = self.free_sinks.pop() if self.free_sinks else 0
+        self.sink_of[tid] = i
+        return self.sinks + i * SINK_SIZE
+
+    def forget(self, tid: int) -> None:
+        """Thread ``tid`` (not recorded) ended: its control block is free."""
+        i = self.sink_of.pop(tid, 0)
+        if i:
+            self.free_sinks.append(i)
+
     def claim(self, tid: int, entry: int = 0) -> int:
         """A control block for a new thread (its trace starts with PSB+);
-        the sink when none is left."""
+        a sink when none is left."""
         with self.lock:
             if not self.free:
                 self.dropped += 1
-                return self.sink()
+                return self.thread_sink(tid)
             k = self.free.pop()
             self.slots[tid] = k
-            self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
+            self.tids[k] = tid
+            if self.out is None:
+                self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
             self.drained[k] = 0
         w = self.words(k)
         w[:] = 0
@@ -783,22 +875,28 @@ class _Pool:
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         return tcb
 
-    def _drain(self, k: int) -> None:
+    def _drain(self, k: int, final: bool = False) -> None:
         """Copy what slot ``k``'s thread wrote since the last time to its
-        spool, free those pages, and give the thread room again (the lock
-        held).  The runtime stores CUR after the packets below it."""
+        spool or the sink once there is a chunk of it (all of it when
+        ``final``), free those pages, and give the thread room again (the
+        lock held).  The runtime stores CUR after the packets below it."""
         w = self.words(k)
         at = k * self.slot_size + TCB_SIZE
         buf = self.base + at
         cur = int(w[pc.CUR // 8]) - buf
         done = self.drained[k]
-        if cur > done:
-            self.spools[k].write(self.view[at + done : at + cur])
+        if cur - done >= self.chunk or (final and (cur > done or self.out is not None)):
+            data = self.view[at + done : at + cur]
+            if self.out is not None:
+                if cur > done or not done:
+                    self.out.add(self.tids[k], data)
+            else:
+                self.spools[k].write(data)
             lo, hi = (at + done) & ~(PAGE - 1), (at + cur) & ~(PAGE - 1)
             if hi > lo:
                 _libc.fallocate(self.fd, _PUNCH_HOLE, lo, hi - lo)
-            self.drained[k] = cur
-        w[pc.END // 8] = buf + min(cur + self.opt.buffer_size, SPAN) - SLACK
+            self.drained[k] = done = cur
+        w[pc.END // 8] = buf + min(done + self.opt.buffer_size, SPAN) - SLACK
 
     def drain(self, tid: int) -> None:
         """Drain thread ``tid``'s buffer now (hwtrace has it stopped)."""
@@ -810,8 +908,13 @@ class _Pool:
     def _drain_all(self) -> None:
         while not self.stop.wait(self.opt.drain_period):
             with self.lock:
-                for k in self.slots.values():
-                    self._drain(k)
+                try:
+                    for k in self.slots.values():
+                        self._drain(k)
+                except OSError as e:
+                    # (A full disk.) The threads drop what follows, with OVF.
+                    self.error = e
+                    return
 
     def start_draining(self) -> None:
         self.drainer = threading.Thread(target=self._drain_all, name="hwtrace-drain", daemon=True)
@@ -823,26 +926,33 @@ class _Pool:
         for k in [0, *self.slots.values()]:
             w = self.words(k)
             w[pc.RTABLE // 8], w[pc.RMASK // 8] = address, mask
+        if self.target is not None:
+            for i in range(self.opt.max_threads + 1):
+                tcb = self.sinks + i * SINK_SIZE
+                self.target.write(tcb + pc.RTABLE, struct.pack("<QQ", address, mask))
 
     def release(self, tid: int) -> PatchThread:
         """The trace of a thread that ended; its slot is free again."""
         with self.lock:
             k = self.slots.pop(tid)
-            self._drain(k)
-            spool = self.spools.pop(k)
+            if self.error is None:
+                self._drain(k, final=True)
+            spool = self.spools.pop(k, None)
             size = self.drained.pop(k)
+            del self.tids[k]
         at = k * self.slot_size + TCB_SIZE
         _libc.fallocate(self.fd, _PUNCH_HOLE, at, (size + PAGE - 1) & ~(PAGE - 1))
         # The spool as the trace (a mapping of it: traces can be large).
         data: bytes | mmap.mmap = b""
-        if size:
-            spool.flush()
-            data = mmap.mmap(spool.fileno(), size, mmap.MAP_PRIVATE, mmap.PROT_READ)
-        spool.close()
+        if spool is not None:
+            if size:
+                spool.flush()
+                data = mmap.mmap(spool.fileno(), size, mmap.MAP_PRIVATE, mmap.PROT_READ)
+            spool.close()
         w = self.words(k)
         counts = {name.lower(): int(w[getattr(pc, name) // 8])
                   for name in ("TNTBITS", "TIPS", "PGES", "REDIRECTS")}  # fmt: skip
-        thread = PatchThread(self.pid, tid, data, int(w[pc.LOST // 8]), counts)
+        thread = PatchThread(self.pid, tid, data, int(w[pc.LOST // 8]), counts, size)
         del w
         self.free.append(k)
         return thread
@@ -922,7 +1032,10 @@ class _Run:
             self.regs.gs_base = self.pool.claim(tid)
         else:
             self.children.add(tid)
-            self.regs.gs_base = self.pool.sink()
+            # A forked process runs on its copy of the children's sink; a
+            # thread of one (which no fork copied) on one of its own.
+            leader = _thread_group(tid) == tid
+            self.regs.gs_base = self.pool.child_sink() if leader else self.pool.thread_sink(tid)
         self._setregs(tid)
 
     def _new_code(self, tid: int) -> None:
@@ -962,6 +1075,7 @@ class _Run:
                 if tid == self.pid:
                     self.status = status
                 self.live.discard(tid)
+                self.pool.forget(tid)
                 self.children.discard(tid)
                 if tid in self.pool.slots:
                     self.finished.append(self.pool.release(tid))
@@ -990,6 +1104,7 @@ class _Run:
                     # free: nothing of the patched image is left in it.
                     self.children.discard(tid)
                     self.live.discard(tid)
+                    self.pool.forget(tid)
                     ptrace(PTRACE_DETACH, tid, 0, 0)
                     continue
                 ptrace(PTRACE_CONT, tid, 0, 0)
@@ -1028,6 +1143,7 @@ class _Run:
                 return False
             if not os.WIFSTOPPED(status):
                 self.live.discard(tid)
+                self.pool.forget(tid)
                 if tid == self.pid:
                     self.status = status
                 if tid in self.pool.slots:
@@ -1192,6 +1308,18 @@ def _disposition(pid: int, sig: int) -> str:
     if masks.get("SigIgn", 0) & bit or sig in _DEFAULT_IGNORED:
         return "ignored"
     return "stop" if sig in _STOPS else "fatal"
+
+
+def _thread_group(tid: int) -> int:
+    """The process (thread group) of thread ``tid`` (0: gone)."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def _is_thread(pid: int, tid: int) -> bool:
