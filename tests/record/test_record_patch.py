@@ -31,10 +31,17 @@ import pytest
 from callgrind import callgrind_self_ir
 from callgrind import skip_reason as callgrind_skip
 from elftools.elf.elffile import ELFFile
-from patch_programs import PROGRAM_NAMES, build_async_signals, build_program, expected_output
+from patch_programs import (
+    PROGRAM_NAMES,
+    build_async_signals,
+    build_forks,
+    build_program,
+    expected_output,
+)
 from test_record_software import SKIP
 
 from hwtrace.cli.main import main as hwtrace_main
+from hwtrace.perf.data import read_perf_data
 from hwtrace.pt import packets
 from hwtrace.pt.config import PtConfig
 from hwtrace.pt.decode import decode_trace
@@ -42,8 +49,9 @@ from hwtrace.pt.flowrows import Ev
 from hwtrace.pt.kinds import Kind
 from hwtrace.record import record_software
 from hwtrace.record.patch import PatchOptions, PatchRecording, record_patched
-from hwtrace.record.patch.output import patch_image, write_patch_perf_data
+from hwtrace.record.patch.output import patch_image, record_patched_perf, write_patch_perf_data
 from hwtrace.record.patch.tracer import KILL_POINTS
+from hwtrace.session.perfflow import decode_perf
 
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
@@ -465,3 +473,56 @@ def test_interrupt_while_tracing_records_on(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert out.read_text() == expected_output("signals")
     assert data.stat().st_size > 0
+
+
+def test_perf_data_written_while_recording(same_path, tmp_path):
+    """The trace goes into perf.data while the program runs, in AUXTRACE
+    records of whole packets (as perf record writes them), the rest at the
+    end: hwtrace and perf read the records of a thread as one trace, the
+    same instructions as a recording kept in spool files.  (Drained only
+    at the program's signals here, a few KiB at a time: the same records
+    every run.)"""
+    exe = build_program("signals")
+    kept = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    (expected,) = decoded(kept, tmp_path).values()
+    path = tmp_path / "perf.data"
+    options = PatchOptions(buffer_size=8 << 10, drain_period=3600)
+    rec = record_patched_perf([str(exe)], path, options, stdout=subprocess.DEVNULL)
+    ((tid, size, lost),) = [(t.tid, t.size, t.lost) for t in rec.threads]
+    data = read_perf_data(path)
+    aux = data.auxtrace_columns()
+    assert aux["size"].shape[0] >= 3 and int(aux["size"].sum()) >= size > 0 and lost == 0
+    flow = decode_perf(data)
+    assert not flow.problems and flow.n_gaps == 0
+    (q,) = flow.queues
+    np.testing.assert_array_equal(q.instructions(), expected)
+    if shutil.which("perf"):
+        from test_record_threads import perf_lists
+
+        np.testing.assert_array_equal(perf_lists(path)[tid], expected)
+
+
+def test_forked_children_run_patched_code_at_once(tmp_path):
+    """Children forked without exec (not recorded) run the patched code
+    beside each other and the parent, each on control-block state of its
+    own: their results are the program's own."""
+    exe = build_forks()
+    alone = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    out = tmp_path / "out"
+    for _ in range(2):
+        with open(out, "w") as f:
+            rec = record_patched([str(exe)], stdout=f)
+        assert out.read_text() == alone
+        assert rec.forks == 4 and [t.tid for t in rec.threads] == [rec.pid]
+
+
+def test_threads_past_the_last_slot_run_untraced(tmp_path):
+    """More threads than control blocks with a buffer: the others run
+    unrecorded, each on a private control block, and the program's output
+    is its own."""
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        rec = record_patched([str(build_program("threads"))], PatchOptions(max_threads=2),
+                             stdout=f)  # fmt: skip
+    assert out.read_text() == expected_output("threads")
+    assert 1 <= len(rec.threads) < 5

@@ -155,8 +155,8 @@ def _mtc_period(a: argparse.Namespace) -> int:
 
 
 def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
-    from ..record.patch import PatchError, PatchOptions, record_patched
-    from ..record.patch.output import write_patch_perf_data
+    from ..record.patch import PatchError, PatchOptions
+    from ..record.patch.output import record_patched_perf
 
     unsupported = [name for name, given in (("-f", a.function), ("--range", a.range),
                    ("--call", a.call), ("-p", a.pid is not None), ("--follow-fork", a.follow_fork),
@@ -167,14 +167,16 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
         return 2
     sys.stderr.write("hwtrace record: backend patch (the program's branches write Intel PT)\n")
     try:
-        rec = record_patched(
+        rec = record_patched_perf(
             command,
+            a.output,
             PatchOptions(
                 psb_period=a.psb_period,
                 tsc=not a.no_tsc,
                 noretcomp=a.noretcomp,
                 mtc_period=None if a.no_mtc else a.mtc_period,  # None: not asked for
             ),
+            buildid_cache=not a.no_buildid_cache,
         )
     except PatchError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
@@ -183,13 +185,15 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
         sys.stderr.write("hwtrace record: interrupted while setting up; the program runs on "
                          "untraced, nothing written\n")  # fmt: skip
         return 130
-    write_patch_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache)
-    pt = sum(len(t.data) for t in rec.threads)
+    pt = sum(t.size for t in rec.threads)
     lost = sum(t.lost for t in rec.threads)
     sites = sum(m["sites"] for m in rec.modules.values())
     sys.stderr.write(f"hwtrace record: {len(rec.threads)} thread(s), {pt} bytes of PT, "
                      f"{sites} branch sites patched in {len(rec.modules)} modules "
                      f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
+    if rec.write_error:
+        sys.stderr.write(f"hwtrace record: warning: writing {a.output} failed "
+                         f"({rec.write_error}): the threads' traces end there\n")  # fmt: skip
     if lost:
         sys.stderr.write(f"hwtrace record: warning: {lost} packet groups dropped: hwtrace did "
                          "not copy the trace out fast enough (OVF packets mark the gaps)\n")  # fmt: skip

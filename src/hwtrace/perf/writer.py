@@ -358,6 +358,31 @@ class PerfDataWriter:
         for rec in getattr(self, "_pt_records", []):
             f.write(rec)
 
+    def set_time_conversion(self, time_shift: int, time_mult: int, time_zero: int) -> None:
+        """Set the intel_pt event's TSC conversion (AUXTRACE_INFO and
+        TIME_CONV), also after records were written: a recording that
+        streams its trace knows the TSC's rate only when it ends."""
+        if self._pt_attr is None:
+            raise ValueError("set the intel_pt event first")
+        pt = replace(self.intel_pt, time_shift=time_shift, time_mult=time_mult, time_zero=time_zero)
+        self.intel_pt = pt
+        old = self._pt_records
+        self._pt_records = [
+            pack_auxtrace_info(pt),
+            pack_time_conv(TimeConv(time_shift, time_mult, time_zero, 0, 0,
+                                    pt.cap_user_time_zero, 0)),
+        ]  # fmt: skip
+        if self._data_offset is None:
+            return
+        # Written already: the same sizes, in place.
+        assert [len(r) for r in old] == [len(r) for r in self._pt_records]
+        f = self._f
+        end = f.tell()
+        f.seek(self._data_offset)
+        for rec in self._pt_records:
+            f.write(rec)
+        f.seek(end)
+
     def tell(self) -> int:
         """The file offset the next record will have."""
         self._start_data()

@@ -205,8 +205,10 @@ def software_recording(rec: SoftwareRecording, *, buildid_cache: bool = True) ->
                          threads, pokes, notes)  # fmt: skip
 
 
-def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
-    """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
+def _records(rec: PerfRecording, processes: list[ProcessStart], streamed: set[int]) -> list[_Rec]:
+    """The records of ``rec`` to write, in time order: those of
+    ``processes``' starts, the later sideband, and the AUXTRACE of the
+    threads not in ``streamed`` (written while recording)."""
     pid_of = {t.tid: t.pid for t in rec.tasks}
     cpu_of = {t.tid: max(t.cpu, 0) for t in rec.threads}
 
@@ -215,7 +217,7 @@ def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
 
     records: list[_Rec] = []
     add = records.append
-    for p in rec.processes:
+    for p in processes:
         add(_Rec(p.ns, 0, Comm(p.pid, p.pid, p.comm, p.exec_), sid(p.pid, p.pid, p.ns)))
         for body in _mmap_bodies(p.pid, p.mmaps):
             add(_Rec(p.ns, 1, body, sid(p.pid, p.pid, p.ns), _MISC_USER))
@@ -241,60 +243,129 @@ def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
             started.add(tr.tid)
             pid = pid_of.get(tr.tid, tr.pid)
             add(_Rec(first - 1, 2, ItraceStart(pid, tr.tid), sid(pid, tr.tid, first - 1)))
-        add(_Rec(first - 1, 3, None, sid(tr.pid, tr.tid, first - 1), trace=tr))
+        if tr.tid not in streamed:
+            add(_Rec(first - 1, 3, None, sid(tr.pid, tr.tid, first - 1), trace=tr))
         for on, off in tr.spans:
             add(_Rec(on, 4, Switch(False), sid(tr.pid, tr.tid, on)))
             add(_Rec(off, 8, Switch(True), sid(tr.pid, tr.tid, off)))
     records.sort(key=lambda r: (r.ns, r.order))
+    return records
 
-    conv = rec.time_conversion
-    cfg = rec.config
-    argv = rec.argv
-    timed = bool(rec.settings.get("tsc"))
+
+def _open_writer(
+    path: str | os.PathLike[str],
+    settings: dict[str, int | bool],
+    cfg: PtConfig,
+    argv: list[str],
+    conv: TscConversion,
+    filters: str,
+) -> PerfDataWriter:
+    """A perf.data with the intel_pt event of these settings."""
+    timed = bool(settings.get("tsc"))
     st = SampleType
     sample_type = st.IP | st.TID | st.CPU | st.IDENTIFIER | (st.TIME if timed else 0)
-    idx: dict[int, int] = {}
-    filters = rec.filters
     if (len(filters) + 1) % 8 == 0:
         # perf reads the filter from a roundup(length + 1, 8)-byte field;
         # hwtrace's AUXTRACE_INFO writer counts the NUL in the length, which
         # is the same size except for this length: a blank keeps them so.
         filters += " "
-    with PerfDataWriter(path, cmdline=["hwtrace", "record", *argv]) as w:
-        w.set_intel_pt(
-            config=intel_pt_config(rec.settings),
-            sample_type=sample_type,
-            time_shift=conv.time_shift,
-            time_mult=conv.time_mult,
-            time_zero=conv.time_zero,
-            cap_user_time_zero=timed,
-            tsc_ctc_ratio=(cfg.cpuid_0x15_ebx, cfg.cpuid_0x15_eax),
-            max_non_turbo_ratio=cfg.nom_freq,
-            filter=filters,
-            context_switch=True,
-        )
-        build_ids = {}
-        for m in [m for p in rec.processes for m in p.mmaps] + [m for _, _, m in rec.mmaps]:
-            if m.build_id and m.path not in build_ids:
-                build_ids[m.path] = m.build_id
-        # The machine's pid, as perf record writes it: HOST_KERNEL_ID (-1) for
-        # the host (perf takes another pid for a guest machine's).
-        w.set_feature(
-            Feature.BUILD_ID,
-            [BuildId(_HOST, bid, p, _MISC_USER) for p, bid in build_ids.items()],
-        )
-        # The sideband perf synthesizes from /proc when recording starts.
-        init = [r for r in records if r.order <= 1 and r.ns <= records[0].ns]
-        for r in init:
+    w = PerfDataWriter(path, cmdline=["hwtrace", "record", *argv])
+    w.set_intel_pt(
+        config=intel_pt_config(settings),
+        sample_type=sample_type,
+        time_shift=conv.time_shift,
+        time_mult=conv.time_mult,
+        time_zero=conv.time_zero,
+        cap_user_time_zero=timed,
+        tsc_ctc_ratio=(cfg.cpuid_0x15_ebx, cfg.cpuid_0x15_eax),
+        max_non_turbo_ratio=cfg.nom_freq,
+        filter=filters,
+        context_switch=True,
+    )
+    return w
+
+
+def _write_records(w: PerfDataWriter, records: list[_Rec], idx: dict[int, int]) -> None:
+    for r in records:
+        if r.trace is not None:
+            k = idx.setdefault(r.trace.tid, len(idx))
+            # The reference is a TSC near the trace's, which perf extends
+            # the 7-byte TSC packets with (perf record reads the TSC).
+            w.add_auxtrace(r.trace.data, tid=r.trace.tid, idx=k, reference=r.trace.reference)
+        else:
             w.add_record(r.body, sample_id=r.sid, misc=r.misc)
-        w.finished_init()
-        for r in records[len(init) :]:
-            if r.trace is not None:
-                k = idx.setdefault(r.trace.tid, len(idx))
-                # The reference is a TSC near the trace's, which perf extends
-                # the 7-byte TSC packets with (perf record reads the TSC).
-                w.add_auxtrace(r.trace.data, tid=r.trace.tid, idx=k, reference=r.trace.reference)
-            else:
-                w.add_record(r.body, sample_id=r.sid, misc=r.misc)
-        w.finished_round()
+
+
+def _close(w: PerfDataWriter, rec: PerfRecording, path: str | os.PathLike[str]) -> None:
+    build_ids = {}
+    for m in [m for p in rec.processes for m in p.mmaps] + [m for _, _, m in rec.mmaps]:
+        if m.build_id and m.path not in build_ids:
+            build_ids[m.path] = m.build_id
+    # The machine's pid, as perf record writes it: HOST_KERNEL_ID (-1) for
+    # the host (perf takes another pid for a guest machine's).
+    w.set_feature(
+        Feature.BUILD_ID, [BuildId(_HOST, bid, p, _MISC_USER) for p, bid in build_ids.items()]
+    )
+    w.finished_round()
+    w.close()
     note_recording(path, **rec.notes)
+
+
+def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
+    """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
+    records = _records(rec, rec.processes, set())
+    w = _open_writer(path, rec.settings, rec.config, rec.argv, rec.time_conversion, rec.filters)
+    # The sideband perf synthesizes from /proc when recording starts.
+    init = [r for r in records if r.order <= 1 and r.ns <= records[0].ns]
+    _write_records(w, init, {})
+    w.finished_init()
+    _write_records(w, records[len(init) :], {})
+    _close(w, rec, path)
+
+
+class StreamedRecording:
+    """A perf.data written as a recording goes, as ``perf record`` writes
+    one: opened when tracing starts with the program's COMM and MMAP2
+    (``start``), each thread's trace appended in AUXTRACE records while
+    it runs (:meth:`add`), the rest and the TSC's rate when it ends
+    (:meth:`finish`): the trace is written once, never held."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        settings: dict[str, int | bool],
+        argv: list[str],
+        start: ProcessStart,
+        reference: int,
+    ) -> None:
+        self.path = path
+        self.start = start
+        self.reference = reference  # a TSC near the traces' first packets
+        # The rate is known at the end (set_time_conversion then).
+        self.writer = _open_writer(path, settings, PtConfig(), argv, TscConversion(0, 1, 0), "")
+        rec = PerfRecording(settings, PtConfig(), argv, TscConversion(0, 1, 0), "", [start],
+                            [], [], [], {})  # fmt: skip
+        _write_records(self.writer, _records(rec, [start], set()), {})
+        self.writer.finished_init()
+        self.idx: dict[int, int] = {}  # tid -> its AUX buffer
+        self.sizes: dict[int, int] = {}  # tid -> trace bytes written
+
+    def add(self, tid: int, data: bytes | memoryview) -> None:
+        """Append a stretch of thread ``tid``'s trace (whole packets)."""
+        k = self.idx.setdefault(tid, len(self.idx))
+        self.writer.add_auxtrace(data, tid=tid, idx=k, reference=self.reference)
+        self.sizes[tid] = self.sizes.get(tid, 0) + len(data)
+
+    def finish(self, rec: PerfRecording) -> None:
+        """Write the sideband of ``rec`` (whose first process start is the
+        one written) and close the file."""
+        w = self.writer
+        conv = rec.time_conversion
+        w.set_time_conversion(conv.time_shift, conv.time_mult, conv.time_zero)
+        _write_records(w, _records(rec, rec.processes[1:], set(self.idx)), self.idx)
+        _close(w, rec, self.path)
+
+    def abandon(self) -> None:
+        """The recording failed: no file."""
+        self.writer.close()
+        os.unlink(self.path)

@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ...image import Image
 from ...image.process import Mapping
 from ...perf.sideband import cache_vdso, elf_build_id
 from ...pt.config import PtConfig
-from ..perfdata import AuxThread, PerfRecording, ProcessStart, TaskRecord, write_recording
+from ..perfdata import (
+    AuxThread,
+    PerfRecording,
+    ProcessStart,
+    StreamedRecording,
+    TaskRecord,
+    write_recording,
+)
 from ..software import MmapRecord, files_image, mmap_records, tsc_conversion
-from .tracer import PatchRecording
+from .tracer import PatchOptions, PatchRecording, record_patched
 
-__all__ = ["BACKEND", "patch_image", "patch_perf_recording", "write_patch_perf_data"]
+__all__ = [
+    "BACKEND",
+    "patch_image",
+    "patch_perf_recording",
+    "record_patched_perf",
+    "write_patch_perf_data",
+]
 
 BACKEND = "patch: live code patching"
 
@@ -51,16 +66,25 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
         _vdso_file(rec)
     conv = tsc_conversion(rec.clock_pairs[0], rec.clock_pairs[-1])
     t0, t1 = (int(conv.to_ns(c)) for c, _ in (rec.clock_pairs[0], rec.clock_pairs[-1]))
-    start = mmap_records(_start_maps(rec), {}, rec.vdso)
-    processes = [ProcessStart(t0, rec.pid, rec.comm, False, start)]
+    processes = [_process_start(rec, t0)]
     later = [(int(conv.to_ns(tsc)), rec.pid, r)
              for (tsc, _), r in zip(rec.mapped, mmap_records([m for _, m in rec.mapped], {}),
                                     strict=True)]  # fmt: skip
     tasks = [TaskRecord(t1, "exit", th.pid, th.tid) for th in rec.threads]
     threads = [AuxThread(th.pid, th.tid, 0, th.data, [(t0, t1)], rec.clock_pairs[0][0])
                for th in rec.threads]  # fmt: skip
-    opt = rec.options
-    settings: dict[str, int | bool] = {
+    notes: dict[str, object] = {"clock": "CLOCK_MONOTONIC", "clock_error_ns": 0}
+    return PerfRecording(_settings(rec.options), PtConfig(), list(rec.argv), conv, "", processes,
+                         tasks, threads, [], notes, later)  # fmt: skip
+
+
+def _process_start(rec: PatchRecording, ns: int) -> ProcessStart:
+    return ProcessStart(ns, rec.pid, rec.comm, False,
+                        mmap_records(_start_maps(rec), {}, rec.vdso))  # fmt: skip
+
+
+def _settings(opt: PatchOptions) -> dict[str, int | bool]:
+    return {
         "tsc": opt.tsc,
         "mtc": False,
         "mtc_period": 0,
@@ -73,9 +97,6 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
         "kernel": False,
         "ptw": False,
     }
-    notes: dict[str, object] = {"clock": "CLOCK_MONOTONIC", "clock_error_ns": 0}
-    return PerfRecording(settings, PtConfig(), list(rec.argv), conv, "", processes, tasks,
-                         threads, [], notes, later)  # fmt: skip
 
 
 def write_patch_perf_data(
@@ -84,3 +105,45 @@ def write_patch_perf_data(
     """Write ``rec`` to ``path`` as perf.data (``perf record -e intel_pt//u
     --per-thread`` layout)."""
     write_recording(patch_perf_recording(rec, buildid_cache=buildid_cache), path)
+
+
+class _PerfSink:
+    """The threads' traces written into perf.data as they come."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self.stream: StreamedRecording | None = None
+
+    def begin(self, head: PatchRecording) -> None:
+        tsc, ns = head.clock_pairs[0]
+        # The conversion found at the end passes through this pair: the
+        # start's perf time is its CLOCK_MONOTONIC time.
+        self.stream = StreamedRecording(self.path, _settings(head.options), list(head.argv),
+                                        _process_start(head, ns), tsc)  # fmt: skip
+
+    def add(self, tid: int, data: memoryview) -> None:
+        assert self.stream is not None
+        self.stream.add(tid, data)
+
+
+def record_patched_perf(
+    argv: Sequence[str],
+    path: str | os.PathLike[str],
+    options: PatchOptions | None = None,
+    *,
+    buildid_cache: bool = True,
+    **popen: Any,
+) -> PatchRecording:
+    """:func:`~hwtrace.record.patch.record_patched` writing ``path`` (as
+    :func:`write_patch_perf_data` does) while the program runs: the trace
+    goes from the threads' buffers into the file once, never held."""
+    sink = _PerfSink(path)
+    try:
+        rec = record_patched(argv, options, sink=sink, **popen)
+    except BaseException:
+        if sink.stream is not None:
+            sink.stream.abandon()
+        raise
+    assert sink.stream is not None
+    sink.stream.finish(patch_perf_recording(rec, buildid_cache=buildid_cache))
+    return rec
