@@ -526,3 +526,27 @@ def test_threads_past_the_last_slot_run_untraced(tmp_path):
                              stdout=f)  # fmt: skip
     assert out.read_text() == expected_output("threads")
     assert 1 <= len(rec.threads) < 5
+
+
+def test_exec_is_followed(same_path, tmp_path):
+    """The recorded process runs another program (a shell's ``exec``, a
+    wrapper script): hwtrace follows it, as perf does, with the new
+    program's COMM (exec) and MMAP2; its trace, from its entry point on,
+    is that of the program recorded alone."""
+    exe = build_program("recursion")
+    kept = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    (alone,) = decoded(kept, tmp_path).values()
+    path = tmp_path / "perf.data"
+    rec = record_patched_perf(["/bin/sh", "-c", f"exec {exe}"], path, stdout=subprocess.DEVNULL)
+    assert [comm for _, comm, _, _ in rec.execs] == [exe.name[:15]] and not rec.exec_error
+    data = read_perf_data(path)
+    flow = decode_perf(data)
+    assert not flow.problems and flow.n_gaps == 0
+    (q,) = flow.queues
+    got = q.instructions()
+    assert got.shape[0] > alone.shape[0]  # the shell's part, then the program's
+    np.testing.assert_array_equal(got[-alone.shape[0] :], alone)
+    if shutil.which("perf"):
+        from test_record_threads import perf_lists
+
+        np.testing.assert_array_equal(perf_lists(path)[q.tid], got)

@@ -191,6 +191,12 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     sys.stderr.write(f"hwtrace record: {len(rec.threads)} thread(s), {pt} bytes of PT, "
                      f"{sites} branch sites patched in {len(rec.modules)} modules "
                      f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
+    if rec.execs:
+        names = ", ".join(comm for _, comm, _, _ in rec.execs)
+        sys.stderr.write(f"hwtrace record: followed the program's exec of {names}\n")
+    if rec.exec_error:
+        sys.stderr.write(f"hwtrace record: warning: the program exec'd another that could not "
+                         f"be recorded ({rec.exec_error}): it runs on untraced\n")  # fmt: skip
     if rec.write_error:
         sys.stderr.write(f"hwtrace record: warning: writing {a.output} failed "
                          f"({rec.write_error}): the threads' traces end there\n")  # fmt: skip

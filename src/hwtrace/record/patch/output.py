@@ -67,6 +67,9 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
     conv = tsc_conversion(rec.clock_pairs[0], rec.clock_pairs[-1])
     t0, t1 = (int(conv.to_ns(c)) for c, _ in (rec.clock_pairs[0], rec.clock_pairs[-1]))
     processes = [_process_start(rec, t0)]
+    for tsc, comm, maps, vdso in rec.execs:
+        mmaps = mmap_records([m for m in maps if m.path != "[vsyscall]"], {}, vdso)
+        processes.append(ProcessStart(int(conv.to_ns(tsc)), rec.pid, comm, True, mmaps))
     later = [(int(conv.to_ns(tsc)), rec.pid, r)
              for (tsc, _), r in zip(rec.mapped, mmap_records([m for _, m in rec.mapped], {}),
                                     strict=True)]  # fmt: skip

@@ -164,6 +164,10 @@ class PatchRecording:
     stopped_by: int = 0
     # Why copying the traces out failed (a full disk): they end there.
     write_error: str = ""
+    # (TSC, comm, mappings, vDSO) of each program the process exec'd
+    # (recorded on from its entry point; ``maps`` is the first program's)
+    execs: list[tuple[int, str, list[Mapping], bytes]] = field(default_factory=list)
+    exec_error: str = ""  # why a program it exec'd was not recorded
 
 
 class TraceSink(Protocol):
@@ -256,7 +260,9 @@ class _Target:
         return self.syscall(SYS_MMAP, address, size, prot, flags, fd & ((1 << 64) - 1), 0)
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 KILL_POINTS = ("buffers", "trampolines", "patches", "tracing")
@@ -307,6 +313,40 @@ def _launch(argv: Sequence[str], popen: dict) -> subprocess.Popen:
     if not os.WIFSTOPPED(status):
         raise PatchError(f"{argv[0]}: did not start")
     return proc
+
+
+def _map_pool(t: _Target, pool: _Pool, path: str, address: int, flags: int) -> int:
+    """Map the buffers' file (at ``path``) into the program at ``address``
+    (``flags``: MAP_FIXED_NOREPLACE for that address, else a hint)."""
+    page = t.map(0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+    if page < 0:
+        raise PatchError(f"the program cannot map a page: {os.strerror(-page)}")
+    t.write(page, path.encode() + b"\0")
+    tfd = t.syscall(SYS_OPEN, page, os.O_RDWR)
+    t.syscall(SYS_MUNMAP, page, PAGE)
+    if tfd < 0:
+        raise PatchError(f"the program cannot open {path}: {os.strerror(-tfd)}")
+    base = t.map(address, pool.size, PROT_READ | PROT_WRITE, MAP_SHARED | flags, tfd)
+    t.syscall(SYS_CLOSE, tfd)
+    if base < 0 or (flags and base != address):
+        raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
+    return base
+
+
+def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]) -> _Patcher:
+    """Patch the stopped program's code (its buffers mapped): the private
+    sinks first and the thread's GS base on the sink, so that were hwtrace
+    killed while it patches, the patched code would run, untraced."""
+    pool.map_sinks(t)
+    r = t.regs()
+    r.gs_base = pool.sink()
+    t.set_regs(r)
+    kill_point("buffers")
+    patcher = _Patcher(t, opt)
+    patcher.pool = pool
+    patcher.patch_new(maps)
+    t.gadget = patcher.runtime + pc.RT_SYSCALL
+    return patcher
 
 
 def _run_to_entry(t: _Target, entry: int) -> None:
@@ -667,32 +707,12 @@ def record_patched(
         # killed while it patches, the patched code would run, untraced.
         pool = _Pool(opt, pid, sink)
         shm_path = pool.path
-        page = t.map(0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
-        if page < 0:
-            raise PatchError(f"the program cannot map a page: {os.strerror(-page)}")
-        t.write(page, shm_path.encode() + b"\0")
-        tfd = t.syscall(SYS_OPEN, page, os.O_RDWR)
-        t.syscall(SYS_MUNMAP, page, PAGE)
-        if tfd < 0:
-            raise PatchError(f"the program cannot open {shm_path}: {os.strerror(-tfd)}")
         # Away from the code, whose trampolines need the room next to it.
-        base = t.map(POOL_HINT, pool.size, PROT_READ | PROT_WRITE, MAP_SHARED, tfd)
-        t.syscall(SYS_CLOSE, tfd)
+        pool.base = _map_pool(t, pool, shm_path, POOL_HINT, 0)
         os.unlink(shm_path)
         shm_path = ""
-        if base < 0:
-            raise PatchError(f"the program cannot map its trace buffers: {os.strerror(-base)}")
-        pool.base = base
-        pool.map_sinks(t)
-        r = t.regs()
-        r.gs_base = pool.sink()
-        t.set_regs(r)
-        kill_point("buffers")
-        patcher = _Patcher(t, opt)
-        patcher.pool = pool
-        patcher.patch_new(maps0)
+        patcher = _patch_image(t, pool, opt, maps0)
         runtime = patcher.runtime
-        t.gadget = runtime + pc.RT_SYSCALL
         if opt.tsc and opt.mtc_period is not None:
             tsc, ns = clock_pair()
             per_ns = (tsc - first[0]) / max(ns - first[1], 1)
@@ -725,9 +745,10 @@ def record_patched(
         pairs.append(clock_pair())
         threads = run.finished + [pool.release(tid) for tid in list(pool.slots)]
         return PatchRecording(pid, tuple(argv), maps0, patcher.vdso, threads, status,
-                              {p: pl.stats for p, pl in patcher.plans.items()}, run.traps, setup,
+                              {p: pl.stats for p, pl in run.plans.items()}, run.traps, setup,
                               comm, opt, pairs, run.forks, run.mapped, run.stop_signal,
-                              (pool.error.strerror or str(pool.error)) if pool.error else "")  # fmt: skip
+                              (pool.error.strerror or str(pool.error)) if pool.error else "",
+                              run.execs, run.exec_error)  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -875,6 +896,18 @@ class _Pool:
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         return tcb
 
+    def restart(self, tid: int, entry: int) -> int:
+        """Thread ``tid``'s control block, to trace on at ``entry`` (a new
+        program: PSB+ at once, the return stack emptied)."""
+        k = self.slots[tid]
+        w = self.words(k)
+        w[pc.W // 8] = 2
+        w[pc.NEXTPSB // 8] = w[pc.CUR // 8]
+        w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = entry
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
+        w[TCB_SIZE // 16 : TCB_SIZE // 8] = 0  # the return stack
+        return self.base + k * self.slot_size
+
     def _drain(self, k: int, final: bool = False) -> None:
         """Copy what slot ``k``'s thread wrote since the last time to its
         spool or the sink once there is a chunk of it (all of it when
@@ -981,6 +1014,13 @@ class _Run:
         self.patcher = patcher
         self.redirects = patcher.redirects
         self.pool = pool
+        self.plans = dict(patcher.plans)  # every image's modules
+        # (TSC, comm, mappings, vDSO) of each program the process exec'd
+        self.execs: list[tuple[int, str, list[Mapping], bytes]] = []
+        self.exec_error = ""  # why a program exec'd could not be recorded
+        # A forked child runs the image it was forked from (the process
+        # may exec another since): its traps are sent on by that image's.
+        self.child_redirects: dict[int, dict[int, int]] = {}
         self.mapped: list[tuple[int, Mapping]] = []  # (TSC, mapping) of code mapped later
         self.held: list[tuple[int, int]] = []  # (tid, signal) that came while hwtrace worked
         self.status = 0  # the process's wait status
@@ -1032,6 +1072,7 @@ class _Run:
             self.regs.gs_base = self.pool.claim(tid)
         else:
             self.children.add(tid)
+            self.child_redirects[tid] = self.redirects
             # A forked process runs on its copy of the children's sink; a
             # thread of one (which no fork copied) on one of its own.
             leader = _thread_group(tid) == tid
@@ -1048,6 +1089,49 @@ class _Run:
         now = int(rdtsc())
         for lo, hi, _ in self.patcher.done[before:]:
             self.mapped += [(now, m) for m in maps if lo <= m.start < hi]
+
+    def _exec(self) -> bool:
+        """The recorded process ran a new program (``perf record`` follows
+        an exec too): run it to its entry point, map the buffers again where
+        they were, patch it, and trace on from its entry (PSB+, TIP.PGE) in
+        the same buffer.  False: it could not be, the process is let go
+        (it runs on untraced)."""
+        pid = self.pid
+        tasks = set(os.listdir(f"/proc/{pid}/task"))
+        for tid in [x for x in self.pool.slots if str(x) not in tasks]:
+            self.finished.append(self.pool.release(tid))  # ended by the exec
+        t = _Target(pid)  # /proc/PID/mem is the old address space's
+        try:
+            entry = program_entry(pid)
+            if entry is None:
+                raise PatchError(f"process {pid}: no entry point in its auxiliary vector")
+            _run_to_entry(t, entry)
+            maps = read_maps(pid)
+            comm = _comm(pid)
+            _map_pool(t, self.pool, f"/proc/{os.getpid()}/fd/{self.pool.fd}", self.pool.base,
+                      MAP_FIXED_NOREPLACE)  # fmt: skip
+            patcher = _patch_image(t, self.pool, self.patcher.opt, maps)
+        except (PatchError, OSError) as e:
+            self.exec_error = str(e)
+            t.close()
+            if pid in self.pool.slots:
+                self.finished.append(self.pool.release(pid))
+            self.live.discard(pid)
+            ptrace(PTRACE_DETACH, pid, 0, 0)
+            return False
+        self.execs.append((int(rdtsc()), comm, maps, patcher.vdso))
+        self.patcher.t.close()
+        self.patcher = patcher
+        self.redirects = patcher.redirects
+        self.plans.update(patcher.plans)
+        tcb = (
+            self.pool.restart(pid, entry) if pid in self.pool.slots else self.pool.claim(pid, entry)
+        )
+        r = t.regs()
+        r.gs_base = tcb
+        r.rip = patcher.runtime + pc.RT_START
+        t.set_regs(r)
+        return True
 
     def run(self) -> int:
         ptrace(PTRACE_CONT, self.pid, 0, 0)
@@ -1105,8 +1189,12 @@ class _Run:
                     self.children.discard(tid)
                     self.live.discard(tid)
                     self.pool.forget(tid)
+                    self.child_redirects.pop(tid, None)
                     ptrace(PTRACE_DETACH, tid, 0, 0)
                     continue
+                elif event == _EVENT_EXEC and tid == self.pid:
+                    if not self._exec():
+                        continue
                 ptrace(PTRACE_CONT, tid, 0, 0)
                 continue
             if sig == signal.SIGTRAP and self._getregs(tid):
@@ -1117,7 +1205,7 @@ class _Run:
                 if self.regs.rip in self.patcher.sigreturns and tid in self.pool.slots:
                     self._sigreturn(tid)
                     continue
-                to = self.redirects.get(self.regs.rip - 1)
+                to = self.child_redirects.get(tid, self.redirects).get(self.regs.rip - 1)
                 if to is not None:
                     self.traps += 1
                     self.regs.rip = to
@@ -1155,11 +1243,15 @@ class _Run:
                     return True
             if sig & 0x80 and sig & 0x7F == signal.SIGTRAP:
                 return True  # a syscall stop
-            if sig not in (signal.SIGTRAP, signal.SIGSTOP):
+            deliver = 0
+            if sig in _FAULTS and sig != signal.SIGTRAP and not step:
+                # A fault would come again at once if held: the program's.
+                deliver = sig
+            elif sig not in (signal.SIGTRAP, signal.SIGSTOP):
                 self._hold(tid, sig)
             if step:
                 return self._getregs(tid)
-            ptrace(PTRACE_SYSCALL if where is None else PTRACE_CONT, tid, 0, 0)
+            ptrace(PTRACE_SYSCALL if where is None else PTRACE_CONT, tid, 0, deliver)
 
     def _hold(self, tid: int, sig: int) -> None:
         """Send ``sig`` again when hwtrace goes on (once: a standard signal
