@@ -349,6 +349,16 @@ def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]
     return patcher
 
 
+def _to_entry(t: _Target) -> tuple[int, list[Mapping], str]:
+    """Run the program (stopped at its exec) to its entry point, its
+    libraries loaded: the entry, its mappings and its name."""
+    entry = program_entry(t.pid)
+    if entry is None:
+        raise PatchError(f"process {t.pid}: no entry point in its auxiliary vector")
+    _run_to_entry(t, entry)
+    return entry, read_maps(t.pid), _comm(t.pid)
+
+
 def _run_to_entry(t: _Target, entry: int) -> None:
     orig = t.read(entry, 1)
     t.write(entry, b"\xcc")
@@ -696,12 +706,7 @@ def record_patched(
         options = (PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEFORK
                    | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD)  # fmt: skip
         ptrace(PTRACE_SETOPTIONS, pid, 0, options)
-        entry = program_entry(pid)
-        if entry is None:
-            raise PatchError(f"process {pid}: no entry point in its auxiliary vector")
-        _run_to_entry(t, entry)
-        maps0 = read_maps(pid)
-        comm = _comm(pid)
+        entry, maps0, comm = _to_entry(t)
         # The threads' control blocks and trace buffers, shared with hwtrace,
         # mapped first and the thread's GS base on the sink: were hwtrace
         # killed while it patches, the patched code would run, untraced.
@@ -1102,12 +1107,7 @@ class _Run:
             self.finished.append(self.pool.release(tid))  # ended by the exec
         t = _Target(pid)  # /proc/PID/mem is the old address space's
         try:
-            entry = program_entry(pid)
-            if entry is None:
-                raise PatchError(f"process {pid}: no entry point in its auxiliary vector")
-            _run_to_entry(t, entry)
-            maps = read_maps(pid)
-            comm = _comm(pid)
+            entry, maps, comm = _to_entry(t)
             _map_pool(t, self.pool, f"/proc/{os.getpid()}/fd/{self.pool.fd}", self.pool.base,
                       MAP_FIXED_NOREPLACE)  # fmt: skip
             patcher = _patch_image(t, self.pool, self.patcher.opt, maps)
