@@ -639,3 +639,21 @@ def test_exec_is_followed(same_path, tmp_path):
         from test_record_threads import perf_lists
 
         np.testing.assert_array_equal(perf_lists(path)[q.tid], got)
+
+
+def test_repeat_recordings_reuse_their_plans(tmp_path, monkeypatch):
+    """A program recorded again (its addresses not randomized, by default)
+    is patched from the plans cached the first time: no plan is made
+    again, and the trace is the same."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    plans = tmp_path / "cache" / "hwtrace" / "patch-plans"
+    exe = build_program("recursion")
+    first = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    made = {p.name: p.stat().st_mtime_ns for p in plans.iterdir()}
+    assert len(made) >= 3  # the program, libc, the dynamic loader
+    second = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    assert {p.name: p.stat().st_mtime_ns for p in plans.iterdir()} == made
+    assert second.modules == first.modules
+    (a,) = decoded(first, tmp_path).values()
+    (b,) = decoded(second, tmp_path).values()
+    np.testing.assert_array_equal(a, b)

@@ -81,6 +81,9 @@ def record_main(argv: Sequence[str]) -> int:
                    help="a CYC only after at least 2**(N-1) cycles (0-15; default 0: at every "
                    "eligible packet)")  # fmt: skip
     p.add_argument("--noretcomp", action="store_true", help="no return compression")
+    p.add_argument("--aslr", action="store_true",
+                   help="patch backend: keep the program's address randomization (by default off, "
+                   "as gdb and rr launch programs: repeat recordings reuse their patch plans)")  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     a = p.parse_args(list(argv))
     command = [c for c in a.command if c != "--"] if a.command else []
@@ -175,6 +178,7 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
                 tsc=not a.no_tsc,
                 noretcomp=a.noretcomp,
                 mtc_period=None if a.no_mtc else a.mtc_period,  # None: not asked for
+                aslr=a.aslr,
             ),
             buildid_cache=not a.no_buildid_cache,
         )

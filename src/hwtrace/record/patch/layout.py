@@ -24,12 +24,18 @@ bytes, the call alone, moved (``push`` of the original return address,
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import iced_x86 as iced
 import numpy as np
 from numba import njit
 
+from ...aot import user_cache_dir
 from . import _patchcode as pc
 from .sites import (
     INSTRUMENTED,
@@ -40,6 +46,7 @@ from .sites import (
     K_JMP,
     K_RET,
     K_SYSCALL,
+    SOURCE_DIGEST,
     CodeMap,
     windows,
 )
@@ -591,3 +598,55 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp) -> byt
     _rel32(t, pc.F_sys_pge, at + pc.F_sys_pge, rt + pc.RT_PGE)
     _rel32(t, pc.F_sys_dst, at + pc.F_sys_dst, dest(nxt))
     return bytes(t)
+
+
+# The planning code, the runtime's and the sweep's: a cached plan is theirs.
+_PLAN_DIGEST = hashlib.sha256(
+    Path(__file__).read_bytes() + Path(pc.__file__).read_bytes() + SOURCE_DIGEST.encode()
+).hexdigest()[:16]
+
+
+def plan_module_cached(
+    path: str,
+    cm: CodeMap,
+    read,
+    near: tuple[int, int],
+    far: list[tuple[int, int, np.ndarray]] = (),
+    retcomp: bool = True,
+) -> ModulePlan:
+    """:func:`plan_module` of a module mapped from file ``path``, kept in a
+    cache by all it depends on: the file's identity (device, inode, size,
+    modification time), where the module and its arenas are, what of
+    ``far`` other modules took, ``retcomp`` and the planning code.  The
+    same program run again (without address randomization) is planned once.
+    ``far``'s occupancy is updated as planning would."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return plan_module(cm, read, near, far, retcomp)
+    taken = [np.flatnonzero(occ) for _, _, occ in far]
+    key = repr((_PLAN_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                int(cm.ips[0]) if len(cm) else 0, len(cm), near, retcomp,
+                [(lo, hi, hashlib.sha256(t.tobytes()).hexdigest())
+                 for (lo, hi, _), t in zip(far, taken, strict=True)]))  # fmt: skip
+    name = user_cache_dir() / "patch-plans" / (hashlib.sha256(key.encode()).hexdigest()[:32])
+    try:
+        with open(name, "rb") as f:
+            plan, placed = pickle.load(f)
+        for (_, _, occ), more in zip(far, placed, strict=True):
+            occ[more] = 1
+        return plan
+    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
+        pass
+    plan = plan_module(cm, read, near, far, retcomp)
+    placed = [
+        np.setdiff1d(np.flatnonzero(occ), t) for (_, _, occ), t in zip(far, taken, strict=True)
+    ]
+    try:
+        name.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=name.parent, delete=False) as f:
+            pickle.dump((plan, placed), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(f.name, name)
+    except OSError:
+        pass  # no cache: planned again next time
+    return plan

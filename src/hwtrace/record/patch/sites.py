@@ -255,7 +255,7 @@ def sweep_file(
         st = os.stat(path)
     except OSError:
         return sweep(read, sections, functions)
-    key = repr((_SOURCE_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+    key = repr((SOURCE_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                 [(lo - base, hi - base) for lo, hi in sections]))  # fmt: skip
     name = (
         user_cache_dir() / "patch-sweeps" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
@@ -285,6 +285,6 @@ def sweep_file(
 
 
 # The sweeping code and decoder: a cached sweep is theirs.
-_SOURCE_DIGEST = hashlib.sha256(
+SOURCE_DIGEST = hashlib.sha256(
     Path(__file__).read_bytes() + importlib.metadata.version("iced-x86").encode()
 ).hexdigest()[:16]

@@ -67,6 +67,7 @@ from .layout import (
     ModulePlan,
     PlanError,
     plan_module,
+    plan_module_cached,
     redirect_table,
 )
 from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep, sweep_file
@@ -88,6 +89,7 @@ SPAN = 64 << 30
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+ADDR_NO_RANDOMIZE = 0x0040000  # personality(2)
 CHUNK = 32 << 20  # trace bytes copied out at a time
 SLACK = 512  # room past END for the largest group of packets a routine writes
 TCB_SIZE = 2 * PAGE  # the control block, then the return stack (runtime.S's SHADOW)
@@ -115,7 +117,10 @@ class PatchOptions:
     writing packets adds a TSC packet when that much time went by since the
     last (a rdtsc in every routine: interp runs 1.8x slower);
     ``max_threads``: threads recorded at once (more run unrecorded);
-    ``noretcomp``: every return a TIP (no return compression)."""
+    ``noretcomp``: every return a TIP (no return compression); ``aslr``:
+    the program's addresses randomized (by default not, as gdb and rr
+    launch programs: repeat recordings reuse their patch plans, cached by
+    address, and their addresses compare across recordings)."""
 
     psb_period: int = 4096
     tsc: bool = True
@@ -124,6 +129,7 @@ class PatchOptions:
     noretcomp: bool = False
     drain_period: float = 0.002
     mtc_period: int | None = None
+    aslr: bool = False
 
 
 @dataclass
@@ -293,10 +299,13 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _launch(argv: Sequence[str], popen: dict) -> subprocess.Popen:
-    """``argv`` started under ptrace, stopped at its exec."""
+def _launch(argv: Sequence[str], popen: dict, aslr: bool = True) -> subprocess.Popen:
+    """``argv`` started under ptrace, stopped at its exec; ``aslr``
+    False: without address randomization (``setarch -R``)."""
 
     def traceme() -> None:
+        if not aslr:
+            _libc.personality(_libc.personality(0xFFFFFFFF) | ADDR_NO_RANDOMIZE)
         if ptrace(PTRACE_TRACEME, 0) != 0:
             raise OSError("PTRACE_TRACEME failed")
 
@@ -608,7 +617,11 @@ class _Patcher:
             raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
         far = self._far(mod)
         try:
-            plan = plan_module(cm, read, (near, near + size), far, not self.opt.noretcomp)
+            retcomp = not self.opt.noretcomp
+            if mod.path.startswith("/"):
+                plan = plan_module_cached(mod.path, cm, read, (near, near + size), far, retcomp)
+            else:
+                plan = plan_module(cm, read, (near, near + size), far, retcomp)
         except PlanError as e:
             raise PatchError(f"{mod.path}: {e}") from None
         plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
@@ -697,7 +710,7 @@ def record_patched(
     opt = options or PatchOptions()
     began = time.monotonic()
     first = clock_pair()  # with another later: the TSC's rate
-    proc = _launch(argv, popen)
+    proc = _launch(argv, popen, opt.aslr)
     pid = proc.pid
     t = _Target(pid)
     shm_path = ""
