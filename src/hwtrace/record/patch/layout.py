@@ -94,6 +94,14 @@ class ModulePlan:
     syscalls: dict[int, int] = field(default_factory=dict)  # trampoline syscall -> original
     # (start, end, original address) of each instrumented instruction's code
     parts: list[tuple[int, int, int]] = field(default_factory=list)
+    # code_writes() and patch_writes(), made once (a cached plan has them)
+    writes: tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]] | None = None
+
+    def make_writes(self) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+        """:meth:`code_writes` and :meth:`patch_writes`, kept."""
+        if self.writes is None:
+            self.writes = (self.code_writes(), self.patch_writes())
+        return self.writes
 
     def code_writes(self) -> list[tuple[int, bytes]]:
         """``code`` as few writes: the runtime and trampolines one run (the
@@ -610,6 +618,7 @@ def plan_module_cached(
     path: str,
     cm: CodeMap,
     read,
+    sections: list[tuple[int, int]],
     near: tuple[int, int],
     far: list[tuple[int, int, np.ndarray]] = (),
     retcomp: bool = True,
@@ -619,11 +628,19 @@ def plan_module_cached(
     modification time), where the module and its arenas are, what of
     ``far`` other modules took, ``retcomp`` and the planning code.  The
     same program run again (without address randomization) is planned once.
-    ``far``'s occupancy is updated as planning would."""
+    ``far``'s occupancy is updated as planning would.  The plan comes with
+    its ``source`` (the code of ``sections``) and its writes made."""
+
+    def made() -> ModulePlan:
+        plan = plan_module(cm, read, near, far, retcomp)
+        plan.source = {lo: read(lo, hi - lo) for lo, hi in sections}
+        plan.make_writes()
+        return plan
+
     try:
         st = os.stat(path)
     except OSError:
-        return plan_module(cm, read, near, far, retcomp)
+        return made()
     taken = [np.flatnonzero(occ) for _, _, occ in far]
     key = repr((_PLAN_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                 int(cm.ips[0]) if len(cm) else 0, len(cm), near, retcomp,
@@ -635,10 +652,11 @@ def plan_module_cached(
             plan, placed = pickle.load(f)
         for (_, _, occ), more in zip(far, placed, strict=True):
             occ[more] = 1
+        os.utime(name)  # used: kept longest when the cache is trimmed
         return plan
     except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
         pass
-    plan = plan_module(cm, read, near, far, retcomp)
+    plan = made()
     placed = [
         np.setdiff1d(np.flatnonzero(occ), t) for (_, _, occ), t in zip(far, taken, strict=True)
     ]
@@ -647,6 +665,19 @@ def plan_module_cached(
         with tempfile.NamedTemporaryFile(dir=name.parent, delete=False) as f:
             pickle.dump((plan, placed), f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(f.name, name)
+        _trim(name.parent)
     except OSError:
         pass  # no cache: planned again next time
     return plan
+
+
+PLAN_CACHE_BYTES = 2 << 30  # past this, the plans used longest ago go
+
+
+def _trim(directory: Path) -> None:
+    files = sorted(directory.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    total = sum(p.stat().st_size for p in files)
+    while total > PLAN_CACHE_BYTES and files:
+        old = files.pop(0)
+        total -= old.stat().st_size
+        old.unlink()

@@ -249,14 +249,17 @@ def sweep_file(
 ) -> CodeMap:
     """:func:`sweep` of a module mapped from file ``path`` at ``base`` (its
     lowest mapped address), kept in a cache by the file's identity (device,
-    inode, size, modification time), the sections' offsets, this module's
-    source and iced-x86's version, so a program's libraries are swept once."""
+    inode, size, modification time), the sections' and functions' offsets,
+    this module's source and iced-x86's version, so a program's libraries
+    are swept once."""
     try:
         st = os.stat(path)
     except OSError:
         return sweep(read, sections, functions)
+    entries = b"" if functions is None else (functions - np.uint64(base)).tobytes()
     key = repr((SOURCE_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                [(lo - base, hi - base) for lo, hi in sections]))  # fmt: skip
+                [(lo - base, hi - base) for lo, hi in sections],
+                hashlib.sha256(entries).hexdigest()))  # fmt: skip
     name = (
         user_cache_dir() / "patch-sweeps" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
     )
