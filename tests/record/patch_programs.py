@@ -617,6 +617,48 @@ def build_forks() -> Path:
     return compile_program(FORKS, "patch-forks", FLAGS)
 
 
+# Code generated at run time, W^X: written to a page mapped read-write,
+# made executable, called; then made writable again, rewritten, called.
+JIT = r"""
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static unsigned char code[] = {
+    0x31, 0xc0,                   /* xor eax, eax */
+    0xb9, 0x10, 0x00, 0x00, 0x00, /* mov ecx, 16 */
+    0x01, 0xf8,                   /* loop: add eax, edi */
+    0xff, 0xc9,                   /* dec ecx */
+    0x75, 0xfa,                   /* jnz loop */
+    0xc3                          /* ret */
+};
+
+int main(void) {
+    unsigned char *p = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return 2;
+    memcpy(p, code, sizeof code);
+    mprotect(p, 4096, PROT_READ | PROT_EXEC);
+    int (*f)(int) = (int (*)(int))p;
+    long sum = 0;
+    for (int i = 0; i < 100; i++)
+        sum += f(i);
+    mprotect(p, 4096, PROT_READ | PROT_WRITE);
+    p[3] = 0x20; /* 32 rounds */
+    mprotect(p, 4096, PROT_READ | PROT_EXEC);
+    for (int i = 0; i < 100; i++)
+        sum += f(i);
+    printf("jit %p sum %ld\n", (void *)p, sum);
+    return 0;
+}
+"""
+
+
+def build_jit() -> Path:
+    """The program that runs code it wrote (JIT)."""
+    return compile_program(JIT, "patch-jit", FLAGS)
+
+
 def build_async_signals() -> Path:
     """The program a profiling timer interrupts anywhere (see ASYNC_SIGNALS)."""
     return compile_program(ASYNC_SIGNALS, "patch-async-signals", FLAGS)

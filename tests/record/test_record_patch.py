@@ -38,6 +38,7 @@ from patch_programs import (
     PROGRAM_NAMES,
     build_async_signals,
     build_forks,
+    build_jit,
     build_program,
     expected_output,
 )
@@ -657,3 +658,22 @@ def test_repeat_recordings_reuse_their_plans(tmp_path, monkeypatch):
     (a,) = decoded(first, tmp_path).values()
     (b,) = decoded(second, tmp_path).values()
     np.testing.assert_array_equal(a, b)
+
+
+def test_code_written_at_run_time_is_a_stated_gap(same_path, tmp_path):
+    """A program that writes code and runs it (W^X: mapped writable, then
+    executable): the program's results are its own; hwtrace names the
+    memory it did not trace, and the trace has a gap where the program
+    branched into it, the code before decoded."""
+    exe = build_jit()
+    alone = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        rec = record_patched([str(exe)], stdout=f)
+    assert out.read_text() == alone
+    page = int(alone.split()[1], 16)
+    assert [(m.start, m.path) for m in rec.untraced] == [(page, "")]
+    (thread,) = rec.threads
+    flow = decode_trace(thread.data, patch_image(rec, tmp_path), PtConfig())
+    assert flow.gaps and flow.gaps[0].ip == page
+    assert flow.instructions().shape[0] > 100  # up to the first call into it

@@ -201,6 +201,13 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     if rec.exec_error:
         sys.stderr.write(f"hwtrace record: warning: the program exec'd another that could not "
                          f"be recorded ({rec.exec_error}): it runs on untraced\n")  # fmt: skip
+    if rec.untraced:
+        where = ", ".join(f"{m.start:#x}-{m.end:#x}{' ' + m.path if m.path else ''}"
+                          for m in rec.untraced[:3])  # fmt: skip
+        more = f" and {len(rec.untraced) - 3} more" if len(rec.untraced) > 3 else ""
+        sys.stderr.write(f"hwtrace record: warning: executable memory outside the program's "
+                         f"files (a JIT's?) is not traced: {where}{more}; where it ran, the trace "
+                         "has a gap until the next PSB+\n")  # fmt: skip
     if rec.write_error:
         sys.stderr.write(f"hwtrace record: warning: writing {a.output} failed "
                          f"({rec.write_error}): the threads' traces end there\n")  # fmt: skip

@@ -174,6 +174,9 @@ class PatchRecording:
     # (recorded on from its entry point; ``maps`` is the first program's)
     execs: list[tuple[int, str, list[Mapping], bytes]] = field(default_factory=list)
     exec_error: str = ""  # why a program it exec'd was not recorded
+    # Executable mappings that ran unpatched (anonymous code: a JIT's): the
+    # trace has a gap from each branch into them to the next PSB+.
+    untraced: list[Mapping] = field(default_factory=list)
 
 
 class TraceSink(Protocol):
@@ -536,6 +539,14 @@ class _Patcher:
         # to each other: their far ranges overlap.
         self.far_pieces: list[tuple[int, int, np.ndarray]] = []
 
+    def untraced(self, maps: list[Mapping]) -> list[Mapping]:
+        """The executable mappings of ``maps`` that run untraced: neither a
+        module hwtrace patched nor its own (anonymous code: a JIT's)."""
+        known = [(lo, hi) for lo, hi, _ in self.done] + self.arenas
+        known += [(lo, hi) for lo, hi, _ in self.far_pieces]
+        return [m for m in maps if "x" in m.prot and m.path != "[vsyscall]"
+                and not any(lo <= m.start < hi for lo, hi in known)]  # fmt: skip
+
     def in_arena(self, ip: int) -> bool:
         return any(lo <= ip < hi for lo, hi in self.arenas)
 
@@ -752,6 +763,7 @@ def record_patched(
         setup = time.monotonic() - began
         pairs = [clock_pair()]
         run = _Run(pid, patcher, pool)
+        run.untraced.update((m.start, m) for m in patcher.untraced(maps0))
         if sink is not None:
             sink.begin(PatchRecording(pid, tuple(argv), maps0, patcher.vdso, [], 0, {}, 0,
                                       setup, comm, opt, list(pairs)))  # fmt: skip
@@ -775,7 +787,7 @@ def record_patched(
                               {p: pl.stats for p, pl in run.plans.items()}, run.traps, setup,
                               comm, opt, pairs, run.forks, run.mapped, run.stop_signal,
                               (pool.error.strerror or str(pool.error)) if pool.error else "",
-                              run.execs, run.exec_error)  # fmt: skip
+                              run.execs, run.exec_error, list(run.untraced.values()))  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -1042,6 +1054,7 @@ class _Run:
         self.redirects = patcher.redirects
         self.pool = pool
         self.plans = dict(patcher.plans)  # every image's modules
+        self.untraced: dict[int, Mapping] = {}  # code that ran unpatched, by start
         # (TSC, comm, mappings, vDSO) of each program the process exec'd
         self.execs: list[tuple[int, str, list[Mapping], bytes]] = []
         self.exec_error = ""  # why a program exec'd could not be recorded
@@ -1113,6 +1126,7 @@ class _Run:
         before = len(self.patcher.done)
         maps = read_maps(self.pid)
         self.patcher.patch_new(maps)
+        self.untraced.update((m.start, m) for m in self.patcher.untraced(maps))
         now = int(rdtsc())
         for lo, hi, _ in self.patcher.done[before:]:
             self.mapped += [(now, m) for m in maps if lo <= m.start < hi]
@@ -1143,6 +1157,7 @@ class _Run:
             return False
         self.execs.append((int(rdtsc()), comm, maps, patcher.vdso))
         self.patcher.t.close()
+        self.untraced.update((m.start, m) for m in patcher.untraced(maps))
         self.patcher = patcher
         self.redirects = patcher.redirects
         self.plans.update(patcher.plans)
