@@ -677,3 +677,18 @@ def test_code_written_at_run_time_is_a_stated_gap(same_path, tmp_path):
     flow = decode_trace(thread.data, patch_image(rec, tmp_path), PtConfig())
     assert flow.gaps and flow.gaps[0].ip == page
     assert flow.instructions().shape[0] > 100  # up to the first call into it
+
+
+def test_program_killed_while_recorded(tmp_path):
+    """A program killed while it is recorded (here a shell that SIGKILLs
+    itself): hwtrace writes what was recorded and exits with the program's
+    status, 128 + the signal, as perf record does; a failing program's
+    status is passed on too."""
+    data = tmp_path / "perf.data"
+    argv = ["record", "--backend", "patch", "-N", "-o", str(data), "--"]
+    assert hwtrace_main([*argv, "/bin/sh", "-c", "kill -9 $$"]) == 128 + signal.SIGKILL
+    flow = decode_perf(read_perf_data(data))
+    assert not flow.problems and flow.n_gaps == 0
+    (q,) = flow.queues
+    assert q.instructions().shape[0] > 10_000  # the shell, up to its kill
+    assert hwtrace_main([*argv, "/bin/false"]) == 1

@@ -11,6 +11,7 @@ per block like ``perf script --itrace``.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -219,7 +220,9 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
         sys.stderr.write(f"hwtrace record: stopped by {name}: the program (pid {rec.pid}) "
                          "runs on untraced\n")  # fmt: skip
         return 128 + rec.stopped_by
-    return 0
+    # The program's exit status, as perf record gives it (128 + a signal).
+    code = os.waitstatus_to_exitcode(rec.exit_status)
+    return code if code >= 0 else 128 - code
 
 
 def _record_software(a: argparse.Namespace, command: list[str]) -> int:
