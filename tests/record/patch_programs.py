@@ -559,10 +559,11 @@ int main(void) {
 
 
 # Children forked without exec run the patched code at the same time as
-# each other and as the parent (hwtrace does not record them): each must
-# run on control-block state of its own.  Call-heavy, with indirect calls.
+# each other and as the parent: each must run on control-block state of
+# its own.  Call-heavy, with indirect calls; argv[1]: rounds of work.
 FORKS = r"""
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #define NOINLINE __attribute__((noinline))
@@ -577,14 +578,18 @@ NOINLINE static unsigned long walk(unsigned long x, int depth) {
     return walk(steps[(x >> 1) & 1](x) + (unsigned long)depth, depth - 1) ^ x;
 }
 
+static int rounds = 40000;
+
 static unsigned long work(unsigned long seed) {
     unsigned long x = seed;
-    for (int i = 0; i < 40000; i++)
+    for (int i = 0; i < rounds; i++)
         x = walk(x + (unsigned long)i, 24);
     return x;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1)
+        rounds = atoi(argv[1]);
     int fds[4][2];
     pid_t pids[4];
     for (int k = 0; k < 4; k++) {

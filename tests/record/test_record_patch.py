@@ -692,3 +692,32 @@ def test_program_killed_while_recorded(tmp_path):
     (q,) = flow.queues
     assert q.instructions().shape[0] > 10_000  # the shell, up to its kill
     assert hwtrace_main([*argv, "/bin/false"]) == 1
+
+
+def test_follow_fork_records_the_children(same_path, tmp_path):
+    """``follow_fork``: every forked child is recorded too, from the
+    instruction after the fork; each process's flow equals the ptrace
+    stepper's (following forks too), and perf reads the perf.data's
+    per-process traces alike."""
+    argv = [str(build_forks()), "120"]
+    # (Both runs write to this process's standard output: its kind is
+    # part of the path printf takes.)
+    rec = record_patched(argv, PatchOptions(follow_fork=True))
+    ours = decoded(rec, tmp_path)
+    assert len(ours) == 5 and len({t.pid for t in rec.threads}) == 5
+    code = [m for m in rec.maps if "x" in m.prot and m.path and m.path != "[vsyscall]"]
+    ranges = [(min(m.start for m in code), max(m.end for m in code))]
+    steps = record_software(argv, ranges=ranges, registers="basic", follow_fork=True)
+    theirs = {t.tid: t.instructions for t in steps.threads}
+    assert len(theirs) == 5
+    for (_, a), (_, b) in zip(sorted(ours.items()), sorted(theirs.items()), strict=True):
+        np.testing.assert_array_equal(a, b)  # in order of creation
+    if shutil.which("perf"):
+        from test_record_threads import perf_lists
+
+        path = tmp_path / "perf.data"
+        write_patch_perf_data(rec, path)
+        got = perf_lists(path)
+        assert set(got) == set(ours)
+        for tid, flow in ours.items():
+            np.testing.assert_array_equal(got[tid], flow)

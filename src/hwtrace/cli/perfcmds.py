@@ -163,8 +163,7 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     from ..record.patch.output import record_patched_perf
 
     unsupported = [name for name, given in (("-f", a.function), ("--range", a.range),
-                   ("--call", a.call), ("-p", a.pid is not None), ("--follow-fork", a.follow_fork),
-                   ("--cyc", a.cyc)) if given]  # fmt: skip
+                   ("--call", a.call), ("-p", a.pid is not None), ("--cyc", a.cyc)) if given]  # fmt: skip
     if unsupported:
         sys.stderr.write(f"hwtrace record: the patch backend records a whole launched program; "
                          f"{', '.join(unsupported)}: use --backend step\n")  # fmt: skip
@@ -180,6 +179,7 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
                 noretcomp=a.noretcomp,
                 mtc_period=None if a.no_mtc else a.mtc_period,  # None: not asked for
                 aslr=a.aslr,
+                follow_fork=a.follow_fork,
             ),
             buildid_cache=not a.no_buildid_cache,
         )

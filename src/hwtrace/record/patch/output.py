@@ -73,7 +73,10 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
     later = [(int(conv.to_ns(tsc)), rec.pid, r)
              for (tsc, _), r in zip(rec.mapped, mmap_records([m for _, m in rec.mapped], {}),
                                     strict=True)]  # fmt: skip
-    tasks = [TaskRecord(t1, "exit", th.pid, th.tid) for th in rec.threads]
+    tasks = [TaskRecord(int(conv.to_ns(tsc)), "fork", pid, tid, parent if pid == tid else pid,
+                        parent if pid == tid else pid)
+             for tsc, pid, tid, parent in rec.forked]  # fmt: skip
+    tasks += [TaskRecord(t1, "exit", th.pid, th.tid) for th in rec.threads]
     threads = [AuxThread(th.pid, th.tid, 0, th.data, [(t0, t1)], rec.clock_pairs[0][0])
                for th in rec.threads]  # fmt: skip
     notes: dict[str, object] = {"clock": "CLOCK_MONOTONIC", "clock_error_ns": 0}

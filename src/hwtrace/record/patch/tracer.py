@@ -117,7 +117,10 @@ class PatchOptions:
     writing packets adds a TSC packet when that much time went by since the
     last (a rdtsc in every routine: interp runs 1.8x slower);
     ``max_threads``: threads recorded at once (more run unrecorded);
-    ``noretcomp``: every return a TIP (no return compression); ``aslr``:
+    ``noretcomp``: every return a TIP (no return compression);
+    ``follow_fork``: children forked are recorded too (each thread its own
+    trace, from the instruction after the fork; until it runs another
+    program, which is not followed); ``aslr``:
     the program's addresses randomized (by default not, as gdb and rr
     launch programs: repeat recordings reuse their patch plans, cached by
     address, and their addresses compare across recordings)."""
@@ -130,6 +133,7 @@ class PatchOptions:
     drain_period: float = 0.002
     mtc_period: int | None = None
     aslr: bool = False
+    follow_fork: bool = False
 
 
 @dataclass
@@ -177,6 +181,9 @@ class PatchRecording:
     # Executable mappings that ran unpatched (anonymous code: a JIT's): the
     # trace has a gap from each branch into them to the next PSB+.
     untraced: list[Mapping] = field(default_factory=list)
+    # (TSC, pid, tid, parent pid) of each child process and thread recorded
+    # (``follow_fork``)
+    forked: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 class TraceSink(Protocol):
@@ -787,7 +794,8 @@ def record_patched(
                               {p: pl.stats for p, pl in run.plans.items()}, run.traps, setup,
                               comm, opt, pairs, run.forks, run.mapped, run.stop_signal,
                               (pool.error.strerror or str(pool.error)) if pool.error else "",
-                              run.execs, run.exec_error, list(run.untraced.values()))  # fmt: skip
+                              run.execs, run.exec_error, list(run.untraced.values()),
+                              run.forked)  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -840,6 +848,7 @@ class _Pool:
         self.dropped = 0  # threads past the last slot: not recorded
         self.spools: dict[int, Any] = {}  # slot -> its spool file (no sink)
         self.tids: dict[int, int] = {}  # slot -> thread
+        self.pids: dict[int, int] = {}  # slot -> its thread's process
         self.drained: dict[int, int] = {}  # slot -> buffer bytes copied out
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -906,7 +915,7 @@ class _Pool:
         if i:
             self.free_sinks.append(i)
 
-    def claim(self, tid: int, entry: int = 0) -> int:
+    def claim(self, tid: int, entry: int = 0, pid: int = 0) -> int:
         """A control block for a new thread (its trace starts with PSB+);
         a sink when none is left."""
         with self.lock:
@@ -916,6 +925,7 @@ class _Pool:
             k = self.free.pop()
             self.slots[tid] = k
             self.tids[k] = tid
+            self.pids[k] = pid or self.pid
             if self.out is None:
                 self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
             self.drained[k] = 0
@@ -1012,6 +1022,7 @@ class _Pool:
             spool = self.spools.pop(k, None)
             size = self.drained.pop(k)
             del self.tids[k]
+            pid = self.pids.pop(k)
         at = k * self.slot_size + TCB_SIZE
         _libc.fallocate(self.fd, _PUNCH_HOLE, at, (size + PAGE - 1) & ~(PAGE - 1))
         # The spool as the trace (a mapping of it: traces can be large).
@@ -1024,7 +1035,7 @@ class _Pool:
         w = self.words(k)
         counts = {name.lower(): int(w[getattr(pc, name) // 8])
                   for name in ("TNTBITS", "TIPS", "PGES", "REDIRECTS")}  # fmt: skip
-        thread = PatchThread(self.pid, tid, data, int(w[pc.LOST // 8]), counts, size)
+        thread = PatchThread(pid, tid, data, int(w[pc.LOST // 8]), counts, size)
         del w
         self.free.append(k)
         return thread
@@ -1061,6 +1072,10 @@ class _Run:
         # A forked child runs the image it was forked from (the process
         # may exec another since): its traps are sent on by that image's.
         self.child_redirects: dict[int, dict[int, int]] = {}
+        self.follow = patcher.opt.follow_fork
+        self.process: dict[int, int] = {}  # a recorded child's thread -> its process
+        # (TSC, pid, tid, parent pid) of each recorded child process and thread
+        self.forked: list[tuple[int, int, int, int]] = []
         self.mapped: list[tuple[int, Mapping]] = []  # (TSC, mapping) of code mapped later
         self.held: list[tuple[int, int]] = []  # (tid, signal) that came while hwtrace worked
         self.status = 0  # the process's wait status
@@ -1082,7 +1097,13 @@ class _Run:
         sent on), so the program misses nothing."""
         for tid in list(self.live):
             self.stopping.add(tid)
-            tgkill(tid if tid in self.children else self.pid, tid, signal.SIGSTOP)
+            tgkill(self._process_of(tid), tid, signal.SIGSTOP)
+
+    def _process_of(self, tid: int) -> int:
+        """The process of a traced thread (tgkill's tgid)."""
+        if tid in self.process:
+            return self.process[tid]
+        return tid if tid in self.children else self.pid
 
     def _let_go(self, tid: int) -> None:
         ptrace(PTRACE_DETACH, tid, 0, 0)
@@ -1113,10 +1134,21 @@ class _Run:
         else:
             self.children.add(tid)
             self.child_redirects[tid] = self.redirects
-            # A forked process runs on its copy of the children's sink; a
-            # thread of one (which no fork copied) on one of its own.
-            leader = _thread_group(tid) == tid
-            self.regs.gs_base = self.pool.child_sink() if leader else self.pool.thread_sink(tid)
+            group = _thread_group(tid)
+            if self.follow and group:
+                # Recorded: a control block and buffer of its own (shared
+                # memory: the fork kept the mapping), its trace from the
+                # instruction after the fork (the system call's trampoline
+                # enables tracing there).
+                self.process[tid] = group
+                parent = group if group != tid else _parent(tid)
+                self.forked.append((int(rdtsc()), group, tid, parent))
+                self.regs.gs_base = self.pool.claim(tid, pid=group)
+            else:
+                # A forked process runs on its copy of the children's sink; a
+                # thread of one (which no fork copied) on one of its own.
+                leader = group == tid
+                self.regs.gs_base = self.pool.child_sink() if leader else self.pool.thread_sink(tid)
         self._setregs(tid)
 
     def _new_code(self, tid: int) -> None:
@@ -1178,7 +1210,7 @@ class _Run:
         # not waited for once none of the traced ones is left).
         while self.live:
             for tid, sig in self.held:
-                tgkill(self.pid, tid, sig)  # signals that came while hwtrace worked
+                tgkill(self._process_of(tid), tid, sig)  # signals that came while hwtrace worked
             self.held.clear()
             if self.stop_signal and not self.stopping:
                 self._stop_all()
@@ -1223,10 +1255,15 @@ class _Run:
                 elif event == _EVENT_EXEC and tid in self.children:
                     # A child that hwtrace does not record runs its new program
                     # free: nothing of the patched image is left in it.
+                    # A recorded child's trace ends at its exec (the TIP.PGD
+                    # before the system call).
                     self.children.discard(tid)
                     self.live.discard(tid)
                     self.pool.forget(tid)
                     self.child_redirects.pop(tid, None)
+                    self.process.pop(tid, None)
+                    if tid in self.pool.slots:
+                        self.finished.append(self.pool.release(tid))
                     ptrace(PTRACE_DETACH, tid, 0, 0)
                     continue
                 elif event == _EVENT_EXEC and tid == self.pid:
@@ -1313,7 +1350,7 @@ class _Run:
         at the handler's first instruction; returns the signal to deliver
         now (0: delivered here)."""
         self.pool.drain(tid)
-        how = _disposition(self.pid, sig)
+        how = _disposition(self._process_of(tid), sig)
         if how in ("ignored", "stop") or not self._getregs(tid):
             return sig
         info = ctypes.create_string_buffer(128)
@@ -1439,16 +1476,26 @@ def _disposition(pid: int, sig: int) -> str:
     return "stop" if sig in _STOPS else "fatal"
 
 
-def _thread_group(tid: int) -> int:
-    """The process (thread group) of thread ``tid`` (0: gone)."""
+def _status(tid: int, name: str) -> int:
+    """A number of thread ``tid``'s /proc status (0: gone)."""
     try:
         with open(f"/proc/{tid}/status") as f:
             for line in f:
-                if line.startswith("Tgid:"):
+                if line.startswith(name + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def _parent(pid: int) -> int:
+    """Process ``pid``'s parent (0: gone)."""
+    return _status(pid, "PPid")
+
+
+def _thread_group(tid: int) -> int:
+    """The process (thread group) of thread ``tid`` (0: gone)."""
+    return _status(tid, "Tgid")
 
 
 def _is_thread(pid: int, tid: int) -> bool:
