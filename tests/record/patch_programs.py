@@ -560,8 +560,10 @@ int main(void) {
 
 # Children forked without exec run the patched code at the same time as
 # each other and as the parent: each must run on control-block state of
-# its own.  Call-heavy, with indirect calls; argv[1]: rounds of work.
+# its own.  Call-heavy, with indirect calls; argv[1]: rounds of work;
+# argv[2]: a library the parent loads after forking (build_dlopen_library).
 FORKS = r"""
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -603,7 +605,16 @@ int main(int argc, char **argv) {
         }
         close(fds[k][1]);
     }
-    unsigned long own = work(99);
+    unsigned long own = 0;
+    if (argc > 2) { /* a library loaded while the children run */
+        void *lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+        unsigned long (*lib_work)(unsigned long) =
+            lib ? (unsigned long (*)(unsigned long))dlsym(lib, "lib_work") : 0;
+        if (!lib_work)
+            return 5;
+        own = lib_work(5000);
+    }
+    own ^= work(99);
     for (int k = 0; k < 4; k++) {
         unsigned long r = 0;
         int status = 0;
@@ -619,7 +630,7 @@ int main(int argc, char **argv) {
 
 def build_forks() -> Path:
     """The program whose forked children run patched code at once (FORKS)."""
-    return compile_program(FORKS, "patch-forks", FLAGS)
+    return compile_program(FORKS, "patch-forks", (*FLAGS, "-ldl"))
 
 
 # Code generated at run time, W^X: written to a page mapped read-write,

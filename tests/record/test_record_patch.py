@@ -37,6 +37,7 @@ from elftools.elf.elffile import ELFFile
 from patch_programs import (
     PROGRAM_NAMES,
     build_async_signals,
+    build_dlopen_library,
     build_forks,
     build_jit,
     build_program,
@@ -721,3 +722,17 @@ def test_follow_fork_records_the_children(same_path, tmp_path):
         assert set(got) == set(ours)
         for tid, flow in ours.items():
             np.testing.assert_array_equal(got[tid], flow)
+
+
+def test_followed_children_keep_their_redirect_table(tmp_path):
+    """With ``follow_fork``, the parent loads a library while its children
+    run: hwtrace makes the parent a new redirect table, which the children
+    (whose memory does not have it) must not be given: their results are
+    their own."""
+    argv = [str(build_forks()), "20000", str(build_dlopen_library())]
+    alone = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        rec = record_patched(argv, PatchOptions(follow_fork=True), stdout=f)
+    assert out.read_text() == alone
+    assert len({t.pid for t in rec.threads}) == 5 and rec.mapped

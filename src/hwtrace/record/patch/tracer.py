@@ -854,6 +854,7 @@ class _Pool:
         self.stop = threading.Event()
         self.drainer: threading.Thread | None = None
         self.tsc_step = 0  # TSC ticks between time points (runtime.S's TSCSTEP)
+        self.tables: dict[int, tuple[int, int]] = {}  # a recorded child's table
         self.target: _Target | None = None  # the program, for its private sinks
         self.sinks = 0  # their address in the program
         self.free_sinks: list[int] = []
@@ -942,8 +943,13 @@ class _Pool:
         w[pc.TSCSTEP // 8] = self.tsc_step
         w[pc.NEXTIP // 8] = entry
         w[pc.TARGET // 8] = entry
-        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.tables.get(pid, self.table)
         return tcb
+
+    def inherit_table(self, child: int, parent: int) -> None:
+        """A recorded child process reads the redirect table its parent
+        had when it forked (a table made later is not in its memory)."""
+        self.tables[child] = self.tables.get(parent, self.table)
 
     def restart(self, tid: int, entry: int) -> int:
         """Thread ``tid``'s control block, to trace on at ``entry`` (a new
@@ -1003,9 +1009,10 @@ class _Pool:
         self.drainer.start()
 
     def set_table(self, address: int, mask: int) -> None:
-        """Every control block (and those claimed later) reads this table."""
+        """Every control block of the recorded process (and those claimed
+        later) reads this table (its children keep theirs)."""
         self.table = (address, mask)
-        for k in [0, *self.slots.values()]:
+        for k in [0, *(k for k in self.slots.values() if self.pids[k] == self.pid)]:
             w = self.words(k)
             w[pc.RTABLE // 8], w[pc.RMASK // 8] = address, mask
         if self.target is not None:
@@ -1142,6 +1149,8 @@ class _Run:
                 # enables tracing there).
                 self.process[tid] = group
                 parent = group if group != tid else _parent(tid)
+                if group == tid:
+                    self.pool.inherit_table(tid, parent)
                 self.forked.append((int(rdtsc()), group, tid, parent))
                 self.regs.gs_base = self.pool.claim(tid, pid=group)
             else:
