@@ -855,6 +855,7 @@ class _Pool:
         self.drainer: threading.Thread | None = None
         self.tsc_step = 0  # TSC ticks between time points (runtime.S's TSCSTEP)
         self.tables: dict[int, tuple[int, int]] = {}  # a recorded child's table
+        self.made: list[tuple[int, int]] = []  # every redirect table, oldest first
         self.target: _Target | None = None  # the program, for its private sinks
         self.sinks = 0  # their address in the program
         self.free_sinks: list[int] = []
@@ -946,10 +947,24 @@ class _Pool:
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.tables.get(pid, self.table)
         return tcb
 
-    def inherit_table(self, child: int, parent: int) -> None:
-        """A recorded child process reads the redirect table its parent
-        had when it forked (a table made later is not in its memory)."""
-        self.tables[child] = self.tables.get(parent, self.table)
+    def inherit_table(self, child: int) -> None:
+        """A recorded child process reads the newest redirect table in its
+        memory: the one its parent had when it forked (hwtrace may learn of
+        the child after the parent made another, which the child has not)."""
+        try:
+            fd = os.open(f"/proc/{child}/mem", os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            for address, mask in reversed(self.made):
+                try:
+                    if len(os.pread(fd, 8, address)) == 8:
+                        self.tables[child] = (address, mask)
+                        return
+                except OSError:
+                    continue
+        finally:
+            os.close(fd)
 
     def restart(self, tid: int, entry: int) -> int:
         """Thread ``tid``'s control block, to trace on at ``entry`` (a new
@@ -1012,6 +1027,7 @@ class _Pool:
         """Every control block of the recorded process (and those claimed
         later) reads this table (its children keep theirs)."""
         self.table = (address, mask)
+        self.made.append(self.table)
         for k in [0, *(k for k in self.slots.values() if self.pids[k] == self.pid)]:
             w = self.words(k)
             w[pc.RTABLE // 8], w[pc.RMASK // 8] = address, mask
@@ -1150,7 +1166,7 @@ class _Run:
                 self.process[tid] = group
                 parent = group if group != tid else _parent(tid)
                 if group == tid:
-                    self.pool.inherit_table(tid, parent)
+                    self.pool.inherit_table(tid)
                 self.forked.append((int(rdtsc()), group, tid, parent))
                 self.regs.gs_base = self.pool.claim(tid, pid=group)
             else:
