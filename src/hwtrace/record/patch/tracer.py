@@ -952,19 +952,16 @@ class _Pool:
         memory: the one its parent had when it forked (hwtrace may learn of
         the child after the parent made another, which the child has not)."""
         try:
-            fd = os.open(f"/proc/{child}/mem", os.O_RDONLY)
+            t = _Target(child)
         except OSError:
             return
         try:
-            for address, mask in reversed(self.made):
-                try:
-                    if len(os.pread(fd, 8, address)) == 8:
-                        self.tables[child] = (address, mask)
-                        return
-                except OSError:
-                    continue
+            mapped = (table for table in reversed(self.made) if len(t.read(table[0], 8)) == 8)
+            table = next(mapped, None)
+            if table is not None:
+                self.tables[child] = table
         finally:
-            os.close(fd)
+            t.close()
 
     def restart(self, tid: int, entry: int) -> int:
         """Thread ``tid``'s control block, to trace on at ``entry`` (a new
