@@ -166,9 +166,12 @@ class ProcessModules:
 
     def _symbol_tables(self, module: str) -> Iterator[tuple[str, tuple[SymbolTable, int]]]:
         """(path, (function table, load bias)) of the mapped files named
-        ``module`` (every file when empty) that have a symbol table."""
+        ``module`` (every file when empty) that have a symbol table.  A
+        library's soname names its file too (``liblzma.so.5`` is
+        ``liblzma.so.5.4.1``)."""
         for path in self.files:
-            if module and os.path.basename(path) != module:
+            base = os.path.basename(path)
+            if module and base != module and not base.startswith(module + "."):
                 continue
             entry = self.symbols(path)
             if entry is not None:
