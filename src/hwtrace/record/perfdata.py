@@ -337,13 +337,15 @@ class StreamedRecording:
         argv: list[str],
         start: ProcessStart,
         reference: int,
+        filters: str = "",
     ) -> None:
         self.path = path
         self.start = start
         self.reference = reference  # a TSC near the traces' first packets
         # The rate is known at the end (set_time_conversion then).
-        self.writer = _open_writer(path, settings, PtConfig(), argv, TscConversion(0, 1, 0), "")
-        rec = PerfRecording(settings, PtConfig(), argv, TscConversion(0, 1, 0), "", [start],
+        self.writer = _open_writer(path, settings, PtConfig(), argv, TscConversion(0, 1, 0),
+                                   filters)  # fmt: skip
+        rec = PerfRecording(settings, PtConfig(), argv, TscConversion(0, 1, 0), filters, [start],
                             [], [], [], {})  # fmt: skip
         _write_records(self.writer, _records(rec, [start], set()), {})
         self.writer.finished_init()

@@ -409,16 +409,16 @@ def tsc_conversion(first: tuple[int, int], last: tuple[int, int]) -> TimeConvers
     return TimeConversion(shift, mult, zero % (1 << 64), 1e9 / rate)
 
 
-def _filters(ranges: list[TracedRange], maps: list[Mapping]) -> str:
-    """The ranges as perf address filters (``filter START/SIZE@FILE``)."""
+def perf_filters(ranges: Sequence[tuple[int, int]], maps: list[Mapping]) -> str:
+    """Address ranges as perf address filters (``filter START/SIZE@FILE``)."""
     parts = []
-    for r in ranges:
-        m = next((m for m in maps if m.start <= r.start < m.end and m.path.startswith("/")), None)
+    for lo, hi in ranges:
+        m = next((m for m in maps if m.start <= lo < m.end and m.path.startswith("/")), None)
         if m is None:
-            parts.append(f"filter {r.start:#x}/{r.end - r.start:#x}")
+            parts.append(f"filter {lo:#x}/{hi - lo:#x}")
         else:
-            off = r.start - m.start + m.offset
-            parts.append(f"filter {off:#x}/{r.end - r.start:#x}@{m.path}")
+            off = lo - m.start + m.offset
+            parts.append(f"filter {off:#x}/{hi - lo:#x}@{m.path}")
     return " , ".join(parts)
 
 
@@ -767,7 +767,9 @@ def record_software(
         ranges=main.ranges,
         # Calls run anywhere: as traced by hardware, the whole address space
         # (no filter), cut to the calls.
-        filters="" if main.calls else _filters(main.ranges, main.maps),
+        filters=""
+        if main.calls
+        else perf_filters([(r.start, r.end) for r in main.ranges], main.maps),
         exit_status=steps.exit_status,
         stats=first.stats,
         threads=threads,

@@ -20,6 +20,16 @@ call itself stays in place, so the processor's own return prediction
 still pairs it with its return), or, where that holds fewer than 5
 bytes, the call alone, moved (``push`` of the original return address,
 ``jmp``).
+
+With address ranges (an address filter), only the branches inside them
+are instrumented, and every system call (which disables and enables
+tracing, and tells hwtrace of new code and signal returns).  A range's
+start and the return address of each call inside one are *entries*: the
+window that starts there begins with ``tpl_enter`` (TIP.PGE where tracing
+is off; a block with no instrumented instruction gets a window at its last
+instruction for it), and no window reaches back across one.  A direct
+branch inside whose target (or a conditional branch whose next
+instruction) lies outside them disables tracing in ``tpl_leave``.
 """
 
 from __future__ import annotations
@@ -39,11 +49,14 @@ from ...aot import user_cache_dir
 from . import _patchcode as pc
 from .sites import (
     INSTRUMENTED,
+    K_BAD,
     K_CALL,
     K_COND,
+    K_FAR,
     K_ICALL,
     K_IJMP,
     K_JMP,
+    K_OTHER,
     K_RET,
     K_SYSCALL,
     SOURCE_DIGEST,
@@ -184,15 +197,23 @@ def _encode(ins: iced.Instruction, at: int) -> bytes:
     return enc.take_buffer()
 
 
-def _part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool) -> int:
+def _part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool, ranged: bool) -> int:
+    # With address ranges, an upper bound: tpl_enter and two tpl_leave.
+    extra = len(pc.TPL_ENTER) + 2 * (len(pc.TPL_LEAVE) + 5) if ranged else 0
+    return extra + _base_part_size(kind, raw, ip, keep, retcomp)
+
+
+def _base_part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool) -> int:
     if kind == K_CALL:
         return len(pc.TPL_PUSH) + (5 if keep else len(pc.TPL_CALL))
     if kind == K_ICALL and retcomp:
-        return len(pc.TPL_PUSH) + _part_size(kind, raw, ip, keep, False)
+        return len(pc.TPL_PUSH) + _base_part_size(kind, raw, ip, keep, False)
     if kind == K_COND:
         return len(_short_cond(raw)) + len(pc.TPL_COND)
     if kind == K_JMP:
         return 5
+    if kind == K_OTHER:
+        return len(raw) + 5
     if kind in (K_IJMP, K_ICALL):
         tpl = pc.TPL_IJMP if kind == K_IJMP else pc.TPL_ICALL
         return len(pc.TPL_HEAD) + len(_load_operand(raw, ip, ip)) + len(tpl)
@@ -369,6 +390,7 @@ class _Site:
     block: int = 0  # the first instruction of its block
     reach: int = 0  # the first a window may start at (across leaders)
     keep: bool = False  # a call left in place: the window ends before it
+    enter: bool = False  # the window starts at an entry of the ranges (tpl_enter first)
 
     @property
     def last(self) -> int:
@@ -382,6 +404,7 @@ def plan_module(
     near: tuple[int, int],
     far: list[tuple[int, int, np.ndarray]] = (),
     retcomp: bool = True,
+    ranges: np.ndarray | None = None,
 ) -> ModulePlan:
     """Lay out the trampolines of module ``cm`` (code read with ``read``) in
     the arena ``near`` = ``(start, end)`` (stubs in its first
@@ -389,16 +412,34 @@ def plan_module(
     for stubs that must lie below the module, the pieces of ``far``
     (``(start, end, occupancy)``: one byte per address, 1 where taken;
     modules close to each other share them); ``retcomp``: return
-    compression (calls push onto the runtime's return stack)."""
+    compression (calls push onto the runtime's return stack); ``ranges``:
+    ``(start, end)`` rows of the address ranges traced (None: all code)."""
     kinds = cm.kinds
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
+    targets = cm.targets.astype(np.int64)
+    leaders = cm.leaders
     wanted = np.isin(kinds, np.array(INSTRUMENTED))
     if retcomp:  # a call to the next instruction pushes nothing (decoders agree)
-        wanted |= (kinds == K_CALL) & (cm.targets.astype(np.int64) != ips + lens)
+        wanted |= (kinds == K_CALL) & (targets != ips + lens)
+    ranged = ranges is not None
+    inside = _inside(ranges)
+    entry_idx = np.zeros(0, np.int64)
+    if ranged:
+        here = inside(ips)
+        direct = np.isin(kinds, np.array([K_COND, K_JMP, K_CALL]))
+        leaving = here & direct & ~inside(targets)
+        falls = here & ~inside(ips + lens)
+        leaving |= falls & (kinds == K_COND)
+        leaving |= falls & (kinds == K_OTHER)  # moved, then tpl_leave (FUP, TIP.PGD)
+        wanted = (wanted & here) | (kinds == K_SYSCALL) | leaving
+        entry_idx, leaders = _entries(cm, ranges, here)
+        wanted |= _entry_ends(cm, entry_idx, leaders, wanted)
     idx = np.flatnonzero(wanted)
     keep = kinds[idx] == K_CALL
-    first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64), keep)
+    first, block, reach = windows(cm.ips, cm.lens, kinds, leaders, idx.astype(np.int64), keep)
+    moved_alone = np.flatnonzero(wanted & (kinds == K_OTHER))
+    enter = _clamp_to_entries(entry_idx, moved_alone, idx, first, block, reach, keep, ips)
     first[keep & (first < 0)] = idx[keep & (first < 0)]  # the call alone, moved
     keep &= first != idx
     # A block too short for a jump that the code before it falls into: the
@@ -424,15 +465,18 @@ def plan_module(
     occ_near = np.zeros(ARENA_STUBS, np.uint8)
     is_site = np.zeros(len(cm), np.bool_)
     jumps8 = np.flatnonzero((kinds == K_JMP) & (lens == 2))
+    if ranged:  # outside the ranges conditional branches are not sites: theirs too
+        jumps8 = np.flatnonzero(((kinds == K_JMP) & (lens == 2)) | (kinds == K_COND))
     while idx.shape[0]:
         new_sites = []
-        for i, j, b, r, kp in zip(idx.tolist(), first.tolist(), block.tolist(), reach.tolist(),
-                                  keep.tolist(), strict=True):  # fmt: skip
+        for i, j, b, r, kp, en in zip(idx.tolist(), first.tolist(), block.tolist(),
+                                      reach.tolist(), keep.tolist(), enter.tolist(),
+                                      strict=True):  # fmt: skip
             # A block too short for a jump is moved whole, int3 at each of
             # its instructions: branches to it from trampolines go straight
             # to the copy, only entries from elsewhere trap.
             trap = j < 0
-            s = _Site(i, b if trap else j, trap, block=b, reach=r, keep=kp)
+            s = _Site(i, b if trap else j, trap, block=b, reach=r, keep=kp, enter=en)
             raws[i] = read(int(ips[i]), int(lens[i]))
             new_sites.append(s)
             is_site[i] = True
@@ -448,17 +492,22 @@ def plan_module(
                 entries.update(ips[s.first : s.index + 1].tolist())
             elif s.first < s.block:
                 inner = np.arange(s.first + 1, s.block + 1)
-                entries.update(ips[inner[cm.leaders[inner]]].tolist())
-        more = jumps8[~is_site[jumps8] & np.isin(cm.targets[jumps8].astype(np.int64),
-                                                  np.array(sorted(entries), np.int64))]  # fmt: skip
+                entries.update(ips[inner[leaders[inner]]].tolist())
+        into = np.array(sorted(entries), np.int64)
+        hit = np.isin(cm.targets[jumps8].astype(np.int64), into)
+        if ranged:  # a conditional branch falling into one
+            hit |= (kinds[jumps8] == K_COND) & np.isin(ips[jumps8] + lens[jumps8], into)
+        more = jumps8[~is_site[jumps8] & hit]
         idx = more
         keep = np.zeros(idx.shape[0], np.bool_)
-        first, block, reach = windows(cm.ips, cm.lens, kinds, cm.leaders, idx.astype(np.int64),
+        first, block, reach = windows(cm.ips, cm.lens, kinds, leaders, idx.astype(np.int64),
                                       keep)  # fmt: skip
+        enter = _clamp_to_entries(entry_idx, moved_alone, idx, first, block, reach, keep, ips)
     sites.sort(key=lambda s: s.index)
     for s in sites:
         size = int(ips[s.index] - ips[s.first]) + _part_size(int(kinds[s.index]), raws[s.index],
-                                                              int(ips[s.index]), s.keep, retcomp)  # fmt: skip
+                                                              int(ips[s.index]), s.keep, retcomp,
+                                                              ranged)  # fmt: skip
         s.body = cursor
         cursor = (cursor + size + 15) & ~15
         if s.entry == -1:
@@ -471,12 +520,16 @@ def plan_module(
         )
     # Where each instruction of a window is in its trampoline.
     # Every int3 of the patches goes on at its instruction's copy.
+    # (An entry's window: its first instruction is reached through the
+    # tpl_enter before its copy.)
     moved: dict[int, int] = {}
     for s in sites:
-        at = s.body
+        at = s.body + (len(pc.TPL_ENTER) if s.enter else 0)
         for k in range(s.first, s.last + 1):
             moved[int(ips[k])] = at
             at += int(lens[k])
+        if s.enter:
+            moved[int(ips[s.first])] = s.body
         for a in ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist():
             plan.redirects[a] = moved[a]
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
@@ -487,18 +540,22 @@ def plan_module(
         ip = int(ips[i])
         nxt = ip + int(lens[i])
         body = bytearray()
+        if s.enter:
+            body += _enter(int(ips[s.first]), s.body, rt)
         for k in range(s.first, i):
+            plan.origin[s.body + len(body)] = int(ips[k])
             body += _moved(cm, read, k, s.body + len(body))
         part_at = s.body + len(body)
-        for k in range(s.first, i):
-            plan.origin[moved[int(ips[k])]] = int(ips[k])
+        if int(kinds[i]) == K_OTHER:  # an entry's block end: the instruction moved
+            plan.origin[part_at] = ip
+            raws[i] = _moved(cm, read, i, part_at)
         if int(kinds[i]) == K_SYSCALL:
             plan.syscalls[part_at + pc.F_sys_syscall] = ip
         # A return to after a call whose next instruction is an int3 goes
         # to its copy instead (see runtime.S's tpl_ret).
         cont = plan.redirects.get(nxt, 0)
         body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved,
-                      cont, s.keep, retcomp)  # fmt: skip
+                      cont, s.keep, retcomp, inside if ranged else None)  # fmt: skip
         plan.parts.append((part_at, s.body + len(body), ip))
         plan.code.append((s.body, bytes(body)))
         start = int(ips[s.first])
@@ -518,11 +575,17 @@ def plan_module(
     moved_call = np.zeros(len(cm), np.bool_)
     moved_call[[s.index for s in sites if not s.keep and kinds[s.index] == K_CALL]] = True
     rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call)
+    if ranged:  # and a Jcc rel32 (0F 8x) that is not a site
+        is_site[[s.index for s in sites]] = True
+        jcc = np.flatnonzero((kinds == K_COND) & (lens == 6) & ~is_site)
+        jcc = jcc[[read(int(ips[k]), 1) == b"\x0f" for k in jcc.tolist()]]
+        rel32 = np.sort(np.concatenate([rel32, jcc]))
     hits = rel32[np.isin(cm.targets[rel32].astype(np.int64),
                          np.fromiter(plan.redirects, np.int64, len(plan.redirects)))]  # fmt: skip
-    for k in hits.tolist():  # E8/E9 rel32: 5 bytes leave no room for a prefix
+    for k in hits.tolist():  # E8/E9 rel32: 5 bytes leave no room for a prefix; 0F 8x
         at = int(ips[k])
-        plan.patches.append((at + 1, _rel(at + 5, plan.redirects[int(cm.targets[k])])))
+        n = int(lens[k])
+        plan.patches.append((at + n - 4, _rel(at + n, plan.redirects[int(cm.targets[k])])))
         stats["retargeted"] = stats.get("retargeted", 0) + 1
     plan.stats = stats
     return plan
@@ -551,12 +614,153 @@ def _push(nxt: int, cont: int) -> bytes:
     return bytes(t)
 
 
-def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp) -> bytes:
+def _enter(ip: int, at: int, rt: int) -> bytes:
+    t = bytearray(pc.TPL_ENTER)
+    _put64(t, pc.F_enter_ip, ip)
+    _rel32(t, pc.F_enter_rt, at + pc.F_enter_rt, rt + pc.RT_PGE)
+    return bytes(t)
+
+
+def _leave(target: int, at: int, rt: int, dst: int | None, falls: bool = False) -> bytes:
+    """``tpl_leave`` for a branch to ``target`` (``falls``: code falling
+    through to it), then a jump to ``dst`` (its copy, if it has one; None:
+    the branch follows)."""
+    t = bytearray(pc.TPL_LEAVE)
+    _put64(t, pc.F_leave_ip, target)
+    _rel32(t, pc.F_leave_rt, at + pc.F_leave_rt, rt + (pc.RT_LEAVE_FUP if falls else pc.RT_LEAVE))
+    if dst is None:
+        return bytes(t)
+    return bytes(t) + bytes([_JMP]) + _rel(at + len(t) + 5, dst)
+
+
+def _bit(bit: int, ip: int, dst: int, at: int, rt: int) -> bytes:
+    """One TNT bit's code of tpl_cond (after its first jump: the taken
+    bit's, then the not-taken bit's; see runtime.S's TNT_BIT), at ``at``."""
+    lo, hi = (5, pc.F_cond_tdst + 4) if bit else (pc.F_cond_tdst + 4, len(pc.TPL_COND))
+    f_ip, f_rt, f_dst = ((pc.F_cond_tip, pc.F_cond_trt, pc.F_cond_tdst) if bit else
+                         (pc.F_cond_nip, pc.F_cond_nrt, pc.F_cond_ndst))  # fmt: skip
+    t = bytearray(pc.TPL_COND[lo:hi])
+    _put64(t, f_ip - lo, ip)
+    _rel32(t, f_rt - lo, at + f_rt - lo, rt + pc.RT_TNT_FULL)
+    _rel32(t, f_dst - lo, at + f_dst - lo, dst)
+    return bytes(t)
+
+
+def _inside(ranges: np.ndarray | None):
+    """A vectorized test: which addresses lie in ``ranges`` (all: None)."""
+
+    def inside(a):
+        a = np.asarray(a, np.int64)
+        if ranges is None:
+            return np.ones(a.shape, np.bool_)
+        got = np.zeros(a.shape, np.bool_)
+        for lo, hi in ranges.tolist():
+            got |= (a >= lo) & (a < hi)
+        return got
+
+    return inside
+
+
+def _entries(cm: CodeMap, ranges: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the ranges' entries in ``cm`` (each range's start, the
+    instruction after each call inside one) and the leaders with them."""
+    ips = cm.ips.astype(np.int64)
+    starts = ranges[:, 0].astype(np.int64)
+    at = np.searchsorted(ips, starts)
+    ok = at < len(cm)
+    at = at[ok][ips[at[ok]] == starts[ok]]
+    calls = np.flatnonzero(here & np.isin(cm.kinds, np.array([K_CALL, K_ICALL])))
+    after = calls + 1
+    after = after[(after < len(cm)) & here[np.minimum(after, len(cm) - 1)]]
+    entries = np.unique(np.concatenate([at, after]))
+    entries = entries[cm.kinds[entries] != K_BAD]
+    leaders = cm.leaders.copy()
+    leaders[entries] = True
+    return entries, leaders
+
+
+def _entry_ends(cm: CodeMap, entries: np.ndarray, leaders: np.ndarray,
+                wanted: np.ndarray) -> np.ndarray:  # fmt: skip
+    """The last instruction of each entry's block that holds no instrumented
+    instruction: it gets a window (moved) so that the entry has one."""
+    out = np.zeros(len(cm), np.bool_)
+    n = len(cm)
+    for e in entries.tolist():
+        k = e
+        while True:
+            if wanted[k] or cm.kinds[k] in (K_BAD, K_FAR):
+                break
+            last = k + 1 >= n or leaders[k + 1] or cm.kinds[k] != K_OTHER
+            last = last or cm.ips[k] + cm.lens[k] != cm.ips[k + 1]
+            if last:
+                if cm.kinds[k] in (K_OTHER, K_JMP, K_CALL):
+                    out[k] = True
+                break
+            k += 1
+    return out
+
+
+def _clamp_to_entries(entries, alone, idx, first, block, reach, keep, ips) -> np.ndarray:
+    """No window reaches back across an entry (its int3 would skip the
+    entry's tpl_enter) or over an instruction moved for one (``alone``),
+    and the first window of an entry's block starts at the entry (a call
+    left in place with fewer than 5 bytes before it is moved too); returns
+    which windows start at one."""
+    enter = np.zeros(idx.shape[0], np.bool_)
+    if not entries.shape[0]:
+        return enter
+    if alone.shape[0]:
+        k = np.searchsorted(alone, idx, side="left") - 1
+        np.maximum(reach, np.where(k >= 0, alone[np.maximum(k, 0)] + 1, 0), out=reach)
+    k = np.searchsorted(entries, idx, side="right") - 1
+    has = k >= 0
+    e = np.where(has, entries[np.maximum(k, 0)], -1)
+    np.maximum(reach, e, out=reach)
+    np.maximum(block, e, out=block)
+    cross = (first >= 0) & (first < e)
+    first[cross] = -1  # would cross it: a trap site (moved whole from the block)
+    # The first instrumented instruction of the entry's block: its window
+    # starts at the entry.
+    at_block = has & (block == e)
+    firsts = np.zeros(idx.shape[0], np.bool_)
+    if at_block.any():
+        _, one = np.unique(e[at_block], return_index=True)
+        firsts[np.flatnonzero(at_block)[one]] = True
+    short = firsts & keep & (ips[idx] - ips[np.maximum(e, 0)] < 5)
+    keep[short] = False  # the call moved too
+    first[firsts & (first >= 0)] = e[firsts & (first >= 0)]
+    first[firsts & keep] = e[firsts & keep]
+    first[short] = e[short]
+    enter[firsts] = True
+    return enter
+
+
+def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside=None) -> bytes:
     def dest(x: int) -> int:
         return moved.get(x, x)
 
+    def leaves(x: int) -> bool:
+        return inside is not None and not bool(inside(x))
+
+    if inside is not None and not inside(ip) and kind == K_COND:
+        # Outside the ranges (a branch into a window's copy): no packets.
+        head = _short_cond(raw)
+        base = at + len(head)
+        return (
+            head
+            + bytes([_JMP])
+            + _rel(base + 5, dest(nxt))
+            + bytes([_JMP])
+            + _rel(base + 10, dest(target))
+        )
+    if kind == K_OTHER:  # moved (raw: its bytes there), then on
+        if leaves(nxt):
+            return raw + _leave(nxt, at + len(raw), rt, dest(nxt), falls=True)
+        return raw + bytes([_JMP]) + _rel(at + len(raw) + 5, dest(nxt))
     if kind == K_CALL:
-        head = _push(nxt, cont)
+        head = _push(nxt, cont) if retcomp and target != nxt else b""
+        if leaves(target):
+            head += _leave(target, at + len(head), rt, None)
         if keep:  # back to the call, in place
             return head + bytes([_JMP]) + _rel(at + len(head) + 5, ip)
         t = bytearray(pc.TPL_CALL)
@@ -568,9 +772,21 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp) -> byt
         head = _push(nxt, cont)
         return head + _part(kind, raw, ip, nxt, target, at + len(head), rt, moved, 0, keep, False)
     if kind == K_JMP:
+        if leaves(target) and inside(ip):
+            return _leave(target, at, rt, dest(target))
         return bytes([_JMP]) + _rel(at + 5, dest(target))
     if kind == K_COND:
         head = _short_cond(raw)
+        if leaves(target) or leaves(nxt):
+            # The condition over a jump to the not-taken code; each side a
+            # TNT bit or, leaving the ranges, a TIP.PGD.
+            base = at + len(head) + 5
+            taken = (_leave(target, base, rt, dest(target)) if leaves(target) else
+                     _bit(1, target, dest(target), base, rt))  # fmt: skip
+            base += len(taken)
+            other = (_leave(nxt, base, rt, dest(nxt)) if leaves(nxt) else
+                     _bit(0, nxt, dest(nxt), base, rt))  # fmt: skip
+            return head + bytes([_JMP]) + _rel(at + len(head) + 5, base) + taken + other
         t = bytearray(pc.TPL_COND)
         base = at + len(head)
         _put64(t, pc.F_cond_tip, target)
@@ -622,17 +838,18 @@ def plan_module_cached(
     near: tuple[int, int],
     far: list[tuple[int, int, np.ndarray]] = (),
     retcomp: bool = True,
+    ranges: np.ndarray | None = None,
 ) -> ModulePlan:
     """:func:`plan_module` of a module mapped from file ``path``, kept in a
     cache by all it depends on: the file's identity (device, inode, size,
     modification time), where the module and its arenas are, what of
-    ``far`` other modules took, ``retcomp`` and the planning code.  The
+    ``far`` other modules took, ``retcomp``, ``ranges`` and the planning code.  The
     same program run again (without address randomization) is planned once.
     ``far``'s occupancy is updated as planning would.  The plan comes with
     its ``source`` (the code of ``sections``) and its writes made."""
 
     def made() -> ModulePlan:
-        plan = plan_module(cm, read, near, far, retcomp)
+        plan = plan_module(cm, read, near, far, retcomp, ranges)
         plan.source = {lo: read(lo, hi - lo) for lo, hi in sections}
         plan.make_writes()
         return plan
@@ -644,6 +861,7 @@ def plan_module_cached(
     taken = [np.flatnonzero(occ) for _, _, occ in far]
     key = repr((_PLAN_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                 int(cm.ips[0]) if len(cm) else 0, len(cm), near, retcomp,
+                None if ranges is None else ranges.tolist(),
                 [(lo, hi, hashlib.sha256(t.tobytes()).hexdigest())
                  for (lo, hi, _), t in zip(far, taken, strict=True)]))  # fmt: skip
     name = user_cache_dir() / "patch-plans" / (hashlib.sha256(key.encode()).hexdigest()[:32])

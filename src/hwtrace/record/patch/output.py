@@ -19,7 +19,7 @@ from ..perfdata import (
     TaskRecord,
     write_recording,
 )
-from ..software import MmapRecord, files_image, mmap_records, tsc_conversion
+from ..software import MmapRecord, files_image, mmap_records, perf_filters, tsc_conversion
 from .tracer import PatchOptions, PatchRecording, record_patched
 
 __all__ = [
@@ -80,8 +80,13 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
     threads = [AuxThread(th.pid, th.tid, 0, th.data, [(t0, t1)], rec.clock_pairs[0][0])
                for th in rec.threads]  # fmt: skip
     notes: dict[str, object] = {"clock": "CLOCK_MONOTONIC", "clock_error_ns": 0}
-    return PerfRecording(_settings(rec.options), PtConfig(), list(rec.argv), conv, "", processes,
-                         tasks, threads, [], notes, later)  # fmt: skip
+    return PerfRecording(_settings(rec.options), PtConfig(), list(rec.argv), conv, _filters(rec),
+                         processes, tasks, threads, [], notes, later)  # fmt: skip
+
+
+def _filters(rec: PatchRecording) -> str:
+    """The address ranges traced, as perf's address filters."""
+    return perf_filters(rec.ranges, _start_maps(rec))
 
 
 def _process_start(rec: PatchRecording, ns: int) -> ProcessStart:
@@ -125,7 +130,7 @@ class _PerfSink:
         # The conversion found at the end passes through this pair: the
         # start's perf time is its CLOCK_MONOTONIC time.
         self.stream = StreamedRecording(self.path, _settings(head.options), list(head.argv),
-                                        _process_start(head, ns), tsc)  # fmt: skip
+                                        _process_start(head, ns), tsc, _filters(head))  # fmt: skip
 
     def add(self, tid: int, data: memoryview) -> None:
         assert self.stream is not None

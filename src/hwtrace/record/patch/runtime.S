@@ -25,6 +25,15 @@
  *
  * Routines are entered by a jump with the caller's rcx in SAVE_RCX and
  * their continuation in CONT; they keep every register but rcx.
+ *
+ * Address ranges (an Intel PT address filter): only the code inside them
+ * is patched, with every system call.  ON says whether tracing is on; the
+ * routines write nothing while it is off (TNT bits gathered then are
+ * dropped when it goes on).  A range's start and the return address of
+ * each call inside one enable it (tpl_enter: TIP.PGE when off); a branch
+ * leaving the ranges disables it (TIP.PGD with the target, as the
+ * processor writes it): a direct one in its template (tpl_leave), an
+ * indirect one or a return in rt_tip, which looks the target up in RANGES.
  */
         .intel_syntax noprefix
         .text
@@ -57,6 +66,11 @@
         .equ TSCNEXT, 200   /* the TSC at or after which a routine writes a TSC packet */
         .equ TSCSTEP, 208   /* TSC ticks between such packets (0: none, MTC's stand-in) */
         .equ TNTEND, 216    /* scratch: the end of the TNT packets being written */
+        .equ ON, 224        /* nonzero: tracing is on (packets are written) */
+        .equ SYSON, 232     /* the next rt_pge enables: tracing was on at the system call */
+        .equ RANGEBYTES, 240 /* 16 x the address ranges traced (0: the whole program) */
+        .equ RANGES, 256    /* their (start, end) pairs, up to MAXRANGES */
+        .equ MAXRANGES, 128
         .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
@@ -280,13 +294,47 @@
 3:
 .endm
 
+/* Tracing off at a branch to TARGET outside the ranges: the pending TNT,
+ * TIP.PGD with the target (Intel PT's filter exit); with \fup, where the
+ * code before TARGET falls through to it, FUP with it and TIP.PGD without
+ * (as hwtrace.pt.encode writes a disable between two instructions). */
+.macro LEAVE fup=0
+        mov qword ptr gs:[ON], 0
+        cmp rcx, gs:[END]
+        jb .Lleave_room\@
+        DROP
+        jmp .Lleave_done\@
+.Lleave_room\@:
+        cmp qword ptr gs:[OVF], 0
+        je .Lleave_pgd\@
+        OVF_PACKET                  /* tracing off after it: no TIP.PGD */
+        jmp .Lleave_done\@
+.Lleave_pgd\@:
+        FLUSH_TNT
+        TSC_IF_DUE
+        mov rax, gs:[TARGET]
+.if \fup
+        IP_PACKET 0x1d
+        mov byte ptr [rcx], 0x01
+        inc rcx
+.else
+        IP_PACKET 0x01
+.endif
+        PSB_IF_DUE 0
+.Lleave_done\@:
+.endm
+
         .globl rt_begin
 rt_begin:
 
 /* 47 TNT bits pending: out as TNT-8s, then PSB+ if due (FUP: NEXTIP). */
 rt_tnt_full:
         SAVE
-        ROOM
+        cmp qword ptr gs:[ON], 0
+        jne 1f
+        mov qword ptr gs:[W], 2     /* tracing is off: no packets */
+        RESTORE
+1:      ROOM
         OVERFLOWED .Ltnt_ovf
         FLUSH_TNT
         TSC_IF_DUE
@@ -301,7 +349,22 @@ rt_tnt_full:
 /* TIP to TARGET, after the pending TNT; PSB+ if due (FUP: TARGET). */
 rt_tip:
         SAVE
-        cmp rcx, gs:[END]
+        cmp qword ptr gs:[ON], 0
+        jne 8f
+        mov qword ptr gs:[W], 2     /* tracing is off: no packets */
+        REDIRECT
+        RESTORE
+8:      mov rdx, gs:[RANGEBYTES]
+        test rdx, rdx
+        jz 5f
+        mov rax, gs:[TARGET]
+9:      sub rdx, 16
+        jb .Ltip_leave              /* in no range: tracing goes off */
+        cmp rax, gs:[RANGES + rdx]
+        jb 9b
+        cmp rax, gs:[RANGES + 8 + rdx]
+        jae 9b
+5:      cmp rcx, gs:[END]
         jb 6f
         DROP
         REDIRECT
@@ -323,6 +386,28 @@ rt_tip:
         PSB_IF_DUE 1
         REDIRECT
         RESTORE
+.Ltip_leave:
+        LEAVE
+        REDIRECT
+        RESTORE
+
+/* A direct branch leaving the ranges, to TARGET (tpl_leave). */
+rt_leave:
+        SAVE
+        cmp qword ptr gs:[ON], 0
+        je .Lleave_off
+        LEAVE
+.Lleave_off:
+        RESTORE
+
+/* The ranges' code falling through to TARGET, outside them. */
+rt_leave_fup:
+        SAVE
+        cmp qword ptr gs:[ON], 0
+        je .Lleave_fup_off
+        LEAVE 1
+.Lleave_fup_off:
+        RESTORE
 
 
 /* Tracing off before a system call: the pending TNT, TSC, TIP.PGD with
@@ -338,7 +423,13 @@ rt_pgd:
         .globl rt_sigreturn_notify
 rt_sigreturn_notify:
         int3
-1:      ROOM
+1:      mov rax, gs:[ON]
+        mov gs:[SYSON], rax
+        test rax, rax
+        jnz 2f
+        RESTORE                     /* tracing is off: it stays off */
+2:      mov qword ptr gs:[ON], 0
+        ROOM
         OVERFLOWED .Lpgd_ovf
         FLUSH_TNT
         TSC_PACKET
@@ -370,6 +461,12 @@ rt_pge:
 rt_notify:
         int3
 3:      mov qword ptr gs:[SYSNR], -1
+        cmp qword ptr gs:[SYSON], 0
+        jne 4f
+        RESTORE                     /* tracing was off: it stays off */
+4:      mov qword ptr gs:[SYSON], 0
+        mov qword ptr gs:[ON], 1
+        mov qword ptr gs:[W], 2     /* bits gathered while off are dropped */
         ROOM
         OVERFLOWED .Lpge_ovf
 .Lpge_on:
@@ -390,6 +487,7 @@ rt_notify:
  * the pending TNT, FUP, TIP.PGD; then stops for hwtrace (CONT: rt_halt). */
 rt_async_off:
         mov gs:[SAVE_RCX], rcx
+        mov qword ptr gs:[ON], 0
         SAVE
         ROOM
         OVERFLOWED .Loff_ovf
@@ -417,6 +515,7 @@ rt_halt:
 /* A thread starts being traced at NEXTIP and goes on at TARGET. */
 rt_start:
         mov gs:[SAVE_RCX], rcx
+        mov qword ptr gs:[SYSON], 1
         lea rcx, [rip + 2f]
         mov gs:[CONT], rcx
         jmp rt_pge
@@ -628,6 +727,44 @@ tpl_ret:
         .fill ALT - (. - 1b), 1, 0xcc
 2:      mov rcx, gs:[SAVE_RCX]
 tpl_ret_end:
+
+/* A range's entry point (its start, a call's return address): TIP.PGE at
+ * the field's IP where tracing is off.  The entry's instructions follow. */
+        .globl tpl_enter
+tpl_enter:
+        mov gs:[SAVE_RCX], rcx
+        mov rcx, gs:[ON]
+        jrcxz 1f
+        mov rcx, gs:[SAVE_RCX]
+        jmp 2f
+1:      movabs rcx, 0
+        .equ F_enter_ip, . - 8 - tpl_enter
+        mov gs:[NEXTIP], rcx
+        mov qword ptr gs:[SYSON], 1
+        lea rcx, [rip + 3f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_enter_rt, . - 4 - tpl_enter
+3:      mov rcx, gs:[SAVE_RCX]
+2:
+tpl_enter_end:
+
+/* A direct branch about to leave the ranges for the field's target: TIP.PGD
+ * there (where tracing is on); the branch follows. */
+        .globl tpl_leave
+tpl_leave:
+        mov gs:[SAVE_RCX], rcx
+        movabs rcx, 0
+        .equ F_leave_ip, . - 8 - tpl_leave
+        mov gs:[TARGET], rcx
+        lea rcx, [rip + 2f]
+        mov gs:[CONT], rcx
+        .byte 0xe9
+        .long 0
+        .equ F_leave_rt, . - 4 - tpl_leave
+2:      mov rcx, gs:[SAVE_RCX]
+tpl_leave_end:
 
 /* A system call: TIP.PGD before, TIP.PGE at the next instruction after;
  * rcx as the kernel leaves it (the next instruction's address). */

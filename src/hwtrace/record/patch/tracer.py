@@ -123,7 +123,13 @@ class PatchOptions:
     program, which is not followed); ``aslr``:
     the program's addresses randomized (by default not, as gdb and rr
     launch programs: repeat recordings reuse their patch plans, cached by
-    address, and their addresses compare across recordings)."""
+    address, and their addresses compare across recordings);
+    ``functions`` (``name`` or ``module!name``) and ``ranges`` (``(start,
+    end)`` addresses): trace only there, as an Intel PT address filter
+    (TIP.PGE entering, TIP.PGD leaving), with only that code patched
+    (and the system calls); a range is entered at its start or where a
+    call made inside it returns, as ``--backend step`` has it.  Functions
+    are looked up again in a program the process execs; ranges are not."""
 
     psb_period: int = 4096
     tsc: bool = True
@@ -134,6 +140,13 @@ class PatchOptions:
     mtc_period: int | None = None
     aslr: bool = False
     follow_fork: bool = False
+    functions: tuple[str, ...] = ()
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ranged(self) -> bool:
+        """Only chosen code is traced (an address filter)."""
+        return bool(self.functions or self.ranges)
 
 
 @dataclass
@@ -184,6 +197,8 @@ class PatchRecording:
     # (TSC, pid, tid, parent pid) of each child process and thread recorded
     # (``follow_fork``)
     forked: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # The address ranges traced (functions resolved), when only they were
+    ranges: list[tuple[int, int]] = field(default_factory=list)
 
 
 class TraceSink(Protocol):
@@ -352,20 +367,43 @@ def _map_pool(t: _Target, pool: _Pool, path: str, address: int, flags: int) -> i
     return base
 
 
-def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]) -> _Patcher:
+def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping],
+                 first: bool = True) -> _Patcher:  # fmt: skip
     """Patch the stopped program's code (its buffers mapped): the private
     sinks first and the thread's GS base on the sink, so that were hwtrace
-    killed while it patches, the patched code would run, untraced."""
+    killed while it patches, the patched code would run, untraced.  With
+    address ranges, the functions are looked up in it (and ``ranges``, in
+    the ``first`` program only)."""
     pool.map_sinks(t)
     r = t.regs()
     r.gs_base = pool.sink()
     t.set_regs(r)
     kill_point("buffers")
+    if opt.ranged:
+        pool.set_ranges(_resolve_ranges(t.pid, maps, opt, first))
     patcher = _Patcher(t, opt)
+    patcher.ranges = pool.ranges
     patcher.pool = pool
     patcher.patch_new(maps)
     t.gadget = patcher.runtime + pc.RT_SYSCALL
     return patcher
+
+
+def _resolve_ranges(pid: int, maps: list[Mapping], opt: PatchOptions,
+                    first: bool) -> list[tuple[int, int]]:  # fmt: skip
+    from ..stepper import RecordError, resolve_functions
+
+    try:
+        found = resolve_functions(pid, maps, opt.functions, missing_ok=not first)
+    except RecordError as e:
+        raise PatchError(str(e)) from None
+    out = [(r.start, r.end) for r in found] + (list(opt.ranges) if first else [])
+    bad = [(lo, hi) for lo, hi in out if not 0 <= lo < hi < 1 << 64]
+    if bad:
+        raise PatchError(f"address range {bad[0][0]:#x}-{bad[0][1]:#x} is empty")
+    if len(out) > pc.MAXRANGES:
+        raise PatchError(f"{len(out)} address ranges: at most {pc.MAXRANGES} are supported")
+    return out
 
 
 def _to_entry(t: _Target) -> tuple[int, list[Mapping], str]:
@@ -545,6 +583,11 @@ class _Patcher:
         # Far stub space (start, end, occupancy), shared by modules close
         # to each other: their far ranges overlap.
         self.far_pieces: list[tuple[int, int, np.ndarray]] = []
+        self.ranges: list[tuple[int, int]] | None = None  # None: all code traced
+
+    def in_ranges(self, ip: int) -> bool:
+        """Is ``ip`` traced (in the address ranges, when there are)?"""
+        return self.ranges is None or any(lo <= ip < hi for lo, hi in self.ranges)
 
     def untraced(self, maps: list[Mapping]) -> list[Mapping]:
         """The executable mappings of ``maps`` that run untraced: neither a
@@ -642,12 +685,16 @@ class _Patcher:
                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
             raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
         far = self._far(mod)
+        ranges = None
+        if self.ranges is not None:
+            ranges = np.array([r for r in self.ranges if r[0] < mod.hi and mod.lo < r[1]],
+                              np.int64).reshape(-1, 2)  # fmt: skip
         try:
             retcomp = not self.opt.noretcomp
             if mod.path.startswith("/"):
                 return plan_module_cached(mod.path, cm, read, mod.sections, (near, near + size),
-                                          far, retcomp)  # fmt: skip
-            plan = plan_module(cm, read, (near, near + size), far, retcomp)
+                                          far, retcomp, ranges)  # fmt: skip
+            plan = plan_module(cm, read, (near, near + size), far, retcomp, ranges)
             plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
             plan.make_writes()
             return plan
@@ -765,7 +812,8 @@ def record_patched(
         tcb = pool.claim(pid, entry)
         r = t.regs()
         r.gs_base = tcb
-        r.rip = runtime + pc.RT_START
+        if patcher.in_ranges(entry):
+            r.rip = runtime + pc.RT_START
         t.set_regs(r)
         setup = time.monotonic() - began
         pairs = [clock_pair()]
@@ -773,7 +821,8 @@ def record_patched(
         run.untraced.update((m.start, m) for m in patcher.untraced(maps0))
         if sink is not None:
             sink.begin(PatchRecording(pid, tuple(argv), maps0, patcher.vdso, [], 0, {}, 0,
-                                      setup, comm, opt, list(pairs)))  # fmt: skip
+                                      setup, comm, opt, list(pairs),
+                                      ranges=list(pool.ranges or [])))  # fmt: skip
         pool.start_draining()
         # ^C reaches the program too (one process group): it decides; hwtrace
         # records on until it ends.
@@ -795,7 +844,7 @@ def record_patched(
                               comm, opt, pairs, run.forks, run.mapped, run.stop_signal,
                               (pool.error.strerror or str(pool.error)) if pool.error else "",
                               run.execs, run.exec_error, list(run.untraced.values()),
-                              run.forked)  # fmt: skip
+                              run.forked, list(pool.ranges or []))  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -860,6 +909,22 @@ class _Pool:
         self.sinks = 0  # their address in the program
         self.free_sinks: list[int] = []
         self.sink_of: dict[int, int] = {}  # tid -> its private sink
+        self.ranges: list[tuple[int, int]] | None = None  # traced only there
+
+    def set_ranges(self, ranges: list[tuple[int, int]]) -> None:
+        """Trace only inside ``ranges`` (the control blocks claimed after)."""
+        self.ranges = ranges
+
+    def _range_words(self, w: np.ndarray) -> None:
+        """Tracing off (a thread starts outside the ranges, or, with no
+        ranges, is enabled by the system call that made it), the ranges."""
+        w[pc.ON // 8] = 0
+        w[pc.SYSON // 8] = int(self.ranges is None)
+        rs = self.ranges or []
+        w[pc.RANGEBYTES // 8] = 16 * len(rs)
+        for n, (lo, hi) in enumerate(rs):
+            w[pc.RANGES // 8 + 2 * n] = lo
+            w[pc.RANGES // 8 + 2 * n + 1] = hi
 
     def words(self, k: int) -> np.ndarray:
         """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
@@ -945,6 +1010,7 @@ class _Pool:
         w[pc.NEXTIP // 8] = entry
         w[pc.TARGET // 8] = entry
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.tables.get(pid, self.table)
+        self._range_words(w)
         return tcb
 
     def inherit_table(self, child: int) -> None:
@@ -973,6 +1039,7 @@ class _Pool:
         w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = entry
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
         w[TCB_SIZE // 16 : TCB_SIZE // 8] = 0  # the return stack
+        self._range_words(w)
         return self.base + k * self.slot_size
 
     def _drain(self, k: int, final: bool = False) -> None:
@@ -1200,7 +1267,7 @@ class _Run:
             entry, maps, comm = _to_entry(t)
             _map_pool(t, self.pool, f"/proc/{os.getpid()}/fd/{self.pool.fd}", self.pool.base,
                       MAP_FIXED_NOREPLACE)  # fmt: skip
-            patcher = _patch_image(t, self.pool, self.patcher.opt, maps)
+            patcher = _patch_image(t, self.pool, self.patcher.opt, maps, first=False)
         except (PatchError, OSError) as e:
             self.exec_error = str(e)
             t.close()
@@ -1220,7 +1287,8 @@ class _Run:
         )
         r = t.regs()
         r.gs_base = tcb
-        r.rip = patcher.runtime + pc.RT_START
+        if patcher.in_ranges(entry):
+            r.rip = patcher.runtime + pc.RT_START
         t.set_regs(r)
         return True
 
@@ -1304,6 +1372,11 @@ class _Run:
                 to = self.child_redirects.get(tid, self.redirects).get(self.regs.rip - 1)
                 if to is not None:
                     self.traps += 1
+                    import sys as _s
+
+                    _s.stderr.write(f"TRAP {self.regs.rip - 1:#x}\n") if os.environ.get(
+                        "HWT_TRAPS"
+                    ) else None
                     self.regs.rip = to
                     self._setregs(tid)
                     ptrace(PTRACE_CONT, tid, 0, 0)
@@ -1360,7 +1433,9 @@ class _Run:
 
     def _enable_at(self, tid: int, ip: int) -> None:
         """Set the stopped thread to enable tracing (TIP.PGE) at ``ip`` and
-        run on there."""
+        run on there (where ``ip`` is traced)."""
+        if not self.patcher.in_ranges(ip):
+            return
         w = self._tcb_words(tid)
         w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = ip
         self.regs.rip = self.patcher.runtime + pc.RT_START
@@ -1402,6 +1477,8 @@ class _Run:
                     return 0
                 off = at == "syscall"
             rip = self.regs.rip
+        if not off and self.patcher.ranges is not None:
+            off = not self._tcb_words(tid)[pc.ON // 8]  # outside the ranges
         if not off:
             # Interrupted in the program's own code (tracing was on).
             saved = self.regs.copy()
@@ -1462,8 +1539,15 @@ class _Run:
         ptrace(PTRACE_SYSCALL, tid, 0, 0)
         if not self._wait_trap(tid, None) or not self._getregs(tid):  # the exit
             return
-        if not self.patcher.in_arena(self.regs.rip):
-            self._enable_at(tid, self.regs.rip)
+        rip = self.regs.rip
+        if not self.patcher.in_arena(rip):
+            self._enable_at(tid, rip)
+        elif self.patcher.ranges is not None:
+            # After a system call in a trampoline, which enables tracing
+            # if it was on there (a handler outside the ranges ran since).
+            at = self.patcher.syscalls.get(rip - 2)
+            if at is not None and self.patcher.in_ranges(at):
+                self._tcb_words(tid)[pc.SYSON // 8] = 1
         ptrace(PTRACE_CONT, tid, 0, 0)
 
 
