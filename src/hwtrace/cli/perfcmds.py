@@ -65,9 +65,9 @@ def record_main(argv: Sequence[str]) -> int:
         choices=("auto", "perf", "patch", "step", "software"),
         default="auto",
         help="perf: Intel PT hardware; patch: the program's branches patched to write PT "
-        "(the whole program, launched); step: ptrace single-stepping of chosen code "
-        "(software is its old name); auto: perf where the CPU has Intel PT, else patch "
-        "(step with -f, --range, --call or -p)",
+        "(a launched program, or its -f/--range code only); step: ptrace single-stepping of "
+        "chosen code (software is its old name); auto: perf where the CPU has Intel PT, else "
+        "patch (step with --call or -p)",
     )
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
@@ -95,8 +95,8 @@ def record_main(argv: Sequence[str]) -> int:
 
     backend = a.backend
     if backend == "auto":
-        chosen = a.function or a.range or a.call or a.pid is not None
-        backend = "perf" if have_intel_pt() else ("step" if chosen else "patch")
+        stepped = a.call or a.pid is not None
+        backend = "perf" if have_intel_pt() else ("step" if stepped else "patch")
     try:
         if backend == "perf":
             return _record_perf(a, command)
@@ -162,11 +162,14 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     from ..record.patch import PatchError, PatchOptions
     from ..record.patch.output import record_patched_perf
 
-    unsupported = [name for name, given in (("-f", a.function), ("--range", a.range),
-                   ("--call", a.call), ("-p", a.pid is not None), ("--cyc", a.cyc)) if given]  # fmt: skip
+    unsupported = [name for name, given in (("--call", a.call), ("-p", a.pid is not None),
+                                            ("--cyc", a.cyc)) if given]  # fmt: skip
     if unsupported:
-        sys.stderr.write(f"hwtrace record: the patch backend records a whole launched program; "
+        sys.stderr.write(f"hwtrace record: the patch backend records a launched program; "
                          f"{', '.join(unsupported)}: use --backend step\n")  # fmt: skip
+        return 2
+    ranges = _parse_ranges(a.range)
+    if ranges is None:
         return 2
     sys.stderr.write("hwtrace record: backend patch (the program's branches write Intel PT)\n")
     try:
@@ -180,6 +183,8 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
                 mtc_period=None if a.no_mtc else a.mtc_period,  # None: not asked for
                 aslr=a.aslr,
                 follow_fork=a.follow_fork,
+                functions=tuple(a.function),
+                ranges=tuple(ranges),
             ),
             buildid_cache=not a.no_buildid_cache,
         )
@@ -193,8 +198,11 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     pt = sum(t.size for t in rec.threads)
     lost = sum(t.lost for t in rec.threads)
     sites = sum(m["sites"] for m in rec.modules.values())
+    where = ""
+    if rec.options.ranged:
+        where = f" (tracing {len(rec.ranges)} address range(s) only, and system calls)"
     sys.stderr.write(f"hwtrace record: {len(rec.threads)} thread(s), {pt} bytes of PT, "
-                     f"{sites} branch sites patched in {len(rec.modules)} modules "
+                     f"{sites} branch sites patched in {len(rec.modules)} modules{where} "
                      f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
     if rec.execs:
         names = ", ".join(comm for _, comm, _, _ in rec.execs)
@@ -225,18 +233,29 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _record_software(a: argparse.Namespace, command: list[str]) -> int:
-    from ..record import RecordError, record_software
-    from ..record.perfdata import write_perf_data
-
+def _parse_ranges(given: list[str]) -> list[tuple[int, int]] | None:
+    """``--range START-END`` values (hex); None (said why) when one is not."""
     ranges = []
-    for r in a.range:
+    for r in given:
         try:
             lo, hi = (int(x, 16) for x in r.split("-"))
         except ValueError:
             sys.stderr.write(f"hwtrace record: --range {r}: expected START-END in hex\n")
-            return 2
+            return None
+        if hi <= lo:
+            sys.stderr.write(f"hwtrace record: --range {r}: the range is empty\n")
+            return None
         ranges.append((lo, hi))
+    return ranges
+
+
+def _record_software(a: argparse.Namespace, command: list[str]) -> int:
+    from ..record import RecordError, record_software
+    from ..record.perfdata import write_perf_data
+
+    ranges = _parse_ranges(a.range)
+    if ranges is None:
+        return 2
     if not a.function and not ranges and not a.call:
         sys.stderr.write(
             "hwtrace record: the software backend steps chosen code: give -f FUNCTION, "
