@@ -307,9 +307,9 @@ R_DONE, R_MISS, R_GROW, R_FULL, R_MORE, R_WINDOW, R_EVENT = range(7)
 # Config (CF, int64).
 (
     CF_FAST, CF_TICK, CF_END_ON_CALL, CF_END_ON_JUMP, CF_IFLAGS, CF_RESYNC, CF_STOP_EVENTS,
-    CF_KEEP_GOING, CF_ERRATA, CF_NFILTER, CF_DROP_EMPTY, CF_COUNT,
-) = range(12)  # fmt: skip
-NCF = 12
+    CF_KEEP_GOING, CF_ERRATA, CF_NFILTER, CF_DROP_EMPTY, CF_COUNT, CF_STOP_TSC,
+) = range(13)  # fmt: skip
+NCF = 13
 # Errata bits in CF[CF_ERRATA].
 ER_BDM70, ER_BDM64, ER_SKD022, ER_SKD010, ER_SKL014, ER_APL11, ER_APL12 = (1 << i for i in range(7))
 # Stop-after-event modes (CF[CF_STOP_EVENTS]).
@@ -3082,7 +3082,11 @@ def _wants_stop(cf, ev):
     mode = cf[0][CF_STOP_EVENTS]
     if mode == STOP_ALL:
         return True
-    return mode == STOP_ENABLED and ev[E_TYPE] == EV_ENABLED
+    if mode != STOP_ENABLED or ev[E_TYPE] != EV_ENABLED:
+        return False
+    # Only where the caller's context may have changed: at or past the
+    # time it named (CF_STOP_TSC, 0 until it names one), or time unknown.
+    return not _has_tsc(ev) or np.int64(ev[E_TSC]) >= cf[0][CF_STOP_TSC]
 
 
 @aot.njit(cache=True, _nrt=False)

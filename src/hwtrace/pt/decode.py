@@ -385,6 +385,10 @@ def _decoder(
             has_tsc = int(row[R.E_FLAGS]) & R.F_HAS_TSC
             return context(int(row[R.E_TSC]) if has_tsc else None, int(row[R.E_IP]))
 
+        until = getattr(context, "stable_until", None)
+        if until is not None:
+            hook.stop_from = until  # type: ignore[attr-defined]
+
     opts = (options or DecodeOptions()).flow_options()
     opts.count_only = not keep
     return FlowDecoder(
@@ -532,7 +536,9 @@ def decode_trace(
 
     ``context(tsc, ip)``, when given, is asked at every enabling of tracing
     (a PSB+ with tracing on, TIP.PGE) for the image of the code running then
-    (None: keep the current one): how sideband switches processes.
+    (None: keep the current one): how sideband switches processes.  A
+    context with a ``stable_until()`` method (the TSC before which its last
+    answer holds) is asked again only at an enabling from then on.
 
     ``revisions``: code that changed while the trace ran (a
     :class:`~hwtrace.image.revisions.CodeRevisions` in the trace's TSC, or

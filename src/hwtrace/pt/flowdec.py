@@ -638,6 +638,10 @@ class FlowDecoder:
         pos = int(SI[K.ES_POS])
         offset = int(pk[4][pos]) if pos < int(SI[K.W_N]) else int(SU[K.W_END_OFFSET])
         self._change_code(lambda: self.switch_image(self.on_event(row, offset)))
+        # A hook may say until when (TSC) its answer holds: no stop before.
+        until = getattr(self.on_event, "stop_from", None)
+        if until is not None:
+            self.cf[0][K.CF_STOP_TSC] = until()
 
     def _flush(self, sink: FlowSink) -> None:
         SI = self.state[0]

@@ -240,8 +240,36 @@ class QueueContexts:
             self.last_ns = int(self.conv.to_ns(tsc))
         return self.image_for(self.last_ns)
 
+    def __call__(self, tsc: int | None, ip: int) -> Image:
+        """:meth:`context`: a context for decode_trace, with :meth:`stable_until`."""
+        return self.context(tsc, ip)
+
     def first(self) -> Image:
         return self.image_for(0 if self.conv is None else self.last_ns)
+
+    def stable_until(self) -> int:
+        """The TSC before which :meth:`image_for` gives the image it gives
+        at ``last_ns`` (the next thread switch on the queue's CPU, exec or
+        mapping of the process), a little early; 0: no time."""
+        if self.conv is None:
+            return 0
+        ns, sb = self.last_ns, self.sb
+        changes = []
+        t = self.tid
+        if t < 0:
+            st = sb.switch_times(self.cpu)
+            i = int(np.searchsorted(st, ns, side="right"))
+            if i < st.shape[0]:
+                changes.append(int(st[i]))
+            t = int(sb.threads_on(self.cpu, np.array([ns]))[0])
+        pid = sb.pid_of(t)
+        changes += [s.since for s in sb.spaces.get(pid, ()) if s.since > ns]
+        space = sb.space_at(pid, ns)
+        if space is not None:
+            changes += [m.time for m in space.mappings if m.time > ns]
+        if not changes:
+            return 1 << 62
+        return max(int(self.conv.to_tsc(min(changes))) - 64, 0)
 
     def symbols(self, image: Image) -> SymbolTable:
         # An overlay of code revisions has its base image's symbols.
@@ -375,7 +403,7 @@ def decode_perf(
         with queue_trace(data, starts, sizes) as trace:
             first = ctx.first()
             flow = decode_trace(
-                trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx.context,
+                trace, first, config, jobs=jobs, chunk_bytes=chunk_bytes, context=ctx,
                 revisions=ctx.revisions_for, revision_window=revision_window,
             )  # fmt: skip
             n_bytes = trace.shape[0]
@@ -856,4 +884,7 @@ def decoder_hook(ctx: QueueContexts) -> Callable[[np.ndarray, int], object]:
         has_tsc = int(row[FK.E_FLAGS]) & FK.F_HAS_TSC
         return ctx.context(int(row[FK.E_TSC]) if has_tsc else None, int(row[FK.E_IP]))
 
+    # The decoder stops at an enable only once the context may change (a
+    # trace of a filtered function enables it at every call).
+    hook.stop_from = ctx.stable_until  # type: ignore[attr-defined]
     return hook
