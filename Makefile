@@ -31,7 +31,7 @@ oracles:
 	@bash scripts/install-oracles.sh
 
 # The main job: build a small C program, record one of its functions with
-# whatever backend this machine has (perf + Intel PT, else ptrace stepping),
+# whatever backend this machine has (perf + Intel PT, else code patching),
 # decode it and report.
 DEMO := build/demo
 demo: venv

@@ -41,7 +41,12 @@ def recording(tmp_path_factory) -> Path:
     exe = build()
     path = tmp_path_factory.mktemp("dist") / "perf.data"
     args = [a for w in WORKS[:4] for a in ("-f", w)]
-    assert hwtrace_main(["record", "-o", str(path), *args, "--", str(exe), "four"]) == 0
+    assert (
+        hwtrace_main(
+            ["record", "--backend", "step", "-o", str(path), *args, "--", str(exe), "four"]
+        )
+        == 0
+    )
     return path
 
 

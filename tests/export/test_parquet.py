@@ -45,7 +45,7 @@ def recorded(tmp_path_factory):
     d = tmp_path_factory.mktemp("flow")
     data = d / "threads.data"
     fs = [x for f in FUNCTIONS for x in ("-f", f)]
-    out = run("record", "-o", str(data), *fs, "--", str(exe), "four")
+    out = run("record", "--backend", "step", "-o", str(data), *fs, "--", str(exe), "four")
     assert out.returncode == 0, out.stderr
     # A decode with instructions and 50 ms time buckets (several partitions).
     flow = d / "flow"

@@ -662,6 +662,36 @@ def test_perf_data_written_while_recording(same_path, tmp_path):
         np.testing.assert_array_equal(perf_lists(path)[tid], expected)
 
 
+def test_function_called_often_decodes_without_a_stop_per_call(same_path, tmp_path,
+                                                               monkeypatch):  # fmt: skip
+    """A function traced alone is enabled (TIP.PGE) at each of its calls;
+    the decoder asks the session for the code only where it may change
+    (the sideband's next mapping), not at each enable, and the flow is
+    perf's."""
+    from hwtrace.session import perfflow
+
+    exe = build_program("recursion")
+    path = tmp_path / "perf.data"
+    rec = record_patched_perf([str(exe)], path, PatchOptions(functions=("add_five",)),
+                              stdout=subprocess.DEVNULL)  # fmt: skip
+    assert rec.traps == 0
+    asked = []
+    real = perfflow.QueueContexts.context
+    monkeypatch.setattr(perfflow.QueueContexts, "context",
+                        lambda self, tsc, ip: asked.append(ip) or real(self, tsc, ip))  # fmt: skip
+    flow = decode_perf(read_perf_data(path))
+    assert not flow.problems and flow.n_gaps == 0
+    (q,) = flow.queues
+    ips = q.instructions()
+    add_five = PIE_BASE + functions_of(exe)["add_five"][0]
+    calls = int((ips == add_five).sum())
+    assert calls > 5_000 and len(asked) <= 3
+    if shutil.which("perf"):
+        from test_record_threads import perf_lists
+
+        np.testing.assert_array_equal(perf_lists(path)[rec.threads[0].tid], ips)
+
+
 def test_forked_children_run_patched_code_at_once(tmp_path):
     """Children forked without exec (not recorded) run the patched code
     beside each other and the parent, each on control-block state of its

@@ -291,7 +291,7 @@ def record_cli(monkeypatch, args: list[str], path: Path) -> SoftwareRecording:
         write(rec, out, **options)
 
     monkeypatch.setattr(perfdata, "write_perf_data", keep)
-    assert hwtrace_main(["record", "-o", str(path), *args]) == 0
+    assert hwtrace_main(["record", "--backend", "step", "-o", str(path), *args]) == 0
     (rec,) = kept
     return rec
 

@@ -27,7 +27,9 @@ def recorded(tmp_path_factory):
     exe = d / "demo"
     subprocess.run(["gcc", "-O2", "-o", exe, ROOT / "examples/demo/demo.c"], check=True)
     data = d / "demo.data"
-    out = run("record", "-o", str(data), "-f", "checksum", "-f", "digest", "--", str(exe), "9")
+    # The stepper (its times are stepping times), as the demo shows it.
+    args = ["--backend", "step", "-o", str(data), "-f", "checksum", "-f", "digest"]
+    out = run("record", *args, "--", str(exe), "9")
     assert out.returncode == 0, out.stderr
     return exe, data, out
 
@@ -86,7 +88,9 @@ def test_report_names_a_changed_binary_and_counts_gaps(recorded, tmp_path):
     data = tmp_path / "demo.data"
     # checksum calls into libc (printf's helpers are not traced, but memcpy-like
     # code in digest is the program's own): record, then rebuild the program.
-    out = run("record", "-o", str(data), "-f", "checksum", "--", str(copy), "5")
+    out = run(
+        "record", "--backend", "step", "-o", str(data), "-f", "checksum", "--", str(copy), "5"
+    )
     assert out.returncode == 0, out.stderr
     good = run("report", "-i", str(data))
     assert "0 gap(s)" in good.stdout and "since recording" not in good.stdout
