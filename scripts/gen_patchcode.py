@@ -17,10 +17,11 @@ from elftools.elf.elffile import ELFFile
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src/hwtrace/record/patch/runtime.S"
 OUTPUT = ROOT / "src/hwtrace/record/patch/_patchcode.py"
-TEMPLATES = ("head", "cond", "ijmp", "icall", "push", "call", "ret", "sys", "enter", "leave")
+TEMPLATES = ("head", "cond", "ijmp", "icall", "push", "call", "ret", "sys", "enter", "leave", "mark")
 ROUTINES = (
     "rt_tnt_full",
     "rt_tip",
+    "rt_tip_ret",
     "rt_leave",
     "rt_leave_fup",
     "rt_pgd",

@@ -198,7 +198,8 @@ def _encode(ins: iced.Instruction, at: int) -> bytes:
 
 
 def _part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool, ranged: bool) -> int:
-    # With address ranges, an upper bound: tpl_enter and two tpl_leave.
+    # With address ranges or calls, an upper bound: tpl_enter and two
+    # tpl_leave, or tpl_mark.
     extra = len(pc.TPL_ENTER) + 2 * (len(pc.TPL_LEAVE) + 5) if ranged else 0
     return extra + _base_part_size(kind, raw, ip, keep, retcomp)
 
@@ -405,6 +406,7 @@ def plan_module(
     far: list[tuple[int, int, np.ndarray]] = (),
     retcomp: bool = True,
     ranges: np.ndarray | None = None,
+    entries: np.ndarray | None = None,
 ) -> ModulePlan:
     """Lay out the trampolines of module ``cm`` (code read with ``read``) in
     the arena ``near`` = ``(start, end)`` (stubs in its first
@@ -413,7 +415,9 @@ def plan_module(
     (``(start, end, occupancy)``: one byte per address, 1 where taken;
     modules close to each other share them); ``retcomp``: return
     compression (calls push onto the runtime's return stack); ``ranges``:
-    ``(start, end)`` rows of the address ranges traced (None: all code)."""
+    ``(start, end)`` rows of the address ranges traced (None: all code);
+    ``entries``: with all code patched, where tracing goes on (the
+    functions whose calls are traced)."""
     kinds = cm.kinds
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)
@@ -423,6 +427,7 @@ def plan_module(
     if retcomp:  # a call to the next instruction pushes nothing (decoders agree)
         wanted |= (kinds == K_CALL) & (targets != ips + lens)
     ranged = ranges is not None
+    called = entries is not None  # calls' extents: indirect branches marked
     inside = _inside(ranges)
     entry_idx = np.zeros(0, np.int64)
     if ranged:
@@ -433,7 +438,10 @@ def plan_module(
         leaving |= falls & (kinds == K_COND)
         leaving |= falls & (kinds == K_OTHER)  # moved, then tpl_leave (FUP, TIP.PGD)
         wanted = (wanted & here) | (kinds == K_SYSCALL) | leaving
-        entry_idx, leaders = _entries(cm, ranges, here)
+        entry_idx, leaders = _entries(cm, ranges[:, 0], here)
+        wanted |= _entry_ends(cm, entry_idx, leaders, wanted)
+    elif entries is not None and entries.shape[0]:
+        entry_idx, leaders = _entries(cm, entries, np.zeros(len(cm), np.bool_))
         wanted |= _entry_ends(cm, entry_idx, leaders, wanted)
     idx = np.flatnonzero(wanted)
     keep = kinds[idx] == K_CALL
@@ -507,7 +515,9 @@ def plan_module(
     for s in sites:
         size = int(ips[s.index] - ips[s.first]) + _part_size(int(kinds[s.index]), raws[s.index],
                                                               int(ips[s.index]), s.keep, retcomp,
-                                                              ranged)  # fmt: skip
+                                                              ranged or s.enter)  # fmt: skip
+        if called and kinds[s.index] in (K_IJMP, K_ICALL):
+            size += len(pc.TPL_MARK)
         s.body = cursor
         cursor = (cursor + size + 15) & ~15
         if s.entry == -1:
@@ -554,6 +564,11 @@ def plan_module(
         # A return to after a call whose next instruction is an int3 goes
         # to its copy instead (see runtime.S's tpl_ret).
         cont = plan.redirects.get(nxt, 0)
+        if called and int(kinds[i]) in (K_IJMP, K_ICALL):
+            mark = bytearray(pc.TPL_MARK)
+            _put64(mark, pc.F_mark_ip, ip)
+            body += mark
+            part_at = s.body + len(body)
         body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved,
                       cont, s.keep, retcomp, inside if ranged else None)  # fmt: skip
         plan.parts.append((part_at, s.body + len(body), ip))
@@ -661,11 +676,12 @@ def _inside(ranges: np.ndarray | None):
     return inside
 
 
-def _entries(cm: CodeMap, ranges: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of the ranges' entries in ``cm`` (each range's start, the
-    instruction after each call inside one) and the leaders with them."""
+def _entries(cm: CodeMap, starts: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the entries in ``cm`` (``starts``: each range's start;
+    the instruction after each call inside one, ``here``) and the leaders
+    with them."""
     ips = cm.ips.astype(np.int64)
-    starts = ranges[:, 0].astype(np.int64)
+    starts = starts.astype(np.int64)
     at = np.searchsorted(ips, starts)
     ok = at < len(cm)
     at = at[ok][ips[at[ok]] == starts[ok]]
@@ -809,7 +825,7 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside
         return pc.TPL_HEAD + load + bytes(t)
     if kind == K_RET:
         t = bytearray(pc.TPL_RET)
-        _rel32(t, pc.F_ret_rt, at + pc.F_ret_rt, rt + pc.RT_TIP)
+        _rel32(t, pc.F_ret_rt, at + pc.F_ret_rt, rt + pc.RT_TIP_RET)
         _rel32(t, pc.F_ret_trt, at + pc.F_ret_trt, rt + pc.RT_TNT_FULL)
         ret = _ret_bytes(raw)
         pop = 8 + (int.from_bytes(ret[1:3], "little") if ret[0] == 0xC2 else 0)
@@ -839,17 +855,18 @@ def plan_module_cached(
     far: list[tuple[int, int, np.ndarray]] = (),
     retcomp: bool = True,
     ranges: np.ndarray | None = None,
+    entries: np.ndarray | None = None,
 ) -> ModulePlan:
     """:func:`plan_module` of a module mapped from file ``path``, kept in a
     cache by all it depends on: the file's identity (device, inode, size,
     modification time), where the module and its arenas are, what of
-    ``far`` other modules took, ``retcomp``, ``ranges`` and the planning code.  The
+    ``far`` other modules took, ``retcomp``, ``ranges``, ``entries`` and the planning code.  The
     same program run again (without address randomization) is planned once.
     ``far``'s occupancy is updated as planning would.  The plan comes with
     its ``source`` (the code of ``sections``) and its writes made."""
 
     def made() -> ModulePlan:
-        plan = plan_module(cm, read, near, far, retcomp, ranges)
+        plan = plan_module(cm, read, near, far, retcomp, ranges, entries)
         plan.source = {lo: read(lo, hi - lo) for lo, hi in sections}
         plan.make_writes()
         return plan
@@ -862,6 +879,7 @@ def plan_module_cached(
     key = repr((_PLAN_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                 int(cm.ips[0]) if len(cm) else 0, len(cm), near, retcomp,
                 None if ranges is None else ranges.tolist(),
+                None if entries is None else entries.tolist(),
                 [(lo, hi, hashlib.sha256(t.tobytes()).hexdigest())
                  for (lo, hi, _), t in zip(far, taken, strict=True)]))  # fmt: skip
     name = user_cache_dir() / "patch-plans" / (hashlib.sha256(key.encode()).hexdigest()[:32])

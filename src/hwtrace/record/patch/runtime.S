@@ -34,6 +34,14 @@
  * leaving the ranges disables it (TIP.PGD with the target, as the
  * processor writes it): a direct one in its template (tpl_leave), an
  * indirect one or a return in rt_tip, which looks the target up in RANGES.
+ *
+ * Calls' extents (CALLMODE): all code is patched, tracing is off but from
+ * a chosen function's entry (tpl_enter, which keeps rsp there in EXTENT)
+ * until the stack rises above it: rt_tip disables at the return (TIP.PGD
+ * with its target), or before the indirect branch a longjmp or an
+ * unwinder ends with, which runs above it (FUP with the branch's address,
+ * from tpl_mark, and TIP.PGD).  The enable empties the return stack's
+ * top, so that return is never compressed.
  */
         .intel_syntax noprefix
         .text
@@ -71,6 +79,10 @@
         .equ RANGEBYTES, 240 /* 16 x the address ranges traced (0: the whole program) */
         .equ RANGES, 256    /* their (start, end) pairs, up to MAXRANGES */
         .equ MAXRANGES, 128
+        .equ CALLMODE, 2304 /* nonzero: traced are calls' extents (EXTENT) */
+        .equ EXTENT, 2312   /* rsp at the traced call's entry */
+        .equ POPPED, 2320   /* what the branch rt_tip goes to pops (a return's 8) */
+        .equ BRANCHIP, 2328 /* the indirect branch rt_tip goes to (tpl_mark) */
         .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
@@ -298,7 +310,7 @@
  * TIP.PGD with the target (Intel PT's filter exit); with \fup, where the
  * code before TARGET falls through to it, FUP with it and TIP.PGD without
  * (as hwtrace.pt.encode writes a disable between two instructions). */
-.macro LEAVE fup=0
+.macro LEAVE fup=0  /* 2: FUP BRANCHIP, TIP.PGD (tracing off before the branch) */
         mov qword ptr gs:[ON], 0
         cmp rcx, gs:[END]
         jb .Lleave_room\@
@@ -313,6 +325,9 @@
         FLUSH_TNT
         TSC_IF_DUE
         mov rax, gs:[TARGET]
+.if \fup == 2
+        mov rax, gs:[BRANCHIP]
+.endif
 .if \fup
         IP_PACKET 0x1d
         mov byte ptr [rcx], 0x01
@@ -348,13 +363,26 @@ rt_tnt_full:
 
 /* TIP to TARGET, after the pending TNT; PSB+ if due (FUP: TARGET). */
 rt_tip:
+        mov qword ptr gs:[POPPED], 0
+.Ltip:
         SAVE
         cmp qword ptr gs:[ON], 0
         jne 8f
         mov qword ptr gs:[W], 2     /* tracing is off: no packets */
         REDIRECT
         RESTORE
-8:      mov rdx, gs:[RANGEBYTES]
+8:      cmp qword ptr gs:[CALLMODE], 0
+        je 10f
+        mov rax, gs:[POPPED]
+        add rax, rsp
+        cmp rax, gs:[EXTENT]
+        jbe 10f
+        cmp qword ptr gs:[POPPED], 0
+        jne .Ltip_leave             /* the return leaves the call */
+        LEAVE 2                     /* the stack rose before this branch */
+        REDIRECT
+        RESTORE
+10:     mov rdx, gs:[RANGEBYTES]
         test rdx, rdx
         jz 5f
         mov rax, gs:[TARGET]
@@ -390,6 +418,11 @@ rt_tip:
         LEAVE
         REDIRECT
         RESTORE
+
+/* rt_tip for a return (it pops its address). */
+rt_tip_ret:
+        mov qword ptr gs:[POPPED], 8
+        jmp .Ltip
 
 /* A direct branch leaving the ranges, to TARGET (tpl_leave). */
 rt_leave:
@@ -740,6 +773,7 @@ tpl_enter:
 1:      movabs rcx, 0
         .equ F_enter_ip, . - 8 - tpl_enter
         mov gs:[NEXTIP], rcx
+        mov gs:[EXTENT], rsp
         mov qword ptr gs:[SYSON], 1
         lea rcx, [rip + 3f]
         mov gs:[CONT], rcx
@@ -749,6 +783,16 @@ tpl_enter:
 3:      mov rcx, gs:[SAVE_RCX]
 2:
 tpl_enter_end:
+
+/* Where the indirect branch after it is (for rt_tip: calls' extents). */
+        .globl tpl_mark
+tpl_mark:
+        mov gs:[SAVE_RCX], rcx
+        movabs rcx, 0
+        .equ F_mark_ip, . - 8 - tpl_mark
+        mov gs:[BRANCHIP], rcx
+        mov rcx, gs:[SAVE_RCX]
+tpl_mark_end:
 
 /* A direct branch about to leave the ranges for the field's target: TIP.PGD
  * there (where tracing is on); the branch follows. */

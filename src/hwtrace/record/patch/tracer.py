@@ -129,7 +129,10 @@ class PatchOptions:
     (TIP.PGE entering, TIP.PGD leaving), with only that code patched
     (and the system calls); a range is entered at its start or where a
     call made inside it returns, as ``--backend step`` has it.  Functions
-    are looked up again in a program the process execs; ranges are not."""
+    are looked up again in a program the process execs; ranges are not.
+    ``calls`` (functions): trace each call of them with everything it
+    runs, from the entry until the stack rises above it (its return, a
+    longjmp or an exception past it), all code patched."""
 
     psb_period: int = 4096
     tsc: bool = True
@@ -142,11 +145,17 @@ class PatchOptions:
     follow_fork: bool = False
     functions: tuple[str, ...] = ()
     ranges: tuple[tuple[int, int], ...] = ()
+    calls: tuple[str, ...] = ()
 
     @property
     def ranged(self) -> bool:
         """Only chosen code is traced (an address filter)."""
         return bool(self.functions or self.ranges)
+
+    @property
+    def gated(self) -> bool:
+        """Tracing is on only at times: in chosen code or calls."""
+        return self.ranged or bool(self.calls)
 
 
 @dataclass
@@ -199,6 +208,8 @@ class PatchRecording:
     forked: list[tuple[int, int, int, int]] = field(default_factory=list)
     # The address ranges traced (functions resolved), when only they were
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    # The entries of the functions whose calls were traced (``calls``)
+    calls: list[tuple[int, str]] = field(default_factory=list)
 
 
 class TraceSink(Protocol):
@@ -381,22 +392,31 @@ def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]
     kill_point("buffers")
     if opt.ranged:
         pool.set_ranges(_resolve_ranges(t.pid, maps, opt, first))
+    if opt.calls:
+        pool.calls = [(r.start, r.name) for r in _functions(t.pid, maps, opt.calls, first)]
     patcher = _Patcher(t, opt)
     patcher.ranges = pool.ranges
+    patcher.calls = pool.calls
     patcher.pool = pool
     patcher.patch_new(maps)
     t.gadget = patcher.runtime + pc.RT_SYSCALL
     return patcher
 
 
-def _resolve_ranges(pid: int, maps: list[Mapping], opt: PatchOptions,
-                    first: bool) -> list[tuple[int, int]]:  # fmt: skip
+def _functions(pid: int, maps: list[Mapping], names: Sequence[str], first: bool) -> list:
+    """The functions ``names`` in the process (``TracedRange``s); in a
+    program it exec'd (not ``first``), those it has."""
     from ..stepper import RecordError, resolve_functions
 
     try:
-        found = resolve_functions(pid, maps, opt.functions, missing_ok=not first)
+        return resolve_functions(pid, maps, names, missing_ok=not first)
     except RecordError as e:
         raise PatchError(str(e)) from None
+
+
+def _resolve_ranges(pid: int, maps: list[Mapping], opt: PatchOptions,
+                    first: bool) -> list[tuple[int, int]]:  # fmt: skip
+    found = _functions(pid, maps, opt.functions, first)
     out = [(r.start, r.end) for r in found] + (list(opt.ranges) if first else [])
     bad = [(lo, hi) for lo, hi in out if not 0 <= lo < hi < 1 << 64]
     if bad:
@@ -584,6 +604,7 @@ class _Patcher:
         # to each other: their far ranges overlap.
         self.far_pieces: list[tuple[int, int, np.ndarray]] = []
         self.ranges: list[tuple[int, int]] | None = None  # None: all code traced
+        self.calls: list[tuple[int, str]] | None = None  # calls traced: their entries
 
     def in_ranges(self, ip: int) -> bool:
         """Is ``ip`` traced (in the address ranges, when there are)?"""
@@ -685,16 +706,18 @@ class _Patcher:
                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE) != near:  # fmt: skip
             raise PatchError(f"{mod.path}: no room for its trampolines near {mod.lo:#x}")
         far = self._far(mod)
-        ranges = None
+        ranges = entries = None
         if self.ranges is not None:
             ranges = np.array([r for r in self.ranges if r[0] < mod.hi and mod.lo < r[1]],
                               np.int64).reshape(-1, 2)  # fmt: skip
+        if self.calls is not None:
+            entries = np.array([a for a, _ in self.calls if mod.lo <= a < mod.hi], np.int64)
         try:
             retcomp = not self.opt.noretcomp
             if mod.path.startswith("/"):
                 return plan_module_cached(mod.path, cm, read, mod.sections, (near, near + size),
-                                          far, retcomp, ranges)  # fmt: skip
-            plan = plan_module(cm, read, (near, near + size), far, retcomp, ranges)
+                                          far, retcomp, ranges, entries)  # fmt: skip
+            plan = plan_module(cm, read, (near, near + size), far, retcomp, ranges, entries)
             plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
             plan.make_writes()
             return plan
@@ -812,7 +835,7 @@ def record_patched(
         tcb = pool.claim(pid, entry)
         r = t.regs()
         r.gs_base = tcb
-        if patcher.in_ranges(entry):
+        if patcher.in_ranges(entry) and patcher.calls is None:
             r.rip = runtime + pc.RT_START
         t.set_regs(r)
         setup = time.monotonic() - began
@@ -822,7 +845,8 @@ def record_patched(
         if sink is not None:
             sink.begin(PatchRecording(pid, tuple(argv), maps0, patcher.vdso, [], 0, {}, 0,
                                       setup, comm, opt, list(pairs),
-                                      ranges=list(pool.ranges or [])))  # fmt: skip
+                                      ranges=list(pool.ranges or []),
+                                      calls=list(pool.calls or [])))  # fmt: skip
         pool.start_draining()
         # ^C reaches the program too (one process group): it decides; hwtrace
         # records on until it ends.
@@ -844,7 +868,8 @@ def record_patched(
                               comm, opt, pairs, run.forks, run.mapped, run.stop_signal,
                               (pool.error.strerror or str(pool.error)) if pool.error else "",
                               run.execs, run.exec_error, list(run.untraced.values()),
-                              run.forked, list(pool.ranges or []))  # fmt: skip
+                              run.forked, list(pool.ranges or []),
+                              list(pool.calls or []))  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
@@ -910,6 +935,7 @@ class _Pool:
         self.free_sinks: list[int] = []
         self.sink_of: dict[int, int] = {}  # tid -> its private sink
         self.ranges: list[tuple[int, int]] | None = None  # traced only there
+        self.calls: list[tuple[int, str]] | None = None  # traced only in their calls
 
     def set_ranges(self, ranges: list[tuple[int, int]]) -> None:
         """Trace only inside ``ranges`` (the control blocks claimed after)."""
@@ -919,7 +945,9 @@ class _Pool:
         """Tracing off (a thread starts outside the ranges, or, with no
         ranges, is enabled by the system call that made it), the ranges."""
         w[pc.ON // 8] = 0
-        w[pc.SYSON // 8] = int(self.ranges is None)
+        w[pc.SYSON // 8] = int(self.ranges is None and self.calls is None)
+        w[pc.CALLMODE // 8] = int(self.calls is not None)
+        w[pc.EXTENT // 8] = 0
         rs = self.ranges or []
         w[pc.RANGEBYTES // 8] = 16 * len(rs)
         for n, (lo, hi) in enumerate(rs):
@@ -1176,6 +1204,14 @@ class _Run:
         self.stop_signal = 0  # asked to stop recording (SIGTERM, SIGHUP)
         self.waiting = False  # blocked in waitpid: a stop request ends the wait
         self.stopping: set[int] = set()  # threads sent a SIGSTOP to be let go at
+        # Per thread, for each signal handler running: was the thread in a
+        # traced call when the signal came (``calls``)?
+        self.was_on: dict[int, list[bool]] = {}
+
+    @property
+    def opt_gated(self) -> bool:
+        """Tracing is on only in chosen code or calls."""
+        return self.patcher.ranges is not None or self.patcher.calls is not None
 
     def _stop_all(self) -> None:
         """Recording is to stop: a SIGSTOP to every thread and child, each
@@ -1287,7 +1323,7 @@ class _Run:
         )
         r = t.regs()
         r.gs_base = tcb
-        if patcher.in_ranges(entry):
+        if patcher.in_ranges(entry) and patcher.calls is None:
             r.rip = patcher.runtime + pc.RT_START
         t.set_regs(r)
         return True
@@ -1454,7 +1490,12 @@ class _Run:
         ptrace(PTRACE_GETSIGINFO, tid, 0, ctypes.addressof(info))
         rip = self.regs.rip
         off = rip - 2 in self.patcher.syscalls  # after a trampoline's system call
+        w = self._tcb_words(tid)
+        # In a traced call (calls' extents): on, or off for a system call
+        # (its trampoline enables again), or about to be enabled.
+        inside = bool(w[pc.ON // 8]) or (off and bool(w[pc.SYSON // 8]))
         if rip == self.patcher.runtime + pc.RT_START:
+            inside = True
             # About to enable tracing (after a handler, say): it is off, and
             # enabled again where the thread goes on after this handler.
             self.regs.rip = rip = int(self._tcb_words(tid)[pc.TARGET // 8])
@@ -1477,8 +1518,8 @@ class _Run:
                     return 0
                 off = at == "syscall"
             rip = self.regs.rip
-        if not off and self.patcher.ranges is not None:
-            off = not self._tcb_words(tid)[pc.ON // 8]  # outside the ranges
+        if not off and self.opt_gated:
+            off = not w[pc.ON // 8]  # outside the ranges or calls
         if not off:
             # Interrupted in the program's own code (tracing was on).
             saved = self.regs.copy()
@@ -1499,6 +1540,12 @@ class _Run:
         ptrace(PTRACE_SINGLESTEP, tid, 0, sig)
         if not self._wait_trap(tid, None, step=True) or not self._getregs(tid):
             return 0
+        if self.patcher.calls is not None:
+            # The handler runs in the call (on its stack, below): traced
+            # if the call was; back after it, likewise.
+            self.was_on.setdefault(tid, []).append(inside)
+            if not inside:
+                return 0
         self._enable_at(tid, self.regs.rip)
         return 0
 
@@ -1540,7 +1587,10 @@ class _Run:
         if not self._wait_trap(tid, None) or not self._getregs(tid):  # the exit
             return
         rip = self.regs.rip
-        if not self.patcher.in_arena(rip):
+        stack = self.was_on.get(tid)
+        if self.patcher.calls is not None and not (stack.pop() if stack else False):
+            pass  # the handler interrupted the thread outside the calls
+        elif not self.patcher.in_arena(rip):
             self._enable_at(tid, rip)
         elif self.patcher.ranges is not None:
             # After a system call in a trampoline, which enables tracing
