@@ -245,3 +245,58 @@ def test_calls_cut_when_decoded(tmp_path, capsys):
     fib = segments[2].end - segments[2].start
     assert f"{fib:,} instructions decoded" in report
     assert "fib" in report and "sorter" not in report
+
+
+def offsets_in(maps, ips: np.ndarray) -> list[tuple[str, int]]:
+    """:func:`module_offsets` for a recording's mappings (``Mapping``s)."""
+    base: dict[str, int] = {}
+    for m in maps:
+        if m.path.startswith("/"):
+            name = os.path.basename(m.path)
+            base[name] = min(base.get(name, m.start), m.start)
+    spans = sorted(
+        (m.start, m.end, os.path.basename(m.path)) for m in maps if m.path.startswith("/")
+    )
+    out = []
+    for ip in ips.tolist():
+        name = next(n for lo, hi, n in spans if lo <= ip < hi)
+        out.append((name, ip - base[name]))
+    return out
+
+
+def test_patch_backend_records_the_calls(tmp_path):
+    """``--backend patch --call``: all code patched, tracing on from each
+    call's entry until the stack rises above it, in perf.data as perf reads
+    it.  The same instructions as the stepper's, but where a ``longjmp``
+    leaves a call: the patch backend sees branches, not the stack pointer,
+    so it disables before the jump that leaves, after the instruction
+    glibc's ``__longjmp`` runs once it reset the stack."""
+    from test_record_threads import PERF, perf_lists
+
+    from hwtrace.perf.data import read_perf_data
+    from hwtrace.record.patch import PatchOptions
+    from hwtrace.record.patch.output import record_patched_perf
+    from hwtrace.session.perfflow import decode_perf
+
+    exe = build()
+    out = str(tmp_path / "out")
+    path = tmp_path / "perf.data"
+    rec = record_patched_perf([exe, out], path, PatchOptions(calls=tuple(CALLS)))
+    assert os.WEXITSTATUS(rec.exit_status) == 0 and rec.traps <= 1
+    assert [name for _, name in rec.calls] == CALLS
+    flow = decode_perf(read_perf_data(path))
+    assert not flow.problems and flow.n_gaps == 0
+    (q,) = flow.queues
+    got = q.instructions()
+    if PERF is not None:
+        np.testing.assert_array_equal(perf_lists(path)[rec.threads[0].tid], got)
+    recorded = record_software([exe, out], calls=CALLS)
+    (want,) = stepped(recorded).values()
+    got_at, want_at = offsets_in(rec.maps, got), module_offsets(recorded, want)
+    segments = recorded.threads[0].log.segments
+    end = segments[3].end  # jumper's call ends in longjmp
+    assert got_at[:end] == want_at[:end]
+    extra = len(got_at) - len(want_at)
+    assert 0 < extra <= 2
+    assert all(name == "libc.so.6" for name, _ in got_at[end : end + extra])
+    assert got_at[end + extra :] == want_at[end:]  # tailer's call, tail callee and all

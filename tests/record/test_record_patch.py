@@ -508,8 +508,9 @@ def test_record_cli_patch_backend(same_path, tmp_path, capsys):
         proc = subprocess.run(["perf", "script", "-i", str(data), "--itrace=i0ns", "-F", "ip"],
                               capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
         assert len(proc.stdout.split()) == len(syms)
-    # --call needs stepping: a clear message, no traceback.
-    assert hwtrace_main(["record", "--backend", "patch", "--call", "deep", "--", str(exe)]) == 2
+    # --call with -f needs stepping: a clear message, no traceback.
+    args = ["record", "--backend", "patch", "--call", "deep", "-f", "tree", "--", str(exe)]
+    assert hwtrace_main(args) == 2
     assert "use --backend step" in capsys.readouterr().err
     assert hwtrace_main(["record", "--backend", "patch", "-f", "nosuch", "--", str(exe)]) == 1
     assert "function 'nosuch' not found" in capsys.readouterr().err

@@ -65,9 +65,9 @@ def record_main(argv: Sequence[str]) -> int:
         choices=("auto", "perf", "patch", "step", "software"),
         default="auto",
         help="perf: Intel PT hardware; patch: the program's branches patched to write PT "
-        "(a launched program, or its -f/--range code only); step: ptrace single-stepping of "
-        "chosen code (software is its old name); auto: perf where the CPU has Intel PT, else "
-        "patch (step with --call or -p)",
+        "(a launched program, or its -f/--range code or --call calls only); step: ptrace "
+        "single-stepping of chosen code (software is its old name); auto: perf where the CPU "
+        "has Intel PT, else patch (step with -p)",
     )
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
@@ -95,7 +95,7 @@ def record_main(argv: Sequence[str]) -> int:
 
     backend = a.backend
     if backend == "auto":
-        stepped = a.call or a.pid is not None
+        stepped = a.pid is not None or (a.call and (a.function or a.range))
         backend = "perf" if have_intel_pt() else ("step" if stepped else "patch")
     try:
         if backend == "perf":
@@ -162,11 +162,12 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     from ..record.patch import PatchError, PatchOptions
     from ..record.patch.output import record_patched_perf
 
-    unsupported = [name for name, given in (("--call", a.call), ("-p", a.pid is not None),
-                                            ("--cyc", a.cyc)) if given]  # fmt: skip
+    unsupported = [name for name, given in (("-p", a.pid is not None), ("--cyc", a.cyc),
+                   ("--call with -f or --range", a.call and (a.function or a.range))) if given]  # fmt: skip
     if unsupported:
-        sys.stderr.write(f"hwtrace record: the patch backend records a launched program; "
-                         f"{', '.join(unsupported)}: use --backend step\n")  # fmt: skip
+        sys.stderr.write(f"hwtrace record: the patch backend records a launched program, its "
+                         f"functions, ranges or calls; {', '.join(unsupported)}: use --backend "
+                         "step\n")  # fmt: skip
         return 2
     ranges = _parse_ranges(a.range)
     if ranges is None:
@@ -185,6 +186,7 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
                 follow_fork=a.follow_fork,
                 functions=tuple(a.function),
                 ranges=tuple(ranges),
+                calls=tuple(a.call),
             ),
             buildid_cache=not a.no_buildid_cache,
         )
@@ -201,6 +203,8 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     where = ""
     if rec.options.ranged:
         where = f" (tracing {len(rec.ranges)} address range(s) only, and system calls)"
+    elif rec.options.calls:
+        where = f" (tracing the calls of {len(rec.calls)} function(s) only)"
     sys.stderr.write(f"hwtrace record: {len(rec.threads)} thread(s), {pt} bytes of PT, "
                      f"{sites} branch sites patched in {len(rec.modules)} modules{where} "
                      f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
