@@ -1408,11 +1408,6 @@ class _Run:
                 to = self.child_redirects.get(tid, self.redirects).get(self.regs.rip - 1)
                 if to is not None:
                     self.traps += 1
-                    import sys as _s
-
-                    _s.stderr.write(f"TRAP {self.regs.rip - 1:#x}\n") if os.environ.get(
-                        "HWT_TRAPS"
-                    ) else None
                     self.regs.rip = to
                     self._setregs(tid)
                     ptrace(PTRACE_CONT, tid, 0, 0)
