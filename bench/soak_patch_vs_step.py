@@ -8,7 +8,7 @@ return compression on and off; then, with only chosen functions traced
 (``-f``: an address filter) and only chosen calls (``--call``), each
 program's flow against the stepper's with the same functions.
 
-    python bench/soak_patch_vs_step.py [NAME ...]
+    python bench/soak_patch_vs_step.py [NAME ...]   (python3: the real program)
 """
 
 from __future__ import annotations
@@ -68,18 +68,28 @@ CALLS = {
 }
 
 
-def compare_chosen(name: str, debug: Path, calls: bool) -> str:
-    """``name``'s flow with its RANGED functions (or CALLS calls) traced,
-    against the stepper's."""
-    exe = build_program(name)
-    chosen = (CALLS if calls else RANGED)[name]
-    options = PatchOptions(calls=chosen) if calls else PatchOptions(functions=chosen)
-    rec = record_patched([str(exe)], options)
-    got = {tid: ins for tid, ins in decoded(rec, debug).items() if len(ins)}
+# A real program's function traced alone: the interpreter loop of Debian's
+# python3, entered and left hundreds of thousands of times.
+REAL = {
+    "python3": (["/usr/bin/python3", "-S", "-c", "pass"], ("_PyEval_EvalFrameDefault",)),
+}
+
+
+def compare_filtered(argv: list[str], calls: bool, chosen: tuple[str, ...], debug: Path) -> str:
+    """``argv``'s flow with the functions ``chosen`` traced (or their
+    calls), against the stepper's."""
     kind = "calls" if calls else "functions"
-    steps = record_software([str(exe)], registers="basic", **{kind: list(chosen)})
+    rec = record_patched(argv, PatchOptions(**{kind: chosen}))
+    got = {tid: ins for tid, ins in decoded(rec, debug).items() if len(ins)}
+    steps = record_software(argv, registers="basic", **{kind: list(chosen)})
     want = {t.tid: t.instructions for t in steps.threads if len(t.instructions)}
     return same(got, want)
+
+
+def compare_chosen(name: str, debug: Path, calls: bool) -> str:
+    """``name``'s flow with its RANGED functions (or CALLS calls) traced."""
+    chosen = (CALLS if calls else RANGED)[name]
+    return compare_filtered([str(build_program(name))], calls, chosen, debug)
 
 
 def compare(name: str, noretcomp: bool, debug: Path) -> str:
@@ -94,10 +104,10 @@ def main() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.personality(libc.personality(0xFFFFFFFF) | ADDR_NO_RANDOMIZE)
     os.environ["LD_BIND_NOW"] = "1"
-    names = sys.argv[1:] or PROGRAM_NAMES
+    names = sys.argv[1:] or [*PROGRAM_NAMES, *REAL]
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
+        for name in [n for n in names if n in PROGRAM_NAMES]:
             for noretcomp in (False, True):
                 t = time.monotonic()
                 verdict = compare(name, noretcomp, Path(tmp))
@@ -111,6 +121,11 @@ def main() -> int:
                 bad += not verdict.startswith("equal")
                 mode = "--call" if calls else "-f"
                 print(f"{name:15} {mode:9} {verdict} ({time.monotonic() - t:.0f} s)", flush=True)
+        for name in [n for n in names if n in REAL]:
+            t = time.monotonic()
+            verdict = compare_filtered(REAL[name][0], False, REAL[name][1], Path(tmp))
+            bad += not verdict.startswith("equal")
+            print(f"{name:15} {'-f':9} {verdict} ({time.monotonic() - t:.0f} s)", flush=True)
     return 1 if bad else 0
 
 

@@ -25,9 +25,10 @@ With address ranges (an address filter), only the branches inside them
 are instrumented, and every system call (which disables and enables
 tracing, and tells hwtrace of new code and signal returns).  A range's
 start and the return address of each call inside one are *entries*: the
-window that starts there begins with ``tpl_enter`` (TIP.PGE where tracing
-is off; a block with no instrumented instruction gets a window at its last
-instruction for it), and no window reaches back across one.  A direct
+first window of the block an entry starts begins with ``tpl_enter``
+(TIP.PGE at the entry where tracing is off: the code between them runs
+straight through; a block with no instrumented instruction gets a window
+at its last instruction for it), and no window reaches back across one.  A direct
 branch inside whose target (or a conditional branch whose next
 instruction) lies outside them disables tracing in ``tpl_leave``.
 """
@@ -391,7 +392,8 @@ class _Site:
     block: int = 0  # the first instruction of its block
     reach: int = 0  # the first a window may start at (across leaders)
     keep: bool = False  # a call left in place: the window ends before it
-    enter: bool = False  # the window starts at an entry of the ranges (tpl_enter first)
+    enter: bool = False  # its block starts at an entry (tpl_enter first)
+    enter_ip: int = 0  # that entry
 
     @property
     def last(self) -> int:
@@ -447,7 +449,7 @@ def plan_module(
     keep = kinds[idx] == K_CALL
     first, block, reach = windows(cm.ips, cm.lens, kinds, leaders, idx.astype(np.int64), keep)
     moved_alone = np.flatnonzero(wanted & (kinds == K_OTHER))
-    enter = _clamp_to_entries(entry_idx, moved_alone, idx, first, block, reach, keep, ips)
+    enter = _clamp_to_entries(entry_idx, moved_alone, idx, first, block, reach)
     first[keep & (first < 0)] = idx[keep & (first < 0)]  # the call alone, moved
     keep &= first != idx
     # A block too short for a jump that the code before it falls into: the
@@ -484,7 +486,16 @@ def plan_module(
             # its instructions: branches to it from trampolines go straight
             # to the copy, only entries from elsewhere trap.
             trap = j < 0
-            s = _Site(i, b if trap else j, trap, block=b, reach=r, keep=kp, enter=en)
+            s = _Site(
+                i,
+                b if trap else j,
+                trap,
+                block=b,
+                reach=r,
+                keep=kp,
+                enter=en >= 0,
+                enter_ip=int(ips[en]) if en >= 0 else 0,
+            )
             raws[i] = read(int(ips[i]), int(lens[i]))
             new_sites.append(s)
             is_site[i] = True
@@ -510,7 +521,7 @@ def plan_module(
         keep = np.zeros(idx.shape[0], np.bool_)
         first, block, reach = windows(cm.ips, cm.lens, kinds, leaders, idx.astype(np.int64),
                                       keep)  # fmt: skip
-        enter = _clamp_to_entries(entry_idx, moved_alone, idx, first, block, reach, keep, ips)
+        enter = _clamp_to_entries(entry_idx, moved_alone, idx, first, block, reach)
     sites.sort(key=lambda s: s.index)
     for s in sites:
         size = int(ips[s.index] - ips[s.first]) + _part_size(int(kinds[s.index]), raws[s.index],
@@ -538,8 +549,8 @@ def plan_module(
         for k in range(s.first, s.last + 1):
             moved[int(ips[k])] = at
             at += int(lens[k])
-        if s.enter:
-            moved[int(ips[s.first])] = s.body
+        if s.enter and int(ips[s.first]) == s.enter_ip:
+            moved[s.enter_ip] = s.body
         for a in ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist():
             plan.redirects[a] = moved[a]
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
@@ -551,7 +562,7 @@ def plan_module(
         nxt = ip + int(lens[i])
         body = bytearray()
         if s.enter:
-            body += _enter(int(ips[s.first]), s.body, rt)
+            body += _enter(s.enter_ip, s.body, rt)
         for k in range(s.first, i):
             plan.origin[s.body + len(body)] = int(ips[k])
             body += _moved(cm, read, k, s.body + len(body))
@@ -716,13 +727,12 @@ def _entry_ends(cm: CodeMap, entries: np.ndarray, leaders: np.ndarray,
     return out
 
 
-def _clamp_to_entries(entries, alone, idx, first, block, reach, keep, ips) -> np.ndarray:
+def _clamp_to_entries(entries, alone, idx, first, block, reach) -> np.ndarray:
     """No window reaches back across an entry (its int3 would skip the
-    entry's tpl_enter) or over an instruction moved for one (``alone``),
-    and the first window of an entry's block starts at the entry (a call
-    left in place with fewer than 5 bytes before it is moved too); returns
-    which windows start at one."""
-    enter = np.zeros(idx.shape[0], np.bool_)
+    entry's tpl_enter) or over an instruction moved for one (``alone``);
+    returns, per window, the entry whose block it is the first of (its
+    tpl_enter enables tracing there), else -1."""
+    enter = np.full(idx.shape[0], -1, np.int64)
     if not entries.shape[0]:
         return enter
     if alone.shape[0]:
@@ -735,19 +745,11 @@ def _clamp_to_entries(entries, alone, idx, first, block, reach, keep, ips) -> np
     np.maximum(block, e, out=block)
     cross = (first >= 0) & (first < e)
     first[cross] = -1  # would cross it: a trap site (moved whole from the block)
-    # The first instrumented instruction of the entry's block: its window
-    # starts at the entry.
     at_block = has & (block == e)
-    firsts = np.zeros(idx.shape[0], np.bool_)
     if at_block.any():
         _, one = np.unique(e[at_block], return_index=True)
-        firsts[np.flatnonzero(at_block)[one]] = True
-    short = firsts & keep & (ips[idx] - ips[np.maximum(e, 0)] < 5)
-    keep[short] = False  # the call moved too
-    first[firsts & (first >= 0)] = e[firsts & (first >= 0)]
-    first[firsts & keep] = e[firsts & keep]
-    first[short] = e[short]
-    enter[firsts] = True
+        firsts = np.flatnonzero(at_block)[one]
+        enter[firsts] = e[firsts]
     return enter
 
 
