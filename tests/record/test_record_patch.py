@@ -663,6 +663,27 @@ def test_perf_data_written_while_recording(same_path, tmp_path):
         np.testing.assert_array_equal(perf_lists(path)[tid], expected)
 
 
+def test_functions_of_a_library_loaded_later(same_path, tmp_path):
+    """``-f 'lib!name'`` of a library the program dlopens (twice): looked up
+    when its code is mapped, patched before it runs; the flow is the
+    whole program's flow (checked against the stepper elsewhere) cut to
+    the functions' addresses, a callback into the program left and
+    entered again where it returns."""
+    exe, lib = build_program("dlopen"), build_dlopen_library()
+    functions = tuple(f"{lib.name}!{f}" for f in ("lib_work", "lib_apply"))
+    rec = record_patched([str(exe)], PatchOptions(functions=functions))
+    assert os.waitstatus_to_exitcode(rec.exit_status) == 0 and rec.traps == 0
+    assert len(rec.ranges) == 2
+    (got,) = decoded(rec, tmp_path).values()
+    whole = record_patched([str(exe)])
+    (flow,) = decoded(whole, tmp_path).values()
+    inside = np.zeros(flow.shape[0], np.bool_)
+    for lo, hi in rec.ranges:
+        inside |= (flow >= lo) & (flow < hi)
+    assert got.shape[0] > 300_000
+    np.testing.assert_array_equal(got, flow[inside])
+
+
 def test_function_called_often_decodes_without_a_stop_per_call(same_path, tmp_path,
                                                                monkeypatch):  # fmt: skip
     """A function traced alone is enabled (TIP.PGE) at each of its calls;

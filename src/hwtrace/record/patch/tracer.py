@@ -391,9 +391,10 @@ def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]
     t.set_regs(r)
     kill_point("buffers")
     if opt.ranged:
-        pool.set_ranges(_resolve_ranges(t.pid, maps, opt, first))
+        pool.set_ranges(_resolve_ranges(t.pid, maps, opt, first, pool))
     if opt.calls:
-        pool.calls = [(r.start, r.name) for r in _functions(t.pid, maps, opt.calls, first)]
+        found, pool.later_calls = _functions(t.pid, maps, opt.calls, first)
+        pool.calls = [(r.start, r.name) for r in found]
     patcher = _Patcher(t, opt)
     patcher.ranges = pool.ranges
     patcher.calls = pool.calls
@@ -403,20 +404,32 @@ def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]
     return patcher
 
 
-def _functions(pid: int, maps: list[Mapping], names: Sequence[str], first: bool) -> list:
-    """The functions ``names`` in the process (``TracedRange``s); in a
-    program it exec'd (not ``first``), those it has."""
+def _mapped(maps: list[Mapping], module: str) -> bool:
+    """Is a file named ``module`` (or by its soname) mapped?"""
+    names = {os.path.basename(m.path) for m in maps if m.path.startswith("/")}
+    return any(n == module or n.startswith(module + ".") for n in names)
+
+
+def _functions(pid: int, maps: list[Mapping], names: Sequence[str],
+               first: bool) -> tuple[list, list[str]]:  # fmt: skip
+    """The functions ``names`` in the process (``TracedRange``s; in a
+    program it exec'd, not ``first``, those it has), and the names left
+    for later: ``module!name`` of a module not mapped yet (a library it
+    will dlopen)."""
     from ..stepper import RecordError, resolve_functions
 
+    later = [n for n in names if "!" in n and not _mapped(maps, n.rpartition("!")[0])]
     try:
-        return resolve_functions(pid, maps, names, missing_ok=not first)
+        found = resolve_functions(pid, maps, [n for n in names if n not in later],
+                                  missing_ok=not first)  # fmt: skip
     except RecordError as e:
         raise PatchError(str(e)) from None
+    return found, later
 
 
-def _resolve_ranges(pid: int, maps: list[Mapping], opt: PatchOptions,
-                    first: bool) -> list[tuple[int, int]]:  # fmt: skip
-    found = _functions(pid, maps, opt.functions, first)
+def _resolve_ranges(pid: int, maps: list[Mapping], opt: PatchOptions, first: bool,
+                    pool: _Pool) -> list[tuple[int, int]]:  # fmt: skip
+    found, pool.later_functions = _functions(pid, maps, opt.functions, first)
     out = [(r.start, r.end) for r in found] + (list(opt.ranges) if first else [])
     bad = [(lo, hi) for lo, hi in out if not 0 <= lo < hi < 1 << 64]
     if bad:
@@ -936,6 +949,16 @@ class _Pool:
         self.sink_of: dict[int, int] = {}  # tid -> its private sink
         self.ranges: list[tuple[int, int]] | None = None  # traced only there
         self.calls: list[tuple[int, str]] | None = None  # traced only in their calls
+        # module!name functions (ranges, calls) of modules not mapped yet
+        self.later_functions: list[str] = []
+        self.later_calls: list[str] = []
+
+    def add_ranges(self, ranges: list[tuple[int, int]]) -> None:
+        """More ranges (a library mapped later): every control block's
+        ranges, the pairs before their count."""
+        self.ranges = [*(self.ranges or []), *ranges][: pc.MAXRANGES]
+        for k in list(self.slots.values()):
+            self._write_ranges(self.words(k))
 
     def set_ranges(self, ranges: list[tuple[int, int]]) -> None:
         """Trace only inside ``ranges`` (the control blocks claimed after)."""
@@ -948,11 +971,15 @@ class _Pool:
         w[pc.SYSON // 8] = int(self.ranges is None and self.calls is None)
         w[pc.CALLMODE // 8] = int(self.calls is not None)
         w[pc.EXTENT // 8] = 0
+        self._write_ranges(w)
+
+    def _write_ranges(self, w: np.ndarray) -> None:
+        # The pairs first: a running thread reads no more than the count.
         rs = self.ranges or []
-        w[pc.RANGEBYTES // 8] = 16 * len(rs)
         for n, (lo, hi) in enumerate(rs):
             w[pc.RANGES // 8 + 2 * n] = lo
             w[pc.RANGES // 8 + 2 * n + 1] = hi
+        w[pc.RANGEBYTES // 8] = 16 * len(rs)
 
     def words(self, k: int) -> np.ndarray:
         """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
@@ -1282,11 +1309,28 @@ class _Run:
         t.tid = tid
         before = len(self.patcher.done)
         maps = read_maps(self.pid)
+        self._find_later(maps)
         self.patcher.patch_new(maps)
         self.untraced.update((m.start, m) for m in self.patcher.untraced(maps))
         now = int(rdtsc())
         for lo, hi, _ in self.patcher.done[before:]:
             self.mapped += [(now, m) for m in maps if lo <= m.start < hi]
+
+    def _find_later(self, maps: list[Mapping]) -> None:
+        """The functions of libraries mapped now (``-f``, ``--call`` of
+        ``module!name``): their ranges and entries, before their code is
+        patched."""
+        pool, patcher = self.pool, self.patcher
+        if pool.later_functions:
+            found, pool.later_functions = _functions(self.pid, maps, pool.later_functions, False)
+            if found:
+                pool.add_ranges([(r.start, r.end) for r in found])
+                patcher.ranges = pool.ranges
+        if pool.later_calls:
+            found, pool.later_calls = _functions(self.pid, maps, pool.later_calls, False)
+            if found:
+                pool.calls = [*(pool.calls or []), *((r.start, r.name) for r in found)]
+                patcher.calls = pool.calls
 
     def _exec(self) -> bool:
         """The recorded process ran a new program (``perf record`` follows
