@@ -208,6 +208,9 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     sys.stderr.write(f"hwtrace record: {len(rec.threads)} thread(s), {pt} bytes of PT, "
                      f"{sites} branch sites patched in {len(rec.modules)} modules{where} "
                      f"({rec.setup_seconds:.2f} s), {rec.traps} traps; wrote {a.output}\n")  # fmt: skip
+    if rec.unresolved:
+        sys.stderr.write(f"hwtrace record: warning: {', '.join(rec.unresolved)}: the library was "
+                         "never mapped, nothing traced there\n")  # fmt: skip
     if rec.execs:
         names = ", ".join(comm for _, comm, _, _ in rec.execs)
         sys.stderr.write(f"hwtrace record: followed the program's exec of {names}\n")

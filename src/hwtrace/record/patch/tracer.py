@@ -210,6 +210,8 @@ class PatchRecording:
     ranges: list[tuple[int, int]] = field(default_factory=list)
     # The entries of the functions whose calls were traced (``calls``)
     calls: list[tuple[int, str]] = field(default_factory=list)
+    # module!name functions (``functions``, ``calls``) of libraries never mapped
+    unresolved: list[str] = field(default_factory=list)
 
 
 class TraceSink(Protocol):
@@ -882,7 +884,8 @@ def record_patched(
                               (pool.error.strerror or str(pool.error)) if pool.error else "",
                               run.execs, run.exec_error, list(run.untraced.values()),
                               run.forked, list(pool.ranges or []),
-                              list(pool.calls or []))  # fmt: skip
+                              list(pool.calls or []),
+                              pool.later_functions + pool.later_calls)  # fmt: skip
     except KeyboardInterrupt:
         # Interrupted while setting up: the program, stopped, runs on
         # untraced (its GS base is on the sink once anything is patched).
