@@ -199,8 +199,8 @@ def _encode(ins: iced.Instruction, at: int) -> bytes:
 
 
 def _part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool, ranged: bool) -> int:
-    # With address ranges or calls, an upper bound: tpl_enter and two
-    # tpl_leave, or tpl_mark.
+    # With address ranges (or an entry's window), an upper bound: tpl_enter
+    # and two tpl_leave.
     extra = len(pc.TPL_ENTER) + 2 * (len(pc.TPL_LEAVE) + 5) if ranged else 0
     return extra + _base_part_size(kind, raw, ip, keep, retcomp)
 
@@ -602,13 +602,12 @@ def plan_module(
     moved_call[[s.index for s in sites if not s.keep and kinds[s.index] == K_CALL]] = True
     rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call)
     if ranged:  # and a Jcc rel32 (0F 8x) that is not a site
-        is_site[[s.index for s in sites]] = True
-        jcc = np.flatnonzero((kinds == K_COND) & (lens == 6) & ~is_site)
-        jcc = jcc[[read(int(ips[k]), 1) == b"\x0f" for k in jcc.tolist()]]
-        rel32 = np.sort(np.concatenate([rel32, jcc]))
+        rel32 = np.sort(np.concatenate([rel32, np.flatnonzero((kinds == K_COND) & (lens == 6)
+                                                                & ~is_site)]))  # fmt: skip
     hits = rel32[np.isin(cm.targets[rel32].astype(np.int64),
                          np.fromiter(plan.redirects, np.int64, len(plan.redirects)))]  # fmt: skip
-    for k in hits.tolist():  # E8/E9 rel32: 5 bytes leave no room for a prefix; 0F 8x
+    hits = [k for k in hits.tolist() if kinds[k] != K_COND or read(int(ips[k]), 1) == b"\x0f"]
+    for k in hits:  # E8/E9 rel32: 5 bytes leave no room for a prefix; 0F 8x
         at = int(ips[k])
         n = int(lens[k])
         plan.patches.append((at + n - 4, _rel(at + n, plan.redirects[int(cm.targets[k])])))

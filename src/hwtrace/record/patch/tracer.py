@@ -393,13 +393,11 @@ def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]
     t.set_regs(r)
     kill_point("buffers")
     if opt.ranged:
-        pool.set_ranges(_resolve_ranges(t.pid, maps, opt, first, pool))
+        pool.ranges = _resolve_ranges(t.pid, maps, opt, first, pool)
     if opt.calls:
         found, pool.later_calls = _functions(t.pid, maps, opt.calls, first)
         pool.calls = [(r.start, r.name) for r in found]
     patcher = _Patcher(t, opt)
-    patcher.ranges = pool.ranges
-    patcher.calls = pool.calls
     patcher.pool = pool
     patcher.patch_new(maps)
     t.gadget = patcher.runtime + pc.RT_SYSCALL
@@ -618,8 +616,16 @@ class _Patcher:
         # Far stub space (start, end, occupancy), shared by modules close
         # to each other: their far ranges overlap.
         self.far_pieces: list[tuple[int, int, np.ndarray]] = []
-        self.ranges: list[tuple[int, int]] | None = None  # None: all code traced
-        self.calls: list[tuple[int, str]] | None = None  # calls traced: their entries
+
+    @property
+    def ranges(self) -> list[tuple[int, int]] | None:
+        """The address ranges traced (None: all code), the pool's."""
+        return self.pool.ranges if self.pool is not None else None
+
+    @property
+    def calls(self) -> list[tuple[int, str]] | None:
+        """The entries of the functions whose calls are traced, the pool's."""
+        return self.pool.calls if self.pool is not None else None
 
     def in_ranges(self, ip: int) -> bool:
         """Is ``ip`` traced (in the address ranges, when there are)?"""
@@ -963,10 +969,6 @@ class _Pool:
         for k in list(self.slots.values()):
             self._write_ranges(self.words(k))
 
-    def set_ranges(self, ranges: list[tuple[int, int]]) -> None:
-        """Trace only inside ``ranges`` (the control blocks claimed after)."""
-        self.ranges = ranges
-
     def _range_words(self, w: np.ndarray) -> None:
         """Tracing off (a thread starts outside the ranges, or, with no
         ranges, is enabled by the system call that made it), the ranges."""
@@ -1238,11 +1240,6 @@ class _Run:
         # traced call when the signal came (``calls``)?
         self.was_on: dict[int, list[bool]] = {}
 
-    @property
-    def opt_gated(self) -> bool:
-        """Tracing is on only in chosen code or calls."""
-        return self.patcher.ranges is not None or self.patcher.calls is not None
-
     def _stop_all(self) -> None:
         """Recording is to stop: a SIGSTOP to every thread and child, each
         let go (detached, the SIGSTOP suppressed) at its stop for it; stops
@@ -1323,17 +1320,14 @@ class _Run:
         """The functions of libraries mapped now (``-f``, ``--call`` of
         ``module!name``): their ranges and entries, before their code is
         patched."""
-        pool, patcher = self.pool, self.patcher
+        pool = self.pool
         if pool.later_functions:
             found, pool.later_functions = _functions(self.pid, maps, pool.later_functions, False)
             if found:
                 pool.add_ranges([(r.start, r.end) for r in found])
-                patcher.ranges = pool.ranges
         if pool.later_calls:
             found, pool.later_calls = _functions(self.pid, maps, pool.later_calls, False)
-            if found:
-                pool.calls = [*(pool.calls or []), *((r.start, r.name) for r in found)]
-                patcher.calls = pool.calls
+            pool.calls = [*(pool.calls or []), *((r.start, r.name) for r in found)]
 
     def _exec(self) -> bool:
         """The recorded process ran a new program (``perf record`` follows
@@ -1560,7 +1554,7 @@ class _Run:
                     return 0
                 off = at == "syscall"
             rip = self.regs.rip
-        if not off and self.opt_gated:
+        if not off and self.patcher.opt.gated:
             off = not w[pc.ON // 8]  # outside the ranges or calls
         if not off:
             # Interrupted in the program's own code (tracing was on).
