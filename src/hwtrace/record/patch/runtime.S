@@ -323,7 +323,7 @@
         jmp .Lleave_done\@
 .Lleave_pgd\@:
         FLUSH_TNT
-        TSC_IF_DUE
+        TSC_PACKET                  /* when it left: each stretch timed */
         mov rax, gs:[TARGET]
 .if \fup == 2
         mov rax, gs:[BRANCHIP]
