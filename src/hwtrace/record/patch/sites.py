@@ -208,8 +208,9 @@ def _mark_jump_tables(ips, kinds, rip_targets, leaders, lo, hi, tables):
 @njit(cache=True)
 def windows(ips, lens, kinds, leaders, instrumented, before):
     """For each instrumented instruction (index): the first instruction of
-    its window (-1 where its block has fewer than 5 bytes up to it: a trap
-    site), the first instruction of its block, and the first a window may
+    its shortest window (-1 where its block has fewer than 5 bytes up to
+    it: a trap site), the first instruction of its block, and the first a
+    window may
     start at when it crosses leaders (the blocks before it that fall
     through into it, up to the last control transfer).  Where ``before``
     is set the window ends before the instruction (a call that stays in
@@ -266,17 +267,21 @@ def sweep_file(
     try:
         with np.load(name) as z:
             cm = CodeMap(*(z[f] for f in _FIELDS))
+            has_target = z["has_target"]
         cm.ips += np.uint64(base)
-        cm.targets[cm.targets != 0] += np.uint64(base)
-        cm.rip_targets[cm.rip_targets != 0] += np.uint64(base)
+        # (Which have one is kept apart: an operand may be the module's
+        # first byte, 0 relative to it.)
+        cm.targets[has_target] += np.uint64(base)
+        cm.rip_targets[cm.rip_disp != 0] += np.uint64(base)
         return cm
     except (OSError, KeyError, ValueError):
         pass
     cm = sweep(read, sections, functions)
     rel = {f: getattr(cm, f).copy() for f in _FIELDS}
     rel["ips"] -= np.uint64(base)
-    for f in ("targets", "rip_targets"):
-        rel[f][rel[f] != 0] -= np.uint64(base)
+    rel["has_target"] = cm.targets != 0
+    rel["targets"][rel["has_target"]] -= np.uint64(base)
+    rel["rip_targets"][cm.rip_disp != 0] -= np.uint64(base)
     try:
         name.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=name.parent, suffix=".npz", delete=False) as f:
