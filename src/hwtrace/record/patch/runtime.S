@@ -5,14 +5,22 @@
  *
  * Per thread, the GS segment base points at the thread's control block
  * (offsets below).  Conditional branches append their outcome to W without
- * touching flags or any register but rcx (saved in the block): W holds the
- * pending TNT bits under a stop bit, with a zero "phantom" bit between
- * them (W starts at 2), so the stop bit reaches bit 48 exactly when 47
- * bits (eight TNT-8 packets) are pending; a 16-bit load of W's top bytes
- * and jrcxz test that without flags.  Everything else (TIP with IP
- * compression, TIP.PGD/PGE around system calls, PSB+) goes through the
- * runtime routines, which save rax, rdx and the arithmetic flags in the
- * block (lahf/seto, as DynamoRIO does), never on the program's stack.
+ * touching flags or any register but rcx and rdx (saved in the block): W
+ * holds the pending TNT bits under a stop bit, with a zero "phantom" bit
+ * between them (W starts at 2), so the stop bit reaches bit 48 exactly
+ * when 47 bits (eight TNT-8 packets) are pending; bswap and a 16-bit move
+ * bring W's top bytes down for jrcxz, without flags.  Everything else (TIP
+ * with IP compression, TIP.PGD/PGE around system calls, PSB+) goes
+ * through the runtime routines, which save rax, rdx, rbx and the
+ * arithmetic flags in the block (lahf/seto, as DynamoRIO does), never on
+ * the program's stack.
+ *
+ * The hot paths address the block through a base register loaded from
+ * its SELF field, not through GS: AMD Zen forwards a store to a later
+ * load of the same [base + displacement] at no cost ("memory renaming"),
+ * which segment-relative addresses do not get; a chain of GS-relative
+ * read-modify-writes of W cost about 6 cycles a branch here, the same
+ * chain through a base register under 2.
  *
  * Return compression follows the decoder's call stack: every call pushes
  * (its return address negated, and where the return goes on when that
@@ -83,69 +91,76 @@
         .equ EXTENT, 2312   /* rsp at the traced call's entry */
         .equ POPPED, 2320   /* what the branch rt_tip goes to pops (a return's 8) */
         .equ BRANCHIP, 2328 /* the indirect branch rt_tip goes to (tpl_mark) */
+        .equ SELF, 2336     /* the block's own address (the GS base) */
+        .equ SAVE_RBX, 2344
         .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
 .macro SAVE
-        mov gs:[SAVE_RAX], rax
+        mov rcx, gs:[SELF]
+        mov [rcx + SAVE_RBX], rbx
+        mov rbx, rcx
+        mov [rbx + SAVE_RAX], rax
         lahf
         seto al
-        mov gs:[SAVE_FL], ax
-        mov gs:[SAVE_RDX], rdx
-        mov rcx, gs:[CUR]
+        mov [rbx + SAVE_FL], ax
+        mov [rbx + SAVE_RDX], rdx
+        mov rcx, [rbx + CUR]
 .endm
 
-/* rcx: the new CUR (stored); flags and rax, rdx back; on to CONT. */
+/* rcx: the new CUR (stored); flags and rax, rdx, rbx back; on to CONT. */
 .macro RESTORE
-        mov gs:[CUR], rcx
-        mov rdx, gs:[SAVE_RDX]
-        mov ax, gs:[SAVE_FL]
+        mov [rbx + CUR], rcx
+        mov rdx, [rbx + SAVE_RDX]
+        mov ax, [rbx + SAVE_FL]
         add al, 0x7f
         sahf
-        mov rax, gs:[SAVE_RAX]
-        jmp qword ptr gs:[CONT]
+        mov rax, [rbx + SAVE_RAX]
+        mov rcx, [rbx + CONT]
+        mov rbx, [rbx + SAVE_RBX]
+        jmp rcx
 .endm
 
 /* The pending TNT bits as TNT-8 packets at rcx (6 bits each, as Intel's
  * processors write them: never larger than a TNT-64, smaller below 43
  * bits), written newest first from the end with constant shifts. */
 .macro FLUSH_TNT
-        mov rax, gs:[W]
+        mov rax, [rbx + W]
         cmp rax, 2
         je .Lflush_done\@
-        mov qword ptr gs:[W], 2
+        mov qword ptr [rbx + W], 2
         bsr rdx, rax
         btc rax, rdx            /* the stop bit off */
         dec edx
         btc rax, rdx            /* the phantom bit becomes the stop bit */
-        add gs:[TNTBITS], rdx
+        add [rbx + TNTBITS], rdx
         add edx, 5
         imul edx, edx, 43
         shr edx, 8              /* ceil(bits / 6) packets (bits <= 47) */
         add rdx, rcx
-        mov gs:[TNTEND], rdx
+        mov [rbx + TNTEND], rdx
 .Lflush_next\@:
         dec rdx
         cmp rax, 0x80
         jb .Lflush_last\@
-        mov [rdx], al           /* six bits under a stop bit, header 0 */
-        and byte ptr [rdx], 0x3f
-        or byte ptr [rdx], 0x40
-        shl byte ptr [rdx], 1
+        lea ecx, [rax + rax]    /* six bits under a stop bit, header 0 */
+        and ecx, 0x7e
+        or ecx, 0x80
+        mov [rdx], cl
         shr rax, 6
         jmp .Lflush_next\@
 .Lflush_last\@:
         add eax, eax            /* the oldest bits and the stop bit */
         mov [rdx], al
-        mov rcx, gs:[TNTEND]
+        mov rcx, [rbx + TNTEND]
 .Lflush_done\@:
 .endm
 
 /* An IP packet with opcode \op for the IP in rax, compressed against the
  * last IP as the SDM allows (hwtrace.pt.encode's choice). */
 .macro IP_PACKET op
-        mov rdx, gs:[LASTIP]
-        mov gs:[LASTIP], rax
+        mov rdx, [rbx + LASTIP]
+        mov [rbx + LASTIP], rax
         xor rdx, rax
         shr rdx, 16
         jz 1f
@@ -175,7 +190,7 @@
 .endm
 
 .macro TSC_PACKET
-        cmp qword ptr gs:[TSCON], 0
+        cmp qword ptr [rbx + TSCON], 0
         je 5f
         rdtsc
         shl rdx, 32
@@ -190,16 +205,16 @@
 /* A TSC packet when TSCSTEP ticks went by since the last (the time points
  * MTC packets give a hardware trace; a TSC is what software can read). */
 .macro TSC_IF_DUE
-        cmp qword ptr gs:[TSCSTEP], 0
+        cmp qword ptr [rbx + TSCSTEP], 0
         je .Ltsc_done\@
         rdtsc
         shl rdx, 32
         or rax, rdx
-        cmp rax, gs:[TSCNEXT]
+        cmp rax, [rbx + TSCNEXT]
         jb .Ltsc_done\@
         mov rdx, rax
-        add rdx, gs:[TSCSTEP]
-        mov gs:[TSCNEXT], rdx
+        add rdx, [rbx + TSCSTEP]
+        mov [rbx + TSCNEXT], rdx
         shl rax, 8
         or rax, 0x19
         mov [rcx], rax
@@ -209,39 +224,39 @@
 
 /* No compressed return to a call before this point. */
 .macro RESET_RETSTACK
-        movzx eax, byte ptr gs:[SIDX]
+        movzx eax, byte ptr [rbx + SIDX]
         shl eax, 4
-        mov qword ptr gs:[SHADOW + rax], 0
+        mov qword ptr [rbx + SHADOW + rax], 0
 .endm
 
 /* PSB+ when due; with a FUP of NEXTIP when \fup (tracing is on). */
 .macro PSB_IF_DUE fup
-        cmp rcx, gs:[NEXTPSB]
+        cmp rcx, [rbx + NEXTPSB]
         jb 7f
         RESET_RETSTACK
         mov rax, 0x8202820282028202
         mov [rcx], rax
         mov [rcx + 8], rax
         add rcx, 16
-        mov qword ptr gs:[LASTIP], 0
+        mov qword ptr [rbx + LASTIP], 0
         TSC_PACKET
         mov word ptr [rcx], 0x0199      /* MODE.Exec, 64-bit */
         add rcx, 2
 .if \fup
-        mov rax, gs:[NEXTIP]
+        mov rax, [rbx + NEXTIP]
         IP_PACKET 0x1d
 .endif
         mov word ptr [rcx], 0x2302      /* PSBEND */
         add rcx, 2
         mov rax, rcx
-        add rax, gs:[PSBPERIOD]
-        mov gs:[NEXTPSB], rax
+        add rax, [rbx + PSBPERIOD]
+        mov [rbx + NEXTPSB], rax
 7:
 .endm
 
 /* Room for a routine's packets, else drop them (counted, OVF due). */
 .macro ROOM
-        cmp rcx, gs:[END]
+        cmp rcx, [rbx + END]
         jb 6f
         DROP
         RESTORE
@@ -249,9 +264,9 @@
 .endm
 
 .macro DROP
-        inc qword ptr gs:[LOST]
-        mov qword ptr gs:[OVF], 1
-        mov qword ptr gs:[W], 2
+        inc qword ptr [rbx + LOST]
+        mov qword ptr [rbx + OVF], 1
+        mov qword ptr [rbx + W], 2
 .endm
 
 /* Packets were dropped and there is room again (hwtrace drained the
@@ -260,26 +275,26 @@
  * where tracing goes on, or nothing while tracing is off (the next
  * TIP.PGE). */
 .macro OVERFLOWED lost
-        cmp qword ptr gs:[OVF], 0
+        cmp qword ptr [rbx + OVF], 0
         jne \lost
 .endm
 
 .macro OVF_PACKET
         mov word ptr [rcx], 0xf302
         add rcx, 2
-        mov qword ptr gs:[OVF], 0
-        mov qword ptr gs:[W], 2
-        mov qword ptr gs:[LASTIP], 0
+        mov qword ptr [rbx + OVF], 0
+        mov qword ptr [rbx + W], 2
+        mov qword ptr [rbx + LASTIP], 0
         RESET_RETSTACK
 .endm
 
 /* The redirect table's slot for the key in \key: \slot at the entry
  * (the table's address in \base), on to \missing when there is none
  * (hwtrace's record.patch.layout.redirect_table writes it). */
-.macro TABLE_PROBE key, slot, base, missing
+.macro TABLE_PROBE key, slot, base, mask, missing
         imul \slot, \key, 0x5bd1e995
         shr \slot, 12
-        and \slot, gs:[RMASK]
+        and \slot, \mask
         shl \slot, 4
         add \slot, \base
 1:      cmp [\slot], \key
@@ -295,14 +310,14 @@
  * copy in the trampoline instead (a table lookup, see hwtrace's
  * record.patch.tracer). */
 .macro REDIRECT
-        cmp qword ptr gs:[RTABLE], 0
+        cmp qword ptr [rbx + RTABLE], 0
         je 3f
-        mov rax, gs:[TARGET]
-        TABLE_PROBE rax, rdx, "gs:[RTABLE]", 3f
+        mov rax, [rbx + TARGET]
+        TABLE_PROBE rax, rdx, "[rbx + RTABLE]", "[rbx + RMASK]", 3f
         mov rax, [rdx + 8]
-        mov gs:[TARGET], rax
-        sub qword ptr gs:[CONT], ALT
-        inc qword ptr gs:[REDIRECTS]
+        mov [rbx + TARGET], rax
+        sub qword ptr [rbx + CONT], ALT
+        inc qword ptr [rbx + REDIRECTS]
 3:
 .endm
 
@@ -311,22 +326,22 @@
  * code before TARGET falls through to it, FUP with it and TIP.PGD without
  * (as hwtrace.pt.encode writes a disable between two instructions). */
 .macro LEAVE fup=0  /* 2: FUP BRANCHIP, TIP.PGD (tracing off before the branch) */
-        mov qword ptr gs:[ON], 0
-        cmp rcx, gs:[END]
+        mov qword ptr [rbx + ON], 0
+        cmp rcx, [rbx + END]
         jb .Lleave_room\@
         DROP
         jmp .Lleave_done\@
 .Lleave_room\@:
-        cmp qword ptr gs:[OVF], 0
+        cmp qword ptr [rbx + OVF], 0
         je .Lleave_pgd\@
         OVF_PACKET                  /* tracing off after it: no TIP.PGD */
         jmp .Lleave_done\@
 .Lleave_pgd\@:
         FLUSH_TNT
         TSC_PACKET                  /* when it left: each stretch timed */
-        mov rax, gs:[TARGET]
+        mov rax, [rbx + TARGET]
 .if \fup == 2
-        mov rax, gs:[BRANCHIP]
+        mov rax, [rbx + BRANCHIP]
 .endif
 .if \fup
         IP_PACKET 0x1d
@@ -345,9 +360,9 @@ rt_begin:
 /* 47 TNT bits pending: out as TNT-8s, then PSB+ if due (FUP: NEXTIP). */
 rt_tnt_full:
         SAVE
-        cmp qword ptr gs:[ON], 0
+        cmp qword ptr [rbx + ON], 0
         jne 1f
-        mov qword ptr gs:[W], 2     /* tracing is off: no packets */
+        mov qword ptr [rbx + W], 2     /* tracing is off: no packets */
         RESTORE
 1:      ROOM
         OVERFLOWED .Ltnt_ovf
@@ -357,7 +372,7 @@ rt_tnt_full:
         RESTORE
 .Ltnt_ovf:
         OVF_PACKET
-        mov rax, gs:[NEXTIP]
+        mov rax, [rbx + NEXTIP]
         IP_PACKET 0x1d
         RESTORE
 
@@ -366,51 +381,51 @@ rt_tip:
         mov qword ptr gs:[POPPED], 0
 .Ltip:
         SAVE
-        cmp qword ptr gs:[ON], 0
+        cmp qword ptr [rbx + ON], 0
         jne 8f
-        mov qword ptr gs:[W], 2     /* tracing is off: no packets */
+        mov qword ptr [rbx + W], 2     /* tracing is off: no packets */
         REDIRECT
         RESTORE
-8:      cmp qword ptr gs:[CALLMODE], 0
+8:      cmp qword ptr [rbx + CALLMODE], 0
         je 10f
-        mov rax, gs:[POPPED]
+        mov rax, [rbx + POPPED]
         add rax, rsp
-        cmp rax, gs:[EXTENT]
+        cmp rax, [rbx + EXTENT]
         jbe 10f
-        cmp qword ptr gs:[POPPED], 0
+        cmp qword ptr [rbx + POPPED], 0
         jne .Ltip_leave             /* the return leaves the call */
         LEAVE 2                     /* the stack rose before this branch */
         REDIRECT
         RESTORE
-10:     mov rdx, gs:[RANGEBYTES]
+10:     mov rdx, [rbx + RANGEBYTES]
         test rdx, rdx
         jz 5f
-        mov rax, gs:[TARGET]
+        mov rax, [rbx + TARGET]
 9:      sub rdx, 16
         jb .Ltip_leave              /* in no range: tracing goes off */
-        cmp rax, gs:[RANGES + rdx]
+        cmp rax, [rbx + RANGES + rdx]
         jb 9b
-        cmp rax, gs:[RANGES + 8 + rdx]
+        cmp rax, [rbx + RANGES + 8 + rdx]
         jae 9b
-5:      cmp rcx, gs:[END]
+5:      cmp rcx, [rbx + END]
         jb 6f
         DROP
         REDIRECT
         RESTORE
 .Ltip_ovf:
         OVF_PACKET                  /* on at TARGET: its FUP, no TIP */
-        mov rax, gs:[TARGET]
+        mov rax, [rbx + TARGET]
         IP_PACKET 0x1d
         REDIRECT
         RESTORE
 6:      OVERFLOWED .Ltip_ovf
         FLUSH_TNT
         TSC_IF_DUE
-        inc qword ptr gs:[TIPS]
-        mov rax, gs:[TARGET]
+        inc qword ptr [rbx + TIPS]
+        mov rax, [rbx + TARGET]
         IP_PACKET 0x0d
-        mov rax, gs:[TARGET]
-        mov gs:[NEXTIP], rax
+        mov rax, [rbx + TARGET]
+        mov [rbx + NEXTIP], rax
         PSB_IF_DUE 1
         REDIRECT
         RESTORE
@@ -427,7 +442,7 @@ rt_tip_ret:
 /* A direct branch leaving the ranges, to TARGET (tpl_leave). */
 rt_leave:
         SAVE
-        cmp qword ptr gs:[ON], 0
+        cmp qword ptr [rbx + ON], 0
         je .Lleave_off
         LEAVE
 .Lleave_off:
@@ -436,7 +451,7 @@ rt_leave:
 /* The ranges' code falling through to TARGET, outside them. */
 rt_leave_fup:
         SAVE
-        cmp qword ptr gs:[ON], 0
+        cmp qword ptr [rbx + ON], 0
         je .Lleave_fup_off
         LEAVE 1
 .Lleave_fup_off:
@@ -451,17 +466,17 @@ rt_pgd:
         SAVE
         /* rt_sigreturn goes back where the signal came: hwtrace follows it
          * to the system call's exit to enable tracing there. */
-        cmp qword ptr gs:[SYSNR], 15
+        cmp qword ptr [rbx + SYSNR], 15
         jne 1f
         .globl rt_sigreturn_notify
 rt_sigreturn_notify:
         int3
-1:      mov rax, gs:[ON]
-        mov gs:[SYSON], rax
+1:      mov rax, [rbx + ON]
+        mov [rbx + SYSON], rax
         test rax, rax
         jnz 2f
         RESTORE                     /* tracing is off: it stays off */
-2:      mov qword ptr gs:[ON], 0
+2:      mov qword ptr [rbx + ON], 0
         ROOM
         OVERFLOWED .Lpgd_ovf
         FLUSH_TNT
@@ -479,37 +494,37 @@ rt_pge:
         SAVE
         /* Code mapped executable (mmap, mprotect, pkey_mprotect): hwtrace
          * patches it before the program can run it. */
-        mov rax, gs:[SYSNR]
+        mov rax, [rbx + SYSNR]
         cmp rax, 9
         je 1f
         cmp rax, 10
         je 1f
         cmp rax, 329
         jne 3f
-1:      test byte ptr gs:[SYSARG], 4
+1:      test byte ptr [rbx + SYSARG], 4
         jz 3f
-        cmp qword ptr gs:[SAVE_RAX], -4095
+        cmp qword ptr [rbx + SAVE_RAX], -4095
         jae 3f
         .globl rt_notify
 rt_notify:
         int3
-3:      mov qword ptr gs:[SYSNR], -1
-        cmp qword ptr gs:[SYSON], 0
+3:      mov qword ptr [rbx + SYSNR], -1
+        cmp qword ptr [rbx + SYSON], 0
         jne 4f
         RESTORE                     /* tracing was off: it stays off */
-4:      mov qword ptr gs:[SYSON], 0
-        mov qword ptr gs:[ON], 1
-        mov qword ptr gs:[W], 2     /* bits gathered while off are dropped */
+4:      mov qword ptr [rbx + SYSON], 0
+        mov qword ptr [rbx + ON], 1
+        mov qword ptr [rbx + W], 2     /* bits gathered while off are dropped */
         ROOM
         OVERFLOWED .Lpge_ovf
 .Lpge_on:
         RESET_RETSTACK
         PSB_IF_DUE 0
         TSC_PACKET
-        inc qword ptr gs:[PGES]
+        inc qword ptr [rbx + PGES]
         mov word ptr [rcx], 0x0199
         add rcx, 2
-        mov rax, gs:[NEXTIP]
+        mov rax, [rbx + NEXTIP]
         IP_PACKET 0x11
         RESTORE
 .Lpge_ovf:
@@ -525,7 +540,7 @@ rt_async_off:
         ROOM
         OVERFLOWED .Loff_ovf
         FLUSH_TNT
-        mov rax, gs:[NEXTIP]
+        mov rax, [rbx + NEXTIP]
         IP_PACKET 0x1d
         mov byte ptr [rcx], 0x01
         inc rcx
@@ -534,13 +549,14 @@ rt_async_off:
 .Loff_ovf:
         OVF_PACKET                  /* tracing off after it: no FUP, TIP.PGD */
 .Loff_done:
-        mov gs:[CUR], rcx
-        mov rcx, gs:[SAVE_RCX]
-        mov rdx, gs:[SAVE_RDX]
-        mov ax, gs:[SAVE_FL]
+        mov [rbx + CUR], rcx
+        mov rcx, [rbx + SAVE_RCX]
+        mov rdx, [rbx + SAVE_RDX]
+        mov ax, [rbx + SAVE_FL]
         add al, 0x7f
         sahf
-        mov rax, gs:[SAVE_RAX]
+        mov rax, [rbx + SAVE_RAX]
+        mov rbx, [rbx + SAVE_RBX]
         .globl rt_halt
 rt_halt:
         int3
@@ -569,7 +585,7 @@ rt_trap_handler:
         mov r8, gs:[RTABLE]
         test r8, r8
         jz 9f
-        TABLE_PROBE rax, rcx, r8, 9f
+        TABLE_PROBE rax, rcx, r8, "gs:[RMASK]", 9f
         mov rax, [rcx + 8]
         mov [rdx + UC_RIP], rax
         ret
@@ -612,15 +628,25 @@ tpl_head:
         mov gs:[SAVE_RCX], rcx
 tpl_head_end:
 
-/* Appends bit \bit; a full TNT goes out with NEXTIP = \ip's field. */
+/* Appends bit \bit; a full TNT goes out with NEXTIP = \ip's field.  W is
+ * reached through a base register (the block's SELF, rdx saved beside
+ * rcx): the processor then forwards each branch's store of W to the next
+ * branch's load at no cost, where a GS-relative address is a full
+ * store-to-load round trip per branch (a few cycles on AMD Zen; see the
+ * optimization guides' "memory renaming"). */
 .macro TNT_BIT tpl, bit, ip, rt, dst
         mov gs:[SAVE_RCX], rcx
-        mov rcx, gs:[W]
+        mov rcx, gs:[SELF]
+        mov [rcx + SAVE_RDX], rdx
+        mov rdx, rcx
+        mov rcx, [rdx + W]
         lea rcx, [rcx + rcx + \bit]
-        mov gs:[W], rcx
-        movzx ecx, word ptr gs:[W + 6]
+        mov [rdx + W], rcx
+        bswap rcx                       /* W's top 16 bits, flag-free */
+        movzx ecx, cx
         jrcxz 2f
-        lea rcx, [rip + 2f]
+        mov rdx, [rdx + SAVE_RDX]
+        lea rcx, [rip + 3f]
         mov gs:[CONT], rcx
         movabs rcx, 0
         .equ \ip, . - 8 - \tpl
@@ -628,7 +654,9 @@ tpl_head_end:
         .byte 0xe9
         .long 0
         .equ \rt, . - 4 - \tpl
-2:      mov rcx, gs:[SAVE_RCX]
+3:      mov rdx, gs:[SELF]
+2:      mov rcx, [rdx + SAVE_RCX]
+        mov rdx, [rdx + SAVE_RDX]
         .byte 0xe9
         .long 0
         .equ \dst, . - 4 - \tpl
@@ -684,24 +712,27 @@ tpl_icall_end:
         .globl tpl_push
 tpl_push:
         mov gs:[SAVE_RCX], rcx
-        mov gs:[SAVE_RAX], rax
-        movzx eax, byte ptr gs:[SIDX]
+        mov rcx, gs:[SELF]
+        mov [rcx + SAVE_RAX], rax
+        mov [rcx + SAVE_RDX], rdx
+        mov eax, [rcx + SIDX]
         lea eax, [rax + 1]
-        mov gs:[SIDX], al
-        lea ecx, [rax - 64]
-        movzx ecx, cl
-        lea ecx, [rcx + rcx]
-        mov qword ptr gs:[SHADOW + rcx * 8], 0
         movzx eax, al
+        mov [rcx + SIDX], eax
+        lea edx, [rax - 64]
+        movzx edx, dl
+        lea edx, [rdx + rdx]
+        mov qword ptr [rcx + SHADOW + rdx * 8], 0
         lea eax, [rax + rax]
-        movabs rcx, 0
+        movabs rdx, 0
         .equ F_push_neg, . - 8 - tpl_push
-        mov gs:[SHADOW + rax * 8], rcx
-        movabs rcx, 0
+        mov [rcx + SHADOW + rax * 8], rdx
+        movabs rdx, 0
         .equ F_push_cont, . - 8 - tpl_push
-        mov gs:[SHADOW + 8 + rax * 8], rcx
-        mov rax, gs:[SAVE_RAX]
-        mov rcx, gs:[SAVE_RCX]
+        mov [rcx + SHADOW + 8 + rax * 8], rdx
+        mov rax, [rcx + SAVE_RAX]
+        mov rdx, [rcx + SAVE_RDX]
+        mov rcx, [rcx + SAVE_RCX]
 tpl_push_end:
 
 /* A direct call moved into its trampoline (after tpl_push): the return
@@ -722,36 +753,45 @@ tpl_call_end:
         .globl tpl_ret
 tpl_ret:
         mov gs:[SAVE_RCX], rcx
-        mov gs:[SAVE_RAX], rax
-        movzx eax, byte ptr gs:[SIDX]
+        mov rcx, gs:[SELF]
+        mov [rcx + SAVE_RAX], rax
+        mov [rcx + SAVE_RDX], rdx
+        mov rdx, rcx
+        mov eax, [rdx + SIDX]
         lea eax, [rax + rax]
-        mov rcx, gs:[SHADOW + rax * 8]
+        mov rcx, [rdx + SHADOW + rax * 8]
         mov rax, [rsp]
         lea rcx, [rcx + rax]
         jrcxz 5f
-        mov rax, gs:[SAVE_RAX]
+        mov rax, [rdx + SAVE_RAX]
+        mov rdx, [rdx + SAVE_RDX]
         mov rcx, [rsp]
         TO_TIP tpl_ret, F_ret_rt
-5:      movzx eax, byte ptr gs:[SIDX]
+5:      mov eax, [rdx + SIDX]
         lea ecx, [rax - 1]
-        mov gs:[SIDX], cl
+        movzx ecx, cl
+        mov [rdx + SIDX], ecx
         lea eax, [rax + rax]
-        mov rcx, gs:[SHADOW + 8 + rax * 8]
-        mov gs:[TARGET], rcx
-        mov rax, gs:[SAVE_RAX]
-        mov rcx, gs:[W]
+        mov rcx, [rdx + SHADOW + 8 + rax * 8]
+        mov [rdx + TARGET], rcx
+        mov rax, [rdx + SAVE_RAX]
+        mov rcx, [rdx + W]
         lea rcx, [rcx + rcx + 1]
-        mov gs:[W], rcx
-        movzx ecx, word ptr gs:[W + 6]
+        mov [rdx + W], rcx
+        bswap rcx                       /* W's top 16 bits, flag-free */
+        movzx ecx, cx
         jrcxz 6f
         mov rcx, [rsp]
-        mov gs:[NEXTIP], rcx
-        lea rcx, [rip + 6f]
+        mov [rdx + NEXTIP], rcx
+        mov rdx, [rdx + SAVE_RDX]
+        lea rcx, [rip + 7f]
         mov gs:[CONT], rcx
         .byte 0xe9
         .long 0
         .equ F_ret_trt, . - 4 - tpl_ret
-6:      mov rcx, gs:[TARGET]    /* an int3 at the return address: its copy */
+7:      mov rdx, gs:[SELF]
+6:      mov rcx, [rdx + TARGET]    /* an int3 at the return address: its copy */
+        mov rdx, [rdx + SAVE_RDX]
         jrcxz 2f
 1:      mov rcx, gs:[SAVE_RCX]
         lea rsp, [rsp + 0x1000]         /* the return's pop (8 + its immediate) */

@@ -993,6 +993,7 @@ class _Pool:
     def sink(self) -> int:
         """The control block whose buffer is always full."""
         w = self.words(0)
+        w[pc.SELF // 8] = self.base
         w[pc.W // 8] = 2
         w[pc.CUR // 8] = w[pc.END // 8] = self.base + TCB_SIZE
         w[pc.NEXTPSB // 8] = 1 << 62
@@ -1017,7 +1018,8 @@ class _Pool:
 
     def _write_sink(self, i: int) -> None:
         tcb = self.sinks + i * SINK_SIZE
-        w = np.zeros(pc.TNTEND // 8 + 1, np.uint64)
+        w = np.zeros(pc.SELF // 8 + 1, np.uint64)
+        w[pc.SELF // 8] = tcb
         w[pc.W // 8] = 2
         w[pc.CUR // 8] = w[pc.END // 8] = tcb + TCB_SIZE
         w[pc.NEXTPSB // 8] = 1 << 62
@@ -1060,6 +1062,7 @@ class _Pool:
         w[:] = 0
         tcb = self.base + k * self.slot_size
         buf = tcb + TCB_SIZE
+        w[pc.SELF // 8] = tcb
         w[pc.W // 8] = 2
         w[pc.CUR // 8] = buf
         w[pc.END // 8] = buf + min(self.opt.buffer_size, SPAN) - SLACK
