@@ -860,3 +860,41 @@ def test_followed_children_keep_their_redirect_table(tmp_path):
         rec = record_patched(argv, PatchOptions(follow_fork=True), stdout=f)
     assert out.read_text() == alone
     assert len({t.pid for t in rec.threads}) == 5 and rec.mapped
+
+
+def test_windows_start_where_their_blocks_do():
+    """A window reaches back to its block's first instruction (past padding
+    NOPs), so the trampolines' direct branches, which go to the copy of
+    their target where it has one, keep a loop inside trampolines instead
+    of jumping back to the program's code and in again."""
+    from hwtrace.record.patch.layout import ARENA_STUBS, FAR_OFFSET, FAR_SPAN, plan_module
+    from hwtrace.record.patch.sites import K_OTHER, sweep
+
+    exe = build_program("recursion")
+    with open(exe, "rb") as f:
+        text = ELFFile(f).get_section_by_name(".text")
+        lo, data = PIE_BASE + text["sh_addr"], text.data()
+
+    def read(address: int, size: int) -> bytes:
+        return data[address - lo : address - lo + size]
+
+    cm = sweep(read, [(lo, lo + len(data))])
+    # Arenas as the patcher maps them: near below the module, and the far
+    # stub space for jumps whose displacement's top byte must be 0xCC.
+    far_lo = (lo - FAR_OFFSET) & ~0xFFF
+    far = [(far_lo, far_lo + FAR_SPAN, np.zeros(FAR_SPAN, np.uint8))]
+    plan = plan_module(cm, read, (PIE_BASE - 2 * ARENA_STUBS, PIE_BASE), far)
+    ips = cm.ips.astype(np.int64)
+    ends = ips + cm.lens.astype(np.int64)
+    # A block starts at a leader or after a control transfer (or a gap).
+    starts = cm.leaders.copy()
+    starts[1:] |= (cm.kinds[:-1] != K_OTHER) | (ends[:-1] != ips[1:])
+    pad = np.array([read(int(a), int(n))[:1] in (b"\x90", b"\x66", b"\x0f") for a, n
+                    in zip(cm.ips, cm.lens, strict=True)])  # fmt: skip
+    at_start = set(ips[starts & ~pad].tolist())
+    # (A block opened by padding starts at its first other instruction.)
+    at_start |= {int(ips[k + 1]) for k in np.flatnonzero(pad[:-1] & ~pad[1:])}
+    windows = [a for a, b in plan.patches if b[:1] == b"\xe9"]
+    assert len(windows) > 30
+    share = sum(a in at_start for a in windows) / len(windows)
+    assert share > 0.9, share

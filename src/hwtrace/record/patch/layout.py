@@ -12,7 +12,11 @@ address whose displacement has those bytes (E9Patch's "instruction
 punning" constraint).  A trap site is ``int3`` over the instruction alone.
 
 Direct branches of trampolines go straight to the trampoline of their
-target where it has one, so that a hot loop stays in trampolines.
+target where it has one, so that a hot loop stays in trampolines: a
+window reaches back to the first instruction of its block (a branch
+target; past the padding NOPs that may start it, which often lie before
+a function no symbol names) where a jump fits there, else it is the
+shortest that holds one.
 
 With return compression every call pushes onto the runtime's return
 stack: a direct call's window is the code before it in its block (the
@@ -150,6 +154,15 @@ class ModulePlan:
         if placed != len(self.patches):
             raise PlanError("a patch lies outside the code it was planned for")
         return out
+
+
+def _is_nop(raw: bytes) -> bool:
+    """A NOP as compilers pad code with (90, 0F 1F /0, under 66/2E/3E
+    prefixes)."""
+    k = 0
+    while k < len(raw) and raw[k] in (0x66, 0x2E, 0x3E):
+        k += 1
+    return raw[k : k + 1] == b"\x90" or raw[k : k + 2] == b"\x0f\x1f"
 
 
 def _short_cond(raw: bytes) -> bytes:
@@ -369,6 +382,10 @@ def _place(pending: list, ips, near_lo: int, stub_hi: int, far: list, occ_near) 
                 s.entry = -1  # the trampoline itself
             elif placed[n] >= 0:
                 s.entry = placed[n]
+            elif s.first < s.shortest:
+                s.first = s.shortest  # from the block's start: now the shortest
+                s.shortest = -1
+                again.append(s)
             elif s.first > s.reach:
                 s.first -= 1
                 again.append(s)
@@ -394,6 +411,7 @@ class _Site:
     keep: bool = False  # a call left in place: the window ends before it
     enter: bool = False  # its block starts at an entry (tpl_enter first)
     enter_ip: int = 0  # that entry
+    shortest: int = -1  # the first of its shortest window (tried next)
 
     @property
     def last(self) -> int:
@@ -486,10 +504,14 @@ def plan_module(
             # its instructions: branches to it from trampolines go straight
             # to the copy, only entries from elsewhere trap.
             trap = j < 0
+            whole = b
+            while whole < j and _is_nop(read(int(ips[whole]), int(lens[whole]))):
+                whole += 1  # padding before a function no symbol names
             s = _Site(
                 i,
-                b if trap else j,
+                b if trap else whole if j >= b else j,
                 trap,
+                shortest=j,
                 block=b,
                 reach=r,
                 keep=kp,

@@ -1506,13 +1506,24 @@ class _Run:
     def _tcb_words(self, tid: int) -> np.ndarray:
         return self.pool.words(self.pool.slots[tid])
 
+    def _copy_of(self, tid: int, ip: int) -> int:
+        """Where a thread at ``ip`` goes on: the copy where ``ip`` is an
+        int3 of the patches (a signal put the thread back at a moved
+        instruction's original), so that it takes no trap there."""
+        return self.child_redirects.get(tid, self.redirects).get(ip, ip)
+
     def _enable_at(self, tid: int, ip: int) -> None:
         """Set the stopped thread to enable tracing (TIP.PGE) at ``ip`` and
         run on there (where ``ip`` is traced)."""
+        to = self._copy_of(tid, ip)
         if not self.patcher.in_ranges(ip):
+            if to != ip:
+                self.regs.rip = to
+                self._setregs(tid)
             return
         w = self._tcb_words(tid)
-        w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = ip
+        w[pc.NEXTIP // 8] = ip
+        w[pc.TARGET // 8] = to
         self.regs.rip = self.patcher.runtime + pc.RT_START
         self._setregs(tid)
 
@@ -1628,7 +1639,10 @@ class _Run:
         rip = self.regs.rip
         stack = self.was_on.get(tid)
         if self.patcher.calls is not None and not (stack.pop() if stack else False):
-            pass  # the handler interrupted the thread outside the calls
+            # The handler interrupted the thread outside the calls.
+            if self._copy_of(tid, rip) != rip:
+                self.regs.rip = self._copy_of(tid, rip)
+                self._setregs(tid)
         elif not self.patcher.in_arena(rip):
             self._enable_at(tid, rip)
         elif self.patcher.ranges is not None:
