@@ -92,6 +92,12 @@ _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 ADDR_NO_RANDOMIZE = 0x0040000  # personality(2)
 CHUNK = 32 << 20  # trace bytes copied out at a time
 SLACK = 512  # room past END for the largest group of packets a routine writes
+# Buffer pages hwtrace allocates ahead of a thread's writes, so that the
+# thread maps pages already there instead of allocating and clearing each
+# one in its own page fault (about a quarter of a branchy program's time
+# under tracing in a VM, where a fresh page is also the host's fault).
+AHEAD = 8 << 20
+_KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
 TCB_SIZE = 2 * PAGE  # the control block, then the return stack (runtime.S's SHADOW)
 SINK_SIZE = TCB_SIZE + PAGE  # a sink's control block and room for SLACK
 SYS_OPEN, SYS_CLOSE, SYS_MMAP, SYS_MUNMAP, SYS_RT_SIGACTION = 2, 3, 9, 11, 13
@@ -946,6 +952,7 @@ class _Pool:
         self.tids: dict[int, int] = {}  # slot -> thread
         self.pids: dict[int, int] = {}  # slot -> its thread's process
         self.drained: dict[int, int] = {}  # slot -> buffer bytes copied out
+        self.ahead: dict[int, int] = {}  # slot -> buffer bytes allocated
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.drainer: threading.Thread | None = None
@@ -1058,6 +1065,8 @@ class _Pool:
             if self.out is None:
                 self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
             self.drained[k] = 0
+            self.ahead[k] = 0
+            self._allocate_ahead(k, 0)
         w = self.words(k)
         w[:] = 0
         tcb = self.base + k * self.slot_size
@@ -1127,6 +1136,19 @@ class _Pool:
                 _libc.fallocate(self.fd, _PUNCH_HOLE, lo, hi - lo)
             self.drained[k] = done = cur
         w[pc.END // 8] = buf + min(done + self.opt.buffer_size, SPAN) - SLACK
+        self._allocate_ahead(k, cur)
+
+    def _allocate_ahead(self, k: int, cur: int) -> None:
+        """Pages for slot ``k``'s next :data:`AHEAD` bytes past ``cur``
+        (its thread's next write), allocated (cleared) here."""
+        want = min(cur + min(AHEAD, self.opt.buffer_size), SPAN)
+        have = self.ahead[k]
+        if want - have < AHEAD // 4:
+            return
+        at = k * self.slot_size + TCB_SIZE
+        lo = max(have, cur & ~(PAGE - 1))
+        if _libc.fallocate(self.fd, _KEEP_SIZE, at + lo, want - lo) == 0:
+            self.ahead[k] = want
 
     def drain(self, tid: int) -> None:
         """Drain thread ``tid``'s buffer now (hwtrace has it stopped)."""
@@ -1171,10 +1193,11 @@ class _Pool:
                 self._drain(k, final=True)
             spool = self.spools.pop(k, None)
             size = self.drained.pop(k)
+            ahead = self.ahead.pop(k)
             del self.tids[k]
             pid = self.pids.pop(k)
         at = k * self.slot_size + TCB_SIZE
-        _libc.fallocate(self.fd, _PUNCH_HOLE, at, (size + PAGE - 1) & ~(PAGE - 1))
+        _libc.fallocate(self.fd, _PUNCH_HOLE, at, (max(size, ahead) + PAGE - 1) & ~(PAGE - 1))
         # The spool as the trace (a mapping of it: traces can be large).
         data: bytes | mmap.mmap = b""
         if spool is not None:
