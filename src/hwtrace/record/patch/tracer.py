@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import gc
 import io
 import mmap
 import os
@@ -839,6 +840,11 @@ def record_patched(
     t = _Target(pid)
     shm_path = ""
     pool: _Pool | None = None
+    # No garbage collector passes over the plans (millions of objects for
+    # a large program) while they are made and the program runs: hwtrace
+    # makes little cyclic garbage.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         options = (PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACEFORK
                    | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD)  # fmt: skip
@@ -911,6 +917,8 @@ def record_patched(
             pass
         raise
     finally:
+        if collecting:
+            gc.enable()
         t.close()
         if shm_path:
             os.unlink(shm_path)
