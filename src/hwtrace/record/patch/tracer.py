@@ -1073,8 +1073,7 @@ class _Pool:
             if self.out is None:
                 self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
             self.drained[k] = 0
-            self.ahead[k] = 0
-            self._allocate_ahead(k, 0)
+            self.ahead[k] = 0  # the draining thread's next pass allocates
         w = self.words(k)
         w[:] = 0
         tcb = self.base + k * self.slot_size
