@@ -1577,8 +1577,9 @@ class _Run:
         if rip == self.patcher.runtime + pc.RT_START:
             inside = True
             # About to enable tracing (after a handler, say): it is off, and
-            # enabled again where the thread goes on after this handler.
-            self.regs.rip = rip = int(self._tcb_words(tid)[pc.TARGET // 8])
+            # enabled again where the thread goes on after this handler (the
+            # original address; TARGET may be its copy, for an int3 there).
+            self.regs.rip = rip = int(self._tcb_words(tid)[pc.NEXTIP // 8])
             self._setregs(tid)
             off = True
         if not off and self.patcher.in_arena(rip):
