@@ -504,12 +504,12 @@ def plan_module(
             # its instructions: branches to it from trampolines go straight
             # to the copy, only entries from elsewhere trap.
             trap = j < 0
-            whole = b
-            while whole < j and _is_nop(read(int(ips[whole]), int(lens[whole]))):
-                whole += 1  # padding before a function no symbol names
+            start = b if trap or j >= b else j  # (j < b: across leaders)
+            while not trap and start < j and _is_nop(read(int(ips[start]), int(lens[start]))):
+                start += 1  # padding before a function no symbol names
             s = _Site(
                 i,
-                b if trap else whole if j >= b else j,
+                start,
                 trap,
                 shortest=j,
                 block=b,

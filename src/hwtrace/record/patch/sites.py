@@ -210,8 +210,7 @@ def windows(ips, lens, kinds, leaders, instrumented, before):
     """For each instrumented instruction (index): the first instruction of
     its shortest window (-1 where its block has fewer than 5 bytes up to
     it: a trap site), the first instruction of its block, and the first a
-    window may
-    start at when it crosses leaders (the blocks before it that fall
+    window may start at when it crosses leaders (the blocks before it that fall
     through into it, up to the last control transfer).  Where ``before``
     is set the window ends before the instruction (a call that stays in
     place), and -1 means its block has fewer than 5 bytes before it."""

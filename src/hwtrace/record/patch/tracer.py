@@ -1542,18 +1542,22 @@ class _Run:
         instruction's original), so that it takes no trap there."""
         return self.child_redirects.get(tid, self.redirects).get(ip, ip)
 
+    def _resume_at_copy(self, tid: int) -> None:
+        """The stopped thread on at :meth:`_copy_of` its IP, untraced."""
+        to = self._copy_of(tid, self.regs.rip)
+        if to != self.regs.rip:
+            self.regs.rip = to
+            self._setregs(tid)
+
     def _enable_at(self, tid: int, ip: int) -> None:
         """Set the stopped thread to enable tracing (TIP.PGE) at ``ip`` and
         run on there (where ``ip`` is traced)."""
-        to = self._copy_of(tid, ip)
         if not self.patcher.in_ranges(ip):
-            if to != ip:
-                self.regs.rip = to
-                self._setregs(tid)
+            self._resume_at_copy(tid)
             return
         w = self._tcb_words(tid)
         w[pc.NEXTIP // 8] = ip
-        w[pc.TARGET // 8] = to
+        w[pc.TARGET // 8] = self._copy_of(tid, ip)
         self.regs.rip = self.patcher.runtime + pc.RT_START
         self._setregs(tid)
 
@@ -1670,10 +1674,7 @@ class _Run:
         rip = self.regs.rip
         stack = self.was_on.get(tid)
         if self.patcher.calls is not None and not (stack.pop() if stack else False):
-            # The handler interrupted the thread outside the calls.
-            if self._copy_of(tid, rip) != rip:
-                self.regs.rip = self._copy_of(tid, rip)
-                self._setregs(tid)
+            self._resume_at_copy(tid)  # it interrupted the thread outside the calls
         elif not self.patcher.in_arena(rip):
             self._enable_at(tid, rip)
         elif self.patcher.ranges is not None:
