@@ -19,11 +19,14 @@ a function no symbol names) where a jump fits there, else it is the
 shortest that holds one.
 
 With return compression every call pushes onto the runtime's return
-stack: a direct call's window is the code before it in its block (the
-call itself stays in place, so the processor's own return prediction
-still pairs it with its return), or, where that holds fewer than 5
-bytes, the call alone, moved (``push`` of the original return address,
-``jmp``).
+stack.  A direct call of 5 bytes keeps its place and its length: its
+displacement goes to a *thunk* that pushes and jumps to the callee, so
+the processor's own return prediction still pairs it with its return and
+the code before it runs in place.  Other direct calls (and all with
+address ranges or calls' extents) get a window of the code before them
+in their block, the call itself left in place, or, where that holds
+fewer than 5 bytes, the call alone, moved (``push`` of the original
+return address, ``jmp``).
 
 With address ranges (an address filter), only the branches inside them
 are instrumented, and every system call (which disables and enables
@@ -86,6 +89,7 @@ FAR_OFFSET = 0x34000000  # stubs whose displacement's top byte is 0xCC lie this 
 FAR_SPAN = 0x01000000  # ... within this much
 SCRATCH_SIZE = 256
 _JMP = 0xE9
+_THUNK_SIZE = (len(pc.TPL_PUSH) + 5 + 15) & ~15  # a call's: tpl_push, jmp
 _INT3 = 0xCC
 
 
@@ -463,6 +467,14 @@ def plan_module(
     elif entries is not None and entries.shape[0]:
         entry_idx, leaders = _entries(cm, entries, np.zeros(len(cm), np.bool_))
         wanted |= _entry_ends(cm, entry_idx, leaders, wanted)
+    # A direct call of 5 bytes (E8 rel32) stays whole and in place, its
+    # displacement pointed at a thunk that pushes onto the return stack and
+    # jumps to the callee: the processor's return prediction pairs it with
+    # its return, and the code before it runs in place.
+    thunked = np.zeros(len(cm), np.bool_)
+    if retcomp and not ranged and not called:
+        thunked = (kinds == K_CALL) & (targets != ips + lens) & (lens == 5)
+        wanted &= ~thunked
     idx = np.flatnonzero(wanted)
     keep = kinds[idx] == K_CALL
     first, block, reach = windows(cm.ips, cm.lens, kinds, leaders, idx.astype(np.int64), keep)
@@ -557,6 +569,9 @@ def plan_module(
             s.entry = s.body
         elif s.entry and not s.trap:
             plan.code.append((s.entry, bytes([_JMP]) + _rel(s.entry + 5, s.body)))
+    thunks = np.flatnonzero(thunked)
+    thunk_at = cursor + np.arange(thunks.shape[0], dtype=np.int64) * _THUNK_SIZE
+    cursor += thunks.shape[0] * _THUNK_SIZE
     if cursor > near_hi:
         raise PlanError(
             f"the arena at {near_lo:#x} is too small: {cursor - near_lo:#x} bytes needed"
@@ -616,13 +631,23 @@ def plan_module(
             stats["stubs"] += s.entry != s.body
             plan.patches.append((start, bytes([_JMP]) + _rel(start + 5, s.entry) +
                                  b"\xcc" * (wlen - 5)))  # fmt: skip
+    for k, at in zip(thunks.tolist(), thunk_at.tolist(), strict=True):
+        ip = int(ips[k])
+        nxt = ip + 5
+        push = _push(nxt, plan.redirects.get(nxt, 0))
+        target = int(cm.targets[k])
+        plan.code.append((at, push + bytes([_JMP]) + _rel(at + len(push) + 5,
+                                                          moved.get(target, target))))
+        plan.patches.append((ip + 1, _rel(nxt, at)))
+    stats["thunks"] = int(thunks.shape[0])
     # Direct jumps and calls with a rel32 to an int3 of the patches (a block
     # moved whole, a leader inside a window, a window made a trap because
     # no stub address met its constraint) go to the copy.
     # (Not a call moved into its window: its jump is the patch.)
     moved_call = np.zeros(len(cm), np.bool_)
     moved_call[[s.index for s in sites if not s.keep and kinds[s.index] == K_CALL]] = True
-    rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call)
+    rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call
+                           & ~thunked)
     if ranged:  # and a Jcc rel32 (0F 8x) that is not a site
         rel32 = np.sort(np.concatenate([rel32, np.flatnonzero((kinds == K_COND) & (lens == 6)
                                                                 & ~is_site)]))  # fmt: skip
