@@ -17,7 +17,22 @@ from elftools.elf.elffile import ELFFile
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src/hwtrace/record/patch/runtime.S"
 OUTPUT = ROOT / "src/hwtrace/record/patch/_patchcode.py"
-TEMPLATES = ("head", "cond", "ijmp", "icall", "push", "call", "ret", "sys", "enter", "leave", "mark")
+TEMPLATES = (
+    "head",
+    "bit1",
+    "bit0",
+    "shift1",
+    "shift0",
+    "ijmp",
+    "icall",
+    "push",
+    "call",
+    "ret",
+    "sys",
+    "enter",
+    "leave",
+    "mark",
+)
 ROUTINES = (
     "rt_tnt_full",
     "rt_tip",

@@ -898,3 +898,34 @@ def test_windows_start_where_their_blocks_do():
     assert len(windows) > 30
     share = sum(a in at_start for a in windows) / len(windows)
     assert share > 0.9, share
+
+
+def test_flags_liveness_follows_iced():
+    """A conditional branch's bit may clobber the arithmetic flags only
+    where the code it goes to writes all six before reading any (iced-x86's
+    per-instruction flags, straight-line code and direct jumps)."""
+    from hwtrace.record.patch.sites import flags_dead_everywhere, sweep
+
+    code = bytes.fromhex(
+        "83f801"  # 0  cmp eax, 1          writes all: dead
+        "ffc0"  # 1    inc eax             CF left, then add writes it: dead
+        "01d8"  # 2    add eax, ebx        dead
+        "ffc0"  # 3    inc eax             CF left, adc reads it: live
+        "11d8"  # 4    adc eax, ebx        live
+        "b801000000"  # 5 mov eax, 1       then a jump to xor: dead
+        "eb03"  # 6    jmp +3
+        "0f42c3"  # 7  cmovb eax, ebx      live
+        "31c0"  # 8    xor eax, eax        dead
+        "7202"  # 9    jb                  live
+        "90"  # 10     nop                 then ret: live (not followed)
+        "c3"  # 11     ret
+    )
+    lo = 0x1000
+
+    def read(address: int, size: int) -> bytes:
+        return code[address - lo : address - lo + size]
+
+    cm = sweep(read, [(lo, lo + len(code))])
+    dead = flags_dead_everywhere(cm.ips, cm.lens, cm.kinds, cm.flags, cm.targets)
+    assert dead.tolist() == [True, True, True, False, False, True, True, False, True, False,
+                             False, False]  # fmt: skip

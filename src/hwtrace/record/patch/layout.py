@@ -69,6 +69,7 @@ from .sites import (
     K_SYSCALL,
     SOURCE_DIGEST,
     CodeMap,
+    flags_dead_everywhere,
     windows,
 )
 
@@ -169,8 +170,8 @@ def _is_nop(raw: bytes) -> bool:
     return raw[k : k + 1] == b"\x90" or raw[k : k + 2] == b"\x0f\x1f"
 
 
-def _short_cond(raw: bytes) -> bytes:
-    """The conditional branch ``raw`` as a rel8 branch 5 bytes ahead."""
+def _short_cond(raw: bytes, over: int) -> bytes:
+    """The conditional branch ``raw`` as a rel8 branch ``over`` bytes ahead."""
     i = 0
     prefix = b""
     while raw[i] in (0x2E, 0x3E, 0xF2, 0x67):  # branch hints, BND; 67: jecxz/loopd
@@ -179,9 +180,9 @@ def _short_cond(raw: bytes) -> bytes:
         i += 1
     op = raw[i]
     if op == 0x0F:
-        return bytes([0x70 | (raw[i + 1] & 0x0F), 5])
+        return bytes([0x70 | (raw[i + 1] & 0x0F), over])
     if 0x70 <= op <= 0x7F or 0xE0 <= op <= 0xE3:
-        return prefix + bytes([op, 5])
+        return prefix + bytes([op, over])
     raise PlanError(f"not a conditional branch: {raw.hex()}")
 
 
@@ -228,7 +229,7 @@ def _base_part_size(kind: int, raw: bytes, ip: int, keep: bool, retcomp: bool) -
     if kind == K_ICALL and retcomp:
         return len(pc.TPL_PUSH) + _base_part_size(kind, raw, ip, keep, False)
     if kind == K_COND:
-        return len(_short_cond(raw)) + len(pc.TPL_COND)
+        return len(_short_cond(raw, 0)) + len(pc.TPL_BIT1) + len(pc.TPL_BIT0)
     if kind == K_JMP:
         return 5
     if kind == K_OTHER:
@@ -591,6 +592,12 @@ def plan_module(
         for a in ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist():
             plan.redirects[a] = moved[a]
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
+    dead_at = flags_dead_everywhere(cm.ips, cm.lens, kinds, cm.flags, cm.targets)
+
+    def dead(x: int) -> bool:
+        k = int(np.searchsorted(cm.ips, np.uint64(x)))
+        return k < len(cm) and int(cm.ips[k]) == x and bool(dead_at[k])
+
     rt = plan.runtime
     plan.code.append((rt, pc.RUNTIME))
     for s in sites:
@@ -618,7 +625,7 @@ def plan_module(
             body += mark
             part_at = s.body + len(body)
         body += _part(int(kinds[i]), raws[i], ip, nxt, int(cm.targets[i]), part_at, rt, moved,
-                      cont, s.keep, retcomp, inside if ranged else None)  # fmt: skip
+                      cont, s.keep, retcomp, inside if ranged else None, dead)  # fmt: skip
         plan.parts.append((part_at, s.body + len(body), ip))
         plan.code.append((s.body, bytes(body)))
         start = int(ips[s.first])
@@ -636,8 +643,9 @@ def plan_module(
         nxt = ip + 5
         push = _push(nxt, plan.redirects.get(nxt, 0))
         target = int(cm.targets[k])
-        plan.code.append((at, push + bytes([_JMP]) + _rel(at + len(push) + 5,
-                                                          moved.get(target, target))))
+        plan.code.append(
+            (at, push + bytes([_JMP]) + _rel(at + len(push) + 5, moved.get(target, target)))
+        )
         plan.patches.append((ip + 1, _rel(nxt, at)))
     stats["thunks"] = int(thunks.shape[0])
     # Direct jumps and calls with a rel32 to an int3 of the patches (a block
@@ -646,8 +654,9 @@ def plan_module(
     # (Not a call moved into its window: its jump is the patch.)
     moved_call = np.zeros(len(cm), np.bool_)
     moved_call[[s.index for s in sites if not s.keep and kinds[s.index] == K_CALL]] = True
-    rel32 = np.flatnonzero(np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call
-                           & ~thunked)
+    rel32 = np.flatnonzero(
+        np.isin(kinds, np.array([K_JMP, K_CALL])) & (lens == 5) & ~moved_call & ~thunked
+    )
     if ranged:  # and a Jcc rel32 (0F 8x) that is not a site
         rel32 = np.sort(np.concatenate([rel32, np.flatnonzero((kinds == K_COND) & (lens == 6)
                                                                 & ~is_site)]))  # fmt: skip
@@ -705,16 +714,23 @@ def _leave(target: int, at: int, rt: int, dst: int | None, falls: bool = False) 
     return bytes(t) + bytes([_JMP]) + _rel(at + len(t) + 5, dst)
 
 
-def _bit(bit: int, ip: int, dst: int, at: int, rt: int) -> bytes:
-    """One TNT bit's code of tpl_cond (after its first jump: the taken
-    bit's, then the not-taken bit's; see runtime.S's TNT_BIT), at ``at``."""
-    lo, hi = (5, pc.F_cond_tdst + 4) if bit else (pc.F_cond_tdst + 4, len(pc.TPL_COND))
-    f_ip, f_rt, f_dst = ((pc.F_cond_tip, pc.F_cond_trt, pc.F_cond_tdst) if bit else
-                         (pc.F_cond_nip, pc.F_cond_nrt, pc.F_cond_ndst))  # fmt: skip
-    t = bytearray(pc.TPL_COND[lo:hi])
-    _put64(t, f_ip - lo, ip)
-    _rel32(t, f_rt - lo, at + f_rt - lo, rt + pc.RT_TNT_FULL)
-    _rel32(t, f_dst - lo, at + f_dst - lo, dst)
+_BITS = {  # (bit, flags dead): template, its fields (ip, routine, destination)
+    (1, False): (pc.TPL_BIT1, pc.F_bit1_ip, pc.F_bit1_rt, pc.F_bit1_dst),
+    (0, False): (pc.TPL_BIT0, pc.F_bit0_ip, pc.F_bit0_rt, pc.F_bit0_dst),
+    (1, True): (pc.TPL_SHIFT1, pc.F_shift1_ip, pc.F_shift1_rt, pc.F_shift1_dst),
+    (0, True): (pc.TPL_SHIFT0, pc.F_shift0_ip, pc.F_shift0_rt, pc.F_shift0_dst),
+}
+
+
+def _bit(bit: int, ip: int, dst: int, at: int, rt: int, dead: bool) -> bytes:
+    """One TNT bit's code at ``at``, going on to ``dst`` (a full TNT goes
+    out with NEXTIP ``ip``): the flag-free template, or the shift where
+    the flags are ``dead`` there (see runtime.S)."""
+    tpl, f_ip, f_rt, f_dst = _BITS[bit, dead]
+    t = bytearray(tpl)
+    _put64(t, f_ip, ip)
+    _rel32(t, f_rt, at + f_rt, rt + pc.RT_TNT_FULL)
+    _rel32(t, f_dst, at + f_dst, dst)
     return bytes(t)
 
 
@@ -799,7 +815,12 @@ def _clamp_to_entries(entries, alone, idx, first, block, reach) -> np.ndarray:
     return enter
 
 
-def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside=None) -> bytes:
+def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside=None,
+          dead=None) -> bytes:  # fmt: skip
+    """The code of instrumented instruction ``raw`` at ``ip`` (next: ``nxt``,
+    a direct branch's ``target``) placed at ``at``; ``dead(x)``: whether
+    the arithmetic flags are dead at address ``x``."""
+
     def dest(x: int) -> int:
         return moved.get(x, x)
 
@@ -808,7 +829,7 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside
 
     if inside is not None and not inside(ip) and kind == K_COND:
         # Outside the ranges (a branch into a window's copy): no packets.
-        head = _short_cond(raw)
+        head = _short_cond(raw, 5)
         base = at + len(head)
         return (
             head
@@ -840,26 +861,17 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside
             return _leave(target, at, rt, dest(target))
         return bytes([_JMP]) + _rel(at + 5, dest(target))
     if kind == K_COND:
-        head = _short_cond(raw)
-        if leaves(target) or leaves(nxt):
-            # The condition over a jump to the not-taken code; each side a
-            # TNT bit or, leaving the ranges, a TIP.PGD.
-            base = at + len(head) + 5
-            taken = (_leave(target, base, rt, dest(target)) if leaves(target) else
-                     _bit(1, target, dest(target), base, rt))  # fmt: skip
-            base += len(taken)
-            other = (_leave(nxt, base, rt, dest(nxt)) if leaves(nxt) else
-                     _bit(0, nxt, dest(nxt), base, rt))  # fmt: skip
-            return head + bytes([_JMP]) + _rel(at + len(head) + 5, base) + taken + other
-        t = bytearray(pc.TPL_COND)
-        base = at + len(head)
-        _put64(t, pc.F_cond_tip, target)
-        _put64(t, pc.F_cond_nip, nxt)
-        _rel32(t, pc.F_cond_trt, base + pc.F_cond_trt, rt + pc.RT_TNT_FULL)
-        _rel32(t, pc.F_cond_nrt, base + pc.F_cond_nrt, rt + pc.RT_TNT_FULL)
-        _rel32(t, pc.F_cond_tdst, base + pc.F_cond_tdst, dest(target))
-        _rel32(t, pc.F_cond_ndst, base + pc.F_cond_ndst, dest(nxt))
-        return head + bytes(t)
+        # The condition over the not-taken code; each side a TNT bit or,
+        # leaving the ranges, a TIP.PGD.
+        def side(bit: int, to: int, base: int) -> bytes:
+            if leaves(to):
+                return _leave(to, base, rt, dest(to))
+            return _bit(bit, to, dest(to), base, rt, dead is not None and dead(to))
+
+        size = len(_short_cond(raw, 0))
+        other = side(0, nxt, at + size)
+        taken = side(1, target, at + size + len(other))
+        return _short_cond(raw, len(other)) + other + taken
     if kind in (K_IJMP, K_ICALL):
         load = _load_operand(raw, ip, at + len(pc.TPL_HEAD))
         base = at + len(pc.TPL_HEAD) + len(load)

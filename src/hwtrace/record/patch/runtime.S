@@ -4,12 +4,16 @@
  * (bytes and field offsets); nothing is assembled at run time.
  *
  * Per thread, the GS segment base points at the thread's control block
- * (offsets below).  Conditional branches append their outcome to W without
- * touching flags or any register but rcx and rdx (saved in the block): W
- * holds the pending TNT bits under a stop bit, with a zero "phantom" bit
- * between them (W starts at 2), so the stop bit reaches bit 48 exactly
- * when 47 bits (eight TNT-8 packets) are pending; bswap and a 16-bit move
- * bring W's top bytes down for jrcxz, without flags.  Everything else (TIP
+ * (offsets below).  Conditional branches append their outcome to W, which
+ * holds the pending TNT bits under 16 zero bits and a stop bit (W0: none
+ * pending), so the stop bit reaches bit 63 when 47 bits (eight TNT-8
+ * packets) are pending.  Where the code a branch goes to writes the
+ * arithmetic flags before it reads any (the sweep's liveness), the bit is
+ * one shift of W through GS (`shl`, or `stc; rcl`), whose overflow flag
+ * says the stop bit reached bit 63.  Elsewhere it is appended without
+ * touching flags or any register but rcx and rdx (saved in the block);
+ * bswap and a byte move bring W's top byte down for jrcxz, which so
+ * writes the packets a few bits earlier (40 and more pending).  Everything else (TIP
  * with IP compression, TIP.PGD/PGE around system calls, PSB+) goes
  * through the runtime routines, which save rax, rdx, rbx and the
  * arithmetic flags in the block (lahf/seto, as DynamoRIO does), never on
@@ -54,7 +58,8 @@
         .intel_syntax noprefix
         .text
 
-        .equ W, 0           /* TNT accumulator (2: none pending) */
+        .equ W, 0           /* TNT accumulator (W0: none pending) */
+        .equ W0, 0x10000
         .equ CUR, 8         /* next byte to write in the thread's buffer */
         .equ END, 16        /* buffer end minus SLACK: no room at or past it */
         .equ LASTIP, 24     /* the decoder's last IP (IP compression) */
@@ -126,13 +131,13 @@
  * bits), written newest first from the end with constant shifts. */
 .macro FLUSH_TNT
         mov rax, [rbx + W]
-        cmp rax, 2
+        cmp rax, W0
         je .Lflush_done\@
-        mov qword ptr [rbx + W], 2
+        mov qword ptr [rbx + W], W0
         bsr rdx, rax
-        btc rax, rdx            /* the stop bit off */
-        dec edx
-        btc rax, rdx            /* the phantom bit becomes the stop bit */
+        btc rax, rdx            /* the stop bit off: the bits, the oldest */
+        sub edx, 16             /* highest, with zeros above them */
+        bts rax, rdx            /* the packets' stop bit above them */
         add [rbx + TNTBITS], rdx
         add edx, 5
         imul edx, edx, 43
@@ -266,7 +271,7 @@
 .macro DROP
         inc qword ptr [rbx + LOST]
         mov qword ptr [rbx + OVF], 1
-        mov qword ptr [rbx + W], 2
+        mov qword ptr [rbx + W], W0
 .endm
 
 /* Packets were dropped and there is room again (hwtrace drained the
@@ -283,7 +288,7 @@
         mov word ptr [rcx], 0xf302
         add rcx, 2
         mov qword ptr [rbx + OVF], 0
-        mov qword ptr [rbx + W], 2
+        mov qword ptr [rbx + W], W0
         mov qword ptr [rbx + LASTIP], 0
         RESET_RETSTACK
 .endm
@@ -362,7 +367,7 @@ rt_tnt_full:
         SAVE
         cmp qword ptr [rbx + ON], 0
         jne 1f
-        mov qword ptr [rbx + W], 2     /* tracing is off: no packets */
+        mov qword ptr [rbx + W], W0     /* tracing is off: no packets */
         RESTORE
 1:      ROOM
         OVERFLOWED .Ltnt_ovf
@@ -383,7 +388,7 @@ rt_tip:
         SAVE
         cmp qword ptr [rbx + ON], 0
         jne 8f
-        mov qword ptr [rbx + W], 2     /* tracing is off: no packets */
+        mov qword ptr [rbx + W], W0     /* tracing is off: no packets */
         REDIRECT
         RESTORE
 8:      cmp qword ptr [rbx + CALLMODE], 0
@@ -514,7 +519,7 @@ rt_notify:
         RESTORE                     /* tracing was off: it stays off */
 4:      mov qword ptr [rbx + SYSON], 0
         mov qword ptr [rbx + ON], 1
-        mov qword ptr [rbx + W], 2     /* bits gathered while off are dropped */
+        mov qword ptr [rbx + W], W0     /* bits gathered while off are dropped */
         ROOM
         OVERFLOWED .Lpge_ovf
 .Lpge_on:
@@ -642,8 +647,8 @@ tpl_head_end:
         mov rcx, [rdx + W]
         lea rcx, [rcx + rcx + \bit]
         mov [rdx + W], rcx
-        bswap rcx                       /* W's top 16 bits, flag-free */
-        movzx ecx, cx
+        bswap rcx                       /* W's top byte, flag-free */
+        movzx ecx, cl
         jrcxz 2f
         mov rdx, [rdx + SAVE_RDX]
         lea rcx, [rip + 3f]
@@ -662,14 +667,55 @@ tpl_head_end:
         .equ \dst, . - 4 - \tpl
 .endm
 
-/* After the site's own condition as a rel8 branch over the next 5 bytes. */
-        .globl tpl_cond
-tpl_cond:
+/* A conditional branch's TNT bits: after the site's own condition as a
+ * rel8 branch over the not-taken bit's code, that code, then the taken
+ * bit's; each the flag-free template or, where the flags are dead at its
+ * destination, the shift. */
+        .globl tpl_bit1
+tpl_bit1:
+        TNT_BIT tpl_bit1, 1, F_bit1_ip, F_bit1_rt, F_bit1_dst
+tpl_bit1_end:
+
+        .globl tpl_bit0
+tpl_bit0:
+        TNT_BIT tpl_bit0, 0, F_bit0_ip, F_bit0_rt, F_bit0_dst
+tpl_bit0_end:
+
+/* Appends bit \bit where the flags are dead: one read-modify-write of W
+ * through GS, its overflow flag set when the stop bit reached bit 63. */
+.macro TNT_SHIFT tpl, bit, ip, rt, dst
+.if \bit
+        stc
+        rcl qword ptr gs:[W], 1
+.else
+        shl qword ptr gs:[W], 1
+.endif
+        jo 3f
+5:      .byte 0xe9
+        .long 0
+        .equ \dst, . - 4 - \tpl
+3:      mov gs:[SAVE_RCX], rcx
+        lea rcx, [rip + 4f]
+        mov gs:[CONT], rcx
+        movabs rcx, 0
+        .equ \ip, . - 8 - \tpl
+        mov gs:[NEXTIP], rcx
         .byte 0xe9
-        .long 1f - . - 4
-        TNT_BIT tpl_cond, 1, F_cond_tip, F_cond_trt, F_cond_tdst
-1:      TNT_BIT tpl_cond, 0, F_cond_nip, F_cond_nrt, F_cond_ndst
-tpl_cond_end:
+        .long 0
+        .equ \rt, . - 4 - \tpl
+4:      mov rcx, gs:[SAVE_RCX]
+        jmp 5b
+.endm
+
+        .globl tpl_shift1
+tpl_shift1:
+        TNT_SHIFT tpl_shift1, 1, F_shift1_ip, F_shift1_rt, F_shift1_dst
+tpl_shift1_end:
+
+        .globl tpl_shift0
+tpl_shift0:
+        TNT_SHIFT tpl_shift0, 0, F_shift0_ip, F_shift0_rt, F_shift0_dst
+tpl_shift0_end:
 
 /* The target in rcx to rt_tip, which goes on at the next label 2. */
 .macro TO_TIP tpl, rt
@@ -778,8 +824,8 @@ tpl_ret:
         mov rcx, [rdx + W]
         lea rcx, [rcx + rcx + 1]
         mov [rdx + W], rcx
-        bswap rcx                       /* W's top 16 bits, flag-free */
-        movzx ecx, cx
+        bswap rcx                       /* W's top byte, flag-free */
+        movzx ecx, cl
         jrcxz 6f
         mov rcx, [rsp]
         mov [rdx + NEXTIP], rcx

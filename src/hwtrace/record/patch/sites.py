@@ -39,6 +39,8 @@ __all__ = [
     "K_RET",
     "K_SYSCALL",
     "CodeMap",
+    "flags_dead",
+    "flags_dead_everywhere",
     "sweep",
     "sweep_file",
     "windows",
@@ -48,6 +50,7 @@ __all__ = [
 K_OTHER, K_COND, K_JMP, K_CALL, K_IJMP, K_ICALL, K_RET, K_SYSCALL, K_FAR, K_BAD = range(10)
 INSTRUMENTED = (K_COND, K_IJMP, K_ICALL, K_RET, K_SYSCALL)
 
+_STATUS = 0x3F  # iced's RflagsBits: OF, SF, ZF, AF, CF, PF
 _F = iced.FlowControl
 _M = iced.Mnemonic
 _BY_FLOW = {
@@ -71,7 +74,8 @@ class CodeMap:
     """The instructions of one module's executable code, in address order:
     ``ips``, ``lens``, ``kinds`` (``K_*``), ``targets`` (a direct branch's
     target, else 0), ``rip_disp`` (offset of a RIP-relative displacement in
-    the instruction, 0 if none) and ``leaders`` (may be a jump target)."""
+    the instruction, 0 if none), ``leaders`` (may be a jump target) and
+    ``flags`` (which arithmetic flags it reads and writes)."""
 
     ips: np.ndarray  # uint64
     lens: np.ndarray  # uint8
@@ -80,6 +84,9 @@ class CodeMap:
     rip_disp: np.ndarray  # uint8
     rip_targets: np.ndarray  # uint64: a RIP-relative operand's address, else 0
     leaders: np.ndarray  # bool
+    # the arithmetic flags (iced's RflagsBits, OF..PF) read, low byte, and
+    # written (set, cleared or left undefined), high byte
+    flags: np.ndarray  # uint16
 
     def __len__(self) -> int:
         return int(self.ips.shape[0])
@@ -89,7 +96,7 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
     """Sweep ``sections`` (``(start, end)`` addresses) of code read with
     ``read(address, size)``; ``functions``: addresses known to start
     functions (symbols, unwind tables)."""
-    ips, lens, kinds, targets, disp, riptgt = [], [], [], [], [], []
+    ips, lens, kinds, targets, disp, riptgt, flags = [], [], [], [], [], [], []
     starts = []
     for lo, hi in sections:
         data = read(lo, hi - lo)
@@ -105,6 +112,7 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
                 targets.append(0)
                 disp.append(0)
                 riptgt.append(0)
+                flags.append(_STATUS)
                 continue
             k = _BY_FLOW[ins.flow_control]
             m = ins.mnemonic
@@ -119,6 +127,7 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
             ):
                 k = K_FAR
             kinds.append(k)
+            flags.append((ins.rflags_read & _STATUS) | (ins.rflags_modified & _STATUS) << 8)
             targets.append(ins.near_branch_target if k in (K_COND, K_JMP, K_CALL) else 0)
             if ins.is_ip_rel_memory_operand:
                 disp.append(dec.get_constant_offsets(ins).displacement_offset)
@@ -134,6 +143,7 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
         np.array(disp, np.uint8),
         np.array(riptgt, np.uint64),
         np.zeros(len(ips), np.bool_),
+        np.array(flags, np.uint16),
     )
     extra = np.array(starts, np.uint64)
     if functions is not None and functions.shape[0]:
@@ -241,7 +251,7 @@ def windows(ips, lens, kinds, leaders, instrumented, before):
     return first, block, reach
 
 
-_FIELDS = ("ips", "lens", "kinds", "targets", "rip_disp", "rip_targets", "leaders")
+_FIELDS = ("ips", "lens", "kinds", "targets", "rip_disp", "rip_targets", "leaders", "flags")
 
 
 def sweep_file(
@@ -289,6 +299,50 @@ def sweep_file(
     except OSError:
         pass  # no cache: swept again next time
     return cm
+
+
+@njit(cache=True)
+def flags_dead(ips, lens, kinds, flags, targets, at):
+    """Whether the arithmetic flags are dead at instruction ``at`` (index;
+    -1: unknown code): every path from it writes each of them before
+    reading it.  Follows straight-line code and direct jumps; any other
+    control transfer, a system call or undecodable bytes before all six
+    are written count as reads."""
+    n = ips.shape[0]
+    undecided = 0x3F
+    for _ in range(64):
+        if at < 0 or at >= n:
+            return False
+        k = kinds[at]
+        if k == K_BAD or k == K_FAR or k == K_SYSCALL:
+            return False
+        f = np.int64(flags[at])
+        if f & undecided:
+            return False
+        undecided &= ~(f >> 8)
+        if undecided == 0:
+            return True
+        if k == K_JMP:
+            t = targets[at]
+            at = np.searchsorted(ips, t)
+            if at >= n or ips[at] != t:
+                return False
+        elif k != K_OTHER:
+            return False
+        elif at + 1 >= n or ips[at] + lens[at] != ips[at + 1]:
+            return False
+        else:
+            at += 1
+    return False
+
+
+@njit(cache=True)
+def flags_dead_everywhere(ips, lens, kinds, flags, targets):
+    """:func:`flags_dead` at every instruction."""
+    out = np.zeros(ips.shape[0], np.bool_)
+    for i in range(ips.shape[0]):
+        out[i] = flags_dead(ips, lens, kinds, flags, targets, i)
+    return out
 
 
 # The sweeping code and decoder: a cached sweep is theirs.

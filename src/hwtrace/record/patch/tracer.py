@@ -1009,7 +1009,7 @@ class _Pool:
         """The control block whose buffer is always full."""
         w = self.words(0)
         w[pc.SELF // 8] = self.base
-        w[pc.W // 8] = 2
+        w[pc.W // 8] = pc.W0
         w[pc.CUR // 8] = w[pc.END // 8] = self.base + TCB_SIZE
         w[pc.NEXTPSB // 8] = 1 << 62
         w[pc.PSBPERIOD // 8] = 1 << 20
@@ -1035,7 +1035,7 @@ class _Pool:
         tcb = self.sinks + i * SINK_SIZE
         w = np.zeros(pc.SELF // 8 + 1, np.uint64)
         w[pc.SELF // 8] = tcb
-        w[pc.W // 8] = 2
+        w[pc.W // 8] = pc.W0
         w[pc.CUR // 8] = w[pc.END // 8] = tcb + TCB_SIZE
         w[pc.NEXTPSB // 8] = 1 << 62
         w[pc.PSBPERIOD // 8] = 1 << 20
@@ -1079,7 +1079,7 @@ class _Pool:
         tcb = self.base + k * self.slot_size
         buf = tcb + TCB_SIZE
         w[pc.SELF // 8] = tcb
-        w[pc.W // 8] = 2
+        w[pc.W // 8] = pc.W0
         w[pc.CUR // 8] = buf
         w[pc.END // 8] = buf + min(self.opt.buffer_size, SPAN) - SLACK
         w[pc.NEXTPSB // 8] = buf
@@ -1113,7 +1113,7 @@ class _Pool:
         program: PSB+ at once, the return stack emptied)."""
         k = self.slots[tid]
         w = self.words(k)
-        w[pc.W // 8] = 2
+        w[pc.W // 8] = pc.W0
         w[pc.NEXTPSB // 8] = w[pc.CUR // 8]
         w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = entry
         w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
