@@ -890,6 +890,7 @@ def _part(kind, raw, ip, nxt, target, at, rt, moved, cont, keep, retcomp, inside
         ret = _ret_bytes(raw)
         pop = 8 + (int.from_bytes(ret[1:3], "little") if ret[0] == 0xC2 else 0)
         t[pc.F_ret_pop : pc.F_ret_pop + 4] = pop.to_bytes(4, "little")
+        t[pc.F_ret_ret : pc.F_ret_ret + len(ret)] = ret
         return bytes(t) + ret
     t = bytearray(pc.TPL_SYS)
     _put64(t, pc.F_sys_next1, nxt)

@@ -98,7 +98,8 @@
         .equ BRANCHIP, 2328 /* the indirect branch rt_tip goes to (tpl_mark) */
         .equ SELF, 2336     /* the block's own address (the GS base) */
         .equ SAVE_RBX, 2344
-        .equ SHADOW, 4096   /* the return stack: 16-byte entries, see tpl_push */
+        .equ SHADOW, 4096   /* the return stack: 256 negated return addresses */
+        .equ CONTS, 6144    /* beside each, where its return goes on (see tpl_push) */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
 
 .macro SAVE
@@ -230,8 +231,7 @@
 /* No compressed return to a call before this point. */
 .macro RESET_RETSTACK
         movzx eax, byte ptr [rbx + SIDX]
-        shl eax, 4
-        mov qword ptr [rbx + SHADOW + rax], 0
+        mov qword ptr [rbx + SHADOW + rax * 8], 0
 .endm
 
 /* PSB+ when due; with a FUP of NEXTIP when \fup (tracing is on). */
@@ -761,21 +761,19 @@ tpl_push:
         mov rcx, gs:[SELF]
         mov [rcx + SAVE_RAX], rax
         mov [rcx + SAVE_RDX], rdx
-        mov eax, [rcx + SIDX]
-        lea eax, [rax + 1]
-        movzx eax, al
-        mov [rcx + SIDX], eax
-        lea edx, [rax - 64]
+        movzx eax, byte ptr [rcx + SIDX]
+        lea edx, [rax + 1 - 64 + 256]   /* the entry a decoder's stack drops */
         movzx edx, dl
-        lea edx, [rdx + rdx]
         mov qword ptr [rcx + SHADOW + rdx * 8], 0
-        lea eax, [rax + rax]
+        lea eax, [rax + 1]
+        mov [rcx + SIDX], al
+        movzx eax, al
         movabs rdx, 0
         .equ F_push_neg, . - 8 - tpl_push
         mov [rcx + SHADOW + rax * 8], rdx
         movabs rdx, 0
         .equ F_push_cont, . - 8 - tpl_push
-        mov [rcx + SHADOW + 8 + rax * 8], rdx
+        mov [rcx + CONTS + rax * 8], rdx
         mov rax, [rcx + SAVE_RAX]
         mov rdx, [rcx + SAVE_RDX]
         mov rcx, [rcx + SAVE_RCX]
@@ -793,9 +791,10 @@ tpl_call:
         .equ F_call_ret, . - 8 - tpl_call
 tpl_call_end:
 
-/* Followed by the site's own ret (or ret imm16).  A return to the top
- * entry's address pops it and appends a taken bit (flag-free, as
- * TNT_BIT); any other return is a TIP. */
+/* Followed by the site's own ret (or ret imm16), which the compressed
+ * path also ends with (F_ret_ret: 3 bytes).  A return to the top entry's
+ * address pops it and appends a taken bit (flag-free, as TNT_BIT); any
+ * other return is a TIP. */
         .globl tpl_ret
 tpl_ret:
         mov gs:[SAVE_RCX], rcx
@@ -803,8 +802,7 @@ tpl_ret:
         mov [rcx + SAVE_RAX], rax
         mov [rcx + SAVE_RDX], rdx
         mov rdx, rcx
-        mov eax, [rdx + SIDX]
-        lea eax, [rax + rax]
+        movzx eax, byte ptr [rdx + SIDX]
         mov rcx, [rdx + SHADOW + rax * 8]
         mov rax, [rsp]
         lea rcx, [rcx + rax]
@@ -813,14 +811,9 @@ tpl_ret:
         mov rdx, [rdx + SAVE_RDX]
         mov rcx, [rsp]
         TO_TIP tpl_ret, F_ret_rt
-5:      mov eax, [rdx + SIDX]
+5:      movzx eax, byte ptr [rdx + SIDX]
         lea ecx, [rax - 1]
-        movzx ecx, cl
-        mov [rdx + SIDX], ecx
-        lea eax, [rax + rax]
-        mov rcx, [rdx + SHADOW + 8 + rax * 8]
-        mov [rdx + TARGET], rcx
-        mov rax, [rdx + SAVE_RAX]
+        mov [rdx + SIDX], cl
         mov rcx, [rdx + W]
         lea rcx, [rcx + rcx + 1]
         mov [rdx + W], rcx
@@ -829,6 +822,7 @@ tpl_ret:
         jrcxz 6f
         mov rcx, [rsp]
         mov [rdx + NEXTIP], rcx
+        mov rax, [rdx + SAVE_RAX]
         mov rdx, [rdx + SAVE_RDX]
         lea rcx, [rip + 7f]
         mov gs:[CONT], rcx
@@ -836,9 +830,19 @@ tpl_ret:
         .long 0
         .equ F_ret_trt, . - 4 - tpl_ret
 7:      mov rdx, gs:[SELF]
-6:      mov rcx, [rdx + TARGET]    /* an int3 at the return address: its copy */
+        movzx eax, byte ptr [rdx + SIDX]
+        lea eax, [rax + 1]              /* the entry popped */
+        movzx eax, al
+6:      mov rcx, [rdx + CONTS + rax * 8] /* an int3 at the return address: its copy */
+        mov rax, [rdx + SAVE_RAX]
+        jrcxz 8f
+        mov [rdx + TARGET], rcx
         mov rdx, [rdx + SAVE_RDX]
-        jrcxz 2f
+        jmp 1f
+8:      mov rcx, [rdx + SAVE_RCX]
+        mov rdx, [rdx + SAVE_RDX]
+        .byte 0xcc, 0xcc, 0xcc
+        .equ F_ret_ret, . - 3 - tpl_ret
 1:      mov rcx, gs:[SAVE_RCX]
         lea rsp, [rsp + 0x1000]         /* the return's pop (8 + its immediate) */
         .equ F_ret_pop, . - 4 - tpl_ret
