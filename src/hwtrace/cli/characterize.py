@@ -167,7 +167,7 @@ def _recorded(prog: str, a: argparse.Namespace, command: list[str], backend: str
     and each recording measured as it is."""
     from ..analysis.characterize import CharacterizeError, measure_recording, rank
     from ..perf.data import PerfDataError
-    from .perfcmds import record_main
+    from .recordcmd import record_main
 
     if a.cpi is not None:
         sys.stderr.write(f"{prog}: note: --cpi is for a recording encoded again; recordings "

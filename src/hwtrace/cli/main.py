@@ -86,7 +86,7 @@ _ENTRY_POINTS = {
     "ptdump": ("ptdump", "main"),
     "ptxed": ("ptxed", "main"),
     "perf-dump": ("perfdump", "main"),
-    "record": ("perfcmds", "record_main"),
+    "record": ("recordcmd", "record_main"),
     "report": ("perfcmds", "report_main"),
     "script": ("perfcmds", "script_main"),
     "decode": ("decode", "main"),

@@ -8,30 +8,43 @@ would contain (:mod:`hwtrace.record.software`, :mod:`hwtrace.record.stepper`).
 
 from __future__ import annotations
 
-from .software import (
-    BACKEND,
-    TIMING_NOTE,
-    MmapRecord,
-    SoftwarePtOptions,
-    SoftwareRecording,
-    ThreadTrace,
-    TimeConversion,
-    encode_log,
-    record_software,
-)
-from .stepper import (
-    Mapping,
-    ProcessImage,
-    RecordError,
-    Segment,
-    StepLog,
-    StepRecording,
-    TaskEvent,
-    TracedRange,
-    read_maps,
-    step_process,
-    step_threads,
-)
+import importlib
+from typing import Any
+
+# What each name is imported from, on first use: recording with the patch
+# backend needs none of the stepper's and software encoder's imports.
+_FROM = {
+    "BACKEND": "software",
+    "TIMING_NOTE": "software",
+    "MmapRecord": "software",
+    "SoftwarePtOptions": "software",
+    "SoftwareRecording": "software",
+    "ThreadTrace": "software",
+    "TimeConversion": "software",
+    "encode_log": "software",
+    "record_software": "software",
+    "Mapping": "stepper",
+    "ProcessImage": "stepper",
+    "RecordError": "stepper",
+    "Segment": "stepper",
+    "StepLog": "stepper",
+    "StepRecording": "stepper",
+    "TaskEvent": "stepper",
+    "TracedRange": "stepper",
+    "read_maps": "stepper",
+    "step_process": "stepper",
+    "step_threads": "stepper",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BACKEND",

@@ -917,10 +917,11 @@ def plan_module_cached(
     retcomp: bool = True,
     ranges: np.ndarray | None = None,
     entries: np.ndarray | None = None,
+    identity: str | None = None,
 ) -> ModulePlan:
     """:func:`plan_module` of a module mapped from file ``path``, kept in a
     cache by all it depends on: the file's identity (device, inode, size,
-    modification time), where the module and its arenas are, what of
+    modification time; or ``identity``, for code no file holds), where the module and its arenas are, what of
     ``far`` other modules took, ``retcomp``, ``ranges``, ``entries`` and the planning code.  The
     same program run again (without address randomization) is planned once.
     ``far``'s occupancy is updated as planning would.  The plan comes with
@@ -932,12 +933,14 @@ def plan_module_cached(
         plan.make_writes()
         return plan
 
-    try:
-        st = os.stat(path)
-    except OSError:
-        return made()
+    if identity is None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return made()
+        identity = repr((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     taken = [np.flatnonzero(occ) for _, _, occ in far]
-    key = repr((_PLAN_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+    key = repr((_PLAN_DIGEST, path, identity,
                 int(cm.ips[0]) if len(cm) else 0, len(cm), near, retcomp,
                 None if ranges is None else ranges.tolist(),
                 None if entries is None else entries.tolist(),

@@ -255,20 +255,27 @@ _FIELDS = ("ips", "lens", "kinds", "targets", "rip_disp", "rip_targets", "leader
 
 
 def sweep_file(
-    path: str, base: int, read, sections: list[tuple[int, int]], functions: np.ndarray | None
+    path: str,
+    base: int,
+    read,
+    sections: list[tuple[int, int]],
+    functions: np.ndarray | None,
+    identity: str | None = None,
 ) -> CodeMap:
     """:func:`sweep` of a module mapped from file ``path`` at ``base`` (its
     lowest mapped address), kept in a cache by the file's identity (device,
-    inode, size, modification time), the sections' and functions' offsets,
-    this module's source and iced-x86's version, so a program's libraries
-    are swept once."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return sweep(read, sections, functions)
+    inode, size, modification time; or ``identity``, for code no file
+    holds, such as the vDSO), the sections' and functions' offsets, this
+    module's source and iced-x86's version, so a program's libraries are
+    swept once."""
+    if identity is None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return sweep(read, sections, functions)
+        identity = repr((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     entries = b"" if functions is None else (functions - np.uint64(base)).tobytes()
-    key = repr((SOURCE_DIGEST, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                [(lo - base, hi - base) for lo, hi in sections],
+    key = repr((SOURCE_DIGEST, path, identity, [(lo - base, hi - base) for lo, hi in sections],
                 hashlib.sha256(entries).hexdigest()))  # fmt: skip
     name = (
         user_cache_dir() / "patch-sweeps" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import gc
+import hashlib
 import io
 import mmap
 import os
@@ -67,11 +68,10 @@ from .layout import (
     FAR_SPAN,
     ModulePlan,
     PlanError,
-    plan_module,
     plan_module_cached,
     redirect_table,
 )
-from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep, sweep_file
+from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep_file
 
 __all__ = [
     "PatchError",
@@ -718,10 +718,13 @@ class _Patcher:
     def _plan(self, mod: _Module) -> ModulePlan:
         t = self.t
         read = mod.reader(t)
-        if mod.path.startswith("/"):
-            cm: CodeMap = sweep_file(mod.path, mod.lo, read, mod.sections, mod.functions)
-        else:
-            cm = sweep(read, mod.sections, mod.functions)
+        identity = None  # a file's: its own
+        if not mod.path.startswith("/"):  # the vDSO, say: its bytes
+            code = hashlib.sha256()
+            for lo, hi in mod.sections:
+                code.update(read(lo, hi - lo))
+            identity = code.hexdigest()
+        cm: CodeMap = sweep_file(mod.path, mod.lo, read, mod.sections, mod.functions, identity)
         body = int(np.isin(cm.kinds, np.array((*INSTRUMENTED, K_CALL))).sum()) * 256 + 2 * PAGE
         size = (ARENA_STUBS + len(pc.RUNTIME) + body + PAGE - 1) & ~(PAGE - 1)
         now = read_maps(t.pid)
@@ -742,13 +745,8 @@ class _Patcher:
             entries = np.array([a for a, _ in self.calls if mod.lo <= a < mod.hi], np.int64)
         try:
             retcomp = not self.opt.noretcomp
-            if mod.path.startswith("/"):
-                return plan_module_cached(mod.path, cm, read, mod.sections, (near, near + size),
-                                          far, retcomp, ranges, entries)  # fmt: skip
-            plan = plan_module(cm, read, (near, near + size), far, retcomp, ranges, entries)
-            plan.source = {lo: read(lo, hi - lo) for lo, hi in mod.sections}
-            plan.make_writes()
-            return plan
+            return plan_module_cached(mod.path, cm, read, mod.sections, (near, near + size),
+                                      far, retcomp, ranges, entries, identity)  # fmt: skip
         except PlanError as e:
             raise PatchError(f"{mod.path}: {e}") from None
 
