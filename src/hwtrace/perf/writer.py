@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import os
 import platform
+import stat
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -105,6 +107,25 @@ def write_feature_sections(f: BinaryIO, data_end: int, sections: Sequence[bytes]
         f.write(sec)
 
 
+def _drop_in_background(path: Path) -> None:
+    """Unlink a previous regular file at ``path`` and let another thread
+    close it: truncating a recording of hundreds of MB frees its pages
+    there and then (0.15 s for 550 MB here), before anything is written."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size < 1 << 24:
+            return
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        os.close(fd)
+        return
+    threading.Thread(target=os.close, args=(fd,), name="hwtrace-drop", daemon=True).start()
+
+
 class PerfDataWriter:
     """Write a file-mode perf.data.
 
@@ -120,6 +141,7 @@ class PerfDataWriter:
     def __init__(self, path: str | os.PathLike, *, attr_size: int = 128, **env: Any) -> None:
         self.path = Path(path)
         self.attr_size = attr_size
+        _drop_in_background(self.path)
         self._f = open(self.path, "wb")
         self._f.write(bytes(HEADER_SIZE))
         self.attrs: list[tuple[PerfEventAttr, list[int], str]] = []

@@ -46,6 +46,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,7 @@ ARENA_STUBS = 32 << 20  # stub space of a near arena: every 64 KiB band of 16 Mi
 FAR_OFFSET = 0x34000000  # stubs whose displacement's top byte is 0xCC lie this far below
 FAR_SPAN = 0x01000000  # ... within this much
 SCRATCH_SIZE = 256
+_STUB_GAP = 1024  # near stubs this close are written as one run
 _JMP = 0xE9
 _THUNK_SIZE = (len(pc.TPL_PUSH) + 5 + 15) & ~15  # a call's: tpl_push, jmp
 _INT3 = 0xCC
@@ -120,6 +122,16 @@ class ModulePlan:
     # code_writes() and patch_writes(), made once (a cached plan has them)
     writes: tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]] | None = None
 
+    def __getstate__(self) -> dict:
+        # Kept (the plan cache): once the writes are made they are what is
+        # used, code and patches are in them (the first patch tells a
+        # module's patches are in place).
+        state = self.__dict__.copy()
+        if state["writes"] is not None:
+            state["code"] = []
+            state["patches"] = state["patches"][:1]
+        return state
+
     def make_writes(self) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
         """:meth:`code_writes` and :meth:`patch_writes`, kept."""
         if self.writes is None:
@@ -128,17 +140,30 @@ class ModulePlan:
 
     def code_writes(self) -> list[tuple[int, bytes]]:
         """``code`` as few writes: the runtime and trampolines one run (the
-        padding between them int3); stubs as they are (far stub space is
-        shared with other modules)."""
+        padding between them int3); the near arena's stubs in runs (the arena
+        is the module's own, fresh: zeros between them); far stubs
+        as they are (far stub space is shared with other modules)."""
         tail = [(a, d) for a, d in self.code if a >= self.runtime]
-        stubs = [(a, d) for a, d in self.code if a < self.runtime]
+        near_lo = self.arenas[0][0] if self.arenas else self.runtime
+        out = [(a, d) for a, d in self.code if a < near_lo]
+        near = sorted((a, d) for a, d in self.code if near_lo <= a < self.runtime)
+        run_at, run = 0, bytearray()
+        for a, d in near:
+            if run and a - (run_at + len(run)) <= _STUB_GAP:
+                run += bytes(a - (run_at + len(run))) + d
+                continue
+            if run:
+                out.append((run_at, bytes(run)))
+            run_at, run = a, bytearray(d)
+        if run:
+            out.append((run_at, bytes(run)))
         if not tail:
-            return stubs
+            return out
         lo = min(a for a, _ in tail)
         buf = bytearray(b"\xcc" * (max(a + len(d) for a, d in tail) - lo))
         for a, d in tail:
             buf[a - lo : a - lo + len(d)] = d
-        return [*stubs, (lo, bytes(buf))]
+        return [*out, (lo, bytes(buf))]
 
     def patch_writes(self) -> list[tuple[int, bytes]]:
         """``patches`` as one write per section: from its first patched byte
@@ -937,26 +962,31 @@ def plan_module_cached(
         try:
             st = os.stat(path)
         except OSError:
-            return made()
+            plan = made()
+            for _, _, occ in far:
+                _OCCUPANCY.pop(id(occ), None)  # changed unseen
+            return plan
         identity = repr((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-    taken = [np.flatnonzero(occ) for _, _, occ in far]
     key = repr((_PLAN_DIGEST, path, identity,
                 int(cm.ips[0]) if len(cm) else 0, len(cm), near, retcomp,
                 None if ranges is None else ranges.tolist(),
                 None if entries is None else entries.tolist(),
-                [(lo, hi, hashlib.sha256(t.tobytes()).hexdigest())
-                 for (lo, hi, _), t in zip(far, taken, strict=True)]))  # fmt: skip
-    name = user_cache_dir() / "patch-plans" / (hashlib.sha256(key.encode()).hexdigest()[:32])
+                [(lo, hi, _occupancy_digest(occ)) for lo, hi, occ in far]))  # fmt: skip
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    name = user_cache_dir() / "patch-plans" / digest[:32]
     try:
         with open(name, "rb") as f:
             plan, placed = pickle.load(f)
         for (_, _, occ), more in zip(far, placed, strict=True):
             occ[more] = 1
+        _after(far, digest)
         os.utime(name)  # used: kept longest when the cache is trimmed
         return plan
     except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
         pass
+    taken = [np.flatnonzero(occ) for _, _, occ in far]
     plan = made()
+    _after(far, digest)
     placed = [
         np.setdiff1d(np.flatnonzero(occ), t) for (_, _, occ), t in zip(far, taken, strict=True)
     ]
@@ -969,6 +999,29 @@ def plan_module_cached(
     except OSError:
         pass  # no cache: planned again next time
     return plan
+
+
+# What each far piece's occupancy is, as a digest: of its bytes when first
+# seen, then of the plan that last placed stubs there (the planning is
+# deterministic, so that plan's key, which holds the digests before it,
+# names the occupancy after it) -- hashing 16 MiB per piece and module
+# cost more than loading the plan.  By id, with a weak reference that
+# tells a new array from a freed one's id.
+_OCCUPANCY: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def _occupancy_digest(occ: np.ndarray) -> str:
+    got = _OCCUPANCY.get(id(occ))
+    if got is not None and got[0]() is occ:
+        return got[1]
+    digest = hashlib.sha256(np.flatnonzero(occ).tobytes()).hexdigest()
+    _OCCUPANCY[id(occ)] = (weakref.ref(occ), digest)
+    return digest
+
+
+def _after(far: list[tuple[int, int, np.ndarray]], key_digest: str) -> None:
+    for n, (_, _, occ) in enumerate(far):
+        _OCCUPANCY[id(occ)] = (weakref.ref(occ), f"{key_digest}:{n}")
 
 
 PLAN_CACHE_BYTES = 2 << 30  # past this, the plans used longest ago go
