@@ -86,7 +86,7 @@
         .equ SIDX, 192      /* the return stack's top entry (a byte: 256 entries) */
         .equ TSCNEXT, 200   /* the TSC at or after which a routine writes a TSC packet */
         .equ TSCSTEP, 208   /* TSC ticks between such packets (0: none, MTC's stand-in) */
-        .equ TNTEND, 216    /* scratch: the end of the TNT packets being written */
+        .equ TNTEND, 216    /* scratch: CUR while TNT packets are built */
         .equ ON, 224        /* nonzero: tracing is on (packets are written) */
         .equ SYSON, 232     /* the next rt_pge enables: tracing was on at the system call */
         .equ RANGEBYTES, 240 /* 16 x the address ranges traced (0: the whole program) */
@@ -98,6 +98,8 @@
         .equ BRANCHIP, 2328 /* the indirect branch rt_tip goes to (tpl_mark) */
         .equ SELF, 2336     /* the block's own address (the GS base) */
         .equ SAVE_RBX, 2344
+        .equ TNTN, 2352     /* scratch: TNT packets being written */
+        .equ TNTM, 2360     /* scratch: their stop bits */
         .equ SHADOW, 4096   /* the return stack: 256 negated return addresses */
         .equ CONTS, 6144    /* beside each, where its return goes on (see tpl_push) */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
@@ -129,7 +131,10 @@
 
 /* The pending TNT bits as TNT-8 packets at rcx (6 bits each, as Intel's
  * processors write them: never larger than a TNT-64, smaller below 43
- * bits), written newest first from the end with constant shifts. */
+ * bits), without a branch on how many: the 6-bit groups are spread into
+ * the bytes of one word in three steps (24, 12 and 6 bits apart), shifted
+ * into place under their stop bits, byte-swapped (oldest first) and
+ * stored at once; the bytes past the packets are written over later. */
 .macro FLUSH_TNT
         mov rax, [rbx + W]
         cmp rax, W0
@@ -138,27 +143,52 @@
         bsr rdx, rax
         btc rax, rdx            /* the stop bit off: the bits, the oldest */
         sub edx, 16             /* highest, with zeros above them */
-        bts rax, rdx            /* the packets' stop bit above them */
+        bts rax, rdx            /* the last packet's stop bit above them */
         add [rbx + TNTBITS], rdx
-        add edx, 5
+        mov [rbx + TNTEND], rcx
+        lea ecx, [rdx + 5]
+        imul ecx, ecx, 43
+        shr ecx, 8              /* ceil(bits / 6) packets (bits <= 47) */
+        mov [rbx + TNTN], rcx
         imul edx, edx, 43
-        shr edx, 8              /* ceil(bits / 6) packets (bits <= 47) */
-        add rdx, rcx
-        mov [rbx + TNTEND], rdx
-.Lflush_next\@:
+        shr edx, 8              /* floor(bits / 6): the full ones */
+        lea ecx, [rdx * 8]
+        mov edx, 1
+        shl rdx, cl
         dec rdx
-        cmp rax, 0x80
-        jb .Lflush_last\@
-        lea ecx, [rax + rax]    /* six bits under a stop bit, header 0 */
-        and ecx, 0x7e
-        or ecx, 0x80
-        mov [rdx], cl
-        shr rax, 6
-        jmp .Lflush_next\@
-.Lflush_last\@:
-        add eax, eax            /* the oldest bits and the stop bit */
-        mov [rdx], al
+        movabs rcx, 0x8080808080808080
+        and rdx, rcx            /* their stop bits (bit 7) */
+        mov [rbx + TNTM], rdx
+        mov rcx, rax            /* groups 4-7 to bytes 4-7 */
+        shr rcx, 24
+        shl rcx, 32
+        and eax, 0xffffff
+        or rax, rcx
+        movabs rdx, 0x00fff00000fff000
+        and rdx, rax            /* groups 2-3 of each half */
+        shl rdx, 4
+        movabs rcx, 0x00000fff00000fff
+        and rax, rcx
+        or rax, rdx
+        movabs rdx, 0x0fc00fc00fc00fc0
+        and rdx, rax            /* the odd group of each quarter */
+        shl rdx, 2
+        movabs rcx, 0x003f003f003f003f
+        and rax, rcx
+        or rax, rdx
+        add rax, rax            /* each group above its header bit 0 */
+        movabs rcx, 0x7e7e7e7e7e7e7e7e
+        and rax, rcx
+        or rax, [rbx + TNTM]
+        bswap rax               /* the oldest packet first */
+        mov rdx, [rbx + TNTN]
+        lea ecx, [rdx * 8]
+        neg ecx
+        add ecx, 64
+        shr rax, cl
         mov rcx, [rbx + TNTEND]
+        mov [rcx], rax
+        add rcx, rdx
 .Lflush_done\@:
 .endm
 
