@@ -81,8 +81,8 @@ def record_main(argv: Sequence[str]) -> int:
     command = [c for c in a.command if c != "--"] if a.command else []
     if bool(command) == (a.pid is not None):
         p.error("give a command to launch (after --) or a --pid to attach to")
+    from ..record.errors import RecordError
     from ..record.perf_pt import SettingsError, have_intel_pt
-    from ..record.stepper import RecordError
 
     backend = a.backend
     if backend == "auto":

@@ -88,7 +88,7 @@ def _pow2(n: int) -> int:
 def clock_pair() -> tuple[int, int]:
     """(TSC, CLOCK_MONOTONIC ns) read together: the tightest of a few
     readings, the ns the middle of its window."""
-    from ..isa.tsc import rdtsc  # numba: imported once a clock is read
+    from ..isa.tsc import rdtsc
 
     best = None
     for _ in range(5):
@@ -106,10 +106,10 @@ class Clock:
     this machine: constant, synchronised TSC)."""
 
     def __init__(self) -> None:
-        from ..isa.tsc import rdtsc  # numba: imported once a clock is read
+        from ..isa.tsc import rdtsc
 
         self._rdtsc = rdtsc
-        rdtsc()  # compiled now, not inside a reading
+        rdtsc()  # its machine code mapped now, not inside a reading
         self.pairs = [self._pair()]
 
     def _pair(self) -> tuple[int, int]:

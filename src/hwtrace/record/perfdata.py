@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..perf.features import BuildId, Feature
 from ..perf.notes import note_recording
@@ -31,7 +32,10 @@ from ..perf.records import (
 from ..perf.sideband import TscConversion
 from ..perf.writer import INTEL_PT_CONFIG_BITS, PerfDataWriter
 from ..pt.config import PtConfig
-from .software import MmapRecord, SoftwareRecording
+from .sideband import MmapRecord
+
+if TYPE_CHECKING:
+    from .software import SoftwareRecording
 
 _MISC_USER = 2
 _HOST = -1  # perf's HOST_KERNEL_ID

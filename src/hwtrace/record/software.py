@@ -45,13 +45,20 @@ from typing import Any
 import iced_x86 as iced
 import numpy as np
 
-from ..image import Image, ImageError, read_elf
-from ..image.process import Mapping, load_bias
+from ..image import Image
 from ..image.revisions import CodeRevisions
 from ..isa.x86 import IClass, InsnCache
-from ..perf.sideband import TscConversion, cache_vdso, elf_build_id
+from ..perf.sideband import cache_vdso, elf_build_id
 from ..pt.config import PtConfig
 from ..pt.encode import EncodedTrace, encode_path, trace_points
+from .sideband import (
+    MmapRecord,
+    TimeConversion,
+    files_image,
+    mmap_records,
+    perf_filters,
+    tsc_conversion,
+)
 from .stepper import (
     END_EXIT,
     END_LIMIT,
@@ -87,28 +94,6 @@ TIMING_NOTE = (
     "times are stepping times: the clock read at each single-step stop of a "
     "ptrace loop, not the program's native execution speed"
 )
-
-
-@dataclass(frozen=True)
-class TimeConversion(TscConversion):
-    """The stepping clock to perf time, as ``perf_event_mmap_page`` converts
-    TSC (:class:`~hwtrace.perf.sideband.TscConversion`); ``tsc_hz`` is the
-    stepping clock's rate."""
-
-    tsc_hz: float = 1e9
-
-
-@dataclass(frozen=True)
-class MmapRecord:
-    """A file or anonymous mapping of the traced process (a PERF_RECORD_MMAP2)."""
-
-    start: int
-    length: int
-    pgoff: int  # file offset in bytes
-    path: str
-    prot: str  # "r-xp"
-    inode: int
-    build_id: bytes | None  # the ELF's GNU build id, when it has one
 
 
 class NothingTraced(RecordError):
@@ -256,29 +241,6 @@ def _vdso_file(img: ProcessImage, directory: Path | None = None) -> Path | None:
     return cache_vdso(img.vdso, bid, directory)
 
 
-def files_image(comm: str, mmaps: list[MmapRecord], maps: list[Mapping],
-                 vdso: Path | None) -> Image:  # fmt: skip
-    """The ELF files mapped executable (``mmaps``), at their load addresses
-    (from ``maps``), and the vDSO's file."""
-    image = Image(comm)
-    seen = set()
-    for m in mmaps:
-        if "x" not in m.prot or not m.path.startswith("/") or m.path in seen:
-            continue
-        seen.add(m.path)
-        try:
-            elf = read_elf(m.path)
-        except ImageError:
-            continue
-        bias = load_bias(maps, m.path, elf.min_vaddr)
-        if bias is not None:
-            image.add_elf(m.path, elf.min_vaddr + bias)
-    for m in mmaps:
-        if m.path == "[vdso]" and vdso is not None:
-            image.add_elf(vdso, m.start)
-    return image
-
-
 def _files_hold(files: Image, address: int, data: bytes) -> bool:
     """Do the files map bytes of this captured page, all equal to it?  (A
     page also holds what lies past a segment's end, which no section maps.)"""
@@ -374,52 +336,10 @@ class _Placer:
 # -- sideband ----------------------------------------------------------------------
 
 
-def mmap_records(
-    maps: list[Mapping], build_ids: dict[str, bytes | None], vdso: bytes = b""
-) -> list[MmapRecord]:
-    for path in {m.path for m in maps if m.path.startswith("/") and m.inode}:
-        if path not in build_ids:
-            build_ids[path] = elf_build_id(path)  # once per file
-    if vdso and "[vdso]" not in build_ids:
-        build_ids["[vdso]"] = elf_build_id(vdso)
-    return [
-        MmapRecord(m.start, m.length, m.offset, m.path, m.prot, m.inode, build_ids.get(m.path))
-        for m in maps
-    ]
-
-
 def _time_conversion(steps: StepRecording) -> TimeConversion:
     if steps.clock == "monotonic":
         return TimeConversion(0, 1, 0, 1e9)
     return tsc_conversion(steps.clock_pairs[0], steps.clock_pairs[-1])
-
-
-def tsc_conversion(first: tuple[int, int], last: tuple[int, int]) -> TimeConversion:
-    """TSC to CLOCK_MONOTONIC ns through two ``(tsc, ns)`` pairs read
-    together, as perf's ``time_shift``/``time_mult``/``time_zero``."""
-    (c0, n0), (c1, n1) = first, last
-    if c1 <= c0 or n1 <= n0:
-        raise RecordError("the TSC did not advance: cannot convert stepping times to ns")
-    rate = (n1 - n0) / (c1 - c0)  # ns per tick
-    shift = 31
-    while rate * (1 << shift) >= 1 << 32:
-        shift -= 1
-    mult = round(rate * (1 << shift))
-    zero = n0 - ((c0 >> shift) * mult + (((c0 & ((1 << shift) - 1)) * mult) >> shift))
-    return TimeConversion(shift, mult, zero % (1 << 64), 1e9 / rate)
-
-
-def perf_filters(ranges: Sequence[tuple[int, int]], maps: list[Mapping]) -> str:
-    """Address ranges as perf address filters (``filter START/SIZE@FILE``)."""
-    parts = []
-    for lo, hi in ranges:
-        m = next((m for m in maps if m.start <= lo < m.end and m.path.startswith("/")), None)
-        if m is None:
-            parts.append(f"filter {lo:#x}/{hi - lo:#x}")
-        else:
-            off = lo - m.start + m.offset
-            parts.append(f"filter {off:#x}/{hi - lo:#x}@{m.path}")
-    return " , ".join(parts)
 
 
 # -- the path ------------------------------------------------------------------------

@@ -81,6 +81,7 @@ import numpy as np
 
 from ..image.process import Mapping, ProcessModules, program_entry, read_maps
 from . import _native as nat
+from .errors import RecordError
 
 __all__ = [
     "END_EXIT",
@@ -121,10 +122,6 @@ _OPTIONS = (
     | nat.PTRACE_O_TRACEEXEC
     | nat.PTRACE_O_TRACEEXIT
 )
-
-
-class RecordError(Exception):
-    """The process could not be recorded (a clear message, no traceback needed)."""
 
 
 @dataclass(frozen=True)

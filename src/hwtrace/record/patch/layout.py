@@ -52,7 +52,6 @@ from pathlib import Path
 
 import iced_x86 as iced
 import numpy as np
-from numba import njit
 
 from ...aot import user_cache_dir
 from . import _patchcode as pc
@@ -70,8 +69,6 @@ from .sites import (
     K_SYSCALL,
     SOURCE_DIGEST,
     CodeMap,
-    flags_dead_everywhere,
-    windows,
 )
 
 __all__ = [
@@ -286,100 +283,30 @@ def _constraint(boundaries: list[int]) -> tuple[int, int]:
     return mask, pat
 
 
-@njit(cache=True)
-def _deposit(x, free):
-    out = np.uint64(0)
-    k = np.uint64(0)
-    for b in range(32):
-        bit = np.uint64(1) << np.uint64(b)
-        if free & bit:
-            if (x >> k) & np.uint64(1):
-                out |= bit
-            k += np.uint64(1)
-    return out
-
-
-@njit(cache=True)
-def _place_stubs(sites, masks, pats, lo, hi, occ):
-    """A 5-byte stub address in ``[lo, hi)`` for each jump at ``sites``
-    whose displacement must meet ``(mask, pattern)``, first fit, free in
-    ``occ`` (one byte per arena byte); -1 where none."""
-    out = np.full(sites.shape[0], -1, np.int64)
-    for s in range(sites.shape[0]):
-        base = sites[s] + 5
-        rlo = lo - base
-        rhi = hi - 5 - base
-        if rlo < -(1 << 31) or rhi >= (1 << 31) or (rlo < 0) != (rhi < 0):
-            continue  # the arena is not wholly on one side within reach
-        ulo = np.uint64(rlo & 0xFFFFFFFF)
-        uhi = np.uint64(rhi & 0xFFFFFFFF)
-        mask = np.uint64(masks[s])
-        pat = np.uint64(pats[s])
-        free = ~mask & np.uint64(0xFFFFFFFF)
-        nfree = 0
-        for b in range(32):
-            if free & (np.uint64(1) << np.uint64(b)):
-                nfree += 1
-        # smallest x with deposit(x) | pat >= ulo
-        a, z = np.uint64(0), np.uint64(1) << np.uint64(nfree)
-        while a < z:
-            m = (a + z) >> np.uint64(1)
-            if (_deposit(m, free) | pat) >= ulo:
-                z = m
-            else:
-                a = m + np.uint64(1)
-        x = a
-        limit = np.uint64(1) << np.uint64(nfree)
-        while x < limit:
-            u = _deposit(x, free) | pat
-            if u > uhi:
-                break
-            rel = np.int64(u) if u < np.uint64(1 << 31) else np.int64(u) - (np.int64(1) << 32)
-            t = base + rel
-            o = t - lo
-            ok = True
-            for q in range(5):
-                if occ[o + q]:
-                    ok = False
-                    break
-            if ok:
-                for q in range(5):
-                    occ[o + q] = 1
-                out[s] = t
-                break
-            x += np.uint64(1)
-    return out
-
-
 REDIRECT_HASH = 0x5BD1E995  # runtime.S's REDIRECT: ((ip * this) >> 12) & mask
 _PROBE_TAIL = 256  # slots past the last: a probe never wraps
 
 
-@njit(cache=True)
-def _fill_table(keys, values, mask, table):
-    """Open addressing, linear probes (as runtime.S's REDIRECT reads it);
-    False when a probe would run past the table's tail."""
-    for n in range(keys.shape[0]):
-        h = ((keys[n] * np.uint64(REDIRECT_HASH)) >> np.uint64(12)) & np.uint64(mask)
-        k = np.int64(h)
-        while table[2 * k] != 0 and table[2 * k] != keys[n]:
-            k += 1
-            if k >= table.shape[0] // 2:
-                return False
-        table[2 * k] = keys[n]
-        table[2 * k + 1] = values[n]
-    return True
-
-
 def redirect_table(redirects: dict[int, int]) -> tuple[np.ndarray, int]:
     """The runtime's redirect table for ``redirects`` (from -> to): the
-    uint64 words (key, value pairs) and the slot mask."""
+    uint64 words (key, value pairs) and the slot mask.  Open addressing
+    with linear probes, as runtime.S's TABLE_PROBE reads it: keys sorted by
+    their home slot each take the first free slot at or after it (slot n
+    = n + the running maximum of home - n), so every slot between a key's
+    home and its own is taken, and a probe never runs past the table's
+    tail (else the table doubles)."""
     keys = np.fromiter(redirects.keys(), np.uint64, len(redirects))
     values = np.fromiter(redirects.values(), np.uint64, len(redirects))
     slots = 1 << max(10, (4 * len(redirects)).bit_length())
     while True:
-        table = np.zeros(2 * (slots + _PROBE_TAIL), np.uint64)
-        if _fill_table(keys, values, slots - 1, table):
+        home = ((keys * np.uint64(REDIRECT_HASH)) >> np.uint64(12)) & np.uint64(slots - 1)
+        order = np.argsort(home, kind="stable")
+        n = np.arange(len(keys), dtype=np.int64)
+        at = n + np.maximum.accumulate(home[order].astype(np.int64) - n) if len(keys) else n
+        if not len(keys) or at[-1] < slots + _PROBE_TAIL:
+            table = np.zeros(2 * (slots + _PROBE_TAIL), np.uint64)
+            table[2 * at] = keys[order]
+            table[2 * at + 1] = values[order]
             return table, slots - 1
         slots *= 2
 
@@ -389,6 +316,8 @@ def _place(pending: list, ips, near_lo: int, stub_hi: int, far: list, occ_near) 
     instruction boundaries; a window whose constraint no free address meets
     starts one instruction earlier (in its block, then across leaders of the
     code falling into it) and tries again, else becomes a trap."""
+    from ._loops import place_stubs
+
     pending = [s for s in pending if not s.trap]
     while pending:
         cons = [_constraint([int(ips[k] - ips[s.first]) for k in range(s.first + 1, s.index + 1)])
@@ -399,12 +328,12 @@ def _place(pending: list, ips, near_lo: int, stub_hi: int, far: list, occ_near) 
             at = np.array([int(ips[pending[n].first]) for n in need], np.int64)
             masks = np.array([cons[n][0] for n in need], np.uint32)
             pats = np.array([cons[n][1] for n in need], np.uint32)
-            got = _place_stubs(at, masks, pats, near_lo, stub_hi, occ_near)
+            got = place_stubs(at, masks, pats, near_lo, stub_hi, occ_near)
             for lo, hi, occ in far:
                 miss = got < 0
                 if not miss.any():
                     break
-                got[miss] = _place_stubs(at[miss], masks[miss], pats[miss], lo, hi, occ)
+                got[miss] = place_stubs(at[miss], masks[miss], pats[miss], lo, hi, occ)
         placed = dict(zip(need, got.tolist(), strict=True))
         again = []
         for n, s in enumerate(pending):
@@ -468,6 +397,8 @@ def plan_module(
     ``(start, end)`` rows of the address ranges traced (None: all code);
     ``entries``: with all code patched, where tracing goes on (the
     functions whose calls are traced)."""
+    from ._loops import flags_dead_everywhere, windows
+
     kinds = cm.kinds
     ips = cm.ips.astype(np.int64)
     lens = cm.lens.astype(np.int64)

@@ -19,7 +19,7 @@ from ..perfdata import (
     TaskRecord,
     write_recording,
 )
-from ..software import MmapRecord, files_image, mmap_records, perf_filters, tsc_conversion
+from ..sideband import MmapRecord, files_image, mmap_records, perf_filters, tsc_conversion
 from .tracer import PatchOptions, PatchRecording, record_patched
 
 __all__ = [

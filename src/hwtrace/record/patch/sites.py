@@ -22,7 +22,6 @@ from pathlib import Path
 
 import iced_x86 as iced
 import numpy as np
-from numba import njit
 
 from ...aot import user_cache_dir
 
@@ -39,11 +38,8 @@ __all__ = [
     "K_RET",
     "K_SYSCALL",
     "CodeMap",
-    "flags_dead",
-    "flags_dead_everywhere",
     "sweep",
     "sweep_file",
-    "windows",
 ]
 
 # What Intel PT reports of an instruction.
@@ -96,6 +92,8 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
     """Sweep ``sections`` (``(start, end)`` addresses) of code read with
     ``read(address, size)``; ``functions``: addresses known to start
     functions (symbols, unwind tables)."""
+    from ._loops import mark_jump_tables, mark_leaders
+
     ips, lens, kinds, targets, disp, riptgt, flags = [], [], [], [], [], [], []
     starts = []
     for lo, hi in sections:
@@ -148,10 +146,10 @@ def sweep(read, sections: list[tuple[int, int]], functions: np.ndarray | None = 
     extra = np.array(starts, np.uint64)
     if functions is not None and functions.shape[0]:
         extra = np.concatenate([extra, functions.astype(np.uint64)])
-    _mark_leaders(cm.ips, cm.lens, cm.kinds, cm.targets, np.sort(extra), cm.leaders)
+    mark_leaders(cm.ips, cm.lens, cm.kinds, cm.targets, np.sort(extra), cm.leaders)
     lo = np.array([s for s, _ in sections], np.uint64)
     hi = np.array([e for _, e in sections], np.uint64)
-    _mark_jump_tables(
+    mark_jump_tables(
         cm.ips, cm.kinds, cm.rip_targets, cm.leaders, lo, hi, _table_candidates(read, cm)
     )
     return cm
@@ -173,82 +171,6 @@ def _table_candidates(read, cm: CodeMap):
     bounds = np.zeros(len(blobs) + 1, np.int64)
     bounds[1:] = np.cumsum([b.shape[0] for b in blobs])
     return np.array(addrs, np.uint64), bounds, np.concatenate(blobs)
-
-
-@njit(cache=True)
-def _mark_leaders(ips, lens, kinds, targets, extra, leaders):
-    n = ips.shape[0]
-    for i in range(n):
-        k = kinds[i]
-        if k != K_OTHER and i + 1 < n:
-            leaders[i + 1] = True
-        if k == K_COND or k == K_JMP or k == K_CALL:
-            j = np.searchsorted(ips, targets[i])
-            if j < n and ips[j] == targets[i]:
-                leaders[j] = True
-    for a in extra:
-        j = np.searchsorted(ips, a)
-        if j < n and ips[j] == a:
-            leaders[j] = True
-
-
-@njit(cache=True)
-def _mark_jump_tables(ips, kinds, rip_targets, leaders, lo, hi, tables):
-    """Targets of relative jump tables: for a RIP-relative operand T whose
-    int32 entries e give T + e at instruction starts inside the code, every
-    such entry (until the first that does not) is a leader."""
-    addrs, bounds, entries = tables
-    n = ips.shape[0]
-    for t in range(addrs.shape[0]):
-        base = np.int64(addrs[t])
-        for e in range(bounds[t], bounds[t + 1]):
-            a = np.uint64(base + np.int64(entries[e]))
-            inside = False
-            for s in range(lo.shape[0]):
-                if lo[s] <= a < hi[s]:
-                    inside = True
-            if not inside:
-                break
-            j = np.searchsorted(ips, a)
-            if j >= n or ips[j] != a or kinds[j] == K_BAD:
-                break
-            leaders[j] = True
-
-
-@njit(cache=True)
-def windows(ips, lens, kinds, leaders, instrumented, before):
-    """For each instrumented instruction (index): the first instruction of
-    its shortest window (-1 where its block has fewer than 5 bytes up to
-    it: a trap site), the first instruction of its block, and the first a
-    window may start at when it crosses leaders (the blocks before it that fall
-    through into it, up to the last control transfer).  Where ``before``
-    is set the window ends before the instruction (a call that stays in
-    place), and -1 means its block has fewer than 5 bytes before it."""
-    first = np.full(instrumented.shape[0], -1, np.int64)
-    block = np.empty(instrumented.shape[0], np.int64)
-    reach = np.empty(instrumented.shape[0], np.int64)
-    for w in range(instrumented.shape[0]):
-        i = instrumented[w]
-        total = np.int64(0) if before[w] else np.int64(lens[i])
-        j = i
-        while j > 0 and not leaders[j]:
-            p = j - 1
-            if kinds[p] != K_OTHER or ips[p] + lens[p] != ips[j]:
-                break
-            j = p
-            total += lens[j]
-            if total >= 5 and first[w] < 0:
-                first[w] = j
-        if lens[i] >= 5 and not before[w]:
-            first[w] = i
-        block[w] = j
-        while j > 0:
-            p = j - 1
-            if kinds[p] != K_OTHER or ips[p] + lens[p] != ips[j]:
-                break
-            j = p
-        reach[w] = j
-    return first, block, reach
 
 
 _FIELDS = ("ips", "lens", "kinds", "targets", "rip_disp", "rip_targets", "leaders", "flags")
@@ -308,51 +230,18 @@ def sweep_file(
     return cm
 
 
-@njit(cache=True)
-def flags_dead(ips, lens, kinds, flags, targets, at):
-    """Whether the arithmetic flags are dead at instruction ``at`` (index;
-    -1: unknown code): every path from it writes each of them before
-    reading it.  Follows straight-line code and direct jumps; any other
-    control transfer, a system call or undecodable bytes before all six
-    are written count as reads."""
-    n = ips.shape[0]
-    undecided = 0x3F
-    for _ in range(64):
-        if at < 0 or at >= n:
-            return False
-        k = kinds[at]
-        if k == K_BAD or k == K_FAR or k == K_SYSCALL:
-            return False
-        f = np.int64(flags[at])
-        if f & undecided:
-            return False
-        undecided &= ~(f >> 8)
-        if undecided == 0:
-            return True
-        if k == K_JMP:
-            t = targets[at]
-            at = np.searchsorted(ips, t)
-            if at >= n or ips[at] != t:
-                return False
-        elif k != K_OTHER:
-            return False
-        elif at + 1 >= n or ips[at] + lens[at] != ips[at + 1]:
-            return False
-        else:
-            at += 1
-    return False
+def __getattr__(name: str):
+    # The compiled loops (windows, flags_dead...): numba only when used.
+    if name in ("windows", "flags_dead", "flags_dead_everywhere"):
+        from . import _loops
+
+        return getattr(_loops, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@njit(cache=True)
-def flags_dead_everywhere(ips, lens, kinds, flags, targets):
-    """:func:`flags_dead` at every instruction."""
-    out = np.zeros(ips.shape[0], np.bool_)
-    for i in range(ips.shape[0]):
-        out[i] = flags_dead(ips, lens, kinds, flags, targets, i)
-    return out
-
-
-# The sweeping code and decoder: a cached sweep is theirs.
+# The sweeping code, its loops and the decoder: a cached sweep is theirs.
 SOURCE_DIGEST = hashlib.sha256(
-    Path(__file__).read_bytes() + importlib.metadata.version("iced-x86").encode()
+    Path(__file__).read_bytes()
+    + (Path(__file__).parent / "_loops.py").read_bytes()
+    + importlib.metadata.version("iced-x86").encode()
 ).hexdigest()[:16]
