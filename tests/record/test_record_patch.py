@@ -904,7 +904,8 @@ def test_flags_liveness_follows_iced():
     """A conditional branch's bit may clobber the arithmetic flags only
     where the code it goes to writes all six before reading any (iced-x86's
     per-instruction flags, straight-line code and direct jumps)."""
-    from hwtrace.record.patch.sites import flags_dead_everywhere, sweep
+    from hwtrace.record.patch._loops import flags_dead_everywhere
+    from hwtrace.record.patch.sites import sweep
 
     code = bytes.fromhex(
         "83f801"  # 0  cmp eax, 1          writes all: dead
@@ -929,3 +930,70 @@ def test_flags_liveness_follows_iced():
     dead = flags_dead_everywhere(cm.ips, cm.lens, cm.kinds, cm.flags, cm.targets)
     assert dead.tolist() == [True, True, True, False, False, True, True, False, True, False,
                              False, False]  # fmt: skip
+
+
+def test_direct_calls_keep_their_place():
+    """A 5-byte direct call stays where it is, only its displacement
+    changed, to a thunk that pushes its return address onto the runtime's
+    return stack and jumps to the callee: the processor's return stack
+    still pairs the call with its return."""
+    from hwtrace.record.patch import _patchcode as pc
+    from hwtrace.record.patch.layout import ARENA_STUBS, FAR_OFFSET, FAR_SPAN, plan_module
+    from hwtrace.record.patch.sites import K_CALL, sweep
+
+    exe = build_program("recursion")
+    with open(exe, "rb") as f:
+        text = ELFFile(f).get_section_by_name(".text")
+        lo, data = PIE_BASE + text["sh_addr"], text.data()
+
+    def read(address: int, size: int) -> bytes:
+        return data[address - lo : address - lo + size]
+
+    cm = sweep(read, [(lo, lo + len(data))])
+    far_lo = (lo - FAR_OFFSET) & ~0xFFF
+    far = [(far_lo, far_lo + FAR_SPAN, np.zeros(FAR_SPAN, np.uint8))]
+    plan = plan_module(cm, read, (PIE_BASE - 2 * ARENA_STUBS, PIE_BASE), far)
+    code = dict(plan.code)
+    patched = dict(plan.patches)
+    ips, lens = cm.ips.astype(np.int64), cm.lens.astype(np.int64)
+    calls = np.flatnonzero((cm.kinds == K_CALL) & (lens == 5)
+                           & (cm.targets.astype(np.int64) != ips + lens))  # fmt: skip
+    assert len(calls) >= 8
+    covered = sorted((a, a + len(b)) for a, b in plan.patches if len(b) != 4)
+    for k in calls.tolist():
+        ip = int(ips[k])
+        rel = patched.get(ip + 1)
+        assert rel is not None, hex(ip)
+        thunk = ip + 5 + int.from_bytes(rel, "little", signed=True)
+        assert thunk >= plan.runtime and thunk in code
+        body = code[thunk]
+        neg = int.from_bytes(body[pc.F_push_neg : pc.F_push_neg + 8], "little", signed=True)
+        assert neg == -(ip + 5)
+        assert not any(a < ip + 5 and ip < b for a, b in covered), hex(ip)  # no window over it
+
+
+def test_redirect_table_as_the_runtime_probes_it():
+    """Every int3 address is found from its home slot by a linear probe
+    (runtime.S's TABLE_PROBE, emulated here), and an address that is not
+    in the table ends at an empty slot: random addresses and a dense run
+    (a block moved whole), whose home slots collide."""
+    import random
+
+    from hwtrace.record.patch.layout import REDIRECT_HASH, redirect_table
+
+    rng = random.Random(7)
+    redirects = {rng.randrange(0x400000, 1 << 47): rng.randrange(1, 1 << 47) for _ in range(20000)}
+    redirects.update({0x555555554000 + 3 * i: i + 1 for i in range(5000)})
+    table, mask = redirect_table(redirects)
+
+    def probe(key: int) -> int | None:
+        slot = ((key * REDIRECT_HASH) % (1 << 64) >> 12) & mask
+        while True:
+            if table[2 * slot] == key:
+                return int(table[2 * slot + 1])
+            if table[2 * slot] == 0:
+                return None
+            slot += 1
+
+    assert all(probe(k) == v for k, v in redirects.items())
+    assert probe(0x555555554001) is None and probe(0x7FFF00000000) is None
