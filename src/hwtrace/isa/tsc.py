@@ -17,8 +17,7 @@ from typing import Any
 
 __all__ = ["rdtsc", "read_tsc"]  # noqa: F822 (read_tsc: made on first import)
 
-# rdtsc; shl rdx, 32; or rax, rdx; ret
-_RDTSC_CODE = bytes.fromhex("0f31" "48c1e220" "4809d0" "c3")
+_RDTSC_CODE = bytes.fromhex("0f31 48c1e220 4809d0 c3")  # rdtsc; shl rdx, 32; or rax, rdx; ret
 _reader: Any = None
 _page: mmap.mmap | None = None
 
