@@ -862,13 +862,11 @@ def test_followed_children_keep_their_redirect_table(tmp_path):
     assert len({t.pid for t in rec.threads}) == 5 and rec.mapped
 
 
-def test_windows_start_where_their_blocks_do():
-    """A window reaches back to its block's first instruction (past padding
-    NOPs), so the trampolines' direct branches, which go to the copy of
-    their target where it has one, keep a loop inside trampolines instead
-    of jumping back to the program's code and in again."""
+def _recursion_plan():
+    """The recursion program's .text swept and planned as the patcher does
+    (at PIE_BASE): its code map, a reader of its bytes and the plan."""
     from hwtrace.record.patch.layout import ARENA_STUBS, FAR_OFFSET, FAR_SPAN, plan_module
-    from hwtrace.record.patch.sites import K_OTHER, sweep
+    from hwtrace.record.patch.sites import sweep
 
     exe = build_program("recursion")
     with open(exe, "rb") as f:
@@ -883,7 +881,17 @@ def test_windows_start_where_their_blocks_do():
     # stub space for jumps whose displacement's top byte must be 0xCC.
     far_lo = (lo - FAR_OFFSET) & ~0xFFF
     far = [(far_lo, far_lo + FAR_SPAN, np.zeros(FAR_SPAN, np.uint8))]
-    plan = plan_module(cm, read, (PIE_BASE - 2 * ARENA_STUBS, PIE_BASE), far)
+    return cm, read, plan_module(cm, read, (PIE_BASE - 2 * ARENA_STUBS, PIE_BASE), far)
+
+
+def test_windows_start_where_their_blocks_do():
+    """A window reaches back to its block's first instruction (past padding
+    NOPs), so the trampolines' direct branches, which go to the copy of
+    their target where it has one, keep a loop inside trampolines instead
+    of jumping back to the program's code and in again."""
+    from hwtrace.record.patch.sites import K_OTHER
+
+    cm, read, plan = _recursion_plan()
     ips = cm.ips.astype(np.int64)
     ends = ips + cm.lens.astype(np.int64)
     # A block starts at a leader or after a control transfer (or a gap).
@@ -938,21 +946,9 @@ def test_direct_calls_keep_their_place():
     return stack and jumps to the callee: the processor's return stack
     still pairs the call with its return."""
     from hwtrace.record.patch import _patchcode as pc
-    from hwtrace.record.patch.layout import ARENA_STUBS, FAR_OFFSET, FAR_SPAN, plan_module
-    from hwtrace.record.patch.sites import K_CALL, sweep
+    from hwtrace.record.patch.sites import K_CALL
 
-    exe = build_program("recursion")
-    with open(exe, "rb") as f:
-        text = ELFFile(f).get_section_by_name(".text")
-        lo, data = PIE_BASE + text["sh_addr"], text.data()
-
-    def read(address: int, size: int) -> bytes:
-        return data[address - lo : address - lo + size]
-
-    cm = sweep(read, [(lo, lo + len(data))])
-    far_lo = (lo - FAR_OFFSET) & ~0xFFF
-    far = [(far_lo, far_lo + FAR_SPAN, np.zeros(FAR_SPAN, np.uint8))]
-    plan = plan_module(cm, read, (PIE_BASE - 2 * ARENA_STUBS, PIE_BASE), far)
+    cm, _, plan = _recursion_plan()
     code = dict(plan.code)
     patched = dict(plan.patches)
     ips, lens = cm.ips.astype(np.int64), cm.lens.astype(np.int64)
