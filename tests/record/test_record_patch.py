@@ -975,12 +975,14 @@ def test_redirect_table_as_the_runtime_probes_it():
     (a block moved whole), whose home slots collide."""
     import random
 
-    from hwtrace.record.patch.layout import REDIRECT_HASH, redirect_table
+    from hwtrace.record.patch.layout import REDIRECT_HASH, AddressMap, redirect_table
 
     rng = random.Random(7)
     redirects = {rng.randrange(0x400000, 1 << 47): rng.randrange(1, 1 << 47) for _ in range(20000)}
     redirects.update({0x555555554000 + 3 * i: i + 1 for i in range(5000)})
-    table, mask = redirect_table(redirects)
+    table, mask = redirect_table(AddressMap(redirects))
+    # (An AddressMap answers as the dict it was made of.)
+    assert all(AddressMap(redirects).get(k) == v for k, v in list(redirects.items())[:500])
 
     def probe(key: int) -> int | None:
         slot = ((key * REDIRECT_HASH) % (1 << 64) >> 12) & mask

@@ -97,6 +97,61 @@ class PlanError(Exception):
     """The module cannot be laid out (no room for its trampolines)."""
 
 
+class AddressMap:
+    """Address to address, for hundreds of thousands of entries (an int3 of
+    the patches to its copy, a moved instruction to its original): sorted
+    arrays, one run per module's plan, beside a dict of single entries.
+    A plan keeps its maps so (loading a cached plan builds no dict) and
+    the patcher merges them by reference; a look-up is a binary search
+    per run."""
+
+    __slots__ = ("_keys", "_one", "_values")
+
+    def __init__(self, items: dict[int, int] | None = None) -> None:
+        self._keys: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+        self._one: dict[int, int] = {}
+        if items:
+            keys = np.fromiter(items.keys(), np.uint64, len(items))
+            values = np.fromiter(items.values(), np.uint64, len(items))
+            order = np.argsort(keys)
+            self._keys.append(keys[order])
+            self._values.append(values[order])
+
+    def update(self, other: AddressMap) -> None:
+        """Add ``other``'s entries (the maps of modules do not overlap)."""
+        self._keys += other._keys
+        self._values += other._values
+        self._one.update(other._one)
+
+    def __setitem__(self, key: int, value: int) -> None:
+        self._one[key] = value
+
+    def get(self, key: int, default: int | None = None) -> int | None:
+        got = self._one.get(key)
+        if got is not None:
+            return got
+        if 0 <= key < 1 << 64:
+            k = np.uint64(key)
+            for keys, values in zip(self._keys, self._values, strict=True):
+                i = int(np.searchsorted(keys, k))
+                if i < keys.shape[0] and keys[i] == k:
+                    return int(values[i])
+        return default
+
+    def __contains__(self, key: int) -> bool:
+        return self.get(key) is not None
+
+    def __len__(self) -> int:
+        return sum(k.shape[0] for k in self._keys) + len(self._one)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every entry: keys and values (uint64)."""
+        one_k = np.fromiter(self._one.keys(), np.uint64, len(self._one))
+        one_v = np.fromiter(self._one.values(), np.uint64, len(self._one))
+        return np.concatenate([*self._keys, one_k]), np.concatenate([*self._values, one_v])
+
+
 @dataclass
 class ModulePlan:
     """What to write for one module: ``code`` (address, bytes) in its arenas,
@@ -105,14 +160,14 @@ class ModulePlan:
 
     code: list[tuple[int, bytes]] = field(default_factory=list)
     patches: list[tuple[int, bytes]] = field(default_factory=list)
-    redirects: dict[int, int] = field(default_factory=dict)
+    redirects: AddressMap = field(default_factory=AddressMap)
     runtime: int = 0  # address of the runtime routines' copy
     scratch: int = 0  # SCRATCH_SIZE bytes for hwtrace's use (a path for open)
     stats: dict[str, int] = field(default_factory=dict)
     source: dict[int, bytes] = field(default_factory=dict)  # the code it was made for
     arenas: list[tuple[int, int]] = field(default_factory=list)
     # trampoline address of each moved instruction -> its original address
-    origin: dict[int, int] = field(default_factory=dict)
+    origin: AddressMap = field(default_factory=AddressMap)
     syscalls: dict[int, int] = field(default_factory=dict)  # trampoline syscall -> original
     # (start, end, original address) of each instrumented instruction's code
     parts: list[tuple[int, int, int]] = field(default_factory=list)
@@ -287,7 +342,7 @@ REDIRECT_HASH = 0x5BD1E995  # runtime.S's REDIRECT: ((ip * this) >> 12) & mask
 _PROBE_TAIL = 256  # slots past the last: a probe never wraps
 
 
-def redirect_table(redirects: dict[int, int]) -> tuple[np.ndarray, int]:
+def redirect_table(redirects: AddressMap) -> tuple[np.ndarray, int]:
     """The runtime's redirect table for ``redirects`` (from -> to): the
     uint64 words (key, value pairs) and the slot mask.  Open addressing
     with linear probes, as runtime.S's TABLE_PROBE reads it: keys sorted by
@@ -295,9 +350,8 @@ def redirect_table(redirects: dict[int, int]) -> tuple[np.ndarray, int]:
     = n + the running maximum of home - n), so every slot between a key's
     home and its own is taken, and a probe never runs past the table's
     tail (else the table doubles)."""
-    keys = np.fromiter(redirects.keys(), np.uint64, len(redirects))
-    values = np.fromiter(redirects.values(), np.uint64, len(redirects))
-    slots = 1 << max(10, (4 * len(redirects)).bit_length())
+    keys, values = redirects.arrays()
+    slots = 1 << max(10, (4 * len(keys)).bit_length())
     while True:
         home = ((keys * np.uint64(REDIRECT_HASH)) >> np.uint64(12)) & np.uint64(slots - 1)
         order = np.argsort(home, kind="stable")
@@ -451,6 +505,8 @@ def plan_module(
         if total >= 5:
             first[w] = k
     plan = ModulePlan()
+    redirects: dict[int, int] = {}  # kept as AddressMaps when done
+    origin: dict[int, int] = {}
     plan.arenas = [near] + [(lo, hi) for lo, hi, _ in far]
     near_lo, near_hi = near
     stub_hi = near_lo + ARENA_STUBS
@@ -546,7 +602,7 @@ def plan_module(
         if s.enter and int(ips[s.first]) == s.enter_ip:
             moved[s.enter_ip] = s.body
         for a in ips[s.first if s.trap else s.first + 1 : s.last + 1].tolist():
-            plan.redirects[a] = moved[a]
+            redirects[a] = moved[a]
     stats = {"sites": len(sites), "traps": 0, "stubs": 0, "windows": 0}
     dead_at = flags_dead_everywhere(cm.ips, cm.lens, kinds, cm.flags, cm.targets)
 
@@ -564,17 +620,17 @@ def plan_module(
         if s.enter:
             body += _enter(s.enter_ip, s.body, rt)
         for k in range(s.first, i):
-            plan.origin[s.body + len(body)] = int(ips[k])
+            origin[s.body + len(body)] = int(ips[k])
             body += _moved(cm, read, k, s.body + len(body))
         part_at = s.body + len(body)
         if int(kinds[i]) == K_OTHER:  # an entry's block end: the instruction moved
-            plan.origin[part_at] = ip
+            origin[part_at] = ip
             raws[i] = _moved(cm, read, i, part_at)
         if int(kinds[i]) == K_SYSCALL:
             plan.syscalls[part_at + pc.F_sys_syscall] = ip
         # A return to after a call whose next instruction is an int3 goes
         # to its copy instead (see runtime.S's tpl_ret).
-        cont = plan.redirects.get(nxt, 0)
+        cont = redirects.get(nxt, 0)
         if called and int(kinds[i]) in (K_IJMP, K_ICALL):
             mark = bytearray(pc.TPL_MARK)
             _put64(mark, pc.F_mark_ip, ip)
@@ -597,7 +653,7 @@ def plan_module(
     for k, at in zip(thunks.tolist(), thunk_at.tolist(), strict=True):
         ip = int(ips[k])
         nxt = ip + 5
-        push = _push(nxt, plan.redirects.get(nxt, 0))
+        push = _push(nxt, redirects.get(nxt, 0))
         target = int(cm.targets[k])
         plan.code.append(
             (at, push + bytes([_JMP]) + _rel(at + len(push) + 5, moved.get(target, target)))
@@ -617,13 +673,14 @@ def plan_module(
         rel32 = np.sort(np.concatenate([rel32, np.flatnonzero((kinds == K_COND) & (lens == 6)
                                                                 & ~is_site)]))  # fmt: skip
     hits = rel32[np.isin(cm.targets[rel32].astype(np.int64),
-                         np.fromiter(plan.redirects, np.int64, len(plan.redirects)))]  # fmt: skip
+                         np.fromiter(redirects, np.int64, len(redirects)))]  # fmt: skip
     hits = [k for k in hits.tolist() if kinds[k] != K_COND or read(int(ips[k]), 1) == b"\x0f"]
     for k in hits:  # E8/E9 rel32: 5 bytes leave no room for a prefix; 0F 8x
         at = int(ips[k])
         n = int(lens[k])
-        plan.patches.append((at + n - 4, _rel(at + n, plan.redirects[int(cm.targets[k])])))
+        plan.patches.append((at + n - 4, _rel(at + n, redirects[int(cm.targets[k])])))
         stats["retargeted"] = stats.get("retargeted", 0) + 1
+    plan.redirects, plan.origin = AddressMap(redirects), AddressMap(origin)
     plan.stats = stats
     return plan
 

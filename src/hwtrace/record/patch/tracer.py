@@ -66,6 +66,7 @@ from .layout import (
     ARENA_STUBS,
     FAR_OFFSET,
     FAR_SPAN,
+    AddressMap,
     ModulePlan,
     PlanError,
     plan_module_cached,
@@ -603,7 +604,7 @@ class _Patcher:
         self.t = t
         self.opt = opt
         self.plans: dict[str, ModulePlan] = {}
-        self.redirects: dict[int, int] = {}
+        self.redirects = AddressMap()
         self.runtime = 0
         self.scratch = 0
         self.notify: set[int] = set()  # where the runtime stops for new code
@@ -614,7 +615,7 @@ class _Patcher:
         self.table = (0, 0)  # the redirect table: address, mask
         self.pool: _Pool | None = None
         self.arenas: list[tuple[int, int]] = []
-        self.origin: dict[int, int] = {}  # moved instruction -> its original address
+        self.origin = AddressMap()  # moved instruction -> its original address
         self.syscalls: dict[int, int] = {}  # a trampoline's syscall -> the original
         self.parts: list[tuple[int, int, int]] = []  # instrumented instructions' code
         self.halts: set[int] = set()  # where rt_async_off stops (after its int3)
@@ -1249,7 +1250,7 @@ class _Run:
         self.exec_error = ""  # why a program exec'd could not be recorded
         # A forked child runs the image it was forked from (the process
         # may exec another since): its traps are sent on by that image's.
-        self.child_redirects: dict[int, dict[int, int]] = {}
+        self.child_redirects: dict[int, AddressMap] = {}
         self.follow = patcher.opt.follow_fork
         self.process: dict[int, int] = {}  # a recorded child's thread -> its process
         # (TSC, pid, tid, parent pid) of each recorded child process and thread
