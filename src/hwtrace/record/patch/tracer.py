@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import errno
 import gc
 import hashlib
 import io
@@ -91,6 +92,27 @@ SPAN = 64 << 30
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+_libc.waitpid.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+
+
+def _wait_any() -> tuple[int, int] | None:
+    """waitpid(-1, __WALL) through libc: the event, or None when a signal
+    interrupted the wait.  (os.waitpid retries after a handler unless it
+    raises, and an exception raised by a handler just after the call
+    returned would lose the event it reported, leaving that thread stopped
+    for good.)"""
+    status = ctypes.c_int()
+    got = _libc.waitpid(-1, ctypes.byref(status), WALL)
+    if got >= 0:
+        return got, status.value
+    err = ctypes.get_errno()
+    if err == errno.EINTR:
+        return None
+    if err == errno.ECHILD:
+        raise ChildProcessError(err, os.strerror(err))
+    raise OSError(err, os.strerror(err))
+
+
 ADDR_NO_RANDOMIZE = 0x0040000  # personality(2)
 CHUNK = 32 << 20  # trace bytes copied out at a time
 SLACK = 512  # room past END for the largest group of packets a routine writes
@@ -1164,6 +1186,8 @@ class _Pool:
                 self._drain(k)
 
     def _drain_all(self) -> None:
+        # SIGTERM and SIGHUP go to the thread waiting for ptrace events.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
         while not self.stop.wait(self.opt.drain_period):
             with self.lock:
                 try:
@@ -1266,7 +1290,6 @@ class _Run:
         self.children: set[int] = set()  # forked processes, let go at exec
         self.regs = Registers()
         self.stop_signal = 0  # asked to stop recording (SIGTERM, SIGHUP)
-        self.waiting = False  # blocked in waitpid: a stop request ends the wait
         self.stopping: set[int] = set()  # threads sent a SIGSTOP to be let go at
         # Per thread, for each signal handler running: was the thread in a
         # traced call when the signal came (``calls``)?
@@ -1295,10 +1318,9 @@ class _Run:
             self.finished.append(self.pool.release(tid))
 
     def request_stop(self, sig: int, frame: object) -> None:
-        """SIGTERM/SIGHUP handler: stop at the next wait, or end it now."""
+        """SIGTERM/SIGHUP handler: stop before the next wait (the signal
+        ends a wait in progress: it interrupts the system call)."""
         self.stop_signal = sig
-        if self.waiting:
-            raise _StopRequested
 
     def _getregs(self, tid: int) -> bool:
         return ptrace(PTRACE_GETREGS, tid, 0, ctypes.addressof(self.regs)) == 0
@@ -1414,15 +1436,12 @@ class _Run:
             if self.stop_signal and not self.stopping:
                 self._stop_all()
             try:
-                self.waiting = True
-                tid, status = os.waitpid(-1, WALL)
-                self.waiting = False
+                got = _wait_any()
             except ChildProcessError:
                 return self.status
-            except _StopRequested:
-                continue
-            finally:
-                self.waiting = False
+            if got is None:
+                continue  # a signal: a stop request, if SIGTERM or SIGHUP
+            tid, status = got
             if os.WIFEXITED(status) or os.WIFSIGNALED(status):
                 if tid == self.pid:
                     self.status = status
@@ -1686,10 +1705,6 @@ class _Run:
 
 
 _SAFE_STEPS = 100_000
-
-
-class _StopRequested(Exception):
-    """SIGTERM or SIGHUP while hwtrace waits for the program."""
 
 
 _FAULTS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP)
