@@ -230,15 +230,6 @@ def sweep_file(
     return cm
 
 
-def __getattr__(name: str):
-    # The compiled loops (windows, flags_dead...): numba only when used.
-    if name in ("windows", "flags_dead", "flags_dead_everywhere"):
-        from . import _loops
-
-        return getattr(_loops, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # The sweeping code, its loops and the decoder: a cached sweep is theirs.
 SOURCE_DIGEST = hashlib.sha256(
     Path(__file__).read_bytes()
