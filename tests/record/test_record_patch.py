@@ -753,7 +753,7 @@ def test_exec_is_followed(same_path, tmp_path):
     (alone,) = decoded(kept, tmp_path).values()
     path = tmp_path / "perf.data"
     rec = record_patched_perf(["/bin/sh", "-c", f"exec {exe}"], path, stdout=subprocess.DEVNULL)
-    assert [comm for _, comm, _, _ in rec.execs] == [exe.name[:15]] and not rec.exec_error
+    assert [e.comm for e in rec.execs] == [exe.name[:15]] and not rec.exec_error
     data = read_perf_data(path)
     flow = decode_perf(data)
     assert not flow.problems and flow.n_gaps == 0
@@ -765,6 +765,36 @@ def test_exec_is_followed(same_path, tmp_path):
         from test_record_threads import perf_lists
 
         np.testing.assert_array_equal(perf_lists(path)[q.tid], got)
+
+
+def test_children_that_exec_are_followed(same_path, tmp_path):
+    """With ``follow_fork``, a child that runs another program (a shell
+    running two commands) is recorded on in it, as ``perf record`` follows
+    it: the new program's COMM (exec) and MMAP2 under the child's pid, its
+    trace from its entry point on that of the program recorded alone; the
+    parent's trace goes on unharmed."""
+    exe = build_program("recursion")
+    kept = record_patched([str(exe)], stdout=subprocess.DEVNULL)
+    (alone,) = decoded(kept, tmp_path).values()
+    path = tmp_path / "perf.data"
+    argv = ["/bin/sh", "-c", f"{exe}; {exe}; echo done"]
+    rec = record_patched_perf(argv, path, PatchOptions(follow_fork=True), stdout=subprocess.DEVNULL)
+    children = sorted({t.pid for t in rec.threads} - {rec.pid})
+    assert len(children) == 2 and not rec.exec_error
+    assert [(e.pid, e.comm) for e in rec.execs] == [(c, exe.name[:15]) for c in children]
+    flow = decode_perf(read_perf_data(path))
+    assert not flow.problems and flow.n_gaps == 0
+    got = {q.tid: q.instructions() for q in flow.queues}
+    for child in children:
+        assert got[child].shape[0] > alone.shape[0]  # the shell's fork, then the program
+        np.testing.assert_array_equal(got[child][-alone.shape[0] :], alone)
+    assert got[rec.pid].shape[0] > 10_000
+    if shutil.which("perf"):
+        from test_record_threads import perf_lists
+
+        theirs = perf_lists(path)
+        for tid, ours in got.items():
+            np.testing.assert_array_equal(theirs[tid], ours)
 
 
 def test_repeat_recordings_reuse_their_plans(tmp_path, monkeypatch):

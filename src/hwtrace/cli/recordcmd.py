@@ -203,8 +203,8 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
         sys.stderr.write(f"hwtrace record: warning: {', '.join(rec.unresolved)}: the library was "
                          "never mapped, nothing traced there\n")  # fmt: skip
     if rec.execs:
-        names = ", ".join(comm for _, comm, _, _ in rec.execs)
-        sys.stderr.write(f"hwtrace record: followed the program's exec of {names}\n")
+        names = ", ".join(e.comm for e in rec.execs)
+        sys.stderr.write(f"hwtrace record: followed the exec of {names}\n")
     if rec.exec_error:
         sys.stderr.write(f"hwtrace record: warning: the program exec'd another that could not "
                          f"be recorded ({rec.exec_error}): it runs on untraced\n")  # fmt: skip

@@ -38,9 +38,9 @@ def _start_maps(rec: PatchRecording) -> list[Mapping]:
 
 
 def _maps(rec: PatchRecording) -> list[Mapping]:
-    """The mappings at the start and those of code mapped later (a module
-    dlopen'ed, at an address nothing else had been at)."""
-    return _start_maps(rec) + [m for _, m in rec.mapped]
+    """The mappings at the start and those of code the program mapped
+    later (a module dlopen'ed, at an address nothing else had been at)."""
+    return _start_maps(rec) + [m for _, m, pid in rec.mapped if pid == rec.pid]
 
 
 def _mmaps(rec: PatchRecording) -> list[MmapRecord]:
@@ -67,12 +67,12 @@ def patch_perf_recording(rec: PatchRecording, *, buildid_cache: bool = True) -> 
     conv = tsc_conversion(rec.clock_pairs[0], rec.clock_pairs[-1])
     t0, t1 = (int(conv.to_ns(c)) for c, _ in (rec.clock_pairs[0], rec.clock_pairs[-1]))
     processes = [_process_start(rec, t0)]
-    for tsc, comm, maps, vdso in rec.execs:
-        mmaps = mmap_records([m for m in maps if m.path != "[vsyscall]"], {}, vdso)
-        processes.append(ProcessStart(int(conv.to_ns(tsc)), rec.pid, comm, True, mmaps))
-    later = [(int(conv.to_ns(tsc)), rec.pid, r)
-             for (tsc, _), r in zip(rec.mapped, mmap_records([m for _, m in rec.mapped], {}),
-                                    strict=True)]  # fmt: skip
+    for e in rec.execs:
+        mmaps = mmap_records([m for m in e.maps if m.path != "[vsyscall]"], {}, e.vdso)
+        processes.append(ProcessStart(int(conv.to_ns(e.tsc)), e.pid, e.comm, True, mmaps))
+    later = [(int(conv.to_ns(tsc)), pid, r)
+             for (tsc, _, pid), r in zip(rec.mapped, mmap_records([m for _, m, _ in rec.mapped], {}),
+                                         strict=True)]  # fmt: skip
     tasks = [TaskRecord(int(conv.to_ns(tsc)), "fork", pid, tid, parent if pid == tid else pid,
                         parent if pid == tid else pid)
              for tsc, pid, tid, parent in rec.forked]  # fmt: skip

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from elftools.elf.constants import SH_FLAGS
@@ -76,6 +76,7 @@ from .layout import (
 from .sites import INSTRUMENTED, K_CALL, CodeMap, sweep_file
 
 __all__ = [
+    "ExecRecord",
     "PatchError",
     "PatchOptions",
     "PatchRecording",
@@ -188,6 +189,16 @@ class PatchOptions:
         return self.ranged or bool(self.calls)
 
 
+class ExecRecord(NamedTuple):
+    """A program a recorded process exec'd (recorded on from its entry)."""
+
+    tsc: int
+    comm: str
+    maps: list[Mapping]
+    vdso: bytes
+    pid: int
+
+
 @dataclass
 class PatchThread:
     """One thread's trace."""
@@ -219,16 +230,16 @@ class PatchRecording:
     # (TSC, CLOCK_MONOTONIC ns) read together when tracing began and ended
     clock_pairs: list[tuple[int, int]] = field(default_factory=list)
     forks: int = 0  # child processes (not recorded)
-    # (TSC when patched, mapping) of modules mapped later (dlopen), patched
-    mapped: list[tuple[int, Mapping]] = field(default_factory=list)
+    # (TSC when patched, mapping, pid) of modules mapped later (dlopen), patched
+    mapped: list[tuple[int, Mapping, int]] = field(default_factory=list)
     # The signal (SIGTERM, SIGHUP) that stopped the recording before the
     # program ended (which runs on, untraced); 0: it ended.
     stopped_by: int = 0
     # Why copying the traces out failed (a full disk): they end there.
     write_error: str = ""
-    # (TSC, comm, mappings, vDSO) of each program the process exec'd
-    # (recorded on from its entry point; ``maps`` is the first program's)
-    execs: list[tuple[int, str, list[Mapping], bytes]] = field(default_factory=list)
+    # Each program the process or a recorded child exec'd (recorded on from
+    # its entry point; ``maps`` is the first program's)
+    execs: list[ExecRecord] = field(default_factory=list)
     exec_error: str = ""  # why a program it exec'd was not recorded
     # Executable mappings that ran unpatched (anonymous code: a JIT's): the
     # trace has a gap from each branch into them to the next PSB+.
@@ -417,9 +428,8 @@ def _patch_image(t: _Target, pool: _Pool, opt: PatchOptions, maps: list[Mapping]
     killed while it patches, the patched code would run, untraced.  With
     address ranges, the functions are looked up in it (and ``ranges``, in
     the ``first`` program only)."""
-    pool.map_sinks(t)
     r = t.regs()
-    r.gs_base = pool.sink()
+    r.gs_base = pool.map_sinks(t)
     t.set_regs(r)
     kill_point("buffers")
     if opt.ranged:
@@ -624,6 +634,7 @@ class _Patcher:
 
     def __init__(self, t: _Target, opt: PatchOptions) -> None:
         self.t = t
+        self.pid = t.pid  # the process whose image this is
         self.opt = opt
         self.plans: dict[str, ModulePlan] = {}
         self.redirects = AddressMap()
@@ -785,7 +796,7 @@ class _Patcher:
         self.t.write(at, words.tobytes())
         self.table = (at, mask)
         if self.pool is not None:
-            self.pool.set_table(at, mask)
+            self.pool.set_table(self.t.pid, at, mask)
 
     def _far(self, mod: _Module) -> list[tuple[int, int, np.ndarray]]:
         """The far stub space for ``mod``'s jumps whose displacement's top
@@ -947,6 +958,16 @@ def record_patched(
             pool.close()
 
 
+@dataclass
+class _Sinks:
+    """A process's private control blocks whose buffers are always full
+    (:meth:`_Pool.map_sinks`)."""
+
+    target: _Target
+    base: int
+    free: list[int]
+
+
 class _Pool:
     """The threads' control blocks and trace buffers: one shared-memory file
     of ``max_threads`` + 1 slots (a control block, then :data:`SPAN` bytes
@@ -975,7 +996,6 @@ class _Pool:
         self.base = 0
         self.free = list(range(opt.max_threads, 0, -1))
         self.slots: dict[int, int] = {}  # tid -> slot
-        self.table = (0, 0)
         self.dropped = 0  # threads past the last slot: not recorded
         self.spools: dict[int, Any] = {}  # slot -> its spool file (no sink)
         self.tids: dict[int, int] = {}  # slot -> thread
@@ -986,12 +1006,13 @@ class _Pool:
         self.stop = threading.Event()
         self.drainer: threading.Thread | None = None
         self.tsc_step = 0  # TSC ticks between time points (runtime.S's TSCSTEP)
-        self.tables: dict[int, tuple[int, int]] = {}  # a recorded child's table
-        self.made: list[tuple[int, int]] = []  # every redirect table, oldest first
-        self.target: _Target | None = None  # the program, for its private sinks
-        self.sinks = 0  # their address in the program
-        self.free_sinks: list[int] = []
-        self.sink_of: dict[int, int] = {}  # tid -> its private sink
+        # Per process: the redirect table its new control blocks read, and
+        # (by the process whose image hwtrace patched: the program, or one
+        # that exec'd) every table made there, oldest first, and its sinks.
+        self.tables: dict[int, tuple[int, int]] = {}
+        self.made: dict[int, list[tuple[int, int]]] = {}
+        self.sink_sets: dict[int, _Sinks] = {}
+        self.sink_of: dict[int, tuple[_Sinks, int]] = {}  # tid -> its private sink
         self.ranges: list[tuple[int, int]] | None = None  # traced only there
         self.calls: list[tuple[int, str]] | None = None  # traced only in their calls
         # module!name functions (ranges, calls) of modules not mapped yet
@@ -1026,71 +1047,64 @@ class _Pool:
         """Slot ``k``'s control block, as 64-bit words (shared with the program)."""
         return np.frombuffer(self.shared, np.uint64, TCB_SIZE // 8, k * self.slot_size)
 
-    def sink(self) -> int:
-        """The control block whose buffer is always full."""
-        w = self.words(0)
-        w[pc.SELF // 8] = self.base
-        w[pc.W // 8] = pc.W0
-        w[pc.CUR // 8] = w[pc.END // 8] = self.base + TCB_SIZE
-        w[pc.NEXTPSB // 8] = 1 << 62
-        w[pc.PSBPERIOD // 8] = 1 << 20
-        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
-        return self.base
-
-    def map_sinks(self, t: _Target) -> None:
+    def map_sinks(self, t: _Target) -> int:
         """Control blocks whose buffers are always full, private to the
-        program: a forked child runs on its own copy of the first (a fork
-        copies private memory), threads past the last slot on the others.
-        A control block holds the registers its routines save: two threads
-        on one would overwrite each other's."""
+        process ``t`` (whose image hwtrace patches now): a forked child runs
+        on its own copy of the first (a fork copies private memory), threads
+        past the last slot on the others.  A control block holds the
+        registers its routines save: two threads on one would overwrite
+        each other's.  Returns the first's address."""
         n = self.opt.max_threads + 1
         at = t.map(0, n * SINK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
         if at < 0:
             raise PatchError(f"the program cannot map its control blocks: {os.strerror(-at)}")
-        self.target, self.sinks = t, at
-        self.free_sinks = list(range(n - 1, 0, -1))
+        sinks = self.sink_sets[t.pid] = _Sinks(t, at, list(range(n - 1, 0, -1)))
+        table = self.tables.get(t.pid, (0, 0))
         for i in range(n):
-            self._write_sink(i)
+            tcb = at + i * SINK_SIZE
+            w = np.zeros(pc.SELF // 8 + 1, np.uint64)
+            w[pc.SELF // 8] = tcb
+            w[pc.W // 8] = pc.W0
+            w[pc.CUR // 8] = w[pc.END // 8] = tcb + TCB_SIZE
+            w[pc.NEXTPSB // 8] = 1 << 62
+            w[pc.PSBPERIOD // 8] = 1 << 20
+            w[pc.RTABLE // 8], w[pc.RMASK // 8] = table
+            sinks.target.write(tcb, w.tobytes())
+        return at
 
-    def _write_sink(self, i: int) -> None:
-        tcb = self.sinks + i * SINK_SIZE
-        w = np.zeros(pc.SELF // 8 + 1, np.uint64)
-        w[pc.SELF // 8] = tcb
-        w[pc.W // 8] = pc.W0
-        w[pc.CUR // 8] = w[pc.END // 8] = tcb + TCB_SIZE
-        w[pc.NEXTPSB // 8] = 1 << 62
-        w[pc.PSBPERIOD // 8] = 1 << 20
-        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
-        self.target.write(tcb, w.tobytes())
+    def child_sink(self, image: int) -> int:
+        """The control block of a process forked from one running image
+        ``image``'s (its own copy)."""
+        return self.sink_sets[image].base
 
-    def child_sink(self) -> int:
-        """The control block of a forked process (its own copy)."""
-        return self.sinks
-
-    def thread_sink(self, tid: int) -> int:
-        """A private control block for a thread hwtrace does not record
-        (the first when none is left)."""
-        i = self.free_sinks.pop() if self.free_sinks else 0
-        self.sink_of[tid] = i
-        return self.sinks + i * SINK_SIZE
+    def thread_sink(self, tid: int, image: int) -> int:
+        """A private control block for a thread hwtrace does not record,
+        in a process running image ``image``'s (the first when none is left)."""
+        sinks = self.sink_sets[image]
+        i = sinks.free.pop() if sinks.free else 0
+        self.sink_of[tid] = (sinks, i)
+        return sinks.base + i * SINK_SIZE
 
     def forget(self, tid: int) -> None:
         """Thread ``tid`` (not recorded) ended: its control block is free."""
-        i = self.sink_of.pop(tid, 0)
-        if i:
-            self.free_sinks.append(i)
+        sinks, i = self.sink_of.pop(tid, (None, 0))
+        if sinks is not None and i:
+            sinks.free.append(i)
 
-    def claim(self, tid: int, entry: int = 0, pid: int = 0) -> int:
-        """A control block for a new thread (its trace starts with PSB+);
-        a sink when none is left."""
+    def claim(self, tid: int, entry: int = 0, pid: int = 0, image: int = 0) -> int:
+        """A control block for a new thread of process ``pid`` (default: the
+        program's), which runs image ``image``'s code (default: its
+        process's); its trace starts with PSB+; a sink when none is left."""
+        pid = pid or self.pid
+        image = image or pid
         with self.lock:
             if not self.free:
                 self.dropped += 1
-                return self.thread_sink(tid)
+                return self.thread_sink(tid, image)
             k = self.free.pop()
             self.slots[tid] = k
             self.tids[k] = tid
-            self.pids[k] = pid or self.pid
+            self.pids[k] = pid
             if self.out is None:
                 self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
             self.drained[k] = 0
@@ -1109,20 +1123,22 @@ class _Pool:
         w[pc.TSCSTEP // 8] = self.tsc_step
         w[pc.NEXTIP // 8] = entry
         w[pc.TARGET // 8] = entry
-        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.tables.get(pid, self.table)
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.tables.get(pid, (0, 0))
         self._range_words(w)
         return tcb
 
-    def inherit_table(self, child: int) -> None:
-        """A recorded child process reads the newest redirect table in its
-        memory: the one its parent had when it forked (hwtrace may learn of
-        the child after the parent made another, which the child has not)."""
+    def inherit_table(self, child: int, image: int) -> None:
+        """A recorded child process (forked from one running image
+        ``image``'s) reads the newest redirect table in its memory: the one
+        its parent had when it forked (hwtrace may learn of the child after
+        the parent made another, which the child has not)."""
         try:
             t = _Target(child)
         except OSError:
             return
         try:
-            mapped = (table for table in reversed(self.made) if len(t.read(table[0], 8)) == 8)
+            made = reversed(self.made.get(image, []))
+            mapped = (table for table in made if len(t.read(table[0], 8)) == 8)
             table = next(mapped, None)
             if table is not None:
                 self.tables[child] = table
@@ -1137,7 +1153,7 @@ class _Pool:
         w[pc.W // 8] = pc.W0
         w[pc.NEXTPSB // 8] = w[pc.CUR // 8]
         w[pc.NEXTIP // 8] = w[pc.TARGET // 8] = entry
-        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.table
+        w[pc.RTABLE // 8], w[pc.RMASK // 8] = self.tables.get(self.pids[k], (0, 0))
         w[TCB_SIZE // 16 : TCB_SIZE // 8] = 0  # the return stack
         self._range_words(w)
         return self.base + k * self.slot_size
@@ -1202,18 +1218,20 @@ class _Pool:
         self.drainer = threading.Thread(target=self._drain_all, name="hwtrace-drain", daemon=True)
         self.drainer.start()
 
-    def set_table(self, address: int, mask: int) -> None:
-        """Every control block of the recorded process (and those claimed
-        later) reads this table (its children keep theirs)."""
-        self.table = (address, mask)
-        self.made.append(self.table)
-        for k in [0, *(k for k in self.slots.values() if self.pids[k] == self.pid)]:
+    def set_table(self, pid: int, address: int, mask: int) -> None:
+        """Every control block of process ``pid``, whose image hwtrace
+        patched (and those claimed later), reads this table (its children
+        keep theirs)."""
+        self.tables[pid] = (address, mask)
+        self.made.setdefault(pid, []).append((address, mask))
+        for k in [k for k in self.slots.values() if self.pids[k] == pid]:
             w = self.words(k)
             w[pc.RTABLE // 8], w[pc.RMASK // 8] = address, mask
-        if self.target is not None:
+        sinks = self.sink_sets.get(pid)
+        if sinks is not None:
             for i in range(self.opt.max_threads + 1):
-                tcb = self.sinks + i * SINK_SIZE
-                self.target.write(tcb + pc.RTABLE, struct.pack("<QQ", address, mask))
+                tcb = sinks.base + i * SINK_SIZE
+                sinks.target.write(tcb + pc.RTABLE, struct.pack("<QQ", address, mask))
 
     def release(self, tid: int) -> PatchThread:
         """The trace of a thread that ended; its slot is free again."""
@@ -1264,22 +1282,19 @@ class _Run:
 
     def __init__(self, pid: int, patcher: _Patcher, pool: _Pool) -> None:
         self.pid = pid
-        self.patcher = patcher
-        self.redirects = patcher.redirects
+        # The image each process runs: patched in it (the program, a
+        # process that exec'd), or in the one it was forked from.
+        self.images: dict[int, _Patcher] = {pid: patcher}
         self.pool = pool
         self.plans = dict(patcher.plans)  # every image's modules
         self.untraced: dict[int, Mapping] = {}  # code that ran unpatched, by start
-        # (TSC, comm, mappings, vDSO) of each program the process exec'd
-        self.execs: list[tuple[int, str, list[Mapping], bytes]] = []
+        self.execs: list[ExecRecord] = []
         self.exec_error = ""  # why a program exec'd could not be recorded
-        # A forked child runs the image it was forked from (the process
-        # may exec another since): its traps are sent on by that image's.
-        self.child_redirects: dict[int, AddressMap] = {}
         self.follow = patcher.opt.follow_fork
         self.process: dict[int, int] = {}  # a recorded child's thread -> its process
         # (TSC, pid, tid, parent pid) of each recorded child process and thread
         self.forked: list[tuple[int, int, int, int]] = []
-        self.mapped: list[tuple[int, Mapping]] = []  # (TSC, mapping) of code mapped later
+        self.mapped: list[tuple[int, Mapping, int]] = []  # (TSC, mapping, pid) of code mapped later
         self.held: list[tuple[int, int]] = []  # (tid, signal) that came while hwtrace worked
         self.status = 0  # the process's wait status
         self.traps = 0
@@ -1310,6 +1325,11 @@ class _Run:
             return self.process[tid]
         return tid if tid in self.children else self.pid
 
+    def _image(self, tid: int) -> _Patcher:
+        """The image thread ``tid`` runs."""
+        image = self.images.get(self._process_of(tid))
+        return image if image is not None else self.images[self.pid]
+
     def _let_go(self, tid: int) -> None:
         ptrace(PTRACE_DETACH, tid, 0, 0)
         self.live.discard(tid)
@@ -1337,38 +1357,43 @@ class _Run:
             self.regs.gs_base = self.pool.claim(tid)
         else:
             self.children.add(tid)
-            self.child_redirects[tid] = self.redirects
             group = _thread_group(tid)
+            parent = group if group != tid else _parent(tid)
+            # A new process runs the image of the one it was forked from
+            # (which may exec another since), a new thread its process's.
+            image = self.images.get(parent) or self.images[self.pid]
+            if group == tid:
+                self.images[tid] = image
             if self.follow and group:
                 # Recorded: a control block and buffer of its own (shared
                 # memory: the fork kept the mapping), its trace from the
                 # instruction after the fork (the system call's trampoline
                 # enables tracing there).
                 self.process[tid] = group
-                parent = group if group != tid else _parent(tid)
                 if group == tid:
-                    self.pool.inherit_table(tid)
+                    self.pool.inherit_table(tid, image.pid)
                 self.forked.append((int(rdtsc()), group, tid, parent))
-                self.regs.gs_base = self.pool.claim(tid, pid=group)
+                self.regs.gs_base = self.pool.claim(tid, pid=group, image=image.pid)
             else:
                 # A forked process runs on its copy of the children's sink; a
                 # thread of one (which no fork copied) on one of its own.
                 leader = group == tid
-                self.regs.gs_base = self.pool.child_sink() if leader else self.pool.thread_sink(tid)
+                self.regs.gs_base = (self.pool.child_sink(image.pid) if leader
+                                     else self.pool.thread_sink(tid, image.pid))  # fmt: skip
         self._setregs(tid)
 
-    def _new_code(self, tid: int) -> None:
+    def _new_code(self, tid: int, image: _Patcher) -> None:
         """The thread mapped code executable: patch it before it runs."""
-        t = self.patcher.t
+        t = image.t
         t.tid = tid
-        before = len(self.patcher.done)
-        maps = read_maps(self.pid)
+        before = len(image.done)
+        maps = read_maps(image.pid)
         self._find_later(maps)
-        self.patcher.patch_new(maps)
-        self.untraced.update((m.start, m) for m in self.patcher.untraced(maps))
+        image.patch_new(maps)
+        self.untraced.update((m.start, m) for m in image.untraced(maps))
         now = int(rdtsc())
-        for lo, hi, _ in self.patcher.done[before:]:
-            self.mapped += [(now, m) for m in maps if lo <= m.start < hi]
+        for lo, hi, _ in image.done[before:]:
+            self.mapped += [(now, m, image.pid) for m in maps if lo <= m.start < hi]
 
     def _find_later(self, maps: list[Mapping]) -> None:
         """The functions of libraries mapped now (``-f``, ``--call`` of
@@ -1383,39 +1408,39 @@ class _Run:
             found, pool.later_calls = _functions(self.pid, maps, pool.later_calls, False)
             pool.calls = [*(pool.calls or []), *((r.start, r.name) for r in found)]
 
-    def _exec(self) -> bool:
-        """The recorded process ran a new program (``perf record`` follows
-        an exec too): run it to its entry point, map the buffers again where
-        they were, patch it, and trace on from its entry (PSB+, TIP.PGE) in
-        the same buffer.  False: it could not be, the process is let go
-        (it runs on untraced)."""
-        pid = self.pid
+    def _exec(self, pid: int) -> bool:
+        """Recorded process ``pid`` ran a new program (``perf record``
+        follows an exec too): run it to its entry point, map the buffers
+        again where they were, patch it, and trace on from its entry (PSB+,
+        TIP.PGE) in the same buffer.  False: it could not be, the process is
+        let go (it runs on untraced)."""
         tasks = set(os.listdir(f"/proc/{pid}/task"))
-        for tid in [x for x in self.pool.slots if str(x) not in tasks]:
-            self.finished.append(self.pool.release(tid))  # ended by the exec
+        pool = self.pool
+        gone = [x for x, k in pool.slots.items() if pool.pids[k] == pid and str(x) not in tasks]
+        for tid in gone:
+            self.finished.append(pool.release(tid))  # ended by the exec
+        old = self._image(pid)
         t = _Target(pid)  # /proc/PID/mem is the old address space's
         try:
             entry, maps, comm = _to_entry(t)
-            _map_pool(t, self.pool, f"/proc/{os.getpid()}/fd/{self.pool.fd}", self.pool.base,
-                      MAP_FIXED_NOREPLACE)  # fmt: skip
-            patcher = _patch_image(t, self.pool, self.patcher.opt, maps, first=False)
+            _map_pool(t, pool, f"/proc/{os.getpid()}/fd/{pool.fd}", pool.base, MAP_FIXED_NOREPLACE)
+            patcher = _patch_image(t, pool, old.opt, maps, first=False)
         except (PatchError, OSError) as e:
             self.exec_error = str(e)
             t.close()
-            if pid in self.pool.slots:
-                self.finished.append(self.pool.release(pid))
+            if pid in pool.slots:
+                self.finished.append(pool.release(pid))
             self.live.discard(pid)
+            self.children.discard(pid)
             ptrace(PTRACE_DETACH, pid, 0, 0)
             return False
-        self.execs.append((int(rdtsc()), comm, maps, patcher.vdso))
-        self.patcher.t.close()
+        self.execs.append(ExecRecord(int(rdtsc()), comm, maps, patcher.vdso, pid))
+        if old.pid == pid:
+            old.t.close()  # (a forked child's is its parent's)
         self.untraced.update((m.start, m) for m in patcher.untraced(maps))
-        self.patcher = patcher
-        self.redirects = patcher.redirects
+        self.images[pid] = patcher
         self.plans.update(patcher.plans)
-        tcb = (
-            self.pool.restart(pid, entry) if pid in self.pool.slots else self.pool.claim(pid, entry)
-        )
+        tcb = pool.restart(pid, entry) if pid in pool.slots else pool.claim(pid, entry, pid=pid)
         r = t.regs()
         r.gs_base = tcb
         if patcher.in_ranges(entry) and patcher.calls is None:
@@ -1471,33 +1496,42 @@ class _Run:
                 elif event == _EVENT_EXIT and tid in self.pool.slots:
                     self.finished.append(self.pool.release(tid))
                 elif event == _EVENT_EXEC and tid in self.children:
-                    # A child that hwtrace does not record runs its new program
-                    # free: nothing of the patched image is left in it.
-                    # A recorded child's trace ends at its exec (the TIP.PGD
-                    # before the system call).
-                    self.children.discard(tid)
-                    self.live.discard(tid)
-                    self.pool.forget(tid)
-                    self.child_redirects.pop(tid, None)
-                    self.process.pop(tid, None)
-                    if tid in self.pool.slots:
-                        self.finished.append(self.pool.release(tid))
-                    ptrace(PTRACE_DETACH, tid, 0, 0)
-                    continue
+                    if tid in self.pool.slots and not self.images[self.pid].opt.gated:
+                        # A recorded child runs another program: recorded on.
+                        if not self._exec(tid):
+                            continue
+                    else:
+                        # A child that hwtrace does not record runs its new
+                        # program free: nothing of the patched image is left
+                        # in it.  With address ranges or calls (which name the
+                        # program's functions), a recorded child's trace ends
+                        # at its exec (the TIP.PGD before the system call).
+                        self.children.discard(tid)
+                        self.live.discard(tid)
+                        self.pool.forget(tid)
+                        self.images.pop(tid, None)
+                        self.process.pop(tid, None)
+                        if tid in self.pool.slots:
+                            self.finished.append(self.pool.release(tid))
+                        ptrace(PTRACE_DETACH, tid, 0, 0)
+                        continue
                 elif event == _EVENT_EXEC and tid == self.pid:
-                    if not self._exec():
+                    if not self._exec(tid):
                         continue
                 ptrace(PTRACE_CONT, tid, 0, 0)
                 continue
             if sig == signal.SIGTRAP and self._getregs(tid):
-                if self.regs.rip in self.patcher.notify and tid not in self.children:
-                    self._new_code(tid)
+                image = self._image(tid)
+                # (A forked child maps new code in its own copy of the image
+                # it was forked from: not patched, a stated gap.)
+                if self.regs.rip in image.notify and image.pid == self._process_of(tid):
+                    self._new_code(tid, image)
                     ptrace(PTRACE_CONT, tid, 0, 0)
                     continue
-                if self.regs.rip in self.patcher.sigreturns and tid in self.pool.slots:
+                if self.regs.rip in image.sigreturns and tid in self.pool.slots:
                     self._sigreturn(tid)
                     continue
-                to = self.child_redirects.get(tid, self.redirects).get(self.regs.rip - 1)
+                to = image.redirects.get(self.regs.rip - 1)
                 if to is not None:
                     self.traps += 1
                     self.regs.rip = to
@@ -1558,7 +1592,7 @@ class _Run:
         """Where a thread at ``ip`` goes on: the copy where ``ip`` is an
         int3 of the patches (a signal put the thread back at a moved
         instruction's original), so that it takes no trap there."""
-        return self.child_redirects.get(tid, self.redirects).get(ip, ip)
+        return self._image(tid).redirects.get(ip, ip)
 
     def _resume_at_copy(self, tid: int) -> None:
         """The stopped thread on at :meth:`_copy_of` its IP, untraced."""
@@ -1570,13 +1604,14 @@ class _Run:
     def _enable_at(self, tid: int, ip: int) -> None:
         """Set the stopped thread to enable tracing (TIP.PGE) at ``ip`` and
         run on there (where ``ip`` is traced)."""
-        if not self.patcher.in_ranges(ip):
+        image = self._image(tid)
+        if not image.in_ranges(ip):
             self._resume_at_copy(tid)
             return
         w = self._tcb_words(tid)
         w[pc.NEXTIP // 8] = ip
         w[pc.TARGET // 8] = self._copy_of(tid, ip)
-        self.regs.rip = self.patcher.runtime + pc.RT_START
+        self.regs.rip = image.runtime + pc.RT_START
         self._setregs(tid)
 
     def _signal(self, tid: int, sig: int) -> int:
@@ -1591,12 +1626,13 @@ class _Run:
         info = ctypes.create_string_buffer(128)
         ptrace(PTRACE_GETSIGINFO, tid, 0, ctypes.addressof(info))
         rip = self.regs.rip
-        off = rip - 2 in self.patcher.syscalls  # after a trampoline's system call
+        image = self._image(tid)
+        off = rip - 2 in image.syscalls  # after a trampoline's system call
         w = self._tcb_words(tid)
         # In a traced call (calls' extents): on, or off for a system call
         # (its trampoline enables again), or about to be enabled.
         inside = bool(w[pc.ON // 8]) or (off and bool(w[pc.SYSON // 8]))
-        if rip == self.patcher.runtime + pc.RT_START:
+        if rip == image.runtime + pc.RT_START:
             inside = True
             # About to enable tracing (after a handler, say): it is off, and
             # enabled again where the thread goes on after this handler (the
@@ -1604,10 +1640,10 @@ class _Run:
             self.regs.rip = rip = int(self._tcb_words(tid)[pc.NEXTIP // 8])
             self._setregs(tid)
             off = True
-        if not off and self.patcher.in_arena(rip):
+        if not off and image.in_arena(rip):
             if sig in _FAULTS:
                 # A fault in a moved instruction is the original's.
-                orig = self.patcher.original(rip)
+                orig = image.original(rip)
                 if orig is None:
                     return sig  # inside the runtime: a fault of hwtrace's, passed on
                 self.regs.rip = orig
@@ -1621,17 +1657,17 @@ class _Run:
                     return 0
                 off = at == "syscall"
             rip = self.regs.rip
-        if not off and self.patcher.opt.gated:
+        if not off and image.opt.gated:
             off = not w[pc.ON // 8]  # outside the ranges or calls
         if not off:
             # Interrupted in the program's own code (tracing was on).
             saved = self.regs.copy()
             w = self._tcb_words(tid)
             w[pc.NEXTIP // 8] = rip
-            self.regs.rip = self.patcher.runtime + pc.RT_ASYNC_OFF
+            self.regs.rip = image.runtime + pc.RT_ASYNC_OFF
             self._setregs(tid)
             ptrace(PTRACE_CONT, tid, 0, 0)
-            if not self._wait_trap(tid, self.patcher.halts):
+            if not self._wait_trap(tid, image.halts):
                 return 0
             self.regs = saved
             self._setregs(tid)
@@ -1643,7 +1679,7 @@ class _Run:
         ptrace(PTRACE_SINGLESTEP, tid, 0, sig)
         if not self._wait_trap(tid, None, step=True) or not self._getregs(tid):
             return 0
-        if self.patcher.calls is not None:
+        if image.calls is not None:
             # The handler runs in the call (on its stack, below): traced
             # if the call was; back after it, likewise.
             self.was_on.setdefault(tid, []).append(inside)
@@ -1660,7 +1696,7 @@ class _Run:
         original), ``"syscall"`` (at a trampoline's system call: tracing is
         off), ``"int3"`` (at one of the runtime's stops for hwtrace, which
         the thread is to run first); None: the thread is gone."""
-        p = self.patcher
+        p = self._image(tid)
         for _ in range(_SAFE_STEPS):
             rip = self.regs.rip
             if not p.in_arena(rip):
@@ -1690,16 +1726,17 @@ class _Run:
         if not self._wait_trap(tid, None) or not self._getregs(tid):  # the exit
             return
         rip = self.regs.rip
+        image = self._image(tid)
         stack = self.was_on.get(tid)
-        if self.patcher.calls is not None and not (stack.pop() if stack else False):
+        if image.calls is not None and not (stack.pop() if stack else False):
             self._resume_at_copy(tid)  # it interrupted the thread outside the calls
-        elif not self.patcher.in_arena(rip):
+        elif not image.in_arena(rip):
             self._enable_at(tid, rip)
-        elif self.patcher.ranges is not None:
+        elif image.ranges is not None:
             # After a system call in a trampoline, which enables tracing
             # if it was on there (a handler outside the ranges ran since).
-            at = self.patcher.syscalls.get(rip - 2)
-            if at is not None and self.patcher.in_ranges(at):
+            at = image.syscalls.get(rip - 2)
+            if at is not None and image.in_ranges(at):
                 self._tcb_words(tid)[pc.SYSON // 8] = 1
         ptrace(PTRACE_CONT, tid, 0, 0)
 
