@@ -131,14 +131,29 @@
 
 /* The pending TNT bits as TNT-8 packets at rcx (6 bits each, as Intel's
  * processors write them: never larger than a TNT-64, smaller below 43
- * bits), without a branch on how many: the 6-bit groups are spread into
- * the bytes of one word in three steps (24, 12 and 6 bits apart), shifted
- * into place under their stop bits, byte-swapped (oldest first) and
- * stored at once; the bytes past the packets are written over later. */
+ * bits).  Up to six bits (most flushes before a TIP) are one byte, the
+ * bits under the stop bit brought down to them, with no branch on whether
+ * there are any (none: the byte is written over).  More go without a branch on
+ * how many: the 6-bit groups are spread into the bytes of one word in
+ * three steps (24, 12 and 6 bits apart), shifted into place under their
+ * stop bits, byte-swapped (oldest first) and stored at once; the bytes
+ * past the packets are written over later. */
 .macro FLUSH_TNT
         mov rax, [rbx + W]
-        cmp rax, W0
-        je .Lflush_done\@
+        cmp rax, W0 << 7
+        jae .Lflush_many\@
+        mov qword ptr [rbx + W], W0
+        mov edx, eax
+        shr edx, 16             /* the stop bit above the n bits: 1 << n */
+        or eax, edx
+        add eax, eax            /* above the header's bit 0 */
+        mov [rcx], al
+        bsr edx, edx            /* n (0: W0, no packet) */
+        add [rbx + TNTBITS], rdx
+        cmp edx, 1
+        sbb rcx, -1             /* rcx + 1 unless there were none */
+        jmp .Lflush_done\@
+.Lflush_many\@:
         mov qword ptr [rbx + W], W0
         bsr rdx, rax
         btc rax, rdx            /* the stop bit off: the bits, the oldest */
