@@ -675,6 +675,56 @@ def build_jit() -> Path:
     return compile_program(JIT, "patch-jit", FLAGS)
 
 
+# Indirect calls to an address nothing is mapped at, each fault caught
+# (SIGSEGV handler, siglongjmp): the program prints where each faulted (the
+# handler's RIP and si_addr), which must be the bad address itself.
+BAD_CALLS = r"""
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+static sigjmp_buf back;
+static volatile unsigned long fault_ip, fault_addr;
+
+static void on_segv(int sig, siginfo_t *info, void *ctx) {
+    (void)sig;
+    fault_ip = (unsigned long)((ucontext_t *)ctx)->uc_mcontext.gregs[REG_RIP];
+    fault_addr = (unsigned long)info->si_addr;
+    siglongjmp(back, 1);
+}
+
+int main(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaction(SIGSEGV, &sa, NULL);
+    /* An address that was mapped and is not any more. */
+    unsigned char *p = mmap(0, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    munmap(p, 4096);
+    int (*volatile f)(void) = (int (*)(void))(p + 16);
+    int caught = 0;
+    for (int i = 0; i < 3; i++) {
+        if (sigsetjmp(back, 1) == 0)
+            f();
+        else if (fault_ip == (unsigned long)(p + 16) && fault_addr == fault_ip)
+            caught++;
+    }
+    printf("caught %d faults at the bad address\n", caught);
+    return 0;
+}
+"""
+
+
+def build_bad_calls() -> Path:
+    """The program whose indirect calls go nowhere (see BAD_CALLS)."""
+    return compile_program(BAD_CALLS, "patch-bad-calls", FLAGS)
+
+
 def build_async_signals() -> Path:
     """The program a profiling timer interrupts anywhere (see ASYNC_SIGNALS)."""
     return compile_program(ASYNC_SIGNALS, "patch-async-signals", FLAGS)

@@ -37,6 +37,7 @@ from elftools.elf.elffile import ELFFile
 from patch_programs import (
     PROGRAM_NAMES,
     build_async_signals,
+    build_bad_calls,
     build_dlopen_library,
     build_forks,
     build_jit,
@@ -238,6 +239,21 @@ def test_signals_that_interrupt_trampolines(same_path, tmp_path):
                       if s.name == "on_alarm"]  # fmt: skip
     base = min(m.start for m in rec.maps if m.path == str(exe))
     assert int((flow.block_ip == base + handler).sum()) == runs
+
+
+def test_indirect_calls_into_nothing_fault_where_they_would(same_path, tmp_path):
+    """An indirect call to an address nothing is mapped at faults there, as
+    it does natively (the program's handler sees that address as its IP,
+    not one in the runtime, which handles the call first); the flow,
+    through each fault and its handler's siglongjmp, equals the stepper's."""
+    exe = build_bad_calls()
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        record_patched([str(exe)], stdout=f)
+    assert out.read_text() == "caught 3 faults at the bad address\n"
+    rec = record_patched([str(exe)])  # the output where the stepper's goes
+    assert os.waitstatus_to_exitcode(rec.exit_status) == 0
+    assert_same_flows("bad-calls", decoded(rec, tmp_path), stepped(exe, rec))
 
 
 def test_full_buffer_drops_then_overflow_packet(tmp_path):
