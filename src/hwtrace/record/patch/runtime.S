@@ -132,8 +132,8 @@
 /* The pending TNT bits as TNT-8 packets at rcx (6 bits each, as Intel's
  * processors write them: never larger than a TNT-64, smaller below 43
  * bits).  Up to six bits (most flushes before a TIP) are one byte, the
- * bits under the stop bit brought down to them, with no branch on whether
- * there are any (none: the byte is written over).  More go without a branch on
+ * stop bit brought down onto the bits, with no branch on whether there
+ * are any (none: the byte is written over).  More go without a branch on
  * how many: the 6-bit groups are spread into the bytes of one word in
  * three steps (24, 12 and 6 bits apart), shifted into place under their
  * stop bits, byte-swapped (oldest first) and stored at once; the bytes

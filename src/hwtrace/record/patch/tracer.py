@@ -797,7 +797,7 @@ class _Patcher:
         self.t.write(at, words.tobytes())
         self.table = (at, mask)
         if self.pool is not None:
-            self.pool.set_table(self.t.pid, at, mask)
+            self.pool.set_table(self.pid, at, mask)
 
     def _far(self, mod: _Module) -> list[tuple[int, int, np.ndarray]]:
         """The far stub space for ``mod``'s jumps whose displacement's top
@@ -971,9 +971,9 @@ class _Sinks:
 
 class _Pool:
     """The threads' control blocks and trace buffers: one shared-memory file
-    of ``max_threads`` + 1 slots (a control block, then :data:`SPAN` bytes
-    of buffer), sparse; slot 0 is a sink for processes hwtrace does not
-    record (its buffer is always full).  While the program runs, a thread
+    of ``max_threads`` slots (a control block, then :data:`SPAN` bytes of
+    buffer), sparse (threads it does not record, and processes, run on
+    private sinks: :meth:`map_sinks`).  While the program runs, a thread
     of hwtrace's copies what each thread wrote to a spool file, frees
     those pages and moves the thread's end ``buffer_size`` bytes past what
     it wrote: were hwtrace gone, a thread writes that much more and drops
@@ -988,14 +988,14 @@ class _Pool:
         self.chunk = max(PAGE, min(CHUNK, opt.buffer_size // 2))
         self.error: OSError | None = None  # writing a trace out failed
         self.slot_size = TCB_SIZE + SPAN
-        self.size = self.slot_size * (opt.max_threads + 1)
+        self.size = self.slot_size * opt.max_threads
         self.fd, self.path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
         os.ftruncate(self.fd, self.size)
         self.shared = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
         self.view = memoryview(self.shared)
         self.base = 0
-        self.free = list(range(opt.max_threads, 0, -1))
+        self.free = list(range(opt.max_threads - 1, -1, -1))
         self.slots: dict[int, int] = {}  # tid -> slot
         self.dropped = 0  # threads past the last slot: not recorded
         self.spools: dict[int, Any] = {}  # slot -> its spool file (no sink)
@@ -1504,7 +1504,7 @@ class _Run:
                 elif event == _EVENT_EXIT and tid in self.pool.slots:
                     self.finished.append(self.pool.release(tid))
                 elif event == _EVENT_EXEC and tid in self.children:
-                    if tid in self.pool.slots and not self.images[self.pid].opt.gated:
+                    if tid in self.pool.slots and not self._image(tid).opt.gated:
                         # A recorded child runs another program: recorded on.
                         if not self._exec(tid):
                             continue
