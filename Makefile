@@ -61,8 +61,12 @@ conformance: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), a test file
+# each at a time: its module fixtures (programs built, traces recorded)
+# are made once, and the files that share kernel state name theirs apart.
+TEST_WORKERS ?= 2
 test: venv oracles lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: venv oracles
 	$(BIN)/python bench/bench_packets.py

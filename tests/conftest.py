@@ -75,4 +75,6 @@ def copy_of_built_loops(directory: Path) -> Path:
     return directory
 
 
-numba_caches.drop_stale()
+# Once per run: by pytest-xdist's controller, before its workers start.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    numba_caches.drop_stale()
