@@ -661,7 +661,7 @@ def test_perf_data_written_while_recording(same_path, tmp_path):
     end: hwtrace and perf read the records of a thread as one trace, the
     same instructions as a recording kept in spool files.  (Drained only
     at the program's signals here, a few KiB at a time: the same records
-    every run.)"""
+    every run; the thread goes round its 8 KiB ring twice.)"""
     exe = build_program("signals")
     kept = record_patched([str(exe)], stdout=subprocess.DEVNULL)
     (expected,) = decoded(kept, tmp_path).values()
@@ -672,6 +672,7 @@ def test_perf_data_written_while_recording(same_path, tmp_path):
     data = read_perf_data(path)
     aux = data.auxtrace_columns()
     assert aux["size"].shape[0] >= 3 and int(aux["size"].sum()) >= size > 0 and lost == 0
+    assert size > options.buffer_size  # round the ring, nothing lost
     flow = decode_perf(data)
     assert not flow.problems and flow.n_gaps == 0
     (q,) = flow.queues

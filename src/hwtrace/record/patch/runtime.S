@@ -100,6 +100,13 @@
         .equ SAVE_RBX, 2344
         .equ TNTN, 2352     /* scratch: TNT packets being written */
         .equ TNTM, 2360     /* scratch: their stop bits */
+        .equ RINGBASE, 2368 /* the thread's buffer: a ring of RINGSIZE bytes */
+        .equ RINGSIZE, 2376
+        .equ LAPEND, 2384   /* RINGBASE + RINGSIZE - SLACK: the ring's last room */
+        .equ ENDBASE, 2392  /* END less DONE: LAPEND, less RINGSIZE a lap on */
+        .equ DONE, 2400     /* bytes hwtrace copied out (laps x RINGSIZE + offset) */
+        .equ LAPS, 2408     /* times the thread went round the ring */
+        .equ WRAPEND, 2416  /* where the thread's last lap ended */
         .equ SHADOW, 4096   /* the return stack: 256 negated return addresses */
         .equ CONTS, 6144    /* beside each, where its return goes on (see tpl_push) */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
@@ -308,9 +315,44 @@
 .macro ROOM
         cmp rcx, [rbx + END]
         jb 6f
+        MAKE_ROOM 6f
         DROP
         RESTORE
 6:
+.endm
+
+/* rcx is at END: on to \room if hwtrace copied more out since END was
+ * set (END moves to where its copy ends, less SLACK: the thread may be
+ * RINGSIZE bytes ahead of hwtrace), or if the lap is over and the ring's
+ * start is free (the thread goes on there; WRAPEND says where the lap
+ * ended); else (full) on past the macro.  Only the thread writes END, CUR
+ * and LAPS, only hwtrace DONE: hwtrace reads LAPS before CUR, so CUR is
+ * stored first.  The buffer's pages stay mapped lap after lap, with no
+ * page fault after the first. */
+.macro MAKE_ROOM room
+        mov rax, [rbx + DONE]
+        add rax, [rbx + ENDBASE]
+        cmp rax, [rbx + LAPEND]
+        jb .Lend\@
+        mov rax, [rbx + LAPEND]
+        cmp rcx, rax
+        jb .Lend\@
+        mov [rbx + WRAPEND], rcx
+        mov rax, [rbx + NEXTPSB]        /* as far from the next PSB+ */
+        sub rax, rcx
+        mov rcx, [rbx + RINGBASE]
+        add rax, rcx
+        mov [rbx + NEXTPSB], rax
+        mov [rbx + CUR], rcx
+        inc qword ptr [rbx + LAPS]
+        mov rax, [rbx + RINGSIZE]
+        sub [rbx + ENDBASE], rax
+        mov rax, [rbx + DONE]
+        add rax, [rbx + ENDBASE]
+.Lend\@:
+        mov [rbx + END], rax
+        cmp rcx, rax
+        jb \room
 .endm
 
 .macro DROP
@@ -379,6 +421,7 @@
         mov qword ptr [rbx + ON], 0
         cmp rcx, [rbx + END]
         jb .Lleave_room\@
+        MAKE_ROOM .Lleave_room\@
         DROP
         jmp .Lleave_done\@
 .Lleave_room\@:
@@ -459,6 +502,7 @@ rt_tip:
         jae 9b
 5:      cmp rcx, [rbx + END]
         jb 6f
+        MAKE_ROOM 6f
         DROP
         REDIRECT
         RESTORE

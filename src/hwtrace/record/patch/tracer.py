@@ -87,9 +87,6 @@ __all__ = [
 
 PAGE = 0x1000
 POOL_HINT = 0x300000000000  # where the buffers are asked to go (a hint)
-# A thread's buffer: this much address space, sparse, written once from its
-# start; hwtrace copies what the thread wrote out and frees those pages.
-SPAN = 64 << 30
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
@@ -115,12 +112,13 @@ def _wait_any() -> tuple[int, int] | None:
 
 
 ADDR_NO_RANDOMIZE = 0x0040000  # personality(2)
-CHUNK = 32 << 20  # trace bytes copied out at a time
+CHUNK = 16 << 20  # trace bytes copied out at a time (at most)
 SLACK = 512  # room past END for the largest group of packets a routine writes
-# Buffer pages hwtrace allocates ahead of a thread's writes, so that the
-# thread maps pages already there instead of allocating and clearing each
-# one in its own page fault (about a quarter of a branchy program's time
-# under tracing in a VM, where a fresh page is also the host's fault).
+# Buffer pages hwtrace allocates ahead of a thread's first lap round its
+# ring, so that the thread maps pages already there instead of allocating
+# and clearing each one in its own page fault (about a quarter of a branchy
+# program's time under tracing in a VM, where a fresh page is also the
+# host's fault).
 AHEAD = 8 << 20
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
 _MADV_POPULATE_WRITE = 23  # (Linux 5.14) fault the pages in writable, as a write would
@@ -140,9 +138,10 @@ class PatchError(Exception):
 @dataclass(frozen=True)
 class PatchOptions:
     """``psb_period``: bytes between PSB+; ``tsc``: TSC packets (in PSB+ and
-    around system calls); ``buffer_size``: trace bytes a thread may have
-    written that hwtrace has not yet copied out (past them, packets are
-    dropped and an OVF follows, as Intel PT does when its buffer is full);
+    around system calls); ``buffer_size``: each thread's ring buffer, the
+    trace bytes it may have written that hwtrace has not yet copied out
+    (past them, packets are dropped and an OVF follows, as Intel PT does
+    when its buffer is full; memory: up to this much per thread);
     ``drain_period``: seconds between hwtrace's copies; ``mtc_period``:
     time points between PSB+ as MTC packets would give them, every 2**N
     ticks of a 25 MHz crystal clock (N = 3: 320 ns; None: none): a routine
@@ -971,13 +970,17 @@ class _Sinks:
 
 class _Pool:
     """The threads' control blocks and trace buffers: one shared-memory file
-    of ``max_threads`` slots (a control block, then :data:`SPAN` bytes of
-    buffer), sparse (threads it does not record, and processes, run on
-    private sinks: :meth:`map_sinks`).  While the program runs, a thread
-    of hwtrace's copies what each thread wrote to a spool file, frees
-    those pages and moves the thread's end ``buffer_size`` bytes past what
-    it wrote: were hwtrace gone, a thread writes that much more and drops
-    the rest."""
+    of ``max_threads`` slots (a control block, then a ring of
+    ``buffer_size`` bytes), sparse (threads it does not record, and
+    processes, run on private sinks: :meth:`map_sinks`).  While the
+    program runs, a thread of hwtrace's copies what each thread wrote to a
+    spool file (or the sink) and says how far it got (the block's DONE): a
+    thread goes on writing round its ring until it would write over what
+    hwtrace has not copied, and drops packets from there (OVF once there is
+    room again, as Intel PT does when its buffer is full).  Were hwtrace
+    gone, a thread writes one more ring's worth and drops the rest.  The
+    ring's pages stay mapped: a thread faults each in once, not once per
+    page it writes (runtime.S: MAKE_ROOM)."""
 
     def __init__(self, opt: PatchOptions, pid: int, sink: TraceSink | None = None) -> None:
         self.opt = opt
@@ -985,9 +988,10 @@ class _Pool:
         self.out = sink
         # Copied out in stretches this large (fewer, larger AUXTRACE records:
         # a decoder joins them), or when the thread ends.
-        self.chunk = max(PAGE, min(CHUNK, opt.buffer_size // 2))
+        self.ring = max(opt.buffer_size & ~(PAGE - 1), 2 * PAGE)
+        self.chunk = max(PAGE, min(CHUNK, self.ring // 4))
         self.error: OSError | None = None  # writing a trace out failed
-        self.slot_size = TCB_SIZE + SPAN
+        self.slot_size = TCB_SIZE + self.ring
         self.size = self.slot_size * opt.max_threads
         self.fd, self.path = tempfile.mkstemp(prefix=f"hwtrace-patch-{pid}-", dir="/dev/shm")
         os.ftruncate(self.fd, self.size)
@@ -1002,6 +1006,8 @@ class _Pool:
         self.tids: dict[int, int] = {}  # slot -> thread
         self.pids: dict[int, int] = {}  # slot -> its thread's process
         self.drained: dict[int, int] = {}  # slot -> buffer bytes copied out
+        self.lap: dict[int, int] = {}  # slot -> the lap round its ring copied from
+        self.off: dict[int, int] = {}  # slot -> where in the ring that copy goes on
         self.ahead: dict[int, int] = {}  # slot -> buffer bytes allocated
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -1063,10 +1069,11 @@ class _Pool:
         table = self.tables.get(t.pid, (0, 0))
         for i in range(n):
             tcb = at + i * SINK_SIZE
-            w = np.zeros(pc.SELF // 8 + 1, np.uint64)
+            w = np.zeros(pc.WRAPEND // 8 + 1, np.uint64)
             w[pc.SELF // 8] = tcb
             w[pc.W // 8] = pc.W0
             w[pc.CUR // 8] = w[pc.END // 8] = tcb + TCB_SIZE
+            w[pc.LAPEND // 8] = 1 << 62  # no ring: END stays 0, it is always full
             w[pc.NEXTPSB // 8] = 1 << 62
             w[pc.PSBPERIOD // 8] = 1 << 20
             w[pc.RTABLE // 8], w[pc.RMASK // 8] = table
@@ -1108,7 +1115,7 @@ class _Pool:
             self.pids[k] = pid
             if self.out is None:
                 self.spools[k] = tempfile.TemporaryFile(prefix=f"hwtrace-patch-{self.pid}-{tid}-")
-            self.drained[k] = 0
+            self.drained[k] = self.lap[k] = self.off[k] = 0
             self.ahead[k] = 0  # the draining thread's next pass allocates
         w = self.words(k)
         w[:] = 0
@@ -1116,8 +1123,9 @@ class _Pool:
         buf = tcb + TCB_SIZE
         w[pc.SELF // 8] = tcb
         w[pc.W // 8] = pc.W0
-        w[pc.CUR // 8] = buf
-        w[pc.END // 8] = buf + min(self.opt.buffer_size, SPAN) - SLACK
+        w[pc.CUR // 8] = w[pc.RINGBASE // 8] = buf
+        w[pc.RINGSIZE // 8] = self.ring
+        w[pc.END // 8] = w[pc.LAPEND // 8] = w[pc.ENDBASE // 8] = buf + self.ring - SLACK
         w[pc.NEXTPSB // 8] = buf
         w[pc.PSBPERIOD // 8] = max(self.opt.psb_period, 64)
         w[pc.TSCON // 8] = int(self.opt.tsc)
@@ -1162,36 +1170,47 @@ class _Pool:
     def _drain(self, k: int, final: bool = False) -> None:
         """Copy what slot ``k``'s thread wrote since the last time to its
         spool or the sink once there is a chunk of it (all of it when
-        ``final``), free those pages, and give the thread room again (the
-        lock held).  The runtime stores CUR after the packets below it."""
+        ``final``) and tell the thread (DONE) that it may write there again
+        (the lock held).  The runtime stores CUR after the packets below it,
+        and before LAPS when it starts a lap."""
         w = self.words(k)
         at = k * self.slot_size + TCB_SIZE
         buf = self.base + at
+        laps = int(w[pc.LAPS // 8])
         cur = int(w[pc.CUR // 8]) - buf
+        lap, off = self.lap[k], self.off[k]
+        pieces = []
+        if laps != lap:  # a lap ended (one: the thread never passes DONE)
+            pieces.append((off, int(w[pc.WRAPEND // 8]) - buf))
+            lap, off = laps, 0
+        if cur > off:  # (else the thread started a lap after LAPS was read)
+            pieces.append((off, cur))
+            off = cur
+        pieces = [(lo, hi) for lo, hi in pieces if hi > lo]
+        size = sum(hi - lo for lo, hi in pieces)
         done = self.drained[k]
-        if cur - done >= self.chunk or (final and (cur > done or self.out is not None)):
-            data = self.view[at + done : at + cur]
-            if self.out is not None:
-                if cur > done or not done:
+        if size >= self.chunk or (final and (size or (self.out is not None and not done))):
+            for lo, hi in pieces or [(0, 0)]:
+                data = self.view[at + lo : at + hi]
+                if self.out is not None:
                     self.out.add(self.tids[k], data)
-            else:
-                self.spools[k].write(data)
-            lo, hi = (at + done) & ~(PAGE - 1), (at + cur) & ~(PAGE - 1)
-            if hi > lo:
-                _libc.fallocate(self.fd, _PUNCH_HOLE, lo, hi - lo)
-            self.drained[k] = done = cur
-        w[pc.END // 8] = buf + min(done + self.opt.buffer_size, SPAN) - SLACK
-        self._allocate_ahead(k, cur)
+                else:
+                    self.spools[k].write(data)
+            self.drained[k] = done + size
+            self.lap[k], self.off[k] = lap, off
+            w[pc.DONE // 8] = lap * self.ring + off
+        self._allocate_ahead(k, cur if laps == 0 else self.ring)
 
     def _allocate_ahead(self, k: int, cur: int) -> None:
-        """Pages for slot ``k``'s next :data:`AHEAD` bytes past ``cur``
-        (its thread's next write), allocated and cleared here, on hwtrace's
-        thread: a tmpfs page is cleared at its first fault, not when
-        fallocate allocates it, and clearing the pages in the program's
-        faults took a third of a fast-tracing program's time."""
-        want = min(cur + min(AHEAD, self.opt.buffer_size), SPAN)
+        """Pages for the :data:`AHEAD` bytes of slot ``k``'s ring past
+        ``cur`` (its thread's next write in its first lap), allocated and
+        cleared here, on hwtrace's thread: a tmpfs page is cleared at its
+        first fault, not when fallocate allocates it, and clearing the pages
+        in the program's faults took a third of a fast-tracing program's
+        time."""
+        want = min(cur + AHEAD, self.ring)
         have = self.ahead[k]
-        if want - have < AHEAD // 4:
+        if want - have < min(AHEAD // 4, self.ring - have) or want <= have:
             return
         at = k * self.slot_size + TCB_SIZE
         lo = max(have, cur & ~(PAGE - 1))
@@ -1249,11 +1268,10 @@ class _Pool:
                 self._drain(k, final=True)
             spool = self.spools.pop(k, None)
             size = self.drained.pop(k)
-            ahead = self.ahead.pop(k)
-            del self.tids[k]
+            self.ahead.pop(k)
+            del self.lap[k], self.off[k], self.tids[k]
             pid = self.pids.pop(k)
-        at = k * self.slot_size + TCB_SIZE
-        _libc.fallocate(self.fd, _PUNCH_HOLE, at, (max(size, ahead) + PAGE - 1) & ~(PAGE - 1))
+        _libc.fallocate(self.fd, _PUNCH_HOLE, k * self.slot_size + TCB_SIZE, self.ring)
         # The spool as the trace (a mapping of it: traces can be large).
         data: bytes | mmap.mmap = b""
         if spool is not None:
