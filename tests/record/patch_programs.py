@@ -720,6 +720,52 @@ int main(void) {
 """
 
 
+EPILOGUES = r"""
+#include <stdio.h>
+long through(long (*f)(long), long x);
+static long twice(long x) { return 2 * x; }
+/* As optimizing compilers lay code out (hot/cold splitting): the return
+ * site of an indirect call falls through into an epilogue that other code
+ * jumps to, a 4-byte instruction before a 7-byte block whose second
+ * instruction starts 4 bytes in.  A jump there would need a displacement
+ * with 0xCC as its top byte, out of reach of a program linked low
+ * (-no-pie): the block is moved whole, int3s in place. */
+__asm__(
+    ".text\n"
+    ".globl through\n"
+    "through:\n"
+    "  push %rbp\n"
+    "  push %rbx\n"
+    "  sub $0x18, %rsp\n"
+    "  mov %rsi, %rbx\n"
+    "  test %rbx, %rbx\n"
+    "  js 2f\n"
+    "  mov %rdi, %rax\n"
+    "  mov %rbx, %rdi\n"
+    "  call *%rax\n"
+    "  add $1, %rax\n"
+    "2:\n"
+    "  add $0x18, %rsp\n"
+    "  pop %rbx\n"
+    "  pop %rbp\n"
+    "  ret\n");
+
+int main(void) {
+    long sum = 0;
+    for (long i = 0; i < 1000; i++)
+        sum += through(twice, i);
+    printf("%ld\n", sum);
+    return 0;
+}
+"""
+
+
+def build_epilogues() -> Path:
+    """The program whose calls return into code falling into a block moved
+    whole (see EPILOGUES)."""
+    return compile_program(EPILOGUES, "patch-epilogues", (*FLAGS, "-no-pie"))
+
+
 def build_bad_calls() -> Path:
     """The program whose indirect calls go nowhere (see BAD_CALLS)."""
     return compile_program(BAD_CALLS, "patch-bad-calls", FLAGS)

@@ -39,6 +39,7 @@ from patch_programs import (
     build_async_signals,
     build_bad_calls,
     build_dlopen_library,
+    build_epilogues,
     build_forks,
     build_jit,
     build_program,
@@ -254,6 +255,19 @@ def test_indirect_calls_into_nothing_fault_where_they_would(same_path, tmp_path)
     rec = record_patched([str(exe)])  # the output where the stepper's goes
     assert os.waitstatus_to_exitcode(rec.exit_status) == 0
     assert_same_flows("bad-calls", decoded(rec, tmp_path), stepped(exe, rec))
+
+
+def test_returns_into_code_before_a_moved_block_run_its_copy(same_path, tmp_path):
+    """A call's return site that falls through into a block moved whole
+    (its int3s in place) is moved with it, so that the return goes on in
+    the copy, not through a trap stop at every call (as in python3, where
+    such stops took 0.3 s of every run); the flow equals the stepper's."""
+    exe = build_epilogues()
+    rec = record_patched([str(exe)], stdout=subprocess.PIPE)
+    assert os.waitstatus_to_exitcode(rec.exit_status) == 0
+    assert rec.traps == 0
+    rec = record_patched([str(exe)])
+    assert_same_flows("epilogues", decoded(rec, tmp_path), stepped(exe, rec))
 
 
 def test_full_buffer_drops_then_overflow_packet(tmp_path):

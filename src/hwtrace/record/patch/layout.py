@@ -408,7 +408,7 @@ def _place(pending: list, ips, near_lo: int, stub_hi: int, far: list, occ_near) 
                 s.entry = -1
             else:
                 s.trap = True  # no stub address: traps at the window's instructions
-                s.first = s.block
+                s.first = s.reach  # (see plan_module: moved from where code falls in)
         pending = again
 
 
@@ -527,9 +527,11 @@ def plan_module(
                                       strict=True):  # fmt: skip
             # A block too short for a jump is moved whole, int3 at each of
             # its instructions: branches to it from trampolines go straight
-            # to the copy, only entries from elsewhere trap.
+            # to the copy, only entries from elsewhere trap.  So is the code
+            # falling into it from the last control transfer: a return
+            # there (after a call) goes to the copy too, not through traps.
             trap = j < 0
-            start = b if trap or j >= b else j  # (j < b: across leaders)
+            start = r if trap else b if j >= b else j  # (j < b: across leaders)
             while not trap and start < j and _is_nop(read(int(ips[start]), int(lens[start]))):
                 start += 1  # padding before a function no symbol names
             s = _Site(
