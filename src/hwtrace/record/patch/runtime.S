@@ -107,6 +107,8 @@
         .equ DONE, 2400     /* bytes hwtrace copied out (laps x RINGSIZE + offset) */
         .equ LAPS, 2408     /* times the thread went round the ring */
         .equ WRAPEND, 2416  /* where the thread's last lap ended */
+        .equ FASTEND, 2424  /* below it, the routines' fast paths (see RESTORE) */
+        .equ FASTOK, 2432   /* nonzero: no ranges, calls or time points (hwtrace's) */
         .equ SHADOW, 4096   /* the return stack: 256 negated return addresses */
         .equ CONTS, 6144    /* beside each, where its return goes on (see tpl_push) */
         .equ ALT, 26        /* a redirected branch goes on ALT bytes before CONT */
@@ -123,8 +125,30 @@
         mov rcx, [rbx + CUR]
 .endm
 
-/* rcx: the new CUR (stored); flags and rax, rdx, rbx back; on to CONT. */
+/* rcx: the new CUR (stored); flags and rax, rdx, rbx back; on to CONT.
+ * The routines' fast paths (tracing on, nothing dropped, no ranges, calls
+ * or time points, room and no PSB+ due) write their packets while CUR is
+ * below FASTEND, which every other path sets again on its way out from
+ * what decides it: min(END, NEXTPSB), or 0 (hwtrace writes 0 where it
+ * changes any of them). */
 .macro RESTORE
+        mov rax, [rbx + END]
+        mov rdx, [rbx + NEXTPSB]
+        cmp rdx, rax
+        cmovb rax, rdx
+        xor edx, edx
+        cmp qword ptr [rbx + OVF], 0
+        cmovne rax, rdx
+        cmp qword ptr [rbx + ON], 0
+        cmove rax, rdx
+        cmp qword ptr [rbx + FASTOK], 0
+        cmove rax, rdx
+        mov [rbx + FASTEND], rax
+        RESTORE_FAST
+.endm
+
+/* RESTORE where nothing FASTEND depends on changed. */
+.macro RESTORE_FAST
         mov [rbx + CUR], rcx
         mov rdx, [rbx + SAVE_RDX]
         mov ax, [rbx + SAVE_FL]
@@ -453,6 +477,11 @@ rt_begin:
 /* 47 TNT bits pending: out as TNT-8s, then PSB+ if due (FUP: NEXTIP). */
 rt_tnt_full:
         SAVE
+        cmp rcx, [rbx + FASTEND]
+        jae .Ltnt_slow
+        FLUSH_TNT
+        RESTORE_FAST
+.Ltnt_slow:
         cmp qword ptr [rbx + ON], 0
         jne 1f
         mov qword ptr [rbx + W], W0     /* tracing is off: no packets */
@@ -474,6 +503,17 @@ rt_tip:
         mov qword ptr gs:[POPPED], 0
 .Ltip:
         SAVE
+        cmp rcx, [rbx + FASTEND]
+        jae .Ltip_slow
+        FLUSH_TNT
+        inc qword ptr [rbx + TIPS]
+        mov rax, [rbx + TARGET]
+        IP_PACKET 0x0d
+        mov rax, [rbx + TARGET]
+        mov [rbx + NEXTIP], rax
+        REDIRECT
+        RESTORE_FAST
+.Ltip_slow:
         cmp qword ptr [rbx + ON], 0
         jne 8f
         mov qword ptr [rbx + W], W0     /* tracing is off: no packets */
@@ -643,6 +683,7 @@ rt_async_off:
 .Loff_ovf:
         OVF_PACKET                  /* tracing off after it: no FUP, TIP.PGD */
 .Loff_done:
+        mov qword ptr [rbx + FASTEND], 0
         mov [rbx + CUR], rcx
         mov rcx, [rbx + SAVE_RCX]
         mov rdx, [rbx + SAVE_RDX]

@@ -1038,6 +1038,10 @@ class _Pool:
         ranges, is enabled by the system call that made it), the ranges."""
         w[pc.ON // 8] = 0
         w[pc.SYSON // 8] = int(self.ranges is None and self.calls is None)
+        # The routines' fast paths: only when a routine knows all it writes
+        # from the block (runtime.S's RESTORE sets FASTEND).
+        w[pc.FASTEND // 8] = 0
+        w[pc.FASTOK // 8] = int(self.ranges is None and self.calls is None and not self.tsc_step)
         w[pc.CALLMODE // 8] = int(self.calls is not None)
         w[pc.EXTENT // 8] = 0
         self._write_ranges(w)
