@@ -238,6 +238,15 @@
 .Lflush_done\@:
 .endm
 
+/* TIP with TARGET (the thread goes on there: NEXTIP). */
+.macro TIP_PACKET
+        inc qword ptr [rbx + TIPS]
+        mov rax, [rbx + TARGET]
+        IP_PACKET 0x0d
+        mov rax, [rbx + TARGET]
+        mov [rbx + NEXTIP], rax
+.endm
+
 /* An IP packet with opcode \op for the IP in rax, compressed against the
  * last IP as the SDM allows (hwtrace.pt.encode's choice). */
 .macro IP_PACKET op
@@ -506,11 +515,7 @@ rt_tip:
         cmp rcx, [rbx + FASTEND]
         jae .Ltip_slow
         FLUSH_TNT
-        inc qword ptr [rbx + TIPS]
-        mov rax, [rbx + TARGET]
-        IP_PACKET 0x0d
-        mov rax, [rbx + TARGET]
-        mov [rbx + NEXTIP], rax
+        TIP_PACKET
         REDIRECT
         RESTORE_FAST
 .Ltip_slow:
@@ -555,11 +560,7 @@ rt_tip:
 6:      OVERFLOWED .Ltip_ovf
         FLUSH_TNT
         TSC_IF_DUE
-        inc qword ptr [rbx + TIPS]
-        mov rax, [rbx + TARGET]
-        IP_PACKET 0x0d
-        mov rax, [rbx + TARGET]
-        mov [rbx + NEXTIP], rax
+        TIP_PACKET
         PSB_IF_DUE 1
         REDIRECT
         RESTORE
