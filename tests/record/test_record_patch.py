@@ -263,10 +263,9 @@ def test_returns_into_code_before_a_moved_block_run_its_copy(same_path, tmp_path
     the copy, not through a trap stop at every call (as in python3, where
     such stops took 0.3 s of every run); the flow equals the stepper's."""
     exe = build_epilogues()
-    rec = record_patched([str(exe)], stdout=subprocess.PIPE)
+    rec = record_patched([str(exe)])
     assert os.waitstatus_to_exitcode(rec.exit_status) == 0
     assert rec.traps == 0
-    rec = record_patched([str(exe)])
     assert_same_flows("epilogues", decoded(rec, tmp_path), stepped(exe, rec))
 
 
@@ -675,7 +674,7 @@ def test_perf_data_written_while_recording(same_path, tmp_path):
     end: hwtrace and perf read the records of a thread as one trace, the
     same instructions as a recording kept in spool files.  (Drained only
     at the program's signals here, a few KiB at a time: the same records
-    every run; the thread goes round its 8 KiB ring twice.)"""
+    every run; the thread goes round its 8 KiB ring.)"""
     exe = build_program("signals")
     kept = record_patched([str(exe)], stdout=subprocess.DEVNULL)
     (expected,) = decoded(kept, tmp_path).values()

@@ -1185,12 +1185,13 @@ class _Pool:
         lap, off = self.lap[k], self.off[k]
         pieces = []
         if laps != lap:  # a lap ended (one: the thread never passes DONE)
-            pieces.append((off, int(w[pc.WRAPEND // 8]) - buf))
+            end = int(w[pc.WRAPEND // 8]) - buf
+            if end > off:
+                pieces.append((off, end))
             lap, off = laps, 0
         if cur > off:  # (else the thread started a lap after LAPS was read)
             pieces.append((off, cur))
             off = cur
-        pieces = [(lo, hi) for lo, hi in pieces if hi > lo]
         size = sum(hi - lo for lo, hi in pieces)
         done = self.drained[k]
         if size >= self.chunk or (final and (size or (self.out is not None and not done))):
@@ -1214,8 +1215,8 @@ class _Pool:
         time."""
         want = min(cur + AHEAD, self.ring)
         have = self.ahead[k]
-        if want - have < min(AHEAD // 4, self.ring - have) or want <= have:
-            return
+        if want <= have or (want - have < AHEAD // 4 and want < self.ring):
+            return  # (a quarter of AHEAD at a time, or the ring's last pages)
         at = k * self.slot_size + TCB_SIZE
         lo = max(have, cur & ~(PAGE - 1))
         try:
