@@ -773,10 +773,15 @@ def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
 
 # -- a JIT in the wild: CPython's perf trampolines ----------------------------------------
 
+# f runs once before "ready": its trampoline and the jitdump's or perf map's
+# entry for it exist before hwtrace attaches, on a busy machine too (else
+# its first call may come under the recorder, whose own capture of the new
+# code then precedes the entry that names it).
 PY_TARGET = """
 import time
 def f(x):
     return x + 1
+f(0)
 print("ready", flush=True)
 while True:
     f(1)
