@@ -60,6 +60,20 @@ LOOP_MODULES = (
     "hwtrace.textout",
     "hwtrace.analysis.latency",
     "hwtrace.image._lookup",
+    "hwtrace.perf._loops",
+    "hwtrace.perf.rewrite",
+    "hwtrace.pt.codeindex",
+    "hwtrace.pt.render",
+    "hwtrace.pt.select",
+    "hwtrace.textout.perfscript",
+    "hwtrace.session.callcut",
+    "hwtrace.session.perftime",
+    "hwtrace.analysis.callpath",
+    "hwtrace.analysis.vm",
+    "hwtrace.filter.inputs.base",
+    "hwtrace.filter.listing",
+    "hwtrace.filter.ftrace_raw",
+    "hwtrace.kernel.ringbuf",
 )
 
 _LIB_NAME = "libhwtrace-aot"
@@ -410,10 +424,18 @@ class CompiledLoop:
     def dispatcher(self):
         """The numba dispatcher (created on first need)."""
         if self._dispatcher is None:
-            import numba
-
             _numba_ready()
-            self._dispatcher = numba.njit(**self.options)(self.py_func)
+            options = dict(self.options)
+            cache = options.pop("cache", False)
+            local_types = options.pop("locals", {})
+            options["nopython"] = True
+            options.setdefault("boundscheck", None)
+            disp = _dispatcher_class()(
+                py_func=self.py_func, locals=local_types, targetoptions=options
+            )
+            if cache:
+                disp.enable_caching()
+            self._dispatcher = disp
         return self._dispatcher
 
     def _natives(self) -> dict:
@@ -463,6 +485,37 @@ class CompiledLoop:
 
     def __repr__(self) -> str:
         return f"<loop {self.name}>"
+
+
+_dispatcher_type = None
+
+
+def _dispatcher_class():
+    """numba's CPU dispatcher, typing calls from other loops with plain
+    argument types.  numba types a constant argument by its value
+    (``Literal[int](8)``) and compiles the callee, with everything it
+    calls, once per distinct constant: the flow decoder's queue helpers
+    were compiled eight times over.  A call is typed with the constants'
+    plain types first; the literal types only when that does not type
+    (a constant index into a heterogeneous tuple needs its value)."""
+    global _dispatcher_type
+    if _dispatcher_type is None:
+        from numba.core import errors, types
+        from numba.core.registry import CPUDispatcher
+
+        class PlainTypedDispatcher(CPUDispatcher):
+            def get_call_template(self, args, kws):
+                plain = tuple(types.unliteral(a) for a in args)
+                plain_kws = {k: types.unliteral(v) for k, v in kws.items()}
+                if plain != tuple(args) or plain_kws != kws:
+                    try:
+                        return super().get_call_template(plain, plain_kws)
+                    except errors.TypingError:
+                        pass
+                return super().get_call_template(args, kws)
+
+        _dispatcher_type = PlainTypedDispatcher
+    return _dispatcher_type
 
 
 def njit(*args, **options):

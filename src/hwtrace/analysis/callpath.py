@@ -23,11 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
-from numba import types
-from numba.typed import Dict
 
+from .. import aot
 from ..image.symbols import SymbolTable
 from ..pt.codeindex import K_CALL, K_OTHER, K_RET, CodeIndex, Reader
 
@@ -43,25 +41,51 @@ __all__ = [
 ]
 
 
-@nb.njit(cache=True, inline="always")
-def _child(children, parent, node_sym, base, s, n_nodes):
+@aot.njit(cache=True, inline="always")
+def _slot(keys, key):
+    """Where ``key`` is in the children table, or the empty slot it goes
+    to (open addressing, linear probing; 0 marks an empty slot)."""
+    mask = keys.shape[0] - 1
+    h = (np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+    i = np.int64(h) & mask
+    while keys[i] != 0 and keys[i] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@aot.njit(cache=True, inline="always")
+def _child(keys, vals, parent, node_sym, base, s, n_nodes):
     """The node for function ``s`` called from ``base`` (made if new)."""
     key = base * (1 << 24) + s + 1
-    if key in children:
-        return children[key], n_nodes
+    i = _slot(keys, key)
+    if keys[i] == key:
+        return vals[i], n_nodes
     parent[n_nodes] = base
     node_sym[n_nodes] = s
-    children[key] = n_nodes
+    keys[i] = key
+    vals[i] = n_nodes
     return n_nodes, n_nodes + 1
 
 
-@nb.njit(cache=True)
+@aot.njit(cache=True)
+def _index_children(parent, node_sym, n_nodes, keys, vals):
+    """Fill an empty children table from the nodes made so far."""
+    for node in range(1, n_nodes):
+        key = parent[node] * (1 << 24) + node_sym[node] + 1
+        i = _slot(keys, key)
+        keys[i] = key
+        vals[i] = node
+
+
+@aot.njit(cache=True)
 def _walk_contexts(
-    ips, kind, next_ip, sym, weight, final, parent, node_sym, counts, times, children, state
+    ips, kind, next_ip, sym, weight, final, parent, node_sym, counts, times, keys, vals, state
 ):
     """Count each instruction in its calling-context node.  ``parent`` and
     ``node_sym`` are filled in place (node 0 is the root); ``state`` holds
-    the current node and the number of nodes between calls.  The last
+    the current node and the number of nodes between calls; ``keys`` and
+    ``vals`` map (caller node, function) to the child node, with room for
+    every node ``parent`` has room for.  The last
     instruction is left for the next call (its transition depends on the
     instruction after it) unless ``final``; returns the instructions walked."""
     node = state[0]
@@ -73,13 +97,13 @@ def _walk_contexts(
         if node == 0 or node_sym[node] != s:
             # In another function without a call: replace the frame.
             base = parent[node] if node != 0 else 0
-            node, n_nodes = _child(children, parent, node_sym, base, s, n_nodes)
+            node, n_nodes = _child(keys, vals, parent, node_sym, base, s, n_nodes)
         counts[node] += 1
         times[node] += weight[i]
         if i + 1 >= n:
             break
         if kind[i] == K_CALL and ips[i + 1] != next_ip[i]:
-            node, n_nodes = _child(children, parent, node_sym, node, sym[i + 1], n_nodes)
+            node, n_nodes = _child(keys, vals, parent, node_sym, node, sym[i + 1], n_nodes)
         elif kind[i] == K_RET and node != 0 and parent[node] != 0:
             node = parent[node]
     state[0] = node
@@ -135,13 +159,15 @@ class CallTreeBuilder:
     def __init__(self, names: list[str], code: CodeIndex) -> None:
         self.names = names
         self.code = code
-        self._children = Dict.empty(key_type=types.int64, value_type=types.int64)
         self._state = np.array([0, 1], np.int64)  # current node, nodes used
         cap = 1 << 10
         self._parent = np.zeros(cap, np.int64)
         self._node_sym = np.full(cap, -1, np.int64)
         self._counts = np.zeros(cap, np.int64)
         self._times = np.zeros(cap, np.float64)
+        # (caller node, function) -> node: a table at most half full
+        self._keys = np.zeros(2 * cap, np.int64)
+        self._vals = np.zeros(2 * cap, np.int64)
         self._held: tuple[np.ndarray, ...] | None = None  # the last instruction, not walked yet
 
     def _room(self, more: int) -> None:
@@ -156,6 +182,9 @@ class CallTreeBuilder:
             new = np.full(cap, fill, old.dtype)
             new[: old.shape[0]] = old
             setattr(self, name, new)
+        self._keys = np.zeros(2 * cap, np.int64)
+        self._vals = np.zeros(2 * cap, np.int64)
+        _index_children(self._parent, self._node_sym, self._state[1], self._keys, self._vals)
 
     def add(
         self, ips: np.ndarray, functions: np.ndarray, weights: np.ndarray | None = None
@@ -182,7 +211,7 @@ class CallTreeBuilder:
         self._room(cols[0].shape[0])
         done = _walk_contexts(
             *cols, final, self._parent, self._node_sym, self._counts, self._times,
-            self._children, self._state,
+            self._keys, self._vals, self._state,
         )  # fmt: skip
         if done < cols[0].shape[0]:
             self._held = tuple(c[done:].copy() for c in cols)

@@ -14,7 +14,7 @@ writes perf's own clock, which is TSC-based (``time_zero``,
 * LTTng's (CTF): the clock class the metadata names, ``monotonic`` being
   CLOCK_MONOTONIC (the metadata's offset only moves it to the epoch);
 * perf tracepoint samples: perf's clock, the flow's own when recorded with
-  it;
+  it, or CLOCK_MONOTONIC when recorded with ``-k CLOCK_MONOTONIC``;
 * ftrace: whatever ``trace_clock`` was; ``x86-tsc`` (the default here)
   gives TSC values, converted exactly as the flow's own TSC is.
 
@@ -42,6 +42,7 @@ import numpy as np
 
 CLOCK_MONOTONIC = "CLOCK_MONOTONIC"
 PERF_CLOCK = "perf"
+_CLOCKID_MONOTONIC = 1  # a perf_event_attr's clockid
 TSC = "tsc"
 _CLOCK_NAMES = {
     "monotonic": CLOCK_MONOTONIC, "mono": CLOCK_MONOTONIC, CLOCK_MONOTONIC.lower(): CLOCK_MONOTONIC,
@@ -164,7 +165,7 @@ def load_events(
         raw = src.clock_ns.copy()  # type: ignore[attr-defined]
         context = list(src.extra_contexts)  # type: ignore[attr-defined]
     elif src.kind == "perf":
-        own = PERF_CLOCK
+        own = _perf_clock(src)
     else:
         own = TSC
     kind = clock_name(events_clock) if events_clock else own
@@ -230,6 +231,16 @@ def ptwrite_events(
         np.asarray(col[1], np.int64), np.asarray(col[2], np.int64), list(col[4]),
         [{} for _ in range(n)], notes,
     )  # fmt: skip
+
+
+def _perf_clock(src) -> str:
+    """The clock of a perf.data's samples: CLOCK_MONOTONIC when every
+    attr says it was taken with it (``perf record -k
+    CLOCK_MONOTONIC``: ``use_clockid``, ``clockid`` 1), else perf's own."""
+    attrs = [a.attr for a in src.data.attrs]
+    if attrs and all(a.use_clockid and a.clockid == _CLOCKID_MONOTONIC for a in attrs):
+        return CLOCK_MONOTONIC
+    return PERF_CLOCK
 
 
 def _ctf_clock(src) -> str:

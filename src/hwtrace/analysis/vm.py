@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
 from ..pt.packets import as_buffer, map_file, packet_errata, psb_chunks, release
@@ -121,7 +121,7 @@ _PSB, _PSBEND, _PIP, _VMCS, _OVF = (
 )
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _select(kind, a, b, tsc, offset, err_rows, in_psb0, out_t, out_k, out_a, out_b, out_o):
     """The events of one chunk of packets; returns (rows, in PSB+ at the end)."""
     n = 0
@@ -218,7 +218,7 @@ _KEPT = np.array([Kind.PSBEND, Kind.PIP, Kind.VMCS, Kind.OVF], np.uint8)
 _HASH_BITS = 16
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _proc_id(keys_vm, keys_cr3, vm, cr3):
     """The process slot of (vm, cr3) (claimed if new); -1 if the table is full."""
     cap = keys_vm.shape[0]
@@ -237,7 +237,7 @@ def _proc_id(keys_vm, keys_cr3, vm, cr3):
     return -1
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _emit(out, n, t, ent, ka, kb, state, pcpu):
     if n < out[0].shape[0]:
         out[0][n] = t
@@ -254,14 +254,14 @@ def _emit(out, n, t, ent, ka, kb, state, pcpu):
 _ENDED = 5
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _uncount(state, q, cnt):
     """Process ``q`` no longer counts a vCPU as ``state`` (-1: nothing)."""
     if state >= 0:
         cnt[q, state] -= 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _learn_vm(v, vm, vmm_cr3, first_vmm, stats):
     """An exit or a load shows vCPU ``v``'s VM: ``stats[7]`` counts it if
     what was taken for it before (from status in root mode) was wrong."""
@@ -272,7 +272,7 @@ def _learn_vm(v, vm, vmm_cr3, first_vmm, stats):
     vmm_cr3[v] = vm
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _machine(
     ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats, vmm_cr3, first_vmm
 ):
@@ -460,7 +460,7 @@ def _machine(
     return n
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _settle(out, n, t, q, keys_vm, keys_cr3, cnt, pst, p):
     """Emit process ``q``'s state if its counts changed it: VM while a vCPU
     runs it, else VMM while one handles its exit, else UNKNOWN while one's

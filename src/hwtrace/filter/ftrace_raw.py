@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from .errors import FilterError
 
 LIVE_TRACEFS = "/sys/kernel/tracing"
@@ -122,7 +122,7 @@ _MISSED_EVENTS = 1 << 31
 _TS_MSB_SHIFT = 59  # an absolute time stamp keeps the low 59 bits
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _walk(
     buf, page_size, ts_off, commit_off, commit_size, data_off, delta_bits,
     padding, extend, stamp, data_max,

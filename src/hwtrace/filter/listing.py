@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..textout import (
     align_right,
     put_byte,
@@ -71,14 +71,14 @@ _J_FIELDS = np.frombuffer(b'","fields":{', np.uint8)
 _J_NULL = np.frombuffer(b"null", np.uint8)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always")
 def _put_int_member(out, p, key, v):
     """A JSON member with an integer value: ``key`` (its text from the
     separator to the colon), then ``v``."""
     return put_signed(out, put_bytes(out, p, key), v)
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _read_int(buf, at, size, signed):
     v = np.uint64(0)
     for j in range(size):
@@ -88,7 +88,7 @@ def _read_int(buf, at, size, signed):
     return v
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _data_loc(buf, base, size, off, elem):
     """A ``__data_loc`` field at ``off`` of the record at ``base`` (``size``
     bytes): where its data starts and how many ``elem``-byte elements it
@@ -101,7 +101,7 @@ def _data_loc(buf, base, size, off, elem):
     return start, n
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _int_value(out, p, buf, at, size, signed):
     v = _read_int(buf, at, size, signed)
     if signed:
@@ -109,7 +109,7 @@ def _int_value(out, p, buf, at, size, signed):
     return put_dec(out, p, v)
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _render(
     buf, offsets, sizes, etype, time, cpu, tid, comm, order, lo, hi,
     prog, pstart, pend, fname_tab, fname_len, ename_tab, ename_len, comm_tab, comm_len,

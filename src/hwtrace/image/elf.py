@@ -1,9 +1,10 @@
 """Loading ELF executables, shared objects and core files into an image.
 
-pyelftools reads the headers; the bytes themselves are never copied: each
-loadable segment becomes a :class:`~hwtrace.image.sections.Section` over the
-file's memory map, and the symbol tables are read as numpy record arrays
-straight from the same map.
+The headers are numpy views of the file's memory map
+(:class:`~hwtrace.image.elfheaders.ElfHeaders`); the bytes themselves are
+never copied: each loadable segment becomes a
+:class:`~hwtrace.image.sections.Section` over the map, and the symbol tables
+are read as numpy record arrays straight from it.
 
 What gets loaded is what Intel's ptxed loads: every ``PT_LOAD`` segment with
 file bytes (``p_filesz`` > 0), ``p_filesz`` bytes of it.  The zero-filled
@@ -18,10 +19,10 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from elftools.elf.elffile import ELFFile
 
+from .elfheaders import PT_LOAD, ElfHeaders
 from .plt import plt_symbols
-from .sections import ANY, Asid, ImageError, Section, map_file
+from .sections import ANY, Asid, ImageError, Section
 from .symbols import FUNCTION, IFUNC, OBJECT, SymbolTable
 
 __all__ = ["ElfFile", "LoadedElf", "Segment", "load_elf", "read_elf"]
@@ -91,38 +92,33 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
     that is not ELF, and a truncated or malformed one.
     """
     name = os.fspath(path)
-    buf = map_file(name)
+    key = _file_key(name)
+    cached = _READ.get(key) if key is not None else None
+    if cached is not None:
+        return cached
+    head = ElfHeaders(name)
+    buf = head.buf
     total = buf.shape[0]
-    _check_tables(name, buf)
     try:
-        with open(name, "rb") as stream:
-            elf = ELFFile(stream)
-            elf_type = str(elf["e_type"])
-            machine = str(elf["e_machine"])
-            segments = tuple(
-                Segment(
-                    index=i,
-                    offset=seg["p_offset"],
-                    vaddr=seg["p_vaddr"],
-                    filesz=seg["p_filesz"],
-                    memsz=seg["p_memsz"],
-                    flags=seg["p_flags"],
-                )
-                for i, seg in enumerate(elf.iter_segments())
-                if seg["p_type"] == "PT_LOAD"
-            )
-            tables = _symbol_tables(elf)
-            plt = plt_symbols(elf, lambda offset, size: bytes(buf[offset : offset + size]))
-            elfclass = elf.elfclass
-            little = elf.little_endian
-            # Only dynamic symbols (a stripped library): the full table may
-            # be in a detached debug file, as perf finds it.
-            debug = None
-            if not any(t[0] == ".symtab" for t in tables):
-                debug = _detached_debug(_gnu_build_id(elf))
-    except OSError as exc:
-        raise ImageError(f"{name}: cannot read: {exc.strerror or exc}") from exc
-    except Exception as exc:  # pyelftools/construct raise many kinds on bad input
+        segments = tuple(
+            Segment(index=i, offset=int(ph["p_offset"]), vaddr=int(ph["p_vaddr"]),
+                    filesz=int(ph["p_filesz"]), memsz=int(ph["p_memsz"]),
+                    flags=int(ph["p_flags"]))
+            for i, ph in enumerate(head.program_headers)
+            if int(ph["p_type"]) == PT_LOAD
+        )  # fmt: skip
+        tables = head.symbol_tables()
+        plt = plt_symbols(head)
+        elfclass = head.elfclass
+        little = head.little
+        # Only dynamic symbols (a stripped library): the full table may
+        # be in a detached debug file, as perf finds it.
+        debug = None
+        if not any(t[0] == ".symtab" for t in tables):
+            debug = _detached_debug(head.build_id())
+    except ImageError:
+        raise
+    except Exception as exc:  # numbers no well-formed file has
         raise ImageError(f"{name}: truncated or malformed ELF file: {exc}") from exc
 
     for seg in segments:
@@ -134,11 +130,10 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
     symbols = _read_symbols(name, buf, tables, elfclass, little)
     if debug is not None:
         try:
-            with open(debug, "rb") as stream:
-                dbg = ELFFile(stream)
-                dtables = [t for t in _symbol_tables(dbg) if t[0] == ".symtab"]
+            dbg = ElfHeaders(debug)
+            dtables = [t for t in dbg.symbol_tables() if t[0] == ".symtab"]
             if dtables:
-                extra = _read_symbols(debug, map_file(debug), dtables, elfclass, little)
+                extra = _read_symbols(debug, dbg.buf, dtables, elfclass, little)
                 symbols = SymbolTable.merge([symbols, extra])
         except Exception:  # a damaged debug file: the file's own symbols stand
             pass
@@ -146,38 +141,30 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
         symbols = SymbolTable.merge([symbols, SymbolTable.from_symbols(
             (start, size, label, True) for start, size, label in plt
         )])  # fmt: skip
-    return ElfFile(name, elf_type, machine, segments, symbols)
+    elf = ElfFile(name, head.elf_type, head.machine, segments, symbols)
+    if key is not None:
+        if len(_READ) >= _READ_MAX:
+            del _READ[next(iter(_READ))]
+        _READ[key] = elf
+    return elf
+
+
+# read_elf's results by file identity: a recording's libraries are read by
+# the image, the symbol tables and the sideband alike.
+_READ: dict[tuple, ElfFile] = {}
+_READ_MAX = 256
+
+
+def _file_key(name: str) -> tuple | None:
+    try:
+        st = os.stat(name)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # Where detached debug files are found by build id (``.build-id/xx/yyyy.debug``).
 DEBUG_DIRS = ("/usr/lib/debug",)
-
-
-def _symbol_tables(elf) -> list[tuple]:
-    """The symbol tables of a pyelftools ``ELFFile``: (name, offset, size,
-    entry size, string table offset and size)."""
-    tables = []
-    for section in elf.iter_sections():
-        if section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
-            continue
-        strtab = elf.get_section(section["sh_link"])
-        tables.append(
-            (
-                section.name, section["sh_offset"], section["sh_size"], section["sh_entsize"],
-                strtab["sh_offset"], strtab["sh_size"],
-            )
-        )  # fmt: skip
-    return tables
-
-
-def _gnu_build_id(elf) -> bytes | None:
-    for section in elf.iter_sections():
-        if section["sh_type"] != "SHT_NOTE":
-            continue
-        for note in section.iter_notes():
-            if note["n_type"] == "NT_GNU_BUILD_ID":
-                return bytes.fromhex(note["n_desc"])
-    return None
 
 
 def _detached_debug(build_id: bytes | None) -> str | None:
@@ -189,46 +176,6 @@ def _detached_debug(build_id: bytes | None) -> str | None:
         if os.path.isfile(path):
             return path
     return None
-
-
-def _check_tables(name: str, buf: np.ndarray) -> None:
-    """Check the ELF header and that the header tables lie inside the file, so a
-    truncated file gets a clear message rather than whatever pyelftools hits first."""
-    total = buf.shape[0]
-    if total < 4 or bytes(buf[:4]) != b"\x7fELF":
-        raise ImageError(f"{name}: not an ELF file")
-    if total < 6:
-        raise ImageError(f"{name}: truncated ELF file: {total} bytes")
-    if buf[4] not in (1, 2) or buf[5] not in (1, 2):
-        raise ImageError(
-            f"{name}: unsupported ELF class {int(buf[4])} / data encoding {int(buf[5])}"
-        )
-    wide, order = buf[4] == 2, "<" if buf[5] == 1 else ">"
-    header_size = 64 if wide else 52
-    if total < header_size:
-        raise ImageError(
-            f"{name}: truncated ELF file: the header needs {header_size} bytes, the file has {total}"
-        )
-    fields = (
-        [("pad", "V32"), ("phoff", "u8"), ("shoff", "u8"), ("pad2", "V6"), ("phentsize", "u2"),
-         ("phnum", "u2"), ("shentsize", "u2"), ("shnum", "u2")]
-        if wide
-        else [("pad", "V28"), ("phoff", "u4"), ("shoff", "u4"), ("pad2", "V6"),
-              ("phentsize", "u2"), ("phnum", "u2"), ("shentsize", "u2"), ("shnum", "u2")]
-    )  # fmt: skip
-    header = buf[: np.dtype(fields).itemsize].view(np.dtype(fields).newbyteorder(order))[0]
-    for table, offset, entsize, count in (
-        ("program headers", int(header["phoff"]), int(header["phentsize"]), int(header["phnum"])),
-        ("section headers", int(header["shoff"]), int(header["shentsize"]), int(header["shnum"])),
-    ):
-        if offset == 0:
-            continue
-        end = offset + entsize * max(count, 1)
-        if end > total:
-            raise ImageError(
-                f"{name}: truncated ELF file: the {table} at offset {offset:#x} end at {end:#x}, "
-                f"beyond the end of the file ({total:#x})"
-            )
 
 
 def load_elf(

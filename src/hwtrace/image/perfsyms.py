@@ -31,7 +31,6 @@ import functools
 import os
 
 import numpy as np
-from elftools.elf.elffile import ELFFile
 
 from .elf import (
     _SYM_FIELDS,
@@ -42,9 +41,9 @@ from .elf import (
     STT_GNU_IFUNC,
     STT_OBJECT,
     _detached_debug,
-    _gnu_build_id,
 )
-from .sections import ImageError, map_file
+from .elfheaders import ElfHeaders
+from .sections import ImageError
 from .symbols import FUNCTION, OBJECT, SymbolTable
 
 __all__ = ["perf_symbols"]
@@ -69,17 +68,17 @@ class _Elf:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.buf = map_file(path)
-        with open(path, "rb") as stream:
-            elf = ELFFile(stream)
-            self.elfclass = elf.elfclass
-            self.little = elf.little_endian
-            self.build_id = _gnu_build_id(elf)
-            self.sections = [
-                (s.name, s["sh_type"], s["sh_flags"], s["sh_addr"], s["sh_offset"],
-                 s["sh_size"], s["sh_entsize"], s["sh_link"])
-                for s in elf.iter_sections()
-            ]  # fmt: skip
+        head = ElfHeaders(path)
+        self.buf = head.buf
+        self.elfclass = head.elfclass
+        self.little = head.little
+        self.build_id = head.build_id()
+        self.sections = [
+            (name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_entsize, sh_link)
+            for name, (_, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, _, _,
+                       sh_entsize) in zip(head.section_names,
+                                          head.section_headers.tolist(), strict=True)
+        ]  # fmt: skip
 
     def index(self, name: str) -> int:
         return next((i for i, s in enumerate(self.sections) if s[0] == name), -1)

@@ -18,38 +18,69 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
+from .elfheaders import ElfHeaders
+
 __all__ = ["plt_symbols"]
 
 R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT, R_X86_64_IRELATIVE = 6, 7, 37
+SHT_PROGBITS, SHT_RELA = 1, 4
 _PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
 _ENDBR64 = b"\xf3\x0f\x1e\xfa"
 
 
-def _slot_names(elf) -> tuple[dict[int, str], list[str]]:
+def _slot_names(head: ElfHeaders) -> tuple[dict[int, str], list[str]]:
     """GOT slot address -> the name of what is bound there (``.rela.plt``
     and ``.rela.dyn``), and ``.rela.plt``'s names in order."""
-    from elftools.elf.relocation import RelocationSection
-
     by_slot: dict[int, str] = {}
     in_order: list[str] = []
+    n = head.section_headers.shape[0]
     for name in (".rela.plt", ".rela.dyn"):
-        sec = elf.get_section_by_name(name)
-        if not isinstance(sec, RelocationSection) or not sec.is_RELA():
+        index = head.section_index(name)
+        if index < 0 or int(head.section_headers["sh_type"][index]) != SHT_RELA:
             continue
-        symtab = elf.get_section(sec["sh_link"]) if sec["sh_link"] else None
-        for rel in sec.iter_relocations():
-            kind = rel["r_info_type"]
-            if kind in (R_X86_64_JUMP_SLOT, R_X86_64_GLOB_DAT) and symtab is not None:
-                label = symtab.get_symbol(rel["r_info_sym"]).name.split("@")[0]
+        rel = head.relocations(index)
+        kinds = (rel["r_info"] & 0xFFFFFFFF).astype(np.int64)
+        symbols = (rel["r_info"] >> 32).astype(np.int64)
+        link = int(head.section_headers["sh_link"][index])
+        names = _symbol_names(head, link, symbols, kinds) if 0 < link < n else None
+        for k, kind in enumerate(kinds.tolist()):
+            if kind in (R_X86_64_JUMP_SLOT, R_X86_64_GLOB_DAT) and names is not None:
+                label = names[k].split("@")[0]
             elif kind == R_X86_64_IRELATIVE:
-                label = f"*ABS*+{rel['r_addend']:#x}"
+                label = f"*ABS*+{int(rel['r_addend'][k]):#x}"
             else:
                 label = ""
             if name == ".rela.plt":
                 in_order.append(label)
-            if label and (kind != R_X86_64_GLOB_DAT or rel["r_offset"] not in by_slot):
-                by_slot[rel["r_offset"]] = label
+            slot = int(rel["r_offset"][k])
+            if label and (kind != R_X86_64_GLOB_DAT or slot not in by_slot):
+                by_slot[slot] = label
     return by_slot, in_order
+
+
+def _symbol_names(head: ElfHeaders, table: int, index: np.ndarray, kinds: np.ndarray) -> list[str]:
+    """The names of symbols ``index`` of symbol table section ``table``
+    (those of relocations that bind no symbol by name are left empty)."""
+    s = head.section_headers[table]
+    entsize = 24 if head.elfclass == 64 else 16
+    count = int(s["sh_size"]) // entsize
+    wanted = (kinds == R_X86_64_JUMP_SLOT) | (kinds == R_X86_64_GLOB_DAT)
+    if count == 0 or int(s["sh_link"]) >= head.section_headers.shape[0]:
+        return [""] * index.shape[0]
+    entries = head.section_bytes(table)
+    strtab = head.section_bytes(int(s["sh_link"]))
+    order = "<" if head.little else ">"
+    out = []
+    for i, want in zip(index.tolist(), wanted.tolist(), strict=True):
+        if not want or i >= count:
+            out.append("")
+            continue
+        (at,) = struct.unpack_from(f"{order}I", entries, i * entsize)
+        stop = strtab.find(b"\0", at)
+        out.append(strtab[at : stop if stop >= 0 else len(strtab)].decode("utf-8", "replace"))
+    return out
 
 
 def _entry_name(code: bytes, address: int, by_slot: dict[int, str], in_order: list[str]) -> str:
@@ -72,22 +103,25 @@ def _entry_name(code: bytes, address: int, by_slot: dict[int, str], in_order: li
     return ""
 
 
-def plt_symbols(elf, read) -> list[tuple[int, int, str]]:
-    """``(address, size, name@plt)`` of every PLT entry of a pyelftools
-    ``ELFFile`` (link addresses); ``read(offset, size)`` reads the file."""
-    if elf["e_machine"] != "EM_X86_64" or elf.get_section_by_name(".dynsym") is None:
+def plt_symbols(head: ElfHeaders) -> list[tuple[int, int, str]]:
+    """``(address, size, name@plt)`` of every PLT entry of an ELF file
+    (link addresses)."""
+    if head.machine != "EM_X86_64" or head.section_index(".dynsym") < 0:
         return []
-    by_slot, in_order = _slot_names(elf)
+    by_slot, in_order = _slot_names(head)
     if not by_slot and not in_order:
         return []
     out = []
     for name in _PLT_SECTIONS:
-        sec = elf.get_section_by_name(name)
-        if sec is None or sec["sh_type"] != "SHT_PROGBITS" or not sec["sh_size"]:
+        index = head.section_index(name)
+        if index < 0:
             continue
-        step = sec["sh_entsize"] or (8 if name == ".plt.got" else 16)
-        base, size = sec["sh_addr"], sec["sh_size"]
-        data = read(sec["sh_offset"], size)
+        sec = head.section_headers[index]
+        if int(sec["sh_type"]) != SHT_PROGBITS or not int(sec["sh_size"]):
+            continue
+        step = int(sec["sh_entsize"]) or (8 if name == ".plt.got" else 16)
+        base, size = int(sec["sh_addr"]), int(sec["sh_size"])
+        data = head.section_bytes(index)
         for off in range(0, size - step + 1, step):
             label = _entry_name(data[off : off + step], base + off, by_slot, in_order)
             if label:  # (PLT0, the resolver's entry, binds nothing)

@@ -16,8 +16,8 @@ import mmap
 import select
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from .bpf import MAP_RINGBUF, Map
 
 __all__ = ["RingBuffer"]
@@ -27,7 +27,7 @@ _DISCARD = 1 << 30
 _HDR = 8
 
 
-@njit(cache=True, nogil=True)
+@aot.njit(cache=True, nogil=True)
 def _drain(data, mask, cons, prod, out, out_len, starts, lengths, count):
     """Copy committed records from ``cons`` up to ``prod``; stops early at a
     record still being written, or when ``out``/``starts`` are full.

@@ -1,4 +1,4 @@
-"""Compiled walks over perf.data's data section (numba, cached).
+"""Compiled walks over perf.data's data section (numba, in hwtrace.aot's library).
 
 * :func:`index_records` walks the records (header only) into columns,
   following AUXTRACE's and HEADER_TRACING_DATA's out-of-header payloads,
@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from .records import RecordType, SampleType
 
 # A record type is known when it is a kernel type (1..21) or a perf-tool type (64..82).
@@ -55,12 +55,12 @@ GAP_BEYOND = 2  # record (or its payload) goes beyond the end of the data
 GAP_TRUNCATED_HEADER = 3  # fewer than 8 bytes left
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _u16(b, p):
     return np.uint32(b[p]) | (np.uint32(b[p + 1]) << 8)
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _u32(b, p):
     return (
         np.uint32(b[p])
@@ -70,7 +70,7 @@ def _u32(b, p):
     )
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _u64(b, p):
     v = np.uint64(0)
     for i in range(8):
@@ -78,12 +78,12 @@ def _u64(b, p):
     return v
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _known(t):
     return (1 <= t <= 21) or (64 <= t <= 82)
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _extent(b, p, end):
     """Bytes taken by the record at p (header plus any trailing payload), or
     -GAP_* when it cannot be read."""
@@ -112,7 +112,7 @@ def _extent(b, p, end):
     return size + extra
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _plausible(b, p, end, depth):
     """A record that looks genuine at p: known type, aligned size, reserved misc
     bits clear, and followed by ``depth`` more such records (or the end)."""
@@ -134,7 +134,7 @@ def _plausible(b, p, end, depth):
     return True
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def index_records(b, pos, end, off, typ, misc, size, payload, gaps, ngaps, step):
     """Walk records from ``pos`` to ``end`` into the output columns.
 
@@ -175,7 +175,7 @@ def index_records(b, pos, end, off, typ, misc, size, payload, gaps, ngaps, step)
     return n, g, pos
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def sample_ids(
     b, off, typ, size, st_attr, sid_all, id_sorted, id_attr, id_pos, is_pos,
     attr, time, pid, tid, cpu, eid,
@@ -303,7 +303,7 @@ C_RI_ABI, C_RI_OFF, C_PHYS, C_CGROUP, C_DPS, C_CPS, C_AUX_OFF, C_AUX_SIZE, C_BAD
 NCOL = len(SAMPLE_COLUMNS)
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _regs_field(b, p, q, e, row, c_abi, c_off, nregs):
     """A REGS_USER/REGS_INTR block (u64 abi, then ``nregs`` u64 when abi is
     not 0): its abi and offset into ``row``; where the next field begins,
@@ -319,7 +319,7 @@ def _regs_field(b, p, q, e, row, c_abi, c_off, nregs):
     return q, q <= e
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _u64_field(b, q, e, row, col):
     """A u64 field at ``q`` into ``row[col]``: where the next field begins,
     and whether it fitted before ``e``."""
@@ -329,7 +329,7 @@ def _u64_field(b, q, e, row, col):
     return q + 8, True
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _sized_field(b, p, q, e, row, c_size, c_off):
     """A u64 size and that many bytes (STACK_USER, AUX): the size and the
     bytes' offset into ``row``; where the next field begins, and whether
@@ -345,7 +345,7 @@ def _sized_field(b, p, q, e, row, c_size, c_off):
     return q + np.int64(n), True
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def decode_samples(b, off, size, st, rf, hw_idx, nregs_user, nregs_intr, out):
     """Decode the SAMPLE records at ``off`` written with sample_type ``st``,
     read_format ``rf`` into ``out`` (one row each, columns SAMPLE_COLUMNS).

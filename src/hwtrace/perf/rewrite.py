@@ -20,8 +20,8 @@ import os
 import struct
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..pt.packets import release
 from .data import PerfData, PerfDataError
 from .features import Feature, pack_feature, parse_feature
@@ -35,7 +35,7 @@ CHUNK_BYTES = 1 << 23
 CHUNK_ROWS = 1 << 16
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _gather(buf, starts, lengths, first, out):
     """Copy records ``first..`` of ``starts``/``lengths`` from ``buf`` into
     ``out`` while they fit; returns (records copied, bytes)."""

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..image import Image
 from ..image.elf import ElfFile, read_elf
+from ..image.elfheaders import ElfHeaders
 from ..image.jitdump import JitDump, is_jitdump_path, jit_symbols, read_mapped_jitdumps
 from ..image.revisions import CodeRevisions
 from ..image.sections import ImageError
@@ -79,24 +80,14 @@ class Mapping:
 
 def elf_build_id(source: str | os.PathLike[str] | bytes) -> bytes | None:
     """The GNU build id of an ELF file (a path, or its bytes), or None."""
-    import io
-
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
     try:
-        opened = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
-        with opened as f:
-            elf = ELFFile(f)
-            for section in elf.iter_sections():
-                if section.header.sh_type != "SHT_NOTE":
-                    continue
-                for note in section.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        return bytes.fromhex(note["n_desc"])
-    except (OSError, ELFError, ValueError, KeyError):
+        if isinstance(source, bytes):
+            head = ElfHeaders("<bytes>", np.frombuffer(source, np.uint8))
+        else:
+            head = ElfHeaders(source)
+        return head.build_id()
+    except (ImageError, ValueError):
         return None
-    return None
 
 
 @dataclass

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numba as nb
 import numpy as np
 
+from .. import aot
 from ..isa.x86 import IClass, InsnCache, Special
 from .flowrows import I_DIRECT, CodeTable, find_insn, instructions_of
 
@@ -36,7 +36,7 @@ K_OTHER, K_CALL, K_RET, K_IJUMP = 0, 1, 2, 3
 Reader = Callable[[int, int], bytes]
 
 
-@nb.njit(cache=True)
+@aot.njit(cache=True)
 def _find_all(ct, ips, mode, out):
     """The table index of each of ``ips`` (-1: not decoded yet)."""
     for i in range(ips.shape[0]):

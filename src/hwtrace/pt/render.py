@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..textout import pad_to, put_dec, put_hex, put_row, put_text, string_table
 from .kinds import ERROR_TEXT, KIND_NAMES, DecodeError, Kind
 from .packets import FIELD_NAMES, PacketTable
@@ -66,7 +66,7 @@ _TNT_KINDS = (int(Kind.TNT8), int(Kind.TNT64))
 JSON, HUMAN = 0, 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _error_line(out, p, style, offset, code, txt_tab, txt_len):
     if style == 0:
         p = put_text(out, p, '{"offset":')
@@ -80,7 +80,7 @@ def _error_line(out, p, style, offset, code, txt_tab, txt_len):
     return put_text(out, p, ", resynchronised at the next PSB\n")
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def render_loop(
     offset, kind, size, a, b, c, lo, hi,
     err_at, err_off, err_code, e,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from . import _loops as PK
 from .kinds import Kind
 from .packets import PacketTable
@@ -29,7 +29,7 @@ def kind_mask(kinds: Iterable[int]) -> np.ndarray:
     return keep
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _scan(buf, start, end, errata, keep, off, kind, a, b, c, e_off, e_code, e_idx):
     """The packets of ``buf[start:end]`` whose kind ``keep`` marks, as
     columns, skipping the others (TNT and PAD without a call); a decode

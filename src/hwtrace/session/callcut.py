@@ -46,9 +46,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numba as nb
 import numpy as np
 
+from .. import aot
 from ..pt.codeindex import K_CALL, K_IJUMP, K_RET, CodeIndex
 
 # Return addresses kept per thread; deeper frames are counted, not kept
@@ -65,13 +65,13 @@ STACK_DEPTH = 1 << 10
 _MARK = -2
 
 
-@nb.njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always")
 def _frame_func(v):
     """The function a frame returns into (a mark: the one interrupted)."""
     return _MARK - 1 - v if v <= _MARK else v
 
 
-@nb.njit(cache=True)
+@aot.njit(cache=True)
 def _walk(ips, kinds, falls, succs, funcs, starts, entry, slot, stack, stack_alt, stack_func, sp,
           base, pend, keep):  # fmt: skip
     """Mark in ``keep`` the instructions inside an extent.  Per thread slot:

@@ -34,8 +34,8 @@ compiled loop.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..isa.x86 import IClass
 from ..pt.decode import chunk_ranges
 from ..pt.kinds import Kind
@@ -76,14 +76,14 @@ def transfer_class(iclass: int, is_direct: bool) -> int:
     return C_OTHER
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _multdiv(t, n, d):
     if d == 0:
         return 0
     return (t // d) * n + ((t % d) * n) // d
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _ip(payload, ipc, last):
     if ipc == 1:
         return (last & ~np.int64(0xFFFF)) | payload
@@ -101,12 +101,12 @@ def _ip(payload, ipc, last):
     return last
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _ctc_ticks(t, n, d, mult):
     return t * mult if mult else _multdiv(t, n, d)
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _mtc_step(mtc, last, fixup, shift):
     """An MTC against the last: the last MTC's bits the TMA lacked filled
     in (intel_pt_fixup_last_mtc, when ``fixup``), and the CTC ticks since
@@ -120,7 +120,7 @@ def _mtc_step(mtc, last, fixup, shift):
     return last, delta << shift
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _cyc_restart(st):
     """A TSC or MTC right after a CYC: cycles count from its time."""
     st[CYC_REF] = st[TS]
@@ -133,7 +133,7 @@ _STOPS = (int(Kind.TIP_PGD), int(Kind.STOP), int(Kind.EXSTOP), int(Kind.MWAIT), 
           int(Kind.PWRX), int(Kind.OVF), int(Kind.INVALID), _TSC, _TMA)  # fmt: skip
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _lookahead_cyc(kind, a, p, npk, st, fs, shift, n, d, mult):
     """intel_pt_calc_cyc_to_tsc after an MTC that followed a CYC: the TSC
     ticks per cycle up to the next MTC that follows a CYC."""
@@ -184,7 +184,7 @@ def _lookahead_cyc(kind, a, p, npk, st, fs, shift, n, d, mult):
         last_type = k
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
     """Apply the timing packet at ``p`` (TSC, TMA, MTC, CYC) to the estimate."""
     k = kind[p]
@@ -252,7 +252,7 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
             st[TS] = ts
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, out, i0):
     """Times (TSC) of instructions ``i0..`` into ``out``; returns the first
     instruction not timed for want of packets (the table is used up)."""

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from . import (
     digit_count,
     put_dec,
@@ -32,7 +32,7 @@ from . import (
 )
 
 
-@njit(cache=True)
+@aot.njit(cache=True)
 def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len, plain,

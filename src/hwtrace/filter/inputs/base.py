@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numba import njit
 
+from ... import aot
 from ..errors import FilterError
 from ..ftrace_raw import LIVE_TRACEFS, Tracefs
 from ..packing import RecordBatch, pack_many
@@ -194,10 +194,10 @@ def contexts(
 
 # Records shorter than their schema, or with a data_loc beyond the record,
 # would let a filter read outside them: such events are refused.
-@njit(cache=True)
-def _valid_records(buf, offsets, sizes, fixed, locs):
+@aot.njit(cache=True)
+def _valid_records(buf, offsets, sizes, fixed, locs, ok):
+    """Clear ``ok[i]`` for each record ``i`` that does not hold its schema."""
     n = offsets.shape[0]
-    ok = np.ones(n, np.bool_)
     for i in range(n):
         o = offsets[i]
         s = sizes[i]
@@ -215,7 +215,6 @@ def _valid_records(buf, offsets, sizes, fixed, locs):
             if (v & 0xFFFF) + (v >> 16) > s:
                 ok[i] = False
                 break
-    return ok
 
 
 def _check_records(
@@ -229,7 +228,9 @@ def _check_records(
         ],
         np.int64,
     )
-    return _valid_records(buf, offsets.astype(np.int64), sizes.astype(np.int64), schema.size, locs)
+    ok = np.ones(offsets.shape[0], np.bool_)
+    _valid_records(buf, offsets.astype(np.int64), sizes.astype(np.int64), schema.size, locs, ok)
+    return ok
 
 
 def split_bad(t: EventType, buf: np.ndarray) -> tuple[EventType, np.ndarray]:

@@ -1,0 +1,115 @@
+"""Every analysis command runs on a small real input without importing
+numba: its loops come from the native library (hwtrace.aot), so a command
+starts like a C tool once the library holds them.
+
+Each command runs twice in a fresh process: the first run may go through
+numba (and adds what it needed to the library, as any command does); the
+second must not import numba at all.  A loop that allocates (numba's
+runtime) or whose types the library cannot hold fails the second run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT.parent / "shared" / "conformance" / "libipt" / "cases"
+
+PROGRAM = r"""
+#include <stdio.h>
+static int work(int n) { int s = 0; for (int i = 0; i < n; i++) s += (i * 7) % 13; return s; }
+int main(void) { int s = 0; for (int k = 0; k < 20; k++) s += work(100 + k); printf("%d\n", s); return 0; }
+"""
+
+# What runs in the fresh process: the command, then whether numba came in.
+RUNNER = (
+    "import json, sys\n"
+    "from hwtrace.cli.main import main\n"
+    "rc = main(json.loads(sys.argv[1]))\n"
+    "sys.stderr.write('\\nNUMBA-IMPORTED=%s\\n' % ('numba' in sys.modules))\n"
+    "sys.exit(rc)\n"
+)
+
+
+def _hwtrace(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(args)],
+        cwd=cwd, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    from test_record_software import SKIP
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    d = tmp_path_factory.mktemp("startup")
+    (d / "small.c").write_text(PROGRAM)
+    subprocess.run(["gcc", "-O1", "-o", d / "small", d / "small.c"], check=True)
+    for name in ("a.data", "b.data"):
+        out = _hwtrace(["record", "-o", name, "--", str(d / "small")], d)
+        assert out.returncode == 0, out.stderr
+    out = _hwtrace(["decode", "-i", "a.data", "-o", "dec"], d)
+    assert out.returncode == 0, out.stderr
+    return d
+
+
+def _perf_events(d: Path) -> Path | None:
+    """A perf.data with tracepoint samples (perf record), if perf can."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return None
+    path = d / "ev.data"
+    if not path.exists():
+        subprocess.run(
+            [perf, "record", "-q", "-k", "CLOCK_MONOTONIC", "-e", "syscalls:sys_enter_write", "-o",
+             str(path), "--",
+             str(d / "small")],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+    return path if path.exists() and path.stat().st_size > 0 else None
+
+
+COMMANDS = {
+    "script": ["script", "-i", "a.data"],
+    "script-blocks": ["script", "-i", "a.data", "--blocks"],
+    "report": ["report", "-i", "a.data"],
+    "latency": ["latency", "-i", "a.data", "--toggle", "work"],
+    "funclatency": ["funclatency", "-i", "a.data", "work"],
+    "diff": ["diff", "a.data", "b.data"],
+    "events": ["events", "-i", "a.data", "EVENTS"],
+    "query": ["query", "dec", "select count(*) from blocks"],
+    "perf-dump": ["perf-dump", "a.data"],
+    "ptxed": ["ptxed", "--raw", f"{CASES}/loop-tnt.bin:0x100000", "--pt", f"{CASES}/loop-tnt.pt"],
+    "ptdump": ["ptdump", f"{CASES}/loop-tnt.pt"],
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_command_runs_without_numba(inputs, name):
+    args = list(COMMANDS[name])
+    if name == "events":
+        events = _perf_events(inputs)
+        if events is None:
+            pytest.skip("perf cannot record tracepoint samples here")
+        args[args.index("EVENTS")] = str(events)
+    if name in ("ptxed", "ptdump") and not CASES.is_dir():
+        pytest.skip(f"Intel's conformance cases are not at {CASES}")
+    env_note = "HWTRACE_AOT=numba turns the library off" if os.environ.get("HWTRACE_AOT") else ""
+    if env_note:
+        pytest.skip(env_note)
+    first = _hwtrace(args, inputs)
+    assert first.returncode == 0, first.stderr
+    again = _hwtrace(args, inputs)
+    assert again.returncode == 0, again.stderr
+    assert "NUMBA-IMPORTED=False" in again.stderr, again.stderr[-2000:]
+    assert again.stdout == first.stdout
