@@ -1,16 +1,24 @@
-"""Start-up time: ``hwtrace --help`` and ``hwtrace ptdump`` on a 1 KiB trace.
+"""Start-up time: every command on a small input, beside perf and Intel's tools.
 
 A command-line tool is run on small inputs as often as on large ones, so the
-time to start matters.  This times whole processes (wall clock, best of N)
+time to start matters.  This times whole processes (wall clock and peak
+resident memory, best of N)
 
 * ``hwtrace --help``, which should cost little more than Python's start,
 * ``hwtrace ptdump`` on a 1 KiB trace made by libipt's encoder, and its
   peer: Intel's ptdump when it is installed (Debian does not package it),
   else libipt's ``pt_pkt_next`` loop (``bench/libipt/ptpkt_loop.c``),
+* the analysis commands (``script``, ``report``, ``latency``,
+  ``funclatency``, ``diff``, ``events``, ``query``, ``perf-dump``) on a
+  recording of a small C program (``hwtrace record``), each beside the
+  perf command that does the same where there is one (``perf script
+  --itrace=i0ns``, ``perf report``, ``perf diff``, ``perf script`` of the
+  tracepoint events, ``perf report -D``),
 
 with Python alone, ``import numpy`` and ``import numba`` for scale, then
-lists what ``hwtrace ptdump`` spends its import time on
-(``python -X importtime``).
+lists what ``hwtrace ptdump`` and ``hwtrace report`` spend their import
+time on (``python -X importtime``).  Targets: 0.3 s and 100 MB for a
+command on a small input, 0.1 s for ptdump on 1 KiB.
 
     python bench/bench_startup.py [--repeat N]
 """
@@ -28,7 +36,74 @@ from bench_packets import OUT, build_peer, hwtrace_command
 
 
 def best(cmd: list[str], repeat: int) -> float:
-    return min(common.run_process(cmd)[0] for _ in range(repeat))
+    return measure(cmd, repeat)[0]
+
+
+def measure(cmd: list[str], repeat: int) -> tuple[float, int]:
+    """Best wall seconds and the peak resident bytes of that run."""
+    return min(common.run_process(cmd)[:2] for _ in range(repeat))
+
+
+PROGRAM = r"""
+#include <stdio.h>
+static int work(int n) { int s = 0; for (int i = 0; i < n; i++) s += (i * 7) % 13; return s; }
+int main(void) { int s = 0; for (int k = 0; k < 20; k++) s += work(100 + k); printf("%d\n", s); return 0; }
+"""
+
+
+def recordings(hw: list[str]) -> Path | None:
+    """A small program recorded twice by ``hwtrace record`` (and its
+    tracepoint events by ``perf record`` when perf can), decoded once to
+    Parquet; None when this machine cannot record."""
+    d = OUT / "startup-small"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "small.c").write_text(PROGRAM)
+    if subprocess.run(["gcc", "-O1", "-o", d / "small", d / "small.c"]).returncode:
+        return None
+    for name in ("a.data", "b.data"):
+        out = subprocess.run([*hw, "record", "-o", str(d / name), "--", str(d / "small")],
+                             capture_output=True, text=True)  # fmt: skip
+        if out.returncode:
+            print(f"hwtrace record failed: {out.stderr.strip()[-300:]}")
+            return None
+    shutil.rmtree(d / "dec", ignore_errors=True)
+    subprocess.run([*hw, "decode", "-i", str(d / "a.data"), "-o", str(d / "dec")],
+                   capture_output=True, check=True)  # fmt: skip
+    perf = shutil.which("perf")
+    if perf:
+        subprocess.run([perf, "record", "-q", "-k", "CLOCK_MONOTONIC", "-e",
+                        "syscalls:sys_enter_write", "-o", str(d / "ev.data"), "--",
+                        str(d / "small")], capture_output=True)  # fmt: skip
+    return d
+
+
+def command_rows(hw: list[str], d: Path, repeat: int) -> list[tuple[str, str, str, str, str, str]]:
+    """Each analysis command and its perf peer: seconds and MB."""
+    a, b, ev = str(d / "a.data"), str(d / "b.data"), str(d / "ev.data")
+    perf = shutil.which("perf")
+    has_events = (d / "ev.data").is_file()
+    cases = [
+        ("script", ["script", "-i", a], ["script", "-i", a, "--itrace=i0ns"]),
+        ("report", ["report", "-i", a], ["report", "-i", a, "--stdio"]),
+        ("latency", ["latency", "-i", a, "--toggle", "work"], None),
+        ("funclatency", ["funclatency", "-i", a, "work"], None),
+        ("diff", ["diff", a, b], ["diff", a, b]),
+        ("query", ["query", str(d / "dec"), "select count(*) from blocks"], None),
+        ("perf-dump", ["perf-dump", a], ["report", "-D", "-i", a]),
+    ]
+    if has_events:
+        cases.append(("events", ["events", "-i", a, ev], ["script", "-i", ev]))
+    rows = []
+    for name, mine, theirs in cases:
+        for args in (mine, mine):  # the first run may add loops to the library
+            t, mem = measure([*hw, *args], 1)
+        t, mem = measure([*hw, *args], repeat)
+        peer = ("", "")
+        if perf and theirs:
+            pt, pmem = measure([perf, *theirs], repeat)
+            peer = (f"{pt:.3f}", f"{pmem / 2**20:.0f}")
+        rows.append((f"hwtrace {name}", f"{t:.3f}", f"{mem / 2**20:.0f}", *peer, "< 0.3 s, 100 MB"))
+    return rows
 
 
 def small_trace(oracle) -> Path:
@@ -71,13 +146,22 @@ def main(argv: list[str] | None = None) -> int:
     # The kernels' native library is built on first use: not in a timed run.
     subprocess.run([*hw, "ptdump", str(trace)], capture_output=True)
 
+    small = recordings(hw)
+    if small is not None:
+        common.print_table(
+            f"Commands on a small recording ({small}), wall clock, best of {args.repeat}",
+            ("command", "seconds", "MB", "perf s", "perf MB", "target"),
+            command_rows(hw, small, args.repeat),
+            width=100,
+        )
+        print()
     py = sys.executable
     rows = [
         ("python -c pass", best([py, "-c", "pass"], args.repeat), None),
         ("python -c 'import numpy'", best([py, "-c", "import numpy"], args.repeat), None),
         ("python -c 'import numba'", best([py, "-c", "import numba"], args.repeat), None),
         ("hwtrace --help", best([*hw, "--help"], args.repeat), 0.15),
-        ("hwtrace ptdump (1 KiB)", best([*hw, "ptdump", str(trace)], args.repeat), 0.3),
+        ("hwtrace ptdump (1 KiB)", best([*hw, "ptdump", str(trace)], args.repeat), 0.1),
     ]
     intel = shutil.which("ptdump")
     if intel:
@@ -102,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         width=90,
         title_justify="left",
     )
+    if small is not None:
+        print()
+        common.print_table(
+            "hwtrace report (small recording): import time by module, ms",
+            ("module", "cumulative", "self"),
+            import_costs(["-m", "hwtrace.cli.main", "report", "-i", str(small / "a.data")]),
+            width=90,
+            title_justify="left",
+        )
     return 0
 
 

@@ -22,7 +22,9 @@ def main(argv: Sequence[str]) -> int:
         description="The native library of hwtrace's compiled loops (built from numba's code).",
     )
     sub = p.add_subparsers(dest="action", required=True, metavar="{warm,build,status}")
-    sub.add_parser("warm", help="compile what ptdump, ptxed and the decoder call, then build")
+    w = sub.add_parser("warm", help="compile what the commands call, then build")
+    w.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="processes compiling at once (default: one per CPU)")  # fmt: skip
     sub.add_parser("build", help="build the library from numba's cache")
     sub.add_parser("status", help="print the library in use")
     a = p.parse_args(list(argv))
@@ -31,5 +33,5 @@ def main(argv: Sequence[str]) -> int:
     if a.action == "warm":
         from .warmup import warm  # imports the decoders: only for this action
 
-        warm()
+        warm(a.jobs)
     return aot.main(["build"])

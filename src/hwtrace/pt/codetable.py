@@ -44,6 +44,7 @@ RUN_STOP = 7  # anything else: far transfers, code errors; the event path decide
 
 RUN_MAX = 4096  # instructions in one run
 FILL_MAX = 256  # instructions decoded by one fill
+PREFETCH_MAX = 1024  # instructions decoded ahead by one fill
 
 # counts[] slots: instructions, runs and run instructions held, where the
 # last miss was, the image's number in its decoding (FlowDecoder), and the
@@ -323,6 +324,16 @@ def _alloc(table: object, columns: tuple, cap: int) -> None:
         setattr(table, name, np.full(shape, fill, dtype) if fill else np.zeros(shape, dtype))
 
 
+def _successors(insn) -> list[int]:
+    """Where a decoded instruction ending a run may go without trace."""
+    out = []
+    if insn.is_direct and insn.iclass in (IClass.JUMP, IClass.COND_JUMP, IClass.CALL):
+        out.append((insn.next_ip + insn.displacement) & _MASK64)
+    if insn.iclass in (IClass.COND_JUMP, IClass.CALL):
+        out.append(insn.next_ip)
+    return out
+
+
 class CodeTable:
     """The decoded code of one address space (an image), for the compiled
     decoder.  ``tuple`` is what the compiled code takes; it is rebuilt when
@@ -444,7 +455,8 @@ class CodeTable:
     def fill(self, ip: int, mode: int) -> None:
         """Decode the straight-line code from ``(ip, mode)``: up to and
         including the first instruction that may transfer control (or an
-        address without one)."""
+        address without one); then, ahead of the decoder, the code its
+        direct branches lead to (see :meth:`_prefetch`)."""
         new: list[tuple[int, object]] = []
         at = ip
         for _ in range(FILL_MAX):
@@ -456,8 +468,42 @@ class CodeTable:
             if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
                 break
             at = got.next_ip
+        if not isinstance(got, int) and not got.truncated:
+            new += self._prefetch(got, mode, {a for a, _ in new})
         if new:
             self._add(new, mode)
+
+    def _prefetch(self, branch, mode: int, taken: set[int]) -> list[tuple[int, object]]:
+        """The straight-line stretches a run ending at ``branch`` may go on
+        to without trace (a direct branch's target, a conditional branch's
+        or a call's fall-through), and theirs, breadth first, up to
+        :data:`PREFETCH_MAX` instructions in ``branch``'s section.  Each
+        decoder stop for an undecoded address costs a return to Python:
+        decoding a region per stop instead of a run cuts those stops
+        several times over on a first decode.  Only instructions are
+        kept: an address that decodes to an error is left for the decoder
+        to find (if it ever goes there)."""
+        section = self.image.find(branch.ip)
+        if section is None:
+            return []
+        lo, hi = section.address, section.address + section.size
+        out: list[tuple[int, object]] = []
+        todo = _successors(branch)
+        while todo and len(out) < PREFETCH_MAX:
+            at = todo.pop(0)
+            for _ in range(FILL_MAX):
+                if not lo <= at < hi or at in taken or (at, mode) in self._index:
+                    break
+                got = self.cache.get(at, mode)
+                if isinstance(got, int) or got.truncated or got.iclass == IClass.UNKNOWN:
+                    break
+                taken.add(at)
+                out.append((at, got))
+                if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
+                    todo += _successors(got)
+                    break
+                at = got.next_ip
+        return out
 
     def _add(self, insns: list[tuple[int, object]], mode: int) -> None:
         """Add decoded instructions (or libipt error codes) at their
