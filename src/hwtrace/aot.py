@@ -848,25 +848,33 @@ def note_fallback() -> None:
     if lib is not None and _fallbacks <= lib.numba_only:
         return
     _built = True
-    import fcntl
-
     try:
-        directory = library_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / f"{_LIB_NAME}.lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return
-            build(directory)
+        locked_build(wait=False)
     except Exception as e:
         sys.stderr.write(f"hwtrace: note: compiled-loop library not built: {e}\n")
+
+
+def locked_build(*, wait: bool = True, quiet: bool = True) -> Path | None:
+    """:func:`build` under the library directory's lock, so that builders
+    take turns (each build holds every specialisation numba has cached, so
+    the last one loses nothing).  ``wait=False``: give up (None) when
+    another process is building."""
+    import fcntl
+
+    directory = library_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{_LIB_NAME}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError:
+            return None
+        return build(directory, quiet=quiet)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["build"]:
-        path = build(quiet=False)
+        path = locked_build(quiet=False)
         return 0 if path is not None else 1
     if argv[:1] == ["status"]:
         lib = loaded_library()
