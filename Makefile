@@ -6,18 +6,26 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
 CONFORMANCE ?= ../shared/conformance/libipt
 
 .PHONY: all venv oracles demo test lint format conformance docs bench bench-overhead clean
 
 all: venv
 
-$(STAMP): pyproject.toml
+# The runtime: what `make demo` needs.  The decoders' compiled loops are
+# built into the native library (hwtrace.aot) after a first use anyway;
+# here the ones the demo's commands call are, so that they start fast.
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	-$(BIN)/hwtrace aot warm --parts library,perf
+	touch $(RUNTIME)
+
+# Development: test and documentation tools, and every command warmed.
+$(STAMP): $(RUNTIME)
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@# The decoders' compiled loops built into the native library (hwtrace.aot):
-	@# built after a first use anyway, here so that the first run starts fast too.
 	-$(BIN)/hwtrace aot warm
 	@# ... and the numba caches it left kept by the tests' first run.
 	$(BIN)/python tests/numba_caches.py
@@ -34,7 +42,7 @@ oracles:
 # whatever backend this machine has (perf + Intel PT, else code patching),
 # decode it and report.
 DEMO := build/demo
-demo: venv
+demo: $(RUNTIME)
 	@mkdir -p build
 	gcc -O2 -g -o $(DEMO) examples/demo/demo.c
 	$(BIN)/hwtrace record -o build/demo.data -f checksum -f digest -f mix -f by_value -- $(DEMO) 24

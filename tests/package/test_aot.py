@@ -212,3 +212,34 @@ def test_aot_commands(capsys, monkeypatch, tmp_path):
     assert "hwtrace aot warm" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["aot", "bogus"])
+
+
+def test_every_warm_up_part_decodes(capsys, tmp_path):
+    """``hwtrace aot warm`` runs its parts in processes of their own and
+    ``make venv`` does not stop on its failure: each part must decode its
+    trace (the perf.data part through ``report`` and ``script`` on the
+    trace wrapped as a perf.data) without error, in this process; the
+    trace it keeps as bytes is what the encoder makes of its loop."""
+    from hwtrace.cli.warmup import (
+        BASE,
+        CHAINS,
+        CODE,
+        CONFIG,
+        PARTS,
+        TRACE,
+        _path,
+        warm_parts,
+    )  # fmt: skip
+    from hwtrace.image import Image
+    from hwtrace.pt.encode import encode_path
+
+    assert set(PARTS) | {"subtrees"} == {p for chain in CHAINS for p in chain}
+    image = Image()
+    code = tmp_path / "code.bin"
+    code.write_bytes(CODE)
+    image.add_raw(code, address=BASE)
+    enc = encode_path(_path(), image, end_ip=0x100E, tsc=1 << 32, mtc_freq=3, cyc=True,
+                      psb_period=64)  # fmt: skip
+    assert bytes(enc.data) == TRACE and enc.config == CONFIG
+    warm_parts((*PARTS, "subtrees"))
+    assert "Traceback" not in capsys.readouterr().err

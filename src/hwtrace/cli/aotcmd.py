@@ -23,15 +23,29 @@ def main(argv: Sequence[str]) -> int:
     )
     sub = p.add_subparsers(dest="action", required=True, metavar="{warm,build,status}")
     w = sub.add_parser("warm", help="compile what the commands call, then build")
-    w.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                   help="processes compiling at once (default: one per CPU)")  # fmt: skip
+    w.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes compiling at once (default: one per CPU)",
+    )
+    w.add_argument("--parts", default=None, metavar="P[,P...]",
+                   help="what to warm: library (the decoder), perf (report, script), ptxed, "
+                        "ptdump (default: all)")  # fmt: skip
     sub.add_parser("build", help="build the library from numba's cache")
     sub.add_parser("status", help="print the library in use")
     a = p.parse_args(list(argv))
     if a.action == "status":
         return aot.main(["status"])
     if a.action == "warm":
-        from .warmup import warm  # imports the decoders: only for this action
+        # (imports the decoders: only for this action)
+        from .warmup import PARTS, warm
 
-        warm(a.jobs)
+        parts = tuple(a.parts.split(",")) if a.parts else PARTS
+        try:
+            warm(a.jobs, parts)
+        except ValueError as e:
+            p.error(str(e))
     return aot.main(["build"])

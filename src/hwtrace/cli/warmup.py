@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..image import Image
+from ..pt.config import PtConfig
 from ..pt.decode import decode_trace
-from ..pt.encode import encode_path
 from . import ptdump as ptdump_cli
 from . import ptxed as ptxed_cli
 
@@ -43,6 +43,19 @@ CODE = bytes.fromhex("b928000000e806000000ffc975f79090c3")
 LOOPS = 40
 
 
+# The loop's trace, as hwtrace.pt.encode encodes _path() (kept as bytes:
+# compiling the encoder would cost more than anything it warms; a test
+# encodes it again): TSC, MTC every 2**3 ART ticks, CYC, PSB every 64 bytes.
+TRACE = bytes.fromhex(
+    "02820282028202820282028202820282190000000001000002730000000000020308009901022399017100"
+    "100000000063fe63fe43590123fe63fe63fe23590206028202820282028202820282028202821940000000"
+    "010000027310000000000203080099017d0c1000000000022353fe63fe53590313fe63fe63fe3359043"
+    "3fe028202820282028202820282028202821987000000010000027321000003000203080099017d0a1000"
+    "000000022363fe63fe135905210e10"
+)
+CONFIG = PtConfig(mtc_freq=3, nom_freq=8, cpuid_0x15_eax=1, cpuid_0x15_ebx=4)
+
+
 def _path() -> np.ndarray:
     """The loop's executed instructions."""
     ips = [BASE]
@@ -51,23 +64,33 @@ def _path() -> np.ndarray:
     return np.array(ips, np.uint64)
 
 
-# The parts, in two chains that compile little in common: the library
-# decoder and then the perf.data commands (which call it), and ptxed's own
-# instruction flow and then ptdump.
+# The parts, in two chains of about equal work: the library decoder, the
+# perf.data commands (which call it) and ptxed; and the decoder's largest
+# callees (compiled at the same time as the decoder, which then finds
+# them in numba's cache) and ptdump.  "subtrees" only helps "library".
 PARTS = ("library", "perf", "ptxed", "ptdump")
-CHAINS = (("library", "perf"), ("ptxed", "ptdump"))
+CHAINS = (("library", "perf", "ptxed"), ("subtrees", "ptdump"))
 
 
-def warm(jobs: int | None = None) -> None:
-    """Decode the loop's trace the ways the commands do (output dropped),
-    the chains of parts in processes of their own when ``jobs`` (default:
-    the CPUs this process may use) allows."""
+def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
+    """Decode the loop's trace the ways the commands do (output dropped):
+    ``parts`` of :data:`PARTS`, in the processes of :data:`CHAINS` when
+    ``jobs`` (default: the CPUs this process may use) allows."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(
+            f"no warm-up part {', '.join(sorted(unknown))} (parts: {', '.join(PARTS)})"
+        )
     jobs = jobs or len(os.sched_getaffinity(0))
     if jobs <= 1:
-        warm_parts(PARTS)
+        warm_parts(parts)
         return
+    wanted = set(parts) | ({"subtrees"} if "library" in parts else set())
+    chains = [[p for p in chain if p in wanted] for chain in CHAINS]
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(chain)]) for chain in CHAINS
+        subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(chain)])
+        for chain in chains
+        if chain
     ]
     failed = [p for p in procs if p.wait() != 0]
     if failed:
@@ -84,18 +107,18 @@ def warm_parts(parts) -> None:
         code.write_bytes(CODE)
         image = Image()
         image.add_raw(code, address=BASE)
-        enc = encode_path(_path(), image, end_ip=0x100E, tsc=1 << 32, mtc_freq=3, cyc=True,
-                          psb_period=64)  # fmt: skip
         trace = Path(tmp) / "loop.pt"
-        trace.write_bytes(enc.data)
-        cfg = enc.config
+        trace.write_bytes(TRACE)
+        cfg = CONFIG
         timing = ["--mtc-freq", str(cfg.mtc_freq), "--nom-freq", str(cfg.nom_freq),
                   "--cpuid-0x15.eax", str(cfg.cpuid_0x15_eax),
                   "--cpuid-0x15.ebx", str(cfg.cpuid_0x15_ebx)]  # fmt: skip
         status = 0
+        if "subtrees" in parts:
+            _decoder_subtrees(image, cfg)
         if "library" in parts:
             for keep in (True, False):
-                decode_trace(enc.data, image, cfg, keep_blocks=keep)
+                decode_trace(TRACE, image, cfg, keep_blocks=keep)
         with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
             if "ptdump" in parts:
                 for extra in ([], ["--quiet"], ["--time", "--lastip"], ["--tcal"]):
@@ -109,6 +132,46 @@ def warm_parts(parts) -> None:
                 status |= _perf_commands(Path(tmp), trace, code, cfg)
         if status:
             raise RuntimeError("decoding the warm-up trace failed")
+
+
+class _Typed(Exception):
+    """Stops the decoder once its arguments are known."""
+
+
+def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
+    """Compile the flow decoder's largest callees (in the order opposite
+    to the one in which compiling the decoder itself reaches them), for
+    the arguments the decoder gets, so that another process compiling the
+    decoder finds them in numba's cache."""
+    from numba import typeof
+    from numba.core import types
+
+    from .. import aot
+    from ..pt import _flowloop as F
+
+    original = aot.CompiledLoop.__call__
+
+    def typed(loop, *args):
+        if loop is not F.run:
+            return original(loop, *args)
+        ds, pk, cf, ct, out = args
+        base = (typeof(ds), typeof(pk), typeof(cf), typeof(ct))
+        for callee, sig in (
+            (F._proceed, (*base, typeof(out))),
+            (F._fast, (*base, typeof(out))),
+            (F._trailing, (*base, types.boolean)),
+            (F.blk_resync, (*base, typeof(ds[13]))),
+        ):
+            callee.dispatcher.compile(sig)
+        raise _Typed
+
+    aot.CompiledLoop.__call__ = typed  # type: ignore[method-assign]
+    try:
+        decode_trace(TRACE, image, cfg, keep_blocks=True)
+    except _Typed:
+        pass
+    finally:
+        aot.CompiledLoop.__call__ = original  # type: ignore[method-assign]
 
 
 def _perf_commands(tmp: Path, trace: Path, code: Path, cfg) -> int:
