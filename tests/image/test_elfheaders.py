@@ -125,3 +125,17 @@ def test_a_damaged_elf_file_is_an_image_error(tmp_path_factory, cut, flips):
         return
     assert elf.path == str(path)
     assert isinstance(elf.symbols.start, np.ndarray)
+
+
+@pytest.mark.skipif(SEED is None, reason="no system binary to read")
+def test_a_renamed_file_is_read_under_its_new_name(tmp_path):
+    """read_elf keeps what it read per file; a file renamed since (same
+    inode, size and time) is the file at its new path."""
+    first = tmp_path / "staged"
+    first.write_bytes(open(SEED, "rb").read())  # noqa: SIM115
+    assert read_elf(first).path == str(first)
+    moved = tmp_path / "final"
+    first.rename(moved)
+    elf = read_elf(moved)
+    assert elf.path == str(moved)
+    assert len(elf.symbols) == len(read_elf(SEED).symbols)

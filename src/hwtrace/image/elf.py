@@ -160,7 +160,9 @@ def _file_key(name: str) -> tuple | None:
         st = os.stat(name)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    # The path too: what is read names the file by it (a file renamed
+    # keeps its identity but not its name).
+    return (name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # Where detached debug files are found by build id (``.build-id/xx/yyyy.debug``).
