@@ -16,16 +16,11 @@ all: venv
 # The runtime: what `make demo` needs.  The decoders' compiled loops are
 # built into the native library (hwtrace.aot) after a first use anyway;
 # here the ones the demo's commands call are, so that they start fast.
-# Compiling them takes longest: it starts as soon as what it imports is
-# installed (WARM_DEPS), while pip installs the rest.
-WARM_DEPS := numpy numba llvmlite iced-x86 pyelftools rich
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(WARM_DEPS)
-	$(BIN)/pip install --quiet --no-deps -e .
-	$(BIN)/hwtrace aot warm --parts library,perf & \
-	  warm=$$!; $(BIN)/pip install --quiet -e .; status=$$?; wait $$warm; exit $$status
+	$(BIN)/pip install --quiet -e .
+	-$(BIN)/hwtrace aot warm --parts library,perf
 	touch $(RUNTIME)
 
 # Development: test and documentation tools, and every command warmed.
