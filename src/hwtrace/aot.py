@@ -240,8 +240,8 @@ def _flatten(v, keys: list, flat: list) -> None:
         keys.append(tuple(sub))
     else:
         keys.append(_value_key(v))
-        if isinstance(v, float):
-            flat.append(v)
+        if isinstance(v, float | np.floating):
+            flat.append(float(v))
         elif v is None:
             pass
         else:
@@ -273,16 +273,14 @@ def _from_json(k):
 
 
 class _Entry:
-    """One specialisation in the library: a C function with numba's native
-    calling convention, ``status f(ret *, excinfo **, args...)``."""
+    """One specialisation's native code: a C function with numba's native
+    calling convention, ``status f(ret *, excinfo **, args...)``, whose
+    arguments are the LLVM types ``args`` and whose result has the layout
+    ``ret`` (None, a scalar dtype, or a list of them)."""
 
-    def __init__(self, lib: ctypes.CDLL, name: str, spec: dict) -> None:
+    def __init__(self, fn, name: str, args: list[str], ret) -> None:
         self.name = name
-        fn = getattr(lib, spec["symbol"])
-        fn.restype = ctypes.c_int32
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [_CTYPES[t] for t in spec["args"]]
         self.fn = fn
-        ret = spec["ret"]  # None, a scalar dtype, or a list of them
         if ret is None:
             self.ret_type = ctypes.c_int64
             self.unpack: Callable = lambda r: None
@@ -299,6 +297,20 @@ class _Entry:
                 bool(getattr(r, n)) if b else getattr(r, n)
                 for n, b in zip(names, bools, strict=True)
             )
+
+    @classmethod
+    def from_library(cls, lib: ctypes.CDLL, name: str, spec: dict) -> _Entry:
+        fn = getattr(lib, spec["symbol"])
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [_CTYPES[t] for t in spec["args"]]
+        return cls(fn, name, spec["args"], spec["ret"])
+
+    @classmethod
+    def from_address(cls, address: int, name: str, args: list[str], ret) -> _Entry:
+        proto = ctypes.CFUNCTYPE(
+            ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *[_CTYPES[t] for t in args]
+        )
+        return cls(proto(address), name, args, ret)
 
     def __call__(self, flat: list):
         ret = self.ret_type()
@@ -347,7 +359,7 @@ class _Library:
         out = {}
         for key, spec in self.specs.get(name, {}).items():
             try:
-                out[key] = _Entry(self.dlls[spec["library"]], name, spec)
+                out[key] = _Entry.from_library(self.dlls[spec["library"]], name, spec)
             except (AttributeError, KeyError):
                 continue
         return out
@@ -416,27 +428,65 @@ class CompiledLoop:
         self.__module__ = py_func.__module__
         self.__qualname__ = py_func.__qualname__
         self._dispatcher = None
+        self._wrapped = None  # a dispatcher Python can call (see _python_call)
+        self._jit: dict = {}  # argument key -> _Entry of numba's code (None: not callable so)
         self._native: dict | None = None
         self._last: list = []  # (argument, key, values) of the last call
         _registry[self.name] = self
 
     @property
     def dispatcher(self):
-        """The numba dispatcher (created on first need)."""
+        """The numba dispatcher (created on first need).  Its code has no
+        CPython wrapper: calls from other loops need none, the library is
+        built from the native functions, and Python calls those through
+        ctypes (:meth:`_python_call`).  A wrapper, its boxing and unboxing
+        of every argument, is as much code again for a loop taking tuples
+        of arrays, compiled for every loop a caller reaches."""
         if self._dispatcher is None:
-            _numba_ready()
-            options = dict(self.options)
-            cache = options.pop("cache", False)
-            local_types = options.pop("locals", {})
-            options["nopython"] = True
-            options.setdefault("boundscheck", None)
-            disp = _dispatcher_class()(
-                py_func=self.py_func, locals=local_types, targetoptions=options
-            )
-            if cache:
-                disp.enable_caching()
-            self._dispatcher = disp
+            self._dispatcher = self._make_dispatcher(wrapper=False)
         return self._dispatcher
+
+    def _make_dispatcher(self, *, wrapper: bool):
+        _numba_ready()
+        options = dict(self.options)
+        cache = options.pop("cache", False)
+        local_types = options.pop("locals", {})
+        options["nopython"] = True
+        options.setdefault("boundscheck", None)
+        if not wrapper:
+            options["no_cpython_wrapper"] = True
+            options["no_cfunc_wrapper"] = True
+        disp = _dispatcher_class()(py_func=self.py_func, locals=local_types, targetoptions=options)
+        if cache:
+            disp.enable_caching()
+            if wrapper:
+                # numba's cache index is keyed by signature, not by these
+                # options: the wrapped code is cached apart, so that neither
+                # dispatcher loads what the other compiled (numba's own
+                # private cache file class: no public way to name it).
+                from numba.core.caching import IndexDataCacheFile
+
+                c = disp._cache
+                c._cache_file = IndexDataCacheFile(
+                    cache_path=c._cache_path,
+                    filename_base=c._impl.filename_base + "-py",
+                    source_stamp=c._impl.locator.get_source_stamp(),
+                )
+        return disp
+
+    def _python_call(self, args: tuple, keys: tuple, flat: list):
+        """A call from Python that the library cannot take: numba's native
+        code for these argument types through ctypes, as the library's;
+        a loop whose result or arguments have no such layout (arrays
+        returned, objects passed) goes through a wrapped dispatcher."""
+        entry = self._jit.get(keys, False)
+        if entry is False:
+            entry = self._jit[keys] = _numba_entry(self, args)
+        if entry is not None:
+            return entry(flat)
+        if self._wrapped is None:
+            self._wrapped = self._make_dispatcher(wrapper=True)
+        return self._wrapped(*args)
 
     def _natives(self) -> dict:
         if self._native is None:
@@ -446,14 +496,20 @@ class CompiledLoop:
 
     def __call__(self, *args):
         native = self._native if self._native is not None else self._natives()
-        if native:
+        try:
             keys, flat = self._layout(args)
+        except (TypeError, ValueError, OverflowError):  # an argument with no native layout
+            self._last = []
+            if self._wrapped is None:
+                self._wrapped = self._make_dispatcher(wrapper=True)
+            return self._wrapped(*args)
+        if native:
             entry = native.get(keys)
             if entry is not None:
                 return entry(flat)
         if self.name not in _fallbacks:
             _fallbacks.add(self.name)
-        return self.dispatcher(*args)
+        return self._python_call(args, keys, flat)
 
     def _layout(self, args: tuple) -> tuple[tuple, list]:
         """The arguments' type key and their values in numba's native
@@ -485,6 +541,30 @@ class CompiledLoop:
 
     def __repr__(self) -> str:
         return f"<loop {self.name}>"
+
+
+def _numba_entry(loop: CompiledLoop, args: tuple) -> _Entry | None:
+    """numba's native code of ``loop`` for ``args`` (compiled or loaded
+    from numba's cache), callable through ctypes; None when its arguments
+    or result have no ctypes layout."""
+    from numba import typeof
+
+    disp = loop.dispatcher
+    try:
+        sig = tuple(typeof(a) for a in args)
+        disp.compile(sig)
+        overload = disp.overloads[sig]
+        ret = _ret_layout(overload.signature.return_type)
+        name = overload.fndesc.mangled_name
+        types = [str(a.type) for a in overload.library.get_function(name).arguments][2:]
+        if any(t not in _CTYPES for t in types):
+            return None
+        address = overload.library.get_pointer_to_function(name)
+    except Exception:
+        return None  # the wrapped dispatcher says what is wrong, if anything
+    if not address:
+        return None
+    return _Entry.from_address(address, loop.name, types, ret)
 
 
 _dispatcher_type = None
