@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,7 +133,7 @@ def test_a_renamed_file_is_read_under_its_new_name(tmp_path):
     """read_elf keeps what it read per file; a file renamed since (same
     inode, size and time) is the file at its new path."""
     first = tmp_path / "staged"
-    first.write_bytes(open(SEED, "rb").read())  # noqa: SIM115
+    first.write_bytes(Path(SEED).read_bytes())
     assert read_elf(first).path == str(first)
     moved = tmp_path / "final"
     first.rename(moved)
