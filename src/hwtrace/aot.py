@@ -228,6 +228,30 @@ class _ArrayMemo:
 _memo = _ArrayMemo()
 
 
+def _held(v):
+    """What the last call's memo keeps of an argument: arrays (and the
+    arrays in tuples) weakly, so that a buffer the caller lets go (a
+    ring buffer's mapping of a kernel map) goes with it."""
+    if isinstance(v, np.ndarray):
+        return weakref.ref(v)
+    if isinstance(v, tuple):
+        return tuple(_held(x) for x in v)
+    return v
+
+
+def _same(held, v) -> bool:
+    """Is ``v`` the very argument ``held`` was made of?"""
+    if isinstance(held, weakref.ref):
+        return held() is v
+    if isinstance(held, tuple):
+        return (
+            isinstance(v, tuple)
+            and len(v) == len(held)
+            and all(_same(h, x) for h, x in zip(held, v, strict=True))
+        )
+    return held is v
+
+
 def _flatten(v, keys: list, flat: list) -> None:
     if isinstance(v, np.ndarray):
         k, f = _memo.get(v)
@@ -520,13 +544,13 @@ class CompiledLoop:
         last = self._last
         parts = []
         for i, a in enumerate(args):
-            if i < len(last) and last[i][0] is a:
+            if i < len(last) and _same(last[i][0], a):
                 parts.append(last[i])
                 continue
             k: list = []
             f: list = []
             _flatten(a, k, f)
-            parts.append((a, k[0], f))
+            parts.append((_held(a), k[0], f))
         self._last = parts
         flat: list = []
         for p in parts:
