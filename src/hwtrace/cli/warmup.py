@@ -185,7 +185,8 @@ def _perf_commands(tmp: Path, trace: Path, code: Path, cfg) -> int:
     status = 0
     for args in (["-i", str(data)], ["-i", str(data), "--blocks"]):
         status |= perfcmds.script_main(args)
-    status |= perfcmds.report_main(["-i", str(data)])
+    # (with the folded call paths, as the demo's report writes them)
+    status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
     return status
 
 
