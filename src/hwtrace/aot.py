@@ -41,6 +41,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from types import FunctionType
 from typing import Any
 
 import numpy as np
@@ -480,22 +481,21 @@ class CompiledLoop:
         if not wrapper:
             options["no_cpython_wrapper"] = True
             options["no_cfunc_wrapper"] = True
-        disp = _dispatcher_class()(py_func=self.py_func, locals=local_types, targetoptions=options)
+        py_func = self.py_func
+        if wrapper:
+            # numba's cache index is keyed by signature, not by these
+            # options, and its files are named after the function: the
+            # wrapped code is compiled from a copy under another name, so
+            # that neither dispatcher loads what the other compiled.
+            py_func = FunctionType(
+                py_func.__code__, py_func.__globals__, py_func.__name__,
+                py_func.__defaults__, py_func.__closure__,
+            )  # fmt: skip
+            py_func.__qualname__ = self.py_func.__qualname__ + "_python"
+            py_func.__module__ = self.py_func.__module__
+        disp = _dispatcher_class()(py_func=py_func, locals=local_types, targetoptions=options)
         if cache:
             disp.enable_caching()
-            if wrapper:
-                # numba's cache index is keyed by signature, not by these
-                # options: the wrapped code is cached apart, so that neither
-                # dispatcher loads what the other compiled (numba's own
-                # private cache file class: no public way to name it).
-                from numba.core.caching import IndexDataCacheFile
-
-                c = disp._cache
-                c._cache_file = IndexDataCacheFile(
-                    cache_path=c._cache_path,
-                    filename_base=c._impl.filename_base + "-py",
-                    source_stamp=c._impl.locator.get_source_stamp(),
-                )
         return disp
 
     def _python_call(self, args: tuple, keys: tuple, flat: list):
@@ -508,6 +508,9 @@ class CompiledLoop:
             entry = self._jit[keys] = _numba_entry(self, args)
         if entry is not None:
             return entry(flat)
+        return self._wrapped_call(args)
+
+    def _wrapped_call(self, args: tuple):
         if self._wrapped is None:
             self._wrapped = self._make_dispatcher(wrapper=True)
         return self._wrapped(*args)
@@ -524,9 +527,7 @@ class CompiledLoop:
             keys, flat = self._layout(args)
         except (TypeError, ValueError, OverflowError):  # an argument with no native layout
             self._last = []
-            if self._wrapped is None:
-                self._wrapped = self._make_dispatcher(wrapper=True)
-            return self._wrapped(*args)
+            return self._wrapped_call(args)
         if native:
             entry = native.get(keys)
             if entry is not None:
@@ -579,11 +580,16 @@ def _numba_entry(loop: CompiledLoop, args: tuple) -> _Entry | None:
         disp.compile(sig)
         overload = disp.overloads[sig]
         ret = _ret_layout(overload.signature.return_type)
-        name = overload.fndesc.mangled_name
-        types = [str(a.type) for a in overload.library.get_function(name).arguments][2:]
+        # The native function's arguments as numba's calling convention
+        # lays them out (from the types: code loaded from numba's cache
+        # has no LLVM module to read them from); pointers are all "ptr".
+        fnty = disp.targetctx.call_conv.get_function_type(
+            overload.signature.return_type, overload.signature.args
+        )
+        types = ["ptr" if str(t).endswith("*") else str(t) for t in fnty.args][2:]
         if any(t not in _CTYPES for t in types):
             return None
-        address = overload.library.get_pointer_to_function(name)
+        address = overload.library.get_pointer_to_function(overload.fndesc.mangled_name)
     except Exception:
         return None  # the wrapped dispatcher says what is wrong, if anything
     if not address:

@@ -743,8 +743,11 @@ def bpftool_sees_nothing_left():
     before = listed()
     yield
     deadline = time.monotonic() + 5
-    while not (listed()[0] <= before[0] and listed()[1] <= before[1]):
+    while True:
+        progs, maps = listed()
+        if progs <= before[0] and maps <= before[1]:
+            break
         assert time.monotonic() < deadline, (
-            f"bpftool lists objects left loaded: {listed()} vs {before}"
+            f"bpftool lists objects left loaded: {(progs, maps)} vs {before}"
         )
         time.sleep(0.05)

@@ -243,3 +243,33 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
     assert bytes(enc.data) == TRACE and enc.config == CONFIG
     warm_parts((*PARTS, "subtrees"))
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_python_calls_numba_code_without_wrappers(tmp_path):
+    """Without the library, Python calls numba's native code through
+    ctypes, also when numba loads it from its cache (a second process):
+    only a loop returning an array gets wrapped code, cached apart."""
+    import subprocess
+    import sys
+
+    (tmp_path / "loops_mod.py").write_text(
+        "import numpy as np\n"
+        "from hwtrace import aot\n\n"
+        "@aot.njit(cache=True)\n"
+        "def alloc(n):\n    return np.arange(n)\n\n"
+        "@aot.njit(cache=True)\n"
+        "def add(a, b):\n    return a[0] + b\n"
+    )
+    code = (
+        "import numpy as np, loops_mod\n"
+        "print(loops_mod.alloc(3).tolist(), loops_mod.add(np.array([2.5]), 3))\n"
+    )
+    env = {**__import__("os").environ, "HWTRACE_AOT": "numba",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}  # fmt: skip
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[0, 1, 2] 5.5"
+    indexes = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").rglob("*.nbi"))
+    assert indexes == ["loops_mod.add", "loops_mod.alloc", "loops_mod.alloc_python"]

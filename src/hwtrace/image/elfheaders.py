@@ -144,7 +144,7 @@ class ElfHeaders:
         if n == 0 or shstrndx == 0 or shstrndx >= n:
             return [""] * n
         strtab = self.section_bytes(shstrndx)
-        return [_c_string(strtab, int(o)) for o in self.section_headers["sh_name"]]
+        return [c_string(strtab, int(o)) for o in self.section_headers["sh_name"]]
 
     def section_index(self, name: str) -> int:
         """The index of the first section named ``name``, or -1."""
@@ -242,7 +242,8 @@ class ElfHeaders:
         return out
 
 
-def _c_string(table: bytes, offset: int) -> str:
+def c_string(table: bytes, offset: int) -> str:
+    """The NUL-terminated string at ``offset`` of a string table."""
     if offset >= len(table):
         return ""
     stop = table.find(b"\0", offset)

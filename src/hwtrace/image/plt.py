@@ -20,7 +20,7 @@ import struct
 
 import numpy as np
 
-from .elfheaders import ElfHeaders
+from .elfheaders import ElfHeaders, c_string
 
 __all__ = ["plt_symbols"]
 
@@ -78,8 +78,7 @@ def _symbol_names(head: ElfHeaders, table: int, index: np.ndarray, kinds: np.nda
             out.append("")
             continue
         (at,) = struct.unpack_from(f"{order}I", entries, i * entsize)
-        stop = strtab.find(b"\0", at)
-        out.append(strtab[at : stop if stop >= 0 else len(strtab)].decode("utf-8", "replace"))
+        out.append(c_string(strtab, at))
     return out
 
 

@@ -22,6 +22,8 @@ there and the decoder goes on.  The tables only grow between decoder calls.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from .. import aot
@@ -488,9 +490,9 @@ class CodeTable:
             return []
         lo, hi = section.address, section.address + section.size
         out: list[tuple[int, object]] = []
-        todo = _successors(branch)
+        todo = deque(_successors(branch))
         while todo and len(out) < PREFETCH_MAX:
-            at = todo.pop(0)
+            at = todo.popleft()
             for _ in range(FILL_MAX):
                 if not lo <= at < hi or at in taken or (at, mode) in self._index:
                     break
@@ -500,7 +502,7 @@ class CodeTable:
                 taken.add(at)
                 out.append((at, got))
                 if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
-                    todo += _successors(got)
+                    todo.extend(_successors(got))
                     break
                 at = got.next_ip
         return out
