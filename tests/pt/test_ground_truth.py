@@ -405,3 +405,40 @@ def test_frequent_psb_libipt(tmp_path, images):
             assert not errors and np.array_equal(got, enc.expected), first_difference(
                 got, enc.expected
             )
+
+
+@pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
+@pytest.mark.parametrize("name", ["deep", "unwind", "interp", "mixed", "tails"])
+def test_replayed_flow_is_the_walked_flow(images, name, monkeypatch):
+    """Stretches the fast loop replays from its cache give exactly what
+    walking them again gives: block rows with their offsets and times,
+    events, counts; across returns past the 64-entry return stack
+    (``deep``) and returns that do not go where their call said
+    (``unwind``), with time packets between the branches."""
+    from hwtrace.pt import decode as decode_module
+    from hwtrace.pt.decode import DecodeOptions
+
+    replayed_rows = []
+    result_of = decode_module._result
+
+    def noting_replays(collectors, decoders):
+        replayed_rows.append(sum(t.replayed_rows for d in decoders for t in d.tables))
+        return result_of(collectors, decoders)
+
+    monkeypatch.setattr(decode_module, "_result", noting_replays)
+    run = gt.case(name, "-O2")
+    image = image_of(images, run)
+    enc = encode_path(run.ips, image, end_ip=run.end_ip, psb_period=4096, tsc=1, mtc_freq=3)
+    walked = decode_trace(enc.data, image, enc.config, DecodeOptions(replay=False))
+    replayed = decode_trace(enc.data, image, enc.config)
+    assert np.array_equal(replayed.instructions(), enc.expected)
+    for column in ("block_ip", "block_ninsn", "block_offset", "block_time"):
+        assert np.array_equal(getattr(replayed, column), getattr(walked, column)), column
+    assert replayed.n_blocks == walked.n_blocks and replayed.n_insn == walked.n_insn
+    assert [str(g) for g in replayed.gaps] == [str(g) for g in walked.gaps]
+    assert [(o, str(e)) for o, e in replayed.events] == [(o, str(e)) for o, e in walked.events]
+    counted = decode_trace(enc.data, image, enc.config, keep_blocks=False)
+    assert counted.n_insn == walked.n_insn and counted.n_blocks == walked.n_blocks
+    # The cache was used (and not without it), for most rows.
+    assert replayed_rows[0] == 0
+    assert replayed_rows[1] > replayed.blocks.n // 4 and replayed_rows[2] > 0

@@ -50,6 +50,7 @@ import numpy as np
 from .. import aot
 from ..isa.x86 import IClass, Special
 from .blocks import (
+    S_ID,
     S_KEYS,
     S_LAST_OFF,
     S_LAST_TIME,
@@ -72,6 +73,11 @@ from .codetable import (
     C_MISS_IP,
     C_MISS_MODE,
     C_RUNS,
+    C_X_GEN,
+    C_X_OWNER,
+    C_X_POOL,
+    C_X_PUSH,
+    C_X_ROWS,
     I_DIRECT,
     I_NO_PUSH,
     I_TRUNCATED,
@@ -85,6 +91,10 @@ from .codetable import (
     RUN_STOP,
     T_COUNTS,
     T_R_KEY,
+    T_X_KEY,
+    T_X_PIP,
+    T_X_PRUN,
+    T_X_TAB,
     build_run,
     hash_find,
 )
@@ -307,9 +317,9 @@ R_DONE, R_MISS, R_GROW, R_FULL, R_MORE, R_WINDOW, R_EVENT = range(7)
 # Config (CF, int64).
 (
     CF_FAST, CF_TICK, CF_END_ON_CALL, CF_END_ON_JUMP, CF_IFLAGS, CF_RESYNC, CF_STOP_EVENTS,
-    CF_KEEP_GOING, CF_ERRATA, CF_NFILTER, CF_DROP_EMPTY, CF_COUNT, CF_STOP_TSC,
-) = range(13)  # fmt: skip
-NCF = 13
+    CF_KEEP_GOING, CF_ERRATA, CF_NFILTER, CF_DROP_EMPTY, CF_COUNT, CF_STOP_TSC, CF_REPLAY,
+) = range(14)  # fmt: skip
+NCF = 14
 # Errata bits in CF[CF_ERRATA].
 ER_BDM70, ER_BDM64, ER_SKD022, ER_SKD010, ER_SKL014, ER_APL11, ER_APL12 = (1 << i for i in range(7))
 # Stop-after-event modes (CF[CF_STOP_EVENTS]).
@@ -2758,6 +2768,57 @@ FR_STOP, FR_FETCH, FR_FULL, FR_MISS, FR_GROW = 0, 1, 2, 3, 4
 # Which learned-successor slot a run index found by lookup goes to.
 LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 
+# The replay cache (libxdc's idea, on hwtrace's runs).  A *stretch* is the
+# walk from a run, at the start of a block, driven by the next few TNT bits
+# of one packet (up to X_BITS of them) or by one TIP: the runs it passes,
+# what it does to the return stack and where it ends.  Its key is the run
+# and the bits (XK_TIP for a TIP).  The fast loop records stretches as it
+# walks them and, on meeting a key again, replays the stretch: the block
+# store receives the runs' keys (kept with the stretch: the cache holds one
+# store's keys) in one copy, the counters their sums.  A
+# stretch ends once its bits are consumed, before a return to a call made
+# before it (the return stack decides that one), and is dropped at anything
+# else that stops the walk, so a replay does exactly what the walk did.
+X_BITS = 8
+XK_TIP = X_BITS + 1
+X_MAX_RUNS = 256  # runs in one stretch
+X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
+# Fields of an entry (x_tab row).
+(XE_KEY, XE_GEN, XE_START, XE_M, XE_NINSN, XE_J1, XE_CONS, XE_END_BLK, XE_END_IP, XE_NBLK,
+ XE_CB_OPEN, XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN, XE_TAIL, XE_TAIL_NINSN, XE_PSTART,
+ XE_NPUSH, XE_DMAX) = range(20)  # fmt: skip
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _x_slot(xkey, mask):
+    return np.int64((np.uint64(xkey) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _x_keys(x_key, start, s_keys, row0, m):
+    """Keep the block-store keys of a recorded stretch's rows."""
+    for j in range(m):
+        x_key[start + j] = s_keys[row0 + j]
+
+
+@aot.njit(cache=True, _nrt=False)
+def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
+           cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, tail, tail_ninsn, pstart, npush, dmax):  # fmt: skip
+    """Keep a recorded stretch (its runs and pushes are in the pools)."""
+    e = x_tab[slot]
+    e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_M], e[XE_NINSN] = key, gen, start, m, ninsn
+    e[XE_J1], e[XE_CONS], e[XE_END_BLK], e[XE_END_IP] = j1, cons, end_blk, np.int64(end_ip)
+    e[XE_NBLK], e[XE_CB_OPEN], e[XE_CB_NINSN], e[XE_CB_ISID] = nblk, cb_open, cb_ninsn, cb_isid
+    e[XE_CB_IP], e[XE_CB_RUN], e[XE_TAIL], e[XE_TAIL_NINSN] = (
+        np.int64(cb_ip),
+        cb_run,
+        tail,
+        tail_ninsn,
+    )
+    e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX] = pstart, npush, dmax
+    counts[C_X_POOL] = start + m
+    counts[C_X_PUSH] = pstart + npush
+
 
 @aot.njit(cache=True, _nrt=False)
 def _fast(ds, pk, cf, ct, out):
@@ -2799,6 +2860,23 @@ def _fast(ds, pk, cf, ct, out):
     s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
     s_started = s_state[S_STARTED]
     key_limit = store_key_limit(s_keys, s_tab, s_cols)
+    x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
+    x_owner = s_state[S_ID] if live else (-2 if count_only else -3)
+    if counts[C_X_OWNER] != x_owner:
+        # Another store's keys (or none): start the cache again.
+        counts[C_X_GEN] += 1
+        counts[C_X_OWNER] = x_owner
+        counts[C_X_POOL] = 0
+        counts[C_X_PUSH] = 0
+    x_gen = counts[C_X_GEN]
+    replay = cf[0][CF_REPLAY] != 0
+    x_rows = np.int64(0)  # rows replayed
+    x_mask = np.int64(x_tab.shape[0] - 1)
+    rec = False  # recording a stretch
+    x_skip = False  # no lookup at this run (a replay ended before its return)
+    rec_key = rec_slot = rec_nb = rec_start = rec_pstart = np.int64(0)
+    rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = np.int64(0)
+    rec_depth = rec_dmax = rec_row0 = np.int64(0)
     mode = SI[BS_MODE]
     spec_flag = O_SPEC if SI[BS_SPEC] else 0
     ip = SU[BS_IP]
@@ -2852,6 +2930,145 @@ def _fast(ds, pk, cf, ct, out):
         learn = LEARN_NONE
         bk = r_kind[blk]
         ninsn = r_ninsn[blk]
+        if rec:
+            if bk == RUN_RET and evt == EV_TNT and rec_depth == 0:
+                # A return to a call made before the stretch: it ends here,
+                # the return stack decides what follows.
+                if rec_m > 0:
+                    if direct:
+                        _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
+                    _x_put(
+                        x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn,
+                        rec_j1 if rec_cons > 0 else rec_m, rec_cons, blk, ip, rec_nblk, cb_open,
+                        cb_ninsn, cb_isid, cb_ip, cb_run, rec_tail, rec_tail_ninsn, rec_pstart,
+                        rec_depth, rec_dmax,
+                    )  # fmt: skip
+                rec = False
+        elif x_skip:
+            x_skip = False
+        elif (
+            not cb_open
+            and replay
+            and (direct or count_only)
+            and (evt == EV_TIP or (evt == EV_TNT and bk != RUN_RET))
+        ):
+            # (A stretch does not start at a return the return stack decides.)
+            if evt == EV_TNT:
+                nb = min(size, X_BITS)
+                chunk = np.int64((bits >> np.uint64(size - nb)) & ((one << np.uint64(nb)) - one))
+            else:
+                nb = np.int64(XK_TIP)
+                chunk = np.int64(0)
+            xkey = (np.int64(blk) << 16) | (nb << 8) | chunk
+            xs = _x_slot(xkey, x_mask)
+            hit = x_tab[xs, XE_GEN] == x_gen and x_tab[xs, XE_KEY] == xkey
+            m = x_tab[xs, XE_M]
+            cons = x_tab[xs, XE_CONS]
+            if hit and quiet + m > NO_TRACE_LIMIT:
+                hit = False  # the walk stops within it
+            if hit and direct:
+                # The rows, as put_row would have stored them one by one:
+                # one offset (the packet's), the time before the first
+                # consumed bit and the packet's time after it.
+                o = offsets[pos] if pos < n else end_offset
+                j1 = x_tab[xs, XE_J1]
+                if (
+                    s_rows + m > s_keys.shape[0]
+                    or s_off + 1 > s_off_row.shape[0]
+                    or s_t + 2 > s_t_row.shape[0]
+                ):
+                    hit = False
+                else:
+                    st = x_tab[xs, XE_START]
+                    for j in range(m):
+                        s_keys[s_rows + j] = x_key[st + j]
+                    if not s_started or o != s_last_off:
+                        s_off_row[s_off] = s_rows
+                        s_off_val[s_off] = o
+                        s_off += 1
+                        s_last_off = o
+                    if not s_started or cur_tsc != s_last_t:
+                        s_t_row[s_t] = s_rows
+                        s_t_val[s_t] = cur_tsc
+                        s_t += 1
+                        s_last_t = cur_tsc
+                    if j1 < m and ev_tsc != s_last_t:
+                        s_t_row[s_t] = s_rows + j1
+                        s_t_val[s_t] = ev_tsc
+                        s_t += 1
+                        s_last_t = ev_tsc
+                    s_rows += m
+                    s_started = 1
+            if hit:
+                x_rows += m
+                nvirt += m
+                n_blocks += x_tab[xs, XE_NBLK]
+                n_insn += x_tab[xs, XE_NINSN]
+                if cons > 0:
+                    cur_tsc = ev_tsc
+                    has_tsc = ev_has_tsc
+                    icnt = x_tab[xs, XE_TAIL_NINSN]
+                    has_icnt = True
+                    quiet = x_tab[xs, XE_TAIL]
+                else:
+                    if has_icnt:
+                        icnt += x_tab[xs, XE_NINSN]
+                    quiet += m
+                cb_open = x_tab[xs, XE_CB_OPEN] != 0
+                cb_ninsn = x_tab[xs, XE_CB_NINSN]
+                cb_isid = x_tab[xs, XE_CB_ISID]
+                cb_ip = np.uint64(x_tab[xs, XE_CB_IP])
+                cb_run = x_tab[xs, XE_CB_RUN]
+                ps = x_tab[xs, XE_PSTART]
+                npush = x_tab[xs, XE_NPUSH]
+                for j in range(npush):
+                    rs_top = (rs_top + 1) & _RS_MASK
+                    RS[rs_top] = x_pip[ps + j]
+                    RSR[rs_top] = x_prun[ps + j]
+                # Calls returned from inside the stretch still pushed: when
+                # the stack was full they dropped its oldest entries.
+                dmax = x_tab[xs, XE_DMAX]
+                rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
+                if nb == XK_TIP:
+                    ip = tip
+                    blk = -1
+                    evt = 0  # consumed
+                else:
+                    ip = np.uint64(x_tab[xs, XE_END_IP])
+                    blk = x_tab[xs, XE_END_BLK]
+                    size -= cons
+                    if cons < nb:
+                        x_skip = True  # the return the stretch stopped before
+                        continue
+                    if size > 0:
+                        continue
+                p = pos if evt == EV_TNT else pos + 1
+                evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
+                    kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
+                )
+                if evt == EV_TNT:
+                    bits = val
+                    continue
+                if evt == EV_TIP:
+                    tip = val
+                    continue
+                why = FR_FETCH
+                break
+            # Record the stretch from here.
+            if (
+                counts[C_X_POOL] + X_MAX_RUNS > x_key.shape[0]
+                or counts[C_X_PUSH] + X_MAX_DEPTH > x_pip.shape[0]
+            ):
+                x_gen += 1  # the pools are full: start the cache again
+                counts[C_X_GEN] = x_gen
+                counts[C_X_POOL] = 0
+                counts[C_X_PUSH] = 0
+            rec = True
+            rec_key, rec_slot, rec_nb = xkey, xs, nb
+            rec_start, rec_pstart = counts[C_X_POOL], counts[C_X_PUSH]
+            rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = 0
+            rec_depth = rec_dmax = 0
+            rec_row0 = s_rows
         # The run's exit must be takeable before it is emitted, so a stop
         # leaves the state at the run's start.
         if bk == RUN_STOP:
@@ -2904,6 +3121,14 @@ def _fast(ds, pk, cf, ct, out):
             if new:
                 cb_row = nout
             nout += 1
+        if rec:
+            if not stored or rec_m >= X_MAX_RUNS:
+                rec = False
+            else:
+                rec_m += 1
+                rec_ninsn += ninsn
+                if new:
+                    rec_nblk += 1
         if new:
             cb_open = True
             cb_ninsn = 0
@@ -2926,6 +3151,14 @@ def _fast(ds, pk, cf, ct, out):
                 r_ret[blk] = ret
             RSR[rs_top] = ret
             rs_n = min(rs_n + 1, RETSTACK_SIZE)
+            if rec:
+                if rec_depth >= X_MAX_DEPTH:
+                    rec = False
+                else:
+                    x_pip[rec_pstart + rec_depth] = RS[rs_top]
+                    x_prun[rec_pstart + rec_depth] = ret
+                    rec_depth += 1
+                    rec_dmax = max(rec_dmax, rec_depth)
         if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
             ip = r_next[blk] if bk == RUN_FALL else r_target[blk]
             blk = r_succ[prev]
@@ -2946,12 +3179,17 @@ def _fast(ds, pk, cf, ct, out):
             blk = RSR[rs_top]
             rs_top = (rs_top - 1) & _RS_MASK
             rs_n -= 1
+            if rec:
+                rec_depth -= 1  # a call the stretch made (see above)
         else:  # TIP: indirect jump or call, uncompressed return
             ip = tip
             blk = -1
             evt = 0  # consumed
         if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
             # No trace consumed: the block goes on.
+            if rec:
+                rec_tail += 1
+                rec_tail_ninsn += ninsn
             quiet += 1
             if quiet > NO_TRACE_LIMIT:
                 break
@@ -2963,6 +3201,20 @@ def _fast(ds, pk, cf, ct, out):
         has_tsc = ev_has_tsc
         icnt = 0
         has_icnt = True
+        if rec:
+            rec_cons += 1
+            if rec_cons == 1:
+                rec_j1 = rec_m
+            rec_tail = rec_tail_ninsn = 0
+            if rec_nb == XK_TIP or rec_cons == rec_nb:
+                if direct:
+                    _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
+                _x_put(
+                    x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
+                    rec_cons, blk, ip, rec_nblk, cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, 0, 0,
+                    rec_pstart, rec_depth, rec_dmax,
+                )  # fmt: skip
+                rec = False
         if evt == EV_TNT and size > 0:
             continue
         p = pos if evt == EV_TNT else pos + 1
@@ -3001,6 +3253,7 @@ def _fast(ds, pk, cf, ct, out):
     SI[CB_MODE] = mode
     SI[O_NBLK] = nout
     SI[O_VBLK] = nvirt
+    counts[C_X_ROWS] += x_rows
     SI[O_NBLOCKS] = n_blocks
     SI[O_NINSN] = n_insn
     if live:

@@ -50,16 +50,32 @@ PREFETCH_MAX = 1024  # instructions decoded ahead by one fill
 
 # counts[] slots: instructions, runs and run instructions held, where the
 # last miss was, the image's number in its decoding (FlowDecoder), and the
-# block store whose keys ``r_key`` holds (see hwtrace.pt.blocks).
+# block store whose keys ``r_key`` holds (see hwtrace.pt.blocks); then the
+# replay cache's generation, how much of its two pools is used and whose
+# block keys its pool holds (a store's number; -2: none, rows only counted),
+# and how many block rows it has replayed.
 C_INSNS, C_RUNS, C_RUN_INSNS, C_MISS_IP, C_MISS_MODE, C_INDEX, C_KEY_OWNER = range(7)
+C_X_GEN, C_X_POOL, C_X_PUSH, C_X_OWNER, C_X_ROWS = 7, 8, 9, 10, 11
+_NCOUNTS = 16
 
 # The arrays of CodeTable.tuple, what the compiled code takes, in order.
 (
     T_H_IP, T_H_MODE, T_H_VAL, T_I_IP, T_I_SIZE, T_I_CLASS, T_I_SPECIAL, T_I_FLAGS, T_I_TARGET,
     T_I_ISID, T_I_ERR, T_I_RAW, T_R_HIP, T_R_HMODE, T_R_HVAL, T_R_IP, T_R_MODE, T_R_NINSN,
     T_R_KIND, T_R_NEXT, T_R_TARGET, T_R_FIRST, T_R_ISID, T_R_INSN, T_COUNTS, T_R_SUCC,
-    T_R_TAKEN, T_R_RET, T_R_LASTK, T_R_LASTC, T_R_KEY,
-) = range(31)  # fmt: skip
+    T_R_TAKEN, T_R_RET, T_R_LASTK, T_R_LASTC, T_R_KEY, T_X_TAB, T_X_KEY, T_X_PIP, T_X_PRUN,
+) = range(35)  # fmt: skip
+
+# The replay cache (see hwtrace.pt._flowloop): decoded stretches of runs,
+# keyed by the run they start at and the trace bits that drive them.  Its
+# size is fixed: entries, and pools for the block-store keys of the
+# stretches' runs and for the return addresses they push; a full pool
+# empties the cache.  At most 2.5 + 2 + 0.75 MiB per code table, of which
+# only what is used is touched.
+X_SLOTS = 1 << 14
+X_FIELDS = 20
+X_POOL = 1 << 20
+X_PUSH = 1 << 16
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -139,7 +155,7 @@ def build_run(ct, ip, mode):
         h_ip, h_mode, h_val, _, i_size, i_class, i_special, i_flags, i_target,
         i_isid, i_err, _, r_hip, r_hmode, r_hval, r_ip, r_mode, r_ninsn, r_kind,
         r_next, r_target, r_first, r_isid, r_insn, counts, r_succ, r_taken, r_ret, r_lastk,
-        r_lastc, _,
+        r_lastc, _, _, _, _, _,
     ) = ct  # fmt: skip
     n_runs = counts[C_RUNS]
     n_rinsn = counts[C_RUN_INSNS]
@@ -349,8 +365,9 @@ class CodeTable:
         self._index: dict[tuple[int, int], int] = {}  # (ip, mode): hashed entries
         self._alloc_insns(capacity)
         self._alloc_runs(capacity)
-        self.counts = np.zeros(8, np.int64)
+        self.counts = np.zeros(_NCOUNTS, np.int64)
         self.counts[C_KEY_OWNER] = -1
+        self._alloc_replay()
         self.texts: list[str] | None = None  # disassembly per instruction, when kept
         self.generation = 0  # counts clear()s
         # Names the numbering of the runs: a new object whenever the same
@@ -377,6 +394,21 @@ class CodeTable:
         _alloc(self, _RUN_COLUMNS, cap)
         self.r_insn = np.zeros(cap * 4 + RUN_MAX, np.int32)
 
+    @property
+    def replayed_rows(self) -> int:
+        """Block rows the decoder took from its replay cache, so far."""
+        return int(self.counts[C_X_ROWS])
+
+    def _alloc_replay(self) -> None:
+        # np.zeros: pages are touched only as the cache fills.
+        self.x_tab = np.zeros((X_SLOTS, X_FIELDS), np.int64)
+        self.x_key = np.zeros(X_POOL, np.uint16)
+        self.x_pip = np.zeros(X_PUSH, np.uint64)
+        self.x_prun = np.zeros(X_PUSH, np.int32)
+        self.counts[C_X_GEN] = 1
+        self.counts[C_X_POOL] = self.counts[C_X_PUSH] = 0
+        self.counts[C_X_OWNER] = -1
+
     def _refresh(self) -> None:
         self.tuple = (
             self.h_ip, self.h_mode, self.h_val, self.i_ip, self.i_size, self.i_class,
@@ -384,7 +416,7 @@ class CodeTable:
             self.r_hip, self.r_hmode, self.r_hval, self.r_ip, self.r_mode, self.r_ninsn,
             self.r_kind, self.r_next, self.r_target, self.r_first, self.r_isid, self.r_insn,
             self.counts, self.r_succ, self.r_taken, self.r_ret, self.r_lastk, self.r_lastc,
-            self.r_key,
+            self.r_key, self.x_tab, self.x_key, self.x_pip, self.x_prun,
         )  # fmt: skip
 
     @property
@@ -404,6 +436,9 @@ class CodeTable:
         self._alloc_runs(self.r_ip.shape[0])
         self.counts[:C_INDEX] = 0
         self.counts[C_KEY_OWNER] = -1
+        # Stretches of the old runs: a new generation makes them stale.
+        self.counts[C_X_GEN] += 1
+        self.counts[C_X_POOL] = self.counts[C_X_PUSH] = 0
         self.generation += 1
         self.run_numbering = object()
         if self.texts is not None:

@@ -288,7 +288,7 @@ class DecodeOptions(FlowSettings):
         # The library loses nothing after an error: the next PSB is looked
         # for at the failing packet, not after it.
         return FlowOptions(
-            self.flags, self.addr_filter, self.events, self.fast, keep_going=True,
+            self.flags, self.addr_filter, self.events, self.fast, self.replay, keep_going=True,
             empty_blocks=False,
         )  # fmt: skip
 

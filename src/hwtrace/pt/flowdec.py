@@ -39,6 +39,8 @@ from .kinds import DecodeError, Kind
 from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import (
     FAULT_AROUND,
+    ROW_TYPES,
+    ColumnBuffers,
     as_buffer,
     decode_range,
     map_file,
@@ -46,7 +48,7 @@ from .packets import (
     psb_plus_end,
     release,
 )
-from .timing import estimate_time, new_time_state
+from .timing import TIME_TYPES, estimate_time, new_time_state
 
 _MASK64 = (1 << 64) - 1
 _ERRATA_BITS = {
@@ -70,6 +72,7 @@ class FlowSettings:
     addr_filter: AddrFilter = field(default_factory=AddrFilter)
     events: EventOptions = field(default_factory=EventOptions)
     fast: bool = True  # walk plain flow a run of code at a time
+    replay: bool = True  # replay stretches of plain flow decoded before (with fast)
 
 
 @dataclass
@@ -261,6 +264,9 @@ class FlowDecoder:
         self.image = image
         self.table = self._table_for(image)
         self.state = K.new_state()
+        # One window's packets and times at a time: their memory is reused.
+        self._packet_buffers = ColumnBuffers(ROW_TYPES)
+        self._time_buffers = ColumnBuffers(TIME_TYPES)
         self.out: tuple = ()
         self.cf = self._config_arrays(stop_at if on_event is not None else "none")
 
@@ -288,6 +294,7 @@ class FlowDecoder:
         cf[K.CF_KEEP_GOING] = opts.keep_going
         cf[K.CF_DROP_EMPTY] = not opts.empty_blocks
         cf[K.CF_COUNT] = opts.count_only
+        cf[K.CF_REPLAY] = opts.replay
         cf[K.CF_STOP_EVENTS] = {"none": K.STOP_NONE, "enabled": K.STOP_ENABLED, "all": K.STOP_ALL}[
             stop_at
         ]
@@ -472,7 +479,8 @@ class FlowDecoder:
             ext = self._extent(buf, grow, end)
             if ext <= grow:
                 ext = end
-        table = decode_range(buf, ws, ext, resync=False, errata=packet_errata(self.config))
+        table = decode_range(buf, ws, ext, resync=False, errata=packet_errata(self.config),
+                             buffers=self._packet_buffers)  # fmt: skip
         n = len(table)
         limit_index = -1
         if limit >= 0:
@@ -556,6 +564,7 @@ class FlowDecoder:
             state=tstate.copy(),
             save_at=save_at,
             saved=saved,
+            buffers=self._time_buffers,
         )
         return times, saved
 

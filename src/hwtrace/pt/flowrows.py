@@ -69,6 +69,8 @@ from .codetable import (
     T_R_INSN,
     T_R_LASTK,
     T_R_NINSN,
+    T_X_TAB,
+    X_FIELDS,
     CodeTable,
     build_run,
     expand_blocks,
@@ -388,13 +390,21 @@ def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tupl
 # Instructions of blocks.
 
 
+_NO_REPLAY = (
+    np.zeros((0, X_FIELDS), np.int64), np.zeros(0, np.uint16), np.zeros(0, np.uint64),
+    np.zeros(0, np.int32),
+)  # fmt: skip
+
+
 class CodeView:
     """A read-only view of a :class:`CodeTable`'s instructions as it holds
     them now: they stay readable (``tuple``, :meth:`lookup`) however the
     table grows or is cleared later, as a decoding's result needs."""
 
     def __init__(self, table: CodeTable) -> None:
-        self.tuple = table.tuple
+        # Without the decoder's replay cache (arrays of the same types,
+        # empty): a result need not keep it.
+        self.tuple = table.tuple[:T_X_TAB] + _NO_REPLAY
         self.index = table.index  # the image's number in its decoding
 
     def lookup(self, ip: int, mode: int) -> int:

@@ -244,6 +244,26 @@ def _loops() -> Any:
     return K
 
 
+class ColumnBuffers:
+    """Columns of the given types kept from one use to the next.
+
+    A decoder that reads a trace window by window would otherwise write
+    every window into fresh memory, and in a virtual machine the page
+    faults of fresh memory cost more than decoding into it.  What
+    :meth:`take` returns is valid until the next call."""
+
+    def __init__(self, dtypes: tuple) -> None:
+        self.dtypes = dtypes
+        self._cols: tuple[np.ndarray, ...] = tuple(np.empty(0, t) for t in dtypes)
+
+    def take(self, n: int) -> tuple[np.ndarray, ...]:
+        """Columns of at least ``n`` rows (their contents undefined)."""
+        if self._cols[0].shape[0] < n:
+            cap = max(n, self._cols[0].shape[0] * 3 // 2)
+            self._cols = tuple(np.empty(cap, t) for t in self.dtypes)
+        return self._cols
+
+
 def decode_range(
     buf: np.ndarray,
     start: int,
@@ -251,11 +271,14 @@ def decode_range(
     *,
     resync: bool = True,
     errata: int = 0,
+    buffers: ColumnBuffers | None = None,
 ) -> PacketTable:
     """Decode ``buf[start:end]`` assuming a packet starts at ``start``.
 
     Offsets are positions in ``buf``.  Errors are recorded and, with
-    ``resync``, decoding goes on at the next PSB.
+    ``resync``, decoding goes on at the next PSB.  With ``buffers`` (of
+    :data:`ROW_TYPES`) the table's columns are views of them, valid until
+    their next use.
     """
     K = _loops()
     state = new_decoder_state(sync=False, resync=resync, errata=errata)
@@ -268,7 +291,8 @@ def decode_range(
     while True:
         # No packet is shorter than a byte: one row per byte never overflows
         # (and rows never written cost no memory).
-        rows = new_rows(max(64, end - int(s["pos"]) + 64))
+        cap = max(64, end - int(s["pos"]) + 64)
+        rows = new_rows(cap) if buffers is None or parts else buffers.take(cap)
         errs = new_errors(ecap)
         s["errors"] = 0
         stop = K.decode_stream(view, end, state, rows, errs, True)
@@ -527,6 +551,7 @@ def encode(packets: Iterable[Packet] | PacketTable) -> bytes:
 __all__ = [
     "FIELD_NAMES",
     "IP_KINDS",
+    "ColumnBuffers",
     "DecodeIssue",
     "Packet",
     "PacketTable",

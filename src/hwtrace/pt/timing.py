@@ -23,7 +23,7 @@ from .. import aot
 from .config import PtConfig
 from .errors import PtError
 from .kinds import Kind
-from .packets import PacketTable
+from .packets import ColumnBuffers, PacketTable
 
 FCR_SHR = 8  # fixed-point shift of the FCR
 
@@ -96,6 +96,10 @@ def new_time_state() -> np.ndarray:
     return np.zeros(TIME_STATE_SIZE, np.int64)
 
 
+# The per-packet columns of time_loop's output, in order.
+TIME_TYPES = (np.int64, np.bool_, np.int64, np.bool_)
+
+
 def new_time_output(n: int) -> tuple:
     """The arrays :func:`time_loop` fills for ``n`` packets: per packet
     ``(tsc, have_tsc, fcr, have_fcr)`` after it, and room for the
@@ -109,6 +113,16 @@ def new_time_output(n: int) -> tuple:
         np.empty(3 * n + 1, np.int8),
         np.empty(3 * n + 1, np.int8),
     )
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _is_timeless(kind):
+    """Packets the time model does not look at."""
+    return kind == Kind.TNT8 or kind == Kind.TIP or kind == Kind.TNT64 or kind == Kind.PAD or (
+        kind == Kind.FUP or kind == Kind.MODE_EXEC or kind == Kind.TIP_PGE
+        or kind == Kind.TIP_PGD or kind == Kind.MODE_TSX or kind == Kind.PIP
+        or kind == Kind.VMCS or kind == Kind.PTW
+    )  # fmt: skip
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -153,7 +167,22 @@ def time_loop(
             state[19] != 0, state[20] != 0,
         )  # fmt: skip
 
-    for i in range(n + 1):
+    i = 0
+    while i <= n:
+        # Most packets (branches, addresses, modes) leave the model as it
+        # is: their time is the last one's.
+        if i < n and i != save_at and i > 0 and not seg_start[i] and _is_timeless(kinds[i]):
+            o_tsc, o_have = out_tsc[i - 1], out_have_tsc[i - 1]
+            o_fcr, o_have_fcr = out_fcr[i - 1], out_have_fcr[i - 1]
+            while True:
+                out_tsc[i] = o_tsc
+                out_have_tsc[i] = o_have
+                out_fcr[i] = o_fcr
+                out_have_fcr[i] = o_have_fcr
+                i += 1
+                if i >= n or i == save_at or seg_start[i] or not _is_timeless(kinds[i]):
+                    break
+            continue
         if i == save_at or i == n:
             for w in range(2):
                 if (w == 0 and i != save_at) or (w == 1 and i != n):
@@ -399,6 +428,7 @@ def time_loop(
         out_have_tsc[i] = t_have_tsc
         out_fcr[i] = c_fcr
         out_have_fcr[i] = c_min >= 0 and c_min <= c_max
+        i += 1
     return nd
 
 
@@ -434,11 +464,13 @@ def estimate_time(
     state: np.ndarray | None = None,
     save_at: int = -1,
     saved: np.ndarray | None = None,
+    buffers: ColumnBuffers | None = None,
 ) -> TimeColumns:
     """Estimate the TSC at every packet of ``table``: from the start of a
     stream, or, given the ``state`` an earlier table left (updated in place),
     from where it ended.  ``saved`` receives the state before packet
-    ``save_at``."""
+    ``save_at``.  With ``buffers`` (of :data:`TIME_TYPES`) the columns are
+    views of them, valid until their next use."""
     config = config or PtConfig()
     opts = 0
     if not calibrate:
@@ -449,7 +481,13 @@ def estimate_time(
         opts |= OPT_KEEP_TCAL_ON_OVF
     if "skl168" in config.errata:
         opts |= OPT_SKL168
-    out = new_time_output(len(table))
+    n = len(table)
+    if buffers is None:
+        out = new_time_output(n)
+    else:
+        cols = buffers.take(n)
+        out = (*cols[:4], np.empty(3 * n + 1, np.int64), np.empty(3 * n + 1, np.int8),
+               np.empty(3 * n + 1, np.int8))  # fmt: skip
     nd = time_loop(
         table.kind,
         table.a,
@@ -466,7 +504,8 @@ def estimate_time(
         out,
     )
     tsc, have_tsc, fcr, have_fcr, di, dk, de = out
-    return TimeColumns(tsc.view(np.uint64), have_tsc, fcr, have_fcr, di[:nd], dk[:nd], de[:nd])
+    return TimeColumns(tsc[:n].view(np.uint64), have_tsc[:n], fcr[:n], have_fcr[:n], di[:nd],
+                       dk[:nd], de[:nd])  # fmt: skip
 
 
 def tsc_to_ns(tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int) -> np.ndarray:
