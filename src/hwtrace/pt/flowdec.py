@@ -565,6 +565,7 @@ class FlowDecoder:
             save_at=save_at,
             saved=saved,
             buffers=self._time_buffers,
+            fcr=False,
         )
         return times, saved
 

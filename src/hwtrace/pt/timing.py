@@ -96,6 +96,8 @@ def new_time_state() -> np.ndarray:
     return np.zeros(TIME_STATE_SIZE, np.int64)
 
 
+_NO_FCR = np.zeros(0, np.int64)
+_NO_HAVE_FCR = np.zeros(0, np.bool_)
 # The per-packet columns of time_loop's output, in order.
 TIME_TYPES = (np.int64, np.bool_, np.int64, np.bool_)
 
@@ -115,14 +117,11 @@ def new_time_output(n: int) -> tuple:
     )
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _is_timeless(kind):
-    """Packets the time model does not look at."""
-    return kind == Kind.TNT8 or kind == Kind.TIP or kind == Kind.TNT64 or kind == Kind.PAD or (
-        kind == Kind.FUP or kind == Kind.MODE_EXEC or kind == Kind.TIP_PGE
-        or kind == Kind.TIP_PGD or kind == Kind.MODE_TSX or kind == Kind.PIP
-        or kind == Kind.VMCS or kind == Kind.PTW
-    )  # fmt: skip
+# Packets the time model does not look at: their time is the last one's.
+_TIMELESS = np.zeros(64, np.bool_)
+for _k in (Kind.PAD, Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.FUP,
+           Kind.MODE_EXEC, Kind.MODE_TSX, Kind.PIP, Kind.VMCS, Kind.PTW):  # fmt: skip
+    _TIMELESS[_k] = True
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -140,6 +139,7 @@ def time_loop(
     """
     n = kinds.shape[0]
     out_tsc, out_have_tsc, out_fcr, out_have_fcr, d_idx, d_kind, d_err = out
+    want_fcr = out_fcr.shape[0] >= n  # (empty: the caller has no use for it)
     nd = 0
 
     no_tcal = (opts & OPT_NO_TCAL) != 0
@@ -171,16 +171,16 @@ def time_loop(
     while i <= n:
         # Most packets (branches, addresses, modes) leave the model as it
         # is: their time is the last one's.
-        if i < n and i != save_at and i > 0 and not seg_start[i] and _is_timeless(kinds[i]):
-            o_tsc, o_have = out_tsc[i - 1], out_have_tsc[i - 1]
-            o_fcr, o_have_fcr = out_fcr[i - 1], out_have_fcr[i - 1]
+        if i < n and i != save_at and not seg_start[i] and _TIMELESS[kinds[i]]:
+            have_fcr = c_min >= 0 and c_min <= c_max
             while True:
-                out_tsc[i] = o_tsc
-                out_have_tsc[i] = o_have
-                out_fcr[i] = o_fcr
-                out_have_fcr[i] = o_have_fcr
+                out_tsc[i] = t_tsc
+                out_have_tsc[i] = t_have_tsc
+                if want_fcr:
+                    out_fcr[i] = c_fcr
+                    out_have_fcr[i] = have_fcr
                 i += 1
-                if i >= n or i == save_at or seg_start[i] or not _is_timeless(kinds[i]):
+                if i >= n or i == save_at or seg_start[i] or not _TIMELESS[kinds[i]]:
                     break
             continue
         if i == save_at or i == n:
@@ -426,8 +426,9 @@ def time_loop(
                     t_tsc = t_base + fc
         out_tsc[i] = t_tsc
         out_have_tsc[i] = t_have_tsc
-        out_fcr[i] = c_fcr
-        out_have_fcr[i] = c_min >= 0 and c_min <= c_max
+        if want_fcr:
+            out_fcr[i] = c_fcr
+            out_have_fcr[i] = c_min >= 0 and c_min <= c_max
         i += 1
     return nd
 
@@ -465,12 +466,14 @@ def estimate_time(
     save_at: int = -1,
     saved: np.ndarray | None = None,
     buffers: ColumnBuffers | None = None,
+    fcr: bool = True,
 ) -> TimeColumns:
     """Estimate the TSC at every packet of ``table``: from the start of a
     stream, or, given the ``state`` an earlier table left (updated in place),
     from where it ended.  ``saved`` receives the state before packet
     ``save_at``.  With ``buffers`` (of :data:`TIME_TYPES`) the columns are
-    views of them, valid until their next use."""
+    views of them, valid until their next use.  Without ``fcr`` the
+    calibration columns are left empty."""
     config = config or PtConfig()
     opts = 0
     if not calibrate:
@@ -488,6 +491,8 @@ def estimate_time(
         cols = buffers.take(n)
         out = (*cols[:4], np.empty(3 * n + 1, np.int64), np.empty(3 * n + 1, np.int8),
                np.empty(3 * n + 1, np.int8))  # fmt: skip
+    if not fcr:
+        out = (out[0], out[1], _NO_FCR, _NO_HAVE_FCR, *out[4:])
     nd = time_loop(
         table.kind,
         table.a,
