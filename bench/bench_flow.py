@@ -25,7 +25,21 @@ instruction of the trace is reconstructed, in the same run, by
 and prints instructions per second, the ratio to ``pt_blk_next`` and whether
 every decoder found exactly the instructions the emulator executed.
 
-    python bench/bench_flow.py [--repeat N] [--check] [--regenerate]
+A second table gives throughput in trace bytes (MB/s, MB = 10^6 bytes),
+with libxdc (kAFL/Nyx's decoder, https://github.com/nyx-fuzz/libxdc, pinned
+at ``LIBXDC_COMMIT``) as a peer.  libxdc produces a coverage bitmap, not
+instructions, and only accepts traces recorded with return compression and
+TSC, MTC and CYC packets off (its readme): on ``flow.pt`` it stops at the
+first TSC.  So the same instruction path is also encoded that way, once, as
+``flow-libxdc.pt`` in the cache directory, and libxdc and hwtrace are both
+timed on it.  libxdc runs in a C loop (``bench/libxdc/xdc_loop.c``) built
+against libxdc's Makefile build (``bench/out/libxdc-<commit>/``); its
+sources come from ``--libxdc-src DIR`` (or ``$HWTRACE_LIBXDC_SRC``), else a
+clone of GitHub's repository or of a local mirror into
+``bench/out/libxdc-src``.  It needs capstone 4 (Debian: ``apt-get install
+libcapstone-dev``); without it libxdc is skipped and the rest runs.
+
+    python bench/bench_flow.py [--repeat N] [--check] [--regenerate] [--libxdc-src DIR]
 """
 
 from __future__ import annotations
@@ -373,15 +387,23 @@ def prepare(regenerate: bool) -> Workload:
 
 
 def time_hwtrace(
-    decode_trace: Callable[..., Any], workload: Workload, repeat: int, jobs: int, keep: bool
+    decode_trace: Callable[..., Any],
+    workload: Workload,
+    repeat: int,
+    jobs: int,
+    keep: bool,
+    *,
+    trace: Path | None = None,
+    warmup: bool = True,
 ) -> dict[str, Any]:
     """Best of ``repeat`` runs of ``decode_trace`` after one warm-up run (numba
-    compiles on first use).  Image and configuration are built outside the
-    timing, as for libipt."""
+    compiles on first use; ``warmup=False`` when an earlier call compiled).
+    Image and configuration are built outside the timing, as for libipt.
+    ``trace``: another encoding of the workload's path (default its trace)."""
     from hwtrace.image import Image
     from hwtrace.pt.config import PtConfig
 
-    data = workload.trace.read_bytes()
+    data = (trace or workload.trace).read_bytes()
     # keep_blocks=False decodes everything but keeps only totals, events and
     # gaps: the work libipt's loop does.  With it, the block columns stay.
     kwargs: dict[str, Any] = {"keep_blocks": keep}
@@ -397,7 +419,7 @@ def time_hwtrace(
         result = decode_trace(data, image, config, **kwargs)
         return time.perf_counter() - t0, result
 
-    warmup, result = run()
+    warmup_seconds = run()[0] if warmup else None
     best = float("inf")
     counts = set()
     for _ in range(repeat):
@@ -412,7 +434,8 @@ def time_hwtrace(
         "errors": len(getattr(result, "gaps", ())),
         "best_seconds": best,
         "insn_per_s": instructions / best,
-        "warmup_seconds": warmup,
+        "warmup_seconds": warmup_seconds,
+        "bytes": len(data),
         "result": result,
     }
 
@@ -423,6 +446,336 @@ def instruction_count(result: Any) -> int:
     if count is None:
         count = len(result.instructions())
     return int(count)
+
+
+# -- libxdc ---------------------------------------------------------------------
+
+LIBXDC_URL = "https://github.com/nyx-fuzz/libxdc"
+# Pinned, so that figures from different machines come from the same decoder.
+LIBXDC_COMMIT = "7a7894a"
+# A local mirror of LIBXDC_URL, cloned from when GitHub cannot be reached.
+LIBXDC_MIRROR = Path("/work/.mirror/nyx-fuzz+libxdc/repo")
+LIBXDC_HARNESS = HERE / "libxdc" / "xdc_loop.c"
+# libxdc's Makefile compiles with -Ofast -flto: its archive holds LTO objects,
+# so the harness links with the same flags (as its tester_static target does).
+LIBXDC_CFLAGS = ("-Ofast", "-flto", "-Wall", "-Wextra")
+CAPSTONE_HINT = "install capstone 4 as root: apt-get install -y libcapstone-dev"
+XDC_SUCCESS = ("decoder_success", "decoder_success_pt_overflow")
+
+
+class LibxdcSkipped(Exception):
+    """Why libxdc cannot be measured here."""
+
+
+def last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no message"
+
+
+def git(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    # No credential prompt: an unreachable or private origin fails at once.
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    try:
+        return subprocess.run(["git", *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=env, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(args, 1, "", f"git: {exc}")
+
+
+def libxdc_source(given: Path | None) -> Path:
+    """libxdc's source tree: ``given`` as it is, else a clone of LIBXDC_URL
+    (or of LIBXDC_MIRROR) in bench/out/libxdc-src checked out at
+    LIBXDC_COMMIT."""
+    if given is not None:
+        if not ((given / "libxdc.h").is_file() and (given / "Makefile").is_file()):
+            raise LibxdcSkipped(f"{given} has no libxdc.h and Makefile")
+        return given
+    checkout = OUT / "libxdc-src"
+    if not (checkout / ".git").exists():
+        failures = []
+        for origin in (LIBXDC_URL, str(LIBXDC_MIRROR)):
+            if origin == str(LIBXDC_MIRROR) and not LIBXDC_MIRROR.is_dir():
+                continue
+            shutil.rmtree(checkout, ignore_errors=True)
+            print(f"libxdc: git clone {origin} ...", flush=True)
+            proc = git("clone", "--quiet", origin, checkout)
+            if proc.returncode == 0:
+                break
+            failures.append(f"git clone {origin}: {last_line(proc.stderr)}")
+        else:
+            shutil.rmtree(checkout, ignore_errors=True)
+            raise LibxdcSkipped("no sources; " + "; ".join(failures) +
+                                "; give a checkout with --libxdc-src DIR")  # fmt: skip
+    checkout_cmd = ("-C", checkout, "checkout", "--quiet", "--detach", LIBXDC_COMMIT)
+    if git(*checkout_cmd).returncode != 0:
+        git("-C", checkout, "fetch", "--quiet", "origin")  # a clone older than the pin
+        proc = git(*checkout_cmd)
+        if proc.returncode != 0:
+            raise LibxdcSkipped(f"cannot check out {LIBXDC_COMMIT} in {shown(checkout)}: "
+                                f"{last_line(proc.stderr)}")  # fmt: skip
+    return checkout
+
+
+def libxdc_id(source: Path) -> str:
+    """The source tree's commit (short) when it is a clean git checkout, else
+    a hash of its sources: the name of its build directory."""
+    top = git("-C", source, "rev-parse", "--show-toplevel")
+    if top.returncode == 0 and Path(top.stdout.strip()).resolve() == source.resolve():
+        status = git("-C", source, "status", "--porcelain", "--untracked-files=no")
+        head = git("-C", source, "rev-parse", "--short=7", "HEAD")
+        if status.returncode == 0 and not status.stdout.strip() and head.returncode == 0:
+            return head.stdout.strip()
+    h = hashlib.sha256()
+    for path in sorted([source / "Makefile", source / "libxdc.h", *(source / "src").iterdir()]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return "src-" + h.hexdigest()[:12]
+
+
+def capstone_problem(compiler: str) -> str | None:
+    """Why libxdc cannot be built against the installed capstone (None: it can)."""
+    probe = "#include <capstone/capstone.h>\n#if CS_API_MAJOR != 4\n#error not 4\n#endif\n"
+    cmd = [compiler, "-E", "-x", "c", "-o", os.devnull, "-"]
+    proc = subprocess.run(cmd, input=probe, capture_output=True, text=True, check=False)
+    if proc.returncode == 0:
+        return None
+    if "not 4" in proc.stderr:
+        return f"libxdc needs capstone 4, another version is installed; {CAPSTONE_HINT}"
+    return f"capstone's headers are missing; {CAPSTONE_HINT}"
+
+
+def build_libxdc(source: Path, compiler: str) -> tuple[Path, Path]:
+    """libxdc.a built by libxdc's Makefile in bench/out/libxdc-<id>/ (kept:
+    built once) and the harness linked against it: (harness, directory)."""
+    directory = OUT / f"libxdc-{libxdc_id(source)}"
+    library = directory / "libxdc.a"
+    if not library.is_file():
+        # Built in a copy: the source tree (maybe the user's) stays untouched,
+        # and a failed build leaves no half-built directory behind.
+        tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(source / "src", tmp / "src")
+        for name in ("Makefile", "libxdc.h"):
+            shutil.copy2(source / name, tmp / name)
+        print(f"libxdc: make libxdc.a in {shown(directory)} ...", flush=True)
+        cmd = ["make", "-C", str(tmp), f"CC={compiler}", "libxdc.a"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise LibxdcSkipped(f"make libxdc.a failed: {last_line(proc.stderr or proc.stdout)}")
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.replace(directory)
+    h = hashlib.sha256(" ".join((compiler, *LIBXDC_CFLAGS)).encode())
+    h.update(LIBXDC_HARNESS.read_bytes())
+    harness = directory / f"xdc_loop-{h.hexdigest()[:12]}"
+    if not harness.is_file():
+        tmp = directory / f".{harness.name}.{os.getpid()}.tmp"
+        cmd = [compiler, *LIBXDC_CFLAGS, "-I", str(directory), "-o", str(tmp),
+               str(LIBXDC_HARNESS), str(library), "-lcapstone"]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise LibxdcSkipped(f"building {LIBXDC_HARNESS.name} failed: {last_line(proc.stderr)}")
+        os.replace(tmp, harness)
+    return harness, directory
+
+
+def libxdc_trace(workload: Workload) -> tuple[Path, dict[str, Any]]:
+    """The workload's instruction path encoded as libxdc's readme requires
+    (return compression off, no TSC, MTC or CYC packets), cached beside
+    flow.pt: ``(trace, metadata)``."""
+    trace = workload.directory / "flow-libxdc.pt"
+    meta_path = workload.directory / "flow-libxdc.json"
+    if trace.is_file() and meta_path.is_file():
+        meta: dict[str, Any] = json.loads(meta_path.read_text())
+        return trace, meta
+    encode_path, why = import_hwtrace("hwtrace.pt.encode", "encode_path")
+    if encode_path is None:
+        raise LibxdcSkipped(f"cannot import hwtrace.pt.encode.encode_path ({why})")
+    from hwtrace.image import Image
+
+    print(f"libxdc: encoding {shown(trace)} (no return compression, no timing) ...", flush=True)
+    t0 = time.perf_counter()
+    ips = BlockTrace.load(workload.blocks_path).ips()
+    image = Image()
+    image.add_elf(workload.elf)
+    encoded = encode_path(ips, image, end_ip=elf_symbol(workload.elf, "workload_done"),
+                          ret_compression=False)  # fmt: skip
+    del ips
+    meta = {
+        "trace_bytes": len(encoded.data),
+        "ret_compression": False,
+        "timing": None,
+        "encoder_stats": encoded.stats,
+        "encode_seconds": time.perf_counter() - t0,
+    }
+    tmp = trace.with_name(trace.name + f".tmp{os.getpid()}")
+    tmp.write_bytes(encoded.data)
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    tmp.replace(trace)
+    return trace, meta
+
+
+def branch_count(workload: Workload) -> int:
+    """Branches executed (jumps, calls, returns: what ends a basic block), from
+    the emulator's blocks; libxdc's trace mode reports an edge for each."""
+    from iced_x86 import Decoder, FlowControl
+
+    blocks = BlockTrace.load(workload.blocks_path)
+    image = workload.elf.read_bytes()
+    segments = load_segments(workload.elf)
+
+    def ends_in_branch(ip: int) -> bool:
+        for offset, filesz, vaddr, _ in segments:
+            if vaddr <= ip < vaddr + filesz:
+                code = image[offset + ip - vaddr : offset + filesz]
+                return Decoder(64, code, ip=ip).decode().flow_control != FlowControl.NEXT
+        raise SystemExit(f"{workload.elf}: no code at {ip:#x}")
+
+    last = blocks.insn_ips[blocks.first + blocks.ninsn - 1]
+    branch = np.array([ends_in_branch(ip) for ip in last.tolist()], dtype=np.int64)
+    return int(np.bincount(blocks.sequence, minlength=len(last)) @ branch)
+
+
+def run_libxdc(
+    harness: Path, elf: Path, trace: Path, repeat: int, *, strip_timing: bool = False
+) -> dict[str, Any]:
+    """One run of the harness: a first decode, best of ``repeat`` warm ones
+    and a trace-mode decode counting edges (see bench/libxdc/xdc_loop.c)."""
+    cmd = [str(harness), str(elf), str(trace), str(repeat)]
+    if strip_timing:
+        cmd.append("--strip-timing")
+    try:
+        out = common.run(cmd, timeout=1800).stdout
+    except common.BenchError as exc:
+        raise LibxdcSkipped(str(exc)) from None
+    fields = dict(item.split("=", 1) for item in out.split())
+    return {
+        "bytes": int(fields["bytes"]),
+        "first_seconds": float(fields["first_seconds"]),
+        "first_result": fields["first_result"],
+        "best_seconds": float(fields["seconds"]),
+        "result": fields["result"],
+        "edges": int(fields["edges"]),
+        "edges_result": fields["edges_result"],
+    }
+
+
+def measure_libxdc(
+    workload: Workload,
+    repeat: int,
+    source_dir: Path | None,
+    decode_trace: Callable[..., Any] | None,
+) -> dict[str, Any] | None:
+    """Build libxdc and time it on flow.pt and on flow-libxdc.pt, and
+    hwtrace (1 thread, counting) on flow-libxdc.pt; None (after saying why)
+    when libxdc cannot be built or run here."""
+    try:
+        compiler = gcc()
+        problem = capstone_problem(compiler)
+        if problem is not None:
+            raise LibxdcSkipped(problem)
+        harness, directory = build_libxdc(libxdc_source(source_dir), compiler)
+        if directory.name != f"libxdc-{LIBXDC_COMMIT}":
+            print(f"libxdc: note: {directory.name} is not the pinned commit {LIBXDC_COMMIT}; "
+                  "its figures may not compare with others")  # fmt: skip
+        print(f"libxdc: {shown(workload.trace)} as it is, and without timing packets ...",
+              flush=True)  # fmt: skip
+        found: dict[str, Any] = {
+            "directory": directory,
+            "repeat": repeat,
+            "as_is": run_libxdc(harness, workload.elf, workload.trace, 1),
+            "stripped": run_libxdc(harness, workload.elf, workload.trace, 1, strip_timing=True),
+        }
+        trace, meta = libxdc_trace(workload)
+        found.update(trace=trace, trace_meta=meta, branches=branch_count(workload))
+        print(f"libxdc: {shown(trace)}, first run + best of {repeat} ...", flush=True)
+        found["libxdc"] = run_libxdc(harness, workload.elf, trace, repeat)
+    except LibxdcSkipped as exc:
+        print(f"libxdc: skipped ({exc})")
+        return None
+    if decode_trace is not None:
+        print(f"hwtrace: decode_trace on {shown(trace)}, best of {repeat} ...", flush=True)
+        # numba compiled in the runs on flow.pt: no warm-up.
+        found["hwtrace"] = time_hwtrace(decode_trace, workload, repeat, 1, False,
+                                        trace=trace, warmup=False)  # fmt: skip
+    return found
+
+
+def mb_per_s(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e6:.1f}"
+
+
+def print_bytes_table(rows: list[tuple[str, ...]]) -> None:
+    # Wide enough in a pipe for libxdc's result names.
+    common.print_table("Intel PT decoding, trace bytes per second (MB = 10^6 bytes)",
+                       ("decoder", "trace", "MB/s", "seconds", "result"), rows, width=110)  # fmt: skip
+
+
+def print_libxdc(
+    results: list[tuple[str, dict[str, Any]]], workload: Workload, found: dict[str, Any] | None
+) -> bool:
+    """The trace-bytes table: every decoder on flow.pt, libxdc and hwtrace on
+    flow-libxdc.pt, then what libxdc made of each trace.  False when
+    hwtrace's instruction count on flow-libxdc.pt is wrong."""
+    flow = workload.trace.name
+    rows: list[tuple[str, ...]] = []
+    for name, res in results:
+        seconds = float(res["best_seconds"])
+        rows.append((name, flow, mb_per_s(int(res["bytes"]), seconds), f"{seconds:.3f}",
+                     f"{int(res['instructions']):,} insn"))  # fmt: skip
+    if found is None:
+        rows.append(("libxdc", flow, "-", "-", "skipped"))
+        print_bytes_table(rows)
+        return True
+
+    def xdc_row(name: str, trace: str, nbytes: int, seconds: float, result: str) -> None:
+        # A failed decode stopped early or went astray: its speed means nothing.
+        ok = result in XDC_SUCCESS
+        rate = mb_per_s(nbytes, seconds) if ok else "-"
+        rows.append((name, trace, rate, f"{seconds:.3f}" if ok else "-", result))
+
+    as_is, stripped, xdc = found["as_is"], found["stripped"], found["libxdc"]
+    xdc_row("libxdc", flow, as_is["bytes"], as_is["best_seconds"], as_is["result"])
+    xdc_row("libxdc, timing packets dropped", flow, stripped["bytes"],
+            stripped["best_seconds"], stripped["result"])  # fmt: skip
+    name = found["trace"].name
+    hw = found.get("hwtrace")
+    if hw is not None:
+        seconds = float(hw["best_seconds"])
+        rows.append(("hwtrace, 1 thread", name, mb_per_s(int(hw["bytes"]), seconds),
+                     f"{seconds:.3f}", f"{int(hw['instructions']):,} insn"))  # fmt: skip
+    xdc_row("libxdc, first run (fresh decoder)", name, xdc["bytes"], xdc["first_seconds"],
+            xdc["first_result"])  # fmt: skip
+    runs = f"best of {found['repeat']}"
+    xdc_row(f"libxdc, warm caches, {runs}", name, xdc["bytes"], xdc["best_seconds"], xdc["result"])
+    print_bytes_table(rows)
+
+    expected = found["branches"] + 2  # plus the edges into and out of the traced code
+    st = found["trace_meta"]["encoder_stats"]
+    print(f"libxdc: {found['directory'].name} ({shown(found['directory'])}); it wants return "
+          "compression and TSC, MTC and CYC packets off (its readme), so on "
+          f"{flow} it stops at its first timing packet ({as_is['result']}); with the timing packets "
+          f"dropped its compressed returns derail it: {stripped['edges']:,} edges of "
+          f"{expected:,}, {stripped['edges_result']}")  # fmt: skip
+    print(f"{name}: the same path without return compression or timing packets, "
+          f"{int(found['trace_meta']['trace_bytes']):,} bytes ({st['tip']:,} TIPs, "
+          f"{st['tnt_bits']:,} TNT bits)")  # fmt: skip
+    extra, fups = xdc["edges"] - expected, int(st["psb"]) - 1
+    if extra == 0:
+        verdict = "agree"
+    elif 0 < extra <= fups:
+        # Checked on this trace: with the FUPs taken out of its PSB+ (and the
+        # next IP sent in full), trace mode reports exactly the expected edges.
+        verdict = (f"{extra:+,}: trace mode walks again from the FUP of a PSB+ "
+                   f"({fups:,} here) and reports some edges twice")  # fmt: skip
+    else:
+        verdict = f"DIFFER ({extra:+,})"
+    print(f"libxdc edges on {name} (trace mode): {xdc['edges']:,}, {xdc['edges_result']}; "
+          f"the emulator's branches + 2: {expected:,}: {verdict}")  # fmt: skip
+    if hw is not None and int(hw["instructions"]) != int(workload.meta()["instructions"]):
+        print(f"hwtrace's instruction count on {name} DISAGREES with the emulator's")
+        return False
+    return True
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
@@ -454,6 +807,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--regenerate", action="store_true", help="rebuild the workload and trace even if cached"
+    )
+    parser.add_argument(
+        "--libxdc-src",
+        type=Path,
+        default=os.environ.get("HWTRACE_LIBXDC_SRC") or None,
+        metavar="DIR",
+        help="libxdc's source tree (default $HWTRACE_LIBXDC_SRC, else cloned into bench/out)",
     )
     args = parser.parse_args(argv)
     if args.repeat < 1:
@@ -499,6 +859,7 @@ def main(argv: list[str] | None = None) -> int:
         print("hwtrace: decode_trace keeping block columns ...", flush=True)
         hw_single = time_hwtrace(decode_trace, workload, args.repeat, 1, True)
         results.append(("hwtrace, 1 thread, block columns kept", hw_single))
+    xdc = measure_libxdc(workload, args.repeat, args.libxdc_src, decode_trace)
 
     print()
     print_table([row(name, res, base) for name, res in results])
@@ -535,6 +896,9 @@ def main(argv: list[str] | None = None) -> int:
             diff = np.flatnonzero(got[:n] != truth[:n])
             at = int(diff[0]) if len(diff) else n
             print(f"hwtrace's instruction addresses DIFFER from instruction {at:,} on")
+    print()
+    if not print_libxdc(results, workload, xdc):
+        status = 1
     return status
 
 
