@@ -220,6 +220,8 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
     trace (the perf.data part through ``report`` and ``script`` on the
     trace wrapped as a perf.data) without error, in this process; the
     trace it keeps as bytes is what the encoder makes of its loop."""
+    from elftools.elf.elffile import ELFFile
+
     from hwtrace.cli.warmup import (
         BASE,
         CHAINS,
@@ -228,6 +230,7 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
         PARTS,
         TRACE,
         _path,
+        _write_elf,
         warm_parts,
     )  # fmt: skip
     from hwtrace.image import Image
@@ -241,6 +244,17 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
     enc = encode_path(_path(), image, end_ip=0x100E, tsc=1 << 32, mtc_freq=3, cyc=True,
                       psb_period=64)  # fmt: skip
     assert bytes(enc.data) == TRACE and enc.config == CONFIG
+    # The perf.data part's program: the loop's code, with its functions.
+    _write_elf(tmp_path / "warm")
+    elf_image = Image()
+    elf_image.add_elf(tmp_path / "warm")
+    assert elf_image.read(BASE, len(CODE)) == CODE
+    with open(tmp_path / "warm", "rb") as f:
+        symbols = ELFFile(f).get_section_by_name(".symtab").iter_symbols()
+        assert {(s.name, s["st_value"]) for s in symbols if s.name} == {
+            ("warm_loop", BASE),
+            ("warm_callee", BASE + 0x10),
+        }
     warm_parts((*PARTS, "subtrees"))
     assert "Traceback" not in capsys.readouterr().err
 

@@ -129,9 +129,48 @@ def warm_parts(parts) -> None:
                     status |= ptxed_cli.main([*timing, *raw, *extra, "--pt", str(trace)],
                                              io.BytesIO())  # fmt: skip
             if "perf" in parts:
-                status |= _perf_commands(Path(tmp), trace, code, cfg)
+                status |= _perf_commands(Path(tmp), trace, cfg)
         if status:
             raise RuntimeError("decoding the warm-up trace failed")
+
+
+def _write_elf(path: Path) -> None:
+    """The loop's code as a small executable with a symbol table (its two
+    functions), as the perf.data commands meet programs: their symbol
+    lookups get compiled too."""
+    import struct
+
+    names = b"\0warm_loop\0warm_callee\0"
+    symtab = bytes(24) + b"".join(
+        struct.pack("<IBBHQQ", name, 0x12, 0, 1, BASE + start, size)  # GLOBAL FUNC in .text
+        for name, start, size in ((1, 0, 0x10), (11, 0x10, len(CODE) - 0x10))
+    )
+    shnames = b"\0.text\0.symtab\0.strtab\0.shstrtab\0"
+    text_at = 0x1000
+    sym_at = text_at + len(CODE) + (-(text_at + len(CODE)) % 8)
+    str_at = sym_at + len(symtab)
+    shstr_at = str_at + len(names)
+    sh_at = shstr_at + len(shnames) + (-(shstr_at + len(shnames)) % 8)
+    header = struct.pack(
+        "<4sBBBBB7sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 0, bytes(7), 2, 62, 1, BASE,
+        64, sh_at, 0, 64, 56, 1, 64, 5, 4,
+    )  # fmt: skip
+    load = struct.pack("<IIQQQQQQ", 1, 5, text_at, BASE, BASE, len(CODE), len(CODE), 0x1000)
+    sections = [
+        bytes(64),
+        struct.pack("<IIQQQQIIQQ", 1, 1, 6, BASE, text_at, len(CODE), 0, 0, 16, 0),
+        struct.pack("<IIQQQQIIQQ", 7, 2, 0, 0, sym_at, len(symtab), 3, 1, 8, 24),
+        struct.pack("<IIQQQQIIQQ", 15, 3, 0, 0, str_at, len(names), 0, 0, 1, 0),
+        struct.pack("<IIQQQQIIQQ", 23, 3, 0, 0, shstr_at, len(shnames), 0, 0, 1, 0),
+    ]
+    out = bytearray(sh_at)
+    out[: len(header)] = header
+    out[64 : 64 + len(load)] = load
+    out[text_at : text_at + len(CODE)] = CODE
+    out[sym_at:str_at] = symtab
+    out[str_at:shstr_at] = names
+    out[shstr_at : shstr_at + len(shnames)] = shnames
+    path.write_bytes(bytes(out) + b"".join(sections))
 
 
 class _Typed(Exception):
@@ -174,14 +213,15 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
         aot.CompiledLoop.__call__ = original  # type: ignore[method-assign]
 
 
-def _perf_commands(tmp: Path, trace: Path, code: Path, cfg) -> int:
+def _perf_commands(tmp: Path, trace: Path, cfg) -> int:
     """The perf.data commands on the trace wrapped as a perf.data."""
     from ..perf.wrap import wrap_raw_trace
     from . import perfcmds
 
     data = tmp / "loop.data"
-    size = len(CODE)
-    wrap_raw_trace(trace, data, raw=[(code, 0, size, BASE)], config=cfg, comm="warm")
+    elf = tmp / "warm"
+    _write_elf(elf)
+    wrap_raw_trace(trace, data, elf=[(elf, None)], config=cfg, comm="warm")
     status = 0
     for args in (["-i", str(data)], ["-i", str(data), "--blocks"]):
         status |= perfcmds.script_main(args)
