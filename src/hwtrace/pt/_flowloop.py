@@ -2770,7 +2770,8 @@ LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 
 # The replay cache (libxdc's idea, on hwtrace's runs).  A *stretch* is the
 # walk from a run, at the start of a block, driven by the next few TNT bits
-# of one packet (up to X_BITS of them) or by one TIP: the runs it passes,
+# of one packet (up to X_BITS of them; when they are the packet's last and
+# a TIP follows, and that TIP) or by one TIP: the runs it passes,
 # what it does to the return stack and where it ends.  Its key is the run
 # and the bits (XK_TIP for a TIP).  The fast loop records stretches as it
 # walks them and, on meeting a key again, replays the stretch: the block
@@ -2786,7 +2787,10 @@ X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
 # Fields of an entry (x_tab row).
 (XE_KEY, XE_GEN, XE_START, XE_M, XE_NINSN, XE_J1, XE_CONS, XE_END_BLK, XE_END_IP, XE_NBLK,
  XE_CB_OPEN, XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN, XE_TAIL, XE_TAIL_NINSN, XE_PSTART,
- XE_NPUSH, XE_DMAX) = range(20)  # fmt: skip
+ XE_NPUSH, XE_DMAX, XE_J2) = range(21)  # fmt: skip
+# A key's bit for a stretch that goes on after its packet's last TNT bit
+# to the TIP that follows (its rows from XE_J2 on are at the TIP's offset).
+XK_THEN_TIP = 1 << 12
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -2803,7 +2807,8 @@ def _x_keys(x_key, start, s_keys, row0, m):
 
 @aot.njit(cache=True, _nrt=False)
 def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
-           cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, tail, tail_ninsn, pstart, npush, dmax):  # fmt: skip
+           cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, tail, tail_ninsn, pstart, npush, dmax,
+           j2):  # fmt: skip
     """Keep a recorded stretch (its runs and pushes are in the pools)."""
     e = x_tab[slot]
     e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_M], e[XE_NINSN] = key, gen, start, m, ninsn
@@ -2815,7 +2820,7 @@ def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, en
         tail,
         tail_ninsn,
     )
-    e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX] = pstart, npush, dmax
+    e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX], e[XE_J2] = pstart, npush, dmax, j2
     counts[C_X_POOL] = start + m
     counts[C_X_PUSH] = pstart + npush
 
@@ -2876,7 +2881,8 @@ def _fast(ds, pk, cf, ct, out):
     x_skip = False  # no lookup at this run (a replay ended before its return)
     rec_key = rec_slot = rec_nb = rec_start = rec_pstart = np.int64(0)
     rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = np.int64(0)
-    rec_depth = rec_dmax = rec_row0 = np.int64(0)
+    rec_depth = rec_dmax = rec_row0 = rec_j2 = np.int64(0)
+    rec_then_tip = False
     mode = SI[BS_MODE]
     spec_flag = O_SPEC if SI[BS_SPEC] else 0
     ip = SU[BS_IP]
@@ -2941,7 +2947,7 @@ def _fast(ds, pk, cf, ct, out):
                         x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn,
                         rec_j1 if rec_cons > 0 else rec_m, rec_cons, blk, ip, rec_nblk, cb_open,
                         cb_ninsn, cb_isid, cb_ip, cb_run, rec_tail, rec_tail_ninsn, rec_pstart,
-                        rec_depth, rec_dmax,
+                        rec_depth, rec_dmax, rec_m,
                     )  # fmt: skip
                 rec = False
         elif x_skip:
@@ -2953,17 +2959,35 @@ def _fast(ds, pk, cf, ct, out):
             and (evt == EV_TIP or (evt == EV_TNT and bk != RUN_RET))
         ):
             # (A stretch does not start at a return the return stack decides.)
+            then_tip = False
+            peeked = False
+            t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
+                0, pos, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
+            )  # fmt: skip
             if evt == EV_TNT:
                 nb = min(size, X_BITS)
                 chunk = np.int64((bits >> np.uint64(size - nb)) & ((one << np.uint64(nb)) - one))
+                if nb == size:
+                    # The packet after these bits: a TIP is taken in the
+                    # same stretch; anything else is what to go on with.
+                    t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = _fast_fetch(
+                        kind, a, b, tsc, have_tsc, n_fetch, pos, last_ip
+                    )
+                    peeked = True
+                    then_tip = t_evt == EV_TIP
             else:
                 nb = np.int64(XK_TIP)
                 chunk = np.int64(0)
             xkey = (np.int64(blk) << 16) | (nb << 8) | chunk
+            if then_tip:
+                xkey |= XK_THEN_TIP
             xs = _x_slot(xkey, x_mask)
             hit = x_tab[xs, XE_GEN] == x_gen and x_tab[xs, XE_KEY] == xkey
             m = x_tab[xs, XE_M]
             cons = x_tab[xs, XE_CONS]
+            # (A stretch keyed to go on to the TIP may have stopped before
+            # a return, short of its bits.)
+            merged = then_tip and cons == nb
             if hit and quiet + m > NO_TRACE_LIMIT:
                 hit = False  # the walk stops within it
             if hit and direct:
@@ -2974,7 +2998,7 @@ def _fast(ds, pk, cf, ct, out):
                 j1 = x_tab[xs, XE_J1]
                 if (
                     s_rows + m > s_keys.shape[0]
-                    or s_off + 1 > s_off_row.shape[0]
+                    or s_off + 2 > s_off_row.shape[0]
                     or s_t + 2 > s_t_row.shape[0]
                 ):
                     hit = False
@@ -2997,6 +3021,12 @@ def _fast(ds, pk, cf, ct, out):
                         s_t_val[s_t] = ev_tsc
                         s_t += 1
                         s_last_t = ev_tsc
+                    if merged and offsets[t_pos] != s_last_off:
+                        # The rows after the last bit: fetched at the TIP.
+                        s_off_row[s_off] = s_rows + x_tab[xs, XE_J2]
+                        s_off_val[s_off] = offsets[t_pos]
+                        s_off += 1
+                        s_last_off = offsets[t_pos]
                     s_rows += m
                     s_started = 1
             if hit:
@@ -3033,6 +3063,16 @@ def _fast(ds, pk, cf, ct, out):
                     ip = tip
                     blk = -1
                     evt = 0  # consumed
+                elif merged:
+                    # The TIP fetched and consumed too.
+                    ip = t_val
+                    blk = -1
+                    size = 0
+                    pos = t_pos
+                    last_ip = t_last_ip
+                    cur_tsc = t_tsc
+                    has_tsc = t_has
+                    evt = 0
                 else:
                     ip = np.uint64(x_tab[xs, XE_END_IP])
                     blk = x_tab[xs, XE_END_BLK]
@@ -3042,10 +3082,15 @@ def _fast(ds, pk, cf, ct, out):
                         continue
                     if size > 0:
                         continue
-                p = pos if evt == EV_TNT else pos + 1
-                evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
-                    kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
-                )
+                if peeked and not merged:
+                    evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = (
+                        t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has
+                    )  # fmt: skip
+                else:
+                    p = pos if evt == EV_TNT else pos + 1
+                    evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
+                        kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
+                    )
                 if evt == EV_TNT:
                     bits = val
                     continue
@@ -3064,7 +3109,7 @@ def _fast(ds, pk, cf, ct, out):
                 counts[C_X_POOL] = 0
                 counts[C_X_PUSH] = 0
             rec = True
-            rec_key, rec_slot, rec_nb = xkey, xs, nb
+            rec_key, rec_slot, rec_nb, rec_then_tip = xkey, xs, nb, then_tip
             rec_start, rec_pstart = counts[C_X_POOL], counts[C_X_PUSH]
             rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = 0
             rec_depth = rec_dmax = 0
@@ -3206,13 +3251,15 @@ def _fast(ds, pk, cf, ct, out):
             if rec_cons == 1:
                 rec_j1 = rec_m
             rec_tail = rec_tail_ninsn = 0
-            if rec_nb == XK_TIP or rec_cons == rec_nb:
+            if rec_then_tip and rec_cons == rec_nb:
+                rec_j2 = rec_m  # on to the TIP
+            elif rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
                 if direct:
                     _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
                 _x_put(
                     x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
-                    rec_cons, blk, ip, rec_nblk, cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, 0, 0,
-                    rec_pstart, rec_depth, rec_dmax,
+                    rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_open, cb_ninsn, cb_isid, cb_ip,
+                    cb_run, 0, 0, rec_pstart, rec_depth, rec_dmax, rec_j2,
                 )  # fmt: skip
                 rec = False
         if evt == EV_TNT and size > 0:

@@ -73,7 +73,7 @@ _NCOUNTS = 16
 # empties the cache.  At most 2.5 + 2 + 0.75 MiB per code table, of which
 # only what is used is touched.
 X_SLOTS = 1 << 14
-X_FIELDS = 20
+X_FIELDS = 21
 X_POOL = 1 << 20
 X_PUSH = 1 << 16
 
