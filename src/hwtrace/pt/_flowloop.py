@@ -50,12 +50,15 @@ import numpy as np
 from .. import aot
 from ..isa.x86 import IClass, Special
 from .blocks import (
+    OFF_ROW_STEP,
+    OFF_VAL_STEP,
     S_ID,
     S_KEYS,
     S_LAST_OFF,
     S_LAST_TIME,
     S_LIVE,
     S_OFF,
+    S_OFF_AT,
     S_ROWS,
     S_STARTED,
     S_TIME,
@@ -2864,6 +2867,7 @@ def _fast(ds, pk, cf, ct, out):
     s_rows, s_nkeys, s_off, s_t = s_state[S_ROWS], s_state[S_KEYS], s_state[S_OFF], s_state[S_TIME]
     s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
     s_started = s_state[S_STARTED]
+    s_off_at = s_state[S_OFF_AT]
     key_limit = store_key_limit(s_keys, s_tab, s_cols)
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_owner = s_state[S_ID] if live else (-2 if count_only else -3)
@@ -2996,22 +3000,34 @@ def _fast(ds, pk, cf, ct, out):
                 # consumed bit and the packet's time after it.
                 o = offsets[pos] if pos < n else end_offset
                 j1 = x_tab[xs, XE_J1]
+                # The offset points (steps, see hwtrace.pt.blocks): at the
+                # first row, and at the TIP's rows; steps too large for one
+                # point are the walk's to store.
+                new_o = o != s_last_off
+                o2 = offsets[t_pos] if merged else o
+                at2 = s_rows if new_o else s_off_at
                 if (
-                    s_rows + m > s_keys.shape[0]
+                    not s_started
+                    or s_rows + m > s_keys.shape[0]
                     or s_off + 2 > s_off_row.shape[0]
                     or s_t + 2 > s_t_row.shape[0]
-                ):
+                    or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
+                                   or abs(o - s_last_off) > OFF_VAL_STEP))
+                    or (merged and (s_rows + x_tab[xs, XE_J2] - at2 > OFF_ROW_STEP
+                                    or abs(o2 - o) > OFF_VAL_STEP))
+                ):  # fmt: skip
                     hit = False
                 else:
                     st = x_tab[xs, XE_START]
                     for j in range(m):
                         s_keys[s_rows + j] = x_key[st + j]
-                    if not s_started or o != s_last_off:
-                        s_off_row[s_off] = s_rows
-                        s_off_val[s_off] = o
+                    if new_o:
+                        s_off_row[s_off] = s_rows - s_off_at
+                        s_off_val[s_off] = o - s_last_off
                         s_off += 1
                         s_last_off = o
-                    if not s_started or cur_tsc != s_last_t:
+                        s_off_at = s_rows
+                    if cur_tsc != s_last_t:
                         s_t_row[s_t] = s_rows
                         s_t_val[s_t] = cur_tsc
                         s_t += 1
@@ -3021,12 +3037,13 @@ def _fast(ds, pk, cf, ct, out):
                         s_t_val[s_t] = ev_tsc
                         s_t += 1
                         s_last_t = ev_tsc
-                    if merged and offsets[t_pos] != s_last_off:
+                    if merged and o2 != o:
                         # The rows after the last bit: fetched at the TIP.
-                        s_off_row[s_off] = s_rows + x_tab[xs, XE_J2]
-                        s_off_val[s_off] = offsets[t_pos]
+                        s_off_row[s_off] = s_rows + x_tab[xs, XE_J2] - s_off_at
+                        s_off_val[s_off] = o2 - o
                         s_off += 1
-                        s_last_off = offsets[t_pos]
+                        s_last_off = o2
+                        s_off_at = s_rows + x_tab[xs, XE_J2]
                     s_rows += m
                     s_started = 1
             if hit:
@@ -3145,9 +3162,9 @@ def _fast(ds, pk, cf, ct, out):
             o = offsets[pos] if pos < n else end_offset
             full = np.int64(1)
             if key >= 0:
-                full, s_rows, s_off, s_t, s_last_off, s_last_t = put_row(
+                full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
                     s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
-                    s_off, s_t, s_last_off, s_last_t, s_started,
+                    s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state,
                 )  # fmt: skip
             if full:
                 direct = False  # full: rows wait in the output, Python grows the store
@@ -3309,6 +3326,7 @@ def _fast(ds, pk, cf, ct, out):
         )  # fmt: skip
         s_state[S_LAST_OFF], s_state[S_LAST_TIME] = s_last_off, np.int64(s_last_t)
         s_state[S_STARTED] = s_started
+        s_state[S_OFF_AT] = s_off_at
     if why == FR_FETCH:
         return why
     # The current event, as the step functions expect it.

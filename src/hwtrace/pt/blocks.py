@@ -7,7 +7,8 @@ offset, time: 30 bytes each) are kept as a key into a table of distinct
 ``(address, instructions, mode, image)`` blocks (2 bytes per row while
 there are fewer than 65,535 of them, then 4) plus the rows at which the
 trace offset and the time change (the offset changes about once per five
-blocks, at each TNT or TIP packet; the time at timing packets).  Memory a
+blocks, at each TNT or TIP packet: 6 bytes each, the rows since the last
+change and the offset's step; the time at timing packets).  Memory a
 process has never touched costs far more to fill than to read, so this is
 what makes keeping a decoding's results about as cheap as counting them.
 
@@ -30,15 +31,20 @@ _store_ids = itertools.count()
 _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 
 # Store state (int64 words): rows, distinct blocks, offset and time change
-# points held, the last offset and time, whether a row was stored; a copy of
-# the row counters taken at the decoder's step start (S_SAVED..., see
-# store_save); the store's number, and whether the decoder may store rows
-# itself (S_LIVE: a uint16 key column).
+# points held, the last offset and time, whether a row was stored; the
+# store's number, and whether the decoder may store rows itself (S_LIVE: a
+# uint16 key column); the row of the last offset change and the first
+# offset (the offset points are steps from it); a copy of the row counters
+# taken at the decoder's step start (S_SAVED..., see store_save).
 S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
-S_SAVED = 7  # 7..12: S_ROWS, S_OFF ... S_STARTED as they were
-S_ID, S_LIVE = 13, 14
-_NS = 16
-_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED)
+S_ID, S_LIVE, S_OFF_AT, S_OFF_BASE = 13, 14, 15, 16
+_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT)
+S_SAVED = 17  # 17..23: the slots of _SAVED_SLOTS as they were
+_NS = 24
+# An offset point's steps: rows (uint16) and bytes (int32); a larger step
+# takes several points (see _far_offset_point).
+OFF_ROW_STEP = 0xFFFF
+OFF_VAL_STEP = 0x7FFFFFFF
 # Why the compaction loop stopped before the batch's end.
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
@@ -76,33 +82,82 @@ def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
         s = (s + 1) & mask
 
 
+@aot.njit(cache=True, _nrt=False)
+def _far_offset_point(off_row, off_val, n_off, dr, dv):
+    """Write an offset change ``dr`` rows and ``dv`` bytes on from the last
+    as several points (rows in steps of OFF_ROW_STEP at the last offset,
+    then bytes in steps of OFF_VAL_STEP at the same row); returns the new
+    point count, -1 when they do not fit (nothing written)."""
+    need = 1
+    r = dr
+    while r > OFF_ROW_STEP:
+        need += 1
+        r -= OFF_ROW_STEP
+    v = dv
+    while v > OFF_VAL_STEP or v < -OFF_VAL_STEP:
+        need += 1
+        v -= OFF_VAL_STEP if v > 0 else -OFF_VAL_STEP
+    if n_off + need > off_row.shape[0]:
+        return -1
+    r = dr
+    while r > OFF_ROW_STEP:
+        off_row[n_off] = OFF_ROW_STEP
+        off_val[n_off] = 0
+        n_off += 1
+        r -= OFF_ROW_STEP
+    v = dv
+    while v > OFF_VAL_STEP or v < -OFF_VAL_STEP:
+        step = OFF_VAL_STEP if v > 0 else -OFF_VAL_STEP
+        off_row[n_off] = r
+        off_val[n_off] = step
+        n_off += 1
+        r = 0
+        v -= step
+    off_row[n_off] = r
+    off_val[n_off] = v
+    return n_off + 1
+
+
 @aot.njit(cache=True, inline="always", _nrt=False)
 def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t, last_off, last_t,
-            started):  # fmt: skip
+            started, off_at, state):  # fmt: skip
     """Store a row of block ``key`` decoded at trace offset ``o`` and time
-    ``t``, given the store's counters; returns ``(why, n_rows, n_off, n_t,
-    last_off, last_t)`` after it: ``why`` 0 when stored, else which array
-    is full (nothing stored)."""
+    ``t``, given the store's counters (``off_at``: the row of the last
+    offset change); returns ``(why, n_rows, n_off, n_t, last_off, last_t,
+    off_at)`` after it: ``why`` 0 when stored, else which array is full
+    (nothing stored)."""
     new_o = not started or o != last_off
     new_t = not started or t != last_t
     if n_rows >= keys.shape[0]:
-        return _FULL_ROWS, n_rows, n_off, n_t, last_off, last_t
-    if new_o and n_off >= off_row.shape[0]:
-        return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t
+        return _FULL_ROWS, n_rows, n_off, n_t, last_off, last_t, off_at
     if new_t and n_t >= t_row.shape[0]:
-        return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t
-    keys[n_rows] = key
+        return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t, off_at
     if new_o:
-        off_row[n_off] = n_rows
-        off_val[n_off] = o
-        n_off += 1
+        if not started:
+            state[S_OFF_BASE] = o  # the first point: no step
+            dr, dv = n_rows, np.int64(0)
+        else:
+            dr, dv = n_rows - off_at, o - last_off
+        if dr <= OFF_ROW_STEP and -OFF_VAL_STEP <= dv <= OFF_VAL_STEP:
+            if n_off >= off_row.shape[0]:
+                return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t, off_at
+            off_row[n_off] = dr
+            off_val[n_off] = dv
+            n_off += 1
+        else:
+            far = _far_offset_point(off_row, off_val, n_off, dr, dv)
+            if far < 0:
+                return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t, off_at
+            n_off = far
         last_off = o
+        off_at = n_rows
+    keys[n_rows] = key
     if new_t:
         t_row[n_t] = n_rows
         t_val[n_t] = t
         n_t += 1
         last_t = t
-    return 0, n_rows + 1, n_off, n_t, last_off, last_t
+    return 0, n_rows + 1, n_off, n_t, last_off, last_t, off_at
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -116,6 +171,7 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
     off_row, off_val, t_row, t_val = cols[4], cols[5], cols[6], cols[7]
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
+    off_at = state[S_OFF_AT]
     key_limit = store_key_limit(keys, tab, cols)
     i = start
     why = 0
@@ -129,9 +185,9 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
                 break
             if r >= 0:
                 run_key[r] = key
-        why, n_rows, n_off, n_t, last_off, last_t = put_row(
+        why, n_rows, n_off, n_t, last_off, last_t, off_at = put_row(
             keys, off_row, off_val, t_row, t_val, key, offset[i], time[i], n_rows, n_off, n_t,
-            last_off, last_t, started,
+            last_off, last_t, started, off_at, state,
         )  # fmt: skip
         if why:
             break
@@ -139,6 +195,7 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
         i += 1
     state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME] = n_rows, n_keys, n_off, n_t
     state[S_LAST_OFF], state[S_LAST_TIME], state[S_STARTED] = last_off, np.int64(last_t), started
+    state[S_OFF_AT] = off_at
     return i, why
 
 
@@ -202,7 +259,17 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
         or state[S_KEYS] + n > store_key_limit(keys, tab, cols)
     ):
         return False
-    _compact(ip, ninsn, mode, offset, time, run, r_key, 0, n, image, keys, tab, cols, state)
+    before = (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
+              state[S_STARTED], state[S_OFF_AT])  # fmt: skip
+    _, why = _compact(
+        ip, ninsn, mode, offset, time, run, r_key, 0, n, image, keys, tab, cols, state
+    )
+    if why:
+        # Offset steps too large for one point took the room the check
+        # counted on: none of the rows is stored, Python appends them all.
+        (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
+         state[S_STARTED], state[S_OFF_AT]) = before  # fmt: skip
+        return False
     return True
 
 
@@ -214,7 +281,7 @@ def dummy_store() -> tuple:
     global _DUMMY
     if _DUMMY is None:
         cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
-                np.zeros(1, np.uint16), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                np.zeros(1, np.uint16), np.zeros(1, np.uint16), np.zeros(1, np.int32),
                 np.zeros(1, np.int64), np.zeros(1, np.uint64))  # fmt: skip
         tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
         state = np.zeros(_NS, np.int64)
@@ -240,8 +307,8 @@ class BlockStore:
         # The trace offset changes about once per five rows; sized so they
         # never need copying (pages never written cost nothing).
         changes = max(expect_rows // 4, 1 << 12)
-        self.off_row = np.empty(changes, np.int64)
-        self.off_val = np.empty(changes, np.int64)
+        self.off_row = np.empty(changes, np.uint16)
+        self.off_val = np.empty(changes, np.int32)
         self.time_row = np.empty(changes, np.int64)
         self.time_val = np.empty(changes, np.uint64)
         self.state = np.zeros(_NS, np.int64)
@@ -371,10 +438,15 @@ class BlockStore:
         return {"ip": self.k_ip[:n], "ninsn": self.k_ninsn[:n], "mode": self.k_mode[:n],
                 "image": self.k_image[:n]}  # fmt: skip
 
+    def offset_steps(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The trace offset's change points as stored: rows since the last
+        change, the offset's step, and the first offset."""
+        n = int(self.state[S_OFF])
+        return self.off_row[:n], self.off_val[:n], int(self.state[S_OFF_BASE])
+
     def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the trace offset changes, and the new offsets."""
-        n = int(self.state[S_OFF])
-        return self.off_row[:n], self.off_val[:n]
+        return _offset_changes(*self.offset_steps())
 
     def time_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the time changes, and the new times."""
@@ -394,6 +466,17 @@ def _rehash(h_ip, h_meta, h_id, k_ip, k_ninsn, k_mode, k_image, n):
         h_ip[s] = k_ip[key]
         h_meta[s] = meta
         h_id[s] = key
+
+
+def _offset_changes(row_steps: np.ndarray, steps: np.ndarray, base: int,
+                    row_base: int = 0) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Offset change points (rows, offsets) from their steps."""
+    rows = np.cumsum(row_steps, dtype=np.int64)
+    values = np.cumsum(steps, dtype=np.int64)
+    if row_base:
+        rows += row_base
+    values += base
+    return rows, values
 
 
 def expand_changes(rows: np.ndarray, values: np.ndarray, n: int, dtype) -> np.ndarray:
@@ -448,26 +531,32 @@ class CompactBlocks:
         self.mode = ((m >> np.uint64(32)) & np.uint64(0xFF)).astype(np.uint8)
         self.image = (m >> np.uint64(40)).astype(np.uint16)
         self.n = int(self.keys.shape[0])
-        rows_o, vals_o, rows_t, vals_t, base = [], [], [], [], 0
+        rows_t, vals_t, base = [], [], 0
+        # The offsets stay as the stores keep them (steps: 6 bytes a point
+        # where absolute ones take 16) until a column is asked for.
+        self._offset_steps: list[tuple[np.ndarray, np.ndarray, int, int]] = []
         for s in stores:
-            r, v = s.offset_changes()
-            rows_o.append(r + base if base else r)
-            vals_o.append(v)
+            row_steps, steps, first = s.offset_steps()
+            self._offset_steps.append((row_steps, steps, first, base))
             r, v = s.time_changes()
             rows_t.append(r + base if base else r)
             vals_t.append(v)
             base += len(s)
-        self.offset_rows = _joined(rows_o, np.int64)
-        self.offset_values = _joined(vals_o, np.int64)
         self.time_rows = _joined(rows_t, np.int64)
         self.time_values = _joined(vals_t, np.uint64)
 
+    def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows where the trace offset changes, and the new offsets."""
+        parts = [_offset_changes(*p) for p in self._offset_steps]
+        return (_joined([r for r, _ in parts], np.int64), _joined([v for _, v in parts], np.int64))
+
     @property
     def nbytes(self) -> int:
-        return sum(
+        steps = sum(r.nbytes + v.nbytes for r, v, _, _ in self._offset_steps)
+        return steps + sum(
             a.nbytes
-            for a in (self.keys, self.ip, self.ninsn, self.mode, self.image, self.offset_rows,
-                      self.offset_values, self.time_rows, self.time_values)
+            for a in (self.keys, self.ip, self.ninsn, self.mode, self.image, self.time_rows,
+                      self.time_values)
         )  # fmt: skip
 
     def n_insn(self) -> int:
@@ -478,7 +567,7 @@ class CompactBlocks:
         """A dense column: ``ip``, ``ninsn``, ``mode``, ``image``,
         ``offset`` or ``time``."""
         if name == "offset":
-            return expand_changes(self.offset_rows, self.offset_values, self.n, np.int64)
+            return expand_changes(*self.offset_changes(), self.n, np.int64)
         if name == "time":
             return expand_changes(self.time_rows, self.time_values, self.n, np.uint64)
         return getattr(self, name)[self.keys]

@@ -1,0 +1,66 @@
+"""The block store (hwtrace.pt.blocks) gives back the rows it was given."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwtrace.pt.blocks import OFF_ROW_STEP, OFF_VAL_STEP, BlockStore, CompactBlocks
+
+
+@st.composite
+def block_rows(draw):
+    """Rows of a few distinct blocks whose offsets and times change now and
+    then, by steps small and large: beyond a point's reach in bytes (over
+    2 GiB, backwards too) and in rows (more than 65,535 at one offset)."""
+    n = draw(st.integers(1, 12000))  # (beyond the store's first 4,096 points)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    ip = rng.choice(np.array([0x1000, 0x1040, 0x2000, 0x7F0000001000], np.uint64), n)
+    ninsn = (ip & np.uint64(0xFF)).astype(np.uint32) + 1
+    steps = rng.choice(np.array([0, 0, 0, 1, 7, OFF_VAL_STEP + 5, 3 * OFF_VAL_STEP,
+                                 -(OFF_VAL_STEP + 9)], np.int64), n)  # fmt: skip
+    offset = np.int64(draw(st.integers(0, 2**40))) + np.cumsum(steps)
+    time = np.cumsum(rng.choice(np.array([0, 0, 5], np.uint64), n)).astype(np.uint64)
+    return ip, ninsn, offset, time
+
+
+def _stored(ip, ninsn, offset, time, pieces: int) -> CompactBlocks:
+    store = BlockStore(expect_rows=16)
+    for part in np.array_split(np.arange(ip.shape[0]), pieces):
+        store.append(ip[part], ninsn[part], np.full(part.shape[0], 64, np.uint8), offset[part],
+                     time[part])  # fmt: skip
+    return CompactBlocks([store])
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=block_rows(), pieces=st.integers(1, 5))
+def test_rows_come_back(rows, pieces):
+    ip, ninsn, offset, time = rows
+    blocks = _stored(ip, ninsn, offset, time, pieces)
+    assert blocks.n == ip.shape[0]
+    assert np.array_equal(blocks.column("ip"), ip)
+    assert np.array_equal(blocks.column("ninsn"), ninsn)
+    assert np.array_equal(blocks.column("offset"), offset)
+    assert np.array_equal(blocks.column("time"), time)
+
+
+def test_long_runs_at_one_offset_and_far_jumps():
+    """More rows at one offset than a point's row step holds, then a jump
+    of many GiB: several points, the same columns."""
+    n = 3 * OFF_ROW_STEP + 10
+    ip = np.full(n, 0x1000, np.uint64)
+    ninsn = np.ones(n, np.uint32)
+    offset = np.full(n, 5 << 33, np.int64)
+    offset[-3:] += 7 * OFF_VAL_STEP
+    time = np.zeros(n, np.uint64)
+    blocks = _stored(ip, ninsn, offset, time, 2)
+    assert np.array_equal(blocks.column("offset"), offset)
+    rows, values = blocks.offset_changes()
+    assert rows.shape[0] > 2 and values[-1] == offset[-1]
+    # Two stores joined: the second's rows follow the first's.
+    a, b = BlockStore(16), BlockStore(16)
+    a.append(ip[:5], ninsn[:5], np.full(5, 64, np.uint8), offset[:5], time[:5])
+    b.append(ip[-4:], ninsn[-4:], np.full(4, 64, np.uint8), offset[-4:], time[-4:])
+    joined = CompactBlocks([a, b])
+    assert np.array_equal(joined.column("offset"), np.concatenate([offset[:5], offset[-4:]]))
