@@ -67,15 +67,17 @@ _NCOUNTS = 16
 ) = range(35)  # fmt: skip
 
 # The replay cache (see hwtrace.pt._flowloop): decoded stretches of runs,
-# keyed by the run they start at and the trace bits that drive them.  Its
-# size is fixed: entries, and pools for the block-store keys of the
+# keyed by the run they start at and the trace bits that drive them: entries
+# (X_FIELDS words each), and pools for the block-store keys of the
 # stretches' runs and for the return addresses they push; a full pool
-# empties the cache.  At most 2.5 + 2 + 0.75 MiB per code table, of which
-# only what is used is touched.
-X_SLOTS = 1 << 14
+# empties the cache.  Its size follows the trace a decoder is given (see
+# CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.2 MiB in all) to
+# X_SLOTS_MAX (5.4 MiB).
 X_FIELDS = 21
-X_POOL = 1 << 20
-X_PUSH = 1 << 16
+X_SLOTS_MIN, X_SLOTS_MAX = 1 << 10, 1 << 14
+X_POOL_PER_SLOT = 64  # keys
+X_PUSH_PER_SLOT = 4  # return addresses
+X_BYTES_PER_SLOT = 1 << 10  # of trace, in the decoder's guess
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -367,7 +369,7 @@ class CodeTable:
         self._alloc_runs(capacity)
         self.counts = np.zeros(_NCOUNTS, np.int64)
         self.counts[C_KEY_OWNER] = -1
-        self._alloc_replay()
+        self._alloc_replay(X_SLOTS_MIN)
         self.texts: list[str] | None = None  # disassembly per instruction, when kept
         self.generation = 0  # counts clear()s
         # Names the numbering of the runs: a new object whenever the same
@@ -399,15 +401,26 @@ class CodeTable:
         """Block rows the decoder took from its replay cache, so far."""
         return int(self.counts[C_X_ROWS])
 
-    def _alloc_replay(self) -> None:
+    def _alloc_replay(self, slots: int) -> None:
         # np.zeros: pages are touched only as the cache fills.
-        self.x_tab = np.zeros((X_SLOTS, X_FIELDS), np.int64)
-        self.x_key = np.zeros(X_POOL, np.uint16)
-        self.x_pip = np.zeros(X_PUSH, np.uint64)
-        self.x_prun = np.zeros(X_PUSH, np.int32)
-        self.counts[C_X_GEN] = 1
+        self.x_tab = np.zeros((slots, X_FIELDS), np.int64)
+        self.x_key = np.zeros(slots * X_POOL_PER_SLOT, np.uint16)
+        self.x_pip = np.zeros(slots * X_PUSH_PER_SLOT, np.uint64)
+        self.x_prun = np.zeros(slots * X_PUSH_PER_SLOT, np.int32)
+        self.counts[C_X_GEN] += 1
         self.counts[C_X_POOL] = self.counts[C_X_PUSH] = 0
         self.counts[C_X_OWNER] = -1
+
+    def reserve_replay(self, trace_bytes: int) -> None:
+        """Size the replay cache for a decoding of ``trace_bytes`` (it only
+        grows; growing empties it): a small trace's decoding touches little
+        memory, a large one's cache holds its program's stretches."""
+        slots = X_SLOTS_MIN
+        while slots < X_SLOTS_MAX and slots * X_BYTES_PER_SLOT < trace_bytes:
+            slots *= 2
+        if slots > self.x_tab.shape[0]:
+            self._alloc_replay(slots)
+            self._refresh()
 
     def _refresh(self) -> None:
         self.tuple = (

@@ -663,6 +663,7 @@ def _decode_trace(
     jobs = useful_jobs(jobs, buf.shape[0], job_bytes)
     if jobs <= 1 or len(ranges) <= 1:
         dec = _decoder(image, config, options, context, keep=keep_blocks, revisions=revisions)
+        dec.expect(buf.shape[0])
         sink = _Collector(keep_blocks, _expected_rows(buf.shape[0]))
         for s, e in ranges:
             dec.decode(buf, sink, s, e)
@@ -679,6 +680,7 @@ def _decode_trace(
 
     def run(i: int) -> _Collector:
         size = sum(e - s for s, e in groups[i])
+        decoders[i].expect(size)
         sink = _Collector(keep_blocks, _expected_rows(size))
         for s, e in groups[i]:
             decoders[i].decode(buf, sink, s, e)

@@ -262,6 +262,7 @@ class FlowDecoder:
         self.unplaced: list[UnplacedRevision] = []
         self._watch: tuple | None = None
         self.image = image
+        self._expect_bytes = 0
         self.table = self._table_for(image)
         self.state = K.new_state()
         # One window's packets and times at a time: their memory is reused.
@@ -317,8 +318,15 @@ class FlowDecoder:
         table = self._tables.get(id(image))
         if table is None:
             table = self._tables[id(image)] = CodeTable(image)
+            table.reserve_replay(self._expect_bytes)
         table.index = self._image_index(image)
         return table
+
+    def expect(self, trace_bytes: int) -> None:
+        """Say how much trace this decoder will be given (sizes its caches)."""
+        self._expect_bytes = max(self._expect_bytes, trace_bytes)
+        for table in self._tables.values():
+            table.reserve_replay(self._expect_bytes)
 
     @property
     def tables(self) -> list[CodeTable]:
@@ -427,6 +435,7 @@ class FlowDecoder:
         handing batches to ``sink``."""
         buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
         end = buf.shape[0] if end is None else min(end, buf.shape[0])
+        self.expect(end - start)
         self.out = sink.output()
         pos, last_sync, sync_progress = start, -1, -1
         while pos < end:
