@@ -2779,10 +2779,11 @@ LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 # and the bits (XK_TIP for a TIP).  The fast loop records stretches as it
 # walks them and, on meeting a key again, replays the stretch: the block
 # store receives the runs' keys (kept with the stretch: the cache holds one
-# store's keys) in one copy, the counters their sums.  A
-# stretch ends once its bits are consumed, before a return to a call made
-# before it (the return stack decides that one), and is dropped at anything
-# else that stops the walk, so a replay does exactly what the walk did.
+# store's keys) in one copy, the counters their sums.  A stretch ends once
+# its bits are consumed, or at a return to a call made before it (it pops
+# the return stack: where it goes is the stack's, XE_POP), and is dropped
+# at anything else that stops the walk, so a replay does exactly what the
+# walk did.
 X_BITS = 8
 XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
@@ -2790,7 +2791,7 @@ X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
 # Fields of an entry (x_tab row).
 (XE_KEY, XE_GEN, XE_START, XE_M, XE_NINSN, XE_J1, XE_CONS, XE_END_BLK, XE_END_IP, XE_NBLK,
  XE_CB_OPEN, XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN, XE_TAIL, XE_TAIL_NINSN, XE_PSTART,
- XE_NPUSH, XE_DMAX, XE_J2) = range(21)  # fmt: skip
+ XE_NPUSH, XE_DMAX, XE_J2, XE_POP) = range(22)  # fmt: skip
 # A key's bit for a stretch that goes on after its packet's last TNT bit
 # to the TIP that follows (its rows from XE_J2 on are at the TIP's offset).
 XK_THEN_TIP = 1 << 12
@@ -2811,7 +2812,7 @@ def _x_keys(x_key, start, s_keys, row0, m):
 @aot.njit(cache=True, _nrt=False)
 def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
            cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, tail, tail_ninsn, pstart, npush, dmax,
-           j2):  # fmt: skip
+           j2, pops):  # fmt: skip
     """Keep a recorded stretch (its runs and pushes are in the pools)."""
     e = x_tab[slot]
     e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_M], e[XE_NINSN] = key, gen, start, m, ninsn
@@ -2823,7 +2824,7 @@ def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, en
         tail,
         tail_ninsn,
     )
-    e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX], e[XE_J2] = pstart, npush, dmax, j2
+    e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX], e[XE_J2], e[XE_POP] = pstart, npush, dmax, j2, pops
     counts[C_X_POOL] = start + m
     counts[C_X_PUSH] = pstart + npush
 
@@ -2882,11 +2883,10 @@ def _fast(ds, pk, cf, ct, out):
     x_rows = np.int64(0)  # rows replayed
     x_mask = np.int64(x_tab.shape[0] - 1)
     rec = False  # recording a stretch
-    x_skip = False  # no lookup at this run (a replay ended before its return)
     rec_key = rec_slot = rec_nb = rec_start = rec_pstart = np.int64(0)
     rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = np.int64(0)
     rec_depth = rec_dmax = rec_row0 = rec_j2 = np.int64(0)
-    rec_then_tip = False
+    rec_then_tip = rec_pop = False
     mode = SI[BS_MODE]
     spec_flag = O_SPEC if SI[BS_SPEC] else 0
     ip = SU[BS_IP]
@@ -2942,20 +2942,9 @@ def _fast(ds, pk, cf, ct, out):
         ninsn = r_ninsn[blk]
         if rec:
             if bk == RUN_RET and evt == EV_TNT and rec_depth == 0:
-                # A return to a call made before the stretch: it ends here,
-                # the return stack decides what follows.
-                if rec_m > 0:
-                    if direct:
-                        _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
-                    _x_put(
-                        x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn,
-                        rec_j1 if rec_cons > 0 else rec_m, rec_cons, blk, ip, rec_nblk, cb_open,
-                        cb_ninsn, cb_isid, cb_ip, cb_run, rec_tail, rec_tail_ninsn, rec_pstart,
-                        rec_depth, rec_dmax, rec_m,
-                    )  # fmt: skip
-                rec = False
-        elif x_skip:
-            x_skip = False
+                # A return to a call made before the stretch: it ends the
+                # stretch, popping where to go from the return stack.
+                rec_pop = True
         elif (
             not cb_open
             and replay
@@ -2989,9 +2978,13 @@ def _fast(ds, pk, cf, ct, out):
             hit = x_tab[xs, XE_GEN] == x_gen and x_tab[xs, XE_KEY] == xkey
             m = x_tab[xs, XE_M]
             cons = x_tab[xs, XE_CONS]
-            # (A stretch keyed to go on to the TIP may have stopped before
-            # a return, short of its bits.)
-            merged = then_tip and cons == nb
+            # (A stretch keyed to go on to the TIP may have ended at a
+            # return before it.)
+            pops = x_tab[xs, XE_POP] != 0
+            merged = then_tip and cons == nb and not pops
+            dmax = x_tab[xs, XE_DMAX]
+            if hit and pops and min(rs_n + dmax, RETSTACK_SIZE) - dmax <= 0:
+                hit = False  # nothing to return to: the walk says what that is
             if hit and quiet + m > NO_TRACE_LIMIT:
                 hit = False  # the walk stops within it
             if hit and direct:
@@ -3074,9 +3067,16 @@ def _fast(ds, pk, cf, ct, out):
                     RSR[rs_top] = x_prun[ps + j]
                 # Calls returned from inside the stretch still pushed: when
                 # the stack was full they dropped its oldest entries.
-                dmax = x_tab[xs, XE_DMAX]
                 rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
-                if nb == XK_TIP:
+                if pops:
+                    ip = RS[rs_top]
+                    blk = RSR[rs_top]
+                    rs_top = (rs_top - 1) & _RS_MASK
+                    rs_n -= 1
+                    size -= cons
+                    if size > 0:
+                        continue
+                elif nb == XK_TIP:
                     ip = tip
                     blk = -1
                     evt = 0  # consumed
@@ -3094,9 +3094,6 @@ def _fast(ds, pk, cf, ct, out):
                     ip = np.uint64(x_tab[xs, XE_END_IP])
                     blk = x_tab[xs, XE_END_BLK]
                     size -= cons
-                    if cons < nb:
-                        x_skip = True  # the return the stretch stopped before
-                        continue
                     if size > 0:
                         continue
                 if peeked and not merged:
@@ -3130,6 +3127,7 @@ def _fast(ds, pk, cf, ct, out):
             rec_start, rec_pstart = counts[C_X_POOL], counts[C_X_PUSH]
             rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = 0
             rec_depth = rec_dmax = 0
+            rec_pop = False
             rec_row0 = s_rows
         # The run's exit must be takeable before it is emitted, so a stop
         # leaves the state at the run's start.
@@ -3241,7 +3239,7 @@ def _fast(ds, pk, cf, ct, out):
             blk = RSR[rs_top]
             rs_top = (rs_top - 1) & _RS_MASK
             rs_n -= 1
-            if rec:
+            if rec and not rec_pop:
                 rec_depth -= 1  # a call the stretch made (see above)
         else:  # TIP: indirect jump or call, uncompressed return
             ip = tip
@@ -3268,15 +3266,16 @@ def _fast(ds, pk, cf, ct, out):
             if rec_cons == 1:
                 rec_j1 = rec_m
             rec_tail = rec_tail_ninsn = 0
-            if rec_then_tip and rec_cons == rec_nb:
+            if rec_then_tip and rec_cons == rec_nb and not rec_pop:
                 rec_j2 = rec_m  # on to the TIP
-            elif rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
+            elif rec_pop or rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
                 if direct:
                     _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
                 _x_put(
                     x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
-                    rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_open, cb_ninsn, cb_isid, cb_ip,
-                    cb_run, 0, 0, rec_pstart, rec_depth, rec_dmax, rec_j2,
+                    rec_cons if rec_pop else rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_open,
+                    cb_ninsn, cb_isid, cb_ip, cb_run, 0, 0, rec_pstart, rec_depth, rec_dmax,
+                    rec_j2, rec_pop,
                 )  # fmt: skip
                 rec = False
         if evt == EV_TNT and size > 0:

@@ -73,7 +73,7 @@ _NCOUNTS = 16
 # empties the cache.  Its size follows the trace a decoder is given (see
 # CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.2 MiB in all) to
 # X_SLOTS_MAX (5.4 MiB).
-X_FIELDS = 21
+X_FIELDS = 22
 X_SLOTS_MIN, X_SLOTS_MAX = 1 << 10, 1 << 14
 X_POOL_PER_SLOT = 64  # keys
 X_PUSH_PER_SLOT = 4  # return addresses
