@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,3 +288,21 @@ def test_python_calls_numba_code_without_wrappers(tmp_path):
         assert out.stdout.strip() == "[0, 1, 2] 5.5"
     indexes = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").rglob("*.nbi"))
     assert indexes == ["loops_mod.add", "loops_mod.alloc", "loops_mod.alloc_python"]
+
+
+def test_warm_up_writes_the_packages_bytecode():
+    """``hwtrace aot warm`` writes the bytecode of every module (an
+    editable install, or PYTHONDONTWRITEBYTECODE, leaves none), so that
+    commands import without compiling sources."""
+    import importlib.util
+    import os
+
+    import hwtrace.cli.warmup as warmup
+    import hwtrace.pt.flowdec as flowdec
+
+    if not os.access(os.path.dirname(flowdec.__file__), os.W_OK):
+        pytest.skip("the package is not writable here")
+    cached = Path(importlib.util.cache_from_source(flowdec.__file__))
+    cached.unlink(missing_ok=True)
+    warmup._byte_compile()
+    assert cached.is_file()

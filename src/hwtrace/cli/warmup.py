@@ -81,6 +81,7 @@ def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
         raise ValueError(
             f"no warm-up part {', '.join(sorted(unknown))} (parts: {', '.join(PARTS)})"
         )
+    _byte_compile()
     jobs = jobs or len(os.sched_getaffinity(0))
     if jobs <= 1:
         warm_parts(parts)
@@ -95,6 +96,19 @@ def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
     failed = [p for p in procs if p.wait() != 0]
     if failed:
         raise RuntimeError("decoding the warm-up trace failed")
+
+
+def _byte_compile() -> None:
+    """Write the package's bytecode, as installers do (pip does not for an
+    editable install, and nothing does where PYTHONDONTWRITEBYTECODE is
+    set): a command then imports without compiling its modules' sources,
+    about 0.05 s of every start.  Where the package is not writable this
+    does nothing."""
+    import compileall
+
+    package = Path(__file__).resolve().parent.parent
+    with contextlib.redirect_stdout(io.StringIO()):
+        compileall.compile_dir(str(package), quiet=2, workers=1)
 
 
 _WORKER = "import json, sys\nfrom hwtrace.cli.warmup import warm_parts\nwarm_parts(json.loads(sys.argv[1]))"
