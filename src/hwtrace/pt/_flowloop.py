@@ -2789,9 +2789,11 @@ XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
 X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
 # Fields of an entry (x_tab row).
+# (Every stretch ends with trace consumed: after it the block is closed,
+# the instruction count and the no-trace count start again.)
 (XE_KEY, XE_GEN, XE_START, XE_M, XE_NINSN, XE_J1, XE_CONS, XE_END_BLK, XE_END_IP, XE_NBLK,
- XE_CB_OPEN, XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN, XE_TAIL, XE_TAIL_NINSN, XE_PSTART,
- XE_NPUSH, XE_DMAX, XE_J2, XE_POP) = range(22)  # fmt: skip
+ XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN, XE_PSTART, XE_NPUSH, XE_DMAX, XE_J2,
+ XE_POP) = range(19)  # fmt: skip
 # A key's bit for a stretch that goes on after its packet's last TNT bit
 # to the TIP that follows (its rows from XE_J2 on are at the TIP's offset).
 XK_THEN_TIP = 1 << 12
@@ -2811,19 +2813,13 @@ def _x_keys(x_key, start, s_keys, row0, m):
 
 @aot.njit(cache=True, _nrt=False)
 def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
-           cb_open, cb_ninsn, cb_isid, cb_ip, cb_run, tail, tail_ninsn, pstart, npush, dmax,
-           j2, pops):  # fmt: skip
+           cb_ninsn, cb_isid, cb_ip, cb_run, pstart, npush, dmax, j2, pops):  # fmt: skip
     """Keep a recorded stretch (its runs and pushes are in the pools)."""
     e = x_tab[slot]
     e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_M], e[XE_NINSN] = key, gen, start, m, ninsn
     e[XE_J1], e[XE_CONS], e[XE_END_BLK], e[XE_END_IP] = j1, cons, end_blk, np.int64(end_ip)
-    e[XE_NBLK], e[XE_CB_OPEN], e[XE_CB_NINSN], e[XE_CB_ISID] = nblk, cb_open, cb_ninsn, cb_isid
-    e[XE_CB_IP], e[XE_CB_RUN], e[XE_TAIL], e[XE_TAIL_NINSN] = (
-        np.int64(cb_ip),
-        cb_run,
-        tail,
-        tail_ninsn,
-    )
+    e[XE_NBLK], e[XE_CB_NINSN], e[XE_CB_ISID] = nblk, cb_ninsn, cb_isid
+    e[XE_CB_IP], e[XE_CB_RUN] = np.int64(cb_ip), cb_run
     e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX], e[XE_J2], e[XE_POP] = pstart, npush, dmax, j2, pops
     counts[C_X_POOL] = start + m
     counts[C_X_PUSH] = pstart + npush
@@ -2884,7 +2880,7 @@ def _fast(ds, pk, cf, ct, out):
     x_mask = np.int64(x_tab.shape[0] - 1)
     rec = False  # recording a stretch
     rec_key = rec_slot = rec_nb = rec_start = rec_pstart = np.int64(0)
-    rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = np.int64(0)
+    rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = np.int64(0)
     rec_depth = rec_dmax = rec_row0 = rec_j2 = np.int64(0)
     rec_then_tip = rec_pop = False
     mode = SI[BS_MODE]
@@ -2981,7 +2977,7 @@ def _fast(ds, pk, cf, ct, out):
             # (A stretch keyed to go on to the TIP may have ended at a
             # return before it.)
             pops = x_tab[xs, XE_POP] != 0
-            merged = then_tip and cons == nb and not pops
+            merged = then_tip and not pops
             dmax = x_tab[xs, XE_DMAX]
             if hit and pops and min(rs_n + dmax, RETSTACK_SIZE) - dmax <= 0:
                 hit = False  # nothing to return to: the walk says what that is
@@ -3044,17 +3040,12 @@ def _fast(ds, pk, cf, ct, out):
                 nvirt += m
                 n_blocks += x_tab[xs, XE_NBLK]
                 n_insn += x_tab[xs, XE_NINSN]
-                if cons > 0:
-                    cur_tsc = ev_tsc
-                    has_tsc = ev_has_tsc
-                    icnt = x_tab[xs, XE_TAIL_NINSN]
-                    has_icnt = True
-                    quiet = x_tab[xs, XE_TAIL]
-                else:
-                    if has_icnt:
-                        icnt += x_tab[xs, XE_NINSN]
-                    quiet += m
-                cb_open = x_tab[xs, XE_CB_OPEN] != 0
+                cur_tsc = ev_tsc
+                has_tsc = ev_has_tsc
+                icnt = 0
+                has_icnt = True
+                quiet = 0
+                cb_open = False
                 cb_ninsn = x_tab[xs, XE_CB_NINSN]
                 cb_isid = x_tab[xs, XE_CB_ISID]
                 cb_ip = np.uint64(x_tab[xs, XE_CB_IP])
@@ -3125,7 +3116,7 @@ def _fast(ds, pk, cf, ct, out):
             rec = True
             rec_key, rec_slot, rec_nb, rec_then_tip = xkey, xs, nb, then_tip
             rec_start, rec_pstart = counts[C_X_POOL], counts[C_X_PUSH]
-            rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = rec_tail = rec_tail_ninsn = 0
+            rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = 0
             rec_depth = rec_dmax = 0
             rec_pop = False
             rec_row0 = s_rows
@@ -3247,9 +3238,6 @@ def _fast(ds, pk, cf, ct, out):
             evt = 0  # consumed
         if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
             # No trace consumed: the block goes on.
-            if rec:
-                rec_tail += 1
-                rec_tail_ninsn += ninsn
             quiet += 1
             if quiet > NO_TRACE_LIMIT:
                 break
@@ -3265,7 +3253,6 @@ def _fast(ds, pk, cf, ct, out):
             rec_cons += 1
             if rec_cons == 1:
                 rec_j1 = rec_m
-            rec_tail = rec_tail_ninsn = 0
             if rec_then_tip and rec_cons == rec_nb and not rec_pop:
                 rec_j2 = rec_m  # on to the TIP
             elif rec_pop or rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
@@ -3273,9 +3260,8 @@ def _fast(ds, pk, cf, ct, out):
                     _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
                 _x_put(
                     x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
-                    rec_cons if rec_pop else rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_open,
-                    cb_ninsn, cb_isid, cb_ip, cb_run, 0, 0, rec_pstart, rec_depth, rec_dmax,
-                    rec_j2, rec_pop,
+                    rec_cons if rec_pop else rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_ninsn,
+                    cb_isid, cb_ip, cb_run, rec_pstart, rec_depth, rec_dmax, rec_j2, rec_pop,
                 )  # fmt: skip
                 rec = False
         if evt == EV_TNT and size > 0:

@@ -71,9 +71,9 @@ _NCOUNTS = 16
 # (X_FIELDS words each), and pools for the block-store keys of the
 # stretches' runs and for the return addresses they push; a full pool
 # empties the cache.  Its size follows the trace a decoder is given (see
-# CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.2 MiB in all) to
-# X_SLOTS_MAX (5.4 MiB).
-X_FIELDS = 22
+# CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.3 MiB in all) to
+# X_SLOTS_MAX (5 MiB).
+X_FIELDS = 19
 X_SLOTS_MIN, X_SLOTS_MAX = 1 << 10, 1 << 14
 X_POOL_PER_SLOT = 64  # keys
 X_PUSH_PER_SLOT = 4  # return addresses

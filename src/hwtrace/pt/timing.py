@@ -102,15 +102,15 @@ _NO_HAVE_FCR = np.zeros(0, np.bool_)
 TIME_TYPES = (np.int64, np.bool_, np.int64, np.bool_)
 
 
-def new_time_output(n: int) -> tuple:
+def new_time_output(n: int, columns: tuple | None = None) -> tuple:
     """The arrays :func:`time_loop` fills for ``n`` packets: per packet
-    ``(tsc, have_tsc, fcr, have_fcr)`` after it, and room for the
-    diagnostics ``(index, kind, error)``."""
+    ``(tsc, have_tsc, fcr, have_fcr)`` after it (``columns`` of
+    :data:`TIME_TYPES` and at least ``n`` rows to use, else new ones), and
+    room for the diagnostics ``(index, kind, error)``."""
+    if columns is None:
+        columns = tuple(np.zeros(n, t) for t in TIME_TYPES)
     return (
-        np.zeros(n, np.int64),
-        np.zeros(n, np.bool_),
-        np.zeros(n, np.int64),
-        np.zeros(n, np.bool_),
+        *columns,
         np.empty(3 * n + 1, np.int64),
         np.empty(3 * n + 1, np.int8),
         np.empty(3 * n + 1, np.int8),
@@ -485,12 +485,7 @@ def estimate_time(
     if "skl168" in config.errata:
         opts |= OPT_SKL168
     n = len(table)
-    if buffers is None:
-        out = new_time_output(n)
-    else:
-        cols = buffers.take(n)
-        out = (*cols[:4], np.empty(3 * n + 1, np.int64), np.empty(3 * n + 1, np.int8),
-               np.empty(3 * n + 1, np.int8))  # fmt: skip
+    out = new_time_output(n, None if buffers is None else buffers.take(n))
     if not fcr:
         out = (out[0], out[1], _NO_FCR, _NO_HAVE_FCR, *out[4:])
     nd = time_loop(
