@@ -276,14 +276,16 @@ EXPAND_DONE, EXPAND_MISS, EXPAND_NO_INSN = 0, 1, 2
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def expand_blocks(ct, bip, bn, bmode, out, state):
+def expand_blocks(ct, bip, bn, bmode, out, outk, state):
     """Write the address of every instruction of blocks ``bip``/``bn``
-    (execution modes ``bmode``) into ``out``, walking the table ``ct``.
-    ``state``: the block and output position to go on from, then where the
-    walk stopped.  Returns EXPAND_DONE, or EXPAND_MISS / EXPAND_NO_INSN
-    when a block needs the successor of an instruction the table does not
-    hold / that is no instruction (``state[2:4]``: its address and mode;
-    ``state[:2]`` the block's start, to go on from)."""
+    (execution modes ``bmode``) into ``out``, walking the table ``ct``, and,
+    when ``outk`` is not empty, each one's index in the table into
+    ``outk``.  ``state``: the block and output position to go on from, then
+    where the walk stopped.  Returns EXPAND_DONE, or EXPAND_MISS /
+    EXPAND_NO_INSN when a block needs the successor of an instruction the
+    table does not hold / that is no instruction (``state[2:4]``: its
+    address and mode; ``state[:2]`` the block's start, to go on from)."""
+    rows = outk.shape[0] != 0
     i = state[0]
     j = state[1]
     while i < bip.shape[0]:
@@ -293,16 +295,22 @@ def expand_blocks(ct, bip, bn, bmode, out, state):
         start = j
         for m in range(n):
             out[j] = ip
-            j += 1
-            if m + 1 == n:
+            last = m + 1 == n
+            if last and not rows:
+                j += 1
                 break  # the last instruction's successor is not needed
             k = find_insn(ct, ip, mode)
-            if k < 0 or ct[T_I_ERR][k] != 0:
+            if k < 0 or (ct[T_I_ERR][k] != 0 and not last):
                 state[0] = i
                 state[1] = start
                 state[2] = np.int64(ip)
                 state[3] = mode
                 return EXPAND_MISS if k < 0 else EXPAND_NO_INSN
+            if rows:
+                outk[j] = k
+            j += 1
+            if last:
+                break
             ip = insn_successor(ct, k)
         i += 1
     state[0] = i

@@ -427,9 +427,7 @@ def instructions_of(
     else raises RuntimeError; a block that runs into bytes that are no
     instruction raises ValueError.  The walk is compiled
     (:func:`expand_blocks`); Python only sees the misses."""
-    bip = np.ascontiguousarray(block_ip, np.uint64)
-    bn = np.ascontiguousarray(block_ninsn, np.int64)
-    modes = np.ascontiguousarray(np.broadcast_to(np.asarray(block_mode), bip.shape), np.uint8)
+    bip, bn, modes = _block_columns(block_ip, block_ninsn, block_mode)
     out = np.empty(int(bn.sum()), np.uint64)
     if not tables:
         # Nothing decoded: only blocks of at most one instruction are known.
@@ -438,12 +436,47 @@ def instructions_of(
             raise RuntimeError(f"block {int(longer[0])} walks into code that was never decoded")
         out[:] = bip[bn == 1]
         return out
+    _expand(tables, bip, bn, modes, out, _NO_ROWS, decode_missing)
+    return out
+
+
+def instruction_rows(
+    table: CodeTable,
+    block_ip: np.ndarray,
+    block_ninsn: np.ndarray,
+    block_mode: np.ndarray | int = 64,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`instructions_of` from one table, decoding what it misses,
+    with each instruction's index in the table (its ``i_*`` columns describe
+    it: class, size, target, error), so per-instruction facts are gathered
+    from per-table ones."""
+    bip, bn, modes = _block_columns(block_ip, block_ninsn, block_mode)
+    total = int(bn.sum())
+    out = np.empty(total, np.uint64)
+    rows = np.empty(max(total, 1), np.int64)
+    _expand([table], bip, bn, modes, out, rows, True)
+    return out, rows[:total]
+
+
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+def _block_columns(block_ip, block_ninsn, block_mode):
+    bip = np.ascontiguousarray(block_ip, np.uint64)
+    bn = np.ascontiguousarray(block_ninsn, np.int64)
+    modes = np.ascontiguousarray(np.broadcast_to(np.asarray(block_mode), bip.shape), np.uint8)
+    return bip, bn, modes
+
+
+def _expand(tables, bip, bn, modes, out, rows, decode_missing: bool) -> None:
+    """Run :func:`expand_blocks` over ``tables``, switching table or
+    decoding into the first at each miss."""
     state = np.zeros(4, np.int64)  # block, output position, missed ip, missed mode
     cur = 0
     while True:
-        r = expand_blocks(tables[cur].tuple, bip, bn, modes, out, state)
+        r = expand_blocks(tables[cur].tuple, bip, bn, modes, out, rows, state)
         if r == EXPAND_DONE:
-            return out
+            return
         ip, mode = int(state[2]) & 0xFFFFFFFFFFFFFFFF, int(state[3])
         if r == EXPAND_NO_INSN:
             raise ValueError(f"a block runs into bytes that are no instruction at {ip:#x}")
@@ -608,5 +641,6 @@ __all__ = [
     "gaps_before",
     "hash_find",
     "insn_successor",
+    "instruction_rows",
     "instructions_of",
 ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .perfflow import PerfBlocks, PtwMarks, QueueInfo
+from .perftime import table_transfer_classes
 
 # Instructions expanded at a time: a batch's blocks are taken in pieces of
 # about this many instructions, so memory stays bounded.
@@ -48,47 +49,198 @@ class ListingRows:
         return int(self.ip.shape[0])
 
 
+class PerfNameRows:
+    """The names perf script gives instructions, kept across a listing's
+    pieces: each distinct (name, module) once (``names``, ``modules``,
+    ``plain``: printed without an offset), and per instruction of a code
+    table (:meth:`QueueInfo.code`'s) its name and offset, looked up the
+    first time that instruction is listed.  So a piece's names are gathers,
+    not a symbol search and a sort per instruction."""
+
+    _UNSET = -3
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.modules: list[str] = []
+        self._plain: list[int] = []
+        self._ids: dict[tuple[str, str, int], int] = {}
+        self._rows: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
+
+    @property
+    def plain(self) -> np.ndarray:
+        return np.array(self._plain, np.uint8)
+
+    def intern(self, name: str, module: str, unknown: int) -> int:
+        key = (name, module, unknown)
+        got = self._ids.get(key)
+        if got is None:
+            got = self._ids[key] = len(self.names)
+            self.names.append(name)
+            self.modules.append(module)
+            self._plain.append(unknown)
+        return got
+
+    def of_rows(
+        self, q: QueueInfo, image: int, ips: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Name (index into :attr:`names`; -1: no file mapped there) and
+        offset of instructions ``ips`` of image number ``image``, at
+        ``rows`` of its code table."""
+        code = q.code(image)
+        cap = code.table.i_ip.shape[0]
+        got = self._rows.get(id(code))
+        if got is None or got[1].shape[0] < cap:
+            sym_k = np.full(cap, self._UNSET, np.int64)
+            off_k = np.zeros(cap, np.int64)
+            if got is not None:
+                sym_k[: got[1].shape[0]] = got[1]
+                off_k[: got[2].shape[0]] = got[2]
+            # The code is kept with its arrays: its id names it while it lives.
+            self._rows[id(code)] = got = (code, sym_k, off_k)
+        _, sym_k, off_k = got
+        sym = sym_k[rows]
+        new = sym == self._UNSET
+        if new.any():
+            fresh = np.unique(rows[new])
+            s, o = self.lookup(q, image, code.table.i_ip[fresh])
+            sym_k[fresh], off_k[fresh] = s, o
+            sym = sym_k[rows]
+        return sym, off_k[rows]
+
+    def lookup(self, q: QueueInfo, image: int, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Name and offset of the addresses ``addr`` of image number
+        ``image``, by symbol search (see :meth:`of_rows`)."""
+        view = q.perf_names(image)
+        table = view.symbols
+        index, offset = table.lookup(addr)
+        files = view.files_of(addr)
+        # Unnamed addresses take their file: index -2 - file.
+        index = np.where(index >= 0, index, np.where(files >= 0, -2 - files, -1))
+        uniq, inverse = np.unique(index, return_inverse=True)
+        glob = np.empty(uniq.shape[0], np.int64)
+        for j, u in enumerate(uniq.tolist()):
+            if u == -1:
+                glob[j] = -1
+            elif u < -1:
+                glob[j] = self.intern("[unknown]", view.paths[-2 - u], 1)
+            else:
+                glob[j] = self.intern(table.name(u), table.module_name(u), 0)
+        return glob[inverse.reshape(-1)], np.asarray(offset, np.int64)
+
+
 def listing_rows(
-    b: PerfBlocks, comm: Callable[[int], str], *, blocks: bool = False, ptwrite: bool = True
+    b: PerfBlocks,
+    comm: Callable[[int], str],
+    *,
+    blocks: bool = False,
+    ptwrite: bool = True,
+    names: PerfNameRows | None = None,
 ) -> Iterator[ListingRows]:
     """The listing rows of a batch of blocks, in pieces of about
-    :data:`EXPAND_INSNS` instructions; ``comm`` names a thread."""
+    :data:`EXPAND_INSNS` instructions; ``comm`` names a thread; ``names``
+    keeps the names (and what instructions they were found for) from batch
+    to batch."""
+    names = names or PerfNameRows()
     for part in b.split(EXPAND_INSNS):
+        per = part.ninsn.astype(np.int64)
+        ips, rows, owner = part.instruction_rows()
+        q = part.queue
+        timed = None
+        if q.has_clock():
+            # Only a block's last instruction can be a transfer (the others
+            # go on without trace): perf's clock needs the classes of those.
+            ends = np.cumsum(per)[per > 0] - 1
+            cls = np.zeros(ips.shape[0], np.uint8)
+            for image, sel in _by_image(part.image[per > 0], owner, ends):
+                cls[sel] = table_transfer_classes(q.code(image).table, rows[sel])
+            timed = q.perf_times(ips, _NO_IMAGES, cls)
         if blocks:
-            ips, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
+            ip, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
+            first = np.cumsum(per) - per
+            if timed is not None and ips.shape[0]:
+                # A block's time: perf's for its first instruction.
+                ns = timed[np.minimum(first, ips.shape[0] - 1)]
+            # A block's name: its first instruction's.
+            sym, off = _names_at(names, q, part.image, part.ip, owner, ips, rows, first, per > 0)
             ends = np.arange(1, len(part) + 1)
-            # A block's time: perf's for its first instruction.
-            every = part.instructions()
-            timed = part.queue.perf_times(every, np.repeat(which, n))
-            if timed is not None and every.shape[0]:
-                ns = timed[np.cumsum(n) - n]
         else:
-            per = part.ninsn
-            ips = part.instructions()
-            tid, ns, which = (np.repeat(c, per) for c in (part.tid, part.ns, part.image))
-            # perf's time for each instruction, where the queue has one.
-            timed = part.queue.perf_times(ips, which)
-            if timed is not None:
-                ns = timed
-            n = None
+            ip, n = ips, None
+            tid, which = np.repeat(part.tid, per), None
+            ns = timed if timed is not None else np.repeat(part.ns, per)
+            sym, off = _names_of(names, q, part.image, owner, ips, rows)
             ends = np.cumsum(per)
         kind = payload = None
         if part.ptw is not None and len(part.ptw) and ptwrite:
-            ips, tid, ns, which, n, kind, payload = _with_ptwrite(
-                part.ptw, ends, ips, tid, ns, which, n
+            if which is None:
+                which = owner if owner is not None else np.full(ip.shape[0], part.image[0])
+            ip, tid, ns, which, n, kind, payload, sym, off = _with_ptwrite(
+                part.ptw, ends, ip, tid, ns, which, n, sym, off
             )
-        sym, off, names, modules, plain = perf_symbols_of(part.queue, ips, which)
-        tids, comm_index = np.unique(tid, return_inverse=True)
+            marks = kind == 1
+            if marks.any():
+                # A PTWRITE's own IP is named afresh (its block's name before).
+                for image in np.unique(which[marks]).tolist():
+                    at = np.flatnonzero(marks & (which == image))
+                    sym[at], off[at] = names.lookup(q, int(image), ip[at])
+        comms, comm_index = _comm_rows(tid, comm)
         yield ListingRows(
-            [comm(int(t)) for t in tids.tolist()], comm_index.reshape(-1), tid, ns, ips,
-            names, modules, sym, off, n, kind, payload, plain,
+            comms, comm_index, tid, ns, ip, names.names, names.modules, sym, off, n, kind,
+            payload, names.plain,
         )  # fmt: skip
 
 
-def _with_ptwrite(marks: PtwMarks, ends: np.ndarray, ips, tid, ns, which, n):
+_NO_IMAGES = np.zeros(0, np.int64)
+
+
+def _by_image(block_image, owner, at):
+    """``(image, selection of at)`` for the instructions ``at``, by image."""
+    if owner is None:
+        yield int(block_image[0]) if block_image.shape[0] else 0, at
+        return
+    of = owner[at]
+    for image in np.unique(of).tolist():
+        yield int(image), at[of == image]
+
+
+def _names_of(names, q, block_image, owner, ips, rows):
+    if owner is None:
+        if not ips.shape[0]:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return names.of_rows(q, int(block_image[0]), ips, rows)
+    sym, off = np.empty(ips.shape[0], np.int64), np.empty(ips.shape[0], np.int64)
+    for image in np.unique(owner).tolist():
+        sel = np.flatnonzero(owner == image)
+        sym[sel], off[sel] = names.of_rows(q, int(image), ips[sel], rows[sel])
+    return sym, off
+
+
+def _names_at(names, q, block_image, block_ip, owner, ips, rows, first, nonempty):
+    """Names of the blocks' first instructions (a block of none: its own
+    address, by search)."""
+    sym = np.full(first.shape[0], -1, np.int64)
+    off = np.zeros(first.shape[0], np.int64)
+    at = first[nonempty]
+    s, o = _names_of(names, q, block_image, None if owner is None else owner[at], ips[at], rows[at])
+    sym[nonempty], off[nonempty] = s, o
+    for k in np.flatnonzero(~nonempty).tolist():
+        sym[k : k + 1], off[k : k + 1] = names.lookup(q, int(block_image[k]), block_ip[k : k + 1])
+    return sym, off
+
+
+def _comm_rows(tid: np.ndarray, comm: Callable[[int], str]) -> tuple[list[str], np.ndarray]:
+    """The threads' names and each row's index into them."""
+    if tid.shape[0] == 0 or (tid == tid[0]).all():
+        t = int(tid[0]) if tid.shape[0] else -1
+        return [comm(t)], np.zeros(tid.shape[0], np.int64)
+    tids, index = np.unique(tid, return_inverse=True)
+    return [comm(int(t)) for t in tids.tolist()], index.reshape(-1)
+
+
+def _with_ptwrite(marks: PtwMarks, ends: np.ndarray, ips, tid, ns, which, n, sym, off):
     """The listing's rows with a row per PTWRITE inserted after the rows of
     the blocks before it (``ends``: rows up to each block's end): its own
-    IP (the previous row's when the trace had none), time where known."""
+    IP (the previous row's when the trace had none), time where known; its
+    name is left to the caller (``sym`` -1)."""
     rows = ips.shape[0]
     pos = np.where(marks.at > 0, ends[np.maximum(marks.at - 1, 0)], 0)
     prev = np.maximum(pos - 1, 0)
@@ -100,54 +252,8 @@ def _with_ptwrite(marks: PtwMarks, ends: np.ndarray, ips, tid, ns, which, n):
     payload = np.insert(np.zeros(rows, np.uint64), pos, marks.payload)
     count = None if n is None else np.insert(n, pos, 0)
     return (np.insert(ips, pos, ip), np.insert(tid, pos, t), np.insert(ns, pos, at_ns),
-            np.insert(which, pos, image), count, kind, payload)  # fmt: skip
+            np.insert(which, pos, image), count, kind, payload, np.insert(sym, pos, -1),
+            np.insert(off, pos, 0))  # fmt: skip
 
 
-def perf_symbols_of(
-    q: QueueInfo, ips: np.ndarray, which: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, list[str], list[str], np.ndarray]:
-    """Per address, its name as perf script gives it (an index into the
-    returned names and modules; -1: no file mapped there) and the offset
-    into the symbol, from the image each ran in; the last array marks the
-    names printed without an offset (``[unknown]`` in a mapped file)."""
-    sym = np.full(ips.shape[0], -1, np.int64)
-    off = np.zeros(ips.shape[0], np.int64)
-    names: list[str] = []
-    modules: list[str] = []
-    plain: list[int] = []
-    ids: dict[tuple[str, str, int], int] = {}
-
-    def intern(name: str, module: str, unknown: int) -> int:
-        key = (name, module, unknown)
-        if key not in ids:
-            ids[key] = len(names)
-            names.append(name)
-            modules.append(module)
-            plain.append(unknown)
-        return ids[key]
-
-    images = np.unique(which)
-    for image in images.tolist():
-        sel = np.flatnonzero(which == image) if images.shape[0] > 1 else slice(None)
-        view = q.perf_names(image)
-        table = view.symbols
-        addr = ips[sel]
-        index, offset = table.lookup(addr)
-        files = view.files_of(addr)
-        # Unnamed addresses take their file: index -2 - file.
-        index = np.where(index >= 0, index, np.where(files >= 0, -2 - files, -1))
-        uniq, inverse = np.unique(index, return_inverse=True)
-        glob = np.empty(uniq.shape[0], np.int64)
-        for j, u in enumerate(uniq.tolist()):
-            if u == -1:
-                glob[j] = -1
-            elif u < -1:
-                glob[j] = intern("[unknown]", view.paths[-2 - u], 1)
-            else:
-                glob[j] = intern(table.name(u), table.module_name(u), 0)
-        sym[sel] = glob[inverse.reshape(-1)]
-        off[sel] = np.asarray(offset, np.int64)
-    return sym, off, names, modules, np.array(plain, np.uint8)
-
-
-__all__ = ["EXPAND_INSNS", "ListingRows", "listing_rows", "perf_symbols_of"]
+__all__ = ["EXPAND_INSNS", "ListingRows", "PerfNameRows", "listing_rows"]

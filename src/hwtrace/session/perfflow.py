@@ -469,14 +469,31 @@ class QueueInfo:
     clock: PerfClock | None = field(default=None, repr=False)
     _classes: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
-    def perf_times(self, ips: np.ndarray, image: np.ndarray) -> np.ndarray | None:
+    def has_clock(self) -> bool:
+        """Whether :meth:`perf_times` gives times (the queue is being
+        decoded and its TSC converts to perf time)."""
+        ctx = self._ctx
+        return self.clock is not None and ctx is not None and ctx.conv is not None
+
+    def perf_times(
+        self, ips: np.ndarray, image: np.ndarray, classes: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """The perf time (ns) perf script gives each of ``ips``, the next
         instructions of this queue's flow (``image``: the image number of
-        each); None when the queue has no clock (no TSC conversion) or is
-        not being decoded."""
+        each; ``classes``: their transfer classes, :func:`transfer_class`,
+        when the caller knows them); None when the queue has no clock (no
+        TSC conversion) or is not being decoded."""
         ctx = self._ctx
-        if self.clock is None or ctx is None or ctx.conv is None:
+        if not self.has_clock():
             return None
+        assert self.clock is not None and ctx is not None and ctx.conv is not None
+        if classes is None:
+            classes = self._transfer_classes(ips, image)
+        tsc = self.clock.times(ips, classes)
+        ns = np.asarray(ctx.conv.to_ns(tsc), np.int64)
+        return np.where(tsc == 0, -1, ns)
+
+    def _transfer_classes(self, ips: np.ndarray, image: np.ndarray) -> np.ndarray:
         cls = np.zeros(ips.shape[0], np.uint8)
         for im in np.unique(image).tolist():
             sel = np.flatnonzero(image == im)
@@ -492,9 +509,7 @@ class QueueInfo:
                     self._classes[key] = c
                 got[j] = c
             cls[sel] = got[inverse.reshape(-1)]
-        tsc = self.clock.times(ips, cls)
-        ns = np.asarray(ctx.conv.to_ns(tsc), np.int64)
-        return np.where(tsc == 0, -1, ns)
+        return cls
 
     def symbols(self, image: int) -> SymbolTable:
         """The symbols of image number ``image``."""
@@ -640,6 +655,26 @@ class PerfBlocks:
             return [(int(self.image[0]), slice(None))]
         uniq = np.unique(self.image)
         return [(int(u), np.flatnonzero(self.image == u)) for u in uniq.tolist()]
+
+    def instruction_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Every instruction's address, in order, with its index in the
+        code table of its image (:meth:`QueueInfo.code`'s ``table``) and,
+        when the blocks ran in more than one image, the image of each (else
+        None: all in ``self.image[0]``)."""
+        parts = self.images()
+        if len(parts) == 1:
+            image, _ = parts[0]
+            ips, rows = self.queue.code(image).expand_rows(self.ip, self.ninsn, self.mode)
+            return ips, rows, None
+        n = int(self.ninsn.sum())
+        ips, rows = np.empty(n, np.uint64), np.empty(n, np.int64)
+        owner = np.repeat(self.image, self.ninsn.astype(np.int64))
+        for image, sel in parts:
+            code = self.queue.code(image)
+            got, k = code.expand_rows(self.ip[sel], self.ninsn[sel], self.mode[sel])
+            at = owner == image
+            ips[at], rows[at] = got, k
+        return ips, rows, owner
 
     def instructions(self) -> np.ndarray:
         """Every instruction's address, in order."""

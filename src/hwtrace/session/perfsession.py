@@ -32,7 +32,7 @@ from ..perf.data import PerfData, PerfDataError, read_perf_data
 from ..perf.intelpt import sideband_of
 from ..perf.notes import recorded_calls
 from ..perf.sideband import BinaryLocator, Sideband
-from .listing import ListingRows, listing_rows
+from .listing import ListingRows, PerfNameRows, listing_rows
 from .perfflow import PerfBlocks, PerfStream, stream_perf
 
 
@@ -155,8 +155,10 @@ class PerfSession:
         with ``blocks`` per block, PTWRITE payloads at their place unless
         ``ptwrite`` is false), batch by batch into ``on_rows``."""
 
+        names = PerfNameRows()
+
         def on_blocks(b: PerfBlocks) -> None:
-            for rows in listing_rows(b, self.comm, blocks=blocks, ptwrite=ptwrite):
+            for rows in listing_rows(b, self.comm, blocks=blocks, ptwrite=ptwrite, names=names):
                 on_rows(rows)
 
         return self.decode(on_blocks)

@@ -38,10 +38,20 @@ import numpy as np
 from .. import aot
 from ..isa.x86 import IClass
 from ..pt.decode import chunk_ranges
+from ..pt.flowrows import I_DIRECT, CodeTable
 from ..pt.kinds import Kind
 from ..pt.packets import decode_range
 
-__all__ = ["C_COND", "C_FAR", "C_INDIRECT", "C_OTHER", "C_RET", "PerfClock", "transfer_class"]
+__all__ = [
+    "C_COND",
+    "C_FAR",
+    "C_INDIRECT",
+    "C_OTHER",
+    "C_RET",
+    "PerfClock",
+    "table_transfer_classes",
+    "transfer_class",
+]
 
 # Transfer classes of instructions, as the decoder consumes packets for them.
 C_OTHER, C_COND, C_RET, C_INDIRECT, C_FAR = 0, 1, 2, 3, 4
@@ -74,6 +84,30 @@ def transfer_class(iclass: int, is_direct: bool) -> int:
     if iclass == IClass.INDIRECT or (iclass in (IClass.CALL, IClass.JUMP) and not is_direct):
         return C_INDIRECT
     return C_OTHER
+
+
+def _class_table() -> np.ndarray:
+    """transfer_class of every IClass value, taken as indirect."""
+    out = np.zeros(256, np.uint8)
+    for c in IClass:
+        out[int(c)] = transfer_class(int(c), False)
+    return out
+
+
+_CLASS_OF = _class_table()
+_DIRECT_OK = np.zeros(256, bool)  # classes a direct form of is no transfer for perf
+_DIRECT_OK[[int(IClass.CALL), int(IClass.JUMP)]] = True
+
+
+def table_transfer_classes(table: CodeTable, rows: np.ndarray) -> np.ndarray:
+    """:func:`transfer_class` of the instructions ``rows`` of a code table
+    (:class:`~hwtrace.pt.flowrows.CodeTable`; bytes that are no instruction:
+    :data:`C_OTHER`), gathered from its columns."""
+    icls = table.i_class[rows]
+    out = _CLASS_OF[icls]
+    direct = (table.i_flags[rows] & I_DIRECT) != 0
+    out[(direct & _DIRECT_OK[icls]) | (table.i_err[rows] != 0)] = C_OTHER
+    return out
 
 
 @aot.njit(cache=True)

@@ -44,6 +44,18 @@ def string_list_table(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return string_table(dict(enumerate(strings)), max(len(strings), 1))
 
 
+def packed_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """``strings`` one after another in one ``uint8`` array with
+    :data:`COPY_SLACK` bytes of room after them, and where each starts
+    (``len(strings) + 1`` entries, the last the end): string ``k`` is
+    ``data[start[k]:start[k + 1]]``, for :func:`put_slice_over`."""
+    start = np.zeros(len(strings) + 1, np.int64)
+    np.cumsum([len(x) for x in strings], out=start[1:])
+    data = np.zeros(int(start[-1]) + COPY_SLACK, np.uint8)
+    data[: start[-1]] = np.frombuffer(b"".join(strings), np.uint8)
+    return data, start
+
+
 def put_text(out: np.ndarray, p: int, text: str) -> int:
     """The characters of ``text`` (a string constant of the loop; ASCII)."""
     for ch in text.encode():
@@ -228,6 +240,13 @@ def put_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
     return p + digits
 
 
+@njit(cache=True, inline="always", _nrt=False)
+def hex_digit_count(v: int) -> int:
+    """Digits of ``v`` as unsigned hex (1 for 0)."""
+    n = (64 - np.int64(_leading_zeros(np.uint64(v))) + 3) // 4
+    return n if n > 0 else 1
+
+
 @njit(cache=True, _nrt=False)
 def put_dec(out: np.ndarray, p: int, v: int) -> int:
     """``v`` as unsigned decimal (C's ``%llu``)."""
@@ -346,8 +365,11 @@ def put_cstring(out: np.ndarray, p: int, src: np.ndarray, start: int, n: int, js
 
 
 __all__ = [
+    "COPY_SLACK",
     "align_right",
     "digit_count",
+    "hex_digit_count",
+    "packed_strings",
     "pad_to",
     "put_byte",
     "put_bytes",
@@ -357,6 +379,7 @@ __all__ = [
     "put_row",
     "put_seconds",
     "put_signed",
+    "put_slice_over",
     "put_spaces",
     "put_text",
     "string_list_table",

@@ -21,55 +21,68 @@ import numpy as np
 
 from .. import aot
 from . import (
+    COPY_SLACK,
     digit_count,
+    hex_digit_count,
+    packed_strings,
     put_dec,
     put_hex,
-    put_row,
     put_seconds,
+    put_slice_over,
     put_spaces,
     put_text,
-    string_list_table,
 )
 
 
-@aot.njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
-    comm_tab, comm_len, name_tab, name_len, mod_tab, mod_len, plain,
-    lo, hi, out,
+    comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
+    scratch, lo, hi, out,
 ):  # fmt: skip
-    """Lines ``lo..hi`` into ``out``; returns the bytes written."""
+    """Lines ``lo..hi`` into ``out``; returns the bytes written.  A line's
+    thread columns and its time are what the line before had more often
+    than not: they are formatted into ``scratch`` when they change and
+    copied from there."""
     p = 0
+    last_comm = -1
+    last_tid = np.int64(0)
+    plen = 0
+    last_ns = np.int64(-2)
+    tlen = 0
     for i in range(lo, hi):
         k = comm[i]
-        p = put_spaces(out, p, 16 - comm_len[k])
-        p = put_row(out, p, comm_tab, comm_len, k)
-        out[p] = 32
-        p += 1
         t = tid[i]
-        neg = t < 0
-        mag = -t if neg else t
-        p = put_spaces(out, p, 5 - digit_count(mag, 10) - (1 if neg else 0))
-        if neg:
-            out[p] = 45
-            p += 1
-        p = put_dec(out, p, mag)
-        out[p] = 32
-        p += 1
-        if ns[i] >= 0:
-            p = put_seconds(out, p, ns[i], 5)
-        else:
-            p = put_spaces(out, p, 14)
-            out[p] = 45
-            p += 1
-        p = put_text(out, p, ":  ")
+        if k != last_comm or t != last_tid:
+            last_comm, last_tid = k, t
+            q = put_slice_over(scratch, 0, blank, 0, max(16 - (comm_at[k + 1] - comm_at[k]), 0))
+            q = put_slice_over(scratch, q, comm_data, comm_at[k], comm_at[k + 1])
+            scratch[q] = 32
+            q += 1
+            neg = t < 0
+            mag = -t if neg else t
+            q = put_spaces(scratch, q, 5 - digit_count(mag, 10) - (1 if neg else 0))
+            if neg:
+                scratch[q] = 45
+                q += 1
+            q = put_dec(scratch, q, mag)
+            scratch[q] = 32
+            plen = q + 1
+        p = put_slice_over(out, p, scratch, 0, plen)
+        w = ns[i]
+        if w != last_ns:
+            last_ns = w
+            if w >= 0:
+                q = put_seconds(scratch, _TIME_AT, w, 5)
+            else:
+                q = put_slice_over(scratch, _TIME_AT, blank, 0, 14)
+                scratch[q] = 45
+                q += 1
+            q = put_text(scratch, q, ":  ")
+            tlen = q - _TIME_AT
+        p = put_slice_over(out, p, scratch, _TIME_AT, _TIME_AT + tlen)
         a = np.uint64(ip[i])
-        n = 1
-        q = a >> np.uint64(4)
-        while q != 0:
-            n += 1
-            q >>= np.uint64(4)
-        p = put_spaces(out, p, 16 - n)
+        p = put_slice_over(out, p, blank, 0, 16 - hex_digit_count(a))
         p = put_hex(out, p, a, 0)
         out[p] = 32
         p += 1
@@ -77,14 +90,10 @@ def _render(
         if s < 0:
             p = put_text(out, p, "[unknown] ([unknown])")
         else:
-            p = put_row(out, p, name_tab, name_len, s)
+            p = put_slice_over(out, p, head_data, head_at[s], head_at[s + 1])
             if plain[s] == 0:
-                p = put_text(out, p, "+0x")
                 p = put_hex(out, p, off[i], 0)
-            p = put_text(out, p, " (")
-            p = put_row(out, p, mod_tab, mod_len, s)
-            out[p] = 41
-            p += 1
+            p = put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
         if kind[i] == 1:
             p = put_text(out, p, " ptwrite: 0x")
             p = put_hex(out, p, payload[i], 0)
@@ -95,6 +104,11 @@ def _render(
         out[p] = 10
         p += 1
     return p
+
+
+# Where in the scratch row the time's text goes (the thread's before it).
+_TIME_AT = 64
+_BLANK = np.full(COPY_SLACK * 2, 32, np.uint8)
 
 
 def render_lines(
@@ -121,14 +135,29 @@ def render_lines(
     nonzero is printed without the offset (perf's ``[unknown]`` in a mapped
     file); ``ninsn`` per line makes it a block listing; a line whose
     ``kind`` is 1 is a PTWRITE of ``payload`` instead."""
-    comm_tab, comm_len = string_list_table([c[:16] for c in comms])
-    name_tab, name_len = string_list_table(names)
-    mod_tab, mod_len = string_list_table(modules)
-    plains = np.zeros(max(len(names), 1), np.uint8) if plain is None else plain.astype(np.uint8)
+    for view in _render_views(
+        comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain, chunk
+    ):
+        yield bytes(view)
+
+
+def _render_views(
+    comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain, chunk
+) -> Iterator[memoryview]:
+    """:func:`render_lines`' chunks as views of one buffer, each valid
+    until the next is asked for."""
+    plains = np.zeros(max(len(names), 1), np.uint8)
+    if plain is not None:
+        plains[: len(plain)] = plain
+    comm_data, comm_at = packed_strings([_utf8(c[:16]) for c in comms])
+    heads = [_utf8(n) + (b"" if plains[k] else b"+0x") for k, n in enumerate(names)]
+    head_data, head_at = packed_strings(heads)
+    tail_data, tail_at = packed_strings([b" (" + _utf8(m) + b")" for m in modules])
     blocks = ninsn is not None
     counts = ninsn if ninsn is not None else np.zeros(1, np.int64)
-    width = 120 + int(name_len.max(initial=0)) + int(mod_len.max(initial=0))
-    out = np.empty(chunk * width, np.uint8)
+    width = 120 + int(np.diff(head_at).max(initial=0)) + int(np.diff(tail_at).max(initial=0))
+    out = np.empty(chunk * width + COPY_SLACK, np.uint8)
+    scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
     cols = (
         np.ascontiguousarray(comm, np.int64),
         np.ascontiguousarray(tid, np.int64),
@@ -143,32 +172,25 @@ def render_lines(
     payloads = (
         np.zeros(n, np.uint64) if payload is None else np.ascontiguousarray(payload, np.uint64)
     )
-    for lo in range(0, ip.shape[0], chunk):
-        hi = min(lo + chunk, ip.shape[0])
-        n = _render(
-            *cols,
-            blocks,
-            kinds,
-            payloads,
-            comm_tab,
-            comm_len,
-            name_tab,
-            name_len,
-            mod_tab,
-            mod_len,
-            plains,
-            lo,
-            hi,
-            out,
-        )
-        yield out[:n].tobytes()
+    view = memoryview(out)
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        m = _render(
+            *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
+            tail_data, tail_at, plains, _BLANK, scratch, lo, hi, out,
+        )  # fmt: skip
+        yield view[:m]
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "replace")
 
 
 def write_listing(rows, out: BinaryIO) -> None:
     """Write listing rows (:class:`hwtrace.session.listing.ListingRows`)
     to the binary stream ``out``."""
-    for chunk in render_lines(
+    for view in _render_views(
         rows.comms, rows.comm, rows.tid, rows.ns, rows.ip, rows.names, rows.modules,
-        rows.sym, rows.off, rows.ninsn, kind=rows.kind, payload=rows.payload, plain=rows.plain,
+        rows.sym, rows.off, rows.ninsn, rows.kind, rows.payload, rows.plain, 1 << 16,
     ):  # fmt: skip
-        out.write(chunk)
+        out.write(view)
