@@ -30,7 +30,7 @@ def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain):
     n=st.integers(0, 40),
     blocks=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
-    chunk=st.sampled_from([1, 3, 1 << 16]),
+    chunk=st.sampled_from([1, 200, 1 << 22]),
 )
 def test_listing_matches_python(n, blocks, seed, chunk):
     rng = np.random.default_rng(seed)

@@ -179,13 +179,12 @@ def script_main(argv: Sequence[str]) -> int:
     session = open_session(p.prog, a)
     if session is None:
         return 1
-    from ..textout.perfscript import write_listing
+    from ..textout.perfscript import ListingWriter
 
     out = sys.stdout.buffer
     try:
-        flow = session.listing(
-            lambda rows: write_listing(rows, out), blocks=a.blocks, ptwrite=not a.no_ptwrite
-        )
+        writer = ListingWriter(out)
+        flow = session.listing(writer.write, blocks=a.blocks, ptwrite=not a.no_ptwrite)
         warn_missing_calls(p.prog, flow)
         out.flush()
         for problem in flow.problems:

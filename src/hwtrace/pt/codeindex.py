@@ -72,11 +72,17 @@ class CodeIndex:
         return instructions_of([self.table], block_ip, block_ninsn, mode, decode_missing=True)
 
     def expand_rows(
-        self, block_ip: np.ndarray, block_ninsn: np.ndarray, mode: int | np.ndarray = 64
+        self,
+        block_ip: np.ndarray,
+        block_ninsn: np.ndarray,
+        mode: int | np.ndarray = 64,
+        *,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`expand`, with each instruction's index in :attr:`table`
-        (whose ``i_*`` columns describe it)."""
-        return instruction_rows(self.table, block_ip, block_ninsn, mode)
+        (whose ``i_*`` columns describe it); ``out`` as for
+        :func:`~hwtrace.pt.flowrows.instruction_rows`."""
+        return instruction_rows(self.table, block_ip, block_ninsn, mode, out=out)
 
     def classify(self, ips: np.ndarray, mode: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """Kind (:data:`K_OTHER`, :data:`K_CALL`, :data:`K_RET`, :data:`K_IJUMP`) and

@@ -445,17 +445,24 @@ def instruction_rows(
     block_ip: np.ndarray,
     block_ninsn: np.ndarray,
     block_mode: np.ndarray | int = 64,
+    *,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`instructions_of` from one table, decoding what it misses,
     with each instruction's index in the table (its ``i_*`` columns describe
     it: class, size, target, error), so per-instruction facts are gathered
-    from per-table ones."""
+    from per-table ones.  ``out``: a ``uint64`` and an ``int64`` array with
+    room for them, written and returned (cut to size) instead of new ones."""
     bip, bn, modes = _block_columns(block_ip, block_ninsn, block_mode)
     total = int(bn.sum())
-    out = np.empty(total, np.uint64)
-    rows = np.empty(max(total, 1), np.int64)
-    _expand([table], bip, bn, modes, out, rows, True)
-    return out, rows[:total]
+    if out is None:
+        ips, rows = np.empty(total, np.uint64), np.empty(max(total, 1), np.int64)
+    else:
+        ips, rows = out
+        if ips.shape[0] < total or rows.shape[0] < max(total, 1):
+            raise ValueError(f"room for {min(ips.shape[0], rows.shape[0])} of {total} instructions")
+    _expand([table], bip, bn, modes, ips, rows, True)
+    return ips[:total], rows[:total]
 
 
 _NO_ROWS = np.zeros(0, np.int64)

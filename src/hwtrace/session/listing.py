@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import aot
 from .perfflow import PerfBlocks, PtwMarks, QueueInfo
 from .perftime import table_transfer_classes
 
 # Instructions expanded at a time: a batch's blocks are taken in pieces of
 # about this many instructions, so memory stays bounded.
-EXPAND_INSNS = 1 << 18
+EXPAND_INSNS = 1 << 17
 
 
 @dataclass
@@ -81,11 +82,17 @@ class PerfNameRows:
         return got
 
     def of_rows(
-        self, q: QueueInfo, image: int, ips: np.ndarray, rows: np.ndarray
+        self,
+        q: QueueInfo,
+        image: int,
+        ips: np.ndarray,
+        rows: np.ndarray,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Name (index into :attr:`names`; -1: no file mapped there) and
         offset of instructions ``ips`` of image number ``image``, at
-        ``rows`` of its code table."""
+        ``rows`` of its code table (into the int64 arrays ``out`` when
+        given)."""
         code = q.code(image)
         cap = code.table.i_ip.shape[0]
         got = self._rows.get(id(code))
@@ -98,14 +105,16 @@ class PerfNameRows:
             # The code is kept with its arrays: its id names it while it lives.
             self._rows[id(code)] = got = (code, sym_k, off_k)
         _, sym_k, off_k = got
-        sym = sym_k[rows]
-        new = sym == self._UNSET
-        if new.any():
-            fresh = np.unique(rows[new])
-            s, o = self.lookup(q, image, code.table.i_ip[fresh])
-            sym_k[fresh], off_k[fresh] = s, o
-            sym = sym_k[rows]
-        return sym, off_k[rows]
+        if out is None:
+            out = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0], np.int64)
+        sym, off = out
+        np.take(sym_k, rows, out=sym)
+        if sym.shape[0] and sym.min() == self._UNSET:
+            fresh = np.unique(rows[sym == self._UNSET])
+            sym_k[fresh], off_k[fresh] = self.lookup(q, image, code.table.i_ip[fresh])
+            np.take(sym_k, rows, out=sym)
+        np.take(off_k, rows, out=off)
+        return sym, off
 
     def lookup(self, q: QueueInfo, image: int, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Name and offset of the addresses ``addr`` of image number
@@ -128,65 +137,134 @@ class PerfNameRows:
         return glob[inverse.reshape(-1)], np.asarray(offset, np.int64)
 
 
-def listing_rows(
-    b: PerfBlocks,
-    comm: Callable[[int], str],
-    *,
-    blocks: bool = False,
-    ptwrite: bool = True,
-    names: PerfNameRows | None = None,
-) -> Iterator[ListingRows]:
-    """The listing rows of a batch of blocks, in pieces of about
-    :data:`EXPAND_INSNS` instructions; ``comm`` names a thread; ``names``
-    keeps the names (and what instructions they were found for) from batch
-    to batch."""
-    names = names or PerfNameRows()
-    for part in b.split(EXPAND_INSNS):
+class _Columns:
+    """A listing piece's per-instruction columns, in memory kept from piece
+    to piece: a piece's worth of fresh pages costs more than filling them."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+
+    def take(self, n: int) -> _Columns:
+        if n > self.cap:
+            self.cap = max(n, self.cap * 5 // 4, 1 << 12)
+            c = self.cap
+            self.ip, self.row = np.empty(c, np.uint64), np.empty(c, np.int64)
+            self.cls, self.ns = np.empty(c, np.uint8), np.empty(c, np.int64)
+            self.tid, self.comm = np.empty(c, np.int64), np.empty(c, np.int64)
+            self.sym, self.off = np.empty(c, np.int64), np.empty(c, np.int64)
+        return self
+
+
+class ListingBuilder:
+    """Turns batches of blocks into listing rows (:meth:`rows`), keeping
+    the names found (:class:`PerfNameRows`) and its working memory from
+    batch to batch; ``comm`` names a thread."""
+
+    def __init__(
+        self, comm: Callable[[int], str], *, blocks: bool = False, ptwrite: bool = True
+    ) -> None:
+        self.comm, self.blocks, self.ptwrite = comm, blocks, ptwrite
+        self.names = PerfNameRows()
+        self._cols = _Columns()
+
+    def rows(self, b: PerfBlocks) -> Iterator[ListingRows]:
+        """The listing rows of a batch of blocks, in pieces of about
+        :data:`EXPAND_INSNS` instructions.  A piece's columns are valid until
+        the next piece is asked for."""
+        for part in b.split(EXPAND_INSNS):
+            yield self._piece(part)
+
+    def _piece(self, part: PerfBlocks) -> ListingRows:
+        names = self.names
         per = part.ninsn.astype(np.int64)
-        ips, rows, owner = part.instruction_rows()
+        n = int(per.sum())
+        w = self._cols.take(n)
+        ips, rows, owner = part.instruction_rows(out=(w.ip, w.row))
         q = part.queue
         timed = None
         if q.has_clock():
             # Only a block's last instruction can be a transfer (the others
             # go on without trace): perf's clock needs the classes of those.
             ends = np.cumsum(per)[per > 0] - 1
-            cls = np.zeros(ips.shape[0], np.uint8)
+            cls = w.cls[:n]
+            cls.fill(0)
             for image, sel in _by_image(part.image[per > 0], owner, ends):
                 cls[sel] = table_transfer_classes(q.code(image).table, rows[sel])
-            timed = q.perf_times(ips, _NO_IMAGES, cls)
-        if blocks:
-            ip, tid, ns, n, which = part.ip, part.tid, part.ns, part.ninsn, part.image
+            timed = q.perf_times(ips, _NO_IMAGES, cls, out=w.ns[:n])
+        if self.blocks:
+            ip, tid, ns, count, which = part.ip, part.tid, part.ns, part.ninsn, part.image
             first = np.cumsum(per) - per
-            if timed is not None and ips.shape[0]:
+            if timed is not None and n:
                 # A block's time: perf's for its first instruction.
-                ns = timed[np.minimum(first, ips.shape[0] - 1)]
+                ns = timed[np.minimum(first, n - 1)]
             # A block's name: its first instruction's.
             sym, off = _names_at(names, q, part.image, part.ip, owner, ips, rows, first, per > 0)
             ends = np.arange(1, len(part) + 1)
+            comms, comm_index = _comm_rows(tid, self.comm)
         else:
-            ip, n = ips, None
-            tid, which = np.repeat(part.tid, per), None
-            ns = timed if timed is not None else np.repeat(part.ns, per)
-            sym, off = _names_of(names, q, part.image, owner, ips, rows)
+            ip, count, which = ips, None, None
+            tid, comm_index = w.tid[:n], w.comm[:n]
+            comms = _repeat_threads(part.tid, per, tid, comm_index, self.comm)
+            ns = timed if timed is not None else _repeat(part.ns, per, w.ns[:n])
+            sym, off = _names_of(names, q, part.image, owner, ips, rows, (w.sym[:n], w.off[:n]))
             ends = np.cumsum(per)
         kind = payload = None
-        if part.ptw is not None and len(part.ptw) and ptwrite:
+        if part.ptw is not None and len(part.ptw) and self.ptwrite:
             if which is None:
                 which = owner if owner is not None else np.full(ip.shape[0], part.image[0])
-            ip, tid, ns, which, n, kind, payload, sym, off = _with_ptwrite(
-                part.ptw, ends, ip, tid, ns, which, n, sym, off
+            ip, tid, ns, which, count, kind, payload, sym, off = _with_ptwrite(
+                part.ptw, ends, ip, tid, ns, which, count, sym, off
             )
             marks = kind == 1
-            if marks.any():
-                # A PTWRITE's own IP is named afresh (its block's name before).
-                for image in np.unique(which[marks]).tolist():
-                    at = np.flatnonzero(marks & (which == image))
-                    sym[at], off[at] = names.lookup(q, int(image), ip[at])
-        comms, comm_index = _comm_rows(tid, comm)
-        yield ListingRows(
-            comms, comm_index, tid, ns, ip, names.names, names.modules, sym, off, n, kind,
+            # A PTWRITE's own IP is named afresh (its block's name before).
+            for image in np.unique(which[marks]).tolist():
+                at = np.flatnonzero(marks & (which == image))
+                sym[at], off[at] = names.lookup(q, int(image), ip[at])
+            comms, comm_index = _comm_rows(tid, self.comm)
+        return ListingRows(
+            comms, comm_index, tid, ns, ip, names.names, names.modules, sym, off, count, kind,
             payload, names.plain,
         )  # fmt: skip
+
+
+def listing_rows(
+    b: PerfBlocks, comm: Callable[[int], str], *, blocks: bool = False, ptwrite: bool = True
+) -> Iterator[ListingRows]:
+    """The listing rows of one batch of blocks (see :class:`ListingBuilder`,
+    which keeps what it learns across batches)."""
+    yield from ListingBuilder(comm, blocks=blocks, ptwrite=ptwrite).rows(b)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _repeat_into(values, counts, out):
+    """``np.repeat(values, counts)`` into ``out``."""
+    j = 0
+    for i in range(values.shape[0]):
+        v = values[i]
+        for _ in range(counts[i]):
+            out[j] = v
+            j += 1
+
+
+def _repeat(values: np.ndarray, counts: np.ndarray, out: np.ndarray) -> np.ndarray:
+    _repeat_into(np.ascontiguousarray(values, np.int64), counts, out)
+    return out
+
+
+def _repeat_threads(
+    tids: np.ndarray, counts: np.ndarray, tid: np.ndarray, index: np.ndarray, comm
+) -> list[str]:
+    """Each instruction's thread into ``tid`` and its index into the names
+    returned into ``index`` (blocks' ``tids``, ``counts`` instructions each)."""
+    if tids.shape[0] == 0 or (tids == tids[0]).all():
+        t = int(tids[0]) if tids.shape[0] else -1
+        tid.fill(t)
+        index.fill(0)
+        return [comm(t)]
+    uniq, which = np.unique(tids, return_inverse=True)
+    _repeat(tids, counts, tid)
+    _repeat(which.reshape(-1), counts, index)
+    return [comm(int(t)) for t in uniq.tolist()]
 
 
 _NO_IMAGES = np.zeros(0, np.int64)
@@ -202,11 +280,11 @@ def _by_image(block_image, owner, at):
         yield int(image), at[of == image]
 
 
-def _names_of(names, q, block_image, owner, ips, rows):
+def _names_of(names, q, block_image, owner, ips, rows, out=None):
     if owner is None:
         if not ips.shape[0]:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return names.of_rows(q, int(block_image[0]), ips, rows)
+        return names.of_rows(q, int(block_image[0]), ips, rows, out)
     sym, off = np.empty(ips.shape[0], np.int64), np.empty(ips.shape[0], np.int64)
     for image in np.unique(owner).tolist():
         sel = np.flatnonzero(owner == image)
@@ -256,4 +334,10 @@ def _with_ptwrite(marks: PtwMarks, ends: np.ndarray, ips, tid, ns, which, n, sym
             np.insert(off, pos, 0))  # fmt: skip
 
 
-__all__ = ["EXPAND_INSNS", "ListingRows", "PerfNameRows", "listing_rows"]
+__all__ = [
+    "EXPAND_INSNS",
+    "ListingBuilder",
+    "ListingRows",
+    "PerfNameRows",
+    "listing_rows",
+]

@@ -476,22 +476,27 @@ class QueueInfo:
         return self.clock is not None and ctx is not None and ctx.conv is not None
 
     def perf_times(
-        self, ips: np.ndarray, image: np.ndarray, classes: np.ndarray | None = None
+        self,
+        ips: np.ndarray,
+        image: np.ndarray,
+        classes: np.ndarray | None = None,
+        out: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """The perf time (ns) perf script gives each of ``ips``, the next
         instructions of this queue's flow (``image``: the image number of
         each; ``classes``: their transfer classes, :func:`transfer_class`,
-        when the caller knows them); None when the queue has no clock (no
-        TSC conversion) or is not being decoded."""
+        when the caller knows them; ``out``: an int64 array of their size
+        to write them into); None when the queue has no clock (no TSC
+        conversion) or is not being decoded."""
         ctx = self._ctx
         if not self.has_clock():
             return None
         assert self.clock is not None and ctx is not None and ctx.conv is not None
         if classes is None:
             classes = self._transfer_classes(ips, image)
-        tsc = self.clock.times(ips, classes)
-        ns = np.asarray(ctx.conv.to_ns(tsc), np.int64)
-        return np.where(tsc == 0, -1, ns)
+        conv = ctx.conv
+        to_ns = (conv.time_shift, conv.time_mult, conv.time_zero)
+        return self.clock.times(ips, classes, to_ns, out=out)
 
     def _transfer_classes(self, ips: np.ndarray, image: np.ndarray) -> np.ndarray:
         cls = np.zeros(ips.shape[0], np.uint8)
@@ -656,15 +661,19 @@ class PerfBlocks:
         uniq = np.unique(self.image)
         return [(int(u), np.flatnonzero(self.image == u)) for u in uniq.tolist()]
 
-    def instruction_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def instruction_rows(
+        self, out: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Every instruction's address, in order, with its index in the
         code table of its image (:meth:`QueueInfo.code`'s ``table``) and,
         when the blocks ran in more than one image, the image of each (else
-        None: all in ``self.image[0]``)."""
+        None: all in ``self.image[0]``).  ``out``: arrays with room for the
+        addresses and indices (:func:`~hwtrace.pt.flowrows.instruction_rows`)."""
         parts = self.images()
         if len(parts) == 1:
             image, _ = parts[0]
-            ips, rows = self.queue.code(image).expand_rows(self.ip, self.ninsn, self.mode)
+            code = self.queue.code(image)
+            ips, rows = code.expand_rows(self.ip, self.ninsn, self.mode, out=out)
             return ips, rows, None
         n = int(self.ninsn.sum())
         ips, rows = np.empty(n, np.uint64), np.empty(n, np.int64)
@@ -709,6 +718,9 @@ class QueueSink(FlowSink):
         self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int
     ) -> None:
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
+        # The decoder's batches need be no larger than the ones passed on
+        # (though not so small that it stops for every few blocks).
+        self.BLOCK_ROWS = min(FlowSink.BLOCK_ROWS, max(self.target, 1 << 12))
         # (ip, ninsn, mode, time, image, run, offset)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_parts = 0  # block rows in ``parts``
@@ -869,15 +881,19 @@ def stream_perf(
     *,
     kernel: KernelCode | None = None,
     sideband: Sideband | None = None,
-    batch_rows: int = 1 << 17,
+    batch_rows: int = 1 << 15,
     chunk_bytes: int = 1 << 20,
+    window_bytes: int = 1 << 17,
 ) -> PerfStream:
     """Decode every AUX queue of ``data`` (as :func:`decode_perf`), queue
     by queue in the same order, handing the blocks to ``on_blocks`` in
     batches of at most ``batch_rows`` (one queue's, in flow order) as the
     decoder produces them; nothing of a batch is kept once ``on_blocks``
     returns.  Returns the queues (with their gaps), the sideband and the
-    problems met.  ``chunk_bytes`` as for :func:`decode_perf`."""
+    problems met.  ``chunk_bytes`` as for :func:`decode_perf`;
+    ``window_bytes``: the trace whose packets are decoded at a time (the
+    decoder's memory, :attr:`~hwtrace.pt.flowdec.FlowDecoder.window_bytes`;
+    a stream is kept to a few times what one batch needs)."""
     locator, sb, problems, setup = setup_decoding(data, locator, kernel, sideband)
     if setup is None:
         return PerfStream([], sb, None, problems)
@@ -891,6 +907,7 @@ def stream_perf(
             ctx.first(), config, DecodeOptions().flow_options(),
             on_event=decoder_hook(ctx), stop_at="enabled", revisions=ctx.revisions_for,
         )  # fmt: skip
+        dec.window_bytes = window_bytes
         q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)
         sink = QueueSink(q, ctx, on_blocks, batch_rows)
@@ -899,7 +916,7 @@ def stream_perf(
             ref = aux["reference"][aux["data_offset"] == starts[0]] if starts.shape[0] else []
             q.clock = PerfClock(
                 trace, config.mtc_freq, (config.cpuid_0x15_ebx, config.cpuid_0x15_eax),
-                config.nom_freq, int(ref[0]) if len(ref) else 0, chunk_bytes,
+                config.nom_freq, int(ref[0]) if len(ref) else 0,
             )  # fmt: skip
             for s, e in chunk_ranges(trace, chunk_bytes):
                 dec.decode(trace, sink, s, e)

@@ -32,7 +32,7 @@ from ..perf.data import PerfData, PerfDataError, read_perf_data
 from ..perf.intelpt import sideband_of
 from ..perf.notes import recorded_calls
 from ..perf.sideband import BinaryLocator, Sideband
-from .listing import ListingRows, PerfNameRows, listing_rows
+from .listing import ListingBuilder, ListingRows
 from .perfflow import PerfBlocks, PerfStream, stream_perf
 
 
@@ -153,12 +153,14 @@ class PerfSession:
         """Decode into the rows of ``hwtrace script``'s listing
         (:class:`~hwtrace.session.listing.ListingRows`, per instruction or
         with ``blocks`` per block, PTWRITE payloads at their place unless
-        ``ptwrite`` is false), batch by batch into ``on_rows``."""
+        ``ptwrite`` is false), batch by batch into ``on_rows``.  The rows'
+        columns are reused for the next piece once ``on_rows`` returns:
+        copy what is to be kept."""
 
-        names = PerfNameRows()
+        builder = ListingBuilder(self.comm, blocks=blocks, ptwrite=ptwrite)
 
         def on_blocks(b: PerfBlocks) -> None:
-            for rows in listing_rows(b, self.comm, blocks=blocks, ptwrite=ptwrite, names=names):
+            for rows in builder.rows(b):
                 on_rows(rows)
 
         return self.decode(on_blocks)

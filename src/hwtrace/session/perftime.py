@@ -40,7 +40,7 @@ from ..isa.x86 import IClass
 from ..pt.decode import chunk_ranges
 from ..pt.flowrows import I_DIRECT, CodeTable
 from ..pt.kinds import Kind
-from ..pt.packets import decode_range
+from ..pt.packets import ROW_TYPES, ColumnBuffers, decode_range
 
 __all__ = [
     "C_COND",
@@ -108,6 +108,33 @@ def table_transfer_classes(table: CodeTable, rows: np.ndarray) -> np.ndarray:
     direct = (table.i_flags[rows] & I_DIRECT) != 0
     out[(direct & _DIRECT_OK[icls]) | (table.i_err[rows] != 0)] = C_OTHER
     return out
+
+
+@aot.njit(cache=True, _nrt=False)
+def _monotonic_ns(out, last, shift, mult, zero):
+    """``out`` (TSC values, 0: none) kept from going below ``last`` or the
+    one before, converted in place to perf time as ``tsc_to_perf_time``
+    (u64 arithmetic that wraps; -1: none); returns the last TSC.  Times
+    repeat for runs of instructions: each value is converted once."""
+    prev = np.int64(-1)
+    prev_ns = np.int64(-1)
+    low = np.uint64((1 << shift) - 1) if shift < 64 else ~np.uint64(0)
+    for i in range(out.shape[0]):
+        t = out[i]
+        if t < last:
+            t = last
+        last = t
+        if t != prev:
+            prev = t
+            if t == 0:
+                prev_ns = -1
+            else:
+                u = np.uint64(t)
+                q = u >> np.uint64(shift)
+                r = u & low
+                prev_ns = np.int64(zero + q * mult + ((r * mult) >> np.uint64(shift)))
+        out[i] = prev_ns
+    return last
 
 
 @aot.njit(cache=True)
@@ -427,9 +454,11 @@ class PerfClock:
         ratio: tuple[int, int],
         max_non_turbo_ratio: int,
         reference: int = 0,
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int = 1 << 17,
     ) -> None:
         self.trace = trace
+        # One chunk's packets at a time, in memory reused from chunk to chunk.
+        self._buffers = ColumnBuffers(ROW_TYPES)
         n, d = int(ratio[0]), int(ratio[1])
         if not n:
             d = 0
@@ -449,7 +478,7 @@ class PerfClock:
             return False
         lo, hi = self._cuts[self._next], self._cuts[self._next + 1]
         self._next += 1
-        table = decode_range(self.trace, lo, hi)
+        table = decode_range(self.trace, lo, hi, buffers=self._buffers)
         self._table = (
             np.ascontiguousarray(table.kind, np.int64),
             np.ascontiguousarray(table.a, np.uint64).view(np.int64),
@@ -458,12 +487,25 @@ class PerfClock:
         self.state[P] = 0
         return True
 
-    def times(self, ips: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    def times(
+        self,
+        ips: np.ndarray,
+        cls: np.ndarray,
+        to_ns: tuple[int, int, int] | None = None,
+        *,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         """The TSC perf gives each of ``ips`` (transfer classes ``cls``, the
-        instructions following those of the previous call); 0: none."""
+        instructions following those of the previous call); 0: none.  With
+        ``to_ns`` (perf's ``time_shift``, ``time_mult``, ``time_zero``) the
+        perf time in nanoseconds instead (int64; -1: none), into ``out``
+        when given (an int64 array of their size)."""
         ips = np.ascontiguousarray(ips, np.uint64)
         cls = np.ascontiguousarray(cls, np.uint8)
-        out = np.zeros(ips.shape[0], np.int64)
+        if out is None:
+            out = np.zeros(ips.shape[0], np.int64)
+        else:
+            out[:] = 0
         i = 0
         while i < ips.shape[0]:
             if self._table is None and not self._load():
@@ -476,7 +518,13 @@ class PerfClock:
                 out[i:] = self.state[SAMPLE]
                 break
         # perf keeps a queue's time from going backwards (intel_pt_run_decoder).
-        out = np.maximum.accumulate(np.maximum(out, self._last))
-        if out.shape[0]:
-            self._last = int(out[-1])
-        return out.view(np.uint64)
+        if to_ns is None:
+            out = np.maximum.accumulate(np.maximum(out, self._last))
+            if out.shape[0]:
+                self._last = int(out[-1])
+            return out.view(np.uint64)
+        shift, mult, zero = to_ns
+        self._last = int(
+            _monotonic_ns(out, self._last, shift, np.uint64(mult), np.uint64(zero % (1 << 64)))
+        )
+        return out

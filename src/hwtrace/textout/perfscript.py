@@ -38,19 +38,21 @@ from . import (
 def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
-    scratch, lo, hi, out,
+    scratch, lo, hi, out, cap,
 ):  # fmt: skip
-    """Lines ``lo..hi`` into ``out``; returns the bytes written.  A line's
+    """Lines from ``lo`` (up to ``hi``) into ``out`` until ``cap`` bytes
+    are written; returns the bytes written and the next line.  A line's
     thread columns and its time are what the line before had more often
     than not: they are formatted into ``scratch`` when they change and
     copied from there."""
     p = 0
+    i = lo
     last_comm = -1
     last_tid = np.int64(0)
     plen = 0
     last_ns = np.int64(-2)
     tlen = 0
-    for i in range(lo, hi):
+    while i < hi and p < cap:
         k = comm[i]
         t = tid[i]
         if k != last_comm or t != last_tid:
@@ -103,12 +105,81 @@ def _render(
             p = put_text(out, p, " insns")
         out[p] = 10
         p += 1
-    return p
+        i += 1
+    return p, i
 
 
 # Where in the scratch row the time's text goes (the thread's before it).
 _TIME_AT = 64
 _BLANK = np.full(COPY_SLACK * 2, 32, np.uint8)
+
+
+class ListingWriter:
+    """Writes listing rows to a binary stream (:meth:`write`) in chunks of
+    about ``chunk`` bytes, keeping its buffers and the names' packed text
+    from call to call."""
+
+    def __init__(self, out: BinaryIO, chunk: int = 1 << 22) -> None:
+        self.out, self.chunk = out, chunk
+        self._names: tuple[int, int] = (-1, -1)
+        self._buf = np.zeros(0, np.uint8)
+        self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
+        self._zeros = np.zeros(0, np.uint64)
+
+    def write(self, rows) -> None:
+        """Write :class:`~hwtrace.session.listing.ListingRows`."""
+        for view in self.views(
+            rows.comms, rows.comm, rows.tid, rows.ns, rows.ip, rows.names, rows.modules,
+            rows.sym, rows.off, rows.ninsn, rows.kind, rows.payload, rows.plain,
+        ):  # fmt: skip
+            self.out.write(view)
+
+    def views(
+        self, comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain
+    ) -> Iterator[memoryview]:
+        """The text of the rows (as :func:`render_lines` takes them) in
+        chunks, each a view valid until the next is asked for."""
+        key = (id(names), len(names))
+        if key != self._names:
+            # Names only grow within a listing: packed again when they do.
+            self._names = key
+            self._plains = np.zeros(max(len(names), 1), np.uint8)
+            if plain is not None:
+                self._plains[: len(plain)] = plain
+            heads = [_utf8(n) + (b"" if self._plains[k] else b"+0x") for k, n in enumerate(names)]
+            self._heads = packed_strings(heads)
+            self._tails = packed_strings([b" (" + _utf8(m) + b")" for m in modules])
+        comm_data, comm_at = packed_strings([_utf8(c[:16]) for c in comms])
+        head_data, head_at = self._heads
+        tail_data, tail_at = self._tails
+        width = 120 + int(np.diff(head_at).max(initial=0)) + int(np.diff(tail_at).max(initial=0))
+        need = self.chunk + width + COPY_SLACK
+        if self._buf.shape[0] < need:
+            self._buf = np.empty(need, np.uint8)
+        n = ip.shape[0]
+        if self._zeros.shape[0] < max(n, 1):
+            self._zeros = np.zeros(max(n, 1), np.uint64)
+        blocks = ninsn is not None
+        cols = (
+            np.ascontiguousarray(comm, np.int64),
+            np.ascontiguousarray(tid, np.int64),
+            np.ascontiguousarray(ns, np.int64),
+            np.ascontiguousarray(ip, np.uint64),
+            np.ascontiguousarray(sym, np.int64),
+            np.ascontiguousarray(off, np.int64),
+            np.ascontiguousarray(ninsn if blocks else self._zeros[:1].view(np.int64), np.int64),
+        )
+        kinds = self._zeros.view(np.uint8) if kind is None else np.ascontiguousarray(kind, np.uint8)
+        payloads = self._zeros if payload is None else np.ascontiguousarray(payload, np.uint64)
+        out = self._buf
+        view = memoryview(out)
+        lo = 0
+        while lo < n:
+            m, lo = _render(
+                *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
+                tail_data, tail_at, self._plains, _BLANK, self._scratch, lo, n, out, self.chunk,
+            )  # fmt: skip
+            yield view[:m]
 
 
 def render_lines(
@@ -126,7 +197,7 @@ def render_lines(
     kind: np.ndarray | None = None,
     payload: np.ndarray | None = None,
     plain: np.ndarray | None = None,
-    chunk: int = 1 << 16,
+    chunk: int = 1 << 22,
 ) -> Iterator[bytes]:
     """The listing as byte chunks.  Per line: ``comm`` (index into
     ``comms``), ``tid``, ``ns`` (perf time, -1 unknown), ``ip``, ``sym``
@@ -135,51 +206,11 @@ def render_lines(
     nonzero is printed without the offset (perf's ``[unknown]`` in a mapped
     file); ``ninsn`` per line makes it a block listing; a line whose
     ``kind`` is 1 is a PTWRITE of ``payload`` instead."""
-    for view in _render_views(
-        comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain, chunk
+    writer = ListingWriter(None, chunk)  # type: ignore[arg-type]
+    for view in writer.views(
+        comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain
     ):
         yield bytes(view)
-
-
-def _render_views(
-    comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain, chunk
-) -> Iterator[memoryview]:
-    """:func:`render_lines`' chunks as views of one buffer, each valid
-    until the next is asked for."""
-    plains = np.zeros(max(len(names), 1), np.uint8)
-    if plain is not None:
-        plains[: len(plain)] = plain
-    comm_data, comm_at = packed_strings([_utf8(c[:16]) for c in comms])
-    heads = [_utf8(n) + (b"" if plains[k] else b"+0x") for k, n in enumerate(names)]
-    head_data, head_at = packed_strings(heads)
-    tail_data, tail_at = packed_strings([b" (" + _utf8(m) + b")" for m in modules])
-    blocks = ninsn is not None
-    counts = ninsn if ninsn is not None else np.zeros(1, np.int64)
-    width = 120 + int(np.diff(head_at).max(initial=0)) + int(np.diff(tail_at).max(initial=0))
-    out = np.empty(chunk * width + COPY_SLACK, np.uint8)
-    scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
-    cols = (
-        np.ascontiguousarray(comm, np.int64),
-        np.ascontiguousarray(tid, np.int64),
-        np.ascontiguousarray(ns, np.int64),
-        np.ascontiguousarray(ip, np.uint64),
-        np.ascontiguousarray(sym, np.int64),
-        np.ascontiguousarray(off, np.int64),
-        np.ascontiguousarray(counts, np.int64),
-    )
-    n = ip.shape[0]
-    kinds = np.zeros(n, np.uint8) if kind is None else np.ascontiguousarray(kind, np.uint8)
-    payloads = (
-        np.zeros(n, np.uint64) if payload is None else np.ascontiguousarray(payload, np.uint64)
-    )
-    view = memoryview(out)
-    for lo in range(0, n, chunk):
-        hi = min(lo + chunk, n)
-        m = _render(
-            *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
-            tail_data, tail_at, plains, _BLANK, scratch, lo, hi, out,
-        )  # fmt: skip
-        yield view[:m]
 
 
 def _utf8(text: str) -> bytes:
@@ -188,9 +219,6 @@ def _utf8(text: str) -> bytes:
 
 def write_listing(rows, out: BinaryIO) -> None:
     """Write listing rows (:class:`hwtrace.session.listing.ListingRows`)
-    to the binary stream ``out``."""
-    for view in _render_views(
-        rows.comms, rows.comm, rows.tid, rows.ns, rows.ip, rows.names, rows.modules,
-        rows.sym, rows.off, rows.ninsn, rows.kind, rows.payload, rows.plain, 1 << 16,
-    ):  # fmt: skip
-        out.write(view)
+    to the binary stream ``out`` (:class:`ListingWriter` keeps its buffers
+    for the next)."""
+    ListingWriter(out).write(rows)
