@@ -45,6 +45,9 @@ class ListingRows:
     kind: np.ndarray | None
     payload: np.ndarray | None
     plain: np.ndarray
+    #: each row's instruction in the code table ``code`` (None: not known)
+    code_row: np.ndarray | None = None
+    code: object | None = None
 
     def __len__(self) -> int:
         return int(self.ip.shape[0])
@@ -208,8 +211,11 @@ class ListingBuilder:
             ns = timed if timed is not None else _repeat(part.ns, per, w.ns[:n])
             sym, off = _names_of(names, q, part.image, owner, ips, rows, (w.sym[:n], w.off[:n]))
             ends = np.cumsum(per)
-        kind = payload = None
+        kind = payload = code_row = code = None
+        if not self.blocks and owner is None and n:
+            code_row, code = rows, q.code(int(part.image[0]))
         if part.ptw is not None and len(part.ptw) and self.ptwrite:
+            code_row = code = None
             if which is None:
                 which = owner if owner is not None else np.full(ip.shape[0], part.image[0])
             ip, tid, ns, which, count, kind, payload, sym, off = _with_ptwrite(
@@ -223,7 +229,7 @@ class ListingBuilder:
             comms, comm_index = _comm_rows(tid, self.comm)
         return ListingRows(
             comms, comm_index, tid, ns, ip, names.names, names.modules, sym, off, count, kind,
-            payload, names.plain,
+            payload, names.plain, code_row, code,
         )  # fmt: skip
 
 

@@ -34,17 +34,38 @@ from . import (
 )
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_place(out, p, a, s, o, head_data, head_at, tail_data, tail_at, plain, blank):
+    """An instruction's address and name: ``  ip symbol+0xoff (module)``."""
+    a = np.uint64(a)
+    p = put_slice_over(out, p, blank, 0, 16 - hex_digit_count(a))
+    p = put_hex(out, p, a, 0)
+    out[p] = 32
+    p += 1
+    if s < 0:
+        return put_text(out, p, "[unknown] ([unknown])")
+    p = put_slice_over(out, p, head_data, head_at[s], head_at[s + 1])
+    if plain[s] == 0:
+        p = put_hex(out, p, o, 0)
+    return put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
+
+
 @aot.njit(cache=True, _nrt=False)
 def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
     scratch, lo, hi, out, cap,
+    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room,
 ):  # fmt: skip
     """Lines from ``lo`` (up to ``hi``) into ``out`` until ``cap`` bytes
     are written; returns the bytes written and the next line.  A line's
     thread columns and its time are what the line before had more often
     than not: they are formatted into ``scratch`` when they change and
-    copied from there."""
+    copied from there.  With ``use_rows``, the rest of an instruction's
+    line depends only on its code-table row (``rows``): it is formatted
+    once into the pool ``rt_pool`` (``rt_at``/``rt_len`` per row, -1: not
+    yet; ``rt_used[0]`` bytes used; ``room``: the longest line) and
+    copied from there while the pool has room."""
     p = 0
     i = lo
     last_comm = -1
@@ -52,6 +73,7 @@ def _render(
     plen = 0
     last_ns = np.int64(-2)
     tlen = 0
+    pool_end = rt_pool.shape[0] - _SLACK - room
     while i < hi and p < cap:
         k = comm[i]
         t = tid[i]
@@ -83,19 +105,23 @@ def _render(
             q = put_text(scratch, q, ":  ")
             tlen = q - _TIME_AT
         p = put_slice_over(out, p, scratch, _TIME_AT, _TIME_AT + tlen)
-        a = np.uint64(ip[i])
-        p = put_slice_over(out, p, blank, 0, 16 - hex_digit_count(a))
-        p = put_hex(out, p, a, 0)
-        out[p] = 32
-        p += 1
-        s = sym[i]
-        if s < 0:
-            p = put_text(out, p, "[unknown] ([unknown])")
-        else:
-            p = put_slice_over(out, p, head_data, head_at[s], head_at[s + 1])
-            if plain[s] == 0:
-                p = put_hex(out, p, off[i], 0)
-            p = put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
+        if use_rows and kind[i] == 0:
+            r = rows[i]
+            at = rt_at[r]
+            if at < 0 and rt_used[0] <= pool_end:
+                at = rt_used[0]
+                q = _put_place(rt_pool, at, ip[i], sym[i], off[i], head_data, head_at,
+                               tail_data, tail_at, plain, blank)  # fmt: skip
+                rt_pool[q] = 10
+                rt_at[r] = at
+                rt_len[r] = q + 1 - at
+                rt_used[0] = q + 1
+            if at >= 0:
+                p = put_slice_over(out, p, rt_pool, at, at + rt_len[r])
+                i += 1
+                continue
+        p = _put_place(out, p, ip[i], sym[i], off[i], head_data, head_at, tail_data, tail_at,
+                       plain, blank)  # fmt: skip
         if kind[i] == 1:
             p = put_text(out, p, " ptwrite: 0x")
             p = put_hex(out, p, payload[i], 0)
@@ -112,6 +138,29 @@ def _render(
 # Where in the scratch row the time's text goes (the thread's before it).
 _TIME_AT = 64
 _BLANK = np.full(COPY_SLACK * 2, 32, np.uint8)
+_SLACK = COPY_SLACK
+# The text of instructions' lines kept per code table (see _render).
+_POOL_BYTES = 4 << 20
+_NO_ROWS = np.zeros(1, np.int64)
+
+
+class _RowText:
+    """Instructions' line text by code-table row, for one code table."""
+
+    def __init__(self, code: object, pool_bytes: int = _POOL_BYTES) -> None:
+        self.code = code  # kept: its id names it while it lives
+        self.at = np.zeros(0, np.int64)
+        self.length = np.zeros(0, np.int64)
+        self.pool = np.zeros(pool_bytes + _SLACK, np.uint8)
+        self.used = np.zeros(1, np.int64)
+
+    def cover(self, rows: int) -> None:
+        if self.at.shape[0] < rows:
+            at = np.full(max(rows, self.at.shape[0] * 3 // 2), -1, np.int64)
+            at[: self.at.shape[0]] = self.at
+            length = np.zeros(at.shape[0], np.int64)
+            length[: self.length.shape[0]] = self.length
+            self.at, self.length = at, length
 
 
 class ListingWriter:
@@ -125,20 +174,27 @@ class ListingWriter:
         self._buf = np.zeros(0, np.uint8)
         self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
         self._zeros = np.zeros(0, np.uint64)
+        self._row_text: dict[int, _RowText] = {}
+        self._no_text = _RowText(None, 0)
 
     def write(self, rows) -> None:
         """Write :class:`~hwtrace.session.listing.ListingRows`."""
         for view in self.views(
             rows.comms, rows.comm, rows.tid, rows.ns, rows.ip, rows.names, rows.modules,
             rows.sym, rows.off, rows.ninsn, rows.kind, rows.payload, rows.plain,
+            rows.code_row, rows.code,
         ):  # fmt: skip
             self.out.write(view)
 
     def views(
-        self, comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain
-    ) -> Iterator[memoryview]:
+        self, comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain,
+        code_row=None, code=None,
+    ) -> Iterator[memoryview]:  # fmt: skip
         """The text of the rows (as :func:`render_lines` takes them) in
-        chunks, each a view valid until the next is asked for."""
+        chunks, each a view valid until the next is asked for.  With
+        ``code_row`` (each instruction's row in the code table ``code``,
+        whose rows name one instruction each) an instruction's address and
+        name are formatted once per row."""
         key = (id(names), len(names))
         if key != self._names:
             # Names only grow within a listing: packed again when they do.
@@ -173,11 +229,21 @@ class ListingWriter:
         payloads = self._zeros if payload is None else np.ascontiguousarray(payload, np.uint64)
         out = self._buf
         view = memoryview(out)
+        use_rows = code_row is not None and code is not None and not blocks and n > 0
+        if use_rows:
+            text = self._row_text.get(id(code))
+            if text is None or text.code is not code:
+                text = self._row_text[id(code)] = _RowText(code)
+            rows = np.ascontiguousarray(code_row, np.int64)
+            text.cover(int(rows.max()) + 1)
+        else:
+            text, rows = self._no_text, _NO_ROWS
         lo = 0
         while lo < n:
             m, lo = _render(
                 *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
                 tail_data, tail_at, self._plains, _BLANK, self._scratch, lo, n, out, self.chunk,
+                use_rows, rows, text.at, text.length, text.pool, text.used, width,
             )  # fmt: skip
             yield view[:m]
 
