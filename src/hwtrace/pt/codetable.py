@@ -276,22 +276,37 @@ EXPAND_DONE, EXPAND_MISS, EXPAND_NO_INSN = 0, 1, 2
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def expand_blocks(ct, bip, bn, bmode, out, outk, state):
+def expand_blocks(ct, bip, bn, bmode, brun, out, outk, state):
     """Write the address of every instruction of blocks ``bip``/``bn``
     (execution modes ``bmode``) into ``out``, walking the table ``ct``, and,
     when ``outk`` is not empty, each one's index in the table into
-    ``outk``.  ``state``: the block and output position to go on from, then
+    ``outk``.  A block whose ``brun`` (when not empty) names a run of the
+    table with its address and length is copied from the run's list of
+    instructions instead.  ``state``: the block and output position to go on from, then
     where the walk stopped.  Returns EXPAND_DONE, or EXPAND_MISS /
     EXPAND_NO_INSN when a block needs the successor of an instruction the
     table does not hold / that is no instruction (``state[2:4]``: its
     address and mode; ``state[:2]`` the block's start, to go on from)."""
     rows = outk.shape[0] != 0
+    runs = brun.shape[0] != 0
     i = state[0]
     j = state[1]
     while i < bip.shape[0]:
         ip = bip[i]
         mode = bmode[i]
         n = bn[i]
+        if runs:
+            r = brun[i]
+            if r >= 0 and ct[T_R_NINSN][r] == n and ct[T_R_IP][r] == ip and ct[T_R_MODE][r] == mode:
+                f = ct[T_R_FIRST][r]
+                for m in range(n):
+                    k = ct[T_R_INSN][f + m]
+                    out[j] = ct[T_I_IP][k]
+                    if rows:
+                        outk[j] = k
+                    j += 1
+                i += 1
+                continue
         start = j
         for m in range(n):
             out[j] = ip

@@ -447,12 +447,15 @@ def instruction_rows(
     block_mode: np.ndarray | int = 64,
     *,
     out: tuple[np.ndarray, np.ndarray] | None = None,
+    runs: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`instructions_of` from one table, decoding what it misses,
     with each instruction's index in the table (its ``i_*`` columns describe
     it: class, size, target, error), so per-instruction facts are gathered
     from per-table ones.  ``out``: a ``uint64`` and an ``int64`` array with
-    room for them, written and returned (cut to size) instead of new ones."""
+    room for them, written and returned (cut to size) instead of new ones;
+    ``runs``: each block's run in the table where known (-1: not), whose
+    instructions are copied, not looked up one by one."""
     bip, bn, modes = _block_columns(block_ip, block_ninsn, block_mode)
     total = int(bn.sum())
     if out is None:
@@ -461,7 +464,8 @@ def instruction_rows(
         ips, rows = out
         if ips.shape[0] < total or rows.shape[0] < max(total, 1):
             raise ValueError(f"room for {min(ips.shape[0], rows.shape[0])} of {total} instructions")
-    _expand([table], bip, bn, modes, ips, rows, True)
+    brun = _NO_ROWS if runs is None else np.ascontiguousarray(runs, np.int64)
+    _expand([table], bip, bn, modes, ips, rows, True, brun)
     return ips[:total], rows[:total]
 
 
@@ -475,13 +479,13 @@ def _block_columns(block_ip, block_ninsn, block_mode):
     return bip, bn, modes
 
 
-def _expand(tables, bip, bn, modes, out, rows, decode_missing: bool) -> None:
+def _expand(tables, bip, bn, modes, out, rows, decode_missing: bool, runs=_NO_ROWS) -> None:
     """Run :func:`expand_blocks` over ``tables``, switching table or
     decoding into the first at each miss."""
     state = np.zeros(4, np.int64)  # block, output position, missed ip, missed mode
     cur = 0
     while True:
-        r = expand_blocks(tables[cur].tuple, bip, bn, modes, out, rows, state)
+        r = expand_blocks(tables[cur].tuple, bip, bn, modes, runs, out, rows, state)
         if r == EXPAND_DONE:
             return
         ip, mode = int(state[2]) & 0xFFFFFFFFFFFFFFFF, int(state[3])

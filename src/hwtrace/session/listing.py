@@ -57,7 +57,7 @@ class PerfNameRows:
     """The names perf script gives instructions, kept across a listing's
     pieces: each distinct (name, module) once (``names``, ``modules``,
     ``plain``: printed without an offset), and per instruction of a code
-    table (:meth:`QueueInfo.code`'s) its name and offset, looked up the
+    table (:meth:`QueueInfo.listing_table`) its name and offset, looked up the
     first time that instruction is listed.  So a piece's names are gathers,
     not a symbol search and a sort per instruction."""
 
@@ -94,10 +94,10 @@ class PerfNameRows:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Name (index into :attr:`names`; -1: no file mapped there) and
         offset of instructions ``ips`` of image number ``image``, at
-        ``rows`` of its code table (into the int64 arrays ``out`` when
-        given)."""
-        code = q.code(image)
-        cap = code.table.i_ip.shape[0]
+        ``rows`` of its listing table (:meth:`QueueInfo.listing_table`;
+        into the int64 arrays ``out`` when given)."""
+        code = q.listing_table(image)
+        cap = code.i_ip.shape[0]
         got = self._rows.get(id(code))
         if got is None or got[1].shape[0] < cap:
             sym_k = np.full(cap, self._UNSET, np.int64)
@@ -114,7 +114,7 @@ class PerfNameRows:
         np.take(sym_k, rows, out=sym)
         if sym.shape[0] and sym.min() == self._UNSET:
             fresh = np.unique(rows[sym == self._UNSET])
-            sym_k[fresh], off_k[fresh] = self.lookup(q, image, code.table.i_ip[fresh])
+            sym_k[fresh], off_k[fresh] = self.lookup(q, image, code.i_ip[fresh])
             np.take(sym_k, rows, out=sym)
         np.take(off_k, rows, out=off)
         return sym, off
@@ -192,7 +192,7 @@ class ListingBuilder:
             cls = w.cls[:n]
             cls.fill(0)
             for image, sel in _by_image(part.image[per > 0], owner, ends):
-                cls[sel] = table_transfer_classes(q.code(image).table, rows[sel])
+                cls[sel] = table_transfer_classes(q.listing_table(image), rows[sel])
             timed = q.perf_times(ips, _NO_IMAGES, cls, out=w.ns[:n])
         if self.blocks:
             ip, tid, ns, count, which = part.ip, part.tid, part.ns, part.ninsn, part.image
@@ -213,7 +213,7 @@ class ListingBuilder:
             ends = np.cumsum(per)
         kind = payload = code_row = code = None
         if not self.blocks and owner is None and n:
-            code_row, code = rows, q.code(int(part.image[0]))
+            code_row, code = rows, q.listing_table(int(part.image[0]))
         if part.ptw is not None and len(part.ptw) and self.ptwrite:
             code_row = code = None
             if which is None:

@@ -54,7 +54,7 @@ from ..pt import flowrows as FK
 from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events
+from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
 from .perftime import PerfClock, transfer_class
 
 
@@ -535,6 +535,17 @@ class QueueInfo:
                 return table
         raise KeyError(image)
 
+    def listing_table(self, image: int) -> CodeTable:
+        """The code table the instructions of image number ``image`` are
+        listed from (:meth:`PerfBlocks.instruction_rows`): the decoder's
+        while the queue is decoded (blocks' ``run`` numbers are its runs),
+        else :meth:`code`'s."""
+        if self._decoder is not None:
+            for table in self._decoder.tables:
+                if table.index == image:
+                    return table
+        return self.code(image).table
+
     def code(self, image: int) -> CodeIndex:
         """The decoded instructions of image number ``image`` (one
         :class:`~hwtrace.pt.codeindex.CodeIndex` per image, shared by the
@@ -665,22 +676,24 @@ class PerfBlocks:
         self, out: tuple[np.ndarray, np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Every instruction's address, in order, with its index in the
-        code table of its image (:meth:`QueueInfo.code`'s ``table``) and,
+        code table of its image (:meth:`QueueInfo.listing_table`) and,
         when the blocks ran in more than one image, the image of each (else
-        None: all in ``self.image[0]``).  ``out``: arrays with room for the
+        None: all in ``self.image[0]``); the indices are into
+        :meth:`QueueInfo.listing_table`.  ``out``: arrays with room for the
         addresses and indices (:func:`~hwtrace.pt.flowrows.instruction_rows`)."""
         parts = self.images()
+        q = self.queue
         if len(parts) == 1:
             image, _ = parts[0]
-            code = self.queue.code(image)
-            ips, rows = code.expand_rows(self.ip, self.ninsn, self.mode, out=out)
+            ips, rows = instruction_rows(q.listing_table(image), self.ip, self.ninsn, self.mode,
+                                         out=out, runs=self.run)  # fmt: skip
             return ips, rows, None
         n = int(self.ninsn.sum())
         ips, rows = np.empty(n, np.uint64), np.empty(n, np.int64)
         owner = np.repeat(self.image, self.ninsn.astype(np.int64))
         for image, sel in parts:
-            code = self.queue.code(image)
-            got, k = code.expand_rows(self.ip[sel], self.ninsn[sel], self.mode[sel])
+            got, k = instruction_rows(q.listing_table(image), self.ip[sel], self.ninsn[sel],
+                                      self.mode[sel], runs=self.run[sel])  # fmt: skip
             at = owner == image
             ips[at], rows[at] = got, k
         return ips, rows, owner
