@@ -88,7 +88,9 @@ def repeat_aux(src: PerfData, out: Path, copies: int, split: int = 0) -> int:
         whole = trace * copies
         step = split or len(trace)
         for lo in range(0, len(whole), step):
-            w.add_auxtrace(whole[lo : lo + step], cpu=a.cpu, tid=a.tid, idx=a.idx)
+            w.add_auxtrace(
+                whole[lo : lo + step], cpu=a.cpu, tid=a.tid, idx=a.idx, reference=a.reference
+            )
         written += len(whole)
     w.close()
     return written

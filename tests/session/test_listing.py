@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.textout.perfscript import render_lines
+from hwtrace.textout.perfscript import ListingWriter, render_lines
 
 
 def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain):
@@ -51,3 +51,39 @@ def test_listing_matches_python(n, blocks, seed, chunk):
         )
     ).decode()
     assert got == _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    seed=st.integers(0, 2**32 - 1),
+    pool=st.sampled_from([0, 300, 600, 1 << 16]),
+)
+def test_lines_by_code_row_are_the_lines(n, seed, pool):
+    """With each line's code-table row given, an instruction's address and
+    name are formatted once per row and copied after (until the row text's
+    pool is full, then formatted again): the same text, also across calls."""
+    rng = np.random.default_rng(seed)
+    rows = 12
+    names = ["main", "checksum", "y" * 90]
+    modules = ["demo", "/usr/lib/x86_64-linux-gnu/libc.so.6", "[vdso]"]
+    plain = np.array([0, 1, 0], np.uint8)
+    row_ip = rng.choice(np.array([0x401000, 0xFFFFFFFF81000000, 7], np.uint64), rows)
+    row_sym = rng.integers(-1, len(names), rows)
+    row_off = rng.choice([0, 0x17, 0xFFFF], rows)
+    code_row = rng.integers(0, rows, n)
+    comm = np.zeros(n, np.int64)
+    tid = np.full(n, 42)
+    ns = np.sort(rng.choice([-1, 5, 10**9 + 7], n))
+    cols = (["demo"], comm, tid, ns, row_ip[code_row], names, modules, row_sym[code_row],
+            row_off[code_row])  # fmt: skip
+    want = b"".join(render_lines(*cols, plain=plain)).decode()
+    writer = ListingWriter(None, chunk=97, row_text_bytes=pool)  # type: ignore[arg-type]
+    code = object()  # the table the rows are of
+    half = n // 2
+    got = []
+    for lo, hi in ((0, half), (half, n)):
+        part = tuple(c[lo:hi] if isinstance(c, np.ndarray) else c for c in cols)
+        got += [bytes(v) for v in writer.views(*part, None, None, None, plain, code_row[lo:hi],
+                                               code)]  # fmt: skip
+    assert b"".join(got).decode() == want

@@ -168,8 +168,10 @@ class ListingWriter:
     about ``chunk`` bytes, keeping its buffers and the names' packed text
     from call to call."""
 
-    def __init__(self, out: BinaryIO, chunk: int = 1 << 22) -> None:
-        self.out, self.chunk = out, chunk
+    def __init__(
+        self, out: BinaryIO, chunk: int = 1 << 22, row_text_bytes: int = _POOL_BYTES
+    ) -> None:
+        self.out, self.chunk, self.row_text_bytes = out, chunk, row_text_bytes
         self._names: tuple[int, int] = (-1, -1)
         self._buf = np.zeros(0, np.uint8)
         self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
@@ -233,7 +235,7 @@ class ListingWriter:
         if use_rows:
             text = self._row_text.get(id(code))
             if text is None or text.code is not code:
-                text = self._row_text[id(code)] = _RowText(code)
+                text = self._row_text[id(code)] = _RowText(code, self.row_text_bytes)
             rows = np.ascontiguousarray(code_row, np.int64)
             text.cover(int(rows.max()) + 1)
         else:
