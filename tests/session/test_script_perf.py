@@ -156,6 +156,32 @@ def test_program_recorded_here_lists_as_perf_does(recorded_program, capsysbinary
     assert mine == theirs, first_difference(theirs, mine)
 
 
+def test_filtered_recording_lists_as_perf_does(tmp_path, capsysbinary):
+    """``make demo``'s recording: the patch backend traces two functions
+    only (``-f``), so tracing stops at each direct call out of them (TIP.PGD
+    naming the callee) and starts again at the return (TIP.PGE), a TSC
+    each time.  perf gives the call the time of the packets before its
+    TIP.PGD; every line, times included, equals perf's."""
+    from test_record_software import SKIP
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    root = Path(__file__).resolve().parents[2]
+    exe = tmp_path / "demo"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(root / "examples/demo/demo.c")], check=True)
+    out = tmp_path / "demo.data"
+    got = subprocess.run([*HWTRACE, "record", "--backend", "patch", "-o", str(out), "-f",
+                          "checksum", "-f", "digest", "--", str(exe), "64"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    theirs = perf_lists(out)
+    mine = hwtrace_lists(out, capsysbinary)
+    assert theirs.count(b"\n") > 3000 and b"digest+0x" in theirs
+    assert mine == theirs, first_difference(theirs, mine)
+
+
 def test_dev_stdin_reads_a_pipe(tmp_path, capsysbinary):
     """``-i /dev/stdin`` under a pipe reads the pipe, as ``-i -`` does."""
     path = wrapped("drpt2trace-simple", tmp_path)

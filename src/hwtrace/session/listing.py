@@ -153,6 +153,7 @@ class _Columns:
             c = self.cap
             self.ip, self.row = np.empty(c, np.uint64), np.empty(c, np.int64)
             self.cls, self.ns = np.empty(c, np.uint8), np.empty(c, np.int64)
+            self.tgt = np.empty(c, np.uint64)
             self.tid, self.comm = np.empty(c, np.int64), np.empty(c, np.int64)
             self.sym, self.off = np.empty(c, np.int64), np.empty(c, np.int64)
         return self
@@ -189,11 +190,11 @@ class ListingBuilder:
             # Only a block's last instruction can be a transfer (the others
             # go on without trace): perf's clock needs the classes of those.
             ends = np.cumsum(per)[per > 0] - 1
-            cls = w.cls[:n]
+            cls, tgt = w.cls[:n], w.tgt[:n]
             cls.fill(0)
             for image, sel in _by_image(part.image[per > 0], owner, ends):
-                cls[sel] = table_transfer_classes(q.listing_table(image), rows[sel])
-            timed = q.perf_times(ips, _NO_IMAGES, cls, out=w.ns[:n])
+                cls[sel], tgt[sel] = table_transfer_classes(q.listing_table(image), rows[sel])
+            timed = q.perf_times(ips, _NO_IMAGES, cls, out=w.ns[:n], targets=tgt)
         if self.blocks:
             ip, tid, ns, count, which = part.ip, part.tid, part.ns, part.ninsn, part.image
             first = np.cumsum(per) - per

@@ -481,13 +481,15 @@ class QueueInfo:
         image: np.ndarray,
         classes: np.ndarray | None = None,
         out: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """The perf time (ns) perf script gives each of ``ips``, the next
         instructions of this queue's flow (``image``: the image number of
         each; ``classes``: their transfer classes, :func:`transfer_class`,
-        when the caller knows them; ``out``: an int64 array of their size
-        to write them into); None when the queue has no clock (no TSC
-        conversion) or is not being decoded."""
+        when the caller knows them, with ``targets`` for direct branches;
+        ``out``: an int64 array of their size to write them into); None
+        when the queue has no clock (no TSC conversion) or is not being
+        decoded."""
         ctx = self._ctx
         if not self.has_clock():
             return None
@@ -496,7 +498,7 @@ class QueueInfo:
             classes = self._transfer_classes(ips, image)
         conv = ctx.conv
         to_ns = (conv.time_shift, conv.time_mult, conv.time_zero)
-        return self.clock.times(ips, classes, to_ns, out=out)
+        return self.clock.times(ips, classes, to_ns, out=out, targets=targets)
 
     def _transfer_classes(self, ips: np.ndarray, image: np.ndarray) -> np.ndarray:
         cls = np.zeros(ips.shape[0], np.uint8)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
-from ..isa.x86 import IClass
+from ..isa.x86 import IClass, Special
 from ..pt.decode import chunk_ranges
 from ..pt.flowrows import I_DIRECT, CodeTable
 from ..pt.kinds import Kind
@@ -44,6 +44,7 @@ from ..pt.packets import ROW_TYPES, ColumnBuffers, decode_range
 
 __all__ = [
     "C_COND",
+    "C_DIRECT",
     "C_FAR",
     "C_INDIRECT",
     "C_OTHER",
@@ -55,6 +56,10 @@ __all__ = [
 
 # Transfer classes of instructions, as the decoder consumes packets for them.
 C_OTHER, C_COND, C_RET, C_INDIRECT, C_FAR = 0, 1, 2, 3, 4
+# A direct near CALL or JMP: no packet, unless tracing stops at it (its
+# target leaves the traced ranges: TIP.PGD with that target).  Callers
+# that know where blocks end give it to a block's last instruction only.
+C_DIRECT = 5
 
 _PAD, _PSB, _PSBEND = int(Kind.PAD), int(Kind.PSB), int(Kind.PSBEND)
 _TNT8, _TNT64, _TIP = int(Kind.TNT8), int(Kind.TNT64), int(Kind.TIP)
@@ -99,15 +104,19 @@ _DIRECT_OK = np.zeros(256, bool)  # classes a direct form of is no transfer for 
 _DIRECT_OK[[int(IClass.CALL), int(IClass.JUMP)]] = True
 
 
-def table_transfer_classes(table: CodeTable, rows: np.ndarray) -> np.ndarray:
+def table_transfer_classes(table: CodeTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`transfer_class` of the instructions ``rows`` of a code table
     (:class:`~hwtrace.pt.flowrows.CodeTable`; bytes that are no instruction:
-    :data:`C_OTHER`), gathered from its columns."""
+    :data:`C_OTHER`), gathered from its columns, with direct near CALLs and
+    JMPs as :data:`C_DIRECT`; and each one's branch target (0: none)."""
     icls = table.i_class[rows]
     out = _CLASS_OF[icls]
-    direct = (table.i_flags[rows] & I_DIRECT) != 0
-    out[(direct & _DIRECT_OK[icls]) | (table.i_err[rows] != 0)] = C_OTHER
-    return out
+    direct = ((table.i_flags[rows] & I_DIRECT) != 0) & _DIRECT_OK[icls]
+    direct &= table.i_special[rows] != int(Special.JMPABS)
+    out[direct] = C_DIRECT
+    out[table.i_err[rows] != 0] = C_OTHER
+    target = np.where(out == C_DIRECT, table.i_target[rows], np.uint64(0))
+    return out, target
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -314,9 +323,10 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
 
 
 @aot.njit(cache=True)
-def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, out, i0):
+def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
     """Times (TSC) of instructions ``i0..`` into ``out``; returns the first
-    instruction not timed for want of packets (the table is used up)."""
+    instruction not timed for want of packets (the table is used up).
+    ``tgt``: the targets of the :data:`C_DIRECT` instructions."""
     m = ips.shape[0]
     i = i0
     while i < m:
@@ -396,7 +406,14 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, out, i0):
                 st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
                 taken = True
         elif k == _PGD:
-            if c != C_OTHER:
+            if c == C_DIRECT:
+                # Tracing stopped at a direct branch: its TIP.PGD names
+                # where the branch went (perf ends the walk there).
+                to = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+                if b[p] != 0 and to == np.int64(tgt[i]):
+                    st[LAST_IP] = to
+                    taken = True
+            elif c != C_OTHER:
                 st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
                 taken = True
         else:  # FUP: an event at the instruction it names
@@ -437,6 +454,9 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, out, i0):
         out[i] = st[SAMPLE]
         i += 1
     return i
+
+
+_NO_TARGETS = np.zeros(1, np.uint64)
 
 
 class PerfClock:
@@ -494,14 +514,17 @@ class PerfClock:
         to_ns: tuple[int, int, int] | None = None,
         *,
         out: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
     ) -> np.ndarray:
         """The TSC perf gives each of ``ips`` (transfer classes ``cls``, the
         instructions following those of the previous call); 0: none.  With
         ``to_ns`` (perf's ``time_shift``, ``time_mult``, ``time_zero``) the
         perf time in nanoseconds instead (int64; -1: none), into ``out``
-        when given (an int64 array of their size)."""
+        when given (an int64 array of their size).  ``targets``: where each
+        :data:`C_DIRECT` instruction branches to (needed with those)."""
         ips = np.ascontiguousarray(ips, np.uint64)
         cls = np.ascontiguousarray(cls, np.uint8)
+        tgt = _NO_TARGETS if targets is None else np.ascontiguousarray(targets, np.uint64)
         if out is None:
             out = np.zeros(ips.shape[0], np.int64)
         else:
@@ -513,7 +536,7 @@ class PerfClock:
                 break
             kind, a, b = self._table
             i = _run(kind, a, b, kind.shape[0], self.state, self.fstate, *self.params,
-                     ips, cls, out, i)  # fmt: skip
+                     ips, cls, tgt, out, i)  # fmt: skip
             if i < ips.shape[0] and not self._load():
                 out[i:] = self.state[SAMPLE]
                 break
