@@ -543,6 +543,8 @@ def test_record_cli_patch_backend(same_path, tmp_path, capsys):
     assert "use --backend step" in capsys.readouterr().err
     assert hwtrace_main(["record", "--backend", "patch", "-f", "nosuch", "--", str(exe)]) == 1
     assert "function 'nosuch' not found" in capsys.readouterr().err
+    # The program it launched is gone, not left stopped under ptrace.
+    assert not _children_running(exe)
     args = ["record", "--backend", "patch", "-N", "-o", str(data), "-f", "libnone.so!f", "--"]
     assert hwtrace_main([*args, str(exe)]) == 0
     assert "libnone.so!f: the library was never mapped" in capsys.readouterr().err

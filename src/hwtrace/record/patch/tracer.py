@@ -403,6 +403,28 @@ def _launch(argv: Sequence[str], popen: dict, aslr: bool = True) -> subprocess.P
     return proc
 
 
+def _kill_traced(pid: int) -> None:
+    """Kill a launched program hwtrace traces, and reap it.  (Not with
+    ``Popen.kill``: its poll takes a ptrace-stop for an end and then sends
+    nothing, which left the program stopped.)"""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return
+    while True:
+        try:
+            _, status = os.waitpid(pid, WALL)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            return
+        # A ptrace-stop reported before the kill (or at its exit event):
+        # let it go on to die.
+        ptrace(PTRACE_CONT, pid, 0, 0)
+
+
 def _map_pool(t: _Target, pool: _Pool, path: str, address: int, flags: int) -> int:
     """Map the buffers' file (at ``path``) into the program at ``address``
     (``flags``: MAP_FIXED_NOREPLACE for that address, else a hint)."""
@@ -942,11 +964,7 @@ def record_patched(
         ptrace(PTRACE_DETACH, pid, 0, 0)
         raise
     except BaseException:
-        try:
-            proc.kill()
-            proc.wait()
-        except OSError:
-            pass
+        _kill_traced(pid)
         raise
     finally:
         if collecting:
