@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import aot
 from ..isa.x86 import IClass, InsnCache, Special
-from .flowrows import I_DIRECT, CodeTable, find_insn, instruction_rows, instructions_of
+from .flowrows import I_DIRECT, CodeTable, find_insn, instructions_of
 
 # What an instruction does to the call stack: nothing, push its return
 # address, pop one, or jump anywhere (an indirect jump: a longjmp unwinds).
@@ -70,19 +70,6 @@ class CodeIndex:
         (``mode``: one execution mode, or one per block).  Raises ValueError
         when a block runs into bytes that are no instruction."""
         return instructions_of([self.table], block_ip, block_ninsn, mode, decode_missing=True)
-
-    def expand_rows(
-        self,
-        block_ip: np.ndarray,
-        block_ninsn: np.ndarray,
-        mode: int | np.ndarray = 64,
-        *,
-        out: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`expand`, with each instruction's index in :attr:`table`
-        (whose ``i_*`` columns describe it); ``out`` as for
-        :func:`~hwtrace.pt.flowrows.instruction_rows`."""
-        return instruction_rows(self.table, block_ip, block_ninsn, mode, out=out)
 
     def classify(self, ips: np.ndarray, mode: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """Kind (:data:`K_OTHER`, :data:`K_CALL`, :data:`K_RET`, :data:`K_IJUMP`) and
