@@ -78,3 +78,36 @@ def copy_of_built_loops(directory: Path) -> Path:
 # Once per run: by pytest-xdist's controller, before its workers start.
 if "PYTEST_XDIST_WORKER" not in os.environ:
     numba_caches.drop_stale()
+
+
+_WATCHED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGPIPE")
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found():
+    """Every test leaves the worker's signal mask and handlers as it found
+    them: a child started later inherits both (a SIGINT left blocked or
+    ignored outlives the test that did it, in whatever program the next
+    test starts)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    handlers = {name: signal.getsignal(getattr(signal, name)) for name in _WATCHED_SIGNALS}
+    yield
+    changed = []
+    after = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if after != mask:
+        changed.append(
+            f"signal mask {sorted(s.name for s in mask)} -> {sorted(s.name for s in after)}"
+        )
+    for name, handler in handlers.items():
+        now = signal.getsignal(getattr(signal, name))
+        if now is not handler and now != handler:
+            changed.append(f"{name} handler {handler!r} -> {now!r}")
+            signal.signal(getattr(signal, name), handler)
+    if changed:
+        pytest.fail("the test changed this process's signals: " + "; ".join(changed))

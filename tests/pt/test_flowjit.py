@@ -777,8 +777,12 @@ def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
 # entry for it exist before hwtrace attaches, on a busy machine too (else
 # its first call may come under the recorder, whose own capture of the new
 # code then precedes the entry that names it).
+# SIGINT ends the target (KeyboardInterrupt) even when it was started with
+# SIGINT ignored, as a shell's background job starts its children.
 PY_TARGET = """
+import signal
 import time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 def f(x):
     return x + 1
 f(0)
@@ -989,7 +993,12 @@ def test_cpython_jitdump_joins_the_revisions(tmp_path):
     try:
         rec = _record_trampolines(proc, exe, 3000)
         proc.send_signal(signals.SIGINT)  # a clean exit: the jitdump is written whole
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            keep = ("State", "TracerPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+            pytest.fail("no exit on SIGINT: " + "; ".join(x for x in status if x.startswith(keep)))
         assert str(dump) in [m.path for m in rec.mmaps]
         path = tmp_path / "py.data"
         write_perf_data(rec, path, buildid_cache=False)
