@@ -76,6 +76,7 @@ LOOP_MODULES = (
     "hwtrace.filter.listing",
     "hwtrace.filter.ftrace_raw",
     "hwtrace.kernel.ringbuf",
+    "hwtrace.export._parquet_pages",
 )
 
 _LIB_NAME = "libhwtrace-aot"

@@ -1,0 +1,413 @@
+"""Compiled encoders of Parquet data pages (Apache Parquet "Encodings"):
+PLAIN, RLE_DICTIONARY (dictionary indices in the RLE/bit-packing hybrid),
+DELTA_BINARY_PACKED, PLAIN booleans, and the definition levels of an
+optional column (the hybrid on one bit, after a four-byte length, as data
+pages of format version 1 have them).
+
+Every encoder writes one page's body into ``out`` from its start and
+returns its length; values are integer or boolean arrays (uint64 as the
+int64 of its bits).  Which values are null is a rule on the value (``null``:
+:data:`NOT_NULL`, :data:`NULL_IF_NEGATIVE`, :data:`NULL_IF_ZERO`), so no
+mask is built.  Each encoder also keeps the column chunk's statistics in
+``state`` (:data:`ST_VALUES` ...): the page's values are added to the
+chunk's count, nulls, minimum and maximum (compared unsigned when
+``unsigned``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import aot
+
+NOT_NULL = 0
+NULL_IF_NEGATIVE = 1
+NULL_IF_ZERO = 2
+
+# A column chunk's state (int64[ST_SIZE]).
+ST_VALUES = 0  # values (rows) so far, nulls included
+ST_NULLS = 1
+ST_MIN = 2  # (bits; meaningful once ST_SEEN)
+ST_MAX = 3
+ST_SEEN = 4  # non-null values so far
+ST_DICT = 5  # dictionary entries
+ST_SIZE = 8
+
+#: entries a column chunk's dictionary holds at most; a page that would
+#: add more is written PLAIN instead (and the chunk's later pages too)
+DICT_LIMIT = 1 << 16
+#: slots of a dictionary's hash table (a power of two, twice the limit)
+DICT_SLOTS = DICT_LIMIT * 2
+_SLOT_BITS = 17  # log2(DICT_SLOTS): a value's slot is the top bits of its hash
+assert DICT_SLOTS == 1 << _SLOT_BITS
+_HASH_SHIFT = np.uint64(64 - _SLOT_BITS)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # (Fibonacci hashing: Knuth, TAOCP 6.4)
+_SIGN = np.int64(-(1 << 63))
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _uvarint(out, pos, v):
+    v = np.uint64(v)
+    while v >= np.uint64(0x80):
+        out[pos] = np.uint8((v & np.uint64(0x7F)) | np.uint64(0x80))
+        v >>= np.uint64(7)
+        pos += 1
+    out[pos] = np.uint8(v)
+    return pos + 1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _zigzag(out, pos, v):
+    v = np.int64(v)
+    z = np.uint64(v << np.int64(1)) ^ np.uint64(v >> np.int64(63))
+    return _uvarint(out, pos, z)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _bit_length(u):
+    u = np.uint64(u)
+    b = 0
+    while u != np.uint64(0):
+        b += 1
+        u >>= np.uint64(1)
+    return b
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _is_null(v, null):
+    if null == 1:
+        return v < 0
+    if null == 2:
+        return v == 0
+    return False
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _pack(out, pos, values, start, stop, count, width):
+    """``count`` values from ``values[start:]`` (zeros past ``stop``), each
+    in ``width`` bits, least significant bit first; ``count * width`` is a
+    multiple of 8.  Returns the position after them."""
+    if width == 0:
+        return pos
+    acc = np.uint64(0)
+    nb = 0
+    for t in range(count):
+        i = start + t
+        x = np.uint64(values[i]) if i < stop else np.uint64(0)
+        acc |= x << np.uint64(nb)
+        if nb + width >= 64:
+            for b in range(8):
+                out[pos + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
+            pos += 8
+            carry = nb + width - 64
+            acc = (x >> np.uint64(64 - nb)) if carry > 0 else np.uint64(0)
+            nb = carry
+        else:
+            nb += width
+    while nb > 0:
+        out[pos] = np.uint8(acc & np.uint64(0xFF))
+        acc >>= np.uint64(8)
+        nb -= 8
+        pos += 1
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _hybrid(out, pos, values, n, width):
+    """``values[:n]`` in the RLE/bit-packing hybrid: runs of eight or more
+    equal values as RLE runs, the rest in bit-packed runs of groups of
+    eight (the last one padded with zeros)."""
+    vbytes = (width + 7) // 8
+    i = 0
+    while i < n:
+        j = i + 1
+        v = values[i]
+        while j < n and values[j] == v:
+            j += 1
+        if j - i >= 8:
+            pos = _uvarint(out, pos, (j - i) << 1)
+            u = np.uint64(v)
+            for b in range(vbytes):
+                out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
+            pos += vbytes
+            i = j
+            continue
+        start = i
+        k = i
+        while True:
+            k += 8
+            if k >= n:
+                break
+            # a run of eight equal values starting here ends the packed run
+            if k + 8 <= n:
+                same = True
+                for t in range(k + 1, k + 8):
+                    if values[t] != values[k]:
+                        same = False
+                        break
+                if same:
+                    break
+        groups = (min(k, n) - start + 7) // 8
+        pos = _uvarint(out, pos, (groups << 1) | 1)
+        pos = _pack(out, pos, values, start, n, groups * 8, width)
+        i = start + groups * 8
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _levels(out, values, n, null, state, levels):
+    """The definition levels of ``values[:n]`` (a four-byte length, then
+    the hybrid on one bit) at the start of ``out``; nulls counted into
+    ``state``.  Returns the position after them."""
+    nulls = 0
+    if null != NOT_NULL:
+        for i in range(n):
+            if _is_null(values[i], null):
+                nulls += 1
+    pos = 4
+    if nulls == 0:
+        pos = _uvarint(out, pos, n << 1)
+        out[pos] = 1
+        pos += 1
+    else:
+        for i in range(n):
+            levels[i] = 0 if _is_null(values[i], null) else 1
+        pos = _hybrid(out, pos, levels, n, 1)
+    size = pos - 4
+    for b in range(4):
+        out[b] = np.uint8((size >> (8 * b)) & 0xFF)
+    state[ST_VALUES] += n
+    state[ST_NULLS] += nulls
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _see(state, v, unsigned):
+    if state[ST_SEEN] == 0:
+        state[ST_MIN] = v
+        state[ST_MAX] = v
+    else:
+        key = v ^ _SIGN if unsigned else v
+        lo = state[ST_MIN] ^ _SIGN if unsigned else state[ST_MIN]
+        hi = state[ST_MAX] ^ _SIGN if unsigned else state[ST_MAX]
+        if key < lo:
+            state[ST_MIN] = v
+        if key > hi:
+            state[ST_MAX] = v
+    state[ST_SEEN] += 1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _merge(state, lo, hi, count):
+    """Signed minimum ``lo`` and maximum ``hi`` of ``count`` more values."""
+    if count == 0:
+        return
+    if state[ST_SEEN] == 0 or lo < state[ST_MIN]:
+        state[ST_MIN] = lo
+    if state[ST_SEEN] == 0 or hi > state[ST_MAX]:
+        state[ST_MAX] = hi
+    state[ST_SEEN] += count
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_plain(values, n, null, unsigned, width, state, levels, out):
+    """A PLAIN page of ``values[:n]`` (``width``: 4 or 8 bytes a value)."""
+    pos = _levels(out, values, n, null, state, levels)
+    for i in range(n):
+        v = values[i]
+        if _is_null(v, null):
+            continue
+        _see(state, v, unsigned)
+        u = np.uint64(v)
+        for b in range(width):
+            out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
+        pos += width
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_booleans(values, n, state, levels, out):
+    """A PLAIN page of booleans ``values[:n]`` (0 or 1; never null)."""
+    pos = _levels(out, values, n, 0, state, levels)
+    acc = 0
+    nb = 0
+    for i in range(n):
+        v = 1 if values[i] != 0 else 0
+        _see(state, v, False)
+        acc |= v << nb
+        nb += 1
+        if nb == 8:
+            out[pos] = acc
+            pos += 1
+            acc = 0
+            nb = 0
+    if nb:
+        out[pos] = acc
+        pos += 1
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, indices, levels,
+                      out):  # fmt: skip
+    """An RLE_DICTIONARY page of ``values[:n]``: each non-null value's
+    index in the column chunk's dictionary (``entries``, in the order first
+    seen; ``keys``/``slots`` its hash table, slot -1: empty), a byte of bit
+    width, then the indices in the hybrid.  Returns -1 when the page would
+    take the dictionary past its size (the page is then written PLAIN; the
+    entries it added stay in the dictionary, unused)."""
+    before = state[ST_DICT]
+    count = before
+    mask = slots.shape[0] - 1
+    m = 0
+    last = np.int64(0)
+    last_index = -1
+    for i in range(n):
+        v = values[i]
+        if _is_null(v, null):
+            continue
+        if v == last and last_index >= 0:
+            # (runs are common: a thread's, a function's blocks)
+            indices[m] = last_index
+            m += 1
+            continue
+        h = (np.uint64(v) * _GOLDEN) >> _HASH_SHIFT
+        s = np.int64(h) & mask
+        while True:
+            k = slots[s]
+            if k < 0:
+                if count >= entries.shape[0]:
+                    # Full: the page goes PLAIN; what it added stays unused.
+                    state[ST_DICT] = count
+                    return -1
+                slots[s] = count
+                keys[s] = v
+                entries[count] = v
+                indices[m] = count
+                count += 1
+                break
+            if keys[s] == v:
+                indices[m] = k
+                break
+            s = (s + 1) & mask
+        last = v
+        last_index = indices[m]
+        m += 1
+    pos = _levels(out, values, n, null, state, levels)
+    for e in range(before, count):
+        _see(state, entries[e], unsigned)
+    state[ST_SEEN] += m - (count - before)
+    state[ST_DICT] = count
+    width = max(_bit_length(count - 1), 1) if count > 1 else 1
+    out[pos] = width
+    pos += 1
+    return _hybrid(out, pos, indices, m, width)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_delta(values, n, null, state, levels, deltas, out):
+    """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
+    128 values in four miniblocks of 32; ``deltas``: uint64[128] of scratch)."""
+    pos = _levels(out, values, n, null, state, levels)
+    m = n if null == NOT_NULL else 0
+    first = values[0] if n > 0 and null == NOT_NULL else np.int64(0)
+    if null != NOT_NULL:
+        for i in range(n):
+            v = values[i]
+            if not _is_null(v, null):
+                if m == 0:
+                    first = v
+                m += 1
+    pos = _uvarint(out, pos, 128)
+    pos = _uvarint(out, pos, 4)
+    pos = _uvarint(out, pos, m)
+    pos = _zigzag(out, pos, first)
+    i = 0
+    # Skip to the first non-null value.
+    while i < n and _is_null(values[i], null):
+        i += 1
+    low = first
+    high = first
+    prev = first
+    i += 1
+    done = 1
+    while done < m:
+        cnt = min(128, m - done)
+        dmin = np.int64(0)
+        c = 0
+        while c < cnt:
+            v = values[i]
+            i += 1
+            if _is_null(v, null):
+                continue
+            low = min(low, v)
+            high = max(high, v)
+            d = v - prev
+            prev = v
+            deltas[c] = np.uint64(d)
+            if c == 0 or d < dmin:
+                dmin = d
+            c += 1
+        pos = _zigzag(out, pos, dmin)
+        widths_at = pos
+        pos += 4
+        for mb in range(4):
+            lo = mb * 32
+            width = 0
+            if lo < cnt:
+                top = np.uint64(0)
+                for t in range(lo, min(lo + 32, cnt)):
+                    u = deltas[t] - np.uint64(dmin)
+                    deltas[t] = u
+                    if u > top:
+                        top = u
+                width = _bit_length(top)
+                pos = _pack(out, pos, deltas, lo, cnt, 32, width)
+            out[widths_at + mb] = width
+        done += cnt
+    _merge(state, low, high, m)
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_dictionary_page(entries, count, width, out):
+    """The chunk's dictionary ``entries[:count]``, PLAIN (``width`` bytes
+    each)."""
+    pos = 0
+    for e in range(count):
+        u = np.uint64(entries[e])
+        for b in range(width):
+            out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
+        pos += width
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def reset_dictionary(slots, entries, count):
+    """Empty a dictionary of ``count`` entries for the next column chunk."""
+    mask = slots.shape[0] - 1
+    for e in range(count):
+        h = (np.uint64(entries[e]) * _GOLDEN) >> _HASH_SHIFT
+        s = np.int64(h) & mask
+        while slots[s] != e:
+            s = (s + 1) & mask
+        slots[s] = -1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def gather_known(index, known, first, second, out_first, out_second):
+    """``out_first[i], out_second[i] = first[index[i]], second[index[i]]``
+    where ``index[i]`` is known (0, 0 where it is -1); returns how many
+    rows have an index not yet ``known`` (left for the caller to fill)."""
+    unknown = 0
+    for i in range(index.shape[0]):
+        k = index[i]
+        if k < 0:
+            out_first[i] = 0
+            out_second[i] = 0
+        elif known[k]:
+            out_first[i] = first[k]
+            out_second[i] = second[k]
+        else:
+            unknown += 1
+    return unknown

@@ -1,0 +1,387 @@
+"""A Parquet file writer for flat tables of integers and booleans whose
+pages are encoded by compiled loops (:mod:`._parquet_pages`), for the
+flow's largest tables: Arrow's writer spends about 100 ns a row on the
+block rows (hashing every value of every dictionary column); these
+encoders know each column's encoding in advance and spend a few.
+
+The file is what Apache Parquet's format specification ("parquet.thrift",
+"Encodings") describes, read back by Arrow and DuckDB as the Arrow schema
+it was made for: data pages of version 1 with definition levels (every
+column optional, as Arrow's fields are nullable), one column chunk per
+column and row group, a dictionary page first in a dictionary-encoded
+chunk, statistics (minimum, maximum, nulls) per chunk, zstd (or no)
+compression of each page, the Arrow schema and the caller's key-value
+metadata in the footer.  The footer is Thrift's compact protocol.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from . import _parquet_pages as pp
+
+__all__ = ["ColumnSpec", "ParquetFileWriter", "column_specs"]
+
+# Thrift compact protocol types (Apache Thrift, "Thrift Compact protocol").
+_T_TRUE, _T_FALSE, _T_I8, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
+_T_BINARY, _T_LIST, _T_STRUCT = 8, 9, 12
+
+# parquet.thrift enums.
+_INT32, _INT64, _BOOLEAN = 1, 2, 0
+_PLAIN, _RLE, _RLE_DICTIONARY, _DELTA_BINARY_PACKED = 0, 3, 8, 5
+_UNCOMPRESSED, _ZSTD = 0, 6
+_DATA_PAGE, _DICTIONARY_PAGE = 0, 2
+_OPTIONAL = 1
+_UINT_8, _UINT_64 = 11, 14
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _zz(v: int) -> bytes:
+    return _varint((v << 1) ^ (v >> 63) if v < 0 else v << 1)
+
+
+class _Struct:
+    """A Thrift struct in the compact protocol, field by field (ascending
+    ids; nested structs and lists of structs as :class:`_Struct`)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.last = 0
+
+    def _head(self, fid: int, kind: int) -> None:
+        delta = fid - self.last
+        if 0 < delta <= 15:
+            self.out.append((delta << 4) | kind)
+        else:
+            self.out.append(kind)
+            self.out += _zz(fid)
+        self.last = fid
+
+    def i32(self, fid: int, v: int) -> _Struct:
+        self._head(fid, _T_I32)
+        self.out += _zz(int(v))
+        return self
+
+    def i64(self, fid: int, v: int) -> _Struct:
+        self._head(fid, _T_I64)
+        self.out += _zz(int(v))
+        return self
+
+    def i8(self, fid: int, v: int) -> _Struct:
+        self._head(fid, _T_I8)
+        self.out.append(v & 0xFF)
+        return self
+
+    def boolean(self, fid: int, v: bool) -> _Struct:
+        self._head(fid, _T_TRUE if v else _T_FALSE)
+        return self
+
+    def binary(self, fid: int, v: bytes | str) -> _Struct:
+        b = v.encode() if isinstance(v, str) else v
+        self._head(fid, _T_BINARY)
+        self.out += _varint(len(b)) + b
+        return self
+
+    def struct(self, fid: int, s: _Struct) -> _Struct:
+        self._head(fid, _T_STRUCT)
+        self.out += s.done()
+        return self
+
+    def _list_head(self, fid: int, kind: int, n: int) -> None:
+        self._head(fid, _T_LIST)
+        if n < 15:
+            self.out.append((n << 4) | kind)
+        else:
+            self.out.append(0xF0 | kind)
+            self.out += _varint(n)
+
+    def i32s(self, fid: int, values: Sequence[int]) -> _Struct:
+        self._list_head(fid, _T_I32, len(values))
+        for v in values:
+            self.out += _zz(int(v))
+        return self
+
+    def strings(self, fid: int, values: Sequence[str]) -> _Struct:
+        self._list_head(fid, _T_BINARY, len(values))
+        for v in values:
+            b = v.encode()
+            self.out += _varint(len(b)) + b
+        return self
+
+    def structs(self, fid: int, values: Sequence[_Struct]) -> _Struct:
+        self._list_head(fid, _T_STRUCT, len(values))
+        for v in values:
+            self.out += v.done()
+        return self
+
+    def done(self) -> bytes:
+        return bytes(self.out) + b"\x00"
+
+
+@dataclass
+class ColumnSpec:
+    """How one column is stored: its Arrow field, its encoding
+    (``"dictionary"``, ``"delta"`` or ``"plain"``) and which values stand
+    for null (:data:`~._parquet_pages.NULL_IF_NEGATIVE`, ...)."""
+
+    name: str
+    kind: pa.DataType
+    encoding: str = "plain"
+    null: int = pp.NOT_NULL
+
+    @property
+    def physical(self) -> int:
+        if pa.types.is_boolean(self.kind):
+            return _BOOLEAN
+        return _INT64 if self.kind.bit_width == 64 else _INT32
+
+    @property
+    def width(self) -> int:
+        return 8 if self.physical == _INT64 else 4
+
+    @property
+    def unsigned(self) -> bool:
+        return pa.types.is_unsigned_integer(self.kind)
+
+
+_SUPPORTED = (pa.int32(), pa.int64(), pa.uint8(), pa.uint64(), pa.bool_())
+
+
+def column_specs(
+    schema: pa.Schema, encoding: Mapping[str, Sequence[str]], nulls: Mapping[str, int]
+) -> list[ColumnSpec] | None:
+    """The specs of ``schema``'s columns (``encoding``: column names by
+    ``"dictionary"``/``"delta"``; ``nulls``: the null rule by column
+    name), or None when a column's type is not one this writer stores."""
+    by_name = {c: e for e, cols in encoding.items() for c in cols}
+    specs = []
+    for f in schema:
+        if f.type not in _SUPPORTED:
+            return None
+        enc = by_name.get(f.name, "plain")
+        if pa.types.is_boolean(f.type):
+            enc = "plain"
+        if enc == "delta" and f.type != pa.int64():
+            enc = "plain"
+        null = nulls.get(f.name, pp.NOT_NULL)
+        if null != pp.NOT_NULL and not pa.types.is_signed_integer(f.type):
+            raise ValueError(f"column {f.name}: null rules are for signed integers")
+        specs.append(ColumnSpec(f.name, f.type, enc, null))
+    return specs
+
+
+class _Scratch:
+    """Buffers the encoders share: a writer encodes one column chunk at a
+    time, and writers sharing one encode one after the other."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(pp.DICT_SLOTS, np.int64)
+        self.slots = np.full(pp.DICT_SLOTS, -1, np.int64)
+        self.entries = np.zeros(pp.DICT_LIMIT, np.int64)
+        self.deltas = np.zeros(128, np.uint64)
+        self.rows = 0
+        self.grow(1 << 15)
+
+    def grow(self, rows: int) -> None:
+        if rows <= self.rows:
+            return
+        self.rows = max(rows, 2 * self.rows)
+        self.levels = np.zeros(self.rows, np.uint8)
+        self.indices = np.zeros(self.rows, np.int32)
+        # Worst cases: PLAIN int64 values with their levels, a delta page's
+        # 64-bit miniblocks with their headers, a full dictionary page.
+        self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
+
+
+#: A piece of rows: its columns (numpy arrays by name) and its row count.
+Piece = tuple[Mapping[str, np.ndarray], int]
+
+
+class ParquetFileWriter:
+    """Writes rows of ``specs``' columns into a Parquet file at ``path``:
+    :meth:`write_row_group` writes pieces of rows (numpy columns) as one
+    row group, a data page per piece and column; :meth:`close` writes the
+    footer.  ``compression``: ``"zstd"`` or ``"none"``; ``scratch``: the
+    encoders' buffers, shared by writers used from one thread."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        schema: pa.Schema,
+        specs: list[ColumnSpec],
+        metadata: Mapping[bytes, bytes] | None = None,
+        compression: str = "zstd",
+        scratch: _Scratch | None = None,
+    ) -> None:
+        if compression not in ("zstd", "none"):
+            raise ValueError(f"compression {compression!r}: zstd or none")
+        self.schema, self.specs = schema, specs
+        self.metadata = dict(metadata or {})
+        self.codec = pa.Codec("zstd", compression_level=1) if compression == "zstd" else None
+        self.scratch = scratch or _Scratch()
+        self.file = open(path, "wb")
+        self.file.write(b"PAR1")
+        self.offset = 4
+        self.row_groups: list[_Struct] = []
+        self.num_rows = 0
+
+    def write_row_group(self, pieces: Sequence[Piece]) -> None:
+        """``pieces`` as one row group (each column of a piece an array of
+        at least its row count of values)."""
+        pieces = [(cols, n) for cols, n in pieces if n > 0]
+        rows = sum(n for _, n in pieces)
+        if not rows:
+            return
+        self.scratch.grow(max(n for _, n in pieces))
+        start = self.offset
+        columns = [self._write_chunk(spec, pieces) for spec in self.specs]
+        rg = _Struct().structs(1, columns).i64(2, self.offset - start).i64(3, rows)
+        rg.i64(5, start).i64(6, self.offset - start)
+        self.row_groups.append(rg)
+        self.num_rows += rows
+
+    def _encode(self, spec: ColumnSpec, pieces: Sequence[Piece], state: np.ndarray):
+        """The chunk's pages, (encoding, values, body) each, and its
+        dictionary page's body and entries (None, 0: none)."""
+        s = self.scratch
+        pages = []
+        dictionary = spec.encoding == "dictionary"
+        for cols, n in pieces:
+            values = _encodable(cols[spec.name])
+            if spec.physical == _BOOLEAN:
+                size = pp.encode_booleans(values, n, state, s.levels, s.out)
+                pages.append((_PLAIN, n, s.out[:size].tobytes()))
+            elif dictionary and (
+                size := pp.encode_dictionary(values, n, spec.null, spec.unsigned, state, s.keys,
+                                             s.slots, s.entries, s.indices, s.levels, s.out)
+            ) >= 0:  # fmt: skip
+                pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
+            elif spec.encoding == "delta":
+                size = pp.encode_delta(values, n, spec.null, state, s.levels, s.deltas, s.out)
+                pages.append((_DELTA_BINARY_PACKED, n, s.out[:size].tobytes()))
+            else:
+                # (a dictionary that filled up: this page and the rest PLAIN)
+                dictionary = False
+                size = pp.encode_plain(values, n, spec.null, spec.unsigned, spec.width, state,
+                                       s.levels, s.out)  # fmt: skip
+                pages.append((_PLAIN, n, s.out[:size].tobytes()))
+        count = int(state[pp.ST_DICT])
+        if not any(enc == _RLE_DICTIONARY for enc, _, _ in pages):
+            return pages, None, 0
+        # (a dictionary page, empty when every value was null, precedes
+        # dictionary-encoded pages)
+        size = pp.encode_dictionary_page(s.entries, count, spec.width, s.out)
+        body = s.out[:size].tobytes()
+        pp.reset_dictionary(s.slots, s.entries, count)
+        return pages, body, count
+
+    def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> _Struct:
+        state = np.zeros(pp.ST_SIZE, np.int64)
+        pages, dictionary, dict_count = self._encode(spec, pieces, state)
+        dict_offset = None
+        uncompressed = compressed = 0
+        encodings = {_RLE}
+        if dictionary is not None:
+            dict_offset = self.offset
+            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN)
+            uncompressed += u
+            compressed += c
+            encodings.add(_PLAIN)
+        data_offset = self.offset
+        for enc, n, body in pages:
+            u, c = self._put(body, _DATA_PAGE, n, enc)
+            uncompressed += u
+            compressed += c
+            encodings.add(enc)
+        st = state
+        stats = _Struct()
+        if st[pp.ST_SEEN]:
+            fmt = "<q" if spec.width == 8 else "<i"
+            lo, hi = int(st[pp.ST_MIN]), int(st[pp.ST_MAX])
+            if spec.width == 4:
+                lo, hi = _int32(lo), _int32(hi)
+            if spec.physical == _BOOLEAN:
+                mx, mn = struct.pack("<?", bool(hi)), struct.pack("<?", bool(lo))
+            else:
+                mx, mn = struct.pack(fmt, hi), struct.pack(fmt, lo)
+            stats.i64(3, int(st[pp.ST_NULLS])).binary(5, mx).binary(6, mn)
+        else:
+            stats.i64(3, int(st[pp.ST_NULLS]))
+        meta = (
+            _Struct().i32(1, spec.physical).i32s(2, sorted(encodings)).strings(3, [spec.name])
+            .i32(4, _ZSTD if self.codec is not None else _UNCOMPRESSED)
+            .i64(5, int(st[pp.ST_VALUES])).i64(6, uncompressed).i64(7, compressed)
+            .i64(9, data_offset)
+        )  # fmt: skip
+        if dict_offset is not None:
+            meta.i64(11, dict_offset)
+        meta.struct(12, stats)
+        return _Struct().i64(2, 0).struct(3, meta)
+
+    def _put(self, body: bytes, kind: int, n: int, encoding: int) -> tuple[int, int]:
+        """Write one page; its uncompressed and compressed sizes, headers included."""
+        data = body if self.codec is None else self.codec.compress(body, asbytes=True)
+        h = _Struct().i32(1, kind).i32(2, len(body)).i32(3, len(data))
+        if kind == _DATA_PAGE:
+            h.struct(5, _Struct().i32(1, n).i32(2, encoding).i32(3, _RLE).i32(4, _RLE))
+        else:
+            h.struct(7, _Struct().i32(1, n).i32(2, encoding))
+        head = h.done()
+        self.file.write(head)
+        self.file.write(data)
+        self.offset += len(head) + len(data)
+        return len(head) + len(body), len(head) + len(data)
+
+    def close(self) -> None:
+        """Write the footer and close the file."""
+        schema = [_Struct().binary(4, "schema").i32(5, len(self.specs))]
+        for spec in self.specs:
+            el = _Struct().i32(1, spec.physical).i32(3, _OPTIONAL).binary(4, spec.name)
+            if spec.unsigned:
+                el.i32(6, _UINT_64 if spec.width == 8 and spec.kind.bit_width == 64 else _UINT_8)
+                el.struct(10, _Struct().struct(10, _Struct().i8(1, spec.kind.bit_width)
+                                                          .boolean(2, False)))  # fmt: skip
+            schema.append(el)
+        kv = dict(self.metadata)
+        kv[b"ARROW:schema"] = base64.b64encode(
+            self.schema.remove_metadata().serialize().to_pybytes()
+        )
+        pairs = [_Struct().binary(1, k).binary(2, v) for k, v in kv.items()]
+        orders = [_Struct().struct(1, _Struct()) for _ in self.specs]
+        footer = (
+            _Struct().i32(1, 1).structs(2, schema).i64(3, self.num_rows)
+            .structs(4, self.row_groups).structs(5, pairs).binary(6, "hwtrace")
+            .structs(7, orders)
+        ).done()  # fmt: skip
+        self.file.write(footer)
+        self.file.write(struct.pack("<I", len(footer)) + b"PAR1")
+        self.file.close()
+
+
+def _int32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _encodable(a: np.ndarray) -> np.ndarray:
+    """A column as the encoders take it: its own type (they are compiled
+    for each), but uint64 as the int64 of its bits (numba compares int64
+    with uint64 as floats)."""
+    if a.dtype == np.uint64:
+        return a.view(np.int64)
+    return a
