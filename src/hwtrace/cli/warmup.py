@@ -241,6 +241,11 @@ def _perf_commands(tmp: Path, trace: Path, cfg) -> int:
         status |= perfcmds.script_main(args)
     # (with the folded call paths, as the demo's report writes them)
     status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
+    # (and the Parquet pages' encoders, blocks and instructions)
+    from .decode import main as decode_main
+
+    status |= decode_main(["-i", str(data), "-o", str(tmp / "flow"), "--instructions",
+                           "--no-progress"])  # fmt: skip
     return status
 
 

@@ -26,6 +26,7 @@ file; only a bounded number of files is open at a time.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections import OrderedDict, deque
@@ -42,6 +43,8 @@ from ..image.symbols import SymbolTable
 from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
+from . import _parquet_pages as pages
+from .parquet_file import ParquetFileWriter, Piece, _Scratch, column_specs
 
 __all__ = [
     "BLOCKS_SCHEMA",
@@ -49,11 +52,13 @@ __all__ = [
     "FlowParquetWriter",
     "FunctionCallRows",
     "Names",
+    "blocks_columns",
     "blocks_table",
     "build_ids_of",
     "events_table",
     "finish_dataset",
     "image_id",
+    "instructions_columns",
     "instructions_table",
     "symbol_id",
     "threads_of",
@@ -98,6 +103,10 @@ BLOCKS_ENCODING = {
     "delta": ["time", "duration", "row", "trace_offset"],
 }  # fmt: skip
 INSTRUCTIONS_ENCODING = {"dictionary": ["queue", "k", "ip"], "delta": ["row", "time"]}
+#: Which values of the block and instruction columns stand for null.
+BLOCKS_NULLS = {"time": pages.NULL_IF_NEGATIVE, "symbol": pages.NULL_IF_ZERO,
+                "image": pages.NULL_IF_ZERO, "trace_offset": pages.NULL_IF_NEGATIVE}  # fmt: skip
+INSTRUCTIONS_NULLS = {"time": pages.NULL_IF_NEGATIVE}
 INSTRUCTIONS_SCHEMA = pa.schema(
     [("queue", pa.int32()), ("cpu", pa.int32()), ("row", pa.int64()), ("k", pa.int32()),
      ("ip", pa.uint64()), ("time", pa.int64())]
@@ -246,7 +255,11 @@ class Names:
             got = self._dense[key] = (table, np.zeros(n, np.int64), np.zeros(n, np.int64),
                                       np.zeros(n, np.bool_))  # fmt: skip
         _, sid_of, iid_of, known = got
-        index = np.asarray(index, np.int64)
+        index = np.ascontiguousarray(index, np.int64)
+        s = np.empty(index.shape[0], np.int64)
+        i = np.empty(index.shape[0], np.int64)
+        if not pages.gather_known(index, known, sid_of, iid_of, s, i):
+            return s, i
         found = index >= 0
         at = index[found]
         new = at[~known[at]]
@@ -357,40 +370,60 @@ def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.
     return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
-def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
-    """One batch of attributed blocks as rows (:data:`BLOCKS_SCHEMA`).
+def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray]:
+    """One batch of attributed blocks as numpy columns of
+    :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says).
 
     The rows depend only on the batch: the same batch gives the same rows in
     any process, whatever ``names`` met before (``names`` gathers the
     symbols and images the ids stand for).  ``row`` numbers the block in
     its queue, ``trace_offset`` is where in the queue's trace (the AUXTRACE
-    records' data in order) its decoding began (null: not known).
+    records' data in order) its decoding began (-1: not known).
     """
     n = len(b)
     q = b.queue
     sym, img = _ids(b, names)
-    ns = np.asarray(b.ns, np.int64)
     offset = np.asarray(b.offset, np.int64) if b.offset is not None else np.full(n, -1, np.int64)
-    return pa.Table.from_arrays(
-        [
-            pa.array(np.full(n, q.index, np.int32)),
-            pa.array(np.full(n, q.cpu, np.int32)),
-            pa.array(np.asarray(b.tid, np.int64)),
-            pa.array(np.asarray(b.pid, np.int64)),
-            _nullable(ns, ns < 0, pa.int64()),
-            pa.array(np.asarray(b.duration, np.int64)),
-            pa.array(np.asarray(b.ip, np.uint64)),
-            pa.array(np.asarray(b.ninsn, np.int64)),
-            pa.array(np.asarray(b.mode, np.uint8)),
-            pa.array(np.asarray(b.image, np.int32)),
-            _nullable(sym, sym == 0, pa.int64()),
-            _nullable(img, img == 0, pa.int64()),
-            pa.array(b.row + np.arange(n, dtype=np.int64)),
-            pa.array(np.asarray(b.gap, np.bool_)),
-            _nullable(offset, offset < 0, pa.int64()),
-        ],
-        schema=BLOCKS_SCHEMA,
-    )
+    return {
+        "queue": np.full(n, q.index, np.int32),
+        "cpu": np.full(n, q.cpu, np.int32),
+        "tid": np.asarray(b.tid, np.int64),
+        "pid": np.asarray(b.pid, np.int64),
+        "time": np.asarray(b.ns, np.int64),
+        "duration": np.asarray(b.duration, np.int64),
+        "ip": np.asarray(b.ip, np.uint64),
+        "instructions": np.asarray(b.ninsn, np.int64),
+        "mode": np.asarray(b.mode, np.uint8),
+        "space": np.asarray(b.image, np.int32),
+        "symbol": sym,
+        "image": img,
+        "row": b.row + np.arange(n, dtype=np.int64),
+        "gap": np.asarray(b.gap, np.bool_),
+        "trace_offset": offset,
+    }
+
+
+def _table(columns: Mapping[str, np.ndarray], schema: pa.Schema,
+           nulls: Mapping[str, int]) -> pa.Table:  # fmt: skip
+    """Numpy columns as an Arrow table, with their nulls."""
+    arrays = []
+    for f in schema:
+        v = columns[f.name]
+        rule = nulls.get(f.name, pages.NOT_NULL)
+        missing = None if rule == pages.NOT_NULL else (v < 0 if rule == pages.NULL_IF_NEGATIVE
+                                                       else v == 0)  # fmt: skip
+        arrays.append(
+            pa.array(
+                v, type=f.type, mask=missing if missing is not None and missing.any() else None
+            )
+        )
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def blocks_table(b: PerfBlocks, names: Names) -> pa.Table:
+    """One batch of attributed blocks as rows (:data:`BLOCKS_SCHEMA`), as
+    :func:`blocks_columns` gives them."""
+    return _table(blocks_columns(b, names), BLOCKS_SCHEMA, BLOCKS_NULLS)
 
 
 def events_table(b: PerfBlocks) -> pa.Table:
@@ -420,28 +453,29 @@ def events_table(b: PerfBlocks) -> pa.Table:
     )
 
 
-def instructions_table(b: PerfBlocks) -> pa.Table:
-    """Every instruction of a batch (:data:`INSTRUCTIONS_SCHEMA`): the
-    block ``row`` it is in, its place ``k`` in that block, its address and
-    the block's time."""
+def instructions_columns(b: PerfBlocks) -> dict[str, np.ndarray]:
+    """Every instruction of a batch as numpy columns of
+    :data:`INSTRUCTIONS_SCHEMA`: the block ``row`` it is in, its place
+    ``k`` in that block, its address and the block's time (-1: unknown)."""
     ips = b.instructions()
     per = np.asarray(b.ninsn, np.int64)
     total = ips.shape[0]
     starts = np.cumsum(per) - per
     k = np.arange(total, dtype=np.int64) - np.repeat(starts, per)
-    rows = np.repeat(b.row + np.arange(len(b), dtype=np.int64), per)
-    ns = np.repeat(np.asarray(b.ns, np.int64), per)
-    return pa.Table.from_arrays(
-        [
-            pa.array(np.full(total, b.queue.index, np.int32)),
-            pa.array(np.full(total, b.queue.cpu, np.int32)),
-            pa.array(rows),
-            pa.array(k.astype(np.int32)),
-            pa.array(np.asarray(ips, np.uint64)),
-            _nullable(ns, ns < 0, pa.int64()),
-        ],
-        schema=INSTRUCTIONS_SCHEMA,
-    )
+    return {
+        "queue": np.full(total, b.queue.index, np.int32),
+        "cpu": np.full(total, b.queue.cpu, np.int32),
+        "row": np.repeat(b.row + np.arange(len(b), dtype=np.int64), per),
+        "k": k.astype(np.int32),
+        "ip": np.asarray(ips, np.uint64),
+        "time": np.repeat(np.asarray(b.ns, np.int64), per),
+    }
+
+
+def instructions_table(b: PerfBlocks) -> pa.Table:
+    """Every instruction of a batch (:data:`INSTRUCTIONS_SCHEMA`), as
+    :func:`instructions_columns` gives them."""
+    return _table(instructions_columns(b), INSTRUCTIONS_SCHEMA, INSTRUCTIONS_NULLS)
 
 
 #: Writes between two returns of Arrow's free memory to the system.
@@ -508,18 +542,25 @@ class _Partitioned:
     written a batch at a time: rows wait per partition until a row group's
     worth (or the budget of waiting rows) is reached; at most ``max_open``
     files are open, the least recently written closed first (a partition
-    written again later gets a new part file)."""
+    written again later gets a new part file).
+
+    Rows come as numpy columns (``nulls``: which values stand for null).
+    Files are written by the compiled writer (:mod:`.parquet_file`) when it
+    stores every column and the compression is zstd or none, else by
+    Arrow's; either way in ``io``'s thread."""
 
     def __init__(
         self, root: Path, schema: pa.Schema, metadata: dict[bytes, bytes], *,
         row_group: int, budget: int, max_open: int, compression: str,
-        encoding: Mapping[str, list[str]] | None = None, prefix: str = "part",
+        encoding: Mapping[str, list[str]] | None = None,
+        nulls: Mapping[str, int] | None = None, prefix: str = "part",
         hidden: bool = False, io: _Io | None = None,
     ) -> None:  # fmt: skip
         self.root, self.prefix, self.hidden = root, prefix, hidden
         self.io = io or _Io(False)
         self.written: list[Path] = []
         enc = encoding or {}
+        self.nulls = dict(nulls or {})
         self.options: dict[str, object] = {"compression": compression}
         if enc:
             self.options["use_dictionary"] = list(enc.get("dictionary", []))
@@ -527,27 +568,41 @@ class _Partitioned:
                                                             "DELTA_BINARY_PACKED")  # fmt: skip
         # The partition columns live in the directory names only.
         self.schema = schema.remove(schema.get_field_index("cpu")).with_metadata(metadata)
+        self.specs = (column_specs(self.schema, enc, self.nulls)
+                      if compression in ("zstd", "none") else None)  # fmt: skip
+        self.scratch = _Scratch() if self.specs is not None else None
         self.row_group, self.budget, self.max_open = row_group, budget, max_open
         self.compression = compression
-        self.waiting: dict[tuple[int, int], list[pa.Table]] = {}
+        self.waiting: dict[tuple[int, int], list[Piece]] = {}
         self.counts: dict[tuple[int, int], int] = {}
         self.total = 0
-        self.open: OrderedDict[tuple[int, int], pq.ParquetWriter] = OrderedDict()
+        self.open: OrderedDict[tuple[int, int], ParquetFileWriter | pq.ParquetWriter] = (
+            OrderedDict()
+        )
         self.in_file: dict[tuple[int, int], int] = {}  # rows in each open file
         self.parts: dict[tuple[int, int], int] = {}
         self.rows = 0
 
-    def write(self, table: pa.Table, cpu: int, bucket: np.ndarray) -> None:
-        if table.num_rows == 0:
+    def write(self, columns: Mapping[str, np.ndarray], cpu: int, bucket: np.ndarray | int) -> None:
+        """Rows (numpy columns, all of one length) of CPU ``cpu``, each in
+        time bucket ``bucket`` (or all in that one)."""
+        n = next(iter(columns.values())).shape[0]
+        if n == 0:
             return
-        table = table.drop_columns(["cpu"])
-        self.rows += table.num_rows
-        # Perf time rises along a queue: buckets come in runs.
-        cut = np.flatnonzero(np.diff(bucket)) + 1
-        edges = np.concatenate([[0], cut, [bucket.shape[0]]])
-        for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
-            key = (cpu, int(bucket[lo]))
-            self.waiting.setdefault(key, []).append(table.slice(lo, hi - lo))
+        self.rows += n
+        if isinstance(bucket, int):
+            edges, top = [0, n], bucket
+            first = [bucket]
+        else:
+            # Perf time rises along a queue: buckets come in runs.
+            cut = np.flatnonzero(np.diff(bucket)) + 1
+            edges = [0, *cut.tolist(), n]
+            first = bucket[edges[:-1]].tolist()
+            top = int(bucket.max())
+        for (lo, hi), b in zip(itertools.pairwise(edges), first, strict=True):
+            key = (cpu, int(b))
+            piece = columns if (lo, hi) == (0, n) else {c: v[lo:hi] for c, v in columns.items()}
+            self.waiting.setdefault(key, []).append((piece, hi - lo))
             self.counts[key] = self.counts.get(key, 0) + hi - lo
             self.total += hi - lo
             if self.counts[key] >= self.row_group:
@@ -555,7 +610,6 @@ class _Partitioned:
         # A queue's later rows come in later buckets: this CPU's earlier
         # buckets are done (an open file holds its encoders and metadata;
         # a queue going back in time writes a new part file).
-        top = int(bucket.max())
         done = {k for k in (*self.open, *self.waiting) if k[0] == cpu and 0 <= k[1] < top}
         for key in sorted(done):
             self._flush(key)
@@ -568,6 +622,20 @@ class _Partitioned:
                 self._flush(key)
                 if self.total <= self.budget // 2:
                     break
+
+    def _new_writer(self, path: Path) -> ParquetFileWriter | pq.ParquetWriter:
+        if self.specs is not None:
+            return ParquetFileWriter(path, self.schema, self.specs, self.schema.metadata,
+                                     self.compression, self.scratch)  # fmt: skip
+        return pq.ParquetWriter(path, self.schema, **self.options)
+
+    def _write_group(self, w: ParquetFileWriter | pq.ParquetWriter, pieces: list[Piece]) -> None:
+        if isinstance(w, ParquetFileWriter):
+            w.write_row_group(pieces)
+            return
+        tables = [_table({c: v[:n] for c, v in cols.items()}, self.schema, self.nulls)
+                  for cols, n in pieces]  # fmt: skip
+        w.write_table(pa.concat_tables(tables), row_group_size=self.row_group)
 
     def _flush(self, key: tuple[int, int]) -> None:
         parts = self.waiting.pop(key, None)
@@ -585,16 +653,16 @@ class _Partitioned:
             self.parts[key] = part + 1
             d = self.root / f"cpu={key[0]}" / f"bucket={key[1]}"
             d.mkdir(parents=True, exist_ok=True)
-            w = pq.ParquetWriter(_name(d, f"{self.prefix}-{part:05d}.parquet", self.hidden,
-                                       self.written), self.schema, **self.options)  # fmt: skip
+            w = self._new_writer(_name(d, f"{self.prefix}-{part:05d}.parquet", self.hidden,
+                                       self.written))  # fmt: skip
             self.open[key] = w
         else:
             self.open.move_to_end(key)
-        self.io.run(w.write_table, pa.concat_tables(parts), row_group_size=self.row_group)
+        self.io.run(self._write_group, w, parts)
         self.in_file[key] = self.in_file.get(key, 0) + n
         if self.in_file[key] >= FILE_ROWS:
-            # Arrow's writer keeps every row group's metadata until the file
-            # is closed: a file per FILE_ROWS keeps that bounded too.
+            # A writer keeps every row group's metadata until the file is
+            # closed: a file per FILE_ROWS keeps that bounded too.
             self.io.run(self.open.pop(key).close)
             del self.in_file[key]
 
@@ -732,11 +800,12 @@ class FlowParquetWriter:
         self.blocks = _Partitioned(self.root / "blocks", BLOCKS_SCHEMA, kv, row_group=row_group,
                                    budget=budget_rows, max_open=max_open,
                                    compression=compression, encoding=BLOCKS_ENCODING,
-                                   **names_of)  # fmt: skip
+                                   nulls=BLOCKS_NULLS, **names_of)  # fmt: skip
         self.instructions = (
             _Partitioned(self.root / "instructions", INSTRUCTIONS_SCHEMA, kv,
                          row_group=row_group, budget=budget_rows, max_open=max_open,
-                         compression=compression, encoding=INSTRUCTIONS_ENCODING, **names_of)
+                         compression=compression, encoding=INSTRUCTIONS_ENCODING,
+                         nulls=INSTRUCTIONS_NULLS, **names_of)
             if instructions else None
         )  # fmt: skip
         self.events = _Plain(self.root / "events", EVENTS_SCHEMA, kv, row_group, compression,
@@ -746,8 +815,14 @@ class FlowParquetWriter:
         self.n_insn = 0
         self.closed = False
 
-    def _bucket(self, ns: np.ndarray) -> np.ndarray:
+    def _bucket(self, ns: np.ndarray) -> np.ndarray | int:
+        """Each row's time bucket (-1: time unknown), or the one bucket of
+        them all."""
         ns = np.asarray(ns, np.int64)
+        if ns.shape[0]:
+            lo, hi = int(ns.min()), int(ns.max())
+            if lo >= 0 and lo // self.bucket_ns == hi // self.bucket_ns:
+                return lo // self.bucket_ns
         return np.where(ns >= 0, ns // self.bucket_ns, -1)
 
     def write_blocks(self, b: PerfBlocks, expand_insns: int = 1 << 18) -> None:
@@ -757,18 +832,18 @@ class FlowParquetWriter:
             self.write_events(b)
             return
         cpu = b.queue.cpu
-        self.blocks.write(blocks_table(b, self.names), cpu, self._bucket(b.ns))
+        self.blocks.write(blocks_columns(b, self.names), cpu, self._bucket(b.ns))
         self.n_insn += int(np.asarray(b.ninsn).sum())
         if self.instructions is not None:
             for part in b.split(expand_insns):
-                t = instructions_table(part)
-                bucket = np.repeat(self._bucket(part.ns), np.asarray(part.ninsn, np.int64))
-                self.instructions.write(t, cpu, bucket)
+                cols = instructions_columns(part)
+                self.instructions.write(cols, cpu, self._bucket(cols["time"]))
         self.write_events(b)
 
     def write_events(self, b: PerfBlocks) -> None:
         """The decoder events a batch carries (PTWRITE payloads)."""
-        self.events.write(events_table(b))
+        if b.ptw is not None and len(b.ptw):
+            self.events.write(events_table(b))
 
     def write_gaps(self, queue: QueueInfo | int, gaps: Sequence[Gap], cpu: int = -1,
                    tid: int = -1) -> None:  # fmt: skip
