@@ -519,3 +519,28 @@ def tsc_to_ns(tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int) 
             + quot * np.uint64(time_mult)
             + ((rem * np.uint64(time_mult)) >> np.uint64(time_shift))
         )
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _stamps_to_ns(tsc, shift, mult, zero, out):
+    for i in range(tsc.shape[0]):
+        t = tsc[i]
+        if t == 0:
+            out[i] = -1
+            continue
+        quot = t >> shift
+        rem = t & ((np.uint64(1) << shift) - np.uint64(1))
+        out[i] = np.int64(zero + quot * mult + ((rem * mult) >> shift))
+
+
+def stamps_to_ns(
+    tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`tsc_to_ns` of decoder time stamps as int64, -1 where a stamp
+    is 0 (no time known), in one compiled pass (into ``out`` if given)."""
+    t = np.ascontiguousarray(tsc, dtype=np.uint64)
+    if out is None:
+        out = np.empty(t.shape[0], np.int64)
+    _stamps_to_ns(t, np.uint64(time_shift), np.uint64(time_mult),
+                  np.uint64(time_zero % (1 << 64)), out)  # fmt: skip
+    return out

@@ -55,6 +55,7 @@ from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
+from ..pt.timing import stamps_to_ns
 from .perftime import PerfClock, transfer_class
 
 
@@ -322,8 +323,7 @@ class QueueContexts:
         time stamps ``block_time``."""
         conv, sb = self.conv, self.sb
         if conv is not None:
-            ns = np.asarray(conv.to_ns(block_time), dtype=np.int64)
-            ns = np.where(block_time == 0, -1, ns)
+            ns = stamps_to_ns(block_time, conv.time_shift, conv.time_mult, conv.time_zero)
         else:
             ns = np.full(block_time.shape[0], -1, np.int64)
         if self.tid >= 0:
@@ -720,6 +720,9 @@ class PerfStream(PerfDecoding[QueueInfo]):
 
 
 _COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
+# What a QueueSink gathers of the decoder's batches, with the types passed on.
+_GATHERED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("time", np.uint64),
+             ("image", np.int64), ("run", np.int32), ("offset", np.int64))  # fmt: skip
 
 
 class QueueSink(FlowSink):
@@ -736,9 +739,11 @@ class QueueSink(FlowSink):
         # The decoder's batches need be no larger than the ones passed on
         # (though not so small that it stops for every few blocks).
         self.BLOCK_ROWS = min(FlowSink.BLOCK_ROWS, max(self.target, 1 << 12))
-        # (ip, ninsn, mode, time, image, run, offset)
-        self.parts: list[tuple[np.ndarray, ...]] = []
-        self.n_parts = 0  # block rows in ``parts``
+        # The decoder's batches since the last attribution, gathered into
+        # buffers kept from one attribution to the next (the decoder reuses
+        # its own); ``n_parts`` rows of them are filled.
+        self.gather = {c: np.empty(0, t) for c, t in _GATHERED}
+        self.n_parts = 0
         self.events: list[tuple[np.ndarray, ...]] = []  # (rows, offsets, block rows before)
         self.held: dict[str, np.ndarray] | None = None  # the last block, duration pending
         self.held_stop: int | None = None  # its duration, when tracing stopped after it
@@ -758,21 +763,29 @@ class QueueSink(FlowSink):
                 (b.events.copy(), b.event_offset.copy(), b.event_block + self.n_parts)
             )
         if n:
-            run = b.run.copy() if b.run is not None else np.full(n, -1, np.int32)
-            offset = (b.offset.astype(np.int64) if b.offset.shape[0] == n
-                      else np.full(n, -1, np.int64))  # fmt: skip
-            self.parts.append(
-                (b.ip.copy(), b.ninsn.astype(np.int64), b.mode.copy(), b.time.copy(),
-                 np.full(n, b.image, np.int64), run, offset)
-            )  # fmt: skip
-            self.n_parts += n
+            lo, hi = self.n_parts, self.n_parts + n
+            g = self.gather
+            if hi > g["ip"].shape[0]:
+                size = max(hi, 2 * g["ip"].shape[0], 1 << 12)
+                for c, v in g.items():
+                    grown = np.empty(size, v.dtype)
+                    grown[:lo] = v[:lo]
+                    g[c] = grown
+            g["ip"][lo:hi] = b.ip
+            g["ninsn"][lo:hi] = b.ninsn
+            g["mode"][lo:hi] = b.mode
+            g["time"][lo:hi] = b.time
+            g["image"][lo:hi] = b.image
+            g["run"][lo:hi] = b.run if b.run is not None else -1
+            g["offset"][lo:hi] = b.offset if b.offset.shape[0] == n else -1
+            self.n_parts = hi
         if self.n_parts >= self.target:
             self._attribute()
 
     def _attribute(self) -> None:
         """Attribute the gathered blocks and pass on all but the last."""
         stop_k, stop_t, gap_k, ptw = self._events()
-        if not self.parts:
+        if not self.n_parts:
             if len(ptw):
                 # No block since: the marks follow the held block.
                 ptw.at[:] = 1 if self.held is not None else 0
@@ -783,20 +796,26 @@ class QueueSink(FlowSink):
                 self.held_stop = int(self.ctx.stop_values(self.held["ns"], k, stop_t)[-1])
             self.gap_next |= bool(gap_k.shape[0])
             return
-        ip, ninsn, mode, time, image, run, offset = (
-            np.concatenate(c) for c in zip(*self.parts, strict=True)
-        )  # fmt: skip
         n = self.n_parts
-        self.parts, self.n_parts = [], 0
-        ns, tids, pids = self.ctx.attribute(time)
-        gap = np.zeros(n, np.bool_)
-        gap[gap_k[gap_k < n]] = True
-        gap[0] |= self.gap_next
-        self.gap_next = bool((gap_k >= n).any())
-        new = {"ip": ip, "ninsn": ninsn, "mode": mode, "ns": ns, "tid": tids, "pid": pids,
-               "image": image, "run": run, "gap": gap, "offset": offset}  # fmt: skip
+        self.n_parts = 0
         held = 1 if self.held is not None else 0
-        cols = new if not held else {k: np.concatenate([self.held[k], v]) for k, v in new.items()}
+        # The columns passed on: the held block, then the gathered ones
+        # (new arrays: whoever takes a batch may keep it).
+        cols: dict[str, np.ndarray] = {}
+        for c, v in self.gather.items():
+            out = cols[c] = np.empty(n + held, v.dtype)
+            out[held:] = v[:n]
+        ns, tids, pids = self.ctx.attribute(cols["time"][held:])
+        for c, v in (("ns", ns), ("tid", tids), ("pid", pids)):
+            out = cols[c] = np.empty(n + held, np.int64)
+            out[held:] = v
+        gap = cols["gap"] = np.zeros(n + held, np.bool_)
+        gap[held + gap_k[gap_k < n]] = True
+        gap[held] |= self.gap_next
+        self.gap_next = bool((gap_k >= n).any())
+        if held:
+            for c, v in cols.items():
+                v[0] = self.held[c][0]
         first_row = self.held_row if held else self.rows
         # Blocks after which tracing stopped, numbered in ``cols``.
         k = stop_k - 1 + held
