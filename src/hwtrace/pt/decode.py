@@ -706,6 +706,7 @@ def iter_flow(
     config = config or PtConfig()
     buf = _as_buffer(data)
     dec = _decoder(image, config, options, context, revisions=revisions)
+    dec.expect(buf.shape[0])
     for s, e in chunk_ranges(buf, chunk_bytes):
         sink = _Collector(True)
         dec.decode(buf, sink, s, e)

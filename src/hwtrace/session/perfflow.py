@@ -952,6 +952,8 @@ def stream_perf(
                 trace, config.mtc_freq, (config.cpuid_0x15_ebx, config.cpuid_0x15_eax),
                 config.nom_freq, int(ref[0]) if len(ref) else 0,
             )  # fmt: skip
+            # (its caches sized for the whole queue, not for one range)
+            dec.expect(trace.shape[0])
             for s, e in chunk_ranges(trace, chunk_bytes):
                 dec.decode(trace, sink, s, e)
             sink.finish()
