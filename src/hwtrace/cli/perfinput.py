@@ -62,7 +62,10 @@ def warn_missing_calls(prog: str, flow: PerfStream) -> PerfStream:
 
 
 def decode_session(
-    prog: str, session: PerfSession, on_blocks: Callable[[PerfBlocks], None]
+    prog: str,
+    session: PerfSession,
+    on_blocks: Callable[[PerfBlocks], None],
+    batch_rows: int | None = None,
 ) -> PerfStream:
     """:meth:`PerfSession.decode`, with the ``--call`` functions not found said."""
-    return warn_missing_calls(prog, session.decode(on_blocks))
+    return warn_missing_calls(prog, session.decode(on_blocks, batch_rows=batch_rows))

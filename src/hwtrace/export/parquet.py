@@ -89,6 +89,9 @@ BLOCKS_SCHEMA = pa.schema(
         ("trace_offset", pa.int64()),
     ]
 )
+#: Rows per row group: also the batch a decode to Parquet asks the stream
+#: for, so that a row group's column is one page.
+ROW_GROUP = 1 << 17
 #: Rows per part file at most (32 row groups of the default size); a
 #: partition with more is written as several files.
 FILE_ROWS = 1 << 22
@@ -772,7 +775,7 @@ class FlowParquetWriter:
         names: Names | None = None,
         bucket_ns: int = 1_000_000_000,
         instructions: bool = False,
-        row_group: int = 1 << 17,
+        row_group: int = ROW_GROUP,
         budget_rows: int = 1 << 21,
         max_open: int = 64,
         compression: str = "zstd",
@@ -1028,7 +1031,7 @@ def write_dataset(
         tids.update(threads_of(b))
 
     try:
-        flow = session.decode(take)
+        flow = session.decode(take, batch_rows=ROW_GROUP)
         return finish_dataset(writer, flow, tids)
     except BaseException:
         writer.abort()

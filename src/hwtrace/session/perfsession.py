@@ -131,14 +131,19 @@ class PerfSession:
 
         return take, lambda: list(cut.missing())
 
-    def decode(self, on_blocks: Callable[[PerfBlocks], None]) -> PerfStream:
+    def decode(
+        self, on_blocks: Callable[[PerfBlocks], None], *, batch_rows: int | None = None
+    ) -> PerfStream:
         """Decode every trace queue, batch by batch into ``on_blocks`` (cut
         to the calls); nothing of a batch is kept once it returns.  The
         result has the queues with their gaps, the problems met and
-        ``missing_calls``: the ``calls`` found nowhere in the decoded code."""
+        ``missing_calls``: the ``calls`` found nowhere in the decoded code.
+        ``batch_rows``: blocks a batch holds at most (default
+        :func:`~hwtrace.session.perfflow.stream_perf`'s)."""
         take, missing = self.cut_to_calls(on_blocks)
+        extra = {} if batch_rows is None else {"batch_rows": batch_rows}
         flow = stream_perf(
-            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband
+            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband, **extra
         )
         flow.missing_calls = missing()
         return flow
