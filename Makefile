@@ -82,6 +82,7 @@ bench: venv oracles
 	$(BIN)/python bench/bench_flow.py
 	$(BIN)/python bench/bench_decode.py
 	$(BIN)/python bench/bench_script.py
+	$(BIN)/python bench/bench_parquet.py
 	$(BIN)/python bench/bench_latency.py
 	$(BIN)/python bench/bench_perf_memory.py
 	$(BIN)/python bench/bench_stepping.py
