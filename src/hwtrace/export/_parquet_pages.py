@@ -38,10 +38,24 @@ ST_SIZE = 8
 DICT_LIMIT = 1 << 16
 #: slots of a dictionary's hash table (a power of two, twice the limit)
 DICT_SLOTS = DICT_LIMIT * 2
-_SLOT_BITS = 17  # log2(DICT_SLOTS): a value's slot is the top bits of its hash
-assert DICT_SLOTS == 1 << _SLOT_BITS
-_HASH_SHIFT = np.uint64(64 - _SLOT_BITS)
+#: slots a dictionary's hash table starts with (it grows fourfold when half
+#: full, up to DICT_SLOTS: a column of few values probes a table in L1)
+DICT_SLOTS_MIN = 1 << 10
+#: encode_dictionary's answer when the table wants more slots
+GROW = -2
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # (Fibonacci hashing: Knuth, TAOCP 6.4)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _shift(slots):
+    """The right shift that leaves a hash's top bits as a slot of ``slots``
+    (a power of two of them): a value's slot is its hash's top bits."""
+    bits = 0
+    while (1 << bits) < slots.shape[0]:
+        bits += 1
+    return np.uint64(64 - bits)
+
+
 _SIGN = np.int64(-(1 << 63))
 
 
@@ -248,6 +262,28 @@ def encode_booleans(values, n, state, levels, out):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _dictionary_index(v, state, keys, slots, entries, count):
+    """The index of ``v`` in a dictionary of ``count`` entries, added
+    (index ``count``) if new; -1 when it is new and the dictionary full."""
+    mask = slots.shape[0] - 1
+    s = np.int64((np.uint64(v) * _GOLDEN) >> _shift(slots))
+    while True:
+        k = slots[s]
+        if k < 0:
+            if count >= entries.shape[0]:
+                return -1
+            if 2 * (count + 1) > slots.shape[0] and slots.shape[0] < DICT_SLOTS:
+                return GROW
+            slots[s] = count
+            keys[s] = v
+            entries[count] = v
+            return count
+        if keys[s] == v:
+            return k
+        s = (s + 1) & mask
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, indices, levels,
                       out):  # fmt: skip
     """An RLE_DICTIONARY page of ``values[:n]``: each non-null value's
@@ -255,14 +291,31 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
     seen; ``keys``/``slots`` its hash table, slot -1: empty), a byte of bit
     width, then the indices in the hybrid.  Returns -1 when the page would
     take the dictionary past its size (the page is then written PLAIN; the
-    entries it added stay in the dictionary, unused)."""
+    entries it added stay in the dictionary, unused), :data:`GROW` when the
+    table is half full (give it four times the slots, :func:`place_entries`,
+    and ask again)."""
     before = state[ST_DICT]
     count = before
     mask = slots.shape[0] - 1
+    shift = _shift(slots)
     m = 0
     last = np.int64(0)
     last_index = -1
-    for i in range(n):
+    start = 0
+    if n > 0 and (null == NOT_NULL or not _is_null(values[0], null)):
+        # A page of one value (a queue's, a thread's): its index once,
+        # then a comparison a row.
+        v0 = values[0]
+        same = True
+        for i in range(1, n):
+            if values[i] != v0:
+                same = False
+                break
+        if same:
+            start = n
+            m = n
+            last = v0
+    for i in range(start, n):
         v = values[i]
         if _is_null(v, null):
             continue
@@ -271,8 +324,7 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
             indices[m] = last_index
             m += 1
             continue
-        h = (np.uint64(v) * _GOLDEN) >> _HASH_SHIFT
-        s = np.int64(h) & mask
+        s = np.int64((np.uint64(v) * _GOLDEN) >> shift)
         while True:
             k = slots[s]
             if k < 0:
@@ -280,6 +332,11 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
                     # Full: the page goes PLAIN; what it added stays unused.
                     state[ST_DICT] = count
                     return -1
+                if 2 * (count + 1) > slots.shape[0] and slots.shape[0] < DICT_SLOTS:
+                    # Half full: the caller gives more slots and asks again
+                    # (what this page added stays, found again).
+                    state[ST_DICT] = count
+                    return GROW
                 slots[s] = count
                 keys[s] = v
                 entries[count] = v
@@ -293,6 +350,27 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
         last = v
         last_index = indices[m]
         m += 1
+    if start == n and n > 0:
+        index = _dictionary_index(last, state, keys, slots, entries, count)
+        if index < 0:
+            state[ST_DICT] = count
+            return index
+        if index == count:
+            count += 1
+        pos = _levels(out, values, n, null, state, levels)
+        if index == count - 1 and count > before:
+            _see(state, last, unsigned)
+            state[ST_SEEN] += n - 1
+        else:
+            state[ST_SEEN] += n
+        state[ST_DICT] = count
+        width = max(_bit_length(count - 1), 1) if count > 1 else 1
+        out[pos] = width
+        pos = _uvarint(out, pos + 1, n << 1)
+        u = np.uint64(index)
+        for b in range((width + 7) // 8):
+            out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
+        return pos + (width + 7) // 8
     pos = _levels(out, values, n, null, state, levels)
     for e in range(before, count):
         _see(state, entries[e], unsigned)
@@ -308,7 +386,10 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
 def encode_delta(values, n, null, state, levels, deltas, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
     128 values in four miniblocks of 32; ``deltas``: uint64[128] of scratch)."""
+    nulls = state[ST_NULLS]
     pos = _levels(out, values, n, null, state, levels)
+    if state[ST_NULLS] == nulls:
+        null = NOT_NULL  # (none here: the loops below test nothing)
     m = n if null == NOT_NULL else 0
     first = values[0] if n > 0 and null == NOT_NULL else np.int64(0)
     if null != NOT_NULL:
@@ -386,12 +467,26 @@ def encode_dictionary_page(entries, count, width, out):
 def reset_dictionary(slots, entries, count):
     """Empty a dictionary of ``count`` entries for the next column chunk."""
     mask = slots.shape[0] - 1
+    shift = _shift(slots)
     for e in range(count):
-        h = (np.uint64(entries[e]) * _GOLDEN) >> _HASH_SHIFT
-        s = np.int64(h) & mask
+        s = np.int64((np.uint64(entries[e]) * _GOLDEN) >> shift)
         while slots[s] != e:
             s = (s + 1) & mask
         slots[s] = -1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def place_entries(keys, slots, entries, count):
+    """Put a dictionary's ``count`` entries into an empty table (grown)."""
+    mask = slots.shape[0] - 1
+    shift = _shift(slots)
+    for e in range(count):
+        v = entries[e]
+        s = np.int64((np.uint64(v) * _GOLDEN) >> shift)
+        while slots[s] >= 0:
+            s = (s + 1) & mask
+        slots[s] = e
+        keys[s] = v
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)

@@ -190,12 +190,36 @@ class _Scratch:
     time, and writers sharing one encode one after the other."""
 
     def __init__(self) -> None:
-        self.keys = np.zeros(pp.DICT_SLOTS, np.int64)
-        self.slots = np.full(pp.DICT_SLOTS, -1, np.int64)
+        self.all_keys = np.zeros(pp.DICT_SLOTS, np.int64)
+        self.all_slots = np.full(pp.DICT_SLOTS, -1, np.int64)
         self.entries = np.zeros(pp.DICT_LIMIT, np.int64)
+        self._table(pp.DICT_SLOTS_MIN)
         self.deltas = np.zeros(128, np.uint64)
         self.rows = 0
         self.grow(1 << 15)
+
+    def _table(self, size: int) -> None:
+        # (the first ``size`` slots: a table of few entries stays in cache)
+        self.keys, self.slots = self.all_keys[:size], self.all_slots[:size]
+
+    def encode_dictionary(self, spec: ColumnSpec, values: np.ndarray, n: int,
+                          state: np.ndarray) -> int:  # fmt: skip
+        """:func:`~._parquet_pages.encode_dictionary`, the table grown as it asks."""
+        while True:
+            size = pp.encode_dictionary(values, n, spec.null, spec.unsigned, state, self.keys,
+                                        self.slots, self.entries, self.indices, self.levels,
+                                        self.out)  # fmt: skip
+            if size != pp.GROW:
+                return size
+            bigger = min(self.slots.shape[0] * 4, pp.DICT_SLOTS)
+            self.slots.fill(-1)
+            self._table(bigger)
+            pp.place_entries(self.keys, self.slots, self.entries, int(state[pp.ST_DICT]))
+
+    def reset_dictionary(self, count: int) -> None:
+        """Empty the table for the next column chunk."""
+        pp.reset_dictionary(self.slots, self.entries, count)
+        self._table(pp.DICT_SLOTS_MIN)
 
     def grow(self, rows: int) -> None:
         if rows <= self.rows:
@@ -266,10 +290,7 @@ class ParquetFileWriter:
             if spec.physical == _BOOLEAN:
                 size = pp.encode_booleans(values, n, state, s.levels, s.out)
                 pages.append((_PLAIN, n, s.out[:size].tobytes()))
-            elif dictionary and (
-                size := pp.encode_dictionary(values, n, spec.null, spec.unsigned, state, s.keys,
-                                             s.slots, s.entries, s.indices, s.levels, s.out)
-            ) >= 0:  # fmt: skip
+            elif dictionary and (size := s.encode_dictionary(spec, values, n, state)) >= 0:
                 pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
             elif spec.encoding == "delta":
                 size = pp.encode_delta(values, n, spec.null, state, s.levels, s.deltas, s.out)
@@ -287,7 +308,7 @@ class ParquetFileWriter:
         # dictionary-encoded pages)
         size = pp.encode_dictionary_page(s.entries, count, spec.width, s.out)
         body = s.out[:size].tobytes()
-        pp.reset_dictionary(s.slots, s.entries, count)
+        s.reset_dictionary(count)
         return pages, body, count
 
     def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> _Struct:
