@@ -292,8 +292,8 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
     width, then the indices in the hybrid.  Returns -1 when the page would
     take the dictionary past its size (the page is then written PLAIN; the
     entries it added stay in the dictionary, unused), :data:`GROW` when the
-    table is half full (give it four times the slots, :func:`place_entries`,
-    and ask again)."""
+    table is half full (give it four times the slots, place the dictionary's
+    entries, :func:`place_entries`, and ask again)."""
     before = state[ST_DICT]
     count = before
     mask = slots.shape[0] - 1
@@ -333,9 +333,8 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
                     state[ST_DICT] = count
                     return -1
                 if 2 * (count + 1) > slots.shape[0] and slots.shape[0] < DICT_SLOTS:
-                    # Half full: the caller gives more slots and asks again
-                    # (what this page added stays, found again).
-                    state[ST_DICT] = count
+                    # Half full: the caller gives more slots, places the
+                    # entries before this page and asks again.
                     return GROW
                 slots[s] = count
                 keys[s] = v
