@@ -318,30 +318,37 @@ class QueueContexts:
         ``revisions``)."""
         return self.sb.code_revisions(self.pid_of_image.get(id(image), -1), self.conv)
 
-    def attribute(self, block_time: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def attribute(
+        self,
+        block_time: np.ndarray,
+        out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Perf time (-1: none), thread and process of blocks with decoder
-        time stamps ``block_time``."""
+        time stamps ``block_time`` (into the int64 arrays ``out``, if given)."""
         conv, sb = self.conv, self.sb
+        n = block_time.shape[0]
+        ns, tids, pids = out if out is not None else (np.empty(n, np.int64) for _ in range(3))
         if conv is not None:
-            ns = stamps_to_ns(block_time, conv.time_shift, conv.time_mult, conv.time_zero)
+            stamps_to_ns(block_time, conv.time_shift, conv.time_mult, conv.time_zero, out=ns)
         else:
-            ns = np.full(block_time.shape[0], -1, np.int64)
+            ns.fill(-1)
         if self.tid >= 0:
-            tids = np.full(ns.shape[0], self.tid, np.int64)
+            tids.fill(self.tid)
         else:
-            tids = sb.threads_on(self.cpu, np.maximum(ns, 0))
-        return ns, tids, self._pids(tids)
+            tids[:] = sb.threads_on(self.cpu, np.maximum(ns, 0))
+        pids[:] = self._pids(tids)
+        return ns, tids, pids
 
-    def _pids(self, tids: np.ndarray) -> np.ndarray:
-        """The process of each thread; threads come in long runs, so the
-        runs are looked up, not every row."""
+    def _pids(self, tids: np.ndarray) -> np.ndarray | int:
+        """The process of each thread (one for all: an int); threads come in
+        long runs, so the runs are looked up, not every row."""
         n = tids.shape[0]
         if n == 0:
             return tids.copy()
-        heads = np.flatnonzero(tids[1:] != tids[:-1]) + 1
-        if heads.shape[0] == 0:
+        if tids[0] == tids[-1] and (tids == tids[0]).all():
             t = int(tids[0])
-            return np.full(n, self.sb.pid_of(t) if t >= 0 else -1, np.int64)
+            return self.sb.pid_of(t) if t >= 0 else -1
+        heads = np.flatnonzero(tids[1:] != tids[:-1]) + 1
         heads = np.concatenate([[0], heads])
         run_tids = tids[heads]
         uniq, inverse = np.unique(run_tids, return_inverse=True)
@@ -805,10 +812,10 @@ class QueueSink(FlowSink):
         for c, v in self.gather.items():
             out = cols[c] = np.empty(n + held, v.dtype)
             out[held:] = v[:n]
-        ns, tids, pids = self.ctx.attribute(cols["time"][held:])
-        for c, v in (("ns", ns), ("tid", tids), ("pid", pids)):
-            out = cols[c] = np.empty(n + held, np.int64)
-            out[held:] = v
+        for c in ("ns", "tid", "pid"):
+            cols[c] = np.empty(n + held, np.int64)
+        self.ctx.attribute(cols["time"][held:], (cols["ns"][held:], cols["tid"][held:],
+                                                 cols["pid"][held:]))  # fmt: skip
         gap = cols["gap"] = np.zeros(n + held, np.bool_)
         gap[held + gap_k[gap_k < n]] = True
         gap[held] |= self.gap_next
