@@ -505,3 +505,13 @@ def gather_known(index, known, first, second, out_first, out_second):
         else:
             unknown += 1
     return unknown
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def count_unnamed(index, image_ids):
+    """Rows no symbol covers (``index`` -1) or whose image is not known (0)."""
+    count = 0
+    for i in range(index.shape[0]):
+        if index[i] < 0 or image_ids[i] == 0:
+            count += 1
+    return count

@@ -348,25 +348,37 @@ def _ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray]:
     them up), else from the file section holding its address."""
     q = b.queue
     n = len(b)
+    parts = b.images()
+    if len(parts) == 1:
+        # (one address space: the ids go straight into the columns)
+        space, _ = parts[0]
+        return _space_ids(b, names, space, b.ip, q.symbols(space))
     sym = np.zeros(n, np.int64)
     img = np.zeros(n, np.int64)
-    for space, sel in b.images():
-        ip = b.ip[sel]
-        table = q.symbols(space)
-        index = table.index_of(ip)
-        found = np.asarray(index) >= 0
-        s, i = names.ids_at(table, index, q.index, space)
+    for space, sel in parts:
+        s, i = _space_ids(b, names, space, b.ip[sel], q.symbols(space))
+        sym[sel] = s
+        img[sel] = i
+    return sym, img
+
+
+def _space_ids(
+    b: PerfBlocks, names: Names, space: int, ip: np.ndarray, table: SymbolTable
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_ids` of blocks at ``ip`` that ran in address space ``space``."""
+    q = b.queue
+    index = table.index_of(ip)
+    s, i = names.ids_at(table, index, q.index, space)
+    if pages.count_unnamed(index, i):
         # Code no symbol covers: the file its section is of.
-        rest = np.flatnonzero(~found | (i == 0))
+        rest = np.flatnonzero((np.asarray(index) < 0) | (i == 0))
         if rest.shape[0] and space < len(q.images):
             starts, ends, ids = names.sections(q.images[space])
             if starts.shape[0]:
                 k = np.searchsorted(starts, ip[rest], side="right").astype(np.int64) - 1
                 ok = (k >= 0) & (ip[rest] < ends[np.maximum(k, 0)])
                 i[rest[ok]] = ids[k[ok]]
-        sym[sel] = s
-        img[sel] = i
-    return sym, img
+    return s, i
 
 
 def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
