@@ -262,17 +262,20 @@ def encode_booleans(values, n, state, levels, out):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def _dictionary_index(v, state, keys, slots, entries, count):
+def _dictionary_index(v, keys, slots, shift, entries, count):
     """The index of ``v`` in a dictionary of ``count`` entries, added
-    (index ``count``) if new; -1 when it is new and the dictionary full."""
+    (index ``count``) if new; -1 when it is new and the dictionary full,
+    :data:`GROW` when it is new and the table half full."""
     mask = slots.shape[0] - 1
-    s = np.int64((np.uint64(v) * _GOLDEN) >> _shift(slots))
+    s = np.int64((np.uint64(v) * _GOLDEN) >> shift)
     while True:
         k = slots[s]
         if k < 0:
             if count >= entries.shape[0]:
                 return -1
             if 2 * (count + 1) > slots.shape[0] and slots.shape[0] < DICT_SLOTS:
+                # (the caller gives more slots, places the entries before
+                # this page and asks again)
                 return GROW
             slots[s] = count
             keys[s] = v
@@ -296,7 +299,6 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
     entries, :func:`place_entries`, and ask again)."""
     before = state[ST_DICT]
     count = before
-    mask = slots.shape[0] - 1
     shift = _shift(slots)
     m = 0
     last = np.int64(0)
@@ -324,33 +326,21 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
             indices[m] = last_index
             m += 1
             continue
-        s = np.int64((np.uint64(v) * _GOLDEN) >> shift)
-        while True:
-            k = slots[s]
-            if k < 0:
-                if count >= entries.shape[0]:
-                    # Full: the page goes PLAIN; what it added stays unused.
-                    state[ST_DICT] = count
-                    return -1
-                if 2 * (count + 1) > slots.shape[0] and slots.shape[0] < DICT_SLOTS:
-                    # Half full: the caller gives more slots, places the
-                    # entries before this page and asks again.
-                    return GROW
-                slots[s] = count
-                keys[s] = v
-                entries[count] = v
-                indices[m] = count
-                count += 1
-                break
-            if keys[s] == v:
-                indices[m] = k
-                break
-            s = (s + 1) & mask
+        index = _dictionary_index(v, keys, slots, shift, entries, count)
+        if index == -1:
+            # Full: the page goes PLAIN; what it added stays unused.
+            state[ST_DICT] = count
+            return -1
+        if index == GROW:
+            return GROW
+        if index == count:
+            count += 1
+        indices[m] = index
         last = v
-        last_index = indices[m]
+        last_index = index
         m += 1
     if start == n and n > 0:
-        index = _dictionary_index(last, state, keys, slots, entries, count)
+        index = _dictionary_index(last, keys, slots, shift, entries, count)
         if index < 0:
             state[ST_DICT] = count
             return index
