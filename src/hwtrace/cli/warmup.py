@@ -67,9 +67,10 @@ def _path() -> np.ndarray:
 # The parts, in two chains of about equal work: the library decoder, the
 # perf.data commands (which call it) and ptxed; and the decoder's largest
 # callees (compiled at the same time as the decoder, which then finds
-# them in numba's cache) and ptdump.  "subtrees" only helps "library".
-PARTS = ("library", "perf", "ptxed", "ptdump")
-CHAINS = (("library", "perf", "ptxed"), ("subtrees", "ptdump"))
+# them in numba's cache), ptdump and the decode to Parquet (its page
+# encoders).  "subtrees" only helps "library".
+PARTS = ("library", "perf", "ptxed", "ptdump", "decode")
+CHAINS = (("library", "perf", "ptxed"), ("subtrees", "ptdump", "decode"))
 
 
 def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
@@ -144,6 +145,12 @@ def warm_parts(parts) -> None:
                                              io.BytesIO())  # fmt: skip
             if "perf" in parts:
                 status |= _perf_commands(Path(tmp), trace, cfg)
+            if "decode" in parts:
+                from .decode import main as decode_main
+
+                data = _wrapped(Path(tmp), trace, cfg)
+                status |= decode_main(["-i", str(data), "-o", str(Path(tmp) / "flow"),
+                                       "--instructions", "--no-progress"])  # fmt: skip
         if status:
             raise RuntimeError("decoding the warm-up trace failed")
 
@@ -227,25 +234,28 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
         aot.CompiledLoop.__call__ = original  # type: ignore[method-assign]
 
 
-def _perf_commands(tmp: Path, trace: Path, cfg) -> int:
-    """The perf.data commands on the trace wrapped as a perf.data."""
+def _wrapped(tmp: Path, trace: Path, cfg) -> Path:
+    """The trace wrapped as a perf.data (made once)."""
     from ..perf.wrap import wrap_raw_trace
-    from . import perfcmds
 
     data = tmp / "loop.data"
-    elf = tmp / "warm"
-    _write_elf(elf)
-    wrap_raw_trace(trace, data, elf=[(elf, None)], config=cfg, comm="warm")
+    if not data.exists():
+        elf = tmp / "warm"
+        _write_elf(elf)
+        wrap_raw_trace(trace, data, elf=[(elf, None)], config=cfg, comm="warm")
+    return data
+
+
+def _perf_commands(tmp: Path, trace: Path, cfg) -> int:
+    """The perf.data commands on the trace wrapped as a perf.data."""
+    from . import perfcmds
+
+    data = _wrapped(tmp, trace, cfg)
     status = 0
     for args in (["-i", str(data)], ["-i", str(data), "--blocks"]):
         status |= perfcmds.script_main(args)
     # (with the folded call paths, as the demo's report writes them)
     status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
-    # (and the Parquet pages' encoders, blocks and instructions)
-    from .decode import main as decode_main
-
-    status |= decode_main(["-i", str(data), "-o", str(tmp / "flow"), "--instructions",
-                           "--no-progress"])  # fmt: skip
     return status
 
 
