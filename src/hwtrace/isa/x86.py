@@ -150,6 +150,11 @@ def decode(data: bytes, ip: int, mode: int) -> Insn | None:
     ins = iced.Decoder(mode, data, ip=ip).decode()
     if ins.code == iced.Code.INVALID:
         return None
+    return _insn_of(ins, data[: ins.len], ip, mode)
+
+
+def _insn_of(ins: iced.Instruction, raw: bytes, ip: int, mode: int) -> Insn:
+    """An iced-x86 instruction (decoded from ``raw`` at ``ip``) classified."""
     iclass, special, direct = classify(ins)
     disp = 0
     if direct:
@@ -158,7 +163,13 @@ def decode(data: bytes, ip: int, mode: int) -> Insn | None:
         if mode != 64:
             width = 1 << mode
             disp = ((disp + width // 2) % width) - width // 2
-    return Insn(ip, ins.len, iclass, special, direct, disp, bytes(data[: ins.len]), mode)
+    return Insn(ip, ins.len, iclass, special, direct, disp, bytes(raw), mode)
+
+
+_STRAIGHT = (IClass.OTHER, IClass.PTWRITE)  # classes after which control goes on
+#: bytes read and decoded ahead at once: code is decoded in runs (one
+#: iced-x86 decoder over a stretch, a fraction of a decoder per instruction)
+RUN_BYTES = 256
 
 
 Reader = Callable[[int, int], bytes]
@@ -182,6 +193,11 @@ class InsnCache:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        if mode in (16, 32, 64):
+            self._decode_run(ip, mode)
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
         data = self.read(ip, MAX_INSN_SIZE)
         if not data:
             result: Insn | int = 13
@@ -200,6 +216,29 @@ class InsnCache:
             result = insn if insn is not None else 14
         self._cache[key] = result
         return result
+
+    def _decode_run(self, ip: int, mode: int) -> None:
+        """Decode and keep the straight-line instructions from ``ip`` on,
+        through the first that may transfer control, in the first
+        :data:`RUN_BYTES` bytes; stopping at one that does not decode whole
+        from those bytes (which :meth:`get` then decodes alone: one across
+        sections, APX's JMPABS, an error)."""
+        data = self.read(ip, RUN_BYTES)
+        if not data:
+            return
+        cache = self._cache
+        at = ip
+        for ins in iced.Decoder(mode, data, ip=ip):
+            if ins.code == iced.Code.INVALID:
+                break
+            off = at - ip
+            key = (at, mode)
+            insn = cache.get(key)
+            if insn is None:
+                insn = cache[key] = _insn_of(ins, data[off : off + ins.len], at, mode)
+            if isinstance(insn, int) or insn.iclass not in _STRAIGHT:
+                break
+            at += ins.len
 
     def clear(self) -> None:
         self._cache.clear()

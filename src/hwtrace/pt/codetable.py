@@ -581,27 +581,30 @@ class CodeTable:
     def _add(self, insns: list[tuple[int, object]], mode: int) -> None:
         """Add decoded instructions (or libipt error codes) at their
         addresses, a column at a time, and hash them in one call."""
-        self._grow_insns(len(insns))
+        n = len(insns)
+        if not n:
+            return
+        self._grow_insns(n)
         first = self.n_insns
-        end = first + len(insns)
-        cols: dict[str, list[int]] = {name: [] for name in _FILLED}
-        raw = np.zeros((len(insns), 16), np.uint8)
+        end = first + n
+        index = self._index
+        rows = []
+        raw = bytearray(16 * n)
         for j, (at, got) in enumerate(insns):
-            self._index[(at, mode)] = first + j
+            index[(at, mode)] = first + j
             values = _columns_of(got)
-            for name, v in zip(_FILLED, values, strict=True):
-                cols[name].append(v)
             if not isinstance(got, int):
-                cols["i_isid"][-1] = self.section_id(at)
+                values = (*values[:5], self.section_id(at), values[6])
                 b = got.raw[:16]
-                raw[j, : len(b)] = np.frombuffer(b, np.uint8)
+                raw[16 * j : 16 * j + len(b)] = b
+            rows.append(values)
         sl = slice(first, end)
         self.i_ip[sl] = np.array([at for at, _ in insns], np.uint64)
         self.i_mode[sl] = mode
-        for name, values in cols.items():
+        for name, values in zip(_FILLED, zip(*rows, strict=True), strict=True):
             column = getattr(self, name)
             column[sl] = np.array(values, column.dtype)
-        self.i_raw[sl] = raw
+        self.i_raw[sl] = np.frombuffer(raw, np.uint8).reshape(n, 16)
         self.i_adopted[sl] = 0
         _hash_range(self.h_ip, self.h_mode, self.h_val, self.i_ip, self.i_mode, first, end)
         self.counts[C_INSNS] = end
