@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..columns import distinct
+
 CLOCK_MONOTONIC = "CLOCK_MONOTONIC"
 PERF_CLOCK = "perf"
 _CLOCKID_MONOTONIC = 1  # a perf_event_attr's clockid
@@ -325,7 +327,7 @@ class EventPlacer:
         self.lo = np.where(ok, events.time - events.error, -1)
         self.hi = np.where(ok, events.time + events.error, -1)
         self.by_tid: dict[int, np.ndarray] = {}
-        for tid in np.unique(events.tid[ok]).tolist():
+        for tid in distinct(events.tid[ok]).tolist():
             rows = np.flatnonzero(ok & (events.tid == tid))
             self.by_tid[tid] = rows[np.argsort(self.lo[rows], kind="stable")]
         self.threads: dict[int, _Steps] = {}
@@ -334,7 +336,7 @@ class EventPlacer:
         tids = b.tid
         if not len(b):
             return
-        uniq = np.unique(tids)
+        uniq = distinct(tids)
         for tid in uniq.tolist():
             sel = slice(None) if uniq.shape[0] == 1 else np.flatnonzero(tids == tid)
             self._add(int(tid), b.ns[sel], b.duration[sel], b.ninsn[sel], b.ip[sel], b.gap[sel])

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..columns import distinct
 from .common import command_parser, open_saying
 from .perfinput import add_input_options, decode_session, open_session
 
@@ -118,7 +119,7 @@ def place(opened, events, prog: str):
 
     def feed(b) -> None:
         if len(b):
-            for image in np.unique(b.image).tolist():
+            for image in distinct(b.image).tolist():
                 names.add(b.queue, int(image))
         placer(b)
 

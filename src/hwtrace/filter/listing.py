@@ -20,6 +20,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .. import aot
+from ..columns import distinct
 from ..textout import (
     align_right,
     put_byte,
@@ -270,7 +271,7 @@ class _Lines:
         sizes = np.ascontiguousarray(cols["size"], np.int64)
         biggest = np.zeros(self.fixed.shape[0], np.int64)
         np.maximum.at(biggest, etype, sizes)
-        present = np.unique(etype)
+        present = distinct(etype)
         line_max = int((self.fixed[present] + self.per_byte[present] * biggest[present]).max())
         line_max += 6 * int(self.comm[1].max(initial=0))
         per_chunk = max(1, chunk_bytes // line_max)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..columns import distinct
+
 __all__ = ["FUNCTION", "IFUNC", "OBJECT", "SymbolTable"]
 
 OBJECT = 0
@@ -230,7 +232,7 @@ class SymbolTable:
         if module:
             wanted = [i for i, m in enumerate(self.modules) if os.path.basename(m) == module]
             sel &= np.isin(self.module, wanted)
-        return np.unique(self.start[sel])
+        return distinct(self.start[sel])
 
     def ifunc_stubs(self, spec: str) -> np.ndarray:
         """The start addresses (sorted) of the PLT stubs (``name@plt``, in
@@ -255,7 +257,7 @@ class SymbolTable:
             stub = f"*ABS*+{link:#x}@plt"
             mine = np.isin(self.name_index, [j for j, n in enumerate(self.names) if n == stub])
             parts.append(self.start[mine & (self.module == m) & (self.kind == FUNCTION)])
-        return np.unique(np.concatenate(parts))
+        return distinct(np.concatenate(parts))
 
     def __iter__(self):
         """Yield ``(start, size, name, is_function)`` in address order."""

@@ -47,6 +47,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..columns import distinct
 from ..pt.packets import release
 from . import _loops as K
 from .attr import AttrError, PerfEventAttr
@@ -408,7 +409,7 @@ class PerfData:
                 )
             )
         typ = self.records["type"]
-        kinds = np.unique(typ)
+        kinds = distinct(typ)
         for t in kinds.tolist():
             if not (1 <= t <= 21 or 64 <= t <= 82):
                 k = int(np.count_nonzero(typ == t))
@@ -611,7 +612,7 @@ class PerfData:
         ra = r["attr"][rows]
         cols: list[str] = []
         problems: list[SampleProblem] = []
-        for a in np.unique(ra).tolist():
+        for a in distinct(ra).tolist():
             at = self.attrs[a].attr
             sel = np.flatnonzero(ra == a)
             sub = np.empty((sel.shape[0], K.NCOL), np.uint64)

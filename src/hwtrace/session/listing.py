@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import aot
+from ..columns import distinct
 from .perfflow import PerfBlocks, PtwMarks, QueueInfo
 from .perftime import table_transfer_classes
 
@@ -113,7 +114,7 @@ class PerfNameRows:
         sym, off = out
         np.take(sym_k, rows, out=sym)
         if sym.shape[0] and sym.min() == self._UNSET:
-            fresh = np.unique(rows[sym == self._UNSET])
+            fresh = distinct(rows[sym == self._UNSET])
             sym_k[fresh], off_k[fresh] = self.lookup(q, image, code.i_ip[fresh])
             np.take(sym_k, rows, out=sym)
         np.take(off_k, rows, out=off)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from ...columns import distinct
 from ...perf.data import PerfData, PerfDataError, SampleProblem, read_perf_data
 from ...perf.features import Feature
 from ...perf.records import RecordType
@@ -154,7 +155,7 @@ class PerfInput(StreamInput):
         self.timeline = CommTimeline(data)
         self.comms = self.timeline.names
         sampled = (r["type"] == RecordType.SAMPLE) & (r["attr"] >= 0)
-        self.attrs: list[int] = np.unique(r["attr"][sampled]).tolist()
+        self.attrs: list[int] = distinct(r["attr"][sampled]).tolist()
         self.columns = set(data.sample_columns(self.attrs))
         self.types = []
         for a in self.attrs:
