@@ -378,13 +378,18 @@ class _Library:
         # Loops some specialisation of which numba keeps (they allocate,
         # or return arrays): calling numba for those is no reason to build.
         self.numba_only = {s.split("(", 1)[0] for s in manifest.get("skipped", [])}
-        self.specs: dict[str, dict] = {}
+        # By loop; a spec's key (nested JSON lists) becomes a tuple only when
+        # its loop is first called: a command calls a few of the loops.
+        self.raw: dict[str, list[dict]] = {}
         for spec in _entries(manifest):
-            self.specs.setdefault(spec["loop"], {})[_from_json(spec["key"])] = spec
+            self.raw.setdefault(spec["loop"], []).append(spec)
+
+    def _specs(self, name: str) -> dict:
+        return {_from_json(spec["key"]): spec for spec in self.raw.get(name, [])}
 
     def entries(self, name: str) -> dict:
         out = {}
-        for key, spec in self.specs.get(name, {}).items():
+        for key, spec in self._specs(name).items():
             try:
                 out[key] = _Entry.from_library(self.dlls[spec["library"]], name, spec)
             except (AttributeError, KeyError):
