@@ -46,17 +46,16 @@ GROW = -2
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # (Fibonacci hashing: Knuth, TAOCP 6.4)
 
 
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def _shift(slots):
-    """The right shift that leaves a hash's top bits as a slot of ``slots``
-    (a power of two of them): a value's slot is its hash's top bits."""
-    bits = 0
-    while (1 << bits) < slots.shape[0]:
-        bits += 1
-    return np.uint64(64 - bits)
-
-
 _SIGN = np.int64(-(1 << 63))
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _put_le(out, pos, v, nbytes):
+    """``v``'s low ``nbytes`` bytes at ``pos``, little-endian; the position after."""
+    u = np.uint64(v)
+    for b in range(nbytes):
+        out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
+    return pos + nbytes
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -88,10 +87,17 @@ def _bit_length(u):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _shift(slots):
+    """The right shift that leaves a hash's top bits as a slot of ``slots``
+    (a power of two of them): a value's slot is its hash's top bits."""
+    return np.uint64(64 - _bit_length(slots.shape[0] - 1))
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _is_null(v, null):
-    if null == 1:
+    if null == NULL_IF_NEGATIVE:
         return v < 0
-    if null == 2:
+    if null == NULL_IF_ZERO:
         return v == 0
     return False
 
@@ -110,9 +116,7 @@ def _pack(out, pos, values, start, stop, count, width):
         x = np.uint64(values[i]) if i < stop else np.uint64(0)
         acc |= x << np.uint64(nb)
         if nb + width >= 64:
-            for b in range(8):
-                out[pos + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
-            pos += 8
+            pos = _put_le(out, pos, acc, 8)
             carry = nb + width - 64
             acc = (x >> np.uint64(64 - nb)) if carry > 0 else np.uint64(0)
             nb = carry
@@ -127,11 +131,17 @@ def _pack(out, pos, values, start, stop, count, width):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _rle_run(out, pos, count, value, width):
+    """An RLE run of the hybrid: ``count`` times ``value`` (``width`` bits)."""
+    pos = _uvarint(out, pos, count << 1)
+    return _put_le(out, pos, value, (width + 7) // 8)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _hybrid(out, pos, values, n, width):
     """``values[:n]`` in the RLE/bit-packing hybrid: runs of eight or more
     equal values as RLE runs, the rest in bit-packed runs of groups of
     eight (the last one padded with zeros)."""
-    vbytes = (width + 7) // 8
     i = 0
     while i < n:
         j = i + 1
@@ -139,11 +149,7 @@ def _hybrid(out, pos, values, n, width):
         while j < n and values[j] == v:
             j += 1
         if j - i >= 8:
-            pos = _uvarint(out, pos, (j - i) << 1)
-            u = np.uint64(v)
-            for b in range(vbytes):
-                out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
-            pos += vbytes
+            pos = _rle_run(out, pos, j - i, v, width)
             i = j
             continue
         start = i
@@ -178,18 +184,13 @@ def _levels(out, values, n, null, state, levels):
         for i in range(n):
             if _is_null(values[i], null):
                 nulls += 1
-    pos = 4
     if nulls == 0:
-        pos = _uvarint(out, pos, n << 1)
-        out[pos] = 1
-        pos += 1
+        pos = _rle_run(out, 4, n, 1, 1)
     else:
         for i in range(n):
             levels[i] = 0 if _is_null(values[i], null) else 1
-        pos = _hybrid(out, pos, levels, n, 1)
-    size = pos - 4
-    for b in range(4):
-        out[b] = np.uint8((size >> (8 * b)) & 0xFF)
+        pos = _hybrid(out, 4, levels, n, 1)
+    _put_le(out, 0, pos - 4, 4)
     state[ST_VALUES] += n
     state[ST_NULLS] += nulls
     return pos
@@ -232,10 +233,7 @@ def encode_plain(values, n, null, unsigned, width, state, levels, out):
         if _is_null(v, null):
             continue
         _see(state, v, unsigned)
-        u = np.uint64(v)
-        for b in range(width):
-            out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
-        pos += width
+        pos = _put_le(out, pos, v, width)
     return pos
 
 
@@ -284,6 +282,12 @@ def _dictionary_index(v, keys, slots, shift, entries, count):
         if keys[s] == v:
             return k
         s = (s + 1) & mask
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _index_width(count):
+    """Bits of an index into a dictionary of ``count`` entries (at least 1)."""
+    return max(_bit_length(count - 1), 1) if count > 1 else 1
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -353,22 +357,17 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
         else:
             state[ST_SEEN] += n
         state[ST_DICT] = count
-        width = max(_bit_length(count - 1), 1) if count > 1 else 1
+        width = _index_width(count)
         out[pos] = width
-        pos = _uvarint(out, pos + 1, n << 1)
-        u = np.uint64(index)
-        for b in range((width + 7) // 8):
-            out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
-        return pos + (width + 7) // 8
+        return _rle_run(out, pos + 1, n, index, width)
     pos = _levels(out, values, n, null, state, levels)
     for e in range(before, count):
         _see(state, entries[e], unsigned)
     state[ST_SEEN] += m - (count - before)
     state[ST_DICT] = count
-    width = max(_bit_length(count - 1), 1) if count > 1 else 1
+    width = _index_width(count)
     out[pos] = width
-    pos += 1
-    return _hybrid(out, pos, indices, m, width)
+    return _hybrid(out, pos + 1, indices, m, width)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -377,25 +376,18 @@ def encode_delta(values, n, null, state, levels, deltas, out):
     128 values in four miniblocks of 32; ``deltas``: uint64[128] of scratch)."""
     nulls = state[ST_NULLS]
     pos = _levels(out, values, n, null, state, levels)
-    if state[ST_NULLS] == nulls:
+    m = n - (state[ST_NULLS] - nulls)  # the values stored
+    if m == n:
         null = NOT_NULL  # (none here: the loops below test nothing)
-    m = n if null == NOT_NULL else 0
-    first = values[0] if n > 0 and null == NOT_NULL else np.int64(0)
-    if null != NOT_NULL:
-        for i in range(n):
-            v = values[i]
-            if not _is_null(v, null):
-                if m == 0:
-                    first = v
-                m += 1
-    pos = _uvarint(out, pos, 128)
-    pos = _uvarint(out, pos, 4)
-    pos = _uvarint(out, pos, m)
-    pos = _zigzag(out, pos, first)
     i = 0
     # Skip to the first non-null value.
     while i < n and _is_null(values[i], null):
         i += 1
+    first = np.int64(values[i]) if i < n else np.int64(0)
+    pos = _uvarint(out, pos, 128)
+    pos = _uvarint(out, pos, 4)
+    pos = _uvarint(out, pos, m)
+    pos = _zigzag(out, pos, first)
     low = first
     high = first
     prev = first
@@ -445,10 +437,7 @@ def encode_dictionary_page(entries, count, width, out):
     each)."""
     pos = 0
     for e in range(count):
-        u = np.uint64(entries[e])
-        for b in range(width):
-            out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
-        pos += width
+        pos = _put_le(out, pos, entries[e], width)
     return pos
 
 

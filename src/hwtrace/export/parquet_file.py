@@ -273,8 +273,9 @@ class ParquetFileWriter:
             return
         self.scratch.grow(max(n for _, n in pieces))
         start = self.offset
-        columns = [self._write_chunk(spec, pieces) for spec in self.specs]
-        rg = _Struct().structs(1, columns).i64(2, self.offset - start).i64(3, rows)
+        chunks = [self._write_chunk(spec, pieces) for spec in self.specs]
+        rg = _Struct().structs(1, [c for c, _ in chunks])
+        rg.i64(2, sum(size for _, size in chunks)).i64(3, rows)  # (uncompressed)
         rg.i64(5, start).i64(6, self.offset - start)
         self.row_groups.append(rg)
         self.num_rows += rows
@@ -311,7 +312,8 @@ class ParquetFileWriter:
         s.reset_dictionary(count)
         return pages, body, count
 
-    def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> _Struct:
+    def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple[_Struct, int]:
+        """Write a column chunk; its ColumnChunk and its uncompressed size."""
         state = np.zeros(pp.ST_SIZE, np.int64)
         pages, dictionary, dict_count = self._encode(spec, pieces, state)
         dict_offset = None
@@ -352,7 +354,7 @@ class ParquetFileWriter:
         if dict_offset is not None:
             meta.i64(11, dict_offset)
         meta.struct(12, stats)
-        return _Struct().i64(2, 0).struct(3, meta)
+        return _Struct().i64(2, 0).struct(3, meta), uncompressed
 
     def _put(self, body: bytes, kind: int, n: int, encoding: int) -> tuple[int, int]:
         """Write one page; its uncompressed and compressed sizes, headers included."""
@@ -374,7 +376,7 @@ class ParquetFileWriter:
         for spec in self.specs:
             el = _Struct().i32(1, spec.physical).i32(3, _OPTIONAL).binary(4, spec.name)
             if spec.unsigned:
-                el.i32(6, _UINT_64 if spec.width == 8 and spec.kind.bit_width == 64 else _UINT_8)
+                el.i32(6, _UINT_64 if spec.kind.bit_width == 64 else _UINT_8)
                 el.struct(10, _Struct().struct(10, _Struct().i8(1, spec.kind.bit_width)
                                                           .boolean(2, False)))  # fmt: skip
             schema.append(el)
