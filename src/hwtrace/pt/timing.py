@@ -522,15 +522,21 @@ def tsc_to_ns(tsc: np.ndarray, time_shift: int, time_mult: int, time_zero: int) 
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def tsc_ns(t, shift, mult, zero):
+    """One TSC value as perf time, as perf's ``tsc_to_perf_time`` (u64
+    arithmetic that wraps; ``zero`` already taken modulo 2**64)."""
+    u = np.uint64(t)
+    s = np.uint64(shift)
+    m = np.uint64(mult)
+    low = (np.uint64(1) << s) - np.uint64(1) if shift < 64 else ~np.uint64(0)
+    return np.int64(np.uint64(zero) + (u >> s) * m + (((u & low) * m) >> s))
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _stamps_to_ns(tsc, shift, mult, zero, out):
     for i in range(tsc.shape[0]):
         t = tsc[i]
-        if t == 0:
-            out[i] = -1
-            continue
-        quot = t >> shift
-        rem = t & ((np.uint64(1) << shift) - np.uint64(1))
-        out[i] = np.int64(zero + quot * mult + ((rem * mult) >> shift))
+        out[i] = -1 if t == 0 else tsc_ns(t, shift, mult, zero)
 
 
 def stamps_to_ns(

@@ -41,6 +41,7 @@ from ..pt.decode import chunk_ranges
 from ..pt.flowrows import I_DIRECT, CodeTable
 from ..pt.kinds import Kind
 from ..pt.packets import ROW_TYPES, ColumnBuffers, decode_range
+from ..pt.timing import tsc_ns
 
 __all__ = [
     "C_COND",
@@ -127,7 +128,6 @@ def _monotonic_ns(out, last, shift, mult, zero):
     repeat for runs of instructions: each value is converted once."""
     prev = np.int64(-1)
     prev_ns = np.int64(-1)
-    low = np.uint64((1 << shift) - 1) if shift < 64 else ~np.uint64(0)
     for i in range(out.shape[0]):
         t = out[i]
         if t < last:
@@ -138,10 +138,7 @@ def _monotonic_ns(out, last, shift, mult, zero):
             if t == 0:
                 prev_ns = -1
             else:
-                u = np.uint64(t)
-                q = u >> np.uint64(shift)
-                r = u & low
-                prev_ns = np.int64(zero + q * mult + ((r * mult) >> np.uint64(shift)))
+                prev_ns = tsc_ns(t, shift, mult, zero)
         out[i] = prev_ns
     return last
 
