@@ -224,11 +224,12 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
     from elftools.elf.elffile import ELFFile
 
     from hwtrace.cli.warmup import (
+        AFTER,
         BASE,
         CHAINS,
         CODE,
         CONFIG,
-        PARTS,
+        PIECES,
         TRACE,
         _path,
         _write_elf,
@@ -237,7 +238,11 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
     from hwtrace.image import Image
     from hwtrace.pt.encode import encode_path
 
-    assert set(PARTS) | {"subtrees"} == {p for chain in CHAINS for p in chain}
+    pieces = [p for chain in CHAINS for p in chain]
+    assert sorted(pieces) == sorted(p for part in PIECES.values() for p in part)
+    # (a piece waits for one another chain runs before it)
+    for piece, before in AFTER.items():
+        assert any(before in chain and piece not in chain for chain in CHAINS)
     image = Image()
     code = tmp_path / "code.bin"
     code.write_bytes(CODE)
@@ -256,7 +261,7 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
             ("warm_loop", BASE),
             ("warm_callee", BASE + 0x10),
         }
-    warm_parts((*PARTS, "subtrees"))
+    warm_parts(("packets", "subtrees", *(p for p in pieces if p not in ("packets", "subtrees"))))
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -306,3 +311,19 @@ def test_warm_up_writes_the_packages_bytecode():
     cached.unlink(missing_ok=True)
     warmup._byte_compile()
     assert cached.is_file()
+
+
+def test_warm_up_stops_the_other_chain_when_one_fails():
+    """A chain's process that fails ends the warm-up: the other may be
+    waiting for a piece the failed one was to make, so it is stopped."""
+    import subprocess
+    import sys
+
+    from hwtrace.cli.warmup import _wait_all
+
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    assert _wait_all([waiting, failing]) is True
+    assert waiting.returncode is not None and failing.returncode == 3
+    done = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    assert _wait_all(done) is False

@@ -10,7 +10,7 @@ second.  The ways come in parts (:data:`PARTS`): the library decoder
 keeping and counting its results, ``ptxed`` with and without disassembly,
 ``ptdump`` in its forms, and the perf.data commands (``report``,
 ``script``) on the trace wrapped as a perf.data.  numba
-compiles in one thread, so the parts run in two processes where there
+compiles in one thread, so the parts run in two processes (:data:`CHAINS`) where there
 are two CPUs, sharing numba's cache; the library is built from that cache once
 they are done.  Loops other commands need are added to the library after
 their first use.
@@ -64,13 +64,31 @@ def _path() -> np.ndarray:
     return np.array(ips, np.uint64)
 
 
-# The parts, in two chains of about equal work: the library decoder, the
-# perf.data commands (which call it) and ptxed; and the decoder's largest
-# callees (compiled at the same time as the decoder, which then finds
-# them in numba's cache), ptdump and the decode to Parquet (its page
-# encoders).  "subtrees" only helps "library".
 PARTS = ("library", "perf", "ptxed", "ptdump", "decode")
-CHAINS = (("library", "perf", "ptxed"), ("subtrees", "ptdump", "decode"))
+#: The pieces of each part, as the processes run them.
+PIECES = {
+    "library": ("packets", "library", "subtrees"),
+    "perf": ("script", "report"),
+    "ptxed": ("ptxed",),
+    "ptdump": ("ptdump",),
+    "decode": ("decode",),
+}
+# The pieces in two chains of about equal work.  The decoder is compiled
+# in two halves at once: one process compiles the packet and timing loops
+# ("packets"), then the decoder ("library") from its entry; the other,
+# once the first has cached the packet loops (it needs their results to
+# type the decoder's arguments), the subtrees the decoder reaches last
+# ("subtrees"), which the first then finds in numba's cache.  What runs the
+# whole decoder waits for it to be cached.  Ordered after a simulation of
+# the two processes on the compile times of each loop (numba compiles a
+# function in the process that first needs it, again in another one that
+# needs it before it is cached).
+CHAINS = (("packets", "library", "script", "ptxed"), ("ptdump", "subtrees", "report", "decode"))
+#: the piece another chain's piece waits for
+AFTER = {"subtrees": "packets", "report": "library", "decode": "library"}
+# Longest a piece waits for another process's (that process failing
+# ends the wait sooner: the parent stops both).
+WAIT_SECONDS = 900.0
 
 
 def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
@@ -84,19 +102,40 @@ def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
         )
     _byte_compile()
     jobs = jobs or len(os.sched_getaffinity(0))
+    wanted = {piece for part in parts for piece in PIECES[part]}
     if jobs <= 1:
-        warm_parts(parts)
+        warm_parts([p for p in (*CHAINS[0], *CHAINS[1]) if p in wanted and p != "subtrees"])
         return
-    wanted = set(parts) | ({"subtrees"} if "library" in parts else set())
     chains = [[p for p in chain if p in wanted] for chain in CHAINS]
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(chain)])
-        for chain in chains
-        if chain
-    ]
-    failed = [p for p in procs if p.wait() != 0]
+    with tempfile.TemporaryDirectory(prefix="hwtrace-warm-marks-") as marks:
+        procs = []
+        for chain in filter(None, chains):
+            elsewhere = json.dumps(sorted(wanted - set(chain)))
+            command = [sys.executable, "-c", _WORKER, json.dumps(chain), marks, elsewhere]
+            procs.append(subprocess.Popen(command))
+        failed = _wait_all(procs)
     if failed:
         raise RuntimeError("decoding the warm-up trace failed")
+
+
+def _wait_all(procs: list[subprocess.Popen]) -> bool:
+    """Wait for the chains' processes; when one fails, stop the others
+    (they may be waiting for its pieces).  Whether one failed."""
+    import time
+
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                return True
+            if all(c == 0 for c in codes):
+                return False
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def _byte_compile() -> None:
@@ -112,11 +151,31 @@ def _byte_compile() -> None:
         compileall.compile_dir(str(package), quiet=2, workers=1)
 
 
-_WORKER = "import json, sys\nfrom hwtrace.cli.warmup import warm_parts\nwarm_parts(json.loads(sys.argv[1]))"
+_WORKER = (
+    "import json, sys\nfrom hwtrace.cli.warmup import warm_parts\n"
+    "warm_parts(json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]))"
+)
 
 
-def warm_parts(parts) -> None:
-    """Run the warm-up ``parts`` (names of :data:`PARTS`) in this process."""
+def _await(marks: Path, piece: str) -> None:
+    """Wait until another process has done ``piece`` (its mark exists)."""
+    import time
+
+    deadline = time.monotonic() + WAIT_SECONDS
+    parent = os.getppid()
+    while not (marks / piece).exists():
+        if os.getppid() != parent or time.monotonic() > deadline:
+            raise RuntimeError(f"the warm-up piece {piece} did not end")
+        time.sleep(0.05)
+
+
+def warm_parts(pieces, marks: str | None = None, elsewhere=()) -> None:
+    """Run the warm-up ``pieces`` (of :data:`PIECES`' values) in this
+    process, in order.  With ``marks`` (a directory the processes of one
+    warm-up share), each piece leaves a mark there when done, and a piece
+    first waits for the mark of what :data:`AFTER` says when that is
+    among the pieces another process runs (``elsewhere``)."""
+    mark_dir = Path(marks) if marks is not None else None
     with tempfile.TemporaryDirectory(prefix="hwtrace-warm-") as tmp:
         code = Path(tmp) / "code.bin"
         code.write_bytes(CODE)
@@ -129,30 +188,55 @@ def warm_parts(parts) -> None:
                   "--cpuid-0x15.eax", str(cfg.cpuid_0x15_eax),
                   "--cpuid-0x15.ebx", str(cfg.cpuid_0x15_ebx)]  # fmt: skip
         status = 0
-        if "subtrees" in parts:
-            _decoder_subtrees(image, cfg)
-        if "library" in parts:
-            for keep in (True, False):
-                decode_trace(TRACE, image, cfg, keep_blocks=keep)
-        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-            if "ptdump" in parts:
-                for extra in ([], ["--quiet"], ["--time", "--lastip"], ["--tcal"]):
-                    status |= ptdump_cli.main([*extra, *timing, str(trace)])
-            if "ptxed" in parts:
-                raw = ["--raw", f"{code}:{BASE:#x}"]
-                for extra in ([], ["--no-inst"], ["--quiet"]):
-                    status |= ptxed_cli.main([*timing, *raw, *extra, "--pt", str(trace)],
-                                             io.BytesIO())  # fmt: skip
-            if "perf" in parts:
-                status |= _perf_commands(Path(tmp), trace, cfg)
-            if "decode" in parts:
-                from .decode import main as decode_main
-
-                data = _wrapped(Path(tmp), trace, cfg)
-                status |= decode_main(["-i", str(data), "-o", str(Path(tmp) / "flow"),
-                                       "--instructions", "--no-progress"])  # fmt: skip
+        for piece in pieces:
+            before = AFTER.get(piece)
+            if mark_dir is not None and before in elsewhere:
+                _await(mark_dir, before)
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                status |= _piece(piece, Path(tmp), image, cfg, trace, code, timing)
+            if mark_dir is not None:
+                (mark_dir / piece).touch()
         if status:
             raise RuntimeError("decoding the warm-up trace failed")
+
+
+def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code: Path,
+           timing: list[str]) -> int:  # fmt: skip
+    """Run one warm-up piece; its exit status."""
+    status = 0
+    if piece == "packets":
+        _until_decoder(image, cfg, lambda args: None)
+    elif piece == "subtrees":
+        _decoder_subtrees(image, cfg)
+    elif piece == "library":
+        for keep in (True, False):
+            decode_trace(TRACE, image, cfg, keep_blocks=keep)
+    elif piece == "ptdump":
+        for extra in ([], ["--quiet"], ["--time", "--lastip"], ["--tcal"]):
+            status |= ptdump_cli.main([*extra, *timing, str(trace)])
+    elif piece == "ptxed":
+        raw = ["--raw", f"{code}:{BASE:#x}"]
+        for extra in ([], ["--no-inst"], ["--quiet"]):
+            status |= ptxed_cli.main([*timing, *raw, *extra, "--pt", str(trace)], io.BytesIO())
+    elif piece in ("script", "report"):
+        from . import perfcmds
+
+        data = _wrapped(tmp, trace, cfg)
+        if piece == "script":
+            for args in (["-i", str(data)], ["-i", str(data), "--blocks"]):
+                status |= perfcmds.script_main(args)
+        else:
+            # (with the folded call paths, as the demo's report writes them)
+            status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
+    elif piece == "decode":
+        from .decode import main as decode_main
+
+        data = _wrapped(tmp, trace, cfg)
+        status |= decode_main(["-i", str(data), "-o", str(tmp / "flow"), "--instructions",
+                               "--no-progress"])  # fmt: skip
+    else:
+        raise ValueError(f"no warm-up piece {piece}")
+    return status
 
 
 def _write_elf(path: Path) -> None:
@@ -198,14 +282,10 @@ class _Typed(Exception):
     """Stops the decoder once its arguments are known."""
 
 
-def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
-    """Compile the flow decoder's largest callees (in the order opposite
-    to the one in which compiling the decoder itself reaches them), for
-    the arguments the decoder gets, so that another process compiling the
-    decoder finds them in numba's cache."""
-    from numba import typeof
-    from numba.core import types
-
+def _until_decoder(image: Image, cfg: PtConfig, at_decoder) -> None:
+    """Decode the loop's trace up to the flow decoder's call, then stop:
+    ``at_decoder(args)`` gets the decoder's arguments.  Compiles the packet
+    and timing loops on the way."""
     from .. import aot
     from ..pt import _flowloop as F
 
@@ -214,15 +294,7 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
     def typed(loop, *args):
         if loop is not F.run:
             return original(loop, *args)
-        ds, pk, cf, ct, out = args
-        base = (typeof(ds), typeof(pk), typeof(cf), typeof(ct))
-        for callee, sig in (
-            (F._proceed, (*base, typeof(out))),
-            (F._fast, (*base, typeof(out))),
-            (F._trailing, (*base, types.boolean)),
-            (F.blk_resync, (*base, typeof(ds[13]))),
-        ):
-            callee.dispatcher.compile(sig)
+        at_decoder(args)
         raise _Typed
 
     aot.CompiledLoop.__call__ = typed  # type: ignore[method-assign]
@@ -232,6 +304,28 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
         pass
     finally:
         aot.CompiledLoop.__call__ = original  # type: ignore[method-assign]
+
+
+def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
+    """Compile the callees of the flow decoder that compiling the decoder
+    itself reaches last, for the arguments the decoder gets, so that the
+    process compiling the decoder finds them in numba's cache."""
+    from numba import typeof
+
+    from ..pt import _flowloop as F
+
+    def compile_callees(args) -> None:
+        ds, pk, cf, ct, out = args
+        base = (typeof(ds), typeof(pk), typeof(cf), typeof(ct))
+        for callee, sig in (
+            (F._pending_after_postponed, base),
+            (F._proceed_no_event, (*base, typeof(out))),
+            (F._fast, (*base, typeof(out))),
+            (F._proceed, (*base, typeof(out))),
+        ):
+            callee.dispatcher.compile(sig)
+
+    _until_decoder(image, cfg, compile_callees)
 
 
 def _wrapped(tmp: Path, trace: Path, cfg) -> Path:
@@ -244,19 +338,6 @@ def _wrapped(tmp: Path, trace: Path, cfg) -> Path:
         _write_elf(elf)
         wrap_raw_trace(trace, data, elf=[(elf, None)], config=cfg, comm="warm")
     return data
-
-
-def _perf_commands(tmp: Path, trace: Path, cfg) -> int:
-    """The perf.data commands on the trace wrapped as a perf.data."""
-    from . import perfcmds
-
-    data = _wrapped(tmp, trace, cfg)
-    status = 0
-    for args in (["-i", str(data)], ["-i", str(data), "--blocks"]):
-        status |= perfcmds.script_main(args)
-    # (with the folded call paths, as the demo's report writes them)
-    status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
-    return status
 
 
 __all__ = ["warm"]
