@@ -832,41 +832,26 @@ def build(
             if any(t not in _CTYPES for t in args):
                 skipped.append(f"{name}{tuple(sig)}: argument types {args}")
                 continue
-            bad = _externals(mod, symbol, ll)
-            if bad:
-                skipped.append(f"{name}{tuple(sig)}: needs {', '.join(sorted(bad))}")
-                continue
             fn.linkage = "external"  # linkonce_odr would be linked only where used
             specs.append({"loop": name, "key": _to_json(tuple(key)), "symbol": symbol,
                           "args": args, "ret": ret})  # fmt: skip
-            irs.append(mod)
+            irs.append(mod.as_bitcode())
+    linked = _link_parts(specs, irs, ll)
+    if linked is None:
+        # (some need functions from outside: find which, leave them to numba)
+        specs, irs = _self_contained(specs, irs, skipped, ll)
+        linked = _link_parts(specs, irs, ll)
     if not quiet:
         for s in skipped:
             print(f"  left to numba: {s[:200]}")
     if not specs:
         return path if previous["entries"] else None
-    linked = irs[0]
-    for mod in irs[1:]:
-        linked.link_in(mod)
-    stubs = "".join(
-        f"define void @{s}(ptr %p) {{\n  call void @llvm.trap()\n  unreachable\n}}\n"
-        for s in _TRAP_STUBS
-        if _declared(linked, s)
-    )
-    if stubs:
-        stub = ll.parse_assembly(stubs + "declare void @llvm.trap()\n")
-        stub.triple, stub.data_layout = linked.triple, linked.data_layout
-        linked.link_in(stub)
-    _internalize(linked, {s["symbol"] for s in specs}, ll)
-    tm = _target_machine(ll)
-    obj = tm.emit_object(linked)
     tag = _platform_tag()
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        o_path = Path(tmp) / "aot.o"
-        o_path.write_bytes(obj)
+        objects = _emit_objects(linked or [], Path(tmp), ll)
         so_name = f"{_LIB_NAME}-{tag}-{os.getpid()}-{len(previous['libraries'])}.so"
         so_tmp = Path(tmp) / so_name
-        subprocess.run([cc, "-shared", "-o", str(so_tmp), str(o_path)], check=True,
+        subprocess.run([cc, "-shared", "-o", str(so_tmp), *map(str, objects)], check=True,
                        capture_output=True)  # fmt: skip
         os.replace(so_tmp, directory / so_name)
     for spec in specs:
@@ -913,17 +898,123 @@ def _declared(mod, name: str) -> bool:
         return False
 
 
-def _externals(mod, entry: str, ll) -> set[str]:
-    """The functions ``entry`` needs from outside once everything else is
-    internal and dead code is gone (done on a copy)."""
-    probe = ll.parse_bitcode(mod.as_bitcode())
-    _internalize(probe, {entry}, ll)
-    out = set()
-    for f in probe.functions:
-        if f.is_declaration and not f.name.startswith("llvm."):
-            if f.name not in _ALLOWED_EXTERNAL and f.name not in _TRAP_STUBS:
-                out.add(f.name)
-    return out
+def _outside(mod) -> set[str]:
+    """The functions ``mod`` declares and does not define, but for LLVM's
+    intrinsics and those a library may need (:data:`_ALLOWED_EXTERNAL`,
+    :data:`_TRAP_STUBS`)."""
+    return {
+        f.name
+        for f in mod.functions
+        if f.is_declaration
+        and not f.name.startswith("llvm.")
+        and f.name not in _ALLOWED_EXTERNAL
+        and f.name not in _TRAP_STUBS
+    }
+
+
+def _linked(bitcodes: list[bytes], entries: set[str], ll):
+    """One module of the modules in ``bitcodes``, with the stubs of
+    :data:`_TRAP_STUBS` it declares, all but ``entries`` internal and dead
+    code removed."""
+    linked = ll.parse_bitcode(bitcodes[0])
+    for code in bitcodes[1:]:
+        linked.link_in(ll.parse_bitcode(code))
+    stubs = "".join(
+        f"define void @{s}(ptr %p) {{\n  call void @llvm.trap()\n  unreachable\n}}\n"
+        for s in _TRAP_STUBS
+        if _declared(linked, s)
+    )
+    if stubs:
+        stub = ll.parse_assembly(stubs + "declare void @llvm.trap()\n")
+        stub.triple, stub.data_layout = linked.triple, linked.data_layout
+        linked.link_in(stub)
+    _internalize(linked, entries, ll)
+    return linked
+
+
+def _self_contained(specs: list[dict], irs: list[bytes], skipped: list[str], ll):
+    """The specialisations (and their modules' bitcode) that need nothing
+    from outside the library but C's memory functions; the others are
+    added to ``skipped``."""
+    kept: tuple[list[dict], list[bytes]] = ([], [])
+    for spec, code in zip(specs, irs, strict=True):
+        bad = _outside(_linked([code], {spec["symbol"]}, ll))
+        if bad:
+            skipped.append(f"{spec['loop']}{tuple(spec['key'])}: needs {', '.join(sorted(bad))}")
+        else:
+            kept[0].append(spec)
+            kept[1].append(code)
+    return kept
+
+
+#: Processes that emit the library's machine code at once (LLVM's code
+#: generation is most of a build; llvmlite serialises its calls in one
+#: process, so the other parts are emitted by child processes).
+EMIT_PROCESSES = 2
+
+
+def _link_parts(specs: list[dict], irs: list[bytes], ll) -> list | None:
+    """The specialisations' modules linked in up to :data:`EMIT_PROCESSES`
+    parts, each with only its entries external; None when one needs a
+    function from outside."""
+    parts = min(EMIT_PROCESSES, len(specs)) if len(os.sched_getaffinity(0)) > 1 else 1
+    # Whole Python modules to a part: one module's loops share callees,
+    # which a part holds once.  The largest first, each to the part with
+    # the least bitcode so far.
+    by_module: dict[str, list[int]] = {}
+    for k, spec in enumerate(specs):
+        by_module.setdefault(spec["loop"].partition(":")[0], []).append(k)
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    sizes = [0] * parts
+    for members in sorted(by_module.values(), key=lambda m: -sum(len(irs[k]) for k in m)):
+        lightest = sizes.index(min(sizes))
+        groups[lightest] += members
+        sizes[lightest] += sum(len(irs[k]) for k in members)
+    linked = []
+    for group in filter(None, groups):
+        mod = _linked([irs[k] for k in group], {specs[k]["symbol"] for k in group}, ll)
+        if _outside(mod):
+            return None
+        linked.append(mod)
+    return linked
+
+
+def _emit_objects(linked: list, tmp: Path, ll) -> list[Path]:
+    """The object files of the ``linked`` modules: the last emitted here,
+    the others by child processes at the same time."""
+    import subprocess
+
+    children = []
+    objects = []
+    for n, mod in enumerate(linked):
+        o_path = tmp / f"aot{n}.o"
+        objects.append(o_path)
+        if n == len(linked) - 1:
+            o_path.write_bytes(_target_machine(ll).emit_object(mod))
+            break
+        bc_path = tmp / f"aot{n}.bc"
+        bc_path.write_bytes(mod.as_bitcode())
+        code = (
+            "import sys; from hwtrace.aot import _emit_main; _emit_main(sys.argv[1], sys.argv[2])"
+        )
+        command = [sys.executable, "-c", code, str(bc_path), str(o_path)]
+        children.append(subprocess.Popen(command, stderr=subprocess.PIPE))
+    for child in children:
+        _, err = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"emitting the library's code failed: {err.decode()[-500:]}")
+    return objects
+
+
+def _emit_main(bitcode: str, obj: str) -> None:
+    """Emit the machine code of the module in file ``bitcode`` into ``obj``
+    (a child process of :func:`_emit_objects`)."""
+    import llvmlite.binding as ll
+
+    ll.initialize_native_target()
+    ll.initialize_native_asmprinter()
+    module = ll.parse_bitcode(Path(bitcode).read_bytes())
+    Path(obj).write_bytes(_target_machine(ll).emit_object(module))
 
 
 def _internalize(mod, keep: set[str], ll) -> None:
