@@ -489,3 +489,13 @@ def test_parquet_ptwrites(ptw_recording, tmp_path):  # noqa: F811 (the fixture)
     got = _to_parquet(ptw_recording, tmp_path / "flow", task_bytes=1024, chunk_bytes=1024)
     assert _dataset(want)["events"].num_rows > 0
     same_dataset(got, want)
+
+
+def test_without_distributed_is_one_line(recording, monkeypatch):
+    """Dask's distributed is an extra (hwtrace[cluster]): without it,
+    decoding with workers says what to install."""
+    monkeypatch.setitem(sys.modules, "distributed", None)  # (an import of it fails)
+    with pytest.raises(DistributedError) as e:
+        decode_distributed(str(recording), lambda b: None, workers=2, **SMALL)
+    msg = str(e.value)
+    assert "\n" not in msg and "hwtrace[cluster]" in msg

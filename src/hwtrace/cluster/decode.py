@@ -833,7 +833,13 @@ class _client:
             return None
         import logging
 
-        from distributed import Client, LocalCluster
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise DistributedError(
+                "decoding with workers or on a cluster needs Dask's distributed package "
+                "(pip install 'hwtrace[cluster]')"
+            ) from None
 
         if self.cluster:
             try:
