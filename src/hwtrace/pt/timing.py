@@ -550,3 +550,29 @@ def stamps_to_ns(
     _stamps_to_ns(t, np.uint64(time_shift), np.uint64(time_mult),
                   np.uint64(time_zero % (1 << 64)), out)  # fmt: skip
     return out
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _durations(ns, stops, values, out):
+    n = ns.shape[0]
+    for i in range(n - 1):
+        d = ns[i + 1] - ns[i]
+        out[i] = d if d > 0 and ns[i] >= 0 else 0
+    if n:
+        out[n - 1] = 0
+    for j in range(stops.shape[0]):
+        i = stops[j]
+        v = values[j]
+        out[i] = v if v > 0 and ns[i] >= 0 else 0
+
+
+def durations(ns: np.ndarray, stops: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """How long each of the blocks at times ``ns`` ran (int64; -1: no
+    time): until the next block, or ``values[j]`` for block ``stops[j]``
+    (tracing stopped after it), 0 where that is not positive or the block
+    has no time.  One compiled pass."""
+    t = np.ascontiguousarray(ns, dtype=np.int64)
+    out = np.empty(t.shape[0], np.int64)
+    _durations(t, np.ascontiguousarray(stops, dtype=np.int64),
+               np.ascontiguousarray(values, dtype=np.int64), out)  # fmt: skip
+    return out

@@ -28,7 +28,7 @@ are released as decoding moves on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -55,7 +55,7 @@ from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
-from ..pt.timing import stamps_to_ns
+from ..pt.timing import durations, stamps_to_ns
 from .perftime import PerfClock, transfer_class
 
 
@@ -363,16 +363,6 @@ class QueueContexts:
         return np.where(t > 0, np.asarray(self.conv.to_ns(t), np.int64) - ns[k], 0)
 
 
-def _durations(ns: np.ndarray, k: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """How long each block ran: until the next block, or ``values`` for the
-    blocks ``k`` after which tracing stopped (untraced time is nobody's)."""
-    if ns.shape[0] == 0:
-        return ns.copy()
-    dur = np.diff(ns, append=ns[-1])
-    dur[k] = values
-    return np.where((dur > 0) & (ns >= 0), dur, 0)
-
-
 _STOP = np.array([int(Ev.DISABLED), int(Ev.ASYNC_DISABLED)], np.uint64)
 
 
@@ -423,7 +413,7 @@ def decode_perf(
         t = ev["time"][stop]
         ok = (k >= 0) & (k < ns.shape[0])
         k, t = k[ok], t[ok]
-        duration = _durations(ns, k, ctx.stop_values(ns, k, t))
+        duration = durations(ns, k, ctx.stop_values(ns, k, t))
         out.append(QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, n_bytes))
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfFlow(out, sb, conv, problems)
@@ -726,6 +716,8 @@ class PerfStream(PerfDecoding[QueueInfo]):
     """What :func:`stream_perf` learned besides the blocks."""
 
 
+#: Rows of the decoder's batches a QueueSink asks for at most.
+MAX_DECODER_ROWS = 1 << 18
 _COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
 # What a QueueSink gathers of the decoder's batches, with the types passed on.
 _GATHERED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("time", np.uint64),
@@ -743,9 +735,10 @@ class QueueSink(FlowSink):
         self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int
     ) -> None:
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
-        # The decoder's batches need be no larger than the ones passed on
-        # (though not so small that it stops for every few blocks).
-        self.BLOCK_ROWS = min(FlowSink.BLOCK_ROWS, max(self.target, 1 << 12))
+        # The decoder's batches as large as the ones passed on (though not
+        # so small that it stops for every few blocks, nor so large that its
+        # buffers weigh): a full one is passed on without being gathered.
+        self.BLOCK_ROWS = min(max(self.target, 1 << 12), MAX_DECODER_ROWS)
         # The decoder's batches since the last attribution, gathered into
         # buffers kept from one attribution to the next (the decoder reuses
         # its own); ``n_parts`` rows of them are filled.
@@ -769,6 +762,12 @@ class QueueSink(FlowSink):
             self.events.append(
                 (b.events.copy(), b.event_offset.copy(), b.event_block + self.n_parts)
             )
+        if 2 * n >= self.target and not self.n_parts:
+            # A batch about as large as those passed on (the usual one, the
+            # decoder's buffers full): attributed straight from the
+            # decoder's arrays, not gathered first.
+            self._attribute(self._batch_columns(b, n))
+            return
         if n:
             lo, hi = self.n_parts, self.n_parts + n
             g = self.gather
@@ -789,9 +788,22 @@ class QueueSink(FlowSink):
         if self.n_parts >= self.target:
             self._attribute()
 
-    def _attribute(self) -> None:
-        """Attribute the gathered blocks and pass on all but the last."""
+    @staticmethod
+    def _batch_columns(b: FlowBatch, n: int) -> dict[str, np.ndarray | int]:
+        """The gathered columns of decoder batch ``b`` (``n`` blocks), as
+        the batch has them (-1 where it has none)."""
+        return {
+            "ip": b.ip, "ninsn": b.ninsn, "mode": b.mode, "time": b.time, "image": b.image,
+            "run": b.run if b.run is not None else -1,
+            "offset": b.offset if b.offset.shape[0] == n else -1,
+        }  # fmt: skip
+
+    def _attribute(self, batch: Mapping[str, np.ndarray | int] | None = None) -> None:
+        """Attribute the gathered blocks (or, given, the columns of one
+        decoder batch, none gathered) and pass on all but the last."""
         stop_k, stop_t, gap_k, ptw = self._events()
+        if batch is not None:
+            self.n_parts = batch["ip"].shape[0]
         if not self.n_parts:
             if len(ptw):
                 # No block since: the marks follow the held block.
@@ -811,7 +823,7 @@ class QueueSink(FlowSink):
         cols: dict[str, np.ndarray] = {}
         for c, v in self.gather.items():
             out = cols[c] = np.empty(n + held, v.dtype)
-            out[held:] = v[:n]
+            out[held:] = v[:n] if batch is None else batch[c]
         for c in ("ns", "tid", "pid"):
             cols[c] = np.empty(n + held, np.int64)
         self.ctx.attribute(cols["time"][held:], (cols["ns"][held:], cols["tid"][held:],
@@ -833,7 +845,7 @@ class QueueSink(FlowSink):
             k = np.concatenate([[0], k])
             values = np.concatenate([[self.held_stop], values])
         total = cols["ip"].shape[0]
-        cols["duration"] = _durations(cols["ns"], k, values)
+        cols["duration"] = durations(cols["ns"], k, values)
         last = k == total - 1
         self.held_stop = int(values[last][-1]) if last.any() else None
         self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
@@ -908,7 +920,7 @@ class QueueSink(FlowSink):
             return
         cols = dict(self.held)
         stop = self.held_stop if self.held_stop is not None else 0
-        cols["duration"] = _durations(cols["ns"], np.zeros(1, np.int64), np.array([stop]))
+        cols["duration"] = durations(cols["ns"], np.zeros(1, np.int64), np.array([stop]))
         self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row,
                              ptw=self.ptw_pending, offset=cols["offset"]))  # fmt: skip
         self.held = None
