@@ -180,10 +180,13 @@ def _levels(out, values, n, null, state, levels):
     the hybrid on one bit) at the start of ``out``; nulls counted into
     ``state``.  Returns the position after them."""
     nulls = 0
-    if null != NOT_NULL:
+    # (a loop per rule, without branches: vectorised)
+    if null == NULL_IF_NEGATIVE:
         for i in range(n):
-            if _is_null(values[i], null):
-                nulls += 1
+            nulls += values[i] < 0
+    elif null == NULL_IF_ZERO:
+        for i in range(n):
+            nulls += values[i] == 0
     if nulls == 0:
         pos = _rle_run(out, 4, n, 1, 1)
     else:
@@ -371,60 +374,89 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_delta(values, n, null, state, levels, deltas, out):
+def _pack32(out, pos, deltas, start, stop, base, width):
+    """A miniblock: the 32 values ``deltas[start:start + 32] - base`` (zeros
+    past ``stop``), each in ``width`` bits (1 to 64), least significant
+    bit first; the position after them (``width * 4`` bytes on)."""
+    acc = np.uint64(0)
+    nb = 0
+    w = np.uint64(width)
+    for t in range(32):
+        i = start + t
+        x = np.uint64(deltas[i] - base) if i < stop else np.uint64(0)
+        acc |= x << np.uint64(nb)
+        nb += width
+        if nb >= 64:
+            pos = _put_le(out, pos, acc, 8)
+            nb -= 64
+            # (the bits of x that did not fit; none when it ended exactly)
+            acc = (x >> (w - np.uint64(nb))) if nb > 0 else np.uint64(0)
+    while nb > 0:
+        out[pos] = np.uint8(acc & np.uint64(0xFF))
+        acc >>= np.uint64(8)
+        nb -= 8
+        pos += 1
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_delta(values, n, null, state, levels, wide, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
-    128 values in four miniblocks of 32; ``deltas``: uint64[128] of scratch)."""
+    128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
+    where the non-null values are gathered when some are null).  A block's
+    deltas are taken into the first 128 of ``wide``'s tail, with the
+    values' range and the block's minimum, in one pass over the values; a
+    miniblock's width is that of its values or'ed; a block of equal deltas
+    packs nothing."""
     nulls = state[ST_NULLS]
     pos = _levels(out, values, n, null, state, levels)
     m = n - (state[ST_NULLS] - nulls)  # the values stored
+    src = wide
     if m == n:
-        null = NOT_NULL  # (none here: the loops below test nothing)
-    i = 0
-    # Skip to the first non-null value.
-    while i < n and _is_null(values[i], null):
-        i += 1
-    first = np.int64(values[i]) if i < n else np.int64(0)
+        src = values
+    else:
+        k = 0
+        for i in range(n):
+            v = values[i]
+            if not _is_null(v, null):
+                wide[k] = v
+                k += 1
+    first = np.int64(src[0]) if m > 0 else np.int64(0)
     pos = _uvarint(out, pos, 128)
     pos = _uvarint(out, pos, 4)
     pos = _uvarint(out, pos, m)
     pos = _zigzag(out, pos, first)
+    # (past the gathered values: wide has 128 slots more than a page's rows)
+    buf = wide[wide.shape[0] - 128 :]
     low = first
     high = first
     prev = first
-    i += 1
     done = 1
     while done < m:
         cnt = min(128, m - done)
-        dmin = np.int64(0)
-        c = 0
-        while c < cnt:
-            v = values[i]
-            i += 1
-            if _is_null(v, null):
-                continue
-            low = min(low, v)
-            high = max(high, v)
+        dmin = np.int64(src[done]) - prev
+        for j in range(cnt):
+            v = np.int64(src[done + j])
             d = v - prev
             prev = v
-            deltas[c] = np.uint64(d)
-            if c == 0 or d < dmin:
-                dmin = d
-            c += 1
+            buf[j] = d
+            dmin = min(dmin, d)
+            low = min(low, v)
+            high = max(high, v)
         pos = _zigzag(out, pos, dmin)
         widths_at = pos
         pos += 4
         for mb in range(4):
-            lo = mb * 32
+            s = 32 * mb
             width = 0
-            if lo < cnt:
-                top = np.uint64(0)
-                for t in range(lo, min(lo + 32, cnt)):
-                    u = deltas[t] - np.uint64(dmin)
-                    deltas[t] = u
-                    if u > top:
-                        top = u
-                width = _bit_length(top)
-                pos = _pack(out, pos, deltas, lo, cnt, 32, width)
+            if s < cnt:
+                # (the widest value's bits are those of all values or'ed)
+                bits = np.uint64(0)
+                for j in range(s, min(s + 32, cnt)):
+                    bits |= np.uint64(buf[j] - dmin)
+                width = _bit_length(bits)
+                if width:
+                    pos = _pack32(out, pos, buf, s, cnt, dmin, width)
             out[widths_at + mb] = width
         done += cnt
     _merge(state, low, high, m)

@@ -194,7 +194,6 @@ class _Scratch:
         self.all_slots = np.full(pp.DICT_SLOTS, -1, np.int64)
         self.entries = np.zeros(pp.DICT_LIMIT, np.int64)
         self._table(pp.DICT_SLOTS_MIN)
-        self.deltas = np.zeros(128, np.uint64)
         self.rows = 0
         self.grow(1 << 15)
 
@@ -227,6 +226,8 @@ class _Scratch:
         self.rows = max(rows, 2 * self.rows)
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
+        # (a delta page's non-null values, then its deltas, a block at a time)
+        self.wide = np.zeros(self.rows + 128, np.int64)
         # Worst cases: PLAIN int64 values with their levels, a delta page's
         # 64-bit miniblocks with their headers, a full dictionary page.
         self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
@@ -294,7 +295,7 @@ class ParquetFileWriter:
             elif dictionary and (size := s.encode_dictionary(spec, values, n, state)) >= 0:
                 pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
             elif spec.encoding == "delta":
-                size = pp.encode_delta(values, n, spec.null, state, s.levels, s.deltas, s.out)
+                size = pp.encode_delta(values, n, spec.null, state, s.levels, s.wide, s.out)
                 pages.append((_DELTA_BINARY_PACKED, n, s.out[:size].tobytes()))
             else:
                 # (a dictionary that filled up: this page and the rest PLAIN)
