@@ -19,13 +19,17 @@ all: venv
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	@# (no bytecode for every module of every dependency: the warm-up
+	@# writes it for the modules the commands import)
+	$(BIN)/pip install --quiet --no-compile -e .
 	-$(BIN)/hwtrace aot warm --parts library,perf
 	touch $(RUNTIME)
 
 # Development: test and documentation tools, and every command warmed.
 $(STAMP): $(RUNTIME)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@# (the bytecode the runtime's install left out: tests import more)
+	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	-$(BIN)/hwtrace aot warm
 	@# ... and the numba caches it left kept by the tests' first run.
 	$(BIN)/python tests/numba_caches.py

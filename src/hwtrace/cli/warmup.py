@@ -67,7 +67,7 @@ def _path() -> np.ndarray:
 PARTS = ("library", "perf", "ptxed", "ptdump", "decode")
 #: The pieces of each part, as the processes run them.
 PIECES = {
-    "library": ("packets", "library", "subtrees"),
+    "library": ("bytecode", "packets", "library", "subtrees"),
     "perf": ("script", "report"),
     "ptxed": ("ptxed",),
     "ptdump": ("ptdump",),
@@ -83,7 +83,14 @@ PIECES = {
 # the two processes on the compile times of each loop (numba compiles a
 # function in the process that first needs it, again in another one that
 # needs it before it is cached).
-CHAINS = (("packets", "library", "script", "ptxed"), ("ptdump", "subtrees", "report", "decode"))
+CHAINS = (
+    ("packets", "library", "script", "ptxed"),
+    ("bytecode", "ptdump", "subtrees", "report", "decode"),
+)
+# "bytecode" (while the other process compiles the packet loops) writes
+# the bytecode of the modules the commands import where the installer
+# left none (make demo installs without it: pip compiles every module of
+# every dependency, a few seconds more than the few hundred imported).
 #: the piece another chain's piece waits for
 AFTER = {"subtrees": "packets", "report": "library", "decode": "library"}
 # Longest a piece waits for another process's (that process failing
@@ -151,6 +158,31 @@ def _byte_compile() -> None:
         compileall.compile_dir(str(package), quiet=2, workers=1)
 
 
+def _imported_bytecode() -> None:
+    """Write the bytecode of every module the commands import (numba's
+    compiler, numpy, pyarrow, the command modules: imported here first)
+    that has none, as an installer would have."""
+    import importlib.util
+    import py_compile
+
+    import numba.core.compiler  # noqa: F401  (imported here for their files)
+    import pyarrow  # noqa: F401
+
+    from . import decode, perfcmds  # noqa: F401
+
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None)
+        if not source or not source.endswith(".py"):
+            continue
+        cached = importlib.util.cache_from_source(source)
+        if os.path.exists(cached):
+            continue
+        try:
+            py_compile.compile(source, cfile=cached, doraise=True)
+        except (OSError, py_compile.PyCompileError):
+            pass  # (not writable: imported from source, as before)
+
+
 _WORKER = (
     "import json, sys\nfrom hwtrace.cli.warmup import warm_parts\n"
     "warm_parts(json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]))"
@@ -204,7 +236,9 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
            timing: list[str]) -> int:  # fmt: skip
     """Run one warm-up piece; its exit status."""
     status = 0
-    if piece == "packets":
+    if piece == "bytecode":
+        _imported_bytecode()
+    elif piece == "packets":
         _until_decoder(image, cfg, lambda args: None)
     elif piece == "subtrees":
         _decoder_subtrees(image, cfg)
