@@ -103,25 +103,25 @@ def _is_null(v, null):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def _pack(out, pos, values, start, stop, count, width):
-    """``count`` values from ``values[start:]`` (zeros past ``stop``), each
-    in ``width`` bits, least significant bit first; ``count * width`` is a
-    multiple of 8.  Returns the position after them."""
+def _pack(out, pos, values, start, stop, count, width, base):
+    """``count`` values ``values[start:] - base`` (zeros past ``stop``),
+    each in ``width`` bits, least significant bit first; ``count * width``
+    is a multiple of 8.  Returns the position after them."""
     if width == 0:
         return pos
     acc = np.uint64(0)
     nb = 0
+    w = np.uint64(width)
     for t in range(count):
         i = start + t
-        x = np.uint64(values[i]) if i < stop else np.uint64(0)
+        x = np.uint64(values[i] - base) if i < stop else np.uint64(0)
         acc |= x << np.uint64(nb)
-        if nb + width >= 64:
+        nb += width
+        if nb >= 64:
             pos = _put_le(out, pos, acc, 8)
-            carry = nb + width - 64
-            acc = (x >> np.uint64(64 - nb)) if carry > 0 else np.uint64(0)
-            nb = carry
-        else:
-            nb += width
+            nb -= 64
+            # (the bits of x that did not fit; none when it ended exactly)
+            acc = (x >> (w - np.uint64(nb))) if nb > 0 else np.uint64(0)
     while nb > 0:
         out[pos] = np.uint8(acc & np.uint64(0xFF))
         acc >>= np.uint64(8)
@@ -169,7 +169,7 @@ def _hybrid(out, pos, values, n, width):
                     break
         groups = (min(k, n) - start + 7) // 8
         pos = _uvarint(out, pos, (groups << 1) | 1)
-        pos = _pack(out, pos, values, start, n, groups * 8, width)
+        pos = _pack(out, pos, values, start, n, groups * 8, width, 0)
         i = start + groups * 8
     return pos
 
@@ -374,32 +374,6 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def _pack32(out, pos, deltas, start, stop, base, width):
-    """A miniblock: the 32 values ``deltas[start:start + 32] - base`` (zeros
-    past ``stop``), each in ``width`` bits (1 to 64), least significant
-    bit first; the position after them (``width * 4`` bytes on)."""
-    acc = np.uint64(0)
-    nb = 0
-    w = np.uint64(width)
-    for t in range(32):
-        i = start + t
-        x = np.uint64(deltas[i] - base) if i < stop else np.uint64(0)
-        acc |= x << np.uint64(nb)
-        nb += width
-        if nb >= 64:
-            pos = _put_le(out, pos, acc, 8)
-            nb -= 64
-            # (the bits of x that did not fit; none when it ended exactly)
-            acc = (x >> (w - np.uint64(nb))) if nb > 0 else np.uint64(0)
-    while nb > 0:
-        out[pos] = np.uint8(acc & np.uint64(0xFF))
-        acc >>= np.uint64(8)
-        nb -= 8
-        pos += 1
-    return pos
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
 def encode_delta(values, n, null, state, levels, wide, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
     128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
@@ -455,8 +429,7 @@ def encode_delta(values, n, null, state, levels, wide, out):
                 for j in range(s, min(s + 32, cnt)):
                     bits |= np.uint64(buf[j] - dmin)
                 width = _bit_length(bits)
-                if width:
-                    pos = _pack32(out, pos, buf, s, cnt, dmin, width)
+                pos = _pack(out, pos, buf, s, cnt, 32, width, dmin)
             out[widths_at + mb] = width
         done += cnt
     _merge(state, low, high, m)
