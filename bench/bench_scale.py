@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 sys.path.insert(0, str(HERE))
 
-from bench_dist import predict  # noqa: E402
+from bench_cluster import predict  # noqa: E402
 
 PY = sys.executable
 
