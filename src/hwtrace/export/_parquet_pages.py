@@ -376,10 +376,10 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def encode_delta(values, n, null, state, levels, wide, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
-    128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
-    where the non-null values are gathered when some are null).  A block's
-    deltas are taken into the first 128 of ``wide``'s tail, with the
-    values' range and the block's minimum, in one pass over the values; a
+    128 deltas in four miniblocks of 32; ``wide``: int64 scratch of
+    ``n + 128``, where the non-null values are gathered when some are
+    null).  A block's deltas are taken into ``wide``'s last 128 slots, with
+    the values' range and the block's minimum, in one pass over them; a
     miniblock's width is that of its values or'ed; a block of equal deltas
     packs nothing."""
     nulls = state[ST_NULLS]

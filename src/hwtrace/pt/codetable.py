@@ -594,7 +594,7 @@ class CodeTable:
             index[(at, mode)] = first + j
             values = _columns_of(got)
             if not isinstance(got, int):
-                values = (*values[:5], self.section_id(at), values[6])
+                values = (*values[:_ISID], self.section_id(at), *values[_ISID + 1 :])
                 b = got.raw[:16]
                 raw[16 * j : 16 * j + len(b)] = b
             rows.append(values)
@@ -654,6 +654,7 @@ def _hash_range(h_ip, h_mode, h_val, ips, modes, start, end):
 
 # The instruction columns filled from a decoded instruction (see _columns_of).
 _FILLED = ("i_size", "i_class", "i_special", "i_flags", "i_target", "i_isid", "i_err")
+_ISID = _FILLED.index("i_isid")  # (the section: the table's, not the instruction's)
 
 
 def _columns_of(got) -> tuple[int, ...]:

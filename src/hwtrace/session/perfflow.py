@@ -777,13 +777,8 @@ class QueueSink(FlowSink):
                     grown = np.empty(size, v.dtype)
                     grown[:lo] = v[:lo]
                     g[c] = grown
-            g["ip"][lo:hi] = b.ip
-            g["ninsn"][lo:hi] = b.ninsn
-            g["mode"][lo:hi] = b.mode
-            g["time"][lo:hi] = b.time
-            g["image"][lo:hi] = b.image
-            g["run"][lo:hi] = b.run if b.run is not None else -1
-            g["offset"][lo:hi] = b.offset if b.offset.shape[0] == n else -1
+            for c, v in self._batch_columns(b, n).items():
+                g[c][lo:hi] = v
             self.n_parts = hi
         if self.n_parts >= self.target:
             self._attribute()
@@ -802,9 +797,9 @@ class QueueSink(FlowSink):
         """Attribute the gathered blocks (or, given, the columns of one
         decoder batch, none gathered) and pass on all but the last."""
         stop_k, stop_t, gap_k, ptw = self._events()
-        if batch is not None:
-            self.n_parts = batch["ip"].shape[0]
-        if not self.n_parts:
+        n = self.n_parts if batch is None else batch["ip"].shape[0]
+        self.n_parts = 0
+        if not n:
             if len(ptw):
                 # No block since: the marks follow the held block.
                 ptw.at[:] = 1 if self.held is not None else 0
@@ -815,8 +810,6 @@ class QueueSink(FlowSink):
                 self.held_stop = int(self.ctx.stop_values(self.held["ns"], k, stop_t)[-1])
             self.gap_next |= bool(gap_k.shape[0])
             return
-        n = self.n_parts
-        self.n_parts = 0
         held = 1 if self.held is not None else 0
         # The columns passed on: the held block, then the gathered ones
         # (new arrays: whoever takes a batch may keep it).
