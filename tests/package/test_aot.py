@@ -4,6 +4,7 @@ called through ctypes, and giving exactly numba's results."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -322,8 +323,61 @@ def test_warm_up_stops_the_other_chain_when_one_fails():
     from hwtrace.cli.warmup import _wait_all
 
     failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    sleeper = (f"from hwtrace.cli.warmup import die_with_parent; die_with_parent({os.getpid()})\n"
+               "import time; time.sleep(600)")  # fmt: skip
+    waiting = subprocess.Popen([sys.executable, "-c", sleeper])
     assert _wait_all([waiting, failing]) is True
     assert waiting.returncode is not None and failing.returncode == 3
     done = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
     assert _wait_all(done) is False
+
+
+def test_warm_up_worker_ends_with_its_parent(tmp_path):
+    """A warm-up worker does not outlive the warm-up, however that ends: a
+    parent killed at once (SIGKILL, no cleanup of its own) takes its
+    worker with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "worker.pid"
+    (tmp_path / "worker.py").write_text(
+        "import os, sys, time\n"
+        "from hwtrace.cli.warmup import die_with_parent\n"
+        "die_with_parent(int(sys.argv[1]))\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    (tmp_path / "parent.py").write_text(
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, {str(tmp_path / 'worker.py')!r}, str(os.getpid())])\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")])
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{worker}").exists() and "zombie" not in _state(worker):
+            assert time.monotonic() < deadline, "the worker outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if worker is not None and Path(f"/proc/{worker}").exists():
+            os.kill(worker, signal.SIGKILL)  # (the test failed: no sleeper left behind)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
+    except (OSError, IndexError):
+        return "zombie"

@@ -118,7 +118,8 @@ def warm(jobs: int | None = None, parts: tuple[str, ...] = PARTS) -> None:
         procs = []
         for chain in filter(None, chains):
             elsewhere = json.dumps(sorted(wanted - set(chain)))
-            command = [sys.executable, "-c", _WORKER, json.dumps(chain), marks, elsewhere]
+            command = [sys.executable, "-c", _WORKER, json.dumps(chain), marks, elsewhere,
+                       str(os.getpid())]  # fmt: skip
             procs.append(subprocess.Popen(command))
         failed = _wait_all(procs)
     if failed:
@@ -185,8 +186,24 @@ def _imported_bytecode() -> None:
 
 _WORKER = (
     "import json, sys\nfrom hwtrace.cli.warmup import warm_parts\n"
-    "warm_parts(json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]))"
+    "warm_parts(json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))"
 )
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when process ``parent`` (its parent) ends, however
+    it ends (Linux's PR_SET_PDEATHSIG): a warm-up whose command is killed
+    leaves no process compiling on.  Exits now if the parent is gone."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # (no prctl: the waits still end when the parent changes)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _await(marks: Path, piece: str) -> None:
@@ -201,12 +218,15 @@ def _await(marks: Path, piece: str) -> None:
         time.sleep(0.05)
 
 
-def warm_parts(pieces, marks: str | None = None, elsewhere=()) -> None:
+def warm_parts(pieces, marks: str | None = None, elsewhere=(), parent: int | None = None) -> None:
     """Run the warm-up ``pieces`` (of :data:`PIECES`' values) in this
     process, in order.  With ``marks`` (a directory the processes of one
     warm-up share), each piece leaves a mark there when done, and a piece
     first waits for the mark of what :data:`AFTER` says when that is
-    among the pieces another process runs (``elsewhere``)."""
+    among the pieces another process runs (``elsewhere``).  ``parent``:
+    the warm-up's process, which this one does not outlive."""
+    if parent is not None:
+        die_with_parent(parent)
     mark_dir = Path(marks) if marks is not None else None
     with tempfile.TemporaryDirectory(prefix="hwtrace-warm-") as tmp:
         code = Path(tmp) / "code.bin"
