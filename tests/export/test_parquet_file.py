@@ -141,11 +141,13 @@ def test_a_full_dictionary_falls_back_to_plain_pages(tmp_path):
 
 @pytest.mark.parametrize("values", [
     [np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0, -1, np.iinfo(np.int64).min],
-    [5] * 300, list(range(129)), [1],
+    [5] * 300, list(range(129)), [1], [7, 7], list(range(0, 3 * 257, 3)),
+    [0] * 200 + [1 << 40] + [2] * 100,
 ])  # fmt: skip
 def test_delta_pages_wrap_as_the_format_says(tmp_path, values):
     """Deltas that overflow int64 wrap (DELTA_BINARY_PACKED is modular);
-    constant runs, a block and one value over, a single value."""
+    constant runs, a block and one value over, a single value, pages of
+    one delta throughout, one jump among equal values."""
     a = np.array(values, np.int64)
     _write(tmp_path / "d.parquet", {"v": ("i64", a)}, [], [], {"delta": ["v"]}, {})
     np.testing.assert_array_equal(pq.read_table(tmp_path / "d.parquet").column("v").to_numpy(), a)

@@ -59,6 +59,14 @@ def _put_le(out, pos, v, nbytes):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _put_u64(out, pos, v):
+    """``v``'s eight bytes at ``pos`` in one store (x86 is little-endian
+    and takes unaligned stores); the position after."""
+    out[pos : pos + 8].view(np.uint64)[0] = np.uint64(v)
+    return pos + 8
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _uvarint(out, pos, v):
     v = np.uint64(v)
     while v >= np.uint64(0x80):
@@ -78,12 +86,14 @@ def _zigzag(out, pos, v):
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def _bit_length(u):
+    # (halving steps: a delta miniblock asks for every 32 values)
     u = np.uint64(u)
     b = 0
-    while u != np.uint64(0):
-        b += 1
-        u >>= np.uint64(1)
-    return b
+    for step in (32, 16, 8, 4, 2, 1):
+        if u >> np.uint64(step):
+            u >>= np.uint64(step)
+            b += step
+    return b + (1 if u else 0)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -112,13 +122,14 @@ def _pack(out, pos, values, start, stop, count, width, base):
     acc = np.uint64(0)
     nb = 0
     w = np.uint64(width)
+    src = values[start:stop]  # (indexed from a range: no negative-index checks)
+    have = src.shape[0]
     for t in range(count):
-        i = start + t
-        x = np.uint64(values[i] - base) if i < stop else np.uint64(0)
+        x = np.uint64(src[t] - base) if t < have else np.uint64(0)
         acc |= x << np.uint64(nb)
         nb += width
         if nb >= 64:
-            pos = _put_le(out, pos, acc, 8)
+            pos = _put_u64(out, pos, acc)
             nb -= 64
             # (the bits of x that did not fit; none when it ended exactly)
             acc = (x >> (w - np.uint64(nb))) if nb > 0 else np.uint64(0)
@@ -138,39 +149,61 @@ def _rle_run(out, pos, count, value, width):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _pack_groups(out, pos, values, groups, width):
+    """``groups`` groups of eight of ``values`` (``width`` at most 8 bits
+    each) bit-packed: a group is ``width`` bytes, made in one word."""
+    w = np.uint64(width)
+    for g in range(groups):
+        group = values[8 * g : 8 * g + 8]
+        acc = np.uint64(0)
+        for t in range(8):
+            acc |= np.uint64(group[t]) << (w * np.uint64(t))
+        _put_u64(out, pos, acc)  # (its bytes past ``width`` are overwritten next)
+        pos += width
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _hybrid(out, pos, values, n, width):
     """``values[:n]`` in the RLE/bit-packing hybrid: runs of eight or more
     equal values as RLE runs, the rest in bit-packed runs of groups of
-    eight (the last one padded with zeros)."""
+    eight (the last one padded with zeros).  ``out`` has eight bytes to
+    spare past the encoding."""
     i = 0
     while i < n:
-        j = i + 1
-        v = values[i]
-        while j < n and values[j] == v:
+        rest = values[i:n]  # (indexed from ranges: no negative-index checks)
+        v = rest[0]
+        j = 1
+        while j < rest.shape[0] and rest[j] == v:
             j += 1
-        if j - i >= 8:
-            pos = _rle_run(out, pos, j - i, v, width)
-            i = j
+        if j >= 8:
+            pos = _rle_run(out, pos, j, v, width)
+            i += j
             continue
-        start = i
-        k = i
+        # A packed run, until a run of eight equal values starts a group.
+        k = 0
         while True:
             k += 8
-            if k >= n:
+            if k >= rest.shape[0]:
                 break
-            # a run of eight equal values starting here ends the packed run
-            if k + 8 <= n:
+            if k + 8 <= rest.shape[0]:
+                group = rest[k : k + 8]
                 same = True
-                for t in range(k + 1, k + 8):
-                    if values[t] != values[k]:
+                for t in range(1, 8):
+                    if group[t] != group[0]:
                         same = False
                         break
                 if same:
                     break
-        groups = (min(k, n) - start + 7) // 8
+        groups = (min(k, rest.shape[0]) + 7) // 8
         pos = _uvarint(out, pos, (groups << 1) | 1)
-        pos = _pack(out, pos, values, start, n, groups * 8, width, 0)
-        i = start + groups * 8
+        full = min(groups, rest.shape[0] // 8)
+        if width <= 8:
+            pos = _pack_groups(out, pos, rest, full, width)
+            pos = _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
+        else:
+            pos = _pack(out, pos, rest, 0, rest.shape[0], 8 * groups, width, 0)
+        i += 8 * groups
     return pos
 
 
@@ -309,28 +342,32 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
     shift = _shift(slots)
     m = 0
     last = np.int64(0)
-    last_index = -1
     start = 0
     if n > 0 and (null == NOT_NULL or not _is_null(values[0], null)):
         # A page of one value (a queue's, a thread's): its index once,
-        # then a comparison a row.
+        # then a comparison a row (or'ed a stretch at a time: vectorised).
         v0 = values[0]
-        same = True
-        for i in range(1, n):
-            if values[i] != v0:
-                same = False
+        differ = values[0] ^ v0
+        for lo in range(0, n, 4096):
+            stretch = values[lo : min(lo + 4096, n)]
+            for t in range(stretch.shape[0]):
+                differ |= stretch[t] ^ v0
+            if differ != 0:
                 break
-        if same:
+        if differ == 0:
             start = n
             m = n
             last = v0
     for i in range(start, n):
         v = values[i]
-        if _is_null(v, null):
+        if null != NOT_NULL and _is_null(v, null):
             continue
-        if v == last and last_index >= 0:
-            # (runs are common: a thread's, a function's blocks)
-            indices[m] = last_index
+        # The usual case first: a value already in the table, at its slot
+        # (unsigned: no negative-index check).
+        slot = (np.uint64(v) * _GOLDEN) >> shift
+        k = slots[slot]
+        if k >= 0 and keys[slot] == v:
+            indices[m] = k
             m += 1
             continue
         index = _dictionary_index(v, keys, slots, shift, entries, count)
@@ -343,8 +380,6 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
         if index == count:
             count += 1
         indices[m] = index
-        last = v
-        last_index = index
         m += 1
     if start == n and n > 0:
         index = _dictionary_index(last, keys, slots, shift, entries, count)
@@ -374,14 +409,15 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_delta(values, n, null, state, levels, wide, out):
+def encode_delta(values, n, null, state, levels, wide, deltas, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
-    128 deltas in four miniblocks of 32; ``wide``: int64 scratch of
-    ``n + 128``, where the non-null values are gathered when some are
-    null).  A block's deltas are taken into ``wide``'s last 128 slots, with
-    the values' range and the block's minimum, in one pass over them; a
-    miniblock's width is that of its values or'ed; a block of equal deltas
-    packs nothing."""
+    128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
+    where the non-null values are gathered when some are null; ``deltas``:
+    int64 scratch of ``n``).  The deltas, with the values' range, are taken
+    in one pass over the page, then each block's minimum and its
+    miniblocks' widths (the bits of their values or'ed); a block of one
+    delta (rows, a time that does not move) is told by or'ing and packs
+    nothing."""
     nulls = state[ST_NULLS]
     pos = _levels(out, values, n, null, state, levels)
     m = n - (state[ST_NULLS] - nulls)  # the values stored
@@ -400,39 +436,43 @@ def encode_delta(values, n, null, state, levels, wide, out):
     pos = _uvarint(out, pos, 4)
     pos = _uvarint(out, pos, m)
     pos = _zigzag(out, pos, first)
-    # (past the gathered values: wide has 128 slots more than a page's rows)
-    buf = wide[wide.shape[0] - 128 :]
     low = first
     high = first
-    prev = first
+    for j in range(1, m):
+        v = np.int64(src[j])
+        deltas[j] = v - np.int64(src[j - 1])
+        low = min(low, v)
+        high = max(high, v)
+    _merge(state, low, high, m)
     done = 1
     while done < m:
         cnt = min(128, m - done)
-        dmin = np.int64(src[done]) - prev
+        # (indices into a slice from a range are known not negative: numba
+        # leaves out its check for negative indices, and the loops vectorise)
+        blk = deltas[done : done + cnt]
+        dmin = blk[0]
+        differ = np.int64(0)
         for j in range(cnt):
-            v = np.int64(src[done + j])
-            d = v - prev
-            prev = v
-            buf[j] = d
-            dmin = min(dmin, d)
-            low = min(low, v)
-            high = max(high, v)
+            differ |= blk[j] ^ dmin
+        if differ != 0:
+            # (a block of one delta, the usual one, packs nothing)
+            for j in range(cnt):
+                dmin = min(dmin, blk[j])
         pos = _zigzag(out, pos, dmin)
         widths_at = pos
         pos += 4
         for mb in range(4):
-            s = 32 * mb
             width = 0
-            if s < cnt:
+            if differ != 0 and 32 * mb < cnt:
+                part = blk[32 * mb : min(32 * mb + 32, cnt)]
                 # (the widest value's bits are those of all values or'ed)
-                bits = np.uint64(0)
-                for j in range(s, min(s + 32, cnt)):
-                    bits |= np.uint64(buf[j] - dmin)
+                bits = np.int64(0)
+                for j in range(part.shape[0]):
+                    bits |= part[j] - dmin
                 width = _bit_length(bits)
-                pos = _pack(out, pos, buf, s, cnt, 32, width, dmin)
+                pos = _pack(out, pos, part, 0, part.shape[0], 32, width, dmin)
             out[widths_at + mb] = width
         done += cnt
-    _merge(state, low, high, m)
     return pos
 
 

@@ -226,8 +226,9 @@ class _Scratch:
         self.rows = max(rows, 2 * self.rows)
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
-        # (a delta page's non-null values, then its deltas, a block at a time)
-        self.wide = np.zeros(self.rows + 128, np.int64)
+        # (a delta page's non-null values, and its deltas)
+        self.wide = np.zeros(self.rows, np.int64)
+        self.deltas = np.zeros(self.rows, np.int64)
         # Worst cases: PLAIN int64 values with their levels, a delta page's
         # 64-bit miniblocks with their headers, a full dictionary page.
         self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
@@ -295,7 +296,8 @@ class ParquetFileWriter:
             elif dictionary and (size := s.encode_dictionary(spec, values, n, state)) >= 0:
                 pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
             elif spec.encoding == "delta":
-                size = pp.encode_delta(values, n, spec.null, state, s.levels, s.wide, s.out)
+                size = pp.encode_delta(values, n, spec.null, state, s.levels, s.wide, s.deltas,
+                                       s.out)  # fmt: skip
                 pages.append((_DELTA_BINARY_PACKED, n, s.out[:size].tobytes()))
             else:
                 # (a dictionary that filled up: this page and the rest PLAIN)
