@@ -513,6 +513,30 @@ def place_entries(keys, slots, entries, count):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def index_values(values, keys, slots, entries, count, out):
+    """``out[i]``: the index of ``values[i]`` among a table's ``count``
+    entries (``entries`` in the order first seen, ``keys``/``slots`` its
+    hash table, as a dictionary's), those not in it added.  Returns the new
+    count, or ``-2 - count`` when the table must grow first (more slots,
+    :func:`place_entries`; then index the values again)."""
+    shift = _shift(slots)
+    for i in range(values.shape[0]):
+        v = values[i]
+        slot = (np.uint64(v) * _GOLDEN) >> shift
+        k = slots[slot]
+        if k >= 0 and keys[slot] == v:
+            out[i] = k
+            continue
+        index = _dictionary_index(v, keys, slots, shift, entries, count)
+        if index < 0:
+            return -2 - count
+        if index == count:
+            count += 1
+        out[i] = index
+    return count
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def gather_known(index, known, first, second, out_first, out_second):
     """``out_first[i], out_second[i] = first[index[i]], second[index[i]]``
     where ``index[i]`` is known (0, 0 where it is -1); returns how many

@@ -207,6 +207,8 @@ class Names:
     _dense: dict[tuple[int, int, int], tuple[SymbolTable, np.ndarray, np.ndarray, np.ndarray]] = (
         field(default_factory=dict, repr=False)
     )
+    # Per (symbol table, queue, space): the ids of the block addresses met.
+    _by_ip: dict[tuple[int, int, int], _AddressIds] = field(default_factory=dict, repr=False)
 
     def image(self, path: str) -> int:
         bid = self.build_ids.get(path)
@@ -276,6 +278,21 @@ class Names:
         i[found] = iid_of[at]
         return s, i
 
+    def block_ids(self, q: QueueInfo, space: int, ip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Symbol ids and image ids (0: none) of blocks at ``ip`` that ran
+        in address space ``space`` of queue ``q``: worked out once per
+        address (:func:`_space_ids`), then found by it (a hot loop's few
+        addresses make most of a flow's blocks)."""
+        table = q.symbols(space)
+        key = (id(table), q.index, space)
+        known = self._by_ip.get(key)
+        if known is None:
+            known = self._by_ip[key] = _AddressIds(table)
+        index, new = known.index(ip)
+        if new.shape[0]:
+            known.learn(*_space_ids(q, self, space, new, table))
+        return known.symbol[index], known.image[index]
+
     def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Start, end and image id of an image's sections, by address."""
         got = self._sections.get(id(image))
@@ -342,31 +359,75 @@ class Names:
         )
 
 
+class _AddressIds:
+    """The symbol and image ids of the block addresses of one address
+    space met so far, by address: a hash table (compiled, as a Parquet
+    dictionary's) numbers the addresses in the order met."""
+
+    def __init__(self, table: SymbolTable) -> None:
+        self.table = table  # (kept alive: its id() is part of the key)
+        self.count = 0
+        self.keys = np.zeros(1 << 10, np.int64)
+        self.slots = np.full(1 << 10, -1, np.int64)
+        self.entries = np.zeros(1 << 9, np.int64)
+        self.symbol = np.zeros(1 << 9, np.int64)
+        self.image = np.zeros(1 << 9, np.int64)
+        self.rows = np.empty(0, np.int64)
+
+    def index(self, ip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each address's number, and the addresses new among them (whose
+        ids :meth:`learn` takes next)."""
+        values = np.ascontiguousarray(ip).view(np.int64)
+        if self.rows.shape[0] < values.shape[0]:
+            self.rows = np.empty(max(values.shape[0], 2 * self.rows.shape[0]), np.int64)
+        out = self.rows[: values.shape[0]]
+        before = self.count
+        while True:
+            got = pages.index_values(values, self.keys, self.slots, self.entries, self.count, out)
+            if got >= 0:
+                break
+            self.count = -2 - got
+            self._grow()
+        self.count = got
+        return out, self.entries[before:got].view(np.uint64)
+
+    def learn(self, symbol: np.ndarray, image: np.ndarray) -> None:
+        """The ids of the addresses :meth:`index` found new."""
+        lo = self.count - symbol.shape[0]
+        self.symbol[lo : self.count] = symbol
+        self.image[lo : self.count] = image
+
+    def _grow(self) -> None:
+        size = 4 * self.slots.shape[0]
+        self.keys = np.zeros(size, np.int64)
+        self.slots = np.full(size, -1, np.int64)
+        for name in ("entries", "symbol", "image"):
+            grown = np.zeros(size // 2, np.int64)
+            grown[: self.count] = getattr(self, name)[: self.count]
+            setattr(self, name, grown)
+        pages.place_entries(self.keys, self.slots, self.entries, self.count)
+
+
 def _ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray]:
     """Per block: its symbol's id and its image's id (0: none), from the
     symbols of the address space it ran in (as ``hwtrace report`` looks
     them up), else from the file section holding its address."""
-    q = b.queue
-    n = len(b)
     parts = b.images()
     if len(parts) == 1:
-        # (one address space: the ids go straight into the columns)
-        space, _ = parts[0]
-        return _space_ids(b, names, space, b.ip, q.symbols(space))
+        return names.block_ids(b.queue, parts[0][0], b.ip)
+    n = len(b)
     sym = np.zeros(n, np.int64)
     img = np.zeros(n, np.int64)
     for space, sel in parts:
-        s, i = _space_ids(b, names, space, b.ip[sel], q.symbols(space))
-        sym[sel] = s
-        img[sel] = i
+        sym[sel], img[sel] = names.block_ids(b.queue, space, b.ip[sel])
     return sym, img
 
 
 def _space_ids(
-    b: PerfBlocks, names: Names, space: int, ip: np.ndarray, table: SymbolTable
+    q: QueueInfo, names: Names, space: int, ip: np.ndarray, table: SymbolTable
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_ids` of blocks at ``ip`` that ran in address space ``space``."""
-    q = b.queue
+    """The symbol and image ids of blocks at ``ip`` that ran in address
+    space ``space`` of queue ``q``."""
     index = table.index_of(ip)
     s, i = names.ids_at(table, index, q.index, space)
     if pages.count_unnamed(index, i):
