@@ -69,6 +69,7 @@ LOOP_MODULES = (
     "hwtrace.textout.perfscript",
     "hwtrace.session.callcut",
     "hwtrace.session.perftime",
+    "hwtrace.session._attribution",
     "hwtrace.session.listing",
     "hwtrace.analysis.callpath",
     "hwtrace.analysis.vm",

@@ -56,6 +56,7 @@ from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_tra
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
 from ..pt.timing import durations, stamps_to_ns
+from ._attribution import attribute_rows
 from .perftime import PerfClock, transfer_class
 
 
@@ -338,6 +339,23 @@ class QueueContexts:
             tids[:] = sb.threads_on(self.cpu, np.maximum(ns, 0))
         pids[:] = self._pids(tids)
         return ns, tids, pids
+
+    def thread_columns(self) -> tuple:
+        """What :func:`~._attribution.attribute_rows` takes to attribute
+        blocks: the TSC conversion (``conv``), the queue's thread and
+        process (-1: a CPU's queue), and the CPU's switches (times, the
+        thread and process switched to)."""
+        conv = np.zeros(4, np.uint64)
+        if self.conv is not None:
+            c = self.conv
+            conv[:] = (1, c.time_shift, c.time_mult, c.time_zero % (1 << 64))
+        if self.tid >= 0:
+            none = np.zeros(0, np.int64)
+            return conv, self.tid, self.sb.pid_of(self.tid), none, none, none
+        times = self.sb.switch_times(self.cpu)
+        tids = self.sb.threads_on(self.cpu, times)
+        pids = np.array([self.sb.pid_of(t) if t >= 0 else -1 for t in tids.tolist()], np.int64)
+        return conv, -1, -1, times, tids, pids
 
     def _pids(self, tids: np.ndarray) -> np.ndarray | int:
         """The process of each thread (one for all: an int); threads come in
@@ -719,9 +737,15 @@ class PerfStream(PerfDecoding[QueueInfo]):
 #: Rows of the decoder's batches a QueueSink asks for at most.
 MAX_DECODER_ROWS = 1 << 18
 _COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
-# What a QueueSink gathers of the decoder's batches, with the types passed on.
-_GATHERED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("time", np.uint64),
+# What a QueueSink gathers of the decoder's batches (as the decoder has them).
+_GATHERED = (("ip", np.uint64), ("ninsn", np.uint32), ("mode", np.uint8), ("time", np.uint64),
              ("image", np.int64), ("run", np.int32), ("offset", np.int64))  # fmt: skip
+# The columns a QueueSink passes on, with their types.
+_PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image", np.int64),
+           ("run", np.int32), ("offset", np.int64), ("ns", np.int64), ("tid", np.int64),
+           ("pid", np.int64), ("duration", np.int64))  # fmt: skip
+_NO_RUN = np.zeros(0, np.int32)
+_NO_OFFSET = np.zeros(0, np.int64)
 
 
 class QueueSink(FlowSink):
@@ -746,7 +770,8 @@ class QueueSink(FlowSink):
         self.n_parts = 0
         self.events: list[tuple[np.ndarray, ...]] = []  # (rows, offsets, block rows before)
         self.held: dict[str, np.ndarray] | None = None  # the last block, duration pending
-        self.held_stop: int | None = None  # its duration, when tracing stopped after it
+        self.held_stop: int | None = None  # when tracing stopped after it (TSC; 0: unknown)
+        self.threads = ctx.thread_columns()
         self.held_row = 0
         self.rows = 0  # block rows passed on or held
         self.gap_next = False  # a gap before the next block gathered
@@ -806,41 +831,48 @@ class QueueSink(FlowSink):
                 self.ptw_pending = PtwMarks.join([m for m in (self.ptw_pending, ptw) if m])
             if stop_k.shape[0] and self.held is not None:
                 # Tracing stopped with no block since the held one.
-                k = np.zeros(stop_k.shape[0], np.int64)
-                self.held_stop = int(self.ctx.stop_values(self.held["ns"], k, stop_t)[-1])
+                self.held_stop = int(stop_t[-1])
             self.gap_next |= bool(gap_k.shape[0])
             return
         held = 1 if self.held is not None else 0
+        total = n + held
         # The columns passed on: the held block, then the gathered ones
-        # (new arrays: whoever takes a batch may keep it).
-        cols: dict[str, np.ndarray] = {}
-        for c, v in self.gather.items():
-            out = cols[c] = np.empty(n + held, v.dtype)
-            out[held:] = v[:n] if batch is None else batch[c]
-        for c in ("ns", "tid", "pid"):
-            cols[c] = np.empty(n + held, np.int64)
-        self.ctx.attribute(cols["time"][held:], (cols["ns"][held:], cols["tid"][held:],
-                                                 cols["pid"][held:]))  # fmt: skip
-        gap = cols["gap"] = np.zeros(n + held, np.bool_)
+        # (new arrays: whoever takes a batch may keep it), attributed in one
+        # compiled pass.
+        cols = {c: np.empty(total, t) for c, t in _PASSED}
+        if held:
+            for c, v in cols.items():
+                if c != "duration":
+                    v[0] = self.held[c][0]
+        src = {c: v[:n] for c, v in self.gather.items()} if batch is None else batch
+        ninsn = src["ninsn"]
+        if ninsn.dtype != np.uint32:
+            ninsn = ninsn.astype(np.uint32)
+        image = src["image"]
+        image = np.array([image], np.int64) if np.ndim(image) == 0 else image
+        run, offset = src["run"], src["offset"]
+        run = _NO_RUN if np.ndim(run) == 0 else run
+        offset = _NO_OFFSET if np.ndim(offset) == 0 else offset
+        # Blocks after which tracing stopped, numbered in ``cols``.
+        k = stop_k - 1 + held
+        keep = (k >= 0) & (k < total)
+        k, stop_t = k[keep], stop_t[keep]
+        if held and self.held_stop is not None:
+            k = np.concatenate([[0], k])
+            stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
+        attribute_rows(
+            src["ip"], ninsn, src["mode"], src["time"], image, run, offset, held,
+            *self.threads, k, stop_t, *cols.values(),
+        )  # fmt: skip
+        gap = cols["gap"] = np.zeros(total, np.bool_)
         gap[held + gap_k[gap_k < n]] = True
         gap[held] |= self.gap_next
         self.gap_next = bool((gap_k >= n).any())
         if held:
-            for c, v in cols.items():
-                v[0] = self.held[c][0]
+            gap[0] = self.held["gap"][0]
         first_row = self.held_row if held else self.rows
-        # Blocks after which tracing stopped, numbered in ``cols``.
-        k = stop_k - 1 + held
-        keep = (k >= 0) & (k < cols["ip"].shape[0])
-        k, stop_t = k[keep], stop_t[keep]
-        values = self.ctx.stop_values(cols["ns"], k, stop_t)
-        if held and self.held_stop is not None:
-            k = np.concatenate([[0], k])
-            values = np.concatenate([[self.held_stop], values])
-        total = cols["ip"].shape[0]
-        cols["duration"] = durations(cols["ns"], k, values)
         last = k == total - 1
-        self.held_stop = int(values[last][-1]) if last.any() else None
+        self.held_stop = int(stop_t[last][-1]) if last.any() else None
         self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
         self.held_row = first_row + total - 1
         self.rows += n
@@ -912,8 +944,9 @@ class QueueSink(FlowSink):
         if self.held is None:
             return
         cols = dict(self.held)
-        stop = self.held_stop if self.held_stop is not None else 0
-        cols["duration"] = durations(cols["ns"], np.zeros(1, np.int64), np.array([stop]))
+        zero = np.zeros(1, np.int64)
+        stop = np.array([self.held_stop or 0], np.uint64)
+        cols["duration"] = durations(cols["ns"], zero, self.ctx.stop_values(cols["ns"], zero, stop))
         self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row,
                              ptw=self.ptw_pending, offset=cols["offset"]))  # fmt: skip
         self.held = None

@@ -1,0 +1,115 @@
+"""The per-batch work of attributing decoded blocks to perf time, threads
+and processes, in one compiled pass over a batch (the decoder's rows in,
+the columns passed on out), so that a stream of batches costs about what
+its rows do, whatever their number.
+
+A block's perf time is its decoder time stamp as perf converts TSC
+(:func:`~hwtrace.pt.timing.tsc_ns`; -1: no time); its thread is the one
+the CPU's context switches say ran then (a per-thread queue's own), its
+process that thread's; its duration runs until the next block's time, or,
+when tracing stopped after it, until the stop (0 where either is unknown
+or not later).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import aot
+from ..pt.timing import tsc_ns
+
+#: ``conv``'s fields: whether there is a conversion, then perf's
+#: ``time_shift``, ``time_mult`` and ``time_zero`` (modulo 2**64).
+CONV_HAVE, CONV_SHIFT, CONV_MULT, CONV_ZERO = range(4)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _switch_at(switch_time, t, k):
+    """The last switch at or before ``t`` (-1: none), starting from the
+    one ``k`` found for the previous block (times mostly rise)."""
+    m = switch_time.shape[0]
+    if k >= 0 and switch_time[k] <= t and (k + 1 == m or t < switch_time[k + 1]):
+        return k
+    lo, hi = 0, m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if switch_time[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def attribute_rows(
+    ip, ninsn, mode, time, image, run, offset, held, conv, tid, pid,
+    switch_time, switch_tid, switch_pid, stop_row, stop_tsc,
+    out_ip, out_ninsn, out_mode, out_image, out_run, out_offset, out_ns, out_tid, out_pid,
+    out_duration,
+):  # fmt: skip
+    """Rows ``held + i`` of the ``out_`` columns from the decoder's row
+    ``i`` (``image``: one value for all rows or a value a row; ``run``,
+    ``offset``: empty when the batch has none, -1 then); row 0 is the held
+    block when ``held`` (its columns already there).  Threads: ``tid`` and
+    ``pid`` for every row when ``tid`` >= 0, else the CPU's switches
+    (``switch_time`` sorted, the thread and process each switched to).
+    Durations of every row; tracing stopped after rows ``stop_row`` at
+    TSC ``stop_tsc`` (0: unknown), the last such stop of a row counting."""
+    n = ip.shape[0]
+    have = conv[CONV_HAVE] != 0
+    shift = np.uint64(conv[CONV_SHIFT])
+    mult = np.uint64(conv[CONV_MULT])
+    zero = np.uint64(conv[CONV_ZERO])
+    # (each column in a loop of its own over slices indexed from a range:
+    # no checks for negative indices, and the copies vectorise)
+    o_ip, o_ninsn, o_mode = out_ip[held:], out_ninsn[held:], out_mode[held:]
+    o_image, o_run, o_offset = out_image[held:], out_run[held:], out_offset[held:]
+    o_ns, o_tid, o_pid = out_ns[held:], out_tid[held:], out_pid[held:]
+    for i in range(n):
+        o_ip[i] = ip[i]
+    for i in range(n):
+        o_ninsn[i] = ninsn[i]
+    for i in range(n):
+        o_mode[i] = mode[i]
+    if image.shape[0] == 1:
+        o_image[:] = image[0]
+    else:
+        for i in range(n):
+            o_image[i] = image[i]
+    if run.shape[0] == n:
+        for i in range(n):
+            o_run[i] = run[i]
+    else:
+        o_run[:] = -1
+    if offset.shape[0] == n:
+        for i in range(n):
+            o_offset[i] = offset[i]
+    else:
+        o_offset[:] = -1
+    if have:
+        for i in range(n):
+            t = time[i]
+            o_ns[i] = tsc_ns(t, shift, mult, zero) if t != 0 else np.int64(-1)
+    else:
+        o_ns[:] = -1
+    if tid >= 0:
+        o_tid[:] = tid
+        o_pid[:] = pid
+    else:
+        k = -1
+        for i in range(n):
+            k = _switch_at(switch_time, max(o_ns[i], np.int64(0)), k)
+            o_tid[i] = switch_tid[k] if k >= 0 else -1
+            o_pid[i] = switch_pid[k] if k >= 0 else -1
+    total = held + n
+    later = out_ns[1:]
+    for r in range(total - 1):
+        d = later[r] - out_ns[r]
+        out_duration[r] = d if d > 0 and out_ns[r] >= 0 else 0
+    if total:
+        out_duration[total - 1] = 0
+    for j in range(stop_row.shape[0]):
+        r = stop_row[j]
+        t = stop_tsc[j]
+        v = tsc_ns(t, shift, mult, zero) - out_ns[r] if have and t != 0 else np.int64(0)
+        out_duration[r] = v if v > 0 and out_ns[r] >= 0 else 0

@@ -1,0 +1,79 @@
+"""The compiled per-batch attribution against its definition in numpy:
+perf's TSC conversion, the thread a CPU's switches say ran, block
+durations with tracing stops (:func:`hwtrace.pt.timing.durations`)."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwtrace.pt.timing import durations, tsc_to_ns
+from hwtrace.session._attribution import attribute_rows
+
+_OUT = (np.uint64, np.int64, np.uint8, np.int64, np.int32, np.int64, np.int64, np.int64,
+        np.int64, np.int64)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    held=st.booleans(),
+    per_thread=st.booleans(),
+    have_conv=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_attribute_rows_is_the_numpy_definition(n, held, per_thread, have_conv, seed):
+    rng = np.random.default_rng(seed)
+    ip = rng.integers(0, 1 << 48, n, dtype=np.uint64)
+    ninsn = rng.integers(1, 1000, n).astype(np.uint32)
+    mode = rng.integers(0, 3, n).astype(np.uint8)
+    # Times mostly rising, some unknown (0), some going back.
+    time = np.cumsum(rng.integers(0, 5000, n)).astype(np.uint64) + np.uint64(1 << 30)
+    time[rng.random(n) < 0.1] = 0
+    back = rng.random(n) < 0.05
+    time[back] //= np.uint64(2)
+    image = rng.integers(0, 3, n).astype(np.int64) if seed % 2 else np.array([2], np.int64)
+    run = rng.integers(-1, 50, n).astype(np.int32) if seed % 3 else np.zeros(0, np.int32)
+    offset = rng.integers(0, 1 << 30, n) if seed % 5 else np.zeros(0, np.int64)
+    shift, mult, zero = 10, int(rng.integers(1, 1 << 20)), int(rng.integers(-(1 << 40), 1 << 40))
+    conv = np.array([int(have_conv), shift, mult, zero % (1 << 64)], np.uint64)
+    ns = np.where(time != 0, tsc_to_ns(time, shift, mult, zero).astype(np.int64), -1)
+    if not have_conv:
+        ns[:] = -1
+    switch_time = np.sort(rng.integers(0, int(ns.max()) + 2 if n else 10, 6))
+    switch_tid = rng.integers(-1, 100, 6)
+    switch_pid = np.where(switch_tid >= 0, switch_tid + 1000, -1)
+    if per_thread:
+        tid, pid = 42, 4242
+        tids = np.full(n, tid)
+        pids = np.full(n, pid)
+    else:
+        tid = pid = -1
+        k = np.searchsorted(switch_time, np.maximum(ns, 0), side="right") - 1
+        tids = np.where(k >= 0, switch_tid[np.maximum(k, 0)], -1)
+        pids = np.where(k >= 0, switch_pid[np.maximum(k, 0)], -1)
+    h = int(held)
+    total = n + h
+    outs = [np.zeros(total, t) for t in _OUT]
+    if held:
+        for o, v in zip(outs, (7, 3, 1, 1, 5, 9, 123, 8, 9), strict=False):
+            o[0] = v
+    stop_row = np.sort(rng.integers(0, max(total, 1), int(rng.integers(0, 4)) if total else 0))
+    stop_tsc = rng.integers(0, 1 << 34, stop_row.shape[0]).astype(np.uint64)
+    attribute_rows(ip, ninsn, mode, time, image, run, offset, h, conv, tid, pid,
+                   switch_time, switch_tid, switch_pid, stop_row, stop_tsc, *outs)  # fmt: skip
+    o_ip, o_ninsn, o_mode, o_image, o_run, o_offset, o_ns, o_tid, o_pid, o_dur = outs
+    np.testing.assert_array_equal(o_ip[h:], ip)
+    np.testing.assert_array_equal(o_ninsn[h:], ninsn)
+    np.testing.assert_array_equal(o_mode[h:], mode)
+    np.testing.assert_array_equal(o_image[h:], np.broadcast_to(image, (n,)) if n else image[:0])
+    np.testing.assert_array_equal(o_run[h:], run if run.shape[0] == n else -1)
+    np.testing.assert_array_equal(o_offset[h:], offset if offset.shape[0] == n else -1)
+    np.testing.assert_array_equal(o_ns[h:], ns)
+    np.testing.assert_array_equal(o_tid[h:], tids)
+    np.testing.assert_array_equal(o_pid[h:], pids)
+    if held:
+        assert (o_ip[0], o_ns[0], o_tid[0]) == (7, 123, 8)
+    all_ns = o_ns[:total]
+    stop_ns = np.where(stop_tsc != 0, tsc_to_ns(stop_tsc, shift, mult, zero).astype(np.int64), 0)
+    values = np.where((stop_tsc != 0) & have_conv, stop_ns - all_ns[stop_row], 0)
+    np.testing.assert_array_equal(o_dur, durations(all_ns, stop_row, values))
