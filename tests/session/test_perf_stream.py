@@ -82,14 +82,17 @@ def _streamed(path: Path, **kw) -> tuple[list[PerfBlocks], object]:
         (12, [1504], 1, 1 << 20),
     ],
 )
-def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows, chunk_bytes):
+@pytest.mark.parametrize("runs", [True, False])
+def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows, chunk_bytes, runs):
+    """Also with ``runs=False``, where the decoder keeps its rows compactly
+    and replays what it decoded before, the stream taking them from there."""
     run, pt, expected = _trace(copies)
     path = tmp_path / "pt.data"
     _write(path, run, pt, cuts)
     whole = decode_perf(
         read_perf_data(path), BinaryLocator(buildid_dirs=()), chunk_bytes=chunk_bytes
     )
-    got, flow = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes)
+    got, flow = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes, runs=runs)
     assert not whole.problems and not flow.problems
     (q,) = whole.queues
     f = q.flow
@@ -112,14 +115,15 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
     assert len(pt) <= flow.queues[0].trace_bytes < len(pt) + 8 * (len(cuts) + 1)
 
 
-def test_stream_reports_gaps_where_decode_perf_does(tmp_path):
+@pytest.mark.parametrize("runs", [True, False])
+def test_stream_reports_gaps_where_decode_perf_does(tmp_path, runs):
     run, pt, _ = _trace(10)
     bad = bytearray(pt)
     bad[len(pt) // 3 : len(pt) // 3 + 64] = b"\xd9" * 64  # no packet starts with 0xd9
     path = tmp_path / "bad.data"
     _write(path, run, bytes(bad), [len(pt) // 2])
     whole = decode_perf(read_perf_data(path), BinaryLocator(buildid_dirs=()))
-    got, flow = _streamed(path, batch_rows=100)
+    got, flow = _streamed(path, batch_rows=100, runs=runs)
     gaps = [str(g) for g in whole.queues[0].flow.gaps]
     assert gaps and [str(g) for g in flow.queues[0].gaps] == gaps
     np.testing.assert_array_equal(

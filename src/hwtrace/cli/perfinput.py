@@ -66,6 +66,7 @@ def decode_session(
     session: PerfSession,
     on_blocks: Callable[[PerfBlocks], None],
     batch_rows: int | None = None,
+    runs: bool = True,
 ) -> PerfStream:
     """:meth:`PerfSession.decode`, with the ``--call`` functions not found said."""
-    return warn_missing_calls(prog, session.decode(on_blocks, batch_rows=batch_rows))
+    return warn_missing_calls(prog, session.decode(on_blocks, batch_rows=batch_rows, runs=runs))

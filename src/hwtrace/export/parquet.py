@@ -1104,7 +1104,7 @@ def write_dataset(
         tids.update(threads_of(b))
 
     try:
-        flow = session.decode(take, batch_rows=ROW_GROUP)
+        flow = session.decode(take, batch_rows=ROW_GROUP, runs=False)
         return finish_dataset(writer, flow, tids)
     except BaseException:
         writer.abort()

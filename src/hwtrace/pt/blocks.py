@@ -273,6 +273,33 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
     return True
 
 
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val,
+                ip, ninsn, mode, image, offset, time):  # fmt: skip
+    """Rows ``0..len(keys)`` of a store as dense columns: each key's block,
+    the trace offset from its steps (``off_row``/``off_val`` from
+    ``off_base``) and the time from its change points (``t_row`` rows,
+    ``t_val`` times)."""
+    n = keys.shape[0]
+    for i in range(n):
+        key = keys[i]
+        ip[i] = k_ip[key]
+        ninsn[i] = k_ninsn[key]
+        mode[i] = k_mode[key]
+        image[i] = k_image[key]
+    row = 0
+    value = off_base
+    for j in range(off_row.shape[0]):
+        at = min(row + np.int64(off_row[j]), n)
+        offset[row:at] = value
+        value += off_val[j]
+        row = at
+    offset[row:n] = value
+    for j in range(t_row.shape[0]):
+        end = t_row[j + 1] if j + 1 < t_row.shape[0] else n
+        time[t_row[j] : end] = t_val[j]
+
+
 _DUMMY: tuple | None = None
 
 
@@ -419,6 +446,32 @@ class BlockStore:
             n = int(s[S_TIME])
             self.time_row = _grown(self.time_row, n, 2 * n)
             self.time_val = _grown(self.time_val, n, 2 * n)
+
+    def drain(self, ip: np.ndarray, ninsn: np.ndarray, mode: np.ndarray, image: np.ndarray,
+              offset: np.ndarray, time: np.ndarray) -> int:  # fmt: skip
+        """Write the rows held into the given columns (with room for them:
+        ``uint64``, ``uint32``, ``uint8``, ``int64``, ``int64``,
+        ``uint64``) and forget them, keeping the distinct blocks (so the
+        decoder's cached keys stay good): how a stream takes the rows the
+        decoder stored, batch by batch.  Returns how many there were."""
+        s = self.state
+        n = int(s[S_ROWS])
+        if n:
+            n_off, n_t = int(s[S_OFF]), int(s[S_TIME])
+            expand_rows(self.keys[:n], self.k_ip, self.k_ninsn, self.k_mode, self.k_image,
+                        self.off_row[:n_off], self.off_val[:n_off], int(s[S_OFF_BASE]),
+                        self.time_row[:n_t], self.time_val[:n_t], ip, ninsn, mode, image,
+                        offset, time)  # fmt: skip
+            # (the decoder cannot grow the store: room for what filled it)
+            if n_off == self.off_row.shape[0] and n_off < 2 * self.keys.shape[0]:
+                self._grow(_FULL_OFF)
+            if n_t == self.time_row.shape[0] and n_t < self.keys.shape[0]:
+                self._grow(_FULL_TIME)
+        for slot in (*_SAVED_SLOTS, S_OFF_BASE):
+            s[slot] = 0
+        if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
+            self._grow(_FULL_KEYS)
+        return n
 
     # -- reading ---------------------------------------------------------------
     def __len__(self) -> int:

@@ -51,6 +51,7 @@ from ..perf.intelpt import (
 )
 from ..perf.sideband import AddressSpace, BinaryLocator, Sideband, TscConversion
 from ..pt import flowrows as FK
+from ..pt.blocks import BlockStore
 from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
@@ -753,11 +754,18 @@ class QueueSink(FlowSink):
     is asked about, so may be a few blocks each) into batches of at most
     ``rows`` blocks, attributes them and passes them on, one block behind:
     the last block's duration waits for the next block (or for tracing to
-    stop, or for the queue to end)."""
+    stop, or for the queue to end).
+
+    ``runs=False``: the blocks' ``run`` is not asked for (-1 throughout):
+    the decoder then keeps its rows compactly (:class:`~hwtrace.pt.blocks.
+    BlockStore`) and replays the stretches of flow it has decoded before,
+    as when decoding with every block kept, and the rows are taken from
+    there batch by batch."""
 
     def __init__(
-        self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int
-    ) -> None:
+        self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int,
+        *, runs: bool = True,
+    ) -> None:  # fmt: skip
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
         # The decoder's batches as large as the ones passed on (though not
         # so small that it stops for every few blocks, nor so large that its
@@ -776,17 +784,41 @@ class QueueSink(FlowSink):
         self.rows = 0  # block rows passed on or held
         self.gap_next = False  # a gap before the next block gathered
         self.ptw_pending: PtwMarks | None = None  # marks after the held block
+        self.store = None
+        if not runs:
+            # The decoder stores rows itself until the store is full, then
+            # writes them out until its buffers are: a batch is mostly
+            # stored rows when the buffers are small, and no larger than
+            # those passed on when the two add up to them.
+            small = 1 << 12
+            self.store = BlockStore(max(self.target - small, small))
+            self.BLOCK_ROWS = small
+
+    def output(self) -> tuple:
+        out = super().output()
+        if self.store is not None:
+            store = self.store.kernel_store()
+            if out[FK.OUT_STORE] is not store:
+                out = self._out = out[: FK.OUT_STORE] + (store,)
+        return out
 
     def batch(self, b: FlowBatch) -> None:
         q = self.q
         q.n_insn += b.n_insn
         n = b.ip.shape[0]
         q.n_blocks += n + b.n_virtual
+        base = self.n_parts  # (the batch's first row, numbered in ``gather``)
+        if self.store is not None and len(self.store):
+            # The rows the decoder stored come before those it wrote out.
+            self._room(self.n_parts + len(self.store))
+            g, lo = self.gather, self.n_parts
+            got = self.store.drain(g["ip"][lo:], g["ninsn"][lo:], g["mode"][lo:],
+                                   g["image"][lo:], g["offset"][lo:], g["time"][lo:])  # fmt: skip
+            g["run"][lo : lo + got] = -1
+            self.n_parts += got
         if len(b.events):
             # Event rows (reused by the decoder): kept for _attribute.
-            self.events.append(
-                (b.events.copy(), b.event_offset.copy(), b.event_block + self.n_parts)
-            )
+            self.events.append((b.events.copy(), b.event_offset.copy(), b.event_block + base))
         if 2 * n >= self.target and not self.n_parts:
             # A batch about as large as those passed on (the usual one, the
             # decoder's buffers full): attributed straight from the
@@ -795,18 +827,22 @@ class QueueSink(FlowSink):
             return
         if n:
             lo, hi = self.n_parts, self.n_parts + n
-            g = self.gather
-            if hi > g["ip"].shape[0]:
-                size = max(hi, 2 * g["ip"].shape[0], 1 << 12)
-                for c, v in g.items():
-                    grown = np.empty(size, v.dtype)
-                    grown[:lo] = v[:lo]
-                    g[c] = grown
+            self._room(hi)
             for c, v in self._batch_columns(b, n).items():
-                g[c][lo:hi] = v
+                self.gather[c][lo:hi] = v
             self.n_parts = hi
         if self.n_parts >= self.target:
             self._attribute()
+
+    def _room(self, rows: int) -> None:
+        """Gather buffers with room for ``rows`` rows."""
+        g = self.gather
+        if rows > g["ip"].shape[0]:
+            size = max(rows, 2 * g["ip"].shape[0], 1 << 12)
+            for c, v in g.items():
+                grown = np.empty(size, v.dtype)
+                grown[: self.n_parts] = v[: self.n_parts]
+                g[c] = grown
 
     @staticmethod
     def _batch_columns(b: FlowBatch, n: int) -> dict[str, np.ndarray | int]:
@@ -963,6 +999,7 @@ def stream_perf(
     batch_rows: int = 1 << 15,
     chunk_bytes: int = 1 << 20,
     window_bytes: int = 1 << 17,
+    runs: bool = True,
 ) -> PerfStream:
     """Decode every AUX queue of ``data`` (as :func:`decode_perf`), queue
     by queue in the same order, handing the blocks to ``on_blocks`` in
@@ -972,7 +1009,9 @@ def stream_perf(
     problems met.  ``chunk_bytes`` as for :func:`decode_perf`;
     ``window_bytes``: the trace whose packets are decoded at a time (the
     decoder's memory, :attr:`~hwtrace.pt.flowdec.FlowDecoder.window_bytes`;
-    a stream is kept to a few times what one batch needs)."""
+    a stream is kept to a few times what one batch needs).  ``runs=False``:
+    the blocks' code-table runs are not needed (``run`` -1), which lets
+    the decoder replay what it decoded before (see :class:`QueueSink`)."""
     locator, sb, problems, setup = setup_decoding(data, locator, kernel, sideband)
     if setup is None:
         return PerfStream([], sb, None, problems)
@@ -989,7 +1028,7 @@ def stream_perf(
         dec.window_bytes = window_bytes
         q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)
-        sink = QueueSink(q, ctx, on_blocks, batch_rows)
+        sink = QueueSink(q, ctx, on_blocks, batch_rows, runs=runs)
         with queue_trace(data, starts, sizes) as trace:
             q.trace_bytes = trace.shape[0]
             ref = aux["reference"][aux["data_offset"] == starts[0]] if starts.shape[0] else []

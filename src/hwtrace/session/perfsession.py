@@ -132,19 +132,23 @@ class PerfSession:
         return take, lambda: list(cut.missing())
 
     def decode(
-        self, on_blocks: Callable[[PerfBlocks], None], *, batch_rows: int | None = None
-    ) -> PerfStream:
+        self, on_blocks: Callable[[PerfBlocks], None], *, batch_rows: int | None = None,
+        runs: bool = True,
+    ) -> PerfStream:  # fmt: skip
         """Decode every trace queue, batch by batch into ``on_blocks`` (cut
         to the calls); nothing of a batch is kept once it returns.  The
         result has the queues with their gaps, the problems met and
         ``missing_calls``: the ``calls`` found nowhere in the decoded code.
         ``batch_rows``: blocks a batch holds at most (default
-        :func:`~hwtrace.session.perfflow.stream_perf`'s)."""
+        :func:`~hwtrace.session.perfflow.stream_perf`'s); ``runs=False``:
+        the blocks' code-table runs are not needed (faster, see
+        :func:`~hwtrace.session.perfflow.stream_perf`)."""
         take, missing = self.cut_to_calls(on_blocks)
         extra = {} if batch_rows is None else {"batch_rows": batch_rows}
         flow = stream_perf(
-            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband, **extra
-        )
+            self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband,
+            runs=runs, **extra,
+        )  # fmt: skip
         flow.missing_calls = missing()
         return flow
 
