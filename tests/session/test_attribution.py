@@ -1,13 +1,16 @@
 """The compiled per-batch attribution against its definition in numpy:
 perf's TSC conversion, the thread a CPU's switches say ran, block
-durations with tracing stops (:func:`hwtrace.pt.timing.durations`)."""
+durations with tracing stops (:func:`hwtrace.pt.timing.durations`); and
+the attribution of a block store's compact rows against that of the rows
+it expands to."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hwtrace.pt.blocks import BlockStore
 from hwtrace.pt.timing import durations, tsc_to_ns
-from hwtrace.session._attribution import attribute_rows
+from hwtrace.session._attribution import attribute_rows, attribute_stored, durations_of
 
 _OUT = (np.uint64, np.int64, np.uint8, np.int64, np.int32, np.int64, np.int64, np.int64,
         np.int64, np.int64)  # fmt: skip
@@ -60,7 +63,8 @@ def test_attribute_rows_is_the_numpy_definition(n, held, per_thread, have_conv, 
     stop_row = np.sort(rng.integers(0, max(total, 1), int(rng.integers(0, 4)) if total else 0))
     stop_tsc = rng.integers(0, 1 << 34, stop_row.shape[0]).astype(np.uint64)
     attribute_rows(ip, ninsn, mode, time, image, run, offset, h, conv, tid, pid,
-                   switch_time, switch_tid, switch_pid, stop_row, stop_tsc, *outs)  # fmt: skip
+                   switch_time, switch_tid, switch_pid, *outs[:-1])  # fmt: skip
+    durations_of(outs[6], outs[9], stop_row, stop_tsc, conv)
     o_ip, o_ninsn, o_mode, o_image, o_run, o_offset, o_ns, o_tid, o_pid, o_dur = outs
     np.testing.assert_array_equal(o_ip[h:], ip)
     np.testing.assert_array_equal(o_ninsn[h:], ninsn)
@@ -77,3 +81,49 @@ def test_attribute_rows_is_the_numpy_definition(n, held, per_thread, have_conv, 
     stop_ns = np.where(stop_tsc != 0, tsc_to_ns(stop_tsc, shift, mult, zero).astype(np.int64), 0)
     values = np.where((stop_tsc != 0) & have_conv, stop_ns - all_ns[stop_row], 0)
     np.testing.assert_array_equal(o_dur, durations(all_ns, stop_row, values))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 400), held=st.booleans(), per_thread=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))  # fmt: skip
+def test_attribute_stored_is_attribute_rows_of_the_rows(n, held, per_thread, seed):
+    """A block store's rows attributed from its compact form are the rows
+    it expands to, attributed."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 1 << 40, 9, dtype=np.uint64)
+    pick = rng.integers(0, 9, n)
+    ip, ninsn, mode = pool[pick], (pick + 1).astype(np.uint32), (pick % 2).astype(np.uint8)
+    # Offsets and times that change every few rows, with some large steps.
+    offset = np.cumsum(rng.integers(0, 3, n) * rng.choice([1, 40, 1 << 33], n)).astype(np.int64)
+    time = np.repeat(np.cumsum(rng.integers(0, 900, n)), rng.integers(1, 5, n))[:n]
+    time = time.astype(np.uint64) + np.uint64(1 << 20)
+    time[rng.random(n) < 0.05] = 0
+    store = BlockStore(16)
+    store.append(ip, ninsn, mode, offset, time, image=3)
+    conv = np.array([1, 8, 300, 77], np.uint64)
+    switch_time = np.sort(rng.integers(0, 1 << 22, 5))
+    switch_tid = rng.integers(0, 50, 5)
+    threads = ((conv, 9, 99, *(np.zeros(0, np.int64),) * 3) if per_thread else
+               (conv, -1, -1, switch_time, switch_tid, switch_tid + 7))  # fmt: skip
+    h = int(held)
+    stop_row = np.array([n + h - 1, n // 2], np.int64)
+    stop_tsc = np.array([int(time.max()) + 50, 0], np.uint64)
+    got = [np.zeros(n + h, t) for t in _OUT]
+    want = [np.zeros(n + h, t) for t in _OUT]
+    table = store.table()
+    attribute_stored(store.key_column(), table["ip"], table["ninsn"], table["mode"],
+                     table["image"], *store.offset_steps(), *store.time_changes(), h, *threads,
+                     *got[:-1])  # fmt: skip
+    durations_of(got[6], got[9], stop_row, stop_tsc, conv)
+    dense = [np.zeros(n, t) for t in (np.uint64, np.uint32, np.uint8, np.int64, np.int64,
+                                      np.uint64)]  # fmt: skip
+    assert store.drain(*dense) == n and len(store) == 0
+    np.testing.assert_array_equal(dense[0], ip)
+    np.testing.assert_array_equal(dense[4], offset)
+    np.testing.assert_array_equal(dense[5], time)
+    d_ip, d_ninsn, d_mode, d_image, d_offset, d_time = dense
+    attribute_rows(d_ip, d_ninsn, d_mode, d_time, d_image, np.zeros(0, np.int32), d_offset, h,
+                   *threads, *want[:-1])  # fmt: skip
+    durations_of(want[6], want[9], stop_row, stop_tsc, conv)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

@@ -454,24 +454,28 @@ class BlockStore:
         ``uint64``) and forget them, keeping the distinct blocks (so the
         decoder's cached keys stay good): how a stream takes the rows the
         decoder stored, batch by batch.  Returns how many there were."""
-        s = self.state
-        n = int(s[S_ROWS])
+        n = len(self)
         if n:
-            n_off, n_t = int(s[S_OFF]), int(s[S_TIME])
-            expand_rows(self.keys[:n], self.k_ip, self.k_ninsn, self.k_mode, self.k_image,
-                        self.off_row[:n_off], self.off_val[:n_off], int(s[S_OFF_BASE]),
-                        self.time_row[:n_t], self.time_val[:n_t], ip, ninsn, mode, image,
+            steps, values, base = self.offset_steps()
+            expand_rows(self.key_column(), self.k_ip, self.k_ninsn, self.k_mode, self.k_image,
+                        steps, values, base, *self.time_changes(), ip, ninsn, mode, image,
                         offset, time)  # fmt: skip
-            # (the decoder cannot grow the store: room for what filled it)
-            if n_off == self.off_row.shape[0] and n_off < 2 * self.keys.shape[0]:
-                self._grow(_FULL_OFF)
-            if n_t == self.time_row.shape[0] and n_t < self.keys.shape[0]:
-                self._grow(_FULL_TIME)
+        self.clear()
+        return n
+
+    def clear(self) -> None:
+        """Forget the rows held, keeping the distinct blocks (the decoder's
+        cached keys stay good); the arrays that filled up grow, since the
+        decoder cannot grow them."""
+        s = self.state
+        if int(s[S_OFF]) == self.off_row.shape[0] and s[S_OFF] < 2 * self.keys.shape[0]:
+            self._grow(_FULL_OFF)
+        if int(s[S_TIME]) == self.time_row.shape[0] and s[S_TIME] < self.keys.shape[0]:
+            self._grow(_FULL_TIME)
         for slot in (*_SAVED_SLOTS, S_OFF_BASE):
             s[slot] = 0
         if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
             self._grow(_FULL_KEYS)
-        return n
 
     # -- reading ---------------------------------------------------------------
     def __len__(self) -> int:

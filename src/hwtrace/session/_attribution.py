@@ -42,19 +42,16 @@ def _switch_at(switch_time, t, k):
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def attribute_rows(
-    ip, ninsn, mode, time, image, run, offset, held, conv, tid, pid,
-    switch_time, switch_tid, switch_pid, stop_row, stop_tsc,
+    ip, ninsn, mode, time, image, run, offset, at, conv, tid, pid,
+    switch_time, switch_tid, switch_pid,
     out_ip, out_ninsn, out_mode, out_image, out_run, out_offset, out_ns, out_tid, out_pid,
-    out_duration,
 ):  # fmt: skip
-    """Rows ``held + i`` of the ``out_`` columns from the decoder's row
-    ``i`` (``image``: one value for all rows or a value a row; ``run``,
-    ``offset``: empty when the batch has none, -1 then); row 0 is the held
-    block when ``held`` (its columns already there).  Threads: ``tid`` and
-    ``pid`` for every row when ``tid`` >= 0, else the CPU's switches
+    """Rows ``at + i`` of the ``out_`` columns from the decoder's row ``i``
+    (``image``: one value for all rows or a value a row; ``run``,
+    ``offset``: empty when the batch has none, -1 then).  Threads: ``tid``
+    and ``pid`` for every row when ``tid`` >= 0, else the CPU's switches
     (``switch_time`` sorted, the thread and process each switched to).
-    Durations of every row; tracing stopped after rows ``stop_row`` at
-    TSC ``stop_tsc`` (0: unknown), the last such stop of a row counting."""
+    The durations come after, for all rows (:func:`durations_of`)."""
     n = ip.shape[0]
     have = conv[CONV_HAVE] != 0
     shift = np.uint64(conv[CONV_SHIFT])
@@ -62,9 +59,9 @@ def attribute_rows(
     zero = np.uint64(conv[CONV_ZERO])
     # (each column in a loop of its own over slices indexed from a range:
     # no checks for negative indices, and the copies vectorise)
-    o_ip, o_ninsn, o_mode = out_ip[held:], out_ninsn[held:], out_mode[held:]
-    o_image, o_run, o_offset = out_image[held:], out_run[held:], out_offset[held:]
-    o_ns, o_tid, o_pid = out_ns[held:], out_tid[held:], out_pid[held:]
+    o_ip, o_ninsn, o_mode = out_ip[at:], out_ninsn[at:], out_mode[at:]
+    o_image, o_run, o_offset = out_image[at:], out_run[at:], out_offset[at:]
+    o_ns, o_tid, o_pid = out_ns[at:], out_tid[at:], out_pid[at:]
     for i in range(n):
         o_ip[i] = ip[i]
     for i in range(n):
@@ -72,7 +69,7 @@ def attribute_rows(
     for i in range(n):
         o_mode[i] = mode[i]
     if image.shape[0] == 1:
-        o_image[:] = image[0]
+        o_image[:n] = image[0]
     else:
         for i in range(n):
             o_image[i] = image[i]
@@ -80,36 +77,98 @@ def attribute_rows(
         for i in range(n):
             o_run[i] = run[i]
     else:
-        o_run[:] = -1
+        o_run[:n] = -1
     if offset.shape[0] == n:
         for i in range(n):
             o_offset[i] = offset[i]
     else:
-        o_offset[:] = -1
+        o_offset[:n] = -1
     if have:
         for i in range(n):
             t = time[i]
             o_ns[i] = tsc_ns(t, shift, mult, zero) if t != 0 else np.int64(-1)
     else:
-        o_ns[:] = -1
+        o_ns[:n] = -1
     if tid >= 0:
-        o_tid[:] = tid
-        o_pid[:] = pid
+        o_tid[:n] = tid
+        o_pid[:n] = pid
     else:
         k = -1
         for i in range(n):
             k = _switch_at(switch_time, max(o_ns[i], np.int64(0)), k)
             o_tid[i] = switch_tid[k] if k >= 0 else -1
             o_pid[i] = switch_pid[k] if k >= 0 else -1
-    total = held + n
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def durations_of(out_ns, out_duration, stop_row, stop_tsc, conv):
+    """Every row's duration: until the next row's time, or, for rows
+    ``stop_row``, until tracing stopped after it at TSC ``stop_tsc`` (0:
+    unknown; the last stop of a row counting); 0 where either time is
+    unknown or not later."""
+    total = out_ns.shape[0]
     later = out_ns[1:]
     for r in range(total - 1):
         d = later[r] - out_ns[r]
         out_duration[r] = d if d > 0 and out_ns[r] >= 0 else 0
     if total:
         out_duration[total - 1] = 0
+    have = conv[CONV_HAVE] != 0
+    shift = np.uint64(conv[CONV_SHIFT])
+    mult = np.uint64(conv[CONV_MULT])
+    zero = np.uint64(conv[CONV_ZERO])
     for j in range(stop_row.shape[0]):
         r = stop_row[j]
         t = stop_tsc[j]
         v = tsc_ns(t, shift, mult, zero) - out_ns[r] if have and t != 0 else np.int64(0)
         out_duration[r] = v if v > 0 and out_ns[r] >= 0 else 0
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def attribute_stored(
+    keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val, at, conv,
+    tid, pid, switch_time, switch_tid, switch_pid,
+    out_ip, out_ninsn, out_mode, out_image, out_run, out_offset, out_ns, out_tid, out_pid,
+):  # fmt: skip
+    """:func:`attribute_rows` of the rows a block store holds (``keys``
+    into the distinct blocks ``k_*``; the trace offset's steps from
+    ``off_base``; the time's change points ``t_row``, ``t_val``): the
+    time, thread and process once per change of time; ``run`` -1."""
+    n = keys.shape[0]
+    shift = np.uint64(conv[CONV_SHIFT])
+    mult = np.uint64(conv[CONV_MULT])
+    zero = np.uint64(conv[CONV_ZERO])
+    have = conv[CONV_HAVE] != 0
+    o_ip, o_ninsn, o_mode = out_ip[at:], out_ninsn[at:], out_mode[at:]
+    o_image, o_offset = out_image[at:], out_offset[at:]
+    o_ns, o_tid, o_pid = out_ns[at:], out_tid[at:], out_pid[at:]
+    for i in range(n):
+        key = keys[i]
+        o_ip[i] = k_ip[key]
+        o_ninsn[i] = k_ninsn[key]
+        o_mode[i] = k_mode[key]
+        o_image[i] = k_image[key]
+    o_run = out_run[at:]
+    o_run[:n] = -1
+    row = 0
+    value = off_base
+    for j in range(off_row.shape[0]):
+        at = min(row + np.int64(off_row[j]), n)
+        o_offset[row:at] = value
+        value += off_val[j]
+        row = at
+    o_offset[row:n] = value
+    k = -1
+    for j in range(t_row.shape[0]):
+        t = t_val[j]
+        ns = tsc_ns(t, shift, mult, zero) if have and t != 0 else np.int64(-1)
+        if tid >= 0:
+            th, pr = tid, pid
+        else:
+            k = _switch_at(switch_time, max(ns, np.int64(0)), k)
+            th = switch_tid[k] if k >= 0 else -1
+            pr = switch_pid[k] if k >= 0 else -1
+        end = t_row[j + 1] if j + 1 < t_row.shape[0] else n
+        o_ns[t_row[j] : end] = ns
+        o_tid[t_row[j] : end] = th
+        o_pid[t_row[j] : end] = pr

@@ -57,7 +57,7 @@ from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_tra
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
 from ..pt.timing import durations, stamps_to_ns
-from ._attribution import attribute_rows
+from ._attribution import attribute_rows, attribute_stored, durations_of
 from .perftime import PerfClock, transfer_class
 
 
@@ -808,7 +808,17 @@ class QueueSink(FlowSink):
         n = b.ip.shape[0]
         q.n_blocks += n + b.n_virtual
         base = self.n_parts  # (the batch's first row, numbered in ``gather``)
-        if self.store is not None and len(self.store):
+        if len(b.events):
+            # Event rows (reused by the decoder): kept for _attribute.
+            self.events.append((b.events.copy(), b.event_offset.copy(), b.event_block + base))
+        stored = len(self.store) if self.store is not None else 0
+        if stored and not base and 2 * (stored + n) >= self.target:
+            # A batch of a compact stream, about as large as those passed
+            # on: attributed straight from the store (and the decoder's
+            # arrays, for the rows that came after the store was full).
+            self._attribute(self._batch_columns(b, n), stored=True)
+            return
+        if stored:
             # The rows the decoder stored come before those it wrote out.
             self._room(self.n_parts + len(self.store))
             g, lo = self.gather, self.n_parts
@@ -816,9 +826,6 @@ class QueueSink(FlowSink):
                                    g["image"][lo:], g["offset"][lo:], g["time"][lo:])  # fmt: skip
             g["run"][lo : lo + got] = -1
             self.n_parts += got
-        if len(b.events):
-            # Event rows (reused by the decoder): kept for _attribute.
-            self.events.append((b.events.copy(), b.event_offset.copy(), b.event_block + base))
         if 2 * n >= self.target and not self.n_parts:
             # A batch about as large as those passed on (the usual one, the
             # decoder's buffers full): attributed straight from the
@@ -854,11 +861,16 @@ class QueueSink(FlowSink):
             "offset": b.offset if b.offset.shape[0] == n else -1,
         }  # fmt: skip
 
-    def _attribute(self, batch: Mapping[str, np.ndarray | int] | None = None) -> None:
+    def _attribute(
+        self, batch: Mapping[str, np.ndarray | int] | None = None, stored: bool = False
+    ) -> None:
         """Attribute the gathered blocks (or, given, the columns of one
-        decoder batch, none gathered) and pass on all but the last."""
+        decoder batch, none gathered; or the rows the store holds) and
+        pass on all but the last."""
         stop_k, stop_t, gap_k, ptw = self._events()
-        n = self.n_parts if batch is None else batch["ip"].shape[0]
+        m = len(self.store) if stored else 0
+        rest = self.n_parts if batch is None else batch["ip"].shape[0]
+        n = m + rest
         self.n_parts = 0
         if not n:
             if len(ptw):
@@ -880,15 +892,6 @@ class QueueSink(FlowSink):
             for c, v in cols.items():
                 if c != "duration":
                     v[0] = self.held[c][0]
-        src = {c: v[:n] for c, v in self.gather.items()} if batch is None else batch
-        ninsn = src["ninsn"]
-        if ninsn.dtype != np.uint32:
-            ninsn = ninsn.astype(np.uint32)
-        image = src["image"]
-        image = np.array([image], np.int64) if np.ndim(image) == 0 else image
-        run, offset = src["run"], src["offset"]
-        run = _NO_RUN if np.ndim(run) == 0 else run
-        offset = _NO_OFFSET if np.ndim(offset) == 0 else offset
         # Blocks after which tracing stopped, numbered in ``cols``.
         k = stop_k - 1 + held
         keep = (k >= 0) & (k < total)
@@ -896,10 +899,18 @@ class QueueSink(FlowSink):
         if held and self.held_stop is not None:
             k = np.concatenate([[0], k])
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
-        attribute_rows(
-            src["ip"], ninsn, src["mode"], src["time"], image, run, offset, held,
-            *self.threads, k, stop_t, *cols.values(),
-        )  # fmt: skip
+        out = [cols[c] for c, _ in _PASSED if c != "duration"]
+        if m:
+            store = self.store
+            t = store.table()
+            attribute_stored(
+                store.key_column(), t["ip"], t["ninsn"], t["mode"], t["image"],
+                *store.offset_steps(), *store.time_changes(), held, *self.threads, *out,
+            )  # fmt: skip
+            store.clear()
+        if rest:
+            self._attribute_rows(batch, rest, held + m, out)
+        durations_of(cols["ns"], cols["duration"], k, stop_t, self.threads[0])
         gap = cols["gap"] = np.zeros(total, np.bool_)
         gap[held + gap_k[gap_k < n]] = True
         gap[held] |= self.gap_next
@@ -931,6 +942,26 @@ class QueueSink(FlowSink):
             self.ptw_pending = PtwMarks.join(
                 [marks, self.ptw_pending] if self.ptw_pending else [marks]
             )
+
+    def _attribute_rows(
+        self, batch: Mapping[str, np.ndarray | int] | None, n: int, at: int,
+        out: list[np.ndarray],
+    ) -> None:  # fmt: skip
+        """:func:`attribute_rows` of the ``n`` gathered rows (or of
+        ``batch``) into rows ``at`` on of the columns ``out``."""
+        src = {c: v[:n] for c, v in self.gather.items()} if batch is None else batch
+        ninsn = src["ninsn"]
+        if ninsn.dtype != np.uint32:
+            ninsn = ninsn.astype(np.uint32)
+        image = src["image"]
+        image = np.array([image], np.int64) if np.ndim(image) == 0 else image
+        run, offset = src["run"], src["offset"]
+        run = _NO_RUN if np.ndim(run) == 0 else run
+        offset = _NO_OFFSET if np.ndim(offset) == 0 else offset
+        attribute_rows(
+            src["ip"], ninsn, src["mode"], src["time"], image, run, offset, at,
+            *self.threads, *out,
+        )  # fmt: skip
 
     def _events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Gaps from the gathered events' errors; the stops of tracing
