@@ -274,27 +274,40 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val,
-                ip, ninsn, mode, image, offset, time):  # fmt: skip
-    """Rows ``0..len(keys)`` of a store as dense columns: each key's block,
-    the trace offset from its steps (``off_row``/``off_val`` from
-    ``off_base``) and the time from its change points (``t_row`` rows,
-    ``t_val`` times)."""
-    n = keys.shape[0]
-    for i in range(n):
+def blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, ip, ninsn, mode, image):
+    """The block of each of a store's ``keys`` (into the distinct blocks
+    ``k_*``), into the columns given."""
+    for i in range(keys.shape[0]):
         key = keys[i]
         ip[i] = k_ip[key]
         ninsn[i] = k_ninsn[key]
         mode[i] = k_mode[key]
         image[i] = k_image[key]
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def offsets_of(off_row, off_val, off_base, n, offset):
+    """``n`` rows' trace offsets from a store's offset steps (rows since
+    the last change, the offset's step; the first from ``off_base``)."""
     row = 0
     value = off_base
     for j in range(off_row.shape[0]):
-        at = min(row + np.int64(off_row[j]), n)
-        offset[row:at] = value
+        upto = min(row + np.int64(off_row[j]), n)
+        offset[row:upto] = value
         value += off_val[j]
-        row = at
+        row = upto
     offset[row:n] = value
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val,
+                ip, ninsn, mode, image, offset, time):  # fmt: skip
+    """Rows ``0..len(keys)`` of a store as dense columns: each key's block,
+    the trace offset from its steps and the time from its change points
+    (``t_row`` rows, ``t_val`` times)."""
+    n = keys.shape[0]
+    blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, ip, ninsn, mode, image)
+    offsets_of(off_row, off_val, off_base, n, offset)
     for j in range(t_row.shape[0]):
         end = t_row[j + 1] if j + 1 < t_row.shape[0] else n
         time[t_row[j] : end] = t_val[j]

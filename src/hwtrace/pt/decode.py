@@ -311,14 +311,7 @@ class _Collector(FlowSink):
         self.gaps: list[Gap] = []
 
     def output(self) -> tuple:
-        # The decoder stores rows in the store itself while it can (see
-        # hwtrace.pt.blocks); what it cannot comes here as batch rows.
-        out = super().output()
-        if self.store is not None:
-            store = self.store.kernel_store()
-            if out[R.OUT_STORE] is not store:
-                out = self._out = out[: R.OUT_STORE] + (store,)
-        return out
+        return self.storing_output(self.store)
 
     def batch(self, b: FlowBatch) -> None:
         nrows = b.ip.shape[0]

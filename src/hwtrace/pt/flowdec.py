@@ -31,10 +31,11 @@ import numpy as np
 from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
+from .blocks import BlockStore
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
 from .config import PtConfig
 from .errors import PtError
-from .flowrows import O_NEW, O_SPEC
+from .flowrows import O_NEW, O_SPEC, OUT_STORE
 from .kinds import DecodeError, Kind
 from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import (
@@ -139,6 +140,17 @@ class FlowSink:
         out = getattr(self, "_out", None)
         if out is None:
             out = self._out = K.new_output(self.BLOCK_ROWS, self.EVENT_ROWS)
+        return out
+
+    def storing_output(self, store: BlockStore | None) -> tuple:
+        """:meth:`output` with ``store`` as the block store the decoder
+        stores rows in itself while it can (:mod:`hwtrace.pt.blocks`);
+        what it cannot comes to :meth:`batch` as batch rows, after them."""
+        out = FlowSink.output(self)
+        if store is not None:
+            kernel = store.kernel_store()
+            if out[OUT_STORE] is not kernel:
+                out = self._out = out[:OUT_STORE] + (kernel,)
         return out
 
     def batch(self, batch: FlowBatch) -> None:  # pragma: no cover - interface

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
+from ..pt.blocks import blocks_of, offsets_of
 from ..pt.timing import tsc_ns
 
 #: ``conv``'s fields: whether there is a conversion, then perf's
@@ -30,14 +31,7 @@ def _switch_at(switch_time, t, k):
     m = switch_time.shape[0]
     if k >= 0 and switch_time[k] <= t and (k + 1 == m or t < switch_time[k + 1]):
         return k
-    lo, hi = 0, m
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if switch_time[mid] <= t:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
+    return np.int64(np.searchsorted(switch_time, t, side="right")) - 1
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -142,22 +136,10 @@ def attribute_stored(
     o_ip, o_ninsn, o_mode = out_ip[at:], out_ninsn[at:], out_mode[at:]
     o_image, o_offset = out_image[at:], out_offset[at:]
     o_ns, o_tid, o_pid = out_ns[at:], out_tid[at:], out_pid[at:]
-    for i in range(n):
-        key = keys[i]
-        o_ip[i] = k_ip[key]
-        o_ninsn[i] = k_ninsn[key]
-        o_mode[i] = k_mode[key]
-        o_image[i] = k_image[key]
+    blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, o_ip, o_ninsn, o_mode, o_image)
     o_run = out_run[at:]
     o_run[:n] = -1
-    row = 0
-    value = off_base
-    for j in range(off_row.shape[0]):
-        at = min(row + np.int64(off_row[j]), n)
-        o_offset[row:at] = value
-        value += off_val[j]
-        row = at
-    o_offset[row:n] = value
+    offsets_of(off_row, off_val, off_base, n, o_offset)
     k = -1
     for j in range(t_row.shape[0]):
         t = t_val[j]

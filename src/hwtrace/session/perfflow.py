@@ -795,12 +795,7 @@ class QueueSink(FlowSink):
             self.BLOCK_ROWS = small
 
     def output(self) -> tuple:
-        out = super().output()
-        if self.store is not None:
-            store = self.store.kernel_store()
-            if out[FK.OUT_STORE] is not store:
-                out = self._out = out[: FK.OUT_STORE] + (store,)
-        return out
+        return self.storing_output(self.store)
 
     def batch(self, b: FlowBatch) -> None:
         q = self.q
