@@ -68,7 +68,7 @@ PARTS = ("library", "perf", "ptxed", "ptdump", "decode")
 #: The pieces of each part, as the processes run them.
 PIECES = {
     "library": ("bytecode", "packets", "library", "subtrees"),
-    "perf": ("script", "report"),
+    "perf": ("attribution", "script", "report"),
     "ptxed": ("ptxed",),
     "ptdump": ("ptdump",),
     "decode": ("decode",),
@@ -85,8 +85,11 @@ PIECES = {
 # needs it before it is cached).
 CHAINS = (
     ("packets", "library", "script", "ptxed"),
-    ("bytecode", "ptdump", "subtrees", "report", "decode"),
+    ("bytecode", "ptdump", "subtrees", "attribution", "report", "decode"),
 )
+# "attribution" compiles the loops that attribute a stream's blocks (both
+# perf commands need them) while the other process compiles the decoder,
+# so that the two do not both compile them next.
 # "bytecode" (while the other process compiles the packet loops) writes
 # the bytecode of the modules the commands import where the installer
 # left none (make demo installs without it: pip compiles every module of
@@ -262,6 +265,8 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         _until_decoder(image, cfg, lambda args: None)
     elif piece == "subtrees":
         _decoder_subtrees(image, cfg)
+    elif piece == "attribution":
+        _attribution_loops()
     elif piece == "library":
         for keep in (True, False):
             decode_trace(TRACE, image, cfg, keep_blocks=keep)
@@ -380,6 +385,23 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
             callee.dispatcher.compile(sig)
 
     _until_decoder(image, cfg, compile_callees)
+
+
+def _attribution_loops() -> None:
+    """Compile the loops that attribute a stream's blocks
+    (:mod:`hwtrace.session._attribution`) for the arguments the stream
+    gives them."""
+    from ..session import _attribution as A
+
+    n = 4
+    z = np.zeros(0, np.int64)
+    conv = np.zeros(4, np.uint64)
+    out = [np.zeros(n, t) for t in (np.uint64, np.int64, np.uint8, np.int64, np.int32, np.int64,
+                                     np.int64, np.int64, np.int64)]  # fmt: skip
+    A.attribute_rows(np.zeros(n, np.uint64), np.zeros(n, np.uint32), np.zeros(n, np.uint8),
+                     np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
+                     np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
+    A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
 
 
 def _wrapped(tmp: Path, trace: Path, cfg) -> Path:
