@@ -115,6 +115,38 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
     assert len(pt) <= flow.queues[0].trace_bytes < len(pt) + 8 * (len(cuts) + 1)
 
 
+def test_stream_past_what_the_decoder_can_store(tmp_path, monkeypatch):
+    """A compact stream whose store can no longer be stored into by the
+    decoder (more distinct blocks than its keys hold) goes on with the
+    decoder's rows written out, the same flow."""
+    from hwtrace.pt.blocks import BlockStore
+    from hwtrace.session import perfflow
+
+    run, pt, expected = _trace(40)
+    path = tmp_path / "pt.data"
+    _write(path, run, pt, [1000, 2904])
+    clear = BlockStore.clear
+
+    def widened(self):
+        clear(self)
+        self.keys = self.keys.astype(np.uint32)  # (as past 65,535 distinct blocks)
+        self._kernel_store = None
+
+    monkeypatch.setattr(BlockStore, "clear", widened)
+    sinks = []
+    init = perfflow.QueueSink.__init__
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        sinks.append(self)
+
+    monkeypatch.setattr(perfflow.QueueSink, "__init__", keep)
+    got, _ = _streamed(path, batch_rows=1 << 14, runs=False)
+    assert sinks and sinks[0].store is None and sinks[0].BLOCK_ROWS == 1 << 14
+    ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
+    np.testing.assert_array_equal(ips, expected)
+
+
 @pytest.mark.parametrize("runs", [True, False])
 def test_stream_reports_gaps_where_decode_perf_does(tmp_path, runs):
     run, pt, _ = _trace(10)

@@ -490,6 +490,12 @@ class BlockStore:
         if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
             self._grow(_FULL_KEYS)
 
+    @property
+    def live(self) -> bool:
+        """Whether the decoder can store rows here itself (while the keys
+        are ``uint16``: up to 65,535 distinct blocks)."""
+        return self.keys.dtype == np.uint16
+
     # -- reading ---------------------------------------------------------------
     def __len__(self) -> int:
         return int(self.state[S_ROWS])

@@ -792,9 +792,13 @@ class QueueSink(FlowSink):
             # those passed on when the two add up to them.
             small = 1 << 12
             self.store = BlockStore(max(self.target - small, small))
-            self.BLOCK_ROWS = small
+            self.large_rows, self.BLOCK_ROWS = self.BLOCK_ROWS, small
 
     def output(self) -> tuple:
+        if self.store is not None and not self.store.live and not len(self.store):
+            # More distinct blocks than the decoder can store itself: its
+            # rows come out, in buffers as large as those passed on again.
+            self.store, self.BLOCK_ROWS, self._out = None, self.large_rows, None
         return self.storing_output(self.store)
 
     def batch(self, b: FlowBatch) -> None:
