@@ -42,7 +42,7 @@ def test_attribute_rows_is_the_numpy_definition(n, held, per_thread, have_conv, 
     ns = np.where(time != 0, tsc_to_ns(time, shift, mult, zero).astype(np.int64), -1)
     if not have_conv:
         ns[:] = -1
-    switch_time = np.sort(rng.integers(0, int(ns.max()) + 2 if n else 10, 6))
+    switch_time = np.sort(rng.integers(0, max(int(ns.max()) + 2 if n else 0, 10), 6))
     switch_tid = rng.integers(-1, 100, 6)
     switch_pid = np.where(switch_tid >= 0, switch_tid + 1000, -1)
     if per_thread:
