@@ -534,32 +534,3 @@ def index_values(values, keys, slots, entries, count, out):
             count += 1
         out[i] = index
     return count
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def gather_known(index, known, first, second, out_first, out_second):
-    """``out_first[i], out_second[i] = first[index[i]], second[index[i]]``
-    where ``index[i]`` is known (0, 0 where it is -1); returns how many
-    rows have an index not yet ``known`` (left for the caller to fill)."""
-    unknown = 0
-    for i in range(index.shape[0]):
-        k = index[i]
-        if k < 0:
-            out_first[i] = 0
-            out_second[i] = 0
-        elif known[k]:
-            out_first[i] = first[k]
-            out_second[i] = second[k]
-        else:
-            unknown += 1
-    return unknown
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def count_unnamed(index, image_ids):
-    """Rows no symbol covers (``index`` -1) or whose image is not known (0)."""
-    count = 0
-    for i in range(index.shape[0]):
-        if index[i] < 0 or image_ids[i] == 0:
-            count += 1
-    return count

@@ -202,11 +202,6 @@ class Names:
     _sections: dict[int, tuple[object, np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict, repr=False
     )
-    # Per (symbol table, queue, space): per symbol index its symbol id, image
-    # id and whether they are known, so a batch maps its rows by indexing.
-    _dense: dict[tuple[int, int, int], tuple[SymbolTable, np.ndarray, np.ndarray, np.ndarray]] = (
-        field(default_factory=dict, repr=False)
-    )
     # Per (symbol table, queue, space): the ids of the block addresses met.
     _by_ip: dict[tuple[int, int, int], _AddressIds] = field(default_factory=dict, repr=False)
 
@@ -250,32 +245,16 @@ class Names:
         self, table: SymbolTable, index: np.ndarray, queue: int, space: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Symbol ids and image ids (0: none) of rows whose symbols are
-        ``index`` into ``table`` (-1: none), met in ``space`` of ``queue``:
-        :meth:`ids_of` for the symbols not met there before, array
-        indexing for the rest (no sort per batch)."""
-        key = (id(table), queue, space)
-        got = self._dense.get(key)
-        if got is None:
-            n = len(table)
-            got = self._dense[key] = (table, np.zeros(n, np.int64), np.zeros(n, np.int64),
-                                      np.zeros(n, np.bool_))  # fmt: skip
-        _, sid_of, iid_of, known = got
-        index = np.ascontiguousarray(index, np.int64)
-        s = np.empty(index.shape[0], np.int64)
-        i = np.empty(index.shape[0], np.int64)
-        if not pages.gather_known(index, known, sid_of, iid_of, s, i):
-            return s, i
-        found = index >= 0
-        at = index[found]
-        new = at[~known[at]]
-        if new.shape[0]:
-            used = np.unique(new)
-            sids, iids = self.ids_of(table, used, queue, space)
-            sid_of[used], iid_of[used], known[used] = sids, iids, True
+        ``index`` into ``table`` (-1: none), met in ``space`` of ``queue``
+        (:meth:`block_ids` asks only for addresses not met before)."""
+        index = np.asarray(index, np.int64)
         s = np.zeros(index.shape[0], np.int64)
         i = np.zeros(index.shape[0], np.int64)
-        s[found] = sid_of[at]
-        i[found] = iid_of[at]
+        found = index >= 0
+        if found.any():
+            used, inverse = np.unique(index[found], return_inverse=True)
+            sids, iids = self.ids_of(table, used, queue, space)
+            s[found], i[found] = sids[inverse], iids[inverse]
         return s, i
 
     def block_ids(self, q: QueueInfo, space: int, ip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -430,15 +409,14 @@ def _space_ids(
     space ``space`` of queue ``q``."""
     index = table.index_of(ip)
     s, i = names.ids_at(table, index, q.index, space)
-    if pages.count_unnamed(index, i):
-        # Code no symbol covers: the file its section is of.
-        rest = np.flatnonzero((np.asarray(index) < 0) | (i == 0))
-        if rest.shape[0] and space < len(q.images):
-            starts, ends, ids = names.sections(q.images[space])
-            if starts.shape[0]:
-                k = np.searchsorted(starts, ip[rest], side="right").astype(np.int64) - 1
-                ok = (k >= 0) & (ip[rest] < ends[np.maximum(k, 0)])
-                i[rest[ok]] = ids[k[ok]]
+    # Code no symbol covers: the file its section is of.
+    rest = np.flatnonzero((index < 0) | (i == 0))
+    if rest.shape[0] and space < len(q.images):
+        starts, ends, ids = names.sections(q.images[space])
+        if starts.shape[0]:
+            k = np.searchsorted(starts, ip[rest], side="right").astype(np.int64) - 1
+            ok = (k >= 0) & (ip[rest] < ends[np.maximum(k, 0)])
+            i[rest[ok]] = ids[k[ok]]
     return s, i
 
 
