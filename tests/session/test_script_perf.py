@@ -65,6 +65,33 @@ def wrapped(name: str, tmp_path: Path) -> Path:
     return out
 
 
+def test_real_recording_streams_the_same_kept_compactly(tmp_path):
+    """The stream ``decode`` uses (``runs=False``: the decoder keeps its
+    rows compactly and replays) gives the blocks of the stream the listing
+    uses (whose listing is perf's), times and durations included, on the
+    longer real recording (59,234 instructions)."""
+    import numpy as np
+
+    from hwtrace.session import PerfSession
+    from hwtrace.session.perfflow import stream_perf
+
+    s = PerfSession.open(str(wrapped("drpt2trace-simple-tracedir", tmp_path)))
+    got = {}
+    for runs in (True, False):
+        blocks = []
+        flow = stream_perf(s.data, blocks.append, s.locator, kernel=s.kernel,
+                           sideband=s.sideband, batch_rows=64, runs=runs)  # fmt: skip
+        got[runs] = (
+            {c: np.concatenate([getattr(b, c) for b in blocks])
+             for c in ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "gap", "offset")},
+            [str(g) for q in flow.queues for g in q.gaps],
+        )  # fmt: skip
+    assert int(got[True][0]["ninsn"].sum()) == 59234
+    assert got[False][1] == got[True][1]
+    for c, v in got[True][0].items():
+        np.testing.assert_array_equal(got[False][0][c], v, c)
+
+
 @pytest.mark.parametrize("name", ["drpt2trace-simple", "drpt2trace-simple-tracedir"])
 def test_real_recording_lists_as_perf_does(name, tmp_path, capsysbinary):
     """Every line: zero-size symbols sized up to the next (``_init+0x38``
