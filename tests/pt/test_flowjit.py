@@ -676,12 +676,13 @@ def _bpf_skip() -> str | None:
     return None
 
 
-def _emulate(code: bytes, address: int) -> list[int]:
-    """The IPs a JIT image runs from its entry to its final jump out (the
-    return thunk, kernel text), executed by unicorn.  Unicorn does not run
-    code at kernel addresses, so the image runs at a user-space alias with
-    the same page offset (its branches are relative) and the IPs are moved
-    back."""
+def _emulate(code: bytes, address: int) -> tuple[list[int], int]:
+    """The IPs a JIT image runs from its entry to its way out (a jump to
+    the return thunk, kernel text, where the kernel has one, else a plain
+    return), executed by unicorn, and where control went from there.
+    Unicorn does not run code at kernel addresses, so the image runs at a
+    user-space alias with the same page offset (its branches are relative)
+    and the IPs are moved back."""
     import unicorn
     from unicorn import x86_const as X
 
@@ -693,15 +694,21 @@ def _emulate(code: bytes, address: int) -> list[int]:
     uc.reg_write(X.UC_X86_REG_RSP, 0x7000_F000)
     ips: list[int] = []
     uc.hook_add(unicorn.UC_HOOK_CODE, lambda _uc, ip, _size, _data: ips.append(ip))
-    assert code[-5] == 0xE9  # jmp rel32 to the return thunk
-    last = alias + len(code) - 5
+    back = 0x6000_0000  # where the plain return goes: not mapped either
+    uc.mem_write(0x7000_F000, back.to_bytes(8, "little"))
+    if code[-1] == 0xC3:  # ret
+        last, out = alias + len(code) - 1, back
+    else:
+        assert code[-5] == 0xE9  # jmp rel32 to the return thunk
+        last = alias + len(code) - 5
+        out = (last + 5 + int.from_bytes(code[-4:], "little", signed=True)) & ((1 << 64) - 1)
     try:
         uc.emu_start(alias, 0, count=10_000)
     except unicorn.UcError as e:  # fetching the thunk, which is not mapped here
         assert e.errno == unicorn.UC_ERR_FETCH_UNMAPPED
-    out = (last + 5 + int.from_bytes(code[-4:], "little", signed=True)) & ((1 << 64) - 1)
     assert uc.reg_read(X.UC_X86_REG_RIP) == out and ips[-1] == last
-    return [ip - alias + address for ip in ips]
+    moved = [ip - alias + address for ip in ips]
+    return moved, (out if out == back else out - alias + address)
 
 
 @pytest.mark.skipif(_bpf_skip() is not None, reason=str(_bpf_skip()))
@@ -752,11 +759,12 @@ def test_kernel_bpf_jit_image_from_perf_decodes_exactly(tmp_path):
     for r in kept.revisions if kept is not None else []:
         if r.name == image.symbol:
             assert (r.address, r.data, r.valid_from) == (rev.address, rev.data, rev.valid_from)
-    ips = np.array(_emulate(rev.data, rev.address), np.uint64)
+    path, end_ip = _emulate(rev.data, rev.address)
+    ips = np.array(path, np.uint64)
     start = rev.valid_from + 1_000  # perf time as the trace's time
     enc = encode_path(
         ips, store.overlay(None, store.epoch(start)), tsc=start, mtc_freq=3, cyc=True,
-        ctc_ratio=2, psb_period=0,
+        ctc_ratio=2, psb_period=0, end_ip=end_ip if rev.data[-1] == 0xC3 else None,
     )  # fmt: skip
     assert np.array_equal(enc.expected, ips)
     nothing = Image("kernel without BPF")
