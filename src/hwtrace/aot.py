@@ -50,6 +50,7 @@ import numpy as np
 LOOP_MODULES = (
     "hwtrace.pt._loops",
     "hwtrace.pt.timing",
+    "hwtrace.isa.quick",
     "hwtrace.pt.codetable",
     "hwtrace.pt.flowrows",
     "hwtrace.pt._flowloop",

@@ -255,6 +255,22 @@ class Image:
                 best_generation = space.generations[i]
         return best
 
+    def sole_section(self, address: int, asid: Asid = ANY) -> Section | None:
+        """The section mapping ``address`` when it alone is what reads in
+        its range see (``asid`` matches one address space, whose sections
+        never overlap), else None: a decoder may then read a stretch of
+        code straight from the section's bytes."""
+        last_asid, spaces = self._last
+        if asid is not last_asid:
+            spaces = self._spaces_for(asid)
+        if len(spaces) != 1:
+            return None
+        space = spaces[0]
+        i = bisect_right(space.starts, address) - 1
+        if i >= 0 and address < space.ends[i]:
+            return space.sections[i]
+        return None
+
     def read(self, address: int, size: int, asid: Asid = ANY) -> bytes:
         """Up to ``size`` bytes at ``address``: fewer where the section ends, b"" if unmapped.
 

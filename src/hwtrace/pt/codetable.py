@@ -23,10 +23,12 @@ there and the decoder goes on.  The tables only grow between decoder calls.
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 import numpy as np
 
 from .. import aot
+from ..isa.quick import QUICK_UNKNOWN, decode_quick
 from ..isa.x86 import IClass, InsnCache, Special
 
 # Instruction flags.
@@ -86,6 +88,7 @@ CLASS_OTHER = int(IClass.OTHER)
 CLASS_PTWRITE = int(IClass.PTWRITE)
 CLASS_JUMP = int(IClass.JUMP)
 CLASS_CALL = int(IClass.CALL)
+CLASS_COND = int(IClass.COND_JUMP)
 
 
 # ---------------------------------------------------------------------------
@@ -393,6 +396,7 @@ class CodeTable:
         self.counts = np.zeros(_NCOUNTS, np.int64)
         self.counts[C_KEY_OWNER] = -1
         self._alloc_replay(X_SLOTS_MIN)
+        self._queue = np.zeros(2 * (FILL_MAX + PREFETCH_MAX) + 2, np.uint64)
         self.texts: list[str] | None = None  # disassembly per instruction, when kept
         self.generation = 0  # counts clear()s
         # Names the numbering of the runs: a new object whenever the same
@@ -529,7 +533,41 @@ class CodeTable:
         """Decode the straight-line code from ``(ip, mode)``: up to and
         including the first instruction that may transfer control (or an
         address without one); then, ahead of the decoder, the code its
-        direct branches lead to (see :meth:`_prefetch`)."""
+        direct branches lead to (see :meth:`_prefetch`).
+
+        64-bit code in a section the image reads alone is decoded in
+        compiled code (:func:`fill_quick`) as far as it knows the
+        instructions; iced-x86 decodes from where it stops."""
+        if mode == 64:
+            find = getattr(self.image, "sole_section", None)
+            section = find(ip) if find is not None else None
+            if section is not None:
+                stop = self._fill_quick(ip, section)
+                if stop < 0:
+                    return
+                ip += stop
+        self._fill_slow(ip, mode)
+
+    def _fill_quick(self, ip: int, section) -> int:
+        self._grow_insns(2 * FILL_MAX + PREFETCH_MAX)
+        first = self.n_insns
+        stop = int(
+            fill_quick(
+                self.tuple[:T_I_RAW + 1] + (self.counts,), section.data, section.address, ip,
+                self.section_id(ip), FILL_MAX, PREFETCH_MAX, self._queue,
+            )
+        )  # fmt: skip
+        end = self.n_insns
+        if end > first:
+            self.i_mode[first:end] = 64
+            self.i_adopted[first:end] = 0
+            ips = self.i_ip[first:end].tolist()
+            self._index.update(zip(zip(ips, repeat(64)), range(first, end), strict=False))
+            if self.texts is not None:
+                self.texts.extend([""] * (end - first))
+        return stop
+
+    def _fill_slow(self, ip: int, mode: int) -> None:
         new: list[tuple[int, object]] = []
         at = ip
         for _ in range(FILL_MAX):
@@ -644,6 +682,105 @@ class CodeTable:
     def insn(self, index: int):
         """The decoded instruction (iced-x86 classified) at table ``index``."""
         return self.cache.get(int(self.i_ip[index]), int(self.i_mode[index]))
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_quick(table, data, base, at, isid, r):
+    """Append the instruction ``decode_quick`` gave (``r``) at ``at`` to the
+    instruction columns and hash it; its index."""
+    (h_ip, h_mode, h_val, i_ip, i_size, i_class, i_special, i_flags, i_target, i_isid, i_err,
+     i_raw, counts) = table  # fmt: skip
+    k = counts[C_INSNS]
+    size = r[0]
+    i_ip[k] = at
+    i_size[k] = size
+    i_class[k] = r[1]
+    i_special[k] = r[2]
+    flags = 0
+    target = np.uint64(0)
+    if r[3]:
+        flags = I_DIRECT
+        target = r[4]
+        if r[1] == CLASS_CALL and target == at + np.uint64(size):
+            flags |= I_NO_PUSH
+    i_flags[k] = flags
+    i_target[k] = target
+    i_isid[k] = isid
+    i_err[k] = 0
+    off = np.int64(at - base)
+    for j in range(16):
+        i_raw[k, j] = data[off + j] if j < size else 0
+    hash_put(h_ip, h_mode, h_val, at, 64, k)
+    counts[C_INSNS] = k + 1
+    return k
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _push_successors(queue, qt, cls, flags, target, next_ip):
+    """Queue where an instruction ending a run may go without trace (as
+    :func:`_successors`)."""
+    if flags & I_DIRECT and (cls == CLASS_JUMP or cls == CLASS_COND or cls == CLASS_CALL):
+        queue[qt] = target
+        qt += 1
+    if cls == CLASS_COND or cls == CLASS_CALL:
+        queue[qt] = next_ip
+        qt += 1
+    return qt
+
+
+@aot.njit(cache=True, _nrt=False)
+def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue):
+    """:meth:`CodeTable.fill` in compiled code for 64-bit code in one
+    section (``data`` at address ``base``, section number ``isid``), as far
+    as :func:`~hwtrace.isa.quick.decode_quick` knows the instructions.
+    Returns -1 when done, else the offset from ``ip`` of the first
+    instruction of the straight-line stretch it could not decode (which
+    :meth:`CodeTable.fill` then decodes from there with iced-x86); the
+    stretches ahead it prefetches just stop there.  ``table`` has room for
+    ``2 * fill_max + prefetch_max`` more instructions; ``queue`` for
+    ``2 * (fill_max + prefetch_max) + 2`` addresses."""
+    h_ip, h_mode, h_val = table[0], table[1], table[2]
+    i_size, i_class, i_flags, i_target, i_err = table[4], table[5], table[7], table[8], table[10]
+    end = np.uint64(base) + np.uint64(data.shape[0])
+    at = np.uint64(ip)
+    k = -1
+    for _ in range(fill_max):
+        k = hash_find(h_ip, h_mode, h_val, at, 64)
+        if k < 0:
+            if at < base or at >= end:
+                return np.int64(at - np.uint64(ip))
+            r = decode_quick(data, np.int64(at - base), data.shape[0], at)
+            if r[1] == QUICK_UNKNOWN:
+                return np.int64(at - np.uint64(ip))
+            k = _put_quick(table, data, base, at, isid, r)
+        elif i_err[k] != 0 or i_flags[k] & I_TRUNCATED:
+            return np.int64(-1)
+        if not is_plain(i_class[k]):
+            break
+        at = at + np.uint64(i_size[k])
+    if k < 0 or is_plain(i_class[k]):
+        return np.int64(-1)
+    qt = _push_successors(queue, 0, i_class[k], i_flags[k], i_target[k], at + np.uint64(i_size[k]))
+    qh = 0
+    added = 0
+    while qh < qt and added < prefetch_max:
+        at = queue[qh]
+        qh += 1
+        for _ in range(fill_max):
+            if at < base or at >= end or hash_find(h_ip, h_mode, h_val, at, 64) >= 0:
+                break
+            r = decode_quick(data, np.int64(at - base), data.shape[0], at)
+            if r[1] == QUICK_UNKNOWN:
+                break
+            k = _put_quick(table, data, base, at, isid, r)
+            added += 1
+            if not is_plain(r[1]):
+                qt = _push_successors(
+                    queue, qt, r[1], i_flags[k], i_target[k], at + np.uint64(r[0])
+                )
+                break
+            at = at + np.uint64(r[0])
+    return np.int64(-1)
 
 
 @aot.njit(cache=True, _nrt=False)
