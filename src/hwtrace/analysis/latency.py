@@ -715,14 +715,13 @@ class _TableAtoms:
         n = t.n_insns
         if self.bits.shape[0] < n:
             self.bits = _grown(self.bits, max(n, 2 * self.bits.shape[0]))
-        for k in range(self.n, n):
-            if t.i_err[k]:
-                continue
-            ip, mode = int(t.i_ip[k]), int(t.i_mode[k])
-            self.bits[k] = self.atoms.bits(ip, mode, t.insn(k))
         if n > self.n:
-            plt, start = self.atoms.places(t.i_ip[self.n : n])
-            self.bits[self.n : n] |= np.where(plt, FLAG_PLT, 0) | np.where(start, FLAG_START, 0)
+            first = self.n
+            ips = t.i_ip[first:n]
+            decoded = t.i_err[first:n] == 0
+            bits = self.atoms.bits_of(ips, t.i_class[first:n], decoded, lambda i: t.insn(first + i))
+            plt, start = self.atoms.places(ips)
+            self.bits[first:n] = bits | np.where(plt, FLAG_PLT, 0) | np.where(start, FLAG_START, 0)
         self.n = n
         runs = t.r_ip.shape[0]
         if self.info.shape[0] < runs:

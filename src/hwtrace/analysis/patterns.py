@@ -39,6 +39,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -343,7 +344,6 @@ class AtomTable:
                 self.addresses.append(got)
             else:
                 self.addresses.append(None)
-        self._cache: dict[tuple[int, int], int] = {}
         self._plt: np.ndarray | None = None
 
     def places(self, ips: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -357,42 +357,49 @@ class AtomTable:
         plt = found & self._plt[np.where(found, index, 0)] if self._plt.shape[0] else found
         return plt, found & (offset == 0)
 
-    def bits(self, ip: int, mode: int, insn) -> int:
-        """The atoms that hold at the instruction ``insn`` (an
-        :class:`~hwtrace.isa.x86.Insn`; an int where none could be decoded)."""
-        key = (ip, mode)
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = self._bits(ip, mode, insn)
-        return got
-
-    def _bits(self, ip: int, mode: int, insn) -> int:
-        mnemonic = None
-        func = None
-        out = 0
+    def bits_of(
+        self,
+        ips: np.ndarray,
+        classes: np.ndarray,
+        decoded: np.ndarray,
+        insn_at: Callable[[int], object],
+    ) -> np.ndarray:
+        """The atoms that hold at each of the instructions at ``ips``, as a
+        bit mask each (bit ``j``: atom ``j`` holds): ``classes`` are their
+        :class:`~hwtrace.isa.x86.IClass`, ``decoded`` false where no
+        instruction could be decoded; ``insn_at(i)`` gives the ``i``-th
+        instruction (an :class:`~hwtrace.isa.x86.Insn`), asked for only
+        when a mnemonic atom needs it."""
+        n = ips.shape[0]
+        out = np.zeros(n, np.uint64)
+        functions: np.ndarray | None = None
         for j, a in enumerate(self.patterns.atoms):
             if a.kind == A_MNEMONIC:
-                if isinstance(insn, int):
-                    continue
-                if mnemonic is None:
-                    mnemonic = _mnemonic_of(insn)
-                ok = mnemonic in a.value[1:]
+                ok = np.zeros(n, np.bool_)
+                for i in np.flatnonzero(decoded).tolist():
+                    ok[i] = _mnemonic_of(insn_at(i)) in a.value[1:]
             elif a.kind == A_CLASS:
-                ok = not isinstance(insn, int) and insn.iclass in CLASSES[a.value[0]]
+                ok = decoded & np.isin(classes, [int(c) for c in CLASSES[a.value[0]]])
             else:
                 found = self.addresses[j]
-                ok = bool(found.shape[0]) and bool((found == np.uint64(ip)).any())
-            if ok and a.scope:
-                if func is None:
-                    func = self._function(ip)
-                ok = fnmatch.fnmatchcase(func, a.scope)
-            if ok:
-                out |= 1 << j
+                ok = np.isin(ips, found) if found.shape[0] else np.zeros(n, np.bool_)
+            if a.scope and ok.any():
+                if functions is None:
+                    functions, _ = self.symbols.lookup(ips)
+                ok &= self._in_scope(functions, a.scope)
+            out[ok] |= np.uint64(1 << j)
         return out
 
-    def _function(self, ip: int) -> str:
-        index, _ = self.symbols.lookup(np.array([ip], np.uint64))
-        return self.symbols.name(int(index[0])) if index[0] >= 0 else ""
+    def _in_scope(self, functions: np.ndarray, scope: str) -> np.ndarray:
+        """Whether the function of each row (a symbol index, -1: none, whose
+        name is empty) matches the glob ``scope``."""
+        names = self.symbols
+        index = np.unique(functions)
+        keep = [
+            int(f) for f in index.tolist()
+            if fnmatch.fnmatchcase(names.name(f) if f >= 0 else "", scope)
+        ]  # fmt: skip
+        return np.isin(functions, np.array(keep, functions.dtype))
 
 
 def _mnemonic_of(insn) -> int:
