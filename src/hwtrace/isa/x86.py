@@ -252,8 +252,13 @@ class Formatter:
         self._fmt = iced.Formatter(iced.FormatterSyntax.GAS if att else iced.FormatterSyntax.INTEL)
 
     def format(self, insn: Insn) -> str:
-        if insn.special == Special.JMPABS:
-            target = int.from_bytes(insn.raw[3:11], "little")
+        return self.format_bytes(insn.raw, insn.ip, insn.mode, insn.special)
+
+    def format_bytes(self, raw: bytes, ip: int, mode: int, special: int = Special.NONE) -> str:
+        """The text of the instruction ``raw`` (its bytes, as far as they
+        go) decoded at ``ip`` in ``mode``."""
+        if special == Special.JMPABS:
+            target = int.from_bytes(raw[3:11], "little")
             return f"jmpabs ${target:#x}" if self._att else f"jmpabs {target:#x}"
-        ins = iced.Decoder(insn.mode, insn.raw, ip=insn.ip).decode()
+        ins = iced.Decoder(mode, raw, ip=ip).decode()
         return self._fmt.format(ins)

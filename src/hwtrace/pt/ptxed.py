@@ -534,12 +534,15 @@ class TextTable:
         have = len(self.offsets) - 1
         if n == have:
             return
+        err, size, raw = table.i_err, table.i_size, table.i_raw
+        ip, mode, special = table.i_ip, table.i_mode, table.i_special
+        fmt = self.formatter.format_bytes
         for k in range(have, n):
             text = ""
-            if not table.i_err[k]:
-                insn = table.insn(k)
-                if not isinstance(insn, int):
-                    text = self.formatter.format(insn)
+            if not err[k]:
+                # The table's bytes: truncated ones too (the instruction
+                # continues in the next section; iced-x86 decodes them whole).
+                text = fmt(raw[k, : size[k]].tobytes(), int(ip[k]), int(mode[k]), int(special[k]))
             data = text.encode()
             self.chunks.append(data)
             self.offsets.append(self.offsets[-1] + len(data))
