@@ -8,9 +8,10 @@ import errno
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 

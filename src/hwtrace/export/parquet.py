@@ -45,6 +45,7 @@ from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
 from .parquet_file import ParquetFileWriter, Piece, _Scratch, column_specs
+from .query import FORMAT, read_meta
 
 __all__ = [
     "BLOCKS_SCHEMA",
@@ -60,12 +61,12 @@ __all__ = [
     "image_id",
     "instructions_columns",
     "instructions_table",
+    "read_meta",
     "symbol_id",
     "threads_of",
     "write_dataset",
 ]
 
-FORMAT = "hwtrace-flow/1"
 #: the key of hwtrace's settings in every file's Parquet key-value metadata
 META_KEY = b"hwtrace"
 
@@ -1006,23 +1007,6 @@ class FlowParquetWriter:
         for p in (self.events, self.gaps):
             if p.writer is not None:
                 p.writer.close()
-
-
-def read_meta(directory: str | os.PathLike[str]) -> dict[str, object]:
-    """A flow directory's ``_meta.json`` (ValueError: not one, or unfinished)."""
-    path = Path(directory) / "_meta.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(
-            f"{directory}: not an hwtrace decode directory (no _meta.json; "
-            "an unfinished decode leaves none)"
-        ) from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an {FORMAT} directory")
-    return meta
 
 
 def threads_of(b: PerfBlocks) -> list[int]:

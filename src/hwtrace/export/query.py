@@ -13,10 +13,10 @@ runs SQL over them and ``hwtrace report -i DIR`` is built on them
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 if TYPE_CHECKING:
     from ..analysis.profile import Profile
@@ -95,6 +95,27 @@ TABLES = {
 }
 
 
+#: the dataset format a decode directory's ``_meta.json`` names
+FORMAT = "hwtrace-flow/1"
+
+
+def read_meta(directory: str | os.PathLike[str]) -> dict[str, object]:
+    """A flow directory's ``_meta.json`` (ValueError: not one, or unfinished)."""
+    path = Path(directory) / "_meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{directory}: not an hwtrace decode directory (no _meta.json; "
+            "an unfinished decode leaves none)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an {FORMAT} directory")
+    return meta
+
+
 def _literal(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
@@ -103,8 +124,6 @@ def connect(directory: str | Path):
     """A DuckDB connection with the views of a decode directory, and the
     directory's ``_meta.json`` (ValueError: not one)."""
     import duckdb
-
-    from .parquet import read_meta
 
     root = Path(directory)
     meta = read_meta(root)
@@ -120,9 +139,10 @@ def connect(directory: str | Path):
             src = f"read_parquet({_literal(d / '*.parquet')})"
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM {src}")
     for name, (sql, _) in READY_VIEWS.items():
-        if name == "calls" and not (root / "function_calls").is_dir():
-            continue  # (decoded without --function-calls)
-        con.execute(f"CREATE VIEW {name} AS {sql}")
+        try:
+            con.execute(f"CREATE VIEW {name} AS {sql}")
+        except duckdb.CatalogException:
+            continue  # a table it reads is not there (calls: decoded without --function-calls)
     return con, meta
 
 
@@ -158,6 +178,8 @@ def dataset_profile(directory: str | Path) -> tuple[str, int, Profile, list[str]
     except (ValueError, duckdb.Error) as e:
         lines = [line for line in str(e).splitlines() if line.strip()]
         raise DatasetError(f"{directory}: {lines[0] if lines else e}") from None
+    import numpy as np
+
     by_insn = {t[0]: np.zeros(len(names) + 1) for t in threads}
     by_time = {t[0]: np.zeros(len(names) + 1) for t in threads}
     for tid, function, insn, t in per:
@@ -177,4 +199,6 @@ def dataset_profile(directory: str | Path) -> tuple[str, int, Profile, list[str]
     return path, len(meta.get("queues", [])), profile, list(meta.get("problems", [])), gaps
 
 
-__all__ = ["READY_VIEWS", "TABLES", "DatasetError", "connect", "dataset_profile"]
+__all__ = [
+    "FORMAT", "READY_VIEWS", "TABLES", "DatasetError", "connect", "dataset_profile", "read_meta",
+]  # fmt: skip
