@@ -43,10 +43,10 @@ def add_window_options(p: argparse.ArgumentParser) -> None:
 def window_gate(prog: str, opened, a: argparse.Namespace, on_blocks):
     """``on_blocks`` behind the windows ``--events``/``--window`` ask for
     (itself without them; None: a message was written)."""
-    from ..analysis.swevents import EventsError, WindowGate, event_windows
-
     if not a.window:
         return on_blocks
+    from ..analysis.swevents import EventsError, WindowGate, event_windows
+
     if not a.events:
         sys.stderr.write(f"{prog}: --window needs --events (where the window events are)\n")
         return None

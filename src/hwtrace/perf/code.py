@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..image.revisions import CodeRevisions
-from ..kernel.bpf import JitedImage
 from .data import PerfData
 from .features import Feature
 from .records import RecordType
+
+if TYPE_CHECKING:
+    from ..kernel.bpf import JitedImage
 
 __all__ = ["KernelSymbol", "add_bpf_images", "add_text_pokes", "bpf_images", "ksymbols"]
 
@@ -94,6 +97,8 @@ def bpf_images(data: PerfData) -> list[JitedImage]:
     (it reads each one's ``bpf_prog_info`` at its BPF_EVENT and keeps it
     in the BPF_PROG_INFO feature, the arrays' pointers made offsets into
     the data behind it)."""
+    from ..kernel.bpf import JitedImage
+
     out = []
     for entry in data.features.get(Feature.BPF_PROG_INFO) or ():
         info, blob, arrays = entry["info"], entry["data"], entry["arrays"]

@@ -538,23 +538,36 @@ class CodeTable:
         64-bit code in a section the image reads alone is decoded in
         compiled code (:func:`fill_quick`) as far as it knows the
         instructions; iced-x86 decodes from where it stops."""
-        if mode == 64:
-            find = getattr(self.image, "sole_section", None)
-            section = find(ip) if find is not None else None
-            if section is not None:
-                stop = self._fill_quick(ip, section)
-                if stop < 0:
-                    return
-                ip += stop
+        find = getattr(self.image, "sole_section", None) if mode == 64 else None
+        for _ in range(FILL_MAX if find is not None else 0):
+            section = find(ip)
+            if section is None:
+                break
+            stop = self._fill_quick(ip, section, False)
+            if stop < 0:
+                return
+            ip += stop
+            if not section.address <= ip < section.end:
+                continue  # on in the section there (or none: iced-x86's way)
+            # An instruction it does not know: iced-x86's, then on as before.
+            got = self.cache.get(ip, mode)
+            if self._index.get((ip, mode)) is None:
+                self._add([(ip, got)], mode)
+            if isinstance(got, int) or got.truncated:
+                return
+            if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
+                self._fill_quick(ip, section, True)
+                return
+            ip = got.next_ip
         self._fill_slow(ip, mode)
 
-    def _fill_quick(self, ip: int, section) -> int:
+    def _fill_quick(self, ip: int, section, ahead: bool) -> int:
         self._grow_insns(2 * FILL_MAX + PREFETCH_MAX)
         first = self.n_insns
         stop = int(
             fill_quick(
                 self.tuple[:T_I_RAW + 1] + (self.counts,), section.data, section.address, ip,
-                self.section_id(ip), FILL_MAX, PREFETCH_MAX, self._queue,
+                self.section_id(ip), FILL_MAX, PREFETCH_MAX, self._queue, ahead,
             )
         )  # fmt: skip
         end = self.n_insns
@@ -729,14 +742,15 @@ def _push_successors(queue, qt, cls, flags, target, next_ip):
 
 
 @aot.njit(cache=True, _nrt=False)
-def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue):
+def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead):
     """:meth:`CodeTable.fill` in compiled code for 64-bit code in one
     section (``data`` at address ``base``, section number ``isid``), as far
     as :func:`~hwtrace.isa.quick.decode_quick` knows the instructions.
     Returns -1 when done, else the offset from ``ip`` of the first
     instruction of the straight-line stretch it could not decode (which
-    :meth:`CodeTable.fill` then decodes from there with iced-x86); the
-    stretches ahead it prefetches just stop there.  ``table`` has room for
+    :meth:`CodeTable.fill` then decodes with iced-x86); the stretches ahead
+    it prefetches just stop there.  ``ahead``: only prefetch, from where
+    the branch at ``ip`` (in the table) may go.  ``table`` has room for
     ``2 * fill_max + prefetch_max`` more instructions; ``queue`` for
     ``2 * (fill_max + prefetch_max) + 2`` addresses."""
     h_ip, h_mode, h_val = table[0], table[1], table[2]
@@ -744,7 +758,11 @@ def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue):
     end = np.uint64(base) + np.uint64(data.shape[0])
     at = np.uint64(ip)
     k = -1
-    for _ in range(fill_max):
+    if ahead:
+        k = hash_find(h_ip, h_mode, h_val, at, 64)
+        if k < 0 or i_err[k] != 0 or i_flags[k] & I_TRUNCATED:
+            return np.int64(-1)
+    for _ in range(0 if ahead else fill_max):
         k = hash_find(h_ip, h_mode, h_val, at, 64)
         if k < 0:
             if at < base or at >= end:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -678,6 +677,8 @@ def _decode_trace(
         for s, e in groups[i]:
             decoders[i].decode(buf, sink, s, e)
         return sink
+
+    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(jobs) as pool:
         sinks = list(pool.map(run, range(jobs)))
