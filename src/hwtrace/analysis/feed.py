@@ -22,6 +22,9 @@ class CodeNames:
         self.tables: list = []
         self.images: list = []
         self._seen: dict[int, tuple[object, object]] = {}
+        # Names found so far (call paths name the same functions over and
+        # over); forgotten when an image comes in.
+        self._found: dict[tuple[int, bool], tuple[str, bool]] = {}
 
     def add(self, q, image: int):
         """Gather queue ``q``'s image number ``image``; its symbol table."""
@@ -32,9 +35,17 @@ class CodeNames:
             held = self._seen[id(im)] = (im, table)
             self.tables.append(table)
             self.images.append(im)
+            self._found.clear()
         return held[1]
 
     def _lookup(self, addr: int, with_module: bool) -> tuple[str, bool]:
+        key = (addr, with_module)
+        got = self._found.get(key)
+        if got is None:
+            got = self._found[key] = self._search(addr, with_module)
+        return got
+
+    def _search(self, addr: int, with_module: bool) -> tuple[str, bool]:
         for table in self.tables:
             got = table.symbolize(addr, with_module=with_module)
             if got:
