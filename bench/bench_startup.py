@@ -8,6 +8,8 @@ resident memory, best of N)
 * ``hwtrace ptdump`` on a 1 KiB trace made by libipt's encoder, and its
   peer: Intel's ptdump when it is installed (Debian does not package it),
   else libipt's ``pt_pkt_next`` loop (``bench/libipt/ptpkt_loop.c``),
+* ``hwtrace ptxed`` on a case of Intel's conformance suite, beside libipt's
+  ``pt_insn_next`` loop (``bench/libipt/ptflow_loop.c``),
 * the analysis commands (``script``, ``report``, ``latency``,
   ``funclatency``, ``diff``, ``events``, ``query``, ``perf-dump``) on a
   recording of a small C program (``hwtrace record``), each beside the
@@ -132,6 +134,32 @@ def import_costs(cmd: list[str], top: int = 12) -> list[tuple[str, str, str]]:
     return [(f"{'  ' * d}{n}", f"{c / 1000:.1f}", f"{s / 1000:.1f}") for c, s, n, d in rows[:top]]
 
 
+CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "libipt"
+
+
+def ptxed_rows(hw: list[str], repeat: int) -> list[tuple[str, float, float | None]]:
+    """``hwtrace ptxed`` on a case of Intel's conformance suite (a trace and
+    the code it runs), beside libipt's instruction decoder in a C loop
+    (``bench/libipt/ptflow_loop.c``, one run: a whole process, as a ptxed
+    run is); none when the suite is not there."""
+    manifest = CONFORMANCE / "manifest.json"
+    if not manifest.is_file():
+        return []
+    import json
+
+    case = next(c for c in json.loads(manifest.read_text())["cases"] if c["name"] == "ptet")
+    pt, code = CONFORMANCE / "cases" / case["pt"], CONFORMANCE / "cases" / case["bin"]
+    org = int(case["org"], 0)
+    mine = [*hw, "ptxed", "--raw", f"{code}:{org:#x}", *case["ptxed"]["args"], "--pt", str(pt)]
+    loop = build_peer("ptflow_loop")
+    theirs = [str(loop), str(pt), "--raw", f"{code}:0:{code.stat().st_size}:{org:#x}",
+              "--decoder", "insn", "--repeat", "1"]  # fmt: skip
+    return [
+        (f"hwtrace ptxed ({case['name']})", best(mine, repeat), 0.3),
+        (f"libipt pt_insn_next loop ({case['name']})", best(theirs, repeat), None),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20, metavar="N", help="runs, best kept")
@@ -170,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = build_peer("ptpkt_loop")
         cmd = [str(loop), str(trace), "--repeat", "1"]
         rows.append(("libipt pt_pkt_next loop (1 KiB)", best(cmd, args.repeat), None))
+    rows += ptxed_rows(hw, args.repeat)
     common.print_table(
         f"Start-up, wall clock, best of {args.repeat}",
         ("command", "seconds", "target"),
