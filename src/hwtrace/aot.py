@@ -62,6 +62,7 @@ LOOP_MODULES = (
     "hwtrace.textout",
     "hwtrace.analysis.latency",
     "hwtrace.image._lookup",
+    "hwtrace.image._perftree",
     "hwtrace.perf._loops",
     "hwtrace.perf.rewrite",
     "hwtrace.pt.codeindex",

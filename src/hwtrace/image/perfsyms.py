@@ -32,11 +32,10 @@ import os
 
 import numpy as np
 
+from ._perftree import new_tree, perf_tree, tree_erase, tree_first, tree_insert, tree_next
 from .elf import (
     _SYM_FIELDS,
     SHN_UNDEF,
-    STB_GLOBAL,
-    STB_WEAK,
     STT_FUNC,
     STT_GNU_IFUNC,
     STT_OBJECT,
@@ -177,9 +176,6 @@ def perf_symbols(path: str) -> SymbolTable:
         start, size, names, bind, obj = _load(syms)
     n = start.shape[0]
     end = start + size
-    tree = _RbTree(start.tolist())
-    for i in range(n):  # symbols__insert, in table order
-        tree.insert(i)
     if n:
         # symbols__fixup_end: in tree order (by start, equal starts as
         # inserted), a symbol of size 0 ends where the next starts.
@@ -191,70 +187,27 @@ def perf_symbols(path: str) -> SymbolTable:
             page = np.uint64(PAGE)
             s_end[-1] = (s_start[-1] + page - np.uint64(1)) // page * page + page
         end[order] = s_end
-        _fixup_duplicate(tree, start, end, names, bind)
     # PLT entries come after the fix-ups, with their own sizes.
     pstart, psize, pnames = _plt(runtime)
-    tree.key.extend(pstart.tolist())
-    for name in ("left", "right", "parent"):
-        getattr(tree, name).extend([-1] * len(pnames))
-    tree.red.extend([False] * len(pnames))
-    for j in range(len(pnames)):
-        tree.insert(n + j)
-    start = np.concatenate([start, pstart])
-    end = np.concatenate([end, pstart + psize])
-    names = names + pnames
+    start = np.ascontiguousarray(np.concatenate([start, pstart]), np.uint64)
+    end = np.ascontiguousarray(np.concatenate([end, pstart + psize]), np.uint64)
     kinds = np.concatenate([np.where(obj, OBJECT, FUNCTION), np.full(len(pnames), FUNCTION)])
-    live = tree.in_order()
-    # symbols__find meets an ancestor first: a symbol inside the range of
-    # one above it in the tree is never found.
-    keep = [i for i in live if not _covered(tree, i, start, end)]
-    keep_arr = np.array(keep, np.int64)
+    underscores = np.array([len(m) - len(m.lstrip("_")) for m in names], np.int64)
+    length = np.array([len(m) for m in names], np.int64)
+    names = names + pnames
+    keep = np.empty(start.shape[0], np.int64)
+    count = perf_tree(
+        start, end, np.ascontiguousarray(bind, np.uint8), underscores, length, n,
+        *new_tree(start.shape[0]), keep,
+    )  # fmt: skip
+    keep = keep[:count]
     return SymbolTable(
-        start[keep_arr],
-        (end - start)[keep_arr],
-        np.arange(len(keep), dtype=np.int32),
-        [names[i] for i in keep],
-        kinds[keep_arr].astype(np.uint8),
+        start[keep],
+        (end - start)[keep],
+        np.arange(count, dtype=np.int32),
+        [names[i] for i in keep.tolist()],
+        kinds[keep].astype(np.uint8),
     )
-
-
-def _key(i: int, start, end, names, bind) -> tuple:
-    """choose_best_symbol's preference as a key (larger wins)."""
-    name = names[i]
-    return (
-        bool(end[i] > start[i]),
-        bind[i] != STB_WEAK,
-        bind[i] == STB_GLOBAL,
-        -(len(name) - len(name.lstrip("_"))),
-        len(name),
-    )
-
-
-def _fixup_duplicate(tree: _RbTree, start, end, names, bind) -> None:
-    """symbols__fixup_duplicate: of neighbours with the same start, the
-    better stays (the first on a tie), the other is erased from the tree."""
-    curr = tree.first()
-    while curr != -1:
-        nxt = tree.next(curr)
-        if nxt == -1:
-            break
-        if start[curr] != start[nxt]:
-            curr = nxt
-            continue
-        if _key(curr, start, end, names, bind) >= _key(nxt, start, end, names, bind):
-            tree.erase(nxt)
-        else:
-            tree.erase(curr)
-            curr = nxt
-
-
-def _covered(tree: _RbTree, i: int, start, end) -> bool:
-    p = tree.parent[i]
-    while p != -1:
-        if start[p] <= start[i] and end[i] <= end[p] and start[p] < end[p]:
-            return True
-        p = tree.parent[p]
-    return False
 
 
 class _DynAsSym:
@@ -272,86 +225,28 @@ class _DynAsSym:
 
 
 class _RbTree:
-    """perf's symbol tree: a red-black tree keyed by start, an equal start
-    going right of those already in (``__symbols__insert``), balanced as
-    the kernel's ``lib/rbtree.c`` does (the textbook insertion and
-    erasure, a successor taking an erased node's place).  Its shape
-    decides which of two overlapping symbols ``symbols__find`` meets
-    first."""
+    """perf's symbol tree node by node (:mod:`hwtrace.image._perftree`),
+    one operation at a time: what the tests check the compiled tree by."""
 
     def __init__(self, keys: list[int]) -> None:
-        n = len(keys)
-        self.key = keys
-        # child[0] is left, child[1] right: each rebalancing case is
-        # written once for a side d and its mirror 1 - d.
-        self.child = ([-1] * n, [-1] * n)
-        self.left, self.right = self.child
-        self.parent = [-1] * n
-        self.red = [False] * n
-        self.root = -1
+        self.key = np.array(keys, np.uint64)
+        self.left, self.right, self.parent, self.red, self._st = new_tree(len(keys))
 
-    def _rotate(self, x: int, d: int) -> None:
-        """Rotate at ``x`` towards side ``d`` (0: a left rotation): its
-        child on the other side takes its place and ``x`` hangs from it."""
-        near, far = self.child[d], self.child[1 - d]
-        y = far[x]
-        far[x] = near[y]
-        if near[y] != -1:
-            self.parent[near[y]] = x
-        self._replace(x, y)
-        near[y] = x
-        self.parent[x] = y
-
-    def _replace(self, old: int, new: int) -> None:
-        """Put ``new`` where ``old`` hangs from its parent."""
-        p = self.parent[old]
-        if new != -1:
-            self.parent[new] = p
-        if p == -1:
-            self.root = new
-        elif self.left[p] == old:
-            self.left[p] = new
-        else:
-            self.right[p] = new
+    @property
+    def root(self) -> int:
+        return int(self._st[0])
 
     def insert(self, z: int) -> None:
-        y, x = -1, self.root
-        while x != -1:
-            y = x
-            x = self.left[x] if self.key[z] < self.key[x] else self.right[x]
-        self.parent[z] = y
-        if y == -1:
-            self.root = z
-        elif self.key[z] < self.key[y]:
-            self.left[y] = z
-        else:
-            self.right[y] = z
-        self.red[z] = True
-        while self.parent[z] != -1 and self.red[self.parent[z]]:
-            p = self.parent[z]
-            g = self.parent[p]
-            d = 0 if p == self.left[g] else 1  # the side p hangs on
-            far = self.child[1 - d]
-            u = far[g]
-            if u != -1 and self.red[u]:
-                self.red[p] = self.red[u] = False
-                self.red[g] = True
-                z = g
-                continue
-            if z == far[p]:
-                z = p
-                self._rotate(z, d)
-                p = self.parent[z]
-            self.red[p] = False
-            self.red[g] = True
-            self._rotate(g, 1 - d)
-        self.red[self.root] = False
+        tree_insert(self.key, self.left, self.right, self.parent, self.red, self._st, z)
+
+    def erase(self, z: int) -> None:
+        tree_erase(self.left, self.right, self.parent, self.red, self._st, z)
 
     def first(self) -> int:
-        x = self.root
-        while x != -1 and self.left[x] != -1:
-            x = self.left[x]
-        return x
+        return int(tree_first(self.left, self._st))
+
+    def next(self, x: int) -> int:
+        return int(tree_next(self.left, self.right, self.parent, x))
 
     def in_order(self) -> list[int]:
         """The nodes in the tree, by key (equal keys in insertion order)."""
@@ -361,70 +256,3 @@ class _RbTree:
             out.append(x)
             x = self.next(x)
         return out
-
-    def next(self, x: int) -> int:
-        if self.right[x] != -1:
-            x = self.right[x]
-            while self.left[x] != -1:
-                x = self.left[x]
-            return x
-        p = self.parent[x]
-        while p != -1 and x == self.right[p]:
-            x, p = p, self.parent[p]
-        return p
-
-    def erase(self, z: int) -> None:
-        if self.left[z] == -1 or self.right[z] == -1:
-            child = self.left[z] if self.left[z] != -1 else self.right[z]
-            parent = self.parent[z]
-            self._replace(z, child)
-            black_removed = not self.red[z]
-        else:
-            y = self.right[z]
-            while self.left[y] != -1:
-                y = self.left[y]
-            child = self.right[y]
-            black_removed = not self.red[y]
-            if self.parent[y] == z:
-                parent = y
-            else:
-                parent = self.parent[y]
-                self._replace(y, child)
-                self.right[y] = self.right[z]
-                self.parent[self.right[y]] = y
-            self._replace(z, y)
-            self.left[y] = self.left[z]
-            self.parent[self.left[y]] = y
-            self.red[y] = self.red[z]
-        if black_removed:
-            self._erase_fixup(child, parent)
-
-    def _erase_fixup(self, x: int, parent: int) -> None:
-        red = self.red
-        while x != self.root and (x == -1 or not red[x]):
-            d = 0 if x == self.left[parent] else 1  # the side x hangs on
-            near, far = self.child[d], self.child[1 - d]
-            w = far[parent]
-            if red[w]:
-                red[w] = False
-                red[parent] = True
-                self._rotate(parent, d)
-                w = far[parent]
-            wn, wf = near[w], far[w]
-            if (wn == -1 or not red[wn]) and (wf == -1 or not red[wf]):
-                red[w] = True
-                x, parent = parent, self.parent[parent]
-                continue
-            if wf == -1 or not red[wf]:
-                red[wn] = False
-                red[w] = True
-                self._rotate(w, 1 - d)
-                w = far[parent]
-            red[w] = red[parent]
-            red[parent] = False
-            if far[w] != -1:
-                red[far[w]] = False
-            self._rotate(parent, d)
-            x = self.root
-        if x != -1:
-            red[x] = False
