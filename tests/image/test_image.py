@@ -630,3 +630,21 @@ def test_a_stripped_library_s_symbols_come_from_its_debug_file():
         pytest.skip("no detached debug file for ld.so (Debian: apt-get install libc6-dbg)")
     names = set(read_elf(ld).symbols.names)
     assert "_dl_fixup" in names and "_dl_lookup_symbol_x" in names
+
+
+def test_c_strings_cut_a_string_table_as_find_and_decode_would() -> None:
+    import numpy as np
+
+    from hwtrace.image.elf import c_strings
+
+    def by_find(table: bytes, offsets: list[int]) -> list[str]:
+        out = []
+        for start in offsets:
+            stop = table.find(b"\0", start)
+            out.append(table[start : stop if stop >= 0 else len(table)].decode("utf-8", "replace"))
+        return out
+
+    for table in (b"\0main\0_start\0memcpy", b"\0caf\xc3\xa9\0bad\xff\0", b"", b"abc"):
+        offsets = list(range(len(table) + 3))  # suffixes, NULs, past the end
+        got = c_strings(table, np.array(offsets, np.uint32))
+        assert got == by_find(table, offsets)

@@ -25,7 +25,7 @@ from .plt import plt_symbols
 from .sections import ANY, Asid, ImageError, Section
 from .symbols import FUNCTION, IFUNC, OBJECT, SymbolTable
 
-__all__ = ["ElfFile", "LoadedElf", "Segment", "load_elf", "read_elf"]
+__all__ = ["ElfFile", "LoadedElf", "Segment", "c_strings", "load_elf", "read_elf"]
 
 PF_X = 1
 STT_OBJECT, STT_FUNC, STT_GNU_IFUNC = 1, 2, 10
@@ -210,6 +210,25 @@ def load_elf(
     return LoadedElf(elf.path, name, elf.elf_type, bias, asid, sections, symbols)
 
 
+def c_strings(table: bytes, offsets: np.ndarray) -> list[str]:
+    """The NUL-terminated strings at ``offsets`` of a string table (on to
+    its end where no NUL follows; empty past it), as UTF-8 with bad bytes
+    replaced.  A table of ASCII (nearly all are) is decoded once and cut."""
+    n = len(table)
+    if not offsets.shape[0]:
+        return []
+    arr = np.frombuffer(table, np.uint8)
+    nul = np.flatnonzero(arr == 0)
+    starts = np.minimum(offsets.astype(np.int64), n)
+    k = np.searchsorted(nul, starts)
+    ends = np.append(nul, n)[k]
+    pairs = zip(starts.tolist(), ends.tolist(), strict=True)
+    if n and int(arr.max()) < 0x80:
+        text = table.decode("ascii")
+        return [text[a:b] for a, b in pairs]
+    return [table[a:b].decode("utf-8", "replace") for a, b in pairs]
+
+
 def _read_symbols(
     path: str,
     buf: np.ndarray,
@@ -245,12 +264,7 @@ def _read_symbols(
             & ((shndx < SHN_LORESERVE) | (shndx == SHN_XINDEX))
         )
         entries = entries[keep]
-        strtab = bytes(buf[str_offset : str_offset + str_size])
-        for start in entries["name"].tolist():
-            stop = strtab.find(b"\0", start)
-            names.append(
-                strtab[start : stop if stop >= 0 else len(strtab)].decode("utf-8", "replace")
-            )
+        names += c_strings(bytes(buf[str_offset : str_offset + str_size]), entries["name"])
         value_parts.append(entries["value"].astype(np.uint64))
         size_parts.append(entries["size"].astype(np.uint64))
         kind_parts.append(

@@ -40,6 +40,7 @@ from .elf import (
     STT_GNU_IFUNC,
     STT_OBJECT,
     _detached_debug,
+    c_strings,
 )
 from .elfheaders import ElfHeaders
 from .sections import ImageError
@@ -52,14 +53,6 @@ SHN_ABS = 0xFFF1
 STV_INTERNAL, STV_HIDDEN = 1, 2
 SHF_ALLOC = 2
 PAGE = 4096
-
-
-def _names(strtab: bytes, offsets: np.ndarray) -> list[str]:
-    out = []
-    for start in offsets.tolist():
-        stop = strtab.find(b"\0", start)
-        out.append(strtab[start : stop if stop >= 0 else len(strtab)].decode("utf-8", "replace"))
-    return out
 
 
 class _Elf:
@@ -116,7 +109,7 @@ def _load(src: _Elf) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.
     return (
         entries["value"].astype(np.uint64),
         entries["size"].astype(np.uint64),
-        _names(strtab, entries["name"]),
+        c_strings(strtab, entries["name"]),
         (entries["info"] >> 4).astype(np.int64),
         (entries["info"] & 0xF) == STT_OBJECT,
     )
@@ -145,7 +138,7 @@ def _plt(runtime: _Elf) -> tuple[np.ndarray, np.ndarray, list[str]]:
     index = (relocs["info"] >> (32 if wide else 8)).astype(np.int64)
     syms, strtab = runtime.table(dynsym)
     index = np.minimum(index, len(syms) - 1) if len(syms) else index[:0]
-    names = [n + "@plt" for n in _names(strtab, syms["name"][index])]
+    names = [n + "@plt" for n in c_strings(strtab, syms["name"][index])]
     step = runtime.sections[plt][6]
     base = runtime.sections[plt][3] + step  # the PLT header is one entry
     start = base + step * np.arange(len(names), dtype=np.uint64)
