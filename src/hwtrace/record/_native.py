@@ -102,6 +102,7 @@ STOP_NEWPAGE = 6  # the instruction is on a code page not captured yet: out[5] t
 STOP_INTR = 7  # waiting was interrupted by a signal to the recorder (^C): check it
 STOP_NOCHILD = 8  # nothing is left to wait for
 STOP_CHANGED = 9  # the code at the instruction differs from its page's capture: out[5] the page key
+STOP_PTWRITE = 10  # the instruction (logged, not run) is a PTWRITE: Python carries it out
 
 # Traced-page keys: process index << 40 | page number.
 PAGE_KEY_SHIFT = 40
@@ -232,6 +233,36 @@ def _code_changed(ip, p, code, points):
 
 
 @njit(cache=True)
+def _code_byte(a, p, code):
+    """The captured code byte at address ``a`` of process ``p`` (-1: none)."""
+    pages, rows, data, valid = code[0], code[1], code[2], code[3]
+    row = _page_row(a, p, pages, rows)
+    off = np.int64(a & np.uint64(0xFFF))
+    if row < 0 or off >= valid[row]:
+        return -1
+    return np.int64(data[row, off])
+
+
+@njit(cache=True)
+def _is_ptwrite(ip, p, code):
+    """Whether the instruction at ``ip`` is a PTWRITE (F3, a REX prefix or
+    not, 0F AE /4).  A CPU that has the instruction runs it as a no-op
+    while Intel PT does not trace (as in a virtual machine that does not
+    expose Intel PT): no SIGILL tells the recorder then."""
+    if _code_byte(ip, p, code) != 0xF3:
+        return False
+    k = ip + np.uint64(1)
+    b = _code_byte(k, p, code)
+    if 0x40 <= b <= 0x4F:
+        k += np.uint64(1)
+        b = _code_byte(k, p, code)
+    if b != 0x0F or _code_byte(k + np.uint64(1), p, code) != 0xAE:
+        return False
+    modrm = _code_byte(k + np.uint64(2), p, code)
+    return modrm >= 0 and (modrm >> 3) & 7 == 4
+
+
+@njit(cache=True)
 def _single_step(tid, out, logged):
     """PTRACE_SINGLESTEP: 0, or STOP_ERROR with ``-errno`` in ``out[1]``
     (``out[4]``: whether a row was logged for the step)."""
@@ -304,6 +335,8 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, code, clock, scratch, 
     count[s] += 1
     last[s] = n
     n += 1
+    if _is_ptwrite(ip, p, code):
+        return n, STOP_PTWRITE
     return n, _single_step(tid, out, 1)
 
 

@@ -1162,6 +1162,11 @@ class _Recorder:
             elif why == nat.STOP_CHANGED:
                 self.recapture(int(out[5]), t, int(out[2]))
                 self.kick[s] = 1
+            elif why == nat.STOP_PTWRITE:
+                if self.carry_out_ptwrite(t):
+                    self.kick[s] = 1
+                else:
+                    self.step(t)  # not one after all: it runs, its trap comes as any step's
             elif why == nat.STOP_FULL:
                 if self.n >= self.limit:
                     ip = int(self.scratch[nat.R_RIP])
@@ -1506,6 +1511,12 @@ class _Recorder:
             return False
         if self.group_stop(t):
             return False
+        return self.carry_out_ptwrite(t)
+
+    def carry_out_ptwrite(self, t: _Thread) -> bool:
+        """The thread stands at its last logged row, a PTWRITE that has not
+        run: log its operand (the PTW packet Intel PT would write) and put
+        the thread after it.  False: it is not one (nothing done)."""
         regs = self.getregs(t)
         if regs is None:
             return False
