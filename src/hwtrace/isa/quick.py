@@ -197,6 +197,15 @@ def _sext(v, bits):
     return (v ^ sign) - sign
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _rel32_target(data, p, ip, size):
+    """A branch's target: its rel32 at ``data[p]`` from the end of the
+    instruction (``size`` bytes at ``ip``)."""
+    rel = np.uint32(data[p]) | (np.uint32(data[p + 1]) << 8)
+    rel |= (np.uint32(data[p + 2]) << 16) | (np.uint32(data[p + 3]) << 24)
+    return (np.uint64(ip) + np.uint64(size) + np.uint64(_sext(rel, 32))) & _MASK64
+
+
 @aot.njit(cache=True, _nrt=False)
 def decode_quick(data, off, end, ip):
     """The instruction at ``data[off]`` (the bytes end at ``end``) decoded at
@@ -274,10 +283,7 @@ def decode_quick(data, off, end, ip):
         size = p - off + 4
         if off + size > limit:
             return unknown
-        rel = np.uint32(data[p]) | (np.uint32(data[p + 1]) << 8)
-        rel |= (np.uint32(data[p + 2]) << 16) | (np.uint32(data[p + 3]) << 24)
-        target = (np.uint64(ip) + np.uint64(size) + np.uint64(_sext(rel, 32))) & _MASK64
-        return (size, _CALL if op == 0xE8 else _JUMP, 0, True, target)
+        return (size, _CALL if op == 0xE8 else _JUMP, 0, True, _rel32_target(data, p, ip, size))
     if op == 0xC3 or op == 0xC2:
         if rep == 2 or nrep > 1 or opsize16:
             return unknown
@@ -359,10 +365,7 @@ def _decode_0f(data, p, limit, ip, off, opsize16, rex_w, rep, nrep):
         size = p - off + 4
         if off + size > limit:
             return unknown
-        rel = np.uint32(data[p]) | (np.uint32(data[p + 1]) << 8)
-        rel |= (np.uint32(data[p + 2]) << 16) | (np.uint32(data[p + 3]) << 24)
-        target = (np.uint64(ip) + np.uint64(size) + np.uint64(_sext(rel, 32))) & _MASK64
-        return (size, _COND, 0, True, target)
+        return (size, _COND, 0, True, _rel32_target(data, p, ip, size))
     if op == 0x05:  # SYSCALL
         if prefix != _NONE:
             return unknown
