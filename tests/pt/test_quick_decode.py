@@ -132,13 +132,16 @@ def test_bytes_ending_inside_an_instruction_are_not_known():
         assert x86.decode(data, 0x1000, 64) is None
 
 
-def test_a_code_table_fills_the_same_with_and_without_it():
+@pytest.mark.parametrize("at", [None, 0xFFFFFFFF81000000], ids=["its-address", "kernel-address"])
+def test_a_code_table_fills_the_same_with_and_without_it(at):
     """The instruction columns a code table fills through the compiled
     decoder are those iced-x86 fills (a real library's code, from its entry
-    point and a few functions in)."""
+    point and a few functions in; at its own address and at a kernel one,
+    where addresses do not fit an int64)."""
     from hwtrace.image.sections import Section
 
     data, base = _text(LD_SO)
+    base = base if at is None else at
     section = Section.from_bytes(data.tobytes(), base, "ld.so .text")
     image = Image()
     image.add_section(section)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..image import Image
+from ..pt.codetable import CodeTable
 from ..pt.config import PtConfig
 from ..pt.decode import decode_trace
 from . import ptdump as ptdump_cli
@@ -270,6 +271,12 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
     elif piece == "library":
         for keep in (True, False):
             decode_trace(TRACE, image, cfg, keep_blocks=keep)
+        # A code table that grows (any program larger than the warm-up's),
+        # and one filled by iced-x86 (32-bit code, or an instruction the
+        # compiled decoding leaves to it): their hashing, else the first
+        # real decoding compiles it.
+        for mode in (64, 32):
+            CodeTable(image, capacity=16).fill(BASE, mode)
     elif piece == "ptdump":
         for extra in ([], ["--quiet"], ["--time", "--lastip"], ["--tcal"]):
             status |= ptdump_cli.main([*extra, *timing, str(trace)])

@@ -566,8 +566,9 @@ class CodeTable:
         first = self.n_insns
         stop = int(
             fill_quick(
-                self.tuple[:T_I_RAW + 1] + (self.counts,), section.data, section.address, ip,
-                self.section_id(ip), FILL_MAX, PREFETCH_MAX, self._queue, ahead,
+                self.tuple[:T_I_RAW + 1] + (self.counts,), section.data,
+                np.uint64(section.address), np.uint64(ip), self.section_id(ip), FILL_MAX,
+                PREFETCH_MAX, self._queue, ahead,
             )
         )  # fmt: skip
         end = self.n_insns
@@ -752,7 +753,9 @@ def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead
     it prefetches just stop there.  ``ahead``: only prefetch, from where
     the branch at ``ip`` (in the table) may go.  ``table`` has room for
     ``2 * fill_max + prefetch_max`` more instructions; ``queue`` for
-    ``2 * (fill_max + prefetch_max) + 2`` addresses."""
+    ``2 * (fill_max + prefetch_max) + 2`` addresses.  ``base`` and ``ip``
+    are uint64: with int64 ones numba would compare and subtract addresses
+    as floats (and kernel addresses would need another specialisation)."""
     h_ip, h_mode, h_val = table[0], table[1], table[2]
     i_size, i_class, i_flags, i_target, i_err = table[4], table[5], table[7], table[8], table[10]
     end = np.uint64(base) + np.uint64(data.shape[0])
