@@ -265,11 +265,8 @@ class Image:
             spaces = self._spaces_for(asid)
         if len(spaces) != 1:
             return None
-        space = spaces[0]
-        i = bisect_right(space.starts, address) - 1
-        if i >= 0 and address < space.ends[i]:
-            return space.sections[i]
-        return None
+        i = spaces[0].find(address)
+        return spaces[0].sections[i] if i >= 0 else None
 
     def read(self, address: int, size: int, asid: Asid = ANY) -> bytes:
         """Up to ``size`` bytes at ``address``: fewer where the section ends, b"" if unmapped.

@@ -551,7 +551,7 @@ class CodeTable:
                 continue  # on in the section there (or none: iced-x86's way)
             # An instruction it does not know: iced-x86's, then on as before.
             got = self.cache.get(ip, mode)
-            if self._index.get((ip, mode)) is None:
+            if self.lookup(ip, mode) < 0:
                 self._add([(ip, got)], mode)
             if isinstance(got, int) or got.truncated:
                 return
