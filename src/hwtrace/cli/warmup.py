@@ -68,8 +68,8 @@ def _path() -> np.ndarray:
 PARTS = ("library", "perf", "ptxed", "ptdump", "decode")
 #: The pieces of each part, as the processes run them.
 PIECES = {
-    "library": ("bytecode", "packets", "library", "subtrees"),
-    "perf": ("attribution", "script", "report"),
+    "library": ("bytecode", "packets", "library", "subtrees", "fill"),
+    "perf": ("attribution", "perfread", "script", "report"),
     "ptxed": ("ptxed",),
     "ptdump": ("ptdump",),
     "decode": ("decode",),
@@ -86,11 +86,14 @@ PIECES = {
 # needs it before it is cached).
 CHAINS = (
     ("packets", "library", "script", "ptxed"),
-    ("bytecode", "ptdump", "subtrees", "attribution", "report", "decode"),
+    ("bytecode", "ptdump", "subtrees", "attribution", "fill", "perfread", "report", "decode"),
 )
 # "attribution" compiles the loops that attribute a stream's blocks (both
 # perf commands need them) while the other process compiles the decoder,
-# so that the two do not both compile them next.
+# so that the two do not both compile them next; "fill" (the code table's
+# compiled instruction decoding, which the decoder's first call needs
+# next) and "perfread" (the perf.data reader's loops, which both perf
+# commands meet first) likewise, in what was a wait for the decoder.
 # "bytecode" (while the other process compiles the packet loops) writes
 # the bytecode of the modules the commands import where the installer
 # left none (make demo installs without it: pip compiles every module of
@@ -271,12 +274,17 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
     elif piece == "library":
         for keep in (True, False):
             decode_trace(TRACE, image, cfg, keep_blocks=keep)
-        # A code table that grows (any program larger than the warm-up's),
-        # and one filled by iced-x86 (32-bit code, or an instruction the
-        # compiled decoding leaves to it): their hashing, else the first
-        # real decoding compiles it.
+    elif piece == "fill":
+        # The decoder's fills, a code table that grows (any program larger
+        # than the warm-up's), and one filled by iced-x86 (32-bit code, or
+        # an instruction the compiled decoding leaves to it): their
+        # hashing, else the first real decoding compiles it.
         for mode in (64, 32):
             CodeTable(image, capacity=16).fill(BASE, mode)
+    elif piece == "perfread":
+        from ..perf.data import PerfData
+
+        PerfData(_wrapped(tmp, trace, cfg))
     elif piece == "ptdump":
         for extra in ([], ["--quiet"], ["--time", "--lastip"], ["--tcal"]):
             status |= ptdump_cli.main([*extra, *timing, str(trace)])
