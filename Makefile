@@ -16,17 +16,25 @@ all: venv
 # The runtime: what `make demo` needs.  The decoders' compiled loops are
 # built into the native library (hwtrace.aot) after a first use anyway;
 # here the ones the demo's commands call are, so that they start fast.
+# Where $(PYTHON)'s own pip can install into another interpreter (pip
+# 22.3's --python), the runtime's venv is made without a pip of its own:
+# ensurepip and an upgrade of pip are ~7 s of a first run.  The
+# development set-up gives the venv its pip.
+HOST_PIP := $(shell $(PYTHON) -c "import pip, sys; sys.exit(tuple(map(int, pip.__version__.split('.')[:2])) < (22, 3))" 2>/dev/null && echo yes)
+PIP_RUNTIME := $(if $(HOST_PIP),$(PYTHON) -m pip --python $(BIN)/python,$(BIN)/pip)
+
 $(RUNTIME): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(PYTHON) -m venv $(if $(HOST_PIP),--without-pip) $(VENV)
+	$(if $(HOST_PIP),,$(BIN)/pip install --quiet --upgrade pip)
 	@# (no bytecode for every module of every dependency: the warm-up
 	@# writes it for the modules the commands import)
-	$(BIN)/pip install --quiet --no-compile -e .
+	$(PIP_RUNTIME) install --quiet --no-compile -e .
 	-$(BIN)/hwtrace aot warm --parts library,perf
 	touch $(RUNTIME)
 
 # Development: test and documentation tools, and every command warmed.
 $(STAMP): $(RUNTIME)
+	@test -x $(BIN)/pip || $(BIN)/python -m ensurepip --upgrade --default-pip > /dev/null
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@# (the bytecode the runtime's install left out: tests import more)
 	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
