@@ -31,20 +31,19 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import importlib.abc
 import importlib.util
 import json
 import os
-import pickle
 import sys
 import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import FunctionType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # The modules whose loops go into the library.
 LOOP_MODULES = (
@@ -186,20 +185,26 @@ def _array_key(a: np.ndarray) -> tuple:
 
 
 def _value_key(v) -> Any:
-    if isinstance(v, np.ndarray):
-        return _array_key(v)
     if isinstance(v, tuple):
         return tuple(_value_key(x) for x in v)
-    if isinstance(v, bool | np.bool_):
+    if isinstance(v, bool):
         return ("s", "|b1")
     if isinstance(v, int):
         return ("s", "<i8") if -(1 << 63) <= v < (1 << 63) else ("s", "<u8")
-    if isinstance(v, float):
-        return ("s", "<f8")
-    if isinstance(v, np.generic):
-        return ("s", v.dtype.str)
     if v is None:
         return ("n",)
+    # numpy is loaded if v is one of its objects (a command without numpy
+    # passes Buffers and Python scalars only).
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(v, np.ndarray):
+            return _array_key(v)
+        if isinstance(v, np.bool_):
+            return ("s", "|b1")
+        if isinstance(v, np.generic):
+            return ("s", v.dtype.str)
+    if isinstance(v, float):
+        return ("s", "<f8")
     return ("?", type(v).__name__)
 
 
@@ -238,7 +243,7 @@ def _held(v):
     """What the last call's memo keeps of an argument: arrays (and the
     arrays in tuples) weakly, so that a buffer the caller lets go (a
     ring buffer's mapping of a kernel map) goes with it."""
-    if isinstance(v, np.ndarray):
+    if isinstance(v, Buffer) or _is_ndarray(v):
         return weakref.ref(v)
     if isinstance(v, tuple):
         return tuple(_held(x) for x in v)
@@ -259,7 +264,10 @@ def _same(held, v) -> bool:
 
 
 def _flatten(v, keys: list, flat: list) -> None:
-    if isinstance(v, np.ndarray):
+    if isinstance(v, Buffer):
+        keys.append(v.key)
+        flat.extend(v.flat)
+    elif _is_ndarray(v):
         k, f = _memo.get(v)
         keys.append(k)
         flat.extend(f)
@@ -269,13 +277,88 @@ def _flatten(v, keys: list, flat: list) -> None:
             _flatten(x, sub, flat)
         keys.append(tuple(sub))
     else:
-        keys.append(_value_key(v))
-        if isinstance(v, float | np.floating):
+        k = _value_key(v)
+        keys.append(k)
+        if k[0] == "s" and k[1][1] == "f":
             flat.append(float(v))
         elif v is None:
             pass
         else:
             flat.append(int(v))
+
+
+def _is_ndarray(v) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(v, np.ndarray)
+
+
+class Buffer:
+    """A one-dimensional C array for a loop, without numpy: ``length``
+    items of the ctypes type ``ctype`` (numpy's type string ``dtype``, or
+    ``repr(dtype.descr)`` of a ``record`` type), zeroed; or a view of
+    ``base``'s items from ``start`` on.  For commands that call the
+    native library before (or without) importing numpy."""
+
+    def __init__(self, ctype, length: int, dtype: str, *, record: bool = False,
+                 base: Buffer | None = None, start: int = 0) -> None:  # fmt: skip
+        self.ctype, self.length, self.dtype = ctype, length, dtype
+        self.itemsize = ctypes.sizeof(ctype)
+        if base is None:
+            # (an empty array still has an address, as numpy's do)
+            self.storage: Any = (ctype * max(length, 1))()
+            self.address = ctypes.addressof(self.storage)
+        else:
+            self.storage = base.storage
+            self.address = base.address + start * self.itemsize
+        self.record = record
+        # (numba's arrays are "aligned" but for records of a packed struct)
+        self.key = ("a", dtype, 1, "C", False, not record)
+        self.flat = [0, 0, length, self.itemsize, self.address, length, self.itemsize]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def view(self, start: int, stop: int) -> Buffer:
+        """Items ``start`` to ``stop``, sharing this buffer's memory."""
+        return Buffer(self.ctype, stop - start, self.dtype, record=self.record, base=self,
+                      start=start)  # fmt: skip
+
+    def memory(self) -> memoryview:
+        """The items as a writable memoryview of bytes."""
+        size = self.length * self.itemsize
+        return memoryview((ctypes.c_char * max(size, 1)).from_address(self.address)).cast("B")[
+            :size
+        ]
+
+
+class NativeLoop:
+    """A loop of the native library called by name (``module:function``)
+    without importing its module (nor numpy): arguments are
+    :class:`Buffer`, Python scalars and tuples of them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        lib = _load_library()
+        self.entries = lib.entries(name) if lib is not None else {}
+
+    def entry(self, *args) -> Callable[..., Any] | None:
+        """The library's code for these arguments' types, if it has it: a
+        function of the same arguments."""
+        keys: list = []
+        flat: list = []
+        for a in args:
+            _flatten(a, keys, [])
+        entry = self.entries.get(tuple(keys))
+        if entry is None:
+            return None
+
+        def call(*values):
+            flat.clear()
+            for a in values:
+                _flatten(a, [], flat)
+            return entry(flat)
+
+        return call
 
 
 # -- the library ---------------------------------------------------------------
@@ -363,6 +446,8 @@ def _exception(name: str, status: int, exc: ctypes.c_void_p) -> BaseException:
     if status > 0 and exc.value:
         info = _ExcInfo.from_address(exc.value)
         try:
+            import pickle
+
             cls, args, *_ = pickle.loads(ctypes.string_at(info.data, info.size))
             if isinstance(cls, type) and issubclass(cls, BaseException):
                 return cls(*(args or ()))
@@ -677,7 +762,7 @@ def _numba_ready() -> None:
         _numba_hooks.pop(0)()
 
 
-class _NumbaImportHook(importlib.abc.MetaPathFinder):
+class _NumbaImportHook:  # (an importlib.abc.MetaPathFinder; that module costs an import)
     """Calls :func:`_numba_ready` as soon as anything imports numba, so
     plain numba functions elsewhere can call loops too.  A look-up that
     imports nothing (``importlib.util.find_spec``) leaves it in place."""

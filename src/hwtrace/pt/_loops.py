@@ -471,7 +471,7 @@ def _psb_at(buf, pos, end):
 def decode_stream(buf, avail, state, rows, errs, store):
     """Decode a stream that arrives in pieces: the packets in ``buf[:avail]``.
 
-    ``state`` (a :data:`hwtrace.pt._state.DECODER_STATE` record array)
+    ``state`` (a record array of :data:`hwtrace.pt._state.DECODER_FIELDS`)
     carries everything from one call to the next: where decoding stands,
     libipt's search for a PSB (pt_sync_forward: aligned 8-byte words of the
     PSB pattern, then a walk to the end of the run), and the in-block mode.

@@ -357,7 +357,7 @@ def format_loop(rows, errs, times, raw, st, out):
     (tsc, have_tsc, fcr, have_fcr, and the time model's diagnostics: row,
     kind, error) is read with ``--time``/``--tcal`` only.  ``raw`` holds
     the stream's bytes from offset ``st.base`` (for ``--raw``).  ``st`` (a
-    :data:`hwtrace.pt._state.FORMAT_STATE` record array) carries the options
+    record array of :data:`hwtrace.pt._state.FORMAT_FIELDS`) carries the options
     and the tracking from call to call.  The loop stops early when less
     than :data:`LINE_MAX` bytes of ``out`` are left, and returns how many
     bytes it wrote.

@@ -6,42 +6,48 @@ what must survive from one call to the next in a one-element numpy record
 array: named fields on both sides, one pointer for a native caller (the
 loops' ahead-of-time library, :mod:`hwtrace.aot`).
 
-This module needs numpy only, so the commands can read and set these records
-without importing numba.
+Every field is an int64.  This module needs neither numba nor numpy (it
+builds the records' numpy types when first asked for them), so a command
+can read and set these records without importing either: as numpy records,
+or as plain int64 words at the field's index (:data:`DECODER_FIELDS`,
+:data:`FORMAT_FIELDS`) where numpy is not loaded.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .config import PtConfig
 
 # ---------------------------------------------------------------------------
 # The streaming decoder (decode_stream)
 
-DECODER_STATE = np.dtype(
-    [
-        # Where decoding stands (absolute stream offsets: 0 is the first byte
-        # of the trace buffer, as libipt's config.begin).
-        ("pos", np.int64),  # the next packet (PHASE_DECODE)
-        ("sync_pos", np.int64),  # the last synchronisation point
-        ("in_block", np.int64),  # 0, or inside BBP..BEP (1: 8-byte BIP, 2: 4-byte)
-        ("phase", np.int64),  # PHASE_*
-        # Looking for a PSB (PHASE_SYNC), as libipt's pt_sync_forward does.
-        ("scan", np.int64),  # the next aligned 8-byte word to test
-        ("scan_start", np.int64),  # the PSB found must start here or later
-        ("walk", np.int64),  # inside a run of PSB pattern: where the walk is (else -1)
-        ("walk_from", np.int64),  # where that walk began
-        # Set by the caller before each call.
-        ("base", np.int64),  # the stream offset of the buffer's first byte
-        ("final", np.int64),  # 1: the buffer holds the end of the stream
-        ("resync", np.int64),  # 1: after an error, go on at the next PSB
-        ("errata", np.int64),  # ERRATUM_* workaround bits
-        # Results of a call.
-        ("rows", np.int64),  # packet rows written
-        ("errors", np.int64),  # errors written (a caller may pre-fill some)
-        ("packets", np.int64),  # packets decoded so far, rows written or not
-        ("keep", np.int64),  # the caller must keep the input from here on
-        ("synced", np.int64),  # 1 once decoding has started (a PSB was found)
-    ]
+DECODER_FIELDS = (
+    # Where decoding stands (absolute stream offsets: 0 is the first byte
+    # of the trace buffer, as libipt's config.begin).
+    "pos",  # the next packet (PHASE_DECODE)
+    "sync_pos",  # the last synchronisation point
+    "in_block",  # 0, or inside BBP..BEP (1: 8-byte BIP, 2: 4-byte)
+    "phase",  # PHASE_*
+    # Looking for a PSB (PHASE_SYNC), as libipt's pt_sync_forward does.
+    "scan",  # the next aligned 8-byte word to test
+    "scan_start",  # the PSB found must start here or later
+    "walk",  # inside a run of PSB pattern: where the walk is (else -1)
+    "walk_from",  # where that walk began
+    # Set by the caller before each call.
+    "base",  # the stream offset of the buffer's first byte
+    "final",  # 1: the buffer holds the end of the stream
+    "resync",  # 1: after an error, go on at the next PSB
+    "errata",  # ERRATUM_* workaround bits
+    # Results of a call.
+    "rows",  # packet rows written
+    "errors",  # errors written (a caller may pre-fill some)
+    "packets",  # packets decoded so far, rows written or not
+    "keep",  # the caller must keep the input from here on
+    "synced",  # 1 once decoding has started (a PSB was found)
 )
 
 PHASE_SYNC = 0  # looking for a PSB: at the start, and after an error
@@ -68,10 +74,24 @@ ERRATUM_SKD007 = 1
 ERRATUM_SKZ84 = 2
 
 
+def packet_errata(config: PtConfig | None) -> int:
+    """The packet-level erratum workaround bits for ``config``'s CPU."""
+    if config is None:
+        return 0
+    bits = 0
+    if "skd007" in config.errata:
+        bits |= ERRATUM_SKD007
+    if "skz84" in config.errata:
+        bits |= ERRATUM_SKZ84
+    return bits
+
+
 def new_decoder_state(*, sync: bool = True, resync: bool = True, errata: int = 0) -> np.ndarray:
     """A decoder state for a stream's first byte: looking for the first PSB
     (``sync``) or decoding from offset 0."""
-    st = np.zeros(1, DECODER_STATE)
+    import numpy as np
+
+    st = np.zeros(1, _record(DECODER_FIELDS))
     s = st[0]
     s["phase"] = PHASE_SYNC if sync else PHASE_DECODE
     s["synced"] = 0 if sync else 1
@@ -84,27 +104,25 @@ def new_decoder_state(*, sync: bool = True, resync: bool = True, errata: int = 0
 # ---------------------------------------------------------------------------
 # The ptdump text loop (format_loop)
 
-FORMAT_STATE = np.dtype(
-    [
-        ("flags", np.int64),  # F_* options
-        ("base", np.int64),  # stream offset of the raw buffer's first byte (--raw)
-        ("next", np.int64),  # the next packet row to print
-        ("stop", np.int64),  # print rows up to here (exclusive)
-        ("error", np.int64),  # the next error row to print
-        ("diag", np.int64),  # the next time-model diagnostic to print
-        ("last", np.int64),  # 1: these rows end the stream (print the errors after them)
-        ("written", np.int64),  # bytes written into the output by the last call
-        # What ptdump tracks from packet to packet (reset after an error).
-        ("last_ip", np.int64),  # --lastip
-        ("have_ip", np.int64),
-        ("ip_suppressed", np.int64),
-        ("last_tsc", np.int64),  # --time-delta
-        ("last_fcr", np.int64),
-        # Sideband goes after the diagnostics of packet ``mark`` and before
-        # its line: the loop notes where that line starts in ``split``.
-        ("mark", np.int64),
-        ("split", np.int64),
-    ]
+FORMAT_FIELDS = (
+    "flags",  # F_* options
+    "base",  # stream offset of the raw buffer's first byte (--raw)
+    "next",  # the next packet row to print
+    "stop",  # print rows up to here (exclusive)
+    "error",  # the next error row to print
+    "diag",  # the next time-model diagnostic to print
+    "last",  # 1: these rows end the stream (print the errors after them)
+    "written",  # bytes written into the output by the last call
+    # What ptdump tracks from packet to packet (reset after an error).
+    "last_ip",  # --lastip
+    "have_ip",
+    "ip_suppressed",
+    "last_tsc",  # --time-delta
+    "last_fcr",
+    # Sideband goes after the diagnostics of packet ``mark`` and before
+    # its line: the loop notes where that line starts in ``split``.
+    "mark",
+    "split",
 )
 
 # Options (FORMAT_STATE.flags), as Intel's ptdump names them.
@@ -143,8 +161,23 @@ LINE_MAX = 512
 
 
 def new_format_state(flags: int) -> np.ndarray:
-    st = np.zeros(1, FORMAT_STATE)
+    import numpy as np
+
+    st = np.zeros(1, _record(FORMAT_FIELDS))
     st[0]["flags"] = flags
     st[0]["mark"] = -1
     st[0]["split"] = -1
     return st
+
+
+def _record(fields: tuple[str, ...]) -> np.dtype:
+    """The numpy record type of ``fields`` (int64 each)."""
+    import numpy as np
+
+    return np.dtype([(name, np.int64) for name in fields])
+
+
+def record_key(fields: tuple[str, ...]) -> str:
+    """How the compiled loops' library names the record type of ``fields``
+    (numpy's ``repr(dtype.descr)``), for callers without numpy."""
+    return repr([(name, "<i8") for name in fields])

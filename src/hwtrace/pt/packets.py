@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._state import ERRATUM_SKD007, ERRATUM_SKZ84, STOP_ERRORS, STOP_ROWS, new_decoder_state
+from ._state import STOP_ERRORS, STOP_ROWS, new_decoder_state, packet_errata
 from .config import PtConfig
 from .kinds import ERROR_TEXT, IP_KINDS, KIND_NAMES, DecodeError, Kind
 
@@ -198,18 +198,6 @@ class PacketTable:
             err_index=np.concatenate(idx),
             synced=any(t.synced for t in tables),
         )
-
-
-def packet_errata(config: PtConfig | None) -> int:
-    """The packet-level erratum workaround bits for ``config``'s CPU."""
-    if config is None:
-        return 0
-    bits = 0
-    if "skd007" in config.errata:
-        bits |= ERRATUM_SKD007
-    if "skz84" in config.errata:
-        bits |= ERRATUM_SKZ84
-    return bits
 
 
 _COLS = ("offset", "kind", "size", "a", "b", "c")
