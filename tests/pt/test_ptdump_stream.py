@@ -26,6 +26,7 @@ from hwtrace.cli.ptdump import main as ptdump_main
 from hwtrace.pt import ptdump as P
 from hwtrace.pt._loops import FIXED_SIZE, decode_packet
 from hwtrace.pt.config import PtConfig
+from hwtrace.pt.dumpplain import dump_plain
 from hwtrace.pt.kinds import Kind
 from hwtrace.pt.packets import Packet, decode, encode
 from hwtrace.pt.ptdump import DumpOptions, dump_stream
@@ -378,7 +379,8 @@ def _imports_after(argv: list[str], env: dict[str, str]) -> dict[str, bool]:
 def test_startup_imports(tmp_path):
     """hwtrace --help imports nothing heavy; hwtrace ptdump, with the native
     library there, imports neither numba nor llvmlite (0.3 s and more), nor
-    the perf package without sideband options."""
+    the perf package without sideband options, nor numpy without the time
+    model."""
     import os
 
     manifest = _ptdump_library(tmp_path / "lib")
@@ -390,7 +392,90 @@ def test_startup_imports(tmp_path):
     trace = tmp_path / "t.pt"
     trace.write_bytes(_random_stream(3))
     seen = _imports_after(["ptdump", str(trace)], env)
+    assert seen == {"numba": False, "numpy": False, "llvmlite": False, "hwtrace.perf": False}
+    # (the time model is numpy's)
+    seen = _imports_after(["ptdump", "--time", str(trace)], env)
     assert seen == {"numba": False, "numpy": True, "llvmlite": False, "hwtrace.perf": False}
     # ... but it does when the library cannot be had.
     seen = _imports_after(["ptdump", str(trace)], {**env, "HWTRACE_AOT": "numba"})
     assert seen["numba"]
+
+
+@pytest.fixture(scope="module")
+def ptdump_library(tmp_path_factory):
+    """ptdump's loops in a native library of their own, in use."""
+    manifest = _ptdump_library(tmp_path_factory.mktemp("ptdump-lib"))
+    if manifest is None:
+        pytest.skip("no C compiler to link the library with")
+    assert aot.use_library(manifest)
+    yield manifest
+    aot.use_library(None)
+    aot._library = False
+
+
+def plain_bytes(data: bytes, options: DumpOptions, sync: bool = True, **sizes) -> bytes | None:
+    """:func:`dump_plain`'s listing and summary, as :func:`dump_bytes`
+    gives :func:`dump_stream`'s (None where it declines)."""
+    out: list[bytes] = []
+    summary = dump_plain(
+        io.BytesIO(data), lambda b: out.append(bytes(b)), options, CONFIG, sync=sync, **sizes
+    )
+    return None if summary is None else b"".join(out) + repr(summary).encode()
+
+
+PLAIN_OPTIONS = [
+    DumpOptions(),
+    DumpOptions(quiet=True),
+    DumpOptions(quiet=True, lastip=True),
+    DumpOptions(raw=True, lastip=True, exec_mode=True, show_offset=False),
+    DumpOptions(no_pad=True, no_timing=True, no_cyc=True),
+]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    st.integers(0, 1 << 30),
+    st.sampled_from(PLAIN_OPTIONS),
+    st.booleans(),
+    st.integers(1, 64),
+    st.integers(1, 9),
+    st.integers(1, 3000),
+    st.integers(1, 3),
+)
+def test_plain_dump_is_the_stream_dump(ptdump_library, monkeypatch, seed, options, sync, chunk,
+                                       rows, out, errors):  # fmt: skip
+    """ptdump without numpy writes what the numpy driver writes, whatever
+    the sizes of its buffers (decode errors carried from table to table,
+    error rows grown)."""
+    import hwtrace.pt.dumpplain as D
+
+    data = _random_stream(seed)
+    want = dump_bytes(data, "ptdump", options, sync)
+    monkeypatch.setattr(D, "ERROR_ROWS", errors)
+    got = plain_bytes(data, options, sync, chunk_size=chunk, table_rows=rows, out_size=out)
+    assert got == want
+
+
+@pytest.mark.skipif(oracle.skip_reason is not None, reason=oracle.skip_reason or "")
+def test_plain_dump_of_libipt_streams(ptdump_library, tmp_path):
+    rng = random.Random(7)
+    for seed in range(3):
+        path = oracle.generate(tmp_path / f"s{seed}.pt", 6000, seed=seed, mix="all", psb_period=512)
+        data = bytearray(path.read_bytes())
+        for _ in range(seed * 4):
+            data[rng.randrange(len(data))] = rng.getrandbits(8)
+        for options in PLAIN_OPTIONS:
+            want = dump_bytes(bytes(data), "ptdump", options)
+            assert plain_bytes(bytes(data), options) == want
+            assert plain_bytes(bytes(data), options, chunk_size=5, table_rows=3) == want
+
+
+def test_plain_dump_declines_time_and_a_missing_library(ptdump_library):
+    data = _random_stream(2)
+    assert plain_bytes(data, DumpOptions(time=True)) is None
+    aot.use_library(None)
+    try:
+        assert plain_bytes(data, DumpOptions()) is None
+    finally:
+        assert aot.use_library(ptdump_library)

@@ -26,7 +26,7 @@ from .sbopts import SbOptions, sideband_help
 
 if TYPE_CHECKING:
     from ..pt.config import PtConfig
-    from ..pt.ptdump import DumpOptions
+    from ..pt.dumpplain import DumpOptions
 
 PROG = "hwtrace ptdump"
 
@@ -82,7 +82,7 @@ _FLAGS = {
 
 def main(argv: list[str]) -> int:
     from ..pt.config import Cpu, PtConfig
-    from ..pt.ptdump import DumpOptions
+    from ..pt.dumpplain import DumpOptions
 
     opts = DumpOptions()
     config = PtConfig()
@@ -308,7 +308,6 @@ def dump(
 ) -> int:
     """Dump the trace ``reader`` reads; messages name it ``name``."""
     from ..pt.kinds import ERROR_TEXT
-    from ..pt.ptdump import dump_stream
 
     inserts = None
     sideband = session is not None and style == "ptdump"
@@ -319,19 +318,28 @@ def dump(
 
     out = sys.stdout.buffer
     try:
-        summary = dump_stream(
-            reader,
-            out.write,
-            opts,
-            config,
-            sync=not no_sync,
-            style=style,
-            color=style == "human" and sys.stdout.isatty(),
-            # Sideband needs the time (Intel's ptdump tracks it then), with
-            # its diagnostics, whether or not it is shown.
-            need_time=sideband,
-            inserts=inserts,
-        )
+        summary = None
+        if style == "ptdump" and not sideband:
+            from ..pt.dumpplain import dump_plain
+
+            # (without numpy's import, when the native library has the loops)
+            summary = dump_plain(reader, out.write, opts, config, sync=not no_sync)
+        if summary is None:
+            from ..pt.ptdump import dump_stream
+
+            summary = dump_stream(
+                reader,
+                out.write,
+                opts,
+                config,
+                sync=not no_sync,
+                style=style,
+                color=style == "human" and sys.stdout.isatty(),
+                # Sideband needs the time (Intel's ptdump tracks it then),
+                # with its diagnostics, whether or not it is shown.
+                need_time=sideband,
+                inserts=inserts,
+            )
         if summary.bytes and summary.synced and sideband:
             out.write(_flush_sideband(session, session.dump((1 << 64) - 1, sb_flags)))
         out.flush()

@@ -18,7 +18,6 @@ import numba, else through numba.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -29,14 +28,13 @@ from ._state import (
     F_TRACK,
     KEEP_MAX,
     LINE_MAX,
-    OPTION_FLAGS,
     STOP_DONE,
     STOP_INPUT,
     new_decoder_state,
     new_format_state,
 )
 from .config import PtConfig
-from .kinds import DecodeError
+from .dumpplain import CHUNK_SIZE, ERROR_ROWS, OUT_SIZE, TABLE_ROWS, DumpOptions, DumpSummary
 from .packets import ROW_TYPES, PacketTable, new_errors, new_rows, packet_errata, table_of
 
 if TYPE_CHECKING:
@@ -50,57 +48,6 @@ __all__ = [
     "format_table",
     "ptdump_lines",
 ]
-
-# Input read per chunk, packet rows per table, output bytes per write.
-CHUNK_SIZE = 1 << 20
-TABLE_ROWS = 1 << 18
-OUT_SIZE = 1 << 20
-ERROR_ROWS = 1 << 10
-
-
-@dataclass
-class DumpOptions:
-    """ptdump's options (same names, same defaults)."""
-
-    show_offset: bool = True
-    raw: bool = False
-    lastip: bool = False
-    exec_mode: bool = False
-    time: bool = False
-    tcal: bool = False
-    time_delta: bool = False
-    quiet: bool = False
-    no_pad: bool = False
-    no_timing: bool = False
-    no_cyc: bool = False
-    no_tcal: bool = False
-    no_wall_clock: bool = False
-    keep_tcal_on_ovf: bool = False
-
-    @property
-    def track_time(self) -> bool:
-        return self.time or self.tcal
-
-    def estimate_time(
-        self, table: PacketTable, config: PtConfig | None, state: np.ndarray | None = None
-    ) -> TimeColumns:
-        """The time model as these options ask for it (from ``state``, left
-        by an earlier table of the same stream, when given)."""
-        from .timing import estimate_time
-
-        return estimate_time(
-            table,
-            config,
-            calibrate=not self.no_tcal,
-            use_cyc=not self.no_cyc,
-            keep_tcal_on_ovf=self.keep_tcal_on_ovf,
-            state=state,
-        )
-
-    def flags(self) -> int:
-        """The options as the text loop's flag bits."""
-        return sum(bit for name, bit in OPTION_FLAGS.items() if getattr(self, name))
-
 
 _EMPTY_TIMES = (
     np.zeros(0, np.int64),
@@ -194,18 +141,6 @@ class _TextWriter:
                     yield memoryview(self.out)[:size]
                 if s["next"] >= stop and (not s["last"] or s["error"] >= nerr):
                     break
-
-
-@dataclass
-class DumpSummary:
-    """What :func:`dump_stream` met, for the messages after the listing."""
-
-    bytes: int = 0  # stream bytes read
-    packets: int = 0
-    synced: bool = False  # a PSB was found (or --no-sync)
-    first_error: tuple[int, DecodeError] | None = None  # (offset, why), not truncation
-    error_count: int = 0  # decode errors other than a truncated last packet
-    truncated_at: int | None = None  # the stream ends inside the packet there
 
 
 # A hook giving the text to print before packets of a table (sideband).
@@ -331,12 +266,7 @@ def dump_stream(
 
 def _note_errors(summary: DumpSummary, table: PacketTable) -> None:
     for off, code in zip(table.err_offset.tolist(), table.err_code.tolist(), strict=True):
-        if code == DecodeError.TRUNCATED:
-            summary.truncated_at = off
-        else:
-            summary.error_count += 1
-            if summary.first_error is None:
-                summary.first_error = (off, DecodeError(code))
+        summary.note_error(off, code)
 
 
 def format_table(
