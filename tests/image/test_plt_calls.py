@@ -356,3 +356,11 @@ def test_an_ifunc_called_inside_its_own_library(tmp_path):
     assert re.fullmatch(r"__strlen_\w+", frames[2]), frames
     (impl,) = [v for k, v in folded.items() if re.search(r"strdup;libc\.so\.6!__strlen_\w+$", k)]
     assert calls[0]["dic"] == impl
+
+
+def test_paths_fit_a_table_without_rows():
+    """``hwtrace diff --top 0`` and ``report --top 0``: headers only."""
+    from hwtrace.textout import fit_paths
+
+    assert fit_paths([], ["calls A", "calls B"], [], 100) == []
+    assert fit_paths(["a;b"], ["calls"], [["12"]], 100) == ["a;b"]

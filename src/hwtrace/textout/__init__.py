@@ -437,5 +437,5 @@ def fit_paths(
     width left for their column in a rich table ``total`` wide (no outer
     edge, padding of one either side) beside the other columns, whose
     ``headers`` and cells (``rows``) are given."""
-    used = sum(max(len(h), *(len(r[j]) for r in rows)) + 3 for j, h in enumerate(headers))
+    used = sum(max([len(h), *(len(r[j]) for r in rows)]) + 3 for j, h in enumerate(headers))
     return elide_paths(keys, max(total - used - 2, 24))
