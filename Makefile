@@ -29,7 +29,7 @@ $(RUNTIME): pyproject.toml
 	@# (no bytecode for every module of every dependency: the warm-up
 	@# writes it for the modules the commands import)
 	$(PIP_RUNTIME) install --quiet --no-compile -e .
-	-$(BIN)/hwtrace aot warm --parts library,perf
+	-$(BIN)/hwtrace aot warm --parts library,perf,record
 	touch $(RUNTIME)
 
 # Development: test and documentation tools, and every command warmed.

@@ -65,11 +65,12 @@ def _path() -> np.ndarray:
     return np.array(ips, np.uint64)
 
 
-PARTS = ("library", "perf", "ptxed", "ptdump", "decode")
+PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode")
 #: The pieces of each part, as the processes run them.
 PIECES = {
     "library": ("bytecode", "packets", "library", "subtrees", "fill"),
     "perf": ("attribution", "perfread", "script", "report"),
+    "record": ("record",),
     "ptxed": ("ptxed",),
     "ptdump": ("ptdump",),
     "decode": ("decode",),
@@ -86,7 +87,8 @@ PIECES = {
 # needs it before it is cached).
 CHAINS = (
     ("packets", "library", "script", "ptxed"),
-    ("bytecode", "ptdump", "subtrees", "attribution", "fill", "perfread", "report", "decode"),
+    ("bytecode", "record", "ptdump", "subtrees", "attribution", "fill", "perfread", "report",
+     "decode"),
 )
 # "attribution" compiles the loops that attribute a stream's blocks (both
 # perf commands need them) while the other process compiles the decoder,
@@ -94,6 +96,9 @@ CHAINS = (
 # compiled instruction decoding, which the decoder's first call needs
 # next) and "perfread" (the perf.data reader's loops, which both perf
 # commands meet first) likewise, in what was a wait for the decoder.
+# "record" (while the other process compiles the packet loops) records
+# /bin/true's calls to exit as the demo records its functions: where the
+# software backend records, its planner's loops are compiled then.
 # "bytecode" (while the other process compiles the packet loops) writes
 # the bytecode of the modules the commands import where the installer
 # left none (make demo installs without it: pip compiles every module of
@@ -265,6 +270,8 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
     status = 0
     if piece == "bytecode":
         _imported_bytecode()
+    elif piece == "record":
+        _record_loops(tmp)
     elif piece == "packets":
         _until_decoder(image, cfg, lambda args: None)
     elif piece == "subtrees":
@@ -417,6 +424,26 @@ def _attribution_loops() -> None:
                      np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
                      np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
     A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
+
+
+def _record_loops(tmp: Path) -> None:
+    """Record a short program (``/bin/true``, its calls to ``exit``) with
+    the backend this machine records with, in a process of its own: the
+    loops that backend compiles are then cached for a first ``hwtrace
+    record``.  Where recording cannot be done here (no ptrace, no such
+    program), nothing is warmed and nothing fails: a recording is not
+    what the warm-up is for."""
+    true = "/bin/true"
+    if not os.path.exists(true):
+        return
+    env = {**os.environ, "HWTRACE_AOT_AUTOBUILD": "0"}  # (the warm-up builds the library)
+    command = [sys.executable, "-m", "hwtrace.cli.main", "record", "-o", str(tmp / "true.data"),
+               "-f", "exit", "--", true]  # fmt: skip
+    try:
+        subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def _wrapped(tmp: Path, trace: Path, cfg) -> Path:
