@@ -87,15 +87,27 @@ PIECES = {
 # needs it before it is cached).
 CHAINS = (
     ("packets", "library", "script", "ptxed"),
-    ("bytecode", "record", "ptdump", "subtrees", "attribution", "fill", "perfread", "report",
-     "decode"),
+    (
+        "bytecode",
+        "record",
+        "attribution",
+        "ptdump",
+        "subtrees",
+        "fill",
+        "perfread",
+        "report",
+        "decode",
+    ),
 )
 # "attribution" compiles the loops that attribute a stream's blocks (both
 # perf commands need them) while the other process compiles the decoder,
-# so that the two do not both compile them next; "fill" (the code table's
-# compiled instruction decoding, which the decoder's first call needs
-# next) and "perfread" (the perf.data reader's loops, which both perf
-# commands meet first) likewise, in what was a wait for the decoder.
+# so that the two do not both compile them next; so do, while the first
+# process ends the decoder, "fill" (the code table's compiled instruction
+# decoding, which the decoder's first call needs next) and "perfread" (the
+# perf.data reader's loops and perf's symbol tree, which both perf
+# commands meet first; after the packet loops are cached, as wrapping the
+# trace in a perf.data decodes its packets).  Then script (in the first)
+# and report (in the second, its call-path walk) take about as long.
 # "record" (while the other process compiles the packet loops) records
 # /bin/true's calls to exit as the demo records its functions: where the
 # software backend records, its planner's loops are compiled then.
@@ -289,9 +301,11 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         for mode in (64, 32):
             CodeTable(image, capacity=16).fill(BASE, mode)
     elif piece == "perfread":
+        from ..image.perfsyms import perf_symbols
         from ..perf.data import PerfData
 
         PerfData(_wrapped(tmp, trace, cfg))
+        perf_symbols(str(tmp / "warm"))
     elif piece == "ptdump":
         for extra in ([], ["--quiet"], ["--time", "--lastip"], ["--tcal"]):
             status |= ptdump_cli.main([*extra, *timing, str(trace)])
