@@ -30,7 +30,7 @@ _FROM = {
     "StepLog": "stepper",
     "StepRecording": "stepper",
     "TaskEvent": "stepper",
-    "TracedRange": "stepper",
+    "TracedRange": "functions",
     "read_maps": "stepper",
     "step_process": "stepper",
     "step_threads": "stepper",

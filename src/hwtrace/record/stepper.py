@@ -79,9 +79,10 @@ from typing import Any
 
 import numpy as np
 
-from ..image.process import Mapping, ProcessModules, program_entry, read_maps
+from ..image.process import Mapping, program_entry, read_maps
 from . import _native as nat
 from .errors import RecordError
+from .functions import TracedRange, resolve_functions
 
 __all__ = [
     "END_EXIT",
@@ -98,6 +99,7 @@ __all__ = [
     "TaskEvent",
     "TracedRange",
     "read_maps",
+    "resolve_functions",
     "step_process",
     "step_threads",
 ]
@@ -122,15 +124,6 @@ _OPTIONS = (
     | nat.PTRACE_O_TRACEEXEC
     | nat.PTRACE_O_TRACEEXIT
 )
-
-
-@dataclass(frozen=True)
-class TracedRange:
-    """``[start, end)``, named after the function it covers (or ``""``)."""
-
-    start: int
-    end: int
-    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -381,29 +374,6 @@ def _auxv_entry(pid: int) -> int:
     if entry is None:
         raise RecordError(f"process {pid}: no AT_ENTRY in /proc/{pid}/auxv")
     return entry
-
-
-def resolve_functions(
-    pid: int, maps: list[Mapping], functions: Sequence[str], *, missing_ok: bool = False
-) -> list[TracedRange]:
-    """Address ranges of functions named ``name`` or ``module!name`` (module:
-    a mapped file's base name, e.g. ``libc.so.6``), from the ELF symbols of the
-    files mapped executable in the process, relocated by their load bias.  A
-    plain name is looked up in the main executable first, then in the others.
-    ``missing_ok``: leave out the names not found instead of raising.
-    """
-    modules = ProcessModules(pid, maps)
-    out: list[TracedRange] = []
-    for spec in functions:
-        found = modules.find_function(spec)
-        if found is None:
-            if missing_ok:
-                continue
-            module, _, name = spec.rpartition("!")
-            where = f"in {module}" if module else "in the mapped files"
-            raise RecordError(f"function {name!r} not found {where} of process {pid}")
-        out.append(TracedRange(found.start, found.end, spec))
-    return out
 
 
 def _describe_status(status: int) -> str:

@@ -478,7 +478,8 @@ def _functions(pid: int, maps: list[Mapping], names: Sequence[str],
     program it exec'd, not ``first``, those it has), and the names left
     for later: ``module!name`` of a module not mapped yet (a library it
     will dlopen)."""
-    from ..stepper import RecordError, resolve_functions
+    from ..errors import RecordError
+    from ..functions import resolve_functions
 
     later = [n for n in names if "!" in n and not _mapped(maps, n.rpartition("!")[0])]
     try:
