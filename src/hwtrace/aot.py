@@ -916,7 +916,7 @@ def build(
                 continue
             symbol = overload.fndesc.mangled_name
             fn = mod.get_function(symbol)
-            args = [str(a.type) for a in fn.arguments][2:]
+            args = _argument_types(fn)[2:]
             if any(t not in _CTYPES for t in args):
                 skipped.append(f"{name}{tuple(sig)}: argument types {args}")
                 continue
@@ -959,6 +959,27 @@ def build(
     if not quiet:
         print(f"{len(specs)} loop specialisations in {directory / so_name}")
     return path
+
+
+def _argument_types(fn) -> list[str]:
+    """The LLVM types of function ``fn``'s arguments, as ``str(a.type)``
+    gives each, from one print of the function's type (a loop taking
+    tuples of arrays has hundreds of arguments, ~25 us a print)."""
+    text = str(fn.global_value_type)
+    inner = text[text.index("(") + 1 : text.rindex(")")]
+    out: list[str] = []
+    depth = start = 0
+    for i, ch in enumerate(inner):
+        if ch in "({[<":
+            depth += 1
+        elif ch in ")}]>":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(inner[start:i].strip())
+            start = i + 1
+    if inner.strip():
+        out.append(inner[start:].strip())
+    return out
 
 
 def _previous_build(path: Path, stamps: dict) -> dict:

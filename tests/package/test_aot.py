@@ -381,3 +381,21 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
     except (OSError, IndexError):
         return "zombie"
+
+
+def test_argument_types_from_one_print_of_the_function_type():
+    """The build reads a function's argument types from one print of its
+    type: the same strings as printing each argument's type."""
+    import llvmlite.binding as ll
+
+    from hwtrace.aot import _argument_types
+
+    mod = ll.parse_assembly(
+        "define i32 @f(ptr %a, i64 %b, double %c, { i64, i8 } %d, [2 x i32] %e, "
+        "<4 x float> %v, { ptr, { i32, i8 } } %n, i1 %z) { ret i32 0 }\n"
+        "define void @g() { ret void }\n"
+    )
+    for name in ("f", "g"):
+        fn = mod.get_function(name)
+        assert _argument_types(fn) == [str(a.type) for a in fn.arguments]
+    assert len(_argument_types(mod.get_function("f"))) == 8
