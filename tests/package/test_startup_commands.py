@@ -99,9 +99,8 @@ COMMANDS = {
 }
 
 
-# Commands whose libraries import numpy.ma themselves (DuckDB's results;
-# numpy's set routines in the patch planner).
-MASKED_ARRAYS = {"query", "record"}
+# Commands whose libraries import numpy.ma themselves (DuckDB's results).
+MASKED_ARRAYS = {"query"}
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

@@ -38,6 +38,7 @@ import numpy as np
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
+from ...columns import distinct
 from ...image.process import Mapping, load_bias, program_entry, read_maps
 from ...isa.tsc import rdtsc
 from ...kernel.ptrace import (
@@ -575,7 +576,7 @@ def _elf_layout(elf: ELFFile, bias: int) -> tuple[list[tuple[int, int]], np.ndar
         kind = syms["info"] & 0xF
         keep = ((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (syms["value"] != 0)
         funcs.append(syms["value"][keep] + np.uint64(bias & ((1 << 64) - 1)))
-    return sorted(sections), np.unique(np.concatenate(funcs))
+    return sorted(sections), distinct(np.concatenate(funcs))
 
 
 _ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
