@@ -345,7 +345,6 @@ class NativeLoop:
         """The library's code for these arguments' types, if it has it: a
         function of the same arguments."""
         keys: list = []
-        flat: list = []
         for a in args:
             _flatten(a, keys, [])
         entry = self.entries.get(tuple(keys))
@@ -353,7 +352,7 @@ class NativeLoop:
             return None
 
         def call(*values):
-            flat.clear()
+            flat: list = []
             for a in values:
                 _flatten(a, [], flat)
             return entry(flat)

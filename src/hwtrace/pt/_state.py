@@ -125,7 +125,7 @@ FORMAT_FIELDS = (
     "split",
 )
 
-# Options (FORMAT_STATE.flags), as Intel's ptdump names them.
+# Options (the text loop's "flags" field), as Intel's ptdump names them.
 F_OFFSET = 1 << 0  # show the offset column (not --no-offset)
 F_RAW = 1 << 1  # --raw
 F_LASTIP = 1 << 2  # --lastip

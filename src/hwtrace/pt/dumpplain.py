@@ -185,9 +185,9 @@ def dump_plain(
     decode = NativeLoop("hwtrace.pt._loops:decode_stream").entry(
         buf, 0, state.buffer, rows, errs, store
     )
-    views = (rows, (errs[2], errs[0], errs[1]))
+    # (the text loop takes the errors as row index, offset, code)
     fmt = NativeLoop("hwtrace.pt._ptdump_loop:format_loop").entry(
-        *views, times, buf, text.buffer, out
+        rows, (errs[2], errs[0], errs[1]), times, buf, text.buffer, out
     )
     if decode is None or fmt is None:
         return None
