@@ -151,3 +151,55 @@ def test_delta_pages_wrap_as_the_format_says(tmp_path, values):
     a = np.array(values, np.int64)
     _write(tmp_path / "d.parquet", {"v": ("i64", a)}, [], [], {"delta": ["v"]}, {})
     np.testing.assert_array_equal(pq.read_table(tmp_path / "d.parquet").column("v").to_numpy(), a)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    kinds=st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=4),
+    encodings=st.lists(st.sampled_from(["dictionary", "delta", "plain"]), min_size=4, max_size=4),
+    groups=st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=3), min_size=1, max_size=6),
+    choices=st.lists(st.integers(0, 2), min_size=24, max_size=24),
+)
+def test_columns_of_one_value_given_as_broadcasts_write_the_same_bytes(
+    tmp_path_factory, seed, kinds, encodings, groups, choices
+):
+    """A column given as a broadcast of one value (how the flow's writer
+    passes a queue's number) is written once and its chunk's bytes reused:
+    two files written so, sharing the writers' scratch, hold the same bytes
+    as with every value in memory."""
+    from hwtrace.export.parquet_file import _Scratch
+
+    rng = np.random.default_rng(seed)
+    names = [f"c{i}_{k}" for i, k in enumerate(kinds)]
+    schema = pa.schema([(name, TYPES[k]) for name, k in zip(names, kinds, strict=True)])
+    encoding: dict[str, list[str]] = {"dictionary": [], "delta": []}
+    for name, enc in zip(names, encodings[: len(names)], strict=True):
+        if enc != "plain":
+            encoding[enc].append(name)
+    nulls = {name: pp.NULL_IF_NEGATIVE for name, k in zip(names, kinds, strict=True)
+             if k in ("i32", "i64")}  # fmt: skip
+    specs = column_specs(schema, encoding, nulls)
+    # Per column a few values, picked per row group.
+    pools = {name: _values(k, 3, "random", rng) for name, k in zip(names, kinds, strict=True)}
+    out = {}
+    for style in ("broadcast", "arrays"):
+        scratch = _Scratch()
+        for f in range(2):
+            path = tmp_path_factory.mktemp("pq") / f"{style}-{f}.parquet"
+            w = ParquetFileWriter(path, schema, specs, None, "zstd", scratch)
+            for g, sizes in enumerate(groups):
+                pieces = []
+                for p, n in enumerate(sizes):
+                    cols = {}
+                    for c, name in enumerate(names):
+                        v = pools[name][choices[(g * 3 + p + c + f) % len(choices)]]
+                        one = np.broadcast_to(v, (n,))
+                        cols[name] = one if style == "broadcast" else one.copy()
+                    pieces.append((cols, n))
+                w.write_row_group(pieces)
+            w.close()
+            out[style, f] = path.read_bytes()
+    for f in range(2):
+        assert out["broadcast", f] == out["arrays", f]
+    assert pq.read_table(pa.BufferReader(out["broadcast", 1])).num_rows == sum(map(sum, groups))

@@ -438,24 +438,39 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray]:
     n = len(b)
     q = b.queue
     sym, img = _ids(b, names)
-    offset = np.asarray(b.offset, np.int64) if b.offset is not None else np.full(n, -1, np.int64)
+    offset = np.asarray(b.offset, np.int64) if b.offset is not None else _same(-1, n, np.int64)
     return {
-        "queue": np.full(n, q.index, np.int32),
-        "cpu": np.full(n, q.cpu, np.int32),
-        "tid": np.asarray(b.tid, np.int64),
-        "pid": np.asarray(b.pid, np.int64),
+        "queue": _same(q.index, n, np.int32),
+        "cpu": _same(q.cpu, n, np.int32),
+        "tid": _one_value(b.tid, np.int64),
+        "pid": _one_value(b.pid, np.int64),
         "time": np.asarray(b.ns, np.int64),
         "duration": np.asarray(b.duration, np.int64),
         "ip": np.asarray(b.ip, np.uint64),
         "instructions": np.asarray(b.ninsn, np.int64),
-        "mode": np.asarray(b.mode, np.uint8),
-        "space": np.asarray(b.image, np.int32),
+        "mode": _one_value(b.mode, np.uint8),
+        "space": _one_value(b.image, np.int32),
         "symbol": sym,
-        "image": img,
+        "image": _one_value(img, np.int64),
         "row": b.row + np.arange(n, dtype=np.int64),
-        "gap": np.asarray(b.gap, np.bool_),
+        "gap": _one_value(b.gap, np.bool_),
         "trace_offset": offset,
     }
+
+
+def _same(value: int, n: int, kind: type) -> np.ndarray:
+    """``n`` rows of ``value``, as a read-only broadcast of one (no memory
+    a row; the Parquet writer writes such a column's pages once)."""
+    return np.broadcast_to(np.array(value, kind), (n,))
+
+
+def _one_value(values: np.ndarray, kind: type) -> np.ndarray:
+    """``values`` as ``kind``: a broadcast of one when all are the same
+    (most columns of a batch of one thread are)."""
+    values = np.asarray(values)
+    if values.shape[0] and values[0] == values[-1] and (values == values[0]).all():
+        return _same(values[0], values.shape[0], kind)
+    return np.asarray(values, kind)
 
 
 def _table(columns: Mapping[str, np.ndarray], schema: pa.Schema,

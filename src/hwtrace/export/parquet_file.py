@@ -196,6 +196,10 @@ class _Scratch:
         self._table(pp.DICT_SLOTS_MIN)
         self.rows = 0
         self.grow(1 << 15)
+        # Chunks of one value, by (column, value, page sizes): their bytes
+        # as written, the dictionary and data pages' places in them, sizes
+        # and encodings, and the chunk's statistics (ParquetFileWriter).
+        self.constant_chunks: dict[tuple, tuple] = {}
 
     def _table(self, size: int) -> None:
         # (the first ``size`` slots: a table of few entries stays in cache)
@@ -316,24 +320,57 @@ class ParquetFileWriter:
         return pages, body, count
 
     def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple[_Struct, int]:
-        """Write a column chunk; its ColumnChunk and its uncompressed size."""
+        """Write a column chunk; its ColumnChunk and its uncompressed size.
+
+        A chunk of one value throughout (columns given as numpy broadcasts
+        of a scalar: a queue's number, its one thread) is the same bytes as
+        the last chunk of that value and page sizes: those are written
+        again, not encoded again."""
+        key = _constant_key(spec, pieces)
+        memo = self.scratch.constant_chunks
+        if key is not None and key in memo:
+            blob, dict_rel, data_rel, totals, state = memo[key]
+            start = self.offset
+            self.file.write(blob)
+            self.offset += len(blob)
+            return self._chunk_meta(spec, state, start + dict_rel if dict_rel >= 0 else None,
+                                    start + data_rel, totals)  # fmt: skip
+        if key is not None:
+            # (encoded once from a real array of the value)
+            pieces = [({spec.name: np.full(n, key[4], cols[spec.name].dtype)}, n)
+                      for cols, n in pieces]  # fmt: skip
         state = np.zeros(pp.ST_SIZE, np.int64)
         pages, dictionary, dict_count = self._encode(spec, pieces, state)
+        start = self.offset
+        written: list[bytes] | None = [] if key is not None else None
         dict_offset = None
         uncompressed = compressed = 0
         encodings = {_RLE}
         if dictionary is not None:
             dict_offset = self.offset
-            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN)
+            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN, written)
             uncompressed += u
             compressed += c
             encodings.add(_PLAIN)
         data_offset = self.offset
         for enc, n, body in pages:
-            u, c = self._put(body, _DATA_PAGE, n, enc)
+            u, c = self._put(body, _DATA_PAGE, n, enc, written)
             uncompressed += u
             compressed += c
             encodings.add(enc)
+        totals = (uncompressed, compressed, tuple(sorted(encodings)))
+        if written is not None:
+            if len(memo) >= 64:
+                memo.clear()
+            memo[key] = (b"".join(written), dict_offset - start if dict_offset else -1,
+                         data_offset - start, totals, state)  # fmt: skip
+        return self._chunk_meta(spec, state, dict_offset, data_offset, totals)
+
+    def _chunk_meta(self, spec: ColumnSpec, state: np.ndarray, dict_offset: int | None,
+                    data_offset: int, totals: tuple) -> tuple[_Struct, int]:  # fmt: skip
+        """A chunk's ColumnChunk (its pages written at the offsets given,
+        ``totals``: their sizes and encodings) and its uncompressed size."""
+        uncompressed, compressed, encodings = totals
         st = state
         stats = _Struct()
         if st[pp.ST_SEEN]:
@@ -349,7 +386,7 @@ class ParquetFileWriter:
         else:
             stats.i64(3, int(st[pp.ST_NULLS]))
         meta = (
-            _Struct().i32(1, spec.physical).i32s(2, sorted(encodings)).strings(3, [spec.name])
+            _Struct().i32(1, spec.physical).i32s(2, encodings).strings(3, [spec.name])
             .i32(4, _ZSTD if self.codec is not None else _UNCOMPRESSED)
             .i64(5, int(st[pp.ST_VALUES])).i64(6, uncompressed).i64(7, compressed)
             .i64(9, data_offset)
@@ -359,8 +396,10 @@ class ParquetFileWriter:
         meta.struct(12, stats)
         return _Struct().i64(2, 0).struct(3, meta), uncompressed
 
-    def _put(self, body: bytes, kind: int, n: int, encoding: int) -> tuple[int, int]:
-        """Write one page; its uncompressed and compressed sizes, headers included."""
+    def _put(self, body: bytes, kind: int, n: int, encoding: int,
+             written: list[bytes] | None = None) -> tuple[int, int]:  # fmt: skip
+        """Write one page (and add its bytes to ``written``); its
+        uncompressed and compressed sizes, headers included."""
         data = body if self.codec is None else self.codec.compress(body, asbytes=True)
         h = _Struct().i32(1, kind).i32(2, len(body)).i32(3, len(data))
         if kind == _DATA_PAGE:
@@ -370,6 +409,8 @@ class ParquetFileWriter:
         head = h.done()
         self.file.write(head)
         self.file.write(data)
+        if written is not None:
+            written += (head, data)
         self.offset += len(head) + len(data)
         return len(head) + len(body), len(head) + len(data)
 
@@ -402,6 +443,22 @@ class ParquetFileWriter:
 def _int32(v: int) -> int:
     v &= 0xFFFFFFFF
     return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _constant_key(spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple | None:
+    """The memo key of a chunk whose pieces' columns are broadcasts of one
+    value (a stride of 0), else None."""
+    value = None
+    for cols, _ in pieces:
+        a = cols[spec.name]
+        if a.ndim != 1 or a.strides[0] != 0 or not a.shape[0]:
+            return None
+        v = a[0].item()
+        if value is not None and v != value:
+            return None
+        value = v
+    return (spec.name, str(spec.kind), spec.encoding, spec.null, value,
+            tuple(n for _, n in pieces))  # fmt: skip
 
 
 def _encodable(a: np.ndarray) -> np.ndarray:
