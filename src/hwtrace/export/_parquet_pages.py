@@ -513,6 +513,21 @@ def place_entries(keys, slots, entries, count):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def one_value(values):
+    """Whether every one of ``values`` (at least one) is the first."""
+    v0 = values[0]
+    for lo in range(0, values.shape[0], 4096):
+        # (or'ed a stretch at a time: vectorised, and an early way out)
+        stretch = values[lo : min(lo + 4096, values.shape[0])]
+        differ = stretch[0] ^ v0
+        for t in range(stretch.shape[0]):
+            differ |= stretch[t] ^ v0
+        if differ != 0:
+            return False
+    return True
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def index_values(values, keys, slots, entries, count, out):
     """``out[i]``: the index of ``values[i]`` among a table's ``count``
     entries (``entries`` in the order first seen, ``keys``/``slots`` its

@@ -271,6 +271,10 @@ class Names:
         index, new = known.index(ip)
         if new.shape[0]:
             known.learn(*_space_ids(q, self, space, new, table))
+        image = known.image[: known.count]
+        if image.shape[0] and pages.one_value(image):
+            # (mostly one file: no need to look it up a row)
+            return known.symbol[index], _same(image[0], index.shape[0], np.int64)
         return known.symbol[index], known.image[index]
 
     def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -439,20 +443,21 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray]:
     q = b.queue
     sym, img = _ids(b, names)
     offset = np.asarray(b.offset, np.int64) if b.offset is not None else _same(-1, n, np.int64)
+    one = b.uniform
     return {
         "queue": _same(q.index, n, np.int32),
         "cpu": _same(q.cpu, n, np.int32),
-        "tid": _one_value(b.tid, np.int64),
-        "pid": _one_value(b.pid, np.int64),
+        "tid": _one_value(b.tid, np.int64, "tid" in one),
+        "pid": _one_value(b.pid, np.int64, "pid" in one),
         "time": np.asarray(b.ns, np.int64),
         "duration": np.asarray(b.duration, np.int64),
         "ip": np.asarray(b.ip, np.uint64),
         "instructions": np.asarray(b.ninsn, np.int64),
-        "mode": _one_value(b.mode, np.uint8),
-        "space": _one_value(b.image, np.int32),
+        "mode": _one_value(b.mode, np.uint8, "mode" in one),
+        "space": _one_value(b.image, np.int32, "image" in one),
         "symbol": sym,
         "image": _one_value(img, np.int64),
-        "row": b.row + np.arange(n, dtype=np.int64),
+        "row": np.arange(b.row, b.row + n, dtype=np.int64),
         "gap": _one_value(b.gap, np.bool_),
         "trace_offset": offset,
     }
@@ -464,11 +469,13 @@ def _same(value: int, n: int, kind: type) -> np.ndarray:
     return np.broadcast_to(np.array(value, kind), (n,))
 
 
-def _one_value(values: np.ndarray, kind: type) -> np.ndarray:
+def _one_value(values: np.ndarray, kind: type, known: bool = False) -> np.ndarray:
     """``values`` as ``kind``: a broadcast of one when all are the same
-    (most columns of a batch of one thread are)."""
+    (most columns of a batch of one thread are; ``known``: they are)."""
     values = np.asarray(values)
-    if values.shape[0] and values[0] == values[-1] and (values == values[0]).all():
+    if values.shape[0] and (known or values.strides[0] == 0):
+        return _same(values[0], values.shape[0], kind)
+    if values.shape[0] and values[0] == values[-1] and pages.one_value(values):
         return _same(values[0], values.shape[0], kind)
     return np.asarray(values, kind)
 

@@ -641,6 +641,9 @@ class PerfBlocks:
     #: the PTWRITE payloads among these blocks (None: none)
     ptw: PtwMarks | None = None
     offset: np.ndarray | None = None
+    #: columns known to hold one value throughout (no need to look at
+    #: every row to find out; the Parquet writer writes them once)
+    uniform: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return self.ip.shape[0]
@@ -661,6 +664,7 @@ class PerfBlocks:
                 self.queue, *(getattr(self, c)[lo:hi] for c in _COLUMNS), row=self.row + lo,
                 ptw=self.ptw.piece(lo, hi) if self.ptw is not None else None,
                 offset=self.offset[lo:hi] if self.offset is not None else None,
+                uniform=self.uniform,
             )  # fmt: skip
             lo = hi
 
@@ -681,11 +685,13 @@ class PerfBlocks:
             kept &= idx.shape[0] > 0
             ptw = self.ptw.select(kept, np.where(self.ptw.at[kept] > 0, pos[kept] + 1, 0))
         offset = self.offset[which] if self.offset is not None else None
-        return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw, offset=offset)
+        uniform = self.uniform - {"gap"} if gap is not None else self.uniform
+        return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw, offset=offset,
+                          uniform=uniform)  # fmt: skip
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
-        if self.image.shape[0] and (self.image == self.image[0]).all():
+        if self.image.shape[0] and ("image" in self.uniform or (self.image == self.image[0]).all()):
             return [(int(self.image[0]), slice(None))]
         uniq = np.unique(self.image)
         return [(int(u), np.flatnonzero(self.image == u)) for u in uniq.tolist()]
@@ -746,6 +752,7 @@ _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image",
            ("run", np.int32), ("offset", np.int64), ("ns", np.int64), ("tid", np.int64),
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
 _NO_RUN = np.zeros(0, np.int32)
+
 _NO_OFFSET = np.zeros(0, np.int64)
 
 
@@ -767,6 +774,7 @@ class QueueSink(FlowSink):
         *, runs: bool = True,
     ) -> None:  # fmt: skip
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
+        self.runs = runs
         # The decoder's batches as large as the ones passed on (though not
         # so small that it stops for every few blocks, nor so large that its
         # buffers weigh): a full one is passed on without being gathered.
@@ -899,6 +907,7 @@ class QueueSink(FlowSink):
             k = np.concatenate([[0], k])
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
         out = [cols[c] for c, _ in _PASSED if c != "duration"]
+        t = None
         if m:
             store = self.store
             t = store.table()
@@ -916,6 +925,7 @@ class QueueSink(FlowSink):
         self.gap_next = bool((gap_k >= n).any())
         if held:
             gap[0] = self.held["gap"][0]
+        uniform = self._uniform(cols, held, m, rest, t)
         first_row = self.held_row if held else self.rows
         last = k == total - 1
         self.held_stop = int(stop_t[last][-1]) if last.any() else None
@@ -935,12 +945,33 @@ class QueueSink(FlowSink):
             hi = min(lo + self.target, total - 1)
             self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo,
                                  ptw=marks.piece(lo, hi) if len(marks) else None,
-                                 offset=cols["offset"][lo:hi]))  # fmt: skip
+                                 offset=cols["offset"][lo:hi], uniform=uniform))  # fmt: skip
         if total == 1 and len(marks):
             # Only the held block: its marks wait with it.
             self.ptw_pending = PtwMarks.join(
                 [marks, self.ptw_pending] if self.ptw_pending else [marks]
             )
+
+    def _uniform(
+        self, cols: dict[str, np.ndarray], held: int, m: int, rest: int,
+        table: Mapping[str, np.ndarray] | None,
+    ) -> frozenset[str]:  # fmt: skip
+        """The columns of a batch known to hold one value throughout
+        without a pass over its rows: the run when not asked for, the
+        thread and process of a per-thread queue, the mode and address
+        space when every block the store holds has the same (and the few
+        rows after it, and the held one, too)."""
+        uniform = set()
+        if not self.runs:
+            uniform.add("run")
+        if self.threads[1] >= 0:
+            uniform |= {"tid", "pid"}
+        if table is not None and rest <= 1 << 13:
+            for c in ("mode", "image"):
+                v = cols[c]
+                if (table[c] == v[0]).all() and (v[held + m :] == v[0]).all():
+                    uniform.add(c)
+        return frozenset(uniform)
 
     def _attribute_rows(
         self, batch: Mapping[str, np.ndarray | int] | None, n: int, at: int,
