@@ -186,7 +186,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..export.parquet import (
-        ROW_GROUP,
+        BATCH_ROWS,
         FlowParquetWriter,
         FunctionCallRows,
         Names,
@@ -237,7 +237,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     try:
         with progress:
             if decode_distributed is None:
-                flow = decode_session(PROG, opened, on_blocks, batch_rows=ROW_GROUP, runs=False)
+                flow = decode_session(PROG, opened, on_blocks, batch_rows=BATCH_ROWS, runs=False)
             elif opened.calls:
                 # Cut to calls: the blocks pass through the call filter here.
                 flow = decode_distributed[0](str(a.input), take, workers=a.workers or 0,

@@ -48,6 +48,7 @@ from .parquet_file import ParquetFileWriter, Piece, _Scratch, column_specs
 from .query import FORMAT, read_meta
 
 __all__ = [
+    "BATCH_ROWS",
     "BLOCKS_SCHEMA",
     "FORMAT",
     "FlowParquetWriter",
@@ -90,10 +91,15 @@ BLOCKS_SCHEMA = pa.schema(
         ("trace_offset", pa.int64()),
     ]
 )
-#: Rows per row group: also the batch a decode to Parquet asks the stream
-#: for, so that a row group's column is one page.
+#: Rows per row group at least (a partition's rows wait until there are
+#: as many).
 ROW_GROUP = 1 << 17
-#: Rows per part file at most (32 row groups of the default size); a
+#: Rows of the batches a decode to Parquet asks the stream for: a batch
+#: is then a row group and its columns one page each (the stream passes on
+#: a row fewer than asked, the last block waiting for its duration), and
+#: the work per batch (Python's, numpy's) is spread over many rows.
+BATCH_ROWS = 1 << 18
+#: Rows per part file at most (16 batches of a decode to Parquet); a
 #: partition with more is written as several files.
 FILE_ROWS = 1 << 22
 #: Parquet encodings per column (Apache Parquet "Encodings"): dictionaries
@@ -1088,7 +1094,7 @@ def write_dataset(
         tids.update(threads_of(b))
 
     try:
-        flow = session.decode(take, batch_rows=ROW_GROUP, runs=False)
+        flow = session.decode(take, batch_rows=BATCH_ROWS, runs=False)
         return finish_dataset(writer, flow, tids)
     except BaseException:
         writer.abort()
