@@ -513,6 +513,17 @@ def place_entries(keys, slots, entries, count):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def min_max(values):
+    """The least and the greatest of ``values`` (at least one), in one pass."""
+    lo = values[0]
+    hi = values[0]
+    for i in range(values.shape[0]):
+        lo = min(lo, values[i])
+        hi = max(hi, values[i])
+    return lo, hi
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def one_value(values):
     """Whether every one of ``values`` (at least one) is the first."""
     v0 = values[0]

@@ -903,7 +903,7 @@ class FlowParquetWriter:
         them all."""
         ns = np.asarray(ns, np.int64)
         if ns.shape[0]:
-            lo, hi = int(ns.min()), int(ns.max())
+            lo, hi = pages.min_max(ns)
             if lo >= 0 and lo // self.bucket_ns == hi // self.bucket_ns:
                 return lo // self.bucket_ns
         return np.where(ns >= 0, ns // self.bucket_ns, -1)
@@ -1042,7 +1042,7 @@ def threads_of(b: PerfBlocks) -> list[int]:
     if not len(b):
         return []
     first = int(b.tid[0])
-    if (b.tid == first).all():
+    if "tid" in b.uniform or (b.tid == first).all():
         return [first]
     return np.unique(b.tid).tolist()
 
