@@ -413,11 +413,11 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
     128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
     where the non-null values are gathered when some are null; ``deltas``:
-    int64 scratch of ``n``).  The deltas, with the values' range, are taken
-    in one pass over the page, then each block's minimum and its
-    miniblocks' widths (the bits of their values or'ed); a block of one
-    delta (rows, a time that does not move) is told by or'ing and packs
-    nothing."""
+    int64 scratch of at least 128).  A block at a time, its deltas in a
+    buffer that stays in cache: the deltas with the values' range, then the
+    block's minimum and its miniblocks' widths (the bits of their values
+    or'ed); a block of one delta (rows, a time that does not move) is told
+    by or'ing and packs nothing."""
     nulls = state[ST_NULLS]
     pos = _levels(out, values, n, null, state, levels)
     m = n - (state[ST_NULLS] - nulls)  # the values stored
@@ -438,18 +438,19 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
     pos = _zigzag(out, pos, first)
     low = first
     high = first
-    for j in range(1, m):
-        v = np.int64(src[j])
-        deltas[j] = v - np.int64(src[j - 1])
-        low = min(low, v)
-        high = max(high, v)
-    _merge(state, low, high, m)
+    blk = deltas[:128]
     done = 1
     while done < m:
         cnt = min(128, m - done)
-        # (indices into a slice from a range are known not negative: numba
+        # (indices into slices from ranges are known not negative: numba
         # leaves out its check for negative indices, and the loops vectorise)
-        blk = deltas[done : done + cnt]
+        seg = src[done - 1 : done + cnt]
+        for j in range(cnt):
+            blk[j] = np.int64(seg[j + 1]) - np.int64(seg[j])
+        for j in range(cnt):
+            v = np.int64(seg[j + 1])
+            low = min(low, v)
+            high = max(high, v)
         dmin = blk[0]
         differ = np.int64(0)
         for j in range(cnt):
@@ -473,6 +474,7 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
                 pos = _pack(out, pos, part, 0, part.shape[0], 32, width, dmin)
             out[widths_at + mb] = width
         done += cnt
+    _merge(state, low, high, m)
     return pos
 
 
