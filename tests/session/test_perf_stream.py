@@ -105,14 +105,18 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
     assert [b.row for b in got] == list(itertools.accumulate([0] + [len(b) for b in got[:-1]]))
     for c in COLUMNS:
         np.testing.assert_array_equal(np.concatenate([getattr(b, c) for b in got]), want[c], c)
-    # What a batch says holds one value does (a per-thread queue's thread
-    # and process; the run, when not asked for).
+    # Without the run asked for, a batch says which columns hold one value
+    # (a per-thread queue's thread and process, the run), and they do.
     for b in got:
-        assert {"tid", "pid"} <= b.uniform or b is got[-1]
-        assert ("run" in b.uniform) == (not runs) or b is got[-1]
+        if runs:
+            assert not b.uniform
+        elif b is not got[-1]:
+            assert {"tid", "pid", "run"} <= b.uniform
         for c in b.uniform:
             v = getattr(b, c)
             assert (v == v[0]).all(), c
+        dense = b.dense()
+        assert all(getattr(dense, c).flags.c_contiguous for c in COLUMNS)
     assert (q.block_duration > 0).any() and (q.block_ns >= 0).all()
     ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
     np.testing.assert_array_equal(ips, expected)

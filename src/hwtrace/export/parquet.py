@@ -1106,7 +1106,7 @@ class FunctionCallRows:
     every call of every thread, from the per-thread stack of calls
     ``funclatency`` walks (:mod:`hwtrace.analysis.latency`), so a call's
     instructions are the same: its entry through its return.  Call
-    :attr:`feed` on each batch of blocks, then :meth:`write`."""
+    :meth:`feed` on each batch of blocks, then :meth:`write`."""
 
     def __init__(self) -> None:
         # (the latency walk compiles loops: loaded when calls are asked for)
@@ -1115,17 +1115,22 @@ class FunctionCallRows:
         from ..analysis.patterns import PatternSet
 
         self.profiler = LatencyProfiler(PatternSet(), keep=True, every_call=True)
-        self.feed = LatencyFeed(self.profiler)
+        self.latency = LatencyFeed(self.profiler)
+
+    def feed(self, b: PerfBlocks) -> None:
+        """Walk a batch's calls (its columns whole, as the walk's loops
+        take them)."""
+        self.latency(b.dense())
 
     def write(self, writer: FlowParquetWriter) -> dict[str, int]:
         """The calls into ``writer``'s ``function_calls``; what to note in
         the metadata."""
-        result = self.feed.result()
+        result = self.latency.result()
         iv = result.intervals
         heads = np.array([addr for _, addr in result.paths] or [0], np.uint64)
         entry = heads[iv.path] if len(iv) else np.zeros(0, np.uint64)
         uniq, inverse = np.unique(entry, return_inverse=True)
-        names = np.array([self.feed.name(int(x), with_module=True) or f"{int(x):#x}"
+        names = np.array([self.latency.name(int(x), with_module=True) or f"{int(x):#x}"
                           for x in uniq.tolist()] or [""], object)  # fmt: skip
         writer.write_calls({
             "tid": iv.key, "cpu": iv.cpu.astype(np.int32), "entry": entry,
@@ -1135,4 +1140,4 @@ class FunctionCallRows:
         return {"function_calls": len(iv), "function_calls_dropped_for_gaps": result.gapped_calls}
 
     def close(self) -> None:
-        self.feed.close()
+        self.latency.close()

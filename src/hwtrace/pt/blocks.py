@@ -276,13 +276,20 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, ip, ninsn, mode, image):
     """The block of each of a store's ``keys`` (into the distinct blocks
-    ``k_*``), into the columns given."""
-    for i in range(keys.shape[0]):
-        key = keys[i]
-        ip[i] = k_ip[key]
-        ninsn[i] = k_ninsn[key]
-        mode[i] = k_mode[key]
-        image[i] = k_image[key]
+    ``k_*``), into the columns given (an empty column is not written)."""
+    n = keys.shape[0]
+    if ip.shape[0] >= n:
+        for i in range(n):
+            ip[i] = k_ip[keys[i]]
+    if ninsn.shape[0] >= n:
+        for i in range(n):
+            ninsn[i] = k_ninsn[keys[i]]
+    if mode.shape[0] >= n:
+        for i in range(n):
+            mode[i] = k_mode[keys[i]]
+    if image.shape[0] >= n:
+        for i in range(n):
+            image[i] = k_image[keys[i]]
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)

@@ -45,6 +45,7 @@ def attribute_rows(
     ``offset``: empty when the batch has none, -1 then).  Threads: ``tid``
     and ``pid`` for every row when ``tid`` >= 0, else the CPU's switches
     (``switch_time`` sorted, the thread and process each switched to).
+    An empty ``out_`` column is not written (a column of one value).
     The durations come after, for all rows (:func:`durations_of`)."""
     n = ip.shape[0]
     have = conv[CONV_HAVE] != 0
@@ -56,23 +57,28 @@ def attribute_rows(
     o_ip, o_ninsn, o_mode = out_ip[at:], out_ninsn[at:], out_mode[at:]
     o_image, o_run, o_offset = out_image[at:], out_run[at:], out_offset[at:]
     o_ns, o_tid, o_pid = out_ns[at:], out_tid[at:], out_pid[at:]
-    for i in range(n):
-        o_ip[i] = ip[i]
-    for i in range(n):
-        o_ninsn[i] = ninsn[i]
-    for i in range(n):
-        o_mode[i] = mode[i]
+    # (a loop writes a column only when it has the rows: an empty one is
+    # left alone; slice assignments clip)
+    if o_ip.shape[0] >= n:
+        for i in range(n):
+            o_ip[i] = ip[i]
+    if o_ninsn.shape[0] >= n:
+        for i in range(n):
+            o_ninsn[i] = ninsn[i]
+    if o_mode.shape[0] >= n:
+        for i in range(n):
+            o_mode[i] = mode[i]
     if image.shape[0] == 1:
         o_image[:n] = image[0]
-    else:
+    elif o_image.shape[0] >= n:
         for i in range(n):
             o_image[i] = image[i]
-    if run.shape[0] == n:
+    if run.shape[0] == n and o_run.shape[0] >= n:
         for i in range(n):
             o_run[i] = run[i]
     else:
         o_run[:n] = -1
-    if offset.shape[0] == n:
+    if offset.shape[0] == n and o_offset.shape[0] >= n:
         for i in range(n):
             o_offset[i] = offset[i]
     else:
@@ -86,7 +92,7 @@ def attribute_rows(
     if tid >= 0:
         o_tid[:n] = tid
         o_pid[:n] = pid
-    else:
+    elif o_tid.shape[0] >= n and o_pid.shape[0] >= n:
         k = -1
         for i in range(n):
             k = _switch_at(switch_time, max(o_ns[i], np.int64(0)), k)
@@ -127,7 +133,8 @@ def attribute_stored(
     """:func:`attribute_rows` of the rows a block store holds (``keys``
     into the distinct blocks ``k_*``; the trace offset's steps from
     ``off_base``; the time's change points ``t_row``, ``t_val``): the
-    time, thread and process once per change of time; ``run`` -1."""
+    time, thread and process once per change of time; ``run`` -1.  An
+    empty ``out_`` column is not written."""
     n = keys.shape[0]
     shift = np.uint64(conv[CONV_SHIFT])
     mult = np.uint64(conv[CONV_MULT])

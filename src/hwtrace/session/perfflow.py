@@ -642,11 +642,23 @@ class PerfBlocks:
     ptw: PtwMarks | None = None
     offset: np.ndarray | None = None
     #: columns known to hold one value throughout (no need to look at
-    #: every row to find out; the Parquet writer writes them once)
+    #: every row to find out; the Parquet writer writes them once); in a
+    #: stream whose run is not asked for they are read-only broadcasts of
+    #: it (:meth:`dense` makes arrays of them)
     uniform: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return self.ip.shape[0]
+
+    def dense(self) -> PerfBlocks:
+        """The batch with every column an array of its own (a column of one
+        value may be a read-only broadcast of it, see :attr:`uniform`), as
+        compiled loops take them."""
+        if not self.uniform:
+            return self
+        cols = [np.ascontiguousarray(getattr(self, c)) for c in _COLUMNS]
+        return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw, offset=self.offset,
+                          uniform=self.uniform)  # fmt: skip
 
     def split(self, max_insn: int) -> Iterator[PerfBlocks]:
         """The blocks in consecutive pieces of at most ``max_insn``
@@ -752,6 +764,14 @@ _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image",
            ("run", np.int32), ("offset", np.int64), ("ns", np.int64), ("tid", np.int64),
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
 _NO_RUN = np.zeros(0, np.int32)
+# Empty columns to attribute into: a column of one value is not written.
+_NOWHERE = {c: np.zeros(0, kind) for c, kind in _PASSED}
+
+
+def _one_row(value: object, n: int, kind: type) -> np.ndarray:
+    """``n`` rows of ``value``: a read-only broadcast of one."""
+    return np.broadcast_to(np.array(value, kind), (n,))
+
 
 _NO_OFFSET = np.zeros(0, np.int64)
 
@@ -894,10 +914,13 @@ class QueueSink(FlowSink):
         # The columns passed on: the held block, then the gathered ones
         # (new arrays: whoever takes a batch may keep it), attributed in one
         # compiled pass.
-        cols = {c: np.empty(total, t) for c, t in _PASSED}
+        t = self.store.table() if m else None
+        one = self._uniform(held, m, rest, batch, t)
+        cols = {c: _one_row(one[c], total, kind) if c in one else np.empty(total, kind)
+                for c, kind in _PASSED}  # fmt: skip
         if held:
             for c, v in cols.items():
-                if c != "duration":
+                if c != "duration" and c not in one:
                     v[0] = self.held[c][0]
         # Blocks after which tracing stopped, numbered in ``cols``.
         k = stop_k - 1 + held
@@ -906,11 +929,10 @@ class QueueSink(FlowSink):
         if held and self.held_stop is not None:
             k = np.concatenate([[0], k])
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
-        out = [cols[c] for c, _ in _PASSED if c != "duration"]
-        t = None
+        # (columns of one value are not written: an empty array in their place)
+        out = [_NOWHERE[c] if c in one else cols[c] for c, _ in _PASSED if c != "duration"]
         if m:
             store = self.store
-            t = store.table()
             attribute_stored(
                 store.key_column(), t["ip"], t["ninsn"], t["mode"], t["image"],
                 *store.offset_steps(), *store.time_changes(), held, *self.threads, *out,
@@ -925,7 +947,7 @@ class QueueSink(FlowSink):
         self.gap_next = bool((gap_k >= n).any())
         if held:
             gap[0] = self.held["gap"][0]
-        uniform = self._uniform(cols, held, m, rest, t)
+        uniform = frozenset(one)
         first_row = self.held_row if held else self.rows
         last = k == total - 1
         self.held_stop = int(stop_t[last][-1]) if last.any() else None
@@ -953,25 +975,38 @@ class QueueSink(FlowSink):
             )
 
     def _uniform(
-        self, cols: dict[str, np.ndarray], held: int, m: int, rest: int,
+        self, held: int, m: int, rest: int, batch: Mapping[str, np.ndarray | int] | None,
         table: Mapping[str, np.ndarray] | None,
-    ) -> frozenset[str]:  # fmt: skip
-        """The columns of a batch known to hold one value throughout
-        without a pass over its rows: the run when not asked for, the
-        thread and process of a per-thread queue, the mode and address
-        space when every block the store holds has the same (and the few
-        rows after it, and the held one, too)."""
-        uniform = set()
-        if not self.runs:
-            uniform.add("run")
+    ) -> dict[str, int]:  # fmt: skip
+        """The columns of the next batch known to hold one value throughout,
+        with it, found without a pass over its rows: the run (not asked
+        for), the thread and process of a per-thread queue, the mode and
+        address space when every block the store holds has the same (and
+        the few rows after it, and the held one, too).  Those are passed on
+        as read-only broadcasts of the value and not written a row.  Only
+        when the run is not asked for (a decode to Parquet): other streams'
+        takers run compiled loops on whole columns."""
+        if self.runs:
+            return {}
+        one = {"run": -1}
         if self.threads[1] >= 0:
-            uniform |= {"tid", "pid"}
-        if table is not None and rest <= 1 << 13:
-            for c in ("mode", "image"):
-                v = cols[c]
-                if (table[c] == v[0]).all() and (v[held + m :] == v[0]).all():
-                    uniform.add(c)
-        return frozenset(uniform)
+            one["tid"], one["pid"] = int(self.threads[1]), int(self.threads[2])
+        if table is None or rest > 1 << 13:
+            return one
+        src = batch if batch is not None else self.gather
+        for c in ("mode", "image"):
+            first = self.held[c][0] if held else table[c][0]
+            if not (table[c] == first).all():
+                continue
+            r = src[c] if rest else np.zeros(0, np.int64)
+            if np.ndim(r) == 0 or r.shape[0] == 1:
+                # (the decoder's batch gives one value for all its rows)
+                same = np.ndim(r) == 0 or r[0] == first
+            else:
+                same = bool((r[:rest] == first).all())
+            if same:
+                one[c] = int(first)
+        return one
 
     def _attribute_rows(
         self, batch: Mapping[str, np.ndarray | int] | None, n: int, at: int,
