@@ -203,3 +203,40 @@ def test_columns_of_one_value_given_as_broadcasts_write_the_same_bytes(
     for f in range(2):
         assert out["broadcast", f] == out["arrays", f]
     assert pq.read_table(pa.BufferReader(out["broadcast", 1])).num_rows == sum(map(sum, groups))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    first=st.integers(-(2**40), 2**40),
+    groups=st.lists(st.lists(st.integers(1, 700), min_size=1, max_size=3), min_size=1, max_size=4),
+    encoding=st.sampled_from(["delta", "plain", "dictionary"]),
+)
+def test_row_numbers_write_what_their_values_do(tmp_path_factory, first, groups, encoding):
+    """A column of row numbers given as RowNumbers (not held in memory) is
+    written byte for byte as the same numbers in an array are, in pages
+    of any length (a delta page is made without the encoder)."""
+    from hwtrace.export.parquet_file import RowNumbers
+
+    schema = pa.schema([("row", pa.int64()), ("x", pa.int32())])
+    enc = {"dictionary": [], "delta": []}
+    if encoding != "plain":
+        enc[encoding].append("row")
+    specs = column_specs(schema, enc, {})
+    out = {}
+    for style in ("lazy", "array"):
+        path = tmp_path_factory.mktemp("pq") / f"{style}.parquet"
+        w = ParquetFileWriter(path, schema, specs, None, "zstd")
+        at = first
+        for sizes in groups:
+            pieces = []
+            for n in sizes:
+                rows = RowNumbers(at - 5, n + 9)[5 : 5 + n]  # (a slice, as partitions cut)
+                col = rows if style == "lazy" else np.arange(at, at + n, dtype=np.int64)
+                pieces.append(({"row": col, "x": np.full(n, 7, np.int32)}, n))
+                at += n
+            w.write_row_group(pieces)
+        w.close()
+        out[style] = path.read_bytes()
+    assert out["lazy"] == out["array"]
+    got = pq.read_table(pa.BufferReader(out["lazy"])).column("row").to_numpy()
+    np.testing.assert_array_equal(got, np.arange(first, at))

@@ -44,7 +44,7 @@ from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
-from .parquet_file import ParquetFileWriter, Piece, _Scratch, column_specs
+from .parquet_file import ParquetFileWriter, Piece, RowNumbers, _Scratch, column_specs
 from .query import FORMAT, read_meta
 
 __all__ = [
@@ -463,7 +463,7 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray]:
         "space": _one_value(b.image, np.int32, "image" in one),
         "symbol": sym,
         "image": _one_value(img, np.int64),
-        "row": np.arange(b.row, b.row + n, dtype=np.int64),
+        "row": RowNumbers(b.row, n),
         "gap": _one_value(b.gap, np.bool_),
         "trace_offset": offset,
     }
@@ -491,7 +491,7 @@ def _table(columns: Mapping[str, np.ndarray], schema: pa.Schema,
     """Numpy columns as an Arrow table, with their nulls."""
     arrays = []
     for f in schema:
-        v = columns[f.name]
+        v = np.asarray(columns[f.name])
         rule = nulls.get(f.name, pages.NOT_NULL)
         missing = None if rule == pages.NOT_NULL else (v < 0 if rule == pages.NULL_IF_NEGATIVE
                                                        else v == 0)  # fmt: skip

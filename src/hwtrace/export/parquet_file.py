@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from . import _parquet_pages as pp
 
-__all__ = ["ColumnSpec", "ParquetFileWriter", "column_specs"]
+__all__ = ["ColumnSpec", "ParquetFileWriter", "RowNumbers", "column_specs"]
 
 # Thrift compact protocol types (Apache Thrift, "Thrift Compact protocol").
 _T_TRUE, _T_FALSE, _T_I8, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
@@ -238,8 +238,62 @@ class _Scratch:
         self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
 
 
-#: A piece of rows: its columns (numpy arrays by name) and its row count.
-Piece = tuple[Mapping[str, np.ndarray], int]
+class RowNumbers:
+    """The column ``first``, ``first + 1``, ... of ``n`` rows, not held in
+    memory (rows numbered along a queue): a DELTA_BINARY_PACKED page of it
+    is a few header bytes and a zero-width block per 128 rows, written
+    without looking at a row.  Slices as a numpy array does;
+    ``numpy.asarray`` gives its values."""
+
+    __slots__ = ("first", "n")
+    ndim = 1
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, first: int, n: int) -> None:
+        self.first, self.n = int(first), int(n)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, rows: slice) -> RowNumbers:
+        lo, hi, step = rows.indices(self.n)
+        if step != 1:
+            raise IndexError("row numbers slice with a step of 1 only")
+        return RowNumbers(self.first + lo, max(hi - lo, 0))
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        return np.arange(self.first, self.first + self.n, dtype=dtype or np.int64)
+
+
+def _row_numbers_page(rows: RowNumbers, state: np.ndarray) -> bytes:
+    """:func:`~._parquet_pages.encode_delta`'s page of ``rows`` (no nulls),
+    byte for byte, and its statistics into ``state``."""
+    n, first = rows.n, rows.first
+    # Definition levels: one RLE run of n ones, after its four-byte length.
+    levels = _varint(n << 1) + b"\x01"
+    head = struct.pack("<I", len(levels)) + levels
+    head += _varint(128) + _varint(4) + _varint(n) + _zz(first)
+    # Each block of (up to) 128 deltas of 1: its minimum (zigzag 1) and four
+    # miniblock widths of 0.
+    body = b"\x02\x00\x00\x00\x00" * ((n - 1 + 127) // 128)
+    state[pp.ST_VALUES] += n
+    if n:
+        lo, hi = first, first + n - 1
+        if state[pp.ST_SEEN] == 0 or lo < state[pp.ST_MIN]:
+            state[pp.ST_MIN] = lo
+        if state[pp.ST_SEEN] == 0 or hi > state[pp.ST_MAX]:
+            state[pp.ST_MAX] = hi
+        state[pp.ST_SEEN] += n
+    return head + body
+
+
+#: A piece of rows: its columns (numpy arrays, or RowNumbers, by name) and
+#: its row count.
+Piece = tuple[Mapping[str, "np.ndarray | RowNumbers"], int]
 
 
 class ParquetFileWriter:
@@ -293,7 +347,13 @@ class ParquetFileWriter:
         pages = []
         dictionary = spec.encoding == "dictionary"
         for cols, n in pieces:
-            values = _encodable(cols[spec.name])
+            values = cols[spec.name]
+            if isinstance(values, RowNumbers):
+                if spec.encoding == "delta" and spec.null == pp.NOT_NULL:
+                    pages.append((_DELTA_BINARY_PACKED, n, _row_numbers_page(values[:n], state)))
+                    continue
+                values = np.asarray(values)
+            values = _encodable(values)
             if spec.physical == _BOOLEAN:
                 size = pp.encode_booleans(values, n, state, s.levels, s.out)
                 pages.append((_PLAIN, n, s.out[:size].tobytes()))
@@ -451,7 +511,7 @@ def _constant_key(spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple | None:
     value = None
     for cols, _ in pieces:
         a = cols[spec.name]
-        if a.ndim != 1 or a.strides[0] != 0 or not a.shape[0]:
+        if not isinstance(a, np.ndarray) or a.ndim != 1 or a.strides[0] != 0 or not a.shape[0]:
             return None
         v = a[0].item()
         if value is not None and v != value:
