@@ -481,9 +481,12 @@ def _one_value(values: np.ndarray, kind: type, known: bool = False) -> np.ndarra
     values = np.asarray(values)
     if values.shape[0] and (known or values.strides[0] == 0):
         return _same(values[0], values.shape[0], kind)
-    if values.shape[0] and values[0] == values[-1] and pages.one_value(values):
-        return _same(values[0], values.shape[0], kind)
-    return np.asarray(values, kind)
+    if not values.shape[0] or values[0] != values[-1]:
+        return np.asarray(values, kind)
+    # (bytes are few: numpy's comparison; wider values, a compiled pass that
+    # stops at the first stretch that differs)
+    same = (values == values[0]).all() if values.itemsize == 1 else pages.one_value(values)
+    return _same(values[0], values.shape[0], kind) if same else np.asarray(values, kind)
 
 
 def _table(columns: Mapping[str, np.ndarray], schema: pa.Schema,
