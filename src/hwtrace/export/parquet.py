@@ -435,9 +435,12 @@ def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.
     return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
-def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray]:
+def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNumbers]:
     """One batch of attributed blocks as numpy columns of
-    :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says).
+    :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says); a column
+    of one value is a read-only broadcast of it, ``row`` a
+    :class:`~.parquet_file.RowNumbers` (``numpy.asarray`` gives either's
+    values).
 
     The rows depend only on the batch: the same batch gives the same rows in
     any process, whatever ``names`` met before (``names`` gathers the
@@ -489,7 +492,7 @@ def _one_value(values: np.ndarray, kind: type, known: bool = False) -> np.ndarra
     return _same(values[0], values.shape[0], kind) if same else np.asarray(values, kind)
 
 
-def _table(columns: Mapping[str, np.ndarray], schema: pa.Schema,
+def _table(columns: Mapping[str, np.ndarray | RowNumbers], schema: pa.Schema,
            nulls: Mapping[str, int]) -> pa.Table:  # fmt: skip
     """Numpy columns as an Arrow table, with their nulls."""
     arrays = []

@@ -764,6 +764,7 @@ _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image",
            ("run", np.int32), ("offset", np.int64), ("ns", np.int64), ("tid", np.int64),
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
 _NO_RUN = np.zeros(0, np.int32)
+_NO_OFFSET = np.zeros(0, np.int64)
 # Empty columns to attribute into: a column of one value is not written.
 _NOWHERE = {c: np.zeros(0, kind) for c, kind in _PASSED}
 
@@ -771,9 +772,6 @@ _NOWHERE = {c: np.zeros(0, kind) for c, kind in _PASSED}
 def _one_row(value: object, n: int, kind: type) -> np.ndarray:
     """``n`` rows of ``value``: a read-only broadcast of one."""
     return np.broadcast_to(np.array(value, kind), (n,))
-
-
-_NO_OFFSET = np.zeros(0, np.int64)
 
 
 class QueueSink(FlowSink):
