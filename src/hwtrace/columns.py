@@ -34,3 +34,9 @@ def distinct(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])
     return a[keep]
+
+
+def repeated(value: object, n: int, kind: type) -> np.ndarray:
+    """``n`` rows of ``value`` as ``kind``: a read-only broadcast of one
+    value (no memory a row), for a column known to hold one value."""
+    return np.broadcast_to(np.array(value, kind), (n,))

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..columns import repeated
 from ..image.symbols import SymbolTable
 from ..pt.decode import Gap
 from ..session import PerfSession
@@ -280,7 +281,7 @@ class Names:
         image = known.image[: known.count]
         if image.shape[0] and pages.one_value(image):
             # (mostly one file: no need to look it up a row)
-            return known.symbol[index], _same(image[0], index.shape[0], np.int64)
+            return known.symbol[index], repeated(image[0], index.shape[0], np.int64)
         return known.symbol[index], known.image[index]
 
     def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -451,11 +452,11 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
     n = len(b)
     q = b.queue
     sym, img = _ids(b, names)
-    offset = np.asarray(b.offset, np.int64) if b.offset is not None else _same(-1, n, np.int64)
+    offset = np.asarray(b.offset, np.int64) if b.offset is not None else repeated(-1, n, np.int64)
     one = b.uniform
     return {
-        "queue": _same(q.index, n, np.int32),
-        "cpu": _same(q.cpu, n, np.int32),
+        "queue": repeated(q.index, n, np.int32),
+        "cpu": repeated(q.cpu, n, np.int32),
         "tid": _one_value(b.tid, np.int64, "tid" in one),
         "pid": _one_value(b.pid, np.int64, "pid" in one),
         "time": np.asarray(b.ns, np.int64),
@@ -472,24 +473,18 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
     }
 
 
-def _same(value: int, n: int, kind: type) -> np.ndarray:
-    """``n`` rows of ``value``, as a read-only broadcast of one (no memory
-    a row; the Parquet writer writes such a column's pages once)."""
-    return np.broadcast_to(np.array(value, kind), (n,))
-
-
 def _one_value(values: np.ndarray, kind: type, known: bool = False) -> np.ndarray:
     """``values`` as ``kind``: a broadcast of one when all are the same
     (most columns of a batch of one thread are; ``known``: they are)."""
     values = np.asarray(values)
     if values.shape[0] and (known or values.strides[0] == 0):
-        return _same(values[0], values.shape[0], kind)
+        return repeated(values[0], values.shape[0], kind)
     if not values.shape[0] or values[0] != values[-1]:
         return np.asarray(values, kind)
     # (bytes are few: numpy's comparison; wider values, a compiled pass that
     # stops at the first stretch that differs)
     same = (values == values[0]).all() if values.itemsize == 1 else pages.one_value(values)
-    return _same(values[0], values.shape[0], kind) if same else np.asarray(values, kind)
+    return repeated(values[0], values.shape[0], kind) if same else np.asarray(values, kind)
 
 
 def _table(columns: Mapping[str, np.ndarray | RowNumbers], schema: pa.Schema,

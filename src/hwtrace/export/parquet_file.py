@@ -282,6 +282,7 @@ def _row_numbers_page(rows: RowNumbers, state: np.ndarray) -> bytes:
     body = b"\x02\x00\x00\x00\x00" * ((n - 1 + 127) // 128)
     state[pp.ST_VALUES] += n
     if n:
+        # (the range as _parquet_pages._merge adds it)
         lo, hi = first, first + n - 1
         if state[pp.ST_SEEN] == 0 or lo < state[pp.ST_MIN]:
             state[pp.ST_MIN] = lo
@@ -386,7 +387,11 @@ class ParquetFileWriter:
         of a scalar: a queue's number, its one thread) is the same bytes as
         the last chunk of that value and page sizes: those are written
         again, not encoded again."""
-        key = _constant_key(spec, pieces)
+        value = _one_value(spec, pieces)
+        key = None
+        if value is not None:
+            key = (spec.name, str(spec.kind), spec.encoding, spec.null, value,
+                   tuple(n for _, n in pieces))  # fmt: skip
         memo = self.scratch.constant_chunks
         if key is not None and key in memo:
             blob, dict_rel, data_rel, totals, state = memo[key]
@@ -397,7 +402,7 @@ class ParquetFileWriter:
                                     start + data_rel, totals)  # fmt: skip
         if key is not None:
             # (encoded once from a real array of the value)
-            pieces = [({spec.name: np.full(n, key[4], cols[spec.name].dtype)}, n)
+            pieces = [({spec.name: np.full(n, value, cols[spec.name].dtype)}, n)
                       for cols, n in pieces]  # fmt: skip
         state = np.zeros(pp.ST_SIZE, np.int64)
         pages, dictionary, dict_count = self._encode(spec, pieces, state)
@@ -505,9 +510,9 @@ def _int32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def _constant_key(spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple | None:
-    """The memo key of a chunk whose pieces' columns are broadcasts of one
-    value (a stride of 0), else None."""
+def _one_value(spec: ColumnSpec, pieces: Sequence[Piece]) -> int | bool | None:
+    """The one value of a chunk whose pieces' columns are broadcasts of it
+    (a stride of 0), else None."""
     value = None
     for cols, _ in pieces:
         a = cols[spec.name]
@@ -517,8 +522,7 @@ def _constant_key(spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple | None:
         if value is not None and v != value:
             return None
         value = v
-    return (spec.name, str(spec.kind), spec.encoding, spec.null, value,
-            tuple(n for _, n in pieces))  # fmt: skip
+    return value
 
 
 def _encodable(a: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..columns import Columns
+from ..columns import Columns, repeated
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -769,11 +769,6 @@ _NO_OFFSET = np.zeros(0, np.int64)
 _NOWHERE = {c: np.zeros(0, kind) for c, kind in _PASSED}
 
 
-def _one_row(value: object, n: int, kind: type) -> np.ndarray:
-    """``n`` rows of ``value``: a read-only broadcast of one."""
-    return np.broadcast_to(np.array(value, kind), (n,))
-
-
 class QueueSink(FlowSink):
     """Gathers the decoder's batches (which end at every event the sideband
     is asked about, so may be a few blocks each) into batches of at most
@@ -914,7 +909,7 @@ class QueueSink(FlowSink):
         # compiled pass.
         t = self.store.table() if m else None
         one = self._uniform(held, m, rest, batch, t)
-        cols = {c: _one_row(one[c], total, kind) if c in one else np.empty(total, kind)
+        cols = {c: repeated(one[c], total, kind) if c in one else np.empty(total, kind)
                 for c, kind in _PASSED}  # fmt: skip
         if held:
             for c, v in cols.items():
