@@ -114,6 +114,9 @@ def _run(cmd: str, rest: list[str]) -> int:
         sys.stderr.write(f"hwtrace: unknown command '{cmd}'\n{USAGE}")
         return 2
     module, function = entry
+    from .dataclass_code import cache_file, install
+
+    install(cache_file(cmd))
     return getattr(importlib.import_module(f"hwtrace.cli.{module}"), function)(rest)
 
 
