@@ -1,5 +1,5 @@
 """Reading a latency profile: histograms, summaries, the longest intervals,
-as text (rich) and as JSON."""
+as text and as JSON."""
 
 from __future__ import annotations
 
@@ -170,16 +170,16 @@ def render(
     title: str,
     console,
 ) -> None:
-    """The intervals of ``kind`` of a profile as text on a rich console."""
-    from rich.markup import escape
-    from rich.table import Table
+    """The intervals of ``kind`` of a profile as text on ``console`` (see
+    :func:`hwtrace.console.text_console`)."""
+    from ..console import TextTable, escape
 
     iv = result.intervals.select(result.intervals.kind == kind)
     markers = [m.name for m in result.patterns.markers]
     s = summarize(result, kind)
     console.print(f"[bold]{title}[/]: {result.instructions:,} instructions, "
                   f"{s.count if s else 0:,} intervals")  # fmt: skip
-    counts = Table(title="marker occurrences", show_edge=False)
+    counts = TextTable(title="marker occurrences")
     counts.add_column("marker")
     counts.add_column("count", justify="right")
     for m, c in zip(markers, result.marker_counts.tolist(), strict=True):
@@ -211,7 +211,7 @@ def render(
                   f"mean {s.dic_mean:,.1f}  max {s.dic_max:,}")  # fmt: skip
     console.print(histogram_text(result.histograms[kind, 0], f"Δt ({unit})"), markup=False)
     console.print(histogram_text(result.histograms[kind, 1], "ΔIC (instructions)"), markup=False)
-    table = Table(title=f"the {min(top, len(iv))} longest", show_edge=False)
+    table = TextTable(title=f"the {min(top, len(iv))} longest")
     columns = ("opened at", key_label, "cpu", f"Δt ({unit})", "±", "ΔIC", "open → close",
                "call path where it opened")  # fmt: skip
     for col in columns:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..console import TextTable, escape, text_console
 from ..textout import fit_paths
 from .common import command_parser
 from .perfinput import decode_session, open_session
@@ -18,10 +19,6 @@ from .perfinput import decode_session, open_session
 def main(argv: Sequence[str]) -> int:
     """Compare the call paths of two recordings of the same program: calls, instructions and time
     per call in each, and the paths only one of them ran."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
     from ..analysis.feed import CallPathProfile
 
@@ -59,13 +56,13 @@ def main(argv: Sequence[str]) -> int:
     ta, tb = tables
     unit = "instructions" if a.by == "insn" else "ns"
     # Wide tables when written to a file or a pipe (rich would use 80 columns).
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    console = text_console(160)
     console.print(
         f"[bold]A[/] {a.a}: {len(ta)} call paths   [bold]B[/] {a.b}: {len(tb)} call paths"
     )
     for title, rows in (("call paths", diff_paths(ta, tb, a.by)),
                         ("functions", diff_functions(ta, tb, a.by))):  # fmt: skip
-        table = Table(title=f"{title}, most different {a.by} first", show_edge=False)
+        table = TextTable(title=f"{title}, most different {a.by} first")
         columns = (title[:-1], "calls A", "calls B", f"{unit}/call A", f"{unit}/call B",
                    "Δ/call", "Δ total", "only in")  # fmt: skip
         for col in columns:

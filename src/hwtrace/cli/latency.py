@@ -107,9 +107,8 @@ def _profile_command(
 
 
 def _run(p: Parser, a: argparse.Namespace, patterns, what: str) -> int:
-    from rich.console import Console
-
     from ..analysis.latency_report import render, to_json
+    from ..console import text_console
 
     if a.pt:
         if a.window or a.events:
@@ -125,7 +124,7 @@ def _run(p: Parser, a: argparse.Namespace, patterns, what: str) -> int:
     result, name, unit, title = got
     kind = R_CALL if what == "funclatency" else R_PAIR
     # Wide tables when written to a file or a pipe (rich would use 80 columns).
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    console = text_console(160)
     key_label = "cpu" if patterns.per == "cpu" else "tid"
     render(result, name, unit, kind, a.top, key_label, title, console)
     if a.json or a.html:

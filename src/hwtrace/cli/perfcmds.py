@@ -43,14 +43,12 @@ def report_main(argv: Sequence[str]) -> int:
 
     add_window_options(p)
     a = p.parse_args(list(argv))
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from ..console import TextTable, escape, text_console
 
     def show(path, n_queues: int, profile, problems, gaps, top: int):
         """``hwtrace report``'s text: the input, its problems and gaps, and
         per thread its top functions by instructions."""
-        console = Console(highlight=False, soft_wrap=True)
+        console = text_console()
         console.print(f"[bold]{escape(str(path))}[/]: {n_queues} trace queue(s), "
                       f"{profile.instructions:,} instructions decoded, "
                       f"{len(gaps)} gap(s)")  # fmt: skip
@@ -67,7 +65,7 @@ def report_main(argv: Sequence[str]) -> int:
                 f"\n[bold]{escape(th.comm)}[/] pid {th.pid} tid {th.tid}: {th.instructions:,} instructions"
                 + (f", {span / 1e3:,.1f} µs from first to last" if span else "")
             )
-            table = Table(show_edge=False)
+            table = TextTable()
             columns = ("function", "instructions", "%", "time (µs)", "%")
             for col in columns:
                 table.add_column(col, justify="left" if col == "function" else "right")

@@ -71,12 +71,10 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _print_table(columns: list[str], rows: list[tuple], limit: int) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from ..console import TextTable, escape, text_console
 
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-    table = Table(show_edge=False)
+    console = text_console(200)
+    table = TextTable()
     for c in columns:
         table.add_column(escape(c))
     for r in rows[:limit]:
@@ -97,11 +95,10 @@ def _cell(v: object) -> str:
 
 
 def _list_views(con) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    from ..console import TextTable, text_console
 
     have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
-    table = Table(show_edge=False)
+    table = TextTable()
     table.add_column("name")
     table.add_column("kind")
     table.add_column("holds")
@@ -111,7 +108,7 @@ def _list_views(con) -> int:
     for name, (_, what) in READY_VIEWS.items():
         if name in have:
             table.add_row(name, "view", what)
-    Console(highlight=False, soft_wrap=True).print(table)
+    text_console().print(table)
     return 0
 
 
