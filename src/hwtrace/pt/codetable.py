@@ -23,7 +23,6 @@ there and the decoder goes on.  The tables only grow between decoder calls.
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
 
 import numpy as np
 
@@ -113,6 +112,13 @@ def hash_find(h_ip, h_mode, h_val, ip, mode):
         if h_ip[s] == ip and h_mode[s] == mode:
             return np.int64(v)
         s = (s + 1) & mask
+
+
+@aot.njit(cache=True, _nrt=False)
+def hash_lookup(h_ip, h_mode, h_val, ip, mode):
+    """:func:`hash_find` called from Python (``ip`` a uint64, ``mode`` an
+    int64: one specialisation)."""
+    return hash_find(h_ip, h_mode, h_val, ip, mode)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -390,7 +396,6 @@ class CodeTable:
         self.image = image
         self.cache = cache if cache is not None else InsnCache(image.read)
         self._sections: dict[int, int] = {}
-        self._index: dict[tuple[int, int], int] = {}  # (ip, mode): hashed entries
         self._alloc_insns(capacity)
         self._alloc_runs(capacity)
         self.counts = np.zeros(_NCOUNTS, np.int64)
@@ -471,7 +476,6 @@ class CodeTable:
         """Forget everything decoded (the image changed)."""
         self.cache.clear()
         self._sections.clear()
-        self._index.clear()
         self._alloc_insns(self.i_ip.shape[0])
         self._alloc_runs(self.r_ip.shape[0])
         self.counts[:C_INDEX] = 0
@@ -575,8 +579,6 @@ class CodeTable:
         if end > first:
             self.i_mode[first:end] = 64
             self.i_adopted[first:end] = 0
-            ips = self.i_ip[first:end].tolist()
-            self._index.update(zip(zip(ips, repeat(64)), range(first, end), strict=False))
             if self.texts is not None:
                 self.texts.extend([""] * (end - first))
         return stop
@@ -586,7 +588,7 @@ class CodeTable:
         at = ip
         for _ in range(FILL_MAX):
             got = self.cache.get(at, mode)
-            if (at, mode) not in self._index:
+            if self.lookup(at, mode) < 0:
                 new.append((at, got))
             if isinstance(got, int) or got.truncated:
                 break
@@ -617,7 +619,7 @@ class CodeTable:
         while todo and len(out) < PREFETCH_MAX:
             at = todo.popleft()
             for _ in range(FILL_MAX):
-                if not lo <= at < hi or at in taken or (at, mode) in self._index:
+                if not lo <= at < hi or at in taken or self.lookup(at, mode) >= 0:
                     break
                 got = self.cache.get(at, mode)
                 if isinstance(got, int) or got.truncated or got.iclass == IClass.UNKNOWN:
@@ -639,11 +641,9 @@ class CodeTable:
         self._grow_insns(n)
         first = self.n_insns
         end = first + n
-        index = self._index
         rows = []
         raw = bytearray(16 * n)
         for j, (at, got) in enumerate(insns):
-            index[(at, mode)] = first + j
             values = _columns_of(got)
             if not isinstance(got, int):
                 values = (*values[:_ISID], self.section_id(at), *values[_ISID + 1 :])
@@ -691,7 +691,7 @@ class CodeTable:
 
     def lookup(self, ip: int, mode: int) -> int:
         """The index of the entry decoded at ``(ip, mode)``, or -1."""
-        return self._index.get((ip, mode), -1)
+        return int(hash_lookup(self.h_ip, self.h_mode, self.h_val, np.uint64(ip), np.int64(mode)))
 
     def insn(self, index: int):
         """The decoded instruction (iced-x86 classified) at table ``index``."""
