@@ -1,5 +1,5 @@
 """Every analysis command runs on a small real input without importing
-numba (nor numpy.ma): its loops come from the native library
+numba (nor numpy.ma, nor rich into a pipe): its loops come from the native library
 (hwtrace.aot), so a command starts like a C tool once the library holds
 them.
 
@@ -36,6 +36,7 @@ RUNNER = (
     "rc = main(json.loads(sys.argv[1]))\n"
     "sys.stderr.write('\\nNUMBA-IMPORTED=%s\\n' % ('numba' in sys.modules))\n"
     "sys.stderr.write('\\nNUMPY-MA-IMPORTED=%s\\n' % ('numpy.ma' in sys.modules))\n"
+    "sys.stderr.write('\\nRICH-IMPORTED=%s\\n' % ('rich' in sys.modules))\n"
     "sys.exit(rc)\n"
 )
 
@@ -131,3 +132,5 @@ def test_command_runs_without_numba(inputs, name):
         # numpy.ma is a fortieth of a second of a start (np.unique's first
         # call imports it: hwtrace.columns.distinct does not).
         assert "NUMPY-MA-IMPORTED=False" in again.stderr, again.stderr[-3000:]
+    # Into a pipe, text goes out without rich (hwtrace.console).
+    assert "RICH-IMPORTED=False" in again.stderr, again.stderr[-3000:]
