@@ -23,6 +23,7 @@ there and the decoder goes on.  The tables only grow between decoder calls.
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -396,6 +397,12 @@ class CodeTable:
         self.image = image
         self.cache = cache if cache is not None else InsnCache(image.read)
         self._sections: dict[int, int] = {}
+        # (ip, mode) -> entry, for the slow paths' lookups an instruction at
+        # a time.  What the compiled fill decodes is in the compiled hash
+        # and joins the dict only when a slow path needs it (_unpended):
+        # most decodings never take one for 64-bit code.
+        self._index: dict[tuple[int, int], int] = {}
+        self._pending: list[tuple[int, int]] = []  # entry ranges not in _index
         self._alloc_insns(capacity)
         self._alloc_runs(capacity)
         self.counts = np.zeros(_NCOUNTS, np.int64)
@@ -476,6 +483,8 @@ class CodeTable:
         """Forget everything decoded (the image changed)."""
         self.cache.clear()
         self._sections.clear()
+        self._index.clear()
+        self._pending.clear()
         self._alloc_insns(self.i_ip.shape[0])
         self._alloc_runs(self.r_ip.shape[0])
         self.counts[:C_INDEX] = 0
@@ -577,18 +586,28 @@ class CodeTable:
         )  # fmt: skip
         end = self.n_insns
         if end > first:
+            self._pending.append((first, end))
             self.i_mode[first:end] = 64
             self.i_adopted[first:end] = 0
             if self.texts is not None:
                 self.texts.extend([""] * (end - first))
         return stop
 
+    def _unpended(self) -> dict[tuple[int, int], int]:
+        """The dict of every entry (the compiled fill's too)."""
+        for first, end in self._pending:
+            ips = self.i_ip[first:end].tolist()
+            self._index.update(zip(zip(ips, repeat(64)), range(first, end), strict=False))
+        self._pending.clear()
+        return self._index
+
     def _fill_slow(self, ip: int, mode: int) -> None:
+        index = self._unpended()
         new: list[tuple[int, object]] = []
         at = ip
         for _ in range(FILL_MAX):
             got = self.cache.get(at, mode)
-            if self.lookup(at, mode) < 0:
+            if (at, mode) not in index:
                 new.append((at, got))
             if isinstance(got, int) or got.truncated:
                 break
@@ -619,7 +638,7 @@ class CodeTable:
         while todo and len(out) < PREFETCH_MAX:
             at = todo.popleft()
             for _ in range(FILL_MAX):
-                if not lo <= at < hi or at in taken or self.lookup(at, mode) >= 0:
+                if not lo <= at < hi or at in taken or (at, mode) in self._index:
                     break
                 got = self.cache.get(at, mode)
                 if isinstance(got, int) or got.truncated or got.iclass == IClass.UNKNOWN:
@@ -641,9 +660,11 @@ class CodeTable:
         self._grow_insns(n)
         first = self.n_insns
         end = first + n
+        index = self._index
         rows = []
         raw = bytearray(16 * n)
         for j, (at, got) in enumerate(insns):
+            index[(at, mode)] = first + j
             values = _columns_of(got)
             if not isinstance(got, int):
                 values = (*values[:_ISID], self.section_id(at), *values[_ISID + 1 :])
@@ -691,7 +712,11 @@ class CodeTable:
 
     def lookup(self, ip: int, mode: int) -> int:
         """The index of the entry decoded at ``(ip, mode)``, or -1."""
-        return int(hash_lookup(self.h_ip, self.h_mode, self.h_val, np.uint64(ip), np.int64(mode)))
+        found = self._index.get((ip, mode), -1)
+        if found < 0 and mode == 64 and self._pending:
+            ip64, mode64 = np.uint64(ip), np.int64(mode)
+            found = int(hash_lookup(self.h_ip, self.h_mode, self.h_val, ip64, mode64))
+        return found
 
     def insn(self, index: int):
         """The decoded instruction (iced-x86 classified) at table ``index``."""
