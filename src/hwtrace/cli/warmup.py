@@ -299,7 +299,10 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         # an instruction the compiled decoding leaves to it): their
         # hashing, else the first real decoding compiles it.
         for mode in (64, 32):
-            CodeTable(image, capacity=16).fill(BASE, mode)
+            table = CodeTable(image, capacity=16)
+            table.fill(BASE, mode)
+            # A lookup from Python of what the compiled fill decoded.
+            table.lookup(BASE, mode)
     elif piece == "perfread":
         from ..image.perfsyms import perf_symbols
         from ..perf.data import PerfData
