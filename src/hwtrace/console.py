@@ -9,8 +9,8 @@ millisecond; into a file or a pipe its output is plain text, so
 rich would, byte for byte, for what the commands print: markup tags
 removed, tables in rich's ``HEAVY_HEAD`` box without edges.  Anything it
 cannot be sure of (a table wider than the console, characters whose
-width is not one cell, control characters, emoji codes, backslashes) it
-hands to rich.  At a terminal rich does everything (styles, terminal
+width is not one cell, control characters, emoji codes, tags it does
+not know) it hands to rich.  At a terminal rich does everything (styles, terminal
 width).
 """
 
@@ -24,7 +24,8 @@ from typing import IO, Any
 # Console markup tags and escapes, as rich.markup finds them.
 _TAG = re.compile(r"((\\*)\[([a-z#/@][^[]*?)])")
 _ESCAPE = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
-# Characters rich would treat specially or give a width other than one.
+# Characters beyond printable ASCII that the commands print and rich gives
+# one cell each.
 _PLAIN_EXTRA = frozenset("…Δµ→←±≈×·°")
 _EMOJI_CODE = re.compile(r":\S*?:")
 
