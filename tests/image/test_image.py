@@ -584,6 +584,34 @@ def test_symbol_table_lookup_handles_nesting_and_gaps():
 
 @settings(max_examples=300, deadline=None)
 @given(
+    st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), max_size=30),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+)
+def test_symbol_table_order_whether_given_sorted_or_not(syms, presorted, bias):
+    """A table's rows are in lexsort's order (start, larger first where
+    starts tie, stable) whether they come sorted (a relocated table, which
+    skips the sort) or not, and a relocation that wraps around 2**64 sorts
+    again."""
+    start = np.array([a for a, _ in syms], np.uint64)
+    size = np.array([b for _, b in syms], np.uint64)
+    if presorted:
+        order = np.lexsort((~size, start))
+        start, size = start[order], size[order]
+    names = [str(i) for i in range(len(syms))]
+    table = SymbolTable(start, size, np.arange(len(syms)), names)
+    want = np.lexsort((~size, start))
+    assert table.start.tolist() == start[want].tolist()
+    assert table.name_index.tolist() == want.tolist()
+    moved = table.relocate(bias)
+    moved_start = table.start + np.uint64(bias % 2**64)
+    again = np.lexsort((~table.size, moved_start))
+    assert moved.start.tolist() == moved_start[again].tolist()
+    assert moved.name_index.tolist() == table.name_index[again].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
     st.lists(st.tuples(st.integers(0, 200), st.integers(1, 60)), min_size=1, max_size=30),
     st.lists(st.integers(0, 300), max_size=200),
 )
