@@ -250,16 +250,26 @@ def _held(v):
     return v
 
 
+_Ref = weakref.ref
+
+
 def _same(held, v) -> bool:
-    """Is ``v`` the very argument ``held`` was made of?"""
-    if isinstance(held, weakref.ref):
+    """Is ``v`` the very argument ``held`` was made of?  (Called for every
+    argument of every loop call: the leaves of a tuple, mostly arrays, are
+    compared here without a call each.)"""
+    kind = type(held)
+    if kind is _Ref:
         return held() is v
-    if isinstance(held, tuple):
-        return (
-            isinstance(v, tuple)
-            and len(v) == len(held)
-            and all(_same(h, x) for h, x in zip(held, v, strict=True))
-        )
+    if kind is tuple:
+        if type(v) is not tuple or len(v) != len(held):
+            return False
+        for h, x in zip(held, v, strict=False):  # lengths checked above
+            if type(h) is _Ref:
+                if h() is not x:
+                    return False
+            elif not _same(h, x):
+                return False
+        return True
     return held is v
 
 
@@ -287,9 +297,17 @@ def _flatten(v, keys: list, flat: list) -> None:
             flat.append(int(v))
 
 
+_ndarray: type | None = None  # numpy's, once numpy is loaded
+
+
 def _is_ndarray(v) -> bool:
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(v, np.ndarray)
+    global _ndarray
+    if _ndarray is None:
+        np = sys.modules.get("numpy")
+        if np is None:
+            return False
+        _ndarray = np.ndarray
+    return isinstance(v, _ndarray)
 
 
 class Buffer:
