@@ -215,7 +215,7 @@ def _forced_terminal() -> bool:
     compatible = os.environ.get("TTY_COMPATIBLE", "")
     if compatible in ("0", "1"):
         return compatible == "1"
-    return os.environ.get("FORCE_COLOR") is not None and os.environ.get("FORCE_COLOR") != ""
+    return bool(os.environ.get("FORCE_COLOR"))
 
 
 def piped_width() -> int:

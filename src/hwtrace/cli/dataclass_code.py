@@ -66,10 +66,12 @@ def _save(path: Path, table: dict[str, CodeType]) -> None:
 def install(path: Path) -> None:
     """Have ``dataclasses`` take its compiled methods from the cache at
     ``path`` (see :func:`cache_file`) from now on in this process."""
+    if os.environ.get("HWTRACE_NO_CODE_CACHE") == "1":
+        return
     import dataclasses
 
-    if os.environ.get("HWTRACE_NO_CODE_CACHE") == "1" or hasattr(dataclasses, "exec"):
-        return
+    if hasattr(dataclasses, "exec"):
+        return  # installed already
     table = _load(path)
     added: list[str] = []
     builtin_exec = builtins.exec
