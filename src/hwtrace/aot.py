@@ -1155,6 +1155,11 @@ def _internalize(mod, keep: set[str], ll) -> None:
     pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=0))
     mpm = ll.create_new_module_pass_manager()
     mpm.add_global_dead_code_eliminate_pass()
+    # Loops take the decoder's state as tuples of arrays, which numba
+    # passes as several words an array (a step function of the flow
+    # decoder ~450 arguments): internal now, callees drop those they
+    # never read (~20-120 left), and every call copies that much less.
+    mpm.add_dead_arg_elimination_pass()
     mpm.add_strip_dead_prototype_pass()
     mpm.run(mod, pb)
 

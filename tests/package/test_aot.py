@@ -399,3 +399,26 @@ def test_argument_types_from_one_print_of_the_function_type():
         fn = mod.get_function(name)
         assert _argument_types(fn) == [str(a.type) for a in fn.arguments]
     assert len(_argument_types(mod.get_function("f"))) == 8
+
+
+def test_the_library_drops_arguments_its_inner_functions_never_read():
+    """Made internal, a callee loses the arguments it does not read (the
+    flow decoder's step functions take hundreds of words of state, of
+    which they read a few), and its callers stop passing them; the entry
+    keeps its own."""
+    import llvmlite.binding as ll
+
+    from hwtrace.aot import _argument_types, _internalize
+
+    ll.initialize_native_target()
+    ll.initialize_native_asmprinter()
+    mod = ll.parse_assembly(
+        "define i64 @inner(i64 %used, i64 %unused1, ptr %unused2) noinline {\n"
+        "  %r = add i64 %used, 1\n  ret i64 %r\n}\n"
+        "define i64 @entry(i64 %a, i64 %b, ptr %p) {\n"
+        "  %r = call i64 @inner(i64 %a, i64 %b, ptr %p)\n  ret i64 %r\n}\n"
+    )
+    _internalize(mod, {"entry"}, ll)
+    assert len(_argument_types(mod.get_function("inner"))) == 1
+    assert len(_argument_types(mod.get_function("entry"))) == 3
+    assert "call i64 @inner(i64 %a)" in str(mod)
