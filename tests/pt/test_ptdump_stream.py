@@ -442,19 +442,24 @@ PLAIN_OPTIONS = [
     st.integers(1, 9),
     st.integers(1, 3000),
     st.integers(1, 3),
+    st.one_of(st.none(), st.integers(0, 5000)),
 )
 def test_plain_dump_is_the_stream_dump(ptdump_library, monkeypatch, seed, options, sync, chunk,
-                                       rows, out, errors):  # fmt: skip
+                                       rows, out, errors, hint):  # fmt: skip
     """ptdump without numpy writes what the numpy driver writes, whatever
     the sizes of its buffers (decode errors carried from table to table,
-    error rows grown)."""
+    error rows grown) and whatever the input's size is said to be."""
     import hwtrace.pt.dumpplain as D
 
     data = _random_stream(seed)
     want = dump_bytes(data, "ptdump", options, sync)
     monkeypatch.setattr(D, "ERROR_ROWS", errors)
-    got = plain_bytes(data, options, sync, chunk_size=chunk, table_rows=rows, out_size=out)
+    got = plain_bytes(data, options, sync, chunk_size=chunk, table_rows=rows, out_size=out,
+                      size_hint=hint)  # fmt: skip
     assert got == want
+    if hint is not None:
+        # (the defaults, cut down to the hint alone)
+        assert plain_bytes(data, options, sync, size_hint=hint) == want
 
 
 @pytest.mark.skipif(oracle.skip_reason is not None, reason=oracle.skip_reason or "")

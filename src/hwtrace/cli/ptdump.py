@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -216,6 +217,16 @@ class _Range(io.RawIOBase):
         self.f.close()
         super().close()
 
+    def size_hint(self) -> int | None:
+        """The bytes left to read (None: not known, as of a pipe)."""
+        if self.left >= 0:
+            return self.left
+        try:
+            st = os.fstat(self.f.fileno())
+            return max(st.st_size - self.f.tell(), 0) if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            return None
+
 
 def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
     """Open ``file[:from[-to]]`` for reading in chunks.  Prints one clear
@@ -323,7 +334,9 @@ def dump(
             from ..pt.dumpplain import dump_plain
 
             # (without numpy's import, when the native library has the loops)
-            summary = dump_plain(reader, out.write, opts, config, sync=not no_sync)
+            hint = reader.size_hint() if isinstance(reader, _Range) else None
+            summary = dump_plain(reader, out.write, opts, config, sync=not no_sync,
+                                 size_hint=hint)  # fmt: skip
         if summary is None:
             from ..pt.ptdump import dump_stream
 

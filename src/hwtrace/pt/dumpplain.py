@@ -161,16 +161,27 @@ def dump_plain(
     chunk_size: int | None = None,
     table_rows: int | None = None,
     out_size: int | None = None,
+    size_hint: int | None = None,
 ) -> DumpSummary | None:
     """Intel ptdump's listing of the stream ``source`` reads (from its
     current position to its end), as
     :func:`~hwtrace.pt.ptdump.dump_stream` writes it with ``options``
     and no sideband, without numpy.  None, having read nothing, when the
-    options need the time model or the native library lacks the loops."""
+    options need the time model or the native library lacks the loops.
+    ``size_hint``: about how many bytes ``source`` holds (buffers are
+    sized for them; it may hold more)."""
     if options.track_time:
         return None
     chunk_size = max(chunk_size or CHUNK_SIZE, 1)
     table_rows = max(table_rows or TABLE_ROWS, 1)
+    out_size = max(out_size or OUT_SIZE, 2 * LINE_MAX)
+    if size_hint is not None:
+        # A small input, small buffers: zeroing the megabytes of the
+        # defaults takes longer than listing a few kilobytes (a packet
+        # is a byte at least; a line a few dozen).
+        chunk_size = min(chunk_size, max(size_hint, 1))
+        table_rows = min(table_rows, max(size_hint, 1))
+        out_size = min(out_size, max(64 * size_hint, 2 * LINE_MAX))
     store = not (options.quiet and not options.lastip)
     buf = Buffer(ctypes.c_uint8, chunk_size + KEEP_MAX, "|u1")
     state = _Record(
@@ -181,7 +192,7 @@ def dump_plain(
     errs = _columns(_ERRORS, ERROR_ROWS)
     times = _columns(_TIMES, 0)
     text = _Record(FORMAT_FIELDS, flags=options.flags(), mark=-1, split=-1)
-    out = Buffer(ctypes.c_uint8, max(out_size or OUT_SIZE, 2 * LINE_MAX), "|u1")
+    out = Buffer(ctypes.c_uint8, out_size, "|u1")
     decode = NativeLoop("hwtrace.pt._loops:decode_stream").entry(
         buf, 0, state.buffer, rows, errs, store
     )
