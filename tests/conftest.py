@@ -65,7 +65,7 @@ def copy_of_built_loops(directory: Path) -> Path:
     from hwtrace import aot
 
     directory.mkdir(parents=True, exist_ok=True)
-    installed = aot._manifest_path()
+    installed = Path(aot._manifest_path())
     try:
         names = aot._libraries(json.loads(installed.read_text()))
         for name in [installed.name, *names]:

@@ -29,20 +29,22 @@ sources is ignored.  ``HWTRACE_AOT=numba`` turns the library off.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import importlib.util
-import json
+import marshal
 import os
 import sys
 import threading
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import numpy as np
 
 # The modules whose loops go into the library.
@@ -97,33 +99,51 @@ def _enabled() -> bool:
 # -- where the library lives ---------------------------------------------------
 
 
-def user_cache_dir() -> Path:
+# (Paths as strings where a command's start goes: pathlib and what it
+# imports take a few milliseconds.)
+
+
+def user_cache_path() -> str:
     """hwtrace's directory in the user's cache: ``$HWTRACE_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/hwtrace`` (``~/.cache/hwtrace``)."""
     explicit = os.environ.get("HWTRACE_CACHE_DIR")
     if explicit:
-        return Path(explicit)
+        return explicit
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hwtrace"
+    return os.path.join(base, "hwtrace")
+
+
+def user_cache_dir() -> Path:
+    """:func:`user_cache_path` as a :class:`~pathlib.Path`."""
+    from pathlib import Path
+
+    return Path(user_cache_path())
+
+
+def _library_path() -> str:
+    if os.environ.get("HWTRACE_CACHE_DIR"):
+        return user_cache_path()
+    package = os.path.dirname(os.path.realpath(__file__))
+    here = os.path.join(package, "__pycache__")
+    if os.access(here if os.path.exists(here) else package, os.W_OK):
+        return here
+    return user_cache_path()
 
 
 def library_dir() -> Path:
     """``$HWTRACE_CACHE_DIR``; else next to the package's numba cache when
     writable, else the user's cache directory."""
-    if os.environ.get("HWTRACE_CACHE_DIR"):
-        return user_cache_dir()
-    here = Path(__file__).resolve().parent / "__pycache__"
-    if os.access(here if here.exists() else here.parent, os.W_OK):
-        return here
-    return user_cache_dir()
+    from pathlib import Path
+
+    return Path(_library_path())
 
 
 def _platform_tag() -> str:
     return f"py{sys.version_info[0]}{sys.version_info[1]}-{os.uname().machine}"
 
 
-def _manifest_path() -> Path:
-    return library_dir() / f"{_LIB_NAME}-{_platform_tag()}.json"
+def _manifest_path() -> str:
+    return os.path.join(_library_path(), f"{_LIB_NAME}-{_platform_tag()}.json")
 
 
 def _stamps(paths) -> dict[str, list[int]]:
@@ -477,20 +497,23 @@ class _Library:
     """The native libraries a manifest lists (one per build since the
     sources last changed; each build adds only what the others lack)."""
 
-    def __init__(self, manifest: dict, directory: Path) -> None:
-        self.dlls = {name: ctypes.CDLL(str(directory / name)) for name in _libraries(manifest)}
-        self.path = directory / _libraries(manifest)[-1]
+    def __init__(self, libraries: list[str], skipped: list[str],
+                 by_loop: dict[str, list[dict] | bytes], directory: str) -> None:  # fmt: skip
+        self.dlls = {name: ctypes.CDLL(os.path.join(directory, name)) for name in libraries}
+        self.path = os.path.join(directory, libraries[-1])
         # Loops some specialisation of which numba keeps (they allocate,
         # or return arrays): calling numba for those is no reason to build.
-        self.numba_only = {s.split("(", 1)[0] for s in manifest.get("skipped", [])}
-        # By loop; a spec's key (nested JSON lists) becomes a tuple only when
-        # its loop is first called: a command calls a few of the loops.
-        self.raw: dict[str, list[dict]] = {}
-        for spec in _entries(manifest):
-            self.raw.setdefault(spec["loop"], []).append(spec)
+        self.numba_only = {s.split("(", 1)[0] for s in skipped}
+        # By loop (marshalled until the loop is first called: a command
+        # calls a few of the loops); a spec's key (nested lists, as JSON
+        # has them) becomes a tuple then too.
+        self.raw = by_loop
 
     def _specs(self, name: str) -> dict:
-        return {_from_json(spec["key"]): spec for spec in self.raw.get(name, [])}
+        raw = self.raw.get(name, [])
+        if isinstance(raw, bytes):
+            raw = self.raw[name] = marshal.loads(raw)
+        return {_from_json(spec["key"]): spec for spec in raw}
 
     def entries(self, name: str) -> dict:
         out = {}
@@ -512,16 +535,83 @@ def _entries(manifest: dict) -> list[dict]:
     return [{"library": default, **spec} for spec in manifest["entries"]]
 
 
-def _open_library(manifest_path: Path) -> _Library | None:
+# The form of the index _write_index writes (another is not read).
+_INDEX_FORMAT = 1
+
+
+def _index_path(manifest_path: str | os.PathLike[str]) -> str:
+    return os.path.splitext(os.fspath(manifest_path))[0] + ".index"
+
+
+def _write_index(manifest_path: str | os.PathLike[str], manifest: dict) -> None:
+    """A copy of the manifest that a command loads in a fraction of the
+    time (parsing the whole JSON text, ~0.5 MB, takes milliseconds, and
+    importing json some more): marshalled, each loop's entries marshalled
+    on their own, read when the loop is first called; with the manifest's
+    size and time, so that a copy of another manifest is told.  Best
+    effort: a command without it reads the manifest."""
+    by_loop: dict[str, list[dict]] = {}
+    for spec in _entries(manifest):
+        by_loop.setdefault(spec["loop"], []).append(spec)
+    path = _index_path(manifest_path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        st = os.stat(manifest_path)
+        data = {
+            "format": _INDEX_FORMAT,
+            "manifest": (st.st_mtime_ns, st.st_size),
+            "libraries": _libraries(manifest),
+            "stamps": manifest["stamps"],
+            "skipped": list(manifest.get("skipped", [])),
+            "by_loop": {k: marshal.dumps(v) for k, v in by_loop.items()},
+        }
+        with open(tmp, "wb") as f:
+            f.write(marshal.dumps(data))
+        os.replace(tmp, path)
+    except (OSError, KeyError, ValueError):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _read_index(manifest_path: str | os.PathLike[str]) -> dict | None:
+    """The index :func:`_write_index` wrote for the manifest as it is now,
+    or None."""
+    try:
+        st = os.stat(manifest_path)
+        with open(_index_path(manifest_path), "rb") as f:
+            data = marshal.loads(f.read())
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != _INDEX_FORMAT:
+        return None
+    if data.get("manifest") != (st.st_mtime_ns, st.st_size):
+        return None
+    return data
+
+
+def _open_library(manifest_path: str | os.PathLike[str]) -> _Library | None:
     """The library a manifest describes, if it is there and no source file
     changed since it was built."""
     try:
-        manifest = json.loads(manifest_path.read_text())
-        stamps = manifest["stamps"]
+        index = _read_index(manifest_path)
+        if index is None:
+            import json
+
+            with open(manifest_path, encoding="utf-8") as f:
+                manifest = json.loads(f.read())
+            _write_index(manifest_path, manifest)
+            by_loop: dict = {}
+            for spec in _entries(manifest):
+                by_loop.setdefault(spec["loop"], []).append(spec)
+            libraries, stamps = _libraries(manifest), manifest["stamps"]
+            skipped = manifest.get("skipped", [])
+        else:
+            libraries, stamps = index["libraries"], index["stamps"]
+            skipped, by_loop = index["skipped"], index["by_loop"]
         if _stamps(stamps) != stamps:
             return None
-        return _Library(manifest, manifest_path.parent)
-    except (OSError, ValueError, KeyError):
+        return _Library(libraries, skipped, by_loop, os.path.dirname(os.fspath(manifest_path)))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -538,7 +628,7 @@ def use_library(manifest_path: Path | None) -> bool:
     through numba only); returns whether it could be used."""
     global _library
     with _lock:
-        _library = _open_library(Path(manifest_path)) if manifest_path is not None else None
+        _library = _open_library(manifest_path) if manifest_path is not None else None
         for loop in _registry.values():
             loop._native = None
         return _library is not None
@@ -546,8 +636,10 @@ def use_library(manifest_path: Path | None) -> bool:
 
 def loaded_library() -> Path | None:
     """The native library in use, if any."""
+    from pathlib import Path
+
     lib = _load_library()
-    return lib.path if lib is not None else None
+    return Path(lib.path) if lib is not None else None
 
 
 # -- loops -------------------------------------------------------------------
@@ -888,9 +980,11 @@ def build(
     specialisation numba has cached or compiled in this process; returns
     the manifest's path (None when there was nothing to build or no
     linker)."""
+    import json
     import shutil
     import subprocess
     import tempfile
+    from pathlib import Path
 
     import llvmlite.binding as ll
     import numba
@@ -970,6 +1064,7 @@ def build(
     tmp_manifest = path.with_suffix(f".{os.getpid()}.tmp")
     tmp_manifest.write_text(json.dumps(manifest, indent=0))
     os.replace(tmp_manifest, path)
+    _write_index(path, manifest)
     for old in previous["stale"]:
         # A process that loaded an old library keeps its mapping.
         (directory / old).unlink(missing_ok=True)
@@ -1003,6 +1098,8 @@ def _previous_build(path: Path, stamps: dict) -> dict:
     """What the library at ``path`` already holds, when it was built from
     the same sources (a build then only adds to it), and the libraries of
     an out-of-date one (``stale``), to remove."""
+    import json
+
     out: dict = {"libraries": [], "entries": [], "skipped": [], "stale": []}
     try:
         manifest = json.loads(path.read_text())
@@ -1135,6 +1232,8 @@ def _emit_objects(linked: list, tmp: Path, ll) -> list[Path]:
 def _emit_main(bitcode: str, obj: str) -> None:
     """Emit the machine code of the module in file ``bitcode`` into ``obj``
     (a child process of :func:`_emit_objects`)."""
+    from pathlib import Path
+
     import llvmlite.binding as ll
 
     ll.initialize_native_target()

@@ -71,6 +71,7 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
         _same(expected, got)
         # Only the allocating loop went through numba this time.
         assert aot.fallbacks() == {f"{ks.__name__}:allocates"}
+        _index_stands_for_the_manifest(manifest, f"{ks.__name__}:fill")
         # A changed source file retires the library.
         src = __import__("pathlib").Path(ks.__file__)
         stamp = src.stat()
@@ -84,6 +85,31 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
     finally:
         aot.use_library(None)
         aot._library = False  # look for the real one again
+
+
+def _index_stands_for_the_manifest(manifest, loop: str) -> None:
+    """The build's index of the manifest (what commands load) gives the
+    manifest's entries; without it, damaged, or of an older manifest, the
+    manifest is read (and the index written again)."""
+    import os
+
+    index = __import__("pathlib").Path(aot._index_path(manifest))
+    assert index.exists() and aot._read_index(manifest) is not None
+    by_index = aot._load_library().entries(loop)
+    assert by_index
+    names = {k: e.name for k, e in by_index.items()}
+    for spoil in ("gone", "damaged", "older"):
+        if spoil == "gone":
+            index.unlink()
+        elif spoil == "damaged":
+            index.write_bytes(b"\x00 not marshal")
+        else:
+            st = manifest.stat()
+            os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        assert aot._read_index(manifest) is None
+        assert aot.use_library(manifest)
+        assert {k: e.name for k, e in aot._load_library().entries(loop).items()} == names
+        assert aot._read_index(manifest) is not None  # written again
 
 
 def test_a_build_adds_to_the_library_of_the_same_sources(tmp_path, monkeypatch):
