@@ -114,3 +114,35 @@ def test_the_command_keeps_its_classes_code(tmp_path):
     assert runs[0].returncode == 0, runs[0].stderr
     assert runs[0].stdout == runs[1].stdout
     assert list(tmp_path.glob("dataclass-code/ptdump.*.marshal"))
+
+
+def test_code_no_run_uses_ages_out(tmp_path, monkeypatch):
+    """The file is written again only when a run compiled something new;
+    an entry that no run used in the last KEEP_SAVES writes is dropped
+    then (the code of a class that changed, of an older hwtrace), so a
+    start does not load it for ever; a file of another form is ignored."""
+    import marshal
+
+    from hwtrace.cli import dataclass_code as dc
+
+    path = tmp_path / "code.marshal"
+    code = compile("x = 1", "<string>", "exec")
+    path.write_bytes(marshal.dumps({"old form": code}))
+    assert dc._load(path) == (0, {})
+    saves, table = 0, {"kept": (code, 0), "stale": (code, 0)}
+    for _ in range(dc.KEEP_SAVES):
+        assert "stale" in table
+        table[f"new {saves}"] = (code, saves)  # (a run that compiled something)
+        dc._save(path, saves, table, {"kept", f"new {saves}"})
+        saves, table = dc._load(path)
+    assert saves == dc.KEEP_SAVES
+    assert "stale" not in table and table["kept"] == (code, saves)
+    assert all(f"new {k}" in table for k in range(dc.KEEP_SAVES))
+    # Past MAX_ENTRIES the entries used longest ago go first.
+    monkeypatch.setattr(dc, "MAX_ENTRIES", 3)
+    dc._save(path, saves, table, {"kept"})
+    assert set(dc._load(path)[1]) == {
+        "kept",
+        f"new {dc.KEEP_SAVES - 1}",
+        f"new {dc.KEEP_SAVES - 2}",
+    }
