@@ -676,3 +676,68 @@ def test_c_strings_cut_a_string_table_as_find_and_decode_would() -> None:
         offsets = list(range(len(table) + 3))  # suffixes, NULs, past the end
         got = c_strings(table, np.array(offsets, np.uint32))
         assert got == by_find(table, offsets)
+
+
+_SYSTEM_LIBS = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libz.so.1")
+
+
+@pytest.mark.parametrize("lib", _SYSTEM_LIBS)
+def test_elf_symbols_keep_one_name_per_address_as_pyelftools_reads_them(lib: str) -> None:
+    """A real library's symbols, one name per (start, size): the one the
+    rule picks among what pyelftools reads from the same tables (a
+    function over an object, global over weak over local, fewer leading
+    underscores, shorter, first met)."""
+    import os
+
+    from hwtrace.image.elf import _read_symbols
+    from hwtrace.image.elfheaders import ElfHeaders
+
+    path = next((os.path.join(d, lib) for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
+                 if os.path.exists(os.path.join(d, lib))), None)  # fmt: skip
+    if path is None:
+        pytest.skip(f"{lib} is not installed here")
+    head = ElfHeaders(path)
+    tables = head.symbol_tables()
+    got = _read_symbols(path, head.buf, tables, head.elfclass, head.little)
+    kinds = {"STT_OBJECT": 0, "STT_FUNC": 1, "STT_LOOS": 2, "STT_GNU_IFUNC": 2}
+    binds = {"STB_GLOBAL": 0, "STB_WEAK": 1, "STB_LOCAL": 2}
+    rows = []
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        for name, *_ in tables:
+            for sym in elf.get_section_by_name(name).iter_symbols():
+                kind = kinds.get(sym["st_info"]["type"])
+                shndx = sym["st_shndx"]
+                if kind is None or not sym["st_size"] or not isinstance(shndx, int) or not shndx:
+                    continue
+                n = sym.name
+                rows.append((sym["st_value"], sym["st_size"], -kind,
+                             binds.get(sym["st_info"]["bind"], 3), len(n) - len(n.lstrip("_")),
+                             len(n), len(rows), n, kind))  # fmt: skip
+    rows.sort()
+    best = [r for i, r in enumerate(rows) if i == 0 or r[:2] != rows[i - 1][:2]]
+    best.sort(key=lambda r: (r[0], -r[1]))  # (a table's order: the larger first at a start)
+    assert len(best) > 50
+    assert got.start.tolist() == [r[0] for r in best]
+    assert got.size.tolist() == [r[1] for r in best]
+    assert [got.names[i] for i in got.name_index] == [r[7] for r in best]
+    assert got.kind.tolist() == [r[8] for r in best]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=12), max_size=12), st.lists(st.integers(0, 200), max_size=30))
+def test_names_measured_in_place_as_when_decoded(words, offsets) -> None:
+    """The leading underscores and lengths of a string table's names,
+    measured on its bytes, are those of the names decoded (UTF-8 with bad
+    bytes replaced, as c_strings decodes them)."""
+    from hwtrace.image.elf import _leading_underscores, _name_lengths, _string_bounds, c_strings
+
+    raw = b"\0".join(words)
+    table = np.frombuffer(raw, np.uint8)
+    offs = np.array(offsets, np.uint32)
+    names = c_strings(raw, offs)
+    starts, ends = _string_bounds(table, offs)
+    assert _leading_underscores(table, starts, ends).tolist() == [
+        len(n) - len(n.lstrip("_")) for n in names
+    ]
+    assert _name_lengths(table, starts, ends).tolist() == [len(n) for n in names]

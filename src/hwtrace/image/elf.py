@@ -214,19 +214,41 @@ def c_strings(table: bytes, offsets: np.ndarray) -> list[str]:
     """The NUL-terminated strings at ``offsets`` of a string table (on to
     its end where no NUL follows; empty past it), as UTF-8 with bad bytes
     replaced.  A table of ASCII (nearly all are) is decoded once and cut."""
-    n = len(table)
     if not offsets.shape[0]:
         return []
     arr = np.frombuffer(table, np.uint8)
-    nul = np.flatnonzero(arr == 0)
+    starts, ends = _string_bounds(arr, offsets)
+    return _cut(table, arr, starts, ends)
+
+
+def _string_bounds(table: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the NUL-terminated strings at ``offsets`` of a string table
+    (bytes) start and end, as :func:`c_strings` cuts them."""
+    n = table.shape[0]
+    nul = np.flatnonzero(table == 0)
     starts = np.minimum(offsets.astype(np.int64), n)
-    k = np.searchsorted(nul, starts)
-    ends = np.append(nul, n)[k]
+    return starts, np.append(nul, n)[np.searchsorted(nul, starts)]
+
+
+def _cut(table: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The strings ``table[starts:ends]``, as :func:`c_strings` decodes them."""
     pairs = zip(starts.tolist(), ends.tolist(), strict=True)
-    if n and int(arr.max()) < 0x80:
+    if arr.shape[0] and int(arr.max()) < 0x80:
         text = table.decode("ascii")
         return [text[a:b] for a, b in pairs]
     return [table[a:b].decode("utf-8", "replace") for a, b in pairs]
+
+
+def _leading_underscores(table: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How many ``_`` each string ``table[starts:ends]`` starts with (a
+    pass per underscore: names have a few at most)."""
+    count = np.zeros(starts.shape[0], np.int64)
+    live = np.flatnonzero(starts < ends)
+    while live.shape[0]:
+        live = live[table[starts[live] + count[live]] == 0x5F]
+        count[live] += 1
+        live = live[starts[live] + count[live] < ends[live]]
+    return count
 
 
 def _read_symbols(
@@ -245,7 +267,11 @@ def _read_symbols(
     """
     dtype = np.dtype(_SYM_FIELDS[elfclass]).newbyteorder("<" if little else ">")
     total = buf.shape[0]
-    value_parts, size_parts, kind_parts, bind_parts, names = [], [], [], [], []
+    value_parts, size_parts, kind_parts, bind_parts = [], [], [], []
+    # Per table: its strings, and where its symbols' names are in them.
+    # The names that sort symbols are measured in place; only the names
+    # kept are made into strings (about two thirds of them).
+    strings: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for section, offset, size, entsize, str_offset, str_size in tables:
         if entsize != dtype.itemsize or size % entsize:
             raise ImageError(f"{path}: malformed symbol table {section} (entry size {entsize})")
@@ -264,7 +290,8 @@ def _read_symbols(
             & ((shndx < SHN_LORESERVE) | (shndx == SHN_XINDEX))
         )
         entries = entries[keep]
-        names += c_strings(bytes(buf[str_offset : str_offset + str_size]), entries["name"])
+        table = buf[str_offset : str_offset + str_size]
+        strings.append((table, *_string_bounds(table, entries["name"])))
         value_parts.append(entries["value"].astype(np.uint64))
         size_parts.append(entries["size"].astype(np.uint64))
         kind_parts.append(
@@ -272,7 +299,7 @@ def _read_symbols(
                       FUNCTION)
         )  # fmt: skip
         bind_parts.append(entries["info"] >> 4)
-    if not names:
+    if not sum(starts.shape[0] for _, starts, _ in strings):
         return SymbolTable.empty()
 
     value = np.concatenate(value_parts)
@@ -280,9 +307,9 @@ def _read_symbols(
     kind = np.concatenate(kind_parts).astype(np.uint8)
     bind = np.concatenate(bind_parts)
     bind_rank = np.select([bind == STB_GLOBAL, bind == STB_WEAK, bind == STB_LOCAL], [0, 1, 2], 3)
-    underscores = np.array([len(n) - len(n.lstrip("_")) for n in names])
-    length = np.array([len(n) for n in names])
-    sequence = np.arange(len(names))
+    underscores = np.concatenate([_leading_underscores(*t) for t in strings])
+    length = np.concatenate([_name_lengths(*t) for t in strings])
+    sequence = np.arange(length.shape[0])
     order = np.lexsort(
         (sequence, length, underscores, bind_rank, -kind.astype(np.int8), size, value)
     )
@@ -294,6 +321,31 @@ def _read_symbols(
         value[first],
         size[first],
         np.arange(len(chosen), dtype=np.int32),
-        [names[i] for i in chosen],
+        _names_of(strings, chosen),
         kind[chosen],
     )
+
+
+def _name_lengths(table: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The lengths in characters of the strings ``table[starts:ends]`` as
+    decoded (bytes, for a table of ASCII)."""
+    if not table.shape[0] or int(table.max()) < 0x80:
+        return ends - starts
+    return np.array([len(n) for n in _cut(table.tobytes(), table, starts, ends)], np.int64)
+
+
+def _names_of(strings: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+              rows: np.ndarray) -> list[str]:  # fmt: skip
+    """The names of symbols ``rows`` (numbered across the tables of
+    ``strings`` in turn), decoded."""
+    names: list[str] = [""] * rows.shape[0]
+    first = 0
+    for table, starts, ends in strings:
+        last = first + starts.shape[0]
+        at = np.flatnonzero((rows >= first) & (rows < last))
+        local = rows[at] - first
+        cut = _cut(table.tobytes(), table, starts[local], ends[local])
+        for j, name in zip(at.tolist(), cut, strict=True):
+            names[j] = name
+        first = last
+    return names
