@@ -741,3 +741,43 @@ def test_names_measured_in_place_as_when_decoded(words, offsets) -> None:
         len(n) - len(n.lstrip("_")) for n in names
     ]
     assert _name_lengths(table, starts, ends).tolist() == [len(n) for n in names]
+
+
+def test_symbols_kept_in_the_cache_are_the_ones_read(tmp_path, monkeypatch) -> None:
+    """A library's symbol table comes back from the user's cache the same
+    as read; a changed file or a damaged cache entry is read again."""
+    import os
+    import shutil
+
+    from hwtrace.image import elf as E
+
+    lib = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libz.so.1")
+                if os.path.exists(p)), None)  # fmt: skip
+    if lib is None:
+        pytest.skip("no system library to read")
+    monkeypatch.setenv("HWTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "lib.so"
+    shutil.copy(lib, copy)
+
+    def table(no_cache: bool) -> tuple:
+        E._READ.clear()
+        monkeypatch.setenv("HWTRACE_NO_SYMBOL_CACHE", "1" if no_cache else "0")
+        t = E.read_elf(copy).symbols
+        return (t.start.tolist(), t.size.tolist(), [t.names[i] for i in t.name_index],
+                t.kind.tolist(), t.module.tolist(), list(t.modules))  # fmt: skip
+
+    want = table(True)
+    assert not (tmp_path / "cache").exists()
+    assert table(False) == want  # read, and kept
+    (entry,) = (tmp_path / "cache" / "elf-symbols").iterdir()
+    calls = []
+    real = E._read_symbols
+    monkeypatch.setattr(E, "_read_symbols", lambda *a: calls.append(a) or real(*a))
+    assert table(False) == want and not calls  # from the cache
+    entry.write_bytes(b"\x00damaged")
+    assert table(False) == want and calls  # read again
+    st = copy.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    calls.clear()
+    assert table(False) == want and calls  # another file now: read
+    assert len(list((tmp_path / "cache" / "elf-symbols").iterdir())) == 2

@@ -127,20 +127,24 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
                 f"{name}: truncated ELF file: segment {seg.index} at offset {seg.offset:#x} "
                 f"(size {seg.filesz:#x}) extends beyond the end of the file ({total:#x})"
             )
-    symbols = _read_symbols(name, buf, tables, elfclass, little)
-    if debug is not None:
-        try:
-            dbg = ElfHeaders(debug)
-            dtables = [t for t in dbg.symbol_tables() if t[0] == ".symtab"]
-            if dtables:
-                extra = _read_symbols(debug, dbg.buf, dtables, elfclass, little)
-                symbols = SymbolTable.merge([symbols, extra])
-        except Exception:  # a damaged debug file: the file's own symbols stand
-            pass
-    if plt:
-        symbols = SymbolTable.merge([symbols, SymbolTable.from_symbols(
-            (start, size, label, True) for start, size, label in plt
-        )])  # fmt: skip
+    stored = _SymbolStore(key, debug)
+    symbols = stored.load()
+    if symbols is None:
+        symbols = _read_symbols(name, buf, tables, elfclass, little)
+        if debug is not None:
+            try:
+                dbg = ElfHeaders(debug)
+                dtables = [t for t in dbg.symbol_tables() if t[0] == ".symtab"]
+                if dtables:
+                    extra = _read_symbols(debug, dbg.buf, dtables, elfclass, little)
+                    symbols = SymbolTable.merge([symbols, extra])
+            except Exception:  # a damaged debug file: the file's own symbols stand
+                pass
+        if plt:
+            symbols = SymbolTable.merge([symbols, SymbolTable.from_symbols(
+                (start, size, label, True) for start, size, label in plt
+            )])  # fmt: skip
+        stored.save(symbols)
     elf = ElfFile(name, head.elf_type, head.machine, segments, symbols)
     if key is not None:
         if len(_READ) >= _READ_MAX:
@@ -163,6 +167,81 @@ def _file_key(name: str) -> tuple | None:
     # The path too: what is read names the file by it (a file renamed
     # keeps its identity but not its name).
     return (name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _SymbolStore:
+    """An ELF file's symbol table kept in the user's cache (as perf keeps
+    what it read of a binary in its build-id cache): a large library's
+    takes ~10 ms to read (libc's 11,000 names, most from its debug file),
+    ~1 ms to load.  Named by the file's identity and its debug file's
+    (device, inode, size, time), so a changed file is read again;
+    best effort, a cache that cannot be read or written costs that time
+    only.  ``$HWTRACE_NO_SYMBOL_CACHE=1`` turns it off."""
+
+    FORMAT = 1
+    SMALL = 1 << 16  # files smaller than this are read, not cached
+    KEEP = 256  # files the directory holds at most (the oldest go)
+
+    def __init__(self, key: tuple | None, debug: str | None) -> None:
+        self.path: str | None = None
+        if key is None or key[3] < self.SMALL or os.environ.get("HWTRACE_NO_SYMBOL_CACHE") == "1":
+            return
+        from ..aot import user_cache_path
+
+        # (the file's identity, not its path: a file reached by two paths
+        # is one entry)
+        parts = [os.path.basename(key[0])[:48], *(f"{v:x}" for v in key[1:])]
+        if debug is not None:
+            debug_key = _file_key(debug)
+            if debug_key is None:
+                return
+            parts += [f"{v:x}" for v in debug_key[1:]]
+        self.directory = os.path.join(user_cache_path(), "elf-symbols")
+        self.path = os.path.join(self.directory, ".".join([*parts, f"v{self.FORMAT}"]))
+
+    def load(self) -> SymbolTable | None:
+        if self.path is None:
+            return None
+        import marshal
+
+        try:
+            with open(self.path, "rb") as f:
+                form, start, size, index, names, kind, module, modules = marshal.loads(f.read())
+            if form != self.FORMAT:
+                return None
+            return SymbolTable(np.frombuffer(start, np.uint64), np.frombuffer(size, np.uint64),
+                               np.frombuffer(index, np.int32), names,
+                               np.frombuffer(kind, np.uint8), np.frombuffer(module, np.int32),
+                               modules)  # fmt: skip
+        except (OSError, EOFError, ValueError, TypeError):
+            return None
+
+    def save(self, table: SymbolTable) -> None:
+        if self.path is None:
+            return
+        import contextlib
+        import marshal
+
+        data = (self.FORMAT, table.start.tobytes(), table.size.tobytes(),
+                table.name_index.astype(np.int32).tobytes(), list(table.names),
+                table.kind.tobytes(), table.module.astype(np.int32).tobytes(),
+                list(table.modules))  # fmt: skip
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(marshal.dumps(data))
+            os.replace(tmp, self.path)
+            kept = os.listdir(self.directory)
+            if len(kept) > self.KEEP:
+                by_age = sorted(
+                    kept, key=lambda n: os.stat(os.path.join(self.directory, n)).st_mtime
+                )
+                for old in by_age[: len(kept) - self.KEEP]:
+                    os.unlink(os.path.join(self.directory, old))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 # Where detached debug files are found by build id (``.build-id/xx/yyyy.debug``).
