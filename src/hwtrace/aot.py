@@ -512,7 +512,11 @@ class _Library:
     def _specs(self, name: str) -> dict:
         raw = self.raw.get(name, [])
         if isinstance(raw, bytes):
-            raw = self.raw[name] = marshal.loads(raw)
+            try:
+                raw = marshal.loads(raw)
+            except (EOFError, ValueError, TypeError):
+                raw = []  # (a damaged index: the loop goes through numba)
+            self.raw[name] = raw
         return {_from_json(spec["key"]): spec for spec in raw}
 
     def entries(self, name: str) -> dict:
@@ -535,6 +539,14 @@ def _entries(manifest: dict) -> list[dict]:
     return [{"library": default, **spec} for spec in manifest["entries"]]
 
 
+def _by_loop(manifest: dict) -> dict[str, list[dict]]:
+    """The manifest's entries by loop."""
+    out: dict[str, list[dict]] = {}
+    for spec in _entries(manifest):
+        out.setdefault(spec["loop"], []).append(spec)
+    return out
+
+
 # The form of the index _write_index writes (another is not read).
 _INDEX_FORMAT = 1
 
@@ -550,9 +562,6 @@ def _write_index(manifest_path: str | os.PathLike[str], manifest: dict) -> None:
     on their own, read when the loop is first called; with the manifest's
     size and time, so that a copy of another manifest is told.  Best
     effort: a command without it reads the manifest."""
-    by_loop: dict[str, list[dict]] = {}
-    for spec in _entries(manifest):
-        by_loop.setdefault(spec["loop"], []).append(spec)
     path = _index_path(manifest_path)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
@@ -563,7 +572,7 @@ def _write_index(manifest_path: str | os.PathLike[str], manifest: dict) -> None:
             "libraries": _libraries(manifest),
             "stamps": manifest["stamps"],
             "skipped": list(manifest.get("skipped", [])),
-            "by_loop": {k: marshal.dumps(v) for k, v in by_loop.items()},
+            "by_loop": {k: marshal.dumps(v) for k, v in _by_loop(manifest).items()},
         }
         with open(tmp, "wb") as f:
             f.write(marshal.dumps(data))
@@ -600,9 +609,7 @@ def _open_library(manifest_path: str | os.PathLike[str]) -> _Library | None:
             with open(manifest_path, encoding="utf-8") as f:
                 manifest = json.loads(f.read())
             _write_index(manifest_path, manifest)
-            by_loop: dict = {}
-            for spec in _entries(manifest):
-                by_loop.setdefault(spec["loop"], []).append(spec)
+            by_loop: dict = _by_loop(manifest)
             libraries, stamps = _libraries(manifest), manifest["stamps"]
             skipped = manifest.get("skipped", [])
         else:
