@@ -195,11 +195,13 @@ def main(argv: list[str]) -> int:
 
 
 class _Range(io.RawIOBase):
-    """At most ``size`` bytes of a file from where it stands (-1: to its end)."""
+    """At most ``size`` bytes of a file from where it stands (-1: to its
+    end); ``known``: how many bytes that is, when known (not of a pipe)."""
 
-    def __init__(self, f: BinaryIO, size: int) -> None:
+    def __init__(self, f: BinaryIO, size: int, known: int | None = None) -> None:
         self.f = f
         self.left = size
+        self.known = known
 
     def readable(self) -> bool:
         return True
@@ -217,16 +219,6 @@ class _Range(io.RawIOBase):
         self.f.close()
         super().close()
 
-    def size_hint(self) -> int | None:
-        """The bytes left to read (None: not known, as of a pipe)."""
-        if self.left >= 0:
-            return self.left
-        try:
-            st = os.fstat(self.f.fileno())
-            return max(st.st_size - self.f.tell(), 0) if stat.S_ISREG(st.st_mode) else None
-        except OSError:
-            return None
-
 
 def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
     """Open ``file[:from[-to]]`` for reading in chunks.  Prints one clear
@@ -235,14 +227,19 @@ def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
     if opened is None:
         return None
     path, offset, size, f = opened
+    known = None
     try:
-        total = os.fstat(f.fileno()).st_size if f.seekable() else -1
+        st = os.fstat(f.fileno()) if f.seekable() else None
+        total = st.st_size if st is not None else -1
         if total >= 0 and (offset or size):
             end = range_end(prog, path, offset, size, total)
             if end is None:
                 f.close()
                 return None
             f.seek(offset)
+            known = end - offset
+        elif st is not None and stat.S_ISREG(st.st_mode):
+            known = total
         elif offset:
             # A pipe: skip to the range's start.
             skip = offset
@@ -257,7 +254,7 @@ def open_trace(prog: str, arg: str) -> tuple[str, _Range] | None:
         f.close()
         sys.stderr.write(f"{prog}: cannot read {path}: {exc.strerror or exc}\n")
         return None
-    return path, _Range(f, size if size else -1)
+    return path, _Range(f, size if size else -1, known)
 
 
 def _flush_sideband(session, lines: list[str]) -> bytes:
@@ -334,9 +331,8 @@ def dump(
             from ..pt.dumpplain import dump_plain
 
             # (without numpy's import, when the native library has the loops)
-            hint = reader.size_hint() if isinstance(reader, _Range) else None
             summary = dump_plain(reader, out.write, opts, config, sync=not no_sync,
-                                 size_hint=hint)  # fmt: skip
+                                 size_hint=getattr(reader, "known", None))  # fmt: skip
         if summary is None:
             from ..pt.ptdump import dump_stream
 
