@@ -730,7 +730,13 @@ def test_names_measured_in_place_as_when_decoded(words, offsets) -> None:
     """The leading underscores and lengths of a string table's names,
     measured on its bytes, are those of the names decoded (UTF-8 with bad
     bytes replaced, as c_strings decodes them)."""
-    from hwtrace.image.elf import _leading_underscores, _name_lengths, _string_bounds, c_strings
+    from hwtrace.image.elf import (
+        _is_ascii,
+        _leading_underscores,
+        _name_lengths,
+        _string_bounds,
+        c_strings,
+    )
 
     raw = b"\0".join(words)
     table = np.frombuffer(raw, np.uint8)
@@ -740,7 +746,7 @@ def test_names_measured_in_place_as_when_decoded(words, offsets) -> None:
     assert _leading_underscores(table, starts, ends).tolist() == [
         len(n) - len(n.lstrip("_")) for n in names
     ]
-    assert _name_lengths(table, starts, ends).tolist() == [len(n) for n in names]
+    assert _name_lengths(table, starts, ends, _is_ascii(table)).tolist() == [len(n) for n in names]
 
 
 def test_symbols_kept_in_the_cache_are_the_ones_read(tmp_path, monkeypatch) -> None:

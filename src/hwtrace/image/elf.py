@@ -297,7 +297,11 @@ def c_strings(table: bytes, offsets: np.ndarray) -> list[str]:
         return []
     arr = np.frombuffer(table, np.uint8)
     starts, ends = _string_bounds(arr, offsets)
-    return _cut(table, arr, starts, ends)
+    return _cut(table, _is_ascii(arr), starts, ends)
+
+
+def _is_ascii(table: np.ndarray) -> bool:
+    return not table.shape[0] or int(table.max()) < 0x80
 
 
 def _string_bounds(table: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -309,10 +313,11 @@ def _string_bounds(table: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, 
     return starts, np.append(nul, n)[np.searchsorted(nul, starts)]
 
 
-def _cut(table: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
-    """The strings ``table[starts:ends]``, as :func:`c_strings` decodes them."""
+def _cut(table: bytes, ascii: bool, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The strings ``table[starts:ends]``, as :func:`c_strings` decodes them
+    (``ascii``: the table's bytes all are)."""
     pairs = zip(starts.tolist(), ends.tolist(), strict=True)
-    if arr.shape[0] and int(arr.max()) < 0x80:
+    if ascii:
         text = table.decode("ascii")
         return [text[a:b] for a, b in pairs]
     return [table[a:b].decode("utf-8", "replace") for a, b in pairs]
@@ -350,7 +355,7 @@ def _read_symbols(
     # Per table: its strings, and where its symbols' names are in them.
     # The names that sort symbols are measured in place; only the names
     # kept are made into strings (about two thirds of them).
-    strings: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    strings: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]] = []
     for section, offset, size, entsize, str_offset, str_size in tables:
         if entsize != dtype.itemsize or size % entsize:
             raise ImageError(f"{path}: malformed symbol table {section} (entry size {entsize})")
@@ -370,7 +375,7 @@ def _read_symbols(
         )
         entries = entries[keep]
         table = buf[str_offset : str_offset + str_size]
-        strings.append((table, *_string_bounds(table, entries["name"])))
+        strings.append((table, *_string_bounds(table, entries["name"]), _is_ascii(table)))
         value_parts.append(entries["value"].astype(np.uint64))
         size_parts.append(entries["size"].astype(np.uint64))
         kind_parts.append(
@@ -378,7 +383,7 @@ def _read_symbols(
                       FUNCTION)
         )  # fmt: skip
         bind_parts.append(entries["info"] >> 4)
-    if not sum(starts.shape[0] for _, starts, _ in strings):
+    if not sum(t[1].shape[0] for t in strings):
         return SymbolTable.empty()
 
     value = np.concatenate(value_parts)
@@ -386,7 +391,7 @@ def _read_symbols(
     kind = np.concatenate(kind_parts).astype(np.uint8)
     bind = np.concatenate(bind_parts)
     bind_rank = np.select([bind == STB_GLOBAL, bind == STB_WEAK, bind == STB_LOCAL], [0, 1, 2], 3)
-    underscores = np.concatenate([_leading_underscores(*t) for t in strings])
+    underscores = np.concatenate([_leading_underscores(*t[:3]) for t in strings])
     length = np.concatenate([_name_lengths(*t) for t in strings])
     sequence = np.arange(length.shape[0])
     order = np.lexsort(
@@ -405,25 +410,26 @@ def _read_symbols(
     )
 
 
-def _name_lengths(table: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _name_lengths(table: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                  ascii: bool) -> np.ndarray:  # fmt: skip
     """The lengths in characters of the strings ``table[starts:ends]`` as
     decoded (bytes, for a table of ASCII)."""
-    if not table.shape[0] or int(table.max()) < 0x80:
+    if ascii:
         return ends - starts
-    return np.array([len(n) for n in _cut(table.tobytes(), table, starts, ends)], np.int64)
+    return np.array([len(n) for n in _cut(table.tobytes(), False, starts, ends)], np.int64)
 
 
-def _names_of(strings: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+def _names_of(strings: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]],
               rows: np.ndarray) -> list[str]:  # fmt: skip
     """The names of symbols ``rows`` (numbered across the tables of
     ``strings`` in turn), decoded."""
     names: list[str] = [""] * rows.shape[0]
     first = 0
-    for table, starts, ends in strings:
+    for table, starts, ends, ascii in strings:
         last = first + starts.shape[0]
         at = np.flatnonzero((rows >= first) & (rows < last))
         local = rows[at] - first
-        cut = _cut(table.tobytes(), table, starts[local], ends[local])
+        cut = _cut(table.tobytes(), ascii, starts[local], ends[local])
         for j, name in zip(at.tolist(), cut, strict=True):
             names[j] = name
         first = last
