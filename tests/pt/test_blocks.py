@@ -12,8 +12,8 @@ from hwtrace.pt.blocks import OFF_ROW_STEP, OFF_VAL_STEP, BlockStore, CompactBlo
 @st.composite
 def block_rows(draw):
     """Rows of a few distinct blocks whose offsets and times change now and
-    then, by steps small and large: beyond a point's reach in bytes (over
-    2 GiB, backwards too) and in rows (more than 65,535 at one offset)."""
+    then, by steps small and large: beyond a point's reach in bytes
+    (backwards too) and in rows (more than OFF_ROW_STEP at one offset)."""
     n = draw(st.integers(1, 12000))  # (beyond the store's first 4,096 points)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     ip = rng.choice(np.array([0x1000, 0x1040, 0x2000, 0x7F0000001000], np.uint64), n)
@@ -53,6 +53,7 @@ def test_long_runs_at_one_offset_and_far_jumps():
     ninsn = np.ones(n, np.uint32)
     offset = np.full(n, 5 << 33, np.int64)
     offset[-3:] += 7 * OFF_VAL_STEP
+    offset[-1] += 5 << 30  # (a gap: 5 GiB on, ~164 K points)
     time = np.zeros(n, np.uint64)
     blocks = _stored(ip, ninsn, offset, time, 2)
     assert np.array_equal(blocks.column("offset"), offset)

@@ -94,7 +94,7 @@ def test_attribute_stored_is_attribute_rows_of_the_rows(n, held, per_thread, see
     pick = rng.integers(0, 9, n)
     ip, ninsn, mode = pool[pick], (pick + 1).astype(np.uint32), (pick % 2).astype(np.uint8)
     # Offsets and times that change every few rows, with some large steps.
-    offset = np.cumsum(rng.integers(0, 3, n) * rng.choice([1, 40, 1 << 33], n)).astype(np.int64)
+    offset = np.cumsum(rng.integers(0, 3, n) * rng.choice([1, 40, 1 << 22], n)).astype(np.int64)
     time = np.repeat(np.cumsum(rng.integers(0, 900, n)), rng.integers(1, 5, n))[:n]
     time = time.astype(np.uint64) + np.uint64(1 << 20)
     time[rng.random(n) < 0.05] = 0

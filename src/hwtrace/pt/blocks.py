@@ -7,7 +7,7 @@ offset, time: 30 bytes each) are kept as a key into a table of distinct
 ``(address, instructions, mode, image)`` blocks (2 bytes per row while
 there are fewer than 65,535 of them, then 4) plus the rows at which the
 trace offset and the time change (the offset changes about once per five
-blocks, at each TNT or TIP packet: 6 bytes each, the rows since the last
+blocks, at each TNT or TIP packet: 3 bytes each, the rows since the last
 change and the offset's step; the time at timing packets).  Memory a
 process has never touched costs far more to fill than to read, so this is
 what makes keeping a decoding's results about as cheap as counting them.
@@ -41,10 +41,13 @@ S_ID, S_LIVE, S_OFF_AT, S_OFF_BASE = 13, 14, 15, 16
 _SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT)
 S_SAVED = 17  # 17..23: the slots of _SAVED_SLOTS as they were
 _NS = 24
-# An offset point's steps: rows (uint16) and bytes (int32); a larger step
-# takes several points (see _far_offset_point).
-OFF_ROW_STEP = 0xFFFF
-OFF_VAL_STEP = 0x7FFFFFFF
+# An offset point's steps: rows (uint8) and bytes (int16); a larger step
+# takes several points (see _far_offset_point).  Between two TNT or TIP
+# packets a decoder passes a few rows and a few bytes (at most 12 rows and
+# 52 bytes in a whole flow trace of 32 M blocks), so 3 bytes a point keep
+# offsets at a fifth of what the block keys take; 6 took a third.
+OFF_ROW_STEP = 0xFF
+OFF_VAL_STEP = 0x7FFF
 # Why the compaction loop stopped before the batch's end.
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
@@ -328,7 +331,7 @@ def dummy_store() -> tuple:
     global _DUMMY
     if _DUMMY is None:
         cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
-                np.zeros(1, np.uint16), np.zeros(1, np.uint16), np.zeros(1, np.int32),
+                np.zeros(1, np.uint16), np.zeros(1, np.uint8), np.zeros(1, np.int16),
                 np.zeros(1, np.int64), np.zeros(1, np.uint64))  # fmt: skip
         tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
         state = np.zeros(_NS, np.int64)
@@ -354,8 +357,8 @@ class BlockStore:
         # The trace offset changes about once per five rows; sized so they
         # never need copying (pages never written cost nothing).
         changes = max(expect_rows // 4, 1 << 12)
-        self.off_row = np.empty(changes, np.uint16)
-        self.off_val = np.empty(changes, np.int32)
+        self.off_row = np.empty(changes, np.uint8)
+        self.off_val = np.empty(changes, np.int16)
         self.time_row = np.empty(changes, np.int64)
         self.time_val = np.empty(changes, np.uint64)
         self.state = np.zeros(_NS, np.int64)
@@ -459,9 +462,10 @@ class BlockStore:
             if s[S_KEYS] >= self.k_ip.shape[0] or 2 * s[S_KEYS] >= self.h_ip.shape[0]:
                 self._new_table(2 * self.k_ip.shape[0])
         elif why == _FULL_OFF:
-            n = int(s[S_OFF])
-            self.off_row = _grown(self.off_row, n, 2 * n)
-            self.off_val = _grown(self.off_val, n, 2 * n)
+            # (A far jump's points may not fit even an empty store.)
+            n, size = int(s[S_OFF]), 2 * self.off_row.shape[0]
+            self.off_row = _grown(self.off_row, n, size)
+            self.off_val = _grown(self.off_val, n, size)
         else:
             n = int(s[S_TIME])
             self.time_row = _grown(self.time_row, n, 2 * n)
@@ -615,7 +619,7 @@ class CompactBlocks:
         self.image = (m >> np.uint64(40)).astype(np.uint16)
         self.n = int(self.keys.shape[0])
         rows_t, vals_t, base = [], [], 0
-        # The offsets stay as the stores keep them (steps: 6 bytes a point
+        # The offsets stay as the stores keep them (steps: 3 bytes a point
         # where absolute ones take 16) until a column is asked for.
         self._offset_steps: list[tuple[np.ndarray, np.ndarray, int, int]] = []
         for s in stores:
