@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,3 +67,35 @@ def test_long_runs_at_one_offset_and_far_jumps():
     b.append(ip[-4:], ninsn[-4:], np.full(4, 64, np.uint8), offset[-4:], time[-4:])
     joined = CompactBlocks([a, b])
     assert np.array_equal(joined.column("offset"), np.concatenate([offset[:5], offset[-4:]]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=block_rows(), cuts=st.lists(st.integers(0, 12000), max_size=3))
+def test_stores_joined(rows, cuts):
+    """The stores of several decoding threads, joined: the rows of each in
+    order, one table without a block twice, the first store's keys kept."""
+    ip, ninsn, offset, time = rows
+    bounds = [0, *sorted(min(c, ip.shape[0]) for c in cuts), ip.shape[0]]
+    stores = []
+    for lo, hi in itertools.pairwise(bounds):
+        s = BlockStore(16)
+        mode = np.full(hi - lo, 64, np.uint8)
+        # (every other store's blocks in another image: blocks of the same
+        # address and size that are not the same block)
+        s.append(ip[lo:hi], ninsn[lo:hi], mode, offset[lo:hi], time[lo:hi], image=len(stores) % 2)
+        stores.append(s)
+    joined = CompactBlocks(stores)
+    assert joined.n == ip.shape[0]
+    assert np.array_equal(joined.column("ip"), ip)
+    assert np.array_equal(joined.column("ninsn"), ninsn)
+    assert np.array_equal(joined.column("offset"), offset)
+    assert np.array_equal(joined.column("time"), time)
+    want_image = np.concatenate(
+        [np.full(hi - lo, k % 2, np.uint16) for k, (lo, hi) in
+         enumerate(itertools.pairwise(bounds))]
+    )  # fmt: skip
+    assert np.array_equal(joined.column("image"), want_image)
+    table = set(zip(joined.ip.tolist(), joined.ninsn.tolist(), joined.image.tolist(), strict=True))
+    assert len(table) == joined.ip.shape[0]
+    first = stores[0].key_column()
+    assert np.array_equal(joined.keys[: first.shape[0]], first)

@@ -242,6 +242,21 @@ def _await(marks: Path, piece: str) -> None:
         time.sleep(0.05)
 
 
+def _joined_stores() -> None:
+    """Join two threads' block stores, as a decoding on several threads
+    does (its renumbering loop)."""
+    from ..pt.blocks import BlockStore, CompactBlocks
+
+    stores = []
+    for first in (BASE, BASE + 0x10):
+        store = BlockStore(16)
+        ip = np.array([first, first + 0x20], np.uint64)
+        store.append(ip, np.ones(2, np.uint32), np.full(2, 64, np.uint8),
+                     np.zeros(2, np.int64), np.zeros(2, np.uint64))  # fmt: skip
+        stores.append(store)
+    CompactBlocks(stores)
+
+
 def warm_parts(pieces, marks: str | None = None, elsewhere=(), parent: int | None = None) -> None:
     """Run the warm-up ``pieces`` (of :data:`PIECES`' values) in this
     process, in order.  With ``marks`` (a directory the processes of one
@@ -293,6 +308,7 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
     elif piece == "library":
         for keep in (True, False):
             decode_trace(TRACE, image, cfg, keep_blocks=keep)
+        _joined_stores()
     elif piece == "fill":
         # The decoder's fills, a code table that grows (any program larger
         # than the warm-up's), and one filled by iced-x86 (32-bit code, or
