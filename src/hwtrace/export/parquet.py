@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from ..columns import repeated
 from ..image.symbols import SymbolTable
+from ..pt.blocks import gather
 from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
@@ -279,10 +280,14 @@ class Names:
         if new.shape[0]:
             known.learn(*_space_ids(q, self, space, new, table))
         image = known.image[: known.count]
+        symbol = np.empty(index.shape[0], np.int64)
+        gather(known.symbol, index, symbol)
         if image.shape[0] and pages.one_value(image):
             # (mostly one file: no need to look it up a row)
-            return known.symbol[index], repeated(image[0], index.shape[0], np.int64)
-        return known.symbol[index], known.image[index]
+            return symbol, repeated(image[0], index.shape[0], np.int64)
+        by_row = np.empty(index.shape[0], np.int64)
+        gather(known.image, index, by_row)
+        return symbol, by_row
 
     def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Start, end and image id of an image's sections, by address."""

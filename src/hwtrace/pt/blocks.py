@@ -590,18 +590,18 @@ def _joined_keys(
         if base == 0:
             out[:] = part  # (numbered as they were)
         else:
-            renumber(renumbered[base : base + s.n_keys].astype(wide), part, out)
+            gather(renumbered[base : base + s.n_keys].astype(wide), part, out)
         row += part.shape[0]
         base += s.n_keys
     return first[order], keys
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def renumber(number, keys, out):
-    """``out[i] = number[keys[i]]``: a store's keys in a joined table
-    (numpy's gathers take 4-9 ns a row here, this loop well under 1)."""
-    for i in range(keys.shape[0]):
-        out[i] = number[keys[i]]
+def gather(table, index, out):
+    """``out[i] = table[index[i]]``: a column looked up by each row's key
+    (numpy's gathers take 3-9 ns a row here, this loop well under 1)."""
+    for i in range(index.shape[0]):
+        out[i] = table[index[i]]
 
 
 def expand_changes(rows: np.ndarray, values: np.ndarray, n: int, dtype) -> np.ndarray:
@@ -688,4 +688,4 @@ class CompactBlocks:
         return getattr(self, name)[self.keys]
 
 
-__all__ = ["BlockStore", "CompactBlocks", "expand_changes"]
+__all__ = ["BlockStore", "CompactBlocks", "expand_changes", "gather"]
