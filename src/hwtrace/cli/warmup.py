@@ -243,18 +243,23 @@ def _await(marks: Path, piece: str) -> None:
 
 
 def _joined_stores() -> None:
-    """Join two threads' block stores, as a decoding on several threads
-    does (its renumbering loop)."""
+    """Join threads' block stores, as a decoding on several threads does
+    (its renumbering loop): of a small program (2-byte keys), and of one
+    with more than 65,535 distinct blocks (4-byte keys in the joined column
+    and in one of the stores, either first)."""
     from ..pt.blocks import BlockStore, CompactBlocks
 
-    stores = []
-    for first in (BASE, BASE + 0x10):
-        store = BlockStore(16)
-        ip = np.array([first, first + 0x20], np.uint64)
-        store.append(ip, np.ones(2, np.uint32), np.full(2, 64, np.uint8),
-                     np.zeros(2, np.int64), np.zeros(2, np.uint64))  # fmt: skip
-        stores.append(store)
-    CompactBlocks(stores)
+    def store(first: int, n: int) -> BlockStore:
+        s = BlockStore(16)
+        ip = first + 0x10 * np.arange(n, dtype=np.uint64)
+        s.append(ip, np.ones(n, np.uint32), np.full(n, 64, np.uint8), np.zeros(n, np.int64),
+                 np.zeros(n, np.uint64))  # fmt: skip
+        return s
+
+    CompactBlocks([store(BASE, 2), store(BASE + 0x10, 2)])
+    big = store(BASE, 1 << 16)
+    CompactBlocks([big, store(BASE + 0x10, 2)])
+    CompactBlocks([store(BASE + 0x10, 2), big])
 
 
 def warm_parts(pieces, marks: str | None = None, elsewhere=(), parent: int | None = None) -> None:
