@@ -196,12 +196,23 @@ def _dtype_key(dt: np.dtype) -> str:
     return dt.str if dt.fields is None else repr(dt.descr)
 
 
+# Per dtype object (held, so that its id stays its own): its key and
+# whether numba takes its arrays as aligned (all but records of a packed
+# struct dtype).  A dtype's string costs more than the lookup.
+_dtype_keys: dict[int, tuple] = {}
+
+
 def _array_key(a: np.ndarray) -> tuple:
     f = a.flags
     layout = "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
-    # numba's arrays are "aligned" but for records of a packed struct dtype
-    aligned = a.dtype.fields is None or a.dtype.isalignedstruct
-    return ("a", _dtype_key(a.dtype), a.ndim, layout, not f.writeable, aligned)
+    dt = a.dtype
+    known = _dtype_keys.get(id(dt))
+    if known is None or known[0] is not dt:
+        known = (dt, _dtype_key(dt), dt.fields is None or dt.isalignedstruct)
+        if len(_dtype_keys) > 4096:
+            _dtype_keys.clear()
+        _dtype_keys[id(dt)] = known
+    return ("a", known[1], a.ndim, layout, not f.writeable, known[2])
 
 
 def _value_key(v) -> Any:
@@ -228,10 +239,20 @@ def _value_key(v) -> Any:
     return ("?", type(v).__name__)
 
 
+_char_at = ctypes.c_char.from_buffer
+_address_of = ctypes.addressof
+
+
 def _flat_array(a: np.ndarray) -> list[int]:
     # numba's array model: meminfo, parent, nitems, itemsize, data, shape,
     # strides (the native calling convention flattens it to scalars).
-    return [0, 0, a.size, a.itemsize, a.ctypes.data, *a.shape, *a.strides]
+    try:
+        # (a writable contiguous buffer's address, without numpy's ctypes
+        # object: a fifth of the time)
+        data = _address_of(_char_at(a))
+    except (TypeError, ValueError, BufferError):
+        data = a.ctypes.data
+    return [0, 0, a.size, a.itemsize, data, *a.shape, *a.strides]
 
 
 class _ArrayMemo:
