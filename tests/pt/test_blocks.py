@@ -99,3 +99,33 @@ def test_stores_joined(rows, cuts):
     assert len(table) == joined.ip.shape[0]
     first = stores[0].key_column()
     assert np.array_equal(joined.keys[: first.shape[0]], first)
+
+
+def test_rows_named_by_the_keys_of_stored_rows():
+    """row_keys names rows by the store's keys without storing them: a
+    block stored before gets its key, a new one a key added to the table
+    (the table growing, and the key column widening past 65,535 blocks, as
+    storing them would)."""
+    store = BlockStore(expect_rows=16)
+    mode64 = np.full(3, 64, np.uint8)
+    ip = np.array([0x1000, 0x2000, 0x1000], np.uint64)
+    store.append(ip, np.array([3, 4, 3], np.uint32), mode64, np.zeros(3, np.int64),
+                 np.zeros(3, np.uint64))  # fmt: skip
+    out = np.zeros(4, np.uint32)
+    store.row_keys(np.array([0x2000, 0x1000, 0x3000, 0x1000], np.uint64),
+                   np.array([4, 3, 1, 5], np.uint32), np.full(4, 64, np.uint8), np.int64(0),
+                   out)  # fmt: skip
+    assert out.tolist()[:2] == store.key_column()[1::-1].tolist()
+    assert len(set(out.tolist())) == 4 and len(store) == 3
+    t = store.table()
+    assert t["ip"][out].tolist() == [0x2000, 0x1000, 0x3000, 0x1000]
+    assert t["ninsn"][out].tolist() == [4, 3, 1, 5]
+    # Past what a 2-byte key names.
+    n = 70_000
+    many = np.arange(n, dtype=np.uint64) * np.uint64(16) + np.uint64(0x100000)
+    out = np.zeros(n, np.uint32)
+    store.row_keys(many, np.ones(n, np.uint32), np.full(n, 64, np.uint8),
+                   np.zeros(n, np.int64), out)  # fmt: skip
+    assert not store.live and store.n_keys == 4 + n
+    assert np.array_equal(store.table()["ip"][out], many)
+    assert store.key_column().tolist() == [0, 1, 0]

@@ -117,6 +117,13 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
             assert (v == v[0]).all(), c
         dense = b.dense()
         assert all(getattr(dense, c).flags.c_contiguous for c in COLUMNS)
+        if b.keys is not None:
+            # Each block named by its key into the decoder's table of
+            # distinct blocks, the rows it stored and those it wrote out.
+            for c in ("ip", "ninsn", "mode", "image"):
+                np.testing.assert_array_equal(b.key_table[c][b.keys], getattr(b, c), c)
+    # (all but the last block, passed on once the queue ends)
+    assert all(b.keys is not None for b in got[:-1]) == (not runs)
     assert (q.block_duration > 0).any() and (q.block_ns >= 0).all()
     ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
     np.testing.assert_array_equal(ips, expected)

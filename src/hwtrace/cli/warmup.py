@@ -353,6 +353,7 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         data = _wrapped(tmp, trace, cfg)
         status |= decode_main(["-i", str(data), "-o", str(tmp / "flow"), "--instructions",
                                "--no-progress"])  # fmt: skip
+        _writer_loops(tmp / "writer.parquet")
     else:
         raise ValueError(f"no warm-up piece {piece}")
     return status
@@ -462,6 +463,23 @@ def _attribution_loops() -> None:
                      np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
                      np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
     A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
+
+
+def _writer_loops(path: Path) -> None:
+    """Compile the Parquet writer's loops the loop's dataset does not reach:
+    a dictionary of many values (its table grows) and a boolean column
+    that is not of one value (a flow with gaps)."""
+    import pyarrow as pa
+
+    from ..export.parquet_file import ParquetFileWriter, column_specs
+
+    n = 2000
+    schema = pa.schema([("ip", pa.uint64()), ("gap", pa.bool_())])
+    specs = column_specs(schema, {"dictionary": ["ip"]}, {})
+    w = ParquetFileWriter(path, schema, specs)
+    w.write_row_group([({"ip": np.arange(n, dtype=np.uint64),
+                         "gap": np.arange(n) % 3 == 0}, n)])  # fmt: skip
+    w.close()
 
 
 def _record_loops(tmp: Path) -> None:

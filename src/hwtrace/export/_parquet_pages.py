@@ -562,3 +562,100 @@ def index_values(values, keys, slots, entries, count, out):
             count += 1
         out[i] = index
     return count
+
+
+# -- columns named by block keys ------------------------------------------------
+#
+# Several columns of the block rows (address, instructions, symbol, image)
+# depend only on the block, and the decoder names each row's block by a key
+# into its table of distinct blocks.  A chunk of such a column needs no value
+# hashed: its dictionary is made from the chunk's distinct keys (a few
+# thousand), and a row's index is its key's.  A column with a value per key
+# (the address, nearly) has the index pages of the keys themselves, made
+# once for all such columns; another (instructions, symbol) maps each key to
+# its value's index first.
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_keyed(keys, n, state, local, entries, indices, out):
+    """An RLE_DICTIONARY page of ``n`` rows named by ``keys``, none null:
+    each row's index in the chunk's dictionary of keys (``entries``: the
+    keys in the order first seen, ``state[ST_DICT]`` of them;
+    ``local[key]``: a key's index, -1: not in it yet), a byte of bit width,
+    then the indices in the hybrid.  Returns the page's length."""
+    count = state[ST_DICT]
+    for i in range(n):
+        k = keys[i]
+        j = local[k]
+        if j < 0:
+            j = count
+            local[k] = j
+            entries[count] = k
+            count += 1
+        indices[i] = j
+    state[ST_DICT] = count
+    return _index_page(indices, n, _index_width(count), out)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _index_page(indices, n, width, out):
+    """The page of ``n`` non-null rows of dictionary ``indices``: levels,
+    the width, the indices in the hybrid (one RLE run when all are the
+    same, as :func:`encode_dictionary` writes a page of one value)."""
+    pos = _rle_run(out, 4, n, 1, 1)
+    _put_le(out, 0, pos - 4, 4)
+    out[pos] = width
+    if n > 0:
+        differ = indices[0] ^ indices[0]
+        for i in range(n):
+            differ |= indices[i] ^ indices[0]
+        if differ == 0:
+            return _rle_run(out, pos + 1, n, indices[0], width)
+    return _hybrid(out, pos + 1, indices, n, width)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def keyed_values(table, entries, count, null, unsigned, rows, state, values):
+    """The dictionary of a keyed chunk of ``rows`` rows: each of its
+    ``count`` keys' value in ``table`` into ``values``, with the chunk's
+    statistics into ``state``.  Returns False (``state`` then unusable)
+    when one of them is null: such a column is not keyed."""
+    for e in range(count):
+        v = table[entries[e]]
+        if null != NOT_NULL and _is_null(v, null):
+            return False
+        values[e] = v
+        _see(state, v, unsigned)
+    state[ST_SEEN] += rows - count
+    state[ST_VALUES] += rows
+    return True
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_mapped(keys, n, key_index, width, indices, out):
+    """An RLE_DICTIONARY page of ``n`` rows named by ``keys``, none null,
+    each row's index ``key_index[key]`` (``width`` bits), as
+    :func:`encode_keyed`'s.  Returns the page's length."""
+    for i in range(n):
+        indices[i] = key_index[keys[i]]
+    return _index_page(indices, n, width, out)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def index_width(count):
+    """Bits of an index into a dictionary of ``count`` entries."""
+    return _index_width(count)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def forget_keys(local, entries, count):
+    """Empty a keyed dictionary of ``count`` entries for the next chunk."""
+    for e in range(count):
+        local[entries[e]] = -1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def mark_keys(keys, seen):
+    """``seen[k]`` set for each key of ``keys``."""
+    for i in range(keys.shape[0]):
+        seen[keys[i]] = True

@@ -46,7 +46,7 @@ from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
-from .parquet_file import ParquetFileWriter, Piece, RowNumbers, _Scratch, column_specs
+from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, _Scratch, column_specs
 from .query import FORMAT, read_meta
 
 __all__ = [
@@ -437,16 +437,34 @@ def _space_ids(
     return s, i
 
 
+def _keyed_ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_ids` of the distinct blocks of ``b.key_table`` that ``b``'s
+    rows name (0 for the others), and which those are: once a block, not
+    once a row."""
+    t = b.key_table
+    k_ip, k_space = t["ip"], t["image"]
+    seen = np.zeros(k_ip.shape[0], np.bool_)
+    pages.mark_keys(b.keys, seen)
+    sym = np.zeros(k_ip.shape[0], np.int64)
+    img = np.zeros(k_ip.shape[0], np.int64)
+    for space in np.unique(k_space[seen]).tolist():
+        sel = np.flatnonzero(seen & (k_space == space))
+        sym[sel], img[sel] = names.block_ids(b.queue, int(space), k_ip[sel])
+    return sym, img, seen
+
+
 def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
     return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
-def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNumbers]:
+def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed]:
     """One batch of attributed blocks as numpy columns of
     :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says); a column
     of one value is a read-only broadcast of it, ``row`` a
-    :class:`~.parquet_file.RowNumbers` (``numpy.asarray`` gives either's
-    values).
+    :class:`~.parquet_file.RowNumbers`, and when the batch has block keys
+    the columns of the block (``ip``, ``instructions``, ``symbol``,
+    ``image``) are :class:`~.parquet_file.Keyed` (``numpy.asarray`` gives
+    any one's values).
 
     The rows depend only on the batch: the same batch gives the same rows in
     any process, whatever ``names`` met before (``names`` gathers the
@@ -456,9 +474,25 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
     """
     n = len(b)
     q = b.queue
-    sym, img = _ids(b, names)
     offset = np.asarray(b.offset, np.int64) if b.offset is not None else repeated(-1, n, np.int64)
     one = b.uniform
+    ip: np.ndarray | Keyed = np.asarray(b.ip, np.uint64)
+    ninsn: np.ndarray | Keyed = np.asarray(b.ninsn, np.int64)
+    if b.keys is not None and b.key_table is not None:
+        # (columns of the block: a dictionary of the batch's distinct
+        # blocks, each row its key)
+        t = b.key_table
+        sym_k, img_k, seen = _keyed_ids(b, names)
+        ip, ninsn = Keyed(b.keys, t["ip"]), Keyed(b.keys, t["ninsn"].astype(np.int64))
+        sym = Keyed(b.keys, sym_k)
+        images = img_k[seen]
+        if images.shape[0] and (images == images[0]).all():
+            img = repeated(int(images[0]), n, np.int64)  # (mostly one file)
+        else:
+            img = Keyed(b.keys, img_k)
+    else:
+        sym, img = _ids(b, names)
+        img = _one_value(img, np.int64)
     return {
         "queue": repeated(q.index, n, np.int32),
         "cpu": repeated(q.cpu, n, np.int32),
@@ -466,12 +500,12 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
         "pid": _one_value(b.pid, np.int64, "pid" in one),
         "time": np.asarray(b.ns, np.int64),
         "duration": np.asarray(b.duration, np.int64),
-        "ip": np.asarray(b.ip, np.uint64),
-        "instructions": np.asarray(b.ninsn, np.int64),
+        "ip": ip,
+        "instructions": ninsn,
         "mode": _one_value(b.mode, np.uint8, "mode" in one),
         "space": _one_value(b.image, np.int32, "image" in one),
         "symbol": sym,
-        "image": _one_value(img, np.int64),
+        "image": img,
         "row": RowNumbers(b.row, n),
         "gap": _one_value(b.gap, np.bool_),
         "trace_offset": offset,

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from . import _parquet_pages as pp
 
-__all__ = ["ColumnSpec", "ParquetFileWriter", "RowNumbers", "column_specs"]
+__all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "column_specs"]
 
 # Thrift compact protocol types (Apache Thrift, "Thrift Compact protocol").
 _T_TRUE, _T_FALSE, _T_I8, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
@@ -200,6 +200,15 @@ class _Scratch:
         # as written, the dictionary and data pages' places in them, sizes
         # and encodings, and the chunk's statistics (ParquetFileWriter).
         self.constant_chunks: dict[tuple, tuple] = {}
+        # Keyed chunks (see Keyed): a key's index in the chunk's dictionary
+        # (-1: none), the chunk's keys in order, and per row group the index
+        # pages made of each run of pieces' keys, and their compressions.
+        self.key_local = np.full(1 << 12, -1, np.int32)
+        self.key_entries = np.zeros(1 << 12, np.int64)
+        self.key_values = np.zeros(1 << 12, np.int64)
+        self.key_index = np.zeros(1 << 12, np.int32)
+        self.keyed_pages: dict[tuple, tuple[list[bytes], np.ndarray, list[int]]] = {}
+        self.compressed: dict[int, tuple[bytes, bytes]] = {}
 
     def _table(self, size: int) -> None:
         # (the first ``size`` slots: a table of few entries stays in cache)
@@ -223,6 +232,41 @@ class _Scratch:
         """Empty the table for the next column chunk."""
         pp.reset_dictionary(self.slots, self.entries, count)
         self._table(pp.DICT_SLOTS_MIN)
+
+    def keyed(
+        self, pieces: Sequence[tuple[Keyed, int]]
+    ) -> tuple[list[bytes], np.ndarray, list[int]]:
+        """The index pages of keyed pieces (one per piece), the chunk's keys
+        in dictionary order and how many of them the pages up to each one
+        name; made once per row group for the pieces' keys (the columns
+        keyed by them share them)."""
+        memo_key = tuple((_address(k.keys), n) for k, n in pieces)
+        got = self.keyed_pages.get(memo_key)
+        if got is not None:
+            return got
+        size = max(k.table.shape[0] for k, _ in pieces)
+        if size > self.key_local.shape[0]:
+            self.key_local = np.full(2 * size, -1, np.int32)
+            self.key_entries = np.zeros(2 * size, np.int64)
+            self.key_values = np.zeros(2 * size, np.int64)
+            self.key_index = np.zeros(2 * size, np.int32)
+        state = np.zeros(pp.ST_SIZE, np.int64)
+        bodies, counts = [], []
+        for k, n in pieces:
+            size = pp.encode_keyed(k.keys, n, state, self.key_local, self.key_entries,
+                                   self.indices, self.out)  # fmt: skip
+            bodies.append(self.out[:size].tobytes())
+            counts.append(int(state[pp.ST_DICT]))
+        count = int(state[pp.ST_DICT])
+        entries = self.key_entries[:count].copy()
+        pp.forget_keys(self.key_local, entries, count)
+        got = self.keyed_pages[memo_key] = (bodies, entries, counts)
+        return got
+
+    def new_row_group(self) -> None:
+        """Forget the pages made for the last row group."""
+        self.keyed_pages.clear()
+        self.compressed.clear()
 
     def grow(self, rows: int) -> None:
         if rows <= self.rows:
@@ -267,6 +311,43 @@ class RowNumbers:
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         return np.arange(self.first, self.first + self.n, dtype=dtype or np.int64)
+
+
+class Keyed:
+    """A column whose values depend only on each row's block: ``keys``
+    (one per row) into ``table`` (a value per distinct block).  The
+    writer makes a dictionary chunk of it from the keys, its index pages
+    shared with the other columns keyed by the same keys.  Slices as a
+    numpy array does; ``numpy.asarray`` gives its values."""
+
+    __slots__ = ("keys", "table")
+    ndim = 1
+
+    def __init__(self, keys: np.ndarray, table: np.ndarray) -> None:
+        self.keys, self.table = keys, table
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.table.dtype
+
+    @property
+    def shape(self) -> tuple[int]:
+        return self.keys.shape
+
+    def __len__(self) -> int:
+        return self.keys.shape[0]
+
+    def __getitem__(self, rows: slice) -> Keyed:
+        return Keyed(self.keys[rows], self.table)
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        values = np.take(self.table, self.keys)
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+
+def _address(a: np.ndarray) -> tuple[int, int]:
+    """Where an array's values are (views of the same rows are equal)."""
+    return a.__array_interface__["data"][0], a.strides[0]
 
 
 def _row_numbers_page(rows: RowNumbers, state: np.ndarray) -> bytes:
@@ -333,6 +414,7 @@ class ParquetFileWriter:
         if not rows:
             return
         self.scratch.grow(max(n for _, n in pieces))
+        self.scratch.new_row_group()
         start = self.offset
         chunks = [self._write_chunk(spec, pieces) for spec in self.specs]
         rg = _Struct().structs(1, [c for c, _ in chunks])
@@ -347,8 +429,17 @@ class ParquetFileWriter:
         s = self.scratch
         pages = []
         dictionary = spec.encoding == "dictionary"
+        keyed = [(cols[spec.name], n) for cols, n in pieces]
+        if all(isinstance(k, Keyed) for k, _ in keyed):
+            if dictionary and spec.physical != _BOOLEAN:
+                got = self._encode_keyed(spec, keyed, state)
+                if got is not None:
+                    return got
+                state[:] = 0
         for cols, n in pieces:
             values = cols[spec.name]
+            if isinstance(values, Keyed):
+                values = np.asarray(values)
             if isinstance(values, RowNumbers):
                 if spec.encoding == "delta" and spec.null == pp.NOT_NULL:
                     pages.append((_DELTA_BINARY_PACKED, n, _row_numbers_page(values[:n], state)))
@@ -379,6 +470,44 @@ class ParquetFileWriter:
         body = s.out[:size].tobytes()
         s.reset_dictionary(count)
         return pages, body, count
+
+    def _encode_keyed(self, spec: ColumnSpec, pieces: Sequence[tuple[Keyed, int]],
+                      state: np.ndarray):  # fmt: skip
+        """:meth:`_encode` of a chunk of keyed pieces: None when a value of
+        it is null (the chunk is then encoded from its values)."""
+        s = self.scratch
+        bodies, entries, counts = s.keyed(pieces)
+        count = entries.shape[0]
+        # (the latest table: the pieces' tables are the decoder's table of
+        # distinct blocks as it grew)
+        table = _encodable(max((k.table for k, _ in pieces), key=len))
+        rows = sum(n for _, n in pieces)
+        if not pp.keyed_values(table, entries, count, spec.null, spec.unsigned, rows, state,
+                               s.key_values):  # fmt: skip
+            return None
+        values = s.key_values[:count]
+        # The column's dictionary: its values in the order first met (the
+        # keys' order), each key's index there.
+        distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+        if distinct.shape[0] == count:
+            # (a value per key: the keys' own index pages)
+            pages = [(_RLE_DICTIONARY, n, b) for (_, n), b in zip(pieces, bodies, strict=True)]
+            dictionary = values
+        else:
+            order = np.argsort(first)
+            rank = np.empty(order.shape[0], np.int32)
+            rank[order] = np.arange(order.shape[0], dtype=np.int32)
+            s.key_index[entries] = rank[inverse.reshape(-1)]
+            seen = np.maximum.accumulate(rank[inverse.reshape(-1)]) + 1
+            dictionary = distinct[order]
+            pages = []
+            for (k, n), c in zip(pieces, counts, strict=True):
+                width = pp.index_width(int(seen[c - 1]) if c else 0)
+                size = pp.encode_mapped(k.keys, n, s.key_index, width, s.indices, s.out)
+                pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
+        state[pp.ST_DICT] = dictionary.shape[0]
+        size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)
+        return pages, s.out[:size].tobytes(), int(dictionary.shape[0])
 
     def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple[_Struct, int]:
         """Write a column chunk; its ColumnChunk and its uncompressed size.
@@ -465,7 +594,18 @@ class ParquetFileWriter:
              written: list[bytes] | None = None) -> tuple[int, int]:  # fmt: skip
         """Write one page (and add its bytes to ``written``); its
         uncompressed and compressed sizes, headers included."""
-        data = body if self.codec is None else self.codec.compress(body, asbytes=True)
+        if self.codec is None:
+            data = body
+        else:
+            # (an index page of several keyed columns is compressed once)
+            memo = self.scratch.compressed
+            got = memo.get(id(body))
+            if got is not None and got[0] is body:
+                data = got[1]
+            else:
+                data = self.codec.compress(body, asbytes=True)
+                if kind == _DATA_PAGE and encoding == _RLE_DICTIONARY:
+                    memo[id(body)] = (body, data)
         h = _Struct().i32(1, kind).i32(2, len(body)).i32(3, len(data))
         if kind == _DATA_PAGE:
             h.struct(5, _Struct().i32(1, n).i32(2, encoding).i32(3, _RLE).i32(4, _RLE))

@@ -471,6 +471,21 @@ class BlockStore:
             self.time_row = _grown(self.time_row, n, 2 * n)
             self.time_val = _grown(self.time_val, n, 2 * n)
 
+    def row_keys(self, ip: np.ndarray, ninsn: np.ndarray, mode: np.ndarray,
+                 image: np.ndarray, out: np.ndarray) -> None:  # fmt: skip
+        """Each row's key into :meth:`table` (blocks not met before added to
+        it) into ``out``, without storing the rows: how the rows a decoder
+        wrote out, not stored, are named by the same keys as those it
+        stored.  ``image``: a value a row, or one for all."""
+        image = np.asarray(image, np.int64).reshape(-1)
+        start, end = 0, ip.shape[0]
+        while start < end:
+            start = _row_keys(ip, ninsn, mode, image, start, end, out, self.keys,
+                              (self.h_ip, self.h_meta, self.h_id),
+                              (self.k_ip, self.k_ninsn, self.k_mode, self.k_image), self.state)  # fmt: skip
+            if start < end:
+                self._grow(_FULL_KEYS)
+
     def drain(self, ip: np.ndarray, ninsn: np.ndarray, mode: np.ndarray, image: np.ndarray,
               offset: np.ndarray, time: np.ndarray) -> int:  # fmt: skip
         """Write the rows held into the given columns (with room for them:
@@ -539,6 +554,26 @@ class BlockStore:
         """The rows where the time changes, and the new times."""
         n = int(self.state[S_TIME])
         return self.time_row[:n], self.time_val[:n]
+
+
+@aot.njit(cache=True, _nrt=False)
+def _row_keys(ip, ninsn, mode, image, start, end, out, keys, tab, cols, state):
+    """Keys of rows ``start`` to ``end`` into ``out`` (see
+    BlockStore.row_keys); returns the row it stopped at, before ``end``
+    when the table is full."""
+    n_keys = state[S_KEYS]
+    key_limit = store_key_limit(keys, tab, cols)
+    one = image.shape[0] == 1
+    i = start
+    while i < end:
+        key, n_keys = _block_key(ip[i], ninsn[i], mode[i], image[0] if one else image[i], tab,
+                                 cols, n_keys, key_limit)  # fmt: skip
+        if key < 0:
+            break
+        out[i] = key
+        i += 1
+    state[S_KEYS] = n_keys
+    return i
 
 
 @aot.njit(cache=True, _nrt=False)

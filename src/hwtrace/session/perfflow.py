@@ -624,7 +624,12 @@ class PerfBlocks:
     ``gap``: the flow has a gap before the block (tracing stopped, a
     decode error).  ``row`` is the first block's number in its queue;
     ``offset``: where in the queue's trace each block's decoding began
-    (the packet ptdump lists there; None: not known)."""
+    (the packet ptdump lists there; None: not known).  ``keys``, when
+    given, names each block by a row of ``key_table`` (its ``ip``,
+    ``ninsn``, ``mode`` and ``image`` columns: the distinct blocks of the
+    decoder's :class:`~hwtrace.pt.blocks.BlockStore`), so that what
+    depends only on the block (its symbol, a dictionary of addresses) is
+    worked out once per distinct block."""
 
     queue: QueueInfo
     ip: np.ndarray
@@ -646,6 +651,8 @@ class PerfBlocks:
     #: stream whose run is not asked for they are read-only broadcasts of
     #: it (:meth:`dense` makes arrays of them)
     uniform: frozenset[str] = frozenset()
+    keys: np.ndarray | None = None
+    key_table: Mapping[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.ip.shape[0]
@@ -658,7 +665,8 @@ class PerfBlocks:
             return self
         cols = [np.ascontiguousarray(getattr(self, c)) for c in _COLUMNS]
         return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw, offset=self.offset,
-                          uniform=self.uniform)  # fmt: skip
+                          uniform=self.uniform, keys=self.keys,
+                          key_table=self.key_table)  # fmt: skip
 
     def split(self, max_insn: int) -> Iterator[PerfBlocks]:
         """The blocks in consecutive pieces of at most ``max_insn``
@@ -676,7 +684,8 @@ class PerfBlocks:
                 self.queue, *(getattr(self, c)[lo:hi] for c in _COLUMNS), row=self.row + lo,
                 ptw=self.ptw.piece(lo, hi) if self.ptw is not None else None,
                 offset=self.offset[lo:hi] if self.offset is not None else None,
-                uniform=self.uniform,
+                uniform=self.uniform, keys=self.keys[lo:hi] if self.keys is not None else None,
+                key_table=self.key_table,
             )  # fmt: skip
             lo = hi
 
@@ -699,7 +708,8 @@ class PerfBlocks:
         offset = self.offset[which] if self.offset is not None else None
         uniform = self.uniform - {"gap"} if gap is not None else self.uniform
         return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw, offset=offset,
-                          uniform=uniform)  # fmt: skip
+                          uniform=uniform, keys=self.keys[which] if self.keys is not None else None,
+                          key_table=self.key_table)  # fmt: skip
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
@@ -904,6 +914,7 @@ class QueueSink(FlowSink):
             return
         held = 1 if self.held is not None else 0
         total = n + held
+        keys = self._keys(held, m, rest, batch, total)
         # The columns passed on: the held block, then the gathered ones
         # (new arrays: whoever takes a batch may keep it), attributed in one
         # compiled pass.
@@ -945,6 +956,9 @@ class QueueSink(FlowSink):
         last = k == total - 1
         self.held_stop = int(stop_t[last][-1]) if last.any() else None
         self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
+        if keys is not None:
+            self.held["key"] = keys[total - 1 :].copy()
+        key_table = self.store.table() if keys is not None else None
         self.held_row = first_row + total - 1
         self.rows += n
         # The marks, numbered by the blocks of ``cols`` before each; those
@@ -960,12 +974,32 @@ class QueueSink(FlowSink):
             hi = min(lo + self.target, total - 1)
             self.emit(PerfBlocks(self.q, *(cols[c][lo:hi] for c in _COLUMNS), row=first_row + lo,
                                  ptw=marks.piece(lo, hi) if len(marks) else None,
-                                 offset=cols["offset"][lo:hi], uniform=uniform))  # fmt: skip
+                                 offset=cols["offset"][lo:hi], uniform=uniform,
+                                 keys=keys[lo:hi] if keys is not None else None,
+                                 key_table=key_table))  # fmt: skip
         if total == 1 and len(marks):
             # Only the held block: its marks wait with it.
             self.ptw_pending = PtwMarks.join(
                 [marks, self.ptw_pending] if self.ptw_pending else [marks]
             )
+
+    def _keys(self, held: int, m: int, rest: int,
+              batch: Mapping[str, np.ndarray | int] | None, total: int) -> np.ndarray | None:  # fmt: skip
+        """The next batch's block keys into the store's table (the held
+        block's, the stored rows', then the written-out rows' found or
+        added there), or None: no store, or the held block has none."""
+        store = self.store
+        if store is None or (held and "key" not in self.held):
+            return None
+        keys = np.empty(total, np.uint32)
+        if held:
+            keys[0] = self.held["key"][0]
+        if m:
+            keys[held : held + m] = store.key_column()
+        if rest:
+            src = batch if batch is not None else {c: v[:rest] for c, v in self.gather.items()}
+            store.row_keys(src["ip"], src["ninsn"], src["mode"], src["image"], keys[held + m :])
+        return keys
 
     def _uniform(
         self, held: int, m: int, rest: int, batch: Mapping[str, np.ndarray | int] | None,
@@ -1069,6 +1103,7 @@ class QueueSink(FlowSink):
         if self.held is None:
             return
         cols = dict(self.held)
+        cols.pop("key", None)
         zero = np.zeros(1, np.int64)
         stop = np.array([self.held_stop or 0], np.uint64)
         cols["duration"] = durations(cols["ns"], zero, self.ctx.stop_values(cols["ns"], zero, stop))
