@@ -134,6 +134,33 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
     assert len(pt) <= flow.queues[0].trace_bytes < len(pt) + 8 * (len(cuts) + 1)
 
 
+def test_a_full_store_is_passed_on_and_stored_into_again(tmp_path, monkeypatch):
+    """A compact stream's decoder stops when its block store is full, for
+    the stream to pass the stored rows on, and then stores (and replays)
+    into it again: rows are not written out while the store is full."""
+    from hwtrace.session import perfflow
+
+    run, pt, expected = _trace(40)
+    path = tmp_path / "pt.data"
+    _write(path, run, pt, [])
+    written, stored = [0], [0]
+    batch = perfflow.QueueSink.batch
+
+    def counted(self, b):
+        written[0] += b.ip.shape[0]
+        stored[0] += b.n_virtual
+        batch(self, b)
+
+    monkeypatch.setattr(perfflow.QueueSink, "batch", counted)
+    got, _ = _streamed(path, batch_rows=1 << 12, runs=False)
+    ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
+    np.testing.assert_array_equal(ips, expected)
+    total = sum(len(b) for b in got)
+    # (several batches: the store filled again and again)
+    assert len(got) > 3 and written[0] + stored[0] == total
+    assert written[0] < total // 50, (written[0], total)
+
+
 def test_stream_past_what_the_decoder_can_store(tmp_path, monkeypatch):
     """A compact stream whose store can no longer be stored into by the
     decoder (more distinct blocks than its keys hold) goes on with the

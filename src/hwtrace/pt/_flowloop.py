@@ -50,6 +50,7 @@ import numpy as np
 from .. import aot
 from ..isa.x86 import IClass, Special
 from .blocks import (
+    _FULL_OFF,
     OFF_ROW_STEP,
     OFF_VAL_STEP,
     S_ID,
@@ -3155,8 +3156,16 @@ def _fast(ds, pk, cf, ct, out):
                     s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
                     s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state,
                 )  # fmt: skip
+            if full and full != _FULL_OFF:
+                # The store is full: Python makes room (a stream passes its
+                # rows on, a collector grows it) and the decoder goes on
+                # storing, and replaying, from this run.  (Offset points a
+                # far jump needs may be more than room can be made for at
+                # once: that row waits in the output, Python appends it.)
+                why = FR_FULL
+                break
             if full:
-                direct = False  # full: rows wait in the output, Python grows the store
+                direct = False  # rows wait in the output, Python grows the store
             else:
                 s_started = 1
                 nvirt += 1
@@ -3465,6 +3474,11 @@ def run(ds, pk, cf, ct, out):
             return R_DONE
         if store[S_LIVE] and SI[O_NBLK] and not CF[CF_COUNT]:
             _store_output(ds, ct, out)
+            if SI[O_NBLK]:
+                # No room in the store: Python takes the waiting rows and
+                # makes room, so that rows are stored (and stretches
+                # replayed) again, not written out until the output is full.
+                return R_FULL
         if not _room(ds, out):
             return R_FULL
         if (

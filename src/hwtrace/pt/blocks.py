@@ -516,6 +516,26 @@ class BlockStore:
         if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
             self._grow(_FULL_KEYS)
 
+    def make_room(self, rows: int = 1 << 12) -> None:
+        """Grow what has less room than ``rows`` rows, change points and new
+        blocks need (the decoder stops when the store is full, for Python
+        to make room, and then stores into it again)."""
+        s = self.state
+        if s[S_ROWS] + rows > self.keys.shape[0]:
+            self.keys = _grown(self.keys, int(s[S_ROWS]), 2 * self.keys.shape[0] + rows)
+            self._kernel_store = None
+        if s[S_OFF] + rows > self.off_row.shape[0]:
+            self._grow(_FULL_OFF)
+        if s[S_TIME] + rows > self.time_row.shape[0]:
+            n, size = int(s[S_TIME]), 2 * self.time_row.shape[0]
+            self.time_row = _grown(self.time_row, n, size)
+            self.time_val = _grown(self.time_val, n, size)
+            self._kernel_store = None
+        wide = self.keys.dtype != np.uint16
+        limit = min(self.k_ip.shape[0], self.h_ip.shape[0] >> 1, 0x7FFFFFFF if wide else _U2_LIMIT)
+        if s[S_KEYS] + rows > limit:
+            self._grow(_FULL_KEYS)
+
     @property
     def live(self) -> bool:
         """Whether the decoder can store rows here itself (while the keys

@@ -312,6 +312,10 @@ class _Collector(FlowSink):
     def output(self) -> tuple:
         return self.storing_output(self.store)
 
+    def make_room(self) -> None:
+        if self.store is not None:
+            self.store.make_room()
+
     def batch(self, b: FlowBatch) -> None:
         nrows = b.ip.shape[0]
         if self.store is not None and nrows:

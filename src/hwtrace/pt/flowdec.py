@@ -156,6 +156,11 @@ class FlowSink:
     def batch(self, batch: FlowBatch) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def make_room(self) -> None:
+        """The decoder stopped with its output or its block store full (after
+        :meth:`batch` took what it had): a sink whose store the decoder
+        stores into grows it where it is full."""
+
 
 # What to do at an event the decoder stopped at: return an image to decode
 # with from now on, or None to keep the current one.
@@ -637,6 +642,8 @@ class FlowDecoder:
                 self.table.grow_runs()
             elif r == K.R_FULL:
                 self._flush(sink)
+                sink.make_room()
+                self.out = sink.output()
             elif r == K.R_EVENT:
                 self._flush(sink)
                 self._event(win.packets)

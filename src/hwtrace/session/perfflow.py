@@ -816,6 +816,7 @@ class QueueSink(FlowSink):
         self.gap_next = False  # a gap before the next block gathered
         self.ptw_pending: PtwMarks | None = None  # marks after the held block
         self.store = None
+        self.key_table: Mapping[str, np.ndarray] | None = None  # the last batch's
         if not runs:
             # The decoder stores rows itself until the store is full, then
             # writes them out until its buffers are: a batch is mostly
@@ -831,6 +832,10 @@ class QueueSink(FlowSink):
             # rows come out, in buffers as large as those passed on again.
             self.store, self.BLOCK_ROWS, self._out = None, self.large_rows, None
         return self.storing_output(self.store)
+
+    def make_room(self) -> None:
+        if self.store is not None:
+            self.store.make_room()
 
     def batch(self, b: FlowBatch) -> None:
         q = self.q
@@ -958,7 +963,7 @@ class QueueSink(FlowSink):
         self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
         if keys is not None:
             self.held["key"] = keys[total - 1 :].copy()
-        key_table = self.store.table() if keys is not None else None
+        key_table = self.key_table = self.store.table() if keys is not None else None
         self.held_row = first_row + total - 1
         self.rows += n
         # The marks, numbered by the blocks of ``cols`` before each; those
@@ -1103,12 +1108,15 @@ class QueueSink(FlowSink):
         if self.held is None:
             return
         cols = dict(self.held)
-        cols.pop("key", None)
+        key = cols.pop("key", None)
         zero = np.zeros(1, np.int64)
         stop = np.array([self.held_stop or 0], np.uint64)
         cols["duration"] = durations(cols["ns"], zero, self.ctx.stop_values(cols["ns"], zero, stop))
+        keyed = key is not None and self.key_table is not None
         self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row,
-                             ptw=self.ptw_pending, offset=cols["offset"]))  # fmt: skip
+                             ptw=self.ptw_pending, offset=cols["offset"],
+                             keys=key if keyed else None,
+                             key_table=self.key_table if keyed else None))  # fmt: skip
         self.held = None
         self.ptw_pending = None
 
