@@ -463,6 +463,16 @@ def _attribution_loops() -> None:
                      np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
                      np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
     A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
+    # (and the rows a compact stream's block store holds)
+    from ..pt.blocks import BlockStore
+
+    store = BlockStore(16)
+    store.append(np.arange(n, dtype=np.uint64), np.ones(n, np.uint32), np.full(n, 64, np.uint8),
+                 np.zeros(n, np.int64), np.zeros(n, np.uint64))  # fmt: skip
+    t = store.table()
+    A.attribute_stored(store.key_column(), t["ip"], t["ninsn"], t["mode"], t["image"],
+                       *store.offset_steps(), *store.time_changes(), 0, conv, 1, 1, z, z, z,
+                       *out)  # fmt: skip
 
 
 def _writer_loops(path: Path) -> None:
@@ -477,8 +487,12 @@ def _writer_loops(path: Path) -> None:
     schema = pa.schema([("ip", pa.uint64()), ("gap", pa.bool_())])
     specs = column_specs(schema, {"dictionary": ["ip"]}, {})
     w = ParquetFileWriter(path, schema, specs)
-    w.write_row_group([({"ip": np.arange(n, dtype=np.uint64),
-                         "gap": np.arange(n) % 3 == 0}, n)])  # fmt: skip
+    gap = np.arange(n) % 3 == 0
+    # (then a piece of one row of a broadcast column, read-only, as a
+    # queue's held last block may be)
+    w.write_row_group([({"ip": np.arange(n, dtype=np.uint64), "gap": gap}, n),
+                       ({"ip": np.arange(1, dtype=np.uint64),
+                         "gap": np.broadcast_to(np.True_, (1,))}, 1)])  # fmt: skip
     w.close()
 
 
