@@ -248,57 +248,66 @@ def test_row_numbers_write_what_their_values_do(tmp_path_factory, first, groups,
     n_keys=st.integers(1, 3000),
     groups=st.lists(st.lists(st.integers(1, 900), min_size=1, max_size=3), min_size=1, max_size=4),
     nulls=st.sampled_from([pp.NOT_NULL, pp.NULL_IF_ZERO, pp.NULL_IF_NEGATIVE]),
+    sources=st.integers(1, 3),
 )
-def test_keyed_columns_write_what_their_values_do(tmp_path_factory, seed, n_keys, groups, nulls):
+def test_keyed_columns_write_what_their_values_do(
+    tmp_path_factory, seed, n_keys, groups, nulls, sources
+):
     """Columns given as Keyed (each row's block key into a table of values
     per block, as the flow's block columns are) are written byte for byte
     as their values in arrays are: a column with a value per key, one with
     few values (a key's instruction count), one of one value, one with
     nulls (written from its values), sharing their keys, in row groups of
-    pieces whose tables grow as the decoder's does."""
+    pieces whose tables grow as the decoder's does; pieces of several
+    sources (queues, each its own table) in one chunk too."""
     from hwtrace.export.parquet_file import Keyed
 
     rng = np.random.default_rng(seed)
-    tables = {
-        "ip": rng.choice(np.arange(1 << 40, (1 << 40) + 16 * n_keys, 16, dtype=np.uint64),
-                         n_keys, replace=False),
-        "ninsn": rng.integers(1, 6, n_keys).astype(np.int64),
-        "one": np.full(n_keys, 7, np.int64),
-        "sym": rng.integers(-3, 4, n_keys).astype(np.int64),
-    }  # fmt: skip
+    # (the sources' addresses overlap: a value may be two sources' keys)
+    addresses = np.arange(1 << 40, (1 << 40) + 24 * n_keys, 16, dtype=np.uint64)
+    tables = [
+        {
+            "ip": rng.choice(addresses, n_keys, replace=False),
+            "ninsn": rng.integers(1, 6, n_keys).astype(np.int64),
+            "one": np.full(n_keys, 7, np.int64),
+            "sym": rng.integers(-3, 4, n_keys).astype(np.int64),
+        }
+        for _ in range(sources)
+    ]
     schema = pa.schema([("ip", pa.uint64()), ("ninsn", pa.int64()), ("one", pa.int64()),
                         ("sym", pa.int64())])  # fmt: skip
-    specs = column_specs(schema, {"dictionary": list(tables)}, {"sym": nulls})
+    specs = column_specs(schema, {"dictionary": list(tables[0])}, {"sym": nulls})
     # Rows name the keys known so far (the table grows along the rows);
     # some pieces of one key.
     total = sum(map(sum, groups))
     keys = np.minimum(rng.integers(0, n_keys, total),
                       np.arange(total) * n_keys // max(total, 1)).astype(np.uint32)  # fmt: skip
     out = {}
-    named: list[np.ndarray] = []  # each row's key, as written
+    ips: list[np.ndarray] = []  # each row's address, as written
     for style in ("keyed", "arrays"):
         path = tmp_path_factory.mktemp("pq") / f"{style}.parquet"
         w = ParquetFileWriter(path, schema, specs, None, "zstd")
         at = 0
-        named.clear()
+        ips.clear()
         for g, sizes in enumerate(groups):
             pieces = []
             for p, n in enumerate(sizes):
                 k = keys[at : at + n]
                 if (g + p) % 3 == 2:
                     k = np.full(n, k[0], np.uint32)
+                src = (3 * g + p) % sources
                 known = int(k.max()) + 1
-                cols = {c: Keyed(k, t[:known]) if style == "keyed" else t[k]
-                        for c, t in tables.items()}  # fmt: skip
+                cols = {c: Keyed(k, t[:known], src) if style == "keyed" else t[k]
+                        for c, t in tables[src].items()}  # fmt: skip
                 pieces.append((cols, n))
-                named.append(k)
+                ips.append(tables[src]["ip"][k])
                 at += n
             w.write_row_group(pieces)
         w.close()
         out[style] = path.read_bytes()
     assert out["keyed"] == out["arrays"]
     t = pq.read_table(pa.BufferReader(out["keyed"]))
-    np.testing.assert_array_equal(t["ip"].to_numpy(), tables["ip"][np.concatenate(named)])
+    np.testing.assert_array_equal(t["ip"].to_numpy(), np.concatenate(ips))
 
 
 def test_keyed_values_read_as_their_table_at_their_keys():

@@ -577,15 +577,16 @@ def index_values(values, keys, slots, entries, count, out):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_keyed(keys, n, state, local, entries, indices, out):
-    """An RLE_DICTIONARY page of ``n`` rows named by ``keys``, none null:
-    each row's index in the chunk's dictionary of keys (``entries``: the
-    keys in the order first seen, ``state[ST_DICT]`` of them;
-    ``local[key]``: a key's index, -1: not in it yet), a byte of bit width,
-    then the indices in the hybrid.  Returns the page's length."""
+def encode_keyed(keys, n, base, state, local, entries, indices, out):
+    """An RLE_DICTIONARY page of ``n`` rows named by ``keys`` (``base +
+    key`` in the chunk's numbering of its tables' keys), none null: each
+    row's index in the chunk's dictionary of keys (``entries``: the keys in
+    the order first seen, ``state[ST_DICT]`` of them; ``local[key]``: a
+    key's index, -1: not in it yet), a byte of bit width, then the indices
+    in the hybrid.  Returns the page's length."""
     count = state[ST_DICT]
     for i in range(n):
-        k = keys[i]
+        k = keys[i] + base
         j = local[k]
         if j < 0:
             j = count
@@ -632,12 +633,12 @@ def keyed_values(table, entries, count, null, unsigned, rows, state, values):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_mapped(keys, n, key_index, width, indices, out):
+def encode_mapped(keys, n, base, key_index, width, indices, out):
     """An RLE_DICTIONARY page of ``n`` rows named by ``keys``, none null,
-    each row's index ``key_index[key]`` (``width`` bits), as
+    each row's index ``key_index[base + key]`` (``width`` bits), as
     :func:`encode_keyed`'s.  Returns the page's length."""
     for i in range(n):
-        indices[i] = key_index[keys[i]]
+        indices[i] = key_index[keys[i] + base]
     return _index_page(indices, n, width, out)
 
 

@@ -483,13 +483,15 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
         # blocks, each row its key)
         t = b.key_table
         sym_k, img_k, seen = _keyed_ids(b, names)
-        ip, ninsn = Keyed(b.keys, t["ip"]), Keyed(b.keys, t["ninsn"].astype(np.int64))
-        sym = Keyed(b.keys, sym_k)
+        src = b.key_source
+        ip = Keyed(b.keys, t["ip"], src)
+        ninsn = Keyed(b.keys, t["ninsn"].astype(np.int64), src)
+        sym = Keyed(b.keys, sym_k, src)
         images = img_k[seen]
         if images.shape[0] and (images == images[0]).all():
             img = repeated(int(images[0]), n, np.int64)  # (mostly one file)
         else:
-            img = Keyed(b.keys, img_k)
+            img = Keyed(b.keys, img_k, src)
     else:
         sym, img = _ids(b, names)
         img = _one_value(img, np.int64)

@@ -239,12 +239,14 @@ class _Scratch:
         """The index pages of keyed pieces (one per piece), the chunk's keys
         in dictionary order and how many of them the pages up to each one
         name; made once per row group for the pieces' keys (the columns
-        keyed by them share them)."""
-        memo_key = tuple((_address(k.keys), n) for k, n in pieces)
+        keyed by them share them).  Keys of several sources (a chunk of
+        several queues' blocks) are numbered after one another, in the
+        order of :func:`_sources`."""
+        memo_key = tuple((_address(k.keys), n, k.source) for k, n in pieces)
         got = self.keyed_pages.get(memo_key)
         if got is not None:
             return got
-        size = max(k.table.shape[0] for k, _ in pieces)
+        bases, size = _sources(pieces)
         if size > self.key_local.shape[0]:
             self.key_local = np.full(2 * size, -1, np.int32)
             self.key_entries = np.zeros(2 * size, np.int64)
@@ -253,8 +255,8 @@ class _Scratch:
         state = np.zeros(pp.ST_SIZE, np.int64)
         bodies, counts = [], []
         for k, n in pieces:
-            size = pp.encode_keyed(k.keys, n, state, self.key_local, self.key_entries,
-                                   self.indices, self.out)  # fmt: skip
+            size = pp.encode_keyed(k.keys, n, bases[k.source][0], state, self.key_local,
+                                   self.key_entries, self.indices, self.out)  # fmt: skip
             bodies.append(self.out[:size].tobytes())
             counts.append(int(state[pp.ST_DICT]))
         count = int(state[pp.ST_DICT])
@@ -315,16 +317,18 @@ class RowNumbers:
 
 class Keyed:
     """A column whose values depend only on each row's block: ``keys``
-    (one per row) into ``table`` (a value per distinct block).  The
-    writer makes a dictionary chunk of it from the keys, its index pages
-    shared with the other columns keyed by the same keys.  Slices as a
-    numpy array does; ``numpy.asarray`` gives its values."""
+    (one per row) into ``table`` (a value per distinct block) of
+    ``source`` (the table's owner: the tables of one source only grow, so
+    its keys name the same blocks in all of them).  The writer makes a
+    dictionary chunk of it from the keys, its index pages shared with the
+    other columns keyed by the same keys.  Slices as a numpy array does;
+    ``numpy.asarray`` gives its values."""
 
-    __slots__ = ("keys", "table")
+    __slots__ = ("keys", "source", "table")
     ndim = 1
 
-    def __init__(self, keys: np.ndarray, table: np.ndarray) -> None:
-        self.keys, self.table = keys, table
+    def __init__(self, keys: np.ndarray, table: np.ndarray, source: int = 0) -> None:
+        self.keys, self.table, self.source = keys, table, source
 
     @property
     def dtype(self) -> np.dtype:
@@ -338,11 +342,25 @@ class Keyed:
         return self.keys.shape[0]
 
     def __getitem__(self, rows: slice) -> Keyed:
-        return Keyed(self.keys[rows], self.table)
+        return Keyed(self.keys[rows], self.table, self.source)
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         values = np.take(self.table, self.keys)
         return values if dtype is None else values.astype(dtype, copy=False)
+
+
+def _sources(pieces: Sequence[tuple[Keyed, int]]) -> tuple[dict[int, tuple[int, int]], int]:
+    """Per source of the pieces' keys, in the order first met: the number
+    its keys start at in the chunk, and how many it has (its largest
+    table's); and their total."""
+    sizes: dict[int, int] = {}
+    for k, _ in pieces:
+        sizes[k.source] = max(sizes.get(k.source, 0), k.table.shape[0])
+    bases, at = {}, 0
+    for src, size in sizes.items():
+        bases[src] = (at, size)
+        at += size
+    return bases, at
 
 
 def _address(a: np.ndarray) -> tuple[int, int]:
@@ -478,9 +496,12 @@ class ParquetFileWriter:
         s = self.scratch
         bodies, entries, counts = s.keyed(pieces)
         count = entries.shape[0]
-        # (the latest table: the pieces' tables are the decoder's table of
-        # distinct blocks as it grew)
-        table = _encodable(max((k.table for k, _ in pieces), key=len))
+        bases, _ = _sources(pieces)
+        # (per source its latest table: a source's tables are its decoder's
+        # table of distinct blocks as it grew)
+        tables = [_encodable(max((k.table for k, _ in pieces if k.source == src), key=len))
+                  for src in bases]  # fmt: skip
+        table = tables[0] if len(tables) == 1 else np.concatenate(tables)
         rows = sum(n for _, n in pieces)
         if not pp.keyed_values(table, entries, count, spec.null, spec.unsigned, rows, state,
                                s.key_values):  # fmt: skip
@@ -503,7 +524,8 @@ class ParquetFileWriter:
             pages = []
             for (k, n), c in zip(pieces, counts, strict=True):
                 width = pp.index_width(int(seen[c - 1]) if c else 0)
-                size = pp.encode_mapped(k.keys, n, s.key_index, width, s.indices, s.out)
+                size = pp.encode_mapped(k.keys, n, bases[k.source][0], s.key_index, width,
+                                        s.indices, s.out)  # fmt: skip
                 pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
         state[pp.ST_DICT] = dictionary.shape[0]
         size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)

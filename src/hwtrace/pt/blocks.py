@@ -547,6 +547,11 @@ class BlockStore:
         return int(self.state[S_ROWS])
 
     @property
+    def number(self) -> int:
+        """The store's number, its own in this process."""
+        return int(self.state[S_ID])
+
+    @property
     def n_keys(self) -> int:
         return int(self.state[S_KEYS])
 

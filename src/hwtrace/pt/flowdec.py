@@ -642,8 +642,10 @@ class FlowDecoder:
                 self.table.grow_runs()
             elif r == K.R_FULL:
                 self._flush(sink)
-                sink.make_room()
-                self.out = sink.output()
+                make_room = getattr(sink, "make_room", None)  # (sinks need not be FlowSinks)
+                if make_room is not None:
+                    make_room()
+                    self.out = sink.output()
             elif r == K.R_EVENT:
                 self._flush(sink)
                 self._event(win.packets)

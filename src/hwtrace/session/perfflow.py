@@ -653,6 +653,9 @@ class PerfBlocks:
     uniform: frozenset[str] = frozenset()
     keys: np.ndarray | None = None
     key_table: Mapping[str, np.ndarray] | None = None
+    #: whose table ``key_table`` is (a number of its own per block store:
+    #: the keys of different stores name different blocks)
+    key_source: int = -1
 
     def __len__(self) -> int:
         return self.ip.shape[0]
@@ -666,7 +669,7 @@ class PerfBlocks:
         cols = [np.ascontiguousarray(getattr(self, c)) for c in _COLUMNS]
         return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw, offset=self.offset,
                           uniform=self.uniform, keys=self.keys,
-                          key_table=self.key_table)  # fmt: skip
+                          key_table=self.key_table, key_source=self.key_source)  # fmt: skip
 
     def split(self, max_insn: int) -> Iterator[PerfBlocks]:
         """The blocks in consecutive pieces of at most ``max_insn``
@@ -685,7 +688,7 @@ class PerfBlocks:
                 ptw=self.ptw.piece(lo, hi) if self.ptw is not None else None,
                 offset=self.offset[lo:hi] if self.offset is not None else None,
                 uniform=self.uniform, keys=self.keys[lo:hi] if self.keys is not None else None,
-                key_table=self.key_table,
+                key_table=self.key_table, key_source=self.key_source,
             )  # fmt: skip
             lo = hi
 
@@ -709,7 +712,7 @@ class PerfBlocks:
         uniform = self.uniform - {"gap"} if gap is not None else self.uniform
         return PerfBlocks(self.queue, *cols, row=self.row, ptw=ptw, offset=offset,
                           uniform=uniform, keys=self.keys[which] if self.keys is not None else None,
-                          key_table=self.key_table)  # fmt: skip
+                          key_table=self.key_table, key_source=self.key_source)  # fmt: skip
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
@@ -817,6 +820,7 @@ class QueueSink(FlowSink):
         self.ptw_pending: PtwMarks | None = None  # marks after the held block
         self.store = None
         self.key_table: Mapping[str, np.ndarray] | None = None  # the last batch's
+        self.store_number = -1
         if not runs:
             # The decoder stores rows itself until the store is full, then
             # writes them out until its buffers are: a batch is mostly
@@ -964,6 +968,8 @@ class QueueSink(FlowSink):
         if keys is not None:
             self.held["key"] = keys[total - 1 :].copy()
         key_table = self.key_table = self.store.table() if keys is not None else None
+        if keys is not None:
+            self.store_number = self.store.number
         self.held_row = first_row + total - 1
         self.rows += n
         # The marks, numbered by the blocks of ``cols`` before each; those
@@ -981,7 +987,7 @@ class QueueSink(FlowSink):
                                  ptw=marks.piece(lo, hi) if len(marks) else None,
                                  offset=cols["offset"][lo:hi], uniform=uniform,
                                  keys=keys[lo:hi] if keys is not None else None,
-                                 key_table=key_table))  # fmt: skip
+                                 key_table=key_table, key_source=self.store_number))  # fmt: skip
         if total == 1 and len(marks):
             # Only the held block: its marks wait with it.
             self.ptw_pending = PtwMarks.join(
@@ -1116,7 +1122,8 @@ class QueueSink(FlowSink):
         self.emit(PerfBlocks(self.q, *(cols[c] for c in _COLUMNS), row=self.held_row,
                              ptw=self.ptw_pending, offset=cols["offset"],
                              keys=key if keyed else None,
-                             key_table=self.key_table if keyed else None))  # fmt: skip
+                             key_table=self.key_table if keyed else None,
+                             key_source=self.store_number))  # fmt: skip
         self.held = None
         self.ptw_pending = None
 
