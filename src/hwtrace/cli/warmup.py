@@ -354,6 +354,7 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         status |= decode_main(["-i", str(data), "-o", str(tmp / "flow"), "--instructions",
                                "--no-progress"])  # fmt: skip
         _writer_loops(tmp / "writer.parquet")
+        _stored_attribution()
     else:
         raise ValueError(f"no warm-up piece {piece}")
     return status
@@ -448,24 +449,35 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
     _until_decoder(image, cfg, compile_callees)
 
 
+def _attribution_args() -> tuple:
+    """Rows, no context switches, a time conversion and the columns to
+    attribute into, as a stream gives the attribution loops."""
+    n = 4
+    out = [np.zeros(n, t) for t in (np.uint64, np.int64, np.uint8, np.int64, np.int32, np.int64,
+                                     np.int64, np.int64, np.int64)]  # fmt: skip
+    return n, np.zeros(0, np.int64), np.zeros(4, np.uint64), out
+
+
 def _attribution_loops() -> None:
     """Compile the loops that attribute a stream's blocks
     (:mod:`hwtrace.session._attribution`) for the arguments the stream
     gives them."""
     from ..session import _attribution as A
 
-    n = 4
-    z = np.zeros(0, np.int64)
-    conv = np.zeros(4, np.uint64)
-    out = [np.zeros(n, t) for t in (np.uint64, np.int64, np.uint8, np.int64, np.int32, np.int64,
-                                     np.int64, np.int64, np.int64)]  # fmt: skip
+    n, z, conv, out = _attribution_args()
     A.attribute_rows(np.zeros(n, np.uint64), np.zeros(n, np.uint32), np.zeros(n, np.uint8),
                      np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
                      np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
     A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
-    # (and the rows a compact stream's block store holds)
-    from ..pt.blocks import BlockStore
 
+
+def _stored_attribution() -> None:
+    """Compile the attribution of the rows a compact stream's block store
+    holds (``hwtrace decode``'s stream, whose batches come from there)."""
+    from ..pt.blocks import BlockStore
+    from ..session import _attribution as A
+
+    n, z, conv, out = _attribution_args()
     store = BlockStore(16)
     store.append(np.arange(n, dtype=np.uint64), np.ones(n, np.uint32), np.full(n, 64, np.uint8),
                  np.zeros(n, np.int64), np.zeros(n, np.uint64))  # fmt: skip
