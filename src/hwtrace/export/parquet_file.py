@@ -464,6 +464,10 @@ class ParquetFileWriter:
                     continue
                 values = np.asarray(values)
             values = _encodable(values)
+            if not (values.flags.writeable and values.flags.c_contiguous):
+                # (a broadcast of one value, a read-only view: the encoders
+                # take arrays of their own, one compiled specialisation)
+                values = values.copy()
             if spec.physical == _BOOLEAN:
                 size = pp.encode_booleans(values, n, state, s.levels, s.out)
                 pages.append((_PLAIN, n, s.out[:size].tobytes()))
