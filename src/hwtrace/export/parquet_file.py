@@ -207,7 +207,7 @@ class _Scratch:
         self.key_entries = np.zeros(1 << 12, np.int64)
         self.key_values = np.zeros(1 << 12, np.int64)
         self.key_index = np.zeros(1 << 12, np.int32)
-        self.keyed_pages: dict[tuple, tuple[list[bytes], np.ndarray, list[int]]] = {}
+        self.keyed_pages: dict[tuple, tuple] = {}
         self.compressed: dict[int, tuple[bytes, bytes]] = {}
 
     def _table(self, size: int) -> None:
@@ -235,13 +235,13 @@ class _Scratch:
 
     def keyed(
         self, pieces: Sequence[tuple[Keyed, int]]
-    ) -> tuple[list[bytes], np.ndarray, list[int]]:
+    ) -> tuple[list[bytes], np.ndarray, list[int], dict[int, tuple[int, int]]]:
         """The index pages of keyed pieces (one per piece), the chunk's keys
-        in dictionary order and how many of them the pages up to each one
-        name; made once per row group for the pieces' keys (the columns
-        keyed by them share them).  Keys of several sources (a chunk of
-        several queues' blocks) are numbered after one another, in the
-        order of :func:`_sources`."""
+        in dictionary order, how many of them the pages up to each one
+        name, and where each source's keys start (:func:`_sources`); made
+        once per row group for the pieces' keys (the columns keyed by them
+        share them).  Keys of several sources (a chunk of several queues'
+        blocks) are numbered after one another."""
         memo_key = tuple((_address(k.keys), n, k.source) for k, n in pieces)
         got = self.keyed_pages.get(memo_key)
         if got is not None:
@@ -262,7 +262,7 @@ class _Scratch:
         count = int(state[pp.ST_DICT])
         entries = self.key_entries[:count].copy()
         pp.forget_keys(self.key_local, entries, count)
-        got = self.keyed_pages[memo_key] = (bodies, entries, counts)
+        got = self.keyed_pages[memo_key] = (bodies, entries, counts, bases)
         return got
 
     def new_row_group(self) -> None:
@@ -498,9 +498,8 @@ class ParquetFileWriter:
         """:meth:`_encode` of a chunk of keyed pieces: None when a value of
         it is null (the chunk is then encoded from its values)."""
         s = self.scratch
-        bodies, entries, counts = s.keyed(pieces)
+        bodies, entries, counts, bases = s.keyed(pieces)
         count = entries.shape[0]
-        bases, _ = _sources(pieces)
         # (per source its latest table: a source's tables are its decoder's
         # table of distinct blocks as it grew)
         tables = [_encodable(max((k.table for k, _ in pieces if k.source == src), key=len))

@@ -517,9 +517,10 @@ class BlockStore:
             self._grow(_FULL_KEYS)
 
     def make_room(self, rows: int = 1 << 12) -> None:
-        """Grow what has less room than ``rows`` rows, change points and new
-        blocks need (the decoder stops when the store is full, for Python
-        to make room, and then stores into it again)."""
+        """Grow the rows and change points with room for fewer than ``rows``
+        more, and the table of distinct blocks when it is full (the decoder
+        stops when the store is full, for Python to make room, and then
+        stores into it again)."""
         s = self.state
         if s[S_ROWS] + rows > self.keys.shape[0]:
             self.keys = _grown(self.keys, int(s[S_ROWS]), 2 * self.keys.shape[0] + rows)

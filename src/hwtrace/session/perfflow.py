@@ -822,10 +822,10 @@ class QueueSink(FlowSink):
         self.key_table: Mapping[str, np.ndarray] | None = None  # the last batch's
         self.store_number = -1
         if not runs:
-            # The decoder stores rows itself until the store is full, then
-            # writes them out until its buffers are: a batch is mostly
-            # stored rows when the buffers are small, and no larger than
-            # those passed on when the two add up to them.
+            # The decoder stores rows itself and stops when the store is
+            # full, for its rows to be passed on; it writes out only the
+            # rows it cannot store (a far jump's): small buffers, and a
+            # batch no larger than those passed on when the two add up.
             small = 1 << 12
             self.store = BlockStore(max(self.target - small, small))
             self.large_rows, self.BLOCK_ROWS = self.BLOCK_ROWS, small
@@ -854,7 +854,7 @@ class QueueSink(FlowSink):
         if stored and not base and 2 * (stored + n) >= self.target:
             # A batch of a compact stream, about as large as those passed
             # on: attributed straight from the store (and the decoder's
-            # arrays, for the rows that came after the store was full).
+            # arrays, for the rows it could not store).
             self._attribute(self._batch_columns(b, n), stored=True)
             return
         if stored:
@@ -965,11 +965,10 @@ class QueueSink(FlowSink):
         last = k == total - 1
         self.held_stop = int(stop_t[last][-1]) if last.any() else None
         self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
+        self.key_table = None
         if keys is not None:
             self.held["key"] = keys[total - 1 :].copy()
-        key_table = self.key_table = self.store.table() if keys is not None else None
-        if keys is not None:
-            self.store_number = self.store.number
+            self.key_table, self.store_number = self.store.table(), self.store.number
         self.held_row = first_row + total - 1
         self.rows += n
         # The marks, numbered by the blocks of ``cols`` before each; those
@@ -987,7 +986,8 @@ class QueueSink(FlowSink):
                                  ptw=marks.piece(lo, hi) if len(marks) else None,
                                  offset=cols["offset"][lo:hi], uniform=uniform,
                                  keys=keys[lo:hi] if keys is not None else None,
-                                 key_table=key_table, key_source=self.store_number))  # fmt: skip
+                                 key_table=self.key_table,
+                                 key_source=self.store_number))  # fmt: skip
         if total == 1 and len(marks):
             # Only the held block: its marks wait with it.
             self.ptw_pending = PtwMarks.join(
