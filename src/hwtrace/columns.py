@@ -40,3 +40,46 @@ def repeated(value: object, n: int, kind: type) -> np.ndarray:
     """``n`` rows of ``value`` as ``kind``: a read-only broadcast of one
     value (no memory a row), for a column known to hold one value."""
     return np.broadcast_to(np.array(value, kind), (n,))
+
+
+class Keyed:
+    """A column whose values depend only on each row's block: ``keys``
+    (one per row) into ``table`` (a value per distinct block) of
+    ``source`` (the table's owner: the tables of one source only grow, so
+    its keys name the same blocks in all of them), not laid out a row at a
+    time.  The Parquet writer makes a dictionary chunk of it from the keys,
+    its index pages shared with the other columns keyed by the same keys.
+    Slices as a numpy array does; ``numpy.asarray`` gives its values."""
+
+    __slots__ = ("counts", "keys", "source", "table")
+    ndim = 1
+
+    def __init__(self, keys: np.ndarray, table: np.ndarray, source: int = 0,
+                 counts: np.ndarray | None = None) -> None:  # fmt: skip
+        self.keys, self.table, self.source = keys, table, source
+        #: how many of the rows name each key (None: not counted)
+        self.counts = counts
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.table.dtype
+
+    @property
+    def shape(self) -> tuple[int]:
+        return self.keys.shape
+
+    def __len__(self) -> int:
+        return self.keys.shape[0]
+
+    def __getitem__(self, rows: slice) -> Keyed:
+        return Keyed(self.keys[rows], self.table, self.source)
+
+    def sum(self) -> int:
+        """The sum of the values (from the keys' counts when known)."""
+        if self.counts is not None:
+            return int(self.counts @ self.table[: self.counts.shape[0]].astype(np.int64))
+        return int(np.take(self.table, self.keys).sum())
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        values = np.take(self.table, self.keys)
+        return values if dtype is None else values.astype(dtype, copy=False)

@@ -319,3 +319,99 @@ def test_keyed_values_read_as_their_table_at_their_keys():
     np.testing.assert_array_equal(np.asarray(k), [11, 5, 5, 9])
     np.testing.assert_array_equal(np.asarray(k[1:3]), [5, 5])
     np.testing.assert_array_equal(np.asarray(k, np.int64), [11, 5, 5, 9])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    groups=st.lists(st.lists(st.integers(1, 1500), min_size=1, max_size=3), min_size=1, max_size=3),
+    change=st.sampled_from([0.0, 0.003, 0.05, 0.3, 1.0]),
+    steps=st.sampled_from(["rising", "any", "huge", "spikes"]),
+    nulls=st.sampled_from([pp.NOT_NULL, pp.NULL_IF_NEGATIVE, pp.NULL_IF_ZERO]),
+    cut=st.integers(0, 40),
+)
+def test_runs_write_what_their_values_do(tmp_path_factory, seed, groups, change, steps, nulls,
+                                         cut):  # fmt: skip
+    """A column given as Runs (a block's time, its duration) is written
+    byte for byte as its values in an array are: as a delta column (runs
+    of null values among them), and as a dictionary column whose pages go
+    delta once its dictionary is full; pieces cut from longer runs as the
+    partitions cut them."""
+    from hwtrace.export.parquet_file import Runs
+
+    rng = np.random.default_rng(seed)
+    total = sum(map(sum, groups))
+    moves = rng.random(total + cut) < change
+    if steps == "rising":
+        step = rng.integers(1, 5000, total + cut)
+    elif steps == "any":
+        step = rng.integers(-300, 300, total + cut)
+    elif steps == "huge":
+        step = rng.integers(-(1 << 62), 1 << 62, total + cut)
+    else:
+        step = np.zeros(total + cut, np.int64)
+    values = np.cumsum(np.where(moves, step, 0)).astype(np.int64)
+    if steps == "spikes":
+        # (a duration: 0 but at the rows where a time changes)
+        values = np.where(moves, rng.integers(1, 400, total + cut), 0).astype(np.int64)
+    if nulls != pp.NOT_NULL and total:
+        values[rng.random(total + cut) < 0.01] = 0 if nulls == pp.NULL_IF_ZERO else -1
+    schema = pa.schema([("d", pa.int64()), ("t", pa.int64())])
+    specs = column_specs(schema, {"dictionary": ["d"], "delta": ["d", "t"]}, {"t": nulls})
+    out = {}
+    for style in ("runs", "arrays"):
+        path = tmp_path_factory.mktemp("pq") / f"{style}.parquet"
+        w = ParquetFileWriter(path, schema, specs, None, "zstd")
+        runs = Runs.of(values, 1)
+        at = cut
+        for sizes in groups:
+            pieces = []
+            for n in sizes:
+                col = runs[at : at + n] if style == "runs" else values[at : at + n]
+                pieces.append(({"d": col, "t": col}, n))
+                at += n
+            w.write_row_group(pieces)
+        w.close()
+        out[style] = path.read_bytes()
+    assert out["runs"] == out["arrays"]
+    t = pq.read_table(pa.BufferReader(out["runs"]))
+    np.testing.assert_array_equal(t["d"].to_numpy(), values[cut:])
+
+
+def test_a_dictionary_of_runs_goes_delta_when_full(tmp_path):
+    """More distinct values than a dictionary holds, given as runs: the
+    chunk's later pages are DELTA_BINARY_PACKED, the same bytes as from
+    the values, read back by Arrow."""
+    from hwtrace.export.parquet_file import Runs
+
+    values = np.repeat(np.arange(pp.DICT_LIMIT + 5000, dtype=np.int64) * 7919, 2)
+    schema = pa.schema([("d", pa.int64())])
+    specs = column_specs(schema, {"dictionary": ["d"], "delta": ["d"]}, {})
+    out = {}
+    for style in ("runs", "arrays"):
+        path = tmp_path / f"{style}.parquet"
+        w = ParquetFileWriter(path, schema, specs)
+        cuts = [0, 50000, 100000, 140000, values.shape[0]]
+        w.write_row_group([({"d": Runs.of(values[lo:hi]) if style == "runs" else values[lo:hi]},
+                            hi - lo) for lo, hi in itertools.pairwise(cuts)])  # fmt: skip
+        w.close()
+        out[style] = path.read_bytes()
+        encodings = pq.read_metadata(path).row_group(0).column(0).encodings
+        assert "DELTA_BINARY_PACKED" in encodings and "RLE_DICTIONARY" in encodings
+    assert out["runs"] == out["arrays"]
+    got = pq.read_table(pa.BufferReader(out["runs"])).column("d").to_numpy()
+    np.testing.assert_array_equal(got, values)
+
+
+def test_runs_read_as_their_values():
+    from hwtrace.export.parquet_file import Runs
+
+    values = np.array([4, 4, 4, 9, 9, -1, 4, 4], np.int64)
+    r = Runs.of(values, 1)
+    assert isinstance(r, Runs) and r.shape == (8,) and len(r) == 8
+    np.testing.assert_array_equal(r.starts, [0, 3, 5, 6])
+    np.testing.assert_array_equal(np.asarray(r), values)
+    for lo, hi in [(0, 8), (1, 4), (3, 5), (5, 6), (7, 8), (4, 4), (6, 3)]:
+        np.testing.assert_array_equal(np.asarray(r[lo:hi]), values[lo:hi])
+    # (more runs than one row in ``most`` starts: the values themselves)
+    assert Runs.of(values, 4) is values

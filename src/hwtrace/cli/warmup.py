@@ -489,17 +489,25 @@ def _stored_attribution() -> None:
 
 def _writer_loops(path: Path) -> None:
     """Compile the Parquet writer's loops the loop's dataset does not reach:
-    a dictionary of many values (its table grows) and a boolean column
-    that is not of one value (a flow with gaps)."""
+    a dictionary of many values (its table grows), a boolean column that
+    is not of one value (a flow with gaps), and columns given as runs (a
+    time with runs of nulls, a duration) however often the loop's times
+    change."""
     import pyarrow as pa
 
-    from ..export.parquet_file import ParquetFileWriter, column_specs
+    from ..export import _parquet_pages as pp
+    from ..export.parquet_file import ParquetFileWriter, Runs, column_specs
 
     n = 2000
-    schema = pa.schema([("ip", pa.uint64()), ("gap", pa.bool_())])
-    specs = column_specs(schema, {"dictionary": ["ip"]}, {})
+    schema = pa.schema([("ip", pa.uint64()), ("gap", pa.bool_()), ("time", pa.int64()),
+                        ("duration", pa.int64())])  # fmt: skip
+    specs = column_specs(schema, {"dictionary": ["ip", "duration"], "delta": ["time", "duration"]},
+                         {"time": pp.NULL_IF_NEGATIVE})  # fmt: skip
+    time = np.repeat(np.arange(n // 50, dtype=np.int64) * 1000, 50)
+    time[:100] = -1
     w = ParquetFileWriter(path, schema, specs)
-    w.write_row_group([({"ip": np.arange(n, dtype=np.uint64), "gap": np.arange(n) % 3 == 0}, n)])
+    w.write_row_group([({"ip": np.arange(n, dtype=np.uint64), "gap": np.arange(n) % 3 == 0,
+                         "time": Runs.of(time), "duration": Runs.of(time % 3000)}, n)])  # fmt: skip
     w.close()
 
 

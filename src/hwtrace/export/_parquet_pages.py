@@ -196,15 +196,21 @@ def _hybrid(out, pos, values, n, width):
                 if same:
                     break
         groups = (min(k, rest.shape[0]) + 7) // 8
-        pos = _uvarint(out, pos, (groups << 1) | 1)
-        full = min(groups, rest.shape[0] // 8)
-        if width <= 8:
-            pos = _pack_groups(out, pos, rest, full, width)
-            pos = _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
-        else:
-            pos = _pack(out, pos, rest, 0, rest.shape[0], 8 * groups, width, 0)
+        pos = _packed_run(out, pos, rest, groups, width)
         i += 8 * groups
     return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _packed_run(out, pos, rest, groups, width):
+    """A bit-packed run of the hybrid: ``groups`` groups of eight of
+    ``rest`` (zeros past its end)."""
+    pos = _uvarint(out, pos, (groups << 1) | 1)
+    full = min(groups, rest.shape[0] // 8)
+    if width <= 8:
+        pos = _pack_groups(out, pos, rest, full, width)
+        return _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
+    return _pack(out, pos, rest, 0, rest.shape[0], 8 * groups, width, 0)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -409,15 +415,44 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _delta_block(seg, cnt, blk, out, pos):
+    """A block of DELTA_BINARY_PACKED: the ``cnt`` deltas of ``seg[:cnt +
+    1]`` (into ``blk``), their minimum, then four miniblocks' widths (the
+    bits of their values or'ed) and the miniblocks; a block of one delta
+    (rows, a time that does not move) is told by or'ing and packs nothing.
+    Returns the position after it."""
+    for j in range(cnt):
+        blk[j] = np.int64(seg[j + 1]) - np.int64(seg[j])
+    dmin = blk[0]
+    differ = np.int64(0)
+    for j in range(cnt):
+        differ |= blk[j] ^ dmin
+    if differ != 0:
+        for j in range(cnt):
+            dmin = min(dmin, blk[j])
+    pos = _zigzag(out, pos, dmin)
+    widths_at = pos
+    pos += 4
+    for mb in range(4):
+        width = 0
+        if differ != 0 and 32 * mb < cnt:
+            part = blk[32 * mb : min(32 * mb + 32, cnt)]
+            bits = np.int64(0)
+            for j in range(part.shape[0]):
+                bits |= part[j] - dmin
+            width = _bit_length(bits)
+            pos = _pack(out, pos, part, 0, part.shape[0], 32, width, dmin)
+        out[widths_at + mb] = width
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def encode_delta(values, n, null, state, levels, wide, deltas, out):
     """A DELTA_BINARY_PACKED page of the non-null ``values[:n]`` (blocks of
     128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
     where the non-null values are gathered when some are null; ``deltas``:
     int64 scratch of at least 128).  A block at a time, its deltas in a
-    buffer that stays in cache: the deltas with the values' range, then the
-    block's minimum and its miniblocks' widths (the bits of their values
-    or'ed); a block of one delta (rows, a time that does not move) is told
-    by or'ing and packs nothing."""
+    buffer that stays in cache (:func:`_delta_block`)."""
     nulls = state[ST_NULLS]
     pos = _levels(out, values, n, null, state, levels)
     m = n - (state[ST_NULLS] - nulls)  # the values stored
@@ -446,36 +481,237 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
         # leaves out its check for negative indices, and the loops vectorise)
         seg = src[done - 1 : done + cnt]
         for j in range(cnt):
-            blk[j] = np.int64(seg[j + 1]) - np.int64(seg[j])
-        for j in range(cnt):
             v = np.int64(seg[j + 1])
             low = min(low, v)
             high = max(high, v)
-        dmin = blk[0]
-        differ = np.int64(0)
-        for j in range(cnt):
-            differ |= blk[j] ^ dmin
-        if differ != 0:
-            # (a block of one delta, the usual one, packs nothing)
-            for j in range(cnt):
-                dmin = min(dmin, blk[j])
-        pos = _zigzag(out, pos, dmin)
-        widths_at = pos
-        pos += 4
-        for mb in range(4):
-            width = 0
-            if differ != 0 and 32 * mb < cnt:
-                part = blk[32 * mb : min(32 * mb + 32, cnt)]
-                # (the widest value's bits are those of all values or'ed)
-                bits = np.int64(0)
-                for j in range(part.shape[0]):
-                    bits |= part[j] - dmin
-                width = _bit_length(bits)
-                pos = _pack(out, pos, part, 0, part.shape[0], 32, width, dmin)
-            out[widths_at + mb] = width
+        pos = _delta_block(seg, cnt, blk, out, pos)
         done += cnt
     _merge(state, low, high, m)
     return pos
+
+
+# -- columns given as runs of one value -------------------------------------------
+#
+# A block's time changes once every few hundred blocks, its trace offset once
+# every few: given as runs (the row each starts at, its value), their pages
+# are made a run at a time, not a row at a time, byte for byte the pages of
+# the values.  Runs are maximal: a run's value differs from the one before.
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def runs_of(values, n, starts, firsts):
+    """The runs of equal values of ``values[:n]``: the row each starts at
+    into ``starts``, its value into ``firsts``.  Returns how many, or -1
+    when there are more than ``starts`` holds."""
+    if n == 0:
+        return 0
+    cap = starts.shape[0]
+    if cap == 0:
+        return -1
+    starts[0] = 0
+    firsts[0] = values[0]
+    k = 1
+    # (32 rows at a time: whether any differs from the row before, or'ed
+    # without a branch, vectorised; only stretches with changes looked into)
+    for lo in range(1, n, 32):
+        hi = min(lo + 32, n)
+        now = values[lo:hi]
+        before = values[lo - 1 : hi - 1]
+        differ = now[0] ^ now[0]
+        for i in range(now.shape[0]):
+            differ |= now[i] ^ before[i]
+        if differ == 0:
+            continue
+        for i in range(now.shape[0]):
+            if now[i] != before[i]:
+                if k == cap:
+                    return -1
+                starts[k] = lo + i
+                firsts[k] = now[i]
+                k += 1
+    return k
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _run_end(starts, k, r, n):
+    return starts[r + 1] if r + 1 < k else n
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _hybrid_runs(out, pos, starts, vals, k, n, width, scratch):
+    """:func:`_hybrid` of the ``n`` values made of ``k`` maximal runs
+    (``scratch``: room for the values of a bit-packed run): the same
+    decisions, taken a run at a time; only the values of packed runs are
+    laid out."""
+    i = 0
+    r = 0
+    while i < n:
+        end = _run_end(starts, k, r, n)
+        if end - i >= 8:
+            pos = _rle_run(out, pos, end - i, vals[r], width)
+            i = end
+            r += 1
+            continue
+        # A packed run, until a group of eight lies within one run (a run
+        # is maximal: its values are the only equal ones in a row).
+        left = n - i
+        g = 0
+        q = r
+        while True:
+            g += 8
+            if g >= left:
+                break
+            if g + 8 <= left:
+                while _run_end(starts, k, q, n) <= i + g:
+                    q += 1
+                if _run_end(starts, k, q, n) >= i + g + 8:
+                    break
+        groups = (min(g, left) + 7) // 8
+        m = min(8 * groups, left)
+        q = r
+        for t in range(m):
+            while _run_end(starts, k, q, n) <= i + t:
+                q += 1
+            scratch[t] = vals[q]
+        pos = _packed_run(out, pos, scratch[:m], groups, width)
+        i += 8 * groups
+        while r < k and _run_end(starts, k, r, n) <= i:
+            r += 1
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _set_bits(out, pos, bit, v, width):
+    """Or the ``width`` bits of ``v`` into ``out`` from bit ``bit`` after ``pos``."""
+    u = np.uint64(v)
+    left = width
+    while left > 0:
+        at = pos + (bit >> 3)
+        off = bit & 7
+        take = min(8 - off, left)
+        mask = (np.uint64(1) << np.uint64(take)) - np.uint64(1)
+        out[at] |= np.uint8((u & mask) << np.uint64(off))
+        u >>= np.uint64(take)
+        bit += take
+        left -= take
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls, state,
+                      blk, scratch, out):  # fmt: skip
+    """:func:`encode_delta`'s page, byte for byte, of ``n`` rows given as
+    runs: the ``m`` non-null values in ``k`` maximal runs (``starts``
+    numbered among them), the rows' definition levels in ``kl`` maximal
+    runs (``nulls`` of them null).  ``blk``: int64 scratch of 128;
+    ``scratch``: int64 scratch of ``n``.  A block of deltas with no change
+    of value is five bytes; one whose deltas are 0 but where values change
+    (their minimum 0) packs the miniblocks with changes by setting their
+    bits; any other block is laid out and packed as :func:`encode_delta`
+    does."""
+    if nulls == 0:
+        pos = _rle_run(out, 4, n, 1, 1)
+    else:
+        pos = _hybrid_runs(out, 4, level_starts, level_vals, kl, n, 1, scratch)
+    _put_le(out, 0, pos - 4, 4)
+    state[ST_VALUES] += n
+    state[ST_NULLS] += nulls
+    first = np.int64(vals[0]) if m > 0 else np.int64(0)
+    pos = _uvarint(out, pos, 128)
+    pos = _uvarint(out, pos, 4)
+    pos = _uvarint(out, pos, m)
+    pos = _zigzag(out, pos, first)
+    low = first
+    high = first
+    for r in range(k):
+        low = min(low, vals[r])
+        high = max(high, vals[r])
+    done = 1
+    c = 1  # the next run to start
+    while done < m:
+        cnt = min(128, m - done)
+        hi = done + cnt
+        c0 = c
+        dmin = np.int64(0)
+        while c < k and starts[c] < hi:
+            dmin = min(dmin, vals[c] - vals[c - 1])
+            c += 1
+        if c == c0:
+            for t in range(5):
+                out[pos + t] = 0
+            pos += 5
+        elif c - c0 < cnt and dmin == 0:
+            out[pos] = 0  # (the minimum, zigzag 0)
+            widths_at = pos + 1
+            pos += 5
+            t = c0
+            for mb in range(4):
+                lo_row = done + 32 * mb
+                t0 = t
+                bits = np.int64(0)
+                while t < c and starts[t] < lo_row + 32:
+                    bits |= vals[t] - vals[t - 1]
+                    t += 1
+                width = _bit_length(bits) if lo_row < hi else 0
+                if width:
+                    out[pos : pos + 4 * width] = 0
+                    for u in range(t0, t):
+                        _set_bits(out, pos, (starts[u] - lo_row) * width, vals[u] - vals[u - 1],
+                                  width)  # fmt: skip
+                    pos += 4 * width
+                out[widths_at + mb] = width
+        else:
+            # (values laid out: the one before the block, then its own)
+            q = c0 - 1
+            for t in range(cnt + 1):
+                while q + 1 < k and starts[q + 1] <= done - 1 + t:
+                    q += 1
+                scratch[t] = vals[q]
+            pos = _delta_block(scratch[: cnt + 1], cnt, blk, out, pos)
+        done = hi
+    _merge(state, low, high, m)
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_runs_dictionary(starts, vals, k, n, unsigned, state, keys, slots, entries, indices,
+                           scratch, out):  # fmt: skip
+    """:func:`encode_dictionary`'s page (and answer), byte for byte, of
+    ``n`` rows none null given as ``k`` maximal runs: a value looked up
+    once a run; the indices written a run at a time (``indices``: room for
+    ``k``; ``scratch``: int64 of ``n``)."""
+    before = state[ST_DICT]
+    count = before
+    shift = _shift(slots)
+    for r in range(k):
+        index = _dictionary_index(vals[r], keys, slots, shift, entries, count)
+        if index == -1:
+            state[ST_DICT] = count
+            return -1
+        if index == GROW:
+            return GROW
+        if index == count:
+            count += 1
+        indices[r] = index
+    pos = _rle_run(out, 4, n, 1, 1)
+    _put_le(out, 0, pos - 4, 4)
+    state[ST_VALUES] += n
+    if k == 1:
+        # (a page of one value, as encode_dictionary writes it)
+        if count > before:
+            _see(state, vals[0], unsigned)
+            state[ST_SEEN] += n - 1
+        else:
+            state[ST_SEEN] += n
+    else:
+        for e in range(before, count):
+            _see(state, entries[e], unsigned)
+        state[ST_SEEN] += n - (count - before)
+    state[ST_DICT] = count
+    width = _index_width(count)
+    out[pos] = width
+    if k == 1:
+        return _rle_run(out, pos + 1, n, indices[0], width)
+    return _hybrid_runs(out, pos + 1, starts, indices, k, n, width, scratch)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -656,7 +892,7 @@ def forget_keys(local, entries, count):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def mark_keys(keys, seen):
-    """``seen[k]`` set for each key of ``keys``."""
+def count_keys(keys, counts):
+    """``counts[k]``: how many of ``keys`` are ``k`` (added to it)."""
     for i in range(keys.shape[0]):
-        seen[keys[i]] = True
+        counts[keys[i]] += 1

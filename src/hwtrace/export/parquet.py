@@ -46,7 +46,7 @@ from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
-from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, _Scratch, column_specs
+from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, Runs, _Scratch, column_specs
 from .query import FORMAT, read_meta
 
 __all__ = [
@@ -106,12 +106,14 @@ BATCH_ROWS = 1 << 18
 FILE_ROWS = 1 << 22
 #: Parquet encodings per column (Apache Parquet "Encodings"): dictionaries
 #: for the columns with few distinct values (code addresses included: a
-#: program runs a bounded set of blocks), DELTA_BINARY_PACKED for the rising
-#: ones (row numbers, times); the rest PLAIN.  With zstd this is about a
-#: tenth of the default's size, written in half its time.
+#: program runs a bounded set of blocks; durations, 0 but where the time
+#: changes), DELTA_BINARY_PACKED for the rising ones (row numbers, times)
+#: and for durations once a chunk's dictionary is full; the rest PLAIN.
+#: With zstd this is about a tenth of the default's size, written in half
+#: its time.
 BLOCKS_ENCODING = {
     "dictionary": ["queue", "tid", "pid", "ip", "instructions", "mode", "space", "symbol",
-                   "image", "gap"],
+                   "image", "gap", "duration"],
     "delta": ["time", "duration", "row", "trace_offset"],
 }  # fmt: skip
 INSTRUCTIONS_ENCODING = {"dictionary": ["queue", "k", "ip"], "delta": ["row", "time"]}
@@ -439,29 +441,33 @@ def _space_ids(
 
 def _keyed_ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_ids` of the distinct blocks of ``b.key_table`` that ``b``'s
-    rows name (0 for the others), and which those are: once a block, not
-    once a row."""
+    rows name (0 for the others), once a block, not once a row; and how
+    many rows name each."""
     t = b.key_table
     k_ip, k_space = t["ip"], t["image"]
-    seen = np.zeros(k_ip.shape[0], np.bool_)
-    pages.mark_keys(b.keys, seen)
+    counts = np.zeros(k_ip.shape[0], np.int64)
+    pages.count_keys(b.keys, counts)
+    seen = counts > 0
     sym = np.zeros(k_ip.shape[0], np.int64)
     img = np.zeros(k_ip.shape[0], np.int64)
     for space in np.unique(k_space[seen]).tolist():
         sel = np.flatnonzero(seen & (k_space == space))
         sym[sel], img[sel] = names.block_ids(b.queue, int(space), k_ip[sel])
-    return sym, img, seen
+    return sym, img, counts
 
 
 def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
     return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
-def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed]:
+def blocks_columns(b: PerfBlocks,
+                   names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed | Runs]:  # fmt: skip
     """One batch of attributed blocks as numpy columns of
     :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says); a column
     of one value is a read-only broadcast of it, ``row`` a
-    :class:`~.parquet_file.RowNumbers`, and when the batch has block keys
+    :class:`~.parquet_file.RowNumbers`, ``time`` and ``duration``
+    :class:`~.parquet_file.Runs` (unless they change every few rows), and
+    when the batch has block keys
     the columns of the block (``ip``, ``instructions``, ``symbol``,
     ``image``) are :class:`~.parquet_file.Keyed` (``numpy.asarray`` gives
     any one's values).
@@ -476,23 +482,24 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
     q = b.queue
     offset = np.asarray(b.offset, np.int64) if b.offset is not None else repeated(-1, n, np.int64)
     one = b.uniform
-    ip: np.ndarray | Keyed = np.asarray(b.ip, np.uint64)
-    ninsn: np.ndarray | Keyed = np.asarray(b.ninsn, np.int64)
+    ip: np.ndarray | Keyed
+    ninsn: np.ndarray | Keyed
     if b.keys is not None and b.key_table is not None:
         # (columns of the block: a dictionary of the batch's distinct
         # blocks, each row its key)
         t = b.key_table
-        sym_k, img_k, seen = _keyed_ids(b, names)
+        sym_k, img_k, counts = _keyed_ids(b, names)
         src = b.key_source
-        ip = Keyed(b.keys, t["ip"], src)
-        ninsn = Keyed(b.keys, t["ninsn"].astype(np.int64), src)
-        sym = Keyed(b.keys, sym_k, src)
-        images = img_k[seen]
+        ip = Keyed(b.keys, t["ip"], src, counts)
+        ninsn = Keyed(b.keys, t["ninsn"].astype(np.int64), src, counts)
+        sym = Keyed(b.keys, sym_k, src, counts)
+        images = img_k[counts > 0]
         if images.shape[0] and (images == images[0]).all():
             img = repeated(int(images[0]), n, np.int64)  # (mostly one file)
         else:
-            img = Keyed(b.keys, img_k, src)
+            img = Keyed(b.keys, img_k, src, counts)
     else:
+        ip, ninsn = np.asarray(b.ip, np.uint64), np.asarray(b.ninsn, np.int64)
         sym, img = _ids(b, names)
         img = _one_value(img, np.int64)
     return {
@@ -500,8 +507,8 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
         "cpu": repeated(q.cpu, n, np.int32),
         "tid": _one_value(b.tid, np.int64, "tid" in one),
         "pid": _one_value(b.pid, np.int64, "pid" in one),
-        "time": np.asarray(b.ns, np.int64),
-        "duration": np.asarray(b.duration, np.int64),
+        "time": Runs.of(np.ascontiguousarray(b.ns, np.int64)),
+        "duration": Runs.of(np.ascontiguousarray(b.duration, np.int64)),
         "ip": ip,
         "instructions": ninsn,
         "mode": _one_value(b.mode, np.uint8, "mode" in one),
@@ -689,8 +696,10 @@ class _Partitioned:
         self.options: dict[str, object] = {"compression": compression}
         if enc:
             self.options["use_dictionary"] = list(enc.get("dictionary", []))
-            self.options["column_encoding"] = dict.fromkeys(enc.get("delta", []),
-                                                            "DELTA_BINARY_PACKED")  # fmt: skip
+            # (a column also a dictionary's: delta once the dictionary is
+            # full, in this writer only; Arrow's goes PLAIN)
+            delta = [c for c in enc.get("delta", []) if c not in enc.get("dictionary", [])]
+            self.options["column_encoding"] = dict.fromkeys(delta, "DELTA_BINARY_PACKED")
         # The partition columns live in the directory names only.
         self.schema = schema.remove(schema.get_field_index("cpu")).with_metadata(metadata)
         self.specs = (column_specs(self.schema, enc, self.nulls)
@@ -957,10 +966,14 @@ class FlowParquetWriter:
             self.write_events(b)
             return
         cpu = b.queue.cpu
-        self.blocks.write(blocks_columns(b, self.names), cpu, self._bucket(b.ns))
-        self.n_insn += int(np.asarray(b.ninsn).sum())
+        cols = blocks_columns(b, self.names)
+        self.blocks.write(cols, cpu, self._bucket(b.ns))
+        insns = cols["instructions"]
+        self.n_insn += insns.sum() if isinstance(insns, Keyed) else int(np.asarray(insns).sum())
         if self.instructions is not None:
-            for part in b.split(expand_insns):
+            # (the block columns laid out: a stream to Parquet may give its
+            # block's columns by key)
+            for part in b.dense().split(expand_insns):
                 cols = instructions_columns(part)
                 self.instructions.write(cols, cpu, self._bucket(cols["time"]))
         self.write_events(b)

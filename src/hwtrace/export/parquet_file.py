@@ -19,15 +19,16 @@ from __future__ import annotations
 import base64
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from ..columns import Keyed
 from . import _parquet_pages as pp
 
-__all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "column_specs"]
+__all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "Runs", "column_specs"]
 
 # Thrift compact protocol types (Apache Thrift, "Thrift Compact protocol").
 _T_TRUE, _T_FALSE, _T_I8, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
@@ -136,13 +137,16 @@ class _Struct:
 @dataclass
 class ColumnSpec:
     """How one column is stored: its Arrow field, its encoding
-    (``"dictionary"``, ``"delta"`` or ``"plain"``) and which values stand
-    for null (:data:`~._parquet_pages.NULL_IF_NEGATIVE`, ...)."""
+    (``"dictionary"``, ``"delta"`` or ``"plain"``), the encoding of a
+    dictionary column's pages once its chunk's dictionary is full
+    (``fallback``: ``"plain"`` or ``"delta"``) and which values stand for
+    null (:data:`~._parquet_pages.NULL_IF_NEGATIVE`, ...)."""
 
     name: str
     kind: pa.DataType
     encoding: str = "plain"
     null: int = pp.NOT_NULL
+    fallback: str = "plain"
 
     @property
     def physical(self) -> int:
@@ -166,22 +170,28 @@ def column_specs(
     schema: pa.Schema, encoding: Mapping[str, Sequence[str]], nulls: Mapping[str, int]
 ) -> list[ColumnSpec] | None:
     """The specs of ``schema``'s columns (``encoding``: column names by
-    ``"dictionary"``/``"delta"``; ``nulls``: the null rule by column
-    name), or None when a column's type is not one this writer stores."""
-    by_name = {c: e for e, cols in encoding.items() for c in cols}
+    ``"dictionary"``/``"delta"``, a column named by both a dictionary
+    whose pages go delta when it is full; ``nulls``: the null rule by
+    column name), or None when a column's type is not one this writer
+    stores."""
+    dictionary = set(encoding.get("dictionary", ()))
+    delta = set(encoding.get("delta", ()))
     specs = []
     for f in schema:
         if f.type not in _SUPPORTED:
             return None
-        enc = by_name.get(f.name, "plain")
+        enc = ("dictionary" if f.name in dictionary else "delta" if f.name in delta
+               else "plain")  # fmt: skip
+        fallback = "delta" if enc == "dictionary" and f.name in delta else "plain"
         if pa.types.is_boolean(f.type):
             enc = "plain"
-        if enc == "delta" and f.type != pa.int64():
-            enc = "plain"
+        if f.type != pa.int64():
+            enc = "plain" if enc == "delta" else enc
+            fallback = "plain"
         null = nulls.get(f.name, pp.NOT_NULL)
         if null != pp.NOT_NULL and not pa.types.is_signed_integer(f.type):
             raise ValueError(f"column {f.name}: null rules are for signed integers")
-        specs.append(ColumnSpec(f.name, f.type, enc, null))
+        specs.append(ColumnSpec(f.name, f.type, enc, null, fallback))
     return specs
 
 
@@ -217,10 +227,24 @@ class _Scratch:
     def encode_dictionary(self, spec: ColumnSpec, values: np.ndarray, n: int,
                           state: np.ndarray) -> int:  # fmt: skip
         """:func:`~._parquet_pages.encode_dictionary`, the table grown as it asks."""
+        return self._grown(lambda: pp.encode_dictionary(
+            values, n, spec.null, spec.unsigned, state, self.keys, self.slots, self.entries,
+            self.indices, self.levels, self.out), state)  # fmt: skip
+
+    def encode_runs_dictionary(self, spec: ColumnSpec, runs: Runs, state: np.ndarray) -> int:
+        """:func:`~._parquet_pages.encode_runs_dictionary`, the table grown
+        as it asks."""
+        return self._grown(lambda: pp.encode_runs_dictionary(
+            runs.starts, runs.values, runs.starts.shape[0], runs.n, spec.unsigned, state,
+            self.keys, self.slots, self.entries, self.indices, self.wide, self.out),
+            state)  # fmt: skip
+
+    def _grown(self, encode: Callable[[], int], state: np.ndarray) -> int:
+        """``encode()``'s answer, asked again with a larger table (the
+        entries of the chunk's dictionary so far, ``state``'s count, placed
+        in it) for as long as it answers :data:`~._parquet_pages.GROW`."""
         while True:
-            size = pp.encode_dictionary(values, n, spec.null, spec.unsigned, state, self.keys,
-                                        self.slots, self.entries, self.indices, self.levels,
-                                        self.out)  # fmt: skip
+            size = encode()
             if size != pp.GROW:
                 return size
             bigger = min(self.slots.shape[0] * 4, pp.DICT_SLOTS)
@@ -315,38 +339,83 @@ class RowNumbers:
         return np.arange(self.first, self.first + self.n, dtype=dtype or np.int64)
 
 
-class Keyed:
-    """A column whose values depend only on each row's block: ``keys``
-    (one per row) into ``table`` (a value per distinct block) of
-    ``source`` (the table's owner: the tables of one source only grow, so
-    its keys name the same blocks in all of them).  The writer makes a
-    dictionary chunk of it from the keys, its index pages shared with the
-    other columns keyed by the same keys.  Slices as a numpy array does;
-    ``numpy.asarray`` gives its values."""
+class Runs:
+    """A column of ``n`` rows given as runs of one value: run ``r`` holds
+    ``values[r]`` from row ``starts[r]`` (the first at 0) to the next run's
+    start; a run's value differs from the one before (a block's time,
+    which changes every few hundred blocks).  The writer makes its
+    DELTA_BINARY_PACKED pages a run at a time.  Slices as a numpy array
+    does; ``numpy.asarray`` gives its values."""
 
-    __slots__ = ("keys", "source", "table")
+    __slots__ = ("n", "starts", "values")
     ndim = 1
+    dtype = np.dtype(np.int64)
 
-    def __init__(self, keys: np.ndarray, table: np.ndarray, source: int = 0) -> None:
-        self.keys, self.table, self.source = keys, table, source
+    def __init__(self, starts: np.ndarray, values: np.ndarray, n: int) -> None:
+        self.starts, self.values, self.n = starts, values, int(n)
 
-    @property
-    def dtype(self) -> np.dtype:
-        return self.table.dtype
+    @classmethod
+    def of(cls, values: np.ndarray, most: int = 4) -> Runs | np.ndarray:
+        """``values`` (int64) as runs, or themselves when more than one row
+        in ``most`` starts a run."""
+        n = values.shape[0]
+        starts = np.empty(n // most, np.int64)
+        firsts = np.empty(n // most, np.int64)
+        k = pp.runs_of(values, n, starts, firsts)
+        return values if k < 0 else cls(starts[:k].copy(), firsts[:k].copy(), n)
 
     @property
     def shape(self) -> tuple[int]:
-        return self.keys.shape
+        return (self.n,)
 
     def __len__(self) -> int:
-        return self.keys.shape[0]
+        return self.n
 
-    def __getitem__(self, rows: slice) -> Keyed:
-        return Keyed(self.keys[rows], self.table, self.source)
+    def __getitem__(self, rows: slice) -> Runs:
+        lo, hi, step = rows.indices(self.n)
+        if step != 1:
+            raise IndexError("runs slice with a step of 1 only")
+        if hi <= lo:
+            return Runs(self.starts[:0], self.values[:0], 0)
+        a = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        b = int(np.searchsorted(self.starts, hi, side="left"))
+        starts = self.starts[a:b] - lo
+        starts[0] = 0
+        return Runs(starts, self.values[a:b], hi - lo)
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        values = np.take(self.table, self.keys)
-        return values if dtype is None else values.astype(dtype, copy=False)
+        lengths = np.diff(self.starts, append=self.n)
+        return np.repeat(self.values, lengths).astype(dtype or np.int64, copy=False)
+
+
+def _runs_page(col: Runs, null: int, state: np.ndarray, s: _Scratch) -> bytes:
+    """:func:`~._parquet_pages.encode_delta`'s page of ``col``, byte for
+    byte, made a run at a time (and its statistics into ``state``)."""
+    starts, vals, n = col.starts, col.values, col.n
+    none = np.zeros(0, np.int64)
+    missing = None if null == pp.NOT_NULL else (vals < 0 if null == pp.NULL_IF_NEGATIVE
+                                                else vals == 0)  # fmt: skip
+    if missing is None or not missing.any():
+        level_starts, level_vals, nulls = none, none, 0
+    else:
+        # The definition levels' runs, and the non-null values' (numbered
+        # among them, equal neighbours joined).
+        lengths = np.diff(starts, append=n)
+        nulls = int(lengths[missing].sum())
+        levels = (~missing).astype(np.int64)
+        new = np.ones(levels.shape[0], np.bool_)
+        new[1:] = levels[1:] != levels[:-1]
+        level_starts, level_vals = starts[new], levels[new]
+        vals, kept = vals[~missing], lengths[~missing]
+        starts = np.zeros(vals.shape[0], np.int64)
+        np.cumsum(kept[:-1], out=starts[1:])
+        new = np.ones(vals.shape[0], np.bool_)
+        new[1:] = vals[1:] != vals[:-1]
+        starts, vals = starts[new], vals[new]
+    size = pp.encode_runs_delta(starts, vals, starts.shape[0], n - nulls, level_starts,
+                                level_vals, level_starts.shape[0], n, nulls, state, s.deltas,
+                                s.wide, s.out)  # fmt: skip
+    return s.out[:size].tobytes()
 
 
 def _sources(pieces: Sequence[tuple[Keyed, int]]) -> tuple[dict[int, tuple[int, int]], int]:
@@ -391,9 +460,9 @@ def _row_numbers_page(rows: RowNumbers, state: np.ndarray) -> bytes:
     return head + body
 
 
-#: A piece of rows: its columns (numpy arrays, or RowNumbers, by name) and
-#: its row count.
-Piece = tuple[Mapping[str, "np.ndarray | RowNumbers"], int]
+#: A piece of rows: its columns (numpy arrays, RowNumbers, Keyed or Runs,
+#: by name) and its row count.
+Piece = tuple[Mapping[str, "np.ndarray | RowNumbers | Keyed | Runs"], int]
 
 
 class ParquetFileWriter:
@@ -458,6 +527,19 @@ class ParquetFileWriter:
             values = cols[spec.name]
             if isinstance(values, Keyed):
                 values = np.asarray(values)
+            if isinstance(values, Runs):
+                values = values[:n]
+                if dictionary and spec.null == pp.NOT_NULL:
+                    size = s.encode_runs_dictionary(spec, values, state)
+                    if size >= 0:
+                        pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
+                        continue
+                    dictionary = False
+                if not dictionary and "delta" in (spec.encoding, spec.fallback):
+                    pages.append((_DELTA_BINARY_PACKED, n, _runs_page(values, spec.null, state,
+                                                                      s)))  # fmt: skip
+                    continue
+                values = np.asarray(values)
             if isinstance(values, RowNumbers):
                 if spec.encoding == "delta" and spec.null == pp.NOT_NULL:
                     pages.append((_DELTA_BINARY_PACKED, n, _row_numbers_page(values[:n], state)))
@@ -473,12 +555,14 @@ class ParquetFileWriter:
                 pages.append((_PLAIN, n, s.out[:size].tobytes()))
             elif dictionary and (size := s.encode_dictionary(spec, values, n, state)) >= 0:
                 pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
-            elif spec.encoding == "delta":
+            elif "delta" in (spec.encoding, spec.fallback):
+                # (a dictionary that filled up: this page and the rest as
+                # its fallback says)
+                dictionary = False
                 size = pp.encode_delta(values, n, spec.null, state, s.levels, s.wide, s.deltas,
                                        s.out)  # fmt: skip
                 pages.append((_DELTA_BINARY_PACKED, n, s.out[:size].tobytes()))
             else:
-                # (a dictionary that filled up: this page and the rest PLAIN)
                 dictionary = False
                 size = pp.encode_plain(values, n, spec.null, spec.unsigned, spec.width, state,
                                        s.levels, s.out)  # fmt: skip

@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..columns import Columns, repeated
+from ..columns import Columns, Keyed, repeated
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -629,7 +629,10 @@ class PerfBlocks:
     ``ninsn``, ``mode`` and ``image`` columns: the distinct blocks of the
     decoder's :class:`~hwtrace.pt.blocks.BlockStore`), so that what
     depends only on the block (its symbol, a dictionary of addresses) is
-    worked out once per distinct block."""
+    worked out once per distinct block; in a stream whose run is not asked
+    for, ``ip`` and ``ninsn`` are then :class:`~hwtrace.columns.Keyed`
+    columns of those keys, not laid out a row at a time (``numpy.asarray``
+    gives their values, :meth:`dense` arrays of them)."""
 
     queue: QueueInfo
     ip: np.ndarray
@@ -660,11 +663,17 @@ class PerfBlocks:
     def __len__(self) -> int:
         return self.ip.shape[0]
 
+    @property
+    def lazy(self) -> bool:
+        """Whether a column is not laid out a row at a time (a
+        :class:`~hwtrace.columns.Keyed` one)."""
+        return any(not isinstance(getattr(self, c), np.ndarray) for c in _COLUMNS)
+
     def dense(self) -> PerfBlocks:
         """The batch with every column an array of its own (a column of one
         value may be a read-only broadcast of it, see :attr:`uniform`), as
         compiled loops take them."""
-        if not self.uniform:
+        if not self.uniform and not self.lazy:
             return self
         cols = [np.ascontiguousarray(getattr(self, c)) for c in _COLUMNS]
         return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw, offset=self.offset,
@@ -776,6 +785,8 @@ _GATHERED = (("ip", np.uint64), ("ninsn", np.uint32), ("mode", np.uint8), ("time
 _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image", np.int64),
            ("run", np.int32), ("offset", np.int64), ("ns", np.int64), ("tid", np.int64),
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
+#: The columns of the block a stream to Parquet takes by key.
+_BY_KEY = ("ip", "ninsn")
 _NO_RUN = np.zeros(0, np.int32)
 _NO_OFFSET = np.zeros(0, np.int64)
 # Empty columns to attribute into: a column of one value is not written.
@@ -926,11 +937,13 @@ class QueueSink(FlowSink):
         keys = self._keys(held, m, rest, batch, total)
         # The columns passed on: the held block, then the gathered ones
         # (new arrays: whoever takes a batch may keep it), attributed in one
-        # compiled pass.
-        t = self.store.table() if m else None
-        one = self._uniform(held, m, rest, batch, t)
+        # compiled pass; a stream to Parquet takes the block's own columns
+        # by key, not laid out.
+        t = self.store.table() if m or keys is not None else None
+        one = self._uniform(held, m, rest, batch, t if m else None)
+        by_key = _BY_KEY if keys is not None and not self.runs else ()
         cols = {c: repeated(one[c], total, kind) if c in one else np.empty(total, kind)
-                for c, kind in _PASSED}  # fmt: skip
+                for c, kind in _PASSED if c not in by_key}  # fmt: skip
         if held:
             for c, v in cols.items():
                 if c != "duration" and c not in one:
@@ -943,7 +956,8 @@ class QueueSink(FlowSink):
             k = np.concatenate([[0], k])
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
         # (columns of one value are not written: an empty array in their place)
-        out = [_NOWHERE[c] if c in one else cols[c] for c, _ in _PASSED if c != "duration"]
+        out = [_NOWHERE[c] if c in one or c in by_key else cols[c]
+               for c, _ in _PASSED if c != "duration"]  # fmt: skip
         if m:
             store = self.store
             attribute_stored(
@@ -968,7 +982,10 @@ class QueueSink(FlowSink):
         self.key_table = None
         if keys is not None:
             self.held["key"] = keys[total - 1 :].copy()
-            self.key_table, self.store_number = self.store.table(), self.store.number
+            self.key_table, self.store_number = t, self.store.number
+            for c in by_key:
+                self.held[c] = t[c][self.held["key"]].astype(dict(_PASSED)[c])
+                cols[c] = Keyed(keys, t[c], self.store_number)
         self.held_row = first_row + total - 1
         self.rows += n
         # The marks, numbered by the blocks of ``cols`` before each; those
