@@ -46,7 +46,7 @@ from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
-from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, Runs, _Scratch, column_specs
+from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, _Scratch, column_specs
 from .query import FORMAT, read_meta
 
 __all__ = [
@@ -460,14 +460,11 @@ def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.
     return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
-def blocks_columns(b: PerfBlocks,
-                   names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed | Runs]:  # fmt: skip
+def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed]:
     """One batch of attributed blocks as numpy columns of
     :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says); a column
     of one value is a read-only broadcast of it, ``row`` a
-    :class:`~.parquet_file.RowNumbers`, ``time`` and ``duration``
-    :class:`~.parquet_file.Runs` (unless they change every few rows), and
-    when the batch has block keys
+    :class:`~.parquet_file.RowNumbers`, and when the batch has block keys
     the columns of the block (``ip``, ``instructions``, ``symbol``,
     ``image``) are :class:`~.parquet_file.Keyed` (``numpy.asarray`` gives
     any one's values).
@@ -507,8 +504,8 @@ def blocks_columns(b: PerfBlocks,
         "cpu": repeated(q.cpu, n, np.int32),
         "tid": _one_value(b.tid, np.int64, "tid" in one),
         "pid": _one_value(b.pid, np.int64, "pid" in one),
-        "time": Runs.of(np.ascontiguousarray(b.ns, np.int64)),
-        "duration": Runs.of(np.ascontiguousarray(b.duration, np.int64)),
+        "time": np.asarray(b.ns, np.int64),
+        "duration": np.asarray(b.duration, np.int64),
         "ip": ip,
         "instructions": ninsn,
         "mode": _one_value(b.mode, np.uint8, "mode" in one),

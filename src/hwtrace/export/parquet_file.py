@@ -339,13 +339,19 @@ class RowNumbers:
         return np.arange(self.first, self.first + self.n, dtype=dtype or np.int64)
 
 
+#: A delta column (or a dictionary one that would go delta) is written as
+#: runs when fewer than one row in this many starts one.
+_RUNS_EVERY = 16
+
+
 class Runs:
     """A column of ``n`` rows given as runs of one value: run ``r`` holds
     ``values[r]`` from row ``starts[r]`` (the first at 0) to the next run's
     start; a run's value differs from the one before (a block's time,
-    which changes every few hundred blocks).  The writer makes its
-    DELTA_BINARY_PACKED pages a run at a time.  Slices as a numpy array
-    does; ``numpy.asarray`` gives its values."""
+    which changes every few hundred blocks).  The writer makes its pages
+    a run at a time (and looks for runs in a delta column given as an
+    array).  Slices as a numpy array does; ``numpy.asarray`` gives its
+    values."""
 
     __slots__ = ("n", "starts", "values")
     ndim = 1
@@ -527,6 +533,16 @@ class ParquetFileWriter:
             values = cols[spec.name]
             if isinstance(values, Keyed):
                 values = np.asarray(values)
+            if (
+                isinstance(values, np.ndarray)
+                and values.dtype == np.int64
+                and "delta" in (spec.encoding, spec.fallback)
+                and values.strides[0] != 0
+            ):
+                # (a column that changes every few rows, a time: its pages
+                # made a run at a time; looked for here, on the writer's
+                # thread)
+                values = Runs.of(np.ascontiguousarray(values[:n]), _RUNS_EVERY)
             if isinstance(values, Runs):
                 values = values[:n]
                 if dictionary and spec.null == pp.NOT_NULL:
