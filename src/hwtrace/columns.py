@@ -83,3 +83,54 @@ class Keyed:
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         values = np.take(self.table, self.keys)
         return values if dtype is None else values.astype(dtype, copy=False)
+
+
+class Runs:
+    """A column of ``n`` rows given as runs of one value: run ``r`` holds
+    ``values[r]`` from row ``starts[r]`` (the first at 0) to the next run's
+    start; a run's value differs from the one before (a block's time,
+    which changes every few hundred blocks), not laid out a row at a
+    time.  The Parquet writer makes its pages a run at a time.  Slices as
+    a numpy array does; ``numpy.asarray`` gives its values."""
+
+    __slots__ = ("n", "starts", "values")
+    ndim = 1
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, starts: np.ndarray, values: np.ndarray, n: int) -> None:
+        self.starts, self.values, self.n = starts, values, int(n)
+
+    @classmethod
+    def of(cls, values: np.ndarray, most: int = 4) -> Runs | np.ndarray:
+        """``values`` (int64) as runs, or themselves when more than one row
+        in ``most`` starts a run."""
+        values = np.asarray(values, np.int64)
+        n = values.shape[0]
+        starts = np.flatnonzero(values[1:] != values[:-1]) + 1 if n else values[:0]
+        if starts.shape[0] + 1 > n // most:
+            return values
+        starts = np.concatenate([np.zeros(1, np.int64), starts.astype(np.int64)])
+        return cls(starts, values[starts], n)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, rows: slice) -> Runs:
+        lo, hi, step = rows.indices(self.n)
+        if step != 1:
+            raise IndexError("runs slice with a step of 1 only")
+        if hi <= lo:
+            return Runs(self.starts[:0], self.values[:0], 0)
+        a = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        b = int(np.searchsorted(self.starts, hi, side="left"))
+        starts = self.starts[a:b] - lo
+        starts[0] = 0
+        return Runs(starts, self.values[a:b], hi - lo)
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        lengths = np.diff(self.starts, append=self.n)
+        return np.repeat(self.values, lengths).astype(dtype or np.int64, copy=False)

@@ -333,15 +333,11 @@ def test_keyed_values_read_as_their_table_at_their_keys():
 def test_runs_write_what_their_values_do(tmp_path_factory, seed, groups, change, steps, nulls,
                                          cut):  # fmt: skip
     """A column given as Runs (a block's time, its duration) is written
-    byte for byte as its values in an array are, by the encoders of values
-    and as the writer finds runs in an array itself: as a delta column
-    (runs of null values among them), and as a dictionary column whose
-    pages go delta once its dictionary is full; pieces cut from longer
-    runs as the partitions cut them."""
-    from unittest import mock
-
-    from hwtrace.export import parquet_file
-    from hwtrace.export.parquet_file import Runs
+    byte for byte as its values in an array are: as a delta column (runs
+    of null values among them), and as a dictionary column whose pages go
+    delta once its dictionary is full; pieces cut from longer runs as the
+    partitions cut them."""
+    from hwtrace.columns import Runs
 
     rng = np.random.default_rng(seed)
     total = sum(map(sum, groups))
@@ -363,24 +359,21 @@ def test_runs_write_what_their_values_do(tmp_path_factory, seed, groups, change,
     schema = pa.schema([("d", pa.int64()), ("t", pa.int64())])
     specs = column_specs(schema, {"dictionary": ["d"], "delta": ["d", "t"]}, {"t": nulls})
     out = {}
-    for style in ("runs", "arrays", "values"):
+    for style in ("runs", "arrays"):
         path = tmp_path_factory.mktemp("pq") / f"{style}.parquet"
-        # ("values": no runs looked for, every page from the values)
-        every = 1 << 62 if style == "values" else parquet_file._RUNS_EVERY
-        with mock.patch.object(parquet_file, "_RUNS_EVERY", every):
-            w = ParquetFileWriter(path, schema, specs, None, "zstd")
-            runs = Runs.of(values, 1)
-            at = cut
-            for sizes in groups:
-                pieces = []
-                for n in sizes:
-                    col = runs[at : at + n] if style == "runs" else values[at : at + n]
-                    pieces.append(({"d": col, "t": col}, n))
-                    at += n
-                w.write_row_group(pieces)
-            w.close()
+        w = ParquetFileWriter(path, schema, specs, None, "zstd")
+        runs = Runs.of(values, 1)
+        at = cut
+        for sizes in groups:
+            pieces = []
+            for n in sizes:
+                col = runs[at : at + n] if style == "runs" else values[at : at + n]
+                pieces.append(({"d": col, "t": col}, n))
+                at += n
+            w.write_row_group(pieces)
+        w.close()
         out[style] = path.read_bytes()
-    assert out["runs"] == out["values"] == out["arrays"]
+    assert out["runs"] == out["arrays"]
     t = pq.read_table(pa.BufferReader(out["runs"]))
     np.testing.assert_array_equal(t["d"].to_numpy(), values[cut:])
 
@@ -389,7 +382,7 @@ def test_a_dictionary_of_runs_goes_delta_when_full(tmp_path):
     """More distinct values than a dictionary holds, given as runs: the
     chunk's later pages are DELTA_BINARY_PACKED, the same bytes as from
     the values, read back by Arrow."""
-    from hwtrace.export.parquet_file import Runs
+    from hwtrace.columns import Runs
 
     values = np.repeat(np.arange(pp.DICT_LIMIT + 5000, dtype=np.int64) * 7919, 2)
     schema = pa.schema([("d", pa.int64())])
@@ -398,7 +391,6 @@ def test_a_dictionary_of_runs_goes_delta_when_full(tmp_path):
     for style in ("runs", "arrays"):
         path = tmp_path / f"{style}.parquet"
         w = ParquetFileWriter(path, schema, specs)
-        # (distinct values: no runs found in the array)
         cuts = [0, 50000, 100000, 140000, values.shape[0]]
         w.write_row_group([({"d": Runs.of(values[lo:hi]) if style == "runs" else values[lo:hi]},
                             hi - lo) for lo, hi in itertools.pairwise(cuts)])  # fmt: skip
@@ -412,7 +404,7 @@ def test_a_dictionary_of_runs_goes_delta_when_full(tmp_path):
 
 
 def test_runs_read_as_their_values():
-    from hwtrace.export.parquet_file import Runs
+    from hwtrace.columns import Runs
 
     values = np.array([4, 4, 4, 9, 9, -1, 4, 4], np.int64)
     r = Runs.of(values, 1)

@@ -127,3 +127,55 @@ def test_attribute_stored_is_attribute_rows_of_the_rows(n, held, per_thread, see
     durations_of(want[6], want[9], stop_row, stop_tsc, conv)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 400), rest=st.integers(0, 40), held=st.booleans(),
+       have_conv=st.booleans(), stops=st.integers(0, 4), seed=st.integers(0, 2**32 - 1))  # fmt: skip
+def test_time_and_duration_runs_are_the_rows_times_and_durations(n, rest, held, have_conv,
+                                                                  stops, seed):  # fmt: skip
+    """A batch's times and durations as runs (a held row, a block store's
+    time points, rows written out after them), as a stream to Parquet
+    gives them, are the rows' times and durations laid out."""
+    from hwtrace.columns import Runs
+    from hwtrace.session._attribution import duration_runs, time_runs
+
+    rng = np.random.default_rng(seed)
+    time = np.repeat(np.cumsum(rng.integers(0, 900, n)), rng.integers(1, 6, n))[:n]
+    time = time.astype(np.uint64) + np.uint64(1 << 20)
+    time[rng.random(n) < 0.03] = 0
+    back = rng.random(n) < 0.02
+    time[back] //= np.uint64(2)
+    store = BlockStore(16)
+    store.append(np.zeros(n, np.uint64), np.ones(n, np.uint32), np.zeros(n, np.uint8),
+                 np.zeros(n, np.int64), time, image=0)  # fmt: skip
+    conv = np.array([int(have_conv), 8, 300, 77], np.uint64)
+    h = int(held)
+    total = h + n + rest
+    # The rows written out after the stored ones: their perf times, a row each.
+    later = np.repeat(rng.integers(-1, 1 << 30, rest), rng.integers(1, 4, rest))[:rest]
+    first = np.array([int(rng.integers(-1, 1 << 30))], np.int64) if held else None
+    t_row, t_val = store.time_changes()
+    starts, ns = time_runs(first, t_row, t_val, h, later.astype(np.int64), h + n, conv)
+    # The same rows laid out: the stored ones' times as attribute_stored gives them.
+    dense = np.zeros(total, np.int64)
+    if held:
+        dense[0] = first[0]
+    outs = [np.zeros(total, t) for t in _OUT[:-1]]
+    table = store.table()
+    attribute_stored(store.key_column(), table["ip"], table["ninsn"], table["mode"],
+                     table["image"], *store.offset_steps(), t_row, t_val, h, conv, 1, 1,
+                     *(np.zeros(0, np.int64),) * 3, *outs)  # fmt: skip
+    dense[h : h + n] = outs[6][h : h + n]
+    dense[h + n :] = later
+    runs = Runs(starts, ns, total)
+    np.testing.assert_array_equal(np.asarray(runs), dense)
+    assert (ns[1:] != ns[:-1]).all() and starts[0] == 0
+    stop_row = np.sort(rng.integers(0, total, stops)).astype(np.int64)
+    stop_tsc = rng.integers(0, int(time.max()) + 2000, stops).astype(np.uint64)
+    stop_tsc[rng.random(stops) < 0.3] = 0
+    want = np.zeros(total, np.int64)
+    durations_of(dense, want, stop_row, stop_tsc, conv)
+    d_starts, d_values = duration_runs(starts, ns, total, stop_row, stop_tsc, conv)
+    np.testing.assert_array_equal(np.asarray(Runs(d_starts, d_values, total)), want)
+    assert d_starts[0] == 0 and (d_values[1:] != d_values[:-1]).all()

@@ -499,40 +499,6 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def runs_of(values, n, starts, firsts):
-    """The runs of equal values of ``values[:n]``: the row each starts at
-    into ``starts``, its value into ``firsts``.  Returns how many, or -1
-    when there are more than ``starts`` holds."""
-    if n == 0:
-        return 0
-    cap = starts.shape[0]
-    if cap == 0:
-        return -1
-    starts[0] = 0
-    firsts[0] = values[0]
-    k = 1
-    # (32 rows at a time: whether any differs from the row before, or'ed
-    # without a branch, vectorised; only stretches with changes looked into)
-    for lo in range(1, n, 32):
-        hi = min(lo + 32, n)
-        now = values[lo:hi]
-        before = values[lo - 1 : hi - 1]
-        differ = now[0] ^ now[0]
-        for i in range(now.shape[0]):
-            differ |= now[i] ^ before[i]
-        if differ == 0:
-            continue
-        for i in range(now.shape[0]):
-            if now[i] != before[i]:
-                if k == cap:
-                    return -1
-                starts[k] = lo + i
-                firsts[k] = now[i]
-                k += 1
-    return k
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
 def _run_end(starts, k, r, n):
     return starts[r + 1] if r + 1 < k else n
 

@@ -39,14 +39,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..columns import repeated
+from ..columns import distinct, repeated
 from ..image.symbols import SymbolTable
 from ..pt.blocks import gather
 from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
-from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, _Scratch, column_specs
+from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, Runs, _Scratch, column_specs
 from .query import FORMAT, read_meta
 
 __all__ = [
@@ -215,6 +215,10 @@ class Names:
     )
     # Per (symbol table, queue, space): the ids of the block addresses met.
     _by_ip: dict[tuple[int, int, int], _AddressIds] = field(default_factory=dict, repr=False)
+    # Per (queue, block store): the ids of its distinct blocks so far.
+    _by_key: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False
+    )
 
     def image(self, path: str) -> int:
         bid = self.build_ids.get(path)
@@ -290,6 +294,25 @@ class Names:
         by_row = np.empty(index.shape[0], np.int64)
         gather(known.image, index, by_row)
         return symbol, by_row
+
+    def key_ids(self, q: QueueInfo, source: int, table: Mapping[str, np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Symbol and image ids of the distinct blocks of ``table`` (a block
+        store's, ``source`` its number) of queue ``q``: a store's table only
+        grows, so each block's are worked out once, when it is new."""
+        n = table["ip"].shape[0]
+        got = self._by_key.get((q.index, source))
+        if got is None or got[0].shape[0] < n:
+            known = 0 if got is None else got[0].shape[0]
+            sym, img = np.zeros(n, np.int64), np.zeros(n, np.int64)
+            if got is not None:
+                sym[:known], img[:known] = got
+            k_ip, k_space = table["ip"][known:], table["image"][known:]
+            for space in distinct(k_space).tolist():
+                sel = np.flatnonzero(k_space == space)
+                sym[known + sel], img[known + sel] = self.block_ids(q, int(space), k_ip[sel])
+            got = self._by_key[(q.index, source)] = (sym, img)
+        return got[0][:n], got[1][:n]
 
     def sections(self, image: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Start, end and image id of an image's sections, by address."""
@@ -440,19 +463,13 @@ def _space_ids(
 
 
 def _keyed_ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_ids` of the distinct blocks of ``b.key_table`` that ``b``'s
-    rows name (0 for the others), once a block, not once a row; and how
-    many rows name each."""
+    """:func:`_ids` of the distinct blocks of ``b.key_table`` (once a block,
+    not once a row: see :meth:`Names.key_ids`), and how many of ``b``'s
+    rows name each."""
     t = b.key_table
-    k_ip, k_space = t["ip"], t["image"]
-    counts = np.zeros(k_ip.shape[0], np.int64)
+    counts = np.zeros(t["ip"].shape[0], np.int64)
     pages.count_keys(b.keys, counts)
-    seen = counts > 0
-    sym = np.zeros(k_ip.shape[0], np.int64)
-    img = np.zeros(k_ip.shape[0], np.int64)
-    for space in np.unique(k_space[seen]).tolist():
-        sel = np.flatnonzero(seen & (k_space == space))
-        sym[sel], img[sel] = names.block_ids(b.queue, int(space), k_ip[sel])
+    sym, img = names.key_ids(b.queue, b.key_source, t)
     return sym, img, counts
 
 
@@ -460,11 +477,14 @@ def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.
     return pa.array(values, type=kind, mask=missing if missing.any() else None)
 
 
-def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed]:
+def blocks_columns(b: PerfBlocks,
+                   names: Names) -> dict[str, np.ndarray | RowNumbers | Keyed | Runs]:  # fmt: skip
     """One batch of attributed blocks as numpy columns of
     :data:`BLOCKS_SCHEMA` (nulls as :data:`BLOCKS_NULLS` says); a column
     of one value is a read-only broadcast of it, ``row`` a
-    :class:`~.parquet_file.RowNumbers`, and when the batch has block keys
+    :class:`~.parquet_file.RowNumbers`, ``time`` and ``duration`` as the
+    batch has them (:class:`~hwtrace.columns.Runs` in a stream of a
+    thread's queue to Parquet), and when the batch has block keys
     the columns of the block (``ip``, ``instructions``, ``symbol``,
     ``image``) are :class:`~.parquet_file.Keyed` (``numpy.asarray`` gives
     any one's values).
@@ -504,8 +524,10 @@ def blocks_columns(b: PerfBlocks, names: Names) -> dict[str, np.ndarray | RowNum
         "cpu": repeated(q.cpu, n, np.int32),
         "tid": _one_value(b.tid, np.int64, "tid" in one),
         "pid": _one_value(b.pid, np.int64, "pid" in one),
-        "time": np.asarray(b.ns, np.int64),
-        "duration": np.asarray(b.duration, np.int64),
+        "time": b.ns if isinstance(b.ns, Runs) else np.asarray(b.ns, np.int64),
+        "duration": b.duration
+        if isinstance(b.duration, Runs)
+        else np.asarray(b.duration, np.int64),
         "ip": ip,
         "instructions": ninsn,
         "mode": _one_value(b.mode, np.uint8, "mode" in one),
@@ -946,14 +968,14 @@ class FlowParquetWriter:
         self.n_insn = 0
         self.closed = False
 
-    def _bucket(self, ns: np.ndarray) -> np.ndarray | int:
+    def _bucket(self, ns: np.ndarray | Runs) -> np.ndarray | int:
         """Each row's time bucket (-1: time unknown), or the one bucket of
         them all."""
-        ns = np.asarray(ns, np.int64)
-        if ns.shape[0]:
-            lo, hi = pages.min_max(ns)
+        if len(ns):
+            lo, hi = pages.min_max(ns.values if isinstance(ns, Runs) else np.asarray(ns, np.int64))
             if lo >= 0 and lo // self.bucket_ns == hi // self.bucket_ns:
                 return lo // self.bucket_ns
+        ns = np.asarray(ns, np.int64)
         return np.where(ns >= 0, ns // self.bucket_ns, -1)
 
     def write_blocks(self, b: PerfBlocks, expand_insns: int = 1 << 18) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..columns import Keyed
+from ..columns import Keyed, Runs
 from . import _parquet_pages as pp
 
 __all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "Runs", "column_specs"]
@@ -339,61 +339,6 @@ class RowNumbers:
         return np.arange(self.first, self.first + self.n, dtype=dtype or np.int64)
 
 
-#: A delta column (or a dictionary one that would go delta) is written as
-#: runs when fewer than one row in this many starts one.
-_RUNS_EVERY = 16
-
-
-class Runs:
-    """A column of ``n`` rows given as runs of one value: run ``r`` holds
-    ``values[r]`` from row ``starts[r]`` (the first at 0) to the next run's
-    start; a run's value differs from the one before (a block's time,
-    which changes every few hundred blocks).  The writer makes its pages
-    a run at a time (and looks for runs in a delta column given as an
-    array).  Slices as a numpy array does; ``numpy.asarray`` gives its
-    values."""
-
-    __slots__ = ("n", "starts", "values")
-    ndim = 1
-    dtype = np.dtype(np.int64)
-
-    def __init__(self, starts: np.ndarray, values: np.ndarray, n: int) -> None:
-        self.starts, self.values, self.n = starts, values, int(n)
-
-    @classmethod
-    def of(cls, values: np.ndarray, most: int = 4) -> Runs | np.ndarray:
-        """``values`` (int64) as runs, or themselves when more than one row
-        in ``most`` starts a run."""
-        n = values.shape[0]
-        starts = np.empty(n // most, np.int64)
-        firsts = np.empty(n // most, np.int64)
-        k = pp.runs_of(values, n, starts, firsts)
-        return values if k < 0 else cls(starts[:k].copy(), firsts[:k].copy(), n)
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (self.n,)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, rows: slice) -> Runs:
-        lo, hi, step = rows.indices(self.n)
-        if step != 1:
-            raise IndexError("runs slice with a step of 1 only")
-        if hi <= lo:
-            return Runs(self.starts[:0], self.values[:0], 0)
-        a = int(np.searchsorted(self.starts, lo, side="right")) - 1
-        b = int(np.searchsorted(self.starts, hi, side="left"))
-        starts = self.starts[a:b] - lo
-        starts[0] = 0
-        return Runs(starts, self.values[a:b], hi - lo)
-
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        lengths = np.diff(self.starts, append=self.n)
-        return np.repeat(self.values, lengths).astype(dtype or np.int64, copy=False)
-
-
 def _runs_page(col: Runs, null: int, state: np.ndarray, s: _Scratch) -> bytes:
     """:func:`~._parquet_pages.encode_delta`'s page of ``col``, byte for
     byte, made a run at a time (and its statistics into ``state``)."""
@@ -533,16 +478,6 @@ class ParquetFileWriter:
             values = cols[spec.name]
             if isinstance(values, Keyed):
                 values = np.asarray(values)
-            if (
-                isinstance(values, np.ndarray)
-                and values.dtype == np.int64
-                and "delta" in (spec.encoding, spec.fallback)
-                and values.strides[0] != 0
-            ):
-                # (a column that changes every few rows, a time: its pages
-                # made a run at a time; looked for here, on the writer's
-                # thread)
-                values = Runs.of(np.ascontiguousarray(values[:n]), _RUNS_EVERY)
             if isinstance(values, Runs):
                 values = values[:n]
                 if dictionary and spec.null == pp.NOT_NULL:

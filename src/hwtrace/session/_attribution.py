@@ -161,3 +161,82 @@ def attribute_stored(
         o_ns[t_row[j] : end] = ns
         o_tid[t_row[j] : end] = th
         o_pid[t_row[j] : end] = pr
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def times_ns(t, conv, out):
+    """Perf times of decoder times ``t`` into ``out`` (-1: none, or no
+    conversion), as :func:`attribute_rows` converts a row's."""
+    have = conv[CONV_HAVE] != 0
+    shift = np.uint64(conv[CONV_SHIFT])
+    mult = np.uint64(conv[CONV_MULT])
+    zero = np.uint64(conv[CONV_ZERO])
+    for j in range(t.shape[0]):
+        v = t[j]
+        out[j] = tsc_ns(v, shift, mult, zero) if have and v != 0 else np.int64(-1)
+
+
+def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at: int,
+              rest: np.ndarray, rest_at: int, conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The perf times of a batch's rows as runs (their first rows and
+    times): ``first``, a held row's time (or None) at row 0; from row
+    ``at`` a block store's rows, whose time points are ``t_row``/``t_val``
+    (decoder times, the first at the store's first row); from row
+    ``rest_at`` the rows of ``rest`` (perf times, a row each).  A run with
+    the time of the one before is joined to it."""
+    starts, values = [], []
+    if first is not None:
+        starts.append(np.zeros(1, np.int64))
+        values.append(np.asarray(first[:1], np.int64))
+    if t_row.shape[0]:
+        ns = np.empty(t_row.shape[0], np.int64)
+        times_ns(t_val, conv, ns)
+        starts.append(t_row + at)
+        values.append(ns)
+    if rest.shape[0]:
+        begin = np.flatnonzero(rest[1:] != rest[:-1]) + 1
+        begin = np.concatenate([np.zeros(1, np.int64), begin.astype(np.int64)])
+        starts.append(begin + rest_at)
+        values.append(rest[begin])
+    s, v = np.concatenate(starts), np.concatenate(values)
+    keep = np.ones(v.shape[0], np.bool_)
+    np.not_equal(v[1:], v[:-1], out=keep[1:])
+    return s[keep], v[keep]
+
+
+def duration_runs(starts: np.ndarray, ns: np.ndarray, total: int, stop_row: np.ndarray,
+                  stop_tsc: np.ndarray, conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """:func:`durations_of` of ``total`` rows whose times are the runs
+    ``starts``/``ns``, as runs: a block runs until the next one's time, so
+    only the last row of a run (and a row after which tracing stopped) has
+    a duration; the rest are 0."""
+    rows = starts[1:] - 1
+    d = ns[1:] - ns[:-1]
+    d = np.where((d > 0) & (ns[:-1] >= 0), d, 0)
+    if stop_row.shape[0]:
+        at = ns[np.searchsorted(starts, stop_row, side="right") - 1]
+        stop_ns = np.empty(stop_row.shape[0], np.int64)
+        times_ns(stop_tsc, conv, stop_ns)
+        v = np.where(stop_ns >= 0, stop_ns - at, 0)
+        v = np.where((v > 0) & (at >= 0), v, 0)
+        # (a stop's value wins over the next block's, a later stop's over
+        # an earlier one's: the last of each row kept)
+        rows = np.concatenate([rows, stop_row.astype(np.int64)])
+        d = np.concatenate([d, v])
+        order = np.argsort(rows, kind="stable")
+        rows, d = rows[order], d[order]
+        last = np.ones(rows.shape[0], np.bool_)
+        np.not_equal(rows[1:], rows[:-1], out=last[:-1])
+        rows, d = rows[last], d[last]
+    nonzero = d != 0
+    rows, d = rows[nonzero], d[nonzero]
+    # Each duration a run of one row, zeros between.
+    s = np.zeros(2 * rows.shape[0] + 1, np.int64)
+    v = np.zeros(2 * rows.shape[0] + 1, np.int64)
+    s[1::2], v[1::2] = rows, d
+    s[2::2] = rows + 1
+    length = np.diff(s, append=total)
+    s, v = s[length > 0], v[length > 0]
+    keep = np.ones(v.shape[0], np.bool_)
+    np.not_equal(v[1:], v[:-1], out=keep[1:])
+    return s[keep], v[keep]

@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..columns import Columns, Keyed, repeated
+from ..columns import Columns, Keyed, Runs, repeated
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -57,7 +57,7 @@ from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_tra
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
 from ..pt.timing import durations, stamps_to_ns
-from ._attribution import attribute_rows, attribute_stored, durations_of
+from ._attribution import attribute_rows, attribute_stored, duration_runs, durations_of, time_runs
 from .perftime import PerfClock, transfer_class
 
 
@@ -631,8 +631,9 @@ class PerfBlocks:
     depends only on the block (its symbol, a dictionary of addresses) is
     worked out once per distinct block; in a stream whose run is not asked
     for, ``ip`` and ``ninsn`` are then :class:`~hwtrace.columns.Keyed`
-    columns of those keys, not laid out a row at a time (``numpy.asarray``
-    gives their values, :meth:`dense` arrays of them)."""
+    columns of those keys, and a thread's queue's ``ns`` and ``duration``
+    :class:`~hwtrace.columns.Runs`, not laid out a row at a time
+    (``numpy.asarray`` gives their values, :meth:`dense` arrays of them)."""
 
     queue: QueueInfo
     ip: np.ndarray
@@ -666,7 +667,8 @@ class PerfBlocks:
     @property
     def lazy(self) -> bool:
         """Whether a column is not laid out a row at a time (a
-        :class:`~hwtrace.columns.Keyed` one)."""
+        :class:`~hwtrace.columns.Keyed` or :class:`~hwtrace.columns.Runs`
+        one)."""
         return any(not isinstance(getattr(self, c), np.ndarray) for c in _COLUMNS)
 
     def dense(self) -> PerfBlocks:
@@ -787,6 +789,10 @@ _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image",
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
 #: The columns of the block a stream to Parquet takes by key.
 _BY_KEY = ("ip", "ninsn")
+#: Where each column is among the attribution's output columns.
+_PASSED_AT = {c: i for i, (c, _) in enumerate(c for c in _PASSED if c[0] != "duration")}
+_NO_TIMES = np.zeros(0, np.int64)
+_NO_TSC = np.zeros(0, np.uint64)
 _NO_RUN = np.zeros(0, np.int32)
 _NO_OFFSET = np.zeros(0, np.int64)
 # Empty columns to attribute into: a column of one value is not written.
@@ -942,8 +948,14 @@ class QueueSink(FlowSink):
         t = self.store.table() if m or keys is not None else None
         one = self._uniform(held, m, rest, batch, t if m else None)
         by_key = _BY_KEY if keys is not None and not self.runs else ()
+        # ... and, for a thread's queue (no switches to look up a row at a
+        # time), the time and duration as runs: from the store's time
+        # points, not laid out.
+        t_row, t_val = self.store.time_changes() if m else (_NO_TIMES, _NO_TSC)
+        timed = bool(by_key) and "tid" in one and (not m or (t_row.shape[0] and t_row[0] == 0))
+        lazy = (*by_key, "ns", "duration") if timed else by_key
         cols = {c: repeated(one[c], total, kind) if c in one else np.empty(total, kind)
-                for c, kind in _PASSED if c not in by_key}  # fmt: skip
+                for c, kind in _PASSED if c not in lazy}  # fmt: skip
         if held:
             for c, v in cols.items():
                 if c != "duration" and c not in one:
@@ -956,18 +968,30 @@ class QueueSink(FlowSink):
             k = np.concatenate([[0], k])
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
         # (columns of one value are not written: an empty array in their place)
-        out = [_NOWHERE[c] if c in one or c in by_key else cols[c]
+        out = [_NOWHERE[c] if c in one or c in lazy else cols[c]
                for c, _ in _PASSED if c != "duration"]  # fmt: skip
         if m:
             store = self.store
             attribute_stored(
                 store.key_column(), t["ip"], t["ninsn"], t["mode"], t["image"],
-                *store.offset_steps(), *store.time_changes(), held, *self.threads, *out,
+                *store.offset_steps(), t_row, t_val, held, *self.threads, *out,
             )  # fmt: skip
-            store.clear()
+        rest_ns = np.empty(total if timed and rest else 0, np.int64)
         if rest:
-            self._attribute_rows(batch, rest, held + m, out)
-        durations_of(cols["ns"], cols["duration"], k, stop_t, self.threads[0])
+            # (the rows written out laid out, their times too)
+            at = _PASSED_AT["ns"]
+            self._attribute_rows(batch, rest, held + m,
+                                 [*out[:at], rest_ns, *out[at + 1 :]] if timed else out)  # fmt: skip
+        if timed:
+            conv = self.threads[0]
+            starts, ns = time_runs(self.held["ns"] if held else None, t_row, t_val, held,
+                                   rest_ns[held + m :], held + m, conv)  # fmt: skip
+            cols["ns"] = Runs(starts, ns, total)
+            cols["duration"] = Runs(*duration_runs(starts, ns, total, k, stop_t, conv), total)
+        else:
+            durations_of(cols["ns"], cols["duration"], k, stop_t, self.threads[0])
+        if m:
+            self.store.clear()
         gap = cols["gap"] = np.zeros(total, np.bool_)
         gap[held + gap_k[gap_k < n]] = True
         gap[held] |= self.gap_next
@@ -978,7 +1002,8 @@ class QueueSink(FlowSink):
         first_row = self.held_row if held else self.rows
         last = k == total - 1
         self.held_stop = int(stop_t[last][-1]) if last.any() else None
-        self.held = {c: v[total - 1 :].copy() for c, v in cols.items() if c != "duration"}
+        self.held = {c: np.asarray(v[total - 1 :]).copy() for c, v in cols.items()
+                     if c != "duration"}  # fmt: skip
         self.key_table = None
         if keys is not None:
             self.held["key"] = keys[total - 1 :].copy()
