@@ -467,9 +467,9 @@ class BlockStore:
             self.off_row = _grown(self.off_row, n, size)
             self.off_val = _grown(self.off_val, n, size)
         else:
-            n = int(s[S_TIME])
-            self.time_row = _grown(self.time_row, n, 2 * n)
-            self.time_val = _grown(self.time_val, n, 2 * n)
+            n, size = int(s[S_TIME]), 2 * self.time_row.shape[0]
+            self.time_row = _grown(self.time_row, n, size)
+            self.time_val = _grown(self.time_val, n, size)
 
     def row_keys(self, ip: np.ndarray, ninsn: np.ndarray, mode: np.ndarray,
                  image: np.ndarray, out: np.ndarray) -> None:  # fmt: skip
@@ -522,16 +522,12 @@ class BlockStore:
         stops when the store is full, for Python to make room, and then
         stores into it again)."""
         s = self.state
-        if s[S_ROWS] + rows > self.keys.shape[0]:
-            self.keys = _grown(self.keys, int(s[S_ROWS]), 2 * self.keys.shape[0] + rows)
-            self._kernel_store = None
-        if s[S_OFF] + rows > self.off_row.shape[0]:
+        while s[S_ROWS] + rows > self.keys.shape[0]:
+            self._grow(_FULL_ROWS)
+        while s[S_OFF] + rows > self.off_row.shape[0]:
             self._grow(_FULL_OFF)
-        if s[S_TIME] + rows > self.time_row.shape[0]:
-            n, size = int(s[S_TIME]), 2 * self.time_row.shape[0]
-            self.time_row = _grown(self.time_row, n, size)
-            self.time_val = _grown(self.time_val, n, size)
-            self._kernel_store = None
+        while s[S_TIME] + rows > self.time_row.shape[0]:
+            self._grow(_FULL_TIME)
         wide = self.keys.dtype != np.uint16
         limit = min(self.k_ip.shape[0], self.h_ip.shape[0] >> 1, 0x7FFFFFFF if wide else _U2_LIMIT)
         if s[S_KEYS] + rows > limit:
