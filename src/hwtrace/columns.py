@@ -134,3 +134,11 @@ class Runs:
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         lengths = np.diff(self.starts, append=self.n)
         return np.repeat(self.values, lengths).astype(dtype or np.int64, copy=False)
+
+
+def joined(starts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs (their first rows, their values) with each run of the value of
+    the one before joined to it: maximal runs, as :class:`Runs` holds."""
+    keep = np.ones(values.shape[0], np.bool_)
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return starts[keep], values[keep]

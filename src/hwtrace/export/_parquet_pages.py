@@ -492,10 +492,11 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
 
 # -- columns given as runs of one value -------------------------------------------
 #
-# A block's time changes once every few hundred blocks, its trace offset once
-# every few: given as runs (the row each starts at, its value), their pages
-# are made a run at a time, not a row at a time, byte for byte the pages of
-# the values.  Runs are maximal: a run's value differs from the one before.
+# A block's time changes once every few hundred blocks, and its duration is 0
+# but where the time changes: given as runs (the row each starts at, its
+# value), their pages are made a run at a time, not a row at a time, byte for
+# byte the pages of the values.  Runs are maximal: a run's value differs from
+# the one before.
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)

@@ -525,10 +525,8 @@ def blocks_columns(b: PerfBlocks,
         "cpu": repeated(q.cpu, n, np.int32),
         "tid": _one_value(b.tid, np.int64, "tid" in one),
         "pid": _one_value(b.pid, np.int64, "pid" in one),
-        "time": b.ns if isinstance(b.ns, Runs) else np.asarray(b.ns, np.int64),
-        "duration": b.duration
-        if isinstance(b.duration, Runs)
-        else np.asarray(b.duration, np.int64),
+        "time": _int64s(b.ns),
+        "duration": _int64s(b.duration),
         "ip": ip,
         "instructions": ninsn,
         "mode": _one_value(b.mode, np.uint8, "mode" in one),
@@ -539,6 +537,11 @@ def blocks_columns(b: PerfBlocks,
         "gap": _one_value(b.gap, np.bool_),
         "trace_offset": offset,
     }
+
+
+def _int64s(values: np.ndarray | Runs) -> np.ndarray | Runs:
+    """A column of int64 values as it is (runs stay runs)."""
+    return values if isinstance(values, Runs) else np.asarray(values, np.int64)
 
 
 def _one_value(values: np.ndarray, kind: type, known: bool = False) -> np.ndarray:

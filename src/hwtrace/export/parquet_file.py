@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..columns import Keyed, Runs
+from ..columns import Keyed, Runs, joined
 from . import _parquet_pages as pp
 
 __all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "Runs", "column_specs"]
@@ -353,16 +353,11 @@ def _runs_page(col: Runs, null: int, state: np.ndarray, s: _Scratch) -> bytes:
         # among them, equal neighbours joined).
         lengths = np.diff(starts, append=n)
         nulls = int(lengths[missing].sum())
-        levels = (~missing).astype(np.int64)
-        new = np.ones(levels.shape[0], np.bool_)
-        new[1:] = levels[1:] != levels[:-1]
-        level_starts, level_vals = starts[new], levels[new]
+        level_starts, level_vals = joined(starts, (~missing).astype(np.int64))
         vals, kept = vals[~missing], lengths[~missing]
         starts = np.zeros(vals.shape[0], np.int64)
         np.cumsum(kept[:-1], out=starts[1:])
-        new = np.ones(vals.shape[0], np.bool_)
-        new[1:] = vals[1:] != vals[:-1]
-        starts, vals = starts[new], vals[new]
+        starts, vals = joined(starts, vals)
     size = pp.encode_runs_delta(starts, vals, starts.shape[0], n - nulls, level_starts,
                                 level_vals, level_starts.shape[0], n, nulls, state, s.deltas,
                                 s.wide, s.out)  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
+from ..columns import joined
 from ..pt.blocks import blocks_of, offsets_of
 from ..pt.timing import tsc_ns
 
@@ -198,10 +199,7 @@ def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at
         begin = np.concatenate([np.zeros(1, np.int64), begin.astype(np.int64)])
         starts.append(begin + rest_at)
         values.append(rest[begin])
-    s, v = np.concatenate(starts), np.concatenate(values)
-    keep = np.ones(v.shape[0], np.bool_)
-    np.not_equal(v[1:], v[:-1], out=keep[1:])
-    return s[keep], v[keep]
+    return joined(np.concatenate(starts), np.concatenate(values))
 
 
 def duration_runs(starts: np.ndarray, ns: np.ndarray, total: int, stop_row: np.ndarray,
@@ -217,12 +215,12 @@ def duration_runs(starts: np.ndarray, ns: np.ndarray, total: int, stop_row: np.n
         at = ns[np.searchsorted(starts, stop_row, side="right") - 1]
         stop_ns = np.empty(stop_row.shape[0], np.int64)
         times_ns(stop_tsc, conv, stop_ns)
-        v = np.where(stop_ns >= 0, stop_ns - at, 0)
-        v = np.where((v > 0) & (at >= 0), v, 0)
+        ran = np.where(stop_ns >= 0, stop_ns - at, 0)
+        ran = np.where((ran > 0) & (at >= 0), ran, 0)
         # (a stop's value wins over the next block's, a later stop's over
         # an earlier one's: the last of each row kept)
         rows = np.concatenate([rows, stop_row.astype(np.int64)])
-        d = np.concatenate([d, v])
+        d = np.concatenate([d, ran])
         order = np.argsort(rows, kind="stable")
         rows, d = rows[order], d[order]
         last = np.ones(rows.shape[0], np.bool_)
@@ -236,7 +234,4 @@ def duration_runs(starts: np.ndarray, ns: np.ndarray, total: int, stop_row: np.n
     s[1::2], v[1::2] = rows, d
     s[2::2] = rows + 1
     length = np.diff(s, append=total)
-    s, v = s[length > 0], v[length > 0]
-    keep = np.ones(v.shape[0], np.bool_)
-    np.not_equal(v[1:], v[:-1], out=keep[1:])
-    return s[keep], v[keep]
+    return joined(s[length > 0], v[length > 0])

@@ -789,8 +789,9 @@ _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image",
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
 #: The columns of the block a stream to Parquet takes by key.
 _BY_KEY = ("ip", "ninsn")
-#: Where each column is among the attribution's output columns.
-_PASSED_AT = {c: i for i, (c, _) in enumerate(c for c in _PASSED if c[0] != "duration")}
+#: The columns the attribution loops write, in their order.
+_ATTRIBUTED = tuple(c for c, _ in _PASSED if c != "duration")
+_KIND = dict(_PASSED)
 _NO_TIMES = np.zeros(0, np.int64)
 _NO_TSC = np.zeros(0, np.uint64)
 _NO_RUN = np.zeros(0, np.int32)
@@ -968,8 +969,7 @@ class QueueSink(FlowSink):
             k = np.concatenate([[0], k])
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
         # (columns of one value are not written: an empty array in their place)
-        out = [_NOWHERE[c] if c in one or c in lazy else cols[c]
-               for c, _ in _PASSED if c != "duration"]  # fmt: skip
+        out = [_NOWHERE[c] if c in one or c in lazy else cols[c] for c in _ATTRIBUTED]
         if m:
             store = self.store
             attribute_stored(
@@ -979,9 +979,9 @@ class QueueSink(FlowSink):
         rest_ns = np.empty(total if timed and rest else 0, np.int64)
         if rest:
             # (the rows written out laid out, their times too)
-            at = _PASSED_AT["ns"]
             self._attribute_rows(batch, rest, held + m,
-                                 [*out[:at], rest_ns, *out[at + 1 :]] if timed else out)  # fmt: skip
+                                 [rest_ns if c == "ns" and timed else o
+                                  for c, o in zip(_ATTRIBUTED, out, strict=True)])  # fmt: skip
         if timed:
             conv = self.threads[0]
             starts, ns = time_runs(self.held["ns"] if held else None, t_row, t_val, held,
@@ -1009,7 +1009,7 @@ class QueueSink(FlowSink):
             self.held["key"] = keys[total - 1 :].copy()
             self.key_table, self.store_number = t, self.store.number
             for c in by_key:
-                self.held[c] = t[c][self.held["key"]].astype(dict(_PASSED)[c])
+                self.held[c] = t[c][self.held["key"]].astype(_KIND[c])
                 cols[c] = Keyed(keys, t[c], self.store_number)
         self.held_row = first_row + total - 1
         self.rows += n
