@@ -415,3 +415,37 @@ def test_runs_read_as_their_values():
         np.testing.assert_array_equal(np.asarray(r[lo:hi]), values[lo:hi])
     # (more runs than one row in ``most`` starts: the values themselves)
     assert Runs.of(values, 4) is values
+
+
+@pytest.mark.parametrize("kind", ["i32", "i64", "u8", "u64", "b"])
+@pytest.mark.parametrize("encoding", ["dictionary", "delta", "plain"])
+@pytest.mark.parametrize("null", [pp.NOT_NULL, pp.NULL_IF_NEGATIVE, pp.NULL_IF_ZERO])
+def test_chunks_of_one_value_write_what_the_values_do(tmp_path, kind, encoding, null):
+    """A column of one value given as a broadcast (a queue's number, its
+    thread) is encoded without its rows laid out; its pages are those of
+    the same values in an array, byte for byte, null or not, in pieces of
+    sizes no multiple of eight, and Arrow reads them back."""
+    if kind == "b" and encoding == "delta":
+        pytest.skip("booleans are PLAIN or dictionary")
+    if kind in ("u8", "u64", "b") and null != pp.NOT_NULL:
+        pytest.skip("null rules are for signed integers")
+    info = np.iinfo(NP[kind]) if kind != "b" else None
+    values = [True, False] if kind == "b" else [0, -1 if info.min < 0 else info.max, 7,
+                                                 info.max, info.min]  # fmt: skip
+    schema = pa.schema([("c", TYPES[kind])])
+    specs = column_specs(schema, {encoding: ["c"]}, {"c": null} if kind != "b" else {})
+    for v in values:
+        out = {}
+        for style in ("broadcast", "array"):
+            path = tmp_path / f"{style}.parquet"
+            w = ParquetFileWriter(path, schema, specs, None, "zstd")
+            for sizes in ([1001], [8, 13], [1001]):  # (the last: as the first, remembered)
+                col = np.full(sum(sizes), v, NP[kind])
+                if style == "broadcast":
+                    col = np.broadcast_to(col[:1], col.shape)
+                w.write_row_group([({"c": col}, n) for n in sizes])
+            w.close()
+            out[style] = path.read_bytes()
+        assert out["broadcast"] == out["array"], v
+        got = pq.read_table(pa.BufferReader(out["broadcast"])).column("c")
+        assert len(got) == 2023

@@ -60,9 +60,12 @@ def _put_le(out, pos, v, nbytes):
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def _put_u64(out, pos, v):
-    """``v``'s eight bytes at ``pos`` in one store (x86 is little-endian
-    and takes unaligned stores); the position after."""
-    out[pos : pos + 8].view(np.uint64)[0] = np.uint64(v)
+    """``v``'s eight bytes at ``pos``, little-endian; the position after.
+    (LLVM merges the byte stores into one unaligned store; a uint64 view
+    of a slice pays numba's checks of the view at every call.)"""
+    u = np.uint64(v)
+    for b in range(8):
+        out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
     return pos + 8
 
 
@@ -297,6 +300,28 @@ def encode_booleans(values, n, state, levels, out):
             nb = 0
     if nb:
         out[pos] = acc
+        pos += 1
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_boolean_run(value, n, state, out):
+    """:func:`encode_booleans`' page, byte for byte, of ``n`` rows of
+    ``value``: whole bytes of its bit, without a row looked at."""
+    pos = _rle_run(out, 4, n, 1, 1)
+    _put_le(out, 0, pos - 4, 4)
+    state[ST_VALUES] += n
+    if n == 0:
+        return pos
+    bit = 1 if value else 0
+    _see(state, bit, False)
+    state[ST_SEEN] += n - 1
+    full = np.uint8(0xFF if bit else 0)
+    for b in range(n // 8):
+        out[pos + b] = full
+    pos += n // 8
+    if n % 8:
+        out[pos] = np.uint8(((1 << (n % 8)) - 1) if bit else 0)
         pos += 1
     return pos
 

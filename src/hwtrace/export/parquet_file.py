@@ -475,7 +475,7 @@ class ParquetFileWriter:
                 values = np.asarray(values)
             if isinstance(values, Runs):
                 values = values[:n]
-                if dictionary and spec.null == pp.NOT_NULL:
+                if dictionary and not _any_null(values.values, spec.null):
                     size = s.encode_runs_dictionary(spec, values, state)
                     if size >= 0:
                         pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
@@ -486,6 +486,10 @@ class ParquetFileWriter:
                                                                       s)))  # fmt: skip
                     continue
                 values = np.asarray(values)
+            if isinstance(values, _BooleanRun):
+                size = pp.encode_boolean_run(values.value, n, state, s.out)
+                pages.append((_PLAIN, n, s.out[:size].tobytes()))
+                continue
             if isinstance(values, RowNumbers):
                 if spec.encoding == "delta" and spec.null == pp.NOT_NULL:
                     pages.append((_DELTA_BINARY_PACKED, n, _row_numbers_page(values[:n], state)))
@@ -585,8 +589,8 @@ class ParquetFileWriter:
             return self._chunk_meta(spec, state, start + dict_rel if dict_rel >= 0 else None,
                                     start + data_rel, totals)  # fmt: skip
         if key is not None:
-            # (encoded once from a real array of the value)
-            pieces = [({spec.name: np.full(n, value, cols[spec.name].dtype)}, n)
+            # (encoded once, as runs of the value: no row looked at)
+            pieces = [({spec.name: _constant(spec, value, n, cols[spec.name].dtype)}, n)
                       for cols, n in pieces]  # fmt: skip
         state = np.zeros(pp.ST_SIZE, np.int64)
         pages, dictionary, dict_count = self._encode(spec, pieces, state)
@@ -703,6 +707,38 @@ class ParquetFileWriter:
 def _int32(v: int) -> int:
     v &= 0xFFFFFFFF
     return v - (1 << 32) if v >= 1 << 31 else v
+
+
+class _BooleanRun:
+    """A boolean column of one value (a chunk of a queue with no gap)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool) -> None:
+        self.value = bool(value)
+
+
+def _constant(spec: ColumnSpec, value: int | bool, n: int,
+              dtype: np.dtype) -> Runs | _BooleanRun | np.ndarray:  # fmt: skip
+    """A column of ``n`` rows of ``value`` as its encoder takes it without
+    looking at a row: one run (dictionary columns, booleans), else laid
+    out.  The pages are those of the laid-out column, byte for byte."""
+    if spec.physical == _BOOLEAN:
+        return _BooleanRun(bool(value))
+    if spec.encoding == "dictionary":
+        one = _encodable(np.full(1, value, dtype)).astype(np.int64)
+        if not _any_null(one, spec.null):
+            return Runs(np.zeros(1, np.int64), one, n)
+    return np.full(n, value, dtype)
+
+
+def _any_null(values: np.ndarray, null: int) -> bool:
+    """Is one of ``values`` null by the rule ``null``?"""
+    if null == pp.NULL_IF_NEGATIVE:
+        return bool((values < 0).any())
+    if null == pp.NULL_IF_ZERO:
+        return bool((values == 0).any())
+    return False
 
 
 def _one_value(spec: ColumnSpec, pieces: Sequence[Piece]) -> int | bool | None:
