@@ -64,8 +64,9 @@ def _put_u64(out, pos, v):
     (LLVM merges the byte stores into one unaligned store; a uint64 view
     of a slice pays numba's checks of the view at every call.)"""
     u = np.uint64(v)
+    at = np.uint64(pos)  # (unsigned: no check for a negative index)
     for b in range(8):
-        out[pos + b] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
+        out[at + np.uint64(b)] = np.uint8((u >> np.uint64(8 * b)) & np.uint64(0xFF))
     return pos + 8
 
 
@@ -162,6 +163,22 @@ def _pack_groups(out, pos, values, groups, width):
         for t in range(8):
             acc |= np.uint64(group[t]) << (w * np.uint64(t))
         _put_u64(out, pos, acc)  # (its bytes past ``width`` are overwritten next)
+        pos += width
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _pack_groups_of(out, pos, values, groups, width, base):
+    """:func:`_pack_groups` of ``values - base``: a miniblock of small
+    deltas, eight of them shifted independently into a word (not one
+    after another into an accumulator, a dependency chain a value)."""
+    w = np.uint64(width)
+    for g in range(groups):
+        group = values[8 * g : 8 * g + 8]
+        acc = np.uint64(0)
+        for t in range(8):
+            acc |= np.uint64(group[t] - base) << (w * np.uint64(t))
+        _put_u64(out, pos, acc)
         pos += width
     return pos
 
@@ -466,7 +483,10 @@ def _delta_block(seg, cnt, blk, out, pos):
             for j in range(part.shape[0]):
                 bits |= part[j] - dmin
             width = _bit_length(bits)
-            pos = _pack(out, pos, part, 0, part.shape[0], 32, width, dmin)
+            if width <= 8 and part.shape[0] == 32:
+                pos = _pack_groups_of(out, pos, part, 4, width, dmin)
+            else:
+                pos = _pack(out, pos, part, 0, part.shape[0], 32, width, dmin)
         out[widths_at + mb] = width
     return pos
 
@@ -813,8 +833,9 @@ def encode_keyed(keys, n, base, state, local, entries, indices, out):
     key's index, -1: not in it yet), a byte of bit width, then the indices
     in the hybrid.  Returns the page's length."""
     count = state[ST_DICT]
+    at = np.uint64(base)  # (keys and base unsigned: no negative-index checks)
     for i in range(n):
-        k = keys[i] + base
+        k = np.uint64(keys[i]) + at
         j = local[k]
         if j < 0:
             j = count
@@ -865,8 +886,9 @@ def encode_mapped(keys, n, base, key_index, width, indices, out):
     """An RLE_DICTIONARY page of ``n`` rows named by ``keys``, none null,
     each row's index ``key_index[base + key]`` (``width`` bits), as
     :func:`encode_keyed`'s.  Returns the page's length."""
+    at = np.uint64(base)  # (keys and base unsigned: no negative-index checks)
     for i in range(n):
-        indices[i] = key_index[keys[i] + base]
+        indices[i] = key_index[np.uint64(keys[i]) + at]
     return _index_page(indices, n, width, out)
 
 
