@@ -80,6 +80,9 @@ def _streamed(path: Path, **kw) -> tuple[list[PerfBlocks], object]:
         (1, [], 1 << 14, 1 << 20),
         (40, [1000, 1008, 2904, 7000], 50, 1024),
         (12, [1504], 1, 1 << 20),
+        # (windows of 1 KiB, each a small batch of stored rows, and tracing
+        # stopping in some: rows and events of several wait in the store)
+        (40, [1000, 1008, 2904, 7000], 1 << 14, 1024),
     ],
 )
 @pytest.mark.parametrize("runs", [True, False])
@@ -124,6 +127,13 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
                 np.testing.assert_array_equal(b.key_table[c][b.keys], getattr(b, c), c)
     # (all but the last block, passed on once the queue ends)
     assert all(b.keys is not None for b in got[:-1]) == (not runs)
+    if not runs:
+        # Blocks after which tracing stopped (a gap before the next), as
+        # the stream that lays out every row marks them.
+        laid, _ = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes, runs=True)
+        gaps = np.concatenate([b.gap for b in got])
+        assert gaps.any()
+        np.testing.assert_array_equal(gaps, np.concatenate([b.gap for b in laid]))
     assert (q.block_duration > 0).any() and (q.block_ns >= 0).all()
     ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
     np.testing.assert_array_equal(ips, expected)

@@ -837,6 +837,7 @@ class QueueSink(FlowSink):
         self.gap_next = False  # a gap before the next block gathered
         self.ptw_pending: PtwMarks | None = None  # marks after the held block
         self.store = None
+        self.deferred = 0  # rows of earlier decoder batches waiting in the store
         self.key_table: Mapping[str, np.ndarray] | None = None  # the last batch's
         self.store_number = -1
         if not runs:
@@ -864,11 +865,21 @@ class QueueSink(FlowSink):
         q.n_insn += b.n_insn
         n = b.ip.shape[0]
         q.n_blocks += n + b.n_virtual
-        base = self.n_parts  # (the batch's first row, numbered in ``gather``)
+        # (the batch's first row, numbered in ``gather``: after the rows
+        # gathered and those of earlier batches still in the store)
+        base = self.n_parts + self.deferred
         if len(b.events):
             # Event rows (reused by the decoder): kept for _attribute.
             self.events.append((b.events.copy(), b.event_offset.copy(), b.event_block + base))
         stored = len(self.store) if self.store is not None else 0
+        if stored and not self.n_parts and not n and 2 * stored < self.target:
+            # A small batch all in the store (a window's last rows): they
+            # wait there for the next batch's, still keyed and with their
+            # time and offset points, not laid out and gathered.
+            self.deferred = stored
+            return
+        self.deferred = 0
+        base = self.n_parts
         if stored and not base and 2 * (stored + n) >= self.target:
             # A batch of a compact stream, about as large as those passed
             # on: attributed straight from the store (and the decoder's
@@ -1139,6 +1150,12 @@ class QueueSink(FlowSink):
             ptw,
         )
 
+    def _take_deferred(self) -> bool:
+        """Whether rows of earlier batches wait in the store (they are
+        passed on now: nothing is gathered after them)."""
+        waiting, self.deferred = self.deferred > 0, 0
+        return waiting
+
     def start_at(self, row: int, gap: bool) -> None:
         """Number the first block ``row`` and mark a gap before it: how a
         sink fed a later part of a queue's flow continues the one before."""
@@ -1147,12 +1164,12 @@ class QueueSink(FlowSink):
     def flush(self) -> None:
         """Attribute and pass on what is gathered, all but the last block
         (its duration waits for the next one)."""
-        self._attribute()
+        self._attribute(stored=self._take_deferred())
 
     def finish(self) -> None:
         """Pass on what is gathered, then the last block (it ran until
         tracing stopped, if that is known)."""
-        self._attribute()
+        self._attribute(stored=self._take_deferred())
         if self.held is None:
             return
         cols = dict(self.held)
