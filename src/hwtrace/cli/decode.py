@@ -181,10 +181,38 @@ def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, o
     }
 
 
-def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distributed) -> int:
+class _NoProgress:
+    """A progress display that shows nothing (no terminal, or
+    ``--no-progress``): rich is not imported for it."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, *args: object, **kwargs: object) -> int:
+        return 0
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _progress(a: argparse.Namespace):
+    """The decode's progress bar on stderr, when it is a terminal."""
+    if a.no_progress or not sys.stderr.isatty():
+        return _NoProgress()
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
+    return Progress(
+        TextColumn("[bold]decode[/]"), BarColumn(), DownloadColumn(),
+        TextColumn("{task.fields[rows]:,} blocks"), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )  # fmt: skip
+
+
+def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distributed) -> int:
     from ..export.parquet import (
         BATCH_ROWS,
         FlowParquetWriter,
@@ -206,13 +234,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
         return 1
     aux = data.auxtrace_columns()
     total_bytes = int(np.asarray(aux["size"]).sum()) if len(aux["size"]) else 0
-    console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("[bold]decode[/]"), BarColumn(), DownloadColumn(),
-        TextColumn("{task.fields[rows]:,} blocks"), TimeElapsedColumn(),
-        console=console, transient=True,
-        disable=a.no_progress or not console.is_terminal,
-    )  # fmt: skip
+    progress = _progress(a)
     task = progress.add_task("decode", total=max(total_bytes, 1), rows=0)
     state = {"queue": -1, "done": 0, "bytes": 0, "rows": 0}
     tids: set[int] = set()
