@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import json
 import os
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -660,18 +661,31 @@ class _Io:
     write is raised by the next call."""
 
     def __init__(self, background: bool, depth: int = 2) -> None:
+        self.worker = -1  # the thread's ident, once it runs
         self.pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="hwtrace-parquet") if background else None
+            ThreadPoolExecutor(1, thread_name_prefix="hwtrace-parquet", initializer=self._started)
+            if background
+            else None
         )
         self.depth = depth
         self.pending: deque[Future] = deque()
         self.calls = 0
 
+    def _started(self) -> None:
+        self.worker = threading.get_ident()
+
+    @property
+    def elsewhere(self) -> bool:
+        """Whether a write given now runs on the thread of its own (not in
+        the caller's: no thread, or the caller is that thread)."""
+        return self.pool is not None and threading.get_ident() != self.worker
+
     def run(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
         self.calls += 1
         if self.calls % RELEASE_EVERY == 0:
             fn = _then_release(fn)
-        if self.pool is None:
+        if not self.elsewhere:
+            # (a write that a write on the thread asks for runs there and then)
             fn(*args, **kwargs)
             return
         while len(self.pending) >= self.depth:
@@ -969,8 +983,16 @@ class FlowParquetWriter:
                              **names_of)  # fmt: skip
         self.gaps = _Plain(self.root / "gaps", GAPS_SCHEMA, kv, row_group, compression,
                            io=self.io)  # fmt: skip
-        self.n_insn = 0
+        self._n_insn = 0
         self.closed = False
+
+    @property
+    def n_insn(self) -> int:
+        """The instructions of the blocks written (all those given so far:
+        the writes still running on the thread of its own are waited for)."""
+        if self.io.elsewhere:
+            self.io.wait()
+        return self._n_insn
 
     def _bucket(self, ns: np.ndarray | Runs) -> np.ndarray | int:
         """Each row's time bucket (-1: time unknown), or the one bucket of
@@ -984,7 +1006,16 @@ class FlowParquetWriter:
 
     def write_blocks(self, b: PerfBlocks, expand_insns: int = 1 << 18) -> None:
         """One batch of blocks (and its PTWRITE marks); its instructions too
-        when asked for, ``expand_insns`` at a time."""
+        when asked for, ``expand_insns`` at a time.  With a thread of its
+        own, the batch's columns are made there too (symbols looked up,
+        block keys counted), not in the decoding thread: the batch's
+        arrays are the writer's from now on."""
+        if self.io.elsewhere:
+            self.io.run(self._write_blocks, b, expand_insns)
+        else:
+            self._write_blocks(b, expand_insns)
+
+    def _write_blocks(self, b: PerfBlocks, expand_insns: int) -> None:
         if not len(b):
             self.write_events(b)
             return
@@ -992,7 +1023,7 @@ class FlowParquetWriter:
         cols = blocks_columns(b, self.names)
         self.blocks.write(cols, cpu, self._bucket(b.ns))
         insns = cols["instructions"]
-        self.n_insn += insns.sum() if isinstance(insns, Keyed) else int(np.asarray(insns).sum())
+        self._n_insn += insns.sum() if isinstance(insns, Keyed) else int(np.asarray(insns).sum())
         if self.instructions is not None:
             # (the block columns laid out: a stream to Parquet may give its
             # block's columns by key)
@@ -1055,7 +1086,7 @@ class FlowParquetWriter:
         ``rows``, instructions decoded and names)."""
         for k in self.external:
             self.external[k] += int(rows.get(k, 0))
-        self.n_insn += int(n_insn)
+        self._n_insn += int(n_insn)
         self.names.merge(names)
 
     def close(self, extra: Mapping[str, object] | None = None) -> dict[str, object]:
@@ -1072,6 +1103,7 @@ class FlowParquetWriter:
             self.io.stop()
 
     def _close(self, extra: Mapping[str, object] | None) -> dict[str, object]:
+        self.io.wait()  # (the batches still being written)
         ext = self.external
         self.blocks.close(empty_file=self.part is None and not ext["blocks"])
         if self.instructions is not None:
