@@ -215,6 +215,7 @@ def _progress(a: argparse.Namespace):
 def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distributed) -> int:
     from ..export.parquet import (
         BATCH_ROWS,
+        WINDOW_BYTES,
         FlowParquetWriter,
         FunctionCallRows,
         Names,
@@ -259,7 +260,8 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     try:
         with progress:
             if decode_distributed is None:
-                flow = decode_session(PROG, opened, on_blocks, batch_rows=BATCH_ROWS, runs=False)
+                flow = decode_session(PROG, opened, on_blocks, batch_rows=BATCH_ROWS, runs=False,
+                                      window_bytes=WINDOW_BYTES)  # fmt: skip
             elif opened.calls:
                 # Cut to calls: the blocks pass through the call filter here.
                 flow = decode_distributed[0](str(a.input), take, workers=a.workers or 0,

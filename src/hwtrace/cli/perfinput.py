@@ -67,6 +67,8 @@ def decode_session(
     on_blocks: Callable[[PerfBlocks], None],
     batch_rows: int | None = None,
     runs: bool = True,
+    window_bytes: int | None = None,
 ) -> PerfStream:
     """:meth:`PerfSession.decode`, with the ``--call`` functions not found said."""
-    return warn_missing_calls(prog, session.decode(on_blocks, batch_rows=batch_rows, runs=runs))
+    flow = session.decode(on_blocks, batch_rows=batch_rows, runs=runs, window_bytes=window_bytes)
+    return warn_missing_calls(prog, flow)

@@ -133,7 +133,7 @@ class PerfSession:
 
     def decode(
         self, on_blocks: Callable[[PerfBlocks], None], *, batch_rows: int | None = None,
-        runs: bool = True,
+        runs: bool = True, window_bytes: int | None = None,
     ) -> PerfStream:  # fmt: skip
         """Decode every trace queue, batch by batch into ``on_blocks`` (cut
         to the calls); nothing of a batch is kept once it returns.  The
@@ -142,9 +142,13 @@ class PerfSession:
         ``batch_rows``: blocks a batch holds at most (default
         :func:`~hwtrace.session.perfflow.stream_perf`'s); ``runs=False``:
         the blocks' code-table runs are not needed (faster, see
-        :func:`~hwtrace.session.perfflow.stream_perf`)."""
+        :func:`~hwtrace.session.perfflow.stream_perf`); ``window_bytes``:
+        the trace whose packets are decoded at a time (default
+        :func:`~hwtrace.session.perfflow.stream_perf`'s)."""
         take, missing = self.cut_to_calls(on_blocks)
         extra = {} if batch_rows is None else {"batch_rows": batch_rows}
+        if window_bytes is not None:
+            extra["window_bytes"] = window_bytes
         flow = stream_perf(
             self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband,
             runs=runs, **extra,
