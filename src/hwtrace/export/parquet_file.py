@@ -344,8 +344,7 @@ def _runs_page(col: Runs, null: int, state: np.ndarray, s: _Scratch) -> bytes:
     byte, made a run at a time (and its statistics into ``state``)."""
     starts, vals, n = col.starts, col.values, col.n
     none = np.zeros(0, np.int64)
-    missing = None if null == pp.NOT_NULL else (vals < 0 if null == pp.NULL_IF_NEGATIVE
-                                                else vals == 0)  # fmt: skip
+    missing = _null_mask(vals, null)
     if missing is None or not missing.any():
         level_starts, level_vals, nulls = none, none, 0
     else:
@@ -732,13 +731,19 @@ def _constant(spec: ColumnSpec, value: int | bool, n: int,
     return np.full(n, value, dtype)
 
 
+def _null_mask(values: np.ndarray, null: int) -> np.ndarray | None:
+    """Which of ``values`` are null by the rule ``null`` (None: no rule)."""
+    if null == pp.NULL_IF_NEGATIVE:
+        return values < 0
+    if null == pp.NULL_IF_ZERO:
+        return values == 0
+    return None
+
+
 def _any_null(values: np.ndarray, null: int) -> bool:
     """Is one of ``values`` null by the rule ``null``?"""
-    if null == pp.NULL_IF_NEGATIVE:
-        return bool((values < 0).any())
-    if null == pp.NULL_IF_ZERO:
-        return bool((values == 0).any())
-    return False
+    missing = _null_mask(values, null)
+    return missing is not None and bool(missing.any())
 
 
 def _one_value(spec: ColumnSpec, pieces: Sequence[Piece]) -> int | bool | None:

@@ -25,6 +25,18 @@ from ..pt.timing import tsc_ns
 CONV_HAVE, CONV_SHIFT, CONV_MULT, CONV_ZERO = range(4)
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _conversion(conv):
+    """``conv``'s fields as :func:`~hwtrace.pt.timing.tsc_ns` takes them:
+    whether there is one, then shift, multiplier and zero."""
+    return (
+        conv[CONV_HAVE] != 0,
+        np.uint64(conv[CONV_SHIFT]),
+        np.uint64(conv[CONV_MULT]),
+        np.uint64(conv[CONV_ZERO]),
+    )
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def _switch_at(switch_time, t, k):
     """The last switch at or before ``t`` (-1: none), starting from the
@@ -49,10 +61,7 @@ def attribute_rows(
     An empty ``out_`` column is not written (a column of one value).
     The durations come after, for all rows (:func:`durations_of`)."""
     n = ip.shape[0]
-    have = conv[CONV_HAVE] != 0
-    shift = np.uint64(conv[CONV_SHIFT])
-    mult = np.uint64(conv[CONV_MULT])
-    zero = np.uint64(conv[CONV_ZERO])
+    have, shift, mult, zero = _conversion(conv)
     # (each column in a loop of its own over slices indexed from a range:
     # no checks for negative indices, and the copies vectorise)
     o_ip, o_ninsn, o_mode = out_ip[at:], out_ninsn[at:], out_mode[at:]
@@ -114,10 +123,7 @@ def durations_of(out_ns, out_duration, stop_row, stop_tsc, conv):
         out_duration[r] = d if d > 0 and out_ns[r] >= 0 else 0
     if total:
         out_duration[total - 1] = 0
-    have = conv[CONV_HAVE] != 0
-    shift = np.uint64(conv[CONV_SHIFT])
-    mult = np.uint64(conv[CONV_MULT])
-    zero = np.uint64(conv[CONV_ZERO])
+    have, shift, mult, zero = _conversion(conv)
     for j in range(stop_row.shape[0]):
         r = stop_row[j]
         t = stop_tsc[j]
@@ -137,10 +143,7 @@ def attribute_stored(
     time, thread and process once per change of time; ``run`` -1.  An
     empty ``out_`` column is not written."""
     n = keys.shape[0]
-    shift = np.uint64(conv[CONV_SHIFT])
-    mult = np.uint64(conv[CONV_MULT])
-    zero = np.uint64(conv[CONV_ZERO])
-    have = conv[CONV_HAVE] != 0
+    have, shift, mult, zero = _conversion(conv)
     o_ip, o_ninsn, o_mode = out_ip[at:], out_ninsn[at:], out_mode[at:]
     o_image, o_offset = out_image[at:], out_offset[at:]
     o_ns, o_tid, o_pid = out_ns[at:], out_tid[at:], out_pid[at:]
@@ -168,10 +171,7 @@ def attribute_stored(
 def times_ns(t, conv, out):
     """Perf times of decoder times ``t`` into ``out`` (-1: none, or no
     conversion), as :func:`attribute_rows` converts a row's."""
-    have = conv[CONV_HAVE] != 0
-    shift = np.uint64(conv[CONV_SHIFT])
-    mult = np.uint64(conv[CONV_MULT])
-    zero = np.uint64(conv[CONV_ZERO])
+    have, shift, mult, zero = _conversion(conv)
     for j in range(t.shape[0]):
         v = t[j]
         out[j] = tsc_ns(v, shift, mult, zero) if have and v != 0 else np.int64(-1)
