@@ -2782,21 +2782,31 @@ LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 # store receives the runs' keys (kept with the stretch: the cache holds one
 # store's keys) in one copy, the counters their sums.  A stretch ends once
 # its bits are consumed, or at a return to a call made before it (it pops
-# the return stack: where it goes is the stack's, XE_POP), and is dropped
+# the return stack: where it goes is the stack's, XS_POP), and is dropped
 # at anything else that stops the walk, so a replay does exactly what the
-# walk did.
+# walk did.  Replays go on one after another in _replay_chain, which also
+# walks the returns between stretches (a stretch does not start at one):
+# on a plain trace nearly every block row comes from there.
 X_BITS = 8
 XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
 X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
-# Fields of an entry (x_tab row).
+X_COPY = 16  # keys a replay copies at once
+# Fields of an entry (x_tab row; see hwtrace.pt.codetable: 128 bytes, the
+# first cache line all a replay reads but the block state it leaves).
 # (Every stretch ends with trace consumed: after it the block is closed,
 # the instruction count and the no-trace count start again.)
-(XE_KEY, XE_GEN, XE_START, XE_M, XE_NINSN, XE_J1, XE_CONS, XE_END_BLK, XE_END_IP, XE_NBLK,
- XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN, XE_PSTART, XE_NPUSH, XE_DMAX, XE_J2,
- XE_POP) = range(19)  # fmt: skip
+(XE_KEY, XE_GEN, XE_START, XE_SHAPE, XE_COUNT, XE_END_BLK, XE_END_IP, XE_PSTART,
+ XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN) = range(12)  # fmt: skip
+# XE_SHAPE packs the stretch's small numbers: its rows (m), the row of its
+# first consumed bit (j1) and of the TIP it goes on to (j2), the bits it
+# consumes, the deepest and the final number of its calls not returned
+# from, and whether it ends popping the return stack.  XE_COUNT: its
+# instructions, and libipt's blocks above bit 32.
+XS_M, XS_J1, XS_J2, XS_CONS, XS_DMAX, XS_NPUSH, XS_POP = 0, 10, 20, 30, 36, 43, 50
+_XS_10, _XS_6, _XS_7 = np.int64(0x3FF), np.int64(0x3F), np.int64(0x7F)
 # A key's bit for a stretch that goes on after its packet's last TNT bit
-# to the TIP that follows (its rows from XE_J2 on are at the TIP's offset).
+# to the TIP that follows (its rows from j2 on are at the TIP's offset).
 XK_THEN_TIP = 1 << 12
 
 
@@ -2817,13 +2827,298 @@ def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, en
            cb_ninsn, cb_isid, cb_ip, cb_run, pstart, npush, dmax, j2, pops):  # fmt: skip
     """Keep a recorded stretch (its runs and pushes are in the pools)."""
     e = x_tab[slot]
-    e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_M], e[XE_NINSN] = key, gen, start, m, ninsn
-    e[XE_J1], e[XE_CONS], e[XE_END_BLK], e[XE_END_IP] = j1, cons, end_blk, np.int64(end_ip)
-    e[XE_NBLK], e[XE_CB_NINSN], e[XE_CB_ISID] = nblk, cb_ninsn, cb_isid
+    e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_PSTART] = key, gen, start, pstart
+    e[XE_SHAPE] = (
+        (np.int64(m) << XS_M) | (np.int64(j1) << XS_J1) | (np.int64(j2) << XS_J2)
+        | (np.int64(cons) << XS_CONS) | (np.int64(dmax) << XS_DMAX)
+        | (np.int64(npush) << XS_NPUSH) | (np.int64(pops) << XS_POP)
+    )  # fmt: skip
+    e[XE_COUNT] = np.int64(ninsn) | (np.int64(nblk) << 32)
+    e[XE_END_BLK], e[XE_END_IP] = end_blk, np.int64(end_ip)
+    e[XE_CB_NINSN], e[XE_CB_ISID] = cb_ninsn, cb_isid
     e[XE_CB_IP], e[XE_CB_RUN] = np.int64(cb_ip), cb_run
-    e[XE_PSTART], e[XE_NPUSH], e[XE_DMAX], e[XE_J2], e[XE_POP] = pstart, npush, dmax, j2, pops
     counts[C_X_POOL] = start + m
     counts[C_X_PUSH] = pstart + npush
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip):
+    """The replay key of a stretch from run ``blk`` at the current event:
+    ``(key, nb, then_tip, peeked, fetched...)``: the bits it takes (XK_TIP
+    for a TIP) and, when they are its packet's last, the next flow packet
+    (``_fast_fetch``'s result, ``peeked``)."""
+    one = np.uint64(1)
+    then_tip = False
+    peeked = False
+    t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
+        0, pos, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
+    )  # fmt: skip
+    if evt == EV_TNT:
+        nb = min(size, X_BITS)
+        chunk = np.int64((bits >> np.uint64(size - nb)) & ((one << np.uint64(nb)) - one))
+        if nb == size:
+            # The packet after these bits: a TIP is taken in the same
+            # stretch; anything else is what to go on with.
+            t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = _fast_fetch(
+                kind, a, b, tsc, have_tsc, n_fetch, pos, last_ip
+            )
+            peeked = True
+            then_tip = t_evt == EV_TIP
+    else:
+        nb = np.int64(XK_TIP)
+        chunk = np.int64(0)
+    xkey = (np.int64(blk) << 16) | (nb << 8) | chunk
+    if then_tip:
+        xkey |= XK_THEN_TIP
+    return xkey, nb, then_tip, peeked, t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has
+
+
+# The chain's state (ds[16], ds[17]), passed in and out of _replay_chain.
+(XV_BLK, XV_POS, XV_EVT, XV_SIZE, XV_EV_HAS, XV_HAS_TSC, XV_RS_TOP, XV_RS_N, XV_ROWS,
+ XV_NBLOCKS, XV_NINSN, XV_HITS, XV_LAST, XV_S_ROWS, XV_S_OFF, XV_S_T, XV_S_LAST_OFF,
+ XV_S_STARTED, XV_S_OFF_AT, XV_WALKED, XV_RET_RUN) = range(21)  # fmt: skip
+NXV = 24
+XU_IP, XU_BITS, XU_TIP, XU_EV_TSC, XU_LAST_IP, XU_CUR_TSC, XU_S_LAST_T, XU_RET_IP = range(8)
+NXU = 8
+# Why _replay_chain stopped: at a stretch it cannot replay (the state is at
+# its start), at something else the walk takes (a run to look up or build,
+# a return the stack decides), or at a packet that is not plain flow.
+XC_MISS, XC_WALK, XC_FETCH = 0, 1, 2
+
+
+@aot.njit(cache=True, _nrt=False)
+def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, direct, x_gen):
+    """Replay stretches one after another while they are in the cache.
+
+    The fast loop's state comes in and goes out in ``V``/``U``; the loop is
+    apart from _fast so that its few live values stay in registers.  A
+    replay does what walking the stretch did: the block store receives its
+    rows' keys in one copy (``direct``; else they are only counted), the
+    offset and time points put_row would have stored, the return stack its
+    pushes; the counters their sums."""
+    kind, a, b = pk[0], pk[1], pk[2]
+    offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
+    r_hip, r_hmode, r_hval, r_ninsn, r_kind = ct[12], ct[13], ct[14], ct[17], ct[18]
+    r_key = ct[T_R_KEY]
+    x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
+    x_mask = np.int64(x_tab.shape[0] - 1)
+    s_keys, s_cols, s_state = store[0], store[2], store[3]
+    s_off_row, s_off_val, s_t_row, s_t_val = s_cols[4], s_cols[5], s_cols[6], s_cols[7]
+    blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
+    ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
+    rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
+    s_rows, s_off, s_t = V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T]
+    s_last_off, s_started, s_off_at = V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT]
+    ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
+    last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
+    rows = nblocks = ninsn = hits = walked = np.int64(0)
+    last = np.int64(-1)  # the entry replayed last (-1: a return walked, ret_run)
+    ret_run, ret_ip = np.int64(-1), np.uint64(0)
+    key_cap, off_cap, t_cap = s_keys.shape[0], s_off_row.shape[0], s_t_row.shape[0]
+    code = XC_MISS
+    while True:
+        if blk < 0:
+            blk = hash_find(r_hip, r_hmode, r_hval, ip, mode)
+            if blk < 0:
+                code = XC_WALK
+                break
+        if evt == EV_TNT and r_kind[blk] == RUN_RET:
+            # A stretch does not start at a return the stack decides: the
+            # return is walked here, as _fast walks it (one row, a new
+            # block, its bit consumed), unless it needs more than that.
+            if ((bits >> np.uint64(size - 1)) & np.uint64(1)) == 0 or rs_n == 0:
+                code = XC_WALK
+                break
+            if direct:
+                key = np.int64(r_key[blk])
+                if key < 0 or not s_started:
+                    code = XC_WALK
+                    break
+                o = offsets[pos] if pos < n else end_offset
+                full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
+                    s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
+                    s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state,
+                )  # fmt: skip
+                if full:
+                    code = XC_WALK  # (nothing stored)
+                    break
+            hits += 1
+            walked += 1
+            nblocks += 1
+            ninsn += r_ninsn[blk]
+            last = -1
+            ret_run, ret_ip = blk, ip
+            cur_tsc = ev_tsc
+            has_tsc = ev_has_tsc
+            size -= 1
+            ip = RS[rs_top]
+            blk = RSR[rs_top]
+            rs_top = (rs_top - 1) & _RS_MASK
+            rs_n -= 1
+            if size > 0:
+                continue
+            evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
+                kind, a, b, tsc, have_tsc, n_fetch, pos, last_ip
+            )
+            if evt == EV_TNT:
+                bits = val
+            elif evt == EV_TIP:
+                tip = val
+            else:
+                code = XC_FETCH
+                break
+            continue
+        xkey, nb, then_tip, peeked, t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
+            _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip)
+        )  # fmt: skip
+        xs = _x_slot(xkey, x_mask)
+        e = x_tab[xs]
+        if e[XE_KEY] != xkey or e[XE_GEN] != x_gen:
+            break
+        shape = e[XE_SHAPE]
+        m = (shape >> XS_M) & _XS_10
+        cons = (shape >> XS_CONS) & _XS_6
+        dmax = (shape >> XS_DMAX) & _XS_7
+        pops = ((shape >> XS_POP) & 1) != 0
+        # (A stretch keyed to go on to the TIP may have ended at a return
+        # before it.)
+        merged = then_tip and not pops
+        if pops and min(rs_n + dmax, RETSTACK_SIZE) - dmax <= 0:
+            break  # nothing to return to: the walk says what that is
+        if direct:
+            # The rows, as put_row would have stored them one by one: one
+            # offset (the packet's), the time before the first consumed
+            # bit and the packet's time after it.
+            o = offsets[pos] if pos < n else end_offset
+            j1 = (shape >> XS_J1) & _XS_10
+            j2 = (shape >> XS_J2) & _XS_10
+            # The offset points (steps, see hwtrace.pt.blocks): at the
+            # first row, and at the TIP's rows; steps too large for one
+            # point are the walk's to store.
+            new_o = o != s_last_off
+            o2 = offsets[t_pos] if merged else o
+            at2 = s_rows if new_o else s_off_at
+            if (
+                not s_started
+                or s_rows + m > key_cap
+                or s_off + 2 > off_cap
+                or s_t + 2 > t_cap
+                or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
+                               or abs(o - s_last_off) > OFF_VAL_STEP))
+                or (merged and (s_rows + j2 - at2 > OFF_ROW_STEP or abs(o2 - o) > OFF_VAL_STEP))
+            ):  # fmt: skip
+                break
+            # (Unsigned indices: numba checks a signed one for a negative
+            # value.  A pool holds X_MAX_RUNS keys past any stretch's start,
+            # so a short stretch is copied as a fixed X_COPY keys: the rows
+            # past it are written again by the rows that follow.)
+            st = np.uint64(e[XE_START])
+            at = np.uint64(s_rows)
+            if m <= X_COPY and s_rows + X_COPY <= key_cap:
+                for j in range(X_COPY):
+                    s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+            else:
+                for j in range(m):
+                    s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+            if new_o:
+                s_off_row[np.uint64(s_off)] = s_rows - s_off_at
+                s_off_val[np.uint64(s_off)] = o - s_last_off
+                s_off += 1
+                s_last_off = o
+                s_off_at = s_rows
+            if cur_tsc != s_last_t:
+                s_t_row[np.uint64(s_t)] = s_rows
+                s_t_val[np.uint64(s_t)] = cur_tsc
+                s_t += 1
+                s_last_t = cur_tsc
+            if j1 < m and ev_tsc != s_last_t:
+                s_t_row[np.uint64(s_t)] = s_rows + j1
+                s_t_val[np.uint64(s_t)] = ev_tsc
+                s_t += 1
+                s_last_t = ev_tsc
+            if merged and o2 != o:
+                # The rows after the last bit: fetched at the TIP.
+                s_off_row[np.uint64(s_off)] = s_rows + j2 - s_off_at
+                s_off_val[np.uint64(s_off)] = o2 - o
+                s_off += 1
+                s_last_off = o2
+                s_off_at = s_rows + j2
+            s_rows += m
+            s_started = 1
+        hits += 1
+        last = xs
+        rows += m
+        count = e[XE_COUNT]
+        ninsn += count & np.int64(0xFFFFFFFF)
+        nblocks += count >> 32
+        cur_tsc = ev_tsc
+        has_tsc = ev_has_tsc
+        npush = (shape >> XS_NPUSH) & _XS_7
+        if npush:
+            ps = e[XE_PSTART]
+            for j in range(npush):
+                rs_top = (rs_top + 1) & _RS_MASK
+                RS[rs_top] = x_pip[ps + j]
+                RSR[rs_top] = x_prun[ps + j]
+        # Calls returned from inside the stretch still pushed: when the
+        # stack was full they dropped its oldest entries.
+        rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
+        if pops:
+            ip = RS[rs_top]
+            blk = RSR[rs_top]
+            rs_top = (rs_top - 1) & _RS_MASK
+            rs_n -= 1
+            size -= cons
+            if size > 0:
+                continue
+        elif nb == XK_TIP:
+            ip = tip
+            blk = -1
+            evt = 0  # consumed
+        elif merged:
+            # The TIP fetched and consumed too.
+            ip = t_val
+            blk = -1
+            size = 0
+            pos = t_pos
+            last_ip = t_last_ip
+            cur_tsc = t_tsc
+            has_tsc = t_has
+            evt = 0
+        else:
+            ip = np.uint64(e[XE_END_IP])
+            blk = e[XE_END_BLK]
+            size -= cons
+            if size > 0:
+                continue
+        if peeked and not merged:
+            evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = (
+                t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has
+            )  # fmt: skip
+        else:
+            p = pos if evt == EV_TNT else pos + 1
+            evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
+                kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
+            )
+        if evt == EV_TNT:
+            bits = val
+        elif evt == EV_TIP:
+            tip = val
+        else:
+            code = XC_FETCH
+            break
+    V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE] = blk, pos, evt, size
+    V[XV_EV_HAS], V[XV_HAS_TSC] = ev_has_tsc, has_tsc
+    V[XV_RS_TOP], V[XV_RS_N] = rs_top, rs_n
+    V[XV_ROWS], V[XV_NBLOCKS], V[XV_NINSN], V[XV_HITS], V[XV_LAST] = (
+        rows, nblocks, ninsn, hits, last
+    )  # fmt: skip
+    V[XV_WALKED], V[XV_RET_RUN], U[XU_RET_IP] = walked, ret_run, ret_ip
+    V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T] = s_rows, s_off, s_t
+    V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = s_last_off, s_started, s_off_at
+    U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC] = ip, bits, tip, ev_tsc
+    U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T] = last_ip, cur_tsc, s_last_t
+    return code
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -2916,6 +3211,8 @@ def _fast(ds, pk, cf, ct, out):
     blk = -1  # the run at ip, when known
     prev = -1  # the run that led here, and which of its slots learns blk
     learn = LEARN_NONE
+    chained = False  # the replay chain was tried at this stretch start
+    V, U = ds[16], ds[17]
     while True:
         if not count_only and nout >= cap:
             why = FR_FULL
@@ -2948,163 +3245,52 @@ def _fast(ds, pk, cf, ct, out):
             and (direct or count_only)
             and (evt == EV_TIP or (evt == EV_TNT and bk != RUN_RET))
         ):
-            # (A stretch does not start at a return the return stack decides.)
-            then_tip = False
-            peeked = False
-            t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
-                0, pos, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
-            )  # fmt: skip
-            if evt == EV_TNT:
-                nb = min(size, X_BITS)
-                chunk = np.int64((bits >> np.uint64(size - nb)) & ((one << np.uint64(nb)) - one))
-                if nb == size:
-                    # The packet after these bits: a TIP is taken in the
-                    # same stretch; anything else is what to go on with.
-                    t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = _fast_fetch(
-                        kind, a, b, tsc, have_tsc, n_fetch, pos, last_ip
-                    )
-                    peeked = True
-                    then_tip = t_evt == EV_TIP
-            else:
-                nb = np.int64(XK_TIP)
-                chunk = np.int64(0)
-            xkey = (np.int64(blk) << 16) | (nb << 8) | chunk
-            if then_tip:
-                xkey |= XK_THEN_TIP
-            xs = _x_slot(xkey, x_mask)
-            hit = x_tab[xs, XE_GEN] == x_gen and x_tab[xs, XE_KEY] == xkey
-            m = x_tab[xs, XE_M]
-            cons = x_tab[xs, XE_CONS]
-            # (A stretch keyed to go on to the TIP may have ended at a
-            # return before it.)
-            pops = x_tab[xs, XE_POP] != 0
-            merged = then_tip and not pops
-            dmax = x_tab[xs, XE_DMAX]
-            if hit and pops and min(rs_n + dmax, RETSTACK_SIZE) - dmax <= 0:
-                hit = False  # nothing to return to: the walk says what that is
-            if hit and quiet + m > NO_TRACE_LIMIT:
-                hit = False  # the walk stops within it
-            if hit and direct:
-                # The rows, as put_row would have stored them one by one:
-                # one offset (the packet's), the time before the first
-                # consumed bit and the packet's time after it.
-                o = offsets[pos] if pos < n else end_offset
-                j1 = x_tab[xs, XE_J1]
-                # The offset points (steps, see hwtrace.pt.blocks): at the
-                # first row, and at the TIP's rows; steps too large for one
-                # point are the walk's to store.
-                new_o = o != s_last_off
-                o2 = offsets[t_pos] if merged else o
-                at2 = s_rows if new_o else s_off_at
-                if (
-                    not s_started
-                    or s_rows + m > s_keys.shape[0]
-                    or s_off + 2 > s_off_row.shape[0]
-                    or s_t + 2 > s_t_row.shape[0]
-                    or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
-                                   or abs(o - s_last_off) > OFF_VAL_STEP))
-                    or (merged and (s_rows + x_tab[xs, XE_J2] - at2 > OFF_ROW_STEP
-                                    or abs(o2 - o) > OFF_VAL_STEP))
-                ):  # fmt: skip
-                    hit = False
-                else:
-                    st = x_tab[xs, XE_START]
-                    for j in range(m):
-                        s_keys[s_rows + j] = x_key[st + j]
-                    if new_o:
-                        s_off_row[s_off] = s_rows - s_off_at
-                        s_off_val[s_off] = o - s_last_off
-                        s_off += 1
-                        s_last_off = o
-                        s_off_at = s_rows
-                    if cur_tsc != s_last_t:
-                        s_t_row[s_t] = s_rows
-                        s_t_val[s_t] = cur_tsc
-                        s_t += 1
-                        s_last_t = cur_tsc
-                    if j1 < m and ev_tsc != s_last_t:
-                        s_t_row[s_t] = s_rows + j1
-                        s_t_val[s_t] = ev_tsc
-                        s_t += 1
-                        s_last_t = ev_tsc
-                    if merged and o2 != o:
-                        # The rows after the last bit: fetched at the TIP.
-                        s_off_row[s_off] = s_rows + x_tab[xs, XE_J2] - s_off_at
-                        s_off_val[s_off] = o2 - o
-                        s_off += 1
-                        s_last_off = o2
-                        s_off_at = s_rows + x_tab[xs, XE_J2]
-                    s_rows += m
-                    s_started = 1
-            if hit:
-                x_rows += m
-                nvirt += m
-                n_blocks += x_tab[xs, XE_NBLK]
-                n_insn += x_tab[xs, XE_NINSN]
-                cur_tsc = ev_tsc
-                has_tsc = ev_has_tsc
-                icnt = 0
-                has_icnt = True
-                quiet = 0
-                cb_open = False
-                cb_ninsn = x_tab[xs, XE_CB_NINSN]
-                cb_isid = x_tab[xs, XE_CB_ISID]
-                cb_ip = np.uint64(x_tab[xs, XE_CB_IP])
-                cb_run = x_tab[xs, XE_CB_RUN]
-                ps = x_tab[xs, XE_PSTART]
-                npush = x_tab[xs, XE_NPUSH]
-                for j in range(npush):
-                    rs_top = (rs_top + 1) & _RS_MASK
-                    RS[rs_top] = x_pip[ps + j]
-                    RSR[rs_top] = x_prun[ps + j]
-                # Calls returned from inside the stretch still pushed: when
-                # the stack was full they dropped its oldest entries.
-                rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
-                if pops:
-                    ip = RS[rs_top]
-                    blk = RSR[rs_top]
-                    rs_top = (rs_top - 1) & _RS_MASK
-                    rs_n -= 1
-                    size -= cons
-                    if size > 0:
-                        continue
-                elif nb == XK_TIP:
-                    ip = tip
-                    blk = -1
-                    evt = 0  # consumed
-                elif merged:
-                    # The TIP fetched and consumed too.
-                    ip = t_val
-                    blk = -1
-                    size = 0
-                    pos = t_pos
-                    last_ip = t_last_ip
-                    cur_tsc = t_tsc
-                    has_tsc = t_has
-                    evt = 0
-                else:
-                    ip = np.uint64(x_tab[xs, XE_END_IP])
-                    blk = x_tab[xs, XE_END_BLK]
-                    size -= cons
-                    if size > 0:
-                        continue
-                if peeked and not merged:
-                    evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = (
-                        t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has
+            if not chained:
+                chained = True
+                V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE] = blk, pos, evt, size
+                V[XV_EV_HAS], V[XV_HAS_TSC] = ev_has_tsc, has_tsc
+                V[XV_RS_TOP], V[XV_RS_N] = rs_top, rs_n
+                V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T] = s_rows, s_off, s_t
+                V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = (
+                    s_last_off, s_started, s_off_at
+                )  # fmt: skip
+                U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC] = ip, bits, tip, ev_tsc
+                U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T] = last_ip, cur_tsc, s_last_t
+                code = _replay_chain(
+                    pk, ct, out[10], RS, RSR, V, U, n, n_fetch, end_offset, mode, direct, x_gen
+                )
+                if V[XV_HITS]:
+                    blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
+                    ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
+                    rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
+                    s_rows, s_off, s_t = V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T]
+                    s_last_off, s_started, s_off_at = (
+                        V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT]
                     )  # fmt: skip
-                else:
-                    p = pos if evt == EV_TNT else pos + 1
-                    evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
-                        kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
-                    )
-                if evt == EV_TNT:
-                    bits = val
+                    ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
+                    last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
+                    x_rows += V[XV_ROWS]
+                    nvirt += V[XV_ROWS] + V[XV_WALKED]
+                    n_blocks += V[XV_NBLOCKS]
+                    n_insn += V[XV_NINSN]
+                    icnt = 0
+                    has_icnt = True
+                    if V[XV_LAST] >= 0:
+                        e = x_tab[V[XV_LAST]]
+                        cb_ninsn, cb_isid = e[XE_CB_NINSN], e[XE_CB_ISID]
+                        cb_ip, cb_run = np.uint64(e[XE_CB_IP]), e[XE_CB_RUN]
+                    else:  # a return, walked
+                        cb_run = V[XV_RET_RUN]
+                        cb_ninsn, cb_isid = np.int64(r_ninsn[cb_run]), np.int64(r_isid[cb_run])
+                        cb_ip = U[XU_RET_IP]
+                    if code == XC_FETCH:
+                        why = FR_FETCH
+                        break
                     continue
-                if evt == EV_TIP:
-                    tip = val
-                    continue
-                why = FR_FETCH
-                break
+            xkey, nb, then_tip = _stretch_key(
+                kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip
+            )[:3]
+            xs = _x_slot(xkey, x_mask)
             # Record the stretch from here.
             if (
                 counts[C_X_POOL] + X_MAX_RUNS > x_key.shape[0]
@@ -3121,6 +3307,7 @@ def _fast(ds, pk, cf, ct, out):
             rec_depth = rec_dmax = 0
             rec_pop = False
             rec_row0 = s_rows
+        chained = False
         # The run's exit must be takeable before it is emitted, so a stop
         # leaves the state at the run's start.
         if bk == RUN_STOP:
@@ -3649,6 +3836,8 @@ def new_state() -> tuple:
         np.zeros(EW, np.uint64),  # 13 the last event handled
         np.full(RETSTACK_SIZE, -1, np.int32),  # 14 RSR: the return stack's runs
         np.zeros((2, RETSTACK_SIZE), np.int32),  # 15 saved RSR
+        np.zeros(NXV, np.int64),  # 16, 17: the replay chain's state (_replay_chain)
+        np.zeros(NXU, np.uint64),
     )
 
 

@@ -70,12 +70,13 @@ _NCOUNTS = 16
 
 # The replay cache (see hwtrace.pt._flowloop): decoded stretches of runs,
 # keyed by the run they start at and the trace bits that drive them: entries
-# (X_FIELDS words each), and pools for the block-store keys of the
+# (X_FIELDS words each, at 64-byte boundaries: the fields a replay reads
+# are one cache line), and pools for the block-store keys of the
 # stretches' runs and for the return addresses they push; a full pool
 # empties the cache.  Its size follows the trace a decoder is given (see
 # CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.3 MiB in all) to
 # X_SLOTS_MAX (5 MiB).
-X_FIELDS = 19
+X_FIELDS = 16
 X_SLOTS_MIN, X_SLOTS_MAX = 1 << 10, 1 << 14
 X_POOL_PER_SLOT = 64  # keys
 X_PUSH_PER_SLOT = 4  # return addresses
@@ -442,7 +443,9 @@ class CodeTable:
 
     def _alloc_replay(self, slots: int) -> None:
         # np.zeros: pages are touched only as the cache fills.
-        self.x_tab = np.zeros((slots, X_FIELDS), np.int64)
+        words = np.zeros(slots * X_FIELDS + 8, np.int64)
+        skip = (-words.ctypes.data % 64) // 8
+        self.x_tab = words[skip : skip + slots * X_FIELDS].reshape(slots, X_FIELDS)
         self.x_key = np.zeros(slots * X_POOL_PER_SLOT, np.uint16)
         self.x_pip = np.zeros(slots * X_PUSH_PER_SLOT, np.uint64)
         self.x_prun = np.zeros(slots * X_PUSH_PER_SLOT, np.int32)
