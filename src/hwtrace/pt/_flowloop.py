@@ -2902,7 +2902,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     r_key = ct[T_R_KEY]
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_mask = np.int64(x_tab.shape[0] - 1)
-    s_keys, s_cols, s_state = store[0], store[2], store[3]
+    s_keys, s_cols = store[0], store[2]
     s_off_row, s_off_val, s_t_row, s_t_val = s_cols[4], s_cols[5], s_cols[6], s_cols[7]
     blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
     ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
@@ -2934,14 +2934,31 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 if key < 0 or not s_started:
                     code = XC_WALK
                     break
+                # The row, as put_row stores it (a far step is the walk's).
                 o = offsets[pos] if pos < n else end_offset
-                full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
-                    s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
-                    s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state,
-                )  # fmt: skip
-                if full:
-                    code = XC_WALK  # (nothing stored)
+                new_o = o != s_last_off
+                if (
+                    s_rows >= key_cap
+                    or s_off >= off_cap
+                    or s_t >= t_cap
+                    or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
+                                   or abs(o - s_last_off) > OFF_VAL_STEP))
+                ):  # fmt: skip
+                    code = XC_WALK
                     break
+                s_keys[np.uint64(s_rows)] = key
+                if new_o:
+                    s_off_row[np.uint64(s_off)] = s_rows - s_off_at
+                    s_off_val[np.uint64(s_off)] = o - s_last_off
+                    s_off += 1
+                    s_last_off = o
+                    s_off_at = s_rows
+                if cur_tsc != s_last_t:
+                    s_t_row[np.uint64(s_t)] = s_rows
+                    s_t_val[np.uint64(s_t)] = cur_tsc
+                    s_t += 1
+                    s_last_t = cur_tsc
+                s_rows += 1
             hits += 1
             walked += 1
             nblocks += 1
