@@ -585,9 +585,10 @@ def decode_stream(buf, avail, state, rows, errs, store):
             stop = STOP_ROWS
             break
         if in_block == BLOCK_NONE and store:
-            # TNT-8s and TIPs, by far the most frequent packets, in a loop
-            # of their own (no other opcode has their low bits outside a
-            # BBP block); anything else goes the general way.
+            # TNT-8s, TIPs and the timing packets that come between them
+            # (CYC, MTC), by far the most frequent packets, in a loop of
+            # their own (no other opcode has their low bits outside a BBP
+            # block); anything else goes the general way.
             lim = avail if final else avail - LOOKAHEAD + 1
             n0 = n
             while pos < lim and n < cap:
@@ -601,6 +602,41 @@ def decode_stream(buf, avail, state, rows, errs, store):
                     col_c[n] = 0
                     n += 1
                     pos += 1
+                    continue
+                if (b0 & 0x03) == 0x03:
+                    # A CYC, as decode_packet reads it: of one byte, or of
+                    # two (the erratum that lets an OVF replace the second
+                    # byte is decode_packet's to check).
+                    if (b0 & 0x04) == 0:
+                        value = np.uint64(b0 >> 3)
+                        size = 1
+                    elif (
+                        pos + 1 < avail
+                        and (buf[pos + 1] & 0x01) == 0
+                        and not (errata & ERRATUM_SKD007)
+                    ):
+                        value = np.uint64(b0 >> 3) | (np.uint64(buf[pos + 1] >> 1) << np.uint64(5))
+                        size = 2
+                    else:
+                        break
+                    offsets[n] = pos + base
+                    kinds[n] = Kind.CYC
+                    sizes[n] = size
+                    col_a[n] = value
+                    col_b[n] = 0
+                    col_c[n] = 0
+                    n += 1
+                    pos += size
+                    continue
+                if b0 == 0x59 and pos + 1 < avail:  # MTC
+                    offsets[n] = pos + base
+                    kinds[n] = Kind.MTC
+                    sizes[n] = 2
+                    col_a[n] = buf[pos + 1]
+                    col_b[n] = 0
+                    col_c[n] = 0
+                    n += 1
+                    pos += 2
                     continue
                 if (b0 & 0x1F) != 0x0D:
                     break
