@@ -2816,6 +2816,31 @@ def _x_slot(xkey, mask):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def _put_point(rows, values, n, row, value):
+    """Append the store's point ``(row, value)`` at ``n`` (an offset step or
+    a time, see hwtrace.pt.blocks); returns the new count.  (Unsigned
+    indices: numba checks a signed one for a negative value.)"""
+    rows[np.uint64(n)] = row
+    values[np.uint64(n)] = value
+    return n + 1
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _row_points(off_row, off_val, t_row, t_val, row, o, t, n_off, last_off, off_at, n_t, last_t):
+    """The points a row at ``row`` of offset ``o`` and time ``t`` needs, as
+    put_row stores them (the offset step known to fit one point); returns
+    the store's offset and time counters after them."""
+    if o != last_off:
+        n_off = _put_point(off_row, off_val, n_off, row - off_at, o - last_off)
+        last_off = o
+        off_at = row
+    if t != last_t:
+        n_t = _put_point(t_row, t_val, n_t, row, t)
+        last_t = t
+    return n_off, last_off, off_at, n_t, last_t
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _x_keys(x_key, start, s_keys, row0, m):
     """Keep the block-store keys of a recorded stretch's rows."""
     for j in range(m):
@@ -2947,17 +2972,10 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     code = XC_WALK
                     break
                 s_keys[np.uint64(s_rows)] = key
-                if new_o:
-                    s_off_row[np.uint64(s_off)] = s_rows - s_off_at
-                    s_off_val[np.uint64(s_off)] = o - s_last_off
-                    s_off += 1
-                    s_last_off = o
-                    s_off_at = s_rows
-                if cur_tsc != s_last_t:
-                    s_t_row[np.uint64(s_t)] = s_rows
-                    s_t_val[np.uint64(s_t)] = cur_tsc
-                    s_t += 1
-                    s_last_t = cur_tsc
+                s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
+                    s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
+                    s_off_at, s_t, s_last_t,
+                )  # fmt: skip
                 s_rows += 1
             hits += 1
             walked += 1
@@ -2974,140 +2992,123 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             rs_n -= 1
             if size > 0:
                 continue
-            evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
-                kind, a, b, tsc, have_tsc, n_fetch, pos, last_ip
-            )
-            if evt == EV_TNT:
-                bits = val
-            elif evt == EV_TIP:
-                tip = val
-            else:
-                code = XC_FETCH
-                break
-            continue
-        xkey, nb, then_tip, peeked, t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
-            _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip)
-        )  # fmt: skip
-        xs = _x_slot(xkey, x_mask)
-        e = x_tab[xs]
-        if e[XE_KEY] != xkey or e[XE_GEN] != x_gen:
-            break
-        shape = e[XE_SHAPE]
-        m = (shape >> XS_M) & _XS_10
-        cons = (shape >> XS_CONS) & _XS_6
-        dmax = (shape >> XS_DMAX) & _XS_7
-        pops = ((shape >> XS_POP) & 1) != 0
-        # (A stretch keyed to go on to the TIP may have ended at a return
-        # before it.)
-        merged = then_tip and not pops
-        if pops and min(rs_n + dmax, RETSTACK_SIZE) - dmax <= 0:
-            break  # nothing to return to: the walk says what that is
-        if direct:
-            # The rows, as put_row would have stored them one by one: one
-            # offset (the packet's), the time before the first consumed
-            # bit and the packet's time after it.
-            o = offsets[pos] if pos < n else end_offset
-            j1 = (shape >> XS_J1) & _XS_10
-            j2 = (shape >> XS_J2) & _XS_10
-            # The offset points (steps, see hwtrace.pt.blocks): at the
-            # first row, and at the TIP's rows; steps too large for one
-            # point are the walk's to store.
-            new_o = o != s_last_off
-            o2 = offsets[t_pos] if merged else o
-            at2 = s_rows if new_o else s_off_at
-            if (
-                not s_started
-                or s_rows + m > key_cap
-                or s_off + 2 > off_cap
-                or s_t + 2 > t_cap
-                or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
-                               or abs(o - s_last_off) > OFF_VAL_STEP))
-                or (merged and (s_rows + j2 - at2 > OFF_ROW_STEP or abs(o2 - o) > OFF_VAL_STEP))
-            ):  # fmt: skip
-                break
-            # (Unsigned indices: numba checks a signed one for a negative
-            # value.  A pool holds X_MAX_RUNS keys past any stretch's start,
-            # so a short stretch is copied as a fixed X_COPY keys: the rows
-            # past it are written again by the rows that follow.)
-            st = np.uint64(e[XE_START])
-            at = np.uint64(s_rows)
-            if m <= X_COPY and s_rows + X_COPY <= key_cap:
-                for j in range(X_COPY):
-                    s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
-            else:
-                for j in range(m):
-                    s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
-            if new_o:
-                s_off_row[np.uint64(s_off)] = s_rows - s_off_at
-                s_off_val[np.uint64(s_off)] = o - s_last_off
-                s_off += 1
-                s_last_off = o
-                s_off_at = s_rows
-            if cur_tsc != s_last_t:
-                s_t_row[np.uint64(s_t)] = s_rows
-                s_t_val[np.uint64(s_t)] = cur_tsc
-                s_t += 1
-                s_last_t = cur_tsc
-            if j1 < m and ev_tsc != s_last_t:
-                s_t_row[np.uint64(s_t)] = s_rows + j1
-                s_t_val[np.uint64(s_t)] = ev_tsc
-                s_t += 1
-                s_last_t = ev_tsc
-            if merged and o2 != o:
-                # The rows after the last bit: fetched at the TIP.
-                s_off_row[np.uint64(s_off)] = s_rows + j2 - s_off_at
-                s_off_val[np.uint64(s_off)] = o2 - o
-                s_off += 1
-                s_last_off = o2
-                s_off_at = s_rows + j2
-            s_rows += m
-            s_started = 1
-        hits += 1
-        last = xs
-        rows += m
-        count = e[XE_COUNT]
-        ninsn += count & np.int64(0xFFFFFFFF)
-        nblocks += count >> 32
-        cur_tsc = ev_tsc
-        has_tsc = ev_has_tsc
-        npush = (shape >> XS_NPUSH) & _XS_7
-        if npush:
-            ps = e[XE_PSTART]
-            for j in range(npush):
-                rs_top = (rs_top + 1) & _RS_MASK
-                RS[rs_top] = x_pip[ps + j]
-                RSR[rs_top] = x_prun[ps + j]
-        # Calls returned from inside the stretch still pushed: when the
-        # stack was full they dropped its oldest entries.
-        rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
-        if pops:
-            ip = RS[rs_top]
-            blk = RSR[rs_top]
-            rs_top = (rs_top - 1) & _RS_MASK
-            rs_n -= 1
-            size -= cons
-            if size > 0:
-                continue
-        elif nb == XK_TIP:
-            ip = tip
-            blk = -1
-            evt = 0  # consumed
-        elif merged:
-            # The TIP fetched and consumed too.
-            ip = t_val
-            blk = -1
-            size = 0
-            pos = t_pos
-            last_ip = t_last_ip
-            cur_tsc = t_tsc
-            has_tsc = t_has
-            evt = 0
+            peeked = merged = False  # (the next packet is fetched below)
+            t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
+                0, pos, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
+            )  # fmt: skip
         else:
-            ip = np.uint64(e[XE_END_IP])
-            blk = e[XE_END_BLK]
-            size -= cons
-            if size > 0:
-                continue
+            xkey, nb, then_tip, peeked, t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
+                _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip)
+            )  # fmt: skip
+            xs = _x_slot(xkey, x_mask)
+            e = x_tab[xs]
+            if e[XE_KEY] != xkey or e[XE_GEN] != x_gen:
+                break
+            shape = e[XE_SHAPE]
+            m = (shape >> XS_M) & _XS_10
+            cons = (shape >> XS_CONS) & _XS_6
+            dmax = (shape >> XS_DMAX) & _XS_7
+            pops = ((shape >> XS_POP) & 1) != 0
+            # (A stretch keyed to go on to the TIP may have ended at a return
+            # before it.)
+            merged = then_tip and not pops
+            if pops and min(rs_n + dmax, RETSTACK_SIZE) - dmax <= 0:
+                break  # nothing to return to: the walk says what that is
+            if direct:
+                # The rows, as put_row would have stored them one by one: one
+                # offset (the packet's), the time before the first consumed
+                # bit and the packet's time after it.
+                o = offsets[pos] if pos < n else end_offset
+                j1 = (shape >> XS_J1) & _XS_10
+                j2 = (shape >> XS_J2) & _XS_10
+                # The offset points (steps, see hwtrace.pt.blocks): at the
+                # first row, and at the TIP's rows; steps too large for one
+                # point are the walk's to store.
+                new_o = o != s_last_off
+                o2 = offsets[t_pos] if merged else o
+                at2 = s_rows if new_o else s_off_at
+                if (
+                    not s_started
+                    or s_rows + m > key_cap
+                    or s_off + 2 > off_cap
+                    or s_t + 2 > t_cap
+                    or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
+                                   or abs(o - s_last_off) > OFF_VAL_STEP))
+                    or (merged and (s_rows + j2 - at2 > OFF_ROW_STEP or abs(o2 - o) > OFF_VAL_STEP))
+                ):  # fmt: skip
+                    break
+                # (Unsigned indices: numba checks a signed one for a negative
+                # value.  A pool holds X_MAX_RUNS keys past any stretch's start,
+                # so a short stretch is copied as a fixed X_COPY keys: the rows
+                # past it are written again by the rows that follow.)
+                st = np.uint64(e[XE_START])
+                at = np.uint64(s_rows)
+                if m <= X_COPY and s_rows + X_COPY <= key_cap:
+                    for j in range(X_COPY):
+                        s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+                else:
+                    for j in range(m):
+                        s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+                s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
+                    s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
+                    s_off_at, s_t, s_last_t,
+                )  # fmt: skip
+                if j1 < m and ev_tsc != s_last_t:
+                    s_t = _put_point(s_t_row, s_t_val, s_t, s_rows + j1, ev_tsc)
+                    s_last_t = ev_tsc
+                if merged and o2 != o:
+                    # The rows after the last bit: fetched at the TIP.
+                    s_off = _put_point(s_off_row, s_off_val, s_off, s_rows + j2 - s_off_at, o2 - o)
+                    s_last_off = o2
+                    s_off_at = s_rows + j2
+                s_rows += m
+                s_started = 1
+            hits += 1
+            last = xs
+            rows += m
+            count = e[XE_COUNT]
+            ninsn += count & np.int64(0xFFFFFFFF)
+            nblocks += count >> 32
+            cur_tsc = ev_tsc
+            has_tsc = ev_has_tsc
+            npush = (shape >> XS_NPUSH) & _XS_7
+            if npush:
+                ps = e[XE_PSTART]
+                for j in range(npush):
+                    rs_top = (rs_top + 1) & _RS_MASK
+                    RS[rs_top] = x_pip[ps + j]
+                    RSR[rs_top] = x_prun[ps + j]
+            # Calls returned from inside the stretch still pushed: when the
+            # stack was full they dropped its oldest entries.
+            rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
+            if pops:
+                ip = RS[rs_top]
+                blk = RSR[rs_top]
+                rs_top = (rs_top - 1) & _RS_MASK
+                rs_n -= 1
+                size -= cons
+                if size > 0:
+                    continue
+            elif nb == XK_TIP:
+                ip = tip
+                blk = -1
+                evt = 0  # consumed
+            elif merged:
+                # The TIP fetched and consumed too.
+                ip = t_val
+                blk = -1
+                size = 0
+                pos = t_pos
+                last_ip = t_last_ip
+                cur_tsc = t_tsc
+                has_tsc = t_has
+                evt = 0
+            else:
+                ip = np.uint64(e[XE_END_IP])
+                blk = e[XE_END_BLK]
+                size -= cons
+                if size > 0:
+                    continue
         if peeked and not merged:
             evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = (
                 t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has
