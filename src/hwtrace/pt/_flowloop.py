@@ -2730,23 +2730,26 @@ def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
     ``(evt, pos, value, size, last_ip, tsc, has_tsc)``; ``evt`` 0 when the
     packet at ``pos`` is something else (the step functions take it).  After
     a TNT ``pos`` is past it (and the PADs behind it), after a TIP on it, as
-    the event decoder leaves them."""
+    the event decoder leaves them.  (Unsigned indices: numba checks a
+    signed one for a negative value.)"""
     while p < n:
-        k = kind[p]
+        u = np.uint64(p)
+        k = kind[u]
         if k == K_PAD or k == K_TSC or k == K_MTC or k == K_TMA or k == K_CYC:
             p += 1
             continue
-        t = tsc[p] if have_tsc[p] else np.uint64(0)
+        has = have_tsc[u]
+        t = tsc[u] if has else np.uint64(0)
         if k == K_TNT8 or k == K_TNT64:
-            if b[p] == 0:
+            if b[u] == 0:
                 break
             q = p + 1
-            while q < n and kind[q] == K_PAD:
+            while q < n and kind[np.uint64(q)] == K_PAD:
                 q += 1
-            return EV_TNT, q, a[p], np.int64(b[p]), last_ip, t, have_tsc[p]
+            return EV_TNT, q, a[u], np.int64(b[u]), last_ip, t, has
         if k == K_TIP:
-            ipc = b[p]
-            payload = a[p]
+            ipc = b[u]
+            payload = a[u]
             if ipc == 1:
                 ip = (last_ip & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
             elif ipc == 2:
@@ -2762,7 +2765,7 @@ def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
                 ip = payload
             else:
                 break
-            return EV_TIP, p, ip, np.int64(0), ip, t, have_tsc[p]
+            return EV_TIP, p, ip, np.int64(0), ip, t, has
         break
     return 0, p, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
 
@@ -2947,7 +2950,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             if blk < 0:
                 code = XC_WALK
                 break
-        if evt == EV_TNT and r_kind[blk] == RUN_RET:
+        if evt == EV_TNT and r_kind[np.uint64(blk)] == RUN_RET:
             # A stretch does not start at a return the stack decides: the
             # return is walked here, as _fast walks it (one row, a new
             # block, its bit consumed), unless it needs more than that.
@@ -2960,7 +2963,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     code = XC_WALK
                     break
                 # The row, as put_row stores it (a far step is the walk's).
-                o = offsets[pos] if pos < n else end_offset
+                o = offsets[np.uint64(pos)] if pos < n else end_offset
                 new_o = o != s_last_off
                 if (
                     s_rows >= key_cap
@@ -3001,7 +3004,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip)
             )  # fmt: skip
             xs = _x_slot(xkey, x_mask)
-            e = x_tab[xs]
+            e = x_tab[np.uint64(xs)]
             if e[XE_KEY] != xkey or e[XE_GEN] != x_gen:
                 break
             shape = e[XE_SHAPE]
@@ -3018,14 +3021,14 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 # The rows, as put_row would have stored them one by one: one
                 # offset (the packet's), the time before the first consumed
                 # bit and the packet's time after it.
-                o = offsets[pos] if pos < n else end_offset
+                o = offsets[np.uint64(pos)] if pos < n else end_offset
                 j1 = (shape >> XS_J1) & _XS_10
                 j2 = (shape >> XS_J2) & _XS_10
                 # The offset points (steps, see hwtrace.pt.blocks): at the
                 # first row, and at the TIP's rows; steps too large for one
                 # point are the walk's to store.
                 new_o = o != s_last_off
-                o2 = offsets[t_pos] if merged else o
+                o2 = offsets[np.uint64(t_pos)] if merged else o
                 at2 = s_rows if new_o else s_off_at
                 if (
                     not s_started
@@ -3076,8 +3079,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 ps = e[XE_PSTART]
                 for j in range(npush):
                     rs_top = (rs_top + 1) & _RS_MASK
-                    RS[rs_top] = x_pip[ps + j]
-                    RSR[rs_top] = x_prun[ps + j]
+                    RS[rs_top] = x_pip[np.uint64(ps + j)]
+                    RSR[rs_top] = x_prun[np.uint64(ps + j)]
             # Calls returned from inside the stretch still pushed: when the
             # stack was full they dropped its oldest entries.
             rs_n = min(rs_n + dmax, RETSTACK_SIZE) - (dmax - npush)
