@@ -2794,7 +2794,6 @@ X_BITS = 8
 XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
 X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
-X_COPY = 16  # keys a replay copies at once
 # Fields of an entry (x_tab row; see hwtrace.pt.codetable: 128 bytes, the
 # first cache line all a replay reads but the block state it leaves).
 # (Every stretch ends with trace consumed: after it the block is closed,
@@ -2905,13 +2904,13 @@ def _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, 
 (XV_BLK, XV_POS, XV_EVT, XV_SIZE, XV_EV_HAS, XV_HAS_TSC, XV_RS_TOP, XV_RS_N, XV_ROWS,
  XV_NBLOCKS, XV_NINSN, XV_HITS, XV_LAST, XV_S_ROWS, XV_S_OFF, XV_S_T, XV_S_LAST_OFF,
  XV_S_STARTED, XV_S_OFF_AT, XV_WALKED, XV_RET_RUN) = range(21)  # fmt: skip
-NXV = 24
+NXV = 21
 XU_IP, XU_BITS, XU_TIP, XU_EV_TSC, XU_LAST_IP, XU_CUR_TSC, XU_S_LAST_T, XU_RET_IP = range(8)
 NXU = 8
-# Why _replay_chain stopped: at a stretch it cannot replay (the state is at
-# its start), at something else the walk takes (a run to look up or build,
-# a return the stack decides), or at a packet that is not plain flow.
-XC_MISS, XC_WALK, XC_FETCH = 0, 1, 2
+# Why _replay_chain stopped: at something the fast loop walks (a stretch
+# not in the cache or not replayable here, a run to build, a return it
+# cannot take itself), or at a packet that is not plain flow.
+XC_WALK, XC_FETCH = 0, 1
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -2943,24 +2942,21 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     last = np.int64(-1)  # the entry replayed last (-1: a return walked, ret_run)
     ret_run, ret_ip = np.int64(-1), np.uint64(0)
     key_cap, off_cap, t_cap = s_keys.shape[0], s_off_row.shape[0], s_t_row.shape[0]
-    code = XC_MISS
+    code = XC_WALK
     while True:
         if blk < 0:
             blk = hash_find(r_hip, r_hmode, r_hval, ip, mode)
             if blk < 0:
-                code = XC_WALK
                 break
         if evt == EV_TNT and r_kind[np.uint64(blk)] == RUN_RET:
             # A stretch does not start at a return the stack decides: the
             # return is walked here, as _fast walks it (one row, a new
             # block, its bit consumed), unless it needs more than that.
             if ((bits >> np.uint64(size - 1)) & np.uint64(1)) == 0 or rs_n == 0:
-                code = XC_WALK
                 break
             if direct:
                 key = np.int64(r_key[blk])
                 if key < 0 or not s_started:
-                    code = XC_WALK
                     break
                 # The row, as put_row stores it (a far step is the walk's).
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
@@ -2972,7 +2968,6 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
                                    or abs(o - s_last_off) > OFF_VAL_STEP))
                 ):  # fmt: skip
-                    code = XC_WALK
                     break
                 s_keys[np.uint64(s_rows)] = key
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
@@ -3041,17 +3036,11 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 ):  # fmt: skip
                     break
                 # (Unsigned indices: numba checks a signed one for a negative
-                # value.  A pool holds X_MAX_RUNS keys past any stretch's start,
-                # so a short stretch is copied as a fixed X_COPY keys: the rows
-                # past it are written again by the rows that follow.)
+                # value.)
                 st = np.uint64(e[XE_START])
                 at = np.uint64(s_rows)
-                if m <= X_COPY and s_rows + X_COPY <= key_cap:
-                    for j in range(X_COPY):
-                        s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
-                else:
-                    for j in range(m):
-                        s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+                for j in range(m):
+                    s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
                     s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
                     s_off_at, s_t, s_last_t,
