@@ -8,7 +8,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.pt.blocks import OFF_ROW_STEP, OFF_VAL_STEP, BlockStore, CompactBlocks
+from hwtrace.pt.blocks import (
+    OFF_ROW_STEP,
+    OFF_VAL_STEP,
+    S_ENT,
+    S_NSEQ,
+    S_ROWS,
+    SEQ_TOP,
+    BlockStore,
+    CompactBlocks,
+    store_sequence,
+)
 
 
 @st.composite
@@ -129,3 +139,42 @@ def test_rows_named_by_the_keys_of_stored_rows():
     assert not store.live and store.n_keys == 4 + n
     assert np.array_equal(store.table()["ip"][out], many)
     assert store.key_column().tolist() == [0, 1, 0]
+
+
+def test_sequences_stand_for_rows():
+    """A stretch the decoder replays is kept once as a sequence and each
+    replay stores one entry naming it: every reader gets the rows back,
+    and a key column widened past 65,535 blocks holds them row by row."""
+    store = BlockStore(expect_rows=16)
+    ip = np.array([0x1000, 0x2000, 0x3000], np.uint64)
+    ninsn = np.array([3, 4, 5], np.uint32)
+    store.append(ip, ninsn, np.full(3, 64, np.uint8), np.array([10, 10, 12], np.int64),
+                 np.array([7, 7, 9], np.uint64))  # fmt: skip
+    cols, state = store.kernel_store()[2], store.state
+    assert store_sequence(cols, state, np.array([1, 2, 0], np.uint16), 0, 1, 3) == -1  # one row
+    seq = store_sequence(cols, state, np.array([5, 1, 2, 0], np.uint16), 1, 3, 3)
+    assert seq == SEQ_TOP and state[S_NSEQ] == 1
+    for _ in range(2):  # as the replay chain stores a replay
+        store.keys[state[S_ENT]] = seq
+        state[S_ENT] += 1
+        state[S_ROWS] += 3
+    want = [0, 1, 2, 1, 2, 0, 1, 2, 0]
+    assert len(store) == 9 and store.entries().shape[0] == 5
+    assert store.key_column().tolist() == want
+    assert store.n_insn() == int(ninsn[want].sum())
+    blocks = CompactBlocks([store])
+    assert blocks.n_insn() == int(ninsn[want].sum())
+    assert blocks.column("ip").tolist() == ip[want].tolist()
+    assert blocks.column("offset").tolist() == [10, 10] + [12] * 7
+    joined = CompactBlocks([store, store])
+    assert joined.column("ninsn").tolist() == ninsn[want + want].tolist()
+    # No key for a block may reach the sequences': past that the column
+    # widens, the sequences expanded into it.
+    n = 70_000
+    many = np.arange(n, dtype=np.uint64) * np.uint64(16) + np.uint64(0x100000)
+    out = np.zeros(n, np.uint32)
+    store.row_keys(many, np.ones(n, np.uint32), np.full(n, 64, np.uint8), np.zeros(n, np.int64),
+                   out)  # fmt: skip
+    assert not store.live and state[S_NSEQ] == 0
+    assert store.key_column().tolist() == want and store.entries().shape[0] == 9
+    assert np.array_equal(store.table()["ip"][out], many)

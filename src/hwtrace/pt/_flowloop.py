@@ -53,6 +53,7 @@ from .blocks import (
     _FULL_OFF,
     OFF_ROW_STEP,
     OFF_VAL_STEP,
+    S_ENT,
     S_ID,
     S_KEYS,
     S_LAST_OFF,
@@ -71,6 +72,7 @@ from .blocks import (
     store_restore,
     store_rows,
     store_save,
+    store_sequence,
 )
 from .codetable import (
     C_INDEX,
@@ -2782,8 +2784,10 @@ LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 # what it does to the return stack and where it ends.  Its key is the run
 # and the bits (XK_TIP for a TIP).  The fast loop records stretches as it
 # walks them and, on meeting a key again, replays the stretch: the block
-# store receives the runs' keys (kept with the stretch: the cache holds one
-# store's keys) in one copy, the counters their sums.  A stretch ends once
+# store receives one key naming the runs' keys (kept in the store as a
+# sequence, and with the stretch: the cache holds one store's keys; the
+# keys themselves when the store has no room for another sequence), the
+# counters their sums.  A stretch ends once
 # its bits are consumed, or at a return to a call made before it (it pops
 # the return stack: where it goes is the stack's, XS_POP), and is dropped
 # at anything else that stops the walk, so a replay does exactly what the
@@ -2800,6 +2804,8 @@ X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
 # the instruction count and the no-trace count start again.)
 (XE_KEY, XE_GEN, XE_START, XE_SHAPE, XE_COUNT, XE_END_BLK, XE_END_IP, XE_PSTART,
  XE_CB_NINSN, XE_CB_ISID, XE_CB_IP, XE_CB_RUN) = range(12)  # fmt: skip
+# XE_START: where the stretch's keys start in the pool, and above bit 32
+# the block store's key for the sequence they are there (plus one; 0: none).
 # XE_SHAPE packs the stretch's small numbers: its rows (m), the row of its
 # first consumed bit (j1) and of the TIP it goes on to (j2), the bits it
 # consumes, the deepest and the final number of its calls not returned
@@ -2851,10 +2857,12 @@ def _x_keys(x_key, start, s_keys, row0, m):
 
 @aot.njit(cache=True, _nrt=False)
 def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
-           cb_ninsn, cb_isid, cb_ip, cb_run, pstart, npush, dmax, j2, pops):  # fmt: skip
-    """Keep a recorded stretch (its runs and pushes are in the pools)."""
+           cb_ninsn, cb_isid, cb_ip, cb_run, pstart, npush, dmax, j2, pops, seq):  # fmt: skip
+    """Keep a recorded stretch (its runs and pushes are in the pools; its
+    rows' keys also as the block store's sequence ``seq``, -1: none)."""
     e = x_tab[slot]
-    e[XE_KEY], e[XE_GEN], e[XE_START], e[XE_PSTART] = key, gen, start, pstart
+    e[XE_KEY], e[XE_GEN], e[XE_PSTART] = key, gen, pstart
+    e[XE_START] = np.int64(start) | ((np.int64(seq) + 1) << 32)
     e[XE_SHAPE] = (
         (np.int64(m) << XS_M) | (np.int64(j1) << XS_J1) | (np.int64(j2) << XS_J2)
         | (np.int64(cons) << XS_CONS) | (np.int64(dmax) << XS_DMAX)
@@ -2903,8 +2911,8 @@ def _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, 
 # The chain's state (ds[16], ds[17]), passed in and out of _replay_chain.
 (XV_BLK, XV_POS, XV_EVT, XV_SIZE, XV_EV_HAS, XV_HAS_TSC, XV_RS_TOP, XV_RS_N, XV_ROWS,
  XV_NBLOCKS, XV_NINSN, XV_HITS, XV_LAST, XV_S_ROWS, XV_S_OFF, XV_S_T, XV_S_LAST_OFF,
- XV_S_STARTED, XV_S_OFF_AT, XV_WALKED, XV_RET_RUN) = range(21)  # fmt: skip
-NXV = 21
+ XV_S_STARTED, XV_S_OFF_AT, XV_WALKED, XV_RET_RUN, XV_S_ENT) = range(22)  # fmt: skip
+NXV = 22
 XU_IP, XU_BITS, XU_TIP, XU_EV_TSC, XU_LAST_IP, XU_CUR_TSC, XU_S_LAST_T, XU_RET_IP = range(8)
 NXU = 8
 # Why _replay_chain stopped: at something the fast loop walks (a stretch
@@ -2920,7 +2928,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     The fast loop's state comes in and goes out in ``V``/``U``; the loop is
     apart from _fast so that its few live values stay in registers.  A
     replay does what walking the stretch did: the block store receives its
-    rows' keys in one copy (``direct``; else they are only counted), the
+    sequence's key or its rows' keys (``direct``; else they are only
+    counted), the
     offset and time points put_row would have stored, the return stack its
     pushes; the counters their sums."""
     kind, a, b = pk[0], pk[1], pk[2]
@@ -2936,6 +2945,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
     s_rows, s_off, s_t = V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T]
     s_last_off, s_started, s_off_at = V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT]
+    s_ent = V[XV_S_ENT]
     ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
     last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
     rows = nblocks = ninsn = hits = walked = np.int64(0)
@@ -2962,19 +2972,20 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
                 new_o = o != s_last_off
                 if (
-                    s_rows >= key_cap
+                    s_ent >= key_cap
                     or s_off >= off_cap
                     or s_t >= t_cap
                     or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
                                    or abs(o - s_last_off) > OFF_VAL_STEP))
                 ):  # fmt: skip
                     break
-                s_keys[np.uint64(s_rows)] = key
+                s_keys[np.uint64(s_ent)] = key
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
                     s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
                     s_off_at, s_t, s_last_t,
                 )  # fmt: skip
                 s_rows += 1
+                s_ent += 1
             hits += 1
             walked += 1
             nblocks += 1
@@ -3027,7 +3038,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 at2 = s_rows if new_o else s_off_at
                 if (
                     not s_started
-                    or s_rows + m > key_cap
+                    or s_ent + m > key_cap
                     or s_off + 2 > off_cap
                     or s_t + 2 > t_cap
                     or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
@@ -3035,12 +3046,19 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     or (merged and (s_rows + j2 - at2 > OFF_ROW_STEP or abs(o2 - o) > OFF_VAL_STEP))
                 ):  # fmt: skip
                     break
+                # The rows' keys: their sequence's key, or each row's.
                 # (Unsigned indices: numba checks a signed one for a negative
                 # value.)
-                st = np.uint64(e[XE_START])
-                at = np.uint64(s_rows)
-                for j in range(m):
-                    s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+                start = e[XE_START]
+                at = np.uint64(s_ent)
+                if start >> 32:
+                    s_keys[at] = (start >> 32) - 1
+                    s_ent += 1
+                else:
+                    st = np.uint64(start)
+                    for j in range(m):
+                        s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
+                    s_ent += m
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
                     s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
                     s_off_at, s_t, s_last_t,
@@ -3126,6 +3144,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     V[XV_WALKED], V[XV_RET_RUN], U[XU_RET_IP] = walked, ret_run, ret_ip
     V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T] = s_rows, s_off, s_t
     V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = s_last_off, s_started, s_off_at
+    V[XV_S_ENT] = s_ent
     U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC] = ip, bits, tip, ev_tsc
     U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T] = last_ip, cur_tsc, s_last_t
     return code
@@ -3171,7 +3190,8 @@ def _fast(ds, pk, cf, ct, out):
     s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
     s_started = s_state[S_STARTED]
     s_off_at = s_state[S_OFF_AT]
-    key_limit = store_key_limit(s_keys, s_tab, s_cols)
+    s_ent = s_state[S_ENT]
+    key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_owner = s_state[S_ID] if live else (-2 if count_only else -3)
     if counts[C_X_OWNER] != x_owner:
@@ -3264,6 +3284,7 @@ def _fast(ds, pk, cf, ct, out):
                 V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = (
                     s_last_off, s_started, s_off_at
                 )  # fmt: skip
+                V[XV_S_ENT] = s_ent
                 U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC] = ip, bits, tip, ev_tsc
                 U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T] = last_ip, cur_tsc, s_last_t
                 code = _replay_chain(
@@ -3277,6 +3298,7 @@ def _fast(ds, pk, cf, ct, out):
                     s_last_off, s_started, s_off_at = (
                         V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT]
                     )  # fmt: skip
+                    s_ent = V[XV_S_ENT]
                     ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
                     last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
                     x_rows += V[XV_ROWS]
@@ -3316,7 +3338,7 @@ def _fast(ds, pk, cf, ct, out):
             rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = 0
             rec_depth = rec_dmax = 0
             rec_pop = False
-            rec_row0 = s_rows
+            rec_row0 = s_ent
         chained = False
         # The run's exit must be takeable before it is emitted, so a stop
         # leaves the state at the run's start.
@@ -3351,7 +3373,7 @@ def _fast(ds, pk, cf, ct, out):
             if key >= 0:
                 full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
                     s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
-                    s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state,
+                    s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state, s_ent,
                 )  # fmt: skip
             if full and full != _FULL_OFF:
                 # The store is full: Python makes room (a stream passes its
@@ -3365,6 +3387,7 @@ def _fast(ds, pk, cf, ct, out):
                 direct = False  # rows wait in the output, Python grows the store
             else:
                 s_started = 1
+                s_ent += 1
                 nvirt += 1
                 stored = True
         if not stored:
@@ -3462,12 +3485,16 @@ def _fast(ds, pk, cf, ct, out):
             if rec_then_tip and rec_cons == rec_nb and not rec_pop:
                 rec_j2 = rec_m  # on to the TIP
             elif rec_pop or rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
+                seq = np.int64(-1)
                 if direct:
                     _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
+                    seq = store_sequence(s_cols, s_state, x_key, rec_start, rec_m, s_nkeys)
+                    if seq >= 0:
+                        key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
                 _x_put(
                     x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
                     rec_cons if rec_pop else rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_ninsn,
-                    cb_isid, cb_ip, cb_run, rec_pstart, rec_depth, rec_dmax, rec_j2, rec_pop,
+                    cb_isid, cb_ip, cb_run, rec_pstart, rec_depth, rec_dmax, rec_j2, rec_pop, seq,
                 )  # fmt: skip
                 rec = False
         if evt == EV_TNT and size > 0:
@@ -3518,6 +3545,7 @@ def _fast(ds, pk, cf, ct, out):
         s_state[S_LAST_OFF], s_state[S_LAST_TIME] = s_last_off, np.int64(s_last_t)
         s_state[S_STARTED] = s_started
         s_state[S_OFF_AT] = s_off_at
+        s_state[S_ENT] = s_ent
     if why == FR_FETCH:
         return why
     # The current event, as the step functions expect it.

@@ -8,9 +8,12 @@ offset, time: 30 bytes each) are kept as a key into a table of distinct
 there are fewer than 65,535 of them, then 4) plus the rows at which the
 trace offset and the time change (the offset changes about once per five
 blocks, at each TNT or TIP packet: 3 bytes each, the rows since the last
-change and the offset's step; the time at timing packets).  Memory a
-process has never touched costs far more to fill than to read, so this is
-what makes keeping a decoding's results about as cheap as counting them.
+change and the offset's step; the time at timing packets).  A stretch of
+blocks the decoder replays (see hwtrace.pt._flowloop) is kept once, as a
+*sequence*, and each replay stores one key naming it: on a plain trace a
+key stands for three to four blocks.  Memory a process has never touched
+costs far more to fill than to read, so this is what makes keeping a
+decoding's results about as cheap as counting them.
 
 :class:`BlockStore` collects decoder batches; :meth:`BlockStore.columns`
 gives the dense columns back on demand; :func:`merge_stores` joins the
@@ -32,15 +35,30 @@ _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 
 # Store state (int64 words): rows, distinct blocks, offset and time change
 # points held, the last offset and time, whether a row was stored; the
-# store's number, and whether the decoder may store rows itself (S_LIVE: a
-# uint16 key column); the row of the last offset change and the first
-# offset (the offset points are steps from it); a copy of the row counters
-# taken at the decoder's step start (S_SAVED..., see store_save).
+# entries of the key column, the sequences and the keys they hold (see
+# below); the store's number, and whether the decoder may store rows itself
+# (S_LIVE: a uint16 key column); the row of the last offset change and the
+# first offset (the offset points are steps from it); a copy of the row
+# counters taken at the decoder's step start (S_SAVED..., see store_save).
 S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
+S_ENT, S_NSEQ, S_SEQ_POOL = 7, 8, 9
 S_ID, S_LIVE, S_OFF_AT, S_OFF_BASE = 13, 14, 15, 16
-_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT)
-S_SAVED = 17  # 17..23: the slots of _SAVED_SLOTS as they were
-_NS = 24
+_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT, S_ENT)
+S_SAVED = 17  # 17..24: the slots of _SAVED_SLOTS as they were
+_NS = 25
+# Sequences.  The decoder replays the same stretches of blocks millions of
+# times (see hwtrace.pt._flowloop); such a stretch's keys are kept once, as
+# a *sequence*, and each replay stores one entry naming it in the key
+# column instead of a key per row: in a uint16 column the keys from
+# 0xFFFE down (key 0xFFFE - i is sequence i), the blocks' from 0 up.  So
+# the key column holds entries, S_ENT of them, standing for S_ROWS rows;
+# the offset and time points count rows.  Sequences stay when the rows go
+# (clear), as the distinct blocks do; a store whose key column widens to
+# uint32 has them expanded.
+SEQ_TOP = 0xFFFE
+SEQ_MAX = 1 << 14  # sequences a store holds
+SEQ_POOL = 1 << 18  # keys they hold in all
+SEQ_MIN_ROWS = 2  # a stretch of one row is stored as its key
 # An offset point's steps: rows (uint8) and bytes (int16); a larger step
 # takes several points (see _far_offset_point).  Between two TNT or TIP
 # packets a decoder passes a few rows and a few bytes (at most 12 rows and
@@ -123,15 +141,16 @@ def _far_offset_point(off_row, off_val, n_off, dr, dv):
 
 @aot.njit(cache=True, inline="always", _nrt=False)
 def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t, last_off, last_t,
-            started, off_at, state):  # fmt: skip
+            started, off_at, state, n_ent):  # fmt: skip
     """Store a row of block ``key`` decoded at trace offset ``o`` and time
     ``t``, given the store's counters (``off_at``: the row of the last
-    offset change); returns ``(why, n_rows, n_off, n_t, last_off, last_t,
-    off_at)`` after it: ``why`` 0 when stored, else which array is full
+    offset change; ``n_ent``: the key column's entries); returns ``(why,
+    n_rows, n_off, n_t, last_off, last_t, off_at)`` after it (one entry
+    more when stored): ``why`` 0 when stored, else which array is full
     (nothing stored)."""
     new_o = not started or o != last_off
     new_t = not started or t != last_t
-    if n_rows >= keys.shape[0]:
+    if n_ent >= keys.shape[0]:
         return _FULL_ROWS, n_rows, n_off, n_t, last_off, last_t, off_at
     if new_t and n_t >= t_row.shape[0]:
         return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t, off_at
@@ -154,7 +173,7 @@ def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t,
             n_off = far
         last_off = o
         off_at = n_rows
-    keys[n_rows] = key
+    keys[n_ent] = key
     if new_t:
         t_row[n_t] = n_rows
         t_val[n_t] = t
@@ -175,7 +194,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
     off_at = state[S_OFF_AT]
-    key_limit = store_key_limit(keys, tab, cols)
+    n_ent = state[S_ENT]
+    key_limit = store_key_limit(keys, tab, cols, state)
     i = start
     why = 0
     while i < end:
@@ -190,13 +210,15 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
                 run_key[r] = key
         why, n_rows, n_off, n_t, last_off, last_t, off_at = put_row(
             keys, off_row, off_val, t_row, t_val, key, offset[i], time[i], n_rows, n_off, n_t,
-            last_off, last_t, started, off_at, state,
+            last_off, last_t, started, off_at, state, n_ent,
         )  # fmt: skip
         if why:
             break
         started = 1
+        n_ent += 1
         i += 1
     state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME] = n_rows, n_keys, n_off, n_t
+    state[S_ENT] = n_ent
     state[S_LAST_OFF], state[S_LAST_TIME], state[S_STARTED] = last_off, np.int64(last_t), started
     state[S_OFF_AT] = off_at
     return i, why
@@ -209,9 +231,69 @@ def keys_limit(keys):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def store_key_limit(keys, tab, cols):
-    """How many distinct blocks the store can hold before it must grow."""
-    return min(cols[0].shape[0], tab[0].shape[0] >> 1, keys_limit(keys))
+def store_key_limit(keys, tab, cols, state):
+    """How many distinct blocks the store can hold before it must grow
+    (the keys of its sequences taken)."""
+    return min(cols[0].shape[0], tab[0].shape[0] >> 1, keys_limit(keys) - state[S_NSEQ])
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def store_sequence(cols, state, src, start, m, n_keys):
+    """Keep ``src[start:start + m]`` (a replayed stretch's keys) as a
+    sequence of the store; returns its key, -1 when there is no room (in
+    the sequences, or in the uint16 key space beside the ``n_keys``
+    distinct blocks)."""
+    seq_start, seq_len, seq_keys = cols[8], cols[9], cols[10]
+    i, at = state[S_NSEQ], state[S_SEQ_POOL]
+    if (
+        m < SEQ_MIN_ROWS
+        or i >= seq_start.shape[0]
+        or at + m > seq_keys.shape[0]
+        or n_keys + i + 1 >= _U2_LIMIT
+    ):
+        return np.int64(-1)
+    for j in range(m):
+        seq_keys[np.uint64(at + j)] = src[np.uint64(start + j)]
+    seq_start[i] = at
+    seq_len[i] = m
+    state[S_NSEQ] = i + 1
+    state[S_SEQ_POOL] = at + m
+    return np.int64(SEQ_TOP - i)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def expand_entries(entries, floor, seq_start, seq_len, seq_keys, out):
+    """The key of every row from a key column's ``entries`` (keys from
+    ``floor`` up name sequences, see SEQ_TOP) into ``out``."""
+    r = 0
+    for i in range(entries.shape[0]):
+        k = np.int64(entries[i])
+        if k >= floor:
+            q = SEQ_TOP - k
+            at = seq_start[q]
+            for j in range(seq_len[q]):
+                out[r] = seq_keys[at + j]
+                r += 1
+        else:
+            out[r] = k
+            r += 1
+    return r
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def entries_ninsn(entries, floor, seq_start, seq_len, seq_keys, k_ninsn):
+    """The instructions of the rows a key column's entries stand for."""
+    total = np.uint64(0)
+    for i in range(entries.shape[0]):
+        k = np.int64(entries[i])
+        if k >= floor:
+            q = SEQ_TOP - k
+            at = seq_start[q]
+            for j in range(seq_len[q]):
+                total += np.uint64(k_ninsn[seq_keys[at + j]])
+        else:
+            total += np.uint64(k_ninsn[k])
+    return total
 
 
 # -- the decoder storing rows itself ------------------------------------------
@@ -256,14 +338,14 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
     returns whether it did."""
     keys, tab, cols, state = st
     if (
-        state[S_ROWS] + n > keys.shape[0]
+        state[S_ENT] + n > keys.shape[0]
         or state[S_OFF] + n > cols[4].shape[0]
         or state[S_TIME] + n > cols[6].shape[0]
-        or state[S_KEYS] + n > store_key_limit(keys, tab, cols)
+        or state[S_KEYS] + n > store_key_limit(keys, tab, cols, state)
     ):
         return False
     before = (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
-              state[S_STARTED], state[S_OFF_AT])  # fmt: skip
+              state[S_STARTED], state[S_OFF_AT], state[S_ENT])  # fmt: skip
     _, why = _compact(
         ip, ninsn, mode, offset, time, run, r_key, 0, n, image, keys, tab, cols, state
     )
@@ -271,7 +353,7 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
         # Offset steps too large for one point took the room the check
         # counted on: none of the rows is stored, Python appends them all.
         (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
-         state[S_STARTED], state[S_OFF_AT]) = before  # fmt: skip
+         state[S_STARTED], state[S_OFF_AT], state[S_ENT]) = before  # fmt: skip
         return False
     return True
 
@@ -332,7 +414,8 @@ def dummy_store() -> tuple:
     if _DUMMY is None:
         cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
                 np.zeros(1, np.uint16), np.zeros(1, np.uint8), np.zeros(1, np.int16),
-                np.zeros(1, np.int64), np.zeros(1, np.uint64))  # fmt: skip
+                np.zeros(1, np.int64), np.zeros(1, np.uint64), np.zeros(0, np.int64),
+                np.zeros(0, np.int64), np.zeros(0, np.uint16))  # fmt: skip
         tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
         state = np.zeros(_NS, np.int64)
         state[S_ID] = -2
@@ -361,9 +444,14 @@ class BlockStore:
         self.off_val = np.empty(changes, np.int16)
         self.time_row = np.empty(changes, np.int64)
         self.time_val = np.empty(changes, np.uint64)
+        self.seq_start = np.empty(SEQ_MAX, np.int64)
+        self.seq_len = np.empty(SEQ_MAX, np.int64)
+        self.seq_keys = np.empty(SEQ_POOL, np.uint16)
         self.state = np.zeros(_NS, np.int64)
         self.state[S_ID] = next(_store_ids)
         self._kernel_store: tuple | None = None
+        self._expanded: tuple | None = None  # ((entries, rows, clears), the key column)
+        self._clears = 0
         self._by_runs: dict[int, list] = {}
         self._no_runs = np.zeros(0, np.int32)
 
@@ -378,11 +466,13 @@ class BlockStore:
             self.state[S_LIVE] = 1
             self._kernel_store = (
                 self.keys, (self.h_ip, self.h_meta, self.h_id),
-                (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row,
-                 self.off_val, self.time_row, self.time_val),
-                self.state,
+                self._cols(), self.state,
             )  # fmt: skip
         return self._kernel_store
+
+    def _cols(self) -> tuple:
+        return (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row, self.off_val,
+                self.time_row, self.time_val, self.seq_start, self.seq_len, self.seq_keys)  # fmt: skip
 
     def _new_table(self, capacity: int) -> None:
         self._kernel_store = None
@@ -426,10 +516,7 @@ class BlockStore:
         while True:
             start, why = _compact(
                 ip, ninsn, mode, offset, time, run, run_key, start, ip.shape[0], image, self.keys,
-                (self.h_ip, self.h_meta, self.h_id),
-                (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row,
-                 self.off_val, self.time_row, self.time_val),
-                self.state,
+                (self.h_ip, self.h_meta, self.h_id), self._cols(), self.state,
             )  # fmt: skip
             if why == 0:
                 return
@@ -453,12 +540,16 @@ class BlockStore:
         self._kernel_store = None
         s = self.state
         if why == _FULL_ROWS:
-            self.keys = _grown(self.keys, int(s[S_ROWS]), 2 * self.keys.shape[0])
+            self.keys = _grown(self.keys, int(s[S_ENT]), 2 * self.keys.shape[0])
         elif why == _FULL_KEYS:
-            if self.keys.dtype == np.uint16 and s[S_KEYS] >= _U2_LIMIT:
-                wide = np.empty(self.keys.shape[0], np.uint32)
-                wide[: s[S_ROWS]] = self.keys[: s[S_ROWS]]
+            if self.keys.dtype == np.uint16 and s[S_KEYS] >= _U2_LIMIT - s[S_NSEQ]:
+                # The blocks need the sequences' keys: a key a row.
+                rows = len(self)
+                wide = np.empty(max(self.keys.shape[0], rows), np.uint32)
+                wide[:rows] = self.key_column()
                 self.keys = wide
+                s[S_ENT] = rows
+                s[S_NSEQ] = s[S_SEQ_POOL] = 0
             if s[S_KEYS] >= self.k_ip.shape[0] or 2 * s[S_KEYS] >= self.h_ip.shape[0]:
                 self._new_table(2 * self.k_ip.shape[0])
         elif why == _FULL_OFF:
@@ -481,8 +572,7 @@ class BlockStore:
         start, end = 0, ip.shape[0]
         while start < end:
             start = _row_keys(ip, ninsn, mode, image, start, end, out, self.keys,
-                              (self.h_ip, self.h_meta, self.h_id),
-                              (self.k_ip, self.k_ninsn, self.k_mode, self.k_image), self.state)  # fmt: skip
+                              (self.h_ip, self.h_meta, self.h_id), self._cols(), self.state)  # fmt: skip
             if start < end:
                 self._grow(_FULL_KEYS)
 
@@ -507,6 +597,8 @@ class BlockStore:
         cached keys stay good); the arrays that filled up grow, since the
         decoder cannot grow them."""
         s = self.state
+        self._clears += 1
+        self._expanded = None
         if int(s[S_OFF]) == self.off_row.shape[0] and s[S_OFF] < 2 * self.keys.shape[0]:
             self._grow(_FULL_OFF)
         if int(s[S_TIME]) == self.time_row.shape[0] and s[S_TIME] < self.keys.shape[0]:
@@ -522,14 +614,15 @@ class BlockStore:
         stops when the store is full, for Python to make room, and then
         stores into it again)."""
         s = self.state
-        while s[S_ROWS] + rows > self.keys.shape[0]:
+        while s[S_ENT] + rows > self.keys.shape[0]:
             self._grow(_FULL_ROWS)
         while s[S_OFF] + rows > self.off_row.shape[0]:
             self._grow(_FULL_OFF)
         while s[S_TIME] + rows > self.time_row.shape[0]:
             self._grow(_FULL_TIME)
         wide = self.keys.dtype != np.uint16
-        limit = min(self.k_ip.shape[0], self.h_ip.shape[0] >> 1, 0x7FFFFFFF if wide else _U2_LIMIT)
+        limit = min(self.k_ip.shape[0], self.h_ip.shape[0] >> 1,
+                    0x7FFFFFFF if wide else _U2_LIMIT - int(s[S_NSEQ]))  # fmt: skip
         if s[S_KEYS] + rows > limit:
             self._grow(_FULL_KEYS)
 
@@ -553,8 +646,32 @@ class BlockStore:
         return int(self.state[S_KEYS])
 
     def key_column(self) -> np.ndarray:
-        """Each row's block, an index into :meth:`table`."""
-        return self.keys[: len(self)]
+        """Each row's block, an index into :meth:`table` (made from the
+        entries when sequences stand for rows)."""
+        entries = self.entries()
+        if entries.shape[0] == len(self):
+            return entries
+        memo = (entries.shape[0], len(self), self._clears)
+        if self._expanded is None or self._expanded[0] != memo:
+            out = np.empty(len(self), self.keys.dtype)
+            expand_entries(entries, *self.sequences(), out)
+            self._expanded = (memo, out)
+        return self._expanded[1]
+
+    def entries(self) -> np.ndarray:
+        """The key column as stored: a block's key, or a sequence's (from
+        :meth:`sequences`' floor up) standing for several rows."""
+        return self.keys[: int(self.state[S_ENT])]
+
+    def sequences(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """The sequences: the lowest key naming one, and each one's start
+        and length in the pool of keys, and the pool."""
+        n, pool = int(self.state[S_NSEQ]), int(self.state[S_SEQ_POOL])
+        return SEQ_TOP + 1 - n, self.seq_start[:n], self.seq_len[:n], self.seq_keys[:pool]
+
+    def n_insn(self) -> int:
+        """The instructions of the rows held."""
+        return int(entries_ninsn(self.entries(), *self.sequences(), self.k_ninsn))
 
     def table(self) -> dict[str, np.ndarray]:
         """The distinct blocks: ``ip``, ``ninsn``, ``mode``, ``image``."""
@@ -584,7 +701,7 @@ def _row_keys(ip, ninsn, mode, image, start, end, out, keys, tab, cols, state):
     BlockStore.row_keys); returns the row it stopped at, before ``end``
     when the table is full."""
     n_keys = state[S_KEYS]
-    key_limit = store_key_limit(keys, tab, cols)
+    key_limit = store_key_limit(keys, tab, cols, state)
     one = image.shape[0] == 1
     i = start
     while i < end:
@@ -692,17 +809,20 @@ class CompactBlocks:
                 for t in tables
             ]
         )
+        self._keys: np.ndarray | None = None
+        self._store: BlockStore | None = None
         if len(stores) == 1:
-            self.keys = stores[0].key_column()
+            # Rows stay entries and sequences until a column is asked for.
+            self._store = stores[0]
             uniq_index = np.arange(ip.shape[0])
         else:
-            uniq_index, self.keys = _joined_keys(stores, ip, meta)
+            uniq_index, self._keys = _joined_keys(stores, ip, meta)
         self.ip = ip[uniq_index]
         m = meta[uniq_index]
         self.ninsn = (m & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         self.mode = ((m >> np.uint64(32)) & np.uint64(0xFF)).astype(np.uint8)
         self.image = (m >> np.uint64(40)).astype(np.uint16)
-        self.n = int(self.keys.shape[0])
+        self.n = sum(len(s) for s in stores)
         rows_t, vals_t, base = [], [], 0
         # The offsets stay as the stores keep them (steps: 3 bytes a point
         # where absolute ones take 16) until a column is asked for.
@@ -723,16 +843,28 @@ class CompactBlocks:
         return (_joined([r for r, _ in parts], np.int64), _joined([v for _, v in parts], np.int64))
 
     @property
+    def keys(self) -> np.ndarray:
+        """Each row's key into the distinct blocks."""
+        if self._keys is None:
+            self._keys = self._store.key_column()
+        return self._keys
+
+    @property
     def nbytes(self) -> int:
         steps = sum(r.nbytes + v.nbytes for r, v, _, _ in self._offset_steps)
-        return steps + sum(
+        if self._keys is not None:
+            keys = self._keys.nbytes
+        else:
+            keys = self._store.entries().nbytes + sum(a.nbytes for a in self._store.sequences()[1:])
+        return steps + keys + sum(
             a.nbytes
-            for a in (self.keys, self.ip, self.ninsn, self.mode, self.image, self.time_rows,
-                      self.time_values)
+            for a in (self.ip, self.ninsn, self.mode, self.image, self.time_rows, self.time_values)
         )  # fmt: skip
 
     def n_insn(self) -> int:
-        counts = np.bincount(self.keys, minlength=self.ip.shape[0])
+        if self._keys is None:
+            return self._store.n_insn()
+        counts = np.bincount(self._keys, minlength=self.ip.shape[0])
         return int(np.dot(counts.astype(np.uint64), self.ninsn.astype(np.uint64)))
 
     def column(self, name: str) -> np.ndarray:
