@@ -707,9 +707,16 @@ class CompiledLoop:
             self._dispatcher = self._make_dispatcher(wrapper=False)
         return self._dispatcher
 
+    @property
+    def inlined_natively(self) -> bool:
+        """Whether the library inlines this loop where other loops call it
+        (``njit(..., native_inline=True)``)."""
+        return bool(self.options.get("native_inline"))
+
     def _make_dispatcher(self, *, wrapper: bool):
         _numba_ready()
         options = dict(self.options)
+        options.pop("native_inline", None)
         cache = options.pop("cache", False)
         local_types = options.pop("locals", {})
         options["nopython"] = True
@@ -1039,7 +1046,7 @@ def build(
     irs = []
     skipped: list[str] = []
     for name, loop in sorted(_registry.items()):
-        if loop.py_func.__module__ not in modules:
+        if loop.py_func.__module__ not in modules or not _is_entry(loop):
             continue
         disp = loop.dispatcher
         sigs = list(dict.fromkeys(list(disp.signatures) + _cached_signatures(disp)))
@@ -1167,10 +1174,32 @@ def _outside(mod) -> set[str]:
     }
 
 
+def _is_entry(loop: CompiledLoop) -> bool:
+    """Whether the library exports ``loop`` for Python to call: every loop
+    but those its module leaves out by naming the loops Python calls in
+    ``AOT_ENTRIES``.  The others are built only into their callers,
+    internal: there a call passes only the words of its arguments the
+    callee reads (a loop taking the flow decoder's state as tuples of
+    arrays gets ~450 words a call otherwise)."""
+    named = getattr(sys.modules.get(loop.__module__), "AOT_ENTRIES", None)
+    return named is None or loop.__name__ in named
+
+
+def _native_inline_prefixes() -> tuple[str, ...]:
+    """The symbol prefixes of the loops the library inlines into their
+    callers (numba's mangling: each name part after its length)."""
+    out = []
+    for loop in _registry.values():
+        if loop.inlined_natively:
+            parts = [*loop.__module__.split("."), *loop.__qualname__.split(".")]
+            out.append("_ZN" + "".join(f"{len(p)}{p}" for p in parts) + "B")
+    return tuple(out)
+
+
 def _linked(bitcodes: list[bytes], entries: set[str], ll):
     """One module of the modules in ``bitcodes``, with the stubs of
-    :data:`_TRAP_STUBS` it declares, all but ``entries`` internal and dead
-    code removed."""
+    :data:`_TRAP_STUBS` it declares, all but ``entries`` internal, the
+    loops marked ``native_inline`` inlined and dead code removed."""
     linked = ll.parse_bitcode(bitcodes[0])
     for code in bitcodes[1:]:
         linked.link_in(ll.parse_bitcode(code))
@@ -1183,8 +1212,49 @@ def _linked(bitcodes: list[bytes], entries: set[str], ll):
         stub = ll.parse_assembly(stubs + "declare void @llvm.trap()\n")
         stub.triple, stub.data_layout = linked.triple, linked.data_layout
         linked.link_in(stub)
-    _internalize(linked, entries, ll)
-    return linked
+    return _internalize(linked, entries, ll)
+
+
+# A definition's line in LLVM's text: its head, name and attribute group.
+_DEFINE = r"^(define internal [^\n]*?@(\S+?)\(.*\)[^\n{]*?)( #\d+)? \{$"
+
+
+def _inline_marked(mod, ll):
+    """``mod`` with the internal functions of :func:`_native_inline_prefixes`
+    inlined where they are called.  A step function of the flow decoder
+    takes the decoder's state as several hundred words, which a call
+    copies; calling one from another is most of the cost of an event."""
+    prefixes = _native_inline_prefixes()
+    if not prefixes or not any(
+        f.name.startswith(prefixes) and not f.is_declaration for f in mod.functions
+    ):
+        return mod
+
+    import re
+
+    def mark(m: re.Match) -> str:
+        if not m.group(2).strip('"').startswith(prefixes):
+            return m.group(0)
+        return f"{m.group(1)} alwaysinline{m.group(3) or ''} {{"
+
+    marked = ll.parse_assembly(re.sub(_DEFINE, mark, str(mod), flags=re.M))
+    marked.triple, marked.data_layout = mod.triple, mod.data_layout
+    tm = _target_machine(ll)
+    pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=0))
+    mpm = ll.create_new_module_pass_manager()
+    mpm.add_always_inliner_pass()
+    mpm.add_global_dead_code_eliminate_pass()
+    mpm.run(marked, pb)
+    # (the inlined code is simplified where it landed)
+    fpb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=2))
+    fpm = ll.create_new_function_pass_manager()
+    fpm.add_sroa_pass()
+    fpm.add_instruction_combine_pass()
+    fpm.add_simplify_cfg_pass()
+    for f in marked.functions:
+        if not f.is_declaration:
+            fpm.run(f, fpb)
+    return marked
 
 
 def _self_contained(specs: list[dict], irs: list[bytes], skipped: list[str], ll):
@@ -1274,7 +1344,7 @@ def _emit_main(bitcode: str, obj: str) -> None:
     Path(obj).write_bytes(_target_machine(ll).emit_object(module))
 
 
-def _internalize(mod, keep: set[str], ll) -> None:
+def _internalize(mod, keep: set[str], ll):
     for f in mod.functions:
         if f.is_declaration:
             continue
@@ -1282,6 +1352,7 @@ def _internalize(mod, keep: set[str], ll) -> None:
     for g in mod.global_variables:
         if not g.is_declaration:
             g.linkage = "internal"
+    mod = _inline_marked(mod, ll)
     tm = _target_machine(ll)
     pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=0))
     mpm = ll.create_new_module_pass_manager()
@@ -1293,6 +1364,7 @@ def _internalize(mod, keep: set[str], ll) -> None:
     mpm.add_dead_arg_elimination_pass()
     mpm.add_strip_dead_prototype_pass()
     mpm.run(mod, pb)
+    return mod
 
 
 def _target_machine(ll):

@@ -201,6 +201,10 @@ from .flowrows import (  # the output format, shared with its readers
 )
 from .kinds import Kind
 
+# The loop Python calls; the others are built into it, internal (see
+# hwtrace.aot: a call between them passes only what the callee reads).
+AOT_ENTRIES = ("run",)
+
 # ---------------------------------------------------------------------------
 # Constants, named after the Python reference's.  Plain ints, not the IntEnum
 # members the other loops use: with members (passed on as arguments, they
@@ -1521,7 +1525,7 @@ def ev_start(ds, pk, cf):
 # Saving and restoring state (step rollback, look-ahead probes).
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def save_state(ds, slot):
     SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
     sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
@@ -1541,7 +1545,7 @@ def save_state(ds, slot):
         sRSR[slot, j] = RSR[j]
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def restore_state(ds, slot):
     SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
     sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
@@ -2031,14 +2035,29 @@ def _clear_postponed(SI):
     SI[BS_BOUND] = 0
 
 
-@aot.njit(cache=True, _nrt=False)
+# The step functions call one another with the decoder's state as tuples
+# of arrays, several hundred words a call to copy: the checks that mostly
+# find nothing to do are inlined where they are called (``inline``), the
+# work stays out of line; the steps an event takes (next_event, _trailing,
+# _proceed, _proceed_event) are inlined by the native library
+# (``native_inline``, see hwtrace.aot).
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _proceed_postponed(ds, pk, cf, ct):
-    SI, SU = ds[0], ds[1]
+    SI = ds[0]
     if not SI[BS_PROC]:
         return 0
     if not SI[BS_ENABLED]:
         _clear_postponed(SI)
         return 0
+    return _proceed_postponed_insn(ds, pk, cf, ct)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _proceed_postponed_insn(ds, pk, cf, ct):
+    """The postponed instruction, proceeded with (tracing enabled)."""
+    SI, SU = ds[0], ds[1]
     k = SI[BS_INSN]
     e, ip = _next_ip(ct, k)
     if e < 0:
@@ -2053,7 +2072,7 @@ def _proceed_postponed(ds, pk, cf, ct):
     return 0
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _finish(ds, pk, cf, ct):
     r = _proceed_postponed(ds, pk, cf, ct)
     if r < 0:
@@ -2061,7 +2080,7 @@ def _finish(ds, pk, cf, ct):
     return _status(ds[0], 0)
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _pending_after_postponed(ds, pk, cf, ct):
     r = _proceed_postponed(ds, pk, cf, ct)
     if r < 0:
@@ -2069,7 +2088,7 @@ def _pending_after_postponed(ds, pk, cf, ct):
     return _status(ds[0], ST_EVENT_PENDING)
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, native_inline=True, _nrt=False)
 def _proceed_event(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     errata = cf[0][CF_ERRATA]
@@ -2180,7 +2199,7 @@ def _bdm64(ds, ct, ev):
     return 1
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, native_inline=True, _nrt=False)
 def _trailing(ds, pk, cf, ct, has_block):
     """Events that bind to the current IP (after a block or an event)."""
     SI, SU, CUR = ds[0], ds[1], ds[2]
@@ -2340,7 +2359,7 @@ def _trailing(ds, pk, cf, ct, has_block):
         return _finish(ds, pk, cf, ct)
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, native_inline=True, _nrt=False)
 def _proceed(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     if SI[BS_STATUS] != 0:
@@ -2383,7 +2402,7 @@ def _row_walk(ds, pk, out, uncached):
     o_flags[row] = (o_flags[row] & ~np.uint8(O_UNCACHED)) | uncached
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, native_inline=True, _nrt=False)
 def next_event(ds, pk, cf, ct, ev_out):
     """The pending event, applied (BlockDecoder.next_event): status flags
     with a copy of the event in ``ev_out``, or -code."""
