@@ -2970,6 +2970,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     rows = nblocks = ninsn = hits = walked = np.int64(0)
     last = np.int64(-1)  # the entry replayed last (-1: a return walked, ret_run)
     ret_run, ret_ip = np.int64(-1), np.uint64(0)
+    # (The store holds as many rows as its key column has room for
+    # entries: a stream's batches stay as long, whatever replays stored.)
     key_cap, off_cap, t_cap = s_keys.shape[0], s_off_row.shape[0], s_t_row.shape[0]
     code = XC_WALK
     while True:
@@ -2991,7 +2993,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
                 new_o = o != s_last_off
                 if (
-                    s_ent >= key_cap
+                    s_rows >= key_cap
                     or s_off >= off_cap
                     or s_t >= t_cap
                     or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
@@ -3057,7 +3059,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 at2 = s_rows if new_o else s_off_at
                 if (
                     not s_started
-                    or s_ent + m > key_cap
+                    or s_rows + m > key_cap
                     or s_off + 2 > off_cap
                     or s_t + 2 > t_cap
                     or (new_o and (s_rows - s_off_at > OFF_ROW_STEP

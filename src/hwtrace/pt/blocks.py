@@ -150,7 +150,7 @@ def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t,
     (nothing stored)."""
     new_o = not started or o != last_off
     new_t = not started or t != last_t
-    if n_ent >= keys.shape[0]:
+    if n_rows >= keys.shape[0]:  # (rows: see BlockStore.make_room)
         return _FULL_ROWS, n_rows, n_off, n_t, last_off, last_t, off_at
     if new_t and n_t >= t_row.shape[0]:
         return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t, off_at
@@ -338,7 +338,7 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
     returns whether it did."""
     keys, tab, cols, state = st
     if (
-        state[S_ENT] + n > keys.shape[0]
+        state[S_ROWS] + n > keys.shape[0]
         or state[S_OFF] + n > cols[4].shape[0]
         or state[S_TIME] + n > cols[6].shape[0]
         or state[S_KEYS] + n > store_key_limit(keys, tab, cols, state)
@@ -451,6 +451,7 @@ class BlockStore:
         self.state[S_ID] = next(_store_ids)
         self._kernel_store: tuple | None = None
         self._expanded: tuple | None = None  # ((entries, rows, clears), the key column)
+        self._expand_buf: np.ndarray | None = None
         self._clears = 0
         self._by_runs: dict[int, list] = {}
         self._no_runs = np.zeros(0, np.int32)
@@ -614,7 +615,9 @@ class BlockStore:
         stops when the store is full, for Python to make room, and then
         stores into it again)."""
         s = self.state
-        while s[S_ENT] + rows > self.keys.shape[0]:
+        # (Rows, not the entries that hold them, fill the key column: a
+        # store sized to a batch holds a batch whatever replays stored.)
+        while s[S_ROWS] + rows > self.keys.shape[0]:
             self._grow(_FULL_ROWS)
         while s[S_OFF] + rows > self.off_row.shape[0]:
             self._grow(_FULL_OFF)
@@ -647,13 +650,19 @@ class BlockStore:
 
     def key_column(self) -> np.ndarray:
         """Each row's block, an index into :meth:`table` (made from the
-        entries when sequences stand for rows)."""
+        entries when sequences stand for rows, valid until the rows are
+        cleared)."""
         entries = self.entries()
         if entries.shape[0] == len(self):
             return entries
         memo = (entries.shape[0], len(self), self._clears)
         if self._expanded is None or self._expanded[0] != memo:
-            out = np.empty(len(self), self.keys.dtype)
+            # (Into one buffer, reused: a stream asks for each batch's.)
+            buf = self._expand_buf
+            if buf is None or buf.shape[0] < len(self) or buf.dtype != self.keys.dtype:
+                buf = self._expand_buf = np.empty(max(len(self), self.keys.shape[0]),
+                                                  self.keys.dtype)  # fmt: skip
+            out = buf[: len(self)]
             expand_entries(entries, *self.sequences(), out)
             self._expanded = (memo, out)
         return self._expanded[1]
