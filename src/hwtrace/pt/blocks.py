@@ -265,19 +265,27 @@ def store_sequence(cols, state, src, start, m, n_keys):
 def expand_entries(entries, floor, seq_start, seq_len, seq_keys, out):
     """The key of every row from a key column's ``entries`` (keys from
     ``floor`` up name sequences, see SEQ_TOP) into ``out``."""
-    r = 0
+    r = np.uint64(0)
+    n_out, n_pool = np.uint64(out.shape[0]), np.uint64(seq_keys.shape[0])
     for i in range(entries.shape[0]):
         k = np.int64(entries[i])
         if k >= floor:
             q = SEQ_TOP - k
-            at = seq_start[q]
-            for j in range(seq_len[q]):
-                out[r] = seq_keys[at + j]
-                r += 1
+            at = np.uint64(seq_start[q])
+            m = np.uint64(seq_len[q])
+            if m <= 8 and r + 8 <= n_out and at + 8 <= n_pool:
+                # Eight keys copied whatever the length (one vector; those
+                # past it are written over next): no loop to mispredict.
+                for j in range(8):
+                    out[r + np.uint64(j)] = seq_keys[at + np.uint64(j)]
+            else:
+                for j in range(m):
+                    out[r + np.uint64(j)] = seq_keys[at + np.uint64(j)]
+            r += m
         else:
             out[r] = k
-            r += 1
-    return r
+            r += np.uint64(1)
+    return np.int64(r)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
