@@ -14,6 +14,8 @@ from hwtrace.pt.blocks import (
     S_ENT,
     S_NSEQ,
     S_ROWS,
+    S_SEQ_GEN,
+    S_SEQ_POOL,
     SEQ_TOP,
     BlockStore,
     CompactBlocks,
@@ -178,3 +180,19 @@ def test_sequences_stand_for_rows():
     assert not store.live and state[S_NSEQ] == 0
     assert store.key_column().tolist() == want and store.entries().shape[0] == 9
     assert np.array_equal(store.table()["ip"][out], many)
+
+
+def test_sequences_go_with_the_rows_once_half_full():
+    """A stream's store (rows taken and cleared batch by batch) keeps its
+    sequences, until they fill half their room: then they go with the rows
+    and a new generation starts (the decoder's replay cache follows it)."""
+    store = BlockStore(expect_rows=16)
+    cols, state = store.kernel_store()[2], store.state
+    src = np.arange(4, dtype=np.uint16)
+    assert store_sequence(cols, state, src, 0, 4, 4) == SEQ_TOP
+    store.clear()
+    assert state[S_NSEQ] == 1 and state[S_SEQ_GEN] == 0
+    state[S_NSEQ] = store.seq_start.shape[0] // 2
+    store.clear()
+    assert state[S_NSEQ] == 0 and state[S_SEQ_POOL] == 0 and state[S_SEQ_GEN] == 1
+    assert store_sequence(cols, state, src, 0, 3, 4) == SEQ_TOP

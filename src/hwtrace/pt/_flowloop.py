@@ -62,6 +62,7 @@ from .blocks import (
     S_OFF,
     S_OFF_AT,
     S_ROWS,
+    S_SEQ_GEN,
     S_STARTED,
     S_TIME,
     _block_key,
@@ -3214,7 +3215,9 @@ def _fast(ds, pk, cf, ct, out):
     s_ent = s_state[S_ENT]
     key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
-    x_owner = s_state[S_ID] if live else (-2 if count_only else -3)
+    # (The cache holds the store's keys and names its sequences: it is the
+    # store's and its sequences' generation's.)
+    x_owner = (s_state[S_ID] << 24) + s_state[S_SEQ_GEN] if live else (-2 if count_only else -3)
     if counts[C_X_OWNER] != x_owner:
         # Another store's keys (or none): start the cache again.
         counts[C_X_GEN] += 1

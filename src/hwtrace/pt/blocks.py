@@ -41,7 +41,7 @@ _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 # first offset (the offset points are steps from it); a copy of the row
 # counters taken at the decoder's step start (S_SAVED..., see store_save).
 S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
-S_ENT, S_NSEQ, S_SEQ_POOL = 7, 8, 9
+S_ENT, S_NSEQ, S_SEQ_POOL, S_SEQ_GEN = 7, 8, 9, 10
 S_ID, S_LIVE, S_OFF_AT, S_OFF_BASE = 13, 14, 15, 16
 _SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT, S_ENT)
 S_SAVED = 17  # 17..24: the slots of _SAVED_SLOTS as they were
@@ -53,8 +53,10 @@ _NS = 25
 # 0xFFFE down (key 0xFFFE - i is sequence i), the blocks' from 0 up.  So
 # the key column holds entries, S_ENT of them, standing for S_ROWS rows;
 # the offset and time points count rows.  Sequences stay when the rows go
-# (clear), as the distinct blocks do; a store whose key column widens to
-# uint32 has them expanded.
+# (clear), as the distinct blocks do, until they fill half their room: then
+# clear() lets them go with the rows and starts a new generation
+# (S_SEQ_GEN), which the decoder's replay cache follows.  A store whose key
+# column widens to uint32 has them expanded.
 SEQ_TOP = 0xFFFE
 SEQ_MAX = 1 << 14  # sequences a store holds
 SEQ_POOL = 1 << 18  # keys they hold in all
@@ -608,6 +610,10 @@ class BlockStore:
         s = self.state
         self._clears += 1
         self._expanded = None
+        if 2 * s[S_NSEQ] >= self.seq_start.shape[0] or 2 * s[S_SEQ_POOL] >= self.seq_keys.shape[0]:
+            # (A long stream keeps replaying into fresh sequences.)
+            s[S_NSEQ] = s[S_SEQ_POOL] = 0
+            s[S_SEQ_GEN] += 1
         if int(s[S_OFF]) == self.off_row.shape[0] and s[S_OFF] < 2 * self.keys.shape[0]:
             self._grow(_FULL_OFF)
         if int(s[S_TIME]) == self.time_row.shape[0] and s[S_TIME] < self.keys.shape[0]:
