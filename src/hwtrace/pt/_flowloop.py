@@ -2949,9 +2949,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     apart from _fast so that its few live values stay in registers.  A
     replay does what walking the stretch did: the block store receives its
     sequence's key or its rows' keys (``direct``; else they are only
-    counted), the
-    offset and time points put_row would have stored, the return stack its
-    pushes; the counters their sums."""
+    counted), the offset and time points put_row would have stored, the
+    return stack its pushes; the counters their sums."""
     kind, a, b = pk[0], pk[1], pk[2]
     offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
     r_hip, r_hmode, r_hval, r_ninsn, r_kind = ct[12], ct[13], ct[14], ct[17], ct[18]
@@ -2971,8 +2970,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     rows = nblocks = ninsn = hits = walked = np.int64(0)
     last = np.int64(-1)  # the entry replayed last (-1: a return walked, ret_run)
     ret_run, ret_ip = np.int64(-1), np.uint64(0)
-    # (The store holds as many rows as its key column has room for
-    # entries: a stream's batches stay as long, whatever replays stored.)
+    # (The key column's room is counted in rows, not in the entries that
+    # hold them: a stream's batches stay as long, whatever replays stored.)
     key_cap, off_cap, t_cap = s_keys.shape[0], s_off_row.shape[0], s_t_row.shape[0]
     code = XC_WALK
     while True:
