@@ -484,13 +484,21 @@ class PerfClock:
         self.state[REF] = np.int64(reference & 0x7FFFFFFFFFFFFFFF)
         self.fstate = np.zeros(3, np.float64)
         self.fstate[MAX_NT] = float(max_non_turbo_ratio)
-        starts = [s for s, _ in chunk_ranges(trace, chunk_bytes)] if trace.shape[0] else []
-        self._cuts = starts + [int(trace.shape[0])]
+        self._chunk_bytes = chunk_bytes
+        # (the chunks are found when the first instruction's time is asked
+        # for: a stream that never asks, to Parquet, does not look)
+        self._cuts: list[int] | None = None
         self._next = 0
         self._table = None
         self._last = 0  # the latest time given
 
     def _load(self) -> bool:
+        if self._cuts is None:
+            trace = self.trace
+            starts = (
+                [s for s, _ in chunk_ranges(trace, self._chunk_bytes)] if trace.shape[0] else []
+            )
+            self._cuts = [*starts, int(trace.shape[0])]
         if self._next + 1 >= len(self._cuts):
             return False
         lo, hi = self._cuts[self._next], self._cuts[self._next + 1]
