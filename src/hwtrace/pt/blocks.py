@@ -391,14 +391,27 @@ def blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, ip, ninsn, mode, image):
 def offsets_of(off_row, off_val, off_base, n, offset):
     """``n`` rows' trace offsets from a store's offset steps (rows since
     the last change, the offset's step; the first from ``off_base``)."""
-    row = 0
-    value = off_base
+    row = np.int64(0)
+    value = np.int64(off_base)
     for j in range(off_row.shape[0]):
-        upto = min(row + np.int64(off_row[j]), n)
-        offset[row:upto] = value
+        step = np.int64(off_row[j])
+        if step <= 8 and row + 8 <= n:
+            # Eight rows written whatever the step (one vector; those past
+            # it are written over next): a few rows a step, mostly.
+            at = np.uint64(row)  # (unsigned: no check for a negative index)
+            for t in range(8):
+                offset[at + np.uint64(t)] = value
+            row += step
+        else:
+            upto = min(row + step, n)
+            run = offset[row:upto]  # (indexed from a range: no negative-index checks)
+            for t in range(run.shape[0]):
+                run[t] = value
+            row = upto
         value += off_val[j]
-        row = upto
-    offset[row:n] = value
+    tail = offset[row:n]
+    for t in range(tail.shape[0]):
+        tail[t] = value
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -662,11 +675,18 @@ class BlockStore:
     def n_keys(self) -> int:
         return int(self.state[S_KEYS])
 
-    def key_column(self) -> np.ndarray:
+    def key_column(self, out: np.ndarray | None = None) -> np.ndarray:
         """Each row's block, an index into :meth:`table` (made from the
         entries when sequences stand for rows, valid until the rows are
-        cleared)."""
+        cleared); or written into ``out`` (of as many rows, any integer
+        type), and that returned."""
         entries = self.entries()
+        if out is not None:
+            if entries.shape[0] == len(self):
+                out[:] = entries
+            else:
+                expand_entries(entries, *self.sequences(), out)
+            return out
         if entries.shape[0] == len(self):
             return entries
         memo = (entries.shape[0], len(self), self._clears)

@@ -367,11 +367,29 @@ def error_gaps(events: np.ndarray, offsets: np.ndarray) -> list[Gap]:
     return out
 
 
+def type_table(types: np.ndarray) -> np.ndarray:
+    """A table of which event types are among ``types``, for
+    :func:`type_in`."""
+    table = np.zeros(int(max(types.max(initial=0), X_ERROR)) + 2, np.bool_)
+    table[types.astype(np.int64)] = True
+    return table
+
+
+def type_in(types: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Which of the event ``types`` ``table`` (:func:`type_table`) holds:
+    ``numpy.isin`` of a few types, without its sort (a tenth of the time
+    on the few hundred events of a batch)."""
+    return table[np.minimum(types, table.shape[0] - 1).astype(np.intp)]
+
+
+_IS_GAP = type_table(GAP_TYPES)
+
+
 def gap_events(events: np.ndarray) -> np.ndarray:
     """Which event rows put a gap in the flow before the next block (see
     :data:`GAP_TYPES`; status updates never do)."""
     status = (events[:, E_FLAGS] & F_STATUS) != 0
-    return np.isin(events[:, E_TYPE], GAP_TYPES) & ~status
+    return type_in(events[:, E_TYPE], _IS_GAP) & ~status
 
 
 def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, bool]:

@@ -383,6 +383,7 @@ class QueueContexts:
 
 
 _STOP = np.array([int(Ev.DISABLED), int(Ev.ASYNC_DISABLED)], np.uint64)
+_IS_STOP = FK.type_table(_STOP)
 
 
 def decode_perf(
@@ -983,8 +984,9 @@ class QueueSink(FlowSink):
         out = [_NOWHERE[c] if c in one or c in lazy else cols[c] for c in _ATTRIBUTED]
         if m:
             store = self.store
+            stored_keys = keys[held : held + m] if keys is not None else store.key_column()
             attribute_stored(
-                store.key_column(), t["ip"], t["ninsn"], t["mode"], t["image"],
+                stored_keys, t["ip"], t["ninsn"], t["mode"], t["image"],
                 *store.offset_steps(), t_row, t_val, held, *self.threads, *out,
             )  # fmt: skip
         rest_ns = np.empty(total if timed and rest else 0, np.int64)
@@ -1059,7 +1061,8 @@ class QueueSink(FlowSink):
         if held:
             keys[0] = self.held["key"][0]
         if m:
-            keys[held : held + m] = store.key_column()
+            # (expanded straight into the batch's keys)
+            store.key_column(out=keys[held : held + m])
         if rest:
             src = batch if batch is not None else {c: v[:rest] for c, v in self.gather.items()}
             store.row_keys(src["ip"], src["ninsn"], src["mode"], src["image"], keys[held + m :])
@@ -1132,7 +1135,7 @@ class QueueSink(FlowSink):
         flags = ev[:, FK.E_FLAGS]
         self.q.gaps.extend(error_gaps(ev, offsets))
         real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
-        stop = real & np.isin(types, _STOP)
+        stop = real & FK.type_in(types, _IS_STOP)
         has_tsc = (flags[stop] & FK.F_HAS_TSC) != 0
         gap = gap_events(ev)
         w = np.flatnonzero(real & (types == FK.EV_PTWRITE))
