@@ -482,9 +482,14 @@ def _stored_attribution() -> None:
     store.append(np.arange(n, dtype=np.uint64), np.ones(n, np.uint32), np.full(n, 64, np.uint8),
                  np.zeros(n, np.int64), np.zeros(n, np.uint64))  # fmt: skip
     t = store.table()
-    A.attribute_stored(store.key_column(), t["ip"], t["ninsn"], t["mode"], t["image"],
-                       *store.offset_steps(), *store.time_changes(), 0, conv, 1, 1, z, z, z,
-                       *out)  # fmt: skip
+    # (a batch's keys are two bytes while the store's table fits them, else
+    # four: its own and the rows written out keyed into them)
+    for kind in (np.uint16, np.uint32):
+        keys = store.key_column(out=np.zeros(n, kind))
+        store.row_keys(t["ip"], t["ninsn"], t["mode"], t["image"], np.zeros(n, kind))
+        A.attribute_stored(keys, t["ip"], t["ninsn"], t["mode"], t["image"],
+                           *store.offset_steps(), *store.time_changes(), 0, conv, 1, 1, z, z, z,
+                           *out)  # fmt: skip
 
 
 def _writer_loops(path: Path) -> None:
@@ -509,6 +514,20 @@ def _writer_loops(path: Path) -> None:
     w.write_row_group([({"ip": np.arange(n, dtype=np.uint64), "gap": np.arange(n) % 3 == 0,
                          "time": Runs.of(time), "duration": Runs.of(time % 3000)}, n)])  # fmt: skip
     w.close()
+    # Keyed columns, by keys of either width a stream gives them.
+    from ..columns import Keyed
+
+    schema = pa.schema([("ip", pa.uint64()), ("instructions", pa.int64())])
+    specs = column_specs(schema, {"dictionary": ["ip", "instructions"]}, {})
+    table, ninsn = np.arange(8, dtype=np.uint64), np.arange(8, dtype=np.int64) % 3
+    for kind in (np.uint16, np.uint32):
+        keys = (np.arange(n) % 8).astype(kind)
+        counts = np.zeros(8, np.int64)
+        pp.count_keys(keys, counts)
+        w = ParquetFileWriter(path, schema, specs)
+        w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
+                             "instructions": Keyed(keys, ninsn, 0, counts)}, n)])  # fmt: skip
+        w.close()
 
 
 def _record_loops(tmp: Path) -> None:

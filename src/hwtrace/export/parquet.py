@@ -95,8 +95,11 @@ BLOCKS_SCHEMA = pa.schema(
     ]
 )
 #: Rows per row group at least (a partition's rows wait until there are
-#: as many).
-ROW_GROUP = 1 << 17
+#: as many): about a million, two batches of a decode to Parquet, so that
+#: each column chunk's fixed costs (its metadata, dictionary page and the
+#: Python around them, a tenth of the writer's time at a batch a row
+#: group) are paid half as often, and zstd finds more to share (3% less).
+ROW_GROUP = 1_000_000
 #: Rows of the batches a decode to Parquet asks the stream for: a batch
 #: is then a row group and its columns one page each (the stream passes on
 #: a row fewer than asked, the last block waiting for its duration), and

@@ -1057,7 +1057,10 @@ class QueueSink(FlowSink):
         store = self.store
         if store is None or (held and "key" not in self.held):
             return None
-        keys = np.empty(total, np.uint32)
+        # (two bytes a key while the table may not outgrow them, as the
+        # store keeps its own: half the memory the writer reads)
+        narrow = store.keys.dtype == np.uint16 and store.n_keys + rest < 1 << 16
+        keys = np.empty(total, np.uint16 if narrow else np.uint32)
         if held:
             keys[0] = self.held["key"][0]
         if m:
