@@ -303,21 +303,32 @@ def encode_plain(values, n, null, unsigned, width, state, levels, out):
 def encode_booleans(values, n, state, levels, out):
     """A PLAIN page of booleans ``values[:n]`` (0 or 1; never null)."""
     pos = _levels(out, values, n, 0, state, levels)
-    acc = 0
-    nb = 0
-    for i in range(n):
-        v = 1 if values[i] != 0 else 0
-        _see(state, v, False)
-        acc |= v << nb
-        nb += 1
-        if nb == 8:
-            out[pos] = acc
-            pos += 1
-            acc = 0
-            nb = 0
-    if nb:
-        out[pos] = acc
+    # A byte of eight rows at a time (shifts of independent rows, no chain
+    # through an accumulator); the statistics from whether any row was
+    # set and any clear.
+    src = values[:n]  # (indexed from a range: no negative-index checks)
+    full = n // 8
+    ones = np.uint8(0)
+    zeros = np.uint8(0)
+    for g in range(full):
+        group = src[8 * g : 8 * g + 8]
+        byte = np.uint8(0)
+        for t in range(8):
+            byte |= np.uint8(group[t] != 0) << np.uint8(t)
+        out[pos + g] = byte
+        ones |= byte
+        zeros |= byte ^ np.uint8(0xFF)
+    pos += full
+    if n > 8 * full:
+        byte = np.uint8(0)
+        for t in range(n - 8 * full):
+            bit = np.uint8(src[8 * full + t] != 0)
+            byte |= bit << np.uint8(t)
+            ones |= bit
+            zeros |= np.uint8(1) - bit
+        out[pos] = byte
         pos += 1
+    _merge(state, 0 if zeros != 0 else 1, 1 if ones != 0 else 0, n)
     return pos
 
 
