@@ -168,6 +168,31 @@ def _pack_groups(out, pos, values, groups, width):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _pack_groups_wide(out, pos, values, groups, width):
+    """:func:`_pack_groups` of values of 9 to 16 bits: a group is
+    ``width`` bytes, made in two words (the dictionary indices of a chunk
+    of more than 256 distinct blocks)."""
+    w = np.uint64(width)
+    for g in range(groups):
+        group = values[8 * g : 8 * g + 8]
+        lo = np.uint64(0)
+        hi = np.uint64(0)
+        for t in range(8):
+            v = np.uint64(group[t])
+            shift = w * np.uint64(t)
+            if shift < np.uint64(64):
+                lo |= v << shift
+                if shift + w > np.uint64(64):
+                    hi |= v >> (np.uint64(64) - shift)
+            else:
+                hi |= v << (shift - np.uint64(64))
+        _put_u64(out, pos, lo)
+        _put_u64(out, pos + 8, hi)  # (its bytes past ``width`` are overwritten next)
+        pos += width
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _pack_groups_of(out, pos, values, groups, width, base):
     """:func:`_pack_groups` of ``values - base``: a miniblock of small
     deltas, eight of them shifted independently into a word (not one
@@ -229,6 +254,9 @@ def _packed_run(out, pos, rest, groups, width):
     full = min(groups, rest.shape[0] // 8)
     if width <= 8:
         pos = _pack_groups(out, pos, rest, full, width)
+        return _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
+    if width <= 16:
+        pos = _pack_groups_wide(out, pos, rest, full, width)
         return _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
     return _pack(out, pos, rest, 0, rest.shape[0], 8 * groups, width, 0)
 
