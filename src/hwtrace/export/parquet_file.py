@@ -20,6 +20,7 @@ import base64
 import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,6 +196,22 @@ def column_specs(
     return specs
 
 
+#: Pages at least this large are compressed ahead, on a thread of their
+#: own (a smaller one costs less to compress than to hand over).
+_COMPRESS_AHEAD = 1 << 16
+_compressing: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _compressor() -> ThreadPoolExecutor:
+    """The thread that compresses pages ahead, for every writer of this
+    process (one: the pages of a row group are written in order; a forked
+    child, a worker, makes its own)."""
+    global _compressing
+    if _compressing is None or _compressing[0] != os.getpid():
+        _compressing = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="hwtrace-zstd"))
+    return _compressing[1]
+
+
 class _Scratch:
     """Buffers the encoders share: a writer encodes one column chunk at a
     time, and writers sharing one encode one after the other."""
@@ -218,7 +235,7 @@ class _Scratch:
         self.key_values = np.zeros(1 << 12, np.int64)
         self.key_index = np.zeros(1 << 12, np.int32)
         self.keyed_pages: dict[tuple, tuple] = {}
-        self.compressed: dict[int, tuple[bytes, bytes]] = {}
+        self.compressed: dict[int, tuple[bytes, bytes | Future]] = {}
 
     def _table(self, size: int) -> None:
         # (the first ``size`` slots: a table of few entries stays in cache)
@@ -448,7 +465,10 @@ class ParquetFileWriter:
         self.scratch.grow(max(n for _, n in pieces))
         self.scratch.new_row_group()
         start = self.offset
-        chunks = [self._write_chunk(spec, pieces) for spec in self.specs]
+        # Every chunk's pages encoded first, their compression started on a
+        # thread of its own as each is made; then written in order.
+        encoded = [self._encode_chunk(spec, pieces) for spec in self.specs]
+        chunks = [self._write_chunk(spec, e) for spec, e in zip(self.specs, encoded, strict=True)]
         rg = _Struct().structs(1, [c for c, _ in chunks])
         rg.i64(2, sum(size for _, size in chunks)).i64(3, rows)  # (uncompressed)
         rg.i64(5, start).i64(6, self.offset - start)
@@ -567,8 +587,9 @@ class ParquetFileWriter:
         size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)
         return pages, s.out[:size].tobytes(), int(dictionary.shape[0])
 
-    def _write_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple[_Struct, int]:
-        """Write a column chunk; its ColumnChunk and its uncompressed size.
+    def _encode_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple:
+        """A column chunk's pages (see :meth:`_encode`), their compression
+        begun; its memo key when it is of one value throughout.
 
         A chunk of one value throughout (columns given as numpy broadcasts
         of a scalar: a queue's number, its one thread) is the same bytes as
@@ -579,20 +600,31 @@ class ParquetFileWriter:
         if value is not None:
             key = (spec.name, str(spec.kind), spec.encoding, spec.null, value,
                    tuple(n for _, n in pieces))  # fmt: skip
-        memo = self.scratch.constant_chunks
-        if key is not None and key in memo:
-            blob, dict_rel, data_rel, totals, state = memo[key]
-            start = self.offset
-            self.file.write(blob)
-            self.offset += len(blob)
-            return self._chunk_meta(spec, state, start + dict_rel if dict_rel >= 0 else None,
-                                    start + data_rel, totals)  # fmt: skip
-        if key is not None:
+            known = self.scratch.constant_chunks.get(key)
+            if known is not None:
+                return key, None, known, 0, None
             # (encoded once, as runs of the value: no row looked at)
             pieces = [({spec.name: _constant(spec, value, n, cols[spec.name].dtype)}, n)
                       for cols, n in pieces]  # fmt: skip
         state = np.zeros(pp.ST_SIZE, np.int64)
         pages, dictionary, dict_count = self._encode(spec, pieces, state)
+        for _, _, body in pages:
+            self._compress_soon(body)
+        return key, pages, dictionary, dict_count, state
+
+    def _write_chunk(self, spec: ColumnSpec, encoded: tuple) -> tuple[_Struct, int]:
+        """Write a column chunk :meth:`_encode_chunk` encoded; its
+        ColumnChunk and its uncompressed size."""
+        key, pages, dictionary, dict_count, state = encoded
+        memo = self.scratch.constant_chunks
+        if pages is None:
+            # (the bytes of the same chunk written before)
+            blob, dict_rel, data_rel, totals, state = dictionary
+            start = self.offset
+            self.file.write(blob)
+            self.offset += len(blob)
+            return self._chunk_meta(spec, state, start + dict_rel if dict_rel >= 0 else None,
+                                    start + data_rel, totals)  # fmt: skip
         start = self.offset
         written: list[bytes] | None = [] if key is not None else None
         dict_offset = None
@@ -648,6 +680,20 @@ class ParquetFileWriter:
         meta.struct(12, stats)
         return _Struct().i64(2, 0).struct(3, meta), uncompressed
 
+    def _compress_soon(self, body: bytes) -> None:
+        """Begin compressing a data page on the compressing thread (zstd
+        lets go of the GIL): it runs beside the encoding of the row
+        group's next columns, on a core the decoding thread leaves idle
+        while it waits for this writer.  Small pages are compressed when
+        written."""
+        if self.codec is None or len(body) < _COMPRESS_AHEAD:
+            return
+        memo = self.scratch.compressed
+        got = memo.get(id(body))
+        if got is not None and got[0] is body:
+            return  # (an index page shared by keyed columns)
+        memo[id(body)] = (body, _compressor().submit(self.codec.compress, body, asbytes=True))
+
     def _put(self, body: bytes, kind: int, n: int, encoding: int,
              written: list[bytes] | None = None) -> tuple[int, int]:  # fmt: skip
         """Write one page (and add its bytes to ``written``); its
@@ -655,11 +701,14 @@ class ParquetFileWriter:
         if self.codec is None:
             data = body
         else:
-            # (an index page of several keyed columns is compressed once)
+            # (an index page of several keyed columns is compressed once;
+            # a large page's compression was begun when it was made)
             memo = self.scratch.compressed
             got = memo.get(id(body))
             if got is not None and got[0] is body:
                 data = got[1]
+                if isinstance(data, Future):
+                    data = data.result()
             else:
                 data = self.codec.compress(body, asbytes=True)
                 if kind == _DATA_PAGE and encoding == _RLE_DICTIONARY:
