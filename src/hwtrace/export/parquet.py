@@ -95,11 +95,15 @@ BLOCKS_SCHEMA = pa.schema(
     ]
 )
 #: Rows per row group at least (a partition's rows wait until there are
-#: as many): about a million, two batches of a decode to Parquet, so that
-#: each column chunk's fixed costs (its metadata, dictionary page and the
-#: Python around them, a tenth of the writer's time at a batch a row
-#: group) are paid half as often, and zstd finds more to share (3% less).
-ROW_GROUP = 1_000_000
+#: as many).
+ROW_GROUP = 1 << 17
+#: ... and of the blocks dataset: about a million, two batches of a
+#: decode to Parquet, so that each column chunk's fixed costs (its
+#: metadata, dictionary page and the Python around them, a tenth of the
+#: writer's time at a batch a row group) are paid half as often, and zstd
+#: finds more to share (3% less).  (An instruction row is wider and there
+#: are several per block: those keep the smaller groups.)
+BLOCKS_ROW_GROUP = 1_000_000
 #: Rows of the batches a decode to Parquet asks the stream for: a batch
 #: is then a row group and its columns one page each (the stream passes on
 #: a row fewer than asked, the last block waiting for its duration), and
@@ -933,6 +937,8 @@ class FlowParquetWriter:
     width of the time buckets blocks are partitioned by; ``instructions``:
     also write one row per instruction.  ``names``: gathers the symbols and
     images (give the recording's build ids, :func:`build_ids_of`).
+    ``row_group``: the rows of a row group at least (default
+    :data:`BLOCKS_ROW_GROUP` for blocks, :data:`ROW_GROUP` for the rest).
 
     ``part``: write only blocks, instructions and events, into the
     directory another writer made, in files named ``PART-NNNNN.parquet``
@@ -951,7 +957,7 @@ class FlowParquetWriter:
         names: Names | None = None,
         bucket_ns: int = 1_000_000_000,
         instructions: bool = False,
-        row_group: int = ROW_GROUP,
+        row_group: int | None = None,
         budget_rows: int = 1 << 21,
         max_open: int = 64,
         compression: str = "zstd",
@@ -976,7 +982,9 @@ class FlowParquetWriter:
         kv = {META_KEY: json.dumps(self.metadata, sort_keys=True).encode()}
         self._kv = kv
         self.compression = compression
-        self.blocks = _Partitioned(self.root / "blocks", BLOCKS_SCHEMA, kv, row_group=row_group,
+        block_group = row_group or BLOCKS_ROW_GROUP
+        row_group = row_group or ROW_GROUP
+        self.blocks = _Partitioned(self.root / "blocks", BLOCKS_SCHEMA, kv, row_group=block_group,
                                    budget=budget_rows, max_open=max_open,
                                    compression=compression, encoding=BLOCKS_ENCODING,
                                    nulls=BLOCKS_NULLS, **names_of)  # fmt: skip
