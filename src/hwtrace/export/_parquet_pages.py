@@ -254,11 +254,11 @@ def _packed_run(out, pos, rest, groups, width):
     full = min(groups, rest.shape[0] // 8)
     if width <= 8:
         pos = _pack_groups(out, pos, rest, full, width)
-        return _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
-    if width <= 16:
+    elif width <= 16:
         pos = _pack_groups_wide(out, pos, rest, full, width)
-        return _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
-    return _pack(out, pos, rest, 0, rest.shape[0], 8 * groups, width, 0)
+    else:
+        return _pack(out, pos, rest, 0, rest.shape[0], 8 * groups, width, 0)
+    return _pack(out, pos, rest, 8 * full, rest.shape[0], 8 * (groups - full), width, 0)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)

@@ -105,7 +105,7 @@ ROW_GROUP = 1 << 17
 #: are several per block: those keep the smaller groups.)
 BLOCKS_ROW_GROUP = 1_000_000
 #: Rows of the batches a decode to Parquet asks the stream for: a batch
-#: is then a row group and its columns one page each (the stream passes on
+#: is then a page of each column, two of them a row group (the stream passes on
 #: a row fewer than asked, the last block waiting for its duration), and
 #: the work per batch (Python's, numpy's: 1-2 ms of each thread) is spread
 #: over many rows (2^19 against 2^18: a tenth less time, 35 MB more memory).

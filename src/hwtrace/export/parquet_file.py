@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -210,6 +211,20 @@ def _compressor() -> ThreadPoolExecutor:
     if _compressing is None or _compressing[0] != os.getpid():
         _compressing = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="hwtrace-zstd"))
     return _compressing[1]
+
+
+class _EncodedChunk(NamedTuple):
+    """A column chunk encoded, not yet written: its memo key when it is of
+    one value throughout, its data pages (encoding, values, body), its
+    dictionary page's body and entries, its statistics; or ``before``, the
+    memo of the same chunk written earlier (its bytes, to write again)."""
+
+    key: tuple | None
+    pages: list | None = None
+    dictionary: bytes | None = None
+    dict_count: int = 0
+    state: np.ndarray | None = None
+    before: tuple | None = None
 
 
 class _Scratch:
@@ -587,7 +602,7 @@ class ParquetFileWriter:
         size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)
         return pages, s.out[:size].tobytes(), int(dictionary.shape[0])
 
-    def _encode_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> tuple:
+    def _encode_chunk(self, spec: ColumnSpec, pieces: Sequence[Piece]) -> _EncodedChunk:
         """A column chunk's pages (see :meth:`_encode`), their compression
         begun; its memo key when it is of one value throughout.
 
@@ -600,9 +615,9 @@ class ParquetFileWriter:
         if value is not None:
             key = (spec.name, str(spec.kind), spec.encoding, spec.null, value,
                    tuple(n for _, n in pieces))  # fmt: skip
-            known = self.scratch.constant_chunks.get(key)
-            if known is not None:
-                return key, None, known, 0, None
+            before = self.scratch.constant_chunks.get(key)
+            if before is not None:
+                return _EncodedChunk(key, before=before)
             # (encoded once, as runs of the value: no row looked at)
             pieces = [({spec.name: _constant(spec, value, n, cols[spec.name].dtype)}, n)
                       for cols, n in pieces]  # fmt: skip
@@ -610,16 +625,15 @@ class ParquetFileWriter:
         pages, dictionary, dict_count = self._encode(spec, pieces, state)
         for _, _, body in pages:
             self._compress_soon(body)
-        return key, pages, dictionary, dict_count, state
+        return _EncodedChunk(key, pages, dictionary, dict_count, state)
 
-    def _write_chunk(self, spec: ColumnSpec, encoded: tuple) -> tuple[_Struct, int]:
+    def _write_chunk(self, spec: ColumnSpec, encoded: _EncodedChunk) -> tuple[_Struct, int]:
         """Write a column chunk :meth:`_encode_chunk` encoded; its
         ColumnChunk and its uncompressed size."""
-        key, pages, dictionary, dict_count, state = encoded
+        key, pages, dictionary, dict_count, state, before = encoded
         memo = self.scratch.constant_chunks
-        if pages is None:
-            # (the bytes of the same chunk written before)
-            blob, dict_rel, data_rel, totals, state = dictionary
+        if before is not None:
+            blob, dict_rel, data_rel, totals, state = before
             start = self.offset
             self.file.write(blob)
             self.offset += len(blob)
