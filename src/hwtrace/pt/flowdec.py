@@ -40,8 +40,8 @@ from .kinds import DecodeError, Kind
 from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import (
     FAULT_AROUND,
-    ROW_TYPES,
     ColumnBuffers,
+    PacketBuffers,
     as_buffer,
     decode_range,
     map_file,
@@ -286,9 +286,14 @@ class FlowDecoder:
         self._expect_bytes = 0
         self.table = self._table_for(image)
         self.state = K.new_state()
-        # One window's packets and times at a time: their memory is reused.
-        self._packet_buffers = ColumnBuffers(ROW_TYPES)
+        # One window's packets and times at a time: their memory is reused
+        # (and the PSB+ that ends a window is read into buffers of its own).
+        self._packet_buffers = PacketBuffers()
+        self._psb_buffers = PacketBuffers()
         self._time_buffers = ColumnBuffers(TIME_TYPES)
+        # The flow loop's tuple of the buffers' whole columns, and the
+        # columns it was made of (see _window_packets).
+        self._packets: tuple = ((), (), ())
         self.out: tuple = ()
         self.cf = self._config_arrays(stop_at if on_event is not None else "none")
 
@@ -401,7 +406,7 @@ class FlowDecoder:
                 self._change_code(lambda: self.use_table(self._table_for(code)))
         if win.unplaced:
             self._check_watch()
-            offset = int(win.packets[4][0]) if len(win.packets[4]) else win.start
+            offset = int(win.packets[4][0]) if self.state[0][K.W_N] else win.start
             self._watch = (self.table, self.table.n_insns, win.unplaced, offset)
 
     def _check_watch(self) -> None:
@@ -483,7 +488,7 @@ class FlowDecoder:
         """Where a window reaching past ``after`` ends: after the PSB+ of
         the first PSB at or after it (lookahead never reads further)."""
         psb = int(_sync_forward_loop(buf, after, 0, end)) if after < end else -1
-        return end if psb < 0 else psb_plus_end(buf, psb, end)
+        return end if psb < 0 else psb_plus_end(buf, psb, end, buffers=self._psb_buffers)
 
     def _open(
         self,
@@ -548,11 +553,27 @@ class FlowDecoder:
         SI[K.W_LIMIT] = limit_index
         SI[K.W_EXACT] = exact
         SU[K.W_END_OFFSET] = int(table.offset[-1] + table.size[-1]) if n else ws
-        pk = (
-            table.kind, table.a, table.b, table.c, table.offset, table.size,
-            times.tsc, times.have_tsc,
-        )  # fmt: skip
+        pk = self._window_packets(table, times)
         return _Window(ws, ext, limit, limit_index, pk, tstate, saved, epoch, unplaced)
+
+    def _window_packets(self, table, times) -> tuple:
+        """The packet and time columns the flow loop reads, of which it
+        reads the window's rows only (``W_N``): the buffers' whole columns
+        when the table and times are in them, the very tuple of the last
+        window (the loop's arguments are then not looked at again, see
+        hwtrace.aot), else the table's and times' own."""
+        cols, tcols = self._packet_buffers.columns(), self._time_buffers.columns()
+        if table.kind.base is not cols[1] or times.tsc.base is not tcols[0]:
+            return (
+                table.kind, table.a, table.b, table.c, table.offset, table.size,
+                times.tsc, times.have_tsc,
+            )  # fmt: skip
+        held = self._packets
+        if held[0] is not cols or held[1] is not tcols:
+            offset, kind, size, a, b, c = cols
+            pk = (kind, a, b, c, offset, size, tcols[0].view(np.uint64), tcols[1])
+            held = self._packets = (cols, tcols, pk)
+        return held[2]
 
     def _unplaced(self, table, times, store: CodeRevisions, epoch: int, fresh: bool):
         """The revisions a window starting in ``epoch`` cannot place, and

@@ -251,6 +251,39 @@ class ColumnBuffers:
             self._cols = tuple(np.empty(cap, t) for t in self.dtypes)
         return self._cols
 
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """The columns :meth:`take` last returned, whole (what was written
+        into them is in views of their first rows)."""
+        return self._cols
+
+
+class PacketBuffers(ColumnBuffers):
+    """Packet columns (:data:`ROW_TYPES`) with the decoder state and error
+    columns :func:`decode_range` also needs, all kept from one call to the
+    next: a decoder reading a trace window by window then hands the packet
+    loop the very arrays of its last call, which it does not look at again
+    (a fresh record array alone costs more to pass than a small window
+    costs to decode)."""
+
+    def __init__(self) -> None:
+        super().__init__(ROW_TYPES)
+        self._states: dict[tuple[bool, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._errors = new_errors(1024)
+
+    def decoder_state(self, resync: bool, errata: int) -> np.ndarray:
+        """The kept decoder state, set to a new one's (not synchronising)."""
+        got = self._states.get((resync, errata))
+        if got is None:
+            fresh = new_decoder_state(sync=False, resync=resync, errata=errata)
+            got = self._states[(resync, errata)] = (fresh, fresh.copy())
+        fresh, state = got
+        state[...] = fresh
+        return state
+
+    def errors(self) -> tuple[np.ndarray, ...]:
+        """The kept error columns (their contents undefined)."""
+        return self._errors
+
 
 def decode_range(
     buf: np.ndarray,
@@ -266,14 +299,20 @@ def decode_range(
     Offsets are positions in ``buf``.  Errors are recorded and, with
     ``resync``, decoding goes on at the next PSB.  With ``buffers`` (of
     :data:`ROW_TYPES`) the table's columns are views of them, valid until
-    their next use.
+    their next use; :class:`PacketBuffers` also keep the decoder's state
+    and error columns.
     """
     K = _loops()
-    state = new_decoder_state(sync=False, resync=resync, errata=errata)
+    kept = buffers if isinstance(buffers, PacketBuffers) else None
+    if kept is not None:
+        state = kept.decoder_state(resync, errata)
+    else:
+        state = new_decoder_state(sync=False, resync=resync, errata=errata)
     s = state[0]
     s["pos"] = s["sync_pos"] = start
     s["final"] = 1
-    view = buf[:end]
+    # (The loop reads no further than ``end``: the buffer itself is passed,
+    # the same object from call to call.)
     parts: list[PacketTable] = []
     ecap = 1024
     while True:
@@ -281,9 +320,9 @@ def decode_range(
         # (and rows never written cost no memory).
         cap = max(64, end - int(s["pos"]) + 64)
         rows = new_rows(cap) if buffers is None or parts else buffers.take(cap)
-        errs = new_errors(ecap)
+        errs = kept.errors() if kept is not None and not parts else new_errors(ecap)
         s["errors"] = 0
-        stop = K.decode_stream(view, end, state, rows, errs, True)
+        stop = K.decode_stream(buf, end, state, rows, errs, True)
         parts.append(table_of(rows, errs, int(s["rows"]), int(s["errors"])))
         if stop != STOP_ERRORS and stop != STOP_ROWS:
             break
@@ -386,16 +425,21 @@ def read_released(buf: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def psb_plus_end(
-    buf: np.ndarray, psb: int, end: int | None = None, missing: int | None = None
+    buf: np.ndarray,
+    psb: int,
+    end: int | None = None,
+    missing: int | None = None,
+    buffers: PacketBuffers | None = None,
 ) -> int:
     """The offset just after the PSBEND of the PSB+ at ``psb``, reading no
     further than ``end`` (the buffer's end by default); ``missing`` (default
-    ``end``) when no PSBEND follows or the packets break off first."""
+    ``end``) when no PSBEND follows or the packets break off first.
+    ``buffers``: decode into these (see :func:`decode_range`)."""
     end = buf.shape[0] if end is None else end
     span = 4096
     while True:
         stop = min(end, psb + span)
-        table = decode_range(buf, psb, stop, resync=False)
+        table = decode_range(buf, psb, stop, resync=False, buffers=buffers)
         hit = np.flatnonzero(table.kind == Kind.PSBEND)
         if len(hit):
             i = int(hit[0])
@@ -542,6 +586,7 @@ __all__ = [
     "ColumnBuffers",
     "DecodeIssue",
     "Packet",
+    "PacketBuffers",
     "PacketTable",
     "compress_ip",
     "count_packets",

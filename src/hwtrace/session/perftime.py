@@ -40,7 +40,7 @@ from ..isa.x86 import IClass, Special
 from ..pt.decode import chunk_ranges
 from ..pt.flowrows import I_DIRECT, CodeTable
 from ..pt.kinds import Kind
-from ..pt.packets import ROW_TYPES, ColumnBuffers, decode_range
+from ..pt.packets import PacketBuffers, decode_range
 from ..pt.timing import tsc_ns
 
 __all__ = [
@@ -475,7 +475,7 @@ class PerfClock:
     ) -> None:
         self.trace = trace
         # One chunk's packets at a time, in memory reused from chunk to chunk.
-        self._buffers = ColumnBuffers(ROW_TYPES)
+        self._buffers = PacketBuffers()
         n, d = int(ratio[0]), int(ratio[1])
         if not n:
             d = 0
