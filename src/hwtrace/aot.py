@@ -35,6 +35,7 @@ import importlib
 import importlib.util
 import marshal
 import os
+import struct
 import sys
 import threading
 import weakref
@@ -456,6 +457,8 @@ class _Entry:
     def __init__(self, fn, name: str, args: list[str], ret) -> None:
         self.name = name
         self.fn = fn
+        self.args = args
+        self.packed = None
         if ret is None:
             self.ret_type = ctypes.c_int64
             self.unpack: Callable = lambda r: None
@@ -478,7 +481,69 @@ class _Entry:
         fn = getattr(lib, spec["symbol"])
         fn.restype = ctypes.c_int32
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [_CTYPES[t] for t in spec["args"]]
-        return cls(fn, name, spec["args"], spec["ret"])
+        entry = cls(fn, name, spec["args"], spec["ret"])
+        if spec.get("packed"):
+            packed = getattr(lib, spec["packed"])
+            packed.restype = ctypes.c_int32
+            packed.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            entry.use_packed(packed)
+        return entry
+
+    def use_packed(self, packed) -> None:
+        """Call through ``packed``, the library's ``status f(ret *,
+        excinfo **, uint64_t *words)`` that passes the words on as the
+        arguments (see :func:`_packed_trampoline`): ctypes converts one
+        pointer instead of every argument (a loop taking tuples of arrays
+        has hundreds: 100 us a call), and of the words only those of
+        arguments that changed since the thread's last call are written."""
+        self.packed = packed
+        self.n_words = len(self.args)
+        self.reals = {j: t for j, t in enumerate(self.args) if t in ("double", "float")}
+        self._local = threading.local()
+
+    def call_parts(self, parts: list):
+        """Call with the arguments as :meth:`CompiledLoop._layout` lays them
+        out: ``(argument, key, words)`` each, the very tuple of the last
+        call for an argument that did not change."""
+        if self.packed is None:
+            flat: list = []
+            for p in parts:
+                flat += p[2]
+            return self(flat)
+        local = self._local
+        words = getattr(local, "words", None)
+        if words is None:
+            words = local.words = (ctypes.c_uint64 * max(self.n_words, 1))()
+            local.parts = []
+        written = local.parts
+        if len(written) != len(parts):
+            written[:] = [None] * len(parts)
+        at = 0
+        for i, p in enumerate(parts):
+            values = p[2]
+            k = len(values)
+            if written[i] is not p:
+                if self.reals and any(at <= j < at + k for j in self.reals):
+                    values = [self._word(at + n, v) for n, v in enumerate(values)]
+                words[at : at + k] = values
+                written[i] = p
+            at += k
+        ret = self.ret_type()
+        exc = ctypes.c_void_p()
+        status = self.packed(ctypes.byref(ret), ctypes.byref(exc), words)
+        if status == 0:
+            return self.unpack(ret)
+        if status == -2:
+            return None
+        raise _exception(self.name, status, exc)
+
+    def _word(self, j: int, v) -> int:
+        t = self.reals.get(j)
+        if t == "double":
+            return struct.unpack("<Q", struct.pack("<d", v))[0]
+        if t == "float":
+            return struct.unpack("<I", struct.pack("<f", v))[0]
+        return v
 
     @classmethod
     def from_address(cls, address: int, name: str, args: list[str], ret) -> _Entry:
@@ -767,24 +832,28 @@ class CompiledLoop:
     def __call__(self, *args):
         native = self._native if self._native is not None else self._natives()
         try:
-            keys, flat = self._layout(args)
+            keys, parts = self._layout(args)
         except (TypeError, ValueError, OverflowError):  # an argument with no native layout
             self._last = []
             return self._wrapped_call(args)
         if native:
             entry = native.get(keys)
             if entry is not None:
-                return entry(flat)
+                return entry.call_parts(parts)
         if self.name not in _fallbacks:
             _fallbacks.add(self.name)
+        flat: list = []
+        for p in parts:
+            flat += p[2]
         return self._python_call(args, keys, flat)
 
     def _layout(self, args: tuple) -> tuple[tuple, list]:
-        """The arguments' type key and their values in numba's native
-        layout.  Loops are called again and again with mostly the same
-        objects (state, code table, output buffers): an argument that is
-        the very object of the previous call (arrays never change address
-        or shape; tuples never change) is not looked at again."""
+        """The arguments' type key and, per argument, ``(what is held of
+        it, its key, its values in numba's native layout)``.  Loops are
+        called again and again with mostly the same objects (state, code
+        table, output buffers): an argument that is the very object of the
+        previous call (arrays never change address or shape; tuples never
+        change) is not looked at again, and keeps the very tuple."""
         last = self._last
         parts = []
         for i, a in enumerate(args):
@@ -796,10 +865,7 @@ class CompiledLoop:
             _flatten(a, k, f)
             parts.append((_held(a), k[0], f))
         self._last = parts
-        flat: list = []
-        for p in parts:
-            flat += p[2]
-        return tuple(p[1] for p in parts), flat
+        return tuple(p[1] for p in parts), parts
 
     def __getattr__(self, name: str):
         # signatures, overloads, py_func's attributes...: numba's.
@@ -1071,8 +1137,12 @@ def build(
                 skipped.append(f"{name}{tuple(sig)}: argument types {args}")
                 continue
             fn.linkage = "external"  # linkonce_odr would be linked only where used
+            packed = symbol + "__packed"
+            tramp = ll.parse_assembly(_packed_trampoline(symbol, packed, args))
+            tramp.triple, tramp.data_layout = mod.triple, mod.data_layout
+            mod.link_in(tramp)
             specs.append({"loop": name, "key": _to_json(tuple(key)), "symbol": symbol,
-                          "args": args, "ret": ret})  # fmt: skip
+                          "packed": packed, "args": args, "ret": ret})  # fmt: skip
             irs.append(mod.as_bitcode())
     linked = _link_parts(specs, irs, ll)
     if linked is None:
@@ -1110,6 +1180,45 @@ def build(
     if not quiet:
         print(f"{len(specs)} loop specialisations in {directory / so_name}")
     return path
+
+
+# How a trampoline makes an argument of each type from its 64-bit word.
+_FROM_WORD = {
+    "i64": None,
+    "ptr": "inttoptr i64 {w} to ptr",
+    "i1": "trunc i64 {w} to i1",
+    "i8": "trunc i64 {w} to i8",
+    "i16": "trunc i64 {w} to i16",
+    "i32": "trunc i64 {w} to i32",
+    "double": "bitcast i64 {w} to double",
+}
+
+
+def _packed_trampoline(symbol: str, packed: str, args: list[str]) -> str:
+    """LLVM IR of ``status packed(ret *, excinfo **, uint64_t *words)``,
+    which calls ``symbol`` (numba's native calling convention) with its
+    arguments read from ``words``, one word each (a float's bits in the
+    low half).  Python then passes one pointer, not hundreds of scalars."""
+    lines = [f'define i32 @"{packed}"(ptr %ret, ptr %exc, ptr %words) {{']
+    values = []
+    for j, t in enumerate(args):
+        lines.append(f"  %p{j} = getelementptr i64, ptr %words, i64 {j}")
+        lines.append(f"  %w{j} = load i64, ptr %p{j}")
+        if t == "float":
+            lines.append(f"  %h{j} = trunc i64 %w{j} to i32")
+            lines.append(f"  %a{j} = bitcast i32 %h{j} to float")
+        elif _FROM_WORD[t] is None:
+            lines.append(f"  %a{j} = add i64 %w{j}, 0")
+        else:
+            lines.append(f"  %a{j} = " + _FROM_WORD[t].format(w=f"%w{j}"))
+        values.append(f"{t} %a{j}")
+    call_args = ", ".join(["ptr %ret", "ptr %exc", *values])
+    lines.append(f'  %r = call i32 @"{symbol}"({call_args}) #0')
+    lines.append("  ret i32 %r")
+    lines.append("}")
+    lines.append(f'declare i32 @"{symbol}"({", ".join(["ptr", "ptr", *args])})')
+    lines.append("attributes #0 = { noinline }")
+    return "\n".join(lines) + "\n"
 
 
 def _argument_types(fn) -> list[str]:
@@ -1297,7 +1406,8 @@ def _link_parts(specs: list[dict], irs: list[bytes], ll) -> list | None:
         sizes[lightest] += sum(len(irs[k]) for k in members)
     linked = []
     for group in filter(None, groups):
-        mod = _linked([irs[k] for k in group], {specs[k]["symbol"] for k in group}, ll)
+        entries = {specs[k][e] for k in group for e in ("symbol", "packed") if specs[k].get(e)}
+        mod = _linked([irs[k] for k in group], entries, ll)
         if _outside(mod):
             return None
         linked.append(mod)

@@ -71,6 +71,10 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
         _same(expected, got)
         # Only the allocating loop went through numba this time.
         assert aot.fallbacks() == {f"{ks.__name__}:allocates"}
+        # The library's loops take their arguments as one array of words.
+        entries = aot._load_library().entries(f"{ks.__name__}:fill")
+        assert entries and all(e.packed is not None for e in entries.values())
+        _threads_keep_their_own_words(ks)
         _index_stands_for_the_manifest(manifest, f"{ks.__name__}:fill")
         # A changed source file retires the library.
         src = __import__("pathlib").Path(ks.__file__)
@@ -85,6 +89,24 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
     finally:
         aot.use_library(None)
         aot._library = False  # look for the real one again
+
+
+def _threads_keep_their_own_words(ks) -> None:
+    """Threads calling one loop at once, each with arguments of its own
+    (some the very objects of its last call, some new), get their own
+    results: a thread's words are its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bufs = [np.frombuffer(bytes([k]) * 4096, np.uint8) for k in range(1, 5)]
+
+    def work(k: int) -> list[int]:
+        buf = bufs[k]
+        return [int(ks.total(buf, 0, 1 + (i * 37 + k) % 4000)) for i in range(300)]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(work, range(4)))
+    for k in range(4):
+        assert got[k] == [(k + 1) * (1 + (i * 37 + k) % 4000) for i in range(300)]
 
 
 def _index_stands_for_the_manifest(manifest, loop: str) -> None:
