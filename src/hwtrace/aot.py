@@ -757,7 +757,12 @@ class CompiledLoop:
         self._wrapped = None  # a dispatcher Python can call (see _python_call)
         self._jit: dict = {}  # argument key -> _Entry of numba's code (None: not callable so)
         self._native: dict | None = None
-        self._last: list = []  # (argument, key, values) of the last call
+        # The last call's (argument, key, values) each, and its argument
+        # key: one tuple, which threads read and replace whole.
+        self._last: tuple = ([], ())
+        # The last call's argument key and the library entry found for it
+        # (one tuple: threads read and replace it whole).
+        self._hit: tuple = ((), None)
         _registry[self.name] = self
 
     @property
@@ -834,10 +839,16 @@ class CompiledLoop:
         try:
             keys, parts = self._layout(args)
         except (TypeError, ValueError, OverflowError):  # an argument with no native layout
-            self._last = []
+            self._last = ([], ())
             return self._wrapped_call(args)
         if native:
-            entry = native.get(keys)
+            hit = self._hit
+            if hit[0] is keys:
+                entry = hit[1]
+            else:
+                # (a key of nested tuples is hashed anew at every lookup)
+                entry = native.get(keys)
+                self._hit = (keys, entry)
             if entry is not None:
                 return entry.call_parts(parts)
         if self.name not in _fallbacks:
@@ -854,18 +865,23 @@ class CompiledLoop:
         table, output buffers): an argument that is the very object of the
         previous call (arrays never change address or shape; tuples never
         change) is not looked at again, and keeps the very tuple."""
-        last = self._last
+        last, last_keys = self._last
         parts = []
+        same = len(last) == len(args)
         for i, a in enumerate(args):
             if i < len(last) and _same(last[i][0], a):
                 parts.append(last[i])
                 continue
+            same = False
             k: list = []
             f: list = []
             _flatten(a, k, f)
             parts.append((_held(a), k[0], f))
-        self._last = parts
-        return tuple(p[1] for p in parts), parts
+        # (the very key object of the last call when no argument changed:
+        # the library entry found for it is kept with it, see __call__)
+        keys = last_keys if same else tuple(p[1] for p in parts)
+        self._last = (parts, keys)
+        return keys, parts
 
     def __getattr__(self, name: str):
         # signatures, overloads, py_func's attributes...: numba's.
