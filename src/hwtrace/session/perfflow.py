@@ -335,10 +335,13 @@ class QueueContexts:
         else:
             ns.fill(-1)
         if self.tid >= 0:
+            # (a thread's queue: one thread and process throughout, not
+            # looked for in the column just filled)
             tids.fill(self.tid)
+            pids.fill(sb.pid_of(self.tid))
         else:
             tids[:] = sb.threads_on(self.cpu, np.maximum(ns, 0))
-        pids[:] = self._pids(tids)
+            pids[:] = self._pids(tids)
         return ns, tids, pids
 
     def thread_columns(self) -> tuple:
