@@ -40,7 +40,6 @@ from .kinds import DecodeError, Kind
 from .options import AddrFilter, BlockFlags, EventOptions
 from .packets import (
     FAULT_AROUND,
-    ColumnBuffers,
     PacketBuffers,
     as_buffer,
     decode_range,
@@ -49,7 +48,7 @@ from .packets import (
     psb_plus_end,
     release,
 )
-from .timing import TIME_TYPES, estimate_time, new_time_state
+from .timing import TimeBuffers, estimate_time, new_time_state
 
 _MASK64 = (1 << 64) - 1
 _ERRATA_BITS = {
@@ -290,7 +289,7 @@ class FlowDecoder:
         # (and the PSB+ that ends a window is read into buffers of its own).
         self._packet_buffers = PacketBuffers()
         self._psb_buffers = PacketBuffers()
-        self._time_buffers = ColumnBuffers(TIME_TYPES)
+        self._time_buffers = TimeBuffers()
         # The flow loop's tuple of the buffers' whole columns, and the
         # columns it was made of (see _window_packets).
         self._packets: tuple = ((), (), ())
@@ -608,6 +607,9 @@ class FlowDecoder:
         """The time of every packet of a window from the time model's state
         ``tstate``, and that state before packet ``save_at``."""
         saved = new_time_state()
+        cols = self._packet_buffers.columns()
+        # (the packet buffers' whole columns when the table is theirs)
+        whole = (cols[1], cols[3], cols[4]) if table.kind.base is cols[1] else None
         times = estimate_time(
             table,
             self.config,
@@ -617,6 +619,7 @@ class FlowDecoder:
             saved=saved,
             buffers=self._time_buffers,
             fcr=False,
+            columns=whole,
         )
         return times, saved
 

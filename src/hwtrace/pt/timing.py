@@ -126,18 +126,18 @@ for _k in (Kind.PAD, Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def time_loop(
-    kinds, col_a, col_b, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved,
+    kinds, col_a, col_b, n, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved,
     out,
 ):  # fmt: skip
-    """Run the time model over a packet table, into ``out`` (see
-    :func:`new_time_output`); returns the number of diagnostics, in the
-    order they arose.  The model starts from ``state`` (see
-    :func:`new_time_state`) and leaves its state after the last packet
-    there, so a stream can be timed table by table; ``saved`` receives the
-    state before packet ``save_at`` (-1: none), where a later table may
-    start.
+    """Run the time model over the first ``n`` packets of a packet table's
+    columns, into ``out`` (see :func:`new_time_output`); returns the number
+    of diagnostics, in the order they arose.  The model starts from
+    ``state`` (see :func:`new_time_state`) and leaves its state after the
+    last packet there, so a stream can be timed table by table; ``saved``
+    receives the state before packet ``save_at`` (-1: none), where a later
+    table may start.  (The columns may be longer than ``n``: a decoder's
+    buffers, passed whole, the same objects from window to window.)
     """
-    n = kinds.shape[0]
     out_tsc, out_have_tsc, out_fcr, out_have_fcr, d_idx, d_kind, d_err = out
     want_fcr = out_fcr.shape[0] >= n  # (empty: the caller has no use for it)
     nd = 0
@@ -446,13 +446,45 @@ class TimeColumns:
     diag_error: np.ndarray
 
 
-def segment_starts(table: PacketTable) -> np.ndarray:
+def segment_starts(table: PacketTable, out: np.ndarray | None = None) -> np.ndarray:
     """True at the first packet after each resynchronisation, where a
-    decoder starts again with no state."""
-    starts = np.zeros(len(table), np.bool_)
-    idx = table.err_index[table.err_index < len(table)]
+    decoder starts again with no state (into the first rows of ``out``, if
+    given, which is returned whole)."""
+    n = len(table)
+    if out is None:
+        starts = np.zeros(n, np.bool_)
+    else:
+        starts = out
+        starts[:n] = False
+    idx = table.err_index[table.err_index < n]
     starts[idx] = True
     return starts
+
+
+class TimeBuffers(ColumnBuffers):
+    """The time model's columns (:data:`TIME_TYPES`) with the segment
+    starts and diagnostics columns :func:`estimate_time` also needs, kept
+    from one call to the next (see :class:`~hwtrace.pt.packets.PacketBuffers`:
+    the loop is handed the very arrays of its last call)."""
+
+    def __init__(self) -> None:
+        super().__init__(TIME_TYPES)
+        self._starts = np.zeros(0, np.bool_)
+        self._diag: tuple[np.ndarray, ...] = ()
+
+    def starts(self, n: int) -> np.ndarray:
+        """A segment-starts column of at least ``n`` rows."""
+        if self._starts.shape[0] < n:
+            self._starts = np.zeros(max(n, self._starts.shape[0] * 3 // 2), np.bool_)
+        return self._starts
+
+    def diagnostics(self, n: int) -> tuple[np.ndarray, ...]:
+        """Room for the diagnostics of ``n`` packets (see
+        :func:`new_time_output`)."""
+        if not self._diag or self._diag[0].shape[0] < 3 * n + 1:
+            cap = max(3 * n + 1, self._diag[0].shape[0] * 3 // 2 if self._diag else 0)
+            self._diag = (np.empty(cap, np.int64), np.empty(cap, np.int8), np.empty(cap, np.int8))
+        return self._diag
 
 
 def estimate_time(
@@ -467,13 +499,16 @@ def estimate_time(
     saved: np.ndarray | None = None,
     buffers: ColumnBuffers | None = None,
     fcr: bool = True,
+    columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> TimeColumns:
     """Estimate the TSC at every packet of ``table``: from the start of a
     stream, or, given the ``state`` an earlier table left (updated in place),
     from where it ended.  ``saved`` receives the state before packet
     ``save_at``.  With ``buffers`` (of :data:`TIME_TYPES`) the columns are
-    views of them, valid until their next use.  Without ``fcr`` the
-    calibration columns are left empty."""
+    views of them, valid until their next use (:class:`TimeBuffers` also
+    keep the model's other columns).  Without ``fcr`` the calibration
+    columns are left empty.  ``columns``: the kind, ``a`` and ``b`` columns
+    whose first rows ``table``'s are (a decoder's buffers, whole)."""
     config = config or PtConfig()
     opts = 0
     if not calibrate:
@@ -485,14 +520,22 @@ def estimate_time(
     if "skl168" in config.errata:
         opts |= OPT_SKL168
     n = len(table)
-    out = new_time_output(n, None if buffers is None else buffers.take(n))
+    kept = buffers if isinstance(buffers, TimeBuffers) else None
+    if kept is not None:
+        out = (*buffers.take(n), *kept.diagnostics(n))
+        starts = segment_starts(table, kept.starts(n))
+    else:
+        out = new_time_output(n, None if buffers is None else buffers.take(n))
+        starts = segment_starts(table)
     if not fcr:
         out = (out[0], out[1], _NO_FCR, _NO_HAVE_FCR, *out[4:])
+    kinds, a, b = columns if columns is not None else (table.kind, table.a, table.b)
     nd = time_loop(
-        table.kind,
-        table.a,
-        table.b,
-        segment_starts(table),
+        kinds,
+        a,
+        b,
+        n,
+        starts,
         int(config.mtc_freq),
         int(config.nom_freq),
         int(config.cpuid_0x15_eax),
