@@ -458,7 +458,11 @@ class _Entry:
         self.name = name
         self.fn = fn
         self.args = args
+        # (set by use_packed: the library's trampoline, the float
+        # arguments' positions, each thread's words)
         self.packed = None
+        self.reals: dict[int, str] = {}
+        self._local: threading.local | None = None
         if ret is None:
             self.ret_type = ctypes.c_int64
             self.unpack: Callable = lambda r: None
@@ -497,7 +501,6 @@ class _Entry:
         has hundreds: 100 us a call), and of the words only those of
         arguments that changed since the thread's last call are written."""
         self.packed = packed
-        self.n_words = len(self.args)
         self.reals = {j: t for j, t in enumerate(self.args) if t in ("double", "float")}
         self._local = threading.local()
 
@@ -506,14 +509,11 @@ class _Entry:
         out: ``(argument, key, words)`` each, the very tuple of the last
         call for an argument that did not change."""
         if self.packed is None:
-            flat: list = []
-            for p in parts:
-                flat += p[2]
-            return self(flat)
+            return self(_words_of(parts))
         local = self._local
         words = getattr(local, "words", None)
         if words is None:
-            words = local.words = (ctypes.c_uint64 * max(self.n_words, 1))()
+            words = local.words = (ctypes.c_uint64 * max(len(self.args), 1))()
             local.parts = []
         written = local.parts
         if len(written) != len(parts):
@@ -561,6 +561,15 @@ class _Entry:
         if status == -2:
             return None
         raise _exception(self.name, status, exc)
+
+
+def _words_of(parts: list) -> list:
+    """The arguments' values laid out by :meth:`CompiledLoop._layout`, in
+    one list."""
+    flat: list = []
+    for p in parts:
+        flat += p[2]
+    return flat
 
 
 class _ExcInfo(ctypes.Structure):
@@ -853,10 +862,7 @@ class CompiledLoop:
                 return entry.call_parts(parts)
         if self.name not in _fallbacks:
             _fallbacks.add(self.name)
-        flat: list = []
-        for p in parts:
-            flat += p[2]
-        return self._python_call(args, keys, flat)
+        return self._python_call(args, keys, _words_of(parts))
 
     def _layout(self, args: tuple) -> tuple[tuple, list]:
         """The arguments' type key and, per argument, ``(what is held of

@@ -561,8 +561,8 @@ class FlowDecoder:
         when the table and times are in them, the very tuple of the last
         window (the loop's arguments are then not looked at again, see
         hwtrace.aot), else the table's and times' own."""
-        cols, tcols = self._packet_buffers.columns(), self._time_buffers.columns()
-        if table.kind.base is not cols[1] or times.tsc.base is not tcols[0]:
+        cols, tcols = self._buffered(table), self._time_buffers.columns()
+        if cols is None or times.tsc.base is not tcols[0]:
             return (
                 table.kind, table.a, table.b, table.c, table.offset, table.size,
                 times.tsc, times.have_tsc,
@@ -573,6 +573,12 @@ class FlowDecoder:
             pk = (kind, a, b, c, offset, size, tcols[0].view(np.uint64), tcols[1])
             held = self._packets = (cols, tcols, pk)
         return held[2]
+
+    def _buffered(self, table) -> tuple | None:
+        """The packet buffers' whole columns when ``table`` is in them
+        (decoded in one part), else None."""
+        cols = self._packet_buffers.columns()
+        return cols if table.kind.base is cols[1] else None
 
     def _unplaced(self, table, times, store: CodeRevisions, epoch: int, fresh: bool):
         """The revisions a window starting in ``epoch`` cannot place, and
@@ -607,9 +613,8 @@ class FlowDecoder:
         """The time of every packet of a window from the time model's state
         ``tstate``, and that state before packet ``save_at``."""
         saved = new_time_state()
-        cols = self._packet_buffers.columns()
-        # (the packet buffers' whole columns when the table is theirs)
-        whole = (cols[1], cols[3], cols[4]) if table.kind.base is cols[1] else None
+        cols = self._buffered(table)
+        whole = None if cols is None else (cols[1], cols[3], cols[4])  # kind, a, b
         times = estimate_time(
             table,
             self.config,
