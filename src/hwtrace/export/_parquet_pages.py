@@ -858,19 +858,21 @@ def index_values(values, keys, slots, entries, count, out):
 # into its table of distinct blocks.  A chunk of such a column needs no value
 # hashed: its dictionary is made from the chunk's distinct keys (a few
 # thousand), and a row's index is its key's.  A column with a value per key
-# (the address, nearly) has the index pages of the keys themselves, made
-# once for all such columns; another (instructions, symbol) maps each key to
-# its value's index first.
+# has the index pages of the keys' own indices, made once for all such
+# columns; another (instructions, symbol, mostly the address too: a block
+# entered at one address may end in several places) maps each key's index
+# to its value's index first.
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_keyed(keys, n, base, state, local, entries, indices, out):
-    """An RLE_DICTIONARY page of ``n`` rows named by ``keys`` (``base +
-    key`` in the chunk's numbering of its tables' keys), none null: each
-    row's index in the chunk's dictionary of keys (``entries``: the keys in
-    the order first seen, ``state[ST_DICT]`` of them; ``local[key]``: a
-    key's index, -1: not in it yet), a byte of bit width, then the indices
-    in the hybrid.  Returns the page's length."""
+def index_keys(keys, n, base, state, local, entries, indices):
+    """Each of ``n`` rows named by ``keys`` (``base + key`` in the chunk's
+    numbering of its tables' keys) by its index in the chunk's dictionary
+    of keys into ``indices`` (``entries``: the keys in the order first
+    seen, ``state[ST_DICT]`` of them; ``local[key]``: a key's index, -1:
+    not in it yet).  The columns keyed by these keys map the indices to
+    their own dictionaries' (:func:`encode_remapped`), or page them as
+    they are (:func:`index_page`)."""
     count = state[ST_DICT]
     at = np.uint64(base)  # (keys and base unsigned: no negative-index checks)
     for i in range(n):
@@ -883,7 +885,13 @@ def encode_keyed(keys, n, base, state, local, entries, indices, out):
             count += 1
         indices[i] = j
     state[ST_DICT] = count
-    return _index_page(indices, n, _index_width(count), out)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def index_page(indices, n, width, out):
+    """An RLE_DICTIONARY page of ``n`` non-null rows of dictionary
+    ``indices`` (``width`` bits).  Returns the page's length."""
+    return _index_page(indices, n, width, out)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -921,13 +929,14 @@ def keyed_values(table, entries, count, null, unsigned, rows, state, values):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_mapped(keys, n, base, key_index, width, indices, out):
-    """An RLE_DICTIONARY page of ``n`` rows named by ``keys``, none null,
-    each row's index ``key_index[base + key]`` (``width`` bits), as
-    :func:`encode_keyed`'s.  Returns the page's length."""
-    at = np.uint64(base)  # (keys and base unsigned: no negative-index checks)
+def encode_remapped(local, n, remap, width, indices, out):
+    """An RLE_DICTIONARY page of ``n`` non-null rows whose keys'
+    indices are ``local`` (:func:`index_keys`), each row's index
+    ``remap[local]`` (``width`` bits): a column with fewer values than
+    keys.  Returns the page's length."""
     for i in range(n):
-        indices[i] = key_index[np.uint64(keys[i]) + at]
+        # (an unsigned index: no negative-index check a row)
+        indices[i] = remap[np.uint64(local[i])]
     return _index_page(indices, n, width, out)
 
 

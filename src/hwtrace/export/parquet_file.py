@@ -227,6 +227,21 @@ class _EncodedChunk(NamedTuple):
     before: tuple | None = None
 
 
+class _KeyedRows:
+    """A row group's keyed pieces as :meth:`_Scratch.keyed` made them: per
+    piece its rows' indices into the chunk's dictionary of keys, and how
+    many keys the pieces up to it name; the keys in dictionary order; where
+    each source's keys start (:func:`_sources`); and the index pages of
+    the indices as they are, once a column asks (None before)."""
+
+    __slots__ = ("bases", "counts", "entries", "indices", "pages")
+
+    def __init__(self, indices: list[np.ndarray], entries: np.ndarray, counts: list[int],
+                 bases: dict[int, tuple[int, int]]) -> None:  # fmt: skip
+        self.indices, self.entries, self.counts, self.bases = indices, entries, counts, bases
+        self.pages: list[bytes] | None = None
+
+
 class _Scratch:
     """Buffers the encoders share: a writer encodes one column chunk at a
     time, and writers sharing one encode one after the other."""
@@ -243,13 +258,15 @@ class _Scratch:
         # and encodings, and the chunk's statistics (ParquetFileWriter).
         self.constant_chunks: dict[tuple, tuple] = {}
         # Keyed chunks (see Keyed): a key's index in the chunk's dictionary
-        # (-1: none), the chunk's keys in order, and per row group the index
-        # pages made of each run of pieces' keys, and their compressions.
+        # (-1: none), the chunk's keys in order, each row's key's index, and
+        # per row group what was made of each run of pieces' keys (see
+        # keyed), and their compressions.
         self.key_local = np.full(1 << 12, -1, np.int32)
         self.key_entries = np.zeros(1 << 12, np.int64)
         self.key_values = np.zeros(1 << 12, np.int64)
-        self.key_index = np.zeros(1 << 12, np.int32)
-        self.keyed_pages: dict[tuple, tuple] = {}
+        self.key_rows = np.zeros(0, np.int32)
+        self.key_rows_used = 0
+        self.keyed_pages: dict[tuple, _KeyedRows] = {}
         self.compressed: dict[int, tuple[bytes, bytes | Future]] = {}
 
     def _table(self, size: int) -> None:
@@ -289,15 +306,12 @@ class _Scratch:
         pp.reset_dictionary(self.slots, self.entries, count)
         self._table(pp.DICT_SLOTS_MIN)
 
-    def keyed(
-        self, pieces: Sequence[tuple[Keyed, int]]
-    ) -> tuple[list[bytes], np.ndarray, list[int], dict[int, tuple[int, int]]]:
-        """The index pages of keyed pieces (one per piece), the chunk's keys
-        in dictionary order, how many of them the pages up to each one
-        name, and where each source's keys start (:func:`_sources`); made
-        once per row group for the pieces' keys (the columns keyed by them
-        share them).  Keys of several sources (a chunk of several queues'
-        blocks) are numbered after one another."""
+    def keyed(self, pieces: Sequence[tuple[Keyed, int]]) -> _KeyedRows:
+        """The rows of keyed pieces as indices into the chunk's dictionary
+        of their keys (:class:`_KeyedRows`); made once per row group for
+        the pieces' keys (the columns keyed by them share them).  Keys of
+        several sources (a chunk of several queues' blocks) are numbered
+        after one another."""
         memo_key = tuple((_address(k.keys), n, k.source) for k, n in pieces)
         got = self.keyed_pages.get(memo_key)
         if got is not None:
@@ -307,23 +321,45 @@ class _Scratch:
             self.key_local = np.full(2 * size, -1, np.int32)
             self.key_entries = np.zeros(2 * size, np.int64)
             self.key_values = np.zeros(2 * size, np.int64)
-            self.key_index = np.zeros(2 * size, np.int32)
+        # (the indices stay until the row group is written: those of other
+        # pieces go after them, in a new buffer when they do not fit; the
+        # old one stays as long as the indices in it do)
+        at = self.key_rows_used
+        rows = sum(n for _, n in pieces)
+        if at + rows > self.key_rows.shape[0]:
+            self.key_rows = np.zeros(max(rows, 2 * self.key_rows.shape[0]), np.int32)
+            at = 0
+        self.key_rows_used = at + rows
         state = np.zeros(pp.ST_SIZE, np.int64)
-        bodies, counts = [], []
+        indices, counts = [], []
         for k, n in pieces:
-            size = pp.encode_keyed(k.keys, n, bases[k.source][0], state, self.key_local,
-                                   self.key_entries, self.indices, self.out)  # fmt: skip
-            bodies.append(self.out[:size].tobytes())
+            part = self.key_rows[at : at + n]
+            pp.index_keys(k.keys, n, bases[k.source][0], state, self.key_local,
+                          self.key_entries, part)  # fmt: skip
+            indices.append(part)
             counts.append(int(state[pp.ST_DICT]))
+            at += n
         count = int(state[pp.ST_DICT])
         entries = self.key_entries[:count].copy()
         pp.forget_keys(self.key_local, entries, count)
-        got = self.keyed_pages[memo_key] = (bodies, entries, counts, bases)
+        got = self.keyed_pages[memo_key] = _KeyedRows(indices, entries, counts, bases)
         return got
+
+    def keyed_pages_of(self, rows: _KeyedRows) -> list[bytes]:
+        """The index pages of :meth:`keyed`'s rows as they are (a column
+        with a value per key), one per piece; made once, the same bytes
+        for every such column (compressed once)."""
+        if rows.pages is None:
+            rows.pages = []
+            for part, count in zip(rows.indices, rows.counts, strict=True):
+                size = pp.index_page(part, part.shape[0], pp.index_width(count), self.out)
+                rows.pages.append(self.out[:size].tobytes())
+        return rows.pages
 
     def new_row_group(self) -> None:
         """Forget the pages made for the last row group."""
         self.keyed_pages.clear()
+        self.key_rows_used = 0
         self.compressed.clear()
 
     def grow(self, rows: int) -> None:
@@ -566,7 +602,8 @@ class ParquetFileWriter:
         """:meth:`_encode` of a chunk of keyed pieces: None when a value of
         it is null (the chunk is then encoded from its values)."""
         s = self.scratch
-        bodies, entries, counts, bases = s.keyed(pieces)
+        rows_of = s.keyed(pieces)
+        entries, counts, bases = rows_of.entries, rows_of.counts, rows_of.bases
         count = entries.shape[0]
         # (per source its latest table: a source's tables are its decoder's
         # table of distinct blocks as it grew)
@@ -583,21 +620,21 @@ class ParquetFileWriter:
         distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
         if distinct.shape[0] == count:
             # (a value per key: the keys' own index pages)
-            pages = [(_RLE_DICTIONARY, n, b) for (_, n), b in zip(pieces, bodies, strict=True)]
+            pages = [(_RLE_DICTIONARY, n, b)
+                     for (_, n), b in zip(pieces, s.keyed_pages_of(rows_of), strict=True)]  # fmt: skip
             dictionary = values
         else:
             order = np.argsort(first)
             rank = np.empty(order.shape[0], np.int32)
             rank[order] = np.arange(order.shape[0], dtype=np.int32)
-            s.key_index[entries] = rank[inverse.reshape(-1)]
-            seen = np.maximum.accumulate(rank[inverse.reshape(-1)]) + 1
+            remap = rank[inverse.reshape(-1)]
+            seen = np.maximum.accumulate(remap) + 1
             dictionary = distinct[order]
             pages = []
-            for (k, n), c in zip(pieces, counts, strict=True):
+            for part, c in zip(rows_of.indices, counts, strict=True):
                 width = pp.index_width(int(seen[c - 1]) if c else 0)
-                size = pp.encode_mapped(k.keys, n, bases[k.source][0], s.key_index, width,
-                                        s.indices, s.out)  # fmt: skip
-                pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
+                size = pp.encode_remapped(part, part.shape[0], remap, width, s.indices, s.out)
+                pages.append((_RLE_DICTIONARY, part.shape[0], s.out[:size].tobytes()))
         state[pp.ST_DICT] = dictionary.shape[0]
         size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)
         return pages, s.out[:size].tobytes(), int(dictionary.shape[0])
