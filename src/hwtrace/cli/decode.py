@@ -280,6 +280,9 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
                                                    on_piece=on_piece)  # fmt: skip
                 tids.update(seen)
             progress.update(task, completed=max(total_bytes, 1))
+        # (the decode's time includes writing what it decoded: the rows
+        # still waiting or being written on the writer's thread)
+        writer.drain()
         seconds = time.perf_counter() - started
         extra = calls.write(writer) if calls is not None else {}
         meta = finish_dataset(

@@ -849,9 +849,14 @@ class _Partitioned:
             self.io.run(self.open.pop(key).close)
             del self.in_file[key]
 
-    def close(self, empty_file: bool = True) -> None:
+    def flush(self) -> None:
+        """Write the rows waiting for a row group's worth (in ``io``'s
+        thread: :meth:`_Io.wait` for them)."""
         for key in list(self.waiting):
             self._flush(key)
+
+    def close(self, empty_file: bool = True) -> None:
+        self.flush()
         if not self.parts and empty_file:
             # No rows: one empty file, so that readers find the schema.
             d = self.root / "cpu=-1" / "bucket=-1"
@@ -1009,6 +1014,17 @@ class FlowParquetWriter:
         if self.io.elsewhere:
             self.io.wait()
         return self._n_insn
+
+    def drain(self) -> None:
+        """Write every block (and instruction) given so far, the rows
+        waiting for a row group's worth too, and wait until they are
+        written: what a decode's time must include.  More may be given
+        after."""
+        self.io.wait()  # (the batches given: their rows join those waiting)
+        self.blocks.flush()
+        if self.instructions is not None:
+            self.instructions.flush()
+        self.io.wait()
 
     def _bucket(self, ns: np.ndarray | Runs) -> np.ndarray | int:
         """Each row's time bucket (-1: time unknown), or the one bucket of
