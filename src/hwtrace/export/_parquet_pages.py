@@ -225,22 +225,21 @@ def _hybrid(out, pos, values, n, width):
             pos = _rle_run(out, pos, j, v, width)
             i += j
             continue
-        # A packed run, until a run of eight equal values starts a group.
-        k = 0
-        while True:
-            k += 8
-            if k >= rest.shape[0]:
+        # A packed run, until a run of eight equal values starts a group
+        # (a group's seven comparisons made without a branch each).
+        m = rest.shape[0]
+        k = 8
+        found = False
+        while k + 8 <= m:
+            g = rest[k : k + 8]
+            g0 = g[0]
+            differ = (g[1] ^ g0) | (g[2] ^ g0) | (g[3] ^ g0) | (g[4] ^ g0)
+            differ |= (g[5] ^ g0) | (g[6] ^ g0) | (g[7] ^ g0)
+            if differ == 0:
+                found = True
                 break
-            if k + 8 <= rest.shape[0]:
-                group = rest[k : k + 8]
-                same = True
-                for t in range(1, 8):
-                    if group[t] != group[0]:
-                        same = False
-                        break
-                if same:
-                    break
-        groups = (min(k, rest.shape[0]) + 7) // 8
+            k += 8
+        groups = k // 8 if found else (m + 7) // 8
         pos = _packed_run(out, pos, rest, groups, width)
         i += 8 * groups
     return pos
@@ -902,11 +901,12 @@ def _index_page(indices, n, width, out):
     pos = _rle_run(out, 4, n, 1, 1)
     _put_le(out, 0, pos - 4, 4)
     out[pos] = width
-    if n > 0:
-        differ = indices[0] ^ indices[0]
-        for i in range(n):
-            differ |= indices[i] ^ indices[0]
-        if differ == 0:
+    if 0 < n < 8:
+        # (from eight rows up the hybrid makes the one run itself)
+        same = True
+        for i in range(1, n):
+            same &= indices[i] == indices[0]
+        if same:
             return _rle_run(out, pos + 1, n, indices[0], width)
     return _hybrid(out, pos + 1, indices, n, width)
 
