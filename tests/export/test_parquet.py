@@ -279,3 +279,22 @@ def test_distributed_decode_or_one_line(recorded, tmp_path):
     assert out.returncode == 0, out.stderr
     mine, theirs = _read(flow, "blocks"), _read(tmp_path / "d", "blocks")
     assert theirs.drop_columns(["bucket"]).equals(mine.drop_columns(["bucket"]))
+
+
+def test_drain_writes_every_block_given(batches, tmp_path):
+    """What ``hwtrace decode`` times: after ``drain`` no row waits for a
+    row group's worth and no write is queued; more may be written after."""
+    from hwtrace.export.parquet import FlowParquetWriter, finish_dataset
+
+    got, stream = batches
+    w = FlowParquetWriter(tmp_path / "flow", {}, names=Names(), background=True)
+    half = len(got) // 2
+    for b in got[:half]:
+        w.write_blocks(b)
+    w.drain()
+    assert not w.blocks.waiting and not w.io.pending
+    for b in got[half:]:
+        w.write_blocks(b)
+    meta = finish_dataset(w, stream, set())
+    assert meta["rows"]["blocks"] == sum(len(b) for b in got)
+    assert _read(tmp_path / "flow", "blocks").num_rows == meta["rows"]["blocks"]
