@@ -889,15 +889,9 @@ def index_keys(keys, n, base, state, local, entries, indices):
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def index_page(indices, n, width, out):
     """An RLE_DICTIONARY page of ``n`` non-null rows of dictionary
-    ``indices`` (``width`` bits).  Returns the page's length."""
-    return _index_page(indices, n, width, out)
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def _index_page(indices, n, width, out):
-    """The page of ``n`` non-null rows of dictionary ``indices``: levels,
-    the width, the indices in the hybrid (one RLE run when all are the
-    same, as :func:`encode_dictionary` writes a page of one value)."""
+    ``indices`` (``width`` bits): levels, the width, the indices in the
+    hybrid (one RLE run when all are the same, as :func:`encode_dictionary`
+    writes a page of one value).  Returns the page's length."""
     pos = _rle_run(out, 4, n, 1, 1)
     _put_le(out, 0, pos - 4, 4)
     out[pos] = width
@@ -937,7 +931,7 @@ def encode_remapped(local, n, remap, width, indices, out):
     for i in range(n):
         # (an unsigned index: no negative-index check a row)
         indices[i] = remap[np.uint64(local[i])]
-    return _index_page(indices, n, width, out)
+    return index_page(indices, n, width, out)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)

@@ -266,7 +266,7 @@ class _Scratch:
         self.key_values = np.zeros(1 << 12, np.int64)
         self.key_rows = np.zeros(0, np.int32)
         self.key_rows_used = 0
-        self.keyed_pages: dict[tuple, _KeyedRows] = {}
+        self.keyed_rows: dict[tuple, _KeyedRows] = {}
         self.compressed: dict[int, tuple[bytes, bytes | Future]] = {}
 
     def _table(self, size: int) -> None:
@@ -313,7 +313,7 @@ class _Scratch:
         several sources (a chunk of several queues' blocks) are numbered
         after one another."""
         memo_key = tuple((_address(k.keys), n, k.source) for k, n in pieces)
-        got = self.keyed_pages.get(memo_key)
+        got = self.keyed_rows.get(memo_key)
         if got is not None:
             return got
         bases, size = _sources(pieces)
@@ -342,7 +342,7 @@ class _Scratch:
         count = int(state[pp.ST_DICT])
         entries = self.key_entries[:count].copy()
         pp.forget_keys(self.key_local, entries, count)
-        got = self.keyed_pages[memo_key] = _KeyedRows(indices, entries, counts, bases)
+        got = self.keyed_rows[memo_key] = _KeyedRows(indices, entries, counts, bases)
         return got
 
     def keyed_pages_of(self, rows: _KeyedRows) -> list[bytes]:
@@ -358,7 +358,7 @@ class _Scratch:
 
     def new_row_group(self) -> None:
         """Forget the pages made for the last row group."""
-        self.keyed_pages.clear()
+        self.keyed_rows.clear()
         self.key_rows_used = 0
         self.compressed.clear()
 
