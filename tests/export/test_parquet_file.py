@@ -453,3 +453,56 @@ def test_chunks_of_one_value_write_what_the_values_do(tmp_path, kind, encoding, 
         assert out["broadcast"] == out["array"], v
         got = pq.read_table(pa.BufferReader(out["broadcast"])).column("c")
         assert len(got) == 2023
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from([0, 2]),
+    sizes=st.lists(st.integers(0, 2**31 - 1), min_size=3, max_size=3),
+    encoding=st.sampled_from([0, 3, 5, 8]),
+)
+def test_page_headers_laid_out_at_once_are_thrifts(kind, sizes, encoding):
+    """The page header the writer lays out at once is the Thrift struct
+    field by field (the compact protocol's encoder beside it)."""
+    from hwtrace.export.parquet_file import _RLE, _page_header, _Struct
+
+    size, stored, n = sizes
+    h = _Struct().i32(1, kind).i32(2, size).i32(3, stored)
+    if kind == 0:
+        h.struct(5, _Struct().i32(1, n).i32(2, encoding).i32(3, _RLE).i32(4, _RLE))
+    else:
+        h.struct(7, _Struct().i32(1, n).i32(2, encoding))
+    assert _page_header(kind, size, stored, n, encoding) == h.done()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    physical=st.sampled_from([0, 1, 2]),
+    encodings=st.lists(st.integers(0, 9), min_size=1, max_size=20),
+    name=st.text(min_size=1, max_size=200),
+    codec=st.sampled_from([0, 6]),
+    numbers=st.lists(st.integers(0, 2**62), min_size=6, max_size=6),
+    dictionary=st.booleans(),
+    bounds=st.one_of(
+        st.none(), st.tuples(st.binary(min_size=1, max_size=8), st.binary(min_size=1, max_size=8))
+    ),
+)
+def test_column_chunks_laid_out_at_once_are_thrifts(physical, encodings, name, codec, numbers,
+                                                    dictionary, bounds):  # fmt: skip
+    """A row group's column chunk laid out at once is the Thrift struct
+    field by field, with and without a dictionary page and statistics."""
+    from hwtrace.export.parquet_file import _column_chunk, _Struct
+
+    values, size, stored, data_at, dict_at, nulls = numbers
+    stats = _Struct().i64(3, nulls)
+    if bounds is not None:
+        stats.binary(5, bounds[0]).binary(6, bounds[1])
+    meta = (_Struct().i32(1, physical).i32s(2, encodings).strings(3, [name]).i32(4, codec)
+            .i64(5, values).i64(6, size).i64(7, stored).i64(9, data_at))  # fmt: skip
+    if dictionary:
+        meta.i64(11, dict_at)
+    meta.struct(12, stats)
+    want = _Struct().i64(2, 0).struct(3, meta).done()
+    got = _column_chunk(physical, encodings, name.encode(), codec, values, size, stored, data_at,
+                        dict_at if dictionary else None, nulls, bounds)  # fmt: skip
+    assert got.done() == want

@@ -136,6 +136,74 @@ class _Struct:
         return bytes(self.out) + b"\x00"
 
 
+def _page_header(kind: int, size: int, stored: int, n: int, encoding: int) -> bytes:
+    """A PageHeader (type, sizes uncompressed and stored, then a data
+    page's header, its levels RLE, or a dictionary page's) in the compact
+    protocol, as :class:`_Struct` writes it, laid out at once: a row group
+    writes dozens."""
+    head = (b"\x15" + _varint(kind << 1) + b"\x15" + _varint(size << 1) + b"\x15"
+            + _varint(stored << 1))  # fmt: skip
+    inner = b"\x15" + _varint(n << 1) + b"\x15" + _varint(encoding << 1)
+    if kind == _DATA_PAGE:
+        return head + b"\x2c" + inner + b"\x15\x06\x15\x06\x00\x00"
+    return head + b"\x4c" + inner + b"\x00\x00"
+
+
+class _Encoded:
+    """A Thrift struct laid out already (a :class:`_Struct`'s nested value)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def done(self) -> bytes:
+        return self.raw
+
+
+def _column_chunk(physical: int, encodings: Sequence[int], name: bytes, codec: int,
+                  values: int, uncompressed: int, compressed: int, data_offset: int,
+                  dict_offset: int | None, nulls: int,
+                  bounds: tuple[bytes, bytes] | None) -> _Encoded:  # fmt: skip
+    """A ColumnChunk (file offset 0, then its ColumnMetaData: type,
+    encodings, path, codec, values, sizes, data and dictionary page
+    offsets, statistics with ``bounds``: maximum and minimum, or none) in
+    the compact protocol, as :class:`_Struct` writes it, laid out at once:
+    a row group has one a column."""
+    out = bytearray(b"\x26\x00\x1c\x15")  # (file_offset 0; meta_data: type)
+    out += _zz(physical)
+    out.append(0x19)  # encodings: a list of i32
+    if len(encodings) < 15:
+        out.append((len(encodings) << 4) | _T_I32)
+    else:
+        out.append(0xF0 | _T_I32)
+        out += _varint(len(encodings))
+    for e in encodings:
+        out += _zz(e)
+    out += b"\x19\x18"  # path_in_schema: a list of one string
+    out += _varint(len(name)) + name
+    out.append(0x15)
+    out += _zz(codec)
+    for v in (values, uncompressed, compressed):
+        out.append(0x16)
+        out += _zz(v)
+    out.append(0x26)  # data_page_offset (field 9)
+    out += _zz(data_offset)
+    if dict_offset is not None:
+        out.append(0x26)  # dictionary_page_offset (field 11)
+        out += _zz(dict_offset)
+        out.append(0x1C)  # statistics (field 12)
+    else:
+        out.append(0x3C)
+    out.append(0x36)  # null_count (field 3)
+    out += _zz(nulls)
+    if bounds is not None:
+        mx, mn = bounds
+        out += b"\x28" + _varint(len(mx)) + mx + b"\x18" + _varint(len(mn)) + mn
+    out += b"\x00\x00\x00"  # (the ends of statistics, meta_data and the chunk)
+    return _Encoded(bytes(out))
+
+
 @dataclass
 class ColumnSpec:
     """How one column is stored: its Arrow field, its encoding
@@ -655,6 +723,11 @@ class ParquetFileWriter:
             before = self.scratch.constant_chunks.get(key)
             if before is not None:
                 return _EncodedChunk(key, before=before)
+            one = _constant_pages(spec, value, pieces)
+            if one is not None:
+                for _, _, body in one.pages:
+                    self._compress_soon(body)
+                return one._replace(key=key)
             # (encoded once, as runs of the value: no row looked at)
             pieces = [({spec.name: _constant(spec, value, n, cols[spec.name].dtype)}, n)
                       for cols, n in pieces]  # fmt: skip
@@ -706,30 +779,20 @@ class ParquetFileWriter:
         """A chunk's ColumnChunk (its pages written at the offsets given,
         ``totals``: their sizes and encodings) and its uncompressed size."""
         uncompressed, compressed, encodings = totals
-        st = state
-        stats = _Struct()
-        if st[pp.ST_SEEN]:
-            fmt = "<q" if spec.width == 8 else "<i"
-            lo, hi = int(st[pp.ST_MIN]), int(st[pp.ST_MAX])
-            if spec.width == 4:
-                lo, hi = _int32(lo), _int32(hi)
+        values, nulls, lo, hi, seen = state[: pp.ST_SEEN + 1].tolist()
+        bounds = None
+        if seen:
             if spec.physical == _BOOLEAN:
-                mx, mn = struct.pack("<?", bool(hi)), struct.pack("<?", bool(lo))
+                bounds = struct.pack("<?", bool(hi)), struct.pack("<?", bool(lo))
+            elif spec.width == 4:
+                bounds = struct.pack("<i", _int32(hi)), struct.pack("<i", _int32(lo))
             else:
-                mx, mn = struct.pack(fmt, hi), struct.pack(fmt, lo)
-            stats.i64(3, int(st[pp.ST_NULLS])).binary(5, mx).binary(6, mn)
-        else:
-            stats.i64(3, int(st[pp.ST_NULLS]))
-        meta = (
-            _Struct().i32(1, spec.physical).i32s(2, encodings).strings(3, [spec.name])
-            .i32(4, _ZSTD if self.codec is not None else _UNCOMPRESSED)
-            .i64(5, int(st[pp.ST_VALUES])).i64(6, uncompressed).i64(7, compressed)
-            .i64(9, data_offset)
-        )  # fmt: skip
-        if dict_offset is not None:
-            meta.i64(11, dict_offset)
-        meta.struct(12, stats)
-        return _Struct().i64(2, 0).struct(3, meta), uncompressed
+                bounds = struct.pack("<q", hi), struct.pack("<q", lo)
+        codec = _ZSTD if self.codec is not None else _UNCOMPRESSED
+        chunk = _column_chunk(spec.physical, encodings, spec.name.encode(), codec, values,
+                              uncompressed, compressed, data_offset, dict_offset, nulls,
+                              bounds)  # fmt: skip
+        return chunk, uncompressed
 
     def _compress_soon(self, body: bytes) -> None:
         """Begin compressing a data page on the compressing thread (zstd
@@ -764,12 +827,7 @@ class ParquetFileWriter:
                 data = self.codec.compress(body, asbytes=True)
                 if kind == _DATA_PAGE and encoding == _RLE_DICTIONARY:
                     memo[id(body)] = (body, data)
-        h = _Struct().i32(1, kind).i32(2, len(body)).i32(3, len(data))
-        if kind == _DATA_PAGE:
-            h.struct(5, _Struct().i32(1, n).i32(2, encoding).i32(3, _RLE).i32(4, _RLE))
-        else:
-            h.struct(7, _Struct().i32(1, n).i32(2, encoding))
-        head = h.done()
+        head = _page_header(kind, len(body), len(data), n, encoding)
         self.file.write(head)
         self.file.write(data)
         if written is not None:
@@ -829,6 +887,36 @@ def _constant(spec: ColumnSpec, value: int | bool, n: int,
         if not _any_null(one, spec.null):
             return Runs(np.zeros(1, np.int64), one, n)
     return np.full(n, value, dtype)
+
+
+def _constant_pages(spec: ColumnSpec, value: int | bool,
+                    pieces: Sequence[Piece]) -> _EncodedChunk | None:  # fmt: skip
+    """The pages of a dictionary chunk of one value, not null, throughout
+    (a queue's number, its thread), made without a compiled call: what
+    :func:`~._parquet_pages.encode_runs_dictionary` makes of one run, byte
+    for byte (definition levels: one run of ones; indices: one run of
+    index 0, one bit wide), and the chunk's state.  None for other
+    columns."""
+    if spec.encoding != "dictionary" or spec.physical == _BOOLEAN:
+        return None
+    dtype = pieces[0][0][spec.name].dtype
+    bits = int(_encodable(np.full(1, value, dtype)).astype(np.int64)[0])
+    if _any_null(np.array([bits], np.int64), spec.null):
+        return None
+    pages = []
+    rows = 0
+    for _, n in pieces:
+        run = _varint(n << 1)
+        levels = run + b"\x01"
+        pages.append((_RLE_DICTIONARY, n, struct.pack("<I", len(levels)) + levels + b"\x01"
+                      + run + b"\x00"))  # fmt: skip
+        rows += n
+    state = np.zeros(pp.ST_SIZE, np.int64)
+    state[pp.ST_VALUES] = state[pp.ST_SEEN] = rows
+    state[pp.ST_MIN] = state[pp.ST_MAX] = bits
+    state[pp.ST_DICT] = 1
+    dictionary = (bits & ((1 << (8 * spec.width)) - 1)).to_bytes(spec.width, "little")
+    return _EncodedChunk(None, pages, dictionary, 1, state)
 
 
 def _null_mask(values: np.ndarray, null: int) -> np.ndarray | None:
