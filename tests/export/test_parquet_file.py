@@ -506,3 +506,23 @@ def test_column_chunks_laid_out_at_once_are_thrifts(physical, encodings, name, c
     got = _column_chunk(physical, encodings, name.encode(), codec, values, size, stored, data_at,
                         dict_at if dictionary else None, nulls, bounds)  # fmt: skip
     assert got.done() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 3000),
+    m=st.sampled_from([1, 3, 222, pp.COUNT_LANES_MAX, pp.COUNT_LANES_MAX + 1, 40000]),
+    kind=st.sampled_from([np.uint16, np.uint32]),
+    loop=st.booleans(),
+)
+def test_keys_counted_in_lanes_are_counted(seed, n, m, kind, loop):
+    """The rows' count per key, in four lanes (a small table) or a row at
+    a time (a large one), is numpy's, for keys at random and for a loop's
+    few keys met again and again."""
+    rng = np.random.default_rng(seed)
+    if m > np.iinfo(kind).max:
+        m = int(np.iinfo(kind).max)
+    keys = (np.arange(n) % min(m, 5) if loop else rng.integers(0, m, n)).astype(kind)
+    got = pp.key_counts(keys, m)
+    assert (got == np.bincount(keys, minlength=m)).all()

@@ -522,8 +522,7 @@ def _writer_loops(path: Path) -> None:
     table, ninsn = np.arange(8, dtype=np.uint64), np.arange(8, dtype=np.int64) % 3
     for kind in (np.uint16, np.uint32):
         keys = (np.arange(n) % 8).astype(kind)
-        counts = np.zeros(8, np.int64)
-        pp.count_keys(keys, counts)
+        counts = pp.key_counts(keys, 8)
         w = ParquetFileWriter(path, schema, specs)
         w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
                              "instructions": Keyed(keys, ninsn, 0, counts)}, n)])  # fmt: skip

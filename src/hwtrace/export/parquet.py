@@ -481,8 +481,7 @@ def _keyed_ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray, np.
     not once a row: see :meth:`Names.key_ids`), and how many of ``b``'s
     rows name each."""
     t = b.key_table
-    counts = np.zeros(t["ip"].shape[0], np.int64)
-    pages.count_keys(b.keys, counts)
+    counts = pages.key_counts(b.keys, t["ip"].shape[0])
     sym, img = names.key_ids(b.queue, b.key_source, t)
     return sym, img, counts
 
