@@ -535,41 +535,59 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
     128 deltas in four miniblocks of 32; ``wide``: int64 scratch of ``n``,
     where the non-null values are gathered when some are null; ``deltas``:
     int64 scratch of at least 128).  A block at a time, its deltas in a
-    buffer that stays in cache (:func:`_delta_block`)."""
-    nulls = state[ST_NULLS]
-    pos = _levels(out, values, n, null, state, levels)
-    m = n - (state[ST_NULLS] - nulls)  # the values stored
-    src = wide
-    if m == n:
+    buffer that stays in cache (:func:`_delta_block`).
+
+    The values' range comes first, in one pass: a page whose range holds
+    no null by its rule (trace offsets, times: none negative) has one run
+    of definition levels and its range as its statistics, no pass to count
+    nulls."""
+    lo = np.int64(0)
+    hi = np.int64(0)
+    if n > 0:
+        lo = np.int64(values[0])
+        hi = lo
+        for i in range(n):
+            v = np.int64(values[i])
+            lo = min(lo, v)
+            hi = max(hi, v)
+    if (null == NOT_NULL or n == 0 or (null == NULL_IF_NEGATIVE and lo >= 0)
+            or (null == NULL_IF_ZERO and (lo > 0 or hi < 0))):  # fmt: skip
+        pos = _rle_run(out, 4, n, 1, 1)
+        _put_le(out, 0, pos - 4, 4)
+        state[ST_VALUES] += n
+        m = n
         src = values
     else:
+        nulls = state[ST_NULLS]
+        pos = _levels(out, values, n, null, state, levels)
+        m = n - (state[ST_NULLS] - nulls)  # the values stored
+        src = wide
         k = 0
         for i in range(n):
             v = values[i]
             if not _is_null(v, null):
                 wide[k] = v
                 k += 1
+        lo = np.int64(src[0]) if m > 0 else np.int64(0)
+        hi = lo
+        for i in range(m):
+            v = np.int64(src[i])
+            lo = min(lo, v)
+            hi = max(hi, v)
     first = np.int64(src[0]) if m > 0 else np.int64(0)
     pos = _uvarint(out, pos, 128)
     pos = _uvarint(out, pos, 4)
     pos = _uvarint(out, pos, m)
     pos = _zigzag(out, pos, first)
-    low = first
-    high = first
     blk = deltas[:128]
     done = 1
     while done < m:
         cnt = min(128, m - done)
         # (indices into slices from ranges are known not negative: numba
         # leaves out its check for negative indices, and the loops vectorise)
-        seg = src[done - 1 : done + cnt]
-        for j in range(cnt):
-            v = np.int64(seg[j + 1])
-            low = min(low, v)
-            high = max(high, v)
-        pos = _delta_block(seg, cnt, blk, out, pos)
+        pos = _delta_block(src[done - 1 : done + cnt], cnt, blk, out, pos)
         done += cnt
-    _merge(state, low, high, m)
+    _merge(state, lo, hi, m)
     return pos
 
 
@@ -932,6 +950,93 @@ def encode_remapped(local, n, remap, width, indices, out):
         # (an unsigned index: no negative-index check a row)
         indices[i] = remap[np.uint64(local[i])]
     return index_page(indices, n, width, out)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _load_bytes(values, at):
+    """Eight of the byte ``values`` from ``at`` as a little-endian word
+    (LLVM makes the eight loads one)."""
+    a = np.uint64(at)  # (unsigned: no check for a negative index)
+    word = np.uint64(0)
+    for b in range(8):
+        word |= np.uint64(values[a + np.uint64(b)]) << np.uint64(8 * b)
+    return word
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _squeeze(word, width):
+    """A word of eight bytes, each below ``2**width`` (``width`` at most
+    8), as eight ``width``-bit fields, the first lowest: bit-packed as the
+    hybrid packs a group, in three steps (pairs, quads, the two halves)
+    instead of a shift a value."""
+    w = np.uint64(width)
+    word = (word & np.uint64(0x00FF00FF00FF00FF)) | (
+        (word & np.uint64(0xFF00FF00FF00FF00)) >> (np.uint64(8) - w)
+    )
+    word = (word & np.uint64(0x0000FFFF0000FFFF)) | (
+        (word & np.uint64(0xFFFF0000FFFF0000)) >> (np.uint64(16) - np.uint64(2) * w)
+    )
+    return (word & np.uint64(0x00000000FFFFFFFF)) | (
+        (word & np.uint64(0xFFFFFFFF00000000)) >> (np.uint64(32) - np.uint64(4) * w))  # fmt: skip
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _hybrid_bytes(out, pos, values, n, width):
+    """:func:`_hybrid` of byte ``values`` (``width`` at most 8), byte for
+    byte: the same runs, a group of eight read as one word, compared with
+    its first byte repeated and packed by :func:`_squeeze`.  ``values``
+    has eight bytes to spare past ``n``."""
+    i = 0
+    while i < n:
+        rest = values[i:n]  # (indexed from ranges: no negative-index checks)
+        v = rest[0]
+        j = 1
+        while j < rest.shape[0] and rest[j] == v:
+            j += 1
+        if j >= 8:
+            pos = _rle_run(out, pos, j, v, width)
+            i += j
+            continue
+        # A packed run, until a run of eight equal values starts a group.
+        m = rest.shape[0]
+        k = 8
+        found = False
+        while k + 8 <= m:
+            word = _load_bytes(rest, k)
+            if word == (word & np.uint64(0xFF)) * np.uint64(0x0101010101010101):
+                found = True
+                break
+            k += 8
+        groups = k // 8 if found else (m + 7) // 8
+        pos = _uvarint(out, pos, (groups << 1) | 1)
+        full = min(groups, m // 8)
+        for g in range(full):
+            _put_u64(out, pos, _squeeze(_load_bytes(rest, 8 * g), width))
+            pos += width  # (the word's bytes past ``width`` are written over next)
+        if full < groups:
+            pos = _pack(out, pos, rest, 8 * full, m, 8 * (groups - full), width, 0)
+        i += 8 * groups
+    return pos
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_remapped_bytes(local, n, remap, width, indices, out):
+    """:func:`encode_remapped`'s page, byte for byte, for a column of at
+    most 256 values (``width`` at most 8): ``remap`` and ``indices``
+    (eight bytes to spare) are bytes, a quarter of the memory, and the
+    hybrid works a word at a time (:func:`_hybrid_bytes`)."""
+    for i in range(n):
+        indices[i] = remap[np.uint64(local[i])]
+    pos = _rle_run(out, 4, n, 1, 1)
+    _put_le(out, 0, pos - 4, 4)
+    out[pos] = width
+    if 0 < n < 8:
+        same = True
+        for i in range(1, n):
+            same &= indices[i] == indices[0]
+        if same:
+            return _rle_run(out, pos + 1, n, indices[0], width)
+    return _hybrid_bytes(out, pos + 1, indices, n, width)
 
 
 def index_width(count: int) -> int:
