@@ -526,3 +526,26 @@ def test_keys_counted_in_lanes_are_counted(seed, n, m, kind, loop):
     keys = (np.arange(n) % min(m, 5) if loop else rng.integers(0, m, n)).astype(kind)
     got = pp.key_counts(keys, m)
     assert (got == np.bincount(keys, minlength=m)).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 700),
+    width=st.integers(1, 8),
+    runs=st.integers(1, 20),
+)
+def test_index_pages_of_few_values_are_made_a_word_at_a_time_alike(seed, n, width, runs):
+    """A keyed column of at most 256 values has its index pages made from
+    byte indices a word (eight rows) at a time: the same bytes as from
+    int32 indices a row at a time, with runs long and short, groups of
+    one value, and a ragged last group."""
+    rng = np.random.default_rng(seed)
+    values = np.repeat(rng.integers(0, 1 << width, n), rng.integers(1, runs + 1, n))[:n]
+    local = np.arange(n, dtype=np.int32)
+    out = np.zeros(10 * n + 64, np.uint8), np.zeros(10 * n + 64, np.uint8)
+    a = pp.encode_remapped(local, n, values.astype(np.int32), width, np.zeros(n, np.int32), out[0])
+    b = pp.encode_remapped_bytes(local, n, values.astype(np.uint8), width,
+                                 np.zeros(n + 8, np.uint8), out[1])  # fmt: skip
+    assert a == b
+    assert out[0][:a].tobytes() == out[1][:b].tobytes()

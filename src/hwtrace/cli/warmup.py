@@ -519,14 +519,18 @@ def _writer_loops(path: Path) -> None:
 
     schema = pa.schema([("ip", pa.uint64()), ("instructions", pa.int64())])
     specs = column_specs(schema, {"dictionary": ["ip", "instructions"]}, {})
-    table, ninsn = np.arange(8, dtype=np.uint64), np.arange(8, dtype=np.int64) % 3
-    for kind in (np.uint16, np.uint32):
-        keys = (np.arange(n) % 8).astype(kind)
-        counts = pp.key_counts(keys, 8)
-        w = ParquetFileWriter(path, schema, specs)
-        w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
-                             "instructions": Keyed(keys, ninsn, 0, counts)}, n)])  # fmt: skip
-        w.close()
+    # (a column of fewer values than keys: of at most 256 values, their
+    # indices are bytes; of more, int32)
+    for size, values in ((8, 3), (600, 300)):
+        table = np.arange(size, dtype=np.uint64)
+        ninsn = np.arange(size, dtype=np.int64) % values
+        for kind in (np.uint16, np.uint32):
+            keys = (np.arange(n) % size).astype(kind)
+            counts = pp.key_counts(keys, size)
+            w = ParquetFileWriter(path, schema, specs)
+            w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
+                                 "instructions": Keyed(keys, ninsn, 0, counts)}, n)])  # fmt: skip
+            w.close()
 
 
 def _record_loops(tmp: Path) -> None:
