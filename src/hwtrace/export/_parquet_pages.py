@@ -1043,7 +1043,7 @@ def index_width(count: int) -> int:
     """Bits of an index into a dictionary of ``count`` entries: the
     compiled encoders' ``_index_width``, for the writer's Python (a
     compiled call costs more than the answer)."""
-    return max((count - 1).bit_length(), 1) if count > 1 else 1
+    return max((int(count) - 1).bit_length(), 1) if count > 1 else 1
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
