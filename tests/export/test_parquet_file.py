@@ -545,7 +545,7 @@ def test_index_pages_of_few_values_are_made_a_word_at_a_time_alike(seed, n, widt
     local = np.arange(n, dtype=np.int32)
     out = np.zeros(10 * n + 64, np.uint8), np.zeros(10 * n + 64, np.uint8)
     a = pp.encode_remapped(local, n, values.astype(np.int32), width, np.zeros(n, np.int32), out[0])
-    b = pp.encode_remapped_bytes(local, n, values.astype(np.uint8), width,
-                                 np.zeros(n + 8, np.uint8), out[1])  # fmt: skip
+    b = pp.encode_remapped(local, n, values.astype(np.uint8), width, np.zeros(n, np.uint8),
+                           out[1])  # fmt: skip
     assert a == b
     assert out[0][:a].tobytes() == out[1][:b].tobytes()

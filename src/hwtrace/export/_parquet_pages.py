@@ -153,9 +153,43 @@ def _rle_run(out, pos, count, value, width):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def _load_bytes(values, at):
+    """Eight of the byte ``values`` from ``at`` as a little-endian word
+    (LLVM makes the eight loads one)."""
+    a = np.uint64(at)  # (unsigned: no check for a negative index)
+    word = np.uint64(0)
+    for b in range(8):
+        word |= np.uint64(values[a + np.uint64(b)]) << np.uint64(8 * b)
+    return word
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _squeeze(word, width):
+    """A word of eight bytes, each below ``2**width`` (``width`` at most
+    8), as eight ``width``-bit fields, the first lowest: bit-packed as the
+    hybrid packs a group, in three steps (pairs, quads, the two halves)
+    instead of a shift a value."""
+    w = np.uint64(width)
+    word = (word & np.uint64(0x00FF00FF00FF00FF)) | (
+        (word & np.uint64(0xFF00FF00FF00FF00)) >> (np.uint64(8) - w)
+    )
+    word = (word & np.uint64(0x0000FFFF0000FFFF)) | (
+        (word & np.uint64(0xFFFF0000FFFF0000)) >> (np.uint64(16) - np.uint64(2) * w)
+    )
+    return (word & np.uint64(0x00000000FFFFFFFF)) | (
+        (word & np.uint64(0xFFFFFFFF00000000)) >> (np.uint64(32) - np.uint64(4) * w))  # fmt: skip
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _pack_groups(out, pos, values, groups, width):
     """``groups`` groups of eight of ``values`` (``width`` at most 8 bits
-    each) bit-packed: a group is ``width`` bytes, made in one word."""
+    each) bit-packed: a group is ``width`` bytes, made in one word (byte
+    values: read as one word and packed by :func:`_squeeze`)."""
+    if values.itemsize == 1:
+        for g in range(groups):
+            _put_u64(out, pos, _squeeze(_load_bytes(values, 8 * g), width))
+            pos += width  # (the word's bytes past ``width`` are written over next)
+        return pos
     w = np.uint64(width)
     for g in range(groups):
         group = values[8 * g : 8 * g + 8]
@@ -226,16 +260,22 @@ def _hybrid(out, pos, values, n, width):
             i += j
             continue
         # A packed run, until a run of eight equal values starts a group
-        # (a group's seven comparisons made without a branch each).
+        # (a group's seven comparisons made without a branch each; eight
+        # byte values compared as one word with their first repeated).
         m = rest.shape[0]
         k = 8
         found = False
         while k + 8 <= m:
-            g = rest[k : k + 8]
-            g0 = g[0]
-            differ = (g[1] ^ g0) | (g[2] ^ g0) | (g[3] ^ g0) | (g[4] ^ g0)
-            differ |= (g[5] ^ g0) | (g[6] ^ g0) | (g[7] ^ g0)
-            if differ == 0:
+            if values.itemsize == 1:
+                word = _load_bytes(rest, k)
+                same = word == (word & np.uint64(0xFF)) * np.uint64(0x0101010101010101)
+            else:
+                g = rest[k : k + 8]
+                g0 = g[0]
+                differ = (g[1] ^ g0) | (g[2] ^ g0) | (g[3] ^ g0) | (g[4] ^ g0)
+                differ |= (g[5] ^ g0) | (g[6] ^ g0) | (g[7] ^ g0)
+                same = differ == 0
+            if same:
                 found = True
                 break
             k += 8
@@ -945,98 +985,13 @@ def encode_remapped(local, n, remap, width, indices, out):
     """An RLE_DICTIONARY page of ``n`` non-null rows whose keys'
     indices are ``local`` (:func:`index_keys`), each row's index
     ``remap[local]`` (``width`` bits): a column with fewer values than
-    keys.  Returns the page's length."""
+    keys.  ``remap`` and ``indices`` are bytes for a column of at most 256
+    values (a quarter of the memory; the hybrid then works a word of
+    eight at a time), else int32.  Returns the page's length."""
     for i in range(n):
         # (an unsigned index: no negative-index check a row)
         indices[i] = remap[np.uint64(local[i])]
     return index_page(indices, n, width, out)
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def _load_bytes(values, at):
-    """Eight of the byte ``values`` from ``at`` as a little-endian word
-    (LLVM makes the eight loads one)."""
-    a = np.uint64(at)  # (unsigned: no check for a negative index)
-    word = np.uint64(0)
-    for b in range(8):
-        word |= np.uint64(values[a + np.uint64(b)]) << np.uint64(8 * b)
-    return word
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def _squeeze(word, width):
-    """A word of eight bytes, each below ``2**width`` (``width`` at most
-    8), as eight ``width``-bit fields, the first lowest: bit-packed as the
-    hybrid packs a group, in three steps (pairs, quads, the two halves)
-    instead of a shift a value."""
-    w = np.uint64(width)
-    word = (word & np.uint64(0x00FF00FF00FF00FF)) | (
-        (word & np.uint64(0xFF00FF00FF00FF00)) >> (np.uint64(8) - w)
-    )
-    word = (word & np.uint64(0x0000FFFF0000FFFF)) | (
-        (word & np.uint64(0xFFFF0000FFFF0000)) >> (np.uint64(16) - np.uint64(2) * w)
-    )
-    return (word & np.uint64(0x00000000FFFFFFFF)) | (
-        (word & np.uint64(0xFFFFFFFF00000000)) >> (np.uint64(32) - np.uint64(4) * w))  # fmt: skip
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def _hybrid_bytes(out, pos, values, n, width):
-    """:func:`_hybrid` of byte ``values`` (``width`` at most 8), byte for
-    byte: the same runs, a group of eight read as one word, compared with
-    its first byte repeated and packed by :func:`_squeeze`.  ``values``
-    has eight bytes to spare past ``n``."""
-    i = 0
-    while i < n:
-        rest = values[i:n]  # (indexed from ranges: no negative-index checks)
-        v = rest[0]
-        j = 1
-        while j < rest.shape[0] and rest[j] == v:
-            j += 1
-        if j >= 8:
-            pos = _rle_run(out, pos, j, v, width)
-            i += j
-            continue
-        # A packed run, until a run of eight equal values starts a group.
-        m = rest.shape[0]
-        k = 8
-        found = False
-        while k + 8 <= m:
-            word = _load_bytes(rest, k)
-            if word == (word & np.uint64(0xFF)) * np.uint64(0x0101010101010101):
-                found = True
-                break
-            k += 8
-        groups = k // 8 if found else (m + 7) // 8
-        pos = _uvarint(out, pos, (groups << 1) | 1)
-        full = min(groups, m // 8)
-        for g in range(full):
-            _put_u64(out, pos, _squeeze(_load_bytes(rest, 8 * g), width))
-            pos += width  # (the word's bytes past ``width`` are written over next)
-        if full < groups:
-            pos = _pack(out, pos, rest, 8 * full, m, 8 * (groups - full), width, 0)
-        i += 8 * groups
-    return pos
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_remapped_bytes(local, n, remap, width, indices, out):
-    """:func:`encode_remapped`'s page, byte for byte, for a column of at
-    most 256 values (``width`` at most 8): ``remap`` and ``indices``
-    (eight bytes to spare) are bytes, a quarter of the memory, and the
-    hybrid works a word at a time (:func:`_hybrid_bytes`)."""
-    for i in range(n):
-        indices[i] = remap[np.uint64(local[i])]
-    pos = _rle_run(out, 4, n, 1, 1)
-    _put_le(out, 0, pos - 4, 4)
-    out[pos] = width
-    if 0 < n < 8:
-        same = True
-        for i in range(1, n):
-            same &= indices[i] == indices[0]
-        if same:
-            return _rle_run(out, pos + 1, n, indices[0], width)
-    return _hybrid_bytes(out, pos + 1, indices, n, width)
 
 
 def index_width(count: int) -> int:

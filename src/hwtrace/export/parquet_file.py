@@ -436,9 +436,8 @@ class _Scratch:
         self.rows = max(rows, 2 * self.rows)
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
-        # (a keyed column's indices when its values are few: bytes, eight
-        # to spare for the word-wise hybrid)
-        self.index_bytes = np.zeros(self.rows + 8, np.uint8)
+        # (a keyed column's indices when its values are few: bytes)
+        self.index_bytes = np.zeros(self.rows, np.uint8)
         # (a delta page's non-null values, and its deltas)
         self.wide = np.zeros(self.rows, np.int64)
         self.deltas = np.zeros(self.rows, np.int64)
@@ -707,11 +706,8 @@ class ParquetFileWriter:
             pages = []
             for part, c in zip(rows_of.indices, counts, strict=True):
                 width = pp.index_width(int(seen[c - 1]) if c else 0)
-                if small:
-                    size = pp.encode_remapped_bytes(part, part.shape[0], remap, width,
-                                                    s.index_bytes, s.out)  # fmt: skip
-                else:
-                    size = pp.encode_remapped(part, part.shape[0], remap, width, s.indices, s.out)
+                size = pp.encode_remapped(part, part.shape[0], remap, width,
+                                          s.index_bytes if small else s.indices, s.out)  # fmt: skip
                 pages.append((_RLE_DICTIONARY, part.shape[0], s.out[:size].tobytes()))
         state[pp.ST_DICT] = dictionary.shape[0]
         size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)
