@@ -734,7 +734,8 @@ class ParquetFileWriter:
                 for _, _, body in one.pages:
                     self._compress_soon(body)
                 return one._replace(key=key)
-            # (encoded once, as runs of the value: no row looked at)
+            # (a boolean as a run of the value; a null or a delta or PLAIN
+            # column's value laid out)
             pieces = [({spec.name: _constant(spec, value, n, cols[spec.name].dtype)}, n)
                       for cols, n in pieces]  # fmt: skip
         state = np.zeros(pp.ST_SIZE, np.int64)
@@ -882,16 +883,13 @@ class _BooleanRun:
 
 
 def _constant(spec: ColumnSpec, value: int | bool, n: int,
-              dtype: np.dtype) -> Runs | _BooleanRun | np.ndarray:  # fmt: skip
-    """A column of ``n`` rows of ``value`` as its encoder takes it without
-    looking at a row: one run (dictionary columns, booleans), else laid
-    out.  The pages are those of the laid-out column, byte for byte."""
+              dtype: np.dtype) -> _BooleanRun | np.ndarray:  # fmt: skip
+    """A column of ``n`` rows of ``value`` that :func:`_constant_pages`
+    does not make, as its encoder takes it: a boolean as one run, without
+    looking at a row; else laid out.  The pages are those of the laid-out
+    column, byte for byte."""
     if spec.physical == _BOOLEAN:
         return _BooleanRun(bool(value))
-    if spec.encoding == "dictionary":
-        one = _encodable(np.full(1, value, dtype)).astype(np.int64)
-        if not _any_null(one, spec.null):
-            return Runs(np.zeros(1, np.int64), one, n)
     return np.full(n, value, dtype)
 
 
