@@ -131,9 +131,10 @@ def test_attribute_stored_is_attribute_rows_of_the_rows(n, held, per_thread, see
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 400), rest=st.integers(0, 40), held=st.booleans(),
-       have_conv=st.booleans(), stops=st.integers(0, 4), seed=st.integers(0, 2**32 - 1))  # fmt: skip
+       have_conv=st.booleans(), stops=st.integers(0, 6), ordered=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))  # fmt: skip
 def test_time_and_duration_runs_are_the_rows_times_and_durations(n, rest, held, have_conv,
-                                                                  stops, seed):  # fmt: skip
+                                                                  stops, ordered, seed):  # fmt: skip
     """A batch's times and durations as runs (a held row, a block store's
     time points, rows written out after them), as a stream to Parquet
     gives them, are the rows' times and durations laid out."""
@@ -171,7 +172,16 @@ def test_time_and_duration_runs_are_the_rows_times_and_durations(n, rest, held, 
     runs = Runs(starts, ns, total)
     np.testing.assert_array_equal(np.asarray(runs), dense)
     assert (ns[1:] != ns[:-1]).all() and starts[0] == 0
-    stop_row = np.sort(rng.integers(0, total, stops)).astype(np.int64)
+    # Stops in order of rows, or not (a row's last stop counts), some at
+    # the same row, some where a run of time ends.
+    stop_row = rng.integers(0, total, stops).astype(np.int64)
+    ends = starts[1:] - 1
+    if ends.shape[0] and stops:
+        stop_row[rng.random(stops) < 0.3] = rng.choice(ends)
+    if stops > 1:
+        stop_row[-1] = stop_row[0]
+    if ordered:
+        stop_row = np.sort(stop_row)
     stop_tsc = rng.integers(0, int(time.max()) + 2000, stops).astype(np.uint64)
     stop_tsc[rng.random(stops) < 0.3] = 0
     want = np.zeros(total, np.int64)

@@ -490,6 +490,11 @@ def _stored_attribution() -> None:
         A.attribute_stored(keys, t["ip"], t["ninsn"], t["mode"], t["image"],
                            *store.offset_steps(), *store.time_changes(), 0, conv, 1, 1, z, z, z,
                            *out)  # fmt: skip
+    # (a per-thread queue's times and durations as runs: a held row, the
+    # store's time points, rows written out after them, a stop)
+    starts, ns = A.time_runs(np.zeros(1, np.int64), *store.time_changes(), 1,
+                             np.zeros(2, np.int64), n + 1, conv)  # fmt: skip
+    A.duration_runs(starts, ns, n + 3, np.zeros(1, np.int64), np.ones(1, np.uint64), conv)
 
 
 def _writer_loops(path: Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
-from ..columns import joined
 from ..pt.blocks import blocks_of, offsets_of
 from ..pt.timing import tsc_ns
 
@@ -177,6 +176,81 @@ def times_ns(t, conv, out):
         out[j] = tsc_ns(v, shift, mult, zero) if have and v != 0 else np.int64(-1)
 
 
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _add_run(out_s, out_v, m, row, value):
+    """Append the run of ``value`` from ``row`` to the ``m`` runs so far
+    unless the last has that value (runs stay maximal); the new count."""
+    if m > 0 and out_v[m - 1] == value:
+        return m
+    out_s[m] = row
+    out_v[m] = value
+    return m + 1
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def time_runs_into(has_first, first, t_row, t_val, at, rest, rest_at, conv, out_s, out_v):
+    """:func:`time_runs` into ``out_s``/``out_v`` (room for a run per time
+    point and written-out row, and one); how many runs."""
+    have, shift, mult, zero = _conversion(conv)
+    m = 0
+    if has_first:
+        m = _add_run(out_s, out_v, m, 0, first)
+    for j in range(t_row.shape[0]):
+        v = t_val[j]
+        ns = tsc_ns(v, shift, mult, zero) if have and v != 0 else np.int64(-1)
+        m = _add_run(out_s, out_v, m, t_row[j] + at, ns)
+    for r in range(rest.shape[0]):
+        m = _add_run(out_s, out_v, m, rest_at + r, rest[r])
+    return m
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def duration_runs_into(starts, ns, total, stop_row, stop_tsc, conv, out_s, out_v):
+    """:func:`duration_runs` into ``out_s``/``out_v`` (room for two runs
+    per run of time and stop, and one), ``stop_row`` ascending; how many
+    runs.  The rows with a duration are met in order, the last rows of
+    the runs of time and the stops merged (at a row with both, the last
+    stop's)."""
+    have, shift, mult, zero = _conversion(conv)
+    n_runs = starts.shape[0]
+    n_stops = stop_row.shape[0]
+    m = 0
+    end = np.int64(0)  # the rows before it have their runs
+    i = 1  # the next run of time: its start's row before ends the run before
+    j = 0  # the next stop
+    k = 0  # the run of time the last stop's row is in
+    while i < n_runs or j < n_stops:
+        if j >= n_stops or (i < n_runs and starts[i] - 1 < stop_row[j]):
+            row = starts[i] - 1
+            d = ns[i] - ns[i - 1]
+            if d <= 0 or ns[i - 1] < 0:
+                d = 0
+            i += 1
+        else:
+            row = stop_row[j]
+            while j + 1 < n_stops and stop_row[j + 1] == row:
+                j += 1
+            while k + 1 < n_runs and starts[k + 1] <= row:
+                k += 1
+            t = stop_tsc[j]
+            j += 1
+            d = np.int64(0)
+            if have and t != 0:
+                stop_ns = tsc_ns(t, shift, mult, zero)
+                if stop_ns >= 0 and ns[k] >= 0 and stop_ns - ns[k] > 0:
+                    d = stop_ns - ns[k]
+            if i < n_runs and starts[i] - 1 == row:
+                i += 1  # (the stop's duration, not the next block's time)
+        if d != 0:
+            if row > end:
+                m = _add_run(out_s, out_v, m, end, 0)
+            m = _add_run(out_s, out_v, m, row, d)
+            end = row + 1
+    if end < total:
+        m = _add_run(out_s, out_v, m, end, 0)
+    return m
+
+
 def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at: int,
               rest: np.ndarray, rest_at: int, conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The perf times of a batch's rows as runs (their first rows and
@@ -185,21 +259,12 @@ def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at
     (decoder times, the first at the store's first row); from row
     ``rest_at`` the rows of ``rest`` (perf times, a row each).  A run with
     the time of the one before is joined to it."""
-    starts, values = [], []
-    if first is not None:
-        starts.append(np.zeros(1, np.int64))
-        values.append(np.asarray(first[:1], np.int64))
-    if t_row.shape[0]:
-        ns = np.empty(t_row.shape[0], np.int64)
-        times_ns(t_val, conv, ns)
-        starts.append(t_row + at)
-        values.append(ns)
-    if rest.shape[0]:
-        begin = np.flatnonzero(rest[1:] != rest[:-1]) + 1
-        begin = np.concatenate([np.zeros(1, np.int64), begin.astype(np.int64)])
-        starts.append(begin + rest_at)
-        values.append(rest[begin])
-    return joined(np.concatenate(starts), np.concatenate(values))
+    cap = 1 + t_row.shape[0] + rest.shape[0]
+    out_s, out_v = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    held = first is not None
+    m = time_runs_into(held, int(first[0]) if held else 0, t_row, t_val, at, rest, rest_at,
+                       conv, out_s, out_v)  # fmt: skip
+    return out_s[:m], out_v[:m]
 
 
 def duration_runs(starts: np.ndarray, ns: np.ndarray, total: int, stop_row: np.ndarray,
@@ -208,30 +273,13 @@ def duration_runs(starts: np.ndarray, ns: np.ndarray, total: int, stop_row: np.n
     ``starts``/``ns``, as runs: a block runs until the next one's time, so
     only the last row of a run (and a row after which tracing stopped) has
     a duration; the rest are 0."""
-    rows = starts[1:] - 1
-    d = ns[1:] - ns[:-1]
-    d = np.where((d > 0) & (ns[:-1] >= 0), d, 0)
-    if stop_row.shape[0]:
-        at = ns[np.searchsorted(starts, stop_row, side="right") - 1]
-        stop_ns = np.empty(stop_row.shape[0], np.int64)
-        times_ns(stop_tsc, conv, stop_ns)
-        ran = np.where(stop_ns >= 0, stop_ns - at, 0)
-        ran = np.where((ran > 0) & (at >= 0), ran, 0)
-        # (a stop's value wins over the next block's, a later stop's over
-        # an earlier one's: the last of each row kept)
-        rows = np.concatenate([rows, stop_row.astype(np.int64)])
-        d = np.concatenate([d, ran])
-        order = np.argsort(rows, kind="stable")
-        rows, d = rows[order], d[order]
-        last = np.ones(rows.shape[0], np.bool_)
-        np.not_equal(rows[1:], rows[:-1], out=last[:-1])
-        rows, d = rows[last], d[last]
-    nonzero = d != 0
-    rows, d = rows[nonzero], d[nonzero]
-    # Each duration a run of one row, zeros between.
-    s = np.zeros(2 * rows.shape[0] + 1, np.int64)
-    v = np.zeros(2 * rows.shape[0] + 1, np.int64)
-    s[1::2], v[1::2] = rows, d
-    s[2::2] = rows + 1
-    length = np.diff(s, append=total)
-    return joined(s[length > 0], v[length > 0])
+    stop_row = np.asarray(stop_row, np.int64)
+    stop_tsc = np.asarray(stop_tsc, np.uint64)
+    if stop_row.shape[0] > 1 and (stop_row[1:] < stop_row[:-1]).any():
+        # (in order of rows, a row's stops in their order: the last counts)
+        order = np.argsort(stop_row, kind="stable")
+        stop_row, stop_tsc = stop_row[order], stop_tsc[order]
+    cap = 2 * (starts.shape[0] + stop_row.shape[0]) + 1
+    out_s, out_v = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    m = duration_runs_into(starts, ns, total, stop_row, stop_tsc, conv, out_s, out_v)
+    return out_s[:m], out_v[:m]
