@@ -1133,6 +1133,7 @@ def build(
     specs: list[dict] = []
     irs = []
     skipped: list[str] = []
+    declaring: list[int] = []  # the specialisations whose modules declare others' functions
     for name, loop in sorted(_registry.items()):
         if loop.py_func.__module__ not in modules or not _is_entry(loop):
             continue
@@ -1163,14 +1164,16 @@ def build(
             tramp = ll.parse_assembly(_packed_trampoline(symbol, packed, args))
             tramp.triple, tramp.data_layout = mod.triple, mod.data_layout
             mod.link_in(tramp)
+            if _outside(mod):
+                # (it declares a function from outside, which the passes of
+                # linking may yet remove: looked at again before linking)
+                declaring.append(len(specs))
             specs.append({"loop": name, "key": _to_json(tuple(key)), "symbol": symbol,
                           "packed": packed, "args": args, "ret": ret})  # fmt: skip
             irs.append(mod.as_bitcode())
+    if declaring:
+        specs, irs = _self_contained(specs, irs, declaring, skipped, ll)
     linked = _link_parts(specs, irs, ll)
-    if linked is None:
-        # (some need functions from outside: find which, leave them to numba)
-        specs, irs = _self_contained(specs, irs, skipped, ll)
-        linked = _link_parts(specs, irs, ll)
     if not quiet:
         for s in skipped:
             print(f"  left to numba: {s[:200]}")
@@ -1388,13 +1391,17 @@ def _inline_marked(mod, ll):
     return marked
 
 
-def _self_contained(specs: list[dict], irs: list[bytes], skipped: list[str], ll):
+def _self_contained(specs: list[dict], irs: list[bytes], declaring: list[int],
+                    skipped: list[str], ll):  # fmt: skip
     """The specialisations (and their modules' bitcode) that need nothing
-    from outside the library but C's memory functions; the others are
-    added to ``skipped``."""
+    from outside the library but C's memory functions, of those whose
+    modules declare such (the indices ``declaring``: linked alone to see
+    whether they still do; the passes of linking only remove what is
+    declared); the others are added to ``skipped``."""
     kept: tuple[list[dict], list[bytes]] = ([], [])
-    for spec, code in zip(specs, irs, strict=True):
-        bad = _outside(_linked([code], {spec["symbol"]}, ll))
+    declaring_set = set(declaring)
+    for k, (spec, code) in enumerate(zip(specs, irs, strict=True)):
+        bad = _outside(_linked([code], {spec["symbol"]}, ll)) if k in declaring_set else set()
         if bad:
             skipped.append(f"{spec['loop']}{tuple(spec['key'])}: needs {', '.join(sorted(bad))}")
         else:
