@@ -1133,7 +1133,7 @@ def build(
     specs: list[dict] = []
     irs = []
     skipped: list[str] = []
-    declaring: list[int] = []  # the specialisations whose modules declare others' functions
+    declaring: set[int] = set()  # the specialisations whose modules declare others' functions
     for name, loop in sorted(_registry.items()):
         if loop.py_func.__module__ not in modules or not _is_entry(loop):
             continue
@@ -1167,7 +1167,7 @@ def build(
             if _outside(mod):
                 # (it declares a function from outside, which the passes of
                 # linking may yet remove: looked at again before linking)
-                declaring.append(len(specs))
+                declaring.add(len(specs))
             specs.append({"loop": name, "key": _to_json(tuple(key)), "symbol": symbol,
                           "packed": packed, "args": args, "ret": ret})  # fmt: skip
             irs.append(mod.as_bitcode())
@@ -1391,7 +1391,7 @@ def _inline_marked(mod, ll):
     return marked
 
 
-def _self_contained(specs: list[dict], irs: list[bytes], declaring: list[int],
+def _self_contained(specs: list[dict], irs: list[bytes], declaring: set[int],
                     skipped: list[str], ll):  # fmt: skip
     """The specialisations (and their modules' bitcode) that need nothing
     from outside the library but C's memory functions, of those whose
@@ -1399,9 +1399,8 @@ def _self_contained(specs: list[dict], irs: list[bytes], declaring: list[int],
     whether they still do; the passes of linking only remove what is
     declared); the others are added to ``skipped``."""
     kept: tuple[list[dict], list[bytes]] = ([], [])
-    declaring_set = set(declaring)
     for k, (spec, code) in enumerate(zip(specs, irs, strict=True)):
-        bad = _outside(_linked([code], {spec["symbol"]}, ll)) if k in declaring_set else set()
+        bad = _outside(_linked([code], {spec["symbol"]}, ll)) if k in declaring else set()
         if bad:
             skipped.append(f"{spec['loop']}{tuple(spec['key'])}: needs {', '.join(sorted(bad))}")
         else:

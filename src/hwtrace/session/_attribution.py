@@ -36,6 +36,13 @@ def _conversion(conv):
     )
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _perf_ns(t, have, shift, mult, zero):
+    """The perf time of decoder time ``t`` (-1: none, or no conversion),
+    as :func:`attribute_rows` converts a row's."""
+    return tsc_ns(t, shift, mult, zero) if have and t != 0 else np.int64(-1)
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def _switch_at(switch_time, t, k):
     """The last switch at or before ``t`` (-1: none), starting from the
@@ -153,7 +160,7 @@ def attribute_stored(
     k = -1
     for j in range(t_row.shape[0]):
         t = t_val[j]
-        ns = tsc_ns(t, shift, mult, zero) if have and t != 0 else np.int64(-1)
+        ns = _perf_ns(t, have, shift, mult, zero)
         if tid >= 0:
             th, pr = tid, pid
         else:
@@ -164,16 +171,6 @@ def attribute_stored(
         o_ns[t_row[j] : end] = ns
         o_tid[t_row[j] : end] = th
         o_pid[t_row[j] : end] = pr
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def times_ns(t, conv, out):
-    """Perf times of decoder times ``t`` into ``out`` (-1: none, or no
-    conversion), as :func:`attribute_rows` converts a row's."""
-    have, shift, mult, zero = _conversion(conv)
-    for j in range(t.shape[0]):
-        v = t[j]
-        out[j] = tsc_ns(v, shift, mult, zero) if have and v != 0 else np.int64(-1)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -196,8 +193,7 @@ def time_runs_into(has_first, first, t_row, t_val, at, rest, rest_at, conv, out_
     if has_first:
         m = _add_run(out_s, out_v, m, 0, first)
     for j in range(t_row.shape[0]):
-        v = t_val[j]
-        ns = tsc_ns(v, shift, mult, zero) if have and v != 0 else np.int64(-1)
+        ns = _perf_ns(t_val[j], have, shift, mult, zero)
         m = _add_run(out_s, out_v, m, t_row[j] + at, ns)
     for r in range(rest.shape[0]):
         m = _add_run(out_s, out_v, m, rest_at + r, rest[r])
@@ -232,13 +228,11 @@ def duration_runs_into(starts, ns, total, stop_row, stop_tsc, conv, out_s, out_v
                 j += 1
             while k + 1 < n_runs and starts[k + 1] <= row:
                 k += 1
-            t = stop_tsc[j]
+            stop_ns = _perf_ns(stop_tsc[j], have, shift, mult, zero)
             j += 1
             d = np.int64(0)
-            if have and t != 0:
-                stop_ns = tsc_ns(t, shift, mult, zero)
-                if stop_ns >= 0 and ns[k] >= 0 and stop_ns - ns[k] > 0:
-                    d = stop_ns - ns[k]
+            if stop_ns >= 0 and ns[k] >= 0 and stop_ns - ns[k] > 0:
+                d = stop_ns - ns[k]
             if i < n_runs and starts[i] - 1 == row:
                 i += 1  # (the stop's duration, not the next block's time)
         if d != 0:
