@@ -815,7 +815,12 @@ class CompiledLoop:
             )  # fmt: skip
             py_func.__qualname__ = self.py_func.__qualname__ + "_python"
             py_func.__module__ = self.py_func.__module__
-        disp = _dispatcher_class()(py_func=py_func, locals=local_types, targetoptions=options)
+        kwargs = {}
+        if not wrapper and not _is_entry(self):
+            kwargs["pipeline_class"] = _linking_only_compiler()
+        disp = _dispatcher_class()(
+            py_func=py_func, locals=local_types, targetoptions=options, **kwargs
+        )
         if cache:
             disp.enable_caching()
         return disp
@@ -929,6 +934,125 @@ def _numba_entry(loop: CompiledLoop, args: tuple) -> _Entry | None:
 
 
 _dispatcher_type = None
+_compiler_type = None
+# The serialisation kind of a library whose machine code was never made.
+_LINKING_ONLY = "hwtrace-bitcode"
+
+
+def _linking_only_compiler():
+    """numba's compiler, for a loop only other loops call (not one of its
+    module's ``AOT_ENTRIES``): its code library is optimised as numba's
+    are, but not emitted as machine code unless something asks for the
+    address of one of its functions.  Its callers link its bitcode and
+    emit their own copy (and so does :func:`build`); making machine code
+    for it too, and again each time numba's cache loads it, was about a
+    fifth of compiling the flow decoder.  numba's cache keeps such a
+    library as bitcode, of a kind :func:`_numba_ready` teaches the code
+    generator to load without emitting it."""
+    global _compiler_type
+    if _compiler_type is None:
+        from numba.core.compiler import Compiler
+
+        library_class = _linking_only_library()
+
+        class LinkingOnlyCompiler(Compiler):
+            def compile_extra(self, func):
+                if self.state.library is None:
+                    codegen = self.state.targetctx.codegen()
+                    library = library_class(codegen, func.__qualname__)
+                    library.enable_object_caching()  # (as numba's lowering does)
+                    self.state.library = library
+                return super().compile_extra(func)
+
+        _compiler_type = LinkingOnlyCompiler
+    return _compiler_type
+
+
+_library_type = None
+
+
+class _DeferredEnvironments:
+    """A linking-only library's code generator, as numba's lowering and
+    cache see it: environments are set when the library is emitted."""
+
+    def __init__(self, library) -> None:
+        self._library = library
+
+    def set_env(self, name: str, env) -> None:
+        library = self._library
+        if library._emitted:
+            library._codegen.set_env(name, env)
+        else:
+            library._envs.append((name, env))
+
+    def __getattr__(self, name: str):
+        return getattr(self._library._codegen, name)
+
+
+def _linking_only_library():
+    """numba's JIT code library, emitting machine code only on demand."""
+    global _library_type
+    if _library_type is None:
+        from numba.core.codegen import JITCodeLibrary
+
+        class LinkingOnlyLibrary(JITCodeLibrary):
+            _emitted = False
+
+            def __init__(self, codegen, name):
+                super().__init__(codegen, name)
+                self._envs: list = []  # (name, environment) to set once emitted
+
+            @property
+            def codegen(self):
+                # numba sets a function's environment in the JIT engine's
+                # copy of the module through this (a lowering's last step,
+                # a cache load's): kept until there is a copy.
+                return _DeferredEnvironments(self)
+
+            def _finalize_final_module(self):
+                # numba's, but the module is not handed to the JIT engine:
+                # its next emission would emit every module it holds.
+                self._finalize_dynamic_globals()
+                self._verify_declare_only_symbols()
+                self._final_module._CPUCodeLibrary__library = weakref.proxy(self)
+                self._finalized = True
+
+            def _emit(self):
+                self._emitted = True
+                cleanup = self._codegen._add_module(self._final_module)
+                if cleanup:
+                    weakref.finalize(self, cleanup)
+                self._finalize_specific()
+                for name, env in self._envs:
+                    self._codegen.set_env(name, env)
+                self._envs.clear()
+
+            def get_pointer_to_function(self, name):
+                self._ensure_finalized()
+                if not self._emitted:
+                    fn = next((f for f in self._final_module.functions if f.name == name), None)
+                    if fn is None or fn.is_declaration:
+                        return 0
+                    self._emit()
+                return super().get_pointer_to_function(name)
+
+            def serialize_using_object_code(self):
+                if self._emitted:
+                    return super().serialize_using_object_code()
+                self._ensure_finalized()
+                return (self.name, _LINKING_ONLY, self._final_module.as_bitcode())
+
+            @classmethod
+            def unserialize(cls, codegen, state):
+                from llvmlite import binding as ll
+
+                self = cls(codegen, state[0])
+                self._final_module = ll.parse_bitcode(state[2])
+                self._finalize_final_module()
+                return self
+
+        _library_type = LinkingOnlyLibrary
+    return _library_type
 
 
 def _dispatcher_class():
@@ -993,6 +1117,20 @@ def _numba_ready() -> None:
     @typeof_impl.register(CompiledLoop)
     def _typeof_loop(val, c):
         return typeof_impl(val.dispatcher, c)
+
+    # numba's cache loads a library through the CPU code generator, which
+    # knows its own kinds only (see _linking_only_compiler).
+    from numba.core.registry import cpu_target
+
+    codegen = cpu_target.target_context.codegen()
+    unserialize = codegen.unserialize_library
+
+    def unserialize_library(state):
+        if state[1] == _LINKING_ONLY:
+            return _linking_only_library().unserialize(codegen, state)
+        return unserialize(state)
+
+    codegen.unserialize_library = unserialize_library
 
     while _numba_hooks:
         _numba_hooks.pop(0)()

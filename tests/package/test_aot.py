@@ -344,6 +344,40 @@ def test_python_calls_numba_code_without_wrappers(tmp_path):
     assert indexes == ["loops_mod.add", "loops_mod.alloc", "loops_mod.alloc_python"]
 
 
+def test_internal_loops_are_linked_not_emitted(tmp_path):
+    """A loop only other loops call (not in its module's ``AOT_ENTRIES``)
+    is compiled to bitcode its callers link, without machine code of its
+    own: not when compiled, not when numba's cache loads it in another
+    process; machine code is made when Python asks for it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import numpy as np, aot_internal_samples as m\n"
+        "from numba import types\n"
+        "a = np.arange(5, dtype=np.int64)\n"
+        "r = m.outer(a)\n"
+        "disp = m.inner.dispatcher\n"
+        "sig = (types.Array(types.int64, 1, 'C'), types.int64)\n"
+        "disp.compile(sig)\n"
+        "lib = disp.overloads[sig].library\n"
+        "before = lib._emitted\n"
+        "print(r, before, m.inner(a, 2), lib._emitted, sum(disp.stats.cache_hits.values()))\n"
+    )
+    env = {**os.environ, "HWTRACE_AOT": "numba", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(Path(__file__).parents[1])}  # fmt: skip
+    outs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        outs.append(out.stdout.split())
+    assert outs[0] == ["31", "False", "20", "True", "0"]
+    assert outs[1] == ["31", "False", "20", "True", "1"]
+
+
 def test_warm_up_writes_the_packages_bytecode():
     """``hwtrace aot warm`` writes the bytecode of every module (an
     editable install, or PYTHONDONTWRITEBYTECODE, leaves none), so that
