@@ -467,6 +467,76 @@ def _psb_at(buf, pos, end):
     return True
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
+    """TNT-8s, TIPs and the timing packets between them (CYC, MTC) from
+    ``pos`` into rows from ``n``, until another packet (or ``lim``, or
+    ``cap`` rows); returns ``(pos, n)`` after them.  (Unsigned indices:
+    numba checks a signed one for a negative value, on every packet.)"""
+    offsets, kinds, sizes, col_a, col_b, col_c = rows
+    one = np.uint64(1)
+    u, r = np.uint64(pos), np.uint64(n)
+    u_lim, u_avail, u_cap = np.uint64(max(lim, 0)), np.uint64(avail), np.uint64(cap)
+    while u < u_lim and r < u_cap:
+        b0 = buf[u]
+        if (b0 & 0x01) == 0 and b0 > 0x02:
+            offsets[r] = np.int64(u) + base
+            kinds[r] = Kind.TNT8
+            sizes[r] = 1
+            col_a[r] = TNT8_BITS[b0]
+            col_b[r] = TNT8_NBITS[b0]
+            col_c[r] = 0
+            r += one
+            u += one
+            continue
+        if (b0 & 0x03) == 0x03:
+            # A CYC, as decode_packet reads it: of one byte, or of two (the
+            # erratum that lets an OVF replace the second byte is
+            # decode_packet's to check).
+            if (b0 & 0x04) == 0:
+                value = np.uint64(b0 >> 3)
+                size = one
+            elif u + one < u_avail and (buf[u + one] & 0x01) == 0 and not (errata & ERRATUM_SKD007):
+                value = np.uint64(b0 >> 3) | (np.uint64(buf[u + one] >> 1) << np.uint64(5))
+                size = np.uint64(2)
+            else:
+                break
+            offsets[r] = np.int64(u) + base
+            kinds[r] = Kind.CYC
+            sizes[r] = size
+            col_a[r] = value
+            col_b[r] = 0
+            col_c[r] = 0
+            r += one
+            u += size
+            continue
+        if b0 == 0x59 and u + one < u_avail:  # MTC
+            offsets[r] = np.int64(u) + base
+            kinds[r] = Kind.MTC
+            sizes[r] = 2
+            col_a[r] = buf[u + one]
+            col_b[r] = 0
+            col_c[r] = 0
+            r += one
+            u += np.uint64(2)
+            continue
+        if (b0 & 0x1F) != 0x0D:
+            break
+        ipc = b0 >> 5
+        ni = _ip_bytes(ipc)
+        if ni < 0 or u + one + np.uint64(ni) > u_avail:
+            break
+        offsets[r] = np.int64(u) + base
+        kinds[r] = Kind.TIP
+        sizes[r] = 1 + ni
+        col_a[r] = _read_le(buf, np.int64(u) + 1, ni)
+        col_b[r] = ipc
+        col_c[r] = 0
+        r += one
+        u += one + np.uint64(ni)
+    return np.int64(u), np.int64(r)
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def decode_stream(buf, avail, state, rows, errs, store):
     """Decode a stream that arrives in pieces: the packets in ``buf[:avail]``.
@@ -591,67 +661,7 @@ def decode_stream(buf, avail, state, rows, errs, store):
             # block); anything else goes the general way.
             lim = avail if final else avail - LOOKAHEAD + 1
             n0 = n
-            while pos < lim and n < cap:
-                b0 = buf[pos]
-                if (b0 & 0x01) == 0 and b0 > 0x02:
-                    offsets[n] = pos + base
-                    kinds[n] = Kind.TNT8
-                    sizes[n] = 1
-                    col_a[n] = TNT8_BITS[b0]
-                    col_b[n] = TNT8_NBITS[b0]
-                    col_c[n] = 0
-                    n += 1
-                    pos += 1
-                    continue
-                if (b0 & 0x03) == 0x03:
-                    # A CYC, as decode_packet reads it: of one byte, or of
-                    # two (the erratum that lets an OVF replace the second
-                    # byte is decode_packet's to check).
-                    if (b0 & 0x04) == 0:
-                        value = np.uint64(b0 >> 3)
-                        size = 1
-                    elif (
-                        pos + 1 < avail
-                        and (buf[pos + 1] & 0x01) == 0
-                        and not (errata & ERRATUM_SKD007)
-                    ):
-                        value = np.uint64(b0 >> 3) | (np.uint64(buf[pos + 1] >> 1) << np.uint64(5))
-                        size = 2
-                    else:
-                        break
-                    offsets[n] = pos + base
-                    kinds[n] = Kind.CYC
-                    sizes[n] = size
-                    col_a[n] = value
-                    col_b[n] = 0
-                    col_c[n] = 0
-                    n += 1
-                    pos += size
-                    continue
-                if b0 == 0x59 and pos + 1 < avail:  # MTC
-                    offsets[n] = pos + base
-                    kinds[n] = Kind.MTC
-                    sizes[n] = 2
-                    col_a[n] = buf[pos + 1]
-                    col_b[n] = 0
-                    col_c[n] = 0
-                    n += 1
-                    pos += 2
-                    continue
-                if (b0 & 0x1F) != 0x0D:
-                    break
-                ipc = b0 >> 5
-                ni = _ip_bytes(ipc)
-                if ni < 0 or pos + 1 + ni > avail:
-                    break
-                offsets[n] = pos + base
-                kinds[n] = Kind.TIP
-                sizes[n] = 1 + ni
-                col_a[n] = _read_le(buf, pos + 1, ni)
-                col_b[n] = ipc
-                col_c[n] = 0
-                n += 1
-                pos += 1 + ni
+            pos, n = _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows)
             packets += n - n0
             if pos >= lim or n >= cap:
                 continue  # the checks above say what now

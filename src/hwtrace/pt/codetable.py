@@ -104,16 +104,17 @@ def _slot(ip, mode, mask):
 
 @aot.njit(cache=True, inline="always", _nrt=False)
 def hash_find(h_ip, h_mode, h_val, ip, mode):
-    """The value stored for ``(ip, mode)``, or -1."""
-    mask = h_ip.shape[0] - 1
-    s = _slot(ip, mode, mask)
+    """The value stored for ``(ip, mode)``, or -1.  (Unsigned slots: numba
+    checks a signed index for a negative value, on every probe.)"""
+    mask = np.uint64(h_ip.shape[0] - 1)
+    s = np.uint64(_slot(ip, mode, mask))
     while True:
         v = h_val[s]
         if v < 0:
             return np.int64(-1)
         if h_ip[s] == ip and h_mode[s] == mode:
             return np.int64(v)
-        s = (s + 1) & mask
+        s = (s + np.uint64(1)) & mask
 
 
 @aot.njit(cache=True, _nrt=False)

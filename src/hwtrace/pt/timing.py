@@ -124,6 +124,25 @@ for _k in (Kind.PAD, Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD
     _TIMELESS[_k] = True
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, have_fcr):
+    """Give the packets from ``i`` (before ``end``) that leave the time
+    model as it is (``i`` one of them) its time; returns where they end.
+    (Unsigned indices: numba checks a signed one for a negative value, in
+    the loop over most packets.)"""
+    out_tsc, out_have_tsc, out_fcr, out_have_fcr = out[0], out[1], out[2], out[3]
+    j, stop = np.uint64(i), np.uint64(end)
+    while True:
+        out_tsc[j] = tsc
+        out_have_tsc[j] = have_tsc
+        if want_fcr:
+            out_fcr[j] = fcr
+            out_have_fcr[j] = have_fcr
+        j += np.uint64(1)
+        if j >= stop or seg_start[j] or not _TIMELESS[kinds[j]]:
+            return np.int64(j)
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def time_loop(
     kinds, col_a, col_b, n, seg_start, mtc_freq, nom_freq, eax, ebx, opts, state, save_at, saved,
@@ -171,17 +190,16 @@ def time_loop(
     while i <= n:
         # Most packets (branches, addresses, modes) leave the model as it
         # is: their time is the last one's.
-        if i < n and i != save_at and not seg_start[i] and _TIMELESS[kinds[i]]:
-            have_fcr = c_min >= 0 and c_min <= c_max
-            while True:
-                out_tsc[i] = t_tsc
-                out_have_tsc[i] = t_have_tsc
-                if want_fcr:
-                    out_fcr[i] = c_fcr
-                    out_have_fcr[i] = have_fcr
-                i += 1
-                if i >= n or i == save_at or seg_start[i] or not _TIMELESS[kinds[i]]:
-                    break
+        if (
+            i < n
+            and i != save_at
+            and not seg_start[np.uint64(i)]
+            and _TIMELESS[kinds[np.uint64(i)]]
+        ):
+            i = _timeless_run(
+                kinds, seg_start, i, n if save_at < i else min(n, save_at), out, want_fcr, t_tsc,
+                t_have_tsc, c_fcr, c_min >= 0 and c_min <= c_max,
+            )  # fmt: skip
             continue
         if i == save_at or i == n:
             for w in range(2):
@@ -212,15 +230,16 @@ def time_loop(
                 dst[_TS_VALID] = 1
             if i == n:
                 break
-        if seg_start[i]:
+        u = np.uint64(i)  # (unsigned: numba checks a signed index for a negative value)
+        if seg_start[u]:
             t_tsc = t_base = t_fc = t_ctc = t_ctc_cyc = t_lost_mtc = t_lost_cyc = 0
             t_have_tsc = t_have_tma = t_have_mtc = False
             in_header = False
-        kind = kinds[i]
+        kind = kinds[u]
         # pt_tcal_init: calibration starts again where a segment starts, at an
         # overflow (unless kept) and at a CBR outside PSB+ (a new frequency).
         if (
-            seg_start[i]
+            seg_start[u]
             or (kind == Kind.OVF and not keep_ovf)
             or (kind == Kind.CBR and not no_tcal and not in_header)
         ):
@@ -240,7 +259,7 @@ def time_loop(
                 c_ctc = 0
                 c_have_mtc = False
         elif kind == Kind.TSC:
-            tsc = np.int64(col_a[i])
+            tsc = np.int64(col_a[u])
             if not no_tcal:
                 if in_header:
                     last_tsc = c_tsc
@@ -276,7 +295,7 @@ def time_loop(
             t_lost_mtc = 0
             t_lost_cyc = 0
         elif kind == Kind.CBR:
-            cbr = np.int64(col_a[i])
+            cbr = np.int64(col_a[u])
             if not no_tcal:
                 if nom_freq != 0:
                     if cbr == 0:
@@ -287,8 +306,8 @@ def time_loop(
             if cbr == 0:
                 nd = _diag(d_idx, d_kind, d_err, nd, i, DIAG_UPDATING, E_BAD_PACKET)
         elif kind == Kind.TMA:
-            ctc = np.int64(col_a[i])
-            fc = np.int64(col_b[i])
+            ctc = np.int64(col_a[u])
+            fc = np.int64(col_b[u])
             err = 0
             if not t_have_tsc:
                 err = E_BAD_CONTEXT
@@ -308,7 +327,7 @@ def time_loop(
                 t_ctc = ctc & ctc_mask
                 t_ctc_cyc = t_ctc
         elif kind == Kind.MTC:
-            payload = np.int64(col_a[i])
+            payload = np.int64(col_a[u])
             # Calibration first (pt_tcal_update_mtc).
             if not no_tcal:
                 last_ctc = c_ctc
@@ -390,7 +409,7 @@ def time_loop(
                         t_tsc = base
                         t_base = base
         elif kind == Kind.CYC and not no_cyc:
-            cyc = np.int64(col_a[i])
+            cyc = np.int64(col_a[u])
             fcr = 0
             if not no_tcal:
                 if c_min >= 0 and c_min <= c_max:
@@ -424,11 +443,11 @@ def time_loop(
                     fc += (cyc * fcr) >> FCR_SHR
                     t_fc = fc
                     t_tsc = t_base + fc
-        out_tsc[i] = t_tsc
-        out_have_tsc[i] = t_have_tsc
+        out_tsc[u] = t_tsc
+        out_have_tsc[u] = t_have_tsc
         if want_fcr:
-            out_fcr[i] = c_fcr
-            out_have_fcr[i] = c_min >= 0 and c_min <= c_max
+            out_fcr[u] = c_fcr
+            out_have_fcr[u] = c_min >= 0 and c_min <= c_max
         i += 1
     return nd
 
