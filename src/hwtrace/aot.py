@@ -25,6 +25,12 @@ call (:mod:`hwtrace.cli.warmup`).  ``HWTRACE_CACHE_DIR`` says where the
 library is kept.  Its manifest records the size and
 modification time of every loop source file: a library older than the
 sources is ignored.  ``HWTRACE_AOT=numba`` turns the library off.
+
+A module naming the loops Python calls in ``AOT_ENTRIES`` makes its other
+loops internal: the library builds them only into their callers, and numba
+compiles them to bitcode alone, making their machine code only if Python
+ever asks for it (:func:`_linking_only_compiler`): their callers link and
+emit their own copy in any case.
 """
 
 from __future__ import annotations
