@@ -126,8 +126,9 @@ for _k in (Kind.PAD, Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD
 
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, have_fcr):
-    """Give the packets from ``i`` (before ``end``) that leave the time
-    model as it is (``i`` one of them) its time; returns where they end.
+    """Give the model's time to the packets from ``i`` (before ``end``)
+    that leave the model as it is (``i`` one of them); returns where they
+    end.
     (Unsigned indices: numba checks a signed one for a negative value, in
     the loop over most packets.)"""
     out_tsc, out_have_tsc, out_fcr, out_have_fcr = out[0], out[1], out[2], out[3]
