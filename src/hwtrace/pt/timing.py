@@ -124,7 +124,7 @@ for _k in (Kind.PAD, Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD
     _TIMELESS[_k] = True
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, have_fcr):
     """Give the model's time to the packets from ``i`` (before ``end``)
     that leave the model as it is (``i`` one of them); returns where they
@@ -142,6 +142,42 @@ def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, h
         j += np.uint64(1)
         if j >= stop or seg_start[j] or not _TIMELESS[kinds[j]]:
             return np.int64(j)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _cyc_run(kinds, col_a, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, base, fc, span,
+             cyc_mtc, cyc_tsc):  # fmt: skip
+    """Apply the CYCs from packet ``i`` (one) on that only add cycles
+    (with calibration ``fcr``; none that spans MTCs, ``span``, before the
+    fast counter has counted), giving the packets between them that
+    leave the model as it is its time (as _timeless_run does): most
+    packets of a trace with cycle-accurate timing.  Returns where they end,
+    and the model's time, fast counter and cycle counts after them.  (A
+    loop apart from _timeless_run's, which is the tighter without CYCs.)"""
+    out_tsc, out_have_tsc, out_fcr, out_have_fcr = out[0], out[1], out[2], out[3]
+    j, stop = np.uint64(i), np.uint64(end)
+    while True:
+        k = kinds[j]
+        if k == Kind.CYC:
+            if fc == 0 and span:
+                break
+            # pt_time_update_cyc, as time_loop's CYC does it.
+            cyc = np.int64(col_a[j])
+            cyc_mtc += cyc
+            cyc_tsc += cyc
+            fc += (cyc * fcr) >> FCR_SHR
+            tsc = base + fc
+        elif not _TIMELESS[k]:
+            break
+        out_tsc[j] = tsc
+        out_have_tsc[j] = have_tsc
+        if want_fcr:
+            out_fcr[j] = fcr
+            out_have_fcr[j] = True
+        j += np.uint64(1)
+        if j >= stop or seg_start[j]:
+            break
+    return np.int64(j), tsc, fc, cyc_mtc, cyc_tsc
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -190,18 +226,25 @@ def time_loop(
     i = 0
     while i <= n:
         # Most packets (branches, addresses, modes) leave the model as it
-        # is: their time is the last one's.
-        if (
-            i < n
-            and i != save_at
-            and not seg_start[np.uint64(i)]
-            and _TIMELESS[kinds[np.uint64(i)]]
-        ):
-            i = _timeless_run(
-                kinds, seg_start, i, n if save_at < i else min(n, save_at), out, want_fcr, t_tsc,
-                t_have_tsc, c_fcr, c_min >= 0 and c_min <= c_max,
-            )  # fmt: skip
-            continue
+        # is: their time is the last one's; most CYCs only add cycles.
+        if i < n and i != save_at and not seg_start[np.uint64(i)]:
+            k = kinds[np.uint64(i)]
+            run_end = n if save_at < i else min(n, save_at)
+            if _TIMELESS[k]:
+                i = _timeless_run(
+                    kinds, seg_start, i, run_end, out, want_fcr, t_tsc, t_have_tsc, c_fcr,
+                    c_min >= 0 and c_min <= c_max,
+                )  # fmt: skip
+                continue
+            if (
+                k == Kind.CYC and not no_cyc and not no_tcal and c_fcr != 0
+                and c_min >= 0 and c_min <= c_max and (t_fc != 0 or t_ctc == t_ctc_cyc)
+            ):  # fmt: skip
+                i, t_tsc, t_fc, c_cyc_mtc, c_cyc_tsc = _cyc_run(
+                    kinds, col_a, seg_start, i, run_end, out, want_fcr, t_tsc, t_have_tsc, c_fcr,
+                    t_base, t_fc, t_ctc != t_ctc_cyc, c_cyc_mtc, c_cyc_tsc,
+                )  # fmt: skip
+                continue
         if i == save_at or i == n:
             for w in range(2):
                 if (w == 0 and i != save_at) or (w == 1 and i != n):
