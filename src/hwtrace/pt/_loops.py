@@ -72,9 +72,11 @@ _0 = np.uint64(0)
 
 @aot.njit(cache=True, inline="always")
 def _read_le(buf, pos, n):
+    # (An unsigned index: numba checks a signed one for a negative value,
+    # on every byte of every payload.)
     v = np.uint64(0)
     for i in range(n):
-        v |= np.uint64(buf[pos + i]) << np.uint64(8 * i)
+        v |= np.uint64(buf[np.uint64(pos + i)]) << np.uint64(8 * i)
     return v
 
 
