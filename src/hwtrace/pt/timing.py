@@ -124,6 +124,16 @@ for _k in (Kind.PAD, Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD
     _TIMELESS[_k] = True
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _give_time(out, j, want_fcr, tsc, have_tsc, fcr, have_fcr):
+    """Packet ``j``'s time (and calibration, when wanted) in ``out``."""
+    out[0][j] = tsc
+    out[1][j] = have_tsc
+    if want_fcr:
+        out[2][j] = fcr
+        out[3][j] = have_fcr
+
+
 @aot.njit(cache=True, _nrt=False)
 def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, have_fcr):
     """Give the model's time to the packets from ``i`` (before ``end``)
@@ -131,14 +141,9 @@ def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, h
     end.
     (Unsigned indices: numba checks a signed one for a negative value, in
     the loop over most packets.)"""
-    out_tsc, out_have_tsc, out_fcr, out_have_fcr = out[0], out[1], out[2], out[3]
     j, stop = np.uint64(i), np.uint64(end)
     while True:
-        out_tsc[j] = tsc
-        out_have_tsc[j] = have_tsc
-        if want_fcr:
-            out_fcr[j] = fcr
-            out_have_fcr[j] = have_fcr
+        _give_time(out, j, want_fcr, tsc, have_tsc, fcr, have_fcr)
         j += np.uint64(1)
         if j >= stop or seg_start[j] or not _TIMELESS[kinds[j]]:
             return np.int64(j)
@@ -154,7 +159,6 @@ def _cyc_run(kinds, col_a, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr,
     packets of a trace with cycle-accurate timing.  Returns where they end,
     and the model's time, fast counter and cycle counts after them.  (A
     loop apart from _timeless_run's, which is the tighter without CYCs.)"""
-    out_tsc, out_have_tsc, out_fcr, out_have_fcr = out[0], out[1], out[2], out[3]
     j, stop = np.uint64(i), np.uint64(end)
     while True:
         k = kinds[j]
@@ -169,11 +173,7 @@ def _cyc_run(kinds, col_a, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr,
             tsc = base + fc
         elif not _TIMELESS[k]:
             break
-        out_tsc[j] = tsc
-        out_have_tsc[j] = have_tsc
-        if want_fcr:
-            out_fcr[j] = fcr
-            out_have_fcr[j] = True
+        _give_time(out, j, want_fcr, tsc, have_tsc, fcr, True)
         j += np.uint64(1)
         if j >= stop or seg_start[j]:
             break
