@@ -99,6 +99,10 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
     assert not whole.problems and not flow.problems
     (q,) = whole.queues
     f = q.flow
+    # A thread's queue: its thread and process throughout, as columns of
+    # one value that take no memory per block.
+    assert (q.block_tid == q.tid).all() and q.block_tid.strides == (0,)
+    assert q.block_pid.strides == (0,) and not q.block_pid.flags.writeable
     want = {
         "ip": f.block_ip, "ninsn": f.block_ninsn, "ns": q.block_ns, "duration": q.block_duration,
         "tid": q.block_tid, "pid": q.block_pid,

@@ -63,24 +63,65 @@ from .perftime import PerfClock, transfer_class
 
 @dataclass
 class QueueFlow:
-    """One AUX queue's decoded flow with per-block attribution columns."""
+    """One AUX queue's decoded flow with per-block attribution columns.
+
+    The columns (perf time, duration, thread, process) are made on first
+    use: a flow of tens of millions of blocks needs hundreds of MB for each,
+    which a caller that wants the blocks alone does not pay."""
 
     cpu: int  # -1 for a per-thread queue
     tid: int  # -1 for a per-CPU queue
     flow: FlowResult
-    block_ns: np.ndarray  # perf time of each block (int64; -1: no time)
-    block_duration: np.ndarray  # ns until the next block or until tracing stopped
-    block_tid: np.ndarray  # int64, -1 where unknown
-    block_pid: np.ndarray
     symbols: list[SymbolTable]  # per image index of ``flow.images``
     trace_bytes: int = 0
+    contexts: QueueContexts | None = field(default=None, repr=False)
     _instructions: np.ndarray | None = field(default=None, repr=False)
+    _attributed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _duration: np.ndarray | None = field(default=None, repr=False)
 
     def instructions(self) -> np.ndarray:
         """Every instruction's address (expanded once, then kept)."""
         if self._instructions is None:
             self._instructions = self.flow.instructions()
         return self._instructions
+
+    def _attribution(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._attributed is None:
+            if self.contexts is None:
+                raise ValueError("this queue's flow has no sideband to attribute it with")
+            self._attributed = self.contexts.attribute(self.flow.block_time)
+        return self._attributed
+
+    @property
+    def block_ns(self) -> np.ndarray:
+        """Perf time of each block (int64; -1: no time)."""
+        return self._attribution()[0]
+
+    @property
+    def block_tid(self) -> np.ndarray:
+        """Thread of each block (int64; -1 where unknown)."""
+        return self._attribution()[1]
+
+    @property
+    def block_pid(self) -> np.ndarray:
+        """Process of each block (int64; -1 where unknown)."""
+        return self._attribution()[2]
+
+    @property
+    def block_duration(self) -> np.ndarray:
+        """Nanoseconds each block ran: until the next block or until tracing
+        stopped after it (0: unknown)."""
+        if self._duration is None:
+            ns = self.block_ns
+            ev = self.flow.event_columns()
+            stop = np.isin(ev["type"], _STOP.astype(ev["type"].dtype))
+            k = ev["block"][stop] - 1
+            t = ev["time"][stop]
+            ok = (k >= 0) & (k < ns.shape[0])
+            k, t = k[ok], t[ok]
+            assert self.contexts is not None  # (block_ns needed it)
+            self._duration = durations(ns, k, self.contexts.stop_values(ns, k, t))
+        return self._duration
 
     @property
     def gaps(self) -> list[Gap]:
@@ -326,22 +367,31 @@ class QueueContexts:
         out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Perf time (-1: none), thread and process of blocks with decoder
-        time stamps ``block_time`` (into the int64 arrays ``out``, if given)."""
+        time stamps ``block_time`` (into the int64 arrays ``out``, if given;
+        else a thread's queue gets its thread and process as read-only
+        columns of one value, which take no memory)."""
         conv, sb = self.conv, self.sb
         n = block_time.shape[0]
-        ns, tids, pids = out if out is not None else (np.empty(n, np.int64) for _ in range(3))
+        if out is not None:
+            ns, tids, pids = out
+        elif self.tid >= 0:
+            ns = np.empty(n, np.int64)
+            tids = np.broadcast_to(np.int64(self.tid), (n,))
+            pids = np.broadcast_to(np.int64(sb.pid_of(self.tid)), (n,))
+        else:
+            ns, tids, pids = (np.empty(n, np.int64) for _ in range(3))
         if conv is not None:
             stamps_to_ns(block_time, conv.time_shift, conv.time_mult, conv.time_zero, out=ns)
         else:
             ns.fill(-1)
-        if self.tid >= 0:
+        if self.tid < 0:
+            tids[:] = sb.threads_on(self.cpu, np.maximum(ns, 0))
+            pids[:] = self._pids(tids)
+        elif out is not None:
             # (a thread's queue: one thread and process throughout, not
             # looked for in the column just filled)
             tids.fill(self.tid)
             pids.fill(sb.pid_of(self.tid))
-        else:
-            tids[:] = sb.threads_on(self.cpu, np.maximum(ns, 0))
-            pids[:] = self._pids(tids)
         return ns, tids, pids
 
     def thread_columns(self) -> tuple:
@@ -429,15 +479,7 @@ def decode_perf(
             n_bytes = trace.shape[0]
         images_used = flow.images or [first]
         symbols = [ctx.symbols(im) for im in images_used]
-        ns, tids, pids = ctx.attribute(flow.block_time)
-        ev = flow.event_columns()
-        stop = np.isin(ev["type"], _STOP.astype(ev["type"].dtype))
-        k = ev["block"][stop] - 1
-        t = ev["time"][stop]
-        ok = (k >= 0) & (k < ns.shape[0])
-        k, t = k[ok], t[ok]
-        duration = durations(ns, k, ctx.stop_values(ns, k, t))
-        out.append(QueueFlow(cpu, tid, flow, ns, duration, tids, pids, symbols, n_bytes))
+        out.append(QueueFlow(cpu, tid, flow, symbols, n_bytes, ctx))
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfFlow(out, sb, conv, problems)
 
