@@ -98,6 +98,8 @@ def test_stores_joined(rows, cuts):
         stores.append(s)
     joined = CompactBlocks(stores)
     assert joined.n == ip.shape[0]
+    # (counted from the stores' entries, before any row has its key)
+    assert joined.n_insn() == int(ninsn.astype(np.uint64).sum()) and joined.nbytes > 0
     assert np.array_equal(joined.column("ip"), ip)
     assert np.array_equal(joined.column("ninsn"), ninsn)
     assert np.array_equal(joined.column("offset"), offset)

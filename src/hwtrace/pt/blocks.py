@@ -783,34 +783,36 @@ def _offset_changes(row_steps: np.ndarray, steps: np.ndarray, base: int,
     return rows, values
 
 
-def _joined_keys(
-    stores: list[BlockStore], ip: np.ndarray, meta: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """One table of the stores' distinct blocks (``ip``, ``meta``: their
-    tables end to end), numbered by first appearance, so the first store's
-    blocks keep their keys; and every row's key in it.  Each store's keys
-    are written once into the joined column: a copy of a column of 32 M
-    rows is 64 MB of fresh memory to fault in and fill, which costs more
-    than the decoding threads saved."""
+def _joined_table(ip: np.ndarray, meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One table of several stores' distinct blocks (``ip``, ``meta``:
+    their tables end to end), numbered by first appearance, so the first
+    store's blocks keep their keys: the rows of ``ip`` it keeps, and each
+    row's number in it."""
     both = np.stack([ip, meta], axis=1)
     _, first, inverse = np.unique(both, axis=0, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     number = np.empty(order.shape[0], np.int64)
     number[order] = np.arange(order.shape[0])
-    renumbered = number[inverse.reshape(-1)]
-    wide = np.uint32 if order.shape[0] > _U2_LIMIT else np.uint16
+    return first[order], number[inverse.reshape(-1)]
+
+
+def _joined_keys(stores: list[BlockStore], renumbered: np.ndarray, n_distinct: int) -> np.ndarray:
+    """Every row's key in the stores' joined table (:func:`_joined_table`).
+    Each store's keys are written once into the joined column: a copy of a
+    column of 32 M rows is 64 MB of fresh memory to fault in and fill, which
+    costs more than the decoding threads saved."""
+    wide = np.uint32 if n_distinct > _U2_LIMIT else np.uint16
     keys = np.empty(sum(len(s) for s in stores), wide)
     row = base = 0
     for s in stores:
-        part = s.key_column()
-        out = keys[row : row + part.shape[0]]
+        out = keys[row : row + len(s)]
         if base == 0:
-            out[:] = part  # (numbered as they were)
+            s.key_column(out)  # (numbered as they were)
         else:
-            gather(renumbered[base : base + s.n_keys].astype(wide), part, out)
-        row += part.shape[0]
+            gather(renumbered[base : base + s.n_keys].astype(wide), s.key_column(), out)
+        row += len(s)
         base += s.n_keys
-    return first[order], keys
+    return keys
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -852,14 +854,16 @@ class CompactBlocks:
                 for t in tables
             ]
         )
+        # Rows stay the stores' entries and sequences until a column is
+        # asked for (a decoding that wants counts or the distinct blocks
+        # never makes a key a row).
         self._keys: np.ndarray | None = None
-        self._store: BlockStore | None = None
+        self._stores: list[BlockStore] = stores
+        self._renumbered: np.ndarray | None = None
         if len(stores) == 1:
-            # Rows stay entries and sequences until a column is asked for.
-            self._store = stores[0]
             uniq_index = np.arange(ip.shape[0])
         else:
-            uniq_index, self._keys = _joined_keys(stores, ip, meta)
+            uniq_index, self._renumbered = _joined_table(ip, meta)
         self.ip = ip[uniq_index]
         m = meta[uniq_index]
         self.ninsn = (m & np.uint64(0xFFFFFFFF)).astype(np.uint32)
@@ -889,7 +893,11 @@ class CompactBlocks:
     def keys(self) -> np.ndarray:
         """Each row's key into the distinct blocks."""
         if self._keys is None:
-            self._keys = self._store.key_column()
+            if self._renumbered is None:
+                self._keys = self._stores[0].key_column()
+            else:
+                self._keys = _joined_keys(self._stores, self._renumbered, self.ip.shape[0])
+                self._stores = []  # (the keys are all they were kept for)
         return self._keys
 
     @property
@@ -898,7 +906,9 @@ class CompactBlocks:
         if self._keys is not None:
             keys = self._keys.nbytes
         else:
-            keys = self._store.entries().nbytes + sum(a.nbytes for a in self._store.sequences()[1:])
+            keys = sum(
+                s.entries().nbytes + sum(a.nbytes for a in s.sequences()[1:]) for s in self._stores
+            )
         return steps + keys + sum(
             a.nbytes
             for a in (self.ip, self.ninsn, self.mode, self.image, self.time_rows, self.time_values)
@@ -906,7 +916,7 @@ class CompactBlocks:
 
     def n_insn(self) -> int:
         if self._keys is None:
-            return self._store.n_insn()
+            return sum(s.n_insn() for s in self._stores)
         counts = np.bincount(self._keys, minlength=self.ip.shape[0])
         return int(np.dot(counts.astype(np.uint64), self.ninsn.astype(np.uint64)))
 
