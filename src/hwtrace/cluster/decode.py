@@ -856,9 +856,13 @@ class _client:
         # thread in every worker sampling the task's stack every 10 ms) on
         # cores the decoding needs.
         with dask.config.set(LOCAL_CLUSTER_CONFIG):
+            # No dashboard; the scheduler's HTTP server (health, metrics)
+            # starts anyway, on any free port: on Dask's 8787 it warned
+            # whenever another cluster held that port.
             self.local = LocalCluster(
                 n_workers=self.workers, threads_per_worker=1, processes=True,
-                dashboard_address=None, silence_logs=logging.ERROR,
+                dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                silence_logs=logging.ERROR,
             )  # fmt: skip
         self.client = Client(self.local)
         return self.client
