@@ -807,7 +807,7 @@ def _joined_keys(stores: list[BlockStore], renumbered: np.ndarray, n_distinct: i
     for s in stores:
         out = keys[row : row + len(s)]
         if base == 0:
-            s.key_column(out)  # (numbered as they were)
+            out[:] = s.key_column()  # (numbered as they were)
         else:
             gather(renumbered[base : base + s.n_keys].astype(wide), s.key_column(), out)
         row += len(s)
