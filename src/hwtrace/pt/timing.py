@@ -194,7 +194,7 @@ def time_loop(
     table may start.  (The columns may be longer than ``n``: a decoder's
     buffers, passed whole, the same objects from window to window.)
     """
-    out_tsc, out_have_tsc, out_fcr, out_have_fcr, d_idx, d_kind, d_err = out
+    out_fcr, d_idx, d_kind, d_err = out[2], out[4], out[5], out[6]
     want_fcr = out_fcr.shape[0] >= n  # (empty: the caller has no use for it)
     nd = 0
 
@@ -487,11 +487,7 @@ def time_loop(
                     fc += (cyc * fcr) >> FCR_SHR
                     t_fc = fc
                     t_tsc = t_base + fc
-        out_tsc[u] = t_tsc
-        out_have_tsc[u] = t_have_tsc
-        if want_fcr:
-            out_fcr[u] = c_fcr
-            out_have_fcr[u] = c_min >= 0 and c_min <= c_max
+        _give_time(out, u, want_fcr, t_tsc, t_have_tsc, c_fcr, c_min >= 0 and c_min <= c_max)
         i += 1
     return nd
 

@@ -73,8 +73,8 @@ class QueueFlow:
     tid: int  # -1 for a per-CPU queue
     flow: FlowResult
     symbols: list[SymbolTable]  # per image index of ``flow.images``
+    contexts: QueueContexts = field(repr=False)  # what attributes the blocks
     trace_bytes: int = 0
-    contexts: QueueContexts | None = field(default=None, repr=False)
     _instructions: np.ndarray | None = field(default=None, repr=False)
     _attributed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _duration: np.ndarray | None = field(default=None, repr=False)
@@ -87,8 +87,6 @@ class QueueFlow:
 
     def _attribution(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._attributed is None:
-            if self.contexts is None:
-                raise ValueError("this queue's flow has no sideband to attribute it with")
             self._attributed = self.contexts.attribute(self.flow.block_time)
         return self._attributed
 
@@ -119,7 +117,6 @@ class QueueFlow:
             t = ev["time"][stop]
             ok = (k >= 0) & (k < ns.shape[0])
             k, t = k[ok], t[ok]
-            assert self.contexts is not None  # (block_ns needed it)
             self._duration = durations(ns, k, self.contexts.stop_values(ns, k, t))
         return self._duration
 
@@ -479,7 +476,7 @@ def decode_perf(
             n_bytes = trace.shape[0]
         images_used = flow.images or [first]
         symbols = [ctx.symbols(im) for im in images_used]
-        out.append(QueueFlow(cpu, tid, flow, symbols, n_bytes, ctx))
+        out.append(QueueFlow(cpu, tid, flow, symbols, ctx, n_bytes))
     problems += list(locator.problems.values()) + sb.revision_conflicts()
     return PerfFlow(out, sb, conv, problems)
 
