@@ -209,8 +209,9 @@ def _dtype_key(dt: np.dtype) -> str:
 _dtype_keys: dict[int, tuple] = {}
 
 
-def _array_key(a: np.ndarray) -> tuple:
-    f = a.flags
+def _array_key(a: np.ndarray, f=None) -> tuple:
+    if f is None:
+        f = a.flags
     layout = "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
     dt = a.dtype
     known = _dtype_keys.get(id(dt))
@@ -250,10 +251,11 @@ _char_at = ctypes.c_char.from_buffer
 _address_of = ctypes.addressof
 
 
-def _flat_array(a: np.ndarray) -> list[int]:
+def _flat_array(a: np.ndarray, f=None) -> list[int]:
     # numba's array model: meminfo, parent, nitems, itemsize, data, shape,
     # strides (the native calling convention flattens it to scalars).
-    f = a.flags
+    if f is None:
+        f = a.flags
     if f.writeable and f.c_contiguous and a.size and a.dtype.fields is None:
         # (a writable contiguous buffer's address, without numpy's ctypes
         # object: a fifth of the time; not for records, whose buffer
@@ -266,43 +268,40 @@ def _flat_array(a: np.ndarray) -> list[int]:
     return [0, 0, a.size, a.itemsize, data, *a.shape, *a.strides]
 
 
-class _ArrayMemo:
-    """Flattened arrays by identity (an array's buffer and shape never
-    change), forgotten when the array goes."""
+class _ArrayRef(weakref.ref):
+    """The weak reference an array's laid-out part holds, which forgets
+    the part when the array goes (its memo key kept: no closure per
+    array)."""
 
-    def __init__(self) -> None:
-        self._memo: dict[int, tuple] = {}
-
-    def get(self, a: np.ndarray) -> tuple:
-        hit = self._memo.get(id(a))
-        if hit is not None and hit[0]() is a:
-            return hit[1], hit[2]
-        key, flat = _array_key(a), _flat_array(a)
-        ident = id(a)
-        memo = self._memo
-
-        def forget(_ref, ident=ident, memo=memo) -> None:
-            memo.pop(ident, None)
-
-        self._memo[ident] = (weakref.ref(a, forget), key, flat)
-        return key, flat
+    __slots__ = ("ident",)
 
 
-_memo = _ArrayMemo()
+# Arrays' parts (held, key, words) by identity (an array's buffer and shape
+# never change).  Loops are mostly given arrays made for the call (a
+# batch's columns): a part costs one reference and one pass over the
+# array's attributes.
+_array_parts: dict[int, tuple] = {}
 
 
-def _held(v):
-    """What the last call's memo keeps of an argument: arrays (and the
-    arrays in tuples) weakly, so that a buffer the caller lets go (a
-    ring buffer's mapping of a kernel map) goes with it."""
-    if isinstance(v, Buffer) or _is_ndarray(v):
-        return weakref.ref(v)
-    if isinstance(v, tuple):
-        return tuple(_held(x) for x in v)
-    return v
+def _forget_array(ref: _ArrayRef) -> None:
+    _array_parts.pop(ref.ident, None)
+
+
+def _array_part(a: np.ndarray) -> tuple:
+    ident = id(a)
+    hit = _array_parts.get(ident)
+    if hit is not None and hit[0]() is a:
+        return hit
+    f = a.flags
+    ref = _ArrayRef(a, _forget_array)
+    ref.ident = ident
+    part = (ref, _array_key(a, f), _flat_array(a, f))
+    _array_parts[ident] = part
+    return part
 
 
 _Ref = weakref.ref
+_REFS = (_Ref, _ArrayRef)
 
 
 def _same(held, v) -> bool:
@@ -310,13 +309,13 @@ def _same(held, v) -> bool:
     argument of every loop call: the leaves of a tuple, mostly arrays, are
     compared here without a call each.)"""
     kind = type(held)
-    if kind is _Ref:
+    if kind in _REFS:
         return held() is v
     if kind is tuple:
         if type(v) is not tuple or len(v) != len(held):
             return False
         for h, x in zip(held, v, strict=False):  # lengths checked above
-            if type(h) is _Ref:
+            if type(h) in _REFS:
                 if h() is not x:
                     return False
             elif not _same(h, x):
@@ -325,28 +324,33 @@ def _same(held, v) -> bool:
     return held is v
 
 
-def _flatten(v, keys: list, flat: list) -> None:
-    if isinstance(v, Buffer):
-        keys.append(v.key)
-        flat.extend(v.flat)
-    elif _is_ndarray(v):
-        k, f = _memo.get(v)
-        keys.append(k)
-        flat.extend(f)
-    elif isinstance(v, tuple):
-        sub: list = []
+def _part(v) -> tuple:
+    """An argument laid out: ``(what is held of it, its type key, its
+    words in numba's native layout)``; arrays (and the arrays in tuples)
+    are held weakly, so that a buffer the caller lets go (a ring buffer's
+    mapping of a kernel map) goes with it."""
+    if _is_ndarray(v):
+        return _array_part(v)
+    if isinstance(v, tuple):
+        held, keys, flat = [], [], []
         for x in v:
-            _flatten(x, sub, flat)
-        keys.append(tuple(sub))
-    else:
-        k = _value_key(v)
-        keys.append(k)
-        if k[0] == "s" and k[1][1] == "f":
-            flat.append(float(v))
-        elif v is None:
-            pass
-        else:
-            flat.append(int(v))
+            h, k, f = _part(x)
+            held.append(h)
+            keys.append(k)
+            flat += f
+        return tuple(held), tuple(keys), flat
+    if isinstance(v, Buffer):
+        return weakref.ref(v), v.key, v.flat
+    k = _value_key(v)
+    if k[0] == "s" and k[1][1] == "f":
+        return v, k, [float(v)]
+    return v, k, [] if v is None else [int(v)]
+
+
+def _flatten(v, keys: list, flat: list) -> None:
+    _, k, f = _part(v)
+    keys.append(k)
+    flat += f
 
 
 _ndarray: type | None = None  # numpy's, once numpy is loaded
@@ -890,10 +894,7 @@ class CompiledLoop:
                 parts.append(last[i])
                 continue
             same = False
-            k: list = []
-            f: list = []
-            _flatten(a, k, f)
-            parts.append((_held(a), k[0], f))
+            parts.append(_part(a))
         # (the very key object of the last call when no argument changed:
         # the library entry found for it is kept with it, see __call__)
         keys = last_keys if same else tuple(p[1] for p in parts)
