@@ -1,12 +1,16 @@
 """Real inputs nobody here made: hardware Intel PT recordings, CoreSight
 captures from real boards, and the like.
 
-They are public data of other projects and are not kept in this repository.
-A test asks for one by name (:func:`real_input`); it is looked for, in order:
+They are public data of other projects.  The small ones (the Intel PT
+recordings, 1.3 MB in all) are kept in ``tests/data/real`` with their
+projects' licenses, so that every checkout runs the tests on them; the
+CoreSight snapshots (40 MB) are not.  A test asks for one by name
+(:func:`real_input`); it is looked for, in order:
 
 1. ``$HWTRACE_REAL_DATA/<name>`` (a directory laid out as below, by hand);
-2. ``../shared/real-data/<name>`` beside the checkout;
-3. a local git mirror of the public repository that holds it
+2. ``tests/data/real/<name>`` in the checkout;
+3. ``../shared/real-data/<name>`` beside the checkout;
+4. a local git mirror of the public repository that holds it
    (``$HWTRACE_MIRRORS/<owner>+<repo>/repo``, default ``/work/.mirror``),
    from which the pinned commit's files are extracted once into the user's
    cache directory.
@@ -152,6 +156,7 @@ def locate(name: str) -> tuple[Path | None, list[str]]:
     looked: list[str] = []
     explicit = os.environ.get("HWTRACE_REAL_DATA")
     candidates = [Path(explicit) / name] if explicit else []
+    candidates.append(ROOT / "tests" / "data" / "real" / name)
     candidates.append(ROOT.parent / "shared" / "real-data" / name)
     for path in candidates:
         looked.append(str(path))
