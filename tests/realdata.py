@@ -1,10 +1,11 @@
 """Real inputs nobody here made: hardware Intel PT recordings, CoreSight
 captures from real boards, and the like.
 
-They are public data of other projects.  The small ones (the Intel PT
-recordings, 1.3 MB in all) are kept in ``tests/data/real`` with their
-projects' licenses, so that every checkout runs the tests on them; the
-CoreSight snapshots (40 MB) are not.  A test asks for one by name
+They are public data of other projects, kept in ``tests/data/real`` with
+their projects' licenses so that every checkout runs the tests on them:
+the Intel PT recordings (1.3 MB) as they are, of OpenCSD's CoreSight
+snapshots the ETMv4, ETE and STM ones without the captured programs'
+memory images (3 MB of 40; listing packets does not read them).  A test asks for one by name
 (:func:`real_input`); it is looked for, in order:
 
 1. ``$HWTRACE_REAL_DATA/<name>`` (a directory laid out as below, by hand);
