@@ -5,8 +5,8 @@ They are public data of other projects, kept in ``tests/data/real`` with
 their projects' licenses so that every checkout runs the tests on them:
 the Intel PT recordings (1.3 MB) as they are, of OpenCSD's CoreSight
 snapshots the ETMv4, ETE and STM ones without the captured programs'
-memory images (3 MB of 40; listing packets does not read them).  A test asks for one by name
-(:func:`real_input`); it is looked for, in order:
+memory images (3 MB of 40; listing packets does not read them).  A test
+asks for one by name (:func:`real_input`); it is looked for, in order:
 
 1. ``$HWTRACE_REAL_DATA/<name>`` (a directory laid out as below, by hand);
 2. ``tests/data/real/<name>`` in the checkout;

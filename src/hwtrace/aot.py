@@ -300,8 +300,7 @@ def _array_part(a: np.ndarray) -> tuple:
     return part
 
 
-_Ref = weakref.ref
-_REFS = (_Ref, _ArrayRef)
+_REFS = (weakref.ref, _ArrayRef)
 
 
 def _same(held, v) -> bool:

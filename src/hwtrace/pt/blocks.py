@@ -807,7 +807,10 @@ def _joined_keys(stores: list[BlockStore], renumbered: np.ndarray, n_distinct: i
     for s in stores:
         out = keys[row : row + len(s)]
         if base == 0:
-            out[:] = s.key_column()  # (numbered as they were)
+            # (numbered as they were; copied from the store's own column,
+            # not expanded into the wider joined one: the expansion keeps
+            # the one specialisation the warm-up compiles)
+            out[:] = s.key_column()
         else:
             gather(renumbered[base : base + s.n_keys].astype(wide), s.key_column(), out)
         row += len(s)
