@@ -315,30 +315,23 @@ def _ptdump_library(directory) -> object:
         aot._library = False
 
 
-def test_native_and_numba_kernels_agree(tmp_path):
+def test_native_and_numba_kernels_agree(ptdump_library):
     """The ahead-of-time library runs the same code as numba: same bytes,
     and ptdump's kernels do not go through numba when it is there."""
+    cases = [(seed, style, options) for seed in range(30)
+             for style, options in STREAM_OPTIONS]  # fmt: skip
     aot.use_library(None)
     try:
-        cases = [(seed, style, options) for seed in range(30)
-                 for style, options in STREAM_OPTIONS]  # fmt: skip
         want = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
                 for seed, style, options in cases]  # fmt: skip
-        from conftest import copy_of_built_loops
-
-        manifest = aot.build(copy_of_built_loops(tmp_path))
-        if manifest is None:
-            pytest.skip("no C compiler to link the library with")
-        assert aot.use_library(manifest)
-        aot._fallbacks.clear()
-        got = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
-               for seed, style, options in cases]  # fmt: skip
-        assert not {"hwtrace.pt._loops:decode_stream",
-                    "hwtrace.pt._ptdump_loop:format_loop"} & aot.fallbacks()  # fmt: skip
-        assert got == want
     finally:
-        aot.use_library(None)
-        aot._library = False
+        assert aot.use_library(ptdump_library)
+    aot._fallbacks.clear()
+    got = [dump_bytes(_random_stream(seed), style, options, chunk_size=97)
+           for seed, style, options in cases]  # fmt: skip
+    assert not {"hwtrace.pt._loops:decode_stream",
+                "hwtrace.pt._ptdump_loop:format_loop"} & aot.fallbacks()  # fmt: skip
+    assert got == want
 
 
 def test_without_a_compiler_numba_runs_the_kernels(tmp_path, monkeypatch):
@@ -376,17 +369,14 @@ def _imports_after(argv: list[str], env: dict[str, str]) -> dict[str, bool]:
     return json.loads(proc.stderr.strip().splitlines()[-1])
 
 
-def test_startup_imports(tmp_path):
+def test_startup_imports(ptdump_library, tmp_path):
     """hwtrace --help imports nothing heavy; hwtrace ptdump, with the native
     library there, imports neither numba nor llvmlite (0.3 s and more), nor
     the perf package without sideband options, nor numpy without the time
     model."""
     import os
 
-    manifest = _ptdump_library(tmp_path / "lib")
-    if manifest is None:
-        pytest.skip("no C compiler to link the library with")
-    env = {**os.environ, "HWTRACE_CACHE_DIR": str(manifest.parent)}
+    env = {**os.environ, "HWTRACE_CACHE_DIR": str(ptdump_library.parent)}
     env.pop("HWTRACE_AOT", None)
     assert not any(_imports_after(["--help"], env).values())
     trace = tmp_path / "t.pt"

@@ -300,4 +300,10 @@ def ptdump_lines(
     """
     if options.track_time and times is None:
         times = options.estimate_time(table, config)
-    return format_table(table, np.ascontiguousarray(buf, np.uint8), options, times, inserts)
+    raw = np.ascontiguousarray(buf, np.uint8)
+    if not raw.flags.writeable:
+        # (read-only, a ``np.frombuffer`` of bytes: copied, as the stream
+        # dump's buffer is writable; the compiled loop has that one
+        # specialisation, and a copy is a fraction of writing the text)
+        raw = raw.copy()
+    return format_table(table, raw, options, times, inserts)
