@@ -314,6 +314,36 @@ def test_every_warm_up_part_decodes(capsys, tmp_path):
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_early_warm_up_pieces_compile_what_the_commands_call(monkeypatch):
+    """The pieces that compile the report's walk and the script's listing
+    loops before the decoder is compiled ("walks", "listing") call them
+    with the argument types the commands' own pieces do: else the early
+    compilation is wasted and the commands compile theirs anyway."""
+    from hwtrace.cli.warmup import warm_parts
+
+    loops = {"hwtrace.analysis.latency:walk", "hwtrace.textout.perfscript:_render",
+             "hwtrace.session.perftime:_run", "hwtrace.session.perftime:_monotonic_ns"}  # fmt: skip
+    seen: dict[str, set] = {}
+    layout = aot.CompiledLoop._layout
+
+    def recording(loop, args):
+        keys, parts = layout(loop, args)
+        if loop.name in loops:
+            seen[loop.name].add(keys)
+        return keys, parts
+
+    monkeypatch.setattr(aot.CompiledLoop, "_layout", recording)
+    calls = []
+    for pieces in (("walks", "listing"), ("perfread", "report", "script")):
+        seen = {name: set() for name in loops}
+        warm_parts(pieces)
+        calls.append(seen)
+    early, commands = calls
+    for name in loops:
+        assert commands[name], name
+        assert commands[name] <= early[name], name
+
+
 def test_python_calls_numba_code_without_wrappers(tmp_path):
     """Without the library, Python calls numba's native code through
     ctypes, also when numba loads it from its cache (a second process):

@@ -69,7 +69,7 @@ PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode")
 #: The pieces of each part, as the processes run them.
 PIECES = {
     "library": ("bytecode", "packets", "library", "subtrees", "fill"),
-    "perf": ("attribution", "perfread", "script", "report"),
+    "perf": ("attribution", "walks", "listing", "perfread", "script", "report"),
     "record": ("record",),
     "ptxed": ("ptxed",),
     "ptdump": ("ptdump",),
@@ -86,37 +86,41 @@ PIECES = {
 # function in the process that first needs it, again in another one that
 # needs it before it is cached).
 CHAINS = (
-    ("packets", "library", "script", "ptxed"),
+    ("packets", "library", "perfread", "script", "ptdump"),
     (
         "bytecode",
         "record",
         "attribution",
-        "ptdump",
+        "walks",
         "subtrees",
         "fill",
-        "perfread",
+        "listing",
         "report",
+        "ptxed",
         "decode",
     ),
 )
-# "attribution" compiles the loops that attribute a stream's blocks (both
-# perf commands need them) while the other process compiles the decoder,
-# so that the two do not both compile them next; so do, while the first
-# process ends the decoder, "fill" (the code table's compiled instruction
-# decoding, which the decoder's first call needs next) and "perfread" (the
-# perf.data reader's loops and perf's symbol tree, which both perf
-# commands meet first; after the packet loops are cached, as wrapping the
-# trace in a perf.data decodes its packets).  Then script (in the first)
-# and report (in the second, its call-path walk) take about as long.
-# "record" (while the other process compiles the packet loops) records
-# /bin/true's calls to exit as the demo records its functions: where the
-# software backend records, its planner's loops are compiled then.
-# "bytecode" (while the other process compiles the packet loops) writes
-# the bytecode of the modules the commands import where the installer
-# left none (make demo installs without it: pip compiles every module of
-# every dependency, a few seconds more than the few hundred imported).
+# While the first process compiles the packet loops, the second writes
+# the bytecode of the modules the commands import where the installer left
+# none ("bytecode": make demo installs without it, pip compiling every
+# module of every dependency being a few seconds more than the few hundred
+# imported), records /bin/true's calls to exit as the demo records its
+# functions ("record": where the software backend records, its planner's
+# loops are compiled then), compiles the loops that attribute a stream's
+# blocks ("attribution", which both perf commands need) and the report's
+# call-path walk ("walks": its arguments need no decoder, and it is most of
+# what the report would compile).  While the first ends the decoder, the
+# second compiles the code table's instruction decoding ("fill", which the
+# decoder's first call needs next) and the script's listing and perf time
+# loops ("listing", no decoder needed either); the first then compiles the
+# perf.data reader's loops and perf's symbol tree ("perfread", which both
+# perf commands meet first), and the perf commands find all but little
+# compiled.  Measured on two CPUs: the demo's parts in 118 s where the
+# walk and the listing compiled with their commands took 135 s.  Then the
+# development parts: ptdump's listing loop (its single largest loop) in
+# the first, ptxed's and the decoder to Parquet in the second.
 #: the piece another chain's piece waits for
-AFTER = {"subtrees": "packets", "report": "library", "decode": "library"}
+AFTER = {"subtrees": "packets", "script": "listing", "report": "perfread", "decode": "library"}
 # Longest a piece waits for another process's (that process failing
 # ends the wait sooner: the parent stops both).
 WAIT_SECONDS = 900.0
@@ -311,6 +315,10 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         _decoder_subtrees(image, cfg)
     elif piece == "attribution":
         _attribution_loops()
+    elif piece == "walks":
+        _call_path_walk()
+    elif piece == "listing":
+        _listing_loops()
     elif piece == "library":
         for keep in (True, False):
             decode_trace(TRACE, image, cfg, keep_blocks=keep)
@@ -470,6 +478,49 @@ def _attribution_loops() -> None:
                      np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
                      np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
     A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
+
+
+def _call_path_walk() -> None:
+    """Compile the call-path walk (:mod:`hwtrace.analysis.latency`) for
+    the arguments ``hwtrace report``'s profile gives it, on a few rows of
+    no code table's code (it finds none of their instructions)."""
+    from ..analysis.latency import LatencyProfiler
+    from ..analysis.patterns import AtomTable, PatternSet
+
+    n = 4
+    profiler = LatencyProfiler(PatternSet(), keep=False, calls=False, profile=True,
+                               group=lambda stream, key: 0)  # fmt: skip
+    stream = profiler.stream()
+    profiler.add(stream, CodeTable(Image(), capacity=16), AtomTable(profiler.patterns, None),
+                 BASE + np.arange(n, dtype=np.uint64), np.ones(n, np.uint32),
+                 np.full(n, 64, np.uint8), np.full(n, -1, np.int32), np.arange(n, dtype=np.int64),
+                 1, 0, np.zeros(n, np.bool_))  # fmt: skip
+    profiler.gap(stream)
+
+
+def _listing_loops() -> None:
+    """Compile ``hwtrace script``'s listing loop
+    (:mod:`hwtrace.textout.perfscript`) and perf's instruction times
+    (:mod:`hwtrace.session.perftime`) for the arguments the command gives
+    them, on a few made-up rows and no packets."""
+    from ..session import perftime
+    from ..session.perftime import PerfClock
+    from ..textout.perfscript import ListingWriter
+
+    n = 4
+    ip = BASE + np.arange(n, dtype=np.uint64)
+    index = np.zeros(n, np.int64)
+    writer = ListingWriter(io.BytesIO())
+    for ninsn, code_row in ((None, index), (np.ones(n, np.int64), None)):
+        for _ in writer.views(["warm"], index, index, index, ip, ["warm_loop"], ["warm"], index,
+                              index, ninsn, None, None, None, code_row, writer):  # fmt: skip
+            pass
+    none = np.zeros(0, np.int64)
+    clock = PerfClock(np.zeros(0, np.uint8), 3, (4, 1), 8)
+    out = np.zeros(n, np.int64)
+    perftime._run(none, none, none, 0, clock.state, clock.fstate, *clock.params, ip,
+                  np.zeros(n, np.uint8), ip, out, 0)  # fmt: skip
+    perftime._monotonic_ns(out, 0, 0, np.uint64(1), np.uint64(0))
 
 
 def _stored_attribution() -> None:
