@@ -33,15 +33,19 @@ $(RUNTIME): pyproject.toml
 	touch $(RUNTIME)
 
 # Development: test and documentation tools, and every command warmed.
-$(STAMP): $(RUNTIME)
+# Where the runtime is not set up yet, it is set up with them: one
+# install, one warm-up of every command (the runtime's among them) and one
+# build of the native library instead of two of each.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@test -x $(BIN)/pip || $(BIN)/python -m ensurepip --upgrade --default-pip > /dev/null
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@# (the bytecode the runtime's install left out: tests import more)
+	@# (the bytecode of every dependency: tests import more than commands)
 	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	-$(BIN)/hwtrace aot warm
 	@# ... and the numba caches it left kept by the tests' first run.
 	$(BIN)/python tests/numba_caches.py
-	touch $(STAMP)
+	touch $(RUNTIME) $(STAMP)
 
 venv: $(STAMP)
 
