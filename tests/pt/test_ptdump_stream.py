@@ -303,13 +303,17 @@ def test_pipe_input(tmp_path):
 
 def _ptdump_library(directory) -> object:
     """A native kernel library in ``directory`` holding ptdump's kernels,
-    compiled through numba first (None: no C compiler to link it)."""
+    compiled through numba first (None: no C compiler to link it); the
+    library `make` built is copied there first, when up to date, so that
+    only what it lacks is built."""
+    from conftest import copy_of_built_loops
+
     aot.use_library(None)
     try:
         for seed in range(3):
             for style, options in STREAM_OPTIONS:
                 dump_bytes(_random_stream(seed), style, options, chunk_size=97)
-        return aot.build(directory)
+        return aot.build(copy_of_built_loops(directory))
     finally:
         aot.use_library(None)
         aot._library = False
