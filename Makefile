@@ -39,8 +39,9 @@ $(RUNTIME): pyproject.toml
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@test -x $(BIN)/pip || $(BIN)/python -m ensurepip --upgrade --default-pip > /dev/null
-	$(BIN)/pip install --quiet -e '.[dev]'
-	@# (the bytecode of every dependency: tests import more than commands)
+	@# (pip writes the bytecode of what it installs in one process; here
+	@# every CPU writes it: tests import more than the commands do)
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
 	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	-$(BIN)/hwtrace aot warm
 	@# ... and the numba caches it left kept by the tests' first run.
