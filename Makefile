@@ -89,9 +89,10 @@ docs: venv
 # The suite runs on TEST_WORKERS processes (pytest-xdist), a test file
 # each at a time: its module fixtures (programs built, traces recorded)
 # are made once, and the files that share kernel state name theirs apart.
+# The longest files go first (tests/conftest.py's LONG_FILES).
 TEST_WORKERS ?= 2
 test: venv oracles lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: venv oracles
 	$(BIN)/python bench/bench_packets.py
