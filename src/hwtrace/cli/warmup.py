@@ -504,19 +504,19 @@ def _listing_loops() -> None:
     (:mod:`hwtrace.session.perftime`) for the arguments the command gives
     them, on a few made-up rows and no packets."""
     from ..session import perftime
-    from ..session.perftime import PerfClock
     from ..textout.perfscript import ListingWriter
 
     n = 4
     ip = BASE + np.arange(n, dtype=np.uint64)
     index = np.zeros(n, np.int64)
     writer = ListingWriter(io.BytesIO())
+    code = object()  # (the rows' code table: only its identity is used)
     for ninsn, code_row in ((None, index), (np.ones(n, np.int64), None)):
         for _ in writer.views(["warm"], index, index, index, ip, ["warm_loop"], ["warm"], index,
-                              index, ninsn, None, None, None, code_row, writer):  # fmt: skip
+                              index, ninsn, None, None, None, code_row, code):  # fmt: skip
             pass
     none = np.zeros(0, np.int64)
-    clock = PerfClock(np.zeros(0, np.uint8), 3, (4, 1), 8)
+    clock = perftime.PerfClock(np.zeros(0, np.uint8), 3, (4, 1), 8)
     out = np.zeros(n, np.int64)
     perftime._run(none, none, none, 0, clock.state, clock.fstate, *clock.params, ip,
                   np.zeros(n, np.uint8), ip, out, 0)  # fmt: skip

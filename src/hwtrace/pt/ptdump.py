@@ -278,8 +278,14 @@ def format_table(
 ) -> Iterator[bytes]:
     """Intel ptdump text for a whole decoded ``table`` (``buf`` the stream
     it was decoded from, for ``--raw``), in blocks."""
+    raw = np.ascontiguousarray(buf, np.uint8)
+    if not raw.flags.writeable:
+        # (read-only, a ``np.frombuffer`` of bytes: copied, as the stream
+        # dump's buffer is writable; the compiled loop has that one
+        # specialisation, and a copy is a fraction of writing the text)
+        raw = raw.copy()
     text = _TextWriter(options)
-    for block in text.blocks(table, buf, 0, times, last=True, inserts=inserts):
+    for block in text.blocks(table, raw, 0, times, last=True, inserts=inserts):
         yield bytes(block)
 
 
@@ -300,10 +306,4 @@ def ptdump_lines(
     """
     if options.track_time and times is None:
         times = options.estimate_time(table, config)
-    raw = np.ascontiguousarray(buf, np.uint8)
-    if not raw.flags.writeable:
-        # (read-only, a ``np.frombuffer`` of bytes: copied, as the stream
-        # dump's buffer is writable; the compiled loop has that one
-        # specialisation, and a copy is a fraction of writing the text)
-        raw = raw.copy()
-    return format_table(table, raw, options, times, inserts)
+    return format_table(table, buf, options, times, inserts)
