@@ -88,6 +88,10 @@ LOOP_MODULES = (
     "hwtrace.filter.ftrace_raw",
     "hwtrace.kernel.ringbuf",
     "hwtrace.export._parquet_pages",
+    "hwtrace.hwevents.csframes",
+    "hwtrace.hwevents.etm4",
+    "hwtrace.hwevents.etm4text",
+    "hwtrace.hwevents.stp",
 )
 
 _LIB_NAME = "libhwtrace-aot"

@@ -22,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT.parent / "shared" / "conformance" / "libipt" / "cases"
+SNAPSHOTS = ROOT / "tests" / "data" / "real" / "opencsd-snapshots"
 
 PROGRAM = r"""
 #include <stdio.h>
@@ -95,6 +96,11 @@ COMMANDS = {
     "perf-dump": ["perf-dump", "a.data"],
     "ptxed": ["ptxed", "--raw", f"{CASES}/loop-tnt.bin:0x100000", "--pt", f"{CASES}/loop-tnt.pt"],
     "ptdump": ["ptdump", f"{CASES}/loop-tnt.pt"],
+    # CoreSight: ETMv4 in DSTREAM frames (with the frames listed), several
+    # ETMv4 sources merged, STM
+    "csdump": ["csdump", "--snapshot", f"{SNAPSHOTS}/a55-test-tpiu", "--raw-frames"],
+    "csdump-merged": ["csdump", "--snapshot", f"{SNAPSHOTS}/juno-ret-stck"],
+    "csdump-stm": ["csdump", "--snapshot", f"{SNAPSHOTS}/stm_only-juno"],
     # (the patching backend's plans cached by the first run)
     "record": ["record", "-o", "again.data", "-f", "main", "--", "./small"],
 }

@@ -79,8 +79,9 @@ def main(argv: Sequence[str]) -> int:
                     )
                     out.write(f"{r['source']}: {r['event']} {rest}\n")
             return 0
-        out.writelines(line + "\n" for line in capture.listing())
         out.flush()
+        sys.stdout.buffer.write(capture.listing_text())
+        sys.stdout.buffer.flush()
     except BrokenPipeError:
         return 0
     return 0

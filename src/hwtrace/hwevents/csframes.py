@@ -58,7 +58,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
+
+from ..aot import njit
+
+# The loops Python calls that the native library holds (hwtrace.aot; the
+# others are built into them).  The encoder returns the array it makes,
+# which it cannot hold: numba runs it.
+AOT_ENTRIES = ("_deformat_kernel",)
 
 __all__ = [
     "FSYNC",
@@ -194,22 +200,29 @@ def _end_id(cur, keep, run, w, counts, fill, stats):
 
 
 @njit(cache=True)
-def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev, seg, frm):
-    """kind 0: count kept bytes per ID; 1: write them grouped by ID at
-    ``starts``; 2: write every data byte in stream order (``seq_id`` = its
-    ID, -1 none) and record frames and segments for dumps."""
+def _deformat_kernel(
+    data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev, seg, frm, counts, stats, work
+):
+    """kind 0: count kept bytes per ID (``counts``); 1: write them grouped
+    by ID at ``starts``; 2: write every data byte in stream order
+    (``seq_id`` = its ID, -1 none) and record frames and segments for
+    dumps.  ``stats`` receives the byte counts by kind; ``work`` is room
+    the kernel uses (:func:`_kernel_room`: it allocates nothing, so the
+    native library can hold it).  Returns how many events, segments,
+    frames and sequence bytes there were."""
     n = data.shape[0]
-    counts = np.zeros(128, np.int64)
-    fill = starts.copy()
-    stats = np.zeros(_NSTATS, np.int64)
+    fill, seen, f, fo = work
+    for j in range(128):
+        counts[j] = 0
+        fill[j] = starts[j]
+        seen[j] = False
+    for j in range(stats.shape[0]):
+        stats[j] = 0
     nev = 0
     nseg = 0
     nfrm = 0
     nseq = 0
     seg_len = 0
-    seen = np.zeros(128, np.bool_)
-    f = np.empty(16, np.uint8)
-    fo = np.empty(16, np.int64)
     cur = -1
     keep = False
     run = 0
@@ -408,7 +421,14 @@ def _deformat_kernel(data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev
                         seg[nseg - 1, 2] = chg
     _flush(cur, keep, run, w, counts, fill, stats)
     stats[_S_ID_BYTES] = n_id
-    return counts, stats, nev, nseg, nfrm, nseq
+    return nev, nseg, nfrm, nseq
+
+
+def _kernel_room() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The room :func:`_deformat_kernel` works in: a fill position and a
+    seen flag per trace ID, one frame's bytes and their offsets."""
+    return (np.empty(128, np.int64), np.empty(128, np.bool_), np.empty(16, np.uint8),
+            np.empty(16, np.int64))  # fmt: skip
 
 
 @njit(cache=True)
@@ -591,13 +611,17 @@ def _mode(mode: str) -> int:
 
 
 def _unwrap(arr: np.ndarray, mode: str) -> tuple[np.ndarray, int, np.ndarray | None]:
-    """The bytes the frame decoder reads, its kernel mode, and (DSTREAM)
+    """The bytes the frame decoder reads (read-only, whatever the input
+    was: one specialisation of the kernel), its kernel mode, and (DSTREAM)
     the input offset of each of those bytes (None: the same offsets)."""
     m = _mode(mode)
-    if m != MODES["dstream"]:
-        return arr, m, None
-    pos = np.flatnonzero(np.arange(arr.shape[0], dtype=np.int64) % DSTREAM_BLOCK < DSTREAM_DATA)
-    return arr[pos], MODES["fsync"], pos
+    pos = None
+    if m == MODES["dstream"]:
+        pos = np.flatnonzero(np.arange(arr.shape[0], dtype=np.int64) % DSTREAM_BLOCK < DSTREAM_DATA)
+        arr, m = arr[pos], MODES["fsync"]
+    arr = arr.view()
+    arr.flags.writeable = False
+    return arr, m, pos
 
 
 def _input_offsets(pos: np.ndarray | None, offsets: np.ndarray) -> np.ndarray:
@@ -645,9 +669,13 @@ def deformat(
     empty_id = np.empty(0, np.int16)
     none3 = np.empty((0, 3), np.int64)
     none5 = np.empty((0, 5), np.int64)
-    counts, _, _, _, _, _ = _deformat_kernel(
-        arr, m, allowed, 0, no_starts, empty_b, empty_o, empty_id, none3, none3, none5
-    )
+    counts = np.zeros(128, np.int64)
+    stats = np.zeros(_NSTATS, np.int64)
+    work = _kernel_room()
+    _deformat_kernel(
+        arr, m, allowed, 0, no_starts, empty_b, empty_o, empty_id, none3, none3, none5, counts,
+        stats, work,
+    )  # fmt: skip
     total = int(counts.sum())
     starts = np.zeros(128, np.int64)
     starts[1:] = np.cumsum(counts)[:-1]
@@ -655,9 +683,10 @@ def deformat(
     out_o = np.empty(total, np.int64)
     ev = np.empty((1024, 3), np.int64)
     while True:
-        _, stats, nev, _, _, _ = _deformat_kernel(
-            arr, m, allowed, 1, starts, out_b, out_o, empty_id, ev, none3, none5
-        )
+        nev, _, _, _ = _deformat_kernel(
+            arr, m, allowed, 1, starts, out_b, out_o, empty_id, ev, none3, none5,
+            np.zeros(128, np.int64), stats, work,
+        )  # fmt: skip
         if nev <= ev.shape[0]:
             break
         ev = np.empty((nev, 3), np.int64)
@@ -719,9 +748,10 @@ def _sequence(arr: np.ndarray, m: int):
     seg = np.empty((frames * 8, 3), np.int64)
     frm = np.empty((frames, 5), np.int64)
     while True:
-        _, _, nev, nseg, nfrm, nseq = _deformat_kernel(
-            arr, m, _allowed(None), 2, np.zeros(128, np.int64), seq_b, seq_o, seq_id, ev, seg, frm
-        )
+        nev, nseg, nfrm, nseq = _deformat_kernel(
+            arr, m, _allowed(None), 2, np.zeros(128, np.int64), seq_b, seq_o, seq_id, ev, seg, frm,
+            np.zeros(128, np.int64), np.zeros(_NSTATS, np.int64), _kernel_room(),
+        )  # fmt: skip
         if nev <= ev.shape[0]:
             break
         ev = np.empty((nev, 3), np.int64)
@@ -737,7 +767,7 @@ def block_indices(data, mode: str = "memory") -> dict[int, np.ndarray]:
     seq_id, nseq, seg, lengths = _runs(data, mode)
     # A block's bytes count on from its index.
     index = np.repeat(seg[:, 1] - seg[:, 0], lengths) + np.arange(nseq)
-    return {int(t): index[seq_id == t] for t in np.unique(seq_id).tolist() if t >= 0}
+    return {int(t): index[seq_id == t] for t in _ids_in(seq_id)}
 
 
 def block_starts(data, mode: str = "memory") -> dict[int, np.ndarray]:
@@ -746,11 +776,17 @@ def block_starts(data, mode: str = "memory") -> dict[int, np.ndarray]:
     ID's bytes in a frame is one."""
     _, _, seg, lengths = _runs(data, mode)
     out = {}
-    for t in np.unique(seg[:, 2]).tolist():
-        if t >= 0:
-            mine = lengths[seg[:, 2] == t]
-            out[int(t)] = np.cumsum(mine) - mine
+    for t in _ids_in(seg[:, 2]):
+        mine = lengths[seg[:, 2] == t]
+        out[t] = np.cumsum(mine) - mine
     return out
+
+
+def _ids_in(ids: np.ndarray) -> list[int]:
+    """The trace IDs (0-127; -1: none) that occur in ``ids``, in order
+    (counted, not ``np.unique``: that imports numpy.ma, a command's
+    start-up cost)."""
+    return np.flatnonzero(np.bincount(ids[ids >= 0], minlength=128)).tolist()
 
 
 def _runs(data, mode: str):

@@ -78,7 +78,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
-from numba import njit
+
+from ..aot import njit
+
+# The loops Python calls (the others are built into them: hwtrace.aot).
+AOT_ENTRIES = ("_run",)
 
 __all__ = [
     "Etm4Config",
@@ -1559,100 +1563,17 @@ def packet_name(kind: int) -> str:
     return _NAMES.get(Etm4Kind(kind), ("I_UNKNOWN", ""))[0]
 
 
-def _ctx_text(pk: Etm4Packets, i: int) -> str:
-    fl = int(pk.flags[i])
-    if not fl & 4:
-        return "Ctxt: Same"
-    s = "Ctxt: " + ("AArch64," if fl & 32 else "AArch32, ")
-    s += f"EL{int(pk.el[i])}, " + ("NS; " if fl & 64 else "S; ")
-    if fl & 8:
-        s += f"CID=0x{int(pk.context[i]):08x}; "
-    if fl & 16:
-        s += f"VMID=0x{int(pk.vmid[i]):04x}; "
-    return s
-
-
-def _atom_text(bits: int, n: int) -> str:
-    return "".join("E" if (bits >> j) & 1 else "N" for j in range(n))
-
-
 def etm4_dump_lines(
     data: bytes, packets: Etm4Packets, trace_id: int = 0, *, ete: bool = False
 ) -> Iterator[str]:
     """Lines as OpenCSD's ``trc_pkt_lister`` prints packets:
     ``Idx:N; ID:T;\\tNAME : description...`` (``ete`` adds the trace info's
-    TSTATE field)."""
-    for i in range(len(packets)):
-        k = Etm4Kind(int(packets.kind[i]))
-        cfg_reserved = k == K.RESERVED and int(packets.event[i]) == E_CFG
-        name, desc = _NAMES[-E_CFG if cfg_reserved else k]
-        s = f"{name} : {desc}"
-        addr = f"0x{int(packets.address[i]):016X}"
-        if k == K.TRACE_INFO:
-            info = int(packets.info[i])
-            s += f"; INFO=0x{info:x} {{ CC.{info & 1}"
-            s += f", TSTATE.{(info >> 6) & 1} }}" if ete else " }"
-            if info & 1:
-                s += f"; CC_THRESHOLD=0x{int(packets.cc[i]):x}"
-        elif k == K.TIMESTAMP:
-            s += f"; Updated val = 0x{int(packets.ts[i]):x}"
-            if packets.cc[i] >= 0:
-                s += f"; CC=0x{int(packets.cc[i]):x}"
-        elif k in (K.CCNT_F1, K.CCNT_F2, K.CCNT_F3):
-            s += f"; Count=0x{int(packets.cc[i]):x}"
-        elif k == K.EXCEPT:
-            et = int(packets.info[i])
-            s += "; " + (f" {_EXCEPTIONS[et]};" if et < 16 else " Reserved;")
-            interp = int(packets.payload[i])
-            if interp == 1:
-                s += " Ret Addr Follows;"
-            elif interp == 2:
-                s += " Ret Addr Follows, Match Prev;"
-        elif k == K.COMMIT:
-            s += f"; Commit({int(packets.info[i])})"
-        elif k == K.CANCEL_F1:
-            s += f"; Cancel({int(packets.info[i])})"
-        elif k == K.CANCEL_F1_MISPRED:
-            s += f"; Cancel({int(packets.info[i])}), Mispredict"
-        elif k in (K.MISPREDICT, K.CANCEL_F2, K.CANCEL_F3):
-            s += "; "
-            if packets.natoms[i]:
-                s += f"Atom: {_atom_text(int(packets.atoms[i]), int(packets.natoms[i]))}, "
-            s += (
-                "Mispredict" if k == K.MISPREDICT else f"Cancel({int(packets.info[i])}), Mispredict"
-            )
-        elif k in ATOM_KINDS:
-            s += "; " + _atom_text(int(packets.atoms[i]), int(packets.natoms[i]))
-        elif k == K.CTXT:
-            s += "; " + _ctx_text(packets, i)
-        elif k in (K.ADDR_MATCH, K.SRC_ADDR_MATCH):
-            s += f", [{int(packets.info[i])}]; Addr={addr}; "
-        elif k in (K.ADDR_S_IS0, K.ADDR_S_IS1, K.SRC_ADDR_S_IS0, K.SRC_ADDR_S_IS1):
-            bits = int(packets.flags[i]) & 0x1F
-            s += f"; Addr={addr} ~[0x{int(packets.address[i]) & _mask(bits):X}]"
-        elif k in ADDRESS_KINDS:
-            s += f"; Addr={addr}; "
-            if k <= K.ADDR_CTXT_L_64IS1:
-                s += _ctx_text(packets, i)
-        elif k == K.ITE:
-            s += f"; EL{int(packets.info[i])}; Payload=0x{int(packets.payload[i]):X}"
-        elif k == K.BAD_SEQUENCE:
-            s += "[I_ASYNC]" if int(packets.event[i]) == E_ASYNC else "[I_EXTENSION]"
-        elif k == K.INCOMPLETE_EOT:
-            s += f"[{_header_name(int(packets.info[i]), bool(packets.payload[i]))}]"
-        elif cfg_reserved:
-            s += f"[{_header_name(int(packets.info[i]))}]"
-        elif k == K.Q:
-            qt = int(packets.payload[i])
-            s += "; Count(Unknown)" if qt == 0xF else f"; Count({int(packets.info[i])})"
-            if qt <= 2:
-                s += f"; [{qt}]"
-            if qt <= 2 or qt in (0x5, 0x6, 0xA, 0xB):
-                s += f"; Addr={addr}"
-                bits = int(packets.natoms[i])
-                if bits:
-                    s += f" ~[0x{int(packets.address[i]) & _mask(bits):X}]"
-        yield f"Idx:{int(packets.offset[i])}; ID:{trace_id:x};\t{s}"
+    TSTATE field).  The text is written by a compiled loop
+    (:func:`hwtrace.hwevents.etm4text.etm4_listing`)."""
+    from .etm4text import etm4_listing
+
+    text, _ = etm4_listing(packets, trace_id, ete=ete)
+    yield from bytes(text).decode().split("\n")[:-1]
 
 
 # ------------------------------------------------------------------ events

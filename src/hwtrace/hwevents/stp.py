@@ -72,7 +72,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
-from numba import njit
+
+from ..aot import njit
+
+# The loops Python calls that the native library holds (hwtrace.aot; the
+# others are built into them).  The encoder and the event assembly return
+# arrays they make, which it cannot hold: numba runs them.
+AOT_ENTRIES = ("_decode",)
 
 __all__ = [
     "StpError",
@@ -763,9 +769,11 @@ def decode_stp(
     in begin (runs of one ID in formatter frames, or the reads of a raw
     file): while unsynchronised, OpenCSD lists a NOTSYNC for each block,
     and so does the dump (the error is reported once)."""
-    starts = np.unique(
+    # (sorted and unique without np.unique, which imports numpy.ma)
+    starts = np.sort(
         np.asarray(blocks if isinstance(blocks, np.ndarray) else list(blocks), np.int64)
     )
+    starts = starts[np.concatenate((starts[:1] == starts[:1], starts[1:] != starts[:-1]))]
     buf = (
         np.frombuffer(data, np.uint8)
         if not isinstance(data, np.ndarray)

@@ -107,8 +107,10 @@ class TraceSource:
         after = np.asarray(offset, np.int64) - byte
         return self.file_offsets(byte, self.list_index) + after
 
-    def listing(self) -> Iterator[tuple[int, str]]:
-        """trc_pkt_lister's lines of the source, with the index each is at."""
+    def listing_text(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """trc_pkt_lister's lines of the source as one ``uint8`` text, where
+        each line starts (one more than there are lines, the last the
+        text's end) and the index each line is at."""
         pk = self.packets(resync=False)
         if self.protocol == "stm" and self.list_index is not None:
             # OpenCSD counts the bytes consumed when a packet's first nibble
@@ -122,18 +124,25 @@ class TraceSource:
         else:
             offsets = self.file_offsets(np.asarray(pk.offset, np.int64), self.list_index)
             shown = replace(pk, offset=offsets)
-        if self.protocol == "stm":
-            from ..hwevents.stp import stp_dump_lines
+        if self.protocol != "stm":
+            from ..hwevents.etm4text import etm4_listing
 
-            lines = stp_dump_lines(self.data, shown, self.trace_id)
-        else:
-            from ..hwevents.etm4 import etm4_dump_lines
+            text, starts = etm4_listing(shown, self.trace_id, ete=self.protocol == "ete")
+            return text, starts, np.asarray(shown.offset, np.int64)
+        from ..hwevents.stp import stp_dump_lines
 
-            ete = self.protocol == "ete"
-            lines = etm4_dump_lines(self.data, shown, self.trace_id, ete=ete)
         # Damage lines (STM) come between packets: every line carries its index.
-        for line in lines:
-            yield int(line[4 : line.index(";")]), line
+        lines = [line.encode() + b"\n" for line in stp_dump_lines(self.data, shown, self.trace_id)]
+        starts = np.zeros(len(lines) + 1, np.int64)
+        np.cumsum([len(line) for line in lines], out=starts[1:])
+        index = np.array([int(line[4 : line.index(b";")]) for line in lines], np.int64)
+        return np.frombuffer(b"".join(lines), np.uint8), starts, index
+
+    def listing(self) -> Iterator[tuple[int, str]]:
+        """trc_pkt_lister's lines of the source, with the index each is at."""
+        text, _, index = self.listing_text()
+        lines = bytes(text).decode().split("\n")
+        return zip(index.tolist(), lines[: len(index)], strict=True)
 
     def events(self, convention: str = "flag", at: dict[int, str] | None = None) -> list[dict]:
         """The software events: STM messages (ending at a FLAG or at a
@@ -322,15 +331,35 @@ class CoreSightCapture:
                 )
         return cls(sources, frames)
 
+    def listing_text(self) -> np.ndarray:
+        """trc_pkt_lister's lines of every source as one ``uint8`` text, in
+        the order it lists them: group by group, by index, sources in order
+        at one index."""
+        from ..textout import gather_lines
+
+        texts = [(k, *src.listing_text()) for k, src in enumerate(self.sources)]
+        texts = [t for t in texts if len(t[3])]
+        if not texts:
+            return np.zeros(0, np.uint8)
+        if len(texts) == 1 and np.all(texts[0][3][1:] >= texts[0][3][:-1]):
+            return texts[0][1]
+        base = np.cumsum([0] + [len(t[1]) for t in texts[:-1]])
+        text = np.concatenate([t[1] for t in texts])
+        starts = np.concatenate([t[2][:-1] + b for t, b in zip(texts, base, strict=True)])
+        ends = np.concatenate([t[2][1:] + b for t, b in zip(texts, base, strict=True)])
+        index = np.concatenate([t[3] for t in texts])
+        source = np.concatenate([np.full(len(t[3]), t[0], np.int64) for t in texts])
+        group = np.array([src.group for src in self.sources], np.int64)[source]
+        order = np.lexsort((source, index, group))
+        out = np.empty(len(text), np.uint8)
+        gather_lines(text, starts[order], ends[order], out)
+        return out
+
     def listing(self) -> Iterator[str]:
         """trc_pkt_lister's lines of every source, in the order it lists
-        them: group by group, by index, sources in order at one index."""
-        lines: list[tuple[int, int, str]] = []
-        for k, src in enumerate(self.sources):
-            for idx, line in src.listing():
-                lines.append((idx, k, line))
-        lines.sort(key=lambda r: (self.sources[r[1]].group, r[0], r[1]))
-        return (line for _, _, line in lines)
+        them (:meth:`listing_text`'s lines)."""
+        lines = bytes(self.listing_text()).decode().split("\n")
+        return iter(lines[:-1])
 
     def frame_listing(self) -> Iterator[str]:
         """The formatter frames, as ``trc_pkt_lister -o_raw_packed

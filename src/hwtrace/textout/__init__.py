@@ -317,6 +317,17 @@ def pad_to(out: np.ndarray, p: int, start: int, width: int) -> int:
 
 
 @njit(cache=True, _nrt=False)
+def gather_lines(text: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: np.ndarray) -> int:
+    """``text[starts[k]:ends[k]]`` for every ``k``, one after another in
+    ``out`` (lines of several listings merged in another order); returns
+    the bytes written."""
+    p = 0
+    for k in range(starts.shape[0]):
+        p = put_slice(out, p, text, starts[k], ends[k])
+    return p
+
+
+@njit(cache=True, _nrt=False)
 def align_right(out: np.ndarray, p: int, start: int, width: int) -> int:
     """Right-align the bytes written since ``start`` in ``width`` columns
     (C's ``%*s``): they move right and blanks fill the gap."""
