@@ -65,7 +65,7 @@ def _path() -> np.ndarray:
     return np.array(ips, np.uint64)
 
 
-PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode")
+PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode", "csdump")
 #: The pieces of each part, as the processes run them.
 PIECES = {
     "library": ("bytecode", "packets", "library", "subtrees", "fill"),
@@ -74,6 +74,7 @@ PIECES = {
     "ptxed": ("ptxed",),
     "ptdump": ("ptdump",),
     "decode": ("decode",),
+    "csdump": ("csdump",),
 }
 # The pieces in two chains of about equal work.  The decoder is compiled
 # in two halves at once: one process compiles the packet and timing loops
@@ -98,6 +99,7 @@ CHAINS = (
         "report",
         "ptxed",
         "decode",
+        "csdump",
     ),
 )
 # While the first process compiles the packet loops, the second writes
@@ -118,7 +120,8 @@ CHAINS = (
 # compiled.  Measured on two CPUs: the demo's parts in 118 s where the
 # walk and the listing compiled with their commands took 135 s.  Then the
 # development parts: ptdump's listing loop (its single largest loop) in
-# the first, ptxed's and the decoder to Parquet in the second.
+# the first, ptxed's, the decoder to Parquet and the CoreSight listing in
+# the second.
 #: the piece another chain's piece waits for
 AFTER = {"subtrees": "packets", "script": "listing", "report": "perfread", "decode": "library"}
 # Longest a piece waits for another process's (that process failing
@@ -356,6 +359,8 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
         else:
             # (with the folded call paths, as the demo's report writes them)
             status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
+    elif piece == "csdump":
+        status |= _coresight_listing(tmp)
     elif piece == "decode":
         from .decode import main as decode_main
 
@@ -367,6 +372,39 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
     else:
         raise ValueError(f"no warm-up piece {piece}")
     return status
+
+
+# An ETB capture in CoreSight formatter frames (memory mode): an ETMv4
+# source (trace ID 0x10: sync, trace info, trace on, an address with
+# context, atoms, a timestamp, an exception) and an STM one (0x20: a
+# timestamped write ended by a FLAG), each cut in two runs.
+CORESIGHT_FRAMES = bytes.fromhex(
+    "2100000000000000000000008001000004850008400041fffefffefffefffef021ff0000feff30fbf602b4"
+    "24941006551cf741ff0e0f300132506e000001003462f4010e000000000000000000000002"
+)
+
+
+def _coresight_listing(tmp: Path) -> int:
+    """List the capture above as a snapshot (its frames too), as ``hwtrace
+    csdump`` does: the ETMv4 and STM packet decoders, the frame decoder
+    and the listing's loops."""
+    from ..hwevents.cssnapshot import Buffer, Device, Snapshot, write_snapshot
+    from ..hwevents.etm4 import Etm4Config
+    from . import csdump
+
+    cfg = Etm4Config(trace_id=0x10)
+    regs, offsets = cfg.to_regs()
+    snap = Snapshot(
+        devices=[Device("cpu_0", cfg.core_name, cls="core"),
+                 Device("ETM_0", cfg.device_type, regs=regs, offsets=offsets),
+                 Device("STM_0", "STM", regs={"STMTCSR": (0x20 << 16) | 7},
+                        offsets={"STMTCSR": 0x3A0})],
+        buffers=[Buffer("ETB_0", CORESIGHT_FRAMES, format="coresight", file="etb.bin")],
+        source_buffers={"ETM_0": "ETB_0", "STM_0": "ETB_0"},
+        core_trace_sources={"cpu_0": "ETM_0"},
+    )  # fmt: skip
+    write_snapshot(tmp / "snapshot", snap)
+    return csdump.main(["--snapshot", str(tmp / "snapshot"), "--raw-frames"])
 
 
 def _write_elf(path: Path) -> None:
