@@ -92,6 +92,7 @@ LOOP_MODULES = (
     "hwtrace.hwevents.etm4",
     "hwtrace.hwevents.etm4text",
     "hwtrace.hwevents.stp",
+    "hwtrace.hwevents.stptext",
 )
 
 _LIB_NAME = "libhwtrace-aot"

@@ -13,7 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
-from ..textout import put_dec, put_hex, put_row, put_signed, put_text, string_table
+from ..textout import (
+    put_dec,
+    put_hex,
+    put_row,
+    put_signed,
+    put_text,
+    put_upper_hex,
+    string_table,
+)
 from .etm4 import _EXCEPTIONS, _NAMES, E_ASYNC, E_CFG, _header_name
 from .etm4 import Etm4Kind as K
 
@@ -52,23 +60,13 @@ _LINE_MAX = 512
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _put_upper_hex(out, p, v, width):
-    """``v`` as upper-case hex (C's ``%0*llX``)."""
-    q = put_hex(out, p, v, width)
-    for j in range(p, q):
-        if out[j] >= 97:
-            out[j] -= 32
-    return q
-
-
-@aot.njit(cache=True, inline="always", _nrt=False)
 def _put_masked(out, p, address, bits):
     """`` ~[0xADDR]``: the low ``bits`` of the address a packet carried."""
     mask = np.uint64(0xFFFFFFFFFFFFFFFF)
     if bits < 64:
         mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
     p = put_text(out, p, " ~[0x")
-    p = _put_upper_hex(out, p, np.uint64(address) & mask, 0)
+    p = put_upper_hex(out, p, np.uint64(address) & mask, 0)
     return put_text(out, p, "]")
 
 
@@ -199,15 +197,15 @@ def _format_lines(
             p = put_text(out, p, ", [")
             p = put_signed(out, p, info[i])
             p = put_text(out, p, "]; Addr=0x")
-            p = _put_upper_hex(out, p, a, 16)
+            p = put_upper_hex(out, p, a, 16)
             p = put_text(out, p, "; ")
         elif k == _ADDR_S_IS0 or k == _ADDR_S_IS1 or k == _SRC_ADDR_S_IS0 or k == _SRC_ADDR_S_IS1:
             p = put_text(out, p, "; Addr=0x")
-            p = _put_upper_hex(out, p, a, 16)
+            p = put_upper_hex(out, p, a, 16)
             p = _put_masked(out, p, a, flags[i] & 0x1F)
         elif _ADDR_CTXT_FIRST <= k <= _ADDR_LAST:
             p = put_text(out, p, "; Addr=0x")
-            p = _put_upper_hex(out, p, a, 16)
+            p = put_upper_hex(out, p, a, 16)
             p = put_text(out, p, "; ")
             if k <= _ADDR_CTXT_LAST:
                 p = _put_context(out, p, flags[i], el[i], context[i], vmid[i])
@@ -215,7 +213,7 @@ def _format_lines(
             p = put_text(out, p, "; EL")
             p = put_signed(out, p, info[i])
             p = put_text(out, p, "; Payload=0x")
-            p = _put_upper_hex(out, p, payload[i], 0)
+            p = put_upper_hex(out, p, payload[i], 0)
         elif k == _BAD_SEQUENCE:
             if event[i] == e_async:
                 p = put_text(out, p, "[I_ASYNC]")
@@ -243,7 +241,7 @@ def _format_lines(
                 p = put_text(out, p, "]")
             if qt <= 2 or qt == 5 or qt == 6 or qt == 0xA or qt == 0xB:
                 p = put_text(out, p, "; Addr=0x")
-                p = _put_upper_hex(out, p, a, 16)
+                p = put_upper_hex(out, p, a, 16)
                 if natoms[i]:
                     p = _put_masked(out, p, a, natoms[i])
         out[p] = 10

@@ -817,35 +817,6 @@ def decode_stp(
 
 # The dump's text for a packet kind (OpenCSD's); ``{flags}``: where it
 # says the packet's marker and timestamp.
-_PACKET_TEXT = {
-    StpKind.ASYNC: "Alignment synchronisation packet",
-    StpKind.VERSION: "Version packet; Ver={value}",
-    StpKind.FREQ: "Frequency packet; Freq={value}Hz",
-    StpKind.NULL: "Null packet",
-    StpKind.TRIG: "Trigger packet{flags}; TrigData=0x{value:02x}",
-    StpKind.GERR: "Global Error",
-    StpKind.MERR: "Master Error",
-    StpKind.M8: "Set current master; Master=0x{master:02x}",
-    StpKind.C8: "Set current channel; Chan=0x{channel:04x}",
-    StpKind.C16: "Set current channel; Chan=0x{channel:04x}",
-    StpKind.FLAG: "Flag packet{flags}",
-    **{k: f"{n} bit data{{flags}}; Data=0x{{value:0{n // 4}x}}" for k, n in _DATA_BITS.items()},
-}
-
-
-def _packet_text(
-    kind: int, marker: bool, has_ts: bool, value: int, master: int, channel: int, ts: int, bits: int
-) -> str:
-    flags = (" + marker" if marker else "") + (" + timestamp" if has_ts else "")
-    text = _PACKET_TEXT[StpKind(kind)]
-    s = f"{_name(kind, marker, has_ts)}:" + text.format(
-        flags=flags, value=value, master=master, channel=channel
-    )
-    if has_ts:
-        s += f"; TS=0x{ts:016X}"
-        if bits:
-            s += f" ~[0x{ts & ((1 << bits) - 1):X}]"
-    return s
 
 
 _ERROR_TEXT = {
@@ -855,39 +826,34 @@ _ERROR_TEXT = {
 }
 
 
+def error_lines(packets: StpPackets, trace_id: int = 0) -> list[tuple[int, int, str]]:
+    """The lines trc_pkt_lister prints for the damage in ``packets``: the
+    packet row each comes before, its index and its text."""
+    out = []
+    for j, (row, code) in enumerate(zip(packets.error_rows.tolist(),
+                                        packets.error_codes.tolist(), strict=True)):  # fmt: skip
+        if code in (E_TS_CODING, E_NOTSYNC, E_NO_ASYNC):  # said by a block row
+            continue
+        text = _ERROR_TEXT.get(code, "BAD_SEQUENCE:Invalid sequence in packet")
+        if code in (E_TRUNCATED, E_VERSION, E_TS_SIZE, E_ASYNC):
+            text += f"[{_name(int(packets.error_kinds[j]), bool(packets.error_markers[j]))}]"
+        at = int(packets.error_offsets[j])
+        out.append((int(row), at, f"Idx:{at}; ID:{trace_id:x};\t{text}"))
+    return out
+
+
 def stp_dump_lines(data, packets: StpPackets | None = None, trace_id: int = 0) -> Iterator[str]:
     """Lines as OpenCSD's trc_pkt_lister prints an STM source's packets,
     damaged ones included (decodes ``data`` unless ``packets`` is given;
-    decode with ``resync=False`` to follow OpenCSD through damage)."""
+    decode with ``resync=False`` to follow OpenCSD through damage).  The
+    text is written by a compiled loop
+    (:func:`hwtrace.hwevents.stptext.stp_listing`)."""
+    from .stptext import stp_listing
+
     if packets is None:
         packets = decode_stp(data)
-    ids = f"; ID:{trace_id:x};\t"
-    cols = (
-        packets.kind.tolist(),
-        packets.marker.tolist(),
-        packets.has_ts.tolist(),
-        packets.value.tolist(),
-        packets.master.tolist(),
-        packets.channel.tolist(),
-        packets.ts.tolist(),
-        packets.ts_bits.tolist(),
-    )
-    off = packets.offset.tolist()
-    erows = packets.error_rows.tolist()
-    j = 0
-    for i in range(len(packets) + 1):
-        while j < len(erows) and erows[j] == i:
-            code = int(packets.error_codes[j])
-            if code not in (E_TS_CODING, E_NOTSYNC, E_NO_ASYNC):  # said by a block row
-                text = _ERROR_TEXT.get(code, "BAD_SEQUENCE:Invalid sequence in packet")
-                if code in (E_TRUNCATED, E_VERSION, E_TS_SIZE, E_ASYNC):
-                    text += (
-                        f"[{_name(int(packets.error_kinds[j]), bool(packets.error_markers[j]))}]"
-                    )
-                yield f"Idx:{int(packets.error_offsets[j])}{ids}{text}"
-            j += 1
-        if i < len(packets):
-            yield f"Idx:{off[i]}{ids}" + _packet_text(*(c[i] for c in cols))
+    text, _, _ = stp_listing(packets, trace_id)
+    yield from bytes(text).decode().split("\n")[:-1]
 
 
 # ---------------------------------------------------------------------------

@@ -129,14 +129,9 @@ class TraceSource:
 
             text, starts = etm4_listing(shown, self.trace_id, ete=self.protocol == "ete")
             return text, starts, np.asarray(shown.offset, np.int64)
-        from ..hwevents.stp import stp_dump_lines
+        from ..hwevents.stptext import stp_listing
 
-        # Damage lines (STM) come between packets: every line carries its index.
-        lines = [line.encode() + b"\n" for line in stp_dump_lines(self.data, shown, self.trace_id)]
-        starts = np.zeros(len(lines) + 1, np.int64)
-        np.cumsum([len(line) for line in lines], out=starts[1:])
-        index = np.array([int(line[4 : line.index(b";")]) for line in lines], np.int64)
-        return np.frombuffer(b"".join(lines), np.uint8), starts, index
+        return stp_listing(shown, self.trace_id)
 
     def listing(self) -> Iterator[tuple[int, str]]:
         """trc_pkt_lister's lines of the source, with the index each is at."""

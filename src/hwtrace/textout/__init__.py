@@ -241,6 +241,16 @@ def put_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
 
 
 @njit(cache=True, inline="always", _nrt=False)
+def put_upper_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
+    """``v`` as upper-case hex (C's ``%0*llX``)."""
+    q = put_hex(out, p, v, width)
+    for j in range(p, q):
+        if out[j] >= 97:
+            out[j] -= 32
+    return q
+
+
+@njit(cache=True, inline="always", _nrt=False)
 def hex_digit_count(v: int) -> int:
     """Digits of ``v`` as unsigned hex (1 for 0)."""
     n = (64 - np.int64(_leading_zeros(np.uint64(v))) + 3) // 4
