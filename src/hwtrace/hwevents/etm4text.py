@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import aot
 from ..textout import (
+    lines_in_chunks,
     put_dec,
     put_hex,
     put_row,
@@ -284,22 +285,10 @@ def etm4_listing(packets, trace_id: int = 0, *, ete: bool = False) -> tuple[np.n
         packets.atoms, packets.natoms, packets.cc, packets.ts, packets.context, packets.vmid,
         packets.el, packets.flags, packets.event, packets.info, packets.payload,
     )  # fmt: skip
-    starts = np.empty(n + 1, np.int64)
-    chunk = 1 << 20
-    pieces: list[np.ndarray] = []
-    done = 0
-    i = 0
-    while True:
-        out = np.empty(chunk + _LINE_MAX, np.uint8)
-        p, j = _format_lines(
-            *cols, names, name_lens, exceptions, exception_lens, head, head_len, ete,
-            E_CFG, E_ASYNC, i, n, out, chunk, starts[i:],
-        )  # fmt: skip
-        starts[i : j + 1] += done
-        pieces.append(out[:p])
-        done += p
-        i = j
-        if i >= n:
-            break
-    text = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-    return text, starts
+    return lines_in_chunks(
+        lambda i, out, cap, starts: _format_lines(
+            *cols, names, name_lens, exceptions, exception_lens, head, head_len, ete, E_CFG,
+            E_ASYNC, i, n, out, cap, starts,
+        ),
+        n, _LINE_MAX,
+    )  # fmt: skip

@@ -4,7 +4,7 @@ them, written by one compiled loop into a byte buffer.
 The lines are :func:`hwtrace.hwevents.stp.stp_dump_lines`'s; a damaged
 packet's line (rare: one per damage) is made in Python and put before the
 packet it came before by the same merge that joins several sources'
-listings (:func:`hwtrace.textout.gather_lines`).
+listings (:func:`hwtrace.textout.reorder_lines`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
-from ..textout import gather_lines, put_dec, put_hex, put_row, put_text, put_upper_hex, string_table
+from ..textout import (
+    lines_in_chunks,
+    put_dec,
+    put_hex,
+    put_row,
+    put_text,
+    put_upper_hex,
+    reorder_lines,
+    string_table,
+)
 from .stp import _DATA_BITS, StpKind
 
 AOT_ENTRIES = ("_format_lines",)
@@ -36,9 +45,8 @@ def _format_lines(
     offset, kind, marker, has_ts, value, master, channel, ts, ts_bits, names, name_lens, bits,
     suffixed, head, head_len, lo, hi, out, cap, starts,
 ):  # fmt: skip
-    """Lines of packets ``lo``.. (up to ``hi``) into ``out`` until ``cap``
-    bytes are written; ``starts[i - lo]`` is where packet ``i``'s line
-    starts.  Returns the bytes written and the next packet."""
+    """The ETMv4 listing's loop (:mod:`hwtrace.hwevents.etm4text`) for
+    STM packets: lines from ``lo`` until ``cap`` bytes."""
     p = 0
     i = lo
     while i < hi and p < cap:
@@ -136,21 +144,12 @@ def stp_listing(packets, trace_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.
         packets.has_ts, packets.value, packets.master, packets.channel, packets.ts,
         packets.ts_bits,
     )  # fmt: skip
-    starts = np.empty(n + 1, np.int64)
-    chunk = 1 << 20
-    pieces: list[np.ndarray] = []
-    done = i = 0
-    while True:
-        out = np.empty(chunk + _LINE_MAX, np.uint8)
-        p, j = _format_lines(*cols, names, name_lens, _BITS, _SUFFIXED, head, head_len, i, n,
-                             out, chunk, starts[i:])  # fmt: skip
-        starts[i : j + 1] += done
-        pieces.append(out[:p])
-        done += p
-        i = j
-        if i >= n:
-            break
-    text = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    text, starts = lines_in_chunks(
+        lambda i, out, cap, starts: _format_lines(
+            *cols, names, name_lens, _BITS, _SUFFIXED, head, head_len, i, n, out, cap, starts
+        ),
+        n, _LINE_MAX,
+    )  # fmt: skip
     index = cols[0]
     errors = error_lines(packets, trace_id)
     if not errors:
@@ -164,10 +163,6 @@ def stp_listing(packets, trace_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.
     line_ends = np.concatenate([starts[1:], e_starts[1:] + len(text)])
     before = np.array([row for row, _, _ in errors], np.int64)
     order = np.argsort(np.concatenate([2 * np.arange(n) + 1, 2 * before]), kind="stable")
-    merged = np.empty(len(joined), np.uint8)
-    gather_lines(joined, line_starts[order], line_ends[order], merged)
-    lengths = (line_ends - line_starts)[order]
-    out_starts = np.zeros(len(order) + 1, np.int64)
-    np.cumsum(lengths, out=out_starts[1:])
+    merged, out_starts = reorder_lines(joined, line_starts, line_ends, order)
     all_index = np.concatenate([index, np.array([at for _, at, _ in errors], np.int64)])
     return merged, out_starts, all_index[order]

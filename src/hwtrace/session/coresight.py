@@ -330,7 +330,7 @@ class CoreSightCapture:
         """trc_pkt_lister's lines of every source as one ``uint8`` text, in
         the order it lists them: group by group, by index, sources in order
         at one index."""
-        from ..textout import gather_lines
+        from ..textout import reorder_lines
 
         texts = [(k, *src.listing_text()) for k, src in enumerate(self.sources)]
         texts = [t for t in texts if len(t[3])]
@@ -346,9 +346,7 @@ class CoreSightCapture:
         source = np.concatenate([np.full(len(t[3]), t[0], np.int64) for t in texts])
         group = np.array([src.group for src in self.sources], np.int64)[source]
         order = np.lexsort((source, index, group))
-        out = np.empty(len(text), np.uint8)
-        gather_lines(text, starts[order], ends[order], out)
-        return out
+        return reorder_lines(text, starts, ends, order)[0]
 
     def listing(self) -> Iterator[str]:
         """trc_pkt_lister's lines of every source, in the order it lists

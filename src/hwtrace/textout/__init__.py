@@ -16,7 +16,7 @@ and the row lengths, written with :func:`put_row`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -54,6 +54,46 @@ def packed_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     data = np.zeros(int(start[-1]) + COPY_SLACK, np.uint8)
     data[: start[-1]] = np.frombuffer(b"".join(strings), np.uint8)
     return data, start
+
+
+def lines_in_chunks(
+    write: Callable[[int, np.ndarray, int, np.ndarray], tuple[int, int]], n: int, line_max: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The text of ``n`` lines a compiled loop writes a chunk at a time,
+    and where each line starts (``n + 1`` positions, the last the end).
+    ``write(i, out, cap, starts)`` writes lines from ``i`` into ``out``
+    until ``cap`` bytes are written (a line at most ``line_max`` bytes),
+    setting ``starts[k]`` to where line ``i + k`` starts and
+    ``starts[j - i]`` to the end; it returns the bytes written and the
+    next line ``j``."""
+    chunk = 1 << 20
+    starts = np.empty(n + 1, np.int64)
+    pieces: list[np.ndarray] = []
+    done = i = 0
+    while True:
+        out = np.empty(chunk + line_max, np.uint8)
+        p, j = write(i, out, chunk, starts[i:])
+        starts[i : j + 1] += done
+        pieces.append(out[:p])
+        done += p
+        i = j
+        if i >= n:
+            break
+    return (pieces[0] if len(pieces) == 1 else np.concatenate(pieces)), starts
+
+
+def reorder_lines(
+    text: np.ndarray, starts: np.ndarray, ends: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lines ``text[starts[k]:ends[k]]`` in the order ``order`` gives,
+    as one text, and where each starts there (one more position, the
+    end)."""
+    lengths = (ends - starts)[order]
+    new_starts = np.zeros(len(order) + 1, np.int64)
+    np.cumsum(lengths, out=new_starts[1:])
+    out = np.empty(int(new_starts[-1]), np.uint8)
+    gather_lines(text, starts[order], ends[order], out)
+    return out, new_starts
 
 
 def put_text(out: np.ndarray, p: int, text: str) -> int:
