@@ -91,6 +91,7 @@ LOOP_MODULES = (
     "hwtrace.hwevents.csframes",
     "hwtrace.hwevents.etm4",
     "hwtrace.hwevents.etm4text",
+    "hwtrace.hwevents.frametext",
     "hwtrace.hwevents.stp",
     "hwtrace.hwevents.stptext",
 )

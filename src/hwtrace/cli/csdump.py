@@ -62,7 +62,7 @@ def main(argv: Sequence[str]) -> int:
     out = sys.stdout
     try:
         if a.raw_frames:
-            out.writelines(line + "\n" for line in capture.frame_listing())
+            sys.stdout.buffer.write(capture.frame_listing_text())
         if a.events or a.json:
             try:
                 at = _addresses(a.at)

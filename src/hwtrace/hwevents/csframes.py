@@ -721,18 +721,6 @@ def deformat(
 # listings in OpenCSD's raw frame printer format
 
 
-def _hex_lines(head: str, chunk: np.ndarray) -> list[str]:
-    """OpenCSD's data string: 16 bytes a line, each ``xx `` (the first line
-    after ``head``)."""
-    text = [
-        " ".join(f"{b:02x}" for b in chunk[i : i + 16].tolist()) + " "
-        for i in range(0, len(chunk), 16)
-    ]
-    if not text:
-        return [head]
-    return [head + text[0], *text[1:]]
-
-
 def _sequence(arr: np.ndarray, m: int):
     """Every data byte in input order (byte, offset, trace ID), how many,
     the runs of one ID within a frame (sequence position, OpenCSD's index,
@@ -797,6 +785,19 @@ def _runs(data, mode: str):
     return seq_id, nseq, seg, np.diff(np.append(seg[:, 0], nseq))
 
 
+def frame_records(data, mode: str = "memory"):
+    """What a frame listing is made of: the input bytes (read-only), the
+    bytes the frame decoder reads (DSTREAM: without the footers), every
+    data byte in input order and how many, the runs of one ID within a
+    frame (sequence position, OpenCSD's index, ID) and the frames (start,
+    end, start of frame, first run, kind)."""
+    raw = _as_array(data).view()
+    raw.flags.writeable = False
+    arr, m, _ = _unwrap(raw, mode)
+    seq_b, _, _, nseq, seg, frm = _sequence(arr, m)
+    return raw, arr, seq_b, nseq, seg, frm
+
+
 def frame_dump_lines(
     data, mode: str = "memory", *, packed: bool = True, unpacked: bool = True
 ) -> Iterator[str]:
@@ -805,52 +806,13 @@ def frame_dump_lines(
     frame, at OpenCSD's index: the frame start, or the ID byte that began
     the run) print them, one text line per item.  A DSTREAM capture's
     footers are listed as ``-dstream_format`` lists them, each after its
-    block's trace bytes (which end a packed frame's line there)."""
-    raw = _as_array(data)
-    arr, m, _ = _unwrap(raw, mode)
-    seq_b, _, _, nseq, seg, frm = _sequence(arr, m)
-    nseg = seg.shape[0]
-    # (index where a footer follows, its line): DSTREAM only, packed only
-    footers: list[tuple[int, str]] = []
-    if mode == "dstream" and packed:
-        for at in range(DSTREAM_DATA, raw.shape[0], DSTREAM_BLOCK):
-            foot = raw[at : at + DSTREAM_BLOCK - DSTREAM_DATA].tolist()
-            text = "".join(f"0x{b:x} " for b in foot)
-            footers.append(((at // DSTREAM_BLOCK + 1) * DSTREAM_DATA, f"DSTREAM footer [{text}]"))
-    nf = 0
+    block's trace bytes (which end a packed frame's line there).  The text
+    is written by a compiled loop
+    (:func:`hwtrace.hwevents.frametext.frame_listing`)."""
+    from .frametext import frame_listing
 
-    def framed(head: str, start: int, end: int) -> Iterator[str]:
-        # a frame's bytes, split where a footer came between them
-        nonlocal nf
-        while nf < len(footers) and footers[nf][0] < end:
-            cut = footers[nf][0]
-            if cut > start:
-                yield from _hex_lines(f"Frame Data; Index{start:7d}; {head:>15}", arr[start:cut])
-                start = cut
-            yield footers[nf][1]
-            nf += 1
-        yield from _hex_lines(f"Frame Data; Index{start:7d}; {head:>15}", arr[start:end])
-
-    for fi in range(frm.shape[0]):
-        start, end, _sof, seg_first, kind = (int(x) for x in frm[fi])
-        if kind == _F_BARRIER:
-            if packed or unpacked:
-                yield from framed("FSYNC; ", start, end)
-            continue
-        if packed:
-            yield from framed("RAW_PACKED; ", start, end)
-        if not unpacked or kind == _F_PARTIAL:
-            continue
-        seg_end = int(frm[fi + 1, 3]) if fi + 1 < frm.shape[0] else nseg
-        for si in range(seg_first, seg_end):
-            pos, index, tid = (int(x) for x in seg[si])
-            npos = int(seg[si + 1, 0]) if si + 1 < nseg else nseq
-            name = "????" if tid < 0 else f"0x{tid:02x}"
-            yield from _hex_lines(
-                f"Frame Data; Index{index:7d}; {'ID_DATA[':>10}{name}]; ", seq_b[pos:npos]
-            )
-    for _, line in footers[nf:]:
-        yield line
+    text = frame_listing(data, mode, packed=packed, unpacked=unpacked)
+    yield from bytes(text).decode().split("\n")[:-1]
 
 
 # --------------------------------------------------------------------------

@@ -354,13 +354,18 @@ class CoreSightCapture:
         lines = bytes(self.listing_text()).decode().split("\n")
         return iter(lines[:-1])
 
+    def frame_listing_text(self) -> np.ndarray:
+        """The formatter frames, as ``trc_pkt_lister -o_raw_packed
+        -o_raw_unpacked`` lists them, as one ``uint8`` text."""
+        from ..hwevents.frametext import frame_listing
+
+        texts = [frame_listing(data, mode) for data, mode in self.frames]
+        return np.concatenate(texts) if texts else np.zeros(0, np.uint8)
+
     def frame_listing(self) -> Iterator[str]:
         """The formatter frames, as ``trc_pkt_lister -o_raw_packed
-        -o_raw_unpacked`` lists them."""
-        from ..hwevents.csframes import frame_dump_lines
-
-        for data, mode in self.frames:
-            yield from frame_dump_lines(data, mode)
+        -o_raw_unpacked`` lists them (:meth:`frame_listing_text`'s lines)."""
+        return iter(bytes(self.frame_listing_text()).decode().split("\n")[:-1])
 
     def events(self, convention: str = "flag", at: dict[int, str] | None = None) -> list[dict]:
         """Every source's software events (see :meth:`TraceSource.events`)."""
