@@ -101,6 +101,7 @@ COMMANDS = {
     "csdump": ["csdump", "--snapshot", f"{SNAPSHOTS}/a55-test-tpiu", "--raw-frames"],
     "csdump-merged": ["csdump", "--snapshot", f"{SNAPSHOTS}/juno-ret-stck"],
     "csdump-stm": ["csdump", "--snapshot", f"{SNAPSHOTS}/stm_only-juno"],
+    "csdump-events": ["csdump", "--snapshot", f"{SNAPSHOTS}/stm_only-juno", "--events"],
     # (the patching backend's plans cached by the first run)
     "record": ["record", "-o", "again.data", "-f", "main", "--", "./small"],
 }

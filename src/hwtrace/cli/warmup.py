@@ -385,9 +385,9 @@ CORESIGHT_FRAMES = bytes.fromhex(
 
 
 def _coresight_listing(tmp: Path) -> int:
-    """List the capture above as a snapshot (its frames too), as ``hwtrace
-    csdump`` does: the ETMv4 and STM packet decoders, the frame decoder
-    and the listing's loops."""
+    """List the capture above as a snapshot (its frames too) and its
+    software events, as ``hwtrace csdump`` does: the ETMv4 and STM packet
+    decoders, the frame decoder, the listing's loops and the events'."""
     from ..hwevents.cssnapshot import Buffer, Device, Snapshot, write_snapshot
     from ..hwevents.etm4 import Etm4Config
     from . import csdump
@@ -404,7 +404,8 @@ def _coresight_listing(tmp: Path) -> int:
         core_trace_sources={"cpu_0": "ETM_0"},
     )  # fmt: skip
     write_snapshot(tmp / "snapshot", snap)
-    return csdump.main(["--snapshot", str(tmp / "snapshot"), "--raw-frames"])
+    status = csdump.main(["--snapshot", str(tmp / "snapshot"), "--raw-frames"])
+    return status | csdump.main(["--snapshot", str(tmp / "snapshot"), "--events"])
 
 
 def _write_elf(path: Path) -> None:

@@ -76,9 +76,9 @@ import numpy as np
 from ..aot import njit
 
 # The loops Python calls that the native library holds (hwtrace.aot; the
-# others are built into them).  The encoder and the event assembly return
-# arrays they make, which it cannot hold: numba runs them.
-AOT_ENTRIES = ("_decode",)
+# others are built into them).  The encoder returns the array it makes,
+# which it cannot hold: numba runs it.
+AOT_ENTRIES = ("_decode", "_assemble", "_payloads")
 
 __all__ = [
     "StpError",
@@ -890,27 +890,32 @@ class StpEvents:
 
 
 @njit(cache=True)
-def _assemble(kind, master, channel, value, marker, has_ts, ts, err_rows, by_marker):
+def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, table, room, ev):
+    """Packets into events: ``ev`` (master, channel, time, has time, first
+    packet, bytes, complete; ``n + 1`` rows) and each packet's event in
+    ``room``'s last column (-1: none).  ``table``: the (master, channel)
+    hash's keys and values; ``room``: per dense channel its key, open event
+    and the master's and the global error epoch then, and the packets'
+    events.  Returns (events, MERR/GERR packets), or (-1, 0) when the hash
+    table is too small: the caller gives a larger one.  (Allocates
+    nothing: the native library holds it.)"""
     n = kind.shape[0]
-    # (master, channel) -> dense id: open addressing, grown to stay half empty
-    size = 1024
-    hkey = np.full(size, -1, np.int64)
-    hval = np.empty(size, np.int64)
-    dkey = np.empty(n + 1, np.int64)
+    hkey, hval = table
+    size = hkey.shape[0]
+    for j in range(size):
+        hkey[j] = -1
+    dkey, open_ev, open_me, open_ge, m_epoch, pkt_ev = room
+    for j in range(256):
+        m_epoch[j] = 0  # MERR: the master's open events end
+    for j in range(n):
+        pkt_ev[j] = -1
+    ev_m, ev_c, ev_ts, ev_has, ev_first, ev_len, ev_done = ev
+    for j in range(n + 1):
+        ev_has[j] = False
+        ev_len[j] = 0
+        ev_done[j] = False
     nk = 0
-    open_ev = np.empty(n + 1, np.int64)  # per dense id: its open event
-    open_me = np.empty(n + 1, np.int64)  # ... the master's epoch then
-    open_ge = np.empty(n + 1, np.int64)  # ... the global epoch then
-    m_epoch = np.zeros(256, np.int64)  # MERR: the master's open events end
     g_epoch = 0  # GERR, damage: every open event ends
-    ev_m = np.empty(n + 1, np.uint8)
-    ev_c = np.empty(n + 1, np.uint16)
-    ev_ts = np.empty(n + 1, np.uint64)
-    ev_has = np.zeros(n + 1, np.bool_)
-    ev_first = np.empty(n + 1, np.int64)
-    ev_len = np.zeros(n + 1, np.int64)
-    ev_done = np.zeros(n + 1, np.bool_)
-    pkt_ev = np.full(n, -1, np.int64)
     ne = 0
     lost = 0
     last_ts = np.uint64(0)
@@ -946,15 +951,7 @@ def _assemble(kind, master, channel, value, marker, has_ts, ts, err_rows, by_mar
             nk += 1
             d = nk - 1
             if 2 * nk > size:
-                size *= 2
-                hkey = np.full(size, -1, np.int64)
-                hval = np.empty(size, np.int64)
-                for j in range(nk):
-                    g = ((dkey[j] * 0x9E3779B1) >> 7) & (size - 1)
-                    while hkey[g] != -1:
-                        g = (g + 1) & (size - 1)
-                    hkey[g] = dkey[j]
-                    hval[g] = j
+                return -1, 0  # kept half empty: a larger table
         else:
             d = hval[h]
         e = open_ev[d]
@@ -980,12 +977,14 @@ def _assemble(kind, master, channel, value, marker, has_ts, ts, err_rows, by_mar
         elif not by_marker and e >= 0:  # FLAG ends the message
             ev_done[e] = True
             open_ev[d] = -1
-    ev_off = np.zeros(ne + 1, np.int64)
-    for e in range(ne):
-        ev_off[e + 1] = ev_off[e] + ev_len[e]
-    blob = np.empty(ev_off[ne], np.uint8)
-    fill = ev_off[:ne].copy()
-    for i in range(n):
+    return ne, lost
+
+
+@njit(cache=True)
+def _payloads(kind, value, pkt_ev, fill, blob):
+    """The events' bytes into ``blob``: each event's from ``fill[e]`` on,
+    little-endian (the bytes the program stored)."""
+    for i in range(kind.shape[0]):
         e = pkt_ev[i]
         if e < 0:
             continue
@@ -993,11 +992,9 @@ def _assemble(kind, master, channel, value, marker, has_ts, ts, err_rows, by_mar
         v = value[i]
         nb = 1 if k == 5 else 1 << (k - 6)
         q = fill[e]
-        for b in range(nb):  # little-endian: the bytes the program stored
+        for b in range(nb):
             blob[q + b] = np.uint8((v >> np.uint64(8 * b)) & np.uint64(0xFF))
         fill[e] = q + nb
-    return (ev_m[:ne], ev_c[:ne], ev_ts[:ne], ev_has[:ne], ev_first[:ne], ev_off[:ne],
-            ev_len[:ne], ev_done[:ne], blob, lost)  # fmt: skip
 
 
 def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
@@ -1019,24 +1016,34 @@ def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
             (packets.error_codes != E_TS_CODING) & (packets.error_codes != E_NOTSYNC_BLOCK)
         ].astype(np.int64)
     )
-    m, c, ts, has, first, off, length, done, blob, lost = _assemble(
-        packets.kind,
-        packets.master,
-        packets.channel,
-        packets.value,
-        packets.marker,
-        packets.has_ts,
-        packets.ts,
-        gaps,
-        convention == "marker",
-    )
+    n = len(packets)
+    room = (np.empty(n + 1, np.int64), np.empty(n + 1, np.int64), np.empty(n + 1, np.int64),
+            np.empty(n + 1, np.int64), np.empty(256, np.int64), np.empty(n, np.int64))  # fmt: skip
+    ev = (np.empty(n + 1, np.uint8), np.empty(n + 1, np.uint16), np.empty(n + 1, np.uint64),
+          np.empty(n + 1, np.bool_), np.empty(n + 1, np.int64), np.empty(n + 1, np.int64),
+          np.empty(n + 1, np.bool_))  # fmt: skip
+    size = 1024
+    while True:
+        table = (np.empty(size, np.int64), np.empty(size, np.int64))
+        ne, lost = _assemble(packets.kind, packets.master, packets.channel, packets.marker,
+                             packets.has_ts, packets.ts, gaps, convention == "marker", table,
+                             room, ev)  # fmt: skip
+        if ne >= 0:
+            break
+        size *= 2
+    m, c, ts, has, first, length, done = (col[:ne] for col in ev)
+    off = np.zeros(ne + 1, np.int64)
+    np.cumsum(length, out=off[1:])
+    blob = np.empty(int(off[-1]), np.uint8)
+    _payloads(packets.kind, packets.value, room[5], off[:-1].copy(), blob)
+    off = off[:-1]
     return StpEvents(
         master=m.copy(),
         channel=c.copy(),
         ts=ts.copy(),
         has_ts=has.copy(),
         first=first.copy(),
-        offset=off.copy(),
+        offset=off,
         length=length.copy(),
         complete=done.copy(),
         payload=blob.tobytes(),
