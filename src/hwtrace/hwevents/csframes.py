@@ -134,10 +134,11 @@ _STAT_NAMES = (
     "dropped_bytes",
 )
 
-# frame records for dumps: start, end, start-of-frame index, first segment, kind
-_F_NORMAL = 0
-_F_BARRIER = 1
-_F_PARTIAL = 2
+# The kinds of the frame records (frame_records: start, end, start-of-frame
+# index, first segment, kind)
+FRAME_NORMAL = 0
+FRAME_BARRIER = 1
+FRAME_PARTIAL = 2
 
 
 class FrameError(ValueError):
@@ -248,13 +249,13 @@ def _deformat_kernel(
     while p < n:
         blk = p
         sof = p
-        fkind = _F_NORMAL
+        fkind = FRAME_NORMAL
         if mode == 0:
             if p + FRAME > n:
                 nev = _push(ev, nev, p, _E_TRUNCATED, n - p, 0, 0)
                 stats[_S_DROPPED] += n - p
                 if kind == 2:
-                    nfrm = _push(frm, nfrm, p, n, p, nseg, _F_PARTIAL)
+                    nfrm = _push(frm, nfrm, p, n, p, nseg, FRAME_PARTIAL)
                 break
             barrier = True
             for j in range(0, FRAME, 4):
@@ -266,7 +267,7 @@ def _deformat_kernel(
                 stats[_S_FSYNCS] += 4
                 run, cur, keep, noid_reported = _end_id(cur, keep, run, w, counts, fill, stats)
                 if kind == 2:
-                    nfrm = _push(frm, nfrm, p, p + FRAME, p, nseg, _F_BARRIER)
+                    nfrm = _push(frm, nfrm, p, p + FRAME, p, nseg, FRAME_BARRIER)
                 p += FRAME
                 continue
             for j in range(FRAME):
@@ -328,7 +329,7 @@ def _deformat_kernel(
                     nev = _push(ev, nev, start, _E_TRUNCATED, k + left, 0, 0)
                     stats[_S_DROPPED] += k + left
                 if kind == 2 and n > blk:
-                    nfrm = _push(frm, nfrm, blk, n, blk + fs, nseg, _F_PARTIAL)
+                    nfrm = _push(frm, nfrm, blk, n, blk + fs, nseg, FRAME_PARTIAL)
                 break
             sof = blk + fs
         # ---- unpack one frame

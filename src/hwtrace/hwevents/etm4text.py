@@ -61,13 +61,14 @@ _LINE_MAX = 512
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _put_masked(out, p, address, bits):
-    """`` ~[0xADDR]``: the low ``bits`` of the address a packet carried."""
+def put_updated_bits(out, p, value, bits):
+    """OpenCSD's `` ~[0xBITS]``: the low ``bits`` of an address or a
+    timestamp, the bits a packet carried."""
     mask = np.uint64(0xFFFFFFFFFFFFFFFF)
     if bits < 64:
         mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
     p = put_text(out, p, " ~[0x")
-    p = put_upper_hex(out, p, np.uint64(address) & mask, 0)
+    p = put_upper_hex(out, p, np.uint64(value) & mask, 0)
     return put_text(out, p, "]")
 
 
@@ -203,7 +204,7 @@ def _format_lines(
         elif k == _ADDR_S_IS0 or k == _ADDR_S_IS1 or k == _SRC_ADDR_S_IS0 or k == _SRC_ADDR_S_IS1:
             p = put_text(out, p, "; Addr=0x")
             p = put_upper_hex(out, p, a, 16)
-            p = _put_masked(out, p, a, flags[i] & 0x1F)
+            p = put_updated_bits(out, p, a, flags[i] & 0x1F)
         elif _ADDR_CTXT_FIRST <= k <= _ADDR_LAST:
             p = put_text(out, p, "; Addr=0x")
             p = put_upper_hex(out, p, a, 16)
@@ -244,7 +245,7 @@ def _format_lines(
                 p = put_text(out, p, "; Addr=0x")
                 p = put_upper_hex(out, p, a, 16)
                 if natoms[i]:
-                    p = _put_masked(out, p, a, natoms[i])
+                    p = put_updated_bits(out, p, a, natoms[i])
         out[p] = 10
         p += 1
         i += 1

@@ -10,11 +10,10 @@ import numpy as np
 
 from .. import aot
 from ..textout import digit_count, put_dec, put_hex, put_spaces, put_text
-from .csframes import DSTREAM_BLOCK, DSTREAM_DATA, frame_records
+from .csframes import DSTREAM_BLOCK, DSTREAM_DATA, FRAME_BARRIER, FRAME_PARTIAL, frame_records
 
 AOT_ENTRIES = ("_format_frames",)
 
-_F_BARRIER, _F_PARTIAL = 1, 2
 # The most a line's head and one footer line take.
 _HEAD_MAX = 48
 _FOOTER_MAX = 16 + 5 * (DSTREAM_BLOCK - DSTREAM_DATA) + 1
@@ -46,7 +45,7 @@ def _put_bytes(out, p, data, start, end):
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _put_head(out, p, kind, start):
     p = _put_index(out, p, start)
-    if kind == _F_BARRIER:
+    if kind == FRAME_BARRIER:
         return put_text(out, p, "        FSYNC; ")
     return put_text(out, p, "   RAW_PACKED; ")
 
@@ -82,20 +81,19 @@ def _format_frames(
     nfoot = foot_at.shape[0]
     while fi < nfrm and p < cap:
         start, end, kind, seg_first = frm[fi, 0], frm[fi, 1], frm[fi, 4], frm[fi, 3]
-        if kind == _F_BARRIER or packed:
-            if kind != _F_BARRIER or packed or unpacked:
-                # The frame's bytes, split where a footer came between them.
-                while nf < nfoot and foot_at[nf] < end:
-                    cut = foot_at[nf]
-                    if cut > start:
-                        p = _put_head(out, p, kind, start)
-                        p = _put_bytes(out, p, arr, start, cut)
-                        start = cut
-                    p = _put_footer(out, p, raw, foot_raw[nf])
-                    nf += 1
-                p = _put_head(out, p, kind, start)
-                p = _put_bytes(out, p, arr, start, end)
-        if kind != _F_BARRIER and unpacked and kind != _F_PARTIAL:
+        if packed or (kind == FRAME_BARRIER and unpacked):
+            # The frame's bytes, split where a footer came between them.
+            while nf < nfoot and foot_at[nf] < end:
+                cut = foot_at[nf]
+                if cut > start:
+                    p = _put_head(out, p, kind, start)
+                    p = _put_bytes(out, p, arr, start, cut)
+                    start = cut
+                p = _put_footer(out, p, raw, foot_raw[nf])
+                nf += 1
+            p = _put_head(out, p, kind, start)
+            p = _put_bytes(out, p, arr, start, end)
+        if kind != FRAME_BARRIER and unpacked and kind != FRAME_PARTIAL:
             seg_end = frm[fi + 1, 3] if fi + 1 < nfrm else nseg
             for si in range(seg_first, seg_end):
                 pos, index, tid = seg[si, 0], seg[si, 1], seg[si, 2]

@@ -22,11 +22,13 @@ from ..textout import (
     reorder_lines,
     string_table,
 )
+from .etm4text import put_updated_bits
 from .stp import _DATA_BITS, StpKind
 
 AOT_ENTRIES = ("_format_lines",)
 
-_ASYNC, _VERSION, _FREQ, _NULL = int(StpKind.ASYNC), int(StpKind.VERSION), int(StpKind.FREQ), 0
+_ASYNC, _VERSION, _FREQ = int(StpKind.ASYNC), int(StpKind.VERSION), int(StpKind.FREQ)
+_NULL = int(StpKind.NULL)
 _TRIG, _GERR, _MERR, _M8 = int(StpKind.TRIG), int(StpKind.GERR), int(StpKind.MERR), int(StpKind.M8)
 _C8, _C16, _FLAG = int(StpKind.C8), int(StpKind.C16), int(StpKind.FLAG)
 # Per kind: the data bits (0: not a data packet); whether the name takes
@@ -108,14 +110,8 @@ def _format_lines(
         if t:
             p = put_text(out, p, "; TS=0x")
             p = put_upper_hex(out, p, ts[i], 16)
-            b = ts_bits[i]
-            if b:
-                mask = np.uint64(0xFFFFFFFFFFFFFFFF)
-                if b < 64:
-                    mask = (np.uint64(1) << np.uint64(b)) - np.uint64(1)
-                p = put_text(out, p, " ~[0x")
-                p = put_upper_hex(out, p, np.uint64(ts[i]) & mask, 0)
-                p = put_text(out, p, "]")
+            if ts_bits[i]:
+                p = put_updated_bits(out, p, ts[i], ts_bits[i])
         out[p] = 10
         p += 1
         i += 1
