@@ -62,7 +62,8 @@ def main(argv: Sequence[str]) -> int:
     out = sys.stdout
     try:
         if a.raw_frames:
-            sys.stdout.buffer.write(capture.frame_listing_text())
+            for text in capture.frame_listing_chunks():
+                sys.stdout.buffer.write(text)
         if a.events or a.json:
             try:
                 at = _addresses(a.at)
@@ -80,7 +81,8 @@ def main(argv: Sequence[str]) -> int:
                     out.write(f"{r['source']}: {r['event']} {rest}\n")
             return 0
         out.flush()
-        sys.stdout.buffer.write(capture.listing_text())
+        for text in capture.listing_chunks():
+            sys.stdout.buffer.write(text)
         sys.stdout.buffer.flush()
     except BrokenPipeError:
         return 0

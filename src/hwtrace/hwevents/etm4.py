@@ -94,6 +94,7 @@ __all__ = [
     "decode_etm4",
     "encode_etm4",
     "etm4_dump_lines",
+    "etm4_windows",
     "trace_on_events",
 ]
 
@@ -1412,6 +1413,51 @@ class Etm4Packets:
         )
 
 
+class _Etm4Run:
+    """One ETMv4/ETE stream being decoded: :func:`_run`'s state between
+    calls (the position, the decoder's registers, the damage met so far),
+    so that rows can be taken a window at a time."""
+
+    def __init__(self, data: bytes | bytearray | memoryview | np.ndarray, config: Etm4Config,
+                 resync: bool) -> None:  # fmt: skip
+        buf = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data
+        self.buf = np.ascontiguousarray(buf, dtype=np.uint8)
+        self.end = int(self.buf.shape[0])
+        self.cfg = config._array()
+        self.cfg[9] = int(resync)
+        self.st = np.zeros(S_NSTATE, dtype=np.int64)
+        self.pos = 0
+        self.e_off = np.zeros(1024, dtype=np.int64)
+        self.e_code = np.zeros(1024, dtype=np.int64)
+        self.errors: list[tuple[int, str]] = []
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.end
+
+    def fill(self, cols: list[np.ndarray], n: int) -> int:
+        """Decode into ``cols`` from row ``n`` until they are full or the
+        stream ends; the rows they then hold."""
+        while not self.done and n < cols[0].shape[0]:
+            self.pos, n, ne = _run(self.buf, self.pos, self.end, self.cfg, self.st, *cols, n,
+                                   self.e_off, self.e_code, 0)  # fmt: skip
+            self.errors += [(int(o), _MESSAGES[int(c)])
+                            for o, c in zip(self.e_off[:ne], self.e_code[:ne], strict=True)]  # fmt: skip
+        return n
+
+    def take(self) -> list[tuple[int, str]]:
+        """The damage met since the last call."""
+        errors, self.errors = self.errors, []
+        return errors
+
+
+def _packets(cols: list[np.ndarray], n: int, errors: list[tuple[int, str]]) -> Etm4Packets:
+    out = {name: c[:n] for (name, _), c in zip(_COLUMNS, cols, strict=True)}
+    for name in ("address", "ts", "payload"):
+        out[name] = out[name].view(np.uint64)
+    return Etm4Packets(**out, errors=errors)
+
+
 def decode_etm4(
     data: bytes | bytearray | memoryview | np.ndarray,
     config: Etm4Config,
@@ -1424,36 +1470,36 @@ def decode_etm4(
     A-sync (with ``resync=False``, at the next byte, still synchronised, as
     OpenCSD's packet processor does, so a listing follows OpenCSD's through
     damage)."""
-    buf = np.frombuffer(bytes(data), dtype=np.uint8) if not isinstance(data, np.ndarray) else data
-    buf = np.ascontiguousarray(buf, dtype=np.uint8)
-    end = int(buf.shape[0])
-    cfg = config._array()
-    cfg[9] = int(resync)
-    st = np.zeros(S_NSTATE, dtype=np.int64)
-    cap = max(1024, end // 2 + 16)
-    cols = [np.zeros(cap, dtype=dt) for _, dt in _COLUMNS]
-    ecap = 1024
-    e_off = np.zeros(ecap, dtype=np.int64)
-    e_code = np.zeros(ecap, dtype=np.int64)
-    pos = n = ne = 0
+    run = _Etm4Run(data, config, resync)
+    cols = [np.zeros(max(1024, run.end // 2 + 16), dtype=dt) for _, dt in _COLUMNS]
+    n = 0
     while True:
-        pos, n, ne = _run(buf, pos, end, cfg, st, *cols, n, e_off, e_code, ne)
-        if pos >= end:
+        n = run.fill(cols, n)
+        if run.done:
             break
-        if n >= cols[0].shape[0]:
-            # as many more rows as the packets so far say the rest holds
-            grow = max(1024, int(n * (end - pos) / max(pos, 1) * 1.05) + 16)
-            cols = [np.concatenate([c, np.zeros(grow, dtype=c.dtype)]) for c in cols]
-        if ne >= e_off.shape[0] - 2:
-            e_off = np.concatenate([e_off, np.zeros(ecap, dtype=np.int64)])
-            e_code = np.concatenate([e_code, np.zeros(ecap, dtype=np.int64)])
-            ecap *= 2
-    out = {name: c[:n] for (name, _), c in zip(_COLUMNS, cols, strict=True)}
-    out["address"] = out["address"].view(np.uint64)
-    out["ts"] = out["ts"].view(np.uint64)
-    out["payload"] = out["payload"].view(np.uint64)
-    errors = [(int(e_off[i]), _MESSAGES[int(e_code[i])]) for i in range(ne)]
-    return Etm4Packets(**out, errors=errors)
+        # as many more rows as the packets so far say the rest holds
+        grow = max(1024, int(n * (run.end - run.pos) / max(run.pos, 1) * 1.05) + 16)
+        cols = [np.concatenate([c, np.zeros(grow, dtype=c.dtype)]) for c in cols]
+    return _packets(cols, n, run.take())
+
+
+def etm4_windows(
+    data: bytes | bytearray | memoryview | np.ndarray,
+    config: Etm4Config,
+    *,
+    resync: bool = True,
+    rows: int = 1 << 16,
+) -> Iterator[Etm4Packets]:
+    """:func:`decode_etm4`'s packets, at most ``rows`` at a time (the
+    decoder carries on from one window to the next; each window's
+    ``errors`` are the damage in it): a stream of any length is decoded
+    in the memory of one window."""
+    run = _Etm4Run(data, config, resync)
+    while not run.done:
+        # (zeros: a damage row sets only some of its columns)
+        cols = [np.zeros(rows, dtype=dt) for _, dt in _COLUMNS]
+        n = run.fill(cols, 0)
+        yield _packets(cols, n, run.take())
 
 
 # ------------------------------------------------------------------ dump

@@ -6,6 +6,8 @@ into a byte buffer (the lines of
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from .. import aot
@@ -121,6 +123,14 @@ def frame_listing(data, mode: str = "memory", *, packed: bool = True,
                   unpacked: bool = True) -> np.ndarray:  # fmt: skip
     """The listing of :func:`hwtrace.hwevents.csframes.frame_dump_lines` as
     one ``uint8`` text."""
+    pieces = list(frame_listing_chunks(data, mode, packed=packed, unpacked=unpacked))
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def frame_listing_chunks(data, mode: str = "memory", *, packed: bool = True,
+                         unpacked: bool = True) -> Iterator[np.ndarray]:  # fmt: skip
+    """:func:`frame_listing`'s text in pieces of whole lines (about 1 MB
+    each), each made when asked for."""
     raw, arr, seq_b, nseq, seg, frm = frame_records(data, mode)
     if mode == "dstream" and packed:
         # (index where a footer follows, where its bytes are): packed only
@@ -140,12 +150,10 @@ def frame_listing(data, mode: str = "memory", *, packed: bool = True,
     )
     cap = 1 << 20
     state = np.zeros(2, np.int64)
-    pieces = []
     while True:
         out = np.empty(cap + room, np.uint8)
         p = _format_frames(arr, raw, frm, seg, seq_b, nseq, foot_at, foot_raw, packed, unpacked,
                            state, out, cap)  # fmt: skip
-        pieces.append(out[:p])
+        yield out[:p]
         if state[0] >= frm.shape[0]:
             break
-    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

@@ -32,6 +32,12 @@ _TYPES = {"STM": "stm", "ETM4": "etm4", "ETMV4": "etm4", "ETE": "ete"}
 _LISTER_READ = 1024  # trc_pkt_lister reads a source's own buffer 1 KiB at a time
 _NONE = np.zeros(0, np.int64)
 
+#: lines of a source listed at a time (about 1 MB of text)
+LISTING_ROWS = 1 << 14
+
+#: lines: their text, where each starts (and the end) and their indices
+_Lines = tuple[np.ndarray, np.ndarray, np.ndarray]
+
 Warn = Callable[[str], None]
 
 
@@ -74,6 +80,23 @@ class TraceSource:
             return offsets
         return table[np.minimum(offsets, table.shape[0] - 1)]
 
+    def _etm4_config(self):
+        from ..hwevents.etm4 import Etm4Config
+
+        regs = dict(self.regs)
+        ete = self.protocol == "ete"
+        if ete:
+            # OpenCSD's default for an ETE without TRCDEVARCH: ETE 1.0
+            regs.setdefault("TRCDEVARCH", 0x47705A13)
+        return Etm4Config.from_regs(regs) if self.regs else Etm4Config(ete=ete)
+
+    def _warn_damage(self, errors: Sequence[tuple[int, str]]) -> None:
+        for off, msg in errors:
+            where = off
+            if self.file_offset is not None:
+                where = int(self.file_offsets(np.array([off], np.int64))[0])
+            self.warn(f"{self.name}: offset {where:#x}: {msg}")
+
     def packets(self, resync: bool):
         """The source's packets; ``resync=False`` carries on after damage as
         OpenCSD's packet processors do (the listing), True skips to the next
@@ -83,20 +106,10 @@ class TraceSource:
 
             pk = decode_stp(self.data, resync=resync, blocks=self.block_starts())
         else:
-            from ..hwevents.etm4 import Etm4Config, decode_etm4
+            from ..hwevents.etm4 import decode_etm4
 
-            regs = dict(self.regs)
-            if self.protocol == "ete":
-                # OpenCSD's default for an ETE without TRCDEVARCH: ETE 1.0
-                regs.setdefault("TRCDEVARCH", 0x47705A13)
-            ete = self.protocol == "ete"
-            config = Etm4Config.from_regs(regs) if self.regs else Etm4Config(ete=ete)
-            pk = decode_etm4(self.data, config, resync=resync)
-        for off, msg in pk.errors:
-            where = off
-            if self.file_offset is not None:
-                where = int(self.file_offsets(np.array([off], np.int64))[0])
-            self.warn(f"{self.name}: offset {where:#x}: {msg}")
+            pk = decode_etm4(self.data, self._etm4_config(), resync=resync)
+        self._warn_damage(pk.errors)
         return pk
 
     def _stm_index(self, nibble: np.ndarray, offset: np.ndarray) -> np.ndarray:
@@ -107,31 +120,48 @@ class TraceSource:
         after = np.asarray(offset, np.int64) - byte
         return self.file_offsets(byte, self.list_index) + after
 
+    def listing_chunks(
+        self, rows: int = LISTING_ROWS
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """trc_pkt_lister's lines of the source, in pieces of about ``rows``
+        lines: each a ``uint8`` text, where its lines start (one more than
+        there are lines, the last the text's end) and the index each line
+        is at.  An ETMv4/ETE source is decoded a piece at a time, so its
+        listing takes the memory of a piece whatever its length; an STM
+        source comes as one piece."""
+        if self.protocol == "stm":
+            yield self._stm_listing()
+            return
+        from ..hwevents.etm4 import etm4_windows
+        from ..hwevents.etm4text import etm4_listing
+
+        ete = self.protocol == "ete"
+        for pk in etm4_windows(self.data, self._etm4_config(), resync=False, rows=rows):
+            self._warn_damage(pk.errors)
+            index = self.file_offsets(np.asarray(pk.offset, np.int64), self.list_index)
+            text, starts = etm4_listing(replace(pk, offset=index), self.trace_id, ete=ete)
+            yield text, starts, index
+
+    def _stm_listing(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from ..hwevents.stptext import stp_listing
+
+        pk = self.packets(resync=False)
+        if self.list_index is None:
+            return stp_listing(pk, self.trace_id)
+        # OpenCSD counts the bytes consumed when a packet's first nibble is
+        # read: a packet starting in a high nibble is at its byte's index
+        # + 1 (within the block that byte came in), except an ASYNC found
+        # while synchronising, at the byte of its first F: the decoder's
+        # offset says which.
+        offsets = self._stm_index(pk.nibble, pk.offset)
+        errs = self._stm_index(pk.error_nibbles, pk.error_offsets)
+        return stp_listing(replace(pk, offset=offsets, error_offsets=errs), self.trace_id)
+
     def listing_text(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """trc_pkt_lister's lines of the source as one ``uint8`` text, where
         each line starts (one more than there are lines, the last the
         text's end) and the index each line is at."""
-        pk = self.packets(resync=False)
-        if self.protocol == "stm" and self.list_index is not None:
-            # OpenCSD counts the bytes consumed when a packet's first nibble
-            # is read: a packet starting in a high nibble is at its byte's
-            # index + 1 (within the block that byte came in), except an ASYNC
-            # found while synchronising, at the byte of its first F: the
-            # decoder's offset says which.
-            offsets = self._stm_index(pk.nibble, pk.offset)
-            errs = self._stm_index(pk.error_nibbles, pk.error_offsets)
-            shown = replace(pk, offset=offsets, error_offsets=errs)
-        else:
-            offsets = self.file_offsets(np.asarray(pk.offset, np.int64), self.list_index)
-            shown = replace(pk, offset=offsets)
-        if self.protocol != "stm":
-            from ..hwevents.etm4text import etm4_listing
-
-            text, starts = etm4_listing(shown, self.trace_id, ete=self.protocol == "ete")
-            return text, starts, np.asarray(shown.offset, np.int64)
-        from ..hwevents.stptext import stp_listing
-
-        return stp_listing(shown, self.trace_id)
+        return _joined(list(self.listing_chunks()))
 
     def listing(self) -> Iterator[tuple[int, str]]:
         """trc_pkt_lister's lines of the source, with the index each is at."""
@@ -326,27 +356,23 @@ class CoreSightCapture:
                 )
         return cls(sources, frames)
 
+    def listing_chunks(self, rows: int = LISTING_ROWS) -> Iterator[np.ndarray]:
+        """trc_pkt_lister's lines of every source, in the order it lists
+        them (group by group, by index, sources in order at one index), as
+        ``uint8`` texts of whole lines, a few times ``rows`` lines each:
+        the sources are decoded and merged a piece at a time."""
+        groups = sorted({src.group for src in self.sources})
+        for g in groups:
+            members = [src for src in self.sources if src.group == g]
+            yield from _merge_by_index([src.listing_chunks(rows) for src in members])
+
     def listing_text(self) -> np.ndarray:
         """trc_pkt_lister's lines of every source as one ``uint8`` text, in
-        the order it lists them: group by group, by index, sources in order
-        at one index."""
-        from ..textout import reorder_lines
-
-        texts = [(k, *src.listing_text()) for k, src in enumerate(self.sources)]
-        texts = [t for t in texts if len(t[3])]
-        if not texts:
-            return np.zeros(0, np.uint8)
-        if len(texts) == 1 and np.all(texts[0][3][1:] >= texts[0][3][:-1]):
-            return texts[0][1]
-        base = np.cumsum([0] + [len(t[1]) for t in texts[:-1]])
-        text = np.concatenate([t[1] for t in texts])
-        starts = np.concatenate([t[2][:-1] + b for t, b in zip(texts, base, strict=True)])
-        ends = np.concatenate([t[2][1:] + b for t, b in zip(texts, base, strict=True)])
-        index = np.concatenate([t[3] for t in texts])
-        source = np.concatenate([np.full(len(t[3]), t[0], np.int64) for t in texts])
-        group = np.array([src.group for src in self.sources], np.int64)[source]
-        order = np.lexsort((source, index, group))
-        return reorder_lines(text, starts, ends, order)[0]
+        the order it lists them (:meth:`listing_chunks`, joined)."""
+        texts = list(self.listing_chunks())
+        if len(texts) == 1:
+            return texts[0]
+        return np.concatenate(texts) if texts else np.zeros(0, np.uint8)
 
     def listing(self) -> Iterator[str]:
         """trc_pkt_lister's lines of every source, in the order it lists
@@ -354,12 +380,18 @@ class CoreSightCapture:
         lines = bytes(self.listing_text()).decode().split("\n")
         return iter(lines[:-1])
 
-    def frame_listing_text(self) -> np.ndarray:
+    def frame_listing_chunks(self) -> Iterator[np.ndarray]:
         """The formatter frames, as ``trc_pkt_lister -o_raw_packed
-        -o_raw_unpacked`` lists them, as one ``uint8`` text."""
-        from ..hwevents.frametext import frame_listing
+        -o_raw_unpacked`` lists them, as ``uint8`` texts of whole lines,
+        each made when asked for."""
+        from ..hwevents.frametext import frame_listing_chunks
 
-        texts = [frame_listing(data, mode) for data, mode in self.frames]
+        for data, mode in self.frames:
+            yield from frame_listing_chunks(data, mode)
+
+    def frame_listing_text(self) -> np.ndarray:
+        """:meth:`frame_listing_chunks` as one ``uint8`` text."""
+        texts = list(self.frame_listing_chunks())
         return np.concatenate(texts) if texts else np.zeros(0, np.uint8)
 
     def frame_listing(self) -> Iterator[str]:
@@ -370,6 +402,97 @@ class CoreSightCapture:
     def events(self, convention: str = "flag", at: dict[int, str] | None = None) -> list[dict]:
         """Every source's software events (see :meth:`TraceSource.events`)."""
         return [row for src in self.sources for row in src.events(convention, at)]
+
+
+def _joined(pieces: list[_Lines]) -> _Lines:
+    """Pieces of lines as one."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if not pieces:
+        return np.zeros(0, np.uint8), np.zeros(1, np.int64), _NONE
+    base = np.cumsum([0] + [len(t) for t, _, _ in pieces[:-1]])
+    starts = [s[:-1] + b for (_, s, _), b in zip(pieces, base, strict=True)]
+    ends = np.array([base[-1] + len(pieces[-1][0])], np.int64)
+    return (np.concatenate([t for t, _, _ in pieces]), np.concatenate([*starts, ends]),
+            np.concatenate([i for _, _, i in pieces]))  # fmt: skip
+
+
+def _in_order(lines: _Lines) -> _Lines:
+    """The lines in the order of their indices (stably)."""
+    from ..textout import reorder_lines
+
+    text, starts, index = lines
+    if index.shape[0] < 2 or bool(np.all(index[1:] >= index[:-1])):
+        return lines
+    order = np.argsort(index, kind="stable")
+    merged, new_starts = reorder_lines(text, starts[:-1], starts[1:], order)
+    return merged, new_starts, index[order]
+
+
+def _merge_by_index(sources: list[Iterator[_Lines]]) -> Iterator[np.ndarray]:
+    """The lines of several sources, each given in pieces in the order of
+    their indices, merged by index (sources in order at one index), as
+    texts: what can be listed is listed as soon as every source still
+    going has passed it, so only a piece per source waits."""
+    from ..textout import reorder_lines
+
+    k = len(sources)
+    pending: list[_Lines | None] = [None] * k
+    going = [True] * k
+
+    def pull(j: int) -> None:
+        # (until the source has a line waiting or is done)
+        while going[j]:
+            got = next(sources[j], None)
+            if got is None:
+                going[j] = False
+            else:
+                got = _in_order(got)
+                before = pending[j]
+                if before is not None and len(before[2]):
+                    # (the lines still waiting, cut from their piece)
+                    text, starts, index = before
+                    got = _joined([(text[starts[0] : starts[-1]], starts - starts[0], index), got])
+                pending[j] = got
+            if pending[j] is not None and len(pending[j][2]):
+                return
+
+    for j in range(k):
+        pull(j)
+    while True:
+        live = [j for j in range(k) if going[j]]
+        # Every line below the lowest last index of a source still going is
+        # final: later pieces of that source come at that index or after.
+        bound = min(int(pending[j][2][-1]) for j in live) if live else None
+        out: list[tuple[int, int, _Lines]] = []
+        for j in range(k):
+            p = pending[j]
+            if p is None or not len(p[2]):
+                continue
+            cut = len(p[2]) if bound is None else int(np.searchsorted(p[2], bound, "left"))
+            if cut:
+                out.append((j, cut, p))
+                text, starts, index = p
+                pending[j] = (text, starts[cut:], index[cut:])
+        if len(out) == 1:
+            _, cut, (text, starts, _) = out[0]
+            yield text[starts[0] : starts[cut]]
+        elif out:
+            lines = [
+                (text, starts[: cut + 1], index[:cut]) for _, cut, (text, starts, index) in out
+            ]
+            text = np.concatenate([t for t, _, _ in lines])
+            base = np.cumsum([0] + [len(t) for t, _, _ in lines[:-1]])
+            starts = np.concatenate([s[:-1] + b for (_, s, _), b in zip(lines, base, strict=True)])
+            ends = np.concatenate([s[1:] + b for (_, s, _), b in zip(lines, base, strict=True)])
+            index = np.concatenate([i for _, _, i in lines])
+            source = np.concatenate([np.full(cut, j, np.int64) for j, cut, _ in out])
+            yield reorder_lines(text, starts, ends, np.lexsort((source, index)))[0]
+        if not live:
+            return
+        for j in live:
+            if int(pending[j][2][-1]) == bound:
+                pull(j)
 
 
 class _Frames:
