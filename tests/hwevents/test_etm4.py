@@ -19,6 +19,7 @@ from hwtrace.hwevents.etm4 import (
     decode_etm4,
     encode_etm4,
     etm4_dump_lines,
+    etm4_windows,
     trace_on_events,
 )
 
@@ -357,6 +358,25 @@ def test_corrupt_packet_resyncs_at_next_async():
     d2 = decode_etm4(good + bytes(13) + b"\x80" + good, ETM4)
     assert d2.errors[0] == (g, "bad A-sync sequence")
     assert [K(int(k)) for k in d2.kind].count(K.ADDR_S_IS0) == 2
+
+
+def test_windows_carry_the_decoder_on():
+    """Packets taken a few at a time are the whole decode's, row for row,
+    each window's damage with it (random bytes: damage of every kind)."""
+    rng = np.random.default_rng(11)
+    good = encode_etm4([P(K.ASYNC), P(K.TRACE_INFO), P(K.TRACE_ON), P(K.ADDR, 0x1000)], ETM4)
+    for cfg in (ETM4, ETE):
+        raw = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+        for data in (good + raw + good, ASYNC + raw + b"\x00\x00"):
+            for resync in (True, False):
+                whole = decode_etm4(data, cfg, resync=resync)
+                for rows in (1, 3, 64):
+                    parts = list(etm4_windows(data, cfg, resync=resync, rows=rows))
+                    assert all(0 < len(p) <= rows for p in parts)
+                    assert [e for p in parts for e in p.errors] == whole.errors
+                    for name in ("offset", "kind", "address", "atoms", "ts", "info", "payload"):
+                        got = np.concatenate([getattr(p, name) for p in parts])
+                        assert np.array_equal(got, getattr(whole, name)), name
 
 
 def test_random_bytes_never_raise():

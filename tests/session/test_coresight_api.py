@@ -81,3 +81,18 @@ def test_missing_input_is_one_message(tmp_path) -> None:
         CoreSightCapture.raw(tmp_path / "none.bin", "etm4")
     with pytest.raises(ValueError, match="not one of"):
         CoreSightCapture.raw(tmp_path / "none.bin", "etm3")
+
+
+def test_listing_in_windows_is_the_whole_listing() -> None:
+    """Sources decoded and merged a few packets at a time (the merge waits
+    for every source at each index) list exactly what the whole does, in
+    pieces of whole lines."""
+    directory = real_input("opencsd-snapshots") / "juno_r1_1"
+    capture = CoreSightCapture.snapshot(directory)
+    assert sum(len(s.data) > 0 for s in capture.sources) > 1
+    whole = bytes(capture.listing_text())
+    for rows in (1, 5, 300):
+        pieces = [bytes(p) for p in capture.listing_chunks(rows)]
+        assert len(pieces) > 1
+        assert all(p.endswith(b"\n") for p in pieces)
+        assert b"".join(pieces) == whole
