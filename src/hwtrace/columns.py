@@ -142,3 +142,49 @@ def joined(starts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarr
     keep = np.ones(values.shape[0], np.bool_)
     np.not_equal(values[1:], values[:-1], out=keep[1:])
     return starts[keep], values[keep]
+
+
+class Ramps:
+    """A column of ``n`` int64 values that rise by one a row within runs:
+    run ``r`` starts at row ``starts[r]`` with ``values[r]`` (where each
+    byte of a stream cut from formatter frames was in its file: a few
+    numbers per frame, not eight bytes per byte).  :meth:`at` gives
+    rows' values, ``numpy.asarray`` them all."""
+
+    __slots__ = ("n", "starts", "values")
+    ndim = 1
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, starts: np.ndarray, values: np.ndarray, n: int) -> None:
+        self.starts = np.asarray(starts, np.int64)
+        self.values = np.asarray(values, np.int64)
+        self.n = int(n)
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Ramps:
+        """``values`` (int64) as ramps: a run where a value is not one more
+        than the one before."""
+        values = np.asarray(values, np.int64)
+        n = values.shape[0]
+        starts = np.flatnonzero(np.diff(values) != 1) + 1 if n else values[:0]
+        starts = np.concatenate([np.zeros(min(n, 1), np.int64), starts.astype(np.int64)])
+        return cls(starts, values[starts], n)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __add__(self, offset: int) -> Ramps:
+        return Ramps(self.starts, self.values + int(offset), self.n)
+
+    def at(self, rows: np.ndarray) -> np.ndarray:
+        """The values of ``rows`` (each in ``0..n-1``)."""
+        rows = np.asarray(rows, np.int64)
+        run = np.searchsorted(self.starts, rows, side="right") - 1
+        return self.values[run] + (rows - self.starts[run])
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        return self.at(np.arange(self.n, dtype=np.int64)).astype(dtype or np.int64, copy=False)

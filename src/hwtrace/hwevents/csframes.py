@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..aot import njit
+from ..columns import Ramps
 
 # The loops Python calls that the native library holds (hwtrace.aot; the
 # others are built into them).  The encoder returns the array it makes,
@@ -72,6 +73,7 @@ __all__ = [
     "MODES",
     "Deformatted",
     "FrameError",
+    "block_maps",
     "deformat",
     "format_frames",
     "frame_dump_lines",
@@ -391,9 +393,10 @@ def _deformat_kernel(
                     nev = _push(ev, nev, off, _E_NO_ID, 0, 0, 0)
                     noid_reported = True
                 if kind == 2:
-                    out_b[nseq] = val
-                    out_o[nseq] = off
-                    seq_id[nseq] = cur
+                    if seq_id.shape[0] > nseq:  # (empty: the runs alone)
+                        out_b[nseq] = val
+                        out_o[nseq] = off
+                        seq_id[nseq] = cur
                     nseq += 1
                     seg_len += 1
                 if defer >= 0:
@@ -722,16 +725,18 @@ def deformat(
 # listings in OpenCSD's raw frame printer format
 
 
-def _sequence(arr: np.ndarray, m: int):
+def _sequence(arr: np.ndarray, m: int, per_byte: bool = True):
     """Every data byte in input order (byte, offset, trace ID), how many,
     the runs of one ID within a frame (sequence position, OpenCSD's index,
     ID) and the frames (start, end, start of frame, first run, kind), all
     in the bytes the frame decoder reads (``arr``, unwrapped: OpenCSD's
-    indices); ``m`` is the kernel's mode."""
-    n = arr.shape[0]
+    indices); ``m`` is the kernel's mode.  ``per_byte=False``: the bytes'
+    columns are left empty (the runs alone)."""
+    n = arr.shape[0] if per_byte else 0
     seq_b = np.empty(n, np.uint8)
     seq_o = np.empty(n, np.int64)
     seq_id = np.empty(n, np.int16)
+    n = arr.shape[0]
     frames = n // FRAME + 4
     ev = np.empty((1024, 3), np.int64)
     seg = np.empty((frames * 8, 3), np.int64)
@@ -771,6 +776,23 @@ def block_starts(data, mode: str = "memory") -> dict[int, np.ndarray]:
     return out
 
 
+def block_maps(data, mode: str = "memory") -> tuple[dict[int, Ramps], dict[int, np.ndarray]]:
+    """:func:`block_indices` (as :class:`~hwtrace.columns.Ramps`: a run of
+    one ID in a frame counts on from its index) and :func:`block_starts`,
+    from one pass over the frames and without a number per byte."""
+    _, _, seg, lengths = _runs(data, mode, per_byte=False)
+    indices: dict[int, Ramps] = {}
+    starts: dict[int, np.ndarray] = {}
+    for t in _ids_in(seg[:, 2]):
+        mine = seg[:, 2] == t
+        n = lengths[mine]
+        at = np.cumsum(n) - n
+        if n.sum():
+            indices[t] = Ramps(at, seg[mine, 1], int(n.sum()))
+        starts[t] = at
+    return indices, starts
+
+
 def _ids_in(ids: np.ndarray) -> list[int]:
     """The trace IDs (0-127; -1: none) that occur in ``ids``, in order
     (counted, not ``np.unique``: that imports numpy.ma, a command's
@@ -778,11 +800,12 @@ def _ids_in(ids: np.ndarray) -> list[int]:
     return np.flatnonzero(np.bincount(ids[ids >= 0], minlength=128)).tolist()
 
 
-def _runs(data, mode: str):
-    """Every data byte's trace ID, how many, the runs of one ID within a
-    frame (see :func:`_sequence`) and each run's length."""
+def _runs(data, mode: str, per_byte: bool = True):
+    """Every data byte's trace ID (``per_byte``; else empty), how many, the
+    runs of one ID within a frame (see :func:`_sequence`) and each run's
+    length."""
     arr, m, _ = _unwrap(_as_array(data), mode)
-    _, _, seq_id, nseq, seg, _ = _sequence(arr, m)
+    _, _, seq_id, nseq, seg, _ = _sequence(arr, m, per_byte)
     return seq_id, nseq, seg, np.diff(np.append(seg[:, 0], nseq))
 
 

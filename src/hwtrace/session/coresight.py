@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..hwevents.csframes import block_indices, block_starts, deformat
+from ..columns import Ramps
+from ..hwevents.csframes import block_maps, deformat
 
 PROTOCOLS = ("stm", "etm4", "ete")
 FRAME_MODES = ("memory", "fsync", "hsync", "dstream")
@@ -55,10 +56,11 @@ class TraceSource:
     trace_id: int
     data: bytes
     regs: dict[str, int]
-    file_offset: np.ndarray | None = None
+    #: per byte, where it was in the file (None: at its own offset)
+    file_offset: np.ndarray | Ramps | None = None
     #: per byte, the index OpenCSD lists its packets at (the start of the
     #: frame's run of the ID); None: the file offset
-    list_index: np.ndarray | None = None
+    list_index: np.ndarray | Ramps | None = None
     #: sources of one group are listed together, groups in order (perf.data:
     #: one group per AUX buffer fragment, as perf dumps them)
     group: int = 0
@@ -72,13 +74,16 @@ class TraceSource:
             return self.blocks
         return np.arange(0, len(self.data), _LISTER_READ, dtype=np.int64)
 
-    def file_offsets(self, offsets: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
+    def file_offsets(
+        self, offsets: np.ndarray, table: np.ndarray | Ramps | None = None
+    ) -> np.ndarray:
         """Stream offsets as offsets in the file the source came from (or
         as ``table`` maps them)."""
         table = self.file_offset if table is None else table
-        if table is None or table.shape[0] == 0:
+        if table is None or len(table) == 0:
             return offsets
-        return table[np.minimum(offsets, table.shape[0] - 1)]
+        rows = np.minimum(offsets, len(table) - 1)
+        return table.at(rows) if isinstance(table, Ramps) else table[rows]
 
     def _etm4_config(self):
         from ..hwevents.etm4 import Etm4Config
@@ -348,8 +353,8 @@ class CoreSightCapture:
                         tid,
                         stream,
                         regs,
-                        b.offsets[tid],
-                        b.indices[tid],
+                        Ramps.of(b.offsets[tid]),
+                        Ramps.of(b.indices[tid]),
                         g,
                         warn=warn,
                     )
@@ -503,14 +508,18 @@ class _Frames:
     def __init__(self, data: bytes, mode: str, name: str, warn: Warn, ids: Sequence[int] = ()):
         self.data, self.mode, self.warn = data, mode, warn
         cut = deformat(data, mode=mode, ids=list(ids) or None)
-        self.streams, self.offsets = cut.streams, cut.offsets
-        self.index, self.starts = block_indices(data, mode), block_starts(data, mode)
+        # (each byte's file offset and index as runs: about a number per
+        # frame, where arrays took 16 bytes per byte of trace)
+        self.streams = cut.streams
+        self.offsets = {t: Ramps.of(o) for t, o in cut.offsets.items()}
         for off, msg in cut.errors:
             warn(f"{name}: offset {off:#x}: {msg}")
+        del cut
+        self.index, self.starts = block_maps(data, mode)
 
     def source(self, name: str, protocol: str, tid: int, regs: dict[str, int]) -> TraceSource:
         return TraceSource(name, protocol, tid, self.streams.get(tid, b""), regs,
-                           self.offsets.get(tid, _NONE), self.index.get(tid),
+                           self.offsets.get(tid, Ramps.of(_NONE)), self.index.get(tid),
                            blocks=self.starts.get(tid), warn=self.warn)  # fmt: skip
 
 
