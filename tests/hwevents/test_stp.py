@@ -22,6 +22,7 @@ from hwtrace.hwevents.stp import (
     encode_stp_columns,
     stp_dump_lines,
     stp_events,
+    stp_windows,
 )
 
 K = StpKind
@@ -391,6 +392,27 @@ def test_random_bytes_never_raise(data, with_async, resync):
     list(stp_dump_lines(data, pk))
     ev = stp_events(pk)
     assert int(ev.length.sum()) == len(ev.payload)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=600), st.booleans(), st.booleans(), st.integers(8, 40),
+       st.lists(st.integers(1, 600), max_size=8))  # fmt: skip
+def test_windows_carry_the_decoder_on(data, with_async, resync, rows, blocks):
+    """Packets taken a few at a time are the whole decode's, row for row,
+    each window's damage with it (its rows counted in the window)."""
+    if with_async:
+        data = encode_stp([StpPacket(K.ASYNC), StpPacket(K.VERSION, 4)]) + data
+    whole = decode_stp(data, resync=resync, blocks=blocks)
+    parts = list(stp_windows(data, resync=resync, blocks=blocks, rows=rows))
+    assert all(len(p) < rows for p in parts)
+    for name in ("offset", "nibble", "kind", "master", "channel", "value", "ts",
+                 "error_nibbles", "error_codes"):  # fmt: skip
+        got = np.concatenate([getattr(p, name) for p in parts])
+        np.testing.assert_array_equal(got, getattr(whole, name))
+    before = np.cumsum([0] + [len(p) for p in parts[:-1]])
+    got = np.concatenate([p.error_rows + b for p, b in zip(parts, before, strict=True)])
+    np.testing.assert_array_equal(got, whole.error_rows)
+    assert [e for p in parts for e in p.errors] == whole.errors
 
 
 def test_encoder_rejects():

@@ -91,6 +91,7 @@ __all__ = [
     "encode_stp_columns",
     "stp_dump_lines",
     "stp_events",
+    "stp_windows",
 ]
 
 
@@ -485,31 +486,32 @@ def _error_row(cols, ne, nib, code, kind, marker, value, n):
 
 
 @njit(cache=True)
-def _decode(data, resync, cols, ecols, blocks):
-    """Packets into ``cols`` and errors into ``ecols``: their counts (-1
-    packets: the columns were too short)."""
+def _decode(data, resync, cols, ecols, blocks, st):
+    """Packets into ``cols`` and errors into ``ecols``, from the decoder's
+    state ``st`` (:func:`_new_state`; left where it stopped): their counts
+    and whether the columns filled up before the stream ended."""
     N = data.shape[0] * 2
     cap = cols[0].shape[0]
     ecap = ecols[0].shape[0]
-    run = 0
-    sst = False
-    syn = False
-    soff = 0
-    fnib = 0
-    ctx = 0
+    run = st[0]
+    sst = st[1] != 0
+    syn = st[2] != 0
+    soff = st[3]
+    fnib = st[4]
+    ctx = st[5]
     n = 0
     ne = 0
-    p = 0
-    synced = False
-    cur_m = 0
-    cur_c = 0
-    cur_ts = np.uint64(0)
-    coding = 0  # 0 unknown, 1 natural binary, 2 Gray
-    coding_reported = False
-    last = _NOTSYNC  # OpenCSD keeps the last packet type until the next is known
+    p = st[6]
+    synced = st[7] != 0
+    cur_m = st[8]
+    cur_c = st[9]
+    cur_ts = np.uint64(st[10])
+    coding = st[11]  # 0 unknown, 1 natural binary, 2 Gray
+    coding_reported = st[12] != 0
+    last = st[13]  # OpenCSD keeps the last packet type until the next is known
     overflow = False
-    bi = 0  # the next block start (stream byte offsets, ascending)
-    u0 = -1  # where the unsynchronised stretch began (nibble)
+    bi = st[14]  # the next block start (stream byte offsets, ascending)
+    u0 = st[15]  # where the unsynchronised stretch began (nibble)
     while p < N or not synced:
         if n + 2 > cap or ne + 3 > ecap:
             overflow = True
@@ -674,7 +676,18 @@ def _decode(data, resync, cols, ecols, blocks):
             cur_c = 0
         n = _packet_row(cols, n, s, off, k, cur_m, cur_c, v, mk, ts_n >= 0, cur_ts, bits)
         last = k
-    return -1 if overflow else n, ne
+    st[0], st[1], st[2], st[3], st[4], st[5] = run, sst, syn, soff, fnib, ctx
+    st[6], st[7], st[8], st[9], st[10] = p if overflow else N, synced, cur_m, cur_c, cur_ts
+    st[11], st[12], st[13], st[14], st[15] = coding, coding_reported, last, bi, u0
+    return n, ne, overflow
+
+
+def _new_state() -> np.ndarray:
+    """:func:`_decode`'s state before the stream's first nibble."""
+    st = np.zeros(16, np.int64)
+    st[13] = _NOTSYNC
+    st[15] = -1
+    return st
 
 
 _SIZE = np.array([0, 0, 0, 0, 0, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0], np.uint8)
@@ -756,20 +769,9 @@ class StpPackets:
             yield self[i]
 
 
-def decode_stp(
-    data,
-    *,
-    resync: bool = True,
-    strict: bool = False,
-    blocks: Iterable[int] | np.ndarray = (),
-) -> StpPackets:
-    """Decode an STP byte stream (bytes or a uint8 buffer).  Damage never
-    raises unless ``strict`` (then :class:`StpError` at the first error).
-    ``blocks``: stream offsets where the blocks OpenCSD is handed the data
-    in begin (runs of one ID in formatter frames, or the reads of a raw
-    file): while unsynchronised, OpenCSD lists a NOTSYNC for each block,
-    and so does the dump (the error is reported once)."""
-    # (sorted and unique without np.unique, which imports numpy.ma)
+def _stream(data, blocks: Iterable[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stream as bytes and its block starts after its first byte
+    (sorted and unique; without np.unique, which imports numpy.ma)."""
     starts = np.sort(
         np.asarray(blocks if isinstance(blocks, np.ndarray) else list(blocks), np.int64)
     )
@@ -779,16 +781,11 @@ def decode_stp(
         if not isinstance(data, np.ndarray)
         else data.view(np.uint8).ravel()
     )
-    cap = buf.shape[0] + 64
-    ecap = 64
-    while True:
-        cols = tuple(np.empty(cap, dt) for dt in _PACKET_COLUMNS.values())
-        ecols = tuple(np.empty(ecap, dt) for dt in _ERROR_COLUMNS.values())
-        n, ne = _decode(buf, bool(resync), cols, ecols, starts[starts > 0])
-        if n >= 0:
-            break
-        cap = 2 * buf.shape[0] + 64
-        ecap = max(ecap * 4, buf.shape[0] // 4 + 64)
+    return buf, starts[starts > 0]
+
+
+def _packets(cols: tuple, n: int, ecols: tuple, ne: int) -> StpPackets:
+    """The first ``n`` packet rows and ``ne`` error rows as packets."""
     rows = {name: c[:n].copy() for name, c in zip(_PACKET_COLUMNS, cols, strict=True)}
     erows = {name: c[:ne].copy() for name, c in zip(_ERROR_COLUMNS, ecols, strict=True)}
     values = erows.pop("error_values")
@@ -805,10 +802,60 @@ def decode_stp(
         )
         if code != E_NOTSYNC_BLOCK
     ]
-    out = StpPackets(**rows, size=_SIZE[rows["kind"]], errors=errors, **erows)
-    if strict and errors:
-        raise StpError(*errors[0])
+    return StpPackets(**rows, size=_SIZE[rows["kind"]], errors=errors, **erows)
+
+
+def decode_stp(
+    data,
+    *,
+    resync: bool = True,
+    strict: bool = False,
+    blocks: Iterable[int] | np.ndarray = (),
+) -> StpPackets:
+    """Decode an STP byte stream (bytes or a uint8 buffer).  Damage never
+    raises unless ``strict`` (then :class:`StpError` at the first error).
+    ``blocks``: stream offsets where the blocks OpenCSD is handed the data
+    in begin (runs of one ID in formatter frames, or the reads of a raw
+    file): while unsynchronised, OpenCSD lists a NOTSYNC for each block,
+    and so does the dump (the error is reported once)."""
+    buf, starts = _stream(data, blocks)
+    cap = buf.shape[0] + 64
+    ecap = 64
+    while True:
+        cols = tuple(np.empty(cap, dt) for dt in _PACKET_COLUMNS.values())
+        ecols = tuple(np.empty(ecap, dt) for dt in _ERROR_COLUMNS.values())
+        n, ne, full = _decode(buf, bool(resync), cols, ecols, starts, _new_state())
+        if not full:
+            break
+        cap = 2 * buf.shape[0] + 64
+        ecap = max(ecap * 4, buf.shape[0] // 4 + 64)
+    out = _packets(cols, n, ecols, ne)
+    if strict and out.errors:
+        raise StpError(*out.errors[0])
     return out
+
+
+def stp_windows(
+    data,
+    *,
+    resync: bool = True,
+    blocks: Iterable[int] | np.ndarray = (),
+    rows: int = 1 << 16,
+) -> Iterator[StpPackets]:
+    """:func:`decode_stp`'s packets, fewer than ``rows`` at a time (the
+    decoder carries on from one window to the next; each window's damage
+    with it, its ``error_rows`` counted in the window): a stream of any
+    length is decoded in the memory of one window."""
+    buf, starts = _stream(data, blocks)
+    st = _new_state()
+    rows = max(rows, 8)
+    while True:
+        cols = tuple(np.empty(rows, dt) for dt in _PACKET_COLUMNS.values())
+        ecols = tuple(np.empty(rows, dt) for dt in _ERROR_COLUMNS.values())
+        n, ne, full = _decode(buf, bool(resync), cols, ecols, starts, st)
+        yield _packets(cols, n, ecols, ne)
+        if not full:
+            return
 
 
 # ---------------------------------------------------------------------------

@@ -131,11 +131,14 @@ class TraceSource:
         """trc_pkt_lister's lines of the source, in pieces of about ``rows``
         lines: each a ``uint8`` text, where its lines start (one more than
         there are lines, the last the text's end) and the index each line
-        is at.  An ETMv4/ETE source is decoded a piece at a time, so its
-        listing takes the memory of a piece whatever its length; an STM
-        source comes as one piece."""
+        is at.  The source is decoded a piece at a time, so its listing
+        takes the memory of a piece whatever its length."""
         if self.protocol == "stm":
-            yield self._stm_listing()
+            from ..hwevents.stp import stp_windows
+
+            for pk in stp_windows(self.data, resync=False, blocks=self.block_starts(), rows=rows):
+                self._warn_damage(pk.errors)
+                yield self._stm_lines(pk)
             return
         from ..hwevents.etm4 import etm4_windows
         from ..hwevents.etm4text import etm4_listing
@@ -147,10 +150,10 @@ class TraceSource:
             text, starts = etm4_listing(replace(pk, offset=index), self.trace_id, ete=ete)
             yield text, starts, index
 
-    def _stm_listing(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _stm_lines(self, pk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The listing of STM packets (a window of the source's)."""
         from ..hwevents.stptext import stp_listing
 
-        pk = self.packets(resync=False)
         if self.list_index is None:
             return stp_listing(pk, self.trace_id)
         # OpenCSD counts the bytes consumed when a packet's first nibble is
