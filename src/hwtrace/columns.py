@@ -85,13 +85,9 @@ class Keyed:
         return values if dtype is None else values.astype(dtype, copy=False)
 
 
-class Runs:
-    """A column of ``n`` rows given as runs of one value: run ``r`` holds
-    ``values[r]`` from row ``starts[r]`` (the first at 0) to the next run's
-    start; a run's value differs from the one before (a block's time,
-    which changes every few hundred blocks), not laid out a row at a
-    time.  The Parquet writer makes its pages a run at a time.  Slices as
-    a numpy array does; ``numpy.asarray`` gives its values."""
+class _RunColumn:
+    """A column of ``n`` int64 rows held as runs (``starts``: each run's
+    first row, ``values``: what the run holds)."""
 
     __slots__ = ("n", "starts", "values")
     ndim = 1
@@ -99,6 +95,24 @@ class Runs:
 
     def __init__(self, starts: np.ndarray, values: np.ndarray, n: int) -> None:
         self.starts, self.values, self.n = starts, values, int(n)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Runs(_RunColumn):
+    """A column of ``n`` rows given as runs of one value: run ``r`` holds
+    ``values[r]`` from row ``starts[r]`` (the first at 0) to the next run's
+    start; a run's value differs from the one before (a block's time,
+    which changes every few hundred blocks), not laid out a row at a
+    time.  The Parquet writer makes its pages a run at a time.  Slices as
+    a numpy array does; ``numpy.asarray`` gives its values."""
+
+    __slots__ = ()
 
     @classmethod
     def of(cls, values: np.ndarray, most: int = 4) -> Runs | np.ndarray:
@@ -111,13 +125,6 @@ class Runs:
             return values
         starts = np.concatenate([np.zeros(1, np.int64), starts.astype(np.int64)])
         return cls(starts, values[starts], n)
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (self.n,)
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, rows: slice) -> Runs:
         lo, hi, step = rows.indices(self.n)
@@ -144,21 +151,14 @@ def joined(starts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return starts[keep], values[keep]
 
 
-class Ramps:
+class Ramps(_RunColumn):
     """A column of ``n`` int64 values that rise by one a row within runs:
     run ``r`` starts at row ``starts[r]`` with ``values[r]`` (where each
     byte of a stream cut from formatter frames was in its file: a few
     numbers per frame, not eight bytes per byte).  :meth:`at` gives
     rows' values, ``numpy.asarray`` them all."""
 
-    __slots__ = ("n", "starts", "values")
-    ndim = 1
-    dtype = np.dtype(np.int64)
-
-    def __init__(self, starts: np.ndarray, values: np.ndarray, n: int) -> None:
-        self.starts = np.asarray(starts, np.int64)
-        self.values = np.asarray(values, np.int64)
-        self.n = int(n)
+    __slots__ = ()
 
     @classmethod
     def of(cls, values: np.ndarray) -> Ramps:
@@ -169,13 +169,6 @@ class Ramps:
         starts = np.flatnonzero(np.diff(values) != 1) + 1 if n else values[:0]
         starts = np.concatenate([np.zeros(min(n, 1), np.int64), starts.astype(np.int64)])
         return cls(starts, values[starts], n)
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (self.n,)
-
-    def __len__(self) -> int:
-        return self.n
 
     def __add__(self, offset: int) -> Ramps:
         return Ramps(self.starts, self.values + int(offset), self.n)
