@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from realdata import real_input
 
@@ -96,3 +97,25 @@ def test_listing_in_windows_is_the_whole_listing() -> None:
         assert len(pieces) > 1
         assert all(p.endswith(b"\n") for p in pieces)
         assert b"".join(pieces) == whole
+
+
+def test_events_from_windows_are_the_whole_decode_s() -> None:
+    """The events of packets decoded a few at a time, keeping only the rows
+    events read, are those of the whole decode (every address a trace
+    start reaches registered)."""
+    from hwtrace.hwevents.etm4 import decode_etm4, event_packets, trace_on_events
+
+    capture = CoreSightCapture.snapshot(real_input("opencsd-snapshots") / "juno_r1_1")
+    sources = [s for s in capture.sources if s.protocol != "stm" and len(s.data)]
+    assert sources
+    for src in sources:
+        config = src._etm4_config()
+        whole = decode_etm4(src.data, config)
+        at = {int(a): f"at{int(a):x}" for a in set(whole.address.tolist())}
+        want = trace_on_events(whole, at)
+        assert len(want.name) > 0
+        for rows in (3, 100):
+            got = trace_on_events(event_packets(src.data, config, rows=rows), at)
+            assert got.name == want.name
+            for col in ("address", "ts", "cc", "context", "el", "offset"):
+                np.testing.assert_array_equal(getattr(got, col), getattr(want, col))

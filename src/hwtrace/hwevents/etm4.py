@@ -73,7 +73,7 @@ tracing at ``&foo``, and each trace-on there is an event with its time).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -95,6 +95,7 @@ __all__ = [
     "encode_etm4",
     "etm4_dump_lines",
     "etm4_windows",
+    "event_packets",
     "trace_on_events",
 ]
 
@@ -1655,6 +1656,35 @@ def _next_row(rows: np.ndarray, at: np.ndarray, none: int) -> np.ndarray:
         return np.full(np.shape(at), none, np.int64)
     j = np.searchsorted(rows, at, side="right")
     return np.where(j < rows.shape[0], rows[np.minimum(j, rows.shape[0] - 1)], none)
+
+
+def event_packets(
+    data: bytes | bytearray | memoryview | np.ndarray,
+    config: Etm4Config,
+    *,
+    resync: bool = True,
+    rows: int = 1 << 16,
+    on_damage: Callable[[list[tuple[int, str]]], None] | None = None,
+) -> Etm4Packets:
+    """The packets :func:`trace_on_events` reads (starts of tracing,
+    addresses, timestamps, ITE), decoded a window at a time: its events of
+    them are those of the whole decode, in the memory of a window and of
+    these rows.  ``on_damage`` is given each window's damage."""
+    parts = []
+    for pk in etm4_windows(data, config, resync=resync, rows=rows):
+        if on_damage is not None:
+            on_damage(pk.errors)
+        kind = pk.kind
+        keep = np.flatnonzero(
+            (kind == K.TRACE_ON) | (kind == K.TRACE_INFO) | (kind == K.TIMESTAMP)
+            | (kind == K.ITE) | ((kind >= K.ADDR_CTXT_L_32IS0) & (kind <= K.ADDR_L_64IS1))
+        )  # fmt: skip
+        parts.append({name: getattr(pk, name)[keep] for name, _ in _COLUMNS})
+    cols = {name: np.concatenate([p[name] for p in parts]) if parts else np.zeros(0, dt)
+            for name, dt in _COLUMNS}  # fmt: skip
+    for name in ("address", "ts", "payload"):
+        cols[name] = cols[name].view(np.uint64)
+    return Etm4Packets(**cols)
 
 
 def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4Events:

@@ -181,11 +181,11 @@ class TraceSource:
         """The software events: STM messages (ending at a FLAG or at a
         marked packet: ``convention``), ETM trace-on at the addresses named
         in ``at``, ETE ITE; one dict a row, file offsets."""
-        pk = self.packets(resync=True)
         rows: list[dict] = []
         if self.protocol == "stm":
             from ..hwevents.stp import stp_events
 
+            pk = self.packets(resync=True)
             ev = stp_events(pk, convention)
             first = self.file_offsets(np.asarray(pk.offset, np.int64)[ev.first])
             for k in range(len(ev)):
@@ -201,8 +201,9 @@ class TraceSource:
                 self.warn(f"{self.name}: {ev.partial} events cut short, "
                           f"{ev.lost} STM error packets (trace lost)")  # fmt: skip
             return rows
-        from ..hwevents.etm4 import trace_on_events
+        from ..hwevents.etm4 import event_packets, trace_on_events
 
+        pk = event_packets(self.data, self._etm4_config(), on_damage=self._warn_damage)
         ev = trace_on_events(pk, at or {})
         offsets = self.file_offsets(np.asarray(ev.offset, np.int64))
         for k in range(len(ev)):
