@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             perf_s, perf_rss = best_devnull(perf, 1)
             mine_s, mine_rss = best_devnull(mine, a.repeat)
             blocks_s, blocks_rss = best_devnull([*mine, "--blocks"], a.repeat)
+            json_s, json_rss = best_devnull([*mine, "--json"], a.repeat)
             if a.no_pipe:
                 _, lines = piped(mine)
                 perf_pipe = mine_pipe = float("nan")
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{rss / 2**20:.0f}"))  # fmt: skip
             rows.append((name, "hwtrace script --blocks", "", f"{blocks_s:.2f}", "", "", "",
                          f"{blocks_rss / 2**20:.0f}"))  # fmt: skip
+            rows.append((name, "hwtrace script --json", f"{lines:,}", f"{json_s:.2f}",
+                         f"{lines / json_s / 1e6:.2f}", f"{lines / json_s / perf_rate:.1f}", "",
+                         f"{json_rss / 2**20:.0f}"))  # fmt: skip
         common.print_table(
             "Instruction listings (output to /dev/null; piped: read by a line counter)",
             ("input", "command", "lines", "seconds", "M lines/s", "x perf lines/s", "piped s",

@@ -118,6 +118,12 @@ def test_script_lists_each_ptwrite_at_its_place(recorded):
     assert [
         int(x.rsplit("0x", 1)[1], 16) for x in blocks.splitlines() if " ptwrite: " in x
     ] == words
+    rows = [
+        json.loads(x) for x in _hwtrace("script", "-i", str(recorded), "--json").stdout.splitlines()
+    ]
+    assert len(rows) == len(lines)
+    assert [int(r["ptwrite"], 16) for r in rows if "ptwrite" in r] == words
+    assert [k for k, r in enumerate(rows) if "ptwrite" in r] == marks
 
 
 def test_perf_reads_the_same_ptwrites(recorded):

@@ -126,6 +126,35 @@ def test_times_are_perf_times(tmp_path, capsysbinary):
     assert [x[:2] for x in mine] == [x[:2] for x in theirs]
 
 
+def test_json_lines_say_what_the_text_says(tmp_path, capsysbinary):
+    """``script --json``: one JSON object a line, its fields those of the
+    text line (which is perf's), per instruction and per block."""
+    import json
+
+    path = wrapped("drpt2trace-simple-tracedir", tmp_path)
+    for extra in ([], ["--blocks"]):
+        capsysbinary.readouterr()
+        assert main(["script", "-i", str(path), *extra]) == 0
+        text = capsysbinary.readouterr().out.decode().splitlines()
+        assert main(["script", "-i", str(path), "--json", *extra]) == 0
+        rows = [json.loads(line) for line in capsysbinary.readouterr().out.decode().splitlines()]
+        assert len(rows) == len(text) > 1000
+        for row, line in zip(rows, text, strict=True):
+            head, _, rest = line.partition(":  ")
+            comm, tid, when = head.rsplit(None, 2)
+            assert (row["comm"], row["tid"]) == (comm.strip(), int(tid))
+            assert row["time"] == int(when.replace(".", ""))
+            ip, _, name = rest.strip().partition(" ")
+            assert row["ip"] == f"0x{ip}"
+            if extra:
+                name, _, insns = name.rpartition(" ")[0].rpartition(" ")
+                assert row["insns"] == int(insns)
+            sym, _, dso = name.partition(" (")
+            assert row["dso"] == dso[:-1]
+            off = f"+{row['symoff']:#x}" if "symoff" in row else ""
+            assert f"{row['sym']}{off}" == sym
+
+
 def test_symbols_as_perf_loads_them():
     """Zero-size symbols reach the next one, aliases as perf picks them,
     PLT entries of a static binary under ``_init``."""

@@ -173,6 +173,9 @@ def script_main(argv: Sequence[str]) -> int:
     )
     p.add_argument("--no-ptwrite", action="store_true",
                    help="leave out the PTWRITE payloads (listed at their place by default)")  # fmt: skip
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object a line (comm, tid, time, ip, sym, symoff, dso; insns "
+                        "or ptwrite) instead of perf script's text")  # fmt: skip
     a = p.parse_args(list(argv))
     session = open_session(p.prog, a)
     if session is None:
@@ -181,7 +184,7 @@ def script_main(argv: Sequence[str]) -> int:
 
     out = sys.stdout.buffer
     try:
-        writer = ListingWriter(out)
+        writer = ListingWriter(out, json=a.json)
         flow = session.listing(writer.write, blocks=a.blocks, ptwrite=not a.no_ptwrite)
         warn_missing_calls(p.prog, flow)
         out.flush()

@@ -14,6 +14,7 @@ instructions does no Python work per line.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
@@ -35,9 +36,22 @@ from . import (
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _put_place(out, p, a, s, o, head_data, head_at, tail_data, tail_at, plain, blank):
-    """An instruction's address and name: ``  ip symbol+0xoff (module)``."""
+def _put_place(out, p, a, s, o, head_data, head_at, tail_data, tail_at, plain, blank, json):
+    """An instruction's address and name: ``  ip symbol+0xoff (module)``,
+    or as JSON ``,"ip":"0x...","sym":...,"symoff":N,"dso":...``."""
     a = np.uint64(a)
+    if json:
+        p = put_text(out, p, ',"ip":"0x')
+        p = put_hex(out, p, a, 0)
+        out[p] = 34
+        p += 1
+        if s < 0:
+            return put_text(out, p, ',"sym":null,"dso":null')
+        p = put_slice_over(out, p, head_data, head_at[s], head_at[s + 1])
+        if plain[s] == 0:
+            p = put_text(out, p, ',"symoff":')
+            p = put_dec(out, p, o)
+        return put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
     p = put_slice_over(out, p, blank, 0, 16 - hex_digit_count(a))
     p = put_hex(out, p, a, 0)
     out[p] = 32
@@ -50,12 +64,70 @@ def _put_place(out, p, a, s, o, head_data, head_at, tail_data, tail_at, plain, b
     return put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_thread(scratch, comm_data, comm_at, k, t, blank, json):
+    """A line's start up to its time into ``scratch``: ``comm tid `` (perf's
+    widths), or as JSON ``{"comm":...,"tid":N,"time":``; its length."""
+    if json:
+        q = put_text(scratch, 0, '{"comm":')
+        q = put_slice_over(scratch, q, comm_data, comm_at[k], comm_at[k + 1])
+        q = put_text(scratch, q, ',"tid":')
+    else:
+        q = put_slice_over(scratch, 0, blank, 0, max(16 - (comm_at[k + 1] - comm_at[k]), 0))
+        q = put_slice_over(scratch, q, comm_data, comm_at[k], comm_at[k + 1])
+        scratch[q] = 32
+        q += 1
+    neg = t < 0
+    mag = -t if neg else t
+    if not json:
+        q = put_spaces(scratch, q, 5 - digit_count(mag, 10) - (1 if neg else 0))
+    if neg:
+        scratch[q] = 45
+        q += 1
+    q = put_dec(scratch, q, mag)
+    if json:
+        return put_text(scratch, q, ',"time":')
+    scratch[q] = 32
+    return q + 1
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_time(scratch, w, blank, json):
+    """A line's time into ``scratch`` at ``_TIME_AT``: perf's seconds
+    (``-`` unknown) then ``:  ``, or as JSON nanoseconds (null); its
+    length."""
+    if json:
+        if w >= 0:
+            q = put_dec(scratch, _TIME_AT, w)
+        else:
+            q = put_text(scratch, _TIME_AT, "null")
+        return q - _TIME_AT
+    if w >= 0:
+        q = put_seconds(scratch, _TIME_AT, w, 5)
+    else:
+        q = put_slice_over(scratch, _TIME_AT, blank, 0, 14)
+        scratch[q] = 45
+        q += 1
+    q = put_text(scratch, q, ":  ")
+    return q - _TIME_AT
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_end(out, p, json):
+    """A line's end: a newline, after a JSON object's brace."""
+    if json:
+        out[p] = 125
+        p += 1
+    out[p] = 10
+    return p + 1
+
+
 @aot.njit(cache=True, _nrt=False)
 def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
     scratch, lo, hi, out, cap,
-    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room,
+    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json,
 ):  # fmt: skip
     """Lines from ``lo`` (up to ``hi``) into ``out`` until ``cap`` bytes
     are written; returns the bytes written and the next line.  A line's
@@ -65,7 +137,11 @@ def _render(
     line depends only on its code-table row (``rows``): it is formatted
     once into the pool ``rt_pool`` (``rt_at``/``rt_len`` per row, -1: not
     yet; ``rt_used[0]`` bytes used; ``room``: the longest line) and
-    copied from there while the pool has room."""
+    copied from there while the pool has room.  ``json``: each line a
+    JSON object (``comm``, ``tid``, ``time`` in ns or null, ``ip`` in hex
+    as perf's JSON gives addresses, ``sym``, ``symoff`` where perf prints
+    one, ``dso``; ``insns`` or ``ptwrite``), the names JSON-quoted in the
+    byte tables."""
     p = 0
     i = lo
     last_comm = -1
@@ -79,31 +155,12 @@ def _render(
         t = tid[i]
         if k != last_comm or t != last_tid:
             last_comm, last_tid = k, t
-            q = put_slice_over(scratch, 0, blank, 0, max(16 - (comm_at[k + 1] - comm_at[k]), 0))
-            q = put_slice_over(scratch, q, comm_data, comm_at[k], comm_at[k + 1])
-            scratch[q] = 32
-            q += 1
-            neg = t < 0
-            mag = -t if neg else t
-            q = put_spaces(scratch, q, 5 - digit_count(mag, 10) - (1 if neg else 0))
-            if neg:
-                scratch[q] = 45
-                q += 1
-            q = put_dec(scratch, q, mag)
-            scratch[q] = 32
-            plen = q + 1
+            plen = _put_thread(scratch, comm_data, comm_at, k, t, blank, json)
         p = put_slice_over(out, p, scratch, 0, plen)
         w = ns[i]
         if w != last_ns:
             last_ns = w
-            if w >= 0:
-                q = put_seconds(scratch, _TIME_AT, w, 5)
-            else:
-                q = put_slice_over(scratch, _TIME_AT, blank, 0, 14)
-                scratch[q] = 45
-                q += 1
-            q = put_text(scratch, q, ":  ")
-            tlen = q - _TIME_AT
+            tlen = _put_time(scratch, w, blank, json)
         p = put_slice_over(out, p, scratch, _TIME_AT, _TIME_AT + tlen)
         if use_rows and kind[i] == 0:
             r = rows[i]
@@ -111,32 +168,41 @@ def _render(
             if at < 0 and rt_used[0] <= pool_end:
                 at = rt_used[0]
                 q = _put_place(rt_pool, at, ip[i], sym[i], off[i], head_data, head_at,
-                               tail_data, tail_at, plain, blank)  # fmt: skip
-                rt_pool[q] = 10
+                               tail_data, tail_at, plain, blank, json)  # fmt: skip
+                q = _put_end(rt_pool, q, json)
                 rt_at[r] = at
-                rt_len[r] = q + 1 - at
-                rt_used[0] = q + 1
+                rt_len[r] = q - at
+                rt_used[0] = q
             if at >= 0:
                 p = put_slice_over(out, p, rt_pool, at, at + rt_len[r])
                 i += 1
                 continue
         p = _put_place(out, p, ip[i], sym[i], off[i], head_data, head_at, tail_data, tail_at,
-                       plain, blank)  # fmt: skip
+                       plain, blank, json)  # fmt: skip
         if kind[i] == 1:
-            p = put_text(out, p, " ptwrite: 0x")
-            p = put_hex(out, p, payload[i], 0)
+            if json:
+                p = put_text(out, p, ',"ptwrite":"0x')
+                p = put_hex(out, p, payload[i], 0)
+                out[p] = 34
+                p += 1
+            else:
+                p = put_text(out, p, " ptwrite: 0x")
+                p = put_hex(out, p, payload[i], 0)
         elif blocks:
-            out[p] = 32
-            p = put_dec(out, p + 1, ninsn[i])
-            p = put_text(out, p, " insns")
-        out[p] = 10
-        p += 1
+            if json:
+                p = put_text(out, p, ',"insns":')
+                p = put_dec(out, p, ninsn[i])
+            else:
+                out[p] = 32
+                p = put_dec(out, p + 1, ninsn[i])
+                p = put_text(out, p, " insns")
+        p = _put_end(out, p, json)
         i += 1
     return p, i
 
 
 # Where in the scratch row the time's text goes (the thread's before it).
-_TIME_AT = 64
+_TIME_AT = 256
 _BLANK = np.full(COPY_SLACK * 2, 32, np.uint8)
 _SLACK = COPY_SLACK
 # The text of instructions' lines kept per code table (see _render).
@@ -169,9 +235,11 @@ class ListingWriter:
     from call to call."""
 
     def __init__(
-        self, out: BinaryIO, chunk: int = 1 << 22, row_text_bytes: int = _POOL_BYTES
-    ) -> None:
+        self, out: BinaryIO, chunk: int = 1 << 22, row_text_bytes: int = _POOL_BYTES,
+        *, json: bool = False,
+    ) -> None:  # fmt: skip
         self.out, self.chunk, self.row_text_bytes = out, chunk, row_text_bytes
+        self.json = json
         self._names: tuple[int, int] = (-1, -1)
         self._buf = np.zeros(0, np.uint8)
         self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
@@ -204,13 +272,22 @@ class ListingWriter:
             self._plains = np.zeros(max(len(names), 1), np.uint8)
             if plain is not None:
                 self._plains[: len(plain)] = plain
-            heads = [_utf8(n) + (b"" if self._plains[k] else b"+0x") for k, n in enumerate(names)]
-            self._heads = packed_strings(heads)
-            self._tails = packed_strings([b" (" + _utf8(m) + b")" for m in modules])
-        comm_data, comm_at = packed_strings([_utf8(c[:16]) for c in comms])
+            if self.json:
+                heads = [b',"sym":' + _quoted(n) for n in names]
+                tails = [b',"dso":' + _quoted(m) for m in modules]
+            else:
+                heads = [_utf8(n) + (b"" if self._plains[k] else b"+0x")
+                         for k, n in enumerate(names)]  # fmt: skip
+                tails = [b" (" + _utf8(m) + b")" for m in modules]
+            self._heads, self._tails = packed_strings(heads), packed_strings(tails)
+        comm_data, comm_at = packed_strings(
+            [_quoted(c) if self.json else _utf8(c[:16]) for c in comms]
+        )
         head_data, head_at = self._heads
         tail_data, tail_at = self._tails
         width = 120 + int(np.diff(head_at).max(initial=0)) + int(np.diff(tail_at).max(initial=0))
+        if self.json:
+            width += 100 + int(np.diff(comm_at).max(initial=0))
         need = self.chunk + width + COPY_SLACK
         if self._buf.shape[0] < need:
             self._buf = np.empty(need, np.uint8)
@@ -245,7 +322,7 @@ class ListingWriter:
             m, lo = _render(
                 *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
                 tail_data, tail_at, self._plains, _BLANK, self._scratch, lo, n, out, self.chunk,
-                use_rows, rows, text.at, text.length, text.pool, text.used, width,
+                use_rows, rows, text.at, text.length, text.pool, text.used, width, self.json,
             )  # fmt: skip
             yield view[:m]
 
@@ -283,6 +360,11 @@ def render_lines(
 
 def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "replace")
+
+
+def _quoted(text: str) -> bytes:
+    """``text`` as a JSON string (ASCII, so any byte of a name is safe)."""
+    return json.dumps(text).encode()
 
 
 def write_listing(rows, out: BinaryIO) -> None:
