@@ -47,20 +47,20 @@ def _put_place(out, p, a, s, o, head_data, head_at, tail_data, tail_at, plain, b
         p += 1
         if s < 0:
             return put_text(out, p, ',"sym":null,"dso":null')
-        p = put_slice_over(out, p, head_data, head_at[s], head_at[s + 1])
-        if plain[s] == 0:
-            p = put_text(out, p, ',"symoff":')
-            p = put_dec(out, p, o)
-        return put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
-    p = put_slice_over(out, p, blank, 0, 16 - hex_digit_count(a))
-    p = put_hex(out, p, a, 0)
-    out[p] = 32
-    p += 1
-    if s < 0:
-        return put_text(out, p, "[unknown] ([unknown])")
+    else:
+        p = put_slice_over(out, p, blank, 0, 16 - hex_digit_count(a))
+        p = put_hex(out, p, a, 0)
+        out[p] = 32
+        p += 1
+        if s < 0:
+            return put_text(out, p, "[unknown] ([unknown])")
     p = put_slice_over(out, p, head_data, head_at[s], head_at[s + 1])
     if plain[s] == 0:
-        p = put_hex(out, p, o, 0)
+        if json:
+            p = put_text(out, p, ',"symoff":')
+            p = put_dec(out, p, o)
+        else:
+            p = put_hex(out, p, o, 0)
     return put_slice_over(out, p, tail_data, tail_at[s], tail_at[s + 1])
 
 
