@@ -739,16 +739,21 @@ def _sequence(arr: np.ndarray, m: int, per_byte: bool = True):
     n = arr.shape[0]
     frames = n // FRAME + 4
     ev = np.empty((1024, 3), np.int64)
-    seg = np.empty((frames * 8, 3), np.int64)
+    # (a frame holds up to 8 runs, mostly one or two: room for two a frame,
+    # and the walk again with room for them all when there are more)
+    seg = np.empty((frames * 2 + 64, 3), np.int64)
     frm = np.empty((frames, 5), np.int64)
     while True:
         nev, nseg, nfrm, nseq = _deformat_kernel(
             arr, m, _allowed(None), 2, np.zeros(128, np.int64), seq_b, seq_o, seq_id, ev, seg, frm,
             np.zeros(128, np.int64), np.zeros(_NSTATS, np.int64), _kernel_room(),
         )  # fmt: skip
-        if nev <= ev.shape[0]:
+        if nev <= ev.shape[0] and nseg <= seg.shape[0]:
             break
-        ev = np.empty((nev, 3), np.int64)
+        if nev > ev.shape[0]:
+            ev = np.empty((nev, 3), np.int64)
+        if nseg > seg.shape[0]:
+            seg = np.empty((nseg, 3), np.int64)
     return seq_b, seq_o, seq_id[:nseq], nseq, seg[:nseg], frm[:nfrm]
 
 
