@@ -732,11 +732,11 @@ def _sequence(arr: np.ndarray, m: int, per_byte: bool = True):
     in the bytes the frame decoder reads (``arr``, unwrapped: OpenCSD's
     indices); ``m`` is the kernel's mode.  ``per_byte=False``: the bytes'
     columns are left empty (the runs alone)."""
-    n = arr.shape[0] if per_byte else 0
-    seq_b = np.empty(n, np.uint8)
-    seq_o = np.empty(n, np.int64)
-    seq_id = np.empty(n, np.int16)
     n = arr.shape[0]
+    rows = n if per_byte else 0
+    seq_b = np.empty(rows, np.uint8)
+    seq_o = np.empty(rows, np.int64)
+    seq_id = np.empty(rows, np.int16)
     frames = n // FRAME + 4
     ev = np.empty((1024, 3), np.int64)
     # (a frame holds up to 8 runs, mostly one or two: room for two a frame,
@@ -763,29 +763,21 @@ def block_indices(data, mode: str = "memory") -> dict[int, np.ndarray]:
     a packet starting there: OpenCSD hands each run of one ID's bytes in a
     frame to the decoder at the frame's start, or at the ID byte that began
     the run, and counts on from there."""
-    seq_id, nseq, seg, lengths = _runs(data, mode)
-    # A block's bytes count on from its index.
-    index = np.repeat(seg[:, 1] - seg[:, 0], lengths) + np.arange(nseq)
-    return {int(t): index[seq_id == t] for t in _ids_in(seq_id)}
+    return {t: np.asarray(index) for t, index in block_maps(data, mode)[0].items()}
 
 
 def block_starts(data, mode: str = "memory") -> dict[int, np.ndarray]:
     """Per trace ID, the offsets in its stream (as :func:`deformat` gives
     it) where the blocks OpenCSD hands its decoder begin: each run of the
     ID's bytes in a frame is one."""
-    _, _, seg, lengths = _runs(data, mode)
-    out = {}
-    for t in _ids_in(seg[:, 2]):
-        mine = lengths[seg[:, 2] == t]
-        out[t] = np.cumsum(mine) - mine
-    return out
+    return block_maps(data, mode)[1]
 
 
 def block_maps(data, mode: str = "memory") -> tuple[dict[int, Ramps], dict[int, np.ndarray]]:
     """:func:`block_indices` (as :class:`~hwtrace.columns.Ramps`: a run of
     one ID in a frame counts on from its index) and :func:`block_starts`,
     from one pass over the frames and without a number per byte."""
-    _, _, seg, lengths = _runs(data, mode, per_byte=False)
+    seg, lengths = _runs(data, mode)
     indices: dict[int, Ramps] = {}
     starts: dict[int, np.ndarray] = {}
     for t in _ids_in(seg[:, 2]):
@@ -805,13 +797,12 @@ def _ids_in(ids: np.ndarray) -> list[int]:
     return np.flatnonzero(np.bincount(ids[ids >= 0], minlength=128)).tolist()
 
 
-def _runs(data, mode: str, per_byte: bool = True):
-    """Every data byte's trace ID (``per_byte``; else empty), how many, the
-    runs of one ID within a frame (see :func:`_sequence`) and each run's
-    length."""
+def _runs(data, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of one ID within a frame (see :func:`_sequence`) and each
+    run's length, without a number per byte."""
     arr, m, _ = _unwrap(_as_array(data), mode)
-    _, _, seq_id, nseq, seg, _ = _sequence(arr, m, per_byte)
-    return seq_id, nseq, seg, np.diff(np.append(seg[:, 0], nseq))
+    _, _, _, nseq, seg, _ = _sequence(arr, m, per_byte=False)
+    return seg, np.diff(np.append(seg[:, 0], nseq))
 
 
 def frame_records(data, mode: str = "memory"):

@@ -1680,11 +1680,9 @@ def event_packets(
             | (kind == K.ITE) | ((kind >= K.ADDR_CTXT_L_32IS0) & (kind <= K.ADDR_L_64IS1))
         )  # fmt: skip
         parts.append({name: getattr(pk, name)[keep] for name, _ in _COLUMNS})
-    cols = {name: np.concatenate([p[name] for p in parts]) if parts else np.zeros(0, dt)
-            for name, dt in _COLUMNS}  # fmt: skip
-    for name in ("address", "ts", "payload"):
-        cols[name] = cols[name].view(np.uint64)
-    return Etm4Packets(**cols)
+    cols = [np.concatenate([p[name] for p in parts]) if parts else np.zeros(0, dt)
+            for name, dt in _COLUMNS]  # fmt: skip
+    return _packets(cols, cols[0].shape[0], [])
 
 
 def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4Events:

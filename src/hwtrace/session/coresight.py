@@ -426,6 +426,13 @@ def _joined(pieces: list[_Lines]) -> _Lines:
             np.concatenate([i for _, _, i in pieces]))  # fmt: skip
 
 
+def _cut(lines: _Lines, n: int) -> _Lines:
+    """The first ``n`` of ``lines`` as lines of their own (their text cut
+    from the piece's)."""
+    text, starts, index = lines
+    return text[starts[0] : starts[n]], starts[: n + 1] - starts[0], index[:n]
+
+
 def _in_order(lines: _Lines) -> _Lines:
     """The lines in the order of their indices (stably)."""
     from ..textout import reorder_lines
@@ -459,9 +466,7 @@ def _merge_by_index(sources: list[Iterator[_Lines]]) -> Iterator[np.ndarray]:
                 got = _in_order(got)
                 before = pending[j]
                 if before is not None and len(before[2]):
-                    # (the lines still waiting, cut from their piece)
-                    text, starts, index = before
-                    got = _joined([(text[starts[0] : starts[-1]], starts - starts[0], index), got])
+                    got = _joined([_cut(before, len(before[2])), got])
                 pending[j] = got
             if pending[j] is not None and len(pending[j][2]):
                 return
@@ -484,19 +489,13 @@ def _merge_by_index(sources: list[Iterator[_Lines]]) -> Iterator[np.ndarray]:
                 text, starts, index = p
                 pending[j] = (text, starts[cut:], index[cut:])
         if len(out) == 1:
-            _, cut, (text, starts, _) = out[0]
-            yield text[starts[0] : starts[cut]]
+            _, cut, p = out[0]
+            yield _cut(p, cut)[0]
         elif out:
-            lines = [
-                (text, starts[: cut + 1], index[:cut]) for _, cut, (text, starts, index) in out
-            ]
-            text = np.concatenate([t for t, _, _ in lines])
-            base = np.cumsum([0] + [len(t) for t, _, _ in lines[:-1]])
-            starts = np.concatenate([s[:-1] + b for (_, s, _), b in zip(lines, base, strict=True)])
-            ends = np.concatenate([s[1:] + b for (_, s, _), b in zip(lines, base, strict=True)])
-            index = np.concatenate([i for _, _, i in lines])
+            text, starts, index = _joined([_cut(p, cut) for _, cut, p in out])
             source = np.concatenate([np.full(cut, j, np.int64) for j, cut, _ in out])
-            yield reorder_lines(text, starts, ends, np.lexsort((source, index)))[0]
+            order = np.lexsort((source, index))
+            yield reorder_lines(text, starts[:-1], starts[1:], order)[0]
         if not live:
             return
         for j in live:
