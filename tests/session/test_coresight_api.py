@@ -109,7 +109,7 @@ def test_events_from_windows_are_the_whole_decode_s() -> None:
     sources = [s for s in capture.sources if s.protocol != "stm" and len(s.data)]
     assert sources
     for src in sources:
-        config = src._etm4_config()
+        config = src.etm4_config()
         whole = decode_etm4(src.data, config)
         at = {int(a): f"at{int(a):x}" for a in set(whole.address.tolist())}
         want = trace_on_events(whole, at)

@@ -21,11 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..columns import Ramps
 from ..hwevents.csframes import block_maps, deformat
+
+if TYPE_CHECKING:
+    from ..hwevents.etm4 import Etm4Config
 
 PROTOCOLS = ("stm", "etm4", "ete")
 FRAME_MODES = ("memory", "fsync", "hsync", "dstream")
@@ -85,7 +89,9 @@ class TraceSource:
         rows = np.minimum(offsets, len(table) - 1)
         return table.at(rows) if isinstance(table, Ramps) else table[rows]
 
-    def _etm4_config(self):
+    def etm4_config(self) -> Etm4Config:
+        """The trace unit's configuration an ETMv4/ETE source is decoded
+        with (from its registers; without any, OpenCSD's defaults)."""
         from ..hwevents.etm4 import Etm4Config
 
         regs = dict(self.regs)
@@ -113,7 +119,7 @@ class TraceSource:
         else:
             from ..hwevents.etm4 import decode_etm4
 
-            pk = decode_etm4(self.data, self._etm4_config(), resync=resync)
+            pk = decode_etm4(self.data, self.etm4_config(), resync=resync)
         self._warn_damage(pk.errors)
         return pk
 
@@ -144,7 +150,7 @@ class TraceSource:
         from ..hwevents.etm4text import etm4_listing
 
         ete = self.protocol == "ete"
-        for pk in etm4_windows(self.data, self._etm4_config(), resync=False, rows=rows):
+        for pk in etm4_windows(self.data, self.etm4_config(), resync=False, rows=rows):
             self._warn_damage(pk.errors)
             index = self.file_offsets(np.asarray(pk.offset, np.int64), self.list_index)
             text, starts = etm4_listing(replace(pk, offset=index), self.trace_id, ete=ete)
@@ -203,7 +209,7 @@ class TraceSource:
             return rows
         from ..hwevents.etm4 import event_packets, trace_on_events
 
-        pk = event_packets(self.data, self._etm4_config(), on_damage=self._warn_damage)
+        pk = event_packets(self.data, self.etm4_config(), on_damage=self._warn_damage)
         ev = trace_on_events(pk, at or {})
         offsets = self.file_offsets(np.asarray(ev.offset, np.int64))
         for k in range(len(ev)):
