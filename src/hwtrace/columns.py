@@ -180,4 +180,14 @@ class Ramps(_RunColumn):
         return self.values[run] + (rows - self.starts[run])
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        return self.at(np.arange(self.n, dtype=np.int64)).astype(dtype or np.int64, copy=False)
+        # (each run's value less its first row, a row at a time, plus the
+        # rows, 65,536 at a time: eight bytes a row and little more)
+        out = np.repeat(self.values - self.starts, np.diff(self.starts, append=self.n))
+        for lo in range(0, self.n, _RAMP_ROWS):
+            hi = min(lo + _RAMP_ROWS, self.n)
+            out[lo:hi] += np.arange(lo, hi, dtype=np.int64)
+        return out.astype(dtype or np.int64, copy=False)
+
+
+#: Rows :class:`Ramps` lays out at a time.
+_RAMP_ROWS = 1 << 16

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import re
 import subprocess
+import tracemalloc
 from collections import defaultdict
 
 import numpy as np
@@ -14,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opencsd_oracle import LISTER, needs_opencsd
+from realdata import real_input
 
+from hwtrace.columns import Ramps
 from hwtrace.hwevents.csframes import (
     DSTREAM_BLOCK,
     DSTREAM_DATA,
@@ -54,10 +57,18 @@ def frame(slots: list[tuple[str, int]]) -> bytes:
     return bytes(out)
 
 
-def check_offsets(data: bytes, res, parity: bool = True) -> None:
+def check_offsets(data: bytes, res, parity: bool = True, mode: str = "memory", ids=None) -> None:
     """Every output byte sits at its offset: odd frame bytes as they are,
     even ones with bit 0 moved to the aux byte (syncs are 2 or 4 bytes, so
-    frame parity is file parity, unless junk came before the first FSYNC)."""
+    frame parity is file parity, unless junk came before the first FSYNC).
+    The offsets as ramps are those offsets, a ramp where one is not one
+    more than the one before."""
+    ramps = deformat(data, mode=mode, ids=ids, as_ramps=True).offsets
+    assert ramps.keys() == res.offsets.keys()
+    for tid, r in ramps.items():
+        offs = res.offsets[tid]
+        assert isinstance(r, Ramps) and np.array_equal(np.asarray(r), offs)
+        assert r.starts.tolist() == [0, *(np.flatnonzero(np.diff(offs) != 1) + 1).tolist()]
     raw = np.frombuffer(data, np.uint8)
     for tid, stream in res.streams.items():
         offs = res.offsets[tid]
@@ -141,7 +152,7 @@ def test_format_frames_syncs_and_repeated_id():
     res = deformat(data, mode="hsync")
     assert res.errors == [] and res.streams == expected_streams(chunks)
     assert res.counts["fsyncs"] == 2 and res.counts["hsyncs"] == 1
-    check_offsets(data, res)
+    check_offsets(data, res, mode="hsync")
     # fsync mode refuses the HSYNC (reported, skipped): the data survives
     res = deformat(data, mode="fsync")
     assert [m for _, m in res.errors] == ["HSYNC in a stream without HSYNCs, skipped"]
@@ -183,7 +194,7 @@ def test_roundtrip(chunks, mode, fsync_every, repeat_id):
     res = deformat(data, mode=mode)
     assert res.errors == []
     assert res.streams == expected_streams(chunks)
-    check_offsets(data, res)
+    check_offsets(data, res, mode=mode)
     if mode == "memory":
         assert len(data) % 16 == 0 and res.frames == len(data) // 16
 
@@ -230,9 +241,13 @@ def test_dstream_footers_are_not_trace():
     assert len(blocks) >= 3 and len(capture) == len(blocks) * DSTREAM_BLOCK
     want, got = deformat(tpiu, mode="fsync"), deformat(capture, mode="dstream")
     assert got.errors == [] and got.streams == want.streams
+    ramps = deformat(capture, mode="dstream", as_ramps=True).offsets
     for tid, offs in want.offsets.items():
         assert (got.offsets[tid] == offs + (offs // DSTREAM_DATA) * 8).all()
         assert capture[int(got.offsets[tid][-1])] == tpiu[int(offs[-1])]
+        # (a ramp is cut where a footer comes between two of its bytes)
+        assert np.array_equal(np.asarray(ramps[tid]), got.offsets[tid])
+        assert len(ramps[tid].starts) == 1 + np.count_nonzero(np.diff(got.offsets[tid]) != 1)
     for tid, idx in block_indices(tpiu, "fsync").items():
         assert (block_indices(capture, "dstream")[tid] == idx).all()
     # read as a plain TPIU stream, the footers break frames
@@ -280,7 +295,7 @@ def test_reserved_unknown_and_missing_ids():
     assert res.counts["unknown_id_bytes"] == 3
     # without an ID list every source ID is kept
     assert set(deformat(data).streams) == {0x10, 0x33}
-    check_offsets(data, res)
+    check_offsets(data, res, ids=[0x10])
 
 
 def test_barrier_frame_resets_the_id():
@@ -317,7 +332,7 @@ def conserved(data: bytes, res) -> None:
 def test_random_bytes_never_raise(data, mode, ids):
     res = deformat(data, mode=mode, ids=ids)
     conserved(data, res)
-    check_offsets(data, res, parity=mode == "memory")
+    check_offsets(data, res, parity=mode == "memory", mode=mode, ids=ids)
     assert all(0 <= off < max(len(data), 1) for off, _ in res.errors)
     list(frame_dump_lines(data, mode))
 
@@ -338,7 +353,7 @@ def test_damaged_tpiu_keeps_the_rest(chunks, seed, mode):
     damaged = data[:cut] + data[cut + lost :]
     res = deformat(damaged, mode=mode)
     conserved(damaged, res)
-    check_offsets(damaged, res, parity=False)
+    check_offsets(damaged, res, parity=False, mode=mode)
     resync = data.find(FSYNC, cut + lost)
     if resync < 0:
         return
@@ -540,3 +555,24 @@ def test_random_frames_agree_with_opencsd(tmp_path, seed):
     if len(theirs) < len(ours):
         assert "Zero length data block" in out
         assert re.match(r"Frame Data; Index\s*\d+;\s+ID_DATA\[0x1[01]\]; $", theirs[-1])
+
+
+def test_a_real_buffer_cut_takes_a_few_bytes_per_trace_byte():
+    """Cutting a real ETR buffer (1 MB: 974,749 bytes of one ETM) into
+    its streams keeps each byte's file offset as ramps: what the cut
+    allocates at its peak stays under five bytes per trace byte (as
+    arrays, ten: the offsets alone took eight)."""
+    path = real_input("opencsd-snapshots") / "bugfix-exact-match" / "cstrace.bin"
+    data = path.read_bytes()
+    want = deformat(data)
+    deformat(data, as_ramps=True)  # (compiled, its first-call costs paid)
+    tracemalloc.start()
+    try:
+        got = deformat(data, as_ramps=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.streams == want.streams and len(got.streams[0x12]) == 974_749
+    for tid, offs in want.offsets.items():
+        assert np.array_equal(np.asarray(got.offsets[tid]), offs)
+    assert peak < 5 * len(data)

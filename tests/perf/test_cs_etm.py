@@ -189,7 +189,9 @@ def test_buffers_and_streams(recording):
     # frame byte's bit 0 is in the frame's last byte)
     b = bufs[3]
     for t, s in b.streams.items():
-        assert np.array_equal(data.buf[b.offsets[t]] >> 1, np.frombuffer(s, np.uint8) >> 1)
+        assert np.array_equal(
+            data.buf[np.asarray(b.offsets[t])] >> 1, np.frombuffer(s, np.uint8) >> 1
+        )
     streams = cs_etm_streams(data, info)
     assert [(s.cpu, s.trace_id) for s in streams] == [(0, 0x10), (1, 0x12), (1, 0x14), (2, 0x14)]
     assert streams[0].starts.tolist() == [0, len(bufs[0].streams[0x10])]

@@ -48,8 +48,9 @@ IDs, bytes before the first FSYNC and FSYNCs inside frames are recorded as
 frame, at the FSYNC).
 
 Decoding runs in numba: one pass counts each trace ID's bytes, a second
-writes them, with the byte offset in the input of every output byte, into
-one array grouped by ID.
+writes them into one array grouped by ID, with the byte offset in the input
+of every output byte as ramps (where a run of offsets rising by one
+begins: a few numbers a frame).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def _flush(cur, keep, run, w, counts, fill, stats):
     if cur < 0:
         stats[_S_NO_ID] += run
     elif keep:
-        counts[cur] += run
+        counts[0, cur] += run
         stats[_S_DATA] += run
         fill[cur] = w
     elif cur == NULL_ID:
@@ -195,6 +196,22 @@ def _flush(cur, keep, run, w, counts, fill, stats):
 
 
 @njit(cache=True)
+def _ramp(kind, cur, pos, off, ramps, counts, rfill, last):
+    """Byte ``pos`` of trace ID ``cur``'s stream came from input offset
+    ``off``: where it is not one past the ID's last byte, a ramp starts
+    (kind 0: counted; 1: written at the ID's next ramp; 2: neither)."""
+    if off != last[cur] + 1:
+        if kind == 0:
+            counts[1, cur] += 1
+        elif kind == 1:
+            r = rfill[cur]
+            ramps[r, 0] = pos
+            ramps[r, 1] = off
+            rfill[cur] = r + 1
+    last[cur] = off
+
+
+@njit(cache=True)
 def _end_id(cur, keep, run, w, counts, fill, stats):
     """A frame sync ends the current ID's run: account it; then no ID is
     current.  The new (run, cur, keep, noid_reported)."""
@@ -204,20 +221,26 @@ def _end_id(cur, keep, run, w, counts, fill, stats):
 
 @njit(cache=True)
 def _deformat_kernel(
-    data, mode, allowed, kind, starts, out_b, out_o, seq_id, ev, seg, frm, counts, stats, work
+    data, mode, allowed, kind, starts, out_b, ramps, ev, seg, frm, counts, stats, work
 ):
-    """kind 0: count kept bytes per ID (``counts``); 1: write them grouped
-    by ID at ``starts``; 2: write every data byte in stream order
-    (``seq_id`` = its ID, -1 none) and record frames and segments for
-    dumps.  ``stats`` receives the byte counts by kind; ``work`` is room
-    the kernel uses (:func:`_kernel_room`: it allocates nothing, so the
-    native library can hold it).  Returns how many events, segments,
-    frames and sequence bytes there were."""
+    """kind 0: count kept bytes per ID (``counts[0]``) and the ramps of
+    their input offsets (``counts[1]``: runs of offsets rising by one);
+    1: write the bytes grouped by ID at ``starts[0]``, and their offsets'
+    ramps (stream position, offset) at ``starts[1]`` in ``ramps``; 2:
+    write every data byte in stream order (none when ``out_b`` is empty)
+    and record frames and segments for dumps.  ``stats`` receives the byte
+    counts by kind; ``work`` is room the kernel uses
+    (:func:`_kernel_room`: it allocates nothing, so the native library
+    can hold it).  Returns how many events, segments, frames and sequence
+    bytes there were."""
     n = data.shape[0]
-    fill, seen, f, fo = work
+    fill, seen, f, fo, rfill, last = work
     for j in range(128):
-        counts[j] = 0
-        fill[j] = starts[j]
+        counts[0, j] = 0
+        counts[1, j] = 0
+        fill[j] = starts[0, j]
+        rfill[j] = starts[1, j]
+        last[j] = -2
         seen[j] = False
     for j in range(stats.shape[0]):
         stats[j] = 0
@@ -344,16 +367,24 @@ def _deformat_kernel(
         if kind != 2 and cur >= 0:
             idbits = f[0] | f[2] | f[4] | f[6] | f[8] | f[10] | f[12] | f[14]
             if (idbits & 1) == 0:
-                # no ID byte: fifteen data bytes of the current ID
+                # no ID byte: fifteen data bytes of the current ID (at
+                # fifteen offsets in a row but where an HSYNC came between)
                 run += 15
-                if keep and kind == 1:
-                    for i in range(15):
-                        if i & 1:
-                            out_b[w] = f[i]
-                        else:
-                            out_b[w] = f[i] | ((aux >> (i >> 1)) & 1)
-                        out_o[w] = fo[i]
-                        w += 1
+                if keep:
+                    pos = w - starts[0, cur]
+                    if fo[14] - fo[0] == 14:
+                        _ramp(kind, cur, pos, fo[0], ramps, counts, rfill, last)
+                        last[cur] = fo[14]
+                    else:
+                        for i in range(15):
+                            _ramp(kind, cur, pos + i, fo[i], ramps, counts, rfill, last)
+                    if kind == 1:
+                        for i in range(15):
+                            if i & 1:
+                                out_b[w] = f[i]
+                            else:
+                                out_b[w] = f[i] | ((aux >> (i >> 1)) & 1)
+                            w += 1
                 continue
         defer = -1
         defer_i = 0
@@ -385,18 +416,16 @@ def _deformat_kernel(
                 off = fo[i]
                 run += 1
                 if keep:
+                    _ramp(kind, cur, w - starts[0, cur], off, ramps, counts, rfill, last)
                     if kind == 1:
                         out_b[w] = val
-                        out_o[w] = off
                         w += 1
                 elif cur < 0 and not noid_reported:
                     nev = _push(ev, nev, off, _E_NO_ID, 0, 0, 0)
                     noid_reported = True
                 if kind == 2:
-                    if seq_id.shape[0] > nseq:  # (empty: the runs alone)
+                    if out_b.shape[0] > nseq:  # (empty: the runs alone)
                         out_b[nseq] = val
-                        out_o[nseq] = off
-                        seq_id[nseq] = cur
                     nseq += 1
                     seg_len += 1
                 if defer >= 0:
@@ -428,11 +457,12 @@ def _deformat_kernel(
     return nev, nseg, nfrm, nseq
 
 
-def _kernel_room() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _kernel_room() -> tuple[np.ndarray, ...]:
     """The room :func:`_deformat_kernel` works in: a fill position and a
-    seen flag per trace ID, one frame's bytes and their offsets."""
+    seen flag per trace ID, one frame's bytes and their offsets, and per
+    trace ID the fill position of its ramps and its last byte's offset."""
     return (np.empty(128, np.int64), np.empty(128, np.bool_), np.empty(16, np.uint8),
-            np.empty(16, np.int64))  # fmt: skip
+            np.empty(16, np.int64), np.empty(128, np.int64), np.empty(128, np.int64))  # fmt: skip
 
 
 @njit(cache=True)
@@ -628,6 +658,25 @@ def _unwrap(arr: np.ndarray, mode: str) -> tuple[np.ndarray, int, np.ndarray | N
     return arr, m, pos
 
 
+def _input_ramps(pos: np.ndarray | None, ramps: Ramps) -> Ramps:
+    """Ramps of offsets in the unwrapped bytes as ramps of offsets in the
+    input: a ramp that runs over a place where the input skips bytes (a
+    DSTREAM footer) is cut there."""
+    if pos is None or ramps.n == 0:
+        return ramps
+    lengths = np.diff(ramps.starts, append=ramps.n)
+    cuts = np.flatnonzero(np.diff(pos) != 1) + 1  # (unwrapped offsets after a skip)
+    lo = np.searchsorted(cuts, ramps.values, side="right")
+    inside = np.searchsorted(cuts, ramps.values + lengths, side="left") - lo
+    owner = np.repeat(np.arange(lengths.shape[0]), inside)
+    first = np.cumsum(inside) - inside
+    at = cuts[np.arange(owner.shape[0]) - first[owner] + lo[owner]]
+    starts = np.concatenate([ramps.starts, ramps.starts[owner] + at - ramps.values[owner]])
+    values = np.concatenate([ramps.values, at])
+    order = np.argsort(starts, kind="stable")
+    return Ramps(starts[order], pos[values[order]], ramps.n)
+
+
 def _input_offsets(pos: np.ndarray | None, offsets: np.ndarray) -> np.ndarray:
     """Offsets in the unwrapped bytes as offsets in the input."""
     if pos is None or pos.shape[0] == 0:
@@ -653,6 +702,7 @@ def deformat(
     mode: str = "memory",
     ids: Iterable[int] | None = None,
     strict: bool = False,
+    as_ramps: bool = False,
 ) -> Deformatted:
     """Split formatted trace into per-trace-ID streams.
 
@@ -663,44 +713,46 @@ def deformat(
     other source IDs is dropped and reported once per ID as unknown (by
     default every source ID 0x01-0x6F is kept).  Damaged input is reported
     in ``errors`` and never raises, unless ``strict``: then the first error
-    raises :class:`FrameError` with its offset.
+    raises :class:`FrameError` with its offset.  ``as_ramps``: the offsets
+    as :class:`~hwtrace.columns.Ramps` (about a byte per trace byte; as
+    arrays, eight).
     """
     arr, m, pos = _unwrap(_as_array(data), mode)
     allowed = _allowed(ids)
-    no_starts = np.zeros(128, np.int64)
-    empty_b = np.empty(0, np.uint8)
-    empty_o = np.empty(0, np.int64)
-    empty_id = np.empty(0, np.int16)
     none3 = np.empty((0, 3), np.int64)
     none5 = np.empty((0, 5), np.int64)
-    counts = np.zeros(128, np.int64)
+    counts = np.zeros((2, 128), np.int64)
     stats = np.zeros(_NSTATS, np.int64)
     work = _kernel_room()
     _deformat_kernel(
-        arr, m, allowed, 0, no_starts, empty_b, empty_o, empty_id, none3, none3, none5, counts,
-        stats, work,
+        arr, m, allowed, 0, np.zeros((2, 128), np.int64), np.empty(0, np.uint8),
+        np.empty((0, 2), np.int64), none3, none3, none5, counts, stats, work,
     )  # fmt: skip
-    total = int(counts.sum())
-    starts = np.zeros(128, np.int64)
-    starts[1:] = np.cumsum(counts)[:-1]
-    out_b = np.empty(total, np.uint8)
-    out_o = np.empty(total, np.int64)
+    # (each ID's bytes, and the ramps of their offsets: a few a frame, not
+    # eight bytes a byte)
+    starts = np.zeros((2, 128), np.int64)
+    starts[:, 1:] = np.cumsum(counts, axis=1)[:, :-1]
+    out_b = np.empty(int(counts[0].sum()), np.uint8)
+    ramps = np.empty((int(counts[1].sum()), 2), np.int64)
     ev = np.empty((1024, 3), np.int64)
     while True:
         nev, _, _, _ = _deformat_kernel(
-            arr, m, allowed, 1, starts, out_b, out_o, empty_id, ev, none3, none5,
-            np.zeros(128, np.int64), stats, work,
+            arr, m, allowed, 1, starts, out_b, ramps, ev, none3, none5,
+            np.zeros((2, 128), np.int64), stats, work,
         )  # fmt: skip
         if nev <= ev.shape[0]:
             break
         ev = np.empty((nev, 3), np.int64)
     ev = ev[:nev]
     streams: dict[int, bytes] = {}
-    offsets: dict[int, np.ndarray] = {}
-    for tid in np.flatnonzero(counts):
-        s, e = int(starts[tid]), int(starts[tid] + counts[tid])
+    offsets: dict[int, np.ndarray | Ramps] = {}
+    for tid in np.flatnonzero(counts[0]):
+        s, e = int(starts[0, tid]), int(starts[0, tid] + counts[0, tid])
         streams[int(tid)] = out_b[s:e].tobytes()
-        offsets[int(tid)] = _input_offsets(pos, out_o[s:e])
+        r0, r1 = int(starts[1, tid]), int(starts[1, tid] + counts[1, tid])
+        ramp = _input_ramps(pos, Ramps(ramps[r0:r1, 0].copy(), ramps[r0:r1, 1].copy(), e - s))
+        offsets[int(tid)] = ramp if as_ramps else np.asarray(ramp)
+    del out_b
     errors: list[tuple[int, str]] = []
     triggers: list[int] = []
     if pos is not None and ev.shape[0]:
@@ -726,17 +778,14 @@ def deformat(
 
 
 def _sequence(arr: np.ndarray, m: int, per_byte: bool = True):
-    """Every data byte in input order (byte, offset, trace ID), how many,
-    the runs of one ID within a frame (sequence position, OpenCSD's index,
-    ID) and the frames (start, end, start of frame, first run, kind), all
-    in the bytes the frame decoder reads (``arr``, unwrapped: OpenCSD's
-    indices); ``m`` is the kernel's mode.  ``per_byte=False``: the bytes'
-    columns are left empty (the runs alone)."""
+    """Every data byte in input order, how many, the runs of one ID within
+    a frame (sequence position, OpenCSD's index, ID) and the frames
+    (start, end, start of frame, first run, kind), all in the bytes the
+    frame decoder reads (``arr``, unwrapped: OpenCSD's indices); ``m`` is
+    the kernel's mode.  ``per_byte=False``: the bytes are left out (the
+    runs alone)."""
     n = arr.shape[0]
-    rows = n if per_byte else 0
-    seq_b = np.empty(rows, np.uint8)
-    seq_o = np.empty(rows, np.int64)
-    seq_id = np.empty(rows, np.int16)
+    seq_b = np.empty(n if per_byte else 0, np.uint8)
     frames = n // FRAME + 4
     ev = np.empty((1024, 3), np.int64)
     # (a frame holds up to 8 runs, mostly one or two: room for two a frame,
@@ -745,8 +794,9 @@ def _sequence(arr: np.ndarray, m: int, per_byte: bool = True):
     frm = np.empty((frames, 5), np.int64)
     while True:
         nev, nseg, nfrm, nseq = _deformat_kernel(
-            arr, m, _allowed(None), 2, np.zeros(128, np.int64), seq_b, seq_o, seq_id, ev, seg, frm,
-            np.zeros(128, np.int64), np.zeros(_NSTATS, np.int64), _kernel_room(),
+            arr, m, _allowed(None), 2, np.zeros((2, 128), np.int64), seq_b,
+            np.empty((0, 2), np.int64), ev, seg, frm, np.zeros((2, 128), np.int64),
+            np.zeros(_NSTATS, np.int64), _kernel_room(),
         )  # fmt: skip
         if nev <= ev.shape[0] and nseg <= seg.shape[0]:
             break
@@ -754,7 +804,7 @@ def _sequence(arr: np.ndarray, m: int, per_byte: bool = True):
             ev = np.empty((nev, 3), np.int64)
         if nseg > seg.shape[0]:
             seg = np.empty((nseg, 3), np.int64)
-    return seq_b, seq_o, seq_id[:nseq], nseq, seg[:nseg], frm[:nfrm]
+    return seq_b, nseq, seg[:nseg], frm[:nfrm]
 
 
 def block_indices(data, mode: str = "memory") -> dict[int, np.ndarray]:
@@ -801,7 +851,7 @@ def _runs(data, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """The runs of one ID within a frame (see :func:`_sequence`) and each
     run's length, without a number per byte."""
     arr, m, _ = _unwrap(_as_array(data), mode)
-    _, _, _, nseq, seg, _ = _sequence(arr, m, per_byte=False)
+    _, nseq, seg, _ = _sequence(arr, m, per_byte=False)
     return seg, np.diff(np.append(seg[:, 0], nseq))
 
 
@@ -814,7 +864,7 @@ def frame_records(data, mode: str = "memory"):
     raw = _as_array(data).view()
     raw.flags.writeable = False
     arr, m, _ = _unwrap(raw, mode)
-    seq_b, _, _, nseq, seg, frm = _sequence(arr, m)
+    seq_b, nseq, seg, frm = _sequence(arr, m)
     return raw, arr, seq_b, nseq, seg, frm
 
 

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..hwevents.csframes import block_indices, deformat
+from ..columns import Ramps
+from ..hwevents.csframes import block_maps, deformat
 from ..hwevents.etm4 import Etm4Config, Etm4Error
 from .data import PerfData, PerfDataError
 from .records import AUX_FLAG_OVERWRITE, RecordType
@@ -320,8 +321,9 @@ class CsEtmBuffer:
     ``file_offset`` and ``size`` of its bytes, ``record`` (the AUXTRACE
     record's file offset), ``formatted``; per trace ID its bytes
     (``streams``), the file offset of each (``offsets``) and the index
-    OpenCSD lists a packet starting there at (``indices``); ``errors``:
-    damaged frames as ``(file offset, message)``."""
+    OpenCSD lists a packet starting there at (``indices``), both as
+    :class:`~hwtrace.columns.Ramps`; ``errors``: damaged frames as
+    ``(file offset, message)``."""
 
     idx: int
     cpu: int
@@ -332,8 +334,8 @@ class CsEtmBuffer:
     record: int
     formatted: bool
     streams: dict[int, bytes] = field(default_factory=dict)
-    offsets: dict[int, np.ndarray] = field(default_factory=dict)
-    indices: dict[int, np.ndarray] = field(default_factory=dict)
+    offsets: dict[int, Ramps] = field(default_factory=dict)
+    indices: dict[int, Ramps] = field(default_factory=dict)
     errors: list[tuple[int, str]] = field(default_factory=list)
 
     def raw(self, data: PerfData) -> np.ndarray:
@@ -404,20 +406,20 @@ def cs_etm_buffers(data: PerfData, info: CsEtmInfo | None = None) -> list[CsEtmB
         b = CsEtmBuffer(idx, cpu, tid, aux_off, start, size, rec, formatted)
         raw = b.raw(data)
         if formatted:
-            d = deformat(raw, mode="memory", ids=known or None)
+            d = deformat(raw, mode="memory", ids=known or None, as_ramps=True)
             b.streams = d.streams
             b.offsets = {t: o + start for t, o in d.offsets.items()}
             b.errors = [(o + start, m) for o, m in d.errors]
-            b.indices = {t: v + aux_off for t, v in block_indices(raw, "memory").items()}
+            b.indices = {t: v + aux_off for t, v in block_maps(raw, "memory")[0].items()}
         else:
             owner = by_cpu.get(cpu) or (info.cpus[0] if len(info.cpus) == 1 else None)
             if owner is None:
                 b.errors.append((rec, f"unformatted trace of CPU {cpu}, which has no CPU block"))
             else:
-                pos = np.arange(size, dtype=np.int64)
+                one = np.zeros(1 if size else 0, np.int64)
                 b.streams = {owner.trace_id: bytes(raw)}
-                b.offsets = {owner.trace_id: pos + start}
-                b.indices = {owner.trace_id: pos + aux_off}
+                b.offsets = {owner.trace_id: Ramps(one, one + start, size)}
+                b.indices = {owner.trace_id: Ramps(one, one + aux_off, size)}
         out.append(b)
     return out
 
@@ -453,7 +455,7 @@ def cs_etm_streams(data: PerfData, info: CsEtmInfo | None = None) -> list[CsEtmS
             CsEtmStream(
                 idx, cpu, tid, t,
                 b"".join(p[1] for p in parts),
-                np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64),
+                np.concatenate([np.asarray(p[2]) for p in parts]) if parts else np.zeros(0, np.int64),
                 np.cumsum(lens) - lens,
             )
         )  # fmt: skip

@@ -350,7 +350,7 @@ class CoreSightCapture:
                     if tid not in unknown:
                         unknown.add(tid)
                         why = "no CPU block" if cpu is None else "ETMv3/PTM trace (not decoded)"
-                        at = int(b.offsets[tid][0]) if len(b.offsets[tid]) else b.record
+                        at = int(b.offsets[tid].values[0]) if len(b.offsets[tid]) else b.record
                         warn(f"{path}: offset {at:#x}: trace ID {tid:#x}: {why}, skipped")
                     continue
                 regs = dict(cpu.regs)
@@ -363,8 +363,8 @@ class CoreSightCapture:
                         tid,
                         stream,
                         regs,
-                        Ramps.of(b.offsets[tid]),
-                        Ramps.of(b.indices[tid]),
+                        b.offsets[tid],
+                        b.indices[tid],
                         g,
                         warn=warn,
                     )
@@ -516,11 +516,11 @@ class _Frames:
 
     def __init__(self, data: bytes, mode: str, name: str, warn: Warn, ids: Sequence[int] = ()):
         self.data, self.mode, self.warn = data, mode, warn
-        cut = deformat(data, mode=mode, ids=list(ids) or None)
         # (each byte's file offset and index as runs: about a number per
         # frame, where arrays took 16 bytes per byte of trace)
+        cut = deformat(data, mode=mode, ids=list(ids) or None, as_ramps=True)
         self.streams = cut.streams
-        self.offsets = {t: Ramps.of(o) for t, o in cut.offsets.items()}
+        self.offsets = cut.offsets
         for off, msg in cut.errors:
             warn(f"{name}: offset {off:#x}: {msg}")
         del cut
