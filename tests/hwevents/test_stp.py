@@ -21,6 +21,7 @@ from hwtrace.hwevents.stp import (
     encode_stp,
     encode_stp_columns,
     stp_dump_lines,
+    stp_event_windows,
     stp_events,
     stp_windows,
 )
@@ -619,3 +620,64 @@ def test_notsync_per_block():
     junk = decode_stp(bytes(range(0x10, 0x40)), blocks=[0, 20])
     assert sum("NOTSYNC" in x for x in stp_dump_lines(b"", junk)) == 2
     assert len(junk.errors) == 1 and "no ASYNC" in junk.errors[0][1]
+
+
+def windowed_events(data: bytes, convention: str, rows: int, resync: bool = True):
+    """The events of :func:`stp_event_windows` over windows of ``rows``
+    packets, as (master, channel, ts, has_ts, bytes, complete, stream
+    offset of the first packet), and the lost and partial counts."""
+    got, lost, partial = [], 0, 0
+    for pk, ev in stp_event_windows(stp_windows(data, resync=resync, rows=rows), convention):
+        for i in range(len(ev)):
+            got.append((int(ev.master[i]), int(ev.channel[i]), int(ev.ts[i]), bool(ev.has_ts[i]),
+                        ev.data(i), bool(ev.complete[i]), int(pk.offset[ev.first[i]])))  # fmt: skip
+        lost, partial = lost + ev.lost, partial + ev.partial
+    return got, lost, partial
+
+
+def whole_events(data: bytes, convention: str, resync: bool = True):
+    pk = decode_stp(data, resync=resync)
+    ev = stp_events(pk, convention)
+    got = [(int(ev.master[i]), int(ev.channel[i]), int(ev.ts[i]), bool(ev.has_ts[i]), ev.data(i),
+            bool(ev.complete[i]), int(pk.offset[ev.first[i]])) for i in range(len(ev))]  # fmt: skip
+    return got, ev.lost, ev.partial
+
+
+@pytest.mark.parametrize("convention", ["flag", "marker"])
+@pytest.mark.parametrize("rows", [8, 61, 1000])
+def test_events_in_windows_are_the_whole_streams(convention, rows):
+    """Events assembled a window of packets at a time, those still open
+    carried on: the whole stream's events, in order, with the same
+    payloads, times, completeness and losses (a damaged long stream)."""
+    data = bytearray(encode_stp_columns(*generated(30_000, seed=7)))
+    rng = np.random.default_rng(2)
+    for at in rng.integers(20, len(data), 40):
+        data[at] = rng.integers(0, 256)
+    want = whole_events(bytes(data), convention)
+    assert len(want[0]) > 1000 and want[1] > 0 and want[2] > 0
+    assert windowed_events(bytes(data), convention, rows) == want
+
+
+def test_events_in_windows_carry_a_long_open_event(monkeypatch):
+    """A channel whose event never ends holds the packets from its start:
+    past CARRIED_MOST of them, the rest of the stream is one piece."""
+    P = StpPacket
+    head = [P(K.ASYNC), P(K.VERSION, 3), P(K.M8, 1), P(K.C8, 1), P(K.D8, 0xAA, ts=5)]
+    body = []
+    for j in range(400):
+        body += [P(K.C8, 2), P(K.D8, j & 0xFF, ts=10 + j), P(K.FLAG), P(K.C8, 1), P(K.D8, 0xBB)]
+    data = encode_stp(head + body)
+    want = whole_events(data, "flag")
+    assert want[0][0][4] == b"\xaa" + b"\xbb" * 400 and not want[0][0][5]
+    assert windowed_events(data, "flag", 50) == want
+    monkeypatch.setattr("hwtrace.hwevents.stp.CARRIED_MOST", 100)
+    assert windowed_events(data, "flag", 50) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=400), st.booleans(), st.integers(8, 40), st.sampled_from(["flag", "marker"])
+)
+def test_random_events_in_windows(data, resync, rows, convention):
+    data = encode_stp([StpPacket(K.ASYNC), StpPacket(K.VERSION, 4)]) + data
+    assert windowed_events(data, convention, rows, resync) == whole_events(data, convention, resync)

@@ -90,6 +90,7 @@ __all__ = [
     "encode_stp",
     "encode_stp_columns",
     "stp_dump_lines",
+    "stp_event_windows",
     "stp_events",
     "stp_windows",
 ]
@@ -937,15 +938,17 @@ class StpEvents:
 
 
 @njit(cache=True)
-def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, table, room, ev):
+def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, last_ts, table,
+              room, ev):  # fmt: skip
     """Packets into events: ``ev`` (master, channel, time, has time, first
-    packet, bytes, complete; ``n + 1`` rows) and each packet's event in
-    ``room``'s last column (-1: none).  ``table``: the (master, channel)
-    hash's keys and values; ``room``: per dense channel its key, open event
-    and the master's and the global error epoch then, and the packets'
-    events.  Returns (events, MERR/GERR packets), or (-1, 0) when the hash
-    table is too small: the caller gives a larger one.  (Allocates
-    nothing: the native library holds it.)"""
+    packet, bytes, complete, still open at the end; ``n + 1`` rows) and
+    each packet's event in ``room``'s last column (-1: none).
+    ``last_ts``: the timestamp before the first packet.  ``table``: the
+    (master, channel) hash's keys and values; ``room``: per dense channel
+    its key, open event and the master's and the global error epoch then,
+    and the packets' events.  Returns (events, MERR/GERR packets), or (-1,
+    0) when the hash table is too small: the caller gives a larger one.
+    (Allocates nothing: the native library holds it.)"""
     n = kind.shape[0]
     hkey, hval = table
     size = hkey.shape[0]
@@ -956,16 +959,16 @@ def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, ta
         m_epoch[j] = 0  # MERR: the master's open events end
     for j in range(n):
         pkt_ev[j] = -1
-    ev_m, ev_c, ev_ts, ev_has, ev_first, ev_len, ev_done = ev
+    ev_m, ev_c, ev_ts, ev_has, ev_first, ev_len, ev_done, ev_open = ev
     for j in range(n + 1):
         ev_has[j] = False
         ev_len[j] = 0
         ev_done[j] = False
+        ev_open[j] = False
     nk = 0
     g_epoch = 0  # GERR, damage: every open event ends
     ne = 0
     lost = 0
-    last_ts = np.uint64(0)
     ei = 0
     for i in range(n):
         while ei < err_rows.shape[0] and err_rows[ei] <= i:
@@ -1024,6 +1027,13 @@ def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, ta
         elif not by_marker and e >= 0:  # FLAG ends the message
             ev_done[e] = True
             open_ev[d] = -1
+    while ei < err_rows.shape[0]:
+        g_epoch += 1
+        ei += 1
+    for d in range(nk):
+        e = open_ev[d]
+        if e >= 0 and open_me[d] == m_epoch[dkey[d] >> 16] and open_ge[d] == g_epoch:
+            ev_open[e] = True
     return ne, lost
 
 
@@ -1056,6 +1066,14 @@ def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
     the end, or when a MERR (its master), a GERR or damaged data comes,
     is incomplete.  D4 payloads count as one byte (the nibble); wider
     ones as their bytes, little-endian (the bytes the program stored)."""
+    return _events(packets, convention, 0)[0]
+
+
+def _events(packets: StpPackets, convention: str,
+            last_ts: int) -> tuple[StpEvents, int, np.ndarray]:  # fmt: skip
+    """:func:`stp_events` after the timestamp ``last_ts``, the first of the
+    events still open at the end (``len``: none) and each packet's event
+    (-1: none)."""
     if convention not in ("flag", "marker"):
         raise ValueError(f"convention {convention!r}: 'flag' or 'marker'")
     gaps = np.sort(
@@ -1068,23 +1086,23 @@ def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
             np.empty(n + 1, np.int64), np.empty(256, np.int64), np.empty(n, np.int64))  # fmt: skip
     ev = (np.empty(n + 1, np.uint8), np.empty(n + 1, np.uint16), np.empty(n + 1, np.uint64),
           np.empty(n + 1, np.bool_), np.empty(n + 1, np.int64), np.empty(n + 1, np.int64),
-          np.empty(n + 1, np.bool_))  # fmt: skip
+          np.empty(n + 1, np.bool_), np.empty(n + 1, np.bool_))  # fmt: skip
     size = 1024
     while True:
         table = (np.empty(size, np.int64), np.empty(size, np.int64))
         ne, lost = _assemble(packets.kind, packets.master, packets.channel, packets.marker,
-                             packets.has_ts, packets.ts, gaps, convention == "marker", table,
-                             room, ev)  # fmt: skip
+                             packets.has_ts, packets.ts, gaps, convention == "marker",
+                             np.uint64(last_ts), table, room, ev)  # fmt: skip
         if ne >= 0:
             break
         size *= 2
-    m, c, ts, has, first, length, done = (col[:ne] for col in ev)
+    m, c, ts, has, first, length, done, still_open = (col[:ne] for col in ev)
     off = np.zeros(ne + 1, np.int64)
     np.cumsum(length, out=off[1:])
     blob = np.empty(int(off[-1]), np.uint8)
     _payloads(packets.kind, packets.value, room[5], off[:-1].copy(), blob)
     off = off[:-1]
-    return StpEvents(
+    events = StpEvents(
         master=m.copy(),
         channel=c.copy(),
         ts=ts.copy(),
@@ -1097,3 +1115,92 @@ def stp_events(packets: StpPackets, convention: str = "flag") -> StpEvents:
         partial=int(len(done) - done.sum()),
         lost=int(lost),
     )
+    opened = np.flatnonzero(still_open)
+    return events, int(opened[0]) if opened.shape[0] else ne, room[5]
+
+
+#: Packets of open events :func:`stp_event_windows` carries from one window
+#: to the next at most.
+CARRIED_MOST = 1 << 18
+
+# StpPackets' columns a row a packet, and a row a piece of damage.
+_ROW_FIELDS = (*_PACKET_COLUMNS, "size")
+_DAMAGE_FIELDS = ("error_rows", "error_codes", "error_kinds", "error_markers", "error_offsets",
+                  "error_nibbles")  # fmt: skip
+
+
+def _first_events(ev: StpEvents, k: int, lost: int) -> StpEvents:
+    """The first ``k`` of ``ev``, with ``lost`` MERR and GERR packets."""
+    end = int(ev.offset[k]) if k < len(ev) else len(ev.payload)
+    done = ev.complete[:k]
+    return StpEvents(ev.master[:k], ev.channel[:k], ev.ts[:k], ev.has_ts[:k], ev.first[:k],
+                     ev.offset[:k], ev.length[:k], done, ev.payload[:end],
+                     int(k - done.sum()), lost)  # fmt: skip
+
+
+def _rows_from(packets: StpPackets, start: int, inert: np.ndarray) -> StpPackets:
+    """The packets from row ``start`` on, with the damage among them
+    (not its messages: those went out with the packets' window); those
+    of them ``inert`` says as NULL packets (their time kept)."""
+    keep = packets.error_rows >= start
+    rows = {name: getattr(packets, name)[start:] for name in _ROW_FIELDS}
+    rows["kind"] = np.where(inert, np.uint8(StpKind.NULL), rows["kind"])
+    damage = {name: getattr(packets, name)[keep] for name in _DAMAGE_FIELDS}
+    damage["error_rows"] = damage["error_rows"] - start
+    return StpPackets(**rows, **damage)
+
+
+def _joined_packets(parts: list[StpPackets]) -> StpPackets:
+    """The packets of ``parts`` one after another (with the last one's
+    messages)."""
+    rows = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ROW_FIELDS}
+    damage = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _DAMAGE_FIELDS}
+    lengths = np.array([len(p) for p in parts], np.int64)
+    errors = np.array([len(p.error_rows) for p in parts], np.int64)
+    damage["error_rows"] += np.repeat(np.cumsum(lengths) - lengths, errors)
+    return StpPackets(**rows, **damage, errors=parts[-1].errors)
+
+
+def stp_event_windows(
+    windows: Iterable[StpPackets], convention: str = "flag"
+) -> Iterator[tuple[StpPackets, StpEvents]]:
+    """:func:`stp_events` of the windows of packets :func:`stp_windows`
+    gives, a piece at a time, in order: each piece's packets and the
+    events that start among them (``first`` counts in those packets; a
+    packet of an event an earlier piece gave is NULL there).  An
+    event still open at a window's end waits, with the packets from its
+    start on, for the next window: the events are those of the whole
+    stream, in the memory of a window and the open events' packets.
+    ``lost`` counts each MERR and GERR packet once.  (When more than
+    :data:`CARRIED_MOST` packets wait, a channel that never ends its
+    event, the rest of the stream is one piece: assembled once, not again
+    at each window.)"""
+    carried: StpPackets | None = None
+    backlog: list[StpPackets] = []
+    last_ts = 0
+    for pk in windows:
+        if backlog:
+            backlog.append(pk)
+            continue
+        work = pk if carried is None else _joined_packets([carried, pk])
+        ev, first_open, packet_event = _events(work, convention, last_ts)
+        cut = int(ev.first[first_open]) if first_open < len(ev) else len(work)
+        stamped = np.flatnonzero(work.has_ts[:cut])
+        if stamped.shape[0]:
+            last_ts = int(work.ts[stamped[-1]])  # (the time the next piece starts at)
+        if first_open == len(ev):
+            carried = None
+            yield work, ev
+            continue
+        # (the packets after the cut that belong to events ending before the
+        # window's end, which go out now, are no one's when assembled again)
+        after = packet_event[cut:]
+        carried = _rows_from(work, cut, (after >= 0) & (after < first_open))
+        if len(carried) > CARRIED_MOST:
+            backlog = [carried]
+        later = int(np.count_nonzero((carried.kind == 2) | (carried.kind == 15)))
+        yield work, _first_events(ev, first_open, ev.lost - later)
+    if backlog:
+        carried = _joined_packets(backlog)
+    if carried is not None:
+        yield carried, _events(carried, convention, last_ts)[0]

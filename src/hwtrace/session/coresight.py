@@ -189,23 +189,31 @@ class TraceSource:
         in ``at``, ETE ITE; one dict a row, file offsets."""
         rows: list[dict] = []
         if self.protocol == "stm":
-            from ..hwevents.stp import stp_events
+            from ..hwevents.stp import stp_event_windows, stp_windows
 
-            pk = self.packets(resync=True)
-            ev = stp_events(pk, convention)
-            first = self.file_offsets(np.asarray(pk.offset, np.int64)[ev.first])
-            for k in range(len(ev)):
-                row = {"source": self.name, "event": "stm", "master": int(ev.master[k]),
-                       "channel": int(ev.channel[k]), "offset": int(first[k])}  # fmt: skip
-                if ev.has_ts[k]:
-                    row["ts"] = int(ev.ts[k])
-                row["payload"] = ev.data(k).hex()
-                if not ev.complete[k]:
-                    row["partial"] = True
-                rows.append(row)
-            if ev.partial or ev.lost:
-                self.warn(f"{self.name}: {ev.partial} events cut short, "
-                          f"{ev.lost} STM error packets (trace lost)")  # fmt: skip
+            def windows():
+                # (a window of packets at a time, its damage reported as it comes)
+                for pk in stp_windows(self.data, resync=True, blocks=self.block_starts(),
+                                      rows=LISTING_ROWS):  # fmt: skip
+                    self._warn_damage(pk.errors)
+                    yield pk
+
+            partial = lost = 0
+            for pk, ev in stp_event_windows(windows(), convention):
+                first = self.file_offsets(np.asarray(pk.offset, np.int64)[ev.first])
+                for k in range(len(ev)):
+                    row = {"source": self.name, "event": "stm", "master": int(ev.master[k]),
+                           "channel": int(ev.channel[k]), "offset": int(first[k])}  # fmt: skip
+                    if ev.has_ts[k]:
+                        row["ts"] = int(ev.ts[k])
+                    row["payload"] = ev.data(k).hex()
+                    if not ev.complete[k]:
+                        row["partial"] = True
+                    rows.append(row)
+                partial, lost = partial + ev.partial, lost + ev.lost
+            if partial or lost:
+                self.warn(f"{self.name}: {partial} events cut short, "
+                          f"{lost} STM error packets (trace lost)")  # fmt: skip
             return rows
         from ..hwevents.etm4 import event_packets, trace_on_events
 
