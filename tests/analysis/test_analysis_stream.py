@@ -171,3 +171,5 @@ def test_thread_profile_of_pieces_is_the_sums(seed, data):
             assert th.by_time[k] == allb["duration"][sel][want].sum(), name
         top = th.top(2)
         assert [f.instructions for f in top] == sorted(th.by_insn[th.by_insn > 0], reverse=True)[:2]
+        by_time = th.top(2, "time")
+        assert [f.time_ns for f in by_time] == sorted(th.by_time[th.by_time > 0], reverse=True)[:2]

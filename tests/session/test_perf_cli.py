@@ -126,3 +126,7 @@ def test_report_call_paths_by_thread_and_inclusive(recorded, tmp_path):
     out = run("report", "-i", str(data), "--folded", str(timed), "--by", "time")
     assert out.returncode == 0, out.stderr
     assert sum(read(timed).values()) > 0
+    # (the functions' table ranks by time too)
+    times = [float(line.split("│")[3].replace(",", "")) for line in out.stdout.splitlines()
+             if line.count("│") == 4]  # fmt: skip
+    assert len(times) >= 2 and times == sorted(times, reverse=True) and times[-1] > 0

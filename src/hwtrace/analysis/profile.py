@@ -56,13 +56,18 @@ class ThreadProfile:
     by_time: np.ndarray
     names: list[str] = field(repr=False)
 
-    def top(self, n: int) -> list[FunctionCost]:
-        """The ``n`` functions with the most instructions (those with any)."""
+    def top(self, n: int, by: str = "insn") -> list[FunctionCost]:
+        """The ``n`` functions with the most instructions (``by="time"``:
+        the most time), those with any."""
+        if by not in ("insn", "time"):
+            raise ValueError(f"by {by!r}: 'insn' or 'time'")
         total_i = max(self.by_insn.sum(), 1)
         total_t = max(self.by_time.sum(), 1)
+        weight = self.by_insn if by == "insn" else self.by_time
         out = []
-        for k in np.argsort(-self.by_insn)[:n].tolist():
-            if self.by_insn[k] == 0:
+        # (ties in the order the functions are numbered)
+        for k in np.argsort(-weight, kind="stable")[:n].tolist():
+            if weight[k] == 0:
                 break
             out.append(
                 FunctionCost(

@@ -36,7 +36,8 @@ def report_main(argv: Sequence[str]) -> int:
                    help="write every thread's calls as a timeline (Chrome trace-event JSON, "
                    "for Perfetto), with --events on the threads' tracks")  # fmt: skip
     p.add_argument("--by", choices=("insn", "time"), default="insn",
-                   help="weigh call paths by instructions or by time (ns)")  # fmt: skip
+                   help="rank functions and weigh call paths by instructions or by time "
+                   "(ns)")  # fmt: skip
     p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
                    help="the root of each call path: the command, thread, process or CPU")  # fmt: skip
     from .events import add_window_options, window_gate
@@ -47,7 +48,8 @@ def report_main(argv: Sequence[str]) -> int:
 
     def show(path, n_queues: int, profile, problems, gaps, top: int):
         """``hwtrace report``'s text: the input, its problems and gaps, and
-        per thread its top functions by instructions."""
+        per thread its top functions by instructions (``--by time``: by
+        time)."""
         console = text_console()
         console.print(f"[bold]{escape(str(path))}[/]: {n_queues} trace queue(s), "
                       f"{profile.instructions:,} instructions decoded, "
@@ -69,7 +71,7 @@ def report_main(argv: Sequence[str]) -> int:
             columns = ("function", "instructions", "%", "time (µs)", "%")
             for col in columns:
                 table.add_column(col, justify="left" if col == "function" else "right")
-            funcs = th.top(top)
+            funcs = th.top(top, a.by)
             cells = [(f"{int(fc.instructions):,}", f"{fc.instruction_share:.1f}",
                       f"{fc.time_ns / 1e3:,.1f}", f"{fc.time_share:.1f}") for fc in funcs]  # fmt: skip
             # A long name loses its middle, never the function's name at its end.
