@@ -164,6 +164,11 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
     if ranges is None:
         return 2
     sys.stderr.write("hwtrace record: backend patch (the program's branches write Intel PT)\n")
+    if a.mtc_period is None and not a.no_tsc:
+        # (without MTC's time points a profile's time falls where the few
+        # TSC packets are: say how to have more)
+        sys.stderr.write("hwtrace record: times from TSC packets at PSB+ and system calls only; "
+                         "--mtc-period 3 adds one every 320 ns (a rdtsc in each routine)\n")  # fmt: skip
     try:
         rec = record_patched_perf(
             command,
