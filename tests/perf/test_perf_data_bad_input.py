@@ -259,3 +259,24 @@ def test_perf_dump_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     path.write_bytes(b"PERFILEX" + bytes(200))
     assert main(["perf-dump", str(path)]) == 1
     assert "magic" in capsys.readouterr().err
+
+
+def test_file_cut_inside_its_last_trace_keeps_that_trace(good: bytes) -> None:
+    """perf killed, a disk full: the file ends inside an AUXTRACE record's
+    trace.  The record is kept with the bytes it has, what is missing is
+    reported at the record, and the records before it are all there."""
+    d0 = read_perf_data(good)
+    aux0 = d0.auxtrace_columns()
+    last = int(aux0["data_offset"][-1])
+    cut = last + int(aux0["size"][-1]) // 2
+    d = read_perf_data(good[:cut], "cut.data")
+    aux = d.auxtrace_columns()
+    assert len(aux["size"]) == len(aux0["size"])
+    np.testing.assert_array_equal(aux["size"][:-1], aux0["size"][:-1])
+    assert int(aux["size"][-1]) == cut - last
+    missing = int(aux0["size"][-1]) - (cut - last)
+    at = int(d0.records["offset"][aux0["row"][-1]])
+    assert any(e.offset == at and f"cut short by the end of the data: {missing} bytes missing"
+               in str(e) for e in d.errors)  # fmt: skip
+    assert bytes(d.auxtrace()[-1].data) == good[last:cut]
+    exercise(d)

@@ -63,6 +63,26 @@ def test_script_lists_every_instruction(recorded):
     assert len(blocks.stdout.splitlines()) < len(rows)
 
 
+def test_a_recording_cut_short_lists_what_it_holds(recorded, tmp_path):
+    """A perf.data cut inside its trace (perf killed, a disk full): the
+    trace up to the cut is decoded, its instructions those of the whole
+    recording's start, and the cut is named at its record."""
+    from hwtrace.perf.data import read_perf_data
+
+    _, data, _ = recorded
+    whole = run("script", "-i", str(data))
+    assert whole.returncode == 0, whole.stderr
+    aux = read_perf_data(str(data)).auxtrace_columns()
+    assert len(aux["size"]) and int(aux["size"][-1]) > 200
+    cut = tmp_path / "cut.data"
+    cut.write_bytes(data.read_bytes()[: int(aux["data_offset"][-1] + aux["size"][-1] // 2)])
+    out = run("script", "-i", str(cut))
+    assert out.returncode == 0, out.stderr
+    assert "cut short by the end of the data" in out.stderr and "Traceback" not in out.stderr
+    got, want = out.stdout.splitlines(), whole.stdout.splitlines()
+    assert 0 < len(got) < len(want) and got == want[: len(got)]
+
+
 def test_bad_input_is_one_clear_line(tmp_path):
     junk = tmp_path / "junk.data"
     junk.write_bytes(b"not a perf file at all")

@@ -53,6 +53,9 @@ S_WEIGHT_STRUCT = int(SampleType.WEIGHT_STRUCT)
 GAP_SIZE = 1  # size below the 8-byte header
 GAP_BEYOND = 2  # record (or its payload) goes beyond the end of the data
 GAP_TRUNCATED_HEADER = 3  # fewer than 8 bytes left
+GAP_AUX_CUT = (
+    4  # an AUXTRACE record's trace cut short by the end (kept: the gap is what is missing)
+)
 
 
 @aot.njit(cache=True)
@@ -151,7 +154,24 @@ def index_records(b, pos, end, off, typ, misc, size, payload, gaps, ngaps, step)
         if n >= cap:
             break
         ext = _extent(b, pos, end)
+        cut = np.int64(0)
+        if ext == -GAP_BEYOND and _u32(b, pos) == T_AUXTRACE:
+            head = np.int64(_u16(b, pos + 6))
+            pay = _u64(b, pos + 8)
+            if pos + head <= end and pay < np.uint64(1 << 62):
+                # The last record of a recording cut short (perf killed, a
+                # disk full): its trace up to the end is kept, the rest is
+                # a gap.
+                cut = np.int64(pay) - (end - pos - head)
+                ext = end - pos
         if ext > 0:
+            if cut > 0:
+                if g >= gcap:
+                    break
+                gaps[g, 0] = pos
+                gaps[g, 1] = cut
+                gaps[g, 2] = GAP_AUX_CUT
+                g += 1
             off[n] = pos
             typ[n] = _u32(b, pos)
             misc[n] = _u16(b, pos + 4)

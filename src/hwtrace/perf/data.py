@@ -90,6 +90,7 @@ GAP_REASONS = {
     K.GAP_SIZE: "impossible record size (below the 8-byte header)",
     K.GAP_BEYOND: "record goes beyond the end of the data",
     K.GAP_TRUNCATED_HEADER: "truncated record header",
+    K.GAP_AUX_CUT: "AUXTRACE record's trace cut short by the end of the data",
 }
 
 
@@ -402,12 +403,12 @@ class PerfData:
         }
         self.gaps = gaps[:ng]
         for g_off, g_len, why in self.gaps:
-            self.errors.append(
-                self._err(
-                    int(g_off),
-                    f"{GAP_REASONS[int(why)]}: skipped {int(g_len)} bytes to the next readable record",
-                )
+            what = (
+                f"{int(g_len)} bytes missing, the trace before them kept"
+                if why == K.GAP_AUX_CUT
+                else f"skipped {int(g_len)} bytes to the next readable record"
             )
+            self.errors.append(self._err(int(g_off), f"{GAP_REASONS[int(why)]}: {what}"))
         typ = self.records["type"]
         kinds = distinct(typ)
         for t in kinds.tolist():
@@ -523,7 +524,9 @@ class PerfData:
         stream), ``reference``, ``idx``, ``tid``, ``cpu`` and
         ``data_offset`` (where the trace bytes start in :attr:`buf`).
         Records too short, or whose data goes beyond the file, are left out
-        and described in ``errors``, as :meth:`auxtrace` does."""
+        and described in ``errors``, as :meth:`auxtrace` does; the last
+        record of a file cut short gives the trace it holds (``size``: what
+        is there; the index reported what is missing)."""
         r = self.records
         rows = self.where(RecordType.AUXTRACE)
         off = r["offset"][rows].astype(np.int64)
@@ -538,7 +541,10 @@ class PerfData:
         )  # fmt: skip
         rec = fields.view(dt).reshape(-1)
         start = off + r["size"][rows].astype(np.int64)
-        beyond = start + rec["size"].astype(np.int64) > self.buf.shape[0]
+        # (a record cut short by the end of the data: its bytes up to the
+        # end, as the index kept them and reported the rest)
+        sizes = np.minimum(rec["size"].astype(np.int64), r["payload"][rows])
+        beyond = start + sizes > self.buf.shape[0]
         for i in np.flatnonzero(short | beyond).tolist():
             what = (
                 f"AUXTRACE of {int(r['size'][rows[i]])} bytes is too short (needs 48)"
@@ -549,7 +555,7 @@ class PerfData:
         good = ~(short | beyond)
         return {
             "row": rows[good],
-            "size": rec["size"][good].astype(np.int64),
+            "size": sizes[good],
             "offset": rec["offset"][good].astype(np.int64),
             "reference": rec["reference"][good],
             "idx": rec["idx"][good].astype(np.int64),

@@ -283,7 +283,11 @@ def parse_user_record(buf, offset: int, rtype: int, size: int) -> object:
             sz, off, ref, idx, tid, cpu = struct.unpack_from("<QQQIiiI", buf, p)[:6]
             start = offset + size
             if start + sz > len(buf):
-                raise RecordError(offset, f"AUXTRACE payload of {sz} bytes goes beyond the data")
+                if sz >= 1 << 62:
+                    raise RecordError(
+                        offset, f"AUXTRACE payload of {sz} bytes goes beyond the data"
+                    )
+                sz = len(buf) - start  # (a file cut short: the trace it holds)
             view = (
                 memoryview(buf)[start : start + sz]
                 if not isinstance(buf, np.ndarray)
