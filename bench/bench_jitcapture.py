@@ -20,8 +20,8 @@ for the slowdown of a JIT-heavy program.  Times are the
 workload's own for its loop (start-up and the agent's installation left
 out).  Reported: the cost per captured revision, ``(time - plain) / N``
 (faults, snapshot, protection changes, and what the agent adds to the
-system calls), and the slowdown; against the
-thesis's 1.3 µs per revision (973 ns - 6.8 µs, in the kernel) and its worst
+system calls), and the slowdown; against
+Sharma's 1.3 µs per revision (FlowJIT) (973 ns - 6.8 µs, in the kernel) and its worst
 slowdown, 19.3 % (at 60K JIT executions).  Best of R runs.
 
     python bench/bench_jitcapture.py [--functions N] [--repeat R]

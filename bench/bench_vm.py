@@ -3,7 +3,7 @@
 The analysis needs only packets (PIP, VMCS, OVF and timing), so it must
 keep up with a packet decoder over the same bytes.  This writes (once) a
 KVM host trace of 4 pCPUs with ``hwtrace.analysis.vmgen`` (two VMs with a
-migration and an overflow on pCPUs 0-1, the thesis's prime computation on
+migration and an overflow on pCPUs 0-1, Sharma's prime computation on
 pCPU 2 and its three guest workers on pCPU 3; 40 branch packets per MTC
 period, TNT-8 and every fourth a TIP, stand in for control flow), each
 stream tiled to ``--mib`` MiB, then times

@@ -4,7 +4,7 @@ programs and libraries a jump (not the int3 fallback) can be placed.
 The study of Harper-Cyr's "Fast & Flexible Tracepoints in x86" (Table 4.4):
 a tracepoint is inserted and removed at every instruction of a file, one at
 a time, in a live process, and the sites where a jump was placed are
-counted.  The thesis reports 99.7% (a random program), 99.0% (nano) and
+counted.  Harper-Cyr (2018) reports 99.7% (a random program), 99.0% (nano) and
 93.4% (firefox) for its jumps, and ~2% for GDB's fast tracepoints, which
 need an instruction of at least 5 bytes at the site (here: "GDB-style", the
 share of instructions of >= 5 bytes).
@@ -34,7 +34,7 @@ the untouched original bytes, a jump must lead to ``tp.trampoline`` with
 int3 at every covered instruction start in it; ``remove``; the original
 bytes must be back; the target must still be alive.  ``reclaim()`` runs
 every ``--reclaim-every`` sites.  Each site is meant to be tried alone, as
-in the thesis: with 3 or 4 covered instruction starts a jump has only 256
+in Harper-Cyr's: with 3 or 4 covered instruction starts a jump has only 256
 or 1 possible trampoline addresses, the same ones for neighbouring sites,
 so when ``add`` found none free while removed tracepoints still held
 theirs, those are reclaimed and the site is tried once more (the JSON
@@ -741,7 +741,7 @@ def live_site(inst: Instance, s: ProbeSession, a: int, code: Code, i: int, tally
     """Insert, check, remove, check at ``a``; "restart" when the target or the
     session cannot go on.
 
-    A site is tried as if alone, as in the thesis: when no trampoline address
+    A site is tried as if alone, as in Harper-Cyr's: when no trampoline address
     was free only because trampolines of removed tracepoints are still
     waiting for ``reclaim()`` (with 3-4 covered starts a jump has 1 or 256
     possible trampoline addresses, and those of neighbouring sites overlap),

@@ -11,7 +11,7 @@ stream is decoded back, and the setting is described by
 * its size: bytes per instruction, and MB/s at a given instruction rate;
 * its temporal resolution: the instructions (ΔIC) and the time (Δt)
   between consecutive changes of the decoded time, their medians, and the
-  thesis' TRF: ``p = median ΔIC × median Δt`` normalised to 0-100 over the
+  TRF of Sharma 2017: ``p = median ΔIC × median Δt`` normalised to 0-100 over the
   settings compared (Sharma 2017, §5.5; lower is finer).
 """
 
@@ -113,7 +113,7 @@ class Outcome:
 
 
 def default_settings(*, hardware: bool = False) -> list[Setting]:
-    """The thesis' three sweeps and return compression: PSB period with MTC
+    """Sharma's three sweeps (2017, §5.5) and return compression: PSB period with MTC
     and CYC off; MTC period with PSB at 4 KiB and CYC off; CYC off and on;
     return compression off; and CYC thresholds.  ``hardware``: PSB periods
     PT hardware has (from 2 KiB)."""

@@ -1,7 +1,7 @@
 """Two runs' call-path profiles side by side: what one run executed that
 the other did not, per call path and per function.
 
-The thesis' tracer-impact measurement (Sharma 2017, §5.4.5) compares the
+Sharma's tracer-impact measurement (2017, §5.4.5) compares the
 same code recorded with a software tracer enabled and disabled: the extra
 paths (the tracer's probes) and the extra instructions and time per call
 of the paths both runs share.  :func:`path_table` turns a profile

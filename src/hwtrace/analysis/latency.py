@@ -1,6 +1,6 @@
 """Latency (delta) profiling of a decoded flow, in compiled code.
 
-The thesis' Algorithm 1 (Sharma 2017, ch. 5), done properly: intervals
+Sharma's Algorithm 1 (2017, ch. 5), done properly: intervals
 open and close at *markers* (:mod:`hwtrace.analysis.patterns`: instructions,
 addresses, function entries and exits, super-instructions) and are kept per
 thread or per CPU; each closed interval gives its duration (Δt, from the

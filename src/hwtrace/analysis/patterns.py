@@ -13,7 +13,7 @@ A *marker* names something that happens at one instruction of the flow:
   correctly);
 * a *super-instruction*: a short sequence of the above on consecutive
   instructions, optionally only inside functions whose name matches a glob,
-  matched at its last instruction (the thesis' superCLI ``pushf; pop; cli
+  matched at its last instruction (Sharma's superCLI ``pushf; pop; cli
   in *irq_save*``).
 
 Markers are defined on the command line (``NAME=SPEC`` or just the

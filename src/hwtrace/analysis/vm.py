@@ -36,7 +36,7 @@ Times are TSC ticks as the time model gives them: a PIP or VMCS takes the
 time of the last timing packet before it, so a boundary is known to within
 one MTC period (or one CYC, with cycle-accurate mode).
 
-Limits, as the thesis's: the VMM process's other threads (QEMU's I/O
+Limits, as Sharma's: the VMM process's other threads (QEMU's I/O
 threads) share its CR3, so they count as VMM time of the vCPU last loaded
 on that pCPU; a guest's processes have no names (its CR3 is all PT says).
 """
@@ -525,7 +525,7 @@ class VmAnalysis:
     def contention(self, window: int) -> dict[int, np.ndarray]:
         """Per pCPU, how many distinct vCPUs ran on it (in VM or VMM) in
         each ``window`` ticks from the start: vCPUs taking turns on one
-        pCPU contend for it (the thesis's prime computation: 4)."""
+        pCPU contend for it (Sharma's prime computation: 4)."""
         v = self.intervals[(self.intervals["entity"] == ENT_VCPU)
                            & np.isin(self.intervals["state"], [ST_VM, ST_VMM])]  # fmt: skip
         nwin = max(1, -(-(self.end - self.start) // max(window, 1)))
@@ -765,7 +765,7 @@ _BUNDLE = re.compile(
 
 
 def read_bundles(path: str | os.PathLike[str], pcpu: int = 0) -> StreamEvents:
-    """Events from vmpt's ``bundles.xml`` (the thesis's released decoder:
+    """Events from vmpt's ``bundles.xml`` (Sharma's released decoder:
     ``<bundle><pip>CR3 hex</pip><nr>0|1</nr><vmcs>base hex</vmcs><tsc>decimal</tsc></bundle>``),
     for :func:`analyze`: the first bundle is taken as status, then each
     bundle is a VMCS load where its base changes and a PIP."""

@@ -317,7 +317,7 @@ class Scenario:
         return np.concatenate([arr, _vmm_rows(arr, vcpu_vm)])
 
 
-# -- the thesis's scenarios --------------------------------------------------------------
+# -- Sharma's scenarios (2017, ch. 6) ----------------------------------------------------------
 
 QEMU = 0x7A3F0000  # the VMM's CR3 (a kernel page table, 8 KiB aligned as KPTI has it)
 HOST_TASK = 0x1C2000
@@ -327,7 +327,7 @@ def prime_scenario(slices: int = 40, slice_ticks: int = 40_000, long_exit: int =
     """A VM with 4 vCPUs on one pCPU, each running a thread of one prime
     computation (one guest process, one CR3), taking turns; each turn is
     a VMCS load, VM entry, a run, a VM exit; one exit (turn ``long_exit``)
-    lasts 20 times longer than the others (the thesis's anomalous VMM bar)."""
+    lasts 20 times longer than the others (Sharma's anomalous VMM bar)."""
     vcpus = [0x10000 * (k + 1) for k in range(4)]
     guest = 0x3D0E000  # the prime computation's CR3
     runs: list[Run] = [Run(0, "host", HOST_TASK)]
@@ -348,7 +348,7 @@ def prime_scenario(slices: int = 40, slice_ticks: int = 40_000, long_exit: int =
 
 
 def workers_scenario(turns: int = 12, turn_ticks: int = 60_000, vcpu: int = 0x20000) -> Scenario:
-    """One vCPU whose guest runs 3 worker processes in turn (the thesis's
+    """One vCPU whose guest runs 3 worker processes in turn (Sharma's
     RabbitMQ case): guest CR3 switches seen as PIPs with NR=1, and VM exits
     between some of them."""
     v = vcpu

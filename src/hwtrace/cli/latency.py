@@ -37,15 +37,15 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 
 def latency_main(argv: Sequence[str]) -> int:
-    """Profile the time and instructions between two kinds of instructions (the thesis' delta
-    profiling): per thread or CPU, with histograms and the longest intervals."""
+    """Profile the time and instructions between two kinds of instructions (delta
+    profiling, after Sharma 2017): per thread or CPU, with histograms and the longest intervals."""
     p = command_parser("hwtrace latency", latency_main)
     p.add_argument("--open", action="append", default=[], metavar="PATTERN",
                    help="an interval opens here (repeatable; comma-separated list)")  # fmt: skip
     p.add_argument("--close", action="append", default=[], metavar="PATTERN",
                    help="an interval closes here (repeatable)")  # fmt: skip
     p.add_argument("--toggle", action="append", default=[], metavar="PATTERN",
-                   help="open and close alternately at these (the thesis' literal toggle)")  # fmt: skip
+                   help="open and close alternately at these (Sharma's literal toggle)")  # fmt: skip
     p.add_argument("--marker", action="append", default=[], metavar="NAME=PATTERN",
                    help="name a pattern or super-instruction, e.g. "
                    "'superCLI=pushf; pop; cli in *irq_save*'")  # fmt: skip

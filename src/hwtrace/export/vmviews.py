@@ -1,4 +1,4 @@
-"""Views of a VM analysis (:mod:`hwtrace.analysis.vm`): the thesis's *VM
+"""Views of a VM analysis (:mod:`hwtrace.analysis.vm`): Sharma's (2017) *VM
 Resource* view (a row per vCPU, and per pCPU) and *VM Control Flow* view
 (a row per guest process), as a self-contained HTML time graph
 (:func:`vm_page`) and as a Chrome trace-event timeline for Perfetto
@@ -16,7 +16,7 @@ from .timeline import write_timeline
 
 __all__ = ["trace_compass_xml", "vm_page", "vm_rows", "write_vm_ctf", "write_vm_timeline"]
 
-# VM red and VMM green, as in the thesis's figures; host blue; idle light.
+# VM red and VMM green, as in Sharma's figures; host blue; idle light.
 COLOURS = ("#e3e6ec", "#d9534f", "#4caf50", "#5b8bd0", "#9e9e9e")
 
 
