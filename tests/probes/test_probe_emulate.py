@@ -1195,11 +1195,11 @@ def test_patched_bytes(spec: Spec | None) -> None:
     assert not problems, "\n".join(problems[:20])
 
 
-# --- 3. the thesis's "random" program ---------------------------------------------------
+# --- 3. Harper-Cyr's "random" program ---------------------------------------------------
 
 # NOP-like instructions of 1-15 bytes (Intel SDM's multi-byte NOPs, then extra 0x66
 # prefixes) and short register ALU operations, weighted so that the mean length is close
-# to the 3.1 bytes the thesis takes from Blem, Menon and Sankaralingam.
+# to the 3.1 bytes Harper-Cyr (2018) takes from Blem, Menon and Sankaralingam.
 NOPS = {
     "90": 10,
     "6690": 8,
@@ -1247,7 +1247,7 @@ def pie_space() -> list[tuple[int, int]]:
 
 
 def thesis_place(site: int, starts, size: int, gaps) -> int | None:
-    """The thesis's allocation, byte-granular: the lowest address in a free gap within
+    """Harper-Cyr's allocation, byte-granular: the lowest address in a free gap within
     reach whose rel32 meets the constraint and leaves ``size`` bytes in the gap."""
     mask, pat = constraint(starts)
     for lo, hi in gaps:
@@ -1288,7 +1288,7 @@ def random_program_placements() -> tuple[Program, list[Placement]]:
 
 def test_random_program_placement() -> None:
     """Every instruction of the random program can take a jump: a free address within
-    reach meets its constraint (the thesis's Table 4.4 "random" row: all of them)."""
+    reach meets its constraint (Harper-Cyr's Table 4.4 "random" row: all of them)."""
     program, places = random_program_placements()
     bounds = sorted(program.boundaries)
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
