@@ -20,6 +20,7 @@ from ..textout import (
     put_row,
     put_signed,
     put_text,
+    put_updated_bits,
     put_upper_hex,
     string_table,
 )
@@ -58,18 +59,6 @@ _ROW_HEADER_ASYNC = _ROW_HEADER + 256
 _ROWS = _ROW_HEADER_ASYNC + 1
 # The longest line the loop writes (names, two addresses, a context).
 _LINE_MAX = 512
-
-
-@aot.njit(cache=True, inline="always", _nrt=False)
-def put_updated_bits(out, p, value, bits):
-    """OpenCSD's `` ~[0xBITS]``: the low ``bits`` of an address or a
-    timestamp, the bits a packet carried."""
-    mask = np.uint64(0xFFFFFFFFFFFFFFFF)
-    if bits < 64:
-        mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
-    p = put_text(out, p, " ~[0x")
-    p = put_upper_hex(out, p, np.uint64(value) & mask, 0)
-    return put_text(out, p, "]")
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)

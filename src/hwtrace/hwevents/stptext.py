@@ -18,11 +18,11 @@ from ..textout import (
     put_hex,
     put_row,
     put_text,
+    put_updated_bits,
     put_upper_hex,
     reorder_lines,
     string_table,
 )
-from .etm4text import put_updated_bits
 from .stp import _DATA_BITS, StpKind
 
 AOT_ENTRIES = ("_format_lines",)

@@ -291,6 +291,18 @@ def put_upper_hex(out: np.ndarray, p: int, v: int, width: int) -> int:
 
 
 @njit(cache=True, inline="always", _nrt=False)
+def put_updated_bits(out: np.ndarray, p: int, value: int, bits: int) -> int:
+    """OpenCSD's `` ~[0xBITS]``: the low ``bits`` of an address or a
+    timestamp, the bits a packet carried (its ETM and STM listings)."""
+    mask = np.uint64(0xFFFFFFFFFFFFFFFF)
+    if bits < 64:
+        mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
+    p = put_text(out, p, " ~[0x")
+    p = put_upper_hex(out, p, np.uint64(value) & mask, 0)
+    return put_text(out, p, "]")
+
+
+@njit(cache=True, inline="always", _nrt=False)
 def hex_digit_count(v: int) -> int:
     """Digits of ``v`` as unsigned hex (1 for 0)."""
     n = (64 - np.int64(_leading_zeros(np.uint64(v))) + 3) // 4
@@ -443,6 +455,8 @@ __all__ = [
     "put_slice_over",
     "put_spaces",
     "put_text",
+    "put_updated_bits",
+    "put_upper_hex",
     "string_list_table",
     "string_table",
 ]
