@@ -994,6 +994,28 @@ def encode_remapped(local, n, remap, width, indices, out):
     return index_page(indices, n, width, out)
 
 
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_remapped_nulls(local, n, remap, width, indices, levels, state, out):
+    """:func:`encode_remapped` of a column some of whose keys' values are
+    null (``remap`` -1: a block no symbol covers): each row's definition
+    level, then the indices of the rows that have a value, as
+    :func:`encode_dictionary` writes a page of the same values; the null
+    rows counted into ``state``.  Returns the page's length."""
+    m = 0
+    for i in range(n):
+        r = remap[np.uint64(local[i])]
+        levels[i] = r >= 0
+        indices[m] = r
+        m += r >= 0
+    if m == n:
+        return index_page(indices, n, width, out)
+    pos = _hybrid(out, 4, levels, n, 1)
+    _put_le(out, 0, pos - 4, 4)
+    state[ST_NULLS] += n - m
+    out[pos] = width
+    return _hybrid(out, pos + 1, indices, m, width)
+
+
 def index_width(count: int) -> int:
     """Bits of an index into a dictionary of ``count`` entries: the
     compiled encoders' ``_index_width``, for the writer's Python (a

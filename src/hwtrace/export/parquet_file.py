@@ -669,8 +669,10 @@ class ParquetFileWriter:
 
     def _encode_keyed(self, spec: ColumnSpec, pieces: Sequence[tuple[Keyed, int]],
                       state: np.ndarray):  # fmt: skip
-        """:meth:`_encode` of a chunk of keyed pieces: None when a value of
-        it is null (the chunk is then encoded from its values)."""
+        """:meth:`_encode` of a chunk of keyed pieces (None: encode it from
+        its values).  Keys whose value is null (a block no symbol covers)
+        are left out of the dictionary; their rows get a definition level
+        of 0."""
         s = self.scratch
         rows_of = s.keyed(pieces)
         entries, counts, bases = rows_of.entries, rows_of.counts, rows_of.bases
@@ -681,14 +683,17 @@ class ParquetFileWriter:
                   for src in bases]  # fmt: skip
         table = tables[0] if len(tables) == 1 else np.concatenate(tables)
         rows = sum(n for _, n in pieces)
-        if not pp.keyed_values(table, entries, count, spec.null, spec.unsigned, rows, state,
+        missing = _null_mask(table[entries], spec.null)
+        have = np.flatnonzero(~missing) if missing is not None and missing.any() else None
+        kept = entries if have is None else entries[have]
+        if not pp.keyed_values(table, kept, kept.shape[0], spec.null, spec.unsigned, rows, state,
                                s.key_values):  # fmt: skip
             return None
-        values = s.key_values[:count]
+        values = s.key_values[: kept.shape[0]]
         # The column's dictionary: its values in the order first met (the
         # keys' order), each key's index there.
         distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
-        if distinct.shape[0] == count:
+        if have is None and distinct.shape[0] == count:
             # (a value per key: the keys' own index pages)
             pages = [(_RLE_DICTIONARY, n, b)
                      for (_, n), b in zip(pieces, s.keyed_pages_of(rows_of), strict=True)]  # fmt: skip
@@ -698,17 +703,27 @@ class ParquetFileWriter:
             rank = np.empty(order.shape[0], np.int32)
             rank[order] = np.arange(order.shape[0], dtype=np.int32)
             remap = rank[inverse.reshape(-1)]
+            if have is not None:
+                remap = np.full(count, -1, np.int32)
+                remap[have] = rank[inverse.reshape(-1)]
             seen = np.maximum.accumulate(remap) + 1
             dictionary = distinct[order]
-            small = dictionary.shape[0] <= 256
+            small = have is None and dictionary.shape[0] <= 256
             if small:
                 remap = remap.astype(np.uint8)
+            nulls = int(state[pp.ST_NULLS])
             pages = []
             for part, c in zip(rows_of.indices, counts, strict=True):
                 width = pp.index_width(int(seen[c - 1]) if c else 0)
-                size = pp.encode_remapped(part, part.shape[0], remap, width,
-                                          s.index_bytes if small else s.indices, s.out)  # fmt: skip
+                if have is None:
+                    size = pp.encode_remapped(part, part.shape[0], remap, width,
+                                              s.index_bytes if small else s.indices, s.out)  # fmt: skip
+                else:
+                    size = pp.encode_remapped_nulls(part, part.shape[0], remap, width, s.indices,
+                                                    s.levels, state, s.out)  # fmt: skip
                 pages.append((_RLE_DICTIONARY, part.shape[0], s.out[:size].tobytes()))
+            # (keyed_values counted every row as a value seen)
+            state[pp.ST_SEEN] -= int(state[pp.ST_NULLS]) - nulls
         state[pp.ST_DICT] = dictionary.shape[0]
         size = pp.encode_dictionary_page(dictionary, dictionary.shape[0], spec.width, s.out)
         return pages, s.out[:size].tobytes(), int(dictionary.shape[0])
