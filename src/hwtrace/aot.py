@@ -82,6 +82,7 @@ LOOP_MODULES = (
     "hwtrace.session._attribution",
     "hwtrace.session.listing",
     "hwtrace.analysis.callpath",
+    "hwtrace.analysis.profile",
     "hwtrace.analysis.vm",
     "hwtrace.filter.inputs.base",
     "hwtrace.filter.listing",

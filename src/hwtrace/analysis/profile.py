@@ -22,11 +22,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import aot
 from ..image.symbols import SymbolTable
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream
 
 __all__ = ["FunctionCost", "Profile", "ThreadProfile", "ThreadProfiler", "profile_session"]
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def add_pairs(pair, ninsn, duration, blocks, insn, time):
+    """Per ``pair`` (a thread's function, numbered) its blocks,
+    instructions and time (ns), added to those of the pairs before."""
+    for i in range(pair.shape[0]):
+        p = pair[i]
+        blocks[p] += 1
+        insn[p] += ninsn[i]
+        time[p] += duration[i]
 
 
 @dataclass(frozen=True)
@@ -137,19 +149,29 @@ class ThreadProfiler:
         tid = tid.astype(np.int64)
         key = (source, space)
         self._symbols.setdefault(key, symbols)
-        index, _ = symbols.lookup(ip)
-        index = index.astype(np.int64)
-        fn, fn_inverse = np.unique(index, return_inverse=True)
-        self._seen.setdefault(key, set()).update(int(u) for u in fn.tolist() if u >= 0)
+        # Each block's function as a small number (0: no symbol), so that
+        # the sums per (thread, function) are counts into a table, not
+        # sorts of the batch.
+        code = symbols.index_of(ip) + 1
+        width = int(code.max()) + 1
         self.instructions += int(ninsn.sum())
-        # Sums per (thread, function): one numpy pass, a Python step per pair.
-        threads, t_inverse = np.unique(tid, return_inverse=True)
-        pair = t_inverse.reshape(-1) * fn.shape[0] + fn_inverse.reshape(-1)
-        pairs, p_inverse = np.unique(pair, return_inverse=True)
-        insn = np.bincount(p_inverse, weights=ninsn, minlength=pairs.shape[0])
-        time = np.bincount(p_inverse, weights=duration, minlength=pairs.shape[0])
-        for p, i, t in zip(pairs.tolist(), insn.tolist(), time.tolist(), strict=True):
-            k = (source, space, int(threads[p // fn.shape[0]]), int(fn[p % fn.shape[0]]))
+        if (tid == tid[0]).all():  # (a thread's queue: one thread a batch)
+            threads, t_inverse = tid[:1], None
+            pair = code
+        else:
+            threads, t_inverse = np.unique(tid, return_inverse=True)
+            t_inverse = t_inverse.reshape(-1)
+            pair = t_inverse * width + code
+        size = threads.shape[0] * width
+        blocks, insn, time = (np.zeros(size, np.int64) for _ in range(3))
+        add_pairs(pair, ninsn, np.asarray(duration, np.int64), blocks, insn, time)
+        used = np.flatnonzero(blocks)
+        seen = self._seen.setdefault(key, set())
+        for p, i, t in zip(used.tolist(), insn[used].tolist(), time[used].tolist(), strict=True):
+            fn = p % width - 1
+            if fn >= 0:
+                seen.add(fn)
+            k = (source, space, int(threads[p // width]), fn)
             got = self._sums.get(k)
             if got is None:
                 self._sums[k] = [int(i), int(t)]
@@ -157,18 +179,17 @@ class ThreadProfiler:
                 got[0] += int(i)
                 got[1] += int(t)
         for j, t in enumerate(threads.tolist()):
-            sel = (
-                np.flatnonzero(t_inverse.reshape(-1) == j) if threads.shape[0] > 1 else np.arange(n)
-            )
+            sel = slice(None) if t_inverse is None else np.flatnonzero(t_inverse == j)
             th = self._threads.get(t)
             if th is None:
                 th = self._threads[t] = _Thread()
+            t_ns, t_row = ns[sel], row[sel]
             th.instructions += int(ninsn[sel].sum())
-            k = sel[int(np.argmin(ns[sel]))]
-            first = (int(ns[k]), source, int(row[k]))
+            k = int(np.argmin(t_ns))
+            first = (int(t_ns[k]), source, int(t_row[k]))
             if th.first is None or first < th.first:
-                th.first, th.pid = first, int(pid[k])
-            timed = ns[sel][ns[sel] >= 0]
+                th.first, th.pid = first, int(pid[sel][k])
+            timed = t_ns[t_ns >= 0]
             if timed.shape[0]:
                 lo, hi = int(timed.min()), int(timed.max())
                 th.lo = lo if th.lo < 0 else min(th.lo, lo)
