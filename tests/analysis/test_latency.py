@@ -295,17 +295,35 @@ def test_kernel_cli_sti_through_the_encoder(raw, seed):
 
 
 def test_a_gap_inside_drops_the_interval(raw):
-    """Tracing off inside an interval: counted, never an interval."""
+    """Tracing off inside an interval, on again elsewhere: counted, never
+    an interval."""
     trips = [5, 6, 7, 8]
     ips = _raw_path(trips)
     second = int(np.flatnonzero(ips == BASE)[1])
-    enc = encode_path(ips, raw, end_ip=BASE + 0xB, trace_off=[(second + 4, second + 6)],
+    enc = encode_path(ips, raw, end_ip=BASE + 0xB, trace_off=[(second + 4, second + 7)],
                       tsc=1 << 30, mtc_freq=3)  # fmt: skip
     patterns = PatternSet()
     parse_sets(patterns, ["cli"], ["sti"])
     res = profile_trace(enc.data, raw, patterns, enc.config)
     assert res.gapped == 1
     assert res.intervals.dic.tolist() == [2 * n + 2 for n in (5, 7, 8)]
+
+
+def test_tracing_resumed_where_it_stopped_keeps_the_interval(raw):
+    """Tracing off inside an interval and on again at the instruction where
+    it went off (a system call in a user-space trace): the flow goes on,
+    the interval stands with the instructions traced (two ran untraced)."""
+    trips = [5, 6, 7, 8]
+    ips = _raw_path(trips)
+    second = int(np.flatnonzero(ips == BASE)[1])
+    enc = encode_path(ips, raw, end_ip=BASE + 0xB, trace_off=[(second + 4, second + 6)],
+                      tsc=1 << 30, mtc_freq=3)  # fmt: skip
+    assert ips[second + 4] == ips[second + 6]
+    patterns = PatternSet()
+    parse_sets(patterns, ["cli"], ["sti"])
+    res = profile_trace(enc.data, raw, patterns, enc.config)
+    assert res.gapped == 0
+    assert res.intervals.dic.tolist() == [12, 2 * 6 + 2 - 2, 16, 18]
 
 
 def test_unmatched_closes_and_repeated_opens_are_counted(raw):

@@ -24,7 +24,10 @@ What never makes an interval: a second open before the close (counted,
 the first open stands), a close with nothing open (counted), and an open
 interval when the trace has a gap (tracing disabled, an overflow, a decode
 error, lost data): it is dropped and counted.  A call interval with a gap
-inside is dropped and counted the same way.
+inside is dropped and counted the same way.  Tracing that goes off and on
+again at the same instruction (a system call in a user-space trace) is no
+gap: the interval stands, its Δt with the untraced time, its ΔIC the
+instructions traced.
 
 Time resolution: an instruction's time is its block's, the decoder's
 estimate at the last timing packet it consumed before the block.  Timing

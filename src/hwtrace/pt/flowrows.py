@@ -387,9 +387,25 @@ _IS_GAP = type_table(GAP_TYPES)
 
 def gap_events(events: np.ndarray) -> np.ndarray:
     """Which event rows put a gap in the flow before the next block (see
-    :data:`GAP_TYPES`; status updates never do)."""
-    status = (events[:, E_FLAGS] & F_STATUS) != 0
-    return type_in(events[:, E_TYPE], _IS_GAP) & ~status
+    :data:`GAP_TYPES`; status updates never do).  Tracing that stops and is
+    enabled again where it stopped (libipt's *resumed*: a system call or an
+    interrupt outside the traced privilege levels or address ranges, the
+    user-space part of a trace) is no gap: the flow goes on at the same
+    instruction, only its time moved on."""
+    types, flags = events[:, E_TYPE], events[:, E_FLAGS]
+    real = (flags & F_STATUS) == 0
+    gap = type_in(types, _IS_GAP) & real
+    stops = np.flatnonzero(gap & ((types == EV_DISABLED) | (types == EV_ASYNC_DISABLED)))
+    if stops.shape[0]:
+        enables = np.flatnonzero((types == EV_ENABLED) & real)
+        at = np.searchsorted(enables, stops)
+        has = at < enables.shape[0]
+        then = enables[np.minimum(at, max(enables.shape[0] - 1, 0))] if enables.shape[0] else stops
+        # (resumed, with no other gap between the stop and the enable)
+        before = np.cumsum(gap)
+        resumed = has & ((flags[then] & F_RESUMED) != 0) & (before[then] == before[stops])
+        gap[stops[resumed]] = False
+    return gap
 
 
 def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, bool]:
