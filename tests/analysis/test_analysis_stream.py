@@ -87,11 +87,19 @@ def test_expand_names_bytes_that_are_no_instruction(tmp_path):
         code.expand(np.array([0x1002], np.uint64), np.array([3]))
 
 
+@pytest.fixture(scope="module")
+def fib_flow():
+    """The fib case decoded before a test draws anything (its first run
+    makes temporary files, which draw from ``random``: not inside a
+    strategy)."""
+    return _flow("fib", "-O0")
+
+
 @needs_gt
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
-def test_call_tree_from_pieces_is_the_whole_tree(data):
-    run, image, _ = _flow("fib", "-O0")
+def test_call_tree_from_pieces_is_the_whole_tree(fib_flow, data):
+    run, image, _ = fib_flow
     table = image.symbols.functions
     index, _ = table.lookup(run.ips)
     names = [table.name(i) for i in range(len(table))]
