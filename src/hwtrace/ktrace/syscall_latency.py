@@ -23,7 +23,7 @@ same layout in ``include/hwtrace_coop.h``):
 * per thread a row of state (:data:`STATE_FIELDS`): its tid, calls,
   recorded calls, last call, its latency, the largest, their sum, last
   CPU, migrations, the call in progress, and ``app_state`` (the
-  application's word: the paper's ``proc_state``);
+  application's word: Sharma and Dagenais's ``proc_state``);
 * per thread a row of thresholds, one per system call number and one for
   any call (column :data:`ANY`), in ns: 0 unset, >0 record calls at least
   that slow, <0 never record.  Row 0 holds the defaults for every tracked
