@@ -83,6 +83,32 @@ def test_a_recording_cut_short_lists_what_it_holds(recorded, tmp_path):
     assert 0 < len(got) < len(want) and got == want[: len(got)]
 
 
+def test_profile_by_key_is_the_profile_of_laid_out_blocks(recorded):
+    """report's profile read from blocks given by key and times as runs (a
+    stream without code runs, the decoder replaying) is the profile of the
+    same blocks laid out row by row."""
+    import numpy as np
+
+    from hwtrace.analysis.profile import ThreadProfiler
+    from hwtrace.session import PerfSession
+
+    _, data, _ = recorded
+    got = []
+    for kw in ({}, {"runs": False, "batch_rows": 1 << 6}):
+        s = PerfSession.open(str(data))
+        p = ThreadProfiler()
+        s.decode(p.add_blocks, **kw)
+        got.append(p.result(s.comm))
+    a, b = got
+    assert a.names == b.names and a.instructions == b.instructions > 0
+    assert [(t.tid, t.pid, t.instructions, t.span_ns) for t in a.threads] == [
+        (t.tid, t.pid, t.instructions, t.span_ns) for t in b.threads
+    ]
+    for x, y in zip(a.threads, b.threads, strict=True):
+        np.testing.assert_array_equal(x.by_insn, y.by_insn)
+        np.testing.assert_array_equal(x.by_time, y.by_time)
+
+
 def test_bad_input_is_one_clear_line(tmp_path):
     junk = tmp_path / "junk.data"
     junk.write_bytes(b"not a perf file at all")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import aot
+from ..columns import Keyed, Runs
 from ..image.symbols import SymbolTable
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream
@@ -39,6 +40,13 @@ def add_pairs(pair, ninsn, duration, blocks, insn, time):
         blocks[p] += 1
         insn[p] += ninsn[i]
         time[p] += duration[i]
+
+
+def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are views of the same rows (two columns of
+    a batch keyed by the same keys, each sliced on its own)."""
+    ia, ib = a.__array_interface__, b.__array_interface__
+    return ia["data"][0] == ib["data"][0] and a.shape == b.shape and a.strides == b.strides
 
 
 @dataclass(frozen=True)
@@ -145,10 +153,15 @@ class ThreadProfiler:
         n = ip.shape[0]
         if n == 0:
             return
-        ninsn = ninsn.astype(np.int64)
-        tid = tid.astype(np.int64)
         key = (source, space)
         self._symbols.setdefault(key, symbols)
+        if (isinstance(ip, Keyed) and isinstance(ninsn, Keyed) and _same_rows(ip.keys, ninsn.keys)
+                and isinstance(tid, np.ndarray) and bool((tid == tid[0]).all())):  # fmt: skip
+            self._add_keyed(source, key, symbols, ip, ninsn, ns, duration, int(tid[0]), pid, row)
+            return
+        ip, ninsn, ns, duration, pid = (np.asarray(c) for c in (ip, ninsn, ns, duration, pid))
+        ninsn = ninsn.astype(np.int64)
+        tid = np.asarray(tid).astype(np.int64)
         # Each block's function as a small number (0: no symbol), so that
         # the sums per (thread, function) are counts into a table, not
         # sorts of the batch.
@@ -195,12 +208,94 @@ class ThreadProfiler:
                 th.lo = lo if th.lo < 0 else min(th.lo, lo)
                 th.hi = max(th.hi, hi)
 
+    def _add_keyed(self, source: int, key: tuple, symbols: SymbolTable, ip: Keyed,
+                   ninsn: Keyed, ns: np.ndarray | Runs, duration: np.ndarray | Runs, tid: int,
+                   pid: np.ndarray, row: np.ndarray) -> None:  # fmt: skip
+        """:meth:`add` of one thread's blocks given by key (a stream that
+        asked for no code runs): each distinct block's function found once,
+        the sums made per key; times given as runs read run by run."""
+        keys = ip.keys
+        m = ip.table.shape[0]
+        count = np.bincount(keys, minlength=m)
+        code = symbols.index_of(ip.table) + 1
+        key_insn = count * ninsn.table[:m].astype(np.int64)
+        if isinstance(duration, Runs):
+            # (a duration is 0 but where the time changes: the rows of the
+            # runs of other values only)
+            live = np.flatnonzero(duration.values != 0)
+            ends = np.append(duration.starts[1:], duration.n)[live]
+            lengths = ends - duration.starts[live]
+            at = np.repeat(duration.starts[live] - np.cumsum(lengths) + lengths, lengths)
+            at += np.arange(at.shape[0])
+            dur_keys, dur = keys[at], np.repeat(duration.values[live], lengths)
+        else:
+            dur_keys, dur = keys, np.asarray(duration, np.int64)
+        key_time = np.zeros(m, np.int64)
+        add_pairs(
+            dur_keys.astype(np.int64),
+            np.zeros(dur.shape[0], np.int64),
+            dur.astype(np.int64),
+            np.zeros(m, np.int64),
+            np.zeros(m, np.int64),
+            key_time,
+        )
+        width = int(code[count > 0].max()) + 1
+        blocks, insn, time = (np.zeros(width, np.int64) for _ in range(3))
+        present = np.flatnonzero(count)
+        add_pairs(code[present], key_insn[present], key_time[present], blocks, insn, time)
+        blocks = np.bincount(code[present], weights=count[present], minlength=width)
+        self.instructions += int(key_insn.sum())
+        seen = self._seen.setdefault(key, set())
+        for fn, i, t in zip(np.flatnonzero(blocks).tolist(), insn[blocks > 0].tolist(),
+                            time[blocks > 0].tolist(), strict=True):  # fmt: skip
+            if fn - 1 >= 0:
+                seen.add(fn - 1)
+            k = (source, key[1], tid, fn - 1)
+            got = self._sums.get(k)
+            if got is None:
+                self._sums[k] = [int(i), int(t)]
+            else:
+                got[0] += int(i)
+                got[1] += int(t)
+        th = self._threads.get(tid)
+        if th is None:
+            th = self._threads[tid] = _Thread()
+        th.instructions += int(key_insn.sum())
+        if isinstance(ns, Runs):
+            values, starts = ns.values, ns.starts
+        else:
+            values = starts = None
+            t_ns = np.asarray(ns)
+        if values is not None:
+            r = int(np.argmin(values))
+            first_ns, k = int(values[r]), int(starts[r])
+            timed = values[values >= 0]
+        else:
+            k = int(np.argmin(t_ns))
+            first_ns = int(t_ns[k])
+            timed = t_ns[t_ns >= 0]
+        first = (first_ns, source, int(row[k]))
+        if th.first is None or first < th.first:
+            th.first, th.pid = first, int(pid[k])
+        if timed.shape[0]:
+            lo, hi = int(timed.min()), int(timed.max())
+            th.lo = lo if th.lo < 0 else min(th.lo, lo)
+            th.hi = max(th.hi, hi)
+
     def add_blocks(self, b: PerfBlocks) -> None:
         """A batch of a perf.data's decoded blocks (:meth:`add` per address
         space it ran in)."""
         q = b.queue
         rows = b.row + np.arange(len(b))
-        for image, sel in b.images():
+        parts = b.images()
+        if len(parts) == 1:
+            # (one address space: the columns as they are, by key or as
+            # runs when the stream gave them so)
+            self.add(q.index, parts[0][0], q.symbols(parts[0][0]), ip=b.ip, ninsn=b.ninsn,
+                     ns=b.ns, duration=b.duration, tid=b.tid, pid=b.pid, row=rows)  # fmt: skip
+            return
+        b = b.dense()
+        for image, sel in parts:
             self.add(
                 q.index, image, q.symbols(image), ip=b.ip[sel], ninsn=b.ninsn[sel],
                 ns=b.ns[sel], duration=b.duration[sel], tid=b.tid[sel], pid=b.pid[sel],

@@ -357,8 +357,10 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
             for args in (["-i", str(data)], ["-i", str(data), "--blocks"]):
                 status |= perfcmds.script_main(args)
         else:
-            # (with the folded call paths, as the demo's report writes them)
+            # (with the folded call paths, as the demo's report writes them,
+            # and without: the profile alone decodes without code runs)
             status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
+            status |= perfcmds.report_main(["-i", str(data)])
     elif piece == "csdump":
         status |= _coresight_listing(tmp)
     elif piece == "decode":
