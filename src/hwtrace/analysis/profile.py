@@ -118,6 +118,16 @@ class _Thread:
     lo: int = -1  # earliest / latest block time (-1: none timed)
     hi: int = -1
 
+    def see(self, first: tuple[int, int, int], pid: int, timed: np.ndarray) -> None:
+        """Blocks whose earliest is ``first`` (of process ``pid``), with
+        the times ``timed`` (those known)."""
+        if self.first is None or first < self.first:
+            self.first, self.pid = first, pid
+        if timed.shape[0]:
+            lo, hi = int(timed.min()), int(timed.max())
+            self.lo = lo if self.lo < 0 else min(self.lo, lo)
+            self.hi = max(self.hi, hi)
+
 
 class ThreadProfiler:
     """Adds up executed blocks per thread and function (see the module doc)."""
@@ -179,34 +189,30 @@ class ThreadProfiler:
         blocks, insn, time = (np.zeros(size, np.int64) for _ in range(3))
         add_pairs(pair, ninsn, np.asarray(duration, np.int64), blocks, insn, time)
         used = np.flatnonzero(blocks)
-        seen = self._seen.setdefault(key, set())
         for p, i, t in zip(used.tolist(), insn[used].tolist(), time[used].tolist(), strict=True):
-            fn = p % width - 1
-            if fn >= 0:
-                seen.add(fn)
-            k = (source, space, int(threads[p // width]), fn)
-            got = self._sums.get(k)
-            if got is None:
-                self._sums[k] = [int(i), int(t)]
-            else:
-                got[0] += int(i)
-                got[1] += int(t)
+            self._sum(key, int(threads[p // width]), p % width - 1, i, t)
         for j, t in enumerate(threads.tolist()):
             sel = slice(None) if t_inverse is None else np.flatnonzero(t_inverse == j)
             th = self._threads.get(t)
             if th is None:
                 th = self._threads[t] = _Thread()
-            t_ns, t_row = ns[sel], row[sel]
+            t_ns = ns[sel]
             th.instructions += int(ninsn[sel].sum())
             k = int(np.argmin(t_ns))
-            first = (int(t_ns[k]), source, int(t_row[k]))
-            if th.first is None or first < th.first:
-                th.first, th.pid = first, int(pid[sel][k])
-            timed = t_ns[t_ns >= 0]
-            if timed.shape[0]:
-                lo, hi = int(timed.min()), int(timed.max())
-                th.lo = lo if th.lo < 0 else min(th.lo, lo)
-                th.hi = max(th.hi, hi)
+            th.see((int(t_ns[k]), source, int(row[sel][k])), int(pid[sel][k]), t_ns[t_ns >= 0])
+
+    def _sum(self, key: tuple, tid: int, fn: int, insn: float, time: float) -> None:
+        """Add a thread's instructions and time in function ``fn`` (-1:
+        none) of address space ``key``."""
+        if fn >= 0:
+            self._seen.setdefault(key, set()).add(fn)
+        k = (*key, tid, fn)
+        got = self._sums.get(k)
+        if got is None:
+            self._sums[k] = [int(insn), int(time)]
+        else:
+            got[0] += int(insn)
+            got[1] += int(time)
 
     def _add_keyed(self, source: int, key: tuple, symbols: SymbolTable, ip: Keyed,
                    ninsn: Keyed, ns: np.ndarray | Runs, duration: np.ndarray | Runs, tid: int,
@@ -245,18 +251,9 @@ class ThreadProfiler:
         add_pairs(code[present], key_insn[present], key_time[present], blocks, insn, time)
         blocks = np.bincount(code[present], weights=count[present], minlength=width)
         self.instructions += int(key_insn.sum())
-        seen = self._seen.setdefault(key, set())
         for fn, i, t in zip(np.flatnonzero(blocks).tolist(), insn[blocks > 0].tolist(),
                             time[blocks > 0].tolist(), strict=True):  # fmt: skip
-            if fn - 1 >= 0:
-                seen.add(fn - 1)
-            k = (source, key[1], tid, fn - 1)
-            got = self._sums.get(k)
-            if got is None:
-                self._sums[k] = [int(i), int(t)]
-            else:
-                got[0] += int(i)
-                got[1] += int(t)
+            self._sum(key, tid, fn - 1, i, t)
         th = self._threads.get(tid)
         if th is None:
             th = self._threads[tid] = _Thread()
@@ -274,13 +271,7 @@ class ThreadProfiler:
             k = int(np.argmin(t_ns))
             first_ns = int(t_ns[k])
             timed = t_ns[t_ns >= 0]
-        first = (first_ns, source, int(row[k]))
-        if th.first is None or first < th.first:
-            th.first, th.pid = first, int(pid[k])
-        if timed.shape[0]:
-            lo, hi = int(timed.min()), int(timed.max())
-            th.lo = lo if th.lo < 0 else min(th.lo, lo)
-            th.hi = max(th.hi, hi)
+        th.see((first_ns, source, int(row[k])), int(pid[k]), timed)
 
     def add_blocks(self, b: PerfBlocks) -> None:
         """A batch of a perf.data's decoded blocks (:meth:`add` per address
