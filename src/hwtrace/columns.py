@@ -103,6 +103,10 @@ class _RunColumn:
     def __len__(self) -> int:
         return self.n
 
+    def lengths(self) -> np.ndarray:
+        """Each run's rows."""
+        return np.diff(self.starts, append=self.n)
+
 
 class Runs(_RunColumn):
     """A column of ``n`` rows given as runs of one value: run ``r`` holds
@@ -139,8 +143,7 @@ class Runs(_RunColumn):
         return Runs(starts, self.values[a:b], hi - lo)
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        lengths = np.diff(self.starts, append=self.n)
-        return np.repeat(self.values, lengths).astype(dtype or np.int64, copy=False)
+        return np.repeat(self.values, self.lengths()).astype(dtype or np.int64, copy=False)
 
 
 def joined(starts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,7 +185,7 @@ class Ramps(_RunColumn):
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         # (each run's value less its first row, a row at a time, plus the
         # rows, 65,536 at a time: eight bytes a row and little more)
-        out = np.repeat(self.values - self.starts, np.diff(self.starts, append=self.n))
+        out = np.repeat(self.values - self.starts, self.lengths())
         for lo in range(0, self.n, _RAMP_ROWS):
             hi = min(lo + _RAMP_ROWS, self.n)
             out[lo:hi] += np.arange(lo, hi, dtype=np.int64)

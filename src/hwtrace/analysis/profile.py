@@ -223,54 +223,36 @@ class ThreadProfiler:
         keys = ip.keys
         m = ip.table.shape[0]
         count = np.bincount(keys, minlength=m)
-        code = symbols.index_of(ip.table) + 1
         key_insn = count * ninsn.table[:m].astype(np.int64)
         if isinstance(duration, Runs):
             # (a duration is 0 but where the time changes: the rows of the
             # runs of other values only)
             live = np.flatnonzero(duration.values != 0)
-            ends = np.append(duration.starts[1:], duration.n)[live]
-            lengths = ends - duration.starts[live]
+            lengths = duration.lengths()[live]
             at = np.repeat(duration.starts[live] - np.cumsum(lengths) + lengths, lengths)
             at += np.arange(at.shape[0])
-            dur_keys, dur = keys[at], np.repeat(duration.values[live], lengths)
+            key_time = np.bincount(keys[at], np.repeat(duration.values[live], lengths), m)
         else:
-            dur_keys, dur = keys, np.asarray(duration, np.int64)
-        key_time = np.zeros(m, np.int64)
-        add_pairs(
-            dur_keys.astype(np.int64),
-            np.zeros(dur.shape[0], np.int64),
-            dur.astype(np.int64),
-            np.zeros(m, np.int64),
-            np.zeros(m, np.int64),
-            key_time,
-        )
-        width = int(code[count > 0].max()) + 1
-        blocks, insn, time = (np.zeros(width, np.int64) for _ in range(3))
+            key_time = np.bincount(keys, np.asarray(duration, np.float64), m)
+        # Per function (0: none), from its keys' sums (exact: below 2**53).
         present = np.flatnonzero(count)
-        add_pairs(code[present], key_insn[present], key_time[present], blocks, insn, time)
-        blocks = np.bincount(code[present], weights=count[present], minlength=width)
-        self.instructions += int(key_insn.sum())
-        for fn, i, t in zip(np.flatnonzero(blocks).tolist(), insn[blocks > 0].tolist(),
-                            time[blocks > 0].tolist(), strict=True):  # fmt: skip
+        code = symbols.index_of(ip.table[present]) + 1
+        blocks, insn, time = (np.bincount(code, w[present]) for w in (count, key_insn, key_time))
+        used = np.flatnonzero(blocks)
+        for fn, i, t in zip(used.tolist(), insn[used].tolist(), time[used].tolist(), strict=True):
             self._sum(key, tid, fn - 1, i, t)
+        self.instructions += int(key_insn.sum())
         th = self._threads.get(tid)
         if th is None:
             th = self._threads[tid] = _Thread()
         th.instructions += int(key_insn.sum())
         if isinstance(ns, Runs):
-            values, starts = ns.values, ns.starts
+            r = int(np.argmin(ns.values))
+            first_ns, k, timed = int(ns.values[r]), int(ns.starts[r]), ns.values[ns.values >= 0]
         else:
-            values = starts = None
             t_ns = np.asarray(ns)
-        if values is not None:
-            r = int(np.argmin(values))
-            first_ns, k = int(values[r]), int(starts[r])
-            timed = values[values >= 0]
-        else:
             k = int(np.argmin(t_ns))
-            first_ns = int(t_ns[k])
-            timed = t_ns[t_ns >= 0]
+            first_ns, timed = int(t_ns[k]), t_ns[t_ns >= 0]
         th.see((first_ns, source, int(row[k])), int(pid[k]), timed)
 
     def add_blocks(self, b: PerfBlocks) -> None:

@@ -664,7 +664,7 @@ def _input_ramps(pos: np.ndarray | None, ramps: Ramps) -> Ramps:
     DSTREAM footer) is cut there."""
     if pos is None or ramps.n == 0:
         return ramps
-    lengths = np.diff(ramps.starts, append=ramps.n)
+    lengths = ramps.lengths()
     cuts = np.flatnonzero(np.diff(pos) != 1) + 1  # (unwrapped offsets after a skip)
     lo = np.searchsorted(cuts, ramps.values, side="right")
     inside = np.searchsorted(cuts, ramps.values + lengths, side="left") - lo

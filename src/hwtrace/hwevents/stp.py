@@ -1198,7 +1198,9 @@ def stp_event_windows(
         carried = _rows_from(work, cut, (after >= 0) & (after < first_open))
         if len(carried) > CARRIED_MOST:
             backlog = [carried]
-        later = int(np.count_nonzero((carried.kind == 2) | (carried.kind == 15)))
+        later = int(
+            np.count_nonzero((carried.kind == StpKind.MERR) | (carried.kind == StpKind.GERR))
+        )
         yield work, _first_events(ev, first_open, ev.lost - later)
     if backlog:
         carried = _joined_packets(backlog)

@@ -53,9 +53,8 @@ S_WEIGHT_STRUCT = int(SampleType.WEIGHT_STRUCT)
 GAP_SIZE = 1  # size below the 8-byte header
 GAP_BEYOND = 2  # record (or its payload) goes beyond the end of the data
 GAP_TRUNCATED_HEADER = 3  # fewer than 8 bytes left
-GAP_AUX_CUT = (
-    4  # an AUXTRACE record's trace cut short by the end (kept: the gap is what is missing)
-)
+# an AUXTRACE record's trace cut short by the end (kept: the gap is what is missing)
+GAP_AUX_CUT = 4
 
 
 @aot.njit(cache=True)

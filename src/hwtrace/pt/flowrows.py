@@ -396,15 +396,14 @@ def gap_events(events: np.ndarray) -> np.ndarray:
     real = (flags & F_STATUS) == 0
     gap = type_in(types, _IS_GAP) & real
     stops = np.flatnonzero(gap & ((types == EV_DISABLED) | (types == EV_ASYNC_DISABLED)))
-    if stops.shape[0]:
-        enables = np.flatnonzero((types == EV_ENABLED) & real)
+    enables = np.flatnonzero((types == EV_ENABLED) & real)
+    if stops.shape[0] and enables.shape[0]:
         at = np.searchsorted(enables, stops)
-        has = at < enables.shape[0]
-        then = enables[np.minimum(at, max(enables.shape[0] - 1, 0))] if enables.shape[0] else stops
+        then = enables[np.minimum(at, enables.shape[0] - 1)]
         # (resumed, with no other gap between the stop and the enable)
         before = np.cumsum(gap)
-        resumed = has & ((flags[then] & F_RESUMED) != 0) & (before[then] == before[stops])
-        gap[stops[resumed]] = False
+        resumed = (at < enables.shape[0]) & ((flags[then] & F_RESUMED) != 0)
+        gap[stops[resumed & (before[then] == before[stops])]] = False
     return gap
 
 
