@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,3 +185,20 @@ def real_input(name: str) -> Path:
             f"looked in {', '.join(looked)}"
         )
     return path
+
+
+def is_elf(path: str) -> bool:
+    """Whether ``path`` is a readable ELF file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def system_binaries(*candidates: str) -> list[str]:
+    """The installed ELF files among ``candidates`` (and the running
+    Python), each once by its real path: the distribution's own builds,
+    which nobody here compiled."""
+    paths = dict.fromkeys(os.path.realpath(c) for c in (*candidates, sys.executable))
+    return [p for p in paths if is_elf(p)]

@@ -5,7 +5,6 @@ a damaged file is an ImageError naming it, never another exception."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,30 +12,19 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from realdata import system_binaries
 
 from hwtrace.image import ImageError, read_elf
 from hwtrace.image.elfheaders import ElfHeaders
 from hwtrace.image.plt import plt_symbols
 
-CANDIDATES = (
+BINARIES = system_binaries(
     "/usr/lib/x86_64-linux-gnu/libc.so.6",
     "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
     "/usr/lib/x86_64-linux-gnu/libm.so.6",
     "/bin/true",
     "/usr/bin/python3",
-    sys.executable,
 )
-
-
-def _is_elf(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"\x7fELF"
-    except OSError:
-        return False
-
-
-BINARIES = [p for p in dict.fromkeys(os.path.realpath(c) for c in CANDIDATES) if _is_elf(p)]
 
 
 @pytest.mark.parametrize("path", BINARIES, ids=os.path.basename)
