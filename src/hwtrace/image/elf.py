@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .ehframe import eh_frame_functions
 from .elfheaders import PT_LOAD, ElfHeaders
 from .plt import plt_symbols
 from .sections import ANY, Asid, ImageError, Section
@@ -144,6 +145,12 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
             symbols = SymbolTable.merge([symbols, SymbolTable.from_symbols(
                 (start, size, label, True) for start, size, label in plt
             )])  # fmt: skip
+        try:
+            unnamed = _unnamed_functions(head, symbols)
+        except ImageError:
+            unnamed = None
+        if unnamed is not None:
+            symbols = SymbolTable.merge([symbols, unnamed])
         stored.save(symbols)
     elf = ElfFile(name, head.elf_type, head.machine, segments, symbols)
     if key is not None:
@@ -151,6 +158,29 @@ def read_elf(path: str | os.PathLike[str]) -> ElfFile:
             del _READ[next(iter(_READ))]
         _READ[key] = elf
     return elf
+
+
+def _unnamed_functions(head: ElfHeaders, symbols: SymbolTable) -> SymbolTable | None:
+    """``sub_<address>`` for each function ``.eh_frame_hdr`` lists that no
+    function symbol names: a stripped program's own functions (as IDA,
+    Binary Ninja and angr name them), so its time is not one unknown.  A
+    range holding a symbol's start (a PLT's stubs) is left to the symbols."""
+    start, size = eh_frame_functions(head)
+    if not start.shape[0]:
+        return None
+    code = symbols.functions
+    named = np.sort(code.start)
+    covered = code.index_of(start) >= 0
+    # (the first named start after each range's start, if inside it)
+    after = np.searchsorted(named, start, side="right")
+    inside = after < named.shape[0]
+    inside[inside] = named[after[inside]] < start[inside] + size[inside]
+    keep = ~(covered | inside)
+    if not keep.any():
+        return None
+    start, size = start[keep], size[keep]
+    names = [f"sub_{a:x}" for a in start.tolist()]
+    return SymbolTable(start, size, np.arange(len(names), dtype=np.int32), names)
 
 
 # read_elf's results by file identity: a recording's libraries are read by
@@ -178,7 +208,7 @@ class _SymbolStore:
     best effort, a cache that cannot be read or written costs that time
     only.  ``$HWTRACE_NO_SYMBOL_CACHE=1`` turns it off."""
 
-    FORMAT = 1
+    FORMAT = 2  # (2: with the functions of .eh_frame_hdr no symbol names)
     SMALL = 1 << 16  # files smaller than this are read, not cached
     KEEP = 256  # files the directory holds at most (the oldest go)
 
