@@ -2973,6 +2973,12 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     rows = nblocks = ninsn = hits = walked = np.int64(0)
     last = np.int64(-1)  # the entry replayed last (-1: a return walked, ret_run)
     ret_run, ret_ip = np.int64(-1), np.uint64(0)
+    # The entry whose TIP target is being looked up (-1: none): a stretch
+    # that ends at a TIP keeps the run of the target it went to last in its
+    # end fields, which a stretch ending at a TIP has no other use for (an
+    # indirect branch mostly goes where it went before, as a branch target
+    # buffer has it).
+    memo = np.int64(-1)
     # (The key column's room is counted in rows, not in the entries that
     # hold them: a stream's batches stay as long, whatever replays stored.)
     key_cap, off_cap, t_cap = s_keys.shape[0], s_off_row.shape[0], s_t_row.shape[0]
@@ -2982,6 +2988,10 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             blk = hash_find(r_hip, r_hmode, r_hval, ip, mode)
             if blk < 0:
                 break
+            if memo >= 0:
+                e = x_tab[np.uint64(memo)]
+                e[XE_END_IP], e[XE_END_BLK] = np.int64(ip), blk
+                memo = -1
         if evt == EV_TNT and r_kind[np.uint64(blk)] == RUN_RET:
             # A stretch does not start at a return the stack decides: the
             # return is walked here, as _fast walks it (one row, a new
@@ -3125,12 +3135,14 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     continue
             elif nb == XK_TIP:
                 ip = tip
-                blk = -1
+                blk = e[XE_END_BLK] if np.uint64(e[XE_END_IP]) == tip else np.int64(-1)
+                memo = xs if blk < 0 else np.int64(-1)
                 evt = 0  # consumed
             elif merged:
                 # The TIP fetched and consumed too.
                 ip = t_val
-                blk = -1
+                blk = e[XE_END_BLK] if np.uint64(e[XE_END_IP]) == t_val else np.int64(-1)
+                memo = xs if blk < 0 else np.int64(-1)
                 size = 0
                 pos = t_pos
                 last_ip = t_last_ip
@@ -3519,7 +3531,11 @@ def _fast(ds, pk, cf, ct, out):
                         key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
                 _x_put(
                     x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
-                    rec_cons if rec_pop else rec_cons - rec_then_tip, blk, ip, rec_nblk, cb_ninsn,
+                    rec_cons if rec_pop else rec_cons - rec_then_tip,
+                    # (a stretch going on to a TIP: where it went is learnt
+                    # when it is replayed)
+                    -1 if rec_nb == XK_TIP or (rec_then_tip and not rec_pop) else blk,
+                    ip, rec_nblk, cb_ninsn,
                     cb_isid, cb_ip, cb_run, rec_pstart, rec_depth, rec_dmax, rec_j2, rec_pop, seq,
                 )  # fmt: skip
                 rec = False
