@@ -330,9 +330,12 @@ class _Collector(FlowSink):
         self.gaps += error_gaps(b.events, b.event_offset)
         real = flow_events(b.events)
         if real.any():
-            self.event_rows.append(b.events[real].copy())
-            self.event_offsets.append(b.event_offset[real].copy())
-            self.event_blocks.append(b.event_block[real] + base)
+            # (A mask's indexing copies: the batch's arrays are reused.)
+            self.event_rows.append(b.events[real])
+            self.event_offsets.append(b.event_offset[real])
+            blocks = b.event_block[real]
+            blocks += base
+            self.event_blocks.append(blocks)
 
 
 def _code_views(tables: list[CodeTable]) -> dict[int, list[CodeView]]:
@@ -341,6 +344,13 @@ def _code_views(tables: list[CodeTable]) -> dict[int, list[CodeView]]:
     for t in tables:
         out.setdefault(t.index, []).append(CodeView(t))
     return out
+
+
+def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
+    """``parts`` as one array (one part as it is: they are the collector's own)."""
+    if not parts:
+        return empty
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowResult:
@@ -361,9 +371,9 @@ def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowRe
         offsets += c.event_offsets
         blocks += [b + base for b in c.event_blocks]
         base += c.n_blocks
-    res.event_rows = np.concatenate(rows) if rows else np.zeros((0, R.EW), np.uint64)
-    res.event_offset = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
-    res.event_block = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
+    res.event_rows = _joined(rows, np.zeros((0, R.EW), np.uint64))
+    res.event_offset = _joined(offsets, np.zeros(0, np.int64))
+    res.event_block = _joined(blocks, np.zeros(0, np.int64))
     res.gaps = [g for c in collectors for g in c.gaps]
     for d in decoders:
         res.ambiguous += d.unplaced
