@@ -298,3 +298,38 @@ def test_drain_writes_every_block_given(batches, tmp_path):
     meta = finish_dataset(w, stream, set())
     assert meta["rows"]["blocks"] == sum(len(b) for b in got)
     assert _read(tmp_path / "flow", "blocks").num_rows == meta["rows"]["blocks"]
+
+
+def test_writes_queue_by_the_memory_they_hold():
+    """A background write that says what it holds waits beside others up
+    to ``most`` while they fit the budget; one that does not say, or does
+    not fit, waits for all but ``depth`` before it; every write runs, in
+    order."""
+    import threading
+
+    from hwtrace.export.parquet import _Io
+
+    io = _Io(True, depth=2, most=4, budget=100)
+    gate = threading.Event()
+    ran: list[int] = []
+
+    def write(k: int) -> None:
+        gate.wait()
+        ran.append(k)
+
+    try:
+        for k in range(4):
+            io.submit(10, write, k)  # (none done yet: none may be waited for)
+        assert len(io.pending) == 4 and io.weight == 40
+        gate.set()
+        io.submit(10, write, 4)  # (at most 4 queued)
+        assert len(io.pending) <= 4
+        io.submit(90, write, 5)  # (over the budget: queued behind at most depth - 1)
+        assert len(io.pending) <= 2
+        io.run(write, 6)
+        assert len(io.pending) <= 2
+        io.wait()
+        assert ran == list(range(7)) and not io.pending and io.weight == 0
+    finally:
+        gate.set()
+        io.stop()
