@@ -510,7 +510,7 @@ def blocks_columns(b: PerfBlocks,
     """
     n = len(b)
     q = b.queue
-    offset = np.asarray(b.offset, np.int64) if b.offset is not None else repeated(-1, n, np.int64)
+    offset = _int64s(b.offset) if b.offset is not None else repeated(-1, n, np.int64)
     one = b.uniform
     ip: np.ndarray | Keyed
     ninsn: np.ndarray | Keyed

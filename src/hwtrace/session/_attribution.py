@@ -156,7 +156,8 @@ def attribute_stored(
     blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, o_ip, o_ninsn, o_mode, o_image)
     o_run = out_run[at:]
     o_run[:n] = -1
-    offsets_of(off_row, off_val, off_base, n, o_offset)
+    if o_offset.shape[0] >= n:
+        offsets_of(off_row, off_val, off_base, n, o_offset)
     k = -1
     for j in range(t_row.shape[0]):
         t = t_val[j]
@@ -197,6 +198,38 @@ def time_runs_into(has_first, first, t_row, t_val, at, rest, rest_at, conv, out_
         m = _add_run(out_s, out_v, m, t_row[j] + at, ns)
     for r in range(rest.shape[0]):
         m = _add_run(out_s, out_v, m, rest_at + r, rest[r])
+    return m
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_run(out_s, out_v, m, row, value):
+    """:func:`_add_run` where a run may start at the row the last one
+    does: it takes that one's place."""
+    if m > 0 and out_s[m - 1] == row:
+        m -= 1
+    return _add_run(out_s, out_v, m, row, value)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def offset_runs_into(has_first, first, off_row, off_val, off_base, at, total, out_s, out_v):
+    """The trace offsets of ``total`` rows as maximal runs into
+    ``out_s``/``out_v`` (room for a run per offset step, and two): a held
+    row's (``first``) at row 0, then from row ``at`` a block store's rows
+    from their offset steps (rows since the last change, the offset's
+    step; the first offset ``off_base``).  Of changes at one row the last
+    holds.  How many runs."""
+    m = 0
+    if has_first:
+        m = _add_run(out_s, out_v, m, 0, first)
+    row = np.int64(at)
+    value = np.int64(off_base)
+    m = _put_run(out_s, out_v, m, row, value)
+    for j in range(off_row.shape[0]):
+        row += np.int64(off_row[j])
+        value += np.int64(off_val[j])
+        if row >= total:
+            break
+        m = _put_run(out_s, out_v, m, row, value)
     return m
 
 
@@ -258,6 +291,17 @@ def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at
     held = first is not None
     m = time_runs_into(held, int(first[0]) if held else 0, t_row, t_val, at, rest, rest_at,
                        conv, out_s, out_v)  # fmt: skip
+    return out_s[:m], out_v[:m]
+
+
+def offset_runs(first: int | None, off_row: np.ndarray, off_val: np.ndarray, off_base: int,
+                at: int, total: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """:func:`offset_runs_into`: the runs' first rows and trace offsets."""
+    cap = off_row.shape[0] + 2
+    out_s, out_v = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    held = first is not None
+    m = offset_runs_into(held, first if held else 0, off_row, off_val, off_base, at, total,
+                         out_s, out_v)  # fmt: skip
     return out_s[:m], out_v[:m]
 
 

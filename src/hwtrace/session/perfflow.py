@@ -57,7 +57,14 @@ from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_tra
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
 from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
 from ..pt.timing import durations, stamps_to_ns
-from ._attribution import attribute_rows, attribute_stored, duration_runs, durations_of, time_runs
+from ._attribution import (
+    attribute_rows,
+    attribute_stored,
+    duration_runs,
+    durations_of,
+    offset_runs,
+    time_runs,
+)
 from .perftime import PerfClock, transfer_class
 
 
@@ -667,7 +674,8 @@ class PerfBlocks:
     ``gap``: the flow has a gap before the block (tracing stopped, a
     decode error).  ``row`` is the first block's number in its queue;
     ``offset``: where in the queue's trace each block's decoding began
-    (the packet ptdump lists there; None: not known).  ``keys``, when
+    (the packet ptdump lists there; None: not known; as
+    :class:`~hwtrace.columns.Runs` in a stream whose run is not asked for).  ``keys``, when
     given, names each block by a row of ``key_table`` (its ``ip``,
     ``ninsn``, ``mode`` and ``image`` columns: the distinct blocks of the
     decoder's :class:`~hwtrace.pt.blocks.BlockStore`), so that what
@@ -692,7 +700,7 @@ class PerfBlocks:
     row: int
     #: the PTWRITE payloads among these blocks (None: none)
     ptw: PtwMarks | None = None
-    offset: np.ndarray | None = None
+    offset: np.ndarray | Runs | None = None
     #: columns known to hold one value throughout (no need to look at
     #: every row to find out; the Parquet writer writes them once); in a
     #: stream whose run is not asked for they are read-only broadcasts of
@@ -712,7 +720,9 @@ class PerfBlocks:
         """Whether a column is not laid out a row at a time (a
         :class:`~hwtrace.columns.Keyed` or :class:`~hwtrace.columns.Runs`
         one)."""
-        return any(not isinstance(getattr(self, c), np.ndarray) for c in _COLUMNS)
+        return any(not isinstance(getattr(self, c), np.ndarray) for c in _COLUMNS) or not (
+            self.offset is None or isinstance(self.offset, np.ndarray)
+        )
 
     def dense(self) -> PerfBlocks:
         """The batch with every column an array of its own (a column of one
@@ -721,7 +731,8 @@ class PerfBlocks:
         if not self.uniform and not self.lazy:
             return self
         cols = [np.ascontiguousarray(getattr(self, c)) for c in _COLUMNS]
-        return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw, offset=self.offset,
+        offset = None if self.offset is None else np.ascontiguousarray(self.offset)
+        return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw, offset=offset,
                           uniform=self.uniform, keys=self.keys,
                           key_table=self.key_table, key_source=self.key_source)  # fmt: skip
 
@@ -1009,6 +1020,11 @@ class QueueSink(FlowSink):
         t_row, t_val = self.store.time_changes() if m else (_NO_TIMES, _NO_TSC)
         timed = bool(by_key) and "tid" in one and (not m or (t_row.shape[0] and t_row[0] == 0))
         lazy = (*by_key, "ns", "duration") if timed else by_key
+        # ... and the trace offsets of rows all from the store as runs, from
+        # its change points (one every few rows).
+        offset_runs = bool(by_key) and m > 0 and not rest
+        if offset_runs:
+            lazy = (*lazy, "offset")
         cols = {c: repeated(one[c], total, kind) if c in one else np.empty(total, kind)
                 for c, kind in _PASSED if c not in lazy}  # fmt: skip
         if held:
@@ -1037,6 +1053,8 @@ class QueueSink(FlowSink):
             self._attribute_rows(batch, rest, held + m,
                                  [rest_ns if c == "ns" and timed else o
                                   for c, o in zip(_ATTRIBUTED, out, strict=True)])  # fmt: skip
+        if offset_runs:
+            cols["offset"] = self._offset_runs(held, total)
         if timed:
             conv = self.threads[0]
             starts, ns = time_runs(self.held["ns"] if held else None, t_row, t_val, held,
@@ -1090,6 +1108,12 @@ class QueueSink(FlowSink):
             self.ptw_pending = PtwMarks.join(
                 [marks, self.ptw_pending] if self.ptw_pending else [marks]
             )
+
+    def _offset_runs(self, held: int, total: int) -> Runs:
+        """The trace offset of the held block (if ``held``) and of the rows
+        the store holds after it, as runs."""
+        first = int(self.held["offset"][0]) if held else None
+        return Runs(*offset_runs(first, *self.store.offset_steps(), held, total), total)
 
     def _keys(self, held: int, m: int, rest: int,
               batch: Mapping[str, np.ndarray | int] | None, total: int) -> np.ndarray | None:  # fmt: skip
