@@ -189,3 +189,27 @@ def test_time_and_duration_runs_are_the_rows_times_and_durations(n, rest, held, 
     d_starts, d_values = duration_runs(starts, ns, total, stop_row, stop_tsc, conv)
     np.testing.assert_array_equal(np.asarray(Runs(d_starts, d_values, total)), want)
     assert d_starts[0] == 0 and (d_values[1:] != d_values[:-1]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(points=st.lists(st.tuples(st.integers(0, 9), st.integers(-3, 40)), max_size=60),
+       n=st.integers(1, 300), held=st.booleans(), first=st.integers(0, 50))  # fmt: skip
+def test_offset_runs_are_the_rows_offsets(points, n, held, first):
+    """The trace offsets as runs (changes at one row: the last holds; a
+    step of 0 is no change) are those offsets_of lays out, a row each."""
+    from hwtrace.columns import Runs
+    from hwtrace.pt.blocks import offsets_of
+    from hwtrace.session._attribution import offset_runs
+
+    off_row = np.array([r for r, _ in points], np.uint8)
+    off_val = np.array([v for _, v in points], np.int16)
+    base = 1000
+    at = 1 if held else 0
+    total = n + at
+    want = np.empty(total, np.int64)
+    if held:
+        want[0] = first
+    offsets_of(off_row, off_val, base, n, want[at:])
+    starts, values = offset_runs(first if held else None, off_row, off_val, base, at, total)
+    assert starts[0] == 0 and (np.diff(starts) > 0).all() and (np.diff(values) != 0).all()
+    assert np.array_equal(np.asarray(Runs(starts, values, total)), want)
