@@ -138,6 +138,9 @@ class Runs(_RunColumn):
             return Runs(self.starts[:0], self.values[:0], 0)
         a = int(np.searchsorted(self.starts, lo, side="right")) - 1
         b = int(np.searchsorted(self.starts, hi, side="left"))
+        if lo == 0:
+            # (the rows' first runs: their starts as they are, not copied)
+            return Runs(self.starts[:b], self.values[:b], hi)
         starts = self.starts[a:b] - lo
         starts[0] = 0
         return Runs(starts, self.values[a:b], hi - lo)

@@ -213,3 +213,31 @@ def test_offset_runs_are_the_rows_offsets(points, n, held, first):
     starts, values = offset_runs(first if held else None, off_row, off_val, base, at, total)
     assert starts[0] == 0 and (np.diff(starts) > 0).all() and (np.diff(values) != 0).all()
     assert np.array_equal(np.asarray(Runs(starts, values, total)), want)
+
+
+_TYPES = st.sampled_from([0, 0, 1, 2, 3, 5, 6, 9, 16, 64, 65, 66])
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.tuples(_TYPES, st.integers(0, 15), st.integers(0, 1 << 40)),
+                     max_size=40))  # fmt: skip
+def test_stops_and_gaps_are_the_numpy_definition(rows):
+    """The compiled pass over a stream's events finds the stops (block,
+    time stamp) and gaps gap_events and the numpy masks find."""
+    from hwtrace.pt import flowrows as FK
+    from hwtrace.session._attribution import stops_and_gaps
+
+    ev = np.zeros((len(rows), FK.EW), np.uint64)
+    for i, (t, f, tsc) in enumerate(rows):
+        ev[i, FK.E_TYPE], ev[i, FK.E_FLAGS], ev[i, FK.E_TSC] = t, f, tsc
+    blocks = np.arange(len(rows), dtype=np.int64) * 3 + 1
+    is_stop = FK.type_table(np.array([FK.EV_DISABLED, FK.EV_ASYNC_DISABLED], np.uint64))
+    types, flags = ev[:, FK.E_TYPE], ev[:, FK.E_FLAGS]
+    real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
+    stop = real & FK.type_in(types, is_stop)
+    want_t = np.where((flags[stop] & FK.F_HAS_TSC) != 0, ev[stop, FK.E_TSC], np.uint64(0))
+    stop_k, stop_t, gap_k, n_err, n_ptw = stops_and_gaps(ev, blocks, is_stop)
+    assert np.array_equal(stop_k, blocks[stop]) and np.array_equal(stop_t, want_t)
+    assert np.array_equal(gap_k, blocks[FK.gap_events(ev)])
+    assert n_err == int((types == FK.X_ERROR).sum())
+    assert n_ptw == int((real & (types == FK.EV_PTWRITE)).sum())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
+from ..pt import flowrows as FK
 from ..pt.blocks import blocks_of, offsets_of
 from ..pt.timing import tsc_ns
 
@@ -201,6 +202,69 @@ def time_runs_into(has_first, first, t_row, t_val, at, rest, rest_at, conv, out_
     return m
 
 
+_E_TYPE, _E_FLAGS, _E_TSC = FK.E_TYPE, FK.E_FLAGS, FK.E_TSC
+_F_STATUS, _F_HAS_TSC, _F_RESUMED = FK.F_STATUS, FK.F_HAS_TSC, FK.F_RESUMED
+_EV_ENABLED, _EV_PTWRITE, _X_ERROR = FK.EV_ENABLED, FK.EV_PTWRITE, FK.X_ERROR
+_EV_DISABLED, _EV_ASYNC_DISABLED = FK.EV_DISABLED, FK.EV_ASYNC_DISABLED
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _in_table(table, t):
+    return table[min(t, np.uint64(table.shape[0] - 1))]
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k, counts):
+    """The stops of tracing among a stream's event rows ``ev`` (the block
+    before each, ``blocks``, into ``stop_k``; its time stamp or 0 into
+    ``stop_t``) and the blocks before which the flow has a gap (into
+    ``gap_k``), as :func:`~hwtrace.pt.flowrows.gap_events` has them: a
+    gap event, except a stop whose next enable resumed where it stopped
+    with no other gap between.  ``flag``: uint8 scratch of a row each.
+    ``counts`` receives the stops, the gaps, the error rows and the
+    PTWRITE rows."""
+    n = ev.shape[0]
+    # Backward: whether the first enable after a row resumed, and whether a
+    # gap event lies between the row and it (that enable included).
+    seen = resumed = between = False
+    for i in range(n - 1, -1, -1):
+        t, f = ev[i, _E_TYPE], ev[i, _E_FLAGS]
+        real = (f & _F_STATUS) == 0
+        g = real and _in_table(is_gap, t)
+        keep = g
+        if (
+            g
+            and (t == _EV_DISABLED or t == _EV_ASYNC_DISABLED)
+            and seen
+            and resumed
+            and not between
+        ):
+            keep = False
+        flag[i] = keep
+        if real and t == _EV_ENABLED:
+            seen = True
+            resumed = (f & _F_RESUMED) != 0
+            between = g
+        elif g:
+            between = True
+    n_stop = n_gap = n_err = n_ptw = 0
+    for i in range(n):
+        t, f = ev[i, _E_TYPE], ev[i, _E_FLAGS]
+        if t == _X_ERROR:
+            n_err += 1
+        if (f & _F_STATUS) == 0 and t < _X_ERROR:
+            if _in_table(is_stop, t):
+                stop_k[n_stop] = blocks[i]
+                stop_t[n_stop] = ev[i, _E_TSC] if (f & _F_HAS_TSC) != 0 else np.uint64(0)
+                n_stop += 1
+            if t == _EV_PTWRITE:
+                n_ptw += 1
+        if flag[i]:
+            gap_k[n_gap] = blocks[i]
+            n_gap += 1
+    counts[0], counts[1], counts[2], counts[3] = n_stop, n_gap, n_err, n_ptw
+
+
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _put_run(out_s, out_v, m, row, value):
     """:func:`_add_run` where a run may start at the row the last one
@@ -292,6 +356,22 @@ def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at
     m = time_runs_into(held, int(first[0]) if held else 0, t_row, t_val, at, rest, rest_at,
                        conv, out_s, out_v)  # fmt: skip
     return out_s[:m], out_v[:m]
+
+
+_IS_GAP = FK.type_table(FK.GAP_TYPES)
+
+
+def stops_and_gaps(ev: np.ndarray, blocks: np.ndarray, is_stop: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:  # fmt: skip
+    """:func:`stops_and_gaps_into`: the stops' blocks and time stamps, the
+    gaps' blocks, and how many error and PTWRITE rows there are."""
+    n = ev.shape[0]
+    stop_k, gap_k = np.empty(n, np.int64), np.empty(n, np.int64)
+    stop_t, counts = np.empty(n, np.uint64), np.zeros(4, np.int64)
+    stops_and_gaps_into(ev, np.asarray(blocks, np.int64), is_stop, _IS_GAP,
+                        np.empty(n, np.uint8), stop_k, stop_t, gap_k, counts)  # fmt: skip
+    n_stop, n_gap, n_err, n_ptw = counts.tolist()
+    return stop_k[:n_stop], stop_t[:n_stop], gap_k[:n_gap], n_err, n_ptw
 
 
 def offset_runs(first: int | None, off_row: np.ndarray, off_val: np.ndarray, off_base: int,

@@ -55,7 +55,7 @@ from ..pt.blocks import BlockStore
 from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.flowrows import CodeTable, Ev, error_gaps, gap_events, instruction_rows
+from ..pt.flowrows import CodeTable, Ev, error_gaps, instruction_rows
 from ..pt.timing import durations, stamps_to_ns
 from ._attribution import (
     attribute_rows,
@@ -63,6 +63,7 @@ from ._attribution import (
     duration_runs,
     durations_of,
     offset_runs,
+    stops_and_gaps,
     time_runs,
 )
 from .perftime import PerfClock, transfer_class
@@ -1198,29 +1199,26 @@ class QueueSink(FlowSink):
         if not self.events:
             z = np.zeros(0, np.int64)
             return z, np.zeros(0, np.uint64), z, PtwMarks.empty()
-        ev, offsets, blocks = (np.concatenate(c) for c in zip(*self.events, strict=True))
+        if len(self.events) == 1:
+            ev, offsets, blocks = self.events[0]
+        else:
+            ev, offsets, blocks = (np.concatenate(c) for c in zip(*self.events, strict=True))
         self.events = []
-        types = ev[:, FK.E_TYPE]
-        flags = ev[:, FK.E_FLAGS]
-        self.q.gaps.extend(error_gaps(ev, offsets))
-        real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
-        stop = real & FK.type_in(types, _IS_STOP)
-        has_tsc = (flags[stop] & FK.F_HAS_TSC) != 0
-        gap = gap_events(ev)
-        w = np.flatnonzero(real & (types == FK.EV_PTWRITE))
+        # (one compiled pass: a batch of an event-dense trace has thousands)
+        stop_k, stop_t, gap_k, n_err, n_ptw = stops_and_gaps(ev, blocks, _IS_STOP)
+        if n_err:
+            self.q.gaps.extend(error_gaps(ev, offsets))
         ptw = PtwMarks.empty()
-        if w.shape[0]:
+        if n_ptw:
+            types, flags = ev[:, FK.E_TYPE], ev[:, FK.E_FLAGS]
+            real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
+            w = np.flatnonzero(real & (types == FK.EV_PTWRITE))
             t = np.where((flags[w] & FK.F_HAS_TSC) != 0, ev[w, FK.E_TSC], np.uint64(0))
             ns = self.ctx.attribute(t)[0]
             ip = np.where((flags[w] & FK.F_SUPP) == 0, ev[w, FK.E_IP], np.uint64(0))
             ptw = PtwMarks(blocks[w].astype(np.int64), ip, ev[w, FK.E_PAYLOAD].copy(),
                            ev[w, FK.E_SIZE].astype(np.int64), ns)  # fmt: skip
-        return (
-            blocks[stop].astype(np.int64),
-            np.where(has_tsc, ev[stop, FK.E_TSC], np.uint64(0)),
-            blocks[gap].astype(np.int64),
-            ptw,
-        )
+        return stop_k, stop_t, gap_k, ptw
 
     def _take_deferred(self) -> bool:
         """Whether rows of earlier batches wait in the store (they are
