@@ -58,7 +58,7 @@ from ..perf.sideband import BinaryLocator, Sideband
 from ..pt import flowrows as FK
 from ..pt.decode import DecodeOptions, chunk_ranges, chunk_ranges_of
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
-from ..pt.flowrows import C_MISS_IP, C_MISS_MODE, CodeTable, build_run
+from ..pt.flowrows import C_MISS_IP, C_MISS_MODE, CodeTable, build_run, gap_events
 from ..pt.packets import read_released
 from ..session import PerfSession, SessionError
 from ..session.perfflow import (
@@ -69,7 +69,6 @@ from ..session.perfflow import (
     QueueSink,
     decoder_hook,
     error_gaps,
-    gap_events,
     setup_decoding,
 )
 
