@@ -20,7 +20,8 @@ and, in one run, decodes each with
 * libipt's block decoder (``pt_blk_next`` in ``bench/libipt/ptflow_loop.c``):
   best of N in-process, and one whole process (start-up included);
 * ``hwtrace.pt.decode.decode_trace`` in a fresh process, on its first run
-  (kernels loaded from numba's cache): block columns kept (what every
+  (kernels loaded from hwtrace's native library; OpenBLAS single-threaded,
+  as the ``hwtrace`` command runs): block columns kept (what every
   command and analysis uses), only counted, and kept on every core;
 * ``hwtrace ptxed --quiet`` and ``--no-inst`` as whole processes, and with
   disassembly (every instruction printed) on the smaller traces.
@@ -138,10 +139,14 @@ print(json.dumps({"seconds": seconds, "instructions": int(result.n_insn)}))
 
 
 def hwtrace_first_run(trace: Path, elf: Path, timing: dict, keep: bool, jobs: int) -> dict:
+    # (OpenBLAS single-threaded, as the hwtrace command runs: numpy's BLAS
+    # threads start at its import and spin for a while, on a core of this
+    # two-CPU machine the first run would otherwise share with them)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-c", HWTRACE_RUN, str(trace), str(elf), json.dumps(timing),
          "1" if keep else "0", str(jobs)],
-        check=True, capture_output=True, text=True,
+        check=True, capture_output=True, text=True, env=env,
     ).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])
 
