@@ -688,20 +688,30 @@ def _hybrid_runs(out, pos, starts, vals, k, n, width, scratch):
     return pos
 
 
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def _set_bits(out, pos, bit, v, width):
-    """Or the ``width`` bits of ``v`` into ``out`` from bit ``bit`` after ``pos``."""
-    u = np.uint64(v)
-    left = width
-    while left > 0:
-        at = pos + (bit >> 3)
-        off = bit & 7
-        take = min(8 - off, left)
-        mask = (np.uint64(1) << np.uint64(take)) - np.uint64(1)
-        out[at] |= np.uint8((u & mask) << np.uint64(off))
-        u >>= np.uint64(take)
-        bit += take
-        left -= take
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _sparse_miniblock(out, pos, starts, vals, t0, t, lo_row, width, words):
+    """A miniblock of 32 deltas of ``width`` bits, 0 but at the runs
+    ``t0..t`` (a row each, its delta from the run before), into ``out`` at
+    ``pos``: or'ed into 64-bit ``words`` (int64 scratch of at least
+    ``width // 2 + 1``), then written a byte at a time.  Returns the
+    position after it."""
+    nw = (4 * width + 7) >> 3
+    for w in range(nw + 1):
+        words[w] = 0
+    w64 = np.int64(64)
+    for u in range(t0, t):
+        bit = (starts[u] - lo_row) * width
+        v = np.uint64(vals[u] - vals[u - 1])
+        w = bit >> 6
+        off = bit & 63
+        words[w] |= np.int64(v << np.uint64(off))
+        if off + width > w64:
+            words[w + 1] |= np.int64(v >> np.uint64(w64 - off))
+    for j in range(4 * width):
+        out[pos + j] = np.uint8(
+            (np.uint64(words[j >> 3]) >> np.uint64((j & 7) * 8)) & np.uint64(0xFF)
+        )
+    return pos + 4 * width
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -761,11 +771,7 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
                     t += 1
                 width = _bit_length(bits) if lo_row < hi else 0
                 if width:
-                    out[pos : pos + 4 * width] = 0
-                    for u in range(t0, t):
-                        _set_bits(out, pos, (starts[u] - lo_row) * width, vals[u] - vals[u - 1],
-                                  width)  # fmt: skip
-                    pos += 4 * width
+                    pos = _sparse_miniblock(out, pos, starts, vals, t0, t, lo_row, width, blk)
                 out[widths_at + mb] = width
         else:
             # (values laid out: the one before the block, then its own)
