@@ -6,7 +6,10 @@ same path), each in the same run:
 
 * ``kept``: the library decoder with every block kept
   (``decode_trace(keep_blocks=True)``, as ``bench_flow.py`` times it), in
-  this process, best of ``--repeat`` after a warm-up;
+  this process, best of ``--repeat`` after a warm-up; and its first run
+  in a fresh process (as ``bench_decode.py`` times it), what a
+  ``hwtrace decode`` process's reported time compares with (noted beside
+  it);
 * ``perf kept``: :func:`hwtrace.session.perfflow.decode_perf` of the
   perf.data (the whole flow kept; its perf times, threads and durations
   are made on first use), and ``perf kept, attributed``: with those
@@ -131,15 +134,22 @@ def main(argv: list[str] | None = None) -> int:
             data = bench_script.wrapped(name, raw, workload.elf, timing)
             print(f"{name}: {raw.stat().st_size:,} bytes of trace", flush=True)
             kept_s, insns = _kept(workload, raw, a.repeat)
+            first_s = min(bench_decode.hwtrace_first_run(raw, workload.elf, timing, True, 1)["seconds"]
+                          for _ in range(a.repeat))  # fmt: skip
             perf_s, perf_attributed_s = _perf_kept(data, a.repeat)
             wall, reported, rss, size = _decode(data, scratch, a.repeat)
             arrow_s, arrow_size = _decode_arrow(data, scratch)
             for what, s, extra in (
                 ("kept (library)", kept_s, ""),
+                ("kept, first run in a process", first_s, ""),
                 ("perf kept (decode_perf)", perf_s, ""),
                 ("perf kept, attributed", perf_attributed_s, ""),
                 ("hwtrace decode, process", wall, f"{rss / 2**20:.0f} MB RSS, {size / 1e6:.1f} MB"),
-                ("hwtrace decode, reported", reported, ""),
+                (
+                    "hwtrace decode, reported",
+                    reported,
+                    f"{first_s / reported:.2f} x kept first run",
+                ),
                 ("decode with Arrow's writer", arrow_s, f"{arrow_size / 1e6:.1f} MB"),
             ):
                 rows.append((name, what, f"{s:.2f}", f"{insns / s / 1e6:.1f}",
