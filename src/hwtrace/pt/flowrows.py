@@ -382,7 +382,8 @@ def type_in(types: np.ndarray, table: np.ndarray) -> np.ndarray:
     return table[np.minimum(types, table.shape[0] - 1).astype(np.intp)]
 
 
-_IS_GAP = type_table(GAP_TYPES)
+#: :func:`type_table` of :data:`GAP_TYPES`
+IS_GAP = type_table(GAP_TYPES)
 
 
 def gap_events(events: np.ndarray) -> np.ndarray:
@@ -394,7 +395,7 @@ def gap_events(events: np.ndarray) -> np.ndarray:
     instruction, only its time moved on."""
     types, flags = events[:, E_TYPE], events[:, E_FLAGS]
     real = (flags & F_STATUS) == 0
-    gap = type_in(types, _IS_GAP) & real
+    gap = type_in(types, IS_GAP) & real
     stops = np.flatnonzero(gap & ((types == EV_DISABLED) | (types == EV_ASYNC_DISABLED)))
     enables = np.flatnonzero((types == EV_ENABLED) & real)
     if stops.shape[0] and enables.shape[0]:

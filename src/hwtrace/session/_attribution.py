@@ -358,9 +358,6 @@ def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at
     return out_s[:m], out_v[:m]
 
 
-_IS_GAP = FK.type_table(FK.GAP_TYPES)
-
-
 def stops_and_gaps(ev: np.ndarray, blocks: np.ndarray, is_stop: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:  # fmt: skip
     """:func:`stops_and_gaps_into`: the stops' blocks and time stamps, the
@@ -368,7 +365,7 @@ def stops_and_gaps(ev: np.ndarray, blocks: np.ndarray, is_stop: np.ndarray
     n = ev.shape[0]
     stop_k, gap_k = np.empty(n, np.int64), np.empty(n, np.int64)
     stop_t, counts = np.empty(n, np.uint64), np.zeros(4, np.int64)
-    stops_and_gaps_into(ev, np.asarray(blocks, np.int64), is_stop, _IS_GAP,
+    stops_and_gaps_into(ev, np.asarray(blocks, np.int64), is_stop, FK.IS_GAP,
                         np.empty(n, np.uint8), stop_k, stop_t, gap_k, counts)  # fmt: skip
     n_stop, n_gap, n_err, n_ptw = counts.tolist()
     return stop_k[:n_stop], stop_t[:n_stop], gap_k[:n_gap], n_err, n_ptw

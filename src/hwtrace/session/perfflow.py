@@ -675,8 +675,8 @@ class PerfBlocks:
     ``gap``: the flow has a gap before the block (tracing stopped, a
     decode error).  ``row`` is the first block's number in its queue;
     ``offset``: where in the queue's trace each block's decoding began
-    (the packet ptdump lists there; None: not known; as
-    :class:`~hwtrace.columns.Runs` in a stream whose run is not asked for).  ``keys``, when
+    (the packet ptdump lists there; None: not known; in a stream whose run
+    is not asked for, :class:`~hwtrace.columns.Runs`).  ``keys``, when
     given, names each block by a row of ``key_table`` (its ``ip``,
     ``ninsn``, ``mode`` and ``image`` columns: the distinct blocks of the
     decoder's :class:`~hwtrace.pt.blocks.BlockStore`), so that what
@@ -1023,8 +1023,8 @@ class QueueSink(FlowSink):
         lazy = (*by_key, "ns", "duration") if timed else by_key
         # ... and the trace offsets of rows all from the store as runs, from
         # its change points (one every few rows).
-        offset_runs = bool(by_key) and m > 0 and not rest
-        if offset_runs:
+        offsets_as_runs = bool(by_key) and m > 0 and not rest
+        if offsets_as_runs:
             lazy = (*lazy, "offset")
         cols = {c: repeated(one[c], total, kind) if c in one else np.empty(total, kind)
                 for c, kind in _PASSED if c not in lazy}  # fmt: skip
@@ -1054,7 +1054,7 @@ class QueueSink(FlowSink):
             self._attribute_rows(batch, rest, held + m,
                                  [rest_ns if c == "ns" and timed else o
                                   for c, o in zip(_ATTRIBUTED, out, strict=True)])  # fmt: skip
-        if offset_runs:
+        if offsets_as_runs:
             cols["offset"] = self._offset_runs(held, total)
         if timed:
             conv = self.threads[0]
