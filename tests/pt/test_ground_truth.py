@@ -12,6 +12,7 @@ from the start of the stream and from any later PSB.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -407,14 +408,63 @@ def test_frequent_psb_libipt(tmp_path, images):
             )
 
 
+def _system_calls(n: int, every: int, length: int) -> list[tuple[int, int]]:
+    """Tracing off for ``length`` instructions every ``every`` or so (as the
+    kernel's work is not traced), over a path of ``n``."""
+    rng = np.random.default_rng(5)
+    spans, p = [], int(rng.integers(every // 2, every))
+    while p + length + 2 < n - 1:
+        spans.append((p, p + length))
+        p += length + int(rng.integers(every // 2, 3 * every // 2))
+    return spans
+
+
+# Encodings the replay cache meets: branches with MTC between them; a
+# system call every few hundred instructions, PSB+ every KiB and cycle
+# counts (CYC); uncompressed returns and long TNT packets.
+REPLAY_SHAPES = {
+    "plain": lambda n: {"psb_period": 4096, "tsc": 1, "mtc_freq": 3},
+    "events": lambda n: {
+        "psb_period": 1024,
+        "tsc": 1,
+        "mtc_freq": 3,
+        "cyc": True,
+        "trace_off": _system_calls(n, 400, 30),
+    },
+    "noret": lambda n: {
+        "psb_period": 2048,
+        "tsc": 1,
+        "mtc_freq": 3,
+        "ret_compression": False,
+        "long_tnt": True,
+        "trace_off": _system_calls(n, 900, 40),
+    },
+}
+
+
+# Longer paths of two cases: stretches met thousands of times, many system
+# calls.
+LONG_CASES = {"interp-long": ("interp", (11, 3000)), "mixed-long": ("mixed", (4, 200))}
+
+
+@functools.cache
+def _long_case(name: str) -> gt.Run:
+    function, args = LONG_CASES[name]
+    return gt.run(function, args, "-O2", blocks=True)
+
+
 @pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
-@pytest.mark.parametrize("name", ["deep", "unwind", "interp", "mixed", "tails"])
-def test_replayed_flow_is_the_walked_flow(images, name, monkeypatch):
+@pytest.mark.parametrize("shape", sorted(REPLAY_SHAPES))
+@pytest.mark.parametrize(
+    "name", ["deep", "unwind", "interp", "mixed", "tails", *sorted(LONG_CASES)]
+)
+def test_replayed_flow_is_the_walked_flow(images, name, shape, monkeypatch):
     """Stretches the fast loop replays from its cache give exactly what
     walking them again gives: block rows with their offsets and times,
     events, counts; across returns past the 64-entry return stack
     (``deep``) and returns that do not go where their call said
-    (``unwind``), with time packets between the branches."""
+    (``unwind``), with time packets between the branches, and between
+    tracing's disabling and enabling, PSB+ and cycle counts."""
     from hwtrace.pt import decode as decode_module
     from hwtrace.pt.decode import DecodeOptions
 
@@ -426,9 +476,9 @@ def test_replayed_flow_is_the_walked_flow(images, name, monkeypatch):
         return result_of(collectors, decoders)
 
     monkeypatch.setattr(decode_module, "_result", noting_replays)
-    run = gt.case(name, "-O2")
+    run = _long_case(name) if name in LONG_CASES else gt.case(name, "-O2")
     image = image_of(images, run)
-    enc = encode_path(run.ips, image, end_ip=run.end_ip, psb_period=4096, tsc=1, mtc_freq=3)
+    enc = encode_path(run.ips, image, end_ip=run.end_ip, **REPLAY_SHAPES[shape](len(run.ips)))
     walked = decode_trace(enc.data, image, enc.config, DecodeOptions(replay=False))
     replayed = decode_trace(enc.data, image, enc.config)
     assert np.array_equal(replayed.instructions(), enc.expected)
