@@ -33,6 +33,7 @@ from ..image import Image
 from ..pt.codetable import CodeTable
 from ..pt.config import PtConfig
 from ..pt.decode import decode_trace
+from ..pt.packets import psb_plus_end
 from . import ptdump as ptdump_cli
 from . import ptxed as ptxed_cli
 
@@ -325,6 +326,10 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
     elif piece == "library":
         for keep in (True, False):
             decode_trace(TRACE, image, cfg, keep_blocks=keep)
+        # (where a window ends, in a trace mapped or copied: the warm-up's
+        # trace is too short for a decoder to cut it into windows)
+        for buf in (np.frombuffer(TRACE, np.uint8), np.frombuffer(TRACE, np.uint8).copy()):
+            psb_plus_end(buf, 0)
         _joined_stores()
     elif piece == "fill":
         # The decoder's fills, a code table that grows (any program larger

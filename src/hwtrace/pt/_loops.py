@@ -18,6 +18,7 @@ from ._state import (
     PHASE_DECODE,
     PHASE_DONE,
     PHASE_SYNC,
+    PSB_PLUS_SPAN,
     STOP_DONE,
     STOP_ERRORS,
     STOP_INPUT,
@@ -410,6 +411,34 @@ def sync_backward(buf, pos, begin, end):
                 return q if q + PSB_SIZE <= pos else p
         p -= 1
     return -1
+
+
+@aot.njit(cache=True, nogil=True)
+def psb_plus_end(buf, psb, end):
+    """The offset just after the first PSBEND from the PSB at ``psb`` on,
+    reading no further than ``end``: -1 when none comes before ``end``, -2
+    when a packet is bad or breaks off first.  As decoding ``buf[psb:stop]``
+    for ``stop`` ``PSB_PLUS_SPAN`` bytes on, then four times as far at each
+    try, would find it: a packet that does not fit before ``stop`` ends the
+    search."""
+    span = PSB_PLUS_SPAN
+    stop = min(end, psb + span)
+    pos = psb
+    in_block = BLOCK_NONE
+    while True:
+        if pos >= stop:
+            if stop >= end:
+                return -1
+            span *= 4
+            stop = min(end, psb + span)
+            continue
+        size, kind, _, b, _ = decode_packet(buf, pos, stop, in_block, 0)
+        if size <= 0:
+            return -2
+        if kind == Kind.PSBEND:
+            return pos + size
+        in_block = block_after(kind, b, in_block)
+        pos += size
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)

@@ -65,6 +65,9 @@ STOP_ERRORS = 3  # the error rows are full: use them and call again
 # buffer, a packet is decoded only with this many bytes from its start at
 # hand, so a buffer boundary never changes what a packet decodes to.
 LOOKAHEAD = 16
+# Bytes after a PSB the end of its PSB+ is first looked for in (four
+# times as many at each try after): see _loops.psb_plus_end.
+PSB_PLUS_SPAN = 4096
 # A caller's buffer holds at most this many bytes besides a new chunk: what
 # decode_stream asks to keep is never more.
 KEEP_MAX = 64

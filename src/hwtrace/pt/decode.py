@@ -473,21 +473,19 @@ def _sync_forward_of(read: Callable[[int, int], np.ndarray], size: int, pos: int
 
 def _psb_plus_end_of(read: Callable[[int, int], np.ndarray], size: int, psb: int) -> int:
     """:func:`~hwtrace.pt.packets.psb_plus_end` (``missing``: ``psb``)
-    reading the same growing spans from ``psb`` as it decodes."""
-    from .kinds import Kind
-    from .packets import decode_range
+    reading the same growing spans from ``psb`` as it looks in."""
+    from ._loops import psb_plus_end as psb_plus_end_loop
+    from ._state import PSB_PLUS_SPAN
 
-    span = 4096
+    span = PSB_PLUS_SPAN
     while True:
         stop = min(size, psb + span)
         win = np.ascontiguousarray(read(psb, stop))
-        table = decode_range(win, 0, stop - psb, resync=False)
-        hit = np.flatnonzero(table.kind == Kind.PSBEND)
-        if len(hit):
-            i = int(hit[0])
-            return psb + int(table.offset[i] + table.size[i])
-        if stop >= size or len(table.err_code):
-            return psb
+        got = psb_plus_end_loop(win, 0, stop - psb)
+        if got >= 0:
+            return psb + got
+        if got == -2 or stop >= size:
+            return psb  # (a packet broken off or bad, or none at all)
         span *= 4
 
 

@@ -285,10 +285,8 @@ class FlowDecoder:
         self._expect_bytes = 0
         self.table = self._table_for(image)
         self.state = K.new_state()
-        # One window's packets and times at a time: their memory is reused
-        # (and the PSB+ that ends a window is read into buffers of its own).
+        # One window's packets and times at a time: their memory is reused.
         self._packet_buffers = PacketBuffers()
-        self._psb_buffers = PacketBuffers()
         self._time_buffers = TimeBuffers()
         # The flow loop's tuple of the buffers' whole columns, and the
         # columns it was made of (see _window_packets).
@@ -487,7 +485,7 @@ class FlowDecoder:
         """Where a window reaching past ``after`` ends: after the PSB+ of
         the first PSB at or after it (lookahead never reads further)."""
         psb = int(_sync_forward_loop(buf, after, 0, end)) if after < end else -1
-        return end if psb < 0 else psb_plus_end(buf, psb, end, buffers=self._psb_buffers)
+        return end if psb < 0 else psb_plus_end(buf, psb, end)
 
     def _open(
         self,

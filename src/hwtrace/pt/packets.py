@@ -424,29 +424,18 @@ def read_released(buf: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return out
 
 
-def psb_plus_end(
-    buf: np.ndarray,
-    psb: int,
-    end: int | None = None,
-    missing: int | None = None,
-    buffers: PacketBuffers | None = None,
-) -> int:
+def psb_plus_end(buf: np.ndarray, psb: int, end: int | None = None,
+                 missing: int | None = None) -> int:  # fmt: skip
     """The offset just after the PSBEND of the PSB+ at ``psb``, reading no
     further than ``end`` (the buffer's end by default); ``missing`` (default
-    ``end``) when no PSBEND follows or the packets break off first.
-    ``buffers``: decode into these (see :func:`decode_range`)."""
+    ``end``) when no PSBEND follows or the packets break off first.  One
+    compiled walk over the packets (a window's decoder asks at every
+    window)."""
     end = buf.shape[0] if end is None else end
-    span = 4096
-    while True:
-        stop = min(end, psb + span)
-        table = decode_range(buf, psb, stop, resync=False, buffers=buffers)
-        hit = np.flatnonzero(table.kind == Kind.PSBEND)
-        if len(hit):
-            i = int(hit[0])
-            return int(table.offset[i] + table.size[i])
-        if stop >= end or len(table.err_code):
-            return end if missing is None else missing
-        span *= 4
+    got = int(_loops().psb_plus_end(buf, psb, end))
+    if got >= 0:
+        return got
+    return end if missing is None else missing
 
 
 def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:
