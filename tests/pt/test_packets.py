@@ -13,9 +13,11 @@ from hwtrace.pt.packets import (
     count_packets,
     decode,
     decode_file,
+    decode_range,
     encode,
     iter_chunks,
     psb_chunks,
+    psb_plus_end,
     sync_backward,
     sync_forward,
 )
@@ -99,6 +101,54 @@ def test_block_packets_round_trip(blocks, data):
         packets.append(Packet(Kind.TNT8, 1, 1))  # a TNT byte outside a block
     table = decode(encode(packets), sync=False, resync=False)
     assert table.packets() == packets
+
+
+def _psb_plus_end_by_tables(buf: np.ndarray, psb: int, end: int) -> int:
+    """The end of the PSB+ at ``psb`` as decoding packet tables of growing
+    spans finds it (-1: none, or a packet bad or broken off first)."""
+    span = 4096
+    while True:
+        stop = min(end, psb + span)
+        table = decode_range(buf, psb, stop, resync=False)
+        hit = np.flatnonzero(table.kind == Kind.PSBEND)
+        if len(hit):
+            return int(table.offset[hit[0]] + table.size[hit[0]])
+        if stop >= end or len(table.err_code):
+            return -1
+        span *= 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(PACKETS, max_size=40),
+    st.integers(0, 700),
+    st.binary(max_size=24),
+    st.integers(0, 12),
+)
+def test_psb_plus_end_is_the_tables_answer(packets, pads, noise, cut):
+    """The compiled walk for a PSB+'s end answers as decoding the packets
+    into tables over the same growing spans does: past PADs that carry a
+    PSB+ over the first span's end, at bad or broken-off packets, and
+    without a PSBEND."""
+    data = encode([PSB, *packets]) + bytes(pads) + noise + encode([PSBEND])
+    buf = np.frombuffer(data[: max(len(data) - cut, 16)], np.uint8)
+    for end in (buf.shape[0], min(buf.shape[0], 4096 + 7)):
+        want = _psb_plus_end_by_tables(buf, 0, end)
+        assert psb_plus_end(buf, 0, end, missing=-1) == want
+
+
+def test_psb_plus_end_over_spans():
+    """A PSB+ whose PSBEND lies past the first 4 KiB is found; one whose
+    packet straddles the first span's end is not (as the tables say)."""
+    for pads, found in ((5000, True), (4096 - 16 - 3, False), (4096 - 16, True)):
+        data = encode([PSB]) + bytes(pads) + encode([Packet(Kind.TSC, 5), PSBEND])
+        buf = np.frombuffer(data, np.uint8)
+        want = len(data) if found else -1
+        assert (
+            psb_plus_end(buf, 0, missing=-1) == want == _psb_plus_end_by_tables(buf, 0, len(data))
+        )
+    data = encode([PSB]) + bytes(5000) + encode([PSBEND])
+    assert psb_plus_end(np.frombuffer(data, np.uint8), 0) == len(data)
 
 
 def test_ip_compression_choices():
