@@ -329,19 +329,13 @@ class _Collector(FlowSink):
             return
         self.gaps += error_gaps(b.events, b.event_offset)
         real = flow_events(b.events)
-        kept = int(np.count_nonzero(real))
-        if kept:
+        if real.any():
             # Copies: the batch's arrays are reused.  (compress copies whole
             # rows, a mask's indexing element by element: 4x the time.)
-            if kept == real.shape[0]:
-                rows, offsets, blocks = b.events.copy(), b.event_offset.copy(), b.event_block + base
-            else:
-                rows = np.compress(real, b.events, axis=0)
-                offsets = np.compress(real, b.event_offset)
-                blocks = np.compress(real, b.event_block)
-                blocks += base
-            self.event_rows.append(rows)
-            self.event_offsets.append(offsets)
+            self.event_rows.append(np.compress(real, b.events, axis=0))
+            self.event_offsets.append(np.compress(real, b.event_offset))
+            blocks = np.compress(real, b.event_block)
+            blocks += base
             self.event_blocks.append(blocks)
 
 
