@@ -153,6 +153,46 @@ def test_delta_pages_wrap_as_the_format_says(tmp_path, values):
     np.testing.assert_array_equal(pq.read_table(tmp_path / "d.parquet").column("v").to_numpy(), a)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 2000),
+    run_len=st.sampled_from([1, 2, 5, 40, 300]),
+    step=st.sampled_from(["bytes", "small", "wide", "mixed", "signed"]),
+    null=st.sampled_from([pp.NOT_NULL, pp.NULL_IF_NEGATIVE]),
+)
+def test_a_delta_page_of_runs_is_the_laid_out_page_byte_for_byte(seed, n, run_len, step, null):
+    """A column given as runs (a stream's times and trace offsets) makes
+    the very page its values laid out make: blocks without a change,
+    blocks whose changes are few and rising (packed by setting their
+    bits), and the rest; with nulls among the runs."""
+    from hwtrace.columns import Runs, joined
+    from hwtrace.export.parquet_file import _runs_page, _Scratch
+
+    rng = np.random.default_rng(seed)
+    cuts = np.flatnonzero(rng.random(n - 1) < 1 / run_len) + 1 if n > 1 else []
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    k = starts.shape[0]
+    steps = {
+        "bytes": rng.integers(1, 8, k), "small": rng.integers(1, 1 << 9, k),
+        "wide": rng.integers(1, 1 << 62, k), "signed": rng.integers(-9, 9, k),
+        "mixed": np.where(rng.random(k) < 0.8, rng.integers(1, 4, k), rng.integers(1, 1 << 40, k)),
+    }[step]  # fmt: skip
+    values = np.cumsum(steps).astype(np.int64)
+    if null == pp.NULL_IF_NEGATIVE:
+        values[rng.random(k) < 0.1] = -1
+    starts, values = joined(starts, values)
+    runs = Runs(starts, values, n)
+    got_state, want_state = np.zeros(pp.ST_SIZE, np.int64), np.zeros(pp.ST_SIZE, np.int64)
+    s = _Scratch()
+    s.grow(n)
+    got = _runs_page(runs, null, got_state, s)
+    laid = np.asarray(runs)
+    size = pp.encode_delta(laid, n, null, want_state, s.levels, s.wide, s.deltas, s.out)
+    assert got == s.out[:size].tobytes()
+    np.testing.assert_array_equal(got_state, want_state)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32 - 1),

@@ -689,29 +689,43 @@ def _hybrid_runs(out, pos, starts, vals, k, n, width, scratch):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _sparse_miniblock(out, pos, starts, vals, t0, t, lo_row, width, words):
-    """A miniblock of 32 deltas of ``width`` bits, 0 but at the runs
-    ``t0..t`` (a row each, its delta from the run before), into ``out`` at
-    ``pos``: or'ed into 64-bit ``words`` (int64 scratch of at least
-    ``width // 2 + 1``), then written a byte at a time.  Returns the
-    position after it."""
-    nw = (4 * width + 7) >> 3
-    for w in range(nw + 1):
+def _sparse_block(out, pos, starts, vals, c0, c, done, cnt, widths, mbits, words):
+    """A block of 128 deltas, 0 but at the runs ``c0..c`` (a row each,
+    its delta from the run before; ``mbits``: their deltas or'ed per
+    miniblock of 32 rows): the zero minimum, the four widths, then the
+    miniblocks, their bits set run by run into 64-bit ``words`` (int64
+    scratch of at least 66) and written a word at a time (``out`` has
+    eight bytes to spare).  Returns the position after it."""
+    out[pos] = 0  # (the minimum, zigzag 0)
+    widths_at = pos + 1
+    pos += 5
+    nmb = (cnt + 31) >> 5
+    nbytes = np.int64(0)
+    for mb in range(4):
+        w = _bit_length(mbits[mb]) if mb < nmb else 0
+        out[widths_at + mb] = w
+        widths[mb] = w
+        # (where the miniblock's bits start, and its width, in one word)
+        widths[4 + mb] = nbytes * 8
+        nbytes += 4 * w
+    nwords = (nbytes + 7) >> 3
+    for w in range(nwords + 1):
         words[w] = 0
     w64 = np.int64(64)
-    for u in range(t0, t):
-        bit = (starts[u] - lo_row) * width
+    for u in range(c0, c):
+        r = starts[u] - done
+        mb = r >> 5
+        width = widths[mb]
+        bit = widths[4 + mb] + (r & 31) * width
         v = np.uint64(vals[u] - vals[u - 1])
-        w = bit >> 6
+        at = bit >> 6
         off = bit & 63
-        words[w] |= np.int64(v << np.uint64(off))
+        words[at] |= np.int64(v << np.uint64(off))
         if off + width > w64:
-            words[w + 1] |= np.int64(v >> np.uint64(w64 - off))
-    for j in range(4 * width):
-        out[pos + j] = np.uint8(
-            (np.uint64(words[j >> 3]) >> np.uint64((j & 7) * 8)) & np.uint64(0xFF)
-        )
-    return pos + 4 * width
+            words[at + 1] |= np.int64(v >> np.uint64(w64 - off))
+    for w in range(nwords):
+        _put_u64(out, pos + 8 * w, words[w])
+    return pos + nbytes
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -720,12 +734,13 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
     """:func:`encode_delta`'s page, byte for byte, of ``n`` rows given as
     runs: the ``m`` non-null values in ``k`` maximal runs (``starts``
     numbered among them), the rows' definition levels in ``kl`` maximal
-    runs (``nulls`` of them null).  ``blk``: int64 scratch of 128;
+    runs (``nulls`` of them null).  ``blk``: int64 scratch of 141;
     ``scratch``: int64 scratch of ``n``.  A block of deltas with no change
     of value is five bytes; one whose deltas are 0 but where values change
-    (their minimum 0) packs the miniblocks with changes by setting their
-    bits; any other block is laid out and packed as :func:`encode_delta`
-    does."""
+    (their minimum 0) packs its miniblocks by setting the bits of those
+    changes (:func:`_sparse_block`: a pass over the block's runs for the
+    widths, one to place them); any other block is laid out and packed as
+    :func:`encode_delta` does."""
     if nulls == 0:
         pos = _rle_run(out, 4, n, 1, 1)
     else:
@@ -745,34 +760,26 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
         high = max(high, vals[r])
     done = 1
     c = 1  # the next run to start
+    mbits = blk[:4]
+    widths = blk[4:12]
+    words = blk[12:]
     while done < m:
         cnt = min(128, m - done)
         hi = done + cnt
         c0 = c
         dmin = np.int64(0)
+        mbits[0] = mbits[1] = mbits[2] = mbits[3] = 0
         while c < k and starts[c] < hi:
-            dmin = min(dmin, vals[c] - vals[c - 1])
+            d = vals[c] - vals[c - 1]
+            dmin = min(dmin, d)
+            mbits[(starts[c] - done) >> 5] |= d
             c += 1
         if c == c0:
             for t in range(5):
                 out[pos + t] = 0
             pos += 5
         elif c - c0 < cnt and dmin == 0:
-            out[pos] = 0  # (the minimum, zigzag 0)
-            widths_at = pos + 1
-            pos += 5
-            t = c0
-            for mb in range(4):
-                lo_row = done + 32 * mb
-                t0 = t
-                bits = np.int64(0)
-                while t < c and starts[t] < lo_row + 32:
-                    bits |= vals[t] - vals[t - 1]
-                    t += 1
-                width = _bit_length(bits) if lo_row < hi else 0
-                if width:
-                    pos = _sparse_miniblock(out, pos, starts, vals, t0, t, lo_row, width, blk)
-                out[widths_at + mb] = width
+            pos = _sparse_block(out, pos, starts, vals, c0, c, done, cnt, widths, mbits, words)
         else:
             # (values laid out: the one before the block, then its own)
             q = c0 - 1
