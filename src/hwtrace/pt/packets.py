@@ -247,7 +247,10 @@ class ColumnBuffers:
     def take(self, n: int) -> tuple[np.ndarray, ...]:
         """Columns of at least ``n`` rows (their contents undefined)."""
         if self._cols[0].shape[0] < n:
-            cap = max(n, self._cols[0].shape[0] * 3 // 2)
+            # (A quarter to spare: a window a few bytes longer than the first,
+            # as most are, would otherwise make new columns of half as many
+            # rows again, all fresh memory; rows never written cost none.)
+            cap = max(n + n // 4, self._cols[0].shape[0] * 3 // 2)
             self._cols = tuple(np.empty(cap, t) for t in self.dtypes)
         return self._cols
 
