@@ -1066,12 +1066,18 @@ class QueueSink(FlowSink):
             durations_of(cols["ns"], cols["duration"], k, stop_t, self.threads[0])
         if m:
             self.store.clear()
-        gap = cols["gap"] = np.zeros(total, np.bool_)
-        gap[held + gap_k[gap_k < n]] = True
-        gap[held] |= self.gap_next
+        gap_rows = held + gap_k[gap_k < n]
+        held_gap = held and bool(self.held["gap"][0])
+        if gap_rows.shape[0] or self.gap_next or held_gap:
+            gap = cols["gap"] = np.zeros(total, np.bool_)
+            gap[gap_rows] = True
+            gap[held] |= self.gap_next
+            if held:
+                gap[0] = held_gap
+        else:
+            # (no gap, as in most batches: a broadcast, told at a glance)
+            cols["gap"] = repeated(False, total, np.bool_)
         self.gap_next = bool((gap_k >= n).any())
-        if held:
-            gap[0] = self.held["gap"][0]
         uniform = frozenset(one)
         first_row = self.held_row if held else self.rows
         last = k == total - 1
