@@ -589,3 +589,27 @@ def test_index_pages_of_few_values_are_made_a_word_at_a_time_alike(seed, n, widt
                            out[1])  # fmt: skip
     assert a == b
     assert out[0][:a].tobytes() == out[1][:b].tobytes()
+
+
+def test_a_chunk_of_tiny_pages_is_stored_uncompressed(tmp_path):
+    """zstd makes a page of a few bytes longer: a chunk whose pages are all
+    that short (a column of one value) is stored as it is, the others
+    compressed; both readers read both."""
+    import duckdb
+
+    n = 5000
+    rng = np.random.default_rng(7)
+    cols = {"one": ("i64", np.full(n, 42, np.int64)),
+            "many": ("i64", rng.integers(0, 1 << 40, n))}  # fmt: skip
+    path = tmp_path / "t.parquet"
+    _write(path, cols, [1000, 3000], [1], {"dictionary": ["one"], "delta": ["many"]}, {})
+    meta = pq.read_metadata(path)
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        codecs = {rg.column(c).path_in_schema: rg.column(c).compression for c in range(2)}
+        assert codecs == {"one": "UNCOMPRESSED", "many": "ZSTD"}
+    table = pq.read_table(path)
+    np.testing.assert_array_equal(table.column("one").to_numpy(), cols["one"][1])
+    np.testing.assert_array_equal(table.column("many").to_numpy(), cols["many"][1])
+    got = duckdb.sql(f"select sum(one), sum(many) from '{path}'").fetchall()[0]
+    assert got == (42 * n, int(cols["many"][1].sum()))

@@ -268,6 +268,9 @@ def column_specs(
 #: Pages at least this large are compressed ahead, on a thread of their
 #: own (a smaller one costs less to compress than to hand over).
 _COMPRESS_AHEAD = 1 << 16
+#: A column chunk whose pages are all shorter than this is not compressed
+#: (zstd makes pages this short longer: its frame and block headers).
+_TINY_PAGE = 256
 _compressing: tuple[int, ThreadPoolExecutor] | None = None
 
 
@@ -776,19 +779,27 @@ class ParquetFileWriter:
         dict_offset = None
         uncompressed = compressed = 0
         encodings = {_RLE}
+        # A chunk of tiny pages only (a constant's, row numbers') is stored
+        # as it is: zstd's frame would make them longer, and each page
+        # costs a compressor's set-up.
+        squeeze = self.codec is not None and not (
+            all(len(body) < _TINY_PAGE for _, _, body in pages)
+            and (dictionary is None or len(dictionary) < _TINY_PAGE)
+        )
         if dictionary is not None:
             dict_offset = self.offset
-            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN, written)
+            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN, written, squeeze)
             uncompressed += u
             compressed += c
             encodings.add(_PLAIN)
         data_offset = self.offset
         for enc, n, body in pages:
-            u, c = self._put(body, _DATA_PAGE, n, enc, written)
+            u, c = self._put(body, _DATA_PAGE, n, enc, written, squeeze)
             uncompressed += u
             compressed += c
             encodings.add(enc)
-        totals = (uncompressed, compressed, tuple(sorted(encodings)))
+        totals = (uncompressed, compressed, tuple(sorted(encodings)),
+                  _ZSTD if squeeze else _UNCOMPRESSED)  # fmt: skip
         if written is not None:
             if len(memo) >= 64:
                 memo.clear()
@@ -799,8 +810,9 @@ class ParquetFileWriter:
     def _chunk_meta(self, spec: ColumnSpec, state: np.ndarray, dict_offset: int | None,
                     data_offset: int, totals: tuple) -> tuple[_Struct, int]:  # fmt: skip
         """A chunk's ColumnChunk (its pages written at the offsets given,
-        ``totals``: their sizes and encodings) and its uncompressed size."""
-        uncompressed, compressed, encodings = totals
+        ``totals``: their sizes, encodings and compression) and its
+        uncompressed size."""
+        uncompressed, compressed, encodings, codec = totals
         values, nulls, lo, hi, seen = state[: pp.ST_SEEN + 1].tolist()
         bounds = None
         if seen:
@@ -810,7 +822,6 @@ class ParquetFileWriter:
                 bounds = struct.pack("<i", _int32(hi)), struct.pack("<i", _int32(lo))
             else:
                 bounds = struct.pack("<q", hi), struct.pack("<q", lo)
-        codec = _ZSTD if self.codec is not None else _UNCOMPRESSED
         chunk = _column_chunk(spec.physical, encodings, spec.name.encode(), codec, values,
                               uncompressed, compressed, data_offset, dict_offset, nulls,
                               bounds)  # fmt: skip
@@ -831,10 +842,11 @@ class ParquetFileWriter:
         memo[id(body)] = (body, _compressor().submit(self.codec.compress, body, asbytes=True))
 
     def _put(self, body: bytes, kind: int, n: int, encoding: int,
-             written: list[bytes] | None = None) -> tuple[int, int]:  # fmt: skip
-        """Write one page (and add its bytes to ``written``); its
-        uncompressed and compressed sizes, headers included."""
-        if self.codec is None:
+             written: list[bytes] | None = None, squeeze: bool = True) -> tuple[int, int]:  # fmt: skip
+        """Write one page (and add its bytes to ``written``), compressed
+        when the writer compresses and ``squeeze``; its uncompressed and
+        compressed sizes, headers included."""
+        if self.codec is None or not squeeze:
             data = body
         else:
             # (an index page of several keyed columns is compressed once;
