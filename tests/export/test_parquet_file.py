@@ -44,10 +44,11 @@ def _expected(kind: str, values: np.ndarray, null: int) -> pa.Array:
     return pa.array(values, TYPES[kind], mask=mask)
 
 
-def _write(path, columns, pieces_at, groups_at, encoding, nulls, compression="zstd"):
+def _write(path, columns, pieces_at, groups_at, encoding, nulls, compression="zstd", ahead=False):
     schema = pa.schema([(name, TYPES[kind]) for name, (kind, _) in columns.items()])
     specs = column_specs(schema, encoding, nulls)
-    w = ParquetFileWriter(path, schema, specs, {b"hwtrace": b'{"x": 1}'}, compression)
+    w = ParquetFileWriter(path, schema, specs, {b"hwtrace": b'{"x": 1}'}, compression,
+                          ahead=ahead)  # fmt: skip
     n = len(next(iter(columns.values()))[1])
     cuts = sorted({0, n, *pieces_at})
     pieces = [({k: v[lo:hi] for k, (_, v) in columns.items()}, hi - lo)
@@ -74,10 +75,11 @@ def _write(path, columns, pieces_at, groups_at, encoding, nulls, compression="zs
     pieces_at=st.lists(st.integers(0, 3000), max_size=6),
     groups_at=st.lists(st.integers(0, 8), max_size=3),
     compression=st.sampled_from(["zstd", "none"]),
+    ahead=st.booleans(),
 )
 def test_arrow_and_duckdb_read_back_what_was_written(
     tmp_path_factory, n, seed, kinds, styles, encodings, null_rules, pieces_at, groups_at,
-    compression,
+    compression, ahead,
 ):  # fmt: skip
     import duckdb
 
@@ -91,7 +93,7 @@ def test_arrow_and_duckdb_read_back_what_was_written(
         nulls[name] = null_rules[i] if columns[name][0] in ("i32", "i64") else pp.NOT_NULL
     path = tmp_path_factory.mktemp("pq") / "t.parquet"
     schema = _write(path, columns, [p % (n + 1) for p in pieces_at], groups_at, encoding, nulls,
-                    compression)  # fmt: skip
+                    compression, ahead)  # fmt: skip
     specs = {s.name: s for s in column_specs(schema, encoding, nulls)}
     table = pq.read_table(path)
     assert table.schema.remove_metadata() == schema
@@ -289,9 +291,10 @@ def test_row_numbers_write_what_their_values_do(tmp_path_factory, first, groups,
     groups=st.lists(st.lists(st.integers(1, 900), min_size=1, max_size=3), min_size=1, max_size=4),
     nulls=st.sampled_from([pp.NOT_NULL, pp.NULL_IF_ZERO, pp.NULL_IF_NEGATIVE]),
     sources=st.integers(1, 3),
+    ahead=st.booleans(),
 )
 def test_keyed_columns_write_what_their_values_do(
-    tmp_path_factory, seed, n_keys, groups, nulls, sources
+    tmp_path_factory, seed, n_keys, groups, nulls, sources, ahead
 ):
     """Columns given as Keyed (each row's block key into a table of values
     per block, as the flow's block columns are) are written byte for byte
@@ -299,7 +302,8 @@ def test_keyed_columns_write_what_their_values_do(
     few values (a key's instruction count), one of one value, one with
     nulls (written from its values), sharing their keys, in row groups of
     pieces whose tables grow as the decoder's does; pieces of several
-    sources (queues, each its own table) in one chunk too."""
+    sources (queues, each its own table) in one chunk too; written on the
+    calling thread or ahead on the compressing thread."""
     from hwtrace.export.parquet_file import Keyed
 
     rng = np.random.default_rng(seed)
@@ -326,7 +330,7 @@ def test_keyed_columns_write_what_their_values_do(
     ips: list[np.ndarray] = []  # each row's address, as written
     for style in ("keyed", "arrays"):
         path = tmp_path_factory.mktemp("pq") / f"{style}.parquet"
-        w = ParquetFileWriter(path, schema, specs, None, "zstd")
+        w = ParquetFileWriter(path, schema, specs, None, "zstd", ahead=ahead)
         at = 0
         ips.clear()
         for g, sizes in enumerate(groups):
@@ -613,3 +617,24 @@ def test_a_chunk_of_tiny_pages_is_stored_uncompressed(tmp_path):
     np.testing.assert_array_equal(table.column("many").to_numpy(), cols["many"][1])
     got = duckdb.sql(f"select sum(one), sum(many) from '{path}'").fetchall()[0]
     assert got == (42 * n, int(cols["many"][1].sum()))
+
+
+def test_a_write_that_fails_ahead_is_raised_by_close(tmp_path):
+    """A row group written ahead, on the compressing thread, that fails
+    (a full disk) is not lost: close raises its error."""
+
+    class Full:
+        def write(self, b):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    schema = pa.schema([("v", pa.int64())])
+    specs = column_specs(schema, {"delta": ["v"]}, {})
+    w = ParquetFileWriter(tmp_path / "f.parquet", schema, specs, None, "zstd", ahead=True)
+    w.file.close()
+    w.file = Full()
+    w.write_row_group([({"v": np.arange(1000, dtype=np.int64)}, 1000)])
+    with pytest.raises(OSError, match="No space"):
+        w.close()

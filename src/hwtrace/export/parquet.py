@@ -849,8 +849,11 @@ class _Partitioned:
 
     def _new_writer(self, path: Path) -> ParquetFileWriter | pq.ParquetWriter:
         if self.specs is not None:
+            # (on a thread of its own, the writes go on on the compressing
+            # thread while the next row group is encoded)
             return ParquetFileWriter(path, self.schema, self.specs, self.schema.metadata,
-                                     self.compression, self.scratch)  # fmt: skip
+                                     self.compression, self.scratch,
+                                     ahead=self.io.pool is not None)  # fmt: skip
         return pq.ParquetWriter(path, self.schema, **self.options)
 
     def _write_group(self, w: ParquetFileWriter | pq.ParquetWriter, pieces: list[Piece]) -> None:
@@ -892,9 +895,16 @@ class _Partitioned:
 
     def flush(self) -> None:
         """Write the rows waiting for a row group's worth (in ``io``'s
-        thread: :meth:`_Io.wait` for them)."""
+        thread: :meth:`_Io.wait` for them, then :meth:`wait_written`)."""
         for key in list(self.waiting):
             self._flush(key)
+
+    def wait_written(self) -> None:
+        """Until the open files' row groups are written (theirs are written
+        ahead, see ParquetFileWriter; ``io`` idle: after :meth:`_Io.wait`)."""
+        for w in self.open.values():
+            if isinstance(w, ParquetFileWriter):
+                w.wait()
 
     def close(self, empty_file: bool = True) -> None:
         self.flush()
@@ -1066,6 +1076,9 @@ class FlowParquetWriter:
         if self.instructions is not None:
             self.instructions.flush()
         self.io.wait()
+        for d in (self.blocks, self.instructions):
+            if d is not None:
+                d.wait_written()
 
     def _bucket(self, ns: np.ndarray | Runs) -> np.ndarray | int:
         """Each row's time bucket (-1: time unknown), or the one bucket of

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import os
 import struct
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -268,6 +269,8 @@ def column_specs(
 #: Pages at least this large are compressed ahead, on a thread of their
 #: own (a smaller one costs less to compress than to hand over).
 _COMPRESS_AHEAD = 1 << 16
+#: Row groups a writer that writes ahead may have waiting to be written.
+WRITES_AHEAD = 2
 #: A column chunk whose pages are all shorter than this is not compressed
 #: (zstd makes pages this short longer: its frame and block headers).
 _TINY_PAGE = 256
@@ -275,9 +278,10 @@ _compressing: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _compressor() -> ThreadPoolExecutor:
-    """The thread that compresses pages ahead, for every writer of this
-    process (one: the pages of a row group are written in order; a forked
-    child, a worker, makes its own)."""
+    """The thread that compresses pages ahead (and, for a writer that
+    writes ahead, writes its row groups), for every writer of this process
+    (one: what it is given runs in order; a forked child, a worker, makes
+    its own)."""
     global _compressing
     if _compressing is None or _compressing[0] != os.getpid():
         _compressing = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="hwtrace-zstd"))
@@ -428,10 +432,11 @@ class _Scratch:
         return rows.pages
 
     def new_row_group(self) -> None:
-        """Forget the pages made for the last row group."""
+        """Forget the pages made for the last row group (their compressions
+        go with them, to be written: a new memo for this one)."""
         self.keyed_rows.clear()
         self.key_rows_used = 0
-        self.compressed.clear()
+        self.compressed = {}
 
     def grow(self, rows: int) -> None:
         if rows <= self.rows:
@@ -556,7 +561,14 @@ class ParquetFileWriter:
     :meth:`write_row_group` writes pieces of rows (numpy columns) as one
     row group, a data page per piece and column; :meth:`close` writes the
     footer.  ``compression``: ``"zstd"`` or ``"none"``; ``scratch``: the
-    encoders' buffers, shared by writers used from one thread."""
+    encoders' buffers, shared by writers used from one thread.
+
+    ``ahead``: a row group's pages, once encoded, are compressed and
+    written on the compressing thread, in order, while the next row group
+    is encoded (at most :data:`WRITES_AHEAD` row groups behind; a failed
+    write is raised by the next call): the encoding thread neither waits
+    for zstd nor writes.  The file is complete when :meth:`close`
+    returns."""
 
     def __init__(
         self,
@@ -566,6 +578,7 @@ class ParquetFileWriter:
         metadata: Mapping[bytes, bytes] | None = None,
         compression: str = "zstd",
         scratch: _Scratch | None = None,
+        ahead: bool = False,
     ) -> None:
         if compression not in ("zstd", "none"):
             raise ValueError(f"compression {compression!r}: zstd or none")
@@ -578,6 +591,8 @@ class ParquetFileWriter:
         self.offset = 4
         self.row_groups: list[_Struct] = []
         self.num_rows = 0
+        self.ahead = ahead
+        self._writes: deque[Future] = deque()
 
     def write_row_group(self, pieces: Sequence[Piece]) -> None:
         """``pieces`` as one row group (each column of a piece an array of
@@ -588,11 +603,24 @@ class ParquetFileWriter:
             return
         self.scratch.grow(max(n for _, n in pieces))
         self.scratch.new_row_group()
-        start = self.offset
         # Every chunk's pages encoded first, their compression started on a
         # thread of its own as each is made; then written in order.
         encoded = [self._encode_chunk(spec, pieces) for spec in self.specs]
-        chunks = [self._write_chunk(spec, e) for spec, e in zip(self.specs, encoded, strict=True)]
+        compressed = self.scratch.compressed
+        if not self.ahead:
+            self._write_group(encoded, rows, compressed)
+            return
+        while len(self._writes) >= WRITES_AHEAD:
+            self._writes.popleft().result()
+        self._writes.append(_compressor().submit(self._write_group, encoded, rows, compressed))
+
+    def _write_group(self, encoded: list[_EncodedChunk], rows: int,
+                     compressed: dict[int, tuple[bytes, bytes | Future]]) -> None:  # fmt: skip
+        """Write the row group :meth:`write_row_group` encoded
+        (``compressed``: its pages' compressions begun, by ``id``)."""
+        start = self.offset
+        chunks = [self._write_chunk(spec, e, compressed)
+                  for spec, e in zip(self.specs, encoded, strict=True)]  # fmt: skip
         rg = _Struct().structs(1, [c for c, _ in chunks])
         rg.i64(2, sum(size for _, size in chunks)).i64(3, rows)  # (uncompressed)
         rg.i64(5, start).i64(6, self.offset - start)
@@ -762,9 +790,11 @@ class ParquetFileWriter:
             self._compress_soon(body)
         return _EncodedChunk(key, pages, dictionary, dict_count, state)
 
-    def _write_chunk(self, spec: ColumnSpec, encoded: _EncodedChunk) -> tuple[_Struct, int]:
-        """Write a column chunk :meth:`_encode_chunk` encoded; its
-        ColumnChunk and its uncompressed size."""
+    def _write_chunk(self, spec: ColumnSpec, encoded: _EncodedChunk,
+                     begun: dict[int, tuple[bytes, bytes | Future]]) -> tuple[_Struct, int]:  # fmt: skip
+        """Write a column chunk :meth:`_encode_chunk` encoded (``begun``: the
+        row group's compressions begun); its ColumnChunk and its
+        uncompressed size."""
         key, pages, dictionary, dict_count, state, before = encoded
         memo = self.scratch.constant_chunks
         if before is not None:
@@ -788,13 +818,14 @@ class ParquetFileWriter:
         )
         if dictionary is not None:
             dict_offset = self.offset
-            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN, written, squeeze)
+            u, c = self._put(dictionary, _DICTIONARY_PAGE, dict_count, _PLAIN, begun, written,
+                             squeeze)  # fmt: skip
             uncompressed += u
             compressed += c
             encodings.add(_PLAIN)
         data_offset = self.offset
         for enc, n, body in pages:
-            u, c = self._put(body, _DATA_PAGE, n, enc, written, squeeze)
+            u, c = self._put(body, _DATA_PAGE, n, enc, begun, written, squeeze)
             uncompressed += u
             compressed += c
             encodings.add(enc)
@@ -842,16 +873,17 @@ class ParquetFileWriter:
         memo[id(body)] = (body, _compressor().submit(self.codec.compress, body, asbytes=True))
 
     def _put(self, body: bytes, kind: int, n: int, encoding: int,
-             written: list[bytes] | None = None, squeeze: bool = True) -> tuple[int, int]:  # fmt: skip
+             memo: dict[int, tuple[bytes, bytes | Future]], written: list[bytes] | None = None,
+             squeeze: bool = True) -> tuple[int, int]:  # fmt: skip
         """Write one page (and add its bytes to ``written``), compressed
-        when the writer compresses and ``squeeze``; its uncompressed and
+        when the writer compresses and ``squeeze`` (``memo``: the row
+        group's compressions, by the body's ``id``); its uncompressed and
         compressed sizes, headers included."""
         if self.codec is None or not squeeze:
             data = body
         else:
             # (an index page of several keyed columns is compressed once;
             # a large page's compression was begun when it was made)
-            memo = self.scratch.compressed
             got = memo.get(id(body))
             if got is not None and got[0] is body:
                 data = got[1]
@@ -869,8 +901,23 @@ class ParquetFileWriter:
         self.offset += len(head) + len(data)
         return len(head) + len(body), len(head) + len(data)
 
+    def wait(self) -> None:
+        """Until the row groups given are written (raising a failed
+        write's error)."""
+        while self._writes:
+            self._writes.popleft().result()
+
     def close(self) -> None:
-        """Write the footer and close the file."""
+        """Write the footer (once the row groups written ahead are) and
+        close the file."""
+        try:
+            self.wait()
+        except BaseException:
+            for f in self._writes:
+                f.cancel()
+            self._writes.clear()
+            self.file.close()
+            raise
         schema = [_Struct().binary(4, "schema").i32(5, len(self.specs))]
         for spec in self.specs:
             el = _Struct().i32(1, spec.physical).i32(3, _OPTIONAL).binary(4, spec.name)
