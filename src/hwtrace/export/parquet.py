@@ -829,7 +829,9 @@ class _Partitioned:
             self.waiting.setdefault(key, []).append((piece, hi - lo))
             self.counts[key] = self.counts.get(key, 0) + hi - lo
             self.total += hi - lo
-            if self.counts[key] >= self.row_group:
+            # (The dataset's first rows are a row group at once: the writing
+            # thread, idle until then, starts while the next batch decodes.)
+            if self.counts[key] >= self.row_group or not self.parts:
                 self._flush(key)
         # A queue's later rows come in later buckets: this CPU's earlier
         # buckets are done (an open file holds its encoders and metadata;
