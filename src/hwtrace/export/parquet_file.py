@@ -270,7 +270,7 @@ def column_specs(
 #: own (a smaller one costs less to compress than to hand over).
 _COMPRESS_AHEAD = 1 << 16
 #: Row groups a writer that writes ahead may have waiting to be written.
-WRITES_AHEAD = 2
+WRITES_AHEAD = 4
 #: A column chunk whose pages are all shorter than this is not compressed
 #: (zstd makes pages this short longer: its frame and block headers).
 _TINY_PAGE = 256
