@@ -269,12 +269,23 @@ def column_specs(
 #: Pages at least this large are compressed ahead, on a thread of their
 #: own (a smaller one costs less to compress than to hand over).
 _COMPRESS_AHEAD = 1 << 16
-#: Row groups a writer that writes ahead may have waiting to be written.
+#: Row groups the writers that write ahead may have waiting to be written
+#: (all of them together: their pages wait in memory).
 WRITES_AHEAD = 4
 #: A column chunk whose pages are all shorter than this is not compressed
 #: (zstd makes pages this short longer: its frame and block headers).
 _TINY_PAGE = 256
 _compressing: tuple[int, ThreadPoolExecutor] | None = None
+_writing: tuple[int, deque[Future]] | None = None
+
+
+def _writes_waiting() -> deque[Future]:
+    """The row groups given to the compressing thread to write and not
+    yet known to be written, of every writer of this process."""
+    global _writing
+    if _writing is None or _writing[0] != os.getpid():
+        _writing = (os.getpid(), deque())
+    return _writing[1]
 
 
 def _compressor() -> ThreadPoolExecutor:
@@ -565,10 +576,11 @@ class ParquetFileWriter:
 
     ``ahead``: a row group's pages, once encoded, are compressed and
     written on the compressing thread, in order, while the next row group
-    is encoded (at most :data:`WRITES_AHEAD` row groups behind; a failed
-    write is raised by the next call): the encoding thread neither waits
-    for zstd nor writes.  The file is complete when :meth:`close`
-    returns."""
+    is encoded (at most :data:`WRITES_AHEAD` row groups of all such
+    writers behind; a failed write is raised by a later call): the
+    encoding thread neither waits for zstd nor writes.  The file is
+    complete when :meth:`close` returns.  Writers that write ahead are
+    used from one thread."""
 
     def __init__(
         self,
@@ -610,9 +622,14 @@ class ParquetFileWriter:
         if not self.ahead:
             self._write_group(encoded, rows, compressed)
             return
-        while len(self._writes) >= WRITES_AHEAD:
+        waiting = _writes_waiting()
+        while len(waiting) >= WRITES_AHEAD:
+            waiting.popleft().result()
+        while self._writes and self._writes[0].done():
             self._writes.popleft().result()
-        self._writes.append(_compressor().submit(self._write_group, encoded, rows, compressed))
+        done = _compressor().submit(self._write_group, encoded, rows, compressed)
+        waiting.append(done)
+        self._writes.append(done)
 
     def _write_group(self, encoded: list[_EncodedChunk], rows: int,
                      compressed: dict[int, tuple[bytes, bytes | Future]]) -> None:  # fmt: skip
