@@ -694,8 +694,9 @@ def _sparse_block(out, pos, starts, vals, c0, c, done, cnt, widths, mbits, words
     its delta from the run before; ``mbits``: their deltas or'ed per
     miniblock of 32 rows): the zero minimum, the four widths, then the
     miniblocks, their bits set run by run into 64-bit ``words`` (int64
-    scratch of at least 66) and written a word at a time (``out`` has
-    eight bytes to spare).  Returns the position after it."""
+    scratch of at least 129) and written a word at a time (``out`` has
+    eight bytes to spare); ``widths``: scratch of 8, each miniblock's
+    width, then where its bits start.  Returns the position after it."""
     out[pos] = 0  # (the minimum, zigzag 0)
     widths_at = pos + 1
     pos += 5
@@ -705,7 +706,6 @@ def _sparse_block(out, pos, starts, vals, c0, c, done, cnt, widths, mbits, words
         w = _bit_length(mbits[mb]) if mb < nmb else 0
         out[widths_at + mb] = w
         widths[mb] = w
-        # (where the miniblock's bits start, and its width, in one word)
         widths[4 + mb] = nbytes * 8
         nbytes += 4 * w
     nwords = (nbytes + 7) >> 3

@@ -618,25 +618,25 @@ class ParquetFileWriter:
         # Every chunk's pages encoded first, their compression started on a
         # thread of its own as each is made; then written in order.
         encoded = [self._encode_chunk(spec, pieces) for spec in self.specs]
-        compressed = self.scratch.compressed
+        begun = self.scratch.compressed
         if not self.ahead:
-            self._write_group(encoded, rows, compressed)
+            self._write_group(encoded, rows, begun)
             return
         waiting = _writes_waiting()
         while len(waiting) >= WRITES_AHEAD:
             waiting.popleft().result()
         while self._writes and self._writes[0].done():
             self._writes.popleft().result()
-        done = _compressor().submit(self._write_group, encoded, rows, compressed)
+        done = _compressor().submit(self._write_group, encoded, rows, begun)
         waiting.append(done)
         self._writes.append(done)
 
     def _write_group(self, encoded: list[_EncodedChunk], rows: int,
-                     compressed: dict[int, tuple[bytes, bytes | Future]]) -> None:  # fmt: skip
-        """Write the row group :meth:`write_row_group` encoded
-        (``compressed``: its pages' compressions begun, by ``id``)."""
+                     begun: dict[int, tuple[bytes, bytes | Future]]) -> None:  # fmt: skip
+        """Write the row group :meth:`write_row_group` encoded (``begun``:
+        its pages' compressions begun, by the body's ``id``)."""
         start = self.offset
-        chunks = [self._write_chunk(spec, e, compressed)
+        chunks = [self._write_chunk(spec, e, begun)
                   for spec, e in zip(self.specs, encoded, strict=True)]  # fmt: skip
         rg = _Struct().structs(1, [c for c, _ in chunks])
         rg.i64(2, sum(size for _, size in chunks)).i64(3, rows)  # (uncompressed)
@@ -890,10 +890,10 @@ class ParquetFileWriter:
         memo[id(body)] = (body, _compressor().submit(self.codec.compress, body, asbytes=True))
 
     def _put(self, body: bytes, kind: int, n: int, encoding: int,
-             memo: dict[int, tuple[bytes, bytes | Future]], written: list[bytes] | None = None,
+             begun: dict[int, tuple[bytes, bytes | Future]], written: list[bytes] | None = None,
              squeeze: bool = True) -> tuple[int, int]:  # fmt: skip
         """Write one page (and add its bytes to ``written``), compressed
-        when the writer compresses and ``squeeze`` (``memo``: the row
+        when the writer compresses and ``squeeze`` (``begun``: the row
         group's compressions, by the body's ``id``); its uncompressed and
         compressed sizes, headers included."""
         if self.codec is None or not squeeze:
@@ -901,7 +901,7 @@ class ParquetFileWriter:
         else:
             # (an index page of several keyed columns is compressed once;
             # a large page's compression was begun when it was made)
-            got = memo.get(id(body))
+            got = begun.get(id(body))
             if got is not None and got[0] is body:
                 data = got[1]
                 if isinstance(data, Future):
@@ -909,7 +909,7 @@ class ParquetFileWriter:
             else:
                 data = self.codec.compress(body, asbytes=True)
                 if kind == _DATA_PAGE and encoding == _RLE_DICTIONARY:
-                    memo[id(body)] = (body, data)
+                    begun[id(body)] = (body, data)
         head = _page_header(kind, len(body), len(data), n, encoding)
         self.file.write(head)
         self.file.write(data)
