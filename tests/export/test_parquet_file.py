@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hwtrace.export import _parquet_pages as pp
-from hwtrace.export.parquet_file import ParquetFileWriter, column_specs
+from hwtrace.export.parquet_file import WRITES_AHEAD, ParquetFileWriter, column_specs
 
 TYPES = {"i32": pa.int32(), "i64": pa.int64(), "u8": pa.uint8(), "u64": pa.uint64(),
          "b": pa.bool_()}  # fmt: skip
@@ -636,5 +636,12 @@ def test_a_write_that_fails_ahead_is_raised_by_close(tmp_path):
     w.file.close()
     w.file = Full()
     w.write_row_group([({"v": np.arange(1000, dtype=np.int64)}, 1000)])
+    # Another writer of the process, waiting for room among the row groups
+    # written ahead, is not handed this one's failure.
+    other = ParquetFileWriter(tmp_path / "g.parquet", schema, specs, None, "zstd", ahead=True)
+    for _ in range(WRITES_AHEAD + 1):
+        other.write_row_group([({"v": np.arange(1000, dtype=np.int64)}, 1000)])
+    other.close()
+    assert pq.read_table(tmp_path / "g.parquet").num_rows == 1000 * (WRITES_AHEAD + 1)
     with pytest.raises(OSError, match="No space"):
         w.close()

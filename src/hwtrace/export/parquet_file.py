@@ -22,6 +22,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -624,7 +625,8 @@ class ParquetFileWriter:
             return
         waiting = _writes_waiting()
         while len(waiting) >= WRITES_AHEAD:
-            waiting.popleft().result()
+            # (another writer's failure is that writer's to raise)
+            wait_for((waiting.popleft(),))
         while self._writes and self._writes[0].done():
             self._writes.popleft().result()
         done = _compressor().submit(self._write_group, encoded, rows, begun)
