@@ -97,25 +97,28 @@ BLOCKS_SCHEMA = pa.schema(
 #: Rows per row group at least (a partition's rows wait until there are
 #: as many).
 ROW_GROUP = 1 << 17
-#: ... and of the blocks dataset: about a million, two batches of a
-#: decode to Parquet, so that each column chunk's fixed costs (its
+#: ... and of the blocks dataset: about a million, a batch of a decode
+#: to Parquet, so that each column chunk's fixed costs (its
 #: metadata, dictionary page and the Python around them, a tenth of the
 #: writer's time at a batch a row group) are paid half as often, and zstd
 #: finds more to share (3% less).  (An instruction row is wider and there
 #: are several per block: those keep the smaller groups.)
 BLOCKS_ROW_GROUP = 1_000_000
 #: Rows of the batches a decode to Parquet asks the stream for: a batch
-#: is then a page of each column, two of them a row group (the stream passes on
-#: a row fewer than asked, the last block waiting for its duration), and
-#: the work per batch (Python's, numpy's: 1-2 ms of each thread) is spread
-#: over many rows (2^19 against 2^18: a tenth less time, 35 MB more memory).
-BATCH_ROWS = 1 << 19
+#: is then a page of each column and a row group by itself (the stream
+#: passes on a row fewer than asked, the last block waiting for its
+#: duration), and the work per batch (Python's, numpy's: 1-2 ms of each
+#: thread) is spread over many rows (2^19 against 2^18: a tenth less
+#: time, 35 MB more memory; 2^20 against 2^19: 3-4% less, the same peak
+#: on the flow benchmark, 20 MB more on an event-dense one; 2^21 slower
+#: again).
+BATCH_ROWS = 1 << 20
 #: Trace bytes whose packets a decode to Parquet decodes at a time: a
 #: stream's default (128 KiB) made a window per 0.7 batches of the flow
 #: benchmark, each with its compiled calls' fixed costs (354 packet windows
 #: for 64 batches); 512 KiB decodes it in a tenth less time, 20 MB more.
 WINDOW_BYTES = 1 << 19
-#: Rows per part file at most (8 batches of a decode to Parquet); a
+#: Rows per part file at most (4 batches of a decode to Parquet); a
 #: partition with more is written as several files.
 FILE_ROWS = 1 << 22
 #: Parquet encodings per column (Apache Parquet "Encodings"): dictionaries
