@@ -6,6 +6,7 @@ count, so each table only declares its columns."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -83,6 +84,61 @@ class Keyed:
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         values = np.take(self.table, self.keys)
         return values if dtype is None else values.astype(dtype, copy=False)
+
+
+class Deferred:
+    """A column of ``n`` rows made when first asked for, by ``make`` (an
+    array, or a column such as :class:`Runs`), in the thread that asks: a
+    decoding thread hands on a copy of what it has compactly (its block
+    store's entries, a few bytes a row) and the taker's thread lays it out.
+    ``nbytes``: the memory the compact form holds.  :func:`resolved` (or
+    ``numpy.asarray``) gives what ``make`` made, made once; a slice is a
+    column made from the whole (once) when asked for.  One thread at a time
+    asks."""
+
+    __slots__ = ("_made", "_make", "dtype", "n", "nbytes")
+    ndim = 1
+
+    def __init__(self, n: int, dtype: object, make: Callable[[], object], nbytes: int = 0) -> None:
+        self.n, self.dtype, self.nbytes = int(n), np.dtype(dtype), nbytes
+        self._make: Callable[[], object] | None = make
+        self._made: object = None
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def made(self) -> object:
+        """What ``make`` made (made now the first time)."""
+        if self._make is not None:
+            self._made, self._make = self._make(), None
+        return self._made
+
+    def __getitem__(self, rows: slice) -> Deferred:
+        lo, hi, step = rows.indices(self.n)
+        if step != 1:
+            raise IndexError("deferred column slice with a step of 1 only")
+        if (lo, hi) == (0, self.n):
+            return self
+        return Deferred(max(hi - lo, 0), self.dtype, lambda: self.made()[lo:hi],  # type: ignore[index]
+                        self.nbytes)  # fmt: skip
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        return np.asarray(self.made(), dtype)
+
+
+def resolved(column: object) -> object:
+    """``column`` with what is deferred in it made: a :class:`Deferred`'s
+    column, a :class:`Keyed` column's deferred keys laid out; any other
+    column as it is."""
+    if isinstance(column, Deferred):
+        return column.made()
+    if isinstance(column, Keyed) and isinstance(column.keys, Deferred):
+        return Keyed(column.keys.made(), column.table, column.source, column.counts)  # type: ignore[arg-type]
+    return column
 
 
 class _RunColumn:

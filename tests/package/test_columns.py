@@ -1,11 +1,12 @@
 """hwtrace.columns: ``distinct`` is numpy's unique without importing
-numpy.ma; ``Ramps`` holds a column that rises by one a row as runs."""
+numpy.ma; ``Ramps`` holds a column that rises by one a row as runs;
+``Deferred`` makes its column once, when first asked."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.columns import Ramps, distinct
+from hwtrace.columns import Deferred, Keyed, Ramps, Runs, distinct, resolved
 
 
 @given(
@@ -34,3 +35,29 @@ def test_ramps_hold_what_they_were_made_of(pieces):
     np.testing.assert_array_equal(np.asarray(r + 5), values + 5)
     # one run per break of the rise, none more
     assert r.starts.shape[0] == (values.shape[0] > 0) + int(np.sum(np.diff(values) != 1))
+
+
+@given(st.integers(0, 50), st.integers(-60, 60), st.integers(-60, 60))
+def test_a_deferred_column_is_made_once_and_sliced_as_numpy_does(n, lo, hi):
+    made = []
+
+    def make() -> np.ndarray:
+        made.append(1)
+        return np.arange(n, dtype=np.uint16) * 3
+
+    d = Deferred(n, np.uint16, make, nbytes=8)
+    part = d[lo:hi]
+    want = (np.arange(n, dtype=np.uint16) * 3)[lo:hi]
+    assert not made and len(part) == want.shape[0] and part.shape == want.shape
+    keyed = resolved(Keyed(part, np.arange(200, dtype=np.int64) + 7, 3))
+    assert isinstance(keyed.keys, np.ndarray) and keyed.source == 3
+    np.testing.assert_array_equal(np.asarray(keyed), want + 7)
+    np.testing.assert_array_equal(np.asarray(d), np.arange(n) * 3)
+    np.testing.assert_array_equal(resolved(part), want)
+    assert made == [1] and d[0:n] is d and resolved(want) is want
+
+
+def test_a_deferred_column_may_be_runs():
+    d = Deferred(5, np.int64, lambda: Runs(np.array([0, 2]), np.array([4, 9]), 5))
+    assert isinstance(resolved(d), Runs)
+    np.testing.assert_array_equal(np.asarray(d[1:4]), [4, 9, 9])

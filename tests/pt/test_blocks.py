@@ -19,6 +19,8 @@ from hwtrace.pt.blocks import (
     SEQ_TOP,
     BlockStore,
     CompactBlocks,
+    StoredKeys,
+    offset_at,
     store_sequence,
 )
 
@@ -39,24 +41,34 @@ def block_rows(draw):
     return ip, ninsn, offset, time
 
 
-def _stored(ip, ninsn, offset, time, pieces: int) -> CompactBlocks:
+def _store(ip, ninsn, offset, time, pieces: int) -> BlockStore:
     store = BlockStore(expect_rows=16)
     for part in np.array_split(np.arange(ip.shape[0]), pieces):
         store.append(ip[part], ninsn[part], np.full(part.shape[0], 64, np.uint8), offset[part],
                      time[part])  # fmt: skip
-    return CompactBlocks([store])
+    return store
+
+
+def _stored(ip, ninsn, offset, time, pieces: int) -> CompactBlocks:
+    return CompactBlocks([_store(ip, ninsn, offset, time, pieces)])
 
 
 @settings(max_examples=60, deadline=None)
 @given(rows=block_rows(), pieces=st.integers(1, 5))
 def test_rows_come_back(rows, pieces):
     ip, ninsn, offset, time = rows
-    blocks = _stored(ip, ninsn, offset, time, pieces)
+    store = _store(ip, ninsn, offset, time, pieces)
+    blocks = CompactBlocks([store])
     assert blocks.n == ip.shape[0]
     assert np.array_equal(blocks.column("ip"), ip)
     assert np.array_equal(blocks.column("ninsn"), ninsn)
     assert np.array_equal(blocks.column("offset"), offset)
     assert np.array_equal(blocks.column("time"), time)
+
+    # Any row's offset from the steps alone, as the rows have it.
+    some = np.unique(np.r_[0, ip.shape[0] - 1, np.arange(0, ip.shape[0], 97)])
+    got = [offset_at(*store.offset_steps(), int(r)) for r in some]
+    assert got == offset[some].tolist()
 
 
 def test_long_runs_at_one_offset_and_far_jumps():
@@ -182,6 +194,37 @@ def test_sequences_stand_for_rows():
     assert not store.live and state[S_NSEQ] == 0
     assert store.key_column().tolist() == want and store.entries().shape[0] == 9
     assert np.array_equal(store.table()["ip"][out], many)
+
+
+def test_stored_keys_give_the_rows_once_the_store_moved_on():
+    """A copy of the key column as stored (entries, the sequences they
+    name) gives the rows' keys, and the last row's, after the store was
+    cleared and stored into again; with no sequence named too."""
+    store = BlockStore(expect_rows=16)
+    ip = np.array([0x1000, 0x2000, 0x3000], np.uint64)
+    store.append(ip, np.array([3, 4, 5], np.uint32), np.full(3, 64, np.uint8),
+                 np.zeros(3, np.int64), np.zeros(3, np.uint64))  # fmt: skip
+    plain = StoredKeys(store)
+    cols, state = store.kernel_store()[2], store.state
+    seq = store_sequence(cols, state, np.array([5, 1, 2, 0], np.uint16), 1, 3, 3)
+    store.keys[state[S_ENT]] = seq
+    state[S_ENT] += 1
+    state[S_ROWS] += 3
+    copy = StoredKeys(store)
+    want = store.key_column().tolist()
+    assert want == [0, 1, 2, 1, 2, 0] and copy.entries.tolist()[-1] == seq
+    store.clear()
+    store.append(ip[::-1], np.array([5, 4, 3], np.uint32), np.full(3, 64, np.uint8),
+                 np.zeros(3, np.int64), np.zeros(3, np.uint64))  # fmt: skip
+    seq2 = store_sequence(cols, state, np.array([2, 2, 1], np.uint16), 0, 3, 3)
+    store.keys[state[S_ENT]] = seq2
+    state[S_ENT] += 1
+    state[S_ROWS] += 3
+    for stored, rows in ((copy, want), (plain, [0, 1, 2])):
+        out = np.full(len(rows), 9, np.uint16)
+        stored.into(out)
+        assert out.tolist() == rows and stored.last() == rows[-1]
+    assert store.key_column().tolist() == [2, 1, 0, 2, 2, 1]
 
 
 def test_sequences_go_with_the_rows_once_half_full():

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from test_perf_data import add_elf_mmaps
 
 from hwtrace.cli.main import main
+from hwtrace.columns import Deferred
 from hwtrace.image import Image
 from hwtrace.perf.data import read_perf_data
 from hwtrace.perf.records import Comm, SampleId, SampleType
@@ -85,17 +86,33 @@ def _streamed(path: Path, **kw) -> tuple[list[PerfBlocks], object]:
         (40, [1000, 1008, 2904, 7000], 1 << 14, 1024),
     ],
 )
-@pytest.mark.parametrize("runs", [True, False])
-def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows, chunk_bytes, runs):
+@pytest.mark.parametrize(("runs", "deferred"), [(True, False), (False, False), (False, True)])
+def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows, chunk_bytes, runs,
+                                             deferred):  # fmt: skip
     """Also with ``runs=False``, where the decoder keeps its rows compactly
-    and replays what it decoded before, the stream taking them from there."""
+    and replays what it decoded before, the stream taking them from there;
+    and ``deferred``, where a batch's keys and trace offsets are made by
+    whoever takes it, from a copy of the store's compact form."""
     run, pt, expected = _trace(copies)
     path = tmp_path / "pt.data"
     _write(path, run, pt, cuts)
     whole = decode_perf(
         read_perf_data(path), BinaryLocator(buildid_dirs=()), chunk_bytes=chunk_bytes
     )
-    got, flow = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes, runs=runs)
+    got, flow = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes, runs=runs,
+                          deferred=deferred)  # fmt: skip
+    if deferred:
+        # (made later, as a writer's thread makes them: the store has moved on)
+        assert any(isinstance(b.keys, Deferred) for b in got)
+        offsets = [b.offset for b in got]
+        got = [b.resolved() for b in got]
+        assert not any(isinstance(b.keys, Deferred) or isinstance(b.offset, Deferred) for b in got)
+        compact, _ = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes, runs=False)
+        assert [len(b) for b in compact] == [len(b) for b in got]
+        for b, c, o in zip(got, compact, offsets, strict=True):
+            np.testing.assert_array_equal(b.keys, c.keys)
+            np.testing.assert_array_equal(np.asarray(b.offset), np.asarray(c.offset))
+            np.testing.assert_array_equal(np.asarray(o), np.asarray(c.offset))
     assert not whole.problems and not flow.problems
     (q,) = whole.queues
     f = q.flow

@@ -260,8 +260,11 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     try:
         with progress:
             if decode_distributed is None:
+                # (the batches' keys and offsets laid out in the writer's
+                # thread, unless the calls are cut from them here)
                 flow = decode_session(PROG, opened, on_blocks, batch_rows=BATCH_ROWS, runs=False,
-                                      window_bytes=WINDOW_BYTES)  # fmt: skip
+                                      window_bytes=WINDOW_BYTES,
+                                      deferred=calls is None)  # fmt: skip
             elif opened.calls:
                 # Cut to calls: the blocks pass through the call filter here.
                 flow = decode_distributed[0](str(a.input), take, workers=a.workers or 0,

@@ -68,7 +68,9 @@ def decode_session(
     batch_rows: int | None = None,
     runs: bool = True,
     window_bytes: int | None = None,
+    deferred: bool = False,
 ) -> PerfStream:
     """:meth:`PerfSession.decode`, with the ``--call`` functions not found said."""
-    flow = session.decode(on_blocks, batch_rows=batch_rows, runs=runs, window_bytes=window_bytes)
+    flow = session.decode(on_blocks, batch_rows=batch_rows, runs=runs, window_bytes=window_bytes,
+                          deferred=deferred)  # fmt: skip
     return warn_missing_calls(prog, flow)

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..columns import distinct, repeated
+from ..columns import Deferred, distinct, repeated
 from ..image.symbols import SymbolTable
 from ..pt.blocks import gather
 from ..pt.decode import Gap
@@ -675,6 +675,8 @@ def _held_bytes(column: object) -> int:
         return column.keys.nbytes
     if isinstance(column, Runs):
         return column.starts.nbytes + column.values.nbytes
+    if isinstance(column, Deferred):
+        return column.nbytes
     return 0
 
 
@@ -1107,6 +1109,7 @@ class FlowParquetWriter:
             self._write_blocks(b, expand_insns)
 
     def _write_blocks(self, b: PerfBlocks, expand_insns: int) -> None:
+        b = b.resolved()
         if not len(b):
             self.write_events(b)
             return
@@ -1295,7 +1298,8 @@ def write_dataset(
         tids.update(threads_of(b))
 
     try:
-        flow = session.decode(take, batch_rows=BATCH_ROWS, runs=False, window_bytes=WINDOW_BYTES)
+        flow = session.decode(take, batch_rows=BATCH_ROWS, runs=False, window_bytes=WINDOW_BYTES,
+                              deferred=True)  # fmt: skip
         return finish_dataset(writer, flow, tids)
     except BaseException:
         writer.abort()

@@ -415,6 +415,20 @@ def offsets_of(off_row, off_val, off_base, n, offset):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def offset_at(off_row, off_val, off_base, row):
+    """Row ``row``'s trace offset from a store's offset steps (as
+    :func:`offsets_of` lays them out), without laying out the rows."""
+    at = np.int64(0)
+    value = np.int64(off_base)
+    for j in range(off_row.shape[0]):
+        at += np.int64(off_row[j])
+        if at > row:
+            break
+        value += np.int64(off_val[j])
+    return value
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val,
                 ip, ninsn, mode, image, offset, time):  # fmt: skip
     """Rows ``0..len(keys)`` of a store as dense columns: each key's block,
@@ -450,6 +464,43 @@ def _grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
     new = np.empty(size, arr.dtype)
     new[:used] = arr[:used]
     return new
+
+
+class StoredKeys:
+    """A copy of a store's key column as stored (:meth:`BlockStore.entries`
+    and the sequences they name): its rows' keys laid out later, in any
+    thread, once the store has moved on (a few bytes a row where the
+    keys take two)."""
+
+    __slots__ = ("entries", "floor", "seq_keys", "seq_len", "seq_start")
+
+    def __init__(self, store: BlockStore) -> None:
+        self.entries = store.entries().copy()
+        floor, start, length, pool = store.sequences()
+        self.floor = floor
+        if self.entries.shape[0] == len(store):
+            start, length, pool = start[:0], length[:0], pool[:0]  # (no sequence named)
+        self.seq_start, self.seq_len, self.seq_keys = start.copy(), length.copy(), pool.copy()
+
+    @property
+    def nbytes(self) -> int:
+        return self.entries.nbytes + self.seq_keys.nbytes + 16 * self.seq_start.shape[0]
+
+    def into(self, out: np.ndarray) -> None:
+        """The rows' keys into ``out`` (as many rows as the store held)."""
+        if self.seq_start.shape[0] == 0:
+            out[:] = self.entries
+        else:
+            expand_entries(self.entries, self.floor, self.seq_start, self.seq_len,
+                           self.seq_keys, out)  # fmt: skip
+
+    def last(self) -> int:
+        """The last row's key."""
+        k = int(self.entries[-1])
+        if k < self.floor or self.seq_start.shape[0] == 0:
+            return k
+        q = SEQ_TOP - k
+        return int(self.seq_keys[self.seq_start[q] + self.seq_len[q] - 1])
 
 
 class BlockStore:

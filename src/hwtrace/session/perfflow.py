@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..columns import Columns, Keyed, Runs, repeated
+from ..columns import Columns, Deferred, Keyed, Runs, repeated, resolved
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -51,7 +51,7 @@ from ..perf.intelpt import (
 )
 from ..perf.sideband import AddressSpace, BinaryLocator, Sideband, TscConversion
 from ..pt import flowrows as FK
-from ..pt.blocks import BlockStore
+from ..pt.blocks import BlockStore, StoredKeys, offset_at
 from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
@@ -725,6 +725,17 @@ class PerfBlocks:
             self.offset is None or isinstance(self.offset, np.ndarray)
         )
 
+    def resolved(self) -> PerfBlocks:
+        """The batch with its deferred columns made (in this thread; see
+        :class:`QueueSink`): its keys an array, its trace offsets runs."""
+        if not isinstance(self.keys, Deferred) and not isinstance(self.offset, Deferred):
+            return self
+        cols = [resolved(getattr(self, c)) for c in _COLUMNS]
+        return PerfBlocks(self.queue, *cols, row=self.row, ptw=self.ptw,  # type: ignore[arg-type]
+                          offset=resolved(self.offset), uniform=self.uniform,  # type: ignore[arg-type]
+                          keys=resolved(self.keys), key_table=self.key_table,  # type: ignore[arg-type]
+                          key_source=self.key_source)  # fmt: skip
+
     def dense(self) -> PerfBlocks:
         """The batch with every column an array of its own (a column of one
         value may be a read-only broadcast of it, see :attr:`uniform`), as
@@ -866,14 +877,19 @@ class QueueSink(FlowSink):
     the decoder then keeps its rows compactly (:class:`~hwtrace.pt.blocks.
     BlockStore`) and replays the stretches of flow it has decoded before,
     as when decoding with every block kept, and the rows are taken from
-    there batch by batch."""
+    there batch by batch.  ``deferred`` too: the rows' keys and trace
+    offsets are handed on as copies of the store's compact form
+    (:class:`~hwtrace.columns.Deferred`), laid out by whoever takes the
+    batch (a Parquet writer, in its own thread), not in the decoding
+    thread."""
 
     def __init__(
         self, q: QueueInfo, ctx: QueueContexts, emit: Callable[[PerfBlocks], None], rows: int,
-        *, runs: bool = True,
+        *, runs: bool = True, deferred: bool = False,
     ) -> None:  # fmt: skip
         self.q, self.ctx, self.emit, self.target = q, ctx, emit, max(rows, 1)
         self.runs = runs
+        self.defer = deferred and not runs
         # The decoder's batches as large as the ones passed on (though not
         # so small that it stops for every few blocks, nor so large that its
         # buffers weigh): a full one is passed on without being gathered.
@@ -1007,7 +1023,7 @@ class QueueSink(FlowSink):
             return
         held = 1 if self.held is not None else 0
         total = n + held
-        keys = self._keys(held, m, rest, batch, total)
+        keys, last_key = self._keys(held, m, rest, batch, total)
         # The columns passed on: the held block, then the gathered ones
         # (new arrays: whoever takes a batch may keep it), attributed in one
         # compiled pass; a stream to Parquet takes the block's own columns
@@ -1041,8 +1057,11 @@ class QueueSink(FlowSink):
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
         # (columns of one value are not written: an empty array in their place)
         out = [_NOWHERE[c] if c in one or c in lazy else cols[c] for c in _ATTRIBUTED]
-        if m:
+        if m and isinstance(keys, Deferred) and not any(o.shape[0] for o in out):
+            pass  # (nothing laid out a row at a time: the keys stay deferred)
+        elif m:
             store = self.store
+            keys = resolved(keys)
             stored_keys = keys[held : held + m] if keys is not None else store.key_column()
             attribute_stored(
                 stored_keys, t["ip"], t["ninsn"], t["mode"], t["image"],
@@ -1055,7 +1074,7 @@ class QueueSink(FlowSink):
                                  [rest_ns if c == "ns" and timed else o
                                   for c, o in zip(_ATTRIBUTED, out, strict=True)])  # fmt: skip
         if offsets_as_runs:
-            cols["offset"] = self._offset_runs(held, total)
+            cols["offset"], last_offset = self._offset_runs(held, total)
         if timed:
             conv = self.threads[0]
             starts, ns = time_runs(self.held["ns"] if held else None, t_row, t_val, held,
@@ -1083,10 +1102,12 @@ class QueueSink(FlowSink):
         last = k == total - 1
         self.held_stop = int(stop_t[last][-1]) if last.any() else None
         self.held = {c: np.asarray(v[total - 1 :]).copy() for c, v in cols.items()
-                     if c != "duration"}  # fmt: skip
+                     if c != "duration" and not isinstance(v, Deferred)}  # fmt: skip
+        if isinstance(cols["offset"], Deferred):
+            self.held["offset"] = np.array([last_offset], np.int64)
         self.key_table = None
         if keys is not None:
-            self.held["key"] = keys[total - 1 :].copy()
+            self.held["key"] = np.array([last_key], keys.dtype)
             self.key_table, self.store_number = t, self.store.number
             for c in by_key:
                 self.held[c] = t[c][self.held["key"]].astype(_KIND[c])
@@ -1116,33 +1137,65 @@ class QueueSink(FlowSink):
                 [marks, self.ptw_pending] if self.ptw_pending else [marks]
             )
 
-    def _offset_runs(self, held: int, total: int) -> Runs:
+    def _offset_runs(self, held: int, total: int) -> tuple[Runs | Deferred, int]:
         """The trace offset of the held block (if ``held``) and of the rows
-        the store holds after it, as runs."""
+        the store holds after it, as runs (deferred, see
+        :class:`QueueSink`), and the last row's."""
         first = int(self.held["offset"][0]) if held else None
-        return Runs(*offset_runs(first, *self.store.offset_steps(), held, total), total)
+        off_row, off_val, base = self.store.offset_steps()
+        if not self.defer:
+            runs = Runs(*offset_runs(first, off_row, off_val, base, held, total), total)
+            return runs, int(runs.values[-1])
+        off_row, off_val = off_row.copy(), off_val.copy()
+        last = int(offset_at(off_row, off_val, base, total - 1 - held))
+        return Deferred(total, np.int64,
+                        lambda: Runs(*offset_runs(first, off_row, off_val, base, held, total), total),
+                        off_row.nbytes + off_val.nbytes), last  # fmt: skip
 
     def _keys(self, held: int, m: int, rest: int,
-              batch: Mapping[str, np.ndarray | int] | None, total: int) -> np.ndarray | None:  # fmt: skip
+              batch: Mapping[str, np.ndarray | int] | None, total: int,
+              ) -> tuple[np.ndarray | Deferred | None, int]:  # fmt: skip
         """The next batch's block keys into the store's table (the held
         block's, the stored rows', then the written-out rows' found or
-        added there), or None: no store, or the held block has none."""
+        added there), or None: no store, or the held block has none; and
+        the last row's key.  Deferred (see :class:`QueueSink`) when the
+        store holds rows."""
         store = self.store
         if store is None or (held and "key" not in self.held):
-            return None
+            return None, -1
         # (two bytes a key while the table may not outgrow them, as the
         # store keeps its own: half the memory the writer reads)
         narrow = store.keys.dtype == np.uint16 and store.n_keys + rest < 1 << 16
-        keys = np.empty(total, np.uint16 if narrow else np.uint32)
+        kind = np.uint16 if narrow else np.uint32
+        first = int(self.held["key"][0]) if held else -1
+        src = None
+        if rest:
+            src = batch if batch is not None else {c: v[:rest] for c, v in self.gather.items()}
+        if self.defer and m:
+            stored = StoredKeys(store)
+            later = np.empty(rest, kind)
+            if src is not None:
+                store.row_keys(src["ip"], src["ninsn"], src["mode"], src["image"], later)
+            last = int(later[-1]) if rest else stored.last()
+
+            def make() -> np.ndarray:
+                keys = np.empty(total, kind)
+                if held:
+                    keys[0] = first
+                stored.into(keys[held : held + m])
+                keys[held + m :] = later
+                return keys
+
+            return Deferred(total, kind, make, stored.nbytes + later.nbytes), last
+        keys = np.empty(total, kind)
         if held:
-            keys[0] = self.held["key"][0]
+            keys[0] = first
         if m:
             # (expanded straight into the batch's keys)
             store.key_column(out=keys[held : held + m])
-        if rest:
-            src = batch if batch is not None else {c: v[:rest] for c, v in self.gather.items()}
+        if src is not None:
             store.row_keys(src["ip"], src["ninsn"], src["mode"], src["image"], keys[held + m :])
-        return keys
+        return keys, int(keys[-1])
 
     def _uniform(
         self, held: int, m: int, rest: int, batch: Mapping[str, np.ndarray | int] | None,
@@ -1274,6 +1327,7 @@ def stream_perf(
     chunk_bytes: int = 1 << 20,
     window_bytes: int = 1 << 17,
     runs: bool = True,
+    deferred: bool = False,
 ) -> PerfStream:
     """Decode every AUX queue of ``data`` (as :func:`decode_perf`), queue
     by queue in the same order, handing the blocks to ``on_blocks`` in
@@ -1285,7 +1339,10 @@ def stream_perf(
     decoder's memory, :attr:`~hwtrace.pt.flowdec.FlowDecoder.window_bytes`;
     a stream is kept to a few times what one batch needs).  ``runs=False``:
     the blocks' code-table runs are not needed (``run`` -1), which lets
-    the decoder replay what it decoded before (see :class:`QueueSink`)."""
+    the decoder replay what it decoded before (see :class:`QueueSink`);
+    with ``deferred`` too, a batch's block keys and trace offsets may be
+    :class:`~hwtrace.columns.Deferred` (:meth:`PerfBlocks.resolved` makes
+    them, in the thread that takes the batch)."""
     locator, sb, problems, setup = setup_decoding(data, locator, kernel, sideband)
     if setup is None:
         return PerfStream([], sb, None, problems)
@@ -1302,7 +1359,7 @@ def stream_perf(
         dec.window_bytes = window_bytes
         q = QueueInfo(index, cpu, tid, dec.images, _ctx=ctx, _code=code, _decoder=dec)
         infos.append(q)
-        sink = QueueSink(q, ctx, on_blocks, batch_rows, runs=runs)
+        sink = QueueSink(q, ctx, on_blocks, batch_rows, runs=runs, deferred=deferred)
         with queue_trace(data, starts, sizes) as trace:
             q.trace_bytes = trace.shape[0]
             ref = aux["reference"][aux["data_offset"] == starts[0]] if starts.shape[0] else []

@@ -133,7 +133,7 @@ class PerfSession:
 
     def decode(
         self, on_blocks: Callable[[PerfBlocks], None], *, batch_rows: int | None = None,
-        runs: bool = True, window_bytes: int | None = None,
+        runs: bool = True, window_bytes: int | None = None, deferred: bool = False,
     ) -> PerfStream:  # fmt: skip
         """Decode every trace queue, batch by batch into ``on_blocks`` (cut
         to the calls); nothing of a batch is kept once it returns.  The
@@ -144,14 +144,16 @@ class PerfSession:
         the blocks' code-table runs are not needed (faster, see
         :func:`~hwtrace.session.perfflow.stream_perf`); ``window_bytes``:
         the trace whose packets are decoded at a time (default
-        :func:`~hwtrace.session.perfflow.stream_perf`'s)."""
+        :func:`~hwtrace.session.perfflow.stream_perf`'s); ``deferred``: a
+        batch's keys and trace offsets may be made by whoever takes it
+        (:meth:`~hwtrace.session.perfflow.PerfBlocks.resolved`)."""
         take, missing = self.cut_to_calls(on_blocks)
         extra = {} if batch_rows is None else {"batch_rows": batch_rows}
         if window_bytes is not None:
             extra["window_bytes"] = window_bytes
         flow = stream_perf(
             self.data, take, self.locator, kernel=self.kernel, sideband=self.sideband,
-            runs=runs, **extra,
+            runs=runs, deferred=deferred and not self.calls, **extra,
         )  # fmt: skip
         flow.missing_calls = missing()
         return flow
