@@ -1158,8 +1158,8 @@ class QueueSink(FlowSink):
         """The next batch's block keys into the store's table (the held
         block's, the stored rows', then the written-out rows' found or
         added there), or None: no store, or the held block has none; and
-        the last row's key.  Deferred (see :class:`QueueSink`) when the
-        store holds rows."""
+        the last row's key.  Deferred (see :class:`QueueSink`) when asked
+        to and the store holds rows."""
         store = self.store
         if store is None or (held and "key" not in self.held):
             return None, -1
