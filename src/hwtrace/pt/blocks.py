@@ -484,7 +484,9 @@ class StoredKeys:
 
     @property
     def nbytes(self) -> int:
-        return self.entries.nbytes + self.seq_keys.nbytes + 16 * self.seq_start.shape[0]
+        return (
+            self.entries.nbytes + self.seq_keys.nbytes + self.seq_start.nbytes + self.seq_len.nbytes
+        )
 
     def into(self, out: np.ndarray) -> None:
         """The rows' keys into ``out`` (as many rows as the store held)."""

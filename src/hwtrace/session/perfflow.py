@@ -1057,9 +1057,8 @@ class QueueSink(FlowSink):
             stop_t = np.concatenate([np.array([self.held_stop], np.uint64), stop_t])
         # (columns of one value are not written: an empty array in their place)
         out = [_NOWHERE[c] if c in one or c in lazy else cols[c] for c in _ATTRIBUTED]
-        if m and isinstance(keys, Deferred) and not any(o.shape[0] for o in out):
-            pass  # (nothing laid out a row at a time: the keys stay deferred)
-        elif m:
+        # (nothing laid out a row at a time: deferred keys stay deferred)
+        if m and (any(o.shape[0] for o in out) or not isinstance(keys, Deferred)):
             store = self.store
             keys = resolved(keys)
             stored_keys = keys[held : held + m] if keys is not None else store.key_column()
