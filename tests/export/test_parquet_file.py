@@ -645,3 +645,21 @@ def test_a_write_that_fails_ahead_is_raised_by_close(tmp_path):
     assert pq.read_table(tmp_path / "g.parquet").num_rows == 1000 * (WRITES_AHEAD + 1)
     with pytest.raises(OSError, match="No space"):
         w.close()
+
+
+def test_scratch_keeps_its_buffers_for_batches_of_about_one_size():
+    """The encoders' buffers are sized to a power of two of rows: a stream's
+    first batch (a row short of the rest) and the next share them, not
+    reallocated twice as large for one row more (fresh memory costs a
+    page fault a page, and a stall when the kernel makes a huge page)."""
+    from hwtrace.export.parquet_file import _Scratch
+
+    s = _Scratch()
+    s.grow((1 << 20) - 1)
+    assert s.rows == 1 << 20
+    buffers = (s.out, s.indices, s.wide, s.deltas, s.levels, s.index_bytes)
+    s.grow(1 << 20)
+    assert all(a is b for a, b in zip(buffers, (s.out, s.indices, s.wide, s.deltas, s.levels,
+                                                  s.index_bytes), strict=True))  # fmt: skip
+    s.grow((1 << 20) + 1)
+    assert s.rows == 1 << 21

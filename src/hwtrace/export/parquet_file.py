@@ -414,7 +414,7 @@ class _Scratch:
         at = self.key_rows_used
         rows = sum(n for _, n in pieces)
         if at + rows > self.key_rows.shape[0]:
-            self.key_rows = np.zeros(max(rows, 2 * self.key_rows.shape[0]), np.int32)
+            self.key_rows = np.zeros(max(_pow2(rows), 2 * self.key_rows.shape[0]), np.int32)
             at = 0
         self.key_rows_used = at + rows
         state = np.zeros(pp.ST_SIZE, np.int64)
@@ -453,7 +453,11 @@ class _Scratch:
     def grow(self, rows: int) -> None:
         if rows <= self.rows:
             return
-        self.rows = max(rows, 2 * self.rows)
+        # (a power of two: batches of about one size, one row more or less
+        # as a stream's first is, share the buffers; memory fresh from the
+        # system costs a fault a page, and a stall when the kernel makes a
+        # huge page of it)
+        self.rows = max(_pow2(rows), 2 * self.rows)
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
         # (a keyed column's indices when its values are few: bytes)
@@ -464,6 +468,11 @@ class _Scratch:
         # Worst cases: PLAIN int64 values with their levels, a delta page's
         # 64-bit miniblocks with their headers, a full dictionary page.
         self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
+
+
+def _pow2(n: int) -> int:
+    """The least power of two of at least ``n``."""
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 class RowNumbers:
