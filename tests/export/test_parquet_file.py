@@ -141,6 +141,23 @@ def test_a_full_dictionary_falls_back_to_plain_pages(tmp_path):
     assert "PLAIN" in encodings and "RLE_DICTIONARY" in encodings
 
 
+def test_a_chunk_after_a_full_dictionary_starts_from_an_empty_one(tmp_path):
+    """A chunk whose first page fills the dictionary is written PLAIN, and
+    the next chunk's dictionary starts empty: values the full one held
+    are not found there (indices past the next chunk's dictionary)."""
+    n = pp.DICT_LIMIT + 5000
+    full = np.arange(n, dtype=np.int64) * 7919
+    again = np.tile(full[[10, 20, 30]], 100)
+    schema = pa.schema([("a", pa.int64()), ("b", pa.int64())])
+    specs = column_specs(schema, {"dictionary": ["a", "b"]}, {})
+    w = ParquetFileWriter(tmp_path / "f.parquet", schema, specs, None, "zstd")
+    w.write_row_group([({"a": full, "b": np.resize(again, n)}, n)])
+    w.close()
+    got = pq.read_table(tmp_path / "f.parquet")
+    np.testing.assert_array_equal(got.column("a").to_numpy(), full)
+    np.testing.assert_array_equal(got.column("b").to_numpy(), np.resize(again, n))
+
+
 @pytest.mark.parametrize("values", [
     [np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0, -1, np.iinfo(np.int64).min],
     [5] * 300, list(range(129)), [1], [7, 7], list(range(0, 3 * 257, 3)),

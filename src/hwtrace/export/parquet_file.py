@@ -718,6 +718,9 @@ class ParquetFileWriter:
                 pages.append((_PLAIN, n, s.out[:size].tobytes()))
         count = int(state[pp.ST_DICT])
         if not any(enc == _RLE_DICTIONARY for enc, _, _ in pages):
+            # (a dictionary that filled up on the first page keeps what it
+            # took: emptied for the next chunk all the same)
+            s.reset_dictionary(count)
             return pages, None, 0
         # (a dictionary page, empty when every value was null, precedes
         # dictionary-encoded pages)
