@@ -158,6 +158,47 @@ def test_a_chunk_after_a_full_dictionary_starts_from_an_empty_one(tmp_path):
     np.testing.assert_array_equal(got.column("b").to_numpy(), np.resize(again, n))
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    limit=st.integers(1, 40),
+    styles=st.lists(st.sampled_from(["random", "few", "runs", "zeros"]), min_size=3, max_size=3),
+    groups=st.lists(st.lists(st.integers(1, 120), min_size=1, max_size=3), min_size=1,
+                    max_size=4),
+    null=st.sampled_from([pp.NOT_NULL, pp.NULL_IF_NEGATIVE]),
+)  # fmt: skip
+def test_dictionaries_that_fill_up_on_any_page_read_back(tmp_path_factory, seed, limit, styles,
+                                                         groups, null):  # fmt: skip
+    """Dictionary columns whose dictionary fills up on any page (a
+    dictionary of ``limit`` entries: the writers' scratch made so), in
+    chunks one after another sharing it: every value reads back."""
+    from hwtrace.export.parquet_file import _Scratch
+
+    rng = np.random.default_rng(seed)
+    n = sum(map(sum, groups))
+    kinds = ["i64", "i32", "u64"]
+    cols = {f"c{i}": (k, _values(k, n, style, rng))
+            for i, (k, style) in enumerate(zip(kinds, styles, strict=True))}  # fmt: skip
+    schema = pa.schema([(name, TYPES[k]) for name, (k, _) in cols.items()])
+    nulls = {name: null for name, (k, _) in cols.items() if k != "u64"}
+    specs = column_specs(schema, {"dictionary": list(cols)}, nulls)
+    scratch = _Scratch()
+    scratch.entries = np.zeros(limit, np.int64)
+    path = tmp_path_factory.mktemp("pq") / "f.parquet"
+    w = ParquetFileWriter(path, schema, specs, None, "zstd", scratch)
+    at = 0
+    for sizes in groups:
+        pieces = []
+        for m in sizes:
+            pieces.append(({name: v[at : at + m] for name, (_, v) in cols.items()}, m))
+            at += m
+        w.write_row_group(pieces)
+    w.close()
+    got = pq.read_table(path)
+    for name, (k, v) in cols.items():
+        assert got.column(name).combine_chunks().equals(_expected(k, v, nulls.get(name, 0)))
+
+
 @pytest.mark.parametrize("values", [
     [np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0, -1, np.iinfo(np.int64).min],
     [5] * 300, list(range(129)), [1], [7, 7], list(range(0, 3 * 257, 3)),
