@@ -721,3 +721,56 @@ def test_scratch_keeps_its_buffers_for_batches_of_about_one_size():
                                                   s.index_bytes), strict=True))  # fmt: skip
     s.grow((1 << 20) + 1)
     assert s.rows == 1 << 21
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    batches=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 90), st.integers(0, 3)),
+                     min_size=1, max_size=14),
+    row_group=st.integers(1, 60),
+    budget=st.integers(1, 150),
+    max_open=st.integers(1, 4),
+    file_rows=st.integers(1, 120),
+    background=st.booleans(),
+)  # fmt: skip
+def test_partitioned_rows_land_once_in_their_partition(tmp_path_factory, seed, batches,
+                                                       row_group, budget, max_open, file_rows,
+                                                       background):  # fmt: skip
+    """Batches of rows of a few CPUs, each row in a time bucket (buckets
+    rising, repeating, going back), written with few files open at once,
+    small files, row groups and budgets of waiting rows: every row is in
+    exactly one file, of its CPU's and bucket's partition, as given."""
+    import hwtrace.export.parquet as P
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(P, "FILE_ROWS", file_rows)
+        got, want = _write_partitioned(P, tmp_path_factory.mktemp("ds"), seed, batches,
+                                       row_group, budget, max_open, background)  # fmt: skip
+    assert sorted(got) == sorted(want)
+
+
+def _write_partitioned(P, root, seed, batches, row_group, budget, max_open, background):
+    import pyarrow.dataset as pads
+
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("cpu", pa.int32()), ("x", pa.int64()), ("y", pa.int32())])
+    io = P._Io(background)
+    w = P._Partitioned(root, schema, {}, row_group=row_group, budget=budget, max_open=max_open,
+                       compression="zstd", encoding={"dictionary": ["y"], "delta": ["x"]},
+                       io=io)  # fmt: skip
+    want = []
+    at = 0
+    for cpu, n, spread in batches:
+        x = np.arange(at, at + n, dtype=np.int64)
+        y = rng.integers(0, 4, n).astype(np.int32)
+        bucket = np.sort(rng.integers(0, spread + 1, n)) if spread else int(rng.integers(0, 3))
+        io.run(w.write, {"x": x, "y": y}, cpu, bucket)
+        want += zip(x.tolist(), [cpu] * n, np.broadcast_to(bucket, (n,)).tolist(), y.tolist(),
+                    strict=True)  # fmt: skip
+        at += n
+    io.run(w.close)
+    io.wait()
+    io.stop()
+    got = pads.dataset(root, format="parquet", partitioning="hive").to_table().to_pylist()
+    return [(r["x"], r["cpu"], r["bucket"], r["y"]) for r in got], want
