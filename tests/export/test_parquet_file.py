@@ -769,8 +769,10 @@ def _write_partitioned(P, root, seed, batches, row_group, budget, max_open, back
         want += zip(x.tolist(), [cpu] * n, np.broadcast_to(bucket, (n,)).tolist(), y.tolist(),
                     strict=True)  # fmt: skip
         at += n
-    io.run(w.close)
+    # (closed from the calling thread, as FlowParquetWriter does: the
+    # close waits for the writes given to the writer's thread)
     io.wait()
+    w.close()
     io.stop()
     got = pads.dataset(root, format="parquet", partitioning="hive").to_table().to_pylist()
     return [(r["x"], r["cpu"], r["bucket"], r["y"]) for r in got], want
