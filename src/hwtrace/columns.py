@@ -37,6 +37,12 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+def pow2_at_least(n: int) -> int:
+    """The least power of two of at least ``n`` (1 for 0): a buffer's
+    rows, or a ring's slots."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
 def repeated(value: object, n: int, kind: type) -> np.ndarray:
     """``n`` rows of ``value`` as ``kind``: a read-only broadcast of one
     value (no memory a row), for a column known to hold one value."""

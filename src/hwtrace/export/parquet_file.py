@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..columns import Keyed, Runs, joined
+from ..columns import Keyed, Runs, joined, pow2_at_least
 from . import _parquet_pages as pp
 
 __all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "Runs", "column_specs"]
@@ -414,7 +414,7 @@ class _Scratch:
         at = self.key_rows_used
         rows = sum(n for _, n in pieces)
         if at + rows > self.key_rows.shape[0]:
-            self.key_rows = np.zeros(max(_pow2(rows), 2 * self.key_rows.shape[0]), np.int32)
+            self.key_rows = np.zeros(max(pow2_at_least(rows), 2 * self.key_rows.shape[0]), np.int32)
             at = 0
         self.key_rows_used = at + rows
         state = np.zeros(pp.ST_SIZE, np.int64)
@@ -457,7 +457,7 @@ class _Scratch:
         # as a stream's first is, share the buffers; memory fresh from the
         # system costs a fault a page, and a stall when the kernel makes a
         # huge page of it)
-        self.rows = max(_pow2(rows), 2 * self.rows)
+        self.rows = max(pow2_at_least(rows), 2 * self.rows)
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
         # (a keyed column's indices when its values are few: bytes)
@@ -468,11 +468,6 @@ class _Scratch:
         # Worst cases: PLAIN int64 values with their levels, a delta page's
         # 64-bit miniblocks with their headers, a full dictionary page.
         self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
-
-
-def _pow2(n: int) -> int:
-    """The least power of two of at least ``n``."""
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 class RowNumbers:

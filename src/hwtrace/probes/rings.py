@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..columns import pow2_at_least
+
 __all__ = [
     "EVENT_DTYPE",
     "HEADER_BYTES",
@@ -81,10 +83,6 @@ class Geometry:
         return self.slots_offset + (self.buffers << self.buffer_shift)
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def clock_pair() -> tuple[int, int]:
     """(TSC, CLOCK_MONOTONIC ns) read together: the tightest of a few
     readings, the ns the middle of its window."""
@@ -131,7 +129,7 @@ class Rings:
 
     def __init__(self, cpus: int | None = None, slots: int = 1 << 16) -> None:
         cpus = cpus or os.cpu_count() or 1
-        self.geometry = Geometry(_pow2(max(cpus, _possible_cpus())), _pow2(slots))
+        self.geometry = Geometry(pow2_at_least(max(cpus, _possible_cpus())), pow2_at_least(slots))
         self.fd = os.memfd_create("hwtrace-probe-events", 0)
         size = self.geometry.size
         os.ftruncate(self.fd, size)
