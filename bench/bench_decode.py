@@ -13,7 +13,13 @@ encodes it again with hwtrace's encoder in several shapes:
   system call), PSB+ every 2 KiB, TSC/MTC, compressed returns;
 * ``syscalls-20k-noret``: off every ~20,000, PSB+ every 4 KiB, TSC/MTC,
   no return compression (as with ``noretcomp``);
-* ``psb1k-cyc``: off every ~8,000, PSB+ every 1 KiB, TSC/MTC/CYC.
+* ``psb1k-cyc``: off every ~8,000, PSB+ every 1 KiB, TSC/MTC/CYC;
+* ``plain-2k``: ``syscalls-2k`` without the system calls (tracing never
+  off), the control that prices them: a second table gives what a system
+  call costs each decoder beyond its rate on plain flow, in nanoseconds a
+  system call: its packets (FUP, TIP.PGD, MODE.Exec, TIP.PGE) and what
+  they change around them (the TNT packet cut short before, returns to
+  calls made before tracing went off sent as TIPs after).
 
 and, in one run, decodes each with
 
@@ -70,7 +76,10 @@ SHAPES = [
     Shape("syscalls-2k", 2_000, 2048),
     Shape("syscalls-20k-noret", 20_000, 4096, ret_compression=False),
     Shape("psb1k-cyc", 8_000, 1024, cyc=True),
+    Shape("plain-2k", 0, 2048),
 ]
+# The shape with system calls and its control without (see event_costs).
+EVENTS_PAIR = ("syscalls-2k", "plain-2k")
 OFF_LENGTH = 150  # instructions not traced per system call (the kernel's)
 
 
@@ -212,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     status = 0
+    timed: dict[str, dict[str, float]] = {}
     for name, trace, meta in traces:
         expected = int(meta["instructions"])
         print(f"{name}: {expected:,} instructions, {trace.stat().st_size:,} bytes", flush=True)
@@ -240,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         if expected <= args.disasm_max:
             seconds, _ = wall(ptxed_cmd(trace, workload.elf, timing), 1)
             results.append(("hwtrace ptxed (disassembly), whole process", seconds, expected))
+        timed[name] = {"instructions": expected, "system_calls": meta.get("system_calls", 0),
+                       **{label: seconds for label, seconds, _ in results}}  # fmt: skip
         for label, seconds, count in results:
             if count != expected:
                 status = 1
@@ -252,6 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         width=110,
     )
+    costs = event_costs(timed)
+    if costs:
+        common.print_table(
+            f"What a system call costs beyond plain flow ({EVENTS_PAIR[0]} against "
+            f"{EVENTS_PAIR[1]})",
+            ("decoder", "ns / system call", "share of the decode"),
+            costs,
+            width=100,
+        )
     if args.big:
         common.print_table(
             "ptxed on the flow trace tiled to 4 GiB (output to /dev/null)",
@@ -260,6 +281,23 @@ def main(argv: list[str] | None = None) -> int:
             width=100,
         )
     return status
+
+
+def event_costs(timed: dict[str, dict[str, float]]) -> list[tuple[str, str, str]]:
+    """Per decoder, the time a system call adds beyond the decoder's rate on
+    the same encoding without them: ``(t - t_plain * n / n_plain) /
+    calls``, and that as a share of ``t``."""
+    with_calls, plain = (timed.get(name) for name in EVENTS_PAIR)
+    if not with_calls or not plain or not with_calls["system_calls"]:
+        return []
+    out = []
+    for label in ("libipt pt_blk_next", "decode_trace first run, kept",
+                  "decode_trace first run, counted"):  # fmt: skip
+        t, t0 = with_calls[label], plain[label]
+        extra = t - t0 * with_calls["instructions"] / plain["instructions"]
+        out.append((label, f"{extra / with_calls['system_calls'] * 1e9:.0f}",
+                     f"{extra / t:.0%}"))  # fmt: skip
+    return out
 
 
 def big_trace(workload: bench_flow.Workload, timing: dict) -> list[tuple[str, ...]]:
