@@ -269,9 +269,39 @@ def test_query_prints_tables_csv_and_json(recorded):
     assert all(v in out.stdout for v in ("functions", "threads", "calls", "gap_summary"))
 
 
+def _codecs(directory: Path) -> set[str]:
+    """The codecs of the column chunks of a dataset's files (but the tiny
+    chunks, which are stored as they are)."""
+    import pyarrow.parquet as pq
+
+    found = set()
+    for f in directory.rglob("*.parquet"):
+        meta = pq.read_metadata(f)
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            found |= {rg.column(c).compression for c in range(rg.num_columns)}
+    return found - {"UNCOMPRESSED"}
+
+
+def test_compression_is_the_users_choice(recorded, tmp_path):
+    """``--compression lz4`` writes the same rows as the default zstd, with
+    LZ4 (Parquet's LZ4_RAW) pages; an unknown codec is refused by name."""
+    data, flow = recorded
+    out = run("decode", str(data), "-o", str(tmp_path / "lz4"), "--instructions", "--bucket",
+              "0.05", "--compression", "lz4")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for name in ("blocks", "instructions"):
+        assert _read(tmp_path / "lz4", name).equals(_read(flow, name)), name
+        assert _codecs(tmp_path / "lz4" / name) == {"LZ4"}
+        assert _codecs(flow / name) == {"ZSTD"}
+    out = run("decode", str(data), "-o", str(tmp_path / "x"), "--compression", "gzip")
+    assert out.returncode == 2 and "invalid choice: 'gzip'" in out.stderr
+
+
 def test_distributed_decode_or_one_line(recorded, tmp_path):
     data, flow = recorded
-    out = run("decode", str(data), "-o", str(tmp_path / "d"), "--workers", "2")
+    out = run("decode", str(data), "-o", str(tmp_path / "d"), "--workers", "2",
+              "--compression", "snappy")  # fmt: skip
     if importlib.util.find_spec("hwtrace.cluster") is None:
         assert out.returncode == 1 and out.stderr.count("\n") == 1
         assert "hwtrace.cluster is not available" in out.stderr
@@ -279,6 +309,7 @@ def test_distributed_decode_or_one_line(recorded, tmp_path):
     assert out.returncode == 0, out.stderr
     mine, theirs = _read(flow, "blocks"), _read(tmp_path / "d", "blocks")
     assert theirs.drop_columns(["bucket"]).equals(mine.drop_columns(["bucket"]))
+    assert _codecs(tmp_path / "d" / "blocks") == {"SNAPPY"}
 
 
 def test_drain_writes_every_block_given(batches, tmp_path):

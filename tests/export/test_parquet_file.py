@@ -14,7 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hwtrace.export import _parquet_pages as pp
-from hwtrace.export.parquet_file import WRITES_AHEAD, ParquetFileWriter, column_specs
+from hwtrace.export.parquet_file import (
+    COMPRESSIONS,
+    WRITES_AHEAD,
+    ParquetFileWriter,
+    column_specs,
+)
 
 TYPES = {"i32": pa.int32(), "i64": pa.int64(), "u8": pa.uint8(), "u64": pa.uint64(),
          "b": pa.bool_()}  # fmt: skip
@@ -74,7 +79,7 @@ def _write(path, columns, pieces_at, groups_at, encoding, nulls, compression="zs
     ),
     pieces_at=st.lists(st.integers(0, 3000), max_size=6),
     groups_at=st.lists(st.integers(0, 8), max_size=3),
-    compression=st.sampled_from(["zstd", "none"]),
+    compression=st.sampled_from(sorted(COMPRESSIONS)),
     ahead=st.booleans(),
 )
 def test_arrow_and_duckdb_read_back_what_was_written(
@@ -677,6 +682,34 @@ def test_a_chunk_of_tiny_pages_is_stored_uncompressed(tmp_path):
     assert got == (42 * n, int(cols["many"][1].sum()))
 
 
+@pytest.mark.parametrize("compression", sorted(COMPRESSIONS))
+def test_each_compression_is_named_in_the_footer(tmp_path, compression):
+    """The codec a chunk's pages were compressed with is the one its
+    ColumnChunk names (readers decompress by it); ``none`` and tiny chunks
+    say UNCOMPRESSED."""
+    n = 20000
+    rng = np.random.default_rng(3)
+    # (a pattern repeated: every codec finds it)
+    cols = {"one": ("i64", np.full(n, 7, np.int64)),
+            "many": ("i64", np.tile(rng.integers(0, 1 << 40, 100), n // 100))}  # fmt: skip
+    path = tmp_path / "t.parquet"
+    _write(path, cols, [5000], [], {"dictionary": ["one"]}, {}, compression)
+    # (Arrow names Parquet's LZ4_RAW, the raw block format, LZ4)
+    named = {"zstd": "ZSTD", "lz4": "LZ4", "snappy": "SNAPPY", "none": "UNCOMPRESSED"}
+    rg = pq.read_metadata(path).row_group(0)
+    codecs = {rg.column(c).path_in_schema: rg.column(c).compression for c in range(2)}
+    assert codecs == {"one": "UNCOMPRESSED", "many": named[compression]}
+    table = pq.read_table(path)
+    np.testing.assert_array_equal(table.column("many").to_numpy(), cols["many"][1])
+    if compression != "none":
+        assert rg.column(1).total_compressed_size < rg.column(1).total_uncompressed_size
+
+
+def test_an_unknown_compression_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="one of zstd, lz4, snappy, none"):
+        _write(tmp_path / "t.parquet", {"x": ("i64", np.arange(3))}, [], [], {}, {}, "gzip")
+
+
 def test_a_write_that_fails_ahead_is_raised_by_close(tmp_path):
     """A row group written ahead, on the compressing thread, that fails
     (a full disk) is not lost: close raises its error."""
@@ -776,3 +809,9 @@ def _write_partitioned(P, root, seed, batches, row_group, budget, max_open, back
     io.stop()
     got = pads.dataset(root, format="parquet", partitioning="hive").to_table().to_pylist()
     return [(r["x"], r["cpu"], r["bucket"], r["y"]) for r in got], want
+
+
+def test_the_decode_commands_choices_are_the_writers():
+    from hwtrace.cli.decode import COMPRESSIONS as CHOICES
+
+    assert CHOICES == tuple(COMPRESSIONS)

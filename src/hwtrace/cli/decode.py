@@ -30,6 +30,9 @@ from .common import command_parser
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 PROG = "hwtrace decode"
+#: hwtrace.export.parquet_file.COMPRESSIONS' names (not imported: pyarrow
+#: stays out of the command's start).
+COMPRESSIONS = ("zstd", "lz4", "snappy", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also write every function call (thread, entry, time, duration and "
                    "instructions, entry through return) for the calls view; memory grows with "
                    "the calls; not with --workers/--cluster")  # fmt: skip
+    p.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
+                   help="how the Parquet pages are compressed: zstd (default; the smallest "
+                   "files), lz4 or snappy (faster, files about twice as large), none")  # fmt: skip
     p.add_argument("--bucket", type=float, default=1.0, metavar="SECONDS",
                    help="width of the time buckets blocks are partitioned by (default 1 s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -229,7 +235,8 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
     try:
         writer = FlowParquetWriter(a.output, _metadata(a, argv, opened), names=names,
                                    bucket_ns=int(a.bucket * 1e9),
-                                   instructions=a.instructions, background=True)  # fmt: skip
+                                   instructions=a.instructions, compression=a.compression,
+                                   background=True)  # fmt: skip
     except OSError as e:
         sys.stderr.write(f"{PROG}: {a.output}: {e.strerror or e}\n")
         return 1

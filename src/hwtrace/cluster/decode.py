@@ -934,7 +934,8 @@ def write_piece(task: PieceTask, fix: dict, directory: str, settings: dict) -> d
     names = Names(build_ids=inp.build_ids)
     writer = FlowParquetWriter(directory, settings["metadata"], names=names,
                                bucket_ns=settings["bucket_ns"],
-                               instructions=settings["instructions"], part=fix["part"])  # fmt: skip
+                               instructions=settings["instructions"], part=fix["part"],
+                               compression=settings["compression"])  # fmt: skip
     tids: set[int] = set()
 
     def emit(b: PerfBlocks) -> None:
@@ -1056,7 +1057,7 @@ def decode_to_parquet(
     settings = {"metadata": {k: v for k, v in writer.metadata.items()
                              if k not in ("format", "bucket_ns", "instructions")},
                 "bucket_ns": writer.bucket_ns, "instructions": writer.instructions is not None,
-                "batch_rows": o.batch_rows}  # fmt: skip
+                "batch_rows": o.batch_rows, "compression": writer.compression}  # fmt: skip
     directory = str(Path(writer.root).resolve())
     tids: set[int] = set()
     with _client(o, path, directory) as client:

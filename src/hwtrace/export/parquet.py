@@ -47,7 +47,16 @@ from ..pt.decode import Gap
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream, QueueInfo
 from . import _parquet_pages as pages
-from .parquet_file import Keyed, ParquetFileWriter, Piece, RowNumbers, Runs, _Scratch, column_specs
+from .parquet_file import (
+    COMPRESSIONS,
+    Keyed,
+    ParquetFileWriter,
+    Piece,
+    RowNumbers,
+    Runs,
+    _Scratch,
+    column_specs,
+)
 from .query import FORMAT, read_meta
 
 __all__ = [
@@ -773,7 +782,7 @@ class _Partitioned:
 
     Rows come as numpy columns (``nulls``: which values stand for null).
     Files are written by the compiled writer (:mod:`.parquet_file`) when it
-    stores every column and the compression is zstd or none, else by
+    stores every column and the compression is one it offers, else by
     Arrow's; either way in ``io``'s thread."""
 
     def __init__(
@@ -798,7 +807,7 @@ class _Partitioned:
         # The partition columns live in the directory names only.
         self.schema = schema.remove(schema.get_field_index("cpu")).with_metadata(metadata)
         self.specs = (column_specs(self.schema, enc, self.nulls)
-                      if compression in ("zstd", "none") else None)  # fmt: skip
+                      if compression in COMPRESSIONS else None)  # fmt: skip
         self.scratch = _Scratch() if self.specs is not None else None
         self.row_group, self.budget, self.max_open = row_group, budget, max_open
         self.compression = compression

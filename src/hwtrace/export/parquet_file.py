@@ -9,8 +9,8 @@ The file is what Apache Parquet's format specification ("parquet.thrift",
 it was made for: data pages of version 1 with definition levels (every
 column optional, as Arrow's fields are nullable), one column chunk per
 column and row group, a dictionary page first in a dictionary-encoded
-chunk, statistics (minimum, maximum, nulls) per chunk, zstd (or no)
-compression of each page, the Arrow schema and the caller's key-value
+chunk, statistics (minimum, maximum, nulls) per chunk, each page compressed
+(zstd, LZ4 or Snappy) or not, the Arrow schema and the caller's key-value
 metadata in the footer.  The footer is Thrift's compact protocol.
 """
 
@@ -32,7 +32,15 @@ import pyarrow as pa
 from ..columns import Keyed, Runs, joined, pow2_at_least
 from . import _parquet_pages as pp
 
-__all__ = ["ColumnSpec", "Keyed", "ParquetFileWriter", "RowNumbers", "Runs", "column_specs"]
+__all__ = [
+    "COMPRESSIONS",
+    "ColumnSpec",
+    "Keyed",
+    "ParquetFileWriter",
+    "RowNumbers",
+    "Runs",
+    "column_specs",
+]
 
 # Thrift compact protocol types (Apache Thrift, "Thrift Compact protocol").
 _T_TRUE, _T_FALSE, _T_I8, _T_I16, _T_I32, _T_I64 = 1, 2, 3, 4, 5, 6
@@ -41,7 +49,19 @@ _T_BINARY, _T_LIST, _T_STRUCT = 8, 9, 12
 # parquet.thrift enums.
 _INT32, _INT64, _BOOLEAN = 1, 2, 0
 _PLAIN, _RLE, _RLE_DICTIONARY, _DELTA_BINARY_PACKED = 0, 3, 8, 5
-_UNCOMPRESSED, _ZSTD = 0, 6
+_UNCOMPRESSED, _SNAPPY, _ZSTD, _LZ4_RAW = 0, 1, 6, 7
+
+#: The compressions the writer offers, by the name pyarrow and DuckDB give
+#: them: parquet.thrift's codec, Arrow's codec and its options.  zstd at
+#: level 1 makes the smallest files; LZ4 (the raw block format, Parquet's
+#: LZ4_RAW) and Snappy compress in about half zstd's time into files about
+#: twice as large, and read back faster.
+COMPRESSIONS: dict[str, tuple[int, str | None, dict[str, int]]] = {
+    "zstd": (_ZSTD, "zstd", {"compression_level": 1}),
+    "lz4": (_LZ4_RAW, "lz4_raw", {}),
+    "snappy": (_SNAPPY, "snappy", {}),
+    "none": (_UNCOMPRESSED, None, {}),
+}
 _DATA_PAGE, _DICTIONARY_PAGE = 0, 2
 _OPTIONAL = 1
 _UINT_8, _UINT_64 = 11, 14
@@ -274,7 +294,7 @@ _COMPRESS_AHEAD = 1 << 16
 #: (all of them together: their pages wait in memory).
 WRITES_AHEAD = 4
 #: A column chunk whose pages are all shorter than this is not compressed
-#: (zstd makes pages this short longer: its frame and block headers).
+#: (a codec makes pages this short longer: zstd's frame and block headers).
 _TINY_PAGE = 256
 _compressing: tuple[int, ThreadPoolExecutor] | None = None
 _writing: tuple[int, deque[Future]] | None = None
@@ -296,7 +316,7 @@ def _compressor() -> ThreadPoolExecutor:
     its own)."""
     global _compressing
     if _compressing is None or _compressing[0] != os.getpid():
-        _compressing = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="hwtrace-zstd"))
+        _compressing = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="hwtrace-compress"))
     return _compressing[1]
 
 
@@ -576,14 +596,14 @@ class ParquetFileWriter:
     """Writes rows of ``specs``' columns into a Parquet file at ``path``:
     :meth:`write_row_group` writes pieces of rows (numpy columns) as one
     row group, a data page per piece and column; :meth:`close` writes the
-    footer.  ``compression``: ``"zstd"`` or ``"none"``; ``scratch``: the
+    footer.  ``compression``: one of :data:`COMPRESSIONS`; ``scratch``: the
     encoders' buffers, shared by writers used from one thread.
 
     ``ahead``: a row group's pages, once encoded, are compressed and
     written on the compressing thread, in order, while the next row group
     is encoded (at most :data:`WRITES_AHEAD` row groups of all such
     writers behind; a failed write is raised by a later call): the
-    encoding thread neither waits for zstd nor writes.  The file is
+    encoding thread neither waits for the codec nor writes.  The file is
     complete when :meth:`close` returns.  Writers that write ahead are
     used from one thread."""
 
@@ -597,11 +617,12 @@ class ParquetFileWriter:
         scratch: _Scratch | None = None,
         ahead: bool = False,
     ) -> None:
-        if compression not in ("zstd", "none"):
-            raise ValueError(f"compression {compression!r}: zstd or none")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
         self.schema, self.specs = schema, specs
         self.metadata = dict(metadata or {})
-        self.codec = pa.Codec("zstd", compression_level=1) if compression == "zstd" else None
+        self.codec_id, name, options = COMPRESSIONS[compression]
+        self.codec = pa.Codec(name, **options) if name else None
         self.scratch = scratch or _Scratch()
         self.file = open(path, "wb")
         self.file.write(b"PAR1")
@@ -836,7 +857,7 @@ class ParquetFileWriter:
         uncompressed = compressed = 0
         encodings = {_RLE}
         # A chunk of tiny pages only (a constant's, row numbers') is stored
-        # as it is: zstd's frame would make them longer, and each page
+        # as it is: a codec's frame would make them longer, and each page
         # costs a compressor's set-up.
         squeeze = self.codec is not None and not (
             all(len(body) < _TINY_PAGE for _, _, body in pages)
@@ -856,7 +877,7 @@ class ParquetFileWriter:
             compressed += c
             encodings.add(enc)
         totals = (uncompressed, compressed, tuple(sorted(encodings)),
-                  _ZSTD if squeeze else _UNCOMPRESSED)  # fmt: skip
+                  self.codec_id if squeeze else _UNCOMPRESSED)  # fmt: skip
         if written is not None:
             if len(memo) >= 64:
                 memo.clear()
@@ -885,8 +906,8 @@ class ParquetFileWriter:
         return chunk, uncompressed
 
     def _compress_soon(self, body: bytes) -> None:
-        """Begin compressing a data page on the compressing thread (zstd
-        lets go of the GIL): it runs beside the encoding of the row
+        """Begin compressing a data page on the compressing thread (Arrow's
+        codecs let go of the GIL): it runs beside the encoding of the row
         group's next columns, on a core the decoding thread leaves idle
         while it waits for this writer.  Small pages are compressed when
         written."""
