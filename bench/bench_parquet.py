@@ -17,6 +17,8 @@ same path), each in the same run:
 * ``decode``: ``hwtrace decode -i X.data -o DIR`` as a whole process
   (blocks, Arrow-readable, zstd), best of ``--repeat``: its wall time, the
   decode time it reports, peak RSS and the size of what it wrote;
+* ``decode --compression lz4``: the decode time it reports and the
+  blocks' size with LZ4 pages instead of zstd's;
 * ``decode (Arrow)``: the same through Arrow's Parquet writer (the writer
   hwtrace used before its own), in this process.
 
@@ -74,13 +76,14 @@ def _size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*.parquet"))
 
 
-def _decode(data: Path, scratch: Path, repeat: int) -> tuple[float, float, int, int]:
-    """Best wall and reported decode seconds, peak RSS, bytes written."""
+def _decode(data: Path, scratch: Path, repeat: int, *extra: str) -> tuple[float, float, int, int]:
+    """Best wall and reported decode seconds, peak RSS, bytes written
+    (``extra``: more options)."""
     best, reported, peak, size = float("inf"), float("inf"), 0, 0
     for i in range(repeat + 1):
         out = scratch / f"decode-{i}"
         seconds, rss, status = common.run_process(
-            [*HWTRACE, "decode", "-i", str(data), "-o", str(out), "--no-progress"]
+            [*HWTRACE, "decode", "-i", str(data), "-o", str(out), "--no-progress", *extra]
         )
         if status != 0:
             raise common.BenchError(f"hwtrace decode {data}: exit {status}")
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                           for _ in range(a.repeat))  # fmt: skip
             perf_s, perf_attributed_s = _perf_kept(data, a.repeat)
             wall, reported, rss, size = _decode(data, scratch, a.repeat)
+            _, lz4_reported, _, lz4_size = _decode(data, scratch, a.repeat, "--compression", "lz4")
             arrow_s, arrow_size = _decode_arrow(data, scratch)
             for what, s, extra in (
                 ("kept (library)", kept_s, ""),
@@ -149,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                     "hwtrace decode, reported",
                     reported,
                     f"{first_s / reported:.2f} x kept first run",
+                ),
+                (
+                    "hwtrace decode --compression lz4, reported",
+                    lz4_reported,
+                    f"{first_s / lz4_reported:.2f} x kept first run, {lz4_size / 1e6:.1f} MB",
                 ),
                 ("decode with Arrow's writer", arrow_s, f"{arrow_size / 1e6:.1f} MB"),
             ):
