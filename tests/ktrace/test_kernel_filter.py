@@ -307,9 +307,15 @@ def test_unsigned_fields_compare_as_ftrace_does():
     event = TRACEFS / "events/syscalls/sys_enter_lseek"
     if not event.is_dir():
         pytest.skip("no syscalls:sys_enter_lseek (CONFIG_FTRACE_SYSCALLS)")
-    code = ("import os, sys; sys.stdin.read(1); fd = os.open('/dev/null', os.O_RDONLY); "
+    # The child says it is ready only once its start-up is over: Python's own
+    # start-up seeks too, and a filter armed while it runs would see those.
+    code = ("import os, sys; sys.stdout.write('r'); sys.stdout.flush(); sys.stdin.read(1); "
+            "fd = os.open('/dev/null', os.O_RDONLY); "
             f"[os.lseek(fd, o, 1) for o in {LSEEKS!r}]")  # fmt: skip
-    p = subprocess.Popen([sys.executable, "-S", "-c", code], stdin=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-S", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert p.stdout.read(1) == b"r"
     tag = f"hwtrace-kf-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     sessions, instances = [], []
     try:
