@@ -20,6 +20,12 @@ encodes it again with hwtrace's encoder in several shapes:
   system call: its packets (FUP, TIP.PGD, MODE.Exec, TIP.PGE) and what
   they change around them (the TNT packet cut short before, returns to
   calls made before tracing went off sent as TIPs after).
+* ``flow-libxdc``: ``bench_flow.py``'s libxdc trace, the same path as
+  libxdc takes it (no return compression, no timing packets: every return
+  a TIP); libxdc (kAFL/Nyx's decoder, built by ``bench_flow.py`` from its
+  sources against capstone 4) is timed on it too, a fresh decoder and
+  warm.  It computes edge coverage only, no instructions: its rate is the
+  path's instructions over its time.
 
 and, in one run, decodes each with
 
@@ -40,6 +46,7 @@ and ``hwtrace ptxed --quiet`` and ``--no-inst`` run on it once each, with
 their peak resident memory: it must not grow with the trace.
 
     python bench/bench_decode.py [--repeat N] [--only NAME] [--insns N] [--big]
+                                 [--libxdc-src DIR]
 """
 
 from __future__ import annotations
@@ -189,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disasm-max", type=int, default=50_000_000,
                         help="print with disassembly only traces up to this many instructions")  # fmt: skip
     parser.add_argument("--big", action="store_true", help="also ptxed on a 4 GiB tiled trace")
+    parser.add_argument("--libxdc-src", type=Path, metavar="DIR",
+                        default=os.environ.get("HWTRACE_LIBXDC_SRC") or None,
+                        help="libxdc's source tree (default $HWTRACE_LIBXDC_SRC, else "
+                             "bench_flow.py's clone in bench/out)")  # fmt: skip
     args = parser.parse_args(argv)
     oracle = common.load_oracle()
     if oracle.skip_reason is not None:
@@ -199,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     sections = [(workload.elf, off, size, vaddr) for off, size, vaddr, _ in
                 bench_flow.load_segments(workload.elf)]  # fmt: skip
     traces = [("flow", workload.trace, workload.meta())]
+    try:
+        if args.only and args.only not in "flow-libxdc":
+            raise bench_flow.LibxdcSkipped("not asked for")
+        xdc_trace, xdc_meta = bench_flow.libxdc_trace(workload)
+        xdc_meta = {**xdc_meta, "instructions": workload.meta()["instructions"]}
+        traces.append(("flow-libxdc", xdc_trace, xdc_meta))
+    except bench_flow.LibxdcSkipped as exc:
+        print(f"flow-libxdc: skipped ({exc})")
     for shape in SHAPES:
         if args.only and args.only not in shape.name:
             continue
@@ -218,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(ptxed_cmd(small, workload.elf, timing, *extra), check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     subprocess.run([sys.executable, "-m", "hwtrace.aot", "build"], check=True)
+    xdc_harness = None
+    if any(name == "flow-libxdc" for name, _, _ in traces):
+        try:
+            xdc_harness, _ = bench_flow.libxdc_harness(args.libxdc_src)
+        except bench_flow.LibxdcSkipped as exc:
+            print(f"libxdc: skipped ({exc})")
 
     rows = []
     status = 0
@@ -244,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             results.append((f"decode_trace first run, {label}", best["seconds"],
                             best["instructions"]))  # fmt: skip
+        if name == "flow-libxdc" and xdc_harness is not None:
+            results += libxdc_rows(xdc_harness, workload.elf, trace, args.repeat, expected)
         for label, extra in (("--quiet", ("--quiet",)), ("--no-inst", ("--no-inst",))):
             seconds, _ = wall(ptxed_cmd(trace, workload.elf, timing, *extra), args.repeat)
             results.append((f"hwtrace ptxed {label}, whole process", seconds, expected))
@@ -281,6 +308,29 @@ def main(argv: list[str] | None = None) -> int:
             width=100,
         )
     return status
+
+
+def libxdc_rows(
+    harness: Path, elf: Path, trace: Path, repeat: int, expected: int
+) -> list[tuple[str, float, int]]:
+    """libxdc on ``trace``: a fresh decoder's run and the best of ``repeat``
+    warm ones, as rows counted as the path's ``expected`` instructions
+    (libxdc finds edges, not instructions); none when it fails."""
+    try:
+        got = bench_flow.run_libxdc(harness, elf, trace, repeat)
+    except bench_flow.LibxdcSkipped as exc:
+        print(f"  libxdc: {exc}")
+        return []
+    if (
+        got["first_result"] not in bench_flow.XDC_SUCCESS
+        or got["result"] not in bench_flow.XDC_SUCCESS
+    ):
+        print(f"  libxdc: {got['first_result']} / {got['result']}")
+        return []
+    return [
+        ("libxdc, fresh decoder (edges only)", got["first_seconds"], expected),
+        (f"libxdc, warm caches, best of {repeat} (edges only)", got["best_seconds"], expected),
+    ]
 
 
 def event_costs(timed: dict[str, dict[str, float]]) -> list[tuple[str, str, str]]:

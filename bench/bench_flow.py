@@ -36,8 +36,9 @@ timed on it.  libxdc runs in a C loop (``bench/libxdc/xdc_loop.c``) built
 against libxdc's Makefile build (``bench/out/libxdc-<commit>/``); its
 sources come from ``--libxdc-src DIR`` (or ``$HWTRACE_LIBXDC_SRC``), else a
 clone of GitHub's repository or of a local mirror into
-``bench/out/libxdc-src``.  It needs capstone 4 (Debian: ``apt-get install
-libcapstone-dev``); without it libxdc is skipped and the rest runs.
+``bench/out/libxdc-src``.  It needs capstone 4 (Debian's ``libcapstone-dev``,
+installed by the benchmark when it runs as root with apt-get); without it
+libxdc is skipped and the rest runs.
 
     python bench/bench_flow.py [--repeat N] [--check] [--regenerate] [--libxdc-src DIR]
 """
@@ -543,6 +544,33 @@ def capstone_problem(compiler: str) -> str | None:
     return f"capstone's headers are missing; {CAPSTONE_HINT}"
 
 
+def ensure_capstone(compiler: str) -> None:
+    """Capstone 4's headers, installed from Debian when missing (as root
+    with apt-get, as the benchmark's setup); LibxdcSkipped says why not."""
+    problem = capstone_problem(compiler)
+    if problem is not None and "missing" in problem:
+        try:
+            common.apt_install(["libcapstone-dev"], "capstone 4's headers (for libxdc)")
+        except common.BenchError as exc:
+            raise LibxdcSkipped(str(exc)) from None
+        problem = capstone_problem(compiler)
+    if problem is not None:
+        raise LibxdcSkipped(problem)
+
+
+def libxdc_harness(source_dir: Path | None) -> tuple[Path, Path]:
+    """libxdc built from its sources (``source_dir``, else the pinned clone)
+    against capstone 4 and the timing harness linked to it: ``(harness,
+    directory)``; LibxdcSkipped says why it cannot be."""
+    compiler = gcc()
+    ensure_capstone(compiler)
+    harness, directory = build_libxdc(libxdc_source(source_dir), compiler)
+    if directory.name != f"libxdc-{LIBXDC_COMMIT}":
+        print(f"libxdc: note: {directory.name} is not the pinned commit {LIBXDC_COMMIT}; "
+              "its figures may not compare with others")  # fmt: skip
+    return harness, directory
+
+
 def build_libxdc(source: Path, compiler: str) -> tuple[Path, Path]:
     """libxdc.a built by libxdc's Makefile in bench/out/libxdc-<id>/ (kept:
     built once) and the harness linked against it: (harness, directory)."""
@@ -670,14 +698,7 @@ def measure_libxdc(
     hwtrace (1 thread, counting) on flow-libxdc.pt; None (after saying why)
     when libxdc cannot be built or run here."""
     try:
-        compiler = gcc()
-        problem = capstone_problem(compiler)
-        if problem is not None:
-            raise LibxdcSkipped(problem)
-        harness, directory = build_libxdc(libxdc_source(source_dir), compiler)
-        if directory.name != f"libxdc-{LIBXDC_COMMIT}":
-            print(f"libxdc: note: {directory.name} is not the pinned commit {LIBXDC_COMMIT}; "
-                  "its figures may not compare with others")  # fmt: skip
+        harness, directory = libxdc_harness(source_dir)
         print(f"libxdc: {shown(workload.trace)} as it is, and without timing packets ...",
               flush=True)  # fmt: skip
         found: dict[str, Any] = {

@@ -188,21 +188,10 @@ def lttng_missing() -> list[str]:
 
 
 def install_lttng(missing: list[str]) -> None:
-    """apt-get install the LTTng packages (as root, where apt exists)."""
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise BenchError(
-            f"missing {', '.join(missing)}; install {' '.join(APT_PACKAGES)} "
-            "(this benchmark installs them itself only as root with apt-get)"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # No recommends: lttng-tools recommends lttng-modules-dkms (kernel module builds).
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *APT_PACKAGES]
-    print(f"installing: {' '.join(cmd)}", flush=True)
-    if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise BenchError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}")
+    """apt-get install the LTTng packages (as root, where apt exists).  (No
+    recommends: lttng-tools recommends lttng-modules-dkms, kernel module
+    builds.)"""
+    common.apt_install(APT_PACKAGES, ", ".join(missing))
 
 
 def versions() -> dict[str, str]:

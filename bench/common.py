@@ -106,6 +106,25 @@ def run(cmd: list[str], *, timeout: float = 60, check: bool = True) -> subproces
     return proc
 
 
+def apt_install(packages: list[str], missing: str) -> None:
+    """``apt-get install`` Debian ``packages`` (without recommends), as root
+    where apt exists, running ``apt-get update`` once if the first attempt
+    fails; BenchError naming ``missing`` and the packages otherwise."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise BenchError(
+            f"missing {missing}; install {' '.join(packages)} "
+            "(the benchmark installs them itself only as root with apt-get)"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+    print(f"installing: {' '.join(cmd)}", flush=True)
+    if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}")
+
+
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), for the results."""
     try:
