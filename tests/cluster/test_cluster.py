@@ -194,6 +194,12 @@ def test_input_workers_cannot_read_is_one_line(recording, loopback, monkeypatch)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("worker tcp://127.0.0.1:")
     assert "cannot read perf.data" in msg
+    # The client it connected is closed (no client left to reconnect to
+    # the scheduler once it is gone).
+    from distributed import default_client
+
+    with pytest.raises(ValueError):
+        default_client()
 
 
 def test_worker_killed_mid_run(recording, expected, loopback):

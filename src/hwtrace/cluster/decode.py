@@ -822,9 +822,16 @@ class _client:
     def __enter__(self):
         client = self._connect()
         if client is not None:
-            _check_readable(client, self.readable)
-            if self.writable is not None:
-                _check_writable(client, self.writable)
+            try:
+                _check_readable(client, self.readable)
+                if self.writable is not None:
+                    _check_writable(client, self.writable)
+            except BaseException:
+                # (a with statement whose __enter__ raises never calls
+                # __exit__: the client and a local cluster's workers would
+                # outlive the error)
+                self.__exit__(None, None, None)
+                raise
         return client
 
     def _connect(self):
