@@ -250,11 +250,32 @@ def test_dev_stdin_reads_a_pipe(tmp_path, capsysbinary):
 
 def test_report_is_silent_about_a_vdso_it_has_no_copy_of(capsys):
     """quipper's recording maps ``[vdso]`` (build id in its header) but no
-    build-id cache here has it: perf says nothing; the other binaries are
-    named, none with an empty name."""
+    build-id cache here has it: perf says nothing; the 64 other binaries it
+    maps and nothing here holds are counted in one line naming the first,
+    none with an empty name."""
     path = real_input("quipper-intel_pt")
     assert main(["report", "-i", str(path)]) == 0
     out = capsys.readouterr().out
     warnings = [x for x in out.splitlines() if x.startswith("warning: ")]
-    assert "warning: /usr/bin/coreutils: binary not found" in warnings
+    missing = [x for x in warnings if "binaries not found" in x]
+    assert len(missing) == 1 and missing[0].startswith("warning: 64 binaries not found")
+    assert "/lib/modules/4.14.18/kernel/drivers/input/joydev.ko, " in missing[0]
+    assert missing[0].endswith(" and 61 more")
     assert not [x for x in warnings if x.startswith("warning: :") or "vdso" in x]
+
+
+def test_problems_fold_only_many_missing_binaries():
+    """Up to three binaries not found are named a line each; more are
+    counted in one line where the first was, the other problems kept in
+    their order."""
+    from hwtrace.cli.common import shown_problems
+
+    few = ["/a: binary not found", "x: no kernel code", "/b: binary not found"]
+    assert shown_problems(few) == few
+    many = ["x: no kernel code", *(f"/m{i}.ko: binary not found" for i in range(5)), "y: other"]
+    assert shown_problems(many) == [
+        "x: no kernel code",
+        "5 binaries not found, their code decoded as gaps (--symfs DIR or perf's build-id "
+        "cache finds them): /m0.ko, /m1.ko, /m2.ko and 2 more",
+        "y: other",
+    ]

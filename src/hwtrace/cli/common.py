@@ -24,6 +24,35 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def shown_problems(problems: Iterable[object], most: int = 3) -> list[str]:
+    """A decoding's problems as the commands print them, one a line; the
+    binaries not found, when more than ``most`` (a recording from another
+    machine names every module and library it had loaded), in one line
+    naming the first ``most``."""
+    lines = [str(p) for p in problems]
+    if len(lines) <= most:
+        return lines  # (nothing to fold: the sideband model stays unimported)
+    from ..perf.sideband import NOT_FOUND
+
+    suffix = f": {NOT_FOUND}"
+    missing = [line[: -len(suffix)] for line in lines if line.endswith(suffix)]
+    if len(missing) <= most:
+        return lines
+    folded = (
+        f"{len(missing)} binaries not found, their code decoded as gaps (--symfs DIR or "
+        f"perf's build-id cache finds them): {', '.join(missing[:most])} and "
+        f"{len(missing) - most} more"
+    )
+    out: list[str] = []
+    for line in lines:
+        if not line.endswith(suffix):
+            out.append(line)
+        elif folded:
+            out.append(folded)  # where the first of them was
+            folded = ""
+    return out
+
+
 def command_parser(prog: str, main: Callable[..., int], **kwargs: str) -> Parser:
     """The parser of the command ``prog`` runs as ``main``, described by
     ``main``'s docstring: the command's description is written once, for the

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import command_parser
+from .common import command_parser, shown_problems
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 PROG = "hwtrace decode"
@@ -305,7 +305,7 @@ def _decode(a: argparse.Namespace, argv: Sequence[str], opened, decode_distribut
             calls.close()
         if not ok:
             writer.abort()
-    for problem in flow.problems:
+    for problem in shown_problems(flow.problems):
         sys.stderr.write(f"{PROG}: warning: {problem}\n")
     rows = meta["rows"]
     mb = total_bytes / 1e6

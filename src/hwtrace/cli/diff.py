@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..console import TextTable, escape, text_console
 from ..textout import fit_paths
-from .common import command_parser
+from .common import command_parser, shown_problems
 from .perfinput import decode_session, open_session
 
 
@@ -49,7 +49,7 @@ def main(argv: Sequence[str]) -> int:
             flow = decode_session(p.prog, opened, paths.feed)
         finally:
             paths.close()
-        for problem in flow.problems:
+        for problem in shown_problems(flow.problems):
             sys.stderr.write(f"{p.prog}: warning: {path}: {problem}\n")
         result = paths.result()
         tables.append(path_table(result, paths.name, paths.group))

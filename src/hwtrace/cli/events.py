@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..columns import distinct
-from .common import command_parser, open_saying
+from .common import command_parser, open_saying, shown_problems
 from .perfinput import add_input_options, decode_session, open_session
 
 
@@ -124,7 +124,7 @@ def place(opened, events, prog: str):
         placer(b)
 
     flow = decode_session(prog, opened, feed)
-    for problem in flow.problems:
+    for problem in shown_problems(flow.problems):
         sys.stderr.write(f"{prog}: warning: {problem}\n")
     return placer.finish(), names, flow
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .common import Parser, command_parser
+from .common import Parser, command_parser, shown_problems
 from .events import add_window_options, window_gate
 from .perfinput import add_input_options, decode_session, open_session
 
@@ -185,7 +185,7 @@ def _profile_perf(p: Parser, a: argparse.Namespace, patterns):
         flow = decode_session(p.prog, opened, gate)
     finally:
         feed.close()
-    for problem in flow.problems:
+    for problem in shown_problems(flow.problems):
         sys.stderr.write(f"{p.prog}: warning: {problem}\n")
     if gate is not feed:
         total = gate.kept + gate.dropped

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..session.perfflow import PerfBlocks
 from ..textout import fit_paths
-from .common import command_parser
+from .common import command_parser, shown_problems
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 #: Blocks a batch of ``report``'s decoding holds when it needs no code runs
@@ -59,7 +59,7 @@ def report_main(argv: Sequence[str]) -> int:
         console.print(f"[bold]{escape(str(path))}[/]: {n_queues} trace queue(s), "
                       f"{profile.instructions:,} instructions decoded, "
                       f"{len(gaps)} gap(s)")  # fmt: skip
-        for problem in problems:
+        for problem in shown_problems(problems):
             # Escaped: ``[vdso]`` and ``[kernel.kallsyms]`` are not markup.
             console.print(f"[yellow]warning[/]: {escape(str(problem))}")
         for offset, ip, reason in gaps:
@@ -204,7 +204,7 @@ def script_main(argv: Sequence[str]) -> int:
         flow = session.listing(writer.write, blocks=a.blocks, ptwrite=not a.no_ptwrite)
         warn_missing_calls(p.prog, flow)
         out.flush()
-        for problem in flow.problems:
+        for problem in shown_problems(flow.problems):
             sys.stderr.write(f"hwtrace script: warning: {problem}\n")
         # What report shows as gaps: the listing has nothing there.
         for q in flow.queues:

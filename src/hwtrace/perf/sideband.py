@@ -90,6 +90,11 @@ def elf_build_id(source: str | os.PathLike[str] | bytes) -> bytes | None:
         return None
 
 
+#: The problem of a binary the recording names and nothing here holds
+#: (``"<path>: binary not found"``).
+NOT_FOUND = "binary not found"
+
+
 @dataclass
 class BinaryLocator:
     """Finds the binaries a recording names: by build id in perf's build-id
@@ -146,7 +151,7 @@ class BinaryLocator:
         # cache (found above); a recording without one is decoded as perf
         # does, without it and without a warning.
         if path != "[vdso]":
-            self.problems[path] = f"{path}: binary not found"
+            self.problems[path] = f"{path}: {NOT_FOUND}"
         return None
 
 
