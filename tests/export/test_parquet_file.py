@@ -4,6 +4,7 @@ with nulls, split into random pieces and row groups, read back equal, with
 the statistics Arrow computes for the same values."""
 
 import itertools
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -736,6 +737,59 @@ def test_a_write_that_fails_ahead_is_raised_by_close(tmp_path):
     assert pq.read_table(tmp_path / "g.parquet").num_rows == 1000 * (WRITES_AHEAD + 1)
     with pytest.raises(OSError, match="No space"):
         w.close()
+
+
+def test_a_file_closed_ahead_is_written_once_waited_for(tmp_path):
+    """close_ahead hands the footer to the compressing thread, after the
+    file's row groups: the caller goes on (another file's row groups) and
+    the file is complete once wait returns."""
+    schema = pa.schema([("v", pa.int64())])
+    specs = column_specs(schema, {"delta": ["v"]}, {})
+    w = ParquetFileWriter(tmp_path / "f.parquet", schema, specs, None, "zstd", ahead=True)
+    assert not w.closed()
+    for i in range(3):
+        w.write_row_group([({"v": np.arange(i, i + 1000, dtype=np.int64)}, 1000)])
+    w.close_ahead()
+    other = ParquetFileWriter(tmp_path / "g.parquet", schema, specs, None, "zstd", ahead=True)
+    other.write_row_group([({"v": np.arange(10, dtype=np.int64)}, 10)])
+    w.wait()
+    assert w.closed()
+    t = pq.read_table(tmp_path / "f.parquet")
+    assert t.num_rows == 3000 and pq.ParquetFile(tmp_path / "f.parquet").num_row_groups == 3
+    other.close()
+    assert pq.read_table(tmp_path / "g.parquet").num_rows == 10
+
+
+def test_a_file_whose_write_failed_ahead_gets_no_footer(tmp_path):
+    """A file closed ahead after one of its row groups failed to be
+    written is closed without a footer (no reader takes it for complete)
+    and wait raises the failure."""
+
+    class FullOnce:
+        def __init__(self):
+            self.written, self.closed, self.failed = [], False, False
+
+        def write(self, b):
+            if not self.failed:
+                self.failed = True
+                raise OSError(28, "No space left on device")
+            self.written.append(bytes(b))
+
+        def close(self):
+            self.closed = True
+
+    schema = pa.schema([("v", pa.int64())])
+    specs = column_specs(schema, {"delta": ["v"]}, {})
+    w = ParquetFileWriter(tmp_path / "f.parquet", schema, specs, None, "zstd", ahead=True)
+    w.file.close()
+    w.file = f = FullOnce()
+    w.write_row_group([({"v": np.arange(1000, dtype=np.int64)}, 1000)])
+    w.close_ahead()
+    while not w.closed():  # (the footer's turn has come: wait cancels no part of it)
+        time.sleep(0.001)
+    with pytest.raises(OSError, match="No space"):
+        w.wait()
+    assert f.closed and not any(b.endswith(b"PAR1") for b in f.written)
 
 
 def test_scratch_keeps_its_buffers_for_batches_of_about_one_size():

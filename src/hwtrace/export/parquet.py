@@ -818,6 +818,9 @@ class _Partitioned:
             OrderedDict()
         )
         self.in_file: dict[tuple[int, int], int] = {}  # rows in each open file
+        # Files closed whose footers may still be being written (see
+        # ParquetFileWriter.close_ahead).
+        self.closing: list[ParquetFileWriter] = []
         self.parts: dict[tuple[int, int], int] = {}
         self.rows = 0
 
@@ -856,12 +859,23 @@ class _Partitioned:
             w = self.open.pop(key, None)
             if w is not None:
                 self.in_file.pop(key, None)
-                self.io.run(w.close)
+                self._close_file(w)
         if self.total > self.budget:
             for key in sorted(self.waiting, key=lambda k: -self.counts[k]):
                 self._flush(key)
                 if self.total <= self.budget // 2:
                     break
+
+    def _close_file(self, w: ParquetFileWriter | pq.ParquetWriter) -> None:
+        if isinstance(w, ParquetFileWriter):
+            # (those written by now let go: a writer holds its file's
+            # metadata; wait raises what failed)
+            while self.closing and self.closing[0].closed():
+                self.closing.pop(0).wait()
+            self.closing.append(w)
+            self.io.run(w.close_ahead)
+        else:
+            self.io.run(w.close)
 
     def _new_writer(self, path: Path) -> ParquetFileWriter | pq.ParquetWriter:
         if self.specs is not None:
@@ -891,7 +905,7 @@ class _Partitioned:
             if len(self.open) >= self.max_open:
                 old_key, old = self.open.popitem(last=False)
                 self.in_file.pop(old_key, None)
-                self.io.run(old.close)
+                self._close_file(old)
             part = self.parts.get(key, 0)
             self.parts[key] = part + 1
             d = self.root / f"cpu={key[0]}" / f"bucket={key[1]}"
@@ -906,7 +920,7 @@ class _Partitioned:
         if self.in_file[key] >= FILE_ROWS:
             # A writer keeps every row group's metadata until the file is
             # closed: a file per FILE_ROWS keeps that bounded too.
-            self.io.run(self.open.pop(key).close)
+            self._close_file(self.open.pop(key))
             del self.in_file[key]
 
     def flush(self) -> None:
@@ -921,6 +935,8 @@ class _Partitioned:
         for w in self.open.values():
             if isinstance(w, ParquetFileWriter):
                 w.wait()
+        while self.closing:
+            self.closing.pop(0).wait()
 
     def close(self, empty_file: bool = True) -> None:
         self.flush()
@@ -931,8 +947,10 @@ class _Partitioned:
             pq.write_table(self.schema.empty_table(), d / "part-00000.parquet")
         while self.open:
             _, w = self.open.popitem(last=False)
-            self.io.run(w.close)
+            self._close_file(w)
         self.io.wait()
+        while self.closing:
+            self.closing.pop(0).wait()
         _reveal(self.written)
 
 

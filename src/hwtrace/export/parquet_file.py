@@ -631,6 +631,7 @@ class ParquetFileWriter:
         self.num_rows = 0
         self.ahead = ahead
         self._writes: deque[Future] = deque()
+        self._footer: Future | None = Future()  # (done once the footer is written)
 
     def write_row_group(self, pieces: Sequence[Piece]) -> None:
         """``pieces`` as one row group (each column of a piece an array of
@@ -949,44 +950,73 @@ class ParquetFileWriter:
         return len(head) + len(body), len(head) + len(data)
 
     def wait(self) -> None:
-        """Until the row groups given are written (raising a failed
-        write's error)."""
-        while self._writes:
-            self._writes.popleft().result()
-
-    def close(self) -> None:
-        """Write the footer (once the row groups written ahead are) and
-        close the file."""
+        """Until the row groups given (and the footer, after
+        :meth:`close_ahead`) are written, raising a failed write's error
+        (the file then closed)."""
         try:
-            self.wait()
+            while self._writes:
+                self._writes.popleft().result()
         except BaseException:
             for f in self._writes:
                 f.cancel()
             self._writes.clear()
             self.file.close()
             raise
-        schema = [_Struct().binary(4, "schema").i32(5, len(self.specs))]
-        for spec in self.specs:
-            el = _Struct().i32(1, spec.physical).i32(3, _OPTIONAL).binary(4, spec.name)
-            if spec.unsigned:
-                el.i32(6, _UINT_64 if spec.kind.bit_width == 64 else _UINT_8)
-                el.struct(10, _Struct().struct(10, _Struct().i8(1, spec.kind.bit_width)
-                                                          .boolean(2, False)))  # fmt: skip
-            schema.append(el)
-        kv = dict(self.metadata)
-        kv[b"ARROW:schema"] = base64.b64encode(
-            self.schema.remove_metadata().serialize().to_pybytes()
-        )
-        pairs = [_Struct().binary(1, k).binary(2, v) for k, v in kv.items()]
-        orders = [_Struct().struct(1, _Struct()) for _ in self.specs]
-        footer = (
-            _Struct().i32(1, 1).structs(2, schema).i64(3, self.num_rows)
-            .structs(4, self.row_groups).structs(5, pairs).binary(6, "hwtrace")
-            .structs(7, orders)
-        ).done()  # fmt: skip
-        self.file.write(footer)
-        self.file.write(struct.pack("<I", len(footer)) + b"PAR1")
-        self.file.close()
+
+    def close(self) -> None:
+        """Write the footer (once the row groups written ahead are) and
+        close the file."""
+        self.close_ahead()
+        self.wait()
+
+    def close_ahead(self) -> None:
+        """:meth:`close`, on the compressing thread after the row groups
+        when the writer writes ahead: the encoding thread goes on to the
+        next file's row groups instead of waiting for this file's to be
+        compressed (:meth:`wait` for it)."""
+        if not self.ahead:
+            self._write_footer()
+            self._footer = None
+            return
+        done = _compressor().submit(self._write_footer, list(self._writes))
+        _writes_waiting().append(done)
+        self._writes.append(done)
+        self._footer = done
+
+    def closed(self) -> bool:
+        """Whether the file is written, footer and all (after
+        :meth:`close_ahead`; :meth:`wait` raises what failed)."""
+        return self._footer is None or self._footer.done()
+
+    def _write_footer(self, before: Sequence[Future] = ()) -> None:
+        """The footer, unless a row group's write (``before``: those given
+        before it, done by now) failed: the file is only closed then."""
+        try:
+            if any(f.cancelled() or f.exception() is not None for f in before):
+                return
+            schema = [_Struct().binary(4, "schema").i32(5, len(self.specs))]
+            for spec in self.specs:
+                el = _Struct().i32(1, spec.physical).i32(3, _OPTIONAL).binary(4, spec.name)
+                if spec.unsigned:
+                    el.i32(6, _UINT_64 if spec.kind.bit_width == 64 else _UINT_8)
+                    el.struct(10, _Struct().struct(10, _Struct().i8(1, spec.kind.bit_width)
+                                                              .boolean(2, False)))  # fmt: skip
+                schema.append(el)
+            kv = dict(self.metadata)
+            kv[b"ARROW:schema"] = base64.b64encode(
+                self.schema.remove_metadata().serialize().to_pybytes()
+            )
+            pairs = [_Struct().binary(1, k).binary(2, v) for k, v in kv.items()]
+            orders = [_Struct().struct(1, _Struct()) for _ in self.specs]
+            footer = (
+                _Struct().i32(1, 1).structs(2, schema).i64(3, self.num_rows)
+                .structs(4, self.row_groups).structs(5, pairs).binary(6, "hwtrace")
+                .structs(7, orders)
+            ).done()  # fmt: skip
+            self.file.write(footer)
+            self.file.write(struct.pack("<I", len(footer)) + b"PAR1")
+        finally:
+            self.file.close()
 
 
 def _int32(v: int) -> int:
