@@ -237,7 +237,7 @@ def test_filters_on_partitions_read_only_their_files(recorded):
 
 
 def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
-    _, flow = recorded
+    data, flow = recorded
     out = run("decode", str(tmp_path / "missing.data"), "-o", str(tmp_path / "o1"))
     assert out.returncode == 1 and out.stderr.count("\n") == 1
     assert "missing.data" in out.stderr and "Traceback" not in out.stderr
@@ -255,6 +255,9 @@ def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "nope" in out.stderr
     out = run("query", str(tmp_path), "SELECT 1")
     assert out.returncode == 1 and "_meta.json" in out.stderr and out.stderr.count("\n") == 1
+    out = run("query", str(data), "SELECT 1")  # (the recording, not its decode)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "not an hwtrace decode directory" in out.stderr and "Errno" not in out.stderr
 
 
 def test_query_prints_tables_csv_and_json(recorded):

@@ -104,6 +104,11 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, object]:
     path = Path(directory) / "_meta.json"
     try:
         meta = json.loads(path.read_text())
+    except NotADirectoryError:
+        raise ValueError(
+            f"{directory}: not an hwtrace decode directory (a file: give the directory "
+            "`hwtrace decode -o` wrote)"
+        ) from None
     except FileNotFoundError:
         raise ValueError(
             f"{directory}: not an hwtrace decode directory (no _meta.json; "
