@@ -70,6 +70,12 @@ class PageLayout:
             raise FilterError(f"no {e.args[0]!r} field: not a header_page", where=where) from None
         if commit[1] not in (4, 8) or data[1] <= 0:
             raise FilterError(f"unexpected commit size {commit[1]} or data size", where=where)
+        # (the page walk reads the time stamp and the commit word of every
+        # page before its data: both must lie in the page's header)
+        for name, (offset, size) in (("timestamp", (ts[0], 8)), ("commit", commit)):
+            if offset + size > data[0]:
+                raise FilterError(f"{name} at offset {offset} ({size} bytes) is past the data "
+                                  f"at offset {data[0]}", where=where)  # fmt: skip
         return cls(ts[0], commit[0], commit[1], data[0], data[1])
 
 
