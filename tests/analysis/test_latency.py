@@ -16,6 +16,8 @@ import groundtruth as gt
 import iced_x86
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hwtrace.analysis.latency import R_CALL, R_PAIR, profile_trace
 from hwtrace.analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
@@ -356,6 +358,49 @@ def test_unmatched_closes_and_repeated_opens_are_counted(raw):
 def test_bad_patterns_are_named(args, message):
     with pytest.raises(PatternError, match=message):
         parse_sets(PatternSet(), *args)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet="0x19af+;:!._ -insymaddrclasenterxitjmp", max_size=24))
+def test_any_marker_text_is_a_marker_or_one_error(text):
+    """A marker of any text parses or raises PatternError (its message
+    naming the marker), and every address it names resolves against a
+    symbol table without another exception: an address or offset past
+    64 bits, an empty symbol, a decimal offset with a leading zero."""
+    from hwtrace.analysis.patterns import A_ADDRESS, resolve_address
+    from hwtrace.image.symbols import SymbolTable
+
+    patterns = PatternSet()
+    try:
+        patterns.add_marker("m", text)
+    except PatternError as e:
+        assert "'m'" in str(e)
+        return
+    symbols = SymbolTable(np.array([0x1000, 0x2000], np.uint64), np.array([16, 32], np.uint64),
+                          np.array([0, 1], np.int32), ["main", "f"])  # fmt: skip
+    for atom in patterns.atoms:
+        if atom.kind == A_ADDRESS:
+            resolve_address(atom.value[0], symbols)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("0x1ffffffffffffffffff", "does not fit in 64 bits"),
+    ("main+99999999999999999999999", "does not fit in 64 bits"),
+    ("sym:", "no address or symbol"),
+])  # fmt: skip
+def test_addresses_that_cannot_be_are_refused(spec, message):
+    with pytest.raises(PatternError, match=message):
+        PatternSet().add_marker("m", spec)
+
+
+def test_a_decimal_offset_with_a_leading_zero_is_decimal():
+    from hwtrace.analysis.patterns import resolve_address
+    from hwtrace.image.symbols import SymbolTable
+
+    symbols = SymbolTable(np.array([0x1000], np.uint64), np.array([64], np.uint64),
+                          np.array([0], np.int32), ["main"])  # fmt: skip
+    assert resolve_address("main+010", symbols).tolist() == [0x1000 + 10]
+    assert resolve_address("main+0x10", symbols).tolist() == [0x1010]
 
 
 def test_bad_toml_names_the_file_and_entry(tmp_path):

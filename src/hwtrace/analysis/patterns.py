@@ -216,14 +216,25 @@ class PatternSet:
         if low.startswith("insn:"):
             return self._mnemonic(name, low[5:].strip(), scope)
         if low.startswith("sym:") or low.startswith("addr:"):
-            return Atom(A_ADDRESS, (text.split(":", 1)[1].strip(),), scope)
+            return self._address(name, text.split(":", 1)[1].strip(), scope)
         if re.fullmatch(r"0x[0-9a-f]+", low):
-            return Atom(A_ADDRESS, (low,), scope)
+            return self._address(name, low, scope)
         if low in _FAMILIES or low in mnemonics():
             return self._mnemonic(name, low, scope)
         if re.fullmatch(r"[\w.@$!-]+(\+(0x[0-9a-fA-F]+|\d+))?", text):
-            return Atom(A_ADDRESS, (text,), scope)
+            return self._address(name, text, scope)
         raise PatternError(f"marker {name!r}: cannot read {text!r} as an instruction or symbol")
+
+    @staticmethod
+    def _address(name: str, spec: str, scope: str) -> Atom:
+        """An address atom, its number or offset checked to fit 64 bits."""
+        if not spec:
+            raise PatternError(f"marker {name!r}: no address or symbol")
+        m = re.fullmatch(r"(0x[0-9a-fA-F]+)|.+?\+(0x[0-9a-fA-F]+|\d+)", spec)
+        number = m and (m.group(1) or m.group(2))
+        if number and _number(number) >> 64:
+            raise PatternError(f"marker {name!r}: {number} does not fit in 64 bits")
+        return Atom(A_ADDRESS, (spec,), scope)
 
     def _mnemonic(self, name: str, low: str, scope: str) -> Atom:
         table = mnemonics()
@@ -308,16 +319,22 @@ def load_toml(path: str | os.PathLike[str], patterns: PatternSet) -> None:
 # -- evaluating atoms on instructions ------------------------------------------
 
 
+def _number(text: str) -> int:
+    """An address or offset of a pattern: hexadecimal after ``0x``, else
+    decimal (``main+010`` is 10 bytes in, not octal)."""
+    return int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
+
+
 def resolve_address(spec: str, symbols: SymbolTable) -> np.ndarray:
     """The addresses ``spec`` (``0x..``, ``name``, ``name+off``,
     ``module!name[+off]``) stands for in ``symbols``."""
-    if spec.lower().startswith("0x"):
+    if re.fullmatch(r"0x[0-9a-fA-F]+", spec):
         return np.array([int(spec, 16)], np.uint64)
     m = re.fullmatch(r"(.+?)(?:\+(0x[0-9a-fA-F]+|\d+))?", spec)
     name, off = m.group(1), m.group(2)
     starts = symbols.function_entries(name)
     if off:
-        starts = starts + np.uint64(int(off, 0))
+        starts = starts + np.uint64(_number(off))
     return starts
 
 
