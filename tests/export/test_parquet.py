@@ -248,6 +248,9 @@ def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
     assert "junk.data" in out.stderr and "Traceback" not in out.stderr
     out = run("decode", str(junk), "-o", str(flow))
     assert out.returncode == 1 and "not an empty directory" in out.stderr
+    for bucket in ("0", "nan", "1e300"):
+        out = run("decode", str(data), "-o", str(tmp_path / "o3"), "--bucket", bucket)
+        assert out.returncode == 2 and "--bucket" in out.stderr and "Traceback" not in out.stderr
     out = run("query", str(flow), "SELEC count(*) FROM blocks")
     assert out.returncode == 1 and out.stderr.count("\n") == 1
     assert "syntax error" in out.stderr and "Traceback" not in out.stderr

@@ -95,8 +95,8 @@ def main(argv: Sequence[str]) -> int:
     a = p.parse_args(list(argv))
     if a.source:
         a.input = a.source
-    if a.bucket <= 0:
-        p.error("--bucket: must be positive")
+    if not 0 < a.bucket <= 1e9:  # (NaN fails it too)
+        p.error(f"--bucket {a.bucket}: a positive number of seconds, at most 1e9")
     distributed = a.workers is not None or a.cluster is not None
     if distributed and (a.kcore or a.vmlinux or a.kallsyms):
         p.error("--kcore, --vmlinux and --kallsyms are not passed to the distributed decoder; "
