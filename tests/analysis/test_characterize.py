@@ -73,6 +73,30 @@ def test_resolution_counts_the_time_changes(path):
     assert o.bytes == len(enc.data)
 
 
+def test_a_stretch_ending_in_branches_is_encoded_without_them(path):
+    """A stretch that ends where tracing stopped may end in more than one
+    instruction whose successor the recording lacks (a conditional branch
+    falling through to another): they are left out, as many as it takes,
+    and the rest is characterised (it ended in a traceback)."""
+    from hwtrace.pt.encode import encode_path
+
+    ips, cycles = path.stretches[0]
+
+    def encodes(k: int) -> bool:
+        try:
+            encode_path(ips[:k], path.image, psb_period=4096, tsc=1 << 32)
+        except ValueError as e:
+            assert "next IP is not known" in str(e)
+            return False
+        return True
+
+    k = next(k for k in range(3, 5000) if not encodes(k) and not encodes(k - 1))
+    short = ExecutedPath([(ips[:k], cycles[:k])], path.image, tsc_hz=2e9, tid=1, ctc_ratio=64)
+    (o,) = characterize(short, [Setting(4096, 3, False)])
+    kept = next(j for j in range(k - 2, 0, -1) if encodes(j))
+    assert o.instructions == kept < k - 1
+
+
 def test_grid_is_every_combination():
     g = grid([256, 4096], [None, 3], [False, True])
     assert len(g) == 8 and len(set(g)) == 8
@@ -105,6 +129,10 @@ def test_command_on_a_recording(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["characterize", "-i", str(data), "--mtc", "99"])
     assert exit_.value.code == 2 and "MTC period 99: 0-15" in capsys.readouterr().err
+    for option in ("--cpi", "--rate"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["characterize", "-i", str(data), option, "nan"])
+        assert exit_.value.code == 2 and f"{option} nan: a positive" in capsys.readouterr().err
     assert main(["characterize", "-i", str(tmp_path / "none.data")]) == 1
 
 

@@ -179,15 +179,17 @@ def characterize(
             options = dict(psb_period=s.psb_period, tsc=1 << 32, mtc_freq=s.mtc_period, cyc=s.cyc,
                            cyc_thresh=s.cyc_thresh, ret_compression=s.ret_compression,
                            ctc_ratio=ctc_ratio)  # fmt: skip
-            try:
-                enc = encode_path(ips, path.image, cycles=cycles, **options)
-            except ValueError as e:
-                if "next IP is not known" not in str(e) or ips.shape[0] < 2:
-                    raise CharacterizeError(f"the path cannot be encoded again: {e}") from None
-                # It ends in a branch whose target the recording does not
-                # have: without that last instruction.
-                ips, cycles = ips[:-1], cycles[:-1]
-                enc = encode_path(ips, path.image, cycles=cycles, **options)
+            while True:
+                try:
+                    enc = encode_path(ips, path.image, cycles=cycles, **options)
+                    break
+                except ValueError as e:
+                    if "next IP is not known" not in str(e) or ips.shape[0] < 2:
+                        raise CharacterizeError(f"the path cannot be encoded again: {e}") from None
+                    # It ends in a branch whose target the recording does
+                    # not have (where tracing stopped: a system call, the
+                    # jump to it): without the instructions from there.
+                    ips, cycles = ips[:-1], cycles[:-1]
             size += len(enc.data)
             insns += ips.shape[0]
             k, dic, dt = _resolution(enc.data, path.image, enc.config, path.tsc_hz)

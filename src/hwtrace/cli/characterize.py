@@ -79,6 +79,9 @@ def main(argv: Sequence[str]) -> int:
                     if chosen else default_settings(hardware=backend == "perf"))  # fmt: skip
     except (ValueError, TypeError) as e:
         p.error(f"bad setting list: {e}")
+    for name, value in (("--cpi", a.cpi), ("--rate", a.rate)):
+        if value is not None and not 0 < value < float("inf"):  # (NaN fails it too)
+            p.error(f"{name} {value}: a positive number")
     for s in settings:
         problem = s.problem(hardware=backend == "perf")
         if problem:
