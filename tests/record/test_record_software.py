@@ -642,6 +642,21 @@ def test_bad_input_is_a_clear_error(tmp_path):
         record_software([str(exe), "work", "1", str(tmp_path / "o")], functions=["fib"])
 
 
+def test_an_output_that_cannot_be_written_is_refused_first(tmp_path, capsys):
+    """-o in a directory that does not exist (or a directory itself) is
+    said before any program is launched, not a traceback after it ran."""
+    from hwtrace.cli.main import main
+
+    marker = tmp_path / "ran"
+    command = ["--", "/bin/sh", "-c", f"touch {marker}"]
+    assert main(["record", "-o", str(tmp_path / "no" / "x.data"), *command]) == 1
+    assert f"no directory {tmp_path / 'no'}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["record", "-o", str(tmp_path), *command])
+    assert exit_.value.code == 2 and "a directory, not a file" in capsys.readouterr().err
+    assert not marker.exists()
+
+
 # -- rep string instructions interrupted partway ---------------------------------
 
 

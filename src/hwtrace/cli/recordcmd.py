@@ -81,6 +81,15 @@ def record_main(argv: Sequence[str]) -> int:
     command = [c for c in a.command if c != "--"] if a.command else []
     if bool(command) == (a.pid is not None):
         p.error("give a command to launch (after --) or a --pid to attach to")
+    out = Path(a.output)
+    where = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        p.error(f"-o {a.output}: a directory, not a file")
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        # (before anything is launched or attached to)
+        why = f"{where} is not writable" if where.is_dir() else f"no directory {where}"
+        sys.stderr.write(f"hwtrace record: {a.output}: {why}\n")
+        return 1
     from ..record.errors import RecordError
     from ..record.perf_pt import SettingsError, have_intel_pt
 
@@ -96,6 +105,9 @@ def record_main(argv: Sequence[str]) -> int:
         return _record_software(a, command)
     except (SettingsError, RecordError) as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
+        return 1
+    except OSError as e:
+        sys.stderr.write(f"hwtrace record: {e.filename or a.output}: {e.strerror or e}\n")
         return 1
 
 
