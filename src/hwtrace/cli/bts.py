@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import command_parser
+from .common import command_parser, output_file
 
 PROG = "hwtrace bts"
 
@@ -27,7 +27,9 @@ def main(argv: Sequence[str]) -> int:
                    "name+0xOFF); each branch from it is an event (repeatable)")  # fmt: skip
     p.add_argument("--by", choices=("source", "target"), default="source",
                    help="match the sites against the branch's source or its target")  # fmt: skip
-    p.add_argument("--json", metavar="FILE", help="write the events as JSON lines")
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write the events as JSON lines"
+    )
     a = p.parse_args(list(argv))
     from ..hwevents.bts import BtsError, perf_bts
     from ..session import PerfSession, SessionError

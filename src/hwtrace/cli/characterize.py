@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import command_parser
+from .common import command_parser, output_file
 
 
 def _ints(text: str) -> list[int | None]:
@@ -62,8 +62,15 @@ def main(argv: Sequence[str]) -> int:
     g.add_argument("--cyc", help="CYC off, on (default off,on)")
     g.add_argument("--retcomp", help="return compression off, on (default on)")
     g.add_argument("--cyc-thresh", help="CYC thresholds 0-15 (with CYC on; default 0)")
-    p.add_argument("--json", metavar="FILE", help="also write the outcomes as JSON")
-    p.add_argument("--html", metavar="FILE", help="also write the plots as a self-contained page")
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="also write the outcomes as JSON"
+    )
+    p.add_argument(
+        "--html",
+        type=output_file,
+        metavar="FILE",
+        help="also write the plots as a self-contained page",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     a = p.parse_args(list(argv))
     command = [c for c in a.command if c != "--"] if a.command else []

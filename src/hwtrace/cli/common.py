@@ -60,6 +60,37 @@ def command_parser(prog: str, main: Callable[..., int], **kwargs: str) -> Parser
     return Parser(prog=prog, description=" ".join((main.__doc__ or "").split()), **kwargs)
 
 
+def output_file(value: str) -> str:
+    """An argparse type for a file a command writes: refused when the
+    command line is read, not after the work, when it names a directory or
+    its directory is missing or not writable."""
+    where = os.path.dirname(value) or "."
+    if os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"{value}: a directory, not a file")
+    if not os.path.isdir(where):
+        raise argparse.ArgumentTypeError(f"{value}: no directory {where}")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{value}: {where} is not writable")
+    return value
+
+
+def output_dir(value: str) -> str:
+    """An argparse type for a directory a command writes into (made if it
+    is not there): refused at once when that cannot be."""
+    if os.path.isdir(value):
+        if not os.access(value, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"{value}: not writable")
+        return value
+    if os.path.exists(value):
+        raise argparse.ArgumentTypeError(f"{value}: a file, not a directory")
+    where = os.path.dirname(os.path.normpath(value)) or "."
+    if not os.path.isdir(where):
+        raise argparse.ArgumentTypeError(f"{value}: no directory {where}")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{value}: {where} is not writable")
+    return value
+
+
 class UsageError(Exception):
     """A bad command line; the message says what is wrong."""
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import command_parser
+from .common import command_parser, output_file
 
 PROG = "hwtrace csdump"
 # As hwtrace.session.coresight's PROTOCOLS and FRAME_MODES (not imported:
@@ -48,7 +48,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--convention", choices=("flag", "marker"), default="flag",
                    help="STM: a message ends at a FLAG (Linux's STM framework) or at a "
                    "marked packet")  # fmt: skip
-    p.add_argument("--json", metavar="FILE", help="write the events as JSON lines")
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write the events as JSON lines"
+    )
     a = p.parse_args(list(argv))
     if (bool(a.snapshot) + bool(a.file) + bool(a.input)) != 1:
         p.error("give a snapshot directory (--snapshot), a perf.data (-i) or a trace FILE")

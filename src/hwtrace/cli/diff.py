@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..console import TextTable, escape, text_console
 from ..textout import fit_paths
-from .common import command_parser, shown_problems
+from .common import command_parser, output_file, shown_problems
 from .perfinput import decode_session, open_session
 
 
@@ -31,10 +31,15 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",
                    help="the root of each call path (comm: runs with other thread ids compare)")  # fmt: skip
     p.add_argument("--top", type=int, default=20, metavar="N", help="rows listed per table")
-    p.add_argument("--json", metavar="FILE", help="also write every path and function as JSON")
-    p.add_argument("--html", metavar="FILE",
+    p.add_argument(
+        "--json",
+        type=output_file,
+        metavar="FILE",
+        help="also write every path and function as JSON",
+    )
+    p.add_argument("--html", type=output_file, metavar="FILE",
                    help="write a self-contained HTML differential flame graph and sunburst")  # fmt: skip
-    p.add_argument("--folded-diff", metavar="FILE",
+    p.add_argument("--folded-diff", type=output_file, metavar="FILE",
                    help="write 'stack countA countB' lines (a differential flame graph's input)")  # fmt: skip
     a = p.parse_args(list(argv))
     tables = []

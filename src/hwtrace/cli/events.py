@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..columns import distinct
-from .common import command_parser, open_saying, shown_problems
+from .common import command_parser, open_saying, output_file, shown_problems
 from .perfinput import add_input_options, decode_session, open_session
 
 
@@ -145,7 +145,12 @@ def main(argv: Sequence[str]) -> int:
     add_event_options(p)
     p.add_argument("--event", action="append", default=[], metavar="PATTERN",
                    help="only events whose name matches (shell wildcards; repeatable)")  # fmt: skip
-    p.add_argument("--json", metavar="FILE", help="also write every event's placement as JSON")
+    p.add_argument(
+        "--json",
+        type=output_file,
+        metavar="FILE",
+        help="also write every event's placement as JSON",
+    )
     a = p.parse_args(list(argv))
     opened = open_session(p.prog, a)
     if opened is None:

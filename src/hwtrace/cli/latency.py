@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .common import Parser, command_parser, shown_problems
+from .common import Parser, command_parser, output_file, shown_problems
 from .events import add_window_options, window_gate
 from .perfinput import add_input_options, decode_session, open_session
 
@@ -27,8 +27,10 @@ def _input_options(p: argparse.ArgumentParser) -> None:
         raw.add_argument(opt, type=lambda v: int(v, 0), default=0, metavar="N",
                          help="as for hwtrace ptxed")  # fmt: skip
     p.add_argument("--top", type=int, default=10, metavar="N", help="longest intervals listed")
-    p.add_argument("--json", metavar="FILE", help="also write the profile as JSON")
-    p.add_argument("--html", metavar="FILE",
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="also write the profile as JSON"
+    )
+    p.add_argument("--html", type=output_file, metavar="FILE",
                    help="also write a self-contained HTML view (histograms, longest intervals)")  # fmt: skip
     add_window_options(p)
     p.add_argument("--all-intervals", action="store_true",

@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as e:
+        # A file the command could not read or write (one its checks did
+        # not foresee): one line naming it, not a traceback.
+        what = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        sys.stderr.write(f"hwtrace {argv[0]}: {what}\n")
+        return 1
     except KeyboardInterrupt:
         # ^C: what the command started is undone by its own finally blocks;
         # no traceback, the shell's status for SIGINT, and no library build.

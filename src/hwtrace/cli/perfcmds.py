@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..session.perfflow import PerfBlocks
 from ..textout import fit_paths
-from .common import command_parser, shown_problems
+from .common import command_parser, output_file, shown_problems
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 #: Blocks a batch of ``report``'s decoding holds when it needs no code runs
@@ -31,13 +31,13 @@ def report_main(argv: Sequence[str]) -> int:
     p = command_parser("hwtrace report", report_main)
     add_input_options(p)
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
-    p.add_argument("--folded", metavar="FILE",
+    p.add_argument("--folded", type=output_file, metavar="FILE",
                    help="write the call-path profile as folded stacks (flame graphs)")  # fmt: skip
     p.add_argument("--paths", metavar="FILE",
                    help="write every call path with the weight along it and below it")  # fmt: skip
-    p.add_argument("--html", metavar="FILE",
+    p.add_argument("--html", type=output_file, metavar="FILE",
                    help="write the call paths as a self-contained HTML flame graph and sunburst")  # fmt: skip
-    p.add_argument("--timeline", metavar="FILE",
+    p.add_argument("--timeline", type=output_file, metavar="FILE",
                    help="write every thread's calls as a timeline (Chrome trace-event JSON, "
                    "for Perfetto), with --events on the threads' tracks")  # fmt: skip
     p.add_argument("--by", choices=("insn", "time"), default="insn",

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser, command_parser
+from .common import Parser, command_parser, output_file
 
 HELP_COMMANDS = """commands (one per line on standard input with --control):
   list                 the tracepoints, their kind and hits
@@ -52,7 +52,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--control", action="store_true",
                    help="read commands from standard input (see --help-commands)")  # fmt: skip
     p.add_argument("--help-commands", action="store_true", help="list the --control commands")
-    p.add_argument("--json", metavar="FILE", help="write the tracepoints and counts as JSON")
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write the tracepoints and counts as JSON"
+    )
     args, command = _split_command(p, argv)
     if args.help_commands:
         sys.stdout.write(HELP_COMMANDS)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..pt.config import PtConfig
-from .common import command_parser
+from .common import command_parser, output_dir, output_file
 
 PROG = "hwtrace ptwrite"
 
@@ -24,8 +24,10 @@ def main(argv: Sequence[str]) -> int:
         "-i", "--input", metavar="PERF.DATA", help="a perf.data recorded with intel_pt/ptw/"
     )
     p.add_argument("--schema", metavar="JSON", help="event types: names and field names")
-    p.add_argument("--json", metavar="FILE", help="write the events as JSON lines")
-    p.add_argument("--ctf", metavar="DIR", help="write the events as a CTF trace")
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write the events as JSON lines"
+    )
+    p.add_argument("--ctf", type=output_dir, metavar="DIR", help="write the events as a CTF trace")
     p.add_argument(
         "--header",
         metavar="FILE",

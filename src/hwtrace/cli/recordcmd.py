@@ -13,14 +13,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import command_parser
+from .common import command_parser, output_file
 
 
 def record_main(argv: Sequence[str]) -> int:
     """Record a program's execution as Intel PT into perf.data: with perf and PT hardware where
     the CPU has it, else by patching the program's branches (or single-stepping chosen code)."""
     p = command_parser("hwtrace record", record_main)
-    p.add_argument("-o", "--output", default="perf.data", help="output file (perf.data)")
+    p.add_argument("-o", "--output", type=output_file, default="perf.data",
+                   help="output file (perf.data)")  # fmt: skip
     p.add_argument("-p", "--pid", type=int, help="attach to this process instead of launching")
     p.add_argument(
         "-f", "--function", action="append", default=[], help="trace this function (repeatable)"
@@ -81,15 +82,6 @@ def record_main(argv: Sequence[str]) -> int:
     command = [c for c in a.command if c != "--"] if a.command else []
     if bool(command) == (a.pid is not None):
         p.error("give a command to launch (after --) or a --pid to attach to")
-    out = Path(a.output)
-    where = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        p.error(f"-o {a.output}: a directory, not a file")
-    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
-        # (before anything is launched or attached to)
-        why = f"{where} is not writable" if where.is_dir() else f"no directory {where}"
-        sys.stderr.write(f"hwtrace record: {a.output}: {why}\n")
-        return 1
     from ..record.errors import RecordError
     from ..record.perf_pt import SettingsError, have_intel_pt
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..pt.config import PtConfig
-from .common import command_parser
+from .common import command_parser, output_dir, output_file
 
 PROG = "hwtrace vm"
 
@@ -36,11 +36,11 @@ def main(argv: Sequence[str]) -> int:
                    help="CPUID 0x15 EBX (the CTC ratio's numerator)")  # fmt: skip
     p.add_argument("--tsc-hz", type=float, default=0.0, help="TSC frequency, for times in ms")
     p.add_argument("--intervals", metavar="FILE", help="write every interval (.json or .csv)")
-    p.add_argument("--html", metavar="FILE", help="write the VM Resource and VM Control Flow "
+    p.add_argument("--html", type=output_file, metavar="FILE", help="write the VM Resource and VM Control Flow "
                    "views as a self-contained HTML time graph")  # fmt: skip
-    p.add_argument("--perfetto", metavar="FILE", help="write the views as a Chrome trace-event "
+    p.add_argument("--perfetto", type=output_file, metavar="FILE", help="write the views as a Chrome trace-event "
                    "timeline (Perfetto, chrome://tracing)")  # fmt: skip
-    p.add_argument("--ctf", metavar="DIR", help="write the state changes as a CTF trace, and "
+    p.add_argument("--ctf", type=output_dir, metavar="DIR", help="write the state changes as a CTF trace, and "
                    "DIR.tracecompass.xml, the Trace Compass analysis drawing the two views")  # fmt: skip
     p.add_argument("--bundles", metavar="FILE", help="write vmpt's bundles.xml (with several "
                    "pCPUs, FILE-cpuN.xml each)")  # fmt: skip

@@ -1,0 +1,68 @@
+"""Every file or directory a command writes is checked when its command
+line is read: a missing directory (or a directory where a file goes, a
+file where a directory goes) is one usage error before any work, not a
+traceback at the end of it.  What the checks cannot foresee (a file
+system that refuses the name) is one line too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hwtrace.cli.main import main
+
+QUIPPER = str(Path(__file__).resolve().parents[1] / "data" / "real" / "quipper-intel_pt")
+
+# (command line before the option, the option, a file (or a directory))
+OUTPUTS = [
+    (["report", "-i", QUIPPER], "--html", "file"),
+    (["report", "-i", QUIPPER], "--folded", "file"),
+    (["report", "-i", QUIPPER], "--timeline", "file"),
+    (["latency", "-i", QUIPPER, "--open", "cli", "--close", "sti"], "--json", "file"),
+    (["latency", "-i", QUIPPER, "--open", "cli", "--close", "sti"], "--html", "file"),
+    (["funclatency", "-i", QUIPPER, "main"], "--json", "file"),
+    (["diff", QUIPPER, QUIPPER], "--json", "file"),
+    (["diff", QUIPPER, QUIPPER], "--html", "file"),
+    (["diff", QUIPPER, QUIPPER], "--folded-diff", "file"),
+    (["events", "-i", QUIPPER], "--json", "file"),
+    (["characterize", "-i", QUIPPER], "--json", "file"),
+    (["characterize", "-i", QUIPPER], "--html", "file"),
+    (["ptwrite", "-i", QUIPPER], "--json", "file"),
+    (["ptwrite", "-i", QUIPPER], "--ctf", "dir"),
+    (["bts", "-i", QUIPPER], "--json", "file"),
+    (["vm", "-i", QUIPPER], "--html", "file"),
+    (["vm", "-i", QUIPPER], "--perfetto", "file"),
+    (["vm", "-i", QUIPPER], "--ctf", "dir"),
+    (["csdump", QUIPPER, "--protocol", "stm"], "--json", "file"),
+    (["probe", "-p", "1", "main"], "--json", "file"),
+    (["record"], "-o", "file"),
+]
+
+
+@pytest.mark.parametrize(("head", "option", "kind"), OUTPUTS,
+                         ids=[f"{h[0]} {o}" for h, o, _ in OUTPUTS])  # fmt: skip
+def test_an_output_where_none_can_be_is_a_usage_error(head, option, kind, tmp_path, capsys):
+    args = [*head, option]
+    missing = tmp_path / "no" / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, str(missing), *(["--", "/bin/true"] if head == ["record"] else [])])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"{option}" in err and f"no directory {missing.parent}" in err
+    wrong = tmp_path
+    if kind == "dir":
+        wrong = tmp_path / "a-file"
+        wrong.touch()
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, str(wrong), *(["--", "/bin/true"] if head == ["record"] else [])])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and ("a directory, not a file" if kind == "file"
+                                      else "a file, not a directory") in err  # fmt: skip
+    assert not missing.parent.exists()
+
+
+def test_a_write_the_checks_cannot_foresee_is_one_line(tmp_path, capsys):
+    """/proc takes no new files, whatever its permissions say."""
+    assert main(["report", "-i", QUIPPER, "--html", "/proc/hwtrace-report.html"]) == 1
+    err = capsys.readouterr().err
+    assert "hwtrace report: /proc/hwtrace-report.html:" in err and "Traceback" not in err
