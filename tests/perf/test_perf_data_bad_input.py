@@ -76,6 +76,38 @@ def test_wrong_magic(good: bytes) -> None:
     assert e.value.offset == 0 and "x.data" in str(e.value) and "magic" in str(e.value)
 
 
+def test_a_stream_that_is_no_perf_data_is_not_read_to_its_end(good: bytes) -> None:
+    """A pipe or device (``-i /dev/zero``, a mistaken pipe) is read to its
+    end only once its first bytes are a perf.data magic: it was read whole
+    first, 4 GB in six seconds of /dev/zero."""
+
+    class Endless:
+        name = "endless"
+
+        def read(self, n: int = -1) -> bytes:
+            assert n >= 0, "read to the end"
+            return b"\0" * n
+
+    with pytest.raises(PerfDataError, match="magic"):
+        read_perf_data(Endless())
+    with pytest.raises(PerfDataError, match="magic") as e:
+        read_perf_data("/dev/zero")
+    assert e.value.offset == 0 and "/dev/zero" in str(e.value)
+
+    class Piped:
+        name = "piped"
+
+        def __init__(self) -> None:
+            self.at = 0
+
+        def read(self, n: int = -1) -> bytes:
+            got = good[self.at :] if n < 0 else good[self.at : self.at + n]
+            self.at += len(got)
+            return got
+
+    assert read_perf_data(Piped()).summary() == read_perf_data(good).summary()
+
+
 @pytest.mark.parametrize("n", [0, 7, 15, 50, 103])
 def test_truncated_header(good: bytes, n: int) -> None:
     with pytest.raises(PerfDataError) as e:

@@ -200,6 +200,16 @@ def _name(t: int) -> str:
         return f"type {t}"
 
 
+def _read_stream(stream: BinaryIO) -> np.ndarray:
+    """A stream's bytes to its end, unless its first eight are no perf.data
+    magic: then those alone (enough to say so), not the rest of, say,
+    ``/dev/zero`` or a mistaken pipe, read into memory first."""
+    head = stream.read(8)
+    if len(head) < 8 or head not in (MAGIC, MAGIC[::-1], b"PERFFILE"):
+        return np.frombuffer(head, np.uint8)
+    return np.frombuffer(head + stream.read(), np.uint8)
+
+
 class PerfData:
     """A perf.data file read into memory-mapped columns (see the module doc).
 
@@ -218,7 +228,7 @@ class PerfData:
         elif isinstance(source, str | os.PathLike):
             if str(source) == "-":
                 self.path = name or "<stdin>"
-                self.buf = np.frombuffer(sys.stdin.buffer.read(), np.uint8)
+                self.buf = _read_stream(sys.stdin.buffer)
             else:
                 if os.path.isdir(source):
                     # ``perf record --kcore`` writes a directory: the data
@@ -234,12 +244,12 @@ class PerfData:
                         # A pipe, FIFO or terminal (``-i /dev/stdin`` under
                         # ``cat x |``): its size says nothing, read it through.
                         with open(source, "rb") as stream:
-                            self.buf = np.frombuffer(stream.read(), np.uint8)
+                            self.buf = _read_stream(stream)
                 except OSError as e:
                     raise PerfDataError(self.path, 0, f"cannot read: {e.strerror}") from None
         else:
             self.path = name or getattr(source, "name", "<stream>")
-            self.buf = np.frombuffer(source.read(), np.uint8)
+            self.buf = _read_stream(source)
         self.errors: list[PerfDataError] = []
         self.warnings: list[str] = []
 
@@ -259,9 +269,9 @@ class PerfData:
     def _read(self) -> None:
         b = self.buf
         n = b.shape[0]
-        if n < 16:
-            raise self._err(0, f"not a perf.data file: {n} bytes, shorter than any header")
         magic = bytes(b[:8])
+        if n < 8 or (n < 16 and magic == MAGIC):
+            raise self._err(0, f"not a perf.data file: {n} bytes, shorter than any header")
         if magic != MAGIC:
             if magic == MAGIC[::-1]:
                 raise self._err(0, "big-endian perf.data (byte-swapped magic) is not supported")
