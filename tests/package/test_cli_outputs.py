@@ -66,3 +66,18 @@ def test_a_write_the_checks_cannot_foresee_is_one_line(tmp_path, capsys):
     assert main(["report", "-i", QUIPPER, "--html", "/proc/hwtrace-report.html"]) == 1
     err = capsys.readouterr().err
     assert "hwtrace report: /proc/hwtrace-report.html:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("head", [["script", "-i", QUIPPER], ["report", "-i", QUIPPER],
+                                  ["diff", QUIPPER, QUIPPER], ["bts", "-i", QUIPPER],
+                                  ["latency", "-i", QUIPPER, "--open", "cli", "--close", "sti"]],
+                         ids=lambda h: h[0])  # fmt: skip
+def test_a_symfs_that_is_no_directory_is_a_usage_error(head, tmp_path, capsys):
+    """--symfs naming nothing (a typo) was taken silently: every binary
+    then went missing, its code decoded as gaps."""
+    for symfs, message in ((tmp_path / "typo", "no such directory"),
+                           (Path(QUIPPER), "not a directory")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            main([*head, "--symfs", str(symfs)])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"--symfs: {symfs}: {message}" in err

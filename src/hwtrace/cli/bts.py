@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import command_parser, output_file
+from .common import command_parser, input_dir, output_file
 
 PROG = "hwtrace bts"
 
@@ -21,7 +21,7 @@ def main(argv: Sequence[str]) -> int:
     """List the branches of an Intel BTS perf.data, or the events at registered branch sites."""
     p = command_parser(PROG, main)
     p.add_argument("-i", "--input", default="perf.data", help="input file (perf.data)")
-    p.add_argument("--symfs", help="look for binaries under this directory")
+    p.add_argument("--symfs", type=input_dir, help="look for binaries under this directory")
     p.add_argument("--at", action="append", default=[], metavar="SITE[=NAME]",
                    help="a branch site: an address or a function (name, module!name, "
                    "name+0xOFF); each branch from it is an event (repeatable)")  # fmt: skip

@@ -74,6 +74,16 @@ def output_file(value: str) -> str:
     return value
 
 
+def input_dir(value: str) -> str:
+    """An argparse type for a directory a command reads from (``--symfs``):
+    refused when the command line is read if there is none."""
+    if not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(
+            f"{value}: {'not a directory' if os.path.exists(value) else 'no such directory'}"
+        )
+    return value
+
+
 def output_dir(value: str) -> str:
     """An argparse type for a directory a command writes into (made if it
     is not there): refused at once when that cannot be."""

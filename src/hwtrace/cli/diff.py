@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..console import TextTable, escape, text_console
 from ..textout import fit_paths
-from .common import command_parser, output_file, shown_problems
+from .common import command_parser, input_dir, output_file, shown_problems
 from .perfinput import decode_session, open_session
 
 
@@ -25,7 +25,7 @@ def main(argv: Sequence[str]) -> int:
     p = command_parser("hwtrace diff", main)
     p.add_argument("a", help="the first perf.data (the baseline)")
     p.add_argument("b", help="the second perf.data")
-    p.add_argument("--symfs", help="look for binaries under this directory")
+    p.add_argument("--symfs", type=input_dir, help="look for binaries under this directory")
     p.add_argument("--by", choices=("insn", "time"), default="insn",
                    help="rank by instructions or by time")  # fmt: skip
     p.add_argument("--group", choices=("comm", "thread", "process", "cpu"), default="comm",

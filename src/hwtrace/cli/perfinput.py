@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 from ..session import PerfSession, SessionError
 from ..session.perfflow import PerfBlocks, PerfStream
-from .common import open_saying
+from .common import input_dir, open_saying
 
 
 def add_input_options(p: argparse.ArgumentParser) -> None:
     """``-i``, ``--symfs``, ``--kcore``, ``--vmlinux``, ``--kallsyms``,
     ``--call`` and ``--all``."""
     p.add_argument("-i", "--input", default="perf.data", help="input file (perf.data)")
-    p.add_argument("--symfs", help="look for binaries under this directory")
+    p.add_argument("--symfs", type=input_dir, help="look for binaries under this directory")
     p.add_argument(
         "--kcore",
         metavar="DIR",
