@@ -133,6 +133,10 @@ def test_perf_reads_the_bts_perf_data(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [(r["event"], r["tid"], int(r["from"], 16)) for r in rows] == [("tick", 42, jnz)] * 4
     assert _bts("-i", str(path), "--at", "nosuch=x").returncode == 2
+    got = _bts("-i", str(path), "--at", "loop+02=tick")  # (decimal: no octal, no traceback)
+    assert got.returncode == 0 and got.stderr == "hwtrace bts: tick: 4 events\n"
+    got = _bts("-i", str(path), "--at", "loop+2x=tick")
+    assert got.returncode == 2 and "offset '2x' is not a number" in got.stderr
     if perf is None:
         pytest.skip("perf is not installed")
     out = subprocess.run(

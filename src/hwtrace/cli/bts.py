@@ -143,6 +143,11 @@ def _sites(specs: list[str], symbols) -> dict[int, str]:
                 raise ValueError(
                     f"--at {spec}: no function {func!r} in the recording's binaries"
                 ) from None
-            addr = int(entries[0]) + (int(off, 0) if plus else 0)
+            try:
+                # (hexadecimal after 0x, else decimal: a leading zero is no octal)
+                delta = int(off, 16 if off[:2].lower() == "0x" else 10) if plus else 0
+            except ValueError:
+                raise ValueError(f"--at {spec}: offset {off!r} is not a number") from None
+            addr = int(entries[0]) + delta
         out[addr] = name or where
     return out
