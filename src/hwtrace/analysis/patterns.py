@@ -232,7 +232,7 @@ class PatternSet:
             raise PatternError(f"marker {name!r}: no address or symbol")
         m = re.fullmatch(r"(0x[0-9a-fA-F]+)|.+?\+(0x[0-9a-fA-F]+|\d+)", spec)
         number = m and (m.group(1) or m.group(2))
-        if number and _number(number) >> 64:
+        if number and address_number(number) >> 64:
             raise PatternError(f"marker {name!r}: {number} does not fit in 64 bits")
         return Atom(A_ADDRESS, (spec,), scope)
 
@@ -319,7 +319,7 @@ def load_toml(path: str | os.PathLike[str], patterns: PatternSet) -> None:
 # -- evaluating atoms on instructions ------------------------------------------
 
 
-def _number(text: str) -> int:
+def address_number(text: str) -> int:
     """An address or offset of a pattern: hexadecimal after ``0x``, else
     decimal (``main+010`` is 10 bytes in, not octal)."""
     return int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
@@ -334,7 +334,7 @@ def resolve_address(spec: str, symbols: SymbolTable) -> np.ndarray:
     name, off = m.group(1), m.group(2)
     starts = symbols.function_entries(name)
     if off:
-        starts = starts + np.uint64(_number(off))
+        starts = starts + np.uint64(address_number(off))
     return starts
 
 

@@ -143,9 +143,10 @@ def _sites(specs: list[str], symbols) -> dict[int, str]:
                 raise ValueError(
                     f"--at {spec}: no function {func!r} in the recording's binaries"
                 ) from None
+            from ..analysis.patterns import address_number
+
             try:
-                # (hexadecimal after 0x, else decimal: a leading zero is no octal)
-                delta = int(off, 16 if off[:2].lower() == "0x" else 10) if plus else 0
+                delta = address_number(off) if plus else 0
             except ValueError:
                 raise ValueError(f"--at {spec}: offset {off!r} is not a number") from None
             addr = int(entries[0]) + delta
