@@ -179,3 +179,19 @@ def test_bad_kernel_sources(tmp_path, capsys):
     assert main(["report", "-i", str(path), "--vmlinux", str(junk)]) == 1
     err = capsys.readouterr().err
     assert "vmlinux" in err and "Traceback" not in err
+    # kallsyms copies that name nothing: made without the right to see the
+    # addresses (all 0), not kallsyms at all, or with a line past 64 bits
+    # (it was a traceback); the good lines of the last still count.
+    zeros, text = tmp_path / "zeros", tmp_path / "text"
+    zeros.write_text("0000000000000000 T _text\n0000000000000000 t fib\n")
+    text.write_text("hello world\n")
+    for bad, message in ((zeros, "every address is 0"), (text, "not a kallsyms copy")):
+        with pytest.raises(KernelCodeError, match=message):
+            load_kernel(kallsyms=bad)
+        assert main(["report", "-i", str(path), "--kallsyms", str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    wide = tmp_path / "wide"
+    wide.write_text("1ffffffffffffffff T big\nffffffff81000000 T _text\nffffffff81000000 tT x\n")
+    kernel = load_kernel(kallsyms=wide)
+    assert kernel is not None and len(kernel.symbols) == 1

@@ -132,6 +132,8 @@ def load_kernel(
             names = read_kallsyms(kallsyms)
         except OSError as e:
             raise KernelCodeError(f"{kallsyms}: {e.strerror or e}") from None
+        if not len(names):
+            raise KernelCodeError(f"{kallsyms}: {_no_symbols(kallsyms)}")
         if code is None:
             code = KernelCode(Image("[kernel.kallsyms]"), names, str(kallsyms))
         else:
@@ -146,16 +148,26 @@ def read_kallsyms(path: str | os.PathLike[str]) -> SymbolTable:
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             parts = line.split()
-            if len(parts) < 3 or parts[1] not in "tTwW":
+            if len(parts) < 3 or parts[1] not in ("t", "T", "w", "W"):
                 continue
             try:
                 address = int(parts[0], 16)
             except ValueError:
                 continue
-            if address:
+            if 0 < address < 1 << 64:  # (no line of a real kallsyms is past 64 bits)
                 addresses.append(address)
                 names.append(parts[2])
     return _kernel_table(addresses, names)
+
+
+def _no_symbols(path: str | os.PathLike[str]) -> str:
+    """Why a kallsyms copy gave no symbol."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        zeros = any(line.split()[:1] and set(line.split()[0]) == {"0"} for line in f)
+    if zeros:
+        return ("every address is 0: a copy of /proc/kallsyms made without the right to "
+                "see them (kernel.kptr_restrict); copy it as root")  # fmt: skip
+    return "no text symbol (lines 'ADDRESS t|T NAME' of /proc/kallsyms): not a kallsyms copy"
 
 
 def _kernel_table(addresses: Iterable[int], names: Iterable[str]) -> SymbolTable:
