@@ -149,6 +149,12 @@ def test_locations_by_line_address_and_module(target):
             s.resolve("probe_workload.c:1")
         with pytest.raises(ProbeError, match="not in executable memory"):
             s.resolve("0x10")
+        # An offset is hexadecimal after 0x, else decimal (no octal, no
+        # Python error): ten bytes in, an instruction's start or not.
+        try:
+            assert s.resolve("work+010").address == work.address + 10
+        except ProbeError as e:
+            assert "(work+0xa) is inside the instruction" in str(e)
 
 
 def test_trap_tracepoints_count_exactly(target, untraced):

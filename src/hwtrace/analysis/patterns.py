@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..image.symbols import SymbolTable
+from ..image.symbols import SymbolTable, address_number
 from ..isa.x86 import IClass
 
 MAX_ATOMS = 62  # (the walk keeps two flags in the top bits of an atom mask)
@@ -317,12 +317,6 @@ def load_toml(path: str | os.PathLike[str], patterns: PatternSet) -> None:
 
 
 # -- evaluating atoms on instructions ------------------------------------------
-
-
-def address_number(text: str) -> int:
-    """An address or offset of a pattern: hexadecimal after ``0x``, else
-    decimal (``main+010`` is 10 bytes in, not octal)."""
-    return int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
 
 
 def resolve_address(spec: str, symbols: SymbolTable) -> np.ndarray:

@@ -143,7 +143,7 @@ def _sites(specs: list[str], symbols) -> dict[int, str]:
                 raise ValueError(
                     f"--at {spec}: no function {func!r} in the recording's binaries"
                 ) from None
-            from ..analysis.patterns import address_number
+            from ..image.symbols import address_number
 
             try:
                 delta = address_number(off) if plus else 0

@@ -34,6 +34,13 @@ def _in_order(start: np.ndarray, size: np.ndarray) -> bool:
     return bool(np.all((later > earlier) | ((later == earlier) & (size[1:] <= size[:-1]))))
 
 
+def address_number(text: str) -> int:
+    """An address or offset a user types (``func+off``, ``0x401000``):
+    hexadecimal after ``0x``, else decimal (``main+010`` is 10 bytes in,
+    not octal).  ValueError when it is neither."""
+    return int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
+
+
 class SymbolTable:
     """Symbols with a nonzero size, sorted by start address.
 

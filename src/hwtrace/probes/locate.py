@@ -16,6 +16,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ..image.process import ProcessModules
+from ..image.symbols import address_number
 
 __all__ = ["Site", "SiteError", "check_boundary", "resolve"]
 
@@ -51,7 +52,7 @@ def resolve(modules: ProcessModules, spec: str) -> Site:
     if m and "!" not in spec:
         return _at_line(modules, m["file"], int(m["line"]), spec)
     m = _OFFSET.match(spec)
-    name, offset = (m["name"], int(m["off"], 0)) if m else (spec, 0)
+    name, offset = (m["name"], address_number(m["off"])) if m else (spec, 0)
     func = modules.find_function(name)
     if func is None:
         module, _, bare = name.rpartition("!")
