@@ -204,7 +204,12 @@ def _read_stream(stream: BinaryIO) -> np.ndarray:
     """A stream's bytes to its end, unless its first eight are no perf.data
     magic: then those alone (enough to say so), not the rest of, say,
     ``/dev/zero`` or a mistaken pipe, read into memory first."""
-    head = stream.read(8)
+    head = b""
+    while len(head) < 8:  # (a raw pipe may give fewer bytes than asked)
+        more = stream.read(8 - len(head))
+        if not more:
+            break
+        head += more
     if len(head) < 8 or head not in (MAGIC, MAGIC[::-1], b"PERFFILE"):
         return np.frombuffer(head, np.uint8)
     return np.frombuffer(head + stream.read(), np.uint8)
