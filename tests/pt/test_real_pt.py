@@ -198,3 +198,15 @@ def test_real_recording(name, rec, tool, args, workdir):
         diff = difflib.unified_diff(want, got, "intel", "hwtrace", lineterm="")
         pytest.fail(f"hwtrace {tool} {' '.join(argv)}\n" + "\n".join(list(diff)[:60]))
     assert name not in KNOWN_FAILING, "now identical: remove it from KNOWN_FAILING"
+
+
+def test_sideband_naming_a_file_not_here_is_a_sideband_error(workdir):
+    """Without --pevent:sysroot the sideband's MMAP names /hello, which is
+    not on this machine: libipt's sideband reports "bad file" there and
+    decoding goes on (it was an ImageError traceback)."""
+    folder = recording_dir("drpt", workdir)
+    args = tuple(a for a in _PEVENT if a not in ("--pevent:sysroot", "{dir}"))
+    argv = argv_of("drpt", "ptxed", ("--no-inst", "--sb:warn", "--elf", "{dir}/hello", *args),
+                   folder)  # fmt: skip
+    got = run_captured(["ptxed", *argv]).decode()
+    assert "sideband error: bad file]" in got and "[enabled]" in got

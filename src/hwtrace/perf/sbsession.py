@@ -328,7 +328,7 @@ class Session:
             ctx.abi = _elf_abi(filename)
         try:
             whole = map_file(filename).shape[0]
-        except OSError:
+        except (OSError, ImageError):  # (a file the sideband names, not here)
             return -int(PtError.BAD_FILE)
         if offset >= whole or not size:
             return -int(PtError.INVALID)
