@@ -81,3 +81,25 @@ def test_a_symfs_that_is_no_directory_is_a_usage_error(head, tmp_path, capsys):
             main([*head, "--symfs", str(symfs)])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and f"--symfs: {symfs}: {message}" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["trace", "-d", "-1", "sched:sched_switch"], "--duration: -1: a positive number"),
+    (["trace", "-d", "nan", "sched:sched_switch"], "--duration: nan: a positive number"),
+    (["trace", "-p", "-1", "sched:sched_switch"], "--pid: -1: not a process id"),
+    (["probe", "-p", "1", "-i", "0", "main"], "--interval: 0: a positive number"),
+    (["probe", "-p", "-5", "main"], "--pid: -5: not a process id"),
+])  # fmt: skip
+def test_durations_and_process_ids_are_checked_when_read(args, message, capsys):
+    """A negative pid was an OverflowError traceback (trace -p -1); a
+    negative or NaN duration ran anyway."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_trace_of_a_process_that_is_not_there_says_so(capsys):
+    """perf trace -p says so too; it traced nothing for the whole duration."""
+    pid = 2**22 + 12345  # (past pid_max's default: never a process)
+    assert main(["trace", "-d", "0.1", "-p", str(pid), "sched:sched_switch"]) == 1
+    assert f"no process with pid {pid}" in capsys.readouterr().err

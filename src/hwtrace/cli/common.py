@@ -74,6 +74,28 @@ def output_file(value: str) -> str:
     return value
 
 
+def positive_seconds(value: str) -> float:
+    """An argparse type for a duration: a positive, finite number of seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a number of seconds") from None
+    if not 0 < seconds < float("inf"):  # (NaN fails it too)
+        raise argparse.ArgumentTypeError(f"{value}: a positive number of seconds")
+    return seconds
+
+
+def process_id(value: str) -> int:
+    """An argparse type for a process id: a positive integer."""
+    try:
+        pid = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a process id") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"{value}: not a process id (a positive number)")
+    return pid
+
+
 def input_dir(value: str) -> str:
     """An argparse type for a directory a command reads from (``--symfs``):
     refused when the command line is read if there is none."""

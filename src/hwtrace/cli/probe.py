@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser, command_parser, output_file
+from .common import Parser, command_parser, output_file, positive_seconds, process_id
 
 HELP_COMMANDS = """commands (one per line on standard input with --control):
   list                 the tracepoints, their kind and hits
@@ -32,7 +32,7 @@ def main(argv: Sequence[str]) -> int:
         epilog="LOCATION: FUNC, FUNC+OFF, MODULE!FUNC, 0xADDRESS, or FILE:LINE.",
     )
     p.add_argument("locations", nargs="*", metavar="LOCATION", help="where to put tracepoints")
-    p.add_argument("-p", "--pid", type=int, help="the running process")
+    p.add_argument("-p", "--pid", type=process_id, help="the running process")
     p.add_argument("-o", "--output", metavar="PATH",
                    help="record events into PATH: JSON lines for *.jsonl, perf.data for "
                    "*.data, else a CTF trace directory (babeltrace2 reads it)")  # fmt: skip
@@ -46,8 +46,10 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("-r", "--returns", action="store_true",
                    help="entry/exit tracepoints: at a function's entry, also catch each "
                    "return (counted apart; recorded with the return value in rax)")  # fmt: skip
-    p.add_argument("-d", "--duration", type=float, metavar="SECONDS", help="stop after this long")
-    p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
+    p.add_argument(
+        "-d", "--duration", type=positive_seconds, metavar="SECONDS", help="stop after this long"
+    )
+    p.add_argument("-i", "--interval", type=positive_seconds, metavar="SECONDS",
                    help="print the hit counts this often")  # fmt: skip
     p.add_argument("--control", action="store_true",
                    help="read commands from standard input (see --help-commands)")  # fmt: skip

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser, command_parser
+from .common import Parser, command_parser, positive_seconds, process_id
 
 _UNITS = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -39,9 +39,10 @@ def _parser() -> Parser:
     p.add_argument("-o", "--output", metavar="PATH",
                    help="write events to PATH: perf.data for *.data, JSON lines for *.jsonl, "
                    "else a CTF trace directory (default: a line per event on stdout)")  # fmt: skip
-    p.add_argument("-p", "--pid", type=int, action="append", metavar="PID",
+    p.add_argument("-p", "--pid", type=process_id, action="append", metavar="PID",
                    help="only this process and the children it forks (repeatable)")  # fmt: skip
-    p.add_argument("-d", "--duration", type=float, metavar="SECONDS", help="stop after this long")
+    p.add_argument("-d", "--duration", type=positive_seconds, metavar="SECONDS",
+                   help="stop after this long")  # fmt: skip
     p.add_argument("--max-string", type=int, default=256, metavar="BYTES",
                    help="bound of __data_loc string compares in the kernel (default 256)")  # fmt: skip
     p.add_argument("--buffer-size", type=int, default=4096, metavar="KIB",
@@ -91,6 +92,10 @@ def main(argv: Sequence[str]) -> int:
         p.error("give -p PID or -- COMMAND, not both")
     if args.buffer_size <= 0 or args.buffer_size & (args.buffer_size - 1) or args.buffer_size < 4:
         p.error(f"--buffer-size {args.buffer_size}: a power of two of at least 4 KiB")
+    for pid in args.pid or []:
+        if not os.path.isdir(f"/proc/{pid}"):
+            sys.stderr.write(f"hwtrace trace: no process with pid {pid}\n")
+            return 1
     if os.geteuid() != 0:
         sys.stderr.write("hwtrace trace: needs root (BPF programs on kernel tracepoints)\n")
         return 1
