@@ -84,10 +84,10 @@ def test_a_symfs_that_is_no_directory_is_a_usage_error(head, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["trace", "-d", "-1", "sched:sched_switch"], "--duration: -1: a positive number"),
-    (["trace", "-d", "nan", "sched:sched_switch"], "--duration: nan: a positive number"),
+    (["trace", "-d", "-1", "sched:sched_switch"], "--duration: -1: a number of seconds, 0 or"),
+    (["trace", "-d", "nan", "sched:sched_switch"], "--duration: nan: a number of seconds"),
     (["trace", "-p", "-1", "sched:sched_switch"], "--pid: -1: not a process id"),
-    (["probe", "-p", "1", "-i", "0", "main"], "--interval: 0: a positive number"),
+    (["probe", "-p", "1", "-i", "-2", "main"], "--interval: -2: a number of seconds"),
     (["probe", "-p", "-5", "main"], "--pid: -5: not a process id"),
 ])  # fmt: skip
 def test_durations_and_process_ids_are_checked_when_read(args, message, capsys):

@@ -74,15 +74,15 @@ def output_file(value: str) -> str:
     return value
 
 
-def positive_seconds(value: str) -> float:
-    """An argparse type for a duration: a positive, finite number of seconds."""
+def seconds(value: str) -> float:
+    """An argparse type for a duration: a finite number of seconds, 0 or more."""
     try:
-        seconds = float(value)
+        got = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r}: not a number of seconds") from None
-    if not 0 < seconds < float("inf"):  # (NaN fails it too)
-        raise argparse.ArgumentTypeError(f"{value}: a positive number of seconds")
-    return seconds
+    if not 0 <= got < float("inf"):  # (NaN fails it too)
+        raise argparse.ArgumentTypeError(f"{value}: a number of seconds, 0 or more")
+    return got
 
 
 def process_id(value: str) -> int:

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser, command_parser, output_file, positive_seconds, process_id
+from .common import Parser, command_parser, output_file, process_id, seconds
 
 HELP_COMMANDS = """commands (one per line on standard input with --control):
   list                 the tracepoints, their kind and hits
@@ -46,10 +46,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("-r", "--returns", action="store_true",
                    help="entry/exit tracepoints: at a function's entry, also catch each "
                    "return (counted apart; recorded with the return value in rax)")  # fmt: skip
-    p.add_argument(
-        "-d", "--duration", type=positive_seconds, metavar="SECONDS", help="stop after this long"
-    )
-    p.add_argument("-i", "--interval", type=positive_seconds, metavar="SECONDS",
+    p.add_argument("-d", "--duration", type=seconds, metavar="SECONDS", help="stop after this long")
+    p.add_argument("-i", "--interval", type=seconds, metavar="SECONDS",
                    help="print the hit counts this often")  # fmt: skip
     p.add_argument("--control", action="store_true",
                    help="read commands from standard input (see --help-commands)")  # fmt: skip

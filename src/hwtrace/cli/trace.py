@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser, command_parser, positive_seconds, process_id
+from .common import Parser, command_parser, process_id, seconds
 
 _UNITS = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -41,7 +41,7 @@ def _parser() -> Parser:
                    "else a CTF trace directory (default: a line per event on stdout)")  # fmt: skip
     p.add_argument("-p", "--pid", type=process_id, action="append", metavar="PID",
                    help="only this process and the children it forks (repeatable)")  # fmt: skip
-    p.add_argument("-d", "--duration", type=positive_seconds, metavar="SECONDS",
+    p.add_argument("-d", "--duration", type=seconds, metavar="SECONDS",
                    help="stop after this long")  # fmt: skip
     p.add_argument("--max-string", type=int, default=256, metavar="BYTES",
                    help="bound of __data_loc string compares in the kernel (default 256)")  # fmt: skip
@@ -192,7 +192,8 @@ class _Session:
         -p), -d runs out, or ^C."""
         from ..ktrace.workload import alive
 
-        deadline = time.monotonic() + self.args.duration if self.args.duration else None
+        # (-d 0: stop at once, not never)
+        deadline = None if self.args.duration is None else time.monotonic() + self.args.duration
         while not self.stopping:
             wait(0.1)
             drain()
