@@ -74,26 +74,34 @@ def output_file(value: str) -> str:
     return value
 
 
+def _checked(value: str, convert: Callable[[str], T], noun: str, ok: Callable[[T], bool],
+             rule: str) -> T:  # fmt: skip
+    """``convert(value)``, an argparse error naming ``noun`` when it cannot
+    be made, or ``rule`` when it is not ``ok``."""
+    try:
+        got = convert(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not {noun}") from None
+    if not ok(got):
+        raise argparse.ArgumentTypeError(f"{value}: {rule}")
+    return got
+
+
 def seconds(value: str) -> float:
     """An argparse type for a duration: a finite number of seconds, 0 or more."""
-    try:
-        got = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: not a number of seconds") from None
-    if not 0 <= got < float("inf"):  # (NaN fails it too)
-        raise argparse.ArgumentTypeError(f"{value}: a number of seconds, 0 or more")
-    return got
+    return _checked(
+        value,
+        float,
+        "a number of seconds",
+        lambda s: 0 <= s < float("inf"),
+        "a number of seconds, 0 or more",
+    )  # fmt: skip (NaN fails the test too)
 
 
 def process_id(value: str) -> int:
     """An argparse type for a process id: a positive integer."""
-    try:
-        pid = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: not a process id") from None
-    if pid <= 0:
-        raise argparse.ArgumentTypeError(f"{value}: not a process id (a positive number)")
-    return pid
+    return _checked(value, int, "a process id", lambda pid: pid > 0,
+                    "not a process id (a positive number)")  # fmt: skip
 
 
 def input_dir(value: str) -> str:
