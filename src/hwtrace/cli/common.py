@@ -64,9 +64,15 @@ def output_file(value: str) -> str:
     """An argparse type for a file a command writes: refused when the
     command line is read, not after the work, when it names a directory or
     its directory is missing or not writable."""
-    where = os.path.dirname(value) or "."
     if os.path.isdir(value):
         raise argparse.ArgumentTypeError(f"{value}: a directory, not a file")
+    return _in_writable_directory(value, os.path.dirname(value))
+
+
+def _in_writable_directory(value: str, where: str) -> str:
+    """``value``, made in directory ``where`` (empty: the current one), or
+    the argparse error saying why nothing can be made there."""
+    where = where or "."
     if not os.path.isdir(where):
         raise argparse.ArgumentTypeError(f"{value}: no directory {where}")
     if not os.access(where, os.W_OK | os.X_OK):
@@ -88,14 +94,10 @@ def _checked(value: str, convert: Callable[[str], T], noun: str, ok: Callable[[T
 
 
 def seconds(value: str) -> float:
-    """An argparse type for a duration: a finite number of seconds, 0 or more."""
-    return _checked(
-        value,
-        float,
-        "a number of seconds",
-        lambda s: 0 <= s < float("inf"),
-        "a number of seconds, 0 or more",
-    )  # fmt: skip (NaN fails the test too)
+    """An argparse type for a duration: a finite number of seconds, 0 or
+    more (NaN fails the test too)."""
+    return _checked(value, float, "a number of seconds", lambda s: 0 <= s < float("inf"),
+                    "a number of seconds, 0 or more")  # fmt: skip
 
 
 def process_id(value: str) -> int:
@@ -123,12 +125,7 @@ def output_dir(value: str) -> str:
         return value
     if os.path.exists(value):
         raise argparse.ArgumentTypeError(f"{value}: a file, not a directory")
-    where = os.path.dirname(os.path.normpath(value)) or "."
-    if not os.path.isdir(where):
-        raise argparse.ArgumentTypeError(f"{value}: no directory {where}")
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{value}: {where} is not writable")
-    return value
+    return _in_writable_directory(value, os.path.dirname(os.path.normpath(value)))
 
 
 class UsageError(Exception):

@@ -98,9 +98,6 @@ def record_main(argv: Sequence[str]) -> int:
     except (SettingsError, RecordError) as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
         return 1
-    except OSError as e:
-        sys.stderr.write(f"hwtrace record: {e.filename or a.output}: {e.strerror or e}\n")
-        return 1
 
 
 def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
