@@ -1496,7 +1496,18 @@ def ev_next(ds, pk, cf, out):
     SI, SU, QE, QB = ds[0], ds[1], ds[4], ds[5]
     if SI[ES_STATUS]:
         return _err(SI[ES_STATUS])
+    kind = pk[0]
     while True:
+        # Packets that carry nothing for the flow are passed over here: a
+        # call to _decode_packet copies the decoder's state, and timing
+        # packets come between most others.
+        i = SI[ES_POS]
+        if i < SI[W_N]:
+            k = kind[i]
+            if k == K_PAD or k == K_TSC or k == K_MTC or k == K_TMA or k == K_CYC:
+                SI[ES_BOUND] = 0
+                _ev_fetch(SI, pk)
+                continue
         r = _decode_packet(SI, SU, QE, QB, pk, cf, out)
         if r < 0:
             if not _aborted(r):
@@ -3186,7 +3197,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     return code
 
 
-@aot.njit(cache=True, _nrt=False)
+@aot.njit(cache=True, native_inline=True, _nrt=False)
 def _fast(ds, pk, cf, ct, out):
     """Walk runs against TNT bits and TIPs while the trace is plain flow.
 
