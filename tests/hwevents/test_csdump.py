@@ -149,8 +149,9 @@ def test_damage_is_one_message_per_problem(capture, tmp_path):
     assert got.returncode == 0 and got.stdout == "" and "unknown trace ID 0x10" in got.stderr
     missing = _hwtrace(str(tmp_path / "none.bin"), "--protocol", "stm")
     assert (
-        missing.returncode == 1
-        and missing.stderr == f"hwtrace csdump: {tmp_path / 'none.bin'}: no such file\n"
+        missing.returncode == 2
+        and missing.stderr
+        == f"hwtrace csdump: argument FILE: {tmp_path / 'none.bin'}: no such file\n"
     )
     bad = _hwtrace("--snapshot", str(tmp_path))
     assert (

@@ -193,8 +193,9 @@ def test_perf_data_ctf_and_the_command(tmp_path):
     assert "hwtrace_request(uint64_t n, uint64_t tenfold)" in header.read_text()
     bad = _hwtrace(str(tmp_path / "missing.pt"))
     assert (
-        bad.returncode == 1
-        and bad.stderr == f"hwtrace ptwrite: {tmp_path / 'missing.pt'}: no such file\n"
+        bad.returncode == 2
+        and bad.stderr
+        == f"hwtrace ptwrite: argument FILE: {tmp_path / 'missing.pt'}: no such file\n"
     )
 
 

@@ -69,6 +69,21 @@ def output_file(value: str) -> str:
     return _in_writable_directory(value, os.path.dirname(value))
 
 
+def input_file(value: str) -> str:
+    """An argparse type for a file a command reads whole: refused when the
+    command line is read if it is missing, a directory, or not a regular
+    file (a device or pipe could be endless, and is read into memory)."""
+    if not os.path.isfile(value):
+        if not os.path.exists(value):
+            problem = "no such file"
+        elif os.path.isdir(value):
+            problem = "a directory, not a file"
+        else:
+            problem = "not a regular file"
+        raise argparse.ArgumentTypeError(f"{value}: {problem}")
+    return value
+
+
 def _in_writable_directory(value: str, where: str) -> str:
     """``value``, made in directory ``where`` (empty: the current one), or
     the argparse error saying why nothing can be made there."""

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import command_parser, output_file
+from .common import _checked, command_parser, input_file, output_file
 
 PROG = "hwtrace csdump"
 # As hwtrace.session.coresight's PROTOCOLS and FRAME_MODES (not imported:
@@ -22,11 +22,24 @@ PROTOCOLS = ("stm", "etm4", "ete")
 FRAME_MODES = ("memory", "fsync", "hsync", "dstream")
 
 
+def _trace_id(value: str) -> int:
+    """An argparse type for a CoreSight trace ID: 0x01-0x6f (0 is none and
+    0x70-0x7f are reserved, as CoreSight's architecture has it)."""
+    return _checked(value, lambda v: int(v, 0), "a trace ID", lambda t: 1 <= t <= 0x6F,
+                    "not a trace ID (0x01 to 0x6f)")  # fmt: skip
+
+
 def main(argv: Sequence[str]) -> int:
     """List ARM CoreSight trace packets (STM, ETMv4, ETE) as OpenCSD's trc_pkt_lister does, and
     the software events they carry."""
     p = command_parser(PROG, main)
-    p.add_argument("file", nargs="?", metavar="FILE", help="a raw trace file (with --protocol)")
+    p.add_argument(
+        "file",
+        nargs="?",
+        type=input_file,
+        metavar="FILE",
+        help="a raw trace file (with --protocol)",
+    )
     p.add_argument("--snapshot", metavar="DIR", help="an OpenCSD snapshot directory")
     p.add_argument("-i", "--input", metavar="PERF.DATA",
                    help="a perf.data with CoreSight ETM trace (perf record -e cs_etm//)")  # fmt: skip
@@ -34,7 +47,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--frames", choices=FRAME_MODES,
                    help="FILE is in CoreSight formatter frames (ETB/ETF/ETR: memory; "
                    "TPIU: fsync, hsync; a DSTREAM capture: dstream)")  # fmt: skip
-    p.add_argument("--id", type=lambda v: int(v, 0), action="append", default=[], metavar="N",
+    p.add_argument("--id", type=_trace_id, action="append", default=[], metavar="N",
                    help="only this trace ID (repeatable)")  # fmt: skip
     p.add_argument("--source", action="append", default=[], metavar="NAME",
                    help="only this snapshot source (repeatable)")  # fmt: skip

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import command_parser, shown_problems
+from .common import command_parser, output_file, shown_problems
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
 PROG = "hwtrace decode"
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="the CPU the trace ran on (default 0)")  # fmt: skip
     raw.add_argument("--tid", type=int, default=1, metavar="TID",
                      help="the thread (and process) the trace is named after (default 1)")  # fmt: skip
-    raw.add_argument("--perf-data", metavar="FILE",
+    raw.add_argument("--perf-data", type=output_file, metavar="FILE",
                      help="write the trace's perf.data here and keep it (default: beside the "
                      "output directory, removed afterwards)")  # fmt: skip
     return p

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from ..filter.compile import TIERS
 from ..filter.errors import FilterError
-from .common import command_parser
+from .common import command_parser, output_file
 
 PROG = "hwtrace filter"
 
@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o",
         "--output",
+        type=output_file,
         metavar="FILE",
         help="perf.data for perf.data input; .jsonl: JSON lines; else a text listing",
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..filter.errors import FilterError
 from ..filter.schema import Schema
-from .common import command_parser
+from .common import command_parser, output_file
 
 PROG = "hwtrace filter-compile"
 
@@ -67,10 +67,11 @@ def main(argv: Sequence[str]) -> int:
         "--emit-object",
         dest="output",
         required=True,
+        type=output_file,
         metavar="FILE",
         help="x.o (relocatable object) or x.so (shared library)",
     )
-    p.add_argument("--header", metavar="FILE", help="write the C header here")
+    p.add_argument("--header", type=output_file, metavar="FILE", help="write the C header here")
     p.add_argument("--name", default="hwtrace_filter", help="the function's symbol")
     p.add_argument("--portable", action="store_true", help="generic x86-64, not this CPU")
     a = p.parse_args(list(argv))

@@ -33,7 +33,7 @@ def report_main(argv: Sequence[str]) -> int:
     p.add_argument("--top", type=int, default=10, help="functions listed per thread")
     p.add_argument("--folded", type=output_file, metavar="FILE",
                    help="write the call-path profile as folded stacks (flame graphs)")  # fmt: skip
-    p.add_argument("--paths", metavar="FILE",
+    p.add_argument("--paths", type=output_file, metavar="FILE",
                    help="write every call path with the weight along it and below it")  # fmt: skip
     p.add_argument("--html", type=output_file, metavar="FILE",
                    help="write the call paths as a self-contained HTML flame graph and sunburst")  # fmt: skip

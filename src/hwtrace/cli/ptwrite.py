@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..pt.config import PtConfig
-from .common import command_parser, output_dir, output_file
+from .common import command_parser, input_file, output_dir, output_file
 
 PROG = "hwtrace ptwrite"
 
@@ -19,7 +19,8 @@ def main(argv: Sequence[str]) -> int:
     """Decode the typed events PTWRITE (or hwtrace's software channel) put into Intel PT: from a
     perf.data (-i) or raw PT files."""
     p = command_parser(PROG, main)
-    p.add_argument("traces", nargs="*", metavar="FILE", help="raw PT files (one stream each)")
+    p.add_argument("traces", nargs="*", type=input_file, metavar="FILE",
+                   help="raw PT files (one stream each)")  # fmt: skip
     p.add_argument(
         "-i", "--input", metavar="PERF.DATA", help="a perf.data recorded with intel_pt/ptw/"
     )
@@ -74,9 +75,6 @@ def main(argv: Sequence[str]) -> int:
                 mtc_freq=a.mtc_freq, cpuid_0x15_eax=a.cpuid_eax, cpuid_0x15_ebx=a.cpuid_ebx
             )
             for path in a.traces:
-                if not Path(path).is_file():
-                    sys.stderr.write(f"{PROG}: {path}: no such file\n")
-                    return 1
                 streams[path] = decode_events(path, config)
     except Exception as e:
         from ..perf.data import PerfDataError

@@ -3,6 +3,7 @@ Intel PT alone (HAVAna; see :mod:`hwtrace.analysis.vm`)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..pt.config import PtConfig
-from .common import command_parser, output_dir, output_file
+from .common import command_parser, input_file, output_dir, output_file
 
 PROG = "hwtrace vm"
 
@@ -21,7 +22,7 @@ def main(argv: Sequence[str]) -> int:
     """Analyse a KVM host's Intel PT (system-wide mode: PIP, VMCS and timing packets) per
     physical CPU: vCPU states (VM, VMM, IDLE), VM exits, guest processes."""
     p = command_parser(PROG, main)
-    p.add_argument("traces", nargs="*", metavar="FILE",
+    p.add_argument("traces", nargs="*", type=input_file, metavar="FILE",
                    help="one raw PT file per pCPU, in order (or vmpt's bundles .xml)")  # fmt: skip
     p.add_argument("-i", "--input", metavar="PERF.DATA",
                    help="a perf.data of perf record -e intel_pt// -a (per-CPU Intel PT, sideband)")  # fmt: skip
@@ -35,7 +36,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", type=int, default=0, metavar="N",
                    help="CPUID 0x15 EBX (the CTC ratio's numerator)")  # fmt: skip
     p.add_argument("--tsc-hz", type=float, default=0.0, help="TSC frequency, for times in ms")
-    p.add_argument("--intervals", metavar="FILE", help="write every interval (.json or .csv)")
+    p.add_argument(
+        "--intervals", type=output_file, metavar="FILE", help="write every interval (.json or .csv)"
+    )
     p.add_argument("--html", type=output_file, metavar="FILE", help="write the VM Resource and VM Control Flow "
                    "views as a self-contained HTML time graph")  # fmt: skip
     p.add_argument("--perfetto", type=output_file, metavar="FILE", help="write the views as a Chrome trace-event "
@@ -63,8 +66,10 @@ def main(argv: Sequence[str]) -> int:
     if not files:
         p.error("give the trace of each pCPU (FILE ... or --cpu N=FILE), or -i perf.data")
     for n, path in files.items():
-        if not Path(path).is_file():
-            sys.stderr.write(f"{PROG}: pCPU {n}: {path}: no such file\n")
+        try:
+            input_file(path)
+        except argparse.ArgumentTypeError as e:
+            sys.stderr.write(f"{PROG}: pCPU {n}: {e}\n")
             return 1
     config = PtConfig(mtc_freq=a.mtc_freq, cpuid_0x15_eax=a.cpuid_eax, cpuid_0x15_ebx=a.cpuid_ebx)
     from ..analysis.vm import analyze, read_bundles, stream_events, time_resolution

@@ -262,7 +262,8 @@ class CoreSightCapture:
             raise ValueError(f"{protocol}: not one of {', '.join(PROTOCOLS)}")
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"{path}: no such file")
+            # (a device or pipe could be endless: only files are read whole)
+            raise ValueError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}")
         data = path.read_bytes()
         regs = dict(regs or {})
         if frames is None:
