@@ -95,7 +95,7 @@ def _in_writable_directory(value: str, where: str) -> str:
     return value
 
 
-def _checked(value: str, convert: Callable[[str], T], noun: str, ok: Callable[[T], bool],
+def checked(value: str, convert: Callable[[str], T], noun: str, ok: Callable[[T], bool],
              rule: str) -> T:  # fmt: skip
     """``convert(value)``, an argparse error naming ``noun`` when it cannot
     be made, or ``rule`` when it is not ``ok``."""
@@ -111,13 +111,13 @@ def _checked(value: str, convert: Callable[[str], T], noun: str, ok: Callable[[T
 def seconds(value: str) -> float:
     """An argparse type for a duration: a finite number of seconds, 0 or
     more (NaN fails the test too)."""
-    return _checked(value, float, "a number of seconds", lambda s: 0 <= s < float("inf"),
+    return checked(value, float, "a number of seconds", lambda s: 0 <= s < float("inf"),
                     "a number of seconds, 0 or more")  # fmt: skip
 
 
 def process_id(value: str) -> int:
     """An argparse type for a process id: a positive integer."""
-    return _checked(value, int, "a process id", lambda pid: pid > 0,
+    return checked(value, int, "a process id", lambda pid: pid > 0,
                     "not a process id (a positive number)")  # fmt: skip
 
 

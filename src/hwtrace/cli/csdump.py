@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import _checked, command_parser, input_file, output_file
+from .common import checked, command_parser, input_file, output_file
 
 PROG = "hwtrace csdump"
 # As hwtrace.session.coresight's PROTOCOLS and FRAME_MODES (not imported:
@@ -25,7 +25,7 @@ FRAME_MODES = ("memory", "fsync", "hsync", "dstream")
 def _trace_id(value: str) -> int:
     """An argparse type for a CoreSight trace ID: 0x01-0x6f (0 is none and
     0x70-0x7f are reserved, as CoreSight's architecture has it)."""
-    return _checked(value, lambda v: int(v, 0), "a trace ID", lambda t: 1 <= t <= 0x6F,
+    return checked(value, lambda v: int(v, 0), "a trace ID", lambda t: 1 <= t <= 0x6F,
                     "not a trace ID (0x01 to 0x6f)")  # fmt: skip
 
 
