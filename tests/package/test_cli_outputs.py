@@ -95,10 +95,16 @@ def test_a_symfs_that_is_no_directory_is_a_usage_error(head, tmp_path, capsys):
     (["trace", "-p", "-1", "sched:sched_switch"], "--pid: -1: not a process id"),
     (["probe", "-p", "1", "-i", "-2", "main"], "--interval: -2: a number of seconds"),
     (["probe", "-p", "-5", "main"], "--pid: -5: not a process id"),
+    (["record", "-p", "0"], "--pid: 0: not a process id"),
+    (["record", "--mtc-period", "99", "--", "/bin/true"], "--mtc-period: 99: not 0 to 15"),
+    (["record", "--cyc-thresh", "-1", "--", "/bin/true"], "--cyc-thresh: -1: not 0 to 15"),
+    (["record", "--psb-period", "0", "--", "/bin/true"], "--psb-period: 0: not a number of bytes"),
+    (["record", "-p", "1", "--", "/bin/true"], "or a --pid to attach to, not both"),
 ])  # fmt: skip
 def test_durations_and_process_ids_are_checked_when_read(args, message, capsys):
     """A negative pid was an OverflowError traceback (trace -p -1); a
-    negative or NaN duration ran anyway."""
+    negative or NaN duration ran anyway; record --mtc-period 99 launched and
+    patched the program and then failed in a traceback."""
     with pytest.raises(SystemExit) as exit_:
         main(args)
     assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -13,7 +13,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import command_parser, output_file
+from .common import checked, command_parser, output_file, process_id
+
+
+def _psb_period(value: str) -> int:
+    """An argparse type for --psb-period: bytes, a positive number."""
+    return checked(value, int, "a number of bytes", lambda n: n > 0,
+                   "not a number of bytes between PSB+ (a positive number)")  # fmt: skip
+
+
+def _four_bits(value: str) -> int:
+    """An argparse type for the exponents Intel PT keeps in four bits of
+    IA32_RTIT_CTL (MTC period, CYC threshold): 0 to 15."""
+    return checked(value, int, "a number", lambda n: 0 <= n <= 15, "not 0 to 15")
 
 
 def record_main(argv: Sequence[str]) -> int:
@@ -22,7 +34,8 @@ def record_main(argv: Sequence[str]) -> int:
     p = command_parser("hwtrace record", record_main)
     p.add_argument("-o", "--output", type=output_file, default="perf.data",
                    help="output file (perf.data)")  # fmt: skip
-    p.add_argument("-p", "--pid", type=int, help="attach to this process instead of launching")
+    p.add_argument("-p", "--pid", type=process_id,
+                   help="attach to this process instead of launching")  # fmt: skip
     p.add_argument(
         "-f", "--function", action="append", default=[], help="trace this function (repeatable)"
     )
@@ -63,14 +76,14 @@ def record_main(argv: Sequence[str]) -> int:
     )
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
-    p.add_argument("--psb-period", type=int, default=4096, help="bytes between PSB+")
-    p.add_argument("--mtc-period", type=int, metavar="N",
+    p.add_argument("--psb-period", type=_psb_period, default=4096, help="bytes between PSB+")
+    p.add_argument("--mtc-period", type=_four_bits, metavar="N",
                    help="MTC every 2**N CTC ticks (default 3; the patch backend writes such "
                    "time points as TSC packets only when this is given: each costs a rdtsc)")  # fmt: skip
     p.add_argument("--no-mtc", action="store_true", help="no MTC packets")
     p.add_argument("--no-tsc", action="store_true", help="no TSC packets")
     p.add_argument("--cyc", action="store_true", help="CYC packets")
-    p.add_argument("--cyc-thresh", type=int, default=0, metavar="N",
+    p.add_argument("--cyc-thresh", type=_four_bits, default=0, metavar="N",
                    help="a CYC only after at least 2**(N-1) cycles (0-15; default 0: at every "
                    "eligible packet)")  # fmt: skip
     p.add_argument("--noretcomp", action="store_true", help="no return compression")
@@ -80,7 +93,9 @@ def record_main(argv: Sequence[str]) -> int:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     a = p.parse_args(list(argv))
     command = [c for c in a.command if c != "--"] if a.command else []
-    if bool(command) == (a.pid is not None):
+    if command and a.pid is not None:
+        p.error("give a command to launch (after --) or a --pid to attach to, not both")
+    if not command and a.pid is None:
         p.error("give a command to launch (after --) or a --pid to attach to")
     from ..record.errors import RecordError
     from ..record.perf_pt import SettingsError, have_intel_pt

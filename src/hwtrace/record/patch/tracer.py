@@ -179,6 +179,12 @@ class PatchOptions:
     ranges: tuple[tuple[int, int], ...] = ()
     calls: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.psb_period <= 0:
+            raise ValueError(f"psb_period {self.psb_period}: bytes between PSB+, more than 0")
+        if self.mtc_period is not None and not 0 <= self.mtc_period <= 15:
+            raise ValueError(f"mtc_period {self.mtc_period}: 0 to 15")
+
     @property
     def ranged(self) -> bool:
         """Only chosen code is traced (an address filter)."""
@@ -1322,7 +1328,12 @@ class _Pool:
                 spool.close()
             self.spools.clear()
         self.view.release()
-        self.shared.close()
+        try:
+            self.shared.close()
+        except BufferError:
+            # A view of it is still held (by the traceback of the error
+            # that ends the recording): unmapped when that goes.
+            pass
         os.close(self.fd)
 
 
