@@ -256,6 +256,7 @@ def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
     assert "syntax error" in out.stderr and "Traceback" not in out.stderr
     out = run("query", str(flow), "SELECT nope FROM blocks")
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "nope" in out.stderr
+    assert "(line 1, column 8)" in out.stderr  # DuckDB's caret, as a place
     out = run("query", str(tmp_path), "SELECT 1")
     assert out.returncode == 1 and "_meta.json" in out.stderr and out.stderr.count("\n") == 1
     out = run("query", str(data), "SELECT 1")  # (the recording, not its decode)
@@ -370,3 +371,21 @@ def test_writes_queue_by_the_memory_they_hold():
     finally:
         gate.set()
         io.stop()
+
+
+def test_sql_errors_name_line_and_column_of_the_query():
+    """DuckDB points at the place with an excerpt and a caret, the excerpt
+    cut ('...') around it on a long line: one line names line and column."""
+    import duckdb
+
+    from hwtrace.cli.query import sql_error_line
+
+    long = "SELECT " + " + ".join(["1"] * 60) + " + nosuchcol"
+    for sql, line, column in (
+        ("SELECT 1,\n  2 FRM x", 2, 9),  # ("2 FRM" is "2 AS FRM": the x is wrong)
+        (long, 1, long.index("nosuchcol") + 1),
+    ):
+        with pytest.raises(duckdb.Error) as e:
+            duckdb.connect().execute(sql)
+        got = sql_error_line(str(e.value), sql)
+        assert "\n" not in got and f"(line {line}, column {column})" in got, got

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from collections.abc import Sequence
 
@@ -63,11 +64,38 @@ def main(argv: Sequence[str]) -> int:
             return 0
         rows = cur.fetchmany(max(a.limit, 0) + 1)
     except duckdb.Error as e:
-        lines = [line for line in str(e).splitlines() if line.strip()]
-        sys.stderr.write(f"{PROG}: {lines[0] if lines else type(e).__name__}\n")
+        sys.stderr.write(f"{PROG}: {sql_error_line(str(e), a.sql) or type(e).__name__}\n")
         return 1
     _print_table(columns, rows, a.limit)
     return 0
+
+
+def sql_error_line(message: str, sql: str) -> str:
+    """DuckDB's error ``message`` about ``sql`` on one line: its first line,
+    the place its excerpt and caret point at as line and column of ``sql``,
+    and its hints (candidate names) after."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    place, hints = "", []
+    rest = iter(lines[1:])
+    for line in rest:
+        m = re.match(r"LINE (\d+): ", line)
+        if m is None:
+            hints.append(line.strip())
+            continue
+        caret = next(rest, "")
+        if "^" not in caret:
+            continue
+        excerpt, at = line[m.end() :], caret.index("^") - m.end()
+        if excerpt.startswith("..."):  # (a long line, cut around the place)
+            excerpt, at = excerpt[3:], at - 3
+        row = int(m.group(1))
+        query_lines = sql.splitlines() or [""]
+        found = query_lines[row - 1].find(excerpt.rstrip(".")) if row <= len(query_lines) else -1
+        if found >= 0 and at >= 0:
+            place = f" (line {row}, column {found + at + 1})"
+    return lines[0] + place + "".join(f"; {h}" for h in hints)
 
 
 def _print_table(columns: list[str], rows: list[tuple], limit: int) -> None:
