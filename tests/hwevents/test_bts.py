@@ -159,6 +159,8 @@ def test_not_bts_is_one_message(tmp_path):
         perf_bts(PerfData(str(tmp_path / "pt.data")))
     got = _bts("-i", str(tmp_path / "pt.data"))
     assert got.returncode == 1 and got.stderr.count("\n") == 1 and "no Intel BTS" in got.stderr
+    # (the file's name first: no offset, there is no BTS data to place it in)
+    assert got.stderr.startswith(f"hwtrace bts: {tmp_path / 'pt.data'}: no Intel BTS")
 
 
 def _bts(*args: str):

@@ -33,10 +33,11 @@ PREDICTED = 1 << 4
 
 
 class BtsError(ValueError):
-    """Damaged BTS data, with the byte offset."""
+    """Damaged BTS data, with the byte offset (None: an input with no BTS
+    data at all, which has no place to name)."""
 
-    def __init__(self, offset: int, message: str) -> None:
-        super().__init__(f"offset {offset:#x}: {message}")
+    def __init__(self, offset: int | None, message: str) -> None:
+        super().__init__(message if offset is None else f"offset {offset:#x}: {message}")
         self.offset = offset
 
 
@@ -118,7 +119,9 @@ def perf_bts(data) -> dict[int, BtsBranches]:
     Raises :class:`BtsError` when the file has no BTS AUXTRACE_INFO."""
     info = data.auxtrace_info
     if info is None or info.type != AUXTRACE_INTEL_BTS:
-        raise BtsError(0, f"{data.path}: no Intel BTS AUXTRACE_INFO (record with -e intel_bts//)")
+        raise BtsError(
+            None, f"{data.path}: no Intel BTS AUXTRACE_INFO (record with -e intel_bts//)"
+        )
     aux = data.auxtrace_columns()
     out: dict[int, BtsBranches] = {}
     keys = sorted(set(zip(aux["tid"].tolist(), aux["cpu"].tolist(), strict=True)))
