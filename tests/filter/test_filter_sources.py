@@ -156,6 +156,30 @@ def test_sys_enter_openat_pointer_is_an_integer():
         compile_check('filename == "/etc/*"', s)
 
 
+def test_sys_enter_openat_pointer_as_a_string_for_kernel_filters():
+    # What the kernel back end reads through the pointer; the record keeps
+    # the pointer's 8 bytes where they were.
+    s = schema_from_tracefs(SYS_ENTER_OPENAT, pointer_strings=True)
+    f = fields(s)
+    assert f["filename"] == (StringType("ptr"), 24)
+    assert f["dfd"] == (IntType(8, False), 16)
+    assert s.size == schema_from_tracefs(SYS_ENTER_OPENAT).size
+    tree = compile_check('filename == "/etc/*" && flags != 0', s)
+    assert tree.type == "s64"
+
+
+@pytest.mark.parametrize(
+    "decl, string",
+    [("const char * filename", True), ("char *name", True), ("const char __user * path", True),
+     ("const char ** argv", False), ("unsigned char * buf", False), ("void * addr", False)],
+)  # fmt: skip
+def test_which_pointers_are_strings(decl, string):
+    text = SYS_ENTER_OPENAT.replace("const char * filename", decl)
+    name = decl.replace("*", " ").split()[-1]
+    t = fields(schema_from_tracefs(text, pointer_strings=True))[name][0]
+    assert isinstance(t, StringType) == string
+
+
 def test_raw_syscalls_sys_enter_array():
     s = schema_from_tracefs(SYS_ENTER)
     f = fields(s)

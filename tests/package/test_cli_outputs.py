@@ -93,6 +93,7 @@ def test_a_symfs_that_is_no_directory_is_a_usage_error(head, tmp_path, capsys):
     (["trace", "-d", "-1", "sched:sched_switch"], "--duration: -1: a number of seconds, 0 or"),
     (["trace", "-d", "nan", "sched:sched_switch"], "--duration: nan: a number of seconds"),
     (["trace", "-p", "-1", "sched:sched_switch"], "--pid: -1: not a process id"),
+    (["trace", "--max-string", "-3", "sched:sched_switch"], "--max-string: -3: 1 to 8191 bytes"),
     (["probe", "-p", "1", "-i", "-2", "main"], "--interval: -2: a number of seconds"),
     (["probe", "-p", "-5", "main"], "--pid: -5: not a process id"),
     (["record", "-p", "0"], "--pid: 0: not a process id"),

@@ -14,9 +14,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .common import Parser, command_parser, process_id, seconds
+from .common import Parser, checked, command_parser, process_id, seconds
 
 _UNITS = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def _max_string(value: str) -> int:
+    # (a tracepoint record, and so a __data_loc string, is at most 8 KiB)
+    return checked(value, int, "a number of bytes", lambda n: 1 <= n < 8192, "1 to 8191 bytes")
 
 
 def parse_time(text: str) -> int:
@@ -43,8 +48,9 @@ def _parser() -> Parser:
                    help="only this process and the children it forks (repeatable)")  # fmt: skip
     p.add_argument("-d", "--duration", type=seconds, metavar="SECONDS",
                    help="stop after this long")  # fmt: skip
-    p.add_argument("--max-string", type=int, default=256, metavar="BYTES",
-                   help="bound of __data_loc string compares in the kernel (default 256)")  # fmt: skip
+    p.add_argument("--max-string", type=_max_string, default=256, metavar="BYTES",
+                   help="bound of the kernel's compares of __data_loc strings and of the "
+                   "strings char * fields point to (default 256)")  # fmt: skip
     p.add_argument("--buffer-size", type=int, default=4096, metavar="KIB",
                    help="ring buffer size (a power of two, default 4096 KiB)")  # fmt: skip
     p.add_argument("--latency", action="store_true",

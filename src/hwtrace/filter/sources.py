@@ -108,7 +108,7 @@ _FIELD_LINE = re.compile(
 _PLAIN_DECL = re.compile(r"(?P<type>.*?)\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]*\]\s*)*)")
 
 
-def schema_from_tracefs(text: str, name: str = "") -> Schema:
+def schema_from_tracefs(text: str, name: str = "", *, pointer_strings: bool = False) -> Schema:
     """The schema of a tracefs event ``format`` file's text.
 
     Every ``field:`` line is read, ``common_*`` fields included:
@@ -116,7 +116,9 @@ def schema_from_tracefs(text: str, name: str = "") -> Schema:
     ``__data_loc char[] name`` a data_loc string, ``__data_loc T[] name`` a
     data_loc sequence, any other field of 1, 2, 4 or 8 bytes an integer of
     that size and signedness (a pointer such as ``const char *filename`` is
-    the pointer's value: the pointee is not in the record).  Fields that
+    the pointer's value: the pointee is not in the record; with
+    ``pointer_strings``, for a reader that can follow it, a ``char *`` is a
+    string read through the pointer).  Fields that
     cannot be read as values (flexible ``T name[]`` tails, ``__rel_loc``
     fields, structures of other sizes) are left out of the schema.
     """
@@ -139,7 +141,7 @@ def schema_from_tracefs(text: str, name: str = "") -> Schema:
             raise FilterError(f"cannot read field line {line.strip()!r}", where=where)
         offset, size = int(m["offset"]), int(m["size"])
         signed = m["signed"] is not None and int(m["signed"]) != 0
-        parsed = _tracefs_field(m["decl"].strip(), size, signed, where)
+        parsed = _tracefs_field(m["decl"].strip(), size, signed, where, pointer_strings)
         if parsed is None:
             continue
         fname, ftype = parsed
@@ -157,7 +159,9 @@ def _slot_size(t: Type) -> int:
     return t.fixed_size
 
 
-def _tracefs_field(decl: str, size: int, signed: bool, where: str) -> tuple[str, Type] | None:
+def _tracefs_field(
+    decl: str, size: int, signed: bool, where: str, pointer_strings: bool = False
+) -> tuple[str, Type] | None:
     words = decl.split(None, 1)
     if words and words[0] in ("__data_loc", "__rel_loc"):
         if len(words) < 2:
@@ -186,6 +190,8 @@ def _tracefs_field(decl: str, size: int, signed: bool, where: str) -> tuple[str,
     if not dims_text:
         if size not in (1, 2, 4, 8):
             return None
+        if pointer_strings and size == 8 and _is_char_pointer(ctype):
+            return fname, StringType("ptr")
         # A pointer is its value: the pointee is not in the record.
         return fname, IntType(size, signed and "*" not in ctype)
     dims = [d.strip() for d in re.findall(r"\[([^\]]*)\]", dims_text)]
@@ -224,8 +230,19 @@ def _tracefs_field(decl: str, size: int, signed: bool, where: str) -> tuple[str,
     return fname, t
 
 
-def tracefs_schema(system: str, event: str, tracefs: str = "/sys/kernel/tracing") -> Schema:
-    """The schema of tracepoint ``system:event`` from the running kernel."""
+def _is_char_pointer(ctype: str) -> bool:
+    """``char *``, ``const char *``, ``const char __user *``: one level of
+    pointer to plain char."""
+    words = ctype.replace("*", " * ").split()
+    words = [w for w in words if w not in ("const", "volatile", "__user")]
+    return words == ["char", "*"]
+
+
+def tracefs_schema(
+    system: str, event: str, tracefs: str = "/sys/kernel/tracing", *, pointer_strings: bool = False
+) -> Schema:
+    """The schema of tracepoint ``system:event`` from the running kernel
+    (``pointer_strings``: see :func:`schema_from_tracefs`)."""
     path = Path(tracefs) / "events" / system / event / "format"
     try:
         text = path.read_text()
@@ -236,7 +253,7 @@ def tracefs_schema(system: str, event: str, tracefs: str = "/sys/kernel/tracing"
     except OSError as e:
         raise FilterError(f"cannot read {path}: {e.strerror}") from None
     try:
-        return schema_from_tracefs(text, event)
+        return schema_from_tracefs(text, event, pointer_strings=pointer_strings)
     except FilterError as e:
         e.where = f"{path}: {e.where}" if e.where else str(path)
         raise

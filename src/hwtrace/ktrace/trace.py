@@ -50,11 +50,17 @@ class TraceError(Exception):
 @dataclass
 class TracedEvent:
     name: str  # system:event
-    schema: Schema
+    schema: Schema  # the record's (what is listed)
     format_text: str
     tracepoint_id: int
+    # What the filter sees: the record's, a char * a string read through it.
+    filter_schema: Schema | None = None
     program: KernelProgram | None = None
     loaded: bpf.Program | None = None
+
+    @property
+    def filtered_schema(self) -> Schema:
+        return self.filter_schema if self.filter_schema is not None else self.schema
 
 
 _INSN_LINE = re.compile(r"^(\d+): \(")
@@ -131,7 +137,8 @@ class KernelTrace:
 
     ``emit``: ``"passed"`` (the events that pass), ``"all"`` (every event,
     with its verdict: for checking the kernel's verdicts), ``"none"`` (only
-    count).  ``max_string`` bounds ``__data_loc`` string compares."""
+    count).  ``max_string`` bounds the compares of ``__data_loc`` strings
+    and of strings read through ``char *`` fields."""
 
     def __init__(
         self,
@@ -157,8 +164,9 @@ class KernelTrace:
                 fmt = root / "events" / system / event / "format"
                 text = fmt.read_text()
                 schema = tracefs_schema(system, event, str(root))
+                strings = tracefs_schema(system, event, str(root), pointer_strings=True)
                 tp = int((root / "events" / system / event / "id").read_text())
-                self.events.append(TracedEvent(f"{system}:{event}", schema, text, tp))
+                self.events.append(TracedEvent(f"{system}:{event}", schema, text, tp, strings))
         except TracepointError as e:
             raise TraceError(str(e)) from None
         except FilterError as e:
@@ -175,10 +183,11 @@ class KernelTrace:
                 self._follow(pids, root)
             for k, (e, tree) in enumerate(zip(self.events, trees, strict=True)):
                 e.program = generate_kernel(
-                    tree, e.schema, expression=expression or "", event_name=e.name,
+                    tree, e.filtered_schema, expression=expression or "", event_name=e.name,
                     event_index=k, tracepoint_id=e.tracepoint_id, scratch_fd=self.scratch.fd, ringbuf_fd=self.ring.fd,
                     emit=emit, max_string=max_string,
                     pids_fd=self.pids.fd if self.pids is not None else None,
+                    user_strings=e.name.startswith("syscalls:"),
                 )  # fmt: skip
                 e.loaded = self._load(e)
         except BaseException:
@@ -207,7 +216,9 @@ class KernelTrace:
         for e in self.events:
             try:
                 trees.append(
-                    compile_check(expression, e.schema, unknown="false" if lenient else "error")
+                    compile_check(
+                        expression, e.filtered_schema, unknown="false" if lenient else "error"
+                    )
                 )
             except FilterError as err:
                 err.expression = expression
@@ -215,7 +226,7 @@ class KernelTrace:
         if lenient and all(_all_missing(t) for t in trees):
             for e in self.events:
                 try:
-                    compile_check(expression, e.schema)
+                    compile_check(expression, e.filtered_schema)
                 except FilterError as err:
                     err.expression = expression
                     errors.append(err)

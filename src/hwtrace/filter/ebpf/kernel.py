@@ -17,8 +17,12 @@ kernel gives a tracepoint program and what its verifier accepts:
 * strings are compared byte by byte, unrolled (no loops): equality, and
   the glob forms ftrace's filters take, ``"abc*"``, ``"*abc"``,
   ``"*abc*"``, plus ``"ab*c"``, on ``char[N]`` fields (``__data_loc``
-  strings: equality and ``"abc*"``).  A ``__data_loc`` string is compared
-  within ``max_string`` bytes, and a literal longer than that is refused;
+  strings and strings read through a pointer: equality and ``"abc*"``).
+  A ``char *`` field (a system call's ``filename``) is read with
+  ``bpf_probe_read_user_str`` (``bpf_probe_read_kernel_str`` outside the
+  ``syscalls`` events) into the scratch value; an unreadable one is
+  missing.  These strings are compared within ``max_string`` bytes, and a
+  literal longer than that is refused;
 * no floating point (the kernel has none for BPF).
 
 An event that passes (or, with ``emit="all"``, every event with its
@@ -58,6 +62,9 @@ HEADER = np.dtype(
 assert HEADER.itemsize == 56
 
 REC_MAX = 8192  # PERF_MAX_TRACE_SIZE: no tracepoint record is larger
+#: Bytes of the scratch value a string read through a pointer goes to (its
+#: bound, ``max_string``, at most one less: the terminating NUL).
+STRING_ROOM = 4096
 COUNTERS = ("seen", "passed", "lost")
 # The context fields a kernel program can know, and the helper giving each.
 KERNEL_CONTEXT = ("procname", "pid", "tid", "uid", "gid", "cpu_id")
@@ -76,10 +83,11 @@ class Layout:
     header: int = 32
     record: int = 32 + HEADER.itemsize
     context: int = 32 + HEADER.itemsize + REC_MAX
+    string: int = 32 + HEADER.itemsize + REC_MAX + (DEFAULT_CONTEXT.size + 7) // 8 * 8
 
     @property
     def size(self) -> int:
-        return self.context + (DEFAULT_CONTEXT.size + 7) // 8 * 8
+        return self.string + STRING_ROOM
 
 
 LAYOUT = Layout()
@@ -109,9 +117,11 @@ def _direct(offset: int, size: int) -> bool:
 
 
 class _KernelGen(_Gen):
-    def __init__(self, max_string: int, copied: bool, tracepoint_id: int = 0) -> None:
+    def __init__(self, max_string: int, copied: bool, tracepoint_id: int = 0,
+                 user_strings: bool = False) -> None:  # fmt: skip
         super().__init__()
         self.tracepoint_id = tracepoint_id
+        self.user_strings = user_strings  # char * fields point into user space
         self.columns: list[int] = []
         self.column = 0
         self.max_string = max_string
@@ -278,8 +288,9 @@ class _KernelGen(_Gen):
 
     def string_source(self, ref: ast.FieldRef, need: int, abort: _Label):
         """Registers and offsets to read ``ref``'s bytes: (base register,
-        offset of byte 0, capacity or None, length register or None).
-        For a ``__data_loc`` string R2 points at it and R3 holds its length."""
+        offset of byte 0, capacity or None).  For a ``__data_loc`` string R2
+        points at it and R3 holds its length; a string read through a
+        pointer is copied to the scratch value, R3 its length."""
         path = ref.path
         if path.storage == "inline":
             if path.root == ROOT_CONTEXT:
@@ -301,8 +312,30 @@ class _KernelGen(_Gen):
             self.jump(abort, isa.JGT, R2, REC_MAX - need - 1)
             self.emit(isa.alu64(isa.ADD, R2, R7, reg=True))
             return R2, LAYOUT.record, None
+        if path.storage == "ptr" and path.static_offset is not None and path.root != ROOT_CONTEXT:
+            if self.max_string + 1 > STRING_ROOM:
+                raise FilterError(
+                    f"{ref.text}: a string read through a pointer is compared within "
+                    f"{STRING_ROOM - 1} bytes at most, not {self.max_string} (--max-string)",
+                    column=ref.column,
+                )
+            off = path.static_offset
+            if _direct(off, 8):
+                self.emit(isa.ldx(isa.DW, R3, R6, off))
+            else:
+                self.emit(isa.ldx(isa.DW, R3, R7, LAYOUT.record + off))
+            # max_string + 1 bytes: a longer string is cut there, and so
+            # differs from every literal the bound allows.
+            read = (
+                kbpf.FN_PROBE_READ_USER_STR if self.user_strings else kbpf.FN_PROBE_READ_KERNEL_STR
+            )
+            self.emit(isa.mov(R1, R7), isa.alu64(isa.ADD, R1, LAYOUT.string, reg=False))
+            self.emit(isa.mov_imm(R2, self.max_string + 1), isa.call(read))
+            self.jump(abort, isa.JSLT, R0, 1)  # a NULL or unreadable pointer: no string
+            self.emit(isa.mov(R3, R0), isa.alu64(isa.ADD, R3, -1, reg=False))
+            return R7, LAYOUT.string, None
         raise FilterError(
-            f"{ref.text}: the kernel back end compares inline and __data_loc strings only",
+            f"{ref.text}: the kernel back end compares inline, __data_loc and char * strings only",
             column=ref.column,
         )
 
@@ -312,8 +345,8 @@ class _KernelGen(_Gen):
         simple = len(parts) == 1 or (len(parts) == 2 and not parts[1])
         if not simple and not (inline and _glob_shape(parts)):
             raise FilterError(
-                "the kernel back end matches a __data_loc string with a pattern that has one "
-                "'*', at its end (\"abc*\")"
+                "the kernel back end matches a __data_loc or char * string with a pattern that "
+                "has one '*', at its end (\"abc*\")"
                 if not inline
                 else 'the kernel back end matches patterns of the forms "abc*", "*abc", '
                 '"*abc*" and "ab*c"',
@@ -452,7 +485,7 @@ def _needs_copy(refs: list[ast.FieldRef]) -> bool:
         if p.static_offset is None or p.storage == "data_loc":
             return True
         if p.leaf == "string":
-            if p.static_offset < 8:
+            if p.static_offset < 8 or (p.storage == "ptr" and not _direct(p.static_offset, 8)):
                 return True
         elif not _direct(p.static_offset, p.size):
             return True
@@ -580,11 +613,13 @@ def generate_kernel(
     emit: str = "passed",
     max_string: int = 256,
     pids_fd: int | None = None,
+    user_strings: bool = False,
 ) -> KernelProgram:
     """The tracepoint program for the checked ``tree`` (None: every event
     passes) over events of ``schema``.  ``emit``: ``"passed"`` writes the
     events that pass to the ring buffer, ``"all"`` every event with its
-    verdict, ``"none"`` only counts."""
+    verdict, ``"none"`` only counts.  ``user_strings``: the schema's
+    ``char *`` strings are in user space (a system call's arguments)."""
     refs = ast.field_refs(tree) if tree is not None else []
     ctx_names = set()
     for r in refs:
@@ -607,7 +642,7 @@ def generate_kernel(
                 )  # fmt: skip
             ctx_names.add(name)
     copy_first = _needs_copy(refs)
-    g = _KernelGen(max_string, copy_first, tracepoint_id)
+    g = _KernelGen(max_string, copy_first, tracepoint_id, user_strings)
     done = g.label("done")
     t, f = g.label("true"), g.label("false")
     out = g.label("output")
