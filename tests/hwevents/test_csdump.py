@@ -144,9 +144,20 @@ def test_damage_is_one_message_per_problem(capture, tmp_path):
     got = _hwtrace(str(tmp_path / "junk.bin"), "--protocol", "stm")
     assert got.returncode == 0 and got.stdout == "Idx:0; ID:0;\tNOTSYNC:STM not synchronised\n"
     assert got.stderr.count("\n") == 1 and "offset 0x0" in got.stderr
-    # A wrong trace ID: nothing of it, and the unknown IDs said.
+    # A trace ID the frames do not carry: said, with those they do (the
+    # others are not "unknown": only not asked for).
     got = _hwtrace(str(d / "etb.bin"), "--frames", "memory", "--protocol", "stm", "--id", "0x30")
-    assert got.returncode == 0 and got.stdout == "" and "unknown trace ID 0x10" in got.stderr
+    assert got.returncode == 1 and got.stdout == ""
+    assert got.stderr == (
+        f"hwtrace csdump: {d / 'etb.bin'}: no data of trace ID 0x30; its frames carry IDs 0x10, 0x20\n"
+    )
+    # ... and in a snapshot, with its sources' IDs.
+    got = _hwtrace("--snapshot", str(d / "snap"), "--id", "0x30")
+    assert got.returncode == 1 and got.stdout == ""
+    assert got.stderr == (
+        f"hwtrace csdump: {d / 'snap'}: no trace source with trace data is ID 0x30; "
+        "the snapshot's: ETM_0 (ID 0x10), STM_0 (ID 0x20)\n"
+    )
     missing = _hwtrace(str(tmp_path / "none.bin"), "--protocol", "stm")
     assert (
         missing.returncode == 2

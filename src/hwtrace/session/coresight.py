@@ -272,12 +272,18 @@ class CoreSightCapture:
             else:
                 tid = regs.get("TRCTRACEIDR", 0)
             return cls([TraceSource(str(path), protocol, tid, data, regs, warn=warn)], [])
-        cut = _Frames(data, frames, str(path), warn, ids)
+        # Every ID's stream is cut (no more bytes than the file's): those not
+        # asked for are left out, not reported as unknown.
+        cut = _Frames(data, frames, str(path), warn)
         sources = [
             cut.source(f"{path} ID {tid:#x}", protocol, tid, regs)
             for tid in sorted(cut.streams)
             if not ids or tid in ids
         ]
+        if ids and not sources and cut.streams:
+            asked = " or ".join(f"{i:#x}" for i in ids)
+            there = ", ".join(f"{t:#x}" for t in sorted(cut.streams))
+            raise ValueError(f"{path}: no data of trace ID {asked}; its frames carry IDs {there}")
         return cls(sources, [(data, frames)])
 
     @classmethod
@@ -299,14 +305,14 @@ class CoreSightCapture:
         trace_id = trace_ids(snap)
         cut: dict[str, _Frames] = {}
         sources = []
+        left_out: dict[str, int] = {}  # sources with trace data not asked for: their IDs
         for dev in snap.devices:
             proto = _protocol(dev.type)
             if proto is None or dev.name not in snap.source_buffers:
                 continue
-            if names and dev.name not in names:
-                continue
             tid = trace_id.get(dev.name, 0)
-            if ids and tid not in ids:
+            if (names and dev.name not in names) or (ids and tid not in ids):
+                left_out[dev.name] = tid
                 continue
             buf = snap.source_data(dev.name)
             regs = {k.upper(): v for k, v in dev.regs.items()}
@@ -318,6 +324,11 @@ class CoreSightCapture:
             if framed is None:
                 framed = cut[buf.name] = _Frames(buf.data, _buffer_mode(buf.format), buf.name, warn)
             sources.append(framed.source(dev.name, proto, tid, regs))
+        if not sources and left_out:
+            asked = [f"ID {i:#x}" for i in ids] + [f"source {n!r}" for n in names]
+            there = ", ".join(f"{n} (ID {i:#x})" for n, i in sorted(left_out.items()))
+            raise ValueError(f"{directory}: no trace source with trace data is "
+                             f"{' or '.join(asked)}; the snapshot's: {there}")  # fmt: skip
         if not sources:
             raise ValueError(f"{directory}: no STM, ETM4 or ETE trace source with trace data")
         return cls(sources, [(f.data, f.mode) for f in cut.values()])
@@ -520,14 +531,14 @@ def _merge_by_index(sources: list[Iterator[_Lines]]) -> Iterator[np.ndarray]:
 
 class _Frames:
     """A buffer of CoreSight formatter frames cut into its trace IDs'
-    streams (``ids``: only these), with the index OpenCSD lists each byte
-    at and the blocks it is handed them in."""
+    streams, with the index OpenCSD lists each byte at and the blocks it
+    is handed them in."""
 
-    def __init__(self, data: bytes, mode: str, name: str, warn: Warn, ids: Sequence[int] = ()):
+    def __init__(self, data: bytes, mode: str, name: str, warn: Warn):
         self.data, self.mode, self.warn = data, mode, warn
         # (each byte's file offset and index as runs: about a number per
         # frame, where arrays took 16 bytes per byte of trace)
-        cut = deformat(data, mode=mode, ids=list(ids) or None, as_ramps=True)
+        cut = deformat(data, mode=mode, as_ramps=True)
         self.streams = cut.streams
         self.offsets = cut.offsets
         for off, msg in cut.errors:
