@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hwtrace.cli.trace import parse_time
 from hwtrace.filter.ebpf import isa
 from hwtrace.filter.ebpf.kernel import _drop_unreachable
-from hwtrace.kernel.ringbuf import _BUSY, _DISCARD, _drain
+from hwtrace.kernel.ringbuf import _BUSY, _DISCARD, _drain, gather_prefixes
 from hwtrace.kernel.syscalls import syscall_name, syscall_number
 from hwtrace.ktrace.trace import verifier_message
 
@@ -85,6 +85,21 @@ LOG = """func#0 @0
 invalid write to stack R10 off=-520 size=8
 processed 2 insns (limit 1000000) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0
 """
+
+
+@given(st.lists(st.binary(min_size=0, max_size=40), max_size=12), st.integers(1, 24))
+def test_record_prefixes_are_gathered_zero_padded(records, width):
+    buf = bytearray()
+    starts, lengths = [], []
+    for r in records:
+        starts.append(len(buf))
+        lengths.append(len(r))
+        buf += r + bytes(-len(r) % 8)
+    out = np.full((len(records), width), 0xAA, np.uint8)
+    gather_prefixes(np.frombuffer(bytes(buf) + bytes(8), np.uint8), np.array(starts, np.int64),
+                    np.array(lengths, np.int64), width, out)  # fmt: skip
+    for row, r in zip(out, records, strict=True):
+        assert row.tobytes() == r[:width].ljust(width, b"\0")
 
 
 def test_verifier_message_and_instruction():

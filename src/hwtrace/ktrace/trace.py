@@ -35,7 +35,7 @@ from ..filter.inputs.base import EventSource, EventType, contexts
 from ..filter.schema import Schema
 from ..filter.sources import tracefs_schema
 from ..kernel import bpf
-from ..kernel.ringbuf import RingBuffer
+from ..kernel.ringbuf import RingBuffer, gather_prefixes
 from ..kernel.tracepoint import Attachment, TracepointError, expand_events, tracefs_root
 from .follow import ProcessSet
 
@@ -285,8 +285,9 @@ class KernelTrace:
         buf, starts, lengths = self.ring.read()
         n = starts.shape[0]
         hs = HEADER.itemsize
-        rows = starts[:, None] + np.arange(hs)[None, :] if n else np.zeros((0, hs), np.int64)
-        header = buf[rows].copy().view(HEADER).reshape(n) if n else np.zeros(0, HEADER)
+        raw = np.empty((n, hs), np.uint8)
+        gather_prefixes(buf, starts, lengths, hs, raw)
+        header = raw.view(HEADER).reshape(n)
         sizes = np.minimum(header["size"].astype(np.int64), lengths - hs) if n else lengths
         return EventBatch(self.events, header, buf, starts + hs, sizes)
 
