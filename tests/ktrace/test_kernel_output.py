@@ -12,6 +12,7 @@ tracefs layout with ``struct`` (independently of the writers' numpy code).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -28,7 +29,7 @@ import pytest
 from hwtrace.filter.ebpf.kernel import HEADER
 from hwtrace.filter.schema import ArrayType, IntType, SequenceType, StringType
 from hwtrace.filter.sources import schema_from_tracefs
-from hwtrace.ktrace.output import OutputError, build_tracing_data, open_trace_output
+from hwtrace.ktrace.output import OutputError, TextOutput, build_tracing_data, open_trace_output
 from hwtrace.ktrace.trace import EventBatch, TracedEvent
 
 PERF = shutil.which("perf")
@@ -277,6 +278,50 @@ def test_synthetic_json(tmp_path: Path) -> None:
     assert set(first["fields"]) == {"value", "name", "path", "ports", "ids", "delta"}
 
 
+def text_lines(want: list[dict]) -> list[str]:
+    """``hwtrace trace``'s lines for ``expected``'s events, in time order:
+    perf script's layout, each field ``name=value`` (lists as Python
+    writes them)."""
+    out = []
+    for w in sorted(want, key=lambda w: w["time"]):
+        t = w["time"]
+        fields = " ".join(f"{k}={v}" for k, v in w["fields"].items())
+        out.append(f"{w['comm']:>16} {w['pid']:>7}/{w['tid']:<7} [{w['cpu']:03d}] "
+                   f"{t // 10**9}.{t % 10**9:09d}: {w['event']}: {fields}")  # fmt: skip
+    return out
+
+
+def _text_of(events: list[TracedEvent], batches: list[EventBatch]) -> list[str]:
+    stream = io.StringIO()
+    out = TextOutput(stream, events)
+    for b in batches:
+        out.write(b)
+    return stream.getvalue().splitlines()
+
+
+# The synthetic type without its __data_loc sequence: every field is one
+# the compiled line writer takes.
+NO_SEQ = SYNTHETIC.replace("\tfield:__data_loc u32[] ids;\toffset:32;\tsize:4;\tsigned:0;\n", "")
+
+
+def test_synthetic_text_lines() -> None:
+    """The lines (compiled: ints, char[N], a __data_loc string, an array;
+    Python for an event type with a sequence, and for a batch with a
+    string that is not UTF-8) are what the fields say."""
+    for text in (SYNTHETIC, NO_SEQ):
+        e = TracedEvent("hwtrace_test:synthetic", schema_from_tracefs(text), text, 4242)
+        batches = [synthetic_batch(e, 40), synthetic_batch(e, 7, 2 * 10**12)]
+        assert _text_of([e], batches) == text_lines(expected(batches))
+    e = TracedEvent("hwtrace_test:synthetic", schema_from_tracefs(NO_SEQ), NO_SEQ, 4242)
+    compiled = TextOutput(io.StringIO(), [e])
+    assert compiled.lines(synthetic_batch(e, 5)) is not None
+    bad = synthetic_batch(e, 5)
+    bad.buf[bad.starts[2] + 12] = 0xFF  # name[0]: not UTF-8
+    assert compiled.lines(bad) is None
+    assert _text_of([e], [bad]) == text_lines(expected([bad]))
+    assert "name=\ufffdm2" in _text_of([e], [bad])[2]
+
+
 @need_babeltrace
 def test_synthetic_ctf(tmp_path: Path) -> None:
     e = synthetic_event()
@@ -422,6 +467,17 @@ def test_live_recorded(live) -> None:
     assert names["sched:sched_process_exec"] >= 2  # the two cats
     assert all(w["fields"]["id"] in (0, 1) for w in want if w["event"] == "raw_syscalls:sys_enter")
     assert counts["passed"] - counts["lost"] == len(want)
+
+
+def test_live_text(live) -> None:
+    """Real records (char[N], __data_loc strings, the argument array of
+    raw_syscalls) as the compiled writer lists them."""
+    _, batches, _ = live
+    events = list({id(e): e for b in batches for e in b.events}.values())
+    # (each batch in time order, as it is read)
+    got = _text_of(events, [b for b in batches if len(b)])
+    assert got == [line for b in batches for line in text_lines(expected([b]))]
+    assert TextOutput(io.StringIO(), events).lines(next(b for b in batches if len(b)))
 
 
 def test_live_json(live) -> None:

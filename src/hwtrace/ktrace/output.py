@@ -55,12 +55,14 @@ from typing import TextIO
 
 import numpy as np
 
+from .. import aot
 from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
 from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType, sample_dtype
 from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
+from ..textout import put_dec, put_row, put_signed, string_list_table
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -453,26 +455,308 @@ class JsonLinesOutput(TraceOutput):
         self.closed = True
 
 
+# Field kinds of the compiled text lines (_Field.kind).
+_T_INT, _T_CHARS, _T_INTS, _T_STR = 0, 1, 2, 3
+_T_OF = {"int": _T_INT, "chars": _T_CHARS, "ints": _T_INTS, "str": _T_STR}
+_INT_TEXT = 20  # the digits of a 64-bit value and its sign
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _int_at(row, off, size, signed):
+    """The little-endian integer of ``size`` bytes at ``row[off]``."""
+    v = np.uint64(0)
+    for b in range(size):
+        v |= np.uint64(row[off + b]) << np.uint64(8 * b)
+    if signed and size < 8 and (v >> np.uint64(8 * size - 1)) & np.uint64(1):
+        v |= ~((np.uint64(1) << np.uint64(8 * size)) - np.uint64(1))
+    return v
+
+
+@aot.njit(cache=True, _nrt=False)
+def _utf8_valid(row, s, e):
+    """Is ``row[s:e]`` valid UTF-8 as Python's strict decoder judges it (no
+    overlong forms, surrogates or code points past U+10FFFF)?"""
+    i = s
+    while i < e:
+        c = row[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if 0xC2 <= c <= 0xDF:
+            n, lo, hi = 1, 0x80, 0xBF
+        elif c == 0xE0:
+            n, lo, hi = 2, 0xA0, 0xBF
+        elif c == 0xED:
+            n, lo, hi = 2, 0x80, 0x9F
+        elif 0xE1 <= c <= 0xEF:
+            n, lo, hi = 2, 0x80, 0xBF
+        elif c == 0xF0:
+            n, lo, hi = 3, 0x90, 0xBF
+        elif c == 0xF4:
+            n, lo, hi = 3, 0x80, 0x8F
+        elif 0xF1 <= c <= 0xF3:
+            n, lo, hi = 3, 0x80, 0xBF
+        else:
+            return False
+        if i + n >= e or not (lo <= row[i + 1] <= hi):
+            return False
+        for k in range(2, n + 1):
+            if not (0x80 <= row[i + k] <= 0xBF):
+                return False
+        i += n + 1
+    return True
+
+
+@aot.njit(cache=True, _nrt=False)
+def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, tab, tab_lens,
+                 out, starts, lens):  # fmt: skip
+    """Each record's ``name=value ...`` (its fields as TextOutput writes
+    them) into ``out``: row ``j`` at ``starts[j]``, ``lens[j]`` bytes.
+    ``tab`` rows: each field's ``name=`` (row ``f``), then for an integer
+    array the text before each element and after the last (Python's list
+    repr: ``[[1, 2], [3, 4]]``), from row ``f_base[f]``.  Returns the
+    bytes written, or -1 - j when record ``j`` holds a string that is not
+    valid UTF-8 (Python writes the batch then)."""
+    p = 0
+    for j in range(mat.shape[0]):
+        row = mat[j]
+        starts[j] = p
+        for f in range(f_kind.shape[0]):
+            if f:
+                out[p] = 32
+                p += 1
+            p = put_row(out, p, tab, tab_lens, f)
+            k, off, size, signed = f_kind[f], f_off[f], f_size[f], f_signed[f]
+            if k == _T_INT:
+                v = _int_at(row, off, size, signed)
+                p = put_signed(out, p, np.int64(v)) if signed else put_dec(out, p, v)
+            elif k == _T_INTS:
+                base, count = f_base[f], f_count[f]
+                for e in range(count):
+                    p = put_row(out, p, tab, tab_lens, base + e)
+                    v = _int_at(row, off + e * size, size, signed)
+                    p = put_signed(out, p, np.int64(v)) if signed else put_dec(out, p, v)
+                p = put_row(out, p, tab, tab_lens, base + count)
+            else:
+                if k == _T_CHARS:
+                    s, e = off, off + size
+                else:  # a __data_loc string, cut to the record
+                    w = _int_at(row, off, 4, False)
+                    s = np.int64(w & np.uint64(0xFFFF))
+                    e = min(s + np.int64(w >> np.uint64(16)), sizes[j])
+                    if e <= s:
+                        s = e = 0
+                n = s
+                while n < e and row[n] != 0:
+                    n += 1
+                if not _utf8_valid(row, s, n):
+                    return -1 - j
+                for b in range(s, n):
+                    out[p] = row[b]
+                    p += 1
+        lens[j] = p - starts[j]
+    return p
+
+
+def _list_template(dims: tuple[int, ...]) -> list[str]:
+    """The text before each element of an integer array of ``dims``, and
+    after the last, as Python writes the nested list."""
+    parts: list[str] = []
+    cur = ""
+
+    def nest(level: int) -> None:
+        nonlocal cur
+        cur += "["
+        for i in range(dims[level]):
+            if i:
+                cur += ", "
+            if level == len(dims) - 1:
+                parts.append(cur)
+                cur = ""
+            else:
+                nest(level + 1)
+        cur += "]"
+
+    nest(0)
+    return [*parts, cur]
+
+
+@dataclass
+class _LinePlan:
+    """An event type's fields for :func:`_field_lines`: its arrays and
+    the most bytes a record's text takes (None: a field it cannot write)."""
+
+    arrays: tuple | None
+    most: int
+    strings: int = 0  # __data_loc strings: each at most the record's width
+
+    @classmethod
+    def of(cls, plan: _Plan) -> _LinePlan:
+        fields = plan.fields
+        if any(f.kind not in _T_OF for f in fields):
+            return cls(None, 0)
+        rows = [f"{f.name}=" for f in fields]
+        base = np.zeros(len(fields), np.int64)
+        count = np.zeros(len(fields), np.int64)
+        most = 1
+        for i, f in enumerate(fields):
+            most += len(rows[i].encode()) + 1
+            if f.kind == "ints":
+                tmpl = _list_template(f.dims)
+                base[i], count[i] = len(rows), len(tmpl) - 1
+                rows += tmpl
+                most += sum(len(t) for t in tmpl) + _INT_TEXT * (len(tmpl) - 1)
+            elif f.kind == "int":
+                most += _INT_TEXT
+            elif f.kind == "chars":
+                most += f.size
+        tab, lens = string_list_table(rows)
+        arrays = (
+            np.array([_T_OF[f.kind] for f in fields], np.int64),
+            np.array([f.offset for f in fields], np.int64),
+            np.array([f.size for f in fields], np.int64),
+            np.array([f.signed for f in fields], np.bool_),
+            base, count, tab, lens,
+        )  # fmt: skip
+        return cls(arrays, most, sum(f.kind == "str" for f in fields))
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_aligned(out, p, v, width, right):
+    """``v`` in decimal, padded with spaces to ``width`` on the left
+    (``right``) or the right."""
+    n = 1
+    t = v // 10
+    while t:
+        n += 1
+        t //= 10
+    if right:
+        for _ in range(width - n):
+            out[p] = 32
+            p += 1
+    p = put_dec(out, p, v)
+    if not right:
+        for _ in range(width - n):
+            out[p] = 32
+            p += 1
+    return p
+
+
+@aot.njit(cache=True, _nrt=False)
+def _event_lines(order, comm, comm_tab, comm_lens, pid, tid, cpu, time, kind, name_tab,
+                 name_lens, fields, f_start, f_len, out):  # fmt: skip
+    """The events' lines in ``order``: ``comm pid/tid [cpu] seconds:
+    system:event: fields``, as ``perf script`` prints tracepoints (the
+    comm right-aligned to 16, the pid to 7, the tid left-aligned to 7);
+    returns the bytes written."""
+    p = 0
+    billion = np.int64(1_000_000_000)
+    for r in range(order.shape[0]):
+        i = order[r]
+        p = put_row(out, p, comm_tab, comm_lens, comm[i])
+        out[p] = 32
+        p = _put_aligned(out, p + 1, pid[i], 7, True)
+        out[p] = 47
+        p = _put_aligned(out, p + 1, tid[i], 7, False)
+        out[p], out[p + 1] = 32, 91
+        c = cpu[i]
+        if c < 100:
+            out[p + 2] = 48
+            p += 1
+        if c < 10:
+            out[p + 2] = 48
+            p += 1
+        p = put_dec(out, p + 2, c)
+        out[p], out[p + 1] = 93, 32
+        t = time[i]
+        p = put_dec(out, p + 2, t // billion)
+        out[p] = 46
+        frac = t % billion
+        for d in range(9):
+            out[p + 9 - d] = 48 + frac % 10
+            frac //= 10
+        out[p + 10], out[p + 11] = 58, 32
+        p = put_row(out, p + 12, name_tab, name_lens, kind[i])
+        s = f_start[i]
+        for b in range(f_len[i]):
+            out[p + b] = fields[s + b]
+        p += f_len[i]
+        out[p] = 10
+        p += 1
+    return p
+
+
 class TextOutput(JsonLinesOutput):
     """A line per event on a text stream, as ``perf script`` prints
-    tracepoints: ``comm pid/tid [cpu] seconds: system:event: name=value ...``."""
+    tracepoints: ``comm pid/tid [cpu] seconds: system:event: name=value ...``
+    (written by compiled loops, a batch at a time)."""
 
     def __init__(self, stream: TextIO, events: Sequence[TracedEvent]) -> None:
         TraceOutput.__init__(self, "<stdout>", events)
         self.file = stream
+        self.line_plans = [_LinePlan.of(p) for p in self.plans]
+        self.names = string_list_table([f"{e.name}: " for e in self.events])
 
     def write(self, batch: EventBatch) -> None:
         if len(batch) == 0:
             return
-
-        def line(c, i, name, fields):
-            text = " ".join(f"{f}={v}" for f, v in fields.items())
-            return (f"{c['comm'][i]:>16} {c['pid'][i]:>7}/{c['tid'][i]:<7} [{c['cpu'][i]:03d}] "
-                    f"{c['time'][i] / 1e9:.9f}: {name}: {text}")  # fmt: skip
-
-        self.file.write("".join(f"{text}\n" for text in self.render(batch, line)))
+        text = self.lines(batch)
+        if text is None:
+            self.file.write("".join(f"{line}\n" for line in self.render(batch, _text_line)))
+        elif hasattr(self.file, "buffer"):
+            self.file.flush()
+            self.file.buffer.write(text)
+        else:
+            self.file.write(text.decode("utf-8"))
         self.file.flush()
         self.count += len(batch)
+
+    def lines(self, batch: EventBatch) -> bytes | None:
+        """The batch's lines, in time order (None: an event with a field
+        or a string the compiled writer does not take)."""
+        n = len(batch)
+        h = batch.header
+        f_start = np.zeros(n, np.int64)
+        f_len = np.zeros(n, np.int64)
+        pieces, at = [], 0
+        kind = np.zeros(n, np.int64)
+        for g in self._groups(batch):
+            lp = self.line_plans[g.k]
+            if lp.arrays is None:
+                return None
+            m = g.rows.shape[0]
+            out = np.empty(m * (lp.most + lp.strings * g.width), np.uint8)
+            starts, lens = np.empty(m, np.int64), np.empty(m, np.int64)
+            used = _field_lines(g.mat, g.sizes, *lp.arrays, out, starts,
+                                lens)  # fmt: skip
+            if used < 0:
+                return None
+            pieces.append(out[:used])
+            f_start[g.rows] = starts + at
+            f_len[g.rows] = lens
+            kind[g.rows] = g.k
+            at += used
+        fields = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+        names, comm = np.unique(h["comm"], return_inverse=True)
+        comm_tab, comm_lens = string_list_table(
+            [f"{bytes(c).decode('utf-8', 'replace'):>16}" for c in names.tolist()]
+        )
+        order = np.argsort(h["time"], kind="stable")
+        out = np.empty(at + n * (comm_tab.shape[1] + self.names[0].shape[1] + 96), np.uint8)
+        used = _event_lines(order, comm.reshape(-1).astype(np.int64), comm_tab, comm_lens,
+                            h["pid"].astype(np.int64), h["tid"].astype(np.int64),
+                            h["cpu"].astype(np.int64), h["time"].astype(np.int64), kind,
+                            *self.names, fields, f_start, f_len, out)  # fmt: skip
+        return out[:used].tobytes()
+
+
+def _text_line(c: dict, i: int, name: str, fields: dict) -> str:
+    """An event's line from its decoded fields (the writer for events the
+    compiled one does not take)."""
+    text = " ".join(f"{f}={v}" for f, v in fields.items())
+    t = c["time"][i]
+    return (f"{c['comm'][i]:>16} {c['pid'][i]:>7}/{c['tid'][i]:<7} [{c['cpu'][i]:03d}] "
+            f"{t // 1_000_000_000}.{t % 1_000_000_000:09d}: {name}: {text}")  # fmt: skip
 
     def close(self, counts: dict[str, int] | None = None) -> None:
         self.closed = True
