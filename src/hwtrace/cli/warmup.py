@@ -66,7 +66,7 @@ def _path() -> np.ndarray:
     return np.array(ips, np.uint64)
 
 
-PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode", "csdump")
+PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode", "csdump", "trace")
 #: The pieces of each part, as the processes run them.
 PIECES = {
     "library": ("bytecode", "packets", "library", "subtrees", "fill"),
@@ -76,6 +76,7 @@ PIECES = {
     "ptdump": ("ptdump",),
     "decode": ("decode",),
     "csdump": ("csdump",),
+    "trace": ("trace",),
 }
 # The pieces in two chains of about equal work.  The decoder is compiled
 # in two halves at once: one process compiles the packet and timing loops
@@ -101,6 +102,7 @@ CHAINS = (
         "ptxed",
         "decode",
         "csdump",
+        "trace",
     ),
 )
 # While the first process compiles the packet loops, the second writes
@@ -368,6 +370,13 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
             status |= perfcmds.report_main(["-i", str(data)])
     elif piece == "csdump":
         status |= _coresight_listing(tmp)
+    elif piece == "trace":
+        # (hwtrace trace's reader and text lines: no kernel needed)
+        from ..kernel.ringbuf import warm_reader
+        from ..ktrace.output import warm_text
+
+        warm_reader()
+        warm_text()
     elif piece == "decode":
         from .decode import main as decode_main
 

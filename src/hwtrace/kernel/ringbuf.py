@@ -143,3 +143,17 @@ class RingBuffer:
             except (BufferError, ValueError):
                 pass
         self.map.close()
+
+
+def warm_reader() -> None:
+    """Compile the reader's loops for the arguments :meth:`RingBuffer.read`
+    and its callers give them (the ring's read-only mapping, a copy), on
+    one made-up record: ``hwtrace aot warm`` builds them into the native
+    library, so that a first trace does not compile while its ring fills."""
+    data = np.zeros(2 * 4096, np.uint8)
+    data[0] = 8  # a committed record of 8 bytes
+    data.flags.writeable = False
+    out = np.empty(64, np.uint8)
+    starts, lengths = np.empty(4, np.int64), np.empty(4, np.int64)
+    _, used, count = _drain(data, 4095, 0, 16, out, 0, starts, lengths, 0)
+    gather_prefixes(out[:used], starts[:count], lengths[:count], 8, np.empty((count, 8), np.uint8))

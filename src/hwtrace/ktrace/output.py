@@ -57,6 +57,7 @@ import numpy as np
 
 from .. import aot
 from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
+from ..filter.ebpf.kernel import HEADER as HEADER_DTYPE
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
@@ -1245,3 +1246,39 @@ def open_trace_output(path: str, events: list[TracedEvent], *, cmdline: list[str
             "file *.jsonl for JSON lines or *.data for perf.data)"
         )
     return CtfOutput(path, events, cmdline)
+
+
+_WARM_FORMAT = """\
+name: warm
+ID: 1
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:int value;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:char name[8];\toffset:12;\tsize:8;\tsigned:0;
+\tfield:__data_loc char[] path;\toffset:20;\tsize:4;\tsigned:0;
+\tfield:unsigned long args[2];\toffset:24;\tsize:16;\tsigned:0;
+
+print fmt: "value=%d", REC->value
+"""
+
+
+def warm_text() -> None:
+    """Compile the text lines' loops (:class:`TextOutput`) for the arrays a
+    batch gives them, on one made-up event: ``hwtrace aot warm`` builds
+    them into the native library."""
+    import io
+
+    from ..filter.sources import schema_from_tracefs
+
+    e = TracedEvent("hwtrace:warm", schema_from_tracefs(_WARM_FORMAT), _WARM_FORMAT, 1)
+    record = struct.pack("<HBBiI8sI2Q", 1, 0, 0, 1, 7, b"warm", (2 << 16) | 40, 1, 2) + b"/\0"
+    header = np.zeros(1, HEADER_DTYPE)
+    header["size"] = len(record)
+    buf = np.frombuffer(bytes(HEADER_DTYPE.itemsize) + record, np.uint8).copy()
+    batch = EventBatch([e], header, buf, np.array([HEADER_DTYPE.itemsize], np.int64),
+                       np.array([len(record)], np.int64))  # fmt: skip
+    TextOutput(io.StringIO(), [e]).write(batch)

@@ -286,7 +286,8 @@ class KernelTrace:
         n = starts.shape[0]
         hs = HEADER.itemsize
         raw = np.empty((n, hs), np.uint8)
-        gather_prefixes(buf, starts, lengths, hs, raw)
+        if n:
+            gather_prefixes(buf, starts, lengths, hs, raw)
         header = raw.view(HEADER).reshape(n)
         sizes = np.minimum(header["size"].astype(np.int64), lengths - hs) if n else lengths
         return EventBatch(self.events, header, buf, starts + hs, sizes)
