@@ -88,6 +88,7 @@ LOOP_MODULES = (
     "hwtrace.filter.listing",
     "hwtrace.filter.ftrace_raw",
     "hwtrace.kernel.ringbuf",
+    "hwtrace.ktrace.output",
     "hwtrace.export._parquet_pages",
     "hwtrace.hwevents.csframes",
     "hwtrace.hwevents.etm4",
