@@ -29,7 +29,15 @@ import pytest
 from hwtrace.filter.ebpf.kernel import HEADER
 from hwtrace.filter.schema import ArrayType, IntType, SequenceType, StringType
 from hwtrace.filter.sources import schema_from_tracefs
-from hwtrace.ktrace.output import OutputError, TextOutput, build_tracing_data, open_trace_output
+from hwtrace.ktrace.output import (
+    JsonLinesOutput,
+    OutputError,
+    TextOutput,
+    _json_line,
+    _text_line,
+    build_tracing_data,
+    open_trace_output,
+)
 from hwtrace.ktrace.trace import EventBatch, TracedEvent
 
 PERF = shutil.which("perf")
@@ -322,6 +330,30 @@ def test_synthetic_text_lines() -> None:
     assert "name=\ufffdm2" in _text_of([e], [bad])[2]
 
 
+def _both_ways(out: JsonLinesOutput, batch: EventBatch) -> tuple[bytes | None, bytes]:
+    """A batch's lines by the compiled writer and by the Python one."""
+    line = _json_line if out.JSON else _text_line
+    return out.lines(batch), "".join(f"{x}\n" for x in out.render(batch, line)).encode()
+
+
+def test_compiled_lines_equal_the_python_writers(tmp_path: Path) -> None:
+    """Byte for byte, text and JSON, with strings JSON must escape
+    (quotes, backslashes, control characters) and characters it keeps."""
+    e = TracedEvent("hwtrace_test:synthetic", schema_from_tracefs(NO_SEQ), NO_SEQ, 4242)
+    batch = synthetic_batch(e, 40)
+    names = [b'a"b\\c', b"\n\t\x01\x1f", b"\x7f\x08\x0c\r", "né€ü".encode()]
+    for i, name in enumerate(names):
+        at = int(batch.starts[i]) + 12
+        batch.buf[at : at + 8] = np.frombuffer(name.ljust(8, b"\0")[:8], np.uint8)
+    for out in (TextOutput(io.StringIO(), [e]), JsonLinesOutput(str(tmp_path / "t.jsonl"), [e])):
+        compiled, python = _both_ways(out, batch)
+        assert compiled is not None and compiled == python
+    lines = JsonLinesOutput(str(tmp_path / "u.jsonl"), [e]).lines(batch).decode().splitlines()
+    assert [json.loads(x)["fields"]["name"] for x in lines[:4]] == [
+        n.split(b"\0")[0].decode() for n in names
+    ]
+
+
 @need_babeltrace
 def test_synthetic_ctf(tmp_path: Path) -> None:
     e = synthetic_event()
@@ -478,6 +510,16 @@ def test_live_text(live) -> None:
     got = _text_of(events, [b for b in batches if len(b)])
     assert got == [line for b in batches for line in text_lines(expected([b]))]
     assert TextOutput(io.StringIO(), events).lines(next(b for b in batches if len(b)))
+
+
+def test_live_lines_compiled_as_python_writes_them(live, tmp_path) -> None:
+    _, batches, _ = live
+    events = list({id(e): e for b in batches for e in b.events}.values())
+    for out in (TextOutput(io.StringIO(), events), JsonLinesOutput(str(tmp_path / "j"), events)):
+        for b in batches:
+            if len(b):
+                compiled, python = _both_ways(out, b)
+                assert compiled == python
 
 
 def test_live_json(live) -> None:

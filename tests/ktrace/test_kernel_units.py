@@ -87,6 +87,7 @@ processed 2 insns (limit 1000000) max_states_per_insn 0 total_states 0 peak_stat
 """
 
 
+@settings(deadline=None)  # (a first call may compile the loop)
 @given(st.lists(st.binary(min_size=0, max_size=40), max_size=12), st.integers(1, 24))
 def test_record_prefixes_are_gathered_zero_padded(records, width):
     buf = bytearray()
@@ -96,7 +97,7 @@ def test_record_prefixes_are_gathered_zero_padded(records, width):
         lengths.append(len(r))
         buf += r + bytes(-len(r) % 8)
     out = np.full((len(records), width), 0xAA, np.uint8)
-    gather_prefixes(np.frombuffer(bytes(buf) + bytes(8), np.uint8), np.array(starts, np.int64),
+    gather_prefixes(np.frombuffer(bytes(buf) + bytes(8), np.uint8).copy(), np.array(starts, np.int64),
                     np.array(lengths, np.int64), width, out)  # fmt: skip
     for row, r in zip(out, records, strict=True):
         assert row.tobytes() == r[:width].ljust(width, b"\0")

@@ -63,7 +63,7 @@ from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
 from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType, sample_dtype
 from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
-from ..textout import put_dec, put_row, put_signed, string_list_table
+from ..textout import put_dec, put_row, put_signed, put_text, string_list_table
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -380,14 +380,69 @@ _JSON = json.JSONEncoder(ensure_ascii=False)
 
 
 class JsonLinesOutput(TraceOutput):
-    """One JSON object per event (see the module doc)."""
+    """One JSON object per event (see the module doc), written by compiled
+    loops a batch at a time."""
+
+    JSON = True  # (TextOutput: the text lines)
 
     def __init__(self, path: str, events: Sequence[TracedEvent]) -> None:
         super().__init__(path, events)
+        self._line_setup()
         try:
             self.file: TextIO = open(path, "w", encoding="utf-8")
         except OSError as e:
             raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+
+    def _line_setup(self) -> None:
+        self.line_plans = [_LinePlan.of(p, self.JSON) for p in self.plans]
+        self.names = string_list_table(
+            [_JSON.encode(e.name) if self.JSON else f"{e.name}: " for e in self.events]
+        )
+
+    def _put(self, text: bytes) -> None:
+        if hasattr(self.file, "buffer"):
+            self.file.flush()
+            self.file.buffer.write(text)
+        else:
+            self.file.write(text.decode("utf-8"))
+
+    def lines(self, batch: EventBatch) -> bytes | None:
+        """The batch's lines, in time order (None: an event with a field
+        or a string the compiled writer does not take)."""
+        n = len(batch)
+        h = batch.header
+        f_start = np.zeros(n, np.int64)
+        f_len = np.zeros(n, np.int64)
+        pieces, at = [], 0
+        kind = np.zeros(n, np.int64)
+        for g in self._groups(batch):
+            lp = self.line_plans[g.k]
+            if lp.arrays is None:
+                return None
+            m = g.rows.shape[0]
+            out = np.empty(m * (lp.most + lp.strings * (_JSON_BYTE * g.width + 2)), np.uint8)
+            starts, lens = np.empty(m, np.int64), np.empty(m, np.int64)
+            used = _field_lines(g.mat, g.sizes, *lp.arrays, out, starts, lens)
+            if used < 0:
+                return None
+            pieces.append(out[:used])
+            f_start[g.rows] = starts + at
+            f_len[g.rows] = lens
+            kind[g.rows] = g.k
+            at += used
+        fields = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+        names, comm = np.unique(h["comm"], return_inverse=True)
+        texts = [bytes(c).decode("utf-8", "replace") for c in names.tolist()]
+        comm_tab, comm_lens = string_list_table(
+            [_JSON.encode(c) if self.JSON else f"{c:>16}" for c in texts]
+        )
+        order = np.argsort(h["time"], kind="stable")
+        out = np.empty(at + n * (comm_tab.shape[1] + self.names[0].shape[1] + 160), np.uint8)
+        write = _json_lines if self.JSON else _event_lines
+        used = write(order, comm.reshape(-1).astype(np.int64), comm_tab, comm_lens,
+                     h["pid"].astype(np.int64), h["tid"].astype(np.int64), h["cpu"].astype(np.int64),
+                     h["time"].astype(np.int64), kind, *self.names, fields, f_start, f_len, out)  # fmt: skip
+        return out[:used].tobytes()
 
     def decode(self, g: _Group) -> dict[str, list]:
         """The group's field values, one list per field (event order)."""
@@ -438,13 +493,11 @@ class JsonLinesOutput(TraceOutput):
     def write(self, batch: EventBatch) -> None:
         if len(batch) == 0:
             return
-
-        def line(c, i, name, fields):
-            return _JSON.encode({"time": c["time"][i], "cpu": c["cpu"][i], "event": name,
-                                 "pid": c["pid"][i], "tid": c["tid"][i], "comm": c["comm"][i],
-                                 "fields": fields})  # fmt: skip
-
-        self.file.write("".join(f"{text}\n" for text in self.render(batch, line)))
+        text = self.lines(batch)
+        if text is None:
+            self.file.write("".join(f"{line}\n" for line in self.render(batch, _json_line)))
+        else:
+            self._put(text)
         self.count += len(batch)
 
     def close(self, counts: dict[str, int] | None = None) -> None:
@@ -510,20 +563,24 @@ def _utf8_valid(row, s, e):
 
 @aot.njit(cache=True, _nrt=False)
 def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, tab, tab_lens,
-                 out, starts, lens):  # fmt: skip
+                 json, out, starts, lens):  # fmt: skip
     """Each record's ``name=value ...`` (its fields as TextOutput writes
-    them) into ``out``: row ``j`` at ``starts[j]``, ``lens[j]`` bytes.
-    ``tab`` rows: each field's ``name=`` (row ``f``), then for an integer
-    array the text before each element and after the last (Python's list
-    repr: ``[[1, 2], [3, 4]]``), from row ``f_base[f]``.  Returns the
-    bytes written, or -1 - j when record ``j`` holds a string that is not
-    valid UTF-8 (Python writes the batch then)."""
+    them; ``json``: ``"name": value, ...`` as JsonLinesOutput's encoder
+    writes them) into ``out``: row ``j`` at ``starts[j]``, ``lens[j]``
+    bytes.  ``tab`` rows: each field's ``name=`` (row ``f``), then for an
+    integer array the text before each element and after the last
+    (Python's list repr: ``[[1, 2], [3, 4]]``), from row ``f_base[f]``.
+    Returns the bytes written, or -1 - j when record ``j`` holds a string
+    that is not valid UTF-8 (Python writes the batch then)."""
     p = 0
     for j in range(mat.shape[0]):
         row = mat[j]
         starts[j] = p
         for f in range(f_kind.shape[0]):
             if f:
+                if json:
+                    out[p] = 44
+                    p += 1
                 out[p] = 32
                 p += 1
             p = put_row(out, p, tab, tab_lens, f)
@@ -552,11 +609,52 @@ def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, t
                     n += 1
                 if not _utf8_valid(row, s, n):
                     return -1 - j
-                for b in range(s, n):
-                    out[p] = row[b]
-                    p += 1
+                if json:
+                    p = _put_json_string(out, p, row, s, n)
+                else:
+                    for b in range(s, n):
+                        out[p] = row[b]
+                        p += 1
         lens[j] = p - starts[j]
     return p
+
+
+@aot.njit(cache=True, _nrt=False)
+def _put_json_string(out, p, row, s, e):
+    """``row[s:e]`` (valid UTF-8) as a JSON string, escaped as Python's
+    encoder escapes it without ``ensure_ascii``: quote, backslash, and the
+    control characters (``\\n``, ``\\r``, ``\\t``, ``\\b``, ``\\f``, else
+    ``\\u00xx``)."""
+    out[p] = 34
+    p += 1
+    for b in range(s, e):
+        c = row[b]
+        if c == 34 or c == 92:
+            out[p], out[p + 1] = 92, c
+            p += 2
+        elif c >= 0x20:
+            out[p] = c
+            p += 1
+        else:
+            out[p] = 92
+            if c == 10:
+                out[p + 1] = 110
+            elif c == 13:
+                out[p + 1] = 114
+            elif c == 9:
+                out[p + 1] = 116
+            elif c == 8:
+                out[p + 1] = 98
+            elif c == 12:
+                out[p + 1] = 102
+            else:
+                out[p + 1], out[p + 2], out[p + 3], out[p + 4] = 117, 48, 48, 48 + (c >> 4)
+                low = c & 15
+                out[p + 5] = 48 + low if low < 10 else 87 + low
+                p += 4
+            p += 2
+    out[p] = 34
+    return p + 1
 
 
 def _list_template(dims: tuple[int, ...]) -> list[str]:
@@ -584,24 +682,25 @@ def _list_template(dims: tuple[int, ...]) -> list[str]:
 
 @dataclass
 class _LinePlan:
-    """An event type's fields for :func:`_field_lines`: its arrays and
-    the most bytes a record's text takes (None: a field it cannot write)."""
+    """An event type's fields for :func:`_field_lines` (``json``: as JSON
+    members): its arrays and the most bytes a record's fields take, its
+    ``__data_loc`` strings aside (None: a field it cannot write)."""
 
     arrays: tuple | None
     most: int
     strings: int = 0  # __data_loc strings: each at most the record's width
 
     @classmethod
-    def of(cls, plan: _Plan) -> _LinePlan:
+    def of(cls, plan: _Plan, json: bool = False) -> _LinePlan:
         fields = plan.fields
         if any(f.kind not in _T_OF for f in fields):
             return cls(None, 0)
-        rows = [f"{f.name}=" for f in fields]
+        rows = [f"{_JSON.encode(f.name)}: " if json else f"{f.name}=" for f in fields]
         base = np.zeros(len(fields), np.int64)
         count = np.zeros(len(fields), np.int64)
         most = 1
         for i, f in enumerate(fields):
-            most += len(rows[i].encode()) + 1
+            most += len(rows[i].encode()) + 2
             if f.kind == "ints":
                 tmpl = _list_template(f.dims)
                 base[i], count[i] = len(rows), len(tmpl) - 1
@@ -610,16 +709,19 @@ class _LinePlan:
             elif f.kind == "int":
                 most += _INT_TEXT
             elif f.kind == "chars":
-                most += f.size
+                most += _JSON_BYTE * f.size + 2
         tab, lens = string_list_table(rows)
         arrays = (
             np.array([_T_OF[f.kind] for f in fields], np.int64),
             np.array([f.offset for f in fields], np.int64),
             np.array([f.size for f in fields], np.int64),
             np.array([f.signed for f in fields], np.bool_),
-            base, count, tab, lens,
+            base, count, tab, lens, json,
         )  # fmt: skip
         return cls(arrays, most, sum(f.kind == "str" for f in fields))
+
+
+_JSON_BYTE = 6  # the most a string's byte takes in JSON (\u001f)
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -687,16 +789,48 @@ def _event_lines(order, comm, comm_tab, comm_lens, pid, tid, cpu, time, kind, na
     return p
 
 
+@aot.njit(cache=True, _nrt=False)
+def _json_lines(order, comm, comm_tab, comm_lens, pid, tid, cpu, time, kind, name_tab, name_lens,
+                fields, f_start, f_len, out):  # fmt: skip
+    """The events' JSON objects in ``order``, a line each, as
+    JsonLinesOutput's encoder writes them (``name_tab``, ``comm_tab``: the
+    names and commands already as JSON strings); returns the bytes
+    written."""
+    p = 0
+    for r in range(order.shape[0]):
+        i = order[r]
+        p = put_text(out, p, '{"time": ')
+        p = put_dec(out, p, time[i])
+        p = put_text(out, p, ', "cpu": ')
+        p = put_dec(out, p, cpu[i])
+        p = put_text(out, p, ', "event": ')
+        p = put_row(out, p, name_tab, name_lens, kind[i])
+        p = put_text(out, p, ', "pid": ')
+        p = put_dec(out, p, pid[i])
+        p = put_text(out, p, ', "tid": ')
+        p = put_dec(out, p, tid[i])
+        p = put_text(out, p, ', "comm": ')
+        p = put_row(out, p, comm_tab, comm_lens, comm[i])
+        p = put_text(out, p, ', "fields": {')
+        s = f_start[i]
+        for b in range(f_len[i]):
+            out[p + b] = fields[s + b]
+        p += f_len[i]
+        p = put_text(out, p, "}}\n")
+    return p
+
+
 class TextOutput(JsonLinesOutput):
     """A line per event on a text stream, as ``perf script`` prints
     tracepoints: ``comm pid/tid [cpu] seconds: system:event: name=value ...``
     (written by compiled loops, a batch at a time)."""
 
+    JSON = False
+
     def __init__(self, stream: TextIO, events: Sequence[TracedEvent]) -> None:
         TraceOutput.__init__(self, "<stdout>", events)
+        self._line_setup()
         self.file = stream
-        self.line_plans = [_LinePlan.of(p) for p in self.plans]
-        self.names = string_list_table([f"{e.name}: " for e in self.events])
 
     def write(self, batch: EventBatch) -> None:
         if len(batch) == 0:
@@ -704,51 +838,21 @@ class TextOutput(JsonLinesOutput):
         text = self.lines(batch)
         if text is None:
             self.file.write("".join(f"{line}\n" for line in self.render(batch, _text_line)))
-        elif hasattr(self.file, "buffer"):
-            self.file.flush()
-            self.file.buffer.write(text)
         else:
-            self.file.write(text.decode("utf-8"))
+            self._put(text)
         self.file.flush()
         self.count += len(batch)
 
-    def lines(self, batch: EventBatch) -> bytes | None:
-        """The batch's lines, in time order (None: an event with a field
-        or a string the compiled writer does not take)."""
-        n = len(batch)
-        h = batch.header
-        f_start = np.zeros(n, np.int64)
-        f_len = np.zeros(n, np.int64)
-        pieces, at = [], 0
-        kind = np.zeros(n, np.int64)
-        for g in self._groups(batch):
-            lp = self.line_plans[g.k]
-            if lp.arrays is None:
-                return None
-            m = g.rows.shape[0]
-            out = np.empty(m * (lp.most + lp.strings * g.width), np.uint8)
-            starts, lens = np.empty(m, np.int64), np.empty(m, np.int64)
-            used = _field_lines(g.mat, g.sizes, *lp.arrays, out, starts,
-                                lens)  # fmt: skip
-            if used < 0:
-                return None
-            pieces.append(out[:used])
-            f_start[g.rows] = starts + at
-            f_len[g.rows] = lens
-            kind[g.rows] = g.k
-            at += used
-        fields = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
-        names, comm = np.unique(h["comm"], return_inverse=True)
-        comm_tab, comm_lens = string_list_table(
-            [f"{bytes(c).decode('utf-8', 'replace'):>16}" for c in names.tolist()]
-        )
-        order = np.argsort(h["time"], kind="stable")
-        out = np.empty(at + n * (comm_tab.shape[1] + self.names[0].shape[1] + 96), np.uint8)
-        used = _event_lines(order, comm.reshape(-1).astype(np.int64), comm_tab, comm_lens,
-                            h["pid"].astype(np.int64), h["tid"].astype(np.int64),
-                            h["cpu"].astype(np.int64), h["time"].astype(np.int64), kind,
-                            *self.names, fields, f_start, f_len, out)  # fmt: skip
-        return out[:used].tobytes()
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        self.closed = True
+
+
+def _json_line(c: dict, i: int, name: str, fields: dict) -> str:
+    """An event's JSON object from its decoded fields (the writer for
+    events the compiled one does not take)."""
+    return _JSON.encode({"time": c["time"][i], "cpu": c["cpu"][i], "event": name,
+                         "pid": c["pid"][i], "tid": c["tid"][i], "comm": c["comm"][i],
+                         "fields": fields})  # fmt: skip
 
 
 def _text_line(c: dict, i: int, name: str, fields: dict) -> str:
@@ -1267,7 +1371,7 @@ print fmt: "value=%d", REC->value
 
 
 def warm_text() -> None:
-    """Compile the text lines' loops (:class:`TextOutput`) for the arrays a
+    """Compile the lines' loops (:class:`TextOutput`, :class:`JsonLinesOutput`) for the arrays a
     batch gives them, on one made-up event: ``hwtrace aot warm`` builds
     them into the native library."""
     import io
@@ -1282,3 +1386,4 @@ def warm_text() -> None:
     batch = EventBatch([e], header, buf, np.array([HEADER_DTYPE.itemsize], np.int64),
                        np.array([len(record)], np.int64))  # fmt: skip
     TextOutput(io.StringIO(), [e]).write(batch)
+    JsonLinesOutput(os.devnull, [e]).lines(batch)
