@@ -79,8 +79,10 @@ def _put_int_member(out, p, key, v):
     return put_signed(out, put_bytes(out, p, key), v)
 
 
-@aot.njit(cache=True)
-def _read_int(buf, at, size, signed):
+@aot.njit(cache=True, _nrt=False)
+def read_int(buf, at, size, signed):
+    """The little-endian integer of ``size`` bytes at ``buf[at]`` (sign-
+    extended when ``signed``), as a uint64."""
     v = np.uint64(0)
     for j in range(size):
         v |= np.uint64(buf[at + j]) << np.uint64(8 * j)
@@ -94,7 +96,7 @@ def _data_loc(buf, base, size, off, elem):
     """A ``__data_loc`` field at ``off`` of the record at ``base`` (``size``
     bytes): where its data starts and how many ``elem``-byte elements it
     holds; none when the data runs past the record."""
-    loc = _read_int(buf, base + off, 4, False)
+    loc = read_int(buf, base + off, 4, False)
     start = base + np.int64(loc & np.uint64(0xFFFF))
     n = np.int64(loc >> np.uint64(16)) // elem
     if start + n * elem > base + size:
@@ -104,7 +106,7 @@ def _data_loc(buf, base, size, off, elem):
 
 @aot.njit(cache=True)
 def _int_value(out, p, buf, at, size, signed):
-    v = _read_int(buf, at, size, signed)
+    v = read_int(buf, at, size, signed)
     if signed:
         return put_signed(out, p, np.int64(v))
     return put_dec(out, p, v)

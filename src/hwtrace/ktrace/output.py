@@ -58,12 +58,23 @@ import numpy as np
 from .. import aot
 from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
 from ..filter.ebpf.kernel import HEADER as HEADER_DTYPE
+from ..filter.listing import read_int
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
 from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType, sample_dtype
 from ..perf.writer import CLOCK_MONOTONIC, PerfDataWriter, host_env
-from ..textout import put_dec, put_row, put_signed, put_text, string_list_table
+from ..textout import (
+    digit_count,
+    pad_to,
+    put_dec,
+    put_row,
+    put_seconds,
+    put_signed,
+    put_spaces,
+    put_text,
+    string_list_table,
+)
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -515,17 +526,6 @@ _T_OF = {"int": _T_INT, "chars": _T_CHARS, "ints": _T_INTS, "str": _T_STR}
 _INT_TEXT = 20  # the digits of a 64-bit value and its sign
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _int_at(row, off, size, signed):
-    """The little-endian integer of ``size`` bytes at ``row[off]``."""
-    v = np.uint64(0)
-    for b in range(size):
-        v |= np.uint64(row[off + b]) << np.uint64(8 * b)
-    if signed and size < 8 and (v >> np.uint64(8 * size - 1)) & np.uint64(1):
-        v |= ~((np.uint64(1) << np.uint64(8 * size)) - np.uint64(1))
-    return v
-
-
 @aot.njit(cache=True, _nrt=False)
 def _utf8_valid(row, s, e):
     """Is ``row[s:e]`` valid UTF-8 as Python's strict decoder judges it (no
@@ -586,20 +586,20 @@ def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, t
             p = put_row(out, p, tab, tab_lens, f)
             k, off, size, signed = f_kind[f], f_off[f], f_size[f], f_signed[f]
             if k == _T_INT:
-                v = _int_at(row, off, size, signed)
+                v = read_int(row, off, size, signed)
                 p = put_signed(out, p, np.int64(v)) if signed else put_dec(out, p, v)
             elif k == _T_INTS:
                 base, count = f_base[f], f_count[f]
                 for e in range(count):
                     p = put_row(out, p, tab, tab_lens, base + e)
-                    v = _int_at(row, off + e * size, size, signed)
+                    v = read_int(row, off + e * size, size, signed)
                     p = put_signed(out, p, np.int64(v)) if signed else put_dec(out, p, v)
                 p = put_row(out, p, tab, tab_lens, base + count)
             else:
                 if k == _T_CHARS:
                     s, e = off, off + size
                 else:  # a __data_loc string, cut to the record
-                    w = _int_at(row, off, 4, False)
+                    w = read_int(row, off, 4, False)
                     s = np.int64(w & np.uint64(0xFFFF))
                     e = min(s + np.int64(w >> np.uint64(16)), sizes[j])
                     if e <= s:
@@ -724,27 +724,6 @@ class _LinePlan:
 _JSON_BYTE = 6  # the most a string's byte takes in JSON (\u001f)
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _put_aligned(out, p, v, width, right):
-    """``v`` in decimal, padded with spaces to ``width`` on the left
-    (``right``) or the right."""
-    n = 1
-    t = v // 10
-    while t:
-        n += 1
-        t //= 10
-    if right:
-        for _ in range(width - n):
-            out[p] = 32
-            p += 1
-    p = put_dec(out, p, v)
-    if not right:
-        for _ in range(width - n):
-            out[p] = 32
-            p += 1
-    return p
-
-
 @aot.njit(cache=True, _nrt=False)
 def _event_lines(order, comm, comm_tab, comm_lens, pid, tid, cpu, time, kind, name_tab,
                  name_lens, fields, f_start, f_len, out):  # fmt: skip
@@ -753,33 +732,25 @@ def _event_lines(order, comm, comm_tab, comm_lens, pid, tid, cpu, time, kind, na
     comm right-aligned to 16, the pid to 7, the tid left-aligned to 7);
     returns the bytes written."""
     p = 0
-    billion = np.int64(1_000_000_000)
     for r in range(order.shape[0]):
         i = order[r]
         p = put_row(out, p, comm_tab, comm_lens, comm[i])
         out[p] = 32
-        p = _put_aligned(out, p + 1, pid[i], 7, True)
+        p = put_spaces(out, p + 1, 7 - digit_count(pid[i], 10))
+        p = put_dec(out, p, pid[i])
         out[p] = 47
-        p = _put_aligned(out, p + 1, tid[i], 7, False)
+        start = p + 1
+        p = pad_to(out, put_dec(out, start, tid[i]), start, 7)
         out[p], out[p + 1] = 32, 91
-        c = cpu[i]
-        if c < 100:
-            out[p + 2] = 48
+        p += 2
+        for _ in range(3 - digit_count(cpu[i], 10)):
+            out[p] = 48
             p += 1
-        if c < 10:
-            out[p + 2] = 48
-            p += 1
-        p = put_dec(out, p + 2, c)
+        p = put_dec(out, p, cpu[i])
         out[p], out[p + 1] = 93, 32
-        t = time[i]
-        p = put_dec(out, p + 2, t // billion)
-        out[p] = 46
-        frac = t % billion
-        for d in range(9):
-            out[p + 9 - d] = 48 + frac % 10
-            frac //= 10
-        out[p + 10], out[p + 11] = 58, 32
-        p = put_row(out, p + 12, name_tab, name_lens, kind[i])
+        p = put_seconds(out, p + 2, time[i], 0)
+        out[p], out[p + 1] = 58, 32
+        p = put_row(out, p + 2, name_tab, name_lens, kind[i])
         s = f_start[i]
         for b in range(f_len[i]):
             out[p + b] = fields[s + b]
@@ -862,9 +833,6 @@ def _text_line(c: dict, i: int, name: str, fields: dict) -> str:
     t = c["time"][i]
     return (f"{c['comm'][i]:>16} {c['pid'][i]:>7}/{c['tid'][i]:<7} [{c['cpu'][i]:03d}] "
             f"{t // 1_000_000_000}.{t % 1_000_000_000:09d}: {name}: {text}")  # fmt: skip
-
-    def close(self, counts: dict[str, int] | None = None) -> None:
-        self.closed = True
 
 
 # -- perf.data -------------------------------------------------------------------------------
@@ -1386,4 +1354,5 @@ def warm_text() -> None:
     batch = EventBatch([e], header, buf, np.array([HEADER_DTYPE.itemsize], np.int64),
                        np.array([len(record)], np.int64))  # fmt: skip
     TextOutput(io.StringIO(), [e]).write(batch)
-    JsonLinesOutput(os.devnull, [e]).lines(batch)
+    with JsonLinesOutput(os.devnull, [e]) as out:
+        out.lines(batch)

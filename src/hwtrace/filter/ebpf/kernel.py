@@ -83,7 +83,11 @@ class Layout:
     header: int = 32
     record: int = 32 + HEADER.itemsize
     context: int = 32 + HEADER.itemsize + REC_MAX
-    string: int = 32 + HEADER.itemsize + REC_MAX + (DEFAULT_CONTEXT.size + 7) // 8 * 8
+
+    @property
+    def string(self) -> int:
+        """Where a string read through a pointer goes: after the context."""
+        return self.context + (DEFAULT_CONTEXT.size + 7) // 8 * 8
 
     @property
     def size(self) -> int:
