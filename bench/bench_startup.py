@@ -11,11 +11,14 @@ resident memory, best of N)
 * ``hwtrace ptxed`` on a case of Intel's conformance suite, beside libipt's
   ``pt_insn_next`` loop (``bench/libipt/ptflow_loop.c``),
 * the analysis commands (``script``, ``report``, ``latency``,
-  ``funclatency``, ``diff``, ``events``, ``query``, ``perf-dump``) on a
-  recording of a small C program (``hwtrace record``), each beside the
+  ``funclatency``, ``diff``, ``events``, ``query``, ``perf-dump``,
+  ``characterize``) on a recording of a small C program (``hwtrace
+  record``), ``vm``, ``ptwrite`` and ``bts`` on inputs made as the
+  hardware writes them, each beside the
   perf command that does the same where there is one (``perf script
   --itrace=i0ns``, ``perf report``, ``perf diff``, ``perf script`` of the
-  tracepoint events, ``perf report -D``),
+  tracepoint events, ``perf report -D``, ``perf script`` of the BTS
+  branches),
 
 with Python alone, ``import numpy`` and ``import numba`` for scale, then
 lists what ``hwtrace ptdump`` and ``hwtrace report`` spend their import
@@ -76,7 +79,32 @@ def recordings(hw: list[str]) -> Path | None:
         subprocess.run([perf, "record", "-q", "-k", "CLOCK_MONOTONIC", "-e",
                         "syscalls:sys_enter_write", "-o", str(d / "ev.data"), "--",
                         str(d / "small")], capture_output=True)  # fmt: skip
+    hardware_inputs(d)
     return d
+
+
+def hardware_inputs(d: Path) -> None:
+    """What this machine cannot record, made as the hardware would have
+    written it: a KVM host's Intel PT of two pCPUs (hwtrace's VM
+    scenario), 40 PTWRITE events, a perf.data of Intel BTS records."""
+    import numpy as np
+
+    from hwtrace.analysis.vmgen import mixed_scenario
+    from hwtrace.hwevents.bts import encode_bts
+    from hwtrace.hwevents.ptw import MAX_WORDS, encode_events
+    from hwtrace.perf.writer import PerfDataWriter
+
+    for pcpu, data in mixed_scenario().streams().items():
+        (d / f"vm{pcpu}.pt").write_bytes(data)
+    ids = np.ones(40, np.uint64)
+    words = np.zeros((40, MAX_WORDS), np.uint64)
+    words[:, 0] = np.arange(40)
+    times = 1000 + 10 * np.arange(40)
+    (d / "ptw.pt").write_bytes(encode_events(ids, words, np.ones(40, np.int64), times))
+    with PerfDataWriter(d / "bts.data") as w:
+        w.set_intel_bts()
+        branches = np.full(8, 0x401005, np.uint64), np.full(8, 0x401000, np.uint64)
+        w.add_auxtrace(encode_bts(*branches), tid=1)
 
 
 def command_rows(hw: list[str], d: Path, repeat: int) -> list[tuple[str, str, str, str, str, str]]:
@@ -95,6 +123,14 @@ def command_rows(hw: list[str], d: Path, repeat: int) -> list[tuple[str, str, st
     ]
     if has_events:
         cases.append(("events", ["events", "-i", a, ev], ["script", "-i", ev]))
+    vm = [x for p in sorted(d.glob("vm*.pt")) for x in ("--cpu", f"{p.stem[2:]}={p}")]
+    cases += [
+        ("characterize", ["characterize", "-i", a], None),
+        ("vm", ["vm", *vm, "--mtc-freq", "3", "--cpuid-0x15.eax", "1", "--cpuid-0x15.ebx", "2"],
+         None),
+        ("ptwrite", ["ptwrite", str(d / "ptw.pt")], None),
+        ("bts", ["bts", "-i", str(d / "bts.data")], ["script", "-i", str(d / "bts.data")]),
+    ]  # fmt: skip
     rows = []
     for name, mine, theirs in cases:
         for args in (mine, mine):  # the first run may add loops to the library

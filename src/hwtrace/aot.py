@@ -84,6 +84,8 @@ LOOP_MODULES = (
     "hwtrace.analysis.callpath",
     "hwtrace.analysis.profile",
     "hwtrace.analysis.vm",
+    "hwtrace.hwevents.ptw",
+    "hwtrace.pt.encode",
     "hwtrace.filter.inputs.base",
     "hwtrace.filter.listing",
     "hwtrace.filter.ftrace_raw",

@@ -37,6 +37,19 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+def distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """The sorted distinct rows of a 2-D array (``np.unique(rows,
+    axis=0)``, without its import of ``numpy.ma``)."""
+    a = np.asarray(rows)
+    if a.shape[0] < 2:
+        return a.copy()
+    a = a[np.lexsort(a.T[::-1])]
+    keep = np.empty(a.shape[0], np.bool_)
+    keep[0] = True
+    np.any(a[1:] != a[:-1], axis=1, out=keep[1:])
+    return a[keep]
+
+
 def pow2_at_least(n: int) -> int:
     """The least power of two of at least ``n`` (1 for 0): a buffer's
     rows, or a ring's slots."""

@@ -209,6 +209,26 @@ class PlainConsole:
         self._fallback().print(*objects, markup=markup)
 
 
+class NoProgress:
+    """A progress display that shows nothing (no terminal, or a command's
+    ``--no-progress``): rich is not imported for it."""
+
+    def __enter__(self) -> NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, *args: object, **kwargs: object) -> int:
+        return 0
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    def advance(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
 def _forced_terminal() -> bool:
     """Whether rich would write styles into a file or pipe (its
     ``TTY_COMPATIBLE`` and ``FORCE_COLOR`` settings)."""
@@ -245,4 +265,4 @@ def text_console(width: int | None = None, file: IO[str] | None = None) -> Any:
     return PlainConsole(file, piped_width() if width is None else width)
 
 
-__all__ = ["PlainConsole", "TextTable", "escape", "piped_width", "text_console"]
+__all__ = ["NoProgress", "PlainConsole", "TextTable", "escape", "piped_width", "text_console"]

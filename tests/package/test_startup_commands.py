@@ -65,7 +65,34 @@ def inputs(tmp_path_factory) -> Path:
         assert out.returncode == 0, out.stderr
     out = _hwtrace(["decode", "-i", "a.data", "-o", "dec"], d)
     assert out.returncode == 0, out.stderr
+    _made_inputs(d)
     return d
+
+
+def _made_inputs(d: Path) -> None:
+    """Inputs this machine cannot record: a KVM host's Intel PT per pCPU
+    (hwtrace's VM scenario), PTWRITE events in Intel PT, Intel BTS records
+    in a perf.data (as perf writes them)."""
+    import numpy as np
+
+    from hwtrace.analysis.vmgen import mixed_scenario
+    from hwtrace.hwevents.bts import encode_bts
+    from hwtrace.hwevents.ptw import MAX_WORDS, encode_events
+    from hwtrace.perf.writer import PerfDataWriter
+
+    for pcpu, data in mixed_scenario().streams().items():
+        (d / f"vm{pcpu}.pt").write_bytes(data)
+    n = 40
+    words = np.zeros((n, MAX_WORDS), np.uint64)
+    words[:, 0] = np.arange(n)
+    (d / "ptw.pt").write_bytes(
+        encode_events(np.ones(n, np.uint64), words, np.ones(n, np.int64), 1000 + 10 * np.arange(n))
+    )
+    with PerfDataWriter(d / "bts.data") as w:
+        w.set_intel_bts()
+        w.add_auxtrace(
+            encode_bts(np.full(8, 0x401005, np.uint64), np.full(8, 0x401000, np.uint64)), tid=1
+        )
 
 
 def _perf_events(d: Path) -> Path | None:
@@ -104,7 +131,14 @@ COMMANDS = {
     "csdump-events": ["csdump", "--snapshot", f"{SNAPSHOTS}/stm_only-juno", "--events"],
     # (the patching backend's plans cached by the first run)
     "record": ["record", "-o", "again.data", "-f", "main", "--", "./small"],
+    "decode": ["decode", "-i", "a.data", "-o", "dec-again"],
+    "characterize": ["characterize", "-i", "a.data"],
+    "vm": ["vm", "VMCPUS", "--mtc-freq", "3", "--cpuid-0x15.eax", "1", "--cpuid-0x15.ebx", "2"],
+    "ptwrite": ["ptwrite", "ptw.pt"],
+    "bts": ["bts", "-i", "bts.data"],
 }
+# What a command writes and must not find when it starts.
+OUTPUTS = {"decode": "dec-again"}
 
 
 # Commands whose libraries import numpy.ma themselves (DuckDB's results).
@@ -119,11 +153,18 @@ def test_command_runs_without_numba(inputs, name):
         if events is None:
             pytest.skip("perf cannot record tracepoint samples here")
         args[args.index("EVENTS")] = str(events)
+    if name == "vm":
+        at = args.index("VMCPUS")
+        args[at : at + 1] = [
+            a for p in sorted(inputs.glob("vm*.pt")) for a in ("--cpu", f"{p.stem[2:]}={p.name}")
+        ]
     if name in ("ptxed", "ptdump") and not CASES.is_dir():
         pytest.skip(f"Intel's conformance cases are not at {CASES}")
     env_note = "HWTRACE_AOT=numba turns the library off" if os.environ.get("HWTRACE_AOT") else ""
     if env_note:
         pytest.skip(env_note)
+    if name in OUTPUTS:
+        shutil.rmtree(inputs / OUTPUTS[name], ignore_errors=True)
     first = _hwtrace(args, inputs)
     assert first.returncode == 0, first.stderr
     if "NUMBA-IMPORTED=True" in first.stderr:
@@ -131,6 +172,8 @@ def test_command_runs_without_numba(inputs, name):
         build = subprocess.run([sys.executable, "-m", "hwtrace.aot", "build"],
                                capture_output=True, text=True, timeout=900)  # fmt: skip
         assert build.returncode == 0, build.stdout + build.stderr
+    if name in OUTPUTS:
+        shutil.rmtree(inputs / OUTPUTS[name])
     again = _hwtrace(args, inputs)
     assert again.returncode == 0, again.stderr
     assert "NUMBA-IMPORTED=False" in again.stderr, (first.stderr + again.stderr)[-3000:]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..columns import distinct
 from ..session import PerfSession, SessionError
 
 
@@ -167,21 +168,23 @@ def characterize(
     path: ExecutedPath, settings: Sequence[Setting], *, progress=None
 ) -> list[Outcome]:
     """Each setting's outcome on ``path`` (``progress(i)`` after each)."""
-    from ..pt.encode import encode_path
+    from ..pt.encode import classify_path, encode_path
 
     ctc_ratio = path.ctc_ratio
+    # (each stretch's instructions classified once, for every setting)
+    codes = [classify_path(ips, path.image) for ips, _ in path.stretches]
 
     out = []
     for i, s in enumerate(settings):
         size = insns = updates = 0
         dics, dts = [], []
-        for ips, cycles in path.stretches:
+        for (ips, cycles), code in zip(path.stretches, codes, strict=True):
             options = dict(psb_period=s.psb_period, tsc=1 << 32, mtc_freq=s.mtc_period, cyc=s.cyc,
                            cyc_thresh=s.cyc_thresh, ret_compression=s.ret_compression,
                            ctc_ratio=ctc_ratio)  # fmt: skip
             while True:
                 try:
-                    enc = encode_path(ips, path.image, cycles=cycles, **options)
+                    enc = encode_path(ips, code, cycles=cycles, **options)
                     break
                 except ValueError as e:
                     if "next IP is not known" not in str(e) or ips.shape[0] < 2:
@@ -211,8 +214,18 @@ def _outcome(setting: Setting, size: int, insns: int, updates: int, dics: list, 
     dic = np.concatenate(dics) if dics else np.zeros(0)
     dt = np.concatenate(dts) if dts else np.zeros(0)
     if dic.shape[0]:
-        return Outcome(setting, size, insns, updates, float(np.median(dic)), float(np.median(dt)))
+        return Outcome(setting, size, insns, updates, _median(dic), _median(dt))
     return Outcome(setting, size, insns, updates, float(insns), whole_ns or float("nan"))
+
+
+def _median(values: np.ndarray) -> float:
+    """``np.median`` of a non-empty 1-D array (whose NaN check imports
+    ``numpy.ma``, a fortieth of a second of the command's start)."""
+    a = np.sort(np.asarray(values, np.float64))
+    if np.isnan(a[-1]):
+        return float("nan")
+    half = a.shape[0] // 2
+    return float(a[half]) if a.shape[0] % 2 else float((a[half - 1] + a[half]) / 2)
 
 
 def rank(outcomes: Sequence[Outcome]) -> None:
@@ -249,7 +262,7 @@ def measure_recording(perf_data: str | PerfSession, setting: Setting, *,
     per: dict[int, list[tuple[np.ndarray, ...]]] = {}
 
     def feed(b) -> None:
-        for t in np.unique(b.tid).tolist() if len(b) else []:
+        for t in distinct(b.tid).tolist() if len(b) else []:
             if tid is None or t == tid:
                 sel = b.tid == t
                 per.setdefault(int(t), []).append((b.ns[sel], b.ninsn[sel], b.gap[sel]))
@@ -294,13 +307,13 @@ def path_of_perf(perf_data: str | PerfSession, *, tid: int | None = None,
             return
         ips = b.instructions()
         n = b.ninsn.astype(np.int64)
-        for t in np.unique(b.tid).tolist():
+        for t in distinct(b.tid).tolist():
             sel = b.tid == t
             keep = np.repeat(sel, n)
             per.setdefault(int(t), []).append((
                 ips[keep], np.repeat(b.ns[sel].astype(np.int64), n[sel]),
                 np.repeat(b.gap[sel].astype(bool) & True, n[sel]) & _firsts(n[sel]),
-                b.queue, np.unique(b.image[sel]).tolist(),
+                b.queue, distinct(b.image[sel]).tolist(),
             ))  # fmt: skip
 
     flow = session.decode(feed)

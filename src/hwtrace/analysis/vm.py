@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import aot
+from ..columns import distinct, distinct_rows
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
 from ..pt.packets import as_buffer, map_file, packet_errata, psb_chunks, release
@@ -272,41 +273,43 @@ def _learn_vm(v, vm, vmm_cr3, first_vmm, stats):
     vmm_cr3[v] = vm
 
 
-@aot.njit(cache=True)
+def _machine_state(npcpu: int, nv: int) -> tuple:
+    """The state :func:`_machine` starts from (made here: the loop itself
+    allocates nothing, so it runs from the native library)."""
+    cap = 1 << _HASH_BITS
+    return (
+        # Per pCPU: known, VMCS (vCPU index, -1 none), NR, CR3, the derived
+        # state and the vCPU / guest CR3 it is about; status being
+        # collected in PSB+ (VMCS -2: no status seen in this PSB+).
+        np.zeros(npcpu, np.bool_), np.full(npcpu, -1, np.int64), np.zeros(npcpu, np.int64),
+        np.zeros(npcpu, np.uint64), np.full(npcpu, -1, np.int64), np.full(npcpu, -1, np.int64),
+        np.zeros(npcpu, np.uint64), np.full(npcpu, -2, np.int64), np.full(npcpu, -1, np.int64),
+        np.zeros(npcpu, np.uint64),
+        # Per vCPU: state, where it is active, the guest process it last
+        # ran and what that process counts it as.
+        np.full(nv, -1, np.int64), np.full(nv, -1, np.int64), np.full(nv, -1, np.int64),
+        np.full(nv, -1, np.int64),
+        # Processes: keys and how many vCPUs run them (per state) / handle
+        # their exits.
+        np.zeros(cap, np.uint64), np.zeros(cap, np.uint64),
+        np.zeros((cap, _ENDED + 1), np.int64), np.full(cap, -1, np.int64),
+    )  # fmt: skip
+
+
+@aot.njit(cache=True, _nrt=False)
 def _machine(
-    ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, npcpu, out, stats, vmm_cr3, first_vmm
+    ev_t, ev_p, ev_k, ev_a, ev_b, vcpu_of, vcpu_base, out, stats, vmm_cr3, first_vmm, state
 ):
-    """Run the merged events; returns the number of transition rows.
+    """Run the merged events from ``state`` (:func:`_machine_state`);
+    returns the number of transition rows.
     ``vmm_cr3`` holds each vCPU's VM where known beforehand (0: not known)
     and is updated as exits and loads show it; ``first_vmm`` gets the first
     VM an exit or a load showed for each vCPU; ``stats[7]`` counts what
     was decided with a vCPU's VM not known (a guest process put in VM 0) or
     taken wrongly (from status)."""
-    nv = vcpu_base.shape[0]
-    # Per pCPU: known, VMCS (vCPU index, -1 none), NR, CR3, the derived state
-    # and the vCPU / guest CR3 it is about; status being collected in PSB+.
-    known = np.zeros(npcpu, np.bool_)
-    vm_of_p = np.full(npcpu, -1, np.int64)
-    nr = np.zeros(npcpu, np.int64)
-    cr3 = np.zeros(npcpu, np.uint64)
-    pstate = np.full(npcpu, -1, np.int64)
-    pvcpu = np.full(npcpu, -1, np.int64)
-    pguest = np.zeros(npcpu, np.uint64)
-    s_vmcs = np.full(npcpu, -2, np.int64)  # -2: no status seen in this PSB+
-    s_nr = np.full(npcpu, -1, np.int64)
-    s_cr3 = np.zeros(npcpu, np.uint64)
-    # Per vCPU: its VM (the VMM's host CR3, 0 unknown), state, where it runs,
-    # the guest process it last ran.
-    vstate = np.full(nv, -1, np.int64)
-    vpcpu = np.full(nv, -1, np.int64)  # where it is active
-    vproc = np.full(nv, -1, np.int64)
-    vproc_state = np.full(nv, -1, np.int64)  # what vproc counts as for this vCPU
-    # Processes: keys and how many vCPUs run them / handle their exits.
-    cap = 1 << _HASH_BITS
-    keys_vm = np.zeros(cap, np.uint64)
-    keys_cr3 = np.zeros(cap, np.uint64)
-    cnt = np.zeros((cap, _ENDED + 1), np.int64)  # per process, its vCPUs in each state
-    pst = np.full(cap, -1, np.int64)
+    known, vm_of_p, nr, cr3, pstate, pvcpu, pguest, s_vmcs, s_nr, s_cr3 = state[:10]
+    vstate, vpcpu, vproc, vproc_state = state[10:14]
+    keys_vm, keys_cr3, cnt, pst = state[14:]
     n = 0
     for i in range(ev_t.shape[0]):
         t = ev_t[i]
@@ -540,8 +543,8 @@ class VmAnalysis:
         )
         pc = np.repeat(v["pcpu"].astype(np.int64), reps)
         key = np.repeat(v["key"], reps)
-        uniq = np.unique(np.stack([pc, win, key.astype(np.int64)], axis=1), axis=0)
-        for p in np.unique(uniq[:, 0]).tolist():
+        uniq = distinct_rows(np.stack([pc, win, key.astype(np.int64)], axis=1))
+        for p in distinct(uniq[:, 0]).tolist():
             w = uniq[uniq[:, 0] == p, 1]
             out[int(p)] = np.bincount(w[w < nwin], minlength=nwin)
         return out
@@ -611,8 +614,8 @@ def analyze(
         stats[:] = 0
         vmm_of = known_vm.copy()
         first_vmm = np.zeros(bases.shape[0], np.uint64)
-        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), npcpu, out, stats,
-                        vmm_of, first_vmm)  # fmt: skip
+        rows = _machine(t, p, k, a, b, vcpu_of, bases.astype(np.uint64), out, stats, vmm_of,
+                        first_vmm, _machine_state(npcpu, bases.shape[0]))  # fmt: skip
         if rows > cap:
             cap = rows
         elif stats[7] and ((first_vmm != 0) & (known_vm == 0)).any():
@@ -928,7 +931,7 @@ def _exit_reasons(data, result: VmAnalysis, conv) -> None:
         start = np.asarray(conv.to_ns(ex[:, 1]), np.int64)
         end = np.asarray(conv.to_ns(ex[:, 2]), np.int64)
         pcpu = ex[:, 3].astype(np.int64)
-        for c in np.unique(pcpu).tolist():
+        for c in distinct(pcpu).tolist():
             mine = np.flatnonzero(cpus == c)
             order = mine[np.argsort(times[mine], kind="stable")]
             st = times[order]

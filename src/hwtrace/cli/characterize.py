@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..console import NoProgress, TextTable, text_console
 from .common import command_parser, output_file
 
 
@@ -33,10 +34,6 @@ def main(argv: Sequence[str]) -> int:
     """Trace size and temporal resolution of Intel PT settings (PSB, MTC, CYC, return
     compression) on the path a recording executed, encoded again with each; or, given a command,
     of recordings of it made with each setting."""
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
     from ..analysis.characterize import CharacterizeError, default_settings, grid
 
     p = command_parser("hwtrace characterize", main)
@@ -93,9 +90,8 @@ def main(argv: Sequence[str]) -> int:
         problem = s.problem(hardware=backend == "perf")
         if problem:
             p.error(problem)
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 140)
-    with Progress(console=Console(stderr=True), transient=True,
-                  disable=not sys.stderr.isatty()) as bar:  # fmt: skip
+    console = text_console(140)
+    with _progress() as bar:
         task = bar.add_task("recording" if command else "encoding", total=len(settings))
         try:
             if command:
@@ -108,7 +104,7 @@ def main(argv: Sequence[str]) -> int:
             sys.stderr.write(f"{p.prog}: {e}\n")
             return 1
     console.print(f"[bold]{title}[/]: {what}; bandwidth at {a.rate:g} instructions/s")
-    table = Table(show_edge=False)
+    table = TextTable()
     for col in ("setting", "bytes", "bytes/insn", "MB/s", "time updates", "median ΔIC",
                 "median Δt", "TRF"):  # fmt: skip
         table.add_column(col, justify="left" if col == "setting" else "right")
@@ -148,6 +144,16 @@ def main(argv: Sequence[str]) -> int:
         ))  # fmt: skip
         console.print(f"written to {a.html}")
     return 0
+
+
+def _progress():
+    """The settings' progress bar on stderr, when it is a terminal."""
+    if not sys.stderr.isatty():
+        return NoProgress()
+    from rich.console import Console
+    from rich.progress import Progress
+
+    return Progress(console=Console(stderr=True), transient=True)
 
 
 def _encoded(prog: str, a: argparse.Namespace, settings, advance):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..console import NoProgress
 from .common import command_parser, output_file, shown_problems
 from .perfinput import add_input_options, decode_session, open_session, warn_missing_calls
 
@@ -187,27 +188,10 @@ def _metadata(a: argparse.Namespace, argv: Sequence[str], opened) -> dict[str, o
     }
 
 
-class _NoProgress:
-    """A progress display that shows nothing (no terminal, or
-    ``--no-progress``): rich is not imported for it."""
-
-    def __enter__(self) -> _NoProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def add_task(self, *args: object, **kwargs: object) -> int:
-        return 0
-
-    def update(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
 def _progress(a: argparse.Namespace):
     """The decode's progress bar on stderr, when it is a terminal."""
     if a.no_progress or not sys.stderr.isatty():
-        return _NoProgress()
+        return NoProgress()
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..columns import Columns
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
@@ -51,6 +51,9 @@ __all__ = [
 ]
 
 MARK = 0x485458
+
+# The loop Python calls (the other is built into it: hwtrace.aot).
+AOT_ENTRIES = ("_assemble",)
 MAX_WORDS = 8
 
 
@@ -233,7 +236,7 @@ _PTW, _FUP, _OVF, _PSB = int(Kind.PTW), int(Kind.FUP), int(Kind.OVF), int(Kind.P
 _TIP, _PGE, _PGD = int(Kind.TIP), int(Kind.TIP_PGE), int(Kind.TIP_PGD)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _last_ip(last, a, ipc):
     """The last IP after an IP packet with compression ``ipc`` (the SDM's
     IP compression; libipt's pt_last_ip_update_ip).  ``ipc`` 0: suppressed."""
@@ -255,7 +258,7 @@ def _last_ip(last, a, ipc):
     return (last & ~m) | (a & m)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _assemble(
     kind, a, b, c, tsc, offset, err_rows, out_t, out_id, out_ip, out_n, out_w, out_off, counts
 ):

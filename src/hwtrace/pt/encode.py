@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numba import njit
 
+from .. import aot
 from ..image import Image
 from ..isa.x86 import IClass, InsnCache, Special
 from ._loops import encoded_size
@@ -75,6 +75,9 @@ from .kinds import Kind
 from .packets import encode_table
 
 Reader = Callable[[int, int], bytes]
+
+# The loop Python calls (the others are built into it: hwtrace.aot).
+AOT_ENTRIES = ("encode_loop",)
 
 # Instruction classes of the loop.
 C_BAD, C_OTHER, C_COND, C_JMP, C_CALL, C_IJMP, C_ICALL, C_RET, C_FAR = range(9)
@@ -135,9 +138,25 @@ _N_ST = 12
 _TNT_BITS, _LAST_IP, _DEFERRED = 0, 1, 2
 
 _U64 = np.uint64
+# Packet kinds as the loops use them (plain ints: no enum in native code).
+_K_CBR = int(Kind.CBR)
+_K_CYC = int(Kind.CYC)
+_K_FUP = int(Kind.FUP)
+_K_MODE_EXEC = int(Kind.MODE_EXEC)
+_K_MTC = int(Kind.MTC)
+_K_PSB = int(Kind.PSB)
+_K_PSBEND = int(Kind.PSBEND)
+_K_PTW = int(Kind.PTW)
+_K_TIP = int(Kind.TIP)
+_K_TIP_PGD = int(Kind.TIP_PGD)
+_K_TIP_PGE = int(Kind.TIP_PGE)
+_K_TMA = int(Kind.TMA)
+_K_TNT64 = int(Kind.TNT64)
+_K_TNT8 = int(Kind.TNT8)
+_K_TSC = int(Kind.TSC)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _put(out, st, kind, a, b):
     r = st[_ROW]
     if r < out[0].shape[0]:
@@ -151,18 +170,18 @@ def _put(out, st, kind, a, b):
     st[_BYTES] += encoded_size(kind, a, b, 0)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _cyc(out, st, stats):
     """A CYC with the cycles since the last one, before a CYC-eligible packet,
     when at least ``st[_CYC_ON]`` cycles went by (the CYC threshold; 0: no
     CYC packets)."""
     if st[_CYC_ON] and st[_CYCLES] - st[_LAST_CYC] >= st[_CYC_ON]:
-        _put(out, st, Kind.CYC, _U64(st[_CYCLES] - st[_LAST_CYC]), 0)
+        _put(out, st, _K_CYC, _U64(st[_CYCLES] - st[_LAST_CYC]), 0)
         st[_LAST_CYC] = st[_CYCLES]
         stats[_ST_CYC] += 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _compress(ip, last, have_last, ip_comp):
     """The smallest IP compression reproducing ``ip`` (as packets.compress_ip)."""
     if ip_comp and have_last:
@@ -178,7 +197,7 @@ def _compress(ip, last, have_last, ip_comp):
     return 6, ip
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _ip_packet(out, st, su, kind, ip):
     ipc, payload = _compress(ip, su[_LAST_IP], st[_HAVE_LAST] != 0, st[_IP_COMP] != 0)
     _put(out, st, kind, payload, ipc)
@@ -186,21 +205,21 @@ def _ip_packet(out, st, su, kind, ip):
     st[_HAVE_LAST] = 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _flush(out, st, su, stats):
     """Send the pending TNT bits, then the TIPs deferred behind them."""
     n = st[_TNT_N]
     if n:
         _cyc(out, st, stats)
-        _put(out, st, Kind.TNT8 if n <= 6 else Kind.TNT64, su[_TNT_BITS], n)
+        _put(out, st, _K_TNT8 if n <= 6 else _K_TNT64, su[_TNT_BITS], n)
         st[_TNT_N] = 0
         su[_TNT_BITS] = _U64(0)
     for j in range(st[_N_DEFERRED]):
-        _ip_packet(out, st, su, Kind.TIP, su[_DEFERRED + j])
+        _ip_packet(out, st, su, _K_TIP, su[_DEFERRED + j])
     st[_N_DEFERRED] = 0
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _tnt_bit(out, st, su, stats, bit, tnt_max):
     su[_TNT_BITS] = (su[_TNT_BITS] << _U64(1)) | _U64(bit)
     st[_TNT_N] += 1
@@ -209,7 +228,7 @@ def _tnt_bit(out, st, su, stats, bit, tnt_max):
         _flush(out, st, su, stats)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _tip(out, st, su, stats, ip, defer):
     """A TIP, held back behind an in-progress TNT when ``defer`` (the SDM's
     deferred TIPs: the TNT goes out first, when full or forced out)."""
@@ -221,31 +240,31 @@ def _tip(out, st, su, stats, ip, defer):
         return
     _flush(out, st, su, stats)
     _cyc(out, st, stats)
-    _ip_packet(out, st, su, Kind.TIP, ip)
+    _ip_packet(out, st, su, _K_TIP, ip)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _psb_plus(out, st, su, stats, fup, fup_ip, timing):
     """PSB+ at the current boundary; ``timing`` = (tsc_on, tsc0, mtc_on, ctc_ratio, cbr)."""
     tsc_on, tsc0, mtc_on, ctc_ratio, cbr = timing
     st[_PSB_AT] = st[_BYTES]
-    _put(out, st, Kind.PSB, _U64(0), 0)
+    _put(out, st, _K_PSB, _U64(0), 0)
     st[_HAVE_LAST] = 0  # the decoder's last IP is reset at a PSB
     if tsc_on:
         tsc = tsc0 + st[_CYCLES]
-        _put(out, st, Kind.TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+        _put(out, st, _K_TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
         if mtc_on:
-            _put(out, st, Kind.TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+            _put(out, st, _K_TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
         if cbr > 0:
-            _put(out, st, Kind.CBR, _U64(cbr), 0)
-    _put(out, st, Kind.MODE_EXEC, _U64(_MODE_64), 0)
+            _put(out, st, _K_CBR, _U64(cbr), 0)
+    _put(out, st, _K_MODE_EXEC, _U64(_MODE_64), 0)
     if fup:
-        _ip_packet(out, st, su, Kind.FUP, fup_ip)
-    _put(out, st, Kind.PSBEND, _U64(0), 0)
+        _ip_packet(out, st, su, _K_FUP, fup_ip)
+    _put(out, st, _K_PSBEND, _U64(0), 0)
     stats[_ST_PSB] += 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _time_anchor(out, st, stats, timing):
     """A TSC (and its TMA with MTC) giving the time now, where the code
     changes: the flow packets before it are earlier, those after it later,
@@ -256,13 +275,13 @@ def _time_anchor(out, st, stats, timing):
         return
     _cyc(out, st, stats)
     tsc = tsc0 + st[_CYCLES]
-    _put(out, st, Kind.TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+    _put(out, st, _K_TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
     if mtc_on:
-        _put(out, st, Kind.TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+        _put(out, st, _K_TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
     stats[_ST_TSC] += 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _straight_hits(ips, start, stop, ip):
     """Whether ``ip`` is among ``ips[start:stop]``: a decoder waiting for an
     event at ``ip`` would bind it there, before the instruction we mean."""
@@ -272,8 +291,18 @@ def _straight_hits(ips, start, stop, ip):
     return False
 
 
-@njit(cache=True)
-def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out, stats):
+def _loop_work() -> tuple:
+    """The state :func:`encode_loop` starts from (zeroed here: the loop
+    allocates nothing, so it runs from the native library)."""
+    return (
+        np.zeros(_N_ST, np.int64),
+        np.zeros(_DEFERRED + _MAX_DEFERRED, np.uint64),
+        np.zeros(_RETSTACK, np.uint64),
+    )
+
+
+@aot.njit(cache=True, _nrt=False)
+def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out, stats, work):
     """Walk the path and write packet columns into ``out`` = (kind, a, b, c,
     byte offset, path position of the next instruction); rows past their size
     are only counted.
@@ -284,6 +313,7 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
     ip_comp, mtc_freq, cyc_min, defer_tips), ``cyc_min`` the cycles a CYC
     needs (0: no CYC).  Returns ``(rows, error, position)``
     with ``error`` 0 or an ``ERR_*`` code for the instruction at ``position``.
+    ``work``: the loop's zeroed state (:func:`_loop_work`).
     """
     ips, uid = path
     u_cls, u_fall, u_target, u_push = code
@@ -291,11 +321,9 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
     ret_comp, tnt_max, psb_period, sync_disable, ip_comp, mtc_freq, cyc_on, defer = opts
     tsc0, mtc_on, ctc_ratio = timing[1], timing[2], timing[3]
     n = ips.shape[0]
-    st = np.zeros(_N_ST, np.int64)
-    su = np.zeros(_DEFERRED + _MAX_DEFERRED, np.uint64)
+    st, su, stack = work
     st[_CYC_ON] = cyc_on
     st[_IP_COMP] = ip_comp
-    stack = np.zeros(_RETSTACK, np.uint64)
     depth = 0  # entries on the call stack (a ring; ``top`` is the next slot)
     top = 0
     if mtc_on:
@@ -306,9 +334,9 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
 
     _psb_plus(out, st, su, stats, False, _U64(0), timing)
     if n > 0 and traced[0]:
-        _put(out, st, Kind.MODE_EXEC, _U64(_MODE_64), 0)
+        _put(out, st, _K_MODE_EXEC, _U64(_MODE_64), 0)
         _cyc(out, st, stats)
-        _ip_packet(out, st, su, Kind.TIP_PGE, ips[0])
+        _ip_packet(out, st, su, _K_TIP_PGE, ips[0])
         stats[_ST_ENABLE] += 1
 
     for i in range(n):
@@ -320,9 +348,9 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
                 depth = 0
                 if anchor[i + 1]:
                     _time_anchor(out, st, stats, timing)
-                _put(out, st, Kind.MODE_EXEC, _U64(_MODE_64), 0)
+                _put(out, st, _K_MODE_EXEC, _U64(_MODE_64), 0)
                 _cyc(out, st, stats)
-                _ip_packet(out, st, su, Kind.TIP_PGE, ips[i + 1])
+                _ip_packet(out, st, su, _K_TIP_PGE, ips[i + 1])
                 stats[_ST_ENABLE] += 1
                 last_trace = i
             continue
@@ -353,7 +381,7 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
             if binds and not _straight_hits(ips, last_trace + 1, i + 1, nxt):
                 _flush(out, st, su, stats)
                 _cyc(out, st, stats)
-                _ip_packet(out, st, su, Kind.TIP_PGD, nxt)
+                _ip_packet(out, st, su, _K_TIP_PGD, nxt)
                 stats[_ST_SYNC_OFF] += 1
                 bound = True
 
@@ -403,13 +431,13 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
                     return st[_ROW], ERR_AMBIGUOUS, i
                 _flush(out, st, su, stats)
                 _cyc(out, st, stats)
-                _ip_packet(out, st, su, Kind.FUP, eff)
+                _ip_packet(out, st, su, _K_FUP, eff)
                 if ek == EV_INTERRUPT:
-                    _ip_packet(out, st, su, Kind.TIP, nxt)
+                    _ip_packet(out, st, su, _K_TIP, nxt)
                     stats[_ST_INTR] += 1
                     last_trace = i
                 else:
-                    _put(out, st, Kind.TIP_PGD, _U64(0), 0)
+                    _put(out, st, _K_TIP_PGD, _U64(0), 0)
                     stats[_ST_ASYNC_OFF] += 1
 
         if ptw_size[i]:
@@ -418,11 +446,11 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
             # in a FUP when FUPonPTW is set.
             _flush(out, st, su, stats)
             r = st[_ROW]
-            _put(out, st, Kind.PTW, ptw_value[i], 1 if ptw_size[i] == 8 else 0)
+            _put(out, st, _K_PTW, ptw_value[i], 1 if ptw_size[i] == 8 else 0)
             if ptw_fup:
                 if r < out[0].shape[0]:
                     out[3][r] = 1
-                _ip_packet(out, st, su, Kind.FUP, ips[i])
+                _ip_packet(out, st, su, _K_FUP, ips[i])
             stats[_ST_PTW] += 1
 
         # The code changes before the next instruction: the branch outcomes
@@ -443,11 +471,11 @@ def encode_loop(path, code, events, end_ip, have_end_ip, cost, opts, timing, out
                     # MTC every period; one here would lose the wraps): the
                     # time in full, as TSC with its TMA.
                     tsc = tsc0 + st[_CYCLES]
-                    _put(out, st, Kind.TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
-                    _put(out, st, Kind.TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
+                    _put(out, st, _K_TSC, _U64(tsc) & _U64(0xFFFFFFFFFFFFFF), 0)
+                    _put(out, st, _K_TMA, _U64((tsc // ctc_ratio) & 0xFFFF), tsc % ctc_ratio)
                     stats[_ST_TSC] += 1
                 else:
-                    _put(out, st, Kind.MTC, _U64(now & 0xFF), 0)
+                    _put(out, st, _K_MTC, _U64(now & 0xFF), 0)
                     stats[_ST_MTC] += 1
                 st[_MTC_LAST] = now
         if change:
@@ -563,9 +591,40 @@ def trace_points(
     return takes[inv.reshape(-1)]
 
 
-def encode_path(
+@dataclass(frozen=True)
+class PathCode:
+    """The instructions of an executed path, classified for the encoder
+    (:func:`classify_path`): encoding one path with several settings
+    classifies its instructions once."""
+
+    ips: np.ndarray
+    cls: np.ndarray  # per distinct instruction: its C_* class,
+    fall: np.ndarray  # fall-through IP,
+    target: np.ndarray  # direct target
+    push: np.ndarray  # and whether it pushes a return address
+    uid: np.ndarray  # per instruction of the path: its distinct instruction
+
+
+def classify_path(
     ips: np.ndarray,
     code: Image | Reader | Sequence[Image | Reader],
+    versions: np.ndarray | None = None,
+) -> PathCode:
+    """Classify the instructions of path ``ips`` (``code`` and ``versions``
+    as :func:`encode_path` takes them) for :func:`encode_path`."""
+    ips = np.ascontiguousarray(ips, np.uint64)
+    if versions is None:
+        read: Reader = code.read if isinstance(code, Image) else code  # type: ignore[assignment]
+        uniq, inv = np.unique(ips, return_inverse=True)
+        u_cls, u_fall, u_target, u_push = _classify_unique(uniq, read)
+    else:
+        u_cls, u_fall, u_target, u_push, inv = _classify_versions(ips, code, versions)
+    return PathCode(ips, u_cls, u_fall, u_target, u_push, inv.reshape(-1).astype(np.int64))
+
+
+def encode_path(
+    ips: np.ndarray,
+    code: Image | Reader | Sequence[Image | Reader] | PathCode,
     *,
     versions: np.ndarray | None = None,
     end_ip: int | None = None,
@@ -592,7 +651,8 @@ def encode_path(
 
     ``ips`` are the IPs of the executed instructions in execution order (64-bit
     code); ``code`` is an :class:`Image` or a ``read(address, size)`` callback
-    giving the code bytes.  ``end_ip`` is where execution went after the last
+    giving the code bytes, or the :class:`PathCode` of a path that begins
+    with ``ips`` (:func:`classify_path`).  ``end_ip`` is where execution went after the last
     instruction (needed when that is a branch the trace must describe); the
     trace ends with a TIP.PGD there.
 
@@ -639,13 +699,14 @@ def encode_path(
     n = int(ips.shape[0])
     if n == 0:
         raise ValueError("empty path")
-    if versions is None:
-        read: Reader = code.read if isinstance(code, Image) else code  # type: ignore[assignment]
-        uniq, inv = np.unique(ips, return_inverse=True)
-        u_cls, u_fall, u_target, u_push = _classify_unique(uniq, read)
+    if isinstance(code, PathCode):
+        if code.ips.shape[0] < n or not np.array_equal(code.ips[:n], ips):
+            raise ValueError("code is the PathCode of another path")
+        pc = code
     else:
-        u_cls, u_fall, u_target, u_push, inv = _classify_versions(ips, code, versions)
-    uid = inv.reshape(-1).astype(np.int64)
+        pc = classify_path(ips, code, versions)
+    u_cls, u_fall, u_target, u_push = pc.cls, pc.fall, pc.target, pc.push
+    uid = pc.uid[:n]
 
     traced = np.ones(n, np.bool_)
     ev_kind = np.zeros(n + 1, np.int8)
@@ -733,6 +794,7 @@ def encode_path(
             timing,
             (out_k, out_a, out_b, out_c, out_off, out_pos),
             stats,
+            _loop_work(),
         )
         if err:
             text = _ERROR_TEXT[err].format(ip=int(ips[pos]))
@@ -763,4 +825,4 @@ def encode_path(
     )
 
 
-__all__ = ["EncodedTrace", "encode_path", "trace_points"]
+__all__ = ["EncodedTrace", "PathCode", "classify_path", "encode_path", "trace_points"]
