@@ -115,6 +115,18 @@ COMMANDS = {
     "script": ["script", "-i", "a.data"],
     "script-blocks": ["script", "-i", "a.data", "--blocks"],
     "report": ["report", "-i", "a.data"],
+    # (its views: the call paths' timeline, flame graph and folded stacks)
+    "report-views": [
+        "report",
+        "-i",
+        "a.data",
+        "--html",
+        "r.html",
+        "--timeline",
+        "r.json",
+        "--folded",
+        "r.folded",
+    ],
     "latency": ["latency", "-i", "a.data", "--toggle", "work"],
     "funclatency": ["funclatency", "-i", "a.data", "work"],
     "diff": ["diff", "a.data", "b.data"],
@@ -122,6 +134,15 @@ COMMANDS = {
     "query": ["query", "dec", "select count(*) from blocks"],
     "perf-dump": ["perf-dump", "a.data"],
     "ptxed": ["ptxed", "--raw", f"{CASES}/loop-tnt.bin:0x100000", "--pt", f"{CASES}/loop-tnt.pt"],
+    "ptxed-blocks": [
+        "ptxed",
+        "--block-decoder",
+        "--block:show-blocks",
+        "--raw",
+        f"{CASES}/loop-tnt.bin:0x100000",
+        "--pt",
+        f"{CASES}/loop-tnt.pt",
+    ],
     "ptdump": ["ptdump", f"{CASES}/loop-tnt.pt"],
     # CoreSight: ETMv4 in DSTREAM frames (with the frames listed), several
     # ETMv4 sources merged, STM
@@ -134,6 +155,20 @@ COMMANDS = {
     "decode": ["decode", "-i", "a.data", "-o", "dec-again"],
     "characterize": ["characterize", "-i", "a.data"],
     "vm": ["vm", "VMCPUS", "--mtc-freq", "3", "--cpuid-0x15.eax", "1", "--cpuid-0x15.ebx", "2"],
+    "vm-views": [
+        "vm",
+        "VMCPUS",
+        "--mtc-freq",
+        "3",
+        "--cpuid-0x15.eax",
+        "1",
+        "--cpuid-0x15.ebx",
+        "2",
+        "--html",
+        "v.html",
+        "--perfetto",
+        "v.json",
+    ],
     "ptwrite": ["ptwrite", "ptw.pt"],
     "bts": ["bts", "-i", "bts.data"],
 }
@@ -153,12 +188,12 @@ def test_command_runs_without_numba(inputs, name):
         if events is None:
             pytest.skip("perf cannot record tracepoint samples here")
         args[args.index("EVENTS")] = str(events)
-    if name == "vm":
+    if name.startswith("vm"):
         at = args.index("VMCPUS")
         args[at : at + 1] = [
             a for p in sorted(inputs.glob("vm*.pt")) for a in ("--cpu", f"{p.stem[2:]}={p.name}")
         ]
-    if name in ("ptxed", "ptdump") and not CASES.is_dir():
+    if name.startswith(("ptxed", "ptdump")) and not CASES.is_dir():
         pytest.skip(f"Intel's conformance cases are not at {CASES}")
     env_note = "HWTRACE_AOT=numba turns the library off" if os.environ.get("HWTRACE_AOT") else ""
     if env_note:

@@ -49,7 +49,7 @@ def _path_arrays(result: LatencyResult) -> tuple[np.ndarray, np.ndarray, np.ndar
     return parent, addr, depth
 
 
-@aot.njit(cache=True, nogil=True)
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def _slices(slot, time, path, parent, depth, out, stack, starts, chain):
     """Walk the changes (grouped per slot, in order) into ``out`` rows
     (slot, depth, path, start, end); returns the rows written."""

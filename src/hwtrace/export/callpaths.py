@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.feed import CallPathProfile
+from ..columns import distinct
 
 
 def write_folded(paths: CallPathProfile, result, file: str | os.PathLike[str], by: str) -> int:
@@ -59,14 +60,14 @@ def write_call_timeline(
     uniq, index = np.unique(sl.addr, return_inverse=True)
     names = [paths.name(int(x)) or f"{int(x):#x}" for x in uniq.tolist()]
     sb = paths.sideband
-    keys = set(np.unique(sl.key).tolist())
+    keys = set(distinct(sl.key).tolist())
     instants = None
     instant_names = None
     if events is not None:
         ok = (events.time >= 0) & (events.tid >= 0)
         instants = (events.tid[ok], events.time[ok], events.name[ok])
         instant_names = events.names
-        keys |= set(np.unique(events.tid[ok]).tolist())
+        keys |= set(distinct(events.tid[ok]).tolist())
     threads = {int(k): f"{sb.comm_of(int(k))} {int(k)}" for k in keys}
     pids = {sb.pid_of(int(k)) for k in keys}
     processes = {p: f"{sb.comm_of(p)} {p}" for p in pids if p >= 0}

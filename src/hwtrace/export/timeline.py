@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import aot
+from ..columns import distinct
 from ..textout import put_byte, put_dec, put_row, string_list_table
 
 _CHUNK = 1 << 16  # events per write
@@ -95,9 +96,9 @@ def write_timeline(
     ``end`` in ns, ``name`` an index into ``names``) and the instants
     (``(tid, time ns, name index into instant_names)``) as a Chrome
     trace-event file; returns the number of events."""
-    keys = np.unique(key)
+    keys = distinct(key)
     if instants is not None:
-        keys = np.unique(np.concatenate([keys, instants[0]]))
+        keys = distinct(np.concatenate([keys, instants[0]]))
     pids = {int(k): int(pid_of(int(k))) for k in keys.tolist()}
     n_x = start.shape[0]
     all_names = list(names) + list(instant_names or [])
@@ -115,8 +116,8 @@ def write_timeline(
         dur = np.concatenate([dur, np.zeros(itid.shape[0], np.int64)])
     order = np.argsort(t0, kind="stable")
     kind, nm, tids, t0, dur = kind[order], nm[order], tids[order], t0[order], dur[order]
-    pid = np.array([pids.get(int(t), 0) for t in np.unique(tids).tolist()], np.int64)
-    pid = pid[np.searchsorted(np.unique(tids), tids)] if tids.shape[0] else tids
+    pid = np.array([pids.get(int(t), 0) for t in distinct(tids).tolist()], np.int64)
+    pid = pid[np.searchsorted(distinct(tids), tids)] if tids.shape[0] else tids
     # Names as JSON strings (quotes and escapes included), one row each.
     tab, lens = string_list_table([json.dumps(s) for s in all_names])
     meta = []

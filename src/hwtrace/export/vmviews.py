@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.vm import ENT_PCPU, ENT_PROCESS, ENT_VCPU, ENT_VM, STATE_NAMES, VmAnalysis
+from ..columns import distinct
 from .html import page
 from .timeline import write_timeline
 
@@ -36,7 +37,7 @@ def vm_rows(result: VmAnalysis) -> list[tuple[str, str, np.ndarray]]:
     out = []
     for group, entity, label in _ROWS:
         mine = iv[iv["entity"] == entity]
-        keys = np.unique(mine[["key", "key2"]]) if mine.shape[0] else []
+        keys = distinct(mine[["key", "key2"]]) if mine.shape[0] else []
         for k in keys:
             rows = mine[(mine["key"] == k["key"]) & (mine["key2"] == k["key2"])]
             out.append((group, label.format(key=int(k["key"]), key2=int(k["key2"])), rows))
@@ -154,7 +155,7 @@ def write_vm_ctf(result: VmAnalysis, directory: str | Path, *, tsc_hz: float = 0
     ts = ((iv["start"].astype(np.float64) - result.start) * scale).astype(np.uint64)
     env = {"domain": "hwtrace-vm", "tracer_name": "hwtrace", "time_unit": "ns" if tsc_hz else "tsc"}
     with CtfWriter(directory, classes, env=env) as w:
-        for pcpu in np.unique(iv["pcpu"]).tolist():
+        for pcpu in distinct(iv["pcpu"]).tolist():
             sel = np.flatnonzero(iv["pcpu"] == pcpu)
             sel = sel[np.argsort(ts[sel], kind="stable")]
             rows, cid = iv[sel], cls[sel]
