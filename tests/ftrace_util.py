@@ -9,6 +9,20 @@ from pathlib import Path
 from hwtrace.filter.ftrace_raw import read_trace_pipe_raw
 
 
+def ftrace_overruns(inst: Path) -> int:
+    """Events instance ``inst``'s buffers lost: overwritten when full
+    (``overrun``) or dropped (``dropped events``), over all CPUs.  A busy
+    machine's other processes can fill a buffer an event filter lets
+    their events into, and the oldest events go first."""
+    lost = 0
+    for stats in sorted((inst / "per_cpu").glob("cpu*/stats")):
+        text = stats.read_text()
+        for name in ("overrun", "dropped events"):
+            m = re.search(rf"^{name}:\s*(\d+)", text, re.M)
+            lost += int(m.group(1)) if m else 0
+    return lost
+
+
 def copy_trace_pipe_raw(inst: Path, dest: Path) -> dict[int, int]:
     """Copy each ``per_cpu/cpuN/trace_pipe_raw`` of instance ``inst`` (its
     tracing off by now) to ``dest/cpuN.raw``.  Returns how many events each
