@@ -78,7 +78,10 @@ def decode_selected(
     """The packets of ``buf[start:end]`` whose kinds ``keep`` marks
     (:func:`kind_mask`), as a table; decode errors recorded, decoding
     going on at the next PSB."""
-    cap = max(64, (end - start) // 16)
+    # A kept packet takes two bytes or more but for CYC (one): room for
+    # every other byte at first, for every byte when that was not enough.
+    # (Zeroed columns are fresh pages only touched where rows go.)
+    cap = (end - start) // 2 + 64
     while True:
         cols = (np.zeros(cap, np.int64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
                 np.zeros(cap, np.uint32), np.zeros(cap, np.uint8))  # fmt: skip
@@ -86,7 +89,7 @@ def decode_selected(
         n, ne = _scan(buf, start, end, errata, keep, *cols, *errs)
         if n >= 0 and ne <= 256:
             break
-        cap = (end - start) // 2 + 64 if n < 0 else cap
+        cap = end - start + 64 if n < 0 else cap
         if ne > 256:
             errs = tuple(np.zeros(ne, e.dtype) for e in errs)
             n, ne = _scan(buf, start, end, errata, keep, *cols, *errs)
