@@ -66,3 +66,15 @@ def test_diff_shows_the_extra_path_and_its_cost(tmp_path, capsys):
     assert functions[probe.rsplit(";", 1)[1]]["only_in"] == "b"
     assert any(line.startswith(probe + " 0 ") for line in folded.read_text().splitlines())
     assert "B" in text and "probe" in text
+
+
+def test_a_path_never_called_has_no_per_call_figure():
+    """The function tracing began in is entered without a call: its total
+    is the run's, not a figure per call (it read as 0 calls of N each)."""
+    from hwtrace.analysis.diff import Difference, Stats
+
+    root = Difference("small;_start", Stats(calls=0, insn=36_364), Stats(calls=0, insn=36_400))
+    work = Difference("small;_start;work", Stats(calls=4, insn=400), Stats(calls=4, insn=480))
+    assert root.a.per_call("insn") is None and root.delta_per_call("insn") is None
+    assert root.delta("insn") == 36
+    assert work.a.per_call("insn") == 100.0 and work.delta_per_call("insn") == 20.0

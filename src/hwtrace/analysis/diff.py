@@ -31,8 +31,10 @@ class Stats:
     time: int = 0  # likewise, in the run's time unit
     own_time: int = 0  # in the path itself, in the run's time unit
 
-    def per_call(self, what: str) -> float:
-        return getattr(self, what) / self.calls if self.calls else float(getattr(self, what))
+    def per_call(self, what: str) -> float | None:
+        """``what`` per call; None for a path never called in the run (the
+        function tracing began in: its total is the run's)."""
+        return getattr(self, what) / self.calls if self.calls else None
 
 
 def path_table(
@@ -90,10 +92,11 @@ class Difference:
         return self.total("b", what) - self.total("a", what)
 
     def delta_per_call(self, what: str) -> float | None:
-        """B's per call minus A's (None unless both ran it)."""
+        """B's per call minus A's (None unless both called it)."""
         if self.a is None or self.b is None:
             return None
-        return self.b.per_call(what) - self.a.per_call(what)
+        a, b = self.a.per_call(what), self.b.per_call(what)
+        return None if a is None or b is None else b - a
 
     @property
     def only_in(self) -> str:

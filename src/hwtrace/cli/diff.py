@@ -77,8 +77,7 @@ def main(argv: Sequence[str]) -> int:
             per = d.delta_per_call(a.by)
             cells.append((
                 str(d.total("a", "calls")), str(d.total("b", "calls")),
-                f"{d.a.per_call(a.by):,.1f}" if d.a else "-",
-                f"{d.b.per_call(a.by):,.1f}" if d.b else "-",
+                _per_call(d.a, a.by), _per_call(d.b, a.by),
                 f"{per:+,.1f}" if per is not None else "", f"{d.delta(a.by):+,}",
                 d.only_in.upper(),
             ))  # fmt: skip
@@ -112,6 +111,12 @@ def main(argv: Sequence[str]) -> int:
                                      f"call paths by {unit}; A {a.a}, B {a.b}"))  # fmt: skip
         console.print(f"written to {a.html}")
     return 0
+
+
+def _per_call(stats, what: str) -> str:
+    """A run's per-call figure ("-": not in the run, or never called)."""
+    per = stats.per_call(what) if stats is not None else None
+    return f"{per:,.1f}" if per is not None else "-"
 
 
 __all__ = ["main"]
