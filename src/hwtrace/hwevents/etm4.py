@@ -1472,7 +1472,11 @@ def decode_etm4(
     OpenCSD's packet processor does, so a listing follows OpenCSD's through
     damage)."""
     run = _Etm4Run(data, config, resync)
-    cols = [np.zeros(max(1024, run.end // 2 + 16), dtype=dt) for _, dt in _COLUMNS]
+    # A row per byte: the most packets there can be (atoms are one byte
+    # each; an atom-dense trace has more than one packet per two bytes).
+    # Zeroed columns are fresh pages touched only where rows go; growing
+    # them would copy every row decoded so far.
+    cols = [np.zeros(max(1024, run.end + 16), dtype=dt) for _, dt in _COLUMNS]
     n = 0
     while True:
         n = run.fill(cols, n)
