@@ -519,3 +519,62 @@ def test_incomplete_packet_names_what_it_was(tail, name):
 @pytest.mark.parametrize("tail,name", _CUTS)
 def test_incomplete_packet_agrees_with_opencsd(tmp_path, tail, name):
     agree_through_damage(tmp_path, HAND + tail, ETM4)
+
+
+def _reference_events(packets, addresses):
+    """trace_on_events' rules in numpy, row sets at a time: the first
+    address packet after each start (before the next one), registered;
+    every ITE; each event's first timestamp before the next start."""
+    kind = packets.kind
+    is_addr = (kind >= K.ADDR_CTXT_L_32IS0) & (kind <= K.ADDR_L_64IS1)
+    starts = np.flatnonzero((kind == K.TRACE_ON) | (kind == K.TRACE_INFO))
+    addr_rows, ts_rows = np.flatnonzero(is_addr), np.flatnonzero(kind == K.TIMESTAMP)
+
+    def next_row(rows, at, none):
+        j = np.searchsorted(rows, at, side="right")
+        return np.where(j < rows.shape[0], rows[np.minimum(j, max(rows.shape[0] - 1, 0))], none)
+
+    first = next_row(addr_rows, starts, -1) if addr_rows.size else np.full(starts.size, -1)
+    first = first[(first >= 0) & (first < np.append(starts[1:], len(kind)))]
+    first = np.unique(first)
+    first = first[np.isin(packets.address[first], np.array(sorted(addresses), np.uint64))]
+    rows = np.sort(np.concatenate([first, np.flatnonzero(kind == K.ITE)]))
+    trow = next_row(ts_rows, rows, -1) if ts_rows.size else np.full(rows.size, -1)
+    until = next_row(starts, rows, len(kind)) if starts.size else np.full(rows.size, len(kind))
+    ts = np.where(
+        (trow >= 0) & (trow < until), packets.ts[np.maximum(trow, 0)].astype(np.int64), -1
+    )
+    names = ["ITE" if kind[r] == K.ITE else addresses[int(packets.address[r])] for r in rows]
+    return rows, names, ts
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.integers(0, 1 << 40)),
+                max_size=200))  # fmt: skip
+def test_trace_on_events_follow_their_rules(rows):
+    """The compiled pass over the packets finds the events the rules,
+    applied with numpy to whole row sets, find (random packet orders:
+    starts without addresses, addresses without starts, timestamps
+    before, between and after)."""
+    import dataclasses
+
+    from hwtrace.hwevents.etm4 import Etm4Packets
+
+    kinds = [K.TRACE_ON, K.TRACE_INFO, K.TIMESTAMP, K.ITE, K.ADDR_L_64IS0, K.ADDR_CTXT_L_32IS0,
+             K.ATOM_F1]  # fmt: skip
+    addrs = [0x1000, 0x2000, 0x3000, 0x4000]
+    n = len(rows)
+    empty = decode_etm4(b"", ETM4)  # (the columns' types)
+    cols = {f.name: np.zeros(n, getattr(empty, f.name).dtype)
+            for f in dataclasses.fields(Etm4Packets) if f.name != "errors"}  # fmt: skip
+    cols["kind"][:] = [kinds[k] for k, _, _ in rows]
+    cols["address"][:] = [addrs[a] for _, a, _ in rows]
+    cols["ts"][:] = [t for _, _, t in rows]
+    cols["offset"][:] = np.arange(n)
+    packets = Etm4Packets(**cols, errors=[])
+    registered = {0x1000: "foo", 0x3000: "bar"}
+    ev = trace_on_events(packets, registered)
+    want_rows, want_names, want_ts = _reference_events(packets, registered)
+    assert ev.offset.tolist() == want_rows.tolist()
+    assert ev.name == want_names
+    assert ev.ts.tolist() == want_ts.tolist()

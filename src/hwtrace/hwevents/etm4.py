@@ -82,7 +82,7 @@ import numpy as np
 from ..aot import njit
 
 # The loops Python calls (the others are built into them: hwtrace.aot).
-AOT_ENTRIES = ("_run",)
+AOT_ENTRIES = ("_run", "_event_rows")
 
 __all__ = [
     "Etm4Config",
@@ -179,6 +179,14 @@ class Etm4Kind(IntEnum):
 
 
 K = Etm4Kind
+# The kinds trace_on_events' loop reads (plain ints in native code).
+_K_TRACE_ON, _K_TRACE_INFO, _K_TIMESTAMP, _K_ITE = (
+    int(K.TRACE_ON),
+    int(K.TRACE_INFO),
+    int(K.TIMESTAMP),
+    int(K.ITE),
+)
+_K_ADDR_FIRST, _K_ADDR_LAST = int(K.ADDR_CTXT_L_32IS0), int(K.ADDR_L_64IS1)
 ADDRESS_KINDS = frozenset(range(K.ADDR_CTXT_L_32IS0, K.SRC_ADDR_L_64IS1 + 1))
 ATOM_KINDS = frozenset(range(K.ATOM_F1, K.ATOM_F6 + 1))
 ERROR_KINDS = frozenset({K.NOT_SYNC, K.RESERVED, K.BAD_SEQUENCE, K.INCOMPLETE_EOT})
@@ -1689,40 +1697,66 @@ def event_packets(
     return _packets(cols, cols[0].shape[0], [])
 
 
+@njit(cache=True, _nrt=False)
+def _event_rows(kind, address, reg, out_row, out_which, out_ts_row):
+    """One pass of :func:`trace_on_events` over the packets: each event's
+    row, which name (0: ITE, else 1 + its address's index in ``reg``) and
+    the row of the timestamp it takes (-1: none before the next start).
+    Returns the events (-1 when the outputs are too small: they need a row
+    per packet at most)."""
+    cap = out_row.shape[0]
+    m = 0
+    armed = False  # a start whose first address packet is still to come
+    waiting = 0  # the events from here on wait for a timestamp
+    for i in range(kind.shape[0]):
+        k = kind[i]
+        if k == _K_TRACE_ON or k == _K_TRACE_INFO:
+            armed = True
+            waiting = m  # (a new start: no timestamp for those)
+        elif k == _K_TIMESTAMP:
+            for j in range(waiting, m):
+                out_ts_row[j] = i
+            waiting = m
+        elif k == _K_ITE or (armed and _K_ADDR_FIRST <= k <= _K_ADDR_LAST):
+            which = 0
+            if k != _K_ITE:
+                armed = False
+                a = address[i]
+                lo, hi = 0, reg.shape[0]
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if reg[mid] < a:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo == reg.shape[0] or reg[lo] != a:
+                    continue  # not a registered address
+                which = lo + 1
+            if m >= cap:
+                return -1
+            out_row[m] = i
+            out_which[m] = which
+            out_ts_row[m] = -1
+            m += 1
+    return m
+
+
 def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4Events:
     """Each start of tracing (a trace on, or a trace info after sync) whose
     first address packet is at a registered address becomes an event named
     by ``addresses``; ETE instrumentation (ITE) packets become ``"ITE"``
-    events with their payload."""
-    kind = packets.kind
-    is_addr = (kind >= K.ADDR_CTXT_L_32IS0) & (kind <= K.ADDR_L_64IS1)
-    starts = np.flatnonzero((kind == K.TRACE_ON) | (kind == K.TRACE_INFO))
-    addr_rows = np.flatnonzero(is_addr)
-    ts_rows = np.flatnonzero(kind == K.TIMESTAMP)
-    ite_rows = np.flatnonzero(kind == K.ITE)
-    # the first address packet after each start, if it comes before the next start
-    first = _next_row(addr_rows, starts, -1)
-    ok = first >= 0
-    nxt = np.append(starts[1:], len(packets))
-    ok &= first < nxt
-    # ``first`` rises with ``starts``: drop repeats without sorting again.
-    rows = first[ok]
-    if rows.size:
-        rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
+    events with their payload.  An event's time is that of the first
+    timestamp after it, before the next start."""
     reg = np.array(sorted(addresses), dtype=np.uint64)
-    if rows.size and reg.size:
-        a = packets.address[rows]
-        hit = np.isin(a, reg)
-        rows = rows[hit]
-    else:
-        rows = rows[:0]
-    all_rows = np.concatenate([rows, ite_rows])
-    is_ite = np.concatenate([np.zeros(rows.size, bool), np.ones(ite_rows.size, bool)])
-    order = np.argsort(all_rows, kind="stable")
-    all_rows, is_ite = all_rows[order], is_ite[order]
-    # the next timestamp after the event, before the next start
-    trow = _next_row(ts_rows, all_rows, -1)
-    has_t = (trow >= 0) & (trow < _next_row(starts, all_rows, len(packets)))
+    kind = np.ascontiguousarray(packets.kind)
+    address = np.ascontiguousarray(packets.address, np.uint64)
+    # (room for an event per packet: fresh pages, touched only where
+    # events go)
+    cols = tuple(np.empty(kind.shape[0], np.int64) for _ in range(3))
+    m = _event_rows(kind, address, reg, *cols)
+    all_rows, which, trow = (c[:m] for c in cols)
+    is_ite = which == 0
+    has_t = trow >= 0
     ts = (
         np.where(has_t, packets.ts[np.maximum(trow, 0)].astype(np.int64), -1)
         if all_rows.size
@@ -1735,11 +1769,6 @@ def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4E
     )
     addr = packets.address[all_rows]
     table = np.array(["ITE"] + [addresses[int(a)] for a in reg], dtype=object)
-    which = (
-        np.where(is_ite, 0, np.searchsorted(reg, addr) + 1)
-        if reg.size
-        else np.zeros(addr.size, int)
-    )
     names = table[which].tolist()
     return Etm4Events(
         name=names,
