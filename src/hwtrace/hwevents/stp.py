@@ -787,7 +787,9 @@ def _stream(data, blocks: Iterable[int] | np.ndarray) -> tuple[np.ndarray, np.nd
 
 def _packets(cols: tuple, n: int, ecols: tuple, ne: int) -> StpPackets:
     """The first ``n`` packet rows and ``ne`` error rows as packets."""
-    rows = {name: c[:n].copy() for name, c in zip(_PACKET_COLUMNS, cols, strict=True)}
+    # (views: the columns' rows past ``n`` were never written, so their
+    # pages were never touched and cost no memory)
+    rows = {name: c[:n] for name, c in zip(_PACKET_COLUMNS, cols, strict=True)}
     erows = {name: c[:ne].copy() for name, c in zip(_ERROR_COLUMNS, ecols, strict=True)}
     values = erows.pop("error_values")
     erows["error_offsets"] = (erows["error_nibbles"] + 1) // 2
