@@ -26,6 +26,10 @@ library is kept.  Its manifest records the size and
 modification time of every loop source file: a library older than the
 sources is ignored.  ``HWTRACE_AOT=numba`` turns the library off.
 
+A loop declared ``njit(..., c_args=N)`` is also a C function of ``N``
+``int64`` arguments returning ``int64``, for machine code that calls it
+(:func:`c_address`): the library holds it with a C trampoline.
+
 A module naming the loops Python calls in ``AOT_ENTRIES`` makes its other
 loops internal: the library builds them only into their callers, and numba
 compiles them to bitcode alone, making their machine code only if Python
@@ -89,6 +93,9 @@ LOOP_MODULES = (
     "hwtrace.pt.bcache",
     "hwtrace.analysis.timeline",
     "hwtrace.export.timeline",
+    "hwtrace.filter.native",
+    "hwtrace.filter.lttng_vm",
+    "hwtrace.filter.ebpf.interp",
     "hwtrace.filter.inputs.base",
     "hwtrace.filter.listing",
     "hwtrace.filter.ftrace_raw",
@@ -818,6 +825,7 @@ class CompiledLoop:
         _numba_ready()
         options = dict(self.options)
         options.pop("native_inline", None)
+        options.pop("c_args", None)
         cache = options.pop("cache", False)
         local_types = options.pop("locals", {})
         options["nopython"] = True
@@ -1190,6 +1198,36 @@ else:
     sys.meta_path.insert(0, _NumbaImportHook())
 
 
+def c_address(loop: CompiledLoop) -> int | None:
+    """The address of the library's C function of ``loop`` (declared
+    ``njit(..., c_args=N)``: ``int64_t f(int64_t, ...)``), None when the
+    library does not hold it (the caller makes one with numba, and the
+    library is built for next time, see :func:`note_fallback`)."""
+    n = loop.options.get("c_args")
+    lib = _load_library() if n else None
+    spec = lib._specs(loop.name).get((("s", "<i8"),) * n) if lib is not None else None
+    fn = getattr(lib.dlls.get(spec["library"]), spec["c"], None) if spec and spec.get("c") else None
+    if fn is None:
+        _fallbacks.add(loop.name)
+        return None
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def library_globals(name: str) -> list[ctypes.c_int64]:
+    """Each loaded library's copy of the global ``name`` (one of
+    :data:`LIBRARY_GLOBALS`), to set."""
+    lib = _load_library()
+    if lib is None:
+        return []
+    out = []
+    for dll in lib.dlls.values():
+        try:
+            out.append(ctypes.c_int64.in_dll(dll, name))
+        except ValueError:
+            continue
+    return out
+
+
 def fallbacks() -> set[str]:
     """The loops this process called through numba."""
     return set(_fallbacks)
@@ -1249,7 +1287,15 @@ def _ret_layout(ty) -> Any:
     return key[1]
 
 
-_ALLOWED_EXTERNAL = {"memcpy", "memmove", "memset", "memcmp"}
+_ALLOWED_EXTERNAL = {
+    "memcpy", "memmove", "memset", "memcmp",
+    # (the C library's, for the filter tiers' helpers)
+    "strnlen", "syscall", "sched_getcpu", "clock_gettime",
+}  # fmt: skip
+# Global variables loops read by name (numba finds them through
+# llvmlite.binding.add_symbol): the library defines its own, weak (one
+# per library), which :func:`library_globals` gives to set.
+LIBRARY_GLOBALS = ("hwtrace_filter_threshold_table", "hwtrace_filter_threshold_slots")
 _TRAP_STUBS = ("NRT_MemInfo_call_dtor",)
 
 
@@ -1296,7 +1342,12 @@ def build(
             continue
         disp = loop.dispatcher
         sigs = list(dict.fromkeys(list(disp.signatures) + _cached_signatures(disp)))
+        n_c = loop.options.get("c_args")
+        if n_c and (numba.int64,) * n_c not in sigs:
+            sigs.append((numba.int64,) * n_c)  # (its C function, called or not)
         for sig in sigs:
+            if not isinstance(sig, tuple):
+                continue  # (a C function numba made of the loop: it has its own cache entry)
             if any(isinstance(t, numba.types.Literal) for t in sig):
                 continue  # compiled for a constant: only numba code calls it
             try:
@@ -1321,12 +1372,19 @@ def build(
             tramp = ll.parse_assembly(_packed_trampoline(symbol, packed, args))
             tramp.triple, tramp.data_layout = mod.triple, mod.data_layout
             mod.link_in(tramp)
+            c_name = None
+            if n_c and args == ["i64"] * n_c and ret in ("<i8", "<u8"):
+                c_name = symbol + "__c"
+                tramp = ll.parse_assembly(_c_trampoline(symbol, c_name, n_c))
+                tramp.triple, tramp.data_layout = mod.triple, mod.data_layout
+                mod.link_in(tramp)
             if _outside(mod):
                 # (it declares a function from outside, which the passes of
                 # linking may yet remove: looked at again before linking)
                 declaring.add(len(specs))
             specs.append({"loop": name, "key": _to_json(tuple(key)), "symbol": symbol,
-                          "packed": packed, "args": args, "ret": ret})  # fmt: skip
+                          "packed": packed, "args": args, "ret": ret,
+                          **({"c": c_name} if c_name else {})})  # fmt: skip
             irs.append(mod.as_bitcode())
     if declaring:
         specs, irs = _self_contained(specs, irs, declaring, skipped, ll)
@@ -1401,6 +1459,26 @@ def _packed_trampoline(symbol: str, packed: str, args: list[str]) -> str:
     lines.append(f'declare i32 @"{symbol}"({", ".join(["ptr", "ptr", *args])})')
     lines.append("attributes #0 = { noinline }")
     return "\n".join(lines) + "\n"
+
+
+def _c_trampoline(symbol: str, name: str, n: int) -> str:
+    """LLVM IR of ``int64_t name(int64_t, ...)`` (``n`` arguments), a C
+    function calling ``symbol`` (numba's native calling convention) and
+    returning its result (a raised exception's status is not looked at:
+    loops given C entries do not raise)."""
+    params = ", ".join(f"i64 %a{j}" for j in range(n))
+    call_args = ", ".join(["ptr %ret", "ptr %exc", *(f"i64 %a{j}" for j in range(n))])
+    return (
+        f'define i64 @"{name}"({params}) {{\n'
+        "  %ret = alloca i64\n"
+        "  %exc = alloca ptr\n"
+        "  store i64 0, ptr %ret\n"
+        f'  %s = call i32 @"{symbol}"({call_args})\n'
+        "  %v = load i64, ptr %ret\n"
+        "  ret i64 %v\n"
+        "}\n"
+        f'declare i32 @"{symbol}"({", ".join(["ptr", "ptr", *(["i64"] * n)])})\n'
+    )
 
 
 def _argument_types(fn) -> list[str]:
@@ -1503,6 +1581,15 @@ def _linked(bitcodes: list[bytes], entries: set[str], ll):
         stub = ll.parse_assembly(stubs + "declare void @llvm.trap()\n")
         stub.triple, stub.data_layout = linked.triple, linked.data_layout
         linked.link_in(stub)
+    defined = "".join(
+        f'@"{g.name}" = weak global i64 0, align 8\n'
+        for g in linked.global_variables
+        if g.is_declaration and g.name in LIBRARY_GLOBALS
+    )
+    if defined:
+        gv = ll.parse_assembly(defined)
+        gv.triple, gv.data_layout = linked.triple, linked.data_layout
+        linked.link_in(gv)
     return _internalize(linked, entries, ll)
 
 
@@ -1591,7 +1678,7 @@ def _link_parts(specs: list[dict], irs: list[bytes], ll) -> list | None:
         sizes[lightest] += sum(len(irs[k]) for k in members)
     linked = []
     for group in filter(None, groups):
-        entries = {specs[k][e] for k in group for e in ("symbol", "packed") if specs[k].get(e)}
+        entries = {specs[k][e] for k in group for e in ("symbol", "packed", "c") if specs[k].get(e)}
         mod = _linked([irs[k] for k in group], entries, ll)
         if _outside(mod):
             return None
@@ -1645,7 +1732,7 @@ def _internalize(mod, keep: set[str], ll):
             continue
         f.linkage = "external" if f.name in keep else "internal"
     for g in mod.global_variables:
-        if not g.is_declaration:
+        if not g.is_declaration and g.name not in LIBRARY_GLOBALS:
             g.linkage = "internal"
     mod = _inline_marked(mod, ll)
     tm = _target_machine(ll)

@@ -24,12 +24,13 @@ cache only notices edits to the file that holds a compiled function.
 
 from __future__ import annotations
 
-import numpy as np
-from llvmlite import ir
-from numba import cfunc, njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+import ctypes
+import struct
 
+import numpy as np
+
+from .. import aot
+from . import native
 from .native import (
     NO_LIMIT,
     glob_match,
@@ -135,40 +136,71 @@ _SLOT_WORDS = 3  # tag, value (s64, double bits or string address), string bound
 # -- the native frame's stack -------------------------------------------------------
 
 
-@intrinsic
-def _frame_stack(typingctx):
-    """Address of STACK_SLOTS entries in the caller's frame (an alloca in
-    the entry block, so inlining the interpreter into a loop reuses it)."""
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        size = ir.Constant(i64, STACK_SLOTS * _SLOT_WORDS)
-        ptr = cgutils.alloca_once(builder, i64, size=size, name="lttng_stack")
-        return builder.ptrtoint(ptr, i64)
-
-    return types.int64(), codegen
+# Python stand-ins of the intrinsics _numba_extensions defines.
+_PY_STACK = (ctypes.c_int64 * (STACK_SLOTS * _SLOT_WORDS))()
 
 
-@intrinsic
-def _bits(typingctx, value):
-    """A double's bits as int64 (an entry keeps one 64-bit value word, as
-    LTTng's union does)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.int64(types.float64), codegen
+def _frame_stack() -> int:
+    return ctypes.addressof(_PY_STACK)
 
 
-@intrinsic
-def _double(typingctx, value):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
+def _bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
-@njit(cache=True, inline="always")
+def _double(value: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", value))[0]
+
+
+def _numba_extensions() -> None:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def frame_stack(typingctx):
+        """Address of STACK_SLOTS entries in the caller's frame (an alloca
+        in the entry block, so inlining the interpreter into a loop reuses
+        it)."""
+
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            size = ir.Constant(i64, STACK_SLOTS * _SLOT_WORDS)
+            ptr = cgutils.alloca_once(builder, i64, size=size, name="lttng_stack")
+            return builder.ptrtoint(ptr, i64)
+
+        return types.int64(), codegen
+
+    @intrinsic
+    def bits(typingctx, value):
+        """A double's bits as int64 (an entry keeps one 64-bit value word,
+        as LTTng's union does)."""
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(64))
+
+        return types.int64(types.float64), codegen
+
+    @intrinsic
+    def double(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.DoubleType())
+
+        return types.float64(types.int64), codegen
+
+    g = globals()
+    g["_frame_stack"], g["_bits"], g["_double"] = frame_stack, bits, double
+    # (native's intrinsics, defined by its hook, which ran first)
+    for name in ("load_f32", "load_f64", "load_i64", "load_u8", "load_u16", "load_u32",
+                 "store_u64"):  # fmt: skip
+        g[name] = getattr(native, name)
+
+
+aot.on_numba(_numba_extensions)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _spill(mem, top, t, v, n):
     p = mem + top * (8 * _SLOT_WORDS)
     store_u64(p, t)
@@ -176,13 +208,13 @@ def _spill(mem, top, t, v, n):
     store_u64(p + 16, n)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _fill(mem, top):
     p = mem + top * (8 * _SLOT_WORDS)
     return load_i64(p), load_i64(p + 8), load_i64(p + 16)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _static_string(root, code, pc):
     """(address, bound) of a string slot at a constant offset; address 0
     when its pointer is null."""
@@ -196,13 +228,13 @@ def _static_string(root, code, pc):
     return root + (v & 0xFFFF), v >> 16
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _static_int(root, code, pc):
     b = load_u8(code + pc + 3)
     return load_int(root + np.int64(load_u16(code + pc + 1)), np.int64(b & 0x7F), (b & 0x80) != 0)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _static_double(root, code, pc):
     addr = root + np.int64(load_u16(code + pc + 1))
     if load_u8(code + pc + 3) == 4:
@@ -210,7 +242,7 @@ def _static_double(root, code, pc):
     return load_f64(addr)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _compare(op, a, b):
     # op - EQ_xxx: 0 ==, 1 !=, 2 >, 3 <, 4 >=, 5 <=
     if op == 0:
@@ -229,7 +261,7 @@ def _compare(op, a, b):
 # -- the interpreter ----------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
     """Run validated bytecode at ``code``; ``lits`` is the address of the
     literal table (int64 pairs: address, length), ``fields`` of the linked
@@ -397,7 +429,7 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
         ax_t, ax_v, ax_n = t, v, n
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def run(bytecode, literals, fields, event, context):
     """Verdict (0/1) of validated ``bytecode`` (uint8 array) on the records
     at ``event`` and ``context``; ``literals`` and ``fields`` are the
@@ -408,7 +440,7 @@ def run(bytecode, literals, fields, event, context):
     )
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def run_traced(bytecode, literals, fields, event, context, trace):
     """As :func:`run`, recording executed pcs: ``trace[0]`` counts them,
     ``trace[1:]`` holds the first ``len(trace) - 1``."""
@@ -429,7 +461,8 @@ DESC_CODE, DESC_CODE_LEN, DESC_LITERALS, DESC_N_LITERALS, DESC_FIELDS, DESC_N_FI
 DESC_WORDS = 6
 
 
-def _run_c(program, event, context):
+@aot.njit(cache=True, _nrt=False, c_args=3)
+def _run_c(program: int, event: int, context: int) -> int:
     return _interpret(
         load_i64(program + 8 * DESC_CODE),
         load_i64(program + 8 * DESC_LITERALS),
@@ -449,13 +482,13 @@ def run_address() -> int:
     """The address of ``int64 run(const int64 *program, const void *event,
     const void *context)`` for C callers; ``program`` is a program's
     descriptor (:attr:`.lttng.LttngProgram.program_address`).  Compiled on
-    first use (a numba cfunc)."""
+    first use (hwtrace's native library's, else numba's)."""
     if not _c_entry:
-        _c_entry.append(cfunc("int64(int64, int64, int64)", cache=True)(_run_c))
-    return _c_entry[0].address
+        _c_entry.append(native.c_entry(_run_c, "int64(int64, int64, int64)"))
+    return _c_entry[0]
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def run_many(bytecode, literals, fields, events, context):
     """How many of the records at ``events`` (int64 addresses) pass."""
     n = 0
@@ -507,21 +540,26 @@ ERROR_TEXT = {
 KIND_UNLINKED = -1
 
 
-@njit(cache=True)
-def validate(code, n_literals, field_kinds):
+def validate(code: np.ndarray, n_literals: int, field_kinds: np.ndarray) -> np.ndarray:
     """Check ``code`` as the interpreter will run it.  Returns int64
     ``(error, insn index, pc, detail, max depth)``; error 0 means valid."""
     n = len(code)
     out = np.zeros(5, np.int64)
+    # (room for the type stack and the pending skips: target pc, depth
+    # there, lowest depth allowed before it)
+    _validate(
+        code, n_literals, field_kinds, out, np.zeros(n + 2, np.int8), np.zeros(n, np.int64),
+        np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.bool_),
+    )  # fmt: skip
+    return out
+
+
+@aot.njit(cache=True, _nrt=False)
+def _validate(code, n_literals, field_kinds, out, tstack, p_target, p_depth, p_floor, p_live):
+    n = len(code)
     if n == 0:
         out[0] = E_EMPTY
-        return out
-    tstack = np.zeros(n + 2, np.int8)
-    # Pending skips: target pc, depth there, lowest depth allowed before it.
-    p_target = np.zeros(n, np.int64)
-    p_depth = np.zeros(n, np.int64)
-    p_floor = np.zeros(n, np.int64)
-    p_live = np.zeros(n, np.bool_)
+        return
     npend = 0
     depth = 0
     maxdepth = 0
@@ -540,21 +578,21 @@ def validate(code, n_literals, field_kinds):
                 if depth != p_depth[j] or tstack[depth - 1] != T_S64:
                     out[0] = E_JUMP_STATE
                     out[3] = pc
-                    return out
+                    return
                 p_live[j] = False
             elif p_target[j] < pc:
                 out[0] = E_JUMP_MIDDLE
                 out[3] = p_target[j]
-                return out
+                return
         op = code[pc]
         size = INSN_SIZE[op]
         if size == 0:
             out[0] = E_OPCODE
             out[3] = op
-            return out
+            return
         if pc + size > n:
             out[0] = E_TRUNCATED
-            return out
+            return
         u16 = np.int64(code[pc + 1]) | (np.int64(code[pc + 2]) << 8) if size >= 3 else 0
         push = np.int8(-1)
         pops = 0
@@ -563,10 +601,10 @@ def validate(code, n_literals, field_kinds):
         if op == RETURN:
             if pc + size != n:
                 out[0] = E_RETURN_LAST
-                return out
+                return
             if depth != 1 or tstack[0] != T_S64:
                 out[0] = E_RETURN_STATE
-                return out
+                return
             returned = True
             break
         elif op == LOAD_FIELD_REF_S64 or op == GET_CONTEXT_REF_S64:
@@ -574,19 +612,19 @@ def validate(code, n_literals, field_kinds):
             if sz != 1 and sz != 2 and sz != 4 and sz != 8:
                 out[0] = E_OPERAND
                 out[3] = code[pc + 3]
-                return out
+                return
             push = T_S64
         elif op == LOAD_FIELD_REF_DOUBLE or op == GET_CONTEXT_REF_DOUBLE:
             if code[pc + 3] != 4 and code[pc + 3] != 8:
                 out[0] = E_OPERAND
                 out[3] = code[pc + 3]
-                return out
+                return
             push = T_DOUBLE
         elif op == LOAD_FIELD_REF_STRING or op == GET_CONTEXT_REF_STRING:
             if code[pc + 3] > STORE_DATA_LOC:
                 out[0] = E_OPERAND
                 out[3] = code[pc + 3]
-                return out
+                return
             push = T_STRING
         elif op == LOAD_S64:
             push = T_S64
@@ -596,7 +634,7 @@ def validate(code, n_literals, field_kinds):
             if u16 >= n_literals:
                 out[0] = E_LITERAL
                 out[3] = u16
-                return out
+                return
             push = T_STRING_LIT if op == LOAD_STRING else T_STAR_GLOB
         elif (
             op == LOAD_FIELD_S64
@@ -607,14 +645,14 @@ def validate(code, n_literals, field_kinds):
             if u16 >= len(field_kinds):
                 out[0] = E_FIELD
                 out[3] = u16
-                return out
+                return
             kind = field_kinds[u16]
             if op == LOAD_FIELD_UNLINKED:
                 want = KIND_UNLINKED
                 if code[pc + 3] > 2:
                     out[0] = E_OPERAND
                     out[3] = code[pc + 3]
-                    return out
+                    return
                 push = np.int8(code[pc + 3])
             else:
                 want = 0 if op == LOAD_FIELD_S64 else (1 if op == LOAD_FIELD_DOUBLE else 2)
@@ -622,15 +660,15 @@ def validate(code, n_literals, field_kinds):
             if kind != want:
                 out[0] = E_FIELD_KIND
                 out[3] = u16
-                return out
+                return
         elif op == AND or op == OR:
             if u16 <= pc or u16 >= n:
                 out[0] = E_JUMP_BACK
                 out[3] = u16
-                return out
+                return
             if depth < 1 or tstack[depth - 1] != T_S64:
                 out[0] = E_TYPE if depth >= 1 else E_UNDERFLOW
-                return out
+                return
             p_target[npend] = u16
             p_depth[npend] = depth
             p_floor[npend] = depth - 1
@@ -673,13 +711,13 @@ def validate(code, n_literals, field_kinds):
             else:
                 out[0] = E_OPCODE
                 out[3] = op
-                return out
+                return
         if depth < pops:
             out[0] = E_UNDERFLOW
-            return out
+            return
         if pops == 1 and need_a >= 0 and tstack[depth - 1] != need_a:
             out[0] = E_TYPE
-            return out
+            return
         if pops == 2:
             a = tstack[depth - 2]
             b = tstack[depth - 1]
@@ -693,14 +731,14 @@ def validate(code, n_literals, field_kinds):
                 ok = a == need_a and b == need_b
             if not ok:
                 out[0] = E_TYPE
-                return out
+                return
         depth -= pops
         for j in range(npend):
             # The right operand of a pending skip may not touch what lies
             # below its left operand.
             if p_live[j] and depth < p_floor[j]:
                 out[0] = E_JUMP_FLOOR
-                return out
+                return
         if push >= 0:
             tstack[depth] = push
             depth += 1
@@ -709,12 +747,12 @@ def validate(code, n_literals, field_kinds):
                 if maxdepth > STACK_SLOTS:
                     out[0] = E_OVERFLOW
                     out[3] = STACK_SLOTS
-                    return out
+                    return
         pc += size
     if not returned:
         out[1] = k + 1
         out[2] = pc
         out[0] = E_RETURN_LAST
-        return out
+        return
     out[4] = maxdepth
-    return out
+    return

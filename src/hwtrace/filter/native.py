@@ -1,12 +1,15 @@
 """Native building blocks every filter tier shares: raw memory loads, the
 field-path walk, string comparison and globbing, and the eBPF helpers.
 
-All of it is numba nopython code (``cache=True``).  Memory is reached by
-address (a filter reads the host's records where they are), through the
-:func:`load`/:func:`store` intrinsics.  :func:`helper_address` gives each
-helper as a C function ``int64 (int64, int64, int64, int64, int64)`` for
-machine code that calls it (the eBPF JIT); interpreters call the same
-functions directly (:func:`call_helper`).
+All of it is compiled loops (:mod:`hwtrace.aot`, ``cache=True``).  Memory
+is reached by address (a filter reads the host's records where they are),
+through the ``load_*``/``store_*`` intrinsics (defined once numba is
+imported, see :func:`_numba_extensions`; the Python functions of the same
+names stand in for them outside compiled code).  :func:`helper_address`
+gives each helper as a C function ``int64 (int64, int64, int64, int64,
+int64)`` for machine code that calls it (the eBPF JIT), from hwtrace's
+native library when it holds it (no numba in the process then);
+interpreters call the same functions directly (:func:`call_helper`).
 
 The shared threshold table (``set_threshold``/``get_threshold``) is reached
 through a pointer the process sets up once (:func:`threshold_table`), so a
@@ -16,13 +19,12 @@ later tier can point it at memory shared with the kernel.
 from __future__ import annotations
 
 import ctypes
+import struct
+from collections.abc import Callable
 
 import numpy as np
-from llvmlite import binding as llvm
-from llvmlite import ir
-from numba import cfunc, njit, types
-from numba.extending import intrinsic
 
+from .. import aot
 from . import abi
 from .schema import (
     LEAF_STRING,
@@ -38,49 +40,43 @@ from .schema import (
 )
 
 # -- raw memory --------------------------------------------------------------------
+# Python stand-ins; compiled code gets numba intrinsics of the same names
+# (one unaligned load or store at an address, see _numba_extensions).
 
 
-def _loader(nbtype):
-    @intrinsic
-    def load(typingctx, addr):
-        def codegen(context, builder, signature, args):
-            lty = context.get_value_type(nbtype)
-            ptr = builder.inttoptr(args[0], lty.as_pointer())
-            return builder.load(ptr, align=1)
-
-        return nbtype(types.int64), codegen
+def _py_loader(ctype) -> Callable[[int], int | float]:
+    def load(addr: int) -> int | float:
+        return ctype.from_address(addr).value
 
     return load
 
 
-def _storer(nbtype):
-    @intrinsic
-    def store(typingctx, addr, value):
-        def codegen(context, builder, signature, args):
-            lty = context.get_value_type(nbtype)
-            ptr = builder.inttoptr(args[0], lty.as_pointer())
-            val = context.cast(builder, args[1], signature.args[1], nbtype)
-            builder.store(val, ptr, align=1)
-            return context.get_dummy_value()
-
-        return types.void(types.int64, value), codegen
+def _py_storer(ctype) -> Callable[[int, int], None]:
+    def store(addr: int, value: int) -> None:
+        ctype.from_address(addr).value = value
 
     return store
 
 
+_C_TYPES = {
+    "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+    "u64": ctypes.c_uint64, "i8": ctypes.c_int8, "i16": ctypes.c_int16,
+    "i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float,
+    "f64": ctypes.c_double,
+}  # fmt: skip
 load_u8, load_u16, load_u32, load_u64 = (
-    _loader(t) for t in (types.uint8, types.uint16, types.uint32, types.uint64)
+    _py_loader(_C_TYPES[t]) for t in ("u8", "u16", "u32", "u64")
 )
 load_i8, load_i16, load_i32, load_i64 = (
-    _loader(t) for t in (types.int8, types.int16, types.int32, types.int64)
+    _py_loader(_C_TYPES[t]) for t in ("i8", "i16", "i32", "i64")
 )
-load_f32, load_f64 = _loader(types.float32), _loader(types.float64)
+load_f32, load_f64 = _py_loader(ctypes.c_float), _py_loader(ctypes.c_double)
 store_u8, store_u16, store_u32, store_u64 = (
-    _storer(t) for t in (types.uint8, types.uint16, types.uint32, types.uint64)
+    _py_storer(_C_TYPES[t]) for t in ("u8", "u16", "u32", "u64")
 )
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def load_int(addr: int, size: int, signed: bool) -> int:
     """An integer of ``size`` bytes at ``addr`` as s64 (LTTng casts all
     integers to signed 64-bit)."""
@@ -99,7 +95,7 @@ _HEADER = 6
 NO_LIMIT = np.int64(1) << 62  # a C string's length bound: none
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def walk_path(path: int, event: int, context: int) -> int:
     """The address of a path's leaf slot (see :mod:`.schema`), or 0 when it
     is missing.  ``path`` is the address of the path's int64 code."""
@@ -137,7 +133,7 @@ def walk_path(path: int, event: int, context: int) -> int:
     return addr
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def string_at(path: int, event: int, context: int) -> tuple[int, int]:
     """``(address, bound)`` of a string leaf (it ends at its first NUL or at
     ``bound`` bytes), or ``(0, 0)`` when missing."""
@@ -159,7 +155,7 @@ def string_at(path: int, event: int, context: int) -> tuple[int, int]:
     return 0, 0
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def str_equal(s: int, bound: int, lit: int, n: int) -> bool:
     """The string at ``s`` (ends at NUL or ``bound``) equals the ``n`` bytes
     at ``lit``.  libc's vectorised strnlen and memcmp: the length first (it
@@ -171,7 +167,7 @@ def str_equal(s: int, bound: int, lit: int, n: int) -> bool:
     return _memcmp(s, lit, n) == 0
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def strings_equal(a: int, abound: int, b: int, bbound: int) -> bool:
     i = 0
     while True:
@@ -184,7 +180,7 @@ def strings_equal(a: int, abound: int, b: int, bbound: int) -> bool:
         i += 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def glob_match(s: int, bound: int, pat: int, n: int) -> bool:
     """LTTng's star globbing: ``*`` matches any run of bytes, ``\\*`` a star,
     ``\\\\`` a backslash.  Greedy with one backtrack point: linear for one
@@ -222,25 +218,22 @@ def glob_match(s: int, bound: int, pat: int, n: int) -> bool:
         p = star_p
 
 
-# -- doubles as bits ------------------------------------------------------------------
+# -- doubles as bits (Python stand-ins of intrinsics: one bitcast) ----------------------
 
 
-@njit(cache=True, inline="always")
 def _as_double(bits: int) -> float:
-    return np.array([bits], np.int64).view(np.float64)[0]
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
-@njit(cache=True, inline="always")
 def _as_float(bits: int) -> float:
-    return np.array([bits & 0xFFFFFFFF], np.uint32).view(np.float32)[0]
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
-@njit(cache=True, inline="always")
 def _double_bits(v: float) -> int:
-    return np.array([v], np.float64).view(np.int64)[0]
+    return struct.unpack("<q", struct.pack("<d", v))[0]
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def double_compare(a: float, b: float, op: int) -> bool:
     """``a OP b`` as C compares doubles (NaN: only ``!=`` holds)."""
     if op == abi.DOUBLE_EQ:
@@ -266,8 +259,8 @@ _threshold_storage = (ctypes.c_int64 * abi.THRESHOLD_SLOTS)()
 # new process).
 _threshold_pointer = ctypes.c_int64(ctypes.addressof(_threshold_storage))
 _threshold_slots = ctypes.c_int64(abi.THRESHOLD_SLOTS)
-llvm.add_symbol(_THRESHOLD_SYMBOL, ctypes.addressof(_threshold_pointer))
-llvm.add_symbol(_THRESHOLD_SLOTS_SYMBOL, ctypes.addressof(_threshold_slots))
+# (hwtrace's native library has its own copies of the two, see aot.LIBRARY_GLOBALS.)
+assert (_THRESHOLD_SYMBOL, _THRESHOLD_SLOTS_SYMBOL) == aot.LIBRARY_GLOBALS
 
 
 def threshold_table() -> np.ndarray:
@@ -288,103 +281,64 @@ def set_threshold_table(address: int, slots: int = abi.THRESHOLD_SLOTS) -> None:
         address, slots = ctypes.addressof(_threshold_storage), abi.THRESHOLD_SLOTS
     _threshold_slots.value = slots
     _threshold_pointer.value = address
+    _share_table()
 
 
-def _global_i64(symbol: str):
-    @intrinsic
-    def read(typingctx):
-        def codegen(context, builder, signature, args):
-            mod = builder.module
-            gv = mod.globals.get(symbol)
-            if gv is None:
-                gv = ir.GlobalVariable(mod, ir.IntType(64), symbol)
-                gv.linkage = "external"
-            return builder.load(gv)
-
-        return types.int64(), codegen
-
-    return read
+def _share_table() -> None:
+    """Give the native library's copies of the table's address and length
+    the values of the process's."""
+    for g in aot.library_globals(_THRESHOLD_SYMBOL):
+        g.value = _threshold_pointer.value
+    for g in aot.library_globals(_THRESHOLD_SLOTS_SYMBOL):
+        g.value = _threshold_slots.value
 
 
-_threshold_base = _global_i64(_THRESHOLD_SYMBOL)
-_threshold_count = _global_i64(_THRESHOLD_SLOTS_SYMBOL)
+# Python stand-ins of the intrinsics _numba_extensions defines.
+def _threshold_base() -> int:
+    return _threshold_pointer.value
 
 
-def _declare(builder, name: str, restype, argtypes):
-    fn = builder.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(builder.module, ir.FunctionType(restype, argtypes), name)
-    return fn
+def _threshold_count() -> int:
+    return _threshold_slots.value
 
 
-_i64, _i32 = ir.IntType(64), ir.IntType(32)
+def _syscall0(number: int) -> int:
+    return ctypes.CDLL(None).syscall(number)
 
 
-@intrinsic
-def _syscall0(typingctx, number):
-    """libc ``syscall(number)``."""
-
-    def codegen(context, builder, signature, args):
-        return builder.call(_declare(builder, "syscall", _i64, [_i64]), [args[0]])
-
-    return types.int64(types.int64), codegen
+def _sched_getcpu() -> int:
+    return ctypes.CDLL(None).sched_getcpu()
 
 
-@intrinsic
-def _sched_getcpu(typingctx):
-    def codegen(context, builder, signature, args):
-        r = builder.call(_declare(builder, "sched_getcpu", _i32, []), [])
-        return builder.sext(r, _i64)
+def _clock_ns(clock: int) -> int:
+    import time
 
-    return types.int64(), codegen
+    return time.clock_gettime_ns(clock)
 
 
-@intrinsic
-def _clock_gettime(typingctx, clock, timespec):
-    """libc ``clock_gettime(clock, (struct timespec *)timespec)``."""
-
-    def codegen(context, builder, signature, args):
-        fn = _declare(builder, "clock_gettime", _i32, [_i32, _i64])
-        r = builder.call(fn, [builder.trunc(args[0], _i32), args[1]])
-        return builder.sext(r, _i64)
-
-    return types.int64(types.int64, types.int64), codegen
+def _strnlen(s: int, n: int) -> int:
+    i = 0
+    while i < n and load_u8(s + i) != 0:
+        i += 1
+    return i
 
 
-@intrinsic
-def _strnlen(typingctx, s, n):
-    """libc ``strnlen((const char *)s, n)``."""
-
-    def codegen(context, builder, signature, args):
-        fn = _declare(builder, "strnlen", _i64, [_i64, _i64])
-        return builder.call(fn, [args[0], args[1]])
-
-    return types.int64(types.int64, types.int64), codegen
-
-
-@intrinsic
-def _memcmp(typingctx, a, b, n):
-    """libc ``memcmp((const void *)a, (const void *)b, n)``."""
-
-    def codegen(context, builder, signature, args):
-        fn = _declare(builder, "memcmp", _i32, [_i64, _i64, _i64])
-        return builder.sext(builder.call(fn, [args[0], args[1], args[2]]), _i64)
-
-    return types.int64(types.int64, types.int64, types.int64), codegen
+def _memcmp(a: int, b: int, n: int) -> int:
+    return (ctypes.string_at(a, n) > ctypes.string_at(b, n)) - (
+        ctypes.string_at(a, n) < ctypes.string_at(b, n)
+    )
 
 
 _SYS_GETPID, _SYS_GETTID = 39, 186
 _CLOCK_MONOTONIC = 1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _ktime_ns() -> int:
-    ts = np.zeros(2, np.int64)
-    _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
-    return ts[0] * 1_000_000_000 + ts[1]
+    return _clock_ns(_CLOCK_MONOTONIC)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def call_helper(helper: int, r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
     """Run helper number ``helper`` (see :mod:`.abi`); unknown numbers give -1
     (the verifier never lets a program call one)."""
@@ -430,47 +384,118 @@ def call_helper(helper: int, r1: int, r2: int, r3: int, r4: int, r5: int) -> int
 
 
 _C_SIG = "int64(int64, int64, int64, int64, int64)"
-_cfuncs: dict[int, object] = {}
 
 
 # One C entry point per helper, each going straight to its work (no
-# dispatch on the helper number): machine code calls these.  They are
-# module-level functions so numba can cache their compiled code.
-def _c_field_addr(r1, r2, r3, r4, r5):
+# dispatch on the helper number at run time): machine code calls these.
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_field_addr(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
     return walk_path(r3, r1, r2)
 
 
-def _c_str_eq(r1, r2, r3, r4, r5):
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_str_eq(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
     s, bound = string_at(r3, r1, r2)
     if s == 0:
         return -1
     return 1 if str_equal(s, bound, r4, r5) else 0
 
 
-def _c_str_glob(r1, r2, r3, r4, r5):
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_str_glob(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
     s, bound = string_at(r3, r1, r2)
     if s == 0:
         return -1
     return 1 if glob_match(s, bound, r4, r5) else 0
 
 
-_C_ENTRIES = {
+# The rarer helpers: call_helper with the helper's number (a constant of
+# the compiled code).
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_str_fields_eq(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_STR_FIELDS_EQ, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_get_threshold(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_GET_THRESHOLD, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_set_threshold(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_SET_THRESHOLD, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_get_pid(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_GET_PID, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_get_tid(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_GET_TID, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_get_cpu(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_GET_CPU, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_ktime_ns(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_KTIME_NS, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_double_cmp(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_DOUBLE_CMP, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_s64_to_double(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_S64_TO_DOUBLE, r1, r2, r3, r4, r5)
+
+
+@aot.njit(cache=True, _nrt=False, c_args=5)
+def _c_f32_to_double(r1: int, r2: int, r3: int, r4: int, r5: int) -> int:
+    return call_helper(abi.HELPER_F32_TO_DOUBLE, r1, r2, r3, r4, r5)
+
+
+_C_LOOPS: dict[int, aot.CompiledLoop] = {
     abi.HELPER_FIELD_ADDR: _c_field_addr,
     abi.HELPER_STR_EQ: _c_str_eq,
     abi.HELPER_STR_GLOB: _c_str_glob,
+    abi.HELPER_STR_FIELDS_EQ: _c_str_fields_eq,
+    abi.HELPER_GET_THRESHOLD: _c_get_threshold,
+    abi.HELPER_SET_THRESHOLD: _c_set_threshold,
+    abi.HELPER_GET_PID: _c_get_pid,
+    abi.HELPER_GET_TID: _c_get_tid,
+    abi.HELPER_GET_CPU: _c_get_cpu,
+    abi.HELPER_KTIME_NS: _c_ktime_ns,
+    abi.HELPER_DOUBLE_CMP: _c_double_cmp,
+    abi.HELPER_S64_TO_DOUBLE: _c_s64_to_double,
+    abi.HELPER_F32_TO_DOUBLE: _c_f32_to_double,
 }
+assert set(_C_LOOPS) == set(abi.HELPERS)
+_addresses: dict[int, int] = {}
+_cfuncs: list = []  # numba's C functions made here (kept alive)
 
 
-def _make_cfunc(helper: int):
-    entry = _C_ENTRIES.get(helper)
-    if entry is not None:
-        return cfunc(_C_SIG, cache=True)(entry)
+def c_entry(loop: aot.CompiledLoop, signature: str) -> int:
+    """The address of ``loop`` as a C function (declared with
+    ``c_args``): hwtrace's native library's, else one numba makes (numba is
+    imported then; the library is built with it for next time)."""
+    address = aot.c_address(loop)
+    if address is not None:
+        _share_table()
+        return address
+    from numba import cfunc
 
-    # The rarer helpers share the dispatching path.
-    def dispatch(r1, r2, r3, r4, r5):
-        return call_helper(helper, r1, r2, r3, r4, r5)
-
-    return cfunc(_C_SIG, cache=False)(dispatch)
+    fn = cfunc(signature, cache=True)(loop.py_func)
+    _cfuncs.append(fn)
+    return fn.address
 
 
 def helper_address(helper: int) -> int:
@@ -478,7 +503,140 @@ def helper_address(helper: int) -> int:
     arguments returning int64 (for generated machine code)."""
     if helper not in abi.HELPERS:
         raise KeyError(f"no eBPF helper number {helper}")
-    fn = _cfuncs.get(helper)
-    if fn is None:
-        fn = _cfuncs[helper] = _make_cfunc(helper)
-    return fn.address  # type: ignore[attr-defined]
+    address = _addresses.get(helper)
+    if address is None:
+        address = _addresses[helper] = c_entry(_C_LOOPS[helper], _C_SIG)
+    return address
+
+
+def _numba_extensions() -> None:
+    """The intrinsics compiled code uses in place of the Python stand-ins
+    above (numba is imported by now)."""
+    from llvmlite import binding as llvm
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    def loader(nbtype):
+        def load(typingctx, addr):
+            def codegen(context, builder, signature, args):
+                lty = context.get_value_type(nbtype)
+                ptr = builder.inttoptr(args[0], lty.as_pointer())
+                return builder.load(ptr, align=1)
+
+            return nbtype(types.int64), codegen
+
+        return intrinsic(load)
+
+    def storer(nbtype):
+        def store(typingctx, addr, value):
+            def codegen(context, builder, signature, args):
+                lty = context.get_value_type(nbtype)
+                ptr = builder.inttoptr(args[0], lty.as_pointer())
+                val = context.cast(builder, args[1], signature.args[1], nbtype)
+                builder.store(val, ptr, align=1)
+                return context.get_dummy_value()
+
+            return types.void(types.int64, value), codegen
+
+        return intrinsic(store)
+
+    def bitcast(name, src, dst, lty, *, low32=False):
+        def cast(typingctx, value):
+            def codegen(context, builder, signature, args):
+                v = args[0]
+                if low32:
+                    v = builder.trunc(v, ir.IntType(32))
+                return builder.bitcast(v, lty)
+
+            return dst(src), codegen
+
+        cast.__name__ = name
+        return intrinsic(cast)
+
+    def global_i64(symbol: str):
+        def read(typingctx):
+            def codegen(context, builder, signature, args):
+                mod = builder.module
+                gv = mod.globals.get(symbol)
+                if gv is None:
+                    gv = ir.GlobalVariable(mod, ir.IntType(64), symbol)
+                    gv.linkage = "external"
+                return builder.load(gv)
+
+            return types.int64(), codegen
+
+        return intrinsic(read)
+
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+
+    def declare(builder, name: str, restype, argtypes):
+        fn = builder.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(builder.module, ir.FunctionType(restype, argtypes), name)
+        return fn
+
+    def libc_call(name, restype, argtypes):
+        """libc ``name`` on int64 arguments (narrowed as declared), its
+        result widened to int64."""
+
+        def codegen(context, builder, signature, values):
+            fn = declare(builder, name, restype, argtypes)
+            conv = [
+                builder.trunc(v, t) if t.width < 64 else v
+                for v, t in zip(values, argtypes, strict=True)
+            ]
+            r = builder.call(fn, conv)
+            return builder.sext(r, i64) if restype.width < 64 else r
+
+        sig = types.int64(*([types.int64] * len(argtypes)))
+        # (numba types an intrinsic by its parameters: one per argument)
+        typers = {
+            0: lambda typingctx: (sig, codegen),
+            1: lambda typingctx, a: (sig, codegen),
+            2: lambda typingctx, a, b: (sig, codegen),
+            3: lambda typingctx, a, b, c: (sig, codegen),
+        }
+        typer = typers[len(argtypes)]
+        typer.__name__ = typer.__qualname__ = name
+        return intrinsic(typer)
+
+    def clock_ns(typingctx, clock):
+        """libc ``clock_gettime(clock, &ts)``, as nanoseconds."""
+
+        def codegen(context, builder, signature, args):
+            ts = builder.alloca(ir.ArrayType(i64, 2))
+            fn = declare(builder, "clock_gettime", i32, [i32, i64])
+            builder.call(fn, [builder.trunc(args[0], i32), builder.ptrtoint(ts, i64)])
+            sec = builder.load(builder.gep(ts, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
+            nsec = builder.load(builder.gep(ts, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+            return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+
+        return types.int64(types.int64), codegen
+
+    loads = {t: loader(getattr(types, n)) for t, n in (
+        ("u8", "uint8"), ("u16", "uint16"), ("u32", "uint32"), ("u64", "uint64"),
+        ("i8", "int8"), ("i16", "int16"), ("i32", "int32"), ("i64", "int64"),
+        ("f32", "float32"), ("f64", "float64"),
+    )}  # fmt: skip
+    g = globals()
+    for t, fn in loads.items():
+        g["load_" + t] = fn
+    for t in ("u8", "u16", "u32", "u64"):
+        g["store_" + t] = storer(getattr(types, "uint" + t[1:]))
+    g["_as_double"] = bitcast("_as_double", types.int64, types.float64, ir.DoubleType())
+    g["_as_float"] = bitcast("_as_float", types.int64, types.float32, ir.FloatType(), low32=True)
+    g["_double_bits"] = bitcast("_double_bits", types.float64, types.int64, i64)
+    g["_threshold_base"] = global_i64(_THRESHOLD_SYMBOL)
+    g["_threshold_count"] = global_i64(_THRESHOLD_SLOTS_SYMBOL)
+    g["_syscall0"] = libc_call("syscall", i64, [i64])
+    g["_sched_getcpu"] = libc_call("sched_getcpu", i32, [])
+    g["_strnlen"] = libc_call("strnlen", i64, [i64, i64])
+    g["_memcmp"] = libc_call("memcmp", i32, [i64, i64, i64])
+    g["_clock_ns"] = intrinsic(clock_ns)
+    # numba's JIT finds the table's address and length here.
+    llvm.add_symbol(_THRESHOLD_SYMBOL, ctypes.addressof(_threshold_pointer))
+    llvm.add_symbol(_THRESHOLD_SLOTS_SYMBOL, ctypes.addressof(_threshold_slots))
+
+
+aot.on_numba(_numba_extensions)

@@ -13,7 +13,8 @@ zero-extended, ``x / 0 = 0``, ``x % 0 = x``, shift counts masked).
 *descriptor, const void *event, const void *context)``, where the
 descriptor is ``[insns_address, count]``
 (:attr:`~.program.LinkedProgram.descriptor_address`), so a C harness calls
-the interpreter through a function pointer like every other tier.
+the interpreter through a function pointer like every other tier (made
+on first use: hwtrace's native library's, else numba's).
 
 Only linked, verified programs may run: anything else can crash the
 process.
@@ -21,11 +22,12 @@ process.
 
 from __future__ import annotations
 
-import numpy as np
-from llvmlite import ir
-from numba import cfunc, njit, types
-from numba.extending import intrinsic
+import ctypes
 
+import numpy as np
+
+from ... import aot
+from .. import native
 from ..native import (
     call_helper,
     load_i64,
@@ -42,80 +44,109 @@ _REGS = 11
 _STACK = 512
 
 
-@intrinsic
-def _unlikely(typingctx, cond):
-    """``llvm.expect(cond, false)``: keeps a conditional jump a real branch.
-    Without it LLVM computes the next pc with a cmov, so fetching the next
-    instruction waits on the compared data (about 2 ns more per jump)."""
-
-    def codegen(context, builder, signature, args):
-        i1 = ir.IntType(1)
-        fn = builder.module.declare_intrinsic("llvm.expect", [i1], ir.FunctionType(i1, [i1, i1]))
-        return builder.call(fn, [args[0], ir.Constant(i1, 0)])
-
-    return types.boolean(types.boolean), codegen
+# Python stand-ins of the intrinsics _numba_extensions defines.
+def _unlikely(cond: bool) -> bool:
+    return cond
 
 
-@intrinsic
-def _frame(typingctx):
-    """The address of 11 register words and the 512-byte stack after them,
-    allocated in the caller's native frame (entry block)."""
+_PY_FRAME = (ctypes.c_int64 * (_REGS + _STACK // 8))()
 
-    def codegen(context, builder, signature, args):
-        ty = ir.ArrayType(ir.IntType(64), _REGS + _STACK // 8)
-        # Not cgutils.alloca_once: it zero-fills (640 bytes per run); the
-        # verifier proved no register or stack byte is read before written.
-        with builder.goto_entry_block():
-            ptr = builder.alloca(ty)
-        return builder.ptrtoint(ptr, ir.IntType(64))
 
-    return types.int64(), codegen
+def _frame() -> int:
+    return ctypes.addressof(_PY_FRAME)
+
+
+def _numba_extensions() -> None:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def unlikely(typingctx, cond):
+        """``llvm.expect(cond, false)``: keeps a conditional jump a real
+        branch.  Without it LLVM computes the next pc with a cmov, so
+        fetching the next instruction waits on the compared data (about
+        2 ns more per jump)."""
+
+        def codegen(context, builder, signature, args):
+            i1 = ir.IntType(1)
+            fn = builder.module.declare_intrinsic(
+                "llvm.expect", [i1], ir.FunctionType(i1, [i1, i1])
+            )
+            return builder.call(fn, [args[0], ir.Constant(i1, 0)])
+
+        return types.boolean(types.boolean), codegen
+
+    @intrinsic
+    def frame(typingctx):
+        """The address of 11 register words and the 512-byte stack after
+        them, allocated in the caller's native frame (entry block)."""
+
+        def codegen(context, builder, signature, args):
+            ty = ir.ArrayType(ir.IntType(64), _REGS + _STACK // 8)
+            # Not cgutils.alloca_once: it zero-fills (640 bytes per run); the
+            # verifier proved no register or stack byte is read before written.
+            with builder.goto_entry_block():
+                ptr = builder.alloca(ty)
+            return builder.ptrtoint(ptr, ir.IntType(64))
+
+        return types.int64(), codegen
+
+    g = globals()
+    g["_unlikely"], g["_frame"] = unlikely, frame
+    # (native's intrinsics, defined by its hook, which ran first)
+    for name in ("load_i64", "load_u8", "load_u16", "load_u32", "store_u8", "store_u16",
+                 "store_u32", "store_u64"):  # fmt: skip
+        g[name] = getattr(native, name)
+
+
+aot.on_numba(_numba_extensions)
 
 
 _M32 = np.int64(0xFFFFFFFF)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _reg(regs: int, r: int) -> int:
     return load_i64(regs + 8 * r)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _set(regs: int, r: int, v: int) -> None:
     store_u64(regs + 8 * r, v)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _udiv(a: int, b: int) -> int:
     return np.int64(np.uint64(a) // np.uint64(b)) if b != 0 else np.int64(0)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _umod(a: int, b: int) -> int:
     return np.int64(np.uint64(a) % np.uint64(b)) if b != 0 else a
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _lshr(a: int, n: int) -> int:
     return np.int64(np.uint64(a) >> np.uint64(n))
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _s32(a: int) -> int:
     return np.int64(np.int32(a))
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _ugt(a: int, b: int) -> bool:
     return np.uint64(a) > np.uint64(b)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _uge(a: int, b: int) -> bool:
     return np.uint64(a) >= np.uint64(b)
 
 
-@njit(cache=True, inline="always")
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _bswap(v: int, width: int) -> int:
     r = np.int64(0)
     for i in range(width // 8):
@@ -123,7 +154,7 @@ def _bswap(v: int, width: int) -> int:
     return r
 
 
-@njit(cache=True, error_model="numpy")
+@aot.njit(cache=True, error_model="numpy", _nrt=False)
 def run(insns: int, count: int, event: int, context: int) -> int:
     """Run the linked program at ``insns`` (``count`` slots) on one event;
     returns R0."""
@@ -419,16 +450,25 @@ def run(insns: int, count: int, event: int, context: int) -> int:
     return 0
 
 
-@cfunc("int64(int64, int64, int64)", cache=True, error_model="numpy")
-def _run_c(descriptor, event, context):
+@aot.njit(cache=True, error_model="numpy", _nrt=False, c_args=3)
+def _run_c(descriptor: int, event: int, context: int) -> int:
     return run(load_i64(descriptor), load_i64(descriptor + 8), event, context)
 
 
-#: ``int64 run(const int64 *descriptor, const void *event, const void *context)``.
-run_address: int = _run_c.address
+_run_address: list[int] = []
 
 
-@njit(cache=True)
+def __getattr__(name: str) -> int:
+    # run_address: ``int64 run(const int64 *descriptor, const void *event,
+    # const void *context)``, made on first use.
+    if name != "run_address":
+        raise AttributeError(name)
+    if not _run_address:
+        _run_address.append(native.c_entry(_run_c, "int64(int64, int64, int64)"))
+    return _run_address[0]
+
+
+@aot.njit(cache=True, _nrt=False)
 def run_many(insns: int, count: int, events: np.ndarray, context: int, out: np.ndarray) -> None:
     """Run the program on each event address of ``events`` (a native loop,
     for benchmarks and bulk filtering); verdicts into ``out``."""
