@@ -93,6 +93,7 @@ LOOP_MODULES = (
     "hwtrace.pt.bcache",
     "hwtrace.analysis.timeline",
     "hwtrace.export.timeline",
+    "hwtrace.record._native",
     "hwtrace.filter.native",
     "hwtrace.filter.lttng_vm",
     "hwtrace.filter.ebpf.interp",

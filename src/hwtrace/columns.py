@@ -53,6 +53,50 @@ def distinct_rows(rows: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+def distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of a 1-D array and each value's index
+    among them (``np.unique(values, return_inverse=True)``, without its
+    import of ``numpy.ma``)."""
+    a = np.asarray(values).reshape(-1)
+    order = np.argsort(a, kind="stable")
+    return _grouped(a[order], order, _changes(a[order]))
+
+
+def distinct_rows_inverse(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct rows of a 2-D array and each row's index among
+    them (``np.unique(rows, axis=0, return_inverse=True)``)."""
+    a = np.asarray(rows)
+    order = np.lexsort(a.T[::-1])
+    s = a[order]
+    keep = np.ones(s.shape[0], np.bool_)
+    if s.shape[0] > 1:
+        np.any(s[1:] != s[:-1], axis=1, out=keep[1:])
+    return _grouped(s, order, keep)
+
+
+def _changes(s: np.ndarray) -> np.ndarray:
+    keep = np.ones(s.shape[0], np.bool_)
+    if s.shape[0] > 1:
+        np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return keep
+
+
+def _grouped(s: np.ndarray, order: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    inverse = np.empty(order.shape[0], np.intp)
+    inverse[order] = np.cumsum(keep) - 1
+    return s[keep], inverse
+
+
+def member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``sorted_set`` (ascending):
+    ``np.isin(values, sorted_set)``, without its import of ``numpy.ma``."""
+    values = np.asarray(values)
+    if sorted_set.shape[0] == 0:
+        return np.zeros(values.shape, np.bool_)
+    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.shape[0] - 1)
+    return sorted_set[at] == values
+
+
 def pow2_at_least(n: int) -> int:
     """The least power of two of at least ``n`` (1 for 0): a buffer's
     rows, or a ring's slots."""

@@ -6,7 +6,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.columns import Deferred, Keyed, Ramps, Runs, distinct, resolved
+from hwtrace.columns import (
+    Deferred,
+    Keyed,
+    Ramps,
+    Runs,
+    distinct,
+    distinct_inverse,
+    distinct_rows_inverse,
+    member,
+    resolved,
+)
 
 
 @given(
@@ -20,6 +30,25 @@ def test_distinct_is_numpys_unique(values, dtype):
     want = np.unique(a)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6) | st.integers(0, 2**40)), max_size=200),
+    st.lists(st.integers(0, 6), max_size=8),
+)
+@settings(deadline=None)
+def test_inverses_and_members_are_numpys(pairs, chosen):
+    keys = np.array(pairs, np.uint64).reshape(-1, 2)
+    got, got_inv = distinct_rows_inverse(keys)
+    want, want_inv = np.unique(keys, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_inv, want_inv.reshape(-1))
+    got, got_inv = distinct_inverse(keys[:, 1])
+    want, want_inv = np.unique(keys[:, 1], return_inverse=True)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_inv, want_inv.reshape(-1))
+    wanted = np.unique(np.array(chosen, np.uint64))
+    np.testing.assert_array_equal(member(keys[:, 1], wanted), np.isin(keys[:, 1], wanted))
 
 
 @given(st.lists(st.tuples(st.integers(-(2**40), 2**40), st.integers(0, 40)), max_size=30))

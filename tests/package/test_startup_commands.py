@@ -152,6 +152,18 @@ COMMANDS = {
     "csdump-events": ["csdump", "--snapshot", f"{SNAPSHOTS}/stm_only-juno", "--events"],
     # (the patching backend's plans cached by the first run)
     "record": ["record", "-o", "again.data", "-f", "main", "--", "./small"],
+    # (ptrace single-stepping: its system calls and stepping loop)
+    "record-step": [
+        "record",
+        "--backend",
+        "step",
+        "-o",
+        "step.data",
+        "-f",
+        "main",
+        "--",
+        "./small",
+    ],
     "decode": ["decode", "-i", "a.data", "-o", "dec-again"],
     "characterize": ["characterize", "-i", "a.data"],
     "vm": ["vm", "VMCPUS", "--mtc-freq", "3", "--cpuid-0x15.eax", "1", "--cpuid-0x15.ebx", "2"],

@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from .. import aot
+from ..columns import distinct, distinct_inverse, distinct_rows_inverse, member
 from ..image import Image
 from ..isa.x86 import IClass, InsnCache, Special
 from ._loops import encoded_size
@@ -567,9 +568,9 @@ def _classify_versions(
     if ver.shape != ips.shape or (ver < 0).any() or (ver >= len(readers)).any():
         raise ValueError("versions needs one index into code per instruction")
     keys = np.stack([ver.astype(np.uint64), ips], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inv = distinct_rows_inverse(keys)
     cols = [np.zeros(uniq.shape[0], t) for t in (np.int8, np.uint64, np.uint64, np.bool_)]
-    for v in np.unique(uniq[:, 0]).tolist():
+    for v in distinct(uniq[:, 0]).tolist():
         rows = np.flatnonzero(uniq[:, 0] == v)
         for col, got in zip(cols, _classify_unique(uniq[rows, 1], readers[v]), strict=True):
             col[rows] = got
@@ -587,7 +588,7 @@ def trace_points(
     if ips.shape[0] == 0:
         return np.zeros(0, np.bool_)
     u_cls, _, _, _, inv = _classify_versions(ips, code, versions)
-    takes = np.isin(u_cls, np.array([C_COND, C_IJMP, C_ICALL, C_RET, C_FAR], np.int8))
+    takes = member(u_cls, np.sort(np.array([C_COND, C_IJMP, C_ICALL, C_RET, C_FAR], np.int8)))
     return takes[inv.reshape(-1)]
 
 
@@ -615,7 +616,7 @@ def classify_path(
     ips = np.ascontiguousarray(ips, np.uint64)
     if versions is None:
         read: Reader = code.read if isinstance(code, Image) else code  # type: ignore[assignment]
-        uniq, inv = np.unique(ips, return_inverse=True)
+        uniq, inv = distinct_inverse(ips)
         u_cls, u_fall, u_target, u_push = _classify_unique(uniq, read)
     else:
         u_cls, u_fall, u_target, u_push, inv = _classify_versions(ips, code, versions)

@@ -2,7 +2,9 @@
 single-step loop.
 
 System calls are issued with the ``syscall`` instruction itself (inline
-assembly emitted through llvmlite from a numba intrinsic), so the loop needs
+assembly emitted through llvmlite from a numba intrinsic, defined once numba
+is imported; the loops come from hwtrace's native library, see
+:mod:`hwtrace.aot`), so the loop needs
 neither libc's variadic ``ptrace``/``syscall`` wrappers nor the interpreter:
 it waits for any traced thread (``wait4(-1, __WALL)``), and per stepped
 instruction runs ``PTRACE_GETREGS``, reads the stepping clock (``rdtsc`` or
@@ -17,16 +19,13 @@ buffers.
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
+import ctypes
+
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
 
-from ..isa.tsc import rdtsc, read_tsc
-
-# numba's code generator needs the assembly parser for inline ``syscall``.
-llvm.initialize_native_asmparser()
+from .. import aot
+from ..isa import tsc as _tsc
+from ..isa.tsc import rdtsc
 
 # x86-64 Linux system call numbers.
 SYS_READ, SYS_OPEN, SYS_CLOSE = 0, 2, 3
@@ -108,50 +107,78 @@ STOP_PTWRITE = 10  # the instruction (logged, not run) is a PTWRITE: Python carr
 PAGE_KEY_SHIFT = 40
 
 
-@intrinsic
-def _syscall4(typingctx, nr, a1, a2, a3, a4):
-    """``syscall(nr, a1, a2, a3, a4)`` with the ``syscall`` instruction; the
-    kernel's return value (``-errno`` on failure)."""
-    sig = types.int64(nr, a1, a2, a3, a4)
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        vals = [
-            context.cast(builder, v, t, types.int64)
-            for v, t in zip(args, signature.args, strict=True)
-        ]
-        fnty = ir.FunctionType(i64, [i64] * 5)
-        return builder.asm(
-            fnty,
-            "syscall",
-            "={rax},{rax},{rdi},{rsi},{rdx},{r10},~{rcx},~{r11},~{memory}",
-            vals,
-            side_effect=True,
-        )
-
-    return sig, codegen
+# Python stand-ins of the intrinsics _numba_extensions defines.
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
 
 
-@njit(cache=True)
+def _syscall4(nr: int, a1: int, a2: int, a3: int, a4: int) -> int:
+    r = _libc.syscall(*(ctypes.c_long(int(v)) for v in (nr, a1, a2, a3, a4)))
+    return -ctypes.get_errno() if r == -1 else r
+
+
+read_tsc = rdtsc
+
+
+def _numba_extensions() -> None:
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    # numba's code generator needs the assembly parser for inline ``syscall``.
+    llvm.initialize_native_asmparser()
+
+    @intrinsic
+    def syscall4(typingctx, nr, a1, a2, a3, a4):
+        """``syscall(nr, a1, a2, a3, a4)`` with the ``syscall`` instruction;
+        the kernel's return value (``-errno`` on failure)."""
+        sig = types.int64(nr, a1, a2, a3, a4)
+
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            vals = [
+                context.cast(builder, v, t, types.int64)
+                for v, t in zip(args, signature.args, strict=True)
+            ]
+            fnty = ir.FunctionType(i64, [i64] * 5)
+            return builder.asm(
+                fnty,
+                "syscall",
+                "={rax},{rax},{rdi},{rsi},{rdx},{r10},~{rcx},~{r11},~{memory}",
+                vals,
+                side_effect=True,
+            )
+
+        return sig, codegen
+
+    globals()["_syscall4"] = syscall4
+    globals()["read_tsc"] = _tsc.read_tsc
+
+
+aot.on_numba(_numba_extensions)
+
+
+@aot.njit(cache=True, _nrt=False)
 def syscall4(nr: int, a1: int, a2: int, a3: int, a4: int) -> int:
     return _syscall4(np.int64(nr), np.int64(a1), np.int64(a2), np.int64(a3), np.int64(a4))
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def ptrace(request: int, pid: int, addr: int, data: int) -> int:
     """The raw ptrace system call: 0 or a result, ``-errno`` on failure."""
     return _syscall4(np.int64(SYS_PTRACE), np.int64(request), np.int64(pid), np.int64(addr),
                      np.int64(data))  # fmt: skip
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def wait4(pid: int, status: np.ndarray, options: int) -> int:
     """``wait4(pid, &status[0], options, NULL)``: the pid, or ``-errno``."""
     return _syscall4(np.int64(SYS_WAIT4), np.int64(pid), status.ctypes.data, np.int64(options),
                      np.int64(0))  # fmt: skip
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def monotonic_ns(ts: np.ndarray) -> np.uint64:
     """CLOCK_MONOTONIC in nanoseconds (``ts``: two int64 of scratch)."""
     _syscall4(np.int64(SYS_CLOCK_GETTIME), np.int64(CLOCK_MONOTONIC), ts.ctypes.data,
@@ -159,14 +186,14 @@ def monotonic_ns(ts: np.ndarray) -> np.uint64:
     return np.uint64(ts[0] * 1_000_000_000 + ts[1])
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _now(clock, ts):
     if clock == CLOCK_TSC:
         return read_tsc()
     return monotonic_ns(ts)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _in_ranges(ip, lo, hi):
     for k in range(lo.shape[0]):
         if lo[k] <= ip and ip < hi[k]:
@@ -174,7 +201,7 @@ def _in_ranges(ip, lo, hi):
     return False
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _in_ranges_of(ip, p, lo, hi, owner):
     for k in range(lo.shape[0]):
         if owner[k] == p and lo[k] <= ip and ip < hi[k]:
@@ -182,7 +209,7 @@ def _in_ranges_of(ip, p, lo, hi, owner):
     return False
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _armed(ip, p, points, owner):
     for k in range(points.shape[0]):
         if points[k] == ip and owner[k] == p:
@@ -190,7 +217,7 @@ def _armed(ip, p, points, owner):
     return False
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _page_missing(ip, p, pages):
     key = (np.uint64(p) << np.uint64(PAGE_KEY_SHIFT)) | (ip >> np.uint64(12))
     i = np.searchsorted(pages, key)
@@ -199,7 +226,7 @@ def _page_missing(ip, p, pages):
     return key | np.uint64(1 << 63)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _page_row(a, p, pages, rows):
     """The captured page's row for address ``a`` of process ``p`` (-1: none)."""
     key = (np.uint64(p) << np.uint64(PAGE_KEY_SHIFT)) | (a >> np.uint64(12))
@@ -209,7 +236,7 @@ def _page_row(a, p, pages, rows):
     return -1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _code_changed(ip, p, code, points):
     """Has the code at ``ip`` (the 16 bytes from it) changed since its pages
     were captured?  Returns the page key of the first changed byte, or 0.
@@ -232,7 +259,7 @@ def _code_changed(ip, p, code, points):
     return np.uint64(0)
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _code_byte(a, p, code):
     """The captured code byte at address ``a`` of process ``p`` (-1: none)."""
     pages, rows, data, valid = code[0], code[1], code[2], code[3]
@@ -243,7 +270,7 @@ def _code_byte(a, p, code):
     return np.int64(data[row, off])
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _is_ptwrite(ip, p, code):
     """Whether the instruction at ``ip`` is a PTWRITE (F3, a REX prefix or
     not, 0F AE /4).  A CPU that has the instruction runs it as a no-op
@@ -262,7 +289,7 @@ def _is_ptwrite(ip, p, code):
     return modrm >= 0 and (modrm >> 3) & 7 == 4
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _single_step(tid, out, logged):
     """PTRACE_SINGLESTEP: 0, or STOP_ERROR with ``-errno`` in ``out[1]``
     (``out[4]``: whether a row was logged for the step)."""
@@ -275,7 +302,7 @@ def _single_step(tid, out, logged):
     return 0
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _visit(s, slots, log, cols, n, limit, ranges, points, code, clock, scratch, ts, out):
     """Read thread ``s``'s registers; if it is about to run an instruction
     it traces, log it and single-step it.  Returns ``(n, why)``, ``why`` 0
@@ -340,9 +367,9 @@ def _visit(s, slots, log, cols, n, limit, ranges, points, code, clock, scratch, 
     return n, _single_step(tid, out, 1)
 
 
-@njit(cache=True, nogil=True)
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, code, clock, scratch,
-                 out):  # fmt: skip
+                 out, work):  # fmt: skip
     """Single-step every thread that is in its traced code, logging each
     instruction, until something needs Python.
 
@@ -364,10 +391,10 @@ def step_threads(slots, mode, kick, log, cols, n, limit, ranges, points, code, c
     bytes are read and compared with the capture (``STOP_CHANGED``), so
     code rewritten since it was captured is seen.  Waits with ``wait4(-1, __WALL)``, without the
     interpreter lock (other Python threads run meanwhile).  Returns
-    ``(n, why)``; ``out`` says more (see the ``STOP_*`` codes).
+    ``(n, why)``; ``out`` says more (see the ``STOP_*`` codes).  ``work``:
+    a wait status's and a clock reading's room (:func:`step_work`).
     """
-    status = np.zeros(2, np.int32)
-    ts = np.zeros(2, np.int64)
+    status, ts = work
     tids = slots[0]
     nslots = tids.shape[0]
     if nslots == 0:
@@ -423,7 +450,7 @@ SIGSEGV = 11
 _SI_OP_ENTRY, _SI_OP_EXIT = 1, 2
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _overlaps(lo, n, pages):
     """Does ``[lo, lo + n)`` overlap any page in the sorted ``pages``?"""
     if n <= 0 or pages.shape[0] == 0:
@@ -433,26 +460,25 @@ def _overlaps(lo, n, pages):
     return i < pages.shape[0] and pages[i] < lo + n
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _put_decimal(buf, at, v):
     """Write ``v`` in decimal at ``buf[at:]``; the index after it."""
-    digits = np.zeros(20, np.uint8)
-    k = 0
-    while True:
-        digits[k] = 48 + v % 10
-        v //= 10
+    k = 1
+    rest = v // 10
+    while rest:
         k += 1
-        if v == 0:
-            break
-    for j in range(k):
-        buf[at + j] = digits[k - 1 - j]
+        rest //= 10
+    for j in range(k - 1, -1, -1):
+        buf[at + j] = 48 + v % 10
+        v //= 10
     return at + k
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _thread_cpu(pid, tid, scratch):
-    """The CPU ``tid`` last ran on (field 39 of /proc/PID/task/TID/stat), or -1."""
-    path = np.zeros(64, np.uint8)
+    """The CPU ``tid`` last ran on (field 39 of /proc/PID/task/TID/stat), or -1.
+    (The path is made in ``scratch``, which then takes the file.)"""
+    path = scratch
     at = 0
     for c in b"/proc/":
         path[at] = c
@@ -465,6 +491,7 @@ def _thread_cpu(pid, tid, scratch):
     for c in b"/stat":
         path[at] = c
         at += 1
+    path[at] = 0
     fd = _syscall4(np.int64(SYS_OPEN), path.ctypes.data, np.int64(0), np.int64(0), np.int64(0))
     if fd < 0:
         return -1
@@ -492,7 +519,7 @@ def _thread_cpu(pid, tid, scratch):
     return v if got else -1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def inject_mprotect(tid, gadget, address, size, prot, saved, regs, status):
     """Make stopped thread ``tid`` run ``mprotect(address, size, prot)`` at
     the ``syscall`` instruction ``gadget`` (``saved``, ``regs``: registers'
@@ -501,7 +528,8 @@ def inject_mprotect(tid, gadget, address, size, prot, saved, regs, status):
                   saved.ctypes.data)  # fmt: skip
     if r < 0:
         return r
-    regs[:] = saved
+    for k in range(saved.shape[0]):
+        regs[k] = saved[k]
     regs[R_RIP] = gadget
     regs[R_RAX] = SYS_MPROTECT
     regs[R_ORIG_RAX] = np.uint64(0xFFFFFFFFFFFFFFFF)  # no restart logic for our call
@@ -522,7 +550,7 @@ def inject_mprotect(tid, gadget, address, size, prot, saved, regs, status):
     return result
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _page_hash(page):
     h = np.uint64(0xCBF29CE484222325)
     words = page.view(np.uint64)
@@ -531,7 +559,7 @@ def _page_hash(page):
     return h
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _code_fault(tid, pages, state, want, last, ring, meta, ctx, siginfo, regs, saved, status,
                 scratch):  # fmt: skip
     """A SIGSEGV of ``tid``: if it is an access to a tracked page, handle it
@@ -541,7 +569,7 @@ def _code_fault(tid, pages, state, want, last, ring, meta, ctx, siginfo, regs, s
     pid, mem, gadget = ctx[0], ctx[1], np.uint64(ctx[2])
     _syscall4(np.int64(SYS_PTRACE), np.int64(PTRACE_GETSIGINFO), tid, np.int64(0),
               siginfo.ctypes.data)  # fmt: skip
-    code = siginfo.view(np.int32)[2]
+    code = np.int64(siginfo[1] & np.uint64(0xFFFFFFFF))  # si_code: the third int
     address = siginfo[2]
     page = address & ~np.uint64(0xFFF)
     i = np.searchsorted(pages, page)
@@ -585,8 +613,8 @@ def _code_fault(tid, pages, state, want, last, ring, meta, ctx, siginfo, regs, s
     return 1
 
 
-@njit(cache=True, nogil=True)
-def capture_wait(tids, watch, pages, state, want, last, ring, meta, ctx, info, out):
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def capture_wait(tids, watch, pages, state, want, last, ring, meta, ctx, info, out, work):
     """Run the traced threads (resumed with ``PTRACE_SYSCALL``) until one
     needs Python: at the entry of ``mmap``/``mprotect``/``pkey_mprotect``
     asking for ``PROT_EXEC``, or of one of those or ``munmap`` touching a
@@ -598,13 +626,9 @@ def capture_wait(tids, watch, pages, state, want, last, ring, meta, ctx, info, o
     ``/proc/PID/mem`` descriptor, the ``syscall`` gadget, pages in the ring,
     exec faults, write faults, TSC ticks spent in fault handling.  ``info``
     receives the thread's ``ptrace_syscall_info`` (int64 words).  Returns a
-    ``CAP_*`` code with ``out`` = (slot, status, _, tid)."""
-    status = np.zeros(2, np.int32)
-    status2 = np.zeros(2, np.int32)
-    siginfo = np.zeros(16, np.uint64)
-    regs = np.zeros(N_REGS, np.uint64)
-    saved = np.zeros(N_REGS, np.uint64)
-    scratch = np.zeros(1024, np.uint8)
+    ``CAP_*`` code with ``out`` = (slot, status, _, tid).  ``work``: room
+    for what the loop reads (:func:`capture_work`)."""
+    status, status2, siginfo, regs, saved, scratch = work
     buf = info.ctypes.data
     if tids.shape[0] == 0:
         return CAP_NOCHILD
@@ -664,7 +688,7 @@ def capture_wait(tids, watch, pages, state, want, last, ring, meta, ctx, info, o
             return CAP_ERROR
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def previous_row(rslot: np.ndarray, row: int, slot: int) -> int:
     """The last row before ``row`` logged for ``slot`` (-1: none)."""
     for k in range(row - 1, -1, -1):
@@ -673,14 +697,29 @@ def previous_row(rslot: np.ndarray, row: int, slot: int) -> int:
     return -1
 
 
-@njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def tgkill(tgid: int, tid: int, sig: int) -> int:
     return _syscall4(np.int64(SYS_TGKILL), np.int64(tgid), np.int64(tid), np.int64(sig),
                      np.int64(0))  # fmt: skip
 
 
+def step_work() -> tuple[np.ndarray, np.ndarray]:
+    """:func:`step_threads`'s room: a wait status, a clock reading."""
+    return np.zeros(2, np.int32), np.zeros(2, np.int64)
+
+
+def capture_work() -> tuple[np.ndarray, ...]:
+    """:func:`capture_wait`'s room: two wait statuses, a siginfo, two
+    register sets, a /proc file's bytes."""
+    return (
+        np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(16, np.uint64),
+        np.zeros(N_REGS, np.uint64), np.zeros(N_REGS, np.uint64), np.zeros(1024, np.uint8),
+    )  # fmt: skip
+
+
 def warm_up() -> None:
-    """Compile (or load from the cache) the kernels before forking a tracee."""
+    """Compile (or load from the library or the cache) the kernels before
+    forking a tracee."""
     status = np.zeros(2, np.int32)
     i64, u64 = np.zeros(1, np.int64), np.zeros(1, np.uint64)
     step_threads(
@@ -704,11 +743,12 @@ def warm_up() -> None:
         CLOCK_TSC,
         np.zeros(N_REGS, np.uint64),
         np.zeros(8, np.int64),
+        step_work(),
     )
     previous_row(i64, 0, 0)
     capture_wait(np.zeros(0, np.int64), i64, np.zeros(0, np.uint64), i64, i64, u64,
                  np.zeros((1, 4096), np.uint8), np.zeros((1, 5), np.int64), np.zeros(8, np.int64),
-                 np.zeros(12, np.int64), np.zeros(8, np.int64))  # fmt: skip
+                 np.zeros(12, np.int64), np.zeros(8, np.int64), capture_work())  # fmt: skip
     tgkill(-1, -1, 0)
     ptrace(PTRACE_PEEKUSER, -1, 0, 0)
     wait4(-1, status, 1)  # WNOHANG

@@ -159,6 +159,7 @@ class CodeCapture(_Capture):
         self.ctx = np.zeros(8, np.int64)
         self.info = np.zeros(12, np.int64)
         self.out = np.zeros(8, np.int64)
+        self.work = nat.capture_work()
         self.regs = np.zeros(nat.N_REGS, np.uint64)
         self.saved = np.zeros(nat.N_REGS, np.uint64)
         self.siginfo = np.zeros(16, np.uint64)
@@ -301,7 +302,7 @@ class CodeCapture(_Capture):
                 room = max(1, min(room, self.max_revisions - len(self.revisions)))
             why = nat.capture_wait(
                 self.tids, self.watch, self.page_keys, self.state, self.want, self.last,
-                self.ring[:room], self.meta[:room], self.ctx, self.info, self.out,
+                self.ring[:room], self.meta[:room], self.ctx, self.info, self.out, self.work,
             )  # fmt: skip
             self._drain()
             slot, st, tid = int(self.out[0]), int(self.out[1]), int(self.out[3])

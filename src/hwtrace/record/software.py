@@ -45,6 +45,7 @@ from typing import Any
 import iced_x86 as iced
 import numpy as np
 
+from ..columns import distinct, member
 from ..image import Image
 from ..image.revisions import CodeRevisions
 from ..isa.x86 import IClass, InsnCache
@@ -384,8 +385,8 @@ def _rep_rows(
                 same[row] = False
             if 0 < row <= n:
                 after[row - 1] = source
-    rep_ips = [ip for ip in np.unique(ips) if _is_rep_at(cache, int(ip))]
-    is_rep = np.isin(ips, np.array(rep_ips, np.uint64))
+    rep_ips = np.array([ip for ip in distinct(ips) if _is_rep_at(cache, int(ip))], np.uint64)
+    is_rep = member(ips, rep_ips)
     same &= is_rep
     # Runs: a row that is no iteration starts one; an unfinished run is a rep
     # string instruction whose last row goes on at its own IP.
@@ -393,7 +394,7 @@ def _rep_rows(
     last = np.ones(n, np.bool_)
     last[:-1] = ~same[1:]
     open_end = last & is_rep & (after == ips)
-    unfinished = np.isin(run, run[open_end]) & is_rep
+    unfinished = member(run, run[open_end]) & is_rep  # (run ascends)
     return same & ~unfinished, unfinished
 
 
@@ -511,7 +512,7 @@ def encode_log(
     interrupts: list[tuple[int, int]] = []
     ptw_rows = np.array([r for r, _, _ in log.ptwrites], np.int64)
     ptwrites: list[tuple[int, int, int]] = []
-    begin = np.unique(np.searchsorted(log.times, np.array(revision_times, np.uint64)))
+    begin = distinct(np.searchsorted(log.times, np.array(revision_times, np.uint64)))
     anchors: list[int] = []
     pos = 0
     for k, (seg, keep) in enumerate(stretches):

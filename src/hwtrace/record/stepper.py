@@ -695,6 +695,7 @@ class _Recorder:
         self.scratch = np.zeros(nat.N_REGS, np.uint64)
         self.regbuf = np.zeros(nat.N_REGS, np.uint64)
         self.out = np.zeros(8, np.int64)
+        self.step_work = nat.step_work()
         self.status = np.zeros(2, np.int32)
         self.siginfo = np.zeros(16, np.uint64)
         self.msg = np.zeros(1, np.uint64)
@@ -1113,7 +1114,7 @@ class _Recorder:
                 (self.rlo, self.rhi, self.rown), (self.bpt, self.bown),
                 (self.pages, self.page_rows, self.page_data, self.page_valid, self.mems,
                  self.codebuf),
-                self.clock, self.scratch, self.out,
+                self.clock, self.scratch, self.out, self.step_work,
             )  # fmt: skip
             self.n = int(n)
             out = self.out
