@@ -104,6 +104,8 @@ class ElfHeaders:
         self.section_headers = self._table(
             "section headers", _SECTION, shoff, int(h["shentsize"]), shnum
         )
+        # (a message about the names' own section names it by number)
+        self.section_names = [""] * self.section_headers.shape[0]
         self.section_names = self._section_names(shstrndx)
         self._by_name = {}
         for i, name in enumerate(self.section_names):
