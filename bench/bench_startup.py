@@ -123,6 +123,15 @@ def command_rows(hw: list[str], d: Path, repeat: int) -> list[tuple[str, str, st
     ]
     if has_events:
         cases.append(("events", ["events", "-i", a, ev], ["script", "-i", ev]))
+        expr = "fd == 1 || count > 5"  # (perf has no filter of recorded events: its listing)
+        cases += [
+            ("filter", ["filter", expr, ev], ["script", "-i", ev]),
+            ("filter --tier lttng", ["filter", "--tier", "lttng", expr, ev], ["script", "-i", ev]),
+        ]
+    step = str(d / "step.data")
+    cases.append(("record --backend step",
+                  ["record", "--backend", "step", "-f", "main", "-o", step, "--", str(d / "small")],
+                  None))  # fmt: skip
     vm = [x for p in sorted(d.glob("vm*.pt")) for x in ("--cpu", f"{p.stem[2:]}={p}")]
     cases += [
         ("characterize", ["characterize", "-i", a], None),

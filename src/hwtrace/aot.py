@@ -1330,6 +1330,7 @@ def build(
         return None
     ll.initialize_native_target()
     ll.initialize_native_asmprinter()
+    ll.initialize_native_asmparser()  # (loops with inline assembly)
 
     path = directory / f"{_LIB_NAME}-{_platform_tag()}.json"
     previous = _previous_build(path, stamps)
@@ -1723,6 +1724,7 @@ def _emit_main(bitcode: str, obj: str) -> None:
 
     ll.initialize_native_target()
     ll.initialize_native_asmprinter()
+    ll.initialize_native_asmparser()  # (loops with inline assembly)
     module = ll.parse_bitcode(Path(bitcode).read_bytes())
     Path(obj).write_bytes(_target_machine(ll).emit_object(module))
 

@@ -534,3 +534,30 @@ def test_the_library_drops_arguments_its_inner_functions_never_read():
     assert len(_argument_types(mod.get_function("inner"))) == 1
     assert len(_argument_types(mod.get_function("entry"))) == 3
     assert "call i64 @inner(i64 %a)" in str(mod)
+
+
+def test_a_child_process_emits_inline_assembly(tmp_path):
+    """The library's parts are emitted by child processes too: inline
+    assembly (the stepping recorder's ``syscall``) needs LLVM's assembly
+    parser there as well."""
+    import subprocess
+    import sys
+
+    import llvmlite.binding as ll
+
+    ll.initialize_native_target()
+    ll.initialize_native_asmprinter()
+    mod = ll.parse_assembly(
+        "define i64 @ticks() {\n"
+        '  %r = call i64 asm sideeffect "rdtsc; shl $$32, %rdx; or %rdx, %rax", '
+        '"={rax},~{rdx}"()\n'
+        "  ret i64 %r\n"
+        "}\n"
+    )
+    bitcode, obj = tmp_path / "part.bc", tmp_path / "part.o"
+    bitcode.write_bytes(mod.as_bitcode())
+    code = "import sys; from hwtrace.aot import _emit_main; _emit_main(sys.argv[1], sys.argv[2])"
+    run = subprocess.run([sys.executable, "-c", code, str(bitcode), str(obj)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-500:]
+    assert obj.stat().st_size > 0
