@@ -461,7 +461,7 @@ DESC_CODE, DESC_CODE_LEN, DESC_LITERALS, DESC_N_LITERALS, DESC_FIELDS, DESC_N_FI
 DESC_WORDS = 6
 
 
-@aot.njit(cache=True, _nrt=False, c_args=3)
+@aot.njit(cache=True, _nrt=False, c_args=3, native_inline=True)
 def _run_c(program: int, event: int, context: int) -> int:
     return _interpret(
         load_i64(program + 8 * DESC_CODE),

@@ -450,7 +450,7 @@ def run(insns: int, count: int, event: int, context: int) -> int:
     return 0
 
 
-@aot.njit(cache=True, error_model="numpy", _nrt=False, c_args=3)
+@aot.njit(cache=True, error_model="numpy", _nrt=False, c_args=3, native_inline=True)
 def _run_c(descriptor: int, event: int, context: int) -> int:
     return run(load_i64(descriptor), load_i64(descriptor + 8), event, context)
 
