@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from llvmlite import binding as llvm
-from llvmlite import ir
 
 from . import ast
 from .check import compile_check
@@ -152,63 +150,41 @@ def compile_filter(
 # -- native batch loops -------------------------------------------------------------------
 
 
+# run2(fn, events, n, ctx, out): out[i] = fn(events[i], ctx) != 0 for i < n;
+# run3(fn, prog, events, n, ctx, out): out[i] = fn(prog, events[i], ctx) != 0.
+# x86-64 System V, assembled by GNU as from (Intel syntax; run3 at RUN3_AT):
+#   run2: push rbx; push rbp; push r12; push r13; push r14; push r15; sub rsp, 8
+#         mov rbx, rdi; mov rbp, rsi; mov r12, rdx; mov r13, rcx; mov r14, r8
+#         xor r15d, r15d; test r12, r12; jle 2f
+#     1:  mov rdi, [rbp + r15*8]; mov rsi, r13; call rbx
+#         test rax, rax; setne byte ptr [r14 + r15]; inc r15; cmp r15, r12; jl 1b
+#     2:  add rsp, 8; pop r15; pop r14; pop r13; pop r12; pop rbp; pop rbx; ret
+#   run3: the same, prog kept at [rsp] (mov [rsp], rsi after the sub; events
+#         in rbp from rdx, n r12 from rcx, ctx r13 from r8, out r14 from r9),
+#         the call's arguments rdi = [rsp], rsi = [rbp + r15*8], rdx = r13.
+_RUNNER_CODE = bytes.fromhex(
+    "535541544155415641574883ec084889fb4889f54989d44989cd4d89c64531ff4d85e47e1a"
+    "4a8b7cfd004c89eeffd34885c0430f95043e49ffc74d39e77ce64883c408415f415e415d41"
+    "5c5d5bc3"
+    "535541544155415641574883ec08488934244889fb4889d54989cc4d89c54d89ce4531ff4d"
+    "85e47e1e488b3c244a8b74fd004c89eaffd34885c0430f95043e49ffc74d39e77ce24883c4"
+    "08415f415e415d415c5d5bc3"
+)
+RUN3_AT = 0x4E
+
+
 class _Runner:
     """``run2(fn, events, n, context, out)`` and ``run3(run, program, ...)``:
-    loops calling a filter through its pointer, as machine code (one small
-    LLVM module per process)."""
+    loops calling a filter through its pointer, as machine code (a few
+    dozen bytes, mapped once per process)."""
 
     def __init__(self) -> None:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        mod = ir.Module("hwtrace_filter_runner")
-        mod.triple = llvm.get_process_triple()
-        self._define(mod, "run2", 2)
-        self._define(mod, "run3", 3)
-        target = llvm.Target.from_default_triple()
-        machine = target.create_target_machine(opt=2)
-        parsed = llvm.parse_assembly(str(mod))
-        parsed.verify()
-        self._engine = llvm.create_mcjit_compiler(parsed, machine)
-        self._engine.finalize_object()
-        proto2 = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 5)
-        proto3 = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 6)
-        self.run2 = proto2(self._engine.get_function_address("run2"))
-        self.run3 = proto3(self._engine.get_function_address("run3"))
+        from .execmem import ExecBuffer
 
-    @staticmethod
-    def _define(mod: ir.Module, name: str, arity: int) -> None:
-        i64, i8 = ir.IntType(64), ir.IntType(8)
-        # run2(fn, events, n, ctx, out) / run3(fn, prog, events, n, ctx, out)
-        nargs = 5 if arity == 2 else 6
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64] * nargs), name)
-        args = list(fn.args)
-        target, rest = args[0], args[1:]
-        prog = None
-        if arity == 3:
-            prog, rest = rest[0], rest[1:]
-        events, n, ctx, out = rest
-        entry, loop, done = (
-            fn.append_basic_block("entry"),
-            fn.append_basic_block("loop"),
-            fn.append_basic_block("done"),
-        )
-        b = ir.IRBuilder(entry)
-        ftype = ir.FunctionType(i64, [i64] * arity)
-        callee = b.inttoptr(target, ftype.as_pointer())
-        ev_ptr = b.inttoptr(events, i64.as_pointer())
-        out_ptr = b.inttoptr(out, i8.as_pointer())
-        b.cbranch(b.icmp_signed(">", n, i64(0)), loop, done)
-        b.position_at_end(loop)
-        i = b.phi(i64)
-        i.add_incoming(i64(0), entry)
-        ev = b.load(b.gep(ev_ptr, [i]))
-        r = b.call(callee, [prog, ev, ctx] if prog is not None else [ev, ctx])
-        b.store(b.zext(b.icmp_signed("!=", r, i64(0)), i8), b.gep(out_ptr, [i]))
-        nxt = b.add(i, i64(1))
-        i.add_incoming(nxt, loop)
-        b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
-        b.position_at_end(done)
-        b.ret_void()
+        self._code = ExecBuffer(_RUNNER_CODE)
+        at = self._code.address
+        self.run2 = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 5)(at)
+        self.run3 = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 6)(at + RUN3_AT)
 
 
 _runner_lock = threading.Lock()
