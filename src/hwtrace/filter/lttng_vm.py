@@ -25,7 +25,6 @@ cache only notices edits to the file that holds a compiled function.
 from __future__ import annotations
 
 import ctypes
-import struct
 
 import numpy as np
 
@@ -33,6 +32,8 @@ from .. import aot
 from . import native
 from .native import (
     NO_LIMIT,
+    as_double,
+    double_bits,
     glob_match,
     load_f32,
     load_f64,
@@ -144,14 +145,6 @@ def _frame_stack() -> int:
     return ctypes.addressof(_PY_STACK)
 
 
-def _bits(value: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", value))[0]
-
-
-def _double(value: int) -> float:
-    return struct.unpack("<d", struct.pack("<q", value))[0]
-
-
 def _numba_extensions() -> None:
     from llvmlite import ir
     from numba import types
@@ -172,29 +165,8 @@ def _numba_extensions() -> None:
 
         return types.int64(), codegen
 
-    @intrinsic
-    def bits(typingctx, value):
-        """A double's bits as int64 (an entry keeps one 64-bit value word,
-        as LTTng's union does)."""
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(64))
-
-        return types.int64(types.float64), codegen
-
-    @intrinsic
-    def double(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.DoubleType())
-
-        return types.float64(types.int64), codegen
-
-    g = globals()
-    g["_frame_stack"], g["_bits"], g["_double"] = frame_stack, bits, double
-    # (native's intrinsics, defined by its hook, which ran first)
-    for name in ("load_f32", "load_f64", "load_i64", "load_u8", "load_u16", "load_u32",
-                 "store_u64"):  # fmt: skip
-        g[name] = getattr(native, name)
+    globals()["_frame_stack"] = frame_stack
+    native.use_intrinsics(globals())
 
 
 aot.on_numba(_numba_extensions)
@@ -309,7 +281,9 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
             pc += 4
         elif op == LOAD_FIELD_REF_DOUBLE or op == GET_CONTEXT_REF_DOUBLE:
             t, n = T_DOUBLE, np.int64(0)
-            v = _bits(_static_double(event if op == LOAD_FIELD_REF_DOUBLE else context, code, pc))
+            v = double_bits(
+                _static_double(event if op == LOAD_FIELD_REF_DOUBLE else context, code, pc)
+            )
             pc += 4
         elif op == LOAD_S64 or op == LOAD_DOUBLE:
             t, n = (T_S64 if op == LOAD_S64 else T_DOUBLE), np.int64(0)
@@ -334,7 +308,7 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
                 v = load_int(slot, size, load_i64(path + 24) != 0)
             elif size == 4:
                 t = T_DOUBLE
-                v = _bits(np.float64(load_f32(slot)))
+                v = double_bits(np.float64(load_f32(slot)))
             else:
                 t = T_DOUBLE
                 v = load_i64(slot)
@@ -362,13 +336,13 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
                 ax_v = 1 if ax_v == 0 else 0
                 pc += 1
             elif op == UNARY_NOT_DOUBLE:
-                ax_t, ax_v = T_S64, (1 if _double(ax_v) == 0.0 else 0)
+                ax_t, ax_v = T_S64, (1 if as_double(ax_v) == 0.0 else 0)
                 pc += 1
             elif op == UNARY_MINUS_S64:
                 ax_v = -ax_v
                 pc += 1
             elif op == UNARY_MINUS_DOUBLE:
-                ax_v = _bits(-_double(ax_v))
+                ax_v = double_bits(-as_double(ax_v))
                 pc += 1
             elif op == UNARY_BIT_NOT:
                 ax_v = ~ax_v
@@ -396,11 +370,11 @@ def _interpret(code, lits, fields, event, context, trace, trace_cap, tracing):
                 elif op >= EQ_S64 and op <= LE_S64:
                     r = np.int64(_compare(op - EQ_S64, bx_v, ax_v))
                 elif op >= EQ_DOUBLE and op <= LE_DOUBLE:
-                    r = np.int64(_compare(op - EQ_DOUBLE, _double(bx_v), _double(ax_v)))
+                    r = np.int64(_compare(op - EQ_DOUBLE, as_double(bx_v), as_double(ax_v)))
                 elif op >= EQ_DOUBLE_S64 and op <= LE_DOUBLE_S64:
-                    r = np.int64(_compare(op - EQ_DOUBLE_S64, _double(bx_v), np.float64(ax_v)))
+                    r = np.int64(_compare(op - EQ_DOUBLE_S64, as_double(bx_v), np.float64(ax_v)))
                 elif op >= EQ_S64_DOUBLE and op <= LE_S64_DOUBLE:
-                    r = np.int64(_compare(op - EQ_S64_DOUBLE, np.float64(bx_v), _double(ax_v)))
+                    r = np.int64(_compare(op - EQ_S64_DOUBLE, np.float64(bx_v), as_double(ax_v)))
                 elif op == BIT_AND:
                     r = bx_v & ax_v
                 elif op == BIT_OR:

@@ -70,7 +70,7 @@ load_u8, load_u16, load_u32, load_u64 = (
 load_i8, load_i16, load_i32, load_i64 = (
     _py_loader(_C_TYPES[t]) for t in ("i8", "i16", "i32", "i64")
 )
-load_f32, load_f64 = _py_loader(ctypes.c_float), _py_loader(ctypes.c_double)
+load_f32, load_f64 = _py_loader(_C_TYPES["f32"]), _py_loader(_C_TYPES["f64"])
 store_u8, store_u16, store_u32, store_u64 = (
     _py_storer(_C_TYPES[t]) for t in ("u8", "u16", "u32", "u64")
 )
@@ -221,15 +221,15 @@ def glob_match(s: int, bound: int, pat: int, n: int) -> bool:
 # -- doubles as bits (Python stand-ins of intrinsics: one bitcast) ----------------------
 
 
-def _as_double(bits: int) -> float:
+def as_double(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
-def _as_float(bits: int) -> float:
+def as_float(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
-def _double_bits(v: float) -> int:
+def double_bits(v: float) -> int:
     return struct.unpack("<q", struct.pack("<d", v))[0]
 
 
@@ -324,9 +324,8 @@ def _strnlen(s: int, n: int) -> int:
 
 
 def _memcmp(a: int, b: int, n: int) -> int:
-    return (ctypes.string_at(a, n) > ctypes.string_at(b, n)) - (
-        ctypes.string_at(a, n) < ctypes.string_at(b, n)
-    )
+    x, y = ctypes.string_at(a, n), ctypes.string_at(b, n)
+    return (x > y) - (x < y)
 
 
 _SYS_GETPID, _SYS_GETTID = 39, 186
@@ -375,11 +374,11 @@ def call_helper(helper: int, r1: int, r2: int, r3: int, r4: int, r5: int) -> int
     if helper == abi.HELPER_KTIME_NS:
         return _ktime_ns()
     if helper == abi.HELPER_DOUBLE_CMP:
-        return 1 if double_compare(_as_double(r1), _as_double(r2), r3) else 0
+        return 1 if double_compare(as_double(r1), as_double(r2), r3) else 0
     if helper == abi.HELPER_S64_TO_DOUBLE:
-        return _double_bits(np.float64(r1))
+        return double_bits(np.float64(r1))
     if helper == abi.HELPER_F32_TO_DOUBLE:
-        return _double_bits(np.float64(_as_float(r1)))
+        return double_bits(np.float64(as_float(r1)))
     return -1
 
 
@@ -512,6 +511,26 @@ def helper_address(helper: int) -> int:
     return address
 
 
+# The names _numba_extensions gives intrinsics, and their stand-ins.
+_INTRINSICS = (
+    *(f"load_{t}" for t in _C_TYPES), "store_u8", "store_u16", "store_u32", "store_u64",
+    "as_double", "as_float", "double_bits", "_threshold_base", "_threshold_count",
+    "_syscall0", "_sched_getcpu", "_strnlen", "_memcmp", "_clock_ns",
+)  # fmt: skip
+# (by id, the stand-ins held so that no other object takes their ids)
+_STAND_INS = {id(globals()[name]): (name, globals()[name]) for name in _INTRINSICS}
+
+
+def use_intrinsics(namespace: dict) -> None:
+    """Give a module that imported stand-ins from here (under any name) the
+    intrinsics in their place: its on_numba hook calls this (native's own
+    hook has run by then, the module having imported this one first)."""
+    for key, value in list(namespace.items()):
+        known = _STAND_INS.get(id(value))
+        if known is not None and known[1] is value:
+            namespace[key] = globals()[known[0]]
+
+
 def _numba_extensions() -> None:
     """The intrinsics compiled code uses in place of the Python stand-ins
     above (numba is imported by now)."""
@@ -608,7 +627,8 @@ def _numba_extensions() -> None:
         """libc ``clock_gettime(clock, &ts)``, as nanoseconds."""
 
         def codegen(context, builder, signature, args):
-            ts = builder.alloca(ir.ArrayType(i64, 2))
+            with builder.goto_entry_block():  # (once, where it is inlined into a loop)
+                ts = builder.alloca(ir.ArrayType(i64, 2))
             fn = declare(builder, "clock_gettime", i32, [i32, i64])
             builder.call(fn, [builder.trunc(args[0], i32), builder.ptrtoint(ts, i64)])
             sec = builder.load(builder.gep(ts, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
@@ -627,9 +647,9 @@ def _numba_extensions() -> None:
         g["load_" + t] = fn
     for t in ("u8", "u16", "u32", "u64"):
         g["store_" + t] = storer(getattr(types, "uint" + t[1:]))
-    g["_as_double"] = bitcast("_as_double", types.int64, types.float64, ir.DoubleType())
-    g["_as_float"] = bitcast("_as_float", types.int64, types.float32, ir.FloatType(), low32=True)
-    g["_double_bits"] = bitcast("_double_bits", types.float64, types.int64, i64)
+    g["as_double"] = bitcast("as_double", types.int64, types.float64, ir.DoubleType())
+    g["as_float"] = bitcast("as_float", types.int64, types.float32, ir.FloatType(), low32=True)
+    g["double_bits"] = bitcast("double_bits", types.float64, types.int64, i64)
     g["_threshold_base"] = global_i64(_THRESHOLD_SYMBOL)
     g["_threshold_count"] = global_i64(_THRESHOLD_SLOTS_SYMBOL)
     g["_syscall0"] = libc_call("syscall", i64, [i64])

@@ -92,12 +92,8 @@ def _numba_extensions() -> None:
 
         return types.int64(), codegen
 
-    g = globals()
-    g["_unlikely"], g["_frame"] = unlikely, frame
-    # (native's intrinsics, defined by its hook, which ran first)
-    for name in ("load_i64", "load_u8", "load_u16", "load_u32", "store_u8", "store_u16",
-                 "store_u32", "store_u64"):  # fmt: skip
-        g[name] = getattr(native, name)
+    globals()["_unlikely"], globals()["_frame"] = unlikely, frame
+    native.use_intrinsics(globals())
 
 
 aot.on_numba(_numba_extensions)
