@@ -189,6 +189,8 @@ COMMANDS = {
     "filter-lttng": ["filter", "--tier", "lttng", "fd == 1 || count > 5", "EVENTS"],
     "filter-ebpf": ["filter", "--tier", "ebpf", "fd == 1 || count > 5", "EVENTS"],
     "filter-llvm": ["filter", "--tier", "llvm", "fd == 1 || count > 5", "EVENTS"],
+    # (the events kept, copied into a new perf.data)
+    "filter-perf-data": ["filter", "-o", "kept.data", "fd == 1 || count > 5", "EVENTS"],
 }
 # What a command writes and must not find when it starts.
 OUTPUTS = {"decode": "dec-again"}

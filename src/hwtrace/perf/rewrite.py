@@ -35,10 +35,12 @@ CHUNK_BYTES = 1 << 23
 CHUNK_ROWS = 1 << 16
 
 
-@aot.njit(cache=True)
+@aot.njit(cache=True, _nrt=False)
 def _gather(buf, starts, lengths, first, out):
     """Copy records ``first..`` of ``starts``/``lengths`` from ``buf`` into
-    ``out`` while they fit; returns (records copied, bytes)."""
+    ``out`` while they fit; returns (records copied, bytes).  (A loop, not
+    a slice assignment: numba's may allocate, which the native library
+    cannot.)"""
     p = 0
     k = first
     while k < starts.shape[0]:
@@ -46,7 +48,8 @@ def _gather(buf, starts, lengths, first, out):
         if p + n > out.shape[0]:
             break
         s = starts[k]
-        out[p : p + n] = buf[s : s + n]
+        for q in range(n):
+            out[p + q] = buf[s + q]
         p += n
         k += 1
     return k - first, p
