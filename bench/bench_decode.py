@@ -38,7 +38,8 @@ and, in one run, decodes each with
 * ``hwtrace ptxed --quiet`` and ``--no-inst`` as whole processes, and with
   disassembly (every instruction printed) on the smaller traces.
 
-Output goes to /dev/null.  Every decoder must find the same instruction
+Output goes to /dev/null.  Rates are given in instructions and in trace
+bytes a second (MB/s, the figure libxdc's authors quote).  Every decoder must find the same instruction
 count, which is also the encoder's.
 
 With ``--big`` the flow trace is also tiled to 4 GiB (deleted afterwards)
@@ -248,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     timed: dict[str, dict[str, float]] = {}
     for name, trace, meta in traces:
         expected = int(meta["instructions"])
-        print(f"{name}: {expected:,} instructions, {trace.stat().st_size:,} bytes", flush=True)
+        size = trace.stat().st_size
+        print(f"{name}: {expected:,} instructions, {size:,} bytes", flush=True)
         blk = oracle.flow_bench(trace, sections, "blk", args.repeat, timing)
         blk_s = float(blk["best_seconds"])
         loop_cmd = oracle.build().ptflow_loop
@@ -283,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                 status = 1
                 print(f"  {label}: {count:,} instructions, expected {expected:,}")
             rows.append((name, label, f"{seconds:.3f}", f"{count / seconds / 1e6:.1f}",
-                         f"{blk_s / seconds:.2f}"))  # fmt: skip
+                         f"{size / seconds / 1e6:.1f}", f"{blk_s / seconds:.2f}"))  # fmt: skip
     common.print_table(
         "Decoding with events (output to /dev/null)",
-        ("trace", "decoder", "seconds", "M insn/s", "x pt_blk_next"),
+        ("trace", "decoder", "seconds", "M insn/s", "trace MB/s", "x pt_blk_next"),
         rows,
         width=110,
     )
