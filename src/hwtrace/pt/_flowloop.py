@@ -69,6 +69,7 @@ from .blocks import (
     claim_run_keys,
     dummy_store,
     put_row,
+    put_time,
     store_key_limit,
     store_restore,
     store_rows,
@@ -2868,16 +2869,17 @@ def _put_point(rows, values, n, row, value):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _row_points(off_row, off_val, t_row, t_val, row, o, t, n_off, last_off, off_at, n_t, last_t):
+def _row_points(off_row, off_val, t_cols, state, row, o, t, n_off, last_off, off_at, n_t, last_t):
     """The points a row at ``row`` of offset ``o`` and time ``t`` needs, as
-    put_row stores them (the offset step known to fit one point); returns
-    the store's offset and time counters after them."""
+    put_row stores them (the offset step known to fit one point; the time
+    point's arrays ``t_cols``); returns the store's offset and time
+    counters after them."""
     if o != last_off:
         n_off = _put_point(off_row, off_val, n_off, row - off_at, o - last_off)
         last_off = o
         off_at = row
     if t != last_t:
-        n_t = _put_point(t_row, t_val, n_t, row, t)
+        n_t = put_time(t_cols[0], t_cols[1], t_cols[2], t_cols[3], state, n_t, row, t, last_t)
         last_t = t
     return n_off, last_off, off_at, n_t, last_t
 
@@ -2971,8 +2973,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     r_key = ct[T_R_KEY]
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_mask = np.int64(x_tab.shape[0] - 1)
-    s_keys, s_cols = store[0], store[2]
-    s_off_row, s_off_val, s_t_row, s_t_val = s_cols[4], s_cols[5], s_cols[6], s_cols[7]
+    s_keys, s_cols, s_state = store[0], store[2], store[3]
+    s_off_row, s_off_val, s_t_row = s_cols[4], s_cols[5], s_cols[6]
+    t_cols = (s_t_row, s_cols[7], s_cols[11], s_cols[12])
     blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
     ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
     rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
@@ -3026,7 +3029,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     break
                 s_keys[np.uint64(s_ent)] = key
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
-                    s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
+                    s_off_row, s_off_val, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off,
                     s_off_at, s_t, s_last_t,
                 )  # fmt: skip
                 s_rows += 1
@@ -3105,11 +3108,14 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                         s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
                     s_ent += m
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
-                    s_off_row, s_off_val, s_t_row, s_t_val, s_rows, o, cur_tsc, s_off, s_last_off,
+                    s_off_row, s_off_val, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off,
                     s_off_at, s_t, s_last_t,
                 )  # fmt: skip
                 if j1 < m and ev_tsc != s_last_t:
-                    s_t = _put_point(s_t_row, s_t_val, s_t, s_rows + j1, ev_tsc)
+                    s_t = put_time(
+                        t_cols[0], t_cols[1], t_cols[2], t_cols[3], s_state, s_t, s_rows + j1, ev_tsc,
+                        s_last_t,
+                    )  # fmt: skip
                     s_last_t = ev_tsc
                 if merged and o2 != o:
                     # The rows after the last bit: fetched at the TIP.
@@ -3233,6 +3239,7 @@ def _fast(ds, pk, cf, ct, out):
         claim_run_keys(counts, r_key, counts[C_RUNS], s_state)
     image = counts[C_INDEX]
     s_off_row, s_off_val, s_t_row, s_t_val = s_cols[4], s_cols[5], s_cols[6], s_cols[7]
+    s_t_far_row, s_t_far_val = s_cols[11], s_cols[12]
     s_rows, s_nkeys, s_off, s_t = s_state[S_ROWS], s_state[S_KEYS], s_state[S_OFF], s_state[S_TIME]
     s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
     s_started = s_state[S_STARTED]
@@ -3421,8 +3428,9 @@ def _fast(ds, pk, cf, ct, out):
             full = np.int64(1)
             if key >= 0:
                 full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
-                    s_keys, s_off_row, s_off_val, s_t_row, s_t_val, key, o, cur_tsc, s_rows,
-                    s_off, s_t, s_last_off, s_last_t, s_started, s_off_at, s_state, s_ent,
+                    s_keys, s_off_row, s_off_val, s_t_row, s_t_val, s_t_far_row, s_t_far_val, key,
+                    o, cur_tsc, s_rows, s_off, s_t, s_last_off, s_last_t, s_started, s_off_at,
+                    s_state, s_ent,
                 )  # fmt: skip
             if full and full != _FULL_OFF:
                 # The store is full: Python makes room (a stream passes its

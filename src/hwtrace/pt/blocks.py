@@ -8,7 +8,8 @@ offset, time: 30 bytes each) are kept as a key into a table of distinct
 there are fewer than 65,535 of them, then 4) plus the rows at which the
 trace offset and the time change (the offset changes about once per five
 blocks, at each TNT or TIP packet: 3 bytes each, the rows since the last
-change and the offset's step; the time at timing packets).  A stretch of
+change and the offset's step; the time at timing packets, 4 bytes each,
+steps likewise).  A stretch of
 blocks the decoder replays (see hwtrace.pt._flowloop) is kept once, as a
 *sequence*, and each replay stores one key naming it: on a plain trace a
 key stands for three to four blocks.  Memory a process has never touched
@@ -16,7 +17,7 @@ costs far more to fill than to read, so this is what makes keeping a
 decoding's results about as cheap as counting them.
 
 :class:`BlockStore` collects decoder batches; :meth:`BlockStore.columns`
-gives the dense columns back on demand; :func:`merge_stores` joins the
+gives the dense columns back on demand; :class:`CompactBlocks` joins the
 stores of several decoding threads in order.
 """
 
@@ -42,10 +43,12 @@ _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 # counters taken at the decoder's step start (S_SAVED..., see store_save).
 S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
 S_ENT, S_NSEQ, S_SEQ_POOL, S_SEQ_GEN = 7, 8, 9, 10
+S_T_AT, S_T_FAR = 11, 12
 S_ID, S_LIVE, S_OFF_AT, S_OFF_BASE = 13, 14, 15, 16
-_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT, S_ENT)
-S_SAVED = 17  # 17..24: the slots of _SAVED_SLOTS as they were
-_NS = 25
+_SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT, S_ENT,
+                S_T_AT, S_T_FAR)  # fmt: skip
+S_SAVED = 17  # 17..26: the slots of _SAVED_SLOTS as they were
+_NS = 27
 # Sequences.  The decoder replays the same stretches of blocks millions of
 # times (see hwtrace.pt._flowloop); such a stretch's keys are kept once, as
 # a *sequence*, and each replay stores one entry naming it in the key
@@ -68,6 +71,16 @@ SEQ_MIN_ROWS = 2  # a stretch of one row is stored as its key
 # offsets at a fifth of what the block keys take; 6 took a third.
 OFF_ROW_STEP = 0xFF
 OFF_VAL_STEP = 0x7FFF
+# A time point's steps: rows (uint16) and time (int16, TSC ticks; it may go
+# back a little, an estimate corrected).  A point whose steps do not fit
+# (the first, after a gap) is *far*: its time step is T_FAR and its row and
+# time, absolute, are the next of the far points (S_T_FAR of them, in
+# arrays as long as the steps', of which only what is written costs).  On a
+# trace with CYC packets the time changes every other row or so: 4 bytes a
+# point where row and time took 16.
+T_ROW_STEP = 0xFFFF
+T_VAL_STEP = 0x7FFF
+T_FAR = -0x8000
 # Why the compaction loop stopped before the batch's end.
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
@@ -142,8 +155,29 @@ def _far_offset_point(off_row, off_val, n_off, dr, dv):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t, last_off, last_t,
-            started, off_at, state, n_ent):  # fmt: skip
+def put_time(t_row, t_val, t_far_row, t_far_val, state, n_t, row, t, last_t):
+    """Append the time point ``(row, t)`` (the last at ``state[S_T_AT]``,
+    ``last_t``) at ``n_t``, room known; returns the new count."""
+    dr = row - state[S_T_AT]
+    dv = np.int64(t - last_t)
+    at = np.uint64(n_t)  # (unsigned: no check for a negative index)
+    if dr <= T_ROW_STEP and -T_VAL_STEP <= dv <= T_VAL_STEP:
+        t_row[at] = dr
+        t_val[at] = dv
+    else:
+        k = np.uint64(state[S_T_FAR])
+        t_far_row[k] = row
+        t_far_val[k] = t
+        state[S_T_FAR] = k + np.uint64(1)
+        t_row[at] = 0
+        t_val[at] = T_FAR
+    state[S_T_AT] = row
+    return n_t + 1
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def put_row(keys, off_row, off_val, t_row, t_val, t_far_row, t_far_val, key, o, t, n_rows, n_off,
+            n_t, last_off, last_t, started, off_at, state, n_ent):  # fmt: skip
     """Store a row of block ``key`` decoded at trace offset ``o`` and time
     ``t``, given the store's counters (``off_at``: the row of the last
     offset change; ``n_ent``: the key column's entries); returns ``(why,
@@ -177,9 +211,7 @@ def put_row(keys, off_row, off_val, t_row, t_val, key, o, t, n_rows, n_off, n_t,
         off_at = n_rows
     keys[n_ent] = key
     if new_t:
-        t_row[n_t] = n_rows
-        t_val[n_t] = t
-        n_t += 1
+        n_t = put_time(t_row, t_val, t_far_row, t_far_val, state, n_t, n_rows, t, last_t)
         last_t = t
     return 0, n_rows + 1, n_off, n_t, last_off, last_t, off_at
 
@@ -193,6 +225,7 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
     A row that is a whole run of the decoder's code table (``run[i] >= 0``)
     finds its key in ``run_key`` (-1: not known yet), without hashing."""
     off_row, off_val, t_row, t_val = cols[4], cols[5], cols[6], cols[7]
+    t_far_row, t_far_val = cols[11], cols[12]
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
     off_at = state[S_OFF_AT]
@@ -211,8 +244,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
             if r >= 0:
                 run_key[r] = key
         why, n_rows, n_off, n_t, last_off, last_t, off_at = put_row(
-            keys, off_row, off_val, t_row, t_val, key, offset[i], time[i], n_rows, n_off, n_t,
-            last_off, last_t, started, off_at, state, n_ent,
+            keys, off_row, off_val, t_row, t_val, t_far_row, t_far_val, key, offset[i], time[i],
+            n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent,
         )  # fmt: skip
         if why:
             break
@@ -355,7 +388,7 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
     ):
         return False
     before = (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
-              state[S_STARTED], state[S_OFF_AT], state[S_ENT])  # fmt: skip
+              state[S_STARTED], state[S_OFF_AT], state[S_ENT], state[S_T_AT], state[S_T_FAR])  # fmt: skip
     _, why = _compact(
         ip, ninsn, mode, offset, time, run, r_key, 0, n, image, keys, tab, cols, state
     )
@@ -363,7 +396,8 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
         # Offset steps too large for one point took the room the check
         # counted on: none of the rows is stored, Python appends them all.
         (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
-         state[S_STARTED], state[S_OFF_AT], state[S_ENT]) = before  # fmt: skip
+         state[S_STARTED], state[S_OFF_AT], state[S_ENT], state[S_T_AT],
+         state[S_T_FAR]) = before  # fmt: skip
         return False
     return True
 
@@ -429,6 +463,26 @@ def offset_at(off_row, off_val, off_base, row):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def time_points(t_row, t_val, t_far_row, t_far_val, rows, values):
+    """The rows where the time changes and the new times (into ``rows``,
+    ``values``) from a store's time points (see put_time)."""
+    row = np.int64(0)
+    value = np.uint64(0)
+    k = np.uint64(0)
+    for j in range(t_row.shape[0]):
+        dv = t_val[j]
+        if dv == T_FAR:
+            row = t_far_row[k]
+            value = t_far_val[k]
+            k += np.uint64(1)
+        else:
+            row += np.int64(t_row[j])
+            value += np.uint64(np.int64(dv))
+        rows[j] = row
+        values[j] = value
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val,
                 ip, ninsn, mode, image, offset, time):  # fmt: skip
     """Rows ``0..len(keys)`` of a store as dense columns: each key's block,
@@ -451,8 +505,9 @@ def dummy_store() -> tuple:
     if _DUMMY is None:
         cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
                 np.zeros(1, np.uint16), np.zeros(1, np.uint8), np.zeros(1, np.int16),
-                np.zeros(1, np.int64), np.zeros(1, np.uint64), np.zeros(0, np.int64),
-                np.zeros(0, np.int64), np.zeros(0, np.uint16))  # fmt: skip
+                np.zeros(1, np.uint16), np.zeros(1, np.int16), np.zeros(0, np.int64),
+                np.zeros(0, np.int64), np.zeros(0, np.uint16), np.zeros(1, np.int64),
+                np.zeros(1, np.uint64))  # fmt: skip
         tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
         state = np.zeros(_NS, np.int64)
         state[S_ID] = -2
@@ -518,8 +573,10 @@ class BlockStore:
         changes = max(expect_rows // 4, 1 << 12)
         self.off_row = np.empty(changes, np.uint8)
         self.off_val = np.empty(changes, np.int16)
-        self.time_row = np.empty(changes, np.int64)
-        self.time_val = np.empty(changes, np.uint64)
+        self.time_row = np.empty(changes, np.uint16)
+        self.time_val = np.empty(changes, np.int16)
+        self.time_far_row = np.empty(changes, np.int64)
+        self.time_far_val = np.empty(changes, np.uint64)
         self.seq_start = np.empty(SEQ_MAX, np.int64)
         self.seq_len = np.empty(SEQ_MAX, np.int64)
         self.seq_keys = np.empty(SEQ_POOL, np.uint16)
@@ -549,7 +606,8 @@ class BlockStore:
 
     def _cols(self) -> tuple:
         return (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row, self.off_val,
-                self.time_row, self.time_val, self.seq_start, self.seq_len, self.seq_keys)  # fmt: skip
+                self.time_row, self.time_val, self.seq_start, self.seq_len, self.seq_keys,
+                self.time_far_row, self.time_far_val)  # fmt: skip
 
     def _new_table(self, capacity: int) -> None:
         self._kernel_store = None
@@ -638,6 +696,10 @@ class BlockStore:
             n, size = int(s[S_TIME]), 2 * self.time_row.shape[0]
             self.time_row = _grown(self.time_row, n, size)
             self.time_val = _grown(self.time_val, n, size)
+            # (As long as the points: any of them may be far.)
+            far = int(s[S_T_FAR])
+            self.time_far_row = _grown(self.time_far_row, far, size)
+            self.time_far_val = _grown(self.time_far_val, far, size)
 
     def row_keys(self, ip: np.ndarray, ninsn: np.ndarray, mode: np.ndarray,
                  image: np.ndarray, out: np.ndarray) -> None:  # fmt: skip
@@ -785,10 +847,20 @@ class BlockStore:
         """The rows where the trace offset changes, and the new offsets."""
         return _offset_changes(*self.offset_steps())
 
+    def time_steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The time's change points as stored (see put_time): the rows and
+        time steps, and the far points' rows and times."""
+        n, far = int(self.state[S_TIME]), int(self.state[S_T_FAR])
+        return (
+            self.time_row[:n],
+            self.time_val[:n],
+            self.time_far_row[:far],
+            self.time_far_val[:far],
+        )
+
     def time_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the time changes, and the new times."""
-        n = int(self.state[S_TIME])
-        return self.time_row[:n], self.time_val[:n]
+        return _time_changes(*self.time_steps())
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -823,6 +895,14 @@ def _rehash(h_ip, h_meta, h_id, k_ip, k_ninsn, k_mode, k_image, n):
         h_ip[s] = k_ip[key]
         h_meta[s] = meta
         h_id[s] = key
+
+
+def _time_changes(t_row: np.ndarray, t_val: np.ndarray, t_far_row: np.ndarray,
+                  t_far_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Time change points (rows, times) from their steps (see put_time)."""
+    rows, values = np.empty(t_row.shape[0], np.int64), np.empty(t_row.shape[0], np.uint64)
+    time_points(t_row, t_val, t_far_row, t_far_val, rows, values)
+    return rows, values
 
 
 def _offset_changes(row_steps: np.ndarray, steps: np.ndarray, base: int,
@@ -926,19 +1006,38 @@ class CompactBlocks:
         self.mode = ((m >> np.uint64(32)) & np.uint64(0xFF)).astype(np.uint8)
         self.image = (m >> np.uint64(40)).astype(np.uint16)
         self.n = sum(len(s) for s in stores)
-        rows_t, vals_t, base = [], [], 0
-        # The offsets stay as the stores keep them (steps: 3 bytes a point
-        # where absolute ones take 16) until a column is asked for.
+        base = 0
+        # The offsets and times stay as the stores keep them (steps: 3 and 4
+        # bytes a point where absolute ones take 16) until asked for.
         self._offset_steps: list[tuple[np.ndarray, np.ndarray, int, int]] = []
+        self._time_steps: list[tuple[tuple[np.ndarray, ...], int]] = []
         for s in stores:
             row_steps, steps, first = s.offset_steps()
             self._offset_steps.append((row_steps, steps, first, base))
-            r, v = s.time_changes()
-            rows_t.append(r + base if base else r)
-            vals_t.append(v)
+            self._time_steps.append((s.time_steps(), base))
             base += len(s)
-        self.time_rows = _joined(rows_t, np.int64)
-        self.time_values = _joined(vals_t, np.uint64)
+        self._times: tuple[np.ndarray, np.ndarray] | None = None
+
+    def time_changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows where the time changes, and the new times."""
+        if self._times is None:
+            rows, values = [], []
+            for steps, base in self._time_steps:
+                r, v = _time_changes(*steps)
+                rows.append(r + base if base else r)
+                values.append(v)
+            self._times = (_joined(rows, np.int64), _joined(values, np.uint64))
+        return self._times
+
+    @property
+    def time_rows(self) -> np.ndarray:
+        """The rows where the time changes."""
+        return self.time_changes()[0]
+
+    @property
+    def time_values(self) -> np.ndarray:
+        """The time from each of :attr:`time_rows` on."""
+        return self.time_changes()[1]
 
     def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the trace offset changes, and the new offsets."""
@@ -965,9 +1064,12 @@ class CompactBlocks:
             keys = sum(
                 s.entries().nbytes + sum(a.nbytes for a in s.sequences()[1:]) for s in self._stores
             )
-        return steps + keys + sum(
-            a.nbytes
-            for a in (self.ip, self.ninsn, self.mode, self.image, self.time_rows, self.time_values)
+        if self._times is not None:
+            times = sum(a.nbytes for a in self._times)
+        else:
+            times = sum(a.nbytes for steps, _ in self._time_steps for a in steps)
+        return steps + keys + times + sum(
+            a.nbytes for a in (self.ip, self.ninsn, self.mode, self.image)
         )  # fmt: skip
 
     def n_insn(self) -> int:
@@ -982,7 +1084,7 @@ class CompactBlocks:
         if name == "offset":
             return expand_changes(*self.offset_changes(), self.n, np.int64)
         if name == "time":
-            return expand_changes(self.time_rows, self.time_values, self.n, np.uint64)
+            return expand_changes(*self.time_changes(), self.n, np.uint64)
         return getattr(self, name)[self.keys]
 
 
