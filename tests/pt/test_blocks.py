@@ -17,6 +17,8 @@ from hwtrace.pt.blocks import (
     S_SEQ_GEN,
     S_SEQ_POOL,
     SEQ_TOP,
+    T_ROW_STEP,
+    T_VAL_STEP,
     BlockStore,
     CompactBlocks,
     StoredKeys,
@@ -37,7 +39,11 @@ def block_rows(draw):
     steps = rng.choice(np.array([0, 0, 0, 1, 7, OFF_VAL_STEP + 5, 3 * OFF_VAL_STEP,
                                  -(OFF_VAL_STEP + 9)], np.int64), n)  # fmt: skip
     offset = np.int64(draw(st.integers(0, 2**40))) + np.cumsum(steps)
-    time = np.cumsum(rng.choice(np.array([0, 0, 5], np.uint64), n)).astype(np.uint64)
+    # Times step by little, back a little (an estimate corrected), and
+    # beyond a time point's step (a gap): far points.
+    t_steps = rng.choice(np.array([0, 0, 0, 5, -3, T_VAL_STEP, T_VAL_STEP + 1, 1 << 40],
+                                  np.int64), n)  # fmt: skip
+    time = (np.int64(1 << 41) + np.cumsum(t_steps)).astype(np.uint64)
     return ip, ninsn, offset, time
 
 
@@ -91,6 +97,30 @@ def test_long_runs_at_one_offset_and_far_jumps():
     b.append(ip[-4:], ninsn[-4:], np.full(4, 64, np.uint8), offset[-4:], time[-4:])
     joined = CompactBlocks([a, b])
     assert np.array_equal(joined.column("offset"), np.concatenate([offset[:5], offset[-4:]]))
+
+
+def test_time_points_far_apart():
+    """More rows at one time than a time point's row step holds, between
+    times far apart, forwards and back: the same time column, from either
+    of two stores joined."""
+    n = 2 * T_ROW_STEP + 10
+    ip = np.full(n, 0x1000, np.uint64)
+    ninsn = np.ones(n, np.uint32)
+    offset = np.zeros(n, np.int64)
+    # (Steps just within a point's reach and just beyond it, each way.)
+    changes = [0, T_ROW_STEP, T_ROW_STEP + 1, 2 * T_ROW_STEP + 2, n - 3, n - 2, n - 1]
+    steps = [1 << 45, -(T_VAL_STEP + 1), -T_VAL_STEP, 1, T_VAL_STEP, T_VAL_STEP + 1, -(1 << 44)]
+    t_step = np.zeros(n, np.int64)
+    t_step[changes] = steps
+    time = np.cumsum(t_step).astype(np.uint64)
+    for pieces in (1, 3):
+        blocks = _stored(ip, ninsn, offset, time, pieces)
+        assert np.array_equal(blocks.column("time"), time)
+        rows, values = blocks.time_changes()
+        assert rows.tolist() == changes
+        assert values.tolist() == time[rows].tolist()
+    a, b = _store(ip, ninsn, offset, time, 2), _store(ip[:9], ninsn[:9], offset[:9], time[:9], 1)
+    assert np.array_equal(CompactBlocks([a, b]).column("time"), np.concatenate([time, time[:9]]))
 
 
 @settings(max_examples=40, deadline=None)
