@@ -36,9 +36,16 @@ from .. import aot
 from ..columns import Columns
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
-from ..pt.packets import as_buffer, encode_table, map_file, packet_errata, psb_chunks
-from ..pt.select import decode_selected, kind_mask
-from ..pt.timing import estimate_time, new_time_state
+from ..pt.packets import (
+    ColumnBuffers,
+    as_buffer,
+    encode_table,
+    map_file,
+    packet_errata,
+    psb_chunks,
+)
+from ..pt.select import SELECTED_TYPES, decode_selected, kind_mask
+from ..pt.timing import TimeBuffers, estimate_time, new_time_state
 
 __all__ = [
     "MARK",
@@ -333,35 +340,50 @@ def _assemble(
     return n
 
 
+def _new_event_columns(cap: int) -> tuple[np.ndarray, ...]:
+    """Room for ``cap`` events (time, id, ip, words used, words, offset;
+    _assemble writes every field of the rows it returns)."""
+    return (np.empty(cap, np.uint64), np.empty(cap, np.uint32), np.empty(cap, np.uint64),
+            np.empty(cap, np.int64), np.empty((cap, MAX_WORDS), np.uint64), np.empty(cap, np.int64))  # fmt: skip
+
+
 def decode_events(data, config: PtConfig | None = None, *, chunk_bytes: int = 4 << 20) -> PtwEvents:
     """The PTWRITE events of a PT stream (bytes, a buffer or a path)."""
     config = config or PtConfig()
     buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
     tstate = new_time_state()
     errata = packet_errata(config)
-    parts = []
     lost = stray = 0
     problems: list[str] = []
+    # (Each chunk's packets and times go into the memory of the last, its
+    # events after the last chunk's: fresh memory costs more than decoding.)
+    packet_buffers, time_buffers = ColumnBuffers(SELECTED_TYPES), TimeBuffers()
+    out = _new_event_columns(0)
+    n = 0
+    synced = False
     for start, end in psb_chunks(buf, chunk_bytes):
-        table = decode_selected(buf, start, end, _KEEP, errata)
+        synced = True
+        table = decode_selected(buf, start, end, _KEEP, errata, packet_buffers)
         for off, code in zip(table.err_offset.tolist(), table.err_code.tolist(), strict=True):
             problems.append(f"offset {off:#x}: decode error {code}: resynchronised at the next PSB")
-        times = estimate_time(table, config, state=tstate)
-        cap = int(np.count_nonzero(table.kind == _PTW)) + 1
-        cols = (np.zeros(cap, np.uint64), np.zeros(cap, np.uint32), np.zeros(cap, np.uint64),
-                np.zeros(cap, np.int64), np.zeros((cap, MAX_WORDS), np.uint64), np.zeros(cap, np.int64))  # fmt: skip
+        times = estimate_time(table, config, state=tstate, buffers=time_buffers, fcr=False)
+        room = n + int(np.count_nonzero(table.kind == _PTW)) + 1
+        if out[0].shape[0] < room:
+            # Room for as many events a byte as so far, for the whole stream.
+            guess = room * max(1, buf.shape[0]) // max(1, end)
+            wider = _new_event_columns(max(room, guess, out[0].shape[0] * 3 // 2))
+            for old, new in zip(out, wider, strict=True):
+                new[:n] = old[:n]
+            out = wider
         counts = np.zeros(2, np.int64)
         rows = _assemble(table.kind, table.a, table.b, table.c, times.tsc, table.offset,
-                         table.err_index.astype(np.int64), *cols, counts)  # fmt: skip
+                         table.err_index.astype(np.int64), *(c[n:] for c in out), counts)  # fmt: skip
         lost += int(counts[0])
         stray += int(counts[1])
-        parts.append(tuple(x[:rows] for x in cols))
-    if not parts:
+        n += rows
+    if not synced:
         problems.append("no PSB: the stream never synchronises")
-        empty = (np.zeros(0, np.uint64), np.zeros(0, np.uint32), np.zeros(0, np.uint64),
-                 np.zeros(0, np.int64), np.zeros((0, MAX_WORDS), np.uint64), np.zeros(0, np.int64))  # fmt: skip
-        parts = [empty]
-    t, i, ip, nw, w, off = (np.concatenate([p[j] for p in parts]) for j in range(6))
+    t, i, ip, nw, w, off = (c[:n] for c in out)
     if lost:
         problems.append(f"{lost} events cut by an overflow or damage")
     return PtwEvents(t, i, ip, nw, w, off, lost, stray, problems)

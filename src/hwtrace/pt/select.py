@@ -13,12 +13,16 @@ import numpy as np
 from .. import aot
 from . import _loops as PK
 from .kinds import Kind
-from .packets import PacketTable
+from .packets import ColumnBuffers, PacketTable
 
-__all__ = ["TIMING_KINDS", "decode_selected", "kind_mask"]
+__all__ = ["SELECTED_TYPES", "TIMING_KINDS", "decode_selected", "kind_mask"]
 
 # What the time model needs.
 TIMING_KINDS = (Kind.PSB, Kind.PSBEND, Kind.OVF, Kind.TSC, Kind.TMA, Kind.MTC, Kind.CYC, Kind.CBR)
+
+
+# The columns decode_selected fills: offset, kind, a, b, c.
+SELECTED_TYPES = (np.int64, np.uint8, np.uint64, np.uint32, np.uint8)
 
 
 def kind_mask(kinds: Iterable[int]) -> np.ndarray:
@@ -73,18 +77,29 @@ def _scan(buf, start, end, errata, keep, off, kind, a, b, c, e_off, e_code, e_id
 
 
 def decode_selected(
-    buf: np.ndarray, start: int, end: int, keep: np.ndarray, errata: int = 0
+    buf: np.ndarray,
+    start: int,
+    end: int,
+    keep: np.ndarray,
+    errata: int = 0,
+    buffers: ColumnBuffers | None = None,
 ) -> PacketTable:
     """The packets of ``buf[start:end]`` whose kinds ``keep`` marks
     (:func:`kind_mask`), as a table; decode errors recorded, decoding
-    going on at the next PSB."""
+    going on at the next PSB.  With ``buffers`` (of :data:`SELECTED_TYPES`)
+    the table's columns are views of them, valid until their next use: a
+    stream read chunk by chunk then writes every chunk into the memory of
+    the last, not into fresh pages."""
     # A kept packet takes two bytes or more but for CYC (one): room for
     # every other byte at first, for every byte when that was not enough.
-    # (Zeroed columns are fresh pages only touched where rows go.)
+    # (Rows past those written are never read: the columns need no zeros,
+    # which for a large array glibc may write all of.)
     cap = (end - start) // 2 + 64
     while True:
-        cols = (np.zeros(cap, np.int64), np.zeros(cap, np.uint8), np.zeros(cap, np.uint64),
-                np.zeros(cap, np.uint32), np.zeros(cap, np.uint8))  # fmt: skip
+        if buffers is not None:
+            cols = buffers.take(cap)
+        else:
+            cols = tuple(np.empty(cap, t) for t in SELECTED_TYPES)
         errs = (np.zeros(256, np.int64), np.zeros(256, np.int8), np.zeros(256, np.int64))
         n, ne = _scan(buf, start, end, errata, keep, *cols, *errs)
         if n >= 0 and ne <= 256:
