@@ -630,6 +630,8 @@ class _Library:
                  by_loop: dict[str, list[dict] | bytes], directory: str) -> None:  # fmt: skip
         self.dlls = {name: ctypes.CDLL(os.path.join(directory, name)) for name in libraries}
         self.path = os.path.join(directory, libraries[-1])
+        for name, value in _global_values.items():
+            self.set_global(name, value)
         # Loops some specialisation of which numba keeps (they allocate,
         # or return arrays): calling numba for those is no reason to build.
         self.numba_only = {s.split("(", 1)[0] for s in skipped}
@@ -637,6 +639,14 @@ class _Library:
         # calls a few of the loops); a spec's key (nested lists, as JSON
         # has them) becomes a tuple then too.
         self.raw = by_loop
+
+    def set_global(self, name: str, value: int) -> None:
+        """Set each of the libraries' copies of the global ``name``."""
+        for dll in self.dlls.values():
+            try:
+                ctypes.c_int64.in_dll(dll, name).value = value
+            except ValueError:  # (a library none of whose loops read it)
+                continue
 
     def _specs(self, name: str) -> dict:
         raw = self.raw.get(name, [])
@@ -1214,19 +1224,16 @@ def c_address(loop: CompiledLoop) -> int | None:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def library_globals(name: str) -> list[ctypes.c_int64]:
-    """Each loaded library's copy of the global ``name`` (one of
-    :data:`LIBRARY_GLOBALS`), to set."""
-    lib = _load_library()
-    if lib is None:
-        return []
-    out = []
-    for dll in lib.dlls.values():
-        try:
-            out.append(ctypes.c_int64.in_dll(dll, name))
-        except ValueError:
-            continue
-    return out
+def set_library_global(name: str, value: int) -> None:
+    """Give each library's copy of the global ``name`` (one of
+    :data:`LIBRARY_GLOBALS`) ``value``: those loaded, and those loaded
+    later (a library's loops may read it before anything asked for a C
+    function of it)."""
+    with _lock:
+        _global_values[name] = value
+        lib = _library if isinstance(_library, _Library) else None
+    if lib is not None:
+        lib.set_global(name, value)
 
 
 def fallbacks() -> set[str]:
@@ -1295,8 +1302,9 @@ _ALLOWED_EXTERNAL = {
 }  # fmt: skip
 # Global variables loops read by name (numba finds them through
 # llvmlite.binding.add_symbol): the library defines its own, weak (one
-# per library), which :func:`library_globals` gives to set.
+# per library), which :func:`set_library_global` sets.
 LIBRARY_GLOBALS = ("hwtrace_filter_threshold_table", "hwtrace_filter_threshold_slots")
+_global_values: dict[str, int] = {}  # what set_library_global gave them
 _TRAP_STUBS = ("NRT_MemInfo_call_dtor",)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -716,3 +717,29 @@ def test_fuzz_random_bytes_rejected_cleanly(data: bytes) -> None:
         p.verify()
     except VerifierError as e:
         assert e.where.startswith("insn ")
+
+
+def test_library_loops_read_the_shared_table(tmp_path) -> None:
+    """The interpreter's loop in a native library read the threshold table
+    the process shares though nothing asked the library for a C function
+    (each library has its own copy of the table's address, given it when
+    the library is loaded)."""
+    from hwtrace import aot
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler to link a library with")
+    table = native.threshold_table()
+    text = "r1 = 17\nr2 = 12345\ncall set_threshold\nr1 = 17\ncall get_threshold\nexit"
+    aot.use_library(None)
+    try:
+        assert prog(text)(0, 0) == 12345  # through numba (the library is built from its code)
+        table[17] = 0
+        manifest = aot.build(tmp_path, modules=("hwtrace.filter.ebpf.interp",))
+        assert manifest is not None and aot.use_library(manifest)
+        aot._fallbacks.clear()
+        assert prog(text)(0, 0) == 12345 and table[17] == 12345
+        assert "hwtrace.filter.ebpf.interp:run" not in aot.fallbacks()
+    finally:
+        table[17] = 0
+        aot.use_library(None)
+        aot._library = False  # look for the real one again

@@ -286,11 +286,12 @@ def set_threshold_table(address: int, slots: int = abi.THRESHOLD_SLOTS) -> None:
 
 def _share_table() -> None:
     """Give the native library's copies of the table's address and length
-    the values of the process's."""
-    for g in aot.library_globals(_THRESHOLD_SYMBOL):
-        g.value = _threshold_pointer.value
-    for g in aot.library_globals(_THRESHOLD_SLOTS_SYMBOL):
-        g.value = _threshold_slots.value
+    the values of the process's (now, and when the library is loaded)."""
+    aot.set_library_global(_THRESHOLD_SYMBOL, _threshold_pointer.value)
+    aot.set_library_global(_THRESHOLD_SLOTS_SYMBOL, _threshold_slots.value)
+
+
+_share_table()
 
 
 # Python stand-ins of the intrinsics _numba_extensions defines.
