@@ -55,9 +55,8 @@ from .. import aot
 from ..columns import distinct, distinct_rows
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
-from ..pt.packets import ColumnBuffers, as_buffer, map_file, packet_errata, psb_chunks, release
-from ..pt.select import SELECTED_TYPES, decode_selected, kind_mask
-from ..pt.timing import TimeBuffers, estimate_time, new_time_state
+from ..pt.packets import as_buffer, map_file, release
+from ..pt.select import kind_mask, timed_chunks
 
 __all__ = [
     "ENTITY_NAMES",
@@ -179,17 +178,11 @@ def stream_events(
     the time model need are decoded into columns; the others are skipped."""
     config = config or PtConfig()
     buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
-    tstate = new_time_state()
     parts = []
     in_psb = False
     overflows = errors = 0
     last_time = None  # the time model's time at the last packet: the last timing packet's
-    errata = packet_errata(config)
-    # (Each chunk's packets and times go into the memory of the last.)
-    packet_buffers, time_buffers = ColumnBuffers(SELECTED_TYPES), TimeBuffers()
-    for start, end in psb_chunks(buf, chunk_bytes):
-        table = decode_selected(buf, start, end, _KEEP, errata, packet_buffers)
-        times = estimate_time(table, config, state=tstate, buffers=time_buffers, fcr=False)
+    for start, end, table, times in timed_chunks(buf, _KEEP, config, chunk_bytes):
         if times.tsc.shape[0]:
             last_time = int(times.tsc[-1])
         overflows += int(np.count_nonzero(table.kind == Kind.OVF))

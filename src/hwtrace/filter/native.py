@@ -492,7 +492,6 @@ def c_entry(loop: aot.CompiledLoop, signature: str) -> int:
     imported then; the library is built with it for next time)."""
     address = aot.c_address(loop)
     if address is not None:
-        _share_table()
         return address
     from numba import cfunc
 

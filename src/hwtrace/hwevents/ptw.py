@@ -36,16 +36,8 @@ from .. import aot
 from ..columns import Columns
 from ..pt.config import PtConfig
 from ..pt.kinds import Kind
-from ..pt.packets import (
-    ColumnBuffers,
-    as_buffer,
-    encode_table,
-    map_file,
-    packet_errata,
-    psb_chunks,
-)
-from ..pt.select import SELECTED_TYPES, decode_selected, kind_mask
-from ..pt.timing import TimeBuffers, estimate_time, new_time_state
+from ..pt.packets import as_buffer, encode_table, map_file
+from ..pt.select import kind_mask, timed_chunks
 
 __all__ = [
     "MARK",
@@ -351,22 +343,17 @@ def decode_events(data, config: PtConfig | None = None, *, chunk_bytes: int = 4 
     """The PTWRITE events of a PT stream (bytes, a buffer or a path)."""
     config = config or PtConfig()
     buf = map_file(data) if isinstance(data, (str, os.PathLike)) else as_buffer(data)
-    tstate = new_time_state()
-    errata = packet_errata(config)
     lost = stray = 0
     problems: list[str] = []
-    # (Each chunk's packets and times go into the memory of the last, its
-    # events after the last chunk's: fresh memory costs more than decoding.)
-    packet_buffers, time_buffers = ColumnBuffers(SELECTED_TYPES), TimeBuffers()
+    # (Each chunk's events go after the last chunk's, not into columns of
+    # their own joined at the end: fresh memory costs more than decoding.)
     out = _new_event_columns(0)
     n = 0
     synced = False
-    for start, end in psb_chunks(buf, chunk_bytes):
+    for _, end, table, times in timed_chunks(buf, _KEEP, config, chunk_bytes):
         synced = True
-        table = decode_selected(buf, start, end, _KEEP, errata, packet_buffers)
         for off, code in zip(table.err_offset.tolist(), table.err_code.tolist(), strict=True):
             problems.append(f"offset {off:#x}: decode error {code}: resynchronised at the next PSB")
-        times = estimate_time(table, config, state=tstate, buffers=time_buffers, fcr=False)
         room = n + int(np.count_nonzero(table.kind == _PTW)) + 1
         if out[0].shape[0] < room:
             # Room for as many events a byte as so far, for the whole stream.

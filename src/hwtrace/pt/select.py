@@ -6,16 +6,18 @@ a full decode.  Packets, offsets and errors are the packet decoder's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from .. import aot
 from . import _loops as PK
+from .config import PtConfig
 from .kinds import Kind
-from .packets import ColumnBuffers, PacketTable
+from .packets import ColumnBuffers, PacketTable, packet_errata, psb_chunks
+from .timing import TimeBuffers, TimeColumns, estimate_time, new_time_state
 
-__all__ = ["SELECTED_TYPES", "TIMING_KINDS", "decode_selected", "kind_mask"]
+__all__ = ["SELECTED_TYPES", "TIMING_KINDS", "decode_selected", "kind_mask", "timed_chunks"]
 
 # What the time model needs.
 TIMING_KINDS = (Kind.PSB, Kind.PSBEND, Kind.OVF, Kind.TSC, Kind.TMA, Kind.MTC, Kind.CYC, Kind.CBR)
@@ -114,3 +116,20 @@ def decode_selected(
     table = PacketTable(off, kind, np.zeros(n, np.uint8), a, b, c,
                         err_offset=errs[0][:ne], err_code=errs[1][:ne], err_index=errs[2][:ne])  # fmt: skip
     return table
+
+
+def timed_chunks(
+    buf: np.ndarray, keep: np.ndarray, config: PtConfig, chunk_bytes: int
+) -> Iterator[tuple[int, int, PacketTable, TimeColumns]]:
+    """Each PSB-aligned chunk of ``buf`` (``(start, end, table, times)``):
+    its packets of the kinds ``keep`` marks and their times, the time
+    model carrying over from chunk to chunk.  A chunk's columns are views
+    of the memory of the last one's, valid until the next chunk: fresh
+    memory costs more than decoding into it."""
+    tstate = new_time_state()
+    errata = packet_errata(config)
+    packet_buffers, time_buffers = ColumnBuffers(SELECTED_TYPES), TimeBuffers()
+    for start, end in psb_chunks(buf, chunk_bytes):
+        table = decode_selected(buf, start, end, keep, errata, packet_buffers)
+        times = estimate_time(table, config, state=tstate, buffers=time_buffers, fcr=False)
+        yield start, end, table, times
