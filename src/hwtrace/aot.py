@@ -1609,9 +1609,8 @@ _DEFINE = r"^(define internal [^\n]*?@(\S+?)\(.*\)[^\n{]*?)( #\d+)? \{$"
 
 def _inline_marked(mod, ll):
     """``mod`` with the internal functions of :func:`_native_inline_prefixes`
-    inlined where they are called.  A step function of the flow decoder
-    takes the decoder's state as several hundred words, which a call
-    copies; calling one from another is most of the cost of an event."""
+    inlined where they are called: the filter tiers' small helpers, whose
+    C trampolines would otherwise be most of the cost of a call."""
     prefixes = _native_inline_prefixes()
     if not prefixes or not any(
         f.name.startswith(prefixes) and not f.is_declaration for f in mod.functions

@@ -2052,11 +2052,14 @@ def _clear_postponed(SI):
 
 
 # The step functions call one another with the decoder's state as tuples
-# of arrays, several hundred words a call to copy: the checks that mostly
-# find nothing to do are inlined where they are called (``inline``), the
-# work stays out of line; the steps an event takes (next_event, _trailing,
-# _proceed, _proceed_event) are inlined by the native library
-# (``native_inline``, see hwtrace.aot).
+# of arrays: the checks that mostly find nothing to do are inlined where
+# they are called (``inline``), the work stays out of line.  In the native
+# library a call passes only the words its callee reads (see hwtrace.aot),
+# so the steps an event takes (next_event, _trailing, _proceed,
+# _proceed_event) and the fast loop stay functions of their own too:
+# inlined, they made ``run`` 150 KB of code, and an event's path through it
+# cost more in instruction fetches than the calls do (syscalls-2k decoded
+# 3% faster out of line, the plain workloads alike).
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -2104,7 +2107,7 @@ def _pending_after_postponed(ds, pk, cf, ct):
     return _status(ds[0], ST_EVENT_PENDING)
 
 
-@aot.njit(cache=True, native_inline=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed_event(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     errata = cf[0][CF_ERRATA]
@@ -2215,7 +2218,7 @@ def _bdm64(ds, ct, ev):
     return 1
 
 
-@aot.njit(cache=True, native_inline=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _trailing(ds, pk, cf, ct, has_block):
     """Events that bind to the current IP (after a block or an event)."""
     SI, SU, CUR = ds[0], ds[1], ds[2]
@@ -2375,7 +2378,7 @@ def _trailing(ds, pk, cf, ct, has_block):
         return _finish(ds, pk, cf, ct)
 
 
-@aot.njit(cache=True, native_inline=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _proceed(ds, pk, cf, ct, out):
     SI, CUR = ds[0], ds[2]
     if SI[BS_STATUS] != 0:
@@ -2418,7 +2421,7 @@ def _row_walk(ds, pk, out, uncached):
     o_flags[row] = (o_flags[row] & ~np.uint8(O_UNCACHED)) | uncached
 
 
-@aot.njit(cache=True, native_inline=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def next_event(ds, pk, cf, ct, ev_out):
     """The pending event, applied (BlockDecoder.next_event): status flags
     with a copy of the event in ``ev_out``, or -code."""
@@ -3203,7 +3206,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     return code
 
 
-@aot.njit(cache=True, native_inline=True, _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _fast(ds, pk, cf, ct, out):
     """Walk runs against TNT bits and TIPs while the trace is plain flow.
 
