@@ -150,8 +150,14 @@ def test_sys_enter_openat_pointer_is_an_integer():
     f = fields(s)
     assert f["filename"] == (IntType(8, False), 24)  # the pointer, not the string
     assert f["__syscall_nr"] == (IntType(4, True), 8)
-    assert f["dfd"] == (IntType(8, False), 16)
+    # The kernel records the argument's register (size 8, signed:0); the
+    # call takes an int: AT_FDCWD is -100, not 4294967196.
+    assert f["dfd"] == (IntType(4, True), 16)
     assert verdict("filename != 0 && dfd == -100", s, {"filename": 0x7FFF0000, "dfd": -100})
+    registers = schema_from_tracefs(SYS_ENTER_OPENAT.replace("int dfd;", "unsigned long dfd;"))
+    image = EventRecord(registers, {"filename": 0x7FFF0000, "dfd": 0xFFFFFF9C})
+    for text, want in (("dfd == -100", True), ("dfd < 0", True), ("dfd == 4294967196", False)):
+        assert evaluate(compile_check(text, s), image.address, CONTEXT.address) == want, text
     with pytest.raises(FilterError, match="cannot compare a string with a number"):
         compile_check('filename == "/etc/*"', s)
 
@@ -162,7 +168,7 @@ def test_sys_enter_openat_pointer_as_a_string_for_kernel_filters():
     s = schema_from_tracefs(SYS_ENTER_OPENAT, pointer_strings=True)
     f = fields(s)
     assert f["filename"] == (StringType("ptr"), 24)
-    assert f["dfd"] == (IntType(8, False), 16)
+    assert f["dfd"] == (IntType(4, True), 16)
     assert s.size == schema_from_tracefs(SYS_ENTER_OPENAT).size
     tree = compile_check('filename == "/etc/*" && flags != 0', s)
     assert tree.type == "s64"

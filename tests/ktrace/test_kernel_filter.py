@@ -76,6 +76,11 @@ CASES = [
     ("sched:sched_process_exec", 'filename == "/usr/bin/*" && pid > 0',
      'filename ~ "/usr/bin/*" && pid > 0'),
     ("sched:sched_process_exec", 'filename == "/usr/bin/cat"', 'filename == "/usr/bin/cat"'),
+    # An int argument is the low half of the register the kernel records:
+    # AT_FDCWD is -100 (ftrace compares the whole register: glibc's
+    # zero-extended int).
+    ("syscalls:sys_enter_openat", "dfd == -100 && flags >= 0", "dfd == 4294967196"),
+    ("syscalls:sys_enter_openat", "dfd < 0 || dfd > 2", "dfd == 4294967196 || dfd > 2"),
 ]  # fmt: skip
 # A system call's char * argument, read from the process's memory in the
 # kernel (bpf_probe_read_user_str), against ftrace's own reading of it

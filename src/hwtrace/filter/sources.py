@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,9 @@ def schema_from_tracefs(text: str, name: str = "", *, pointer_strings: bool = Fa
     that size and signedness (a pointer such as ``const char *filename`` is
     the pointer's value: the pointee is not in the record; with
     ``pointer_strings``, for a reader that can follow it, a ``char *`` is a
-    string read through the pointer).  Fields that
+    string read through the pointer).  An integer whose C type is narrower
+    than its field (a system call's ``int`` argument, recorded as the
+    8-byte register) is that type, its low bytes.  Fields that
     cannot be read as values (flexible ``T name[]`` tails, ``__rel_loc``
     fields, structures of other sizes) are left out of the schema.
     """
@@ -192,8 +195,17 @@ def _tracefs_field(
             return None
         if pointer_strings and size == 8 and _is_char_pointer(ctype):
             return fname, StringType("ptr")
-        # A pointer is its value: the pointee is not in the record.
-        return fname, IntType(size, signed and "*" not in ctype)
+        if "*" in ctype:
+            # A pointer is its value: the pointee is not in the record.
+            return fname, IntType(size, False)
+        declared = _c_int(ctype)
+        if declared is not None and declared.size < size and sys.byteorder == "little":
+            # A system call's argument: the kernel records the whole
+            # register (8 bytes, signed:0), the call takes its C type's low
+            # bytes (an ``int dfd`` of AT_FDCWD is -100, as in C and in
+            # LTTng's system call events, not 4294967196).
+            return fname, declared
+        return fname, IntType(size, signed)
     dims = [d.strip() for d in re.findall(r"\[([^\]]*)\]", dims_text)]
     base = " ".join(w for w in ctype.split() if w not in ("const", "volatile"))
     if base == "char" and len(dims) == 1:
