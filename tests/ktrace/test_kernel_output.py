@@ -148,9 +148,9 @@ def _bt_value(text: str, pos: int) -> tuple[object, int]:
             items.append(v)
             pos += 2 if text.startswith(", ", pos) else 1
         return items, pos + 1
-    m = re.compile(r"-?\d+").match(text, pos)
+    m = re.compile(r"-?0x[0-9a-f]+|-?\d+").match(text, pos)
     assert m, text[pos:]
-    return int(m.group()), m.end()
+    return int(m.group(), 0), m.end()
 
 
 def bt_payload(text: str | None) -> dict:
@@ -367,6 +367,66 @@ def test_synthetic_ctf(tmp_path: Path) -> None:
         w["fields"] = {k: w["fields"][k] for k in
                        ("value", "name", "path", "ports", "_ids_length", "ids", "delta")}  # fmt: skip
     check_babeltrace(tmp_path / "ctf", want)
+
+
+# A system call's event: an int argument and a pointer in 8-byte slots (the
+# registers the kernel records).
+OPENAT = """\
+name: sys_enter_openat
+ID: 4243
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:int dfd;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:const char * filename;\toffset:24;\tsize:8;\tsigned:0;
+
+print fmt: "dfd: 0x%08lx, filename: 0x%08lx", ((unsigned long)(REC->dfd)), ((unsigned long)(REC->filename))
+"""
+
+
+def test_pointers_listed_in_hex(tmp_path: Path) -> None:
+    """A pointer is listed as ftrace and perf print it, 0x and lower-case
+    hex (compiled and Python writers alike; CTF declares it base 16), a
+    number in JSON; an int argument is its register's low half."""
+    e = TracedEvent("syscalls:sys_enter_openat", schema_from_tracefs(OPENAT), OPENAT, 4243)
+    n = 6
+    header = np.zeros(n, HEADER)
+    pointers = [0x7F328965DDA0 + 0x1000 * i for i in range(n - 1)] + [0]
+    records = [struct.pack("<QiiQQ", 0xFFFF888827D26B20, 257, 0, 0xFFFFFF9C, p) for p in pointers]
+    for i in range(n):
+        header[i] = (10**12 + 1000 * i, 0, 0, 1, 0, 100, 100, 0, 0, b"cat", 0, 0)
+    sizes = np.full(n, 32, np.int64)
+    starts = np.arange(n, dtype=np.int64) * 40
+    buf = np.zeros(40 * n, np.uint8)
+    for s, r in zip(starts.tolist(), records, strict=True):
+        buf[s : s + 32] = np.frombuffer(r, np.uint8)
+    header["size"] = sizes
+    batch = EventBatch([e], header, buf, starts, sizes)
+    text = TextOutput(io.StringIO(), [e])
+    compiled, python = _both_ways(text, batch)
+    assert compiled is not None and compiled == python
+    lines = compiled.decode().splitlines()
+    assert [x.split(": ", 2)[2] for x in lines] == [
+        f"__syscall_nr=257 dfd=-100 filename={p:#x}" for p in pointers
+    ]
+    assert lines[0].endswith("filename=0x7f328965dda0") and lines[-1].endswith("filename=0x0")
+    js = JsonLinesOutput(str(tmp_path / "t.jsonl"), [e])
+    compiled, python = _both_ways(js, batch)
+    assert compiled == python
+    assert [json.loads(x)["fields"]["filename"] for x in compiled.decode().splitlines()] == pointers
+    with open_trace_output(str(tmp_path / "ctf"), [e], cmdline=["test"]) as out:
+        out.write(batch)
+    metadata = (tmp_path / "ctf" / "metadata").read_text()
+    assert re.search(r"base = 16; \} _filename;", metadata)
+    assert re.search(r"signed = true; byte_order = le; base = 10; \} _dfd;", metadata)
+    if BABELTRACE is not None:
+        listed = subprocess.run([BABELTRACE, str(tmp_path / "ctf")], capture_output=True,
+                                text=True, timeout=60).stdout  # fmt: skip
+        assert "filename = 0x7f328965dda0" in listed.lower() and "dfd = -100" in listed
 
 
 @need_perf

@@ -242,6 +242,24 @@ def _tracefs_field(
     return fname, t
 
 
+def pointer_fields(text: str) -> frozenset[str]:
+    """The fields of a tracefs event ``format`` file's text that are
+    pointers (``const char * filename``, ``void * addr``): integers to the
+    filter, addresses to a reader, who expects them in hex as ftrace and
+    perf print them."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("print fmt:"):
+            break
+        m = _FIELD_LINE.fullmatch(line)
+        if m is None or m["decl"].split(None, 1)[0] in ("__data_loc", "__rel_loc"):
+            continue
+        d = _PLAIN_DECL.fullmatch(m["decl"].strip())
+        if d is not None and not d["dims"] and "*" in d["type"]:
+            out.add(d["name"])
+    return frozenset(out)
+
+
 def _is_char_pointer(ctype: str) -> bool:
     """``char *``, ``const char *``, ``const char __user *``: one level of
     pointer to plain char."""

@@ -60,6 +60,7 @@ from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_bl
 from ..filter.ebpf.kernel import HEADER as HEADER_DTYPE
 from ..filter.listing import read_int
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
+from ..filter.sources import pointer_fields
 from ..perf.attr import PerfEventAttr, PerfType
 from ..perf.features import Feature
 from ..perf.records import Comm, LostSamples, RecordType, SampleId, SampleType, sample_dtype
@@ -68,6 +69,7 @@ from ..textout import (
     digit_count,
     pad_to,
     put_dec,
+    put_hex,
     put_row,
     put_seconds,
     put_signed,
@@ -107,6 +109,7 @@ class _Field:
     size: int  # int: bytes; chars: N; ints/seq: element bytes; str: 4
     signed: bool = False
     dims: tuple[int, ...] = ()
+    hex: bool = False  # an int that is a pointer: listed in hex
 
     @property
     def fixed(self) -> int:
@@ -142,6 +145,7 @@ class _Plan:
     def of(cls, e: TracedEvent) -> _Plan:
         fields: list[_Field] = []
         common: dict[str, tuple[int, int]] = {}
+        pointers = pointer_fields(e.format_text)
         for f in e.schema.fields:
             t = f.type
             if f.name.startswith("common_"):
@@ -149,7 +153,8 @@ class _Plan:
                     common[f.name] = (f.offset, t.size)
                 continue
             if isinstance(t, IntType):
-                fields.append(_Field(f.name, "int", f.offset, t.size, t.signed))
+                hex_ = f.name in pointers
+                fields.append(_Field(f.name, "int", f.offset, t.size, t.signed, hex=hex_))
             elif isinstance(t, StringType) and t.storage == "inline":
                 fields.append(_Field(f.name, "chars", f.offset, t.capacity))
             elif isinstance(t, StringType) and t.storage == "data_loc":
@@ -497,6 +502,9 @@ class JsonLinesOutput(TraceOutput):
         for g in self._groups(batch):
             name = self.events[g.k].name
             items = list(self.decode(g).items())
+            if not self.JSON:
+                hexed = {f.name for f in self.plans[g.k].fields if f.hex}
+                items = [(f, [f"{v:#x}" for v in c] if f in hexed else c) for f, c in items]
             for j, i in enumerate(g.rows.tolist()):
                 lines[i] = line(cols, i, name, {f: c[j] for f, c in items})
         return [lines[i] for i in np.argsort(h["time"], kind="stable").tolist()]
@@ -520,8 +528,9 @@ class JsonLinesOutput(TraceOutput):
         self.closed = True
 
 
-# Field kinds of the compiled text lines (_Field.kind).
-_T_INT, _T_CHARS, _T_INTS, _T_STR = 0, 1, 2, 3
+# Field kinds of the compiled text lines (_Field.kind; _T_HEX: a pointer
+# in a text line).
+_T_INT, _T_CHARS, _T_INTS, _T_STR, _T_HEX = 0, 1, 2, 3, 4
 _T_OF = {"int": _T_INT, "chars": _T_CHARS, "ints": _T_INTS, "str": _T_STR}
 _INT_TEXT = 20  # the digits of a 64-bit value and its sign
 
@@ -588,6 +597,10 @@ def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, t
             if k == _T_INT:
                 v = read_int(row, off, size, signed)
                 p = put_signed(out, p, np.int64(v)) if signed else put_dec(out, p, v)
+            elif k == _T_HEX:
+                out[p] = 48  # 0x
+                out[p + 1] = 120
+                p = put_hex(out, p + 2, read_int(row, off, size, False), 0)
             elif k == _T_INTS:
                 base, count = f_base[f], f_count[f]
                 for e in range(count):
@@ -711,8 +724,9 @@ class _LinePlan:
             elif f.kind == "chars":
                 most += _JSON_BYTE * f.size + 2
         tab, lens = string_list_table(rows)
+        kinds = [_T_HEX if f.hex and not json else _T_OF[f.kind] for f in fields]
         arrays = (
-            np.array([_T_OF[f.kind] for f in fields], np.int64),
+            np.array(kinds, np.int64),
             np.array([f.offset for f in fields], np.int64),
             np.array([f.size for f in fields], np.int64),
             np.array([f.signed for f in fields], np.bool_),
@@ -1039,11 +1053,11 @@ _EVENT_HEAD = np.dtype(
 _TSDL_KEYWORDS = {"_Bool", "_Complex", "_Imaginary"}
 
 
-def _ctf_int(size: int, signed: bool, extra: str = "") -> str:
+def _ctf_int(size: int, signed: bool, extra: str = "", base: int = 10) -> str:
     sign = "true" if signed else "false"
     return (
         f"integer {{ size = {8 * size}; align = 8; signed = {sign}; byte_order = le; "
-        f"base = 10;{extra} }}"
+        f"base = {base};{extra} }}"
     )
 
 
@@ -1059,7 +1073,8 @@ def _ctf_fields(plan: _Plan) -> list[str]:
     for f in plan.fields:
         name = _ctf_name(f.name)
         if f.kind == "int":
-            lines.append(f"{_ctf_int(f.size, f.signed)} {name};")
+            # (a pointer in hex, as LTTng's ctf_integer_hex)
+            lines.append(f"{_ctf_int(f.size, f.signed, base=16 if f.hex else 10)} {name};")
         elif f.kind == "chars":
             lines.append(f"{_ctf_int(1, False, ' encoding = UTF8;')} {name}[{f.size}];")
         elif f.kind == "ints":
