@@ -911,7 +911,39 @@ def _run(
         err = 0
         cut = False
         avail = end - pos
-        if h == 0x00:
+        # Atoms first: most of a trace's packets, and no other header is
+        # 0xC0 or above.
+        if h >= 0xC0:
+            if h >= 0xF8:
+                kind, atoms, natoms = 52, h & 7, 3
+            elif h >= 0xF6:
+                kind, atoms, natoms = 50, h & 1, 1
+            elif h == 0xF5 or (h >= 0xD5 and h <= 0xD7):
+                kind = 54
+                natoms = 5
+                pi = ((h & 0x20) >> 3) | (h & 3)
+                if pi == 5:
+                    atoms = 0x1E
+                elif pi == 1:
+                    atoms = 0
+                elif pi == 2:
+                    atoms = 0x0A
+                else:
+                    atoms = 0x15
+            elif h >= 0xD8 and h <= 0xDB:
+                kind, atoms, natoms = 51, h & 3, 2
+            elif h >= 0xDC and h <= 0xDF:
+                kind, natoms = 53, 4
+                j = h & 3
+                atoms = 0xE if j == 0 else (0 if j == 1 else (0xA if j == 2 else 0x5))
+            else:
+                kind = 55
+                es = (h & 0x1F) + 3
+                atoms = (1 << es) - 1
+                if h & 0x20 == 0:
+                    atoms |= 1 << es
+                natoms = es + 1
+        elif h == 0x00:
             if avail < 2:
                 cut = True
             else:
@@ -1211,36 +1243,6 @@ def _run(
                 base = 37 if h < 0xB0 else 44
                 kind = base + isa + (2 if is64 else 0)
                 _push(st, addr, isa, 8 * alen)
-        elif h >= 0xC0:
-            if h >= 0xF8:
-                kind, atoms, natoms = 52, h & 7, 3
-            elif h >= 0xF6:
-                kind, atoms, natoms = 50, h & 1, 1
-            elif h == 0xF5 or (h >= 0xD5 and h <= 0xD7):
-                kind = 54
-                natoms = 5
-                pi = ((h & 0x20) >> 3) | (h & 3)
-                if pi == 5:
-                    atoms = 0x1E
-                elif pi == 1:
-                    atoms = 0
-                elif pi == 2:
-                    atoms = 0x0A
-                else:
-                    atoms = 0x15
-            elif h >= 0xD8 and h <= 0xDB:
-                kind, atoms, natoms = 51, h & 3, 2
-            elif h >= 0xDC and h <= 0xDF:
-                kind, natoms = 53, 4
-                j = h & 3
-                atoms = 0xE if j == 0 else (0 if j == 1 else (0xA if j == 2 else 0x5))
-            else:
-                kind = 55
-                es = (h & 0x1F) + 3
-                atoms = (1 << es) - 1
-                if h & 0x20 == 0:
-                    atoms |= 1 << es
-                natoms = es + 1
         elif h >= 0xA0 and h <= 0xAF and q_elem and _Q_FORM[h & 0xF] != 0:
             # Q: an instruction count, with an address in some forms
             qt = h & 0xF
