@@ -82,7 +82,7 @@ import numpy as np
 from ..aot import njit
 
 # The loops Python calls (the others are built into them: hwtrace.aot).
-AOT_ENTRIES = ("_run", "_event_rows")
+AOT_ENTRIES = ("_run", "_event_rows", "_event_bound")
 
 __all__ = [
     "Etm4Config",
@@ -1700,13 +1700,27 @@ def event_packets(
 
 
 @njit(cache=True, _nrt=False)
-def _event_rows(kind, address, reg, out_row, out_which, out_ts_row):
-    """One pass of :func:`trace_on_events` over the packets: each event's
-    row, which name (0: ITE, else 1 + its address's index in ``reg``) and
-    the row of the timestamp it takes (-1: none before the next start).
-    Returns the events (-1 when the outputs are too small: they need a row
-    per packet at most)."""
-    cap = out_row.shape[0]
+def _event_bound(kind):
+    """The most events :func:`_event_rows` can find: one a start of
+    tracing and one an ITE packet."""
+    n = 0
+    for i in range(kind.shape[0]):
+        k = kind[i]
+        n += (k == _K_TRACE_ON) | (k == _K_TRACE_INFO) | (k == _K_ITE)
+    return n
+
+
+@njit(cache=True, _nrt=False)
+def _event_rows(kind, address, context, vmid, el, info, offset, payload, ts, cc, reg, out):
+    """One pass of :func:`trace_on_events` over the packets, which writes
+    each event's columns as it meets it (``out``: which name, 0 for ITE,
+    else 1 + its address's index in ``reg``; address, context, VMID, EL,
+    offset and payload; the timestamp and cycle count it takes, -1 for
+    none before the next start), reading the packet columns in order, not
+    gathering from them after.  Returns the events (-1 when ``out`` is too
+    small)."""
+    o_which, o_addr, o_ctx, o_vmid, o_el, o_off, o_pay, o_ts, o_cc = out
+    cap = o_which.shape[0]
     m = 0
     armed = False  # a start whose first address packet is still to come
     waiting = 0  # the events from here on wait for a timestamp
@@ -1717,7 +1731,8 @@ def _event_rows(kind, address, reg, out_row, out_which, out_ts_row):
             waiting = m  # (a new start: no timestamp for those)
         elif k == _K_TIMESTAMP:
             for j in range(waiting, m):
-                out_ts_row[j] = i
+                o_ts[j] = np.int64(ts[i])
+                o_cc[j] = cc[i]
             waiting = m
         elif k == _K_ITE or (armed and _K_ADDR_FIRST <= k <= _K_ADDR_LAST):
             which = 0
@@ -1736,9 +1751,15 @@ def _event_rows(kind, address, reg, out_row, out_which, out_ts_row):
                 which = lo + 1
             if m >= cap:
                 return -1
-            out_row[m] = i
-            out_which[m] = which
-            out_ts_row[m] = -1
+            o_which[m] = which
+            o_addr[m] = address[i]
+            o_ctx[m] = context[i]
+            o_vmid[m] = vmid[i]
+            o_el[m] = info[i] if which == 0 else np.int64(el[i])
+            o_off[m] = offset[i]
+            o_pay[m] = payload[i] if which == 0 else np.uint64(0)
+            o_ts[m] = -1
+            o_cc[m] = -1
             m += 1
     return m
 
@@ -1751,35 +1772,23 @@ def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4E
     timestamp after it, before the next start."""
     reg = np.array(sorted(addresses), dtype=np.uint64)
     kind = np.ascontiguousarray(packets.kind)
-    address = np.ascontiguousarray(packets.address, np.uint64)
-    # (room for an event per packet: fresh pages, touched only where
-    # events go)
-    cols = tuple(np.empty(kind.shape[0], np.int64) for _ in range(3))
-    m = _event_rows(kind, address, reg, *cols)
-    all_rows, which, trow = (c[:m] for c in cols)
-    is_ite = which == 0
-    has_t = trow >= 0
-    ts = (
-        np.where(has_t, packets.ts[np.maximum(trow, 0)].astype(np.int64), -1)
-        if all_rows.size
-        else np.zeros(0, np.int64)
-    )
-    cc = (
-        np.where(has_t, packets.cc[np.maximum(trow, 0)], -1)
-        if all_rows.size
-        else np.zeros(0, np.int64)
-    )
-    addr = packets.address[all_rows]
+    cap = int(_event_bound(kind))
+    out = tuple(np.empty(cap, dt) for dt in (np.int64, np.uint64, np.uint32, np.uint32, np.int64,
+                                             np.int64, np.uint64, np.int64, np.int64))  # fmt: skip
+    cols = [np.ascontiguousarray(c) for c in (
+        packets.kind, packets.address, packets.context, packets.vmid, packets.el, packets.info,
+        packets.offset, packets.payload, packets.ts, packets.cc)]  # fmt: skip
+    m = _event_rows(*cols, reg, out)
+    which, address, context, vmid, el, offset, payload, ts, cc = (c[:m] for c in out)
     table = np.array(["ITE"] + [addresses[int(a)] for a in reg], dtype=object)
-    names = table[which].tolist()
     return Etm4Events(
-        name=names,
-        address=addr,
+        name=table[which].tolist(),
+        address=address,
         ts=ts,
         cc=cc,
-        context=packets.context[all_rows],
-        vmid=packets.vmid[all_rows],
-        el=np.where(is_ite, packets.info[all_rows], packets.el[all_rows]),
-        offset=packets.offset[all_rows],
-        payload=np.where(is_ite, packets.payload[all_rows], np.uint64(0)),
+        context=context,
+        vmid=vmid,
+        el=el,
+        offset=offset,
+        payload=payload,
     )
