@@ -773,7 +773,7 @@ _MASK32 = np.int64(0xFFFFFFFF)
 _Q_FORM = np.array([1, 1, 1, 0, 0, 2, 3, 0, 0, 0, 4, 4, 5, 0, 0, 6], dtype=np.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _cont_field(buf, p, end, limit):
     """(value, bytes) of a continuation field at p, or (0, -1) if cut."""
     v = np.int64(0)
@@ -789,7 +789,7 @@ def _cont_field(buf, p, end, limit):
     return v, i
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _field_at(buf, q, end, limit):
     """(value, position after it, cut) of a continuation field at q."""
     v, k = _cont_field(buf, q, end, limit)
@@ -798,7 +798,7 @@ def _field_at(buf, q, end, limit):
     return v, q + k, False
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _push(st, addr, isa, bits):
     st[S_A2] = st[S_A1]
     st[S_I2] = st[S_I1]
@@ -811,7 +811,7 @@ def _push(st, addr, isa, bits):
     st[S_B0] = bits
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def _le_field(buf, p, nbytes):
     """The little-endian value of the ``nbytes`` bytes at p."""
     v = np.int64(0)
@@ -820,7 +820,7 @@ def _le_field(buf, p, nbytes):
     return v
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _long_addr(buf, p, isa, nbytes):
     if isa == 0:
         v = (np.int64(buf[p]) & 0x7F) << 2
@@ -831,7 +831,7 @@ def _long_addr(buf, p, isa, nbytes):
     return v | (_le_field(buf, p + 2, nbytes - 2) << 16)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _find_async(buf, p, end):
     """Offset of the next A-sync (11 zero bytes then 0x80) at or after p, or -1."""
     zeros = 0
@@ -848,7 +848,7 @@ def _find_async(buf, p, end):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _error_row(pos, code, kind, size, e_off, e_code, ne, o_off, o_kind, o_size, n):
     """Error ``code`` at ``pos``, and the packet row (``kind``, ``size``
     bytes) that stands for what it spoils: the error and packet counts
@@ -861,7 +861,7 @@ def _error_row(pos, code, kind, size, e_off, e_code, ne, o_off, o_kind, o_size, 
     return ne + 1, n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _run(
     buf, pos, end, cfg, st,
     o_off, o_kind, o_size, o_addr, o_isa, o_atoms, o_natoms, o_cc, o_ts,

@@ -171,12 +171,12 @@ class StpPacket:
 # Encoder
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _gray(x):
     return x ^ (x >> np.uint64(1))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _ungray(g):
     g ^= g >> np.uint64(1)
     g ^= g >> np.uint64(2)
@@ -187,7 +187,7 @@ def _ungray(g):
     return g
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def _with_low_bits(x, upd, bits):
     """``x`` with its low ``bits`` bits replaced by those of ``upd``."""
     if bits == 64:
@@ -419,7 +419,7 @@ _HEADER_KIND, _HEADER_NIBBLES, _HEADER_MARKED, _HEADER_TS = _header_columns()
 # where the current packet (or search for sync) began.
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def _rd(data, p, run, start, sync, soff, fnib, ctx):
     n = (data[p >> 1] >> ((p & 1) << 2)) & 15
     if n != 15:
@@ -465,7 +465,7 @@ _ERROR_COLUMNS = {
 }
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def _packet_row(cols, n, nib, off, kind, master, channel, value, marker, has_ts, ts, bits):
     """Write packet row ``n`` of the _PACKET_COLUMNS ``cols``; the row count."""
     c_nib, c_off, c_kind, c_master, c_channel, c_value, c_marker, c_has_ts, c_ts, c_bits = cols
@@ -474,7 +474,7 @@ def _packet_row(cols, n, nib, off, kind, master, channel, value, marker, has_ts,
     return n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _error_row(cols, ne, nib, code, kind, marker, value, n):
     """Write error row ``ne`` of the _ERROR_COLUMNS ``cols``: ``code`` for
     the packet (or the search for sync) that began at nibble ``nib``, after
@@ -486,7 +486,7 @@ def _error_row(cols, ne, nib, code, kind, marker, value, n):
     return ne + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _decode(data, resync, cols, ecols, blocks, st):
     """Packets into ``cols`` and errors into ``ecols``, from the decoder's
     state ``st`` (:func:`_new_state`; left where it stopped): their counts
@@ -939,7 +939,7 @@ class StpEvents:
         return self.payload[o : o + int(self.length[i])]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, last_ts, table,
               room, ev):  # fmt: skip
     """Packets into events: ``ev`` (master, channel, time, has time, first
@@ -1039,7 +1039,7 @@ def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, la
     return ne, lost
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _payloads(kind, value, pkt_ev, fill, blob):
     """The events' bytes into ``blob``: each event's from ``fill[e]`` on,
     little-endian (the bytes the program stored)."""
