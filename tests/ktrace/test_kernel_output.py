@@ -224,14 +224,21 @@ def check_perf_source(path: Path, want: list[dict]) -> None:
 
 # -- a synthetic event type: no kernel needed ------------------------------------------------
 
-SYNTHETIC = """\
-name: synthetic
-ID: 4242
-format:
+# The common fields every tracefs format starts with.
+COMMON_FIELDS = """\
 \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
 \tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
 \tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
 \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+"""
+SYNTHETIC = (
+    """\
+name: synthetic
+ID: 4242
+format:
+"""
+    + COMMON_FIELDS
+    + """\
 
 \tfield:int value;\toffset:8;\tsize:4;\tsigned:1;
 \tfield:char name[8];\toffset:12;\tsize:8;\tsigned:0;
@@ -242,6 +249,7 @@ format:
 
 print fmt: "value=%d name=%s path=%s delta=%lld", REC->value, REC->name, __get_str(path), REC->delta
 """
+)
 
 
 def synthetic_event() -> TracedEvent:
@@ -371,14 +379,14 @@ def test_synthetic_ctf(tmp_path: Path) -> None:
 
 # A system call's event: an int argument and a pointer in 8-byte slots (the
 # registers the kernel records).
-OPENAT = """\
+OPENAT = (
+    """\
 name: sys_enter_openat
 ID: 4243
 format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+"""
+    + COMMON_FIELDS
+    + """\
 
 \tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
 \tfield:int dfd;\toffset:16;\tsize:8;\tsigned:0;
@@ -386,6 +394,7 @@ format:
 
 print fmt: "dfd: 0x%08lx, filename: 0x%08lx", ((unsigned long)(REC->dfd)), ((unsigned long)(REC->filename))
 """
+)
 
 
 def test_pointers_listed_in_hex(tmp_path: Path) -> None:
