@@ -968,6 +968,7 @@ def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, la
         ev_done[j] = False
         ev_open[j] = False
     nk = 0
+    last_key, last_d = np.int64(-1), 0  # the channel of the last data packet
     g_epoch = 0  # GERR, damage: every open event ends
     ne = 0
     lost = 0
@@ -992,20 +993,24 @@ def _assemble(kind, master, channel, marker, has_ts, ts, err_rows, by_marker, la
             continue
         m = master[i]
         key = (np.int64(m) << 16) | np.int64(channel[i])
-        h = ((key * 0x9E3779B1) >> 7) & (size - 1)
-        while hkey[h] != key and hkey[h] != -1:
-            h = (h + 1) & (size - 1)
-        if hkey[h] == -1:
-            hkey[h] = key
-            hval[h] = nk
-            dkey[nk] = key
-            open_ev[nk] = -1
-            nk += 1
-            d = nk - 1
-            if 2 * nk > size:
-                return -1, 0  # kept half empty: a larger table
+        if key == last_key:
+            d = last_d  # (a message's packets come one after another)
         else:
-            d = hval[h]
+            h = ((key * 0x9E3779B1) >> 7) & (size - 1)
+            while hkey[h] != key and hkey[h] != -1:
+                h = (h + 1) & (size - 1)
+            if hkey[h] == -1:
+                hkey[h] = key
+                hval[h] = nk
+                dkey[nk] = key
+                open_ev[nk] = -1
+                nk += 1
+                d = nk - 1
+                if 2 * nk > size:
+                    return -1, 0  # kept half empty: a larger table
+            else:
+                d = hval[h]
+            last_key, last_d = key, d
         e = open_ev[d]
         if e >= 0 and (open_me[d] != m_epoch[m] or open_ge[d] != g_epoch):
             e = -1  # cut by an error since it opened
