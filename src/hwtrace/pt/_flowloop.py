@@ -1542,15 +1542,27 @@ def ev_start(ds, pk, cf):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def _copy_words(dst, src, n):
+    """``dst[:n] = src[:n]``, four words loaded before four are stored:
+    LLVM cannot tell the arrays apart, and word by word it copies them one
+    at a time (a load and a store each); so it moves them in vectors."""
+    j = 0
+    while j + 4 <= n:
+        a, b, c, d = src[j], src[j + 1], src[j + 2], src[j + 3]
+        dst[j], dst[j + 1], dst[j + 2], dst[j + 3] = a, b, c, d
+        j += 4
+    while j < n:
+        dst[j] = src[j]
+        j += 1
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def save_state(ds, slot):
     SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
     sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
-    for j in range(NSI):
-        sSI[slot, j] = SI[j]
-    for j in range(NSU):
-        sSU[slot, j] = SU[j]
-    for j in range(EW):
-        sCUR[slot, j] = CUR[j]
+    _copy_words(sSI[slot], SI, NSI)
+    _copy_words(sSU[slot], SU, NSU)
+    _copy_words(sCUR[slot], CUR, EW)
     for q in range(SI[ES_QN]):
         sQB[slot, q] = QB[q]
         for j in range(EW):
@@ -1565,12 +1577,9 @@ def save_state(ds, slot):
 def restore_state(ds, slot):
     SI, SU, CUR, QE, QB, RS = ds[0], ds[1], ds[2], ds[4], ds[5], ds[6]
     sSI, sSU, sCUR, sQE, sQB, sRS = ds[7], ds[8], ds[9], ds[10], ds[11], ds[12]
-    for j in range(NSI):
-        SI[j] = sSI[slot, j]
-    for j in range(NSU):
-        SU[j] = sSU[slot, j]
-    for j in range(EW):
-        CUR[j] = sCUR[slot, j]
+    _copy_words(SI, sSI[slot], NSI)
+    _copy_words(SU, sSU[slot], NSU)
+    _copy_words(CUR, sCUR[slot], EW)
     for q in range(SI[ES_QN]):
         QB[q] = sQB[slot, q]
         for j in range(EW):
