@@ -1775,9 +1775,9 @@ def trace_on_events(packets: Etm4Packets, addresses: Mapping[int, str]) -> Etm4E
     cap = int(_event_bound(kind))
     out = tuple(np.empty(cap, dt) for dt in (np.int64, np.uint64, np.uint32, np.uint32, np.int64,
                                              np.int64, np.uint64, np.int64, np.int64))  # fmt: skip
-    cols = [np.ascontiguousarray(c) for c in (
-        packets.kind, packets.address, packets.context, packets.vmid, packets.el, packets.info,
-        packets.offset, packets.payload, packets.ts, packets.cc)]  # fmt: skip
+    cols = [kind, *(np.ascontiguousarray(c) for c in (
+        packets.address, packets.context, packets.vmid, packets.el, packets.info,
+        packets.offset, packets.payload, packets.ts, packets.cc))]  # fmt: skip
     m = _event_rows(*cols, reg, out)
     which, address, context, vmid, el, offset, payload, ts, cc = (c[:m] for c in out)
     table = np.array(["ITE"] + [addresses[int(a)] for a in reg], dtype=object)
