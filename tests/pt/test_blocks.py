@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwtrace.pt.blocks import (
-    OFF_ROW_STEP,
-    OFF_VAL_STEP,
+    OFF_BYTES,
+    OFF_ROWS,
     S_ENT,
     S_NSEQ,
     S_ROWS,
@@ -31,13 +31,13 @@ from hwtrace.pt.blocks import (
 def block_rows(draw):
     """Rows of a few distinct blocks whose offsets and times change now and
     then, by steps small and large: beyond a point's reach in bytes
-    (backwards too) and in rows (more than OFF_ROW_STEP at one offset)."""
+    (backwards too) and in rows (OFF_ROWS and more at one offset)."""
     n = draw(st.integers(1, 12000))  # (beyond the store's first 4,096 points)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     ip = rng.choice(np.array([0x1000, 0x1040, 0x2000, 0x7F0000001000], np.uint64), n)
     ninsn = (ip & np.uint64(0xFF)).astype(np.uint32) + 1
-    steps = rng.choice(np.array([0, 0, 0, 1, 7, OFF_VAL_STEP + 5, 3 * OFF_VAL_STEP,
-                                 -(OFF_VAL_STEP + 9)], np.int64), n)  # fmt: skip
+    steps = rng.choice(np.array([0, 0, 0, 1, 7, OFF_BYTES - 1, OFF_BYTES, 3 << 20, -9], np.int64),
+                       n)  # fmt: skip
     offset = np.int64(draw(st.integers(0, 2**40))) + np.cumsum(steps)
     # Times step by little, back a little (an estimate corrected), and
     # beyond a time point's step (a gap): far points.
@@ -79,18 +79,18 @@ def test_rows_come_back(rows, pieces):
 
 def test_long_runs_at_one_offset_and_far_jumps():
     """More rows at one offset than a point's row step holds, then a jump
-    of many GiB: several points, the same columns."""
-    n = 3 * OFF_ROW_STEP + 10
+    of many GiB: far points, the same columns."""
+    n = 3 * OFF_ROWS + 10
     ip = np.full(n, 0x1000, np.uint64)
     ninsn = np.ones(n, np.uint32)
     offset = np.full(n, 5 << 33, np.int64)
-    offset[-3:] += 7 * OFF_VAL_STEP
-    offset[-1] += 5 << 30  # (a gap: 5 GiB on, ~164 K points)
+    offset[-3:] += 7 * OFF_BYTES
+    offset[-1] += 5 << 30  # (a gap: 5 GiB on)
     time = np.zeros(n, np.uint64)
     blocks = _stored(ip, ninsn, offset, time, 2)
     assert np.array_equal(blocks.column("offset"), offset)
     rows, values = blocks.offset_changes()
-    assert rows.shape[0] > 2 and values[-1] == offset[-1]
+    assert rows.tolist() == [0, n - 3, n - 1] and values[-1] == offset[-1]
     # Two stores joined: the second's rows follow the first's.
     a, b = BlockStore(16), BlockStore(16)
     a.append(ip[:5], ninsn[:5], np.full(5, 64, np.uint8), offset[:5], time[:5])

@@ -198,19 +198,29 @@ def test_offset_runs_are_the_rows_offsets(points, n, held, first):
     """The trace offsets as runs (changes at one row: the last holds; a
     step of 0 is no change) are those offsets_of lays out, a row each."""
     from hwtrace.columns import Runs
-    from hwtrace.pt.blocks import offsets_of
+    from hwtrace.pt.blocks import OFF_BYTES, OFF_FAR, OFF_ROWS, offsets_of
     from hwtrace.session._attribution import offset_runs
 
-    off_row = np.array([r for r, _ in points], np.uint8)
-    off_val = np.array([v for _, v in points], np.int16)
-    base = 1000
+    # The points as a store writes them (put_offset): a byte when the step
+    # fits, else far (the row and offset); the first far.
+    pts, far_row, far_val = [], [], []
+    row, value = 0, 1000
+    for i, (dr, dv) in enumerate([(0, 0), *points]):
+        row, value = row + dr, value + dv
+        if i and 0 <= dr < OFF_ROWS and 0 <= dv < OFF_BYTES:
+            pts.append(dr << 4 | dv)
+        else:
+            pts.append(OFF_FAR)
+            far_row.append(row)
+            far_val.append(value)
+    steps = (np.array(pts, np.uint8), np.array(far_row, np.int64), np.array(far_val, np.int64))
     at = 1 if held else 0
     total = n + at
     want = np.empty(total, np.int64)
     if held:
         want[0] = first
-    offsets_of(off_row, off_val, base, n, want[at:])
-    starts, values = offset_runs(first if held else None, off_row, off_val, base, at, total)
+    offsets_of(*steps, n, want[at:])
+    starts, values = offset_runs(first if held else None, *steps, at, total)
     assert starts[0] == 0 and (np.diff(starts) > 0).all() and (np.diff(values) != 0).all()
     assert np.array_equal(np.asarray(Runs(starts, values, total)), want)
 

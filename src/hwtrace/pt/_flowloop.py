@@ -50,9 +50,6 @@ import numpy as np
 from .. import aot
 from ..isa.x86 import IClass, Special
 from .blocks import (
-    _FULL_OFF,
-    OFF_ROW_STEP,
-    OFF_VAL_STEP,
     S_ENT,
     S_ID,
     S_KEYS,
@@ -68,6 +65,7 @@ from .blocks import (
     _block_key,
     claim_run_keys,
     dummy_store,
+    put_offset,
     put_row,
     put_time,
     store_key_limit,
@@ -2871,23 +2869,14 @@ def _x_slot(xkey, mask):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _put_point(rows, values, n, row, value):
-    """Append the store's point ``(row, value)`` at ``n`` (an offset step or
-    a time, see hwtrace.pt.blocks); returns the new count.  (Unsigned
-    indices: numba checks a signed one for a negative value.)"""
-    rows[np.uint64(n)] = row
-    values[np.uint64(n)] = value
-    return n + 1
-
-
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _row_points(off_row, off_val, t_cols, state, row, o, t, n_off, last_off, off_at, n_t, last_t):
+def _row_points(o_cols, t_cols, state, row, o, t, n_off, last_off, off_at, n_t, last_t):
     """The points a row at ``row`` of offset ``o`` and time ``t`` needs, as
-    put_row stores them (the offset step known to fit one point; the time
-    point's arrays ``t_cols``); returns the store's offset and time
-    counters after them."""
+    put_row stores them (room known; the offset and time points' arrays
+    ``o_cols``, ``t_cols``); returns the store's offset and time counters
+    after them."""
     if o != last_off:
-        n_off = _put_point(off_row, off_val, n_off, row - off_at, o - last_off)
+        n_off = put_offset(o_cols[0], o_cols[1], o_cols[2], state, n_off, row, row - off_at,
+                           o - last_off, o)  # fmt: skip
         last_off = o
         off_at = row
     if t != last_t:
@@ -2986,7 +2975,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_mask = np.int64(x_tab.shape[0] - 1)
     s_keys, s_cols, s_state = store[0], store[2], store[3]
-    s_off_row, s_off_val, s_t_row = s_cols[4], s_cols[5], s_cols[6]
+    s_t_row = s_cols[6]
+    o_cols = (s_cols[4], s_cols[5], s_cols[13])
     t_cols = (s_t_row, s_cols[7], s_cols[11], s_cols[12])
     blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
     ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
@@ -3007,7 +2997,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     memo = np.int64(-1)
     # (The key column's room is counted in rows, not in the entries that
     # hold them: a stream's batches stay as long, whatever replays stored.)
-    key_cap, off_cap, t_cap = s_keys.shape[0], s_off_row.shape[0], s_t_row.shape[0]
+    key_cap, off_cap, t_cap = s_keys.shape[0], o_cols[0].shape[0], s_t_row.shape[0]
     code = XC_WALK
     while True:
         if blk < 0:
@@ -3028,21 +3018,14 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 key = np.int64(r_key[blk])
                 if key < 0 or not s_started:
                     break
-                # The row, as put_row stores it (a far step is the walk's).
+                # The row, as put_row stores it.
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
-                new_o = o != s_last_off
-                if (
-                    s_rows >= key_cap
-                    or s_off >= off_cap
-                    or s_t >= t_cap
-                    or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
-                                   or abs(o - s_last_off) > OFF_VAL_STEP))
-                ):  # fmt: skip
+                if s_rows >= key_cap or s_off >= off_cap or s_t >= t_cap:
                     break
                 s_keys[np.uint64(s_ent)] = key
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
-                    s_off_row, s_off_val, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off,
-                    s_off_at, s_t, s_last_t,
+                    o_cols, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off, s_off_at, s_t,
+                    s_last_t,
                 )  # fmt: skip
                 s_rows += 1
                 s_ent += 1
@@ -3089,22 +3072,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 # bit and the packet's time after it.
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
                 j1 = (shape >> XS_J1) & _XS_10
-                j2 = (shape >> XS_J2) & _XS_10
-                # The offset points (steps, see hwtrace.pt.blocks): at the
-                # first row, and at the TIP's rows; steps too large for one
-                # point are the walk's to store.
-                new_o = o != s_last_off
-                o2 = offsets[np.uint64(t_pos)] if merged else o
-                at2 = s_rows if new_o else s_off_at
-                if (
-                    not s_started
-                    or s_rows + m > key_cap
-                    or s_off + 2 > off_cap
-                    or s_t + 2 > t_cap
-                    or (new_o and (s_rows - s_off_at > OFF_ROW_STEP
-                                   or abs(o - s_last_off) > OFF_VAL_STEP))
-                    or (merged and (s_rows + j2 - at2 > OFF_ROW_STEP or abs(o2 - o) > OFF_VAL_STEP))
-                ):  # fmt: skip
+                # (Two offset points at most: at the first row, and at the
+                # TIP's rows; two time points likewise.)
+                if not s_started or s_rows + m > key_cap or s_off + 2 > off_cap or s_t + 2 > t_cap:
                     break
                 # The rows' keys: their sequence's key, or each row's.
                 # (Unsigned indices: numba checks a signed one for a negative
@@ -3120,8 +3090,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                         s_keys[at + np.uint64(j)] = x_key[st + np.uint64(j)]
                     s_ent += m
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
-                    s_off_row, s_off_val, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off,
-                    s_off_at, s_t, s_last_t,
+                    o_cols, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off, s_off_at, s_t,
+                    s_last_t,
                 )  # fmt: skip
                 if j1 < m and ev_tsc != s_last_t:
                     s_t = put_time(
@@ -3129,11 +3099,15 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                         s_last_t,
                     )  # fmt: skip
                     s_last_t = ev_tsc
-                if merged and o2 != o:
+                if merged:
                     # The rows after the last bit: fetched at the TIP.
-                    s_off = _put_point(s_off_row, s_off_val, s_off, s_rows + j2 - s_off_at, o2 - o)
-                    s_last_off = o2
-                    s_off_at = s_rows + j2
+                    o2 = offsets[np.uint64(t_pos)]
+                    if o2 != o:
+                        at2 = s_rows + ((shape >> XS_J2) & _XS_10)
+                        s_off = put_offset(o_cols[0], o_cols[1], o_cols[2], s_state, s_off, at2,
+                                           at2 - s_off_at, o2 - o, o2)  # fmt: skip
+                        s_last_off = o2
+                        s_off_at = at2
                 s_rows += m
                 s_started = 1
             hits += 1
@@ -3250,8 +3224,8 @@ def _fast(ds, pk, cf, ct, out):
     if live:
         claim_run_keys(counts, r_key, counts[C_RUNS], s_state)
     image = counts[C_INDEX]
-    s_off_row, s_off_val, s_t_row, s_t_val = s_cols[4], s_cols[5], s_cols[6], s_cols[7]
-    s_t_far_row, s_t_far_val = s_cols[11], s_cols[12]
+    s_off_pts, s_off_far_row, s_off_far_val = s_cols[4], s_cols[5], s_cols[13]
+    s_t_row, s_t_val, s_t_far_row, s_t_far_val = s_cols[6], s_cols[7], s_cols[11], s_cols[12]
     s_rows, s_nkeys, s_off, s_t = s_state[S_ROWS], s_state[S_KEYS], s_state[S_OFF], s_state[S_TIME]
     s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
     s_started = s_state[S_STARTED]
@@ -3440,25 +3414,20 @@ def _fast(ds, pk, cf, ct, out):
             full = np.int64(1)
             if key >= 0:
                 full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
-                    s_keys, s_off_row, s_off_val, s_t_row, s_t_val, s_t_far_row, s_t_far_val, key,
-                    o, cur_tsc, s_rows, s_off, s_t, s_last_off, s_last_t, s_started, s_off_at,
-                    s_state, s_ent,
+                    s_keys, s_off_pts, s_off_far_row, s_off_far_val, s_t_row, s_t_val, s_t_far_row,
+                    s_t_far_val, key, o, cur_tsc, s_rows, s_off, s_t, s_last_off, s_last_t,
+                    s_started, s_off_at, s_state, s_ent,
                 )  # fmt: skip
-            if full and full != _FULL_OFF:
+            if full:
                 # The store is full: Python makes room (a stream passes its
                 # rows on, a collector grows it) and the decoder goes on
-                # storing, and replaying, from this run.  (Offset points a
-                # far jump needs may be more than room can be made for at
-                # once: that row waits in the output, Python appends it.)
+                # storing, and replaying, from this run.
                 why = FR_FULL
                 break
-            if full:
-                direct = False  # rows wait in the output, Python grows the store
-            else:
-                s_started = 1
-                s_ent += 1
-                nvirt += 1
-                stored = True
+            s_started = 1
+            s_ent += 1
+            nvirt += 1
+            stored = True
         if not stored:
             o_ip[nout] = ip
             o_ninsn[nout] = ninsn

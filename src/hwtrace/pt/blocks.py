@@ -6,10 +6,10 @@ decoder's block rows (address, instruction count, mode, image, trace
 offset, time: 30 bytes each) are kept as a key into a table of distinct
 ``(address, instructions, mode, image)`` blocks (2 bytes per row while
 there are fewer than 65,535 of them, then 4) plus the rows at which the
-trace offset and the time change (the offset changes about once per five
-blocks, at each TNT or TIP packet: 3 bytes each, the rows since the last
-change and the offset's step; the time at timing packets, 4 bytes each,
-steps likewise).  A stretch of
+trace offset and the time change (the offset changes about once per three
+to five blocks, at each TNT or TIP packet: a byte each, the rows since the
+last change and the offset's step; the time at timing packets, 4 bytes
+each, steps likewise).  A stretch of
 blocks the decoder replays (see hwtrace.pt._flowloop) is kept once, as a
 *sequence*, and each replay stores one key naming it: on a plain trace a
 key stands for three to four blocks.  Memory a process has never touched
@@ -39,16 +39,16 @@ _U2_LIMIT = 0xFFFF  # keys that fit a uint16 key column
 # entries of the key column, the sequences and the keys they hold (see
 # below); the store's number, and whether the decoder may store rows itself
 # (S_LIVE: a uint16 key column); the row of the last offset change and the
-# first offset (the offset points are steps from it); a copy of the row
-# counters taken at the decoder's step start (S_SAVED..., see store_save).
+# far offset points held; a copy of the row counters taken at the
+# decoder's step start (S_SAVED..., see store_save).
 S_ROWS, S_KEYS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED = range(7)
 S_ENT, S_NSEQ, S_SEQ_POOL, S_SEQ_GEN = 7, 8, 9, 10
 S_T_AT, S_T_FAR = 11, 12
-S_ID, S_LIVE, S_OFF_AT, S_OFF_BASE = 13, 14, 15, 16
+S_ID, S_LIVE, S_OFF_AT, S_OFF_FAR = 13, 14, 15, 16
 _SAVED_SLOTS = (S_ROWS, S_OFF, S_TIME, S_LAST_OFF, S_LAST_TIME, S_STARTED, S_OFF_AT, S_ENT,
-                S_T_AT, S_T_FAR)  # fmt: skip
-S_SAVED = 17  # 17..26: the slots of _SAVED_SLOTS as they were
-_NS = 27
+                S_T_AT, S_T_FAR, S_OFF_FAR)  # fmt: skip
+S_SAVED = 17  # 17..27: the slots of _SAVED_SLOTS as they were
+_NS = 28
 # Sequences.  The decoder replays the same stretches of blocks millions of
 # times (see hwtrace.pt._flowloop); such a stretch's keys are kept once, as
 # a *sequence*, and each replay stores one entry naming it in the key
@@ -64,13 +64,19 @@ SEQ_TOP = 0xFFFE
 SEQ_MAX = 1 << 14  # sequences a store holds
 SEQ_POOL = 1 << 18  # keys they hold in all
 SEQ_MIN_ROWS = 2  # a stretch of one row is stored as its key
-# An offset point's steps: rows (uint8) and bytes (int16); a larger step
-# takes several points (see _far_offset_point).  Between two TNT or TIP
-# packets a decoder passes a few rows and a few bytes (at most 12 rows and
-# 52 bytes in a whole flow trace of 32 M blocks), so 3 bytes a point keep
-# offsets at a fifth of what the block keys take; 6 took a third.
-OFF_ROW_STEP = 0xFF
-OFF_VAL_STEP = 0x7FFF
+# An offset point is a byte: the rows since the last point (high four
+# bits, below OFF_ROWS) and the offset's step (low four, 0 to 15 bytes).
+# Between two TNT or TIP packets a decoder passes a few rows and a few
+# bytes (99.3-99.9% of the points of the benchmark's traces fit, the rest
+# are after timing packets or a gap), and the offset points are written
+# once per replayed stretch: their memory, fresh pages the kernel must
+# clear, costs more than the writes.  A point that does not fit is *far*
+# (OFF_FAR and up): its row and offset, absolute, are the next of the far
+# points (S_OFF_FAR of them, in arrays as long as the points', of which
+# only what is written costs).  The first point of a store is far.
+OFF_ROWS = 15
+OFF_BYTES = 16
+OFF_FAR = 0xF0
 # A time point's steps: rows (uint16) and time (int16, TSC ticks; it may go
 # back a little, an estimate corrected).  A point whose steps do not fit
 # (the first, after a gap) is *far*: its time step is T_FAR and its row and
@@ -118,40 +124,31 @@ def _block_key(a, ninsn, mode, image, tab, cols, n_keys, key_limit):
         s = (s + 1) & mask
 
 
-@aot.njit(cache=True, _nrt=False)
-def _far_offset_point(off_row, off_val, n_off, dr, dv):
-    """Write an offset change ``dr`` rows and ``dv`` bytes on from the last
-    as several points (rows in steps of OFF_ROW_STEP at the last offset,
-    then bytes in steps of OFF_VAL_STEP at the same row); returns the new
-    point count, -1 when they do not fit (nothing written)."""
-    need = 1
-    r = dr
-    while r > OFF_ROW_STEP:
-        need += 1
-        r -= OFF_ROW_STEP
-    v = dv
-    while v > OFF_VAL_STEP or v < -OFF_VAL_STEP:
-        need += 1
-        v -= OFF_VAL_STEP if v > 0 else -OFF_VAL_STEP
-    if n_off + need > off_row.shape[0]:
-        return -1
-    r = dr
-    while r > OFF_ROW_STEP:
-        off_row[n_off] = OFF_ROW_STEP
-        off_val[n_off] = 0
-        n_off += 1
-        r -= OFF_ROW_STEP
-    v = dv
-    while v > OFF_VAL_STEP or v < -OFF_VAL_STEP:
-        step = OFF_VAL_STEP if v > 0 else -OFF_VAL_STEP
-        off_row[n_off] = r
-        off_val[n_off] = step
-        n_off += 1
-        r = 0
-        v -= step
-    off_row[n_off] = r
-    off_val[n_off] = v
+@aot.njit(cache=True, inline="always", _nrt=False)
+def put_offset(pts, far_row, far_val, state, n_off, row, dr, dv, o):
+    """Append the offset point at ``row`` (``dr`` rows and ``dv`` bytes
+    from the last; offset ``o``) at ``n_off``, room known; returns the new
+    count."""
+    at = np.uint64(n_off)  # (unsigned: no check for a negative index)
+    if np.uint64(dr) < OFF_ROWS and np.uint64(dv) < OFF_BYTES:
+        pts[at] = (dr << 4) | dv
+    else:
+        k = np.uint64(state[S_OFF_FAR])
+        far_row[k] = row
+        far_val[k] = o
+        state[S_OFF_FAR] = k + np.uint64(1)
+        pts[at] = OFF_FAR
     return n_off + 1
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def offset_point(pts, far_row, far_val, j, k, row, value):
+    """Point ``j`` of an offset stream read from ``row``, ``value`` (``k``:
+    the far points read): ``(row, value, k)`` it starts."""
+    p = np.int64(pts[j])
+    if p >= OFF_FAR:
+        return far_row[k], far_val[k], k + np.uint64(1)
+    return row + (p >> 4), value + (p & 15), k
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -176,8 +173,8 @@ def put_time(t_row, t_val, t_far_row, t_far_val, state, n_t, row, t, last_t):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def put_row(keys, off_row, off_val, t_row, t_val, t_far_row, t_far_val, key, o, t, n_rows, n_off,
-            n_t, last_off, last_t, started, off_at, state, n_ent):  # fmt: skip
+def put_row(keys, off_pts, off_far_row, off_far_val, t_row, t_val, t_far_row, t_far_val, key, o,
+            t, n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent):  # fmt: skip
     """Store a row of block ``key`` decoded at trace offset ``o`` and time
     ``t``, given the store's counters (``off_at``: the row of the last
     offset change; ``n_ent``: the key column's entries); returns ``(why,
@@ -191,22 +188,12 @@ def put_row(keys, off_row, off_val, t_row, t_val, t_far_row, t_far_val, key, o, 
     if new_t and n_t >= t_row.shape[0]:
         return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t, off_at
     if new_o:
-        if not started:
-            state[S_OFF_BASE] = o  # the first point: no step
-            dr, dv = n_rows, np.int64(0)
-        else:
-            dr, dv = n_rows - off_at, o - last_off
-        if dr <= OFF_ROW_STEP and -OFF_VAL_STEP <= dv <= OFF_VAL_STEP:
-            if n_off >= off_row.shape[0]:
-                return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t, off_at
-            off_row[n_off] = dr
-            off_val[n_off] = dv
-            n_off += 1
-        else:
-            far = _far_offset_point(off_row, off_val, n_off, dr, dv)
-            if far < 0:
-                return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t, off_at
-            n_off = far
+        if n_off >= off_pts.shape[0]:
+            return _FULL_OFF, n_rows, n_off, n_t, last_off, last_t, off_at
+        # (The first point far: OFF_ROWS rows is no short step.)
+        dr = n_rows - off_at if started else np.int64(OFF_ROWS)
+        n_off = put_offset(off_pts, off_far_row, off_far_val, state, n_off, n_rows, dr,
+                           o - last_off, o)  # fmt: skip
         last_off = o
         off_at = n_rows
     keys[n_ent] = key
@@ -224,8 +211,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
 
     A row that is a whole run of the decoder's code table (``run[i] >= 0``)
     finds its key in ``run_key`` (-1: not known yet), without hashing."""
-    off_row, off_val, t_row, t_val = cols[4], cols[5], cols[6], cols[7]
-    t_far_row, t_far_val = cols[11], cols[12]
+    off_pts, off_far_row, off_far_val = cols[4], cols[5], cols[13]
+    t_row, t_val, t_far_row, t_far_val = cols[6], cols[7], cols[11], cols[12]
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
     off_at = state[S_OFF_AT]
@@ -244,8 +231,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
             if r >= 0:
                 run_key[r] = key
         why, n_rows, n_off, n_t, last_off, last_t, off_at = put_row(
-            keys, off_row, off_val, t_row, t_val, t_far_row, t_far_val, key, offset[i], time[i],
-            n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent,
+            keys, off_pts, off_far_row, off_far_val, t_row, t_val, t_far_row, t_far_val, key,
+            offset[i], time[i], n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent,
         )  # fmt: skip
         if why:
             break
@@ -387,19 +374,10 @@ def store_rows(st, ip, ninsn, mode, offset, time, run, n, image, r_key):
         or state[S_KEYS] + n > store_key_limit(keys, tab, cols, state)
     ):
         return False
-    before = (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
-              state[S_STARTED], state[S_OFF_AT], state[S_ENT], state[S_T_AT], state[S_T_FAR])  # fmt: skip
     _, why = _compact(
         ip, ninsn, mode, offset, time, run, r_key, 0, n, image, keys, tab, cols, state
     )
-    if why:
-        # Offset steps too large for one point took the room the check
-        # counted on: none of the rows is stored, Python appends them all.
-        (state[S_ROWS], state[S_OFF], state[S_TIME], state[S_LAST_OFF], state[S_LAST_TIME],
-         state[S_STARTED], state[S_OFF_AT], state[S_ENT], state[S_T_AT],
-         state[S_T_FAR]) = before  # fmt: skip
-        return False
-    return True
+    return why == 0  # (a point a row at most: the room was there)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -422,44 +400,59 @@ def blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, ip, ninsn, mode, image):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def offsets_of(off_row, off_val, off_base, n, offset):
-    """``n`` rows' trace offsets from a store's offset steps (rows since
-    the last change, the offset's step; the first from ``off_base``)."""
+def offsets_of(off_pts, off_far_row, off_far_val, n, offset):
+    """``n`` rows' trace offsets from a store's offset points (see
+    put_offset)."""
     row = np.int64(0)
-    value = np.int64(off_base)
-    for j in range(off_row.shape[0]):
-        step = np.int64(off_row[j])
-        if step <= 8 and row + 8 <= n:
+    value = np.int64(0)
+    k = np.uint64(0)  # (unsigned: no check for a negative index)
+    for j in range(off_pts.shape[0]):
+        to, new, k = offset_point(off_pts, off_far_row, off_far_val, j, k, row, value)
+        if to - row <= 8 and row + 8 <= n:
             # Eight rows written whatever the step (one vector; those past
             # it are written over next): a few rows a step, mostly.
             at = np.uint64(row)  # (unsigned: no check for a negative index)
             for t in range(8):
                 offset[at + np.uint64(t)] = value
-            row += step
+            row = to
         else:
-            upto = min(row + step, n)
+            upto = min(to, n)
             run = offset[row:upto]  # (indexed from a range: no negative-index checks)
             for t in range(run.shape[0]):
                 run[t] = value
             row = upto
-        value += off_val[j]
+        value = new
     tail = offset[row:n]
     for t in range(tail.shape[0]):
         tail[t] = value
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def offset_at(off_row, off_val, off_base, row):
-    """Row ``row``'s trace offset from a store's offset steps (as
+def offset_at(off_pts, off_far_row, off_far_val, row):
+    """Row ``row``'s trace offset from a store's offset points (as
     :func:`offsets_of` lays them out), without laying out the rows."""
     at = np.int64(0)
-    value = np.int64(off_base)
-    for j in range(off_row.shape[0]):
-        at += np.int64(off_row[j])
+    value = np.int64(0)
+    k = np.uint64(0)
+    for j in range(off_pts.shape[0]):
+        at, new, k = offset_point(off_pts, off_far_row, off_far_val, j, k, at, value)
         if at > row:
             break
-        value += np.int64(off_val[j])
+        value = new
     return value
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def offset_points(off_pts, off_far_row, off_far_val, rows, values):
+    """The rows where the trace offset changes and the new offsets (into
+    ``rows``, ``values``) from a store's offset points."""
+    row = np.int64(0)
+    value = np.int64(0)
+    k = np.uint64(0)
+    for j in range(off_pts.shape[0]):
+        row, value, k = offset_point(off_pts, off_far_row, off_far_val, j, k, row, value)
+        rows[j] = row
+        values[j] = value
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -483,14 +476,14 @@ def time_points(t_row, t_val, t_far_row, t_far_val, rows, values):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val,
-                ip, ninsn, mode, image, offset, time):  # fmt: skip
+def expand_rows(keys, k_ip, k_ninsn, k_mode, k_image, off_pts, off_far_row, off_far_val, t_row,
+                t_val, ip, ninsn, mode, image, offset, time):  # fmt: skip
     """Rows ``0..len(keys)`` of a store as dense columns: each key's block,
-    the trace offset from its steps and the time from its change points
+    the trace offset from its points and the time from its change points
     (``t_row`` rows, ``t_val`` times)."""
     n = keys.shape[0]
     blocks_of(keys, k_ip, k_ninsn, k_mode, k_image, ip, ninsn, mode, image)
-    offsets_of(off_row, off_val, off_base, n, offset)
+    offsets_of(off_pts, off_far_row, off_far_val, n, offset)
     for j in range(t_row.shape[0]):
         end = t_row[j + 1] if j + 1 < t_row.shape[0] else n
         time[t_row[j] : end] = t_val[j]
@@ -504,10 +497,10 @@ def dummy_store() -> tuple:
     global _DUMMY
     if _DUMMY is None:
         cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
-                np.zeros(1, np.uint16), np.zeros(1, np.uint8), np.zeros(1, np.int16),
+                np.zeros(1, np.uint16), np.zeros(1, np.uint8), np.zeros(1, np.int64),
                 np.zeros(1, np.uint16), np.zeros(1, np.int16), np.zeros(0, np.int64),
                 np.zeros(0, np.int64), np.zeros(0, np.uint16), np.zeros(1, np.int64),
-                np.zeros(1, np.uint64))  # fmt: skip
+                np.zeros(1, np.uint64), np.zeros(1, np.int64))  # fmt: skip
         tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
         state = np.zeros(_NS, np.int64)
         state[S_ID] = -2
@@ -571,8 +564,9 @@ class BlockStore:
         # The trace offset changes about once per five rows; sized so they
         # never need copying (pages never written cost nothing).
         changes = max(expect_rows // 4, 1 << 12)
-        self.off_row = np.empty(changes, np.uint8)
-        self.off_val = np.empty(changes, np.int16)
+        self.off_pts = np.empty(changes, np.uint8)
+        self.off_far_row = np.empty(changes, np.int64)
+        self.off_far_val = np.empty(changes, np.int64)
         self.time_row = np.empty(changes, np.uint16)
         self.time_val = np.empty(changes, np.int16)
         self.time_far_row = np.empty(changes, np.int64)
@@ -605,9 +599,9 @@ class BlockStore:
         return self._kernel_store
 
     def _cols(self) -> tuple:
-        return (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_row, self.off_val,
-                self.time_row, self.time_val, self.seq_start, self.seq_len, self.seq_keys,
-                self.time_far_row, self.time_far_val)  # fmt: skip
+        return (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_pts,
+                self.off_far_row, self.time_row, self.time_val, self.seq_start, self.seq_len,
+                self.seq_keys, self.time_far_row, self.time_far_val, self.off_far_val)  # fmt: skip
 
     def _new_table(self, capacity: int) -> None:
         self._kernel_store = None
@@ -688,10 +682,12 @@ class BlockStore:
             if s[S_KEYS] >= self.k_ip.shape[0] or 2 * s[S_KEYS] >= self.h_ip.shape[0]:
                 self._new_table(2 * self.k_ip.shape[0])
         elif why == _FULL_OFF:
-            # (A far jump's points may not fit even an empty store.)
-            n, size = int(s[S_OFF]), 2 * self.off_row.shape[0]
-            self.off_row = _grown(self.off_row, n, size)
-            self.off_val = _grown(self.off_val, n, size)
+            n, size = int(s[S_OFF]), 2 * self.off_pts.shape[0]
+            self.off_pts = _grown(self.off_pts, n, size)
+            # (As long as the points: any of them may be far.)
+            far = int(s[S_OFF_FAR])
+            self.off_far_row = _grown(self.off_far_row, far, size)
+            self.off_far_val = _grown(self.off_far_val, far, size)
         else:
             n, size = int(s[S_TIME]), 2 * self.time_row.shape[0]
             self.time_row = _grown(self.time_row, n, size)
@@ -724,9 +720,8 @@ class BlockStore:
         decoder stored, batch by batch.  Returns how many there were."""
         n = len(self)
         if n:
-            steps, values, base = self.offset_steps()
             expand_rows(self.key_column(), self.k_ip, self.k_ninsn, self.k_mode, self.k_image,
-                        steps, values, base, *self.time_changes(), ip, ninsn, mode, image,
+                        *self.offset_steps(), *self.time_changes(), ip, ninsn, mode, image,
                         offset, time)  # fmt: skip
         self.clear()
         return n
@@ -742,11 +737,11 @@ class BlockStore:
             # (A long stream keeps replaying into fresh sequences.)
             s[S_NSEQ] = s[S_SEQ_POOL] = 0
             s[S_SEQ_GEN] += 1
-        if int(s[S_OFF]) == self.off_row.shape[0] and s[S_OFF] < 2 * self.keys.shape[0]:
+        if int(s[S_OFF]) == self.off_pts.shape[0] and s[S_OFF] < 2 * self.keys.shape[0]:
             self._grow(_FULL_OFF)
         if int(s[S_TIME]) == self.time_row.shape[0] and s[S_TIME] < self.keys.shape[0]:
             self._grow(_FULL_TIME)
-        for slot in (*_SAVED_SLOTS, S_OFF_BASE):
+        for slot in _SAVED_SLOTS:
             s[slot] = 0
         if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
             self._grow(_FULL_KEYS)
@@ -761,7 +756,7 @@ class BlockStore:
         # store sized to a batch holds a batch whatever replays stored.)
         while s[S_ROWS] + rows > self.keys.shape[0]:
             self._grow(_FULL_ROWS)
-        while s[S_OFF] + rows > self.off_row.shape[0]:
+        while s[S_OFF] + rows > self.off_pts.shape[0]:
             self._grow(_FULL_OFF)
         while s[S_TIME] + rows > self.time_row.shape[0]:
             self._grow(_FULL_TIME)
@@ -837,11 +832,11 @@ class BlockStore:
         return {"ip": self.k_ip[:n], "ninsn": self.k_ninsn[:n], "mode": self.k_mode[:n],
                 "image": self.k_image[:n]}  # fmt: skip
 
-    def offset_steps(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """The trace offset's change points as stored: rows since the last
-        change, the offset's step, and the first offset."""
-        n = int(self.state[S_OFF])
-        return self.off_row[:n], self.off_val[:n], int(self.state[S_OFF_BASE])
+    def offset_steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The trace offset's change points as stored (see put_offset): the
+        points, and the far points' rows and offsets."""
+        n, far = int(self.state[S_OFF]), int(self.state[S_OFF_FAR])
+        return self.off_pts[:n], self.off_far_row[:far], self.off_far_val[:far]
 
     def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the trace offset changes, and the new offsets."""
@@ -905,14 +900,14 @@ def _time_changes(t_row: np.ndarray, t_val: np.ndarray, t_far_row: np.ndarray,
     return rows, values
 
 
-def _offset_changes(row_steps: np.ndarray, steps: np.ndarray, base: int,
+def _offset_changes(pts: np.ndarray, far_row: np.ndarray, far_val: np.ndarray,
                     row_base: int = 0) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Offset change points (rows, offsets) from their steps."""
-    rows = np.cumsum(row_steps, dtype=np.int64)
-    values = np.cumsum(steps, dtype=np.int64)
+    """Offset change points (rows, offsets) from their points (see
+    put_offset)."""
+    rows, values = np.empty(pts.shape[0], np.int64), np.empty(pts.shape[0], np.int64)
+    offset_points(pts, far_row, far_val, rows, values)
     if row_base:
         rows += row_base
-    values += base
     return rows, values
 
 
@@ -1007,13 +1002,12 @@ class CompactBlocks:
         self.image = (m >> np.uint64(40)).astype(np.uint16)
         self.n = sum(len(s) for s in stores)
         base = 0
-        # The offsets and times stay as the stores keep them (steps: 3 and 4
+        # The offsets and times stay as the stores keep them (steps: 1 and 4
         # bytes a point where absolute ones take 16) until asked for.
-        self._offset_steps: list[tuple[np.ndarray, np.ndarray, int, int]] = []
+        self._offset_steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
         self._time_steps: list[tuple[tuple[np.ndarray, ...], int]] = []
         for s in stores:
-            row_steps, steps, first = s.offset_steps()
-            self._offset_steps.append((row_steps, steps, first, base))
+            self._offset_steps.append((*s.offset_steps(), base))
             self._time_steps.append((s.time_steps(), base))
             base += len(s)
         self._times: tuple[np.ndarray, np.ndarray] | None = None
@@ -1057,7 +1051,7 @@ class CompactBlocks:
 
     @property
     def nbytes(self) -> int:
-        steps = sum(r.nbytes + v.nbytes for r, v, _, _ in self._offset_steps)
+        steps = sum(sum(a.nbytes for a in p[:3]) for p in self._offset_steps)
         if self._keys is not None:
             keys = self._keys.nbytes
         else:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import aot
 from ..pt import flowrows as FK
-from ..pt.blocks import blocks_of, offsets_of
+from ..pt.blocks import blocks_of, offset_point, offsets_of
 from ..pt.timing import tsc_ns
 
 #: ``conv``'s fields: whether there is a conversion, then perf's
@@ -140,13 +140,13 @@ def durations_of(out_ns, out_duration, stop_row, stop_tsc, conv):
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def attribute_stored(
-    keys, k_ip, k_ninsn, k_mode, k_image, off_row, off_val, off_base, t_row, t_val, at, conv,
+    keys, k_ip, k_ninsn, k_mode, k_image, off_pts, off_far_row, off_far_val, t_row, t_val, at, conv,
     tid, pid, switch_time, switch_tid, switch_pid,
     out_ip, out_ninsn, out_mode, out_image, out_run, out_offset, out_ns, out_tid, out_pid,
 ):  # fmt: skip
     """:func:`attribute_rows` of the rows a block store holds (``keys``
-    into the distinct blocks ``k_*``; the trace offset's steps from
-    ``off_base``; the time's change points ``t_row``, ``t_val``): the
+    into the distinct blocks ``k_*``; the trace offset's points ``off_*``,
+    see hwtrace.pt.blocks.put_offset; the time's change points ``t_row``, ``t_val``): the
     time, thread and process once per change of time; ``run`` -1.  An
     empty ``out_`` column is not written."""
     n = keys.shape[0]
@@ -158,7 +158,7 @@ def attribute_stored(
     o_run = out_run[at:]
     o_run[:n] = -1
     if o_offset.shape[0] >= n:
-        offsets_of(off_row, off_val, off_base, n, o_offset)
+        offsets_of(off_pts, off_far_row, off_far_val, n, o_offset)
     k = -1
     for j in range(t_row.shape[0]):
         t = t_val[j]
@@ -275,22 +275,22 @@ def _put_run(out_s, out_v, m, row, value):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def offset_runs_into(has_first, first, off_row, off_val, off_base, at, total, out_s, out_v):
+def offset_runs_into(has_first, first, off_pts, off_far_row, off_far_val, at, total, out_s, out_v):
     """The trace offsets of ``total`` rows as maximal runs into
     ``out_s``/``out_v`` (room for a run per offset step, and two): a held
     row's (``first``) at row 0, then from row ``at`` a block store's rows
-    from their offset steps (rows since the last change, the offset's
-    step; the first offset ``off_base``).  Of changes at one row the last
-    holds.  How many runs."""
+    from their offset points (see hwtrace.pt.blocks.put_offset; the first
+    is at the store's first row).  Of changes at one row the last holds.
+    How many runs."""
     m = 0
     if has_first:
         m = _add_run(out_s, out_v, m, 0, first)
     row = np.int64(at)
-    value = np.int64(off_base)
-    m = _put_run(out_s, out_v, m, row, value)
-    for j in range(off_row.shape[0]):
-        row += np.int64(off_row[j])
-        value += np.int64(off_val[j])
+    value = np.int64(0)
+    k = np.uint64(0)
+    for j in range(off_pts.shape[0]):
+        to, value, k = offset_point(off_pts, off_far_row, off_far_val, j, k, row - at, value)
+        row = to + at
         if row >= total:
             break
         m = _put_run(out_s, out_v, m, row, value)
@@ -371,13 +371,13 @@ def stops_and_gaps(ev: np.ndarray, blocks: np.ndarray, is_stop: np.ndarray
     return stop_k[:n_stop], stop_t[:n_stop], gap_k[:n_gap], n_err, n_ptw
 
 
-def offset_runs(first: int | None, off_row: np.ndarray, off_val: np.ndarray, off_base: int,
-                at: int, total: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def offset_runs(first: int | None, off_pts: np.ndarray, off_far_row: np.ndarray,
+                off_far_val: np.ndarray, at: int, total: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """:func:`offset_runs_into`: the runs' first rows and trace offsets."""
-    cap = off_row.shape[0] + 2
+    cap = off_pts.shape[0] + 2
     out_s, out_v = np.empty(cap, np.int64), np.empty(cap, np.int64)
     held = first is not None
-    m = offset_runs_into(held, first if held else 0, off_row, off_val, off_base, at, total,
+    m = offset_runs_into(held, first if held else 0, off_pts, off_far_row, off_far_val, at, total,
                          out_s, out_v)  # fmt: skip
     return out_s[:m], out_v[:m]
 

@@ -1141,15 +1141,15 @@ class QueueSink(FlowSink):
         the store holds after it, as runs (deferred, see
         :class:`QueueSink`), and the last row's."""
         first = int(self.held["offset"][0]) if held else None
-        off_row, off_val, base = self.store.offset_steps()
+        points = self.store.offset_steps()
         if not self.defer:
-            runs = Runs(*offset_runs(first, off_row, off_val, base, held, total), total)
+            runs = Runs(*offset_runs(first, *points, held, total), total)
             return runs, int(runs.values[-1])
-        off_row, off_val = off_row.copy(), off_val.copy()
-        last = int(offset_at(off_row, off_val, base, total - 1 - held))
+        points = tuple(a.copy() for a in points)
+        last = int(offset_at(*points, total - 1 - held))
         return Deferred(total, np.int64,
-                        lambda: Runs(*offset_runs(first, off_row, off_val, base, held, total), total),
-                        off_row.nbytes + off_val.nbytes), last  # fmt: skip
+                        lambda: Runs(*offset_runs(first, *points, held, total), total),
+                        sum(a.nbytes for a in points)), last  # fmt: skip
 
     def _keys(self, held: int, m: int, rest: int,
               batch: Mapping[str, np.ndarray | int] | None, total: int,
