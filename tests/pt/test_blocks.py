@@ -17,8 +17,8 @@ from hwtrace.pt.blocks import (
     S_SEQ_GEN,
     S_SEQ_POOL,
     SEQ_TOP,
-    T_ROW_STEP,
-    T_VAL_STEP,
+    T_ROWS,
+    T_TICKS,
     BlockStore,
     CompactBlocks,
     StoredKeys,
@@ -41,7 +41,7 @@ def block_rows(draw):
     offset = np.int64(draw(st.integers(0, 2**40))) + np.cumsum(steps)
     # Times step by little, back a little (an estimate corrected), and
     # beyond a time point's step (a gap): far points.
-    t_steps = rng.choice(np.array([0, 0, 0, 5, -3, T_VAL_STEP, T_VAL_STEP + 1, 1 << 40],
+    t_steps = rng.choice(np.array([0, 0, 0, 5, -3, T_TICKS - 1, T_TICKS, 1 << 40],
                                   np.int64), n)  # fmt: skip
     time = (np.int64(1 << 41) + np.cumsum(t_steps)).astype(np.uint64)
     return ip, ninsn, offset, time
@@ -103,13 +103,13 @@ def test_time_points_far_apart():
     """More rows at one time than a time point's row step holds, between
     times far apart, forwards and back: the same time column, from either
     of two stores joined."""
-    n = 2 * T_ROW_STEP + 10
+    n = 2 * T_ROWS + 10
     ip = np.full(n, 0x1000, np.uint64)
     ninsn = np.ones(n, np.uint32)
     offset = np.zeros(n, np.int64)
     # (Steps just within a point's reach and just beyond it, each way.)
-    changes = [0, T_ROW_STEP, T_ROW_STEP + 1, 2 * T_ROW_STEP + 2, n - 3, n - 2, n - 1]
-    steps = [1 << 45, -(T_VAL_STEP + 1), -T_VAL_STEP, 1, T_VAL_STEP, T_VAL_STEP + 1, -(1 << 44)]
+    changes = [0, T_ROWS - 1, T_ROWS + 1, 2 * T_ROWS + 2, n - 3, n - 2, n - 1]
+    steps = [1 << 45, -1, T_TICKS - 1, 1, T_TICKS, T_TICKS - 1, -(1 << 44)]
     t_step = np.zeros(n, np.int64)
     t_step[changes] = steps
     time = np.cumsum(t_step).astype(np.uint64)

@@ -2880,7 +2880,7 @@ def _row_points(o_cols, t_cols, state, row, o, t, n_off, last_off, off_at, n_t, 
         last_off = o
         off_at = row
     if t != last_t:
-        n_t = put_time(t_cols[0], t_cols[1], t_cols[2], t_cols[3], state, n_t, row, t, last_t)
+        n_t = put_time(t_cols[0], t_cols[1], t_cols[2], state, n_t, row, t, last_t)
         last_t = t
     return n_off, last_off, off_at, n_t, last_t
 
@@ -2975,9 +2975,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_mask = np.int64(x_tab.shape[0] - 1)
     s_keys, s_cols, s_state = store[0], store[2], store[3]
-    s_t_row = s_cols[6]
-    o_cols = (s_cols[4], s_cols[5], s_cols[13])
-    t_cols = (s_t_row, s_cols[7], s_cols[11], s_cols[12])
+    o_cols = (s_cols[4], s_cols[5], s_cols[12])
+    t_cols = (s_cols[6], s_cols[7], s_cols[11])
     blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
     ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
     rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
@@ -2997,7 +2996,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     memo = np.int64(-1)
     # (The key column's room is counted in rows, not in the entries that
     # hold them: a stream's batches stay as long, whatever replays stored.)
-    key_cap, off_cap, t_cap = s_keys.shape[0], o_cols[0].shape[0], s_t_row.shape[0]
+    key_cap, off_cap, t_cap = s_keys.shape[0], o_cols[0].shape[0], t_cols[0].shape[0]
     code = XC_WALK
     while True:
         if blk < 0:
@@ -3095,8 +3094,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 )  # fmt: skip
                 if j1 < m and ev_tsc != s_last_t:
                     s_t = put_time(
-                        t_cols[0], t_cols[1], t_cols[2], t_cols[3], s_state, s_t, s_rows + j1, ev_tsc,
-                        s_last_t,
+                        t_cols[0], t_cols[1], t_cols[2], s_state, s_t, s_rows + j1, ev_tsc, s_last_t,
                     )  # fmt: skip
                     s_last_t = ev_tsc
                 if merged:
@@ -3224,8 +3222,8 @@ def _fast(ds, pk, cf, ct, out):
     if live:
         claim_run_keys(counts, r_key, counts[C_RUNS], s_state)
     image = counts[C_INDEX]
-    s_off_pts, s_off_far_row, s_off_far_val = s_cols[4], s_cols[5], s_cols[13]
-    s_t_row, s_t_val, s_t_far_row, s_t_far_val = s_cols[6], s_cols[7], s_cols[11], s_cols[12]
+    s_off_pts, s_off_far_row, s_off_far_val = s_cols[4], s_cols[5], s_cols[12]
+    s_t_pts, s_t_far_row, s_t_far_val = s_cols[6], s_cols[7], s_cols[11]
     s_rows, s_nkeys, s_off, s_t = s_state[S_ROWS], s_state[S_KEYS], s_state[S_OFF], s_state[S_TIME]
     s_last_off, s_last_t = s_state[S_LAST_OFF], np.uint64(s_state[S_LAST_TIME])
     s_started = s_state[S_STARTED]
@@ -3414,7 +3412,7 @@ def _fast(ds, pk, cf, ct, out):
             full = np.int64(1)
             if key >= 0:
                 full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
-                    s_keys, s_off_pts, s_off_far_row, s_off_far_val, s_t_row, s_t_val, s_t_far_row,
+                    s_keys, s_off_pts, s_off_far_row, s_off_far_val, s_t_pts, s_t_far_row,
                     s_t_far_val, key, o, cur_tsc, s_rows, s_off, s_t, s_last_off, s_last_t,
                     s_started, s_off_at, s_state, s_ent,
                 )  # fmt: skip

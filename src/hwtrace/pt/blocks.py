@@ -8,7 +8,7 @@ offset, time: 30 bytes each) are kept as a key into a table of distinct
 there are fewer than 65,535 of them, then 4) plus the rows at which the
 trace offset and the time change (the offset changes about once per three
 to five blocks, at each TNT or TIP packet: a byte each, the rows since the
-last change and the offset's step; the time at timing packets, 4 bytes
+last change and the offset's step; the time at timing packets, 2 bytes
 each, steps likewise).  A stretch of
 blocks the decoder replays (see hwtrace.pt._flowloop) is kept once, as a
 *sequence*, and each replay stores one key naming it: on a plain trace a
@@ -77,16 +77,16 @@ SEQ_MIN_ROWS = 2  # a stretch of one row is stored as its key
 OFF_ROWS = 15
 OFF_BYTES = 16
 OFF_FAR = 0xF0
-# A time point's steps: rows (uint16) and time (int16, TSC ticks; it may go
-# back a little, an estimate corrected).  A point whose steps do not fit
-# (the first, after a gap) is *far*: its time step is T_FAR and its row and
-# time, absolute, are the next of the far points (S_T_FAR of them, in
-# arrays as long as the steps', of which only what is written costs).  On a
-# trace with CYC packets the time changes every other row or so: 4 bytes a
-# point where row and time took 16.
-T_ROW_STEP = 0xFFFF
-T_VAL_STEP = 0x7FFF
-T_FAR = -0x8000
+# A time point is a uint16: the rows since the last point (high five bits,
+# below T_ROWS) and the time's step (low eleven, TSC ticks, below T_TICKS).
+# On a trace with CYC packets the time changes every few rows, by tens of
+# ticks (all but 0.07% of the benchmark's points fit): 2 bytes a point
+# where row and time took 16.  A point that does not fit (the first, after
+# a gap, a time that goes back a little, an estimate corrected) is *far*
+# (T_FAR and up), as offset points are.
+T_ROWS = 31
+T_TICKS = 1 << 11
+T_FAR = 0xF800
 # Why the compaction loop stopped before the batch's end.
 _FULL_ROWS, _FULL_KEYS, _FULL_OFF, _FULL_TIME = 1, 2, 3, 4
 
@@ -152,29 +152,27 @@ def offset_point(pts, far_row, far_val, j, k, row, value):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def put_time(t_row, t_val, t_far_row, t_far_val, state, n_t, row, t, last_t):
+def put_time(t_pts, t_far_row, t_far_val, state, n_t, row, t, last_t):
     """Append the time point ``(row, t)`` (the last at ``state[S_T_AT]``,
     ``last_t``) at ``n_t``, room known; returns the new count."""
     dr = row - state[S_T_AT]
-    dv = np.int64(t - last_t)
+    dv = t - last_t
     at = np.uint64(n_t)  # (unsigned: no check for a negative index)
-    if dr <= T_ROW_STEP and -T_VAL_STEP <= dv <= T_VAL_STEP:
-        t_row[at] = dr
-        t_val[at] = dv
+    if np.uint64(dr) < T_ROWS and dv < T_TICKS:
+        t_pts[at] = (dr << 11) | np.int64(dv)
     else:
         k = np.uint64(state[S_T_FAR])
         t_far_row[k] = row
         t_far_val[k] = t
         state[S_T_FAR] = k + np.uint64(1)
-        t_row[at] = 0
-        t_val[at] = T_FAR
+        t_pts[at] = T_FAR
     state[S_T_AT] = row
     return n_t + 1
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def put_row(keys, off_pts, off_far_row, off_far_val, t_row, t_val, t_far_row, t_far_val, key, o,
-            t, n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent):  # fmt: skip
+def put_row(keys, off_pts, off_far_row, off_far_val, t_pts, t_far_row, t_far_val, key, o, t,
+            n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent):  # fmt: skip
     """Store a row of block ``key`` decoded at trace offset ``o`` and time
     ``t``, given the store's counters (``off_at``: the row of the last
     offset change; ``n_ent``: the key column's entries); returns ``(why,
@@ -185,7 +183,7 @@ def put_row(keys, off_pts, off_far_row, off_far_val, t_row, t_val, t_far_row, t_
     new_t = not started or t != last_t
     if n_rows >= keys.shape[0]:  # (rows: see BlockStore.make_room)
         return _FULL_ROWS, n_rows, n_off, n_t, last_off, last_t, off_at
-    if new_t and n_t >= t_row.shape[0]:
+    if new_t and n_t >= t_pts.shape[0]:
         return _FULL_TIME, n_rows, n_off, n_t, last_off, last_t, off_at
     if new_o:
         if n_off >= off_pts.shape[0]:
@@ -198,7 +196,7 @@ def put_row(keys, off_pts, off_far_row, off_far_val, t_row, t_val, t_far_row, t_
         off_at = n_rows
     keys[n_ent] = key
     if new_t:
-        n_t = put_time(t_row, t_val, t_far_row, t_far_val, state, n_t, n_rows, t, last_t)
+        n_t = put_time(t_pts, t_far_row, t_far_val, state, n_t, n_rows, t, last_t)
         last_t = t
     return 0, n_rows + 1, n_off, n_t, last_off, last_t, off_at
 
@@ -211,8 +209,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
 
     A row that is a whole run of the decoder's code table (``run[i] >= 0``)
     finds its key in ``run_key`` (-1: not known yet), without hashing."""
-    off_pts, off_far_row, off_far_val = cols[4], cols[5], cols[13]
-    t_row, t_val, t_far_row, t_far_val = cols[6], cols[7], cols[11], cols[12]
+    off_pts, off_far_row, off_far_val = cols[4], cols[5], cols[12]
+    t_pts, t_far_row, t_far_val = cols[6], cols[7], cols[11]
     n_rows, n_keys, n_off, n_t = state[S_ROWS], state[S_KEYS], state[S_OFF], state[S_TIME]
     last_off, last_t, started = state[S_LAST_OFF], np.uint64(state[S_LAST_TIME]), state[S_STARTED]
     off_at = state[S_OFF_AT]
@@ -231,8 +229,8 @@ def _compact(ip, ninsn, mode, offset, time, run, run_key, start, end, image, key
             if r >= 0:
                 run_key[r] = key
         why, n_rows, n_off, n_t, last_off, last_t, off_at = put_row(
-            keys, off_pts, off_far_row, off_far_val, t_row, t_val, t_far_row, t_far_val, key,
-            offset[i], time[i], n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent,
+            keys, off_pts, off_far_row, off_far_val, t_pts, t_far_row, t_far_val, key, offset[i],
+            time[i], n_rows, n_off, n_t, last_off, last_t, started, off_at, state, n_ent,
         )  # fmt: skip
         if why:
             break
@@ -456,21 +454,21 @@ def offset_points(off_pts, off_far_row, off_far_val, rows, values):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def time_points(t_row, t_val, t_far_row, t_far_val, rows, values):
+def time_points(t_pts, t_far_row, t_far_val, rows, values):
     """The rows where the time changes and the new times (into ``rows``,
     ``values``) from a store's time points (see put_time)."""
     row = np.int64(0)
     value = np.uint64(0)
-    k = np.uint64(0)
-    for j in range(t_row.shape[0]):
-        dv = t_val[j]
-        if dv == T_FAR:
+    k = np.uint64(0)  # (unsigned: no check for a negative index)
+    for j in range(t_pts.shape[0]):
+        p = np.int64(t_pts[j])
+        if p >= T_FAR:
             row = t_far_row[k]
             value = t_far_val[k]
             k += np.uint64(1)
         else:
-            row += np.int64(t_row[j])
-            value += np.uint64(np.int64(dv))
+            row += p >> 11
+            value += np.uint64(p & (T_TICKS - 1))
         rows[j] = row
         values[j] = value
 
@@ -498,9 +496,9 @@ def dummy_store() -> tuple:
     if _DUMMY is None:
         cols = (np.zeros(1, np.uint64), np.zeros(1, np.uint32), np.zeros(1, np.uint8),
                 np.zeros(1, np.uint16), np.zeros(1, np.uint8), np.zeros(1, np.int64),
-                np.zeros(1, np.uint16), np.zeros(1, np.int16), np.zeros(0, np.int64),
-                np.zeros(0, np.int64), np.zeros(0, np.uint16), np.zeros(1, np.int64),
-                np.zeros(1, np.uint64), np.zeros(1, np.int64))  # fmt: skip
+                np.zeros(1, np.uint16), np.zeros(1, np.int64), np.zeros(0, np.int64),
+                np.zeros(0, np.int64), np.zeros(0, np.uint16), np.zeros(1, np.uint64),
+                np.zeros(1, np.int64))  # fmt: skip
         tab = (np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.full(2, -1, np.int64))
         state = np.zeros(_NS, np.int64)
         state[S_ID] = -2
@@ -567,8 +565,7 @@ class BlockStore:
         self.off_pts = np.empty(changes, np.uint8)
         self.off_far_row = np.empty(changes, np.int64)
         self.off_far_val = np.empty(changes, np.int64)
-        self.time_row = np.empty(changes, np.uint16)
-        self.time_val = np.empty(changes, np.int16)
+        self.time_pts = np.empty(changes, np.uint16)
         self.time_far_row = np.empty(changes, np.int64)
         self.time_far_val = np.empty(changes, np.uint64)
         self.seq_start = np.empty(SEQ_MAX, np.int64)
@@ -600,8 +597,8 @@ class BlockStore:
 
     def _cols(self) -> tuple:
         return (self.k_ip, self.k_ninsn, self.k_mode, self.k_image, self.off_pts,
-                self.off_far_row, self.time_row, self.time_val, self.seq_start, self.seq_len,
-                self.seq_keys, self.time_far_row, self.time_far_val, self.off_far_val)  # fmt: skip
+                self.off_far_row, self.time_pts, self.time_far_row, self.seq_start, self.seq_len,
+                self.seq_keys, self.time_far_val, self.off_far_val)  # fmt: skip
 
     def _new_table(self, capacity: int) -> None:
         self._kernel_store = None
@@ -689,9 +686,8 @@ class BlockStore:
             self.off_far_row = _grown(self.off_far_row, far, size)
             self.off_far_val = _grown(self.off_far_val, far, size)
         else:
-            n, size = int(s[S_TIME]), 2 * self.time_row.shape[0]
-            self.time_row = _grown(self.time_row, n, size)
-            self.time_val = _grown(self.time_val, n, size)
+            n, size = int(s[S_TIME]), 2 * self.time_pts.shape[0]
+            self.time_pts = _grown(self.time_pts, n, size)
             # (As long as the points: any of them may be far.)
             far = int(s[S_T_FAR])
             self.time_far_row = _grown(self.time_far_row, far, size)
@@ -739,7 +735,7 @@ class BlockStore:
             s[S_SEQ_GEN] += 1
         if int(s[S_OFF]) == self.off_pts.shape[0] and s[S_OFF] < 2 * self.keys.shape[0]:
             self._grow(_FULL_OFF)
-        if int(s[S_TIME]) == self.time_row.shape[0] and s[S_TIME] < self.keys.shape[0]:
+        if int(s[S_TIME]) == self.time_pts.shape[0] and s[S_TIME] < self.keys.shape[0]:
             self._grow(_FULL_TIME)
         for slot in _SAVED_SLOTS:
             s[slot] = 0
@@ -758,7 +754,7 @@ class BlockStore:
             self._grow(_FULL_ROWS)
         while s[S_OFF] + rows > self.off_pts.shape[0]:
             self._grow(_FULL_OFF)
-        while s[S_TIME] + rows > self.time_row.shape[0]:
+        while s[S_TIME] + rows > self.time_pts.shape[0]:
             self._grow(_FULL_TIME)
         wide = self.keys.dtype != np.uint16
         limit = min(self.k_ip.shape[0], self.h_ip.shape[0] >> 1,
@@ -842,13 +838,12 @@ class BlockStore:
         """The rows where the trace offset changes, and the new offsets."""
         return _offset_changes(*self.offset_steps())
 
-    def time_steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The time's change points as stored (see put_time): the rows and
-        time steps, and the far points' rows and times."""
+    def time_steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The time's change points as stored (see put_time): the points,
+        and the far points' rows and times."""
         n, far = int(self.state[S_TIME]), int(self.state[S_T_FAR])
         return (
-            self.time_row[:n],
-            self.time_val[:n],
+            self.time_pts[:n],
             self.time_far_row[:far],
             self.time_far_val[:far],
         )
@@ -892,11 +887,11 @@ def _rehash(h_ip, h_meta, h_id, k_ip, k_ninsn, k_mode, k_image, n):
         h_id[s] = key
 
 
-def _time_changes(t_row: np.ndarray, t_val: np.ndarray, t_far_row: np.ndarray,
+def _time_changes(t_pts: np.ndarray, t_far_row: np.ndarray,
                   t_far_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Time change points (rows, times) from their steps (see put_time)."""
-    rows, values = np.empty(t_row.shape[0], np.int64), np.empty(t_row.shape[0], np.uint64)
-    time_points(t_row, t_val, t_far_row, t_far_val, rows, values)
+    rows, values = np.empty(t_pts.shape[0], np.int64), np.empty(t_pts.shape[0], np.uint64)
+    time_points(t_pts, t_far_row, t_far_val, rows, values)
     return rows, values
 
 
@@ -1002,7 +997,7 @@ class CompactBlocks:
         self.image = (m >> np.uint64(40)).astype(np.uint16)
         self.n = sum(len(s) for s in stores)
         base = 0
-        # The offsets and times stay as the stores keep them (steps: 1 and 4
+        # The offsets and times stay as the stores keep them (steps: 1 and 2
         # bytes a point where absolute ones take 16) until asked for.
         self._offset_steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
         self._time_steps: list[tuple[tuple[np.ndarray, ...], int]] = []
