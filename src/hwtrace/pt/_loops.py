@@ -498,12 +498,14 @@ def _psb_at(buf, pos, end):
     return True
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
+@aot.njit(cache=True, _nrt=False)
 def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
     """TNT-8s, TIPs and the timing packets between them (CYC, MTC) from
     ``pos`` into rows from ``n``, until another packet (or ``lim``, or
     ``cap`` rows); returns ``(pos, n)`` after them.  (Unsigned indices:
-    numba checks a signed one for a negative value, on every packet.)"""
+    numba checks a signed one for a negative value, on every packet.  Not
+    inlined into decode_stream: there the six columns' pointers were
+    spilled to the stack and reloaded for every packet.)"""
     offsets, kinds, sizes, col_a, col_b, col_c = rows
     one = np.uint64(1)
     u, r = np.uint64(pos), np.uint64(n)
@@ -566,6 +568,23 @@ def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
         r += one
         u += one + np.uint64(ni)
     return np.int64(u), np.int64(r)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _fixed_packets(buf, pos, lim, avail):
+    """Step over the packets of a fixed size from ``pos`` (counting, not
+    decoding them) until another packet (or ``lim``); returns ``(pos,
+    count)`` after them.  (A function of its own, as _plain_packets: its
+    loop keeps its few values in registers.)"""
+    u, u_lim, u_avail = np.uint64(pos), np.uint64(max(lim, 0)), np.uint64(avail)
+    k = 0
+    while u < u_lim:
+        size = np.uint64(FIXED_SIZE[buf[u]])
+        if size == 0 or u + size > u_avail:
+            break
+        u += size
+        k += 1
+    return np.int64(u), k
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -697,11 +716,11 @@ def decode_stream(buf, avail, state, rows, errs, store):
             if pos >= lim or n >= cap:
                 continue  # the checks above say what now
         elif in_block == BLOCK_NONE:
-            size = FIXED_SIZE[buf[pos]]
-            if size > 0 and pos + size <= avail:
-                packets += 1
-                pos += size
-                continue
+            lim = avail if final else avail - LOOKAHEAD + 1
+            pos, k = _fixed_packets(buf, pos, lim, avail)
+            if k:
+                packets += k
+                continue  # the checks above say what now
         size, kind, a, b, c = decode_packet(buf, pos, avail, in_block, errata)
         if size > 0:
             if store:
