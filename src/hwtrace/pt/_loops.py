@@ -82,6 +82,24 @@ def _read_le(buf, pos, n):
 
 
 @aot.njit(cache=True, inline="always")
+def _read_u64le(buf, pos):
+    """The 8 bytes at ``pos`` as a little-endian word (one load: LLVM joins
+    the bytes' loads).  (Unsigned: no check for a negative index.)"""
+    u = np.uint64(pos)
+    v = np.uint64(buf[u])
+    for i in range(1, 8):
+        v |= np.uint64(buf[u + np.uint64(i)]) << np.uint64(8 * i)
+    return v
+
+
+# The payload bytes of a TIP-class packet by its IPBytes field (-1: none
+# such), and the mask of those bytes in a little-endian word.
+_IP_LEN = np.array([0, 2, 4, 6, 6, -1, 8, -1], np.int64)
+_IP_MASK = np.array([0, 0xFFFF, 0xFFFFFFFF, (1 << 48) - 1, (1 << 48) - 1, 0, (1 << 64) - 1, 0],
+                    np.uint64)  # fmt: skip
+
+
+@aot.njit(cache=True, inline="always")
 def _ip_bytes(ipc):
     if ipc == 0:
         return 0
@@ -556,13 +574,18 @@ def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
         if (b0 & 0x1F) != 0x0D:
             break
         ipc = b0 >> 5
-        ni = _ip_bytes(ipc)
+        ni = _IP_LEN[ipc]
         if ni < 0 or u + one + np.uint64(ni) > u_avail:
             break
         offsets[r] = np.int64(u) + base
         kinds[r] = Kind.TIP
         sizes[r] = 1 + ni
-        col_a[r] = _read_le(buf, np.int64(u) + 1, ni)
+        # (A word and a mask, not a loop over the payload's bytes: the
+        # compression varies from one TIP to the next.)
+        if u + np.uint64(9) <= u_avail:
+            col_a[r] = _read_u64le(buf, u + one) & _IP_MASK[ipc]
+        else:
+            col_a[r] = _read_le(buf, np.int64(u) + 1, ni)
         col_b[r] = ipc
         col_c[r] = 0
         r += one
