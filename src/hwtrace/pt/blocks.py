@@ -1071,7 +1071,13 @@ class CompactBlocks:
         """A dense column: ``ip``, ``ninsn``, ``mode``, ``image``,
         ``offset`` or ``time``."""
         if name == "offset":
-            return expand_changes(*self.offset_changes(), self.n, np.int64)
+            # (Laid out from the points, store by store: a tenth of the time
+            # of change points expanded with numpy.)
+            out = np.empty(self.n, np.int64)
+            ends = [p[3] for p in self._offset_steps[1:]] + [self.n]
+            for (pts, far_row, far_val, base), end in zip(self._offset_steps, ends, strict=True):
+                offsets_of(pts, far_row, far_val, end - base, out[base:end])
+            return out
         if name == "time":
             return expand_changes(*self.time_changes(), self.n, np.uint64)
         return getattr(self, name)[self.keys]
