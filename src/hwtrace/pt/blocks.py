@@ -133,12 +133,19 @@ def put_offset(pts, far_row, far_val, state, n_off, row, dr, dv, o):
     if np.uint64(dr) < OFF_ROWS and np.uint64(dv) < OFF_BYTES:
         pts[at] = (dr << 4) | dv
     else:
-        k = np.uint64(state[S_OFF_FAR])
-        far_row[k] = row
-        far_val[k] = o
-        state[S_OFF_FAR] = k + np.uint64(1)
-        pts[at] = OFF_FAR
+        _put_far(pts, at, OFF_FAR, far_row, far_val, state, S_OFF_FAR, row, o)
     return n_off + 1
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _put_far(pts, at, marker, far_row, far_val, state, slot, row, value):
+    """Point ``at`` is far: ``marker`` there, and ``(row, value)`` the next
+    of the far points (``state[slot]`` of them)."""
+    k = np.uint64(state[slot])
+    far_row[k] = row
+    far_val[k] = value
+    state[slot] = k + np.uint64(1)
+    pts[at] = marker
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -161,11 +168,7 @@ def put_time(t_pts, t_far_row, t_far_val, state, n_t, row, t, last_t):
     if np.uint64(dr) < T_ROWS and dv < T_TICKS:
         t_pts[at] = (dr << 11) | np.int64(dv)
     else:
-        k = np.uint64(state[S_T_FAR])
-        t_far_row[k] = row
-        t_far_val[k] = t
-        state[S_T_FAR] = k + np.uint64(1)
-        t_pts[at] = T_FAR
+        _put_far(t_pts, at, T_FAR, t_far_row, t_far_val, state, S_T_FAR, row, t)
     state[S_T_AT] = row
     return n_t + 1
 
