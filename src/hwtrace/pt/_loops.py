@@ -92,13 +92,6 @@ def _read_u64le(buf, pos):
     return v
 
 
-# The payload bytes of a TIP-class packet by its IPBytes field (-1: none
-# such), and the mask of those bytes in a little-endian word.
-_IP_LEN = np.array([0, 2, 4, 6, 6, -1, 8, -1], np.int64)
-_IP_MASK = np.array([0, 0xFFFF, 0xFFFFFFFF, (1 << 48) - 1, (1 << 48) - 1, 0, (1 << 64) - 1, 0],
-                    np.uint64)  # fmt: skip
-
-
 @aot.njit(cache=True, inline="always")
 def _ip_bytes(ipc):
     if ipc == 0:
@@ -112,6 +105,12 @@ def _ip_bytes(ipc):
     if ipc == 6:
         return 8
     return -1
+
+
+# _ip_bytes as tables by the 3-bit IPBytes field (-1: none such), and the
+# mask of the payload's bytes in a little-endian word.
+_IP_LEN = np.array([_ip_bytes.py_func(ipc) for ipc in range(8)], np.int64)
+_IP_MASK = np.array([(1 << 8 * max(n, 0)) - 1 for n in _IP_LEN.tolist()], np.uint64)
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)

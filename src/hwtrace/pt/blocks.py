@@ -515,6 +515,14 @@ def _grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
     return new
 
 
+def _grown_points(pts: np.ndarray, far_row: np.ndarray, far_val: np.ndarray, n: int,
+                  far: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Offset or time points (``n`` of them, ``far`` far) with twice the
+    room; the far arrays as long as the points (any of them may be far)."""
+    size = 2 * pts.shape[0]
+    return _grown(pts, n, size), _grown(far_row, far, size), _grown(far_val, far, size)
+
+
 class StoredKeys:
     """A copy of a store's key column as stored (:meth:`BlockStore.entries`
     and the sequences they name): its rows' keys laid out later, in any
@@ -682,19 +690,14 @@ class BlockStore:
             if s[S_KEYS] >= self.k_ip.shape[0] or 2 * s[S_KEYS] >= self.h_ip.shape[0]:
                 self._new_table(2 * self.k_ip.shape[0])
         elif why == _FULL_OFF:
-            n, size = int(s[S_OFF]), 2 * self.off_pts.shape[0]
-            self.off_pts = _grown(self.off_pts, n, size)
-            # (As long as the points: any of them may be far.)
-            far = int(s[S_OFF_FAR])
-            self.off_far_row = _grown(self.off_far_row, far, size)
-            self.off_far_val = _grown(self.off_far_val, far, size)
+            self.off_pts, self.off_far_row, self.off_far_val = _grown_points(
+                self.off_pts, self.off_far_row, self.off_far_val, int(s[S_OFF]), int(s[S_OFF_FAR])
+            )
         else:
-            n, size = int(s[S_TIME]), 2 * self.time_pts.shape[0]
-            self.time_pts = _grown(self.time_pts, n, size)
-            # (As long as the points: any of them may be far.)
-            far = int(s[S_T_FAR])
-            self.time_far_row = _grown(self.time_far_row, far, size)
-            self.time_far_val = _grown(self.time_far_val, far, size)
+            self.time_pts, self.time_far_row, self.time_far_val = _grown_points(
+                self.time_pts, self.time_far_row, self.time_far_val, int(s[S_TIME]),
+                int(s[S_T_FAR]),
+            )  # fmt: skip
 
     def row_keys(self, ip: np.ndarray, ninsn: np.ndarray, mode: np.ndarray,
                  image: np.ndarray, out: np.ndarray) -> None:  # fmt: skip

@@ -285,15 +285,14 @@ def offset_runs_into(has_first, first, off_pts, off_far_row, off_far_val, at, to
     m = 0
     if has_first:
         m = _add_run(out_s, out_v, m, 0, first)
-    row = np.int64(at)
+    row = np.int64(0)  # (the store's)
     value = np.int64(0)
     k = np.uint64(0)
     for j in range(off_pts.shape[0]):
-        to, value, k = offset_point(off_pts, off_far_row, off_far_val, j, k, row - at, value)
-        row = to + at
-        if row >= total:
+        row, value, k = offset_point(off_pts, off_far_row, off_far_val, j, k, row, value)
+        if row + at >= total:
             break
-        m = _put_run(out_s, out_v, m, row, value)
+        m = _put_run(out_s, out_v, m, row + at, value)
     return m
 
 
