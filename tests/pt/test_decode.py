@@ -185,3 +185,24 @@ def test_rows_stored_by_the_decoder_are_the_rows_python_stores(monkeypatch):
         for name, col in columns(res).items():
             assert np.array_equal(col, columns(direct)[name]), name
         _same(res, direct)
+
+
+def test_event_columns_grow_past_their_room():
+    from hwtrace.pt import flowrows as R
+    from hwtrace.pt.decode import _EventColumns
+
+    cols = _EventColumns(4)
+    expect_rows, expect_offsets, expect_blocks = [], [], []
+    for batch in range(5):
+        rows = np.arange(3 * R.EW, dtype=np.uint64).reshape(3, R.EW) + 100 * batch
+        offsets = np.array([10, 11, 12], np.int64) + batch
+        blocks = np.array([0, 1, 2], np.int64)
+        real = np.array([True, batch % 2 == 0, True])
+        cols.append(real, rows, offsets, blocks, 7 * batch)
+        expect_rows.append(rows[real])
+        expect_offsets.append(offsets[real])
+        expect_blocks.append(blocks[real] + 7 * batch)
+    got_rows, got_offsets, got_blocks = cols.columns()
+    assert np.array_equal(got_rows, np.concatenate(expect_rows))
+    assert np.array_equal(got_offsets, np.concatenate(expect_offsets))
+    assert np.array_equal(got_blocks, np.concatenate(expect_blocks))

@@ -304,9 +304,9 @@ class _Collector(FlowSink):
         self.store = BlockStore(expect_rows) if keep else None
         self.n_insn = 0
         self.n_blocks = 0
-        self.event_rows: list[np.ndarray] = []
-        self.event_offsets: list[np.ndarray] = []
-        self.event_blocks: list[np.ndarray] = []
+        # (Room for an event every 16 bytes of trace, at most a million:
+        # syscall-dense traces have one every 140.)
+        self.events = _EventColumns(min(max(expect_rows // 64, 256), 1 << 20))
         self.gaps: list[Gap] = []
 
     def output(self) -> tuple:
@@ -330,13 +330,56 @@ class _Collector(FlowSink):
         self.gaps += error_gaps(b.events, b.event_offset)
         real = flow_events(b.events)
         if real.any():
-            # Copies: the batch's arrays are reused.  (compress copies whole
-            # rows, a mask's indexing element by element: 4x the time.)
-            self.event_rows.append(np.compress(real, b.events, axis=0))
-            self.event_offsets.append(np.compress(real, b.event_offset))
-            blocks = np.compress(real, b.event_block)
-            blocks += base
-            self.event_blocks.append(blocks)
+            self.events.append(real, b.events, b.event_offset, b.event_block, base)
+
+
+class _EventColumns:
+    """Event rows, their offsets and blocks, appended where they stay.
+
+    Copied once, from the decoder's batch (whose arrays are reused), into
+    columns made for as many events as the trace may well hold: pages never
+    written cost nothing, where pieces joined at the end would take fresh
+    memory twice (and its page faults cost more than the copying in a
+    virtual machine).  More events than that grow them."""
+
+    def __init__(self, expect: int = 256) -> None:
+        self.n = 0
+        self.rows = np.empty((expect, R.EW), np.uint64)
+        self.offsets = np.empty(expect, np.int64)
+        self.blocks = np.empty(expect, np.int64)
+
+    def append(
+        self, real: np.ndarray, rows: np.ndarray, offsets: np.ndarray, blocks: np.ndarray,
+        base: int,
+    ) -> None:  # fmt: skip
+        """Append the rows ``real`` marks, their blocks moved by ``base``."""
+        k = int(np.count_nonzero(real))
+        n = self.n
+        if n + k > self.offsets.shape[0]:
+            cap = max(n + k, 2 * self.offsets.shape[0], 256)
+            self.rows = _grown(self.rows, n, cap)
+            self.offsets = _grown(self.offsets, n, cap)
+            self.blocks = _grown(self.blocks, n, cap)
+        # (compress copies whole rows, a mask's indexing element by element:
+        # 4x the time.)
+        np.compress(real, rows, axis=0, out=self.rows[n : n + k])
+        np.compress(real, offsets, out=self.offsets[n : n + k])
+        at = self.blocks[n : n + k]
+        np.compress(real, blocks, out=at)
+        at += base
+        self.n = n + k
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rows, offsets, blocks)``, as many as were appended."""
+        n = self.n
+        return self.rows[:n], self.offsets[:n], self.blocks[:n]
+
+
+def _grown(a: np.ndarray, n: int, cap: int) -> np.ndarray:
+    """``a``'s first ``n`` rows in new room for ``cap``."""
+    out = np.empty((cap, *a.shape[1:]), a.dtype)
+    out[:n] = a[:n]
+    return out
 
 
 def _code_views(tables: list[CodeTable]) -> dict[int, list[CodeView]]:
@@ -368,9 +411,11 @@ def _result(collectors: list[_Collector], decoders: list[FlowDecoder]) -> FlowRe
     base = 0
     rows, offsets, blocks = [], [], []
     for c in collectors:
-        rows += c.event_rows
-        offsets += c.event_offsets
-        blocks += [b + base for b in c.event_blocks]
+        if c.events.n:
+            r, o, b = c.events.columns()
+            rows.append(r)
+            offsets.append(o)
+            blocks.append(b + base if base else b)
         base += c.n_blocks
     res.event_rows = _joined(rows, np.zeros((0, R.EW), np.uint64))
     res.event_offset = _joined(offsets, np.zeros(0, np.int64))
