@@ -492,3 +492,32 @@ def test_replayed_flow_is_the_walked_flow(images, name, shape, monkeypatch):
     # The cache was used (and not without it), for most rows.
     assert replayed_rows[0] == 0
     assert replayed_rows[1] > replayed.blocks.n // 4 and replayed_rows[2] > 0
+
+
+@pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
+@pytest.mark.parametrize("shape", ["events", "noret"])
+@pytest.mark.parametrize("name", sorted(LONG_CASES))
+def test_disabled_and_enabled_again_as_the_step_functions_have_it(images, name, shape):
+    """Tracing off and on again (FUP, TIP.PGD, MODE.EXEC, TIP.PGE, timing
+    packets between them), which the fast loop's driver applies in one
+    step, gives what the step functions give: the instructions and their
+    times, every word of every event, and where each sits in the flow."""
+    from hwtrace.pt.decode import DecodeOptions
+
+    run = _long_case(name)
+    image = image_of(images, run)
+    enc = encode_path(run.ips, image, end_ip=run.end_ip, **REPLAY_SHAPES[shape](len(run.ips)))
+    assert enc.stats["async_disable"] > 20
+    fast = decode_trace(enc.data, image, enc.config)
+    steps = decode_trace(enc.data, image, enc.config, DecodeOptions(fast=False))
+    assert np.array_equal(fast.instructions(), enc.expected)
+    assert np.array_equal(steps.instructions(), enc.expected)
+    assert np.array_equal(fast.instruction_times(), steps.instruction_times())
+    assert fast.n_insn == steps.n_insn
+    assert [str(g) for g in fast.gaps] == [str(g) for g in steps.gaps]
+    assert np.array_equal(fast.event_rows, steps.event_rows)
+    assert np.array_equal(fast.event_offset, steps.event_offset)
+    # (The fast loop's rows are runs, the step functions' blocks: an event's
+    # place is the number of instructions before it.)
+    at = [np.concatenate([[0], np.cumsum(r.block_ninsn, dtype=np.int64)]) for r in (fast, steps)]
+    assert np.array_equal(at[0][fast.event_block], at[1][steps.event_block])

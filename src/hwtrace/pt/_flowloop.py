@@ -3727,6 +3727,187 @@ def _tnt_left(ds):
     return CUR[E_TYPE] == EV_TNT and CUR[E_SIZE] > 0
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _past_timing(kind, n, p):
+    """The first packet from ``p`` on that ev_next does not pass over (PAD,
+    TSC, MTC, TMA, CYC), or ``n``."""
+    while p < n:
+        k = kind[p]
+        if not (k == K_PAD or k == K_TSC or k == K_MTC or k == K_TMA or k == K_CYC):
+            break
+        p += 1
+    return p
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _ip_from(ipc, payload, last):
+    """An IP packet's IP after ``last`` (as _update_ip has it): ``(True,
+    ip)``, or ``(False, 0)`` when it has none (suppressed, or a reserved
+    compression)."""
+    if ipc == 1:
+        return True, (last & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
+    if ipc == 2:
+        return True, (last & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF))
+    if ipc == 3:
+        if payload & np.uint64(1 << 47):
+            return True, payload | np.uint64(0xFFFF000000000000)
+        return True, payload
+    if ipc == 4:
+        return True, (last & ~_MASK48) | (payload & _MASK48)
+    if ipc == 6:
+        return True, payload
+    return False, np.uint64(0)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _walks_to(ds, cf, ct, target):
+    """Would _to_ip reach ``target`` from the IP in a new block, with no
+    trace, no new code and no block split on the way?  (It changes nothing.)"""
+    SI, SU = ds[0], ds[1]
+    ip = SU[BS_IP]
+    mode = SI[BS_MODE]
+    isid = np.int64(0)
+    n = 0
+    last = -1
+    while ip != target:
+        if n + 1 > MAX_NINSN or (n and ct[7][last] & I_TRUNCATED):
+            return False
+        k = hash_find(ct[0], ct[1], ct[2], ip, mode)
+        if k < 0 or ct[10][k]:
+            return False
+        if ct[9][k] != isid:
+            if n:
+                return False
+            isid = ct[9][k]
+        e, ip = _next_ip(ct, k)
+        if e < 0:
+            return False
+        n += 1
+        last = k
+        if _ends_block(cf, ct, k) and ip != target:
+            return False
+    return True
+
+
+@aot.njit(cache=True, _nrt=False)
+def _disable_enable(ds, pk, cf, ct, out):
+    """FUP, TIP.PGD without an IP, a MODE.EXEC that changes nothing, TIP.PGE
+    and a TNT or TIP (timing packets between them): tracing off and on again
+    at an interrupt or a system call, as a user-space trace has it at every
+    one.  Applies what the step functions make of it, one event at a time
+    and a run-loop step each (a row walked to the FUP's IP, ASYNC_DISABLED
+    there, ENABLED at the PGE's IP, the TNT or TIP current), in one go.
+    False, having changed nothing, for anything else; the step functions
+    take that."""
+    SI, SU, CUR, EVO = ds[0], ds[1], ds[2], ds[13]
+    CF = cf[0]
+    if (
+        CF[CF_STOP_EVENTS] != STOP_NONE or CF[CF_ERRATA] & ER_SKD022 or SI[BS_STATUS]
+        or SI[ES_STATUS] or SI[ES_QN] or SI[BS_PROC] or not SI[BS_ENABLED]
+        or not SI[ES_ENABLED] or SI[CB_OPEN] or not SI[ES_MEV]
+    ):  # fmt: skip
+        return False
+    kind, a, b, offsets = pk[0], pk[1], pk[2], pk[4]
+    n = SI[W_N]
+    p0 = SI[ES_POS]
+    if p0 >= n or kind[p0] != K_FUP:
+        return False
+    ok, fup_ip = _ip_from(b[p0], a[p0], SU[ES_LAST_IP])
+    if not ok:
+        return False
+    p1 = _past_timing(kind, n, p0 + 1)
+    if p1 >= n or kind[p1] != K_TIP_PGD or b[p1] != 0:
+        return False
+    p2 = _past_timing(kind, n, p1 + 1)
+    if p2 < n and kind[p2] == K_MODE_EXEC:
+        bits = np.int64(a[p2])
+        if SI[ES_CSL] != bits & 1 or SI[ES_CSD] != (bits >> 1) & 1:
+            return False
+        if CF[CF_IFLAGS] and SI[ES_IFLAG] != (bits >> 2) & 1:
+            return False
+        p2 = _past_timing(kind, n, p2 + 1)
+    if p2 >= n or kind[p2] != K_TIP_PGE:
+        return False
+    # (The run loop would stop for the next window before the PGE.)
+    if SI[W_LIMIT] >= 0 and p2 >= SI[W_LIMIT]:
+        return False
+    ok, pge_ip = _ip_from(b[p2], a[p2], fup_ip)
+    if not ok:
+        return False
+    p3 = _past_timing(kind, n, p2 + 1)
+    if p3 >= n:
+        return False
+    k3 = kind[p3]
+    tip_ip = np.uint64(0)
+    if k3 == K_TNT8 or k3 == K_TNT64:
+        if b[p3] == 0:
+            return False
+    elif k3 == K_TIP:
+        ok, tip_ip = _ip_from(b[p3], a[p3], pge_ip)
+        if not ok:
+            return False
+    else:
+        return False
+    walk = SU[BS_IP] != fup_ip
+    if walk and not _walks_to(ds, cf, ct, fup_ip):
+        return False
+    # The FUP and the PGD: the disable, bound to the FUP's IP.
+    SI[ES_POS] = p1
+    _ev_init(CUR, EV_ASYNC_DISABLED)
+    CUR[E_AT] = fup_ip
+    CUR[E_FLAGS] |= F_SUPP
+    _ev_time(SI, pk, CUR, p1)
+    if walk:
+        # The instructions to it, a row of their own (_proceed_event).
+        _begin_block(ds, pk, out)
+        _row_walk(ds, pk, out, O_UNCACHED)
+        SI[BS_LAST] = -1
+        _to_ip(ds, cf, ct, out, fup_ip)
+        _end_block(ds, cf, out)
+    # next_event: the disable applied and reported at the PGD.
+    SI[BS_ENABLED] = 0
+    SI[BS_ICNT] = 0
+    _emit_event(ds, pk, out, CUR, offsets[p1])
+    SU[BS_TSC] = CUR[E_TSC]
+    SI[BS_HAS_TSC] = 1 if _has_tsc(CUR) else 0
+    SI[BS_HAS_ICNT] = 0
+    # The PGE: enabled again, reported there.
+    SI[ES_POS] = p2
+    _ev_init(CUR, EV_ENABLED)
+    CUR[E_IP] = pge_ip
+    _ev_time(SI, pk, CUR, p2)
+    if pge_ip == SU[BS_IP]:
+        CUR[E_FLAGS] |= F_RESUMED
+    SU[BS_IP] = pge_ip
+    SI[BS_ENABLED] = 1
+    _ev_copy(EVO, CUR)
+    _emit_event(ds, pk, out, CUR, offsets[p2])
+    SU[BS_TSC] = CUR[E_TSC]
+    SI[BS_HAS_TSC] = 1 if _has_tsc(CUR) else 0
+    SI[BS_HAS_ICNT] = 1
+    SI[BS_ICNT] = 0
+    # The TNT or TIP after it, the current event.
+    SI[ES_ENABLED] = 1
+    SI[ES_HAVE_IP] = 1
+    SI[ES_SUPP] = 0
+    SI[ES_POS] = p3
+    if k3 == K_TIP:
+        SU[ES_LAST_IP] = tip_ip
+        _ev_init(CUR, EV_TIP)
+        CUR[E_IP] = tip_ip
+        _ev_time(SI, pk, CUR, p3)
+        SI[ES_BOUND] = 1
+    else:
+        SU[ES_LAST_IP] = pge_ip
+        _ev_init(CUR, EV_TNT)
+        CUR[E_BITS] = a[p3]
+        CUR[E_SIZE] = b[p3]
+        _ev_time(SI, pk, CUR, p3)
+        _ev_fetch(SI, pk)
+        SI[ES_BOUND] = 0
+    return True
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def run(ds, pk, cf, ct, out):
     """Decode until the segment ends or Python is needed (R_*)."""
@@ -3823,6 +4004,9 @@ def run(ds, pk, cf, ct, out):
             if why == FR_FETCH:
                 # Plain flow ended at a packet the event decoder must take.
                 SI[ES_BOUND] = 0
+                if _disable_enable(ds, pk, cf, ct, out):
+                    SI[DR_STATUS] = 0
+                    continue
                 CUR = ds[2]
                 r = ev_next(ds, pk, cf, CUR)
                 if r < 0:
