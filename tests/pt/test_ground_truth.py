@@ -507,7 +507,7 @@ def test_disabled_and_enabled_again_as_the_step_functions_have_it(images, name, 
     run = _long_case(name)
     image = image_of(images, run)
     enc = encode_path(run.ips, image, end_ip=run.end_ip, **REPLAY_SHAPES[shape](len(run.ips)))
-    assert enc.stats["async_disable"] > 20
+    assert enc.stats["async_disable"] > 20 and enc.stats["sync_disable"] > 10
     fast = decode_trace(enc.data, image, enc.config)
     steps = decode_trace(enc.data, image, enc.config, DecodeOptions(fast=False))
     assert np.array_equal(fast.instructions(), enc.expected)

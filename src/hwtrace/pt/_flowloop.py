@@ -3761,8 +3761,10 @@ def _ip_from(ipc, payload, last):
 
 @aot.njit(cache=True, _nrt=False)
 def _walks_to(ds, cf, ct, target):
-    """Would _to_ip reach ``target`` from the IP in a new block, with no
-    trace, no new code and no block split on the way?  (It changes nothing.)"""
+    """What _to_ip would do from the IP in a new block, with no new code and
+    no block split on the way: 1, reach ``target``; 2, stop at an
+    instruction that needs trace (BAD_QUERY); 0, anything else.  (It
+    changes nothing.)"""
     SI, SU = ds[0], ds[1]
     ip = SU[BS_IP]
     mode = SI[BS_MODE]
@@ -3771,54 +3773,69 @@ def _walks_to(ds, cf, ct, target):
     last = -1
     while ip != target:
         if n + 1 > MAX_NINSN or (n and ct[7][last] & I_TRUNCATED):
-            return False
+            return 0
         k = hash_find(ct[0], ct[1], ct[2], ip, mode)
         if k < 0 or ct[10][k]:
-            return False
+            return 0
         if ct[9][k] != isid:
             if n:
-                return False
+                return 0
             isid = ct[9][k]
         e, ip = _next_ip(ct, k)
         if e < 0:
-            return False
+            return 2 if e == -E_BAD_QUERY else 0
         n += 1
         last = k
         if _ends_block(cf, ct, k) and ip != target:
-            return False
-    return True
+            return 0
+    return 1
 
 
 @aot.njit(cache=True, _nrt=False)
 def _disable_enable(ds, pk, cf, ct, out):
-    """FUP, TIP.PGD without an IP, a MODE.EXEC that changes nothing, TIP.PGE
-    and a TNT or TIP (timing packets between them): tracing off and on again
-    at an interrupt or a system call, as a user-space trace has it at every
-    one.  Applies what the step functions make of it, one event at a time
-    and a run-loop step each (a row walked to the FUP's IP, ASYNC_DISABLED
-    there, ENABLED at the PGE's IP, the TNT or TIP current), in one go.
-    False, having changed nothing, for anything else; the step functions
-    take that."""
+    """Tracing off and on again, as a user-space trace has it at every
+    interrupt and system call: a FUP and a TIP.PGD without an IP (off where
+    the FUP says), or a TIP.PGD with one (off at the branch it takes the
+    place of); a MODE.EXEC that changes nothing; a TIP.PGE; then a TNT or
+    TIP (timing packets between them).  Applies what the step functions
+    make of it, an event and a run-loop step at a time (a row walked to
+    where tracing went off, ASYNC_DISABLED or DISABLED, ENABLED at the PGE's
+    IP, the TNT or TIP current), in one go.  False, having changed nothing,
+    for anything else; the step functions take that."""
     SI, SU, CUR, EVO = ds[0], ds[1], ds[2], ds[13]
     CF = cf[0]
     if (
-        CF[CF_STOP_EVENTS] != STOP_NONE or CF[CF_ERRATA] & ER_SKD022 or SI[BS_STATUS]
-        or SI[ES_STATUS] or SI[ES_QN] or SI[BS_PROC] or not SI[BS_ENABLED]
-        or not SI[ES_ENABLED] or SI[CB_OPEN] or not SI[ES_MEV]
+        CF[CF_STOP_EVENTS] != STOP_NONE or SI[BS_STATUS] or SI[ES_STATUS] or SI[ES_QN]
+        or SI[BS_PROC] or not SI[BS_ENABLED] or not SI[ES_ENABLED] or SI[CB_OPEN]
+        or not SI[ES_MEV]
     ):  # fmt: skip
         return False
     kind, a, b, offsets = pk[0], pk[1], pk[2], pk[4]
     n = SI[W_N]
     p0 = SI[ES_POS]
-    if p0 >= n or kind[p0] != K_FUP:
+    if p0 >= n:
         return False
-    ok, fup_ip = _ip_from(b[p0], a[p0], SU[ES_LAST_IP])
-    if not ok:
+    # ``at``: where tracing goes off (the FUP's IP, or the TIP.PGD's, which
+    # the PGE's is compressed against either way); ``p1``: where the step
+    # functions report the disable.
+    sync = kind[p0] == K_TIP_PGD
+    if sync:
+        ok, at = _ip_from(b[p0], a[p0], SU[ES_LAST_IP])
+        p1 = p0 + 1
+        while p1 < n and kind[p1] == K_PAD:
+            p1 += 1
+        q = p1
+    else:
+        if kind[p0] != K_FUP or CF[CF_ERRATA] & ER_SKD022:
+            return False
+        ok, at = _ip_from(b[p0], a[p0], SU[ES_LAST_IP])
+        p1 = _past_timing(kind, n, p0 + 1)
+        if p1 >= n or kind[p1] != K_TIP_PGD or b[p1] != 0:
+            return False
+        q = p1 + 1
+    if not ok or p1 >= n:
         return False
-    p1 = _past_timing(kind, n, p0 + 1)
-    if p1 >= n or kind[p1] != K_TIP_PGD or b[p1] != 0:
-        return False
-    p2 = _past_timing(kind, n, p1 + 1)
+    p2 = _past_timing(kind, n, q)
     if p2 < n and kind[p2] == K_MODE_EXEC:
         bits = np.int64(a[p2])
         if SI[ES_CSL] != bits & 1 or SI[ES_CSD] != (bits >> 1) & 1:
@@ -3831,7 +3848,7 @@ def _disable_enable(ds, pk, cf, ct, out):
     # (The run loop would stop for the next window before the PGE.)
     if SI[W_LIMIT] >= 0 and p2 >= SI[W_LIMIT]:
         return False
-    ok, pge_ip = _ip_from(b[p2], a[p2], fup_ip)
+    ok, pge_ip = _ip_from(b[p2], a[p2], at)
     if not ok:
         return False
     p3 = _past_timing(kind, n, p2 + 1)
@@ -3848,23 +3865,34 @@ def _disable_enable(ds, pk, cf, ct, out):
             return False
     else:
         return False
-    walk = SU[BS_IP] != fup_ip
-    if walk and not _walks_to(ds, cf, ct, fup_ip):
-        return False
-    # The FUP and the PGD: the disable, bound to the FUP's IP.
+    walk = SU[BS_IP] != at
+    if walk:
+        reach = _walks_to(ds, cf, ct, at)
+        if not (reach == 1 or (sync and reach == 2)):
+            return False
+    elif sync:
+        return False  # (an empty block)
+    # The disable, as the event decoder gives it.
     SI[ES_POS] = p1
-    _ev_init(CUR, EV_ASYNC_DISABLED)
-    CUR[E_AT] = fup_ip
-    CUR[E_FLAGS] |= F_SUPP
-    _ev_time(SI, pk, CUR, p1)
+    if sync:
+        _ev_init(CUR, EV_DISABLED)
+        CUR[E_IP] = at
+        _ev_time(SI, pk, CUR, p0)
+    else:
+        _ev_init(CUR, EV_ASYNC_DISABLED)
+        CUR[E_AT] = at
+        CUR[E_FLAGS] |= F_SUPP
+        _ev_time(SI, pk, CUR, p1)
     if walk:
         # The instructions to it, a row of their own (_proceed_event).
         _begin_block(ds, pk, out)
         _row_walk(ds, pk, out, O_UNCACHED)
         SI[BS_LAST] = -1
-        _to_ip(ds, cf, ct, out, fup_ip)
+        if _to_ip(ds, cf, ct, out, at) < 0:
+            # At the branch the TIP.PGD took the place of.
+            _set_disable_resume_ip(ds, ct, SI[BS_LAST])
         _end_block(ds, cf, out)
-    # next_event: the disable applied and reported at the PGD.
+    # next_event: the disable applied and reported.
     SI[BS_ENABLED] = 0
     SI[BS_ICNT] = 0
     _emit_event(ds, pk, out, CUR, offsets[p1])
