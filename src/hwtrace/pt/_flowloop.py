@@ -521,6 +521,26 @@ def _ev_time(SI, pk, ev, index):
         ev[E_TSC] = tsc[i]
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _ip_from(ipc, payload, last):
+    """An IP packet's IP after ``last`` (as _update_ip has it): ``(True,
+    ip)``, or ``(False, 0)`` when it has none (suppressed, or a reserved
+    compression)."""
+    if ipc == 1:
+        return True, (last & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
+    if ipc == 2:
+        return True, (last & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF))
+    if ipc == 3:
+        if payload & np.uint64(1 << 47):
+            return True, payload | np.uint64(0xFFFF000000000000)
+        return True, payload
+    if ipc == 4:
+        return True, (last & ~_MASK48) | (payload & _MASK48)
+    if ipc == 6:
+        return True, payload
+    return False, np.uint64(0)
+
+
 @aot.njit(cache=True, _nrt=False)
 def _update_ip(SI, SU, pk, i):
     a = pk[1]
@@ -529,22 +549,8 @@ def _update_ip(SI, SU, pk, i):
     if ipc == 0:
         SI[ES_SUPP] = 1
         return 0
-    payload = a[i]
-    last = SU[ES_LAST_IP]
-    if ipc == 3:
-        if payload & np.uint64(1 << 47):
-            ip = payload | np.uint64(0xFFFF000000000000)
-        else:
-            ip = payload
-    elif ipc == 1:
-        ip = (last & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
-    elif ipc == 2:
-        ip = (last & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF))
-    elif ipc == 4:
-        ip = (last & ~_MASK48) | (payload & _MASK48)
-    elif ipc == 6:
-        ip = payload
-    else:
+    ok, ip = _ip_from(ipc, a[i], SU[ES_LAST_IP])
+    if not ok:
         return _err(E_BAD_PACKET)
     SU[ES_LAST_IP] = ip
     SI[ES_HAVE_IP] = 1
@@ -3737,26 +3743,6 @@ def _past_timing(kind, n, p):
             break
         p += 1
     return p
-
-
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _ip_from(ipc, payload, last):
-    """An IP packet's IP after ``last`` (as _update_ip has it): ``(True,
-    ip)``, or ``(False, 0)`` when it has none (suppressed, or a reserved
-    compression)."""
-    if ipc == 1:
-        return True, (last & ~np.uint64(0xFFFF)) | (payload & np.uint64(0xFFFF))
-    if ipc == 2:
-        return True, (last & ~np.uint64(0xFFFFFFFF)) | (payload & np.uint64(0xFFFFFFFF))
-    if ipc == 3:
-        if payload & np.uint64(1 << 47):
-            return True, payload | np.uint64(0xFFFF000000000000)
-        return True, payload
-    if ipc == 4:
-        return True, (last & ~_MASK48) | (payload & _MASK48)
-    if ipc == 6:
-        return True, payload
-    return False, np.uint64(0)
 
 
 @aot.njit(cache=True, _nrt=False)
