@@ -509,8 +509,10 @@ def dummy_store() -> tuple:
     return _DUMMY
 
 
-def _grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
-    new = np.empty(size, arr.dtype)
+def grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
+    """``arr``'s first ``used`` rows in a new array of ``size`` rows (of the
+    same shape otherwise; the rest left as it comes)."""
+    new = np.empty((size, *arr.shape[1:]), arr.dtype)
     new[:used] = arr[:used]
     return new
 
@@ -520,7 +522,7 @@ def _grown_points(pts: np.ndarray, far_row: np.ndarray, far_val: np.ndarray, n: 
     """Offset or time points (``n`` of them, ``far`` far) with twice the
     room; the far arrays as long as the points (any of them may be far)."""
     size = 2 * pts.shape[0]
-    return _grown(pts, n, size), _grown(far_row, far, size), _grown(far_val, far, size)
+    return grown(pts, n, size), grown(far_row, far, size), grown(far_val, far, size)
 
 
 class StoredKeys:
@@ -677,7 +679,7 @@ class BlockStore:
         self._kernel_store = None
         s = self.state
         if why == _FULL_ROWS:
-            self.keys = _grown(self.keys, int(s[S_ENT]), 2 * self.keys.shape[0])
+            self.keys = grown(self.keys, int(s[S_ENT]), 2 * self.keys.shape[0])
         elif why == _FULL_KEYS:
             if self.keys.dtype == np.uint16 and s[S_KEYS] >= _U2_LIMIT - s[S_NSEQ]:
                 # The blocks need the sequences' keys: a key a row.
@@ -1089,4 +1091,4 @@ class CompactBlocks:
         return getattr(self, name)[self.keys]
 
 
-__all__ = ["BlockStore", "CompactBlocks", "expand_changes", "gather"]
+__all__ = ["BlockStore", "CompactBlocks", "expand_changes", "gather", "grown"]

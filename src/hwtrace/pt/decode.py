@@ -26,7 +26,7 @@ import numpy as np
 from ..image.revisions import CodeRevisions, revised_instructions
 from ..image.symbols import SymbolTable
 from . import flowrows as R
-from .blocks import BlockStore, CompactBlocks
+from .blocks import BlockStore, CompactBlocks, grown
 from .codetable import CodeTable
 from .config import PtConfig
 from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSettings, FlowSink, UnplacedRevision
@@ -357,9 +357,9 @@ class _EventColumns:
         n = self.n
         if n + k > self.offsets.shape[0]:
             cap = max(n + k, 2 * self.offsets.shape[0], 256)
-            self.rows = _grown(self.rows, n, cap)
-            self.offsets = _grown(self.offsets, n, cap)
-            self.blocks = _grown(self.blocks, n, cap)
+            self.rows = grown(self.rows, n, cap)
+            self.offsets = grown(self.offsets, n, cap)
+            self.blocks = grown(self.blocks, n, cap)
         # (compress copies whole rows, a mask's indexing element by element:
         # 4x the time.)
         np.compress(real, rows, axis=0, out=self.rows[n : n + k])
@@ -373,13 +373,6 @@ class _EventColumns:
         """``(rows, offsets, blocks)``, as many as were appended."""
         n = self.n
         return self.rows[:n], self.offsets[:n], self.blocks[:n]
-
-
-def _grown(a: np.ndarray, n: int, cap: int) -> np.ndarray:
-    """``a``'s first ``n`` rows in new room for ``cap``."""
-    out = np.empty((cap, *a.shape[1:]), a.dtype)
-    out[:n] = a[:n]
-    return out
 
 
 def _code_views(tables: list[CodeTable]) -> dict[int, list[CodeView]]:
