@@ -66,6 +66,7 @@ LOOP_MODULES = (
     "hwtrace.pt.codetable",
     "hwtrace.pt.flowrows",
     "hwtrace.pt._flowloop",
+    "hwtrace.pt._window",
     "hwtrace.pt.blocks",
     "hwtrace.pt.decode",
     "hwtrace.pt.ptxed",
@@ -514,7 +515,6 @@ class _Entry:
     def from_library(cls, lib: ctypes.CDLL, name: str, spec: dict) -> _Entry:
         fn = getattr(lib, spec["symbol"])
         fn.restype = ctypes.c_int32
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [_CTYPES[t] for t in spec["args"]]
         entry = cls(fn, name, spec["args"], spec["ret"])
         if spec.get("packed"):
             packed = getattr(lib, spec["packed"])
@@ -531,7 +531,9 @@ class _Entry:
         has hundreds: 100 us a call), and of the words only those of
         arguments that changed since the thread's last call are written."""
         self.packed = packed
-        self.reals = {j: t for j, t in enumerate(self.args) if t in ("double", "float")}
+        args = self.args
+        if "double" in args or "float" in args:
+            self.reals = {j: t for j, t in enumerate(args) if t in ("double", "float")}
         self._local = threading.local()
 
     def call_parts(self, parts: list):
@@ -583,9 +585,15 @@ class _Entry:
         return cls(proto(address), name, args, ret)
 
     def __call__(self, flat: list):
+        fn = self.fn
+        if fn.argtypes is None:
+            # (Set at the first call of this kind: a call through the
+            # trampoline never converts the arguments one by one, and a
+            # loop's hundreds of types cost a command's start.)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [_CTYPES[t] for t in self.args]
         ret = self.ret_type()
         exc = ctypes.c_void_p()
-        status = self.fn(ctypes.byref(ret), ctypes.byref(exc), *flat)
+        status = fn(ctypes.byref(ret), ctypes.byref(exc), *flat)
         if status == 0:
             return self.unpack(ret)
         if status == -2:
@@ -636,8 +644,8 @@ class _Library:
         # or return arrays): calling numba for those is no reason to build.
         self.numba_only = {s.split("(", 1)[0] for s in skipped}
         # By loop (marshalled until the loop is first called: a command
-        # calls a few of the loops); a spec's key (nested lists, as JSON
-        # has them) becomes a tuple then too.
+        # calls a few of the loops); a spec's key from the manifest (nested
+        # lists, as JSON has them) becomes a tuple then too.
         self.raw = by_loop
 
     def set_global(self, name: str, value: int) -> None:
@@ -650,13 +658,14 @@ class _Library:
 
     def _specs(self, name: str) -> dict:
         raw = self.raw.get(name, [])
-        if isinstance(raw, bytes):
+        if not isinstance(raw, list):  # (marshalled: from the index)
             try:
                 raw = marshal.loads(raw)
             except (EOFError, ValueError, TypeError):
                 raw = []  # (a damaged index: the loop goes through numba)
             self.raw[name] = raw
-        return {_from_json(spec["key"]): spec for spec in raw}
+        # (The index keeps the keys as tuples; the manifest as JSON lists.)
+        return {k if isinstance(k := spec["key"], tuple) else _from_json(k): spec for spec in raw}
 
     def entries(self, name: str) -> dict:
         out = {}
@@ -687,7 +696,7 @@ def _by_loop(manifest: dict) -> dict[str, list[dict]]:
 
 
 # The form of the index _write_index writes (another is not read).
-_INDEX_FORMAT = 1
+_INDEX_FORMAT = 2
 
 
 def _index_path(manifest_path: str | os.PathLike[str]) -> str:
@@ -697,24 +706,31 @@ def _index_path(manifest_path: str | os.PathLike[str]) -> str:
 def _write_index(manifest_path: str | os.PathLike[str], manifest: dict) -> None:
     """A copy of the manifest that a command loads in a fraction of the
     time (parsing the whole JSON text, ~0.5 MB, takes milliseconds, and
-    importing json some more): marshalled, each loop's entries marshalled
-    on their own, read when the loop is first called; with the manifest's
-    size and time, so that a copy of another manifest is told.  Best
-    effort: a command without it reads the manifest."""
+    importing json some more): a marshalled header (its length first, as
+    8 little-endian bytes), then each loop's entries marshalled on their
+    own, read (from a mapping of the file) when the loop is first called;
+    with the manifest's size and time, so that a copy of another manifest
+    is told.  Best effort: a command without it reads the manifest."""
     path = _index_path(manifest_path)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         st = os.stat(manifest_path)
-        data = {
+        blobs, where, at = [], {}, 0
+        for k, v in _by_loop(manifest).items():
+            blob = marshal.dumps([{**spec, "key": _from_json(spec["key"])} for spec in v])
+            blobs.append(blob)
+            where[k] = (at, len(blob))
+            at += len(blob)
+        header = marshal.dumps({
             "format": _INDEX_FORMAT,
             "manifest": (st.st_mtime_ns, st.st_size),
             "libraries": _libraries(manifest),
             "stamps": manifest["stamps"],
             "skipped": list(manifest.get("skipped", [])),
-            "by_loop": {k: marshal.dumps(v) for k, v in _by_loop(manifest).items()},
-        }
+            "by_loop": where,
+        })  # fmt: skip
         with open(tmp, "wb") as f:
-            f.write(marshal.dumps(data))
+            f.write(struct.pack("<Q", len(header)) + header + b"".join(blobs))
         os.replace(tmp, path)
     except (OSError, KeyError, ValueError):
         with contextlib.suppress(OSError):
@@ -723,16 +739,24 @@ def _write_index(manifest_path: str | os.PathLike[str], manifest: dict) -> None:
 
 def _read_index(manifest_path: str | os.PathLike[str]) -> dict | None:
     """The index :func:`_write_index` wrote for the manifest as it is now,
-    or None."""
+    or None; its loops' entries as views of the mapped file."""
+    import mmap
+
     try:
         st = os.stat(manifest_path)
         with open(_index_path(manifest_path), "rb") as f:
-            data = marshal.loads(f.read())
-    except (OSError, EOFError, ValueError, TypeError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != _INDEX_FORMAT:
-        return None
-    if data.get("manifest") != (st.st_mtime_ns, st.st_size):
+            (size,) = struct.unpack("<Q", f.read(8))
+            if size > os.fstat(f.fileno()).st_size:
+                return None  # (an index of another form)
+            data = marshal.loads(f.read(size))
+            if not isinstance(data, dict) or data.get("format") != _INDEX_FORMAT:
+                return None
+            if data.get("manifest") != (st.st_mtime_ns, st.st_size):
+                return None
+            # (A mapping keeps the file read even if a build replaces it.)
+            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))[8 + size :]
+        data["by_loop"] = {k: view[at : at + n] for k, (at, n) in data["by_loop"].items()}
+    except (OSError, EOFError, ValueError, TypeError, KeyError, struct.error):
         return None
     return data
 
