@@ -31,6 +31,8 @@ import numpy as np
 from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
+from ._window import NTC, WIN_READY, WIN_ROOM
+from ._window import open_window as _open_window
 from .blocks import BlockStore
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
 from .config import PtConfig
@@ -48,7 +50,7 @@ from .packets import (
     psb_plus_end,
     release,
 )
-from .timing import TimeBuffers, estimate_time, new_time_state
+from .timing import TimeBuffers, estimate_time, new_time_state, time_options
 
 _MASK64 = (1 << 64) - 1
 _ERRATA_BITS = {
@@ -190,6 +192,11 @@ class UnplacedRevision:
         )
 
 
+# The time model's calibration columns, not kept by the flow decoder.
+_NO_FCR = np.zeros(0, np.int64)
+_NO_HAVE_FCR = np.zeros(0, np.bool_)
+
+
 @dataclass
 class _Window:
     """Packets of one stretch of a segment, and the time model's state at
@@ -291,6 +298,13 @@ class FlowDecoder:
         # The flow loop's tuple of the buffers' whole columns, and the
         # columns it was made of (see _window_packets).
         self._packets: tuple = ((), (), ())
+        # What _open_compiled hands the compiled window opener: the decoder
+        # state as words (by errata), the time model's settings and
+        # scratch state, the columns (see _window_columns).
+        self._decoder_words: dict[int, tuple] = {}
+        self._time_config = np.zeros(NTC, np.int64)
+        self._time_work = new_time_state()
+        self._window_held: tuple = ((), ())
         self.out: tuple = ()
         self.cf = self._config_arrays(stop_at if on_event is not None else "none")
 
@@ -501,6 +515,10 @@ class FlowDecoder:
         PSB+ after that one, which is as far as decoding ahead of the
         limit may read.  ``grow``: make it reach past that offset;
         ``fresh``: a segment starts there (not the last window's flow)."""
+        if self._store(self._base) is None:
+            win = self._open_compiled(buf, ws, end, tstate, grow)
+            if win is not None:
+                return win
         target = ws + self.window_bytes
         limit = int(_sync_forward_loop(buf, target, ws, end)) if target < end else -1
         if limit < 0:
@@ -552,6 +570,58 @@ class FlowDecoder:
         SU[K.W_END_OFFSET] = int(table.offset[-1] + table.size[-1]) if n else ws
         pk = self._window_packets(table, times)
         return _Window(ws, ext, limit, limit_index, pk, tstate, saved, epoch, unplaced)
+
+    def _open_compiled(self, buf: np.ndarray, ws: int, end: int, tstate: np.ndarray, grow: int):
+        """:meth:`_open` in one compiled call into the kept columns
+        (:func:`hwtrace.pt._window.open_window`), when no code revisions
+        apply; None when it leaves the window to :meth:`_open`."""
+        pb, tb = self._packet_buffers, self._time_buffers
+        held = self._decoder_words.get(errata := packet_errata(self.config))
+        if held is None:
+            fresh, state = pb.decoder_states(False, errata)
+            held = self._decoder_words[errata] = (fresh.view(np.int64), state.view(np.int64), state)
+        tc = self._time_config
+        c = self.config
+        tc[:] = (int(c.mtc_freq), int(c.nom_freq), int(c.cpuid_0x15_eax), int(c.cpuid_0x15_ebx),
+                 time_options(c, keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf))  # fmt: skip
+        saved = new_time_state()
+        while True:
+            rows, errs, starts, tout, pk = self._window_columns()
+            what, limit, ext, n, limit_index, end_error, end_offset = _open_window(
+                buf, ws, end, self.window_bytes, grow, *held, rows, errs, tc, tstate,
+                self._time_work, saved, starts, tout,
+            )  # fmt: skip
+            if what != WIN_ROOM:
+                break
+            pb.take(n)
+            tb.take(n)
+            tb.starts(n)
+            tb.diagnostics(n)
+        if what != WIN_READY:
+            return None
+        SI, SU = self.state[0], self.state[1]
+        SI[K.W_N] = n
+        SI[K.W_END_ERR] = end_error
+        SI[K.W_LIMIT] = limit_index
+        SI[K.W_EXACT] = False
+        SU[K.W_END_OFFSET] = end_offset
+        return _Window(ws, ext, limit, limit_index, pk, tstate, saved)
+
+    def _window_columns(self) -> tuple:
+        """The kept columns open_window fills, and the flow loop's tuple of
+        them: the very tuples of the last window while the columns are the
+        same (their arguments are then not looked at again, see
+        hwtrace.aot)."""
+        pb, tb = self._packet_buffers, self._time_buffers
+        key = (pb.columns(), pb.errors(), tb.columns(), tb.starts(0), tb.diagnostics(0))
+        held = self._window_held
+        if len(held[0]) != len(key) or any(a is not b for a, b in zip(held[0], key, strict=True)):
+            cols, errs, tcols, starts, diag = key
+            offset, kind, size, a, b, c = cols
+            tout = (tcols[0], tcols[1], _NO_FCR, _NO_HAVE_FCR, *diag)
+            pk = (kind, a, b, c, offset, size, tcols[0].view(np.uint64), tcols[1])
+            held = self._window_held = (key, (cols, errs, starts, tout, pk))
+        return held[1]
 
     def _window_packets(self, table, times) -> tuple:
         """The packet and time columns the flow loop reads, of which it

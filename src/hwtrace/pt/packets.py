@@ -275,13 +275,18 @@ class PacketBuffers(ColumnBuffers):
 
     def decoder_state(self, resync: bool, errata: int) -> np.ndarray:
         """The kept decoder state, set to a new one's (not synchronising)."""
+        fresh, state = self.decoder_states(resync, errata)
+        state[...] = fresh
+        return state
+
+    def decoder_states(self, resync: bool, errata: int) -> tuple[np.ndarray, np.ndarray]:
+        """A new decoder state (not synchronising) and the kept one, as
+        they are (a compiled caller copies the one into the other)."""
         got = self._states.get((resync, errata))
         if got is None:
             fresh = new_decoder_state(sync=False, resync=resync, errata=errata)
             got = self._states[(resync, errata)] = (fresh, fresh.copy())
-        fresh, state = got
-        state[...] = fresh
-        return state
+        return got
 
     def errors(self) -> tuple[np.ndarray, ...]:
         """The kept error columns (their contents undefined)."""

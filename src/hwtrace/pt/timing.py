@@ -584,6 +584,23 @@ class TimeBuffers(ColumnBuffers):
         return self._diag
 
 
+def time_options(
+    config: PtConfig, *, calibrate: bool = True, use_cyc: bool = True,
+    keep_tcal_on_ovf: bool = False,
+) -> int:  # fmt: skip
+    """The OPT_* bits :func:`time_loop` takes for these settings."""
+    opts = 0
+    if not calibrate:
+        opts |= OPT_NO_TCAL
+    if not use_cyc:
+        opts |= OPT_NO_CYC
+    if keep_tcal_on_ovf:
+        opts |= OPT_KEEP_TCAL_ON_OVF
+    if "skl168" in config.errata:
+        opts |= OPT_SKL168
+    return opts
+
+
 def estimate_time(
     table: PacketTable,
     config: PtConfig | None = None,
@@ -607,15 +624,8 @@ def estimate_time(
     columns are left empty.  ``columns``: the kind, ``a`` and ``b`` columns
     whose first rows ``table``'s are (a decoder's buffers, whole)."""
     config = config or PtConfig()
-    opts = 0
-    if not calibrate:
-        opts |= OPT_NO_TCAL
-    if not use_cyc:
-        opts |= OPT_NO_CYC
-    if keep_tcal_on_ovf:
-        opts |= OPT_KEEP_TCAL_ON_OVF
-    if "skl168" in config.errata:
-        opts |= OPT_SKL168
+    opts = time_options(config, calibrate=calibrate, use_cyc=use_cyc,
+                        keep_tcal_on_ovf=keep_tcal_on_ovf)  # fmt: skip
     n = len(table)
     kept = buffers if isinstance(buffers, TimeBuffers) else None
     if kept is not None:
