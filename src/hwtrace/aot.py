@@ -245,15 +245,20 @@ def _array_key(a: np.ndarray, f=None) -> tuple:
     return ("a", known[1], a.ndim, layout, not f.writeable, known[2])
 
 
+# Python scalars' keys, one object each: a loop's key is looked up again
+# only when an argument's key is not the very object of the last call's.
+_KEY_BOOL, _KEY_I8, _KEY_U8, _KEY_NONE = ("s", "|b1"), ("s", "<i8"), ("s", "<u8"), ("n",)
+
+
 def _value_key(v) -> Any:
     if isinstance(v, tuple):
         return tuple(_value_key(x) for x in v)
     if isinstance(v, bool):
-        return ("s", "|b1")
+        return _KEY_BOOL
     if isinstance(v, int):
-        return ("s", "<i8") if -(1 << 63) <= v < (1 << 63) else ("s", "<u8")
+        return _KEY_I8 if -(1 << 63) <= v < (1 << 63) else _KEY_U8
     if v is None:
-        return ("n",)
+        return _KEY_NONE
     # numpy is loaded if v is one of its objects (a command without numpy
     # passes Buffers and Python scalars only).
     np = sys.modules.get("numpy")
@@ -943,15 +948,19 @@ class CompiledLoop:
         change) is not looked at again, and keeps the very tuple."""
         last, last_keys = self._last
         parts = []
-        same = len(last) == len(args)
+        n_last = len(last)
+        same = n_last == len(args)
         for i, a in enumerate(args):
-            if i < len(last) and _same(last[i][0], a):
+            if i < n_last and _same(last[i][0], a):
                 parts.append(last[i])
                 continue
-            same = False
-            parts.append(_part(a))
-        # (the very key object of the last call when no argument changed:
-        # the library entry found for it is kept with it, see __call__)
+            p = _part(a)
+            parts.append(p)
+            if same and p[1] is not last[i][1]:
+                same = False
+        # (the very key object of the last call when every argument's key is
+        # the last call's: the library entry found for it is kept with it,
+        # see __call__)
         keys = last_keys if same else tuple(p[1] for p in parts)
         self._last = (parts, keys)
         return keys, parts

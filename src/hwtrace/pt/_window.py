@@ -31,7 +31,6 @@ WIN_READY, WIN_ROOM, WIN_SLOW = 0, 1, 2
 # The time model's settings, in the order open_window takes them (an
 # array: see hwtrace.pt.timing.time_options).
 TC_MTC_FREQ, TC_NOM_FREQ, TC_EAX, TC_EBX, TC_OPTS = range(5)
-NTC = 5
 
 _F_POS = DECODER_FIELDS.index("pos")
 _F_SYNC_POS = DECODER_FIELDS.index("sync_pos")

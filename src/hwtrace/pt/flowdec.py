@@ -31,7 +31,7 @@ import numpy as np
 from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
-from ._window import NTC, WIN_READY, WIN_ROOM
+from ._window import WIN_READY, WIN_ROOM
 from ._window import open_window as _open_window
 from .blocks import BlockStore
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
@@ -298,12 +298,18 @@ class FlowDecoder:
         # The flow loop's tuple of the buffers' whole columns, and the
         # columns it was made of (see _window_packets).
         self._packets: tuple = ((), (), ())
-        # What _open_compiled hands the compiled window opener: the decoder
-        # state as words (by errata), the time model's settings and
-        # scratch state, the columns (see _window_columns).
-        self._decoder_words: dict[int, tuple] = {}
-        self._time_config = np.zeros(NTC, np.int64)
+        # What _open_compiled hands the compiled window opener: for a
+        # configuration, the decoder state as words and the time model's
+        # settings; the time model's scratch state; the columns (see
+        # _window_columns).
+        self._window_setup: tuple = (None, None, (), ())
         self._time_work = new_time_state()
+        # The time model's state at a segment's start (never written), and
+        # two for the states at window limits: a window starts from one and
+        # saves into the other (the very arrays from call to call, which
+        # the compiled calls' arguments then cost least).
+        self._time_start = new_time_state()
+        self._time_limits = (new_time_state(), new_time_state())
         self._window_held: tuple = ((), ())
         self.out: tuple = ()
         self.cf = self._config_arrays(stop_at if on_event is not None else "none")
@@ -576,15 +582,19 @@ class FlowDecoder:
         (:func:`hwtrace.pt._window.open_window`), when no code revisions
         apply; None when it leaves the window to :meth:`_open`."""
         pb, tb = self._packet_buffers, self._time_buffers
-        held = self._decoder_words.get(errata := packet_errata(self.config))
-        if held is None:
-            fresh, state = pb.decoder_states(False, errata)
-            held = self._decoder_words[errata] = (fresh.view(np.int64), state.view(np.int64), state)
-        tc = self._time_config
-        c = self.config
-        tc[:] = (int(c.mtc_freq), int(c.nom_freq), int(c.cpuid_0x15_eax), int(c.cpuid_0x15_ebx),
-                 time_options(c, keep_tcal_on_ovf=self.options.events.keep_tcal_on_ovf))  # fmt: skip
-        saved = new_time_state()
+        c, keep_tcal = self.config, self.options.events.keep_tcal_on_ovf
+        setup = self._window_setup
+        if setup[0] is not c or setup[1] != keep_tcal:
+            # The decoder state as words and the time model's settings, for
+            # this configuration.
+            fresh, state = pb.decoder_states(False, packet_errata(c))
+            tc = np.array([c.mtc_freq, c.nom_freq, c.cpuid_0x15_eax, c.cpuid_0x15_ebx,
+                           time_options(c, keep_tcal_on_ovf=keep_tcal)], np.int64)  # fmt: skip
+            words = (fresh.view(np.int64), state.view(np.int64), state)
+            setup = self._window_setup = (c, keep_tcal, words, tc)
+        held, tc = setup[2], setup[3]
+        pool = self._time_limits
+        saved = pool[1] if tstate is pool[0] else pool[0]
         while True:
             rows, errs, starts, tout, pk = self._window_columns()
             what, limit, ext, n, limit_index, end_error, end_offset = _open_window(
@@ -732,7 +742,7 @@ class FlowDecoder:
         SI[K.DR_SYNC] = off
         SI[K.CB_LAST] = -1
         SI[K.BS_LAST] = -1
-        win = self._open(buf, off, end, new_time_state(), fresh=True)
+        win = self._open(buf, off, end, self._time_start, fresh=True)
         self._enter(win)
         while True:
             r = K.run(self.state, win.packets, self.cf, self.table.tuple, self.out)
