@@ -458,6 +458,34 @@ def psb_plus_end(buf, psb, end):
         pos += size
 
 
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def psb_cuts(buf, chunk_bytes, starts, plus_ends):
+    """Cut ``buf`` about every ``chunk_bytes`` at a PSB (the first at or
+    after each cut): their offsets into ``starts`` and where their PSB+
+    ends into ``plus_ends`` (the PSB's own offset where its PSB+ breaks
+    off or is cut by the buffer's end); returns how many (no more than the
+    arrays' room)."""
+    size = buf.shape[0]
+    first = sync_forward(buf, 0, 0, size) if size else -1
+    if first < 0:
+        return 0
+    starts[0] = first
+    n = 1
+    target = first + chunk_bytes
+    while target < size and n < starts.shape[0]:
+        nxt = sync_forward(buf, target, 0, size)
+        if nxt < 0:
+            break
+        if nxt > starts[n - 1]:
+            starts[n] = nxt
+            n += 1
+        target = nxt + chunk_bytes
+    for i in range(n):
+        got = psb_plus_end(buf, starts[i], size)
+        plus_ends[i] = got if got >= 0 else starts[i]
+    return n
+
+
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _resync_start(err_pos, sync_pos, begin):
     """Where libipt's pt_pkt_sync_forward starts looking after an error at

@@ -447,9 +447,14 @@ def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int,
     each, starting at a PSB, each but the last running on through the next
     range's PSB+ (whose FUP says where the next range starts, so the flow up
     to there is decoded once)."""
-    from .packets import read_released
+    from .packets import is_mapped, psb_cuts, read_released
 
-    return chunk_ranges_of(lambda lo, hi: read_released(buf, lo, hi), buf.shape[0], chunk_bytes)
+    if is_mapped(buf):
+        # (Windows near each cut, let go once read: a large trace's pages
+        # are not kept resident.)
+        return chunk_ranges_of(lambda lo, hi: read_released(buf, lo, hi), buf.shape[0], chunk_bytes)
+    starts, plus_ends = psb_cuts(buf, chunk_bytes)
+    return list(zip(starts, [*plus_ends[1:], buf.shape[0]][: len(starts)], strict=True))
 
 
 #: bytes read at a time while looking for a PSB (a PSB+ comes every few KiB)

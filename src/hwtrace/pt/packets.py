@@ -397,17 +397,29 @@ def map_file(path: str | os.PathLike[str]) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
-def release(buf: np.ndarray, start: int, end: int) -> None:
-    """Tell the kernel ``buf[start:end]`` of a mapped file (:func:`map_file`)
-    is not needed any more, so reading a large trace front to back keeps
-    only what is in use resident.  Other buffers are left alone."""
+def _mapping(buf: np.ndarray) -> tuple[mmap.mmap | None, np.ndarray]:
+    """The file mapping ``buf`` is a view of (None: not one), and the array
+    over the whole of it."""
     root = buf
     while isinstance(root.base, np.ndarray):
         root = root.base
     mm = root.base
     if isinstance(mm, memoryview):  # np.frombuffer keeps a view of the mapping
         mm = mm.obj
-    if not isinstance(mm, mmap.mmap) or end <= start:
+    return (mm if isinstance(mm, mmap.mmap) else None), root
+
+
+def is_mapped(buf: np.ndarray) -> bool:
+    """Is ``buf`` (a view of) a mapped file (:func:`map_file`)?"""
+    return _mapping(buf)[0] is not None
+
+
+def release(buf: np.ndarray, start: int, end: int) -> None:
+    """Tell the kernel ``buf[start:end]`` of a mapped file (:func:`map_file`)
+    is not needed any more, so reading a large trace front to back keeps
+    only what is in use resident.  Other buffers are left alone."""
+    mm, root = _mapping(buf)
+    if mm is None or end <= start:
         return
     shift = buf.ctypes.data - root.ctypes.data  # buf may be a slice of the mapping
     page = mmap.PAGESIZE
@@ -449,21 +461,18 @@ def psb_plus_end(buf: np.ndarray, psb: int, end: int | None = None,
 def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:
     """Split a stream into ``(start, end)`` ranges of about ``chunk_bytes``
     that each begin at a PSB, so each can be decoded on its own."""
-    K = _loops()
-    end = buf.shape[0]
-    first = int(K.sync_forward(buf, 0, 0, end)) if end else -1
-    if first < 0:
-        return []
-    starts = [first]
-    target = first + chunk_bytes
-    while target < end:
-        nxt = int(K.sync_forward(buf, target, 0, end))
-        if nxt < 0:
-            break
-        if nxt > starts[-1]:
-            starts.append(nxt)
-        target = nxt + chunk_bytes
-    return list(zip(starts, [*starts[1:], end], strict=True))
+    starts, _ = psb_cuts(buf, chunk_bytes)
+    return list(zip(starts, [*starts[1:], buf.shape[0]][: len(starts)], strict=True))
+
+
+def psb_cuts(buf: np.ndarray, chunk_bytes: int) -> tuple[list[int], list[int]]:
+    """Where :func:`psb_chunks` cuts ``buf`` (PSB offsets), and where each
+    of those PSBs' PSB+ ends (the PSB's offset where it breaks off or the
+    buffer ends first); one compiled pass."""
+    room = buf.shape[0] // max(int(chunk_bytes), 1) + 2
+    starts, ends = np.empty(room, np.int64), np.empty(room, np.int64)
+    n = int(_loops().psb_cuts(buf, int(chunk_bytes), starts, ends))
+    return starts[:n].tolist(), ends[:n].tolist()
 
 
 def iter_chunks(
@@ -595,6 +604,7 @@ __all__ = [
     "iter_chunks",
     "map_file",
     "psb_chunks",
+    "psb_cuts",
     "psb_plus_end",
     "sync_backward",
     "sync_forward",
