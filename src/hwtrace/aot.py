@@ -248,6 +248,7 @@ def _array_key(a: np.ndarray, f=None) -> tuple:
 # Python scalars' keys, one object each: a loop's key is looked up again
 # only when an argument's key is not the very object of the last call's.
 _KEY_BOOL, _KEY_I8, _KEY_U8, _KEY_NONE = ("s", "|b1"), ("s", "<i8"), ("s", "<u8"), ("n",)
+_scalar_keys: dict[str, tuple] = {"|b1": _KEY_BOOL, "<i8": _KEY_I8, "<u8": _KEY_U8}
 
 
 def _value_key(v) -> Any:
@@ -266,9 +267,13 @@ def _value_key(v) -> Any:
         if isinstance(v, np.ndarray):
             return _array_key(v)
         if isinstance(v, np.bool_):
-            return ("s", "|b1")
+            return _KEY_BOOL
         if isinstance(v, np.generic):
-            return ("s", v.dtype.str)
+            code = v.dtype.str
+            key = _scalar_keys.get(code)
+            if key is None:
+                key = _scalar_keys[code] = ("s", code)
+            return key
     if isinstance(v, float):
         return ("s", "<f8")
     return ("?", type(v).__name__)

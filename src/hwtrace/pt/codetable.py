@@ -474,6 +474,9 @@ class CodeTable:
             self.counts, self.r_succ, self.r_taken, self.r_ret, self.r_lastk, self.r_lastc,
             self.r_key, self.x_tab, self.x_key, self.x_pip, self.x_prun,
         )  # fmt: skip
+        # fill_quick's columns, the very tuple from call to call while they
+        # stay (its arguments are then not looked at again, see hwtrace.aot).
+        self._fill_columns = self.tuple[: T_I_RAW + 1] + (self.counts,)
 
     @property
     def n_insns(self) -> int:
@@ -583,7 +586,7 @@ class CodeTable:
         first = self.n_insns
         stop = int(
             fill_quick(
-                self.tuple[:T_I_RAW + 1] + (self.counts,), section.data,
+                self._fill_columns, section.data,
                 np.uint64(section.address), np.uint64(ip), self.section_id(ip), FILL_MAX,
                 PREFETCH_MAX, self._queue, ahead,
             )
