@@ -53,11 +53,26 @@ def _extent(buf, after, end):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
+def window_extent(buf, ws, end, window_bytes, grow):
+    """The window of ``buf[:end]`` from the PSB at ``ws``: ``(limit, ext)``,
+    the PSB ``window_bytes`` on where the next window starts (-1: none) and
+    the end of the PSB+ after it, as far as decoding ahead of the limit may
+    read; with ``grow`` >= 0 reaching past that offset."""
+    target = ws + window_bytes
+    limit = sync_forward(buf, target, ws, end) if target < end else -1
+    ext = end if limit < 0 else _extent(buf, limit + 1, end)
+    if grow >= 0 and ext <= grow:
+        ext = _extent(buf, grow, end)
+        if ext <= grow:
+            ext = end
+    return limit, ext
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
 def open_window(buf, ws, end, window_bytes, grow, fresh, words, state, rows, errs, tc, tstate,
                 twork, saved, starts, tout):  # fmt: skip
-    """Open the window of ``buf[:end]`` from the PSB at ``ws``: up to the
-    PSB ``window_bytes`` on (its limit), and on through the PSB+ after it;
-    with ``grow`` >= 0 reaching past that offset.  Its packets go to
+    """Open the window of ``buf[:end]`` from the PSB at ``ws`` (see
+    :func:`window_extent`).  Its packets go to
     ``rows`` (errors to ``errs``) from a decoder state ``words`` set to
     ``fresh`` (both as int64 words; ``state`` is ``words`` as the record);
     their times to ``tout`` (time_loop's output) from a copy ``twork`` of
@@ -66,13 +81,7 @@ def open_window(buf, ws, end, window_bytes, grow, fresh, words, state, rows, err
     Returns ``(what, limit, ext, n, limit index, end error, end offset)``:
     ``what`` is WIN_READY, WIN_ROOM (``n``: the rows the columns need) or
     WIN_SLOW (decode_stream stopped with its columns full)."""
-    target = ws + window_bytes
-    limit = sync_forward(buf, target, ws, end) if target < end else -1
-    ext = end if limit < 0 else _extent(buf, limit + 1, end)
-    if grow >= 0 and ext <= grow:
-        ext = _extent(buf, grow, end)
-        if ext <= grow:
-            ext = end
+    limit, ext = window_extent(buf, ws, end, window_bytes, grow)
     # (No packet is shorter than a byte: a row per byte never overflows.)
     need = ext - ws + 64
     if (

@@ -454,7 +454,9 @@ def chunk_ranges(buf: np.ndarray, chunk_bytes: int = 1 << 20) -> list[tuple[int,
         # are not kept resident.)
         return chunk_ranges_of(lambda lo, hi: read_released(buf, lo, hi), buf.shape[0], chunk_bytes)
     starts, plus_ends = psb_cuts(buf, chunk_bytes)
-    return list(zip(starts, [*plus_ends[1:], buf.shape[0]][: len(starts)], strict=True))
+    if not starts:
+        return []
+    return list(zip(starts, [*plus_ends[1:], buf.shape[0]], strict=True))
 
 
 #: bytes read at a time while looking for a PSB (a PSB+ comes every few KiB)

@@ -33,6 +33,7 @@ from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
 from ._window import WIN_READY, WIN_ROOM
 from ._window import open_window as _open_window
+from ._window import window_extent as _window_extent
 from .blocks import BlockStore
 from .codetable import C_MISS_IP, C_MISS_MODE, CodeTable
 from .config import PtConfig
@@ -47,7 +48,6 @@ from .packets import (
     decode_range,
     map_file,
     packet_errata,
-    psb_plus_end,
     release,
 )
 from .timing import TimeBuffers, estimate_time, new_time_state, time_options
@@ -501,12 +501,6 @@ class FlowDecoder:
             arr[...] = 0
         self.state[14][:] = -1  # no run known for any return address
 
-    def _extent(self, buf: np.ndarray, after: int, end: int) -> int:
-        """Where a window reaching past ``after`` ends: after the PSB+ of
-        the first PSB at or after it (lookahead never reads further)."""
-        psb = int(_sync_forward_loop(buf, after, 0, end)) if after < end else -1
-        return end if psb < 0 else psb_plus_end(buf, psb, end)
-
     def _open(
         self,
         buf: np.ndarray,
@@ -525,16 +519,7 @@ class FlowDecoder:
             win = self._open_compiled(buf, ws, end, tstate, grow)
             if win is not None:
                 return win
-        target = ws + self.window_bytes
-        limit = int(_sync_forward_loop(buf, target, ws, end)) if target < end else -1
-        if limit < 0:
-            ext = end
-        else:
-            ext = self._extent(buf, limit + 1, end)
-        if grow >= 0 and ext <= grow:
-            ext = self._extent(buf, grow, end)
-            if ext <= grow:
-                ext = end
+        limit, ext = (int(x) for x in _window_extent(buf, ws, end, self.window_bytes, grow))
         table = decode_range(buf, ws, ext, resync=False, errata=packet_errata(self.config),
                              buffers=self._packet_buffers)  # fmt: skip
         n = len(table)

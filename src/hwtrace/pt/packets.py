@@ -462,7 +462,9 @@ def psb_chunks(buf: np.ndarray, chunk_bytes: int = 16 << 20) -> list[tuple[int, 
     """Split a stream into ``(start, end)`` ranges of about ``chunk_bytes``
     that each begin at a PSB, so each can be decoded on its own."""
     starts, _ = psb_cuts(buf, chunk_bytes)
-    return list(zip(starts, [*starts[1:], buf.shape[0]][: len(starts)], strict=True))
+    if not starts:
+        return []
+    return list(zip(starts, [*starts[1:], buf.shape[0]], strict=True))
 
 
 def psb_cuts(buf: np.ndarray, chunk_bytes: int) -> tuple[list[int], list[int]]:
