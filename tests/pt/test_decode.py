@@ -199,10 +199,21 @@ def test_event_columns_grow_past_their_room():
     expect_rows, expect_offsets, expect_blocks = [], [], []
     for batch in range(5):
         rows = np.arange(3 * R.EW, dtype=np.uint64).reshape(3, R.EW) + 100 * batch
+        rows[:, R.E_TYPE] = 1
+        rows[:, R.E_FLAGS] = 0
+        if batch % 2:
+            rows[1, R.E_TYPE] = R.X_ERROR  # a marker
+        if batch == 3:
+            rows[2, R.E_FLAGS] = R.F_STATUS  # a status update
         offsets = np.array([10, 11, 12], np.int64) + batch
         blocks = np.array([0, 1, 2], np.int64)
-        real = np.array([True, batch % 2 == 0, True])
-        cols.append(real, rows, offsets, blocks, 7 * batch)
+        real = R.flow_events(rows)
+        # (Written where the decoder writes them, then committed: markers
+        # and status updates among them dropped, the rows after moved down.)
+        at_rows, at_offsets, at_blocks = cols.room(3)
+        assert at_offsets.shape[0] >= 3
+        at_rows[:3], at_offsets[:3], at_blocks[:3] = rows, offsets, blocks
+        cols.commit(3, 7 * batch)
         expect_rows.append(rows[real])
         expect_offsets.append(offsets[real])
         expect_blocks.append(blocks[real] + 7 * batch)

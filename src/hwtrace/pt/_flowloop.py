@@ -201,9 +201,9 @@ from .flowrows import (  # the output format, shared with its readers
 )
 from .kinds import Kind
 
-# The loop Python calls; the others are built into it, internal (see
+# The loops Python calls; the others are built into them, internal (see
 # hwtrace.aot: a call between them passes only what the callee reads).
-AOT_ENTRIES = ("run",)
+AOT_ENTRIES = ("run", "keep_flow_events")
 
 # ---------------------------------------------------------------------------
 # Constants, named after the Python reference's.  Plain ints, not the IntEnum
@@ -4115,6 +4115,24 @@ def new_state() -> tuple:
         np.zeros(NXV, np.int64),  # 16, 17: the replay chain's state (_replay_chain)
         np.zeros(NXU, np.uint64),
     )
+
+
+@aot.njit(cache=True, _nrt=False)
+def keep_flow_events(rows, offsets, blocks, n, m, base):
+    """Keep, of the ``m`` event rows from row ``n`` as the decoder wrote
+    them, the flow's events (:func:`hwtrace.pt.flowrows.flow_events`):
+    moved down over the markers and status updates between them, in
+    place and in order, their blocks moved by ``base``; returns how many."""
+    k = n
+    for i in range(n, n + m):
+        if rows[i, E_TYPE] < np.uint64(X_ERROR) and (rows[i, E_FLAGS] & np.uint64(F_STATUS)) == 0:
+            if k != i:
+                for w in range(EW):
+                    rows[k, w] = rows[i, w]
+                offsets[k] = offsets[i]
+            blocks[k] = blocks[i] + base
+            k += 1
+    return k - n
 
 
 def new_output(blocks: int, events: int, store: tuple | None = None) -> tuple:

@@ -25,12 +25,22 @@ import numpy as np
 
 from ..image.revisions import CodeRevisions, revised_instructions
 from ..image.symbols import SymbolTable
+from . import _flowloop as K
 from . import flowrows as R
 from .blocks import BlockStore, CompactBlocks, grown
 from .codetable import CodeTable
 from .config import PtConfig
 from .flowdec import FlowBatch, FlowDecoder, FlowOptions, FlowSettings, FlowSink, UnplacedRevision
-from .flowrows import CodeView, Event, Gap, error_gaps, event_object, flow_events, instructions_of
+from .flowrows import (
+    OUT_EVENTS,
+    OUT_RUN,
+    CodeView,
+    Event,
+    Gap,
+    error_gaps,
+    event_object,
+    instructions_of,
+)
 from .packets import as_buffer, map_file
 
 # Which image runs from an enabling of tracing on: ``context(tsc, ip)``, tsc
@@ -295,9 +305,15 @@ class DecodeOptions(FlowSettings):
 class _Collector(FlowSink):
     """Keeps (or only counts) the block rows, and the events and gaps.
 
-    The decoder writes each batch into one small buffer, reused; kept rows
-    go into a :class:`~hwtrace.pt.blocks.BlockStore`, a few bytes each,
-    most of them stored there by the decoder itself."""
+    The decoder writes each batch's block rows into one small buffer,
+    reused; kept rows go into a :class:`~hwtrace.pt.blocks.BlockStore`, a
+    few bytes each, most of them stored there by the decoder itself.  It
+    writes event rows where they stay, in the collector's event columns."""
+
+    # (The buffer FlowSink.output makes needs no event rows: they are the
+    # event columns' own, EVENT_ROOM of them free at every output.)
+    EVENT_ROWS = 1
+    EVENT_ROOM = FlowSink.EVENT_ROWS
 
     def __init__(self, keep: bool, expect_rows: int = 1 << 20) -> None:
         self.keep = keep
@@ -310,7 +326,8 @@ class _Collector(FlowSink):
         self.gaps: list[Gap] = []
 
     def output(self) -> tuple:
-        return self.storing_output(self.store)
+        out = self.storing_output(self.store)
+        return out[:OUT_EVENTS] + self.events.room(self.EVENT_ROOM) + out[OUT_RUN:]
 
     def make_room(self) -> None:
         if self.store is not None:
@@ -328,19 +345,17 @@ class _Collector(FlowSink):
         if not len(b.events):
             return
         self.gaps += error_gaps(b.events, b.event_offset)
-        real = flow_events(b.events)
-        if real.any():
-            self.events.append(real, b.events, b.event_offset, b.event_block, base)
+        self.events.commit(len(b.events), base)
 
 
 class _EventColumns:
-    """Event rows, their offsets and blocks, appended where they stay.
+    """Event rows, their offsets and blocks, written where they stay.
 
-    Copied once, from the decoder's batch (whose arrays are reused), into
-    columns made for as many events as the trace may well hold: pages never
-    written cost nothing, where pieces joined at the end would take fresh
-    memory twice (and its page faults cost more than the copying in a
-    virtual machine).  More events than that grow them."""
+    The decoder writes its rows into :meth:`room`'s views of the columns,
+    made for as many events as the trace may well hold: pages never written
+    cost nothing, where a buffer copied from would be fresh memory twice
+    (and its page faults cost more than the copying in a virtual machine).
+    More events than that grow them."""
 
     def __init__(self, expect: int = 256) -> None:
         self.n = 0
@@ -348,29 +363,22 @@ class _EventColumns:
         self.offsets = np.empty(expect, np.int64)
         self.blocks = np.empty(expect, np.int64)
 
-    def append(
-        self, real: np.ndarray, rows: np.ndarray, offsets: np.ndarray, blocks: np.ndarray,
-        base: int,
-    ) -> None:  # fmt: skip
-        """Append the rows ``real`` marks, their blocks moved by ``base``."""
-        k = int(np.count_nonzero(real))
+    def room(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Views of the free rows, at least ``k`` of them (what is written
+        there counts once :meth:`commit` says so)."""
         n = self.n
         if n + k > self.offsets.shape[0]:
             cap = max(n + k, 2 * self.offsets.shape[0], 256)
             self.rows = grown(self.rows, n, cap)
             self.offsets = grown(self.offsets, n, cap)
             self.blocks = grown(self.blocks, n, cap)
-        # (take copies whole rows, a mask's indexing element by element: 4x
-        # the time.  Its mode is "clip" because with "raise", compress's and
-        # take's, numpy writes through a temporary copy of ``out``: fresh
-        # pages twice the size of the rows, faulted in on every batch.)
-        which = np.flatnonzero(real)
-        np.take(rows, which, axis=0, out=self.rows[n : n + k], mode="clip")
-        np.take(offsets, which, out=self.offsets[n : n + k], mode="clip")
-        at = self.blocks[n : n + k]
-        np.take(blocks, which, out=at, mode="clip")
-        at += base
-        self.n = n + k
+        return self.rows[n:], self.offsets[n:], self.blocks[n:]
+
+    def commit(self, m: int, base: int) -> None:
+        """Keep the flow's events among the ``m`` rows written after the
+        last commit, their blocks moved by ``base``."""
+        n = self.n
+        self.n = n + int(K.keep_flow_events(self.rows, self.offsets, self.blocks, n, m, base))
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(rows, offsets, blocks)``, as many as were appended."""
