@@ -923,6 +923,24 @@ class CompiledLoop:
             self._native = lib.entries(self.name) if lib is not None else {}
         return self._native
 
+    def prepare(self, *args) -> PreparedCall:
+        """This loop's call with these very arguments, laid out once: for
+        a caller that calls it again and again with the same objects (a
+        decoder's state, code table and buffers), where checking them at
+        every call costs ~0.2 us an array.  The call holds the arguments."""
+        native = self._native if self._native is not None else self._natives()
+        entry = None
+        if native:
+            try:
+                keys, parts = self._layout(args)
+            except (TypeError, ValueError, OverflowError):
+                self._last = ([], ())
+            else:
+                entry = native.get(keys)
+                if entry is not None:
+                    return PreparedCall(self, args, entry, parts)
+        return PreparedCall(self, args, None, None)
+
     def __call__(self, *args):
         native = self._native if self._native is not None else self._natives()
         try:
@@ -978,6 +996,31 @@ class CompiledLoop:
 
     def __repr__(self) -> str:
         return f"<loop {self.name}>"
+
+
+class PreparedCall:
+    """A loop's call with fixed arguments (:meth:`CompiledLoop.prepare`);
+    calling it calls the loop."""
+
+    __slots__ = ("_entry", "_parts", "args", "loop")
+
+    def __init__(self, loop: CompiledLoop, args: tuple, entry, parts) -> None:
+        self.loop, self.args, self._entry, self._parts = loop, args, entry, parts
+
+    def holds(self, *args) -> bool:
+        """Whether this call's arguments are these very objects."""
+        mine = self.args
+        if len(mine) != len(args):
+            return False
+        for x, y in zip(mine, args, strict=True):
+            if x is not y:
+                return False
+        return True
+
+    def __call__(self):
+        if self._entry is not None:
+            return self._entry.call_parts(self._parts)
+        return self.loop(*self.args)
 
 
 def _numba_entry(loop: CompiledLoop, args: tuple) -> _Entry | None:

@@ -75,6 +75,7 @@ def test_native_library_matches_numba(tmp_path, monkeypatch):
         entries = aot._load_library().entries(f"{ks.__name__}:fill")
         assert entries and all(e.packed is not None for e in entries.values())
         _threads_keep_their_own_words(ks)
+        _prepared_calls_use_their_arguments(ks)
         _index_stands_for_the_manifest(manifest, f"{ks.__name__}:fill")
         # A changed source file retires the library.
         src = __import__("pathlib").Path(ks.__file__)
@@ -107,6 +108,27 @@ def _threads_keep_their_own_words(ks) -> None:
         got = list(pool.map(work, range(4)))
     for k in range(4):
         assert got[k] == [(k + 1) * (1 + (i * 37 + k) % 4000) for i in range(300)]
+
+
+def _prepared_calls_use_their_arguments(ks) -> None:
+    """A prepared call is the library's, and calls the loop with its very
+    arguments (their contents as they are at the call); another loop's call
+    in between does not disturb it; arguments the library has no entry for
+    go through numba."""
+    state = (np.zeros(2, np.int64), np.zeros(3, np.uint64))  # (the types _exercise built)
+    out = (np.zeros(1, np.int64), np.zeros((2, 3), np.uint64))
+    call = ks.fill.prepare(state, out, np.uint64(5), 1.5, True)
+    assert call.holds(state, out, np.uint64(5), 1.5, True) is False  # (another uint64)
+    assert call.holds(*call.args)
+    assert call._entry is not None
+    assert call() == (6, 3.0, True)
+    out[1][...] = 0
+    buf = np.arange(10, dtype=np.uint8)
+    assert int(ks.total(buf, 0, 10)) == 45
+    assert call() == (6, 3.0, True)
+    assert state[0][0] == 2 and out[1][1, 2] == 10
+    odd = ks.nothing.prepare([1, 2])  # a list: no native layout
+    assert odd._entry is None
 
 
 def _index_stands_for_the_manifest(manifest, loop: str) -> None:

@@ -729,8 +729,14 @@ class FlowDecoder:
         SI[K.BS_LAST] = -1
         win = self._open(buf, off, end, self._time_start, fresh=True)
         self._enter(win)
+        call = None
         while True:
-            r = K.run(self.state, win.packets, self.cf, self.table.tuple, self.out)
+            # (The same objects from call to call, mostly: laid out again
+            # only when one of them is another.)
+            args = (self.state, win.packets, self.cf, self.table.tuple, self.out)
+            if call is None or not call.holds(*args):
+                call = K.run.prepare(*args)
+            r = call()
             if r == K.R_MISS:
                 counts = self.table.counts
                 self.table.fill(int(counts[C_MISS_IP]) & _MASK64, int(counts[C_MISS_MODE]))
