@@ -78,7 +78,16 @@ def test_compiled_decoder_agrees_with_reference(case, monkeypatch):
     _same(decode_trace(pt, img, PtConfig()), ref)
     # Windows opened the long way (the packet and time loops called one by
     # one, their tables made between them), not in one compiled call.
+    compiled = FlowDecoder._open_compiled
     monkeypatch.setattr(FlowDecoder, "_open_compiled", lambda *args: None)
+    _same(decode_trace(pt, img, PtConfig()), ref)
+    # Both ways in turn: a compiled window starts from the time model's
+    # state the long way left, and the other way round.
+    turn = iter(range(1 << 30))
+    monkeypatch.setattr(
+        FlowDecoder, "_open_compiled",
+        lambda self, *args: compiled(self, *args) if next(turn) % 2 else None,
+    )  # fmt: skip
     _same(decode_trace(pt, img, PtConfig()), ref)
 
 

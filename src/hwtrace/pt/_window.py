@@ -32,6 +32,19 @@ WIN_READY, WIN_ROOM, WIN_SLOW = 0, 1, 2
 # array: see hwtrace.pt.timing.time_options).
 TC_MTC_FREQ, TC_NOM_FREQ, TC_EAX, TC_EBX, TC_OPTS = range(5)
 
+# open_window's scalar arguments, in one array (so that every argument is
+# the same object from call to call, see hwtrace.aot.CompiledLoop.prepare):
+# the window's PSB, the trace's end, the window size, how far it must reach
+# (-1: no further), and which row of the time states it starts from.
+WA_START, WA_END, WA_BYTES, WA_GROW, WA_TIME = range(5)
+WA_SIZE = 5
+
+# The rows of open_window's time states: a segment's start (never
+# written), the two a window starts from and saves into in turn, and one
+# for a state from elsewhere, copied there.
+TS_START, TS_LIMIT_A, TS_LIMIT_B, TS_OTHER = range(4)
+TS_ROWS = 4
+
 _F_POS = DECODER_FIELDS.index("pos")
 _F_SYNC_POS = DECODER_FIELDS.index("sync_pos")
 _F_FINAL = DECODER_FIELDS.index("final")
@@ -69,19 +82,21 @@ def window_extent(buf, ws, end, window_bytes, grow):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def open_window(buf, ws, end, window_bytes, grow, fresh, words, state, rows, errs, tc, tstate,
-                twork, saved, starts, tout):  # fmt: skip
+def open_window(buf, wargs, fresh, words, state, rows, errs, tc, tstates, twork, starts, tout):
     """Open the window of ``buf[:end]`` from the PSB at ``ws`` (see
-    :func:`window_extent`).  Its packets go to
-    ``rows`` (errors to ``errs``) from a decoder state ``words`` set to
-    ``fresh`` (both as int64 words; ``state`` is ``words`` as the record);
-    their times to ``tout`` (time_loop's output) from a copy ``twork`` of
-    ``tstate``, with the state before the limit's packet in ``saved``.
+    :func:`window_extent`; they and its other scalars in ``wargs``, WA_*).
+    Its packets go to ``rows`` (errors to ``errs``) from a decoder state
+    ``words`` set to ``fresh`` (both as int64 words; ``state`` is ``words``
+    as the record); their times to ``tout`` (time_loop's output) from a
+    copy ``twork`` of the time state ``tstates[wargs[WA_TIME]]``, with the
+    state before the limit's packet in the limit row it does not start
+    from (TS_LIMIT_B when it starts from TS_LIMIT_A, else TS_LIMIT_A).
 
     Returns ``(what, limit, ext, n, limit index, end error, end offset)``:
     ``what`` is WIN_READY, WIN_ROOM (``n``: the rows the columns need) or
     WIN_SLOW (decode_stream stopped with its columns full)."""
-    limit, ext = window_extent(buf, ws, end, window_bytes, grow)
+    ws, end = wargs[WA_START], wargs[WA_END]
+    limit, ext = window_extent(buf, ws, end, wargs[WA_BYTES], wargs[WA_GROW])
     # (No packet is shorter than a byte: a row per byte never overflows.)
     need = ext - ws + 64
     if (
@@ -120,6 +135,9 @@ def open_window(buf, ws, end, window_bytes, grow, fresh, words, state, rows, err
     for j in range(nerr):
         if err_index[j] < n:
             starts[err_index[j]] = True
+    which = wargs[WA_TIME]
+    tstate = tstates[which]
+    saved = tstates[TS_LIMIT_B if which == TS_LIMIT_A else TS_LIMIT_A]
     for i in range(tstate.shape[0]):
         twork[i] = tstate[i]
     time_loop(rows[1], rows[3], rows[4], n, starts, tc[TC_MTC_FREQ], tc[TC_NOM_FREQ], tc[TC_EAX],

@@ -31,7 +31,21 @@ import numpy as np
 from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
-from ._window import WIN_READY, WIN_ROOM
+from ._window import (
+    TS_LIMIT_A,
+    TS_LIMIT_B,
+    TS_OTHER,
+    TS_ROWS,
+    TS_START,
+    WA_BYTES,
+    WA_END,
+    WA_GROW,
+    WA_SIZE,
+    WA_START,
+    WA_TIME,
+    WIN_READY,
+    WIN_ROOM,
+)
 from ._window import open_window as _open_window
 from ._window import window_extent as _window_extent
 from .blocks import BlockStore
@@ -306,10 +320,14 @@ class FlowDecoder:
         self._time_work = new_time_state()
         # The time model's state at a segment's start (never written), and
         # two for the states at window limits: a window starts from one and
-        # saves into the other (the very arrays from call to call, which
-        # the compiled calls' arguments then cost least).
-        self._time_start = new_time_state()
-        self._time_limits = (new_time_state(), new_time_state())
+        # saves into the other; rows of one array the window opener takes
+        # whole, with its scalars in another (the very arrays from call to
+        # call: its call is prepared once, see _open_compiled).
+        self._time_states = np.zeros((TS_ROWS, new_time_state().shape[0]), np.int64)
+        self._time_start = self._time_states[TS_START]
+        self._time_limits = (self._time_states[TS_LIMIT_A], self._time_states[TS_LIMIT_B])
+        self._window_args = np.zeros(WA_SIZE, np.int64)
+        self._window_call = None
         self._window_held: tuple = ((), ())
         self.out: tuple = ()
         self.cf = self._config_arrays(stop_at if on_event is not None else "none")
@@ -481,20 +499,25 @@ class FlowDecoder:
         self.expect(end - start)
         self.out = sink.output()
         pos, last_sync, sync_progress = start, -1, -1
-        while pos < end:
-            first = pos + 16 if pos == last_sync else pos
-            off = int(_sync_forward_loop(buf, first, start, end)) if first < end else -1
-            if off < 0:
-                break
-            last_sync = off
-            code, nxt, synced = self._segment(buf, off, end, sink)
-            if code == PtError.EOS:
-                break
-            if not synced:
-                if nxt <= sync_progress:
+        try:
+            while pos < end:
+                first = pos + 16 if pos == last_sync else pos
+                off = int(_sync_forward_loop(buf, first, start, end)) if first < end else -1
+                if off < 0:
                     break
-                sync_progress = nxt
-            pos = nxt
+                last_sync = off
+                code, nxt, synced = self._segment(buf, off, end, sink)
+                if code == PtError.EOS:
+                    break
+                if not synced:
+                    if nxt <= sync_progress:
+                        break
+                    sync_progress = nxt
+                pos = nxt
+        finally:
+            # (The prepared window opener holds the trace: a mapped file's
+            # mapping would outlive its decoding.)
+            self._window_call = None
 
     def _reset(self) -> None:
         for arr in self.state:
@@ -578,14 +601,29 @@ class FlowDecoder:
             words = (fresh.view(np.int64), state.view(np.int64), state)
             setup = self._window_setup = (c, keep_tcal, words, tc)
         held, tc = setup[2], setup[3]
-        pool = self._time_limits
-        saved = pool[1] if tstate is pool[0] else pool[0]
+        states = self._time_states
+        start, (pool_a, pool_b) = self._time_start, self._time_limits
+        if tstate is start:
+            which = TS_START
+        elif tstate is pool_a:
+            which = TS_LIMIT_A
+        elif tstate is pool_b:
+            which = TS_LIMIT_B
+        else:  # (a state the long way made)
+            which = TS_OTHER
+            states[TS_OTHER] = tstate
+        saved = pool_b if which == TS_LIMIT_A else pool_a
+        wargs = self._window_args
+        wargs[WA_START], wargs[WA_END], wargs[WA_BYTES], wargs[WA_GROW], wargs[WA_TIME] = (
+            ws, end, self.window_bytes, grow, which
+        )  # fmt: skip
         while True:
             rows, errs, starts, tout, pk = self._window_columns()
-            what, limit, ext, n, limit_index, end_error, end_offset = _open_window(
-                buf, ws, end, self.window_bytes, grow, *held, rows, errs, tc, tstate,
-                self._time_work, saved, starts, tout,
-            )  # fmt: skip
+            args = (buf, wargs, *held, rows, errs, tc, states, self._time_work, starts, tout)
+            call = self._window_call
+            if call is None or not call.holds(*args):
+                call = self._window_call = _open_window.prepare(*args)
+            what, limit, ext, n, limit_index, end_error, end_offset = call()
             if what != WIN_ROOM:
                 break
             pb.take(n)
