@@ -73,9 +73,13 @@ def test_compiled_decoder_agrees_with_reference(case, monkeypatch):
     slow = decode_trace(pt, img, PtConfig(), DecodeOptions(fast=False))
     _same(fast, ref)
     _same(slow, ref)
-    # Packets read a PSB period at a time: the same.
+    # Packets read a PSB period at a time: the same.  (A file's windows
+    # are opened from Python, which lets their pages go; a buffer's by the
+    # flow loop itself, one after the other.)
     monkeypatch.setattr(FlowDecoder, "window_bytes", 1)
     _same(decode_trace(pt, img, PtConfig()), ref)
+    data = pt.read_bytes()
+    _same(decode_trace(data, img, PtConfig()), ref)
     # Windows opened the long way (the packet and time loops called one by
     # one, their tables made between them), not in one compiled call.
     compiled = FlowDecoder._open_compiled
@@ -88,7 +92,7 @@ def test_compiled_decoder_agrees_with_reference(case, monkeypatch):
         FlowDecoder, "_open_compiled",
         lambda self, *args: compiled(self, *args) if next(turn) % 2 else None,
     )  # fmt: skip
-    _same(decode_trace(pt, img, PtConfig()), ref)
+    _same(decode_trace(data, img, PtConfig()), ref)
 
 
 def test_instructions_follow_direct_branches(tmp_path):
@@ -146,6 +150,49 @@ def test_threads_only_where_they_pay():
     assert useful_jobs(1, 100 * MIN_BYTES_PER_JOB) == 1
     assert useful_jobs(64, 100 * MIN_BYTES_PER_JOB) == cpus
     assert useful_jobs(2, 100, job_bytes=0) == min(2, cpus)
+
+
+def test_windows_carry_the_time_model_across(monkeypatch):
+    """A trace with cycle-accurate times (CYC, calibrated across PSBs) is
+    decoded window by window, each window's time model starting from the
+    state the last one left at its limit: the same blocks and times in one
+    window, in a PSB period each (opened by the flow loop itself, the trace
+    being in memory), opened from Python, and opened both ways in turn."""
+    import groundtruth as gt
+
+    from hwtrace.pt.encode import encode_path
+
+    if gt.skip_reason is not None:
+        pytest.skip(str(gt.skip_reason))
+    run = gt.case("sort", gt.OPT_LEVELS[0])
+    img = Image()
+    img.add_elf(run.elf, run.load_address)
+    n = len(run.ips)
+    ips = np.concatenate([run.ips] * 4)
+    again = [(n * i, run.end_ip) for i in range(1, 4)]
+    cycles = (np.arange(ips.shape[0]) % 7 + 1).astype(np.int64)
+    enc = encode_path(ips, img, end_ip=run.end_ip, interrupts=again, tsc=1 << 30, mtc_freq=3,
+                      cyc=True, ctc_ratio=2, cycles=cycles, psb_period=300)  # fmt: skip
+
+    def columns(res: FlowResult) -> dict:
+        return {c: res.blocks.column(c) for c in ("ip", "ninsn", "offset", "time")}
+
+    whole = decode_trace(enc.data, img, enc.config)
+    assert np.array_equal(whole.instructions(), enc.expected)
+    want = columns(whole)
+    assert np.unique(want["time"]).shape[0] > 200  # (times of their own, not the PSBs')
+    monkeypatch.setattr(FlowDecoder, "window_bytes", 1)
+    compiled = FlowDecoder._open_compiled
+    turn = iter(range(1 << 30))
+    for opener in (
+        compiled,
+        lambda *args: None,
+        lambda self, *args: compiled(self, *args) if next(turn) % 2 else None,
+    ):
+        monkeypatch.setattr(FlowDecoder, "_open_compiled", opener)
+        got = columns(decode_trace(enc.data, img, enc.config))
+        for name, col in want.items():
+            assert np.array_equal(got[name], col), name
 
 
 def test_rows_stored_by_the_decoder_are_the_rows_python_stores(monkeypatch):

@@ -49,6 +49,17 @@ import numpy as np
 
 from .. import aot
 from ..isa.x86 import IClass, Special
+from ._window import (
+    WA_CONTINUE,
+    WA_GROW,
+    WA_LIMIT,
+    WA_OPENED,
+    WA_SAVED,
+    WA_START,
+    WA_TIME,
+    WIN_READY,
+    open_window,
+)
 from .blocks import (
     S_ENT,
     S_ID,
@@ -104,7 +115,7 @@ from .codetable import (
     build_run,
     hash_find,
 )
-from .errors import PtError
+from .errors import ABORT, ABORT_MISS, ABORT_WINDOW, PtError  # (aborts: see the module docstring)
 from .flowrows import (  # the output format, shared with its readers
     E_ABORTED,
     E_AT,
@@ -262,10 +273,6 @@ E_BAD_RETCOMP = int(PtError.BAD_RETCOMP)
 E_BAD_STATUS_UPDATE = int(PtError.BAD_STATUS_UPDATE)
 E_NO_ENABLE = int(PtError.NO_ENABLE)
 E_EVENT_IGNORED = int(PtError.EVENT_IGNORED)
-# Step aborts (never errors of the trace): see the module docstring.
-ABORT = 1000
-ABORT_MISS = 1001
-ABORT_WINDOW = 1002
 
 # Instruction classes and kinds.
 C_UNKNOWN = int(IClass.UNKNOWN)
@@ -3922,9 +3929,36 @@ def _disable_enable(ds, pk, cf, ct, out):
     return True
 
 
+@aot.njit(cache=True, _nrt=False)
+def _next_window(ds, wo):
+    """Open the window after this one (from its limit) into the same
+    columns, as Python does at R_MORE, when Python need not see it (no code
+    revisions, no mapped file to release: ``wo``'s WA_CONTINUE) and this
+    one was opened so (its limit's time state a row of ``wo``'s): True
+    when opened.  ``wo`` is open_window's arguments (see there)."""
+    wargs = wo[1]
+    if not wargs[WA_CONTINUE] or wargs[WA_SAVED] < 0:
+        return False
+    start, which = wargs[WA_START], wargs[WA_TIME]
+    wargs[WA_START], wargs[WA_GROW], wargs[WA_TIME] = wargs[WA_LIMIT], -1, wargs[WA_SAVED]
+    what, _, _, n, limit_index, end_error, end_offset = open_window(
+        wo[0], wargs, wo[2], wo[3], wo[4], wo[5], wo[6], wo[7], wo[8], wo[9], wo[10], wo[11]
+    )
+    if what != WIN_READY:
+        wargs[WA_START], wargs[WA_TIME] = start, which  # (Python opens it)
+        return False
+    SI, SU = ds[0], ds[1]
+    SI[ES_POS] -= SI[W_LIMIT]
+    SI[W_N], SI[W_END_ERR], SI[W_LIMIT], SI[W_EXACT] = n, end_error, limit_index, 0
+    SU[W_END_OFFSET] = np.uint64(end_offset)
+    wargs[WA_OPENED] += 1
+    return True
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def run(ds, pk, cf, ct, out):
-    """Decode until the segment ends or Python is needed (R_*)."""
+def run(ds, pk, cf, ct, out, wo):
+    """Decode until the segment ends or Python is needed (R_*); the next
+    window opened here when it can be (``wo``: see _next_window)."""
     SI, SU = ds[0], ds[1]
     CF = cf[0]
     store = out[10][3]
@@ -3947,6 +3981,8 @@ def run(ds, pk, cf, ct, out):
             and SI[ES_POS] >= SI[W_LIMIT]
             and not (SI[W_EXACT] and _tnt_left(ds))
         ):
+            if _next_window(ds, wo):
+                continue
             return R_MORE
         save_state(ds, 0)
         store_save(store)

@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
-from ._flowloop import ABORT_WINDOW
 from ._loops import decode_stream, psb_plus_end, sync_forward
 from ._state import DECODER_FIELDS, STOP_ERRORS, STOP_ROWS
-from .errors import PtError
+from .errors import ABORT_WINDOW, PtError
 from .kinds import DecodeError
 from .timing import time_loop
 
@@ -35,9 +34,14 @@ TC_MTC_FREQ, TC_NOM_FREQ, TC_EAX, TC_EBX, TC_OPTS = range(5)
 # open_window's scalar arguments, in one array (so that every argument is
 # the same object from call to call, see hwtrace.aot.CompiledLoop.prepare):
 # the window's PSB, the trace's end, the window size, how far it must reach
-# (-1: no further), and which row of the time states it starts from.
+# (-1: no further), and which row of the time states it starts from.  The
+# flow loop, which opens the next window itself where Python need not see
+# it (hwtrace.pt._flowloop.run), finds the window it decodes after them:
+# the row of its limit's time state (-1: not a row, Python opens the next),
+# its end and limit, how many windows it opened, and whether it may.
 WA_START, WA_END, WA_BYTES, WA_GROW, WA_TIME = range(5)
-WA_SIZE = 5
+WA_SAVED, WA_EXT, WA_LIMIT, WA_OPENED, WA_CONTINUE = range(5, 10)
+WA_SIZE = 10
 
 # The rows of open_window's time states: a segment's start (never
 # written), the two a window starts from and saves into in turn, and one
@@ -90,7 +94,8 @@ def open_window(buf, wargs, fresh, words, state, rows, errs, tc, tstates, twork,
     as the record); their times to ``tout`` (time_loop's output) from a
     copy ``twork`` of the time state ``tstates[wargs[WA_TIME]]``, with the
     state before the limit's packet in the limit row it does not start
-    from (TS_LIMIT_B when it starts from TS_LIMIT_A, else TS_LIMIT_A).
+    from (TS_LIMIT_B when it starts from TS_LIMIT_A, else TS_LIMIT_A); a
+    window opened says that row, its end and its limit in ``wargs``.
 
     Returns ``(what, limit, ext, n, limit index, end error, end offset)``:
     ``what`` is WIN_READY, WIN_ROOM (``n``: the rows the columns need) or
@@ -137,9 +142,11 @@ def open_window(buf, wargs, fresh, words, state, rows, errs, tc, tstates, twork,
             starts[err_index[j]] = True
     which = wargs[WA_TIME]
     tstate = tstates[which]
-    saved = tstates[TS_LIMIT_B if which == TS_LIMIT_A else TS_LIMIT_A]
+    saved = TS_LIMIT_B if which == TS_LIMIT_A else TS_LIMIT_A
     for i in range(tstate.shape[0]):
         twork[i] = tstate[i]
     time_loop(rows[1], rows[3], rows[4], n, starts, tc[TC_MTC_FREQ], tc[TC_NOM_FREQ], tc[TC_EAX],
-              tc[TC_EBX], tc[TC_OPTS], twork, limit_index, saved, tout)  # fmt: skip
+              tc[TC_EBX], tc[TC_OPTS], twork, limit_index, tstates[saved], tout)  # fmt: skip
+    # (Where the window ends, for the flow loop opening the next itself.)
+    wargs[WA_SAVED], wargs[WA_EXT], wargs[WA_LIMIT] = saved, ext, limit
     return WIN_READY, limit, ext, n, limit_index, end_error, end_offset

@@ -40,6 +40,10 @@ class PtError(enum.IntEnum):
     BAD_CPU = 27
 
 
+# Why the compiled flow decoder undid a step it takes again (numbers past
+# libipt's: never errors of the trace; see hwtrace.pt._flowloop).
+ABORT, ABORT_MISS, ABORT_WINDOW = 1000, 1001, 1002
+
 ERROR_STRINGS: dict[int, str] = {
     PtError.OK: "OK",
     PtError.INTERNAL: "internal error",

@@ -32,14 +32,17 @@ from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
 from ._window import (
-    TS_LIMIT_A,
-    TS_LIMIT_B,
     TS_OTHER,
     TS_ROWS,
     TS_START,
     WA_BYTES,
+    WA_CONTINUE,
     WA_END,
+    WA_EXT,
     WA_GROW,
+    WA_LIMIT,
+    WA_OPENED,
+    WA_SAVED,
     WA_SIZE,
     WA_START,
     WA_TIME,
@@ -60,6 +63,7 @@ from .packets import (
     PacketBuffers,
     as_buffer,
     decode_range,
+    is_mapped,
     map_file,
     packet_errata,
     release,
@@ -324,9 +328,10 @@ class FlowDecoder:
         # whole, with its scalars in another (the very arrays from call to
         # call: its call is prepared once, see _open_compiled).
         self._time_states = np.zeros((TS_ROWS, new_time_state().shape[0]), np.int64)
-        self._time_start = self._time_states[TS_START]
-        self._time_limits = (self._time_states[TS_LIMIT_A], self._time_states[TS_LIMIT_B])
+        self._time_rows = tuple(self._time_states[i] for i in range(TS_ROWS))
+        self._time_start = self._time_rows[TS_START]
         self._window_args = np.zeros(WA_SIZE, np.int64)
+        self._window_opener: tuple | None = None
         self._window_call = None
         self._window_held: tuple = ((), ())
         self.out: tuple = ()
@@ -517,7 +522,7 @@ class FlowDecoder:
         finally:
             # (The prepared window opener holds the trace: a mapped file's
             # mapping would outlive its decoding.)
-            self._window_call = None
+            self._window_call = self._window_opener = None
 
     def _reset(self) -> None:
         for arr in self.state:
@@ -542,6 +547,7 @@ class FlowDecoder:
             win = self._open_compiled(buf, ws, end, tstate, grow)
             if win is not None:
                 return win
+        self._window_args[WA_SAVED] = -1  # (the flow loop leaves the next one to Python)
         limit, ext = (int(x) for x in _window_extent(buf, ws, end, self.window_bytes, grow))
         table = decode_range(buf, ws, ext, resync=False, errata=packet_errata(self.config),
                              buffers=self._packet_buffers)  # fmt: skip
@@ -590,39 +596,19 @@ class FlowDecoder:
         (:func:`hwtrace.pt._window.open_window`), when no code revisions
         apply; None when it leaves the window to :meth:`_open`."""
         pb, tb = self._packet_buffers, self._time_buffers
-        c, keep_tcal = self.config, self.options.events.keep_tcal_on_ovf
-        setup = self._window_setup
-        if setup[0] is not c or setup[1] != keep_tcal:
-            # The decoder state as words and the time model's settings, for
-            # this configuration.
-            fresh, state = pb.decoder_states(False, packet_errata(c))
-            tc = np.array([c.mtc_freq, c.nom_freq, c.cpuid_0x15_eax, c.cpuid_0x15_ebx,
-                           time_options(c, keep_tcal_on_ovf=keep_tcal)], np.int64)  # fmt: skip
-            words = (fresh.view(np.int64), state.view(np.int64), state)
-            setup = self._window_setup = (c, keep_tcal, words, tc)
-        held, tc = setup[2], setup[3]
-        states = self._time_states
-        start, (pool_a, pool_b) = self._time_start, self._time_limits
-        if tstate is start:
-            which = TS_START
-        elif tstate is pool_a:
-            which = TS_LIMIT_A
-        elif tstate is pool_b:
-            which = TS_LIMIT_B
-        else:  # (a state the long way made)
-            which = TS_OTHER
-            states[TS_OTHER] = tstate
-        saved = pool_b if which == TS_LIMIT_A else pool_a
+        rows_of = self._time_rows
+        which = next((i for i, r in enumerate(rows_of) if r is tstate), TS_OTHER)
+        if which == TS_OTHER:
+            rows_of[TS_OTHER][...] = tstate  # (a state the long way made)
         wargs = self._window_args
         wargs[WA_START], wargs[WA_END], wargs[WA_BYTES], wargs[WA_GROW], wargs[WA_TIME] = (
             ws, end, self.window_bytes, grow, which
         )  # fmt: skip
         while True:
-            rows, errs, starts, tout, pk = self._window_columns()
-            args = (buf, wargs, *held, rows, errs, tc, states, self._time_work, starts, tout)
+            wo = self._opener(buf)
             call = self._window_call
-            if call is None or not call.holds(*args):
-                call = self._window_call = _open_window.prepare(*args)
+            if call is None or call.args is not wo:
+                call = self._window_call = _open_window.prepare(*wo)
             what, limit, ext, n, limit_index, end_error, end_offset = call()
             if what != WIN_ROOM:
                 break
@@ -638,7 +624,42 @@ class FlowDecoder:
         SI[K.W_LIMIT] = limit_index
         SI[K.W_EXACT] = False
         SU[K.W_END_OFFSET] = end_offset
-        return _Window(ws, ext, limit, limit_index, pk, tstate, saved)
+        limit_state = rows_of[int(wargs[WA_SAVED])]  # (the row open_window saved into)
+        return _Window(ws, ext, limit, limit_index, self._window_columns()[4], tstate, limit_state)
+
+    def _opener(self, buf: np.ndarray) -> tuple:
+        """open_window's arguments (its scalars' values aside, see
+        :meth:`_open_compiled`): the very tuple of the last call while its
+        objects are the same, which the flow loop also takes to open the
+        next window itself."""
+        c, keep_tcal = self.config, self.options.events.keep_tcal_on_ovf
+        setup = self._window_setup
+        if setup[0] is not c or setup[1] != keep_tcal:
+            # The decoder state as words and the time model's settings, for
+            # this configuration.
+            fresh, state = self._packet_buffers.decoder_states(False, packet_errata(c))
+            tc = np.array([c.mtc_freq, c.nom_freq, c.cpuid_0x15_eax, c.cpuid_0x15_ebx,
+                           time_options(c, keep_tcal_on_ovf=keep_tcal)], np.int64)  # fmt: skip
+            words = (fresh.view(np.int64), state.view(np.int64), state)
+            setup = self._window_setup = (c, keep_tcal, words, tc)
+        held, tc = setup[2], setup[3]
+        rows, errs, starts, tout, _ = self._window_columns()
+        wo = (buf, self._window_args, *held, rows, errs, tc, self._time_states, self._time_work,
+              starts, tout)  # fmt: skip
+        last = self._window_opener
+        if last is not None and all(a is b for a, b in zip(last, wo, strict=True)):
+            return last
+        self._window_opener = wo
+        return wo
+
+    def _window_now(self, pk: tuple) -> _Window:
+        """The window the flow loop decodes, which it opened itself."""
+        wargs, rows_of = self._window_args, self._time_rows
+        return _Window(
+            int(wargs[WA_START]), int(wargs[WA_EXT]), int(wargs[WA_LIMIT]),
+            int(self.state[0][K.W_LIMIT]), pk, rows_of[int(wargs[WA_TIME])],
+            rows_of[int(wargs[WA_SAVED])],
+        )  # fmt: skip
 
     def _window_columns(self) -> tuple:
         """The kept columns open_window fills, and the flow loop's tuple of
@@ -767,14 +788,22 @@ class FlowDecoder:
         SI[K.BS_LAST] = -1
         win = self._open(buf, off, end, self._time_start, fresh=True)
         self._enter(win)
+        # The flow loop opens the next window itself unless Python has to
+        # see it: code revisions to place, a mapped file's pages to release.
+        wargs = self._window_args
+        wargs[WA_CONTINUE] = self._store(self._base) is None and not is_mapped(buf)
+        opened = int(wargs[WA_OPENED])
         call = None
         while True:
             # (The same objects from call to call, mostly: laid out again
             # only when one of them is another.)
-            args = (self.state, win.packets, self.cf, self.table.tuple, self.out)
+            args = (self.state, win.packets, self.cf, self.table.tuple, self.out, self._opener(buf))
             if call is None or not call.holds(*args):
                 call = K.run.prepare(*args)
             r = call()
+            if wargs[WA_OPENED] != opened:
+                opened = int(wargs[WA_OPENED])
+                win = self._window_now(win.packets)
             if r == K.R_MISS:
                 counts = self.table.counts
                 self.table.fill(int(counts[C_MISS_IP]) & _MASK64, int(counts[C_MISS_MODE]))
