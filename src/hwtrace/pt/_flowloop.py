@@ -3932,12 +3932,12 @@ def _disable_enable(ds, pk, cf, ct, out):
 @aot.njit(cache=True, _nrt=False)
 def _next_window(ds, wo):
     """Open the window after this one (from its limit) into the same
-    columns, as Python does at R_MORE, when Python need not see it (no code
-    revisions, no mapped file to release: ``wo``'s WA_CONTINUE) and this
-    one was opened so (its limit's time state a row of ``wo``'s): True
-    when opened.  ``wo`` is open_window's arguments (see there)."""
+    columns, as Python does at R_MORE, when Python need not see it (``wo``'s
+    WA_CONTINUE: how many more windows it may open so) and this one was
+    opened so (its limit's time state a row of ``wo``'s): True when opened.
+    ``wo`` is open_window's arguments (see there)."""
     wargs = wo[1]
-    if not wargs[WA_CONTINUE] or wargs[WA_SAVED] < 0:
+    if wargs[WA_CONTINUE] <= 0 or wargs[WA_SAVED] < 0:
         return False
     start, which = wargs[WA_START], wargs[WA_TIME]
     wargs[WA_START], wargs[WA_GROW], wargs[WA_TIME] = wargs[WA_LIMIT], -1, wargs[WA_SAVED]
@@ -3952,6 +3952,7 @@ def _next_window(ds, wo):
     SI[W_N], SI[W_END_ERR], SI[W_LIMIT], SI[W_EXACT] = n, end_error, limit_index, 0
     SU[W_END_OFFSET] = np.uint64(end_offset)
     wargs[WA_OPENED] += 1
+    wargs[WA_CONTINUE] -= 1
     return True
 
 

@@ -38,7 +38,7 @@ TC_MTC_FREQ, TC_NOM_FREQ, TC_EAX, TC_EBX, TC_OPTS = range(5)
 # flow loop, which opens the next window itself where Python need not see
 # it (hwtrace.pt._flowloop.run), finds the window it decodes after them:
 # the row of its limit's time state (-1: not a row, Python opens the next),
-# its end and limit, how many windows it opened, and whether it may.
+# its end and limit, how many windows it opened, and how many more it may.
 WA_START, WA_END, WA_BYTES, WA_GROW, WA_TIME = range(5)
 WA_SAVED, WA_EXT, WA_LIMIT, WA_OPENED, WA_CONTINUE = range(5, 10)
 WA_SIZE = 10

@@ -240,6 +240,10 @@ _FLOW_KINDS = np.array(
     [Kind.TNT8, Kind.TNT64, Kind.TIP, Kind.TIP_PGE, Kind.TIP_PGD, Kind.FUP], np.uint8
 )
 _NO_TIME = np.iinfo(np.int64).max
+# Windows the flow loop may open itself before Python sees the decoding
+# again: of a trace in memory any number; of a mapped file a few (2 MiB),
+# after which Python lets their pages go.
+_AHEAD, _AHEAD_MAPPED = 1 << 62, 16
 
 
 def _before_psb(kind: np.ndarray, at: int) -> int:
@@ -275,12 +279,13 @@ class FlowDecoder:
     """
 
     # Packets decoded at a time: the memory a decoding needs is about 30
-    # bytes per trace byte of one window (a PSB period or two more).  A
-    # quarter MiB keeps a window's packets and times (~7 MiB) near the
-    # core and is a quarter of the fresh memory a first decoding touches;
-    # 1 MiB windows decoded the flow benchmark ~10% slower here, 64 KiB
-    # ones paid more per window than they saved.
-    window_bytes = 1 << 18
+    # bytes per trace byte of one window (a PSB period or two more).  An
+    # eighth of a MiB keeps a window's packets and times (~3.5 MiB) near
+    # the core, now that the flow loop opens the next window itself (a
+    # window costs no call from Python): 1-4% faster than a quarter MiB on
+    # the decode benchmark's traces here; 64 KiB ones were no faster, 1 MiB
+    # ones ~10% slower.
+    window_bytes = 1 << 17
 
     def __init__(
         self,
@@ -789,10 +794,19 @@ class FlowDecoder:
         win = self._open(buf, off, end, self._time_start, fresh=True)
         self._enter(win)
         # The flow loop opens the next window itself unless Python has to
-        # see it: code revisions to place, a mapped file's pages to release.
+        # see it: code revisions to place; a mapped file's pages to release
+        # (every few windows: what is resident stays bounded).
         wargs = self._window_args
-        wargs[WA_CONTINUE] = self._store(self._base) is None and not is_mapped(buf)
+        ahead = (
+            0
+            if self._store(self._base) is not None
+            else _AHEAD_MAPPED
+            if is_mapped(buf)
+            else _AHEAD
+        )
+        wargs[WA_CONTINUE] = ahead
         opened = int(wargs[WA_OPENED])
+        released = off  # (the pages before it let go)
         call = None
         while True:
             # (The same objects from call to call, mostly: laid out again
@@ -821,7 +835,9 @@ class FlowDecoder:
             elif r == K.R_MORE:
                 # Go on in the next window, which starts at this one's limit.
                 shift = win.limit_index
-                release(buf, max(win.start - FAULT_AROUND, 0), win.limit)
+                release(buf, max(released - FAULT_AROUND, 0), win.limit)
+                released = win.limit
+                wargs[WA_CONTINUE] = ahead
                 self._check_watch()
                 win = self._open(buf, win.limit, end, win.limit_state)
                 SI[K.ES_POS] -= shift
@@ -833,9 +849,9 @@ class FlowDecoder:
             else:  # R_DONE
                 self._flush(sink)
                 self._check_watch()
-                # The last window's pages too: a trace decoded range by
-                # range would otherwise keep one window per range resident.
-                release(buf, max(win.start - FAULT_AROUND, 0), win.limit)
+                # The last windows' pages too: a trace decoded range by
+                # range would otherwise keep them resident.
+                release(buf, max(released - FAULT_AROUND, 0), win.limit)
                 synced = not SI[K.DR_SYNC_FAILED]
                 return int(SI[K.DR_END]), int(SU[K.DR_NEXT]), synced
 
