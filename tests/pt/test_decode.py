@@ -152,15 +152,10 @@ def test_threads_only_where_they_pay():
     assert useful_jobs(2, 100, job_bytes=0) == min(2, cpus)
 
 
-def test_windows_carry_the_time_model_across(monkeypatch):
-    """A trace with cycle-accurate times (CYC, calibrated across PSBs) is
-    decoded window by window, each window's time model starting from the
-    state the last one left at its limit: the same blocks and times in one
-    window, in a PSB period each (opened by the flow loop itself, the trace
-    being in memory), opened from Python, and opened both ways in turn."""
+def _sort_repeated(times: int):
+    """The ground-truth sort program's run ``times`` over, an interrupt back
+    to its start each time: ``(run, image, ips, interrupts)``."""
     import groundtruth as gt
-
-    from hwtrace.pt.encode import encode_path
 
     if gt.skip_reason is not None:
         pytest.skip(str(gt.skip_reason))
@@ -168,8 +163,19 @@ def test_windows_carry_the_time_model_across(monkeypatch):
     img = Image()
     img.add_elf(run.elf, run.load_address)
     n = len(run.ips)
-    ips = np.concatenate([run.ips] * 4)
-    again = [(n * i, run.end_ip) for i in range(1, 4)]
+    ips = np.concatenate([run.ips] * times)
+    return run, img, ips, [(n * i, run.end_ip) for i in range(1, times)]
+
+
+def test_windows_carry_the_time_model_across(monkeypatch):
+    """A trace with cycle-accurate times (CYC, calibrated across PSBs) is
+    decoded window by window, each window's time model starting from the
+    state the last one left at its limit: the same blocks and times in one
+    window, in a PSB period each (opened by the flow loop itself, the trace
+    being in memory), opened from Python, and opened both ways in turn."""
+    from hwtrace.pt.encode import encode_path
+
+    run, img, ips, again = _sort_repeated(4)
     cycles = (np.arange(ips.shape[0]) % 7 + 1).astype(np.int64)
     enc = encode_path(ips, img, end_ip=run.end_ip, interrupts=again, tsc=1 << 30, mtc_freq=3,
                       cyc=True, ctc_ratio=2, cycles=cycles, psb_period=300)  # fmt: skip
@@ -200,22 +206,15 @@ def test_rows_stored_by_the_decoder_are_the_rows_python_stores(monkeypatch):
     store has room (and undoes them with a step it redoes); the rows are
     the same as when every row goes through Python's append, also when the
     store starts too small and must grow on the way."""
-    import groundtruth as gt
 
     from hwtrace.pt import blocks
     from hwtrace.pt import decode as decode_mod
     from hwtrace.pt.encode import encode_path
 
-    if gt.skip_reason is not None:
-        pytest.skip(str(gt.skip_reason))
-    run = gt.case("sort", gt.OPT_LEVELS[0])
-    img = Image()
-    img.add_elf(run.elf, run.load_address)
     # The program sixteen times over (an interrupt back to its start each
     # time): more rows than a store starts with room for.
+    run, img, ips, again = _sort_repeated(16)
     n = len(run.ips)
-    ips = np.concatenate([run.ips] * 16)
-    again = [(n * i, run.end_ip) for i in range(1, 16)]
     enc = encode_path(ips, img, end_ip=run.end_ip, trace_off=[(n // 3, n // 3 + 30)],
                       interrupts=[(n // 2, int(run.ips[n // 2])), *again], tsc=1 << 30,
                       mtc_freq=3, psb_period=200)  # fmt: skip
