@@ -451,7 +451,7 @@ def decode_perf(
     kernel: KernelCode | None = None,
     jobs: int = 1,
     sideband: Sideband | None = None,
-    chunk_bytes: int = 1 << 20,
+    chunk_bytes: int | None = None,
     revision_window: int = 0,
 ) -> PerfFlow:
     """Decode every AUX queue of ``data`` against the sideband's images,
@@ -462,7 +462,8 @@ def decode_perf(
     sideband maps as files are used where the locator finds them.
     ``sideband``: the model of ``data``'s sideband, when the caller already
     built it (:func:`~hwtrace.perf.intelpt.sideband_of`).  ``chunk_bytes``: the size of the
-    PSB-aligned ranges each queue is cut into (:func:`~hwtrace.pt.decode.chunk_ranges`).
+    PSB-aligned ranges each queue is cut into (:func:`~hwtrace.pt.decode.chunk_ranges`;
+    by default as :func:`~hwtrace.pt.decode.decode_trace` cuts them).
     ``revision_window`` (TSC ticks): gaps that near a code revision's start
     are decoded again with the neighbouring revision (see
     :func:`~hwtrace.pt.decode.decode_trace`); the queue's flow lists those
