@@ -797,13 +797,10 @@ class FlowDecoder:
         # see it: code revisions to place; a mapped file's pages to release
         # (every few windows: what is resident stays bounded).
         wargs = self._window_args
-        ahead = (
-            0
-            if self._store(self._base) is not None
-            else _AHEAD_MAPPED
-            if is_mapped(buf)
-            else _AHEAD
-        )
+        if self._store(self._base) is not None:
+            ahead = 0
+        else:
+            ahead = _AHEAD_MAPPED if is_mapped(buf) else _AHEAD
         wargs[WA_CONTINUE] = ahead
         opened = int(wargs[WA_OPENED])
         released = off  # (the pages before it let go)
