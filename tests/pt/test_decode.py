@@ -73,9 +73,9 @@ def test_compiled_decoder_agrees_with_reference(case, monkeypatch):
     slow = decode_trace(pt, img, PtConfig(), DecodeOptions(fast=False))
     _same(fast, ref)
     _same(slow, ref)
-    # Packets read a PSB period at a time: the same.  (A file's windows
-    # are opened from Python, which lets their pages go; a buffer's by the
-    # flow loop itself, one after the other.)
+    # Packets read a PSB period at a time: the same.  (The flow loop opens
+    # a buffer's windows itself, one after the other; a file's 16 at a
+    # time, Python letting their pages go in between.)
     monkeypatch.setattr(FlowDecoder, "window_bytes", 1)
     _same(decode_trace(pt, img, PtConfig()), ref)
     data = pt.read_bytes()

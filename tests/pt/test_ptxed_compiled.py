@@ -115,7 +115,7 @@ def _opened_both_ways(argv: list[str]) -> bytes:
     compiled call and the long way in turn: each starts from the time
     model's state the other left at its limit; and with every window
     opened by the flow loop itself, as it does for a trace in memory (a
-    file's it leaves to Python, which lets their pages go)."""
+    file's it opens 16 at a time, Python letting their pages go between)."""
     compiled = FlowDecoder._open_compiled
     turn = iter(range(1 << 30))
 

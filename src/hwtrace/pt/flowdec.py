@@ -68,7 +68,13 @@ from .packets import (
     packet_errata,
     release,
 )
-from .timing import TimeBuffers, estimate_time, new_time_state, time_options
+from .timing import (
+    TimeBuffers,
+    estimate_time,
+    new_time_state,
+    time_options,
+    uncalibrated_output,
+)
 
 _MASK64 = (1 << 64) - 1
 _ERRATA_BITS = {
@@ -208,11 +214,6 @@ class UnplacedRevision:
             f"{len(self.ips)} instruction(s) decoded from it (at {self.ips[0]:#x}"
             f"{', …' if len(self.ips) > 1 else ''}) may have run the bytes it replaced"
         )
-
-
-# The time model's calibration columns, not kept by the flow decoder.
-_NO_FCR = np.zeros(0, np.int64)
-_NO_HAVE_FCR = np.zeros(0, np.bool_)
 
 
 @dataclass
@@ -677,7 +678,7 @@ class FlowDecoder:
         if len(held[0]) != len(key) or any(a is not b for a, b in zip(held[0], key, strict=True)):
             cols, errs, tcols, starts, diag = key
             offset, kind, size, a, b, c = cols
-            tout = (tcols[0], tcols[1], _NO_FCR, _NO_HAVE_FCR, *diag)
+            tout = uncalibrated_output(tcols[0], tcols[1], diag)  # (no calibration kept)
             pk = (kind, a, b, c, offset, size, tcols[0].view(np.uint64), tcols[1])
             held = self._window_held = (key, (cols, errs, starts, tout, pk))
         return held[1]

@@ -98,6 +98,15 @@ def new_time_state() -> np.ndarray:
 
 _NO_FCR = np.zeros(0, np.int64)
 _NO_HAVE_FCR = np.zeros(0, np.bool_)
+
+
+def uncalibrated_output(tsc: np.ndarray, have_tsc: np.ndarray, diagnostics: tuple) -> tuple:
+    """:func:`time_loop`'s output with no calibration columns (the caller
+    has no use for them): the times, whether each has one, and the
+    diagnostics' columns."""
+    return (tsc, have_tsc, _NO_FCR, _NO_HAVE_FCR, *diagnostics)
+
+
 # The per-packet columns of time_loop's output, in order.
 TIME_TYPES = (np.int64, np.bool_, np.int64, np.bool_)
 
@@ -635,7 +644,7 @@ def estimate_time(
         out = new_time_output(n, None if buffers is None else buffers.take(n))
         starts = segment_starts(table)
     if not fcr:
-        out = (out[0], out[1], _NO_FCR, _NO_HAVE_FCR, *out[4:])
+        out = uncalibrated_output(out[0], out[1], out[4:])
     kinds, a, b = columns if columns is not None else (table.kind, table.a, table.b)
     nd = time_loop(
         kinds,
