@@ -186,10 +186,10 @@ def _stamps(paths) -> dict[str, list[int]]:
     return out
 
 
-def _source_files(modules: tuple = ()) -> list[str]:
+def _source_files(modules: tuple = (), root: str = "hwtrace") -> list[str]:
     """The files a library's code can come from: ``modules`` and every
-    hwtrace module their globals come from, transitively (loops inline
-    functions and fold constants from their imports)."""
+    module of package ``root`` their globals come from, transitively
+    (loops inline functions and fold constants from their imports)."""
     seen: set[str] = set()
     todo = list(modules)
     while todo:
@@ -206,7 +206,7 @@ def _source_files(modules: tuple = ()) -> list[str]:
                 if isinstance(value, type(sys))
                 else getattr(value, "__module__", None)
             )
-            if isinstance(dep, str) and (dep == "hwtrace" or dep.startswith("hwtrace.")):
+            if isinstance(dep, str) and (dep == root or dep.startswith(root + ".")):
                 todo.append(dep)
     files = {os.path.abspath(sys.modules[n].__file__) for n in seen if sys.modules[n].__file__}
     return sorted(files)
@@ -1224,6 +1224,57 @@ def on_numba(hook: Callable[[], None]) -> None:
         _numba_hooks.append(hook)
 
 
+_module_stamps: dict[str, tuple] = {}
+
+
+def _module_stamp(module: str) -> tuple:
+    """The files of ``module``'s package its code draws on, as they are
+    now (see :func:`_source_files`)."""
+    stamp = _module_stamps.get(module)
+    if stamp is None:
+        files = _source_files((module,), module.partition(".")[0])
+        stamp = _module_stamps[module] = tuple(sorted(_stamps(files).items()))
+    return stamp
+
+
+def _stamp_numba_caches() -> None:
+    """Make numba's cache of a loop stale when a module its code draws on
+    changes, not only its own file.  numba stamps a cached function with
+    its source file alone, yet its code holds the loops it calls from
+    other modules, inlined or linked in: after an edit to one module, a
+    caller's cache (and a library built from it) kept running the old
+    code of its callees."""
+    from numba.core import caching
+
+    def stamped(base: type) -> type:
+        class Locator(base):  # type: ignore[misc, valid-type]
+            def __init__(self, py_func, py_file) -> None:
+                super().__init__(py_func, py_file)
+                self._stamp_module = py_func.__module__
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if f"{py_func.__module__}:{py_func.__qualname__}" not in _registry:
+                    return None  # (not a loop of this module's making)
+                return super().from_function(py_func, py_file)
+
+            def get_source_stamp(self):
+                return super().get_source_stamp(), _module_stamp(self._stamp_module)
+
+        Locator.__name__ = Locator.__qualname__ = f"Stamped{base.__name__}"
+        return Locator
+
+    classes = caching.CacheImpl._locator_classes
+    if any(getattr(c, "_stamps_imports", False) for c in classes):
+        return
+    bases = (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator,
+             caching.UserWideCacheLocator)  # fmt: skip
+    for i, base in enumerate(bases):
+        cls = stamped(base)
+        cls._stamps_imports = True  # type: ignore[attr-defined]
+        classes.insert(i, cls)
+
+
 def _numba_ready() -> None:
     """Numba has been imported: numba sees a CompiledLoop used inside another
     loop as its dispatcher, and the modules' extensions are defined."""
@@ -1250,6 +1301,7 @@ def _numba_ready() -> None:
         return unserialize(state)
 
     codegen.unserialize_library = unserialize_library
+    _stamp_numba_caches()
 
     while _numba_hooks:
         _numba_hooks.pop(0)()

@@ -396,6 +396,47 @@ def test_python_calls_numba_code_without_wrappers(tmp_path):
     assert indexes == ["loops_mod.add", "loops_mod.alloc", "loops_mod.alloc_python"]
 
 
+def test_cached_loops_follow_the_loops_they_call(tmp_path):
+    """A loop numba cached is compiled again when a loop it calls from
+    another module changes (numba stamps a cache with its own file only:
+    the caller kept the callee's old code)."""
+    import os
+    import subprocess
+    import sys
+
+    package = tmp_path / "stamped_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "callee.py").write_text(
+        "from hwtrace import aot\n\n@aot.njit(cache=True)\ndef g(x):\n    return x + 1\n"
+    )
+    (package / "caller.py").write_text(
+        "from hwtrace import aot\nfrom .callee import g\n\n"
+        "@aot.njit(cache=True)\ndef f(x):\n    return g(x) * 2\n"
+    )
+    code = (
+        "from stamped_pkg import caller\n"
+        "r = caller.f(3)\n"
+        "print(r, sum(caller.f.dispatcher.stats.cache_hits.values()))\n"
+    )
+    env = {**os.environ, "HWTRACE_AOT": "numba", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(tmp_path)}  # fmt: skip
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run() == ["8", "0"]
+    assert run() == ["8", "1"]  # from the cache
+    (package / "callee.py").write_text(
+        "from hwtrace import aot\n\n@aot.njit(cache=True)\ndef g(x):\n    return x + 10\n"
+    )
+    assert run() == ["26", "0"]  # compiled again, with the new callee
+    assert run() == ["26", "1"]
+
+
 def test_internal_loops_are_linked_not_emitted(tmp_path):
     """A loop only other loops call (not in its module's ``AOT_ENTRIES``)
     is compiled to bitcode its callers link, without machine code of its
