@@ -274,3 +274,30 @@ def test_release_drops_pages_of_a_mapped_file(tmp_path):
     before = _resident_pages()
     release(buf[100:], 0, buf.shape[0] - 100)
     assert before - _resident_pages() >= pages - 2
+
+
+def test_the_frequent_packets_loop_decodes_as_the_general_decoder():
+    """decode_stream takes the frequent packets (TNT-8, packets with an IP,
+    MODE, CYC, MTC) in a loop of their own: every packet that loop takes,
+    whatever its first byte and payload, it decodes as decode_packet does;
+    any other it leaves to it."""
+    from hwtrace.pt._loops import _plain_packets, decode_packet
+    from hwtrace.pt.packets import new_rows
+
+    rng = np.random.default_rng(5)
+    taken = set()
+    for b0 in range(256):
+        for _ in range(12):
+            buf = np.concatenate([[b0], rng.integers(0, 256, 15)]).astype(np.uint8)
+            rows = new_rows(2)
+            pos, n = _plain_packets(buf, 0, 1, buf.shape[0], 100, 0, 2, 0, rows)
+            if n == 0:
+                assert pos == 0
+                continue
+            size, kind, a, b, c = decode_packet(buf, 0, buf.shape[0], 0, 0)
+            assert (pos, n) == (size, 1), bytes(buf).hex()
+            got = tuple(int(col[0]) for col in rows)
+            assert got == (100, kind, size, a, b, c), bytes(buf).hex()
+            taken.add(Kind(kind).name)
+    assert taken == {"TNT8", "TIP", "FUP", "TIP_PGE", "TIP_PGD", "MODE_EXEC", "MODE_TSX",
+                     "CYC", "MTC"}  # fmt: skip

@@ -111,6 +111,11 @@ def _ip_bytes(ipc):
 # mask of the payload's bytes in a little-endian word.
 _IP_LEN = np.array([_ip_bytes.py_func(ipc) for ipc in range(8)], np.int64)
 _IP_MASK = np.array([(1 << 8 * max(n, 0)) - 1 for n in _IP_LEN.tolist()], np.uint64)
+# The packets with an IP payload by their opcode's low five bits (0: none).
+_IP_KIND = np.zeros(32, np.uint8)
+_IP_KIND[0x0D], _IP_KIND[0x1D], _IP_KIND[0x11], _IP_KIND[0x01] = (
+    Kind.TIP, Kind.FUP, Kind.TIP_PGE, Kind.TIP_PGD
+)  # fmt: skip
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -545,9 +550,12 @@ def _psb_at(buf, pos, end):
 
 @aot.njit(cache=True, _nrt=False)
 def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
-    """TNT-8s, TIPs and the timing packets between them (CYC, MTC) from
-    ``pos`` into rows from ``n``, until another packet (or ``lim``, or
-    ``cap`` rows); returns ``(pos, n)`` after them.  (Unsigned indices:
+    """TNT-8s, the packets with an IP (TIP, FUP, TIP.PGE, TIP.PGD), MODEs
+    and the timing packets between them (CYC, MTC) from ``pos`` into rows
+    from ``n``, until another packet (or ``lim``, or ``cap`` rows); returns
+    ``(pos, n)`` after them, as decode_packet decodes them.  (A user-space
+    trace turns tracing off and on at every system call and interrupt: a
+    FUP, TIP.PGD, MODE.Exec and TIP.PGE among its TNTs and TIPs.)  (Unsigned indices:
     numba checks a signed one for a negative value, on every packet.  Not
     inlined into decode_stream: there the six columns' pointers were
     spilled to the stack and reloaded for every packet.)"""
@@ -598,14 +606,32 @@ def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
             r += one
             u += np.uint64(2)
             continue
-        if (b0 & 0x1F) != 0x0D:
-            break
+        low = b0 & 0x1F
+        # (TIPs first: on plain flow, most of these packets.)
+        ip_kind = np.uint8(Kind.TIP) if low == 0x0D else _IP_KIND[low]
+        if ip_kind == 0:
+            if b0 != 0x99 or u + one >= u_avail:
+                break
+            # MODE: its leaf (Exec or TSX) and bits.
+            m = buf[u + one]
+            leaf = m & 0xE0
+            if leaf != 0x00 and leaf != 0x20:
+                break
+            offsets[r] = np.int64(u) + base
+            kinds[r] = Kind.MODE_EXEC if leaf == 0x00 else Kind.MODE_TSX
+            sizes[r] = 2
+            col_a[r] = m & 0x1F
+            col_b[r] = 0
+            col_c[r] = 0
+            r += one
+            u += np.uint64(2)
+            continue
         ipc = b0 >> 5
         ni = _IP_LEN[ipc]
         if ni < 0 or u + one + np.uint64(ni) > u_avail:
             break
         offsets[r] = np.int64(u) + base
-        kinds[r] = Kind.TIP
+        kinds[r] = ip_kind
         sizes[r] = 1 + ni
         # (A word and a mask, not a loop over the payload's bytes: the
         # compression varies from one TIP to the next.)
@@ -755,10 +781,10 @@ def decode_stream(buf, avail, state, rows, errs, store):
             stop = STOP_ROWS
             break
         if in_block == BLOCK_NONE and store:
-            # TNT-8s, TIPs and the timing packets that come between them
-            # (CYC, MTC), by far the most frequent packets, in a loop of
-            # their own (no other opcode has their low bits outside a BBP
-            # block); anything else goes the general way.
+            # TNT-8s, packets with an IP, MODEs and the timing packets that
+            # come between them (CYC, MTC), by far the most frequent
+            # packets, in a loop of their own (no other opcode has their low
+            # bits outside a BBP block); anything else goes the general way.
             lim = avail if final else avail - LOOKAHEAD + 1
             n0 = n
             pos, n = _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows)
