@@ -186,10 +186,10 @@ def _stamps(paths) -> dict[str, list[int]]:
     return out
 
 
-def _source_files(modules: tuple = (), root: str = "hwtrace") -> list[str]:
+def _source_files(modules: tuple = ()) -> list[str]:
     """The files a library's code can come from: ``modules`` and every
-    module of package ``root`` their globals come from, transitively
-    (loops inline functions and fold constants from their imports)."""
+    hwtrace module their globals come from, transitively (loops inline
+    functions and fold constants from their imports)."""
     seen: set[str] = set()
     todo = list(modules)
     while todo:
@@ -206,7 +206,7 @@ def _source_files(modules: tuple = (), root: str = "hwtrace") -> list[str]:
                 if isinstance(value, type(sys))
                 else getattr(value, "__module__", None)
             )
-            if isinstance(dep, str) and (dep == root or dep.startswith(root + ".")):
+            if isinstance(dep, str) and (dep == "hwtrace" or dep.startswith("hwtrace.")):
                 todo.append(dep)
     files = {os.path.abspath(sys.modules[n].__file__) for n in seen if sys.modules[n].__file__}
     return sorted(files)
@@ -1225,15 +1225,76 @@ def on_numba(hook: Callable[[], None]) -> None:
 
 
 _module_stamps: dict[str, tuple] = {}
+_imports_of: dict[str, list[str]] = {}
+
+
+def _module_file(module: str) -> str | None:
+    """The source file of ``module`` (of a package imported), if any."""
+    root = sys.modules.get(module.partition(".")[0])
+    if root is None or not getattr(root, "__file__", None):
+        return None
+    path = os.path.join(os.path.dirname(root.__file__), *module.split(".")[1:])
+    for name in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(name):
+            return name
+    return None
+
+
+def _imported_modules(module: str, path: str) -> list[str]:
+    """The modules of ``module``'s package its source imports (its import
+    statements outside functions, read from the file: the same answer in
+    every process, whatever it has imported)."""
+    import ast
+
+    got = _imports_of.get(path)
+    if got is not None:
+        return got
+    root = module.partition(".")[0]
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    todo = list(tree.body) if tree is not None else []
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            out.append(base)
+            out += [f"{base}.{a.name}" for a in node.names]  # (submodules, if they are)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
+    got = _imports_of[path] = [m for m in out if m == root or m.startswith(root + ".")]
+    return got
 
 
 def _module_stamp(module: str) -> tuple:
-    """The files of ``module``'s package its code draws on, as they are
-    now (see :func:`_source_files`)."""
+    """The files of ``module``'s package its source imports, transitively,
+    as they are now."""
     stamp = _module_stamps.get(module)
     if stamp is None:
-        files = _source_files((module,), module.partition(".")[0])
-        stamp = _module_stamps[module] = tuple(sorted(_stamps(files).items()))
+        files: set[str] = set()
+        todo = [module]
+        seen: set[str] = set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            path = _module_file(name)
+            if path is not None and path not in files:
+                files.add(path)
+                todo += _imported_modules(name, path)
+        stamp = _module_stamps[module] = tuple(sorted(_stamps(sorted(files)).items()))
     return stamp
 
 
@@ -1254,8 +1315,11 @@ def _stamp_numba_caches() -> None:
 
             @classmethod
             def from_function(cls, py_func, py_file):
-                if f"{py_func.__module__}:{py_func.__qualname__}" not in _registry:
-                    return None  # (not a loop of this module's making)
+                # (The registry of the module the package imports: run as
+                # ``python -m hwtrace.aot`` this file is also __main__.)
+                registry = getattr(sys.modules.get("hwtrace.aot"), "_registry", _registry)
+                if f"{py_func.__module__}:{py_func.__qualname__}" not in registry:
+                    return None  # (not a loop of aot's making)
                 return super().from_function(py_func, py_file)
 
             def get_source_stamp(self):
