@@ -294,14 +294,29 @@ def test_synthetic_json(tmp_path: Path) -> None:
     assert set(first["fields"]) == {"value", "name", "path", "ports", "ids", "delta"}
 
 
+def task_state(v: int) -> str:
+    """sched_switch's ``prev_state`` as the kernel prints it: the letters
+    of TASK_REPORT's bits joined by ``|`` (R for none), ``+`` when the task
+    was preempted (TASK_REPORT_MAX)."""
+    letters = "|".join(c for bit, c in enumerate("SDTtXZPI") if v >> bit & 1)
+    return (letters or "R") + ("+" if v & 0x100 else "")
+
+
+# Fields the kernel prints as words, and how (the test's own account).
+WORDS = {("sched:sched_switch", "prev_state"): task_state}
+
+
 def text_lines(want: list[dict]) -> list[str]:
     """``hwtrace trace``'s lines for ``expected``'s events, in time order:
     perf script's layout, each field ``name=value`` (lists as Python
-    writes them)."""
+    writes them; flags and enumerations as the kernel prints them)."""
     out = []
     for w in sorted(want, key=lambda w: w["time"]):
         t = w["time"]
-        fields = " ".join(f"{k}={v}" for k, v in w["fields"].items())
+        fields = " ".join(
+            f"{k}={WORDS[w['event'], k](v) if (w['event'], k) in WORDS else v}"
+            for k, v in w["fields"].items()
+        )
         out.append(f"{w['comm']:>16} {w['pid']:>7}/{w['tid']:<7} [{w['cpu']:03d}] "
                    f"{t // 10**9}.{t % 10**9:09d}: {w['event']}: {fields}")  # fmt: skip
     return out
@@ -594,6 +609,20 @@ def test_live_lines_compiled_as_python_writes_them(live, tmp_path) -> None:
 def test_live_json(live) -> None:
     d, batches, counts = live
     check_json(d / "events.jsonl", expected(batches), counts)
+
+
+def test_live_words_in_text_numbers_in_json(live) -> None:
+    """sched_switch's prev_state: S, R+... in a text line (as the kernel and
+    perf print it), the number in JSON."""
+    d, batches, _ = live
+    events = list({id(e): e for b in batches for e in b.events}.values())
+    got = _text_of(events, [b for b in batches if len(b)])
+    states = [m[1] for m in (re.search(r" prev_state=(\S+) ", x) for x in got) if m]
+    assert states and all(re.fullmatch(r"[SDTtXZPIR|]+\+?", s) for s in states)
+    lines = [json.loads(x) for x in (d / "events.jsonl").read_text().splitlines()]
+    numbers = [x["fields"]["prev_state"] for x in lines if x.get("event") == "sched:sched_switch"]
+    assert numbers and all(isinstance(v, int) for v in numbers)
+    assert sorted(task_state(v) for v in numbers) == sorted(states)
 
 
 @need_perf

@@ -48,8 +48,8 @@ import platform
 import struct
 import time
 import uuid as _uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -77,6 +77,7 @@ from ..textout import (
     put_text,
     string_list_table,
 )
+from .printfmt import word_fields
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -110,6 +111,9 @@ class _Field:
     signed: bool = False
     dims: tuple[int, ...] = ()
     hex: bool = False  # an int that is a pointer: listed in hex
+    # An int the kernel prints as words (flags, enumerations; see
+    # hwtrace.ktrace.printfmt): its value's text in a text line.
+    words: Callable[[int], str] | None = None
 
     @property
     def fixed(self) -> int:
@@ -146,6 +150,8 @@ class _Plan:
         fields: list[_Field] = []
         common: dict[str, tuple[int, int]] = {}
         pointers = pointer_fields(e.format_text)
+        ints = {f.name for f in e.schema.fields if isinstance(f.type, IntType)}
+        words = word_fields(e.format_text, ints)
         for f in e.schema.fields:
             t = f.type
             if f.name.startswith("common_"):
@@ -154,7 +160,8 @@ class _Plan:
                 continue
             if isinstance(t, IntType):
                 hex_ = f.name in pointers
-                fields.append(_Field(f.name, "int", f.offset, t.size, t.signed, hex=hex_))
+                fields.append(_Field(f.name, "int", f.offset, t.size, t.signed, hex=hex_,
+                                     words=words.get(f.name)))  # fmt: skip
             elif isinstance(t, StringType) and t.storage == "inline":
                 fields.append(_Field(f.name, "chars", f.offset, t.capacity))
             elif isinstance(t, StringType) and t.storage == "data_loc":
@@ -436,9 +443,12 @@ class JsonLinesOutput(TraceOutput):
             if lp.arrays is None:
                 return None
             m = g.rows.shape[0]
-            out = np.empty(m * (lp.most + lp.strings * (_JSON_BYTE * g.width + 2)), np.uint8)
+            w_idx, w_tab, w_lens = self._words(g, lp)
+            most = lp.most + int(w_lens.max(initial=0)) * w_idx.shape[1]
+            out = np.empty(m * (most + lp.strings * (_JSON_BYTE * g.width + 2)), np.uint8)
             starts, lens = np.empty(m, np.int64), np.empty(m, np.int64)
-            used = _field_lines(g.mat, g.sizes, *lp.arrays, out, starts, lens)
+            used = _field_lines(g.mat, g.sizes, *lp.arrays, w_idx, w_tab, w_lens, out, starts,
+                                lens)  # fmt: skip
             if used < 0:
                 return None
             pieces.append(out[:used])
@@ -459,6 +469,23 @@ class JsonLinesOutput(TraceOutput):
                      h["pid"].astype(np.int64), h["tid"].astype(np.int64), h["cpu"].astype(np.int64),
                      h["time"].astype(np.int64), kind, *self.names, fields, f_start, f_len, out)  # fmt: skip
         return out[:used].tobytes()
+
+    def _words(self, g: _Group, lp: _LinePlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The texts of the group's fields printed as words: for each event
+        and such field the row of its text in a table (each distinct value
+        put into words once)."""
+        m = g.rows.shape[0]
+        idx = np.zeros((m, len(lp.words)), np.int64)
+        texts: list[str] = []
+        for j, f in enumerate(lp.words):
+            cols = np.ascontiguousarray(g.mat[:, f.offset : f.offset + f.size])
+            values, inverse = np.unique(cols.view(f.dtype).reshape(m), return_inverse=True)
+            idx[:, j] = inverse.reshape(m) + len(texts)
+            words = f.words
+            assert words is not None
+            texts += [words(v) for v in values.tolist()]
+        tab, lens = string_list_table(texts)
+        return idx, tab, lens
 
     def decode(self, g: _Group) -> dict[str, list]:
         """The group's field values, one list per field (event order)."""
@@ -503,8 +530,8 @@ class JsonLinesOutput(TraceOutput):
             name = self.events[g.k].name
             items = list(self.decode(g).items())
             if not self.JSON:
-                hexed = {f.name for f in self.plans[g.k].fields if f.hex}
-                items = [(f, [f"{v:#x}" for v in c] if f in hexed else c) for f, c in items]
+                shown = {f.name: f for f in self.plans[g.k].fields if f.hex or f.words}
+                items = [(f, _shown(shown[f], c) if f in shown else c) for f, c in items]
             for j, i in enumerate(g.rows.tolist()):
                 lines[i] = line(cols, i, name, {f: c[j] for f, c in items})
         return [lines[i] for i in np.argsort(h["time"], kind="stable").tolist()]
@@ -528,9 +555,16 @@ class JsonLinesOutput(TraceOutput):
         self.closed = True
 
 
+def _shown(f: _Field, values: list) -> list:
+    """An int field's values as a text line shows them."""
+    if f.words is not None:
+        return [f.words(v) for v in values]
+    return [f"{v:#x}" for v in values]
+
+
 # Field kinds of the compiled text lines (_Field.kind; _T_HEX: a pointer
 # in a text line).
-_T_INT, _T_CHARS, _T_INTS, _T_STR, _T_HEX = 0, 1, 2, 3, 4
+_T_INT, _T_CHARS, _T_INTS, _T_STR, _T_HEX, _T_WORDS = 0, 1, 2, 3, 4, 5
 _T_OF = {"int": _T_INT, "chars": _T_CHARS, "ints": _T_INTS, "str": _T_STR}
 _INT_TEXT = 20  # the digits of a 64-bit value and its sign
 
@@ -572,13 +606,14 @@ def _utf8_valid(row, s, e):
 
 @aot.njit(cache=True, _nrt=False)
 def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, tab, tab_lens,
-                 json, out, starts, lens):  # fmt: skip
+                 json, w_idx, w_tab, w_lens, out, starts, lens):  # fmt: skip
     """Each record's ``name=value ...`` (its fields as TextOutput writes
     them; ``json``: ``"name": value, ...`` as JsonLinesOutput's encoder
     writes them) into ``out``: row ``j`` at ``starts[j]``, ``lens[j]``
     bytes.  ``tab`` rows: each field's ``name=`` (row ``f``), then for an
     integer array the text before each element and after the last
     (Python's list repr: ``[[1, 2], [3, 4]]``), from row ``f_base[f]``.
+    A field printed as words is row ``w_idx[j, f_base[f]]`` of ``w_tab``.
     Returns the bytes written, or -1 - j when record ``j`` holds a string
     that is not valid UTF-8 (Python writes the batch then)."""
     p = 0
@@ -597,6 +632,8 @@ def _field_lines(mat, sizes, f_kind, f_off, f_size, f_signed, f_base, f_count, t
             if k == _T_INT:
                 v = read_int(row, off, size, signed)
                 p = put_signed(out, p, np.int64(v)) if signed else put_dec(out, p, v)
+            elif k == _T_WORDS:
+                p = put_row(out, p, w_tab, w_lens, w_idx[j, f_base[f]])
             elif k == _T_HEX:
                 out[p] = 48  # 0x
                 out[p + 1] = 120
@@ -702,6 +739,7 @@ class _LinePlan:
     arrays: tuple | None
     most: int
     strings: int = 0  # __data_loc strings: each at most the record's width
+    words: list[_Field] = field(default_factory=list)  # printed as words (w_idx's columns)
 
     @classmethod
     def of(cls, plan: _Plan, json: bool = False) -> _LinePlan:
@@ -724,7 +762,14 @@ class _LinePlan:
             elif f.kind == "chars":
                 most += _JSON_BYTE * f.size + 2
         tab, lens = string_list_table(rows)
-        kinds = [_T_HEX if f.hex and not json else _T_OF[f.kind] for f in fields]
+        words = [] if json else [f for f in fields if f.words is not None]
+        for i, f in enumerate(fields):
+            if f in words:
+                base[i] = words.index(f)
+        kinds = [
+            _T_WORDS if f in words else _T_HEX if f.hex and not json else _T_OF[f.kind]
+            for f in fields
+        ]
         arrays = (
             np.array(kinds, np.int64),
             np.array([f.offset for f in fields], np.int64),
@@ -732,7 +777,7 @@ class _LinePlan:
             np.array([f.signed for f in fields], np.bool_),
             base, count, tab, lens, json,
         )  # fmt: skip
-        return cls(arrays, most, sum(f.kind == "str" for f in fields))
+        return cls(arrays, most, sum(f.kind == "str" for f in fields), words)
 
 
 _JSON_BYTE = 6  # the most a string's byte takes in JSON (\u001f)
