@@ -149,6 +149,33 @@ def test_perf_context_fields_and_listing(recording, tmp_path, capsys):
     assert [r["fields"]["id"] for r in rows] == nrs
 
 
+def _switch_words(lines: list[str], after: str) -> dict[tuple[str, int], str]:
+    """sched_switch's prev_state text by (time to the microsecond, pid)."""
+    out = {}
+    for line in lines:
+        m = re.search(r" (\d+\.\d{6})\d*:\s+sched:sched_switch: .*? prev_pid=(\d+) .*?"
+                      rf"prev_state=(\S+){after}", line)  # fmt: skip
+        if m:
+            out[m[1], int(m[2])] = m[3]
+    return out
+
+
+def test_perf_listing_prints_words_as_perf_does(recording, tmp_path, capsys):
+    """The text listing prints sched_switch's prev_state in the words perf
+    script prints (S, D, R+, from the event's print fmt), event for event;
+    JSON keeps the number."""
+    path, lines = recording
+    want = _switch_words(lines, " ==> ")
+    rc, listing, err = run(capsys, "prev_pid >= 0", path, "--event", "sched_switch")
+    assert rc == 0, err
+    got = _switch_words(listing.splitlines(), " next_comm=")
+    assert want and got == want
+    rc, _, err = run(capsys, "prev_pid >= 0", path, "-o", tmp_path / "s.jsonl", "--event",
+                     "sched_switch")  # fmt: skip
+    rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert len(rows) == len(want) and all(isinstance(r["fields"]["prev_state"], int) for r in rows)
+
+
 # -- trace_pipe_raw of a private tracefs instance -------------------------------------------
 
 

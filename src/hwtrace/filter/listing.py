@@ -1,7 +1,9 @@
 """Listings of filtered events: text like ftrace's ``trace`` file, or JSON lines.
 
 A text line is ``comm-tid [cpu] seconds.nanoseconds: system:event:
-field=value ...`` (the ``common_*`` fields left out, as ``trace`` does); a
+field=value ...`` (the ``common_*`` fields left out, as ``trace`` does;
+flags and enumerations in the words ``trace`` prints them in, from the
+event's ``print fmt``: :mod:`hwtrace.filter.printfmt`); a
 JSON line ``{"time", "cpu", "tid", "comm", "event", "fields": {...}}``.
 Events are listed in time order, as ``trace`` and ``perf script`` list them.
 
@@ -14,7 +16,7 @@ Python work per event.  CTF events are listed from the values bt2 gave
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 import numpy as np
@@ -32,9 +34,11 @@ from ..textout import (
     string_list_table,
 )
 from .inputs.base import EventSource, EventTypeInfo, StreamInput
+from .printfmt import word_fields
 from .schema import ArrayType, IntType, Schema, SequenceType, StringType
 
 K_INT, K_STR_INLINE, K_STR_LOC, K_ARRAY, K_SEQ_LOC = 1, 2, 3, 4, 5
+K_WORDS = 6  # an int printed as words: row w_idx[event, count] of the words table
 
 
 def _field_program(schema: Schema) -> list[tuple[int, int, int, int, int, str]]:
@@ -116,7 +120,7 @@ def _int_value(out, p, buf, at, size, signed):
 def _render(
     buf, offsets, sizes, etype, time, cpu, tid, comm, order, lo, hi,
     prog, pstart, pend, fname_tab, fname_len, ename_tab, ename_len, comm_tab, comm_len,
-    json, out,
+    w_idx, w_tab, w_len, json, out,
 ):  # fmt: skip
     p = 0
     for k in range(lo, hi):
@@ -193,6 +197,9 @@ def _render(
                 continue
             if kind == 1:
                 p = _int_value(out, p, buf, base + off, fsize, signed)
+            elif kind == 6:
+                r = w_idx[i, count]
+                p = put_cstring(out, p, w_tab[r], 0, w_len[r], False)
             elif kind == 2 or kind == 3:
                 if kind == 2:
                     s0 = base + off
@@ -234,12 +241,22 @@ class _Lines:
         pstart, pend = [], []
         # A line's size bound per type: fixed + per_byte * its largest record.
         fixed, per_byte = [], []
+        # Per type, its ints printed as words: (w_idx column, offset, size,
+        # signed, the value's words).
+        self.words: list[list[tuple[int, int, int, int, Callable[[int], str]]]] = []
         for t in types:
             fields = _field_program(t.schema)
+            ints = {name for kind, *_, name in fields if kind == K_INT}
+            texts = {} if json else word_fields(t.format_text, ints)
             pstart.append(len(prog_rows))
+            mine: list[tuple[int, int, int, int, Callable[[int], str]]] = []
             for kind, off, size, signed, count, name in fields:
+                if name in texts and kind == K_INT:
+                    kind, count = K_WORDS, len(mine)
+                    mine.append((count, off, size, signed, texts[name]))
                 prog_rows.append((kind, off, size, signed, count))
                 fnames.append(name)
+            self.words.append(mine)
             pend.append(len(prog_rows))
             fixed.append(
                 200 + 6 * len(t.name) + sum(
@@ -276,6 +293,8 @@ class _Lines:
         present = distinct(etype)
         line_max = int((self.fixed[present] + self.per_byte[present] * biggest[present]).max())
         line_max += 6 * int(self.comm[1].max(initial=0))
+        w_idx, w_tab, w_len = self._words(buf, cols, etype, sizes)
+        line_max += int(w_len.max(initial=0)) * w_idx.shape[1]
         per_chunk = max(1, chunk_bytes // line_max)
         out = np.empty(per_chunk * line_max, np.uint8)
         args = (
@@ -287,9 +306,34 @@ class _Lines:
             hi = min(lo + per_chunk, n)
             used = _render(
                 *args, lo, hi, self.prog, self.pstart, self.pend, *self.fname, *self.ename,
-                *self.comm, self.json, out,
+                *self.comm, w_idx, w_tab, w_len, self.json, out,
             )  # fmt: skip
             yield out[:used].tobytes()
+
+    def _words(
+        self, buf: np.ndarray, cols: dict[str, np.ndarray], etype: np.ndarray, sizes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each event and int of its type printed as words, the row of
+        its words in a table (each distinct value put into words once)."""
+        n = etype.shape[0]
+        idx = np.zeros((n, max((len(w) for w in self.words), default=0)), np.int64)
+        texts: list[str] = []
+        if idx.shape[1] == 0:
+            return idx, *string_list_table(texts)
+        offsets = np.asarray(cols["offset"], np.int64)
+        for k, words in enumerate(self.words):
+            sel = np.flatnonzero(etype == k) if words else None
+            if sel is None or sel.shape[0] == 0:
+                continue
+            for col, off, size, signed, text in words:
+                # (a record too short for the field does not print it)
+                at = np.minimum(offsets[sel, None] + off + np.arange(size), buf.shape[0] - 1)
+                dtype = np.dtype(f"<{'i' if signed else 'u'}{size}")
+                raw = np.ascontiguousarray(buf[at]).view(dtype).reshape(-1)
+                values, inverse = np.unique(raw, return_inverse=True)
+                idx[sel, col] = inverse.reshape(-1) + len(texts)
+                texts += [text(v) for v in values.tolist()]
+        return idx, *string_list_table(texts)
 
 
 def _events(source: EventSource, keep: np.ndarray) -> dict[str, np.ndarray]:

@@ -59,6 +59,7 @@ from .. import aot
 from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
 from ..filter.ebpf.kernel import HEADER as HEADER_DTYPE
 from ..filter.listing import read_int
+from ..filter.printfmt import word_fields
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..filter.sources import pointer_fields
 from ..perf.attr import PerfEventAttr, PerfType
@@ -77,7 +78,6 @@ from ..textout import (
     put_text,
     string_list_table,
 )
-from .printfmt import word_fields
 from .trace import EventBatch, TracedEvent
 
 __all__ = [
@@ -112,7 +112,7 @@ class _Field:
     dims: tuple[int, ...] = ()
     hex: bool = False  # an int that is a pointer: listed in hex
     # An int the kernel prints as words (flags, enumerations; see
-    # hwtrace.ktrace.printfmt): its value's text in a text line.
+    # hwtrace.filter.printfmt): its value's text in a text line.
     words: Callable[[int], str] | None = None
 
     @property

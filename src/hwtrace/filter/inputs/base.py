@@ -61,6 +61,7 @@ class EventType:
     offsets: np.ndarray | None = None
     sizes: np.ndarray | None = None
     note: str = ""  # why the schema is what it is (e.g. no format found)
+    format_text: str = ""  # the tracefs format it came from, when one did
 
     def __len__(self) -> int:
         return self.rows.shape[0]
@@ -99,6 +100,7 @@ class EventTypeInfo:
     name: str
     schema: Schema
     note: str = ""
+    format_text: str = ""  # the tracefs format the schema is from, when one is
 
 
 class StreamInput:
@@ -131,7 +133,7 @@ class WholeInput(StreamInput):
     def __init__(self, source: EventSource) -> None:
         self.source = source
         self.kind, self.path = source.kind, source.path
-        self.types = [EventTypeInfo(t.name, t.schema, t.note) for t in source.types]
+        self.types = [EventTypeInfo(t.name, t.schema, t.note, t.format_text) for t in source.types]
         self.comms = source.comms
         self.problems, self.notes = source.problems, source.notes
 
@@ -241,8 +243,9 @@ def split_bad(t: EventType, buf: np.ndarray) -> tuple[EventType, np.ndarray]:
     bad = np.flatnonzero(~ok)
     if bad.shape[0]:
         t = EventType(
-            t.name, t.schema, t.rows[ok], t.addresses[ok], t.offsets[ok], t.sizes[ok], t.note
-        )
+            t.name, t.schema, t.rows[ok], t.addresses[ok], t.offsets[ok], t.sizes[ok], t.note,
+            t.format_text,
+        )  # fmt: skip
     return t, bad
 
 
@@ -270,6 +273,7 @@ class EventFormats:
         self._tracefs: Tracefs | None = None
         self.where = where
         self.cache: dict[int, tuple[str, Schema, str]] = {}
+        self.texts: dict[int, str] = {}  # event id -> its format file's text
 
     def tracefs(self) -> Tracefs | None:
         if self._tracefs is None:
@@ -301,5 +305,6 @@ class EventFormats:
             except FilterError as e:
                 raise StreamError(self.where, f"format of {system}:{event}: {e}") from None
             result = (f"{system}:{event}", schema, note)
+            self.texts[event_id] = text
         self.cache[event_id] = result
         return result

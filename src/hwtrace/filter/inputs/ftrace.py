@@ -153,7 +153,8 @@ class FtraceSource(EventSource):
                 raise StreamError(str(fs.root), str(e)) from None
             if note.startswith("no format"):
                 note += f" in {fs.root}: only $ctx fields"
-            t = EventType(name, schema, rows, addresses[rows], offsets[rows], lengths[rows], note)
+            t = EventType(name, schema, rows, addresses[rows], offsets[rows], lengths[rows], note,
+                          formats.texts.get(int(event_id), ""))  # fmt: skip
             if schema.fields:
                 t, bad = split_bad(t, big)
                 if bad.shape[0]:

@@ -164,11 +164,13 @@ class PerfInput(StreamInput):
             if attr.type == 2 and attr.sample_type & 1024:
                 # PERF_TYPE_TRACEPOINT: config is the event id, RAW the record.
                 name, schema, note = formats.get(int(attr.config), ea.name)
+                text = formats.texts.get(int(attr.config), "")
             else:
                 name = ea.name or f"event {a}"
                 schema = Schema.declare(name, [])
                 note = "no PERF_SAMPLE_RAW tracepoint record: only $ctx fields"
-            self.types.append(EventTypeInfo(name, schema, note))
+                text = ""
+            self.types.append(EventTypeInfo(name, schema, note, text))
         self.notes = []
         if embedded is None and any(a.attr.type == 2 for a in data.attrs):
             where = formats.tracefs()
@@ -218,6 +220,7 @@ class PerfInput(StreamInput):
                 offsets,
                 raw_size[rows],
                 info.note,
+                info.format_text,
             )
             refused = (0, 0)
             if info.schema.fields:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtrace.ktrace.printfmt import PrintFmtError, parse_print_fmt, word_fields
+from hwtrace.filter.printfmt import PrintFmtError, parse_print_fmt, word_fields
 
 TRACEFS = Path("/sys/kernel/tracing")
 
