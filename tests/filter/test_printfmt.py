@@ -118,6 +118,15 @@ def test_symbols_flags_and_c_as_the_kernel_evaluates_them() -> None:
     assert octal(0) == "off0" and octal(8) == "on010"
 
 
+def test_casts_to_typedefs() -> None:
+    """``(uint)``, ``(int64_t)``: casts (xfs's print fmts), truncating."""
+    text = word_fields(
+        _fmt('"v=%s%lld", REC->v ? "+" : "", (uint)(REC->v >> 4) + (int64_t)REC->v'), {"v"}
+    )["v"]
+    assert text(0xF00000010) == f"+{0xF0000001 + 0xF00000010}"
+    assert text(0) == "0"
+
+
 def test_what_it_does_not_model_stays_a_number() -> None:
     assert word_fields(_fmt('"v=%*d", 4, REC->v'), {"v"}) == {}  # width from an argument
     assert word_fields(_fmt('"v=%s", __get_str(v)'), {"v"}) == {}
@@ -125,6 +134,9 @@ def test_what_it_does_not_model_stays_a_number() -> None:
     assert word_fields(_fmt('"v=%s %d", REC->v ? "x" : "y"'), {"v"}) == {}  # args short
     assert word_fields(_fmt('"v=%s", REC->v ? "x" : REC->w'), {"v"}) == {}  # two fields
     assert word_fields(_fmt('"v=%s", REC->v $ 2'), {"v"}) == {}  # unreadable: no words
+    # a parenthesised constant is no cast, and a name the format does not
+    # define cannot be evaluated
+    assert word_fields(_fmt('"v=%s", (REC->v & (MASK) - 1) ? "x" : "y"'), {"v"}) == {}
     assert word_fields("name: t\nformat:\n", {"v"}) == {}
     with pytest.raises(PrintFmtError, match="column"):
         parse_print_fmt(_fmt('"v=%s", REC->v $ 2'))

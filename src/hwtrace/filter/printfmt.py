@@ -55,6 +55,14 @@ _TYPE_WORDS = {
     "union",
 }  # fmt: skip
 _MASK64 = (1 << 64) - 1
+# Typedefs casts in print fmts name: (bits, signed).
+_TYPEDEFS = {
+    "uint": (32, False), "ulong": (64, False), "ushort": (16, False), "uchar": (8, False),
+    "loff_t": (64, True), "off_t": (64, True), "sector_t": (64, False), "umode_t": (16, False),
+    "int8_t": (8, True), "int16_t": (16, True), "int32_t": (32, True), "int64_t": (64, True),
+    "uint8_t": (8, False), "uint16_t": (16, False), "uint32_t": (32, False),
+    "uint64_t": (64, False), "xfs_lsn_t": (64, True),
+}  # fmt: skip
 
 
 def _unquote(text: str) -> str:
@@ -128,7 +136,7 @@ class _Parser:
             self.take()
             return ("un", value, self.unary())
         if kind == "op" and value == "(":
-            if self.peek(1)[0] == "id" and self.peek(1)[1] in _TYPE_WORDS:
+            if self.peek(1)[0] == "id" and (self.peek(1)[1] in _TYPE_WORDS or self._typedef_cast()):
                 return self.cast()
             self.take()
             inner = self.expression()
@@ -142,6 +150,17 @@ class _Parser:
             self.take("}")
             return ("pair", a, b)
         return self.postfix(self.primary())
+
+    def _typedef_cast(self) -> bool:
+        """``(name)`` or ``(name *)`` before an operand: a cast to a typedef
+        (``(uint)``, ``(loff_t)``); a parenthesised constant is not
+        followed by one."""
+        j = 2
+        while self.peek(j)[1] == "*":
+            j += 1
+        return self.peek(j)[1] == ")" and (
+            self.peek(j + 1)[0] in ("id", "num") or self.peek(j + 1)[1] == "("
+        )
 
     def cast(self) -> tuple:
         self.take("(")
@@ -198,7 +217,10 @@ class _Parser:
 def _cast_type(words: list[str]) -> tuple[int, bool]:
     if "*" in words:
         return 0, False
-    names = [w for w in words if w != "const"]
+    names = [w for w in words if w not in ("const", "volatile")]
+    if len(names) == 1 and names[0] not in _TYPE_WORDS:
+        # A typedef: those print fmts use, else no change.
+        return _TYPEDEFS.get(names[0], (0, False))
     signed = "unsigned" not in names and not any(w.startswith(("u", "__u")) for w in names)
     for w in names:
         m = re.fullmatch(r"(?:__)?[su](8|16|32|64)", w)
