@@ -536,3 +536,19 @@ def test_threads_and_children_of_library_constructors(tmp_path, capsys):
     assert {starts[int(ips[0])] for ips in want.values()} == {"work", "lib_work"}
     assert starts[int(want[rec.pid][0])] == "work"
     check_listings(tmp_path / "perf.data", want, capsys, rec)
+
+
+def test_clock_pairs_are_the_narrowest_of_their_reads(monkeypatch) -> None:
+    """A clock pair read while the recorder lost the CPU (a wide window
+    between its two monotonic reads) gives way to a narrower read: the
+    placement error of events is the window's half width."""
+    from hwtrace.record import stepper
+
+    # (monotonic before, monotonic after) of each try: preempted in the first
+    reads = iter([1_000, 3_001_000, 5_000_000, 5_000_400, 6_000_000, 6_000_100,
+                  7_000_000, 7_000_300, 8_000_000, 8_000_900])  # fmt: skip
+    monkeypatch.setattr(stepper.time, "clock_gettime_ns", lambda clock: next(reads))
+    monkeypatch.setattr(stepper.nat, "rdtsc", iter([11, 22, 33, 44, 55]).__next__)
+    windows: list[int] = []
+    assert stepper._clock_pair("tsc", np.zeros(2, np.int64), windows) == (33, 6_000_050)
+    assert windows == [50]
