@@ -474,6 +474,24 @@ def test_synthetic_perf(tmp_path: Path) -> None:
     check_perf_source(path, want)
 
 
+def test_pt_commands_point_tracepoint_recordings_to_filter(tmp_path: Path, capsys) -> None:
+    """A perf.data of tracepoints only (``hwtrace trace -o x.data``, ``perf
+    record -e SYSTEM:EVENT``) has no Intel PT to decode: ``hwtrace script``
+    says so and names the command that lists its samples, which does."""
+    from hwtrace.cli.main import main
+
+    e = synthetic_event()
+    path = tmp_path / "perf.data"
+    with open_trace_output(str(path), [e], cmdline=["test"]) as out:
+        out.write(synthetic_batch(e, 5))
+    capsys.readouterr()
+    main(["script", "-i", str(path)])
+    err = capsys.readouterr().err
+    assert f"nothing to decode (its tracepoint samples: hwtrace filter 1 {path})" in err
+    assert main(["filter", "1", str(path)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 5
+
+
 def test_tracing_data_parses() -> None:
     from hwtrace.filter.ftrace_raw import parse_tracing_data
 

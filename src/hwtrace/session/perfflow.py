@@ -41,6 +41,7 @@ from ..image.perfsyms import perf_symbols
 from ..image.revisions import EXACT_SOURCES, CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
+from ..perf.attr import PerfType
 from ..perf.data import PerfData
 from ..perf.intelpt import (
     aux_queues,
@@ -228,7 +229,11 @@ def setup_decoding(
     pt = data.intel_pt
     problems: list[str] = [str(e) for e in data.errors]
     if pt is None:
-        problems.append(f"{data.path}: no Intel PT AUXTRACE_INFO: nothing to decode")
+        hint = ""
+        if any(a.attr.type == PerfType.TRACEPOINT for a in data.attrs):
+            # (perf record -e SYSTEM:EVENT; hwtrace trace -o x.data)
+            hint = f" (its tracepoint samples: hwtrace filter 1 {data.path})"
+        problems.append(f"{data.path}: no Intel PT AUXTRACE_INFO: nothing to decode{hint}")
         return locator, sb, problems, None
     conv = tsc_conversion_of(data)
     if not any(r.kind == "jitdump" for r in sb.revisions):
