@@ -34,7 +34,7 @@ from ..textout import (
     string_list_table,
 )
 from .inputs.base import EventSource, EventTypeInfo, StreamInput
-from .printfmt import word_fields
+from .printfmt import word_fields, word_rows
 from .schema import ArrayType, IntType, Schema, SequenceType, StringType
 
 K_INT, K_STR_INLINE, K_STR_LOC, K_ARRAY, K_SEQ_LOC = 1, 2, 3, 4, 5
@@ -322,17 +322,15 @@ class _Lines:
             return idx, *string_list_table(texts)
         offsets = np.asarray(cols["offset"], np.int64)
         for k, words in enumerate(self.words):
-            sel = np.flatnonzero(etype == k) if words else None
-            if sel is None or sel.shape[0] == 0:
+            if not words:
                 continue
+            sel = np.flatnonzero(etype == k)
             for col, off, size, signed, text in words:
                 # (a record too short for the field does not print it)
                 at = np.minimum(offsets[sel, None] + off + np.arange(size), buf.shape[0] - 1)
                 dtype = np.dtype(f"<{'i' if signed else 'u'}{size}")
                 raw = np.ascontiguousarray(buf[at]).view(dtype).reshape(-1)
-                values, inverse = np.unique(raw, return_inverse=True)
-                idx[sel, col] = inverse.reshape(-1) + len(texts)
-                texts += [text(v) for v in values.tolist()]
+                idx[sel, col] = word_rows(raw, text, texts)
         return idx, *string_list_table(texts)
 
 

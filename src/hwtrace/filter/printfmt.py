@@ -5,12 +5,12 @@ A tracefs format file ends with the ``printf`` the kernel's trace output
 format string and C expressions over the record's fields (``REC->name``).
 Most fields are printed as numbers, but flags and enumerations go through
 ``__print_flags`` and ``__print_symbolic`` (``sched_switch``'s
-``prev_state=S``, ``hrtimer_start``'s ``mode=ABS``).  :func:`word_fields`
+``prev_state=S``, ``hrtimer_setup``'s ``clockid=CLOCK_MONOTONIC``).  :func:`word_fields`
 finds the fields printed as ``name=`` followed by conversions whose
 arguments read that field alone, and gives for each the function of its
 value the kernel prints, with the kernel's semantics
-(``trace_print_flags_seq``, ``trace_print_symbols_seq``): the output
-evaluates it once per distinct value, not per event.
+(``trace_print_flags_seq``, ``trace_print_symbols_seq``): the outputs
+evaluate it once per distinct value (:func:`word_rows`), not per event.
 
 Expressions this module does not model (other helpers, several fields in
 one conversion, ``%*d``) leave the field printed as its number.
@@ -21,7 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-__all__ = ["PrintFmtError", "parse_print_fmt", "word_fields"]
+import numpy as np
+
+__all__ = ["PrintFmtError", "parse_print_fmt", "word_fields", "word_rows"]
 
 
 class PrintFmtError(ValueError):
@@ -421,8 +423,9 @@ def word_fields(format_text: str, names: set[str]) -> dict[str, Callable[[int], 
     """The fields of ``names`` the ``print fmt`` prints as ``name=`` and
     conversions of expressions of that field alone, one of them a string
     (flags, enumerations; a field only cast or scaled stays a number): for
-    each, its value's text as the kernel prints it.  Empty when the line is missing, unreadable, or its
-    arguments do not match its conversions."""
+    each, its value's text as the kernel prints it.  Empty when the line
+    is missing, unreadable, or its arguments do not match its
+    conversions."""
     try:
         parsed = parse_print_fmt(format_text)
     except PrintFmtError:
@@ -472,3 +475,12 @@ def _word(name: str, group: list[tuple[re.Match, tuple]]) -> Callable[[int], str
             return str(value)  # (a value the expression cannot take, e.g. / 0)
 
     return text
+
+
+def word_rows(values: np.ndarray, text: Callable[[int], str], texts: list[str]) -> np.ndarray:
+    """For each of a field's ``values``, the row of ``texts`` holding its
+    words; each distinct value's words are appended to ``texts`` once."""
+    distinct, inverse = np.unique(values, return_inverse=True)
+    rows = inverse.reshape(-1) + len(texts)
+    texts += [text(v) for v in distinct.tolist()]
+    return rows

@@ -59,7 +59,7 @@ from .. import aot
 from ..export.ctf import PACKET_HEAD, packet_head, tsdl_preamble, tsdl_stream_block, tsdl_string
 from ..filter.ebpf.kernel import HEADER as HEADER_DTYPE
 from ..filter.listing import read_int
-from ..filter.printfmt import word_fields
+from ..filter.printfmt import word_fields, word_rows
 from ..filter.schema import ArrayType, IntType, SequenceType, StringType, Type
 from ..filter.sources import pointer_fields
 from ..perf.attr import PerfEventAttr, PerfType
@@ -478,14 +478,10 @@ class JsonLinesOutput(TraceOutput):
         idx = np.zeros((m, len(lp.words)), np.int64)
         texts: list[str] = []
         for j, f in enumerate(lp.words):
+            assert f.words is not None
             cols = np.ascontiguousarray(g.mat[:, f.offset : f.offset + f.size])
-            values, inverse = np.unique(cols.view(f.dtype).reshape(m), return_inverse=True)
-            idx[:, j] = inverse.reshape(m) + len(texts)
-            words = f.words
-            assert words is not None
-            texts += [words(v) for v in values.tolist()]
-        tab, lens = string_list_table(texts)
-        return idx, tab, lens
+            idx[:, j] = word_rows(cols.view(f.dtype).reshape(m), f.words, texts)
+        return idx, *string_list_table(texts)
 
     def decode(self, g: _Group) -> dict[str, list]:
         """The group's field values, one list per field (event order)."""
