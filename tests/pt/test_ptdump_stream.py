@@ -343,6 +343,10 @@ def test_without_a_compiler_numba_runs_the_kernels(tmp_path, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr("shutil.which", lambda name: None)
     assert aot.build(tmp_path) is None
+    # (The library in use before, restored after: the tests after this one
+    # in the same process run with the module's library, not the one `make`
+    # built.)
+    before = aot._library
     aot.use_library(None)
     try:
         data = _random_stream(1)
@@ -350,7 +354,7 @@ def test_without_a_compiler_numba_runs_the_kernels(tmp_path, monkeypatch):
             data, "ptdump", DumpOptions(), chunk_size=97
         )
     finally:
-        aot._library = False
+        aot._library = before
 
 
 def _imports_after(argv: list[str], env: dict[str, str]) -> dict[str, bool]:
