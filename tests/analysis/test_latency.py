@@ -502,6 +502,39 @@ def test_latency_and_funclatency_of_a_recorded_program(tmp_path, capsys):
     assert "the " in text and "longest" in text
 
 
+def test_funclatency_through_callees_left_untraced(tmp_path):
+    """hwtrace record -f work (the patch backend: only work's code writes
+    trace; spin and fact, which it calls, run untraced, tracing off at each
+    call and on again at its return address): funclatency work has its
+    call, with the instructions of work itself, as many as the stepper
+    counts inside work in a recording of everything it runs."""
+    import json
+
+    from test_record_software import SKIP, compile_program
+    from test_record_threads import stepped
+
+    from hwtrace.cli.main import main
+    from hwtrace.record import record_software
+
+    if SKIP is not None:
+        pytest.skip(str(SKIP))
+    exe = str(compile_program(USER_PROGRAM, "latency", ("-O2", "-g0")))
+    rec = record_software([exe, "7"], calls=["work"])
+    ((_, ips),) = stepped(rec).items()
+    symbols = rec.image(rec.threads[0].image).symbols
+    index = symbols.index_of(np.asarray(ips, np.uint64))
+    work = int(symbols.index_of(symbols.function_entries("work")[:1])[0])
+    want = int((index == work).sum())
+    path, out = tmp_path / "f.data", tmp_path / "f.json"
+    assert main(["record", "-o", str(path), "--backend", "patch", "-f", "work", "--", exe,
+                 "7"]) == 0  # fmt: skip
+    assert main(["funclatency", "work", "-i", str(path), "--json", str(out),
+                 "--all-intervals"]) == 0  # fmt: skip
+    got = json.loads(out.read_text())
+    assert [iv["dic"] for iv in got["intervals"]] == [want]
+    assert got["intervals"][0]["dt"] > 0
+
+
 def test_without_every_interval_the_totals_and_longest_are_the_same(raw):
     """Keeping only the longest intervals (bounded memory) changes neither
     the histograms nor the totals, and keeps the longest."""

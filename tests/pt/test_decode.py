@@ -276,3 +276,42 @@ def test_event_columns_grow_past_their_room():
     assert np.array_equal(got_rows, np.concatenate(expect_rows))
     assert np.array_equal(got_offsets, np.concatenate(expect_offsets))
     assert np.array_equal(got_blocks, np.concatenate(expect_blocks))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_tracing_back_at_the_return_address_is_no_gap(fast):
+    """A call whose callee runs untraced (tracing off at its entry, as an
+    address filter leaves it) and on again at the call's return address:
+    the enable says so (F_RETURNED, on the fast path and the step
+    functions' alike) and the flow has no gap there; on again anywhere
+    else it has one."""
+    from hwtrace.image.sections import Section
+    from hwtrace.pt import flowrows as R
+    from hwtrace.pt.encode import encode_path
+
+    # call f; nop; jmp back to the call ... f: nop; ret
+    code = bytes.fromhex("e80b00000090ebf8") + bytes(8) + bytes.fromhex("90c3")
+    base = 0x400000
+    image = Image()
+    image.add_section(Section.from_bytes(code, base))
+    loop = [base, base + 0x10, base + 0x11, base + 5, base + 6]
+    ips = np.array(loop * 4, np.uint64)
+    cases = {
+        # (untraced: the callee's two instructions of the second round)
+        "returned": ([(6, 8)], False),
+        # (untraced: the callee and the nop after its return)
+        "elsewhere": ([(6, 9)], True),
+    }
+    for name, (off, gap) in cases.items():
+        enc = encode_path(ips, image.read, end_ip=base, trace_off=off, tsc=1 << 30, mtc_freq=3)
+        got = decode_trace(enc.data, image, enc.config, options=DecodeOptions(fast=fast))
+        assert np.array_equal(got.instructions(), enc.expected), name
+        rows = got.event_rows
+        types = rows[:, R.E_TYPE].tolist()
+        on, off_ = R.EV_ENABLED, R.EV_DISABLED
+        assert types == [on, off_, on, off_], name
+        assert [bool(f & R.F_RETURNED) for f in rows[:, R.E_FLAGS]] == [
+            False, False, not gap, False
+        ], name  # fmt: skip
+        # (the last stop, where the trace ends, is one)
+        assert R.gap_events(rows).tolist() == [False, gap, False, True], name

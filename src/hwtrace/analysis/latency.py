@@ -25,8 +25,10 @@ the first open stands), a close with nothing open (counted), and an open
 interval when the trace has a gap (tracing disabled, an overflow, a decode
 error, lost data): it is dropped and counted.  A call interval with a gap
 inside is dropped and counted the same way.  Tracing that goes off and on
-again at the same instruction (a system call in a user-space trace) is no
-gap: the interval stands, its Δt with the untraced time, its ΔIC the
+again at the same instruction (a system call in a user-space trace), or at
+the return address of the call it went off in (a function outside the
+traced ranges ran and returned, hwtrace.pt.flowrows.F_RETURNED), is no gap:
+the interval stands, its Δt with the untraced time, its ΔIC the
 instructions traced.
 
 Time resolution: an instruction's time is its block's, the decoder's

@@ -200,6 +200,7 @@ from .flowrows import (  # the output format, shared with its readers
     EW,
     F_HAS_TSC,
     F_RESUMED,
+    F_RETURNED,
     F_STARTED,
     F_STATUS,
     F_SUPP,
@@ -2441,6 +2442,13 @@ def _row_walk(ds, pk, out, uncached):
     o_flags[row] = (o_flags[row] & ~np.uint8(O_UNCACHED)) | uncached
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _returned_to(SI, RS, ip):
+    """Whether tracing enabled at ``ip`` comes back at the return address
+    on top of the return stack (see flowrows.F_RETURNED)."""
+    return SI[BS_RS_N] > 0 and RS[SI[BS_RS_TOP]] == ip
+
+
 @aot.njit(cache=True, _nrt=False)
 def next_event(ds, pk, cf, ct, ev_out):
     """The pending event, applied (BlockDecoder.next_event): status flags
@@ -2471,6 +2479,8 @@ def next_event(ds, pk, cf, ct, ev_out):
     if t == EV_ENABLED:
         if ev[E_IP] == ip:
             ev[E_FLAGS] |= F_RESUMED
+        elif _returned_to(SI, ds[6], ev[E_IP]):
+            ev[E_FLAGS] |= F_RETURNED
         if _status_update(ev):
             if not enabled:
                 return _err(E_BAD_STATUS_UPDATE)
@@ -3899,6 +3909,8 @@ def _disable_enable(ds, pk, cf, ct, out):
     _ev_time(SI, pk, CUR, p2)
     if pge_ip == SU[BS_IP]:
         CUR[E_FLAGS] |= F_RESUMED
+    elif _returned_to(SI, ds[6], pge_ip):
+        CUR[E_FLAGS] |= F_RETURNED
     SU[BS_IP] = pge_ip
     SI[BS_ENABLED] = 1
     _ev_copy(EVO, CUR)

@@ -197,6 +197,12 @@ F_SUPP, F_STATUS, F_HAS_TSC, F_RESUMED = 1, 2, 4, 8
 # A TNT whose first bit was taken: its time is the query time (libipt's
 # pt_blk_time) until the next event is consumed.
 F_STARTED = 16
+# An ENABLED (not resumed) at the return address on top of the decoder's
+# return stack: code outside the traced ranges, called (or tail-called)
+# from the traced code, returned into it; nothing of the traced flow was
+# lost (a function left out of an address filter, libc's under a traced
+# function).  hwtrace's own: libipt reports such an enable as any other.
+F_RETURNED = 32
 # Payload words by event type.
 E_CR3, E_NR = E_P0, E_P1  # PAGING, ASYNC_PAGING
 E_BASE = E_P0  # VMCS, ASYNC_VMCS
@@ -392,7 +398,9 @@ def gap_events(events: np.ndarray) -> np.ndarray:
     enabled again where it stopped (libipt's *resumed*: a system call or an
     interrupt outside the traced privilege levels or address ranges, the
     user-space part of a trace) is no gap: the flow goes on at the same
-    instruction, only its time moved on."""
+    instruction, only its time moved on.  Nor is tracing enabled again at
+    the return address of the call it stopped in (:data:`F_RETURNED`: a
+    function outside the traced ranges ran and returned)."""
     types, flags = events[:, E_TYPE], events[:, E_FLAGS]
     real = (flags & F_STATUS) == 0
     gap = type_in(types, IS_GAP) & real
@@ -403,7 +411,7 @@ def gap_events(events: np.ndarray) -> np.ndarray:
         then = enables[np.minimum(at, enables.shape[0] - 1)]
         # (resumed, with no other gap between the stop and the enable)
         before = np.cumsum(gap)
-        resumed = (at < enables.shape[0]) & ((flags[then] & F_RESUMED) != 0)
+        resumed = (at < enables.shape[0]) & ((flags[then] & (F_RESUMED | F_RETURNED)) != 0)
         gap[stops[resumed & (before[then] == before[stops])]] = False
     return gap
 
@@ -631,6 +639,7 @@ __all__ = [
     "E_WAKE_ST",
     "F_HAS_TSC",
     "F_RESUMED",
+    "F_RETURNED",
     "F_STARTED",
     "F_STATUS",
     "F_SUPP",

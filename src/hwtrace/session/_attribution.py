@@ -203,7 +203,8 @@ def time_runs_into(has_first, first, t_row, t_val, at, rest, rest_at, conv, out_
 
 
 _E_TYPE, _E_FLAGS, _E_TSC = FK.E_TYPE, FK.E_FLAGS, FK.E_TSC
-_F_STATUS, _F_HAS_TSC, _F_RESUMED = FK.F_STATUS, FK.F_HAS_TSC, FK.F_RESUMED
+_F_STATUS, _F_HAS_TSC = FK.F_STATUS, FK.F_HAS_TSC
+_F_ON_AGAIN = FK.F_RESUMED | FK.F_RETURNED
 _EV_ENABLED, _EV_PTWRITE, _X_ERROR = FK.EV_ENABLED, FK.EV_PTWRITE, FK.X_ERROR
 _EV_DISABLED, _EV_ASYNC_DISABLED = FK.EV_DISABLED, FK.EV_ASYNC_DISABLED
 
@@ -243,7 +244,7 @@ def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k
         flag[i] = keep
         if real and t == _EV_ENABLED:
             seen = True
-            resumed = (f & _F_RESUMED) != 0
+            resumed = (f & _F_ON_AGAIN) != 0
             between = g
         elif g:
             between = True
