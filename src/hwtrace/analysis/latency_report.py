@@ -189,7 +189,7 @@ def render(
     notes = [
         ("repeated opens (the first stands)", result.repeated_opens),
         ("closes with nothing open", result.unmatched_closes),
-        ("dropped: a gap in the trace inside", dropped),
+        ("dropped: tracing stopped inside (code not traced ran, or the trace has a gap)", dropped),
         ("calls left without a return", result.skipped_frames),
         ("time went backwards (no Δt)", s.backwards if s else 0),
     ]
