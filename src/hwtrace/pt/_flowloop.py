@@ -2241,7 +2241,11 @@ def _bdm64(ds, ct, ev):
 
 @aot.njit(cache=True, _nrt=False)
 def _trailing(ds, pk, cf, ct, has_block):
-    """Events that bind to the current IP (after a block or an event)."""
+    """Events that bind to the current IP (after a block or an event).
+    (Every way out that finishes the block leaves the loop to one _finish:
+    each call site of the postponed instruction's step passes the
+    decoder's arrays, and 18 of them made this LLVM's slowest function to
+    compile.)"""
     SI, SU, CUR = ds[0], ds[1], ds[2]
     CF = cf[0]
     errata = CF[CF_ERRATA]
@@ -2256,17 +2260,17 @@ def _trailing(ds, pk, cf, ct, has_block):
         if t == EV_TNT:
             if not CF[CF_TICK] or not has_block or not _has_tsc(ev) or ev[E_TSC] == SU[BS_TSC]:
                 if ev[E_SIZE]:
-                    return _finish(ds, pk, cf, ct)
+                    break
                 r = _fetch_event(ds, pk, cf)
                 if r < 0:
                     return r
                 continue
             c = SI[CB_ICLASS]
             if c != C_COND and c != C_RETURN:
-                return _finish(ds, pk, cf, ct)
+                break
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_TIP:
-            return _finish(ds, pk, cf, ct)
+            break
         if (
             t == EV_TICK or t == EV_ENABLED or t == EV_OVERFLOW or t == EV_STOP
             or t == EV_PWRE or t == EV_PWRX or t == EV_CBR or t == EV_MNT
@@ -2278,7 +2282,7 @@ def _trailing(ds, pk, cf, ct, has_block):
                 # (a PSB+ with tracing disabled) is an event of its own.
                 if _status_update(ev):
                     return _status(SI, ST_EVENT_PENDING)
-                return _finish(ds, pk, cf, ct)
+                break
             k = SI[BS_INSN]
             if _supp(ev) and ct[6][k] == S_MOV_CR3:
                 return _status(SI, ST_EVENT_PENDING)
@@ -2292,26 +2296,26 @@ def _trailing(ds, pk, cf, ct, has_block):
             _clear_postponed(SI)
             if not _supp(ev) and nip == ev[E_IP]:
                 return _status(SI, ST_EVENT_PENDING)
-            return _finish(ds, pk, cf, ct)
+            break
         if t == EV_ASYNC_DISABLED:
             r = _proceed_postponed(ds, pk, cf, ct)
             if r < 0:
                 return r
             if SU[BS_IP] != ev[E_AT]:
-                return _finish(ds, pk, cf, ct)
+                break
             if errata & ER_SKD022:
                 r = _skd022(ds, ct, ev)
                 if r < 0:
                     return r
                 if r:
-                    return _finish(ds, pk, cf, ct)
+                    break
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_ASYNC_BRANCH:
             r = _proceed_postponed(ds, pk, cf, ct)
             if r < 0:
                 return r
             if SU[BS_IP] != ev[E_AT]:
-                return _finish(ds, pk, cf, ct)
+                break
             return _status(SI, ST_EVENT_PENDING)
         if (
             t == EV_PAGING or t == EV_VMCS or t == EV_PTWRITE or t == EV_IRET
@@ -2320,13 +2324,13 @@ def _trailing(ds, pk, cf, ct, has_block):
             if not SI[BS_ENABLED]:
                 return _status(SI, ST_EVENT_PENDING)
             if not SI[BS_PROC] or SI[BS_BOUND] & _bound_bit(t):
-                return _finish(ds, pk, cf, ct)
+                break
             # PIP and VMCS bind to the instruction; the others only when they
             # carry no IP (one with an IP binds by it).
             if not (t == EV_PAGING or t == EV_VMCS or _supp(ev)):
-                return _finish(ds, pk, cf, ct)
+                break
             if not _pred(ct, SI[BS_INSN], _bind_pred(t)):
-                return _finish(ds, pk, cf, ct)
+                break
             SI[BS_BOUND] |= _bound_bit(t)
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_ASYNC_PAGING or t == EV_ASYNC_VMCS:
@@ -2334,7 +2338,7 @@ def _trailing(ds, pk, cf, ct, has_block):
             if r < 0:
                 return r
             if not _supp(ev) and SU[BS_IP] != ev[E_IP]:
-                return _finish(ds, pk, cf, ct)
+                break
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_EXEC_MODE:
             r = _proceed_postponed(ds, pk, cf, ct)
@@ -2343,7 +2347,7 @@ def _trailing(ds, pk, cf, ct, has_block):
             if not SI[BS_ENABLED]:
                 return _status(SI, ST_EVENT_PENDING)
             if not _supp(ev) and SU[BS_IP] != ev[E_IP]:
-                return _finish(ds, pk, cf, ct)
+                break
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_TSX:
             r = _proceed_postponed(ds, pk, cf, ct)
@@ -2355,14 +2359,14 @@ def _trailing(ds, pk, cf, ct, has_block):
                     if r < 0:
                         return r
                 if SU[BS_IP] != ev[E_IP]:
-                    return _finish(ds, pk, cf, ct)
+                    break
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_EXSTOP or t == EV_MWAIT:
             r = _proceed_postponed(ds, pk, cf, ct)
             if r < 0:
                 return r
             if not _supp(ev) and SI[BS_ENABLED] and SU[BS_IP] != ev[E_IP]:
-                return _finish(ds, pk, cf, ct)
+                break
             return _status(SI, ST_EVENT_PENDING)
         if (
             t == EV_IFLAGS or t == EV_INTERRUPT or t == EV_SMI or t == EV_INIT
@@ -2373,7 +2377,7 @@ def _trailing(ds, pk, cf, ct, has_block):
             if r < 0:
                 return r
             if SI[BS_ENABLED] and not _supp(ev) and SU[BS_IP] != ev[E_IP]:
-                return _finish(ds, pk, cf, ct)
+                break
             return _status(SI, ST_EVENT_PENDING)
         if t == EV_RSM or t == EV_SIPI:
             r = _proceed_postponed(ds, pk, cf, ct)
@@ -2392,11 +2396,12 @@ def _trailing(ds, pk, cf, ct, has_block):
             if r < 0:
                 return r
             if ev[E_ICNT]:
-                return _finish(ds, pk, cf, ct)
+                break
             if ev[E_IP] != SU[BS_IP]:
                 return _err(E_BAD_PACKET)
             return _status(SI, ST_EVENT_PENDING)
-        return _finish(ds, pk, cf, ct)
+        break
+    return _finish(ds, pk, cf, ct)
 
 
 @aot.njit(cache=True, _nrt=False)
