@@ -203,6 +203,8 @@ F_STARTED = 16
 # lost (a function left out of an address filter, libc's under a traced
 # function).  hwtrace's own: libipt reports such an enable as any other.
 F_RETURNED = 32
+# The enables after which the flow goes on where it would have: no gap.
+F_ON_AGAIN = F_RESUMED | F_RETURNED
 # Payload words by event type.
 E_CR3, E_NR = E_P0, E_P1  # PAGING, ASYNC_PAGING
 E_BASE = E_P0  # VMCS, ASYNC_VMCS
@@ -411,7 +413,7 @@ def gap_events(events: np.ndarray) -> np.ndarray:
         then = enables[np.minimum(at, enables.shape[0] - 1)]
         # (resumed, with no other gap between the stop and the enable)
         before = np.cumsum(gap)
-        resumed = (at < enables.shape[0]) & ((flags[then] & (F_RESUMED | F_RETURNED)) != 0)
+        resumed = (at < enables.shape[0]) & ((flags[then] & F_ON_AGAIN) != 0)
         gap[stops[resumed & (before[then] == before[stops])]] = False
     return gap
 
@@ -638,6 +640,7 @@ __all__ = [
     "E_WAKE_INT",
     "E_WAKE_ST",
     "F_HAS_TSC",
+    "F_ON_AGAIN",
     "F_RESUMED",
     "F_RETURNED",
     "F_STARTED",
