@@ -233,7 +233,8 @@ _TYPES = st.sampled_from([0, 0, 1, 2, 3, 5, 6, 9, 16, 64, 65, 66])
                      max_size=40))  # fmt: skip
 def test_stops_and_gaps_are_the_numpy_definition(rows):
     """The compiled pass over a stream's events finds the stops (block,
-    time stamp) and gaps gap_events and the numpy masks find."""
+    time stamp) and gaps (and their kinds) gap_kinds and the numpy masks
+    find."""
     from hwtrace.pt import flowrows as FK
     from hwtrace.session._attribution import stops_and_gaps
 
@@ -246,8 +247,11 @@ def test_stops_and_gaps_are_the_numpy_definition(rows):
     real = (types < FK.X_ERROR) & ((flags & FK.F_STATUS) == 0)
     stop = real & FK.type_in(types, is_stop)
     want_t = np.where((flags[stop] & FK.F_HAS_TSC) != 0, ev[stop, FK.E_TSC], np.uint64(0))
-    stop_k, stop_t, gap_k, n_err, n_ptw = stops_and_gaps(ev, blocks, is_stop)
+    stop_k, stop_t, gap_k, gap_v, n_err, n_ptw, _ = stops_and_gaps(ev, blocks, is_stop)
     assert np.array_equal(stop_k, blocks[stop]) and np.array_equal(stop_t, want_t)
+    kinds = FK.gap_kinds(ev)
     assert np.array_equal(gap_k, blocks[FK.gap_events(ev)])
+    # (a stop with no enable after it waits for one: lost if none comes)
+    assert np.array_equal(np.where(gap_v > FK.GAP_REJOINED, FK.GAP_LOST, gap_v), kinds[kinds != 0])
     assert n_err == int((types == FK.X_ERROR).sum())
     assert n_ptw == int((real & (types == FK.EV_PTWRITE)).sum())

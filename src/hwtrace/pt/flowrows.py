@@ -394,40 +394,73 @@ def type_in(types: np.ndarray, table: np.ndarray) -> np.ndarray:
 IS_GAP = type_table(GAP_TYPES)
 
 
-def gap_events(events: np.ndarray) -> np.ndarray:
-    """Which event rows put a gap in the flow before the next block (see
-    :data:`GAP_TYPES`; status updates never do).  Tracing that stops and is
-    enabled again where it stopped (libipt's *resumed*: a system call or an
-    interrupt outside the traced privilege levels or address ranges, the
-    user-space part of a trace) is no gap: the flow goes on at the same
-    instruction, only its time moved on.  Nor is tracing enabled again at
-    the return address of the call it stopped in (:data:`F_RETURNED`: a
-    function outside the traced ranges ran and returned)."""
+# What a gap is (gap_kinds): none; the flow was lost (tracing stopped and
+# did not come back where it would have gone on, an overflow, a decode
+# error); or tracing stopped at a branch out of the traced ranges (a
+# TIP.PGD with its target) and came back elsewhere with nothing lost in
+# between (GAP_REJOINED: code outside the ranges called back into them, as
+# libc's qsort calls its comparison function; or a traced function
+# returned into it).  Where two meet at one place, the lost flow counts.
+GAP_NONE, GAP_LOST, GAP_REJOINED = 0, 1, 2
+
+
+def gap_kinds(events: np.ndarray) -> np.ndarray:
+    """Which event rows put a gap in the flow before the next block, and
+    which kind (GAP_*; see :data:`GAP_TYPES`; status updates never do).
+    Tracing that stops and is enabled again where it stopped (libipt's
+    *resumed*: a system call or an interrupt outside the traced privilege
+    levels or address ranges, the user-space part of a trace) is no gap:
+    the flow goes on at the same instruction, only its time moved on.  Nor
+    is tracing enabled again at the return address of the call it stopped
+    in (:data:`F_RETURNED`: a function outside the traced ranges ran and
+    returned)."""
     types, flags = events[:, E_TYPE], events[:, E_FLAGS]
     real = (flags & F_STATUS) == 0
     gap = type_in(types, IS_GAP) & real
+    kind = gap.astype(np.uint8)
     stops = np.flatnonzero(gap & ((types == EV_DISABLED) | (types == EV_ASYNC_DISABLED)))
     enables = np.flatnonzero((types == EV_ENABLED) & real)
     if stops.shape[0] and enables.shape[0]:
         at = np.searchsorted(enables, stops)
         then = enables[np.minimum(at, enables.shape[0] - 1)]
-        # (resumed, with no other gap between the stop and the enable)
+        # (with no other gap between the stop and the enable)
         before = np.cumsum(gap)
-        resumed = (at < enables.shape[0]) & ((flags[then] & F_ON_AGAIN) != 0)
-        gap[stops[resumed & (before[then] == before[stops])]] = False
-    return gap
+        clean = (at < enables.shape[0]) & (before[then] == before[stops])
+        again = (flags[then] & F_ON_AGAIN) != 0
+        kind[stops[clean & again]] = GAP_NONE
+        left = (types[stops] == EV_DISABLED) & ((flags[stops] & F_SUPP) == 0)
+        kind[stops[clean & ~again & left]] = GAP_REJOINED
+    return kind
 
 
-def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Where a batch of ``nrows`` block rows has a gap: before each row
-    (from its event rows and their block positions ``event_block``), and
-    whether one follows its last row."""
-    gap = np.zeros(nrows, np.bool_)
+def gap_events(events: np.ndarray) -> np.ndarray:
+    """Which event rows put a gap in the flow before the next block, of
+    either kind (see :func:`gap_kinds`)."""
+    return gap_kinds(events) != GAP_NONE
+
+
+def join_gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Gap kinds ``a`` and ``b`` at the same places, as one (the lost flow
+    counts where they meet)."""
+    return np.where((a == GAP_LOST) | (b == GAP_LOST), GAP_LOST, np.maximum(a, b)).astype(np.uint8)
+
+
+def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, int]:
+    """Where a batch of ``nrows`` block rows has a gap and of which kind
+    (GAP_*): before each row (from its event rows and their block
+    positions ``event_block``), and after its last row."""
+    gap = np.zeros(nrows, np.uint8)
     if not len(events):
-        return gap, False
-    pos = event_block[gap_events(events)]
-    gap[pos[pos < nrows]] = True
-    return gap, bool((pos >= nrows).any())
+        return gap, GAP_NONE
+    kind = gap_kinds(events)
+    at = np.flatnonzero(kind)
+    pos = event_block[at]
+    inside = pos < nrows
+    for k in (GAP_REJOINED, GAP_LOST):  # (the lost flow last: it counts)
+        sel = inside & (kind[at] == k)
+        gap[pos[sel]] = k
+    after = kind[at][~inside]
+    return gap, int(GAP_LOST if (after == GAP_LOST).any() else after.max(initial=GAP_NONE))
 
 
 # ---------------------------------------------------------------------------
@@ -646,6 +679,9 @@ __all__ = [
     "F_STARTED",
     "F_STATUS",
     "F_SUPP",
+    "GAP_LOST",
+    "GAP_NONE",
+    "GAP_REJOINED",
     "GAP_TYPES",
     "I_DIRECT",
     "OUT_EVENTS",
@@ -695,9 +731,11 @@ __all__ = [
     "find_insn",
     "flow_events",
     "gap_events",
+    "gap_kinds",
     "gaps_before",
     "hash_find",
     "insn_successor",
     "instruction_rows",
     "instructions_of",
+    "join_gaps",
 ]

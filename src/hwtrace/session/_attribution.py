@@ -204,6 +204,11 @@ def time_runs_into(has_first, first, t_row, t_val, at, rest, rest_at, conv, out_
 
 _E_TYPE, _E_FLAGS, _E_TSC = FK.E_TYPE, FK.E_FLAGS, FK.E_TSC
 _F_STATUS, _F_HAS_TSC, _F_ON_AGAIN = FK.F_STATUS, FK.F_HAS_TSC, FK.F_ON_AGAIN
+_F_SUPP, _GAP_LOST, _GAP_REJOINED = FK.F_SUPP, FK.GAP_LOST, FK.GAP_REJOINED
+# A stop whose next enable is not among the events yet: what it is waits
+# for the next events (one at a branch out of the traced ranges may turn
+# out a rejoin, any a resume).
+GAP_PENDING_REJOIN, GAP_PENDING = 3, 4
 _EV_ENABLED, _EV_PTWRITE, _X_ERROR = FK.EV_ENABLED, FK.EV_PTWRITE, FK.X_ERROR
 _EV_DISABLED, _EV_ASYNC_DISABLED = FK.EV_DISABLED, FK.EV_ASYNC_DISABLED
 
@@ -214,15 +219,20 @@ def _in_table(table, t):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k, counts):
+def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k, gap_v, counts,
+                        lead):  # fmt: skip
     """The stops of tracing among a stream's event rows ``ev`` (the block
     before each, ``blocks``, into ``stop_k``; its time stamp or 0 into
     ``stop_t``) and the blocks before which the flow has a gap (into
-    ``gap_k``), as :func:`~hwtrace.pt.flowrows.gap_events` has them: a
-    gap event, except a stop whose next enable resumed where it stopped
-    with no other gap between.  ``flag``: uint8 scratch of a row each.
-    ``counts`` receives the stops, the gaps, the error rows and the
-    PTWRITE rows."""
+    ``gap_k``, its kind into ``gap_v``), as
+    :func:`~hwtrace.pt.flowrows.gap_kinds` has them: a gap event, except a
+    stop whose next enable resumed where it stopped with no other gap
+    between; a stop at a branch out of the traced ranges whose next enable
+    came back elsewhere with none between is a rejoin; a stop with no
+    enable after it is pending (GAP_PENDING*), as is ``lead``, a stop before
+    these events, until its enable comes.  ``flag``: uint8 scratch of a row
+    each.  ``counts`` receives the stops, the gaps, the error rows, the
+    PTWRITE rows and what ``lead`` is now."""
     n = ev.shape[0]
     # Backward: whether the first enable after a row resumed, and whether a
     # gap event lies between the row and it (that enable included).
@@ -231,15 +241,9 @@ def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k
         t, f = ev[i, _E_TYPE], ev[i, _E_FLAGS]
         real = (f & _F_STATUS) == 0
         g = real and _in_table(is_gap, t)
-        keep = g
-        if (
-            g
-            and (t == _EV_DISABLED or t == _EV_ASYNC_DISABLED)
-            and seen
-            and resumed
-            and not between
-        ):
-            keep = False
+        keep = _GAP_LOST if g else 0
+        if g and (t == _EV_DISABLED or t == _EV_ASYNC_DISABLED) and not between:
+            keep = _settled(t, f, seen, resumed)
         flag[i] = keep
         if real and t == _EV_ENABLED:
             seen = True
@@ -247,6 +251,11 @@ def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k
             between = g
         elif g:
             between = True
+    if lead == GAP_PENDING_REJOIN or lead == GAP_PENDING:
+        if between:
+            lead = _GAP_LOST
+        elif seen:
+            lead = 0 if resumed else (_GAP_REJOINED if lead == GAP_PENDING_REJOIN else _GAP_LOST)
     n_stop = n_gap = n_err = n_ptw = 0
     for i in range(n):
         t, f = ev[i, _E_TYPE], ev[i, _E_FLAGS]
@@ -261,8 +270,23 @@ def stops_and_gaps_into(ev, blocks, is_stop, is_gap, flag, stop_k, stop_t, gap_k
                 n_ptw += 1
         if flag[i]:
             gap_k[n_gap] = blocks[i]
+            gap_v[n_gap] = flag[i]
             n_gap += 1
-    counts[0], counts[1], counts[2], counts[3] = n_stop, n_gap, n_err, n_ptw
+    counts[0], counts[1], counts[2], counts[3], counts[4] = n_stop, n_gap, n_err, n_ptw, lead
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _settled(t, f, seen, resumed):
+    """What a stop (type ``t``, flags ``f``) with no other gap before the
+    next enable is: none when that enable resumed, a rejoin when tracing
+    left at a branch out of the traced ranges, else lost; pending when
+    no enable was seen."""
+    out = t == _EV_DISABLED and (f & _F_SUPP) == 0
+    if not seen:
+        return GAP_PENDING_REJOIN if out else GAP_PENDING
+    if resumed:
+        return 0
+    return _GAP_REJOINED if out else _GAP_LOST
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -357,17 +381,21 @@ def time_runs(first: np.ndarray | None, t_row: np.ndarray, t_val: np.ndarray, at
     return out_s[:m], out_v[:m]
 
 
-def stops_and_gaps(ev: np.ndarray, blocks: np.ndarray, is_stop: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:  # fmt: skip
+def stops_and_gaps(
+    ev: np.ndarray, blocks: np.ndarray, is_stop: np.ndarray, lead: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, int]:
     """:func:`stops_and_gaps_into`: the stops' blocks and time stamps, the
-    gaps' blocks, and how many error and PTWRITE rows there are."""
+    gaps' blocks and kinds, how many error and PTWRITE rows there are, and
+    what the pending stop ``lead`` is now."""
     n = ev.shape[0]
     stop_k, gap_k = np.empty(n, np.int64), np.empty(n, np.int64)
-    stop_t, counts = np.empty(n, np.uint64), np.zeros(4, np.int64)
+    stop_t, counts = np.empty(n, np.uint64), np.zeros(5, np.int64)
+    gap_v = np.empty(n, np.uint8)
     stops_and_gaps_into(ev, np.asarray(blocks, np.int64), is_stop, FK.IS_GAP,
-                        np.empty(n, np.uint8), stop_k, stop_t, gap_k, counts)  # fmt: skip
-    n_stop, n_gap, n_err, n_ptw = counts.tolist()
-    return stop_k[:n_stop], stop_t[:n_stop], gap_k[:n_gap], n_err, n_ptw
+                        np.empty(n, np.uint8), stop_k, stop_t, gap_k, gap_v, counts,
+                        np.int64(lead))  # fmt: skip
+    n_stop, n_gap, n_err, n_ptw, lead = counts.tolist()
+    return stop_k[:n_stop], stop_t[:n_stop], gap_k[:n_gap], gap_v[:n_gap], n_err, n_ptw, lead
 
 
 def offset_runs(first: int | None, off_pts: np.ndarray, off_far_row: np.ndarray,

@@ -678,8 +678,10 @@ class PerfBlocks:
     thread ``tid`` and process ``pid`` (-1: unknown), the ``image``
     (number in ``queue.images``) each ran in, the code ``run`` of
     :meth:`QueueInfo.code_table` a block is (-1: not a whole run), and
-    ``gap``: the flow has a gap before the block (tracing stopped, a
-    decode error).  ``row`` is the first block's number in its queue;
+    ``gap``: the flow has a gap before the block (nonzero, its kind:
+    :data:`~hwtrace.pt.flowrows.GAP_LOST`, tracing stopped or a decode
+    error; :data:`~hwtrace.pt.flowrows.GAP_REJOINED`, tracing left the
+    traced ranges at a branch and came back here, nothing lost).  ``row`` is the first block's number in its queue;
     ``offset``: where in the queue's trace each block's decoding began
     (the packet ptdump lists there; None: not known; in a stream whose run
     is not asked for, :class:`~hwtrace.columns.Runs`).  ``keys``, when
@@ -851,6 +853,22 @@ class PerfStream(PerfDecoding[QueueInfo]):
 
 #: Rows of the decoder's batches a QueueSink asks for at most.
 MAX_DECODER_ROWS = 1 << 18
+
+
+def _gap_after(kind: int, kinds: np.ndarray) -> int:
+    """A gap of ``kind`` and the gaps ``kinds`` at one place, as one (see
+    flowrows.join_gaps; a pending stop among them waits for its enable)."""
+    if kind == FK.GAP_LOST or (kinds == FK.GAP_LOST).any():
+        return FK.GAP_LOST
+    return int(max(kind, kinds.max(initial=FK.GAP_NONE)))
+
+
+def _gap_now(kind: int) -> int:
+    """A gap of ``kind`` before a block: a stop still pending has no enable
+    that tells what it was (lost)."""
+    return FK.GAP_LOST if kind > FK.GAP_REJOINED else kind
+
+
 _COLUMNS = ("ip", "ninsn", "mode", "ns", "duration", "tid", "pid", "image", "run", "gap")
 # What a QueueSink gathers of the decoder's batches (as the decoder has them).
 _GATHERED = (("ip", np.uint64), ("ninsn", np.uint32), ("mode", np.uint8), ("time", np.uint64),
@@ -911,7 +929,7 @@ class QueueSink(FlowSink):
         self.threads = ctx.thread_columns()
         self.held_row = 0
         self.rows = 0  # block rows passed on or held
-        self.gap_next = False  # a gap before the next block gathered
+        self.gap_next = FK.GAP_NONE  # a gap before the next block gathered (its kind)
         self.ptw_pending: PtwMarks | None = None  # marks after the held block
         self.store = None
         self.deferred = 0  # rows of earlier decoder batches waiting in the store
@@ -1012,7 +1030,7 @@ class QueueSink(FlowSink):
         """Attribute the gathered blocks (or, given, the columns of one
         decoder batch, none gathered; or the rows the store holds) and
         pass on all but the last."""
-        stop_k, stop_t, gap_k, ptw = self._events()
+        stop_k, stop_t, (gap_k, gap_v), ptw = self._events()
         m = len(self.store) if stored else 0
         rest = self.n_parts if batch is None else batch["ip"].shape[0]
         n = m + rest
@@ -1025,7 +1043,7 @@ class QueueSink(FlowSink):
             if stop_k.shape[0] and self.held is not None:
                 # Tracing stopped with no block since the held one.
                 self.held_stop = int(stop_t[-1])
-            self.gap_next |= bool(gap_k.shape[0])
+            self.gap_next = _gap_after(self.gap_next, gap_v)
             return
         held = 1 if self.held is not None else 0
         total = n + held
@@ -1090,18 +1108,23 @@ class QueueSink(FlowSink):
             durations_of(cols["ns"], cols["duration"], k, stop_t, self.threads[0])
         if m:
             self.store.clear()
-        gap_rows = held + gap_k[gap_k < n]
-        held_gap = held and bool(self.held["gap"][0])
-        if gap_rows.shape[0] or self.gap_next or held_gap:
-            gap = cols["gap"] = np.zeros(total, np.bool_)
-            gap[gap_rows] = True
-            gap[held] |= self.gap_next
+        inside = gap_k < n
+        held_gap = int(self.held["gap"][0]) if held else 0
+        if inside.any() or self.gap_next or held_gap:
+            gap = cols["gap"] = np.zeros(total, np.uint8)
+            gap[held] = _gap_now(self.gap_next)
+            # (a lost flow where a rejoin meets it at one block: it counts)
+            # (a stop pending before a block: lost, see _gap_now)
+            kinds = np.where(gap_v > FK.GAP_REJOINED, FK.GAP_LOST, gap_v)
+            for kind in (FK.GAP_REJOINED, FK.GAP_LOST):
+                at = held + gap_k[inside & (kinds == kind)]
+                gap[at] = np.where(gap[at] == FK.GAP_LOST, FK.GAP_LOST, kind)
             if held:
                 gap[0] = held_gap
         else:
             # (no gap, as in most batches: a broadcast, told at a glance)
-            cols["gap"] = repeated(False, total, np.bool_)
-        self.gap_next = bool((gap_k >= n).any())
+            cols["gap"] = repeated(0, total, np.uint8)
+        self.gap_next = _gap_after(FK.GAP_NONE, gap_v[~inside])
         uniform = frozenset(one)
         first_row = self.held_row if held else self.rows
         last = k == total - 1
@@ -1256,20 +1279,25 @@ class QueueSink(FlowSink):
             *self.threads, *out,
         )  # fmt: skip
 
-    def _events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _events(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray], PtwMarks]:
         """Gaps from the gathered events' errors; the stops of tracing
         (gathered blocks before each, decoder time); the gathered blocks
-        before which the flow has a gap (stops, errors, overflows)."""
+        before which the flow has a gap (stops, errors, overflows) and its
+        kind (flowrows.GAP_*)."""
         if not self.events:
             z = np.zeros(0, np.int64)
-            return z, np.zeros(0, np.uint64), z, PtwMarks.empty()
+            return z, np.zeros(0, np.uint64), (z, np.zeros(0, np.uint8)), PtwMarks.empty()
         if len(self.events) == 1:
             ev, offsets, blocks = self.events[0]
         else:
             ev, offsets, blocks = (np.concatenate(c) for c in zip(*self.events, strict=True))
         self.events = []
         # (one compiled pass: a batch of an event-dense trace has thousands)
-        stop_k, stop_t, gap_k, n_err, n_ptw = stops_and_gaps(ev, blocks, _IS_STOP)
+        stop_k, stop_t, gap_k, gap_v, n_err, n_ptw, lead = stops_and_gaps(
+            ev, blocks, _IS_STOP, self.gap_next if self.gap_next > FK.GAP_REJOINED else 0
+        )
+        if self.gap_next > FK.GAP_REJOINED:
+            self.gap_next = lead  # (the stop before these events, now its enable came)
         if n_err:
             self.q.gaps.extend(error_gaps(ev, offsets))
         ptw = PtwMarks.empty()
@@ -1282,7 +1310,7 @@ class QueueSink(FlowSink):
             ip = np.where((flags[w] & FK.F_SUPP) == 0, ev[w, FK.E_IP], np.uint64(0))
             ptw = PtwMarks(blocks[w].astype(np.int64), ip, ev[w, FK.E_PAYLOAD].copy(),
                            ev[w, FK.E_SIZE].astype(np.int64), ns)  # fmt: skip
-        return stop_k, stop_t, gap_k, ptw
+        return stop_k, stop_t, (gap_k, gap_v), ptw
 
     def _take_deferred(self) -> bool:
         """Whether rows of earlier batches wait in the store (they are
