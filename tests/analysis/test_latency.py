@@ -12,6 +12,8 @@ and every Δt within its reported resolution of the encoded time.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import groundtruth as gt
 import iced_x86
 import numpy as np
@@ -533,6 +535,50 @@ def test_funclatency_through_callees_left_untraced(tmp_path):
     got = json.loads(out.read_text())
     assert [iv["dic"] for iv in got["intervals"]] == [want]
     assert got["intervals"][0]["dt"] > 0
+
+
+def test_funclatency_through_callbacks_from_untraced_code(tmp_path):
+    """make demo's recording (the patch backend, -f checksum -f digest -f
+    mix -f by_value): checksum calls libc's qsort (untraced), which calls
+    back by_value (traced): tracing goes off at the call, on at each
+    callback's entry, off at its return, and on again at qsort's return
+    address.  funclatency checksum has its call, with every traced
+    instruction it ran; funclatency by_value its calls, each with its
+    instructions: as the stepper counts them in a recording of everything
+    checksum runs."""
+    import json
+
+    from test_record_software import SKIP, compile_program
+    from test_record_threads import stepped
+
+    from hwtrace.cli.main import main
+    from hwtrace.record import record_software
+
+    if SKIP is not None:
+        pytest.skip(str(SKIP))
+    source = (Path(__file__).resolve().parents[2] / "examples" / "demo" / "demo.c").read_text()
+    exe = str(compile_program(source, "demo", ("-O2", "-g0")))
+    traced = ["checksum", "digest", "mix", "by_value"]
+    rec = record_software([exe, "24"], calls=["checksum"])
+    ((_, ips),) = stepped(rec).items()
+    symbols = rec.image(rec.threads[0].image).symbols
+    index = symbols.index_of(np.asarray(ips, np.uint64))
+    func = {f: int(symbols.index_of(symbols.function_entries(f)[:1])[0]) for f in traced}
+    want_all = int(np.isin(index, list(func.values())).sum())
+    # by_value is a leaf: a call is a run of its instructions.
+    inside = (index == func["by_value"]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], inside, [0]])))
+    want_calls = (edges[1::2] - edges[::2]).tolist()
+    assert len(want_calls) > 20
+    path, out = tmp_path / "demo.data", tmp_path / "f.json"
+    flags = [a for f in traced for a in ("-f", f)]
+    assert main(["record", "-o", str(path), "--backend", "patch", *flags, "--", exe, "24"]) == 0
+    for name, want in (("checksum", [want_all]), ("by_value", want_calls)):
+        assert main(["funclatency", name, "-i", str(path), "--json", str(out),
+                     "--all-intervals"]) == 0  # fmt: skip
+        got = json.loads(out.read_text())
+        assert [iv["dic"] for iv in got["intervals"]] == want, name
+        assert all(iv["dt"] >= 0 for iv in got["intervals"])
 
 
 def test_without_every_interval_the_totals_and_longest_are_the_same(raw):

@@ -29,7 +29,13 @@ again at the same instruction (a system call in a user-space trace), or at
 the return address of the call it went off in (a function outside the
 traced ranges ran and returned, hwtrace.pt.flowrows.F_RETURNED), is no gap:
 the interval stands, its Δt with the untraced time, its ΔIC the
-instructions traced.
+instructions traced.  Nor is tracing that left the traced ranges at a
+call or a return and came back elsewhere with nothing lost
+(hwtrace.pt.flowrows.GAP_REJOINED): code outside them called back into
+them, as qsort calls its comparison function.  The function entered there
+gets a frame of its own (called from outside), which its return out of the
+ranges pops, and the call that left stays on the stack until the flow
+comes back at its return address.
 
 Time resolution: an instruction's time is its block's, the decoder's
 estimate at the last timing packet it consumed before the block.  Timing
@@ -63,11 +69,12 @@ from ..pt.flowrows import (
     gaps_before,
     hash_find,
     insn_successor,
+    join_gaps,
 )
 from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 
 # Per-slot state (int64): instructions so far; stack depth; the last
-# instruction (kind, fall-through, successor, index, time) whose transition
+# instruction (kind, fall-through, direct target, index, time) whose transition
 # the next instruction tells; the open interval (flag, marker, time,
 # index, path, cpu); ...; whether its flow starts again at its next row
 # (after a gap), the CPU of its last row.
@@ -94,6 +101,12 @@ ROOT = -3
 F_RET, F_CALLEE, F_PATH, F_EXIT, F_T, F_IC, F_GAP, F_FRESH, F_LAZY = range(9)
 NF = 9
 UNSEEN = -1
+# The return address of a function that code outside the traced ranges
+# called (tracing came back at its entry, flowrows.GAP_REJOINED, as at
+# qsort's calls of its comparison function): its return leaves the traced
+# code again.
+CALLED_BACK = -2
+_CALLED_BACK_IP = np.uint64(CALLED_BACK & 0xFFFFFFFFFFFFFFFF)
 # A call through a PLT stub: the stub's ``jmp *GOT`` goes to the function
 # (PLT_IN: the call is in the stub).  If the GOT slot is not bound yet it
 # goes back into the PLT (the stub's own ``push $index; jmp PLT0``; with
@@ -313,8 +326,10 @@ def _fire(m, s, ic, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
 def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
     """Slot ``s``'s last instruction, a return, went to ``ip``: pop down
     to the frame whose return address that is (the frames above it were
-    left without a return: dropped); an exit marker fires at the return
-    that pops its function's frame, and a marked call's interval closes."""
+    left without a return: dropped, but for functions called back from
+    outside the traced ranges, which returned there first); an exit marker
+    fires at the return that pops its function's frame, and a marked
+    call's interval closes."""
     top = ss[s, S_SP]
     if top > fr.shape[1]:
         ss[s, S_SP] = top - 1  # into a frame that was only counted
@@ -328,7 +343,17 @@ def _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
         if top == 0:
             _new_root(s, ip, ss)  # out of the outermost function seen
         return  # (else to an address on no frame: a signal handler's)
+    while top - 1 > d and fr[s, top - 1, F_RET] == CALLED_BACK:
+        top -= 1
+        _popped(s, top, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
     counts[C_SKIPPED] += top - 1 - d
+    _popped(s, d, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+
+
+@aot.njit(cache=True, _nrt=False)
+def _popped(s, d, cpu, ss, fr, counts, marks, masks, rec, paths, stream):
+    """Slot ``s``'s frame ``d`` (the top now) returned at its last
+    instruction."""
     e = fr[s, d, F_EXIT]
     ss[s, S_SP] = d
     ss[s, S_CUR] = -2
@@ -496,20 +521,54 @@ def _stop(s, ss, fr, seq, counts, marks, masks, rec, paths, stream):
 
 
 @aot.njit(cache=True, _nrt=False)
-def _unseen_call(s, ip, t, ss, fr, masks):
+def _unseen_call(s, ip, t, ss, fr, masks, ret):
     """Slot ``s``'s flow starts (after a gap) at a marked function's first
     instruction (any function's, with masks[7]: every call): a frame for
-    the call the trace does not show, which the function's first return
-    pops (its exit marker is set as at any entry)."""
+    the call the trace does not show (return address ``ret``), which the
+    function's first return pops (its exit marker is set as at any
+    entry)."""
+    _push(s, ret, ip, ss, fr)
+    top = ss[s, S_SP] - 1
+    if masks[7] and top < fr.shape[1]:
+        fr[s, top, F_T], fr[s, top, F_IC] = t, ss[s, S_IC]
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _push(s, ret, callee, ss, fr):
+    """A frame on slot ``s``'s stack: a call of ``callee`` returning to
+    ``ret``, no interval yet."""
     top = ss[s, S_SP]
     if top < fr.shape[1]:
-        fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = UNSEEN, ip, -1
+        fr[s, top, F_RET], fr[s, top, F_CALLEE], fr[s, top, F_PATH] = ret, callee, -1
         fr[s, top, F_EXIT], fr[s, top, F_T], fr[s, top, F_IC], fr[s, top, F_GAP] = -1, 0, -1, 0
         fr[s, top, F_FRESH], fr[s, top, F_LAZY] = 0, PLT_NONE
-        if masks[7]:
-            fr[s, top, F_T], fr[s, top, F_IC] = t, ss[s, S_IC]
     ss[s, S_SP] = top + 1  # (deeper than the frames kept: only counted)
     ss[s, S_CUR] = -2
+
+
+@aot.njit(cache=True, _nrt=False)
+def _rejoin(s, ip, t, cpu, ss, fr, seq, counts, marks, masks, rec, paths, stream):
+    """Slot ``s``'s flow left the traced ranges at its last instruction and
+    comes back at ``ip`` with nothing lost (flowrows.GAP_REJOINED): a call
+    out of them pushes its frame (the return to its return address pops
+    it), a return out of them pops the frame of the function called back
+    from there; the flow goes on in a function called from outside
+    (CALLED_BACK).  False, with nothing done, when the last instruction was
+    neither: that is a gap."""
+    k = ss[s, S_PK]
+    if k == K_RET:
+        top = min(ss[s, S_SP], fr.shape[1])
+        if top == 0 or fr[s, top - 1, F_RET] != CALLED_BACK:
+            return False
+        _returned(s, _CALLED_BACK_IP, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+    elif k == K_CALL:
+        _push(s, ss[s, S_PFALL], ss[s, S_PSUCC], ss, fr)
+    else:
+        return False
+    _unseen_call(s, ip, t, ss, fr, masks, CALLED_BACK)
+    ss[s, S_PK] = K_OTHER
+    _clear_sequences(s, ss, seq)
+    return True
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -561,6 +620,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
     b_ip, b_ninsn, b_mode, b_run, b_time, b_slot, b_cpu, b_gap = rows
     h_ip, h_mode, h_val = ct[R.T_H_IP], ct[R.T_H_MODE], ct[R.T_H_VAL]
     i_ip, i_size, i_class, i_flags = ct[R.T_I_IP], ct[R.T_I_SIZE], ct[R.T_I_CLASS], ct[R.T_I_FLAGS]
+    i_target = ct[R.T_I_TARGET]
     r_first, r_insn, r_lastk = ct[R.T_R_FIRST], ct[R.T_R_INSN], ct[R.T_R_LASTK]
     rec_cap = rec[0].shape[0]
     tl = rec[4]  # the timeline: (slot, time, path) where a slot's path changed
@@ -586,12 +646,6 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         s = b_slot[i]
         cpu = b_cpu[i]
         tv = np.int64(b_time[i])
-        if b_gap[i] and last_slot >= 0:
-            _stop(last_slot, ss, fr, seq, counts, marks, masks, rec, paths, stream)
-            last_path = -2  # the gap's time belongs to no path
-            if masks[6]:
-                _timeline(tl, counts, last_slot, ss[last_slot, S_TLAST], -2, ss)
-        last_slot = s
         if not have_t or tv != last_t:
             times[n_times] = tv
             n_times += 1
@@ -600,6 +654,16 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
         # Times are kept as indices into the stream's distinct times: its
         # neighbours bound when the instruction ran (see the module doc).
         t = n_times - 1
+        g = b_gap[i]
+        if g and last_slot >= 0:
+            if not (g == R.GAP_REJOINED and s == last_slot
+                    and _rejoin(s, b_ip[i], t, cpu, ss, fr, seq, counts, marks, masks, rec,
+                                paths, stream)):  # fmt: skip
+                _stop(last_slot, ss, fr, seq, counts, marks, masks, rec, paths, stream)
+                last_path = -2  # the gap's time belongs to no path
+                if masks[6]:
+                    _timeline(tl, counts, last_slot, ss[last_slot, S_TLAST], -2, ss)
+        last_slot = s
         if n == 0:
             i += 1
             continue
@@ -619,7 +683,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
             run = b_run[i]
             k0 = r_insn[r_first[run]] if run >= 0 else hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
             if k0 >= 0 and (atoms[k0] & masks[3] or (masks[7] and atoms[k0] & FLAG_START)):
-                _unseen_call(s, ip, t, ss, fr, masks)
+                _unseen_call(s, ip, t, ss, fr, masks, UNSEEN)
         if ss[s, S_ROOTIP] == 0 and ss[s, S_SP] == 0:
             _new_root(s, ip, ss)
         if masks[5]:
@@ -680,6 +744,7 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                 i += 1
                 continue
         ss[s, S_PFALL] = np.int64(i_ip[k] + np.uint64(i_size[k]))
+        ss[s, S_PSUCC] = np.int64(i_target[k])
         ss[s, S_PIC] = ss[s, S_IC] - 1
         ss[s, S_PT] = t
         if ss[s, S_PK] != K_IJUMP:
@@ -1016,7 +1081,8 @@ class LatencyProfiler:
         decoded against ``table`` (``run``: each row's code run in it, -1
         for none), ``key`` the thread or CPU each row is counted for and
         ``cpu`` where it ran (an array, or one value for every row),
-        ``gap_before`` where the flow has a gap before the row."""
+        ``gap_before`` where the flow has a gap before the row, of which
+        kind (hwtrace.pt.flowrows.GAP_*)."""
         if ip.shape[0] == 0:
             return
         ta = self._table_atoms(table, atoms)
@@ -1049,7 +1115,7 @@ class LatencyProfiler:
             np.ascontiguousarray(ip, np.uint64), np.ascontiguousarray(ninsn, np.uint32),
             np.ascontiguousarray(mode, np.uint8), np.ascontiguousarray(run, np.int32),
             np.ascontiguousarray(time, np.uint64), slots,
-            np.ascontiguousarray(cpu, np.int64), np.ascontiguousarray(gap_before, np.bool_),
+            np.ascontiguousarray(cpu, np.int64), np.ascontiguousarray(gap_before, np.uint8),
         )  # fmt: skip
         start = 0
         while True:
@@ -1321,7 +1387,7 @@ class _TraceSink:
         self.profiler, self.key, self.cpu = profiler, key, cpu
         self.stream = profiler.stream()
         self._atoms: dict[int, tuple[object, AtomTable]] = {}
-        self._pending_gap = False
+        self._pending_gap = R.GAP_NONE  # (a rejoin after the last batch's last row)
         self._sink = FlowSink()
 
     def atoms(self, image) -> AtomTable:
@@ -1338,12 +1404,16 @@ class _TraceSink:
         n = b.ip.shape[0]
         gap, after = gaps_before(n, b.events, b.event_block)
         if n:
-            gap[0] |= self._pending_gap
-            self._pending_gap = False
+            gap[:1] = join_gaps(gap[:1], np.uint8(self._pending_gap))
+            self._pending_gap = R.GAP_NONE
             p = self.profiler
             p.add(self.stream, b.table, self.atoms(b.table.image), b.ip, b.ninsn, b.mode, b.run,
                   b.time, self.key, self.cpu, gap)  # fmt: skip
-        if after:
+        if after == R.GAP_REJOINED:
+            # (what the flow left by, the next row tells)
+            self._pending_gap = join_gaps(np.uint8(self._pending_gap), np.uint8(after)).item()
+        elif after:
+            self._pending_gap = R.GAP_NONE
             self.profiler.gap(self.stream)
 
 
