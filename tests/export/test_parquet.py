@@ -257,6 +257,15 @@ def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
     out = run("query", str(flow), "SELECT nope FROM blocks")
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "nope" in out.stderr
     assert "(line 1, column 8)" in out.stderr  # DuckDB's caret, as a place
+    # A table or view only some decodes write: the option that writes it;
+    # a name not there: the directory's nearest, not DuckDB's own catalog's.
+    out = run("query", str(flow), "SELECT *\n FROM calls")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "calls: not in" in out.stderr and "(line 2, column 7)" in out.stderr
+    assert "hwtrace decode --function-calls" in out.stderr
+    out = run("query", str(flow), "SELECT * FROM symbol")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "did you mean symbols?" in out.stderr and "pg_" not in out.stderr
     out = run("query", str(tmp_path), "SELECT 1")
     assert out.returncode == 1 and "_meta.json" in out.stderr and out.stderr.count("\n") == 1
     out = run("query", str(data), "SELECT 1")  # (the recording, not its decode)

@@ -9,7 +9,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from ..export.query import READY_VIEWS, TABLES, connect
+from ..export.query import READY_VIEWS, TABLES, WRITTEN_WITH, connect
 from .common import Parser
 
 PROG = "hwtrace query"
@@ -64,10 +64,35 @@ def main(argv: Sequence[str]) -> int:
             return 0
         rows = cur.fetchmany(max(a.limit, 0) + 1)
     except duckdb.Error as e:
-        sys.stderr.write(f"{PROG}: {sql_error_line(str(e), a.sql) or type(e).__name__}\n")
+        line = sql_error_line(str(e), a.sql) or type(e).__name__
+        sys.stderr.write(f"{PROG}: {_missing_table(str(e), line, a.directory, con)}\n")
         return 1
     _print_table(columns, rows, a.limit)
     return 0
+
+
+def _missing_table(message: str, line: str, directory: str, con) -> str:
+    """``line``, DuckDB's error ``message`` on one line, saying what to do
+    when it is about a table or view that is not there: which decode
+    option writes it, or which of the directory's is meant (DuckDB's hint
+    names its own catalog's tables, pg_class)."""
+    m = re.search(r"Table with name (\w+) does not exist", message)
+    if m is None:
+        return line
+    import difflib
+
+    name = m.group(1).lower()
+    at = re.search(r" \(line \d+, column \d+\)", line)
+    place = at.group(0) if at else ""
+    if name in WRITTEN_WITH:
+        return f"{name}: not in {directory}{place}: 'hwtrace decode {WRITTEN_WITH[name]}' writes it"
+    have = [
+        r[0]
+        for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+    ]
+    near = difflib.get_close_matches(name, have, 1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return f"{name}: no such table or view{place}{hint} (--views lists them)"
 
 
 def sql_error_line(message: str, sql: str) -> str:

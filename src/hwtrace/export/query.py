@@ -95,6 +95,15 @@ TABLES = {
 }
 
 
+#: the tables (and the views over them) only some decodes write, and the
+#: ``hwtrace decode`` option that writes them
+WRITTEN_WITH = {
+    "instructions": "--instructions",
+    "function_calls": "--function-calls",
+    "calls": "--function-calls",
+}
+
+
 #: the dataset format a decode directory's ``_meta.json`` names
 FORMAT = "hwtrace-flow/1"
 
