@@ -56,6 +56,10 @@ def test_diff_shows_the_extra_path_and_its_cost(tmp_path, capsys):
     step = next(k for k in paths if k.endswith("!step"))
     a, b = paths[step]["a"], paths[step]["b"]
     assert a["calls"] == b["calls"] == 10
+    # The recorded call: tracing begins at work's first instruction, a call
+    # of it though the call instruction is not in the trace.
+    work = step.rsplit(";", 1)[0]
+    assert work.endswith("!work") and paths[work]["a"]["calls"] == paths[work]["b"]["calls"] == 1
     # Each traced step runs probe in full: the extra instructions per call
     # are probe's, plus the call and the test that leads to it.
     extra = (b["insn"] - a["insn"]) / 10

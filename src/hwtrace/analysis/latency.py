@@ -686,6 +686,16 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                 _unseen_call(s, ip, t, ss, fr, masks, UNSEEN)
         if ss[s, S_ROOTIP] == 0 and ss[s, S_SP] == 0:
             _new_root(s, ip, ss)
+        if fresh and masks[5] and ss[s, S_SP] == 0 and ss[s, S_ROOTIP] == np.int64(ip):
+            # The flow starts (again) at the root function's first
+            # instruction: a call of it, as a frame's is counted (tracing
+            # on at a function's entry, hwtrace record -f).
+            run = b_run[i]
+            k0 = r_insn[r_first[run]] if run >= 0 else hash_find(h_ip, h_mode, h_val, ip, b_mode[i])
+            if k0 >= 0 and atoms[k0] & FLAG_START:
+                root = _root_path(s, ss, paths, counts)
+                if root >= 0:
+                    paths[7][root + 1] += 1
         if masks[5]:
             # The call-path profile: the row's instructions to the path it
             # ran in, the time since the stream's last row to that row's.
