@@ -112,6 +112,7 @@ from .codetable import (
     T_X_PIP,
     T_X_PRUN,
     T_X_TAB,
+    X_FIELDS,
     build_run,
     hash_find,
 )
@@ -2871,7 +2872,7 @@ X_BITS = 8
 XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
 X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
-# Fields of an entry (x_tab row; see hwtrace.pt.codetable: 128 bytes, the
+# Fields of an entry (X_FIELDS words of x_words; see hwtrace.pt.codetable: 128 bytes, the
 # first cache line all a replay reads but the block state it leaves).
 # (Every stretch ends with trace consumed: after it the block is closed,
 # the instruction count and the no-trace count start again.)
@@ -2921,11 +2922,12 @@ def _x_keys(x_key, start, s_keys, row0, m):
 
 
 @aot.njit(cache=True, _nrt=False)
-def _x_put(x_tab, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
+def _x_put(x_words, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, end_ip, nblk,
            cb_ninsn, cb_isid, cb_ip, cb_run, pstart, npush, dmax, j2, pops, seq):  # fmt: skip
     """Keep a recorded stretch (its runs and pushes are in the pools; its
     rows' keys also as the block store's sequence ``seq``, -1: none)."""
-    e = x_tab[slot]
+    at = _x_at(slot)
+    e = x_words[at : at + np.uint64(X_FIELDS)]
     e[XE_KEY], e[XE_GEN], e[XE_PSTART] = key, gen, pstart
     e[XE_START] = np.int64(start) | ((np.int64(seq) + 1) << 32)
     e[XE_SHAPE] = (
@@ -2986,6 +2988,28 @@ NXU = 8
 XC_WALK, XC_FETCH = 0, 1
 
 
+_XE_KEY, _XE_GEN, _XE_START, _XE_SHAPE = (
+    np.uint64(f) for f in (XE_KEY, XE_GEN, XE_START, XE_SHAPE)
+)
+_XE_COUNT, _XE_END_BLK, _XE_END_IP, _XE_PSTART = (
+    np.uint64(f) for f in (XE_COUNT, XE_END_BLK, XE_END_IP, XE_PSTART)
+)  # fmt: skip
+_X_SHIFT = np.uint64(X_FIELDS.bit_length() - 1)
+assert 1 << int(_X_SHIFT) == X_FIELDS
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _x_at(slot):
+    """Where entry ``slot``'s words start among the replay cache's."""
+    return np.uint64(slot) << _X_SHIFT
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _x_slots(x_words):
+    """The replay cache's entries."""
+    return np.int64(x_words.shape[0] >> _X_SHIFT)
+
+
 @aot.njit(cache=True, _nrt=False)
 def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, direct, x_gen):
     """Replay stretches one after another while they are in the cache.
@@ -3000,8 +3024,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
     r_hip, r_hmode, r_hval, r_ninsn, r_kind = ct[12], ct[13], ct[14], ct[17], ct[18]
     r_key = ct[T_R_KEY]
-    x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
-    x_mask = np.int64(x_tab.shape[0] - 1)
+    x_words, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
+    x_mask = _x_slots(x_words) - 1
     s_keys, s_cols, s_state = store[0], store[2], store[3]
     o_cols = (s_cols[4], s_cols[5], s_cols[12])
     t_cols = (s_cols[6], s_cols[7], s_cols[11])
@@ -3032,8 +3056,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             if blk < 0:
                 break
             if memo >= 0:
-                e = x_tab[np.uint64(memo)]
-                e[XE_END_IP], e[XE_END_BLK] = np.int64(ip), blk
+                xe = _x_at(memo)
+                x_words[xe + _XE_END_IP], x_words[xe + _XE_END_BLK] = np.int64(ip), blk
                 memo = -1
         if evt == EV_TNT and r_kind[np.uint64(blk)] == RUN_RET:
             # A stretch does not start at a return the stack decides: the
@@ -3080,10 +3104,10 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip)
             )  # fmt: skip
             xs = _x_slot(xkey, x_mask)
-            e = x_tab[np.uint64(xs)]
-            if e[XE_KEY] != xkey or e[XE_GEN] != x_gen:
+            xe = _x_at(xs)
+            if x_words[xe + _XE_KEY] != xkey or x_words[xe + _XE_GEN] != x_gen:
                 break
-            shape = e[XE_SHAPE]
+            shape = x_words[xe + _XE_SHAPE]
             m = (shape >> XS_M) & _XS_10
             cons = (shape >> XS_CONS) & _XS_6
             dmax = (shape >> XS_DMAX) & _XS_7
@@ -3106,7 +3130,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 # The rows' keys: their sequence's key, or each row's.
                 # (Unsigned indices: numba checks a signed one for a negative
                 # value.)
-                start = e[XE_START]
+                start = x_words[xe + _XE_START]
                 at = np.uint64(s_ent)
                 if start >> 32:
                     s_keys[at] = (start >> 32) - 1
@@ -3139,14 +3163,14 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             hits += 1
             last = xs
             rows += m
-            count = e[XE_COUNT]
+            count = x_words[xe + _XE_COUNT]
             ninsn += count & np.int64(0xFFFFFFFF)
             nblocks += count >> 32
             cur_tsc = ev_tsc
             has_tsc = ev_has_tsc
             npush = (shape >> XS_NPUSH) & _XS_7
             if npush:
-                ps = e[XE_PSTART]
+                ps = x_words[xe + _XE_PSTART]
                 for j in range(npush):
                     rs_top = (rs_top + 1) & _RS_MASK
                     RS[rs_top] = x_pip[np.uint64(ps + j)]
@@ -3164,13 +3188,21 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                     continue
             elif nb == XK_TIP:
                 ip = tip
-                blk = e[XE_END_BLK] if np.uint64(e[XE_END_IP]) == tip else np.int64(-1)
+                blk = (
+                    x_words[xe + _XE_END_BLK]
+                    if np.uint64(x_words[xe + _XE_END_IP]) == tip
+                    else np.int64(-1)
+                )
                 memo = xs if blk < 0 else np.int64(-1)
                 evt = 0  # consumed
             elif merged:
                 # The TIP fetched and consumed too.
                 ip = t_val
-                blk = e[XE_END_BLK] if np.uint64(e[XE_END_IP]) == t_val else np.int64(-1)
+                blk = (
+                    x_words[xe + _XE_END_BLK]
+                    if np.uint64(x_words[xe + _XE_END_IP]) == t_val
+                    else np.int64(-1)
+                )
                 memo = xs if blk < 0 else np.int64(-1)
                 size = 0
                 pos = t_pos
@@ -3179,8 +3211,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 has_tsc = t_has
                 evt = 0
             else:
-                ip = np.uint64(e[XE_END_IP])
-                blk = e[XE_END_BLK]
+                ip = np.uint64(x_words[xe + _XE_END_IP])
+                blk = x_words[xe + _XE_END_BLK]
                 size -= cons
                 if size > 0:
                     continue
@@ -3258,7 +3290,7 @@ def _fast(ds, pk, cf, ct, out):
     s_off_at = s_state[S_OFF_AT]
     s_ent = s_state[S_ENT]
     key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
-    x_tab, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
+    x_words, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     # (The cache holds the store's keys and names its sequences: it is the
     # store's and its sequences' generation's.)
     x_owner = (s_state[S_ID] << 24) + s_state[S_SEQ_GEN] if live else (-2 if count_only else -3)
@@ -3271,7 +3303,7 @@ def _fast(ds, pk, cf, ct, out):
     x_gen = counts[C_X_GEN]
     replay = cf[0][CF_REPLAY] != 0
     x_rows = np.int64(0)  # rows replayed
-    x_mask = np.int64(x_tab.shape[0] - 1)
+    x_mask = _x_slots(x_words) - 1
     rec = False  # recording a stretch
     rec_key = rec_slot = rec_nb = rec_start = rec_pstart = np.int64(0)
     rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = np.int64(0)
@@ -3376,9 +3408,11 @@ def _fast(ds, pk, cf, ct, out):
                     icnt = 0
                     has_icnt = True
                     if V[XV_LAST] >= 0:
-                        e = x_tab[V[XV_LAST]]
-                        cb_ninsn, cb_isid = e[XE_CB_NINSN], e[XE_CB_ISID]
-                        cb_ip, cb_run = np.uint64(e[XE_CB_IP]), e[XE_CB_RUN]
+                        e = _x_at(V[XV_LAST])
+                        cb_ninsn = x_words[e + np.uint64(XE_CB_NINSN)]
+                        cb_isid = x_words[e + np.uint64(XE_CB_ISID)]
+                        cb_ip = np.uint64(x_words[e + np.uint64(XE_CB_IP)])
+                        cb_run = x_words[e + np.uint64(XE_CB_RUN)]
                     else:  # a return, walked
                         cb_run = V[XV_RET_RUN]
                         cb_ninsn, cb_isid = np.int64(r_ninsn[cb_run]), np.int64(r_isid[cb_run])
@@ -3556,7 +3590,7 @@ def _fast(ds, pk, cf, ct, out):
                     if seq >= 0:
                         key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
                 _x_put(
-                    x_tab, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
+                    x_words, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
                     rec_cons if rec_pop else rec_cons - rec_then_tip,
                     # (a stretch going on to a TIP: where it went is learnt
                     # when it is replayed)

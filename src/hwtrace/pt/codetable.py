@@ -446,7 +446,10 @@ class CodeTable:
         # np.zeros: pages are touched only as the cache fills.
         words = np.zeros(slots * X_FIELDS + 8, np.int64)
         skip = (-words.ctypes.data % 64) // 8
-        self.x_tab = words[skip : skip + slots * X_FIELDS].reshape(slots, X_FIELDS)
+        # (the compiled code takes the words in one row: an entry's place is
+        # a shift, not a multiplication by the row length read from memory)
+        self.x_words = words[skip : skip + slots * X_FIELDS]
+        self.x_tab = self.x_words.reshape(slots, X_FIELDS)
         self.x_key = np.zeros(slots * X_POOL_PER_SLOT, np.uint16)
         self.x_pip = np.zeros(slots * X_PUSH_PER_SLOT, np.uint64)
         self.x_prun = np.zeros(slots * X_PUSH_PER_SLOT, np.int32)
@@ -472,7 +475,7 @@ class CodeTable:
             self.r_hip, self.r_hmode, self.r_hval, self.r_ip, self.r_mode, self.r_ninsn,
             self.r_kind, self.r_next, self.r_target, self.r_first, self.r_isid, self.r_insn,
             self.counts, self.r_succ, self.r_taken, self.r_ret, self.r_lastk, self.r_lastc,
-            self.r_key, self.x_tab, self.x_key, self.x_pip, self.x_prun,
+            self.r_key, self.x_words, self.x_key, self.x_pip, self.x_prun,
         )  # fmt: skip
         # fill_quick's columns, the very tuple from call to call while they
         # stay (its arguments are then not looked at again, see hwtrace.aot).

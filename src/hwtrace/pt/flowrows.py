@@ -70,7 +70,6 @@ from .codetable import (
     T_R_LASTK,
     T_R_NINSN,
     T_X_TAB,
-    X_FIELDS,
     CodeTable,
     build_run,
     expand_blocks,
@@ -468,7 +467,7 @@ def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tupl
 
 
 _NO_REPLAY = (
-    np.zeros((0, X_FIELDS), np.int64), np.zeros(0, np.uint16), np.zeros(0, np.uint64),
+    np.zeros(0, np.int64), np.zeros(0, np.uint16), np.zeros(0, np.uint64),
     np.zeros(0, np.int32),
 )  # fmt: skip
 
