@@ -537,15 +537,33 @@ def test_funclatency_through_callees_left_untraced(tmp_path):
     assert got["intervals"][0]["dt"] > 0
 
 
-def test_funclatency_through_callbacks_from_untraced_code(tmp_path):
-    """make demo's recording (the patch backend, -f checksum -f digest -f
-    mix -f by_value): checksum calls libc's qsort (untraced), which calls
-    back by_value (traced): tracing goes off at the call, on at each
-    callback's entry, off at its return, and on again at qsort's return
-    address.  funclatency checksum has its call, with every traced
-    instruction it ran; funclatency by_value its calls, each with its
-    instructions: as the stepper counts them in a recording of everything
-    checksum runs."""
+# A callback that tail-calls libc (cmp's ``return strcmp(...)`` is a jmp out
+# of the traced code, whose callee returns to qsort).
+TAIL_CALLBACK_PROGRAM = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+__attribute__((noinline)) int sorted(char **v, int n) { qsort(v, n, sizeof *v, cmp); return v[0][0]; }
+int main(int argc, char **argv) {
+    int c = sorted(argv + 1, argc - 1);
+    for (int i = 1; i < argc; i++) puts(argv[i]);
+    return c == 0;
+}
+"""
+
+
+@pytest.mark.parametrize("case", ["demo", "tail-callback"])
+def test_funclatency_through_callbacks_from_untraced_code(case, tmp_path):
+    """Traced code that calls libc's qsort (untraced), which calls back a
+    traced comparison function: tracing goes off at the call, on at each
+    callback's entry, off at its return (or at its tail call of strcmp),
+    and on again at qsort's return address.  make demo's recording
+    (-f checksum -f digest -f mix -f by_value), and a callback that
+    tail-calls strcmp: funclatency of the caller has its call, with every
+    traced instruction it ran; funclatency of the callback its calls, each
+    with its instructions: as the stepper counts them in a recording of
+    everything the caller runs."""
     import json
 
     from test_record_software import SKIP, compile_program
@@ -556,24 +574,29 @@ def test_funclatency_through_callbacks_from_untraced_code(tmp_path):
 
     if SKIP is not None:
         pytest.skip(str(SKIP))
-    source = (Path(__file__).resolve().parents[2] / "examples" / "demo" / "demo.c").read_text()
-    exe = str(compile_program(source, "demo", ("-O2", "-g0")))
-    traced = ["checksum", "digest", "mix", "by_value"]
-    rec = record_software([exe, "24"], calls=["checksum"])
+    if case == "demo":
+        source = (Path(__file__).resolve().parents[2] / "examples" / "demo" / "demo.c").read_text()
+        caller, callback, traced, args = "checksum", "by_value", ["digest", "mix"], ["24"]
+    else:
+        source, caller, callback, traced = TAIL_CALLBACK_PROGRAM, "sorted", "cmp", []
+        args = list("qwertyuiopasdfg")
+    traced = [caller, callback, *traced]
+    exe = str(compile_program(source, case, ("-O2", "-g0")))
+    rec = record_software([exe, *args], calls=[caller])
     ((_, ips),) = stepped(rec).items()
     symbols = rec.image(rec.threads[0].image).symbols
     index = symbols.index_of(np.asarray(ips, np.uint64))
     func = {f: int(symbols.index_of(symbols.function_entries(f)[:1])[0]) for f in traced}
     want_all = int(np.isin(index, list(func.values())).sum())
-    # by_value is a leaf: a call is a run of its instructions.
-    inside = (index == func["by_value"]).astype(np.int8)
+    # The callback calls nothing traced: a call is a run of its instructions.
+    inside = (index == func[callback]).astype(np.int8)
     edges = np.flatnonzero(np.diff(np.concatenate([[0], inside, [0]])))
     want_calls = (edges[1::2] - edges[::2]).tolist()
     assert len(want_calls) > 20
-    path, out = tmp_path / "demo.data", tmp_path / "f.json"
+    path, out = tmp_path / f"{case}.data", tmp_path / "f.json"
     flags = [a for f in traced for a in ("-f", f)]
-    assert main(["record", "-o", str(path), "--backend", "patch", *flags, "--", exe, "24"]) == 0
-    for name, want in (("checksum", [want_all]), ("by_value", want_calls)):
+    assert main(["record", "-o", str(path), "--backend", "patch", *flags, "--", exe, *args]) == 0
+    for name, want in ((caller, [want_all]), (callback, want_calls)):
         assert main(["funclatency", name, "-i", str(path), "--json", str(out),
                      "--all-intervals"]) == 0  # fmt: skip
         got = json.loads(out.read_text())

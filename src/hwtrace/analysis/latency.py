@@ -546,25 +546,37 @@ def _push(s, ret, callee, ss, fr):
     ss[s, S_CUR] = -2
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _back_from_tail_call(s, ip, ss, fr):
+    """Whether slot ``s``'s flow, whose last instruction went neither to
+    its fall-through nor to its direct target (tracing was off between),
+    comes back at ``ip`` after a function called back from outside the
+    traced ranges jumped out of them (a tail call: its callee returned to
+    the code that called it back, which went on outside): a return, which
+    pops that function's frame."""
+    if np.int64(ip) == ss[s, S_PSUCC] or np.int64(ip) == ss[s, S_PFALL]:
+        return False
+    top = min(ss[s, S_SP], fr.shape[1])
+    return top > 0 and fr[s, top - 1, F_RET] == CALLED_BACK
+
+
 @aot.njit(cache=True, _nrt=False)
 def _rejoin(s, ip, t, cpu, ss, fr, seq, counts, marks, masks, rec, paths, stream):
     """Slot ``s``'s flow left the traced ranges at its last instruction and
     comes back at ``ip`` with nothing lost (flowrows.GAP_REJOINED): a call
     out of them pushes its frame (the return to its return address pops
-    it), a return out of them pops the frame of the function called back
-    from there; the flow goes on in a function called from outside
-    (CALLED_BACK).  False, with nothing done, when the last instruction was
-    neither: that is a gap."""
-    k = ss[s, S_PK]
-    if k == K_RET:
+    it); a return or a jump out of them (a tail call, whose callee returns
+    there) ends the function called back from there, whose frame it pops;
+    the flow goes on in a function called from outside (CALLED_BACK).
+    False, with nothing done, when the flow left otherwise (a jump out of
+    a function not called back): that is a gap."""
+    if ss[s, S_PK] == K_CALL:
+        _push(s, ss[s, S_PFALL], ss[s, S_PSUCC], ss, fr)
+    else:
         top = min(ss[s, S_SP], fr.shape[1])
         if top == 0 or fr[s, top - 1, F_RET] != CALLED_BACK:
             return False
         _returned(s, _CALLED_BACK_IP, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
-    elif k == K_CALL:
-        _push(s, ss[s, S_PFALL], ss[s, S_PSUCC], ss, fr)
-    else:
-        return False
     _unseen_call(s, ip, t, ss, fr, masks, CALLED_BACK)
     ss[s, S_PK] = K_OTHER
     _clear_sequences(s, ss, seq)
@@ -676,6 +688,8 @@ def walk(rows, start, ct, atoms, info, ss, fr, seq, counts, marks, masks, mk, re
                       else hash_find(h_ip, h_mode, h_val, ip, b_mode[i]))  # fmt: skip
                 tbits = atoms[k0] if k0 >= 0 else tbits
             _transition(s, ip, tbits, t, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
+        elif ss[s, S_PK] == K_OTHER and _back_from_tail_call(s, ip, ss, fr):
+            _returned(s, ip, cpu, ss, fr, counts, marks, masks, rec, paths, stream)
         fresh = ss[s, S_FRESH]
         ss[s, S_FRESH] = 0
         ss[s, S_CPU] = cpu
