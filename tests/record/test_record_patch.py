@@ -534,6 +534,14 @@ def test_record_cli_patch_backend(same_path, tmp_path, capsys):
     assert hwtrace_main(["record", "--backend", "patch", "-N", "-f", "deep", "-o", str(data), "--",
                          str(exe)]) == 0  # fmt: skip
     assert "tracing 1 address range(s) only" in capsys.readouterr().err
+    # Its header keeps the command that recorded it, as perf keeps its own.
+    from hwtrace.perf.data import read_perf_data
+    from hwtrace.perf.features import Feature
+
+    assert read_perf_data(data).features[Feature.CMDLINE] == [
+        "hwtrace", "record", "--backend", "patch", "-N", "-f", "deep", "-o", str(data), "--",
+        str(exe),
+    ]  # fmt: skip
     assert hwtrace_main(["script", "-i", str(data)]) == 0
     syms = [x.split()[-2].split("+")[0] for x in capsys.readouterr().out.splitlines() if x.strip()]
     assert len(syms) > 100_000 and set(syms) == {"deep"}

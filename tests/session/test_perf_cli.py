@@ -35,11 +35,18 @@ def recorded(tmp_path_factory):
 
 
 def test_record_says_which_backend_and_timing(recorded):
-    _, data, out = recorded
+    from hwtrace.perf.data import read_perf_data
+    from hwtrace.perf.features import Feature
+
+    exe, data, out = recorded
     assert "backend software: ptrace single-step" in out.stderr
     assert "stepping times" in out.stderr
     assert "checksum(9) =" in out.stdout
     assert data.stat().st_size > 0
+    # The header keeps the command that recorded it, as perf keeps its own.
+    want = ["hwtrace", "record", "--backend", "step", "-o", str(data), "-f", "checksum", "-f",
+            "digest", "--", str(exe), "9"]  # fmt: skip
+    assert read_perf_data(data).features[Feature.CMDLINE] == want
 
 
 def test_report_lists_functions_and_folded_stacks(recorded, tmp_path):

@@ -92,6 +92,7 @@ def record_main(argv: Sequence[str]) -> int:
                    "as gdb and rr launch programs: repeat recordings reuse their patch plans)")  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     a = p.parse_args(list(argv))
+    a.cmdline = ["hwtrace", "record", *argv]  # (for the perf.data's header, as perf keeps its own)
     command = [c for c in a.command if c != "--"] if a.command else []
     if command and a.pid is not None:
         p.error("give a command to launch (after --) or a --pid to attach to, not both")
@@ -201,6 +202,7 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
                 calls=tuple(a.call),
             ),
             buildid_cache=not a.no_buildid_cache,
+            cmdline=a.cmdline,
         )
     except PatchError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
@@ -316,7 +318,7 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    write_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache)
+    write_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache, cmdline=a.cmdline)
     size = Path(a.output).stat().st_size
     insns = sum(len(t.instructions) for t in rec.threads)
     pt = sum(len(t.data) for t in rec.threads)

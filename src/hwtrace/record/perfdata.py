@@ -149,15 +149,25 @@ class PerfRecording:
     pokes: list[tuple[int, int, int, int, bytes]]  # (ns, pid, tid, address, bytes)
     notes: dict[str, object]
     mmaps: list[tuple[int, int, MmapRecord]] = field(default_factory=list)  # later: (ns, pid, .)
+    #: the recorder's own command line, as perf keeps ``perf record ...``
+    #: (None: ``hwtrace record`` and ``argv``)
+    cmdline: list[str] | None = None
 
 
 def write_perf_data(
-    rec: SoftwareRecording, path: str | os.PathLike[str], *, buildid_cache: bool = True
+    rec: SoftwareRecording,
+    path: str | os.PathLike[str],
+    *,
+    buildid_cache: bool = True,
+    cmdline: list[str] | None = None,
 ) -> None:
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read;
     with ``buildid_cache`` the processes' vDSOs go into perf's build-id
-    cache (``~/.debug``), as ``perf record`` puts them there."""
-    write_recording(software_recording(rec, buildid_cache=buildid_cache), path)
+    cache (``~/.debug``), as ``perf record`` puts them there; ``cmdline``:
+    the recorder's command line for its header (see PerfRecording)."""
+    out = software_recording(rec, buildid_cache=buildid_cache)
+    out.cmdline = cmdline
+    write_recording(out, path)
 
 
 def software_recording(rec: SoftwareRecording, *, buildid_cache: bool = True) -> PerfRecording:
@@ -263,6 +273,7 @@ def _open_writer(
     argv: list[str],
     conv: TscConversion,
     filters: str,
+    cmdline: list[str] | None = None,
 ) -> PerfDataWriter:
     """A perf.data with the intel_pt event of these settings."""
     timed = bool(settings.get("tsc"))
@@ -273,7 +284,7 @@ def _open_writer(
         # hwtrace's AUXTRACE_INFO writer counts the NUL in the length, which
         # is the same size except for this length: a blank keeps them so.
         filters += " "
-    w = PerfDataWriter(path, cmdline=["hwtrace", "record", *argv])
+    w = PerfDataWriter(path, cmdline=cmdline or ["hwtrace", "record", *argv])
     w.set_intel_pt(
         config=intel_pt_config(settings),
         sample_type=sample_type,
@@ -318,7 +329,8 @@ def _close(w: PerfDataWriter, rec: PerfRecording, path: str | os.PathLike[str]) 
 def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
     records = _records(rec, rec.processes, set())
-    w = _open_writer(path, rec.settings, rec.config, rec.argv, rec.time_conversion, rec.filters)
+    w = _open_writer(path, rec.settings, rec.config, rec.argv, rec.time_conversion, rec.filters,
+                     rec.cmdline)  # fmt: skip
     # The sideband perf synthesizes from /proc when recording starts.
     init = [r for r in records if r.order <= 1 and r.ns <= records[0].ns]
     _write_records(w, init, {})
@@ -342,13 +354,14 @@ class StreamedRecording:
         start: ProcessStart,
         reference: int,
         filters: str = "",
+        cmdline: list[str] | None = None,
     ) -> None:
         self.path = path
         self.start = start
         self.reference = reference  # a TSC near the traces' first packets
         # The rate is known at the end (set_time_conversion then).
         self.writer = _open_writer(path, settings, PtConfig(), argv, TscConversion(0, 1, 0),
-                                   filters)  # fmt: skip
+                                   filters, cmdline)  # fmt: skip
         rec = PerfRecording(settings, PtConfig(), argv, TscConversion(0, 1, 0), filters, [start],
                             [], [], [], {})  # fmt: skip
         _write_records(self.writer, _records(rec, [start], set()), {})

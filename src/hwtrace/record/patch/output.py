@@ -121,8 +121,8 @@ def write_patch_perf_data(
 class _PerfSink:
     """The threads' traces written into perf.data as they come."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = path
+    def __init__(self, path: str | os.PathLike[str], cmdline: list[str] | None) -> None:
+        self.path, self.cmdline = path, cmdline
         self.stream: StreamedRecording | None = None
 
     def begin(self, head: PatchRecording) -> None:
@@ -130,7 +130,8 @@ class _PerfSink:
         # The conversion found at the end passes through this pair: the
         # start's perf time is its CLOCK_MONOTONIC time.
         self.stream = StreamedRecording(self.path, _settings(head.options), list(head.argv),
-                                        _process_start(head, ns), tsc, _filters(head))  # fmt: skip
+                                        _process_start(head, ns), tsc, _filters(head),
+                                        self.cmdline)  # fmt: skip
 
     def add(self, tid: int, data: memoryview) -> None:
         assert self.stream is not None
@@ -143,12 +144,14 @@ def record_patched_perf(
     options: PatchOptions | None = None,
     *,
     buildid_cache: bool = True,
+    cmdline: list[str] | None = None,
     **popen: Any,
 ) -> PatchRecording:
     """:func:`~hwtrace.record.patch.record_patched` writing ``path`` (as
     :func:`write_patch_perf_data` does) while the program runs: the trace
-    goes from the threads' buffers into the file once, never held."""
-    sink = _PerfSink(path)
+    goes from the threads' buffers into the file once, never held;
+    ``cmdline``: the recorder's command line for its header."""
+    sink = _PerfSink(path, cmdline)
     try:
         rec = record_patched(argv, options, sink=sink, **popen)
     except BaseException:
