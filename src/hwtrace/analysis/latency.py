@@ -69,7 +69,6 @@ from ..pt.flowrows import (
     gaps_before,
     hash_find,
     insn_successor,
-    join_gaps,
 )
 from .patterns import M_ATOM, M_EXIT, M_SEQUENCE, AtomTable, PatternSet
 
@@ -1428,14 +1427,15 @@ class _TraceSink:
         n = b.ip.shape[0]
         gap, after = gaps_before(n, b.events, b.event_block)
         if n:
-            gap[:1] = join_gaps(gap[:1], np.uint8(self._pending_gap))
+            if not gap[0]:
+                gap[0] = self._pending_gap
             self._pending_gap = R.GAP_NONE
             p = self.profiler
             p.add(self.stream, b.table, self.atoms(b.table.image), b.ip, b.ninsn, b.mode, b.run,
                   b.time, self.key, self.cpu, gap)  # fmt: skip
         if after == R.GAP_REJOINED:
             # (what the flow left by, the next row tells)
-            self._pending_gap = join_gaps(np.uint8(self._pending_gap), np.uint8(after)).item()
+            self._pending_gap = R.GAP_REJOINED
         elif after:
             self._pending_gap = R.GAP_NONE
             self.profiler.gap(self.stream)

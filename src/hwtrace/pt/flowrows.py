@@ -438,10 +438,18 @@ def gap_events(events: np.ndarray) -> np.ndarray:
     return gap_kinds(events) != GAP_NONE
 
 
-def join_gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Gap kinds ``a`` and ``b`` at the same places, as one (the lost flow
-    counts where they meet)."""
-    return np.where((a == GAP_LOST) | (b == GAP_LOST), GAP_LOST, np.maximum(a, b)).astype(np.uint8)
+def joined_gap(kinds: np.ndarray) -> int:
+    """The one gap that gaps of ``kinds`` at one place make: the lost flow
+    where one lost it, else the largest kind."""
+    return GAP_LOST if (kinds == GAP_LOST).any() else int(kinds.max(initial=GAP_NONE))
+
+
+def mark_gaps(gap: np.ndarray, at: np.ndarray, kinds: np.ndarray) -> None:
+    """Join gaps of ``kinds`` into the gap column ``gap`` at rows ``at``,
+    as :func:`joined_gap` joins them."""
+    for k in (GAP_REJOINED, GAP_LOST):  # (the lost flow last: it counts)
+        rows = at[kinds == k]
+        gap[rows] = np.where(gap[rows] == GAP_LOST, GAP_LOST, k)
 
 
 def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tuple[np.ndarray, int]:
@@ -453,13 +461,10 @@ def gaps_before(nrows: int, events: np.ndarray, event_block: np.ndarray) -> tupl
         return gap, GAP_NONE
     kind = gap_kinds(events)
     at = np.flatnonzero(kind)
-    pos = event_block[at]
+    pos, kind = event_block[at], kind[at]
     inside = pos < nrows
-    for k in (GAP_REJOINED, GAP_LOST):  # (the lost flow last: it counts)
-        sel = inside & (kind[at] == k)
-        gap[pos[sel]] = k
-    after = kind[at][~inside]
-    return gap, int(GAP_LOST if (after == GAP_LOST).any() else after.max(initial=GAP_NONE))
+    mark_gaps(gap, pos[inside], kind[inside])
+    return gap, joined_gap(kind[~inside])
 
 
 # ---------------------------------------------------------------------------
@@ -736,5 +741,6 @@ __all__ = [
     "insn_successor",
     "instruction_rows",
     "instructions_of",
-    "join_gaps",
+    "joined_gap",
+    "mark_gaps",
 ]

@@ -855,14 +855,6 @@ class PerfStream(PerfDecoding[QueueInfo]):
 MAX_DECODER_ROWS = 1 << 18
 
 
-def _gap_after(kind: int, kinds: np.ndarray) -> int:
-    """A gap of ``kind`` and the gaps ``kinds`` at one place, as one (see
-    flowrows.join_gaps; a pending stop among them waits for its enable)."""
-    if kind == FK.GAP_LOST or (kinds == FK.GAP_LOST).any():
-        return FK.GAP_LOST
-    return int(max(kind, kinds.max(initial=FK.GAP_NONE)))
-
-
 def _gap_now(kind: int) -> int:
     """A gap of ``kind`` before a block: a stop still pending has no enable
     that tells what it was (lost)."""
@@ -1043,7 +1035,7 @@ class QueueSink(FlowSink):
             if stop_k.shape[0] and self.held is not None:
                 # Tracing stopped with no block since the held one.
                 self.held_stop = int(stop_t[-1])
-            self.gap_next = _gap_after(self.gap_next, gap_v)
+            self.gap_next = FK.joined_gap(np.append(gap_v, self.gap_next))
             return
         held = 1 if self.held is not None else 0
         total = n + held
@@ -1116,15 +1108,13 @@ class QueueSink(FlowSink):
             # (a lost flow where a rejoin meets it at one block: it counts)
             # (a stop pending before a block: lost, see _gap_now)
             kinds = np.where(gap_v > FK.GAP_REJOINED, FK.GAP_LOST, gap_v)
-            for kind in (FK.GAP_REJOINED, FK.GAP_LOST):
-                at = held + gap_k[inside & (kinds == kind)]
-                gap[at] = np.where(gap[at] == FK.GAP_LOST, FK.GAP_LOST, kind)
+            FK.mark_gaps(gap, held + gap_k[inside], kinds[inside])
             if held:
                 gap[0] = held_gap
         else:
             # (no gap, as in most batches: a broadcast, told at a glance)
             cols["gap"] = repeated(0, total, np.uint8)
-        self.gap_next = _gap_after(FK.GAP_NONE, gap_v[~inside])
+        self.gap_next = FK.joined_gap(gap_v[~inside])  # (a pending stop: still pending)
         uniform = frozenset(one)
         first_row = self.held_row if held else self.rows
         last = k == total - 1
