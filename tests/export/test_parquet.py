@@ -273,6 +273,20 @@ def test_bad_input_and_bad_sql_are_one_line(recorded, tmp_path):
     assert "not an hwtrace decode directory" in out.stderr and "Errno" not in out.stderr
 
 
+def test_query_examples_of_the_docs_run(recorded):
+    """Every ``hwtrace query`` example of the README and the guides runs
+    on a decode directory (one named a column the view does not have)."""
+    _, flow = recorded
+    root = Path(__file__).resolve().parents[2]
+    sqls = []
+    for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        sqls += re.findall(r'hwtrace query \S+ "([^"]+)"', doc.read_text())
+    assert len(sqls) >= 3
+    for sql in sqls:
+        out = run("query", str(flow), sql)
+        assert out.returncode == 0, (sql, out.stderr)
+
+
 def test_query_prints_tables_csv_and_json(recorded):
     _, flow = recorded
     out = run("query", str(flow), "SELECT function, instructions FROM functions "
