@@ -107,7 +107,12 @@ from .codetable import (
     RUN_RET,
     RUN_STOP,
     T_COUNTS,
+    T_R_IP,
     T_R_KEY,
+    T_R_MODE,
+    T_R_NEXT,
+    T_R_RET,
+    T_R_TAKEN,
     T_X_KEY,
     T_X_PIP,
     T_X_PRUN,
@@ -2866,8 +2871,10 @@ LEARN_NONE, LEARN_SUCC, LEARN_TAKEN = 0, 1, 2
 # the return stack: where it goes is the stack's, XS_POP), and is dropped
 # at anything else that stops the walk, so a replay does exactly what the
 # walk did.  Replays go on one after another in _replay_chain, which also
-# walks the returns between stretches (a stretch does not start at one):
-# on a plain trace nearly every block row comes from there.
+# walks the returns between stretches (a stretch does not start at one)
+# and the runs that take a TIP themselves (their target the run they went
+# to last, as a branch target buffer has it): on a plain trace nearly
+# every block row comes from there.
 X_BITS = 8
 XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
@@ -3023,7 +3030,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     kind, a, b = pk[0], pk[1], pk[2]
     offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
     r_hip, r_hmode, r_hval, r_ninsn, r_kind = ct[12], ct[13], ct[14], ct[17], ct[18]
-    r_key = ct[T_R_KEY]
+    r_key, r_ip, r_mode, r_next = ct[T_R_KEY], ct[T_R_IP], ct[T_R_MODE], ct[T_R_NEXT]
+    r_taken, r_ret = ct[T_R_TAKEN], ct[T_R_RET]
     x_words, x_key, x_pip, x_prun = ct[T_X_TAB], ct[T_X_KEY], ct[T_X_PIP], ct[T_X_PRUN]
     x_mask = _x_slots(x_words) - 1
     s_keys, s_cols, s_state = store[0], store[2], store[3]
@@ -3046,6 +3054,10 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     # indirect branch mostly goes where it went before, as a branch target
     # buffer has it).
     memo = np.int64(-1)
+    # The indirect branch's run whose target is being looked up (-1: none):
+    # a run taking a TIP keeps the run it went to last in r_taken, which
+    # only a conditional branch's run has another use for.
+    btb = np.int64(-1)
     # (The key column's room is counted in rows, not in the entries that
     # hold them: a stream's batches stay as long, whatever replays stored.)
     key_cap, off_cap, t_cap = s_keys.shape[0], o_cols[0].shape[0], t_cols[0].shape[0]
@@ -3059,7 +3071,54 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 xe = _x_at(memo)
                 x_words[xe + _XE_END_IP], x_words[xe + _XE_END_BLK] = np.int64(ip), blk
                 memo = -1
-        if evt == EV_TNT and r_kind[np.uint64(blk)] == RUN_RET:
+            if btb >= 0:
+                r_taken[np.uint64(btb)] = blk
+                btb = -1
+        rk = r_kind[np.uint64(blk)]
+        if evt == EV_TIP and (rk == RUN_RET or rk == RUN_IJUMP or rk == RUN_ICALL):
+            # A run that takes the TIP itself is walked here too, as _fast
+            # walks it (one row, a new block, the TIP consumed): no stretch
+            # to look up, and where it goes is most often where it went last.
+            if direct:
+                key = np.int64(r_key[blk])
+                if key < 0 or not s_started:
+                    break
+                o = offsets[np.uint64(pos)] if pos < n else end_offset
+                if s_rows >= key_cap or s_off >= off_cap or s_t >= t_cap:
+                    break
+                s_keys[np.uint64(s_ent)] = key
+                s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
+                    o_cols, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off, s_off_at, s_t,
+                    s_last_t,
+                )  # fmt: skip
+                s_rows += 1
+                s_ent += 1
+            hits += 1
+            walked += 1
+            nblocks += 1
+            ninsn += r_ninsn[blk]
+            last = -1
+            ret_run, ret_ip = blk, ip
+            cur_tsc = ev_tsc
+            has_tsc = ev_has_tsc
+            if rk == RUN_ICALL:
+                rs_top = (rs_top + 1) & _RS_MASK
+                RS[rs_top] = r_next[blk]
+                RSR[rs_top] = r_ret[blk]
+                rs_n = min(rs_n + 1, RETSTACK_SIZE)
+            ip = tip
+            to = np.int64(r_taken[blk])
+            if to >= 0 and r_ip[np.uint64(to)] == tip and r_mode[np.uint64(to)] == mode:
+                blk = to
+            else:
+                btb = blk
+                blk = -1
+            evt = 0  # consumed
+            peeked = merged = False
+            t_evt, t_pos, t_val, t_size, t_last_ip, t_tsc, t_has = (
+                0, pos, np.uint64(0), np.int64(0), last_ip, np.uint64(0), False
+            )  # fmt: skip
+        elif evt == EV_TNT and rk == RUN_RET:
             # A stretch does not start at a return the stack decides: the
             # return is walked here, as _fast walks it (one row, a new
             # block, its bit consumed), unless it needs more than that.
@@ -3401,7 +3460,7 @@ def _fast(ds, pk, cf, ct, out):
                     s_ent = V[XV_S_ENT]
                     ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
                     last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
-                    x_rows += V[XV_ROWS]
+                    x_rows += V[XV_ROWS] + V[XV_WALKED]
                     nvirt += V[XV_ROWS] + V[XV_WALKED]
                     n_blocks += V[XV_NBLOCKS]
                     n_insn += V[XV_NINSN]

@@ -439,7 +439,8 @@ class CodeTable:
 
     @property
     def replayed_rows(self) -> int:
-        """Block rows the decoder took from its replay cache, so far."""
+        """Block rows the decoder's replay chain gave, so far: from its
+        cache's stretches and from the branches it walks between them."""
         return int(self.counts[C_X_ROWS])
 
     def _alloc_replay(self, slots: int) -> None:
