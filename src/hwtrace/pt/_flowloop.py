@@ -2891,9 +2891,13 @@ X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
 # first consumed bit (j1) and of the TIP it goes on to (j2), the bits it
 # consumes, the deepest and the final number of its calls not returned
 # from, and whether it ends popping the return stack.  XE_COUNT: its
-# instructions, and libipt's blocks above bit 32.
+# instructions, and libipt's blocks above bit XC_BLOCKS (so the chain sums
+# both in one add: its sums stay below 2**40 instructions and 2**23 blocks,
+# a window's).
 XS_M, XS_J1, XS_J2, XS_CONS, XS_DMAX, XS_NPUSH, XS_POP = 0, 10, 20, 30, 36, 43, 50
 _XS_10, _XS_6, _XS_7 = np.int64(0x3FF), np.int64(0x3F), np.int64(0x7F)
+XC_BLOCKS = 40
+_XC_ONE_BLOCK, _XC_NINSN = np.int64(1 << XC_BLOCKS), np.int64((1 << XC_BLOCKS) - 1)
 # A key's bit for a stretch that goes on after its packet's last TNT bit
 # to the TIP that follows (its rows from j2 on are at the TIP's offset).
 XK_THEN_TIP = 1 << 12
@@ -2942,7 +2946,7 @@ def _x_put(x_words, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, 
         | (np.int64(cons) << XS_CONS) | (np.int64(dmax) << XS_DMAX)
         | (np.int64(npush) << XS_NPUSH) | (np.int64(pops) << XS_POP)
     )  # fmt: skip
-    e[XE_COUNT] = np.int64(ninsn) | (np.int64(nblk) << 32)
+    e[XE_COUNT] = np.int64(ninsn) | (np.int64(nblk) << XC_BLOCKS)
     e[XE_END_BLK], e[XE_END_IP] = end_blk, np.int64(end_ip)
     e[XE_CB_NINSN], e[XE_CB_ISID] = cb_ninsn, cb_isid
     e[XE_CB_IP], e[XE_CB_RUN] = np.int64(cb_ip), cb_run
@@ -2983,12 +2987,14 @@ def _stretch_key(kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, 
 
 
 # The chain's state (ds[16], ds[17]), passed in and out of _replay_chain.
+# (XV_ROWS: the rows it gave, none when it stopped at once; XV_LAST: the
+# entry it replayed last, or ~run: the run it walked last.)
 (XV_BLK, XV_POS, XV_EVT, XV_SIZE, XV_EV_HAS, XV_HAS_TSC, XV_RS_TOP, XV_RS_N, XV_ROWS,
- XV_NBLOCKS, XV_NINSN, XV_HITS, XV_LAST, XV_S_ROWS, XV_S_OFF, XV_S_T, XV_S_LAST_OFF,
- XV_S_STARTED, XV_S_OFF_AT, XV_WALKED, XV_RET_RUN, XV_S_ENT) = range(22)  # fmt: skip
-NXV = 22
-XU_IP, XU_BITS, XU_TIP, XU_EV_TSC, XU_LAST_IP, XU_CUR_TSC, XU_S_LAST_T, XU_RET_IP = range(8)
-NXU = 8
+ XV_NBLOCKS, XV_NINSN, XV_LAST, XV_S_ROWS, XV_S_OFF, XV_S_T, XV_S_LAST_OFF,
+ XV_S_STARTED, XV_S_OFF_AT, XV_S_ENT) = range(19)  # fmt: skip
+NXV = 19
+XU_IP, XU_BITS, XU_TIP, XU_EV_TSC, XU_LAST_IP, XU_CUR_TSC, XU_S_LAST_T = range(7)
+NXU = 7
 # Why _replay_chain stopped: at something the fast loop walks (a stretch
 # not in the cache or not replayable here, a run to build, a return it
 # cannot take itself), or at a packet that is not plain flow.
@@ -3045,9 +3051,10 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     s_ent = V[XV_S_ENT]
     ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
     last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
-    rows = nblocks = ninsn = hits = walked = np.int64(0)
-    last = np.int64(-1)  # the entry replayed last (-1: a return walked, ret_run)
-    ret_run, ret_ip = np.int64(-1), np.uint64(0)
+    # (Few values live across the loop, so that they stay in registers: the
+    # rows given, the instructions and blocks in one sum, see XC_BLOCKS.)
+    rows = count = np.int64(0)
+    last = np.int64(-1)  # the entry replayed last, or ~run: the run walked last
     # The entry whose TIP target is being looked up (-1: none): a stretch
     # that ends at a TIP keeps the run of the target it went to last in its
     # end fields, which a stretch ending at a TIP has no other use for (an
@@ -3093,12 +3100,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 )  # fmt: skip
                 s_rows += 1
                 s_ent += 1
-            hits += 1
-            walked += 1
-            nblocks += 1
-            ninsn += r_ninsn[blk]
-            last = -1
-            ret_run, ret_ip = blk, ip
+            rows += 1
+            count += _XC_ONE_BLOCK + r_ninsn[blk]
+            last = ~blk
             cur_tsc = ev_tsc
             has_tsc = ev_has_tsc
             if rk == RUN_ICALL:
@@ -3139,12 +3143,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 )  # fmt: skip
                 s_rows += 1
                 s_ent += 1
-            hits += 1
-            walked += 1
-            nblocks += 1
-            ninsn += r_ninsn[blk]
-            last = -1
-            ret_run, ret_ip = blk, ip
+            rows += 1
+            count += _XC_ONE_BLOCK + r_ninsn[blk]
+            last = ~blk
             cur_tsc = ev_tsc
             has_tsc = ev_has_tsc
             size -= 1
@@ -3219,12 +3220,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                         s_off_at = at2
                 s_rows += m
                 s_started = 1
-            hits += 1
             last = xs
             rows += m
-            count = x_words[xe + _XE_COUNT]
-            ninsn += count & np.int64(0xFFFFFFFF)
-            nblocks += count >> 32
+            count += x_words[xe + _XE_COUNT]
             cur_tsc = ev_tsc
             has_tsc = ev_has_tsc
             npush = (shape >> XS_NPUSH) & _XS_7
@@ -3294,10 +3292,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE] = blk, pos, evt, size
     V[XV_EV_HAS], V[XV_HAS_TSC] = ev_has_tsc, has_tsc
     V[XV_RS_TOP], V[XV_RS_N] = rs_top, rs_n
-    V[XV_ROWS], V[XV_NBLOCKS], V[XV_NINSN], V[XV_HITS], V[XV_LAST] = (
-        rows, nblocks, ninsn, hits, last
+    V[XV_ROWS], V[XV_NBLOCKS], V[XV_NINSN], V[XV_LAST] = (
+        rows, count >> XC_BLOCKS, count & _XC_NINSN, last
     )  # fmt: skip
-    V[XV_WALKED], V[XV_RET_RUN], U[XU_RET_IP] = walked, ret_run, ret_ip
     V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T] = s_rows, s_off, s_t
     V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = s_last_off, s_started, s_off_at
     V[XV_S_ENT] = s_ent
@@ -3449,7 +3446,7 @@ def _fast(ds, pk, cf, ct, out):
                 code = _replay_chain(
                     pk, ct, out[10], RS, RSR, V, U, n, n_fetch, end_offset, mode, direct, x_gen
                 )
-                if V[XV_HITS]:
+                if V[XV_ROWS]:
                     blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
                     ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
                     rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
@@ -3460,8 +3457,8 @@ def _fast(ds, pk, cf, ct, out):
                     s_ent = V[XV_S_ENT]
                     ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
                     last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
-                    x_rows += V[XV_ROWS] + V[XV_WALKED]
-                    nvirt += V[XV_ROWS] + V[XV_WALKED]
+                    x_rows += V[XV_ROWS]
+                    nvirt += V[XV_ROWS]
                     n_blocks += V[XV_NBLOCKS]
                     n_insn += V[XV_NINSN]
                     icnt = 0
@@ -3472,10 +3469,10 @@ def _fast(ds, pk, cf, ct, out):
                         cb_isid = x_words[e + np.uint64(XE_CB_ISID)]
                         cb_ip = np.uint64(x_words[e + np.uint64(XE_CB_IP)])
                         cb_run = x_words[e + np.uint64(XE_CB_RUN)]
-                    else:  # a return, walked
-                        cb_run = V[XV_RET_RUN]
+                    else:  # a run walked (a return, a TIP)
+                        cb_run = ~V[XV_LAST]
                         cb_ninsn, cb_isid = np.int64(r_ninsn[cb_run]), np.int64(r_isid[cb_run])
-                        cb_ip = U[XU_RET_IP]
+                        cb_ip = ct[T_R_IP][cb_run]
                     if code == XC_FETCH:
                         why = FR_FETCH
                         break
