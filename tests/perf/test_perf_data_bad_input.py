@@ -4,6 +4,7 @@ records around the damage kept and the damage listed; never a traceback."""
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import struct
 import subprocess
@@ -281,7 +282,7 @@ def test_perf_dump_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["perf-dump", str(path)]) == 0
     out = capsys.readouterr().out
     assert "AUXTRACE_INFO" in out and "SAMPLE time=" in out and "ip=0x401000" in out
-    assert "# HOSTNAME: 'h'" in out
+    assert "# hostname : h\n" in out
     bad = bytearray(hwtrace_written())
     d = read_perf_data(bytes(bad))
     struct.pack_into("<H", bad, int(d.records["offset"][5]) + 6, 0)
@@ -292,6 +293,45 @@ def test_perf_dump_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     path.write_bytes(b"PERFILEX" + bytes(200))
     assert main(["perf-dump", str(path)]) == 1
     assert "magic" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="Linux perf is not installed")
+def test_perf_dump_header_is_perf_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """perf-dump prints a header's features as ``perf report --header-only
+    -I`` does (the features perf prints the same way on a file of its own,
+    with a clock and compression), and records as text: no Python reprs."""
+    perf = shutil.which("perf")
+    path = tmp_path / "perf.data"
+    cmd = [perf, "record", "-q", "-o", str(path), "-e", "cpu-clock", "-k", "mono", "-z", "true"]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        cmd.remove("-z")  # (a perf built without zstd)
+        subprocess.run(cmd, capture_output=True, check=True)
+    hidden = ("captured on", "header version", "data offset", "data size", "feat offset",
+              "missing features", "========")  # fmt: skip
+    perf_lines = [
+        line
+        for line in subprocess.run(
+            [perf, "report", "-i", str(path), "--header-only", "-I"],
+            capture_output=True, text=True, check=True,
+        ).stdout.splitlines()
+        if line.startswith("# ") and not line[2:].startswith(hidden)
+    ]  # fmt: skip
+    from hwtrace.cli.main import main
+
+    assert main(["perf-dump", str(path)]) == 0
+    out = capsys.readouterr().out
+    ours = [line for line in out.splitlines() if line.startswith("# ")]
+    # (perf-dump's own lines: the file's layout, its attrs, the build IDs)
+    ours = [line for line in ours
+            if not re.match(r"# (file mode|data offset|event \d+:|build id)", line)]  # fmt: skip
+    assert "# pmu mappings: " + "software = 1" in " ".join(perf_lines)
+    assert ours == perf_lines
+    records = [line for line in out.splitlines() if not line.startswith("#")]
+    assert any(": COMM " in line and " comm=" in line for line in records)
+    for line in records:
+        assert "(" not in line.split(": ", 1)[1] and "b'" not in line, line
 
 
 def test_file_cut_inside_its_last_trace_keeps_that_trace(good: bytes) -> None:

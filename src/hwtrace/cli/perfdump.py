@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 from ..perf.data import PerfDataError, read_perf_data
-from ..perf.features import Feature
-from ..perf.records import RecordType
+from ..perf.features import feature_lines
+from ..perf.records import RecordType, fields_text
 
 
 def _name(t: int) -> str:
@@ -59,9 +59,8 @@ def _main(argv: list[str] | None) -> int:
             f"ids={list(ea.ids)} flags={','.join(a.flag_names)}\n"
         )
     for f, v in d.features.items():
-        name = Feature(f).name if f in Feature._value2member_map_ else f"#{f}"
-        text = repr(v)
-        out.write(f"# {name}: {text[:200]}{'...' if len(text) > 200 else ''}\n")
+        for line in feature_lines(f, v):
+            out.write(f"# {line}\n")
     if args.header_only:
         return _errors(d)
     wanted = set()
@@ -81,11 +80,11 @@ def _main(argv: list[str] | None) -> int:
                 j = sample_row[i]
                 line += " " + " ".join(f"{c}={int(s[c][j]):#x}" for c in s.columns)
             elif t < 64:
-                line += f" {d.record(i).body}"
+                line += f" {fields_text(d.record(i).body)}"
             elif 64 <= t <= 82:
                 v = d.user_record(i)
                 if v is not None:
-                    text = repr(v)
+                    text = fields_text(v)
                     line += f" {text[:300]}{'...' if len(text) > 300 else ''}"
         except PerfDataError as e:
             line += f" <{e.message}>"

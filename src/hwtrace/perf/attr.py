@@ -270,3 +270,45 @@ def id_is_positions(sample_type: int) -> tuple[int, int]:
     if sample_type & (1 << 9):  # STREAM_ID
         isp += 1
     return idp, isp
+
+
+# perf_event_attr__fprintf's names (perf's util/perf_event_attr_fprintf.c).
+_SAMPLE_TYPE_NAMES = (
+    "IP", "TID", "TIME", "ADDR", "READ", "CALLCHAIN", "ID", "CPU", "PERIOD", "STREAM_ID", "RAW",
+    "BRANCH_STACK", "REGS_USER", "STACK_USER", "WEIGHT", "DATA_SRC", "IDENTIFIER", "TRANSACTION",
+    "REGS_INTR", "PHYS_ADDR", "AUX", "CGROUP", "DATA_PAGE_SIZE", "CODE_PAGE_SIZE",
+    "WEIGHT_STRUCT",
+)  # fmt: skip
+_READ_FORMAT_NAMES = ("TOTAL_TIME_ENABLED", "TOTAL_TIME_RUNNING", "ID", "GROUP", "LOST")
+
+
+def _bit_names(value: int, names: tuple[str, ...]) -> str:
+    out = [n for i, n in enumerate(names) if value >> i & 1]
+    rest = value & ~((1 << len(names)) - 1)
+    if rest:
+        out.append(f"{rest:#x}")
+    return "|".join(out)
+
+
+def attr_text(attr: PerfEventAttr) -> str:
+    """The attr's set fields as ``perf report --header-only`` prints them
+    (``type = 8, size = 128, config = 0x1002401, ...``)."""
+    a = attr
+    parts = [("type", str(a.type)), ("size", str(a.size)), ("config", f"{a.config:#x}"),
+             ("{ sample_period, sample_freq }", str(a.sample_period)),
+             ("sample_type", _bit_names(a.sample_type, _SAMPLE_TYPE_NAMES)),
+             ("read_format", _bit_names(a.read_format, _READ_FORMAT_NAMES))]  # fmt: skip
+    for name, bit, width in ATTR_FLAG_BITS:
+        v = (a.flags >> bit) & ((1 << width) - 1)
+        parts.append((name, str(v) if v else ""))
+    parts += [("{ wakeup_events, wakeup_watermark }", str(a.wakeup_events)),
+              ("bp_type", str(a.bp_type)), ("{ bp_addr, config1 }", f"{a.config1:#x}"),
+              ("{ bp_len, config2 }", f"{a.config2:#x}"),
+              ("branch_sample_type", f"{a.branch_sample_type:#x}"),
+              ("sample_regs_user", f"{a.sample_regs_user:#x}"),
+              ("sample_stack_user", str(a.sample_stack_user)), ("clockid", str(a.clockid)),
+              ("sample_regs_intr", f"{a.sample_regs_intr:#x}"),
+              ("aux_watermark", str(a.aux_watermark)),
+              ("sample_max_stack", str(a.sample_max_stack)),
+              ("aux_sample_size", str(a.aux_sample_size)), ("sig_data", str(a.sig_data))]  # fmt: skip
+    return ", ".join(f"{k} = {v}" for k, v in parts if v not in ("", "0", "0x0"))

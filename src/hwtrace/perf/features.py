@@ -15,11 +15,12 @@ feature below); features this module does not know are kept as bytes.
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from .attr import AttrError, PerfEventAttr
+from .attr import AttrError, PerfEventAttr, attr_text
 
 __all__ = [
     "BuildId",
@@ -415,3 +416,153 @@ def pack_feature(feat: int, value: Any) -> bytes:
     if f in (Feature.BRANCH_STACK, Feature.STAT):
         return b""
     raise ValueError(f"cannot pack feature {f.name} from {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# Text, as ``perf report --header-only -I`` prints the features (perf's
+# util/header.c): one list of lines (without perf's leading "# ") a feature.
+
+_TEXT_NAMES = {
+    Feature.HOSTNAME: "hostname", Feature.OSRELEASE: "os release", Feature.VERSION: "perf version",
+    Feature.ARCH: "arch", Feature.CPUDESC: "cpudesc", Feature.CPUID: "cpuid",
+}  # fmt: skip
+_COMPRESSORS = {0: "None", 1: "Zstd"}
+_CLOCKS = {0: "realtime", 1: "monotonic", 4: "monotonic_raw", 7: "boottime", 11: "tai"}
+
+
+def _size_text(n: int) -> str:
+    """A size as perf's unit_number__scnprintf writes it (24G, 512M)."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def _ranges(values: list[int]) -> str:
+    """Sorted numbers as ranges, ``0-23,32-199``."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _seconds(ns: int, digits: int = 6) -> str:
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000 // 10 ** (9 - digits):0{digits}d}"
+
+
+def feature_lines(feat: int, value: Any) -> list[str]:
+    """A parsed feature (:func:`parse_feature`'s value) as the lines perf
+    prints for it; features perf does not print (build IDs, the AUX index)
+    in the same manner."""
+    try:
+        f = Feature(feat)
+    except ValueError:
+        return [f"feature {feat} : {len(value)} bytes"]
+    if f in _TEXT_NAMES:
+        return [f"{_TEXT_NAMES[f]} : {value}"]
+    if f == Feature.NRCPUS:
+        return [f"nrcpus online : {value['nr_cpus_online']}",
+                f"nrcpus avail : {value['nr_cpus_avail']}"]  # fmt: skip
+    if f == Feature.TOTAL_MEM:
+        return [f"total memory : {value} kB"]
+    if f == Feature.CMDLINE:
+        return ["cmdline : " + "".join(f"{a} " for a in value)]
+    if f == Feature.BUILD_ID:
+        return [f"build id : {b.build_id.hex()} {b.filename}" for b in value]
+    if f == Feature.EVENT_DESC:
+        return [
+            f"event : name = {e.name}, , id = {{ {', '.join(str(i) for i in e.ids)} }}, "
+            + attr_text(e.attr)
+            for e in value
+        ]
+    if f == Feature.CPU_TOPOLOGY:
+        lines = [f"sibling sockets : {s}" for s in value["core_siblings"]]
+        lines += [f"sibling dies    : {s}" for s in value.get("die_siblings", [])]
+        lines += [f"sibling threads : {s}" for s in value["thread_siblings"]]
+        dies = value.get("die_id")
+        for cpu, (core, socket) in enumerate(
+            zip(value.get("core_id", []), value.get("socket_id", []), strict=True)
+        ):
+            die = f", Die ID {dies[cpu]}" if dies else ""
+            lines.append(f"CPU {cpu}: Core ID {core}{die}, Socket ID {socket}")
+        return lines
+    if f == Feature.NUMA_TOPOLOGY:
+        lines = []
+        for n in value:
+            lines.append(f"node{n['node']} meminfo  : total = {n['mem_total']} kB, "
+                         f"free = {n['mem_free']} kB")  # fmt: skip
+            lines.append(f"node{n['node']} cpu list : {n['cpus']}")
+        return lines
+    if f == Feature.PMU_MAPPINGS:
+        return ["pmu mappings: " + ", ".join(f"{k} = {v}" for k, v in value.items())]
+    if f == Feature.GROUP_DESC:
+        return [f"group: {g['name']} (leader {g['leader_idx']}, {g['nr_members']} members)"
+                for g in value]  # fmt: skip
+    if f == Feature.AUXTRACE:
+        return ["contains AUX area data (e.g. instruction trace)"] + [
+            f"auxtrace index : offset {o:#x} size {s:#x}" for o, s in value
+        ]
+    if f == Feature.BRANCH_STACK:
+        return ["contains samples with branch stack"]
+    if f == Feature.STAT:
+        return ["contains stat data"]
+    if f == Feature.CACHE:
+        return ["CPU cache info:"] + [
+            f" L{c['level']} {c['type']:<15} {c['size']:>8} [{c['map']}]" for c in value["caches"]
+        ]
+    if f == Feature.SAMPLE_TIME:
+        first, last = value["first_sample_time"], value["last_sample_time"]
+        return [f"time of first sample : {_seconds(first)}",
+                f"time of last sample : {_seconds(last)}",
+                f"sample duration : {(last - first) / 1e6:10.3f} ms"]  # fmt: skip
+    if f == Feature.MEM_TOPOLOGY:
+        lines = [f"memory nodes (nr {len(value['nodes'])}, block size {value['block_size']:#x}):"]
+        for n in value["nodes"]:
+            # (the blocks present: perf prints their size, not the map's)
+            size = _size_text(len(n["blocks"]) * value["block_size"])
+            lines.append(f" {n['node']:3d} [{size}]: {_ranges(n['blocks'])}")
+        return lines
+    if f == Feature.CLOCKID:
+        return [f"clockid frequency: {1000 // value if value else 0} MHz"]
+    if f == Feature.DIR_FORMAT:
+        return [f"directory data version : {value}"]
+    if f == Feature.COMPRESSED:
+        name = _COMPRESSORS.get(value["type"], str(value["type"]))
+        return [f"compressed : {name}, level = {value['level']}, ratio = {value['ratio']}"]
+    if f == Feature.CLOCK_DATA:
+        clock = _CLOCKS.get(value["clockid"], "unknown")
+        tod = value["tod_ns"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tod // 1_000_000_000))
+        return [f"clockid: {clock} ({value['clockid']})",
+                f"reference time: {when}.{tod % 1_000_000_000 // 1000:06d} = "
+                f"{_seconds(tod)} (TOD) = {_seconds(value['clockid_ns'], 9)} ({clock})"]  # fmt: skip
+    if f == Feature.HYBRID_TOPOLOGY:
+        return [f"{h['pmu_name']} cpu list : {h['cpus']}" for h in value]
+    return _generic_lines(f.name.lower(), value)
+
+
+def _generic_lines(name: str, value: Any) -> list[str]:
+    """Features perf prints in ways of their own (BPF programs, PMU
+    capabilities): their values as plain text."""
+    if value is None or value == [] or value == {}:
+        return []
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return [f"{name} : {len(value)} bytes"]
+    if isinstance(value, dict):
+        return [f"{name} : " + ", ".join(f"{k} = {_plain(v)}" for k, v in value.items())]
+    if isinstance(value, list):
+        return [f"{name} : {_plain(v)}" for v in value]
+    return [f"{name} : {_plain(value)}"]
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} = {_plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "{ " + ", ".join(_plain(v) for v in value) + " }"
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return str(value)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import inspect
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # parsing records needs no numpy
@@ -851,3 +851,37 @@ def pack_record(
     if size > 0xFFFF:
         raise ValueError(f"record of {size} bytes: more than a u16 size allows")
     return _HEADER.pack(rtype, misc & 0xFFFF, size) + data
+
+
+# Fields whose numbers are addresses, sizes or offsets: written in hex.
+_HEX_FIELDS = frozenset((
+    "addr", "len", "pgoff", "ip", "offset", "size", "data_offset", "aux_offset", "aux_size",
+    "start", "end", "config", "reference", "hw_id", "flags", "priv", "time_zero", "time_mask",
+    "bytes", "old_len", "new_len",
+))  # fmt: skip
+
+
+def _field_text(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return f"{value:#x}" if name in _HEX_FIELDS else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex() if len(value) <= 32 else f"<{len(value)} bytes>"
+    if isinstance(value, (tuple, list)):
+        return "{ " + ", ".join(_field_text(name, v) for v in value) + " }"
+    if is_dataclass(value):
+        return "{ " + fields_text(value) + " }"
+    return str(value)
+
+
+def fields_text(body: object) -> str:
+    """A record body's fields as text, ``name=value`` apart: addresses,
+    sizes and offsets in hex, names as they are (for perf-dump)."""
+    if not is_dataclass(body):
+        return _field_text("", body)
+    return " ".join(
+        f"{f.name}={_field_text(f.name, getattr(body, f.name))}"
+        for f in fields(body)
+        if getattr(body, f.name) is not None
+    )
