@@ -2879,8 +2879,10 @@ X_BITS = 8
 XK_TIP = X_BITS + 1
 X_MAX_RUNS = 256  # runs in one stretch
 X_MAX_DEPTH = 32  # calls a stretch makes and does not return from
-# Fields of an entry (X_FIELDS words of x_words; see hwtrace.pt.codetable: 128 bytes, the
-# first cache line all a replay reads but the block state it leaves).
+# Fields of an entry (X_FIELDS words of x_words; see hwtrace.pt.codetable):
+# the X_HOT a replay reads in one cache line in the first half of the words
+# (entries 64 bytes apart: every set of the L1 cache holds some), the block
+# state a chain leaves, read once after it, in the second half.
 # (Every stretch ends with trace consumed: after it the block is closed,
 # the instruction count and the no-trace count start again.)
 (XE_KEY, XE_GEN, XE_START, XE_SHAPE, XE_COUNT, XE_END_BLK, XE_END_IP, XE_PSTART,
@@ -2938,7 +2940,7 @@ def _x_put(x_words, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, 
     """Keep a recorded stretch (its runs and pushes are in the pools; its
     rows' keys also as the block store's sequence ``seq``, -1: none)."""
     at = _x_at(slot)
-    e = x_words[at : at + np.uint64(X_FIELDS)]
+    e = x_words[at : at + np.uint64(X_HOT)]
     e[XE_KEY], e[XE_GEN], e[XE_PSTART] = key, gen, pstart
     e[XE_START] = np.int64(start) | ((np.int64(seq) + 1) << 32)
     e[XE_SHAPE] = (
@@ -2948,8 +2950,10 @@ def _x_put(x_words, counts, slot, key, gen, start, m, ninsn, j1, cons, end_blk, 
     )  # fmt: skip
     e[XE_COUNT] = np.int64(ninsn) | (np.int64(nblk) << XC_BLOCKS)
     e[XE_END_BLK], e[XE_END_IP] = end_blk, np.int64(end_ip)
-    e[XE_CB_NINSN], e[XE_CB_ISID] = cb_ninsn, cb_isid
-    e[XE_CB_IP], e[XE_CB_RUN] = np.int64(cb_ip), cb_run
+    x_words[_x_cold(x_words, slot, XE_CB_NINSN)] = cb_ninsn
+    x_words[_x_cold(x_words, slot, XE_CB_ISID)] = cb_isid
+    x_words[_x_cold(x_words, slot, XE_CB_IP)] = np.int64(cb_ip)
+    x_words[_x_cold(x_words, slot, XE_CB_RUN)] = cb_run
     counts[C_X_POOL] = start + m
     counts[C_X_PUSH] = pstart + npush
 
@@ -3007,8 +3011,10 @@ _XE_KEY, _XE_GEN, _XE_START, _XE_SHAPE = (
 _XE_COUNT, _XE_END_BLK, _XE_END_IP, _XE_PSTART = (
     np.uint64(f) for f in (XE_COUNT, XE_END_BLK, XE_END_IP, XE_PSTART)
 )  # fmt: skip
-_X_SHIFT = np.uint64(X_FIELDS.bit_length() - 1)
-assert 1 << int(_X_SHIFT) == X_FIELDS
+X_HOT = 8
+_X_SHIFT = np.uint64(X_HOT.bit_length() - 1)
+_X_ALL_SHIFT = np.uint64(X_FIELDS.bit_length() - 1)
+assert 1 << int(_X_SHIFT) == X_HOT and X_HOT == XE_CB_NINSN and 2 * X_HOT == X_FIELDS
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
@@ -3018,9 +3024,18 @@ def _x_at(slot):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def _x_cold(x_words, slot, field):
+    """Where field ``field`` (XE_CB_*) of entry ``slot`` is: in the words'
+    second half."""
+    return (
+        np.uint64(x_words.shape[0] >> 1) + (np.uint64(slot) << _X_SHIFT) + np.uint64(field - X_HOT)
+    )
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _x_slots(x_words):
     """The replay cache's entries."""
-    return np.int64(x_words.shape[0] >> _X_SHIFT)
+    return np.int64(x_words.shape[0] >> _X_ALL_SHIFT)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -3464,11 +3479,11 @@ def _fast(ds, pk, cf, ct, out):
                     icnt = 0
                     has_icnt = True
                     if V[XV_LAST] >= 0:
-                        e = _x_at(V[XV_LAST])
-                        cb_ninsn = x_words[e + np.uint64(XE_CB_NINSN)]
-                        cb_isid = x_words[e + np.uint64(XE_CB_ISID)]
-                        cb_ip = np.uint64(x_words[e + np.uint64(XE_CB_IP)])
-                        cb_run = x_words[e + np.uint64(XE_CB_RUN)]
+                        e = V[XV_LAST]
+                        cb_ninsn = x_words[_x_cold(x_words, e, XE_CB_NINSN)]
+                        cb_isid = x_words[_x_cold(x_words, e, XE_CB_ISID)]
+                        cb_ip = np.uint64(x_words[_x_cold(x_words, e, XE_CB_IP)])
+                        cb_run = x_words[_x_cold(x_words, e, XE_CB_RUN)]
                     else:  # a run walked (a return, a TIP)
                         cb_run = ~V[XV_LAST]
                         cb_ninsn, cb_isid = np.int64(r_ninsn[cb_run]), np.int64(r_isid[cb_run])

@@ -70,8 +70,8 @@ _NCOUNTS = 16
 
 # The replay cache (see hwtrace.pt._flowloop): decoded stretches of runs,
 # keyed by the run they start at and the trace bits that drive them: entries
-# (X_FIELDS words each, at 64-byte boundaries: the fields a replay reads
-# are one cache line), and pools for the block-store keys of the
+# (X_FIELDS words each: the half a replay reads in one cache line, 64
+# bytes apart, the other half after all of those), and pools for the block-store keys of the
 # stretches' runs and for the return addresses they push; a full pool
 # empties the cache.  Its size follows the trace a decoder is given (see
 # CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.3 MiB in all) to
@@ -450,7 +450,7 @@ class CodeTable:
         # (the compiled code takes the words in one row: an entry's place is
         # a shift, not a multiplication by the row length read from memory)
         self.x_words = words[skip : skip + slots * X_FIELDS]
-        self.x_tab = self.x_words.reshape(slots, X_FIELDS)
+        self.x_slots = slots
         self.x_key = np.zeros(slots * X_POOL_PER_SLOT, np.uint16)
         self.x_pip = np.zeros(slots * X_PUSH_PER_SLOT, np.uint64)
         self.x_prun = np.zeros(slots * X_PUSH_PER_SLOT, np.int32)
@@ -465,7 +465,7 @@ class CodeTable:
         slots = X_SLOTS_MIN
         while slots < X_SLOTS_MAX and slots * X_BYTES_PER_SLOT < trace_bytes:
             slots *= 2
-        if slots > self.x_tab.shape[0]:
+        if slots > self.x_slots:
             self._alloc_replay(slots)
             self._refresh()
 
