@@ -7,11 +7,17 @@ from hypothesis import strategies as st
 from hwtrace.textout.perfscript import ListingWriter, render_lines
 
 
-def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain):
-    """perf script's ``%16s %5d %5lu.%09llu:  %16lx sym+0xoff (dso)``."""
+def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain, usec=False):
+    """perf script's ``%16s %5d %5lu.%09llu:  %16lx sym+0xoff (dso)``
+    (``usec``: ``%5lu.%06lu``, perf's without --ns)."""
     lines = []
     for j in range(ip.shape[0]):
-        stamp = f"{ns[j] // 10**9:5d}.{ns[j] % 10**9:09d}" if ns[j] >= 0 else f"{'-':>15}"
+        if usec:
+            stamp = (
+                f"{ns[j] // 10**9:5d}.{ns[j] % 10**9 // 1000:06d}" if ns[j] >= 0 else f"{'-':>12}"
+            )
+        else:
+            stamp = f"{ns[j] // 10**9:5d}.{ns[j] % 10**9:09d}" if ns[j] >= 0 else f"{'-':>15}"
         s = sym[j]
         if s < 0:
             label = "[unknown] ([unknown])"
@@ -31,15 +37,16 @@ def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain):
     blocks=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
     chunk=st.sampled_from([1, 200, 1 << 22]),
+    usec=st.booleans(),
 )
-def test_listing_matches_python(n, blocks, seed, chunk):
+def test_listing_matches_python(n, blocks, seed, chunk, usec):
     rng = np.random.default_rng(seed)
     comms = ["demo", "a-very-long-command-name", "?", ""]
     names = ["main", "checksum", "_ZN3foo3barEv", "x" * 70]
     modules = ["demo", "libc.so.6", "[kernel.kallsyms]", "m"]
     comm = rng.integers(0, len(comms), n)
     tid = rng.choice([-1, 0, 7, 1234567, 99999999], n)
-    ns = rng.choice([-1, 0, 5, 10**9, 1321504164994, 2**62], n)
+    ns = rng.choice([-1, 0, 5, 10**9, 1321504164994, 1321504999999, 2**62], n)
     ip = rng.choice(np.array([0, 0x401000, 0xFFFFFFFF81000000, 2**64 - 1], np.uint64), n)
     sym = rng.integers(-1, len(names), n)
     off = rng.choice([0, 1, 0x17, 0xFFFF], n)
@@ -47,10 +54,22 @@ def test_listing_matches_python(n, blocks, seed, chunk):
     plain = rng.integers(0, 2, len(names)).astype(np.uint8)
     got = b"".join(
         render_lines(
-            comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain=plain, chunk=chunk
+            comms,
+            comm,
+            tid,
+            ns,
+            ip,
+            names,
+            modules,
+            sym,
+            off,
+            ninsn,
+            plain=plain,
+            chunk=chunk,
+            usec=usec,
         )
     ).decode()
-    assert got == _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain)
+    assert got == _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain, usec)
 
 
 @settings(max_examples=40, deadline=None)

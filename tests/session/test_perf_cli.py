@@ -70,6 +70,46 @@ def test_script_lists_every_instruction(recorded):
     assert len(blocks.stdout.splitlines()) < len(rows)
 
 
+PERF_LISTING = ["--itrace=i0ns", "-F", "comm,tid,time,ip,sym,symoff,dso"]
+
+
+def _untimed(line: str) -> str:
+    """A listing line without its time's digits."""
+    head, _, rest = line.partition(":  ")
+    return head.rsplit(" ", 1)[0] + ":  " + rest
+
+
+def test_script_takes_perfs_spelling_of_its_listing(recorded):
+    """perf script's options for what hwtrace script lists are taken, and
+    the text is perf's (times in microseconds without --ns); options for
+    anything else are one line naming what is listed."""
+    _, data, _ = recorded
+    plain = run("script", "-i", str(data))
+    with_ns = run("script", "-i", str(data), *PERF_LISTING, "--ns")
+    assert with_ns.returncode == 0, with_ns.stderr
+    assert with_ns.stdout == plain.stdout
+    usec = run("script", "-i", str(data), *PERF_LISTING)
+    assert usec.returncode == 0, usec.stderr
+    first = usec.stdout.splitlines()[0]
+    assert first.split()[2].endswith(":") and len(first.split()[2].split(".")[1]) == 7
+    if shutil.which("perf") is not None:
+        for extra in (["--ns"], []):
+            perf = subprocess.run(["perf", "script", "-i", str(data), *PERF_LISTING, *extra],
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert perf.returncode == 0, perf.stderr
+            # (the text, and the times' form; the times themselves are each
+            # decoder's timing model's, compared elsewhere)
+            ours = (with_ns if extra else usec).stdout.splitlines()
+            theirs = perf.stdout.splitlines()
+            assert [_untimed(line) for line in ours] == [_untimed(line) for line in theirs]
+            assert [len(line) for line in ours] == [len(line) for line in theirs]
+    for bad, says in (("--itrace=b", "'b' (branches)"), ("--itrace=i100us", "not a sample"),
+                      ("-Fip,sym", "comm,tid,time,ip,sym,symoff,dso")):  # fmt: skip
+        out = run("script", "-i", str(data), bad)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_a_recording_cut_short_lists_what_it_holds(recorded, tmp_path):
     """A perf.data cut inside its trace (perf killed, a disk full): the
     trace up to the cut is decoded, its instructions those of the whole

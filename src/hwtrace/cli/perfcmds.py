@@ -9,6 +9,7 @@ on any machine (``record`` is :mod:`.recordcmd`).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -180,6 +181,58 @@ def _write_call_paths(a: argparse.Namespace, paths, events) -> list[tuple[str, i
     return out
 
 
+# perf script's --itrace letters (perf's Documentation/itrace.txt) and the
+# fields of -F: the ones the listing is.
+_ITRACE_LETTERS = {
+    "i": "instructions", "y": "cycles", "b": "branches", "c": "calls", "r": "returns",
+    "x": "transactions", "w": "PTWRITEs", "p": "power events", "o": "other events",
+    "e": "errors", "d": "debug log", "f": "the first", "g": "call chains", "G": "call chains",
+    "l": "last branches", "L": "last branches", "s": "skipped events", "q": "quicker decoding",
+    "Z": "timestamps for each sample", "m": "memory events", "t": "timing events",
+    "A": "the instruction count", "I": "interrupts",
+}  # fmt: skip
+_LISTED_FIELDS = ("comm", "tid", "time", "ip", "sym", "symoff", "dso")
+
+
+# An --itrace option: a letter, then a period with its unit or flags.
+_ITRACE_ITEM = re.compile(r"([A-Za-z])(\d+(?:ns|us|ms|i|t)?|(?:[+-][A-Za-z])*)")
+
+
+def _itrace_ptwrite(p: argparse.ArgumentParser, spec: str) -> bool:
+    """Whether perf's ``--itrace`` options ``spec`` list PTWRITEs; an error
+    for what the listing is not (hwtrace script lists every instruction,
+    PTWRITEs at their place, and reports gaps)."""
+    letters: dict[str, str] = {}
+    pos = 0
+    while pos < len(spec):
+        m = _ITRACE_ITEM.match(spec, pos)
+        if m is None or m.group(1) not in _ITRACE_LETTERS:
+            p.error(f"--itrace={spec}: {spec[pos:]!r} is not one of perf's --itrace options")
+        letters[m.group(1)] = m.group(2)
+        pos = m.end()
+    for letter in letters:
+        if letter not in "iwe":
+            p.error(
+                f"--itrace={spec}: {letter!r} ({_ITRACE_LETTERS[letter]}) is not what hwtrace "
+                "script lists: every instruction (i), PTWRITEs (w), errors (e)"
+            )
+    if "i" not in letters:
+        p.error(f"--itrace={spec}: hwtrace script lists instructions: i, with w for PTWRITEs")
+    if not re.fullmatch(r"(0\D*|1i)?", letters["i"]):
+        p.error(f"--itrace={spec}: i{letters['i']}: hwtrace script lists every instruction "
+                "(i, i0ns, i1i), not a sample of them")  # fmt: skip
+    return "w" in letters
+
+
+def _check_fields(p: argparse.ArgumentParser, fields: str) -> None:
+    """perf's ``-F`` list: the listing's fields, all of them (perf prints
+    them in its order whatever the list's)."""
+    named = [f.strip() for f in fields.split(",") if f.strip()]
+    if sorted(named) != sorted(_LISTED_FIELDS):
+        p.error(f"-F {fields}: hwtrace script prints {','.join(_LISTED_FIELDS)}: -F may name "
+                "those, all of them")  # fmt: skip
+
+
 def script_main(argv: Sequence[str]) -> int:
     """List the decoded Intel PT of a perf.data per instruction or per block."""
     p = command_parser("hwtrace script", script_main)
@@ -192,7 +245,23 @@ def script_main(argv: Sequence[str]) -> int:
     p.add_argument("--json", action="store_true",
                    help="one JSON object a line (comm, tid, time, ip, sym, symoff, dso; insns "
                         "or ptwrite) instead of perf script's text")  # fmt: skip
+    p.add_argument("--itrace", metavar="OPTS",
+                   help="perf script's spelling of what to list: i (every instruction: i, i0ns), "
+                        "w (PTWRITEs), e (errors); without w no PTWRITEs")  # fmt: skip
+    p.add_argument("-F", "--fields", metavar="FIELDS",
+                   help="perf script's field list: comm,tid,time,ip,sym,symoff,dso (what is "
+                        "printed)")  # fmt: skip
+    p.add_argument("--ns", action="store_true",
+                   help="times in nanoseconds: the default, but with --itrace or -F times are "
+                        "in microseconds without it, as perf script prints them")  # fmt: skip
     a = p.parse_args(list(argv))
+    ptwrite = not a.no_ptwrite
+    if a.itrace is not None:
+        ptwrite = ptwrite and _itrace_ptwrite(p, a.itrace)
+    if a.fields is not None:
+        _check_fields(p, a.fields)
+    # perf's spelling, perf's times: microseconds unless --ns.
+    usec = (a.itrace is not None or a.fields is not None) and not a.ns
     session = open_session(p.prog, a)
     if session is None:
         return 1
@@ -200,8 +269,8 @@ def script_main(argv: Sequence[str]) -> int:
 
     out = sys.stdout.buffer
     try:
-        writer = ListingWriter(out, json=a.json)
-        flow = session.listing(writer.write, blocks=a.blocks, ptwrite=not a.no_ptwrite)
+        writer = ListingWriter(out, json=a.json, usec=usec)
+        flow = session.listing(writer.write, blocks=a.blocks, ptwrite=ptwrite)
         warn_missing_calls(p.prog, flow)
         out.flush()
         for problem in shown_problems(flow.problems):

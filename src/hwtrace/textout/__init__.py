@@ -357,15 +357,25 @@ def put_spaces(out: np.ndarray, p: int, n: int) -> int:
 def put_seconds(out: np.ndarray, p: int, ns: int, width: int) -> int:
     """``ns`` (nanoseconds, >= 0) as seconds with nine decimals, the whole
     seconds right-aligned in ``width`` columns (C's ``%*llu.%09llu``)."""
+    return put_seconds_to(out, p, ns, width, 9)
+
+
+@njit(cache=True, _nrt=False)
+def put_seconds_to(out: np.ndarray, p: int, ns: int, width: int, digits: int) -> int:
+    """``ns`` (nanoseconds, >= 0) as seconds with ``digits`` decimals (the
+    rest cut off, as perf's microseconds ``%*llu.%06llu``), the whole
+    seconds right-aligned in ``width`` columns."""
     sec = ns // 1_000_000_000
     p = put_spaces(out, p, width - digit_count(sec, 10))
     p = put_dec(out, p, sec)
     out[p] = 46
     frac = ns % 1_000_000_000
-    for j in range(9, 0, -1):
+    for _ in range(9 - digits):
+        frac //= 10
+    for j in range(digits, 0, -1):
         out[p + j] = 48 + frac % 10
         frac //= 10
-    return p + 10
+    return p + 1 + digits
 
 
 @njit(cache=True, _nrt=False)

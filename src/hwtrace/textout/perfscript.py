@@ -28,7 +28,7 @@ from . import (
     packed_strings,
     put_dec,
     put_hex,
-    put_seconds,
+    put_seconds_to,
     put_slice_over,
     put_spaces,
     put_text,
@@ -92,10 +92,10 @@ def _put_thread(scratch, comm_data, comm_at, k, t, blank, json):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _put_time(scratch, w, blank, json):
+def _put_time(scratch, w, blank, json, usec):
     """A line's time into ``scratch`` at ``_TIME_AT``: perf's seconds
-    (``-`` unknown) then ``:  ``, or as JSON nanoseconds (null); its
-    length."""
+    (nanoseconds, ``usec``: microseconds; ``-`` unknown) then ``:  ``, or
+    as JSON nanoseconds (null); its length."""
     if json:
         if w >= 0:
             q = put_dec(scratch, _TIME_AT, w)
@@ -103,9 +103,9 @@ def _put_time(scratch, w, blank, json):
             q = put_text(scratch, _TIME_AT, "null")
         return q - _TIME_AT
     if w >= 0:
-        q = put_seconds(scratch, _TIME_AT, w, 5)
+        q = put_seconds_to(scratch, _TIME_AT, w, 5, 6 if usec else 9)
     else:
-        q = put_slice_over(scratch, _TIME_AT, blank, 0, 14)
+        q = put_slice_over(scratch, _TIME_AT, blank, 0, 11 if usec else 14)
         scratch[q] = 45
         q += 1
     q = put_text(scratch, q, ":  ")
@@ -127,7 +127,7 @@ def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
     scratch, lo, hi, out, cap,
-    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json,
+    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json, usec,
 ):  # fmt: skip
     """Lines from ``lo`` (up to ``hi``) into ``out`` until ``cap`` bytes
     are written; returns the bytes written and the next line.  A line's
@@ -141,7 +141,8 @@ def _render(
     JSON object (``comm``, ``tid``, ``time`` in ns or null, ``ip`` in hex
     as perf's JSON gives addresses, ``sym``, ``symoff`` where perf prints
     one, ``dso``; ``insns`` or ``ptwrite``), the names JSON-quoted in the
-    byte tables."""
+    byte tables; ``usec``: text times in microseconds (perf script's
+    without ``--ns``)."""
     p = 0
     i = lo
     last_comm = -1
@@ -160,7 +161,7 @@ def _render(
         w = ns[i]
         if w != last_ns:
             last_ns = w
-            tlen = _put_time(scratch, w, blank, json)
+            tlen = _put_time(scratch, w, blank, json, usec)
         p = put_slice_over(out, p, scratch, _TIME_AT, _TIME_AT + tlen)
         if use_rows and kind[i] == 0:
             r = rows[i]
@@ -236,10 +237,11 @@ class ListingWriter:
 
     def __init__(
         self, out: BinaryIO, chunk: int = 1 << 22, row_text_bytes: int = _POOL_BYTES,
-        *, json: bool = False,
+        *, json: bool = False, usec: bool = False,
     ) -> None:  # fmt: skip
         self.out, self.chunk, self.row_text_bytes = out, chunk, row_text_bytes
         self.json = json
+        self.usec = usec  # times in microseconds, as perf script prints them without --ns
         self._names: tuple[int, int] = (-1, -1)
         self._buf = np.zeros(0, np.uint8)
         self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
@@ -323,6 +325,7 @@ class ListingWriter:
                 *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
                 tail_data, tail_at, self._plains, _BLANK, self._scratch, lo, n, out, self.chunk,
                 use_rows, rows, text.at, text.length, text.pool, text.used, width, self.json,
+                self.usec,
             )  # fmt: skip
             yield view[:m]
 
@@ -343,6 +346,7 @@ def render_lines(
     payload: np.ndarray | None = None,
     plain: np.ndarray | None = None,
     chunk: int = 1 << 22,
+    usec: bool = False,
 ) -> Iterator[bytes]:
     """The listing as byte chunks.  Per line: ``comm`` (index into
     ``comms``), ``tid``, ``ns`` (perf time, -1 unknown), ``ip``, ``sym``
@@ -350,8 +354,9 @@ def render_lines(
     ``off`` (bytes into the symbol); a name whose ``plain`` entry is
     nonzero is printed without the offset (perf's ``[unknown]`` in a mapped
     file); ``ninsn`` per line makes it a block listing; a line whose
-    ``kind`` is 1 is a PTWRITE of ``payload`` instead."""
-    writer = ListingWriter(None, chunk)  # type: ignore[arg-type]
+    ``kind`` is 1 is a PTWRITE of ``payload`` instead; ``usec``: times in
+    microseconds."""
+    writer = ListingWriter(None, chunk, usec=usec)  # type: ignore[arg-type]
     for view in writer.views(
         comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, kind, payload, plain
     ):
