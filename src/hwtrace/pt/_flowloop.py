@@ -3101,6 +3101,8 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             # A run that takes the TIP itself is walked here too, as _fast
             # walks it (one row, a new block, the TIP consumed): no stretch
             # to look up, and where it goes is most often where it went last.
+            # (Apart from the walk of a return below, though the rows are
+            # stored alike: one branch for both was 5-9% slower here.)
             if direct:
                 key = np.int64(r_key[blk])
                 if key < 0 or not s_started:
