@@ -24,7 +24,13 @@ a TNT bit or a TIP carry the time of the previous such branch, and the
 consuming branch carries the time of every packet up to its own.  Trace
 (re)starts (PSB+ when not in sync, TIP.PGE), a changed CBR and an
 asynchronous FUP (with its TIP or TIP.PGD) move it without an
-instruction.  perf keeps each queue's time from going backwards.
+instruction.  perf keeps each queue's time from going backwards, except
+where tracing begins in user space (TIP.PGE): there the queue takes the
+decoder's estimate, ``sample_timestamp`` plus two ticks an instruction
+walked since a timing packet last set ``timestamp`` (times the maximum
+non-turbo ratio over the CBR, when both are known).  In sync, perf walks
+to a PSB+'s FUP before it reads the packets after PSBEND, so the
+instructions up to it count before those packets set the estimate again.
 
 :class:`PerfClock` runs that over a queue's packets alongside its decoded
 instructions (their addresses and transfer classes), batch by batch, in a
@@ -72,7 +78,9 @@ _OVF = int(Kind.OVF)
 # Kernel state slots (int64).
 (P, TS, TSC_TS, REF, HAVE_TMA, CTC_TS, CTC_DELTA, LAST_MTC, FIXUP, CYC_REF, CYC_CNT,
  HAVE_CALC, CBR, CBR_SEEN, SAMPLE, TNT_LEFT, LAST_IP, SYNCED, LAST_TYPE, IN_PSB,
- PSB_FUP, PEND, PEND_IP, PEND_TS, NSTATE) = range(25)  # fmt: skip
+ PSB_FUP, PEND, PEND_IP, PEND_TS, TS_INSN, NSTATE) = range(26)  # fmt: skip
+# (TS_INSN: instructions since a timing packet last set the estimate,
+# perf's timestamp_insn_cnt.)
 # Float state slots.
 CALC_CYC, CBR_CYC, MAX_NT = range(3)
 TSC_SLIP = 0x10000
@@ -270,6 +278,7 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
             st[TSC_TS] = ts
             st[TS] = ts
             st[REF] = 0
+            st[TS_INSN] = 0
         elif st[TS] != 0:
             ts = v | (st[TS] & top)
             st[TSC_TS] = ts
@@ -279,6 +288,7 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
                 ts += np.int64(1) << 56
                 st[TSC_TS] = ts
             st[TS] = ts
+            st[TS_INSN] = 0
         if st[LAST_TYPE] == _CYC:
             _cyc_restart(st)
     elif k == _TMA:
@@ -301,6 +311,7 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
         ts = st[CTC_TS] + _ctc_ticks(st[CTC_DELTA], n, d, mult)
         if ts >= st[TS]:
             st[TS] = ts
+        st[TS_INSN] = 0
         st[LAST_MTC] = mtc
         if st[LAST_TYPE] == _CYC:
             _cyc_restart(st)
@@ -317,6 +328,7 @@ def _timing(kind, a, b, p, npk, st, fs, shift, n, d, mult):
             return
         if ts >= st[TS]:
             st[TS] = ts
+        st[TS_INSN] = 0
 
 
 @aot.njit(cache=True)
@@ -336,11 +348,21 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
                 st[TNT_LEFT] -= 1
                 st[SAMPLE] = st[TS]
             out[i] = st[SAMPLE]
+            st[TS_INSN] += 1
+            i += 1
+            continue
+        if st[PEND] and (c == C_OTHER or c == C_DIRECT):
+            # perf walks to the PSB+'s FUP before it reads on: the
+            # instructions before it consume nothing, and count before
+            # what follows the PSB+ sets the estimate again.
+            out[i] = st[SAMPLE]
+            st[TS_INSN] += 1
             i += 1
             continue
         # Read up to the next packet an instruction consumes.
         p = st[P]
         restart = False
+        to_fup = False
         while p < npk:
             k = kind[p]
             if k == _PAD or (not st[SYNCED] and not st[IN_PSB] and k != _PSB):
@@ -373,12 +395,23 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
                     st[PEND] = 1
                     st[PEND_IP] = st[LAST_IP]
                     st[PEND_TS] = st[TS]
+                    to_fup = True
             elif k == _OVF:
                 st[TNT_LEFT] = 0
+                st[TS_INSN] = 0
                 st[SAMPLE] = st[TS]
             elif k == _PGE:
                 st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
                 st[SAMPLE] = st[TS]
+                if st[LAST_IP] > 0:
+                    # Tracing begins in user space: perf's queue takes the
+                    # decoder's estimate there (intel_pt_est_timestamp: two
+                    # ticks an instruction since the estimate was set, at
+                    # the maximum non-turbo ratio over the core's).
+                    est = st[TS_INSN] << 1
+                    if st[CBR] and fs[MAX_NT]:
+                        est = est * np.int64(fs[MAX_NT]) // st[CBR]
+                    st[SAMPLE] = st[TS] + est
             elif k == _FUP and st[IN_PSB]:
                 st[LAST_IP] = _ip(np.int64(a[p]), b[p], st[LAST_IP])
                 st[PSB_FUP] = 1
@@ -386,7 +419,11 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
                 break
             st[LAST_TYPE] = k
             p += 1
+            if to_fup:
+                break
         st[P] = p
+        if to_fup:
+            continue  # (instruction i again: at the FUP, or walked to it)
         if p >= npk:
             return i
         if st[PEND] and st[PEND_IP] == np.int64(ips[i]):
@@ -439,6 +476,7 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
                 st[SAMPLE] = st[TS]
                 if c == C_FAR:  # the FUP is this instruction's own (a syscall)
                     out[i] = st[SAMPLE]
+                    st[TS_INSN] += 1
                     i += 1
                     continue
                 restart = True
@@ -449,6 +487,7 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
             st[P] = p + 1
             st[SAMPLE] = st[TS]
         out[i] = st[SAMPLE]
+        st[TS_INSN] += 1
         i += 1
     return i
 
