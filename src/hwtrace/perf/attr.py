@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 
+from .records import SampleType
+
 __all__ = [
     "ATTR_FLAG_BITS",
     "ATTR_SIZES",
@@ -272,13 +274,9 @@ def id_is_positions(sample_type: int) -> tuple[int, int]:
     return idp, isp
 
 
-# perf_event_attr__fprintf's names (perf's util/perf_event_attr_fprintf.c).
-_SAMPLE_TYPE_NAMES = (
-    "IP", "TID", "TIME", "ADDR", "READ", "CALLCHAIN", "ID", "CPU", "PERIOD", "STREAM_ID", "RAW",
-    "BRANCH_STACK", "REGS_USER", "STACK_USER", "WEIGHT", "DATA_SRC", "IDENTIFIER", "TRANSACTION",
-    "REGS_INTR", "PHYS_ADDR", "AUX", "CGROUP", "DATA_PAGE_SIZE", "CODE_PAGE_SIZE",
-    "WEIGHT_STRUCT",
-)  # fmt: skip
+# perf_event_attr__fprintf's names (perf's util/perf_event_attr_fprintf.c):
+# the sample type's are SampleType's, bit by bit.
+_SAMPLE_TYPE_NAMES = tuple(str(m.name) for m in SampleType)
 _READ_FORMAT_NAMES = ("TOTAL_TIME_ENABLED", "TOTAL_TIME_RUNNING", "ID", "GROUP", "LOST")
 
 

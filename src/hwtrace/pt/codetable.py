@@ -71,9 +71,9 @@ _NCOUNTS = 16
 # The replay cache (see hwtrace.pt._flowloop): decoded stretches of runs,
 # keyed by the run they start at and the trace bits that drive them: entries
 # (X_FIELDS words each: the half a replay reads in one cache line, 64
-# bytes apart, the other half after all of those), and pools for the block-store keys of the
-# stretches' runs and for the return addresses they push; a full pool
-# empties the cache.  Its size follows the trace a decoder is given (see
+# bytes apart, the other half after all of those), and pools for the
+# block-store keys of the stretches' runs and for the return addresses they
+# push; a full pool empties the cache.  Its size follows the trace a decoder is given (see
 # CodeTable.reserve_replay), from X_SLOTS_MIN entries (0.3 MiB in all) to
 # X_SLOTS_MAX (5 MiB).
 X_FIELDS = 16
