@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -23,21 +24,21 @@ FIELDS = ["--itrace=i0ns", "--ns", "-F", "comm,tid,time,ip,sym,symoff,dso"]
 HWTRACE = [sys.executable, "-m", "hwtrace.cli.main"]
 
 
-def perf_lists(path: Path) -> bytes:
+def perf_lists(path: Path, options: Sequence[str] = FIELDS) -> bytes:
     """perf script's instruction listing of ``path`` (skips when perf or
     its Intel PT decoder is missing)."""
     if PERF is None:
         pytest.skip("perf is not installed")
-    got = subprocess.run([PERF, "script", "-i", str(path), *FIELDS], capture_output=True,
+    got = subprocess.run([PERF, "script", "-i", str(path), *options], capture_output=True,
                          timeout=300)  # fmt: skip
     if got.returncode != 0 or not got.stdout:
         pytest.skip(f"perf script cannot decode Intel PT here: {got.stderr.decode()[-200:]}")
     return got.stdout
 
 
-def hwtrace_lists(path: Path, capsysbinary) -> bytes:
+def hwtrace_lists(path: Path, capsysbinary, options: Sequence[str] = ()) -> bytes:
     capsysbinary.readouterr()
-    assert main(["script", "-i", str(path)]) == 0
+    assert main(["script", "-i", str(path), *options]) == 0
     return capsysbinary.readouterr().out
 
 
@@ -241,6 +242,12 @@ def test_filtered_recording_lists_as_perf_does(backend, tmp_path, capsysbinary):
     theirs = perf_lists(out)
     mine = hwtrace_lists(out, capsysbinary)
     assert theirs.count(b"\n") > (3000 if backend == "patch" else 1000) and b"digest+0x" in theirs
+    assert mine == theirs, first_difference(theirs, mine)
+    # perf's default fields: each instruction's period and event name after
+    # its time (in microseconds), the name as perf makes it from the attrs.
+    theirs = perf_lists(out, ("--itrace=i0ns",))
+    mine = hwtrace_lists(out, capsysbinary, ("--itrace=i0ns",))
+    assert b" instructions:u: " in theirs
     assert mine == theirs, first_difference(theirs, mine)
 
 

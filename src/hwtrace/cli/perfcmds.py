@@ -247,7 +247,8 @@ def script_main(argv: Sequence[str]) -> int:
                         "or ptwrite) instead of perf script's text")  # fmt: skip
     p.add_argument("--itrace", metavar="OPTS",
                    help="perf script's spelling of what to list: i (every instruction: i, i0ns), "
-                        "w (PTWRITEs), e (errors); without w no PTWRITEs")  # fmt: skip
+                        "w (PTWRITEs, with -F), e (errors); without w no PTWRITEs; without -F "
+                        "perf's default fields (period and event name after the time)")  # fmt: skip
     p.add_argument("-F", "--fields", metavar="FIELDS",
                    help="perf script's field list: comm,tid,time,ip,sym,symoff,dso (what is "
                         "printed)")  # fmt: skip
@@ -260,8 +261,13 @@ def script_main(argv: Sequence[str]) -> int:
         ptwrite = ptwrite and _itrace_ptwrite(p, a.itrace)
     if a.fields is not None:
         _check_fields(p, a.fields)
-    # perf's spelling, perf's times: microseconds unless --ns.
+    # perf's spelling, perf's times: microseconds unless --ns; and without
+    # -F perf's default fields, the period and event name after the time.
     usec = (a.itrace is not None or a.fields is not None) and not a.ns
+    perf_fields = a.itrace is not None and a.fields is None and not a.blocks and not a.json
+    if perf_fields and ptwrite:
+        p.error(f"--itrace={a.itrace}: PTWRITEs are listed with -F "
+                f"{','.join(_LISTED_FIELDS)} (not in perf script's default fields)")  # fmt: skip
     session = open_session(p.prog, a)
     if session is None:
         return 1
@@ -269,7 +275,8 @@ def script_main(argv: Sequence[str]) -> int:
 
     out = sys.stdout.buffer
     try:
-        writer = ListingWriter(out, json=a.json, usec=usec)
+        event = session.instruction_event_column() if perf_fields else ""
+        writer = ListingWriter(out, json=a.json, usec=usec, event=event)
         flow = session.listing(writer.write, blocks=a.blocks, ptwrite=ptwrite)
         warn_missing_calls(p.prog, flow)
         out.flush()

@@ -310,3 +310,23 @@ def attr_text(attr: PerfEventAttr) -> str:
               ("sample_max_stack", str(a.sample_max_stack)),
               ("aux_sample_size", str(a.aux_sample_size)), ("sig_data", str(a.sig_data))]  # fmt: skip
     return ", ".join(f"{k} = {v}" for k, v in parts if v not in ("", "0", "0x0"))
+
+
+def event_modifiers(attr: PerfEventAttr) -> str:
+    """The modifiers perf adds to a name it makes from an attr (``:u``,
+    ``:kH``, ``:ppp``; empty when none), as perf's evsel__add_modifiers
+    writes them: the contexts counted when some are excluded, precision,
+    then host and guest when they differ from what excluding implies."""
+    mods = ""
+    guest_default = False
+    if attr.exclude_kernel or attr.exclude_user or attr.exclude_hv:
+        mods += "".join(m for m, off in (("k", attr.exclude_kernel), ("u", attr.exclude_user),
+                                         ("h", attr.exclude_hv)) if not off)  # fmt: skip
+        guest_default = True
+    if attr.precise_ip:
+        mods += "ppp"[: attr.precise_ip]
+        guest_default = True
+    if attr.exclude_host or bool(attr.exclude_guest) == guest_default:
+        mods += "".join(m for m, off in (("H", attr.exclude_host), ("G", attr.exclude_guest))
+                        if not off)  # fmt: skip
+    return ":" + mods if mods else ""

@@ -17,6 +17,7 @@ import numpy as np
 from ..image.revisions import CodeRevisions
 from ..pt.config import PtConfig
 from ..pt.packets import release
+from .attr import PerfEventAttr, event_modifiers
 from .code import add_bpf_images
 from .data import PerfData, PerfDataError
 from .features import Feature
@@ -106,7 +107,7 @@ def pt_config_of(data: PerfData) -> PtConfig:
     config = PtConfig()
     if pt is None:
         return config
-    attr = next((a.attr for a in data.attrs if a.attr.type == pt.pmu_type), None)
+    attr = pt_attr_of(data)
     if attr is not None and pt.mtc_freq_bits:
         shift = (pt.mtc_freq_bits & -pt.mtc_freq_bits).bit_length() - 1
         config.mtc_freq = (attr.config & pt.mtc_freq_bits) >> shift
@@ -114,6 +115,27 @@ def pt_config_of(data: PerfData) -> PtConfig:
     config.cpuid_0x15_eax = pt.tsc_ctc_ratio_d or 0
     config.cpuid_0x15_ebx = pt.tsc_ctc_ratio_n or 0
     return config
+
+
+def pt_attr_of(data: PerfData) -> PerfEventAttr | None:
+    """The attr of a perf.data's Intel PT event (None: none)."""
+    pt = data.intel_pt
+    if pt is None:
+        return None
+    return next((a.attr for a in data.attrs if a.attr.type == pt.pmu_type), None)
+
+
+def instruction_event_column(data: PerfData, period: int = 1) -> str:
+    """What ``perf script --itrace=i...`` prints between an instruction
+    sample's time and its address by default: the period, then the name
+    of the samples' event (``instructions`` with the Intel PT event's
+    modifiers, as perf names the event it makes) right-aligned to the
+    longest name of the file's events and that one, then a colon."""
+    attr = pt_attr_of(data)
+    name = "instructions" + (event_modifiers(attr) if attr is not None else "")
+    named = data.features.get(Feature.EVENT_DESC) or []
+    width = max([len(name), *(len(d.name) for d in named)])
+    return f" {period:10d} {name:>{width}}:"
 
 
 def tsc_conversion_of(data: PerfData) -> TscConversion | None:

@@ -158,6 +158,14 @@ class PerfSession:
         flow.missing_calls = missing()
         return flow
 
+    def instruction_event_column(self) -> str:
+        """What ``perf script --itrace=i0ns`` prints by default between an
+        instruction's time and its address (its period and event name, see
+        :func:`hwtrace.perf.intelpt.instruction_event_column`)."""
+        from ..perf.intelpt import instruction_event_column
+
+        return instruction_event_column(self.data)
+
     def listing(
         self,
         on_rows: Callable[[ListingRows], None],

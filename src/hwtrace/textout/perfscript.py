@@ -26,6 +26,7 @@ from . import (
     digit_count,
     hex_digit_count,
     packed_strings,
+    put_bytes,
     put_dec,
     put_hex,
     put_seconds_to,
@@ -92,10 +93,11 @@ def _put_thread(scratch, comm_data, comm_at, k, t, blank, json):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _put_time(scratch, w, blank, json, usec):
+def _put_time(scratch, w, blank, json, usec, event):
     """A line's time into ``scratch`` at ``_TIME_AT``: perf's seconds
-    (nanoseconds, ``usec``: microseconds; ``-`` unknown) then ``:  ``, or
-    as JSON nanoseconds (null); its length."""
+    (nanoseconds, ``usec``: microseconds; ``-`` unknown), a colon, the
+    text ``event`` and two spaces, or as JSON nanoseconds (null); its
+    length."""
     if json:
         if w >= 0:
             q = put_dec(scratch, _TIME_AT, w)
@@ -108,7 +110,9 @@ def _put_time(scratch, w, blank, json, usec):
         q = put_slice_over(scratch, _TIME_AT, blank, 0, 11 if usec else 14)
         scratch[q] = 45
         q += 1
-    q = put_text(scratch, q, ":  ")
+    scratch[q] = 58
+    q = put_bytes(scratch, q + 1, event)
+    q = put_text(scratch, q, "  ")
     return q - _TIME_AT
 
 
@@ -127,7 +131,7 @@ def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
     scratch, lo, hi, out, cap,
-    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json, usec,
+    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json, usec, event,
 ):  # fmt: skip
     """Lines from ``lo`` (up to ``hi``) into ``out`` until ``cap`` bytes
     are written; returns the bytes written and the next line.  A line's
@@ -142,7 +146,8 @@ def _render(
     as perf's JSON gives addresses, ``sym``, ``symoff`` where perf prints
     one, ``dso``; ``insns`` or ``ptwrite``), the names JSON-quoted in the
     byte tables; ``usec``: text times in microseconds (perf script's
-    without ``--ns``)."""
+    without ``--ns``); ``event``: text after a text time's colon (perf
+    script's period and event name)."""
     p = 0
     i = lo
     last_comm = -1
@@ -161,7 +166,7 @@ def _render(
         w = ns[i]
         if w != last_ns:
             last_ns = w
-            tlen = _put_time(scratch, w, blank, json, usec)
+            tlen = _put_time(scratch, w, blank, json, usec, event)
         p = put_slice_over(out, p, scratch, _TIME_AT, _TIME_AT + tlen)
         if use_rows and kind[i] == 0:
             r = rows[i]
@@ -237,14 +242,17 @@ class ListingWriter:
 
     def __init__(
         self, out: BinaryIO, chunk: int = 1 << 22, row_text_bytes: int = _POOL_BYTES,
-        *, json: bool = False, usec: bool = False,
+        *, json: bool = False, usec: bool = False, event: str = "",
     ) -> None:  # fmt: skip
         self.out, self.chunk, self.row_text_bytes = out, chunk, row_text_bytes
         self.json = json
         self.usec = usec  # times in microseconds, as perf script prints them without --ns
+        # (what perf script prints after the time by default: the period and
+        # the event's name; for instructions' lines, one per instruction)
+        self.event = np.frombuffer(event.encode(), np.uint8).copy()
+        self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK + self.event.shape[0], np.uint8)
         self._names: tuple[int, int] = (-1, -1)
         self._buf = np.zeros(0, np.uint8)
-        self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK, np.uint8)
         self._zeros = np.zeros(0, np.uint64)
         self._row_text: dict[int, _RowText] = {}
         self._no_text = _RowText(None, 0)
@@ -287,7 +295,8 @@ class ListingWriter:
         )
         head_data, head_at = self._heads
         tail_data, tail_at = self._tails
-        width = 120 + int(np.diff(head_at).max(initial=0)) + int(np.diff(tail_at).max(initial=0))
+        width = (120 + self.event.shape[0] + int(np.diff(head_at).max(initial=0))
+                 + int(np.diff(tail_at).max(initial=0)))  # fmt: skip
         if self.json:
             width += 100 + int(np.diff(comm_at).max(initial=0))
         need = self.chunk + width + COPY_SLACK
@@ -325,7 +334,7 @@ class ListingWriter:
                 *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
                 tail_data, tail_at, self._plains, _BLANK, self._scratch, lo, n, out, self.chunk,
                 use_rows, rows, text.at, text.length, text.pool, text.used, width, self.json,
-                self.usec,
+                self.usec, self.event,
             )  # fmt: skip
             yield view[:m]
 
