@@ -213,7 +213,7 @@ def test_program_recorded_here_lists_as_perf_does(recorded_program, capsysbinary
     assert mine == theirs, first_difference(theirs, mine)
 
 
-@pytest.mark.parametrize("backend", ["patch", "step"])
+@pytest.mark.parametrize("backend", ["patch", "step", "patch -z"])
 def test_filtered_recording_lists_as_perf_does(backend, tmp_path, capsysbinary):
     """``make demo``'s recording: the patch backend traces two functions
     only (``-f``), so tracing stops at each direct call out of them (TIP.PGD
@@ -223,7 +223,8 @@ def test_filtered_recording_lists_as_perf_does(backend, tmp_path, capsysbinary):
     writes a TSC per step, so tracing begins again (TIP.PGE) instructions
     after the last TSC: perf's queue takes its estimate there (two ticks an
     instruction since), and a PSB+ comes in the middle of the flow (perf
-    walks to its FUP before it reads on)."""
+    walks to its FUP before it reads on).  With ``-z`` the sideband is in
+    COMPRESSED records (one zstd stream), as ``perf record -z`` writes it."""
     from test_record_software import SKIP
 
     if SKIP is not None:
@@ -234,14 +235,20 @@ def test_filtered_recording_lists_as_perf_does(backend, tmp_path, capsysbinary):
     exe = tmp_path / "demo"
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(root / "examples/demo/demo.c")], check=True)
     out = tmp_path / "demo.data"
-    got = subprocess.run([*HWTRACE, "record", "--backend", backend, "-o", str(out), "-f",
-                          "checksum", "-f", "digest", "--", str(exe),
-                          "64" if backend == "patch" else "24"],
+    got = subprocess.run([*HWTRACE, "record", "--backend", *backend.split(), "-o", str(out),
+                          "-f", "checksum", "-f", "digest", "--", str(exe),
+                          "24" if backend == "step" else "64"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert got.returncode == 0, got.stderr
+    if "-z" in backend:
+        from hwtrace.perf.data import read_perf_data
+        from hwtrace.perf.records import RecordType
+
+        types = read_perf_data(out).records["type"]
+        assert (types == RecordType.COMPRESSED).any() and (types == RecordType.MMAP2).any()
     theirs = perf_lists(out)
     mine = hwtrace_lists(out, capsysbinary)
-    assert theirs.count(b"\n") > (3000 if backend == "patch" else 1000) and b"digest+0x" in theirs
+    assert theirs.count(b"\n") > (1000 if backend == "step" else 3000) and b"digest+0x" in theirs
     assert mine == theirs, first_difference(theirs, mine)
     # perf's default fields: each instruction's period and event name after
     # its time (in microseconds), the name as perf makes it from the attrs.

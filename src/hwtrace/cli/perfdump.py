@@ -4,6 +4,8 @@ One line per record: ``offset [size]: NAME`` followed by its decoded body
 (kernel records through hwtrace.perf.records, perf's own through
 hwtrace.perf.user; SAMPLEs from the decoded sample columns).  Damage is
 reported with file offsets; the exit status is 1 when any was found.
+The records a COMPRESSED record holds (``perf record -z``) follow it, at
+its offset, as ``perf report -D`` shows them.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def _main(argv: list[str] | None) -> int:
     sample_row = {int(x): i for i, x in enumerate(s.record.tolist())}
     for i in rows.tolist():
         t = int(r["type"][i])
-        line = f"{int(r['offset'][i]):#x} [{int(r['size'][i]):#x}]: {_name(t)}"
+        line = f"{d.file_offset(i):#x} [{int(r['size'][i]):#x}]: {_name(t)}"
         if r["time"][i] >= 0:
             line += f" time={int(r['time'][i])}"
         try:

@@ -22,6 +22,13 @@ def _psb_period(value: str) -> int:
                    "not a number of bytes between PSB+ (a positive number)")  # fmt: skip
 
 
+def _zstd_level(value: str) -> int:
+    level = int(value)
+    if not 1 <= level <= 22:
+        raise argparse.ArgumentTypeError(f"{value}: zstd's levels are 1 to 22")
+    return level
+
+
 def _four_bits(value: str) -> int:
     """An argparse type for the exponents Intel PT keeps in four bits of
     IA32_RTIT_CTL (MTC period, CYC threshold): 0 to 15."""
@@ -76,6 +83,9 @@ def record_main(argv: Sequence[str]) -> int:
     )
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
                    help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
+    p.add_argument("-z", "--compression-level", type=_zstd_level, nargs="?", const=1, default=0,
+                   metavar="N", help="compress the records but the trace's (zstd, level N: "
+                   "1-22, default 1), as perf record -z does")  # fmt: skip
     p.add_argument("--psb-period", type=_psb_period, default=4096, help="bytes between PSB+")
     p.add_argument("--mtc-period", type=_four_bits, metavar="N",
                    help="MTC every 2**N CTC ticks (default 3; the patch backend writes such "
@@ -142,6 +152,7 @@ def _record_perf(a: argparse.Namespace, command: list[str]) -> int:
         tsc=not a.no_tsc,
         noretcomp=a.noretcomp,
         filters=filters,
+        compression=a.compression_level,
     )
     sys.stderr.write("hwtrace record: backend perf (Intel PT hardware)\n")
 
@@ -203,6 +214,7 @@ def _record_patch(a: argparse.Namespace, command: list[str]) -> int:
             ),
             buildid_cache=not a.no_buildid_cache,
             cmdline=a.cmdline,
+            compression=a.compression_level,
         )
     except PatchError as e:
         sys.stderr.write(f"hwtrace record: {e}\n")
@@ -318,7 +330,8 @@ def _record_software(a: argparse.Namespace, command: list[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    write_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache, cmdline=a.cmdline)
+    write_perf_data(rec, a.output, buildid_cache=not a.no_buildid_cache, cmdline=a.cmdline,
+                    compression=a.compression_level)  # fmt: skip
     size = Path(a.output).stat().st_size
     insns = sum(len(t.instructions) for t in rec.threads)
     pt = sum(len(t.data) for t in rec.threads)

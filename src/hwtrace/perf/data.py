@@ -35,6 +35,7 @@ about once per type.
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 import struct
@@ -200,6 +201,47 @@ def _name(t: int) -> str:
         return f"type {t}"
 
 
+def _followed_by(buf: np.ndarray, path: str | None, at: int, more: bytes) -> np.ndarray:
+    """``buf`` with ``more`` at ``at`` (page-aligned, past its end): a
+    file's mapping (``path``) and an anonymous one right after it, so the
+    file is not copied; other buffers are copied."""
+    if path is None:
+        out = np.zeros(at + len(more), np.uint8)
+        out[: buf.shape[0]] = buf
+        out[at:] = np.frombuffer(more, np.uint8)
+        return out
+    import ctypes
+    import weakref
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    mmap_ = libc.mmap
+    mmap_.restype = ctypes.c_void_p
+    mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]  # fmt: skip
+    total = at + len(more)
+    base = mmap_(None, total, mmap.PROT_READ | mmap.PROT_WRITE,
+                 mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # fmt: skip
+    if base in (None, ctypes.c_void_p(-1).value):
+        raise PerfDataError(path, 0, f"cannot map {total} bytes: {os.strerror(ctypes.get_errno())}")
+    holder = (ctypes.c_uint8 * total).from_address(base)
+    weakref.finalize(holder, libc.munmap, ctypes.c_void_p(base), ctypes.c_size_t(total))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # (MAP_FIXED: the file over the first pages of the region)
+        got = mmap_(base, buf.shape[0], mmap.PROT_READ, mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0)
+    finally:
+        os.close(fd)
+    if got != base:
+        raise PerfDataError(path, 0, f"cannot map the file: {os.strerror(ctypes.get_errno())}")
+    ctypes.memmove(base + at, more, len(more))
+    out = np.frombuffer(holder, np.uint8)
+    out.flags.writeable = False
+    return out
+
+
+_MAP_FIXED = 0x10  # Linux's
+
+
 def _read_stream(stream: BinaryIO) -> np.ndarray:
     """A stream's bytes to its end, unless its first eight are no perf.data
     magic: then those alone (enough to say so), not the rest of, say,
@@ -227,6 +269,10 @@ class PerfData:
     ) -> None:
         self.buf: np.ndarray
         self.directory: str | None = None
+        self._mapped: str | None = None  # the file buf maps
+        #: where the records decompressed from COMPRESSED ones start in buf
+        self.decompressed_at: int | None = None
+        self._held_by: np.ndarray | None = None  # per record: its COMPRESSED record's offset
         if isinstance(source, bytes | bytearray | memoryview):
             self.path = name or "<bytes>"
             self.buf = np.frombuffer(bytes(source), np.uint8)
@@ -245,6 +291,7 @@ class PerfData:
                     if stat.S_ISREG(os.stat(source).st_mode):
                         n = os.path.getsize(source)
                         self.buf = np.memmap(source, np.uint8, "r") if n else np.zeros(0, np.uint8)
+                        self._mapped = os.fspath(source) if n else None
                     else:
                         # A pipe, FIFO or terminal (``-i /dev/stdin`` under
                         # ``cat x |``): its size says nothing, read it through.
@@ -288,11 +335,13 @@ class PerfData:
             self.pipe = True
             self.header = FileHeader(hsize)
             self._index(PIPE_HEADER_SIZE, n)
+            self._decompress()
             self._pipe_headers()
         else:
             self._file_header(hsize, n)
             h = self.header
             self._index(h.data_offset, h.data_offset + h.data_size)
+            self._decompress()
             self._file_features()
         self._resolve()
 
@@ -390,6 +439,32 @@ class PerfData:
             self.errors.append(self._err(off + e.offset, f"feature {_feat_name(f)}: {e.message}"))
 
     def _index(self, start: int, end: int) -> None:
+        self.records, self.gaps = self._index_span(start, end, True)
+        self._gap_errors(self.gaps)
+        typ = self.records["type"]
+        kinds = distinct(typ)
+        for t in kinds.tolist():
+            if not (1 <= t <= 21 or 64 <= t <= 82):
+                k = int(np.count_nonzero(typ == t))
+                msg = f"{self.path}: {k} record(s) of unknown type {t} skipped (first at offset {int(self.records['offset'][typ == t][0]):#x})"
+                self.warnings.append(msg)
+                warnings.warn(msg, PerfDataWarning, stacklevel=3)
+
+    def _gap_errors(self, gaps: np.ndarray) -> None:
+        for g_off, g_len, why in gaps:
+            what = (
+                f"{int(g_len)} bytes missing, the trace before them kept"
+                if why == K.GAP_AUX_CUT
+                else f"skipped {int(g_len)} bytes to the next readable record"
+            )
+            self.errors.append(self._err(int(g_off), f"{GAP_REASONS[int(why)]}: {what}"))
+
+    def _index_span(
+        self, start: int, end: int, let_go: bool
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The records of ``buf[start:end]`` (the first five columns) and
+        the stretches that could not be read; ``let_go``: the pages read
+        are released (a mapped file's)."""
         b = self.buf
         total = max((end - start) // 8, 1)
         cap = min(total, 1 << 20)
@@ -405,7 +480,8 @@ class PerfData:
             pay = np.empty(cap, np.int64)
             was = pos
             n, ng, pos = K.index_records(b, pos, end, off, typ, misc, size, pay, gaps, ng, 8)
-            release(b, was, pos)  # headers read: the pages need not stay resident
+            if let_go:
+                release(b, was, pos)  # headers read: the pages need not stay resident
             for c, a in zip(cols, (off, typ, misc, size, pay), strict=True):
                 c.append(a[:n])
             if pos >= end:
@@ -413,25 +489,65 @@ class PerfData:
             if ng >= gaps.shape[0]:
                 gaps = np.concatenate([gaps, np.zeros_like(gaps)])
             cap = min(cap * 2, total)
-        self.records: dict[str, np.ndarray] = {
+        records = {
             name: np.concatenate(c) for name, c in zip(RECORD_COLUMNS[:5], cols, strict=True)
         }
-        self.gaps = gaps[:ng]
-        for g_off, g_len, why in self.gaps:
-            what = (
-                f"{int(g_len)} bytes missing, the trace before them kept"
-                if why == K.GAP_AUX_CUT
-                else f"skipped {int(g_len)} bytes to the next readable record"
-            )
-            self.errors.append(self._err(int(g_off), f"{GAP_REASONS[int(why)]}: {what}"))
-        typ = self.records["type"]
-        kinds = distinct(typ)
-        for t in kinds.tolist():
-            if not (1 <= t <= 21 or 64 <= t <= 82):
-                k = int(np.count_nonzero(typ == t))
-                msg = f"{self.path}: {k} record(s) of unknown type {t} skipped (first at offset {int(self.records['offset'][typ == t][0]):#x})"
-                self.warnings.append(msg)
-                warnings.warn(msg, PerfDataWarning, stacklevel=3)
+        return records, gaps[:ng]
+
+    def _decompress(self) -> None:
+        """The records of the COMPRESSED records (``perf record -z``), each
+        indexed right after the one whose body completes it, as perf
+        processes them.  Their bytes follow the file's in :attr:`buf`
+        (``decompressed_at`` on): the file stays mapped, not copied."""
+        r = self.records
+        rows = np.flatnonzero(r["type"] == RecordType.COMPRESSED)
+        if rows.shape[0] == 0:
+            return
+        from .zstd import ZstdDecompressor, ZstdError
+
+        pieces: list[bytes] = []
+        ends: list[int] = []
+        done = 0
+        try:
+            stream = ZstdDecompressor()
+            for i in rows.tolist():
+                off, size = int(r["offset"][i]), int(r["size"][i])
+                try:
+                    piece = stream.feed(bytes(self.buf[off + 8 : off + size]))
+                except ZstdError as e:
+                    self.errors.append(self._err(off, f"COMPRESSED record: {e}"))
+                    break
+                pieces.append(piece)
+                done += len(piece)
+                ends.append(done)
+        except ZstdError as e:
+            self.errors.append(self._err(int(r["offset"][rows[0]]), str(e)))
+        if not done:
+            return
+        at = -(-self.buf.shape[0] // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.buf = _followed_by(self.buf, self._mapped, at, b"".join(pieces))
+        self.decompressed_at = at
+        side, gaps = self._index_span(at, at + done, False)
+        self._gap_errors(gaps)
+        # Each decompressed record after the COMPRESSED record its end is in.
+        last = side["offset"] - at + side["size"].astype(np.int64)
+        owner = rows[np.minimum(np.searchsorted(np.asarray(ends), last), len(ends) - 1)]
+        order = np.argsort(
+            np.concatenate([2 * np.arange(r["offset"].shape[0]), 2 * owner + 1]),
+            kind="stable",
+        )
+        self.records = {k: np.concatenate([r[k], side[k]])[order] for k in r}
+        held = np.concatenate([np.full(r["offset"].shape[0], -1), r["offset"][owner]])
+        self._held_by = held[order]
+
+    def file_offset(self, i: int) -> int:
+        """Where record ``i`` is in the file: its offset, or for a record
+        decompressed from a COMPRESSED record that record's (as ``perf
+        report -D`` shows them)."""
+        held = self._held_by
+        if held is not None and held[i] >= 0:
+            return int(held[i])
+        return int(self.records["offset"][i])
 
     def _pipe_headers(self) -> None:
         """Pipe mode: attrs from HEADER_ATTR, features from HEADER_FEATURE records."""

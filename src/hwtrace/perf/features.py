@@ -136,6 +136,10 @@ class _Cursor:
         return [self.string() for _ in range(self.count(4))]
 
 
+# HEADER_COMPRESSED's words (perf's write_compressed).
+_COMPRESSED_FIELDS = ("version", "type", "level", "ratio", "mmap_len")
+
+
 def pack_string(s: str) -> bytes:
     """perf's ``do_write_string``: u32 padded length, text, NULs to a 64-byte multiple."""
     raw = s.encode()
@@ -322,8 +326,7 @@ def parse_feature(
             nodes.append({"node": node, "size": size, "blocks": _bitmap(c)})
         return {"version": version, "block_size": block_size, "nodes": nodes}
     if f == Feature.COMPRESSED:
-        v = c.unpack("<IIIII")
-        return dict(zip(("version", "type", "level", "ratio", "mmap_len"), v, strict=True))
+        return dict(zip(_COMPRESSED_FIELDS, c.unpack("<IIIII"), strict=True))
     if f == Feature.CLOCK_DATA:
         version, clockid, tod, clk = c.unpack("<IIQQ")
         return {"version": version, "clockid": clockid, "tod_ns": tod, "clockid_ns": clk}
@@ -362,7 +365,7 @@ def pack_feature(feat: int, value: Any) -> bytes:
 
     Supported: the string features, NRCPUS, TOTAL_MEM, CLOCKID, DIR_FORMAT,
     CMDLINE, BUILD_ID, EVENT_DESC (``[(attr, name, ids)]`` or EventDesc),
-    PMU_MAPPINGS, GROUP_DESC, AUXTRACE, SAMPLE_TIME, CLOCK_DATA, CPU_TOPOLOGY
+    PMU_MAPPINGS, GROUP_DESC, AUXTRACE, SAMPLE_TIME, CLOCK_DATA, COMPRESSED, CPU_TOPOLOGY
     (core/thread siblings and ids), BRANCH_STACK/STAT (empty) and raw
     ``bytes`` for anything else."""
     if isinstance(value, bytes | bytearray | memoryview):
@@ -379,6 +382,8 @@ def pack_feature(feat: int, value: Any) -> bytes:
         return _pack_strings(value)
     if f == Feature.BUILD_ID:
         return b"".join(pack_build_id(b) for b in value)
+    if f == Feature.COMPRESSED:
+        return struct.pack("<IIIII", *(value[k] for k in _COMPRESSED_FIELDS))
     if f == Feature.EVENT_DESC:
         descs = [d if isinstance(d, EventDesc) else EventDesc(*d) for d in value]
         sz = max((d.attr.size or 136 for d in descs), default=136)

@@ -25,6 +25,7 @@ from .. import aot
 from ..pt.packets import release
 from .data import PerfData, PerfDataError
 from .features import Feature, pack_feature, parse_feature
+from .records import RecordType
 from .writer import write_feature_sections
 
 __all__ = ["SubsetWriter", "insert_records", "write_subset"]
@@ -87,9 +88,22 @@ class SubsetWriter:
         if raw is not None and int(Feature.AUXTRACE) in data.feature_sections:
             self.aux = parse_feature(Feature.AUXTRACE, raw)
         self._aux_at = np.array([o for o, _ in self.aux], np.int64)
-        self._aux_shift = np.full(len(self.aux), -1, np.int64)  # -1: not known yet
+        self._aux_shift = np.zeros(len(self.aux), np.int64)
+        self._aux_known = np.zeros(len(self.aux), np.bool_)
         if self.n:  # entries before the first record do not move
-            self._aux_shift[self._aux_at < int(data.records["offset"][0])] = 0
+            self._aux_known[self._aux_at < int(data.records["offset"][0])] = True
+        # Each entry's AUXTRACE record (its row; -1: none there).
+        r = data.records
+        aux_rows = np.flatnonzero(r["type"] == RecordType.AUXTRACE)
+        row_of = dict(zip(r["offset"][aux_rows].tolist(), aux_rows.tolist(), strict=True))
+        self._aux_row = np.array([row_of.get(o, -1) for o, _ in self.aux], np.int64)
+        # The records decompressed from COMPRESSED ones are written as
+        # they are, the COMPRESSED records not (the output is not compressed).
+        side = data.decompressed_at
+        self._inserted = (
+            r["offset"] >= side if side is not None else np.zeros(self.n, np.bool_)
+        )  # fmt: skip
+        self._packed = r["type"] == RecordType.COMPRESSED
         self.f = open(out, "wb")
         if data.pipe:
             self.f.write(data.buf[:16].data)
@@ -103,19 +117,20 @@ class SubsetWriter:
         without those at rows ``drop``."""
         r = self.data.records
         start, self.next = self.next, stop
-        keep = np.ones(stop - start, np.bool_)
+        keep = ~self._packed[start:stop]
         keep[np.asarray(drop, np.int64) - start] = False
-        gone = start + np.flatnonzero(~keep)
-        gone_at = r["offset"][gone].astype(np.int64)
-        gone_len = r["size"][gone].astype(np.int64) + r["payload"][gone]
+        length = r["size"][start:stop].astype(np.int64) + r["payload"][start:stop]
+        # Bytes each record takes out of the file's data (dropped) or adds
+        # to it (decompressed, written); the index entries after it move
+        # by their sum.
+        inserted = self._inserted[start:stop]
+        moved = np.where(inserted, np.where(keep, -length, 0), np.where(keep, 0, length))
+        before = np.concatenate([[0], np.cumsum(moved)])
         if self.aux and start < stop:
-            lo = int(r["offset"][start])
-            hi = int(r["offset"][stop - 1] + r["size"][stop - 1] + r["payload"][stop - 1])
-            inside = np.flatnonzero((self._aux_at >= lo) & (self._aux_at < hi))
-            before = np.concatenate([[0], np.cumsum(gone_len)])
-            k = np.searchsorted(gone_at, self._aux_at[inside])
-            self._aux_shift[inside] = self.dropped + before[k]
-        self.dropped += int(gone_len.sum())
+            inside = np.flatnonzero((self._aux_row >= start) & (self._aux_row < stop))
+            self._aux_shift[inside] = self.dropped + before[self._aux_row[inside] - start]
+            self._aux_known[inside] = True
+        self.dropped += int(before[-1])
         self._write(start, keep)
 
     def insert(self, records: bytes) -> None:
@@ -167,7 +182,7 @@ class SubsetWriter:
                 raw = bytes(data.buf[off : off + size])
                 if feat == Feature.AUXTRACE:
                     # Entries after every record move by all the bytes dropped.
-                    shift = np.where(self._aux_shift < 0, self.dropped, self._aux_shift)
+                    shift = np.where(self._aux_known, self._aux_shift, self.dropped)
                     moved = [(o - int(d), sz) for (o, sz), d in zip(self.aux, shift, strict=True)]
                     raw = pack_feature(Feature.AUXTRACE, moved)
                 sections.append(raw)

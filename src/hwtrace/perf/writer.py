@@ -51,6 +51,7 @@ from .user import (
     pack_thread_map,
     pack_time_conv,
 )
+from .zstd import ZstdCompressor
 
 __all__ = ["CLOCK_MONOTONIC", "INTEL_PT_CONFIG_BITS", "PerfDataWriter", "write_feature_sections"]
 
@@ -65,6 +66,12 @@ INTEL_PT_CONFIG_BITS = {
     "tsc": 1 << 10, "noretcomp": 1 << 11, "ptw": 1 << 12, "branch": 1 << 13,
     "mtc_period": 0xF << 14, "cyc_thresh": 0xF << 19, "psb_period": 0xF << 24,
 }  # fmt: skip
+
+
+# A COMPRESSED record's data decompresses into a buffer of the ring
+# buffer's size (mmap_len, perf record's default here).
+_MMAP_LEN = 528384
+_RAW_PER_RECORD = 60000
 
 
 def host_env() -> dict[str, object]:
@@ -138,9 +145,19 @@ class PerfDataWriter:
     written with: 128 (perf 6.1's; it refuses larger ones), 136 for config3.
     """
 
-    def __init__(self, path: str | os.PathLike, *, attr_size: int = 128, **env: Any) -> None:
+    def __init__(
+        self, path: str | os.PathLike, *, attr_size: int = 128, compress: int = 0, **env: Any
+    ) -> None:
         self.path = Path(path)
         self.attr_size = attr_size
+        # perf record -z: the kernel's records (sideband, samples) as one
+        # zstd stream (of level ``compress``; 0: none) in COMPRESSED
+        # records, flushed before every record of another kind; AUXTRACE
+        # and perf's own records as they are.
+        self._level = compress
+        self._zstd = ZstdCompressor(compress) if compress else None
+        self._pending = bytearray()
+        self._raw_in = self._compressed_in = 0
         _drop_in_background(self.path)
         self._f = open(self.path, "wb")
         self._f.write(bytes(HEADER_SIZE))
@@ -412,9 +429,28 @@ class PerfDataWriter:
 
     def add_bytes(self, data: bytes) -> int:
         """Append ready-made record bytes; returns their offset."""
+        self._flush_compressed()
         at = self.tell()
         self._f.write(data)
         return at
+
+    def _flush_compressed(self) -> None:
+        """The kernel records held back, as COMPRESSED records (bodies of
+        at most a record's size, the stream continuing from one to the
+        next, as perf's zstd_compress_stream_to_records writes them)."""
+        if not self._pending:
+            return
+        assert self._zstd is not None
+        raw = bytes(self._pending)
+        self._pending.clear()
+        self._start_data()
+        # (each body flushed on its own: it decompresses to no more than
+        # perf's buffer for one, mmap_len, and fits a record's u16 size)
+        for k in range(0, len(raw), _RAW_PER_RECORD):
+            body = self._zstd.flushed(raw[k : k + _RAW_PER_RECORD])
+            self._compressed_in += len(body)
+            self._f.write(struct.pack("<IHH", int(RecordType.COMPRESSED), 0, 8 + len(body)))
+            self._f.write(body)
 
     def add_record(
         self,
@@ -443,6 +479,10 @@ class PerfDataWriter:
             data = pack_record(
                 body, st, misc=misc, sample_id=sid, sample_id_all=bool(a.sample_id_all)
             )
+        if self._zstd is not None and data[0] < 64 and data[1:4] == b"\0\0\0":
+            self._pending += data  # (no file offset of its own: -1)
+            self._raw_in += len(data)
+            return -1
         return self.add_bytes(data)
 
     def add_auxtrace(
@@ -492,11 +532,17 @@ class PerfDataWriter:
         """Write the feature sections and the final header; close the file."""
         if self.closed:
             return
+        self._flush_compressed()
         self._start_data()
         f = self._f
         assert self._data_offset is not None
         data_end = f.tell()
         feats = dict(self.features)
+        if self._zstd is not None:
+            feats[Feature.COMPRESSED] = {
+                "version": 0, "type": 1, "level": self._level,
+                "ratio": self._raw_in // max(self._compressed_in, 1), "mmap_len": _MMAP_LEN,
+            }  # fmt: skip
         feats[Feature.EVENT_DESC] = [
             EventDesc(replace(a, size=self.attr_size), n, ids) for a, ids, n in self.attrs
         ]

@@ -75,7 +75,8 @@ class PtSettings:
     compression; ``branch=False`` traces no control flow (timing and events
     only); ``user``/``kernel`` select the privilege levels; ``snapshot``
     records into a ring buffer dumped on SIGUSR2 (a size in bytes, or True
-    for perf's default).
+    for perf's default); ``compression``: perf's ``-z`` level for the
+    records (0: none).
     """
 
     psb_period: int | None = None
@@ -92,6 +93,7 @@ class PtSettings:
     kernel: bool = False
     filters: tuple[AddressFilter, ...] = field(default_factory=tuple)
     snapshot: bool | int = False
+    compression: int = 0
 
     def __post_init__(self) -> None:
         for name, top in (("psb_period", 15), ("mtc_period", 15), ("cyc_thresh", 15)):
@@ -232,6 +234,8 @@ def perf_record_argv(
         argv.append("-S" if settings.snapshot is True else f"-S{int(settings.snapshot)}")
     if per_thread:
         argv.append("--per-thread")
+    if settings.compression:
+        argv.append(f"--compression-level={settings.compression}")
     if kcore:
         argv.append("--kcore")
     if not target:

@@ -152,6 +152,8 @@ class PerfRecording:
     #: the recorder's own command line, as perf keeps ``perf record ...``
     #: (None: ``hwtrace record`` and ``argv``)
     cmdline: list[str] | None = None
+    #: zstd level of the records' compression (``perf record -z``; 0: none)
+    compression: int = 0
 
 
 def write_perf_data(
@@ -160,13 +162,16 @@ def write_perf_data(
     *,
     buildid_cache: bool = True,
     cmdline: list[str] | None = None,
+    compression: int = 0,
 ) -> None:
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read;
     with ``buildid_cache`` the processes' vDSOs go into perf's build-id
     cache (``~/.debug``), as ``perf record`` puts them there; ``cmdline``:
-    the recorder's command line for its header (see PerfRecording)."""
+    the recorder's command line for its header (see PerfRecording);
+    ``compression``: zstd's level for the records (``perf record -z``)."""
     out = software_recording(rec, buildid_cache=buildid_cache)
     out.cmdline = cmdline
+    out.compression = compression
     write_recording(out, path)
 
 
@@ -274,6 +279,7 @@ def _open_writer(
     conv: TscConversion,
     filters: str,
     cmdline: list[str] | None = None,
+    compression: int = 0,
 ) -> PerfDataWriter:
     """A perf.data with the intel_pt event of these settings."""
     timed = bool(settings.get("tsc"))
@@ -284,7 +290,8 @@ def _open_writer(
         # hwtrace's AUXTRACE_INFO writer counts the NUL in the length, which
         # is the same size except for this length: a blank keeps them so.
         filters += " "
-    w = PerfDataWriter(path, cmdline=cmdline or ["hwtrace", "record", *argv])
+    w = PerfDataWriter(path, cmdline=cmdline or ["hwtrace", "record", *argv],
+                       compress=compression)  # fmt: skip
     w.set_intel_pt(
         config=intel_pt_config(settings),
         sample_type=sample_type,
@@ -330,7 +337,7 @@ def write_recording(rec: PerfRecording, path: str | os.PathLike[str]) -> None:
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read."""
     records = _records(rec, rec.processes, set())
     w = _open_writer(path, rec.settings, rec.config, rec.argv, rec.time_conversion, rec.filters,
-                     rec.cmdline)  # fmt: skip
+                     rec.cmdline, rec.compression)  # fmt: skip
     # The sideband perf synthesizes from /proc when recording starts.
     init = [r for r in records if r.order <= 1 and r.ns <= records[0].ns]
     _write_records(w, init, {})
@@ -355,13 +362,14 @@ class StreamedRecording:
         reference: int,
         filters: str = "",
         cmdline: list[str] | None = None,
+        compression: int = 0,
     ) -> None:
         self.path = path
         self.start = start
         self.reference = reference  # a TSC near the traces' first packets
         # The rate is known at the end (set_time_conversion then).
         self.writer = _open_writer(path, settings, PtConfig(), argv, TscConversion(0, 1, 0),
-                                   filters, cmdline)  # fmt: skip
+                                   filters, cmdline, compression)  # fmt: skip
         rec = PerfRecording(settings, PtConfig(), argv, TscConversion(0, 1, 0), filters, [start],
                             [], [], [], {})  # fmt: skip
         _write_records(self.writer, _records(rec, [start], set()), {})

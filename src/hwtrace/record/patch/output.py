@@ -121,8 +121,10 @@ def write_patch_perf_data(
 class _PerfSink:
     """The threads' traces written into perf.data as they come."""
 
-    def __init__(self, path: str | os.PathLike[str], cmdline: list[str] | None) -> None:
-        self.path, self.cmdline = path, cmdline
+    def __init__(
+        self, path: str | os.PathLike[str], cmdline: list[str] | None, compression: int
+    ) -> None:
+        self.path, self.cmdline, self.compression = path, cmdline, compression
         self.stream: StreamedRecording | None = None
 
     def begin(self, head: PatchRecording) -> None:
@@ -131,7 +133,7 @@ class _PerfSink:
         # start's perf time is its CLOCK_MONOTONIC time.
         self.stream = StreamedRecording(self.path, _settings(head.options), list(head.argv),
                                         _process_start(head, ns), tsc, _filters(head),
-                                        self.cmdline)  # fmt: skip
+                                        self.cmdline, self.compression)  # fmt: skip
 
     def add(self, tid: int, data: memoryview) -> None:
         assert self.stream is not None
@@ -145,13 +147,15 @@ def record_patched_perf(
     *,
     buildid_cache: bool = True,
     cmdline: list[str] | None = None,
+    compression: int = 0,
     **popen: Any,
 ) -> PatchRecording:
     """:func:`~hwtrace.record.patch.record_patched` writing ``path`` (as
     :func:`write_patch_perf_data` does) while the program runs: the trace
     goes from the threads' buffers into the file once, never held;
-    ``cmdline``: the recorder's command line for its header."""
-    sink = _PerfSink(path, cmdline)
+    ``cmdline``: the recorder's command line for its header;
+    ``compression``: zstd's level for the records (``perf record -z``)."""
+    sink = _PerfSink(path, cmdline, compression)
     try:
         rec = record_patched(argv, options, sink=sink, **popen)
     except BaseException:
