@@ -159,3 +159,28 @@ def test_subset_of_a_compressed_recording(tmp_path):
         232,
         220,
     ]
+
+
+def test_released_pages_come_back_and_the_decompressed_stay(tmp_path):
+    """A compressed recording's buffer is the file's mapping and the
+    decompressed records after it: letting pages go (as decoding a large
+    trace does) drops the file's, which read back the same, and never
+    the decompressed records (here 33 pages of them)."""
+    from hwtrace.pt.packets import is_mapped, release
+
+    path = tmp_path / "z.data"
+    with PerfDataWriter(path, compress=1) as w:
+        w.set_intel_pt(sample_type=0x10003 | 0x4)
+        for k in range(3000):
+            w.add_record(Comm(pid=k, tid=k, comm=f"task-{k % 7}"), attr=0,
+                         sample_id=SampleId(pid=k, tid=k, time=1000 + k))  # fmt: skip
+        w.add_auxtrace(b"\x02\x82" * 4096)
+    data = read_perf_data(path)
+    buf = data.buf
+    assert is_mapped(buf) and buf.shape[0] - data.decompressed_at > 32 * 4096
+    before = bytes(buf)
+    release(buf, 0, buf.shape[0])
+    release(buf[100:], 0, buf.shape[0] - 100)
+    assert bytes(buf) == before
+    comms = np.flatnonzero(data.records["type"] == RecordType.COMM)
+    assert data.record(int(comms[-1])).body.comm == f"task-{2999 % 7}"

@@ -49,7 +49,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..columns import distinct
-from ..pt.packets import release
+from ..pt.packets import register_spliced, release
 from . import _loops as K
 from .attr import AttrError, PerfEventAttr
 from .features import Feature, FeatureError, parse_feature
@@ -234,6 +234,7 @@ def _followed_by(buf: np.ndarray, path: str | None, at: int, more: bytes) -> np.
     if got != base:
         raise PerfDataError(path, 0, f"cannot map the file: {os.strerror(ctypes.get_errno())}")
     ctypes.memmove(base + at, more, len(more))
+    register_spliced(holder, base, buf.shape[0])  # (release() lets the file's pages go)
     out = np.frombuffer(holder, np.uint8)
     out.flags.writeable = False
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -397,7 +398,38 @@ def map_file(path: str | os.PathLike[str]) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
-def _mapping(buf: np.ndarray) -> tuple[mmap.mmap | None, np.ndarray]:
+class _Spliced:
+    """The pages of a file mapped at ``address`` (``file_bytes`` of it) and
+    followed by memory of another kind (see :func:`register_spliced`):
+    :meth:`madvise` as mmap's, applied to the file's pages only."""
+
+    def __init__(self, holder: object, address: int, file_bytes: int) -> None:
+        self.holder = weakref.ref(holder)
+        self.address, self.file_bytes = address, file_bytes
+
+    def madvise(self, flag: int, start: int, length: int) -> None:
+        import ctypes
+
+        end = min(start + length, self.file_bytes // mmap.PAGESIZE * mmap.PAGESIZE)
+        if end > start:
+            libc = ctypes.CDLL(None)
+            libc.madvise(ctypes.c_void_p(self.address + start), ctypes.c_size_t(end - start),
+                         ctypes.c_int(flag))  # fmt: skip
+
+
+_SPLICED: dict[int, _Spliced] = {}
+
+
+def register_spliced(holder: object, address: int, file_bytes: int) -> None:
+    """Arrays over ``holder`` (memory at ``address`` whose first
+    ``file_bytes`` map a file, the rest not) are released as a mapped file's
+    are (:func:`release`), their other memory kept."""
+    key = id(holder)
+    _SPLICED[key] = _Spliced(holder, address, file_bytes)
+    weakref.finalize(holder, _SPLICED.pop, key, None)
+
+
+def _mapping(buf: np.ndarray) -> tuple[mmap.mmap | _Spliced | None, np.ndarray]:
     """The file mapping ``buf`` is a view of (None: not one), and the array
     over the whole of it."""
     root = buf
@@ -406,7 +438,12 @@ def _mapping(buf: np.ndarray) -> tuple[mmap.mmap | None, np.ndarray]:
     mm = root.base
     if isinstance(mm, memoryview):  # np.frombuffer keeps a view of the mapping
         mm = mm.obj
-    return (mm if isinstance(mm, mmap.mmap) else None), root
+    if isinstance(mm, mmap.mmap):
+        return mm, root
+    spliced = _SPLICED.get(id(mm))
+    if spliced is not None and spliced.holder() is mm:
+        return spliced, root
+    return None, root
 
 
 def is_mapped(buf: np.ndarray) -> bool:
