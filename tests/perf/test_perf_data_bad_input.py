@@ -274,6 +274,20 @@ def test_fuzz_perf_recorded(data: st.DataObject) -> None:
     check_mutant(mutate(data.draw(st.sampled_from(perf_recorded())), data))
 
 
+@pytest.mark.filterwarnings("ignore::hwtrace.perf.data.PerfDataWarning")
+@FUZZ
+@given(data=st.data())
+def test_fuzz_compressed(data: st.DataObject) -> None:
+    """Mutated ``perf record -z`` files (perf's own, checked in): their
+    COMPRESSED records' zstd stream damaged too."""
+    from hwtrace.perf.zstd import zstd_available
+
+    if not zstd_available():
+        pytest.skip("libzstd is not installed")
+    good = (Path(__file__).resolve().parents[1] / "data" / "perf-zstd-cpu-clock.data").read_bytes()
+    check_mutant(mutate(good, data))
+
+
 def test_perf_dump_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hwtrace.cli.main import main
 
