@@ -258,6 +258,42 @@ def test_filtered_recording_lists_as_perf_does(backend, tmp_path, capsysbinary):
     assert mine == theirs, first_difference(theirs, mine)
 
 
+PTWRITE_PROGRAM = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) long work(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++) {
+        s += i * 3;
+        __asm__ volatile("ptwrite %0" :: "r"(s));
+    }
+    return s;
+}
+int main(int argc, char **argv) { printf("%ld\n", work(atol(argv[1]))); return 0; }
+"""
+
+
+def test_ptwrite_recording_lists_as_perf_does(tmp_path, capsysbinary):
+    """A loop writing PTWRITEs, stepped (the step backend writes each with
+    its IP bit and a FUP, and a TSC per step, so a PSB+ falls between a
+    branch and a PTWRITE): the instructions after a PTWRITE's FUP keep the
+    time of the packets before it, as perf's decoder returns the PTWRITE
+    without reading on."""
+    from test_record_software import SKIP, compile_program
+
+    if SKIP is not None:
+        pytest.skip(SKIP)
+    exe = compile_program(PTWRITE_PROGRAM, "ptwrite-loop", ("-O1",))
+    out = tmp_path / "ptw.data"
+    got = subprocess.run([*HWTRACE, "record", "--backend", "step", "-o", str(out), "-f", "work",
+                          "--", str(exe), "300"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    theirs = perf_lists(out)
+    mine = hwtrace_lists(out, capsysbinary, FIELDS)
+    assert theirs.count(b"work+0x") > 1000
+    assert mine == theirs, first_difference(theirs, mine)
+
+
 def test_dev_stdin_reads_a_pipe(tmp_path, capsysbinary):
     """``-i /dev/stdin`` under a pipe reads the pipe, as ``-i -`` does."""
     path = wrapped("drpt2trace-simple", tmp_path)

@@ -24,7 +24,9 @@ a TNT bit or a TIP carry the time of the previous such branch, and the
 consuming branch carries the time of every packet up to its own.  Trace
 (re)starts (PSB+ when not in sync, TIP.PGE), a changed CBR and an
 asynchronous FUP (with its TIP or TIP.PGD) move it without an
-instruction.  perf keeps each queue's time from going backwards, except
+instruction; a PTWRITE's FUP (no TIP follows) gives its instruction the
+estimate of the packets before it.  perf keeps each queue's time from
+going backwards, except
 where tracing begins in user space (TIP.PGE): there the queue takes the
 decoder's estimate, ``sample_timestamp`` plus two ticks an instruction
 walked since a timing packet last set ``timestamp`` (times the maximum
@@ -71,6 +73,7 @@ C_DIRECT = 5
 _PAD, _PSB, _PSBEND = int(Kind.PAD), int(Kind.PSB), int(Kind.PSBEND)
 _TNT8, _TNT64, _TIP = int(Kind.TNT8), int(Kind.TNT64), int(Kind.TIP)
 _PGE, _PGD, _FUP = int(Kind.TIP_PGE), int(Kind.TIP_PGD), int(Kind.FUP)
+_PTW = int(Kind.PTW)
 _CBR, _TSC, _MTC, _TMA, _CYC = (int(Kind.CBR), int(Kind.TSC), int(Kind.MTC), int(Kind.TMA),
                                 int(Kind.CYC))  # fmt: skip
 _OVF = int(Kind.OVF)
@@ -452,6 +455,20 @@ def _run(kind, a, b, npk, st, fs, shift, n, d, mult, ips, cls, tgt, out, i0):
                 taken = True
         else:  # FUP: an event at the instruction it names
             at = _ip(np.int64(a[p]), b[p], st[LAST_IP])
+            before = p - 1
+            while before >= 0 and kind[before] == _PAD:
+                before -= 1
+            if at == np.int64(ips[i]) and before >= 0 and kind[before] == _PTW:
+                # A PTWRITE's FUP (its IP bit): no TIP follows.  perf
+                # returns the PTWRITE at that instruction with the time of
+                # the packets read so far, those before the FUP (after a
+                # PSB+ in the middle of the flow, its TSC's); the packets
+                # after it wait for the next branch.
+                st[LAST_IP] = at
+                st[LAST_TYPE] = _FUP
+                st[P] = p + 1
+                st[SAMPLE] = st[TS]
+                continue  # (instruction i again, with the packets after)
             if at == np.int64(ips[i]):
                 # Its TIP or TIP.PGD, past the timing packets in between.
                 q = p + 1
