@@ -104,7 +104,7 @@ def test_script_takes_perfs_spelling_of_its_listing(recorded):
             assert [_untimed(line) for line in ours] == [_untimed(line) for line in theirs]
             assert [len(line) for line in ours] == [len(line) for line in theirs]
     for bad, says in (("--itrace=b", "'b' (branches)"), ("--itrace=i100us", "not a sample"),
-                      ("--itrace=i0nsw", "PTWRITEs are listed with -F"),
+                      ("--itrace=e", "lists instructions (i) and PTWRITEs (w)"),
                       ("-Fip,sym", "comm,tid,time,ip,sym,symoff,dso")):  # fmt: skip
         out = run("script", "-i", str(data), bad)
         assert out.returncode == 2 and says in out.stderr, out.stderr

@@ -292,6 +292,14 @@ def test_ptwrite_recording_lists_as_perf_does(tmp_path, capsysbinary):
     mine = hwtrace_lists(out, capsysbinary, FIELDS)
     assert theirs.count(b"work+0x") > 1000
     assert mine == theirs, first_difference(theirs, mine)
+    # PTWRITEs as perf lists them: before their instruction, with perf's
+    # default fields the payload's text (and its characters when they are
+    # printable), with -F the address alone; without i the PTWRITEs only.
+    for options in (("--itrace=i0nsw",), ("--itrace=i0nsw", *FIELDS[1:]), ("--itrace=w",)):
+        theirs = perf_lists(out, options)
+        mine = hwtrace_lists(out, capsysbinary, options)
+        assert theirs.count(b" ptwrite:  IP: 1 payload: ") == (0 if "-F" in options else 300)
+        assert mine == theirs, first_difference(theirs, mine)
 
 
 def test_dev_stdin_reads_a_pipe(tmp_path, capsysbinary):

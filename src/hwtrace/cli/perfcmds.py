@@ -198,10 +198,10 @@ _LISTED_FIELDS = ("comm", "tid", "time", "ip", "sym", "symoff", "dso")
 _ITRACE_ITEM = re.compile(r"([A-Za-z])(\d+(?:ns|us|ms|i|t)?|(?:[+-][A-Za-z])*)")
 
 
-def _itrace_ptwrite(p: argparse.ArgumentParser, spec: str) -> bool:
-    """Whether perf's ``--itrace`` options ``spec`` list PTWRITEs; an error
-    for what the listing is not (hwtrace script lists every instruction,
-    PTWRITEs at their place, and reports gaps)."""
+def _itrace_lists(p: argparse.ArgumentParser, spec: str) -> tuple[bool, bool]:
+    """Whether perf's ``--itrace`` options ``spec`` list instructions and
+    PTWRITEs; an error for what the listing is not (hwtrace script lists
+    every instruction, PTWRITEs at their place, and reports gaps)."""
     letters: dict[str, str] = {}
     pos = 0
     while pos < len(spec):
@@ -216,12 +216,12 @@ def _itrace_ptwrite(p: argparse.ArgumentParser, spec: str) -> bool:
                 f"--itrace={spec}: {letter!r} ({_ITRACE_LETTERS[letter]}) is not what hwtrace "
                 "script lists: every instruction (i), PTWRITEs (w), errors (e)"
             )
-    if "i" not in letters:
-        p.error(f"--itrace={spec}: hwtrace script lists instructions: i, with w for PTWRITEs")
-    if not re.fullmatch(r"(0\D*|1i)?", letters["i"]):
+    if "i" not in letters and "w" not in letters:
+        p.error(f"--itrace={spec}: hwtrace script lists instructions (i) and PTWRITEs (w)")
+    if "i" in letters and not re.fullmatch(r"(0\D*|1i)?", letters["i"]):
         p.error(f"--itrace={spec}: i{letters['i']}: hwtrace script lists every instruction "
                 "(i, i0ns, i1i), not a sample of them")  # fmt: skip
-    return "w" in letters
+    return "i" in letters, "w" in letters
 
 
 def _check_fields(p: argparse.ArgumentParser, fields: str) -> None:
@@ -247,7 +247,7 @@ def script_main(argv: Sequence[str]) -> int:
                         "or ptwrite) instead of perf script's text")  # fmt: skip
     p.add_argument("--itrace", metavar="OPTS",
                    help="perf script's spelling of what to list: i (every instruction: i, i0ns), "
-                        "w (PTWRITEs, with -F), e (errors); without w no PTWRITEs; without -F "
+                        "w (PTWRITEs), e (errors); without w no PTWRITEs; without -F "
                         "perf's default fields (period and event name after the time)")  # fmt: skip
     p.add_argument("-F", "--fields", metavar="FIELDS",
                    help="perf script's field list: comm,tid,time,ip,sym,symoff,dso (what is "
@@ -257,17 +257,19 @@ def script_main(argv: Sequence[str]) -> int:
                         "in microseconds without it, as perf script prints them")  # fmt: skip
     a = p.parse_args(list(argv))
     ptwrite = not a.no_ptwrite
+    instructions = True
     if a.itrace is not None:
-        ptwrite = ptwrite and _itrace_ptwrite(p, a.itrace)
+        instructions, listed = _itrace_lists(p, a.itrace)
+        ptwrite = ptwrite and listed
+        if not instructions and a.blocks:
+            p.error(f"--itrace={a.itrace}: --blocks lists instructions: give i")
     if a.fields is not None:
         _check_fields(p, a.fields)
     # perf's spelling, perf's times: microseconds unless --ns; and without
     # -F perf's default fields, the period and event name after the time.
     usec = (a.itrace is not None or a.fields is not None) and not a.ns
-    perf_fields = a.itrace is not None and a.fields is None and not a.blocks and not a.json
-    if perf_fields and ptwrite:
-        p.error(f"--itrace={a.itrace}: PTWRITEs are listed with -F "
-                f"{','.join(_LISTED_FIELDS)} (not in perf script's default fields)")  # fmt: skip
+    perf_lines = a.itrace is not None and not a.blocks and not a.json
+    perf_fields = perf_lines and a.fields is None
     session = open_session(p.prog, a)
     if session is None:
         return 1
@@ -275,9 +277,14 @@ def script_main(argv: Sequence[str]) -> int:
 
     out = sys.stdout.buffer
     try:
-        event = session.instruction_event_column() if perf_fields else ""
-        writer = ListingWriter(out, json=a.json, usec=usec, event=event)
-        flow = session.listing(writer.write, blocks=a.blocks, ptwrite=ptwrite)
+        # (with --itrace the lines are perf script's, PTWRITEs' too)
+        event, ptw_event = (
+            session.event_columns(instructions, ptwrite) if perf_fields else ("", "")
+        )  # fmt: skip
+        writer = ListingWriter(out, json=a.json, usec=usec, event=event,
+                               ptwrite=ptw_event if perf_lines else None)  # fmt: skip
+        write = writer.write if instructions else lambda rows: writer.write(rows.ptwrites())
+        flow = session.listing(write, blocks=a.blocks, ptwrite=ptwrite, perf_order=perf_lines)
         warn_missing_calls(p.prog, flow)
         out.flush()
         for problem in shown_problems(flow.problems):

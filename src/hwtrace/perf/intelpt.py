@@ -125,17 +125,22 @@ def pt_attr_of(data: PerfData) -> PerfEventAttr | None:
     return next((a.attr for a in data.attrs if a.attr.type == pt.pmu_type), None)
 
 
-def instruction_event_column(data: PerfData, period: int = 1) -> str:
-    """What ``perf script --itrace=i...`` prints between an instruction
-    sample's time and its address by default: the period, then the name
-    of the samples' event (``instructions`` with the Intel PT event's
-    modifiers, as perf names the event it makes) right-aligned to the
-    longest name of the file's events and that one, then a colon."""
+def event_columns(
+    data: PerfData, instructions: bool = True, ptwrite: bool = False, period: int = 1
+) -> tuple[str, str]:
+    """What ``perf script --itrace=i...`` (``iw``, ``w``: the events perf
+    makes, ``instructions`` and ``ptwrite``) prints between a sample's
+    time and its address by default, for instructions and for PTWRITEs:
+    the period (instructions only), then the name of the samples' event
+    (``instructions`` with the Intel PT event's modifiers, as perf names
+    it; ``ptwrite`` as perf sets it) right-aligned to the longest name of
+    the file's events and of those made, then a colon."""
     attr = pt_attr_of(data)
     name = "instructions" + (event_modifiers(attr) if attr is not None else "")
     named = data.features.get(Feature.EVENT_DESC) or []
-    width = max([len(name), *(len(d.name) for d in named)])
-    return f" {period:10d} {name:>{width}}:"
+    made = [name] * instructions + ["ptwrite"] * ptwrite
+    width = max(len(n) for n in [*made, *(d.name for d in named), ""])
+    return f" {period:10d} {name:>{width}}:", f" {'ptwrite':>{width}}: "
 
 
 def tsc_conversion_of(data: PerfData) -> TscConversion | None:

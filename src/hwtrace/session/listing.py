@@ -30,7 +30,8 @@ class ListingRows:
     ``comms``), ``tid``, ``ns`` (perf time, -1: unknown), ``ip``, ``sym``
     (an index into ``names``/``modules``; -1: no file mapped there),
     ``off`` (bytes into the symbol), ``ninsn`` (per block, block listings
-    only), ``kind`` (1: a PTWRITE of ``payload``) and per name ``plain``
+    only), ``kind`` (1: a PTWRITE of ``payload``; 2: one whose packet gave
+    no IP) and per name ``plain``
     (printed without an offset: perf's ``[unknown]`` in a mapped file)."""
 
     comms: list[str]
@@ -52,6 +53,17 @@ class ListingRows:
 
     def __len__(self) -> int:
         return int(self.ip.shape[0])
+
+    def ptwrites(self) -> ListingRows:
+        """The PTWRITEs' rows alone."""
+        keep = np.zeros(len(self), np.bool_) if self.kind is None else self.kind != 0
+        return ListingRows(
+            self.comms, self.comm[keep], self.tid[keep], self.ns[keep], self.ip[keep],
+            self.names, self.modules, self.sym[keep], self.off[keep],
+            None if self.ninsn is None else self.ninsn[keep],
+            None if self.kind is None else self.kind[keep],
+            None if self.payload is None else self.payload[keep], self.plain,
+        )  # fmt: skip
 
 
 class PerfNameRows:
@@ -166,9 +178,15 @@ class ListingBuilder:
     batch to batch; ``comm`` names a thread."""
 
     def __init__(
-        self, comm: Callable[[int], str], *, blocks: bool = False, ptwrite: bool = True
+        self,
+        comm: Callable[[int], str],
+        *,
+        blocks: bool = False,
+        ptwrite: bool = True,
+        perf_order: bool = False,
     ) -> None:
         self.comm, self.blocks, self.ptwrite = comm, blocks, ptwrite
+        self.perf_order = perf_order  # PTWRITEs before their instruction, as perf lists them
         self.names = PerfNameRows()
         self._cols = _Columns()
 
@@ -221,9 +239,9 @@ class ListingBuilder:
             if which is None:
                 which = owner if owner is not None else np.full(ip.shape[0], part.image[0])
             ip, tid, ns, which, count, kind, payload, sym, off = _with_ptwrite(
-                part.ptw, ends, ip, tid, ns, which, count, sym, off
+                part.ptw, ends, ip, tid, ns, which, count, sym, off, self.perf_order
             )
-            marks = kind == 1
+            marks = kind != 0
             # A PTWRITE's own IP is named afresh (its block's name before).
             for image in np.unique(which[marks]).tolist():
                 at = np.flatnonzero(marks & (which == image))
@@ -322,19 +340,30 @@ def _comm_rows(tid: np.ndarray, comm: Callable[[int], str]) -> tuple[list[str], 
     return [comm(int(t)) for t in tids.tolist()], index.reshape(-1)
 
 
-def _with_ptwrite(marks: PtwMarks, ends: np.ndarray, ips, tid, ns, which, n, sym, off):
+def _with_ptwrite(
+    marks: PtwMarks, ends: np.ndarray, ips, tid, ns, which, n, sym, off, perf_order: bool = False
+):  # fmt: skip
     """The listing's rows with a row per PTWRITE inserted after the rows of
     the blocks before it (``ends``: rows up to each block's end): its own
     IP (the previous row's when the trace had none), time where known; its
-    name is left to the caller (``sym`` -1)."""
+    name is left to the caller (``sym`` -1).  ``perf_order``: as perf
+    script lists them, a PTWRITE whose IP the trace gave before its
+    instruction's row, at that row's time."""
     rows = ips.shape[0]
     pos = np.where(marks.at > 0, ends[np.maximum(marks.at - 1, 0)], 0)
     prev = np.maximum(pos - 1, 0)
+    own = np.zeros(len(marks), np.bool_)
+    if perf_order and rows:
+        own = (marks.ip != 0) & (pos > 0) & (ips[prev] == marks.ip)
+        pos = np.where(own, prev, pos)
     ip = np.where(marks.ip != 0, marks.ip, ips[prev] if rows else np.uint64(0)).astype(ips.dtype)
     t = tid[prev] if rows else np.full(len(marks), -1, tid.dtype)
     at_ns = np.where(marks.ns >= 0, marks.ns, ns[prev] if rows else -1).astype(ns.dtype)
+    if rows:
+        at_ns = np.where(own, ns[prev], at_ns).astype(ns.dtype)
     image = which[prev] if rows else np.zeros(len(marks), which.dtype)
-    kind = np.insert(np.zeros(rows, np.uint8), pos, 1)
+    # (2: a PTWRITE whose packet gave no IP, no FUP)
+    kind = np.insert(np.zeros(rows, np.uint8), pos, np.where(marks.ip != 0, 1, 2))
     payload = np.insert(np.zeros(rows, np.uint64), pos, marks.payload)
     count = None if n is None else np.insert(n, pos, 0)
     return (np.insert(ips, pos, ip), np.insert(tid, pos, t), np.insert(ns, pos, at_ns),

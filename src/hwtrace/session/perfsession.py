@@ -158,13 +158,14 @@ class PerfSession:
         flow.missing_calls = missing()
         return flow
 
-    def instruction_event_column(self) -> str:
-        """What ``perf script --itrace=i0ns`` prints by default between an
-        instruction's time and its address (its period and event name, see
-        :func:`hwtrace.perf.intelpt.instruction_event_column`)."""
-        from ..perf.intelpt import instruction_event_column
+    def event_columns(self, instructions: bool = True, ptwrite: bool = False) -> tuple[str, str]:
+        """What ``perf script --itrace=i0ns`` (``i0nsw``, ``w``) prints by
+        default between an instruction's (a PTWRITE's) time and its
+        address: the period and event name (see
+        :func:`hwtrace.perf.intelpt.event_columns`)."""
+        from ..perf.intelpt import event_columns
 
-        return instruction_event_column(self.data)
+        return event_columns(self.data, instructions, ptwrite)
 
     def listing(
         self,
@@ -172,15 +173,17 @@ class PerfSession:
         *,
         blocks: bool = False,
         ptwrite: bool = True,
+        perf_order: bool = False,
     ) -> PerfStream:
         """Decode into the rows of ``hwtrace script``'s listing
         (:class:`~hwtrace.session.listing.ListingRows`, per instruction or
         with ``blocks`` per block, PTWRITE payloads at their place unless
-        ``ptwrite`` is false), batch by batch into ``on_rows``.  The rows'
+        ``ptwrite`` is false, with ``perf_order`` before their instruction,
+        as perf script lists them), batch by batch into ``on_rows``.  The rows'
         columns are reused for the next piece once ``on_rows`` returns:
         copy what is to be kept."""
 
-        builder = ListingBuilder(self.comm, blocks=blocks, ptwrite=ptwrite)
+        builder = ListingBuilder(self.comm, blocks=blocks, ptwrite=ptwrite, perf_order=perf_order)
 
         def on_blocks(b: PerfBlocks) -> None:
             for rows in builder.rows(b):

@@ -6,8 +6,10 @@ A line is ``comm tid seconds.nanoseconds:  ip symbol+0xoff (module)``
 (perf's widths: 16, 5, 5 and 16; ``[unknown] (module)`` where no symbol
 covers the address, ``[unknown] ([unknown])`` where no file is mapped),
 with `` N insns`` appended per block; a PTWRITE payload in the flow is a
-line of its own at its place, ending ``ptwrite: 0xPAYLOAD`` (as ``perf
-script --itrace=w`` lists them).  Names go into the loop as byte tables
+line of its own at its place, ending ``ptwrite: 0xPAYLOAD``, or as
+``perf script --itrace=...w`` lists them (perf's event name and payload
+text, or with its ``-F`` the address alone; ``ptwrite`` of
+:class:`ListingWriter`).  Names go into the loop as byte tables
 (one row per distinct comm, symbol name and module), so listing millions of
 instructions does no Python work per line.
 """
@@ -116,6 +118,48 @@ def _put_time(scratch, w, blank, json, usec, event):
     return q - _TIME_AT
 
 
+@aot.njit(cache=True, _nrt=False)
+def _put_ptw_payload(out, p, value, with_ip, blank):
+    """perf script's text of a PTWRITE's payload (perf's
+    perf_sample__fprintf_synth_ptwrite): `` IP: 1 payload: 0x2a `` (C's
+    ``%#x``: 0 without the prefix), the payload's bytes when they are
+    printable ASCII up to its NULs, a blank, padded to 34 columns, then
+    the blank before the address."""
+    start = p
+    p = put_text(out, p, " IP: ")
+    out[p] = 49 if with_ip else 48
+    p = put_text(out, p + 1, " payload: ")
+    if value == 0:
+        out[p] = 48
+        p += 1
+    else:
+        p = put_text(out, p, "0x")
+        p = put_hex(out, p, value, 0)
+    out[p] = 32
+    p += 1
+    printable = True
+    ended = False
+    for j in range(8):
+        c = (np.uint64(value) >> np.uint64(8 * j)) & np.uint64(0xFF)
+        if c == 0:
+            ended = True
+        elif ended or c < 32 or c > 126:
+            printable = False
+    if printable:
+        for j in range(8):
+            c = (np.uint64(value) >> np.uint64(8 * j)) & np.uint64(0xFF)
+            if c == 0:
+                break
+            out[p] = np.uint8(c)
+            p += 1
+    out[p] = 32
+    p += 1
+    if p - start < 34:
+        p = put_slice_over(out, p, blank, 0, 34 - (p - start))
+    out[p] = 32
+    return p + 1
+
+
 @aot.njit(cache=True, inline="always", _nrt=False)
 def _put_end(out, p, json):
     """A line's end: a newline, after a JSON object's brace."""
@@ -131,7 +175,8 @@ def _render(
     comm, tid, ns, ip, sym, off, ninsn, blocks, kind, payload,
     comm_data, comm_at, head_data, head_at, tail_data, tail_at, plain, blank,
     scratch, lo, hi, out, cap,
-    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json, usec, event,
+    use_rows, rows, rt_at, rt_len, rt_pool, rt_used, room, json, usec, event, ptw_perf,
+    ptw_event,
 ):  # fmt: skip
     """Lines from ``lo`` (up to ``hi``) into ``out`` until ``cap`` bytes
     are written; returns the bytes written and the next line.  A line's
@@ -147,7 +192,11 @@ def _render(
     one, ``dso``; ``insns`` or ``ptwrite``), the names JSON-quoted in the
     byte tables; ``usec``: text times in microseconds (perf script's
     without ``--ns``); ``event``: text after a text time's colon (perf
-    script's period and event name)."""
+    script's period and event name); ``ptw_event``: PTWRITEs' lines are
+    perf script's, this text (perf's name of its PTWRITE event) in place
+    of ``event`` and its payload before the address (empty: without
+    ``event``, the address alone); ``ptw_perf`` false: hwtrace's own
+    PTWRITE lines (`` ptwrite: 0xPAYLOAD`` after the address)."""
     p = 0
     i = lo
     last_comm = -1
@@ -183,9 +232,17 @@ def _render(
                 p = put_slice_over(out, p, rt_pool, at, at + rt_len[r])
                 i += 1
                 continue
+        if kind[i] != 0 and ptw_event.shape[0] and not json:
+            # perf script's PTWRITE sample: its event's name in place of
+            # the instructions', then perf's text of the payload (" IP: 1
+            # payload: 0x2a " and the payload as text when it is
+            # printable ASCII, padded to 34 columns) before the address.
+            p -= event.shape[0] + 2
+            p = put_bytes(out, p, ptw_event)
+            p = _put_ptw_payload(out, p, payload[i], kind[i] == 1, blank)
         p = _put_place(out, p, ip[i], sym[i], off[i], head_data, head_at, tail_data, tail_at,
                        plain, blank, json)  # fmt: skip
-        if kind[i] == 1:
+        if kind[i] != 0 and (json or not ptw_perf):
             if json:
                 p = put_text(out, p, ',"ptwrite":"0x')
                 p = put_hex(out, p, payload[i], 0)
@@ -242,7 +299,7 @@ class ListingWriter:
 
     def __init__(
         self, out: BinaryIO, chunk: int = 1 << 22, row_text_bytes: int = _POOL_BYTES,
-        *, json: bool = False, usec: bool = False, event: str = "",
+        *, json: bool = False, usec: bool = False, event: str = "", ptwrite: str | None = None,
     ) -> None:  # fmt: skip
         self.out, self.chunk, self.row_text_bytes = out, chunk, row_text_bytes
         self.json = json
@@ -250,6 +307,11 @@ class ListingWriter:
         # (what perf script prints after the time by default: the period and
         # the event's name; for instructions' lines, one per instruction)
         self.event = np.frombuffer(event.encode(), np.uint8).copy()
+        # PTWRITEs' lines: hwtrace's (None), or perf script's with perf's
+        # name of its PTWRITE event in place of ``event``'s ("": the address
+        # alone, as perf prints them with -F)
+        self.ptw_perf = ptwrite is not None
+        self.ptw_event = np.frombuffer((ptwrite or "").encode(), np.uint8).copy()
         self._scratch = np.zeros(_TIME_AT * 2 + COPY_SLACK + self.event.shape[0], np.uint8)
         self._names: tuple[int, int] = (-1, -1)
         self._buf = np.zeros(0, np.uint8)
@@ -295,7 +357,8 @@ class ListingWriter:
         )
         head_data, head_at = self._heads
         tail_data, tail_at = self._tails
-        width = (120 + self.event.shape[0] + int(np.diff(head_at).max(initial=0))
+        width = (160 + self.event.shape[0] + self.ptw_event.shape[0]
+                 + int(np.diff(head_at).max(initial=0))
                  + int(np.diff(tail_at).max(initial=0)))  # fmt: skip
         if self.json:
             width += 100 + int(np.diff(comm_at).max(initial=0))
@@ -334,7 +397,7 @@ class ListingWriter:
                 *cols, blocks, kinds, payloads, comm_data, comm_at, head_data, head_at,
                 tail_data, tail_at, self._plains, _BLANK, self._scratch, lo, n, out, self.chunk,
                 use_rows, rows, text.at, text.length, text.pool, text.used, width, self.json,
-                self.usec, self.event,
+                self.usec, self.event, self.ptw_perf, self.ptw_event,
             )  # fmt: skip
             yield view[:m]
 
