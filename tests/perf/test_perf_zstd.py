@@ -99,6 +99,17 @@ def test_damaged_stream_is_one_error(tmp_path):
     assert main(["perf-dump", str(bad)]) in (0, 1)
 
 
+def _comms(w: PerfDataWriter, n: int, names: int, aux=None) -> None:
+    """An Intel PT perf.data's ``n`` COMMs (``names`` distinct), with an
+    AUXTRACE of ``aux(k)`` every 500th."""
+    w.set_intel_pt(sample_type=0x10003 | 0x4)
+    for k in range(n):
+        w.add_record(Comm(pid=k, tid=k, comm=f"task-{k % names}"), attr=0,
+                     sample_id=SampleId(pid=k, tid=k, time=1000 + k))  # fmt: skip
+        if aux is not None and k % 500 == 0:
+            w.add_auxtrace(aux(k))
+
+
 def test_written_compressed_reads_back(tmp_path):
     """PerfDataWriter(compress=N) keeps kernel records in COMPRESSED ones;
     read back they are the records written."""
@@ -106,10 +117,7 @@ def test_written_compressed_reads_back(tmp_path):
     for level in (0, 3):
         paths[level] = path = tmp_path / f"z{level}.data"
         with PerfDataWriter(path, compress=level) as w:
-            w.set_intel_pt(sample_type=0x10003 | 0x4)
-            for k in range(3000):
-                w.add_record(Comm(pid=k, tid=k, comm=f"task-{k % 7}"), attr=0,
-                             sample_id=SampleId(pid=k, tid=k, time=1000 + k))  # fmt: skip
+            _comms(w, 3000, 7)
             w.finished_round()
             w.add_auxtrace(b"\x02\x82" * 8)
     plain, packed = read_perf_data(paths[0]), read_perf_data(paths[3])
@@ -135,12 +143,7 @@ def test_subset_of_a_compressed_recording(tmp_path):
 
     src = tmp_path / "z.data"
     with PerfDataWriter(src, compress=1) as w:
-        w.set_intel_pt(sample_type=0x10003 | 0x4)
-        for k in range(2000):
-            w.add_record(Comm(pid=k, tid=k, comm=f"task-{k % 5}"), attr=0,
-                         sample_id=SampleId(pid=k, tid=k, time=1000 + k))  # fmt: skip
-            if k % 500 == 0:
-                w.add_auxtrace(bytes([0x02, 0x82]) * 8 + bytes([k % 256]) * 16)
+        _comms(w, 2000, 5, lambda k: bytes([0x02, 0x82]) * 8 + bytes([k % 256]) * 16)
     data = read_perf_data(src)
     r = data.records
     comms = np.flatnonzero(r["type"] == RecordType.COMM)
@@ -153,12 +156,8 @@ def test_subset_of_a_compressed_recording(tmp_path):
     aux = got.auxtrace_columns()
     index = [o for o, _ in got.features[Feature.AUXTRACE]]
     assert index == got.records["offset"][aux["row"]].tolist()
-    assert [bytes(got.buf[o : o + 32])[-1] for o in aux["data_offset"].tolist()] == [
-        0,
-        244,
-        232,
-        220,
-    ]
+    tails = [bytes(got.buf[o : o + 32])[-1] for o in aux["data_offset"].tolist()]
+    assert tails == [0, 244, 232, 220]
 
 
 def test_released_pages_come_back_and_the_decompressed_stay(tmp_path):
@@ -170,10 +169,7 @@ def test_released_pages_come_back_and_the_decompressed_stay(tmp_path):
 
     path = tmp_path / "z.data"
     with PerfDataWriter(path, compress=1) as w:
-        w.set_intel_pt(sample_type=0x10003 | 0x4)
-        for k in range(3000):
-            w.add_record(Comm(pid=k, tid=k, comm=f"task-{k % 7}"), attr=0,
-                         sample_id=SampleId(pid=k, tid=k, time=1000 + k))  # fmt: skip
+        _comms(w, 3000, 7)
         w.add_auxtrace(b"\x02\x82" * 4096)
     data = read_perf_data(path)
     buf = data.buf

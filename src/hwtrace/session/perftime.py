@@ -26,11 +26,11 @@ consuming branch carries the time of every packet up to its own.  Trace
 asynchronous FUP (with its TIP or TIP.PGD) move it without an
 instruction; a PTWRITE's FUP (no TIP follows) gives its instruction the
 estimate of the packets before it.  perf keeps each queue's time from
-going backwards, except
-where tracing begins in user space (TIP.PGE): there the queue takes the
-decoder's estimate, ``sample_timestamp`` plus two ticks an instruction
-walked since a timing packet last set ``timestamp`` (times the maximum
-non-turbo ratio over the CBR, when both are known).  In sync, perf walks
+going backwards, except where tracing begins in user space (TIP.PGE):
+there the queue takes the decoder's estimate, ``sample_timestamp`` plus
+two ticks an instruction walked since a timing packet last set
+``timestamp`` (times the maximum non-turbo ratio over the CBR, when both
+are known).  In sync, perf walks
 to a PSB+'s FUP before it reads the packets after PSBEND, so the
 instructions up to it count before those packets set the estimate again.
 
