@@ -848,8 +848,11 @@ class FlowDecoder:
                 self._flush(sink)
                 self._check_watch()
                 # The last windows' pages too: a trace decoded range by
-                # range would otherwise keep them resident.
-                release(buf, max(released - FAULT_AROUND, 0), win.limit)
+                # range would otherwise keep them resident.  (The last
+                # window of a range has no limit, -1: up to where its
+                # packets end.)
+                last = win.limit if win.limit >= 0 else win.ext
+                release(buf, max(released - FAULT_AROUND, 0), last)
                 synced = not SI[K.DR_SYNC_FAILED]
                 return int(SI[K.DR_END]), int(SU[K.DR_NEXT]), synced
 
