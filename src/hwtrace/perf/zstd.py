@@ -7,7 +7,7 @@ flushed at the end of each PERF_RECORD_COMPRESSED (perf's
 of the one before, and a decompressed record may begin in one body and end
 in the next.  :class:`ZstdDecompressor` carries that state from body to
 body; :class:`ZstdCompressor` writes such bodies (perf.data written by
-hwtrace with ``compress=True``).
+hwtrace with ``compress=N``, zstd's level).
 """
 
 from __future__ import annotations

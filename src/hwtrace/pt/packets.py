@@ -404,17 +404,17 @@ class _Spliced:
     :meth:`madvise` as mmap's, applied to the file's pages only."""
 
     def __init__(self, holder: object, address: int, file_bytes: int) -> None:
-        self.holder = weakref.ref(holder)
-        self.address, self.file_bytes = address, file_bytes
-
-    def madvise(self, flag: int, start: int, length: int) -> None:
         import ctypes
 
+        self.holder = weakref.ref(holder)
+        self.address, self.file_bytes = address, file_bytes
+        self._madvise = ctypes.CDLL(None).madvise
+        self._madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+    def madvise(self, flag: int, start: int, length: int) -> None:
         end = min(start + length, self.file_bytes // mmap.PAGESIZE * mmap.PAGESIZE)
         if end > start:
-            libc = ctypes.CDLL(None)
-            libc.madvise(ctypes.c_void_p(self.address + start), ctypes.c_size_t(end - start),
-                         ctypes.c_int(flag))  # fmt: skip
+            self._madvise(self.address + start, end - start, flag)
 
 
 _SPLICED: dict[int, _Spliced] = {}
