@@ -73,11 +73,12 @@ def _extent(buf, after, end):
 def window_extent(buf, ws, end, window_bytes, grow):
     """The window of ``buf[:end]`` from the PSB at ``ws``: ``(limit, ext)``,
     the PSB ``window_bytes`` on where the next window starts (-1: none) and
-    the end of the PSB+ after it, as far as decoding ahead of the limit may
-    read; with ``grow`` >= 0 reaching past that offset."""
+    the end of that PSB's PSB+, as far as decoding ahead of the limit
+    reads but for a rare step (which comes back for the window again with
+    ``grow`` >= 0: reaching past that offset, through the next PSB+)."""
     target = ws + window_bytes
     limit = sync_forward(buf, target, ws, end) if target < end else -1
-    ext = end if limit < 0 else _extent(buf, limit + 1, end)
+    ext = end if limit < 0 else _extent(buf, limit, end)
     if grow >= 0 and ext <= grow:
         ext = _extent(buf, grow, end)
         if ext <= grow:

@@ -280,13 +280,13 @@ class FlowDecoder:
     """
 
     # Packets decoded at a time: the memory a decoding needs is about 30
-    # bytes per trace byte of one window (a PSB period or two more).  An
-    # eighth of a MiB keeps a window's packets and times (~3.5 MiB) near
-    # the core, now that the flow loop opens the next window itself (a
-    # window costs no call from Python): 1-4% faster than a quarter MiB on
-    # the decode benchmark's traces here; 64 KiB ones were no faster, 1 MiB
-    # ones ~10% slower.
-    window_bytes = 1 << 17
+    # bytes per trace byte of one window (and its limit's PSB+).  Now
+    # that a window reads ahead only through its limit's PSB+ (not a whole
+    # PSB period past it) and the flow loop opens the next window itself,
+    # 16 KiB keeps a window's packets and times (~0.5 MiB) in the core's
+    # L2: 1-6% faster than 128 KiB on the decode benchmark's traces here,
+    # as fast as 8 KiB.
+    window_bytes = 1 << 14
 
     def __init__(
         self,
@@ -545,10 +545,10 @@ class FlowDecoder:
         fresh: bool = False,
     ):
         """The window of packets from ``ws``: up to a PSB ``window_bytes``
-        on (its limit, where the next window starts), and on through the
-        PSB+ after that one, which is as far as decoding ahead of the
-        limit may read.  ``grow``: make it reach past that offset;
-        ``fresh``: a segment starts there (not the last window's flow)."""
+        on (its limit, where the next window starts), and on through that
+        PSB's PSB+, which is as far as decoding ahead of the limit reads but
+        for a rare step, which asks for the window again reaching further.
+        ``grow``: make it reach past that offset; ``fresh``: a segment starts there (not the last window's flow)."""
         if self._store(self._base) is None:
             win = self._open_compiled(buf, ws, end, tstate, grow)
             if win is not None:
