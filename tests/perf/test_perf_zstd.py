@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 
 from hwtrace.cli.main import main
 from hwtrace.perf.data import read_perf_data
+from hwtrace.perf.features import Feature
 from hwtrace.perf.records import Comm, RecordType, SampleId
 from hwtrace.perf.writer import PerfDataWriter
 from hwtrace.perf.zstd import zstd_available
@@ -97,6 +99,29 @@ def test_damaged_stream_is_one_error(tmp_path):
     assert (damaged.records["type"] == RecordType.AUXTRACE).sum() == 0
     assert (damaged.records["type"] == RecordType.FINISHED_ROUND).sum() == 1
     assert main(["perf-dump", str(bad)]) in (0, 1)
+
+
+def test_record_beyond_perfs_buffer_is_one_error(tmp_path):
+    """A COMPRESSED record that decompresses to more than the buffer perf
+    reads it into (the header's mmap_len): an error naming its offset and
+    the bound, not memory without end; the records before it kept."""
+    raw = bytearray(RECORDED.read_bytes())
+    data = read_perf_data(RECORDED)
+    value = data.features[Feature.COMPRESSED]
+    packed = struct.pack("<IIIII", *value.values())
+    assert raw.count(packed) == 1
+    at = raw.index(packed)
+    raw[at + 16 : at + 20] = struct.pack("<I", 1024)  # mmap_len (the records: 4,056 bytes)
+    r = data.records
+    first = int(r["offset"][np.flatnonzero(r["type"] == RecordType.COMPRESSED)[0]])
+    small = tmp_path / "small.data"
+    small.write_bytes(bytes(raw))
+    got = read_perf_data(small)
+    assert len(got.errors) == 1
+    message = str(got.errors[0])
+    assert f"{first:#x}" in message and "more than 1,024 bytes" in message, message
+    assert not (got.records["type"] == RecordType.SAMPLE).any()
+    assert main(["perf-dump", str(small)]) in (0, 1)
 
 
 def _comms(w: PerfDataWriter, n: int, names: int, aux=None) -> None:

@@ -242,6 +242,11 @@ def _followed_by(buf: np.ndarray, path: str | None, at: int, more: bytes) -> np.
 
 _MAP_FIXED = 0x10  # Linux's
 
+# What one COMPRESSED record may decompress to when the header does not
+# say (its mmap_len): a ring buffer of a GiB, more than perf record -m
+# gives by default by three orders of magnitude.
+_COMPRESSED_LIMIT = 1 << 30
+
 
 def _read_stream(stream: BinaryIO) -> np.ndarray:
     """A stream's bytes to its end, unless its first eight are no perf.data
@@ -342,8 +347,9 @@ class PerfData:
             self._file_header(hsize, n)
             h = self.header
             self._index(h.data_offset, h.data_offset + h.data_size)
-            self._decompress()
+            # (the features first: they bound what COMPRESSED records hold)
             self._file_features()
+            self._decompress()
         self._resolve()
 
     def _file_header(self, hsize: int, n: int) -> None:
@@ -506,6 +512,12 @@ class PerfData:
             return
         from .zstd import ZstdDecompressor, ZstdError
 
+        # perf decompresses a record's body into a buffer of the header's
+        # mmap_len (perf_session__process_compressed_event) and reads no
+        # more of it; without the header (a pipe), a bound all the same.
+        limit = int((self.features.get(Feature.COMPRESSED) or {}).get("mmap_len") or 0)
+        if limit <= 0:
+            limit = _COMPRESSED_LIMIT
         pieces: list[bytes] = []
         ends: list[int] = []
         done = 0
@@ -514,7 +526,7 @@ class PerfData:
             for i in rows.tolist():
                 off, size = int(r["offset"][i]), int(r["size"][i])
                 try:
-                    piece = stream.feed(bytes(self.buf[off + 8 : off + size]))
+                    piece = stream.feed(bytes(self.buf[off + 8 : off + size]), limit)
                 except ZstdError as e:
                     self.errors.append(self._err(off, f"COMPRESSED record: {e}"))
                     break

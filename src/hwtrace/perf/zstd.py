@@ -92,16 +92,22 @@ class ZstdDecompressor:
         _check(lib, lib.ZSTD_initDStream(self._stream), "zstd stream")
         self._chunk = max(int(lib.ZSTD_DStreamOutSize()), 1 << 16)
 
-    def feed(self, piece: bytes) -> bytes:
-        """The bytes ``piece`` (the stream's next bytes) completes."""
+    def feed(self, piece: bytes, limit: int | None = None) -> bytes:
+        """The bytes ``piece`` (the stream's next bytes) completes; more
+        than ``limit`` of them is an error (a stream that decompresses to
+        far more than it is would otherwise take all memory)."""
         lib = self._lib
         src = ctypes.create_string_buffer(piece, len(piece))
         inb = _Buffer(ctypes.cast(src, ctypes.c_void_p), len(piece), 0)
         out = []
+        got = 0
         dst = ctypes.create_string_buffer(self._chunk)
         while True:
             outb = _Buffer(ctypes.cast(dst, ctypes.c_void_p), self._chunk, 0)
             _check(lib, lib.ZSTD_decompressStream(self._stream, outb, inb), "zstd stream")
+            got += outb.pos
+            if limit is not None and got > limit:
+                raise ZstdError(f"decompresses to more than {limit:,} bytes")
             out.append(dst.raw[: outb.pos])
             # (done when the input is used up and the output had room to spare)
             if inb.pos >= inb.size and outb.pos < outb.size:
