@@ -284,7 +284,7 @@ class FlowDecoder:
     # that a window reads ahead only through its limit's PSB+ (not a whole
     # PSB period past it) and the flow loop opens the next window itself,
     # 16 KiB keeps a window's packets and times (~0.5 MiB) in the core's
-    # L2: 1-6% faster than 128 KiB on the decode benchmark's traces here,
+    # L2: 3-6% faster than 128 KiB on the decode benchmark's traces here,
     # as fast as 8 KiB.
     window_bytes = 1 << 14
 
@@ -548,7 +548,8 @@ class FlowDecoder:
         on (its limit, where the next window starts), and on through that
         PSB's PSB+, which is as far as decoding ahead of the limit reads but
         for a rare step, which asks for the window again reaching further.
-        ``grow``: make it reach past that offset; ``fresh``: a segment starts there (not the last window's flow)."""
+        ``grow``: make it reach past that offset; ``fresh``: a segment
+        starts there (not the last window's flow)."""
         if self._store(self._base) is None:
             win = self._open_compiled(buf, ws, end, tstate, grow)
             if win is not None:
