@@ -1103,7 +1103,7 @@ class QueueSink(FlowSink):
         inside = gap_k < n
         held_gap = int(self.held["gap"][0]) if held else 0
         if inside.any() or self.gap_next or held_gap:
-            gap = cols["gap"] = np.zeros(total, np.uint8)
+            gap = cols["gap"] = FK.no_gaps(total)
             gap[held] = _gap_now(self.gap_next)
             # (a lost flow where a rejoin meets it at one block: it counts)
             # (a stop pending before a block: lost, see _gap_now)
