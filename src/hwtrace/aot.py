@@ -315,8 +315,10 @@ class _ArrayRef(weakref.ref):
 _array_parts: dict[int, tuple] = {}
 
 
-def _forget_array(ref: _ArrayRef) -> None:
-    _array_parts.pop(ref.ident, None)
+def _forget_array(ref: _ArrayRef, _pop=_array_parts.pop) -> None:
+    # (the dict's method bound here: an array a script keeps in a global
+    # goes while the interpreter exits, after this module's globals)
+    _pop(ref.ident, None)
 
 
 def _array_part(a: np.ndarray) -> tuple:
