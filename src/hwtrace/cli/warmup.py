@@ -500,7 +500,7 @@ def _decoder_subtrees(image: Image, cfg: PtConfig) -> None:
     from ..pt import _flowloop as F
 
     def compile_callees(args) -> None:
-        ds, pk, cf, ct, out, _ = args  # (the last: the window opener's arguments)
+        ds, pk, cf, ct, out = args[:5]  # (then the window opener's arguments, the code space)
         base = (typeof(ds), typeof(pk), typeof(cf), typeof(ct))
         for callee, sig in (
             (F._pending_after_postponed, base),

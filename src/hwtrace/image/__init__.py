@@ -119,6 +119,7 @@ class Image:
         self._matching: dict[Asid, list[_Space]] = {}
         self._last: tuple[Asid | None, list[_Space]] = (None, [])
         self._generation = 0
+        self._changes = 0  # (see version)
         self._loads: list[LoadedElf] = []
         self._symbols: SymbolTable | None = None
 
@@ -134,8 +135,15 @@ class Image:
             space = self._spaces[asid] = _Space()
             self._forget_matches()
         self._generation += 1
+        self._changes += 1
         space.insert(section, self._generation)
         return section
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever a section is mapped or unmapped:
+        what a reader copied of the image's bytes holds while it stays."""
+        return self._changes
 
     def add_raw(
         self,
@@ -197,6 +205,7 @@ class Image:
                 space.generations = [g for _, g in kept]
             else:
                 del self._spaces[key]
+        self._changes += 1
         self._forget_matches()
         loads = [
             load

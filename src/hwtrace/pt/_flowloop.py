@@ -119,6 +119,7 @@ from .codetable import (
     T_X_TAB,
     X_FIELDS,
     build_run,
+    fill_missing,
     hash_find,
 )
 from .errors import ABORT, ABORT_MISS, ABORT_WINDOW, PtError  # (aborts: see the module docstring)
@@ -4081,9 +4082,21 @@ def _next_window(ds, wo):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def run(ds, pk, cf, ct, out, wo):
+def run(ds, pk, cf, ct, out, wo, cs):
     """Decode until the segment ends or Python is needed (R_*); the next
-    window opened here when it can be (``wo``: see _next_window)."""
+    window opened here when it can be (``wo``: see _next_window).  Code
+    missing in a section of the code space ``cs`` is decoded here
+    (:func:`~.codetable.fill_missing`): the step that missed it is then
+    redone as after a return to Python for it."""
+    while True:
+        r = _run(ds, pk, cf, ct, out, wo)
+        if r != R_MISS or not fill_missing(ct, cs):
+            return r
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _run(ds, pk, cf, ct, out, wo):
+    """:func:`run` but for code missing: R_MISS."""
     SI, SU = ds[0], ds[1]
     CF = cf[0]
     store = out[10][3]

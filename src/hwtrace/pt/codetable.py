@@ -18,6 +18,10 @@ Both are found through open-addressing hash tables keyed by ``(ip, mode)``.
 When the compiled decoder meets an address that is not decoded yet it stops
 and says which; :meth:`CodeTable.fill` decodes a straight-line stretch from
 there and the decoder goes on.  The tables only grow between decoder calls.
+64-bit code in a section a fill has read once is decoded by the flow loop
+itself when it meets it again (:func:`fill_missing`, from the table's
+:meth:`CodeTable.code_space`): only code the compiled decoder does not know
+returns to Python.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ RUN_STOP = 7  # anything else: far transfers, code errors; the event path decide
 RUN_MAX = 4096  # instructions in one run
 FILL_MAX = 256  # instructions decoded by one fill
 PREFETCH_MAX = 1024  # instructions decoded ahead by one fill
+#: Bytes of code a table copies for the flow loop to decode from by itself
+#: (see CodeTable.code_space).
+CODE_SPACE_MAX = 1 << 28
 
 # counts[] slots: instructions, runs and run instructions held, where the
 # last miss was, the image's number in its decoding (FlowDecoder), and the
@@ -83,6 +90,8 @@ X_PUSH_PER_SLOT = 4  # return addresses
 X_BYTES_PER_SLOT = 1 << 10  # of trace, in the decoder's guess
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+_NO_U64 = np.zeros(0, np.uint64)
+_NO_I64 = np.zeros(0, np.int64)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 CLASS_OTHER = int(IClass.OTHER)
@@ -413,6 +422,11 @@ class CodeTable:
         self._queue = np.zeros(2 * (FILL_MAX + PREFETCH_MAX) + 2, np.uint64)
         self.texts: list[str] | None = None  # disassembly per instruction, when kept
         self.generation = 0  # counts clear()s
+        # Instructions below this index have their Python-side bookkeeping
+        # (_pending, i_mode, texts); those above were decoded by the flow
+        # loop itself (see book_filled).
+        self._booked = 0
+        self._forget_code_space()
         # Names the numbering of the runs: a new object whenever the same
         # run numbers come to mean other code (clear()).
         self.run_numbering = object()
@@ -505,6 +519,8 @@ class CodeTable:
         self.counts[C_X_POOL] = self.counts[C_X_PUSH] = 0
         self.generation += 1
         self.run_numbering = object()
+        self._booked = 0
+        self._forget_code_space()
         if self.texts is not None:
             self.texts = []
         self._refresh()
@@ -545,8 +561,9 @@ class CodeTable:
         """A small number naming the section that holds ``ip`` (blocks do not
         span sections); 0 where nothing is mapped."""
         section = self.image.find(ip)
-        if section is None:
-            return 0
+        return 0 if section is None else self._section_number(section)
+
+    def _section_number(self, section) -> int:
         key = id(section)
         sid = self._sections.get(key)
         if sid is None:
@@ -567,6 +584,7 @@ class CodeTable:
             section = find(ip)
             if section is None:
                 break
+            self._learn_section(section)
             stop = self._fill_quick(ip, section, False)
             if stop < 0:
                 return
@@ -602,7 +620,69 @@ class CodeTable:
             self.i_adopted[first:end] = 0
             if self.texts is not None:
                 self.texts.extend([""] * (end - first))
+        self._booked = end
         return stop
+
+    # -- code the flow loop decodes itself ----------------------------------
+    def _forget_code_space(self) -> None:
+        self._cs_sections: list = []  # (sorted by address)
+        self._cs_at: dict[int, int] = {}  # id(section) -> where its bytes are
+        self._cs_bytes = np.zeros(0, np.uint8)
+        self._cs_used = 0
+        self._cs_version = getattr(self.image, "version", None)
+        self._code_space = (_NO_U64, _NO_U64, _NO_I64, _NO_I64, self._cs_bytes, self._queue)
+
+    def code_space(self) -> tuple:
+        """The sections of 64-bit code the flow loop may decode from by
+        itself (:func:`fill_missing`): those a fill has read, while the
+        image stays as it was (a tuple of arrays; the very tuple from call
+        to call while it stays)."""
+        if getattr(self.image, "version", None) != self._cs_version:
+            self._forget_code_space()
+        return self._code_space
+
+    def _learn_section(self, section) -> None:
+        """Copy a section a fill reads alone into the code space (at most
+        CODE_SPACE_MAX bytes in all: beyond, fills of its code return to
+        Python)."""
+        if id(section) in self._cs_at or self._cs_version is None:
+            return
+        if getattr(self.image, "version", None) != self._cs_version:
+            self._forget_code_space()
+        size = int(section.data.shape[0])
+        used = self._cs_used
+        if used + size > CODE_SPACE_MAX:
+            return
+        if used + size > self._cs_bytes.shape[0]:
+            grown = np.empty(max(used + size, 2 * self._cs_bytes.shape[0]), np.uint8)
+            grown[:used] = self._cs_bytes[:used]
+            self._cs_bytes = grown
+        self._cs_bytes[used : used + size] = section.data
+        self._cs_used = used + size
+        self._cs_at[id(section)] = used
+        self._cs_sections.append(section)
+        self._cs_sections.sort(key=lambda x: x.address)
+        held = self._cs_sections
+        self._code_space = (
+            np.array([x.address for x in held], np.uint64),
+            np.array([x.address + int(x.data.shape[0]) for x in held], np.uint64),
+            np.array([self._cs_at[id(x)] for x in held], np.int64),
+            np.array([self._section_number(x) for x in held], np.int64),
+            self._cs_bytes, self._queue,
+        )  # fmt: skip
+
+    def book_filled(self) -> None:
+        """The bookkeeping of the instructions the flow loop decoded by
+        itself since the last call (see :func:`fill_missing`): after each
+        call of the flow loop, before the table is used from Python."""
+        first, end = self._booked, self.n_insns
+        if end > first:
+            self._pending.append((first, end))
+            self.i_mode[first:end] = 64
+            self.i_adopted[first:end] = 0
+            if self.texts is not None:
+                self.texts.extend([""] * (end - first))
+            self._booked = end
 
     def _unpended(self) -> dict[tuple[int, int], int]:
         """The dict of every entry (the compiled fill's too)."""
@@ -692,6 +772,7 @@ class CodeTable:
         self.i_adopted[sl] = 0
         _hash_range(self.h_ip, self.h_mode, self.h_val, self.i_ip, self.i_mode, first, end)
         self.counts[C_INSNS] = end
+        self._booked = end
         if self.texts is not None:
             self.texts.extend([""] * len(insns))
 
@@ -717,6 +798,7 @@ class CodeTable:
             getattr(self, name)[i] = data[name]
         self.i_adopted[i] = 1
         self.counts[C_INSNS] = i + 1
+        self._booked = i + 1
         if self.texts is not None:
             self.texts.append(data["text"])
         return i
@@ -841,6 +923,41 @@ def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead
 
 
 @aot.njit(cache=True, _nrt=False)
+def fill_missing(ct, cs):
+    """:meth:`CodeTable.fill`'s compiled part, in the flow loop, for the
+    address the decoder missed (``ct``'s counts say where) when it is
+    64-bit code in a section of the code space ``cs``
+    (:meth:`CodeTable.code_space`) and the table has room: whether the
+    address is decoded now.  False leaves the miss to Python (code the
+    compiled decoder does not know, another section, a table to grow)."""
+    counts = ct[T_COUNTS]
+    base, end, off, isid, data, queue = cs
+    n = base.shape[0]
+    if counts[C_MISS_MODE] != 64 or n == 0:
+        return False
+    ip = np.uint64(counts[C_MISS_IP])
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if base[mid] <= ip:
+            lo = mid + 1
+        else:
+            hi = mid
+    s = lo - 1
+    if s < 0 or ip >= end[s]:
+        return False
+    if counts[C_INSNS] + 2 * FILL_MAX + PREFETCH_MAX > ct[T_I_IP].shape[0]:
+        return False
+    a = off[s]
+    table = (ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL], ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS],
+             ct[T_I_SPECIAL], ct[T_I_FLAGS], ct[T_I_TARGET], ct[T_I_ISID], ct[T_I_ERR],
+             ct[T_I_RAW], counts)  # fmt: skip
+    stop = fill_quick(table, data[a : a + np.int64(end[s] - base[s])], base[s], ip, isid[s],
+                      FILL_MAX, PREFETCH_MAX, queue, False)  # fmt: skip
+    return stop < 0 and hash_find(ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL], ip, 64) >= 0
+
+
+@aot.njit(cache=True, _nrt=False)
 def _hash_range(h_ip, h_mode, h_val, ips, modes, start, end):
     for i in range(start, end):
         hash_put(h_ip, h_mode, h_val, ips[i], modes[i], i)
@@ -887,6 +1004,7 @@ __all__ = [
     "CodeTable",
     "build_run",
     "expand_blocks",
+    "fill_missing",
     "find_insn",
     "hash_find",
     "insn_successor",

@@ -810,10 +810,12 @@ class FlowDecoder:
         while True:
             # (The same objects from call to call, mostly: laid out again
             # only when one of them is another.)
-            args = (self.state, win.packets, self.cf, self.table.tuple, self.out, self._opener(buf))
+            args = (self.state, win.packets, self.cf, self.table.tuple, self.out, self._opener(buf),
+                    self.table.code_space())  # fmt: skip
             if call is None or not call.holds(*args):
                 call = K.run.prepare(*args)
             r = call()
+            self.table.book_filled()
             if wargs[WA_OPENED] != opened:
                 opened = int(wargs[WA_OPENED])
                 win = self._window_now(win.packets)
