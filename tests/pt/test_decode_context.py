@@ -82,3 +82,49 @@ def test_context_switches_image_at_tip_pge():
     # Without it, B's code is missing from A's image: a gap, A's part kept.
     alone = decode_trace(enc.data, image_a, enc.config)
     assert alone.gaps and alone.instructions().tolist()[: len(PATH_A)] == PATH_A
+
+
+def test_an_image_grown_from_the_last_keeps_its_code():
+    """A process that maps more code (B's, at 0x2000, entered with
+    TIP.PGE) gets an image grown from the one decoded before: the decoder
+    goes on with that one's code table (A's code is not decoded again)
+    and both images' blocks list from it."""
+    parts = [(0x1000, CODE_A), (0x2000, CODE_B), (JMP, CODE_JMP)]
+    ips = np.array([*PATH_A, JMP, 0x2000, 0x2001, 0x2002], np.uint64)
+    enc = encode_path(ips, reader(parts), end_ip=0x6000, trace_off=[(len(PATH_A), len(PATH_A) + 1)])
+    image_a = image_of((0x1000, CODE_A))
+    image_ab = image_a.copy()
+    image_ab.add_section(Section.from_bytes(CODE_B, 0x2000))
+    assert image_ab.added_since(image_a) == [(0x2000, 0x2000 + len(CODE_B))]
+    assert image_a.added_since(image_ab) is None
+
+    def context(tsc, ip):
+        return image_ab if ip >= 0x2000 else image_a
+
+    got = decode_trace(enc.data, image_a, enc.config, context=context)
+    assert not got.gaps
+    assert got.instructions().tolist() == [*PATH_A, 0x2000, 0x2001, 0x2002]
+    (view_a,), (view_ab,) = got.code.values()
+    assert view_a is view_ab
+
+
+def test_a_grown_image_does_not_keep_code_that_ended_where_it_adds():
+    """Where the table holds an address the old image did not map (the
+    decoder found no code there), the grown image's code table is a new
+    one: the address holds code now."""
+    from hwtrace.pt.codetable import CodeTable
+
+    image_a = image_of((0x1000, CODE_A))
+    table = CodeTable(image_a)
+    table.fill(0x1000, 64)
+    table.fill(0x2000, 64)  # (nothing mapped there: an error entry)
+    image_ab = image_a.copy()
+    image_ab.add_section(Section.from_bytes(CODE_B, 0x2000))
+    assert not table.extend_to(image_ab)
+    assert table.image is image_a
+    clean = CodeTable(image_a)
+    clean.fill(0x1000, 64)
+    n = clean.n_insns
+    assert clean.extend_to(image_ab) and clean.image is image_ab and clean.n_insns == n
+    clean.fill(0x2000, 64)
+    assert clean.lookup(0x2000, 64) >= 0 and clean.i_err[clean.lookup(0x2000, 64)] == 0

@@ -302,6 +302,22 @@ class Image:
 
     # -- looking at it ----------------------------------------------------------
 
+    def added_since(self, other: Image) -> list[tuple[int, int]] | None:
+        """The address ranges this image maps beyond ``other`` when it maps
+        every section of ``other`` as ``other`` does (the very section
+        objects: an image grown from a copy of ``other``), else None."""
+        if self._spaces.keys() != other._spaces.keys():
+            return None
+        added: list[tuple[int, int]] = []
+        for key, space in self._spaces.items():
+            old = other._spaces[key].sections
+            mine = {id(s) for s in space.sections}
+            if any(id(s) not in mine for s in old):
+                return None
+            theirs = {id(s) for s in old}
+            added += [(s.address, s.end) for s in space.sections if id(s) not in theirs]
+        return added
+
     def __len__(self) -> int:
         return sum(len(space.sections) for space in self._spaces.values())
 

@@ -240,6 +240,22 @@ class InsnCache:
                 break
             at += ins.len
 
+    def forget(self, ranges: list[tuple[int, int]], before: int = 0) -> None:
+        """Forget what was decoded at addresses in ``ranges`` (and up to
+        ``before`` bytes before each: an instruction there may reach
+        into it), as when those addresses come to hold other bytes."""
+        if not ranges or not self._cache:
+            return
+        import numpy as np  # (only here: importing this module stays light)
+
+        keys = list(self._cache)
+        ips = np.array([k[0] for k in keys], np.uint64)
+        hit = np.zeros(len(keys), bool)
+        for a, b in ranges:
+            hit |= (ips >= np.uint64(max(a - before, 0))) & (ips < np.uint64(b))
+        for i in np.flatnonzero(hit).tolist():
+            del self._cache[keys[i]]
+
     def clear(self) -> None:
         self._cache.clear()
 

@@ -205,12 +205,43 @@ class AddressSpace:
         is named from the process's perf map and jitdump files
         (``jitdumps``: those read already, by path).
         """
-        image = Image(f"pid {self.pid}")
-        if kernel is not None:
-            for section in kernel.image:
-                image.add_section(section)
-        tables = [] if kernel is None else [kernel.symbols]
+        image, symbols, _ = self.grown_image(None, [], 0, locator, time, kernel, jitdumps)
+        return image, symbols
+
+    def grown_image(
+        self,
+        base: Image | None,
+        base_tables: list[SymbolTable],
+        base_live: int,
+        locator: BinaryLocator,
+        time: int | None = None,
+        kernel: KernelCode | None = None,
+        jitdumps: dict[str, JitDump] | None = None,
+    ) -> tuple[Image, SymbolTable, list[SymbolTable]]:
+        """:meth:`image`, made from ``base`` when given: the image of the
+        first ``base_live`` of the mappings live at ``time`` (its symbol
+        tables but the JIT code's: ``base_tables``).  The image is then a
+        copy of it with the later mappings added, its sections the very
+        objects of ``base`` where nothing replaced them (a decoder keeps
+        what it decoded of those).  Also gives the new image's tables
+        (but the JIT code's)."""
+        if base is None:
+            image = Image(f"pid {self.pid}")
+            if kernel is not None:
+                for section in kernel.image:
+                    image.add_section(section)
+            base_tables = [] if kernel is None else [kernel.symbols]
+        else:
+            image = base.copy(f"pid {self.pid}")
         maps = self.mappings if time is None else self.mappings_at(time)
+        tables = base_tables + self.map_into(image, locator, maps[base_live:])
+        return image, self.symbols_of(locator, maps, tables, jitdumps), tables
+
+    @staticmethod
+    def map_into(image: Image, locator: BinaryLocator, maps: list[Mapping]) -> list[SymbolTable]:
+        """Map ``maps`` into ``image``, in order (later ones replace what
+        they overlap); the symbol tables of the ELF files among them."""
+        tables = []
         for m in maps:
             found, elf, bias = _placement(locator, m)
             if found is None:
@@ -226,13 +257,17 @@ class AddressSpace:
             # Named after the file the recording mapped, wherever its bytes
             # came from (a build-id cache's ``elf``, a --symfs copy).
             tables.append(loaded.symbols.relocate(0, m.path))
-        # JIT code is in no file: perf names it from the process's perf map
-        # and the jitdump it mapped.
+        return tables
+
+    def symbols_of(self, locator: BinaryLocator, maps: list[Mapping],
+                   tables: list[SymbolTable], jitdumps: dict[str, JitDump] | None) -> SymbolTable:  # fmt: skip
+        """The symbols of an image of ``maps``: ``tables`` (the kernel's and
+        the files'), then the JIT code's, which is in no file: perf names it
+        from the process's perf map and the jitdump it mapped."""
         jit, problems = jit_symbols(self.pid, [m.path for m in maps], locator.root, jitdumps)
         for p in problems:
             locator.problems.setdefault(p.path, str(p))
-        tables.append(jit)
-        return image, SymbolTable.merge(tables)
+        return SymbolTable.merge([*tables, jit])
 
     def files_at(
         self, locator: BinaryLocator, time: int | None = None

@@ -56,6 +56,7 @@ PREFETCH_MAX = 1024  # instructions decoded ahead by one fill
 #: Bytes of code a table copies for the flow loop to decode from by itself
 #: (see CodeTable.code_space).
 CODE_SPACE_MAX = 1 << 28
+MAX_INSN_BYTES = 15  # (x86)
 
 # counts[] slots: instructions, runs and run instructions held, where the
 # last miss was, the image's number in its decoding (FlowDecoder), and the
@@ -406,6 +407,8 @@ class CodeTable:
 
     def __init__(self, image, capacity: int = 1 << 12, cache: InsnCache | None = None) -> None:
         self.image = image
+        self._served: set[int] = set()
+        self._own_cache = cache is None
         self.cache = cache if cache is not None else InsnCache(image.read)
         self._sections: dict[int, int] = {}
         # (ip, mode) -> entry, for the slow paths' lookups an instruction at
@@ -440,6 +443,13 @@ class CodeTable:
     @index.setter
     def index(self, value: int) -> None:
         self.counts[C_INDEX] = value
+        self._served.add(int(value))
+
+    @property
+    def indices(self) -> frozenset[int]:
+        """The numbers of every image the table has decoded (see
+        :meth:`extend_to`; its own, :attr:`index`, among them)."""
+        return frozenset(self._served | {self.index})
 
     # -- storage ------------------------------------------------------------
     def _alloc_insns(self, cap: int) -> None:
@@ -519,6 +529,7 @@ class CodeTable:
         self.counts[C_X_POOL] = self.counts[C_X_PUSH] = 0
         self.generation += 1
         self.run_numbering = object()
+        self._served = set()
         self._booked = 0
         self._forget_code_space()
         if self.texts is not None:
@@ -622,6 +633,35 @@ class CodeTable:
                 self.texts.extend([""] * (end - first))
         self._booked = end
         return stop
+
+    def extend_to(self, image) -> bool:
+        """Decode ``image`` from now on, keeping what was decoded, when it
+        maps everything the table's image maps as that one does (a process
+        that mapped more code) and nothing decoded depends on what it adds:
+        no address the table or its cache found unmapped, undecodable or
+        decoded across sections' ends lies in (or just before) the new
+        ranges.  False (nothing changed) otherwise."""
+        added_since = getattr(image, "added_since", None)
+        if not self._own_cache or added_since is None or type(image) is not type(self.image):
+            return False
+        added = added_since(self.image)
+        if added is None:
+            return False
+        if added:
+            n = self.n_insns
+            odd = (self.i_err[:n] != 0) | ((self.i_flags[:n] & I_TRUNCATED) != 0)
+            ips = self.i_ip[:n][odd]
+            for start, end in added:
+                near = (ips >= np.uint64(max(start - MAX_INSN_BYTES, 0))) & (ips < np.uint64(end))
+                if near.any():
+                    return False
+            self.cache.forget(added, MAX_INSN_BYTES)
+        self.cache.read = image.read
+        self.image = image
+        if self._cs_version is not None:
+            # (the sections copied are the new image's too)
+            self._cs_version = getattr(image, "version", None)
+        return True
 
     # -- code the flow loop decodes itself ----------------------------------
     def _forget_code_space(self) -> None:

@@ -390,7 +390,9 @@ def _code_views(tables: list[CodeTable]) -> dict[int, list[CodeView]]:
     """The decoders' code tables as they are now, per image index."""
     out: dict[int, list[CodeView]] = {}
     for t in tables:
-        out.setdefault(t.index, []).append(CodeView(t))
+        view = CodeView(t)
+        for index in t.indices:
+            out.setdefault(index, []).append(view)
     return out
 
 

@@ -389,8 +389,18 @@ class FlowDecoder:
     def _table_for(self, image) -> CodeTable:
         table = self._tables.get(id(image))
         if table is None:
-            table = self._tables[id(image)] = CodeTable(image)
-            table.reserve_replay(self._expect_bytes)
+            # An image that maps more than one decoded before (a process
+            # that mapped more code) takes over that one's table: its code
+            # is not decoded again.
+            for key, old in list(self._tables.items()):
+                if old.extend_to(image):
+                    del self._tables[key]
+                    table = old
+                    break
+            else:
+                table = CodeTable(image)
+                table.reserve_replay(self._expect_bytes)
+            self._tables[id(image)] = table
         table.index = self._image_index(image)
         return table
 

@@ -264,6 +264,9 @@ class QueueContexts:
         self.pid_of_image: dict[int, int] = {}
         self.space_of_image: dict[int, tuple[AddressSpace | None, int]] = {}
         self.perf_names_of: dict[int, PerfNames] = {}
+        # Per process image generation: the last image made, the mappings
+        # it holds and its symbol tables (the next is made from it).
+        self.latest: dict[tuple[int, int], tuple[Image, list, list]] = {}
         self.last_ns = 0
 
     def image_for(self, ns: int) -> Image:
@@ -281,12 +284,31 @@ class QueueContexts:
                     kernel.symbols if kernel is not None else SymbolTable.empty(),
                 )
             else:
-                got = space.image(self.locator, ns, kernel, sb.jitdumps.get(pid))
+                got = self._space_image(pid, space, ns)
             self.images[key] = got
             self.symbols_of[id(got[0])] = got[1]
             self.pid_of_image[id(got[0])] = pid if space is not None else -1
             self.space_of_image[id(got[0])] = (space, ns)
         return got[0]
+
+    def _space_image(self, pid: int, space: AddressSpace, ns: int) -> tuple[Image, SymbolTable]:
+        """The image of ``space`` at ``ns``: made from the last one made of
+        it when that one's mappings are the first of those live now (a
+        process mapping more code: the decoder keeps what it decoded of
+        the earlier ones, see FlowDecoder)."""
+        maps = space.mappings_at(ns)
+        last = self.latest.get((pid, id(space)))
+        base, tables, live = None, [], 0
+        if (
+            last is not None
+            and len(last[1]) <= len(maps)
+            and all(a is b for a, b in zip(last[1], maps, strict=False))
+        ):
+            base, live, tables = last[0], len(last[1]), last[2]
+        image, symbols, tables = space.grown_image(base, tables, live, self.locator, ns,
+                                                   self.kernel, self.sb.jitdumps.get(pid))  # fmt: skip
+        self.latest[(pid, id(space))] = (image, maps, tables)
+        return image, symbols
 
     def context(self, tsc: int | None, ip: int) -> Image:
         """:func:`~hwtrace.pt.decode.decode_trace`'s ``context``."""
@@ -606,7 +628,7 @@ class QueueInfo:
         ``run`` numbers refer to)."""
         assert self._decoder is not None
         for table in self._decoder.tables:
-            if table.index == image:
+            if image in table.indices:
                 return table
         raise KeyError(image)
 
@@ -617,7 +639,7 @@ class QueueInfo:
         else :meth:`code`'s."""
         if self._decoder is not None:
             for table in self._decoder.tables:
-                if table.index == image:
+                if image in table.indices:
                     return table
         return self.code(image).table
 
