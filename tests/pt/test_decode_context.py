@@ -128,3 +128,25 @@ def test_a_grown_image_does_not_keep_code_that_ended_where_it_adds():
     assert clean.extend_to(image_ab) and clean.image is image_ab and clean.n_insns == n
     clean.fill(0x2000, 64)
     assert clean.lookup(0x2000, 64) >= 0 and clean.i_err[clean.lookup(0x2000, 64)] == 0
+
+
+def test_code_missed_in_a_section_read_before_is_decoded_in_the_flow_loop(monkeypatch):
+    """Indirect jumps (TIP) to 40 stretches of code no fill reached ahead:
+    Python fills the first (reading its section), the flow loop the rest
+    by itself."""
+    from hwtrace.pt.codetable import CodeTable
+
+    n = 40
+    code = bytearray(b"\x90" * (0x100 * n))
+    for k in range(n):
+        code[0x100 * k : 0x100 * k + 3] = b"\x90\xff\xe0"  # nop; jmp *%rax
+    ips = [a for k in range(n) for a in (0x1000 + 0x100 * k, 0x1001 + 0x100 * k)]
+    enc = encode_path(np.array(ips, np.uint64), reader([(0x1000, bytes(code))]), end_ip=0x9000)
+    fills = []
+    fill = CodeTable.fill
+    monkeypatch.setattr(
+        CodeTable, "fill", lambda self, ip, mode: (fills.append(ip), fill(self, ip, mode))[1]
+    )
+    got = decode_trace(enc.data, image_of((0x1000, bytes(code))), enc.config)
+    assert got.instructions().tolist() == ips
+    assert fills == [0x1000]
