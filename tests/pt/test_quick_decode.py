@@ -171,3 +171,57 @@ def test_a_code_table_fills_the_same_with_and_without_it(at):
         assert all(by_ip_quick[a] == by_ip_slow[a] for a in common), name
     for ip in starts:
         assert quick.lookup(ip, 64) >= 0
+
+
+# Instructions of libc's string functions the compiled decoder leaves to
+# iced-x86 (AVX-512, VEX, LOCK, an SSE2 shift): vmovdqu64, kmovd,
+# vpcmpeqb, vptestnmb, lock cmpxchg, pslldq, bzhi, kortestd, vpminub,
+# vmovdqa64; then RET.
+UNKNOWN_TO_IT = bytes.fromhex(
+    "62e1fe286f1f" "c5fb93c8" "62b365203fc900" "62b2662026c3" "f00fb113" "660f73fa07"
+    "c4e268f5c1" "c4e1f998c8" "62a16d20dadb" "62e1fd286f5701" "c3"
+)  # fmt: skip
+
+
+def test_instructions_iced_decoded_once_are_learned():
+    """What iced-x86 decodes once for a fill, the compiled fills decode
+    wherever the same bytes come again (here: the same code 0x100 on, and
+    in another table of the process), the very entries iced-x86 gives;
+    bytes that only begin like a learned instruction are not it."""
+    from hwtrace.image.sections import Section
+    from hwtrace.pt.codetable import learn, learned_length
+
+    base = 0x7F0000001000
+    code = UNKNOWN_TO_IT + b"\x90" * (0x100 - len(UNKNOWN_TO_IT)) + UNKNOWN_TO_IT
+    image = Image()
+    image.add_section(Section.from_bytes(code, base, "string functions"))
+
+    class _NoSole:
+        def __init__(self, image):
+            self.read, self.find = image.read, image.find
+
+    quick, slow = CodeTable(image), CodeTable(_NoSole(image))
+    for table in (quick, slow):
+        table.fill(base, 64)
+    again = CodeTable(image)
+    for table in (quick, slow, again):
+        table.fill(base + 0x100, 64)
+    n = slow.n_insns
+    assert n == 2 * 11
+    for table in (quick, again):
+        for name in ("i_ip", "i_size", "i_class", "i_special", "i_flags", "i_err", "i_raw"):
+            got = {int(a): getattr(table, name)[k].tolist()
+                   for k, a in enumerate(table.i_ip[: table.n_insns])}  # fmt: skip
+            want = {int(a): getattr(slow, name)[k].tolist() for k, a in enumerate(slow.i_ip[:n])}
+            assert all(got[a] == want[a] for a in got), name
+    # (the second copy, and all of it in the other table: no iced-x86)
+    assert not any(base + 0x100 <= ip < base + 0x200 for ip, _ in quick.cache._cache)
+    assert not again.cache._cache
+    store = (np.zeros(64, np.uint8), np.zeros((64, 16), np.uint8), np.zeros(2, np.int64))
+    vmovdqu64 = np.frombuffer(UNKNOWN_TO_IT[:6], np.uint8).copy()
+    assert learned_length(store, vmovdqu64, 0, 6) == 0
+    learn(store, vmovdqu64)
+    data = np.frombuffer(UNKNOWN_TO_IT, np.uint8)
+    assert learned_length(store, data, 0, data.shape[0]) == 6
+    assert learned_length(store, data, 0, 5) == 0  # (cut short)
+    assert learned_length(store, data, 6, data.shape[0]) == 0  # (kmovd: not learned)

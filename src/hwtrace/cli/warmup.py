@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..image import Image
+from ..image.sections import Section
 from ..pt.codetable import CodeTable
 from ..pt.config import PtConfig
 from ..pt.decode import decode_trace
@@ -343,6 +344,11 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
             table.fill(BASE, mode)
             # A lookup from Python of what the compiled fill decoded.
             table.lookup(BASE, mode)
+        # An AVX-512 load the compiled decoding leaves to iced-x86, which
+        # the fills then learn (vmovdqu64 zmm16, [rsi]; ret).
+        avx = Image()
+        avx.add_section(Section.from_bytes(bytes.fromhex("62e1fe486f06c3"), BASE))
+        CodeTable(avx, capacity=16).fill(BASE, 64)
     elif piece == "perfread":
         from ..image.perfsyms import perf_symbols
         from ..perf.data import PerfData

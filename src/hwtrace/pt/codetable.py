@@ -93,6 +93,23 @@ X_BYTES_PER_SLOT = 1 << 10  # of trace, in the decoder's guess
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _NO_U64 = np.zeros(0, np.uint64)
 _NO_I64 = np.zeros(0, np.int64)
+
+#: Instructions iced-x86 decoded where the compiled decoder did not know
+#: them (AVX-512 in libc's string functions, LOCK, ...), by their bytes:
+#: plain 64-bit instructions (no branch, nothing special), whose bytes
+#: alone make them what they are, wherever they lie.  An address whose
+#: first bytes are one of them holds that instruction (an instruction's
+#: bytes are no other's first bytes), so the compiled fills decode it
+#: without iced-x86: in the next process exec'ing the same library too.
+#: Open addressing on a hash of the bytes: each slot's length (0: empty)
+#: and bytes; the count and which lengths occur.  Process-wide, at most
+#: half full (then nothing more is learned).
+LEARNED_SLOTS = 1 << 14
+_LEARNED = (
+    np.zeros(LEARNED_SLOTS, np.uint8),
+    np.zeros((LEARNED_SLOTS, 16), np.uint8),
+    np.zeros(2, np.int64),
+)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 CLASS_OTHER = int(IClass.OTHER)
@@ -606,6 +623,9 @@ class CodeTable:
             got = self.cache.get(ip, mode)
             if self.lookup(ip, mode) < 0:
                 self._add([(ip, got)], mode)
+            if (not isinstance(got, int) and not got.truncated and got.iclass == IClass.OTHER
+                    and got.special == Special.NONE):  # fmt: skip
+                learn(_LEARNED, np.frombuffer(got.raw, np.uint8).copy())
             if isinstance(got, int) or got.truncated:
                 return
             if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
@@ -621,7 +641,7 @@ class CodeTable:
             fill_quick(
                 self._fill_columns, section.data,
                 np.uint64(section.address), np.uint64(ip), self.section_id(ip), FILL_MAX,
-                PREFETCH_MAX, self._queue, ahead,
+                PREFETCH_MAX, self._queue, ahead, _LEARNED,
             )
         )  # fmt: skip
         end = self.n_insns
@@ -670,7 +690,8 @@ class CodeTable:
         self._cs_bytes = np.zeros(0, np.uint8)
         self._cs_used = 0
         self._cs_version = getattr(self.image, "version", None)
-        self._code_space = (_NO_U64, _NO_U64, _NO_I64, _NO_I64, self._cs_bytes, self._queue)
+        self._code_space = (_NO_U64, _NO_U64, _NO_I64, _NO_I64, self._cs_bytes, self._queue,
+                            _LEARNED)  # fmt: skip
 
     def code_space(self) -> tuple:
         """The sections of 64-bit code the flow loop may decode from by
@@ -708,7 +729,7 @@ class CodeTable:
             np.array([x.address + int(x.data.shape[0]) for x in held], np.uint64),
             np.array([self._cs_at[id(x)] for x in held], np.int64),
             np.array([self._section_number(x) for x in held], np.int64),
-            self._cs_bytes, self._queue,
+            self._cs_bytes, self._queue, _LEARNED,
         )  # fmt: skip
 
     def book_filled(self) -> None:
@@ -900,8 +921,79 @@ def _push_successors(queue, qt, cls, flags, target, next_ip):
     return qt
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _byte_hash(data, off, n):
+    h = np.uint64(n) * np.uint64(0x9E3779B97F4A7C15)
+    for j in range(n):
+        h = (h ^ np.uint64(data[off + j])) * np.uint64(0x100000001B3)
+    return h ^ (h >> np.uint64(29))
+
+
 @aot.njit(cache=True, _nrt=False)
-def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead):
+def learned_length(learned, data, off, end):
+    """The length of the learned instruction (see _LEARNED) whose bytes
+    ``data[off:]`` begins with (its bytes end at ``end``), or 0."""
+    l_len, l_bytes, l_info = learned
+    lengths = l_info[1]
+    if lengths == 0:
+        return 0
+    mask = np.uint64(l_len.shape[0] - 1)
+    for n in range(1, 16):
+        if not (lengths >> n) & 1 or off + n > end:
+            continue
+        s = _byte_hash(data, off, n) & mask
+        while l_len[s] != 0:
+            if l_len[s] == n:
+                same = True
+                for j in range(n):
+                    if l_bytes[s, j] != data[off + j]:
+                        same = False
+                        break
+                if same:
+                    return n
+            s = (s + np.uint64(1)) & mask
+    return 0
+
+
+@aot.njit(cache=True, _nrt=False)
+def learn(learned, raw):
+    """Learn the plain instruction whose bytes are ``raw`` (see _LEARNED)."""
+    l_len, l_bytes, l_info = learned
+    n = raw.shape[0]
+    if n < 1 or n > 15 or 2 * (l_info[0] + 1) > l_len.shape[0]:
+        return
+    mask = np.uint64(l_len.shape[0] - 1)
+    s = _byte_hash(raw, 0, n) & mask
+    while l_len[s] != 0:
+        if l_len[s] == n:
+            same = True
+            for j in range(n):
+                if l_bytes[s, j] != raw[j]:
+                    same = False
+                    break
+            if same:
+                return
+        s = (s + np.uint64(1)) & mask
+    l_len[s] = n
+    for j in range(n):
+        l_bytes[s, j] = raw[j]
+    l_info[0] += 1
+    l_info[1] |= np.int64(1) << np.int64(n)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _decode_known(data, off, at, learned):
+    """decode_quick, else an instruction learned from iced-x86."""
+    r = decode_quick(data, off, data.shape[0], at)
+    if r[1] == QUICK_UNKNOWN:
+        n = learned_length(learned, data, off, data.shape[0])
+        if n > 0:
+            return (n, CLASS_OTHER, 0, False, np.uint64(0))
+    return r
+
+
+@aot.njit(cache=True, _nrt=False)
+def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead, learned):
     """:meth:`CodeTable.fill` in compiled code for 64-bit code in one
     section (``data`` at address ``base``, section number ``isid``), as far
     as :func:`~hwtrace.isa.quick.decode_quick` knows the instructions.
@@ -928,7 +1020,7 @@ def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead
         if k < 0:
             if at < base or at >= end:
                 return np.int64(at - np.uint64(ip))
-            r = decode_quick(data, np.int64(at - base), data.shape[0], at)
+            r = _decode_known(data, np.int64(at - base), at, learned)
             if r[1] == QUICK_UNKNOWN:
                 return np.int64(at - np.uint64(ip))
             k = _put_quick(table, data, base, at, isid, r)
@@ -948,7 +1040,7 @@ def fill_quick(table, data, base, ip, isid, fill_max, prefetch_max, queue, ahead
         for _ in range(fill_max):
             if at < base or at >= end or hash_find(h_ip, h_mode, h_val, at, 64) >= 0:
                 break
-            r = decode_quick(data, np.int64(at - base), data.shape[0], at)
+            r = _decode_known(data, np.int64(at - base), at, learned)
             if r[1] == QUICK_UNKNOWN:
                 break
             k = _put_quick(table, data, base, at, isid, r)
@@ -971,7 +1063,7 @@ def fill_missing(ct, cs):
     address is decoded now.  False leaves the miss to Python (code the
     compiled decoder does not know, another section, a table to grow)."""
     counts = ct[T_COUNTS]
-    base, end, off, isid, data, queue = cs
+    base, end, off, isid, data, queue, learned = cs
     n = base.shape[0]
     if counts[C_MISS_MODE] != 64 or n == 0:
         return False
@@ -993,7 +1085,7 @@ def fill_missing(ct, cs):
              ct[T_I_SPECIAL], ct[T_I_FLAGS], ct[T_I_TARGET], ct[T_I_ISID], ct[T_I_ERR],
              ct[T_I_RAW], counts)  # fmt: skip
     stop = fill_quick(table, data[a : a + np.int64(end[s] - base[s])], base[s], ip, isid[s],
-                      FILL_MAX, PREFETCH_MAX, queue, False)  # fmt: skip
+                      FILL_MAX, PREFETCH_MAX, queue, False, learned)  # fmt: skip
     return stop < 0 and hash_find(ct[T_H_IP], ct[T_H_MODE], ct[T_H_VAL], ip, 64) >= 0
 
 
