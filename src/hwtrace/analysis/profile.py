@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import aot
-from ..columns import Keyed, Runs
+from ..columns import Keyed, Runs, distinct
 from ..image.symbols import SymbolTable
 from ..session import PerfSession
 from ..session.perfflow import PerfBlocks, PerfStream
@@ -136,9 +136,10 @@ class ThreadProfiler:
         self.instructions = 0
         self._threads: dict[int, _Thread] = {}
         self._symbols: dict[tuple[int, Hashable], SymbolTable] = {}
-        self._seen: dict[tuple[int, Hashable], set[int]] = {}
-        # (source, space, tid, function) -> [instructions, time]
-        self._sums: dict[tuple[int, Hashable, int, int], list[int]] = {}
+        # (source, space, tid) -> the functions it ran in (symbol index + 1,
+        # 0: none; rising) and their instructions and time: merged with a
+        # batch's in numpy, not a function at a time.
+        self._sums: dict[tuple[int, Hashable, int], tuple[np.ndarray, ...]] = {}
 
     def add(
         self,
@@ -189,8 +190,10 @@ class ThreadProfiler:
         blocks, insn, time = (np.zeros(size, np.int64) for _ in range(3))
         add_pairs(pair, ninsn, np.asarray(duration, np.int64), blocks, insn, time)
         used = np.flatnonzero(blocks)
-        for p, i, t in zip(used.tolist(), insn[used].tolist(), time[used].tolist(), strict=True):
-            self._sum(key, int(threads[p // width]), p % width - 1, i, t)
+        owner = used // width
+        for j, t in enumerate(threads.tolist()):
+            mine = used[owner == j]
+            self._sum(key, t, mine % width, insn[mine], time[mine])
         for j, t in enumerate(threads.tolist()):
             sel = slice(None) if t_inverse is None else np.flatnonzero(t_inverse == j)
             th = self._threads.get(t)
@@ -201,18 +204,28 @@ class ThreadProfiler:
             k = int(np.argmin(t_ns))
             th.see((int(t_ns[k]), source, int(row[sel][k])), int(pid[sel][k]), t_ns[t_ns >= 0])
 
-    def _sum(self, key: tuple, tid: int, fn: int, insn: float, time: float) -> None:
-        """Add a thread's instructions and time in function ``fn`` (-1:
-        none) of address space ``key``."""
-        if fn >= 0:
-            self._seen.setdefault(key, set()).add(fn)
-        k = (*key, tid, fn)
+    def _sum(self, key: tuple, tid: int, code: np.ndarray, insn: np.ndarray,
+             time: np.ndarray) -> None:  # fmt: skip
+        """Add a thread's instructions and time in the functions ``code``
+        (rising, each a symbol index + 1; 0: none) of address space
+        ``key`` (sums below 2**53 may come as floats)."""
+        code = code.astype(np.int64)
+        insn, time = insn.astype(np.int64), time.astype(np.int64)
+        k = (*key, tid)
         got = self._sums.get(k)
-        if got is None:
-            self._sums[k] = [int(insn), int(time)]
-        else:
-            got[0] += int(insn)
-            got[1] += int(time)
+        if got is not None:
+            # (the union of both, each one's sums added where it is)
+            old_code, old_insn, old_time = got
+            code_all = distinct(np.concatenate((old_code, code)))
+            at_old, at_new = np.searchsorted(code_all, old_code), np.searchsorted(code_all, code)
+            sums = []
+            for old, new in ((old_insn, insn), (old_time, time)):
+                both = np.zeros(code_all.shape[0], np.int64)
+                both[at_old] = old
+                both[at_new] += new
+                sums.append(both)
+            code, insn, time = code_all, sums[0], sums[1]
+        self._sums[k] = (code, insn, time)
 
     def _add_keyed(self, source: int, key: tuple, symbols: SymbolTable, ip: Keyed,
                    ninsn: Keyed, ns: np.ndarray | Runs, duration: np.ndarray | Runs, tid: int,
@@ -239,8 +252,7 @@ class ThreadProfiler:
         code = symbols.index_of(ip.table[present]) + 1
         blocks, insn, time = (np.bincount(code, w[present]) for w in (count, key_insn, key_time))
         used = np.flatnonzero(blocks)
-        for fn, i, t in zip(used.tolist(), insn[used].tolist(), time[used].tolist(), strict=True):
-            self._sum(key, tid, fn - 1, i, t)
+        self._sum(key, tid, used, insn[used], time[used])
         self.instructions += int(key_insn.sum())
         th = self._threads.get(tid)
         if th is None:
@@ -279,21 +291,33 @@ class ThreadProfiler:
         """The profile of everything added; ``comm(tid)`` names a thread."""
         names: list[str] = []
         ids: dict[str, int] = {}
-        glob: dict[tuple[int, Hashable, int], int] = {}
-        for key in sorted(self._seen):
+        # Per address space, its functions any thread ran in (symbol
+        # index + 1, rising) and each one's place among the names (+ 1).
+        seen: dict[tuple[int, Hashable], np.ndarray] = {}
+        for (source, space, _), (code, _, _) in self._sums.items():
+            got = seen.get((source, space))
+            seen[(source, space)] = code if got is None else distinct(np.concatenate((got, code)))
+        glob: dict[tuple[int, Hashable], tuple[np.ndarray, np.ndarray]] = {}
+        for key in sorted(seen):
             table = self._symbols[key]
-            for u in sorted(self._seen[key]):
-                name = table.qualified_name(u)
+            codes = seen[key][seen[key] > 0]
+            place = np.zeros(codes.shape[0], np.int64)
+            for j, u in enumerate(codes.tolist()):
+                name = table.qualified_name(u - 1)
                 if name not in ids:
                     ids[name] = len(names)
                     names.append(name)
-                glob[(*key, u)] = ids[name]
+                place[j] = ids[name] + 1
+            glob[key] = (codes, place)
         by_insn = {t: np.zeros(len(names) + 1) for t in self._threads}
         by_time = {t: np.zeros(len(names) + 1) for t in self._threads}
-        for (source, space, t, u), (i, d) in self._sums.items():
-            k = glob[(source, space, u)] + 1 if u >= 0 else 0
-            by_insn[t][k] += i
-            by_time[t][k] += d
+        for (source, space, t), (code, i, d) in self._sums.items():
+            codes, place = glob[(source, space)]
+            k = np.zeros(code.shape[0], np.int64)
+            named = code > 0
+            k[named] = place[np.searchsorted(codes, code[named])]
+            np.add.at(by_insn[t], k, i)
+            np.add.at(by_time[t], k, d)
         threads = []
         for t in sorted(self._threads):
             th = self._threads[t]
