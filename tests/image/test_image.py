@@ -617,13 +617,14 @@ def test_symbol_table_order_whether_given_sorted_or_not(syms, presorted, bias):
 )
 def test_compiled_symbol_lookup_equals_the_vectorised_rule(syms, addrs):
     """The compiled lookup remembers the last interval between symbol
-    starts; its answers are the searchsorted rule's for any nesting, with
-    the top address and jumps back and forth."""
+    starts, and many addresses at once go through a memo of those met
+    before; its answers are the searchsorted rule's for any nesting, with
+    the top address, address 0 and jumps back and forth."""
     start = np.array([a for a, _ in syms], np.uint64)
     table = SymbolTable(start, np.array([b for _, b in syms], np.uint64),
                         np.arange(len(syms)), [str(i) for i in range(len(syms))])  # fmt: skip
     addr = np.concatenate([np.array(addrs, np.uint64),
-                           np.array([2**64 - 1, 5, 2**64 - 1, 250], np.uint64)])  # fmt: skip
+                           np.array([2**64 - 1, 5, 0, 2**64 - 1, 250], np.uint64)])  # fmt: skip
     last = np.searchsorted(table.start, addr, side="right").astype(np.int64) - 1
     idx = np.maximum(last, 0)
     inside = (last >= 0) & (addr < table.end[idx])
@@ -631,6 +632,9 @@ def test_compiled_symbol_lookup_equals_the_vectorised_rule(syms, addrs):
     in_outer = (last >= 0) & ~inside & (addr < table.end[outer])
     want = np.where(inside, idx, np.where(in_outer, outer, -1))
     assert table.index_of(addr).tolist() == want.tolist()
+    times = 1 + 600 // addr.shape[0]
+    for _ in range(2):  # (the memo empty, then filled)
+        assert table.index_of(np.tile(addr, times)).tolist() == np.tile(want, times).tolist()
 
 
 def test_a_stripped_library_s_symbols_come_from_its_debug_file():

@@ -539,6 +539,12 @@ def _attribution_loops() -> None:
                      np.zeros(n, np.uint64), np.zeros(1, np.int64), np.zeros(n, np.int32),
                      np.zeros(n, np.int64), 0, conv, 1, 1, z, z, z, *out)  # fmt: skip
     A.durations_of(out[6], np.zeros(n, np.int64), z, np.zeros(0, np.uint64), conv)
+    # A batch's blocks to functions (a real batch's many: through the memo).
+    from ..image.symbols import SymbolTable
+
+    SymbolTable.from_symbols([(BASE, 16, "f", True)]).index_of(
+        BASE + np.arange(1024, dtype=np.uint64)
+    )
 
 
 def _call_path_walk() -> None:

@@ -46,3 +46,55 @@ def lookup_index(start, end, cover, addr, out):
         else:
             outer = cover[last]
             out[i] = outer if a < end[outer] else -1
+
+
+@aot.njit(cache=True, _nrt=False)
+def lookup_index_memo(start, end, cover, addr, out, memo_ip, memo_index):
+    """:func:`lookup_index` through a memo of the addresses looked up
+    before (a direct-mapped cache: ``memo_ip`` and ``memo_index``, a power
+    of two long, each slot an address and its answer, all slots holding
+    address 0's to begin with): a flow's blocks come back to the same few
+    thousand addresses from function to function, where the interval of
+    the last one only serves a run inside one function."""
+    n = start.shape[0]
+    shift = np.uint64(64 - _log2(memo_ip.shape[0]))
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    lo_addr = np.uint64(1)
+    hi_addr = np.uint64(0)
+    last = -1
+    for i in range(addr.shape[0]):
+        a = addr[i]
+        s = (a * golden) >> shift
+        if memo_ip[s] == a:
+            out[i] = memo_index[s]
+            continue
+        if not (a >= lo_addr and a < hi_addr):
+            lo = 0
+            hi = n
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if start[mid] <= a:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            last = lo - 1
+            lo_addr = start[last] if last >= 0 else np.uint64(0)
+            hi_addr = start[lo] if lo < n else np.uint64(0xFFFFFFFFFFFFFFFF)
+        if last < 0:
+            r = -1
+        elif a < end[last]:
+            r = last
+        else:
+            outer = cover[last]
+            r = outer if a < end[outer] else -1
+        out[i] = r
+        memo_ip[s] = a
+        memo_index[s] = r
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _log2(n):
+    b = 0
+    while (1 << (b + 1)) <= n:
+        b += 1
+    return b

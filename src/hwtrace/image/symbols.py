@@ -10,11 +10,18 @@ addresses with one ``np.searchsorted``.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from ..columns import distinct
+
+#: index_of looks many addresses up through a memo of those it met
+#: before (slots of a direct-mapped cache, one per thread: a slot is two
+#: words; from this many addresses on).
+_MEMO_SLOTS = 1 << 14
+_MEMO_FROM = 256
 
 __all__ = ["FUNCTION", "IFUNC", "OBJECT", "SymbolTable"]
 
@@ -95,6 +102,9 @@ class SymbolTable:
         holder = np.where(self.end == running, np.arange(count), 0)
         self._cover = np.maximum.accumulate(holder) if count else holder
         self._functions: SymbolTable | None = None
+        # (per thread, addresses looked up before and their answers, see
+        # index_of)
+        self._memo: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def empty(cls) -> SymbolTable:
@@ -209,10 +219,22 @@ class SymbolTable:
             return np.full(addr.shape, -1, np.int64)
         if addr.ndim != 1:  # a scalar, or several dimensions
             return self.index_of(addr.reshape(-1)).reshape(addr.shape)
-        from ._lookup import lookup_index
+        from ._lookup import lookup_index, lookup_index_memo
 
         out = np.empty(addr.shape[0], np.int64)
-        lookup_index(self.start, self.end, np.asarray(self._cover, np.int64), addr, out)
+        cover = np.asarray(self._cover, np.int64)
+        if addr.shape[0] < _MEMO_FROM:
+            lookup_index(self.start, self.end, cover, addr, out)
+            return out
+        memo = self._memo.get(threading.get_ident())
+        if memo is None:
+            # (every slot holds address 0 and its answer to begin with)
+            zero = np.zeros(1, np.uint64)
+            first = np.empty(1, np.int64)
+            lookup_index(self.start, self.end, cover, zero, first)
+            memo = np.zeros(_MEMO_SLOTS, np.uint64), np.full(_MEMO_SLOTS, first[0])
+            self._memo[threading.get_ident()] = memo
+        lookup_index_memo(self.start, self.end, cover, addr, out, *memo)
         return out
 
     def name(self, i: int) -> str:
