@@ -636,7 +636,6 @@ class CodeTable:
 
     def _fill_quick(self, ip: int, section, ahead: bool) -> int:
         self._grow_insns(2 * FILL_MAX + PREFETCH_MAX)
-        first = self.n_insns
         stop = int(
             fill_quick(
                 self._fill_columns, section.data,
@@ -644,14 +643,7 @@ class CodeTable:
                 PREFETCH_MAX, self._queue, ahead, _LEARNED,
             )
         )  # fmt: skip
-        end = self.n_insns
-        if end > first:
-            self._pending.append((first, end))
-            self.i_mode[first:end] = 64
-            self.i_adopted[first:end] = 0
-            if self.texts is not None:
-                self.texts.extend([""] * (end - first))
-        self._booked = end
+        self.book_filled()
         return stop
 
     def extend_to(self, image) -> bool:
@@ -1068,14 +1060,7 @@ def fill_missing(ct, cs):
     if counts[C_MISS_MODE] != 64 or n == 0:
         return False
     ip = np.uint64(counts[C_MISS_IP])
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if base[mid] <= ip:
-            lo = mid + 1
-        else:
-            hi = mid
-    s = lo - 1
+    s = np.searchsorted(base, ip, side="right") - 1
     if s < 0 or ip >= end[s]:
         return False
     if counts[C_INSNS] + 2 * FILL_MAX + PREFETCH_MAX > ct[T_I_IP].shape[0]:
