@@ -150,3 +150,25 @@ def test_code_missed_in_a_section_read_before_is_decoded_in_the_flow_loop(monkey
     got = decode_trace(enc.data, image_of((0x1000, bytes(code))), enc.config)
     assert got.instructions().tolist() == ips
     assert fills == [0x1000]
+
+
+def test_code_tables_share_the_copy_of_a_section_they_both_map():
+    """Two processes' images holding the same section object (a kernel's
+    text is in every one) copy its bytes for their flow loops once."""
+    from hwtrace.pt.codetable import CodeTable, _code_arena
+
+    shared = Section.from_bytes(CODE_A, 0x1000)
+    a, b = Image(), Image()
+    for image, own in ((a, CODE_B), (b, CODE_JMP)):
+        image.add_section(shared)
+        image.add_section(Section.from_bytes(own, 0x2000))
+    arena = _code_arena()
+    ta, tb = CodeTable(a), CodeTable(b)
+    ta.fill(0x1000, 64)
+    used = arena.used
+    tb.fill(0x1000, 64)
+    assert arena.used == used
+    assert ta.code_space()[2].tolist() == tb.code_space()[2].tolist()
+    for t in (ta, tb):
+        t.fill(0x2000, 64)
+    assert arena.used == used + len(CODE_B) + len(CODE_JMP)

@@ -102,7 +102,7 @@ def map_file(path: str | os.PathLike[str]) -> np.ndarray:
     return array
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class Section:
     """A contiguous run of bytes loaded at a virtual address.
 

@@ -26,6 +26,9 @@ returns to Python.
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections import deque
 from itertools import repeat
 
@@ -53,8 +56,8 @@ RUN_STOP = 7  # anything else: far transfers, code errors; the event path decide
 RUN_MAX = 4096  # instructions in one run
 FILL_MAX = 256  # instructions decoded by one fill
 PREFETCH_MAX = 1024  # instructions decoded ahead by one fill
-#: Bytes of code a table copies for the flow loop to decode from by itself
-#: (see CodeTable.code_space).
+#: Bytes of code the tables of a process copy for their flow loops to
+#: decode from by themselves (see CodeTable.code_space), at most.
 CODE_SPACE_MAX = 1 << 28
 MAX_INSN_BYTES = 15  # (x86)
 
@@ -102,14 +105,67 @@ _NO_I64 = np.zeros(0, np.int64)
 #: bytes are no other's first bytes), so the compiled fills decode it
 #: without iced-x86: in the next process exec'ing the same library too.
 #: Open addressing on a hash of the bytes: each slot's length (0: empty)
-#: and bytes; the count and which lengths occur.  Process-wide, at most
-#: half full (then nothing more is learned).
+#: and bytes; the count and which lengths occur.  One table per thread (a
+#: thread's flow loops read it while only that thread's fills write it),
+#: at most half full (then nothing more is learned).
 LEARNED_SLOTS = 1 << 14
-_LEARNED = (
-    np.zeros(LEARNED_SLOTS, np.uint8),
-    np.zeros((LEARNED_SLOTS, 16), np.uint8),
-    np.zeros(2, np.int64),
-)
+_learned_here = threading.local()
+
+
+def _learned() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    got = getattr(_learned_here, "table", None)
+    if got is None:
+        got = _learned_here.table = (np.zeros(LEARNED_SLOTS, np.uint8),
+                                     np.zeros((LEARNED_SLOTS, 16), np.uint8),
+                                     np.zeros(2, np.int64))  # fmt: skip
+    return got
+
+
+class _CodeArena:
+    """The copies of the sections of code the tables' flow loops decode
+    from by themselves, one per section object for every table of the
+    process (a kernel's text, in every process image, is copied once).
+    Bytes are appended, never moved: a full array grows into a new one,
+    the old one left to the code spaces that hold it; at most
+    CODE_SPACE_MAX in all, emptied once no section copied lives on."""
+
+    def __init__(self) -> None:
+        self.data = np.zeros(0, np.uint8)
+        self.used = 0
+        self.at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def place(self, section) -> int:
+        """Where ``section``'s bytes are in :attr:`data` (copied now if
+        they were not), or -1 when there is no room."""
+        got = self.at.get(section)
+        if got is not None:
+            return got
+        if not self.at:
+            self.data, self.used = np.zeros(0, np.uint8), 0
+        size = int(section.data.shape[0])
+        used = self.used
+        if used + size > CODE_SPACE_MAX:
+            return -1
+        if used + size > self.data.shape[0]:
+            grown = np.empty(max(used + size, 2 * self.data.shape[0]), np.uint8)
+            grown[:used] = self.data[:used]
+            self.data = grown
+        self.data[used : used + size] = section.data
+        self.at[section] = used
+        self.used = used + size
+        return used
+
+
+_arena: tuple[int, _CodeArena] | None = None
+
+
+def _code_arena() -> _CodeArena:
+    global _arena
+    if _arena is None or _arena[0] != os.getpid():
+        _arena = (os.getpid(), _CodeArena())
+    return _arena[1]
+
+
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 CLASS_OTHER = int(IClass.OTHER)
@@ -625,7 +681,7 @@ class CodeTable:
                 self._add([(ip, got)], mode)
             if (not isinstance(got, int) and not got.truncated and got.iclass == IClass.OTHER
                     and got.special == Special.NONE):  # fmt: skip
-                learn(_LEARNED, np.frombuffer(got.raw, np.uint8).copy())
+                learn(_learned(), np.frombuffer(got.raw, np.uint8).copy())
             if isinstance(got, int) or got.truncated:
                 return
             if got.iclass not in (IClass.OTHER, IClass.PTWRITE):
@@ -640,7 +696,7 @@ class CodeTable:
             fill_quick(
                 self._fill_columns, section.data,
                 np.uint64(section.address), np.uint64(ip), self.section_id(ip), FILL_MAX,
-                PREFETCH_MAX, self._queue, ahead, _LEARNED,
+                PREFETCH_MAX, self._queue, ahead, _learned(),
             )
         )  # fmt: skip
         self.book_filled()
@@ -677,13 +733,12 @@ class CodeTable:
 
     # -- code the flow loop decodes itself ----------------------------------
     def _forget_code_space(self) -> None:
-        self._cs_sections: list = []  # (sorted by address)
-        self._cs_at: dict[int, int] = {}  # id(section) -> where its bytes are
-        self._cs_bytes = np.zeros(0, np.uint8)
-        self._cs_used = 0
+        # (the sections copied, sorted by address, with where their bytes
+        # are in the process's code arena)
+        self._cs_sections: list[tuple[object, int]] = []
         self._cs_version = getattr(self.image, "version", None)
-        self._code_space = (_NO_U64, _NO_U64, _NO_I64, _NO_I64, self._cs_bytes, self._queue,
-                            _LEARNED)  # fmt: skip
+        self._code_space = (_NO_U64, _NO_U64, _NO_I64, _NO_I64, np.zeros(0, np.uint8),
+                            self._queue, _learned())  # fmt: skip
 
     def code_space(self) -> tuple:
         """The sections of 64-bit code the flow loop may decode from by
@@ -692,36 +747,36 @@ class CodeTable:
         to call while it stays)."""
         if getattr(self.image, "version", None) != self._cs_version:
             self._forget_code_space()
+        space, learned, data = self._code_space, _learned(), _code_arena().data
+        if space[6] is not learned or (self._cs_sections and space[4] is not data):
+            # (the decoding thread's learned instructions: only its own
+            # fills write them; the arena's array now, which holds every
+            # copy an older one did: that one goes)
+            self._code_space = (*space[:4], data if self._cs_sections else space[4], space[5],
+                                learned)  # fmt: skip
         return self._code_space
 
     def _learn_section(self, section) -> None:
-        """Copy a section a fill reads alone into the code space (at most
-        CODE_SPACE_MAX bytes in all: beyond, fills of its code return to
-        Python)."""
-        if id(section) in self._cs_at or self._cs_version is None:
+        """Add a section a fill reads alone to the code space (its bytes
+        copied into the process's code arena, unless there is no room:
+        fills of its code then return to Python)."""
+        if self._cs_version is None or any(x is section for x, _ in self._cs_sections):
             return
         if getattr(self.image, "version", None) != self._cs_version:
             self._forget_code_space()
-        size = int(section.data.shape[0])
-        used = self._cs_used
-        if used + size > CODE_SPACE_MAX:
+        arena = _code_arena()
+        at = arena.place(section)
+        if at < 0:
             return
-        if used + size > self._cs_bytes.shape[0]:
-            grown = np.empty(max(used + size, 2 * self._cs_bytes.shape[0]), np.uint8)
-            grown[:used] = self._cs_bytes[:used]
-            self._cs_bytes = grown
-        self._cs_bytes[used : used + size] = section.data
-        self._cs_used = used + size
-        self._cs_at[id(section)] = used
-        self._cs_sections.append(section)
-        self._cs_sections.sort(key=lambda x: x.address)
+        self._cs_sections.append((section, at))
+        self._cs_sections.sort(key=lambda x: x[0].address)
         held = self._cs_sections
         self._code_space = (
-            np.array([x.address for x in held], np.uint64),
-            np.array([x.address + int(x.data.shape[0]) for x in held], np.uint64),
-            np.array([self._cs_at[id(x)] for x in held], np.int64),
-            np.array([self._section_number(x) for x in held], np.int64),
-            self._cs_bytes, self._queue, _LEARNED,
+            np.array([x.address for x, _ in held], np.uint64),
+            np.array([x.address + int(x.data.shape[0]) for x, _ in held], np.uint64),
+            np.array([at for _, at in held], np.int64),
+            np.array([self._section_number(x) for x, _ in held], np.int64),
+            arena.data, self._queue, _learned(),
         )  # fmt: skip
 
     def book_filled(self) -> None:
@@ -923,7 +978,7 @@ def _byte_hash(data, off, n):
 
 @aot.njit(cache=True, _nrt=False)
 def learned_length(learned, data, off, end):
-    """The length of the learned instruction (see _LEARNED) whose bytes
+    """The length of the learned instruction (see LEARNED_SLOTS) whose bytes
     ``data[off:]`` begins with (its bytes end at ``end``), or 0."""
     l_len, l_bytes, l_info = learned
     lengths = l_info[1]
@@ -949,7 +1004,7 @@ def learned_length(learned, data, off, end):
 
 @aot.njit(cache=True, _nrt=False)
 def learn(learned, raw):
-    """Learn the plain instruction whose bytes are ``raw`` (see _LEARNED)."""
+    """Learn the plain instruction whose bytes are ``raw`` (see LEARNED_SLOTS)."""
     l_len, l_bytes, l_info = learned
     n = raw.shape[0]
     if n < 1 or n > 15 or 2 * (l_info[0] + 1) > l_len.shape[0]:
