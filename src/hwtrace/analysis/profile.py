@@ -194,7 +194,6 @@ class ThreadProfiler:
         for j, t in enumerate(threads.tolist()):
             mine = used[owner == j]
             self._sum(key, t, mine % width, insn[mine], time[mine])
-        for j, t in enumerate(threads.tolist()):
             sel = slice(None) if t_inverse is None else np.flatnonzero(t_inverse == j)
             th = self._threads.get(t)
             if th is None:

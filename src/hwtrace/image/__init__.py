@@ -118,8 +118,7 @@ class Image:
         self._spaces: dict[Asid, _Space] = {}
         self._matching: dict[Asid, list[_Space]] = {}
         self._last: tuple[Asid | None, list[_Space]] = (None, [])
-        self._generation = 0
-        self._changes = 0  # (see version)
+        self._generation = 0  # (see version)
         self._loads: list[LoadedElf] = []
         self._symbols: SymbolTable | None = None
 
@@ -135,7 +134,6 @@ class Image:
             space = self._spaces[asid] = _Space()
             self._forget_matches()
         self._generation += 1
-        self._changes += 1
         space.insert(section, self._generation)
         return section
 
@@ -143,7 +141,7 @@ class Image:
     def version(self) -> int:
         """A number that changes whenever a section is mapped or unmapped:
         what a reader copied of the image's bytes holds while it stays."""
-        return self._changes
+        return self._generation
 
     def add_raw(
         self,
@@ -205,7 +203,7 @@ class Image:
                 space.generations = [g for _, g in kept]
             else:
                 del self._spaces[key]
-        self._changes += 1
+        self._generation += 1
         self._forget_matches()
         loads = [
             load
