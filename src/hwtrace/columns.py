@@ -196,14 +196,67 @@ class Deferred:
         return np.asarray(self.made(), dtype)
 
 
+class SequencedKeys(Deferred):
+    """Rows' keys as a block store keeps them: ``entries``, each a key or,
+    from ``floor`` up, a sequence of keys (entry ``e`` stands for the
+    ``seq_len[q]`` keys of ``seq_keys`` from ``seq_start[q]``, ``q = top -
+    e``), for ``n`` rows; ``make`` lays them out.  A taker that can work on
+    the entries (the Parquet writer: a few bytes per three or four rows)
+    does; :func:`resolved` leaves them so."""
+
+    __slots__ = ("entries", "floor", "seq_keys", "seq_len", "seq_start", "top")
+
+    def __init__(self, n: int, entries: np.ndarray, floor: int, top: int, seq_start: np.ndarray,
+                 seq_len: np.ndarray, seq_keys: np.ndarray,
+                 make: Callable[[], object]) -> None:  # fmt: skip
+        nbytes = entries.nbytes + seq_start.nbytes + seq_len.nbytes + seq_keys.nbytes
+        super().__init__(n, entries.dtype, make, nbytes)
+        self.entries, self.floor, self.top = entries, int(floor), int(top)
+        self.seq_start, self.seq_len, self.seq_keys = seq_start, seq_len, seq_keys
+
+    def __getitem__(self, rows: slice) -> Deferred:
+        # The first rows (a batch but its last, held back): the entries but
+        # the last few, a sequence cut short as its keys.
+        lo, hi, step = rows.indices(self.n)
+        if step != 1 or lo != 0 or hi >= self.n:
+            return super().__getitem__(rows)
+        cut, e, tail = self.n - hi, self.entries.shape[0], self.entries[:0]
+        while cut > 0 and e > 0:
+            e -= 1
+            k = int(self.entries[e])
+            length = 1 if k < self.floor else int(self.seq_len[self.top - k])
+            if length > cut:
+                start = int(self.seq_start[self.top - k])
+                tail = self.seq_keys[start : start + length - cut].astype(self.entries.dtype)
+                cut = 0
+            else:
+                cut -= length
+        if cut > 0:
+            return super().__getitem__(rows)
+        entries = np.concatenate([self.entries[:e], tail]) if tail.shape[0] else self.entries[:e]
+        return SequencedKeys(hi, entries, self.floor, self.top, self.seq_start, self.seq_len,
+                             self.seq_keys, lambda: self.made()[:hi])  # type: ignore[index]  # fmt: skip
+
+    def last(self) -> int:
+        """The last row's key."""
+        k = int(self.entries[-1])
+        if k < self.floor:
+            return k
+        q = self.top - k
+        return int(self.seq_keys[self.seq_start[q] + self.seq_len[q] - 1])
+
+
 def resolved(column: object) -> object:
     """``column`` with what is deferred in it made: a :class:`Deferred`'s
-    column, a :class:`Keyed` column's deferred keys laid out; any other
-    column as it is."""
+    column, a :class:`Keyed` column's deferred keys laid out (not keys kept
+    in sequences, :class:`SequencedKeys`); any other column as it is."""
+    if isinstance(column, SequencedKeys):
+        return column
     if isinstance(column, Deferred):
         return column.made()
-    if isinstance(column, Keyed) and isinstance(column.keys, Deferred):
-        return Keyed(column.keys.made(), column.table, column.source, column.counts)  # type: ignore[arg-type]
+    keys = column.keys if isinstance(column, Keyed) else None
+    if isinstance(keys, Deferred) and not isinstance(keys, SequencedKeys):
+        return Keyed(keys.made(), column.table, column.source, column.counts)  # type: ignore[arg-type, union-attr]
     return column
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hwtrace.columns import SequencedKeys
 from hwtrace.export import _parquet_pages as pp
 from hwtrace.export.parquet_file import (
     COMPRESSIONS,
@@ -392,7 +393,7 @@ def test_keyed_columns_write_what_their_values_do(
                       np.arange(total) * n_keys // max(total, 1)).astype(np.uint32)  # fmt: skip
     out = {}
     ips: list[np.ndarray] = []  # each row's address, as written
-    for style in ("keyed", "arrays"):
+    for style in ("keyed", "sequenced", "arrays"):
         path = tmp_path_factory.mktemp("pq") / f"{style}.parquet"
         w = ParquetFileWriter(path, schema, specs, None, "zstd", ahead=ahead)
         at = 0
@@ -405,7 +406,8 @@ def test_keyed_columns_write_what_their_values_do(
                     k = np.full(n, k[0], np.uint32)
                 src = (3 * g + p) % sources
                 known = int(k.max()) + 1
-                cols = {c: Keyed(k, t[:known], src) if style == "keyed" else t[k]
+                named = _in_sequences(k, rng) if style == "sequenced" else k
+                cols = {c: t[k] if style == "arrays" else Keyed(named, t[:known], src)
                         for c, t in tables[src].items()}  # fmt: skip
                 pieces.append((cols, n))
                 ips.append(tables[src]["ip"][k])
@@ -414,8 +416,68 @@ def test_keyed_columns_write_what_their_values_do(
         w.close()
         out[style] = path.read_bytes()
     assert out["keyed"] == out["arrays"]
+    assert out["sequenced"] == out["arrays"]
     t = pq.read_table(pa.BufferReader(out["keyed"]))
     np.testing.assert_array_equal(t["ip"].to_numpy(), np.concatenate(ips))
+
+
+def _in_sequences(keys: np.ndarray, rng: np.random.Generator) -> SequencedKeys:
+    """``keys`` as a block store keeps them: stretches of 2 to 20 rows (a
+    loop's replays, longer than a word's copy too) as sequences, a stretch
+    met again as the same one, and sequences no row names in the pool."""
+    top = 0xFFFE
+    starts, lengths, pool, entries = [], [], [], []
+    known: dict[bytes, int] = {}
+    for _ in range(int(rng.integers(0, 3))):  # (left from earlier batches)
+        starts.append(len(pool))
+        lengths.append(3)
+        pool += [0, 0, 0]
+    i = 0
+    while i < keys.shape[0]:
+        m = int(rng.integers(2, 21))
+        if rng.random() < 0.5 or i + m > keys.shape[0]:
+            entries.append(int(keys[i]))
+            i += 1
+            continue
+        stretch = keys[i : i + m]
+        q = known.get(stretch.tobytes())
+        if q is None:
+            q = known[stretch.tobytes()] = len(starts)
+            starts.append(len(pool))
+            lengths.append(m)
+            pool += stretch.tolist()
+        entries.append(top - q)
+        i += m
+    floor = top + 1 - len(starts)
+    assert int(keys.max()) < floor
+    laid_out = keys.astype(np.uint16)
+    return SequencedKeys(keys.shape[0], np.array(entries, np.uint16), floor, top,
+                         np.array(starts, np.int64), np.array(lengths, np.int64),
+                         np.array(pool, np.uint16), lambda: laid_out)  # fmt: skip
+
+
+def test_keys_in_sequences_lay_out_and_count_as_their_rows():
+    """Keys kept in sequences (as a block store keeps a loop's replays)
+    count as their rows do, and their layout is the rows' keys."""
+    from hwtrace.pt.blocks import expand_entries
+
+    rng = np.random.default_rng(3)
+    keys = np.repeat(rng.integers(0, 40, 500), rng.integers(1, 4, 500)).astype(np.uint32)
+    seq = _in_sequences(keys, rng)
+    out = np.zeros(keys.shape[0], np.uint16)
+    expand_entries(seq.entries, seq.floor, seq.seq_start, seq.seq_len, seq.seq_keys, out)
+    np.testing.assert_array_equal(out, keys)
+    np.testing.assert_array_equal(pp.key_counts(seq, 40), np.bincount(keys, minlength=40))
+    assert seq.last() == keys[-1]
+    # The first rows (a batch but its last rows), kept in sequences still.
+    for cut in (1, 2, 5, 17, keys.shape[0] - 1):
+        first = seq[: keys.shape[0] - cut]
+        assert isinstance(first, SequencedKeys) and len(first) == keys.shape[0] - cut
+        out = np.zeros(len(first), np.uint16)
+        expand_entries(first.entries, first.floor, first.seq_start, first.seq_len,
+                       first.seq_keys, out)  # fmt: skip
+        np.testing.assert_array_equal(out, keys[: len(first)])
+        np.testing.assert_array_equal(np.asarray(first), keys[: len(first)])
 
 
 def test_keyed_values_read_as_their_table_at_their_keys():
@@ -646,17 +708,16 @@ def test_keys_counted_in_lanes_are_counted(seed, n, m, kind, loop):
 def test_index_pages_of_few_values_are_made_a_word_at_a_time_alike(seed, n, width, runs):
     """A keyed column of at most 256 values has its index pages made from
     byte indices a word (eight rows) at a time: the same bytes as from
-    int32 indices a row at a time, with runs long and short, groups of
-    one value, and a ragged last group."""
+    wider indices (two bytes, four) a row at a time, with runs long and
+    short, groups of one value, and a ragged last group."""
     rng = np.random.default_rng(seed)
     values = np.repeat(rng.integers(0, 1 << width, n), rng.integers(1, runs + 1, n))[:n]
-    local = np.arange(n, dtype=np.int32)
-    out = np.zeros(10 * n + 64, np.uint8), np.zeros(10 * n + 64, np.uint8)
-    a = pp.encode_remapped(local, n, values.astype(np.int32), width, np.zeros(n, np.int32), out[0])
-    b = pp.encode_remapped(local, n, values.astype(np.uint8), width, np.zeros(n, np.uint8),
-                           out[1])  # fmt: skip
-    assert a == b
-    assert out[0][:a].tobytes() == out[1][:b].tobytes()
+    pages = []
+    for kind in (np.int32, np.uint16, np.uint8):
+        out = np.zeros(10 * n + 64, np.uint8)
+        size = pp.index_page(values.astype(kind), n, width, out)
+        pages.append(out[:size].tobytes())
+    assert pages[0] == pages[1] == pages[2]
 
 
 def test_a_chunk_of_tiny_pages_is_stored_uncompressed(tmp_path):
@@ -802,10 +863,10 @@ def test_scratch_keeps_its_buffers_for_batches_of_about_one_size():
     s = _Scratch()
     s.grow((1 << 20) - 1)
     assert s.rows == 1 << 20
-    buffers = (s.out, s.indices, s.wide, s.deltas, s.levels, s.index_bytes)
+    buffers = (s.out, s.indices, s.wide, s.deltas, s.levels, s.index_raw)
     s.grow(1 << 20)
     assert all(a is b for a, b in zip(buffers, (s.out, s.indices, s.wide, s.deltas, s.levels,
-                                                  s.index_bytes), strict=True))  # fmt: skip
+                                                  s.index_raw), strict=True))  # fmt: skip
     s.grow((1 << 20) + 1)
     assert s.rows == 1 << 21
 

@@ -638,22 +638,36 @@ def _writer_loops(path: Path) -> None:
     w.write_row_group([({"ip": np.arange(n, dtype=np.uint64), "gap": np.arange(n) % 3 == 0,
                          "time": Runs.of(time), "duration": Runs.of(time % 3000)}, n)])  # fmt: skip
     w.close()
-    # Keyed columns, by keys of either width a stream gives them.
-    from ..columns import Keyed
+    # Keyed columns, by keys of either width a stream gives them, and kept
+    # in sequences (a stream to Parquet's).
+    from ..columns import Keyed, SequencedKeys
+    from ..pt.blocks import SEQ_TOP
 
-    schema = pa.schema([("ip", pa.uint64()), ("instructions", pa.int64())])
-    specs = column_specs(schema, {"dictionary": ["ip", "instructions"]}, {})
+    schema = pa.schema([("ip", pa.uint64()), ("instructions", pa.int64()),
+                        ("symbol", pa.int64())])  # fmt: skip
+    specs = column_specs(schema, {"dictionary": ["ip", "instructions", "symbol"]},
+                         {"symbol": pp.NULL_IF_ZERO})  # fmt: skip
     # (a column of fewer values than keys: of at most 256 values, their
-    # indices are bytes; of more, int32)
+    # indices are bytes; of more, two bytes; a column with nulls, int32)
     for size, values in ((8, 3), (600, 300)):
         table = np.arange(size, dtype=np.uint64)
         ninsn = np.arange(size, dtype=np.int64) % values
-        for kind in (np.uint16, np.uint32):
-            keys = (np.arange(n) % size).astype(kind)
+        symbol = np.arange(size, dtype=np.int64) % 5
+        for kind in (np.uint16, np.uint32, SequencedKeys):
+            keys = (np.arange(n) % size).astype(np.uint32 if kind is np.uint32 else np.uint16)
+            if kind is SequencedKeys:
+                # (every other row in a sequence of two, of the keys 0, 1)
+                entries = np.where(np.arange(n // 2) % 2 == 0, SEQ_TOP, 2).astype(np.uint16)
+                pool = np.array([0, 1], np.uint16)
+                start, length = np.zeros(1, np.int64), np.full(1, 2, np.int64)
+                keys = SequencedKeys(int(entries.shape[0] // 2 * 3), entries, SEQ_TOP, SEQ_TOP,
+                                     start, length, pool, lambda: None)  # fmt: skip
             counts = pp.key_counts(keys, size)
+            rows = len(keys)
             w = ParquetFileWriter(path, schema, specs)
             w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
-                                 "instructions": Keyed(keys, ninsn, 0, counts)}, n)])  # fmt: skip
+                                 "instructions": Keyed(keys, ninsn, 0, counts),
+                                 "symbol": Keyed(keys, symbol, 0, counts)}, rows)])  # fmt: skip
             w.close()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import aot
+from ..columns import SequencedKeys
 
 NOT_NULL = 0
 NULL_IF_NEGATIVE = 1
@@ -927,34 +928,139 @@ def index_values(values, keys, slots, entries, count, out):
 # depend only on the block, and the decoder names each row's block by a key
 # into its table of distinct blocks.  A chunk of such a column needs no value
 # hashed: its dictionary is made from the chunk's distinct keys (a few
-# thousand), and a row's index is its key's.  A column with a value per key
+# thousand), and a row's index is its key's value's, found by the key
+# (remap_entries: one gather a row, no hash).  A column with a value per key
 # has the index pages of the keys' own indices, made once for all such
 # columns; another (instructions, symbol, mostly the address too: a block
-# entered at one address may end in several places) maps each key's index
-# to its value's index first.
+# entered at one address may end in several places) maps each key to its
+# value's index.
+
+
+# Keys kept in sequences (hwtrace.columns.SequencedKeys): a column of
+# ``entries``, each a key or, from ``floor`` up, a sequence of keys (entry
+# ``e`` names sequence ``top - e``).  A stretch of blocks a loop runs is
+# one entry, so these passes read a third to a quarter of the rows' bytes,
+# and a sequence already met is not looked into again.  Keys given one per
+# row are entries with no sequences (``floor`` above every key).
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def index_keys(keys, n, base, state, local, entries, indices):
-    """Each of ``n`` rows named by ``keys`` (``base + key`` in the chunk's
-    numbering of its tables' keys) by its index in the chunk's dictionary
-    of keys into ``indices`` (``entries``: the keys in the order first
-    seen, ``state[ST_DICT]`` of them; ``local[key]``: a key's index, -1:
-    not in it yet).  The columns keyed by these keys map the indices to
-    their own dictionaries' (:func:`encode_remapped`), or page them as
-    they are (:func:`index_page`)."""
+def count_entries(entries, floor, top, seq_start, seq_len, seq_keys, counts, uses):
+    """``counts[k]``: how many rows the entries give key ``k`` (added to
+    it); ``uses`` (zeros, a count per sequence) left zeros."""
+    for i in range(entries.shape[0]):
+        k = np.int64(entries[i])
+        if k >= floor:
+            uses[top - k] += 1
+        else:
+            counts[k] += 1
+    for q in range(seq_start.shape[0]):
+        u = uses[q]
+        if u:
+            at = seq_start[q]
+            for j in range(seq_len[q]):
+                counts[seq_keys[at + j]] += u
+            uses[q] = 0
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def index_entries(entries, floor, top, seq_start, seq_len, seq_keys, base, state, local,
+                  key_entries, seen, stamp):  # fmt: skip
+    """The keys the entries' rows name into a chunk's dictionary of keys,
+    in the order the rows first name them (``base + key`` in the chunk's
+    numbering of its tables' keys; ``key_entries``: the keys in that
+    order, ``state[ST_DICT]`` of them; ``local[key]``: a key's index, -1:
+    not in it yet).  ``seen[q] == stamp``: sequence ``q`` looked into (a
+    new ``stamp`` a call)."""
     count = state[ST_DICT]
-    at = np.uint64(base)  # (keys and base unsigned: no negative-index checks)
-    for i in range(n):
-        k = np.uint64(keys[i]) + at
-        j = local[k]
-        if j < 0:
-            j = count
-            local[k] = j
-            entries[count] = k
-            count += 1
-        indices[i] = j
+    at = np.uint64(base)  # (unsigned: no negative-index checks)
+    for i in range(entries.shape[0]):
+        k = np.int64(entries[i])
+        if k >= floor:
+            q = top - k
+            if seen[q] == stamp:
+                continue
+            seen[q] = stamp
+            first = seq_start[q]
+            for j in range(seq_len[q]):
+                kk = np.uint64(seq_keys[first + j]) + at
+                if local[kk] < 0:
+                    local[kk] = count
+                    key_entries[count] = kk
+                    count += 1
+        else:
+            kk = np.uint64(k) + at
+            if local[kk] < 0:
+                local[kk] = count
+                key_entries[count] = kk
+                count += 1
     state[ST_DICT] = count
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _remap_entries(entries, floor, top, seq_start, seq_len, pool, remap, out, size):
+    """:func:`remap_entries` of indices of ``size`` bytes (a constant where
+    inlined: the copies' words unrolled)."""
+    step = np.uint64(size)
+    span = np.uint64(16 * size)
+    r = np.uint64(0)  # (the next row's first byte)
+    n_out, n_pool = np.uint64(out.shape[0]), np.uint64(pool.shape[0])
+    for i in range(entries.shape[0]):
+        k = np.int64(entries[i])
+        if k >= floor:
+            q = top - k
+            at = np.uint64(seq_start[q]) * step
+            m = np.uint64(seq_len[q]) * step
+            if m <= span and r + span <= n_out and at + span <= n_pool:
+                for w in range(2 * size):
+                    o = np.uint64(8 * w)
+                    _put_u64(out, r + o, _load_bytes(pool, at + o))
+            else:
+                for j in range(m):
+                    out[r + np.uint64(j)] = pool[at + np.uint64(j)]
+            r += m
+        else:
+            v = np.uint64(remap[np.uint64(k)])
+            for b in range(size):
+                out[r + np.uint64(b)] = np.uint8((v >> np.uint64(8 * b)) & np.uint64(0xFF))
+            r += step
+    return np.int64(r // step)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def remap_entries(entries, floor, top, seq_start, seq_len, pool, remap, out):
+    """Each row's ``remap[key]`` into ``out`` from the entries: a
+    sequence's from ``pool`` (its keys remapped, as ``seq_keys`` holds
+    them).  ``pool`` and ``out`` are bytes (views of arrays of ``remap``'s
+    type): a sequence of up to sixteen keys is copied as words, whatever
+    its length (those past it are written over next).  Returns the rows."""
+    if remap.itemsize == 1:
+        return _remap_entries(entries, floor, top, seq_start, seq_len, pool, remap, out, 1)
+    if remap.itemsize == 2:
+        return _remap_entries(entries, floor, top, seq_start, seq_len, pool, remap, out, 2)
+    return _remap_entries(entries, floor, top, seq_start, seq_len, pool, remap, out, 4)
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def index_page_nulls(rows, n, width, indices, levels, state, out):
+    """An RLE_DICTIONARY page of ``n`` rows whose dictionary indices are
+    ``rows`` (-1: null, a block no symbol covers): each row's definition
+    level, then the indices of the rows that have a value, as
+    :func:`encode_dictionary` writes a page of the same values; the null
+    rows counted into ``state``.  Returns the page's length."""
+    m = 0
+    for i in range(n):
+        r = rows[i]
+        levels[i] = r >= 0
+        indices[m] = r
+        m += r >= 0
+    if m == n:
+        return index_page(rows, n, width, out)
+    pos = _hybrid(out, 4, levels, n, 1)
+    _put_le(out, 0, pos - 4, 4)
+    state[ST_NULLS] += n - m
+    out[pos] = width
+    return _hybrid(out, pos + 1, indices, m, width)
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -991,42 +1097,6 @@ def keyed_values(table, entries, count, null, unsigned, rows, state, values):
     state[ST_SEEN] += rows - count
     state[ST_VALUES] += rows
     return True
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_remapped(local, n, remap, width, indices, out):
-    """An RLE_DICTIONARY page of ``n`` non-null rows whose keys'
-    indices are ``local`` (:func:`index_keys`), each row's index
-    ``remap[local]`` (``width`` bits): a column with fewer values than
-    keys.  ``remap`` and ``indices`` are bytes for a column of at most 256
-    values (a quarter of the memory; the hybrid then works a word of
-    eight at a time), else int32.  Returns the page's length."""
-    for i in range(n):
-        # (an unsigned index: no negative-index check a row)
-        indices[i] = remap[np.uint64(local[i])]
-    return index_page(indices, n, width, out)
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
-def encode_remapped_nulls(local, n, remap, width, indices, levels, state, out):
-    """:func:`encode_remapped` of a column some of whose keys' values are
-    null (``remap`` -1: a block no symbol covers): each row's definition
-    level, then the indices of the rows that have a value, as
-    :func:`encode_dictionary` writes a page of the same values; the null
-    rows counted into ``state``.  Returns the page's length."""
-    m = 0
-    for i in range(n):
-        r = remap[np.uint64(local[i])]
-        levels[i] = r >= 0
-        indices[m] = r
-        m += r >= 0
-    if m == n:
-        return index_page(indices, n, width, out)
-    pos = _hybrid(out, 4, levels, n, 1)
-    _put_le(out, 0, pos - 4, 4)
-    state[ST_NULLS] += n - m
-    out[pos] = width
-    return _hybrid(out, pos + 1, indices, m, width)
 
 
 def index_width(count: int) -> int:
@@ -1077,9 +1147,13 @@ def count_keys(keys, counts, lanes):
 COUNT_LANES_MAX = 1 << 13
 
 
-def key_counts(keys: np.ndarray, m: int) -> np.ndarray:
+def key_counts(keys: np.ndarray | SequencedKeys, m: int) -> np.ndarray:
     """How many of ``keys`` (each below ``m``) name each key."""
     counts = np.zeros(m, np.int64)
+    if isinstance(keys, SequencedKeys):
+        count_entries(keys.entries, keys.floor, keys.top, keys.seq_start, keys.seq_len,
+                      keys.seq_keys, counts, np.zeros(keys.seq_start.shape[0], np.int64))  # fmt: skip
+        return counts
     lanes = np.zeros((4, m) if m <= COUNT_LANES_MAX else (0, 0), np.int64)
     count_keys(keys, counts, lanes)
     return counts

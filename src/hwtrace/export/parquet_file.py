@@ -29,7 +29,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..columns import Keyed, Runs, joined, pow2_at_least
+from ..columns import Keyed, Runs, SequencedKeys, joined, pow2_at_least
+from ..pt.blocks import gather
 from . import _parquet_pages as pp
 
 __all__ = [
@@ -336,17 +337,39 @@ class _EncodedChunk(NamedTuple):
 
 class _KeyedRows:
     """A row group's keyed pieces as :meth:`_Scratch.keyed` made them: per
-    piece its rows' indices into the chunk's dictionary of keys, and how
-    many keys the pieces up to it name; the keys in dictionary order; where
-    each source's keys start (:func:`_sources`); and the index pages of
-    the indices as they are, once a column asks (None before)."""
+    piece its keys (:class:`~hwtrace.columns.SequencedKeys`, or an array
+    of a key per row), where its source's keys start in the chunk's
+    numbering of its tables' keys and how many it has, and how many keys
+    the pieces up to it name; the keys in dictionary order (the order the
+    rows first name them), each key's index there (``local``, -1: none);
+    and the index pages of those indices, once a column asks (None
+    before)."""
 
-    __slots__ = ("bases", "counts", "entries", "indices", "pages")
+    __slots__ = ("counts", "entries", "keys", "local", "pages", "spans")
 
-    def __init__(self, indices: list[np.ndarray], entries: np.ndarray, counts: list[int],
-                 bases: dict[int, tuple[int, int]]) -> None:  # fmt: skip
-        self.indices, self.entries, self.counts, self.bases = indices, entries, counts, bases
+    def __init__(self, keys: list, spans: list[tuple[int, int]], entries: np.ndarray,
+                 counts: list[int], local: np.ndarray) -> None:  # fmt: skip
+        self.keys, self.spans, self.entries, self.counts = keys, spans, entries, counts
+        self.local = local
         self.pages: list[bytes] | None = None
+
+
+#: Keys given a row each, as entries with no sequences (every key below).
+_NO_SEQUENCE = 1 << 62
+_NO_STARTS = np.zeros(0, np.int64)
+
+
+def _piece_keys(keys: object, n: int) -> SequencedKeys | np.ndarray:
+    """A keyed piece's ``n`` rows' keys: kept in sequences as they came, or
+    laid out a key per row."""
+    if isinstance(keys, SequencedKeys) and keys.n == n:
+        return keys
+    return np.ascontiguousarray(np.asarray(keys)[:n])
+
+
+def _index_kind(count: int) -> type:
+    """The integer type of indices into a dictionary of ``count`` entries."""
+    return np.uint8 if count <= 256 else np.uint16 if count <= 1 << 16 else np.int32
 
 
 class _Scratch:
@@ -365,14 +388,15 @@ class _Scratch:
         # and encodings, and the chunk's statistics (ParquetFileWriter).
         self.constant_chunks: dict[tuple, tuple] = {}
         # Keyed chunks (see Keyed): a key's index in the chunk's dictionary
-        # (-1: none), the chunk's keys in order, each row's key's index, and
-        # per row group what was made of each run of pieces' keys (see
-        # keyed), and their compressions.
+        # (-1: none), the chunk's keys in order, the values of a column's
+        # keys, which sequences of keys a piece's pass has looked into
+        # (see index_entries), and per row group what was made of each run
+        # of pieces' keys (see keyed), and their compressions.
         self.key_local = np.full(1 << 12, -1, np.int32)
         self.key_entries = np.zeros(1 << 12, np.int64)
         self.key_values = np.zeros(1 << 12, np.int64)
-        self.key_rows = np.zeros(0, np.int32)
-        self.key_rows_used = 0
+        self.seq_seen = np.zeros(0, np.int64)
+        self.stamp = 0
         self.keyed_rows: dict[tuple, _KeyedRows] = {}
         self.compressed: dict[int, tuple[bytes, bytes | Future]] = {}
 
@@ -414,12 +438,12 @@ class _Scratch:
         self._table(pp.DICT_SLOTS_MIN)
 
     def keyed(self, pieces: Sequence[tuple[Keyed, int]]) -> _KeyedRows:
-        """The rows of keyed pieces as indices into the chunk's dictionary
-        of their keys (:class:`_KeyedRows`); made once per row group for
-        the pieces' keys (the columns keyed by them share them).  Keys of
-        several sources (a chunk of several queues' blocks) are numbered
-        after one another."""
-        memo_key = tuple((_address(k.keys), n, k.source) for k, n in pieces)
+        """The chunk's dictionary of the keyed pieces' keys
+        (:class:`_KeyedRows`); made once per row group for the pieces' keys
+        (the columns keyed by them share it).  Keys of several sources (a
+        chunk of several queues' blocks) are numbered after one another."""
+        memo_key = tuple((_address(k.keys) if isinstance(k.keys, np.ndarray) else id(k.keys), n,
+                          k.source) for k, n in pieces)  # fmt: skip
         got = self.keyed_rows.get(memo_key)
         if got is not None:
             return got
@@ -428,38 +452,58 @@ class _Scratch:
             self.key_local = np.full(2 * size, -1, np.int32)
             self.key_entries = np.zeros(2 * size, np.int64)
             self.key_values = np.zeros(2 * size, np.int64)
-        # (the indices stay until the row group is written: those of other
-        # pieces go after them, in a new buffer when they do not fit; the
-        # old one stays as long as the indices in it do)
-        at = self.key_rows_used
-        rows = sum(n for _, n in pieces)
-        if at + rows > self.key_rows.shape[0]:
-            self.key_rows = np.zeros(max(pow2_at_least(rows), 2 * self.key_rows.shape[0]), np.int32)
-            at = 0
-        self.key_rows_used = at + rows
         state = np.zeros(pp.ST_SIZE, np.int64)
-        indices, counts = [], []
+        keys_of, spans, counts = [], [], []
         for k, n in pieces:
-            part = self.key_rows[at : at + n]
-            pp.index_keys(k.keys, n, bases[k.source][0], state, self.key_local,
-                          self.key_entries, part)  # fmt: skip
-            indices.append(part)
+            keys = _piece_keys(k.keys, n)
+            base = bases[k.source][0]
+            if isinstance(keys, SequencedKeys):
+                if keys.seq_start.shape[0] > self.seq_seen.shape[0]:
+                    self.seq_seen = np.zeros(2 * keys.seq_start.shape[0], np.int64)
+                self.stamp += 1
+                pp.index_entries(keys.entries, keys.floor, keys.top, keys.seq_start, keys.seq_len,
+                                 keys.seq_keys, base, state, self.key_local, self.key_entries,
+                                 self.seq_seen, self.stamp)  # fmt: skip
+            else:
+                pp.index_entries(keys, _NO_SEQUENCE, 0, _NO_STARTS, _NO_STARTS, keys[:0], base,
+                                 state, self.key_local, self.key_entries, _NO_STARTS, 0)  # fmt: skip
+            keys_of.append(keys)
+            spans.append(bases[k.source])
             counts.append(int(state[pp.ST_DICT]))
-            at += n
         count = int(state[pp.ST_DICT])
         entries = self.key_entries[:count].copy()
+        local = self.key_local[:size].copy()
         pp.forget_keys(self.key_local, entries, count)
-        got = self.keyed_rows[memo_key] = _KeyedRows(indices, entries, counts, bases)
+        got = self.keyed_rows[memo_key] = _KeyedRows(keys_of, spans, entries, counts, local)
         return got
 
+    def remapped(self, keys: SequencedKeys | np.ndarray, remap: np.ndarray) -> np.ndarray:
+        """Each of the rows' ``remap[key]`` (an array of ``remap``'s type,
+        valid until the next call)."""
+        n = len(keys)
+        size = n * remap.itemsize
+        if size + 64 > self.index_raw.shape[0]:
+            self.index_raw = np.zeros(2 * size + 64, np.uint8)
+        out = self.index_raw
+        if isinstance(keys, SequencedKeys):
+            pool = remap[keys.seq_keys]
+            pp.remap_entries(keys.entries, keys.floor, keys.top, keys.seq_start, keys.seq_len,
+                             pool.view(np.uint8), remap, out)  # fmt: skip
+        else:
+            gather(remap, keys, out[:size].view(remap.dtype))
+        return out[:size].view(remap.dtype)
+
     def keyed_pages_of(self, rows: _KeyedRows) -> list[bytes]:
-        """The index pages of :meth:`keyed`'s rows as they are (a column
-        with a value per key), one per piece; made once, the same bytes
-        for every such column (compressed once)."""
+        """The index pages of :meth:`keyed`'s rows' keys' own indices (a
+        column with a value per key), one per piece; made once, the same
+        bytes for every such column (compressed once)."""
         if rows.pages is None:
             rows.pages = []
-            for part, count in zip(rows.indices, rows.counts, strict=True):
-                size = pp.index_page(part, part.shape[0], pp.index_width(count), self.out)
+            by_key = rows.local.astype(_index_kind(rows.entries.shape[0]))
+            for keys, (base, n_keys), count in zip(rows.keys, rows.spans, rows.counts,
+                                                   strict=True):  # fmt: skip
+                idx = self.remapped(keys, by_key[base : base + n_keys])
+                size = pp.index_page(idx, idx.shape[0], pp.index_width(count), self.out)
                 rows.pages.append(self.out[:size].tobytes())
         return rows.pages
 
@@ -467,7 +511,6 @@ class _Scratch:
         """Forget the pages made for the last row group (their compressions
         go with them, to be written: a new memo for this one)."""
         self.keyed_rows.clear()
-        self.key_rows_used = 0
         self.compressed = {}
 
     def grow(self, rows: int) -> None:
@@ -480,8 +523,9 @@ class _Scratch:
         self.rows = max(pow2_at_least(rows), 2 * self.rows)
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
-        # (a keyed column's indices when its values are few: bytes)
-        self.index_bytes = np.zeros(self.rows, np.uint8)
+        # (a keyed column's rows' indices, of the type its dictionary's
+        # size asks, with room for remap_entries' words past the last)
+        self.index_raw = np.zeros(self.rows * 4 + 64, np.uint8)
         # (a delta page's non-null values, and its deltas)
         self.wide = np.zeros(self.rows, np.int64)
         self.deltas = np.zeros(self.rows, np.int64)
@@ -754,12 +798,13 @@ class ParquetFileWriter:
         of 0."""
         s = self.scratch
         rows_of = s.keyed(pieces)
-        entries, counts, bases = rows_of.entries, rows_of.counts, rows_of.bases
+        entries, counts = rows_of.entries, rows_of.counts
         count = entries.shape[0]
         # (per source its latest table: a source's tables are its decoder's
         # table of distinct blocks as it grew)
+        sources = dict.fromkeys(k.source for k, _ in pieces)
         tables = [_encodable(max((k.table for k, _ in pieces if k.source == src), key=len))
-                  for src in bases]  # fmt: skip
+                  for src in sources]  # fmt: skip
         table = tables[0] if len(tables) == 1 else np.concatenate(tables)
         rows = sum(n for _, n in pieces)
         missing = _null_mask(table[entries], spec.null)
@@ -787,20 +832,22 @@ class ParquetFileWriter:
                 remap[have] = rank[inverse.reshape(-1)]
             seen = np.maximum.accumulate(remap) + 1
             dictionary = distinct[order]
-            small = have is None and dictionary.shape[0] <= 256
-            if small:
-                remap = remap.astype(np.uint8)
+            # Each key's index in the column's dictionary (-1: its value is
+            # null), by the chunk's numbering of its keys.
+            kind = _index_kind(dictionary.shape[0]) if have is None else np.int32
+            by_key = np.zeros(rows_of.local.shape[0], kind)
+            by_key[entries] = remap
             nulls = int(state[pp.ST_NULLS])
             pages = []
-            for part, c in zip(rows_of.indices, counts, strict=True):
+            for keys, (base, n_keys), (_, n), c in zip(rows_of.keys, rows_of.spans, pieces,
+                                                       counts, strict=True):  # fmt: skip
                 width = pp.index_width(int(seen[c - 1]) if c else 0)
+                idx = s.remapped(keys, by_key[base : base + n_keys])
                 if have is None:
-                    size = pp.encode_remapped(part, part.shape[0], remap, width,
-                                              s.index_bytes if small else s.indices, s.out)  # fmt: skip
+                    size = pp.index_page(idx, n, width, s.out)
                 else:
-                    size = pp.encode_remapped_nulls(part, part.shape[0], remap, width, s.indices,
-                                                    s.levels, state, s.out)  # fmt: skip
-                pages.append((_RLE_DICTIONARY, part.shape[0], s.out[:size].tobytes()))
+                    size = pp.index_page_nulls(idx, n, width, s.indices, s.levels, state, s.out)
+                pages.append((_RLE_DICTIONARY, n, s.out[:size].tobytes()))
             # (keyed_values counted every row as a value seen)
             state[pp.ST_SEEN] -= int(state[pp.ST_NULLS]) - nulls
         state[pp.ST_DICT] = dictionary.shape[0]

@@ -28,6 +28,7 @@ import itertools
 import numpy as np
 
 from .. import aot
+from ..columns import SequencedKeys
 from .codetable import C_KEY_OWNER
 
 _EMPTY_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -562,6 +563,36 @@ class StoredKeys:
             return k
         q = SEQ_TOP - k
         return int(self.seq_keys[self.seq_start[q] + self.seq_len[q] - 1])
+
+
+def sequenced_keys(store: BlockStore, first: int, later: np.ndarray) -> SequencedKeys | None:
+    """A batch's keys kept in sequences, as the store holds its rows (a copy):
+    a held row's key (``first``; -1: none), the store's rows, then
+    ``later`` (the keys of rows after them, found or added in its table).
+    None where a key of ``later`` would read as a sequence's (the key
+    space of a uint16 column full)."""
+    floor, start, length, pool = store.sequences()
+    if later.shape[0] and int(later.max()) >= floor:
+        return None
+    stored = store.entries()
+    rows = len(store)
+    if stored.shape[0] == rows:
+        start, length, pool = start[:0], length[:0], pool[:0]  # (no sequence named)
+    held = 1 if first >= 0 else 0
+    entries = np.empty(held + stored.shape[0] + later.shape[0], stored.dtype)
+    if held:
+        entries[0] = first
+    entries[held : held + stored.shape[0]] = stored
+    entries[held + stored.shape[0] :] = later
+    start, length, pool = start.copy(), length.copy(), pool.copy()
+    n = held + rows + later.shape[0]
+
+    def make() -> np.ndarray:
+        out = np.empty(n, entries.dtype)
+        expand_entries(entries, floor, start, length, pool, out)
+        return out
+
+    return SequencedKeys(n, entries, floor, SEQ_TOP, start, length, pool, make)
 
 
 class BlockStore:

@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..columns import Columns, Deferred, Keyed, Runs, repeated, resolved
+from ..columns import Columns, Deferred, Keyed, Runs, SequencedKeys, repeated, resolved
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -52,7 +52,7 @@ from ..perf.intelpt import (
 )
 from ..perf.sideband import AddressSpace, BinaryLocator, Sideband, TscConversion
 from ..pt import flowrows as FK
-from ..pt.blocks import BlockStore, StoredKeys, offset_at
+from ..pt.blocks import BlockStore, StoredKeys, offset_at, sequenced_keys
 from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
@@ -1098,8 +1098,10 @@ class QueueSink(FlowSink):
         # (nothing laid out a row at a time: deferred keys stay deferred)
         if m and (any(o.shape[0] for o in out) or not isinstance(keys, Deferred)):
             store = self.store
+            # (keys kept in sequences stay so for the taker, laid out once here)
             keys = resolved(keys)
-            stored_keys = keys[held : held + m] if keys is not None else store.key_column()
+            laid = keys.made() if isinstance(keys, SequencedKeys) else keys
+            stored_keys = laid[held : held + m] if laid is not None else store.key_column()
             attribute_stored(
                 stored_keys, t["ip"], t["ninsn"], t["mode"], t["image"],
                 *store.offset_steps(), t_row, t_val, held, *self.threads, *out,
@@ -1212,10 +1214,16 @@ class QueueSink(FlowSink):
         if rest:
             src = batch if batch is not None else {c: v[:rest] for c, v in self.gather.items()}
         if self.defer and m:
-            stored = StoredKeys(store)
             later = np.empty(rest, kind)
             if src is not None:
                 store.row_keys(src["ip"], src["ninsn"], src["mode"], src["image"], later)
+            if narrow:
+                # (the store's entries and sequences as they are: the
+                # Parquet writer reads them so, laid out only if asked)
+                kept = sequenced_keys(store, first if held else -1, later)
+                if kept is not None:
+                    return kept, kept.last()
+            stored = StoredKeys(store)
             last = int(later[-1]) if rest else stored.last()
 
             def make() -> np.ndarray:
