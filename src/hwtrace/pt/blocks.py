@@ -781,6 +781,19 @@ class BlockStore:
         if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
             self._grow(_FULL_KEYS)
 
+    @property
+    def capacity(self) -> int:
+        """The rows the store holds before the decoder stops for it to be
+        emptied."""
+        return int(self.keys.shape[0])
+
+    def reserve(self, rows: int) -> None:
+        """Hold ``rows`` rows before the decoder stops (from now: no rows
+        held)."""
+        if len(self) == 0 and rows > self.keys.shape[0]:
+            self.keys = np.empty(rows, self.keys.dtype)
+            self._kernel_store = None
+
     def make_room(self, rows: int = 1 << 12) -> None:
         """Grow the rows and change points with room for fewer than ``rows``
         more, and the table of distinct blocks when it is full (the decoder

@@ -875,6 +875,9 @@ class PerfStream(PerfDecoding[QueueInfo]):
 
 #: Rows of the decoder's batches a QueueSink asks for at most.
 MAX_DECODER_ROWS = 1 << 18
+#: Rows of a deferred stream's first batch at most (the decoder's first
+#: million rows take a writer's thread 20 ms to wait for).
+FIRST_DEFERRED_ROWS = 1 << 17
 
 
 def _gap_now(kind: int) -> int:
@@ -955,7 +958,11 @@ class QueueSink(FlowSink):
             # rows it cannot store (a far jump's): small buffers, and a
             # batch no larger than those passed on when the two add up.
             small = 1 << 12
-            self.store = BlockStore(max(self.target - small, small))
+            self.store_rows = max(self.target - small, small)
+            # (a deferred stream's first batch smaller: its taker, a thread
+            # of its own, starts while the decoder goes on)
+            first = min(self.store_rows, FIRST_DEFERRED_ROWS) if self.defer else self.store_rows
+            self.store = BlockStore(first)
             self.large_rows, self.BLOCK_ROWS = self.BLOCK_ROWS, small
 
     def output(self) -> tuple:
@@ -1124,6 +1131,7 @@ class QueueSink(FlowSink):
             durations_of(cols["ns"], cols["duration"], k, stop_t, self.threads[0])
         if m:
             self.store.clear()
+            self.store.reserve(self.store_rows)
         inside = gap_k < n
         held_gap = int(self.held["gap"][0]) if held else 0
         if inside.any() or self.gap_next or held_gap:
