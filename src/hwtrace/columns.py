@@ -204,7 +204,7 @@ class SequencedKeys(Deferred):
     the entries (the Parquet writer: a few bytes per three or four rows)
     does; :func:`resolved` leaves them so."""
 
-    __slots__ = ("entries", "floor", "seq_keys", "seq_len", "seq_start", "top")
+    __slots__ = ("_first", "entries", "floor", "order", "seq_keys", "seq_len", "seq_start", "top")
 
     def __init__(self, n: int, entries: np.ndarray, floor: int, top: int, seq_start: np.ndarray,
                  seq_len: np.ndarray, seq_keys: np.ndarray,
@@ -213,6 +213,10 @@ class SequencedKeys(Deferred):
         super().__init__(n, entries.dtype, make, nbytes)
         self.entries, self.floor, self.top = entries, int(floor), int(top)
         self.seq_start, self.seq_len, self.seq_keys = seq_start, seq_len, seq_keys
+        self._first: tuple[int, Deferred] | None = None
+        #: the distinct keys in the order the rows first name them, once
+        #: counted (None before)
+        self.order: np.ndarray | None = None
 
     def __getitem__(self, rows: slice) -> Deferred:
         # The first rows (a batch but its last, held back): the entries but
@@ -220,6 +224,8 @@ class SequencedKeys(Deferred):
         lo, hi, step = rows.indices(self.n)
         if step != 1 or lo != 0 or hi >= self.n:
             return super().__getitem__(rows)
+        if self._first is not None and self._first[0] == hi:
+            return self._first[1]  # (the columns keyed by these keys cut alike)
         cut, e, tail = self.n - hi, self.entries.shape[0], self.entries[:0]
         while cut > 0 and e > 0:
             e -= 1
@@ -234,8 +240,10 @@ class SequencedKeys(Deferred):
         if cut > 0:
             return super().__getitem__(rows)
         entries = np.concatenate([self.entries[:e], tail]) if tail.shape[0] else self.entries[:e]
-        return SequencedKeys(hi, entries, self.floor, self.top, self.seq_start, self.seq_len,
-                             self.seq_keys, lambda: self.made()[:hi])  # type: ignore[index]  # fmt: skip
+        first = SequencedKeys(hi, entries, self.floor, self.top, self.seq_start, self.seq_len,
+                              self.seq_keys, lambda: self.made()[:hi])  # type: ignore[index]  # fmt: skip
+        self._first = (hi, first)
+        return first
 
     def last(self) -> int:
         """The last row's key."""

@@ -407,6 +407,8 @@ def test_keyed_columns_write_what_their_values_do(
                 src = (3 * g + p) % sources
                 known = int(k.max()) + 1
                 named = _in_sequences(k, rng) if style == "sequenced" else k
+                if style == "sequenced" and p % 2:
+                    pp.key_counts(named, known)  # (counted: their first-seen order known)
                 cols = {c: t[k] if style == "arrays" else Keyed(named, t[:known], src)
                         for c, t in tables[src].items()}  # fmt: skip
                 pieces.append((cols, n))
@@ -468,6 +470,8 @@ def test_keys_in_sequences_lay_out_and_count_as_their_rows():
     expand_entries(seq.entries, seq.floor, seq.seq_start, seq.seq_len, seq.seq_keys, out)
     np.testing.assert_array_equal(out, keys)
     np.testing.assert_array_equal(pp.key_counts(seq, 40), np.bincount(keys, minlength=40))
+    _, first = np.unique(keys, return_index=True)
+    np.testing.assert_array_equal(seq.order, keys[np.sort(first)])  # (first-seen order)
     assert seq.last() == keys[-1]
     # The first rows (a batch but its last rows), kept in sequences still.
     for cut in (1, 2, 5, 17, keys.shape[0] - 1):

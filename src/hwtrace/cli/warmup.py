@@ -662,13 +662,13 @@ def _writer_loops(path: Path) -> None:
                 start, length = np.zeros(1, np.int64), np.full(1, 2, np.int64)
                 keys = SequencedKeys(int(entries.shape[0] // 2 * 3), entries, SEQ_TOP, SEQ_TOP,
                                      start, length, pool, lambda: None)  # fmt: skip
-            counts = pp.key_counts(keys, size)
-            rows = len(keys)
-            w = ParquetFileWriter(path, schema, specs)
-            w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
-                                 "instructions": Keyed(keys, ninsn, 0, counts),
-                                 "symbol": Keyed(keys, symbol, 0, counts)}, rows)])  # fmt: skip
-            w.close()
+            # (keys not counted first, then counted: their first-seen order known)
+            for counts in (None, pp.key_counts(keys, size)):
+                w = ParquetFileWriter(path, schema, specs)
+                w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
+                                     "instructions": Keyed(keys, ninsn, 0, counts),
+                                     "symbol": Keyed(keys, symbol, 0, counts)}, len(keys))])  # fmt: skip
+                w.close()
 
 
 def _record_loops(tmp: Path) -> None:

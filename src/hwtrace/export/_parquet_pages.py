@@ -945,22 +945,39 @@ def index_values(values, keys, slots, entries, count, out):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def count_entries(entries, floor, top, seq_start, seq_len, seq_keys, counts, uses):
-    """``counts[k]``: how many rows the entries give key ``k`` (added to
-    it); ``uses`` (zeros, a count per sequence) left zeros."""
+def count_entries(entries, floor, top, seq_start, seq_len, seq_keys, counts, uses, order):
+    """``counts[k]``: how many rows the entries give key ``k`` (``counts``
+    zeros); ``order``: the keys in the order the rows first name them.
+    ``uses`` (zeros, a count per sequence) left zeros.  Returns how many
+    keys ``order`` holds."""
+    n = 0
     for i in range(entries.shape[0]):
         k = np.int64(entries[i])
         if k >= floor:
-            uses[top - k] += 1
+            q = top - k
+            if uses[q] == 0:
+                # (its first use: its keys counted once, in order)
+                first = seq_start[q]
+                for j in range(seq_len[q]):
+                    kk = seq_keys[first + j]
+                    if counts[kk] == 0:
+                        order[n] = kk
+                        n += 1
+                    counts[kk] += 1
+            uses[q] += 1
         else:
+            if counts[k] == 0:
+                order[n] = k
+                n += 1
             counts[k] += 1
     for q in range(seq_start.shape[0]):
         u = uses[q]
-        if u:
-            at = seq_start[q]
+        if u > 1:
+            first = seq_start[q]
             for j in range(seq_len[q]):
-                counts[seq_keys[at + j]] += u
-            uses[q] = 0
+                counts[seq_keys[first + j]] += u - 1
+        uses[q] = 0
+    return n
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -1151,8 +1168,13 @@ def key_counts(keys: np.ndarray | SequencedKeys, m: int) -> np.ndarray:
     """How many of ``keys`` (each below ``m``) name each key."""
     counts = np.zeros(m, np.int64)
     if isinstance(keys, SequencedKeys):
-        count_entries(keys.entries, keys.floor, keys.top, keys.seq_start, keys.seq_len,
-                      keys.seq_keys, counts, np.zeros(keys.seq_start.shape[0], np.int64))  # fmt: skip
+        # (the keys' first-seen order kept with them: the Parquet writer's
+        # dictionary of keys, without another pass)
+        order = np.empty(m, np.int64)
+        found = count_entries(keys.entries, keys.floor, keys.top, keys.seq_start, keys.seq_len,
+                              keys.seq_keys, counts, np.zeros(keys.seq_start.shape[0], np.int64),
+                              order)  # fmt: skip
+        keys.order = order[:found]
         return counts
     lanes = np.zeros((4, m) if m <= COUNT_LANES_MAX else (0, 0), np.int64)
     count_keys(keys, counts, lanes)

@@ -457,7 +457,12 @@ class _Scratch:
         for k, n in pieces:
             keys = _piece_keys(k.keys, n)
             base = bases[k.source][0]
-            if isinstance(keys, SequencedKeys):
+            if isinstance(keys, SequencedKeys) and keys.order is not None:
+                # (the keys in the order the rows first name them, as counted)
+                pp.index_entries(keys.order, _NO_SEQUENCE, 0, _NO_STARTS, _NO_STARTS,
+                                 keys.order[:0], base, state, self.key_local, self.key_entries,
+                                 _NO_STARTS, 0)  # fmt: skip
+            elif isinstance(keys, SequencedKeys):
                 if keys.seq_start.shape[0] > self.seq_seen.shape[0]:
                     self.seq_seen = np.zeros(2 * keys.seq_start.shape[0], np.int64)
                 self.stamp += 1
