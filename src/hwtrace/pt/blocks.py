@@ -430,21 +430,6 @@ def offsets_of(off_pts, off_far_row, off_far_val, n, offset):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def offset_at(off_pts, off_far_row, off_far_val, row):
-    """Row ``row``'s trace offset from a store's offset points (as
-    :func:`offsets_of` lays them out), without laying out the rows."""
-    at = np.int64(0)
-    value = np.int64(0)
-    k = np.uint64(0)
-    for j in range(off_pts.shape[0]):
-        at, new, k = offset_point(off_pts, off_far_row, off_far_val, j, k, at, value)
-        if at > row:
-            break
-        value = new
-    return value
-
-
-@aot.njit(cache=True, nogil=True, _nrt=False)
 def offset_points(off_pts, off_far_row, off_far_val, rows, values):
     """The rows where the trace offset changes and the new offsets (into
     ``rows``, ``values``) from a store's offset points."""
@@ -886,6 +871,10 @@ class BlockStore:
         n, far = int(self.state[S_OFF]), int(self.state[S_OFF_FAR])
         return self.off_pts[:n], self.off_far_row[:far], self.off_far_val[:far]
 
+    def last_offset(self) -> int:
+        """The trace offset of the last row stored."""
+        return int(self.state[S_LAST_OFF])
+
     def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the trace offset changes, and the new offsets."""
         return _offset_changes(*self.offset_steps())
@@ -1079,6 +1068,10 @@ class CompactBlocks:
     def time_values(self) -> np.ndarray:
         """The time from each of :attr:`time_rows` on."""
         return self.time_changes()[1]
+
+    def last_offset(self) -> int:
+        """The trace offset of the last row stored."""
+        return int(self.state[S_LAST_OFF])
 
     def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the trace offset changes, and the new offsets."""

@@ -52,7 +52,7 @@ from ..perf.intelpt import (
 )
 from ..perf.sideband import AddressSpace, BinaryLocator, Sideband, TscConversion
 from ..pt import flowrows as FK
-from ..pt.blocks import BlockStore, StoredKeys, offset_at, sequenced_keys
+from ..pt.blocks import BlockStore, StoredKeys, sequenced_keys
 from ..pt.codeindex import CodeIndex
 from ..pt.decode import DecodeOptions, FlowResult, Gap, chunk_ranges, decode_trace
 from ..pt.flowdec import FlowBatch, FlowDecoder, FlowSink
@@ -1197,7 +1197,7 @@ class QueueSink(FlowSink):
             runs = Runs(*offset_runs(first, *points, held, total), total)
             return runs, int(runs.values[-1])
         points = tuple(a.copy() for a in points)
-        last = int(offset_at(*points, total - 1 - held))
+        last = self.store.last_offset()  # (the rows are all the store's)
         return Deferred(total, np.int64,
                         lambda: Runs(*offset_runs(first, *points, held, total), total),
                         sum(a.nbytes for a in points)), last  # fmt: skip
