@@ -457,12 +457,7 @@ class _Scratch:
         for k, n in pieces:
             keys = _piece_keys(k.keys, n)
             base = bases[k.source][0]
-            if isinstance(keys, SequencedKeys) and keys.order is not None:
-                # (the keys in the order the rows first name them, as counted)
-                pp.index_entries(keys.order, _NO_SEQUENCE, 0, _NO_STARTS, _NO_STARTS,
-                                 keys.order[:0], base, state, self.key_local, self.key_entries,
-                                 _NO_STARTS, 0)  # fmt: skip
-            elif isinstance(keys, SequencedKeys):
+            if isinstance(keys, SequencedKeys) and keys.order is None:
                 if keys.seq_start.shape[0] > self.seq_seen.shape[0]:
                     self.seq_seen = np.zeros(2 * keys.seq_start.shape[0], np.int64)
                 self.stamp += 1
@@ -470,7 +465,10 @@ class _Scratch:
                                  keys.seq_keys, base, state, self.key_local, self.key_entries,
                                  self.seq_seen, self.stamp)  # fmt: skip
             else:
-                pp.index_entries(keys, _NO_SEQUENCE, 0, _NO_STARTS, _NO_STARTS, keys[:0], base,
+                # (a key a row, or the keys in the order the rows first name
+                # them, as counted)
+                plain = keys.order if isinstance(keys, SequencedKeys) else keys
+                pp.index_entries(plain, _NO_SEQUENCE, 0, _NO_STARTS, _NO_STARTS, plain[:0], base,
                                  state, self.key_local, self.key_entries, _NO_STARTS, 0)  # fmt: skip
             keys_of.append(keys)
             spans.append(bases[k.source])

@@ -766,12 +766,6 @@ class BlockStore:
         if 2 * int(s[S_KEYS]) >= self.k_ip.shape[0] and self.keys.dtype == np.uint16:
             self._grow(_FULL_KEYS)
 
-    @property
-    def capacity(self) -> int:
-        """The rows the store holds before the decoder stops for it to be
-        emptied."""
-        return int(self.keys.shape[0])
-
     def reserve(self, rows: int) -> None:
         """Hold ``rows`` rows before the decoder stops (from now: no rows
         held)."""
@@ -1068,10 +1062,6 @@ class CompactBlocks:
     def time_values(self) -> np.ndarray:
         """The time from each of :attr:`time_rows` on."""
         return self.time_changes()[1]
-
-    def last_offset(self) -> int:
-        """The trace offset of the last row stored."""
-        return int(self.state[S_LAST_OFF])
 
     def offset_changes(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows where the trace offset changes, and the new offsets."""
