@@ -527,8 +527,9 @@ class _Scratch:
         self.levels = np.zeros(self.rows, np.uint8)
         self.indices = np.zeros(self.rows, np.int32)
         # (a keyed column's rows' indices, of the type its dictionary's
-        # size asks, with room for remap_entries' words past the last)
-        self.index_raw = np.zeros(self.rows * 4 + 64, np.uint8)
+        # size asks, with room for remap_entries' words past the last: two
+        # bytes a row, more when a column has nulls or 65,536 values)
+        self.index_raw = np.zeros(self.rows * 2 + 64, np.uint8)
         # (a delta page's non-null values, and its deltas)
         self.wide = np.zeros(self.rows, np.int64)
         self.deltas = np.zeros(self.rows, np.int64)
