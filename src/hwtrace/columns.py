@@ -6,6 +6,7 @@ count, so each table only declares its columns."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -204,7 +205,8 @@ class SequencedKeys(Deferred):
     the entries (the Parquet writer: a few bytes per three or four rows)
     does; :func:`resolved` leaves them so."""
 
-    __slots__ = ("_first", "entries", "floor", "order", "seq_keys", "seq_len", "seq_start", "top")
+    __slots__ = ("__weakref__", "_first", "entries", "floor", "order", "seq_keys", "seq_len",
+                 "seq_start", "top")  # fmt: skip
 
     def __init__(self, n: int, entries: np.ndarray, floor: int, top: int, seq_start: np.ndarray,
                  seq_len: np.ndarray, seq_keys: np.ndarray,
@@ -213,7 +215,8 @@ class SequencedKeys(Deferred):
         super().__init__(n, entries.dtype, make, nbytes)
         self.entries, self.floor, self.top = entries, int(floor), int(top)
         self.seq_start, self.seq_len, self.seq_keys = seq_start, seq_len, seq_keys
-        self._first: tuple[int, Deferred] | None = None
+        # (the last cut of the first rows, held weakly: it holds these)
+        self._first: tuple[int, weakref.ref] | None = None
         #: the distinct keys in the order the rows first name them, once
         #: counted (None before)
         self.order: np.ndarray | None = None
@@ -224,8 +227,9 @@ class SequencedKeys(Deferred):
         lo, hi, step = rows.indices(self.n)
         if step != 1 or lo != 0 or hi >= self.n:
             return super().__getitem__(rows)
-        if self._first is not None and self._first[0] == hi:
-            return self._first[1]  # (the columns keyed by these keys cut alike)
+        cut_before = self._first[1]() if self._first is not None and self._first[0] == hi else None
+        if cut_before is not None:
+            return cut_before  # (the columns keyed by these keys cut alike)
         cut, e, tail = self.n - hi, self.entries.shape[0], self.entries[:0]
         while cut > 0 and e > 0:
             e -= 1
@@ -242,7 +246,7 @@ class SequencedKeys(Deferred):
         entries = np.concatenate([self.entries[:e], tail]) if tail.shape[0] else self.entries[:e]
         first = SequencedKeys(hi, entries, self.floor, self.top, self.seq_start, self.seq_len,
                               self.seq_keys, lambda: self.made()[:hi])  # type: ignore[index]  # fmt: skip
-        self._first = (hi, first)
+        self._first = (hi, weakref.ref(first))
         return first
 
     def last(self) -> int:

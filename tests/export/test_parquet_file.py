@@ -5,6 +5,7 @@ the statistics Arrow computes for the same values."""
 
 import itertools
 import time
+import weakref
 
 import numpy as np
 import pyarrow as pa
@@ -482,6 +483,11 @@ def test_keys_in_sequences_lay_out_and_count_as_their_rows():
                        first.seq_keys, out)  # fmt: skip
         np.testing.assert_array_equal(out, keys[: len(first)])
         np.testing.assert_array_equal(np.asarray(first), keys[: len(first)])
+    # (a cut is the keys' while anyone holds it, and goes when nobody does:
+    # no cycle keeps a batch's keys for the collector)
+    assert seq[:5] is seq[:5]
+    gone = weakref.ref(seq[:5])
+    assert gone() is None
 
 
 def test_keyed_values_read_as_their_table_at_their_keys():
