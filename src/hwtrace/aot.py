@@ -1454,7 +1454,11 @@ def _cached_signatures(disp) -> list:
     except Exception:
         return []
     magic = disp.targetctx.codegen().magic_tuple()
-    return [key[0] for key in index if key[1] == magic]
+    # (an entry of another arity is of the loop before its arguments
+    # changed: nothing calls it, nothing compiles it)
+    arity = disp.py_func.__code__.co_argcount
+    return [key[0] for key in index
+            if key[1] == magic and isinstance(key[0], tuple) and len(key[0]) == arity]  # fmt: skip
 
 
 def _numba_key(ty) -> Any:
