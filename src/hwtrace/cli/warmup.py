@@ -663,7 +663,8 @@ def _writer_loops(path: Path) -> None:
                 keys = SequencedKeys(int(entries.shape[0] // 2 * 3), entries, SEQ_TOP, SEQ_TOP,
                                      start, length, pool, lambda: None)  # fmt: skip
             # (keys not counted first, then counted: their first-seen order known)
-            for counts in (None, pp.key_counts(keys, size)):
+            for counted in (False, True):
+                counts = pp.key_counts(keys, size) if counted else None
                 w = ParquetFileWriter(path, schema, specs)
                 w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
                                      "instructions": Keyed(keys, ninsn, 0, counts),

@@ -976,6 +976,25 @@ def _byte_hash(data, off, n):
     return h ^ (h >> np.uint64(29))
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _learned_slot(l_len, l_bytes, data, off, n):
+    """The slot of the learned instruction whose bytes are ``data[off:off +
+    n]``, else the empty slot where it would go; and whether it is there."""
+    mask = np.uint64(l_len.shape[0] - 1)
+    s = _byte_hash(data, off, n) & mask
+    while l_len[s] != 0:
+        if l_len[s] == n:
+            same = True
+            for j in range(n):
+                if l_bytes[s, j] != data[off + j]:
+                    same = False
+                    break
+            if same:
+                return s, True
+        s = (s + np.uint64(1)) & mask
+    return s, False
+
+
 @aot.njit(cache=True, _nrt=False)
 def learned_length(learned, data, off, end):
     """The length of the learned instruction (see LEARNED_SLOTS) whose bytes
@@ -984,21 +1003,13 @@ def learned_length(learned, data, off, end):
     lengths = l_info[1]
     if lengths == 0:
         return 0
-    mask = np.uint64(l_len.shape[0] - 1)
     for n in range(1, 16):
-        if not (lengths >> n) & 1 or off + n > end:
-            continue
-        s = _byte_hash(data, off, n) & mask
-        while l_len[s] != 0:
-            if l_len[s] == n:
-                same = True
-                for j in range(n):
-                    if l_bytes[s, j] != data[off + j]:
-                        same = False
-                        break
-                if same:
-                    return n
-            s = (s + np.uint64(1)) & mask
+        if (
+            (lengths >> n) & 1 != 0
+            and off + n <= end
+            and _learned_slot(l_len, l_bytes, data, off, n)[1]
+        ):
+            return n
     return 0
 
 
@@ -1009,18 +1020,9 @@ def learn(learned, raw):
     n = raw.shape[0]
     if n < 1 or n > 15 or 2 * (l_info[0] + 1) > l_len.shape[0]:
         return
-    mask = np.uint64(l_len.shape[0] - 1)
-    s = _byte_hash(raw, 0, n) & mask
-    while l_len[s] != 0:
-        if l_len[s] == n:
-            same = True
-            for j in range(n):
-                if l_bytes[s, j] != raw[j]:
-                    same = False
-                    break
-            if same:
-                return
-        s = (s + np.uint64(1)) & mask
+    s, there = _learned_slot(l_len, l_bytes, raw, 0, n)
+    if there:
+        return
     l_len[s] = n
     for j in range(n):
         l_bytes[s, j] = raw[j]
