@@ -609,6 +609,14 @@ def _stored_attribution() -> None:
         A.attribute_stored(keys, t["ip"], t["ninsn"], t["mode"], t["image"],
                            *store.offset_steps(), *store.time_changes(), 0, conv, 1, 1, z, z, z,
                            *out)  # fmt: skip
+    # (a store whose table outgrew two-byte keys, drained into the columns
+    # a stream gathers: a real program's hundred thousand blocks)
+    wide = BlockStore(16)
+    m = (1 << 16) + 16
+    wide.append(np.arange(m, dtype=np.uint64), np.ones(m, np.uint32), np.full(m, 64, np.uint8),
+                np.zeros(m, np.int64), np.zeros(m, np.uint64))  # fmt: skip
+    wide.drain(np.zeros(m, np.uint64), np.zeros(m, np.uint32), np.zeros(m, np.uint8),
+               np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.uint64))  # fmt: skip
     # (a per-thread queue's times and durations as runs: a held row, the
     # store's time points, rows written out after them, a stop)
     starts, ns = A.time_runs(np.zeros(1, np.int64), *store.time_changes(), 1,
