@@ -690,43 +690,34 @@ def _hybrid_runs(out, pos, starts, vals, k, n, width, scratch):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _sparse_block(out, pos, starts, vals, c0, c, done, cnt, widths, mbits, words):
-    """A block of 128 deltas, 0 but at the runs ``c0..c`` (a row each,
-    its delta from the run before; ``mbits``: their deltas or'ed per
-    miniblock of 32 rows): the zero minimum, the four widths, then the
-    miniblocks, their bits set run by run into 64-bit ``words`` (int64
-    scratch of at least 129) and written a word at a time (``out`` has
-    eight bytes to spare); ``widths``: scratch of 8, each miniblock's
-    width, then where its bits start.  Returns the position after it."""
-    out[pos] = 0  # (the minimum, zigzag 0)
-    widths_at = pos + 1
-    pos += 5
-    nmb = (cnt + 31) >> 5
-    nbytes = np.int64(0)
-    for mb in range(4):
-        w = _bit_length(mbits[mb]) if mb < nmb else 0
-        out[widths_at + mb] = w
-        widths[mb] = w
-        widths[4 + mb] = nbytes * 8
-        nbytes += 4 * w
-    nwords = (nbytes + 7) >> 3
-    for w in range(nwords + 1):
-        words[w] = 0
-    w64 = np.int64(64)
-    for u in range(c0, c):
-        r = starts[u] - done
-        mb = r >> 5
-        width = widths[mb]
-        bit = widths[4 + mb] + (r & 31) * width
+def _place_bits(out, p, starts, vals, u0, u1, first, w):
+    """A miniblock of 32 deltas of ``w`` bits at ``p``, 0 but at the runs
+    ``u0..u1`` (a row each from ``first``, its delta from the run before):
+    their bits placed in increasing order into a word held in a register,
+    written when the next lands past it (``out`` has eight bytes to
+    spare).  Returns the position after it."""
+    nw = (4 * w + 7) >> 3
+    acc = np.uint64(0)
+    wi = np.int64(0)
+    for u in range(u0, u1):
+        bit = (starts[u] - first) * w
         v = np.uint64(vals[u] - vals[u - 1])
         at = bit >> 6
         off = bit & 63
-        words[at] |= np.int64(v << np.uint64(off))
-        if off + width > w64:
-            words[at + 1] |= np.int64(v >> np.uint64(w64 - off))
-    for w in range(nwords):
-        _put_u64(out, pos + 8 * w, words[w])
-    return pos + nbytes
+        while wi < at:
+            _put_u64(out, p + 8 * wi, acc)
+            acc = np.uint64(0)
+            wi += 1
+        acc |= v << np.uint64(off)
+        if off + w > 64:
+            _put_u64(out, p + 8 * wi, acc)
+            wi += 1
+            acc = v >> np.uint64(64 - off)
+    while wi < nw:
+        _put_u64(out, p + 8 * wi, acc)
+        acc = np.uint64(0)
+        wi += 1
+    return p + 4 * w
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
@@ -735,13 +726,12 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
     """:func:`encode_delta`'s page, byte for byte, of ``n`` rows given as
     runs: the ``m`` non-null values in ``k`` maximal runs (``starts``
     numbered among them), the rows' definition levels in ``kl`` maximal
-    runs (``nulls`` of them null).  ``blk``: int64 scratch of 141;
+    runs (``nulls`` of them null).  ``blk``: int64 scratch of 128;
     ``scratch``: int64 scratch of ``n``.  A block of deltas with no change
     of value is five bytes; one whose deltas are 0 but where values change
     (their minimum 0) packs its miniblocks by setting the bits of those
-    changes (:func:`_sparse_block`: a pass over the block's runs for the
-    widths, one to place them); any other block is laid out and packed as
-    :func:`encode_delta` does."""
+    changes (:func:`_place_bits`); any other block is laid out and packed
+    as :func:`encode_delta` does."""
     if nulls == 0:
         pos = _rle_run(out, 4, n, 1, 1)
     else:
@@ -761,27 +751,45 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
         high = max(high, vals[r])
     done = 1
     c = 1  # the next run to start
-    mbits = blk[:4]
-    widths = blk[4:12]
-    words = blk[12:]
     while done < m:
         cnt = min(128, m - done)
         hi = done + cnt
         c0 = c
-        dmin = np.int64(0)
-        mbits[0] = mbits[1] = mbits[2] = mbits[3] = 0
-        while c < k and starts[c] < hi:
-            d = vals[c] - vals[c - 1]
-            dmin = min(dmin, d)
-            mbits[(starts[c] - done) >> 5] |= d
-            c += 1
-        if c == c0:
+        if c >= k or starts[c] >= hi:
             for t in range(5):
                 out[pos + t] = 0
             pos += 5
-        elif c - c0 < cnt and dmin == 0:
-            pos = _sparse_block(out, pos, starts, vals, c0, c, done, cnt, widths, mbits, words)
+            done = hi
+            continue
+        # A miniblock at a time: its changes' deltas or'ed in a register,
+        # then their bits placed while they are in cache; kept when no
+        # delta is negative and some are 0 (their minimum 0).
+        p = pos + 5
+        nmb = (cnt + 31) >> 5
+        fits = True
+        for mb in range(4):
+            if mb >= nmb:
+                out[pos + 1 + mb] = 0
+                continue
+            first = done + 32 * mb
+            lim = min(first + 32, hi)
+            u0 = c
+            bits = np.int64(0)
+            while c < k and starts[c] < lim:
+                bits |= vals[c] - vals[c - 1]
+                c += 1
+            if bits < 0:
+                fits = False
+                break
+            w = _bit_length(bits)
+            out[pos + 1 + mb] = w
+            p = _place_bits(out, p, starts, vals, u0, c, first, w)
+        if fits and c - c0 < cnt:
+            out[pos] = 0  # (the minimum, zigzag 0)
+            pos = p
         else:
+            while c < k and starts[c] < hi:
+                c += 1
             # (values laid out: the one before the block, then its own)
             q = c0 - 1
             for t in range(cnt + 1):

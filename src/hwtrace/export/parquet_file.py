@@ -530,9 +530,9 @@ class _Scratch:
         # size asks, with room for remap_entries' words past the last: two
         # bytes a row, more when a column has nulls or 65,536 values)
         self.index_raw = np.zeros(self.rows * 2 + 64, np.uint8)
-        # (a delta page's non-null values, and its deltas)
+        # (a delta page's non-null values; a block of its deltas)
         self.wide = np.zeros(self.rows, np.int64)
-        self.deltas = np.zeros(self.rows, np.int64)
+        self.deltas = np.zeros(128, np.int64)
         # Worst cases: PLAIN int64 values with their levels, a delta page's
         # 64-bit miniblocks with their headers, a full dictionary page.
         self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
