@@ -258,11 +258,39 @@ class SequencedKeys(Deferred):
         return int(self.seq_keys[self.seq_start[q] + self.seq_len[q] - 1])
 
 
+class OffsetPoints(Deferred):
+    """A batch's trace offsets as a block store keeps them: ``first``, a
+    held row's (None: no held row), then from row ``at`` the store's rows,
+    given by its offset points ``points`` (see hwtrace.pt.blocks.put_offset:
+    a byte a change, and the far ones), for ``n`` rows; ``make`` makes them
+    :class:`Runs`.  The Parquet writer encodes a page of them from the
+    points; :func:`resolved` leaves them so."""
+
+    __slots__ = ("at", "first", "points")
+
+    def __init__(self, n: int, first: int | None, points: tuple[np.ndarray, ...], at: int,
+                 make: Callable[[], object]) -> None:  # fmt: skip
+        super().__init__(n, np.int64, make, sum(a.nbytes for a in points))
+        self.first, self.points, self.at = first, points, int(at)
+
+    def __getitem__(self, rows: slice) -> OffsetPoints | Runs:
+        lo, hi, step = rows.indices(self.n)
+        if (lo, hi, step) == (0, self.n, 1):
+            return self
+        if step != 1 or lo != 0:
+            # (rows from further on, as a partition cuts a batch: as runs)
+            return self.made()[rows]  # type: ignore[index]
+        # (the first rows, a batch but its held last: the same points, read
+        # up to ``hi``)
+        return OffsetPoints(hi, self.first, self.points, self.at, lambda: self.made()[:hi])  # type: ignore[index]
+
+
 def resolved(column: object) -> object:
     """``column`` with what is deferred in it made: a :class:`Deferred`'s
     column, a :class:`Keyed` column's deferred keys laid out (not keys kept
-    in sequences, :class:`SequencedKeys`); any other column as it is."""
-    if isinstance(column, SequencedKeys):
+    in sequences, :class:`SequencedKeys`, nor trace offsets kept as offset
+    points, :class:`OffsetPoints`); any other column as it is."""
+    if isinstance(column, SequencedKeys | OffsetPoints):
         return column
     if isinstance(column, Deferred):
         return column.made()

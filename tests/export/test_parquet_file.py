@@ -261,6 +261,73 @@ def test_a_delta_page_of_runs_is_the_laid_out_page_byte_for_byte(seed, n, run_le
     np.testing.assert_array_equal(got_state, want_state)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 1500),
+    every=st.sampled_from([1, 2, 5, 40, 300]),
+    steps=st.sampled_from(["bytes", "far", "back", "same_row"]),
+    held=st.booleans(),
+    cut=st.integers(0, 3),
+)
+def test_a_delta_page_of_offset_points_is_the_laid_out_page(seed, n, every, steps, held, cut):
+    """Trace offsets given as a block store's offset points (a stream's
+    batches to Parquet) make the very page their values laid out make:
+    changes a byte each, far ones, offsets going back (blocks laid out),
+    several changes at one row (the last holds), a held row first, and a
+    batch's first rows (its last held back)."""
+    from hwtrace.columns import OffsetPoints, Runs
+    from hwtrace.export.parquet_file import ColumnSpec, _points_page, _Scratch
+    from hwtrace.pt.blocks import OFF_BYTES, OFF_FAR, OFF_ROWS, offsets_of
+    from hwtrace.session._attribution import offset_runs
+
+    rng = np.random.default_rng(seed)
+    pts, far_row, far_val = [], [], []
+    row, value = 0, int(rng.integers(0, 1 << 40))
+    prev = (row, value)
+    for i in range(n // every + 2):
+        if i:
+            dr = int(rng.integers(0 if steps == "same_row" else 1, 2 * every + 1))
+            dv = {
+                "bytes": int(rng.integers(1, 16)),
+                "far": int(rng.integers(1, 1 << 20)),
+                "back": int(rng.integers(-40, 40)),
+                "same_row": int(rng.integers(0, 9)),
+            }[steps]
+            row, value = row + dr, max(value + dv, 0)
+        if i and 0 <= row - prev[0] < OFF_ROWS and 0 <= value - prev[1] < OFF_BYTES:
+            pts.append((row - prev[0]) << 4 | (value - prev[1]))
+        else:
+            pts.append(OFF_FAR)
+            far_row.append(row)
+            far_val.append(value)
+        prev = (row, value)
+    points = (np.array(pts, np.uint8), np.array(far_row, np.int64), np.array(far_val, np.int64))
+    at = 1 if held else 0
+    total = n + at
+    first = int(rng.integers(0, 1 << 40)) if held else None
+    want = np.empty(total, np.int64)
+    if held:
+        want[0] = first
+    offsets_of(*points, n, want[at:])
+    col = OffsetPoints(total, first, points, at,
+                       lambda: Runs(*offset_runs(first, *points, at, total), total))  # fmt: skip
+    rows = max(total - cut, 1)
+    if rows < total:
+        col, want = col[:rows], want[:rows]
+        assert isinstance(col, OffsetPoints)
+    spec = ColumnSpec("trace_offset", pa.int64(), "delta", pp.NULL_IF_NEGATIVE)
+    got_state, want_state = np.zeros(pp.ST_SIZE, np.int64), np.zeros(pp.ST_SIZE, np.int64)
+    s = _Scratch()
+    s.grow(rows)
+    got = _points_page(col, rows, spec, got_state, s)
+    size = pp.encode_delta(want, rows, pp.NULL_IF_NEGATIVE, want_state, s.levels, s.wide,
+                           s.deltas, s.out)  # fmt: skip
+    assert got == s.out[:size].tobytes()
+    np.testing.assert_array_equal(got_state, want_state)
+    np.testing.assert_array_equal(np.asarray(col), want)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32 - 1),

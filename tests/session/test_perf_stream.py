@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_perf_data import add_elf_mmaps
 
 from hwtrace.cli.main import main
-from hwtrace.columns import Deferred, SequencedKeys
+from hwtrace.columns import Deferred, OffsetPoints, SequencedKeys
 from hwtrace.image import Image
 from hwtrace.perf.data import read_perf_data
 from hwtrace.perf.records import Comm, SampleId, SampleType
@@ -106,9 +106,12 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
         assert any(isinstance(b.keys, Deferred) for b in got)
         offsets = [b.offset for b in got]
         got = [b.resolved() for b in got]
-        # (keys the store kept in sequences stay so, as the Parquet writer
-        # reads them; laid out when asked)
-        assert not any(isinstance(b.offset, Deferred) for b in got)
+        # (keys the store kept in sequences, trace offsets its offset
+        # points, stay so, as the Parquet writer reads them; laid out when
+        # asked)
+        assert all(not isinstance(b.offset, Deferred) or isinstance(b.offset, OffsetPoints)
+                   for b in got)  # fmt: skip
+        assert any(isinstance(b.offset, OffsetPoints) for b in got)
         assert all(isinstance(b.keys, np.ndarray | SequencedKeys) for b in got)
         assert any(isinstance(b.keys, SequencedKeys) for b in got)
         compact, _ = _streamed(path, batch_rows=batch_rows, chunk_bytes=chunk_bytes, runs=False)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import aot
 from ..columns import SequencedKeys
+from ..pt.blocks import OFF_FAR, offset_point
 
 NOT_NULL = 0
 NULL_IF_NEGATIVE = 1
@@ -720,6 +721,57 @@ def _place_bits(out, p, starts, vals, u0, u1, first, w):
     return p + 4 * w
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _runs_block(out, pos, starts, vals, k, c, done, cnt, blk, scratch):
+    """The block of the ``cnt`` deltas of rows ``done`` on of values given
+    as ``k`` maximal runs (``c``: the first run that starts at ``done`` or
+    later; the one before it holds at ``done - 1``), as
+    :func:`_delta_block` makes it of them laid out.  ``blk``: int64
+    scratch of 128, ``scratch`` of 129.  Returns the position after it and
+    the first run after it."""
+    hi = done + cnt
+    c0 = c
+    if c >= k or starts[c] >= hi:
+        for t in range(5):
+            out[pos + t] = 0
+        return pos + 5, c
+    # A miniblock at a time: its changes' deltas or'ed in a register, then
+    # their bits placed while they are in cache; kept when no delta is
+    # negative and some are 0 (their minimum 0).
+    p = pos + 5
+    nmb = (cnt + 31) >> 5
+    fits = True
+    for mb in range(4):
+        if mb >= nmb:
+            out[pos + 1 + mb] = 0
+            continue
+        row0 = done + 32 * mb
+        lim = min(row0 + 32, hi)
+        u0 = c
+        bits = np.int64(0)
+        while c < k and starts[c] < lim:
+            bits |= vals[c] - vals[c - 1]
+            c += 1
+        if bits < 0:
+            fits = False
+            break
+        w = _bit_length(bits)
+        out[pos + 1 + mb] = w
+        p = _place_bits(out, p, starts, vals, u0, c, row0, w)
+    if fits and c - c0 < cnt:
+        out[pos] = 0  # (the minimum, zigzag 0)
+        return p, c
+    while c < k and starts[c] < hi:
+        c += 1
+    # (values laid out: the one before the block, then its own)
+    q = c0 - 1
+    for t in range(cnt + 1):
+        while q + 1 < k and starts[q + 1] <= done - 1 + t:
+            q += 1
+        scratch[t] = vals[q]
+    return _delta_block(scratch[: cnt + 1], cnt, blk, out, pos), c
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls, state,
                       blk, scratch, out):  # fmt: skip
@@ -753,52 +805,93 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
     c = 1  # the next run to start
     while done < m:
         cnt = min(128, m - done)
-        hi = done + cnt
-        c0 = c
-        if c >= k or starts[c] >= hi:
-            for t in range(5):
-                out[pos + t] = 0
-            pos += 5
-            done = hi
-            continue
-        # A miniblock at a time: its changes' deltas or'ed in a register,
-        # then their bits placed while they are in cache; kept when no
-        # delta is negative and some are 0 (their minimum 0).
-        p = pos + 5
-        nmb = (cnt + 31) >> 5
-        fits = True
-        for mb in range(4):
-            if mb >= nmb:
-                out[pos + 1 + mb] = 0
-                continue
-            first = done + 32 * mb
-            lim = min(first + 32, hi)
-            u0 = c
-            bits = np.int64(0)
-            while c < k and starts[c] < lim:
-                bits |= vals[c] - vals[c - 1]
-                c += 1
-            if bits < 0:
-                fits = False
-                break
-            w = _bit_length(bits)
-            out[pos + 1 + mb] = w
-            p = _place_bits(out, p, starts, vals, u0, c, first, w)
-        if fits and c - c0 < cnt:
-            out[pos] = 0  # (the minimum, zigzag 0)
-            pos = p
-        else:
-            while c < k and starts[c] < hi:
-                c += 1
-            # (values laid out: the one before the block, then its own)
-            q = c0 - 1
-            for t in range(cnt + 1):
-                while q + 1 < k and starts[q + 1] <= done - 1 + t:
-                    q += 1
-                scratch[t] = vals[q]
-            pos = _delta_block(scratch[: cnt + 1], cnt, blk, out, pos)
-        done = hi
+        pos, c = _runs_block(out, pos, starts, vals, k, c, done, cnt, blk, scratch)
+        done += cnt
     _merge(state, low, high, m)
+    return pos
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _next_change(pts, far_row, far_val, j, kf, row, value, at, n, last):
+    """The next change of a batch's trace offset from a block store's
+    offset point ``j`` on (the points read up to ``row``, ``value``, ``kf``
+    of them far; see hwtrace.pt.blocks.offset_point), its rows from row
+    ``at`` of the batch's ``n``: of the points at one row the last holds,
+    and one to ``last`` (the offset before) is none.  Returns its row in
+    the batch (``n``: no more) and offset, and the reading's state."""
+    m = pts.shape[0]
+    while j < m:
+        row, value, kf = offset_point(pts, far_row, far_val, j, kf, row, value)
+        j += 1
+        if row + at >= n:
+            j = m
+            break
+        while j < m:
+            p = np.int64(pts[j])
+            if (p >= OFF_FAR and far_row[kf] != row) or (p < OFF_FAR and p >> 4 != 0):
+                break
+            row, value, kf = offset_point(pts, far_row, far_val, j, kf, row, value)
+            j += 1
+        if value != last:
+            return row + at, value, j, kf, row, value
+    return np.int64(n), last, j, kf, row, value
+
+
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, blk, run_rows,
+                        run_values, scratch, out):  # fmt: skip
+    """:func:`encode_delta`'s page, byte for byte, of the ``n`` trace
+    offsets (none null: none negative) of a batch whose first row is a
+    held one's (``first``, when ``has_first``) and whose rows from ``at``
+    are a block store's, given by the store's offset points (``pts``,
+    ``far_row``, ``far_val``; the first at the store's first row): the
+    changes read from the points a block of 128 rows at a time into
+    ``run_rows``/``run_values`` (int64 scratch of 130) and packed as
+    :func:`encode_runs_delta` packs runs, none laid out for the whole
+    page.  ``blk``: int64 scratch of 128, ``scratch`` of 129.  Returns
+    the page's length; -1 (nothing written) when the store's first row
+    has no point."""
+    j = 0
+    kf = np.uint64(0)
+    row = np.int64(0)
+    value = np.int64(0)
+    v0 = np.int64(first)
+    if not has_first:
+        r, v0, j, kf, row, value = _next_change(pts, far_row, far_val, j, kf, row, value, at, n,
+                                                np.int64(-1))  # fmt: skip
+        if r != 0:
+            return -1
+    pos = _rle_run(out, 4, n, 1, 1)
+    _put_le(out, 0, pos - 4, 4)
+    state[ST_VALUES] += n
+    pos = _uvarint(out, pos, 128)
+    pos = _uvarint(out, pos, 4)
+    pos = _uvarint(out, pos, n)
+    pos = _zigzag(out, pos, v0)
+    low = v0
+    high = v0
+    held_row = np.int64(0)  # the change holding before the next block
+    held_value = v0
+    nr, nv, j, kf, row, value = _next_change(pts, far_row, far_val, j, kf, row, value, at, n, v0)
+    done = 1
+    while done < n:
+        cnt = min(128, n - done)
+        hi = done + cnt
+        run_rows[0] = held_row
+        run_values[0] = held_value
+        k = 1
+        while nr < hi:
+            run_rows[k] = nr
+            run_values[k] = nv
+            k += 1
+            low = min(low, nv)
+            high = max(high, nv)
+            held_row, held_value = nr, nv
+            nr, nv, j, kf, row, value = _next_change(pts, far_row, far_val, j, kf, row, value,
+                                                     at, n, nv)  # fmt: skip
+        pos, _ = _runs_block(out, pos, run_rows, run_values, k, 1, done, cnt, blk, scratch)
+        done = hi
+    _merge(state, low, high, n)
     return pos
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..columns import Deferred, distinct, repeated
+from ..columns import Deferred, OffsetPoints, distinct, repeated
 from ..image.symbols import SymbolTable
 from ..pt.blocks import gather
 from ..pt.decode import Gap
@@ -565,9 +565,10 @@ def blocks_columns(b: PerfBlocks,
     }
 
 
-def _int64s(values: np.ndarray | Runs) -> np.ndarray | Runs:
-    """A column of int64 values as it is (runs stay runs)."""
-    return values if isinstance(values, Runs) else np.asarray(values, np.int64)
+def _int64s(values: np.ndarray | Runs | OffsetPoints) -> np.ndarray | Runs | OffsetPoints:
+    """A column of int64 values as it is (runs stay runs, offset points
+    points)."""
+    return values if isinstance(values, Runs | OffsetPoints) else np.asarray(values, np.int64)
 
 
 def _one_value(values: np.ndarray, kind: type, known: bool = False) -> np.ndarray:

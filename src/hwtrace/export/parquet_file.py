@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..columns import Keyed, Runs, SequencedKeys, joined, pow2_at_least
+from ..columns import Keyed, OffsetPoints, Runs, SequencedKeys, joined, pow2_at_least
 from ..pt.blocks import gather
 from . import _parquet_pages as pp
 
@@ -397,6 +397,11 @@ class _Scratch:
         self.key_values = np.zeros(1 << 12, np.int64)
         self.seq_seen = np.zeros(0, np.int64)
         self.stamp = 0
+        # (a block's changes of trace offset, its values laid out: see
+        # encode_points_delta)
+        self.run_rows = np.zeros(130, np.int64)
+        self.run_values = np.zeros(130, np.int64)
+        self.block_values = np.zeros(130, np.int64)
         self.keyed_rows: dict[tuple, _KeyedRows] = {}
         self.compressed: dict[int, tuple[bytes, bytes | Future]] = {}
 
@@ -593,6 +598,23 @@ def _runs_page(col: Runs, null: int, state: np.ndarray, s: _Scratch) -> bytes:
     return s.out[:size].tobytes()
 
 
+def _points_page(col: OffsetPoints, n: int, spec: ColumnSpec, state: np.ndarray,
+                 s: _Scratch) -> bytes | None:  # fmt: skip
+    """:func:`~._parquet_pages.encode_delta`'s page, byte for byte, of the
+    ``n`` rows of ``col``, made from its offset points (and its statistics
+    into ``state``); None: not so (not all its rows, a null among them).
+    """
+    pts, far_row, far_val = col.points
+    if (col.n != n or "delta" not in (spec.encoding, spec.fallback)
+            or (col.first is not None and col.first < 0)
+            or (spec.null != pp.NOT_NULL and far_val.shape[0] and far_val.min() < 0)):  # fmt: skip
+        return None
+    size = pp.encode_points_delta(col.first is not None, col.first or 0, pts, far_row, far_val,
+                                  col.at, n, state, s.deltas, s.run_rows, s.run_values,
+                                  s.block_values, s.out)  # fmt: skip
+    return s.out[:size].tobytes() if size >= 0 else None
+
+
 def _sources(pieces: Sequence[tuple[Keyed, int]]) -> tuple[dict[int, tuple[int, int]], int]:
     """Per source of the pieces' keys, in the order first met: the number
     its keys start at in the chunk, and how many it has (its largest
@@ -737,6 +759,12 @@ class ParquetFileWriter:
             values = cols[spec.name]
             if isinstance(values, Keyed):
                 values = np.asarray(values)
+            if isinstance(values, OffsetPoints):
+                page = _points_page(values, n, spec, state, s) if not dictionary else None
+                if page is not None:
+                    pages.append((_DELTA_BINARY_PACKED, n, page))
+                    continue
+                values = values.made()
             if isinstance(values, Runs):
                 values = values[:n]
                 if dictionary and not _any_null(values.values, spec.null):

@@ -34,7 +34,16 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..columns import Columns, Deferred, Keyed, Runs, SequencedKeys, repeated, resolved
+from ..columns import (
+    Columns,
+    Deferred,
+    Keyed,
+    OffsetPoints,
+    Runs,
+    SequencedKeys,
+    repeated,
+    resolved,
+)
 from ..image import Image
 from ..image.kernelcode import KernelCode
 from ..image.perfsyms import perf_symbols
@@ -1189,8 +1198,8 @@ class QueueSink(FlowSink):
 
     def _offset_runs(self, held: int, total: int) -> tuple[Runs | Deferred, int]:
         """The trace offset of the held block (if ``held``) and of the rows
-        the store holds after it, as runs (deferred, see
-        :class:`QueueSink`), and the last row's."""
+        the store holds after it, as runs (deferred: the store's offset
+        points, see :class:`QueueSink`), and the last row's."""
         first = int(self.held["offset"][0]) if held else None
         points = self.store.offset_steps()
         if not self.defer:
@@ -1198,9 +1207,13 @@ class QueueSink(FlowSink):
             return runs, int(runs.values[-1])
         points = tuple(a.copy() for a in points)
         last = self.store.last_offset()  # (the rows are all the store's)
-        return Deferred(total, np.int64,
-                        lambda: Runs(*offset_runs(first, *points, held, total), total),
-                        sum(a.nbytes for a in points)), last  # fmt: skip
+        return OffsetPoints(
+            total,
+            first,
+            points,
+            held,
+            lambda: Runs(*offset_runs(first, *points, held, total), total),
+        ), last
 
     def _keys(self, held: int, m: int, rest: int,
               batch: Mapping[str, np.ndarray | int] | None, total: int,
