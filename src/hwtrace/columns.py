@@ -119,14 +119,14 @@ class Keyed:
     its index pages shared with the other columns keyed by the same keys.
     Slices as a numpy array does; ``numpy.asarray`` gives its values."""
 
-    __slots__ = ("counts", "keys", "source", "table")
+    __slots__ = ("keys", "source", "table", "total")
     ndim = 1
 
     def __init__(self, keys: np.ndarray, table: np.ndarray, source: int = 0,
-                 counts: np.ndarray | None = None) -> None:  # fmt: skip
+                 total: int | None = None) -> None:  # fmt: skip
         self.keys, self.table, self.source = keys, table, source
-        #: how many of the rows name each key (None: not counted)
-        self.counts = counts
+        #: the sum of the rows' values (None: not known)
+        self.total = total
 
     @property
     def dtype(self) -> np.dtype:
@@ -143,9 +143,9 @@ class Keyed:
         return Keyed(self.keys[rows], self.table, self.source)
 
     def sum(self) -> int:
-        """The sum of the values (from the keys' counts when known)."""
-        if self.counts is not None:
-            return int(self.counts @ self.table[: self.counts.shape[0]].astype(np.int64))
+        """The sum of the values."""
+        if self.total is not None:
+            return self.total
         return int(np.take(self.table, self.keys).sum())
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
@@ -296,7 +296,7 @@ def resolved(column: object) -> object:
         return column.made()
     keys = column.keys if isinstance(column, Keyed) else None
     if isinstance(keys, Deferred) and not isinstance(keys, SequencedKeys):
-        return Keyed(keys.made(), column.table, column.source, column.counts)  # type: ignore[arg-type, union-attr]
+        return Keyed(keys.made(), column.table, column.source, column.total)  # type: ignore[arg-type, union-attr]
     return column
 
 

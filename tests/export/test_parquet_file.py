@@ -476,7 +476,7 @@ def test_keyed_columns_write_what_their_values_do(
                 known = int(k.max()) + 1
                 named = _in_sequences(k, rng) if style == "sequenced" else k
                 if style == "sequenced" and p % 2:
-                    pp.key_counts(named, known)  # (counted: their first-seen order known)
+                    pp.named_keys(named, tables[src]["ninsn"][:known])  # (first-seen order known)
                 cols = {c: t[k] if style == "arrays" else Keyed(named, t[:known], src)
                         for c, t in tables[src].items()}  # fmt: skip
                 pieces.append((cols, n))
@@ -537,7 +537,10 @@ def test_keys_in_sequences_lay_out_and_count_as_their_rows():
     out = np.zeros(keys.shape[0], np.uint16)
     expand_entries(seq.entries, seq.floor, seq.seq_start, seq.seq_len, seq.seq_keys, out)
     np.testing.assert_array_equal(out, keys)
-    np.testing.assert_array_equal(pp.key_counts(seq, 40), np.bincount(keys, minlength=40))
+    values = np.arange(40, dtype=np.int64) * 3 + 1
+    named, total = pp.named_keys(seq, values)
+    np.testing.assert_array_equal(named, np.bincount(keys, minlength=40) > 0)
+    assert total == int(values[keys].sum())
     _, first = np.unique(keys, return_index=True)
     np.testing.assert_array_equal(seq.order, keys[np.sort(first)])  # (first-seen order)
     assert seq.last() == keys[-1]

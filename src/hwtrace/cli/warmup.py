@@ -672,11 +672,11 @@ def _writer_loops(path: Path) -> None:
                                      start, length, pool, lambda: None)  # fmt: skip
             # (keys not counted first, then counted: their first-seen order known)
             for counted in (False, True):
-                counts = pp.key_counts(keys, size) if counted else None
+                total = pp.named_keys(keys, ninsn)[1] if counted else None
                 w = ParquetFileWriter(path, schema, specs)
-                w.write_row_group([({"ip": Keyed(keys, table, 0, counts),
-                                     "instructions": Keyed(keys, ninsn, 0, counts),
-                                     "symbol": Keyed(keys, symbol, 0, counts)}, len(keys))])  # fmt: skip
+                w.write_row_group([({"ip": Keyed(keys, table, 0),
+                                     "instructions": Keyed(keys, ninsn, 0, total),
+                                     "symbol": Keyed(keys, symbol, 0)}, len(keys))])  # fmt: skip
                 w.close()
 
 

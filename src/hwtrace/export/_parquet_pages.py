@@ -1046,38 +1046,40 @@ def index_values(values, keys, slots, entries, count, out):
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
-def count_entries(entries, floor, top, seq_start, seq_len, seq_keys, counts, uses, order):
-    """``counts[k]``: how many rows the entries give key ``k`` (``counts``
-    zeros); ``order``: the keys in the order the rows first name them.
-    ``uses`` (zeros, a count per sequence) left zeros.  Returns how many
-    keys ``order`` holds."""
+def first_seen_entries(entries, floor, top, seq_start, seq_len, seq_keys, values, seen, seq_sums,
+                       order, total):  # fmt: skip
+    """The keys the entries' rows name, in the order they first name them
+    (into ``order``; ``seen``: zeros, a flag per key, left set for those),
+    and the sum of ``values[key]`` over the rows (into ``total[0]``): a
+    sequence's keys looked into at its first use only, their sum kept in
+    ``seq_sums`` (-1 each: not yet).  Returns how many keys ``order``
+    holds."""
     n = 0
+    acc = np.int64(0)
     for i in range(entries.shape[0]):
         k = np.int64(entries[i])
         if k >= floor:
             q = top - k
-            if uses[q] == 0:
-                # (its first use: its keys counted once, in order)
+            s = seq_sums[q]
+            if s < 0:
+                s = 0
                 first = seq_start[q]
                 for j in range(seq_len[q]):
                     kk = seq_keys[first + j]
-                    if counts[kk] == 0:
+                    s += np.int64(values[kk])
+                    if seen[kk] == 0:
+                        seen[kk] = 1
                         order[n] = kk
                         n += 1
-                    counts[kk] += 1
-            uses[q] += 1
+                seq_sums[q] = s
+            acc += s
         else:
-            if counts[k] == 0:
+            acc += np.int64(values[k])
+            if seen[k] == 0:
+                seen[k] = 1
                 order[n] = k
                 n += 1
-            counts[k] += 1
-    for q in range(seq_start.shape[0]):
-        u = uses[q]
-        if u > 1:
-            first = seq_start[q]
-            for j in range(seq_len[q]):
-                counts[seq_keys[first + j]] += u - 1
-        uses[q] = 0
+    total[0] = acc
     return n
 
 
@@ -1265,18 +1267,30 @@ def count_keys(keys, counts, lanes):
 COUNT_LANES_MAX = 1 << 13
 
 
-def key_counts(keys: np.ndarray | SequencedKeys, m: int) -> np.ndarray:
+def key_counts(keys: np.ndarray, m: int) -> np.ndarray:
     """How many of ``keys`` (each below ``m``) name each key."""
     counts = np.zeros(m, np.int64)
-    if isinstance(keys, SequencedKeys):
-        # (the keys' first-seen order kept with them: the Parquet writer's
-        # dictionary of keys, without another pass)
-        order = np.empty(m, np.int64)
-        found = count_entries(keys.entries, keys.floor, keys.top, keys.seq_start, keys.seq_len,
-                              keys.seq_keys, counts, np.zeros(keys.seq_start.shape[0], np.int64),
-                              order)  # fmt: skip
-        keys.order = order[:found]
-        return counts
     lanes = np.zeros((4, m) if m <= COUNT_LANES_MAX else (0, 0), np.int64)
     count_keys(keys, counts, lanes)
     return counts
+
+
+def named_keys(keys: np.ndarray | SequencedKeys, values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Which keys (below ``values``' length) the rows of ``keys`` name, and
+    the sum of ``values`` over the rows (a batch's instructions from its
+    blocks').  Keys kept in sequences get their first-seen order
+    (``order``: the Parquet writer's dictionary of keys, without another
+    pass); counting them a row each would cost more."""
+    m = values.shape[0]
+    if isinstance(keys, SequencedKeys):
+        order = np.empty(m, np.int64)
+        seen = np.zeros(m, np.uint8)
+        total = np.zeros(1, np.int64)
+        found = first_seen_entries(keys.entries, keys.floor, keys.top, keys.seq_start,
+                                   keys.seq_len, keys.seq_keys, values, seen,
+                                   np.full(keys.seq_start.shape[0], -1, np.int64), order,
+                                   total)  # fmt: skip
+        keys.order = order[:found]
+        return seen.view(np.bool_), int(total[0])
+    counts = key_counts(keys, m)
+    return counts > 0, int(counts @ values.astype(np.int64))

@@ -490,14 +490,14 @@ def _space_ids(
     return s, i
 
 
-def _keyed_ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _keyed_ids(b: PerfBlocks, names: Names) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """:func:`_ids` of the distinct blocks of ``b.key_table`` (once a block,
-    not once a row: see :meth:`Names.key_ids`), and how many of ``b``'s
-    rows name each."""
+    not once a row: see :meth:`Names.key_ids`), which of them ``b``'s rows
+    name, and the rows' instructions."""
     t = b.key_table
-    counts = pages.key_counts(b.keys, t["ip"].shape[0])
+    named, n_insn = pages.named_keys(b.keys, t["ninsn"])
     sym, img = names.key_ids(b.queue, b.key_source, t)
-    return sym, img, counts
+    return sym, img, named, n_insn
 
 
 def _nullable(values: np.ndarray, missing: np.ndarray, kind: pa.DataType) -> pa.Array:
@@ -532,16 +532,16 @@ def blocks_columns(b: PerfBlocks,
         # (columns of the block: a dictionary of the batch's distinct
         # blocks, each row its key)
         t = b.key_table
-        sym_k, img_k, counts = _keyed_ids(b, names)
+        sym_k, img_k, named, n_insn = _keyed_ids(b, names)
         src = b.key_source
-        ip = Keyed(b.keys, t["ip"], src, counts)
-        ninsn = Keyed(b.keys, t["ninsn"].astype(np.int64), src, counts)
-        sym = Keyed(b.keys, sym_k, src, counts)
-        images = img_k[counts > 0]
+        ip = Keyed(b.keys, t["ip"], src)
+        ninsn = Keyed(b.keys, t["ninsn"].astype(np.int64), src, n_insn)
+        sym = Keyed(b.keys, sym_k, src)
+        images = img_k[named]
         if images.shape[0] and (images == images[0]).all():
             img = repeated(int(images[0]), n, np.int64)  # (mostly one file)
         else:
-            img = Keyed(b.keys, img_k, src, counts)
+            img = Keyed(b.keys, img_k, src)
     else:
         ip, ninsn = np.asarray(b.ip, np.uint64), np.asarray(b.ninsn, np.int64)
         sym, img = _ids(b, names)
