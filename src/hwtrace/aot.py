@@ -44,6 +44,7 @@ import ctypes
 import importlib
 import importlib.util
 import marshal
+import operator
 import os
 import struct
 import sys
@@ -225,6 +226,9 @@ def _dtype_key(dt: np.dtype) -> str:
     return dt.str if dt.fields is None else repr(dt.descr)
 
 
+# Arrays' keys, each one object.
+_array_keys: dict[tuple, tuple] = {}
+
 # Per dtype object (held, so that its id stays its own): its key and
 # whether numba takes its arrays as aligned (all but records of a packed
 # struct dtype).  A dtype's string costs more than the lookup.
@@ -242,7 +246,10 @@ def _array_key(a: np.ndarray, f=None) -> tuple:
         if len(_dtype_keys) > 4096:
             _dtype_keys.clear()
         _dtype_keys[id(dt)] = known
-    return ("a", known[1], a.ndim, layout, not f.writeable, known[2])
+    key = ("a", known[1], a.ndim, layout, not f.writeable, known[2])
+    # (one object per key: a loop's key is found again by identity, see
+    # CompiledLoop._layout, not hashed anew)
+    return _array_keys.setdefault(key, key)
 
 
 # Python scalars' keys, one object each: a loop's key is looked up again
@@ -518,10 +525,15 @@ class _Entry:
             self.ret_type = type("Ret", (ctypes.Structure,), {"_fields_": fields})
             names = [f for f, _ in fields]
             bools = [t == "|b1" for t in ret]
-            self.unpack = lambda r: tuple(
-                bool(getattr(r, n)) if b else getattr(r, n)
-                for n, b in zip(names, bools, strict=True)
-            )
+            if any(bools):
+                self.unpack = lambda r: tuple(
+                    bool(getattr(r, n)) if b else getattr(r, n)
+                    for n, b in zip(names, bools, strict=True)
+                )
+            else:
+                # (the fields in one call: a loop's answer, a few numbers)
+                get = operator.attrgetter(*names)
+                self.unpack = get if len(names) > 1 else lambda r: (get(r),)
 
     @classmethod
     def from_library(cls, lib: ctypes.CDLL, name: str, spec: dict) -> _Entry:
@@ -980,6 +992,11 @@ class CompiledLoop:
                 parts.append(last[i])
                 continue
             p = _part(a)
+            if i < n_last and p[1] is not last[i][1] and p[1] == last[i][1]:
+                # (a new argument of the last one's type, a tuple of arrays:
+                # its key the very object, compared by identity next time;
+                # arrays' keys are one object each)
+                p = (p[0], last[i][1], p[2])
             parts.append(p)
             if same and p[1] is not last[i][1]:
                 same = False
