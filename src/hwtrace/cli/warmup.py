@@ -664,8 +664,11 @@ def _writer_loops(path: Path) -> None:
         for kind in (np.uint16, np.uint32, SequencedKeys):
             keys = (np.arange(n) % size).astype(np.uint32 if kind is np.uint32 else np.uint16)
             if kind is SequencedKeys:
-                # (every other row in a sequence of two, of the keys 0, 1)
-                entries = np.where(np.arange(n // 2) % 2 == 0, SEQ_TOP, 2).astype(np.uint16)
+                # (every other row in a sequence of two, of the keys 0, 1;
+                # the rows between name the other keys: as many values as
+                # the arrays' keys, two-byte indices too)
+                e = np.arange(n // 2)
+                entries = np.where(e % 2 == 0, SEQ_TOP, 2 + (e // 2) % (size - 2)).astype(np.uint16)
                 pool = np.array([0, 1], np.uint16)
                 start, length = np.zeros(1, np.int64), np.full(1, 2, np.int64)
                 keys = SequencedKeys(int(entries.shape[0] // 2 * 3), entries, SEQ_TOP, SEQ_TOP,
