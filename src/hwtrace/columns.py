@@ -197,6 +197,11 @@ class Deferred:
         return np.asarray(self.made(), dtype)
 
 
+#: Rows cut off the end of keys in sequences by walking their entries back
+#: one by one at most (more: the entries' rows summed in numpy).
+_CUT_WALK = 64
+
+
 class SequencedKeys(Deferred):
     """Rows' keys as a block store keeps them: ``entries``, each a key or,
     from ``floor`` up, a sequence of keys (entry ``e`` stands for the
@@ -231,6 +236,14 @@ class SequencedKeys(Deferred):
         if cut_before is not None:
             return cut_before  # (the columns keyed by these keys cut alike)
         cut, e, tail = self.n - hi, self.entries.shape[0], self.entries[:0]
+        if cut > _CUT_WALK:
+            # (rows far from the end, as a partition's time bucket cuts a
+            # batch: the entries' rows summed, not walked back one by one)
+            e, part = self._entries_before(hi)
+            if part:
+                start = int(self.seq_start[self.top - int(self.entries[e])])
+                tail = self.seq_keys[start : start + part].astype(self.entries.dtype)
+            cut = 0
         while cut > 0 and e > 0:
             e -= 1
             k = int(self.entries[e])
@@ -248,6 +261,17 @@ class SequencedKeys(Deferred):
                               self.seq_keys, lambda: self.made()[:hi])  # type: ignore[index]  # fmt: skip
         self._first = (hi, weakref.ref(first))
         return first
+
+    def _entries_before(self, row: int) -> tuple[int, int]:
+        """How many entries give rows before ``row`` whole, and how many of
+        the next one's rows (a sequence's first keys) come before it."""
+        k = self.entries.astype(np.int64)
+        lengths = np.ones(k.shape[0], np.int64)
+        seq = k >= self.floor
+        lengths[seq] = self.seq_len[self.top - k[seq]]
+        ends = np.cumsum(lengths)
+        e = int(np.searchsorted(ends, row, side="right"))
+        return e, row - (int(ends[e - 1]) if e else 0)
 
     def last(self) -> int:
         """The last row's key."""

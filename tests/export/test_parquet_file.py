@@ -544,8 +544,9 @@ def test_keys_in_sequences_lay_out_and_count_as_their_rows():
     _, first = np.unique(keys, return_index=True)
     np.testing.assert_array_equal(seq.order, keys[np.sort(first)])  # (first-seen order)
     assert seq.last() == keys[-1]
-    # The first rows (a batch but its last rows), kept in sequences still.
-    for cut in (1, 2, 5, 17, keys.shape[0] - 1):
+    # The first rows (a batch but its last rows; or those of a partition,
+    # far from the end), kept in sequences still.
+    for cut in (1, 2, 5, 17, *range(60, 70), 200, 333, 334, 335, keys.shape[0] - 1):
         first = seq[: keys.shape[0] - cut]
         assert isinstance(first, SequencedKeys) and len(first) == keys.shape[0] - cut
         out = np.zeros(len(first), np.uint16)

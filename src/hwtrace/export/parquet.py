@@ -241,6 +241,8 @@ class Names:
     _sections: dict[int, tuple[object, np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict, repr=False
     )
+    # Per symbol (its module, address and name): its ids and its image's.
+    _by_name: dict[tuple[str, int, str], tuple[int, int]] = field(default_factory=dict, repr=False)
     # Per (symbol table, queue, space): the ids of the block addresses met.
     _by_ip: dict[tuple[int, int, int], _AddressIds] = field(default_factory=dict, repr=False)
     # Per (queue, block store): the ids of its distinct blocks so far.
@@ -269,9 +271,14 @@ class Names:
         for j, u in enumerate(used.tolist()):
             pair = known.get(u)
             if pair is None:
-                module = table.module_name(u)
-                iid = self.image(module) if module else 0
-                pair = known[u] = (symbol_id(iid, int(table.start[u]), table.name(u)), iid)
+                # (a symbol met before in another table, a later set of a
+                # process's mappings: its ids as then, not hashed again)
+                module, start, name = table.module_name(u), int(table.start[u]), table.name(u)
+                pair = self._by_name.get((module, start, name))
+                if pair is None:
+                    iid = self.image(module) if module else 0
+                    pair = self._by_name[(module, start, name)] = (symbol_id(iid, start, name), iid)
+                known[u] = pair
             sids[j], iids[j] = pair
             first = (queue, space, u)
             row = self.symbols.get(pair[0])

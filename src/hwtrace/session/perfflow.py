@@ -41,6 +41,7 @@ from ..columns import (
     OffsetPoints,
     Runs,
     SequencedKeys,
+    distinct,
     repeated,
     resolved,
 )
@@ -832,10 +833,18 @@ class PerfBlocks:
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
-        if self.image.shape[0] and ("image" in self.uniform or (self.image == self.image[0]).all()):
-            return [(int(self.image[0]), slice(None))]
-        uniq = np.unique(self.image)
-        return [(int(u), np.flatnonzero(self.image == u)) for u in uniq.tolist()]
+        image = self.image
+        if image.shape[0] and ("image" in self.uniform or (image == image[0]).all()):
+            return [(int(image[0]), slice(None))]
+        if not image.shape[0]:
+            return []
+        # (a few images, numbered from 0: counted, not sorted)
+        lo, hi = int(image.min()), int(image.max())
+        if 0 <= lo and hi < 1 << 16:
+            uniq = np.flatnonzero(np.bincount(image, minlength=hi + 1))
+        else:
+            uniq = distinct(image)
+        return [(int(u), np.flatnonzero(image == u)) for u in uniq.tolist()]
 
     def instruction_rows(
         self, out: tuple[np.ndarray, np.ndarray] | None = None
