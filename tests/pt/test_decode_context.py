@@ -172,3 +172,28 @@ def test_code_tables_share_the_copy_of_a_section_they_both_map():
     for t in (ta, tb):
         t.fill(0x2000, 64)
     assert arena.used == used + len(CODE_B) + len(CODE_JMP)
+
+
+def test_blocks_after_an_image_grew_are_named_in_it():
+    """The decoder storing its rows itself names a block by its image's
+    number: after the process mapped more code (the image grown, its code
+    table kept), A's blocks met again are the grown image's, as the rows
+    it writes out name them, not the keys it found for them before."""
+    parts = [(0x1000, CODE_A), (0x2000, CODE_B), (JMP, CODE_JMP)]
+    ips = np.array([*PATH_A, JMP, 0x2000, 0x2001, 0x2002, *PATH_A], np.uint64)
+    enc = encode_path(ips, reader(parts), end_ip=0x6000, trace_off=[(len(PATH_A), len(PATH_A) + 1)])
+    image_a = image_of((0x1000, CODE_A))
+    image_ab = image_a.copy()
+    image_ab.add_section(Section.from_bytes(CODE_B, 0x2000))
+
+    def context(tsc, ip):
+        return image_ab if ip >= 0x2000 else image_a
+
+    got = decode_trace(enc.data, image_a, enc.config, context=context, keep_blocks=True)
+    assert not got.gaps
+    assert got.instructions().tolist() == [*PATH_A, 0x2000, 0x2001, 0x2002, *PATH_A]
+    ip = np.asarray(got.block_ip)
+    image = np.asarray(got.block_image)
+    grown = int(image[np.flatnonzero(ip == 0x2000)[0]])
+    after = np.flatnonzero(ip == 0x2000)[0]
+    assert (image[after:] == grown).all() and (image[:after] != grown).all()

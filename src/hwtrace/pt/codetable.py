@@ -729,6 +729,13 @@ class CodeTable:
         if self._cs_version is not None:
             # (the sections copied are the new image's too)
             self._cs_version = getattr(image, "version", None)
+        # The runs' keys into a block store, and the stretches replayed,
+        # name blocks of the image before (a block's key holds its image's
+        # number): found again for this one.
+        self.counts[C_KEY_OWNER] = -1
+        self.counts[C_X_GEN] += 1
+        self.counts[C_X_POOL] = self.counts[C_X_PUSH] = 0
+        self.counts[C_X_OWNER] = -1
         return True
 
     # -- code the flow loop decodes itself ----------------------------------
