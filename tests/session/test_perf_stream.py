@@ -201,8 +201,8 @@ def test_a_full_store_is_passed_on_and_stored_into_again(tmp_path, monkeypatch):
 
 def test_stream_past_what_the_decoder_can_store(tmp_path, monkeypatch):
     """A compact stream whose store can no longer be stored into by the
-    decoder (more distinct blocks than its keys hold) goes on with the
-    decoder's rows written out, the same flow."""
+    decoder (more distinct blocks than its keys hold) goes on with a new
+    store, a new source of keys each time, the same flow."""
     from hwtrace.pt.blocks import BlockStore
     from hwtrace.session import perfflow
 
@@ -226,7 +226,8 @@ def test_stream_past_what_the_decoder_can_store(tmp_path, monkeypatch):
 
     monkeypatch.setattr(perfflow.QueueSink, "__init__", keep)
     got, _ = _streamed(path, batch_rows=1 << 14, runs=False)
-    assert sinks and sinks[0].store is None and sinks[0].BLOCK_ROWS == 1 << 14
+    assert sinks and sinks[0].store is not None
+    assert len({b.key_source for b in got if b.keys is not None}) > 1
     ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
     np.testing.assert_array_equal(ips, expected)
 
@@ -330,3 +331,31 @@ def test_script_and_report_same_from_one_record_or_many(tmp_path, capsysbinary):
     script, _, report, folded = outputs[0]
     assert script.count(b"\n") == len(expected)
     assert b"sorter" in report and b"0 gap(s)" in report and folded.startswith(b"sorter;")
+
+
+def test_a_store_outgrown_is_followed_by_a_new_one_naming_the_held_block():
+    """A store whose blocks outgrew two-byte keys (a real program's code,
+    after some millions of rows) cannot take the decoder's rows: once it
+    has passed its rows on, the stream gives the decoder a new store (a
+    new source of keys, its rows kept compactly again), and the block held
+    for the next batch is named in it."""
+    from hwtrace.pt.blocks import BlockStore
+    from hwtrace.session.perfflow import QueueSink
+
+    old = BlockStore(expect_rows=16)
+    n = 70_000
+    many = np.arange(n, dtype=np.uint64) * np.uint64(16) + np.uint64(0x100000)
+    old.row_keys(many, np.ones(n, np.uint32), np.full(n, 64, np.uint8), np.zeros(n, np.int64),
+                 np.zeros(n, np.uint32))  # fmt: skip
+    assert not old.live and not len(old)
+    sink = QueueSink.__new__(QueueSink)
+    sink.store, sink.store_rows = old, 1 << 12
+    sink.held = {"key": np.array([n - 1], np.uint32), "ip": many[-1:], "ninsn": np.array([1]),
+                 "mode": np.array([64], np.uint8), "image": np.array([0])}  # fmt: skip
+    sink._new_store()
+    new = sink.store
+    assert new is not old and new.live and new.number != old.number
+    key = sink.held["key"]
+    assert key.dtype == np.uint16 and key.shape == (1,)
+    t = new.table()
+    assert int(t["ip"][key[0]]) == int(many[-1]) and int(t["ninsn"][key[0]]) == 1

@@ -609,8 +609,14 @@ def _stored_attribution() -> None:
         A.attribute_stored(keys, t["ip"], t["ninsn"], t["mode"], t["image"],
                            *store.offset_steps(), *store.time_changes(), 0, conv, 1, 1, z, z, z,
                            *out)  # fmt: skip
-    # (a store whose table outgrew two-byte keys, drained into the columns
-    # a stream gathers: a real program's hundred thousand blocks)
+    # (a store drained into the columns a stream gathers, its keys two
+    # bytes; and one whose table outgrew them: a real program's hundred
+    # thousand blocks)
+    narrow = BlockStore(16)
+    narrow.append(np.arange(n, dtype=np.uint64), np.ones(n, np.uint32), np.full(n, 64, np.uint8),
+                  np.zeros(n, np.int64), np.zeros(n, np.uint64))  # fmt: skip
+    narrow.drain(np.zeros(n, np.uint64), np.zeros(n, np.uint32), np.zeros(n, np.uint8),
+                 np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint64))  # fmt: skip
     wide = BlockStore(16)
     m = (1 << 16) + 16
     wide.append(np.arange(m, dtype=np.uint64), np.ones(m, np.uint32), np.full(m, 64, np.uint8),

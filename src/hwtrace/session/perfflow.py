@@ -981,14 +981,27 @@ class QueueSink(FlowSink):
             # of its own, starts while the decoder goes on)
             first = min(self.store_rows, FIRST_DEFERRED_ROWS) if self.defer else self.store_rows
             self.store = BlockStore(first)
-            self.large_rows, self.BLOCK_ROWS = self.BLOCK_ROWS, small
+            self.BLOCK_ROWS = small
 
     def output(self) -> tuple:
         if self.store is not None and not self.store.live and not len(self.store):
-            # More distinct blocks than the decoder can store itself: its
-            # rows come out, in buffers as large as those passed on again.
-            self.store, self.BLOCK_ROWS, self._out = None, self.large_rows, None
+            # More distinct blocks than the decoder can store itself (its
+            # keys two bytes): a new store, a new source of keys, which the
+            # held block is named in (a real program's code outgrows one
+            # after some millions of rows; its rows came out laid out from
+            # then on, and were written a row at a time).
+            self._new_store()
         return self.storing_output(self.store)
+
+    def _new_store(self) -> None:
+        store = BlockStore(self.store_rows)
+        held = self.held
+        if held is not None and "key" in held:
+            key = np.empty(1, np.uint16)
+            store.row_keys(held["ip"].astype(np.uint64), held["ninsn"].astype(np.uint32),
+                           held["mode"].astype(np.uint8), held["image"], key)  # fmt: skip
+            held["key"] = key
+        self.store = store
 
     def make_room(self) -> None:
         if self.store is not None:
