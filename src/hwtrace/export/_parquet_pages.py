@@ -536,6 +536,16 @@ def encode_dictionary(values, n, null, unsigned, state, keys, slots, entries, in
     return _hybrid(out, pos + 1, indices, m, width)
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _delta_header(out, pos, m, first):
+    """DELTA_BINARY_PACKED's header: blocks of 128 in four miniblocks, ``m``
+    values, the first ``first``.  Returns the position after it."""
+    pos = _uvarint(out, pos, 128)
+    pos = _uvarint(out, pos, 4)
+    pos = _uvarint(out, pos, m)
+    return _zigzag(out, pos, first)
+
+
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def _delta_block(seg, cnt, blk, out, pos):
     """A block of DELTA_BINARY_PACKED: the ``cnt`` deltas of ``seg[:cnt +
@@ -617,10 +627,7 @@ def encode_delta(values, n, null, state, levels, wide, deltas, out):
             lo = min(lo, v)
             hi = max(hi, v)
     first = np.int64(src[0]) if m > 0 else np.int64(0)
-    pos = _uvarint(out, pos, 128)
-    pos = _uvarint(out, pos, 4)
-    pos = _uvarint(out, pos, m)
-    pos = _zigzag(out, pos, first)
+    pos = _delta_header(out, pos, m, first)
     blk = deltas[:128]
     done = 1
     while done < m:
@@ -792,10 +799,7 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
     state[ST_VALUES] += n
     state[ST_NULLS] += nulls
     first = np.int64(vals[0]) if m > 0 else np.int64(0)
-    pos = _uvarint(out, pos, 128)
-    pos = _uvarint(out, pos, 4)
-    pos = _uvarint(out, pos, m)
-    pos = _zigzag(out, pos, first)
+    pos = _delta_header(out, pos, m, first)
     low = first
     high = first
     for r in range(k):
@@ -864,10 +868,7 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
     pos = _rle_run(out, 4, n, 1, 1)
     _put_le(out, 0, pos - 4, 4)
     state[ST_VALUES] += n
-    pos = _uvarint(out, pos, 128)
-    pos = _uvarint(out, pos, 4)
-    pos = _uvarint(out, pos, n)
-    pos = _zigzag(out, pos, v0)
+    pos = _delta_header(out, pos, n, v0)
     low = v0
     high = v0
     held_row = np.int64(0)  # the change holding before the next block
