@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import aot
 from ..columns import SequencedKeys
-from ..pt.blocks import OFF_FAR, offset_point
+from ..pt.blocks import next_offset_change
 
 NOT_NULL = 0
 NULL_IF_NEGATIVE = 1
@@ -815,32 +815,6 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
     return pos
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _next_change(pts, far_row, far_val, j, kf, row, value, at, n, last):
-    """The next change of a batch's trace offset from a block store's
-    offset point ``j`` on (the points read up to ``row``, ``value``, ``kf``
-    of them far; see hwtrace.pt.blocks.offset_point), its rows from row
-    ``at`` of the batch's ``n``: of the points at one row the last holds,
-    and one to ``last`` (the offset before) is none.  Returns its row in
-    the batch (``n``: no more) and offset, and the reading's state."""
-    m = pts.shape[0]
-    while j < m:
-        row, value, kf = offset_point(pts, far_row, far_val, j, kf, row, value)
-        j += 1
-        if row + at >= n:
-            j = m
-            break
-        while j < m:
-            p = np.int64(pts[j])
-            if (p >= OFF_FAR and far_row[kf] != row) or (p < OFF_FAR and p >> 4 != 0):
-                break
-            row, value, kf = offset_point(pts, far_row, far_val, j, kf, row, value)
-            j += 1
-        if value != last:
-            return row + at, value, j, kf, row, value
-    return np.int64(n), last, j, kf, row, value
-
-
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, blk, run_rows,
                         run_values, scratch, out):  # fmt: skip
@@ -861,7 +835,7 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
     value = np.int64(0)
     v0 = np.int64(first)
     if not has_first:
-        r, v0, j, kf, row, value = _next_change(pts, far_row, far_val, j, kf, row, value, at, n,
+        r, v0, j, kf, row, value = next_offset_change(pts, far_row, far_val, j, kf, row, value, at, n,
                                                 np.int64(-1))  # fmt: skip
         if r != 0:
             return -1
@@ -873,7 +847,9 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
     high = v0
     held_row = np.int64(0)  # the change holding before the next block
     held_value = v0
-    nr, nv, j, kf, row, value = _next_change(pts, far_row, far_val, j, kf, row, value, at, n, v0)
+    nr, nv, j, kf, row, value = next_offset_change(
+        pts, far_row, far_val, j, kf, row, value, at, n, v0
+    )
     done = 1
     while done < n:
         cnt = min(128, n - done)
@@ -888,7 +864,7 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
             low = min(low, nv)
             high = max(high, nv)
             held_row, held_value = nr, nv
-            nr, nv, j, kf, row, value = _next_change(pts, far_row, far_val, j, kf, row, value,
+            nr, nv, j, kf, row, value = next_offset_change(pts, far_row, far_val, j, kf, row, value,
                                                      at, n, nv)  # fmt: skip
         pos, _ = _runs_block(out, pos, run_rows, run_values, k, 1, done, cnt, blk, scratch)
         done = hi

@@ -160,6 +160,32 @@ def offset_point(pts, far_row, far_val, j, k, row, value):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def next_offset_change(pts, far_row, far_val, j, k, row, value, at, n, last):
+    """The next change of a batch's trace offset from offset point ``j`` on
+    (the points read up to ``row``, ``value``, ``k`` of them far), the
+    store's rows from row ``at`` of the batch's ``n``: of the points at one
+    row the last holds, and one to ``last`` (the offset before; offsets are
+    not negative) is none.  Returns its row in the batch (``n``: no more)
+    and offset, and the reading's state ``(j, k, row, value)``."""
+    m = pts.shape[0]
+    while j < m:
+        row, value, k = offset_point(pts, far_row, far_val, j, k, row, value)
+        j += 1
+        if row + at >= n:
+            j = m
+            break
+        while j < m:
+            p = np.int64(pts[j])
+            if (p >= OFF_FAR and far_row[k] != row) or (p < OFF_FAR and p >> 4 != 0):
+                break
+            row, value, k = offset_point(pts, far_row, far_val, j, k, row, value)
+            j += 1
+        if value != last:
+            return row + at, value, j, k, row, value
+    return np.int64(n), last, j, k, row, value
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def put_time(t_pts, t_far_row, t_far_val, state, n_t, row, t, last_t):
     """Append the time point ``(row, t)`` (the last at ``state[S_T_AT]``,
     ``last_t``) at ``n_t``, room known; returns the new count."""

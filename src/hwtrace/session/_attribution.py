@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import aot
 from ..pt import flowrows as FK
-from ..pt.blocks import blocks_of, offset_point, offsets_of
+from ..pt.blocks import blocks_of, next_offset_change, offsets_of
 from ..pt.timing import tsc_ns
 
 #: ``conv``'s fields: whether there is a conversion, then perf's
@@ -289,35 +289,31 @@ def _settled(t, f, seen, resumed):
     return _GAP_REJOINED if out else _GAP_LOST
 
 
-@aot.njit(cache=True, inline="always", _nrt=False)
-def _put_run(out_s, out_v, m, row, value):
-    """:func:`_add_run` where a run may start at the row the last one
-    does: it takes that one's place."""
-    if m > 0 and out_s[m - 1] == row:
-        m -= 1
-    return _add_run(out_s, out_v, m, row, value)
-
-
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def offset_runs_into(has_first, first, off_pts, off_far_row, off_far_val, at, total, out_s, out_v):
     """The trace offsets of ``total`` rows as maximal runs into
     ``out_s``/``out_v`` (room for a run per offset step, and two): a held
     row's (``first``) at row 0, then from row ``at`` a block store's rows
-    from their offset points (see hwtrace.pt.blocks.put_offset; the first
-    is at the store's first row).  Of changes at one row the last holds.
-    How many runs."""
+    from their offset points (see hwtrace.pt.blocks.next_offset_change;
+    the first is at the store's first row).  How many runs."""
     m = 0
+    last = np.int64(-1)  # (offsets are not negative: the first point is a change)
     if has_first:
         m = _add_run(out_s, out_v, m, 0, first)
-    row = np.int64(0)  # (the store's)
-    value = np.int64(0)
+        last = np.int64(first)
+    j = 0
     k = np.uint64(0)
-    for j in range(off_pts.shape[0]):
-        row, value, k = offset_point(off_pts, off_far_row, off_far_val, j, k, row, value)
-        if row + at >= total:
-            break
-        m = _put_run(out_s, out_v, m, row + at, value)
-    return m
+    row = np.int64(0)
+    value = np.int64(0)
+    while True:
+        r, v, j, k, row, value = next_offset_change(off_pts, off_far_row, off_far_val, j, k, row,
+                                                    value, at, total, last)  # fmt: skip
+        if r >= total:
+            return m
+        out_s[m] = r
+        out_v[m] = v
+        m += 1
+        last = v
 
 
 @aot.njit(cache=True, nogil=True, _nrt=False)
