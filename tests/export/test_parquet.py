@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_record_software import SKIP, compile_program
 from test_record_threads import PROGRAM
 
@@ -412,3 +414,37 @@ def test_sql_errors_name_line_and_column_of_the_query():
             duckdb.connect().execute(sql)
         got = sql_error_line(str(e.value), sql)
         assert "\n" not in got and f"(line {line}, column {column})" in got, got
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 80),
+    shape=st.sampled_from(["rising", "unknown first", "any", "unknown"]),
+    as_runs=st.booleans(),
+)
+def test_a_batchs_time_buckets_are_its_rows_buckets_in_runs(seed, n, shape, as_runs):
+    """A batch's time buckets, told as one bucket or as runs (found among
+    the time's runs, or by searching rising times, buckets they jump over
+    left out), are each row's ``ns // bucket`` (-1 where its time is not
+    known)."""
+    from hwtrace.columns import Runs
+    from hwtrace.export.parquet import FlowParquetWriter
+
+    rng = np.random.default_rng(seed)
+    ns = np.sort(rng.integers(0, 9000, n))
+    if shape == "unknown first":
+        ns[: rng.integers(0, n + 1)] = -1
+    elif shape == "any":
+        ns = np.where(rng.random(n) < 0.2, -1, rng.integers(0, 9000, n))
+    elif shape == "unknown":
+        ns[:] = -1
+    writer = FlowParquetWriter.__new__(FlowParquetWriter)
+    writer.bucket_ns = 1000
+    col = Runs.of(ns, 1) if as_runs else ns
+    got = writer._bucket(col)
+    if isinstance(got, tuple):
+        starts, buckets = got
+        assert starts[0] == 0 and (np.diff(starts) > 0).all() and (np.diff(buckets) != 0).all()
+        got = np.repeat(buckets, np.diff(np.append(starts, n)))
+    assert (np.broadcast_to(got, (n,)) == np.where(ns >= 0, ns // 1000, -1)).all()

@@ -834,22 +834,27 @@ class _Partitioned:
         self.parts: dict[tuple[int, int], int] = {}
         self.rows = 0
 
-    def write(self, columns: Mapping[str, np.ndarray], cpu: int, bucket: np.ndarray | int) -> None:
+    def write(self, columns: Mapping[str, np.ndarray], cpu: int,
+              bucket: np.ndarray | tuple[np.ndarray, np.ndarray] | int) -> None:  # fmt: skip
         """Rows (numpy columns, all of one length) of CPU ``cpu``, each in
-        time bucket ``bucket`` (or all in that one)."""
+        time bucket ``bucket``, all in that one, or by its runs (each run's
+        first row, its bucket)."""
         n = next(iter(columns.values())).shape[0]
         if n == 0:
             return
         self.rows += n
-        if isinstance(bucket, int):
-            edges, top = [0, n], bucket
-            first = [bucket]
+        if isinstance(bucket, int | np.integer):
+            edges, top = [0, n], int(bucket)
+            first = [int(bucket)]
         else:
-            # Perf time rises along a queue: buckets come in runs.
-            cut = np.flatnonzero(np.diff(bucket)) + 1
-            edges = [0, *cut.tolist(), n]
-            first = bucket[edges[:-1]].tolist()
-            top = int(bucket.max())
+            if isinstance(bucket, np.ndarray):
+                # Perf time rises along a queue: buckets come in runs.
+                starts = np.flatnonzero(np.diff(bucket)) + 1
+                bucket = (np.append(0, starts), bucket[np.append(0, starts)])
+            starts, values = bucket
+            edges = [*starts.tolist(), n]
+            first = values.tolist()
+            top = max(first)
         for (lo, hi), b in zip(itertools.pairwise(edges), first, strict=True):
             key = (cpu, int(b))
             piece = columns if (lo, hi) == (0, n) else {c: v[lo:hi] for c, v in columns.items()}
@@ -1124,15 +1129,38 @@ class FlowParquetWriter:
             if d is not None:
                 d.wait_written()
 
-    def _bucket(self, ns: np.ndarray | Runs) -> np.ndarray | int:
-        """Each row's time bucket (-1: time unknown), or the one bucket of
-        them all."""
-        if len(ns):
-            lo, hi = pages.min_max(ns.values if isinstance(ns, Runs) else np.asarray(ns, np.int64))
-            if lo >= 0 and lo // self.bucket_ns == hi // self.bucket_ns:
-                return lo // self.bucket_ns
-        ns = np.asarray(ns, np.int64)
-        return np.where(ns >= 0, ns // self.bucket_ns, -1)
+    def _bucket(self, ns: np.ndarray | Runs) -> tuple[np.ndarray, np.ndarray] | int:
+        """The rows' time bucket (-1: time unknown): the one of them all,
+        or as runs (each run's first row, its bucket).  Perf time rises
+        along a queue: a batch's buckets are a few runs, found among its
+        time's runs or by searching its times, not by dividing each row's."""
+        bucket_ns = self.bucket_ns
+        values = ns.values if isinstance(ns, Runs) else np.asarray(ns, np.int64)
+        if not len(values):
+            return -1
+        lo, hi = pages.min_max(values)
+        if lo >= 0 and lo // bucket_ns == hi // bucket_ns:
+            return lo // bucket_ns
+        if hi < 0:
+            return -1
+        if not isinstance(ns, Runs) and (values[1:] >= values[:-1]).all():
+            # The unknown times first, then the first row of each bucket
+            # (the last of those that start at one row: the others are
+            # buckets the times jump over).
+            known = int(np.searchsorted(values, 0, "left"))
+            edges = np.arange(values[known] // bucket_ns, hi // bucket_ns + 1, dtype=np.int64)
+            starts = np.searchsorted(values, edges * bucket_ns, "left")
+            if known:
+                starts, edges = np.append(0, starts), np.append(-1, edges)
+            keep = np.append(starts[:-1] != starts[1:], True)
+            return starts[keep], edges[keep]
+        if isinstance(ns, Runs):
+            starts = ns.starts
+        else:
+            starts = np.arange(len(values), dtype=np.int64)
+        buckets = np.where(values >= 0, values // bucket_ns, -1)
+        keep = np.append(True, buckets[1:] != buckets[:-1])  # (a run per bucket met)
+        return starts[keep], buckets[keep]
 
     def write_blocks(self, b: PerfBlocks, expand_insns: int = 1 << 18) -> None:
         """One batch of blocks (and its PTWRITE marks); its instructions too
