@@ -1060,7 +1060,10 @@ class QueueSink(FlowSink):
         """Gather buffers with room for ``rows`` rows."""
         g = self.gather
         if rows > g["ip"].shape[0]:
-            size = max(rows, 2 * g["ip"].shape[0], 1 << 12)
+            # (a batch's worth at once: growing by doubling from a few rows
+            # copied and faulted in the rows gathered again and again, a
+            # tenth of a real program's decoding thread)
+            size = max(rows, 2 * g["ip"].shape[0], self.target + (1 << 12))
             for c, v in g.items():
                 grown = np.empty(size, v.dtype)
                 grown[: self.n_parts] = v[: self.n_parts]
