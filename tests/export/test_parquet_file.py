@@ -1011,3 +1011,39 @@ def test_the_decode_commands_choices_are_the_writers():
     from hwtrace.cli.decode import COMPRESSIONS as CHOICES
 
     assert CHOICES == tuple(COMPRESSIONS)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 3000),
+    distinct=st.sampled_from([1, 5, 700, 5000]),
+)
+def test_a_keyed_dictionary_is_its_values_in_the_order_first_met(seed, n, distinct):
+    """A keyed column's dictionary (its values in the order the keys first
+    meet them, each key's index there) is the one numpy's sort makes, as
+    the table grows from its smallest, and leaves the table empty."""
+    from hwtrace.export.parquet_file import _Scratch
+
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-(1 << 62), 1 << 62, distinct)[rng.integers(0, distinct, n)]
+    s = _Scratch()
+    index, dictionary = s.first_met(values)
+    distinct_values, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    assert (dictionary == distinct_values[order]).all()
+    assert index.dtype == np.int32 and (dictionary[index] == values).all()
+    assert (index == np.argsort(order)[inverse.reshape(-1)]).all()
+    assert s.slots.shape[0] == pp.DICT_SLOTS_MIN and (s.all_slots == -1).all()
+
+
+def test_a_keyed_dictionary_past_a_dictionarys_room_is_sorted_by_numpy():
+    """More distinct values than a dictionary page holds: the same answer,
+    from numpy's sort, the table left empty."""
+    from hwtrace.export.parquet_file import _Scratch
+
+    values = np.arange(pp.DICT_LIMIT + 10, dtype=np.int64)[::-1].copy()
+    s = _Scratch()
+    index, dictionary = s.first_met(values)
+    assert (dictionary == values).all() and (index == np.arange(values.shape[0])).all()
+    assert (s.all_slots == -1).all()

@@ -395,6 +395,7 @@ class _Scratch:
         self.key_local = np.full(1 << 12, -1, np.int32)
         self.key_entries = np.zeros(1 << 12, np.int64)
         self.key_values = np.zeros(1 << 12, np.int64)
+        self.met = np.zeros(1 << 12, np.int32)  # (see first_met)
         self.seq_seen = np.zeros(0, np.int64)
         self.stamp = 0
         # (a block's changes of trace offset, its values laid out: see
@@ -441,6 +442,36 @@ class _Scratch:
         """Empty the table for the next column chunk."""
         pp.reset_dictionary(self.slots, self.entries, count)
         self._table(pp.DICT_SLOTS_MIN)
+
+    def first_met(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ``values``' index among its distinct values in the order
+        first met (int32), and those values: a hash table's pass (the
+        table emptied after), not a sort; numpy's sort when they are more
+        than a dictionary holds."""
+        n = values.shape[0]
+        if n > self.met.shape[0]:
+            self.met = np.zeros(2 * n, np.int32)
+        out = self.met[:n]
+        count = 0
+        while True:
+            got = pp.index_values(values, self.keys, self.slots, self.entries, count, out)
+            if got >= 0:
+                break
+            count = -2 - got
+            if self.slots.shape[0] >= pp.DICT_SLOTS:
+                self.reset_dictionary(count)
+                distinct, first, inverse = np.unique(values, return_index=True,
+                                                     return_inverse=True)  # fmt: skip
+                order = np.argsort(first)
+                rank = np.empty(order.shape[0], np.int32)
+                rank[order] = np.arange(order.shape[0], dtype=np.int32)
+                return rank[inverse.reshape(-1)], distinct[order]
+            self.slots.fill(-1)
+            self._table(min(self.slots.shape[0] * 4, pp.DICT_SLOTS))
+            pp.place_entries(self.keys, self.slots, self.entries, count)
+        dictionary = self.entries[:got].copy()
+        self.reset_dictionary(got)
+        return out, dictionary
 
     def keyed(self, pieces: Sequence[tuple[Keyed, int]]) -> _KeyedRows:
         """The chunk's dictionary of the keyed pieces' keys
@@ -848,22 +879,18 @@ class ParquetFileWriter:
         values = s.key_values[: kept.shape[0]]
         # The column's dictionary: its values in the order first met (the
         # keys' order), each key's index there.
-        distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
-        if have is None and distinct.shape[0] == count:
+        index, dictionary = s.first_met(values)
+        if have is None and dictionary.shape[0] == count:
             # (a value per key: the keys' own index pages)
             pages = [(_RLE_DICTIONARY, n, b)
                      for (_, n), b in zip(pieces, s.keyed_pages_of(rows_of), strict=True)]  # fmt: skip
             dictionary = values
         else:
-            order = np.argsort(first)
-            rank = np.empty(order.shape[0], np.int32)
-            rank[order] = np.arange(order.shape[0], dtype=np.int32)
-            remap = rank[inverse.reshape(-1)]
+            remap = index
             if have is not None:
                 remap = np.full(count, -1, np.int32)
-                remap[have] = rank[inverse.reshape(-1)]
+                remap[have] = index
             seen = np.maximum.accumulate(remap) + 1
-            dictionary = distinct[order]
             # Each key's index in the column's dictionary (-1: its value is
             # null), by the chunk's numbering of its keys.
             kind = _index_kind(dictionary.shape[0]) if have is None else np.int32
