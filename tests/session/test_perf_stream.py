@@ -144,7 +144,7 @@ def test_stream_gives_what_decode_perf_keeps(tmp_path, copies, cuts, batch_rows,
         elif b is not got[-1]:
             assert {"tid", "pid", "run"} <= b.uniform
         for c in b.uniform:
-            v = getattr(b, c)
+            v = np.asarray(getattr(b, c))  # (a column by key laid out)
             assert (v == v[0]).all(), c
         dense = b.dense()
         assert all(getattr(dense, c).flags.c_contiguous for c in COLUMNS)

@@ -549,10 +549,13 @@ def blocks_columns(b: PerfBlocks,
             img = repeated(int(images[0]), n, np.int64)  # (mostly one file)
         else:
             img = Keyed(b.keys, img_k, src)
+        space = (Keyed(b.keys, t["image"].astype(np.int64), src) if isinstance(b.image, Keyed)
+                 else _one_value(b.image, np.int32, "image" in one))  # fmt: skip
     else:
         ip, ninsn = np.asarray(b.ip, np.uint64), np.asarray(b.ninsn, np.int64)
         sym, img = _ids(b, names)
         img = _one_value(img, np.int64)
+        space = _one_value(b.image, np.int32, "image" in one)
     return {
         "queue": repeated(q.index, n, np.int32),
         "cpu": repeated(q.cpu, n, np.int32),
@@ -563,7 +566,7 @@ def blocks_columns(b: PerfBlocks,
         "ip": ip,
         "instructions": ninsn,
         "mode": _one_value(b.mode, np.uint8, "mode" in one),
-        "space": _one_value(b.image, np.int32, "image" in one),
+        "space": space,
         "symbol": sym,
         "image": img,
         "row": RowNumbers(b.row, n),

@@ -833,7 +833,7 @@ class PerfBlocks:
 
     def images(self) -> list[tuple[int, np.ndarray | slice]]:
         """``(image number, selection)`` for each image the blocks ran in."""
-        image = self.image
+        image = np.asarray(self.image)  # (a column by key laid out)
         if image.shape[0] and ("image" in self.uniform or (image == image[0]).all()):
             return [(int(image[0]), slice(None))]
         if not image.shape[0]:
@@ -912,8 +912,12 @@ _GATHERED = (("ip", np.uint64), ("ninsn", np.uint32), ("mode", np.uint8), ("time
 _PASSED = (("ip", np.uint64), ("ninsn", np.int64), ("mode", np.uint8), ("image", np.int64),
            ("run", np.int32), ("offset", np.int64), ("ns", np.int64), ("tid", np.int64),
            ("pid", np.int64), ("duration", np.int64))  # fmt: skip
-#: The columns of the block a stream to Parquet takes by key.
-_BY_KEY = ("ip", "ninsn")
+#: The columns of the block a stream to Parquet takes by key.  (The
+#: image too: a block decoded before a process mapped more code keeps the
+#: image it was decoded in, so a real program's batches mix images a row
+#: at a time, and laying them out made each such batch's rows attributed
+#: one by one.)
+_BY_KEY = ("ip", "ninsn", "image")
 #: The columns the attribution loops write, in their order.
 _ATTRIBUTED = tuple(c for c, _ in _PASSED if c != "duration")
 _KIND = dict(_PASSED)
@@ -1109,7 +1113,12 @@ class QueueSink(FlowSink):
         # by key, not laid out.
         t = self.store.table() if m or keys is not None else None
         one = self._uniform(held, m, rest, batch, t if m else None)
-        by_key = _BY_KEY if keys is not None and not self.runs else ()
+        # (an image of one value stays that: a broadcast, not a key a row)
+        by_key = (
+            tuple(c for c in _BY_KEY if c != "image" or c not in one)
+            if keys is not None and not self.runs
+            else ()
+        )
         # ... and, for a thread's queue (no switches to look up a row at a
         # time), the time and duration as runs: from the store's time
         # points, not laid out.
