@@ -232,6 +232,48 @@ def test_stream_past_what_the_decoder_can_store(tmp_path, monkeypatch):
     np.testing.assert_array_equal(ips, expected)
 
 
+def test_a_store_outgrown_while_it_holds_rows_passes_them_on_at_once(tmp_path, monkeypatch):
+    """A store whose distinct blocks outgrow two-byte keys while it holds
+    rows (a real program's code) takes no more of the decoder's rows: they
+    are passed on from the store at the decoder's next stop and a new store
+    takes the rows after, where a batch's worth used to come laid out and
+    be attributed a row at a time.  The same flow."""
+    from hwtrace.session import perfflow
+
+    run, pt, expected = _trace(40)
+    path = tmp_path / "pt.data"
+    _write(path, run, pt, [])
+    output = perfflow.QueueSink.output
+    widened = []
+
+    def outgrow(self):
+        store = self.store
+        if not widened and store is not None and store.live and len(store) > 1000:
+            store.keys = store.keys.astype(np.uint32)  # (as past 65,535 distinct blocks)
+            store._kernel_store = None
+            widened.append(len(store))
+        return output(self)
+
+    laid_out = []
+    attribute = perfflow.QueueSink._attribute
+
+    def count(self, batch=None, stored=False):
+        laid_out.append(self.n_parts if batch is None else batch["ip"].shape[0])
+        return attribute(self, batch, stored)
+
+    monkeypatch.setattr(perfflow.QueueSink, "output", outgrow)
+    monkeypatch.setattr(perfflow.QueueSink, "_attribute", count)
+    # (small windows: the decoder stops often, as on a real program's trace)
+    got, _ = _streamed(path, batch_rows=1 << 20, runs=False, deferred=True, window_bytes=1024,
+                       chunk_bytes=1024)  # fmt: skip
+    assert widened and sum(len(b) for b in got) > 3 * widened[0]
+    # (rows laid out: at most what the decoder writes out between two
+    # stops, 4096, once or twice)
+    assert sum(laid_out) <= 2 * (1 << 12)
+    ips = np.concatenate([p.instructions() for b in got for p in b.split(97)])
+    np.testing.assert_array_equal(ips, expected)
+
+
 @pytest.mark.parametrize("runs", [True, False])
 def test_stream_reports_gaps_where_decode_perf_does(tmp_path, runs):
     run, pt, _ = _trace(10)

@@ -1023,7 +1023,11 @@ class QueueSink(FlowSink):
             # Event rows (reused by the decoder): kept for _attribute.
             self.events.append((b.events.copy(), b.event_offset.copy(), b.event_block + base))
         stored = len(self.store) if self.store is not None else 0
-        if stored and not self.n_parts and not n and 2 * stored < self.target:
+        # (a store outgrown by its distinct blocks takes no more rows from
+        # the decoder: what it holds is passed on now, and a new store
+        # takes the next rows, rather than a batch's worth laid out)
+        outgrown = stored > 0 and not self.store.live
+        if stored and not self.n_parts and not n and 2 * stored < self.target and not outgrown:
             # A small batch all in the store (a window's last rows): they
             # wait there for the next batch's, still keyed and with their
             # time and offset points, not laid out and gathered.
@@ -1031,7 +1035,7 @@ class QueueSink(FlowSink):
             return
         self.deferred = 0
         base = self.n_parts
-        if stored and not base and 2 * (stored + n) >= self.target:
+        if stored and not base and (2 * (stored + n) >= self.target or outgrown):
             # A batch of a compact stream, about as large as those passed
             # on: attributed straight from the store (and the decoder's
             # arrays, for the rows it could not store).
