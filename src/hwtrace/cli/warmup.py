@@ -621,6 +621,10 @@ def _stored_attribution() -> None:
     m = (1 << 16) + 16
     wide.append(np.arange(m, dtype=np.uint64), np.ones(m, np.uint32), np.full(m, 64, np.uint8),
                 np.zeros(m, np.int64), np.zeros(m, np.uint64))  # fmt: skip
+    # (rows the decoder wrote out, keyed into a store it has outgrown: the
+    # batch that passes that store's rows on)
+    wide.row_keys(np.arange(m, dtype=np.uint64), np.ones(m, np.uint32), np.full(m, 64, np.uint8),
+                  np.zeros(m, np.int64), np.zeros(m, np.uint32))  # fmt: skip
     wide.drain(np.zeros(m, np.uint64), np.zeros(m, np.uint32), np.zeros(m, np.uint8),
                np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.uint64))  # fmt: skip
     # (a per-thread queue's times and durations as runs: a held row, the

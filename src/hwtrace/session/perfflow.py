@@ -1069,8 +1069,7 @@ class QueueSink(FlowSink):
         g = self.gather
         if rows > g["ip"].shape[0]:
             # (a batch's worth at once: growing by doubling from a few rows
-            # copied and faulted in the rows gathered again and again, a
-            # tenth of a real program's decoding thread)
+            # copied and faulted in the rows gathered again at each step)
             size = max(rows, 2 * g["ip"].shape[0], self.target + (1 << 12))
             for c, v in g.items():
                 grown = np.empty(size, v.dtype)
