@@ -1069,3 +1069,35 @@ def test_redirect_table_as_the_runtime_probes_it():
 
     assert all(probe(k) == v for k, v in redirects.items())
     assert probe(0x555555554001) is None and probe(0x7FFF00000000) is None
+
+
+def test_a_programs_mixed_address_spaces_go_to_parquet_by_key(same_path, tmp_path):
+    """A program that maps more code as it runs (dlopen, twice) has
+    batches whose blocks were decoded in different address spaces (a
+    block keeps the image it was first decoded in): a stream to Parquet
+    gives them by block key, not laid out, each row's as decode_perf
+    keeps it, and the dataset's space column holds them."""
+    import pyarrow.dataset as pads
+
+    from hwtrace.columns import Keyed
+    from hwtrace.session.perfflow import stream_perf
+
+    exe = build_program("dlopen")
+    path = tmp_path / "perf.data"
+    rec = record_patched_perf([str(exe)], path, PatchOptions(), stdout=subprocess.DEVNULL)
+    assert os.waitstatus_to_exitcode(rec.exit_status) == 0
+    data = read_perf_data(path)
+    (q,) = decode_perf(data).queues
+    images = q.flow.block_image
+    assert images is not None and np.unique(images).shape[0] > 1
+    got = []
+    stream_perf(data, got.append, batch_rows=1 << 12, runs=False, deferred=True)
+    assert any(isinstance(b.image, Keyed) for b in got)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b.image) for b in got]), images)
+    out = tmp_path / "ds"
+    assert hwtrace_main(["decode", "-i", str(path), "-o", str(out)]) == 0
+    rows = pads.dataset(out / "blocks", format="parquet", partitioning="hive").to_table(
+        columns=["row", "space"]
+    )
+    order = np.argsort(rows.column("row").to_numpy())
+    np.testing.assert_array_equal(rows.column("space").to_numpy()[order], images)
