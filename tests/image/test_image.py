@@ -791,3 +791,38 @@ def test_symbols_kept_in_the_cache_are_the_ones_read(tmp_path, monkeypatch) -> N
     calls.clear()
     assert table(False) == want and calls  # another file now: read
     assert len(list((tmp_path / "cache" / "elf-symbols").iterdir())) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    tables=st.integers(1, 6),
+    spread=st.sampled_from([1 << 12, 1 << 40]),
+)
+def test_symbol_tables_merged_are_those_sorted_whole(seed, tables, spread):
+    """Tables merged (a process's files, the kernel's, the JIT code's):
+    the same rows as their symbols sorted together, whether their
+    address ranges lie apart (laid end to end, not sorted) or
+    interleave, equal starts and sizes kept in order."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for k in range(tables):
+        n = int(rng.integers(1, 30))
+        base = int(rng.integers(0, spread))
+        start = np.sort(rng.integers(base, base + 5000, n)).astype(np.uint64)
+        if k % 3 == 2:
+            start = start + np.uint64(0xFFFF_8000_0000_0000)  # (kernel addresses)
+        size = rng.integers(1, 64, n).astype(np.uint64)
+        parts.append(SymbolTable(start, size, np.arange(n), [f"t{k}s{i}" for i in range(n)],
+                                 rng.integers(0, 2, n), np.zeros(n, np.int32), [f"m{k}"]))  # fmt: skip
+    got = SymbolTable.merge(parts)
+    start = np.concatenate([t.start for t in parts])
+    size = np.concatenate([t.size for t in parts])
+    order = np.lexsort((~size, start))
+    names = [t.name(i) for t in parts for i in range(len(t))]
+    modules = [t.module_name(i) for t in parts for i in range(len(t))]
+    kinds = np.concatenate([t.kind for t in parts])
+    assert (got.start == start[order]).all() and (got.size == size[order]).all()
+    assert (got.kind == kinds[order]).all()
+    assert [got.name(i) for i in range(len(got))] == [names[j] for j in order.tolist()]
+    assert [got.module_name(i) for i in range(len(got))] == [modules[j] for j in order.tolist()]

@@ -9,6 +9,7 @@ addresses with one ``np.searchsorted``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -141,13 +142,21 @@ class SymbolTable:
             module.append(table.module + len(modules))
             names.extend(table.names)
             modules.extend(table.modules)
+        # Tables of address ranges that do not interleave (one a mapped
+        # file, the kernel's, the JIT code's) are in order one after
+        # another: laid end to end by address they need no sort (a
+        # process's image is merged again at each mapping it adds).
+        seq = sorted(range(len(tables)), key=lambda i: int(tables[i].start[0]))
+        if any(int(tables[a].start[-1]) >= int(tables[b].start[0])
+               for a, b in itertools.pairwise(seq)):  # fmt: skip
+            seq = list(range(len(tables)))
         out = cls(
-            np.concatenate([t.start for t in tables]),
-            np.concatenate([t.size for t in tables]),
-            np.concatenate(name_index),
+            np.concatenate([tables[i].start for i in seq]),
+            np.concatenate([tables[i].size for i in seq]),
+            np.concatenate([name_index[i] for i in seq]),
             names,
-            np.concatenate([t.kind for t in tables]),
-            np.concatenate(module),
+            np.concatenate([tables[i].kind for i in seq]),
+            np.concatenate([module[i] for i in seq]),
             modules,
         )
         out.biases = [b for t in tables for b in t.biases]
