@@ -702,6 +702,13 @@ def _held_bytes(column: object) -> int:
     return 0
 
 
+def _bucket_runs(starts: np.ndarray, buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' buckets, given from rows ``starts`` on, as runs of one bucket
+    (each run's first row, its bucket)."""
+    keep = np.append(True, buckets[1:] != buckets[:-1])
+    return starts[keep], buckets[keep]
+
+
 def _batch_bytes(b: PerfBlocks) -> int:
     """About the memory a batch of blocks holds until it is written."""
     columns = (b.ip, b.ninsn, b.mode, b.ns, b.duration, b.tid, b.pid, b.image, b.run, b.gap,
@@ -852,8 +859,7 @@ class _Partitioned:
         else:
             if isinstance(bucket, np.ndarray):
                 # Perf time rises along a queue: buckets come in runs.
-                starts = np.flatnonzero(np.diff(bucket)) + 1
-                bucket = (np.append(0, starts), bucket[np.append(0, starts)])
+                bucket = _bucket_runs(np.arange(n, dtype=np.int64), bucket)
             starts, values = bucket
             edges = [*starts.tolist(), n]
             first = values.tolist()
@@ -1157,13 +1163,8 @@ class FlowParquetWriter:
                 starts, edges = np.append(0, starts), np.append(-1, edges)
             keep = np.append(starts[:-1] != starts[1:], True)
             return starts[keep], edges[keep]
-        if isinstance(ns, Runs):
-            starts = ns.starts
-        else:
-            starts = np.arange(len(values), dtype=np.int64)
-        buckets = np.where(values >= 0, values // bucket_ns, -1)
-        keep = np.append(True, buckets[1:] != buckets[:-1])  # (a run per bucket met)
-        return starts[keep], buckets[keep]
+        starts = ns.starts if isinstance(ns, Runs) else np.arange(len(values), dtype=np.int64)
+        return _bucket_runs(starts, np.where(values >= 0, values // bucket_ns, -1))
 
     def write_blocks(self, b: PerfBlocks, expand_insns: int = 1 << 18) -> None:
         """One batch of blocks (and its PTWRITE marks); its instructions too
