@@ -85,6 +85,40 @@ def test_locator_reports_missing_and_changed_binaries(tmp_path):
     assert BinaryLocator(buildid_dirs=(cache,)).find("/gone", real) == entry / "elf"
 
 
+def test_a_binary_found_in_the_build_id_cache_is_named_as_mapped(tmp_path):
+    """A binary found through perf's build-id cache (its copy named
+    ``.../elf``) is known by the path the recording mapped: its sections,
+    the places of code no symbol covers, and the Parquet images table's
+    name for such code (one image, as its symbols have)."""
+    from hwtrace.export.parquet import Names
+    from hwtrace.image.elf import read_elf
+
+    exe = sys.executable
+    real = elf_build_id(exe)
+    if real is None:
+        pytest.skip(f"{exe} has no build id")
+    cache = tmp_path / "cache"
+    entry = cache / ".build-id" / real.hex()[:2] / real.hex()[2:]
+    entry.mkdir(parents=True)
+    shutil.copy(exe, entry / "elf")
+    mapped = "/recorded/bin/python-as-run"
+    text = next(s for s in read_elf(exe).segments if s.executable)
+    base = 0x5555_0000_0000
+    start = base + (text.vaddr - text.vaddr % 4096)
+    sb = Sideband()
+    sb.add_mmap(1, 7, start, text.filesz + text.vaddr % 4096, text.offset - text.vaddr % 4096,
+                mapped, build_id=real)  # fmt: skip
+    image, _ = sb.space_at(7, 2).image(BinaryLocator(buildid_dirs=(cache,)))
+    sections = [s for _, s in image.mappings()]
+    assert sections and {s.path for s in sections} == {mapped}
+    assert {s.filename for s in sections} == {str(entry / "elf")}
+    assert image.locate(sections[0].address).startswith("python-as-run+")
+    names = Names()
+    _, _, ids = names.sections(image)
+    assert set(ids.tolist()) == {names.image(mapped)}
+    assert [r.as_py() for r in names.images_table().column("path")] == [mapped]
+
+
 def test_kallsyms(tmp_path):
     f = tmp_path / "kallsyms"
     f.write_text(

@@ -355,7 +355,7 @@ class Names:
         if got is None:
             starts, ends, ids = [], [], []
             for _, s in image.mappings():  # type: ignore[attr-defined]
-                path = s.filename or s.name
+                path = s.path or s.name
                 starts.append(s.address)
                 ends.append(s.end)
                 ids.append(self.image(path) if path else 0)

@@ -150,10 +150,15 @@ class Image:
         size: int | None = None,
         address: int = 0,
         asid: Asid = ANY,
+        *,
+        mapped: str | None = None,
     ) -> Section:
         """Map bytes ``offset .. offset+size`` of a file (to its end when size is None)
-        at ``address``; the file is memory-mapped, not read."""
-        return self.add_section(Section.from_file(filename, offset, size, address), asid)
+        at ``address``; the file is memory-mapped, not read.  ``mapped``: the
+        path a recording mapped, where ``filename`` is a copy of it
+        (:class:`~hwtrace.image.sections.Section`)."""
+        section = Section.from_file(filename, offset, size, address, mapped=mapped)
+        return self.add_section(section, asid)
 
     def add_raw_spec(self, spec: str, asid: Asid = ANY) -> Section:
         """Map a ptxed ``--raw <file>[:<from>[-<to>]]:<base>`` argument."""
@@ -166,15 +171,18 @@ class Image:
         asid: Asid = ANY,
         *,
         executable_only: bool = False,
+        mapped: str | None = None,
     ) -> LoadedElf:
         """Map an ELF file's ``PT_LOAD`` segments and add its symbols.
 
         Every segment with file bytes is mapped (as ptxed does; only the
         executable ones with ``executable_only``).  ``load_address`` places
         the lowest segment (bias = load_address - lowest vaddr); None keeps
-        the link addresses.
+        the link addresses.  ``mapped``: the path a recording mapped, where
+        ``path`` is a copy of it (named after it).
         """
-        loaded = load_elf(path, load_address, asid, executable_only=executable_only)
+        loaded = load_elf(path, load_address, asid, executable_only=executable_only,
+                          mapped=mapped)  # fmt: skip
         for section in loaded.sections:
             self.add_section(section, asid)
         self._loads.append(loaded)
@@ -367,7 +375,7 @@ class Image:
         section = self.find(address, asid)
         if section is None:
             return ""
-        where = os.path.basename(section.filename) if section.filename else section.name
+        where = os.path.basename(section.path) if section.path else section.name
         return f"{where or '?'}+{address - section.address + section.offset:#x}"
 
     def __repr__(self) -> str:

@@ -295,8 +295,11 @@ def load_elf(
     asid: Asid = ANY,
     *,
     executable_only: bool = False,
+    mapped: str | None = None,
 ) -> LoadedElf:
-    """Make the sections and relocated symbols of an ELF file.
+    """Make the sections and relocated symbols of an ELF file (named
+    after ``mapped``, the path a recording mapped, when ``path`` is a copy
+    of it).
 
     ``load_address`` is where the lowest ``PT_LOAD`` address goes (bias =
     load_address - lowest vaddr), for any ELF type as in ptxed; None keeps
@@ -304,7 +307,7 @@ def load_elf(
     means "loaded at 0").
     """
     elf = read_elf(path)
-    name = os.path.basename(elf.path)
+    name = os.path.basename(mapped or elf.path)
     loadable = [s for s in elf.segments if s.filesz > 0]
     if executable_only:
         loadable = [s for s in loadable if s.executable]
@@ -313,7 +316,8 @@ def load_elf(
         raise ImageError(f"{elf.path}: no {what}")
     bias = 0 if load_address is None else load_address - elf.min_vaddr
     sections = tuple(
-        Section.from_file(elf.path, s.offset, s.filesz, s.vaddr + bias, name) for s in loadable
+        Section.from_file(elf.path, s.offset, s.filesz, s.vaddr + bias, name, mapped)
+        for s in loadable
     )
     symbols = elf.symbols.relocate(bias, name)
     return LoadedElf(elf.path, name, elf.elf_type, bias, asid, sections, symbols)

@@ -109,6 +109,10 @@ class Section:
     ``data`` is a read-only uint8 view (of the file's memory map for
     file-backed sections), ``offset`` is where ``data`` starts in
     ``filename`` (0 for in-memory sections) and ``name`` is for people.
+    ``mapped``: the path a recording mapped the code from when
+    ``filename`` is a copy of that file found elsewhere (in perf's
+    build-id cache, under a ``--symfs`` root); :attr:`path` is the one to
+    name the code by.
     """
 
     address: int
@@ -117,6 +121,7 @@ class Section:
     filename: str | None = None
     offset: int = 0
     name: str = ""
+    mapped: str | None = None
 
     def __post_init__(self) -> None:
         if self.data.dtype != np.uint8 or self.data.ndim != 1:
@@ -129,6 +134,12 @@ class Section:
             view = self.data.view()
             view.flags.writeable = False
             object.__setattr__(self, "data", view)
+
+    @property
+    def path(self) -> str | None:
+        """The file the code is known by: the one the recording mapped,
+        else the one its bytes are read from (None: in memory)."""
+        return self.mapped or self.filename
 
     @property
     def end(self) -> int:
@@ -157,9 +168,10 @@ class Section:
         size: int | None = None,
         address: int = 0,
         name: str | None = None,
+        mapped: str | None = None,
     ) -> Section:
         """Bytes ``offset .. offset+size`` of a file (to its end when size is None),
-        memory-mapped, at ``address``."""
+        memory-mapped, at ``address`` (``mapped``: see :class:`Section`)."""
         path = os.fspath(filename)
         if offset < 0 or (size is not None and size <= 0):
             raise ImageError(f"{path}: bad range: offset {offset:#x}, size {size}")
@@ -175,15 +187,17 @@ class Section:
                 f"{path}: range {offset:#x}-{end:#x} extends beyond the end of the file ({total:#x})"
             )
         _check_address(path, address, end - offset)
-        label = os.path.basename(path) if name is None else name
-        return cls(address, end - offset, whole[offset:end], path, offset, label)
+        label = os.path.basename(mapped or path) if name is None else name
+        return cls(address, end - offset, whole[offset:end], path, offset, label,
+                   None if mapped == path else mapped)  # fmt: skip
 
     def slice(self, begin: int, end: int) -> Section:
         """The part of the section at addresses ``begin .. end`` (same map, no copy)."""
         lo, hi = begin - self.address, end - self.address
         if not 0 <= lo < hi <= self.size:
             raise ValueError(f"{begin:#x}-{end:#x} is not inside {self!r}")
-        return Section(begin, hi - lo, self.data[lo:hi], self.filename, self.offset + lo, self.name)
+        return Section(begin, hi - lo, self.data[lo:hi], self.filename, self.offset + lo, self.name,
+                       self.mapped)  # fmt: skip
 
     def __repr__(self) -> str:
         where = f"{self.filename}@{self.offset:#x}" if self.filename else "memory"

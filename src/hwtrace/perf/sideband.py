@@ -246,16 +246,17 @@ class AddressSpace:
             found, elf, bias = _placement(locator, m)
             if found is None:
                 continue
+            # (named after the file the recording mapped, wherever its bytes
+            # came from: a build-id cache's ``elf``, a --symfs copy)
             if elf is None or bias is None:
-                image.add_raw(found, m.pgoff, m.length, m.start)
+                image.add_raw(found, m.pgoff, m.length, m.start, mapped=m.path)
                 continue
             try:
-                loaded = image.add_elf(found, elf.min_vaddr + bias, executable_only=True)
+                loaded = image.add_elf(found, elf.min_vaddr + bias, executable_only=True,
+                                       mapped=m.path)  # fmt: skip
             except ImageError:
-                image.add_raw(found, m.pgoff, m.length, m.start)
+                image.add_raw(found, m.pgoff, m.length, m.start, mapped=m.path)
                 continue
-            # Named after the file the recording mapped, wherever its bytes
-            # came from (a build-id cache's ``elf``, a --symfs copy).
             tables.append(loaded.symbols.relocate(0, m.path))
         return tables
 
