@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,62 @@ def test_process_image_from_real_maps(tmp_path):
                 assert image.read(at[name], 16) == mem.read(16), name
     finally:
         proc.communicate(b"x")
+
+
+def test_the_build_id_cache_is_perfs_buildid_dir(tmp_path, monkeypatch):
+    """perf's ``buildid.dir`` (from the file $PERF_CONFIG names, else
+    /etc/perfconfig and ~/.perfconfig, the later winning), else
+    ~/.debug: where hwtrace looks for binaries and keeps the vDSO."""
+    from hwtrace.perf.perfconfig import buildid_dir, perf_config_value
+
+    monkeypatch.delenv("PERF_CONFIG", raising=False)
+    monkeypatch.setenv("PERF_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert buildid_dir() == tmp_path / ".debug"
+    assert BinaryLocator().buildid_dirs == (tmp_path / ".debug",)
+    (tmp_path / ".perfconfig").write_text(
+        "# perf config\n[report]\n\tdir = /not/this\n[buildid]\n"
+        '\tdir = "/srv/cache" ; a comment\n[annotate]\n\tdir = /nor/this\n'
+    )
+    assert buildid_dir() == Path("/srv/cache")
+    own = tmp_path / "own.config"
+    own.write_text(f"[buildid]\ndir = {tmp_path / 'c'}\n[BuildId]\n  Dir = {tmp_path / 'd'}\n")
+    monkeypatch.setenv("PERF_CONFIG", str(own))
+    assert buildid_dir() == tmp_path / "d"  # (only that file; the last value)
+    assert perf_config_value("report", "dir") is None
+    monkeypatch.setenv("PERF_CONFIG", "/dev/null")
+    assert buildid_dir() == tmp_path / ".debug"
+    monkeypatch.setenv("PERF_CONFIG", str(tmp_path / "no-such-file"))
+    assert buildid_dir() == tmp_path / ".debug"
+    # vDSOs go there too.
+    monkeypatch.setenv("PERF_CONFIG", str(own))
+    from hwtrace.perf.sideband import cache_vdso
+
+    got = cache_vdso(b"\x7fELF-bytes", bytes.fromhex("ab" * 20))
+    assert got == tmp_path / "d" / "[vdso]" / ("ab" * 20) / "vdso"
+    assert BinaryLocator().find("[vdso]", bytes.fromhex("ab" * 20)) is not None
+
+
+@given(st.text(max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_any_perf_configuration_text_is_read_without_error(text):
+    """A configuration file of any text gives a value or none, never an
+    error (perf warns about such a file and goes on)."""
+    import os
+    import tempfile
+
+    from hwtrace.perf.perfconfig import perf_config_value
+
+    with tempfile.NamedTemporaryFile("w", suffix=".perfconfig", delete=False) as f:
+        f.write("[buildid]\n" + text)
+    saved = os.environ.get("PERF_CONFIG")
+    os.environ["PERF_CONFIG"] = f.name
+    try:
+        got = perf_config_value("buildid", "dir")
+        assert got is None or isinstance(got, str)
+    finally:
+        os.unlink(f.name)
+        if saved is None:
+            del os.environ["PERF_CONFIG"]
+        else:
+            os.environ["PERF_CONFIG"] = saved

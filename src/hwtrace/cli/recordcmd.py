@@ -82,7 +82,8 @@ def record_main(argv: Sequence[str]) -> int:
         "has Intel PT, else patch (step with -p)",
     )
     p.add_argument("-N", "--no-buildid-cache", action="store_true",
-                   help="do not put the vDSO into perf's build-id cache (~/.debug)")  # fmt: skip
+                   help="do not put the vDSO into perf's build-id cache "
+                        "(perf's buildid.dir, ~/.debug)")  # fmt: skip
     p.add_argument("-z", "--compression-level", type=_zstd_level, nargs="?", const=1, default=0,
                    metavar="N", help="compress the records but the trace's (zstd, level N: "
                    "1-22, default 1), as perf record -z does")  # fmt: skip

@@ -31,6 +31,7 @@ from ..image.revisions import CodeRevisions
 from ..image.sections import ImageError
 from ..image.symbols import SymbolTable
 from ..pt.timing import tsc_to_ns
+from .perfconfig import buildid_dir
 
 if TYPE_CHECKING:
     from ..image.kernelcode import KernelCode
@@ -99,8 +100,9 @@ NOT_FOUND = "binary not found"
 class BinaryLocator:
     """Finds the binaries a recording names: by build id in perf's build-id
     caches (``DIR/.build-id/xx/yyyy/elf``, or ``DIR/<path>/<build id>/elf``
-    where the link is missing; ``DIR`` is ``~/.debug`` as perf's default
-    ``buildid.dir``), then by path (under ``root``, a sysroot, when given).
+    where the link is missing; ``DIR`` is perf's ``buildid.dir``, by
+    default ``~/.debug``: :func:`~hwtrace.perf.perfconfig.buildid_dir`),
+    then by path (under ``root``, a sysroot, when given).
     Whatever file is found, the recording's path names the module.
 
     Problems are kept, once per binary, in ``problems`` (path -> message):
@@ -109,7 +111,7 @@ class BinaryLocator:
     """
 
     root: Path | None = None
-    buildid_dirs: tuple[Path, ...] = field(default_factory=lambda: (Path.home() / ".debug",))
+    buildid_dirs: tuple[Path, ...] = field(default_factory=lambda: (buildid_dir(),))
     problems: dict[str, str] = field(default_factory=dict)
     _found: dict[tuple[str, bytes | None], Path | None] = field(default_factory=dict)
 
@@ -158,9 +160,9 @@ class BinaryLocator:
 def cache_vdso(data: bytes, build_id: bytes, directory: Path | None = None) -> Path:
     """Keep a process's vDSO in perf's build-id cache, as ``perf record``
     does (``DIR/[vdso]/<build id>/vdso`` and the ``.build-id/xx/yyyy``
-    link; ``DIR``: ``~/.debug``), so that perf and hwtrace decode the code
-    run there; returns the file."""
-    d = directory if directory is not None else Path.home() / ".debug"
+    link; ``DIR``: perf's ``buildid.dir``, ``~/.debug`` by default), so
+    that perf and hwtrace decode the code run there; returns the file."""
+    d = directory if directory is not None else buildid_dir()
     hexid = build_id.hex()
     home = d / "[vdso]" / hexid
     target = home / "vdso"

@@ -228,7 +228,7 @@ class SoftwareRecording:
 
     def vdso_file(self, index: int | None = None, directory: Path | None = None) -> Path | None:
         """Process image ``index``'s vDSO, kept in perf's build-id cache
-        (``directory``, default ``~/.debug``; see
+        (``directory``, default perf's ``buildid.dir``, ``~/.debug``; see
         :func:`hwtrace.perf.sideband.cache_vdso`), or None without one."""
         if self.steps is None:
             return None

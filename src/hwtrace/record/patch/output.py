@@ -55,7 +55,7 @@ def _vdso_file(rec: PatchRecording, directory: Path | None = None) -> Path | Non
 def patch_image(rec: PatchRecording, directory: Path | None = None) -> Image:
     """The ELF files and vDSO the recorded process ran, at their addresses;
     the vDSO is kept in perf's build-id cache (``directory``, default
-    ``~/.debug``)."""
+    perf's ``buildid.dir``, ``~/.debug`` unless configured)."""
     return files_image(rec.comm, _mmaps(rec), _maps(rec), _vdso_file(rec, directory))
 
 
