@@ -117,6 +117,26 @@ if "PYTEST_XDIST_WORKER" not in os.environ:
     numba_caches.drop_stale()
 
 
+def pytest_configure(config) -> None:
+    """perf's build-id cache in a directory of the run's own (perf's
+    ``buildid.dir``, set through a configuration file ``$PERF_CONFIG``
+    names, which perf and hwtrace read): the perf runs of the tests copy
+    every binary they sample into it (the interpreter's libllvmlite, 170
+    MB, in each checkout), which would otherwise fill the user's
+    ``~/.debug`` run after run.  Removed at the end."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if os.environ.get("HWTRACE_TEST_BUILDID_DIR"):
+        return  # (a worker: the controller's, inherited)
+    d = Path(tempfile.mkdtemp(prefix="hwtrace-buildid-"))
+    (d / "perfconfig").write_text(f"[buildid]\n\tdir = {d / 'cache'}\n")
+    os.environ["PERF_CONFIG"] = str(d / "perfconfig")
+    os.environ["HWTRACE_TEST_BUILDID_DIR"] = str(d)
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+
+
 _WATCHED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGPIPE")
 
 

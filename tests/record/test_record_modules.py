@@ -59,13 +59,15 @@ def cache(rec: SoftwareRecording, debug: Path, *, links: bool) -> dict[str, Path
 
 
 def run(args: list[str], home: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HOME=str(home))
+    # (no perf configuration: the build-id cache is ~/.debug)
+    env = dict(os.environ, HOME=str(home), PERF_CONFIG="/dev/null")
     return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=False)
 
 
 def hwtrace(args: list[str], home: Path, monkeypatch, capsys) -> str:
     """An hwtrace command's output, run here with HOME at ``home``."""
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PERF_CONFIG", "/dev/null")
     capsys.readouterr()
     assert hwtrace_main(args) == 0
     return capsys.readouterr().out

@@ -31,7 +31,9 @@ int main(void) { return (int)work(3) & 0; }
 
 
 def test_calls_into_the_vdso_decode(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("HOME", str(tmp_path))  # the build-id cache is ~/.debug
+    # (no perf configuration: the build-id cache is ~/.debug)
+    monkeypatch.setenv("PERF_CONFIG", "/dev/null")
+    monkeypatch.setenv("HOME", str(tmp_path))
     exe = str(compile_program(PROGRAM, "vdso", ("-O2", "-g0")))
     rec = record_software([exe], calls=["work"])
     path = tmp_path / "perf.data"
