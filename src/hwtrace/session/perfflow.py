@@ -893,8 +893,10 @@ class PerfStream(PerfDecoding[QueueInfo]):
 
 #: Rows of the decoder's batches a QueueSink asks for at most.
 MAX_DECODER_ROWS = 1 << 18
-#: Rows of a deferred stream's first batch at most (the decoder's first
-#: million rows take a writer's thread 20 ms to wait for).
+#: Rows a deferred stream's first store holds before it grows (it passes
+#: its rows on at half a batch, as every store does: passing the first
+#: 2^17 rows on at once, for the writer's thread to start sooner, measured
+#: no faster, the decoder's first windows being what the writer waits for).
 FIRST_DEFERRED_ROWS = 1 << 17
 
 
@@ -981,8 +983,7 @@ class QueueSink(FlowSink):
             # batch no larger than those passed on when the two add up.
             small = 1 << 12
             self.store_rows = max(self.target - small, small)
-            # (a deferred stream's first batch smaller: its taker, a thread
-            # of its own, starts while the decoder goes on)
+            # (a deferred stream's first store smaller: see FIRST_DEFERRED_ROWS)
             first = min(self.store_rows, FIRST_DEFERRED_ROWS) if self.defer else self.store_rows
             self.store = BlockStore(first)
             self.BLOCK_ROWS = small
