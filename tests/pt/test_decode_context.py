@@ -174,6 +174,40 @@ def test_code_tables_share_the_copy_of_a_section_they_both_map():
     assert arena.used == used + len(CODE_B) + len(CODE_JMP)
 
 
+def test_sections_of_the_same_file_bytes_share_one_copy(tmp_path):
+    """Each program a process exec's maps the same library anew: its
+    sections, cut from the one memory map of the file, are copied for the
+    flow loops once, while a section of other bytes (another part of the
+    file) gets its own copy, and a copy outlives no section."""
+    import gc
+
+    from hwtrace.pt.codetable import CodeTable, _code_arena
+
+    f = tmp_path / "lib.bin"
+    f.write_bytes(CODE_A + CODE_B)
+    arena = _code_arena()
+    first = Section.from_file(f, 0, len(CODE_A), 0x1000)
+    again = Section.from_file(f, 0, len(CODE_A), 0x1000)
+    other = Section.from_file(f, len(CODE_A), len(CODE_B), 0x1000)
+    tables = []
+    for section in (first, again, other):
+        image = Image()
+        image.add_section(section)
+        tables.append(CodeTable(image))
+    tables[0].fill(0x1000, 64)
+    used = arena.used
+    tables[1].fill(0x1000, 64)
+    assert arena.used == used
+    assert tables[0].code_space()[2].tolist() == tables[1].code_space()[2].tolist()
+    tables[2].fill(0x1000, 64)
+    assert arena.used == used + len(CODE_B)
+    at = arena.at[other]
+    assert bytes(arena.data[at : at + len(CODE_B)]) == CODE_B
+    del tables, image, first, again, other, section
+    gc.collect()
+    assert not arena.by_bytes or all(ref() is None for _, ref in arena.by_bytes.values())
+
+
 def test_blocks_after_an_image_grew_are_named_in_it():
     """The decoder storing its rows itself names a block by its image's
     number: after the process mapped more code (the image grown, its code

@@ -124,15 +124,22 @@ def _learned() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 class _CodeArena:
     """The copies of the sections of code the tables' flow loops decode
     from by themselves, one per section object for every table of the
-    process (a kernel's text, in every process image, is copied once).
-    Bytes are appended, never moved: a full array grows into a new one,
-    the old one left to the code spaces that hold it; at most
-    CODE_SPACE_MAX in all, emptied once no section copied lives on."""
+    process (a kernel's text, in every process image, is copied once),
+    and one for sections that view the same bytes: each program a process
+    exec's maps libc anew, its sections cut from the one memory map of
+    the file (:func:`~hwtrace.image.sections.map_file`).  Bytes are
+    appended, never moved: a full array grows into a new one, the old one
+    left to the code spaces that hold it; at most CODE_SPACE_MAX in all,
+    emptied once no section copied lives on."""
 
     def __init__(self) -> None:
         self.data = np.zeros(0, np.uint8)
         self.used = 0
         self.at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Where the bytes at an address (and of a length) were copied, and
+        # a section that views them: while it lives, so does the memory it
+        # views, so another section viewing that address holds those bytes.
+        self.by_bytes: dict[tuple[int, int], tuple[int, weakref.ref]] = {}
 
     def place(self, section) -> int:
         """Where ``section``'s bytes are in :attr:`data` (copied now if
@@ -141,8 +148,13 @@ class _CodeArena:
         if got is not None:
             return got
         if not self.at:
-            self.data, self.used = np.zeros(0, np.uint8), 0
+            self.data, self.used, self.by_bytes = np.zeros(0, np.uint8), 0, {}
         size = int(section.data.shape[0])
+        where = (section.data.__array_interface__["data"][0], size)
+        twin = self.by_bytes.get(where)
+        if twin is not None and twin[1]() is not None:
+            self.at[section] = twin[0]
+            return twin[0]
         used = self.used
         if used + size > CODE_SPACE_MAX:
             return -1
@@ -152,6 +164,7 @@ class _CodeArena:
             self.data = grown
         self.data[used : used + size] = section.data
         self.at[section] = used
+        self.by_bytes[where] = (used, weakref.ref(section))
         self.used = used + size
         return used
 
