@@ -433,10 +433,14 @@ class _Scratch:
             size = encode()
             if size != pp.GROW:
                 return size
-            bigger = min(self.slots.shape[0] * 4, pp.DICT_SLOTS)
-            self.slots.fill(-1)
-            self._table(bigger)
-            pp.place_entries(self.keys, self.slots, self.entries, int(state[pp.ST_DICT]))
+            self._grow_table(int(state[pp.ST_DICT]))
+
+    def _grow_table(self, count: int) -> None:
+        """A table four times as large (at most DICT_SLOTS), holding the
+        dictionary's ``count`` entries so far."""
+        self.slots.fill(-1)
+        self._table(min(self.slots.shape[0] * 4, pp.DICT_SLOTS))
+        pp.place_entries(self.keys, self.slots, self.entries, count)
 
     def reset_dictionary(self, count: int) -> None:
         """Empty the table for the next column chunk."""
@@ -466,9 +470,7 @@ class _Scratch:
                 rank = np.empty(order.shape[0], np.int32)
                 rank[order] = np.arange(order.shape[0], dtype=np.int32)
                 return rank[inverse.reshape(-1)], distinct[order]
-            self.slots.fill(-1)
-            self._table(min(self.slots.shape[0] * 4, pp.DICT_SLOTS))
-            pp.place_entries(self.keys, self.slots, self.entries, count)
+            self._grow_table(count)
         dictionary = self.entries[:got].copy()
         self.reset_dictionary(got)
         return out, dictionary
