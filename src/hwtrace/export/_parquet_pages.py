@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import aot
 from ..columns import SequencedKeys
-from ..pt.blocks import next_offset_change
+from ..pt.blocks import OFF_FAR, next_offset_change
 
 NOT_NULL = 0
 NULL_IF_NEGATIVE = 1
@@ -698,37 +698,6 @@ def _hybrid_runs(out, pos, starts, vals, k, n, width, scratch):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
-def _place_bits(out, p, starts, vals, u0, u1, first, w):
-    """A miniblock of 32 deltas of ``w`` bits at ``p``, 0 but at the runs
-    ``u0..u1`` (a row each from ``first``, its delta from the run before):
-    their bits placed in increasing order into a word held in a register,
-    written when the next lands past it (``out`` has eight bytes to
-    spare).  Returns the position after it."""
-    nw = (4 * w + 7) >> 3
-    acc = np.uint64(0)
-    wi = np.int64(0)
-    for u in range(u0, u1):
-        bit = (starts[u] - first) * w
-        v = np.uint64(vals[u] - vals[u - 1])
-        at = bit >> 6
-        off = bit & 63
-        while wi < at:
-            _put_u64(out, p + 8 * wi, acc)
-            acc = np.uint64(0)
-            wi += 1
-        acc |= v << np.uint64(off)
-        if off + w > 64:
-            _put_u64(out, p + 8 * wi, acc)
-            wi += 1
-            acc = v >> np.uint64(64 - off)
-    while wi < nw:
-        _put_u64(out, p + 8 * wi, acc)
-        acc = np.uint64(0)
-        wi += 1
-    return p + 4 * w
-
-
-@aot.njit(cache=True, inline="always", _nrt=False)
 def _runs_block(out, pos, starts, vals, k, c, done, cnt, blk, scratch):
     """The block of the ``cnt`` deltas of rows ``done`` on of values given
     as ``k`` maximal runs (``c``: the first run that starts at ``done`` or
@@ -742,34 +711,58 @@ def _runs_block(out, pos, starts, vals, k, c, done, cnt, blk, scratch):
         for t in range(5):
             out[pos + t] = 0
         return pos + 5, c
-    # A miniblock at a time: its changes' deltas or'ed in a register, then
-    # their bits placed while they are in cache; kept when no delta is
-    # negative and some are 0 (their minimum 0).
-    p = pos + 5
-    nmb = (cnt + 31) >> 5
-    fits = True
-    for mb in range(4):
-        if mb >= nmb:
-            out[pos + 1 + mb] = 0
-            continue
-        row0 = done + 32 * mb
-        lim = min(row0 + 32, hi)
-        u0 = c
-        bits = np.int64(0)
-        while c < k and starts[c] < lim:
-            bits |= vals[c] - vals[c - 1]
-            c += 1
-        if bits < 0:
-            fits = False
-            break
-        w = _bit_length(bits)
-        out[pos + 1 + mb] = w
-        p = _place_bits(out, p, starts, vals, u0, c, row0, w)
-    if fits and c - c0 < cnt:
-        out[pos] = 0  # (the minimum, zigzag 0)
-        return p, c
+    # One pass over the block's changes ors their deltas per miniblock (in
+    # registers, no branch on which); kept when no delta is negative and
+    # some are 0 (their minimum 0).
+    o0 = np.int64(0)
+    o1 = np.int64(0)
+    o2 = np.int64(0)
+    o3 = np.int64(0)
     while c < k and starts[c] < hi:
+        d = vals[c] - vals[c - 1]
+        mb = (starts[c] - done) >> 5
+        o0 |= d if mb == 0 else 0
+        o1 |= d if mb == 1 else 0
+        o2 |= d if mb == 2 else 0
+        o3 |= d if mb == 3 else 0
         c += 1
+    if (o0 | o1 | o2 | o3) >= 0 and c - c0 < cnt:
+        # Each change's bits or'ed into words at its place (a miniblock of
+        # 32 values of w bits is 4w bytes, the four back to back), the
+        # word after taking what crosses over: no branch a change.
+        nmb = (cnt + 31) >> 5
+        w0 = _bit_length(o0)
+        w1 = _bit_length(o1) if nmb > 1 else 0
+        w2 = _bit_length(o2) if nmb > 2 else 0
+        w3 = _bit_length(o3) if nmb > 3 else 0
+        out[pos] = 0  # (the minimum, zigzag 0)
+        out[pos + 1] = w0
+        out[pos + 2] = w1
+        out[pos + 3] = w2
+        out[pos + 4] = w3
+        b1 = 32 * w0
+        b2 = b1 + 32 * w1
+        b3 = b2 + 32 * w2
+        nbytes = (b3 + 32 * w3) >> 3
+        words = blk  # (at most 4 * 32 * 63 bits: 126 words and one to cross into)
+        for t in range((nbytes >> 3) + 2):
+            words[t] = 0
+        for u in range(c0, c):
+            rel = starts[u] - done
+            mb = rel >> 5
+            w = w0 if mb == 0 else (w1 if mb == 1 else (w2 if mb == 2 else w3))
+            base = 0 if mb == 0 else (b1 if mb == 1 else (b2 if mb == 2 else b3))
+            g = np.uint64(base + (rel & 31) * w)
+            v = np.uint64(vals[u] - vals[u - 1])
+            a = g >> np.uint64(6)
+            off = g & np.uint64(63)
+            words[a] = np.int64(np.uint64(words[a]) | (v << off))
+            spill = (v >> np.uint64(1)) >> (np.uint64(63) - off)
+            words[a + np.uint64(1)] = np.int64(np.uint64(words[a + np.uint64(1)]) | spill)
+        p = pos + 5
+        for t in range((nbytes + 7) >> 3):
+            _put_u64(out, p + 8 * t, words[t])
+        return p + nbytes, c
     # (values laid out: the one before the block, then its own)
     q = c0 - 1
     for t in range(cnt + 1):
@@ -789,7 +782,7 @@ def encode_runs_delta(starts, vals, k, m, level_starts, level_vals, kl, n, nulls
     ``scratch``: int64 scratch of ``n``.  A block of deltas with no change
     of value is five bytes; one whose deltas are 0 but where values change
     (their minimum 0) packs its miniblocks by setting the bits of those
-    changes (:func:`_place_bits`); any other block is laid out and packed
+    changes (:func:`_runs_block`); any other block is laid out and packed
     as :func:`encode_delta` does."""
     if nulls == 0:
         pos = _rle_run(out, 4, n, 1, 1)
@@ -850,10 +843,73 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
     nr, nv, j, kf, row, value = next_offset_change(
         pts, far_row, far_val, j, kf, row, value, at, n, v0
     )
+    m = pts.shape[0]
+    dense = blk.view(np.uint8)  # (a block's deltas as bytes, where they fit)
     done = 1
     while done < n:
         cnt = min(128, n - done)
         hi = done + cnt
+        if nr >= hi:
+            for t in range(5):
+                out[pos + t] = 0
+            pos += 5
+            done = hi
+            continue
+        # Most blocks' changes are near points, each a row or more after
+        # the last: their steps are the deltas, placed as bytes where their
+        # rows are and packed a group of eight at a time.  A block with any
+        # other point is read as the reader reads it (below).
+        d0 = nv - held_value
+        fast = 0 <= d0 < 256
+        if fast:
+            for t in range(16):
+                blk[t] = 0
+            dense[nr - done] = d0
+            changed = 1
+            r = row
+            v = value
+            jj = j
+            while True:
+                if jj >= m:
+                    break
+                pt = np.int64(pts[jj])
+                if pt >= OFF_FAR or pt < 16:
+                    fast = False  # (a far point, or a second at one row)
+                    break
+                r2 = r + (pt >> 4)
+                if r2 + at >= hi:
+                    break
+                dense[r2 + at - done] = pt & 15
+                changed += (pt & 15) != 0
+                r = r2
+                v += pt & 15
+                jj += 1
+        if fast and changed < cnt:
+            low = min(low, nv)
+            high = max(high, v)
+            held_value = v
+            row, value, j = r, v, jj
+            nr, nv, j, kf, row, value = next_offset_change(pts, far_row, far_val, j, kf, row, value,
+                                                     at, n, held_value)  # fmt: skip
+            # (the minimum 0, then each miniblock's width: its bytes or'ed)
+            nmb = (cnt + 31) >> 5
+            out[pos] = 0
+            p = pos + 5
+            for mb in range(4):
+                bits = np.uint64(0)
+                if mb < nmb:
+                    for t in range(4):
+                        bits |= np.uint64(blk[4 * mb + t])
+                bits |= bits >> np.uint64(32)
+                bits |= bits >> np.uint64(16)
+                bits |= bits >> np.uint64(8)
+                w = _bit_length(bits & np.uint64(0xFF))
+                out[pos + 1 + mb] = w
+                if w:
+                    p = _pack_groups(out, p, dense[32 * mb : 32 * mb + 32], 4, w)
+            pos = p
+            done = hi
+            continue
         run_rows[0] = held_row
         run_values[0] = held_value
         k = 1
