@@ -24,6 +24,30 @@ from hwtrace.export.parquet_file import (
     column_specs,
 )
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _scratch_not_zeroed():
+    """The writers' scratch buffers are not zeroed (numpy.empty: a process
+    that writes again gets its freed memory back): filled with a pattern
+    here whenever they are made, so that an encoder reading a byte it did
+    not write makes other pages than the reference encoders and Arrow
+    read back."""
+    from hwtrace.export import parquet_file
+
+    grow = parquet_file._Scratch.grow
+
+    def grow_poisoned(self, rows: int) -> None:
+        before = self.rows
+        grow(self, rows)
+        if self.rows != before:
+            for a in (self.levels, self.indices, self.index_raw, self.wide, self.out):
+                a.view(np.uint8).fill(0xA5)
+
+    parquet_file._Scratch.grow = grow_poisoned
+    yield
+    parquet_file._Scratch.grow = grow
+
+
 TYPES = {"i32": pa.int32(), "i64": pa.int64(), "u8": pa.uint8(), "u64": pa.uint64(),
          "b": pa.bool_()}  # fmt: skip
 NP = {"i32": np.int32, "i64": np.int64, "u8": np.uint8, "u64": np.uint64, "b": np.bool_}

@@ -524,7 +524,7 @@ class _Scratch:
         n = len(keys)
         size = n * remap.itemsize
         if size + 64 > self.index_raw.shape[0]:
-            self.index_raw = np.zeros(2 * size + 64, np.uint8)
+            self.index_raw = np.empty(2 * size + 64, np.uint8)
         out = self.index_raw
         if isinstance(keys, SequencedKeys):
             pool = remap[keys.seq_keys]
@@ -561,19 +561,23 @@ class _Scratch:
         # as a stream's first is, share the buffers; memory fresh from the
         # system costs a fault a page, and a stall when the kernel makes a
         # huge page of it)
+        # (Not zeroed: the encoders write what they read.  Zeroing tens of
+        # MB is free from fresh pages, but a process that writes again (a
+        # cluster worker's next piece, a library's next dataset) gets the
+        # freed heap back and calloc clears it all: 5-40 ms a writer.)
         self.rows = max(pow2_at_least(rows), 2 * self.rows)
-        self.levels = np.zeros(self.rows, np.uint8)
-        self.indices = np.zeros(self.rows, np.int32)
+        self.levels = np.empty(self.rows, np.uint8)
+        self.indices = np.empty(self.rows, np.int32)
         # (a keyed column's rows' indices, of the type its dictionary's
         # size asks, with room for remap_entries' words past the last: two
         # bytes a row, more when a column has nulls or 65,536 values)
-        self.index_raw = np.zeros(self.rows * 2 + 64, np.uint8)
+        self.index_raw = np.empty(self.rows * 2 + 64, np.uint8)
         # (a delta page's non-null values; a block of its deltas)
-        self.wide = np.zeros(self.rows, np.int64)
+        self.wide = np.empty(self.rows, np.int64)
         self.deltas = np.zeros(128, np.int64)
         # Worst cases: PLAIN int64 values with their levels, a delta page's
         # 64-bit miniblocks with their headers, a full dictionary page.
-        self.out = np.zeros(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
+        self.out = np.empty(max(self.rows * 10, pp.DICT_LIMIT * 8) + 4096, np.uint8)
 
 
 class RowNumbers:
