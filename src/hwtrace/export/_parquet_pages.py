@@ -255,6 +255,11 @@ def _hybrid(out, pos, values, n, width):
         rest = values[i:n]  # (indexed from ranges: no negative-index checks)
         v = rest[0]
         j = 1
+        if values.itemsize == 1:
+            # (byte values: a run's length found eight at a time, as one word)
+            same = np.uint64(v) * np.uint64(0x0101010101010101)
+            while j + 8 <= rest.shape[0] and _load_bytes(rest, j) == same:
+                j += 8
         while j < rest.shape[0] and rest[j] == v:
             j += 1
         if j >= 8:
