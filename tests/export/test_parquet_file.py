@@ -289,7 +289,7 @@ def test_a_delta_page_of_runs_is_the_laid_out_page_byte_for_byte(seed, n, run_le
 @given(
     seed=st.integers(0, 2**32 - 1),
     n=st.integers(1, 1500),
-    every=st.sampled_from([1, 2, 5, 40, 300]),
+    every=st.sampled_from([0, 1, 2, 5, 40, 300]),
     steps=st.sampled_from(["bytes", "far", "back", "same_row"]),
     held=st.booleans(),
     cut=st.integers(0, 3),
@@ -309,9 +309,11 @@ def test_a_delta_page_of_offset_points_is_the_laid_out_page(seed, n, every, step
     pts, far_row, far_val = [], [], []
     row, value = 0, int(rng.integers(0, 1 << 40))
     prev = (row, value)
-    for i in range(n // every + 2):
+    for i in range(n // max(every, 1) + 2):
         if i:
-            dr = int(rng.integers(0 if steps == "same_row" else 1, 2 * every + 1))
+            # (every 0: a change at every row, blocks with no delta of 0)
+            dr = 1 if every == 0 else int(rng.integers(0 if steps == "same_row" else 1,
+                                                       2 * every + 1))  # fmt: skip
             dv = {
                 "bytes": int(rng.integers(1, 16)),
                 "far": int(rng.integers(1, 1 << 20)),
