@@ -892,6 +892,7 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
         if fast and changed < cnt:
             low = min(low, nv)
             high = max(high, v)
+            held_row = r + at if jj > j else nr
             held_value = v
             row, value, j = r, v, jj
             nr, nv, j, kf, row, value = next_offset_change(pts, far_row, far_val, j, kf, row, value,
