@@ -820,13 +820,14 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
     offsets (none null: none negative) of a batch whose first row is a
     held one's (``first``, when ``has_first``) and whose rows from ``at``
     are a block store's, given by the store's offset points (``pts``,
-    ``far_row``, ``far_val``; the first at the store's first row): the
-    changes read from the points a block of 128 rows at a time into
+    ``far_row``, ``far_val``; the first at the store's first row), a
+    block of 128 rows at a time, none laid out for the whole page: a
+    block of near points only has their steps placed as bytes at their
+    rows (in ``blk``) and packed; any other has its changes read into
     ``run_rows``/``run_values`` (int64 scratch of 130) and packed as
-    :func:`encode_runs_delta` packs runs, none laid out for the whole
-    page.  ``blk``: int64 scratch of 128, ``scratch`` of 129.  Returns
-    the page's length; -1 (nothing written) when the store's first row
-    has no point."""
+    :func:`encode_runs_delta` packs runs.  ``blk``: int64 scratch of 128,
+    ``scratch`` of 129.  Returns the page's length; -1 (nothing written)
+    when the store's first row has no point."""
     j = 0
     kf = np.uint64(0)
     row = np.int64(0)
@@ -854,18 +855,12 @@ def encode_points_delta(has_first, first, pts, far_row, far_val, at, n, state, b
     while done < n:
         cnt = min(128, n - done)
         hi = done + cnt
-        if nr >= hi:
-            for t in range(5):
-                out[pos + t] = 0
-            pos += 5
-            done = hi
-            continue
         # Most blocks' changes are near points, each a row or more after
         # the last: their steps are the deltas, placed as bytes where their
         # rows are and packed a group of eight at a time.  A block with any
         # other point is read as the reader reads it (below).
         d0 = nv - held_value
-        fast = 0 <= d0 < 256
+        fast = nr < hi and 0 <= d0 < 256
         if fast:
             for t in range(16):
                 blk[t] = 0

@@ -560,11 +560,10 @@ class _Scratch:
         # (a power of two: batches of about one size, one row more or less
         # as a stream's first is, share the buffers; memory fresh from the
         # system costs a fault a page, and a stall when the kernel makes a
-        # huge page of it)
-        # (Not zeroed: the encoders write what they read.  Zeroing tens of
-        # MB is free from fresh pages, but a process that writes again (a
-        # cluster worker's next piece, a library's next dataset) gets the
-        # freed heap back and calloc clears it all: 5-40 ms a writer.)
+        # huge page of it.  Not zeroed, the encoders writing what they
+        # read: a process that writes again (a cluster worker's next piece,
+        # a library's next dataset) gets its freed heap back, which calloc
+        # clears, 5-40 ms a writer.)
         self.rows = max(pow2_at_least(rows), 2 * self.rows)
         self.levels = np.empty(self.rows, np.uint8)
         self.indices = np.empty(self.rows, np.int32)

@@ -167,8 +167,8 @@ def write_perf_data(
     """Write ``rec`` to ``path`` as a perf.data that perf and hwtrace read;
     with ``buildid_cache`` the processes' vDSOs go into perf's build-id
     cache (perf's ``buildid.dir``, ``~/.debug``), as ``perf record`` puts
-    them there; ``cmdline``:
-    the recorder's command line for its header (see PerfRecording);
+    them there; ``cmdline``: the recorder's command line for its header
+    (see PerfRecording);
     ``compression``: zstd's level for the records (``perf record -z``)."""
     out = software_recording(rec, buildid_cache=buildid_cache)
     out.cmdline = cmdline
