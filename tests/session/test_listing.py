@@ -7,6 +7,11 @@ from hypothesis import strategies as st
 from hwtrace.textout.perfscript import ListingWriter, render_lines
 
 
+class _Table:
+    """A stand-in for a code table (the writer keeps its text by a weak
+    reference to the table)."""
+
+
 def _python(comms, comm, tid, ns, ip, names, modules, sym, off, ninsn, plain, usec=False):
     """perf script's ``%16s %5d %5lu.%09llu:  %16lx sym+0xoff (dso)``
     (``usec``: ``%5lu.%06lu``, perf's without --ns)."""
@@ -98,7 +103,7 @@ def test_lines_by_code_row_are_the_lines(n, seed, pool):
             row_off[code_row])  # fmt: skip
     want = b"".join(render_lines(*cols, plain=plain)).decode()
     writer = ListingWriter(None, chunk=97, row_text_bytes=pool)  # type: ignore[arg-type]
-    code = object()  # the table the rows are of
+    code = _Table()  # the table the rows are of
     half = n // 2
     got = []
     for lo, hi in ((0, half), (half, n)):

@@ -565,6 +565,10 @@ def _call_path_walk() -> None:
     profiler.gap(stream)
 
 
+class _Code:
+    """A stand-in for a code table (the listing keeps text by a weak reference to it)."""
+
+
 def _listing_loops() -> None:
     """Compile ``hwtrace script``'s listing loop
     (:mod:`hwtrace.textout.perfscript`) and perf's instruction times
@@ -577,7 +581,7 @@ def _listing_loops() -> None:
     ip = BASE + np.arange(n, dtype=np.uint64)
     index = np.zeros(n, np.int64)
     writer = ListingWriter(io.BytesIO())
-    code = object()  # (the rows' code table: only its identity is used)
+    code = _Code()  # (the rows' code table: only its identity is used)
     for ninsn, code_row in ((None, index), (np.ones(n, np.int64), None)):
         for _ in writer.views(["warm"], index, index, index, ip, ["warm_loop"], ["warm"], index,
                               index, ninsn, None, None, None, code_row, code):  # fmt: skip

@@ -143,10 +143,10 @@ class _WorkerContexts(QueueContexts):
         got = self.shared.get(key)
         if got is None:
             image = super().image_for(ns)
-            got = self.shared[key] = (image, self.symbols_of[id(image)],
+            got = self.shared[key] = (image, self.symbol_parts[id(image)],
                                       self.pid_of_image[id(image)])  # fmt: skip
-        image, symbols, pid = got
-        self.symbols_of[id(image)] = symbols
+        image, parts, pid = got
+        self.symbol_parts[id(image)] = parts
         self.pid_of_image[id(image)] = pid
         self.desc.setdefault(id(image), ("base", *key, ns))
         return image

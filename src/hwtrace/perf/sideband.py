@@ -207,8 +207,8 @@ class AddressSpace:
         is named from the process's perf map and jitdump files
         (``jitdumps``: those read already, by path).
         """
-        image, symbols, _ = self.grown_image(None, [], 0, locator, time, kernel, jitdumps)
-        return image, symbols
+        image, parts, _ = self.grown_image(None, [], 0, locator, time, kernel, jitdumps)
+        return image, SymbolTable.merge(parts)
 
     def grown_image(
         self,
@@ -219,14 +219,14 @@ class AddressSpace:
         time: int | None = None,
         kernel: KernelCode | None = None,
         jitdumps: dict[str, JitDump] | None = None,
-    ) -> tuple[Image, SymbolTable, list[SymbolTable]]:
+    ) -> tuple[Image, list[SymbolTable], list[SymbolTable]]:
         """:meth:`image`, made from ``base`` when given: the image of the
         first ``base_live`` of the mappings live at ``time`` (its symbol
         tables but the JIT code's: ``base_tables``).  The image is then a
         copy of it with the later mappings added, its sections the very
         objects of ``base`` where nothing replaced them (a decoder keeps
-        what it decoded of those).  Also gives the new image's tables
-        (but the JIT code's)."""
+        what it decoded of those).  Gives the tables its symbols merge
+        (:meth:`symbol_parts`) and its tables but the JIT code's."""
         if base is None:
             image = Image(f"pid {self.pid}")
             if kernel is not None:
@@ -237,7 +237,7 @@ class AddressSpace:
             image = base.copy(f"pid {self.pid}")
         maps = self.mappings if time is None else self.mappings_at(time)
         tables = base_tables + self.map_into(image, locator, maps[base_live:])
-        return image, self.symbols_of(locator, maps, tables, jitdumps), tables
+        return image, self.symbol_parts(locator, maps, tables, jitdumps), tables
 
     @staticmethod
     def map_into(image: Image, locator: BinaryLocator, maps: list[Mapping]) -> list[SymbolTable]:
@@ -262,15 +262,18 @@ class AddressSpace:
             tables.append(loaded.symbols.relocate(0, m.path))
         return tables
 
-    def symbols_of(self, locator: BinaryLocator, maps: list[Mapping],
-                   tables: list[SymbolTable], jitdumps: dict[str, JitDump] | None) -> SymbolTable:  # fmt: skip
-        """The symbols of an image of ``maps``: ``tables`` (the kernel's and
-        the files'), then the JIT code's, which is in no file: perf names it
-        from the process's perf map and the jitdump it mapped."""
+    def symbol_parts(self, locator: BinaryLocator, maps: list[Mapping],
+                     tables: list[SymbolTable],
+                     jitdumps: dict[str, JitDump] | None) -> list[SymbolTable]:  # fmt: skip
+        """The tables whose merge is the symbols of an image of ``maps``:
+        ``tables`` (the kernel's and the files'), then the JIT code's, which
+        is in no file: perf names it from the process's perf map and the
+        jitdump it mapped.  (Merged when asked for: a process that maps
+        its libraries one by one has an image for each step.)"""
         jit, problems = jit_symbols(self.pid, [m.path for m in maps], locator.root, jitdumps)
         for p in problems:
             locator.problems.setdefault(p.path, str(p))
-        return SymbolTable.merge([*tables, jit])
+        return [*tables, jit]
 
     def files_at(
         self, locator: BinaryLocator, time: int | None = None

@@ -415,6 +415,18 @@ class FlowDecoder:
         """The code tables of every image decoded so far."""
         return list(self._tables.values())
 
+    def release_tables(self, images: set[int]) -> int:
+        """Let go of the code tables (but the one in use) of which every
+        image is among the image numbers ``images``: code the trace will not
+        run again (a process that exec'd), whose rows are all passed on (a
+        row's ``run`` names its table's instructions).  Should the trace go
+        there after all, the code is decoded again.  Returns how many."""
+        gone = [key for key, table in self._tables.items()
+                if table is not self.table and table.indices <= images]  # fmt: skip
+        for key in gone:
+            del self._tables[key]
+        return len(gone)
+
     def use_table(self, table: CodeTable) -> None:
         """Decode with ``table`` from now on (a sideband context's own)."""
         if table is not self.table:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -81,7 +82,9 @@ class PerfNameRows:
         self.modules: list[str] = []
         self._plain: list[int] = []
         self._ids: dict[tuple[str, str, int], int] = {}
-        self._rows: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
+        # (by code table, while the table lives: a decoder lets go of the
+        # tables of code no longer run)
+        self._rows: WeakKeyDictionary[object, tuple[np.ndarray, np.ndarray]] = WeakKeyDictionary()
 
     @property
     def plain(self) -> np.ndarray:
@@ -111,16 +114,15 @@ class PerfNameRows:
         into the int64 arrays ``out`` when given)."""
         code = q.listing_table(image)
         cap = code.i_ip.shape[0]
-        got = self._rows.get(id(code))
-        if got is None or got[1].shape[0] < cap:
+        got = self._rows.get(code)
+        if got is None or got[0].shape[0] < cap:
             sym_k = np.full(cap, self._UNSET, np.int64)
             off_k = np.zeros(cap, np.int64)
             if got is not None:
-                sym_k[: got[1].shape[0]] = got[1]
-                off_k[: got[2].shape[0]] = got[2]
-            # The code is kept with its arrays: its id names it while it lives.
-            self._rows[id(code)] = got = (code, sym_k, off_k)
-        _, sym_k, off_k = got
+                sym_k[: got[0].shape[0]] = got[0]
+                off_k[: got[1].shape[0]] = got[1]
+            self._rows[code] = got = (sym_k, off_k)
+        sym_k, off_k = got
         if out is None:
             out = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0], np.int64)
         sym, off = out

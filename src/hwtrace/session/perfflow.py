@@ -28,6 +28,7 @@ are released as decoding moves on.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -260,6 +261,12 @@ def setup_decoding(
     return locator, sb, problems, (conv, pt_config_of(data), kernel, queues)
 
 
+#: Images a later one of their process replaced (see QueueContexts) that keep
+#: their merged symbol tables.
+SUPERSEDED_SYMBOLS_KEPT = 4
+_NEVER = 1 << 63
+
+
 class QueueContexts:
     """Which image a queue's decoder walks when tracing is enabled: the
     address space of the thread the sideband says ran then (per-thread
@@ -269,11 +276,26 @@ class QueueContexts:
     def __init__(self, cpu, tid, sb, conv, locator, kernel) -> None:
         self.cpu, self.tid, self.sb, self.conv = cpu, tid, sb, conv
         self.locator, self.kernel = locator, kernel
-        self.images: dict[tuple[int, int, int], tuple[Image, SymbolTable]] = {}
-        self.symbols_of: dict[int, SymbolTable] = {}
+        self.images: dict[tuple[int, int, int], Image] = {}
+        # Per image, the tables its symbols merge, merged when asked for
+        # (:meth:`symbols`); a process that maps its libraries one by one
+        # has an image for each step, and their merged tables would
+        # otherwise grow with the recording.
+        self.symbol_parts: dict[int, tuple[SymbolTable, ...]] = {}
         self.pid_of_image: dict[int, int] = {}
         self.space_of_image: dict[int, tuple[AddressSpace | None, int]] = {}
+        self._merged: dict[int, SymbolTable] = {}
         self.perf_names_of: dict[int, PerfNames] = {}
+        # Images a later one of their process took the place of (it mapped
+        # more, or exec'd): the decoder is past them, and of those only the
+        # last few asked for keep their merged tables.
+        self._superseded: set[int] = set()
+        self._superseded_kept: OrderedDict[int, None] = OrderedDict()
+        # When each image's process left its address space (see dead_images).
+        self._dies: dict[int, tuple[Image, int]] = {}
+        self._next_death = _NEVER
+        self._images_seen = 0
+        self._dead: dict[int, Image] = {}
         # Per process image generation: the last image made, the mappings
         # it holds and its symbol tables (the next is made from it).
         self.latest: dict[tuple[int, int], tuple[Image, list, list]] = {}
@@ -289,19 +311,51 @@ class QueueContexts:
         got = self.images.get(key)
         if got is None:
             if space is None:
-                got = (
-                    kernel.image if kernel is not None else Image("empty"),
-                    kernel.symbols if kernel is not None else SymbolTable.empty(),
-                )
+                got = kernel.image if kernel is not None else Image("empty")
+                parts = (kernel.symbols,) if kernel is not None else ()
             else:
-                got = self._space_image(pid, space, ns)
+                got, parts = self._space_image(pid, space, ns)
             self.images[key] = got
-            self.symbols_of[id(got[0])] = got[1]
-            self.pid_of_image[id(got[0])] = pid if space is not None else -1
-            self.space_of_image[id(got[0])] = (space, ns)
-        return got[0]
+            self.symbol_parts[id(got)] = tuple(parts)
+            self.pid_of_image[id(got)] = pid if space is not None else -1
+            self.space_of_image[id(got)] = (space, ns)
+        return got
 
-    def _space_image(self, pid: int, space: AddressSpace, ns: int) -> tuple[Image, SymbolTable]:
+    def dead_images(self) -> list[Image]:
+        """The images of address spaces their process had left (by exec)
+        before the time the decoder last asked about: it will not walk
+        them again.  (Their merged symbol tables are kept as superseded
+        images' are.)"""
+        ns = self.last_ns
+        if self._images_seen != len(self.images):
+            self._images_seen = len(self.images)
+            for image in self.images.values():
+                if id(image) not in self._dies:
+                    self._dies[id(image)] = (image, self._death(image))
+            self._next_death = self._soonest_death()
+        if ns >= self._next_death:
+            for key, (image, t) in self._dies.items():
+                if t <= ns and key not in self._dead:
+                    self._dead[key] = image
+                    if key not in self._superseded:
+                        self._supersede(image)
+            self._next_death = self._soonest_death()
+        return list(self._dead.values())
+
+    def _soonest_death(self) -> int:
+        return min((t for k, (_, t) in self._dies.items() if k not in self._dead), default=_NEVER)
+
+    def _death(self, image: Image) -> int:
+        """When the process of ``image`` left its address space (_NEVER:
+        not in the recording)."""
+        space, _ = self.space_of_image[id(image)]
+        if space is None:
+            return _NEVER
+        spaces = self.sb.spaces.get(self.pid_of_image[id(image)], ())
+        return min((s.since for s in spaces if s.since > space.since), default=_NEVER)
+
+    def _space_image(self, pid: int, space: AddressSpace,
+                     ns: int) -> tuple[Image, list[SymbolTable]]:  # fmt: skip
         """The image of ``space`` at ``ns``: made from the last one made of
         it when that one's mappings are the first of those live now (a
         process mapping more code: the decoder keeps what it decoded of
@@ -315,10 +369,29 @@ class QueueContexts:
             and all(a is b for a, b in zip(last[1], maps, strict=False))
         ):
             base, live, tables = last[0], len(last[1]), last[2]
-        image, symbols, tables = space.grown_image(base, tables, live, self.locator, ns,
-                                                   self.kernel, self.sb.jitdumps.get(pid))  # fmt: skip
+        image, parts, tables = space.grown_image(base, tables, live, self.locator, ns,
+                                                 self.kernel, self.sb.jitdumps.get(pid))  # fmt: skip
+        if last is not None:
+            self._supersede(last[0])
         self.latest[(pid, id(space))] = (image, maps, tables)
-        return image, symbols
+        return image, parts
+
+    def _supersede(self, image: Image) -> None:
+        self._superseded.add(id(image))
+        self._keep(id(image))
+
+    def _keep(self, key: int) -> None:
+        """Note that image ``key``'s merged tables were used; of superseded
+        images, those used longest ago let theirs go."""
+        if key not in self._superseded:
+            return
+        kept = self._superseded_kept
+        kept[key] = None
+        kept.move_to_end(key)
+        while len(kept) > SUPERSEDED_SYMBOLS_KEPT:
+            gone, _ = kept.popitem(last=False)
+            self._merged.pop(gone, None)
+            self.perf_names_of.pop(gone, None)
 
     def context(self, tsc: int | None, ip: int) -> Image:
         """:func:`~hwtrace.pt.decode.decode_trace`'s ``context``."""
@@ -358,11 +431,21 @@ class QueueContexts:
         return max(int(self.conv.to_tsc(min(changes))) - 64, 0)
 
     def symbols(self, image: Image) -> SymbolTable:
-        # An overlay of code revisions has its base image's symbols.
+        """The symbols of ``image`` (of an overlay of code revisions, its
+        base image's), merged from its tables once and kept while it is
+        its process's latest image (and a while after)."""
         base = getattr(image, "revision_base", None)
         if base is not None:
             image = base
-        return self.symbols_of.get(id(image), SymbolTable.empty())
+        key = id(image)
+        got = self._merged.get(key)
+        if got is None:
+            parts = self.symbol_parts.get(key)
+            if parts is None:
+                return SymbolTable.empty()
+            got = self._merged[key] = SymbolTable.merge(parts)
+        self._keep(key)
+        return got
 
     def perf_names(self, image: Image) -> PerfNames:
         """How perf names the addresses of ``image``: its files' symbols
@@ -374,6 +457,7 @@ class QueueContexts:
             image = base
         got = self.perf_names_of.get(id(image))
         if got is not None:
+            self._keep(id(image))
             return got
         space, ns = self.space_of_image.get(id(image), (None, 0))
         files = space.files_at(self.locator, ns) if space is not None else []
@@ -396,6 +480,7 @@ class QueueContexts:
             np.array([m.end for m, _, _ in files], np.uint64),
             [m.path for m, _, _ in files],
         )
+        self._keep(id(image))
         return got
 
     def revisions_for(self, image: Image) -> CodeRevisions | None:
@@ -641,6 +726,13 @@ class QueueInfo:
             if image in table.indices:
                 return table
         raise KeyError(image)
+
+    def release_tables(self, images: set[int]) -> None:
+        """Have the decoder let go of the code tables of image numbers
+        ``images`` (:meth:`~hwtrace.pt.flowdec.FlowDecoder.release_tables`):
+        their code is listed from :meth:`code` should it be asked for."""
+        if self._decoder is not None and images:
+            self._decoder.release_tables(images)
 
     def listing_table(self, image: int) -> CodeTable:
         """The code table the instructions of image number ``image`` are
@@ -976,6 +1068,7 @@ class QueueSink(FlowSink):
         self.deferred = 0  # rows of earlier decoder batches waiting in the store
         self.key_table: Mapping[str, np.ndarray] | None = None  # the last batch's
         self.store_number = -1
+        self.dead_seen = 0  # the images ctx.dead_images gave, when last asked
         if not runs:
             # The decoder stores rows itself and stops when the store is
             # full, for its rows to be passed on; it writes out only the
@@ -1233,6 +1326,25 @@ class QueueSink(FlowSink):
             self.ptw_pending = PtwMarks.join(
                 [marks, self.ptw_pending] if self.ptw_pending else [marks]
             )
+        self._release_code()
+
+    def _release_code(self) -> None:
+        """Have the decoder let go of the code tables of images the
+        queue's processes have left (by exec): a program exec'd in turn by
+        another (a shell, an interpreter's start-up) would otherwise keep
+        every one.  Once passed on, a batch is not kept (its ``run``
+        numbers are its table's), so only the held block's image waits; a
+        batch whose keys its taker lays out later keeps no run."""
+        dead = self.ctx.dead_images()
+        if len(dead) == self.dead_seen or self.deferred:
+            return
+        gone = {id(im) for im in dead}
+        numbers = {i for i, im in enumerate(self.q.images)
+                   if id(getattr(im, "revision_base", im)) in gone}  # fmt: skip
+        held = int(self.held["image"][0]) if self.held is not None else -1
+        self.q.release_tables(numbers - {held})
+        if held not in numbers:
+            self.dead_seen = len(dead)  # (else again with the next batch)
 
     def _offset_runs(self, held: int, total: int) -> tuple[Runs | Deferred, int]:
         """The trace offset of the held block (if ``held``) and of the rows

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -276,8 +277,7 @@ _NO_ROWS = np.zeros(1, np.int64)
 class _RowText:
     """Instructions' line text by code-table row, for one code table."""
 
-    def __init__(self, code: object, pool_bytes: int = _POOL_BYTES) -> None:
-        self.code = code  # kept: its id names it while it lives
+    def __init__(self, pool_bytes: int = _POOL_BYTES) -> None:
         self.at = np.zeros(0, np.int64)
         self.length = np.zeros(0, np.int64)
         self.pool = np.zeros(pool_bytes + _SLACK, np.uint8)
@@ -316,8 +316,10 @@ class ListingWriter:
         self._names: tuple[int, int] = (-1, -1)
         self._buf = np.zeros(0, np.uint8)
         self._zeros = np.zeros(0, np.uint64)
-        self._row_text: dict[int, _RowText] = {}
-        self._no_text = _RowText(None, 0)
+        # (by code table, while the table lives: a decoder lets go of the
+        # tables of code no longer run)
+        self._row_text: WeakKeyDictionary[object, _RowText] = WeakKeyDictionary()
+        self._no_text = _RowText(0)
 
     def write(self, rows) -> None:
         """Write :class:`~hwtrace.session.listing.ListingRows`."""
@@ -336,7 +338,8 @@ class ListingWriter:
         chunks, each a view valid until the next is asked for.  With
         ``code_row`` (each instruction's row in the code table ``code``,
         whose rows name one instruction each) an instruction's address and
-        name are formatted once per row."""
+        name are formatted once per row (and kept while ``code`` lives: it
+        takes a weak reference)."""
         key = (id(names), len(names))
         if key != self._names:
             # Names only grow within a listing: packed again when they do.
@@ -384,9 +387,9 @@ class ListingWriter:
         view = memoryview(out)
         use_rows = code_row is not None and code is not None and not blocks and n > 0
         if use_rows:
-            text = self._row_text.get(id(code))
-            if text is None or text.code is not code:
-                text = self._row_text[id(code)] = _RowText(code, self.row_text_bytes)
+            text = self._row_text.get(code)
+            if text is None:
+                text = self._row_text[code] = _RowText(self.row_text_bytes)
             rows = np.ascontiguousarray(code_row, np.int64)
             text.cover(int(rows.max()) + 1)
         else:
