@@ -657,6 +657,12 @@ def test_call_path_profile_counts_every_instruction_in_its_path(program):
     res = profile_trace(enc.data, image, patterns, enc.config, profile=True)
     got = dict(line.rsplit(" ", 1) for line in res.folded(name))
     assert {k: int(v) for k, v in got.items()} == want
+    # Each path's text, made once per caller for the paths below it, is
+    # its frames' names joined (in any order of asking, the empty path too).
+    every = list(range(len(res.paths) - 1, -2, -1))
+    for group in (None, lambda g: f"g{g}"):
+        assert res.path_texts(every, name, group) == [";".join(res.path_names(p, name, group))
+                                                      for p in every]  # fmt: skip
     times = decode_trace(enc.data, image, enc.config).block_time.astype(np.int64)
     span = int(times[-1] - times[0])
     assert sum(int(line.rsplit(" ", 1)[1]) for line in res.folded(name, by="time")) == span > 0

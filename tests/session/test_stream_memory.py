@@ -29,9 +29,12 @@ __attribute__((noinline)) long spin(long n) {
     return x;
 }
 """
-LOOP = SPIN + r"""
+LOOP = (
+    SPIN
+    + r"""
 int main(int argc, char **argv) { printf("%ld\n", spin(atol(argv[1]))); return 0; }
 """
+)
 
 
 def _spooled_resident_kb() -> int:
@@ -75,7 +78,9 @@ def test_spooled_trace_is_let_go_behind_the_decoder(tmp_path):
     assert 0 < peak < trace_kb // 4, (peak, trace_kb)
 
 
-CHAIN = SPIN + r"""
+CHAIN = (
+    SPIN
+    + r"""
 int main(int argc, char **argv) {
     long n = atol(argv[1]);
     printf("%ld %ld\n", n, spin(200000));
@@ -88,6 +93,7 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+)
 
 
 def test_code_of_a_program_exec_d_away_is_let_go(tmp_path):

@@ -13,6 +13,9 @@ from ..session.perfflow import PerfBlocks
 from .latency import LatencyProfiler
 from .patterns import AtomTable
 
+# A function's offset at the end of a code address's name.
+_OFFSET = re.compile(r"\+0x[0-9a-f]+$")
+
 
 class CodeNames:
     """Names of code addresses from the symbols of the images a flow's
@@ -25,6 +28,7 @@ class CodeNames:
         # Names found so far (call paths name the same functions over and
         # over); forgotten when an image comes in.
         self._found: dict[tuple[int, bool], tuple[str, bool]] = {}
+        self._named: dict[tuple[int, bool], str] = {}
 
     def add(self, q, image: int):
         """Gather queue ``q``'s image number ``image``; its symbol table."""
@@ -36,6 +40,7 @@ class CodeNames:
             self.tables.append(table)
             self.images.append(im)
             self._found.clear()
+            self._named.clear()
         return held[1]
 
     def _lookup(self, addr: int, with_module: bool) -> tuple[str, bool]:
@@ -64,9 +69,13 @@ class CodeNames:
     def name(self, addr: int, with_module: bool = False) -> str:
         """A code address's function (``module!function``): :meth:`where`
         without the offset into the function."""
-        got, symbol = self._lookup(addr, with_module)
-        # (names may hold a "+": ``*ABS*+0x9f1c0@plt``)
-        return re.sub(r"\+0x[0-9a-f]+$", "", got) if symbol else got
+        key = (addr, with_module)
+        named = self._named.get(key)
+        if named is None:
+            got, symbol = self._lookup(addr, with_module)
+            # (names may hold a "+": ``*ABS*+0x9f1c0@plt``)
+            named = self._named[key] = _OFFSET.sub("", got) if symbol else got
+        return named
 
 
 class LatencyFeed:

@@ -937,11 +937,55 @@ class LatencyResult:
     ) -> list[str]:  # fmt: skip
         """``caller;callee weight`` lines, sorted, for the paths whose
         weight (indexed ``path + 1``) is not zero."""
-        lines = []
-        for idx in np.flatnonzero(weight).tolist():
-            parts = self.path_names(idx - 1, name, group)
-            lines.append(f"{';'.join(parts)} {int(weight[idx])}")
-        return sorted(lines)
+        wanted = np.flatnonzero(weight)
+        lines = self.path_texts((wanted - 1).tolist(), name, group)
+        # (in place: a real program's lines run to a GB)
+        for i, w in enumerate(weight[wanted].tolist()):
+            lines[i] = f"{lines[i]} {w}"
+        lines.sort()
+        return lines
+
+    def path_texts(
+        self, paths: list[int], name: Callable[[int], str],
+        group: Callable[[int], str] | None = None,
+    ) -> list[str]:  # fmt: skip
+        """:meth:`path_names` of each of ``paths``, joined by ``;``: each
+        address named once, and the text of a path's callers made once
+        for all the paths below them (a real program's deep call paths
+        share most of their frames)."""
+        parent_of = [p for p, _ in self.paths]
+        addr_of = [a for _, a in self.paths]
+        has_child = [False] * len(self.paths)
+        for p in parent_of:
+            if p >= 0:
+                has_child[p] = True
+        names: dict[int, str] = {}
+        known: dict[int, str] = {}  # (of paths with paths below them)
+        out = []
+        for path in paths:
+            chain = []
+            p = path
+            while p >= 0 and p not in known:
+                chain.append(p)
+                p = parent_of[p]
+            if p >= 0:
+                text = known[p]
+            elif group is not None:
+                text = group(ROOT - 1 - p if p <= ROOT else -1)
+            else:
+                text = None
+            if not chain and path < 0:
+                text = "[unknown]" if text is None else text + ";[unknown]"
+            for node in reversed(chain):
+                addr = addr_of[node]
+                called = names.get(addr)
+                if called is None:
+                    called = names[addr] = name(addr) or f"{addr:#x}"
+                text = called if text is None else text + ";" + called
+                if has_child[node]:
+                    known[node] = text
+            out.append(text)
+        return out
 
     def inclusive(self, by: str = "insn") -> np.ndarray:
         """Each path's weight with all the paths below it (the instructions

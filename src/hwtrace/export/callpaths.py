@@ -7,7 +7,6 @@ timeline of every thread's calls (for Perfetto)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -15,11 +14,19 @@ from ..analysis.feed import CallPathProfile
 from ..columns import distinct
 
 
+def _write_lines(file: str | os.PathLike[str], lines: list[str]) -> None:
+    """``lines``, each ended, a few thousand at a time (a real program's
+    folded stacks run to a GB: not joined in memory first)."""
+    with open(file, "w") as out:
+        for at in range(0, len(lines), 4096):
+            out.write("\n".join(lines[at : at + 4096]) + "\n")
+
+
 def write_folded(paths: CallPathProfile, result, file: str | os.PathLike[str], by: str) -> int:
     """Folded stacks weighed by ``by`` (``insn`` or ``time``); returns the
     number of lines."""
     lines = result.folded(paths.name, by, paths.group)
-    Path(file).write_text("".join(line + "\n" for line in lines))
+    _write_lines(file, lines)
     return len(lines)
 
 
@@ -28,7 +35,7 @@ def write_weighted_paths(
 ) -> int:
     """Every call path with the weight along it and below it."""
     lines = result.weighted_paths(result.inclusive(by), paths.name, paths.group)
-    Path(file).write_text("".join(line + "\n" for line in lines))
+    _write_lines(file, lines)
     return len(lines)
 
 
