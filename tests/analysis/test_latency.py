@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from hwtrace.analysis.latency import R_CALL, R_PAIR, profile_trace
 from hwtrace.analysis.patterns import PatternError, PatternSet, load_toml, parse_sets
+from hwtrace.export.callpaths import flame_tree
+from hwtrace.export.html import call_tree
 from hwtrace.image import Image
 from hwtrace.pt.encode import encode_path
 
@@ -663,6 +665,11 @@ def test_call_path_profile_counts_every_instruction_in_its_path(program):
     for group in (None, lambda g: f"g{g}"):
         assert res.path_texts(every, name, group) == [";".join(res.path_names(p, name, group))
                                                       for p in every]  # fmt: skip
+        # The flame graph's tree, a node per path, is the tree of the
+        # paths' names.
+        rows = [(res.path_names(i - 1, name, group), int(res.path_insns[i]))
+                for i in np.flatnonzero(res.path_insns).tolist()]  # fmt: skip
+        assert flame_tree(res, res.path_insns, name, group) == call_tree(rows)
     times = decode_trace(enc.data, image, enc.config).block_time.astype(np.int64)
     span = int(times[-1] - times[0])
     assert sum(int(line.rsplit(" ", 1)[1]) for line in res.folded(name, by="time")) == span > 0

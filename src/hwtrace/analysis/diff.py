@@ -46,9 +46,9 @@ def path_table(
     insn = result.inclusive("insn")
     time = result.inclusive("time")
     out: dict[str, Stats] = {}
-    for idx in np.flatnonzero(insn | result.path_calls).tolist():
-        path = idx - 1
-        key = ";".join(result.path_names(path, name, group))
+    wanted = np.flatnonzero(insn | result.path_calls).tolist()
+    keys = result.path_texts([idx - 1 for idx in wanted], name, group)
+    for idx, key in zip(wanted, keys, strict=True):
         s = out.setdefault(key, Stats())
         s.calls += int(result.path_calls[idx])
         s.own_insn += int(result.path_insns[idx])

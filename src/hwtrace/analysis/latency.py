@@ -52,7 +52,7 @@ truth; every interval carries that bound (:attr:`Intervals.resolution`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -953,39 +953,55 @@ class LatencyResult:
         address named once, and the text of a path's callers made once
         for all the paths below them (a real program's deep call paths
         share most of their frames)."""
-        parent_of = [p for p, _ in self.paths]
-        addr_of = [a for _, a in self.paths]
         has_child = [False] * len(self.paths)
-        for p in parent_of:
+        for p, _ in self.paths:
             if p >= 0:
                 has_child[p] = True
-        names: dict[int, str] = {}
         known: dict[int, str] = {}  # (of paths with paths below them)
         out = []
+        for at, chain, frames in self.walk_new(paths, known, name, group):
+            text = known[at] if at >= 0 else None
+            for node, called in zip(chain, frames, strict=True):
+                text = called if text is None else text + ";" + called
+                if node >= 0 and has_child[node]:
+                    known[node] = text
+            out.append(text)
+        return out
+
+    def walk_new(
+        self, paths: list[int], known: Container[int], name: Callable[[int], str],
+        group: Callable[[int], str] | None = None,
+    ) -> Iterator[tuple[int, list[int], list[str]]]:  # fmt: skip
+        """For each of ``paths`` in turn, its frames not yet walked:
+        ``(at, chain, names)``, ``chain`` the paths from below the first
+        in ``known`` (``at``; -1: none, the frames start at the root) down
+        to it, with their :meth:`path_names` (the group's first, as path
+        -2, when ``group`` is given; ``[unknown]`` as path -1 for the empty
+        path).  The caller adds the paths it wants to find again to
+        ``known`` (each address is named once)."""
+        parent_of = [p for p, _ in self.paths]
+        addr_of = [a for _, a in self.paths]
+        names: dict[int, str] = {}
         for path in paths:
             chain = []
             p = path
             while p >= 0 and p not in known:
                 chain.append(p)
                 p = parent_of[p]
-            if p >= 0:
-                text = known[p]
-            elif group is not None:
-                text = group(ROOT - 1 - p if p <= ROOT else -1)
-            else:
-                text = None
-            if not chain and path < 0:
-                text = "[unknown]" if text is None else text + ";[unknown]"
-            for node in reversed(chain):
+            chain.reverse()
+            frames = []
+            for node in chain:
                 addr = addr_of[node]
                 called = names.get(addr)
                 if called is None:
                     called = names[addr] = name(addr) or f"{addr:#x}"
-                text = called if text is None else text + ";" + called
-                if has_child[node]:
-                    known[node] = text
-            out.append(text)
-        return out
+                frames.append(called)
+            if path < 0:
+                chain, frames = [-1], ["[unknown]"]
+            if p < 0 and group is not None:
+                chain.insert(0, -2)
+                frames.insert(0, group(ROOT - 1 - p if p <= ROOT else -1))
+            yield p, chain, frames
 
     def inclusive(self, by: str = "insn") -> np.ndarray:
         """Each path's weight with all the paths below it (the instructions

@@ -7,6 +7,7 @@ timeline of every thread's calls (for Perfetto)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,15 +44,53 @@ def write_flame_page(
     paths: CallPathProfile, result, file: str | os.PathLike[str], by: str, title: str
 ) -> int:
     """The call paths as a self-contained HTML flame graph and sunburst."""
-    from .html import callpath_page, write_page
+    from .html import TOP_PATHS, callpath_view, write_page
 
     weight = result.path_insns if by == "insn" else result.path_time
-    rows = [(result.path_names(i - 1, paths.name, paths.group), int(weight[i]))
-            for i in np.flatnonzero(weight).tolist()]  # fmt: skip
+    wanted = np.flatnonzero(weight)
+    own = weight[wanted]
+    # (the heaviest first, ties in path order, as the page lists them)
+    top = wanted[np.argsort(-own, kind="stable")[:TOP_PATHS]]
+    texts = result.path_texts((top - 1).tolist(), paths.name, paths.group)
+    table = list(zip(texts, weight[top].tolist(), strict=True))
     unit = "instructions" if by == "insn" else "ns"
-    write_page(file, callpath_page(rows, unit, title,
+    tree = flame_tree(result, weight, paths.name, paths.group)
+    write_page(file, callpath_view(tree, table, unit, title,
                                    f"call paths by {unit}, rooted per {paths.group_by}"))  # fmt: skip
-    return len(rows)
+    return int(wanted.shape[0])
+
+
+def flame_tree(
+    result, weight: np.ndarray, name: Callable[[int], str],
+    group: Callable[[int], str] | None = None,
+) -> dict:  # fmt: skip
+    """The tree :func:`~hwtrace.export.html.call_tree` makes of ``result``'s
+    paths with their ``weight`` (indexed ``path + 1``; the paths of none
+    left out) named by ``name`` and ``group``, made a node per path
+    rather than a node per frame of every path: each path's node is found
+    once, from its caller's."""
+    from .html import new_node, tree_lists
+
+    top = new_node("all")
+    node_of: dict[int, dict] = {}
+    wanted = np.flatnonzero(weight)
+    walked = result.walk_new((wanted - 1).tolist(), node_of, name, group)
+    for (at, chain, frames), w in zip(walked, weight[wanted].tolist(), strict=True):
+        node = node_of[at] if at >= 0 else top
+        for path, called in zip(chain, frames, strict=True):
+            node = node["c"].setdefault(called, new_node(called))
+            if path >= 0:
+                node_of[path] = node
+        node["s"] += w
+    # Each node's weight along it and below: its own and its children's.
+    order, stack = [], [top]
+    while stack:
+        n = stack.pop()
+        order.append(n)
+        stack.extend(n["c"].values())
+    for n in reversed(order):
+        n["v"] = n["s"] + sum(c["v"] for c in n["c"].values())
+    return tree_lists(top)
 
 
 def write_call_timeline(
@@ -85,4 +124,10 @@ def write_call_timeline(
     )  # fmt: skip
 
 
-__all__ = ["write_call_timeline", "write_flame_page", "write_folded", "write_weighted_paths"]
+__all__ = [
+    "flame_tree",
+    "write_call_timeline",
+    "write_flame_page",
+    "write_folded",
+    "write_weighted_paths",
+]

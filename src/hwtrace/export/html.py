@@ -61,15 +61,15 @@ def call_tree(paths: Iterable[tuple[Sequence[str], int]], root: str = "all") -> 
     """The tree of call paths (each a list of names, outermost first, and
     its own weight) as the views take it: ``{"n", "v", "s", "c"}`` with
     ``v`` the weight along the node and below, ``s`` its own."""
-    top: dict[str, Any] = {"n": root, "v": 0, "s": 0, "c": {}}
+    top = new_node(root)
     for parts, weight in paths:
         node = top
         node["v"] += weight
         for name in parts:
-            node = node["c"].setdefault(name, {"n": name, "v": 0, "s": 0, "c": {}})
+            node = node["c"].setdefault(name, new_node(name))
             node["v"] += weight
         node["s"] += weight
-    return _lists(top)
+    return tree_lists(top)
 
 
 def diff_tree(paths: Iterable[tuple[Sequence[str], int, int]], root: str = "all") -> dict:
@@ -85,7 +85,7 @@ def diff_tree(paths: Iterable[tuple[Sequence[str], int, int]], root: str = "all"
             node["a"] += a
             node["b"] += b
     _fill_v(top)
-    return _lists(top)
+    return tree_lists(top)
 
 
 def _fill_v(node: dict) -> None:
@@ -96,7 +96,12 @@ def _fill_v(node: dict) -> None:
         stack.extend(n["c"].values())
 
 
-def _lists(node: dict) -> dict:
+def new_node(name: str) -> dict[str, Any]:
+    """A node of :func:`call_tree`'s tree, before its weights are added."""
+    return {"n": name, "v": 0, "s": 0, "c": {}}
+
+
+def tree_lists(node: dict) -> dict:
     """Children as lists (JSON arrays), iteratively (deep paths)."""
     stack = [node]
     while stack:
@@ -117,8 +122,20 @@ def callpath_page(
 ) -> str:
     """The page of a call-path profile: ``lines`` are the paths (names,
     outermost first) with their own weight in ``unit``."""
-    tree = call_tree(lines)
-    table = sorted(((";".join(p), w) for p, w in lines if w), key=lambda r: -r[1])[:2000]
+    table = sorted(((";".join(p), w) for p, w in lines if w), key=lambda r: -r[1])[:TOP_PATHS]
+    return callpath_view(call_tree(lines), table, unit, title, subtitle)
+
+
+#: The heaviest paths a call-path page lists.
+TOP_PATHS = 2000
+
+
+def callpath_view(
+    tree: dict, table: Sequence[tuple[str, int]], unit: str, title: str, subtitle: str = ""
+) -> str:
+    """:func:`callpath_page` of a tree made already (:func:`call_tree`'s
+    form) and the heaviest paths (``;``-joined names, own weight; at most
+    :data:`TOP_PATHS`, heaviest first)."""
     return page("callpaths", title, subtitle, {"unit": unit, "tree": tree, "paths": table})
 
 
@@ -145,10 +162,13 @@ def plots_page(
 __all__ = [
     "call_tree",
     "callpath_page",
+    "callpath_view",
     "diff_page",
     "diff_tree",
     "latency_page",
+    "new_node",
     "page",
     "plots_page",
+    "tree_lists",
     "write_page",
 ]
