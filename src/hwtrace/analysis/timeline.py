@@ -52,8 +52,12 @@ def _path_arrays(result: LatencyResult) -> tuple[np.ndarray, np.ndarray, np.ndar
 @aot.njit(cache=True, nogil=True, _nrt=False)
 def _slices(slot, time, path, parent, depth, out, stack, starts, chain):
     """Walk the changes (grouped per slot, in order) into ``out`` rows
-    (slot, depth, path, start, end); returns the rows written."""
+    (slot, depth, path, start, end); returns the rows written (counted
+    only, when ``out`` has no rows).  A change costs the frames it ends
+    and begins, not the depth of its path: a real program's paths run a
+    hundred frames deep, and a change is mostly a call or a return."""
     n = slot.shape[0]
+    write = out.shape[0] > 0
     k = 0
     top = 0  # frames open for the current slot
     cur = -1
@@ -64,23 +68,24 @@ def _slices(slot, time, path, parent, depth, out, stack, starts, chain):
             cur = s
         t = time[i]
         q = path[i]
-        # The new path's frames, outermost first.
-        m = 0
-        if q >= 0:
-            m = depth[q] + 1
-            x = q
-            for d in range(m - 1, -1, -1):
-                chain[d] = x
-                x = parent[x]
-        keep = 0
-        while keep < top and keep < m and stack[keep] == chain[keep]:
-            keep += 1
+        # The new path's frames below those it shares with the open ones
+        # (the open frames are a path's, outermost first: where one is
+        # the new path's, so are all above it).
+        m = depth[q] + 1 if q >= 0 else 0
+        x = q
+        d = m - 1
+        while d >= 0 and not (d < top and stack[d] == x):
+            chain[d] = x
+            x = parent[x]
+            d -= 1
+        keep = d + 1
         for d in range(top - 1, keep - 1, -1):
-            out[k, 0] = s
-            out[k, 1] = d
-            out[k, 2] = stack[d]
-            out[k, 3] = starts[d]
-            out[k, 4] = t
+            if write:
+                out[k, 0] = s
+                out[k, 1] = d
+                out[k, 2] = stack[d]
+                out[k, 3] = starts[d]
+                out[k, 4] = t
             k += 1
         for d in range(keep, m):
             stack[d] = chain[d]
@@ -99,10 +104,13 @@ def call_slices(result: LatencyResult) -> Slices:
     order = np.argsort(tl.slot, kind="stable")  # per slot, in flow order
     slot, time, path = tl.slot[order], tl.time[order], tl.path[order]
     maxdepth = int(depth.max()) + 1 if depth.shape[0] else 1
-    out = np.zeros((max(int(np.maximum(depth[path[path >= 0]] + 1, 0).sum()), 1), 5), np.int64)
-    got = _slices(slot, time, path, parent, depth, out,
-                  np.zeros(maxdepth, np.int64), np.zeros(maxdepth, np.int64),
-                  np.zeros(maxdepth, np.int64))  # fmt: skip
+    work = (np.zeros(maxdepth, np.int64), np.zeros(maxdepth, np.int64),
+            np.zeros(maxdepth, np.int64))  # fmt: skip
+    # (counted first: a slice a call, where the paths' depths would
+    # reserve a row for every frame of every change)
+    count = _slices(slot, time, path, parent, depth, np.zeros((0, 5), np.int64), *work)
+    out = np.zeros((max(count, 1), 5), np.int64)
+    got = _slices(slot, time, path, parent, depth, out, *work)
     out = out[:got]
     keys = np.zeros(int(tl.slot.max()) + 1 if len(tl) else 1, np.int64)
     keys[tl.slot] = tl.key
