@@ -859,6 +859,11 @@ class Timeline(Columns):
     path: np.ndarray
 
 
+def _root_group(parent: int) -> int:
+    """The group a root path's ``parent`` value names (-1: none)."""
+    return ROOT - 1 - parent if parent <= ROOT else -1
+
+
 @dataclass
 class LatencyResult:
     """What :class:`LatencyProfiler` found."""
@@ -904,7 +909,7 @@ class LatencyResult:
         while path >= 0:
             parent, _ = self.paths[path]
             if parent < 0:
-                return ROOT - 1 - parent if parent <= ROOT else -1
+                return _root_group(parent)
             path = parent
         return -1
 
@@ -974,8 +979,8 @@ class LatencyResult:
     ) -> Iterator[tuple[int, list[int], list[str]]]:  # fmt: skip
         """For each of ``paths`` in turn, its frames not yet walked:
         ``(at, chain, names)``, ``chain`` the paths from below the first
-        in ``known`` (``at``; -1: none, the frames start at the root) down
-        to it, with their :meth:`path_names` (the group's first, as path
+        in ``known`` (``at``; below 0 when none is, the frames starting at
+        the root) down to it, with their :meth:`path_names` (the group's first, as path
         -2, when ``group`` is given; ``[unknown]`` as path -1 for the empty
         path).  The caller adds the paths it wants to find again to
         ``known`` (each address is named once)."""
@@ -1000,7 +1005,7 @@ class LatencyResult:
                 chain, frames = [-1], ["[unknown]"]
             if p < 0 and group is not None:
                 chain.insert(0, -2)
-                frames.insert(0, group(ROOT - 1 - p if p <= ROOT else -1))
+                frames.insert(0, group(_root_group(p)))
             yield p, chain, frames
 
     def inclusive(self, by: str = "insn") -> np.ndarray:
