@@ -32,18 +32,26 @@ int main(int argc, char **argv) {
 """
 
 
-@pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
-def test_diff_shows_the_extra_path_and_its_cost(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[str]:
+    """The program recorded without and with its probe."""
+    if SKIP is not None:
+        pytest.skip(str(SKIP))
     from hwtrace.record import record_software
     from hwtrace.record.perfdata import write_perf_data
 
     exe = str(compile_program(PROGRAM, "diff", ("-O2", "-g0")))
-    runs = []
+    tmp = tmp_path_factory.mktemp("diff")
+    out = []
     for traced in ("0", "1"):
         rec = record_software([exe, traced], calls=["work"])
-        path = tmp_path / f"run{traced}.data"
+        path = tmp / f"run{traced}.data"
         write_perf_data(rec, path)
-        runs.append(str(path))
+        out.append(str(path))
+    return out
+
+
+def test_diff_shows_the_extra_path_and_its_cost(runs, tmp_path, capsys):
     out = tmp_path / "d.json"
     folded = tmp_path / "d.folded"
     capsys.readouterr()
@@ -70,6 +78,33 @@ def test_diff_shows_the_extra_path_and_its_cost(tmp_path, capsys):
     assert functions[probe.rsplit(";", 1)[1]]["only_in"] == "b"
     assert any(line.startswith(probe + " 0 ") for line in folded.read_text().splitlines())
     assert "B" in text and "probe" in text
+
+
+def test_paths_are_named_alike_one_at_a_time_and_all_at_once(runs):
+    """diff names a profile's addresses all at once (each symbol table
+    searched once); :meth:`CallPathProfile.name` one at a time, as the
+    reports do."""
+    import argparse
+
+    from hwtrace.analysis.feed import CallPathProfile, CodeNames
+    from hwtrace.cli.perfinput import decode_session, open_session
+
+    args = argparse.Namespace(input=runs[1], symfs=None, kcore=None, vmlinux=None,
+                              kallsyms=None, call=[], all=True, group="comm")  # fmt: skip
+    opened = open_session("test", args)
+    paths = CallPathProfile(opened.sideband, "comm")
+    try:
+        decode_session("test", opened, paths.feed)
+    finally:
+        paths.close()
+    result = paths.result()
+    addrs = [a for _, a in result.paths] + [0x1234, result.paths[0][1] + 1]
+    one = [paths.name(a) for a in addrs]
+    assert sum("!probe" in n for n in one) == 1 and one[-2] == ""
+    # (names found are kept: a new CodeNames of the same symbols)
+    fresh = CodeNames()
+    fresh.tables, fresh.images = paths._feed.names.tables, paths._feed.names.images
+    assert fresh.names(addrs, with_module=True) == one
 
 
 def test_a_path_never_called_has_no_per_call_figure():

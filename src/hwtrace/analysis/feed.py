@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,11 +56,36 @@ class CodeNames:
             got = table.symbolize(addr, with_module=with_module)
             if got:
                 return got, True
+        return self._located(addr)
+
+    def _located(self, addr: int) -> tuple[str, bool]:
+        """Where no symbol covers ``addr``: its file and offset."""
         for image in self.images:
             got = image.locate(addr)
             if got:
                 return got, False
         return "", False
+
+    def names(self, addrs: Sequence[int] | np.ndarray, with_module: bool = False) -> list[str]:
+        """:meth:`name` of each of ``addrs``, each symbol table searched
+        once for all of them (a call-path profile's few thousand
+        functions)."""
+        addr = np.asarray(addrs, np.uint64)
+        found = self._found
+        left = np.array([a for a in set(addr.tolist()) if (a, with_module) not in found], np.uint64)
+        for table in self.tables:
+            if not left.size:
+                break
+            index, offset = table.lookup(left)
+            hit = index >= 0
+            for a, i, off in zip(left[hit].tolist(), index[hit].tolist(), offset[hit].tolist(),
+                                 strict=True):  # fmt: skip
+                name = table.qualified_name(i) if with_module else table.name(i)
+                found[(a, with_module)] = (f"{name}+{off:#x}" if off else name, True)
+            left = left[~hit]
+        for a in left.tolist():
+            found[(a, with_module)] = self._located(a)
+        return [self.name(a, with_module) for a in addr.tolist()]
 
     def where(self, addr: int, with_module: bool = True) -> str:
         """``module!function+0x1a`` of a code address; where no symbol
@@ -194,6 +220,11 @@ class CallPathProfile:
     def name(self, addr: int) -> str:
         """``module!function`` of a code address."""
         return self._feed.name(addr, with_module=True)
+
+    def names(self, addrs: Sequence[int] | np.ndarray) -> list[str]:
+        """:meth:`name` of each of ``addrs`` (the symbol tables searched
+        once for all)."""
+        return self._feed.names.names(addrs, with_module=True)
 
     def group(self, g: int) -> str:
         """The name of group number ``g``."""

@@ -52,6 +52,7 @@ truth; every interval carries that bound (:attr:`Intervals.resolution`,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
@@ -1008,17 +1009,40 @@ class LatencyResult:
                 frames.insert(0, group(_root_group(p)))
             yield p, chain, frames
 
+    def path_parents(self) -> np.ndarray:
+        """Each path's caller path (below 0 for a root: its group, see
+        :meth:`group_of`)."""
+        return np.fromiter((p for p, _ in self.paths), np.int64, len(self.paths))
+
     def inclusive(self, by: str = "insn") -> np.ndarray:
         """Each path's weight with all the paths below it (the instructions
         executed along it up to its tail and beyond), at ``path + 1``."""
         weight = (self.path_insns if by == "insn" else self.path_time).copy()
-        parents = np.array([p for p, _ in self.paths], np.int64)
-        # Children are interned after their parents: add bottom-up.
-        for path in range(len(self.paths) - 1, -1, -1):
-            parent = parents[path]
-            if parent >= 0:
-                weight[parent + 1] += weight[path + 1]
+        parents = self.path_parents()
+        for level in reversed(depth_levels(path_depths(parents))[1:]):
+            np.add.at(weight, parents[level] + 1, weight[level + 1])
         return weight
+
+
+def path_depths(parents: np.ndarray) -> np.ndarray:
+    """Each node's depth in a forest given by its parents (below 0 for a
+    root, depth 0), by pointer jumping: log2 of the deepest passes."""
+    depth = (parents >= 0).astype(np.int64)
+    up = np.where(parents >= 0, parents, -1)
+    live = np.flatnonzero(up >= 0)
+    while live.size:
+        above = up[live]
+        depth[live] += depth[above]  # (both read before either is written)
+        up[live] = up[above]
+        live = live[up[live] >= 0]
+    return depth
+
+
+def depth_levels(depth: np.ndarray) -> list[np.ndarray]:
+    """The nodes at each depth, ascending, from depth 0."""
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max(initial=-1)) + 2))
+    return [order[lo:hi] for lo, hi in itertools.pairwise(bounds.tolist())]
 
 
 class LatencyProfiler:

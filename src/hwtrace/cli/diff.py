@@ -19,7 +19,9 @@ from .perfinput import decode_session, open_session
 def main(argv: Sequence[str]) -> int:
     """Compare the call paths of two recordings of the same program: calls, instructions and time
     per call in each, and the paths only one of them ran."""
-    from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
+    import numpy as np
+
+    from ..analysis.diff import PathNames, diff_functions, diff_paths, folded_diff, path_table
     from ..analysis.feed import CallPathProfile
 
     p = command_parser("hwtrace diff", main)
@@ -43,6 +45,7 @@ def main(argv: Sequence[str]) -> int:
                    help="write 'stack countA countB' lines (a differential flame graph's input)")  # fmt: skip
     a = p.parse_args(list(argv))
     tables = []
+    tree = PathNames()  # (the runs' paths compare by name: one tree of names for both)
     for path in (a.a, a.b):
         args = argparse.Namespace(input=path, symfs=a.symfs, kcore=None, vmlinux=None,
                                   kallsyms=None, call=[], all=True, group=a.group)  # fmt: skip
@@ -57,7 +60,7 @@ def main(argv: Sequence[str]) -> int:
         for problem in shown_problems(flow.problems):
             sys.stderr.write(f"{p.prog}: warning: {path}: {problem}\n")
         result = paths.result()
-        tables.append(path_table(result, paths.name, paths.group))
+        tables.append(path_table(result, paths.name, paths.group, tree, paths.names))
     ta, tb = tables
     unit = "instructions" if a.by == "insn" else "ns"
     # Wide tables when written to a file or a pipe (rich would use 80 columns).
@@ -65,8 +68,8 @@ def main(argv: Sequence[str]) -> int:
     console.print(
         f"[bold]A[/] {a.a}: {len(ta)} call paths   [bold]B[/] {a.b}: {len(tb)} call paths"
     )
-    for title, rows in (("call paths", diff_paths(ta, tb, a.by)),
-                        ("functions", diff_functions(ta, tb, a.by))):  # fmt: skip
+    ranked = {"call paths": diff_paths(ta, tb, a.by), "functions": diff_functions(ta, tb, a.by)}
+    for title, rows in ranked.items():
         table = TextTable(title=f"{title}, most different {a.by} first")
         columns = (title[:-1], "calls A", "calls B", f"{unit}/call A", f"{unit}/call B",
                    "Δ/call", "Δ total", "only in")  # fmt: skip
@@ -93,8 +96,8 @@ def main(argv: Sequence[str]) -> int:
                      "a": d.a.__dict__ if d.a else None, "b": d.b.__dict__ if d.b else None}
                     for d in diffs]  # fmt: skip
 
-        data = {"a": a.a, "b": a.b, "by": a.by, "paths": rows(diff_paths(ta, tb, a.by)),
-                "functions": rows(diff_functions(ta, tb, a.by))}  # fmt: skip
+        data = {"a": a.a, "b": a.b, "by": a.by, "paths": rows(ranked["call paths"]),
+                "functions": rows(ranked["functions"])}  # fmt: skip
         Path(a.json).write_text(json.dumps(data, indent=1) + "\n")
         console.print(f"written to {a.json}")
     own = "own_insn" if a.by == "insn" else "own_time"
@@ -103,11 +106,17 @@ def main(argv: Sequence[str]) -> int:
         Path(a.folded_diff).write_text("".join(line + "\n" for line in lines))
         console.print(f"{len(lines)} lines written to {a.folded_diff}")
     if a.html:
-        from ..export.html import diff_page, write_page
+        from ..analysis.diff import weights
+        from ..export.callpaths import diff_flame_tree
+        from ..export.html import TOP_PATHS, diff_view, write_page
 
-        rows = [(key.split(";"), getattr(ta[key], own) if key in ta else 0,
-                 getattr(tb[key], own) if key in tb else 0) for key in sorted(set(ta) | set(tb))]  # fmt: skip
-        write_page(a.html, diff_page(rows, unit, f"hwtrace diff: {Path(a.a).name} → {Path(a.b).name}",
+        keys, wa, wb = weights(ta, tb, own)
+        # The paths that differ most, ties in the order of their texts.
+        shown = np.flatnonzero((wa != 0) | (wb != 0))
+        top = shown[np.argsort(-np.abs(wb[shown] - wa[shown]), kind="stable")[:TOP_PATHS]]
+        rows = list(zip(tree.texts(keys[top]), wa[top].tolist(), wb[top].tolist(), strict=True))
+        write_page(a.html, diff_view(diff_flame_tree(tree, keys, wa, wb), rows, unit,
+                                     f"hwtrace diff: {Path(a.a).name} → {Path(a.b).name}",
                                      f"call paths by {unit}; A {a.a}, B {a.b}"))  # fmt: skip
         console.print(f"written to {a.html}")
     return 0

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..analysis.diff import PathNames
 from ..analysis.feed import CallPathProfile
 from ..columns import distinct
 
@@ -93,6 +94,45 @@ def flame_tree(
     return tree_lists(top)
 
 
+def diff_flame_tree(names: PathNames, keys: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict:
+    """The tree :func:`~hwtrace.export.html.diff_tree` makes of two runs'
+    paths, nodes ``keys`` of ``names`` in the order of their texts (see
+    :func:`hwtrace.analysis.diff.weights`) with their own weights ``a``
+    and ``b``, made a node per path: each path's node is found once, from
+    its caller's."""
+    node_of: dict[int, dict] = {}
+    top = node_of[-1] = {"n": "all", "a": 0, "b": 0, "v": 0, "c": {}}
+    parent, name, texts = names.parent.tolist(), names.name.tolist(), names.names
+    for key, wa, wb in zip(keys.tolist(), a.tolist(), b.tolist(), strict=True):
+        chain = []
+        p = key
+        while p not in node_of:
+            chain.append(p)
+            p = parent[p]
+        node = node_of[p]
+        for q in reversed(chain):
+            called = texts[name[q]]
+            child = {"n": called, "a": 0, "b": 0, "v": 0, "c": {}}
+            node["c"][called] = node_of[q] = child
+            node = child
+        node["a"] += wa
+        node["b"] += wb
+    # Each node's weights along it and below: its own and its children's.
+    order, stack = [], [top]
+    while stack:
+        n = stack.pop()
+        order.append(n)
+        stack.extend(n["c"].values())
+    for n in reversed(order):
+        for c in n["c"].values():
+            n["a"] += c["a"]
+            n["b"] += c["b"]
+        n["v"] = max(n["a"], n["b"])
+    from .html import tree_lists
+
+    return tree_lists(top)
+
+
 def write_call_timeline(
     paths: CallPathProfile, result, file: str | os.PathLike[str], events=None
 ) -> int:
@@ -125,6 +165,7 @@ def write_call_timeline(
 
 
 __all__ = [
+    "diff_flame_tree",
     "flame_tree",
     "write_call_timeline",
     "write_flame_page",

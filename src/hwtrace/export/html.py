@@ -143,9 +143,17 @@ def diff_page(
     lines: Sequence[tuple[Sequence[str], int, int]], unit: str, title: str, subtitle: str = ""
 ) -> str:
     """The page of two runs' call paths: ``(names, own weight in A, in B)``."""
-    tree = diff_tree(lines)
     rows = sorted(((";".join(p), a, b) for p, a, b in lines if a or b),
-                  key=lambda r: -abs(r[2] - r[1]))[:2000]  # fmt: skip
+                  key=lambda r: -abs(r[2] - r[1]))[:TOP_PATHS]  # fmt: skip
+    return diff_view(diff_tree(lines), rows, unit, title, subtitle)
+
+
+def diff_view(
+    tree: dict, rows: Sequence[tuple[str, int, int]], unit: str, title: str, subtitle: str = ""
+) -> str:
+    """:func:`diff_page` of a tree made already (:func:`diff_tree`'s form)
+    and the paths that differ most (``;``-joined names, own weight in A,
+    in B; at most :data:`TOP_PATHS`, most different first)."""
     return page("diff", title, subtitle, {"unit": unit, "tree": tree, "paths": rows})
 
 
@@ -165,6 +173,7 @@ __all__ = [
     "callpath_view",
     "diff_page",
     "diff_tree",
+    "diff_view",
     "latency_page",
     "new_node",
     "page",
