@@ -20,7 +20,7 @@ from hwtrace.analysis.latency import ROOT, LatencyResult
 
 # Names whose order differs from the order of their paths' texts: "." and
 # "!" sort before ";", "~" after, one name is a prefix of others.
-NAMES = ["f", "f.cold", "f!x", "f~", "g", "g0", "main", "a b", "F", ""]
+NAMES = ["f", "f.cold", "f!x", "f~", "g", "g0", "main", "a b", "F", "", 'q"u', "é"]
 
 
 def _result(rng: np.random.Generator, n: int) -> tuple[LatencyResult, dict[int, str]]:
@@ -116,6 +116,29 @@ def test_tables_and_ranking_match_the_definition(seed, grouped):
         if (a and a["own_insn"]) or (b and b["own_insn"])
     ]
     assert len(function_table(ta)) == len(_functions(ref_a))
+
+
+def test_json_is_what_json_dumps_writes(tmp_path):
+    import json
+
+    from hwtrace.export.callpaths import write_diff_json
+
+    rng = np.random.default_rng(5)
+    (ra, na), (rb, nb) = _result(rng, 120), _result(rng, 90)
+    tree = PathNames()
+    ta, tb = path_table(ra, na.get, None, tree), path_table(rb, nb.get, None, tree)
+    nothing = _result(rng, 0)[0]
+    for column in (nothing.path_insns, nothing.path_time, nothing.path_calls):
+        column[:] = 0
+    empty = path_table(nothing, na.get, None, tree)
+    assert len(empty) == 0
+    head = {"a": "A.data", "b": "é/B", "by": "insn"}
+    tables = {"paths": diff_paths(ta, tb), "functions": diff_functions(ta, tb),
+              "none": diff_paths(empty, empty)}  # fmt: skip
+    write_diff_json(tmp_path / "d.json", head, tables)
+    want = {**head, **{k: [{"key": d.key, "only_in": d.only_in, "a": d.a and d.a.__dict__,
+                            "b": d.b and d.b.__dict__} for d in v] for k, v in tables.items()}}  # fmt: skip
+    assert (tmp_path / "d.json").read_text() == json.dumps(want, indent=1) + "\n"
 
 
 def test_a_run_added_twice_is_the_same_nodes():

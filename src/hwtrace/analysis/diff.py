@@ -426,6 +426,21 @@ class Differences(Sequence[Difference]):
         for lo in range(0, len(self), step):
             yield from self[lo : lo + step]
 
+    def rows(self, step: int = 4096) -> Iterator[tuple[str, list[int] | None, list[int] | None]]:
+        """Each key in rank order as ``(text, A's figures, B's figures)``,
+        the figures in :data:`FIGURES`' order (None: not in that run),
+        without a :class:`Difference` each (a real program's few hundred
+        thousand paths)."""
+        columns = [np.stack([t.figures[f] for f in FIGURES], axis=1) for t in (self._a, self._b)]
+        for lo in range(0, len(self), step):
+            texts = self._a.space.texts(self.keys[lo : lo + step])
+            got = []
+            for table, at in zip(columns, (self._at_a[lo : lo + step], self._at_b[lo : lo + step]),
+                                 strict=True):  # fmt: skip
+                rows = table[np.maximum(at, 0)].tolist() if table.shape[0] else [None] * len(at)
+                got.append([r if i >= 0 else None for r, i in zip(rows, at.tolist(), strict=True)])
+            yield from zip(texts, *got, strict=True)
+
     def _make(self, i: int, text: str) -> Difference:
         return Difference(
             text, self._a.stats(int(self._at_a[i])), self._b.stats(int(self._at_b[i]))
@@ -476,6 +491,7 @@ def folded_diff(a: Table, b: Table, what: str = "own_insn") -> list[str]:
 
 
 __all__ = [
+    "FIGURES",
     "Difference",
     "Differences",
     "FunctionNames",

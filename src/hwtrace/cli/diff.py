@@ -5,7 +5,6 @@ software tracer enabled and disabled."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,15 +89,10 @@ def main(argv: Sequence[str]) -> int:
             table.add_row(escape(key), *row)
         console.print(table)
     if a.json:
+        from ..export.callpaths import write_diff_json
 
-        def rows(diffs):
-            return [{"key": d.key, "only_in": d.only_in,
-                     "a": d.a.__dict__ if d.a else None, "b": d.b.__dict__ if d.b else None}
-                    for d in diffs]  # fmt: skip
-
-        data = {"a": a.a, "b": a.b, "by": a.by, "paths": rows(ranked["call paths"]),
-                "functions": rows(ranked["functions"])}  # fmt: skip
-        Path(a.json).write_text(json.dumps(data, indent=1) + "\n")
+        write_diff_json(a.json, {"a": a.a, "b": a.b, "by": a.by},
+                        {"paths": ranked["call paths"], "functions": ranked["functions"]})  # fmt: skip
         console.print(f"written to {a.json}")
     own = "own_insn" if a.by == "insn" else "own_time"
     if a.folded_diff:

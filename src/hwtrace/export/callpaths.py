@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..analysis.diff import PathNames
+from ..analysis.diff import FIGURES, Differences, PathNames
 from ..analysis.feed import CallPathProfile
 from ..columns import distinct
 
@@ -133,6 +133,40 @@ def diff_flame_tree(names: PathNames, keys: np.ndarray, a: np.ndarray, b: np.nda
     return tree_lists(top)
 
 
+def write_diff_json(
+    file: str | os.PathLike[str], head: dict, tables: dict[str, Differences]
+) -> None:
+    """``hwtrace diff --json``: ``head``'s items, then each of ``tables``
+    as a list of ``{"key", "only_in", "a", "b"}`` (``a``, ``b``: the
+    figures, null where the run has none), as ``json.dumps(indent=1)``
+    writes them, a block of rows at a time (a real program's runs give a
+    GB of it, which Python's indenting encoder takes minutes over)."""
+    import json
+
+    def stats(figures: list[int] | None, pad: str) -> str:
+        if figures is None:
+            return "null"
+        inner = ",\n".join(f'{pad} "{f}": {v}' for f, v in zip(FIGURES, figures, strict=True))
+        return "{\n" + inner + "\n" + pad + "}"
+
+    with open(file, "w") as out:
+        out.write("{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in head.items()))
+        for t, (name, ranked) in enumerate(tables.items()):
+            out.write(f" {json.dumps(name)}: [")
+            block, first = [], True
+            for text, a, b in ranked.rows():
+                only = "a" if b is None else "b" if a is None else ""
+                block.append(("\n" if first else ",\n") + "  {\n"
+                             f'   "key": {json.dumps(text)},\n   "only_in": "{only}",\n'
+                             f'   "a": {stats(a, "   ")},\n   "b": {stats(b, "   ")}\n  }}')  # fmt: skip
+                first = False
+                if len(block) >= 4096:
+                    out.write("".join(block))
+                    block.clear()
+            out.write("".join(block) + ("]" if first else "\n ]"))
+            out.write(",\n" if t + 1 < len(tables) else "\n}\n")
+
+
 def write_call_timeline(
     paths: CallPathProfile, result, file: str | os.PathLike[str], events=None
 ) -> int:
@@ -168,6 +202,7 @@ __all__ = [
     "diff_flame_tree",
     "flame_tree",
     "write_call_timeline",
+    "write_diff_json",
     "write_flame_page",
     "write_folded",
     "write_weighted_paths",
