@@ -180,6 +180,14 @@ def _intern(parent, addr, paths, counts):
         s = (s + 1) & mask
 
 
+@aot.njit(cache=True, nogil=True, _nrt=False)
+def _intern_again(parent, addr, n, paths, counts):
+    """Intern paths ``0..n`` (``parent``, ``addr``) into new tables, in
+    order: their numbers stay."""
+    for p in range(n):
+        _intern(parent[p], addr[p], paths, counts)
+
+
 # Totals per interval kind (int64): count, sums, extremes, and the
 # intervals whose time went backwards (not in the time histogram).
 A_COUNT, A_SUM_DT, A_SUM_DIC, A_MIN_DT, A_MAX_DT, A_MIN_DIC, A_MAX_DIC, A_NEGATIVE = range(8)
@@ -1276,15 +1284,19 @@ class LatencyProfiler:
                 if 2 * ninsn + 4 > self.rec.shape[0]:
                     self.rec = np.zeros((2 * ninsn + 4, NR), np.int64)
             c[C_RECS] = 0
-        need = int(c[C_PATHS]) + ninsn + self.depth + 2
-        if need > self.paths[3].shape[0]:
-            self._grow_paths(max(2 * self.paths[3].shape[0], need))
+        self.reserve_paths(int(c[C_PATHS]) + ninsn + self.depth + 2)
         if c[C_TIMES] >= st["times"].shape[0]:
             st["times"] = _grown(st["times"], 2 * st["times"].shape[0])
         if self.masks[6] and c[C_TL] + 2 > self.tl.shape[1]:
             self.tl_done.append(self.tl[:, : int(c[C_TL])])  # joined once, at the end
             self.tl = np.zeros((3, self.tl.shape[1] * 2), np.int64)
             c[C_TL] = 0
+
+    def reserve_paths(self, need: int) -> None:
+        """Room for ``need`` call paths: when there is not, the paths are
+        interned again into tables twice as large (or ``need``)."""
+        if need > self.paths[3].shape[0]:
+            self._grow_paths(max(2 * self.paths[3].shape[0], need))
 
     def _grow_paths(self, cap: int) -> None:
         n = int(self.counts[C_PATHS])
@@ -1301,8 +1313,7 @@ class LatencyProfiler:
         h_val = np.zeros(size, np.int64)
         self.paths = (h_parent, h_addr, h_val, parent, addr, insns, time, calls)
         self.counts[C_PATHS] = 0
-        for p in range(n):  # re-intern in order: ids stay
-            _intern(int(parent[p]), np.uint64(addr[p]), self.paths, self.counts)
+        _intern_again(parent, addr, n, self.paths, self.counts)
 
     def _durations(self, rec: np.ndarray) -> np.ndarray:
         dt = np.zeros(rec.shape[1], np.int64)

@@ -563,6 +563,9 @@ def _call_path_walk() -> None:
                  np.full(n, 64, np.uint8), np.full(n, -1, np.int32), np.arange(n, dtype=np.int64),
                  1, 0, np.zeros(n, np.bool_))  # fmt: skip
     profiler.gap(stream)
+    # (a real program's paths outgrow the first tables: they are interned
+    # again into larger ones)
+    profiler.reserve_paths(1 << 16)
 
 
 class _Code:
