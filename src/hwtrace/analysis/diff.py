@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..columns import distinct, distinct_inverse
 from .latency import LatencyResult, _root_group, depth_levels, path_depths
 
 # A tree node's key among its siblings: its caller's node (plus one, 0 for
@@ -97,14 +98,14 @@ class PathNames:
         addrs = np.fromiter((a for _, a in result.paths), np.uint64, len(result.paths))
         # Local nodes: the groups' (with ``group``), then the empty path and
         # every path, at ``path + 1`` after the groups'.
-        uniq, inverse = np.unique(addrs, return_inverse=True)
+        uniq, inverse = distinct_inverse(addrs)
         named = name_all(uniq) if name_all is not None else [name(a) for a in uniq.tolist()]
         labels = [t or f"{a:#x}" for t, a in zip(named, uniq.tolist(), strict=True)]
         names = np.concatenate([self.name_ids(["[unknown]"]), self.name_ids(labels)[inverse]])
         up = np.concatenate([[-1], parents])  # (the empty path: a root of no group)
         roots = up < 0
         if group is not None:
-            values, which = np.unique(up[roots], return_inverse=True)
+            values, which = distinct_inverse(up[roots])
             base = values.shape[0]
             glabels = [group(_root_group(int(v))) for v in values.tolist()]
             names = np.concatenate([self.name_ids(glabels), names])
@@ -130,7 +131,7 @@ class PathNames:
             found = at < self._keys.shape[0]
             found[found] = self._keys[at[found]] == keys[found]
             node[level[found]] = self._nodes[at[found]]
-            fresh, which = np.unique(keys[~found], return_inverse=True)
+            fresh, which = distinct_inverse(keys[~found])
             node[level[~found]] = count + which
             new_keys.append(fresh)
             new_parent.append((fresh >> _NAME_BITS) - 1)
@@ -330,7 +331,7 @@ class Table:
 
 def _summed(space: Keys, keys: np.ndarray, columns: dict[str, np.ndarray]) -> Table:
     """The table of rows' figures summed per key."""
-    uniq, which = np.unique(keys, return_inverse=True)
+    uniq, which = distinct_inverse(keys)
     figures = {}
     for f in FIGURES:
         total = np.zeros(uniq.shape[0], np.int64)
@@ -453,7 +454,7 @@ def diff(a: Table, b: Table, what: str = "insn") -> Differences:
     the order of their texts."""
     if a.space is not b.space:
         raise ValueError("the tables' keys are not of one tree of names (PathNames)")
-    keys = np.union1d(a.keys, b.keys)
+    keys = distinct(np.concatenate([a.keys, b.keys]))
     delta = b.column(what, keys) - a.column(what, keys)
     order = np.lexsort((a.space.text_order()[keys], -np.abs(delta)))
     return Differences(a, b, keys[order])
@@ -474,7 +475,7 @@ def weights(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every key of either table in the order of their texts, with its
     ``what`` in A and in B (0 where not present)."""
-    keys = np.union1d(a.keys, b.keys)
+    keys = distinct(np.concatenate([a.keys, b.keys]))
     keys = keys[np.argsort(a.space.text_order()[keys], kind="stable")]
     return keys, a.column(what, keys), b.column(what, keys)
 
