@@ -13,7 +13,7 @@ import numpy as np
 
 from ..analysis.diff import FIGURES, Differences, PathNames
 from ..analysis.feed import CallPathProfile
-from ..columns import distinct
+from ..columns import distinct, distinct_inverse
 
 
 def _write_lines(file: str | os.PathLike[str], lines: list[str]) -> None:
@@ -24,10 +24,19 @@ def _write_lines(file: str | os.PathLike[str], lines: list[str]) -> None:
             out.write("\n".join(lines[at : at + 4096]) + "\n")
 
 
+def _namer(paths: CallPathProfile, result) -> Callable[[int], str]:
+    """``paths.name``, every address of ``result``'s paths named first in
+    one pass over the symbol tables (a real program's few thousand
+    functions, a lookup each otherwise)."""
+    addrs = np.fromiter((a for _, a in result.paths), np.uint64, len(result.paths))
+    paths.names(distinct(addrs))
+    return paths.name
+
+
 def write_folded(paths: CallPathProfile, result, file: str | os.PathLike[str], by: str) -> int:
     """Folded stacks weighed by ``by`` (``insn`` or ``time``); returns the
     number of lines."""
-    lines = result.folded(paths.name, by, paths.group)
+    lines = result.folded(_namer(paths, result), by, paths.group)
     _write_lines(file, lines)
     return len(lines)
 
@@ -36,7 +45,7 @@ def write_weighted_paths(
     paths: CallPathProfile, result, file: str | os.PathLike[str], by: str
 ) -> int:
     """Every call path with the weight along it and below it."""
-    lines = result.weighted_paths(result.inclusive(by), paths.name, paths.group)
+    lines = result.weighted_paths(result.inclusive(by), _namer(paths, result), paths.group)
     _write_lines(file, lines)
     return len(lines)
 
@@ -52,10 +61,11 @@ def write_flame_page(
     own = weight[wanted]
     # (the heaviest first, ties in path order, as the page lists them)
     top = wanted[np.argsort(-own, kind="stable")[:TOP_PATHS]]
-    texts = result.path_texts((top - 1).tolist(), paths.name, paths.group)
+    name = _namer(paths, result)
+    texts = result.path_texts((top - 1).tolist(), name, paths.group)
     table = list(zip(texts, weight[top].tolist(), strict=True))
     unit = "instructions" if by == "insn" else "ns"
-    tree = flame_tree(result, weight, paths.name, paths.group)
+    tree = flame_tree(result, weight, name, paths.group)
     write_page(file, callpath_view(tree, table, unit, title,
                                    f"call paths by {unit}, rooted per {paths.group_by}"))  # fmt: skip
     return int(wanted.shape[0])
@@ -177,8 +187,8 @@ def write_call_timeline(
     from .timeline import write_timeline
 
     sl = call_slices(result)
-    uniq, index = np.unique(sl.addr, return_inverse=True)
-    names = [paths.name(int(x)) or f"{int(x):#x}" for x in uniq.tolist()]
+    uniq, index = distinct_inverse(sl.addr)
+    names = [n or f"{x:#x}" for n, x in zip(paths.names(uniq), uniq.tolist(), strict=True)]
     sb = paths.sideband
     keys = set(distinct(sl.key).tolist())
     instants = None
