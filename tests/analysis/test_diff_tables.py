@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from hwtrace.analysis.diff import (
-    PathNames,
     diff_functions,
     diff_paths,
     folded_diff,
@@ -17,10 +16,27 @@ from hwtrace.analysis.diff import (
     path_table,
 )
 from hwtrace.analysis.latency import ROOT, LatencyResult
+from hwtrace.analysis.pathnames import PathNames
 
 # Names whose order differs from the order of their paths' texts: "." and
 # "!" sort before ";", "~" after, one name is a prefix of others.
-NAMES = ["f", "f.cold", "f!x", "f~", "g", "g0", "main", "a b", "F", "", 'q"u', "é"]
+NAMES = [
+    "f",
+    "f.cold",
+    "f!x",
+    "f~",
+    "g",
+    "g0",
+    "main",
+    "a b",
+    "F",
+    "",
+    'q"u',
+    "é",
+    "a",
+    "a 1x",
+    "a 12",
+]
 
 
 def _result(rng: np.random.Generator, n: int) -> tuple[LatencyResult, dict[int, str]]:
@@ -139,6 +155,26 @@ def test_json_is_what_json_dumps_writes(tmp_path):
     want = {**head, **{k: [{"key": d.key, "only_in": d.only_in, "a": d.a and d.a.__dict__,
                             "b": d.b and d.b.__dict__} for d in v] for k, v in tables.items()}}  # fmt: skip
     assert (tmp_path / "d.json").read_text() == json.dumps(want, indent=1) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lines_sort_as_their_strings(seed):
+    """Folded stacks' lines ``text weight`` in string order from the tree
+    (a weight sorts after a name's space: ``a 5`` against ``a 1x;f 3``),
+    their texts made keeping only the last line's callers."""
+    rng = np.random.default_rng(seed)
+    result, names = _result(rng, 400)
+    group = (lambda g: ["comm", "c 1"][g % 2] if g >= 0 else "?") if seed % 2 else None
+    tree = PathNames()
+    node = tree.add(result, names.get, group)
+    weight = rng.integers(-3, 40, node.shape[0]) * (rng.random(node.shape[0]) < 0.7)
+    wanted = np.flatnonzero(weight)
+    order = tree.line_order(node[wanted], weight[wanted])
+    texts = list(tree.texts_in_order(node[wanted][order]))
+    got = [f"{t} {w}" for t, w in zip(texts, weight[wanted][order].tolist(), strict=True)]
+    want = sorted(f"{';'.join(result.path_names(i - 1, names.get, group))} {weight[i]}"
+                  for i in wanted.tolist())  # fmt: skip
+    assert got == want
 
 
 def test_a_run_added_twice_is_the_same_nodes():

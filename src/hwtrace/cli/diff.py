@@ -20,8 +20,9 @@ def main(argv: Sequence[str]) -> int:
     per call in each, and the paths only one of them ran."""
     import numpy as np
 
-    from ..analysis.diff import PathNames, diff_functions, diff_paths, folded_diff, path_table
+    from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
     from ..analysis.feed import CallPathProfile
+    from ..analysis.pathnames import PathNames
 
     p = command_parser("hwtrace diff", main)
     p.add_argument("a", help="the first perf.data (the baseline)")

@@ -11,17 +11,34 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..analysis.diff import FIGURES, Differences, PathNames
+from ..analysis.diff import FIGURES, Differences
 from ..analysis.feed import CallPathProfile
+from ..analysis.pathnames import PathNames
 from ..columns import distinct, distinct_inverse
 
 
-def _write_lines(file: str | os.PathLike[str], lines: list[str]) -> None:
-    """``lines``, each ended, a few thousand at a time (a real program's
-    folded stacks run to a GB: not joined in memory first)."""
+def _write_sorted(paths: CallPathProfile, result, weight: np.ndarray,
+                  file: str | os.PathLike[str]) -> int:  # fmt: skip
+    """Lines ``text weight`` of the paths whose ``weight`` (at ``path +
+    1``) is not 0, in string order, as :meth:`LatencyResult.weighted_paths`
+    makes them; returns their number.  A real program's run to a GB: they
+    are ordered by the tree of the paths' names and written a few
+    thousand at a time, each text made from its caller's, which is kept
+    only while lines below it follow."""
+    tree = PathNames()
+    node = tree.add(result, paths.name, paths.group, paths.names)
+    wanted = np.flatnonzero(weight)
+    order = tree.line_order(node[wanted], weight[wanted])
+    nodes, weights = node[wanted][order], weight[wanted][order].tolist()
     with open(file, "w") as out:
-        for at in range(0, len(lines), 4096):
-            out.write("\n".join(lines[at : at + 4096]) + "\n")
+        block: list[str] = []
+        for text, w in zip(tree.texts_in_order(nodes), weights, strict=True):
+            block.append(f"{text} {w}\n")
+            if len(block) >= 4096:
+                out.write("".join(block))
+                block.clear()
+        out.write("".join(block))
+    return len(weights)
 
 
 def _namer(paths: CallPathProfile, result) -> Callable[[int], str]:
@@ -36,18 +53,15 @@ def _namer(paths: CallPathProfile, result) -> Callable[[int], str]:
 def write_folded(paths: CallPathProfile, result, file: str | os.PathLike[str], by: str) -> int:
     """Folded stacks weighed by ``by`` (``insn`` or ``time``); returns the
     number of lines."""
-    lines = result.folded(_namer(paths, result), by, paths.group)
-    _write_lines(file, lines)
-    return len(lines)
+    return _write_sorted(paths, result, result.path_insns if by == "insn" else result.path_time,
+                         file)  # fmt: skip
 
 
 def write_weighted_paths(
     paths: CallPathProfile, result, file: str | os.PathLike[str], by: str
 ) -> int:
     """Every call path with the weight along it and below it."""
-    lines = result.weighted_paths(result.inclusive(by), _namer(paths, result), paths.group)
-    _write_lines(file, lines)
-    return len(lines)
+    return _write_sorted(paths, result, result.inclusive(by), file)
 
 
 def write_flame_page(
