@@ -300,3 +300,42 @@ def test_patch_backend_records_the_calls(tmp_path):
     assert 0 < extra <= 2
     assert all(name == "libc.so.6" for name, _ in got_at[end : end + extra])
     assert got_at[end + extra :] == want_at[end:]  # tailer's call, tail callee and all
+
+
+LOOPS = r"""
+#define NOINLINE __attribute__((noinline))
+static volatile long sink;
+/* Taken conditional jumps in a loop, inside the call. */
+NOINLINE long spin(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i ^ (s >> 3);
+    return s;
+}
+int main(void) {
+    for (long i = 0; i < 3000; i++)  /* more taken jumps than the cut keeps frames */
+        sink += i;
+    sink += spin(2000);
+    for (long i = 0; i < 500; i++)
+        sink += i;
+    return (int)(sink & 1);
+}
+"""
+
+
+def test_calls_cut_when_decoded_through_taken_jumps(tmp_path, capsys):
+    """A taken conditional jump goes where the instruction says, not
+    somewhere only a signal explains: thousands of them before and inside
+    the call (more than the cut keeps frames of) and the cut still ends at
+    the call's return, as the stack pointer does."""
+    from hwtrace.record.perfdata import write_perf_data
+
+    exe = str(compile_program(LOOPS, "loops", ("-O1", "-g0")))
+    whole = record_software([exe], calls=["main"])
+    path = tmp_path / "whole.data"
+    write_perf_data(whole, path)
+    spin = record_software([exe], calls=["spin"])
+    (want,) = stepped(spin).values()
+    got = script_ips(["-i", str(path), "--call", "spin"], capsys)
+    assert len(want) > 4 * 2000
+    assert module_offsets(whole, got) == module_offsets(spin, want)

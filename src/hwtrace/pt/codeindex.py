@@ -81,9 +81,9 @@ class CodeIndex:
     def transfers(
         self, ips: np.ndarray, mode: int = 64
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`classify`, and where each instruction goes without trace
-        (its successor: a direct jump's or call's target, else the
-        fall-through address)."""
+        """:meth:`classify`, and where each instruction goes besides its
+        fall-through (its successor: a direct jump's or call's target, a
+        conditional jump's when taken, else the fall-through address)."""
         ips = np.ascontiguousarray(ips, np.uint64)
         uniq, inverse = np.unique(ips, return_inverse=True)
         t = self.table
@@ -104,7 +104,9 @@ class CodeIndex:
         kind[(cls == int(IClass.RETURN)) | (cls == int(IClass.FAR_RETURN))] = K_RET
         kind[((cls == int(IClass.JUMP)) | (cls == int(IClass.FAR_JUMP))) & ~direct] = K_IJUMP
         fall = t.i_ip[kf] + t.i_size[kf].astype(np.uint64)
-        jump = direct & ((cls == int(IClass.JUMP)) | (cls == int(IClass.CALL)))
+        jump = direct & (
+            (cls == int(IClass.JUMP)) | (cls == int(IClass.CALL)) | (cls == int(IClass.COND_JUMP))
+        )
         jump &= t.i_special[kf] != int(Special.JMPABS)
         kinds = np.zeros(uniq.shape[0], np.uint8)
         falls = np.zeros(uniq.shape[0], np.uint64)

@@ -11,7 +11,10 @@ stack through the instructions instead, as a shadow stack of return
 addresses per thread (as Linux perf's ``thread-stack.c`` does for call
 graphs from PT):
 
-* a CALL pushes its return address;
+* a CALL pushes its return address, unless the next instruction traced
+  is that address (the call went out of the traced code, a library an
+  address filter leaves out or code the recorder does not trace, and came
+  back: no frame is seen, as the call-path walk has it);
 * a RET pops down to the frame of the address it went to, wherever that is
   on the stack (a return past frames skipped);
 * a transfer no instruction explains (the next instruction is neither the
@@ -90,7 +93,9 @@ def _walk(ips, kinds, falls, succs, funcs, starts, entry, slot, stack, stack_alt
         top = sp[s]
         k = pend[s, 0]
         fall = np.uint64(pend[s, 1])
-        if k == K_CALL:
+        if k == K_CALL and ip == fall:
+            pass  # went out of the traced code and came back: no frame seen
+        elif k == K_CALL:
             if top < width:
                 stack[s, top] = fall
                 stack_func[s, top] = pend[s, 2]
