@@ -22,12 +22,17 @@ through; a block ends at any other transfer.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import aot
+from ..columns import distinct
 from ..isa.x86 import IClass, InsnCache, Special
 from .flowrows import I_DIRECT, CodeTable, find_insn, instructions_of
+
+if TYPE_CHECKING:
+    from ..image import Image
 
 # What an instruction does to the call stack: nothing, push its return
 # address, pop one, or jump anywhere (an indirect jump: a longjmp unwinds).
@@ -56,12 +61,18 @@ class _Unmapped:
 
 class CodeIndex:
     """The instructions of one address space (``read(address, size)`` gives
-    its bytes, as :meth:`hwtrace.image.Image.read`), decoded once each as
-    blocks and addresses ask for them (see the module doc)."""
+    its bytes, as :meth:`hwtrace.image.Image.read`, or an image whose
+    sections the table may decode in compiled code, a run at a time),
+    decoded once each as blocks and addresses ask for them (see the module
+    doc)."""
 
-    def __init__(self, read: Reader) -> None:
-        self.cache = InsnCache(read)
-        self.table = CodeTable(_Unmapped(read), cache=self.cache)
+    def __init__(self, read: Reader | Image) -> None:
+        if callable(read):
+            self.cache = InsnCache(read)
+            self.table = CodeTable(_Unmapped(read), cache=self.cache)
+        else:
+            self.cache = InsnCache(read.read)
+            self.table = CodeTable(read, cache=self.cache)
 
     def expand(
         self, block_ip: np.ndarray, block_ninsn: np.ndarray, mode: int | np.ndarray = 64
@@ -85,15 +96,19 @@ class CodeIndex:
         fall-through (its successor: a direct jump's or call's target, a
         conditional jump's when taken, else the fall-through address)."""
         ips = np.ascontiguousarray(ips, np.uint64)
-        uniq, inverse = np.unique(ips, return_inverse=True)
         t = self.table
-        k = np.empty(uniq.shape[0], np.int64)
-        _find_all(t.tuple, uniq, np.uint8(mode), k)
-        if (k < 0).any():
-            for ip in uniq[k < 0].tolist():
+        k = np.empty(ips.shape[0], np.int64)
+        _find_all(t.tuple, ips, np.uint8(mode), k)
+        missing = np.flatnonzero(k < 0)
+        if missing.shape[0]:
+            for ip in distinct(ips[missing]).tolist():
                 if t.lookup(ip, mode) < 0:
                     t.fill(ip, mode)
-            _find_all(t.tuple, uniq, np.uint8(mode), k)
+            again = np.empty(missing.shape[0], np.int64)
+            _find_all(t.tuple, ips[missing], np.uint8(mode), again)
+            k[missing] = again
+        # (each instruction's own row: a flow's ips repeat, but gathers
+        # cost less than sorting them to look each up once)
         found = k >= 0
         found[found] = t.i_err[k[found]] == 0  # undecodable: kind other, 0
         kf = k[found]
@@ -108,11 +123,10 @@ class CodeIndex:
             (cls == int(IClass.JUMP)) | (cls == int(IClass.CALL)) | (cls == int(IClass.COND_JUMP))
         )
         jump &= t.i_special[kf] != int(Special.JMPABS)
-        kinds = np.zeros(uniq.shape[0], np.uint8)
-        falls = np.zeros(uniq.shape[0], np.uint64)
-        succs = np.zeros(uniq.shape[0], np.uint64)
+        kinds = np.zeros(ips.shape[0], np.uint8)
+        falls = np.zeros(ips.shape[0], np.uint64)
+        succs = np.zeros(ips.shape[0], np.uint64)
         kinds[found] = kind
         falls[found] = fall
         succs[found] = np.where(jump, t.i_target[kf], fall)
-        inverse = inverse.reshape(-1)
-        return kinds[inverse], falls[inverse], succs[inverse]
+        return kinds, falls, succs

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..columns import distinct_inverse
 from .callcut import CallCut, entry_flags, kept_blocks, transfers
 from .listing import EXPAND_INSNS
 from .perfflow import PerfBlocks, QueueInfo
@@ -72,7 +73,10 @@ class CallFilter:
                 index, offset = q.symbols(image).functions.lookup(ips[sel])
                 funcs[sel] = np.where(index >= 0, index + (image << 32), -1)
                 starts[sel] = (index >= 0) & (offset == 0)
-            tids, thread = np.unique(np.repeat(part.tid, n), return_inverse=True)
+            if (part.tid == part.tid[0]).all():  # (one thread's blocks: no sort)
+                tids, thread = part.tid[:1], np.zeros(ips.shape[0], np.intp)
+            else:
+                tids, thread = distinct_inverse(np.repeat(part.tid, n))
             keys = [(q.index, int(t)) for t in tids.tolist()]
             keep = self.cut.keep(
                 ips, kinds, falls, succs, funcs, starts, entry, thread.reshape(-1), keys

@@ -753,7 +753,7 @@ class QueueInfo:
         im = self.images[image]
         got = self._code.get(id(im))
         if got is None:
-            got = self._code[id(im)] = CodeIndex(im.read)
+            got = self._code[id(im)] = CodeIndex(im)
         return got
 
 
