@@ -868,7 +868,7 @@ class Timeline(Columns):
     path: np.ndarray
 
 
-def _root_group(parent: int) -> int:
+def root_group(parent: int) -> int:
     """The group a root path's ``parent`` value names (-1: none)."""
     return ROOT - 1 - parent if parent <= ROOT else -1
 
@@ -918,7 +918,7 @@ class LatencyResult:
         while path >= 0:
             parent, _ = self.paths[path]
             if parent < 0:
-                return _root_group(parent)
+                return root_group(parent)
             path = parent
         return -1
 
@@ -1014,7 +1014,7 @@ class LatencyResult:
                 chain, frames = [-1], ["[unknown]"]
             if p < 0 and group is not None:
                 chain.insert(0, -2)
-                frames.insert(0, group(_root_group(p)))
+                frames.insert(0, group(root_group(p)))
             yield p, chain, frames
 
     def path_parents(self) -> np.ndarray:

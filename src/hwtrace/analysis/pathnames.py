@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from ..columns import distinct_inverse
-from .latency import LatencyResult, _root_group, depth_levels, path_depths
+from .latency import LatencyResult, depth_levels, path_depths, root_group
 
 # A tree node's key among its siblings: its caller's node (plus one, 0 for
 # none) above these bits, its name's number below.
@@ -78,7 +78,7 @@ class PathNames:
         if group is not None:
             values, which = distinct_inverse(up[roots])
             base = values.shape[0]
-            glabels = [group(_root_group(int(v))) for v in values.tolist()]
+            glabels = [group(root_group(int(v))) for v in values.tolist()]
             names = np.concatenate([self.name_ids(glabels), names])
             up = np.where(roots, -1, up + 1 + base)
             up[roots] = which

@@ -18,8 +18,6 @@ from .perfinput import decode_session, open_session
 def main(argv: Sequence[str]) -> int:
     """Compare the call paths of two recordings of the same program: calls, instructions and time
     per call in each, and the paths only one of them ran."""
-    import numpy as np
-
     from ..analysis.diff import diff_functions, diff_paths, folded_diff, path_table
     from ..analysis.feed import CallPathProfile
     from ..analysis.pathnames import PathNames
@@ -101,18 +99,11 @@ def main(argv: Sequence[str]) -> int:
         Path(a.folded_diff).write_text("".join(line + "\n" for line in lines))
         console.print(f"{len(lines)} lines written to {a.folded_diff}")
     if a.html:
-        from ..analysis.diff import weights
-        from ..export.callpaths import diff_flame_tree
-        from ..export.html import TOP_PATHS, diff_view, write_page
+        from ..export.callpaths import write_diff_page
 
-        keys, wa, wb = weights(ta, tb, own)
-        # The paths that differ most, ties in the order of their texts.
-        shown = np.flatnonzero((wa != 0) | (wb != 0))
-        top = shown[np.argsort(-np.abs(wb[shown] - wa[shown]), kind="stable")[:TOP_PATHS]]
-        rows = list(zip(tree.texts(keys[top]), wa[top].tolist(), wb[top].tolist(), strict=True))
-        write_page(a.html, diff_view(diff_flame_tree(tree, keys, wa, wb), rows, unit,
-                                     f"hwtrace diff: {Path(a.a).name} → {Path(a.b).name}",
-                                     f"call paths by {unit}; A {a.a}, B {a.b}"))  # fmt: skip
+        write_diff_page(a.html, tree, ta, tb, own, unit,
+                        f"hwtrace diff: {Path(a.a).name} → {Path(a.b).name}",
+                        f"call paths by {unit}; A {a.a}, B {a.b}")  # fmt: skip
         console.print(f"written to {a.html}")
     return 0
 

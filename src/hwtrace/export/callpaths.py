@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..analysis.diff import FIGURES, Differences
+from ..analysis.diff import FIGURES, Differences, Table, weights
 from ..analysis.feed import CallPathProfile
 from ..analysis.pathnames import PathNames
 from ..columns import distinct, distinct_inverse
@@ -157,6 +157,23 @@ def diff_flame_tree(names: PathNames, keys: np.ndarray, a: np.ndarray, b: np.nda
     return tree_lists(top)
 
 
+def write_diff_page(
+    file: str | os.PathLike[str], names: PathNames, a: Table, b: Table, what: str, unit: str,
+    title: str, subtitle: str,
+) -> None:  # fmt: skip
+    """``hwtrace diff --html``: two runs' call paths (tables ``a`` and
+    ``b`` of ``names``) by their own ``what`` as a differential flame
+    graph and sunburst, with the paths that differ most (ties in the
+    order of their texts)."""
+    from .html import TOP_PATHS, diff_view, write_page
+
+    keys, wa, wb = weights(a, b, what)
+    shown = np.flatnonzero((wa != 0) | (wb != 0))
+    top = shown[np.argsort(-np.abs(wb[shown] - wa[shown]), kind="stable")[:TOP_PATHS]]
+    rows = list(zip(names.texts(keys[top]), wa[top].tolist(), wb[top].tolist(), strict=True))
+    write_page(file, diff_view(diff_flame_tree(names, keys, wa, wb), rows, unit, title, subtitle))
+
+
 def write_diff_json(
     file: str | os.PathLike[str], head: dict, tables: dict[str, Differences]
 ) -> None:
@@ -227,6 +244,7 @@ __all__ = [
     "flame_tree",
     "write_call_timeline",
     "write_diff_json",
+    "write_diff_page",
     "write_flame_page",
     "write_folded",
     "write_weighted_paths",
