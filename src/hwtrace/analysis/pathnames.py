@@ -143,11 +143,7 @@ class PathNames:
             self.parent.tolist(), self.name.tolist(), self.names, callers.tolist()
         )  # fmt: skip
         for node in np.asarray(nodes, np.int64).tolist():
-            chain = []
-            p = node
-            while p >= 0 and p not in known:
-                chain.append(p)
-                p = parent[p]
+            chain, p = _up_to(node, known, parent)
             text = known[p] if p >= 0 else None
             for q in reversed(chain):
                 text = names[name[q]] if text is None else text + ";" + names[name[q]]
@@ -264,11 +260,7 @@ class PathNames:
         chain: list[int] = []  # the last node and its callers, outermost first
         text_of: dict[int, str] = {}
         for node in np.asarray(nodes, np.int64).tolist():
-            fresh = []
-            p = node
-            while p >= 0 and p not in text_of:
-                fresh.append(p)
-                p = parent[p]
+            fresh, p = _up_to(node, text_of, parent)
             keep = chain.index(p) + 1 if p >= 0 else 0
             for q in chain[keep:]:
                 del text_of[q]
@@ -279,6 +271,16 @@ class PathNames:
                 text_of[q] = text
                 chain.append(q)
             yield text
+
+
+def _up_to(node: int, known: dict[int, str], parent: list[int]) -> tuple[list[int], int]:
+    """``node`` and its callers up to the first in ``known`` (innermost
+    first), and that one (-1: none is)."""
+    chain = []
+    while node >= 0 and node not in known:
+        chain.append(node)
+        node = parent[node]
+    return chain, node
 
 
 def _ranks(keys: list[str]) -> np.ndarray:

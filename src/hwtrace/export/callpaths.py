@@ -108,14 +108,20 @@ def flame_tree(
                 node_of[path] = node
         node["s"] += w
     # Each node's weight along it and below: its own and its children's.
+    for n in _callees_first(top):
+        n["v"] = n["s"] + sum(c["v"] for c in n["c"].values())
+    return tree_lists(top)
+
+
+def _callees_first(top: dict) -> list[dict]:
+    """The nodes of a tree (children in ``"c"``), each after its children
+    (iteratively: deep paths)."""
     order, stack = [], [top]
     while stack:
         n = stack.pop()
         order.append(n)
         stack.extend(n["c"].values())
-    for n in reversed(order):
-        n["v"] = n["s"] + sum(c["v"] for c in n["c"].values())
-    return tree_lists(top)
+    return order[::-1]
 
 
 def diff_flame_tree(names: PathNames, keys: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict:
@@ -142,12 +148,7 @@ def diff_flame_tree(names: PathNames, keys: np.ndarray, a: np.ndarray, b: np.nda
         node["a"] += wa
         node["b"] += wb
     # Each node's weights along it and below: its own and its children's.
-    order, stack = [], [top]
-    while stack:
-        n = stack.pop()
-        order.append(n)
-        stack.extend(n["c"].values())
-    for n in reversed(order):
+    for n in _callees_first(top):
         for c in n["c"].values():
             n["a"] += c["a"]
             n["b"] += c["b"]
