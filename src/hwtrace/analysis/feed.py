@@ -76,13 +76,11 @@ class CodeNames:
         for table in self.tables:
             if not left.size:
                 break
-            index, offset = table.lookup(left)
-            hit = index >= 0
-            for a, i, off in zip(left[hit].tolist(), index[hit].tolist(), offset[hit].tolist(),
-                                 strict=True):  # fmt: skip
-                name = table.qualified_name(i) if with_module else table.name(i)
-                found[(a, with_module)] = (f"{name}+{off:#x}" if off else name, True)
-            left = left[~hit]
+            got = table.symbolize_all(left, with_module)
+            for a, where in zip(left.tolist(), got, strict=True):
+                if where:
+                    found[(a, with_module)] = (where, True)
+            left = left[np.array([not where for where in got], bool)]
         for a in left.tolist():
             found[(a, with_module)] = self._located(a)
         return [self.name(a, with_module) for a in addr.tolist()]

@@ -265,13 +265,19 @@ class SymbolTable:
     def symbolize(self, address: int, with_module: bool = False) -> str:
         """``"func+0x12"`` (``"func"`` at offset 0; ``"lib.so!func+0x12"`` with the module),
         or ``""`` when no symbol covers the address."""
-        index, offset = self.lookup(np.array([address], np.uint64))
-        i = int(index[0])
-        if i < 0:
-            return ""
-        name = self.qualified_name(i) if with_module else self.name(i)
-        off = int(offset[0])
-        return f"{name}+{off:#x}" if off else name
+        return self.symbolize_all(np.array([address], np.uint64), with_module)[0]
+
+    def symbolize_all(self, addresses: np.ndarray, with_module: bool = False) -> list[str]:
+        """:meth:`symbolize` of each of ``addresses``, looked up at once."""
+        index, offset = self.lookup(addresses)
+        out = []
+        for i, off in zip(index.tolist(), offset.tolist(), strict=True):
+            if i < 0:
+                out.append("")
+                continue
+            name = self.qualified_name(i) if with_module else self.name(i)
+            out.append(f"{name}+{off:#x}" if off else name)
+        return out
 
     def function_entries(self, spec: str) -> np.ndarray:
         """The start addresses (sorted) of the functions named ``spec``:
