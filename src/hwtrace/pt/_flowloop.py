@@ -3083,7 +3083,19 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     btb = np.int64(-1)
     # (The key column's room is counted in rows, not in the entries that
     # hold them: a stream's batches stay as long, whatever replays stored.)
-    key_cap, off_cap, t_cap = s_keys.shape[0], o_cols[0].shape[0], t_cols[0].shape[0]
+    # The rows the store has room for, counted so that its offset and time
+    # points have room too: each stretch or run replayed stores at least a
+    # row and at most two offset and two time points (at its first row, and
+    # at the TIP's rows or after the first consumed bit), so one check on
+    # the rows is all a replay makes.  A store that holds no row yet takes
+    # none from here (its first offset point is far, see put_row).
+    row_limit = min(
+        s_keys.shape[0],
+        s_rows + (o_cols[0].shape[0] - s_off) // 2 - 1,
+        s_rows + (t_cols[0].shape[0] - s_t) // 2 - 1,
+    )
+    if not s_started:
+        row_limit = np.int64(-1)
     code = XC_WALK
     while True:
         if blk < 0:
@@ -3106,11 +3118,9 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
             # stored alike: one branch for both was 5-9% slower here.)
             if direct:
                 key = np.int64(r_key[blk])
-                if key < 0 or not s_started:
+                if key < 0 or s_rows >= row_limit:
                     break
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
-                if s_rows >= key_cap or s_off >= off_cap or s_t >= t_cap:
-                    break
                 s_keys[np.uint64(s_ent)] = key
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
                     o_cols, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off, s_off_at, s_t,
@@ -3148,12 +3158,10 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 break
             if direct:
                 key = np.int64(r_key[blk])
-                if key < 0 or not s_started:
+                if key < 0 or s_rows >= row_limit:
                     break
                 # The row, as put_row stores it.
                 o = offsets[np.uint64(pos)] if pos < n else end_offset
-                if s_rows >= key_cap or s_off >= off_cap or s_t >= t_cap:
-                    break
                 s_keys[np.uint64(s_ent)] = key
                 s_off, s_last_off, s_off_at, s_t, s_last_t = _row_points(
                     o_cols, t_cols, s_state, s_rows, o, cur_tsc, s_off, s_last_off, s_off_at, s_t,
@@ -3203,7 +3211,7 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                 j1 = (shape >> XS_J1) & _XS_10
                 # (Two offset points at most: at the first row, and at the
                 # TIP's rows; two time points likewise.)
-                if not s_started or s_rows + m > key_cap or s_off + 2 > off_cap or s_t + 2 > t_cap:
+                if s_rows + m > row_limit:
                     break
                 # The rows' keys: their sequence's key, or each row's.
                 # (Unsigned indices: numba checks a signed one for a negative
@@ -3237,7 +3245,6 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
                         s_last_off = o2
                         s_off_at = at2
                 s_rows += m
-                s_started = 1
             last = xs
             rows += m
             count += x_words[xe + _XE_COUNT]
