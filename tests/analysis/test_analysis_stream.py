@@ -5,6 +5,7 @@ decoded flow of real compiled programs."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import groundtruth as gt
 import numpy as np
@@ -181,3 +182,48 @@ def test_thread_profile_of_pieces_is_the_sums(seed, data):
         assert [f.instructions for f in top] == sorted(th.by_insn[th.by_insn > 0], reverse=True)[:2]
         by_time = th.top(2, "time")
         assert [f.time_ns for f in by_time] == sorted(th.by_time[th.by_time > 0], reverse=True)[:2]
+
+
+def test_transfers_of_every_instruction_of_libc():
+    """CodeIndex.transfers (compiled) against iced-x86's decoding, one
+    instruction at a time, at every address a linear sweep of 64 KiB of
+    libc's code meets, and at addresses no section holds; asked twice (the
+    first time each address is decoded, the second found)."""
+    from elftools.elf.elffile import ELFFile
+
+    from hwtrace.pt.codeindex import K_IJUMP, K_OTHER
+
+    path = "/lib/x86_64-linux-gnu/libc.so.6"
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not present")
+    with open(path, "rb") as f:
+        text = ELFFile(f).get_section_by_name(".text")
+        lo = text["sh_addr"]
+    image = Image()
+    image.add_elf(path)
+    cache = InsnCache(image.read)
+    ips, ip = [], lo
+    while ip < lo + (1 << 16):
+        ips.append(ip)
+        ip += max(cache.get(ip, 64).size, 1)
+    ips += [0x10, 0x7FFF_0000_0000]
+    want = []
+    for ip in ips:
+        insn = cache.get(ip, 64)
+        if isinstance(insn, int) or insn.iclass == IClass.UNKNOWN:  # (an error code)
+            want.append((K_OTHER, 0, 0))
+            continue
+        c, direct = insn.iclass, insn.is_direct
+        kind = {IClass.CALL: K_CALL, IClass.FAR_CALL: K_CALL, IClass.RETURN: K_RET,
+                IClass.FAR_RETURN: K_RET}.get(c, K_OTHER)  # fmt: skip
+        if c in (IClass.JUMP, IClass.FAR_JUMP) and not direct:
+            kind = K_IJUMP
+        succ = insn.next_ip
+        if direct and c in (IClass.JUMP, IClass.CALL, IClass.COND_JUMP):
+            succ = (insn.next_ip + insn.displacement) & 0xFFFFFFFFFFFFFFFF
+        want.append((kind, insn.next_ip, succ))
+    code = CodeIndex(image)
+    assert {w[0] for w in want} == {K_OTHER, K_CALL, K_RET, K_IJUMP}
+    for _ in range(2):
+        got = code.transfers(np.array(ips, np.uint64))
+        assert list(zip(*(a.tolist() for a in got), strict=True)) == want

@@ -29,6 +29,7 @@ import numpy as np
 from .. import aot
 from ..columns import distinct
 from ..isa.x86 import IClass, InsnCache, Special
+from .codetable import T_I_CLASS, T_I_ERR, T_I_FLAGS, T_I_IP, T_I_SIZE, T_I_SPECIAL, T_I_TARGET
 from .flowrows import I_DIRECT, CodeTable, find_insn, instructions_of
 
 if TYPE_CHECKING:
@@ -41,11 +42,55 @@ K_OTHER, K_CALL, K_RET, K_IJUMP = 0, 1, 2, 3
 Reader = Callable[[int, int], bytes]
 
 
+_C_CALL, _C_FAR_CALL = int(IClass.CALL), int(IClass.FAR_CALL)
+_C_RET, _C_FAR_RET = int(IClass.RETURN), int(IClass.FAR_RETURN)
+_C_JUMP, _C_FAR_JUMP, _C_COND = int(IClass.JUMP), int(IClass.FAR_JUMP), int(IClass.COND_JUMP)
+_JMPABS = int(Special.JMPABS)
+
+
 @aot.njit(cache=True)
-def _find_all(ct, ips, mode, out):
-    """The table index of each of ``ips`` (-1: not decoded yet)."""
-    for i in range(ips.shape[0]):
-        out[i] = find_insn(ct, ips[i], mode)
+def _transfers_of(ct, ips, mode, kinds, falls, succs, missing):
+    """Kind, fall-through address and successor (see
+    :meth:`CodeIndex.transfers`) of each of ``ips`` the table holds, into
+    ``kinds``, ``falls``, ``succs`` (0 where no instruction could be
+    decoded); the positions of those not decoded yet go to ``missing``,
+    whose number it returns."""
+    i_ip, i_size, i_class = ct[T_I_IP], ct[T_I_SIZE], ct[T_I_CLASS]
+    i_special, i_flags, i_target, i_err = (
+        ct[T_I_SPECIAL],
+        ct[T_I_FLAGS],
+        ct[T_I_TARGET],
+        ct[T_I_ERR],
+    )
+    nm = 0
+    for j in range(ips.shape[0]):
+        k = find_insn(ct, ips[j], mode)
+        if k < 0:
+            missing[nm] = j
+            nm += 1
+            continue
+        kind = K_OTHER
+        fall = succ = np.uint64(0)
+        if i_err[k] == 0:
+            c = i_class[k]
+            direct = (i_flags[k] & I_DIRECT) != 0
+            fall = i_ip[k] + np.uint64(i_size[k])
+            succ = fall
+            if c == _C_CALL or c == _C_FAR_CALL:
+                kind = K_CALL
+            elif c == _C_RET or c == _C_FAR_RET:
+                kind = K_RET
+            elif (c == _C_JUMP or c == _C_FAR_JUMP) and not direct:
+                kind = K_IJUMP
+            if (
+                direct and (c == _C_JUMP or c == _C_CALL or c == _C_COND)
+                and i_special[k] != _JMPABS
+            ):  # fmt: skip
+                succ = i_target[k]
+        kinds[j] = kind
+        falls[j] = fall
+        succs[j] = succ
+    return nm
 
 
 class _Unmapped:
@@ -97,36 +142,21 @@ class CodeIndex:
         conditional jump's when taken, else the fall-through address)."""
         ips = np.ascontiguousarray(ips, np.uint64)
         t = self.table
-        k = np.empty(ips.shape[0], np.int64)
-        _find_all(t.tuple, ips, np.uint8(mode), k)
-        missing = np.flatnonzero(k < 0)
-        if missing.shape[0]:
-            for ip in distinct(ips[missing]).tolist():
+        n = ips.shape[0]
+        kinds, falls, succs = np.empty(n, np.uint8), np.empty(n, np.uint64), np.empty(n, np.uint64)
+        missing = np.empty(n, np.int64)
+        nm = _transfers_of(t.tuple, ips, np.uint8(mode), kinds, falls, succs, missing)
+        if nm:
+            # Addresses not decoded yet: each decoded once, then looked up
+            # again (an address no instruction can be decoded at stays 0).
+            at = missing[:nm]
+            for ip in distinct(ips[at]).tolist():
                 if t.lookup(ip, mode) < 0:
                     t.fill(ip, mode)
-            again = np.empty(missing.shape[0], np.int64)
-            _find_all(t.tuple, ips[missing], np.uint8(mode), again)
-            k[missing] = again
-        # (each instruction's own row: a flow's ips repeat, but gathers
-        # cost less than sorting them to look each up once)
-        found = k >= 0
-        found[found] = t.i_err[k[found]] == 0  # undecodable: kind other, 0
-        kf = k[found]
-        cls = t.i_class[kf]
-        direct = (t.i_flags[kf] & I_DIRECT) != 0
-        kind = np.full(kf.shape[0], K_OTHER, np.uint8)
-        kind[(cls == int(IClass.CALL)) | (cls == int(IClass.FAR_CALL))] = K_CALL
-        kind[(cls == int(IClass.RETURN)) | (cls == int(IClass.FAR_RETURN))] = K_RET
-        kind[((cls == int(IClass.JUMP)) | (cls == int(IClass.FAR_JUMP))) & ~direct] = K_IJUMP
-        fall = t.i_ip[kf] + t.i_size[kf].astype(np.uint64)
-        jump = direct & (
-            (cls == int(IClass.JUMP)) | (cls == int(IClass.CALL)) | (cls == int(IClass.COND_JUMP))
-        )
-        jump &= t.i_special[kf] != int(Special.JMPABS)
-        kinds = np.zeros(ips.shape[0], np.uint8)
-        falls = np.zeros(ips.shape[0], np.uint64)
-        succs = np.zeros(ips.shape[0], np.uint64)
-        kinds[found] = kind
-        falls[found] = fall
-        succs[found] = np.where(jump, t.i_target[kf], fall)
+            again = ips[at]
+            k, f, g = np.empty(nm, np.uint8), np.empty(nm, np.uint64), np.empty(nm, np.uint64)
+            left = np.empty(nm, np.int64)
+            n_left = _transfers_of(t.tuple, again, np.uint8(mode), k, f, g, left)
+            k[left[:n_left]], f[left[:n_left]], g[left[:n_left]] = 0, 0, 0
+            kinds[at], falls[at], succs[at] = k, f, g
         return kinds, falls, succs

@@ -45,6 +45,24 @@ class CallFilter:
             held = self._entries[id(im)] = (im, np.unique(np.concatenate(parts)))
         return held[1]
 
+    def _classify(
+        self, q: QueueInfo, image: int, ips: np.ndarray, mode: int | np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """What the cut needs of each of ``ips`` in image ``image``: its
+        kind, fall-through and successor, its function (told apart by
+        symbol, in the image's table; -1: none), whether it starts its
+        function and whether it is a chosen function's entry."""
+        code = q.code(image)
+        if isinstance(mode, int):
+            kinds, falls, succs = code.transfers(ips, mode)
+        else:
+            kinds, falls, succs = transfers(code, ips, mode)
+        index, offset = q.symbols(image).functions.lookup(ips)
+        found = index >= 0
+        funcs = np.where(found, index + (image << 32), -1)
+        starts = found & (offset == 0)
+        return kinds, falls, succs, funcs, starts, entry_flags(ips, self.entries(q, image))
+
     def missing(self) -> list[str]:
         """The functions no image decoded so far has a symbol for."""
         return [f for f in self.functions if f not in self.found]
@@ -56,23 +74,29 @@ class CallFilter:
                 continue
             n = part.ninsn.astype(np.int64)
             ips = part.instructions()
-            mode = np.repeat(part.mode, n)
-            kinds = np.zeros(ips.shape[0], np.uint8)
-            falls = np.zeros(ips.shape[0], np.uint64)
-            succs = np.zeros(ips.shape[0], np.uint64)
-            funcs = np.zeros(ips.shape[0], np.int64)
-            starts = np.zeros(ips.shape[0], np.bool_)
-            entry = np.zeros(ips.shape[0], np.bool_)
+            # (one execution mode, as nearly always: no column of it)
+            one_mode = part.mode.shape[0] == 0 or (part.mode == part.mode[0]).all()
+            mode = int(part.mode[0]) if one_mode and part.mode.shape[0] else 64
+            modes = None if one_mode else np.repeat(part.mode, n)
             images = part.images()
-            owner = np.repeat(part.image, n) if len(images) > 1 else None
-            for image, _ in images:
-                sel = slice(None) if owner is None else np.flatnonzero(owner == image)
-                kinds[sel], falls[sel], succs[sel] = transfers(q.code(image), ips[sel], mode[sel])
-                entry[sel] = entry_flags(ips[sel], self.entries(q, image))
-                # Functions are told apart by symbol, in each image's table.
-                index, offset = q.symbols(image).functions.lookup(ips[sel])
-                funcs[sel] = np.where(index >= 0, index + (image << 32), -1)
-                starts[sel] = (index >= 0) & (offset == 0)
+            if len(images) == 1:
+                kinds, falls, succs, funcs, starts, entry = self._classify(
+                    q, images[0][0], ips, mode if modes is None else modes
+                )  # fmt: skip
+            else:
+                kinds = np.zeros(ips.shape[0], np.uint8)
+                falls = np.zeros(ips.shape[0], np.uint64)
+                succs = np.zeros(ips.shape[0], np.uint64)
+                funcs = np.zeros(ips.shape[0], np.int64)
+                starts = np.zeros(ips.shape[0], np.bool_)
+                entry = np.zeros(ips.shape[0], np.bool_)
+                owner = np.repeat(part.image, n)
+                for image, _ in images:
+                    sel = np.flatnonzero(owner == image)
+                    (kinds[sel], falls[sel], succs[sel], funcs[sel], starts[sel],
+                     entry[sel]) = self._classify(
+                        q, image, ips[sel], mode if modes is None else modes[sel]
+                    )  # fmt: skip
             if (part.tid == part.tid[0]).all():  # (one thread's blocks: no sort)
                 tids, thread = part.tid[:1], np.zeros(ips.shape[0], np.intp)
             else:
