@@ -127,6 +127,9 @@ COMMANDS = {
         "--folded",
         "r.folded",
     ],
+    # (the flow cut to a function's calls)
+    "report-call": ["report", "-i", "a.data", "--call", "main"],
+    "script-call": ["script", "-i", "a.data", "--call", "main"],
     "latency": ["latency", "-i", "a.data", "--toggle", "work"],
     "funclatency": ["funclatency", "-i", "a.data", "work"],
     "diff": ["diff", "a.data", "b.data"],

@@ -33,7 +33,8 @@ def main(argv: Sequence[str]) -> int:
     )
     w.add_argument("--parts", default=None, metavar="P[,P...]",
                    help="what to warm: library (the decoder), perf (report, script), record, "
-                        "ptxed, ptdump, decode (to Parquet), csdump (default: all)")  # fmt: skip
+                        "ptxed, ptdump, decode (to Parquet), csdump, trace, calls (--call) "
+                        "(default: all)")  # fmt: skip
     sub.add_parser("build", help="build the library from numba's cache")
     sub.add_parser("status", help="print the library in use")
     a = p.parse_args(list(argv))

@@ -67,7 +67,7 @@ def _path() -> np.ndarray:
     return np.array(ips, np.uint64)
 
 
-PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode", "csdump", "trace")
+PARTS = ("library", "perf", "record", "ptxed", "ptdump", "decode", "csdump", "trace", "calls")
 #: The pieces of each part, as the processes run them.
 PIECES = {
     "library": ("bytecode", "packets", "library", "subtrees", "fill"),
@@ -78,6 +78,7 @@ PIECES = {
     "decode": ("decode",),
     "csdump": ("csdump",),
     "trace": ("trace",),
+    "calls": ("calls",),
 }
 # The pieces in two chains of about equal work.  The decoder is compiled
 # in two halves at once: one process compiles the packet and timing loops
@@ -90,7 +91,7 @@ PIECES = {
 # function in the process that first needs it, again in another one that
 # needs it before it is cached).
 CHAINS = (
-    ("packets", "library", "perfread", "script", "ptdump"),
+    ("packets", "library", "perfread", "script", "ptdump", "calls"),
     (
         "bytecode",
         "record",
@@ -127,7 +128,13 @@ CHAINS = (
 # the first, ptxed's, the decoder to Parquet and the CoreSight listing in
 # the second.
 #: the piece another chain's piece waits for
-AFTER = {"subtrees": "packets", "script": "listing", "report": "perfread", "decode": "library"}
+AFTER = {
+    "subtrees": "packets",
+    "script": "listing",
+    "report": "perfread",
+    "decode": "library",
+    "calls": "report",
+}
 # Longest a piece waits for another process's (that process failing
 # ends the wait sooner: the parent stops both).
 WAIT_SECONDS = 900.0
@@ -374,6 +381,13 @@ def _piece(piece: str, tmp: Path, image: Image, cfg: PtConfig, trace: Path, code
             # and without: the profile alone decodes without code runs)
             status |= perfcmds.report_main(["-i", str(data), "--folded", str(tmp / "folded")])
             status |= perfcmds.report_main(["-i", str(data)])
+    elif piece == "calls":
+        from . import perfcmds
+
+        # (report and script --call: the flow cut to a function's calls,
+        # its instructions classified and walked on a shadow stack)
+        data = _wrapped(tmp, trace, cfg)
+        status |= perfcmds.report_main(["-i", str(data), "--call", "warm_callee"])
     elif piece == "csdump":
         status |= _coresight_listing(tmp)
     elif piece == "trace":

@@ -52,6 +52,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from .. import aot
+from ..columns import distinct
 from ..pt.codeindex import K_CALL, K_IJUMP, K_RET, CodeIndex
 
 # Return addresses kept per thread; deeper frames are counted, not kept
@@ -246,7 +247,7 @@ def transfers(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Kind, fall-through address and successor of each instruction
     (``mode``: each one's execution mode)."""
-    modes = np.unique(mode)
+    modes = distinct(mode)
     if modes.shape[0] <= 1:
         return code.transfers(ips, int(modes[0]) if modes.shape[0] else 64)
     kinds = np.zeros(ips.shape[0], np.uint8)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..columns import distinct_inverse
+from ..columns import distinct, distinct_inverse
 from .callcut import CallCut, entry_flags, kept_blocks, transfers
 from .listing import EXPAND_INSNS
 from .perfflow import PerfBlocks, QueueInfo
@@ -42,7 +42,7 @@ class CallFilter:
                 if at.shape[0]:
                     self.found.add(spec)
                 parts.append(at)
-            held = self._entries[id(im)] = (im, np.unique(np.concatenate(parts)))
+            held = self._entries[id(im)] = (im, distinct(np.concatenate(parts)))
         return held[1]
 
     def _classify(
