@@ -1022,6 +1022,10 @@ class LatencyResult:
         :meth:`group_of`)."""
         return np.fromiter((p for p, _ in self.paths), np.int64, len(self.paths))
 
+    def path_heads(self) -> np.ndarray:
+        """Each path's innermost address (the function it ends in)."""
+        return np.fromiter((a for _, a in self.paths), np.uint64, len(self.paths))
+
     def inclusive(self, by: str = "insn") -> np.ndarray:
         """Each path's weight with all the paths below it (the instructions
         executed along it up to its tail and beyond), at ``path + 1``."""

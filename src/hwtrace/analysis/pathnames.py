@@ -66,7 +66,7 @@ class PathNames:
         each of an array's addresses): the paths of the tree's other runs
         that read the same are the same nodes."""
         parents = result.path_parents()
-        addrs = np.fromiter((a for _, a in result.paths), np.uint64, len(result.paths))
+        addrs = result.path_heads()
         # Local nodes: the groups' (with ``group``), then the empty path and
         # every path, at ``path + 1`` after the groups'.
         uniq, inverse = distinct_inverse(addrs)
@@ -310,8 +310,7 @@ class FunctionNames:
     def text_order(self) -> np.ndarray:
         names = self.paths.names
         if self._rank.shape[0] != len(names):
-            self._rank = np.empty(len(names), np.int64)
-            self._rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+            self._rank = _ranks(names)
         return self._rank
 
 

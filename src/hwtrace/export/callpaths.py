@@ -45,8 +45,7 @@ def _namer(paths: CallPathProfile, result) -> Callable[[int], str]:
     """``paths.name``, every address of ``result``'s paths named first in
     one pass over the symbol tables (a real program's few thousand
     functions, a lookup each otherwise)."""
-    addrs = np.fromiter((a for _, a in result.paths), np.uint64, len(result.paths))
-    paths.names(distinct(addrs))
+    paths.names(distinct(result.path_heads()))
     return paths.name
 
 

@@ -1401,7 +1401,7 @@ class FunctionCallRows:
         the metadata."""
         result = self.latency.result()
         iv = result.intervals
-        heads = np.array([addr for _, addr in result.paths] or [0], np.uint64)
+        heads = result.path_heads() if result.paths else np.zeros(1, np.uint64)
         entry = heads[iv.path] if len(iv) else np.zeros(0, np.uint64)
         uniq, inverse = np.unique(entry, return_inverse=True)
         names = np.array([self.latency.name(int(x), with_module=True) or f"{int(x):#x}"
