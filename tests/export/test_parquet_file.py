@@ -827,6 +827,28 @@ def test_index_pages_of_few_values_are_made_a_word_at_a_time_alike(seed, n, widt
     assert pages[0] == pages[1] == pages[2]
 
 
+@pytest.mark.parametrize("width", range(9, 17))
+def test_wide_indices_and_sparse_booleans_read_back(tmp_path, width):
+    """Dictionary indices of 9 to 16 bits (a chunk of up to 65,536
+    distinct values: packed as pairs, then quads, then halves)
+    and a boolean column of rare set rows (eight clear rows a word) read
+    back as written by Arrow."""
+    rng = np.random.default_rng(width)
+    distinct = (1 << (width - 1)) + 1 + int(rng.integers(0, 1 << (width - 1)))
+    n = distinct + 1000
+    pool = rng.permutation(np.arange(distinct, dtype=np.int64) * 7919)
+    x = np.concatenate([pool, pool[rng.integers(0, distinct, n - distinct)]])
+    flag = rng.random(n) < 0.001
+    columns = {"x": ("i64", x), "flag": ("b", flag)}
+    path = tmp_path / "wide.parquet"
+    _write(path, columns, [n // 3], [], {"dictionary": ["x"]}, {})
+    t = pq.read_table(path)
+    assert t.column("x").to_numpy().tolist() == x.tolist()
+    assert t.column("flag").to_numpy().tolist() == flag.tolist()
+    meta = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert "RLE_DICTIONARY" in meta.encodings
+
+
 def test_a_chunk_of_tiny_pages_is_stored_uncompressed(tmp_path):
     """zstd makes a page of a few bytes longer: a chunk whose pages are all
     that short (a column of one value) is stored as it is, the others

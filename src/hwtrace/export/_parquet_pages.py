@@ -207,21 +207,25 @@ def _pack_groups(out, pos, values, groups, width):
 def _pack_groups_wide(out, pos, values, groups, width):
     """:func:`_pack_groups` of values of 9 to 16 bits: a group is
     ``width`` bytes, made in two words (the dictionary indices of a chunk
-    of more than 256 distinct blocks)."""
+    of more than 256 distinct blocks).  Pairs, then quads, then the two
+    halves, as :func:`_squeeze` joins bytes: no shift that depends on a
+    value's place in the group, no branch a value."""
     w = np.uint64(width)
+    w2 = w + w
+    w4 = w2 + w2  # (36 to 64: the second half starts in the low word)
     for g in range(groups):
         group = values[8 * g : 8 * g + 8]
-        lo = np.uint64(0)
-        hi = np.uint64(0)
-        for t in range(8):
-            v = np.uint64(group[t])
-            shift = w * np.uint64(t)
-            if shift < np.uint64(64):
-                lo |= v << shift
-                if shift + w > np.uint64(64):
-                    hi |= v >> (np.uint64(64) - shift)
-            else:
-                hi |= v << (shift - np.uint64(64))
+        p0 = np.uint64(group[0]) | (np.uint64(group[1]) << w)
+        p1 = np.uint64(group[2]) | (np.uint64(group[3]) << w)
+        p2 = np.uint64(group[4]) | (np.uint64(group[5]) << w)
+        p3 = np.uint64(group[6]) | (np.uint64(group[7]) << w)
+        q0 = p0 | (p1 << w2)
+        q1 = p2 | (p3 << w2)
+        if width == 16:
+            lo, hi = q0, q1  # (a shift by 64 is undefined in LLVM: kept apart)
+        else:
+            lo = q0 | (q1 << w4)
+            hi = q1 >> (np.uint64(64) - w4)
         _put_u64(out, pos, lo)
         _put_u64(out, pos + 8, hi)  # (its bytes past ``width`` are overwritten next)
         pos += width
@@ -384,7 +388,14 @@ def encode_booleans(values, n, state, levels, out):
     full = n // 8
     ones = np.uint8(0)
     zeros = np.uint8(0)
+    # (bytes read as bytes: eight of numba's booleans are eight loads)
+    raw = values.view(np.uint8)
     for g in range(full):
+        if values.itemsize == 1 and _load_bytes(raw, 8 * g) == 0:
+            # (eight clear rows at once: a gap column is nearly all clear)
+            out[pos + g] = 0
+            zeros = np.uint8(0xFF)
+            continue
         group = src[8 * g : 8 * g + 8]
         byte = np.uint8(0)
         for t in range(8):
