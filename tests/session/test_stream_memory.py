@@ -72,7 +72,10 @@ def test_spooled_trace_is_let_go_behind_the_decoder(tmp_path):
         nonlocal peak
         peak = max(peak, _spooled_resident_kb())
 
-    stream_perf(data, on_blocks)
+    # (batches of 2^18 rows: a reading every ~40 KB of trace, a few a
+    # decoder's window; each reads smaps, ~10 ms here, and 2^15-row
+    # batches made that the test's time, minutes on a busy machine)
+    stream_perf(data, on_blocks, batch_rows=1 << 18)
     # (a few windows and the kernel's fault-around: 2 MiB here; all of it
     # when the ranges' last windows were not let go)
     assert 0 < peak < trace_kb // 4, (peak, trace_kb)
