@@ -268,3 +268,22 @@ def test_sequences_go_with_the_rows_once_half_full():
     store.clear()
     assert state[S_NSEQ] == 0 and state[S_SEQ_POOL] == 0 and state[S_SEQ_GEN] == 1
     assert store_sequence(cols, state, src, 0, 3, 4) == SEQ_TOP
+
+
+def test_dense_columns_start_on_a_huge_page():
+    """The store's densely written columns start on a 2 MiB boundary once
+    they span one (the 4 KiB pages before it would each fault), hold what
+    is written, and are plain arrays otherwise; the sparse far points are
+    left where the allocator puts them."""
+    from hwtrace.columns import HUGE_PAGE, dense_empty
+
+    store = BlockStore(1 << 24)  # (offset points of a byte: 4 MiB)
+    for column in (store.keys, store.off_pts, store.time_pts):
+        assert column.ctypes.data % HUGE_PAGE == 0, column.dtype
+    a = dense_empty((HUGE_PAGE // 88 + 5, 11), np.uint64)
+    assert a.shape == (HUGE_PAGE // 88 + 5, 11) and a.dtype == np.uint64 and a.flags.c_contiguous
+    assert a.ctypes.data % HUGE_PAGE == 0
+    a[...] = np.arange(a.size, dtype=np.uint64).reshape(a.shape)
+    assert int(a[-1, -1]) == a.size - 1 and a.base is not None
+    small = dense_empty(1000, np.int64)
+    assert small.shape == (1000,) and small.base is None

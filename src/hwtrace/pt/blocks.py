@@ -28,7 +28,7 @@ import itertools
 import numpy as np
 
 from .. import aot
-from ..columns import SequencedKeys
+from ..columns import SequencedKeys, dense_empty
 from .codetable import C_KEY_OWNER
 
 _EMPTY_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -521,10 +521,12 @@ def dummy_store() -> tuple:
     return _DUMMY
 
 
-def grown(arr: np.ndarray, used: int, size: int) -> np.ndarray:
+def grown(arr: np.ndarray, used: int, size: int, dense: bool = True) -> np.ndarray:
     """``arr``'s first ``used`` rows in a new array of ``size`` rows (of the
-    same shape otherwise; the rest left as it comes)."""
-    new = np.empty((size, *arr.shape[1:]), arr.dtype)
+    same shape otherwise; the rest left as it comes).  ``dense``: a column
+    written densely from its start (:func:`~hwtrace.columns.dense_empty`)."""
+    shape = (size, *arr.shape[1:])
+    new = dense_empty(shape, arr.dtype) if dense else np.empty(shape, arr.dtype)
     new[:used] = arr[:used]
     return new
 
@@ -534,7 +536,7 @@ def _grown_points(pts: np.ndarray, far_row: np.ndarray, far_val: np.ndarray, n: 
     """Offset or time points (``n`` of them, ``far`` far) with twice the
     room; the far arrays as long as the points (any of them may be far)."""
     size = 2 * pts.shape[0]
-    return grown(pts, n, size), grown(far_row, far, size), grown(far_val, far, size)
+    return grown(pts, n, size), grown(far_row, far, size, False), grown(far_val, far, size, False)
 
 
 class StoredKeys:
@@ -612,15 +614,17 @@ class BlockStore:
     (memory never touched costs nothing)."""
 
     def __init__(self, expect_rows: int = 1 << 16) -> None:
-        self.keys = np.empty(max(expect_rows, 1 << 12), np.uint16)
+        # (The key column and the points are written densely from their
+        # start: see dense_empty.  The far points are few.)
+        self.keys = dense_empty(max(expect_rows, 1 << 12), np.uint16)
         self._new_table(1 << 12)
         # The trace offset changes about once per five rows; sized so they
         # never need copying (pages never written cost nothing).
         changes = max(expect_rows // 4, 1 << 12)
-        self.off_pts = np.empty(changes, np.uint8)
+        self.off_pts = dense_empty(changes, np.uint8)
         self.off_far_row = np.empty(changes, np.int64)
         self.off_far_val = np.empty(changes, np.int64)
-        self.time_pts = np.empty(changes, np.uint16)
+        self.time_pts = dense_empty(changes, np.uint16)
         self.time_far_row = np.empty(changes, np.int64)
         self.time_far_val = np.empty(changes, np.uint64)
         self.seq_start = np.empty(SEQ_MAX, np.int64)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..columns import dense_empty
 from ..image.revisions import CodeRevisions, revised_instructions
 from ..image.symbols import SymbolTable
 from . import _flowloop as K
@@ -359,9 +360,9 @@ class _EventColumns:
 
     def __init__(self, expect: int = 256) -> None:
         self.n = 0
-        self.rows = np.empty((expect, R.EW), np.uint64)
-        self.offsets = np.empty(expect, np.int64)
-        self.blocks = np.empty(expect, np.int64)
+        self.rows = dense_empty((expect, R.EW), np.uint64)
+        self.offsets = dense_empty(expect, np.int64)
+        self.blocks = dense_empty(expect, np.int64)
 
     def room(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Views of the free rows, at least ``k`` of them (what is written
