@@ -129,6 +129,24 @@ def dense_empty(shape: int | tuple[int, ...], dtype: object) -> np.ndarray:
     return raw[start : start + nbytes].view(dt).reshape(dims)
 
 
+def random_access_zeros(shape: int | tuple[int, ...], dtype: object) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` for a table read and written anywhere (a
+    hash table, a cache): from 512 KiB on, it lies on huge pages, so that
+    a lookup finds its page in one TLB entry where 4 KiB pages take one
+    each (a 1 MiB table's 256 do not stay in the first-level TLB).  The
+    first touch clears 2 MiB: smaller tables are left on 4 KiB pages.
+    (The allocation is 4 MiB at least, which numpy advises the kernel to
+    back with huge pages, and the table starts on a boundary in it.)"""
+    dt = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+    if nbytes < HUGE_PAGE // 4:
+        return np.zeros(dims, dt)
+    raw = np.zeros(max(nbytes, HUGE_PAGE) + HUGE_PAGE, np.uint8)
+    start = -raw.ctypes.data % HUGE_PAGE
+    return raw[start : start + nbytes].view(dt).reshape(dims)
+
+
 def repeated(value: object, n: int, kind: type) -> np.ndarray:
     """``n`` rows of ``value`` as ``kind``: a read-only broadcast of one
     value (no memory a row), for a column known to hold one value."""

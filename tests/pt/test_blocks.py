@@ -287,3 +287,23 @@ def test_dense_columns_start_on_a_huge_page():
     assert int(a[-1, -1]) == a.size - 1 and a.base is not None
     small = dense_empty(1000, np.int64)
     assert small.shape == (1000,) and small.base is None
+
+
+def test_replay_cache_lies_on_huge_pages():
+    """A replay cache of 512 KiB and more (its entries are looked up
+    anywhere in it) starts on a 2 MiB boundary, zeroed; a small table stays
+    a plain array."""
+    from hwtrace.columns import HUGE_PAGE, random_access_zeros
+    from hwtrace.image import Image
+    from hwtrace.pt.codetable import CodeTable
+
+    table = CodeTable(Image())
+    table.reserve_replay(16 << 20)
+    for column in (table.x_words, table.x_key):
+        assert column.nbytes >= HUGE_PAGE // 4 and column.ctypes.data % HUGE_PAGE == 0
+        assert not column.any()
+    a = random_access_zeros((HUGE_PAGE // 16, 3), np.int32)
+    assert a.shape == (HUGE_PAGE // 16, 3) and a.dtype == np.int32 and not a.any()
+    assert a.ctypes.data % HUGE_PAGE == 0
+    small = random_access_zeros(1000, np.int64)
+    assert small.base is None and not small.any()

@@ -35,6 +35,7 @@ from itertools import repeat
 import numpy as np
 
 from .. import aot
+from ..columns import random_access_zeros
 from ..isa.quick import QUICK_UNKNOWN, decode_quick
 from ..isa.x86 import IClass, InsnCache, Special
 
@@ -554,14 +555,15 @@ class CodeTable:
         return int(self.counts[C_X_ROWS])
 
     def _alloc_replay(self, slots: int) -> None:
-        # np.zeros: pages are touched only as the cache fills.
-        words = np.zeros(slots * X_FIELDS + 8, np.int64)
+        # Zeroed pages, touched only as the cache fills; a large cache on
+        # huge pages (its entries are looked up anywhere in it).
+        words = random_access_zeros(slots * X_FIELDS + 8, np.int64)
         skip = (-words.ctypes.data % 64) // 8
         # (the compiled code takes the words in one row: an entry's place is
         # a shift, not a multiplication by the row length read from memory)
         self.x_words = words[skip : skip + slots * X_FIELDS]
         self.x_slots = slots
-        self.x_key = np.zeros(slots * X_POOL_PER_SLOT, np.uint16)
+        self.x_key = random_access_zeros(slots * X_POOL_PER_SLOT, np.uint16)
         self.x_pip = np.zeros(slots * X_PUSH_PER_SLOT, np.uint64)
         self.x_prun = np.zeros(slots * X_PUSH_PER_SLOT, np.int32)
         self.counts[C_X_GEN] += 1
