@@ -108,25 +108,32 @@ def pow2_at_least(n: int) -> int:
 HUGE_PAGE = 1 << 21
 
 
-def dense_empty(shape: int | tuple[int, ...], dtype: object) -> np.ndarray:
-    """``np.empty(shape, dtype)`` for a column written densely from its
-    start, its first byte on a 2 MiB boundary when it spans one.  numpy
-    asks the kernel for huge pages for arrays of 4 MiB and more, but the
-    allocator hands them out at any 4 KiB page, and the kernel backs only
-    whole aligned huge pages: the 4 KiB pages before the first boundary
-    (up to 511 of them) each cost a page fault, ~3-4 us in a virtual
-    machine, where a huge page costs one fault and the clearing of 2 MiB.
-    (Memory never written still costs nothing; a column written sparsely
-    is better off without: a huge page is cleared whole.)"""
+def _huge_aligned(shape: int | tuple[int, ...], dtype: object, least: int,
+                  zeroed: bool) -> np.ndarray:  # fmt: skip
+    """An array of ``shape`` starting on a huge-page boundary, once it
+    holds ``least`` bytes (else a plain one), in an allocation of 4 MiB
+    at least: numpy advises the kernel to back those with huge pages, but
+    its allocator hands them out at any 4 KiB page, and the kernel backs
+    only whole aligned huge pages."""
     dt = np.dtype(dtype)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
-    if nbytes < HUGE_PAGE:
-        return np.empty(dims, dt)
-    # (Over 4 MiB with the slack, so numpy's advice covers it all.)
-    raw = np.empty(nbytes + HUGE_PAGE, np.uint8)
+    make = np.zeros if zeroed else np.empty
+    if nbytes < least:
+        return make(dims, dt)
+    raw = make(max(nbytes, HUGE_PAGE) + HUGE_PAGE, np.uint8)
     start = -raw.ctypes.data % HUGE_PAGE
     return raw[start : start + nbytes].view(dt).reshape(dims)
+
+
+def dense_empty(shape: int | tuple[int, ...], dtype: object) -> np.ndarray:
+    """``np.empty(shape, dtype)`` for a column written densely from its
+    start, on huge pages from its first byte once it spans one: otherwise
+    the 4 KiB pages before the allocation's first 2 MiB boundary (up to
+    511) each fault on first touch and each take a TLB entry.  (Memory
+    never written still costs nothing; a column written sparsely is better
+    off without: a huge page is cleared whole.)"""
+    return _huge_aligned(shape, dtype, HUGE_PAGE, False)
 
 
 def random_access_zeros(shape: int | tuple[int, ...], dtype: object) -> np.ndarray:
@@ -134,17 +141,8 @@ def random_access_zeros(shape: int | tuple[int, ...], dtype: object) -> np.ndarr
     hash table, a cache): from 512 KiB on, it lies on huge pages, so that
     a lookup finds its page in one TLB entry where 4 KiB pages take one
     each (a 1 MiB table's 256 do not stay in the first-level TLB).  The
-    first touch clears 2 MiB: smaller tables are left on 4 KiB pages.
-    (The allocation is 4 MiB at least, which numpy advises the kernel to
-    back with huge pages, and the table starts on a boundary in it.)"""
-    dt = np.dtype(dtype)
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
-    if nbytes < HUGE_PAGE // 4:
-        return np.zeros(dims, dt)
-    raw = np.zeros(max(nbytes, HUGE_PAGE) + HUGE_PAGE, np.uint8)
-    start = -raw.ctypes.data % HUGE_PAGE
-    return raw[start : start + nbytes].view(dt).reshape(dims)
+    first touch clears 2 MiB: smaller tables are left on 4 KiB pages."""
+    return _huge_aligned(shape, dtype, HUGE_PAGE // 4, True)
 
 
 def repeated(value: object, n: int, kind: type) -> np.ndarray:
