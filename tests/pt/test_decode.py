@@ -315,3 +315,80 @@ def test_tracing_back_at_the_return_address_is_no_gap(fast):
         ], name  # fmt: skip
         # (the last stop, where the trace ends, is one)
         assert R.gap_events(rows).tolist() == [False, gap, False, True], name
+
+
+def _cyc_trace():
+    """The sort program's run twice over, tracing off for a stretch of it,
+    encoded with a CYC before most packets: ``(encoded, image)``."""
+    from hwtrace.pt.encode import encode_path
+
+    run, img, ips, again = _sort_repeated(2)
+    n = len(run.ips)
+    cycles = (np.arange(ips.shape[0]) % 5 + 1).astype(np.int64)
+    enc = encode_path(ips, img, end_ip=run.end_ip, interrupts=again,
+                      trace_off=[(n // 3, n // 3 + 30)], tsc=1 << 30, mtc_freq=3, cyc=True,
+                      ctc_ratio=2, cycles=cycles, psb_period=512)  # fmt: skip
+    return enc, img
+
+
+def test_a_cyc_and_the_tnt_after_it_are_one_row_of_a_window():
+    """The flow decoder's windows take a CYC and the TNT-8 right after it as
+    one row (TNT8_AFTER_CYC): the CYC's offset, both packets' size, the
+    TNT's bits and their number, the CYC's cycles above them.  Packet
+    tables never do."""
+    from hwtrace.pt._state import ROWS_FOLD_CYC
+    from hwtrace.pt.kinds import TNT8_AFTER_CYC, Kind
+    from hwtrace.pt.packets import as_buffer, decode_range
+
+    enc, _ = _cyc_trace()
+    buf = as_buffer(enc.data)
+    plain = decode_range(buf, 0, buf.shape[0])
+    folded = decode_range(buf, 0, buf.shape[0], errata=ROWS_FOLD_CYC)
+    assert TNT8_AFTER_CYC not in set(plain.kind.tolist())
+    cyc = np.flatnonzero((plain.kind[:-1] == Kind.CYC) & (plain.kind[1:] == Kind.TNT8))
+    assert cyc.shape[0] > 50
+    want = {name: getattr(plain, name).copy() for name in ("offset", "kind", "size", "a", "b", "c")}
+    tnt = cyc + 1
+    want["kind"][cyc] = TNT8_AFTER_CYC
+    want["size"][cyc] += want["size"][tnt]
+    want["b"][cyc] = want["b"][tnt] | (want["a"][cyc].astype(np.uint32) << 8)
+    want["a"][cyc] = want["a"][tnt]
+    for name, col in want.items():
+        assert np.array_equal(getattr(folded, name), np.delete(col, tnt)), name
+
+
+def _splice(data: bytes, at: int, insert: bytes) -> bytes:
+    return data[:at] + insert + data[at:]
+
+
+def test_a_cyc_folded_into_a_tnt_decodes_as_the_two_packets(monkeypatch):
+    """The flow decoder gives the same blocks, times, events and gaps with
+    a CYC and the TNT-8 after it in one row as with a row each, on a
+    cycle-accurate trace and on corrupt ones where that TNT is an error
+    (inside a PSB+, while tracing is off): the error is at the TNT's offset,
+    past the CYC, as libipt has it."""
+    from hwtrace.pt import flowdec
+    from hwtrace.pt.kinds import Kind
+    from hwtrace.pt.packets import as_buffer, decode_range
+
+    enc, img = _cyc_trace()
+    table = decode_range(as_buffer(enc.data), 0, len(enc.data))
+    cyc_tnt = bytes([0x03 | (5 << 3), 0x06])  # CYC(5), TNT-8 of one bit
+    psbend = int(table.offset[np.flatnonzero(table.kind == Kind.PSBEND)[3]])
+    pgd = np.flatnonzero(table.kind == Kind.TIP_PGD)
+    assert pgd.shape[0] >= 1
+    after_pgd = int(table.offset[pgd[0]] + table.size[pgd[0]])
+    traces = [
+        enc.data,
+        _splice(enc.data, psbend, cyc_tnt),
+        _splice(enc.data, after_pgd, cyc_tnt),
+    ]
+    for data in traces:
+        got = decode_trace(data, img, enc.config)
+        monkeypatch.setattr(flowdec, "ROWS_FOLD_CYC", 0)
+        want = decode_trace(data, img, enc.config)
+        monkeypatch.undo()
+        _same(got, want)
+        for name in ("ip", "ninsn", "offset", "time"):
+            assert np.array_equal(got.blocks.column(name), want.blocks.column(name)), name
+    assert got.gaps and want.gaps

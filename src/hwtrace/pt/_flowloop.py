@@ -218,7 +218,7 @@ from .flowrows import (  # the output format, shared with its readers
     X_ERROR,
     X_RESYNC_DISABLED,
 )
-from .kinds import Kind
+from .kinds import TNT8_AFTER_CYC, Kind
 
 # The loops Python calls; the others are built into them, internal (see
 # hwtrace.aot: a call between them passes only what the callee reads).
@@ -236,6 +236,9 @@ K_PSB = int(Kind.PSB)
 K_PSBEND = int(Kind.PSBEND)
 K_TNT8 = int(Kind.TNT8)
 K_TNT64 = int(Kind.TNT64)
+# (a CYC and the TNT-8 after it, in a window's one row: see kinds.TNT8_AFTER_CYC)
+K_TNT8_CYC = TNT8_AFTER_CYC
+_NBITS = np.uint32(0xFF)  # a TNT row's b: its number of bits (a folded CYC's above)
 K_TIP = int(Kind.TIP)
 K_TIP_PGE = int(Kind.TIP_PGE)
 K_TIP_PGD = int(Kind.TIP_PGD)
@@ -332,6 +335,9 @@ P_NEVER, P_CR3, P_PIP, P_VMCS, P_PTWRITE, P_IRET, P_VMENTRY, P_UIRET, P_SKL014 =
 NSI = 50
 # SU: addresses and times.
 ES_LAST_IP, BS_IP, BS_TSC, BS_CR3, BS_VMCS, CB_IP, CB_END_IP, DR_NEXT, W_END_OFFSET = range(9)
+# (Where a step stopped at the TNT of a CYC and TNT in one row, an error
+# there: the end of that row, whose offset is the CYC's; see _offset.)
+ES_TNT_END = 9
 NSU = 10
 
 # Driver phases.
@@ -512,8 +518,21 @@ def _offset(SI, SU, pk):
     off = pk[4]
     pos = SI[ES_POS]
     if pos < SI[W_N]:
-        return off[pos]
+        o = off[pos]
+        if pk[0][pos] == K_TNT8_CYC and SU[ES_TNT_END] == np.uint64(o + pk[5][pos]):
+            # Past the CYC, at the TNT (see _at_tnt).
+            return o + pk[5][pos] - 1
+        return o
     return np.int64(SU[W_END_OFFSET])
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _at_tnt(SI, SU, pk, i):
+    """A step stops at the TNT-8 of row ``i`` (an error there): where it is
+    a CYC and that TNT in one row, the decoder stands at the TNT, past the
+    CYC, as it would have passed a CYC row of its own."""
+    if pk[0][i] == K_TNT8_CYC:
+        SU[ES_TNT_END] = np.uint64(pk[4][i] + pk[5][i])
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -765,6 +784,7 @@ def _decode_psb(SI, SU, QE, QB, pk, cf):
                 _q_remove(SI, QE, QB, status)
             return 0
         else:
+            _at_tnt(SI, SU, pk, i)
             return _err(E_BAD_CONTEXT)
 
 
@@ -1049,7 +1069,14 @@ def _find_ovf_fup(SI, pk):
         if _is_timing(k) or k == K_PAD or k == K_MNT or k == K_INVALID:
             j += 1
             continue
-        if k == K_PSBEND or k == K_TIP or k == K_TIP_PGD or k == K_TNT8 or k == K_TNT64:
+        if (
+            k == K_PSBEND
+            or k == K_TIP
+            or k == K_TIP_PGD
+            or k == K_TNT8
+            or k == K_TNT64
+            or k == K_TNT8_CYC
+        ):
             return 2, np.int64(E_BAD_CONTEXT)
         return 1, np.int64(0)
     if SI[W_END_ERR] == ABORT_WINDOW:
@@ -1100,7 +1127,14 @@ def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
             r = _overflow_at(SI, SU, pk, ovf, j, -1, out)
             _ev_fetch(SI, pk)
             return r
-        if k == K_TNT8 or k == K_TNT64 or k == K_OVF or k == K_STOP or k == K_MWAIT:
+        if (
+            k == K_TNT8
+            or k == K_TNT64
+            or k == K_TNT8_CYC
+            or k == K_OVF
+            or k == K_STOP
+            or k == K_MWAIT
+        ):
             return 0
         if k == K_INVALID:
             return 0
@@ -1181,7 +1215,7 @@ def _handle_apl12(SI, SU, pk, ovf, fup, out):
     while j < n:
         k = kind[j]
         if (
-            k == K_TNT8 or k == K_TNT64 or k == K_TIP or k == K_TIP_PGD or k == K_PSBEND
+            k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC or k == K_TIP or k == K_TIP_PGD or k == K_PSBEND
             or k == K_OVF
         ):  # fmt: skip
             return 0
@@ -1414,12 +1448,13 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
         if i >= SI[W_N]:
             return _end_error(SI)
         k = kind[i]
-        if k == K_TNT8 or k == K_TNT64:
+        if k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC:
             if not SI[ES_ENABLED]:
+                _at_tnt(SI, SU, pk, i)
                 return _err(E_BAD_CONTEXT)
             _ev_init(out, EV_TNT)
             out[E_BITS] = a[i]
-            out[E_SIZE] = b[i]
+            out[E_SIZE] = b[i] & _NBITS
             _ev_time(SI, pk, out, -1)
             _ev_fetch(SI, pk)
             return 1
@@ -2822,13 +2857,14 @@ def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
             continue
         has = have_tsc[u]
         t = tsc[u] if has else np.uint64(0)
-        if k == K_TNT8 or k == K_TNT64:
-            if b[u] == 0:
+        if k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC:
+            nbits = b[u] & _NBITS
+            if nbits == 0:
                 break
             q = p + 1
             while q < n and kind[np.uint64(q)] == K_PAD:
                 q += 1
-            return EV_TNT, q, a[u], np.int64(b[u]), last_ip, t, has
+            return EV_TNT, q, a[u], np.int64(nbits), last_ip, t, has
         if k == K_TIP:
             ipc = b[u]
             payload = a[u]
@@ -3979,8 +4015,8 @@ def _disable_enable(ds, pk, cf, ct, out):
         return False
     k3 = kind[p3]
     tip_ip = np.uint64(0)
-    if k3 == K_TNT8 or k3 == K_TNT64:
-        if b[p3] == 0:
+    if k3 == K_TNT8 or k3 == K_TNT64 or k3 == K_TNT8_CYC:
+        if b[p3] & _NBITS == 0:
             return False
     elif k3 == K_TIP:
         ok, tip_ip = _ip_from(b[p3], a[p3], pge_ip)
@@ -4054,7 +4090,7 @@ def _disable_enable(ds, pk, cf, ct, out):
         SU[ES_LAST_IP] = pge_ip
         _ev_init(CUR, EV_TNT)
         CUR[E_BITS] = a[p3]
-        CUR[E_SIZE] = b[p3]
+        CUR[E_SIZE] = b[p3] & _NBITS
         _ev_time(SI, pk, CUR, p3)
         _ev_fetch(SI, pk)
         SI[ES_BOUND] = 0

@@ -19,12 +19,13 @@ from ._state import (
     PHASE_DONE,
     PHASE_SYNC,
     PSB_PLUS_SPAN,
+    ROWS_FOLD_CYC,
     STOP_DONE,
     STOP_ERRORS,
     STOP_INPUT,
     STOP_ROWS,
 )
-from .kinds import IPC_PAYLOAD_BYTES, DecodeError, Kind
+from .kinds import IPC_PAYLOAD_BYTES, TNT8_AFTER_CYC, DecodeError, Kind
 
 # Flag and payload bits of the columns (the table in kinds.py).
 FLAG_IP = 1  # EXSTOP, BEP, PTW, CFE c: the packet binds to an IP (a FUP follows)
@@ -558,9 +559,12 @@ def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
     FUP, TIP.PGD, MODE.Exec and TIP.PGE among its TNTs and TIPs.)  (Unsigned indices:
     numba checks a signed one for a negative value, on every packet.  Not
     inlined into decode_stream: there the six columns' pointers were
-    spilled to the stack and reloaded for every packet.)"""
+    spilled to the stack and reloaded for every packet.)  With
+    ROWS_FOLD_CYC among ``errata``, a CYC and the TNT-8 right after it are
+    one row (see :data:`hwtrace.pt.kinds.TNT8_AFTER_CYC`)."""
     offsets, kinds, sizes, col_a, col_b, col_c = rows
     one = np.uint64(1)
+    fold = (errata & ROWS_FOLD_CYC) != 0
     u, r = np.uint64(pos), np.uint64(n)
     u_lim, u_avail, u_cap = np.uint64(max(lim, 0)), np.uint64(avail), np.uint64(cap)
     while u < u_lim and r < u_cap:
@@ -587,6 +591,18 @@ def _plain_packets(buf, pos, lim, avail, base, n, cap, errata, rows):
                 size = np.uint64(2)
             else:
                 break
+            if fold and u + size < u_lim:
+                t = buf[u + size]
+                if (t & 0x01) == 0 and t > 0x02:
+                    offsets[r] = np.int64(u) + base
+                    kinds[r] = TNT8_AFTER_CYC
+                    sizes[r] = size + one
+                    col_a[r] = TNT8_BITS[t]
+                    col_b[r] = np.uint32(TNT8_NBITS[t]) | (np.uint32(value) << np.uint32(8))
+                    col_c[r] = 0
+                    r += one
+                    u += size + one
+                    continue
             offsets[r] = np.int64(u) + base
             kinds[r] = Kind.CYC
             sizes[r] = size

@@ -41,7 +41,7 @@ DECODER_FIELDS = (
     "base",  # the stream offset of the buffer's first byte
     "final",  # 1: the buffer holds the end of the stream
     "resync",  # 1: after an error, go on at the next PSB
-    "errata",  # ERRATUM_* workaround bits
+    "errata",  # ERRATUM_* workaround bits (and ROWS_FOLD_CYC)
     # Results of a call.
     "rows",  # packet rows written
     "errors",  # errors written (a caller may pre-fill some)
@@ -75,6 +75,10 @@ KEEP_MAX = 64
 # Packet-level erratum workarounds (the decoder's `errata` bits).
 ERRATUM_SKD007 = 1
 ERRATUM_SKZ84 = 2
+# Not an erratum, an option among those bits for the flow decoder's
+# windows: a CYC and the TNT-8 right after it in one row (see
+# hwtrace.pt.kinds.TNT8_AFTER_CYC).
+ROWS_FOLD_CYC = 1 << 16
 
 
 def packet_errata(config: PtConfig | None) -> int:

@@ -31,6 +31,7 @@ import numpy as np
 from ..image.revisions import EXACT_SOURCES, CodeRevisions, Revision
 from . import _flowloop as K
 from ._loops import sync_forward as _sync_forward_loop
+from ._state import ROWS_FOLD_CYC
 from ._window import (
     TS_OTHER,
     TS_ROWS,
@@ -665,8 +666,12 @@ class FlowDecoder:
         setup = self._window_setup
         if setup[0] is not c or setup[1] != keep_tcal:
             # The decoder state as words and the time model's settings, for
-            # this configuration.
-            fresh, state = self._packet_buffers.decoder_states(False, packet_errata(c))
+            # this configuration.  (A CYC and the TNT-8 after it in one row:
+            # these windows' rows go to the time model and the flow loop
+            # only, which take it as the two packets.)
+            fresh, state = self._packet_buffers.decoder_states(
+                False, packet_errata(c) | ROWS_FOLD_CYC
+            )
             tc = np.array([c.mtc_freq, c.nom_freq, c.cpuid_0x15_eax, c.cpuid_0x15_ebx,
                            time_options(c, keep_tcal_on_ovf=keep_tcal)], np.int64)  # fmt: skip
             words = (fresh.view(np.int64), state.view(np.int64), state)

@@ -79,6 +79,18 @@ class Kind(enum.IntEnum):
     INVALID = 33  # bytes skipped by an erratum workaround
 
 
+# A row of the flow decoder's windows only, never of a packet table: a CYC
+# and the TNT-8 right after it, in one row.  Most CYCs of a cycle-accurate
+# trace come right before a TNT-8, and the flow decoder only passes over
+# them, so its windows save a row (and a step of the time model) for each.
+# The row has the CYC's offset (where the TNT's bits are consumed the
+# decoder stands at it), both packets' size, the TNT's bits in ``a`` and
+# ``b`` (``b & 0xFF``: their number) and the CYC's cycle count in ``b >> 8``.
+# (Not a Kind: outside 4-13, so the time model's runs of packets that
+# leave it as it is end there.)
+TNT8_AFTER_CYC = 40
+
+
 # Names as Intel's ptdump prints them.
 KIND_NAMES: dict[int, str] = {
     Kind.PAD: "pad",

@@ -22,7 +22,7 @@ import numpy as np
 from .. import aot
 from .config import PtConfig
 from .errors import PtError
-from .kinds import Kind
+from .kinds import TNT8_AFTER_CYC, Kind
 from .packets import ColumnBuffers, PacketTable
 
 FCR_SHR = 8  # fixed-point shift of the FCR
@@ -197,23 +197,25 @@ def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, h
 
 
 @aot.njit(cache=True, _nrt=False)
-def _cyc_run(kinds, col_a, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, base, fc, span,
-             cyc_mtc, cyc_tsc):  # fmt: skip
+def _cyc_run(kinds, col_a, col_b, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, base, fc,
+             span, cyc_mtc, cyc_tsc):  # fmt: skip
     """Apply the CYCs from packet ``i`` (one) on that only add cycles
     (with calibration ``fcr``; none that spans MTCs, ``span``, before the
     fast counter has counted), giving the packets between them that
     leave the model as it is its time (as _timeless_run does): most
-    packets of a trace with cycle-accurate timing.  Returns where they end,
-    and the model's time, fast counter and cycle counts after them.  (A
-    loop apart from _timeless_run's, which is the tighter without CYCs.)"""
+    packets of a trace with cycle-accurate timing (a flow window's CYC
+    folded into the TNT-8 after it, TNT8_AFTER_CYC, is the CYC then the
+    TNT).  Returns where they end, and the model's time, fast counter and
+    cycle counts after them.  (A loop apart from _timeless_run's, which is
+    the tighter without CYCs.)"""
     j, stop = np.uint64(i), np.uint64(end)
     while True:
         k = kinds[j]
-        if k == Kind.CYC:
+        if k == Kind.CYC or k == TNT8_AFTER_CYC:
             if fc == 0 and span:
                 break
             # pt_time_update_cyc, as time_loop's CYC does it.
-            cyc = np.int64(col_a[j])
+            cyc = np.int64(col_a[j]) if k == Kind.CYC else np.int64(col_b[j] >> np.uint32(8))
             cyc_mtc += cyc
             cyc_tsc += cyc
             fc += (cyc * fcr) >> FCR_SHR
@@ -284,11 +286,12 @@ def time_loop(
                 )  # fmt: skip
                 continue
             if (
-                k == Kind.CYC and not no_cyc and not no_tcal and c_fcr != 0
-                and c_min >= 0 and c_min <= c_max and (t_fc != 0 or t_ctc == t_ctc_cyc)
+                (k == Kind.CYC or k == TNT8_AFTER_CYC) and not no_cyc and not no_tcal
+                and c_fcr != 0 and c_min >= 0 and c_min <= c_max
+                and (t_fc != 0 or t_ctc == t_ctc_cyc)
             ):  # fmt: skip
                 i, t_tsc, t_fc, c_cyc_mtc, c_cyc_tsc = _cyc_run(
-                    kinds, col_a, seg_start, i, run_end, out, want_fcr, t_tsc, t_have_tsc, c_fcr,
+                    kinds, col_a, col_b, seg_start, i, run_end, out, want_fcr, t_tsc, t_have_tsc, c_fcr,
                     t_base, t_fc, t_ctc != t_ctc_cyc, c_cyc_mtc, c_cyc_tsc,
                 )  # fmt: skip
                 continue
@@ -499,8 +502,8 @@ def time_loop(
                         base += (delta * ebx) // eax
                         t_tsc = base
                         t_base = base
-        elif kind == Kind.CYC and not no_cyc:
-            cyc = np.int64(col_a[u])
+        elif (kind == Kind.CYC or kind == TNT8_AFTER_CYC) and not no_cyc:
+            cyc = np.int64(col_a[u]) if kind == Kind.CYC else np.int64(col_b[u] >> np.uint32(8))
             fcr = 0
             if not no_tcal:
                 if c_min >= 0 and c_min <= c_max:
