@@ -648,6 +648,12 @@ def _set_tsx(ev, bits):
 
 
 @aot.njit(cache=True, inline="always", _nrt=False)
+def _is_tnt(k):
+    """A TNT packet's row (a CYC and the TNT-8 after it included)."""
+    return k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
 def _is_timing(k):
     return k == K_TSC or k == K_CBR or k == K_TMA or k == K_MTC or k == K_CYC
 
@@ -1069,14 +1075,7 @@ def _find_ovf_fup(SI, pk):
         if _is_timing(k) or k == K_PAD or k == K_MNT or k == K_INVALID:
             j += 1
             continue
-        if (
-            k == K_PSBEND
-            or k == K_TIP
-            or k == K_TIP_PGD
-            or k == K_TNT8
-            or k == K_TNT64
-            or k == K_TNT8_CYC
-        ):
+        if k == K_PSBEND or k == K_TIP or k == K_TIP_PGD or _is_tnt(k):
             return 2, np.int64(E_BAD_CONTEXT)
         return 1, np.int64(0)
     if SI[W_END_ERR] == ABORT_WINDOW:
@@ -1127,14 +1126,7 @@ def _handle_skd010(SI, SU, QE, QB, pk, ovf, out):
             r = _overflow_at(SI, SU, pk, ovf, j, -1, out)
             _ev_fetch(SI, pk)
             return r
-        if (
-            k == K_TNT8
-            or k == K_TNT64
-            or k == K_TNT8_CYC
-            or k == K_OVF
-            or k == K_STOP
-            or k == K_MWAIT
-        ):
+        if _is_tnt(k) or k == K_OVF or k == K_STOP or k == K_MWAIT:
             return 0
         if k == K_INVALID:
             return 0
@@ -1215,8 +1207,7 @@ def _handle_apl12(SI, SU, pk, ovf, fup, out):
     while j < n:
         k = kind[j]
         if (
-            k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC or k == K_TIP or k == K_TIP_PGD or k == K_PSBEND
-            or k == K_OVF
+            _is_tnt(k) or k == K_TIP or k == K_TIP_PGD or k == K_PSBEND or k == K_OVF
         ):  # fmt: skip
             return 0
         if k == K_PSB:
@@ -1448,7 +1439,7 @@ def _decode_packet(SI, SU, QE, QB, pk, cf, out):
         if i >= SI[W_N]:
             return _end_error(SI)
         k = kind[i]
-        if k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC:
+        if _is_tnt(k):
             if not SI[ES_ENABLED]:
                 _at_tnt(SI, SU, pk, i)
                 return _err(E_BAD_CONTEXT)
@@ -2857,7 +2848,7 @@ def _fast_fetch(kind, a, b, tsc, have_tsc, n, p, last_ip):
             continue
         has = have_tsc[u]
         t = tsc[u] if has else np.uint64(0)
-        if k == K_TNT8 or k == K_TNT64 or k == K_TNT8_CYC:
+        if _is_tnt(k):
             nbits = b[u] & _NBITS
             if nbits == 0:
                 break
@@ -4015,7 +4006,7 @@ def _disable_enable(ds, pk, cf, ct, out):
         return False
     k3 = kind[p3]
     tip_ip = np.uint64(0)
-    if k3 == K_TNT8 or k3 == K_TNT64 or k3 == K_TNT8_CYC:
+    if _is_tnt(k3):
         if b[p3] & _NBITS == 0:
             return False
     elif k3 == K_TIP:

@@ -83,9 +83,9 @@ class Kind(enum.IntEnum):
 # and the TNT-8 right after it, in one row.  Most CYCs of a cycle-accurate
 # trace come right before a TNT-8, and the flow decoder only passes over
 # them, so its windows save a row (and a step of the time model) for each.
-# The row has the CYC's offset (where the TNT's bits are consumed the
-# decoder stands at it), both packets' size, the TNT's bits in ``a`` and
-# ``b`` (``b & 0xFF``: their number) and the CYC's cycle count in ``b >> 8``.
+# The row has the CYC's offset (after the packet before it, the decoder
+# stands there), both packets' size, the TNT's bits in ``a``, their number
+# in ``b & 0xFF`` and the CYC's cycle count in ``b >> 8``.
 # (Not a Kind: outside 4-13, so the time model's runs of packets that
 # leave it as it is end there.)
 TNT8_AFTER_CYC = 40

@@ -196,6 +196,13 @@ def _timeless_run(kinds, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, h
     return np.int64(j)
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _cycles(k, col_a, col_b, j):
+    """The cycle count of row ``j``: a CYC's, or that of the CYC a flow
+    window folded into the TNT-8 after it (TNT8_AFTER_CYC)."""
+    return np.int64(col_a[j]) if k == Kind.CYC else np.int64(col_b[j] >> np.uint32(8))
+
+
 @aot.njit(cache=True, _nrt=False)
 def _cyc_run(kinds, col_a, col_b, seg_start, i, end, out, want_fcr, tsc, have_tsc, fcr, base, fc,
              span, cyc_mtc, cyc_tsc):  # fmt: skip
@@ -215,7 +222,7 @@ def _cyc_run(kinds, col_a, col_b, seg_start, i, end, out, want_fcr, tsc, have_ts
             if fc == 0 and span:
                 break
             # pt_time_update_cyc, as time_loop's CYC does it.
-            cyc = np.int64(col_a[j]) if k == Kind.CYC else np.int64(col_b[j] >> np.uint32(8))
+            cyc = _cycles(k, col_a, col_b, j)
             cyc_mtc += cyc
             cyc_tsc += cyc
             fc += (cyc * fcr) >> FCR_SHR
@@ -503,7 +510,7 @@ def time_loop(
                         t_tsc = base
                         t_base = base
         elif (kind == Kind.CYC or kind == TNT8_AFTER_CYC) and not no_cyc:
-            cyc = np.int64(col_a[u]) if kind == Kind.CYC else np.int64(col_b[u] >> np.uint32(8))
+            cyc = _cycles(kind, col_a, col_b, u)
             fcr = 0
             if not no_tcal:
                 if c_min >= 0 and c_min <= c_max:
