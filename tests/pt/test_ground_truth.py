@@ -453,6 +453,22 @@ def _long_case(name: str) -> gt.Run:
     return gt.run(function, args, "-O2", blocks=True)
 
 
+def _noting_code_tables(monkeypatch, count: str) -> list[int]:
+    """A list that gets, for each decode_trace call from now on, the sum of
+    its code tables' ``count`` (a CodeTable property) at its end."""
+    from hwtrace.pt import decode as decode_module
+
+    noted: list[int] = []
+    result_of = decode_module._result
+
+    def noting(collectors, decoders):
+        noted.append(sum(getattr(t, count) for d in decoders for t in d.tables))
+        return result_of(collectors, decoders)
+
+    monkeypatch.setattr(decode_module, "_result", noting)
+    return noted
+
+
 @pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
 @pytest.mark.parametrize("shape", sorted(REPLAY_SHAPES))
 @pytest.mark.parametrize(
@@ -465,17 +481,9 @@ def test_replayed_flow_is_the_walked_flow(images, name, shape, monkeypatch):
     (``deep``) and returns that do not go where their call said
     (``unwind``), with time packets between the branches, and between
     tracing's disabling and enabling, PSB+ and cycle counts."""
-    from hwtrace.pt import decode as decode_module
     from hwtrace.pt.decode import DecodeOptions
 
-    replayed_rows = []
-    result_of = decode_module._result
-
-    def noting_replays(collectors, decoders):
-        replayed_rows.append(sum(t.replayed_rows for d in decoders for t in d.tables))
-        return result_of(collectors, decoders)
-
-    monkeypatch.setattr(decode_module, "_result", noting_replays)
+    replayed_rows = _noting_code_tables(monkeypatch, "replayed_rows")
     run = _long_case(name) if name in LONG_CASES else gt.case(name, "-O2")
     image = image_of(images, run)
     enc = encode_path(run.ips, image, end_ip=run.end_ip, **REPLAY_SHAPES[shape](len(run.ips)))
@@ -497,19 +505,29 @@ def test_replayed_flow_is_the_walked_flow(images, name, shape, monkeypatch):
 @pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
 @pytest.mark.parametrize("shape", ["events", "noret"])
 @pytest.mark.parametrize("name", sorted(LONG_CASES))
-def test_disabled_and_enabled_again_as_the_step_functions_have_it(images, name, shape):
+def test_disabled_and_enabled_again_as_the_step_functions_have_it(images, name, shape, monkeypatch):
     """Tracing off and on again (FUP, TIP.PGD, MODE.EXEC, TIP.PGE, timing
-    packets between them), which the fast loop's driver applies in one
-    step, gives what the step functions give: the instructions and their
-    times, every word of every event, and where each sits in the flow."""
+    packets between them), which the fast loop applies itself, gives what
+    the step functions give: the instructions and their times, every word
+    of every event, and where each sits in the flow."""
     from hwtrace.pt.decode import DecodeOptions
 
+    taken = _noting_code_tables(monkeypatch, "fast_off_on")
     run = _long_case(name)
     image = image_of(images, run)
     enc = encode_path(run.ips, image, end_ip=run.end_ip, **REPLAY_SHAPES[shape](len(run.ips)))
+    sequences = enc.stats["async_disable"] + enc.stats["sync_disable"]
     assert enc.stats["async_disable"] > 20 and enc.stats["sync_disable"] > 10
     fast = decode_trace(enc.data, image, enc.config)
     steps = decode_trace(enc.data, image, enc.config, DecodeOptions(fast=False))
+    # The fast loop took (nearly) all of them, the step functions none.
+    assert taken[0] >= 0.9 * sequences and taken[1] == 0, (taken, sequences)
+    _assert_same_flow(fast, steps, enc)
+
+
+def _assert_same_flow(fast, steps, enc: EncodedTrace) -> None:
+    """Two decodes of ``enc`` give its instructions, the same times, gaps and
+    events, every word of them, each at the same place in the flow."""
     assert np.array_equal(fast.instructions(), enc.expected)
     assert np.array_equal(steps.instructions(), enc.expected)
     assert np.array_equal(fast.instruction_times(), steps.instruction_times())
@@ -521,3 +539,37 @@ def test_disabled_and_enabled_again_as_the_step_functions_have_it(images, name, 
     # place is the number of instructions before it.)
     at = [np.concatenate([[0], np.cumsum(r.block_ninsn, dtype=np.int64)]) for r in (fast, steps)]
     assert np.array_equal(at[0][fast.event_block], at[1][steps.event_block])
+
+
+@pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
+def test_a_call_walked_to_where_tracing_goes_off_pushes_its_return(images, monkeypatch):
+    """Tracing off right after a call (at its target) and on again where it
+    returns: the walk to where tracing went off pushes the call's return
+    address, so that the enable comes back there (F_RETURNED), in the fast
+    loop as in the step functions."""
+    from hwtrace.pt.decode import DecodeOptions
+    from hwtrace.pt.encode import classify_path
+    from hwtrace.pt.flowrows import E_FLAGS, E_TYPE, EV_ENABLED, F_RETURNED
+
+    run = _long_case("mixed-long")  # (the case with calls enough)
+    image = image_of(images, run)
+    code = classify_path(run.ips, image)
+    ips, spans, p = code.ips, [], 50
+    while p < len(ips) - 2 and len(spans) < 40:
+        u = code.uid[p]
+        if code.push[u] and code.target[u] and ips[p + 1] == code.target[u]:
+            back = np.flatnonzero(ips[p + 2 : p + 5000] == code.fall[u])
+            if back.size:
+                spans.append((p + 1, p + 2 + int(back[0])))
+                p = spans[-1][1] + 200
+                continue
+        p += 1
+    assert len(spans) >= 10
+    taken = _noting_code_tables(monkeypatch, "fast_off_on")
+    enc = encode_path(ips, image, end_ip=run.end_ip, tsc=1, mtc_freq=3, trace_off=spans)
+    fast = decode_trace(enc.data, image, enc.config)
+    steps = decode_trace(enc.data, image, enc.config, DecodeOptions(fast=False))
+    _assert_same_flow(fast, steps, enc)
+    assert taken[0] >= 0.9 * len(spans), (taken, len(spans))
+    enabled = fast.event_rows[fast.event_rows[:, E_TYPE] == EV_ENABLED]
+    assert np.count_nonzero(enabled[:, E_FLAGS] & F_RETURNED) >= len(spans)

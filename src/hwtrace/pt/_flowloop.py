@@ -89,6 +89,7 @@ from .codetable import (
     C_INDEX,
     C_MISS_IP,
     C_MISS_MODE,
+    C_OFF_ON,
     C_RUNS,
     C_X_GEN,
     C_X_OWNER,
@@ -2012,11 +2013,16 @@ def _to_disabled(ds, cf, ct, out, ev):
 
 @aot.njit(cache=True, _nrt=False)
 def _set_disable_resume_ip(ds, ct, k):
-    SU = ds[1]
+    ds[1][BS_IP] = _disable_resume_ip(ct, k)
+
+
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _disable_resume_ip(ct, k):
+    """Where tracing disabled at the branch ``k`` takes it up again: after
+    a call (it returns there), else nowhere known (0)."""
     if k >= 0 and (ct[5][k] == C_CALL or ct[5][k] == C_FAR_CALL):
-        SU[BS_IP] = _i_next(ct, k)
-    else:
-        SU[BS_IP] = 0
+        return _i_next(ct, k)
+    return np.uint64(0)
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -3363,7 +3369,9 @@ def _fast(ds, pk, cf, ct, out):
     and the run a call returns to, carried on the return stack), so most
     steps need no lookup.  Rows are emitted per run (or only counted); the
     block state (CB_*) follows libipt's blocks so the step functions can
-    take over in the middle of one."""
+    take over in the middle of one.  Tracing turned off and on again (a
+    system call, an interrupt: _off_and_on) is applied here too, its row,
+    events and state as the step functions leave them."""
     SI, SU, CUR, RS, RSR = ds[0], ds[1], ds[2], ds[6], ds[14]
     kind, a, b = pk[0], pk[1], pk[2]
     offsets, tsc, have_tsc = pk[4], pk[6], pk[7]
@@ -3451,276 +3459,387 @@ def _fast(ds, pk, cf, ct, out):
     learn = LEARN_NONE
     chained = False  # the replay chain was tried at this stretch start
     V, U = ds[16], ds[17]
+    # Tracing off and on again (_off_and_on) is applied here where the
+    # step functions would take it an event and a pass of the driver's
+    # loop at a time, with no events to stop at, the event decoder's state
+    # plain and room for its row and events (the step functions take the
+    # rest).
+    CF = cf[0]
+    off_on = (
+        CF[CF_STOP_EVENTS] == STOP_NONE and SI[ES_STATUS] == 0 and SI[ES_ENABLED] != 0
+        and SI[ES_MEV] != 0
+    )  # fmt: skip
+    w_limit = SI[W_LIMIT]
+    row_cap, ev_cap = o_ip.shape[0] - 4, out[7].shape[0] - 4  # (as _room has it)
     while True:
-        if not count_only and nout >= cap:
-            why = FR_FULL
-            break
-        if blk < 0:
-            blk = hash_find(r_hip, r_hmode, r_hval, ip, mode)
-            if blk < 0:
-                blk = build_run(ct, ip, mode)
-                if blk == -1:
-                    why = FR_MISS
-                    break
-                if blk == -2:
-                    why = FR_GROW
-                    break
-            if learn == LEARN_SUCC:
-                r_succ[prev] = blk
-            elif learn == LEARN_TAKEN:
-                r_taken[prev] = blk
-        learn = LEARN_NONE
-        bk = r_kind[blk]
-        ninsn = r_ninsn[blk]
-        if rec:
-            if bk == RUN_RET and evt == EV_TNT and rec_depth == 0:
-                # A return to a call made before the stretch: it ends the
-                # stretch, popping where to go from the return stack.
-                rec_pop = True
-        elif (
-            not cb_open
-            and replay
-            and (direct or count_only)
-            and (evt == EV_TIP or (evt == EV_TNT and bk != RUN_RET))
-        ):
-            if not chained:
-                chained = True
-                V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE] = blk, pos, evt, size
-                V[XV_EV_HAS], V[XV_HAS_TSC] = ev_has_tsc, has_tsc
-                V[XV_RS_TOP], V[XV_RS_N] = rs_top, rs_n
-                V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T] = s_rows, s_off, s_t
-                V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = (
-                    s_last_off, s_started, s_off_at
-                )  # fmt: skip
-                V[XV_S_ENT] = s_ent
-                U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC] = ip, bits, tip, ev_tsc
-                U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T] = last_ip, cur_tsc, s_last_t
-                code = _replay_chain(
-                    pk, ct, out[10], RS, RSR, V, U, n, n_fetch, end_offset, mode, direct, x_gen
-                )
-                if V[XV_ROWS]:
-                    blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
-                    ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
-                    rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
-                    s_rows, s_off, s_t = V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T]
-                    s_last_off, s_started, s_off_at = (
-                        V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT]
-                    )  # fmt: skip
-                    s_ent = V[XV_S_ENT]
-                    ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
-                    last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
-                    x_rows += V[XV_ROWS]
-                    nvirt += V[XV_ROWS]
-                    n_blocks += V[XV_NBLOCKS]
-                    n_insn += V[XV_NINSN]
-                    icnt = 0
-                    has_icnt = True
-                    if V[XV_LAST] >= 0:
-                        e = V[XV_LAST]
-                        cb_ninsn = x_words[_x_cold(x_words, e, XE_CB_NINSN)]
-                        cb_isid = x_words[_x_cold(x_words, e, XE_CB_ISID)]
-                        cb_ip = np.uint64(x_words[_x_cold(x_words, e, XE_CB_IP)])
-                        cb_run = x_words[_x_cold(x_words, e, XE_CB_RUN)]
-                    else:  # a run walked (a return, a TIP)
-                        cb_run = ~V[XV_LAST]
-                        cb_ninsn, cb_isid = np.int64(r_ninsn[cb_run]), np.int64(r_isid[cb_run])
-                        cb_ip = ct[T_R_IP][cb_run]
-                    if code == XC_FETCH:
-                        why = FR_FETCH
-                        break
-                    continue
-            xkey, nb, then_tip = _stretch_key(
-                kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip
-            )[:3]
-            xs = _x_slot(xkey, x_mask)
-            # Record the stretch from here.
-            if (
-                counts[C_X_POOL] + X_MAX_RUNS > x_key.shape[0]
-                or counts[C_X_PUSH] + X_MAX_DEPTH > x_pip.shape[0]
-            ):
-                x_gen += 1  # the pools are full: start the cache again
-                counts[C_X_GEN] = x_gen
-                counts[C_X_POOL] = 0
-                counts[C_X_PUSH] = 0
-            rec = True
-            rec_key, rec_slot, rec_nb, rec_then_tip = xkey, xs, nb, then_tip
-            rec_start, rec_pstart = counts[C_X_POOL], counts[C_X_PUSH]
-            rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = 0
-            rec_depth = rec_dmax = 0
-            rec_pop = False
-            rec_row0 = s_ent
-        chained = False
-        # The run's exit must be takeable before it is emitted, so a stop
-        # leaves the state at the run's start.
-        if bk == RUN_STOP:
-            break
-        if bk == RUN_COND:
-            if evt != EV_TNT:
-                break
-        elif bk == RUN_IJUMP or bk == RUN_ICALL:
-            if evt != EV_TIP:
-                break
-        elif bk == RUN_RET:
-            if evt == EV_TNT:
-                if ((bits >> np.uint64(size - 1)) & one) == 0 or rs_n == 0:
-                    break
-            elif evt != EV_TIP:
-                break
-        new = not cb_open or r_isid[blk] != cb_isid
-        if not new and cb_ninsn + ninsn > MAX_NINSN:
-            break  # the step functions split the block where libipt does
-        stored = count_only
-        if count_only:
-            nvirt += 1
-        elif direct:
-            key = np.int64(r_key[blk])
-            if key < 0:
-                key, s_nkeys = _block_key(ip, ninsn, mode, image, s_tab, s_cols, s_nkeys, key_limit)
-                if key >= 0:
-                    r_key[blk] = key
-            o = offsets[pos] if pos < n else end_offset
-            full = np.int64(1)
-            if key >= 0:
-                full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
-                    s_keys, s_off_pts, s_off_far_row, s_off_far_val, s_t_pts, s_t_far_row,
-                    s_t_far_val, key, o, cur_tsc, s_rows, s_off, s_t, s_last_off, s_last_t,
-                    s_started, s_off_at, s_state, s_ent,
-                )  # fmt: skip
-            if full:
-                # The store is full: Python makes room (a stream passes its
-                # rows on, a collector grows it) and the decoder goes on
-                # storing, and replaying, from this run.
+        while True:
+            if not count_only and nout >= cap:
                 why = FR_FULL
                 break
-            s_started = 1
-            s_ent += 1
-            nvirt += 1
-            stored = True
-        if not stored:
-            o_ip[nout] = ip
-            o_ninsn[nout] = ninsn
-            o_run[nout] = blk
-            o_flags[nout] = (O_NEW if new else 0) | spec_flag
-            o_mode[nout] = mode
-            o_off[nout] = offsets[pos] if pos < n else end_offset
-            o_time[nout] = cur_tsc
-            if new:
-                cb_row = nout
-            nout += 1
-        if rec:
-            if not stored or rec_m >= X_MAX_RUNS:
-                rec = False
-            else:
-                rec_m += 1
-                rec_ninsn += ninsn
-                if new:
-                    rec_nblk += 1
-        if new:
-            cb_open = True
-            cb_ninsn = 0
-            cb_isid = r_isid[blk]
-            cb_ip = ip
-            n_blocks += 1
-        n_insn += ninsn
-        cb_ninsn += ninsn
-        cb_run = blk
-        if has_icnt:
-            icnt += ninsn
-        prev = blk
-        if bk == RUN_CALL or bk == RUN_ICALL:
-            # A call pushes where it returns to, and the run there.
-            rs_top = (rs_top + 1) & _RS_MASK
-            RS[rs_top] = r_next[blk]
-            ret = r_ret[blk]
-            if ret < 0:
-                ret = hash_find(r_hip, r_hmode, r_hval, r_next[blk], mode)
-                r_ret[blk] = ret
-            RSR[rs_top] = ret
-            rs_n = min(rs_n + 1, RETSTACK_SIZE)
+            if blk < 0:
+                blk = hash_find(r_hip, r_hmode, r_hval, ip, mode)
+                if blk < 0:
+                    blk = build_run(ct, ip, mode)
+                    if blk == -1:
+                        why = FR_MISS
+                        break
+                    if blk == -2:
+                        why = FR_GROW
+                        break
+                if learn == LEARN_SUCC:
+                    r_succ[prev] = blk
+                elif learn == LEARN_TAKEN:
+                    r_taken[prev] = blk
+            learn = LEARN_NONE
+            bk = r_kind[blk]
+            ninsn = r_ninsn[blk]
             if rec:
-                if rec_depth >= X_MAX_DEPTH:
+                if bk == RUN_RET and evt == EV_TNT and rec_depth == 0:
+                    # A return to a call made before the stretch: it ends the
+                    # stretch, popping where to go from the return stack.
+                    rec_pop = True
+            elif (
+                not cb_open
+                and replay
+                and (direct or count_only)
+                and (evt == EV_TIP or (evt == EV_TNT and bk != RUN_RET))
+            ):
+                if not chained:
+                    chained = True
+                    V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE] = blk, pos, evt, size
+                    V[XV_EV_HAS], V[XV_HAS_TSC] = ev_has_tsc, has_tsc
+                    V[XV_RS_TOP], V[XV_RS_N] = rs_top, rs_n
+                    V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T] = s_rows, s_off, s_t
+                    V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT] = (
+                        s_last_off, s_started, s_off_at
+                    )  # fmt: skip
+                    V[XV_S_ENT] = s_ent
+                    U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC] = ip, bits, tip, ev_tsc
+                    U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T] = last_ip, cur_tsc, s_last_t
+                    code = _replay_chain(
+                        pk, ct, out[10], RS, RSR, V, U, n, n_fetch, end_offset, mode, direct, x_gen
+                    )
+                    if V[XV_ROWS]:
+                        blk, pos, evt, size = V[XV_BLK], V[XV_POS], V[XV_EVT], V[XV_SIZE]
+                        ev_has_tsc, has_tsc = V[XV_EV_HAS] != 0, V[XV_HAS_TSC] != 0
+                        rs_top, rs_n = V[XV_RS_TOP], V[XV_RS_N]
+                        s_rows, s_off, s_t = V[XV_S_ROWS], V[XV_S_OFF], V[XV_S_T]
+                        s_last_off, s_started, s_off_at = (
+                            V[XV_S_LAST_OFF], V[XV_S_STARTED], V[XV_S_OFF_AT]
+                        )  # fmt: skip
+                        s_ent = V[XV_S_ENT]
+                        ip, bits, tip, ev_tsc = U[XU_IP], U[XU_BITS], U[XU_TIP], U[XU_EV_TSC]
+                        last_ip, cur_tsc, s_last_t = U[XU_LAST_IP], U[XU_CUR_TSC], U[XU_S_LAST_T]
+                        x_rows += V[XV_ROWS]
+                        nvirt += V[XV_ROWS]
+                        n_blocks += V[XV_NBLOCKS]
+                        n_insn += V[XV_NINSN]
+                        icnt = 0
+                        has_icnt = True
+                        if V[XV_LAST] >= 0:
+                            e = V[XV_LAST]
+                            cb_ninsn = x_words[_x_cold(x_words, e, XE_CB_NINSN)]
+                            cb_isid = x_words[_x_cold(x_words, e, XE_CB_ISID)]
+                            cb_ip = np.uint64(x_words[_x_cold(x_words, e, XE_CB_IP)])
+                            cb_run = x_words[_x_cold(x_words, e, XE_CB_RUN)]
+                        else:  # a run walked (a return, a TIP)
+                            cb_run = ~V[XV_LAST]
+                            cb_ninsn, cb_isid = np.int64(r_ninsn[cb_run]), np.int64(r_isid[cb_run])
+                            cb_ip = ct[T_R_IP][cb_run]
+                        if code == XC_FETCH:
+                            why = FR_FETCH
+                            break
+                        continue
+                xkey, nb, then_tip = _stretch_key(
+                    kind, a, b, tsc, have_tsc, n_fetch, blk, evt, pos, size, bits, last_ip
+                )[:3]
+                xs = _x_slot(xkey, x_mask)
+                # Record the stretch from here.
+                if (
+                    counts[C_X_POOL] + X_MAX_RUNS > x_key.shape[0]
+                    or counts[C_X_PUSH] + X_MAX_DEPTH > x_pip.shape[0]
+                ):
+                    x_gen += 1  # the pools are full: start the cache again
+                    counts[C_X_GEN] = x_gen
+                    counts[C_X_POOL] = 0
+                    counts[C_X_PUSH] = 0
+                rec = True
+                rec_key, rec_slot, rec_nb, rec_then_tip = xkey, xs, nb, then_tip
+                rec_start, rec_pstart = counts[C_X_POOL], counts[C_X_PUSH]
+                rec_m = rec_ninsn = rec_cons = rec_j1 = rec_nblk = 0
+                rec_depth = rec_dmax = 0
+                rec_pop = False
+                rec_row0 = s_ent
+            chained = False
+            # The run's exit must be takeable before it is emitted, so a stop
+            # leaves the state at the run's start.
+            if bk == RUN_STOP:
+                break
+            if bk == RUN_COND:
+                if evt != EV_TNT:
+                    break
+            elif bk == RUN_IJUMP or bk == RUN_ICALL:
+                if evt != EV_TIP:
+                    break
+            elif bk == RUN_RET:
+                if evt == EV_TNT:
+                    if ((bits >> np.uint64(size - 1)) & one) == 0 or rs_n == 0:
+                        break
+                elif evt != EV_TIP:
+                    break
+            new = not cb_open or r_isid[blk] != cb_isid
+            if not new and cb_ninsn + ninsn > MAX_NINSN:
+                break  # the step functions split the block where libipt does
+            stored = count_only
+            if count_only:
+                nvirt += 1
+            elif direct:
+                key = np.int64(r_key[blk])
+                if key < 0:
+                    key, s_nkeys = _block_key(
+                        ip, ninsn, mode, image, s_tab, s_cols, s_nkeys, key_limit
+                    )
+                    if key >= 0:
+                        r_key[blk] = key
+                o = offsets[pos] if pos < n else end_offset
+                full = np.int64(1)
+                if key >= 0:
+                    full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
+                        s_keys, s_off_pts, s_off_far_row, s_off_far_val, s_t_pts, s_t_far_row,
+                        s_t_far_val, key, o, cur_tsc, s_rows, s_off, s_t, s_last_off, s_last_t,
+                        s_started, s_off_at, s_state, s_ent,
+                    )  # fmt: skip
+                if full:
+                    # The store is full: Python makes room (a stream passes its
+                    # rows on, a collector grows it) and the decoder goes on
+                    # storing, and replaying, from this run.
+                    why = FR_FULL
+                    break
+                s_started = 1
+                s_ent += 1
+                nvirt += 1
+                stored = True
+            if not stored:
+                o_ip[nout] = ip
+                o_ninsn[nout] = ninsn
+                o_run[nout] = blk
+                o_flags[nout] = (O_NEW if new else 0) | spec_flag
+                o_mode[nout] = mode
+                o_off[nout] = offsets[pos] if pos < n else end_offset
+                o_time[nout] = cur_tsc
+                if new:
+                    cb_row = nout
+                nout += 1
+            if rec:
+                if not stored or rec_m >= X_MAX_RUNS:
                     rec = False
                 else:
-                    x_pip[rec_pstart + rec_depth] = RS[rs_top]
-                    x_prun[rec_pstart + rec_depth] = ret
-                    rec_depth += 1
-                    rec_dmax = max(rec_dmax, rec_depth)
-        if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
-            ip = r_next[blk] if bk == RUN_FALL else r_target[blk]
-            blk = r_succ[prev]
-            learn = LEARN_SUCC
-        elif bk == RUN_COND:
-            size -= 1
-            if (bits >> np.uint64(size)) & one:
-                ip = r_target[blk]
-                blk = r_taken[prev]
-                learn = LEARN_TAKEN
-            else:
-                ip = r_next[blk]
+                    rec_m += 1
+                    rec_ninsn += ninsn
+                    if new:
+                        rec_nblk += 1
+            if new:
+                cb_open = True
+                cb_ninsn = 0
+                cb_isid = r_isid[blk]
+                cb_ip = ip
+                n_blocks += 1
+            n_insn += ninsn
+            cb_ninsn += ninsn
+            cb_run = blk
+            if has_icnt:
+                icnt += ninsn
+            prev = blk
+            if bk == RUN_CALL or bk == RUN_ICALL:
+                # A call pushes where it returns to, and the run there.
+                rs_top = (rs_top + 1) & _RS_MASK
+                RS[rs_top] = r_next[blk]
+                ret = r_ret[blk]
+                if ret < 0:
+                    ret = hash_find(r_hip, r_hmode, r_hval, r_next[blk], mode)
+                    r_ret[blk] = ret
+                RSR[rs_top] = ret
+                rs_n = min(rs_n + 1, RETSTACK_SIZE)
+                if rec:
+                    if rec_depth >= X_MAX_DEPTH:
+                        rec = False
+                    else:
+                        x_pip[rec_pstart + rec_depth] = RS[rs_top]
+                        x_prun[rec_pstart + rec_depth] = ret
+                        rec_depth += 1
+                        rec_dmax = max(rec_dmax, rec_depth)
+            if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
+                ip = r_next[blk] if bk == RUN_FALL else r_target[blk]
                 blk = r_succ[prev]
                 learn = LEARN_SUCC
-        elif bk == RUN_RET and evt == EV_TNT:
-            size -= 1
-            ip = RS[rs_top]
-            blk = RSR[rs_top]
-            rs_top = (rs_top - 1) & _RS_MASK
-            rs_n -= 1
-            if rec and not rec_pop:
-                rec_depth -= 1  # a call the stretch made (see above)
-        else:  # TIP: indirect jump or call, uncompressed return
-            ip = tip
-            blk = -1
-            evt = 0  # consumed
-        if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
-            # No trace consumed: the block goes on.
-            quiet += 1
-            if quiet > NO_TRACE_LIMIT:
+            elif bk == RUN_COND:
+                size -= 1
+                if (bits >> np.uint64(size)) & one:
+                    ip = r_target[blk]
+                    blk = r_taken[prev]
+                    learn = LEARN_TAKEN
+                else:
+                    ip = r_next[blk]
+                    blk = r_succ[prev]
+                    learn = LEARN_SUCC
+            elif bk == RUN_RET and evt == EV_TNT:
+                size -= 1
+                ip = RS[rs_top]
+                blk = RSR[rs_top]
+                rs_top = (rs_top - 1) & _RS_MASK
+                rs_n -= 1
+                if rec and not rec_pop:
+                    rec_depth -= 1  # a call the stretch made (see above)
+            else:  # TIP: indirect jump or call, uncompressed return
+                ip = tip
+                blk = -1
+                evt = 0  # consumed
+            if bk == RUN_FALL or bk == RUN_JUMP or bk == RUN_CALL:
+                # No trace consumed: the block goes on.
+                quiet += 1
+                if quiet > NO_TRACE_LIMIT:
+                    break
+                continue
+            quiet = 0
+            cb_open = False  # trace consumed: libipt's block ends here
+            # The consumed event's time is the decoder's time from now on.
+            cur_tsc = ev_tsc
+            has_tsc = ev_has_tsc
+            icnt = 0
+            has_icnt = True
+            if rec:
+                rec_cons += 1
+                if rec_cons == 1:
+                    rec_j1 = rec_m
+                if rec_then_tip and rec_cons == rec_nb and not rec_pop:
+                    rec_j2 = rec_m  # on to the TIP
+                elif rec_pop or rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
+                    seq = np.int64(-1)
+                    if direct:
+                        _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
+                        seq = store_sequence(s_cols, s_state, x_key, rec_start, rec_m, s_nkeys)
+                        if seq >= 0:
+                            key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
+                    _x_put(
+                        x_words, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
+                        rec_cons if rec_pop else rec_cons - rec_then_tip,
+                        # (a stretch going on to a TIP: where it went is learnt
+                        # when it is replayed)
+                        -1 if rec_nb == XK_TIP or (rec_then_tip and not rec_pop) else blk,
+                        ip, rec_nblk, cb_ninsn,
+                        cb_isid, cb_ip, cb_run, rec_pstart, rec_depth, rec_dmax, rec_j2, rec_pop, seq,
+                    )  # fmt: skip
+                    rec = False
+            if evt == EV_TNT and size > 0:
+                continue
+            p = pos if evt == EV_TNT else pos + 1
+            evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
+                kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
+            )
+            if evt == EV_TNT:
+                bits = val
+                continue
+            if evt == EV_TIP:
+                tip = val
+                continue
+            why = FR_FETCH
+            break
+        # The trace goes on with a packet other than a TNT or TIP: tracing
+        # off and on again is taken here, anything else by the step
+        # functions.
+        if not (
+            why == FR_FETCH and off_on and (w_limit < 0 or pos < w_limit) and nout < row_cap
+            and SI[O_NEV] < ev_cap
+        ):  # fmt: skip
+            break
+        ok, sync, at, p1, p2, pge_ip, p3 = _off_and_on(SI, CF, pk, pos, last_ip)
+        if not ok or p3 >= n_fetch or (sync and ip == at):
+            break
+        reach, wn, wlast, pushes = np.int64(1), np.int64(0), np.int64(-1), np.int64(0)
+        if ip != at:
+            reach, wn, wlast, pushes = _walk_to(cf, ct, ip, mode, at)
+            if not (reach == 1 or (sync and reach == 2)):
                 break
-            continue
-        quiet = 0
-        cb_open = False  # trace consumed: libipt's block ends here
-        # The consumed event's time is the decoder's time from now on.
-        cur_tsc = ev_tsc
-        has_tsc = ev_has_tsc
+        counts[C_OFF_ON] += 1
+        # As the step functions have it (_proceed_event, _to_ip): the
+        # instructions to where tracing went off, a row of their own, ...
+        if wn:
+            o = offsets[p1]
+            stored = False
+            if direct:
+                key, s_nkeys = _block_key(
+                    ip, wn, mode, image, s_tab, s_cols, s_nkeys, key_limit
+                )  # fmt: skip
+                if key >= 0:
+                    full, s_rows, s_off, s_t, s_last_off, s_last_t, s_off_at = put_row(
+                        s_keys, s_off_pts, s_off_far_row, s_off_far_val, s_t_pts,
+                        s_t_far_row, s_t_far_val, key, o, cur_tsc, s_rows, s_off, s_t,
+                        s_last_off, s_last_t, s_started, s_off_at, s_state, s_ent,
+                    )  # fmt: skip
+                    if not full:
+                        s_started = 1
+                        s_ent += 1
+                        nvirt += 1
+                        stored = True
+                # (No room: this row and those after it wait in the
+                # output, as the step functions leave them.)
+                direct = direct and stored
+            cb_row = nout
+            if not stored:
+                o_ip[nout] = ip
+                o_ninsn[nout] = wn
+                o_run[nout] = -1
+                o_flags[nout] = O_NEW | O_UNCACHED | spec_flag
+                o_mode[nout] = mode
+                o_off[nout] = o
+                o_time[nout] = cur_tsc
+                nout += 1
+            n_blocks += 1
+            n_insn += wn
+            cb_ninsn, cb_isid, cb_ip, cb_run = wn, np.int64(ct[9][wlast]), ip, -1
+            SI[CB_LAST] = wlast
+            SI[CB_ICLASS] = ct[5][wlast]
+            SU[CB_END_IP] = ct[3][wlast]
+            SI[BS_LAST] = wlast
+            q = ip
+            for _ in range(pushes and wn):
+                # (The walk's calls push where they return to.)
+                k = hash_find(ct[0], ct[1], ct[2], q, mode)
+                if ct[5][k] == C_CALL and not (ct[7][k] & I_NO_PUSH):
+                    rs_top = (rs_top + 1) & _RS_MASK
+                    RS[rs_top] = _i_next(ct, k)
+                    RSR[rs_top] = -1
+                    rs_n = min(rs_n + 1, RETSTACK_SIZE)
+                q = _next_ip(ct, k)[1]
+            ip = at if reach == 1 else _disable_resume_ip(ct, wlast)
+        # ... the disable and the enable, ...
+        flags = np.uint64(0)
+        if pge_ip == ip:
+            flags = np.uint64(F_RESUMED)
+        elif rs_n > 0 and RS[rs_top] == pge_ip:
+            flags = np.uint64(F_RETURNED)
+        ev = out[6][
+            _off_and_on_events(SI, pk, out, sync, at, pos, p1, p2, pge_ip, flags, nout + nvirt)
+        ]
+        _ev_copy(ds[13], ev)
+        cur_tsc, has_tsc = ev[E_TSC], _has_tsc(ev)
         icnt = 0
         has_icnt = True
-        if rec:
-            rec_cons += 1
-            if rec_cons == 1:
-                rec_j1 = rec_m
-            if rec_then_tip and rec_cons == rec_nb and not rec_pop:
-                rec_j2 = rec_m  # on to the TIP
-            elif rec_pop or rec_nb == XK_TIP or rec_cons == rec_nb + rec_then_tip:
-                seq = np.int64(-1)
-                if direct:
-                    _x_keys(x_key, rec_start, s_keys, rec_row0, rec_m)
-                    seq = store_sequence(s_cols, s_state, x_key, rec_start, rec_m, s_nkeys)
-                    if seq >= 0:
-                        key_limit = store_key_limit(s_keys, s_tab, s_cols, s_state)
-                _x_put(
-                    x_words, counts, rec_slot, rec_key, x_gen, rec_start, rec_m, rec_ninsn, rec_j1,
-                    rec_cons if rec_pop else rec_cons - rec_then_tip,
-                    # (a stretch going on to a TIP: where it went is learnt
-                    # when it is replayed)
-                    -1 if rec_nb == XK_TIP or (rec_then_tip and not rec_pop) else blk,
-                    ip, rec_nblk, cb_ninsn,
-                    cb_isid, cb_ip, cb_run, rec_pstart, rec_depth, rec_dmax, rec_j2, rec_pop, seq,
-                )  # fmt: skip
-                rec = False
-        if evt == EV_TNT and size > 0:
-            continue
-        p = pos if evt == EV_TNT else pos + 1
+        SI[ES_HAVE_IP] = 1
+        SI[ES_SUPP] = 0
+        # ... and the TNT or TIP after them.
+        ip = pge_ip
+        blk = -1
+        learn = LEARN_NONE
+        rec = False
         evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
-            kind, a, b, tsc, have_tsc, n_fetch, p, last_ip
+            kind, a, b, tsc, have_tsc, n_fetch, p3, pge_ip
         )
         if evt == EV_TNT:
             bits = val
-            continue
-        if evt == EV_TIP:
+        else:
             tip = val
-            continue
-        why = FR_FETCH
-        break
+        why = FR_STOP
     SU[BS_IP] = ip
     SI[ES_POS] = pos
     if last_ip != SU[ES_LAST_IP]:
@@ -3910,182 +4029,127 @@ def _past_timing(kind, n, p):
 
 
 @aot.njit(cache=True, _nrt=False)
-def _walks_to(ds, cf, ct, target):
-    """What _to_ip would do from the IP in a new block, with no new code and
-    no block split on the way: 1, reach ``target``; 2, stop at an
-    instruction that needs trace (BAD_QUERY); 0, anything else.  (It
+def _walk_to(cf, ct, ip, mode, target):
+    """What _to_ip does from ``ip`` in a new block, with no new code and no
+    block split on the way: ``(reach, ninsn, last, pushes)``, ``reach`` 1 at
+    ``target``, 2 stopped at an instruction that needs trace (BAD_QUERY; it
+    is the block's last), 0 anything else; the block's instructions, the
+    last one's index and how many of them push a return address.  (It
     changes nothing.)"""
-    SI, SU = ds[0], ds[1]
-    ip = SU[BS_IP]
-    mode = SI[BS_MODE]
     isid = np.int64(0)
-    n = 0
-    last = -1
+    n = np.int64(0)
+    last = np.int64(-1)
+    pushes = np.int64(0)
     while ip != target:
         if n + 1 > MAX_NINSN or (n and ct[7][last] & I_TRUNCATED):
-            return 0
+            return 0, n, last, pushes
         k = hash_find(ct[0], ct[1], ct[2], ip, mode)
         if k < 0 or ct[10][k]:
-            return 0
+            return 0, n, last, pushes
         if ct[9][k] != isid:
             if n:
-                return 0
+                return 0, n, last, pushes
             isid = ct[9][k]
-        e, ip = _next_ip(ct, k)
-        if e < 0:
-            return 2 if e == -E_BAD_QUERY else 0
         n += 1
         last = k
+        if ct[5][k] == C_CALL and not (ct[7][k] & I_NO_PUSH):
+            pushes += 1
+        e, ip = _next_ip(ct, k)
+        if e < 0:
+            return (2 if e == -E_BAD_QUERY else 0), n, last, pushes
         if _ends_block(cf, ct, k) and ip != target:
-            return 0
-    return 1
+            return 0, n, last, pushes
+    return 1, n, last, pushes
 
 
 @aot.njit(cache=True, _nrt=False)
-def _disable_enable(ds, pk, cf, ct, out):
-    """Tracing off and on again, as a user-space trace has it at every
-    interrupt and system call: a FUP and a TIP.PGD without an IP (off where
-    the FUP says), or a TIP.PGD with one (off at the branch it takes the
-    place of); a MODE.EXEC that changes nothing; a TIP.PGE; then a TNT or
-    TIP (timing packets between them).  Applies what the step functions
-    make of it, an event and a run-loop step at a time (a row walked to
-    where tracing went off, ASYNC_DISABLED or DISABLED, ENABLED at the PGE's
-    IP, the TNT or TIP current), in one go.  False, having changed nothing,
-    for anything else; the step functions take that."""
-    SI, SU, CUR, EVO = ds[0], ds[1], ds[2], ds[13]
-    CF = cf[0]
-    if (
-        CF[CF_STOP_EVENTS] != STOP_NONE or SI[BS_STATUS] or SI[ES_STATUS] or SI[ES_QN]
-        or SI[BS_PROC] or not SI[BS_ENABLED] or not SI[ES_ENABLED] or SI[CB_OPEN]
-        or not SI[ES_MEV]
-    ):  # fmt: skip
-        return False
-    kind, a, b, offsets = pk[0], pk[1], pk[2], pk[4]
+def _off_and_on(SI, CF, pk, p0, last_ip):
+    """Tracing off and on again from packet ``p0``, as a user-space trace
+    has it at every interrupt and system call: a FUP and a TIP.PGD without
+    an IP (off where the FUP says), or a TIP.PGD with one (off at the branch
+    it takes the place of); a MODE.EXEC that changes nothing; a TIP.PGE;
+    then a TNT or TIP (timing packets between them), the PGE before the
+    window's limit (the run loop would stop for the next window there).
+    ``(ok, sync, at, p1, p2, pge_ip, p3)``: whether the packets are such a
+    sequence, whether the disable is a TIP.PGD's, where tracing goes off
+    (the FUP's IP, or the TIP.PGD's, which the PGE's is compressed against
+    either way), where the step functions report the disable, the PGE and
+    its IP, and the TNT or TIP."""
+    kind, a, b = pk[0], pk[1], pk[2]
     n = SI[W_N]
-    p0 = SI[ES_POS]
+    no = (False, False, np.uint64(0), np.int64(0), np.int64(0), np.uint64(0), np.int64(0))
     if p0 >= n:
-        return False
-    # ``at``: where tracing goes off (the FUP's IP, or the TIP.PGD's, which
-    # the PGE's is compressed against either way); ``p1``: where the step
-    # functions report the disable.
+        return no
     sync = kind[p0] == K_TIP_PGD
     if sync:
-        ok, at = _ip_from(b[p0], a[p0], SU[ES_LAST_IP])
+        ok, at = _ip_from(b[p0], a[p0], last_ip)
         p1 = p0 + 1
         while p1 < n and kind[p1] == K_PAD:
             p1 += 1
         q = p1
     else:
         if kind[p0] != K_FUP or CF[CF_ERRATA] & ER_SKD022:
-            return False
-        ok, at = _ip_from(b[p0], a[p0], SU[ES_LAST_IP])
+            return no
+        ok, at = _ip_from(b[p0], a[p0], last_ip)
         p1 = _past_timing(kind, n, p0 + 1)
         if p1 >= n or kind[p1] != K_TIP_PGD or b[p1] != 0:
-            return False
+            return no
         q = p1 + 1
     if not ok or p1 >= n:
-        return False
+        return no
     p2 = _past_timing(kind, n, q)
     if p2 < n and kind[p2] == K_MODE_EXEC:
         bits = np.int64(a[p2])
         if SI[ES_CSL] != bits & 1 or SI[ES_CSD] != (bits >> 1) & 1:
-            return False
+            return no
         if CF[CF_IFLAGS] and SI[ES_IFLAG] != (bits >> 2) & 1:
-            return False
+            return no
         p2 = _past_timing(kind, n, p2 + 1)
-    if p2 >= n or kind[p2] != K_TIP_PGE:
-        return False
-    # (The run loop would stop for the next window before the PGE.)
-    if SI[W_LIMIT] >= 0 and p2 >= SI[W_LIMIT]:
-        return False
+    if p2 >= n or kind[p2] != K_TIP_PGE or (SI[W_LIMIT] >= 0 and p2 >= SI[W_LIMIT]):
+        return no
     ok, pge_ip = _ip_from(b[p2], a[p2], at)
     if not ok:
-        return False
+        return no
     p3 = _past_timing(kind, n, p2 + 1)
     if p3 >= n:
-        return False
+        return no
     k3 = kind[p3]
-    tip_ip = np.uint64(0)
     if _is_tnt(k3):
         if b[p3] & _NBITS == 0:
-            return False
-    elif k3 == K_TIP:
-        ok, tip_ip = _ip_from(b[p3], a[p3], pge_ip)
-        if not ok:
-            return False
-    else:
-        return False
-    walk = SU[BS_IP] != at
-    if walk:
-        reach = _walks_to(ds, cf, ct, at)
-        if not (reach == 1 or (sync and reach == 2)):
-            return False
-    elif sync:
-        return False  # (an empty block)
-    # The disable, as the event decoder gives it.
-    SI[ES_POS] = p1
+            return no
+    elif k3 != K_TIP or not _ip_from(b[p3], a[p3], pge_ip)[0]:
+        return no
+    return True, sync, at, p1, p2, pge_ip, p3
+
+
+@aot.njit(cache=True, _nrt=False)
+def _off_and_on_events(SI, pk, out, sync, at, p0, p1, p2, pge_ip, flags, row):
+    """The disable and the enable of _off_and_on's sequence into the
+    output, as the event decoder gives them, after ``row`` block rows
+    (``flags``: the enable's F_RESUMED or F_RETURNED); returns the enable's
+    index in the event rows."""
+    e_row, e_off, e_blk = out[6], out[7], out[8]
+    offsets = pk[4]
+    j = SI[O_NEV]
+    ev = e_row[j]
     if sync:
-        _ev_init(CUR, EV_DISABLED)
-        CUR[E_IP] = at
-        _ev_time(SI, pk, CUR, p0)
+        _ev_init(ev, EV_DISABLED)
+        ev[E_IP] = at
+        _ev_time(SI, pk, ev, p0)
     else:
-        _ev_init(CUR, EV_ASYNC_DISABLED)
-        CUR[E_AT] = at
-        CUR[E_FLAGS] |= F_SUPP
-        _ev_time(SI, pk, CUR, p1)
-    if walk:
-        # The instructions to it, a row of their own (_proceed_event).
-        _begin_block(ds, pk, out)
-        _row_walk(ds, pk, out, O_UNCACHED)
-        SI[BS_LAST] = -1
-        if _to_ip(ds, cf, ct, out, at) < 0:
-            # At the branch the TIP.PGD took the place of.
-            _set_disable_resume_ip(ds, ct, SI[BS_LAST])
-        _end_block(ds, cf, out)
-    # next_event: the disable applied and reported.
-    SI[BS_ENABLED] = 0
-    SI[BS_ICNT] = 0
-    _emit_event(ds, pk, out, CUR, offsets[p1])
-    SU[BS_TSC] = CUR[E_TSC]
-    SI[BS_HAS_TSC] = 1 if _has_tsc(CUR) else 0
-    SI[BS_HAS_ICNT] = 0
-    # The PGE: enabled again, reported there.
-    SI[ES_POS] = p2
-    _ev_init(CUR, EV_ENABLED)
-    CUR[E_IP] = pge_ip
-    _ev_time(SI, pk, CUR, p2)
-    if pge_ip == SU[BS_IP]:
-        CUR[E_FLAGS] |= F_RESUMED
-    elif _returned_to(SI, ds[6], pge_ip):
-        CUR[E_FLAGS] |= F_RETURNED
-    SU[BS_IP] = pge_ip
-    SI[BS_ENABLED] = 1
-    _ev_copy(EVO, CUR)
-    _emit_event(ds, pk, out, CUR, offsets[p2])
-    SU[BS_TSC] = CUR[E_TSC]
-    SI[BS_HAS_TSC] = 1 if _has_tsc(CUR) else 0
-    SI[BS_HAS_ICNT] = 1
-    SI[BS_ICNT] = 0
-    # The TNT or TIP after it, the current event.
-    SI[ES_ENABLED] = 1
-    SI[ES_HAVE_IP] = 1
-    SI[ES_SUPP] = 0
-    SI[ES_POS] = p3
-    if k3 == K_TIP:
-        SU[ES_LAST_IP] = tip_ip
-        _ev_init(CUR, EV_TIP)
-        CUR[E_IP] = tip_ip
-        _ev_time(SI, pk, CUR, p3)
-        SI[ES_BOUND] = 1
-    else:
-        SU[ES_LAST_IP] = pge_ip
-        _ev_init(CUR, EV_TNT)
-        CUR[E_BITS] = a[p3]
-        CUR[E_SIZE] = b[p3] & _NBITS
-        _ev_time(SI, pk, CUR, p3)
-        _ev_fetch(SI, pk)
-        SI[ES_BOUND] = 0
-    return True
+        _ev_init(ev, EV_ASYNC_DISABLED)
+        ev[E_AT] = at
+        ev[E_FLAGS] |= F_SUPP
+        _ev_time(SI, pk, ev, p1)
+    ev = e_row[j + 1]
+    _ev_init(ev, EV_ENABLED)
+    ev[E_IP] = pge_ip
+    _ev_time(SI, pk, ev, p2)
+    ev[E_FLAGS] |= flags
+    e_off[j], e_off[j + 1] = offsets[p1], offsets[p2]
+    e_blk[j], e_blk[j + 1] = row, row
+    SI[O_NEV] = j + 2
+    return j + 1
 
 
 @aot.njit(cache=True, _nrt=False)
@@ -4226,9 +4290,6 @@ def _run(ds, pk, cf, ct, out, wo):
             if why == FR_FETCH:
                 # Plain flow ended at a packet the event decoder must take.
                 SI[ES_BOUND] = 0
-                if _disable_enable(ds, pk, cf, ct, out):
-                    SI[DR_STATUS] = 0
-                    continue
                 CUR = ds[2]
                 r = ev_next(ds, pk, cf, CUR)
                 if r < 0:

@@ -67,9 +67,10 @@ MAX_INSN_BYTES = 15  # (x86)
 # block store whose keys ``r_key`` holds (see hwtrace.pt.blocks); then the
 # replay cache's generation, how much of its two pools is used and whose
 # block keys its pool holds (a store's number; -2: none, rows only counted),
-# and how many block rows it has replayed.
+# and how many block rows it has replayed; how many times the fast loop
+# took tracing off and on again itself.
 C_INSNS, C_RUNS, C_RUN_INSNS, C_MISS_IP, C_MISS_MODE, C_INDEX, C_KEY_OWNER = range(7)
-C_X_GEN, C_X_POOL, C_X_PUSH, C_X_OWNER, C_X_ROWS = 7, 8, 9, 10, 11
+C_X_GEN, C_X_POOL, C_X_PUSH, C_X_OWNER, C_X_ROWS, C_OFF_ON = 7, 8, 9, 10, 11, 12
 _NCOUNTS = 16
 
 # The arrays of CodeTable.tuple, what the compiled code takes, in order.
@@ -553,6 +554,12 @@ class CodeTable:
         """Block rows the decoder's replay chain gave, so far: from its
         cache's stretches and from the branches it walks between them."""
         return int(self.counts[C_X_ROWS])
+
+    @property
+    def fast_off_on(self) -> int:
+        """How many times, so far, the decoder's fast loop took tracing
+        turned off and on again (a system call, an interrupt) itself."""
+        return int(self.counts[C_OFF_ON])
 
     def _alloc_replay(self, slots: int) -> None:
         # Zeroed pages, touched only as the cache fills; a large cache on
