@@ -397,11 +397,6 @@ def _supp(ev):
 
 
 @aot.njit(cache=True, _nrt=False)
-def _set_supp(ev):
-    ev[E_FLAGS] |= F_SUPP
-
-
-@aot.njit(cache=True, _nrt=False)
 def _status_update(ev):
     return (ev[E_FLAGS] & F_STATUS) != 0
 
