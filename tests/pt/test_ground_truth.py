@@ -453,20 +453,26 @@ def _long_case(name: str) -> gt.Run:
     return gt.run(function, args, "-O2", blocks=True)
 
 
-def _noting_code_tables(monkeypatch, count: str) -> list[int]:
-    """A list that gets, for each decode_trace call from now on, the sum of
-    its code tables' ``count`` (a CodeTable property) at its end."""
+def _noting(monkeypatch, of) -> list:
+    """A list that gets, for each decode_trace call from now on, ``of`` its
+    code tables (a list of them) at its end."""
     from hwtrace.pt import decode as decode_module
 
-    noted: list[int] = []
+    noted: list = []
     result_of = decode_module._result
 
     def noting(collectors, decoders):
-        noted.append(sum(getattr(t, count) for d in decoders for t in d.tables))
+        noted.append(of([t for d in decoders for t in d.tables]))
         return result_of(collectors, decoders)
 
     monkeypatch.setattr(decode_module, "_result", noting)
     return noted
+
+
+def _noting_code_tables(monkeypatch, count: str) -> list[int]:
+    """A list that gets, for each decode_trace call from now on, the sum of
+    its code tables' ``count`` (a CodeTable property) at its end."""
+    return _noting(monkeypatch, lambda tables: sum(getattr(t, count) for t in tables))
 
 
 @pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
@@ -573,3 +579,42 @@ def test_a_call_walked_to_where_tracing_goes_off_pushes_its_return(images, monke
     assert taken[0] >= 0.9 * len(spans), (taken, len(spans))
     enabled = fast.event_rows[fast.event_rows[:, E_TYPE] == EV_ENABLED]
     assert np.count_nonzero(enabled[:, E_FLAGS] & F_RETURNED) >= len(spans)
+
+
+@pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
+def test_no_stretch_is_recorded_from_where_tracing_comes_back_on(images, monkeypatch):
+    """Where tracing comes back on inside straight-line code (as after an
+    interrupt) the fast loop walks on without recording a stretch from
+    there: such a stretch seldom comes again.  The flow is the step
+    functions' all the same."""
+    from hwtrace.pt._flowloop import cached_stretch_starts
+    from hwtrace.pt.decode import DecodeOptions
+    from hwtrace.pt.encode import C_OTHER, classify_path
+
+    run = _long_case("mixed-long")
+    image = image_of(images, run)
+    code = classify_path(run.ips, image)
+    ips = code.ips
+    # The instructions only ever reached from a plain one before them (no
+    # run starts there but where tracing comes back on).
+    after_plain = np.ones(ips.shape[0], bool)
+    after_plain[0] = False
+    after_plain[1:] = code.cls[code.uid[:-1]] == C_OTHER
+    inside = np.setdiff1d(ips[after_plain], ips[~after_plain])
+    spans, p = [], 50
+    while p < len(ips) - 400 and len(spans) < 60:
+        q = p + 30 + int(np.flatnonzero(np.isin(ips[p + 30 : p + 400], inside))[0])
+        spans.append((p, q))
+        p = q + 300
+    assert len(spans) >= 20
+    starts = _noting(monkeypatch, lambda tables: [cached_stretch_starts(t) for t in tables])
+    enc = encode_path(ips, image, end_ip=run.end_ip, tsc=1, mtc_freq=3, trace_off=spans)
+    fast = decode_trace(enc.data, image, enc.config)
+    steps = decode_trace(enc.data, image, enc.config, DecodeOptions(fast=False))
+    _assert_same_flow(fast, steps, enc)
+    cached = np.concatenate(starts[0])
+    assert cached.size > 0
+    # (The step functions may take a sequence, and the fast loop start
+    # again where tracing came back on: a few such stretches.)
+    resumed = np.unique(ips[[q for _, q in spans]])
+    assert np.isin(resumed, cached).mean() < 0.1, np.intersect1d(resumed, cached)

@@ -3356,6 +3356,14 @@ def _replay_chain(pk, ct, store, RS, RSR, V, U, n, n_fetch, end_offset, mode, di
     return code
 
 
+def cached_stretch_starts(table) -> np.ndarray:
+    """The IPs of the runs a code table's replay cache has stretches from
+    (its current generation's, each once): what the fast loop recorded."""
+    hot = table.x_words[: table.x_words.shape[0] // 2].reshape(-1, X_HOT)
+    keys = hot[hot[:, XE_GEN] == table.counts[C_X_GEN], XE_KEY]
+    return np.unique(table.r_ip[keys >> 16])
+
+
 @aot.njit(cache=True, _nrt=False)
 def _fast(ds, pk, cf, ct, out):
     """Walk runs against TNT bits and TIPs while the trace is plain flow.
@@ -3453,6 +3461,13 @@ def _fast(ds, pk, cf, ct, out):
     prev = -1  # the run that led here, and which of its slots learns blk
     learn = LEARN_NONE
     chained = False  # the replay chain was tried at this stretch start
+    # At the run where tracing came back on (see _off_and_on below) no
+    # stretch is looked up or recorded: an interrupt's return lands anywhere
+    # in a run, so a stretch from there seldom comes again, and recording
+    # every one filled the cache's pools and the block store's sequences
+    # (one a system call), after which replays stored a key a row.  The run
+    # is walked; the chain is tried again at the next.
+    resumed = False
     V, U = ds[16], ds[17]
     # Tracing off and on again (_off_and_on) is applied here where the
     # step functions would take it an event and a pass of the driver's
@@ -3495,6 +3510,7 @@ def _fast(ds, pk, cf, ct, out):
                     rec_pop = True
             elif (
                 not cb_open
+                and not resumed
                 and replay
                 and (direct or count_only)
                 and (evt == EV_TIP or (evt == EV_TNT and bk != RUN_RET))
@@ -3566,6 +3582,7 @@ def _fast(ds, pk, cf, ct, out):
                 rec_pop = False
                 rec_row0 = s_ent
             chained = False
+            resumed = False
             # The run's exit must be takeable before it is emitted, so a stop
             # leaves the state at the run's start.
             if bk == RUN_STOP:
@@ -3827,6 +3844,7 @@ def _fast(ds, pk, cf, ct, out):
         blk = -1
         learn = LEARN_NONE
         rec = False
+        resumed = True
         evt, pos, val, size, last_ip, ev_tsc, ev_has_tsc = _fast_fetch(
             kind, a, b, tsc, have_tsc, n_fetch, p3, pge_ip
         )
