@@ -618,3 +618,34 @@ def test_no_stretch_is_recorded_from_where_tracing_comes_back_on(images, monkeyp
     # again where tracing came back on: a few such stretches.)
     resumed = np.unique(ips[[q for _, q in spans]])
     assert np.isin(resumed, cached).mean() < 0.1, np.intersect1d(resumed, cached)
+
+
+@pytest.mark.skipif(decode_trace is None, reason=NO_HWTRACE)
+@pytest.mark.parametrize("cyc", [False, True])
+def test_a_psb_plus_in_the_flow_as_the_step_functions_have_it(images, cyc, monkeypatch):
+    """A PSB+ in the middle of the flow, its FUP anywhere in straight-line
+    code, which the fast loop takes itself where nobody keeps its status
+    updates (the library), gives what the step functions give: the
+    instructions, their times and trace offsets, the events and where
+    each sits in the flow; with system calls between, and cycle counts."""
+    from hwtrace.pt.decode import DecodeOptions
+
+    taken = _noting_code_tables(monkeypatch, "fast_psb")
+    run = _long_case("interp-long")
+    image = image_of(images, run)
+    enc = encode_path(
+        run.ips, image, end_ip=run.end_ip, psb_period=256, tsc=1, mtc_freq=3, cyc=cyc,
+        trace_off=_system_calls(len(run.ips), 400, 30),
+    )  # fmt: skip
+    psbs = enc.stats["psb"]
+    assert psbs > 50
+    fast = decode_trace(enc.data, image, enc.config)
+    steps = decode_trace(enc.data, image, enc.config, DecodeOptions(fast=False))
+    _assert_same_flow(fast, steps, enc)
+    # (The fast loop's rows are runs, the step functions' blocks: each
+    # instruction's offset is its row's.)
+    offsets = [np.repeat(r.block_offset, r.block_ninsn) for r in (fast, steps)]
+    assert np.array_equal(offsets[0], offsets[1])
+    # The fast loop took most of them (not those that limit a window, nor
+    # those with tracing off), the step functions none.
+    assert taken[0] >= 0.8 * psbs and taken[1] == 0, (taken, psbs)

@@ -90,6 +90,7 @@ from .codetable import (
     C_MISS_IP,
     C_MISS_MODE,
     C_OFF_ON,
+    C_PSB,
     C_RUNS,
     C_X_GEN,
     C_X_OWNER,
@@ -350,8 +351,9 @@ R_DONE, R_MISS, R_GROW, R_FULL, R_MORE, R_WINDOW, R_EVENT = range(7)
 (
     CF_FAST, CF_TICK, CF_END_ON_CALL, CF_END_ON_JUMP, CF_IFLAGS, CF_RESYNC, CF_STOP_EVENTS,
     CF_KEEP_GOING, CF_ERRATA, CF_NFILTER, CF_DROP_EMPTY, CF_COUNT, CF_STOP_TSC, CF_REPLAY,
-) = range(14)  # fmt: skip
-NCF = 14
+    CF_STATUS_EVENTS,
+) = range(15)  # fmt: skip
+NCF = 15
 # Errata bits in CF[CF_ERRATA].
 ER_BDM70, ER_BDM64, ER_SKD022, ER_SKD010, ER_SKL014, ER_APL11, ER_APL12 = (1 << i for i in range(7))
 # Stop-after-event modes (CF[CF_STOP_EVENTS]).
@@ -3479,6 +3481,12 @@ def _fast(ds, pk, cf, ct, out):
         CF[CF_STOP_EVENTS] == STOP_NONE and SI[ES_STATUS] == 0 and SI[ES_ENABLED] != 0
         and SI[ES_MEV] != 0
     )  # fmt: skip
+    # A PSB+ that only restates the state (_psb_plus) likewise, where
+    # nobody keeps its status updates (the library drops them).
+    psb_on = (
+        off_on and CF[CF_STATUS_EVENTS] == 0 and SI[ES_QN] == 0 and CF[CF_IFLAGS] == 0
+        and not CF[CF_ERRATA] & ER_BDM70
+    )  # fmt: skip
     w_limit = SI[W_LIMIT]
     row_cap, ev_cap = o_ip.shape[0] - 4, out[7].shape[0] - 4  # (as _room has it)
     while True:
@@ -3764,7 +3772,16 @@ def _fast(ds, pk, cf, ct, out):
             and SI[O_NEV] < ev_cap
         ):  # fmt: skip
             break
-        ok, sync, at, p1, p2, pge_ip, p3 = _off_and_on(SI, CF, pk, pos, last_ip)
+        psb = pos < n and kind[pos] == K_PSB
+        if psb:
+            if not psb_on:
+                break
+            sync = False
+            ok, at, p1, p3, cbr = _psb_plus(SI, pk, pos, mode)
+            p2, pge_ip = p1, at
+        else:
+            ok, sync, at, p1, p2, pge_ip, p3 = _off_and_on(SI, CF, pk, pos, last_ip)
+            cbr = np.int64(-1)
         if not ok or p3 >= n_fetch or (sync and ip == at):
             break
         reach, wn, wlast, pushes = np.int64(1), np.int64(0), np.int64(-1), np.int64(0)
@@ -3772,9 +3789,19 @@ def _fast(ds, pk, cf, ct, out):
             reach, wn, wlast, pushes = _walk_to(cf, ct, ip, mode, at)
             if not (reach == 1 or (sync and reach == 2)):
                 break
-        counts[C_OFF_ON] += 1
+        if psb:
+            # As the step functions have it: the status updates are taken
+            # at the PSBEND, before the walk to the FUP's IP (the enable's
+            # binds to no IP, the exec mode's to that one), so the walk's
+            # row has their time.
+            counts[C_PSB] += 1
+            cur_tsc = tsc[p1] if have_tsc[p1] else np.uint64(0)
+            has_tsc = have_tsc[p1] != 0
+        else:
+            counts[C_OFF_ON] += 1
         # As the step functions have it (_proceed_event, _to_ip): the
-        # instructions to where tracing went off, a row of their own, ...
+        # instructions to where tracing goes off (or the PSB+ says it is),
+        # a row of their own, ...
         if wn:
             o = offsets[p1]
             stored = False
@@ -3824,17 +3851,21 @@ def _fast(ds, pk, cf, ct, out):
                     rs_n = min(rs_n + 1, RETSTACK_SIZE)
                 q = _next_ip(ct, k)[1]
             ip = at if reach == 1 else _disable_resume_ip(ct, wlast)
-        # ... the disable and the enable, ...
-        flags = np.uint64(0)
-        if pge_ip == ip:
-            flags = np.uint64(F_RESUMED)
-        elif rs_n > 0 and RS[rs_top] == pge_ip:
-            flags = np.uint64(F_RETURNED)
-        ev = out[6][
-            _off_and_on_events(SI, pk, out, sync, at, pos, p1, p2, pge_ip, flags, nout + nvirt)
-        ]
-        _ev_copy(ds[13], ev)
-        cur_tsc, has_tsc = ev[E_TSC], _has_tsc(ev)
+        if psb:
+            if cbr >= 0:
+                SI[BS_CBR] = cbr
+        else:
+            # ... the disable and the enable, ...
+            flags = np.uint64(0)
+            if pge_ip == ip:
+                flags = np.uint64(F_RESUMED)
+            elif rs_n > 0 and RS[rs_top] == pge_ip:
+                flags = np.uint64(F_RETURNED)
+            ev = out[6][
+                _off_and_on_events(SI, pk, out, sync, at, pos, p1, p2, pge_ip, flags, nout + nvirt)
+            ]
+            _ev_copy(ds[13], ev)
+            cur_tsc, has_tsc = ev[E_TSC], _has_tsc(ev)
         icnt = 0
         has_icnt = True
         SI[ES_HAVE_IP] = 1
@@ -4133,6 +4164,62 @@ def _off_and_on(SI, CF, pk, p0, last_ip):
     elif k3 != K_TIP or not _ip_from(b[p3], a[p3], pge_ip)[0]:
         return no
     return True, sync, at, p1, p2, pge_ip, p3
+
+
+@aot.njit(cache=True, _nrt=False)
+def _psb_plus(SI, pk, p0, mode):
+    """A PSB+ at packet ``p0`` in the middle of the flow that only restates
+    the state: the FUP's IP (tracing stays on), a MODE.EXEC that changes
+    nothing, timing packets and a CBR; then a TNT or TIP (timing packets
+    between them), the PSBEND before the window's limit.  ``(ok, ip,
+    psbend, p3, cbr)``: whether it is one, the FUP's IP, where the PSBEND
+    and the TNT or TIP are, and the CBR's ratio (-1: none).  It checks what
+    _decode_psb and the exec mode's status update would (the caller: no
+    queued event, no BDM70 erratum, no IF flags)."""
+    kind, a, b = pk[0], pk[1], pk[2]
+    n = SI[W_N]
+    no = (False, np.uint64(0), np.int64(0), np.int64(0), np.int64(-1))
+    fup = False
+    exec_mode = False
+    at = np.uint64(0)
+    cbr = np.int64(-1)
+    j = p0 + 1
+    while j < n:
+        k = kind[j]
+        if k == K_PSBEND:
+            break
+        if k == K_FUP:
+            if fup or b[j] == 0:
+                return no
+            # (The PSB reset the last IP.)
+            ok, at = _ip_from(b[j], a[j], np.uint64(0))
+            if not ok:
+                return no
+            fup = True
+        elif k == K_MODE_EXEC:
+            bits = np.int64(a[j])
+            if SI[ES_CSL] != bits & 1 or SI[ES_CSD] != (bits >> 1) & 1:
+                return no
+            if exec_mode_of(bits) != mode:
+                return no
+            exec_mode = True
+        elif k == K_CBR:
+            cbr = np.int64(a[j])
+        elif not (k == K_TSC or k == K_TMA or k == K_MTC or k == K_CYC or k == K_PAD):
+            return no
+        j += 1
+    if j >= n or not fup or not exec_mode or (SI[W_LIMIT] >= 0 and j >= SI[W_LIMIT]):
+        return no
+    p3 = _past_timing(kind, n, j + 1)
+    if p3 >= n:
+        return no
+    k3 = kind[p3]
+    if _is_tnt(k3):
+        if b[p3] & _NBITS == 0:
+            return no
+    elif k3 != K_TIP or not _ip_from(b[p3], a[p3], at)[0]:
+        return no
+    return True, at, j, p3, cbr
 
 
 @aot.njit(cache=True, _nrt=False)

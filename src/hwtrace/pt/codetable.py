@@ -68,9 +68,9 @@ MAX_INSN_BYTES = 15  # (x86)
 # replay cache's generation, how much of its two pools is used and whose
 # block keys its pool holds (a store's number; -2: none, rows only counted),
 # and how many block rows it has replayed; how many times the fast loop
-# took tracing off and on again itself.
+# took tracing off and on again itself, and a PSB+.
 C_INSNS, C_RUNS, C_RUN_INSNS, C_MISS_IP, C_MISS_MODE, C_INDEX, C_KEY_OWNER = range(7)
-C_X_GEN, C_X_POOL, C_X_PUSH, C_X_OWNER, C_X_ROWS, C_OFF_ON = 7, 8, 9, 10, 11, 12
+C_X_GEN, C_X_POOL, C_X_PUSH, C_X_OWNER, C_X_ROWS, C_OFF_ON, C_PSB = 7, 8, 9, 10, 11, 12, 13
 _NCOUNTS = 16
 
 # The arrays of CodeTable.tuple, what the compiled code takes, in order.
@@ -560,6 +560,12 @@ class CodeTable:
         """How many times, so far, the decoder's fast loop took tracing
         turned off and on again (a system call, an interrupt) itself."""
         return int(self.counts[C_OFF_ON])
+
+    @property
+    def fast_psb(self) -> int:
+        """How many PSB+ in the middle of the flow the decoder's fast loop
+        took itself, so far."""
+        return int(self.counts[C_PSB])
 
     def _alloc_replay(self, slots: int) -> None:
         # Zeroed pages, touched only as the cache fills; a large cache on

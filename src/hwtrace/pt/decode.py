@@ -296,10 +296,11 @@ class DecodeOptions(FlowSettings):
 
     def flow_options(self) -> FlowOptions:
         # The library loses nothing after an error: the next PSB is looked
-        # for at the failing packet, not after it.
+        # for at the failing packet, not after it; it keeps the flow's
+        # events only (see keep_flow_events).
         return FlowOptions(
             self.flags, self.addr_filter, self.events, self.fast, self.replay, keep_going=True,
-            empty_blocks=False,
+            empty_blocks=False, status_events=False,
         )  # fmt: skip
 
 

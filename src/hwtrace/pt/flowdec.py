@@ -110,6 +110,7 @@ class FlowOptions(FlowSettings):
     keep_going: bool = False  # after an error, look for a PSB at the failure, not after it
     empty_blocks: bool = True  # report blocks of no instruction (ptxed counts them)
     count_only: bool = False  # plain flow is counted, not written as block rows
+    status_events: bool = True  # a PSB+'s status updates among the events
 
 
 @dataclass
@@ -369,6 +370,7 @@ class FlowDecoder:
         cf[K.CF_DROP_EMPTY] = not opts.empty_blocks
         cf[K.CF_COUNT] = opts.count_only
         cf[K.CF_REPLAY] = opts.replay
+        cf[K.CF_STATUS_EVENTS] = opts.status_events
         cf[K.CF_STOP_EVENTS] = {"none": K.STOP_NONE, "enabled": K.STOP_ENABLED, "all": K.STOP_ALL}[
             stop_at
         ]
