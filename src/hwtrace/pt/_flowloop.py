@@ -4106,6 +4106,22 @@ def _walk_to(cf, ct, ip, mode, target):
     return 1, n, last, pushes
 
 
+@aot.njit(cache=True, inline="always", _nrt=False)
+def _flow_after(kind, a, b, n, p, last_ip):
+    """The TNT (with bits) or TIP (with an IP, against ``last_ip``) the flow
+    goes on with after packet ``p``, timing packets between them; -1 when
+    the next packet is another (or none)."""
+    q = _past_timing(kind, n, p + 1)
+    if q >= n:
+        return np.int64(-1)
+    k = kind[q]
+    if _is_tnt(k):
+        return q if b[q] & _NBITS else np.int64(-1)
+    if k == K_TIP and _ip_from(b[q], a[q], last_ip)[0]:
+        return q
+    return np.int64(-1)
+
+
 @aot.njit(cache=True, _nrt=False)
 def _off_and_on(SI, CF, pk, p0, last_ip):
     """Tracing off and on again from packet ``p0``, as a user-space trace
@@ -4154,14 +4170,8 @@ def _off_and_on(SI, CF, pk, p0, last_ip):
     ok, pge_ip = _ip_from(b[p2], a[p2], at)
     if not ok:
         return no
-    p3 = _past_timing(kind, n, p2 + 1)
-    if p3 >= n:
-        return no
-    k3 = kind[p3]
-    if _is_tnt(k3):
-        if b[p3] & _NBITS == 0:
-            return no
-    elif k3 != K_TIP or not _ip_from(b[p3], a[p3], pge_ip)[0]:
+    p3 = _flow_after(kind, a, b, n, p2, pge_ip)
+    if p3 < 0:
         return no
     return True, sync, at, p1, p2, pge_ip, p3
 
@@ -4210,14 +4220,8 @@ def _psb_plus(SI, pk, p0, mode):
         j += 1
     if j >= n or not fup or not exec_mode or (SI[W_LIMIT] >= 0 and j >= SI[W_LIMIT]):
         return no
-    p3 = _past_timing(kind, n, j + 1)
-    if p3 >= n:
-        return no
-    k3 = kind[p3]
-    if _is_tnt(k3):
-        if b[p3] & _NBITS == 0:
-            return no
-    elif k3 != K_TIP or not _ip_from(b[p3], a[p3], at)[0]:
+    p3 = _flow_after(kind, a, b, n, j, at)
+    if p3 < 0:
         return no
     return True, at, j, p3, cbr
 
